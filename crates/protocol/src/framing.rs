@@ -1,0 +1,89 @@
+//! Length-prefixed frames over any byte stream: a little-endian u32 length, then
+//! the encoded message. Oversized or truncated frames are errors, never panics.
+
+use std::io::{self, Read, Write};
+
+/// Largest frame either side accepts; bulk copies are split into chunks below it.
+pub const MAX_FRAME_BYTES: usize = 80 << 20;
+
+/// Largest payload of one copy chunk, leaving room for the message around it.
+pub const MAX_CHUNK_BYTES: usize = 64 << 20;
+
+#[derive(Debug, thiserror::Error)]
+pub enum FrameError {
+    #[error("connection closed")]
+    Closed,
+    #[error("frame of {0} bytes exceeds the limit of {MAX_FRAME_BYTES}")]
+    TooLarge(usize),
+    #[error("i/o error: {0}")]
+    Io(#[from] io::Error),
+}
+
+/// Writes one frame: header and payload in a single write where possible.
+pub fn write_frame(w: &mut impl Write, payload: &[u8]) -> Result<(), FrameError> {
+    if payload.len() > MAX_FRAME_BYTES {
+        return Err(FrameError::TooLarge(payload.len()));
+    }
+    let mut buf = Vec::with_capacity(4 + payload.len());
+    buf.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+    buf.extend_from_slice(payload);
+    w.write_all(&buf)?;
+    Ok(())
+}
+
+/// Reads one frame into `buf` (reused between calls). A clean EOF before the
+/// header is `Closed`; EOF inside a frame is an I/O error.
+pub fn read_frame(r: &mut impl Read, buf: &mut Vec<u8>) -> Result<(), FrameError> {
+    let mut header = [0u8; 4];
+    let mut got = 0;
+    while got < 4 {
+        match r.read(&mut header[got..]) {
+            Ok(0) if got == 0 => return Err(FrameError::Closed),
+            Ok(0) => return Err(io::Error::from(io::ErrorKind::UnexpectedEof).into()),
+            Ok(n) => got += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    let len = u32::from_le_bytes(header) as usize;
+    if len > MAX_FRAME_BYTES {
+        return Err(FrameError::TooLarge(len));
+    }
+    buf.clear();
+    buf.resize(len, 0);
+    r.read_exact(buf)?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trip_and_limits() {
+        let mut wire = Vec::new();
+        write_frame(&mut wire, b"hello").unwrap();
+        write_frame(&mut wire, b"").unwrap();
+        let mut r = &wire[..];
+        let mut buf = Vec::new();
+        read_frame(&mut r, &mut buf).unwrap();
+        assert_eq!(buf, b"hello");
+        read_frame(&mut r, &mut buf).unwrap();
+        assert!(buf.is_empty());
+        assert!(matches!(
+            read_frame(&mut r, &mut buf),
+            Err(FrameError::Closed)
+        ));
+
+        let huge = ((MAX_FRAME_BYTES + 1) as u32).to_le_bytes();
+        assert!(matches!(
+            read_frame(&mut &huge[..], &mut buf),
+            Err(FrameError::TooLarge(_))
+        ));
+        let truncated = [5u8, 0, 0, 0, b'a'];
+        assert!(matches!(
+            read_frame(&mut &truncated[..], &mut buf),
+            Err(FrameError::Io(_))
+        ));
+    }
+}

@@ -1,0 +1,367 @@
+//! Every message that crosses the wire: the handshake, calls and their replies.
+//! Calls that are stream-ordered get no reply; their failures are sticky on the session.
+
+use serde::{Deserialize, Serialize};
+
+/// A device pointer in the server's device address space.
+pub type DevicePtr = u64;
+
+/// A server-issued handle (stream, event, module, function). 0 is never issued.
+pub type Handle = u64;
+
+/// The default (legacy/null) stream of the session.
+pub const DEFAULT_STREAM: Handle = 0;
+
+/// Sent first by every client.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Hello {
+    pub magic: u32,
+    pub version: u32,
+    pub pid: u32,
+    /// What the client is: a program's driver, or the CLI asking for status.
+    pub role: ClientRole,
+    /// Program name, for logs and `cumux status`.
+    pub program: String,
+    /// Tenant asked for with `cumux run --tenant NAME`.
+    pub tenant: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ClientRole {
+    Driver,
+    Status,
+}
+
+/// The server's answer to `Hello`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum HelloReply {
+    Welcome {
+        version: u32,
+        server: String,
+        session: u64,
+        devices: Vec<DeviceInfo>,
+    },
+    Rejected {
+        server_version: u32,
+        reason: String,
+    },
+}
+
+/// Everything the client caches about a device at start-up.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DeviceInfo {
+    pub ordinal: u32,
+    pub name: String,
+    pub uuid: [u8; 16],
+    /// PCI domain, bus, device.
+    pub pci: [u32; 3],
+    pub total_mem: u64,
+    /// `CUdevice_attribute` number → value, for every attribute the device knows.
+    pub attributes: Vec<(u32, i32)>,
+    /// Which backend serves it: "cpu" or "cuda".
+    pub backend: String,
+}
+
+/// One call from a client. `seq` increases by one per call on a connection.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Request {
+    pub seq: u64,
+    pub call: Call,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum Call {
+    MemAlloc {
+        device: u32,
+        bytes: u64,
+    },
+    MemFree {
+        ptr: DevicePtr,
+    },
+    MemGetInfo {
+        device: u32,
+    },
+    /// Base and size of the allocation containing `ptr`.
+    MemAddressRange {
+        ptr: DevicePtr,
+    },
+    /// `stream: None` is a synchronous copy (replied); `Some` is stream-ordered.
+    MemcpyHtoD {
+        dst: DevicePtr,
+        data: Vec<u8>,
+        stream: Option<Handle>,
+    },
+    /// Always replied with the bytes, once the stream has reached the copy.
+    MemcpyDtoH {
+        src: DevicePtr,
+        bytes: u64,
+        stream: Option<Handle>,
+    },
+    MemcpyDtoD {
+        dst: DevicePtr,
+        src: DevicePtr,
+        bytes: u64,
+        stream: Option<Handle>,
+    },
+    /// Fills `count` elements of `elem_bytes` (1, 2 or 4) with `value`, row by
+    /// row: `height` rows of `count` elements, `pitch` bytes apart.
+    Memset {
+        dst: DevicePtr,
+        value: u32,
+        elem_bytes: u8,
+        count: u64,
+        pitch: u64,
+        height: u64,
+        stream: Option<Handle>,
+    },
+    /// Loads a fat binary, cubin or PTX image (NUL-terminated text accepted).
+    ModuleLoad {
+        image: Vec<u8>,
+    },
+    ModuleUnload {
+        module: Handle,
+    },
+    /// Stream-ordered; `params` is the packed parameter buffer laid out as the
+    /// kernel's parameter info says.
+    Launch {
+        function: Handle,
+        grid: [u32; 3],
+        block: [u32; 3],
+        shared_bytes: u32,
+        stream: Handle,
+        params: Vec<u8>,
+    },
+    StreamCreate {
+        flags: u32,
+        priority: i32,
+    },
+    StreamDestroy {
+        stream: Handle,
+    },
+    StreamSynchronize {
+        stream: Handle,
+    },
+    /// Replied `Unit` when idle, `CUDA_ERROR_NOT_READY` otherwise.
+    StreamQuery {
+        stream: Handle,
+    },
+    /// Stream-ordered.
+    StreamWaitEvent {
+        stream: Handle,
+        event: Handle,
+    },
+    EventCreate {
+        flags: u32,
+    },
+    /// Stream-ordered.
+    EventRecord {
+        event: Handle,
+        stream: Handle,
+    },
+    EventQuery {
+        event: Handle,
+    },
+    EventSynchronize {
+        event: Handle,
+    },
+    EventElapsed {
+        start: Handle,
+        end: Handle,
+    },
+    EventDestroy {
+        event: Handle,
+    },
+    /// Waits for every stream of the session; returns (and clears) a sticky error.
+    ContextSynchronize,
+    /// For `cumux status`.
+    ServerStatus,
+}
+
+impl Call {
+    /// Stream-ordered calls are fire-and-forget: the server sends no reply.
+    pub fn is_fire_and_forget(&self) -> bool {
+        match self {
+            Call::MemcpyHtoD { stream, .. }
+            | Call::MemcpyDtoD { stream, .. }
+            | Call::Memset { stream, .. } => stream.is_some(),
+            Call::Launch { .. } | Call::StreamWaitEvent { .. } | Call::EventRecord { .. } => true,
+            _ => false,
+        }
+    }
+}
+
+/// A driver error: the `CUresult` code NVIDIA's driver would give, and a detail
+/// for logs.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CuError {
+    pub code: u32,
+    pub detail: String,
+}
+
+impl CuError {
+    pub fn new(code: u32, detail: impl Into<String>) -> Self {
+        CuError {
+            code,
+            detail: detail.into(),
+        }
+    }
+}
+
+impl std::fmt::Display for CuError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "CUresult {}: {}", self.code, self.detail)
+    }
+}
+
+/// The server's answer to a call that expects one.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Reply {
+    pub seq: u64,
+    pub result: Result<ReplyBody, CuError>,
+    /// Device `printf` output produced since the last reply, for the
+    /// program's own stdout.
+    pub stdout: Vec<u8>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum ReplyBody {
+    Unit,
+    Ptr(DevicePtr),
+    Handle(Handle),
+    Data(Vec<u8>),
+    MemInfo { free: u64, total: u64 },
+    Range { base: DevicePtr, size: u64 },
+    Module(ModuleInfo),
+    ElapsedMs(f32),
+    Status(ServerStatus),
+}
+
+/// What a loaded module holds, so the client needs no round trip per lookup.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ModuleInfo {
+    pub module: Handle,
+    pub functions: Vec<FunctionInfo>,
+    pub globals: Vec<GlobalInfo>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FunctionInfo {
+    pub name: String,
+    pub handle: Handle,
+    /// Byte offset and size of each parameter in the packed buffer.
+    pub params: Vec<ParamInfo>,
+    pub attrs: FunctionAttrs,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ParamInfo {
+    pub offset: u32,
+    pub size: u32,
+}
+
+/// The values `cuFuncGetAttribute` reports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct FunctionAttrs {
+    pub max_threads_per_block: i32,
+    pub shared_size_bytes: i32,
+    pub const_size_bytes: i32,
+    pub local_size_bytes: i32,
+    pub num_regs: i32,
+    pub ptx_version: i32,
+    pub binary_version: i32,
+    pub max_dynamic_shared_size_bytes: i32,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GlobalInfo {
+    pub name: String,
+    pub ptr: DevicePtr,
+    pub size: u64,
+}
+
+/// The server's view of itself, for `cumux status`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ServerStatus {
+    pub server: String,
+    pub version: u32,
+    pub uptime_s: f64,
+    pub devices: Vec<DeviceStatus>,
+    pub sessions: Vec<SessionStatus>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DeviceStatus {
+    pub ordinal: u32,
+    pub name: String,
+    pub backend: String,
+    pub total_mem: u64,
+    pub used_mem: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SessionStatus {
+    pub session: u64,
+    pub pid: u32,
+    pub program: String,
+    pub tenant: String,
+    pub mem_used: u64,
+    pub allocations: u64,
+    pub launches: u64,
+    pub gpu_time_ms: f64,
+}
+
+/// `CUresult` codes the protocol itself produces.
+pub mod codes {
+    pub const SUCCESS: u32 = 0;
+    pub const INVALID_VALUE: u32 = 1;
+    pub const OUT_OF_MEMORY: u32 = 2;
+    pub const NOT_INITIALIZED: u32 = 3;
+    pub const NO_DEVICE: u32 = 100;
+    pub const INVALID_DEVICE: u32 = 101;
+    pub const INVALID_IMAGE: u32 = 200;
+    pub const INVALID_CONTEXT: u32 = 201;
+    pub const NO_BINARY_FOR_GPU: u32 = 209;
+    pub const INVALID_PTX: u32 = 218;
+    pub const INVALID_SOURCE: u32 = 300;
+    pub const NOT_FOUND: u32 = 500;
+    pub const INVALID_HANDLE: u32 = 400;
+    pub const NOT_READY: u32 = 600;
+    pub const ILLEGAL_ADDRESS: u32 = 700;
+    pub const LAUNCH_OUT_OF_RESOURCES: u32 = 701;
+    pub const LAUNCH_TIMEOUT: u32 = 702;
+    pub const MISALIGNED_ADDRESS: u32 = 716;
+    pub const LAUNCH_FAILED: u32 = 719;
+    pub const NOT_SUPPORTED: u32 = 801;
+    pub const UNKNOWN: u32 = 999;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn request_round_trip() {
+        let req = Request {
+            seq: 7,
+            call: Call::Launch {
+                function: 3,
+                grid: [4, 1, 1],
+                block: [256, 1, 1],
+                shared_bytes: 0,
+                stream: DEFAULT_STREAM,
+                params: vec![1, 2, 3],
+            },
+        };
+        let bytes = crate::encode(&req).unwrap();
+        let back: Request = crate::decode(&bytes).unwrap();
+        assert_eq!(back, req);
+        assert!(back.call.is_fire_and_forget());
+    }
+
+    #[test]
+    fn garbage_is_an_error() {
+        for bytes in [&[][..], &[0xff; 3][..], &[0, 200, 1, 2, 3][..]] {
+            assert!(crate::decode::<Request>(bytes).is_err());
+        }
+    }
+}
