@@ -1,0 +1,170 @@
+//! The `CUdevice_attribute` values a CPU-side device reports: every attribute of
+//! CUDA 13.0's `cuda.h` (1 ..= 147), shaped like a compute-capability-7.5 GPU.
+
+/// The last attribute number CUDA 13.0 defines
+/// (`CU_DEVICE_ATTRIBUTE_ONLY_PARTIAL_HOST_NATIVE_ATOMIC_SUPPORTED`).
+pub const LAST_ATTRIBUTE: u32 = 147;
+
+/// Threads per block, as on every GPU since Fermi.
+pub const MAX_THREADS_PER_BLOCK: i32 = 1024;
+/// Static shared memory a block may use without opting in.
+pub const SHARED_PER_BLOCK: i32 = 48 << 10;
+/// Shared memory a block may use after opting in (sm_75: 64 KiB; we offer 99 KiB).
+pub const SHARED_PER_BLOCK_OPTIN: i32 = 99 << 10;
+pub const MAX_BLOCK_DIM: [i32; 3] = [1024, 1024, 64];
+pub const MAX_GRID_DIM: [i32; 3] = [i32::MAX, 65535, 65535];
+
+/// What the table depends on.
+#[derive(Debug, Clone, Copy)]
+pub struct AttributeInputs {
+    pub multiprocessors: i32,
+    pub pci: [u32; 3],
+}
+
+/// One value for every attribute 1 ..= [`LAST_ATTRIBUTE`].
+pub fn cpu_device_attributes(inputs: AttributeInputs) -> Vec<(u32, i32)> {
+    (1..=LAST_ATTRIBUTE)
+        .map(|attr| (attr, value(attr, inputs)))
+        .collect()
+}
+
+fn value(attr: u32, inputs: AttributeInputs) -> i32 {
+    let [domain, bus, device] = inputs.pci.map(|v| i32::try_from(v).unwrap_or(0));
+    match attr {
+        1 => MAX_THREADS_PER_BLOCK,
+        2..=4 => MAX_BLOCK_DIM[(attr - 2) as usize],
+        5..=7 => MAX_GRID_DIM[(attr - 5) as usize],
+        8 => SHARED_PER_BLOCK,
+        9 => 64 << 10,   // total constant memory
+        10 => 32,        // warp size
+        11 => i32::MAX,  // max pitch
+        12 => 65536,     // registers per block
+        13 => 1_590_000, // clock rate, kHz
+        14 => 512,       // texture alignment
+        15 => 1,         // gpu overlap
+        16 => inputs.multiprocessors,
+        17 => 0,          // kernel exec timeout
+        18 => 0,          // integrated
+        19 => 1,          // can map host memory
+        20 => 0,          // compute mode: default
+        21 => 131072,     // texture 1D width
+        22 | 23 => 65536, // texture 2D
+        24..=26 => 16384, // texture 3D
+        27 | 28 => 32768, // texture 2D layered
+        29 => 2048,       // layers
+        30 => 512,        // surface alignment
+        31 => 1,          // concurrent kernels
+        32 => 0,          // ECC
+        33 => bus,
+        34 => device,
+        35 => 0,          // TCC
+        36 => 5_001_000,  // memory clock, kHz
+        37 => 256,        // bus width, bits
+        38 => 4 << 20,    // L2
+        39 => 1024,       // threads per SM
+        40 => 2,          // async engines
+        41 => 1,          // unified addressing
+        42 => 32768,      // texture 1D layered width
+        43 => 2048,       // layers
+        44 => 0,          // deprecated
+        45 | 46 => 32768, // texture 2D gather
+        47..=49 => 8192,  // texture 3D alternate
+        50 => domain,
+        51 => 32,         // texture pitch alignment
+        52 | 53 => 32768, // cubemap
+        54 => 2046,       // cubemap layers
+        55 => 32768,      // surface 1D
+        56 | 57 => 65536, // surface 2D
+        58 | 59 => 16384, // surface 3D
+        60 => 16384,
+        61 => 32768, // surface 1D layered
+        62 => 2048,
+        63 | 64 => 32768, // surface 2D layered
+        65 => 2048,
+        66 | 67 => 32768, // surface cubemap
+        68 => 2046,
+        69 => 1 << 27,     // texture 1D linear (deprecated)
+        70 | 71 => 131072, // texture 2D linear
+        72 => 2 << 20,     // texture 2D linear pitch
+        73 | 74 => 32768,  // texture 2D mipmapped
+        75 => 7,           // compute capability major
+        76 => 5,           // compute capability minor
+        77 => 32768,       // texture 1D mipmapped
+        78 => 1,           // stream priorities
+        79 | 80 => 1,      // L1 caching of globals / locals
+        81 => 64 << 10,    // shared memory per SM
+        82 => 65536,       // registers per SM
+        83 => 1,           // managed memory
+        84 => 0,           // multi-GPU board
+        85 => 0,
+        86 => 0,      // host native atomics
+        87 => 32,     // single/double perf ratio
+        88 => 0,      // pageable memory access
+        89 => 0,      // concurrent managed access
+        90 => 1,      // compute preemption
+        91 => 0,      // host pointer for registered mem
+        92..=94 => 0, // stream mem ops v1
+        95 => 1,      // cooperative launch
+        96 => 0,      // cooperative multi-device (deprecated)
+        97 => SHARED_PER_BLOCK_OPTIN,
+        98 => 0, // flush remote writes
+        99 => 1, // host register
+        100 | 101 => 0,
+        102 => 0,       // virtual memory management
+        103..=105 => 0, // shareable handle kinds
+        106 => 16,      // blocks per SM
+        107 => 0,       // compression
+        108 => 0,       // persisting L2
+        109 => 0,       // access policy window
+        110 => 0,
+        111 => 0, // reserved shared memory per block
+        112 | 113 => 0,
+        114 => 0,
+        115 => 0,       // memory pools
+        116..=119 => 0, // GPUDirect RDMA, mempool handle types
+        120 => 0,       // cluster launch (sm_90+)
+        121 => 0,
+        122 | 123 => 0, // stream mem ops
+        124 | 125 => 0, // dma-buf, IPC events
+        126 => 1,       // memory sync domains
+        127 => 0,       // tensor maps (sm_90+)
+        128 => 0,       // fabric handles
+        129 => 0,       // unified function pointers
+        130 => 0,       // NUMA config: none
+        131 => -1,      // NUMA id
+        132 => 0,       // multicast
+        133 => 0,       // MPS
+        134 => -1,      // host NUMA id
+        135..=138 => 0,
+        139 => 0x1eb8_10de, // PCI device id | vendor id (NVIDIA)
+        140 => 0,
+        141..=147 => 0,
+        _ => 0,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_attribute_has_a_value() {
+        let attrs = cpu_device_attributes(AttributeInputs {
+            multiprocessors: 6,
+            pci: [0, 0x42, 0],
+        });
+        assert_eq!(attrs.len(), LAST_ATTRIBUTE as usize);
+        assert!(attrs
+            .iter()
+            .enumerate()
+            .all(|(i, (a, _))| *a == i as u32 + 1));
+        let get = |n: u32| attrs[n as usize - 1].1;
+        assert_eq!(get(1), 1024);
+        assert_eq!(get(10), 32);
+        assert_eq!(get(16), 6);
+        assert_eq!(get(33), 0x42);
+        assert_eq!((get(75), get(76)), (7, 5));
+        assert_eq!(get(97), 99 << 10);
+        assert_eq!(get(41), 1);
+    }
+}

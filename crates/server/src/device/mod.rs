@@ -1,0 +1,121 @@
+//! The one device trait every backend implements (memory, modules, launches) and
+//! the plain types that cross it. Methods are synchronous; see [`Device`] for how
+//! stream ordering and asynchrony are layered on top by the server.
+
+pub mod attributes;
+// pub mod cpu;
+pub mod model;
+
+use cumux_protocol::{CuError, DeviceInfo, DevicePtr, FunctionAttrs, ParamInfo};
+
+/// A backend's own name for a loaded module. Unique per device, never reused.
+pub type ModuleId = u64;
+
+/// A kernel of a loaded module, as the client needs to see it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct KernelDesc {
+    pub name: String,
+    /// Byte offset and size of each parameter in the packed parameter buffer.
+    pub params: Vec<ParamInfo>,
+    pub attrs: FunctionAttrs,
+}
+
+impl KernelDesc {
+    /// Bytes the packed parameter buffer must hold at least.
+    pub fn params_bytes(&self) -> u64 {
+        self.params
+            .iter()
+            .map(|p| u64::from(p.offset) + u64::from(p.size))
+            .max()
+            .unwrap_or(0)
+    }
+}
+
+/// A module-scope variable (`__device__`, `__constant__`) living in device memory.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GlobalDesc {
+    pub name: String,
+    pub ptr: DevicePtr,
+    pub size: u64,
+}
+
+/// What loading an image produced.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LoadedModule {
+    pub id: ModuleId,
+    pub kernels: Vec<KernelDesc>,
+    pub globals: Vec<GlobalDesc>,
+}
+
+/// Geometry of one launch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LaunchGeometry {
+    pub grid: [u32; 3],
+    pub block: [u32; 3],
+    pub dynamic_shared_bytes: u32,
+}
+
+/// What one launch did.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LaunchOutcome {
+    /// Device `printf` output, in order.
+    pub stdout: Vec<u8>,
+    /// A fault (illegal address, misaligned access, trap…) as the driver's code.
+    pub result: Result<(), CuError>,
+}
+
+/// One device the server owns.
+///
+/// Every method is synchronous: when it returns, the work is done. The server
+/// gives each client stream a worker thread of its own (`streams.rs`) that calls
+/// these methods in stream order, so streams run concurrently and events are
+/// timestamps taken by those workers. A backend over real GPUs (the `cuda`
+/// backend) implements the same methods on a CUDA stream per calling thread and
+/// synchronizes it before returning; the trait needs no notion of streams.
+///
+/// Pointers reaching a device have already been checked by the session against
+/// the client's own allocations; a backend still fails cleanly (never panics)
+/// on a bad pointer.
+pub trait Device: Send + Sync {
+    /// The handshake's description: name, uuid, PCI ids, memory, attributes.
+    fn info(&self) -> &DeviceInfo;
+    /// Bytes of device memory in use (all sessions).
+    fn mem_used(&self) -> u64;
+    /// Bytes of device memory in total.
+    fn mem_total(&self) -> u64 {
+        self.info().total_mem
+    }
+    fn mem_alloc(&self, bytes: u64) -> Result<DevicePtr, CuError>;
+    fn mem_free(&self, ptr: DevicePtr) -> Result<(), CuError>;
+    fn mem_read(&self, src: DevicePtr, buf: &mut [u8]) -> Result<(), CuError>;
+    fn mem_write(&self, dst: DevicePtr, data: &[u8]) -> Result<(), CuError>;
+    fn mem_copy(&self, dst: DevicePtr, src: DevicePtr, bytes: u64) -> Result<(), CuError>;
+    /// Writes `count` copies of `pattern` (1, 2 or 4 bytes) from `dst` on.
+    fn mem_fill(&self, dst: DevicePtr, pattern: &[u8], count: u64) -> Result<(), CuError>;
+    /// Loads a fat binary, cubin or PTX image.
+    fn module_load(&self, image: &[u8]) -> Result<LoadedModule, CuError>;
+    /// Unloads a module and frees its globals.
+    fn module_unload(&self, module: ModuleId);
+    /// Runs `kernel` (an index into the module's kernels) to completion.
+    fn launch(
+        &self,
+        module: ModuleId,
+        kernel: usize,
+        geometry: &LaunchGeometry,
+        params: &[u8],
+    ) -> LaunchOutcome;
+}
+
+/// The default memory of a CPU-side device: a quarter of host RAM, at most 16 GiB.
+pub fn default_memory_bytes() -> u64 {
+    let quarter = host_memory_bytes().unwrap_or(4 << 30) / 4;
+    quarter.clamp(64 << 20, 16 << 30)
+}
+
+/// Total host RAM from `/proc/meminfo`, if readable.
+pub fn host_memory_bytes() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    kib.checked_mul(1024)
+}

@@ -1,0 +1,273 @@
+//! A model device for tests: plain host memory and a handful of built-in kernels
+//! with known behaviour (sleep, scale-add, print, fault, panic), so sessions,
+//! streams and events are tested deterministically without the PTX interpreter.
+//!
+//! A model image is text: `model:KERNEL,KERNEL…[;GLOBAL:BYTES,…]`. Kernels:
+//! `scale_add(u64 ptr, u32 mul, u32 add, u32 sleep_ms)` does `*ptr = *ptr*mul+add`
+//! on a u32 after sleeping; `print(u32 n)` prints `model n`; `fault` fails with
+//! an illegal address; `panic` panics.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use cumux_protocol::{codes, CuError, DeviceInfo, DevicePtr, FunctionAttrs, ParamInfo};
+
+use super::attributes::{cpu_device_attributes, AttributeInputs};
+use super::{
+    Device, GlobalDesc, KernelDesc, LaunchGeometry, LaunchOutcome, LoadedModule, ModuleId,
+};
+
+const BASE: u64 = 0x7f00_0000_0000;
+const ALIGN: u64 = 256;
+
+pub struct ModelDevice {
+    info: DeviceInfo,
+    state: Mutex<State>,
+}
+
+#[derive(Default)]
+struct State {
+    next: u64,
+    used: u64,
+    allocations: BTreeMap<DevicePtr, Vec<u8>>,
+    modules: HashMap<ModuleId, Vec<String>>,
+    module_globals: HashMap<ModuleId, Vec<DevicePtr>>,
+    next_module: ModuleId,
+}
+
+impl State {
+    /// The allocation holding `[ptr, ptr+len)`, with the offset of `ptr` in it.
+    fn locate(&mut self, ptr: DevicePtr, len: u64) -> Option<(&mut Vec<u8>, usize)> {
+        let (base, block) = self.allocations.range_mut(..=ptr).next_back()?;
+        let offset = ptr - base;
+        let end = offset.checked_add(len)?;
+        (end <= block.len() as u64).then_some((block, offset as usize))
+    }
+}
+
+fn illegal(ptr: DevicePtr) -> CuError {
+    CuError::new(
+        codes::ILLEGAL_ADDRESS,
+        format!("model device: bad address {ptr:#x}"),
+    )
+}
+
+impl ModelDevice {
+    pub fn new(capacity: u64) -> Self {
+        let pci = [0, 0x42, 0];
+        ModelDevice {
+            info: DeviceInfo {
+                ordinal: 0,
+                name: "cumux model device".into(),
+                uuid: *b"cumux-model-dev!",
+                pci,
+                total_mem: capacity,
+                attributes: cpu_device_attributes(AttributeInputs {
+                    multiprocessors: 2,
+                    pci,
+                }),
+                backend: "model".into(),
+            },
+            state: Mutex::new(State {
+                next: BASE,
+                next_module: 1,
+                ..State::default()
+            }),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn kernel_desc(name: &str) -> Option<KernelDesc> {
+        let params: &[(u32, u32)] = match name {
+            "scale_add" => &[(0, 8), (8, 4), (12, 4), (16, 4)],
+            "print" => &[(0, 4)],
+            "fault" | "panic" => &[],
+            _ => return None,
+        };
+        Some(KernelDesc {
+            name: name.to_string(),
+            params: params
+                .iter()
+                .map(|&(offset, size)| ParamInfo { offset, size })
+                .collect(),
+            attrs: FunctionAttrs {
+                max_threads_per_block: 1024,
+                ptx_version: 90,
+                binary_version: 75,
+                max_dynamic_shared_size_bytes: 48 << 10,
+                ..FunctionAttrs::default()
+            },
+        })
+    }
+
+    fn scale_add(&self, params: &[u8]) -> Result<(), CuError> {
+        let word = |at: usize| -> u32 {
+            params
+                .get(at..at + 4)
+                .map_or(0, |b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        };
+        let ptr = u64::from(word(0)) | (u64::from(word(4)) << 32);
+        std::thread::sleep(Duration::from_millis(u64::from(word(16))));
+        let mut state = self.lock();
+        let (block, at) = state.locate(ptr, 4).ok_or_else(|| illegal(ptr))?;
+        let cell = &mut block[at..at + 4];
+        let old = u32::from_le_bytes([cell[0], cell[1], cell[2], cell[3]]);
+        let new = old.wrapping_mul(word(8)).wrapping_add(word(12));
+        cell.copy_from_slice(&new.to_le_bytes());
+        Ok(())
+    }
+}
+
+impl Device for ModelDevice {
+    fn info(&self) -> &DeviceInfo {
+        &self.info
+    }
+
+    fn mem_used(&self) -> u64 {
+        self.lock().used
+    }
+
+    fn mem_alloc(&self, bytes: u64) -> Result<DevicePtr, CuError> {
+        let mut state = self.lock();
+        let oom = || CuError::new(codes::OUT_OF_MEMORY, "model device: out of memory");
+        if bytes == 0 || state.used.saturating_add(bytes) > self.info.total_mem {
+            return Err(oom());
+        }
+        let ptr = state.next;
+        let len = usize::try_from(bytes).map_err(|_| oom())?;
+        state.next = ptr + bytes.div_ceil(ALIGN) * ALIGN;
+        state.used += bytes;
+        state.allocations.insert(ptr, vec![0; len]);
+        Ok(ptr)
+    }
+
+    fn mem_free(&self, ptr: DevicePtr) -> Result<(), CuError> {
+        let mut state = self.lock();
+        let block = state
+            .allocations
+            .remove(&ptr)
+            .ok_or_else(|| CuError::new(codes::INVALID_VALUE, "model device: not an allocation"))?;
+        state.used -= block.len() as u64;
+        Ok(())
+    }
+
+    fn mem_read(&self, src: DevicePtr, buf: &mut [u8]) -> Result<(), CuError> {
+        let mut state = self.lock();
+        let (block, at) = state
+            .locate(src, buf.len() as u64)
+            .ok_or_else(|| illegal(src))?;
+        buf.copy_from_slice(&block[at..at + buf.len()]);
+        Ok(())
+    }
+
+    fn mem_write(&self, dst: DevicePtr, data: &[u8]) -> Result<(), CuError> {
+        let mut state = self.lock();
+        let (block, at) = state
+            .locate(dst, data.len() as u64)
+            .ok_or_else(|| illegal(dst))?;
+        block[at..at + data.len()].copy_from_slice(data);
+        Ok(())
+    }
+
+    fn mem_copy(&self, dst: DevicePtr, src: DevicePtr, bytes: u64) -> Result<(), CuError> {
+        let mut buf = vec![0; usize::try_from(bytes).map_err(|_| illegal(src))?];
+        self.mem_read(src, &mut buf)?;
+        self.mem_write(dst, &buf)
+    }
+
+    fn mem_fill(&self, dst: DevicePtr, pattern: &[u8], count: u64) -> Result<(), CuError> {
+        let len = usize::try_from(count)
+            .ok()
+            .and_then(|c| c.checked_mul(pattern.len()))
+            .ok_or_else(|| illegal(dst))?;
+        let data: Vec<u8> = pattern.iter().copied().cycle().take(len).collect();
+        self.mem_write(dst, &data)
+    }
+
+    fn module_load(&self, image: &[u8]) -> Result<LoadedModule, CuError> {
+        let bad = || CuError::new(codes::INVALID_IMAGE, "not a model image");
+        let text = std::str::from_utf8(image).map_err(|_| bad())?;
+        let text = text
+            .trim_end_matches('\0')
+            .strip_prefix("model:")
+            .ok_or_else(bad)?;
+        let (kernel_list, global_list) = text.split_once(';').unwrap_or((text, ""));
+        let kernels = kernel_list
+            .split(',')
+            .filter(|k| !k.is_empty())
+            .map(|k| Self::kernel_desc(k).ok_or_else(bad))
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut globals = Vec::new();
+        for entry in global_list.split(',').filter(|g| !g.is_empty()) {
+            let (name, size) = entry.split_once(':').ok_or_else(bad)?;
+            let size: u64 = size.parse().map_err(|_| bad())?;
+            let ptr = self.mem_alloc(size)?;
+            globals.push(GlobalDesc {
+                name: name.to_string(),
+                ptr,
+                size,
+            });
+        }
+        let mut state = self.lock();
+        let id = state.next_module;
+        state.next_module += 1;
+        state
+            .modules
+            .insert(id, kernels.iter().map(|k| k.name.clone()).collect());
+        state
+            .module_globals
+            .insert(id, globals.iter().map(|g| g.ptr).collect());
+        Ok(LoadedModule {
+            id,
+            kernels,
+            globals,
+        })
+    }
+
+    fn module_unload(&self, module: ModuleId) {
+        let globals = {
+            let mut state = self.lock();
+            state.modules.remove(&module);
+            state.module_globals.remove(&module).unwrap_or_default()
+        };
+        for ptr in globals {
+            let _ = self.mem_free(ptr);
+        }
+    }
+
+    fn launch(
+        &self,
+        module: ModuleId,
+        kernel: usize,
+        _geometry: &LaunchGeometry,
+        params: &[u8],
+    ) -> LaunchOutcome {
+        let name = self
+            .lock()
+            .modules
+            .get(&module)
+            .and_then(|k| k.get(kernel).cloned());
+        let mut stdout = Vec::new();
+        let result = match name.as_deref() {
+            Some("scale_add") => self.scale_add(params),
+            Some("print") => {
+                let n = params
+                    .get(..4)
+                    .map_or(0, |b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]));
+                stdout.extend_from_slice(format!("model {n}\n").as_bytes());
+                Ok(())
+            }
+            Some("fault") => Err(illegal(0)),
+            Some("panic") => panic!("model device: the panic kernel ran"),
+            _ => Err(CuError::new(
+                codes::INVALID_HANDLE,
+                "model device: no such kernel",
+            )),
+        };
+        LaunchOutcome { stdout, result }
+    }
+}

@@ -1,0 +1,188 @@
+//! Server addresses (`unix:PATH`, `tcp:HOST:PORT`), the default socket path,
+//! binding (with stale-socket removal) and the accept loop that gives every
+//! connection a thread of its own.
+
+use std::fmt;
+use std::io::{self, BufReader};
+use std::net::TcpListener;
+use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use crate::connection::serve_connection;
+use crate::Server;
+
+/// Where a server listens and clients connect.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Address {
+    Unix(PathBuf),
+    /// `HOST:PORT`.
+    Tcp(String),
+}
+
+impl Address {
+    /// Parses `unix:PATH` or `tcp:HOST:PORT`.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        if let Some(path) = text.strip_prefix("unix:") {
+            if path.is_empty() {
+                return Err("unix: needs a socket path".into());
+            }
+            Ok(Address::Unix(PathBuf::from(path)))
+        } else if let Some(hostport) = text.strip_prefix("tcp:") {
+            match hostport.rsplit_once(':') {
+                Some((host, port)) if !host.is_empty() && port.parse::<u16>().is_ok() => {
+                    Ok(Address::Tcp(hostport.to_string()))
+                }
+                _ => Err(format!("tcp address {hostport:?} is not HOST:PORT")),
+            }
+        } else {
+            Err(format!(
+                "address {text:?} is neither unix:PATH nor tcp:HOST:PORT"
+            ))
+        }
+    }
+
+    /// `$XDG_RUNTIME_DIR/cumux/cumux.sock`, else `/tmp/cumux-$UID/cumux.sock`.
+    pub fn default_unix() -> Self {
+        let dir = match std::env::var_os("XDG_RUNTIME_DIR").filter(|d| !d.is_empty()) {
+            Some(runtime) => PathBuf::from(runtime).join("cumux"),
+            None => PathBuf::from(format!("/tmp/cumux-{}", current_uid())),
+        };
+        Address::Unix(dir.join("cumux.sock"))
+    }
+
+    /// `CUMUX_SERVER` if set, else the default socket.
+    pub fn from_env_or_default() -> Result<Self, String> {
+        match std::env::var("CUMUX_SERVER") {
+            Ok(text) if !text.is_empty() => Address::parse(&text),
+            _ => Ok(Address::default_unix()),
+        }
+    }
+}
+
+impl fmt::Display for Address {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Address::Unix(path) => write!(f, "unix:{}", path.display()),
+            Address::Tcp(hostport) => write!(f, "tcp:{hostport}"),
+        }
+    }
+}
+
+/// The real user id of this process (the owner of `/proc/self`).
+fn current_uid() -> u32 {
+    std::fs::metadata("/proc/self")
+        .map(|m| m.uid())
+        .unwrap_or(0)
+}
+
+/// A bound, not yet serving, listener.
+pub enum BoundListener {
+    Unix(UnixListener, PathBuf),
+    Tcp(TcpListener),
+}
+
+/// Binds `address`. For a unix socket the folder is made (mode 0700) and a
+/// stale socket file that nothing listens on any more is removed.
+pub fn bind(address: &Address) -> io::Result<BoundListener> {
+    match address {
+        Address::Unix(path) => {
+            if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+                std::fs::DirBuilder::new()
+                    .recursive(true)
+                    .mode(0o700)
+                    .create(dir)?;
+            }
+            remove_stale_socket(path)?;
+            Ok(BoundListener::Unix(UnixListener::bind(path)?, path.clone()))
+        }
+        Address::Tcp(hostport) => Ok(BoundListener::Tcp(TcpListener::bind(hostport.as_str())?)),
+    }
+}
+
+fn remove_stale_socket(path: &Path) -> io::Result<()> {
+    let Ok(meta) = std::fs::symlink_metadata(path) else {
+        return Ok(());
+    };
+    if !meta.file_type().is_socket() {
+        return Err(io::Error::new(
+            io::ErrorKind::AlreadyExists,
+            format!("{} exists and is not a socket", path.display()),
+        ));
+    }
+    if UnixStream::connect(path).is_ok() {
+        return Err(io::Error::new(
+            io::ErrorKind::AddrInUse,
+            format!("a server already listens on {}", path.display()),
+        ));
+    }
+    tracing::info!("removing stale socket {}", path.display());
+    std::fs::remove_file(path)
+}
+
+impl BoundListener {
+    /// The address clients should use.
+    pub fn address(&self) -> Address {
+        match self {
+            BoundListener::Unix(_, path) => Address::Unix(path.clone()),
+            BoundListener::Tcp(l) => match l.local_addr() {
+                Ok(a) => Address::Tcp(a.to_string()),
+                Err(_) => Address::Tcp("?".into()),
+            },
+        }
+    }
+
+    /// Accepts connections forever, one thread each.
+    pub fn serve(self, server: Arc<Server>) -> io::Result<()> {
+        let mut accepted: u64 = 0;
+        loop {
+            accepted += 1;
+            let name = format!("cumux-conn{accepted}");
+            let server = Arc::clone(&server);
+            let spawned = match &self {
+                BoundListener::Unix(listener, _) => match listener.accept() {
+                    Ok((stream, _)) => spawn_connection(name, server, stream.try_clone(), stream),
+                    Err(e) => Err(e),
+                },
+                BoundListener::Tcp(listener) => match listener.accept() {
+                    Ok((stream, peer)) => {
+                        tracing::debug!(%peer, "tcp connection");
+                        let _ = stream.set_nodelay(true);
+                        spawn_connection(name, server, stream.try_clone(), stream)
+                    }
+                    Err(e) => Err(e),
+                },
+            };
+            if let Err(e) = spawned {
+                // Out of descriptors or threads: say so, back off, keep serving.
+                tracing::error!("cannot accept a connection: {e}");
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            }
+        }
+    }
+}
+
+fn spawn_connection<S>(
+    name: String,
+    server: Arc<Server>,
+    reader: io::Result<S>,
+    writer: S,
+) -> io::Result<()>
+where
+    S: io::Read + io::Write + Send + 'static,
+{
+    let reader = reader?;
+    std::thread::Builder::new().name(name).spawn(move || {
+        serve_connection(server, BufReader::with_capacity(256 << 10, reader), writer);
+    })?;
+    Ok(())
+}
+
+impl Drop for BoundListener {
+    fn drop(&mut self) {
+        if let BoundListener::Unix(_, path) = self {
+            let _ = std::fs::remove_file(path);
+        }
+    }
+}

@@ -1,0 +1,865 @@
+//! One client's session: its handle tables (streams, events, modules, functions)
+//! and allocations, the check of every handle and pointer it sends, the execution
+//! of its calls, its sticky errors and printf output, and its clean-up.
+
+use std::collections::{BTreeMap, HashMap};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc, Mutex, MutexGuard};
+use std::time::Instant;
+
+use cumux_protocol::framing::MAX_CHUNK_BYTES;
+use cumux_protocol::{
+    codes, Call, CuError, DevicePtr, FunctionInfo, GlobalInfo, Handle, Hello, ModuleInfo,
+    ReplyBody, DEFAULT_STREAM,
+};
+
+use crate::device::attributes::{MAX_BLOCK_DIM, MAX_GRID_DIM, SHARED_PER_BLOCK_OPTIN};
+use crate::device::{Device, KernelDesc, LaunchGeometry, LaunchOutcome, ModuleId};
+use crate::status::{server_status, SessionEntry, SessionStats};
+use crate::streams::{Position, Streams, Work, MAX_STREAMS, NON_BLOCKING};
+use crate::Server;
+
+/// Printf output a session may hold before further output is dropped.
+pub const MAX_STDOUT_BYTES: usize = 16 << 20;
+/// `CU_EVENT_DISABLE_TIMING`.
+const EVENT_DISABLE_TIMING: u32 = 0x2;
+
+type CallResult = Result<ReplyBody, CuError>;
+
+/// Codes after which CUDA's context is unusable: every later call fails with them.
+pub fn is_fatal(code: u32) -> bool {
+    matches!(
+        code,
+        codes::ILLEGAL_ADDRESS | codes::LAUNCH_TIMEOUT | 714..=719
+    )
+}
+
+/// What the session shares with its stream workers.
+pub struct SessionCore {
+    pub id: u64,
+    /// A fatal fault: the context is unusable; never cleared.
+    fatal: Mutex<Option<CuError>>,
+    /// A failure of stream-ordered work, returned by the next synchronizing call.
+    sticky: Mutex<Option<CuError>>,
+    stdout: Mutex<Vec<u8>>,
+    /// Set at teardown: queued work is skipped.
+    closing: AtomicBool,
+    pub stats: Arc<SessionStats>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl SessionCore {
+    fn fatal(&self) -> Option<CuError> {
+        lock(&self.fatal).clone()
+    }
+
+    /// Records a failure of stream-ordered work: fatal codes poison the context.
+    fn fail(&self, err: CuError) {
+        if is_fatal(err.code) {
+            tracing::warn!(session = self.id, %err, "fatal device error: the context is now unusable");
+            lock(&self.fatal).get_or_insert(err);
+        } else {
+            tracing::debug!(session = self.id, %err, "stream-ordered call failed");
+            lock(&self.sticky).get_or_insert(err);
+        }
+    }
+
+    /// The error a synchronizing call returns: the fatal one, else the sticky one (cleared).
+    fn take_error(&self) -> Option<CuError> {
+        self.fatal().or_else(|| lock(&self.sticky).take())
+    }
+
+    fn skips_work(&self) -> bool {
+        self.closing.load(Ordering::Relaxed) || lock(&self.fatal).is_some()
+    }
+
+    fn append_stdout(&self, bytes: &[u8]) {
+        let mut out = lock(&self.stdout);
+        let room = MAX_STDOUT_BYTES.saturating_sub(out.len());
+        if bytes.len() > room {
+            tracing::warn!(
+                session = self.id,
+                "device printf output over {MAX_STDOUT_BYTES} bytes dropped"
+            );
+        }
+        out.extend_from_slice(&bytes[..bytes.len().min(room)]);
+    }
+}
+
+struct ModuleEntry {
+    id: ModuleId,
+    functions: Vec<Handle>,
+    globals: Vec<DevicePtr>,
+}
+
+struct FunctionEntry {
+    module: ModuleId,
+    index: usize,
+    desc: KernelDesc,
+}
+
+struct Event {
+    flags: u32,
+    state: Mutex<EventState>,
+}
+
+#[derive(Default)]
+struct EventState {
+    /// The position of the latest record, if ever recorded.
+    recorded: Option<Position>,
+    /// Bumped per record, so a stale record's job leaves the time alone.
+    generation: u64,
+    time: Option<Instant>,
+}
+
+/// One client connection's view of the server.
+pub struct Session {
+    server: Arc<Server>,
+    device: Arc<dyn Device>,
+    core: Arc<SessionCore>,
+    entry: Option<Arc<SessionEntry>>,
+    streams: Streams,
+    next_handle: Handle,
+    /// Allocations made by this session: base → size.
+    allocations: BTreeMap<DevicePtr, u64>,
+    /// Module globals of this session: base → size.
+    globals: BTreeMap<DevicePtr, u64>,
+    modules: HashMap<Handle, ModuleEntry>,
+    functions: HashMap<Handle, FunctionEntry>,
+    events: HashMap<Handle, Arc<Event>>,
+}
+
+fn err(code: u32, detail: impl Into<String>) -> CuError {
+    CuError::new(code, detail)
+}
+
+fn invalid_handle(what: &str, h: Handle) -> CuError {
+    err(
+        codes::INVALID_HANDLE,
+        format!("unknown {what} handle {h:#x}"),
+    )
+}
+
+impl Session {
+    /// Opens a session for a client that said `hello`. Driver sessions appear in
+    /// `cumux status`; status queries do not.
+    pub fn open(server: Arc<Server>, hello: &Hello) -> Result<Self, CuError> {
+        let device = server
+            .devices()
+            .first()
+            .cloned()
+            .ok_or_else(|| err(codes::NO_DEVICE, "the server has no device"))?;
+        let id = server.next_session_id();
+        let stats = Arc::new(SessionStats::default());
+        let entry = (hello.role == cumux_protocol::ClientRole::Driver).then(|| {
+            Arc::new(SessionEntry {
+                session: id,
+                pid: hello.pid,
+                program: hello.program.clone(),
+                tenant: hello.tenant.clone().unwrap_or_else(|| "default".into()),
+                stats: Arc::clone(&stats),
+            })
+        });
+        let streams = Streams::new(id).map_err(|e| {
+            err(
+                codes::OUT_OF_MEMORY,
+                format!("cannot start a stream worker: {e}"),
+            )
+        })?;
+        if let Some(entry) = &entry {
+            server.registry().insert(Arc::clone(entry));
+        }
+        Ok(Session {
+            server,
+            device,
+            core: Arc::new(SessionCore {
+                id,
+                fatal: Mutex::new(None),
+                sticky: Mutex::new(None),
+                stdout: Mutex::new(Vec::new()),
+                closing: AtomicBool::new(false),
+                stats,
+            }),
+            entry,
+            streams,
+            next_handle: 1,
+            allocations: BTreeMap::new(),
+            globals: BTreeMap::new(),
+            modules: HashMap::new(),
+            functions: HashMap::new(),
+            events: HashMap::new(),
+        })
+    }
+
+    pub fn id(&self) -> u64 {
+        self.core.id
+    }
+
+    /// Device printf output gathered since the last call, for the next reply.
+    pub fn take_stdout(&self) -> Vec<u8> {
+        std::mem::take(&mut *lock(&self.core.stdout))
+    }
+
+    /// Executes one call. Fire-and-forget calls return `None`: their failures are
+    /// sticky and come back from the next synchronizing call.
+    pub fn handle(&mut self, call: Call) -> Option<CallResult> {
+        if matches!(call, Call::ServerStatus) {
+            return Some(Ok(ReplyBody::Status(server_status(&self.server))));
+        }
+        let fire_and_forget = call.is_fire_and_forget();
+        let result = match self.core.fatal() {
+            Some(fatal) => Err(fatal),
+            None => self.execute(call),
+        };
+        if fire_and_forget {
+            if let Err(e) = result {
+                if self.core.fatal().is_none() {
+                    self.core.fail(e);
+                }
+            }
+            None
+        } else {
+            Some(result)
+        }
+    }
+
+    fn execute(&mut self, call: Call) -> CallResult {
+        match call {
+            Call::MemAlloc { device, bytes } => self.mem_alloc(device, bytes),
+            Call::MemFree { ptr } => self.mem_free(ptr),
+            Call::MemGetInfo { device } => {
+                self.check_device(device)?;
+                let total = self.device.mem_total();
+                let free = total.saturating_sub(self.device.mem_used());
+                Ok(ReplyBody::MemInfo { free, total })
+            }
+            Call::MemAddressRange { ptr } => self
+                .containing(ptr)
+                .map(|(base, size)| ReplyBody::Range { base, size })
+                .ok_or_else(|| err(codes::NOT_FOUND, format!("{ptr:#x} is in no allocation"))),
+            Call::MemcpyHtoD { dst, data, stream } => self.memcpy_htod(dst, data, stream),
+            Call::MemcpyDtoH { src, bytes, stream } => self.memcpy_dtoh(src, bytes, stream),
+            Call::MemcpyDtoD {
+                dst,
+                src,
+                bytes,
+                stream,
+            } => self.memcpy_dtod(dst, src, bytes, stream),
+            Call::Memset {
+                dst,
+                value,
+                elem_bytes,
+                count,
+                pitch,
+                height,
+                stream,
+            } => self.memset(dst, value, elem_bytes, count, pitch, height, stream),
+            Call::ModuleLoad { image } => self.module_load(&image),
+            Call::ModuleUnload { module } => self.module_unload(module),
+            Call::Launch {
+                function,
+                grid,
+                block,
+                shared_bytes,
+                stream,
+                params,
+            } => self.launch(function, grid, block, shared_bytes, stream, params),
+            Call::StreamCreate { flags, .. } => self.stream_create(flags),
+            Call::StreamDestroy { stream } => {
+                if self.streams.destroy(stream) {
+                    Ok(ReplyBody::Unit)
+                } else {
+                    Err(invalid_handle("stream", stream))
+                }
+            }
+            Call::StreamSynchronize { stream } => {
+                self.check_stream(stream)?;
+                self.streams.synchronize(stream);
+                self.sync_result()
+            }
+            Call::StreamQuery { stream } => {
+                self.check_stream(stream)?;
+                if self.streams.is_idle(stream) {
+                    self.sync_result()
+                } else {
+                    Err(err(codes::NOT_READY, "stream busy"))
+                }
+            }
+            Call::StreamWaitEvent { stream, event } => {
+                self.check_stream(stream)?;
+                let event = self.event(event)?;
+                let deps: Vec<Position> = lock(&event.state).recorded.into_iter().collect();
+                self.enqueue(stream, deps, Box::new(|| {}))?;
+                Ok(ReplyBody::Unit)
+            }
+            Call::EventCreate { flags } => {
+                if flags & !0xf != 0 {
+                    return Err(err(codes::INVALID_VALUE, format!("event flags {flags:#x}")));
+                }
+                let handle = self.mint_handle();
+                self.events.insert(
+                    handle,
+                    Arc::new(Event {
+                        flags,
+                        state: Mutex::new(EventState::default()),
+                    }),
+                );
+                Ok(ReplyBody::Handle(handle))
+            }
+            Call::EventRecord { event, stream } => self.event_record(event, stream),
+            Call::EventQuery { event } => {
+                let event = self.event(event)?;
+                let recorded = lock(&event.state).recorded;
+                match recorded {
+                    Some(pos) if !self.streams.tracker().is_done(pos) => {
+                        Err(err(codes::NOT_READY, "event not reached yet"))
+                    }
+                    _ => Ok(ReplyBody::Unit),
+                }
+            }
+            Call::EventSynchronize { event } => {
+                let event = self.event(event)?;
+                let recorded = lock(&event.state).recorded;
+                if let Some(pos) = recorded {
+                    self.streams.tracker().wait(&[pos]);
+                }
+                self.sync_result()
+            }
+            Call::EventElapsed { start, end } => self.event_elapsed(start, end),
+            Call::EventDestroy { event } => match self.events.remove(&event) {
+                Some(_) => Ok(ReplyBody::Unit),
+                None => Err(invalid_handle("event", event)),
+            },
+            Call::ContextSynchronize => {
+                self.streams.synchronize_all();
+                self.sync_result()
+            }
+            Call::ServerStatus => Ok(ReplyBody::Status(server_status(&self.server))),
+        }
+    }
+
+    // ----- checks -----
+
+    fn mint_handle(&mut self) -> Handle {
+        let h = self.next_handle;
+        self.next_handle += 1;
+        h
+    }
+
+    fn check_device(&self, device: u32) -> Result<(), CuError> {
+        if device == 0 {
+            Ok(())
+        } else {
+            Err(err(
+                codes::INVALID_DEVICE,
+                format!("device {device} is not this session's device"),
+            ))
+        }
+    }
+
+    fn check_stream(&self, stream: Handle) -> Result<(), CuError> {
+        if self.streams.contains(stream) {
+            Ok(())
+        } else {
+            Err(invalid_handle("stream", stream))
+        }
+    }
+
+    fn event(&self, event: Handle) -> Result<Arc<Event>, CuError> {
+        self.events
+            .get(&event)
+            .cloned()
+            .ok_or_else(|| invalid_handle("event", event))
+    }
+
+    /// The session allocation or module global holding `ptr`: (base, size).
+    fn containing(&self, ptr: DevicePtr) -> Option<(DevicePtr, u64)> {
+        [&self.allocations, &self.globals]
+            .into_iter()
+            .filter_map(|table| table.range(..=ptr).next_back())
+            .map(|(b, s)| (*b, *s))
+            .find(|(base, size)| ptr - base < *size)
+    }
+
+    /// Checks that `[ptr, ptr+bytes)` lies inside one of this session's allocations.
+    fn check_range(&self, ptr: DevicePtr, bytes: u64) -> Result<(), CuError> {
+        let inside = self
+            .containing(ptr)
+            .is_some_and(|(base, size)| ptr - base <= size && bytes <= size - (ptr - base));
+        if inside {
+            Ok(())
+        } else {
+            Err(err(
+                codes::INVALID_VALUE,
+                format!("[{ptr:#x}, +{bytes}) is not inside an allocation of this session"),
+            ))
+        }
+    }
+
+    /// The result of a synchronizing call: success or the pending error.
+    fn sync_result(&self) -> CallResult {
+        match self.core.take_error() {
+            Some(e) => Err(e),
+            None => Ok(ReplyBody::Unit),
+        }
+    }
+
+    // ----- stream-ordered execution -----
+
+    fn enqueue(
+        &mut self,
+        stream: Handle,
+        deps: Vec<Position>,
+        work: Work,
+    ) -> Result<Position, CuError> {
+        self.streams
+            .enqueue(stream, deps, work)
+            .ok_or_else(|| invalid_handle("stream", stream))
+    }
+
+    /// Wraps device work so it is skipped once the context is dead or closing,
+    /// and its failure is recorded on the session.
+    fn device_job(
+        &self,
+        work: impl FnOnce(&dyn Device) -> Result<(), CuError> + Send + 'static,
+    ) -> Work {
+        let core = Arc::clone(&self.core);
+        let device = Arc::clone(&self.device);
+        Box::new(move || {
+            if core.skips_work() {
+                return;
+            }
+            let result = catch_unwind(AssertUnwindSafe(|| work(device.as_ref())))
+                .unwrap_or_else(|_| Err(err(codes::UNKNOWN, "the device panicked")));
+            if let Err(e) = result {
+                core.fail(e);
+            }
+        })
+    }
+
+    /// Queues `work` on `stream` (`None`: the default stream, then waits for it,
+    /// as a synchronous call).
+    fn submit(&mut self, stream: Option<Handle>, work: Work) -> CallResult {
+        match stream {
+            Some(s) => {
+                self.enqueue(s, Vec::new(), work)?;
+                Ok(ReplyBody::Unit)
+            }
+            None => {
+                let pos = self.enqueue(DEFAULT_STREAM, Vec::new(), work)?;
+                self.streams.tracker().wait(&[pos]);
+                self.sync_result()
+            }
+        }
+    }
+
+    // ----- memory -----
+
+    fn mem_alloc(&mut self, device: u32, bytes: u64) -> CallResult {
+        self.check_device(device)?;
+        if bytes == 0 {
+            return Err(err(codes::INVALID_VALUE, "cannot allocate 0 bytes"));
+        }
+        let ptr = self.device.mem_alloc(bytes)?;
+        self.allocations.insert(ptr, bytes);
+        let stats = &self.core.stats;
+        stats.mem_used.fetch_add(bytes, Ordering::Relaxed);
+        stats.allocations.fetch_add(1, Ordering::Relaxed);
+        Ok(ReplyBody::Ptr(ptr))
+    }
+
+    fn mem_free(&mut self, ptr: DevicePtr) -> CallResult {
+        let Some(&size) = self.allocations.get(&ptr) else {
+            return Err(err(
+                codes::INVALID_VALUE,
+                format!("{ptr:#x} is not an allocation of this session"),
+            ));
+        };
+        // Like cuMemFree, wait for work that may still use it.
+        self.streams.synchronize_all();
+        self.allocations.remove(&ptr);
+        let stats = &self.core.stats;
+        stats.mem_used.fetch_sub(size, Ordering::Relaxed);
+        stats.allocations.fetch_sub(1, Ordering::Relaxed);
+        self.device.mem_free(ptr)?;
+        Ok(ReplyBody::Unit)
+    }
+
+    fn memcpy_htod(&mut self, dst: DevicePtr, data: Vec<u8>, stream: Option<Handle>) -> CallResult {
+        if let Some(s) = stream {
+            self.check_stream(s)?;
+        }
+        self.check_range(dst, data.len() as u64)?;
+        if data.is_empty() {
+            return Ok(ReplyBody::Unit);
+        }
+        let job = self.device_job(move |d| d.mem_write(dst, &data));
+        self.submit(stream, job)
+    }
+
+    fn memcpy_dtoh(&mut self, src: DevicePtr, bytes: u64, stream: Option<Handle>) -> CallResult {
+        let stream = stream.unwrap_or(DEFAULT_STREAM);
+        self.check_stream(stream)?;
+        if bytes > MAX_CHUNK_BYTES as u64 {
+            return Err(err(
+                codes::INVALID_VALUE,
+                format!("a copy of {bytes} bytes exceeds one chunk"),
+            ));
+        }
+        self.check_range(src, bytes)?;
+        let (tx, rx) = mpsc::sync_channel(1);
+        let job = self.device_job(move |d| {
+            let mut buf = vec![0u8; bytes as usize];
+            let result = d.mem_read(src, &mut buf);
+            let _ = tx.send(buf);
+            result
+        });
+        let pos = self.enqueue(stream, Vec::new(), job)?;
+        self.streams.tracker().wait(&[pos]);
+        let data = rx.try_recv().ok();
+        if let Some(e) = self.core.take_error() {
+            return Err(e);
+        }
+        data.map(ReplyBody::Data)
+            .ok_or_else(|| err(codes::UNKNOWN, "the copy did not run"))
+    }
+
+    fn memcpy_dtod(
+        &mut self,
+        dst: DevicePtr,
+        src: DevicePtr,
+        bytes: u64,
+        stream: Option<Handle>,
+    ) -> CallResult {
+        if let Some(s) = stream {
+            self.check_stream(s)?;
+        }
+        self.check_range(src, bytes)?;
+        self.check_range(dst, bytes)?;
+        if bytes == 0 {
+            return Ok(ReplyBody::Unit);
+        }
+        let job = self.device_job(move |d| d.mem_copy(dst, src, bytes));
+        self.submit(stream, job)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn memset(
+        &mut self,
+        dst: DevicePtr,
+        value: u32,
+        elem_bytes: u8,
+        count: u64,
+        pitch: u64,
+        height: u64,
+        stream: Option<Handle>,
+    ) -> CallResult {
+        if let Some(s) = stream {
+            self.check_stream(s)?;
+        }
+        let pattern = match elem_bytes {
+            1 => vec![value as u8],
+            2 => (value as u16).to_le_bytes().to_vec(),
+            4 => value.to_le_bytes().to_vec(),
+            _ => {
+                return Err(err(
+                    codes::INVALID_VALUE,
+                    format!("memset element of {elem_bytes} bytes"),
+                ))
+            }
+        };
+        let row = count
+            .checked_mul(u64::from(elem_bytes))
+            .ok_or_else(|| err(codes::INVALID_VALUE, "memset too large"))?;
+        if count == 0 || height == 0 {
+            return Ok(ReplyBody::Unit);
+        }
+        if height > 1 && pitch < row {
+            return Err(err(codes::INVALID_VALUE, "memset pitch smaller than a row"));
+        }
+        let span = (height - 1)
+            .checked_mul(pitch)
+            .and_then(|s| s.checked_add(row))
+            .ok_or_else(|| err(codes::INVALID_VALUE, "memset too large"))?;
+        self.check_range(dst, span)?;
+        let job = self.device_job(move |d| {
+            (0..height).try_for_each(|r| d.mem_fill(dst + r * pitch, &pattern, count))
+        });
+        self.submit(stream, job)
+    }
+
+    // ----- modules and launches -----
+
+    fn module_load(&mut self, image: &[u8]) -> CallResult {
+        let loaded = self.device.module_load(image)?;
+        let module = self.mint_handle();
+        let mut functions = Vec::with_capacity(loaded.kernels.len());
+        let mut infos = Vec::with_capacity(loaded.kernels.len());
+        for (index, kernel) in loaded.kernels.into_iter().enumerate() {
+            let handle = self.mint_handle();
+            infos.push(FunctionInfo {
+                name: kernel.name.clone(),
+                handle,
+                params: kernel.params.clone(),
+                attrs: kernel.attrs,
+            });
+            functions.push(handle);
+            self.functions.insert(
+                handle,
+                FunctionEntry {
+                    module: loaded.id,
+                    index,
+                    desc: kernel,
+                },
+            );
+        }
+        for g in &loaded.globals {
+            if g.size > 0 {
+                self.globals.insert(g.ptr, g.size);
+            }
+        }
+        self.modules.insert(
+            module,
+            ModuleEntry {
+                id: loaded.id,
+                functions,
+                globals: loaded.globals.iter().map(|g| g.ptr).collect(),
+            },
+        );
+        tracing::debug!(
+            session = self.id(),
+            module,
+            kernels = infos.len(),
+            "module loaded"
+        );
+        Ok(ReplyBody::Module(ModuleInfo {
+            module,
+            functions: infos,
+            globals: loaded
+                .globals
+                .into_iter()
+                .map(|g| GlobalInfo {
+                    name: g.name,
+                    ptr: g.ptr,
+                    size: g.size,
+                })
+                .collect(),
+        }))
+    }
+
+    fn module_unload(&mut self, module: Handle) -> CallResult {
+        if !self.modules.contains_key(&module) {
+            return Err(invalid_handle("module", module));
+        }
+        self.streams.synchronize_all();
+        if let Some(entry) = self.modules.remove(&module) {
+            self.drop_module(entry);
+        }
+        Ok(ReplyBody::Unit)
+    }
+
+    fn drop_module(&mut self, entry: ModuleEntry) {
+        for f in &entry.functions {
+            self.functions.remove(f);
+        }
+        for g in &entry.globals {
+            self.globals.remove(g);
+        }
+        self.device.module_unload(entry.id);
+    }
+
+    fn launch(
+        &mut self,
+        function: Handle,
+        grid: [u32; 3],
+        block: [u32; 3],
+        shared_bytes: u32,
+        stream: Handle,
+        params: Vec<u8>,
+    ) -> CallResult {
+        self.check_stream(stream)?;
+        let f = self
+            .functions
+            .get(&function)
+            .ok_or_else(|| invalid_handle("function", function))?;
+        let bad = |what: String| Err(err(codes::INVALID_VALUE, what));
+        if grid.contains(&0) || block.contains(&0) {
+            return bad(format!("empty launch grid {grid:?} block {block:?}"));
+        }
+        let over = |dims: [u32; 3], limits: [i32; 3]| {
+            dims.iter().zip(limits).any(|(d, l)| *d as u64 > l as u64)
+        };
+        if over(block, MAX_BLOCK_DIM) || over(grid, MAX_GRID_DIM) {
+            return bad(format!(
+                "launch grid {grid:?} block {block:?} over the device's limits"
+            ));
+        }
+        let threads: u64 = block.iter().map(|d| u64::from(*d)).product();
+        let max_threads = match f.desc.attrs.max_threads_per_block {
+            n if n > 0 => n as u64,
+            _ => 1024,
+        };
+        if threads > max_threads {
+            return bad(format!(
+                "block of {threads} threads over the kernel's {max_threads}"
+            ));
+        }
+        let shared_total = u64::from(shared_bytes) + f.desc.attrs.shared_size_bytes.max(0) as u64;
+        if shared_total > SHARED_PER_BLOCK_OPTIN as u64 {
+            return bad(format!("{shared_total} bytes of shared memory per block"));
+        }
+        if (params.len() as u64) < f.desc.params_bytes() {
+            return bad(format!(
+                "{} parameter bytes for {}, which takes {}",
+                params.len(),
+                f.desc.name,
+                f.desc.params_bytes()
+            ));
+        }
+        let (module, kernel) = (f.module, f.index);
+        let geometry = LaunchGeometry {
+            grid,
+            block,
+            dynamic_shared_bytes: shared_bytes,
+        };
+        let core = Arc::clone(&self.core);
+        let device = Arc::clone(&self.device);
+        let work: Work = Box::new(move || {
+            if core.skips_work() {
+                return;
+            }
+            let started = Instant::now();
+            let outcome = catch_unwind(AssertUnwindSafe(|| {
+                device.launch(module, kernel, &geometry, &params)
+            }))
+            .unwrap_or_else(|_| LaunchOutcome {
+                stdout: Vec::new(),
+                result: Err(err(codes::LAUNCH_FAILED, "the kernel crashed the device")),
+            });
+            let ns = started.elapsed().as_nanos().min(u64::MAX as u128) as u64;
+            core.stats.launches.fetch_add(1, Ordering::Relaxed);
+            core.stats.gpu_time_ns.fetch_add(ns, Ordering::Relaxed);
+            core.append_stdout(&outcome.stdout);
+            if let Err(e) = outcome.result {
+                core.fail(e);
+            }
+        });
+        self.enqueue(stream, Vec::new(), work)?;
+        Ok(ReplyBody::Unit)
+    }
+
+    // ----- streams and events -----
+
+    fn stream_create(&mut self, flags: u32) -> CallResult {
+        if flags & !NON_BLOCKING != 0 {
+            return Err(err(
+                codes::INVALID_VALUE,
+                format!("stream flags {flags:#x}"),
+            ));
+        }
+        if self.streams.len() >= MAX_STREAMS {
+            return Err(err(
+                codes::OUT_OF_MEMORY,
+                format!("a session may hold {MAX_STREAMS} streams"),
+            ));
+        }
+        let handle = self.mint_handle();
+        self.streams.create(handle, flags).map_err(|e| {
+            err(
+                codes::OUT_OF_MEMORY,
+                format!("cannot start a stream worker: {e}"),
+            )
+        })?;
+        Ok(ReplyBody::Handle(handle))
+    }
+
+    fn event_record(&mut self, event: Handle, stream: Handle) -> CallResult {
+        self.check_stream(stream)?;
+        let event = self.event(event)?;
+        let generation = {
+            let mut state = lock(&event.state);
+            state.generation += 1;
+            state.generation
+        };
+        let target = Arc::clone(&event);
+        let pos = self.enqueue(
+            stream,
+            Vec::new(),
+            Box::new(move || {
+                let now = Instant::now();
+                let mut state = lock(&target.state);
+                if state.generation == generation {
+                    state.time = Some(now);
+                }
+            }),
+        )?;
+        let mut state = lock(&event.state);
+        if state.generation == generation {
+            state.recorded = Some(pos);
+        }
+        Ok(ReplyBody::Unit)
+    }
+
+    fn event_elapsed(&self, start: Handle, end: Handle) -> CallResult {
+        let (start, end) = (self.event(start)?, self.event(end)?);
+        if (start.flags | end.flags) & EVENT_DISABLE_TIMING != 0 {
+            return Err(err(
+                codes::INVALID_HANDLE,
+                "event created with timing disabled",
+            ));
+        }
+        let read = |e: &Event| {
+            let state = lock(&e.state);
+            (state.recorded, state.time)
+        };
+        let (start, end) = (read(&start), read(&end));
+        let (Some(p0), Some(p1)) = (start.0, end.0) else {
+            return Err(err(codes::INVALID_HANDLE, "event was never recorded"));
+        };
+        let tracker = self.streams.tracker();
+        if !tracker.is_done(p0) || !tracker.is_done(p1) {
+            return Err(err(codes::NOT_READY, "event not reached yet"));
+        }
+        match (start.1, end.1) {
+            (Some(t0), Some(t1)) => {
+                let ms = if t1 >= t0 {
+                    (t1 - t0).as_secs_f64() * 1e3
+                } else {
+                    -((t0 - t1).as_secs_f64() * 1e3)
+                };
+                Ok(ReplyBody::ElapsedMs(ms as f32))
+            }
+            _ => Err(err(codes::NOT_READY, "event has no timestamp")),
+        }
+    }
+
+    /// Tears the session down: queued work is skipped, running work finishes,
+    /// then every module and allocation of the session is released.
+    pub fn close(mut self) {
+        self.core.closing.store(true, Ordering::Relaxed);
+        self.streams.shutdown();
+        let modules: Vec<ModuleEntry> = self.modules.drain().map(|(_, m)| m).collect();
+        let (n_modules, n_allocs) = (modules.len(), self.allocations.len());
+        for m in modules {
+            self.drop_module(m);
+        }
+        for (ptr, _) in std::mem::take(&mut self.allocations) {
+            if let Err(e) = self.device.mem_free(ptr) {
+                tracing::error!(session = self.id(), %e, "freeing {ptr:#x} at teardown failed");
+            }
+        }
+        if let Some(entry) = &self.entry {
+            self.server.registry().remove(entry.session);
+        }
+        tracing::debug!(
+            session = self.id(),
+            modules = n_modules,
+            allocations = n_allocs,
+            "session closed"
+        );
+    }
+}

@@ -1,0 +1,99 @@
+//! The server's registry of live sessions and their counters, and the
+//! `ServerStatus` snapshot that `cumux status` shows.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use cumux_protocol::{DeviceStatus, ServerStatus, SessionStatus, PROTOCOL_VERSION};
+
+use crate::Server;
+
+/// Counters a session's threads update as work runs.
+#[derive(Debug, Default)]
+pub struct SessionStats {
+    pub launches: AtomicU64,
+    pub gpu_time_ns: AtomicU64,
+    pub mem_used: AtomicU64,
+    pub allocations: AtomicU64,
+}
+
+/// Who a session is, for status and logs.
+#[derive(Debug)]
+pub struct SessionEntry {
+    pub session: u64,
+    pub pid: u32,
+    pub program: String,
+    pub tenant: String,
+    pub stats: Arc<SessionStats>,
+}
+
+/// Live driver sessions, by id.
+#[derive(Debug, Default)]
+pub struct Registry {
+    sessions: Mutex<BTreeMap<u64, Arc<SessionEntry>>>,
+}
+
+impl Registry {
+    pub fn insert(&self, entry: Arc<SessionEntry>) {
+        self.lock().insert(entry.session, entry);
+    }
+
+    pub fn remove(&self, session: u64) {
+        self.lock().remove(&session);
+    }
+
+    pub fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn entries(&self) -> Vec<Arc<SessionEntry>> {
+        self.lock().values().cloned().collect()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<u64, Arc<SessionEntry>>> {
+        self.sessions.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// A snapshot of the server for `cumux status`.
+pub fn server_status(server: &Server) -> ServerStatus {
+    ServerStatus {
+        server: server.name().to_string(),
+        version: PROTOCOL_VERSION,
+        uptime_s: server.uptime().as_secs_f64(),
+        devices: server
+            .devices()
+            .iter()
+            .map(|d| {
+                let info = d.info();
+                DeviceStatus {
+                    ordinal: info.ordinal,
+                    name: info.name.clone(),
+                    backend: info.backend.clone(),
+                    total_mem: d.mem_total(),
+                    used_mem: d.mem_used(),
+                }
+            })
+            .collect(),
+        sessions: server
+            .registry()
+            .entries()
+            .iter()
+            .map(|e| SessionStatus {
+                session: e.session,
+                pid: e.pid,
+                program: e.program.clone(),
+                tenant: e.tenant.clone(),
+                mem_used: e.stats.mem_used.load(Ordering::Relaxed),
+                allocations: e.stats.allocations.load(Ordering::Relaxed),
+                launches: e.stats.launches.load(Ordering::Relaxed),
+                gpu_time_ms: e.stats.gpu_time_ns.load(Ordering::Relaxed) as f64 / 1e6,
+            })
+            .collect(),
+    }
+}
