@@ -11,7 +11,10 @@ fn pack(program: &Program, kernel: &str, args: &[&[u8]]) -> (String, Vec<u8>) {
     let info = program
         .kernels()
         .iter()
-        .find(|info| info.name.starts_with(&format!("_Z{}{kernel}", kernel.len())))
+        .find(|info| {
+            info.name
+                .starts_with(&format!("_Z{}{kernel}", kernel.len()))
+        })
         .unwrap_or_else(|| panic!("no kernel {kernel}"));
     assert_eq!(info.params.len(), args.len());
     let end = info
@@ -135,8 +138,12 @@ fn matmul(reps: usize) -> Measurement {
     let mem = DeviceMemory::new(64 << 20);
     let program = Program::load(&ptx, &mem).expect("load matmul_tiled PTX");
     let n = 512usize;
-    let a: Vec<f32> = (0..n * n).map(|i| ((i * 7) % 17) as f32 * 0.125 - 1.0).collect();
-    let b: Vec<f32> = (0..n * n).map(|i| ((i * 5) % 13) as f32 * 0.25 - 1.5).collect();
+    let a: Vec<f32> = (0..n * n)
+        .map(|i| ((i * 7) % 17) as f32 * 0.125 - 1.0)
+        .collect();
+    let b: Vec<f32> = (0..n * n)
+        .map(|i| ((i * 5) % 13) as f32 * 0.25 - 1.5)
+        .collect();
     let (da, db) = (upload_f32(&mem, &a), upload_f32(&mem, &b));
     let dc = upload_f32(&mem, &vec![0.0; n * n]);
     let dim = (n as i32).to_le_bytes();

@@ -296,7 +296,11 @@ fn matmul_tiled() {
     let mut rng = Rng(2);
     let a: Vec<f32> = (0..m * k).map(|_| rng.uniform(-1.0, 1.0) as f32).collect();
     let b: Vec<f32> = (0..k * n).map(|_| rng.uniform(-1.0, 1.0) as f32).collect();
-    let (da, db, dc) = (module.upload(&a), module.upload(&b), module.alloc(m * n * 4));
+    let (da, db, dc) = (
+        module.upload(&a),
+        module.upload(&b),
+        module.alloc(m * n * 4),
+    );
     module.launch(
         "matmul_tiled",
         [n.div_ceil(16) as u32, m.div_ceil(16) as u32, 1],
@@ -325,7 +329,7 @@ fn matmul_tiled() {
 #[test]
 fn reduce_shfl() {
     let module = Module::load("reduce_shfl");
-    let n = 50_001;
+    let n: usize = 50_001;
     let mut rng = Rng(3);
     let data: Vec<i32> = (0..n).map(|_| rng.range_i32(-1000, 1000)).collect();
     let (din, dtotal) = (module.upload(&data), module.alloc(8));
@@ -343,7 +347,7 @@ fn reduce_shfl() {
 #[test]
 fn histogram() {
     let module = Module::load("histogram");
-    let n = 40_000;
+    let n: usize = 40_000;
     let mut rng = Rng(4);
     let data: Vec<u8> = (0..n)
         .map(|_| {
@@ -369,7 +373,7 @@ fn histogram() {
 #[test]
 fn prefix_scan() {
     let module = Module::load("prefix_scan");
-    let n = 5000;
+    let n: usize = 5000;
     let block = 256;
     let blocks = n.div_ceil(block);
     let input: Vec<i32> = (0..n as i32).map(|i| (i * 37 + 11) % 19 - 9).collect();
@@ -622,7 +626,11 @@ fn device_function() {
     let (n, block) = (100usize, 64usize);
     let input: Vec<i32> = (0..n as i32).map(|i| i * i - 50).collect();
     let din = module.upload(&input);
-    let (dmixed, dfacts, dfibs) = (module.alloc(n * 4), module.alloc(n * 8), module.alloc(n * 4));
+    let (dmixed, dfacts, dfibs) = (
+        module.alloc(n * 4),
+        module.alloc(n * 8),
+        module.alloc(n * 4),
+    );
     module.launch(
         "device_function",
         grid1(n.div_ceil(block)),
@@ -1213,7 +1221,15 @@ fn grid_3d() {
                 let b = [x / block[0], y / block[1], z / block[2]];
                 let t = [x % block[0], y % block[1], z % block[2]];
                 let rank = t[0] + block[0] * (t[1] + block[1] * t[2]);
-                let want = [pack(b), pack(t), pack(grid), pack(block), rank, rank % 32, 1];
+                let want = [
+                    pack(b),
+                    pack(t),
+                    pack(grid),
+                    pack(block),
+                    rank,
+                    rank % 32,
+                    1,
+                ];
                 assert_eq!(cell, want, "cell ({x},{y},{z})");
             }
         }
