@@ -1,0 +1,2271 @@
+//! The interpreter: runs one launch of a lowered kernel. Blocks run in
+//! parallel on host threads; inside a block, threads run one at a time up to
+//! the next collective (barrier or warp op), which is resolved exactly.
+
+use crate::ir::*;
+use crate::lower::FUNC_WIN;
+use crate::memory::{atomic_load, atomic_rmw, atomic_store, MemView, DEVICE_VA_BASE};
+use crate::{Fault, LaunchConfig, LaunchReport, Program};
+use half::{bf16, f16};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Mutex;
+
+/// Generic-address window of the per-thread local space.
+pub const LOCAL_WINDOW: u64 = 0x1000_0000_0000;
+/// Generic-address window of the per-block shared space.
+pub const SHARED_WINDOW: u64 = 0x1100_0000_0000;
+/// Generic-address window of the kernel parameter space.
+pub const PARAM_WINDOW: u64 = 0x1200_0000_0000;
+const WINDOW_SIZE: u64 = 1 << 32;
+/// Per-thread local memory limit (frames and call stack).
+const LOCAL_LIMIT: usize = 512 * 1024;
+const MAX_CALL_DEPTH: usize = 4096;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Status {
+    Ready,
+    AtWarp,
+    AtBar,
+    Exited,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Frame {
+    func: u32,
+    call_pc: u32,
+    rbase: u32,
+    lbase: u32,
+}
+
+struct Thread {
+    pc: u32,
+    func: u32,
+    rbase: u32,
+    lbase: u32,
+    frames: Vec<Frame>,
+    status: Status,
+    clock: u64,
+    regs: Vec<u64>,
+    local: Vec<u64>,
+}
+
+/// Launch-wide, read-only facts.
+struct Geo<'a> {
+    prog: &'a Program,
+    mem: &'a MemView<'a>,
+    params: &'a [u64],
+    params_len: u64,
+    ntid: [u32; 3],
+    nctaid: [u32; 3],
+    dyn_bytes: u32,
+    shared_bytes: u64,
+    start_ns: u64,
+    kernel: u32,
+}
+
+/// Per-worker mutable state of the block being run.
+struct Block {
+    ctaid: [u32; 3],
+    smid: u32,
+    shared: Vec<u64>,
+    out: Vec<u8>,
+    cache: (u64, u64, usize),
+    arrivals: [u32; 16],
+    instructions: u64,
+    warp_live: Vec<u32>,
+}
+
+enum Stop {
+    Collective,
+    Exit,
+}
+
+#[inline]
+fn sext(v: u64, bits: u32) -> i64 {
+    if bits >= 64 {
+        v as i64
+    } else {
+        let s = 64 - bits;
+        ((v << s) as i64) >> s
+    }
+}
+
+#[inline]
+fn norm(v: u64, t: Ty) -> u64 {
+    if t.signed() {
+        sext(v, t.bits()) as u64
+    } else {
+        v & t.mask()
+    }
+}
+
+fn bytes_of(v: &mut [u64]) -> &mut [u8] {
+    let len = v.len() * 8;
+    // SAFETY: any u64 buffer may be viewed as bytes; the view borrows `v` mutably.
+    unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr() as *mut u8, len) }
+}
+
+#[inline]
+fn f32_of(v: u64) -> f32 {
+    f32::from_bits(v as u32)
+}
+
+#[inline]
+fn ftz32(x: f32) -> f32 {
+    if x.is_subnormal() {
+        0.0f32.copysign(x)
+    } else {
+        x
+    }
+}
+
+/// Rounds an f64 to f32 with a directed mode.
+fn round_f32(x: f64, rnd: Rnd) -> f32 {
+    let r = x as f32;
+    if r.is_nan() || r.is_infinite() && x.is_infinite() {
+        return r;
+    }
+    let rd = r as f64;
+    match rnd {
+        Rnd::Rz => {
+            if rd.abs() > x.abs() {
+                r.next_toward_zero()
+            } else {
+                r
+            }
+        }
+        Rnd::Rm => {
+            if rd > x {
+                r.next_down()
+            } else {
+                r
+            }
+        }
+        Rnd::Rp => {
+            if rd < x {
+                r.next_up()
+            } else {
+                r
+            }
+        }
+        _ => r,
+    }
+}
+
+trait TowardZero {
+    fn next_toward_zero(self) -> Self;
+}
+impl TowardZero for f32 {
+    fn next_toward_zero(self) -> f32 {
+        if self > 0.0 {
+            self.next_down()
+        } else if self < 0.0 {
+            self.next_up()
+        } else {
+            self
+        }
+    }
+}
+
+/// Round an integer (as i128) to f64/f32 with a directed mode.
+fn int_to_float(v: i128, dt: Ty, rnd: Rnd) -> u64 {
+    match dt {
+        Ty::F64 => {
+            let r = v as f64;
+            let adj = match rnd {
+                Rnd::Rz if (r as i128).abs() > v.abs() => r.next_toward_zero64(),
+                Rnd::Rm if (r as i128) > v => r.next_down(),
+                Rnd::Rp if (r as i128) < v => r.next_up(),
+                _ => r,
+            };
+            adj.to_bits()
+        }
+        Ty::F32 => {
+            let r = v as f32;
+            let adj = match rnd {
+                Rnd::Rz if (r as i128).abs() > v.abs() => r.next_toward_zero(),
+                Rnd::Rm if (r as i128) > v => r.next_down(),
+                Rnd::Rp if (r as i128) < v => r.next_up(),
+                _ => r,
+            };
+            adj.to_bits() as u64
+        }
+        Ty::F16 => f16::from_f64(v as f64).to_bits() as u64,
+        Ty::BF16 => bf16::from_f64(v as f64).to_bits() as u64,
+        _ => 0,
+    }
+}
+
+trait TowardZero64 {
+    fn next_toward_zero64(self) -> Self;
+}
+impl TowardZero64 for f64 {
+    fn next_toward_zero64(self) -> f64 {
+        if self > 0.0 {
+            self.next_down()
+        } else if self < 0.0 {
+            self.next_up()
+        } else {
+            self
+        }
+    }
+}
+
+fn round_int(x: f64, rnd: Rnd) -> f64 {
+    match rnd {
+        Rnd::Rni | Rnd::Rn => x.round_ties_even(),
+        Rnd::Rmi | Rnd::Rm => x.floor(),
+        Rnd::Rpi | Rnd::Rp => x.ceil(),
+        _ => x.trunc(),
+    }
+}
+
+/// Reads a float-typed value as f64 (f16/bf16/f32/f64).
+#[inline]
+fn fval(v: u64, t: Ty) -> f64 {
+    match t {
+        Ty::F32 => f32_of(v) as f64,
+        Ty::F64 => f64::from_bits(v),
+        Ty::F16 => f16::from_bits(v as u16).to_f64(),
+        Ty::BF16 => bf16::from_bits(v as u16).to_f64(),
+        _ => f64::from_bits(v),
+    }
+}
+
+fn to_fbits(x: f64, t: Ty) -> u64 {
+    match t {
+        Ty::F32 => (x as f32).to_bits() as u64,
+        Ty::F16 => f16::from_f64(x).to_bits() as u64,
+        Ty::BF16 => bf16::from_f64(x).to_bits() as u64,
+        _ => x.to_bits(),
+    }
+}
+
+fn fop(op: FOp, x: f64, y: f64) -> f64 {
+    match op {
+        FOp::Add => x + y,
+        FOp::Sub => x - y,
+        FOp::Mul => x * y,
+        FOp::Div => x / y,
+        FOp::Min => {
+            if x.is_nan() {
+                y
+            } else if y.is_nan() {
+                x
+            } else if x == y {
+                if x.is_sign_negative() {
+                    x
+                } else {
+                    y
+                }
+            } else {
+                x.min(y)
+            }
+        }
+        FOp::Max => {
+            if x.is_nan() {
+                y
+            } else if y.is_nan() {
+                x
+            } else if x == y {
+                if x.is_sign_positive() {
+                    x
+                } else {
+                    y
+                }
+            } else {
+                x.max(y)
+            }
+        }
+        FOp::Copysign => y.copysign(x),
+    }
+}
+
+fn float_bin(op: FOp, t: Ty, a: u64, b: u64, rnd: Rnd, ftz: bool, sat: bool) -> u64 {
+    let satf = |x: f64| {
+        if sat {
+            if x.is_nan() {
+                0.0
+            } else {
+                x.clamp(0.0, 1.0)
+            }
+        } else {
+            x
+        }
+    };
+    match t {
+        Ty::F32 => {
+            let (mut x, mut y) = (f32_of(a), f32_of(b));
+            if ftz {
+                x = ftz32(x);
+                y = ftz32(y);
+            }
+            let r = match (op, rnd) {
+                (FOp::Add, Rnd::Default | Rnd::Rn) => x + y,
+                (FOp::Sub, Rnd::Default | Rnd::Rn) => x - y,
+                (FOp::Mul, Rnd::Default | Rnd::Rn) => x * y,
+                (FOp::Div, Rnd::Default | Rnd::Rn) => x / y,
+                (FOp::Min | FOp::Max | FOp::Copysign, _) => fop(op, x as f64, y as f64) as f32,
+                _ => round_f32(fop(op, x as f64, y as f64), rnd),
+            };
+            let r = if sat { satf(r as f64) as f32 } else { r };
+            (if ftz { ftz32(r) } else { r }).to_bits() as u64
+        }
+        Ty::F64 => satf(fop(op, f64::from_bits(a), f64::from_bits(b))).to_bits(),
+        Ty::F16 | Ty::BF16 => to_fbits(satf(fop(op, fval(a, t), fval(b, t))), t),
+        Ty::F16x2 | Ty::BF16x2 => {
+            let et = if t == Ty::F16x2 { Ty::F16 } else { Ty::BF16 };
+            let lo = float_bin(op, et, a & 0xffff, b & 0xffff, rnd, ftz, sat);
+            let hi = float_bin(
+                op,
+                et,
+                (a >> 16) & 0xffff,
+                (b >> 16) & 0xffff,
+                rnd,
+                ftz,
+                sat,
+            );
+            lo | (hi << 16)
+        }
+        _ => 0,
+    }
+}
+
+fn int_bin(op: IntOp, t: Ty, a: u64, b: u64) -> u64 {
+    let bits = t.bits();
+    let mask = t.mask();
+    let s = t.signed();
+    match op {
+        IntOp::Add => a.wrapping_add(b) & mask,
+        IntOp::Sub => a.wrapping_sub(b) & mask,
+        IntOp::MulLo => a.wrapping_mul(b) & mask,
+        IntOp::Mul24Lo => {
+            let (x, y) = if s {
+                (sext(a, 24) as u64, sext(b, 24) as u64)
+            } else {
+                (a & 0xff_ffff, b & 0xff_ffff)
+            };
+            x.wrapping_mul(y) & mask
+        }
+        IntOp::MulHi => {
+            if s {
+                let p = (sext(a, bits) as i128) * (sext(b, bits) as i128);
+                ((p >> bits) as u64) & mask
+            } else {
+                let p = ((a & mask) as u128) * ((b & mask) as u128);
+                ((p >> bits) as u64) & mask
+            }
+        }
+        IntOp::MulWide => {
+            let wmask = if bits >= 32 {
+                u64::MAX
+            } else {
+                (1u64 << (2 * bits)) - 1
+            };
+            if s {
+                ((sext(a, bits) as i128 * sext(b, bits) as i128) as u64) & wmask
+            } else {
+                (((a & mask) as u128 * (b & mask) as u128) as u64) & wmask
+            }
+        }
+        IntOp::Div | IntOp::Rem => {
+            if s {
+                let (x, y) = (sext(a, bits), sext(b, bits));
+                if y == 0 {
+                    return if op == IntOp::Div { mask } else { a & mask };
+                }
+                let r = if op == IntOp::Div {
+                    x.wrapping_div(y)
+                } else {
+                    x.wrapping_rem(y)
+                };
+                r as u64 & mask
+            } else {
+                let (x, y) = (a & mask, b & mask);
+                if y == 0 {
+                    return if op == IntOp::Div { mask } else { x };
+                }
+                if op == IntOp::Div {
+                    x / y
+                } else {
+                    x % y
+                }
+            }
+        }
+        IntOp::Min | IntOp::Max => {
+            let less = if s {
+                sext(a, bits) < sext(b, bits)
+            } else {
+                (a & mask) < (b & mask)
+            };
+            let pick_a = if op == IntOp::Min { less } else { !less };
+            (if pick_a { a } else { b }) & mask
+        }
+        IntOp::And => a & b & mask,
+        IntOp::Or => (a | b) & mask,
+        IntOp::Xor => (a ^ b) & mask,
+        IntOp::Shl => {
+            let n = b & 0xffff_ffff;
+            if n >= bits as u64 {
+                0
+            } else {
+                (a << n) & mask
+            }
+        }
+        IntOp::Shr => {
+            let n = (b & 0xffff_ffff).min(bits as u64 - 1 + !s as u64);
+            if s {
+                (sext(a, bits) >> n.min(63)) as u64 & mask
+            } else if n >= bits as u64 {
+                0
+            } else {
+                ((a & mask) >> n) & mask
+            }
+        }
+        IntOp::AddSat | IntOp::SubSat => {
+            let (x, y) = (sext(a, bits) as i128, sext(b, bits) as i128);
+            let r = if op == IntOp::AddSat { x + y } else { x - y };
+            let (lo, hi) = (-(1i128 << (bits - 1)), (1i128 << (bits - 1)) - 1);
+            (r.clamp(lo, hi) as u64) & mask
+        }
+        IntOp::Copysign => 0,
+        IntOp::Bmsk => {
+            let (p, l) = (a & 0xff, b & 0xff);
+            let p = p.min(32);
+            let l = l.min(32 - p);
+            (((1u64 << l) - 1) << p) & 0xffff_ffff
+        }
+    }
+}
+
+fn un_op(op: UnOp, t: Ty, a: u64, ftz: bool, sat: bool) -> u64 {
+    let bits = t.bits();
+    let mask = t.mask();
+    match op {
+        UnOp::Not => !a & mask,
+        UnOp::Cnot => ((a & mask) == 0) as u64,
+        UnOp::Neg => a.wrapping_neg() & mask,
+        UnOp::Abs => (sext(a, bits).wrapping_abs() as u64) & mask,
+        UnOp::Popc => (a & mask).count_ones() as u64,
+        UnOp::Clz => ((a & mask).leading_zeros() - (64 - bits)) as u64,
+        UnOp::Brev => ((a & mask).reverse_bits() >> (64 - bits)) & mask,
+        UnOp::Bfind | UnOp::BfindShift => {
+            let v = if t.signed() && sext(a, bits) < 0 {
+                !a & mask
+            } else {
+                a & mask
+            };
+            if v == 0 {
+                0xffff_ffff
+            } else {
+                let pos = 63 - v.leading_zeros() as u64;
+                if op == UnOp::BfindShift {
+                    bits as u64 - 1 - pos
+                } else {
+                    pos
+                }
+            }
+        }
+        UnOp::FNeg => match t {
+            Ty::F32 | Ty::F64 | Ty::F16 | Ty::BF16 => a ^ (1u64 << (bits - 1)),
+            Ty::F16x2 | Ty::BF16x2 => a ^ 0x8000_8000,
+            _ => a,
+        },
+        UnOp::FAbs => match t {
+            Ty::F32 | Ty::F64 | Ty::F16 | Ty::BF16 => a & !(1u64 << (bits - 1)) & mask,
+            Ty::F16x2 | Ty::BF16x2 => a & 0x7fff_7fff,
+            _ => a,
+        },
+        _ => {
+            if matches!(t, Ty::F16x2 | Ty::BF16x2) {
+                let et = if t == Ty::F16x2 { Ty::F16 } else { Ty::BF16 };
+                let lo = un_op(op, et, a & 0xffff, ftz, sat);
+                let hi = un_op(op, et, (a >> 16) & 0xffff, ftz, sat);
+                return lo | (hi << 16);
+            }
+            let mut x = fval(a, t);
+            if ftz && t == Ty::F32 {
+                x = ftz32(x as f32) as f64;
+            }
+            let r = match op {
+                UnOp::Sqrt => {
+                    if t == Ty::F32 {
+                        (x as f32).sqrt() as f64
+                    } else {
+                        x.sqrt()
+                    }
+                }
+                UnOp::Rsqrt => 1.0 / x.sqrt(),
+                UnOp::Rcp => 1.0 / x,
+                UnOp::Sin => x.sin(),
+                UnOp::Cos => x.cos(),
+                UnOp::Ex2 => x.exp2(),
+                UnOp::Lg2 => x.log2(),
+                UnOp::Tanh => x.tanh(),
+                _ => x,
+            };
+            let r = if sat {
+                if r.is_nan() {
+                    0.0
+                } else {
+                    r.clamp(0.0, 1.0)
+                }
+            } else {
+                r
+            };
+            if t == Ty::F32 && ftz {
+                ftz32(r as f32).to_bits() as u64
+            } else {
+                to_fbits(r, t)
+            }
+        }
+    }
+}
+
+fn compare(cmp: Cmp, t: Ty, a: u64, b: u64) -> bool {
+    if t.is_float() {
+        let (x, y) = (fval(a, t), fval(b, t));
+        let un = x.is_nan() || y.is_nan();
+        return match cmp {
+            Cmp::Eq => !un && x == y,
+            Cmp::Ne => !un && x != y,
+            Cmp::Lt | Cmp::Lo => !un && x < y,
+            Cmp::Le | Cmp::Ls => !un && x <= y,
+            Cmp::Gt | Cmp::Hi => !un && x > y,
+            Cmp::Ge | Cmp::Hs => !un && x >= y,
+            Cmp::Equ => un || x == y,
+            Cmp::Neu => un || x != y,
+            Cmp::Ltu => un || x < y,
+            Cmp::Leu => un || x <= y,
+            Cmp::Gtu => un || x > y,
+            Cmp::Geu => un || x >= y,
+            Cmp::Num => !un,
+            Cmp::Nan => un,
+        };
+    }
+    let bits = t.bits();
+    let (ua, ub) = (a & t.mask(), b & t.mask());
+    let (sa, sb) = (sext(a, bits), sext(b, bits));
+    let signed = t.signed();
+    match cmp {
+        Cmp::Eq | Cmp::Equ => ua == ub,
+        Cmp::Ne | Cmp::Neu => ua != ub,
+        Cmp::Lt | Cmp::Ltu => {
+            if signed {
+                sa < sb
+            } else {
+                ua < ub
+            }
+        }
+        Cmp::Le | Cmp::Leu => {
+            if signed {
+                sa <= sb
+            } else {
+                ua <= ub
+            }
+        }
+        Cmp::Gt | Cmp::Gtu => {
+            if signed {
+                sa > sb
+            } else {
+                ua > ub
+            }
+        }
+        Cmp::Ge | Cmp::Geu => {
+            if signed {
+                sa >= sb
+            } else {
+                ua >= ub
+            }
+        }
+        Cmp::Lo => ua < ub,
+        Cmp::Ls => ua <= ub,
+        Cmp::Hi => ua > ub,
+        Cmp::Hs => ua >= ub,
+        Cmp::Num => true,
+        Cmp::Nan => false,
+    }
+}
+
+fn cvt(a: u64, dt: Ty, st: Ty, rnd: Rnd, sat: bool, ftz: bool) -> u64 {
+    if st.is_float() {
+        let mut x = fval(a, st);
+        if ftz && st == Ty::F32 {
+            x = ftz32(x as f32) as f64;
+        }
+        if dt.is_float() {
+            if matches!(rnd, Rnd::Rni | Rnd::Rzi | Rnd::Rmi | Rnd::Rpi) {
+                x = round_int(x, rnd);
+            }
+            if sat {
+                x = if x.is_nan() { 0.0 } else { x.clamp(0.0, 1.0) };
+            }
+            return match dt {
+                Ty::F32 => {
+                    let r = if st == Ty::F64 {
+                        round_f32(x, rnd)
+                    } else {
+                        x as f32
+                    };
+                    (if ftz { ftz32(r) } else { r }).to_bits() as u64
+                }
+                _ => to_fbits(x, dt),
+            };
+        }
+        // float -> int: round then saturate to the destination range
+        if x.is_nan() {
+            return 0;
+        }
+        let r = round_int(x, rnd);
+        let bits = dt.bits();
+        let v: i128 = if dt.signed() {
+            let lo = -(1i128 << (bits - 1));
+            let hi = (1i128 << (bits - 1)) - 1;
+            (r.clamp(lo as f64, hi as f64) as i128).clamp(lo, hi)
+        } else {
+            let hi = (1u128 << bits) - 1;
+            (r.clamp(0.0, hi as f64) as u128).min(hi) as i128
+        };
+        return (v as u64) & dt.mask();
+    }
+    // integer source
+    let v: i128 = if st.signed() {
+        sext(a, st.bits()) as i128
+    } else {
+        (a & st.mask()) as i128
+    };
+    if dt.is_float() {
+        let r = int_to_float(v, dt, if rnd == Rnd::Default { Rnd::Rn } else { rnd });
+        if sat {
+            let x = fval(r, dt).clamp(0.0, 1.0);
+            return to_fbits(x, dt);
+        }
+        return r;
+    }
+    if sat {
+        let bits = dt.bits();
+        let (lo, hi) = if dt.signed() {
+            (-(1i128 << (bits - 1)), (1i128 << (bits - 1)) - 1)
+        } else {
+            (0, (1i128 << bits) - 1)
+        };
+        return (v.clamp(lo, hi) as u64) & dt.mask();
+    }
+    if dt.signed() && dt.bits() < st.bits().max(1) || !dt.signed() {
+        (v as u64) & dt.mask()
+    } else {
+        // widening to a signed type keeps the sign in the low bits
+        (v as u64) & dt.mask()
+    }
+}
+
+fn prmt(a: u64, b: u64, c: u64) -> u64 {
+    let bytes = ((b & 0xffff_ffff) << 32) | (a & 0xffff_ffff);
+    let mut r = 0u64;
+    for k in 0..4 {
+        let sel = (c >> (4 * k)) & 0xf;
+        let byte = (bytes >> ((sel & 7) * 8)) & 0xff;
+        let v = if sel & 8 != 0 {
+            if byte & 0x80 != 0 {
+                0xff
+            } else {
+                0
+            }
+        } else {
+            byte
+        };
+        r |= v << (8 * k);
+    }
+    r
+}
+
+fn lop3(a: u64, b: u64, c: u64, lut: u8) -> u64 {
+    let mut r = 0u64;
+    for i in 0..8u8 {
+        if lut & (1 << i) != 0 {
+            let x = if i & 4 != 0 { a } else { !a };
+            let y = if i & 2 != 0 { b } else { !b };
+            let z = if i & 1 != 0 { c } else { !c };
+            r |= x & y & z;
+        }
+    }
+    r & 0xffff_ffff
+}
+
+fn tern(op: TernOp, t: Ty, a: u64, b: u64, c: u64, rnd: Rnd, ftz: bool, sat: bool) -> u64 {
+    let bits = t.bits();
+    let mask = t.mask();
+    match op {
+        TernOp::MadLo => a.wrapping_mul(b).wrapping_add(c) & mask,
+        TernOp::Mad24Lo => int_bin(IntOp::Mul24Lo, t, a, b).wrapping_add(c) & mask,
+        TernOp::MadHi => {
+            if sat && t == Ty::S32 {
+                let p = int_bin(IntOp::MulHi, t, a, b);
+                return int_bin(IntOp::AddSat, t, p, c);
+            }
+            int_bin(IntOp::MulHi, t, a, b).wrapping_add(c) & mask
+        }
+        TernOp::MadWide => {
+            let w = int_bin(IntOp::MulWide, t, a, b);
+            let wmask = if bits >= 32 {
+                u64::MAX
+            } else {
+                (1u64 << (2 * bits)) - 1
+            };
+            w.wrapping_add(c) & wmask
+        }
+        TernOp::Fma => match t {
+            Ty::F32 => {
+                let (mut x, mut y, mut z) = (f32_of(a), f32_of(b), f32_of(c));
+                if ftz {
+                    x = ftz32(x);
+                    y = ftz32(y);
+                    z = ftz32(z);
+                }
+                let r = match rnd {
+                    Rnd::Rz | Rnd::Rm | Rnd::Rp => {
+                        round_f32((x as f64).mul_add(y as f64, z as f64), rnd)
+                    }
+                    _ => x.mul_add(y, z),
+                };
+                let r = if sat {
+                    if r.is_nan() {
+                        0.0
+                    } else {
+                        r.clamp(0.0, 1.0)
+                    }
+                } else {
+                    r
+                };
+                (if ftz { ftz32(r) } else { r }).to_bits() as u64
+            }
+            Ty::F64 => f64::from_bits(a)
+                .mul_add(f64::from_bits(b), f64::from_bits(c))
+                .to_bits(),
+            Ty::F16 | Ty::BF16 => {
+                let r = fval(a, t).mul_add(fval(b, t), fval(c, t));
+                let r = if sat {
+                    if r.is_nan() {
+                        0.0
+                    } else {
+                        r.clamp(0.0, 1.0)
+                    }
+                } else {
+                    r
+                };
+                to_fbits(r, t)
+            }
+            Ty::F16x2 | Ty::BF16x2 => {
+                let et = if t == Ty::F16x2 { Ty::F16 } else { Ty::BF16 };
+                let lo = tern(op, et, a & 0xffff, b & 0xffff, c & 0xffff, rnd, ftz, sat);
+                let hi = tern(
+                    op,
+                    et,
+                    (a >> 16) & 0xffff,
+                    (b >> 16) & 0xffff,
+                    (c >> 16) & 0xffff,
+                    rnd,
+                    ftz,
+                    sat,
+                );
+                lo | (hi << 16)
+            }
+            _ => 0,
+        },
+        TernOp::Selp => {
+            if c & 1 != 0 {
+                a & mask
+            } else {
+                b & mask
+            }
+        }
+        TernOp::Bfe => {
+            let pos = (b & 0xff) as u32;
+            let len = (c & 0xff) as u32;
+            let v = a & mask;
+            if t.signed() {
+                let sbit = if len == 0 {
+                    false
+                } else {
+                    let msb = (pos + len - 1).min(bits - 1);
+                    (v >> msb) & 1 != 0
+                };
+                if len == 0 {
+                    return if sbit { mask } else { 0 };
+                }
+                let mut r = 0u64;
+                for i in 0..bits {
+                    let bit = if i < len && pos + i < bits {
+                        (v >> (pos + i)) & 1
+                    } else {
+                        sbit as u64
+                    };
+                    r |= bit << i;
+                }
+                r & mask
+            } else {
+                if pos >= bits || len == 0 {
+                    return 0;
+                }
+                let l = len.min(bits);
+                let m = if l >= 64 { u64::MAX } else { (1u64 << l) - 1 };
+                (v >> pos) & m & mask
+            }
+        }
+        TernOp::Sad => {
+            let d = if t.signed() {
+                (sext(a, bits) - sext(b, bits)).unsigned_abs()
+            } else {
+                (a & mask).abs_diff(b & mask)
+            };
+            d.wrapping_add(c) & mask
+        }
+        TernOp::Slct => {
+            let ge = if t == Ty::F32 {
+                f32_of(c) >= 0.0
+            } else {
+                sext(c, 32) >= 0
+            };
+            if ge {
+                a
+            } else {
+                b
+            }
+        }
+        TernOp::Shfl | TernOp::Shfr => {
+            let n = if t == Ty::U8 {
+                (c & 0xffff_ffff).min(32)
+            } else {
+                c & 31
+            };
+            let wide = ((b & 0xffff_ffff) << 32) | (a & 0xffff_ffff);
+            if op == TernOp::Shfl {
+                ((wide << n) >> 32) & 0xffff_ffff
+            } else {
+                (wide >> n) & 0xffff_ffff
+            }
+        }
+        TernOp::Dp4a | TernOp::Dp2aLo | TernOp::Dp2aHi => {
+            let (asg, bsg) = match t {
+                Ty::S64 => (true, true),
+                Ty::S32 => (true, false),
+                Ty::S16 => (false, true),
+                _ => (false, false),
+            };
+            let byte = |v: u64, k: u32, sg: bool, w: u32| -> i64 {
+                let x = (v >> (k * w)) & ((1u64 << w) - 1);
+                if sg {
+                    sext(x, w)
+                } else {
+                    x as i64
+                }
+            };
+            let mut acc = if asg || bsg {
+                sext(c, 32)
+            } else {
+                (c & 0xffff_ffff) as i64
+            };
+            if op == TernOp::Dp4a {
+                for k in 0..4 {
+                    acc = acc.wrapping_add(byte(a, k, asg, 8).wrapping_mul(byte(b, k, bsg, 8)));
+                }
+            } else {
+                let base = if op == TernOp::Dp2aHi { 2 } else { 0 };
+                for k in 0..2 {
+                    acc = acc.wrapping_add(byte(a, k, asg, 16).wrapping_mul(byte(
+                        b,
+                        base + k,
+                        bsg,
+                        8,
+                    )));
+                }
+            }
+            acc as u64 & 0xffff_ffff
+        }
+    }
+}
+
+fn atom_apply(op: AtomOp, t: Ty, old: u64, b: u64, c: u64) -> Option<u64> {
+    let mask = t.mask();
+    let old = old & mask;
+    Some(match op {
+        AtomOp::Add => {
+            if t.is_float() {
+                float_bin(FOp::Add, t, old, b, Rnd::Rn, false, false)
+            } else {
+                old.wrapping_add(b) & mask
+            }
+        }
+        AtomOp::Min | AtomOp::Max => {
+            if t.is_float() {
+                float_bin(
+                    if op == AtomOp::Min {
+                        FOp::Min
+                    } else {
+                        FOp::Max
+                    },
+                    t,
+                    old,
+                    b,
+                    Rnd::Rn,
+                    false,
+                    false,
+                )
+            } else {
+                int_bin(
+                    if op == AtomOp::Min {
+                        IntOp::Min
+                    } else {
+                        IntOp::Max
+                    },
+                    t,
+                    old,
+                    b,
+                )
+            }
+        }
+        AtomOp::Inc => {
+            if old >= (b & mask) {
+                0
+            } else {
+                old + 1
+            }
+        }
+        AtomOp::Dec => {
+            if old == 0 || old > (b & mask) {
+                b & mask
+            } else {
+                old - 1
+            }
+        }
+        AtomOp::Exch => b & mask,
+        AtomOp::Cas => {
+            if old == b & mask {
+                c & mask
+            } else {
+                return None;
+            }
+        }
+        AtomOp::And => old & b,
+        AtomOp::Or => (old | b) & mask,
+        AtomOp::Xor => (old ^ b) & mask,
+    })
+}
+
+impl<'a> Geo<'a> {
+    fn fault_addr(&self, addr: u64, what: &str, line: u32) -> Fault {
+        Fault::IllegalAddress {
+            addr,
+            detail: format!("{what} of address {addr:#x} at line {line}"),
+        }
+    }
+}
+
+impl Block {
+    /// Host pointer for `size` bytes at `addr` in space `sp` (already checked).
+    #[allow(clippy::too_many_arguments)]
+    #[inline]
+    fn ptr(
+        &mut self,
+        g: &Geo<'_>,
+        local: &mut Vec<u64>,
+        sp: Sp,
+        addr: u64,
+        size: u32,
+        write: bool,
+        line: u32,
+    ) -> Result<*mut u8, Fault> {
+        let align = size.min(16) as u64;
+        if addr & (align - 1) != 0 {
+            return Err(Fault::MisalignedAddress {
+                addr,
+                detail: format!("{size}-byte access at line {line}"),
+            });
+        }
+        let what = if write { "write" } else { "read" };
+        let (sp, addr) = match sp {
+            Sp::Generic => {
+                if addr >= DEVICE_VA_BASE {
+                    (Sp::Global, addr)
+                } else if (SHARED_WINDOW..SHARED_WINDOW + WINDOW_SIZE).contains(&addr) {
+                    (Sp::Shared, addr - SHARED_WINDOW)
+                } else if (LOCAL_WINDOW..LOCAL_WINDOW + WINDOW_SIZE).contains(&addr) {
+                    (Sp::Local, addr - LOCAL_WINDOW)
+                } else if (PARAM_WINDOW..PARAM_WINDOW + WINDOW_SIZE).contains(&addr) {
+                    (Sp::Param, addr - PARAM_WINDOW)
+                } else {
+                    return Err(g.fault_addr(addr, what, line));
+                }
+            }
+            s => (s, addr),
+        };
+        let end = addr.checked_add(size as u64);
+        match sp {
+            Sp::Global => {
+                let (base, len, p) = self.cache;
+                if addr >= base && end.is_some_and(|e| e <= base + len) && p != 0 {
+                    return Ok((p as *mut u8).wrapping_add((addr - base) as usize));
+                }
+                match g.mem.resolve(addr, size as u64) {
+                    Some((base, len, p)) => {
+                        self.cache = (base, len, p as usize);
+                        Ok(p.wrapping_add((addr - base) as usize))
+                    }
+                    None => Err(g.fault_addr(addr, what, line)),
+                }
+            }
+            Sp::Shared => match end {
+                Some(e) if e <= g.shared_bytes => {
+                    Ok((self.shared.as_mut_ptr() as *mut u8).wrapping_add(addr as usize))
+                }
+                _ => Err(g.fault_addr(SHARED_WINDOW.wrapping_add(addr), what, line)),
+            },
+            Sp::Local => match end {
+                Some(e) if e <= local.len() as u64 * 8 => {
+                    Ok((local.as_mut_ptr() as *mut u8).wrapping_add(addr as usize))
+                }
+                _ => Err(g.fault_addr(LOCAL_WINDOW.wrapping_add(addr), what, line)),
+            },
+            _ => match end {
+                Some(e) if e <= g.params_len && !write => {
+                    Ok((g.params.as_ptr() as *mut u8).wrapping_add(addr as usize))
+                }
+                _ => Err(g.fault_addr(PARAM_WINDOW.wrapping_add(addr), what, line)),
+            },
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn load(
+        &mut self,
+        g: &Geo<'_>,
+        local: &mut Vec<u64>,
+        sp: Sp,
+        addr: u64,
+        size: u32,
+        line: u32,
+    ) -> Result<u64, Fault> {
+        let p = self.ptr(g, local, sp, addr, size, false, line)?;
+        // SAFETY: `ptr` checked bounds and alignment against a live buffer (device
+        // allocation under the launch's read lock, or this block's/thread's own memory).
+        Ok(unsafe { atomic_load(p, size) })
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn store(
+        &mut self,
+        g: &Geo<'_>,
+        local: &mut Vec<u64>,
+        sp: Sp,
+        addr: u64,
+        size: u32,
+        v: u64,
+        line: u32,
+    ) -> Result<(), Fault> {
+        let p = self.ptr(g, local, sp, addr, size, true, line)?;
+        // SAFETY: as in `load`.
+        unsafe { atomic_store(p, size, v) };
+        Ok(())
+    }
+
+    fn cstring(&mut self, g: &Geo<'_>, local: &mut Vec<u64>, addr: u64) -> Option<Vec<u8>> {
+        let mut s = Vec::new();
+        for k in 0..65536u64 {
+            let c = self
+                .load(g, local, Sp::Generic, addr.wrapping_add(k), 1, 0)
+                .ok()? as u8;
+            if c == 0 {
+                return Some(s);
+            }
+            s.push(c);
+        }
+        Some(s)
+    }
+}
+
+#[inline]
+fn rd(regs: &[u64], rbase: u32, lbase: u32, s: Src) -> u64 {
+    match s {
+        Src::Reg(r) => regs.get((rbase + r) as usize).copied().unwrap_or(0),
+        Src::Imm(v) => v,
+        Src::Frame(o) => (lbase as u64).wrapping_add(o as u64),
+    }
+}
+
+#[inline]
+fn wr(regs: &mut [u64], rbase: u32, d: u32, v: u64) {
+    if let Some(slot) = regs.get_mut((rbase.wrapping_add(d)) as usize) {
+        *slot = v;
+    }
+}
+
+fn special(g: &Geo<'_>, b: &Block, th: &Thread, tid: [u32; 3], lin: u32, r: SReg) -> u64 {
+    let lane = lin % 32;
+    match r {
+        SReg::Tid(d) => tid[d as usize % 3] as u64,
+        SReg::Ntid(9) => 1,
+        SReg::Ntid(d) => g.ntid[d as usize % 3] as u64,
+        SReg::Ctaid(d) => b.ctaid[d as usize % 3] as u64,
+        SReg::Nctaid(d) => g.nctaid[d as usize % 3] as u64,
+        SReg::Laneid => lane as u64,
+        SReg::Warpid => (lin / 32) as u64,
+        SReg::Nwarpid => (g.ntid.iter().product::<u32>()).div_ceil(32) as u64,
+        SReg::Smid => b.smid as u64,
+        SReg::Nsmid => 132,
+        SReg::Gridid => 1,
+        SReg::Clock => th.clock & 0xffff_ffff,
+        SReg::Clock64 => th.clock,
+        SReg::Globaltimer => g.start_ns.wrapping_add(th.clock),
+        SReg::LanemaskEq => 1u64 << lane,
+        SReg::LanemaskLt => (1u64 << lane) - 1,
+        SReg::LanemaskLe => ((1u64 << lane) << 1).wrapping_sub(1) & 0xffff_ffff,
+        SReg::LanemaskGt => !(((1u64 << lane) << 1).wrapping_sub(1)) & 0xffff_ffff,
+        SReg::LanemaskGe => !((1u64 << lane) - 1) & 0xffff_ffff,
+        SReg::DynSmem => g.dyn_bytes as u64,
+        SReg::TotalSmem => g.shared_bytes,
+        SReg::Zero => 0,
+    }
+}
+
+fn lin_to_tid(lin: u32, ntid: [u32; 3]) -> [u32; 3] {
+    let x = lin % ntid[0].max(1);
+    let y = (lin / ntid[0].max(1)) % ntid[1].max(1);
+    let z = lin / (ntid[0].max(1) * ntid[1].max(1));
+    [x, y, z]
+}
+
+/// Copies `size` bytes inside a thread's local memory.
+fn local_copy(local: &mut [u64], dst: u32, src: u32, size: u32) -> bool {
+    let bytes = bytes_of(local);
+    let (d, s, n) = (dst as usize, src as usize, size as usize);
+    if d + n > bytes.len() || s + n > bytes.len() {
+        return false;
+    }
+    bytes.copy_within(s..s + n, d);
+    true
+}
+
+fn local_put(local: &mut [u64], dst: u32, v: u64, size: u32) -> bool {
+    let bytes = bytes_of(local);
+    let (d, n) = (dst as usize, size.min(8) as usize);
+    if d + n > bytes.len() {
+        return false;
+    }
+    bytes[d..d + n].copy_from_slice(&v.to_le_bytes()[..n]);
+    true
+}
+
+fn local_get(local: &mut [u64], src: u32, size: u32) -> Option<u64> {
+    let bytes = bytes_of(local);
+    let (s, n) = (src as usize, size.min(8) as usize);
+    let mut b = [0u8; 8];
+    b[..n].copy_from_slice(bytes.get(s..s + n)?);
+    Some(u64::from_le_bytes(b))
+}
+
+/// Runs one thread until it reaches a collective, exits or faults.
+fn run_thread(g: &Geo<'_>, b: &mut Block, th: &mut Thread, lin: u32) -> Result<Stop, Fault> {
+    let funcs = &g.prog.funcs;
+    let tid = lin_to_tid(lin, g.ntid);
+    let mut func = &funcs[th.func as usize];
+    let mut pc = th.pc;
+    let mut count: u64 = 0;
+    let result = loop {
+        let Some(inst) = func.code.get(pc as usize) else {
+            break Err(Fault::Failed(format!(
+                "pc {pc} out of range in {}",
+                func.name
+            )));
+        };
+        count += 1;
+        let (rbase, lbase) = (th.rbase, th.lbase);
+        if inst.guard != NONE {
+            let gv = rd(&th.regs, rbase, lbase, Src::Reg(inst.guard)) & 1 != 0;
+            if gv == inst.guard_neg {
+                pc += 1;
+                continue;
+            }
+        }
+        let regs = &mut th.regs;
+        macro_rules! r {
+            ($s:expr) => {
+                rd(regs, rbase, lbase, $s)
+            };
+        }
+        match &inst.op {
+            Op::Mov { d, a, mask } => {
+                let v = r!(*a) & mask;
+                wr(regs, rbase, *d, v);
+            }
+            Op::Int { op, t, d, a, b: bb } => {
+                let v = int_bin(*op, *t, r!(*a), r!(*bb));
+                wr(regs, rbase, *d, v);
+            }
+            Op::Float {
+                op,
+                t,
+                d,
+                a,
+                b: bb,
+                rnd,
+                ftz,
+                sat,
+            } => {
+                let v = float_bin(*op, *t, r!(*a), r!(*bb), *rnd, *ftz, *sat);
+                wr(regs, rbase, *d, v);
+            }
+            Op::Un {
+                op,
+                t,
+                d,
+                a,
+                ftz,
+                sat,
+            } => {
+                let v = un_op(*op, *t, r!(*a), *ftz, *sat);
+                wr(regs, rbase, *d, v);
+            }
+            Op::Tern {
+                op,
+                t,
+                d,
+                a,
+                b: bb,
+                c,
+                rnd,
+                ftz,
+                sat,
+            } => {
+                let v = tern(*op, *t, r!(*a), r!(*bb), r!(*c), *rnd, *ftz, *sat);
+                wr(regs, rbase, *d, v);
+            }
+            Op::Bfi {
+                t,
+                d,
+                a,
+                b: bb,
+                c,
+                e,
+            } => {
+                let bits = t.bits() as u64;
+                let (av, bv) = (r!(*a), r!(*bb));
+                let pos = r!(*c) & 0xff;
+                let len = r!(*e) & 0xff;
+                let v = if pos >= bits || len == 0 {
+                    bv & t.mask()
+                } else {
+                    let l = len.min(bits - pos);
+                    let m = if l >= 64 {
+                        u64::MAX
+                    } else {
+                        ((1u64 << l) - 1) << pos
+                    };
+                    ((bv & !m) | ((av << pos) & m)) & t.mask()
+                };
+                wr(regs, rbase, *d, v);
+            }
+            Op::Prmt { d, a, b: bb, c } => {
+                let v = prmt(r!(*a), r!(*bb), r!(*c));
+                wr(regs, rbase, *d, v);
+            }
+            Op::Lop3 {
+                d,
+                a,
+                b: bb,
+                c,
+                lut,
+            } => {
+                let v = lop3(r!(*a), r!(*bb), r!(*c), *lut);
+                wr(regs, rbase, *d, v);
+            }
+            Op::Setp {
+                cmp,
+                t,
+                d,
+                d2,
+                a,
+                b: bb,
+                bop,
+                c,
+                cneg,
+                ftz: _,
+            } => {
+                let p = compare(*cmp, *t, r!(*a), r!(*bb));
+                let cv = (r!(*c) & 1 != 0) != *cneg;
+                let f = |x: bool| match bop {
+                    BoolOp::None => x,
+                    BoolOp::And => x && cv,
+                    BoolOp::Or => x || cv,
+                    BoolOp::Xor => x ^ cv,
+                };
+                wr(regs, rbase, *d, f(p) as u64);
+                if *d2 != NONE {
+                    wr(regs, rbase, *d2, f(!p) as u64);
+                }
+            }
+            Op::Set {
+                cmp,
+                t,
+                dt,
+                d,
+                a,
+                b: bb,
+            } => {
+                let p = compare(*cmp, *t, r!(*a), r!(*bb));
+                let v = if dt.is_float() {
+                    if p {
+                        to_fbits(1.0, *dt)
+                    } else {
+                        0
+                    }
+                } else if p {
+                    dt.mask()
+                } else {
+                    0
+                };
+                wr(regs, rbase, *d, v);
+            }
+            Op::Testp { d, a, t, kind } => {
+                let x = fval(r!(*a), *t);
+                let v = match kind {
+                    0 => x.is_finite(),
+                    1 => x.is_infinite(),
+                    2 => !x.is_nan(),
+                    3 => x.is_nan(),
+                    4 => {
+                        if *t == Ty::F32 {
+                            (x as f32).is_normal()
+                        } else {
+                            x.is_normal()
+                        }
+                    }
+                    _ => {
+                        if *t == Ty::F32 {
+                            (x as f32).is_subnormal()
+                        } else {
+                            x.is_subnormal()
+                        }
+                    }
+                };
+                wr(regs, rbase, *d, v as u64);
+            }
+            Op::Cvt {
+                d,
+                a,
+                dt,
+                st,
+                rnd,
+                sat,
+                ftz,
+            } => {
+                let v = cvt(r!(*a), *dt, *st, *rnd, *sat, *ftz);
+                wr(regs, rbase, *d, v);
+            }
+            Op::Pack { d, parts, bits } => {
+                let mut v = 0u64;
+                let m = if *bits >= 64 {
+                    u64::MAX
+                } else {
+                    (1u64 << bits) - 1
+                };
+                for (k, p) in parts.iter().enumerate() {
+                    let sh = (k as u32).saturating_mul(*bits);
+                    if sh < 64 {
+                        v |= (r!(*p) & m) << sh;
+                    }
+                }
+                wr(regs, rbase, *d, v);
+            }
+            Op::Unpack { ds, a, bits } => {
+                let v = r!(*a);
+                let m = if *bits >= 64 {
+                    u64::MAX
+                } else {
+                    (1u64 << bits) - 1
+                };
+                for (k, d) in ds.iter().enumerate() {
+                    let sh = (k as u32).saturating_mul(*bits);
+                    let part = if sh < 64 { (v >> sh) & m } else { 0 };
+                    wr(regs, rbase, *d, part);
+                }
+            }
+            Op::Ld {
+                sp,
+                size,
+                n,
+                ds,
+                addr,
+                off,
+                sext: se,
+            } => {
+                let a = r!(*addr).wrapping_add(*off as u64);
+                let total = size * (*n as u32);
+                // alignment of the whole vector
+                if total > *size && a % (total.min(16) as u64) != 0 {
+                    break Err(Fault::MisalignedAddress {
+                        addr: a,
+                        detail: format!("{total}-byte vector load at line {}", inst.line),
+                    });
+                }
+                let mut k = 0;
+                let res = loop {
+                    if k >= *n as usize {
+                        break Ok(());
+                    }
+                    let ea = a.wrapping_add((k as u64) * *size as u64);
+                    match b.load(g, &mut th.local, *sp, ea, *size, inst.line) {
+                        Ok(mut v) => {
+                            if *se {
+                                v = sext(v, size * 8) as u64;
+                            }
+                            wr(&mut th.regs, rbase, ds[k], v);
+                        }
+                        Err(e) => break Err(e),
+                    }
+                    k += 1;
+                };
+                if let Err(e) = res {
+                    break Err(e);
+                }
+            }
+            Op::St {
+                sp,
+                size,
+                n,
+                vals,
+                addr,
+                off,
+            } => {
+                let a = r!(*addr).wrapping_add(*off as u64);
+                let total = size * (*n as u32);
+                if total > *size && a % (total.min(16) as u64) != 0 {
+                    break Err(Fault::MisalignedAddress {
+                        addr: a,
+                        detail: format!("{total}-byte vector store at line {}", inst.line),
+                    });
+                }
+                let mut vs = [0u64; 4];
+                for k in 0..(*n as usize).min(4) {
+                    vs[k] = r!(vals[k]);
+                }
+                let mut res = Ok(());
+                for (k, v) in vs.iter().enumerate().take(*n as usize) {
+                    let ea = a.wrapping_add((k as u64) * *size as u64);
+                    if let Err(e) = b.store(g, &mut th.local, *sp, ea, *size, *v, inst.line) {
+                        res = Err(e);
+                        break;
+                    }
+                }
+                if let Err(e) = res {
+                    break Err(e);
+                }
+            }
+            Op::Atom {
+                sp,
+                op,
+                t,
+                d,
+                addr,
+                off,
+                b: bb,
+                c,
+            } => {
+                let a = r!(*addr).wrapping_add(*off as u64);
+                let (bv, cv) = (r!(*bb), r!(*c));
+                let size = t.bytes();
+                let p = match b.ptr(g, &mut th.local, *sp, a, size, true, inst.line) {
+                    Ok(p) => p,
+                    Err(e) => break Err(e),
+                };
+                let (op, t) = (*op, *t);
+                // SAFETY: `ptr` checked bounds and alignment (size 2, 4 or 8) of a live buffer.
+                let old = unsafe { atomic_rmw(p, size, |o| atom_apply(op, t, o, bv, cv)) };
+                if *d != NONE {
+                    wr(&mut th.regs, rbase, *d, old);
+                }
+            }
+            Op::Cvta {
+                d,
+                a,
+                sp,
+                to_generic,
+            } => {
+                let v = r!(*a);
+                let win = match sp {
+                    Sp::Shared => SHARED_WINDOW,
+                    Sp::Local => LOCAL_WINDOW,
+                    Sp::Param => PARAM_WINDOW,
+                    _ => 0,
+                };
+                let out = if *to_generic {
+                    if win == 0 {
+                        v
+                    } else {
+                        v.wrapping_add(win)
+                    }
+                } else if win == 0 {
+                    v
+                } else {
+                    v.wrapping_sub(win)
+                };
+                wr(regs, rbase, *d, out);
+            }
+            Op::Isspacep { d, a, sp } => {
+                let v = r!(*a);
+                let is = match sp {
+                    Sp::Shared => (SHARED_WINDOW..SHARED_WINDOW + WINDOW_SIZE).contains(&v),
+                    Sp::Local => (LOCAL_WINDOW..LOCAL_WINDOW + WINDOW_SIZE).contains(&v),
+                    Sp::Param => (PARAM_WINDOW..PARAM_WINDOW + WINDOW_SIZE).contains(&v),
+                    _ => v >= DEVICE_VA_BASE,
+                };
+                wr(regs, rbase, *d, is as u64);
+            }
+            Op::Special { d, r } => {
+                th.clock = th.clock.wrapping_add(count);
+                count = 0;
+                let v = special(g, b, th, tid, lin, *r);
+                wr(&mut th.regs, rbase, *d, v);
+            }
+            Op::Activemask { d } => {
+                let v = b.warp_live.get((lin / 32) as usize).copied().unwrap_or(0);
+                wr(regs, rbase, *d, v as u64);
+            }
+            Op::Bra { target } => {
+                pc = *target;
+                continue;
+            }
+            Op::BrxIdx { idx, targets } => {
+                let i = r!(*idx) as usize;
+                match targets.get(i) {
+                    Some(t) => {
+                        pc = *t;
+                        continue;
+                    }
+                    None => break Err(Fault::Failed(format!("brx.idx index {i} out of range"))),
+                }
+            }
+            Op::Call(info) => {
+                let callee = match funcs.get(info.func as usize) {
+                    Some(f) => f,
+                    None => break Err(Fault::Failed("call to unknown function".into())),
+                };
+                if th.frames.len() >= MAX_CALL_DEPTH {
+                    break Err(Fault::IllegalAddress {
+                        addr: 0,
+                        detail: format!("call stack overflow at line {}", inst.line),
+                    });
+                }
+                let new_rbase = rbase + func.nregs;
+                let new_lbase = (lbase + func.frame_bytes).div_ceil(16) * 16;
+                let need_regs = (new_rbase + callee.nregs) as usize;
+                let need_local = (new_lbase as usize + callee.frame_bytes as usize).div_ceil(8);
+                if need_local * 8 > LOCAL_LIMIT {
+                    break Err(Fault::IllegalAddress {
+                        addr: LOCAL_WINDOW + new_lbase as u64,
+                        detail: format!("stack overflow at line {}", inst.line),
+                    });
+                }
+                if th.regs.len() < need_regs {
+                    th.regs.resize(need_regs, 0);
+                }
+                if th.local.len() < need_local {
+                    th.local.resize(need_local, 0);
+                }
+                let mut ok = true;
+                for (arg, &(poff, psize)) in info.args.iter().zip(&callee.params) {
+                    match *arg {
+                        ArgLoc::Frame { off, size } => {
+                            ok &= local_copy(
+                                &mut th.local,
+                                new_lbase + poff,
+                                lbase + off,
+                                size.min(psize),
+                            );
+                        }
+                        ArgLoc::Val { src, size } => {
+                            let v = rd(&th.regs, rbase, lbase, src);
+                            ok &= local_put(&mut th.local, new_lbase + poff, v, size.min(psize));
+                        }
+                    }
+                }
+                if !ok {
+                    break Err(Fault::Failed("bad call arguments".into()));
+                }
+                th.frames.push(Frame {
+                    func: th.func,
+                    call_pc: pc,
+                    rbase,
+                    lbase,
+                });
+                // callee registers start zeroed
+                for v in &mut th.regs[new_rbase as usize..need_regs] {
+                    *v = 0;
+                }
+                th.func = info.func;
+                th.rbase = new_rbase;
+                th.lbase = new_lbase;
+                func = callee;
+                pc = 0;
+                continue;
+            }
+            Op::Ret => {
+                let Some(fr) = th.frames.pop() else {
+                    if let Some(m) = b.warp_live.get_mut((lin / 32) as usize) {
+                        *m &= !(1u32 << (lin % 32));
+                    }
+                    th.status = Status::Exited;
+                    break Ok(Stop::Exit);
+                };
+                let caller = &funcs[fr.func as usize];
+                if let Some(Inst {
+                    op: Op::Call(info), ..
+                }) = caller.code.get(fr.call_pc as usize)
+                {
+                    for (ret, &(roff, rsize)) in info.rets.iter().zip(&func.rets) {
+                        match *ret {
+                            ArgLoc::Frame { off, size } => {
+                                local_copy(
+                                    &mut th.local,
+                                    fr.lbase + off,
+                                    lbase + roff,
+                                    size.min(rsize),
+                                );
+                            }
+                            ArgLoc::Val {
+                                src: Src::Reg(r),
+                                size,
+                            } => {
+                                let v = local_get(&mut th.local, lbase + roff, size.min(rsize))
+                                    .unwrap_or(0);
+                                wr(&mut th.regs, fr.rbase, r, v);
+                            }
+                            ArgLoc::Val { .. } => {}
+                        }
+                    }
+                }
+                th.func = fr.func;
+                th.rbase = fr.rbase;
+                th.lbase = fr.lbase;
+                func = caller;
+                pc = fr.call_pc + 1;
+                continue;
+            }
+            Op::Printf { fmt, args, ret } => {
+                let get = |th: &mut Thread, l: &ArgLoc| -> u64 {
+                    match *l {
+                        ArgLoc::Frame { off, size } => {
+                            local_get(&mut th.local, lbase + off, size.min(8)).unwrap_or(0)
+                        }
+                        ArgLoc::Val { src, .. } => rd(&th.regs, rbase, lbase, src),
+                    }
+                };
+                let fptr = get(th, fmt);
+                let aptr = get(th, args);
+                let Some(fmt_bytes) = b.cstring(g, &mut th.local, fptr) else {
+                    break Err(g.fault_addr(fptr, "printf format read", inst.line));
+                };
+                let local = &mut th.local;
+                let cell = std::cell::RefCell::new((&mut *b, local));
+                let text = crate::printf::format(
+                    &fmt_bytes,
+                    |off, size| {
+                        let mut c = cell.borrow_mut();
+                        let (blk, loc) = &mut *c;
+                        blk.load(g, loc, Sp::Generic, aptr.wrapping_add(off), size, 0)
+                            .ok()
+                    },
+                    |p| {
+                        let mut c = cell.borrow_mut();
+                        let (blk, loc) = &mut *c;
+                        blk.cstring(g, loc, p)
+                    },
+                );
+                drop(cell);
+                let n = text.len() as u64;
+                b.out.extend_from_slice(&text);
+                if let Some(r) = ret {
+                    match *r {
+                        ArgLoc::Frame { off, size } => {
+                            local_put(&mut th.local, lbase + off, n, size);
+                        }
+                        ArgLoc::Val {
+                            src: Src::Reg(d), ..
+                        } => wr(&mut th.regs, rbase, d, n),
+                        _ => {}
+                    }
+                }
+            }
+            Op::Exit => {
+                if let Some(m) = b.warp_live.get_mut((lin / 32) as usize) {
+                    *m &= !(1u32 << (lin % 32));
+                }
+                th.status = Status::Exited;
+                break Ok(Stop::Exit);
+            }
+            Op::Trap(msg) => {
+                break Err(Fault::Trap {
+                    detail: format!(
+                        "{msg} at line {} (thread {lin}, block {:?})",
+                        inst.line, b.ctaid
+                    ),
+                });
+            }
+            Op::Bar {
+                wait: false,
+                id,
+                count: cnt,
+                ..
+            } => {
+                let id = (r!(*id) & 15) as usize;
+                let _ = cnt;
+                b.arrivals[id] = b.arrivals[id].wrapping_add(1);
+            }
+            Op::Bar { .. } => {
+                th.pc = pc;
+                th.status = Status::AtBar;
+                th.clock = th.clock.wrapping_add(count);
+                b.instructions += count;
+                return Ok(Stop::Collective);
+            }
+            Op::WarpSync { .. }
+            | Op::Shfl { .. }
+            | Op::Vote { .. }
+            | Op::Match { .. }
+            | Op::Redux { .. } => {
+                th.pc = pc;
+                th.status = Status::AtWarp;
+                th.clock = th.clock.wrapping_add(count);
+                b.instructions += count;
+                return Ok(Stop::Collective);
+            }
+            Op::Nop => {}
+        }
+        pc += 1;
+    };
+    th.pc = pc;
+    th.clock = th.clock.wrapping_add(count);
+    b.instructions += count;
+    result
+}
+
+/// State of the block's threads plus the per-worker scratch.
+struct Worker {
+    threads: Vec<Thread>,
+    block: Block,
+}
+
+impl Worker {
+    fn run_block(&mut self, g: &Geo<'_>, block_id: u64) -> Result<(), Fault> {
+        let [gx, gy, _] = g.nctaid;
+        let ctaid = [
+            (block_id % gx as u64) as u32,
+            ((block_id / gx as u64) % gy as u64) as u32,
+            (block_id / (gx as u64 * gy as u64)) as u32,
+        ];
+        let n = g.ntid.iter().product::<u32>() as usize;
+        let kf = &g.prog.funcs[g.kernel as usize];
+        let b = &mut self.block;
+        b.ctaid = ctaid;
+        b.arrivals = [0; 16];
+        b.warp_live.clear();
+        for w in 0..n.div_ceil(32) {
+            let lanes = (n - w * 32).min(32);
+            b.warp_live.push(if lanes == 32 {
+                u32::MAX
+            } else {
+                (1u32 << lanes) - 1
+            });
+        }
+        let words = (g.shared_bytes as usize).div_ceil(8);
+        b.shared.clear();
+        b.shared.resize(words, 0);
+        if self.threads.len() > n {
+            self.threads.truncate(n);
+        }
+        while self.threads.len() < n {
+            self.threads.push(Thread {
+                pc: 0,
+                func: 0,
+                rbase: 0,
+                lbase: 0,
+                frames: Vec::new(),
+                status: Status::Ready,
+                clock: 0,
+                regs: Vec::new(),
+                local: Vec::new(),
+            });
+        }
+        for th in self.threads.iter_mut() {
+            th.pc = 0;
+            th.func = g.kernel;
+            th.rbase = 0;
+            th.lbase = 0;
+            th.frames.clear();
+            th.status = Status::Ready;
+            th.regs.clear();
+            th.regs.resize(kf.nregs as usize, 0);
+            th.local.clear();
+            th.local.resize((kf.frame_bytes as usize).div_ceil(8), 0);
+        }
+        loop {
+            let mut any_ready = false;
+            for (lin, th) in self.threads.iter_mut().enumerate() {
+                if th.status == Status::Ready {
+                    any_ready = true;
+                    run_thread(g, &mut self.block, th, lin as u32)?;
+                }
+            }
+            if self.threads.iter().all(|t| t.status == Status::Exited) {
+                return Ok(());
+            }
+            let _ = any_ready;
+            let progressed = self.resolve_warps(g)? || self.resolve_barriers(g);
+            if !progressed {
+                let waiting: Vec<usize> = self
+                    .threads
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, t)| t.status != Status::Exited)
+                    .map(|(i, _)| i)
+                    .take(8)
+                    .collect();
+                let line = waiting
+                    .first()
+                    .and_then(|&i| {
+                        let t = &self.threads[i];
+                        g.prog
+                            .funcs
+                            .get(t.func as usize)?
+                            .code
+                            .get(t.pc as usize)
+                            .map(|x| x.line)
+                    })
+                    .unwrap_or(0);
+                return Err(Fault::Failed(format!(
+                    "deadlock in block {ctaid:?}: threads {waiting:?} wait at a barrier or warp op (line {line}) that can never complete"
+                )));
+            }
+        }
+    }
+
+    fn resolve_barriers(&mut self, g: &Geo<'_>) -> bool {
+        let alive = self
+            .threads
+            .iter()
+            .filter(|t| t.status != Status::Exited)
+            .count() as u64;
+        let mut progressed = false;
+        for id in 0..16u64 {
+            let mut waiters = Vec::new();
+            let mut expected = alive;
+            let mut red = BarRed::None;
+            for (i, t) in self.threads.iter().enumerate() {
+                if t.status != Status::AtBar {
+                    continue;
+                }
+                let f = &g.prog.funcs[t.func as usize];
+                if let Some(Inst {
+                    op:
+                        Op::Bar {
+                            id: bid,
+                            count,
+                            red: r,
+                            ..
+                        },
+                    ..
+                }) = f.code.get(t.pc as usize)
+                {
+                    if rd(&t.regs, t.rbase, t.lbase, *bid) & 15 == id {
+                        let c = rd(&t.regs, t.rbase, t.lbase, *count);
+                        if c != u64::MAX {
+                            expected = c.min(alive.max(1));
+                        }
+                        red = *r;
+                        waiters.push(i);
+                    }
+                }
+            }
+            if waiters.is_empty() {
+                continue;
+            }
+            let arrived = waiters.len() as u64 + self.block.arrivals[id as usize] as u64;
+            if arrived < expected {
+                continue;
+            }
+            self.block.arrivals[id as usize] = 0;
+            // reduction
+            let mut popc = 0u64;
+            let mut all = true;
+            let mut any = false;
+            if red != BarRed::None {
+                for &i in &waiters {
+                    let t = &self.threads[i];
+                    let f = &g.prog.funcs[t.func as usize];
+                    if let Some(Inst {
+                        op: Op::Bar { p, pneg, .. },
+                        ..
+                    }) = f.code.get(t.pc as usize)
+                    {
+                        let v = (rd(&t.regs, t.rbase, t.lbase, *p) & 1 != 0) != *pneg;
+                        popc += v as u64;
+                        all &= v;
+                        any |= v;
+                    }
+                }
+            }
+            for &i in &waiters {
+                let t = &mut self.threads[i];
+                let f = &g.prog.funcs[t.func as usize];
+                if let Some(Inst {
+                    op: Op::Bar { d, .. },
+                    ..
+                }) = f.code.get(t.pc as usize)
+                {
+                    if *d != NONE {
+                        let v = match red {
+                            BarRed::Popc => popc,
+                            BarRed::And => all as u64,
+                            BarRed::Or => any as u64,
+                            BarRed::None => 0,
+                        };
+                        wr(&mut t.regs, t.rbase, *d, v);
+                    }
+                }
+                t.pc += 1;
+                t.status = Status::Ready;
+            }
+            progressed = true;
+        }
+        progressed
+    }
+
+    fn resolve_warps(&mut self, g: &Geo<'_>) -> Result<bool, Fault> {
+        let n = self.threads.len();
+        let mut progressed = false;
+        for w in 0..n.div_ceil(32) {
+            let lo = w * 32;
+            let hi = (lo + 32).min(n);
+            let alive: u32 = (lo..hi)
+                .filter(|&i| self.threads[i].status != Status::Exited)
+                .fold(0, |m, i| m | 1 << (i - lo));
+            for l in lo..hi {
+                let t = &self.threads[l];
+                if t.status != Status::AtWarp {
+                    continue;
+                }
+                let (func, pc) = (t.func, t.pc);
+                let Some(inst) = g.prog.funcs[func as usize].code.get(pc as usize) else {
+                    continue;
+                };
+                let mask_src = match &inst.op {
+                    Op::WarpSync { mask }
+                    | Op::Shfl { mask, .. }
+                    | Op::Vote { mask, .. }
+                    | Op::Match { mask, .. }
+                    | Op::Redux { mask, .. } => *mask,
+                    _ => Src::Imm(0xffff_ffff),
+                };
+                let mask = (rd(&t.regs, t.rbase, t.lbase, mask_src) as u32 | 1 << (l - lo)) & alive;
+                // every lane in mask must be waiting at this same instruction
+                let ready = (0..32).filter(|k| mask & (1 << k) != 0).all(|k| {
+                    let o = &self.threads[lo + k];
+                    o.status == Status::AtWarp && o.func == func && o.pc == pc
+                });
+                if !ready {
+                    continue;
+                }
+                self.collective(g, lo, mask, &inst.op, inst.line)?;
+                for k in 0..32 {
+                    if mask & (1 << k) != 0 {
+                        let o = &mut self.threads[lo + k];
+                        o.pc += 1;
+                        o.status = Status::Ready;
+                    }
+                }
+                progressed = true;
+            }
+        }
+        Ok(progressed)
+    }
+
+    fn collective(
+        &mut self,
+        _g: &Geo<'_>,
+        lo: usize,
+        mask: u32,
+        op: &Op,
+        _line: u32,
+    ) -> Result<(), Fault> {
+        let lanes: Vec<usize> = (0..32).filter(|k| mask & (1 << k) != 0).collect();
+        let val = |th: &Thread, s: Src| rd(&th.regs, th.rbase, th.lbase, s);
+        match op {
+            Op::WarpSync { .. } => {}
+            Op::Shfl {
+                mode,
+                d,
+                dp,
+                a,
+                b,
+                c,
+                ..
+            } => {
+                let n = self.threads.len();
+                let mut results = Vec::with_capacity(lanes.len());
+                for &lane in &lanes {
+                    let th = &self.threads[lo + lane];
+                    let bval = (val(th, *b) & 0x1f) as i64;
+                    let cval = val(th, *c);
+                    let segmask = ((cval >> 8) & 0x1f) as i64;
+                    let clamp = (cval & 0x1f) as i64;
+                    let lane_i = lane as i64;
+                    let max_lane = (lane_i & segmask) | (clamp & !segmask);
+                    let min_lane = lane_i & segmask;
+                    let (j, p) = match mode {
+                        ShflMode::Up => {
+                            let j = lane_i - bval;
+                            (j, j >= max_lane)
+                        }
+                        ShflMode::Down => {
+                            let j = lane_i + bval;
+                            (j, j <= max_lane)
+                        }
+                        ShflMode::Bfly => {
+                            let j = lane_i ^ bval;
+                            (j, j <= max_lane)
+                        }
+                        ShflMode::Idx => {
+                            let j = min_lane | (bval & !segmask);
+                            (j, j <= max_lane)
+                        }
+                    };
+                    let src_lane = if p && (0..32).contains(&j) && lo + (j as usize) < n {
+                        j as usize
+                    } else {
+                        lane
+                    };
+                    let v = val(&self.threads[lo + src_lane], *a) & 0xffff_ffff;
+                    results.push((lane, v, p));
+                }
+                for (lane, v, p) in results {
+                    let th = &mut self.threads[lo + lane];
+                    wr(&mut th.regs, th.rbase, *d, v);
+                    if *dp != NONE {
+                        wr(&mut th.regs, th.rbase, *dp, p as u64);
+                    }
+                }
+            }
+            Op::Vote {
+                mode, d, a, neg, ..
+            } => {
+                let mut ballot = 0u64;
+                for &lane in &lanes {
+                    let th = &self.threads[lo + lane];
+                    if (val(th, *a) & 1 != 0) != *neg {
+                        ballot |= 1 << lane;
+                    }
+                }
+                let v = match mode {
+                    VoteMode::Ballot => ballot,
+                    VoteMode::All => (ballot == mask as u64) as u64,
+                    VoteMode::Any => (ballot != 0) as u64,
+                    VoteMode::Uni => (ballot == 0 || ballot == mask as u64) as u64,
+                };
+                for &lane in &lanes {
+                    let th = &mut self.threads[lo + lane];
+                    wr(&mut th.regs, th.rbase, *d, v);
+                }
+            }
+            Op::Match {
+                all,
+                d,
+                dp,
+                a,
+                wide,
+                ..
+            } => {
+                let vals: Vec<u64> = lanes
+                    .iter()
+                    .map(|&l| {
+                        let v = val(&self.threads[lo + l], *a);
+                        if *wide {
+                            v
+                        } else {
+                            v & 0xffff_ffff
+                        }
+                    })
+                    .collect();
+                let all_eq = vals.iter().all(|v| *v == vals[0]);
+                for (i, &lane) in lanes.iter().enumerate() {
+                    let m = if *all {
+                        if all_eq {
+                            mask as u64
+                        } else {
+                            0
+                        }
+                    } else {
+                        lanes
+                            .iter()
+                            .zip(&vals)
+                            .filter(|(_, v)| **v == vals[i])
+                            .fold(0u64, |m, (l, _)| m | 1 << l)
+                    };
+                    let th = &mut self.threads[lo + lane];
+                    wr(&mut th.regs, th.rbase, *d, m);
+                    if *dp != NONE {
+                        wr(&mut th.regs, th.rbase, *dp, all_eq as u64);
+                    }
+                }
+            }
+            Op::Redux {
+                op, signed, d, a, ..
+            } => {
+                let vals: Vec<u64> = lanes
+                    .iter()
+                    .map(|&l| val(&self.threads[lo + l], *a) & 0xffff_ffff)
+                    .collect();
+                let t = if *signed { Ty::S32 } else { Ty::U32 };
+                let mut acc = vals.first().copied().unwrap_or(0);
+                for &v in vals.iter().skip(1) {
+                    acc = match op {
+                        ReduxOp::Add => acc.wrapping_add(v) & 0xffff_ffff,
+                        ReduxOp::Min => int_bin(IntOp::Min, t, acc, v),
+                        ReduxOp::Max => int_bin(IntOp::Max, t, acc, v),
+                        ReduxOp::And => acc & v,
+                        ReduxOp::Or => acc | v,
+                        ReduxOp::Xor => acc ^ v,
+                    };
+                }
+                for &lane in &lanes {
+                    let th = &mut self.threads[lo + lane];
+                    wr(&mut th.regs, th.rbase, *d, acc);
+                }
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+}
+
+/// Runs a validated launch over all blocks.
+pub(crate) fn run_launch(
+    prog: &Program,
+    mem: &crate::memory::DeviceMemory,
+    kernel: u32,
+    cfg: &LaunchConfig,
+    params: &[u8],
+    shared_bytes: u64,
+) -> LaunchReport {
+    let view = mem.view();
+    let mut pwords = vec![0u64; params.len().div_ceil(8)];
+    bytes_of(&mut pwords)[..params.len()].copy_from_slice(params);
+    let start_ns = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0);
+    let g = Geo {
+        prog,
+        mem: &view,
+        params: &pwords,
+        params_len: params.len() as u64,
+        ntid: cfg.block,
+        nctaid: cfg.grid,
+        dyn_bytes: cfg.dynamic_shared_bytes,
+        shared_bytes,
+        start_ns,
+        kernel,
+    };
+    let total: u64 = cfg.grid.iter().map(|&v| v as u64).product();
+    let next = AtomicU64::new(0);
+    let abort = AtomicBool::new(false);
+    let instructions = AtomicU64::new(0);
+    let fault: Mutex<Option<(u64, Fault)>> = Mutex::new(None);
+    let outputs: Mutex<Vec<(u64, Vec<u8>)>> = Mutex::new(Vec::new());
+    let workers = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1)
+        .min(total.max(1) as usize)
+        .max(1);
+    let work = |smid: u32| {
+        let mut w = Worker {
+            threads: Vec::new(),
+            block: Block {
+                ctaid: [0; 3],
+                smid,
+                shared: Vec::new(),
+                out: Vec::new(),
+                cache: (0, 0, 0),
+                arrivals: [0; 16],
+                instructions: 0,
+                warp_live: Vec::new(),
+            },
+        };
+        let mut outs = Vec::new();
+        loop {
+            if abort.load(Ordering::Relaxed) {
+                break;
+            }
+            let id = next.fetch_add(1, Ordering::Relaxed);
+            if id >= total {
+                break;
+            }
+            w.block.out.clear();
+            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| w.run_block(&g, id)));
+            let r = match r {
+                Ok(r) => r,
+                Err(p) => {
+                    let msg = p
+                        .downcast_ref::<String>()
+                        .cloned()
+                        .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+                        .unwrap_or_else(|| "panic".into());
+                    // the worker state may be inconsistent: start afresh
+                    w.threads.clear();
+                    Err(Fault::Failed(format!(
+                        "internal error in interpreter: {msg}"
+                    )))
+                }
+            };
+            if !w.block.out.is_empty() {
+                outs.push((id, std::mem::take(&mut w.block.out)));
+            }
+            if let Err(e) = r {
+                let mut f = fault.lock().unwrap_or_else(|e| e.into_inner());
+                if f.as_ref().is_none_or(|(b, _)| id < *b) {
+                    *f = Some((id, e));
+                }
+                abort.store(true, Ordering::Relaxed);
+                break;
+            }
+        }
+        instructions.fetch_add(w.block.instructions, Ordering::Relaxed);
+        outputs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .extend(outs);
+    };
+    if workers == 1 {
+        work(0);
+    } else {
+        std::thread::scope(|s| {
+            for k in 0..workers {
+                let work = &work;
+                s.spawn(move || work(k as u32));
+            }
+        });
+    }
+    let mut outs = outputs.into_inner().unwrap_or_else(|e| e.into_inner());
+    outs.sort_by_key(|(id, _)| *id);
+    let stdout = outs.into_iter().flat_map(|(_, o)| o).collect();
+    let result = match fault.into_inner().unwrap_or_else(|e| e.into_inner()) {
+        Some((_, f)) => Err(f),
+        None => Ok(()),
+    };
+    LaunchReport {
+        stdout,
+        instructions: instructions.load(Ordering::Relaxed),
+        result,
+    }
+}
+
+#[allow(dead_code)]
+const _: u64 = FUNC_WIN;

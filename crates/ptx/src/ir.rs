@@ -1,0 +1,563 @@
+//! The lowered, executable form of a PTX function: typed operations over
+//! resolved register slots, immediate values and resolved branch targets.
+
+/// Marker for "no register".
+pub(crate) const NONE: u32 = u32::MAX;
+
+/// An operand value source.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) enum Src {
+    Reg(u32),
+    Imm(u64),
+    /// Local-space address: current frame base + offset.
+    Frame(u32),
+}
+
+/// Scalar types.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Ty {
+    U8,
+    U16,
+    U32,
+    U64,
+    S8,
+    S16,
+    S32,
+    S64,
+    B8,
+    B16,
+    B32,
+    B64,
+    B128,
+    F16,
+    F16x2,
+    BF16,
+    BF16x2,
+    F32,
+    F64,
+    Pred,
+}
+
+impl Ty {
+    pub(crate) fn parse(s: &str) -> Option<Ty> {
+        Some(match s {
+            "u8" => Ty::U8,
+            "u16" => Ty::U16,
+            "u32" => Ty::U32,
+            "u64" => Ty::U64,
+            "s8" => Ty::S8,
+            "s16" => Ty::S16,
+            "s32" => Ty::S32,
+            "s64" => Ty::S64,
+            "b8" => Ty::B8,
+            "b16" => Ty::B16,
+            "b32" => Ty::B32,
+            "b64" => Ty::B64,
+            "b128" => Ty::B128,
+            "f16" => Ty::F16,
+            "f16x2" => Ty::F16x2,
+            "bf16" => Ty::BF16,
+            "bf16x2" => Ty::BF16x2,
+            "f32" => Ty::F32,
+            "f64" => Ty::F64,
+            "pred" => Ty::Pred,
+            _ => return None,
+        })
+    }
+    pub(crate) fn bytes(self) -> u32 {
+        match self {
+            Ty::U8 | Ty::S8 | Ty::B8 | Ty::Pred => 1,
+            Ty::U16 | Ty::S16 | Ty::B16 | Ty::F16 | Ty::BF16 => 2,
+            Ty::U32 | Ty::S32 | Ty::B32 | Ty::F32 | Ty::F16x2 | Ty::BF16x2 => 4,
+            Ty::U64 | Ty::S64 | Ty::B64 | Ty::F64 => 8,
+            Ty::B128 => 16,
+        }
+    }
+    pub(crate) fn bits(self) -> u32 {
+        if self == Ty::Pred {
+            1
+        } else {
+            self.bytes() * 8
+        }
+    }
+    pub(crate) fn mask(self) -> u64 {
+        match self.bytes() {
+            1 if self == Ty::Pred => 1,
+            1 => 0xff,
+            2 => 0xffff,
+            4 => 0xffff_ffff,
+            _ => u64::MAX,
+        }
+    }
+    pub(crate) fn signed(self) -> bool {
+        matches!(self, Ty::S8 | Ty::S16 | Ty::S32 | Ty::S64)
+    }
+    pub(crate) fn is_float(self) -> bool {
+        matches!(
+            self,
+            Ty::F16 | Ty::F16x2 | Ty::BF16 | Ty::BF16x2 | Ty::F32 | Ty::F64
+        )
+    }
+}
+
+/// Memory state spaces as the interpreter addresses them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Sp {
+    Global,
+    Shared,
+    Local,
+    /// Kernel parameter buffer.
+    Param,
+    Generic,
+}
+
+/// Rounding modes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Rnd {
+    Default,
+    Rn,
+    Rz,
+    Rm,
+    Rp,
+    Rni,
+    Rzi,
+    Rmi,
+    Rpi,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum IntOp {
+    Add,
+    Sub,
+    MulLo,
+    MulHi,
+    MulWide,
+    Mul24Lo,
+    Div,
+    Rem,
+    Min,
+    Max,
+    And,
+    Or,
+    Xor,
+    Shl,
+    Shr,
+    AddSat,
+    SubSat,
+    Copysign,
+    Bmsk,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum FOp {
+    Add,
+    Sub,
+    Mul,
+    Div,
+    Min,
+    Max,
+    Copysign,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum UnOp {
+    Not,
+    Neg,
+    Abs,
+    Popc,
+    Clz,
+    Brev,
+    Bfind,
+    BfindShift,
+    Cnot,
+    FNeg,
+    FAbs,
+    Sqrt,
+    Rsqrt,
+    Rcp,
+    Sin,
+    Cos,
+    Ex2,
+    Lg2,
+    Tanh,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum TernOp {
+    MadLo,
+    MadHi,
+    MadWide,
+    Mad24Lo,
+    Fma,
+    Selp,
+    Bfe,
+    Sad,
+    Slct,
+    Shfl,
+    Shfr,
+    Dp4a,
+    Dp2aLo,
+    Dp2aHi,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Cmp {
+    Eq,
+    Ne,
+    Lt,
+    Le,
+    Gt,
+    Ge,
+    Lo,
+    Ls,
+    Hi,
+    Hs,
+    Equ,
+    Neu,
+    Ltu,
+    Leu,
+    Gtu,
+    Geu,
+    Num,
+    Nan,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum BoolOp {
+    None,
+    And,
+    Or,
+    Xor,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum AtomOp {
+    Add,
+    Min,
+    Max,
+    Inc,
+    Dec,
+    Exch,
+    Cas,
+    And,
+    Or,
+    Xor,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ShflMode {
+    Up,
+    Down,
+    Bfly,
+    Idx,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum VoteMode {
+    All,
+    Any,
+    Uni,
+    Ballot,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ReduxOp {
+    Add,
+    Min,
+    Max,
+    And,
+    Or,
+    Xor,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum SReg {
+    Tid(u8),
+    Ntid(u8),
+    Ctaid(u8),
+    Nctaid(u8),
+    Laneid,
+    Warpid,
+    Nwarpid,
+    Smid,
+    Nsmid,
+    Gridid,
+    Clock,
+    Clock64,
+    Globaltimer,
+    LanemaskEq,
+    LanemaskLt,
+    LanemaskLe,
+    LanemaskGt,
+    LanemaskGe,
+    DynSmem,
+    TotalSmem,
+    Zero,
+}
+
+/// Where a call argument comes from / a return value goes.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) enum ArgLoc {
+    /// Bytes of a `.param` variable in the caller frame.
+    Frame { off: u32, size: u32 },
+    /// A register or immediate value of `size` bytes.
+    Val { src: Src, size: u32 },
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct CallInfo {
+    pub func: u32,
+    pub args: Vec<ArgLoc>,
+    pub rets: Vec<ArgLoc>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum BarRed {
+    None,
+    Popc,
+    And,
+    Or,
+}
+
+/// One lowered operation.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Op {
+    Mov {
+        d: u32,
+        a: Src,
+        mask: u64,
+    },
+    Int {
+        op: IntOp,
+        t: Ty,
+        d: u32,
+        a: Src,
+        b: Src,
+    },
+    Float {
+        op: FOp,
+        t: Ty,
+        d: u32,
+        a: Src,
+        b: Src,
+        rnd: Rnd,
+        ftz: bool,
+        sat: bool,
+    },
+    Un {
+        op: UnOp,
+        t: Ty,
+        d: u32,
+        a: Src,
+        ftz: bool,
+        sat: bool,
+    },
+    Tern {
+        op: TernOp,
+        t: Ty,
+        d: u32,
+        a: Src,
+        b: Src,
+        c: Src,
+        rnd: Rnd,
+        ftz: bool,
+        sat: bool,
+    },
+    Bfi {
+        t: Ty,
+        d: u32,
+        a: Src,
+        b: Src,
+        c: Src,
+        e: Src,
+    },
+    Prmt {
+        d: u32,
+        a: Src,
+        b: Src,
+        c: Src,
+    },
+    Lop3 {
+        d: u32,
+        a: Src,
+        b: Src,
+        c: Src,
+        lut: u8,
+    },
+    Setp {
+        cmp: Cmp,
+        t: Ty,
+        d: u32,
+        d2: u32,
+        a: Src,
+        b: Src,
+        bop: BoolOp,
+        c: Src,
+        cneg: bool,
+        ftz: bool,
+    },
+    /// `set.cmp.dtype`: writes 0xffffffff/1.0 or 0.
+    Set {
+        cmp: Cmp,
+        t: Ty,
+        dt: Ty,
+        d: u32,
+        a: Src,
+        b: Src,
+    },
+    /// Boolean op on predicates: and/or/xor/not of two inputs.
+    Testp {
+        d: u32,
+        a: Src,
+        t: Ty,
+        kind: u8,
+    },
+    Cvt {
+        d: u32,
+        a: Src,
+        dt: Ty,
+        st: Ty,
+        rnd: Rnd,
+        sat: bool,
+        ftz: bool,
+    },
+    /// Pack several registers into one (`mov.b64 %rd, {%r1, %r2}`).
+    Pack {
+        d: u32,
+        parts: Vec<Src>,
+        bits: u32,
+    },
+    /// Split one value into several registers.
+    Unpack {
+        ds: Vec<u32>,
+        a: Src,
+        bits: u32,
+    },
+    Ld {
+        sp: Sp,
+        size: u32,
+        n: u8,
+        ds: [u32; 4],
+        addr: Src,
+        off: i64,
+        sext: bool,
+    },
+    St {
+        sp: Sp,
+        size: u32,
+        n: u8,
+        vals: [Src; 4],
+        addr: Src,
+        off: i64,
+    },
+    Atom {
+        sp: Sp,
+        op: AtomOp,
+        t: Ty,
+        d: u32,
+        addr: Src,
+        off: i64,
+        b: Src,
+        c: Src,
+    },
+    Cvta {
+        d: u32,
+        a: Src,
+        sp: Sp,
+        to_generic: bool,
+    },
+    Isspacep {
+        d: u32,
+        a: Src,
+        sp: Sp,
+    },
+    Special {
+        d: u32,
+        r: SReg,
+    },
+    Bra {
+        target: u32,
+    },
+    /// Branch through a table of targets indexed by a register.
+    BrxIdx {
+        idx: Src,
+        targets: Vec<u32>,
+    },
+    Call(Box<CallInfo>),
+    Printf {
+        fmt: ArgLoc,
+        args: ArgLoc,
+        ret: Option<ArgLoc>,
+    },
+    Ret,
+    Exit,
+    Trap(String),
+    Bar {
+        id: Src,
+        count: Src,
+        wait: bool,
+        red: BarRed,
+        d: u32,
+        p: Src,
+        pneg: bool,
+    },
+    WarpSync {
+        mask: Src,
+    },
+    Shfl {
+        mode: ShflMode,
+        d: u32,
+        dp: u32,
+        a: Src,
+        b: Src,
+        c: Src,
+        mask: Src,
+    },
+    Vote {
+        mode: VoteMode,
+        d: u32,
+        a: Src,
+        neg: bool,
+        mask: Src,
+    },
+    Match {
+        all: bool,
+        d: u32,
+        dp: u32,
+        a: Src,
+        wide: bool,
+        mask: Src,
+    },
+    Redux {
+        op: ReduxOp,
+        signed: bool,
+        d: u32,
+        a: Src,
+        mask: Src,
+    },
+    Activemask {
+        d: u32,
+    },
+    Nop,
+}
+
+/// An op with its guard predicate.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Inst {
+    pub guard: u32,
+    pub guard_neg: bool,
+    pub op: Op,
+    pub line: u32,
+}
+
+/// A lowered function.
+#[derive(Debug, Clone)]
+pub(crate) struct Func {
+    pub name: String,
+    pub code: Vec<Inst>,
+    pub nregs: u32,
+    pub frame_bytes: u32,
+    /// Offsets/sizes of formal params and return params inside the frame (for `.func`).
+    pub params: Vec<(u32, u32)>,
+    pub rets: Vec<(u32, u32)>,
+}

@@ -1,0 +1,343 @@
+//! The device's global address space: allocations in a fixed virtual window,
+//! host-backed, accessed by host copies and by kernels through aligned atomics.
+//! Launches hold a read lock for their whole run so `free` never races a kernel.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::atomic::{AtomicU16, AtomicU32, AtomicU64, AtomicU8, Ordering};
+use std::sync::{RwLock, RwLockReadGuard};
+
+/// First device address; all allocations lie above it.
+pub const DEVICE_VA_BASE: u64 = 0x2000_0000_0000;
+/// End of the device window (exclusive).
+pub const DEVICE_VA_END: u64 = 0x3000_0000_0000;
+const ALLOC_ALIGN: u64 = 256;
+/// Unmapped gap kept after each allocation so small overruns fault.
+const GUARD_GAP: u64 = 4096;
+
+/// Errors of the memory API.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MemError {
+    OutOfMemory,
+    InvalidAddress(u64),
+    OutOfRange { addr: u64, len: u64 },
+    InvalidSize,
+}
+
+impl MemError {
+    /// The CUDA driver error code for this error.
+    pub fn cu_code(&self) -> u32 {
+        match self {
+            MemError::OutOfMemory => 2,
+            _ => 1,
+        }
+    }
+}
+
+impl fmt::Display for MemError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            MemError::OutOfMemory => write!(f, "out of device memory"),
+            MemError::InvalidAddress(a) => write!(f, "invalid device address {a:#x}"),
+            MemError::OutOfRange { addr, len } => {
+                write!(f, "range {addr:#x}+{len} is outside any allocation")
+            }
+            MemError::InvalidSize => write!(f, "invalid size"),
+        }
+    }
+}
+
+impl std::error::Error for MemError {}
+
+/// Host backing of one allocation: 8-byte aligned, zero-filled.
+pub(crate) struct Block {
+    ptr: *mut u8,
+    size: u64,
+    layout: std::alloc::Layout,
+}
+
+// SAFETY: the buffer is plain bytes owned by this Block; all concurrent access
+// goes through atomics or through host copies ordered by the caller.
+unsafe impl Send for Block {}
+// SAFETY: see above; shared access never creates `&mut` to the bytes.
+unsafe impl Sync for Block {}
+
+impl Drop for Block {
+    fn drop(&mut self) {
+        // SAFETY: ptr was returned by alloc_zeroed with this exact layout.
+        unsafe { std::alloc::dealloc(self.ptr, self.layout) }
+    }
+}
+
+#[derive(Default)]
+pub(crate) struct Space {
+    pub(crate) blocks: BTreeMap<u64, Block>,
+    next: u64,
+    used: u64,
+}
+
+/// The device's global memory. `Sync + Send`; every method takes `&self`.
+pub struct DeviceMemory {
+    space: RwLock<Space>,
+    capacity: u64,
+}
+
+impl fmt::Debug for DeviceMemory {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "DeviceMemory({} of {} bytes used)",
+            self.used(),
+            self.capacity
+        )
+    }
+}
+
+/// A view of device memory for the duration of a launch (or one host call).
+pub(crate) struct MemView<'a> {
+    guard: RwLockReadGuard<'a, Space>,
+}
+
+impl MemView<'_> {
+    /// Host pointer for `[addr, addr+len)` if it lies inside one allocation.
+    #[inline]
+    pub(crate) fn resolve(&self, addr: u64, len: u64) -> Option<(u64, u64, *mut u8)> {
+        let (base, b) = self.guard.blocks.range(..=addr).next_back()?;
+        let off = addr - base;
+        if off.checked_add(len)? <= b.size {
+            Some((*base, b.size, b.ptr))
+        } else {
+            None
+        }
+    }
+}
+
+impl DeviceMemory {
+    /// Creates an empty memory of `capacity_bytes`.
+    pub fn new(capacity_bytes: u64) -> Self {
+        DeviceMemory {
+            space: RwLock::new(Space {
+                blocks: BTreeMap::new(),
+                next: DEVICE_VA_BASE,
+                used: 0,
+            }),
+            capacity: capacity_bytes,
+        }
+    }
+
+    pub(crate) fn view(&self) -> MemView<'_> {
+        MemView {
+            guard: self.space.read().unwrap_or_else(|e| e.into_inner()),
+        }
+    }
+
+    /// Allocates `bytes` zero-filled bytes; returns a 256-byte aligned address.
+    pub fn alloc(&self, bytes: u64) -> Result<u64, MemError> {
+        if bytes == 0 {
+            return Err(MemError::InvalidSize);
+        }
+        let rounded = bytes
+            .checked_add(ALLOC_ALIGN - 1)
+            .ok_or(MemError::OutOfMemory)?
+            & !(ALLOC_ALIGN - 1);
+        let mut s = self.space.write().unwrap_or_else(|e| e.into_inner());
+        if s.used.saturating_add(rounded) > self.capacity {
+            return Err(MemError::OutOfMemory);
+        }
+        let addr = s.next;
+        let next = addr
+            .checked_add(rounded)
+            .and_then(|v| v.checked_add(GUARD_GAP))
+            .ok_or(MemError::OutOfMemory)?;
+        if next > DEVICE_VA_END {
+            return Err(MemError::OutOfMemory);
+        }
+        let size_usize = usize::try_from(rounded).map_err(|_| MemError::OutOfMemory)?;
+        let layout = std::alloc::Layout::from_size_align(size_usize, 16)
+            .map_err(|_| MemError::OutOfMemory)?;
+        // SAFETY: layout has non-zero size (bytes > 0).
+        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+        if ptr.is_null() {
+            return Err(MemError::OutOfMemory);
+        }
+        s.blocks.insert(
+            addr,
+            Block {
+                ptr,
+                size: bytes,
+                layout,
+            },
+        );
+        s.next = next;
+        s.used += rounded;
+        Ok(addr)
+    }
+
+    /// Frees the allocation that starts at `ptr`; waits for running launches.
+    pub fn free(&self, ptr: u64) -> Result<(), MemError> {
+        let mut s = self.space.write().unwrap_or_else(|e| e.into_inner());
+        let b = s.blocks.remove(&ptr).ok_or(MemError::InvalidAddress(ptr))?;
+        s.used = s.used.saturating_sub(b.layout.size() as u64);
+        Ok(())
+    }
+
+    /// `(base, size)` of the allocation containing `ptr`.
+    pub fn range(&self, ptr: u64) -> Option<(u64, u64)> {
+        let v = self.view();
+        let (base, b) = v.guard.blocks.range(..=ptr).next_back()?;
+        (ptr - base < b.size).then_some((*base, b.size))
+    }
+
+    fn host_ptr(v: &MemView<'_>, addr: u64, len: u64) -> Result<*mut u8, MemError> {
+        let (base, _, p) = v
+            .resolve(addr, len)
+            .ok_or(MemError::OutOfRange { addr, len })?;
+        // pointer arithmetic only; the range was checked above
+        Ok(p.wrapping_add((addr - base) as usize))
+    }
+
+    /// Copies host bytes into device memory.
+    pub fn write(&self, dst: u64, data: &[u8]) -> Result<(), MemError> {
+        if data.is_empty() {
+            return Ok(());
+        }
+        let v = self.view();
+        let p = Self::host_ptr(&v, dst, data.len() as u64)?;
+        // SAFETY: [p, p+len) lies inside a live allocation (checked by resolve) that
+        // cannot be freed while we hold the read lock; kernels racing on the same
+        // bytes get unspecified values, as on a GPU.
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), p, data.len()) };
+        Ok(())
+    }
+
+    /// Copies device bytes to the host.
+    pub fn read(&self, src: u64, out: &mut [u8]) -> Result<(), MemError> {
+        if out.is_empty() {
+            return Ok(());
+        }
+        let v = self.view();
+        let p = Self::host_ptr(&v, src, out.len() as u64)?;
+        // SAFETY: range checked against a live allocation held by the read lock.
+        unsafe { std::ptr::copy_nonoverlapping(p, out.as_mut_ptr(), out.len()) };
+        Ok(())
+    }
+
+    /// Device-to-device copy; the ranges may overlap.
+    pub fn copy(&self, dst: u64, src: u64, len: u64) -> Result<(), MemError> {
+        if len == 0 {
+            return Ok(());
+        }
+        let v = self.view();
+        let d = Self::host_ptr(&v, dst, len)?;
+        let s = Self::host_ptr(&v, src, len)?;
+        // SAFETY: both ranges checked inside live allocations; `copy` allows overlap.
+        unsafe { std::ptr::copy(s, d, len as usize) };
+        Ok(())
+    }
+
+    /// Writes `count` copies of `pattern` (1, 2 or 4 bytes) at `dst`.
+    pub fn fill(&self, dst: u64, pattern: &[u8], count: u64) -> Result<(), MemError> {
+        if !matches!(pattern.len(), 1 | 2 | 4) {
+            return Err(MemError::InvalidSize);
+        }
+        let len = count
+            .checked_mul(pattern.len() as u64)
+            .ok_or(MemError::InvalidSize)?;
+        if len == 0 {
+            return Ok(());
+        }
+        let v = self.view();
+        let d = Self::host_ptr(&v, dst, len)?;
+        // SAFETY: the whole range was checked inside one live allocation.
+        let bytes = unsafe { std::slice::from_raw_parts_mut(d, len as usize) };
+        if pattern.len() == 1 {
+            bytes.fill(pattern[0]);
+        } else {
+            for chunk in bytes.chunks_exact_mut(pattern.len()) {
+                chunk.copy_from_slice(pattern);
+            }
+        }
+        Ok(())
+    }
+
+    /// Bytes currently allocated (rounded to allocation granularity).
+    pub fn used(&self) -> u64 {
+        self.view().guard.used
+    }
+
+    /// Total capacity in bytes.
+    pub fn capacity(&self) -> u64 {
+        self.capacity
+    }
+}
+
+/// Loads `size` bytes (1, 2, 4, 8) from an aligned host pointer.
+///
+/// # Safety
+/// `p` must point into a live allocation with `size` bytes available and be
+/// aligned to `size`.
+#[inline]
+pub(crate) unsafe fn atomic_load(p: *mut u8, size: u32) -> u64 {
+    // SAFETY: guaranteed by the caller (aligned, in bounds, live).
+    unsafe {
+        match size {
+            1 => AtomicU8::from_ptr(p).load(Ordering::Relaxed) as u64,
+            2 => AtomicU16::from_ptr(p as *mut u16).load(Ordering::Relaxed) as u64,
+            4 => AtomicU32::from_ptr(p as *mut u32).load(Ordering::Relaxed) as u64,
+            _ => AtomicU64::from_ptr(p as *mut u64).load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// Stores the low `size` bytes of `v` to an aligned host pointer.
+///
+/// # Safety
+/// As for [`atomic_load`].
+#[inline]
+pub(crate) unsafe fn atomic_store(p: *mut u8, size: u32, v: u64) {
+    // SAFETY: guaranteed by the caller (aligned, in bounds, live).
+    unsafe {
+        match size {
+            1 => AtomicU8::from_ptr(p).store(v as u8, Ordering::Relaxed),
+            2 => AtomicU16::from_ptr(p as *mut u16).store(v as u16, Ordering::Relaxed),
+            4 => AtomicU32::from_ptr(p as *mut u32).store(v as u32, Ordering::Relaxed),
+            _ => AtomicU64::from_ptr(p as *mut u64).store(v, Ordering::Relaxed),
+        }
+    }
+}
+
+/// Atomic read-modify-write of 4 or 8 bytes: `f(old) -> Some(new)` applied
+/// with a compare-exchange loop; returns the old value.
+///
+/// # Safety
+/// As for [`atomic_load`], with `size` 4 or 8.
+#[inline]
+pub(crate) unsafe fn atomic_rmw(
+    p: *mut u8,
+    size: u32,
+    mut f: impl FnMut(u64) -> Option<u64>,
+) -> u64 {
+    // SAFETY: guaranteed by the caller.
+    unsafe {
+        if size == 8 {
+            let a = AtomicU64::from_ptr(p as *mut u64);
+            match a.fetch_update(Ordering::AcqRel, Ordering::Acquire, |o| f(o)) {
+                Ok(o) | Err(o) => o,
+            }
+        } else if size == 4 {
+            let a = AtomicU32::from_ptr(p as *mut u32);
+            match a.fetch_update(Ordering::AcqRel, Ordering::Acquire, |o| {
+                f(o as u64).map(|n| n as u32)
+            }) {
+                Ok(o) | Err(o) => o as u64,
+            }
+        } else {
+            let a = AtomicU16::from_ptr(p as *mut u16);
+            match a.fetch_update(Ordering::AcqRel, Ordering::Acquire, |o| {
+                f(o as u64).map(|n| n as u16)
+            }) {
+                Ok(o) | Err(o) => o as u64,
+            }
+        }
+    }
+}

@@ -1,0 +1,260 @@
+//! End-to-end tests of the interpreter on nvcc-generated PTX fixtures.
+
+use cumux_ptx::*;
+
+const BASIC: &str = include_str!("fixtures/basic.ptx");
+
+fn f32s(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+fn read_f32(mem: &DeviceMemory, p: u64, n: usize) -> Vec<f32> {
+    let mut b = vec![0u8; n * 4];
+    mem.read(p, &mut b).unwrap();
+    b.chunks(4)
+        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+        .collect()
+}
+
+fn read_u32(mem: &DeviceMemory, p: u64, n: usize) -> Vec<u32> {
+    let mut b = vec![0u8; n * 4];
+    mem.read(p, &mut b).unwrap();
+    b.chunks(4)
+        .map(|c| u32::from_le_bytes(c.try_into().unwrap()))
+        .collect()
+}
+
+/// Packs parameters according to the kernel's layout.
+fn pack(info: &KernelInfo, vals: &[&[u8]]) -> Vec<u8> {
+    let mut out = vec![0u8; info.params_bytes() as usize];
+    for (p, v) in info.params.iter().zip(vals) {
+        out[p.offset as usize..p.offset as usize + v.len()].copy_from_slice(v);
+    }
+    out
+}
+
+fn kernel<'a>(p: &'a Program, name: &str) -> &'a KernelInfo {
+    p.kernels().iter().find(|k| k.name == name).unwrap()
+}
+
+fn cfg(grid: [u32; 3], block: [u32; 3], dyn_shared: u32) -> LaunchConfig {
+    LaunchConfig {
+        grid,
+        block,
+        dynamic_shared_bytes: dyn_shared,
+    }
+}
+
+#[test]
+fn vector_add_and_saxpy() {
+    let mem = DeviceMemory::new(1 << 30);
+    let p = Program::load(BASIC, &mem).unwrap();
+    let n = 1000usize;
+    let a: Vec<f32> = (0..n).map(|i| i as f32).collect();
+    let b: Vec<f32> = (0..n).map(|i| 2.0 * i as f32).collect();
+    let (da, db, dc) = (
+        mem.alloc(4000).unwrap(),
+        mem.alloc(4000).unwrap(),
+        mem.alloc(4000).unwrap(),
+    );
+    mem.write(da, &f32s(&a)).unwrap();
+    mem.write(db, &f32s(&b)).unwrap();
+    let k = kernel(&p, "vec_add");
+    let params = pack(
+        k,
+        &[
+            &da.to_le_bytes(),
+            &db.to_le_bytes(),
+            &dc.to_le_bytes(),
+            &(n as i32).to_le_bytes(),
+        ],
+    );
+    let r = p.launch(&mem, "vec_add", &cfg([4, 1, 1], [256, 1, 1], 0), &params);
+    r.result.unwrap();
+    let c = read_f32(&mem, dc, n);
+    for i in 0..n {
+        assert_eq!(c[i], 3.0 * i as f32);
+    }
+    let k = kernel(&p, "saxpy");
+    let params = pack(
+        k,
+        &[
+            &(n as i32).to_le_bytes(),
+            &2.5f32.to_le_bytes(),
+            &da.to_le_bytes(),
+            &dc.to_le_bytes(),
+        ],
+    );
+    p.launch(&mem, "saxpy", &cfg([8, 1, 1], [128, 1, 1], 0), &params)
+        .result
+        .unwrap();
+    let c = read_f32(&mem, dc, n);
+    for i in 0..n {
+        assert_eq!(c[i], 2.5 * i as f32 + 3.0 * i as f32);
+    }
+}
+
+#[test]
+fn shared_memory_matmul() {
+    let mem = DeviceMemory::new(1 << 30);
+    let p = Program::load(BASIC, &mem).unwrap();
+    let n = 40usize;
+    let a: Vec<f32> = (0..n * n).map(|i| (i % 7) as f32).collect();
+    let b: Vec<f32> = (0..n * n).map(|i| (i % 5) as f32 - 2.0).collect();
+    let bytes = (n * n * 4) as u64;
+    let (da, db, dc) = (
+        mem.alloc(bytes).unwrap(),
+        mem.alloc(bytes).unwrap(),
+        mem.alloc(bytes).unwrap(),
+    );
+    mem.write(da, &f32s(&a)).unwrap();
+    mem.write(db, &f32s(&b)).unwrap();
+    let k = kernel(&p, "matmul");
+    let params = pack(
+        k,
+        &[
+            &da.to_le_bytes(),
+            &db.to_le_bytes(),
+            &dc.to_le_bytes(),
+            &(n as i32).to_le_bytes(),
+        ],
+    );
+    let g = n.div_ceil(16) as u32;
+    p.launch(&mem, "matmul", &cfg([g, g, 1], [16, 16, 1], 0), &params)
+        .result
+        .unwrap();
+    let c = read_f32(&mem, dc, n * n);
+    for i in 0..n {
+        for j in 0..n {
+            let want: f32 = (0..n).map(|k| a[i * n + k] * b[k * n + j]).sum();
+            assert_eq!(c[i * n + j], want, "at {i},{j}");
+        }
+    }
+}
+
+#[test]
+fn shuffle_reduction_with_atomics_across_parallel_blocks() {
+    let mem = DeviceMemory::new(1 << 30);
+    let p = Program::load(BASIC, &mem).unwrap();
+    let n = 100_000usize;
+    let v: Vec<f32> = (0..n).map(|i| (i % 3) as f32).collect();
+    let din = mem.alloc((n * 4) as u64).unwrap();
+    let dout = mem.alloc(4).unwrap();
+    mem.write(din, &f32s(&v)).unwrap();
+    let k = kernel(&p, "reduce_sum");
+    let params = pack(
+        k,
+        &[
+            &din.to_le_bytes(),
+            &dout.to_le_bytes(),
+            &(n as i32).to_le_bytes(),
+        ],
+    );
+    let r = p.launch(
+        &mem,
+        "reduce_sum",
+        &cfg([64, 1, 1], [256, 1, 1], 32),
+        &params,
+    );
+    r.result.unwrap();
+    let got = read_f32(&mem, dout, 1)[0];
+    let want: f32 = v.iter().sum();
+    assert_eq!(got, want);
+}
+
+#[test]
+fn histogram_shared_and_global_atomics() {
+    let mem = DeviceMemory::new(1 << 30);
+    let p = Program::load(BASIC, &mem).unwrap();
+    let n = 50_000usize;
+    let v: Vec<u32> = (0..n as u32)
+        .map(|i| i.wrapping_mul(2654435761) >> 7)
+        .collect();
+    let din = mem.alloc((n * 4) as u64).unwrap();
+    let dbins = mem.alloc(64 * 4).unwrap();
+    mem.write(
+        din,
+        &v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<_>>(),
+    )
+    .unwrap();
+    let k = kernel(&p, "histogram");
+    let params = pack(
+        k,
+        &[
+            &din.to_le_bytes(),
+            &dbins.to_le_bytes(),
+            &(n as i32).to_le_bytes(),
+            &37i32.to_le_bytes(),
+        ],
+    );
+    p.launch(&mem, "histogram", &cfg([16, 1, 1], [128, 1, 1], 0), &params)
+        .result
+        .unwrap();
+    let bins = read_u32(&mem, dbins, 37);
+    let mut want = [0u32; 37];
+    for x in &v {
+        want[(*x % 37) as usize] += 1;
+    }
+    assert_eq!(bins, want.to_vec());
+}
+
+#[test]
+fn printf_output() {
+    let mem = DeviceMemory::new(1 << 30);
+    let p = Program::load(BASIC, &mem).unwrap();
+    let k = kernel(&p, "hello");
+    let params = pack(k, &[&7i32.to_le_bytes(), &1.25f64.to_le_bytes()]);
+    let r = p.launch(&mem, "hello", &cfg([2, 1, 1], [2, 1, 1], 0), &params);
+    r.result.unwrap();
+    let s = String::from_utf8(r.stdout).unwrap();
+    assert_eq!(
+        s,
+        "block 0 thread 0 x=7 d=1.250 s=ok\nblock 0 thread 1 x=7 d=1.250 s=ok\n\
+         block 1 thread 0 x=7 d=1.250 s=ok\nblock 1 thread 1 x=7 d=1.250 s=ok\n"
+    );
+}
+
+#[test]
+fn recursion() {
+    let mem = DeviceMemory::new(1 << 30);
+    let p = Program::load(BASIC, &mem).unwrap();
+    let out = mem.alloc(64).unwrap();
+    let k = kernel(&p, "fib_kernel");
+    let params = pack(k, &[&out.to_le_bytes()]);
+    p.launch(&mem, "fib_kernel", &cfg([1, 1, 1], [12, 1, 1], 0), &params)
+        .result
+        .unwrap();
+    let got = read_u32(&mem, out, 12);
+    assert_eq!(got, vec![0, 1, 1, 2, 3, 5, 8, 13, 21, 34, 55, 89]);
+}
+
+#[test]
+fn faults_and_recovery() {
+    let mem = DeviceMemory::new(1 << 30);
+    let p = Program::load(BASIC, &mem).unwrap();
+    let buf = mem.alloc(64).unwrap();
+    let k = kernel(&p, "faulty");
+    let run = |ptr: u64, mode: i32, threads: u32| {
+        let params = pack(k, &[&ptr.to_le_bytes(), &mode.to_le_bytes()]);
+        p.launch(&mem, "faulty", &cfg([1, 1, 1], [threads, 1, 1], 0), &params)
+            .result
+    };
+    run(buf, 0, 16).unwrap();
+    // out of range
+    let e = run(buf, 0, 32 + 2048).unwrap_err();
+    assert_eq!(e.cu_code(), 1, "{e}"); // too many threads per block: config error
+    let e = run(buf + 32, 0, 64).unwrap_err();
+    assert_eq!(e.cu_code(), 700, "{e}");
+    let e = run(buf, 1, 1).unwrap_err();
+    assert_eq!(e.cu_code(), 716, "{e}");
+    let e = run(buf, 2, 1).unwrap_err();
+    assert_eq!(e.cu_code(), 719, "{e}");
+    let e = run(buf, 3, 1).unwrap_err();
+    assert_eq!(e.cu_code(), 700, "{e}");
+    run(buf, 0, 16).unwrap();
+    // unknown kernel and short params
+    let r = p.launch(&mem, "nope", &cfg([1, 1, 1], [1, 1, 1], 0), &[]);
+    assert_eq!(r.result.unwrap_err().cu_code(), 500);
+    let r = p.launch(&mem, "faulty", &cfg([1, 1, 1], [1, 1, 1], 0), &[0; 4]);
+    assert_eq!(r.result.unwrap_err().cu_code(), 1);
+}
