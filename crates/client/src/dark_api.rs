@@ -1,0 +1,289 @@
+//! The CUDA runtime's private export tables (`cuGetExportTable`). NVIDIA does
+//! not document them; what is known comes from observing the runtime (run a
+//! program with `CUMUX_LOG=debug`) and from other re-implementations. Each
+//! table is an array of pointers; in most, slot 0 holds the table's size in
+//! bytes. Slots whose meaning is unknown point to functions that log the call
+//! and report success.
+//!
+//! | GUID | what it is |
+//! |---|---|
+//! | `6bd5fb6c-5bf4-e74a-8987-d93912fd9df9` | cudart interface: modules from fat binaries, primary context |
+//! | `a094798c-2e74-2e74-93f2-0800200c0a66` | tools runtime callback hooks: two scratch buffers |
+//! | `42d85a81-23f6-cb47-8298-f6e78a3aecdc` | tools thread-local storage: size only |
+//! | `c693336e-1121-df11-a8c3-68f355d89593` | context-local storage: put / delete / get per (context, key) |
+//! | `263e8860-7cd2-6143-92f6-bbd5006dfa7e` | context checks: always "fine" |
+//! | `f8cff951-2146-8b4e-b9e2-fb469e7c0dd9` | asks whether start-up may be bypassed: refused (not found) |
+//! | `d4082055-bde6-704b-8d34-ba123c66e1f2` | runtime/driver integrity check: refused (optional) |
+
+use std::cell::UnsafeCell;
+use std::ffi::c_void;
+
+use crate::errors::*;
+use crate::exports::{handle, out, to_ptr};
+
+/// A table of pointers the runtime reads; immutable after start.
+#[repr(transparent)]
+pub struct Table<const N: usize>([*const c_void; N]);
+// SAFETY: the table is never written after initialisation; it only holds
+// function addresses and sizes.
+unsafe impl<const N: usize> Sync for Table<N> {}
+
+const fn size_of_table(slots: usize) -> *const c_void {
+    (slots * std::mem::size_of::<usize>()) as *const c_void
+}
+
+macro_rules! unknown_slot {
+    ($($fname:ident = $label:literal),* $(,)?) => {
+        $(
+            extern "C" fn $fname() -> CUresult {
+                tracing::debug!(concat!("dark API ", $label, " called; answering success"));
+                CUDA_SUCCESS
+            }
+        )*
+    };
+}
+
+unknown_slot! {
+    cudart_slot3 = "cudart interface slot 3",
+    cudart_slot4 = "cudart interface slot 4",
+    cudart_slot5 = "cudart interface slot 5",
+    cudart_slot9 = "cudart interface slot 9",
+    cudart_slot10 = "cudart interface slot 10",
+    cudart_slot11 = "cudart interface slot 11",
+    cudart_slot12 = "cudart interface slot 12 (load compilers)",
+    hooks_slot1 = "tools hooks slot 1",
+    hooks_slot3 = "tools hooks slot 3",
+    hooks_slot4 = "tools hooks slot 4",
+    hooks_slot5 = "tools hooks slot 5",
+    checks_slot1 = "context checks slot 1",
+    checks_slot3 = "context checks slot 3",
+}
+
+// ---- cudart interface ------------------------------------------------------
+
+/// Slot 1: load the module of a `__fatBinC_Wrapper_t`.
+extern "C" fn get_module_from_cubin(module: *mut *mut c_void, wrapper: *const c_void) -> CUresult {
+    crate::guard("cudart.get_module_from_cubin", || {
+        load_into(module, wrapper)
+    })
+}
+
+/// Slot 2: the primary context of a device, retained.
+extern "C" fn primary_context(pctx: *mut *mut c_void, device: i32) -> CUresult {
+    // SAFETY: forwarding the runtime's own arguments to the public entry point.
+    unsafe { crate::exports::cuDevicePrimaryCtxRetain(pctx, device) }
+}
+
+/// Slot 6: as slot 1, with three extra arguments of unknown use.
+extern "C" fn get_module_from_cubin_ext1(
+    module: *mut *mut c_void,
+    wrapper: *const c_void,
+    _a3: *mut c_void,
+    _a4: *mut c_void,
+    _a5: u32,
+) -> CUresult {
+    crate::guard("cudart.get_module_from_cubin_ext1", || {
+        load_into(module, wrapper)
+    })
+}
+
+/// Slot 7: called with one integer at start-up; nothing to do.
+extern "C" fn cudart_slot7(_arg: usize) -> CUresult {
+    CUDA_SUCCESS
+}
+
+/// Slot 8: load a module from a fat binary header (arguments in the other order).
+extern "C" fn get_module_from_cubin_ext2(
+    fatbin: *const c_void,
+    module: *mut *mut c_void,
+    _a3: *mut c_void,
+    _a4: *mut c_void,
+    _a5: u32,
+) -> CUresult {
+    crate::guard("cudart.get_module_from_cubin_ext2", || {
+        load_into(module, fatbin)
+    })
+}
+
+fn load_into(module: *mut *mut c_void, image: *const c_void) -> CuResult<()> {
+    let client = crate::state::client()?;
+    let bytes = crate::exports::image_from_pointer(image)?;
+    let m = client.load_module(bytes)?;
+    out(module, to_ptr(m))
+}
+
+static CUDART_INTERFACE: Table<13> = Table([
+    size_of_table(13),
+    get_module_from_cubin as *const c_void,
+    primary_context as *const c_void,
+    cudart_slot3 as *const c_void,
+    cudart_slot4 as *const c_void,
+    cudart_slot5 as *const c_void,
+    get_module_from_cubin_ext1 as *const c_void,
+    cudart_slot7 as *const c_void,
+    get_module_from_cubin_ext2 as *const c_void,
+    cudart_slot9 as *const c_void,
+    cudart_slot10 as *const c_void,
+    cudart_slot11 as *const c_void,
+    cudart_slot12 as *const c_void,
+]);
+
+// ---- tools callback hooks --------------------------------------------------
+
+/// Zeroed scratch memory the runtime's tools hooks read and write.
+struct Scratch<const N: usize>(UnsafeCell<[u64; N]>);
+// SAFETY: the runtime owns the contents; cumux only hands out the address.
+unsafe impl<const N: usize> Sync for Scratch<N> {}
+
+static HOOKS_BUFFER_A: Scratch<1024> = Scratch(UnsafeCell::new([0; 1024]));
+static HOOKS_BUFFER_B: Scratch<64> = Scratch(UnsafeCell::new([0; 64]));
+
+extern "C" fn hooks_buffer_a(ptr: *mut *mut c_void, size: *mut usize) {
+    let _ = out(ptr, HOOKS_BUFFER_A.0.get().cast());
+    let _ = out(size, 1024);
+}
+
+extern "C" fn hooks_buffer_b(ptr: *mut *mut c_void, size: *mut usize) {
+    let _ = out(ptr, HOOKS_BUFFER_B.0.get().cast());
+    let _ = out(size, 14);
+}
+
+static TOOLS_HOOKS: Table<7> = Table([
+    size_of_table(7),
+    hooks_slot1 as *const c_void,
+    hooks_buffer_a as *const c_void,
+    hooks_slot3 as *const c_void,
+    hooks_slot4 as *const c_void,
+    hooks_slot5 as *const c_void,
+    hooks_buffer_b as *const c_void,
+]);
+
+static TOOLS_TLS: Table<4> = Table([
+    size_of_table(4),
+    std::ptr::null(),
+    std::ptr::null(),
+    std::ptr::null(),
+]);
+
+// ---- context-local storage -------------------------------------------------
+
+type StorageDtor = Option<extern "C" fn(*mut c_void, *mut c_void, *mut c_void)>;
+
+fn storage_context(ctx: *mut c_void) -> CuResult<usize> {
+    match handle(ctx) {
+        0 => crate::state::current_context().ok_or(CUDA_ERROR_INVALID_CONTEXT),
+        c => Ok(c),
+    }
+}
+
+extern "C" fn storage_put(
+    ctx: *mut c_void,
+    key: *mut c_void,
+    value: *mut c_void,
+    _dtor: StorageDtor,
+) -> CUresult {
+    crate::guard("context_storage.put", || {
+        let ctx = storage_context(ctx)?;
+        let client = crate::state::client()?;
+        client
+            .tables()
+            .ctx_storage
+            .insert((ctx, handle(key)), handle(value));
+        Ok(())
+    })
+}
+
+extern "C" fn storage_delete(ctx: *mut c_void, key: *mut c_void) -> CUresult {
+    crate::guard("context_storage.delete", || {
+        let ctx = storage_context(ctx)?;
+        let client = crate::state::client()?;
+        client.tables().ctx_storage.remove(&(ctx, handle(key)));
+        Ok(())
+    })
+}
+
+extern "C" fn storage_get(value: *mut *mut c_void, ctx: *mut c_void, key: *mut c_void) -> CUresult {
+    crate::guard("context_storage.get", || {
+        let ctx = storage_context(ctx)?;
+        let client = crate::state::client()?;
+        let found = client
+            .tables()
+            .ctx_storage
+            .get(&(ctx, handle(key)))
+            .copied();
+        match found {
+            Some(v) => out(value, to_ptr(v)),
+            None => Err(CUDA_ERROR_INVALID_HANDLE),
+        }
+    })
+}
+
+static CONTEXT_STORAGE: Table<4> = Table([
+    storage_put as *const c_void,
+    storage_delete as *const c_void,
+    storage_get as *const c_void,
+    std::ptr::null(),
+]);
+
+// ---- context checks ----------------------------------------------------------
+
+extern "C" fn context_check(
+    _ctx: *mut c_void,
+    result: *mut u32,
+    _detail: *mut *const c_void,
+) -> CUresult {
+    let _ = out(result, 0);
+    CUDA_SUCCESS
+}
+
+static CONTEXT_CHECKS: Table<4> = Table([
+    size_of_table(4),
+    checks_slot1 as *const c_void,
+    context_check as *const c_void,
+    checks_slot3 as *const c_void,
+]);
+
+const fn guid(s: u128) -> [u8; 16] {
+    s.to_be_bytes()
+}
+
+const CUDART_INTERFACE_ID: [u8; 16] = guid(0x6bd5fb6c_5bf4_e74a_8987_d93912fd9df9);
+const TOOLS_HOOKS_ID: [u8; 16] = guid(0xa094798c_2e74_2e74_93f2_0800200c0a66);
+const TOOLS_TLS_ID: [u8; 16] = guid(0x42d85a81_23f6_cb47_8298_f6e78a3aecdc);
+const CONTEXT_STORAGE_ID: [u8; 16] = guid(0xc693336e_1121_df11_a8c3_68f355d89593);
+const CONTEXT_CHECKS_ID: [u8; 16] = guid(0x263e8860_7cd2_6143_92f6_bbd5006dfa7e);
+const BYPASS_ID: [u8; 16] = guid(0xf8cff951_2146_8b4e_b9e2_fb469e7c0dd9);
+const INTEGRITY_ID: [u8; 16] = guid(0xd4082055_bde6_704b_8d34_ba123c66e1f2);
+
+fn format_guid(b: &[u8; 16]) -> String {
+    let h: Vec<String> = b.iter().map(|x| format!("{x:02x}")).collect();
+    format!(
+        "{}-{}-{}-{}-{}",
+        h[0..4].concat(),
+        h[4..6].concat(),
+        h[6..8].concat(),
+        h[8..10].concat(),
+        h[10..16].concat()
+    )
+}
+
+/// The table for a GUID, or `None` (logged) for one cumux does not answer.
+pub fn export_table(id: &[u8; 16]) -> Option<*const c_void> {
+    let table: *const c_void = match *id {
+        CUDART_INTERFACE_ID => CUDART_INTERFACE.0.as_ptr().cast(),
+        TOOLS_HOOKS_ID => TOOLS_HOOKS.0.as_ptr().cast(),
+        TOOLS_TLS_ID => TOOLS_TLS.0.as_ptr().cast(),
+        CONTEXT_STORAGE_ID => CONTEXT_STORAGE.0.as_ptr().cast(),
+        CONTEXT_CHECKS_ID => CONTEXT_CHECKS.0.as_ptr().cast(),
+        BYPASS_ID | INTEGRITY_ID => {
+            tracing::debug!("cuGetExportTable({}): refused", format_guid(id));
+            return None;
+        }
+        _ => {
+            tracing::warn!("cuGetExportTable({}): unknown table", format_guid(id));
+            return None;
+        }
+    };
+    tracing::debug!("cuGetExportTable({}): answered", format_guid(id));
+    Some(table)
+}

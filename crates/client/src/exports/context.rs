@@ -1,0 +1,252 @@
+//! Contexts: client-side objects over the one server session. Each device has
+//! a primary context (retained and released by the runtime); each thread has a
+//! stack of current contexts.
+
+use std::ffi::c_void;
+
+use cumux_protocol::Call;
+
+use super::*;
+use crate::state::{self, client, Context};
+
+/// `CU_LIMIT_*` values reported by `cuCtxGetLimit`.
+fn limit_value(limit: u32) -> CuResult<usize> {
+    Ok(match limit {
+        0 => 1024,    // stack size
+        1 => 1 << 20, // printf FIFO
+        2 => 8 << 20, // malloc heap
+        3 => 2,       // device runtime sync depth
+        4 => 2048,    // pending launch count
+        5 => 32,      // max L2 fetch granularity
+        6 => 0,       // persisting L2 cache size
+        7..=9 => 0,
+        _ => return Err(CUDA_ERROR_INVALID_VALUE),
+    })
+}
+
+fn new_context(flags: u32, dev: i32) -> CuResult<usize> {
+    let c = client()?;
+    c.device(dev)?;
+    let h = c.mint();
+    c.tables().contexts.insert(
+        h,
+        Context {
+            device: dev as u32,
+            primary: false,
+            flags,
+        },
+    );
+    state::push_context(h);
+    Ok(h)
+}
+
+fn check_context(ctx: usize) -> CuResult<()> {
+    if client()?.tables().contexts.contains_key(&ctx) {
+        Ok(())
+    } else {
+        Err(CUDA_ERROR_INVALID_CONTEXT)
+    }
+}
+
+fn current_or(ctx: *mut c_void) -> CuResult<usize> {
+    match handle(ctx) {
+        0 => state::current_context().ok_or(CUDA_ERROR_INVALID_CONTEXT),
+        c => Ok(c),
+    }
+}
+
+driver_fn! {
+    fn cuDevicePrimaryCtxRetain(pctx: *mut *mut c_void, dev: i32) {
+        let c = client()?;
+        c.device(dev)?;
+        let h = c.primary_context(dev as u32);
+        if let Some(p) = c.tables().primary.get_mut(&(dev as u32)) {
+            p.refs += 1;
+        }
+        out(pctx, to_ptr(h))
+    }
+
+    fn cuDevicePrimaryCtxRelease | cuDevicePrimaryCtxRelease_v2 (dev: i32) {
+        let c = client()?;
+        c.device(dev)?;
+        let mut t = c.tables();
+        let p = t.primary.get_mut(&(dev as u32)).ok_or(CUDA_ERROR_INVALID_CONTEXT)?;
+        p.refs = p.refs.saturating_sub(1);
+        Ok(())
+    }
+
+    fn cuDevicePrimaryCtxReset | cuDevicePrimaryCtxReset_v2 (dev: i32) {
+        let c = client()?;
+        c.device(dev)?;
+        c.call(Call::ContextSynchronize)?;
+        if let Some(p) = c.tables().primary.get_mut(&(dev as u32)) {
+            p.refs = 0;
+            p.flags = 0;
+        }
+        Ok(())
+    }
+
+    fn cuDevicePrimaryCtxGetState(dev: i32, flags: *mut u32, active: *mut i32) {
+        let c = client()?;
+        c.device(dev)?;
+        let t = c.tables();
+        let (f, a) = t
+            .primary
+            .get(&(dev as u32))
+            .map(|p| (p.flags, p.refs > 0))
+            .unwrap_or((0, false));
+        out(flags, f)?;
+        out(active, a as i32)
+    }
+
+    fn cuDevicePrimaryCtxSetFlags | cuDevicePrimaryCtxSetFlags_v2 (dev: i32, flags: u32) {
+        let c = client()?;
+        c.device(dev)?;
+        c.primary_context(dev as u32);
+        if let Some(p) = c.tables().primary.get_mut(&(dev as u32)) {
+            p.flags = flags;
+        }
+        Ok(())
+    }
+
+    fn cuCtxCreate_v2(pctx: *mut *mut c_void, flags: u32, dev: i32) {
+        out(pctx, to_ptr(new_context(flags, dev)?))
+    }
+
+    fn cuCtxCreate_v3(pctx: *mut *mut c_void, _params: *mut c_void, _n: i32, flags: u32, dev: i32) {
+        out(pctx, to_ptr(new_context(flags, dev)?))
+    }
+
+    fn cuCtxCreate_v4(pctx: *mut *mut c_void, _params: *mut c_void, flags: u32, dev: i32) {
+        out(pctx, to_ptr(new_context(flags, dev)?))
+    }
+
+    fn cuCtxDestroy_v2(ctx: *mut c_void) {
+        let c = client()?;
+        let h = handle(ctx);
+        let removed = {
+            let mut t = c.tables();
+            match t.contexts.get(&h) {
+                Some(cx) if cx.primary => return Err(CUDA_ERROR_INVALID_CONTEXT),
+                Some(_) => t.contexts.remove(&h),
+                None => None,
+            }
+        };
+        removed.ok_or(CUDA_ERROR_INVALID_CONTEXT)?;
+        state::forget_context(h);
+        c.call(Call::ContextSynchronize).map(|_| ())
+    }
+
+    fn cuCtxPushCurrent_v2(ctx: *mut c_void) {
+        check_context(handle(ctx))?;
+        state::push_context(handle(ctx));
+        Ok(())
+    }
+
+    fn cuCtxPopCurrent_v2(pctx: *mut *mut c_void) {
+        let h = state::pop_context().ok_or(CUDA_ERROR_INVALID_CONTEXT)?;
+        out_opt(pctx, to_ptr(h));
+        Ok(())
+    }
+
+    fn cuCtxSetCurrent(ctx: *mut c_void) {
+        let h = handle(ctx);
+        if h != 0 {
+            check_context(h)?;
+        }
+        state::set_current_context((h != 0).then_some(h));
+        Ok(())
+    }
+
+    fn cuCtxGetCurrent(pctx: *mut *mut c_void) {
+        client()?;
+        out(pctx, to_ptr(state::current_context().unwrap_or(0)))
+    }
+
+    fn cuCtxGetDevice(dev: *mut i32) {
+        let c = client()?;
+        let ctx = state::current_context().ok_or(CUDA_ERROR_INVALID_CONTEXT)?;
+        let d = c.tables().contexts.get(&ctx).map(|x| x.device).ok_or(CUDA_ERROR_INVALID_CONTEXT)?;
+        out(dev, d as i32)
+    }
+
+    fn cuCtxGetDevice_v2(dev: *mut i32, ctx: *mut c_void) {
+        let c = client()?;
+        let ctx = current_or(ctx)?;
+        let d = c.tables().contexts.get(&ctx).map(|x| x.device).ok_or(CUDA_ERROR_INVALID_CONTEXT)?;
+        out(dev, d as i32)
+    }
+
+    fn cuCtxGetFlags(flags: *mut u32) {
+        let c = client()?;
+        let ctx = state::current_context().ok_or(CUDA_ERROR_INVALID_CONTEXT)?;
+        let f = c.tables().contexts.get(&ctx).map(|x| x.flags).unwrap_or(0);
+        out(flags, f)
+    }
+
+    fn cuCtxSetFlags(flags: u32) {
+        let c = client()?;
+        let ctx = state::current_context().ok_or(CUDA_ERROR_INVALID_CONTEXT)?;
+        if let Some(cx) = c.tables().contexts.get_mut(&ctx) {
+            cx.flags = flags;
+        }
+        Ok(())
+    }
+
+    fn cuCtxGetId(ctx: *mut c_void, id: *mut u64) {
+        client()?;
+        out(id, current_or(ctx)? as u64)
+    }
+
+    fn cuCtxGetApiVersion(_ctx: *mut c_void, version: *mut u32) {
+        client()?;
+        out(version, 3020)
+    }
+
+    fn cuCtxSynchronize() {
+        client()?.call(Call::ContextSynchronize).map(|_| ())
+    }
+
+    fn cuCtxSynchronize_v2(_ctx: *mut c_void) {
+        client()?.call(Call::ContextSynchronize).map(|_| ())
+    }
+
+    fn cuCtxGetLimit(value: *mut usize, limit: u32) {
+        client()?;
+        out(value, limit_value(limit)?)
+    }
+
+    fn cuCtxSetLimit(limit: u32, _value: usize) {
+        client()?;
+        limit_value(limit).map(|_| ())
+    }
+
+    fn cuCtxGetCacheConfig(config: *mut u32) {
+        client()?;
+        out(config, 0)
+    }
+
+    fn cuCtxSetCacheConfig(_config: u32) {
+        client().map(|_| ())
+    }
+
+    fn cuCtxGetSharedMemConfig(config: *mut u32) {
+        client()?;
+        out(config, 1)
+    }
+
+    fn cuCtxSetSharedMemConfig(_config: u32) {
+        client().map(|_| ())
+    }
+
+    fn cuCtxGetStreamPriorityRange(least: *mut i32, greatest: *mut i32) {
+        client()?;
+        out_opt(least, 0);
+        out_opt(greatest, -5);
+        Ok(())
+    }
+
+    fn cuCtxResetPersistingL2Cache() {
+        client().map(|_| ())
+    }
+}

@@ -1,0 +1,247 @@
+//! Kernel launches (plain, `Ex`, cooperative), host functions on streams and
+//! occupancy queries. Launches are checked against cached device and function
+//! limits, then queued without a round trip.
+
+use std::ffi::c_void;
+
+use cumux_protocol::Call;
+
+use super::memory::stream_of;
+use super::module::dynamic_shared_limit;
+use super::*;
+use crate::state::{client, Client};
+use crate::types::*;
+
+const CU_LAUNCH_PARAM_END: usize = 0;
+const CU_LAUNCH_PARAM_BUFFER_POINTER: usize = 1;
+const CU_LAUNCH_PARAM_BUFFER_SIZE: usize = 2;
+
+/// Packs the arguments: from `kernelParams` (one pointer per parameter) or
+/// from `extra`'s ready-made buffer.
+fn pack_params(
+    params: &[cumux_protocol::ParamInfo],
+    kernel_params: *mut *mut c_void,
+    extra: *mut *mut c_void,
+) -> CuResult<Vec<u8>> {
+    let total = params
+        .iter()
+        .map(|p| (p.offset + p.size) as usize)
+        .max()
+        .unwrap_or(0);
+    if !kernel_params.is_null() {
+        let mut buf = vec![0u8; total];
+        let pointers = host_bytes(kernel_params.cast(), params.len() * 8)?;
+        for (i, p) in params.iter().enumerate() {
+            let arg =
+                usize::from_ne_bytes(pointers[i * 8..i * 8 + 8].try_into().unwrap_or_default());
+            let bytes = host_bytes(arg as *const c_void, p.size as usize)?;
+            buf[p.offset as usize..(p.offset + p.size) as usize].copy_from_slice(bytes);
+        }
+        return Ok(buf);
+    }
+    if extra.is_null() {
+        return if params.is_empty() {
+            Ok(Vec::new())
+        } else {
+            Err(CUDA_ERROR_INVALID_VALUE)
+        };
+    }
+    let (mut buffer, mut size) = (0usize, None::<usize>);
+    // `extra` is a list of (key, value) pointers ending in CU_LAUNCH_PARAM_END;
+    // bounded so a missing terminator cannot run away.
+    for i in 0..64 {
+        let pair = host_bytes(extra.wrapping_add(i * 2).cast(), 16)?;
+        let key = usize::from_ne_bytes(pair[0..8].try_into().unwrap_or_default());
+        let value = usize::from_ne_bytes(pair[8..16].try_into().unwrap_or_default());
+        match key {
+            CU_LAUNCH_PARAM_END => break,
+            CU_LAUNCH_PARAM_BUFFER_POINTER => buffer = value,
+            CU_LAUNCH_PARAM_BUFFER_SIZE => {
+                let s = host_bytes(value as *const c_void, 8)?;
+                size = Some(usize::from_ne_bytes(s.try_into().unwrap_or_default()));
+            }
+            _ => return Err(CUDA_ERROR_INVALID_VALUE),
+        }
+        if i == 63 {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+    }
+    let size = size.ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    if size < total {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let mut buf = host_bytes(buffer as *const c_void, size)?.to_vec();
+    buf.truncate(total.max(size));
+    Ok(buf)
+}
+
+/// Checks a launch the way the driver does at the call, then queues it.
+#[allow(clippy::too_many_arguments)]
+fn launch(
+    c: &Client,
+    f: *mut c_void,
+    grid: [u32; 3],
+    block: [u32; 3],
+    shared: u32,
+    stream: *mut c_void,
+    kernel_params: *mut *mut c_void,
+    extra: *mut *mut c_void,
+) -> CuResult<()> {
+    let (server, params, attrs) = {
+        let t = c.tables();
+        let func = t.function(handle(f))?;
+        (func.server, func.params.clone(), func.attrs)
+    };
+    let dev = c.current_device() as i32;
+    if grid.contains(&0) || block.contains(&0) {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let max_block = [
+        c.attribute(dev, dev_attr::MAX_BLOCK_DIM_X)?,
+        c.attribute(dev, dev_attr::MAX_BLOCK_DIM_Y)?,
+        c.attribute(dev, dev_attr::MAX_BLOCK_DIM_Z)?,
+    ];
+    let max_grid = [
+        c.attribute(dev, dev_attr::MAX_GRID_DIM_X)?,
+        c.attribute(dev, dev_attr::MAX_GRID_DIM_Y)?,
+        c.attribute(dev, dev_attr::MAX_GRID_DIM_Z)?,
+    ];
+    for i in 0..3 {
+        if (max_block[i] > 0 && block[i] as i64 > max_block[i] as i64)
+            || (max_grid[i] > 0 && grid[i] as i64 > max_grid[i] as i64)
+        {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+    }
+    let threads = block.iter().map(|&b| b as u64).product::<u64>();
+    let device_max = c.attribute(dev, dev_attr::MAX_THREADS_PER_BLOCK)?.max(1) as u64;
+    if threads > device_max {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    if attrs.max_threads_per_block > 0 && threads > attrs.max_threads_per_block as u64 {
+        return Err(CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES);
+    }
+    if shared as i64 > dynamic_shared_limit(c, &attrs)? as i64 {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let stream = stream_of(c, stream)?;
+    let params = pack_params(&params, kernel_params, extra)?;
+    c.call(Call::Launch {
+        function: server,
+        grid,
+        block,
+        shared_bytes: shared,
+        stream,
+        params,
+    })
+    .map(|_| ())
+}
+
+/// Runs a host function in stream order: waits until the stream has drained,
+/// then calls it on the calling thread, so later work on the stream (queued
+/// after this returns) starts after it.
+fn host_function(stream: *mut c_void, call: impl FnOnce()) -> CuResult<()> {
+    let c = client()?;
+    let s = stream_of(c, stream)?;
+    c.call(Call::StreamSynchronize { stream: s })?;
+    call();
+    Ok(())
+}
+
+fn occupancy_blocks(c: &Client, f: *mut c_void, block_size: i32) -> CuResult<i32> {
+    let attrs = c.tables().function(handle(f))?.attrs;
+    if block_size <= 0 {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let dev = c.current_device() as i32;
+    let per_sm = c.attribute(dev, 39)?.max(block_size);
+    let limit = if attrs.max_threads_per_block > 0 {
+        attrs.max_threads_per_block
+    } else {
+        i32::MAX
+    };
+    if block_size > limit {
+        return Ok(0);
+    }
+    Ok((per_sm / block_size).max(1))
+}
+
+driver_fn! {
+    fn cuLaunchKernel | cuLaunchKernel_ptsz (
+        f: *mut c_void,
+        gx: u32, gy: u32, gz: u32,
+        bx: u32, by: u32, bz: u32,
+        shared: u32,
+        stream: *mut c_void,
+        params: *mut *mut c_void,
+        extra: *mut *mut c_void
+    ) {
+        launch(client()?, f, [gx, gy, gz], [bx, by, bz], shared, stream, params, extra)
+    }
+
+    fn cuLaunchCooperativeKernel | cuLaunchCooperativeKernel_ptsz (
+        f: *mut c_void,
+        gx: u32, gy: u32, gz: u32,
+        bx: u32, by: u32, bz: u32,
+        shared: u32,
+        stream: *mut c_void,
+        params: *mut *mut c_void
+    ) {
+        launch(client()?, f, [gx, gy, gz], [bx, by, bz], shared, stream, params, std::ptr::null_mut())
+    }
+
+    fn cuLaunchKernelEx | cuLaunchKernelEx_ptsz (
+        config: *const CuLaunchConfig,
+        f: *mut c_void,
+        params: *mut *mut c_void,
+        extra: *mut *mut c_void
+    ) {
+        let cfg = read_in(config)?;
+        launch(client()?, f, cfg.grid, cfg.block, cfg.shared_mem_bytes, cfg.stream, params, extra)
+    }
+
+    fn cuLaunchHostFunc | cuLaunchHostFunc_ptsz (stream: *mut c_void, func: CuHostFn, data: *mut c_void) {
+        let func = func.ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        // SAFETY: calling the program's host function with its own argument.
+        host_function(stream, || unsafe { func(data) })
+    }
+
+    fn cuStreamAddCallback | cuStreamAddCallback_ptsz (stream: *mut c_void, cb: CuStreamCallback, data: *mut c_void, flags: u32) {
+        let cb = cb.ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        if flags != 0 {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        // SAFETY: calling the program's callback with its own arguments.
+        host_function(stream, || unsafe { cb(stream, CUDA_SUCCESS, data) })
+    }
+
+    fn cuOccupancyMaxActiveBlocksPerMultiprocessor(n: *mut i32, f: *mut c_void, block: i32, _smem: usize) {
+        let c = client()?;
+        out(n, occupancy_blocks(c, f, block)?)
+    }
+
+    fn cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(n: *mut i32, f: *mut c_void, block: i32, _smem: usize, _flags: u32) {
+        let c = client()?;
+        out(n, occupancy_blocks(c, f, block)?)
+    }
+
+    fn cuOccupancyMaxPotentialBlockSize(
+        min_grid: *mut i32,
+        block: *mut i32,
+        f: *mut c_void,
+        _smem_fn: *mut c_void,
+        _smem: usize,
+        limit: i32
+    ) {
+        let c = client()?;
+        let attrs = c.tables().function(handle(f))?.attrs;
+        let dev = c.current_device() as i32;
+        let mut size = if attrs.max_threads_per_block > 0 { attrs.max_threads_per_block } else { 1024 };
+        if limit > 0 {
+            size = size.min(limit);
+        }
+        let sms = c.attribute(dev, 16)?.max(1);
+        out(block, size)?;
+        out(min_grid, sms * occupancy_blocks(c, f, size)?)
+    }
+}

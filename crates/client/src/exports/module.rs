@@ -1,0 +1,365 @@
+//! Modules and libraries: images from memory (fat binaries, wrappers, cubins,
+//! PTX) or files, loaded on the server; function, kernel and global lookups
+//! and attributes answered from what the load replied.
+
+use std::ffi::{c_char, c_void, CStr};
+
+use cumux_fatbin::{Classified, FATBINC_WRAPPER_MAGIC};
+
+use super::*;
+use crate::state::{client, Client};
+use crate::types::{dev_attr, func_attr};
+
+fn read_raw(p: *const c_void, len: usize) -> CuResult<Vec<u8>> {
+    Ok(host_bytes(p, len)?.to_vec())
+}
+
+/// Copies the image a pointer refers to, finding its size from its own header.
+pub(crate) fn image_from_pointer(p: *const c_void) -> CuResult<Vec<u8>> {
+    if p.is_null() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let head = read_raw(p, 4)?;
+    match cumux_fatbin::classify(&head) {
+        Classified::Fatbin => {
+            let header = read_raw(p, 16)?;
+            let size = cumux_fatbin::fatbin_size(&header).map_err(|_| CUDA_ERROR_INVALID_IMAGE)?;
+            read_raw(p, size)
+        }
+        Classified::FatbinWrapper => {
+            // magic u32, version u32, then the fat binary's address.
+            let wrapper = read_raw(p, 16)?;
+            let magic = u32::from_le_bytes(wrapper[0..4].try_into().unwrap_or_default());
+            debug_assert_eq!(magic, FATBINC_WRAPPER_MAGIC);
+            let data = u64::from_le_bytes(wrapper[8..16].try_into().unwrap_or_default());
+            if data == 0 || data as usize == p as usize {
+                return Err(CUDA_ERROR_INVALID_IMAGE);
+            }
+            let header = read_raw(data as *const c_void, 16)?;
+            let size = cumux_fatbin::fatbin_size(&header).map_err(|_| CUDA_ERROR_INVALID_IMAGE)?;
+            read_raw(data as *const c_void, size)
+        }
+        Classified::Elf => {
+            let header = read_raw(p, 64)?;
+            let size = cumux_fatbin::elf_size(&header).map_err(|_| CUDA_ERROR_INVALID_IMAGE)?;
+            read_raw(p, size)
+        }
+        Classified::Ptx | Classified::Unknown => {
+            // SAFETY: text images are NUL-terminated per the API contract.
+            let text = unsafe { CStr::from_ptr(p.cast::<c_char>()) };
+            Ok(text.to_bytes().to_vec())
+        }
+    }
+}
+
+fn load_file(path: *const c_char) -> CuResult<Vec<u8>> {
+    let path = c_str(path)?;
+    std::fs::read(path).map_err(|e| {
+        tracing::debug!("cannot read module file {path}: {e}");
+        CUDA_ERROR_FILE_NOT_FOUND
+    })
+}
+
+fn find_function(c: &Client, module: usize, name: &str) -> CuResult<usize> {
+    let t = c.tables();
+    let m = t.modules.get(&module).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+    m.functions
+        .iter()
+        .copied()
+        .find(|f| {
+            t.functions
+                .get(f)
+                .is_some_and(|x| x.name.to_bytes() == name.as_bytes())
+        })
+        .ok_or(CUDA_ERROR_NOT_FOUND)
+}
+
+fn find_global(c: &Client, module: usize, name: &str) -> CuResult<(u64, u64)> {
+    let t = c.tables();
+    let m = t.modules.get(&module).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+    m.globals
+        .iter()
+        .find(|g| g.name == name)
+        .map(|g| (g.ptr, g.size))
+        .ok_or(CUDA_ERROR_NOT_FOUND)
+}
+
+/// The limit on dynamic shared memory a function may be launched with.
+pub(crate) fn dynamic_shared_limit(
+    c: &Client,
+    attrs: &cumux_protocol::FunctionAttrs,
+) -> CuResult<i32> {
+    if attrs.max_dynamic_shared_size_bytes > 0 {
+        return Ok(attrs.max_dynamic_shared_size_bytes);
+    }
+    let dev = c.current_device() as i32;
+    let per_block = c.attribute(dev, dev_attr::MAX_SHARED_MEMORY_PER_BLOCK)?;
+    Ok((per_block - attrs.shared_size_bytes).max(0))
+}
+
+fn function_attribute(c: &Client, f: usize, attr: i32) -> CuResult<i32> {
+    let attrs = c.tables().function(f)?.attrs;
+    let dev = c.current_device() as i32;
+    Ok(match attr {
+        func_attr::MAX_THREADS_PER_BLOCK if attrs.max_threads_per_block > 0 => {
+            attrs.max_threads_per_block
+        }
+        func_attr::MAX_THREADS_PER_BLOCK => c.attribute(dev, dev_attr::MAX_THREADS_PER_BLOCK)?,
+        func_attr::SHARED_SIZE_BYTES => attrs.shared_size_bytes,
+        func_attr::CONST_SIZE_BYTES => attrs.const_size_bytes,
+        func_attr::LOCAL_SIZE_BYTES => attrs.local_size_bytes,
+        func_attr::NUM_REGS => attrs.num_regs,
+        func_attr::PTX_VERSION => attrs.ptx_version,
+        func_attr::BINARY_VERSION => attrs.binary_version,
+        func_attr::CACHE_MODE_CA => 0,
+        func_attr::MAX_DYNAMIC_SHARED_SIZE_BYTES => dynamic_shared_limit(c, &attrs)?,
+        func_attr::PREFERRED_SHARED_MEMORY_CARVEOUT => -1,
+        10..=16 => 0,
+        _ => return Err(CUDA_ERROR_INVALID_VALUE),
+    })
+}
+
+fn set_function_attribute(c: &Client, f: usize, attr: i32, value: i32) -> CuResult<()> {
+    let dev = c.current_device() as i32;
+    let optin = c.attribute(dev, dev_attr::MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)?;
+    let mut t = c.tables();
+    let func = t.functions.get_mut(&f).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+    match attr {
+        func_attr::MAX_DYNAMIC_SHARED_SIZE_BYTES => {
+            let limit = optin.max(0) - func.attrs.shared_size_bytes;
+            if value < 0 || value > limit {
+                return Err(CUDA_ERROR_INVALID_VALUE);
+            }
+            func.attrs.max_dynamic_shared_size_bytes = value;
+            Ok(())
+        }
+        func_attr::PREFERRED_SHARED_MEMORY_CARVEOUT => Ok(()),
+        10..=16 => Ok(()),
+        _ => Err(CUDA_ERROR_INVALID_VALUE),
+    }
+}
+
+fn param_info(
+    c: &Client,
+    f: usize,
+    index: usize,
+    offset: *mut usize,
+    size: *mut usize,
+) -> CuResult<()> {
+    let t = c.tables();
+    let p = *t
+        .function(f)?
+        .params
+        .get(index)
+        .ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    out_opt(offset, p.offset as usize);
+    out_opt(size, p.size as usize);
+    Ok(())
+}
+
+fn module_functions(c: &Client, module: usize) -> CuResult<Vec<usize>> {
+    let t = c.tables();
+    let m = t.modules.get(&module).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+    Ok(m.functions.clone())
+}
+
+fn write_handles(dst: *mut *mut c_void, n: u32, handles: &[usize]) -> CuResult<()> {
+    let slots = host_bytes_mut(dst.cast(), n as usize * 8)?;
+    for (i, f) in handles.iter().take(n as usize).enumerate() {
+        slots[i * 8..i * 8 + 8].copy_from_slice(&f.to_ne_bytes());
+    }
+    Ok(())
+}
+
+driver_fn! {
+    fn cuModuleLoad(module: *mut *mut c_void, path: *const c_char) {
+        let c = client()?;
+        let image = load_file(path)?;
+        out(module, to_ptr(c.load_module(image)?))
+    }
+
+    fn cuModuleLoadData(module: *mut *mut c_void, image: *const c_void) {
+        let c = client()?;
+        out(module, to_ptr(c.load_module(image_from_pointer(image)?)?))
+    }
+
+    fn cuModuleLoadDataEx(module: *mut *mut c_void, image: *const c_void, _n: u32, _opts: *mut c_void, _vals: *mut *mut c_void) {
+        let c = client()?;
+        out(module, to_ptr(c.load_module(image_from_pointer(image)?)?))
+    }
+
+    fn cuModuleLoadFatBinary(module: *mut *mut c_void, image: *const c_void) {
+        let c = client()?;
+        out(module, to_ptr(c.load_module(image_from_pointer(image)?)?))
+    }
+
+    fn cuModuleUnload(module: *mut c_void) {
+        client()?.unload_module(handle(module))
+    }
+
+    fn cuModuleGetFunction(f: *mut *mut c_void, module: *mut c_void, name: *const c_char) {
+        let c = client()?;
+        out(f, to_ptr(find_function(c, handle(module), c_str(name)?)?))
+    }
+
+    fn cuModuleGetGlobal_v2(dptr: *mut u64, bytes: *mut usize, module: *mut c_void, name: *const c_char) {
+        let c = client()?;
+        let (p, s) = find_global(c, handle(module), c_str(name)?)?;
+        out_opt(dptr, p);
+        out_opt(bytes, s as usize);
+        Ok(())
+    }
+
+    fn cuModuleGetLoadingMode(mode: *mut u32) {
+        // CU_MODULE_EAGER_LOADING
+        out(mode, 1)
+    }
+
+    fn cuModuleGetFunctionCount(count: *mut u32, module: *mut c_void) {
+        let c = client()?;
+        out(count, module_functions(c, handle(module))?.len() as u32)
+    }
+
+    fn cuModuleEnumerateFunctions(fs: *mut *mut c_void, n: u32, module: *mut c_void) {
+        let functions = module_functions(client()?, handle(module))?;
+        write_handles(fs, n, &functions)
+    }
+
+    fn cuFuncGetAttribute(value: *mut i32, attr: i32, f: *mut c_void) {
+        let c = client()?;
+        out(value, function_attribute(c, handle(f), attr)?)
+    }
+
+    fn cuFuncSetAttribute(f: *mut c_void, attr: i32, value: i32) {
+        set_function_attribute(client()?, handle(f), attr, value)
+    }
+
+    fn cuFuncSetCacheConfig(f: *mut c_void, _config: u32) {
+        client()?.tables().function(handle(f)).map(|_| ())
+    }
+
+    fn cuFuncSetSharedMemConfig(f: *mut c_void, _config: u32) {
+        client()?.tables().function(handle(f)).map(|_| ())
+    }
+
+    fn cuFuncGetModule(module: *mut *mut c_void, f: *mut c_void) {
+        let m = client()?.tables().function(handle(f))?.module;
+        out(module, to_ptr(m))
+    }
+
+    fn cuFuncGetName(name: *mut *const c_char, f: *mut c_void) {
+        let c = client()?;
+        let t = c.tables();
+        out(name, t.function(handle(f))?.name.as_ptr())
+    }
+
+    fn cuFuncGetParamInfo(f: *mut c_void, index: usize, offset: *mut usize, size: *mut usize) {
+        param_info(client()?, handle(f), index, offset, size)
+    }
+
+    fn cuFuncIsLoaded(state: *mut u32, f: *mut c_void) {
+        client()?.tables().function(handle(f))?;
+        // CU_FUNCTION_LOADING_STATE_LOADED
+        out(state, 1)
+    }
+
+    fn cuFuncLoad(f: *mut c_void) {
+        client()?.tables().function(handle(f)).map(|_| ())
+    }
+
+    fn cuLibraryLoadData(
+        library: *mut *mut c_void,
+        code: *const c_void,
+        _jit_opts: *mut c_void,
+        _jit_vals: *mut *mut c_void,
+        _n_jit: u32,
+        _lib_opts: *mut c_void,
+        _lib_vals: *mut *mut c_void,
+        _n_lib: u32
+    ) {
+        let c = client()?;
+        out(library, to_ptr(c.load_module(image_from_pointer(code)?)?))
+    }
+
+    fn cuLibraryLoadFromFile(
+        library: *mut *mut c_void,
+        path: *const c_char,
+        _jit_opts: *mut c_void,
+        _jit_vals: *mut *mut c_void,
+        _n_jit: u32,
+        _lib_opts: *mut c_void,
+        _lib_vals: *mut *mut c_void,
+        _n_lib: u32
+    ) {
+        let c = client()?;
+        out(library, to_ptr(c.load_module(load_file(path)?)?))
+    }
+
+    fn cuLibraryUnload(library: *mut c_void) {
+        client()?.unload_module(handle(library))
+    }
+
+    fn cuLibraryGetKernel(kernel: *mut *mut c_void, library: *mut c_void, name: *const c_char) {
+        let c = client()?;
+        out(kernel, to_ptr(find_function(c, handle(library), c_str(name)?)?))
+    }
+
+    fn cuLibraryGetModule(module: *mut *mut c_void, library: *mut c_void) {
+        let c = client()?;
+        if !c.tables().modules.contains_key(&handle(library)) {
+            return Err(CUDA_ERROR_INVALID_HANDLE);
+        }
+        out(module, library)
+    }
+
+    fn cuLibraryGetGlobal(dptr: *mut u64, bytes: *mut usize, library: *mut c_void, name: *const c_char) {
+        let c = client()?;
+        let (p, s) = find_global(c, handle(library), c_str(name)?)?;
+        out_opt(dptr, p);
+        out_opt(bytes, s as usize);
+        Ok(())
+    }
+
+    fn cuLibraryGetKernelCount(count: *mut u32, library: *mut c_void) {
+        let c = client()?;
+        out(count, module_functions(c, handle(library))?.len() as u32)
+    }
+
+    fn cuLibraryEnumerateKernels(ks: *mut *mut c_void, n: u32, library: *mut c_void) {
+        let fs = module_functions(client()?, handle(library))?;
+        write_handles(ks, n, &fs)
+    }
+
+    fn cuKernelGetFunction(f: *mut *mut c_void, kernel: *mut c_void) {
+        client()?.tables().function(handle(kernel))?;
+        out(f, kernel)
+    }
+
+    fn cuKernelGetLibrary(library: *mut *mut c_void, kernel: *mut c_void) {
+        let m = client()?.tables().function(handle(kernel))?.module;
+        out(library, to_ptr(m))
+    }
+
+    fn cuKernelGetAttribute(value: *mut i32, attr: i32, kernel: *mut c_void, _dev: i32) {
+        let c = client()?;
+        out(value, function_attribute(c, handle(kernel), attr)?)
+    }
+
+    fn cuKernelSetAttribute(attr: i32, value: i32, kernel: *mut c_void, _dev: i32) {
+        set_function_attribute(client()?, handle(kernel), attr, value)
+    }
+
+    fn cuKernelSetCacheConfig(kernel: *mut c_void, _config: u32, _dev: i32) {
+        client()?.tables().function(handle(kernel)).map(|_| ())
+    }
+
+    fn cuKernelGetName(name: *mut *const c_char, kernel: *mut c_void) {
+        let c = client()?;
+        let t = c.tables();
+        out(name, t.function(handle(kernel))?.name.as_ptr())
+    }
+
+    fn cuKernelGetParamInfo(kernel: *mut c_void, index: usize, offset: *mut usize, size: *mut usize) {
+        param_info(client()?, handle(kernel), index, offset, size)
+    }
+}

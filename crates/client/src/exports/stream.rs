@@ -1,0 +1,172 @@
+//! Streams and events. Records and waits are stream-ordered (no reply);
+//! queries and synchronisation are round trips that also surface sticky errors.
+
+use std::ffi::c_void;
+
+use cumux_protocol::{Call, ReplyBody};
+
+use super::memory::stream_of;
+use super::*;
+use crate::state::{client, Client, Event, Stream};
+
+/// Stream priorities: 0 is the lowest, -5 the highest.
+const PRIORITY_LEAST: i32 = 0;
+const PRIORITY_GREATEST: i32 = -5;
+
+fn create_stream(c: &Client, flags: u32, priority: i32) -> CuResult<usize> {
+    if flags > 1 {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let priority = priority.clamp(PRIORITY_GREATEST, PRIORITY_LEAST);
+    let server = match c.call(Call::StreamCreate { flags, priority })? {
+        ReplyBody::Handle(h) => h,
+        _ => return Err(CUDA_ERROR_UNKNOWN),
+    };
+    let h = c.mint();
+    c.tables().streams.insert(
+        h,
+        Stream {
+            server,
+            flags,
+            priority,
+        },
+    );
+    Ok(h)
+}
+
+fn event_of(c: &Client, e: *mut c_void) -> CuResult<u64> {
+    c.tables().event_server(handle(e))
+}
+
+fn elapsed(ms: *mut f32, start: *mut c_void, end: *mut c_void) -> CuResult<()> {
+    let c = client()?;
+    let (start, end) = (event_of(c, start)?, event_of(c, end)?);
+    match c.call(Call::EventElapsed { start, end })? {
+        ReplyBody::ElapsedMs(v) => out(ms, v),
+        _ => Err(CUDA_ERROR_UNKNOWN),
+    }
+}
+
+fn record(event: *mut c_void, stream: *mut c_void) -> CuResult<()> {
+    let c = client()?;
+    let (event, stream) = (event_of(c, event)?, stream_of(c, stream)?);
+    c.call(Call::EventRecord { event, stream }).map(|_| ())
+}
+
+driver_fn! {
+    fn cuStreamCreate(ps: *mut *mut c_void, flags: u32) {
+        let c = client()?;
+        out(ps, to_ptr(create_stream(c, flags, 0)?))
+    }
+
+    fn cuStreamCreateWithPriority(ps: *mut *mut c_void, flags: u32, priority: i32) {
+        let c = client()?;
+        out(ps, to_ptr(create_stream(c, flags, priority)?))
+    }
+
+    fn cuStreamDestroy_v2(s: *mut c_void) {
+        let c = client()?;
+        let st = c.tables().streams.remove(&handle(s)).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+        c.call(Call::StreamDestroy { stream: st.server }).map(|_| ())
+    }
+
+    fn cuStreamSynchronize | cuStreamSynchronize_ptsz (s: *mut c_void) {
+        let c = client()?;
+        let stream = stream_of(c, s)?;
+        c.call(Call::StreamSynchronize { stream }).map(|_| ())
+    }
+
+    fn cuStreamQuery | cuStreamQuery_ptsz (s: *mut c_void) {
+        let c = client()?;
+        let stream = stream_of(c, s)?;
+        c.call(Call::StreamQuery { stream }).map(|_| ())
+    }
+
+    fn cuStreamWaitEvent | cuStreamWaitEvent_ptsz (s: *mut c_void, e: *mut c_void, _flags: u32) {
+        let c = client()?;
+        let (stream, event) = (stream_of(c, s)?, event_of(c, e)?);
+        c.call(Call::StreamWaitEvent { stream, event }).map(|_| ())
+    }
+
+    fn cuStreamGetPriority | cuStreamGetPriority_ptsz (s: *mut c_void, priority: *mut i32) {
+        let c = client()?;
+        stream_of(c, s)?;
+        let p = c.tables().streams.get(&handle(s)).map(|x| x.priority).unwrap_or(0);
+        out(priority, p)
+    }
+
+    fn cuStreamGetFlags | cuStreamGetFlags_ptsz (s: *mut c_void, flags: *mut u32) {
+        let c = client()?;
+        stream_of(c, s)?;
+        let f = c.tables().streams.get(&handle(s)).map(|x| x.flags).unwrap_or(0);
+        out(flags, f)
+    }
+
+    fn cuStreamGetId | cuStreamGetId_ptsz (s: *mut c_void, id: *mut u64) {
+        let c = client()?;
+        out(id, stream_of(c, s)?)
+    }
+
+    fn cuStreamGetCtx | cuStreamGetCtx_ptsz (s: *mut c_void, ctx: *mut *mut c_void) {
+        let c = client()?;
+        stream_of(c, s)?;
+        out(ctx, to_ptr(c.primary_context(c.current_device())))
+    }
+
+    fn cuStreamGetCtx_v2 | cuStreamGetCtx_v2_ptsz (s: *mut c_void, ctx: *mut *mut c_void, green: *mut *mut c_void) {
+        let c = client()?;
+        stream_of(c, s)?;
+        out_opt(green, std::ptr::null_mut());
+        out(ctx, to_ptr(c.primary_context(c.current_device())))
+    }
+
+    fn cuStreamGetDevice | cuStreamGetDevice_ptsz (s: *mut c_void, dev: *mut i32) {
+        let c = client()?;
+        stream_of(c, s)?;
+        out(dev, c.current_device() as i32)
+    }
+
+    fn cuEventCreate(pe: *mut *mut c_void, flags: u32) {
+        let c = client()?;
+        if flags & !0xf != 0 {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let server = match c.call(Call::EventCreate { flags })? {
+            ReplyBody::Handle(h) => h,
+            _ => return Err(CUDA_ERROR_UNKNOWN),
+        };
+        let h = c.mint();
+        c.tables().events.insert(h, Event { server, flags });
+        out(pe, to_ptr(h))
+    }
+
+    fn cuEventRecord | cuEventRecord_ptsz (e: *mut c_void, s: *mut c_void) {
+        record(e, s)
+    }
+
+    fn cuEventRecordWithFlags | cuEventRecordWithFlags_ptsz (e: *mut c_void, s: *mut c_void, _flags: u32) {
+        record(e, s)
+    }
+
+    fn cuEventQuery(e: *mut c_void) {
+        let c = client()?;
+        let event = event_of(c, e)?;
+        c.call(Call::EventQuery { event }).map(|_| ())
+    }
+
+    fn cuEventSynchronize(e: *mut c_void) {
+        let c = client()?;
+        let event = event_of(c, e)?;
+        c.call(Call::EventSynchronize { event }).map(|_| ())
+    }
+
+    fn cuEventElapsedTime | cuEventElapsedTime_v2 (ms: *mut f32, start: *mut c_void, end: *mut c_void) {
+        elapsed(ms, start, end)
+    }
+
+    fn cuEventDestroy_v2(e: *mut c_void) {
+        let c = client()?;
+        let ev = c.tables().events.remove(&handle(e)).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+        c.call(Call::EventDestroy { event: ev.server }).map(|_| ())
+    }
+}
