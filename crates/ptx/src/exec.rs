@@ -211,6 +211,49 @@ impl TowardZero64 for f64 {
     }
 }
 
+/// Rounds an f64 to f16/bf16 bits with the given mode.
+fn round_half(x: f64, bf: bool, rnd: Rnd) -> u64 {
+    let bits = if bf {
+        bf16::from_f64(x).to_bits()
+    } else {
+        f16::from_f64(x).to_bits()
+    };
+    let v = |b: u16| {
+        if bf {
+            bf16::from_bits(b).to_f64()
+        } else {
+            f16::from_bits(b).to_f64()
+        }
+    };
+    let rv = v(bits);
+    if x.is_nan() || rv == x {
+        return bits as u64;
+    }
+    let neg = bits & 0x8000 != 0;
+    // stepping the magnitude of a non-NaN half: bits +- 1 within its sign
+    let mag_down = |b: u16| if b & 0x7fff == 0 { b } else { b - 1 };
+    let mag_up = |b: u16| b.wrapping_add(1);
+    let r = match rnd {
+        Rnd::Rz if rv.abs() > x.abs() => mag_down(bits),
+        Rnd::Rm if rv > x => {
+            if neg {
+                mag_up(bits)
+            } else {
+                mag_down(bits)
+            }
+        }
+        Rnd::Rp if rv < x => {
+            if neg {
+                mag_down(bits)
+            } else {
+                mag_up(bits)
+            }
+        }
+        _ => bits,
+    };
+    r as u64
+}
+
 fn round_int(x: f64, rnd: Rnd) -> f64 {
     match rnd {
         Rnd::Rni | Rnd::Rn => x.round_ties_even(),
@@ -609,6 +652,7 @@ fn cvt(a: u64, dt: Ty, st: Ty, rnd: Rnd, sat: bool, ftz: bool) -> u64 {
                     };
                     (if ftz { ftz32(r) } else { r }).to_bits() as u64
                 }
+                Ty::F16 | Ty::BF16 => round_half(x, dt == Ty::BF16, rnd),
                 _ => to_fbits(x, dt),
             };
         }
@@ -1526,10 +1570,6 @@ fn run_thread(g: &Geo<'_>, b: &mut Block, th: &mut Thread, lin: u32) -> Result<S
                 let v = special(g, b, th, tid, lin, *r);
                 wr(&mut th.regs, rbase, *d, v);
             }
-            Op::Activemask { d } => {
-                let v = b.warp_live.get((lin / 32) as usize).copied().unwrap_or(0);
-                wr(regs, rbase, *d, v as u64);
-            }
             Op::Bra { target } => {
                 pc = *target;
                 continue;
@@ -1727,7 +1767,8 @@ fn run_thread(g: &Geo<'_>, b: &mut Block, th: &mut Thread, lin: u32) -> Result<S
                 b.instructions += count;
                 return Ok(Stop::Collective);
             }
-            Op::WarpSync { .. }
+            Op::Activemask { .. }
+            | Op::WarpSync { .. }
             | Op::Shfl { .. }
             | Op::Vote { .. }
             | Op::Match { .. }
@@ -1965,7 +2006,31 @@ impl Worker {
                     | Op::Redux { mask, .. } => *mask,
                     _ => Src::Imm(0xffff_ffff),
                 };
-                let mask = (rd(&t.regs, t.rbase, t.lbase, mask_src) as u32 | 1 << (l - lo)) & alive;
+                let mask = if let Op::Activemask { d } = inst.op {
+                    // converged lanes: once every live lane is blocked, those at this pc
+                    let all_blocked = (lo..hi).all(|i| self.threads[i].status != Status::Ready);
+                    if !all_blocked {
+                        continue;
+                    }
+                    let m = (lo..hi)
+                        .filter(|&i| {
+                            let o = &self.threads[i];
+                            o.status == Status::AtWarp && o.func == func && o.pc == pc
+                        })
+                        .fold(0u32, |m, i| m | 1 << (i - lo));
+                    for i in lo..hi {
+                        if m & (1 << (i - lo)) != 0 {
+                            let o = &mut self.threads[i];
+                            wr(&mut o.regs, o.rbase, d, m as u64);
+                            o.pc += 1;
+                            o.status = Status::Ready;
+                        }
+                    }
+                    progressed = true;
+                    continue;
+                } else {
+                    (rd(&t.regs, t.rbase, t.lbase, mask_src) as u32 | 1 << (l - lo)) & alive
+                };
                 // every lane in mask must be waiting at this same instruction
                 let ready = (0..32).filter(|k| mask & (1 << k) != 0).all(|k| {
                     let o = &self.threads[lo + k];
