@@ -1,1 +1,10 @@
+//! The `cumux` command line: `serve` runs the server, `run` starts an unmodified
+//! program on cumux's client driver, `status` shows what a server is doing.
+//! Each subcommand lives in its own module; `main.rs` only parses arguments.
 
+pub mod config;
+pub mod logging;
+pub mod probe;
+pub mod run;
+pub mod serve;
+pub mod status;

@@ -1,0 +1,278 @@
+//! The CPU reference device: device memory and kernels from `cumux-ptx`, module
+//! images unpacked with `cumux-fatbin`. It runs the PTX nvcc embeds in every fat
+//! binary; a cubin-only image cannot run here (CUDA_ERROR_NO_BINARY_FOR_GPU).
+
+use std::collections::HashMap;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::{Arc, Mutex};
+
+use cumux_fatbin::{Classified, ImageKind};
+use cumux_protocol::{codes, CuError, DeviceInfo, DevicePtr, FunctionAttrs, ParamInfo};
+use cumux_ptx::{DeviceMemory, LaunchConfig, MemError, Program};
+
+use super::attributes::{cpu_device_attributes, AttributeInputs, SHARED_PER_BLOCK};
+use super::{
+    Device, GlobalDesc, KernelDesc, LaunchGeometry, LaunchOutcome, LoadedModule, ModuleId,
+};
+
+/// The CPU device: one address space shared by every session (each session's
+/// own allocation table keeps it to its own memory on copies).
+pub struct CpuDevice {
+    info: DeviceInfo,
+    mem: DeviceMemory,
+    modules: Mutex<Modules>,
+}
+
+#[derive(Default)]
+struct Modules {
+    next: ModuleId,
+    loaded: HashMap<ModuleId, Arc<Program>>,
+}
+
+fn mem_err(e: MemError) -> CuError {
+    CuError::new(e.cu_code(), e.to_string())
+}
+
+impl CpuDevice {
+    /// A CPU device with `capacity` bytes of device memory and one
+    /// multiprocessor per host core.
+    pub fn new(capacity: u64) -> Self {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let pci = [0, 0xc0, 0];
+        let host = std::fs::read_to_string("/etc/hostname").unwrap_or_default();
+        CpuDevice {
+            info: DeviceInfo {
+                ordinal: 0,
+                name: "cumux CPU reference device".into(),
+                uuid: device_uuid(host.trim()),
+                pci,
+                total_mem: capacity,
+                attributes: cpu_device_attributes(AttributeInputs {
+                    multiprocessors: i32::try_from(cores).unwrap_or(i32::MAX),
+                    pci,
+                }),
+                backend: "cpu".into(),
+            },
+            mem: DeviceMemory::new(capacity),
+            modules: Mutex::new(Modules {
+                next: 1,
+                ..Modules::default()
+            }),
+        }
+    }
+
+    fn program(&self, module: ModuleId) -> Option<Arc<Program>> {
+        let modules = self.modules.lock().unwrap_or_else(|p| p.into_inner());
+        modules.loaded.get(&module).cloned()
+    }
+}
+
+/// A stable uuid per host, marked as cumux's (version nibble 8, "custom").
+fn device_uuid(host: &str) -> [u8; 16] {
+    let mut uuid = *b"cumux-cpu-device";
+    for (i, b) in host.bytes().enumerate() {
+        uuid[i % 16] ^= b.rotate_left((i / 16) as u32);
+    }
+    uuid[6] = (uuid[6] & 0x0f) | 0x80;
+    uuid
+}
+
+/// The PTX text inside a module image, or the error the driver would give.
+pub fn ptx_of_image(image: &[u8]) -> Result<String, CuError> {
+    match cumux_fatbin::classify(image) {
+        Classified::Fatbin => {
+            let images = cumux_fatbin::images(image).map_err(|e| {
+                CuError::new(codes::INVALID_IMAGE, format!("malformed fat binary: {e}"))
+            })?;
+            if !images.iter().any(|i| i.kind == ImageKind::Ptx) {
+                let archs: Vec<String> = images.iter().map(|i| format!("sm_{}", i.sm)).collect();
+                return Err(CuError::new(
+                    codes::NO_BINARY_FOR_GPU,
+                    format!(
+                        "the fat binary holds only cubins ({}) and no PTX; the CPU device runs PTX \
+                         (build with -gencode arch=compute_XX,code=compute_XX)",
+                        archs.join(", ")
+                    ),
+                ));
+            }
+            cumux_fatbin::best_ptx(image).ok_or_else(|| {
+                CuError::new(codes::INVALID_PTX, "the fat binary's PTX is not UTF-8")
+            })
+        }
+        Classified::Ptx => {
+            let end = image.iter().position(|b| *b == 0).unwrap_or(image.len());
+            String::from_utf8(image[..end].to_vec())
+                .map_err(|_| CuError::new(codes::INVALID_PTX, "PTX text is not UTF-8"))
+        }
+        Classified::Elf => Err(CuError::new(
+            codes::NO_BINARY_FOR_GPU,
+            "a cubin (ELF) image cannot run on the CPU device, which needs PTX",
+        )),
+        Classified::FatbinWrapper => Err(CuError::new(
+            codes::INVALID_IMAGE,
+            "a fat binary wrapper reached the server; the client must send the fat binary itself",
+        )),
+        Classified::Unknown => Err(CuError::new(
+            codes::INVALID_IMAGE,
+            "the image is neither a fat binary, a cubin nor PTX text",
+        )),
+    }
+}
+
+impl Device for CpuDevice {
+    fn info(&self) -> &DeviceInfo {
+        &self.info
+    }
+
+    fn mem_used(&self) -> u64 {
+        self.mem.used()
+    }
+
+    fn mem_total(&self) -> u64 {
+        self.mem.capacity()
+    }
+
+    fn mem_alloc(&self, bytes: u64) -> Result<DevicePtr, CuError> {
+        self.mem.alloc(bytes).map_err(mem_err)
+    }
+
+    fn mem_free(&self, ptr: DevicePtr) -> Result<(), CuError> {
+        self.mem.free(ptr).map_err(mem_err)
+    }
+
+    fn mem_read(&self, src: DevicePtr, buf: &mut [u8]) -> Result<(), CuError> {
+        self.mem.read(src, buf).map_err(mem_err)
+    }
+
+    fn mem_write(&self, dst: DevicePtr, data: &[u8]) -> Result<(), CuError> {
+        self.mem.write(dst, data).map_err(mem_err)
+    }
+
+    fn mem_copy(&self, dst: DevicePtr, src: DevicePtr, bytes: u64) -> Result<(), CuError> {
+        self.mem.copy(dst, src, bytes).map_err(mem_err)
+    }
+
+    fn mem_fill(&self, dst: DevicePtr, pattern: &[u8], count: u64) -> Result<(), CuError> {
+        self.mem.fill(dst, pattern, count).map_err(mem_err)
+    }
+
+    fn module_load(&self, image: &[u8]) -> Result<LoadedModule, CuError> {
+        let ptx = ptx_of_image(image)?;
+        let program = catch_unwind(AssertUnwindSafe(|| Program::load(&ptx, &self.mem)))
+            .map_err(|_| CuError::new(codes::INVALID_PTX, "the PTX loader crashed on this module"))?
+            .map_err(|e| CuError::new(e.cu_code(), e.to_string()))?;
+        let kernels = program
+            .kernels()
+            .iter()
+            .map(|k| {
+                let static_shared = clamp_i32(k.static_shared_bytes as u64);
+                KernelDesc {
+                    name: k.name.clone(),
+                    params: k
+                        .params
+                        .iter()
+                        .map(|p| ParamInfo {
+                            offset: p.offset as u32,
+                            size: p.size as u32,
+                        })
+                        .collect(),
+                    attrs: FunctionAttrs {
+                        max_threads_per_block: clamp_i32(k.max_threads_per_block as u64),
+                        shared_size_bytes: static_shared,
+                        const_size_bytes: 0,
+                        local_size_bytes: clamp_i32(k.local_bytes as u64),
+                        num_regs: clamp_i32(k.num_regs as u64),
+                        ptx_version: clamp_i32(k.ptx_version as u64),
+                        binary_version: clamp_i32(k.target_sm as u64),
+                        max_dynamic_shared_size_bytes: (SHARED_PER_BLOCK - static_shared).max(0),
+                    },
+                }
+            })
+            .collect();
+        let globals = program
+            .globals()
+            .iter()
+            .map(|g| GlobalDesc {
+                name: g.name.clone(),
+                ptr: g.ptr,
+                size: g.size as u64,
+            })
+            .collect();
+        let mut modules = self.modules.lock().unwrap_or_else(|p| p.into_inner());
+        let id = modules.next;
+        modules.next += 1;
+        modules.loaded.insert(id, Arc::new(program));
+        Ok(LoadedModule {
+            id,
+            kernels,
+            globals,
+        })
+    }
+
+    fn module_unload(&self, module: ModuleId) {
+        let program = {
+            let mut modules = self.modules.lock().unwrap_or_else(|p| p.into_inner());
+            modules.loaded.remove(&module)
+        };
+        if let Some(program) = program {
+            program.unload(&self.mem);
+        }
+    }
+
+    fn launch(
+        &self,
+        module: ModuleId,
+        kernel: usize,
+        geometry: &LaunchGeometry,
+        params: &[u8],
+    ) -> LaunchOutcome {
+        let Some(program) = self.program(module) else {
+            return LaunchOutcome {
+                stdout: Vec::new(),
+                result: Err(CuError::new(codes::INVALID_HANDLE, "module not loaded")),
+            };
+        };
+        let Some(name) = program.kernels().get(kernel).map(|k| k.name.clone()) else {
+            return LaunchOutcome {
+                stdout: Vec::new(),
+                result: Err(CuError::new(codes::INVALID_HANDLE, "no such kernel")),
+            };
+        };
+        let config = LaunchConfig {
+            grid: geometry.grid,
+            block: geometry.block,
+            dynamic_shared_bytes: geometry.dynamic_shared_bytes,
+        };
+        let report = program.launch(&self.mem, &name, &config, params);
+        LaunchOutcome {
+            stdout: report.stdout,
+            result: report
+                .result
+                .map_err(|fault| CuError::new(fault.cu_code(), format!("{name}: {fault}"))),
+        }
+    }
+}
+
+fn clamp_i32(v: u64) -> i32 {
+    i32::try_from(v).unwrap_or(i32::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn images_that_are_not_ptx_are_refused_with_the_drivers_codes() {
+        let elf = [0x7f, b'E', b'L', b'F', 2, 1, 1, 0];
+        assert_eq!(
+            ptx_of_image(&elf).unwrap_err().code,
+            codes::NO_BINARY_FOR_GPU
+        );
+        assert_eq!(
+            ptx_of_image(b"garbage").unwrap_err().code,
+            codes::INVALID_IMAGE
+        );
+        let ptx = ptx_of_image(b"//\n.version 9.0\n.target sm_75\n\0\0").unwrap();
+        assert!(ptx.ends_with("sm_75\n"));
+    }
+}

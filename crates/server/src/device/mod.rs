@@ -3,7 +3,8 @@
 //! stream ordering and asynchrony are layered on top by the server.
 
 pub mod attributes;
-// pub mod cpu;
+#[cfg(feature = "cpu")]
+pub mod cpu;
 pub mod model;
 
 use cumux_protocol::{CuError, DeviceInfo, DevicePtr, FunctionAttrs, ParamInfo};
@@ -104,6 +105,16 @@ pub trait Device: Send + Sync {
         geometry: &LaunchGeometry,
         params: &[u8],
     ) -> LaunchOutcome;
+}
+
+/// The CPU reference device with `capacity` bytes of memory, if this build has it.
+pub fn cpu_device(capacity: u64) -> Result<std::sync::Arc<dyn Device>, String> {
+    #[cfg(feature = "cpu")]
+    return Ok(std::sync::Arc::new(cpu::CpuDevice::new(capacity)));
+    #[cfg(not(feature = "cpu"))]
+    return Err(format!(
+        "this build of cumux-server has no CPU device (feature `cpu`); cannot serve {capacity} bytes"
+    ));
 }
 
 /// The default memory of a CPU-side device: a quarter of host RAM, at most 16 GiB.

@@ -1,0 +1,86 @@
+//! `cumux serve`: picks the devices, binds the address and serves forever.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::{bail, Context, Result};
+use cumux_server::device::model::ModelDevice;
+use cumux_server::device::{cpu_device, default_memory_bytes};
+use cumux_server::{listener, Address, Device, Server};
+
+use crate::config;
+use crate::status::human_bytes;
+
+/// What `cumux serve` was asked for (flags win over the config file).
+#[derive(Debug, Default, Clone)]
+pub struct ServeOptions {
+    pub device: Option<String>,
+    pub listen: Option<String>,
+    pub config: Option<PathBuf>,
+    pub memory: Option<u64>,
+}
+
+/// Whether this machine shows an NVIDIA GPU to the kernel.
+fn gpu_present() -> bool {
+    std::path::Path::new("/dev/nvidiactl").exists() || std::path::Path::new("/dev/nvidia0").exists()
+}
+
+fn choose_devices(kind: &str, memory: u64) -> Result<Vec<Arc<dyn Device>>> {
+    let cpu = || -> Result<Vec<Arc<dyn Device>>> {
+        Ok(vec![cpu_device(memory).map_err(anyhow::Error::msg)?])
+    };
+    match kind {
+        "cpu" => cpu(),
+        // The model device of the server's tests: no kernels of real programs.
+        "model" => Ok(vec![Arc::new(ModelDevice::new(memory))]),
+        "auto" => {
+            if gpu_present() {
+                tracing::warn!("a GPU is present, but this build has no cuda backend yet; serving the CPU reference device");
+            } else {
+                tracing::info!("no GPU found; serving the CPU reference device");
+            }
+            cpu()
+        }
+        "cuda" => bail!(
+            "--device cuda: the cuda backend is not implemented yet; use --device cpu (or auto)"
+        ),
+        other => bail!("unknown device kind {other:?}: expected auto, cpu or cuda"),
+    }
+}
+
+pub fn serve(options: ServeOptions) -> Result<()> {
+    let file = match &options.config {
+        Some(path) => config::read(path)?,
+        None => config::FileConfig::default(),
+    };
+    let kind = options
+        .device
+        .or(file.device)
+        .unwrap_or_else(|| "auto".into());
+    let memory = options
+        .memory
+        .or(file.memory)
+        .unwrap_or_else(default_memory_bytes);
+    let address = match options.listen.or(file.listen) {
+        Some(text) => Address::parse(&text).map_err(anyhow::Error::msg)?,
+        None => Address::default_unix(),
+    };
+    let devices = choose_devices(&kind, memory)?;
+    let server = Server::new(devices);
+    let bound = listener::bind(&address).with_context(|| format!("cannot listen on {address}"))?;
+    let mut line = format!("cumux serve: listening on {}", bound.address());
+    for (i, d) in server.devices().iter().enumerate() {
+        let info = d.info();
+        line += &format!(
+            "; device {i}: {} ({}, {})",
+            info.name,
+            info.backend,
+            human_bytes(d.mem_total())
+        );
+    }
+    println!("{line}");
+    let _ = std::io::stdout().flush();
+    tracing::info!("{line}");
+    bound.serve(server).context("the accept loop failed")
+}

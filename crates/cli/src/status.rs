@@ -1,0 +1,78 @@
+//! `cumux status`: asks a server for its state and prints it as a table or JSON.
+
+use anyhow::Result;
+use cumux_protocol::{ClientRole, ServerStatus};
+use cumux_server::Address;
+
+use crate::probe;
+
+pub fn status(address: &Address, json: bool) -> Result<()> {
+    let mut conn = probe::connect(address, ClientRole::Status, "cumux status")?;
+    let status = conn.status()?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&status)?);
+    } else {
+        print!("{}", render(&status, address));
+    }
+    Ok(())
+}
+
+/// `1.5 GiB`, `12.0 MiB`, `512 B`.
+pub fn human_bytes(bytes: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut value = bytes as f64;
+    let mut unit = 0;
+    while value >= 1024.0 && unit + 1 < UNITS.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{bytes} B")
+    } else {
+        format!("{value:.1} {}", UNITS[unit])
+    }
+}
+
+/// The human table.
+pub fn render(status: &ServerStatus, address: &Address) -> String {
+    let mut out = format!(
+        "{} at {address} (protocol {}), up {:.0} s\n\n",
+        status.server, status.version, status.uptime_s
+    );
+    out += &format!(
+        "{:<7} {:<30} {:<8} {:>24}\n",
+        "DEVICE", "NAME", "BACKEND", "USED / TOTAL"
+    );
+    for d in &status.devices {
+        out += &format!(
+            "{:<7} {:<30} {:<8} {:>24}\n",
+            d.ordinal,
+            d.name,
+            d.backend,
+            format!("{} / {}", human_bytes(d.used_mem), human_bytes(d.total_mem))
+        );
+    }
+    out += "\n";
+    if status.sessions.is_empty() {
+        out += "no sessions\n";
+        return out;
+    }
+    out += &format!(
+        "{:<8} {:<8} {:<20} {:<12} {:>10} {:>7} {:>9} {:>12}\n",
+        "SESSION", "PID", "PROGRAM", "TENANT", "MEMORY", "ALLOCS", "LAUNCHES", "GPU TIME"
+    );
+    for s in &status.sessions {
+        out += &format!(
+            "{:<8} {:<8} {:<20} {:<12} {:>10} {:>7} {:>9} {:>9.1} ms\n",
+            s.session,
+            s.pid,
+            s.program,
+            s.tenant,
+            human_bytes(s.mem_used),
+            s.allocations,
+            s.launches,
+            s.gpu_time_ms
+        );
+    }
+    out
+}

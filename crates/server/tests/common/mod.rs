@@ -1,0 +1,260 @@
+//! Test harness: a live server over the model device on a unix socket in a
+//! temporary folder, and a small protocol client that speaks to it.
+
+#![allow(dead_code)]
+
+use std::io::{BufReader, Write};
+use std::os::unix::net::UnixStream;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use cumux_protocol::*;
+use cumux_server::device::model::ModelDevice;
+use cumux_server::{listener, Address, Device, Server};
+
+pub struct Harness {
+    pub server: Arc<Server>,
+    pub device: Arc<ModelDevice>,
+    pub socket: PathBuf,
+    _dir: TempDir,
+}
+
+/// A folder removed at drop.
+pub struct TempDir(pub PathBuf);
+
+impl TempDir {
+    pub fn new(tag: &str) -> Self {
+        static COUNTER: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!("cumux-test-{tag}-{}-{n}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        TempDir(dir)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+impl Harness {
+    pub fn start(tag: &str) -> Self {
+        let dir = TempDir::new(tag);
+        let socket = dir.0.join("s.sock");
+        let device = Arc::new(ModelDevice::new(1 << 30));
+        let server = Server::new(vec![device.clone() as Arc<dyn Device>]);
+        let bound = listener::bind(&Address::Unix(socket.clone())).unwrap();
+        let serving = Arc::clone(&server);
+        std::thread::spawn(move || bound.serve(serving));
+        Harness {
+            server,
+            device,
+            socket,
+            _dir: dir,
+        }
+    }
+
+    pub fn client(&self) -> Client {
+        Client::connect(&self.socket, "test-program", Some("team-a"))
+    }
+
+    /// Waits until `cond` holds, failing the test after five seconds.
+    pub fn eventually(&self, what: &str, mut cond: impl FnMut() -> bool) {
+        let start = Instant::now();
+        while !cond() {
+            assert!(
+                start.elapsed() < Duration::from_secs(5),
+                "timed out waiting for {what}"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+pub struct Client {
+    reader: BufReader<UnixStream>,
+    writer: UnixStream,
+    seq: u64,
+    buf: Vec<u8>,
+    pub session: u64,
+    pub devices: Vec<DeviceInfo>,
+    /// Device printf output received so far.
+    pub stdout: Vec<u8>,
+}
+
+pub fn hello(version: u32, magic: u32) -> Hello {
+    Hello {
+        magic,
+        version,
+        pid: std::process::id(),
+        role: ClientRole::Driver,
+        program: "test-program".into(),
+        tenant: Some("team-a".into()),
+    }
+}
+
+pub fn raw_connect(socket: &PathBuf) -> (BufReader<UnixStream>, UnixStream) {
+    let s = UnixStream::connect(socket).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    (BufReader::new(s.try_clone().unwrap()), s)
+}
+
+pub fn handshake(socket: &PathBuf, hello: &Hello) -> HelloReply {
+    let (mut r, mut w) = raw_connect(socket);
+    write_frame(&mut w, &encode(hello).unwrap()).unwrap();
+    let mut buf = Vec::new();
+    read_frame(&mut r, &mut buf).unwrap();
+    decode(&buf).unwrap()
+}
+
+impl Client {
+    pub fn connect(socket: &PathBuf, program: &str, tenant: Option<&str>) -> Self {
+        let (mut reader, mut writer) = raw_connect(socket);
+        let mut h = hello(PROTOCOL_VERSION, MAGIC);
+        h.program = program.into();
+        h.tenant = tenant.map(str::to_string);
+        write_frame(&mut writer, &encode(&h).unwrap()).unwrap();
+        let mut buf = Vec::new();
+        read_frame(&mut reader, &mut buf).unwrap();
+        match decode::<HelloReply>(&buf).unwrap() {
+            HelloReply::Welcome {
+                session, devices, ..
+            } => Client {
+                reader,
+                writer,
+                seq: 0,
+                buf,
+                session,
+                devices,
+                stdout: Vec::new(),
+            },
+            other => panic!("refused: {other:?}"),
+        }
+    }
+
+    fn send(&mut self, call: Call) -> u64 {
+        self.seq += 1;
+        let bytes = encode(&Request {
+            seq: self.seq,
+            call,
+        })
+        .unwrap();
+        write_frame(&mut self.writer, &bytes).unwrap();
+        self.writer.flush().unwrap();
+        self.seq
+    }
+
+    /// Sends a fire-and-forget call.
+    pub fn post(&mut self, call: Call) {
+        assert!(call.is_fire_and_forget(), "{call:?} expects a reply");
+        self.send(call);
+    }
+
+    /// Makes a replied call.
+    pub fn call(&mut self, call: Call) -> Result<ReplyBody, CuError> {
+        assert!(!call.is_fire_and_forget(), "{call:?} gets no reply");
+        let seq = self.send(call);
+        read_frame(&mut self.reader, &mut self.buf).expect("the server answers");
+        let reply: Reply = decode(&self.buf).unwrap();
+        assert_eq!(reply.seq, seq);
+        self.stdout.extend_from_slice(&reply.stdout);
+        reply.result
+    }
+
+    pub fn code(&mut self, call: Call) -> u32 {
+        match self.call(call) {
+            Ok(_) => codes::SUCCESS,
+            Err(e) => e.code,
+        }
+    }
+
+    pub fn alloc(&mut self, bytes: u64) -> DevicePtr {
+        match self.call(Call::MemAlloc { device: 0, bytes }).unwrap() {
+            ReplyBody::Ptr(p) => p,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    pub fn write(&mut self, dst: DevicePtr, data: &[u8]) {
+        self.call(Call::MemcpyHtoD {
+            dst,
+            data: data.to_vec(),
+            stream: None,
+        })
+        .unwrap();
+    }
+
+    pub fn read(&mut self, src: DevicePtr, bytes: u64) -> Result<Vec<u8>, CuError> {
+        self.read_on(src, bytes, None)
+    }
+
+    pub fn read_on(
+        &mut self,
+        src: DevicePtr,
+        bytes: u64,
+        stream: Option<Handle>,
+    ) -> Result<Vec<u8>, CuError> {
+        match self.call(Call::MemcpyDtoH { src, bytes, stream })? {
+            ReplyBody::Data(d) => Ok(d),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    pub fn load(&mut self, image: &str) -> ModuleInfo {
+        match self.call(Call::ModuleLoad {
+            image: image.as_bytes().to_vec(),
+        }) {
+            Ok(ReplyBody::Module(m)) => m,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    pub fn handle(&mut self, call: Call) -> Handle {
+        match self.call(call) {
+            Ok(ReplyBody::Handle(h)) => h,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    pub fn stream(&mut self, flags: u32) -> Handle {
+        self.handle(Call::StreamCreate { flags, priority: 0 })
+    }
+
+    pub fn event(&mut self, flags: u32) -> Handle {
+        self.handle(Call::EventCreate { flags })
+    }
+
+    /// Launches a model kernel by name.
+    pub fn launch(&mut self, module: &ModuleInfo, kernel: &str, stream: Handle, params: Vec<u8>) {
+        let function = module
+            .functions
+            .iter()
+            .find(|f| f.name == kernel)
+            .unwrap_or_else(|| panic!("no kernel {kernel}"))
+            .handle;
+        self.post(Call::Launch {
+            function,
+            grid: [1, 1, 1],
+            block: [32, 1, 1],
+            shared_bytes: 0,
+            stream,
+            params,
+        });
+    }
+}
+
+/// Parameters of the model's `scale_add(ptr, mul, add, sleep_ms)`.
+pub fn scale_add(ptr: DevicePtr, mul: u32, add: u32, sleep_ms: u32) -> Vec<u8> {
+    let mut p = ptr.to_le_bytes().to_vec();
+    for v in [mul, add, sleep_ms] {
+        p.extend_from_slice(&v.to_le_bytes());
+    }
+    p
+}
+
+pub fn u32_at(bytes: &[u8]) -> u32 {
+    u32::from_le_bytes(bytes[..4].try_into().unwrap())
+}

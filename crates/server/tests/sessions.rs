@@ -1,0 +1,469 @@
+//! Sessions driven through the wire protocol over a real unix socket, on the
+//! model device: handshake, handle and pointer checks, isolation between
+//! sessions, clean-up on disconnect, sticky errors, stream order, events, status.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use cumux_protocol::*;
+use cumux_server::Device;
+
+const IMAGE: &str = "model:scale_add,print,fault,panic;counter:16";
+
+#[test]
+fn handshake_names_both_versions_on_mismatch() {
+    let h = Harness::start("hs");
+    match handshake(&h.socket, &hello(PROTOCOL_VERSION + 41, MAGIC)) {
+        HelloReply::Rejected {
+            server_version,
+            reason,
+        } => {
+            assert_eq!(server_version, PROTOCOL_VERSION);
+            assert!(
+                reason.contains(&format!("version {}", PROTOCOL_VERSION + 41)),
+                "{reason}"
+            );
+            assert!(
+                reason.contains(&format!("version {PROTOCOL_VERSION}")),
+                "{reason}"
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    match handshake(&h.socket, &hello(PROTOCOL_VERSION, 0xdead_beef)) {
+        HelloReply::Rejected { reason, .. } => assert!(reason.contains("magic"), "{reason}"),
+        other => panic!("{other:?}"),
+    }
+    let c = h.client();
+    assert_eq!(c.devices.len(), 1);
+    assert_eq!(c.devices[0].attributes.len(), 147);
+}
+
+#[test]
+fn unknown_handles_are_refused() {
+    let h = Harness::start("handles");
+    let mut c = h.client();
+    assert_eq!(
+        c.code(Call::StreamSynchronize { stream: 999 }),
+        codes::INVALID_HANDLE
+    );
+    assert_eq!(
+        c.code(Call::StreamDestroy {
+            stream: DEFAULT_STREAM
+        }),
+        codes::INVALID_HANDLE
+    );
+    assert_eq!(c.code(Call::EventQuery { event: 5 }), codes::INVALID_HANDLE);
+    assert_eq!(
+        c.code(Call::ModuleUnload { module: 5 }),
+        codes::INVALID_HANDLE
+    );
+    assert_eq!(
+        c.code(Call::MemAlloc {
+            device: 3,
+            bytes: 16
+        }),
+        codes::INVALID_DEVICE
+    );
+    assert_eq!(
+        c.code(Call::MemAlloc {
+            device: 0,
+            bytes: 0
+        }),
+        codes::INVALID_VALUE
+    );
+    // A fire-and-forget call with a bad handle fails at the next synchronization,
+    // once: it does not poison the context.
+    c.post(Call::Launch {
+        function: 77,
+        grid: [1, 1, 1],
+        block: [1, 1, 1],
+        shared_bytes: 0,
+        stream: DEFAULT_STREAM,
+        params: vec![],
+    });
+    assert_eq!(c.code(Call::ContextSynchronize), codes::INVALID_HANDLE);
+    assert_eq!(c.code(Call::ContextSynchronize), codes::SUCCESS);
+    // Another session's handles are unknown here.
+    let mut other = h.client();
+    let s = other.stream(0);
+    let m = other.load(IMAGE);
+    assert_eq!(
+        c.code(Call::StreamSynchronize { stream: s }),
+        codes::INVALID_HANDLE
+    );
+    assert_eq!(
+        c.code(Call::ModuleUnload { module: m.module }),
+        codes::INVALID_HANDLE
+    );
+    // Launch limits are checked before queueing.
+    let mine = c.load(IMAGE);
+    let ptr = c.alloc(4);
+    let f = mine.functions[0].handle;
+    for (grid, block) in [
+        ([0, 1, 1], [1, 1, 1]),
+        ([1, 1, 1], [2048, 1, 1]),
+        ([1, 1, 1], [32, 32, 2]),
+    ] {
+        c.post(Call::Launch {
+            function: f,
+            grid,
+            block,
+            shared_bytes: 0,
+            stream: DEFAULT_STREAM,
+            params: scale_add(ptr, 1, 1, 0),
+        });
+        assert_eq!(
+            c.code(Call::ContextSynchronize),
+            codes::INVALID_VALUE,
+            "{grid:?} {block:?}"
+        );
+    }
+    c.post(Call::Launch {
+        function: f,
+        grid: [1, 1, 1],
+        block: [1, 1, 1],
+        shared_bytes: 0,
+        stream: DEFAULT_STREAM,
+        params: vec![0; 3],
+    });
+    assert_eq!(c.code(Call::ContextSynchronize), codes::INVALID_VALUE);
+}
+
+#[test]
+fn pointers_of_other_sessions_are_refused() {
+    let h = Harness::start("isolation");
+    let mut a = h.client();
+    let mut b = h.client();
+    let pa = a.alloc(256);
+    a.write(pa, &[7; 256]);
+    let pb = b.alloc(256);
+    let code = |r: Result<ReplyBody, CuError>| r.err().map_or(0, |e| e.code);
+    assert_eq!(b.read(pa, 4).unwrap_err().code, codes::INVALID_VALUE);
+    assert_eq!(
+        code(b.call(Call::MemcpyHtoD {
+            dst: pa,
+            data: vec![1; 4],
+            stream: None
+        })),
+        codes::INVALID_VALUE
+    );
+    assert_eq!(
+        code(b.call(Call::MemcpyDtoD {
+            dst: pb,
+            src: pa,
+            bytes: 4,
+            stream: None
+        })),
+        codes::INVALID_VALUE
+    );
+    assert_eq!(
+        code(b.call(Call::MemFree { ptr: pa })),
+        codes::INVALID_VALUE
+    );
+    assert_eq!(
+        code(b.call(Call::MemAddressRange { ptr: pa + 8 })),
+        codes::NOT_FOUND
+    );
+    let memset = Call::Memset {
+        dst: pa,
+        value: 0,
+        elem_bytes: 1,
+        count: 4,
+        pitch: 0,
+        height: 1,
+        stream: None,
+    };
+    assert_eq!(code(b.call(memset)), codes::INVALID_VALUE);
+    // Ranges must lie wholly inside one's own allocation.
+    assert_eq!(a.read(pa + 250, 16).unwrap_err().code, codes::INVALID_VALUE);
+    assert_eq!(
+        a.read(u64::MAX - 2, 16).unwrap_err().code,
+        codes::INVALID_VALUE
+    );
+    assert_eq!(a.read(pa, 256).unwrap(), vec![7; 256]);
+    match a.call(Call::MemAddressRange { ptr: pa + 100 }).unwrap() {
+        ReplyBody::Range { base, size } => assert_eq!((base, size), (pa, 256)),
+        other => panic!("{other:?}"),
+    }
+    // A's memory is untouched by B's attempts.
+    assert_eq!(a.read(pa, 4).unwrap(), vec![7; 4]);
+}
+
+#[test]
+fn memset_and_copies_within_a_session() {
+    let h = Harness::start("memset");
+    let mut c = h.client();
+    let p = c.alloc(64);
+    let q = c.alloc(64);
+    c.call(Call::Memset {
+        dst: p,
+        value: 0x0102_0304,
+        elem_bytes: 4,
+        count: 16,
+        pitch: 0,
+        height: 1,
+        stream: None,
+    })
+    .unwrap();
+    assert_eq!(&c.read(p, 8).unwrap(), &[4, 3, 2, 1, 4, 3, 2, 1]);
+    // 2D: 4 rows of 2 bytes, 16 bytes apart.
+    c.call(Call::Memset {
+        dst: q,
+        value: 0xab,
+        elem_bytes: 1,
+        count: 2,
+        pitch: 16,
+        height: 4,
+        stream: None,
+    })
+    .unwrap();
+    let rows = c.read(q, 64).unwrap();
+    assert_eq!(rows.iter().filter(|b| **b == 0xab).count(), 8);
+    assert_eq!(&rows[16..19], &[0xab, 0xab, 0]);
+    c.call(Call::MemcpyDtoD {
+        dst: q,
+        src: p,
+        bytes: 64,
+        stream: None,
+    })
+    .unwrap();
+    assert_eq!(c.read(q, 64).unwrap(), c.read(p, 64).unwrap());
+    // Module globals are the session's memory too.
+    let m = c.load(IMAGE);
+    let g = &m.globals[0];
+    c.write(g.ptr, &[9; 16]);
+    assert_eq!(c.read(g.ptr, 16).unwrap(), vec![9; 16]);
+    assert_eq!(c.code(Call::MemFree { ptr: g.ptr }), codes::INVALID_VALUE);
+}
+
+#[test]
+fn everything_is_released_when_the_client_goes() {
+    let h = Harness::start("cleanup");
+    let mut c = h.client();
+    for _ in 0..3 {
+        c.alloc(1 << 20);
+    }
+    let m = c.load(IMAGE);
+    let s = c.stream(0);
+    let p = c.alloc(4);
+    // Leave slow work queued behind the disconnect.
+    for _ in 0..20 {
+        c.launch(&m, "scale_add", s, scale_add(p, 1, 1, 50));
+    }
+    assert!(h.device.mem_used() > 3 << 20);
+    assert_eq!(h.server.registry().len(), 1);
+    drop(c);
+    h.eventually("the session's memory to be freed", || {
+        h.device.mem_used() == 0
+    });
+    h.eventually("the session to leave the registry", || {
+        h.server.registry().is_empty()
+    });
+    // The server still serves.
+    let mut d = h.client();
+    d.alloc(16);
+}
+
+#[test]
+fn a_fault_kills_the_context_but_not_the_server() {
+    let h = Harness::start("fault");
+    let mut c = h.client();
+    let m = c.load(IMAGE);
+    let p = c.alloc(4);
+    c.launch(&m, "fault", DEFAULT_STREAM, vec![]);
+    c.launch(&m, "scale_add", DEFAULT_STREAM, scale_add(p, 1, 5, 0));
+    assert_eq!(c.code(Call::ContextSynchronize), codes::ILLEGAL_ADDRESS);
+    // Sticky: later calls keep failing, and queued work after the fault never ran.
+    assert_eq!(c.code(Call::ContextSynchronize), codes::ILLEGAL_ADDRESS);
+    assert_eq!(
+        c.code(Call::MemAlloc {
+            device: 0,
+            bytes: 8
+        }),
+        codes::ILLEGAL_ADDRESS
+    );
+    assert_eq!(c.read(p, 4).unwrap_err().code, codes::ILLEGAL_ADDRESS);
+    // Other sessions are fine.
+    let mut d = h.client();
+    let md = d.load(IMAGE);
+    let q = d.alloc(4);
+    d.launch(&md, "scale_add", DEFAULT_STREAM, scale_add(q, 1, 5, 0));
+    assert_eq!(u32_at(&d.read(q, 4).unwrap()), 5);
+    drop(c);
+    // A panicking kernel is a launch failure, not a dead server.
+    d.launch(&md, "panic", DEFAULT_STREAM, vec![]);
+    assert_eq!(d.code(Call::ContextSynchronize), codes::LAUNCH_FAILED);
+    let mut e = h.client();
+    e.alloc(8);
+}
+
+#[test]
+fn work_on_a_stream_runs_in_order() {
+    let h = Harness::start("order");
+    let mut c = h.client();
+    let m = c.load(IMAGE);
+    let s = c.stream(1);
+    let p = c.alloc(4);
+    c.write(p, &1u32.to_le_bytes());
+    // ((((1*2)+3)*2)+3) = 13 only if each step runs after the one before.
+    for (mul, add, sleep) in [(2, 0, 30), (1, 3, 0), (2, 0, 30), (1, 3, 0)] {
+        c.launch(&m, "scale_add", s, scale_add(p, mul, add, sleep));
+    }
+    assert_eq!(u32_at(&c.read_on(p, 4, Some(s)).unwrap()), 13);
+    // Async copies on a stream are ordered with its launches too.
+    c.post(Call::MemcpyHtoD {
+        dst: p,
+        data: 10u32.to_le_bytes().to_vec(),
+        stream: Some(s),
+    });
+    c.launch(&m, "scale_add", s, scale_add(p, 3, 0, 10));
+    c.post(Call::Memset {
+        dst: p,
+        value: 0xff,
+        elem_bytes: 1,
+        count: 1,
+        pitch: 0,
+        height: 1,
+        stream: Some(s),
+    });
+    assert_eq!(c.code(Call::StreamSynchronize { stream: s }), 0);
+    // 10, then *3 = 30 = 0x1e, then the low byte set to 0xff (in another order: 765 or 0xff*3).
+    assert_eq!(u32_at(&c.read(p, 4).unwrap()), 0xff);
+}
+
+#[test]
+fn legacy_default_stream_waits_for_blocking_streams() {
+    let h = Harness::start("legacy");
+    let mut c = h.client();
+    let m = c.load(IMAGE);
+    let blocking = c.stream(0);
+    let p = c.alloc(4);
+    c.write(p, &1u32.to_le_bytes());
+    c.launch(&m, "scale_add", blocking, scale_add(p, 2, 0, 80));
+    // Synchronous copies go through the default stream, after the blocking stream's work.
+    assert_eq!(u32_at(&c.read(p, 4).unwrap()), 2);
+}
+
+#[test]
+fn stream_wait_event_orders_across_streams() {
+    let h = Harness::start("wait");
+    let mut c = h.client();
+    let m = c.load(IMAGE);
+    let (a, b) = (c.stream(1), c.stream(1));
+    let e = c.event(0);
+    let p = c.alloc(4);
+    c.write(p, &1u32.to_le_bytes());
+    c.launch(&m, "scale_add", a, scale_add(p, 2, 0, 100));
+    c.post(Call::EventRecord {
+        event: e,
+        stream: a,
+    });
+    c.post(Call::StreamWaitEvent {
+        stream: b,
+        event: e,
+    });
+    c.launch(&m, "scale_add", b, scale_add(p, 1, 3, 0));
+    assert_eq!(c.code(Call::StreamQuery { stream: b }), codes::NOT_READY);
+    assert_eq!(c.code(Call::StreamSynchronize { stream: b }), 0);
+    assert_eq!(c.code(Call::StreamQuery { stream: b }), 0);
+    assert_eq!(u32_at(&c.read(p, 4).unwrap()), 5, "(1*2)+3: b waited for a");
+}
+
+#[test]
+fn events_time_the_work_between_them() {
+    let h = Harness::start("events");
+    let mut c = h.client();
+    let m = c.load(IMAGE);
+    let s = c.stream(1);
+    let (start, end) = (c.event(0), c.event(0));
+    let p = c.alloc(4);
+    assert_eq!(
+        c.code(Call::EventElapsed { start, end }),
+        codes::INVALID_HANDLE
+    );
+    assert_eq!(
+        c.code(Call::EventSynchronize { event: end }),
+        0,
+        "never recorded: complete"
+    );
+    c.post(Call::EventRecord {
+        event: start,
+        stream: s,
+    });
+    c.launch(&m, "scale_add", s, scale_add(p, 1, 1, 60));
+    c.post(Call::EventRecord {
+        event: end,
+        stream: s,
+    });
+    assert_eq!(c.code(Call::EventQuery { event: end }), codes::NOT_READY);
+    assert_eq!(c.code(Call::EventElapsed { start, end }), codes::NOT_READY);
+    assert_eq!(c.code(Call::EventSynchronize { event: end }), 0);
+    assert_eq!(c.code(Call::EventQuery { event: end }), 0);
+    match c.call(Call::EventElapsed { start, end }).unwrap() {
+        ReplyBody::ElapsedMs(ms) => assert!((55.0..10_000.0).contains(&ms), "{ms} ms"),
+        other => panic!("{other:?}"),
+    }
+    let untimed = c.event(0x2);
+    c.post(Call::EventRecord {
+        event: untimed,
+        stream: s,
+    });
+    assert_eq!(c.code(Call::EventSynchronize { event: untimed }), 0);
+    assert_eq!(
+        c.code(Call::EventElapsed {
+            start,
+            end: untimed
+        }),
+        codes::INVALID_HANDLE
+    );
+    assert_eq!(c.code(Call::EventDestroy { event: untimed }), 0);
+    assert_eq!(
+        c.code(Call::EventDestroy { event: untimed }),
+        codes::INVALID_HANDLE
+    );
+}
+
+#[test]
+fn printf_output_comes_with_the_next_reply() {
+    let h = Harness::start("printf");
+    let mut c = h.client();
+    let m = c.load(IMAGE);
+    for n in [1u32, 2, 3] {
+        c.launch(&m, "print", DEFAULT_STREAM, n.to_le_bytes().to_vec());
+    }
+    assert_eq!(c.code(Call::ContextSynchronize), 0);
+    assert_eq!(
+        String::from_utf8_lossy(&c.stdout),
+        "model 1\nmodel 2\nmodel 3\n"
+    );
+}
+
+#[test]
+fn status_lists_driver_sessions() {
+    let h = Harness::start("status");
+    let mut c = h.client();
+    let m = c.load(IMAGE);
+    let p = c.alloc(1000);
+    c.launch(&m, "scale_add", DEFAULT_STREAM, scale_add(p, 1, 1, 5));
+    assert_eq!(c.code(Call::ContextSynchronize), 0);
+    let status = match c.call(Call::ServerStatus).unwrap() {
+        ReplyBody::Status(s) => s,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(status.version, PROTOCOL_VERSION);
+    assert_eq!(status.devices.len(), 1);
+    assert!(status.devices[0].used_mem >= 1000);
+    let [s] = &status.sessions[..] else {
+        panic!("{status:?}")
+    };
+    assert_eq!(
+        (s.pid, s.program.as_str(), s.tenant.as_str()),
+        (std::process::id(), "test-program", "team-a")
+    );
+    assert_eq!((s.allocations, s.mem_used, s.launches), (1, 1000, 1));
+    assert!(s.gpu_time_ms >= 4.0, "{}", s.gpu_time_ms);
+    std::thread::sleep(Duration::from_millis(1));
+}
