@@ -49,9 +49,14 @@ pub fn read_frame(r: &mut impl Read, buf: &mut Vec<u8>) -> Result<(), FrameError
     if len > MAX_FRAME_BYTES {
         return Err(FrameError::TooLarge(len));
     }
+    // Grow with the bytes that actually arrive, so a header that merely claims
+    // a large frame costs the reader nothing.
     buf.clear();
-    buf.resize(len, 0);
-    r.read_exact(buf)?;
+    buf.reserve(len.min(1 << 20));
+    let got = r.by_ref().take(len as u64).read_to_end(buf)?;
+    if got < len {
+        return Err(io::Error::from(io::ErrorKind::UnexpectedEof).into());
+    }
     Ok(())
 }
 
