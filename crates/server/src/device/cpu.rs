@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 
 use cumux_fatbin::{Classified, ImageKind};
 use cumux_protocol::{codes, CuError, DeviceInfo, DevicePtr, FunctionAttrs, ParamInfo};
-use cumux_ptx::{DeviceMemory, LaunchConfig, MemError, Program};
+use cumux_ptx::{DeviceMemory, LaunchConfig, MemError, Program, Space};
 
 use super::attributes::{cpu_device_attributes, AttributeInputs, SHARED_PER_BLOCK};
 use super::{
@@ -161,29 +161,35 @@ impl Device for CpuDevice {
         let program = catch_unwind(AssertUnwindSafe(|| Program::load(&ptx, &self.mem)))
             .map_err(|_| CuError::new(codes::INVALID_PTX, "the PTX loader crashed on this module"))?
             .map_err(|e| CuError::new(e.cu_code(), e.to_string()))?;
+        let const_bytes: u64 = program
+            .globals()
+            .iter()
+            .filter(|g| g.space == Space::Const)
+            .map(|g| g.size)
+            .sum();
         let kernels = program
             .kernels()
             .iter()
             .map(|k| {
-                let static_shared = clamp_i32(k.static_shared_bytes as u64);
+                let static_shared = clamp_i32(k.static_shared_bytes.into());
                 KernelDesc {
                     name: k.name.clone(),
                     params: k
                         .params
                         .iter()
                         .map(|p| ParamInfo {
-                            offset: p.offset as u32,
-                            size: p.size as u32,
+                            offset: p.offset,
+                            size: p.size,
                         })
                         .collect(),
                     attrs: FunctionAttrs {
-                        max_threads_per_block: clamp_i32(k.max_threads_per_block as u64),
+                        max_threads_per_block: clamp_i32(k.max_threads_per_block.into()),
                         shared_size_bytes: static_shared,
-                        const_size_bytes: 0,
-                        local_size_bytes: clamp_i32(k.local_bytes as u64),
-                        num_regs: clamp_i32(k.num_regs as u64),
-                        ptx_version: clamp_i32(k.ptx_version as u64),
-                        binary_version: clamp_i32(k.target_sm as u64),
+                        const_size_bytes: clamp_i32(const_bytes),
+                        local_size_bytes: clamp_i32(k.local_bytes.into()),
+                        num_regs: clamp_i32(k.num_regs.into()),
+                        ptx_version: clamp_i32(k.ptx_version.into()),
+                        binary_version: clamp_i32(k.target_sm.into()),
                         max_dynamic_shared_size_bytes: (SHARED_PER_BLOCK - static_shared).max(0),
                     },
                 }
@@ -195,7 +201,7 @@ impl Device for CpuDevice {
             .map(|g| GlobalDesc {
                 name: g.name.clone(),
                 ptr: g.ptr,
-                size: g.size as u64,
+                size: g.size,
             })
             .collect();
         let mut modules = self.modules.lock().unwrap_or_else(|p| p.into_inner());
@@ -214,8 +220,17 @@ impl Device for CpuDevice {
             let mut modules = self.modules.lock().unwrap_or_else(|p| p.into_inner());
             modules.loaded.remove(&module)
         };
-        if let Some(program) = program {
-            program.unload(&self.mem);
+        match program.map(Arc::try_unwrap) {
+            Some(Ok(program)) => program.unload(&self.mem),
+            // A launch still holds it (the session syncs before unloading, so
+            // this is a bug): free the globals; the code goes with the last Arc.
+            Some(Err(shared)) => {
+                tracing::error!(module, "module unloaded while a launch holds it");
+                for g in shared.globals() {
+                    let _ = self.mem.free(g.ptr);
+                }
+            }
+            None => {}
         }
     }
 
