@@ -13,7 +13,7 @@
 //! | `c693336e-1121-df11-a8c3-68f355d89593` | context-local storage: put / delete / get per (context, key) |
 //! | `263e8860-7cd2-6143-92f6-bbd5006dfa7e` | context checks: always "fine" |
 //! | `f8cff951-2146-8b4e-b9e2-fb469e7c0dd9` | asks whether start-up may be bypassed: refused (not found) |
-//! | `d4082055-bde6-704b-8d34-ba123c66e1f2` | runtime/driver integrity check: refused (optional) |
+//! | `d4082055-bde6-704b-8d34-ba123c66e1f2` | runtime/driver integrity check: slot 1 hashes; fixed answers for check versions ending in 0 and 1 |
 
 use std::cell::UnsafeCell;
 use std::ffi::c_void;
@@ -243,6 +243,45 @@ static CONTEXT_CHECKS: Table<4> = Table([
     checks_slot3 as *const c_void,
 ]);
 
+// ---- integrity check ---------------------------------------------------------
+
+/// Slot 1 of the integrity table: see `crate::integrity`.
+extern "C" fn integrity_check(version: u32, unix_seconds: u64, result: *mut [u64; 2]) -> CUresult {
+    crate::guard("integrity_check", || {
+        tracing::debug!("dark API integrity check: version {version}, time {unix_seconds}");
+        let client = crate::state::client()?;
+        let devices = (0..client.devices.len() as i32)
+            .map(|d| {
+                Ok(crate::integrity::DeviceFacts {
+                    uuid: client.device(d)?.uuid,
+                    attr32: client.attribute(d, 32)?,
+                    attr33: client.attribute(d, 33)?,
+                    attr34: client.attribute(d, 34)?,
+                })
+            })
+            .collect::<CuResult<Vec<_>>>()?;
+        let inputs = crate::integrity::Inputs {
+            driver_version: crate::exports::DRIVER_VERSION as u32,
+            version,
+            process: std::process::id(),
+            // SAFETY: pthread_self has no preconditions.
+            thread: unsafe { libc::pthread_self() } as u32,
+            cudart_table: CUDART_INTERFACE.0.as_ptr() as u64,
+            integrity_table: INTEGRITY.0.as_ptr() as u64,
+            check_fn: integrity_check as *const c_void as u64,
+            unix_seconds,
+            devices,
+        };
+        out(result, crate::integrity::answer(&inputs))
+    })
+}
+
+static INTEGRITY: Table<3> = Table([
+    size_of_table(3),
+    integrity_check as *const c_void,
+    std::ptr::null(),
+]);
+
 const fn guid(s: u128) -> [u8; 16] {
     s.to_be_bytes()
 }
@@ -275,7 +314,8 @@ pub fn export_table(id: &[u8; 16]) -> Option<*const c_void> {
         TOOLS_TLS_ID => TOOLS_TLS.0.as_ptr().cast(),
         CONTEXT_STORAGE_ID => CONTEXT_STORAGE.0.as_ptr().cast(),
         CONTEXT_CHECKS_ID => CONTEXT_CHECKS.0.as_ptr().cast(),
-        BYPASS_ID | INTEGRITY_ID => {
+        INTEGRITY_ID => INTEGRITY.0.as_ptr().cast(),
+        BYPASS_ID => {
             tracing::debug!("cuGetExportTable({}): refused", format_guid(id));
             return None;
         }

@@ -50,7 +50,7 @@ driver_fn! {
         let id = read_in(id)?;
         let found = crate::dark_api::export_table(&id.bytes);
         out(table, found.unwrap_or(std::ptr::null()))?;
-        found.map(|_| ()).ok_or(CUDA_ERROR_NOT_FOUND)
+        found.map(|_| ()).ok_or(CUDA_ERROR_INVALID_VALUE)
     }
 }
 
