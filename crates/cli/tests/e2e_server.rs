@@ -1,0 +1,249 @@
+//! The server and CLI end to end: a faulting program does not hurt the server or
+//! the next program, two programs share it, a killed server makes a looping
+//! program fail instead of hang, `cumux status --json` shows live sessions and
+//! their clean-up, and `cumux run` / `cumux serve` behave at their edges.
+
+mod common;
+
+use std::os::unix::net::UnixListener;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+
+const LIMIT: Duration = Duration::from_secs(300);
+
+fn assert_pass(out: &RunOutput, name: &str) {
+    assert!(
+        out.code() == Some(0) && out.stdout.contains(&format!("{name}: PASS")),
+        "{name}: {}",
+        out.describe()
+    );
+}
+
+#[test]
+fn a_faulting_program_leaves_the_server_and_the_next_program_fine() {
+    let mut server = ServerProc::start("fault");
+    let out = server.run(&corpus_program("out_of_bounds"), &[], LIMIT);
+    assert_pass(&out, "out_of_bounds");
+    assert!(server.alive(), "the server died: {}", server.log());
+    let out = server.run(&corpus_program("vector_add"), &[], LIMIT);
+    assert_pass(&out, "vector_add");
+    assert!(server.alive());
+}
+
+#[test]
+fn two_programs_at_once() {
+    let server = ServerProc::start("two");
+    let a = server
+        .command(&corpus_program("matmul_tiled"), &[])
+        .spawn()
+        .unwrap();
+    let b = server
+        .command(&corpus_program("histogram"), &[])
+        .spawn()
+        .unwrap();
+    let (a, b) = (wait_bounded(a, LIMIT), wait_bounded(b, LIMIT));
+    assert_pass(&a, "matmul_tiled");
+    assert_pass(&b, "histogram");
+}
+
+#[test]
+fn status_shows_a_running_session_and_its_clean_up() {
+    let server = ServerProc::start("status");
+    let mut child = server
+        .command(&test_program("loop_launches"), &["120"])
+        .spawn()
+        .unwrap();
+    let lines = lines_of(child.stdout.take().unwrap());
+    if let Err(e) = wait_for_line(&lines, "started", Duration::from_secs(120)) {
+        let _ = child.kill();
+        panic!("{e}\n--- server log\n{}", server.log());
+    }
+    let status = server.status_json();
+    let sessions = status["sessions"].as_array().expect("sessions");
+    let session = sessions
+        .iter()
+        .find(|s| {
+            s["program"]
+                .as_str()
+                .is_some_and(|p| p.contains("loop_launches"))
+        })
+        .unwrap_or_else(|| panic!("no loop_launches session in {status:#}"));
+    assert!(session["launches"].as_u64().unwrap() >= 1, "{session:#}");
+    assert!(session["allocations"].as_u64().unwrap() >= 1, "{session:#}");
+    assert!(
+        status["devices"][0]["used_mem"].as_u64().unwrap() >= 4,
+        "{status:#}"
+    );
+    assert_eq!(status["devices"][0]["backend"], "cpu");
+    // The human table names it too.
+    let table = Command::new(CUMUX)
+        .args(["status", "--server", &server.address])
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&table.stdout).contains("loop_launches"));
+    // Killing the client releases everything it held.
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let started = Instant::now();
+    loop {
+        let status = server.status_json();
+        let idle = status["sessions"].as_array().unwrap().is_empty()
+            && status["devices"][0]["used_mem"].as_u64() == Some(0);
+        if idle {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "never cleaned up: {status:#}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn a_killed_server_makes_the_program_fail_not_hang() {
+    let mut server = ServerProc::start("killed");
+    let mut child = server
+        .command(&test_program("loop_launches"), &["120"])
+        .spawn()
+        .unwrap();
+    let lines = lines_of(child.stdout.take().unwrap());
+    if let Err(e) = wait_for_line(&lines, "started", Duration::from_secs(120)) {
+        let _ = child.kill();
+        panic!("{e}\n--- server log\n{}", server.log());
+    }
+    server.kill(); // SIGKILL
+    let out = wait_bounded(child, Duration::from_secs(60));
+    assert_ne!(out.code(), Some(0), "{}", out.describe());
+    let rest: Vec<String> = lines.try_iter().collect();
+    assert!(
+        rest.iter().any(|l| l.contains("failed")),
+        "the program should report the failed call: {rest:?} {}",
+        out.describe()
+    );
+}
+
+#[test]
+fn run_passes_exit_codes_signals_and_environment_through() {
+    // No server: `cumux run` warns and still runs the program.
+    let dir = TempDir::new("run-edges");
+    let nowhere = format!("unix:{}", dir.0.join("none.sock").display());
+    let run = |script: &str| {
+        ensure_driver();
+        let child = Command::new(CUMUX)
+            .args([
+                "run", "--server", &nowhere, "--tenant", "team-x", "--", "sh", "-c", script,
+            ])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        wait_bounded(child, Duration::from_secs(60))
+    };
+    let out = run("exit 7");
+    assert_eq!(out.code(), Some(7), "{}", out.describe());
+    assert!(out.stderr.contains("warning"), "{}", out.describe());
+    let out = run("kill -9 $$");
+    assert_eq!(out.code(), Some(128 + 9), "{}", out.describe());
+    let out = run("echo $CUMUX_SERVER; echo $CUMUX_TENANT; d=${LD_LIBRARY_PATH%%:*}; readlink $d/libcuda.so.1; readlink $d/libcuda.so");
+    let lines: Vec<&str> = out.stdout.lines().collect();
+    assert_eq!(lines[0], nowhere);
+    assert_eq!(lines[1], "team-x");
+    assert!(lines[2].ends_with("libcumux_client.so"), "{lines:?}");
+    assert_eq!(lines[2], lines[3]);
+}
+
+#[test]
+fn a_program_without_a_server_sees_the_cuda_error() {
+    let dir = TempDir::new("no-server");
+    let nowhere = format!("unix:{}", dir.0.join("none.sock").display());
+    ensure_driver();
+    let child = Command::new(CUMUX)
+        .args(["run", "--server", &nowhere, "--"])
+        .arg(corpus_program("vector_add"))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let out = wait_bounded(child, Duration::from_secs(60));
+    assert_ne!(out.code(), Some(0), "{}", out.describe());
+    assert!(!out.stdout.contains("PASS"), "{}", out.describe());
+}
+
+#[test]
+fn serve_replaces_a_stale_socket_and_refuses_a_live_one() {
+    let dir = TempDir::new("stale");
+    let socket = dir.0.join("s.sock");
+    drop(UnixListener::bind(&socket).unwrap()); // leaves the file, nobody listens
+    assert!(socket.exists());
+    let address = format!("unix:{}", socket.display());
+    let mut first = Command::new(CUMUX)
+        .args([
+            "serve", "--device", "cpu", "--memory", "64M", "--listen", &address,
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let lines = lines_of(first.stdout.take().unwrap());
+    let line = lines
+        .recv_timeout(Duration::from_secs(30))
+        .expect("serve prints where it listens");
+    assert!(line.contains(&address) && line.contains("cpu"), "{line}");
+    let second = Command::new(CUMUX)
+        .args(["serve", "--device", "cpu", "--listen", &address])
+        .output()
+        .unwrap();
+    assert!(!second.status.success());
+    assert!(String::from_utf8_lossy(&second.stderr).contains("already listens"));
+    let cuda = Command::new(CUMUX)
+        .args(["serve", "--device", "cuda", "--listen", &address])
+        .output()
+        .unwrap();
+    assert!(!cuda.status.success());
+    assert!(String::from_utf8_lossy(&cuda.stderr).contains("cuda backend"));
+    let _ = first.kill();
+    let _ = first.wait();
+}
+
+#[test]
+fn status_over_tcp() {
+    let mut server = Command::new(CUMUX)
+        .args([
+            "serve",
+            "--device",
+            "cpu",
+            "--memory",
+            "64M",
+            "--listen",
+            "tcp:127.0.0.1:0",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let lines = lines_of(server.stdout.take().unwrap());
+    let line = lines
+        .recv_timeout(Duration::from_secs(30))
+        .expect("serve prints where it listens");
+    let address = line
+        .split_whitespace()
+        .find(|w| w.starts_with("tcp:"))
+        .map(|w| w.trim_end_matches(';').to_string())
+        .unwrap_or_else(|| panic!("{line}"));
+    let out = Command::new(CUMUX)
+        .args(["status", "--json", "--server", &address])
+        .output()
+        .unwrap();
+    let _ = server.kill();
+    let _ = server.wait();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let status: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(status["devices"][0]["total_mem"], 64 << 20);
+}
