@@ -306,7 +306,7 @@ fn pointer_attribute(c: &Client, attr: u32, ptr: u64, data: *mut c_void) -> CuRe
     if device.is_none() && host.is_none() {
         if attr == 13 || attr == 8 {
             // MAPPED / IS_MANAGED: a plain "no" for unknown memory.
-            return out(data.cast::<u8>(), 0);
+            return out(data.cast::<u32>(), 0);
         }
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
@@ -327,14 +327,14 @@ fn pointer_attribute(c: &Client, attr: u32, ptr: u64, data: *mut c_void) -> CuRe
         ),
         3 => out(data.cast::<u64>(), ptr),
         4 => out(data.cast::<u64>(), if device.is_some() { 0 } else { ptr }),
-        6 => out(data.cast::<u8>(), 1),
+        6 => out(data.cast::<u32>(), 1),
         7 | 20 => out(data.cast::<u64>(), base),
-        8 => out(data.cast::<u8>(), 0),
+        8 => out(data.cast::<u32>(), 0),
         9 => out(data.cast::<i32>(), dev as i32),
-        10 | 15 | 21 => out(data.cast::<u8>(), 0),
+        10 | 15 | 21 => out(data.cast::<u32>(), 0),
         11 | 19 => out(data.cast::<u64>(), base),
         12 | 18 => out(data.cast::<usize>(), size as usize),
-        13 => out(data.cast::<u8>(), 1),
+        13 => out(data.cast::<u32>(), 1),
         14 => out(data.cast::<u64>(), 0),
         16 => out(data.cast::<u32>(), 3),
         17 => out(data.cast::<*mut c_void>(), std::ptr::null_mut()),
@@ -565,6 +565,7 @@ driver_fn! {
             if slot == 0 {
                 continue;
             }
+            tracing::trace!("cuPointerGetAttributes({ptr:#x}): attribute {attr}");
             match pointer_attribute(c, attr, ptr, slot as *mut c_void) {
                 Ok(()) => {}
                 // Unknown memory: cuPointerGetAttributes answers "unregistered".

@@ -1,0 +1,182 @@
+//! End to end through the client driver: CUDA programs from tests/cuda/driver,
+//! compiled with nvcc (and one C program on the CUDA 12 runtime, with gcc),
+//! run unmodified through `cumux run` against a `cumux serve --device cpu`.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use common::{wait_bounded, RunOutput, ServerProc, TempDir};
+
+const LIMIT: Duration = Duration::from_secs(180);
+
+fn driver_program(name: &str) -> PathBuf {
+    let source = cumux_testkit::workspace_root()
+        .join("tests/cuda/driver")
+        .join(format!("{name}.cu"));
+    cumux_testkit::compile_program(source, &[])
+}
+
+fn run_passes(server: &ServerProc, program: &Path) -> RunOutput {
+    let out = server.run(program, &[], LIMIT);
+    assert_eq!(out.code(), Some(0), "{}", out.describe());
+    assert!(
+        out.stdout.lines().any(|l| l.trim() == "PASS"),
+        "{}",
+        out.describe()
+    );
+    out
+}
+
+/// `key: value` lines a test program printed.
+fn value<'a>(stdout: &'a str, key: &str) -> Option<&'a str> {
+    stdout
+        .lines()
+        .find_map(|l| l.strip_prefix(key)?.strip_prefix(": "))
+        .map(str::trim)
+}
+
+#[test]
+fn device_query_matches_status() {
+    let server = ServerProc::start("devq");
+    let out = run_passes(&server, &driver_program("device_query"));
+    let status = server.status_json();
+    let device = &status["devices"][0];
+    assert_eq!(
+        value(&out.stdout, "name"),
+        device["name"].as_str(),
+        "{}",
+        out.stdout
+    );
+    assert_eq!(
+        value(&out.stdout, "total_mem").and_then(|v| v.parse::<u64>().ok()),
+        device["total_mem"].as_u64(),
+        "{}",
+        out.stdout
+    );
+    assert_eq!(
+        value(&out.stdout, "device_count").and_then(|v| v.parse::<usize>().ok()),
+        status["devices"].as_array().map(Vec::len)
+    );
+    assert_eq!(value(&out.stdout, "driver_version"), Some("13000"));
+}
+
+#[test]
+fn streams_and_events() {
+    let server = ServerProc::start("streams");
+    run_passes(&server, &driver_program("streams_events"));
+}
+
+#[test]
+fn memcpy_to_symbol() {
+    let server = ServerProc::start("symbol");
+    run_passes(&server, &driver_program("memcpy_to_symbol"));
+}
+
+#[test]
+fn pinned_memory() {
+    let server = ServerProc::start("pinned");
+    run_passes(&server, &driver_program("pinned_memory"));
+}
+
+#[test]
+fn host_callbacks_run_in_stream_order() {
+    let server = ServerProc::start("hostfn");
+    run_passes(&server, &driver_program("host_callback"));
+}
+
+#[test]
+fn unimplemented_call_is_named_and_not_supported() {
+    let server = ServerProc::start("unimpl");
+    let out = run_passes(&server, &driver_program("unimplemented_call"));
+    let line = "cumux: cuGraphicsGLRegisterBuffer is not implemented (CUDA_ERROR_NOT_SUPPORTED)";
+    assert_eq!(
+        out.stderr.matches(line).count(),
+        1,
+        "said once: {}",
+        out.describe()
+    );
+}
+
+/// A folder with `libcuda.so.1` pointing at the client driver, for running a
+/// program without `cumux run`.
+fn driver_dir(dir: &TempDir) -> PathBuf {
+    common::ensure_driver();
+    let driver = Path::new(common::CUMUX).with_file_name("libcumux_client.so");
+    let lib = dir.0.join("lib");
+    std::fs::create_dir_all(&lib).unwrap();
+    std::os::unix::fs::symlink(&driver, lib.join("libcuda.so.1")).unwrap();
+    lib
+}
+
+#[test]
+fn no_server_means_no_device() {
+    let dir = TempDir::new("noserver");
+    let lib = driver_dir(&dir);
+    let program = driver_program("device_query");
+    let child = Command::new(&program)
+        .env("LD_LIBRARY_PATH", &lib)
+        .env(
+            "CUMUX_SERVER",
+            format!("unix:{}", dir.0.join("absent.sock").display()),
+        )
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let out = wait_bounded(child, LIMIT);
+    assert_ne!(out.code(), Some(0), "{}", out.describe());
+    assert!(
+        out.stdout
+            .contains("cudaGetDeviceCount(&count) -> no CUDA-capable device is detected"),
+        "{}",
+        out.describe()
+    );
+    assert!(
+        out.stderr.contains("cannot reach the cumux server"),
+        "{}",
+        out.describe()
+    );
+}
+
+/// The CUDA 12 runtime from PyPI (`nvidia-cuda-runtime-cu12`), beside the cu13 tree.
+fn cuda12_runtime_dir() -> Option<PathBuf> {
+    let home = cumux_testkit::cuda_home();
+    let dir = home.parent()?.join("cuda_runtime/lib");
+    dir.join("libcudart.so.12").is_file().then_some(dir)
+}
+
+#[test]
+fn cuda12_runtime_program() {
+    let Some(rt) = cuda12_runtime_dir() else {
+        eprintln!("skipped: libcudart.so.12 not installed");
+        return;
+    };
+    let dir = TempDir::new("cuda12");
+    let source = cumux_testkit::workspace_root().join("tests/cuda/driver/cuda12_runtime.c");
+    let exe = dir.0.join("cuda12_runtime");
+    let include = cumux_testkit::cuda_home().join("include");
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+    let built = Command::new(cc)
+        .arg("-I")
+        .arg(&include)
+        .arg(&source)
+        .arg("-o")
+        .arg(&exe)
+        .arg(format!("-L{}", rt.display()))
+        .arg("-l:libcudart.so.12")
+        .arg(format!("-Wl,-rpath,{}", rt.display()))
+        .output()
+        .expect("a C compiler runs");
+    assert!(
+        built.status.success(),
+        "{}",
+        String::from_utf8_lossy(&built.stderr)
+    );
+    let server = ServerProc::start("cuda12");
+    let out = run_passes(&server, &exe);
+    assert!(out.stdout.contains("runtime: 12"), "{}", out.describe());
+}
