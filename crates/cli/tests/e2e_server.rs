@@ -83,9 +83,13 @@ fn status_shows_a_running_session_and_its_clean_up() {
         .output()
         .unwrap();
     assert!(String::from_utf8_lossy(&table.stdout).contains("loop_launches"));
-    // Killing the client releases everything it held.
-    child.kill().unwrap();
-    child.wait().unwrap();
+    // Killing the program (the session's pid, not `cumux run`) releases
+    // everything it held.
+    let pid = session["pid"].as_u64().unwrap().to_string();
+    let killed = Command::new("kill").args(["-9", &pid]).status().unwrap();
+    assert!(killed.success());
+    let out = wait_bounded(child, Duration::from_secs(60));
+    assert_eq!(out.code(), Some(128 + 9), "{}", out.describe());
     let started = Instant::now();
     loop {
         let status = server.status_json();
