@@ -1,0 +1,134 @@
+//! The CPU device behind a live session: PTX and fat binaries from nvcc load,
+//! kernels run with the parameter layout the module reports, and a cubin-only
+//! fat binary is refused with CUDA_ERROR_NO_BINARY_FOR_GPU.
+
+mod common;
+
+use std::sync::Arc;
+
+use common::*;
+use cumux_protocol::*;
+use cumux_server::device::cpu::CpuDevice;
+use cumux_server::{listener, Address, Device, Server};
+
+fn cpu_server(tag: &str) -> (Arc<Server>, std::path::PathBuf, TempDir) {
+    let dir = TempDir::new(tag);
+    let socket = dir.0.join("s.sock");
+    let server = Server::new(vec![Arc::new(CpuDevice::new(256 << 20)) as Arc<dyn Device>]);
+    let bound = listener::bind(&Address::Unix(socket.clone())).unwrap();
+    let serving = Arc::clone(&server);
+    std::thread::spawn(move || bound.serve(serving));
+    (server, socket, dir)
+}
+
+fn vector_add_params(a: u64, b: u64, c: u64, n: i32, layout: &[ParamInfo]) -> Vec<u8> {
+    let size = layout.last().map_or(0, |p| p.offset + p.size) as usize;
+    let mut params = vec![0u8; size];
+    for (p, bytes) in layout.iter().zip([
+        a.to_le_bytes().to_vec(),
+        b.to_le_bytes().to_vec(),
+        c.to_le_bytes().to_vec(),
+        n.to_le_bytes().to_vec(),
+    ]) {
+        params[p.offset as usize..][..p.size as usize].copy_from_slice(&bytes[..p.size as usize]);
+    }
+    params
+}
+
+fn floats(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|f| f.to_le_bytes()).collect()
+}
+
+#[test]
+fn ptx_and_fat_binaries_load_and_run() {
+    let (server, socket, _dir) = cpu_server("cpu-run");
+    let source = cumux_testkit::corpus_source("vector_add");
+    let ptx = cumux_testkit::compile_ptx(&source);
+    let fatbin = std::fs::read(cumux_testkit::compile_program(&source, &["-fatbin"])).unwrap();
+    for image in [ptx.into_bytes(), fatbin] {
+        let mut c = Client::connect(&socket, "cpu-test", None);
+        assert_eq!(c.devices[0].backend, "cpu");
+        let m = match c.call(Call::ModuleLoad { image }).unwrap() {
+            ReplyBody::Module(m) => m,
+            other => panic!("{other:?}"),
+        };
+        let f = m
+            .functions
+            .iter()
+            .find(|f| f.name.contains("vector_add"))
+            .expect("the kernel");
+        assert_eq!(f.params.len(), 4);
+        assert_eq!(f.attrs.max_threads_per_block, 1024);
+        let n = 1000;
+        let a: Vec<f32> = (0..n).map(|i| i as f32).collect();
+        let b: Vec<f32> = (0..n).map(|i| 2.0 * i as f32).collect();
+        let (pa, pb, pc) = (
+            c.alloc(4 * n as u64),
+            c.alloc(4 * n as u64),
+            c.alloc(4 * n as u64),
+        );
+        c.write(pa, &floats(&a));
+        c.write(pb, &floats(&b));
+        c.post(Call::Launch {
+            function: f.handle,
+            grid: [(n as u32).div_ceil(256), 1, 1],
+            block: [256, 1, 1],
+            shared_bytes: 0,
+            stream: DEFAULT_STREAM,
+            params: vector_add_params(pa, pb, pc, n, &f.params),
+        });
+        let out = c.read(pc, 4 * n as u64).unwrap();
+        let expected: Vec<f32> = (0..n).map(|i| 3.0 * i as f32).collect();
+        assert_eq!(out, floats(&expected));
+        // A pointer past the end faults: the context dies, the server does not.
+        c.post(Call::Launch {
+            function: f.handle,
+            grid: [1, 1, 1],
+            block: [32, 1, 1],
+            shared_bytes: 0,
+            stream: DEFAULT_STREAM,
+            params: vector_add_params(pa, pb, pc + (1 << 40), 32, &f.params),
+        });
+        assert_eq!(c.code(Call::ContextSynchronize), codes::ILLEGAL_ADDRESS);
+    }
+    let mut c = Client::connect(&socket, "cpu-test", None);
+    c.alloc(16);
+    drop(c);
+    let device = Arc::clone(&server.devices()[0]);
+    let start = std::time::Instant::now();
+    while device.mem_used() != 0 {
+        assert!(start.elapsed().as_secs() < 5, "memory not released");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn cubin_only_images_are_refused() {
+    let (_server, socket, _dir) = cpu_server("cpu-cubin");
+    let source = cumux_testkit::corpus_source("vector_add");
+    let cubin_only = cumux_testkit::compile_program(
+        &source,
+        &["-fatbin", "-gencode", "arch=compute_75,code=sm_75"],
+    );
+    let mut c = Client::connect(&socket, "cpu-test", None);
+    let err = c
+        .call(Call::ModuleLoad {
+            image: std::fs::read(cubin_only).unwrap(),
+        })
+        .unwrap_err();
+    assert_eq!(err.code, codes::NO_BINARY_FOR_GPU, "{err}");
+    let cubin = cumux_testkit::compile_program(&source, &["-cubin", "-arch=sm_75"]);
+    let err = c
+        .call(Call::ModuleLoad {
+            image: std::fs::read(cubin).unwrap(),
+        })
+        .unwrap_err();
+    assert_eq!(err.code, codes::NO_BINARY_FOR_GPU, "{err}");
+    let err = c
+        .call(Call::ModuleLoad {
+            image: b".version 9.0\n.target sm_75\nbogus;\n".to_vec(),
+        })
+        .unwrap_err();
+    assert_eq!(err.code, codes::INVALID_PTX, "{err}");
+    c.alloc(8);
+}
