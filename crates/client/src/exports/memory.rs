@@ -105,26 +105,30 @@ fn unified(c: &Client, dst: u64, src: u64, bytes: usize, stream: Option<Handle>)
     }
 }
 
-fn memset(
-    c: &Client,
-    dst: u64,
+/// A memset's shape: `height` rows of `count` elements of `elem` bytes,
+/// `pitch` bytes apart.
+struct Fill {
     value: u32,
     elem: u8,
     count: usize,
     pitch: usize,
     height: usize,
-    stream: Option<Handle>,
-) -> CuResult<()> {
-    if count == 0 || height == 0 {
+}
+
+fn memset(c: &Client, dst: u64, f: Fill, stream: Option<Handle>) -> CuResult<()> {
+    if f.count == 0 || f.height == 0 {
         return Ok(());
+    }
+    if f.height > 1 && f.pitch < f.count * f.elem as usize {
+        return Err(CUDA_ERROR_INVALID_VALUE);
     }
     c.call(Call::Memset {
         dst,
-        value,
-        elem_bytes: elem,
-        count: count as u64,
-        pitch: pitch as u64,
-        height: height as u64,
+        value: f.value,
+        elem_bytes: f.elem,
+        count: f.count as u64,
+        pitch: f.pitch as u64,
+        height: f.height as u64,
         stream,
     })
     .map(|_| ())
@@ -437,57 +441,57 @@ driver_fn! {
     }
 
     fn cuMemsetD8_v2 | cuMemsetD8_v2_ptds (dst: u64, value: u8, n: usize) {
-        memset(client()?, dst, value as u32, 1, n, n, 1, None)
+        memset(client()?, dst, Fill { value: value as u32, elem: 1, count: n, pitch: n, height: 1 }, None)
     }
 
     fn cuMemsetD16_v2 | cuMemsetD16_v2_ptds (dst: u64, value: u16, n: usize) {
-        memset(client()?, dst, value as u32, 2, n, n * 2, 1, None)
+        memset(client()?, dst, Fill { value: value as u32, elem: 2, count: n, pitch: n * 2, height: 1 }, None)
     }
 
     fn cuMemsetD32_v2 | cuMemsetD32_v2_ptds (dst: u64, value: u32, n: usize) {
-        memset(client()?, dst, value, 4, n, n * 4, 1, None)
+        memset(client()?, dst, Fill { value, elem: 4, count: n, pitch: n * 4, height: 1 }, None)
     }
 
     fn cuMemsetD8Async | cuMemsetD8Async_ptsz (dst: u64, value: u8, n: usize, stream: *mut c_void) {
         let c = client()?;
-        memset(c, dst, value as u32, 1, n, n, 1, Some(stream_of(c, stream)?))
+        memset(c, dst, Fill { value: value as u32, elem: 1, count: n, pitch: n, height: 1 }, Some(stream_of(c, stream)?))
     }
 
     fn cuMemsetD16Async | cuMemsetD16Async_ptsz (dst: u64, value: u16, n: usize, stream: *mut c_void) {
         let c = client()?;
-        memset(c, dst, value as u32, 2, n, n * 2, 1, Some(stream_of(c, stream)?))
+        memset(c, dst, Fill { value: value as u32, elem: 2, count: n, pitch: n * 2, height: 1 }, Some(stream_of(c, stream)?))
     }
 
     fn cuMemsetD32Async | cuMemsetD32Async_ptsz (dst: u64, value: u32, n: usize, stream: *mut c_void) {
         let c = client()?;
-        memset(c, dst, value, 4, n, n * 4, 1, Some(stream_of(c, stream)?))
+        memset(c, dst, Fill { value, elem: 4, count: n, pitch: n * 4, height: 1 }, Some(stream_of(c, stream)?))
     }
 
     fn cuMemsetD2D8_v2 | cuMemsetD2D8_v2_ptds (dst: u64, pitch: usize, value: u8, w: usize, h: usize) {
-        memset(client()?, dst, value as u32, 1, w, pitch, h, None)
+        memset(client()?, dst, Fill { value: value as u32, elem: 1, count: w, pitch, height: h }, None)
     }
 
     fn cuMemsetD2D16_v2 | cuMemsetD2D16_v2_ptds (dst: u64, pitch: usize, value: u16, w: usize, h: usize) {
-        memset(client()?, dst, value as u32, 2, w, pitch, h, None)
+        memset(client()?, dst, Fill { value: value as u32, elem: 2, count: w, pitch, height: h }, None)
     }
 
     fn cuMemsetD2D32_v2 | cuMemsetD2D32_v2_ptds (dst: u64, pitch: usize, value: u32, w: usize, h: usize) {
-        memset(client()?, dst, value, 4, w, pitch, h, None)
+        memset(client()?, dst, Fill { value, elem: 4, count: w, pitch, height: h }, None)
     }
 
     fn cuMemsetD2D8Async | cuMemsetD2D8Async_ptsz (dst: u64, pitch: usize, value: u8, w: usize, h: usize, stream: *mut c_void) {
         let c = client()?;
-        memset(c, dst, value as u32, 1, w, pitch, h, Some(stream_of(c, stream)?))
+        memset(c, dst, Fill { value: value as u32, elem: 1, count: w, pitch, height: h }, Some(stream_of(c, stream)?))
     }
 
     fn cuMemsetD2D16Async | cuMemsetD2D16Async_ptsz (dst: u64, pitch: usize, value: u16, w: usize, h: usize, stream: *mut c_void) {
         let c = client()?;
-        memset(c, dst, value as u32, 2, w, pitch, h, Some(stream_of(c, stream)?))
+        memset(c, dst, Fill { value: value as u32, elem: 2, count: w, pitch, height: h }, Some(stream_of(c, stream)?))
     }
 
     fn cuMemsetD2D32Async | cuMemsetD2D32Async_ptsz (dst: u64, pitch: usize, value: u32, w: usize, h: usize, stream: *mut c_void) {
         let c = client()?;
-        memset(c, dst, value, 4, w, pitch, h, Some(stream_of(c, stream)?))
+        memset(c, dst, Fill { value, elem: 4, count: w, pitch, height: h }, Some(stream_of(c, stream)?))
     }
 
     fn cuMemHostAlloc(pp: *mut *mut c_void, bytes: usize, flags: u32) {
