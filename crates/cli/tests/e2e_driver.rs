@@ -100,6 +100,84 @@ fn unimplemented_call_is_named_and_not_supported() {
     );
 }
 
+#[test]
+fn per_thread_default_stream_program() {
+    let source = cumux_testkit::workspace_root().join("tests/cuda/driver/streams_events.cu");
+    let program = cumux_testkit::compile_program(source, &["--default-stream", "per-thread"]);
+    let server = ServerProc::start("ptds");
+    run_passes(&server, &program);
+}
+
+/// A folder where `-lcuda` finds the client driver (its soname is
+/// `libcuda.so.1`), so driver-API programs link against cumux itself. Kept
+/// at a fixed place so the compile cache can reuse the build.
+fn link_dir() -> PathBuf {
+    common::ensure_driver();
+    let driver = Path::new(common::CUMUX).with_file_name("libcumux_client.so");
+    let dir = Path::new(common::CUMUX).with_file_name("cumux-link");
+    std::fs::create_dir_all(&dir).unwrap();
+    let link = dir.join("libcuda.so");
+    if std::fs::read_link(&link).ok().as_deref() != Some(driver.as_path()) {
+        let _ = std::fs::remove_file(&link);
+        std::os::unix::fs::symlink(&driver, &link).unwrap();
+    }
+    dir
+}
+
+#[test]
+fn driver_api_program() {
+    let source = cumux_testkit::workspace_root().join("tests/cuda/driver/driver_api.cu");
+    let link = format!("-L{}", link_dir().display());
+    let program = cumux_testkit::compile_program(source, &[&link, "-lcuda"]);
+    let fatbin = cumux_testkit::workspace_root().join("crates/fatbin/tests/fixtures/zstd.fatbin");
+    let server = ServerProc::start("driverapi");
+    let out = server.run(&program, &[fatbin.to_str().unwrap()], LIMIT);
+    assert_eq!(out.code(), Some(0), "{}", out.describe());
+    let lines: Vec<&str> = out.stdout.lines().collect();
+    let at = |l: &str| lines.iter().position(|x| *x == l);
+    let (before, hello, after) = (
+        at("before the kernel"),
+        at("hello from the device: 42"),
+        at("after the kernel"),
+    );
+    assert!(
+        before < hello && hello < after && before.is_some(),
+        "device printf out of order: {}",
+        out.describe()
+    );
+    assert!(lines.contains(&"PASS"), "{}", out.describe());
+}
+
+#[test]
+fn lost_connection_fails_later_calls() {
+    let mut server = ServerProc::start("lost");
+    let program = driver_program("lost_connection");
+    let mut child = server.command(&program, &[]).spawn().unwrap();
+    let lines = common::lines_of(child.stdout.take().unwrap());
+    common::wait_for_line(&lines, "started", LIMIT).unwrap();
+    server.kill();
+    let out = wait_bounded(child, Duration::from_secs(60));
+    let rest: Vec<String> = lines.try_iter().collect();
+    assert_eq!(
+        out.code(),
+        Some(0),
+        "{}
+{rest:?}",
+        out.describe()
+    );
+    assert!(
+        rest.iter().any(|l| l == "PASS"),
+        "{rest:?}
+{}",
+        out.describe()
+    );
+    assert!(
+        rest.iter()
+            .any(|l| l == "error: cudaErrorDevicesUnavailable"),
+        "{rest:?}"
+    );
+}
+
 /// A folder with `libcuda.so.1` pointing at the client driver, for running a
 /// program without `cumux run`.
 fn driver_dir(dir: &TempDir) -> PathBuf {
