@@ -15,7 +15,7 @@ use cumux_protocol::{
 };
 
 use crate::device::attributes::{MAX_BLOCK_DIM, MAX_GRID_DIM, SHARED_PER_BLOCK_OPTIN};
-use crate::device::{Device, KernelDesc, LaunchGeometry, LaunchOutcome, ModuleId};
+use crate::device::{Device, DeviceContext, KernelDesc, LaunchGeometry, LaunchOutcome, ModuleId};
 use crate::status::{server_status, SessionEntry, SessionStats};
 use crate::streams::{Position, Streams, Work, MAX_STREAMS, NON_BLOCKING};
 use crate::Server;
@@ -120,6 +120,8 @@ struct EventState {
 pub struct Session {
     server: Arc<Server>,
     device: Arc<dyn Device>,
+    /// The session's own address space and modules on the device.
+    ctx: Arc<dyn DeviceContext>,
     core: Arc<SessionCore>,
     entry: Option<Arc<SessionEntry>>,
     streams: Streams,
@@ -153,6 +155,7 @@ impl Session {
             .first()
             .cloned()
             .ok_or_else(|| err(codes::NO_DEVICE, "the server has no device"))?;
+        let ctx = device.create_context()?;
         let id = server.next_session_id();
         let stats = Arc::new(SessionStats::default());
         let entry = (hello.role == cumux_protocol::ClientRole::Driver).then(|| {
@@ -176,6 +179,7 @@ impl Session {
         Ok(Session {
             server,
             device,
+            ctx,
             core: Arc::new(SessionCore {
                 id,
                 fatal: Mutex::new(None),
@@ -425,15 +429,15 @@ impl Session {
     /// and its failure is recorded on the session.
     fn device_job(
         &self,
-        work: impl FnOnce(&dyn Device) -> Result<(), CuError> + Send + 'static,
+        work: impl FnOnce(&dyn DeviceContext) -> Result<(), CuError> + Send + 'static,
     ) -> Work {
         let core = Arc::clone(&self.core);
-        let device = Arc::clone(&self.device);
+        let ctx = Arc::clone(&self.ctx);
         Box::new(move || {
             if core.skips_work() {
                 return;
             }
-            let result = catch_unwind(AssertUnwindSafe(|| work(device.as_ref())))
+            let result = catch_unwind(AssertUnwindSafe(|| work(ctx.as_ref())))
                 .unwrap_or_else(|_| Err(err(codes::UNKNOWN, "the device panicked")));
             if let Err(e) = result {
                 core.fail(e);
@@ -464,7 +468,7 @@ impl Session {
         if bytes == 0 {
             return Err(err(codes::INVALID_VALUE, "cannot allocate 0 bytes"));
         }
-        let ptr = self.device.mem_alloc(bytes)?;
+        let ptr = self.ctx.mem_alloc(bytes)?;
         self.allocations.insert(ptr, bytes);
         let stats = &self.core.stats;
         stats.mem_used.fetch_add(bytes, Ordering::Relaxed);
@@ -485,7 +489,7 @@ impl Session {
         let stats = &self.core.stats;
         stats.mem_used.fetch_sub(size, Ordering::Relaxed);
         stats.allocations.fetch_sub(1, Ordering::Relaxed);
-        self.device.mem_free(ptr)?;
+        self.ctx.mem_free(ptr)?;
         Ok(ReplyBody::Unit)
     }
 
@@ -595,7 +599,7 @@ impl Session {
     // ----- modules and launches -----
 
     fn module_load(&mut self, image: &[u8]) -> CallResult {
-        let loaded = self.device.module_load(image)?;
+        let loaded = self.ctx.module_load(image)?;
         let module = self.mint_handle();
         let mut functions = Vec::with_capacity(loaded.kernels.len());
         let mut infos = Vec::with_capacity(loaded.kernels.len());
@@ -669,7 +673,7 @@ impl Session {
         for g in &entry.globals {
             self.globals.remove(g);
         }
-        self.device.module_unload(entry.id);
+        self.ctx.module_unload(entry.id);
     }
 
     fn launch(
@@ -727,14 +731,14 @@ impl Session {
             dynamic_shared_bytes: shared_bytes,
         };
         let core = Arc::clone(&self.core);
-        let device = Arc::clone(&self.device);
+        let ctx = Arc::clone(&self.ctx);
         let work: Work = Box::new(move || {
             if core.skips_work() {
                 return;
             }
             let started = Instant::now();
             let outcome = catch_unwind(AssertUnwindSafe(|| {
-                device.launch(module, kernel, &geometry, &params)
+                ctx.launch(module, kernel, &geometry, &params)
             }))
             .unwrap_or_else(|_| LaunchOutcome {
                 stdout: Vec::new(),
@@ -848,7 +852,7 @@ impl Session {
             self.drop_module(m);
         }
         for (ptr, _) in std::mem::take(&mut self.allocations) {
-            if let Err(e) = self.device.mem_free(ptr) {
+            if let Err(e) = self.ctx.mem_free(ptr) {
                 tracing::error!(session = self.id(), %e, "freeing {ptr:#x} at teardown failed");
             }
         }

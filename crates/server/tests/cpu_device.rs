@@ -103,6 +103,30 @@ fn ptx_and_fat_binaries_load_and_run() {
 }
 
 #[test]
+fn a_kernel_cannot_reach_another_sessions_memory() {
+    let (_server, socket, _dir) = cpu_server("cpu-isolation");
+    let ptx = cumux_testkit::compile_ptx(cumux_testkit::corpus_source("vector_add"));
+    let mut a = Client::connect(&socket, "tenant-a", None);
+    let bufs: Vec<u64> = (0..3).map(|_| a.alloc(4096)).collect();
+    a.write(bufs[2], &[7; 4096]);
+    let mut b = Client::connect(&socket, "tenant-b", None);
+    let m = b.load_bytes(ptx.into_bytes());
+    let f = m.functions[0].clone();
+    let mine = b.alloc(4096);
+    b.post(Call::Launch {
+        function: f.handle,
+        grid: [1, 1, 1],
+        block: [32, 1, 1],
+        shared_bytes: 0,
+        stream: DEFAULT_STREAM,
+        params: vector_add_params(bufs[2], bufs[2], mine, 32, &f.params),
+    });
+    // A's pointer names nothing in B's address space.
+    assert_eq!(b.code(Call::ContextSynchronize), codes::ILLEGAL_ADDRESS);
+    assert_eq!(a.read(bufs[2], 4096).unwrap(), vec![7; 4096]);
+}
+
+#[test]
 fn cubin_only_images_are_refused() {
     let (_server, socket, _dir) = cpu_server("cpu-cubin");
     let source = cumux_testkit::corpus_source("vector_add");

@@ -1,9 +1,11 @@
 //! The CPU reference device: device memory and kernels from `cumux-ptx`, module
-//! images unpacked with `cumux-fatbin`. It runs the PTX nvcc embeds in every fat
-//! binary; a cubin-only image cannot run here (CUDA_ERROR_NO_BINARY_FOR_GPU).
+//! images unpacked with `cumux-fatbin`. Each context has an address space of its
+//! own under one device-wide memory budget. It runs the PTX nvcc embeds in every
+//! fat binary; a cubin-only image cannot run here (CUDA_ERROR_NO_BINARY_FOR_GPU).
 
 use std::collections::HashMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use cumux_fatbin::{Classified, ImageKind};
@@ -12,14 +14,50 @@ use cumux_ptx::{DeviceMemory, LaunchConfig, MemError, Program, Space};
 
 use super::attributes::{cpu_device_attributes, AttributeInputs, SHARED_PER_BLOCK};
 use super::{
-    Device, GlobalDesc, KernelDesc, LaunchGeometry, LaunchOutcome, LoadedModule, ModuleId,
+    Device, DeviceContext, GlobalDesc, KernelDesc, LaunchGeometry, LaunchOutcome, LoadedModule,
+    ModuleId,
 };
 
-/// The CPU device: one address space shared by every session (each session's
-/// own allocation table keeps it to its own memory on copies).
+/// The CPU device. Its contexts share nothing but the memory budget: a kernel
+/// of one session runs against that session's own [`DeviceMemory`], so it
+/// cannot reach another's allocations, and one session's long kernel never
+/// holds up another's allocations or frees.
 pub struct CpuDevice {
     info: DeviceInfo,
+    budget: Arc<Budget>,
+}
+
+/// Device memory in use across contexts, against the device's capacity.
+struct Budget {
+    capacity: u64,
+    used: AtomicU64,
+}
+
+impl Budget {
+    fn reserve(&self, bytes: u64) -> bool {
+        self.used
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
+                used.checked_add(bytes)
+                    .filter(|total| *total <= self.capacity)
+            })
+            .is_ok()
+    }
+
+    fn release(&self, bytes: u64) {
+        let _ = self
+            .used
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
+                Some(used.saturating_sub(bytes))
+            });
+    }
+}
+
+/// One session's address space and modules on the CPU device.
+pub struct CpuContext {
     mem: DeviceMemory,
+    budget: Arc<Budget>,
+    /// What this context has charged to the budget.
+    charged: AtomicU64,
     modules: Mutex<Modules>,
 }
 
@@ -53,11 +91,23 @@ impl CpuDevice {
                 }),
                 backend: "cpu".into(),
             },
-            mem: DeviceMemory::new(capacity),
-            modules: Mutex::new(Modules {
-                next: 1,
-                ..Modules::default()
+            budget: Arc::new(Budget {
+                capacity,
+                used: AtomicU64::new(0),
             }),
+        }
+    }
+}
+
+impl CpuContext {
+    /// Brings the budget in line with this context's memory after a change.
+    fn settle(&self) {
+        let now = self.mem.used();
+        let before = self.charged.swap(now, Ordering::AcqRel);
+        if now >= before {
+            self.budget.used.fetch_add(now - before, Ordering::AcqRel);
+        } else {
+            self.budget.release(before - now);
         }
     }
 
@@ -125,19 +175,54 @@ impl Device for CpuDevice {
     }
 
     fn mem_used(&self) -> u64 {
-        self.mem.used()
+        self.budget.used.load(Ordering::Acquire)
     }
 
     fn mem_total(&self) -> u64 {
-        self.mem.capacity()
+        self.budget.capacity
     }
 
+    fn create_context(&self) -> Result<Arc<dyn DeviceContext>, CuError> {
+        Ok(Arc::new(CpuContext {
+            mem: DeviceMemory::new(self.budget.capacity),
+            budget: Arc::clone(&self.budget),
+            charged: AtomicU64::new(0),
+            modules: Mutex::new(Modules {
+                next: 1,
+                ..Modules::default()
+            }),
+        }))
+    }
+}
+
+impl Drop for CpuContext {
+    fn drop(&mut self) {
+        self.budget.release(*self.charged.get_mut());
+    }
+}
+
+impl DeviceContext for CpuContext {
     fn mem_alloc(&self, bytes: u64) -> Result<DevicePtr, CuError> {
-        self.mem.alloc(bytes).map_err(mem_err)
+        let oom = || {
+            CuError::new(
+                codes::OUT_OF_MEMORY,
+                format!("cannot allocate {bytes} bytes: device memory is full"),
+            )
+        };
+        // Hold the bytes against other contexts while allocating.
+        if !self.budget.reserve(bytes) {
+            return Err(oom());
+        }
+        let result = self.mem.alloc(bytes).map_err(mem_err);
+        self.budget.release(bytes);
+        self.settle();
+        result
     }
 
     fn mem_free(&self, ptr: DevicePtr) -> Result<(), CuError> {
-        self.mem.free(ptr).map_err(mem_err)
+        let result = self.mem.free(ptr).map_err(mem_err);
+        self.settle();
+        result
     }
 
     fn mem_read(&self, src: DevicePtr, buf: &mut [u8]) -> Result<(), CuError> {
@@ -158,7 +243,9 @@ impl Device for CpuDevice {
 
     fn module_load(&self, image: &[u8]) -> Result<LoadedModule, CuError> {
         let ptx = ptx_of_image(image)?;
-        let program = catch_unwind(AssertUnwindSafe(|| Program::load(&ptx, &self.mem)))
+        let loaded = catch_unwind(AssertUnwindSafe(|| Program::load(&ptx, &self.mem)));
+        self.settle();
+        let program = loaded
             .map_err(|_| CuError::new(codes::INVALID_PTX, "the PTX loader crashed on this module"))?
             .map_err(|e| CuError::new(e.cu_code(), e.to_string()))?;
         let const_bytes: u64 = program
@@ -232,6 +319,7 @@ impl Device for CpuDevice {
             }
             None => {}
         }
+        self.settle();
     }
 
     fn launch(

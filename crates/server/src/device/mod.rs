@@ -1,11 +1,13 @@
-//! The one device trait every backend implements (memory, modules, launches) and
-//! the plain types that cross it. Methods are synchronous; see [`Device`] for how
-//! stream ordering and asynchrony are layered on top by the server.
+//! The device traits every backend implements: [`Device`] (description, memory
+//! totals, contexts) and [`DeviceContext`] (one session's memory, modules and
+//! launches, all synchronous), and the plain types that cross them.
 
 pub mod attributes;
 #[cfg(feature = "cpu")]
 pub mod cpu;
 pub mod model;
+
+use std::sync::Arc;
 
 use cumux_protocol::{CuError, DeviceInfo, DevicePtr, FunctionAttrs, ParamInfo};
 
@@ -65,7 +67,23 @@ pub struct LaunchOutcome {
     pub result: Result<(), CuError>,
 }
 
-/// One device the server owns.
+/// One device the server owns. Sessions never touch it directly: each gets a
+/// [`DeviceContext`] of its own (an address space and module namespace, like a
+/// CUDA context), so one tenant's kernels cannot even name another's memory.
+pub trait Device: Send + Sync {
+    /// The handshake's description: name, uuid, PCI ids, memory, attributes.
+    fn info(&self) -> &DeviceInfo;
+    /// Bytes of device memory in use (all contexts).
+    fn mem_used(&self) -> u64;
+    /// Bytes of device memory in total.
+    fn mem_total(&self) -> u64 {
+        self.info().total_mem
+    }
+    /// A new context for one session. Dropping it releases whatever it still holds.
+    fn create_context(&self) -> Result<Arc<dyn DeviceContext>, CuError>;
+}
+
+/// One session's share of a device: memory, modules and launches.
 ///
 /// Every method is synchronous: when it returns, the work is done. The server
 /// gives each client stream a worker thread of its own (`streams.rs`) that calls
@@ -74,18 +92,10 @@ pub struct LaunchOutcome {
 /// backend) implements the same methods on a CUDA stream per calling thread and
 /// synchronizes it before returning; the trait needs no notion of streams.
 ///
-/// Pointers reaching a device have already been checked by the session against
+/// Pointers reaching a context have already been checked by the session against
 /// the client's own allocations; a backend still fails cleanly (never panics)
 /// on a bad pointer.
-pub trait Device: Send + Sync {
-    /// The handshake's description: name, uuid, PCI ids, memory, attributes.
-    fn info(&self) -> &DeviceInfo;
-    /// Bytes of device memory in use (all sessions).
-    fn mem_used(&self) -> u64;
-    /// Bytes of device memory in total.
-    fn mem_total(&self) -> u64 {
-        self.info().total_mem
-    }
+pub trait DeviceContext: Send + Sync {
     fn mem_alloc(&self, bytes: u64) -> Result<DevicePtr, CuError>;
     fn mem_free(&self, ptr: DevicePtr) -> Result<(), CuError>;
     fn mem_read(&self, src: DevicePtr, buf: &mut [u8]) -> Result<(), CuError>;
@@ -108,9 +118,9 @@ pub trait Device: Send + Sync {
 }
 
 /// The CPU reference device with `capacity` bytes of memory, if this build has it.
-pub fn cpu_device(capacity: u64) -> Result<std::sync::Arc<dyn Device>, String> {
+pub fn cpu_device(capacity: u64) -> Result<Arc<dyn Device>, String> {
     #[cfg(feature = "cpu")]
-    return Ok(std::sync::Arc::new(cpu::CpuDevice::new(capacity)));
+    return Ok(Arc::new(cpu::CpuDevice::new(capacity)));
     #[cfg(not(feature = "cpu"))]
     return Err(format!(
         "this build of cumux-server has no CPU device (feature `cpu`); cannot serve {capacity} bytes"

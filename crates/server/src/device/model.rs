@@ -8,21 +8,30 @@
 //! an illegal address; `panic` panics.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use cumux_protocol::{codes, CuError, DeviceInfo, DevicePtr, FunctionAttrs, ParamInfo};
 
 use super::attributes::{cpu_device_attributes, AttributeInputs};
 use super::{
-    Device, GlobalDesc, KernelDesc, LaunchGeometry, LaunchOutcome, LoadedModule, ModuleId,
+    Device, DeviceContext, GlobalDesc, KernelDesc, LaunchGeometry, LaunchOutcome, LoadedModule,
+    ModuleId,
 };
 
 const BASE: u64 = 0x7f00_0000_0000;
 const ALIGN: u64 = 256;
 
+/// The model device. All its contexts share one address space (the model is
+/// for testing the server, not for isolating kernels).
 pub struct ModelDevice {
     info: DeviceInfo,
+    shared: Arc<ModelMemory>,
+}
+
+/// Memory, modules and kernels of the model, shared by its contexts.
+pub struct ModelMemory {
+    capacity: u64,
     state: Mutex<State>,
 }
 
@@ -69,14 +78,19 @@ impl ModelDevice {
                 }),
                 backend: "model".into(),
             },
-            state: Mutex::new(State {
-                next: BASE,
-                next_module: 1,
-                ..State::default()
+            shared: Arc::new(ModelMemory {
+                capacity,
+                state: Mutex::new(State {
+                    next: BASE,
+                    next_module: 1,
+                    ..State::default()
+                }),
             }),
         }
     }
+}
 
+impl ModelMemory {
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -128,13 +142,19 @@ impl Device for ModelDevice {
     }
 
     fn mem_used(&self) -> u64 {
-        self.lock().used
+        self.shared.lock().used
     }
 
+    fn create_context(&self) -> Result<Arc<dyn DeviceContext>, CuError> {
+        Ok(Arc::clone(&self.shared) as Arc<dyn DeviceContext>)
+    }
+}
+
+impl DeviceContext for ModelMemory {
     fn mem_alloc(&self, bytes: u64) -> Result<DevicePtr, CuError> {
         let mut state = self.lock();
         let oom = || CuError::new(codes::OUT_OF_MEMORY, "model device: out of memory");
-        if bytes == 0 || state.used.saturating_add(bytes) > self.info.total_mem {
+        if bytes == 0 || state.used.saturating_add(bytes) > self.capacity {
             return Err(oom());
         }
         let ptr = state.next;

@@ -204,9 +204,11 @@ impl Client {
     }
 
     pub fn load(&mut self, image: &str) -> ModuleInfo {
-        match self.call(Call::ModuleLoad {
-            image: image.as_bytes().to_vec(),
-        }) {
+        self.load_bytes(image.as_bytes().to_vec())
+    }
+
+    pub fn load_bytes(&mut self, image: Vec<u8>) -> ModuleInfo {
+        match self.call(Call::ModuleLoad { image }) {
             Ok(ReplyBody::Module(m)) => m,
             other => panic!("{other:?}"),
         }
