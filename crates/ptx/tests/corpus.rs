@@ -506,7 +506,7 @@ fn nbody() {
 fn bitonic_sort() {
     let module = Module::load("bitonic_sort");
     const CHUNK: u32 = 1024; // fixed in bitonic_sort.cu
-    let n = 2 * CHUNK;
+    let n = 4 * CHUNK; // two merge sizes above a chunk: global and shared stages
     let mut rng = Rng(6);
     let keys: Vec<u32> = (0..n).map(|_| rng.next_u32() % 100_000).collect();
     let dkeys = module.upload(&keys);
@@ -975,7 +975,7 @@ fn half_precision() {
     use half::{bf16, f16};
     let module = Module::load("half_precision");
     const RESULTS: usize = 18;
-    let n = 512;
+    let n = 2048;
     let mut rng = Rng(9);
     let mut a: Vec<f32> = (0..n).map(|_| rng.uniform(-8.0, 8.0) as f32).collect();
     let b: Vec<f32> = (0..n).map(|_| rng.uniform(-4.0, 4.0) as f32).collect();
@@ -1091,7 +1091,7 @@ fn ulp_of(v: f64) -> f64 {
 fn math_funcs() {
     let module = Module::load("math_funcs");
     const FUNCS: usize = 20;
-    let n = 512;
+    let n = 2048;
     let mut rng = Rng(10);
     let pi = std::f64::consts::PI;
     let mut x: Vec<f32> = (0..n).map(|_| rng.uniform(-100.0, 100.0) as f32).collect();
