@@ -4,7 +4,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
@@ -22,6 +22,9 @@ use crate::Server;
 
 /// Printf output a session may hold before further output is dropped.
 pub const MAX_STDOUT_BYTES: usize = 16 << 20;
+/// Payload bytes (async copies, launch parameters) a session may hold in its
+/// queues; past it, the session waits for its streams before queueing more.
+pub const MAX_QUEUED_BYTES: u64 = 1 << 30;
 /// `CU_EVENT_DISABLE_TIMING`.
 const EVENT_DISABLE_TIMING: u32 = 0x2;
 
@@ -45,6 +48,8 @@ pub struct SessionCore {
     stdout: Mutex<Vec<u8>>,
     /// Set at teardown: queued work is skipped.
     closing: AtomicBool,
+    /// Payload bytes waiting in stream queues.
+    queued_bytes: AtomicU64,
     pub stats: Arc<SessionStats>,
 }
 
@@ -186,6 +191,7 @@ impl Session {
                 sticky: Mutex::new(None),
                 stdout: Mutex::new(Vec::new()),
                 closing: AtomicBool::new(false),
+                queued_bytes: AtomicU64::new(0),
                 stats,
             }),
             entry,
@@ -445,8 +451,9 @@ impl Session {
         })
     }
 
-    /// Queues `work` on `stream` (`None`: the default stream, then waits for it,
-    /// as a synchronous call).
+    /// Queues `work` on `stream`; `None` is a synchronous call on the default
+    /// stream: it runs once the work it is ordered after is done, and returns
+    /// the session's pending error.
     fn submit(&mut self, stream: Option<Handle>, work: Work) -> CallResult {
         match stream {
             Some(s) => {
@@ -454,11 +461,37 @@ impl Session {
                 Ok(ReplyBody::Unit)
             }
             None => {
-                let pos = self.enqueue(DEFAULT_STREAM, Vec::new(), work)?;
-                self.streams.tracker().wait(&[pos]);
+                self.run_now(DEFAULT_STREAM, work)?;
                 self.sync_result()
             }
         }
+    }
+
+    /// Runs `work` in `stream`'s order and waits for it. When nothing it is
+    /// ordered after is pending, it runs right here, sparing two thread hops.
+    fn run_now(&mut self, stream: Handle, work: Work) -> Result<(), CuError> {
+        if self.streams.ready(stream) {
+            work();
+        } else {
+            let pos = self.enqueue(stream, Vec::new(), work)?;
+            self.streams.tracker().wait(&[pos]);
+        }
+        Ok(())
+    }
+
+    /// Counts `bytes` of payload held in a queue until `work` has run, first
+    /// draining the session's streams if it holds too much already.
+    fn metered(&mut self, bytes: u64, work: Work) -> Work {
+        let queued = &self.core.queued_bytes;
+        if queued.load(Ordering::Acquire).saturating_add(bytes) > MAX_QUEUED_BYTES {
+            self.streams.synchronize_all();
+        }
+        queued.fetch_add(bytes, Ordering::AcqRel);
+        let core = Arc::clone(&self.core);
+        Box::new(move || {
+            work();
+            core.queued_bytes.fetch_sub(bytes, Ordering::AcqRel);
+        })
     }
 
     // ----- memory -----
@@ -501,7 +534,11 @@ impl Session {
         if data.is_empty() {
             return Ok(ReplyBody::Unit);
         }
-        let job = self.device_job(move |d| d.mem_write(dst, &data));
+        let bytes = data.len() as u64;
+        let mut job = self.device_job(move |d| d.mem_write(dst, &data));
+        if stream.is_some() {
+            job = self.metered(bytes, job);
+        }
         self.submit(stream, job)
     }
 
@@ -522,8 +559,7 @@ impl Session {
             let _ = tx.send(buf);
             result
         });
-        let pos = self.enqueue(stream, Vec::new(), job)?;
-        self.streams.tracker().wait(&[pos]);
+        self.run_now(stream, job)?;
         let data = rx.try_recv().ok();
         if let Some(e) = self.core.take_error() {
             return Err(e);
@@ -725,6 +761,7 @@ impl Session {
             ));
         }
         let (module, kernel) = (f.module, f.index);
+        let params_len = params.len() as u64;
         let geometry = LaunchGeometry {
             grid,
             block,
@@ -752,6 +789,7 @@ impl Session {
                 core.fail(e);
             }
         });
+        let work = self.metered(params_len, work);
         self.enqueue(stream, Vec::new(), work)?;
         Ok(ReplyBody::Unit)
     }

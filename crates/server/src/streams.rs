@@ -226,6 +226,29 @@ impl Streams {
         Some(pos)
     }
 
+    /// Whether work queued on `stream` now would run at once: the stream is
+    /// idle and so is everything the legacy default stream orders it after.
+    /// Explicit dependencies are the caller's to check.
+    pub fn ready(&self, stream: Handle) -> bool {
+        let Some(queue) = self.queues.get(&stream) else {
+            return false;
+        };
+        if !self.is_idle(stream) {
+            return false;
+        }
+        if !queue.blocking {
+            return true;
+        }
+        if stream == DEFAULT_STREAM {
+            self.queues
+                .iter()
+                .filter(|(_, q)| q.blocking)
+                .all(|(s, _)| self.is_idle(*s))
+        } else {
+            self.is_idle(DEFAULT_STREAM)
+        }
+    }
+
     pub fn is_idle(&self, stream: Handle) -> bool {
         self.tail(stream).is_none_or(|t| self.tracker.is_done(t))
     }
@@ -331,6 +354,23 @@ mod tests {
         s.synchronize(8);
         assert_eq!(*log.lock().unwrap(), vec![1, 2]);
         assert!(s.is_idle(7));
+        s.shutdown();
+    }
+
+    #[test]
+    fn ready_follows_the_legacy_default_stream() {
+        let mut s = Streams::new(1).unwrap();
+        s.create(5, 0).unwrap();
+        s.create(6, NON_BLOCKING).unwrap();
+        let log = Arc::new(Mutex::new(Vec::new()));
+        assert!(s.ready(DEFAULT_STREAM) && s.ready(5) && s.ready(6));
+        s.enqueue(5, vec![], push(&log, 1, 100)).unwrap();
+        assert!(!s.ready(DEFAULT_STREAM), "default waits for blocking 5");
+        assert!(!s.ready(5));
+        assert!(s.ready(6), "non-blocking 6 waits for nobody");
+        assert!(!s.ready(99));
+        s.synchronize_all();
+        assert!(s.ready(DEFAULT_STREAM));
         s.shutdown();
     }
 
