@@ -1235,3 +1235,22 @@ fn grid_3d() {
         }
     }
 }
+
+#[test]
+fn every_corpus_program_runs_here() {
+    let this_file = include_str!("corpus.rs");
+    let mut missing = Vec::new();
+    for entry in std::fs::read_dir(cumux_testkit::corpus_dir()).expect("corpus folder") {
+        let path = entry.expect("directory entry").path();
+        if path.extension().is_some_and(|ext| ext == "cu") {
+            let stem = path.file_stem().unwrap().to_string_lossy().into_owned();
+            if !this_file.contains(&format!("Module::load(\"{stem}\")")) {
+                missing.push(stem);
+            }
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "corpus programs without an interpreter test: {missing:?}"
+    );
+}
