@@ -149,6 +149,38 @@ fn driver_api_program() {
 }
 
 #[test]
+fn jit_link_of_relocatable_ptx() {
+    let root = cumux_testkit::workspace_root().join("tests/cuda/driver");
+    let dir = TempDir::new("jitlink");
+    let user = dir.0.join("user.ptx");
+    let helper = dir.0.join("helper.ptx");
+    std::fs::write(
+        &user,
+        cumux_testkit::compile_ptx_with(root.join("rdc_user.cu"), &["-rdc=true"]),
+    )
+    .unwrap();
+    std::fs::write(
+        &helper,
+        cumux_testkit::compile_ptx_with(root.join("rdc_helper.cu"), &["-rdc=true"]),
+    )
+    .unwrap();
+    let link = format!("-L{}", link_dir().display());
+    let program = cumux_testkit::compile_program(root.join("jit_link.cu"), &[&link, "-lcuda"]);
+    let server = ServerProc::start("jitlink");
+    let out = server.run(
+        &program,
+        &[user.to_str().unwrap(), helper.to_str().unwrap()],
+        LIMIT,
+    );
+    assert_eq!(out.code(), Some(0), "{}", out.describe());
+    assert!(
+        out.stdout.lines().any(|l| l == "PASS"),
+        "{}",
+        out.describe()
+    );
+}
+
+#[test]
 fn lost_connection_fails_later_calls() {
     let mut server = ServerProc::start("lost");
     let program = driver_program("lost_connection");

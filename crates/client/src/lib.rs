@@ -13,6 +13,7 @@ pub mod entry_points;
 pub mod errors;
 pub mod exports;
 pub mod integrity;
+pub mod link;
 pub mod state;
 pub mod transport;
 pub mod types;

@@ -81,6 +81,8 @@ pub struct Tables {
     pub host: BTreeMap<usize, HostRegion>,
     /// Context-local storage of the runtime (dark API): (ctx, key) → value.
     pub ctx_storage: HashMap<(usize, usize), usize>,
+    /// `cuLink*` states.
+    pub links: HashMap<usize, crate::link::LinkState>,
 }
 
 impl Tables {

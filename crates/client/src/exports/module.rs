@@ -362,4 +362,59 @@ driver_fn! {
     fn cuKernelGetParamInfo(kernel: *mut c_void, index: usize, offset: *mut usize, size: *mut usize) {
         param_info(client()?, handle(kernel), index, offset, size)
     }
+
+    fn cuLinkCreate_v2(_n: u32, _opts: *mut c_void, _vals: *mut *mut c_void, state: *mut *mut c_void) {
+        let c = client()?;
+        let h = c.mint();
+        c.tables().links.insert(h, crate::link::LinkState::default());
+        out(state, to_ptr(h))
+    }
+
+    fn cuLinkAddData_v2(
+        state: *mut c_void,
+        kind: u32,
+        data: *mut c_void,
+        size: usize,
+        _name: *const c_char,
+        _n: u32,
+        _opts: *mut c_void,
+        _vals: *mut *mut c_void
+    ) {
+        let c = client()?;
+        let bytes = if size == 0 { image_from_pointer(data)? } else { host_bytes(data, size)?.to_vec() };
+        let mut t = c.tables();
+        let link = t.links.get_mut(&handle(state)).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+        link.inputs.push((kind, bytes));
+        Ok(())
+    }
+
+    fn cuLinkAddFile_v2(
+        state: *mut c_void,
+        kind: u32,
+        path: *const c_char,
+        _n: u32,
+        _opts: *mut c_void,
+        _vals: *mut *mut c_void
+    ) {
+        let c = client()?;
+        let bytes = load_file(path)?;
+        let mut t = c.tables();
+        let link = t.links.get_mut(&handle(state)).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+        link.inputs.push((kind, bytes));
+        Ok(())
+    }
+
+    fn cuLinkComplete(state: *mut c_void, image: *mut *mut c_void, size: *mut usize) {
+        let c = client()?;
+        let mut t = c.tables();
+        let link = t.links.get_mut(&handle(state)).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+        link.output = crate::link::link(&link.inputs)?;
+        out_opt(size, link.output.len());
+        out(image, link.output.as_mut_ptr().cast())
+    }
+
+    fn cuLinkDestroy(state: *mut c_void) {
+        let c = client()?;
+        c.tables().links.remove(&handle(state)).map(|_| ()).ok_or(CUDA_ERROR_INVALID_HANDLE)
+    }
 }

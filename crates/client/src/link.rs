@@ -1,0 +1,246 @@
+//! JIT linking (`cuLink*`) for the CPU device, which runs PTX: every input is
+//! reduced to PTX text (PTX as given, the best PTX of a fat binary) and the
+//! texts are merged into one module. A declaration `.extern` in one input and
+//! defined in another is dropped, and defining inputs are placed before the
+//! inputs that use them. A single input of any kind passes through untouched.
+
+use std::collections::HashSet;
+
+use crate::errors::*;
+
+/// `CUjitInputType`.
+pub const INPUT_CUBIN: u32 = 0;
+pub const INPUT_PTX: u32 = 1;
+pub const INPUT_FATBINARY: u32 = 2;
+
+#[derive(Default)]
+pub struct LinkState {
+    pub inputs: Vec<(u32, Vec<u8>)>,
+    /// The linked image, kept alive until `cuLinkDestroy`.
+    pub output: Vec<u8>,
+}
+
+fn as_ptx(kind: u32, bytes: &[u8]) -> CuResult<String> {
+    match kind {
+        INPUT_PTX => {
+            let end = bytes.iter().position(|b| *b == 0).unwrap_or(bytes.len());
+            String::from_utf8(bytes[..end].to_vec()).map_err(|_| CUDA_ERROR_INVALID_PTX)
+        }
+        INPUT_FATBINARY => cumux_fatbin::best_ptx(bytes).ok_or(CUDA_ERROR_NO_BINARY_FOR_GPU),
+        _ => {
+            tracing::warn!(
+                "cuLink: input of type {kind} (cubin/object/library) cannot be linked for the CPU device"
+            );
+            Err(CUDA_ERROR_NOT_SUPPORTED)
+        }
+    }
+}
+
+/// The statements of a PTX text: `(statement, is an .extern declaration)`,
+/// where a declaration may span several lines up to its `;`.
+fn split(ptx: &str) -> Vec<(String, bool)> {
+    let mut out = Vec::new();
+    let mut pending: Option<String> = None;
+    for line in ptx.lines() {
+        let t = line.trim_start();
+        if let Some(p) = pending.as_mut() {
+            p.push('\n');
+            p.push_str(line);
+            if t.trim_end().ends_with(';') {
+                out.push((pending.take().unwrap_or_default(), true));
+            }
+            continue;
+        }
+        if t.starts_with(".version") || t.starts_with(".target") || t.starts_with(".address_size") {
+            continue;
+        }
+        if t.starts_with(".extern") {
+            if t.trim_end().ends_with(';') {
+                out.push((line.to_string(), true));
+            } else {
+                pending = Some(line.to_string());
+            }
+            continue;
+        }
+        out.push((line.to_string(), false));
+    }
+    if let Some(p) = pending {
+        out.push((p, true));
+    }
+    out
+}
+
+/// The name an `.extern` declaration declares.
+fn declared_name(decl: &str) -> Option<String> {
+    let text: String = decl.split_whitespace().collect::<Vec<_>>().join(" ");
+    let body = text.strip_prefix(".extern ")?;
+    if let Some(rest) = body.strip_prefix(".func ") {
+        // Skip a return-value list "(...)".
+        let rest = rest.trim_start();
+        let rest = if rest.starts_with('(') {
+            &rest[rest.find(')')? + 1..]
+        } else {
+            rest
+        };
+        let name: String = rest
+            .trim_start()
+            .chars()
+            .take_while(|c| c.is_alphanumeric() || *c == '_' || *c == '$')
+            .collect();
+        return (!name.is_empty()).then_some(name);
+    }
+    // `.extern .global .align 4 .b8 name[16];`
+    let before = body.trim_end_matches(';').trim_end();
+    let before = before.split('[').next()?;
+    before.split_whitespace().last().map(str::to_string)
+}
+
+/// Names of the functions and variables a PTX text defines.
+fn defined_names(statements: &[(String, bool)]) -> HashSet<String> {
+    let mut names = HashSet::new();
+    for (s, is_decl) in statements {
+        if *is_decl {
+            continue;
+        }
+        let t = s.trim_start();
+        let t = t
+            .strip_prefix(".visible ")
+            .or_else(|| t.strip_prefix(".weak "))
+            .unwrap_or(t)
+            .trim_start();
+        if let Some(rest) = t.strip_prefix(".func").or_else(|| t.strip_prefix(".entry")) {
+            let fake = format!(".extern .func {rest}");
+            if let Some(n) = declared_name(&fake) {
+                names.insert(n);
+            }
+        } else if t.starts_with(".global") || t.starts_with(".const") {
+            let fake = format!(".extern {}", t.split('=').next().unwrap_or(t).trim_end());
+            let fake = if fake.ends_with(';') {
+                fake
+            } else {
+                format!("{fake};")
+            };
+            if let Some(n) = declared_name(&fake) {
+                names.insert(n);
+            }
+        }
+    }
+    names
+}
+
+fn ptx_version(ptx: &str) -> (u32, u32) {
+    ptx.lines()
+        .find_map(|l| l.trim().strip_prefix(".version"))
+        .and_then(|v| {
+            let (a, b) = v.trim().split_once('.')?;
+            Some((a.parse().ok()?, b.parse().ok()?))
+        })
+        .unwrap_or((0, 0))
+}
+
+/// Merges PTX modules into one.
+pub fn merge_ptx(modules: &[String]) -> String {
+    let parsed: Vec<Vec<(String, bool)>> = modules.iter().map(|m| split(m)).collect();
+    let defines: Vec<HashSet<String>> = parsed.iter().map(|p| defined_names(p)).collect();
+    let all_defined: HashSet<&String> = defines.iter().flatten().collect();
+    // Inputs that define what others use go first: order by how many of
+    // their own external references another input satisfies.
+    let mut order: Vec<usize> = (0..modules.len()).collect();
+    let needs = |i: usize| {
+        parsed[i]
+            .iter()
+            .filter(|(s, d)| *d && declared_name(s).is_some_and(|n| all_defined.contains(&n)))
+            .count()
+    };
+    order.sort_by_key(|&i| needs(i));
+    let (major, minor) = modules
+        .iter()
+        .map(|m| ptx_version(m))
+        .max()
+        .unwrap_or((7, 0));
+    let target = modules
+        .iter()
+        .flat_map(|m| m.lines())
+        .find(|l| l.trim_start().starts_with(".target"))
+        .unwrap_or(".target sm_75")
+        .trim()
+        .to_string();
+    let mut out = format!(".version {major}.{minor}\n{target}\n.address_size 64\n");
+    for i in order {
+        for (s, is_decl) in &parsed[i] {
+            if *is_decl && declared_name(s).is_some_and(|n| all_defined.contains(&n)) {
+                continue;
+            }
+            out.push_str(s);
+            out.push('\n');
+        }
+    }
+    out
+}
+
+/// Links the inputs into one image (a PTX text with a trailing NUL, or the
+/// single input as it was).
+pub fn link(inputs: &[(u32, Vec<u8>)]) -> CuResult<Vec<u8>> {
+    match inputs {
+        [] => Err(CUDA_ERROR_INVALID_VALUE),
+        [(kind, bytes)] if *kind == INPUT_CUBIN || *kind == INPUT_FATBINARY => Ok(bytes.clone()),
+        _ => {
+            let texts = inputs
+                .iter()
+                .map(|(k, b)| as_ptx(*k, b))
+                .collect::<CuResult<Vec<_>>>()?;
+            let mut merged = merge_ptx(&texts).into_bytes();
+            merged.push(0);
+            Ok(merged)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const USER: &str = ".version 9.0\n.target sm_75\n.address_size 64\n\
+        .extern .func  (.param .b32 func_retval0) _Z6helperi\n(\n\t.param .b32 _Z6helperi_param_0\n)\n;\n\
+        .extern .global .align 4 .b8 table[16];\n\
+        .visible .entry _Z1kPi(\n\t.param .u64 _Z1kPi_param_0\n)\n{\n\tret;\n}\n";
+    const DEFINER: &str = ".version 8.5\n.target sm_75\n.address_size 64\n\
+        .visible .global .align 4 .b8 table[16];\n\
+        .visible .func  (.param .b32 func_retval0) _Z6helperi(\n\t.param .b32 _Z6helperi_param_0\n)\n{\n\tret;\n}\n";
+
+    #[test]
+    fn names_of_declarations_and_definitions() {
+        let s = split(USER);
+        let decls: Vec<_> = s
+            .iter()
+            .filter(|(_, d)| *d)
+            .filter_map(|(t, _)| declared_name(t))
+            .collect();
+        assert_eq!(decls, vec!["_Z6helperi".to_string(), "table".to_string()]);
+        let defs = defined_names(&split(DEFINER));
+        assert!(
+            defs.contains("_Z6helperi") && defs.contains("table"),
+            "{defs:?}"
+        );
+    }
+
+    #[test]
+    fn merged_module_defines_before_use_and_drops_satisfied_externs() {
+        let merged = merge_ptx(&[USER.to_string(), DEFINER.to_string()]);
+        assert!(merged.starts_with(".version 9.0\n.target sm_75\n.address_size 64\n"));
+        assert_eq!(merged.matches(".version").count(), 1);
+        assert!(!merged.contains(".extern"), "{merged}");
+        let def = merged.find(".visible .func").unwrap();
+        let entry = merged.find(".visible .entry").unwrap();
+        assert!(def < entry, "{merged}");
+    }
+
+    #[test]
+    fn single_inputs_pass_through() {
+        let fatbin = vec![1u8, 2, 3];
+        assert_eq!(link(&[(INPUT_FATBINARY, fatbin.clone())]).unwrap(), fatbin);
+        assert!(link(&[]).is_err());
+        let ptx = link(&[(INPUT_PTX, DEFINER.as_bytes().to_vec())]).unwrap();
+        assert_eq!(ptx.last(), Some(&0));
+    }
+}
