@@ -3,7 +3,7 @@
 //! `LD_LIBRARY_PATH`), pointed at a server, and hands back its exit status.
 
 use std::ffi::OsString;
-use std::os::unix::process::ExitStatusExt;
+use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -81,6 +81,27 @@ impl Drop for DriverDir {
     }
 }
 
+/// Makes the program get SIGTERM if `cumux run` dies first (killed, say), so
+/// it never lives on unwatched.
+fn die_with_parent(command: &mut Command) {
+    let parent = std::process::id();
+    // SAFETY: the hook runs in the forked child before exec and calls only
+    // async-signal-safe functions (prctl, getppid); it touches no shared state.
+    unsafe {
+        command.pre_exec(move || {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            if libc::getppid() as u32 != parent {
+                return Err(std::io::Error::other(
+                    "cumux run exited before the program started",
+                ));
+            }
+            Ok(())
+        });
+    }
+}
+
 /// Runs the program; returns the exit code `cumux run` should exit with
 /// (the program's, or 128 + signal).
 pub fn run(options: RunOptions) -> Result<i32> {
@@ -109,6 +130,7 @@ pub fn run(options: RunOptions) -> Result<i32> {
     if let Some(tenant) = &options.tenant {
         command.env("CUMUX_TENANT", tenant);
     }
+    die_with_parent(&mut command);
     let status = command
         .status()
         .with_context(|| format!("cannot start {}", Path::new(&options.program).display()))?;

@@ -160,6 +160,45 @@ fn run_passes_exit_codes_signals_and_environment_through() {
 }
 
 #[test]
+fn killing_cumux_run_ends_the_program() {
+    let dir = TempDir::new("orphan");
+    let nowhere = format!("unix:{}", dir.0.join("none.sock").display());
+    let pidfile = dir.0.join("pid");
+    ensure_driver();
+    let mut run = Command::new(CUMUX)
+        .args(["run", "--server", &nowhere, "--", "sh", "-c"])
+        .arg(format!("echo $$ > {}; exec sleep 120", pidfile.display()))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let started = Instant::now();
+    let pid = loop {
+        if let Ok(text) = std::fs::read_to_string(&pidfile) {
+            if let Ok(pid) = text.trim().parse::<u32>() {
+                break pid;
+            }
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "the program never started"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    run.kill().unwrap();
+    run.wait().unwrap();
+    let proc_dir = format!("/proc/{pid}");
+    let started = Instant::now();
+    while std::fs::read_to_string(format!("{proc_dir}/stat")).is_ok_and(|s| !s.contains(") Z ")) {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "the program outlived cumux run"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
 fn a_program_without_a_server_sees_the_cuda_error() {
     let dir = TempDir::new("no-server");
     let nowhere = format!("unix:{}", dir.0.join("none.sock").display());
