@@ -33,6 +33,22 @@ pub fn human_bytes(bytes: u64) -> String {
     }
 }
 
+/// The file name of a program path.
+fn program_name(program: &str) -> &str {
+    program.rsplit('/').next().unwrap_or(program)
+}
+
+/// `text`, cut to `width` characters with a trailing `…` when longer.
+fn clip(text: &str, width: usize) -> String {
+    if text.chars().count() <= width {
+        text.to_string()
+    } else {
+        let mut cut: String = text.chars().take(width.saturating_sub(1)).collect();
+        cut.push('…');
+        cut
+    }
+}
+
 /// The human table.
 pub fn render(status: &ServerStatus, address: &Address) -> String {
     let mut out = format!(
@@ -66,8 +82,8 @@ pub fn render(status: &ServerStatus, address: &Address) -> String {
             "{:<8} {:<8} {:<20} {:<12} {:>10} {:>7} {:>9} {:>9.1} ms\n",
             s.session,
             s.pid,
-            s.program,
-            s.tenant,
+            clip(program_name(&s.program), 20),
+            clip(&s.tenant, 12),
             human_bytes(s.mem_used),
             s.allocations,
             s.launches,
@@ -75,4 +91,44 @@ pub fn render(status: &ServerStatus, address: &Address) -> String {
         );
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cumux_protocol::{DeviceStatus, SessionStatus};
+
+    #[test]
+    fn table_names_devices_and_sessions() {
+        let status = ServerStatus {
+            server: "cumux 0.1.0".into(),
+            version: 1,
+            uptime_s: 3.0,
+            devices: vec![DeviceStatus {
+                ordinal: 0,
+                name: "cpu device".into(),
+                backend: "cpu".into(),
+                total_mem: 1 << 30,
+                used_mem: 3 << 20,
+            }],
+            sessions: vec![SessionStatus {
+                session: 4,
+                pid: 99,
+                program: "/a/very/long/path/to/a_program_with_a_long_name.bin".into(),
+                tenant: "alice".into(),
+                mem_used: 1536,
+                allocations: 2,
+                launches: 10,
+                gpu_time_ms: 1.25,
+            }],
+        };
+        let table = render(&status, &Address::Unix("/tmp/s.sock".into()));
+        assert!(table.contains("3.0 MiB / 1.0 GiB"), "{table}");
+        assert!(table.contains("a_program_with_a_lo…"), "{table}");
+        assert!(
+            table.contains("alice") && table.contains("1.5 KiB") && table.contains("1.2 ms"),
+            "{table}"
+        );
+        assert_eq!(human_bytes(512), "512 B");
+    }
 }
