@@ -422,6 +422,15 @@ driver_fn! {
         unified(c, dst, src, bytes, Some(stream_of(c, stream)?))
     }
 
+    fn cuMemcpyPeer | cuMemcpyPeer_ptds (dst: u64, _dst_ctx: *mut c_void, src: u64, _src_ctx: *mut c_void, bytes: usize) {
+        dtod(client()?, dst, src, bytes, None)
+    }
+
+    fn cuMemcpyPeerAsync | cuMemcpyPeerAsync_ptsz (dst: u64, _dst_ctx: *mut c_void, src: u64, _src_ctx: *mut c_void, bytes: usize, stream: *mut c_void) {
+        let c = client()?;
+        dtod(c, dst, src, bytes, Some(stream_of(c, stream)?))
+    }
+
     fn cuMemcpy2D_v2 | cuMemcpy2D_v2_ptds | cuMemcpy2DUnaligned_v2 | cuMemcpy2DUnaligned_v2_ptds (p: *const CudaMemcpy2D) {
         copy_2d(client()?, read_in(p)?, None)
     }

@@ -169,4 +169,92 @@ driver_fn! {
         let ev = c.tables().events.remove(&handle(e)).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
         c.call(Call::EventDestroy { event: ev.server }).map(|_| ())
     }
+
+    fn cuStreamIsCapturing | cuStreamIsCapturing_ptsz (s: *mut c_void, status: *mut u32) {
+        let c = client()?;
+        stream_of(c, s)?;
+        // CU_STREAM_CAPTURE_STATUS_NONE: cumux does not capture graphs.
+        out(status, 0)
+    }
+
+    fn cuStreamGetCaptureInfo | cuStreamGetCaptureInfo_ptsz (s: *mut c_void, status: *mut u32, id: *mut u64) {
+        let c = client()?;
+        stream_of(c, s)?;
+        out_opt(id, 0);
+        out(status, 0)
+    }
+
+    fn cuStreamGetCaptureInfo_v2 | cuStreamGetCaptureInfo_v2_ptsz (
+        s: *mut c_void,
+        status: *mut u32,
+        id: *mut u64,
+        graph: *mut *mut c_void,
+        deps: *mut *const c_void,
+        num_deps: *mut usize
+    ) {
+        let c = client()?;
+        stream_of(c, s)?;
+        out_opt(id, 0);
+        out_opt(graph, std::ptr::null_mut());
+        out_opt(deps, std::ptr::null());
+        out_opt(num_deps, 0);
+        out(status, 0)
+    }
+
+    fn cuStreamGetCaptureInfo_v3 | cuStreamGetCaptureInfo_v3_ptsz (
+        s: *mut c_void,
+        status: *mut u32,
+        id: *mut u64,
+        graph: *mut *mut c_void,
+        deps: *mut *const c_void,
+        edges: *mut *const c_void,
+        num_deps: *mut usize
+    ) {
+        let c = client()?;
+        stream_of(c, s)?;
+        out_opt(id, 0);
+        out_opt(graph, std::ptr::null_mut());
+        out_opt(deps, std::ptr::null());
+        out_opt(edges, std::ptr::null());
+        out_opt(num_deps, 0);
+        out(status, 0)
+    }
+
+    fn cuThreadExchangeStreamCaptureMode(mode: *mut u32) {
+        thread_local! {
+            static MODE: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+        }
+        let wanted = *read_in(mode)?;
+        let old = MODE.with(|m| m.replace(wanted));
+        out(mode, old)
+    }
+
+    fn cuStreamGetAttribute | cuStreamGetAttribute_ptsz (s: *mut c_void, attr: u32, value: *mut c_void) {
+        let c = client()?;
+        stream_of(c, s)?;
+        match attr {
+            // Priority.
+            8 => {
+                let p = c.tables().streams.get(&handle(s)).map(|x| x.priority).unwrap_or(0);
+                out(value.cast::<i32>(), p)
+            }
+            // Access policy window, synchronisation policy and the rest: defaults.
+            _ => {
+                host_bytes_mut(value, 32)?.fill(0);
+                Ok(())
+            }
+        }
+    }
+
+    fn cuStreamSetAttribute | cuStreamSetAttribute_ptsz (s: *mut c_void, _attr: u32, value: *const c_void) {
+        let c = client()?;
+        stream_of(c, s)?;
+        read_in(value.cast::<u8>()).map(|_| ())
+    }
+
+    fn cuStreamCopyAttributes | cuStreamCopyAttributes_ptsz (dst: *mut c_void, src: *mut c_void) {
+        let c = client()?;
+        stream_of(c, dst)?;
+        stream_of(c, src).map(|_| ())
+    }
 }
