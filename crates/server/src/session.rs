@@ -22,6 +22,10 @@ use crate::Server;
 
 /// Printf output a session may hold before further output is dropped.
 pub const MAX_STDOUT_BYTES: usize = 16 << 20;
+/// The first handle a session issues: well clear of 0 (the default stream)
+/// and CUDA's special stream values 1 and 2, so a confused client gets
+/// CUDA_ERROR_INVALID_HANDLE rather than somebody's stream.
+pub const FIRST_HANDLE: Handle = 0x100;
 /// Payload bytes (async copies, launch parameters) a session may hold in its
 /// queues; past it, the session waits for its streams before queueing more.
 pub const MAX_QUEUED_BYTES: u64 = 1 << 30;
@@ -196,7 +200,7 @@ impl Session {
             }),
             entry,
             streams,
-            next_handle: 1,
+            next_handle: FIRST_HANDLE,
             allocations: BTreeMap::new(),
             globals: BTreeMap::new(),
             modules: HashMap::new(),
