@@ -67,12 +67,15 @@ pub fn serve_connection(
         Err(e) => Ending::Broken(e),
     };
     let id = session.id();
+    let (launches, gpu_ms) = session.totals();
     if catch_unwind(AssertUnwindSafe(|| session.close())).is_err() {
         tracing::error!(session = id, "session clean-up panicked");
     }
     match &ending {
-        Ending::Broken(why) => tracing::warn!(session = id, "connection dropped: {why}"),
-        _ => tracing::info!(session = id, "session closed"),
+        Ending::Broken(why) => {
+            tracing::warn!(session = id, launches, gpu_ms, "connection dropped: {why}")
+        }
+        _ => tracing::info!(session = id, launches, gpu_ms, "session closed"),
     }
     ending
 }

@@ -213,6 +213,15 @@ impl Session {
         self.core.id
     }
 
+    /// Launches run so far and the device time they took, in ms.
+    pub fn totals(&self) -> (u64, f64) {
+        let stats = &self.core.stats;
+        (
+            stats.launches.load(Ordering::Relaxed),
+            stats.gpu_time_ns.load(Ordering::Relaxed) as f64 / 1e6,
+        )
+    }
+
     /// Device printf output gathered since the last call, for the next reply.
     pub fn take_stdout(&self) -> Vec<u8> {
         std::mem::take(&mut *lock(&self.core.stdout))
