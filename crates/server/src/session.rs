@@ -306,7 +306,12 @@ impl Session {
             }
             Call::StreamQuery { stream } => {
                 self.check_stream(stream)?;
-                if self.streams.is_idle(stream) {
+                let idle = if stream == DEFAULT_STREAM {
+                    self.streams.ready(DEFAULT_STREAM)
+                } else {
+                    self.streams.is_idle(stream)
+                };
+                if idle {
                     self.sync_result()
                 } else {
                     Err(err(codes::NOT_READY, "stream busy"))

@@ -253,11 +253,20 @@ impl Streams {
         self.tail(stream).is_none_or(|t| self.tracker.is_done(t))
     }
 
-    /// Waits until everything queued on `stream` so far has run.
+    /// Waits until everything queued on `stream` so far has run. For the
+    /// legacy default stream that includes every blocking stream's work, which
+    /// default-stream work is ordered after.
     pub fn synchronize(&self, stream: Handle) {
-        if let Some(tail) = self.tail(stream) {
-            self.tracker.wait(&[tail]);
-        }
+        let tails: Vec<Position> = if stream == DEFAULT_STREAM {
+            self.queues
+                .iter()
+                .filter(|(_, q)| q.blocking)
+                .filter_map(|(s, _)| self.tail(*s))
+                .collect()
+        } else {
+            self.tail(stream).into_iter().collect()
+        };
+        self.tracker.wait(&tails);
     }
 
     /// Waits until everything queued on every stream so far has run.

@@ -345,6 +345,21 @@ fn legacy_default_stream_waits_for_blocking_streams() {
     c.launch(&m, "scale_add", blocking, scale_add(p, 2, 0, 80));
     // Synchronous copies go through the default stream, after the blocking stream's work.
     assert_eq!(u32_at(&c.read(p, 4).unwrap()), 2);
+    // Synchronizing the default stream waits for blocking streams too.
+    c.launch(&m, "scale_add", blocking, scale_add(p, 1, 1, 200));
+    assert_eq!(
+        c.code(Call::StreamQuery {
+            stream: DEFAULT_STREAM
+        }),
+        codes::NOT_READY
+    );
+    assert_eq!(
+        c.code(Call::StreamSynchronize {
+            stream: DEFAULT_STREAM
+        }),
+        0
+    );
+    assert_eq!(c.code(Call::StreamQuery { stream: blocking }), 0);
 }
 
 #[test]
