@@ -127,6 +127,8 @@ pub struct Client {
     pub devices: Vec<DeviceInfo>,
     tables: Mutex<Tables>,
     next_handle: AtomicUsize,
+    /// Host functions waiting on streams, by server stream handle.
+    pub gates: crate::host_fn::Gates,
 }
 
 static CLIENT: OnceLock<Arc<Client>> = OnceLock::new();
@@ -166,6 +168,7 @@ pub fn init() -> CuResult<&'static Client> {
                 devices: session.devices,
                 tables: Mutex::new(Tables::default()),
                 next_handle: AtomicUsize::new(0x10_0000),
+                gates: Default::default(),
             });
             let _ = CLIENT.set(client);
             Ok(CLIENT.get().expect("just set"))

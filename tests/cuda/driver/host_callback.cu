@@ -1,5 +1,7 @@
 // Host functions run in stream order: after the work queued before them,
 // before the work queued after them. Prints PASS.
+#include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <cuda_runtime.h>
 
@@ -31,6 +33,19 @@ static void CUDART_CB old_style(cudaStream_t, cudaError_t status, void *arg) {
   order[calls++] = status == cudaSuccess ? n->id : -2;
 }
 
+// Runs on the driver's thread: it waits for the host to say "go" after
+// cudaLaunchHostFunc has returned, which only works if the call did not wait
+// for the function to run.
+static std::atomic<int> go(0);
+static std::atomic<int> waited_ok(0);
+static void CUDART_CB waiter(void *) {
+  auto start = std::chrono::steady_clock::now();
+  while (!go.load()) {
+    if (std::chrono::steady_clock::now() - start > std::chrono::seconds(20)) return;
+  }
+  waited_ok = 1;
+}
+
 __global__ void set(int *v, int x) { v[threadIdx.x] = x; }
 
 int main() {
@@ -57,6 +72,16 @@ int main() {
   int back[32];
   CHECK(cudaMemcpy(back, dev, sizeof back, cudaMemcpyDeviceToHost));
   for (int i = 0; i < 32; i++) if (back[i] != 7) { printf("FAIL value %d\n", back[i]); return 1; }
+  // Asynchronous: the call returns before the function runs.
+  cudaStream_t s2;
+  CHECK(cudaStreamCreate(&s2));
+  set<<<1, 32, 0, s2>>>(dev, 1);
+  CHECK(cudaLaunchHostFunc(s2, waiter, nullptr));
+  go = 1;
+  CHECK(cudaStreamSynchronize(s2));
+  if (!waited_ok) { printf("FAIL host function ran inside cudaLaunchHostFunc\n"); return 1; }
+  CHECK(cudaStreamDestroy(s2));
+
   CHECK(cudaFreeHost(host_view));
   CHECK(cudaFree(dev));
   CHECK(cudaStreamDestroy(s));

@@ -40,6 +40,16 @@ fn new_context(flags: u32, dev: i32) -> CuResult<usize> {
     Ok(h)
 }
 
+/// Waits for every stream, host functions included.
+fn synchronize() -> CuResult<()> {
+    let c = client()?;
+    c.call(Call::ContextSynchronize)?;
+    for gate in c.gates.all() {
+        gate.wait_idle();
+    }
+    Ok(())
+}
+
 fn check_context(ctx: usize) -> CuResult<()> {
     if client()?.tables().contexts.contains_key(&ctx) {
         Ok(())
@@ -204,11 +214,11 @@ driver_fn! {
     }
 
     fn cuCtxSynchronize() {
-        client()?.call(Call::ContextSynchronize).map(|_| ())
+        synchronize()
     }
 
     fn cuCtxSynchronize_v2(_ctx: *mut c_void) {
-        client()?.call(Call::ContextSynchronize).map(|_| ())
+        synchronize()
     }
 
     fn cuCtxGetLimit(value: *mut usize, limit: u32) {

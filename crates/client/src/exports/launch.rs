@@ -6,9 +6,10 @@ use std::ffi::c_void;
 
 use cumux_protocol::Call;
 
-use super::memory::stream_of;
+use super::memory::{stream_handle, stream_of};
 use super::module::dynamic_shared_limit;
 use super::*;
+use crate::host_fn::UserData;
 use crate::state::{client, Client};
 use crate::types::*;
 
@@ -137,15 +138,11 @@ fn launch(
     .map(|_| ())
 }
 
-/// Runs a host function in stream order: waits until the stream has drained,
-/// then calls it on the calling thread, so later work on the stream (queued
-/// after this returns) starts after it.
-fn host_function(stream: *mut c_void, call: impl FnOnce()) -> CuResult<()> {
+/// Queues a host function behind the work already on the stream.
+fn host_function(stream: *mut c_void, run: Box<dyn FnOnce(CUresult) + Send>) -> CuResult<()> {
     let c = client()?;
-    let s = stream_of(c, stream)?;
-    c.call(Call::StreamSynchronize { stream: s })?;
-    call();
-    Ok(())
+    let s = stream_handle(c, stream)?;
+    crate::host_fn::enqueue(c, s, run)
 }
 
 fn occupancy_blocks(c: &Client, f: *mut c_void, block_size: i32) -> CuResult<i32> {
@@ -202,8 +199,15 @@ driver_fn! {
 
     fn cuLaunchHostFunc | cuLaunchHostFunc_ptsz (stream: *mut c_void, func: CuHostFn, data: *mut c_void) {
         let func = func.ok_or(CUDA_ERROR_INVALID_VALUE)?;
-        // SAFETY: calling the program's host function with its own argument.
-        host_function(stream, || unsafe { func(data) })
+        let data = UserData(data);
+        host_function(stream, Box::new(move |status| {
+            // Unlike stream callbacks, host functions are skipped after an error.
+            if status == CUDA_SUCCESS {
+                let data = data;
+                // SAFETY: calling the program's host function with its own argument.
+                unsafe { func(data.0) }
+            }
+        }))
     }
 
     fn cuStreamAddCallback | cuStreamAddCallback_ptsz (stream: *mut c_void, cb: CuStreamCallback, data: *mut c_void, flags: u32) {
@@ -211,8 +215,12 @@ driver_fn! {
         if flags != 0 {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
-        // SAFETY: calling the program's callback with its own arguments.
-        host_function(stream, || unsafe { cb(stream, CUDA_SUCCESS, data) })
+        let (data, handle) = (UserData(data), UserData(stream));
+        host_function(stream, Box::new(move |status| {
+            let (data, handle) = (data, handle);
+            // SAFETY: calling the program's callback with its own arguments.
+            unsafe { cb(handle.0, status, data.0) }
+        }))
     }
 
     fn cuOccupancyMaxActiveBlocksPerMultiprocessor(n: *mut i32, f: *mut c_void, block: i32, _smem: usize) {

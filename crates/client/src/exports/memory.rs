@@ -39,14 +39,31 @@ fn free(c: &Client, ptr: u64) -> CuResult<()> {
     Ok(())
 }
 
-pub(crate) fn stream_of(c: &Client, s: *mut c_void) -> CuResult<Handle> {
+/// The server stream for a handle, without waiting (queries, sync).
+pub(crate) fn stream_handle(c: &Client, s: *mut c_void) -> CuResult<Handle> {
     c.tables().stream_server(handle(s))
+}
+
+/// The server stream for new work: waits until host functions queued on it
+/// have run, so the work starts after them.
+pub(crate) fn stream_of(c: &Client, s: *mut c_void) -> CuResult<Handle> {
+    let stream = stream_handle(c, s)?;
+    c.gates.get(stream).wait_idle();
+    Ok(stream)
+}
+
+/// Synchronous copies and memsets run on the default stream.
+fn default_stream_work(c: &Client, stream: Option<Handle>) {
+    if stream.is_none() {
+        c.gates.get(DEFAULT_STREAM).wait_idle();
+    }
 }
 
 pub(crate) fn htod(c: &Client, dst: u64, src: &[u8], stream: Option<Handle>) -> CuResult<()> {
     if src.is_empty() {
         return Ok(());
     }
+    default_stream_work(c, stream);
     for (i, chunk) in src.chunks(MAX_CHUNK_BYTES).enumerate() {
         c.call(Call::MemcpyHtoD {
             dst: dst + (i * MAX_CHUNK_BYTES) as u64,
@@ -58,6 +75,7 @@ pub(crate) fn htod(c: &Client, dst: u64, src: &[u8], stream: Option<Handle>) -> 
 }
 
 pub(crate) fn dtoh(c: &Client, dst: &mut [u8], src: u64, stream: Option<Handle>) -> CuResult<()> {
+    default_stream_work(c, stream);
     for (i, chunk) in dst.chunks_mut(MAX_CHUNK_BYTES).enumerate() {
         let data = match c.call(Call::MemcpyDtoH {
             src: src + (i * MAX_CHUNK_BYTES) as u64,
@@ -79,6 +97,7 @@ fn dtod(c: &Client, dst: u64, src: u64, bytes: usize, stream: Option<Handle>) ->
     if bytes == 0 {
         return Ok(());
     }
+    default_stream_work(c, stream);
     c.call(Call::MemcpyDtoD {
         dst,
         src,
@@ -122,6 +141,7 @@ fn memset(c: &Client, dst: u64, f: Fill, stream: Option<Handle>) -> CuResult<()>
     if f.height > 1 && f.pitch < f.count * f.elem as usize {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
+    default_stream_work(c, stream);
     c.call(Call::Memset {
         dst,
         value: f.value,

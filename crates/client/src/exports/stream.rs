@@ -5,7 +5,7 @@ use std::ffi::c_void;
 
 use cumux_protocol::{Call, ReplyBody};
 
-use super::memory::stream_of;
+use super::memory::{stream_handle, stream_of};
 use super::*;
 use crate::state::{client, Client, Event, Stream};
 
@@ -66,19 +66,28 @@ driver_fn! {
 
     fn cuStreamDestroy_v2(s: *mut c_void) {
         let c = client()?;
+        // Host functions still queued on the stream run first.
+        if let Ok(stream) = stream_handle(c, s) {
+            c.gates.get(stream).wait_idle();
+        }
         let st = c.tables().streams.remove(&handle(s)).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
         c.call(Call::StreamDestroy { stream: st.server }).map(|_| ())
     }
 
     fn cuStreamSynchronize | cuStreamSynchronize_ptsz (s: *mut c_void) {
         let c = client()?;
-        let stream = stream_of(c, s)?;
-        c.call(Call::StreamSynchronize { stream }).map(|_| ())
+        let stream = stream_handle(c, s)?;
+        c.call(Call::StreamSynchronize { stream })?;
+        c.gates.get(stream).wait_idle();
+        Ok(())
     }
 
     fn cuStreamQuery | cuStreamQuery_ptsz (s: *mut c_void) {
         let c = client()?;
-        let stream = stream_of(c, s)?;
+        let stream = stream_handle(c, s)?;
+        if c.gates.get(stream).busy() {
+            return Err(CUDA_ERROR_NOT_READY);
+        }
         c.call(Call::StreamQuery { stream }).map(|_| ())
     }
 
@@ -90,39 +99,39 @@ driver_fn! {
 
     fn cuStreamGetPriority | cuStreamGetPriority_ptsz (s: *mut c_void, priority: *mut i32) {
         let c = client()?;
-        stream_of(c, s)?;
+        stream_handle(c, s)?;
         let p = c.tables().streams.get(&handle(s)).map(|x| x.priority).unwrap_or(0);
         out(priority, p)
     }
 
     fn cuStreamGetFlags | cuStreamGetFlags_ptsz (s: *mut c_void, flags: *mut u32) {
         let c = client()?;
-        stream_of(c, s)?;
+        stream_handle(c, s)?;
         let f = c.tables().streams.get(&handle(s)).map(|x| x.flags).unwrap_or(0);
         out(flags, f)
     }
 
     fn cuStreamGetId | cuStreamGetId_ptsz (s: *mut c_void, id: *mut u64) {
         let c = client()?;
-        out(id, stream_of(c, s)?)
+        out(id, stream_handle(c, s)?)
     }
 
     fn cuStreamGetCtx | cuStreamGetCtx_ptsz (s: *mut c_void, ctx: *mut *mut c_void) {
         let c = client()?;
-        stream_of(c, s)?;
+        stream_handle(c, s)?;
         out(ctx, to_ptr(c.primary_context(c.current_device())))
     }
 
     fn cuStreamGetCtx_v2 | cuStreamGetCtx_v2_ptsz (s: *mut c_void, ctx: *mut *mut c_void, green: *mut *mut c_void) {
         let c = client()?;
-        stream_of(c, s)?;
+        stream_handle(c, s)?;
         out_opt(green, std::ptr::null_mut());
         out(ctx, to_ptr(c.primary_context(c.current_device())))
     }
 
     fn cuStreamGetDevice | cuStreamGetDevice_ptsz (s: *mut c_void, dev: *mut i32) {
         let c = client()?;
-        stream_of(c, s)?;
+        stream_handle(c, s)?;
         out(dev, c.current_device() as i32)
     }
 
@@ -172,14 +181,14 @@ driver_fn! {
 
     fn cuStreamIsCapturing | cuStreamIsCapturing_ptsz (s: *mut c_void, status: *mut u32) {
         let c = client()?;
-        stream_of(c, s)?;
+        stream_handle(c, s)?;
         // CU_STREAM_CAPTURE_STATUS_NONE: cumux does not capture graphs.
         out(status, 0)
     }
 
     fn cuStreamGetCaptureInfo | cuStreamGetCaptureInfo_ptsz (s: *mut c_void, status: *mut u32, id: *mut u64) {
         let c = client()?;
-        stream_of(c, s)?;
+        stream_handle(c, s)?;
         out_opt(id, 0);
         out(status, 0)
     }
@@ -193,7 +202,7 @@ driver_fn! {
         num_deps: *mut usize
     ) {
         let c = client()?;
-        stream_of(c, s)?;
+        stream_handle(c, s)?;
         out_opt(id, 0);
         out_opt(graph, std::ptr::null_mut());
         out_opt(deps, std::ptr::null());
@@ -211,7 +220,7 @@ driver_fn! {
         num_deps: *mut usize
     ) {
         let c = client()?;
-        stream_of(c, s)?;
+        stream_handle(c, s)?;
         out_opt(id, 0);
         out_opt(graph, std::ptr::null_mut());
         out_opt(deps, std::ptr::null());
@@ -231,7 +240,7 @@ driver_fn! {
 
     fn cuStreamGetAttribute | cuStreamGetAttribute_ptsz (s: *mut c_void, attr: u32, value: *mut c_void) {
         let c = client()?;
-        stream_of(c, s)?;
+        stream_handle(c, s)?;
         match attr {
             // Priority.
             8 => {
@@ -248,13 +257,13 @@ driver_fn! {
 
     fn cuStreamSetAttribute | cuStreamSetAttribute_ptsz (s: *mut c_void, _attr: u32, value: *const c_void) {
         let c = client()?;
-        stream_of(c, s)?;
+        stream_handle(c, s)?;
         read_in(value.cast::<u8>()).map(|_| ())
     }
 
     fn cuStreamCopyAttributes | cuStreamCopyAttributes_ptsz (dst: *mut c_void, src: *mut c_void) {
         let c = client()?;
-        stream_of(c, dst)?;
-        stream_of(c, src).map(|_| ())
+        stream_handle(c, dst)?;
+        stream_handle(c, src).map(|_| ())
     }
 }
