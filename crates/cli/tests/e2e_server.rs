@@ -146,6 +146,12 @@ fn run_passes_exit_codes_signals_and_environment_through() {
             .unwrap();
         wait_bounded(child, Duration::from_secs(60))
     };
+    let status = Command::new(CUMUX)
+        .args(["status", "--server", &nowhere])
+        .output()
+        .unwrap();
+    assert_eq!(status.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&status.stderr).contains("no cumux server answers"));
     let out = run("exit 7");
     assert_eq!(out.code(), Some(7), "{}", out.describe());
     assert!(out.stderr.contains("warning"), "{}", out.describe());
@@ -252,17 +258,17 @@ fn serve_replaces_a_stale_socket_and_refuses_a_live_one() {
 }
 
 #[test]
-fn status_over_tcp() {
+fn status_over_tcp_with_a_config_file() {
+    let dir = TempDir::new("tcp");
+    let config = dir.0.join("cumux.toml");
+    std::fs::write(
+        &config,
+        "# test server\ndevice = \"cpu\"\nmemory = \"64M\"\n",
+    )
+    .unwrap();
     let mut server = Command::new(CUMUX)
-        .args([
-            "serve",
-            "--device",
-            "cpu",
-            "--memory",
-            "64M",
-            "--listen",
-            "tcp:127.0.0.1:0",
-        ])
+        .args(["serve", "--listen", "tcp:127.0.0.1:0", "--config"])
+        .arg(&config)
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
