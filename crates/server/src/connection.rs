@@ -27,10 +27,11 @@ pub enum Ending {
 
 /// Serves one connection until it ends; the session's resources are all
 /// released before this returns.
-pub fn serve_connection(
+pub fn serve_connection<W: Write>(
     server: Arc<Server>,
     mut reader: impl Read,
-    mut writer: impl Write,
+    mut writer: W,
+    welcomed: impl FnOnce(&mut W),
 ) -> Ending {
     let mut buf = Vec::new();
     let hello = match read_hello(&mut reader, &mut buf) {
@@ -62,6 +63,7 @@ pub fn serve_connection(
         role = ?hello.role,
         "session opened"
     );
+    welcomed(&mut writer);
     let ending = match send(&mut writer, &welcome) {
         Ok(()) => request_loop(&mut session, &mut reader, &mut writer, &mut buf),
         Err(e) => Ending::Broken(e),

@@ -4,14 +4,18 @@
 
 use std::fmt;
 use std::io::{self, BufReader};
-use std::net::TcpListener;
+use std::net::{TcpListener, TcpStream};
 use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
 use crate::connection::serve_connection;
 use crate::Server;
+
+/// How long a new connection may take to send its hello.
+pub const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Where a server listens and clients connect.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -157,24 +161,50 @@ impl BoundListener {
             if let Err(e) = spawned {
                 // Out of descriptors or threads: say so, back off, keep serving.
                 tracing::error!("cannot accept a connection: {e}");
-                std::thread::sleep(std::time::Duration::from_millis(50));
+                std::thread::sleep(Duration::from_millis(50));
             }
         }
     }
 }
 
-fn spawn_connection<S>(
+/// A connected socket whose receive timeout can be set (shared by its clones).
+pub trait Connected: io::Read + io::Write + Send + 'static {
+    fn set_read_timeout(&self, timeout: Option<Duration>) -> io::Result<()>;
+}
+
+impl Connected for UnixStream {
+    fn set_read_timeout(&self, timeout: Option<Duration>) -> io::Result<()> {
+        UnixStream::set_read_timeout(self, timeout)
+    }
+}
+
+impl Connected for TcpStream {
+    fn set_read_timeout(&self, timeout: Option<Duration>) -> io::Result<()> {
+        TcpStream::set_read_timeout(self, timeout)
+    }
+}
+
+fn spawn_connection<S: Connected>(
     name: String,
     server: Arc<Server>,
     reader: io::Result<S>,
     writer: S,
-) -> io::Result<()>
-where
-    S: io::Read + io::Write + Send + 'static,
-{
+) -> io::Result<()> {
     let reader = reader?;
+    // A peer that connects and says nothing must not hold a thread for ever.
+    writer.set_read_timeout(Some(HELLO_TIMEOUT))?;
     std::thread::Builder::new().name(name).spawn(move || {
-        serve_connection(server, BufReader::with_capacity(256 << 10, reader), writer);
+        let welcomed = |w: &mut S| {
+            if let Err(e) = w.set_read_timeout(None) {
+                tracing::warn!("cannot clear the handshake timeout: {e}");
+            }
+        };
+        serve_connection(
+            server,
+            BufReader::with_capacity(256 << 10, reader),
+            writer,
+            welcomed,
+        );
     })?;
     Ok(())
 }

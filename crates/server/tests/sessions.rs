@@ -482,3 +482,22 @@ fn status_lists_driver_sessions() {
     assert!(s.gpu_time_ms >= 4.0, "{}", s.gpu_time_ms);
     std::thread::sleep(Duration::from_millis(1));
 }
+
+#[test]
+fn a_silent_connection_is_dropped_after_the_hello_timeout() {
+    use std::io::Read;
+    let h = Harness::start("silent");
+    // A client that said hello keeps its connection however long it idles.
+    let mut idle = h.client();
+    let (mut reader, _writer) = raw_connect(&h.socket);
+    let started = std::time::Instant::now();
+    let mut byte = [0u8; 1];
+    // The server closes the connection: EOF, not our own 20 s read timeout.
+    assert_eq!(reader.read(&mut byte).unwrap(), 0);
+    let waited = started.elapsed();
+    assert!(
+        waited >= cumux_server::listener::HELLO_TIMEOUT - Duration::from_secs(1),
+        "{waited:?}"
+    );
+    idle.alloc(8);
+}
