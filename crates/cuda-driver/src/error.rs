@@ -1,0 +1,71 @@
+//! The two error types: [`LoadError`] (no usable driver library) and
+//! [`CudaError`] (a driver call failed, with the code and the driver's name for
+//! it).
+
+use std::fmt;
+
+/// A driver call that failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CudaError {
+    /// The `CUresult`.
+    pub code: u32,
+    /// The driver's name for it (`CUDA_ERROR_OUT_OF_MEMORY`), or `CUresult N`.
+    pub name: String,
+    /// The entry point that returned it.
+    pub call: &'static str,
+}
+
+impl CudaError {
+    pub fn new(code: u32, name: impl Into<String>, call: &'static str) -> Self {
+        CudaError {
+            code,
+            name: name.into(),
+            call,
+        }
+    }
+}
+
+impl fmt::Display for CudaError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {} ({})", self.call, self.name, self.code)
+    }
+}
+
+impl std::error::Error for CudaError {}
+
+/// Why no driver could be loaded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LoadError {
+    /// The library could not be opened (absent, wrong architecture, not a library).
+    Open { library: String, reason: String },
+    /// The library is cumux's own client driver, which must never serve cumux.
+    CumuxClient { library: String },
+    /// The library lacks an entry point every CUDA driver has: not a CUDA driver.
+    MissingSymbol { library: String, symbol: &'static str },
+    /// `cuInit` failed: no GPU, or the kernel module and library disagree.
+    Init { library: String, error: CudaError },
+}
+
+impl fmt::Display for LoadError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            LoadError::Open { library, reason } => {
+                write!(f, "cannot load the NVIDIA driver library {library}: {reason}")
+            }
+            LoadError::CumuxClient { library } => write!(
+                f,
+                "{library} is cumux's own client driver, not NVIDIA's; point \
+                 CUMUX_REAL_LIBCUDA at the system's libcuda.so.1"
+            ),
+            LoadError::MissingSymbol { library, symbol } => write!(
+                f,
+                "{library} is not a CUDA driver library: it has no {symbol}"
+            ),
+            LoadError::Init { library, error } => {
+                write!(f, "the CUDA driver {library} found no usable GPU: {error}")
+            }
+        }
+    }
+}
+
+impl std::error::Error for LoadError {}

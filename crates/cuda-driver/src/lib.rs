@@ -1,0 +1,24 @@
+//! A safe layer over the system's NVIDIA driver (`libcuda.so.1`), loaded at run
+//! time so cumux builds and tests where no CUDA exists. It refuses cumux's own
+//! client driver; every call returns `Result<_, CudaError>` and nothing panics.
+//!
+//! Map: [`sys`] is the raw ABI (types, constants, the entry-point table);
+//! [`driver`] loads the library and owns devices and contexts; [`objects`] has
+//! streams, events, pinned buffers, modules and functions; [`image`] checks and
+//! reads module images before the driver sees them; [`capture`] catches device
+//! `printf`, which the driver writes to the process's stdout.
+
+pub mod capture;
+pub mod driver;
+pub mod error;
+pub mod image;
+pub mod objects;
+pub mod sys;
+
+pub use driver::{
+    Context, DeviceId, Driver, CUMUX_CLIENT_MARKERS, LIBCUDA_SONAME, MAX_DEVICE_ATTRIBUTE,
+    REAL_LIBCUDA_ENV,
+};
+pub use error::{CudaError, LoadError};
+pub use image::{CodeChoice, ImageKind};
+pub use objects::{Event, Function, FunctionAttributes, LaunchConfig, Module, PinnedBuffer, Stream};

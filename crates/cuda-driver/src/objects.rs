@@ -1,0 +1,577 @@
+//! Objects that live in a [`Context`]: streams, events, pinned host buffers,
+//! modules and their functions. Each holds an `Arc` of its context, so the
+//! context outlives it, and releases its driver object when dropped.
+
+use std::ffi::{c_char, c_int, c_uint, c_void, CStr, CString};
+use std::sync::Arc;
+
+use crate::driver::{cu, to_usize, Context};
+use crate::error::CudaError;
+use crate::image::{self, CodeChoice, ImageKind, ImageNames};
+use crate::sys::*;
+
+/// A CUDA stream.
+pub struct Stream {
+    ctx: Arc<Context>,
+    raw: CUstream,
+}
+
+// SAFETY: stream handles may be used from any thread of the process.
+unsafe impl Send for Stream {}
+// SAFETY: as for Send; the driver serialises work on one stream itself.
+unsafe impl Sync for Stream {}
+
+impl Stream {
+    /// A stream with `CU_STREAM_*` `flags` and a priority (lower is more urgent).
+    pub fn new(ctx: &Arc<Context>, flags: u32, priority: i32) -> Result<Stream, CudaError> {
+        ctx.make_current()?;
+        let mut raw: CUstream = std::ptr::null_mut();
+        // SAFETY: `raw` is a valid out-pointer.
+        unsafe {
+            cu!(
+                ctx.driver,
+                cuStreamCreateWithPriority(&mut raw, flags as c_uint, priority as c_int)
+            )?
+        };
+        Ok(Stream {
+            ctx: Arc::clone(ctx),
+            raw,
+        })
+    }
+
+    pub fn context(&self) -> &Arc<Context> {
+        &self.ctx
+    }
+
+    /// Waits for the stream's work (flushes device printf).
+    pub fn synchronize(&self) -> Result<(), CudaError> {
+        self.ctx.make_current()?;
+        // SAFETY: `raw` is live while `self` is.
+        unsafe { cu!(self.ctx.driver, cuStreamSynchronize(self.raw)) }
+    }
+
+    /// Whether all work queued so far has finished (does not flush printf).
+    pub fn is_idle(&self) -> Result<bool, CudaError> {
+        self.ctx.make_current()?;
+        // SAFETY: `raw` is live while `self` is.
+        match unsafe { cu!(self.ctx.driver, cuStreamQuery(self.raw)) } {
+            Ok(()) => Ok(true),
+            Err(e) if e.code == CUDA_ERROR_NOT_READY => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Queues a device-to-device copy.
+    pub fn copy_dtod(&self, dst: u64, src: u64, bytes: u64) -> Result<(), CudaError> {
+        self.ctx.make_current()?;
+        // SAFETY: device pointers only; `raw` is live.
+        unsafe {
+            cu!(
+                self.ctx.driver,
+                cuMemcpyDtoDAsync(dst, src, to_usize(bytes)?, self.raw)
+            )
+        }
+    }
+
+    /// Copies `data` to `dst` on this stream and waits for the stream.
+    pub fn copy_htod_sync(&self, dst: u64, data: &[u8]) -> Result<(), CudaError> {
+        // SAFETY: `data` outlives the copy: the stream is synchronized before
+        // the borrow ends, also when queueing fails (nothing was queued then).
+        unsafe { self.copy_htod_async(dst, data)? };
+        self.synchronize()
+    }
+
+    /// Copies from `src` into `buf` on this stream and waits for the stream.
+    pub fn copy_dtoh_sync(&self, buf: &mut [u8], src: u64) -> Result<(), CudaError> {
+        // SAFETY: as in `copy_htod_sync`.
+        unsafe { self.copy_dtoh_async(buf, src)? };
+        self.synchronize()
+    }
+
+    /// Queues a host-to-device copy.
+    ///
+    /// # Safety
+    /// `data` must stay valid and unchanged until the stream has passed the
+    /// copy (pinned memory is read asynchronously).
+    pub unsafe fn copy_htod_async(&self, dst: u64, data: &[u8]) -> Result<(), CudaError> {
+        self.ctx.make_current()?;
+        // SAFETY: the caller keeps `data` alive; `raw` is live.
+        unsafe {
+            cu!(
+                self.ctx.driver,
+                cuMemcpyHtoDAsync(dst, data.as_ptr().cast(), data.len(), self.raw)
+            )
+        }
+    }
+
+    /// Queues a device-to-host copy.
+    ///
+    /// # Safety
+    /// `buf` must stay valid and untouched until the stream has passed the copy.
+    pub unsafe fn copy_dtoh_async(&self, buf: &mut [u8], src: u64) -> Result<(), CudaError> {
+        self.ctx.make_current()?;
+        // SAFETY: the caller keeps `buf` alive; `raw` is live.
+        unsafe {
+            cu!(
+                self.ctx.driver,
+                cuMemcpyDtoHAsync(buf.as_mut_ptr().cast(), src, buf.len(), self.raw)
+            )
+        }
+    }
+
+    pub fn memset_d8(&self, dst: u64, value: u8, count: u64) -> Result<(), CudaError> {
+        self.ctx.make_current()?;
+        // SAFETY: device pointer only; `raw` is live.
+        unsafe { cu!(self.ctx.driver, cuMemsetD8Async(dst, value, to_usize(count)?, self.raw)) }
+    }
+
+    pub fn memset_d16(&self, dst: u64, value: u16, count: u64) -> Result<(), CudaError> {
+        self.ctx.make_current()?;
+        // SAFETY: device pointer only; `raw` is live.
+        unsafe { cu!(self.ctx.driver, cuMemsetD16Async(dst, value, to_usize(count)?, self.raw)) }
+    }
+
+    pub fn memset_d32(&self, dst: u64, value: u32, count: u64) -> Result<(), CudaError> {
+        self.ctx.make_current()?;
+        // SAFETY: device pointer only; `raw` is live.
+        unsafe { cu!(self.ctx.driver, cuMemsetD32Async(dst, value, to_usize(count)?, self.raw)) }
+    }
+}
+
+impl Drop for Stream {
+    fn drop(&mut self) {
+        if self.ctx.make_current().is_ok() {
+            // SAFETY: `raw` is live and dropped once.
+            let _ = unsafe { cu!(self.ctx.driver, cuStreamDestroy(self.raw)) };
+        }
+    }
+}
+
+/// A CUDA event.
+pub struct Event {
+    ctx: Arc<Context>,
+    raw: CUevent,
+}
+
+// SAFETY: event handles may be used from any thread.
+unsafe impl Send for Event {}
+// SAFETY: as for Send.
+unsafe impl Sync for Event {}
+
+impl Event {
+    /// An event with `CU_EVENT_*` flags.
+    pub fn new(ctx: &Arc<Context>, flags: u32) -> Result<Event, CudaError> {
+        ctx.make_current()?;
+        let mut raw: CUevent = std::ptr::null_mut();
+        // SAFETY: `raw` is a valid out-pointer.
+        unsafe { cu!(ctx.driver, cuEventCreate(&mut raw, flags as c_uint))? };
+        Ok(Event {
+            ctx: Arc::clone(ctx),
+            raw,
+        })
+    }
+
+    pub fn record(&self, stream: &Stream) -> Result<(), CudaError> {
+        self.ctx.make_current()?;
+        // SAFETY: both handles are live.
+        unsafe { cu!(self.ctx.driver, cuEventRecord(self.raw, stream.raw)) }
+    }
+
+    /// Whether the work before the record has finished.
+    pub fn is_done(&self) -> Result<bool, CudaError> {
+        self.ctx.make_current()?;
+        // SAFETY: `raw` is live.
+        match unsafe { cu!(self.ctx.driver, cuEventQuery(self.raw)) } {
+            Ok(()) => Ok(true),
+            Err(e) if e.code == CUDA_ERROR_NOT_READY => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    pub fn synchronize(&self) -> Result<(), CudaError> {
+        self.ctx.make_current()?;
+        // SAFETY: `raw` is live.
+        unsafe { cu!(self.ctx.driver, cuEventSynchronize(self.raw)) }
+    }
+
+    /// Milliseconds from `self` to `end` (both recorded, both with timing).
+    pub fn elapsed_ms(&self, end: &Event) -> Result<f32, CudaError> {
+        self.ctx.make_current()?;
+        let mut ms = 0f32;
+        // SAFETY: `ms` is a valid out-pointer; both handles are live.
+        unsafe { cu!(self.ctx.driver, cuEventElapsedTime(&mut ms, self.raw, end.raw))? };
+        Ok(ms)
+    }
+}
+
+impl Drop for Event {
+    fn drop(&mut self) {
+        if self.ctx.make_current().is_ok() {
+            // SAFETY: `raw` is live and dropped once.
+            let _ = unsafe { cu!(self.ctx.driver, cuEventDestroy(self.raw)) };
+        }
+    }
+}
+
+/// Page-locked host memory from `cuMemHostAlloc`, for staging copies.
+pub struct PinnedBuffer {
+    ctx: Arc<Context>,
+    ptr: *mut u8,
+    len: usize,
+}
+
+// SAFETY: the buffer is plain host memory owned by this value.
+unsafe impl Send for PinnedBuffer {}
+// SAFETY: shared access only reads (`as_slice`); writes need `&mut`.
+unsafe impl Sync for PinnedBuffer {}
+
+impl PinnedBuffer {
+    /// `len` bytes (at least one) with `CU_MEMHOSTALLOC_*` flags, zeroed.
+    pub fn new(ctx: &Arc<Context>, len: usize, flags: u32) -> Result<PinnedBuffer, CudaError> {
+        ctx.make_current()?;
+        let mut ptr: *mut c_void = std::ptr::null_mut();
+        // SAFETY: `ptr` is a valid out-pointer.
+        unsafe { cu!(ctx.driver, cuMemHostAlloc(&mut ptr, len.max(1), flags as c_uint))? };
+        let ptr = ptr.cast::<u8>();
+        // SAFETY: the driver returned `len.max(1)` writable bytes at `ptr`.
+        unsafe { std::ptr::write_bytes(ptr, 0, len.max(1)) };
+        Ok(PinnedBuffer {
+            ctx: Arc::clone(ctx),
+            ptr,
+            len,
+        })
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    pub fn as_slice(&self) -> &[u8] {
+        // SAFETY: `ptr` holds `len` initialised bytes owned by `self`.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: as above, and `&mut self` makes the access exclusive.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
+    }
+}
+
+impl Drop for PinnedBuffer {
+    fn drop(&mut self) {
+        if self.ctx.make_current().is_ok() {
+            // SAFETY: `ptr` came from cuMemHostAlloc and is freed once.
+            let _ = unsafe { cu!(self.ctx.driver, cuMemFreeHost(self.ptr.cast())) };
+        }
+    }
+}
+
+struct ModuleHandle {
+    ctx: Arc<Context>,
+    raw: CUmodule,
+}
+
+// SAFETY: module handles may be used from any thread.
+unsafe impl Send for ModuleHandle {}
+// SAFETY: as for Send.
+unsafe impl Sync for ModuleHandle {}
+
+impl Drop for ModuleHandle {
+    fn drop(&mut self) {
+        if self.ctx.make_current().is_ok() {
+            // SAFETY: `raw` is live and unloaded once, after every Function
+            // made from it is gone (they hold this handle's Arc).
+            let _ = unsafe { cu!(self.ctx.driver, cuModuleUnload(self.raw)) };
+        }
+    }
+}
+
+/// A loaded module; unloaded when it and all its [`Function`]s are dropped.
+pub struct Module {
+    handle: Arc<ModuleHandle>,
+    kind: ImageKind,
+    code: CodeChoice,
+    names: ImageNames,
+}
+
+impl Module {
+    /// Loads a fat binary, cubin or PTX image as is: the driver picks the
+    /// cubin for the GPU, or JIT-compiles PTX (see [`Module::code`]). Images
+    /// whose headers overrun `image` are refused before the driver sees them.
+    pub fn load(ctx: &Arc<Context>, image: &[u8], device_sm: u32) -> Result<Module, CudaError> {
+        let kind = image::check_image(image)?;
+        let words = image::driver_copy(image, kind);
+        ctx.make_current()?;
+        let mut raw: CUmodule = std::ptr::null_mut();
+        // SAFETY: `words` holds the whole image (headers checked to lie within
+        // it; PTX NUL-terminated) and outlives the call; `raw` is an out-pointer.
+        unsafe { cu!(ctx.driver, cuModuleLoadData(&mut raw, words.as_ptr().cast()))? };
+        Ok(Module {
+            handle: Arc::new(ModuleHandle {
+                ctx: Arc::clone(ctx),
+                raw,
+            }),
+            kind,
+            code: image::code_choice(image, device_sm),
+            names: image::image_names(image),
+        })
+    }
+
+    pub fn kind(&self) -> ImageKind {
+        self.kind
+    }
+
+    /// Which code of the image the driver runs (judged from the image).
+    pub fn code(&self) -> CodeChoice {
+        self.code
+    }
+
+    /// Kernel and variable names found in the image.
+    pub fn names(&self) -> &ImageNames {
+        &self.names
+    }
+
+    fn driver_call_ctx(&self) -> Result<&Arc<Context>, CudaError> {
+        self.handle.ctx.make_current()?;
+        Ok(&self.handle.ctx)
+    }
+
+    /// Every kernel of the module: enumerated by the driver (CUDA 12.4+), or
+    /// looked up by the names found in the image on older drivers.
+    pub fn functions(&self) -> Result<Vec<Function>, CudaError> {
+        let ctx = self.driver_call_ctx()?;
+        let d = &ctx.driver;
+        if d.api.cuModuleGetFunctionCount.is_none() || d.api.cuModuleEnumerateFunctions.is_none() {
+            let mut found = Vec::new();
+            for name in &self.names.kernels {
+                if let Some(f) = self.function(name)? {
+                    found.push(f);
+                }
+            }
+            return Ok(found);
+        }
+        let mut count: c_uint = 0;
+        // SAFETY: `count` is a valid out-pointer; the module is live.
+        unsafe { cu!(d, cuModuleGetFunctionCount(&mut count, self.handle.raw))? };
+        let mut raws: Vec<CUfunction> = vec![std::ptr::null_mut(); count as usize];
+        // SAFETY: `raws` has room for `count` handles.
+        unsafe { cu!(d, cuModuleEnumerateFunctions(raws.as_mut_ptr(), count, self.handle.raw))? };
+        Ok(raws
+            .into_iter()
+            .filter(|r| !r.is_null())
+            .map(|raw| Function {
+                module: Arc::clone(&self.handle),
+                raw,
+            })
+            .collect())
+    }
+
+    /// The kernel called `name`, or `None` when the module has none.
+    pub fn function(&self, name: &str) -> Result<Option<Function>, CudaError> {
+        let ctx = self.driver_call_ctx()?;
+        let Ok(cname) = CString::new(name) else {
+            return Ok(None);
+        };
+        let mut raw: CUfunction = std::ptr::null_mut();
+        // SAFETY: `cname` is NUL-terminated; `raw` is an out-pointer.
+        match unsafe {
+            cu!(
+                ctx.driver,
+                cuModuleGetFunction(&mut raw, self.handle.raw, cname.as_ptr())
+            )
+        } {
+            Ok(()) => Ok(Some(Function {
+                module: Arc::clone(&self.handle),
+                raw,
+            })),
+            Err(e) if e.code == CUDA_ERROR_NOT_FOUND => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Address and size of the module variable `name`, or `None`.
+    pub fn global(&self, name: &str) -> Result<Option<(u64, u64)>, CudaError> {
+        let ctx = self.driver_call_ctx()?;
+        let Ok(cname) = CString::new(name) else {
+            return Ok(None);
+        };
+        let (mut ptr, mut size): (CUdeviceptr, usize) = (0, 0);
+        // SAFETY: `cname` is NUL-terminated; both are out-pointers.
+        match unsafe {
+            cu!(
+                ctx.driver,
+                cuModuleGetGlobal(&mut ptr, &mut size, self.handle.raw, cname.as_ptr())
+            )
+        } {
+            Ok(()) => Ok(Some((ptr, size as u64))),
+            Err(e) if e.code == CUDA_ERROR_NOT_FOUND => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Every variable named in the image that the driver can find.
+    pub fn globals(&self) -> Result<Vec<(String, u64, u64)>, CudaError> {
+        let mut out = Vec::new();
+        for name in &self.names.variables {
+            if let Some((ptr, size)) = self.global(name)? {
+                out.push((name.clone(), ptr, size));
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// Grid, block and dynamic shared memory of one launch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LaunchConfig {
+    pub grid: [u32; 3],
+    pub block: [u32; 3],
+    pub dynamic_shared_bytes: u32,
+}
+
+/// The `cuFuncGetAttribute` values a client needs.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FunctionAttributes {
+    pub max_threads_per_block: i32,
+    pub shared_size_bytes: i32,
+    pub const_size_bytes: i32,
+    pub local_size_bytes: i32,
+    pub num_regs: i32,
+    pub ptx_version: i32,
+    pub binary_version: i32,
+    pub max_dynamic_shared_size_bytes: i32,
+}
+
+/// A kernel of a loaded module; keeps the module loaded.
+#[derive(Clone)]
+pub struct Function {
+    module: Arc<ModuleHandle>,
+    raw: CUfunction,
+}
+
+// SAFETY: function handles may be used from any thread.
+unsafe impl Send for Function {}
+// SAFETY: as for Send.
+unsafe impl Sync for Function {}
+
+impl Function {
+    fn ctx(&self) -> Result<&Arc<Context>, CudaError> {
+        self.module.ctx.make_current()?;
+        Ok(&self.module.ctx)
+    }
+
+    /// The kernel's (mangled) name.
+    pub fn name(&self) -> Result<String, CudaError> {
+        let ctx = self.ctx()?;
+        let mut name: *const c_char = std::ptr::null();
+        // SAFETY: `name` is an out-pointer; on success the driver points it at
+        // a NUL-terminated string that lives as long as the module.
+        unsafe { cu!(ctx.driver, cuFuncGetName(&mut name, self.raw))? };
+        if name.is_null() {
+            return Ok(String::new());
+        }
+        // SAFETY: non-null, NUL-terminated, and the module is loaded.
+        Ok(unsafe { CStr::from_ptr(name) }.to_string_lossy().into_owned())
+    }
+
+    /// Byte offset and size of each parameter in the packed parameter buffer.
+    pub fn param_layout(&self) -> Result<Vec<(u32, u32)>, CudaError> {
+        let ctx = self.ctx()?;
+        image::param_layout(|index| {
+            let (mut offset, mut size) = (0usize, 0usize);
+            // SAFETY: both are valid out-pointers.
+            match unsafe {
+                cu!(
+                    ctx.driver,
+                    cuFuncGetParamInfo(self.raw, index, &mut offset, &mut size)
+                )
+            } {
+                Ok(()) => Ok(Some((offset, size))),
+                Err(e) if e.code == CUDA_ERROR_INVALID_VALUE => Ok(None),
+                Err(e) => Err(e),
+            }
+        })
+    }
+
+    /// One `CUfunction_attribute`.
+    pub fn attribute(&self, attr: i32) -> Result<i32, CudaError> {
+        let ctx = self.ctx()?;
+        let mut v: c_int = 0;
+        // SAFETY: `v` is a valid out-pointer.
+        unsafe { cu!(ctx.driver, cuFuncGetAttribute(&mut v, attr, self.raw))? };
+        Ok(v)
+    }
+
+    pub fn set_attribute(&self, attr: i32, value: i32) -> Result<(), CudaError> {
+        let ctx = self.ctx()?;
+        // SAFETY: plain values and a live handle.
+        unsafe { cu!(ctx.driver, cuFuncSetAttribute(self.raw, attr, value)) }
+    }
+
+    pub fn attributes(&self) -> Result<FunctionAttributes, CudaError> {
+        Ok(FunctionAttributes {
+            max_threads_per_block: self.attribute(CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK)?,
+            shared_size_bytes: self.attribute(CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES)?,
+            const_size_bytes: self.attribute(CU_FUNC_ATTRIBUTE_CONST_SIZE_BYTES)?,
+            local_size_bytes: self.attribute(CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES)?,
+            num_regs: self.attribute(CU_FUNC_ATTRIBUTE_NUM_REGS)?,
+            ptx_version: self.attribute(CU_FUNC_ATTRIBUTE_PTX_VERSION)?,
+            binary_version: self.attribute(CU_FUNC_ATTRIBUTE_BINARY_VERSION)?,
+            max_dynamic_shared_size_bytes: self
+                .attribute(CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES)?,
+        })
+    }
+
+    /// Queues the kernel on `stream` with the packed parameter buffer `params`
+    /// (passed through `CU_LAUNCH_PARAM_BUFFER_POINTER`/`SIZE`; the driver
+    /// copies it before returning). `params` must hold at least
+    /// `params_bytes` bytes: a shorter buffer is zero-padded to that size.
+    pub fn launch(
+        &self,
+        stream: &Stream,
+        config: &LaunchConfig,
+        params: &[u8],
+        params_bytes: usize,
+    ) -> Result<(), CudaError> {
+        let ctx = self.ctx()?;
+        let mut buffer = params.to_vec();
+        if buffer.len() < params_bytes {
+            buffer.resize(params_bytes, 0);
+        }
+        let mut size = buffer.len();
+        let mut extra: [*mut c_void; 5] = [
+            CU_LAUNCH_PARAM_BUFFER_POINTER as *mut c_void,
+            buffer.as_mut_ptr().cast(),
+            CU_LAUNCH_PARAM_BUFFER_SIZE as *mut c_void,
+            (&mut size as *mut usize).cast(),
+            CU_LAUNCH_PARAM_END as *mut c_void,
+        ];
+        let [gx, gy, gz] = config.grid;
+        let [bx, by, bz] = config.block;
+        // SAFETY: `extra` is a CU_LAUNCH_PARAM_END-terminated list whose
+        // pointers (`buffer`, `size`) outlive the call, and the driver copies
+        // the parameters before returning; `stream` and the function are live.
+        unsafe {
+            cu!(
+                ctx.driver,
+                cuLaunchKernel(
+                    self.raw,
+                    gx,
+                    gy,
+                    gz,
+                    bx,
+                    by,
+                    bz,
+                    config.dynamic_shared_bytes,
+                    stream.raw,
+                    std::ptr::null_mut(),
+                    extra.as_mut_ptr()
+                )
+            )
+        }
+    }
+}

@@ -1,0 +1,201 @@
+//! The raw driver ABI this crate uses: handle types, the few constants it needs
+//! and the table of entry points, each resolved by its exact versioned name
+//! (the `_v2` forms where `cuda.h` maps the plain name to one).
+
+use std::ffi::{c_char, c_int, c_uint, c_void};
+
+use libloading::Library;
+
+pub type CUresult = c_uint;
+pub type CUdevice = c_int;
+pub type CUdeviceptr = u64;
+
+/// Opaque driver objects, only ever seen through pointers.
+#[repr(C)]
+pub struct CUctx_st {
+    _private: [u8; 0],
+}
+#[repr(C)]
+pub struct CUstream_st {
+    _private: [u8; 0],
+}
+#[repr(C)]
+pub struct CUevent_st {
+    _private: [u8; 0],
+}
+#[repr(C)]
+pub struct CUmod_st {
+    _private: [u8; 0],
+}
+#[repr(C)]
+pub struct CUfunc_st {
+    _private: [u8; 0],
+}
+
+pub type CUcontext = *mut CUctx_st;
+pub type CUstream = *mut CUstream_st;
+pub type CUevent = *mut CUevent_st;
+pub type CUmodule = *mut CUmod_st;
+pub type CUfunction = *mut CUfunc_st;
+
+/// `CUuuid`: 16 bytes.
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy)]
+pub struct CUuuid {
+    pub bytes: [c_char; 16],
+}
+
+pub const CUDA_SUCCESS: CUresult = 0;
+pub const CUDA_ERROR_INVALID_VALUE: CUresult = 1;
+pub const CUDA_ERROR_OUT_OF_MEMORY: CUresult = 2;
+pub const CUDA_ERROR_NOT_INITIALIZED: CUresult = 3;
+pub const CUDA_ERROR_NO_DEVICE: CUresult = 100;
+pub const CUDA_ERROR_INVALID_DEVICE: CUresult = 101;
+pub const CUDA_ERROR_INVALID_IMAGE: CUresult = 200;
+pub const CUDA_ERROR_INVALID_CONTEXT: CUresult = 201;
+pub const CUDA_ERROR_NO_BINARY_FOR_GPU: CUresult = 209;
+pub const CUDA_ERROR_INVALID_PTX: CUresult = 218;
+pub const CUDA_ERROR_INVALID_HANDLE: CUresult = 400;
+pub const CUDA_ERROR_NOT_FOUND: CUresult = 500;
+pub const CUDA_ERROR_NOT_READY: CUresult = 600;
+pub const CUDA_ERROR_ILLEGAL_ADDRESS: CUresult = 700;
+pub const CUDA_ERROR_NOT_SUPPORTED: CUresult = 801;
+
+/// `CU_LAUNCH_PARAM_*` markers of `cuLaunchKernel`'s `extra` array.
+pub const CU_LAUNCH_PARAM_END: usize = 0x00;
+pub const CU_LAUNCH_PARAM_BUFFER_POINTER: usize = 0x01;
+pub const CU_LAUNCH_PARAM_BUFFER_SIZE: usize = 0x02;
+
+/// `CUdevice_attribute` values this crate names.
+pub const CU_DEVICE_ATTRIBUTE_PCI_BUS_ID: c_int = 33;
+pub const CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID: c_int = 34;
+pub const CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID: c_int = 50;
+pub const CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: c_int = 75;
+pub const CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: c_int = 76;
+
+/// `CUfunction_attribute` values.
+pub const CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK: c_int = 0;
+pub const CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES: c_int = 1;
+pub const CU_FUNC_ATTRIBUTE_CONST_SIZE_BYTES: c_int = 2;
+pub const CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES: c_int = 3;
+pub const CU_FUNC_ATTRIBUTE_NUM_REGS: c_int = 4;
+pub const CU_FUNC_ATTRIBUTE_PTX_VERSION: c_int = 5;
+pub const CU_FUNC_ATTRIBUTE_BINARY_VERSION: c_int = 6;
+pub const CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES: c_int = 8;
+
+/// `CU_STREAM_NON_BLOCKING`: no implicit synchronization with the null stream.
+pub const CU_STREAM_NON_BLOCKING: c_uint = 0x1;
+/// `CU_EVENT_DISABLE_TIMING`.
+pub const CU_EVENT_DISABLE_TIMING: c_uint = 0x2;
+/// `CU_CTX_SCHED_BLOCKING_SYNC`: a synchronizing thread sleeps instead of spinning.
+pub const CU_CTX_SCHED_BLOCKING_SYNC: c_uint = 0x4;
+
+/// Declares [`Api`]: one optional fn pointer per entry point, resolved from the
+/// first name in its list that the library exports.
+macro_rules! driver_api {
+    ($( $field:ident [$($sym:literal),+] ($($arg:ty),*); )*) => {
+        /// The entry points of a loaded `libcuda.so.1`. A `None` is a symbol this
+        /// library lacks (an older driver); calls through it fail with
+        /// `CUDA_ERROR_NOT_SUPPORTED` instead of crashing.
+        #[allow(non_snake_case)]
+        pub struct Api {
+            $( pub $field: Option<unsafe extern "C" fn($($arg),*) -> CUresult>, )*
+        }
+
+        impl Api {
+            pub(crate) fn resolve(lib: &Library) -> Api {
+                Api {
+                    $( $field: [$($sym),+].into_iter().find_map(|name| {
+                        // SAFETY: the fn type is the prototype `cuda.h` gives this
+                        // exact (versioned) symbol name; the pointer is only used
+                        // while `lib` stays loaded (the `Driver` owns both).
+                        unsafe { lookup::<unsafe extern "C" fn($($arg),*) -> CUresult>(lib, name) }
+                    }), )*
+                }
+            }
+        }
+    };
+}
+
+/// The symbol `name` of `lib` as a `T`.
+///
+/// # Safety
+/// `T` must be the symbol's real type (a fn pointer of its C prototype).
+pub(crate) unsafe fn lookup<T: Copy>(lib: &Library, name: &str) -> Option<T> {
+    let mut bytes = Vec::with_capacity(name.len() + 1);
+    bytes.extend_from_slice(name.as_bytes());
+    bytes.push(0);
+    // SAFETY: the caller vouches for `T`; the NUL-terminated name is ours.
+    unsafe { lib.get::<T>(&bytes).ok().map(|sym| *sym) }
+}
+
+type Ptr = *mut c_void;
+type CPtr = *const c_void;
+
+driver_api! {
+    cuInit ["cuInit"] (c_uint);
+    cuDriverGetVersion ["cuDriverGetVersion"] (*mut c_int);
+    cuGetErrorName ["cuGetErrorName"] (CUresult, *mut *const c_char);
+    cuGetErrorString ["cuGetErrorString"] (CUresult, *mut *const c_char);
+
+    cuDeviceGetCount ["cuDeviceGetCount"] (*mut c_int);
+    cuDeviceGet ["cuDeviceGet"] (*mut CUdevice, c_int);
+    cuDeviceGetName ["cuDeviceGetName"] (*mut c_char, c_int, CUdevice);
+    cuDeviceGetUuid ["cuDeviceGetUuid_v2", "cuDeviceGetUuid"] (*mut CUuuid, CUdevice);
+    cuDeviceTotalMem ["cuDeviceTotalMem_v2"] (*mut usize, CUdevice);
+    cuDeviceGetAttribute ["cuDeviceGetAttribute"] (*mut c_int, c_int, CUdevice);
+
+    cuDevicePrimaryCtxRetain ["cuDevicePrimaryCtxRetain"] (*mut CUcontext, CUdevice);
+    cuDevicePrimaryCtxRelease ["cuDevicePrimaryCtxRelease_v2", "cuDevicePrimaryCtxRelease"] (CUdevice);
+    cuCtxCreate ["cuCtxCreate_v2"] (*mut CUcontext, c_uint, CUdevice);
+    cuCtxDestroy ["cuCtxDestroy_v2"] (CUcontext);
+    cuCtxSetCurrent ["cuCtxSetCurrent"] (CUcontext);
+    cuCtxGetCurrent ["cuCtxGetCurrent"] (*mut CUcontext);
+    cuCtxSynchronize ["cuCtxSynchronize"] ();
+
+    cuStreamCreateWithPriority ["cuStreamCreateWithPriority"] (*mut CUstream, c_uint, c_int);
+    cuStreamDestroy ["cuStreamDestroy_v2"] (CUstream);
+    cuStreamSynchronize ["cuStreamSynchronize"] (CUstream);
+    cuStreamQuery ["cuStreamQuery"] (CUstream);
+
+    cuEventCreate ["cuEventCreate"] (*mut CUevent, c_uint);
+    cuEventRecord ["cuEventRecord"] (CUevent, CUstream);
+    cuEventQuery ["cuEventQuery"] (CUevent);
+    cuEventSynchronize ["cuEventSynchronize"] (CUevent);
+    cuEventElapsedTime ["cuEventElapsedTime", "cuEventElapsedTime_v2"] (*mut f32, CUevent, CUevent);
+    cuEventDestroy ["cuEventDestroy_v2"] (CUevent);
+
+    cuMemAlloc ["cuMemAlloc_v2"] (*mut CUdeviceptr, usize);
+    cuMemFree ["cuMemFree_v2"] (CUdeviceptr);
+    cuMemGetInfo ["cuMemGetInfo_v2"] (*mut usize, *mut usize);
+    cuMemGetAddressRange ["cuMemGetAddressRange_v2"] (*mut CUdeviceptr, *mut usize, CUdeviceptr);
+    cuMemHostAlloc ["cuMemHostAlloc"] (*mut Ptr, usize, c_uint);
+    cuMemFreeHost ["cuMemFreeHost"] (Ptr);
+    cuMemcpyHtoD ["cuMemcpyHtoD_v2"] (CUdeviceptr, CPtr, usize);
+    cuMemcpyDtoH ["cuMemcpyDtoH_v2"] (Ptr, CUdeviceptr, usize);
+    cuMemcpyDtoD ["cuMemcpyDtoD_v2"] (CUdeviceptr, CUdeviceptr, usize);
+    cuMemcpyHtoDAsync ["cuMemcpyHtoDAsync_v2"] (CUdeviceptr, CPtr, usize, CUstream);
+    cuMemcpyDtoHAsync ["cuMemcpyDtoHAsync_v2"] (Ptr, CUdeviceptr, usize, CUstream);
+    cuMemcpyDtoDAsync ["cuMemcpyDtoDAsync_v2"] (CUdeviceptr, CUdeviceptr, usize, CUstream);
+    cuMemsetD8 ["cuMemsetD8_v2"] (CUdeviceptr, u8, usize);
+    cuMemsetD16 ["cuMemsetD16_v2"] (CUdeviceptr, u16, usize);
+    cuMemsetD32 ["cuMemsetD32_v2"] (CUdeviceptr, u32, usize);
+    cuMemsetD8Async ["cuMemsetD8Async"] (CUdeviceptr, u8, usize, CUstream);
+    cuMemsetD16Async ["cuMemsetD16Async"] (CUdeviceptr, u16, usize, CUstream);
+    cuMemsetD32Async ["cuMemsetD32Async"] (CUdeviceptr, u32, usize, CUstream);
+
+    cuModuleLoadData ["cuModuleLoadData"] (*mut CUmodule, CPtr);
+    cuModuleUnload ["cuModuleUnload"] (CUmodule);
+    cuModuleGetFunction ["cuModuleGetFunction"] (*mut CUfunction, CUmodule, *const c_char);
+    cuModuleGetGlobal ["cuModuleGetGlobal_v2"] (*mut CUdeviceptr, *mut usize, CUmodule, *const c_char);
+    cuModuleGetFunctionCount ["cuModuleGetFunctionCount"] (*mut c_uint, CUmodule);
+    cuModuleEnumerateFunctions ["cuModuleEnumerateFunctions"] (*mut CUfunction, c_uint, CUmodule);
+    cuFuncGetName ["cuFuncGetName"] (*mut *const c_char, CUfunction);
+    cuFuncGetParamInfo ["cuFuncGetParamInfo"] (CUfunction, usize, *mut usize, *mut usize);
+    cuFuncGetAttribute ["cuFuncGetAttribute"] (*mut c_int, c_int, CUfunction);
+    cuFuncSetAttribute ["cuFuncSetAttribute"] (CUfunction, c_int, c_int);
+    cuLaunchKernel ["cuLaunchKernel"] (
+        CUfunction, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, CUstream,
+        *mut Ptr, *mut Ptr
+    );
+}
