@@ -156,3 +156,34 @@ fn cubin_only_images_are_refused() {
     assert_eq!(err.code, codes::INVALID_PTX, "{err}");
     c.alloc(8);
 }
+
+#[test]
+fn contexts_share_one_memory_budget() {
+    let (server, socket, _dir) = cpu_server("cpu-budget");
+    let device = Arc::clone(&server.devices()[0]);
+    let mut a = Client::connect(&socket, "tenant-a", None);
+    let mut b = Client::connect(&socket, "tenant-b", None);
+    a.alloc(200 << 20);
+    assert_eq!(
+        b.code(Call::MemAlloc {
+            device: 0,
+            bytes: 100 << 20
+        }),
+        codes::OUT_OF_MEMORY
+    );
+    match b.call(Call::MemGetInfo { device: 0 }).unwrap() {
+        ReplyBody::MemInfo { free, total } => {
+            assert_eq!(total, 256 << 20);
+            assert!(free <= 56 << 20, "{free}");
+        }
+        other => panic!("{other:?}"),
+    }
+    drop(a);
+    let start = std::time::Instant::now();
+    while device.mem_used() != 0 {
+        assert!(start.elapsed().as_secs() < 5, "a's memory not released");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    b.alloc(100 << 20);
+    assert_eq!(device.mem_used(), 100 << 20);
+}
