@@ -501,3 +501,36 @@ fn a_silent_connection_is_dropped_after_the_hello_timeout() {
     );
     idle.alloc(8);
 }
+
+#[test]
+fn many_sessions_at_once_keep_their_data_apart() {
+    let h = Harness::start("many");
+    let socket = h.socket.clone();
+    let workers: Vec<_> = (0..8u32)
+        .map(|t| {
+            let socket = socket.clone();
+            std::thread::spawn(move || {
+                let mut c = Client::connect(&socket, &format!("worker-{t}"), None);
+                let m = c.load(IMAGE);
+                let streams = [c.stream(0), c.stream(1)];
+                for round in 0..20u32 {
+                    let p = c.alloc(64);
+                    c.write(p, &(t * 1000 + round).to_le_bytes());
+                    let s = streams[(round % 2) as usize];
+                    c.launch(&m, "scale_add", s, scale_add(p, 2, 1, 0));
+                    c.launch(&m, "scale_add", s, scale_add(p, 3, 0, 0));
+                    let v = u32_at(&c.read_on(p, 4, Some(s)).unwrap());
+                    assert_eq!(v, ((t * 1000 + round) * 2 + 1) * 3);
+                    if round % 3 == 0 {
+                        assert_eq!(c.code(Call::MemFree { ptr: p }), 0);
+                    }
+                }
+            })
+        })
+        .collect();
+    for w in workers {
+        w.join().expect("a worker failed");
+    }
+    h.eventually("all memory to be freed", || h.device.mem_used() == 0);
+    h.eventually("all sessions to end", || h.server.registry().is_empty());
+}
