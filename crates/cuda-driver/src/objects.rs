@@ -4,6 +4,9 @@
 
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr, CString};
 use std::sync::Arc;
+use std::time::Duration;
+
+use crate::capture::StdoutCapture;
 
 use crate::driver::{cu, to_usize, Context};
 use crate::error::CudaError;
@@ -73,19 +76,71 @@ impl Stream {
         }
     }
 
-    /// Copies `data` to `dst` on this stream and waits for the stream.
-    pub fn copy_htod_sync(&self, dst: u64, data: &[u8]) -> Result<(), CudaError> {
-        // SAFETY: `data` outlives the copy: the stream is synchronized before
-        // the borrow ends, also when queueing fails (nothing was queued then).
-        unsafe { self.copy_htod_async(dst, data)? };
-        self.synchronize()
+    /// Waits until the stream's work is done. Without `capture` this is one
+    /// `cuStreamSynchronize`. With it, the stream is first polled until idle
+    /// (polling flushes no printf), then synchronized inside a capture window,
+    /// so the window stays short; the captured device printf output is
+    /// returned with the result.
+    pub fn finish(&self, capture: Option<&StdoutCapture>) -> (Result<(), CudaError>, Vec<u8>) {
+        let Some(capture) = capture else {
+            return (self.synchronize(), Vec::new());
+        };
+        let mut spins = 0u32;
+        let mut pause = Duration::from_micros(10);
+        loop {
+            match self.is_idle() {
+                Ok(false) => {}
+                // Idle, or failed: the synchronize below reports which.
+                Ok(true) | Err(_) => break,
+            }
+            if spins < 200 {
+                spins += 1;
+                std::thread::yield_now();
+            } else {
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(Duration::from_millis(1));
+            }
+        }
+        capture.window(|| self.synchronize())
     }
 
-    /// Copies from `src` into `buf` on this stream and waits for the stream.
-    pub fn copy_dtoh_sync(&self, buf: &mut [u8], src: u64) -> Result<(), CudaError> {
+    /// Copies `data` to `dst` on this stream and waits as [`Stream::finish`] does.
+    pub fn copy_htod_sync(
+        &self,
+        dst: u64,
+        data: &[u8],
+        capture: Option<&StdoutCapture>,
+    ) -> (Result<(), CudaError>, Vec<u8>) {
+        // SAFETY: `data` outlives the copy: the stream is finished before the
+        // borrow ends (and synchronized again if finishing failed).
+        if let Err(e) = unsafe { self.copy_htod_async(dst, data) } {
+            return (Err(e), Vec::new());
+        }
+        self.finish_surely(capture)
+    }
+
+    /// Copies from `src` into `buf` on this stream and waits as [`Stream::finish`] does.
+    pub fn copy_dtoh_sync(
+        &self,
+        buf: &mut [u8],
+        src: u64,
+        capture: Option<&StdoutCapture>,
+    ) -> (Result<(), CudaError>, Vec<u8>) {
         // SAFETY: as in `copy_htod_sync`.
-        unsafe { self.copy_dtoh_async(buf, src)? };
-        self.synchronize()
+        if let Err(e) = unsafe { self.copy_dtoh_async(buf, src) } {
+            return (Err(e), Vec::new());
+        }
+        self.finish_surely(capture)
+    }
+
+    /// [`Stream::finish`], then a plain synchronize if that failed, so no copy
+    /// touching a host buffer can still be running when the caller returns.
+    fn finish_surely(&self, capture: Option<&StdoutCapture>) -> (Result<(), CudaError>, Vec<u8>) {
+        let (result, out) = self.finish(capture);
+        if result.is_err() {
+            let _ = self.synchronize();
+        }
+        (result, out)
     }
 
     /// Queues a host-to-device copy.

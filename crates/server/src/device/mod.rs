@@ -5,6 +5,8 @@
 pub mod attributes;
 #[cfg(feature = "cpu")]
 pub mod cpu;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 pub mod model;
 
 use std::sync::Arc;
@@ -125,6 +127,15 @@ pub fn cpu_device(capacity: u64) -> Result<Arc<dyn Device>, String> {
     return Err(format!(
         "this build of cumux-server has no CPU device (feature `cpu`); cannot serve {capacity} bytes"
     ));
+}
+
+/// Every GPU of the system's CUDA driver, if this build has the `cuda` backend
+/// (feature `cuda`); an error says why there are none (no driver, no GPU).
+pub fn cuda_devices() -> Result<Vec<Arc<dyn Device>>, String> {
+    #[cfg(feature = "cuda")]
+    return cuda::load_devices();
+    #[cfg(not(feature = "cuda"))]
+    return Err("this build of cumux-server has no cuda backend (feature `cuda`)".into());
 }
 
 /// The default memory of a CPU-side device: a quarter of host RAM, at most 16 GiB.

@@ -1,0 +1,597 @@
+//! The `cuda` backend: real GPUs through the system's `libcuda.so.1`
+//! (`cumux-cuda-driver`). Each session gets a CUDA context of its own (its own
+//! address space and sticky error) and each calling thread a stream in it.
+//!
+//! Every [`DeviceContext`] method makes the context current, queues its work on
+//! the calling thread's stream and waits for that stream before returning.
+//! Device `printf` reaches the session, not the server's stdout: contexts whose
+//! modules can print run their flushing calls inside a stdout capture window
+//! (`cumux_cuda_driver::capture`), and the captured text rides on the next
+//! [`LaunchOutcome`]. `CUMUX_CUDA_CONTEXT=primary` shares each GPU's primary
+//! context between sessions instead (faster to start, no isolation).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::ThreadId;
+
+use cumux_cuda_driver::capture::{image_may_print, StdoutCapture};
+use cumux_cuda_driver::sys::CU_STREAM_NON_BLOCKING;
+use cumux_cuda_driver::{
+    self as cu, CudaError, DeviceId, Driver, Function, FunctionAttributes, LaunchConfig, Module,
+    Stream,
+};
+use cumux_protocol::{codes, CuError, DeviceInfo, DevicePtr, FunctionAttrs, ParamInfo};
+
+use super::{
+    Device, DeviceContext, GlobalDesc, KernelDesc, LaunchGeometry, LaunchOutcome, LoadedModule,
+    ModuleId,
+};
+
+/// Selects how sessions map to CUDA contexts (`session` or `primary`).
+pub const CONTEXT_MODE_ENV: &str = "CUMUX_CUDA_CONTEXT";
+/// `passthrough` leaves device printf on the server's stdout (no capture).
+pub const PRINTF_ENV: &str = "CUMUX_CUDA_PRINTF";
+
+/// Static shared memory a block may use without opting in.
+const DEFAULT_SHARED_LIMIT: u64 = 48 << 10;
+
+/// How sessions map to CUDA contexts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ContextMode {
+    /// A context per session: isolated memory and faults (the default).
+    PerSession,
+    /// The GPU's primary context, shared: one fault poisons every session.
+    Primary,
+}
+
+impl ContextMode {
+    /// The mode `value` names (`session`, `primary`); anything else is the default.
+    pub fn parse(value: Option<&str>) -> ContextMode {
+        match value.map(str::trim) {
+            Some("primary") => ContextMode::Primary,
+            _ => ContextMode::PerSession,
+        }
+    }
+}
+
+fn cu_err(e: CudaError) -> CuError {
+    CuError::new(e.code, e.to_string())
+}
+
+/// Every GPU of the system's CUDA driver, as cumux devices.
+pub fn load_devices() -> Result<Vec<Arc<dyn Device>>, String> {
+    let driver = Driver::load().map_err(|e| e.to_string())?;
+    let devices = devices(&driver).map_err(|e| e.to_string())?;
+    if devices.is_empty() {
+        return Err(format!("the CUDA driver {} reports no GPU", driver.library()));
+    }
+    Ok(devices)
+}
+
+/// One [`CudaDevice`] per GPU the driver reports.
+pub fn devices(driver: &Arc<Driver>) -> Result<Vec<Arc<dyn Device>>, CudaError> {
+    let mode = ContextMode::parse(std::env::var(CONTEXT_MODE_ENV).ok().as_deref());
+    let capture = std::env::var(PRINTF_ENV).map_or(true, |v| v.trim() != "passthrough");
+    let count = driver.device_count()?;
+    let mut out: Vec<Arc<dyn Device>> = Vec::new();
+    for ordinal in 0..count {
+        out.push(Arc::new(CudaDevice::new(driver, ordinal, mode, capture)?));
+    }
+    Ok(out)
+}
+
+/// One GPU.
+pub struct CudaDevice {
+    driver: Arc<Driver>,
+    dev: DeviceId,
+    /// Compute capability, major × 10 + minor.
+    sm: u32,
+    info: DeviceInfo,
+    mode: ContextMode,
+    capture_printf: bool,
+    /// Bytes allocated by all of this device's contexts.
+    used: Arc<AtomicU64>,
+    next_module: Arc<AtomicU64>,
+    primary: Mutex<Option<Arc<cu::Context>>>,
+}
+
+impl CudaDevice {
+    pub fn new(
+        driver: &Arc<Driver>,
+        ordinal: u32,
+        mode: ContextMode,
+        capture_printf: bool,
+    ) -> Result<CudaDevice, CudaError> {
+        let dev = driver.device(ordinal)?;
+        let info = DeviceInfo {
+            ordinal,
+            name: driver.device_name(dev)?,
+            uuid: driver.device_uuid(dev)?,
+            pci: driver.device_pci(dev)?,
+            total_mem: driver.device_total_mem(dev)?,
+            attributes: driver.device_attributes(dev)?,
+            backend: "cuda".into(),
+        };
+        Ok(CudaDevice {
+            driver: Arc::clone(driver),
+            dev,
+            sm: driver.device_sm(dev)?,
+            info,
+            mode,
+            capture_printf,
+            used: Arc::new(AtomicU64::new(0)),
+            next_module: Arc::new(AtomicU64::new(1)),
+            primary: Mutex::new(None),
+        })
+    }
+
+    fn context(&self) -> Result<Arc<cu::Context>, CudaError> {
+        match self.mode {
+            ContextMode::PerSession => self.driver.create_context(self.dev, 0),
+            ContextMode::Primary => {
+                let mut primary = lock(&self.primary);
+                if let Some(ctx) = &*primary {
+                    return Ok(Arc::clone(ctx));
+                }
+                let ctx = self.driver.primary_context(self.dev)?;
+                *primary = Some(Arc::clone(&ctx));
+                Ok(ctx)
+            }
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Device for CudaDevice {
+    fn info(&self) -> &DeviceInfo {
+        &self.info
+    }
+
+    fn mem_used(&self) -> u64 {
+        self.used.load(Ordering::Acquire)
+    }
+
+    fn create_context(&self) -> Result<Arc<dyn DeviceContext>, CuError> {
+        let capture = if self.capture_printf {
+            match StdoutCapture::install() {
+                Ok(c) => Some(c),
+                Err(e) => {
+                    tracing::warn!("device printf will go to the server's stdout: {e}");
+                    None
+                }
+            }
+        } else {
+            None
+        };
+        let ctx = self.context().map_err(cu_err)?;
+        Ok(Arc::new(CudaContext {
+            ctx: Some(ctx),
+            sm: self.sm,
+            used: Arc::clone(&self.used),
+            next_module: Arc::clone(&self.next_module),
+            allocations: Mutex::new(HashMap::new()),
+            modules: Mutex::new(HashMap::new()),
+            streams: Mutex::new(HashMap::new()),
+            capture,
+            prints: AtomicBool::new(false),
+            pending_stdout: Mutex::new(Vec::new()),
+        }))
+    }
+}
+
+/// A kernel as the backend keeps it.
+struct Kernel {
+    function: Function,
+    params_bytes: usize,
+    static_shared: u64,
+}
+
+struct CudaModule {
+    /// Kept for its lifetime: the module unloads when this and every
+    /// [`Kernel`] of it are gone.
+    _module: Module,
+    kernels: Vec<Arc<Kernel>>,
+    globals_bytes: u64,
+}
+
+/// One session's CUDA context.
+pub struct CudaContext {
+    /// `None` only while dropping.
+    ctx: Option<Arc<cu::Context>>,
+    sm: u32,
+    used: Arc<AtomicU64>,
+    next_module: Arc<AtomicU64>,
+    /// This context's allocations: base → bytes.
+    allocations: Mutex<HashMap<DevicePtr, u64>>,
+    modules: Mutex<HashMap<ModuleId, CudaModule>>,
+    /// The stream of each thread that has called in.
+    streams: Mutex<HashMap<ThreadId, Arc<Stream>>>,
+    capture: Option<&'static StdoutCapture>,
+    /// A module that can print was loaded: flushing calls need capture windows.
+    prints: AtomicBool,
+    /// Captured printf text not yet handed out with a launch.
+    pending_stdout: Mutex<Vec<u8>>,
+}
+
+impl CudaContext {
+    fn ctx(&self) -> Result<&Arc<cu::Context>, CuError> {
+        self.ctx
+            .as_ref()
+            .ok_or_else(|| CuError::new(codes::INVALID_CONTEXT, "the context is being destroyed"))
+    }
+
+    /// The capture to use for flushing calls, if this context can print.
+    fn capture(&self) -> Option<&'static StdoutCapture> {
+        self.capture.filter(|_| self.prints.load(Ordering::Acquire))
+    }
+
+    /// The calling thread's stream, with the context current.
+    fn stream(&self) -> Result<Arc<Stream>, CuError> {
+        let ctx = self.ctx()?;
+        ctx.make_current().map_err(cu_err)?;
+        let id = std::thread::current().id();
+        let mut streams = lock(&self.streams);
+        if let Some(s) = streams.get(&id) {
+            return Ok(Arc::clone(s));
+        }
+        let stream = Arc::new(Stream::new(ctx, CU_STREAM_NON_BLOCKING, 0).map_err(cu_err)?);
+        streams.insert(id, Arc::clone(&stream));
+        Ok(stream)
+    }
+
+    /// Keeps captured printf text for the next launch's outcome.
+    fn keep_stdout(&self, bytes: Vec<u8>) {
+        if !bytes.is_empty() {
+            lock(&self.pending_stdout).extend_from_slice(&bytes);
+        }
+    }
+
+    /// Finishes `stream`'s work and keeps what it printed.
+    fn finish(&self, stream: &Stream) -> Result<(), CuError> {
+        let (result, out) = stream.finish(self.capture());
+        self.keep_stdout(out);
+        result.map_err(cu_err)
+    }
+
+    /// Runs a call that may flush printf in a capture window when needed.
+    fn flushing<T>(&self, f: impl FnOnce() -> T) -> T {
+        match self.capture() {
+            Some(capture) => {
+                let (result, out) = capture.window(f);
+                self.keep_stdout(out);
+                result
+            }
+            None => f(),
+        }
+    }
+
+    fn kernel(&self, module: ModuleId, index: usize) -> Result<Arc<Kernel>, CuError> {
+        let modules = lock(&self.modules);
+        let m = modules
+            .get(&module)
+            .ok_or_else(|| CuError::new(codes::INVALID_HANDLE, "module not loaded"))?;
+        m.kernels
+            .get(index)
+            .cloned()
+            .ok_or_else(|| CuError::new(codes::INVALID_HANDLE, "no such kernel"))
+    }
+
+    fn launch_inner(
+        &self,
+        module: ModuleId,
+        index: usize,
+        geometry: &LaunchGeometry,
+        params: &[u8],
+    ) -> Result<(), CuError> {
+        let kernel = self.kernel(module, index)?;
+        let stream = self.stream()?;
+        let dynamic = u64::from(geometry.dynamic_shared_bytes);
+        if dynamic + kernel.static_shared > DEFAULT_SHARED_LIMIT {
+            // The session has checked the size against the GPU's opt-in limit;
+            // opt the kernel in as a native program would have.
+            let value = i32::try_from(dynamic).unwrap_or(i32::MAX);
+            kernel
+                .function
+                .set_attribute(
+                    cu::sys::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    value,
+                )
+                .map_err(cu_err)?;
+        }
+        let config = LaunchConfig {
+            grid: geometry.grid,
+            block: geometry.block,
+            dynamic_shared_bytes: geometry.dynamic_shared_bytes,
+        };
+        // A launch flushes printf of earlier kernels of this context.
+        self.flushing(|| {
+            kernel
+                .function
+                .launch(&stream, &config, params, kernel.params_bytes)
+        })
+        .map_err(cu_err)?;
+        self.finish(&stream)
+    }
+
+    /// How the backend keeps `function`, and how the client sees it.
+    fn describe(function: &Function) -> Result<(Kernel, KernelDesc), CudaError> {
+        let layout = function.param_layout()?;
+        let attrs = function.attributes()?;
+        let kernel = Kernel {
+            function: function.clone(),
+            params_bytes: cu::image::params_bytes(&layout),
+            static_shared: u64::try_from(attrs.shared_size_bytes).unwrap_or(0),
+        };
+        let desc = KernelDesc {
+            name: function.name()?,
+            params: param_infos(&layout),
+            attrs: function_attrs(&attrs),
+        };
+        Ok((kernel, desc))
+    }
+}
+
+/// The protocol's view of a kernel's attributes.
+pub fn function_attrs(a: &FunctionAttributes) -> FunctionAttrs {
+    FunctionAttrs {
+        max_threads_per_block: a.max_threads_per_block,
+        shared_size_bytes: a.shared_size_bytes,
+        const_size_bytes: a.const_size_bytes,
+        local_size_bytes: a.local_size_bytes,
+        num_regs: a.num_regs,
+        ptx_version: a.ptx_version,
+        binary_version: a.binary_version,
+        max_dynamic_shared_size_bytes: a.max_dynamic_shared_size_bytes,
+    }
+}
+
+/// The protocol's view of a parameter layout.
+pub fn param_infos(layout: &[(u32, u32)]) -> Vec<ParamInfo> {
+    layout
+        .iter()
+        .map(|&(offset, size)| ParamInfo { offset, size })
+        .collect()
+}
+
+/// The 1-, 2- or 4-byte value a fill pattern repeats.
+pub fn fill_value(pattern: &[u8]) -> Option<Fill> {
+    match *pattern {
+        [a] => Some(Fill::D8(a)),
+        [a, b] => Some(Fill::D16(u16::from_le_bytes([a, b]))),
+        [a, b, c, d] => Some(Fill::D32(u32::from_le_bytes([a, b, c, d]))),
+        _ => None,
+    }
+}
+
+/// A memset of one element width.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fill {
+    D8(u8),
+    D16(u16),
+    D32(u32),
+}
+
+impl DeviceContext for CudaContext {
+    fn mem_alloc(&self, bytes: u64) -> Result<DevicePtr, CuError> {
+        let ptr = self.ctx()?.mem_alloc(bytes).map_err(cu_err)?;
+        lock(&self.allocations).insert(ptr, bytes);
+        self.used.fetch_add(bytes, Ordering::AcqRel);
+        Ok(ptr)
+    }
+
+    fn mem_free(&self, ptr: DevicePtr) -> Result<(), CuError> {
+        // Work queued on this context's streams may still use the memory; the
+        // session synchronizes before freeing, as cuMemFree itself does.
+        self.flushing(|| self.ctx()?.mem_free(ptr).map_err(cu_err))?;
+        if let Some(bytes) = lock(&self.allocations).remove(&ptr) {
+            release(&self.used, bytes);
+        }
+        Ok(())
+    }
+
+    fn mem_read(&self, src: DevicePtr, buf: &mut [u8]) -> Result<(), CuError> {
+        let stream = self.stream()?;
+        let (result, out) = stream.copy_dtoh_sync(buf, src, self.capture());
+        self.keep_stdout(out);
+        result.map_err(cu_err)
+    }
+
+    fn mem_write(&self, dst: DevicePtr, data: &[u8]) -> Result<(), CuError> {
+        let stream = self.stream()?;
+        let (result, out) = stream.copy_htod_sync(dst, data, self.capture());
+        self.keep_stdout(out);
+        result.map_err(cu_err)
+    }
+
+    fn mem_copy(&self, dst: DevicePtr, src: DevicePtr, bytes: u64) -> Result<(), CuError> {
+        let stream = self.stream()?;
+        stream.copy_dtod(dst, src, bytes).map_err(cu_err)?;
+        self.finish(&stream)
+    }
+
+    fn mem_fill(&self, dst: DevicePtr, pattern: &[u8], count: u64) -> Result<(), CuError> {
+        let fill = fill_value(pattern).ok_or_else(|| {
+            CuError::new(codes::INVALID_VALUE, "a fill pattern is 1, 2 or 4 bytes")
+        })?;
+        let stream = self.stream()?;
+        match fill {
+            Fill::D8(v) => stream.memset_d8(dst, v, count),
+            Fill::D16(v) => stream.memset_d16(dst, v, count),
+            Fill::D32(v) => stream.memset_d32(dst, v, count),
+        }
+        .map_err(cu_err)?;
+        self.finish(&stream)
+    }
+
+    fn module_load(&self, image: &[u8]) -> Result<LoadedModule, CuError> {
+        let ctx = self.ctx()?;
+        if self.capture.is_some() && image_may_print(image) {
+            self.prints.store(true, Ordering::Release);
+        }
+        let module = self
+            .flushing(|| Module::load(ctx, image, self.sm))
+            .map_err(cu_err)?;
+        tracing::debug!(
+            kind = ?module.kind(),
+            code = %module.code(),
+            "cuda: module loaded"
+        );
+        let functions = module.functions().map_err(cu_err)?;
+        let mut kernels = Vec::with_capacity(functions.len());
+        let mut descs = Vec::with_capacity(functions.len());
+        for function in &functions {
+            let (kernel, desc) = Self::describe(function).map_err(cu_err)?;
+            descs.push(desc);
+            kernels.push(Arc::new(kernel));
+        }
+        let globals: Vec<GlobalDesc> = module
+            .globals()
+            .map_err(cu_err)?
+            .into_iter()
+            .map(|(name, ptr, size)| GlobalDesc { name, ptr, size })
+            .collect();
+        let globals_bytes = globals.iter().map(|g| g.size).sum();
+        self.used.fetch_add(globals_bytes, Ordering::AcqRel);
+        let id = self.next_module.fetch_add(1, Ordering::Relaxed);
+        lock(&self.modules).insert(
+            id,
+            CudaModule {
+                _module: module,
+                kernels,
+                globals_bytes,
+            },
+        );
+        Ok(LoadedModule {
+            id,
+            kernels: descs,
+            globals,
+        })
+    }
+
+    fn module_unload(&self, module: ModuleId) {
+        let removed = lock(&self.modules).remove(&module);
+        if let Some(m) = removed {
+            release(&self.used, m.globals_bytes);
+            // cuModuleUnload flushes printf.
+            self.flushing(|| drop(m));
+        }
+    }
+
+    fn launch(
+        &self,
+        module: ModuleId,
+        kernel: usize,
+        geometry: &LaunchGeometry,
+        params: &[u8],
+    ) -> LaunchOutcome {
+        let result = self.launch_inner(module, kernel, geometry, params);
+        LaunchOutcome {
+            stdout: std::mem::take(&mut *lock(&self.pending_stdout)),
+            result,
+        }
+    }
+}
+
+fn release(used: &AtomicU64, bytes: u64) {
+    let _ = used.fetch_update(Ordering::AcqRel, Ordering::Acquire, |u| {
+        Some(u.saturating_sub(bytes))
+    });
+}
+
+impl Drop for CudaContext {
+    fn drop(&mut self) {
+        let allocations: Vec<(DevicePtr, u64)> = lock(&self.allocations).drain().collect();
+        let modules: Vec<CudaModule> = lock(&self.modules).drain().map(|(_, m)| m).collect();
+        let streams: Vec<Arc<Stream>> = lock(&self.streams).drain().map(|(_, s)| s).collect();
+        let ctx = self.ctx.take();
+        let total: u64 = allocations.iter().map(|(_, b)| b).sum::<u64>()
+            + modules.iter().map(|m| m.globals_bytes).sum::<u64>();
+        release(&self.used, total);
+        // Destroying a context flushes its printf buffer; the session is gone,
+        // so whatever is captured is dropped rather than reaching our stdout.
+        let teardown = move || {
+            drop(streams);
+            drop(modules);
+            if let Some(ctx) = ctx {
+                if ctx.is_primary() {
+                    // A shared context outlives the session: free what it held.
+                    for (ptr, _) in &allocations {
+                        let _ = ctx.mem_free(*ptr);
+                    }
+                }
+                drop(ctx);
+            }
+        };
+        match self.capture() {
+            Some(capture) => drop(capture.window(teardown)),
+            None => teardown(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fill_patterns_map_to_memset_widths() {
+        assert_eq!(fill_value(&[7]), Some(Fill::D8(7)));
+        assert_eq!(fill_value(&[1, 2]), Some(Fill::D16(0x0201)));
+        assert_eq!(fill_value(&[1, 2, 3, 4]), Some(Fill::D32(0x0403_0201)));
+        assert_eq!(fill_value(&[1, 2, 3]), None);
+        assert_eq!(fill_value(&[]), None);
+    }
+
+    #[test]
+    fn context_mode_defaults_to_a_context_per_session() {
+        assert_eq!(ContextMode::parse(None), ContextMode::PerSession);
+        assert_eq!(ContextMode::parse(Some("session")), ContextMode::PerSession);
+        assert_eq!(ContextMode::parse(Some("primary")), ContextMode::Primary);
+    }
+
+    #[test]
+    fn layouts_and_attributes_convert_to_the_protocol() {
+        let infos = param_infos(&[(0, 8), (8, 4), (16, 8)]);
+        assert_eq!(infos[2], ParamInfo { offset: 16, size: 8 });
+        let attrs = function_attrs(&FunctionAttributes {
+            max_threads_per_block: 1024,
+            num_regs: 32,
+            binary_version: 90,
+            ..FunctionAttributes::default()
+        });
+        assert_eq!(attrs.max_threads_per_block, 1024);
+        assert_eq!(attrs.num_regs, 32);
+        assert_eq!(attrs.binary_version, 90);
+    }
+
+    #[test]
+    fn the_device_attribute_range_covers_the_cpu_devices_table() {
+        let cpu: Vec<u32> = super::super::attributes::cpu_device_attributes(
+            super::super::attributes::AttributeInputs {
+                multiprocessors: 1,
+                pci: [0, 0, 0],
+            },
+        )
+        .iter()
+        .map(|(a, _)| *a)
+        .collect();
+        let queried = cu::driver::collect_attributes(|a| Ok(Some(a as i32))).unwrap();
+        for attr in cpu {
+            assert!(
+                queried.iter().any(|(a, _)| *a == attr),
+                "attribute {attr} is never queried"
+            );
+        }
+    }
+
+    #[test]
+    fn loading_without_a_driver_is_an_error() {
+        // The default build machine has no GPU; where one exists this still
+        // must not panic.
+        let _ = load_devices();
+    }
+}
