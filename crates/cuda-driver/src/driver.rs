@@ -173,7 +173,11 @@ impl Driver {
             return None;
         }
         // SAFETY: non-null and NUL-terminated, owned by the driver.
-        Some(unsafe { CStr::from_ptr(text) }.to_string_lossy().into_owned())
+        Some(
+            unsafe { CStr::from_ptr(text) }
+                .to_string_lossy()
+                .into_owned(),
+        )
     }
 
     pub(crate) fn check(&self, code: CUresult, call: &'static str) -> Result<(), CudaError> {
@@ -212,7 +216,12 @@ impl Driver {
     pub fn device_name(&self, dev: DeviceId) -> Result<String, CudaError> {
         let mut buf = [0 as c_char; 256];
         // SAFETY: the driver writes at most `len` bytes, NUL included, into `buf`.
-        unsafe { cu!(self, cuDeviceGetName(buf.as_mut_ptr(), buf.len() as c_int, dev.0))? };
+        unsafe {
+            cu!(
+                self,
+                cuDeviceGetName(buf.as_mut_ptr(), buf.len() as c_int, dev.0)
+            )?
+        };
         let bytes: Vec<u8> = buf
             .iter()
             .take_while(|c| **c != 0)
@@ -268,8 +277,10 @@ impl Driver {
 
     /// Compute capability as major × 10 + minor (90 for an H100).
     pub fn device_sm(&self, dev: DeviceId) -> Result<u32, CudaError> {
-        let major = self.device_attribute(dev, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR as u32)?;
-        let minor = self.device_attribute(dev, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR as u32)?;
+        let major =
+            self.device_attribute(dev, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR as u32)?;
+        let minor =
+            self.device_attribute(dev, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR as u32)?;
         Ok(u32::try_from(major * 10 + minor).unwrap_or(0))
     }
 
@@ -410,14 +421,24 @@ impl Context {
     pub fn copy_htod(&self, dst: u64, data: &[u8]) -> Result<(), CudaError> {
         self.make_current()?;
         // SAFETY: `data` is readable for its length during the blocking call.
-        unsafe { cu!(self.driver, cuMemcpyHtoD(dst, data.as_ptr().cast(), data.len())) }
+        unsafe {
+            cu!(
+                self.driver,
+                cuMemcpyHtoD(dst, data.as_ptr().cast(), data.len())
+            )
+        }
     }
 
     /// Blocking device-to-host copy (flushes device printf).
     pub fn copy_dtoh(&self, buf: &mut [u8], src: u64) -> Result<(), CudaError> {
         self.make_current()?;
         // SAFETY: `buf` is writable for its length during the blocking call.
-        unsafe { cu!(self.driver, cuMemcpyDtoH(buf.as_mut_ptr().cast(), src, buf.len())) }
+        unsafe {
+            cu!(
+                self.driver,
+                cuMemcpyDtoH(buf.as_mut_ptr().cast(), src, buf.len())
+            )
+        }
     }
 
     pub fn copy_dtod(&self, dst: u64, src: u64, bytes: u64) -> Result<(), CudaError> {

@@ -41,7 +41,10 @@ pub enum LoadError {
     /// The library is cumux's own client driver, which must never serve cumux.
     CumuxClient { library: String },
     /// The library lacks an entry point every CUDA driver has: not a CUDA driver.
-    MissingSymbol { library: String, symbol: &'static str },
+    MissingSymbol {
+        library: String,
+        symbol: &'static str,
+    },
     /// `cuInit` failed: no GPU, or the kernel module and library disagree.
     Init { library: String, error: CudaError },
 }
@@ -50,7 +53,10 @@ impl fmt::Display for LoadError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             LoadError::Open { library, reason } => {
-                write!(f, "cannot load the NVIDIA driver library {library}: {reason}")
+                write!(
+                    f,
+                    "cannot load the NVIDIA driver library {library}: {reason}"
+                )
             }
             LoadError::CumuxClient { library } => write!(
                 f,

@@ -113,13 +113,19 @@ pub fn driver_copy(image: &[u8], kind: ImageKind) -> Vec<u64> {
 }
 
 fn u16_at(b: &[u8], at: usize) -> Option<u16> {
-    Some(u16::from_le_bytes(b.get(at..at.checked_add(2)?)?.try_into().ok()?))
+    Some(u16::from_le_bytes(
+        b.get(at..at.checked_add(2)?)?.try_into().ok()?,
+    ))
 }
 fn u32_at(b: &[u8], at: usize) -> Option<u32> {
-    Some(u32::from_le_bytes(b.get(at..at.checked_add(4)?)?.try_into().ok()?))
+    Some(u32::from_le_bytes(
+        b.get(at..at.checked_add(4)?)?.try_into().ok()?,
+    ))
 }
 fn u64_at(b: &[u8], at: usize) -> Option<u64> {
-    Some(u64::from_le_bytes(b.get(at..at.checked_add(8)?)?.try_into().ok()?))
+    Some(u64::from_le_bytes(
+        b.get(at..at.checked_add(8)?)?.try_into().ok()?,
+    ))
 }
 
 /// Bytes an ELF64 image's headers span (section and program header tables),
@@ -251,7 +257,16 @@ pub fn ptx_names(ptx: &str) -> PtxNames {
                 Some(".global") | Some(".const") if !is_extern => {
                     // `.global .align 4 .b8 name[16] = {…};`: the name is the
                     // first token that is not a directive.
-                    if let Some(name) = tokens.find(|t| !t.starts_with('.')) {
+                    let mut name = None;
+                    while let Some(t) = tokens.next() {
+                        if t == ".align" {
+                            tokens.next();
+                        } else if !t.starts_with('.') {
+                            name = Some(t);
+                            break;
+                        }
+                    }
+                    if let Some(name) = name {
                         let end = name
                             .find(|c: char| matches!(c, '[' | ';' | '=' | '<'))
                             .unwrap_or(name.len());
@@ -342,7 +357,11 @@ pub fn code_choice(image: &[u8], sm: u32) -> CodeChoice {
             .map(|i| (i.kind, i.sm))
             .collect(),
         Classified::Elf => return cubin_choice(image, sm),
-        Classified::Ptx => return CodeChoice::PtxJit { sm: ptx_target(image).unwrap_or(0) },
+        Classified::Ptx => {
+            return CodeChoice::PtxJit {
+                sm: ptx_target(image).unwrap_or(0),
+            }
+        }
         _ => Vec::new(),
     };
     choose(&entries, sm)
@@ -366,15 +385,16 @@ pub fn choose(entries: &[(FatbinImageKind, u32)], sm: u32) -> CodeChoice {
         .map_or(CodeChoice::Nothing, |sm| CodeChoice::PtxJit { sm })
 }
 
-/// A lone cubin's architecture from its ELF `e_flags` (the low byte in older
-/// cubins, the next byte in newer ones), judged like a fat binary's cubin.
+/// A lone cubin's architecture from its ELF `e_flags`: bits 8..16 in cubins of
+/// ELF ABI version 8 and later (CUDA 13), the low byte before.
 fn cubin_choice(elf: &[u8], sm: u32) -> CodeChoice {
-    let Some(flags) = u32_at(elf, 0x30) else {
+    let (Some(abi), Some(flags)) = (elf.get(8), u32_at(elf, 0x30)) else {
         return CodeChoice::Nothing;
     };
-    let arch = match flags & 0xff {
-        0 => (flags >> 8) & 0xff,
-        low => low,
+    let arch = if *abi >= 8 {
+        (flags >> 8) & 0xff
+    } else {
+        flags & 0xff
     };
     if arch == 0 {
         return CodeChoice::Nothing;
@@ -386,7 +406,9 @@ fn cubin_choice(elf: &[u8], sm: u32) -> CodeChoice {
 fn ptx_target(ptx: &[u8]) -> Option<u32> {
     let end = ptx.iter().position(|b| *b == 0).unwrap_or(ptx.len());
     let text = std::str::from_utf8(&ptx[..end]).ok()?;
-    let line = text.lines().find(|l| l.trim_start().starts_with(".target"))?;
+    let line = text
+        .lines()
+        .find(|l| l.trim_start().starts_with(".target"))?;
     let target = line.split_whitespace().nth(1)?;
     let digits: String = target
         .trim_start_matches("sm_")
@@ -427,4 +449,189 @@ pub fn params_bytes(layout: &[(u32, u32)]) -> usize {
         .map(|(o, s)| *o as usize + *s as usize)
         .max()
         .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fixture(name: &str) -> Vec<u8> {
+        let path = format!(
+            "{}/../fatbin/tests/fixtures/{name}",
+            env!("CARGO_MANIFEST_DIR")
+        );
+        std::fs::read(path).unwrap()
+    }
+
+    #[test]
+    fn fat_binaries_pass_the_header_check_and_truncated_ones_fail() {
+        for name in [
+            "default.fatbin",
+            "lz4.fatbin",
+            "zstd.fatbin",
+            "multi.fatbin",
+        ] {
+            let image = fixture(name);
+            assert_eq!(check_image(&image), Ok(ImageKind::Fatbin), "{name}");
+            let cut = check_image(&image[..image.len() - 1]).unwrap_err();
+            assert_eq!(cut.code, CUDA_ERROR_INVALID_IMAGE, "{name}");
+        }
+        assert_eq!(
+            check_image(b"garbage!").unwrap_err().code,
+            CUDA_ERROR_INVALID_IMAGE
+        );
+        assert_eq!(check_image(b"").unwrap_err().code, CUDA_ERROR_INVALID_IMAGE);
+    }
+
+    #[test]
+    fn cubins_are_checked_against_their_headers() {
+        let images = cumux_fatbin::images(&fixture("default.fatbin")).unwrap();
+        let cubin = images
+            .iter()
+            .find(|i| i.kind == FatbinImageKind::Cubin)
+            .unwrap();
+        assert_eq!(check_image(&cubin.data), Ok(ImageKind::Cubin));
+        let cut = &cubin.data[..cubin.data.len() / 2];
+        assert_eq!(check_image(cut).unwrap_err().code, CUDA_ERROR_INVALID_IMAGE);
+        // A header whose tables would end past u64::MAX is refused, not a panic.
+        let mut lying = cubin.data.clone();
+        lying[0x28..0x30].copy_from_slice(&u64::MAX.to_le_bytes());
+        assert_eq!(
+            check_image(&lying).unwrap_err().code,
+            CUDA_ERROR_INVALID_IMAGE
+        );
+        assert_eq!(code_choice(&cubin.data, 75), CodeChoice::Cubin { sm: 75 });
+        assert_eq!(code_choice(&cubin.data, 90), CodeChoice::Nothing);
+    }
+
+    #[test]
+    fn names_come_from_cubin_symbols_and_ptx() {
+        for name in ["default.fatbin", "multi.fatbin", "uncompressed.fatbin"] {
+            let names = image_names(&fixture(name));
+            for k in ["add", "scale"] {
+                assert!(names.kernels.iter().any(|n| n == k), "{name}: {names:?}");
+            }
+            assert!(
+                names.variables.iter().any(|n| n == "g_val"),
+                "{name}: {names:?}"
+            );
+            assert!(names.variables.iter().all(|n| !n.starts_with('$')));
+        }
+        let images = cumux_fatbin::images(&fixture("default.fatbin")).unwrap();
+        let cubin = images
+            .iter()
+            .find(|i| i.kind == FatbinImageKind::Cubin)
+            .unwrap();
+        let symbols = elf_symbols(&cubin.data);
+        let g = symbols.iter().find(|s| s.name == "g_val").unwrap();
+        assert_eq!((g.kind, g.size), (SymbolKind::Object, 16));
+        let add = symbols.iter().find(|s| s.name == "add").unwrap();
+        assert_eq!(add.kind, SymbolKind::Function);
+    }
+
+    #[test]
+    fn ptx_declarations_are_read() {
+        let ptx = "\
+.version 9.0
+.target sm_75
+.address_size 64
+.extern .func (.param .b32 func_retval0) vprintf
+.extern .global .align 4 .b8 elsewhere[4];
+.global .align 4 .b8 g_val[16];
+.visible .const .align 4 .f32 table[8] = {1.0};
+.visible .global .align 8 .u64 counter;
+.global .align 1 .b8 $str[6] = {104, 105, 0};
+.visible .entry kernel_one(
+\t.param .u64 p0
+)
+{
+\t.local .align 4 .b8 inner[4];
+\tret;
+}
+.entry kernel_two()
+{
+\tret;
+}
+";
+        let names = ptx_names(ptx);
+        assert_eq!(names.entries, ["kernel_one", "kernel_two"]);
+        assert_eq!(names.variables, ["g_val", "table", "counter", "$str"]);
+        assert_eq!(
+            code_choice(ptx.as_bytes(), 90),
+            CodeChoice::PtxJit { sm: 75 }
+        );
+        assert_eq!(check_image(ptx.as_bytes()), Ok(ImageKind::Ptx));
+    }
+
+    #[test]
+    fn the_driver_picks_a_matching_cubin_else_ptx() {
+        use FatbinImageKind::{Cubin, Ptx};
+        let default = [(Cubin, 75), (Ptx, 75)];
+        assert_eq!(choose(&default, 75), CodeChoice::Cubin { sm: 75 });
+        assert_eq!(choose(&default, 86), CodeChoice::PtxJit { sm: 75 });
+        assert_eq!(choose(&default, 90), CodeChoice::PtxJit { sm: 75 });
+        assert_eq!(choose(&default, 70), CodeChoice::Nothing);
+        let multi = [(Ptx, 75), (Ptx, 80), (Cubin, 86)];
+        assert_eq!(choose(&multi, 89), CodeChoice::Cubin { sm: 86 });
+        assert_eq!(choose(&multi, 90), CodeChoice::PtxJit { sm: 80 });
+        assert_eq!(choose(&multi, 80), CodeChoice::PtxJit { sm: 80 });
+        assert_eq!(
+            code_choice(&fixture("multi.fatbin"), 86),
+            CodeChoice::Cubin { sm: 86 }
+        );
+        assert_eq!(
+            code_choice(&fixture("default.fatbin"), 90),
+            CodeChoice::PtxJit { sm: 75 }
+        );
+    }
+
+    #[test]
+    fn images_reach_the_driver_aligned_and_ptx_nul_terminated() {
+        let words = driver_copy(b"abcdefgh", ImageKind::Ptx);
+        assert_eq!(words.len(), 2);
+        assert_eq!(words[1], 0);
+        let words = driver_copy(b"ptx\0\0junk", ImageKind::Ptx);
+        assert_eq!(words, [u64::from_le_bytes(*b"ptx\0\0\0\0\0")]);
+        let fatbin = fixture("default.fatbin");
+        let words = driver_copy(&fatbin, ImageKind::Fatbin);
+        let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+        assert_eq!(&bytes[..fatbin.len()], &fatbin[..]);
+    }
+
+    #[test]
+    fn parameter_layouts_stop_at_the_first_invalid_index() {
+        let params = [(0usize, 8usize), (8, 4), (16, 8)];
+        let layout = param_layout(|i| Ok(params.get(i).copied())).unwrap();
+        assert_eq!(layout, [(0, 8), (8, 4), (16, 8)]);
+        assert_eq!(params_bytes(&layout), 24);
+        assert_eq!(param_layout(|_| Ok(None)).unwrap(), []);
+        assert_eq!(params_bytes(&[]), 0);
+        let failing = param_layout(|_| Err(CudaError::new(700, "x", "cuFuncGetParamInfo")));
+        assert_eq!(failing.unwrap_err().code, 700);
+        let huge = param_layout(|i| Ok((i == 0).then_some((usize::MAX, 4))));
+        assert_eq!(huge.unwrap_err().code, crate::sys::CUDA_ERROR_INVALID_VALUE);
+        // A driver that never says stop is cut off.
+        assert_eq!(
+            param_layout(|i| Ok(Some((i * 4, 4)))).unwrap().len(),
+            32 * 1024
+        );
+    }
+
+    #[test]
+    fn malformed_elf_yields_no_symbols_and_no_panic() {
+        assert!(elf_symbols(b"").is_empty());
+        assert!(elf_symbols(b"\x7fELF\x02\x01\x01").is_empty());
+        let images = cumux_fatbin::images(&fixture("default.fatbin")).unwrap();
+        let cubin = images
+            .iter()
+            .find(|i| i.kind == FatbinImageKind::Cubin)
+            .unwrap();
+        for cut in (0..cubin.data.len()).step_by(97) {
+            let _ = elf_symbols(&cubin.data[..cut]);
+            let mut flipped = cubin.data.clone();
+            flipped[cut] ^= 0xff;
+            let _ = elf_symbols(&flipped);
+            let _ = image_names(&flipped);
+        }
+    }
 }

@@ -21,4 +21,6 @@ pub use driver::{
 };
 pub use error::{CudaError, LoadError};
 pub use image::{CodeChoice, ImageKind};
-pub use objects::{Event, Function, FunctionAttributes, LaunchConfig, Module, PinnedBuffer, Stream};
+pub use objects::{
+    Event, Function, FunctionAttributes, LaunchConfig, Module, PinnedBuffer, Stream,
+};

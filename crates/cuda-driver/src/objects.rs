@@ -177,19 +177,34 @@ impl Stream {
     pub fn memset_d8(&self, dst: u64, value: u8, count: u64) -> Result<(), CudaError> {
         self.ctx.make_current()?;
         // SAFETY: device pointer only; `raw` is live.
-        unsafe { cu!(self.ctx.driver, cuMemsetD8Async(dst, value, to_usize(count)?, self.raw)) }
+        unsafe {
+            cu!(
+                self.ctx.driver,
+                cuMemsetD8Async(dst, value, to_usize(count)?, self.raw)
+            )
+        }
     }
 
     pub fn memset_d16(&self, dst: u64, value: u16, count: u64) -> Result<(), CudaError> {
         self.ctx.make_current()?;
         // SAFETY: device pointer only; `raw` is live.
-        unsafe { cu!(self.ctx.driver, cuMemsetD16Async(dst, value, to_usize(count)?, self.raw)) }
+        unsafe {
+            cu!(
+                self.ctx.driver,
+                cuMemsetD16Async(dst, value, to_usize(count)?, self.raw)
+            )
+        }
     }
 
     pub fn memset_d32(&self, dst: u64, value: u32, count: u64) -> Result<(), CudaError> {
         self.ctx.make_current()?;
         // SAFETY: device pointer only; `raw` is live.
-        unsafe { cu!(self.ctx.driver, cuMemsetD32Async(dst, value, to_usize(count)?, self.raw)) }
+        unsafe {
+            cu!(
+                self.ctx.driver,
+                cuMemsetD32Async(dst, value, to_usize(count)?, self.raw)
+            )
+        }
     }
 }
 
@@ -254,7 +269,12 @@ impl Event {
         self.ctx.make_current()?;
         let mut ms = 0f32;
         // SAFETY: `ms` is a valid out-pointer; both handles are live.
-        unsafe { cu!(self.ctx.driver, cuEventElapsedTime(&mut ms, self.raw, end.raw))? };
+        unsafe {
+            cu!(
+                self.ctx.driver,
+                cuEventElapsedTime(&mut ms, self.raw, end.raw)
+            )?
+        };
         Ok(ms)
     }
 }
@@ -286,7 +306,12 @@ impl PinnedBuffer {
         ctx.make_current()?;
         let mut ptr: *mut c_void = std::ptr::null_mut();
         // SAFETY: `ptr` is a valid out-pointer.
-        unsafe { cu!(ctx.driver, cuMemHostAlloc(&mut ptr, len.max(1), flags as c_uint))? };
+        unsafe {
+            cu!(
+                ctx.driver,
+                cuMemHostAlloc(&mut ptr, len.max(1), flags as c_uint)
+            )?
+        };
         let ptr = ptr.cast::<u8>();
         // SAFETY: the driver returned `len.max(1)` writable bytes at `ptr`.
         unsafe { std::ptr::write_bytes(ptr, 0, len.max(1)) };
@@ -364,7 +389,12 @@ impl Module {
         let mut raw: CUmodule = std::ptr::null_mut();
         // SAFETY: `words` holds the whole image (headers checked to lie within
         // it; PTX NUL-terminated) and outlives the call; `raw` is an out-pointer.
-        unsafe { cu!(ctx.driver, cuModuleLoadData(&mut raw, words.as_ptr().cast()))? };
+        unsafe {
+            cu!(
+                ctx.driver,
+                cuModuleLoadData(&mut raw, words.as_ptr().cast())
+            )?
+        };
         Ok(Module {
             handle: Arc::new(ModuleHandle {
                 ctx: Arc::clone(ctx),
@@ -414,7 +444,12 @@ impl Module {
         unsafe { cu!(d, cuModuleGetFunctionCount(&mut count, self.handle.raw))? };
         let mut raws: Vec<CUfunction> = vec![std::ptr::null_mut(); count as usize];
         // SAFETY: `raws` has room for `count` handles.
-        unsafe { cu!(d, cuModuleEnumerateFunctions(raws.as_mut_ptr(), count, self.handle.raw))? };
+        unsafe {
+            cu!(
+                d,
+                cuModuleEnumerateFunctions(raws.as_mut_ptr(), count, self.handle.raw)
+            )?
+        };
         Ok(raws
             .into_iter()
             .filter(|r| !r.is_null())
@@ -530,7 +565,9 @@ impl Function {
             return Ok(String::new());
         }
         // SAFETY: non-null, NUL-terminated, and the module is loaded.
-        Ok(unsafe { CStr::from_ptr(name) }.to_string_lossy().into_owned())
+        Ok(unsafe { CStr::from_ptr(name) }
+            .to_string_lossy()
+            .into_owned())
     }
 
     /// Byte offset and size of each parameter in the packed parameter buffer.

@@ -64,7 +64,10 @@ pub fn load_devices() -> Result<Vec<Arc<dyn Device>>, String> {
     let driver = Driver::load().map_err(|e| e.to_string())?;
     let devices = devices(&driver).map_err(|e| e.to_string())?;
     if devices.is_empty() {
-        return Err(format!("the CUDA driver {} reports no GPU", driver.library()));
+        return Err(format!(
+            "the CUDA driver {} reports no GPU",
+            driver.library()
+        ));
     }
     Ok(devices)
 }
@@ -556,7 +559,13 @@ mod tests {
     #[test]
     fn layouts_and_attributes_convert_to_the_protocol() {
         let infos = param_infos(&[(0, 8), (8, 4), (16, 8)]);
-        assert_eq!(infos[2], ParamInfo { offset: 16, size: 8 });
+        assert_eq!(
+            infos[2],
+            ParamInfo {
+                offset: 16,
+                size: 8
+            }
+        );
         let attrs = function_attrs(&FunctionAttributes {
             max_threads_per_block: 1024,
             num_regs: 32,
