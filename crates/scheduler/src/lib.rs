@@ -1,0 +1,201 @@
+//! cumux-scheduler: which queued stream-ordered work item may go to a device next.
+//! One [`Scheduler`] per device, one policy per scheduler (fifo, fair, priority); no threads
+//! and no clock inside, so the same core runs in the server and in the [`sim`] simulator.
+
+mod cost;
+mod scheduler;
+pub mod sim;
+
+pub use cost::CostTable;
+pub use scheduler::{Scheduler, TenantStats};
+
+use std::fmt;
+
+/// Time in nanoseconds on the caller's monotonic clock (virtual in the simulator).
+pub type Nanos = u64;
+
+/// A tenant: one program or one client identity. Tenants are isolated from each other.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct TenantId(pub u32);
+
+/// A stream of one tenant. Stream ids are scoped to their tenant.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct StreamId(pub u32);
+
+/// A unit of stream-ordered work (a kernel launch, a copy, a memset), named by the caller.
+/// Unique among the items the scheduler currently holds (queued or in flight).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct WorkId(pub u64);
+
+/// What a work item runs, for cost estimates: the same kernel of the same tenant tends to
+/// cost the same. The server uses the function handle; copies use a size class.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct KernelId(pub u64);
+
+/// The service class of a tenant under the `priority` policy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TenantClass {
+    /// Served first; batch work is held back while its items are pending or running.
+    LatencyCritical,
+    /// Runs when no latency-critical work is pending, and under the starvation guard.
+    Batch,
+}
+
+/// How a tenant is treated. `weight` is its relative share under `fair` (at least 1).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TenantConfig {
+    pub weight: u32,
+    pub class: TenantClass,
+}
+
+impl Default for TenantConfig {
+    fn default() -> Self {
+        TenantConfig { weight: 1, class: TenantClass::Batch }
+    }
+}
+
+/// Parameters of the `fair` policy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FairConfig {
+    /// How far (in nanoseconds of GPU time at weight 1) a tenant's virtual time may run
+    /// ahead of the least-served active tenant before its work is held back.
+    pub threshold_ns: Nanos,
+}
+
+impl Default for FairConfig {
+    fn default() -> Self {
+        FairConfig { threshold_ns: 2_000_000 }
+    }
+}
+
+/// Parameters of the `priority` policy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PriorityConfig {
+    /// Starvation guard: a batch item ready for longer than this is dispatched even though
+    /// latency-critical work is pending (still subject to `batch_in_flight_while_lc_active`).
+    pub batch_hold_max_ns: Nanos,
+    /// While any latency-critical tenant is active (busy, or idle for less than the idle
+    /// grace), at most this many batch items are in flight. Running kernels cannot be
+    /// preempted, so this caps how much batch work a latency-critical kernel can find
+    /// on the device when it arrives. At least 1.
+    pub batch_in_flight_while_lc_active: u32,
+}
+
+impl Default for PriorityConfig {
+    fn default() -> Self {
+        PriorityConfig { batch_hold_max_ns: 20_000_000, batch_in_flight_while_lc_active: 1 }
+    }
+}
+
+/// The policy of one device's scheduler.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Policy {
+    /// Pass-through: global arrival order, subject to stream order.
+    Fifo,
+    /// Weighted shares of GPU time among active tenants (Disengaged Fair Queueing).
+    Fair(FairConfig),
+    /// Latency-critical tenants first; batch held at kernel boundaries.
+    Priority(PriorityConfig),
+}
+
+/// Bounds on every queue and table the scheduler keeps.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Limits {
+    pub max_tenants: u32,
+    pub max_streams_per_tenant: u32,
+    pub max_queued_per_tenant: u32,
+    pub max_queued_total: u32,
+    /// Entries of the per-(tenant, kernel) cost table; beyond it the per-tenant estimate is used.
+    pub max_cost_entries: u32,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_tenants: 256,
+            max_streams_per_tenant: 256,
+            max_queued_per_tenant: 4096,
+            max_queued_total: 65536,
+            max_cost_entries: 16384,
+        }
+    }
+}
+
+/// Everything a [`Scheduler`] needs to know about its device and policy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SchedulerConfig {
+    pub policy: Policy,
+    /// The most work items in flight on the device at once (at least 1).
+    pub concurrency: u32,
+    /// A tenant with nothing queued or in flight still counts as active for this long.
+    /// Covers the synchronisation round trip of a closed-loop program, so a tenant that
+    /// launches, waits and launches again keeps its place instead of losing it each time.
+    pub idle_grace_ns: Nanos,
+    /// Cost charged at dispatch when nothing is known about an item.
+    pub default_cost_ns: Nanos,
+    pub limits: Limits,
+}
+
+impl SchedulerConfig {
+    /// A configuration with default limits.
+    pub fn new(policy: Policy, concurrency: u32) -> Self {
+        SchedulerConfig {
+            policy,
+            concurrency,
+            idle_grace_ns: 1_000_000,
+            default_cost_ns: 10_000,
+            limits: Limits::default(),
+        }
+    }
+}
+
+/// One stream-ordered work item offered to the scheduler.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WorkItem {
+    pub id: WorkId,
+    pub tenant: TenantId,
+    pub stream: StreamId,
+    pub kernel: KernelId,
+    /// The caller's guess of the item's cost. Untrusted (a client may lie); it is only
+    /// used before the kernel has been measured, and every charge is corrected to the
+    /// measured cost at completion.
+    pub cost_hint_ns: Option<Nanos>,
+}
+
+/// Why the scheduler refused a request. None of these changes the scheduler's state.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SchedError {
+    UnknownTenant(TenantId),
+    DuplicateTenant(TenantId),
+    TooManyTenants,
+    /// A weight of zero, or a configuration value out of range.
+    InvalidConfig,
+    /// The tenant still has work queued or in flight.
+    TenantBusy(TenantId),
+    DuplicateWork(WorkId),
+    UnknownWork(WorkId),
+    TooManyStreams(TenantId),
+    /// The tenant's queue is full: the caller should delay the client (backpressure).
+    TenantQueueFull(TenantId),
+    /// All queues together are full.
+    QueueFull,
+}
+
+impl fmt::Display for SchedError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SchedError::UnknownTenant(t) => write!(f, "unknown tenant {}", t.0),
+            SchedError::DuplicateTenant(t) => write!(f, "tenant {} is already registered", t.0),
+            SchedError::TooManyTenants => write!(f, "too many tenants"),
+            SchedError::InvalidConfig => write!(f, "invalid configuration"),
+            SchedError::TenantBusy(t) => write!(f, "tenant {} still has work", t.0),
+            SchedError::DuplicateWork(w) => write!(f, "work item {} is already held", w.0),
+            SchedError::UnknownWork(w) => write!(f, "work item {} is not in flight", w.0),
+            SchedError::TooManyStreams(t) => write!(f, "tenant {} uses too many streams", t.0),
+            SchedError::TenantQueueFull(t) => write!(f, "queue of tenant {} is full", t.0),
+            SchedError::QueueFull => write!(f, "scheduler queue is full"),
+        }
+    }
+}
+
+impl std::error::Error for SchedError {}
