@@ -181,6 +181,18 @@ fn jit_link_of_relocatable_ptx() {
 }
 
 #[test]
+fn relocatable_device_code_program() {
+    let root = cumux_testkit::workspace_root().join("tests/cuda/driver");
+    let helper = root.join("rdc_helper.cu");
+    let program = cumux_testkit::compile_program(
+        root.join("rdc_program.cu"),
+        &["-rdc=true", helper.to_str().unwrap()],
+    );
+    let server = ServerProc::start("rdc");
+    run_passes(&server, &program);
+}
+
+#[test]
 fn lost_connection_fails_later_calls() {
     let mut server = ServerProc::start("lost");
     let program = driver_program("lost_connection");

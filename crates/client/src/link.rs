@@ -138,6 +138,21 @@ fn ptx_version(ptx: &str) -> (u32, u32) {
         .unwrap_or((0, 0))
 }
 
+/// The index of the last line of the top-level item starting at `start`: a
+/// prototype or variable ends at its `;`, a definition at its closing brace.
+fn item_end(lines: &[(String, bool)], start: usize) -> usize {
+    let mut depth = 0i32;
+    let mut opened = false;
+    for (at, (l, _)) in lines.iter().enumerate().skip(start) {
+        depth += l.matches('{').count() as i32 - l.matches('}').count() as i32;
+        opened |= l.contains('{');
+        if (opened && depth <= 0) || (!opened && l.trim_end().ends_with(';')) {
+            return at;
+        }
+    }
+    lines.len().saturating_sub(1)
+}
+
 /// Merges PTX modules into one.
 pub fn merge_ptx(modules: &[String]) -> String {
     let parsed: Vec<Vec<(String, bool)>> = modules.iter().map(|m| split(m)).collect();
@@ -166,10 +181,31 @@ pub fn merge_ptx(modules: &[String]) -> String {
         .trim()
         .to_string();
     let mut out = format!(".version {major}.{minor}\n{target}\n.address_size 64\n");
+    // `.weak` definitions (template instances, inline functions) and their
+    // prototypes appear in every unit that uses them: keep the first of each.
+    let mut weak_seen = HashSet::new();
     for i in order {
-        for (s, is_decl) in &parsed[i] {
+        let statements = &parsed[i];
+        let mut skip_until: Option<usize> = None;
+        for (at, (s, is_decl)) in statements.iter().enumerate() {
+            if skip_until.is_some_and(|end| at <= end) {
+                continue;
+            }
             if *is_decl && declared_name(s).is_some_and(|n| all_defined.contains(&n)) {
                 continue;
+            }
+            if s.trim_start().starts_with(".weak") {
+                let end = item_end(statements, at);
+                let prototype = statements[at..=end].iter().all(|(l, _)| !l.contains('{'))
+                    && s.contains(".func");
+                let names = defined_names(&[(s.replacen(".weak", ".visible", 1), false)]);
+                if let Some(name) = names.into_iter().next() {
+                    let key = (name, prototype);
+                    if !weak_seen.insert(key) {
+                        skip_until = Some(end);
+                        continue;
+                    }
+                }
             }
             out.push_str(s);
             out.push('\n');
@@ -193,6 +229,85 @@ pub fn link(inputs: &[(u32, Vec<u8>)]) -> CuResult<Vec<u8>> {
             merged.push(0);
             Ok(merged)
         }
+    }
+}
+
+/// The bytes of a named section of an ELF file.
+fn elf_section<'a>(elf: &'a [u8], wanted: &str) -> Option<&'a [u8]> {
+    let u16_at = |o: usize| Some(u16::from_le_bytes(elf.get(o..o + 2)?.try_into().ok()?));
+    let u32_at = |o: usize| Some(u32::from_le_bytes(elf.get(o..o + 4)?.try_into().ok()?));
+    let u64_at = |o: usize| Some(u64::from_le_bytes(elf.get(o..o + 8)?.try_into().ok()?));
+    if elf.get(..4)? != b"\x7fELF" || *elf.get(4)? != 2 {
+        return None;
+    }
+    let shoff = u64_at(0x28)? as usize;
+    let shentsize = u16_at(0x3a)? as usize;
+    let shnum = u16_at(0x3c)? as usize;
+    let shstrndx = u16_at(0x3e)? as usize;
+    let header = |i: usize| shoff.checked_add(i.checked_mul(shentsize)?);
+    let strtab = u64_at(header(shstrndx)? + 0x18)? as usize;
+    for i in 0..shnum.min(1 << 16) {
+        let h = header(i)?;
+        let name_at = strtab.checked_add(u32_at(h)? as usize)?;
+        let name = elf.get(name_at..)?.split(|b| *b == 0).next()?;
+        if name == wanted.as_bytes() {
+            let offset = u64_at(h + 0x18)? as usize;
+            let size = u64_at(h + 0x20)? as usize;
+            return elf.get(offset..offset.checked_add(size)?);
+        }
+    }
+    None
+}
+
+/// PTX for a program built with `nvcc -rdc=true`: the image the runtime
+/// loads holds only the device-linked cubin, but each translation unit's fat
+/// binary, PTX included, stays in the executable's `__nv_relfatbin` section.
+/// Their PTX merged is the program's device code for the CPU device.
+pub fn relocatable_ptx_of_program() -> Option<String> {
+    static PTX: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+    PTX.get_or_init(|| {
+        let exe = std::fs::read("/proc/self/exe").ok()?;
+        let section = elf_section(&exe, "__nv_relfatbin")?;
+        let mut texts = Vec::new();
+        let mut at = 0;
+        // Back-to-back fat binaries, each 8-byte aligned; bounded by the section.
+        while at + 16 <= section.len() {
+            let Ok(size) = cumux_fatbin::fatbin_size(&section[at..]) else {
+                at += 8;
+                continue;
+            };
+            let end = (at + size).min(section.len());
+            if let Some(ptx) = cumux_fatbin::best_ptx(&section[at..end]) {
+                texts.push(ptx);
+            }
+            at = end.next_multiple_of(8).max(at + 8);
+        }
+        tracing::debug!("{} relocatable PTX modules in the program", texts.len());
+        (!texts.is_empty()).then(|| merge_ptx(&texts))
+    })
+    .clone()
+}
+
+/// An image for the CPU device: a fat binary without PTX from an `-rdc`
+/// program is replaced by the program's merged relocatable PTX.
+pub fn with_ptx(image: Vec<u8>) -> Vec<u8> {
+    if cumux_fatbin::classify(&image) != cumux_fatbin::Classified::Fatbin {
+        return image;
+    }
+    let has_ptx = cumux_fatbin::images(&image)
+        .map(|imgs| imgs.iter().any(|i| i.kind == cumux_fatbin::ImageKind::Ptx))
+        .unwrap_or(true);
+    if has_ptx {
+        return image;
+    }
+    match relocatable_ptx_of_program() {
+        Some(ptx) => {
+            tracing::debug!("fat binary without PTX: using the program's relocatable PTX");
+            let mut bytes = ptx.into_bytes();
+            bytes.push(0);
+            bytes
+        }
+        None => image,
     }
 }
 
@@ -233,6 +348,25 @@ mod tests {
         let def = merged.find(".visible .func").unwrap();
         let entry = merged.find(".visible .entry").unwrap();
         assert!(def < entry, "{merged}");
+    }
+
+    #[test]
+    fn weak_definitions_are_kept_once() {
+        let weak = ".version 8.0\n.target sm_75\n.address_size 64\n\
+            .weak .func _Z3twoi\n(\n\t.param .b32 x\n)\n;\n\
+            .weak .func _Z3twoi(\n\t.param .b32 x\n)\n{\n\t{\n\tret;\n\t}\n}\n\
+            .weak .global .align 4 .u32 shared_counter;\n";
+        let a = format!("{weak}.visible .entry a()\n{{\n\tret;\n}}\n");
+        let b = format!("{weak}.visible .entry b()\n{{\n\tret;\n}}\n");
+        let merged = merge_ptx(&[a, b]);
+        assert_eq!(merged.matches(".weak .func _Z3twoi").count(), 2, "{merged}");
+        assert_eq!(merged.matches("ret;").count(), 3, "{merged}");
+        assert_eq!(merged.matches("shared_counter").count(), 1, "{merged}");
+        assert!(
+            merged.contains(".entry a") && merged.contains(".entry b"),
+            "{merged}"
+        );
+        assert_eq!(merged.matches('{').count(), merged.matches('}').count());
     }
 
     #[test]

@@ -286,6 +286,7 @@ impl Client {
 
     /// Loads an image on the server and registers its functions and globals.
     pub fn load_module(&self, image: Vec<u8>) -> CuResult<usize> {
+        let image = crate::link::with_ptx(image);
         let info = match self.call(Call::ModuleLoad { image })? {
             ReplyBody::Module(info) => info,
             _ => return Err(CUDA_ERROR_UNKNOWN),

@@ -1,2 +1,4 @@
-// Relocatable device code for jit_link.cu: the device function rdc_user.cu calls.
-__device__ int helper(int x) { return 5 * x + 1; }
+// Relocatable device code for jit_link.cu and rdc_program.cu: the device
+// function they call from another translation unit.
+template <typename T> __device__ __noinline__ T twice(T x) { return x + x; }
+__device__ int helper(int x) { return twice(x) / 2 * 5 + 1; }
