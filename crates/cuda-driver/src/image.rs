@@ -267,9 +267,7 @@ pub fn ptx_names(ptx: &str) -> PtxNames {
                         }
                     }
                     if let Some(name) = name {
-                        let end = name
-                            .find(|c: char| matches!(c, '[' | ';' | '=' | '<'))
-                            .unwrap_or(name.len());
+                        let end = name.find(['[', ';', '=', '<']).unwrap_or(name.len());
                         if end > 0 {
                             names.variables.push(name[..end].to_string());
                         }

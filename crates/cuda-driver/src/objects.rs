@@ -87,12 +87,8 @@ impl Stream {
         };
         let mut spins = 0u32;
         let mut pause = Duration::from_micros(10);
-        loop {
-            match self.is_idle() {
-                Ok(false) => {}
-                // Idle, or failed: the synchronize below reports which.
-                Ok(true) | Err(_) => break,
-            }
+        // Idle, or failed: the synchronize below says which.
+        while let Ok(false) = self.is_idle() {
             if spins < 200 {
                 spins += 1;
                 std::thread::yield_now();
