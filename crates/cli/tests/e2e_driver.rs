@@ -192,6 +192,41 @@ fn relocatable_device_code_program() {
     run_passes(&server, &program);
 }
 
+/// The CUDA 13 runtime as a shared library (`-cudart shared`) rather than
+/// linked in statically: it finds the driver the same way.
+#[test]
+fn shared_cuda13_runtime_program() {
+    let lib = cumux_testkit::cuda_home().join("lib");
+    if !lib.join("libcudart.so.13").is_file() {
+        eprintln!("skipped: libcudart.so.13 not installed");
+        return;
+    }
+    // PyPI ships only libcudart.so.13; `-lcudart` wants the unversioned name.
+    let dir = Path::new(common::CUMUX).with_file_name("cumux-cudart13");
+    std::fs::create_dir_all(&dir).unwrap();
+    let link = dir.join("libcudart.so");
+    if !link.exists() {
+        let _ = std::fs::remove_file(&link);
+        std::os::unix::fs::symlink(lib.join("libcudart.so.13"), &link).unwrap();
+    }
+    let source = cumux_testkit::workspace_root().join("tests/cuda/driver/streams_events.cu");
+    let search = format!("-L{}", dir.display());
+    let program = cumux_testkit::compile_program(
+        source,
+        &[
+            "-cudart",
+            "shared",
+            &search,
+            "-Xlinker",
+            "-rpath",
+            "-Xlinker",
+            lib.to_str().unwrap(),
+        ],
+    );
+    let server = ServerProc::start("cudart13");
+    run_passes(&server, &program);
+}
+
 #[test]
 fn lost_connection_fails_later_calls() {
     let mut server = ServerProc::start("lost");
