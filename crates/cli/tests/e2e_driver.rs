@@ -88,6 +88,12 @@ fn host_callbacks_run_in_stream_order() {
 }
 
 #[test]
+fn threads_with_their_own_streams() {
+    let server = ServerProc::start("threads");
+    run_passes(&server, &driver_program("threads"));
+}
+
+#[test]
 fn unimplemented_call_is_named_and_not_supported() {
     let server = ServerProc::start("unimpl");
     let out = run_passes(&server, &driver_program("unimplemented_call"));
