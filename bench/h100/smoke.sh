@@ -1,0 +1,163 @@
+#!/usr/bin/env bash
+# Smoke test of cumux's cuda backend on a GPU machine (the H100 box): starts
+# `cumux serve --device cuda`, builds every tests/cuda/corpus program with
+# nvcc, runs each natively and through `cumux run`, and writes PASS/FAIL per
+# program and way to $OUT/smoke.txt, the server's log to $OUT/server.log.
+#
+# Needs prebuilt binaries in device-kit/ (cumux and libcumux_client.so from
+# `cargo build --release`); needs no Rust and no network. Every step has a
+# timeout and a failure never stops the run.
+#
+#   OUT=/some/dir bench/h100/smoke.sh
+# Optional: KIT=, NVCC=, NVCC_FLAGS= (extra nvcc arguments), DEVICE= (default
+# cuda; cpu for a dry run without a GPU), PROGRAMS="vector_add saxpy" (a
+# subset), CUMUX_REAL_LIBCUDA= (default: libcuda.so.1 found by ldconfig).
+set -u
+
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+KIT=${KIT:-$ROOT/device-kit}
+OUT=${OUT:-/tmp/cumux-smoke}
+NVCC=${NVCC:-/usr/local/cuda/bin/nvcc}
+NVCC_FLAGS=${NVCC_FLAGS:-}
+DEVICE=${DEVICE:-cuda}
+PROGRAMS=${PROGRAMS:-}
+CORPUS=$ROOT/tests/cuda/corpus
+WORK=$(mktemp -d /tmp/cumux-smoke.XXXXXX)
+SOCK=$WORK/cumux.sock
+SERVER=unix:$SOCK
+mkdir -p "$OUT/outputs" "$WORK/bin"
+SUMMARY=$OUT/smoke.txt
+LOG=$OUT/server.log
+: >"$SUMMARY"
+
+say() { printf '%s\n' "$*" | tee -a "$SUMMARY"; }
+now() { date +%s.%N; }
+secs() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", b - a }'; }
+
+# The server must load NVIDIA's driver, never cumux's: name it by path.
+if [ -z "${CUMUX_REAL_LIBCUDA:-}" ]; then
+    real=$(ldconfig -p 2>/dev/null | awk '/libcuda\.so\.1 .*x86-64/ { print $NF; exit }')
+    if [ -n "$real" ]; then export CUMUX_REAL_LIBCUDA=$real; fi
+fi
+
+say "cumux smoke test, $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+say "gpu: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1)"
+say "nvcc: $("$NVCC" --version 2>/dev/null | tail -1)"
+say "kit: $KIT ($(cat "$KIT/COMMIT" 2>/dev/null || git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown))"
+say "real libcuda: ${CUMUX_REAL_LIBCUDA:-libcuda.so.1 by soname}"
+
+for f in cumux libcumux_client.so; do
+    if [ ! -e "$KIT/$f" ]; then say "FATAL: $KIT/$f is missing"; exit 1; fi
+done
+
+# --- server ---------------------------------------------------------------
+"$KIT/cumux" serve --device "$DEVICE" --listen "$SERVER" >"$LOG" 2>&1 &
+SERVER_PID=$!
+stop_server() {
+    if kill -0 "$SERVER_PID" 2>/dev/null; then
+        kill "$SERVER_PID" 2>/dev/null
+        for _ in $(seq 50); do kill -0 "$SERVER_PID" 2>/dev/null || break; sleep 0.1; done
+        kill -9 "$SERVER_PID" 2>/dev/null
+    fi
+}
+trap stop_server EXIT
+up=0
+for _ in $(seq 600); do
+    if [ -S "$SOCK" ] && timeout 10 "$KIT/cumux" status --server "$SERVER" >/dev/null 2>&1; then up=1; break; fi
+    kill -0 "$SERVER_PID" 2>/dev/null || break
+    sleep 0.1
+done
+if [ "$up" != 1 ]; then
+    say "FATAL: cumux serve --device $DEVICE did not come up: $(tail -1 "$LOG")"
+    exit 1
+fi
+say "server: up ($(head -1 "$LOG" | cut -c1-200))"
+say ""
+
+# --- build ----------------------------------------------------------------
+programs=()
+for src in "$CORPUS"/*.cu; do
+    name=$(basename "$src" .cu)
+    if [ -n "$PROGRAMS" ] && ! printf ' %s ' $PROGRAMS | grep -qF " $name "; then continue; fi
+    # shellcheck disable=SC2086 # NVCC_FLAGS is a list of words
+    if timeout 300 "$NVCC" $NVCC_FLAGS -o "$WORK/bin/$name" "$src" >"$OUT/outputs/$name.build.txt" 2>&1; then
+        programs+=("$name")
+    else
+        say "$(printf '%-30s BUILD FAIL (see outputs/%s.build.txt)' "$name" "$name")"
+    fi
+done
+
+# --- run: natively, then through cumux --------------------------------------
+pass_native=0; pass_cumux=0; total=0
+printf '%-30s %-14s %-14s\n' program native cumux | tee -a "$SUMMARY"
+for name in "${programs[@]}"; do
+    bin=$WORK/bin/$name
+    t0=$(now)
+    timeout 60 "$bin" >"$OUT/outputs/$name.native.txt" 2>&1
+    native_rc=$?
+    t1=$(now)
+    timeout 60 "$KIT/cumux" run --server "$SERVER" --tenant smoke -- "$bin" \
+        >"$OUT/outputs/$name.cumux.txt" 2>"$OUT/outputs/$name.cumux.err"
+    cumux_rc=$?
+    t2=$(now)
+    native=FAIL; [ "$native_rc" = 0 ] && native=PASS && pass_native=$((pass_native + 1))
+    cumux=FAIL; [ "$cumux_rc" = 0 ] && cumux=PASS && pass_cumux=$((pass_cumux + 1))
+    total=$((total + 1))
+    line=$(printf '%-30s %-4s %6ss    %-4s %6ss' "$name" "$native" "$(secs "$t0" "$t1")" "$cumux" "$(secs "$t1" "$t2")")
+    if [ "$native" = FAIL ]; then
+        why=$(grep -v '^$' "$OUT/outputs/$name.native.txt" 2>/dev/null | tail -1 | cut -c1-120)
+        line="$line   native rc=$native_rc ${why}"
+    fi
+    if [ "$cumux" = FAIL ]; then
+        why=$(tail -n 2 "$OUT/outputs/$name.cumux.err" "$OUT/outputs/$name.cumux.txt" 2>/dev/null | grep -v '^==>' | grep -v '^$' | tail -1 | cut -c1-160)
+        line="$line   cumux rc=$cumux_rc ${why}"
+    fi
+    say "$line"
+done
+say ""
+say "native: $pass_native/$total PASS; cumux: $pass_cumux/$total PASS"
+
+# --- device printf reaches the program, not the server ----------------------
+if [ -e "$OUT/outputs/printf_kernel.cumux.txt" ]; then
+    want0='block 0: int=7 float=1.250 str=first char=A big=1099511627776'
+    want1='block 1: int=17 float=2.500 str=second char=B big=2199023255552'
+    out=$OUT/outputs/printf_kernel.cumux.txt
+    if grep -qF "$want0" "$out" && grep -qF "$want1" "$out" && ! grep -qF 'block 0: int=7' "$LOG"; then
+        say "printf routing: PASS (in the program's stdout, not the server's)"
+    else
+        say "printf routing: FAIL (program stdout has block 0: $(grep -cF "$want0" "$out"), block 1: $(grep -cF "$want1" "$out"); server log has $(grep -cF 'block 0: int=7' "$LOG"))"
+    fi
+fi
+
+# --- four tenants at once ---------------------------------------------------
+together=()
+for name in vector_add saxpy matmul_tiled reduce_shfl; do
+    [ -x "$WORK/bin/$name" ] && together+=("$name")
+done
+if [ "${#together[@]}" -gt 0 ]; then
+    pids=()
+    for name in "${together[@]}"; do
+        timeout 120 "$KIT/cumux" run --server "$SERVER" --tenant "t-$name" -- "$WORK/bin/$name" \
+            >"$OUT/outputs/$name.concurrent.txt" 2>&1 &
+        pids+=($!)
+    done
+    ok=0
+    for pid in "${pids[@]}"; do wait "$pid" && ok=$((ok + 1)); done
+    r=FAIL; [ "$ok" = "${#together[@]}" ] && r=PASS
+    say "concurrent tenants: $r ($ok/${#together[@]}: ${together[*]})"
+fi
+
+# --- the server outlives a faulting tenant ----------------------------------
+if [ -x "$WORK/bin/vector_add" ]; then
+    if timeout 60 "$KIT/cumux" run --server "$SERVER" -- "$WORK/bin/vector_add" >"$OUT/outputs/after_all.txt" 2>&1; then
+        say "server still serves after every program (incl. out_of_bounds): PASS"
+    else
+        say "server still serves after every program (incl. out_of_bounds): FAIL"
+    fi
+fi
+
+timeout 10 "$KIT/cumux" status --server "$SERVER" --json >"$OUT/status.json" 2>&1
+kill -0 "$SERVER_PID" 2>/dev/null && say "server alive at the end: yes" || say "server alive at the end: NO"
+stop_server
+rm -rf "$WORK"
+exit 0
