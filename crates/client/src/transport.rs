@@ -3,6 +3,7 @@
 //! dead, and every later call fails fast with `CUDA_ERROR_DEVICE_UNAVAILABLE`.
 
 use std::io::Write;
+use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 
@@ -27,6 +28,34 @@ pub fn server_path() -> Result<PathBuf, String> {
     // SAFETY: getuid has no preconditions.
     let uid = unsafe { libc::getuid() };
     Ok(PathBuf::from(format!("/tmp/cumux-{uid}/cumux.sock")))
+}
+
+/// Writes to the socket with `MSG_NOSIGNAL`: a server that went away must
+/// turn into an error, not a SIGPIPE that kills the program.
+struct NoSigPipe<'a>(&'a UnixStream);
+
+impl Write for NoSigPipe<'_> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        // SAFETY: sending from an initialised buffer of the given length on
+        // a socket this connection owns.
+        let n = unsafe {
+            libc::send(
+                self.0.as_raw_fd(),
+                buf.as_ptr().cast(),
+                buf.len(),
+                libc::MSG_NOSIGNAL,
+            )
+        };
+        if n < 0 {
+            Err(std::io::Error::last_os_error())
+        } else {
+            Ok(n as usize)
+        }
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
 }
 
 pub struct Connection {
@@ -64,7 +93,8 @@ impl Connection {
             tenant: std::env::var("CUMUX_TENANT").ok(),
         };
         let bytes = proto::encode(&hello).map_err(|e| e.to_string())?;
-        proto::write_frame(&mut conn.stream, &bytes).map_err(|e| format!("handshake: {e}"))?;
+        proto::write_frame(&mut NoSigPipe(&conn.stream), &bytes)
+            .map_err(|e| format!("handshake: {e}"))?;
         proto::read_frame(&mut conn.stream, &mut conn.buf)
             .map_err(|e| format!("handshake: {e}"))?;
         match proto::decode::<HelloReply>(&conn.buf).map_err(|e| format!("handshake: {e}"))? {
@@ -118,7 +148,7 @@ impl Connection {
         self.seq += 1;
         let seq = self.seq;
         let bytes = proto::encode(&Request { seq, call }).map_err(|_| CUDA_ERROR_INVALID_VALUE)?;
-        if let Err(e) = proto::write_frame(&mut self.stream, &bytes) {
+        if let Err(e) = proto::write_frame(&mut NoSigPipe(&self.stream), &bytes) {
             return Err(self.lost(e));
         }
         if forget {
