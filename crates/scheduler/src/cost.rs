@@ -53,7 +53,10 @@ impl CostTable {
 
     /// Feeds one measured cost.
     pub fn record(&mut self, tenant: TenantId, kernel: KernelId, cost: Nanos) {
-        let tenant_cost = self.per_tenant.get(&tenant).map_or(cost, |&old| blend(old, cost));
+        let tenant_cost = self
+            .per_tenant
+            .get(&tenant)
+            .map_or(cost, |&old| blend(old, cost));
         self.per_tenant.insert(tenant, tenant_cost);
         let has_room = self.per_kernel.len() < self.max_entries;
         match self.per_kernel.get_mut(&(tenant, kernel)) {

@@ -50,7 +50,10 @@ pub struct TenantConfig {
 
 impl Default for TenantConfig {
     fn default() -> Self {
-        TenantConfig { weight: 1, class: TenantClass::Batch }
+        TenantConfig {
+            weight: 1,
+            class: TenantClass::Batch,
+        }
     }
 }
 
@@ -64,7 +67,9 @@ pub struct FairConfig {
 
 impl Default for FairConfig {
     fn default() -> Self {
-        FairConfig { threshold_ns: 2_000_000 }
+        FairConfig {
+            threshold_ns: 2_000_000,
+        }
     }
 }
 
@@ -74,16 +79,23 @@ pub struct PriorityConfig {
     /// Starvation guard: a batch item ready for longer than this is dispatched even though
     /// latency-critical work is pending (still subject to `batch_in_flight_while_lc_active`).
     pub batch_hold_max_ns: Nanos,
-    /// While any latency-critical tenant is active (busy, or idle for less than the idle
-    /// grace), at most this many batch items are in flight. Running kernels cannot be
-    /// preempted, so this caps how much batch work a latency-critical kernel can find
-    /// on the device when it arrives. At least 1.
+    /// While any latency-critical tenant is active, at most this many batch items are in
+    /// flight. Running kernels cannot be preempted, so this caps how much batch work a
+    /// latency-critical kernel can find on the device when it arrives. At least 1.
     pub batch_in_flight_while_lc_active: u32,
+    /// A latency-critical tenant counts as active while it has work, and for this long after
+    /// its last item completed: longer than the pause between its requests, so that batch
+    /// does not spread over the device between two of them.
+    pub lc_linger_ns: Nanos,
 }
 
 impl Default for PriorityConfig {
     fn default() -> Self {
-        PriorityConfig { batch_hold_max_ns: 20_000_000, batch_in_flight_while_lc_active: 1 }
+        PriorityConfig {
+            batch_hold_max_ns: 20_000_000,
+            batch_in_flight_while_lc_active: 1,
+            lc_linger_ns: 10_000_000,
+        }
     }
 }
 

@@ -5,8 +5,8 @@
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use crate::{
-    CostTable, KernelId, Nanos, Policy, SchedError, SchedulerConfig, StreamId, TenantClass,
-    TenantConfig, TenantId, WorkId, WorkItem,
+    CostTable, KernelId, Nanos, Policy, PriorityConfig, SchedError, SchedulerConfig, StreamId,
+    TenantClass, TenantConfig, TenantId, WorkId, WorkItem,
 };
 
 /// Virtual time is GPU nanoseconds divided by weight, kept in fixed point so that weights
@@ -113,7 +113,11 @@ pub struct Scheduler {
     queued_total: u32,
     /// Latency-critical items queued or in flight.
     lc_items: u32,
+    /// Since when latency-critical items have been queued or in flight without a break.
+    lc_busy_since: Option<Nanos>,
     batch_in_flight: u32,
+    /// When the `priority` starvation guard last let a batch item through.
+    last_guard_at: Option<Nanos>,
     next_seq: u64,
     now: Nanos,
     costs: CostTable,
@@ -143,7 +147,9 @@ impl Scheduler {
             queued_ids: BTreeSet::new(),
             queued_total: 0,
             lc_items: 0,
+            lc_busy_since: None,
             batch_in_flight: 0,
+            last_guard_at: None,
             next_seq: 0,
             now: 0,
             costs: CostTable::new(limits.max_cost_entries),
@@ -189,7 +195,10 @@ impl Scheduler {
 
     /// Removes a tenant that has nothing queued or in flight (see `cancel_queued`).
     pub fn unregister_tenant(&mut self, tenant: TenantId) -> Result<(), SchedError> {
-        let state = self.tenants.get(&tenant).ok_or(SchedError::UnknownTenant(tenant))?;
+        let state = self
+            .tenants
+            .get(&tenant)
+            .ok_or(SchedError::UnknownTenant(tenant))?;
         if state.queued > 0 || state.in_flight > 0 {
             return Err(SchedError::TenantBusy(tenant));
         }
@@ -207,7 +216,10 @@ impl Scheduler {
         tenant: TenantId,
     ) -> Result<Vec<WorkId>, SchedError> {
         self.advance(now);
-        let state = self.tenants.get_mut(&tenant).ok_or(SchedError::UnknownTenant(tenant))?;
+        let state = self
+            .tenants
+            .get_mut(&tenant)
+            .ok_or(SchedError::UnknownTenant(tenant))?;
         let mut dropped: Vec<(u64, WorkId)> = Vec::with_capacity(state.queued as usize);
         for stream in state.streams.values_mut() {
             dropped.extend(stream.queue.drain(..).map(|item| (item.seq, item.id)));
@@ -221,6 +233,9 @@ impl Scheduler {
         }
         if state.config.class == TenantClass::LatencyCritical {
             self.lc_items -= count;
+            if self.lc_items == 0 {
+                self.lc_busy_since = None;
+            }
         }
         self.queued_total -= count;
         for (_, id) in &dropped {
@@ -236,7 +251,10 @@ impl Scheduler {
     pub fn submit(&mut self, now: Nanos, item: WorkItem) -> Result<(), SchedError> {
         self.advance(now);
         let limits = self.config.limits;
-        let state = self.tenants.get(&item.tenant).ok_or(SchedError::UnknownTenant(item.tenant))?;
+        let state = self
+            .tenants
+            .get(&item.tenant)
+            .ok_or(SchedError::UnknownTenant(item.tenant))?;
         if self.queued_ids.contains(&item.id) || self.in_flight.contains_key(&item.id) {
             return Err(SchedError::DuplicateWork(item.id));
         }
@@ -254,7 +272,11 @@ impl Scheduler {
         // No banked credit: a tenant that was idle rejoins no earlier than the least-served
         // tenant that stayed active.
         let rejoins = !self.is_active(state, now);
-        let floor = if rejoins { self.min_active_vtime(now, Some(item.tenant)) } else { None };
+        let floor = if rejoins {
+            self.min_active_vtime(now, Some(item.tenant))
+        } else {
+            None
+        };
 
         let seq = self.next_seq;
         self.next_seq += 1;
@@ -271,10 +293,18 @@ impl Scheduler {
         if stream.queue.is_empty() && stream.in_flight.is_none() {
             stream.head_ready_at = now;
         }
-        stream.queue.push_back(Queued { id: item.id, kernel: item.kernel, hint: item.cost_hint_ns, seq });
+        stream.queue.push_back(Queued {
+            id: item.id,
+            kernel: item.kernel,
+            hint: item.cost_hint_ns,
+            seq,
+        });
         state.queued += 1;
         assert!(state.queued <= limits.max_queued_per_tenant);
         if state.config.class == TenantClass::LatencyCritical {
+            if self.lc_items == 0 {
+                self.lc_busy_since = Some(now);
+            }
             self.lc_items += 1;
         }
         self.queued_total += 1;
@@ -295,13 +325,21 @@ impl Scheduler {
         let chosen = match self.config.policy {
             Policy::Fifo => self.candidates().min_by_key(|c| c.seq),
             Policy::Fair(fair) => {
-                let min = self.min_active_vtime(now, None).expect("a tenant with queued work is active");
+                let min = self
+                    .min_active_vtime(now, None)
+                    .expect("a tenant with queued work is active");
                 let limit = min + u128::from(fair.threshold_ns) * VT_SCALE;
-                self.candidates().filter(|c| c.vtime <= limit).min_by_key(|c| (c.vtime, c.seq))
+                self.candidates()
+                    .filter(|c| c.vtime <= limit)
+                    .min_by_key(|c| (c.vtime, c.seq))
             }
-            Policy::Priority(priority) => self.choose_priority(now, priority.batch_hold_max_ns, priority.batch_in_flight_while_lc_active),
+            Policy::Priority(priority) => self.choose_priority(now, priority),
         };
         let chosen = chosen?;
+        let guarded = chosen.class == TenantClass::Batch && self.lc_items > 0;
+        if guarded && matches!(self.config.policy, Policy::Priority(_)) {
+            self.last_guard_at = Some(now);
+        }
         Some(self.dispatch(now, chosen))
     }
 
@@ -323,7 +361,10 @@ impl Scheduler {
         measured_ns: Nanos,
     ) -> Result<(), SchedError> {
         self.advance(now);
-        let done = self.in_flight.remove(&work).ok_or(SchedError::UnknownWork(work))?;
+        let done = self
+            .in_flight
+            .remove(&work)
+            .ok_or(SchedError::UnknownWork(work))?;
         let wall = now - done.dispatched_at;
         let measured = measured_ns.min(wall);
         let charge_ps = if wall == 0 {
@@ -334,14 +375,23 @@ impl Scheduler {
         let charge_ns = Nanos::try_from(charge_ps / PS_PER_NS).expect("bounded by wall time");
         self.costs.record(done.tenant, done.kernel, charge_ns);
 
-        let state = self.tenants.get_mut(&done.tenant).expect("a tenant with work in flight stays registered");
+        let state = self
+            .tenants
+            .get_mut(&done.tenant)
+            .expect("a tenant with work in flight stays registered");
         let weight = u128::from(state.config.weight);
-        assert!(state.vtime >= done.charged_vt, "virtual time covers the estimates in flight");
+        assert!(
+            state.vtime >= done.charged_vt,
+            "virtual time covers the estimates in flight"
+        );
         state.vtime = state.vtime - done.charged_vt + u128::from(charge_ns) * VT_SCALE / weight;
         state.gpu_time_ps += charge_ps;
         state.in_flight -= 1;
         state.completed += 1;
-        let stream = state.streams.get_mut(&done.stream).expect("an in-flight item's stream exists");
+        let stream = state
+            .streams
+            .get_mut(&done.stream)
+            .expect("an in-flight item's stream exists");
         assert_eq!(stream.in_flight, Some(work));
         stream.in_flight = None;
         stream.head_ready_at = now;
@@ -352,7 +402,12 @@ impl Scheduler {
             state.activity = Activity::IdleSince(now);
         }
         match done.class {
-            TenantClass::LatencyCritical => self.lc_items -= 1,
+            TenantClass::LatencyCritical => {
+                self.lc_items -= 1;
+                if self.lc_items == 0 {
+                    self.lc_busy_since = None;
+                }
+            }
             TenantClass::Batch => self.batch_in_flight -= 1,
         }
         self.check_invariants();
@@ -367,27 +422,36 @@ impl Scheduler {
             return None;
         }
         let grace = self.config.idle_grace_ns;
-        let grace_ends = |class: Option<TenantClass>| {
-            self.tenants
-                .values()
-                .filter(|t| class.is_none_or(|c| t.config.class == c))
-                .filter_map(|t| match t.activity {
-                    Activity::IdleSince(since) => Some(since.saturating_add(grace).saturating_add(1)),
-                    _ => None,
-                })
-                .collect::<Vec<_>>()
-        };
         let times = match self.config.policy {
             Policy::Fifo => Vec::new(),
-            Policy::Fair(_) => grace_ends(None),
+            Policy::Fair(_) => self
+                .tenants
+                .values()
+                .filter_map(|t| match t.activity {
+                    Activity::IdleSince(since) => {
+                        Some(since.saturating_add(grace).saturating_add(1))
+                    }
+                    _ => None,
+                })
+                .collect(),
             Policy::Priority(priority) => {
-                let mut times = grace_ends(Some(TenantClass::LatencyCritical));
-                if self.lc_items > 0 {
-                    times.extend(
-                        self.candidates()
-                            .filter(|c| c.class == TenantClass::Batch)
-                            .map(|c| c.ready_at.saturating_add(priority.batch_hold_max_ns)),
-                    );
+                let mut times: Vec<Nanos> = self
+                    .tenants
+                    .values()
+                    .filter(|t| t.config.class == TenantClass::LatencyCritical)
+                    .filter_map(|t| match t.activity {
+                        Activity::IdleSince(since) => Some(
+                            since
+                                .saturating_add(priority.lc_linger_ns)
+                                .saturating_add(1),
+                        ),
+                        _ => None,
+                    })
+                    .collect();
+                if let Some(since) = self.guard_since() {
+                    if self.candidates().any(|c| c.class == TenantClass::Batch) {
+                        times.push(since.saturating_add(priority.batch_hold_max_ns));
+                    }
                 }
                 times
             }
@@ -419,40 +483,83 @@ impl Scheduler {
         self.now
     }
 
-    fn choose_priority(&self, now: Nanos, hold_max: Nanos, batch_cap_lc: u32) -> Option<Candidate> {
-        let urgent = self
-            .candidates()
-            .filter(|c| c.class == TenantClass::LatencyCritical)
-            .min_by_key(|c| (c.vtime, c.seq));
-        if urgent.is_some() {
-            return urgent;
+    /// The `priority` rules, in order:
+    /// 1. Starvation guard: once latency-critical work has been pending without a break for
+    ///    `batch_hold_max_ns`, the batch item ready longest goes first, within the batch cap;
+    ///    then one more per further `batch_hold_max_ns` of the same busy period. A floor
+    ///    under batch progress that costs latency-critical tenants at most one batch kernel
+    ///    per period, and nothing while their work leaves gaps shorter than the period.
+    /// 2. Latency-critical items, least virtual time first, then arrival order.
+    /// 3. Batch items, only while no latency-critical item is queued or in flight, and at
+    ///    most `batch_in_flight_while_lc_active` of them in flight while a latency-critical
+    ///    tenant is active; least virtual time first, then arrival order.
+    fn choose_priority(&self, now: Nanos, config: PriorityConfig) -> Option<Candidate> {
+        let lc_active = self.tenants.values().any(|t| {
+            t.config.class == TenantClass::LatencyCritical
+                && match t.activity {
+                    Activity::Busy => true,
+                    Activity::IdleSince(since) => now - since <= config.lc_linger_ns,
+                    Activity::Dormant => false,
+                }
+        });
+        let batch_cap = if lc_active {
+            config.batch_in_flight_while_lc_active
+        } else {
+            self.config.concurrency
+        };
+        let batch_allowed = self.batch_in_flight < batch_cap;
+        let batch = || self.candidates().filter(|c| c.class == TenantClass::Batch);
+        if let Some(since) = self.guard_since() {
+            if batch_allowed && now - since >= config.batch_hold_max_ns {
+                let starving = batch().min_by_key(|c| (c.ready_at, c.seq));
+                if starving.is_some() {
+                    return starving;
+                }
+            }
+            return self
+                .candidates()
+                .filter(|c| c.class == TenantClass::LatencyCritical)
+                .min_by_key(|c| (c.vtime, c.seq));
         }
-        let lc_active = self
-            .tenants
-            .values()
-            .any(|t| t.config.class == TenantClass::LatencyCritical && self.is_active(t, now));
-        let batch_cap = if lc_active { batch_cap_lc } else { self.config.concurrency };
-        if self.batch_in_flight >= batch_cap {
+        if !batch_allowed {
             return None;
         }
-        let batch = self.candidates().filter(|c| c.class == TenantClass::Batch);
-        if self.lc_items == 0 {
-            batch.min_by_key(|c| (c.vtime, c.seq))
-        } else {
-            // Starvation guard: latency-critical work is pending or running, so batch is
-            // held at the kernel boundary, except an item held for `hold_max` already.
-            batch.filter(|c| now - c.ready_at >= hold_max).min_by_key(|c| (c.ready_at, c.seq))
-        }
+        batch().min_by_key(|c| (c.vtime, c.seq))
+    }
+
+    /// While latency-critical work is pending: since when batch has been held without the
+    /// guard letting an item through (the later of the start of the latency-critical busy
+    /// period and the last guarded dispatch).
+    fn guard_since(&self) -> Option<Nanos> {
+        self.lc_busy_since
+            .map(|since| since.max(self.last_guard_at.unwrap_or(0)))
     }
 
     fn dispatch(&mut self, now: Nanos, chosen: Candidate) -> WorkId {
-        let state = self.tenants.get_mut(&chosen.tenant).expect("candidate's tenant");
-        let stream = state.streams.get_mut(&chosen.stream).expect("candidate's stream");
-        assert!(stream.in_flight.is_none(), "stream order: one item of a stream in flight");
-        let item = stream.queue.pop_front().expect("candidate's stream has a head");
+        let state = self
+            .tenants
+            .get_mut(&chosen.tenant)
+            .expect("candidate's tenant");
+        let stream = state
+            .streams
+            .get_mut(&chosen.stream)
+            .expect("candidate's stream");
+        assert!(
+            stream.in_flight.is_none(),
+            "stream order: one item of a stream in flight"
+        );
+        let item = stream
+            .queue
+            .pop_front()
+            .expect("candidate's stream has a head");
         assert_eq!(item.seq, chosen.seq);
         stream.in_flight = Some(item.id);
-        let estimate = self.costs.estimate(chosen.tenant, item.kernel, item.hint, self.config.default_cost_ns);
+        let estimate = self.costs.estimate(
+            chosen.tenant,
+            item.kernel,
+            item.hint,
+            self.config.default_cost_ns,
+        );
         let charged_vt = u128::from(estimate) * VT_SCALE / u128::from(state.config.weight);
         state.vtime += charged_vt;
         state.queued -= 1;
@@ -487,16 +594,19 @@ impl Scheduler {
             .iter()
             .filter(|(_, t)| t.queued > 0)
             .flat_map(|(&tenant, t)| {
-                t.streams.iter().filter(|(_, s)| s.in_flight.is_none()).filter_map(move |(&stream, s)| {
-                    s.queue.front().map(|head| Candidate {
-                        tenant,
-                        stream,
-                        seq: head.seq,
-                        vtime: t.vtime,
-                        class: t.config.class,
-                        ready_at: s.head_ready_at,
+                t.streams
+                    .iter()
+                    .filter(|(_, s)| s.in_flight.is_none())
+                    .filter_map(move |(&stream, s)| {
+                        s.queue.front().map(|head| Candidate {
+                            tenant,
+                            stream,
+                            seq: head.seq,
+                            vtime: t.vtime,
+                            class: t.config.class,
+                            ready_at: s.head_ready_at,
+                        })
                     })
-                })
             })
     }
 
@@ -543,7 +653,10 @@ impl Scheduler {
                 assert_eq!(in_flight, t.in_flight as usize);
                 assert_eq!(queued_here, t.queued as usize);
                 assert!(t.streams.len() <= self.config.limits.max_streams_per_tenant as usize);
-                assert!(t.streams.values().all(|s| s.in_flight.is_some() || !s.queue.is_empty()));
+                assert!(t
+                    .streams
+                    .values()
+                    .all(|s| s.in_flight.is_some() || !s.queue.is_empty()));
                 assert_eq!(t.activity == Activity::Busy, t.queued + t.in_flight > 0);
                 queued += t.queued;
                 match t.config.class {
@@ -555,5 +668,211 @@ impl Scheduler {
             assert_eq!(lc, self.lc_items);
             assert_eq!(batch_in_flight, self.batch_in_flight);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{FairConfig, Limits};
+
+    const T0: TenantId = TenantId(0);
+    const T1: TenantId = TenantId(1);
+
+    fn item(id: u64, tenant: TenantId, stream: u32, hint: Option<Nanos>) -> WorkItem {
+        WorkItem {
+            id: WorkId(id),
+            tenant,
+            stream: StreamId(stream),
+            kernel: KernelId(0),
+            cost_hint_ns: hint,
+        }
+    }
+
+    fn scheduler(policy: Policy, concurrency: u32, classes: &[TenantClass]) -> Scheduler {
+        let mut s = Scheduler::new(SchedulerConfig::new(policy, concurrency)).unwrap();
+        for (i, &class) in classes.iter().enumerate() {
+            s.register_tenant(0, TenantId(i as u32), TenantConfig { weight: 1, class })
+                .unwrap();
+        }
+        s
+    }
+
+    fn drain(s: &mut Scheduler, now: Nanos) -> Vec<u64> {
+        std::iter::from_fn(|| s.poll(now)).map(|w| w.0).collect()
+    }
+
+    #[test]
+    fn fifo_keeps_arrival_order_and_stream_order() {
+        let mut s = scheduler(Policy::Fifo, 2, &[TenantClass::Batch, TenantClass::Batch]);
+        s.submit(0, item(1, T0, 0, None)).unwrap();
+        s.submit(0, item(2, T0, 0, None)).unwrap();
+        s.submit(0, item(3, T1, 0, None)).unwrap();
+        s.submit(0, item(4, T1, 1, None)).unwrap();
+        // 2 waits for 1 (same stream), so 3 goes next; the device is then full.
+        assert_eq!(drain(&mut s, 0), vec![1, 3]);
+        s.completed(10, WorkId(3), 10).unwrap();
+        assert_eq!(drain(&mut s, 10), vec![4]);
+        s.completed(20, WorkId(1), 20).unwrap();
+        assert_eq!(drain(&mut s, 20), vec![2]);
+        assert_eq!(s.queued_total(), 0);
+    }
+
+    #[test]
+    fn errors_leave_the_state_unchanged() {
+        let mut config = SchedulerConfig::new(Policy::Fifo, 1);
+        config.limits = Limits {
+            max_tenants: 1,
+            max_streams_per_tenant: 1,
+            max_queued_per_tenant: 2,
+            max_queued_total: 2,
+            max_cost_entries: 1,
+        };
+        let mut s = Scheduler::new(config).unwrap();
+        s.register_tenant(0, T0, TenantConfig::default()).unwrap();
+        assert_eq!(
+            s.register_tenant(0, T0, TenantConfig::default()),
+            Err(SchedError::DuplicateTenant(T0))
+        );
+        assert_eq!(
+            s.register_tenant(0, T1, TenantConfig::default()),
+            Err(SchedError::TooManyTenants)
+        );
+        assert_eq!(
+            s.submit(0, item(1, T1, 0, None)),
+            Err(SchedError::UnknownTenant(T1))
+        );
+        s.submit(0, item(1, T0, 0, None)).unwrap();
+        assert_eq!(
+            s.submit(0, item(1, T0, 0, None)),
+            Err(SchedError::DuplicateWork(WorkId(1)))
+        );
+        assert_eq!(
+            s.submit(0, item(2, T0, 1, None)),
+            Err(SchedError::TooManyStreams(T0))
+        );
+        s.submit(0, item(2, T0, 0, None)).unwrap();
+        assert_eq!(
+            s.submit(0, item(3, T0, 0, None)),
+            Err(SchedError::TenantQueueFull(T0))
+        );
+        assert_eq!(
+            s.completed(0, WorkId(1), 0),
+            Err(SchedError::UnknownWork(WorkId(1)))
+        );
+        assert_eq!(s.unregister_tenant(T0), Err(SchedError::TenantBusy(T0)));
+        assert_eq!(drain(&mut s, 0), vec![1]);
+        assert_eq!(s.cancel_queued(5, T0), Ok(vec![WorkId(2)]));
+        assert_eq!(s.unregister_tenant(T0), Err(SchedError::TenantBusy(T0)));
+        s.completed(9, WorkId(1), 9).unwrap();
+        s.unregister_tenant(T0).unwrap();
+        assert!(Scheduler::new(SchedulerConfig::new(Policy::Fifo, 0)).is_err());
+    }
+
+    #[test]
+    fn overlapping_items_are_charged_their_part_of_the_device() {
+        let mut s = scheduler(
+            Policy::Fair(FairConfig::default()),
+            2,
+            &[TenantClass::Batch, TenantClass::Batch],
+        );
+        s.submit(0, item(1, T0, 0, None)).unwrap();
+        s.submit(0, item(2, T1, 0, None)).unwrap();
+        assert_eq!(drain(&mut s, 0), vec![1, 2]);
+        // Both run during [0, 100); T0's item alone during [100, 300).
+        s.completed(100, WorkId(2), 100).unwrap();
+        s.completed(300, WorkId(1), 300).unwrap();
+        assert_eq!(s.tenant_stats(T0).unwrap().gpu_time_ns, 250);
+        assert_eq!(s.tenant_stats(T1).unwrap().gpu_time_ns, 50);
+        // The measured time drops queueing: T0 measured 150 of 300 wall.
+        s.submit(300, item(3, T0, 0, None)).unwrap();
+        assert_eq!(drain(&mut s, 300), vec![3]);
+        s.completed(600, WorkId(3), 150).unwrap();
+        assert_eq!(s.tenant_stats(T0).unwrap().gpu_time_ns, 400);
+    }
+
+    #[test]
+    fn fair_holds_the_tenant_too_far_ahead_until_the_other_catches_up() {
+        let threshold = 1_000;
+        let mut s = scheduler(
+            Policy::Fair(FairConfig {
+                threshold_ns: threshold,
+            }),
+            4,
+            &[TenantClass::Batch, TenantClass::Batch],
+        );
+        // T1 has a long item in flight; T0 floods hinted 600 ns items on 4 streams.
+        s.submit(0, item(100, T1, 0, Some(5_000))).unwrap();
+        assert_eq!(drain(&mut s, 0), vec![100]);
+        for i in 0..4 {
+            s.submit(0, item(i, T0, i as u32, Some(600))).unwrap();
+        }
+        // T1 was charged its hint (5000) at dispatch. T0 joins level with it and runs freely
+        // while within the threshold: 5000 and 5600 are, 6200 is not.
+        assert_eq!(drain(&mut s, 0), vec![0, 1]);
+        // The estimate is corrected at completion: T1 held a third of the device for 2000 ns.
+        s.completed(2_000, WorkId(100), 2_000).unwrap();
+        let t1 = s.tenant_stats(T1).unwrap();
+        assert_eq!(t1.gpu_time_ns, 666);
+        // T1 is idle but within its grace, and T0 is far ahead: T0's last item is held.
+        assert!(s.tenant_stats(T0).unwrap().virtual_time_ns > t1.virtual_time_ns + threshold);
+        assert_eq!(drain(&mut s, 2_000), Vec::<u64>::new());
+        let grace_end = 2_000 + s.config().idle_grace_ns + 1;
+        assert_eq!(s.next_wakeup(), Some(grace_end));
+        // When T1's grace runs out, nothing holds T0 back: work-conserving.
+        assert_eq!(drain(&mut s, grace_end), vec![2, 3]);
+    }
+
+    #[test]
+    fn an_idle_tenant_rejoins_at_the_least_virtual_time_of_the_active_ones() {
+        let mut s = scheduler(
+            Policy::Fair(FairConfig::default()),
+            1,
+            &[TenantClass::Batch, TenantClass::Batch],
+        );
+        let mut now = 0;
+        for i in 0..100 {
+            s.submit(now, item(i, T0, 0, None)).unwrap();
+            assert_eq!(drain(&mut s, now), vec![i]);
+            now += 1_000_000;
+            s.completed(now, WorkId(i), 1_000_000).unwrap();
+        }
+        // T1 slept through 100 ms of T0's work; it rejoins level with T0, not 100 ms behind.
+        let t0 = s.tenant_stats(T0).unwrap().virtual_time_ns;
+        s.submit(now, item(1_000, T0, 0, None)).unwrap();
+        s.submit(now, item(1_001, T1, 0, None)).unwrap();
+        assert_eq!(s.tenant_stats(T1).unwrap().virtual_time_ns, t0);
+        // Ties go by arrival.
+        assert_eq!(drain(&mut s, now), vec![1_000]);
+    }
+
+    #[test]
+    fn priority_holds_batch_while_latency_critical_work_is_pending() {
+        let config = PriorityConfig {
+            batch_hold_max_ns: 1_000,
+            batch_in_flight_while_lc_active: 1,
+            lc_linger_ns: 500,
+        };
+        let mut s = scheduler(
+            Policy::Priority(config),
+            4,
+            &[TenantClass::LatencyCritical, TenantClass::Batch],
+        );
+        s.submit(0, item(1, T1, 0, None)).unwrap();
+        s.submit(0, item(2, T1, 1, None)).unwrap();
+        s.submit(0, item(3, T0, 0, None)).unwrap();
+        s.submit(0, item(4, T0, 0, None)).unwrap();
+        // Latency-critical first; batch held while its items are pending or running.
+        assert_eq!(drain(&mut s, 0), vec![3]);
+        s.completed(100, WorkId(3), 100).unwrap();
+        assert_eq!(drain(&mut s, 100), vec![4]);
+        // Starvation guard: 1000 ns into the latency-critical busy period, one batch item.
+        assert_eq!(s.next_wakeup(), Some(1_000));
+        assert_eq!(drain(&mut s, 1_000), vec![1]);
+        s.completed(1_200, WorkId(4), 1_100).unwrap();
+        // The tenant lingers as active: batch stays capped at one item in flight.
+        assert_eq!(drain(&mut s, 1_200), Vec::<u64>::new());
+        s.completed(1_300, WorkId(1), 300).unwrap();
+        assert_eq!(drain(&mut s, 1_300), vec![2]);
     }
 }

@@ -97,7 +97,10 @@ impl TenantSpec {
             config: TenantConfig::default(),
             streams: 1,
             depth: 1,
-            kernels: vec![KernelSpec { kernel: KernelId(0), duration_ns }],
+            kernels: vec![KernelSpec {
+                kernel: KernelId(0),
+                duration_ns,
+            }],
             think_ns: 0,
             jitter_pct: 10,
             start_ns: 0,
@@ -191,8 +194,10 @@ impl SimReport {
     /// `(Σx)² / (n·Σx²)` with `x = gpu_time / weight`; 1 is perfectly fair.
     pub fn jain(&self, tenants: &[usize]) -> f64 {
         assert!(!tenants.is_empty());
-        let xs: Vec<f64> =
-            tenants.iter().map(|&i| self.tenants[i].gpu_time_ns / f64::from(self.tenants[i].weight)).collect();
+        let xs: Vec<f64> = tenants
+            .iter()
+            .map(|&i| self.tenants[i].gpu_time_ns / f64::from(self.tenants[i].weight))
+            .collect();
         let sum: f64 = xs.iter().sum();
         let squares: f64 = xs.iter().map(|x| x * x).sum();
         if squares == 0.0 {
@@ -268,7 +273,8 @@ pub fn run(config: &SimConfig) -> SimReport {
         sched
             .register_tenant(0, tenant_id(index), spec.config)
             .expect("tenant registers");
-        let mut rng = Rng::new(config.seed ^ (index as u64 + 1).wrapping_mul(0xd1b5_4a32_d192_ed03));
+        let mut rng =
+            Rng::new(config.seed ^ (index as u64 + 1).wrapping_mul(0xd1b5_4a32_d192_ed03));
         for stream in 0..spec.streams as usize {
             for _ in 0..spec.depth {
                 if spec.start_ns < spec.stop_ns {
@@ -308,9 +314,17 @@ pub fn run(config: &SimConfig) -> SimReport {
             .iter()
             .map(|r| r.remaining)
             .min_by(f64::total_cmp)
-            .map(|left| now + (left * config.device.slowdown(running.len())).max(0.0).ceil() as Nanos);
+            .map(|left| {
+                now + (left * config.device.slowdown(running.len()))
+                    .max(0.0)
+                    .ceil() as Nanos
+            });
         let next_wakeup = sched.next_wakeup();
-        let Some(next) = [next_arrival, next_completion, next_wakeup].into_iter().flatten().min() else {
+        let Some(next) = [next_arrival, next_completion, next_wakeup]
+            .into_iter()
+            .flatten()
+            .min()
+        else {
             break;
         };
         assert!(next >= now);
@@ -349,7 +363,9 @@ pub fn run(config: &SimConfig) -> SimReport {
         done.sort_by_key(|r| r.id);
         for r in done {
             let info = &items[r.id.0 as usize];
-            sched.completed(now, r.id, now - r.started_at).expect("in-flight item completes");
+            sched
+                .completed(now, r.id, now - r.started_at)
+                .expect("in-flight item completes");
             let tenant = &mut tenants[info.tenant];
             let stream = &mut tenant.streams[info.stream];
             assert_eq!(stream.in_flight, Some(r.id), "stream order at completion");
@@ -360,9 +376,16 @@ pub fn run(config: &SimConfig) -> SimReport {
                 assert!(tenant.latencies.len() < MAX_SAMPLES);
                 tenant.latencies.push(now - info.submitted_at);
             }
-            let think = tenant.rng.jitter(tenant.spec.think_ns, tenant.spec.jitter_pct);
+            let think = tenant
+                .rng
+                .jitter(tenant.spec.think_ns, tenant.spec.jitter_pct);
             if now + think < tenant.spec.stop_ns {
-                arrivals.push(Reverse((now + think, arrival_order, info.tenant, info.stream)));
+                arrivals.push(Reverse((
+                    now + think,
+                    arrival_order,
+                    info.tenant,
+                    info.stream,
+                )));
                 arrival_order += 1;
             }
         }
@@ -374,8 +397,12 @@ pub fn run(config: &SimConfig) -> SimReport {
             }
             arrivals.pop();
             let tenant = &mut tenants[t];
-            let kind = tenant.spec.kernels[tenant.rng.below(tenant.spec.kernels.len() as u64) as usize];
-            let duration_ns = tenant.rng.jitter(kind.duration_ns, tenant.spec.jitter_pct).max(1);
+            let kind =
+                tenant.spec.kernels[tenant.rng.below(tenant.spec.kernels.len() as u64) as usize];
+            let duration_ns = tenant
+                .rng
+                .jitter(kind.duration_ns, tenant.spec.jitter_pct)
+                .max(1);
             let id = WorkId(items.len() as u64);
             let item = WorkItem {
                 id,
@@ -386,7 +413,12 @@ pub fn run(config: &SimConfig) -> SimReport {
             };
             match sched.submit(now, item) {
                 Ok(()) => {
-                    items.push(ItemInfo { tenant: t, stream: s, submitted_at: now, duration_ns });
+                    items.push(ItemInfo {
+                        tenant: t,
+                        stream: s,
+                        submitted_at: now,
+                        duration_ns,
+                    });
                     tenant.streams[s].pending.push_back(id);
                 }
                 Err(SchedError::TenantQueueFull(_) | SchedError::QueueFull) => {
@@ -402,7 +434,10 @@ pub fn run(config: &SimConfig) -> SimReport {
 
         // Dispatch whatever the scheduler lets go.
         while let Some(id) = sched.poll(now) {
-            assert!(running.len() < config.device.slots as usize, "in-flight bound");
+            assert!(
+                running.len() < config.device.slots as usize,
+                "in-flight bound"
+            );
             let info = &items[id.0 as usize];
             if is_fifo {
                 let earliest = tenants
@@ -415,10 +450,21 @@ pub fn run(config: &SimConfig) -> SimReport {
                 assert_eq!(*earliest, id, "fifo: the earliest ready item goes first");
             }
             let stream = &mut tenants[info.tenant].streams[info.stream];
-            assert_eq!(stream.in_flight, None, "stream order: predecessor still running");
-            assert_eq!(stream.pending.pop_front(), Some(id), "stream order: not the stream's head");
+            assert_eq!(
+                stream.in_flight, None,
+                "stream order: predecessor still running"
+            );
+            assert_eq!(
+                stream.pending.pop_front(),
+                Some(id),
+                "stream order: not the stream's head"
+            );
             stream.in_flight = Some(id);
-            running.push(Running { id, remaining: info.duration_ns as f64, started_at: now });
+            running.push(Running {
+                id,
+                remaining: info.duration_ns as f64,
+                started_at: now,
+            });
             dispatches += 1;
         }
         assert_eq!(sched.in_flight_count() as usize, running.len());
@@ -438,11 +484,18 @@ pub fn run(config: &SimConfig) -> SimReport {
         .enumerate()
         .map(|(index, mut t)| {
             t.latencies.sort_unstable();
-            let charged_ns = sched.tenant_stats(tenant_id(index)).expect("registered").gpu_time_ns;
+            let charged_ns = sched
+                .tenant_stats(tenant_id(index))
+                .expect("registered")
+                .gpu_time_ns;
             TenantReport {
                 weight: t.spec.config.weight,
                 gpu_time_ns: t.gpu_time_ns,
-                share: if total_gpu > 0.0 { t.gpu_time_ns / total_gpu } else { 0.0 },
+                share: if total_gpu > 0.0 {
+                    t.gpu_time_ns / total_gpu
+                } else {
+                    0.0
+                },
                 completed: t.completed,
                 work_ns: t.work_ns,
                 p50_ns: percentile(&t.latencies, 0.50),
