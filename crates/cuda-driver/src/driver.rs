@@ -105,7 +105,10 @@ impl Driver {
             ("cuDeviceGetCount", api.cuDeviceGetCount.is_some()),
             ("cuDeviceGet", api.cuDeviceGet.is_some()),
             ("cuDeviceGetAttribute", api.cuDeviceGetAttribute.is_some()),
-            ("cuCtxCreate_v2", api.cuCtxCreate.is_some()),
+            (
+                "cuCtxCreate_v2",
+                api.cuCtxCreate.is_some() || api.cuCtxCreate_v4.is_some(),
+            ),
             ("cuCtxSetCurrent", api.cuCtxSetCurrent.is_some()),
             ("cuMemAlloc_v2", api.cuMemAlloc.is_some()),
             ("cuModuleLoadData", api.cuModuleLoadData.is_some()),
@@ -307,8 +310,19 @@ impl Driver {
         flags: u32,
     ) -> Result<Arc<Context>, CudaError> {
         let mut raw: CUcontext = std::ptr::null_mut();
-        // SAFETY: `raw` is a valid out-pointer.
-        unsafe { cu!(self, cuCtxCreate(&mut raw, flags, dev.0))? };
+        if self.api.cuCtxCreate.is_none() && self.api.cuCtxCreate_v4.is_some() {
+            // SAFETY: `raw` is a valid out-pointer; null creation parameters
+            // are documented as "none".
+            unsafe {
+                cu!(
+                    self,
+                    cuCtxCreate_v4(&mut raw, std::ptr::null_mut(), flags, dev.0)
+                )?
+            };
+        } else {
+            // SAFETY: `raw` is a valid out-pointer.
+            unsafe { cu!(self, cuCtxCreate(&mut raw, flags, dev.0))? };
+        }
         Ok(Arc::new(Context {
             driver: Arc::clone(self),
             raw,

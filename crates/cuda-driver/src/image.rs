@@ -323,7 +323,7 @@ pub fn image_names(image: &[u8]) -> ImageNames {
             for k in &found.entries {
                 push_unique(&mut names.kernels, k);
             }
-            for v in &found.variables {
+            for v in found.variables.iter().filter(|v| !v.starts_with('$')) {
                 push_unique(&mut names.variables, v);
             }
         }

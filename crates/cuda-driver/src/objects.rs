@@ -499,15 +499,17 @@ impl Module {
         }
     }
 
-    /// Every variable named in the image that the driver can find.
-    pub fn globals(&self) -> Result<Vec<(String, u64, u64)>, CudaError> {
-        let mut out = Vec::new();
-        for name in &self.names.variables {
-            if let Some((ptr, size)) = self.global(name)? {
-                out.push((name.clone(), ptr, size));
-            }
-        }
-        Ok(out)
+    /// Every variable named in the image that the driver can find: (name,
+    /// address, size). A name the driver rejects is left out.
+    pub fn globals(&self) -> Vec<(String, u64, u64)> {
+        self.names
+            .variables
+            .iter()
+            .filter_map(|name| match self.global(name) {
+                Ok(Some((ptr, size))) => Some((name.clone(), ptr, size)),
+                _ => None,
+            })
+            .collect()
     }
 }
 

@@ -148,6 +148,8 @@ driver_api! {
     cuDevicePrimaryCtxRetain ["cuDevicePrimaryCtxRetain"] (*mut CUcontext, CUdevice);
     cuDevicePrimaryCtxRelease ["cuDevicePrimaryCtxRelease_v2", "cuDevicePrimaryCtxRelease"] (CUdevice);
     cuCtxCreate ["cuCtxCreate_v2"] (*mut CUcontext, c_uint, CUdevice);
+    // CUDA 13's form; a null `CUctxCreateParams*` makes it the `_v2` call.
+    cuCtxCreate_v4 ["cuCtxCreate_v4"] (*mut CUcontext, *mut c_void, c_uint, CUdevice);
     cuCtxDestroy ["cuCtxDestroy_v2"] (CUcontext);
     cuCtxSetCurrent ["cuCtxSetCurrent"] (CUcontext);
     cuCtxGetCurrent ["cuCtxGetCurrent"] (*mut CUcontext);

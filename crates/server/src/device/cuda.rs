@@ -387,9 +387,7 @@ impl DeviceContext for CudaContext {
     }
 
     fn mem_free(&self, ptr: DevicePtr) -> Result<(), CuError> {
-        // Work queued on this context's streams may still use the memory; the
-        // session synchronizes before freeing, as cuMemFree itself does.
-        self.flushing(|| self.ctx()?.mem_free(ptr).map_err(cu_err))?;
+        self.ctx()?.mem_free(ptr).map_err(cu_err)?;
         if let Some(bytes) = lock(&self.allocations).remove(&ptr) {
             release(&self.used, bytes);
         }
@@ -447,13 +445,21 @@ impl DeviceContext for CudaContext {
         let mut kernels = Vec::with_capacity(functions.len());
         let mut descs = Vec::with_capacity(functions.len());
         for function in &functions {
-            let (kernel, desc) = Self::describe(function).map_err(cu_err)?;
-            descs.push(desc);
-            kernels.push(Arc::new(kernel));
+            match Self::describe(function) {
+                Ok((kernel, desc)) => {
+                    descs.push(desc);
+                    kernels.push(Arc::new(kernel));
+                }
+                // A function the driver lists but cannot describe is left
+                // out; a dead context fails the load.
+                Err(e) if e.code == codes::INVALID_CONTEXT || e.code >= 700 && e.code < 800 => {
+                    return Err(cu_err(e))
+                }
+                Err(e) => tracing::warn!("cuda: a function of the module is left out: {e}"),
+            }
         }
         let globals: Vec<GlobalDesc> = module
             .globals()
-            .map_err(cu_err)?
             .into_iter()
             .map(|(name, ptr, size)| GlobalDesc { name, ptr, size })
             .collect();
