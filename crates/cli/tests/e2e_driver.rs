@@ -233,6 +233,53 @@ fn shared_cuda13_runtime_program() {
     run_passes(&server, &program);
 }
 
+/// The client driver talks to a server over TCP just as over a unix socket.
+#[test]
+fn program_over_tcp() {
+    common::ensure_driver();
+    let program = driver_program("memcpy_to_symbol");
+    let mut server = Command::new(common::CUMUX)
+        .args([
+            "serve",
+            "--device",
+            "cpu",
+            "--memory",
+            "256M",
+            "--listen",
+            "tcp:127.0.0.1:0",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let lines = common::lines_of(server.stdout.take().unwrap());
+    let line = lines
+        .recv_timeout(Duration::from_secs(30))
+        .expect("serve prints where it listens");
+    let address = line
+        .split_whitespace()
+        .find(|w| w.starts_with("tcp:"))
+        .map(|w| w.trim_end_matches(';').to_string())
+        .unwrap_or_else(|| panic!("{line}"));
+    let child = Command::new(common::CUMUX)
+        .args(["run", "--server", &address, "--"])
+        .arg(&program)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let out = wait_bounded(child, LIMIT);
+    let _ = server.kill();
+    let _ = server.wait();
+    assert_eq!(out.code(), Some(0), "{}", out.describe());
+    assert!(
+        out.stdout.lines().any(|l| l == "PASS"),
+        "{}",
+        out.describe()
+    );
+}
+
 #[test]
 fn lost_connection_fails_later_calls() {
     let mut server = ServerProc::start("lost");

@@ -1,9 +1,11 @@
 //! The connection to the cumux server: the handshake, then requests and
-//! replies over a unix socket. A failed read or write marks the connection
-//! dead, and every later call fails fast with `CUDA_ERROR_DEVICE_UNAVAILABLE`.
+//! replies over a unix socket or TCP. A failed read or write marks the
+//! connection dead, and every later call fails fast with
+//! `CUDA_ERROR_DEVICE_UNAVAILABLE`.
 
-use std::io::Write;
-use std::os::fd::AsRawFd;
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 
@@ -13,26 +15,97 @@ use cumux_protocol::{
 
 use crate::errors::*;
 
-/// Where the server listens: `CUMUX_SERVER=unix:PATH`, else the per-user default.
-pub fn server_path() -> Result<PathBuf, String> {
+/// Where the server listens.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ServerAddress {
+    Unix(PathBuf),
+    /// `HOST:PORT`.
+    Tcp(String),
+}
+
+impl std::fmt::Display for ServerAddress {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ServerAddress::Unix(p) => write!(f, "unix:{}", p.display()),
+            ServerAddress::Tcp(a) => write!(f, "tcp:{a}"),
+        }
+    }
+}
+
+/// `CUMUX_SERVER` (`unix:PATH` or `tcp:HOST:PORT`), else the per-user socket.
+pub fn server_address() -> Result<ServerAddress, String> {
     if let Ok(addr) = std::env::var("CUMUX_SERVER") {
-        return match addr.strip_prefix("unix:") {
-            Some(p) => Ok(PathBuf::from(p)),
-            None if addr.starts_with('/') => Ok(PathBuf::from(addr)),
-            None => Err(format!("CUMUX_SERVER={addr}: only unix:PATH is supported")),
-        };
+        if let Some(p) = addr.strip_prefix("unix:") {
+            return Ok(ServerAddress::Unix(PathBuf::from(p)));
+        }
+        if let Some(a) = addr.strip_prefix("tcp:") {
+            return Ok(ServerAddress::Tcp(a.to_string()));
+        }
+        if addr.starts_with('/') {
+            return Ok(ServerAddress::Unix(PathBuf::from(addr)));
+        }
+        return Err(format!(
+            "CUMUX_SERVER={addr}: expected unix:PATH or tcp:HOST:PORT"
+        ));
     }
     if let Some(dir) = std::env::var_os("XDG_RUNTIME_DIR") {
-        return Ok(PathBuf::from(dir).join("cumux").join("cumux.sock"));
+        return Ok(ServerAddress::Unix(
+            PathBuf::from(dir).join("cumux").join("cumux.sock"),
+        ));
     }
     // SAFETY: getuid has no preconditions.
     let uid = unsafe { libc::getuid() };
-    Ok(PathBuf::from(format!("/tmp/cumux-{uid}/cumux.sock")))
+    Ok(ServerAddress::Unix(PathBuf::from(format!(
+        "/tmp/cumux-{uid}/cumux.sock"
+    ))))
+}
+
+/// The socket under a connection.
+enum Socket {
+    Unix(UnixStream),
+    Tcp(TcpStream),
+}
+
+impl Socket {
+    fn connect(addr: &ServerAddress) -> std::io::Result<Socket> {
+        Ok(match addr {
+            ServerAddress::Unix(p) => Socket::Unix(UnixStream::connect(p)?),
+            ServerAddress::Tcp(a) => {
+                let s = TcpStream::connect(a.as_str())?;
+                // Calls are small and latency-bound.
+                s.set_nodelay(true)?;
+                Socket::Tcp(s)
+            }
+        })
+    }
+
+    fn fd(&self) -> RawFd {
+        match self {
+            Socket::Unix(s) => s.as_raw_fd(),
+            Socket::Tcp(s) => s.as_raw_fd(),
+        }
+    }
+
+    fn shutdown(&self) {
+        let _ = match self {
+            Socket::Unix(s) => s.shutdown(std::net::Shutdown::Both),
+            Socket::Tcp(s) => s.shutdown(std::net::Shutdown::Both),
+        };
+    }
+}
+
+impl Read for Socket {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        match self {
+            Socket::Unix(s) => s.read(buf),
+            Socket::Tcp(s) => s.read(buf),
+        }
+    }
 }
 
 /// Writes to the socket with `MSG_NOSIGNAL`: a server that went away must
 /// turn into an error, not a SIGPIPE that kills the program.
-struct NoSigPipe<'a>(&'a UnixStream);
+struct NoSigPipe<'a>(&'a Socket);
 
 impl Write for NoSigPipe<'_> {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
@@ -40,7 +113,7 @@ impl Write for NoSigPipe<'_> {
         // a socket this connection owns.
         let n = unsafe {
             libc::send(
-                self.0.as_raw_fd(),
+                self.0.fd(),
                 buf.as_ptr().cast(),
                 buf.len(),
                 libc::MSG_NOSIGNAL,
@@ -59,7 +132,7 @@ impl Write for NoSigPipe<'_> {
 }
 
 pub struct Connection {
-    stream: UnixStream,
+    stream: Socket,
     seq: u64,
     buf: Vec<u8>,
     dead: bool,
@@ -74,9 +147,9 @@ pub struct Session {
 
 impl Connection {
     pub fn connect() -> Result<(Connection, Session), String> {
-        let path = server_path()?;
-        let stream = UnixStream::connect(&path)
-            .map_err(|e| format!("cannot reach the cumux server at {}: {e}", path.display()))?;
+        let address = server_address()?;
+        let stream = Socket::connect(&address)
+            .map_err(|e| format!("cannot reach the cumux server at {address}: {e}"))?;
         let mut conn = Connection {
             stream,
             seq: 0,
@@ -134,7 +207,7 @@ impl Connection {
             tracing::error!("connection to the cumux server lost: {why}");
         }
         self.dead = true;
-        let _ = self.stream.shutdown(std::net::Shutdown::Both);
+        self.stream.shutdown();
         CUDA_ERROR_DEVICE_UNAVAILABLE
     }
 
