@@ -327,3 +327,39 @@ pub fn export_table(id: &[u8; 16]) -> Option<*const c_void> {
     tracing::debug!("cuGetExportTable({}): answered", format_guid(id));
     Some(table)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn guids_read_as_the_runtime_writes_them() {
+        assert_eq!(
+            format_guid(&CUDART_INTERFACE_ID),
+            "6bd5fb6c-5bf4-e74a-8987-d93912fd9df9"
+        );
+        assert_eq!(CUDART_INTERFACE_ID[0], 0x6b);
+        assert_eq!(CUDART_INTERFACE_ID[15], 0xf9);
+    }
+
+    #[test]
+    fn known_tables_answer_and_others_do_not() {
+        for id in [
+            CUDART_INTERFACE_ID,
+            TOOLS_HOOKS_ID,
+            TOOLS_TLS_ID,
+            CONTEXT_STORAGE_ID,
+            CONTEXT_CHECKS_ID,
+            INTEGRITY_ID,
+        ] {
+            let table = export_table(&id).expect("answered");
+            assert!(!table.is_null());
+        }
+        assert!(export_table(&BYPASS_ID).is_none());
+        assert!(export_table(&[0u8; 16]).is_none());
+        // Slot 0 of the sized tables holds the size in bytes.
+        let cudart = export_table(&CUDART_INTERFACE_ID).unwrap() as *const usize;
+        // SAFETY: the table is a static array of 13 pointers.
+        assert_eq!(unsafe { *cudart }, 13 * std::mem::size_of::<usize>());
+    }
+}
