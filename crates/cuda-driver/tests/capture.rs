@@ -3,6 +3,8 @@
 //! order, and windows do not mix even when large. (fd 1 stays a pipe until the
 //! process exits, so the harness lines printed after the test may be lost.)
 
+mod common;
+
 use cumux_cuda_driver::capture::StdoutCapture;
 
 fn raw_write(bytes: &[u8]) {
@@ -50,4 +52,38 @@ fn windows_capture_what_reaches_stdout() {
     for h in handles {
         h.join().unwrap();
     }
+}
+
+#[test]
+fn device_printf_of_a_fake_driver_is_captured_at_the_stream_sync() {
+    use cumux_cuda_driver::{Driver, LaunchConfig, Module, Stream};
+    let Some(path) = common::fake_driver("fake_printf", &[]) else {
+        return;
+    };
+    let capture = StdoutCapture::install().unwrap();
+    let driver = std::sync::Arc::new(Driver::open(path.as_os_str()).unwrap());
+    driver.init().unwrap();
+    let ctx = driver.create_context(driver.device(0).unwrap(), 0).unwrap();
+    let stream = Stream::new(&ctx, 1, 0).unwrap();
+    let module = Module::load(&ctx, &common::fixture("default.fatbin"), 90).unwrap();
+    let scale = module.function("scale").unwrap().unwrap();
+    let dev = ctx.mem_alloc(64).unwrap();
+    let mut params = dev.to_le_bytes().to_vec();
+    params.extend_from_slice(&1.0f32.to_le_bytes());
+    params.extend_from_slice(&5i32.to_le_bytes());
+    let config = LaunchConfig {
+        grid: [1, 1, 1],
+        block: [8, 1, 1],
+        dynamic_shared_bytes: 0,
+    };
+    scale.launch(&stream, &config, &params, 16).unwrap();
+    // The fake prints through C stdio at the synchronize, fully buffered
+    // because fd 1 is a pipe: the window's fflush must bring it out.
+    let (result, out) = stream.finish(Some(capture));
+    result.unwrap();
+    assert_eq!(String::from_utf8(out).unwrap(), "scale printed n=5\n");
+    let (result, out) = stream.finish(Some(capture));
+    result.unwrap();
+    assert!(out.is_empty());
+    ctx.mem_free(dev).unwrap();
 }

@@ -1,7 +1,11 @@
 /* A stand-in for NVIDIA's libcuda.so.1 for GPU-free tests of cumux-cuda-driver:
- * one fake GPU with known answers. -DFAKE_NO_DEVICE makes cuInit fail as on a
+ * one fake GPU with known answers, whose memory is host memory and whose two
+ * kernels run on the host at launch. -DFAKE_NO_DEVICE makes cuInit fail as on a
  * machine without GPUs; -DFAKE_CUMUX adds cumux's client marker symbol. */
 #include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 typedef int CUresult;
@@ -68,7 +72,176 @@ CUresult cuCtxCreate_v2(void **ctx, unsigned flags, CUdevice d) {
 }
 CUresult cuCtxDestroy_v2(void *ctx) { return ctx == &dummy_context ? 0 : 400; }
 CUresult cuCtxSetCurrent(void *ctx) { return ctx == &dummy_context ? 0 : 201; }
-/* Every allocation is too large. */
-CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t bytes) { (void)p; (void)bytes; return 2; }
-CUresult cuModuleLoadData(void **m, const void *image) { (void)m; (void)image; return 200; }
-CUresult cuLaunchKernel(void) { return 0; }
+CUresult cuCtxSynchronize(void) { return 0; }
+CUresult cuDevicePrimaryCtxRetain(void **ctx, CUdevice d) { (void)d; *ctx = &dummy_context; return 0; }
+CUresult cuDevicePrimaryCtxRelease_v2(CUdevice d) { (void)d; return 0; }
+
+/* Device memory is host memory; an allocation over 64 GiB is too large. */
+static long live_allocations;
+CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t bytes) {
+    if (bytes > ((size_t)64 << 30)) return 2;
+    void *m = calloc(1, bytes ? bytes : 1);
+    if (!m) return 2;
+    live_allocations++;
+    *p = (CUdeviceptr)(uintptr_t)m;
+    return 0;
+}
+CUresult cuMemFree_v2(CUdeviceptr p) {
+    if (!p) return 1;
+    free((void *)(uintptr_t)p);
+    live_allocations--;
+    return 0;
+}
+long fake_live_allocations(void) { return live_allocations; }
+CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total) {
+    *free_bytes = (size_t)70 << 30;
+    *total = (size_t)80 << 30;
+    return 0;
+}
+CUresult cuMemHostAlloc(void **p, size_t bytes, unsigned flags) {
+    (void)flags;
+    *p = malloc(bytes);
+    return *p ? 0 : 2;
+}
+CUresult cuMemFreeHost(void *p) { free(p); return 0; }
+CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void *src, size_t n, void *s) {
+    (void)s; memcpy((void *)(uintptr_t)dst, src, n); return 0;
+}
+CUresult cuMemcpyDtoHAsync_v2(void *dst, CUdeviceptr src, size_t n, void *s) {
+    (void)s; memcpy(dst, (const void *)(uintptr_t)src, n); return 0;
+}
+CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dst, CUdeviceptr src, size_t n, void *s) {
+    (void)s; memmove((void *)(uintptr_t)dst, (const void *)(uintptr_t)src, n); return 0;
+}
+CUresult cuMemsetD8Async(CUdeviceptr dst, unsigned char v, size_t n, void *s) {
+    (void)s; memset((void *)(uintptr_t)dst, v, n); return 0;
+}
+CUresult cuMemsetD16Async(CUdeviceptr dst, unsigned short v, size_t n, void *s) {
+    (void)s;
+    for (size_t i = 0; i < n; i++) ((unsigned short *)(uintptr_t)dst)[i] = v;
+    return 0;
+}
+CUresult cuMemsetD32Async(CUdeviceptr dst, unsigned v, size_t n, void *s) {
+    (void)s;
+    for (size_t i = 0; i < n; i++) ((unsigned *)(uintptr_t)dst)[i] = v;
+    return 0;
+}
+
+/* Streams and events are tokens; work runs at once. A launch of `scale`
+ * leaves a printf line that the next synchronize writes through C stdio, as
+ * the real driver flushes device printf. */
+static int stream_token, event_token;
+static int pending_print = -1;
+static void flush_prints(void) {
+    if (pending_print >= 0) {
+        printf("scale printed n=%d\n", pending_print);
+        pending_print = -1;
+    }
+}
+CUresult cuStreamCreateWithPriority(void **s, unsigned flags, int prio) {
+    (void)flags; (void)prio; *s = &stream_token; return 0;
+}
+CUresult cuStreamDestroy_v2(void *s) { return s == &stream_token ? 0 : 400; }
+CUresult cuStreamQuery(void *s) { return s == &stream_token ? 0 : 400; }
+CUresult cuStreamSynchronize(void *s) {
+    if (s != &stream_token) return 400;
+    flush_prints();
+    return 0;
+}
+CUresult cuEventCreate(void **e, unsigned flags) { (void)flags; *e = &event_token; return 0; }
+CUresult cuEventRecord(void *e, void *s) { (void)e; (void)s; return 0; }
+CUresult cuEventQuery(void *e) { (void)e; return 0; }
+CUresult cuEventSynchronize(void *e) { (void)e; flush_prints(); return 0; }
+CUresult cuEventElapsedTime(float *ms, void *a, void *b) { (void)a; (void)b; *ms = 1.5f; return 0; }
+CUresult cuEventDestroy_v2(void *e) { (void)e; return 0; }
+
+/* Every module holds the kernels of crates/fatbin/tests/fixtures/k.cu:
+ * add(const float*, const float*, float*, int) and scale(float*, float, int),
+ * and the variable g_val[4]. */
+struct fake_function { const char *name; int nparams; size_t offsets[4]; size_t sizes[4]; };
+static struct fake_function fake_add = {"add", 4, {0, 8, 16, 24}, {8, 8, 8, 4}};
+static struct fake_function fake_scale = {"scale", 3, {0, 8, 12}, {8, 4, 4}};
+static int module_token;
+static int g_val[4] = {1, 0, 0, 0};
+
+CUresult cuModuleLoadData(void **m, const void *image) {
+    if (*(const unsigned *)image != 0xBA55ED50u) return 200;
+    *m = &module_token;
+    return 0;
+}
+CUresult cuModuleUnload(void *m) { return m == &module_token ? 0 : 400; }
+CUresult cuModuleGetFunctionCount(unsigned *n, void *m) { (void)m; *n = 2; return 0; }
+CUresult cuModuleEnumerateFunctions(void **fs, unsigned n, void *m) {
+    (void)m;
+    if (n > 0) fs[0] = &fake_add;
+    if (n > 1) fs[1] = &fake_scale;
+    return 0;
+}
+CUresult cuModuleGetFunction(void **f, void *m, const char *name) {
+    (void)m;
+    if (!strcmp(name, "add")) { *f = &fake_add; return 0; }
+    if (!strcmp(name, "scale")) { *f = &fake_scale; return 0; }
+    return 500;
+}
+CUresult cuModuleGetGlobal_v2(CUdeviceptr *p, size_t *size, void *m, const char *name) {
+    (void)m;
+    if (strcmp(name, "g_val")) return 500;
+    *p = (CUdeviceptr)(uintptr_t)g_val;
+    *size = sizeof g_val;
+    return 0;
+}
+CUresult cuFuncGetName(const char **name, void *f) {
+    *name = ((struct fake_function *)f)->name;
+    return 0;
+}
+CUresult cuFuncGetParamInfo(void *f, size_t index, size_t *offset, size_t *size) {
+    struct fake_function *ff = f;
+    if (index >= (size_t)ff->nparams) return 1;
+    *offset = ff->offsets[index];
+    if (size) *size = ff->sizes[index];
+    return 0;
+}
+CUresult cuFuncGetAttribute(int *v, int attr, void *f) {
+    (void)f;
+    switch (attr) {
+    case 0: *v = 1024; return 0;   /* max threads per block */
+    case 4: *v = 16; return 0;     /* registers */
+    case 5: *v = 90; return 0;     /* PTX version */
+    case 6: *v = 90; return 0;     /* binary version */
+    case 8: *v = 48 << 10; return 0;
+    default: *v = 0; return 0;
+    }
+}
+static int dynamic_shared_set;
+CUresult cuFuncSetAttribute(void *f, int attr, int v) { (void)f; if (attr == 8) dynamic_shared_set = v; return 0; }
+int fake_dynamic_shared_set(void) { return dynamic_shared_set; }
+
+/* Runs the kernel on the host from the packed parameter buffer in `extra`. */
+CUresult cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+                        unsigned by, unsigned bz, unsigned shared, void *stream,
+                        void **params, void **extra) {
+    (void)gy; (void)gz; (void)by; (void)bz; (void)shared; (void)stream;
+    if (params || !extra) return 1;
+    const unsigned char *buf = NULL;
+    size_t size = 0;
+    for (int i = 0; extra[i] != (void *)0; i += 2) {
+        if (extra[i] == (void *)1) buf = extra[i + 1];
+        else if (extra[i] == (void *)2) size = *(size_t *)extra[i + 1];
+        else return 1;
+    }
+    struct fake_function *ff = f;
+    size_t need = ff->offsets[ff->nparams - 1] + ff->sizes[ff->nparams - 1];
+    if (!buf || size < need) return 1;
+    unsigned threads = gx * bx;
+    if (ff == &fake_add) {
+        float *a, *b, *c; int n;
+        memcpy(&a, buf, 8); memcpy(&b, buf + 8, 8); memcpy(&c, buf + 16, 8); memcpy(&n, buf + 24, 4);
+        for (int i = 0; i < n && (unsigned)i < threads; i++) c[i] = a[i] + b[i];
+    } else {
+        float *a; float s; int n;
+        memcpy(&a, buf, 8); memcpy(&s, buf + 8, 4); memcpy(&n, buf + 12, 4);
+        for (int i = 0; i < n && (unsigned)i < threads; i++) a[i] *= s + (float)g_val[0];
+        pending_print = n;
+    }
+    return 0;
+}

@@ -2,30 +2,13 @@
 //! own client, a driver whose `cuInit` finds no device, and a fake one-GPU
 //! driver (tests/fake_libcuda.c, built with the system C compiler when present).
 
+mod common;
+
 use std::ffi::OsStr;
-use std::path::PathBuf;
-use std::process::Command;
+
+use common::{fake_driver, fixture};
 
 use cumux_cuda_driver::{Driver, LoadError, REAL_LIBCUDA_ENV};
-
-/// Builds the fake driver with `defines`, or `None` when no C compiler exists.
-fn fake_driver(name: &str, defines: &[&str]) -> Option<PathBuf> {
-    let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fake_libcuda.c");
-    let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("{name}.so"));
-    let status = Command::new(std::env::var("CC").unwrap_or_else(|_| "cc".into()))
-        .args(["-shared", "-fPIC", "-O1", "-o"])
-        .arg(&out)
-        .arg(&src)
-        .args(defines)
-        .status();
-    match status {
-        Ok(s) if s.success() => Some(out),
-        _ => {
-            eprintln!("no C compiler: skipping the fake-driver checks");
-            None
-        }
-    }
-}
 
 #[test]
 fn a_missing_library_is_a_clear_error() {
@@ -130,11 +113,65 @@ fn a_fake_gpu_is_described_through_the_driver() {
     let err = ctx.mem_alloc(1 << 40).unwrap_err();
     assert_eq!(err.code, 2);
     assert_eq!(err.to_string(), "cuMemAlloc: CUDA_ERROR_OUT_OF_MEMORY (2)");
-    // The fake has no streams: a missing entry point is an error, not a crash.
-    let err = cumux_cuda_driver::Stream::new(&ctx, 0, 0).err().unwrap();
-    assert_eq!(err.code, 801);
     let err = cumux_cuda_driver::Module::load(&ctx, b"garbage", 90)
         .err()
         .unwrap();
     assert_eq!(err.code, 200);
+}
+
+#[test]
+fn a_kernel_of_the_fake_gpu_gets_its_packed_parameters() {
+    use cumux_cuda_driver::{CodeChoice, LaunchConfig, Module, Stream};
+    let Some(path) = fake_driver("fake_kernels", &[]) else {
+        return;
+    };
+    let driver = std::sync::Arc::new(Driver::open(path.as_os_str()).unwrap());
+    driver.init().unwrap();
+    let ctx = driver.create_context(driver.device(0).unwrap(), 0).unwrap();
+    let stream = Stream::new(&ctx, 1, 0).unwrap();
+
+    let module = Module::load(&ctx, &fixture("default.fatbin"), 90).unwrap();
+    assert_eq!(module.code(), CodeChoice::PtxJit { sm: 75 });
+    let functions = module.functions().unwrap();
+    let names: Vec<String> = functions.iter().map(|f| f.name().unwrap()).collect();
+    assert_eq!(names, ["add", "scale"]);
+    let scale = &functions[1];
+    let layout = scale.param_layout().unwrap();
+    assert_eq!(layout, [(0, 8), (8, 4), (12, 4)]);
+    assert_eq!(scale.attributes().unwrap().max_threads_per_block, 1024);
+    assert!(module.function("nope").unwrap().is_none());
+    let globals = module.globals();
+    assert_eq!(globals.len(), 1);
+    assert_eq!((globals[0].0.as_str(), globals[0].2), ("g_val", 16));
+
+    let data: Vec<f32> = vec![1.0, 2.0, 3.0, 4.0];
+    let bytes: Vec<u8> = data.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let dev = ctx.mem_alloc(bytes.len() as u64).unwrap();
+    let (r, _) = stream.copy_htod_sync(dev, &bytes, None);
+    r.unwrap();
+    // scale(a, s = 2.0, n = 3): a[i] *= s + g_val[0] (g_val[0] is 1).
+    let mut params = Vec::new();
+    params.extend_from_slice(&dev.to_le_bytes());
+    params.extend_from_slice(&2.0f32.to_le_bytes());
+    params.extend_from_slice(&3i32.to_le_bytes());
+    let config = LaunchConfig {
+        grid: [1, 1, 1],
+        block: [32, 1, 1],
+        dynamic_shared_bytes: 0,
+    };
+    scale.launch(&stream, &config, &params, 16).unwrap();
+    let mut back = vec![0u8; bytes.len()];
+    let (r, _) = stream.copy_dtoh_sync(&mut back, dev, None);
+    r.unwrap();
+    let got: Vec<f32> = back
+        .chunks(4)
+        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+        .collect();
+    assert_eq!(got, [3.0, 6.0, 9.0, 4.0]);
+    // A short parameter buffer is padded to the layout's size, not overread.
+    scale.launch(&stream, &config, &params[..8], 16).unwrap();
+    stream.memset_d32(dev, 0x3f80_0000, 4).unwrap();
+    stream.synchronize().unwrap();
+    assert_eq!(ctx.mem_info().unwrap(), (70 << 30, 80 << 30));
+    ctx.mem_free(dev).unwrap();
 }

@@ -1,0 +1,34 @@
+//! Helpers of the integration tests: the fake driver and the fat binary fixtures.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+/// Builds tests/fake_libcuda.c with `defines` as `<name>.so`, or `None` (and a
+/// note) when no C compiler exists.
+pub fn fake_driver(name: &str, defines: &[&str]) -> Option<PathBuf> {
+    let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fake_libcuda.c");
+    let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("{name}.so"));
+    let status = Command::new(std::env::var("CC").unwrap_or_else(|_| "cc".into()))
+        .args(["-shared", "-fPIC", "-O1", "-o"])
+        .arg(&out)
+        .arg(&src)
+        .args(defines)
+        .status();
+    match status {
+        Ok(s) if s.success() => Some(out),
+        _ => {
+            eprintln!("no C compiler: skipping the fake-driver checks");
+            None
+        }
+    }
+}
+
+/// A fat binary of crates/fatbin/tests/fixtures (kernels `add`, `scale`).
+#[allow(dead_code)]
+pub fn fixture(name: &str) -> Vec<u8> {
+    let path = format!(
+        "{}/../fatbin/tests/fixtures/{name}",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    std::fs::read(path).unwrap()
+}
