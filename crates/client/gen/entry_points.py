@@ -174,6 +174,8 @@ def main():
                  + "\n".join(out[out.index("crate::not_implemented_stubs! {"):]) + "\n")
     open(table_path, "w").write(table)
     open(path, "w").write(stub_text)
+    # Committed in `cargo fmt` form, so regenerating changes nothing.
+    subprocess.run(["rustfmt", "--edition", "2021", table_path, path], check=False)
     print(f"{len(rows)} entry points, {len(all_syms)} symbols, {len(stubs)} stubs", file=sys.stderr)
 
 
