@@ -1,7 +1,8 @@
 /* A stand-in for NVIDIA's libcuda.so.1 for GPU-free tests of cumux-cuda-driver:
  * one fake GPU with known answers, whose memory is host memory and whose two
  * kernels run on the host at launch. -DFAKE_NO_DEVICE makes cuInit fail as on a
- * machine without GPUs; -DFAKE_CUMUX adds cumux's client marker symbol. */
+ * machine without GPUs; -DFAKE_CUMUX adds cumux's client marker symbol;
+ * -DFAKE_QUIET keeps the fake device printf off stdout. */
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -134,7 +135,9 @@ static int stream_token, event_token;
 static int pending_print = -1;
 static void flush_prints(void) {
     if (pending_print >= 0) {
+#ifndef FAKE_QUIET
         printf("scale printed n=%d\n", pending_print);
+#endif
         pending_print = -1;
     }
 }

@@ -603,6 +603,138 @@ mod tests {
         }
     }
 
+    /// The fake driver of `cumux-cuda-driver`'s tests, built with the system C
+    /// compiler, or `None` where there is none.
+    fn fake_driver() -> Option<Arc<Driver>> {
+        let src = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../cuda-driver/tests/fake_libcuda.c"
+        );
+        let out = std::env::temp_dir().join(format!(
+            "cumux-server-fake-libcuda-{}.so",
+            std::process::id()
+        ));
+        let built = std::process::Command::new("cc")
+            .args(["-shared", "-fPIC", "-DFAKE_QUIET", "-o"])
+            .arg(&out)
+            .arg(src)
+            .status()
+            .is_ok_and(|s| s.success());
+        if !built {
+            eprintln!("no C compiler: skipping the fake-driver test");
+            return None;
+        }
+        let driver = Driver::open(out.as_os_str()).ok()?;
+        driver.init().ok()?;
+        let _ = std::fs::remove_file(&out);
+        Some(Arc::new(driver))
+    }
+
+    fn floats(bytes: &[u8]) -> Vec<f32> {
+        bytes
+            .chunks(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect()
+    }
+
+    #[test]
+    fn a_session_runs_on_the_fake_gpu() {
+        let Some(driver) = fake_driver() else {
+            return;
+        };
+        let device = CudaDevice::new(&driver, 0, ContextMode::PerSession, false).unwrap();
+        let info = device.info();
+        assert_eq!(info.name, "Fake GPU 80GB");
+        assert_eq!(info.backend, "cuda");
+        assert_eq!(info.total_mem, 80 << 30);
+        assert_eq!(info.attributes.len(), 144);
+        let ctx = device.create_context().unwrap();
+
+        let input: Vec<u8> = [1.0f32, 2.0, 3.0, 4.0]
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect();
+        let a = ctx.mem_alloc(16).unwrap();
+        assert_eq!(device.mem_used(), 16);
+        ctx.mem_write(a, &input).unwrap();
+
+        let image = std::fs::read(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../fatbin/tests/fixtures/default.fatbin"
+        ))
+        .unwrap();
+        let loaded = ctx.module_load(&image).unwrap();
+        let names: Vec<&str> = loaded.kernels.iter().map(|k| k.name.as_str()).collect();
+        assert_eq!(names, ["add", "scale"]);
+        assert_eq!(loaded.kernels[0].params_bytes(), 28);
+        assert_eq!(
+            loaded.kernels[1].params[1],
+            ParamInfo { offset: 8, size: 4 }
+        );
+        assert_eq!(loaded.kernels[1].attrs.binary_version, 90);
+        assert_eq!(loaded.globals.len(), 1);
+        assert_eq!(
+            (loaded.globals[0].name.as_str(), loaded.globals[0].size),
+            ("g_val", 16)
+        );
+        assert_eq!(device.mem_used(), 32);
+
+        // scale(a, 2.0, 3) on another thread: its own stream, same memory.
+        let mut params = a.to_le_bytes().to_vec();
+        params.extend_from_slice(&2.0f32.to_le_bytes());
+        params.extend_from_slice(&3i32.to_le_bytes());
+        let geometry = LaunchGeometry {
+            grid: [1, 1, 1],
+            block: [32, 1, 1],
+            dynamic_shared_bytes: 0,
+        };
+        let worker = Arc::clone(&ctx);
+        let id = loaded.id;
+        let outcome = std::thread::spawn(move || worker.launch(id, 1, &geometry, &params))
+            .join()
+            .unwrap();
+        assert_eq!(outcome.result, Ok(()));
+        assert!(outcome.stdout.is_empty());
+        let mut back = vec![0u8; 16];
+        ctx.mem_read(a, &mut back).unwrap();
+        assert_eq!(floats(&back), [3.0, 6.0, 9.0, 4.0]);
+
+        let b = ctx.mem_alloc(16).unwrap();
+        ctx.mem_fill(b, &1.5f32.to_le_bytes(), 4).unwrap();
+        ctx.mem_copy(a, b, 8).unwrap();
+        ctx.mem_read(a, &mut back).unwrap();
+        assert_eq!(floats(&back), [1.5, 1.5, 9.0, 4.0]);
+        assert_eq!(
+            ctx.mem_fill(b, &[1, 2, 3], 1).unwrap_err().code,
+            codes::INVALID_VALUE
+        );
+
+        let bad = ctx.launch(loaded.id + 100, 0, &geometry, &[]);
+        assert_eq!(bad.result.unwrap_err().code, codes::INVALID_HANDLE);
+        let bad = ctx.launch(loaded.id, 7, &geometry, &[]);
+        assert_eq!(bad.result.unwrap_err().code, codes::INVALID_HANDLE);
+
+        ctx.module_unload(loaded.id);
+        assert_eq!(device.mem_used(), 32);
+        ctx.mem_free(b).unwrap();
+        assert_eq!(device.mem_used(), 16);
+        drop(ctx);
+        assert_eq!(device.mem_used(), 0);
+        assert_eq!(
+            ContextMode::parse(Some("primary")),
+            ContextMode::Primary,
+            "the shared mode stays selectable"
+        );
+        let shared = CudaDevice::new(&driver, 0, ContextMode::Primary, false).unwrap();
+        let one = shared.create_context().unwrap();
+        let two = shared.create_context().unwrap();
+        let p = one.mem_alloc(8).unwrap();
+        two.mem_alloc(8).unwrap();
+        one.mem_free(p).unwrap();
+        drop(two);
+        assert_eq!(shared.mem_used(), 0);
+    }
+
     #[test]
     fn loading_without_a_driver_is_an_error() {
         // The default build machine has no GPU; where one exists this still
