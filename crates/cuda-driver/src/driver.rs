@@ -4,6 +4,7 @@
 
 use std::ffi::{c_char, c_int, c_void, CStr, OsStr, OsString};
 use std::mem::ManuallyDrop;
+use std::os::unix::ffi::OsStrExt;
 use std::sync::Arc;
 
 use libloading::Library;
@@ -98,6 +99,17 @@ impl Driver {
             }
         }
         let api = Api::resolve(&lib);
+        if let Some(file) = api.cuInit.and_then(|f| defining_file(f as *const c_void)) {
+            // cumux's client loaded through a `libcuda.so.1` link (as `cumux
+            // run` arranges) still has its own file name behind the link.
+            let real = std::fs::canonicalize(&file).unwrap_or(file);
+            let name = real.file_name().map(|n| n.to_string_lossy().into_owned());
+            if name.is_some_and(|n| n.starts_with("libcumux")) {
+                return Err(LoadError::CumuxClient {
+                    library: real.display().to_string(),
+                });
+            }
+        }
         let required = [
             ("cuInit", api.cuInit.is_some()),
             ("cuDriverGetVersion", api.cuDriverGetVersion.is_some()),
@@ -137,6 +149,12 @@ impl Driver {
     /// The library this driver was loaded from, as named when loading.
     pub fn library(&self) -> &str {
         &self.library
+    }
+
+    /// The file the driver's code lives in, links resolved, if known.
+    pub fn library_file(&self) -> Option<std::path::PathBuf> {
+        let file = defining_file(self.api.cuInit? as *const c_void)?;
+        Some(std::fs::canonicalize(&file).unwrap_or(file))
     }
 
     /// The driver's CUDA version, e.g. 13000 for CUDA 13.0.
@@ -330,6 +348,26 @@ impl Driver {
             primary: false,
         }))
     }
+}
+
+/// The file of the shared object that defines `addr`, from `dladdr`.
+fn defining_file(addr: *const c_void) -> Option<std::path::PathBuf> {
+    let mut info = std::mem::MaybeUninit::<libc::Dl_info>::zeroed();
+    // SAFETY: dladdr only reads `addr` as an address and fills `info`.
+    let found = unsafe { libc::dladdr(addr, info.as_mut_ptr()) };
+    if found == 0 {
+        return None;
+    }
+    // SAFETY: dladdr succeeded, so `info` is initialised.
+    let info = unsafe { info.assume_init() };
+    if info.dli_fname.is_null() {
+        return None;
+    }
+    // SAFETY: a NUL-terminated path owned by the dynamic loader.
+    let name = unsafe { CStr::from_ptr(info.dli_fname) };
+    Some(std::path::PathBuf::from(std::ffi::OsStr::from_bytes(
+        name.to_bytes(),
+    )))
 }
 
 /// Values of attributes 1 ..= [`MAX_DEVICE_ATTRIBUTE`], skipping those `query`

@@ -175,3 +175,17 @@ fn a_kernel_of_the_fake_gpu_gets_its_packed_parameters() {
     assert_eq!(ctx.mem_info().unwrap(), (70 << 30, 80 << 30));
     ctx.mem_free(dev).unwrap();
 }
+
+#[test]
+fn cumux_client_behind_a_libcuda_link_is_refused() {
+    let Some(path) = fake_driver("libcumux_client_lookalike", &[]) else {
+        return;
+    };
+    let dir = path.with_file_name("cumux-run-link");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let link = dir.join("libcuda.so.1");
+    std::os::unix::fs::symlink(&path, &link).unwrap();
+    let err = Driver::open(link.as_os_str()).unwrap_err();
+    assert!(matches!(err, LoadError::CumuxClient { .. }), "{err:?}");
+}

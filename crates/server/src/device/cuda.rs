@@ -77,9 +77,28 @@ pub fn devices(driver: &Arc<Driver>) -> Result<Vec<Arc<dyn Device>>, CudaError> 
     let mode = ContextMode::parse(std::env::var(CONTEXT_MODE_ENV).ok().as_deref());
     let capture = std::env::var(PRINTF_ENV).map_or(true, |v| v.trim() != "passthrough");
     let count = driver.device_count()?;
+    tracing::info!(
+        library = %driver
+            .library_file()
+            .map_or_else(|| driver.library().to_string(), |p| p.display().to_string()),
+        version = driver.version().unwrap_or(0),
+        gpus = count,
+        contexts = ?mode,
+        printf_capture = capture,
+        "cuda: driver loaded"
+    );
     let mut out: Vec<Arc<dyn Device>> = Vec::new();
     for ordinal in 0..count {
-        out.push(Arc::new(CudaDevice::new(driver, ordinal, mode, capture)?));
+        let device = CudaDevice::new(driver, ordinal, mode, capture)?;
+        tracing::info!(
+            ordinal,
+            name = %device.info.name,
+            sm = device.sm,
+            memory = device.info.total_mem,
+            attributes = device.info.attributes.len(),
+            "cuda: GPU"
+        );
+        out.push(Arc::new(device));
     }
     Ok(out)
 }
