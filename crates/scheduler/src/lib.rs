@@ -100,13 +100,38 @@ impl Default for PriorityConfig {
 }
 
 /// The policy of one device's scheduler.
+///
+/// Under every policy: items of one stream are dispatched in submission order, and an
+/// item is dispatched only once its predecessor in the stream has completed (a *ready*
+/// item is the head of a stream with nothing in flight); at most `concurrency` items are
+/// in flight; every queue is bounded by [`Limits`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Policy {
-    /// Pass-through: global arrival order, subject to stream order.
+    /// Pass-through: the ready item that arrived first goes, whenever a slot is free.
+    /// Work-conserving.
     Fifo,
-    /// Weighted shares of GPU time among active tenants (Disengaged Fair Queueing).
+    /// Weighted shares of GPU time among active tenants, after Disengaged Fair Queueing:
+    /// - each tenant has a virtual time: GPU time charged divided by its weight. An item
+    ///   is charged its estimated cost at dispatch (per-kernel moving average of measured
+    ///   costs, else the hint, else the tenant's average, else `default_cost_ns`) and
+    ///   corrected to its measured occupancy at completion (see [`Scheduler::completed`]);
+    /// - a tenant is *active* while it has work queued or in flight and for
+    ///   `idle_grace_ns` after; a tenant that was not active rejoins at
+    ///   `max(own, least virtual time of the active tenants)`: idle time banks no credit;
+    /// - a ready item may go only if its tenant's virtual time is at most the least
+    ///   virtual time among active tenants plus `threshold_ns`; tenants within the bound
+    ///   run freely, the one too far ahead is held until the others catch up or go idle;
+    /// - among the items that may go, the tenant with the least virtual time first, then
+    ///   arrival order.
+    ///
+    /// So a tenant's lead over the least-served active tenant stays below `threshold_ns`
+    /// plus its estimates in flight (at most `concurrency` items). With one active tenant
+    /// nothing is ever held (work-conserving).
     Fair(FairConfig),
-    /// Latency-critical tenants first; batch held at kernel boundaries.
+    /// Latency-critical tenants first; batch held at kernel boundaries while
+    /// latency-critical work is pending or running, with a starvation guard and a cap on
+    /// batch in flight (see [`PriorityConfig`]). Within a class: least virtual time first,
+    /// then arrival order.
     Priority(PriorityConfig),
 }
 
@@ -172,6 +197,11 @@ pub struct WorkItem {
     /// used before the kernel has been measured, and every charge is corrected to the
     /// measured cost at completion.
     pub cost_hint_ns: Option<Nanos>,
+    /// An earlier item of another stream of the same tenant that must be dispatched before
+    /// this one (`cuStreamWaitEvent` on an event recorded by it). Dispatched, not completed:
+    /// the device keeps event order once both are on it. No constraint once that item has
+    /// left the queue. Cycles cannot form: it must already have been submitted.
+    pub after: Option<WorkId>,
 }
 
 /// Why the scheduler refused a request. None of these changes the scheduler's state.

@@ -2,7 +2,7 @@
 //! in-flight bound, occupancy accounting and virtual time, and the three policies' rules
 //! for which ready item goes next. The caller passes time in; nothing here sleeps or reads a clock.
 
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
 
 use crate::{
     CostTable, KernelId, Nanos, Policy, PriorityConfig, SchedError, SchedulerConfig, StreamId,
@@ -21,6 +21,9 @@ struct Queued {
     id: WorkId,
     kernel: KernelId,
     hint: Option<Nanos>,
+    /// The dependency's id and arrival number, when it was queued at submission: an id
+    /// may be reused once its item has left, so the arrival number names the item.
+    after: Option<(WorkId, u64)>,
     /// Global arrival order.
     seq: u64,
 }
@@ -109,7 +112,8 @@ pub struct Scheduler {
     config: SchedulerConfig,
     tenants: BTreeMap<TenantId, Tenant>,
     in_flight: BTreeMap<WorkId, InFlight>,
-    queued_ids: BTreeSet<WorkId>,
+    /// Every queued item's arrival number, by id.
+    queued_ids: BTreeMap<WorkId, u64>,
     queued_total: u32,
     /// Latency-critical items queued or in flight.
     lc_items: u32,
@@ -144,7 +148,7 @@ impl Scheduler {
             config,
             tenants: BTreeMap::new(),
             in_flight: BTreeMap::new(),
-            queued_ids: BTreeSet::new(),
+            queued_ids: BTreeMap::new(),
             queued_total: 0,
             lc_items: 0,
             lc_busy_since: None,
@@ -240,7 +244,7 @@ impl Scheduler {
         self.queued_total -= count;
         for (_, id) in &dropped {
             let removed = self.queued_ids.remove(id);
-            assert!(removed);
+            assert!(removed.is_some());
         }
         dropped.sort_unstable();
         self.check_invariants();
@@ -255,8 +259,11 @@ impl Scheduler {
             .tenants
             .get(&item.tenant)
             .ok_or(SchedError::UnknownTenant(item.tenant))?;
-        if self.queued_ids.contains(&item.id) || self.in_flight.contains_key(&item.id) {
+        if self.queued_ids.contains_key(&item.id) || self.in_flight.contains_key(&item.id) {
             return Err(SchedError::DuplicateWork(item.id));
+        }
+        if item.after == Some(item.id) {
+            return Err(SchedError::InvalidConfig);
         }
         if state.queued >= limits.max_queued_per_tenant {
             return Err(SchedError::TenantQueueFull(item.tenant));
@@ -278,6 +285,9 @@ impl Scheduler {
             None
         };
 
+        let after = item
+            .after
+            .and_then(|id| self.queued_ids.get(&id).map(|&seq| (id, seq)));
         let seq = self.next_seq;
         self.next_seq += 1;
         let state = self.tenants.get_mut(&item.tenant).expect("checked above");
@@ -297,6 +307,7 @@ impl Scheduler {
             id: item.id,
             kernel: item.kernel,
             hint: item.cost_hint_ns,
+            after,
             seq,
         });
         state.queued += 1;
@@ -309,8 +320,8 @@ impl Scheduler {
         }
         self.queued_total += 1;
         assert!(self.queued_total <= limits.max_queued_total);
-        let inserted = self.queued_ids.insert(item.id);
-        assert!(inserted);
+        let previous = self.queued_ids.insert(item.id, seq);
+        assert!(previous.is_none());
         self.check_invariants();
         Ok(())
     }
@@ -567,7 +578,7 @@ impl Scheduler {
         state.dispatched += 1;
         self.queued_total -= 1;
         let removed = self.queued_ids.remove(&item.id);
-        assert!(removed);
+        assert_eq!(removed, Some(item.seq));
         if chosen.class == TenantClass::Batch {
             self.batch_in_flight += 1;
         }
@@ -593,12 +604,17 @@ impl Scheduler {
         self.tenants
             .iter()
             .filter(|(_, t)| t.queued > 0)
-            .flat_map(|(&tenant, t)| {
+            .flat_map(move |(&tenant, t)| {
                 t.streams
                     .iter()
                     .filter(|(_, s)| s.in_flight.is_none())
                     .filter_map(move |(&stream, s)| {
-                        s.queue.front().map(|head| Candidate {
+                        let head = s.queue.front()?;
+                        // A cross-stream dependency still queued holds the head back.
+                        let waits = head
+                            .after
+                            .is_some_and(|(id, seq)| self.queued_ids.get(&id) == Some(&seq));
+                        (!waits).then_some(Candidate {
                             tenant,
                             stream,
                             seq: head.seq,
@@ -681,6 +697,7 @@ mod tests {
 
     fn item(id: u64, tenant: TenantId, stream: u32, hint: Option<Nanos>) -> WorkItem {
         WorkItem {
+            after: None,
             id: WorkId(id),
             tenant,
             stream: StreamId(stream),
@@ -716,6 +733,41 @@ mod tests {
         s.completed(20, WorkId(1), 20).unwrap();
         assert_eq!(drain(&mut s, 20), vec![2]);
         assert_eq!(s.queued_total(), 0);
+    }
+
+    #[test]
+    fn a_cross_stream_dependency_waits_for_its_item_to_be_dispatched() {
+        let waiting = |id, on, stream| WorkItem {
+            after: Some(WorkId(on)),
+            ..item(id, T0, stream, None)
+        };
+        let mut s = scheduler(Policy::Fifo, 4, &[TenantClass::Batch]);
+        s.submit(0, item(1, T0, 0, None)).unwrap();
+        s.submit(0, item(2, T0, 0, None)).unwrap(); // records the event
+        s.submit(0, waiting(3, 2, 1)).unwrap(); // waits for it
+        s.submit(0, waiting(4, 99, 2)).unwrap(); // names an item not held: no constraint
+        assert_eq!(drain(&mut s, 0), vec![1, 4]);
+        s.completed(5, WorkId(1), 5).unwrap();
+        assert_eq!(drain(&mut s, 5), vec![2, 3]);
+        for id in [2, 3, 4] {
+            s.completed(6, WorkId(id), 1).unwrap();
+        }
+        // Ids may be reused once their item has left. Item 15 named the old item 11,
+        // which is gone; the new item 11 queued behind 15 in its stream must not hold it.
+        s.submit(6, item(13, T0, 7, None)).unwrap();
+        s.submit(6, waiting(14, 13, 8)).unwrap();
+        s.submit(6, waiting(15, 11, 8)).unwrap();
+        s.submit(6, item(11, T0, 8, None)).unwrap();
+        // 14 may go as soon as 13 is on the device.
+        assert_eq!(drain(&mut s, 6), vec![13, 14]);
+        s.completed(8, WorkId(14), 1).unwrap();
+        assert_eq!(drain(&mut s, 8), vec![15]);
+        s.completed(9, WorkId(15), 1).unwrap();
+        assert_eq!(drain(&mut s, 9), vec![11]);
+        assert_eq!(
+            s.submit(9, waiting(7, 7, 4)),
+            Err(SchedError::InvalidConfig)
+        );
     }
 
     #[test]

@@ -410,6 +410,7 @@ pub fn run(config: &SimConfig) -> SimReport {
                 stream: StreamId(s as u32),
                 kernel: kind.kernel,
                 cost_hint_ns: tenant.spec.hint.then_some(kind.duration_ns),
+                after: None,
             };
             match sched.submit(now, item) {
                 Ok(()) => {
