@@ -210,11 +210,8 @@ impl Driver {
     }
 
     pub(crate) fn missing(&self, call: &'static str) -> CudaError {
-        CudaError::new(
-            CUDA_ERROR_NOT_SUPPORTED,
-            format!("CUDA_ERROR_NOT_SUPPORTED: {} has no {call}", self.library),
-            call,
-        )
+        CudaError::new(CUDA_ERROR_NOT_SUPPORTED, "CUDA_ERROR_NOT_SUPPORTED", call)
+            .with_detail(format!("{} has no {call}", self.library))
     }
 
     // ---- devices ----
@@ -536,10 +533,7 @@ impl Drop for Context {
 
 pub(crate) fn to_usize(v: u64) -> Result<usize, CudaError> {
     usize::try_from(v).map_err(|_| {
-        CudaError::new(
-            CUDA_ERROR_INVALID_VALUE,
-            "CUDA_ERROR_INVALID_VALUE: size beyond the address space",
-            "size",
-        )
+        CudaError::new(CUDA_ERROR_INVALID_VALUE, "CUDA_ERROR_INVALID_VALUE", "size")
+            .with_detail("a size beyond the address space")
     })
 }

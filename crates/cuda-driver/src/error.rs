@@ -13,6 +13,8 @@ pub struct CudaError {
     pub name: String,
     /// The entry point that returned it.
     pub call: &'static str,
+    /// More about it (a JIT log, why an image was refused); often empty.
+    pub detail: String,
 }
 
 impl CudaError {
@@ -21,13 +23,23 @@ impl CudaError {
             code,
             name: name.into(),
             call,
+            detail: String::new(),
         }
+    }
+
+    pub fn with_detail(mut self, detail: impl Into<String>) -> Self {
+        self.detail = detail.into();
+        self
     }
 }
 
 impl fmt::Display for CudaError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}: {} ({})", self.call, self.name, self.code)
+        write!(f, "{}: {} ({})", self.call, self.name, self.code)?;
+        if !self.detail.is_empty() {
+            write!(f, ": {}", self.detail)?;
+        }
+        Ok(())
     }
 }
 

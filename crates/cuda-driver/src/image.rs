@@ -43,9 +43,10 @@ impl std::fmt::Display for CodeChoice {
 fn invalid(detail: &str) -> CudaError {
     CudaError::new(
         CUDA_ERROR_INVALID_IMAGE,
-        format!("CUDA_ERROR_INVALID_IMAGE: {detail}"),
+        "CUDA_ERROR_INVALID_IMAGE",
         "cuModuleLoadData",
     )
+    .with_detail(detail)
 }
 
 /// The image's kind, once its headers are known to lie within `image`: the
@@ -80,9 +81,10 @@ pub fn check_image(image: &[u8]) -> Result<ImageKind, CudaError> {
             std::str::from_utf8(&image[..end]).map_err(|_| {
                 CudaError::new(
                     CUDA_ERROR_INVALID_PTX,
-                    "CUDA_ERROR_INVALID_PTX: PTX text is not UTF-8",
+                    "CUDA_ERROR_INVALID_PTX",
                     "cuModuleLoadData",
                 )
+                .with_detail("PTX text is not UTF-8")
             })?;
             Ok(ImageKind::Ptx)
         }
@@ -431,9 +433,10 @@ pub fn param_layout(
         let (Ok(offset), Ok(size)) = (u32::try_from(offset), u32::try_from(size)) else {
             return Err(CudaError::new(
                 crate::sys::CUDA_ERROR_INVALID_VALUE,
-                "CUDA_ERROR_INVALID_VALUE: implausible parameter layout",
+                "CUDA_ERROR_INVALID_VALUE",
                 "cuFuncGetParamInfo",
-            ));
+            )
+            .with_detail("an implausible parameter layout"));
         };
         params.push((offset, size));
     }

@@ -383,14 +383,44 @@ impl Module {
         let words = image::driver_copy(image, kind);
         ctx.make_current()?;
         let mut raw: CUmodule = std::ptr::null_mut();
-        // SAFETY: `words` holds the whole image (headers checked to lie within
-        // it; PTX NUL-terminated) and outlives the call; `raw` is an out-pointer.
-        unsafe {
-            cu!(
-                ctx.driver,
-                cuModuleLoadData(&mut raw, words.as_ptr().cast())
-            )?
-        };
+        if ctx.driver.api.cuModuleLoadDataEx.is_some() {
+            // Ask for the JIT's error log, so a PTX that fails says why.
+            let mut log = vec![0u8; 16 << 10];
+            let mut options = [CU_JIT_ERROR_LOG_BUFFER, CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES];
+            let mut values: [*mut c_void; 2] = [log.as_mut_ptr().cast(), log.len() as *mut c_void];
+            // SAFETY: `words` holds the whole image (headers checked to lie
+            // within it; PTX NUL-terminated) and outlives the call; the log
+            // buffer has the size passed next to it; `raw` is an out-pointer.
+            let loaded = unsafe {
+                cu!(
+                    ctx.driver,
+                    cuModuleLoadDataEx(
+                        &mut raw,
+                        words.as_ptr().cast(),
+                        options.len() as c_uint,
+                        options.as_mut_ptr(),
+                        values.as_mut_ptr()
+                    )
+                )
+            };
+            if let Err(e) = loaded {
+                let end = log.iter().position(|b| *b == 0).unwrap_or(log.len());
+                let text = String::from_utf8_lossy(&log[..end]).trim().to_string();
+                return Err(if text.is_empty() {
+                    e
+                } else {
+                    e.with_detail(text)
+                });
+            }
+        } else {
+            // SAFETY: as above, without the options.
+            unsafe {
+                cu!(
+                    ctx.driver,
+                    cuModuleLoadData(&mut raw, words.as_ptr().cast())
+                )?
+            };
+        }
         Ok(Module {
             handle: Arc::new(ModuleHandle {
                 ctx: Arc::clone(ctx),

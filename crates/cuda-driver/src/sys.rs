@@ -73,6 +73,10 @@ pub const CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID: c_int = 50;
 pub const CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: c_int = 75;
 pub const CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: c_int = 76;
 
+/// `CUjit_option` values: the JIT's error log buffer and its size.
+pub const CU_JIT_ERROR_LOG_BUFFER: c_int = 5;
+pub const CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES: c_int = 6;
+
 /// `CUfunction_attribute` values.
 pub const CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK: c_int = 0;
 pub const CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES: c_int = 1;
@@ -187,6 +191,7 @@ driver_api! {
     cuMemsetD32Async ["cuMemsetD32Async"] (CUdeviceptr, u32, usize, CUstream);
 
     cuModuleLoadData ["cuModuleLoadData"] (*mut CUmodule, CPtr);
+    cuModuleLoadDataEx ["cuModuleLoadDataEx"] (*mut CUmodule, CPtr, c_uint, *mut c_int, *mut Ptr);
     cuModuleUnload ["cuModuleUnload"] (CUmodule);
     cuModuleGetFunction ["cuModuleGetFunction"] (*mut CUfunction, CUmodule, *const c_char);
     cuModuleGetGlobal ["cuModuleGetGlobal_v2"] (*mut CUdeviceptr, *mut usize, CUmodule, *const c_char);

@@ -140,6 +140,10 @@ fn a_kernel_of_the_fake_gpu_gets_its_packed_parameters() {
     assert_eq!(layout, [(0, 8), (8, 4), (12, 4)]);
     assert_eq!(scale.attributes().unwrap().max_threads_per_block, 1024);
     assert!(module.function("nope").unwrap().is_none());
+    let ptx = b".version 9.0\n.target sm_75\n.address_size 64\n.visible .entry k()\n{\n ret;\n}\n";
+    let err = Module::load(&ctx, ptx, 90).err().unwrap();
+    assert_eq!((err.code, err.name.as_str()), (218, "CUresult 218"));
+    assert_eq!(err.detail, "ptxas fatal : fake syntax error");
     let globals = module.globals();
     assert_eq!(globals.len(), 1);
     assert_eq!((globals[0].0.as_str(), globals[0].2), ("g_val", 16));
