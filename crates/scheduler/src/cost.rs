@@ -33,8 +33,11 @@ impl CostTable {
         }
     }
 
-    /// The estimate for one item: the kernel's own average when it was measured before,
-    /// else the caller's hint, else the tenant's average, else `default`.
+    /// The estimate for one item: the kernel's own average when it was measured before;
+    /// else the larger of the caller's hint and the tenant's average, whichever exist; else
+    /// `default`. Hints are untrusted: one can raise a new kernel's estimate above the
+    /// tenant's average, never lower it, so launching ever new kernels with low hints
+    /// gains nothing.
     pub fn estimate(
         &self,
         tenant: TenantId,
@@ -45,10 +48,11 @@ impl CostTable {
         if let Some(&cost) = self.per_kernel.get(&(tenant, kernel)) {
             return cost;
         }
-        if let Some(hint) = hint {
-            return hint;
+        match (hint, self.per_tenant.get(&tenant).copied()) {
+            (Some(hint), Some(average)) => hint.max(average),
+            (Some(known), None) | (None, Some(known)) => known,
+            (None, None) => default,
         }
-        self.per_tenant.get(&tenant).copied().unwrap_or(default)
     }
 
     /// Feeds one measured cost.
@@ -89,7 +93,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn estimate_prefers_kernel_then_hint_then_tenant_then_default() {
+    fn estimate_prefers_kernel_then_hint_or_tenant_then_default() {
         let mut table = CostTable::new(1);
         let (t, k1, k2) = (TenantId(1), KernelId(1), KernelId(2));
         assert_eq!(table.estimate(t, k1, None, 7), 7);
@@ -99,8 +103,10 @@ mod tests {
         // The table is full: k2 is not stored, its estimate falls back.
         table.record(t, k2, 80);
         assert_eq!(table.len(), 1);
-        assert_eq!(table.estimate(t, k2, Some(5), 7), 5);
-        assert_eq!(table.estimate(t, k2, None, 7), 800 - (720 >> 3));
+        let average = 800 - (720 >> 3);
+        assert_eq!(table.estimate(t, k2, Some(5), 7), average);
+        assert_eq!(table.estimate(t, k2, Some(5_000), 7), 5_000);
+        assert_eq!(table.estimate(t, k2, None, 7), average);
     }
 
     #[test]

@@ -113,7 +113,7 @@ pub enum Policy {
     /// Weighted shares of GPU time among active tenants, after Disengaged Fair Queueing:
     /// - each tenant has a virtual time: GPU time charged divided by its weight. An item
     ///   is charged its estimated cost at dispatch (per-kernel moving average of measured
-    ///   costs, else the hint, else the tenant's average, else `default_cost_ns`) and
+    ///   costs, else the larger of the hint and the tenant's average, else `default_cost_ns`) and
     ///   corrected to its measured occupancy at completion (see [`Scheduler::completed`]);
     /// - a tenant is *active* while it has work queued or in flight and for
     ///   `idle_grace_ns` after; a tenant that was not active rejoins at

@@ -62,6 +62,16 @@ impl DeviceModel {
     }
 }
 
+/// The cost hint a tenant's items carry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CostHint {
+    None,
+    /// The kernel's standalone duration.
+    True,
+    /// Always this value: a tenant lying about its costs.
+    Fixed(Nanos),
+}
+
 /// One kind of kernel a tenant launches, with its standalone duration.
 #[derive(Clone, Copy, Debug)]
 pub struct KernelSpec {
@@ -86,8 +96,7 @@ pub struct TenantSpec {
     pub jitter_pct: u32,
     pub start_ns: Nanos,
     pub stop_ns: Nanos,
-    /// Whether items carry their true standalone duration as cost hint.
-    pub hint: bool,
+    pub hint: CostHint,
 }
 
 impl TenantSpec {
@@ -105,7 +114,7 @@ impl TenantSpec {
             jitter_pct: 10,
             start_ns: 0,
             stop_ns: Nanos::MAX,
-            hint: false,
+            hint: CostHint::None,
         }
     }
 
@@ -409,7 +418,11 @@ pub fn run(config: &SimConfig) -> SimReport {
                 tenant: tenant_id(t),
                 stream: StreamId(s as u32),
                 kernel: kind.kernel,
-                cost_hint_ns: tenant.spec.hint.then_some(kind.duration_ns),
+                cost_hint_ns: match tenant.spec.hint {
+                    CostHint::None => None,
+                    CostHint::True => Some(kind.duration_ns),
+                    CostHint::Fixed(hint) => Some(hint),
+                },
                 after: None,
             };
             match sched.submit(now, item) {

@@ -1,7 +1,9 @@
 //! Deterministic simulations of the three policies against adversarial tenant mixes, with
 //! asserted shares, Jain's index and latency bounds. Run with `--nocapture` to see figures.
 
-use cumux_scheduler::sim::{self, DeviceModel, KernelSpec, SimConfig, SimReport, TenantSpec};
+use cumux_scheduler::sim::{
+    self, CostHint, DeviceModel, KernelSpec, SimConfig, SimReport, TenantSpec,
+};
 use cumux_scheduler::{
     FairConfig, KernelId, Nanos, Policy, PriorityConfig, SchedulerConfig, TenantClass,
 };
@@ -229,6 +231,30 @@ fn fair_is_work_conserving_when_one_tenant_is_active() {
     }
 }
 
+#[test]
+fn fair_is_not_fooled_by_a_tenant_that_lies_about_costs() {
+    // The liar launches 5 ms kernels from a pool of 64 (each new to the cost table at
+    // first), on 8 streams, each claiming to cost 1 ns. Charges are corrected to measured
+    // occupancy at completion, and a low hint never lowers the tenant's average.
+    let pool: Vec<KernelSpec> = (0..64)
+        .map(|k| KernelSpec {
+            kernel: KernelId(k),
+            duration_ns: 5 * MS,
+        })
+        .collect();
+    for device in [SERIAL, SATURATING, PARTIAL] {
+        let mut liar = TenantSpec::closed_loop(5 * MS)
+            .kernels(pool.clone())
+            .streams(8, 2);
+        liar.hint = CostHint::Fixed(1);
+        let tenants = vec![liar, TenantSpec::closed_loop(50 * US).streams(4, 4)];
+        let report = simulate(fair(), device, tenants, 10, (20 * MS, 420 * MS));
+        show(&format!("liar slots {}", device.slots), &report);
+        let jain = report.jain(&[0, 1]);
+        assert!(jain >= 0.95, "jain {jain}");
+    }
+}
+
 /// The latency-critical tenant of the priority scenarios: 50 µs kernels, 1 ms apart.
 fn latency_critical() -> TenantSpec {
     TenantSpec::closed_loop(50 * US)
@@ -341,7 +367,7 @@ fn random_mix(seed: u64) -> Vec<TenantSpec> {
                 .class(class)
                 .active(start, start + rng.below(40 * MS));
             spec.jitter_pct = rng.below(50) as u32;
-            spec.hint = i % 2 == 0;
+            spec.hint = [CostHint::None, CostHint::True, CostHint::Fixed(1)][i % 3];
             spec
         })
         .collect()
