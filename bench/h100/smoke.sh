@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Smoke test of cumux's cuda backend on a GPU machine (the H100 box): starts
-# `cumux serve --device cuda`, builds every tests/cuda/corpus program with
-# nvcc, runs each natively and through `cumux run`, and writes PASS/FAIL per
-# program and way to $OUT/smoke.txt, the server's log to $OUT/server.log.
+# `cumux serve --device cuda`, builds every tests/cuda/corpus program and the
+# plain tests/cuda/driver ones with nvcc, runs each natively and through
+# `cumux run`, and writes PASS/FAIL per program and way to $OUT/smoke.txt, the
+# server's log to $OUT/server.log.
 #
 # Needs prebuilt binaries in device-kit/ (cumux and libcumux_client.so from
 # `cargo build --release`); needs no Rust and no network. Every step has a
@@ -11,7 +12,8 @@
 #   OUT=/some/dir bench/h100/smoke.sh
 # Optional: KIT=, NVCC=, NVCC_FLAGS= (extra nvcc arguments), DEVICE= (default
 # cuda; cpu for a dry run without a GPU), PROGRAMS="vector_add saxpy" (a
-# subset), CUMUX_REAL_LIBCUDA= (default: libcuda.so.1 found by ldconfig).
+# subset of corpus and driver programs), CUMUX_REAL_LIBCUDA= (default: the
+# libcuda.so.1 ldconfig knows).
 set -u
 
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -87,16 +89,46 @@ for src in "$CORPUS"/*.cu; do
     fi
 done
 
+# Driver-level programs of tests/cuda/driver: name;source;extra nvcc flags;args.
+DRIVER_DIR=$ROOT/tests/cuda/driver
+driver_programs=(
+    "device_query;device_query.cu;;"
+    "streams_events;streams_events.cu;;"
+    "streams_events_ptds;streams_events.cu;--default-stream per-thread;"
+    "memcpy_to_symbol;memcpy_to_symbol.cu;;"
+    "pinned_memory;pinned_memory.cu;;"
+    "host_callback;host_callback.cu;;"
+    "driver_api;driver_api.cu;-lcuda;$ROOT/crates/fatbin/tests/fixtures/zstd.fatbin"
+    "rdc_program;rdc_program.cu;-rdc=true $DRIVER_DIR/rdc_helper.cu;"
+)
+declare -A program_args
+if [ -z "$PROGRAMS" ] || [ "${DRIVER_PROGRAMS:-1}" = 1 ]; then
+    for entry in "${driver_programs[@]}"; do
+        IFS=';' read -r name src flags args <<<"$entry"
+        if [ -n "$PROGRAMS" ] && ! printf ' %s ' $PROGRAMS | grep -qF " $name "; then continue; fi
+        [ -e "$DRIVER_DIR/$src" ] || continue
+        # shellcheck disable=SC2086 # flag lists are words
+        if timeout 300 "$NVCC" $NVCC_FLAGS $flags -o "$WORK/bin/$name" "$DRIVER_DIR/$src" >"$OUT/outputs/$name.build.txt" 2>&1; then
+            programs+=("$name")
+            program_args[$name]=$args
+        else
+            say "$(printf '%-30s BUILD FAIL (see outputs/%s.build.txt)' "$name" "$name")"
+        fi
+    done
+fi
+
 # --- run: natively, then through cumux --------------------------------------
 pass_native=0; pass_cumux=0; total=0
 printf '%-30s %-14s %-14s\n' program native cumux | tee -a "$SUMMARY"
 for name in "${programs[@]}"; do
     bin=$WORK/bin/$name
+    # shellcheck disable=SC2206 # arguments are words
+    args=(${program_args[$name]:-})
     t0=$(now)
-    timeout 60 "$bin" >"$OUT/outputs/$name.native.txt" 2>&1
+    timeout 60 "$bin" "${args[@]}" >"$OUT/outputs/$name.native.txt" 2>&1
     native_rc=$?
     t1=$(now)
-    timeout 60 "$KIT/cumux" run --server "$SERVER" --tenant smoke -- "$bin" \
+    timeout 60 "$KIT/cumux" run --server "$SERVER" --tenant smoke -- "$bin" "${args[@]}" \
         >"$OUT/outputs/$name.cumux.txt" 2>"$OUT/outputs/$name.cumux.err"
     cumux_rc=$?
     t2=$(now)
