@@ -154,6 +154,23 @@ fn driver_api_program() {
     assert!(lines.contains(&"PASS"), "{}", out.describe());
 }
 
+/// Misused calls answer with the codes NVIDIA's driver gives (the program
+/// holds the codes measured on an H100).
+#[test]
+fn error_codes_match_nvidia() {
+    let source = cumux_testkit::workspace_root().join("tests/cuda/driver/error_codes.cu");
+    let link = format!("-L{}", link_dir().display());
+    let program = cumux_testkit::compile_program(source, &[&link, "-lcuda"]);
+    let server = ServerProc::start("errcodes");
+    run_passes(&server, &program);
+}
+
+#[test]
+fn launch_limits_are_checked_at_the_call() {
+    let server = ServerProc::start("limits");
+    run_passes(&server, &driver_program("launch_limits"));
+}
+
 #[test]
 fn jit_link_of_relocatable_ptx() {
     let root = cumux_testkit::workspace_root().join("tests/cuda/driver");

@@ -245,6 +245,18 @@ impl Client {
             .unwrap_or(0))
     }
 
+    /// The device of the current context, which calls that work in a context
+    /// need: `CUDA_ERROR_INVALID_CONTEXT` when none is current, as NVIDIA's
+    /// driver answers.
+    pub fn context_device(&self) -> CuResult<u32> {
+        let ctx = current_context().ok_or(CUDA_ERROR_INVALID_CONTEXT)?;
+        self.tables()
+            .contexts
+            .get(&ctx)
+            .map(|c| c.device)
+            .ok_or(CUDA_ERROR_INVALID_CONTEXT)
+    }
+
     /// The device of the current context (device 0 when none is current).
     pub fn current_device(&self) -> u32 {
         match current_context() {

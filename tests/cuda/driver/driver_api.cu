@@ -149,7 +149,6 @@ int main(int argc, char **argv) {
   EXPECT(cuLaunchKernel(scale, 1, 1, 1, 2048, 1, 1, 0, nullptr, params, nullptr), CUDA_ERROR_INVALID_VALUE);
   EXPECT(cuLaunchKernel(scale, 0, 1, 1, 32, 1, 1, 0, nullptr, params, nullptr), CUDA_ERROR_INVALID_VALUE);
   EXPECT(cuLaunchKernel(scale, 1, 1, 1, 32, 1, 1, 1 << 30, nullptr, params, nullptr), CUDA_ERROR_INVALID_VALUE);
-  EXPECT(cuLaunchKernel(scale, 1, 1, 1, 32, 1, 1, 0, (CUstream)0x1234, params, nullptr), CUDA_ERROR_INVALID_HANDLE);
   CK(cuCtxSynchronize());
 
   // Library and kernel handles over the same PTX.

@@ -43,6 +43,7 @@ fn new_context(flags: u32, dev: i32) -> CuResult<usize> {
 /// Waits for every stream, host functions included.
 fn synchronize() -> CuResult<()> {
     let c = client()?;
+    c.context_device()?;
     c.call(Call::ContextSynchronize)?;
     for gate in c.gates.all() {
         gate.wait_idle();

@@ -17,7 +17,7 @@ fn alloc(c: &Client, bytes: usize) -> CuResult<u64> {
     if bytes == 0 {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
-    let device = c.current_device();
+    let device = c.context_device()?;
     match c.call(Call::MemAlloc {
         device,
         bytes: bytes as u64,
@@ -31,6 +31,7 @@ fn alloc(c: &Client, bytes: usize) -> CuResult<u64> {
 }
 
 fn free(c: &Client, ptr: u64) -> CuResult<()> {
+    c.context_device()?;
     if ptr == 0 {
         return Ok(());
     }
@@ -52,18 +53,21 @@ pub(crate) fn stream_of(c: &Client, s: *mut c_void) -> CuResult<Handle> {
     Ok(stream)
 }
 
-/// Synchronous copies and memsets run on the default stream.
-fn default_stream_work(c: &Client, stream: Option<Handle>) {
+/// Copies and memsets need a current context; synchronous ones run on the
+/// default stream, after its host functions.
+fn default_stream_work(c: &Client, stream: Option<Handle>) -> CuResult<()> {
+    c.context_device()?;
     if stream.is_none() {
         c.gates.get(DEFAULT_STREAM).wait_idle();
     }
+    Ok(())
 }
 
 pub(crate) fn htod(c: &Client, dst: u64, src: &[u8], stream: Option<Handle>) -> CuResult<()> {
     if src.is_empty() {
         return Ok(());
     }
-    default_stream_work(c, stream);
+    default_stream_work(c, stream)?;
     for (i, chunk) in src.chunks(MAX_CHUNK_BYTES).enumerate() {
         c.call(Call::MemcpyHtoD {
             dst: dst + (i * MAX_CHUNK_BYTES) as u64,
@@ -75,7 +79,7 @@ pub(crate) fn htod(c: &Client, dst: u64, src: &[u8], stream: Option<Handle>) -> 
 }
 
 pub(crate) fn dtoh(c: &Client, dst: &mut [u8], src: u64, stream: Option<Handle>) -> CuResult<()> {
-    default_stream_work(c, stream);
+    default_stream_work(c, stream)?;
     for (i, chunk) in dst.chunks_mut(MAX_CHUNK_BYTES).enumerate() {
         let data = match c.call(Call::MemcpyDtoH {
             src: src + (i * MAX_CHUNK_BYTES) as u64,
@@ -97,7 +101,7 @@ fn dtod(c: &Client, dst: u64, src: u64, bytes: usize, stream: Option<Handle>) ->
     if bytes == 0 {
         return Ok(());
     }
-    default_stream_work(c, stream);
+    default_stream_work(c, stream)?;
     c.call(Call::MemcpyDtoD {
         dst,
         src,
@@ -141,7 +145,7 @@ fn memset(c: &Client, dst: u64, f: Fill, stream: Option<Handle>) -> CuResult<()>
     if f.height > 1 && f.pitch < f.count * f.elem as usize {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
-    default_stream_work(c, stream);
+    default_stream_work(c, stream)?;
     c.call(Call::Memset {
         dst,
         value: f.value,
@@ -302,6 +306,7 @@ fn copy_3d(c: &Client, p: &CudaMemcpy3D, stream: Option<Handle>) -> CuResult<()>
 }
 
 fn host_alloc(c: &Client, bytes: usize, flags: u32) -> CuResult<*mut c_void> {
+    c.context_device()?;
     let mut p: *mut c_void = std::ptr::null_mut();
     // SAFETY: posix_memalign writes an owned allocation into `p` on success.
     let rc = unsafe { libc::posix_memalign(&mut p, 4096, bytes.max(1)) };
@@ -388,7 +393,7 @@ driver_fn! {
 
     fn cuMemGetInfo_v2(free_bytes: *mut usize, total: *mut usize) {
         let c = client()?;
-        match c.call(Call::MemGetInfo { device: c.current_device() })? {
+        match c.call(Call::MemGetInfo { device: c.context_device()? })? {
             ReplyBody::MemInfo { free, total: t } => {
                 out_opt(free_bytes, free as usize);
                 out_opt(total, t as usize);
@@ -545,6 +550,7 @@ driver_fn! {
 
     fn cuMemHostRegister_v2(p: *mut c_void, bytes: usize, flags: u32) {
         let c = client()?;
+        c.context_device()?;
         if p.is_null() || bytes == 0 {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
@@ -564,7 +570,9 @@ driver_fn! {
                 t.host.remove(&(p as usize));
                 Ok(())
             }
-            _ => Err(CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED),
+            // Memory from cuMemHostAlloc is not "registered" memory.
+            Some(_) => Err(CUDA_ERROR_INVALID_VALUE),
+            None => Err(CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED),
         }
     }
 

@@ -114,7 +114,7 @@ fn function_attribute(c: &Client, f: usize, attr: i32) -> CuResult<i32> {
         func_attr::CACHE_MODE_CA => 0,
         func_attr::MAX_DYNAMIC_SHARED_SIZE_BYTES => dynamic_shared_limit(c, &attrs)?,
         func_attr::PREFERRED_SHARED_MEMORY_CARVEOUT => -1,
-        10..=16 => 0,
+        10..=15 => 0,
         _ => return Err(CUDA_ERROR_INVALID_VALUE),
     })
 }
@@ -134,7 +134,7 @@ fn set_function_attribute(c: &Client, f: usize, attr: i32, value: i32) -> CuResu
             Ok(())
         }
         func_attr::PREFERRED_SHARED_MEMORY_CARVEOUT => Ok(()),
-        10..=16 => Ok(()),
+        10..=15 => Ok(()),
         _ => Err(CUDA_ERROR_INVALID_VALUE),
     }
 }
@@ -174,22 +174,26 @@ fn write_handles(dst: *mut *mut c_void, n: u32, handles: &[usize]) -> CuResult<(
 driver_fn! {
     fn cuModuleLoad(module: *mut *mut c_void, path: *const c_char) {
         let c = client()?;
+        c.context_device()?;
         let image = load_file(path)?;
         out(module, to_ptr(c.load_module(image)?))
     }
 
     fn cuModuleLoadData(module: *mut *mut c_void, image: *const c_void) {
         let c = client()?;
+        c.context_device()?;
         out(module, to_ptr(c.load_module(image_from_pointer(image)?)?))
     }
 
     fn cuModuleLoadDataEx(module: *mut *mut c_void, image: *const c_void, _n: u32, _opts: *mut c_void, _vals: *mut *mut c_void) {
         let c = client()?;
+        c.context_device()?;
         out(module, to_ptr(c.load_module(image_from_pointer(image)?)?))
     }
 
     fn cuModuleLoadFatBinary(module: *mut *mut c_void, image: *const c_void) {
         let c = client()?;
+        c.context_device()?;
         out(module, to_ptr(c.load_module(image_from_pointer(image)?)?))
     }
 

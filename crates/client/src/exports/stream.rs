@@ -14,6 +14,7 @@ const PRIORITY_LEAST: i32 = 0;
 const PRIORITY_GREATEST: i32 = -5;
 
 fn create_stream(c: &Client, flags: u32, priority: i32) -> CuResult<usize> {
+    c.context_device()?;
     if flags > 1 {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
@@ -137,6 +138,7 @@ driver_fn! {
 
     fn cuEventCreate(pe: *mut *mut c_void, flags: u32) {
         let c = client()?;
+        c.context_device()?;
         if flags & !0xf != 0 {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
