@@ -116,6 +116,8 @@ pub struct CudaDevice {
     used: Arc<AtomicU64>,
     next_module: Arc<AtomicU64>,
     primary: Mutex<Option<Arc<cu::Context>>>,
+    /// Whether a module loaded into the shared primary context can print.
+    primary_prints: Arc<AtomicBool>,
 }
 
 impl CudaDevice {
@@ -145,6 +147,7 @@ impl CudaDevice {
             used: Arc::new(AtomicU64::new(0)),
             next_module: Arc::new(AtomicU64::new(1)),
             primary: Mutex::new(None),
+            primary_prints: Arc::new(AtomicBool::new(false)),
         })
     }
 
@@ -199,7 +202,12 @@ impl Device for CudaDevice {
             modules: Mutex::new(HashMap::new()),
             streams: Mutex::new(HashMap::new()),
             capture,
-            prints: AtomicBool::new(false),
+            // A shared context shares one printf buffer: if any of its
+            // sessions prints, every session's flushes need windows.
+            prints: match self.mode {
+                ContextMode::PerSession => Arc::new(AtomicBool::new(false)),
+                ContextMode::Primary => Arc::clone(&self.primary_prints),
+            },
             pending_stdout: Mutex::new(Vec::new()),
         }))
     }
@@ -234,7 +242,7 @@ pub struct CudaContext {
     streams: Mutex<HashMap<ThreadId, Arc<Stream>>>,
     capture: Option<&'static StdoutCapture>,
     /// A module that can print was loaded: flushing calls need capture windows.
-    prints: AtomicBool,
+    prints: Arc<AtomicBool>,
     /// Captured printf text not yet handed out with a launch.
     pending_stdout: Mutex<Vec<u8>>,
 }
