@@ -648,8 +648,10 @@ impl Function {
 
     /// Queues the kernel on `stream` with the packed parameter buffer `params`
     /// (passed through `CU_LAUNCH_PARAM_BUFFER_POINTER`/`SIZE`; the driver
-    /// copies it before returning). `params` must hold at least
-    /// `params_bytes` bytes: a shorter buffer is zero-padded to that size.
+    /// copies it before returning). The buffer handed over is exactly
+    /// `params_bytes` long (the end of the last parameter, see
+    /// [`crate::image::params_bytes`]): a shorter `params` is zero-padded, a
+    /// longer one cut. A kernel without parameters gets no `extra` at all.
     pub fn launch(
         &self,
         stream: &Stream,
@@ -659,9 +661,26 @@ impl Function {
     ) -> Result<(), CudaError> {
         let ctx = self.ctx()?;
         let mut buffer = params.to_vec();
-        if buffer.len() < params_bytes {
-            buffer.resize(params_bytes, 0);
+        buffer.resize(params_bytes, 0);
+        match self.launch_packed(ctx, stream, config, &mut buffer) {
+            // Should the driver want the buffer rounded up to the parameter
+            // space's 8-byte alignment, give it that once.
+            Err(e) if e.code == CUDA_ERROR_INVALID_VALUE && !params_bytes.is_multiple_of(8) => {
+                buffer.resize(params_bytes.next_multiple_of(8), 0);
+                self.launch_packed(ctx, stream, config, &mut buffer)
+                    .map_err(|_| e)
+            }
+            other => other,
         }
+    }
+
+    fn launch_packed(
+        &self,
+        ctx: &Context,
+        stream: &Stream,
+        config: &LaunchConfig,
+        buffer: &mut [u8],
+    ) -> Result<(), CudaError> {
         let mut size = buffer.len();
         let mut extra: [*mut c_void; 5] = [
             CU_LAUNCH_PARAM_BUFFER_POINTER as *mut c_void,
@@ -670,11 +689,17 @@ impl Function {
             (&mut size as *mut usize).cast(),
             CU_LAUNCH_PARAM_END as *mut c_void,
         ];
+        let extra_ptr = if buffer.is_empty() {
+            std::ptr::null_mut()
+        } else {
+            extra.as_mut_ptr()
+        };
         let [gx, gy, gz] = config.grid;
         let [bx, by, bz] = config.block;
-        // SAFETY: `extra` is a CU_LAUNCH_PARAM_END-terminated list whose
-        // pointers (`buffer`, `size`) outlive the call, and the driver copies
-        // the parameters before returning; `stream` and the function are live.
+        // SAFETY: `extra_ptr` is null or a CU_LAUNCH_PARAM_END-terminated list
+        // whose pointers (`buffer`, `size`) outlive the call, and the driver
+        // copies the parameters before returning; `stream` and the function
+        // are live.
         unsafe {
             cu!(
                 ctx.driver,
@@ -689,7 +714,7 @@ impl Function {
                     config.dynamic_shared_bytes,
                     stream.raw,
                     std::ptr::null_mut(),
-                    extra.as_mut_ptr()
+                    extra_ptr
                 )
             )
         }

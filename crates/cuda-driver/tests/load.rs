@@ -172,6 +172,31 @@ fn a_kernel_of_the_fake_gpu_gets_its_packed_parameters() {
         .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
         .collect();
     assert_eq!(got, [3.0, 6.0, 9.0, 4.0]);
+    // add(a, a, b, 4) with the 28-byte layout: the fake wants 32 bytes, which
+    // the retry with the size rounded up to 8 gives it.
+    let add = &functions[0];
+    assert_eq!(
+        cumux_cuda_driver::image::params_bytes(&add.param_layout().unwrap()),
+        28
+    );
+    let b = ctx.mem_alloc(16).unwrap();
+    let mut add_params = Vec::new();
+    for p in [dev, dev, b] {
+        add_params.extend_from_slice(&p.to_le_bytes());
+    }
+    add_params.extend_from_slice(&4i32.to_le_bytes());
+    add.launch(&stream, &config, &add_params, 28).unwrap();
+    let mut sums = vec![0u8; 16];
+    let (r, _) = stream.copy_dtoh_sync(&mut sums, b, None);
+    r.unwrap();
+    let sums: Vec<f32> = sums
+        .chunks(4)
+        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+        .collect();
+    assert_eq!(sums, [6.0, 12.0, 18.0, 8.0]);
+    // A bad launch still fails after the retry, with the first error.
+    let err = add.launch(&stream, &config, &add_params, 20).unwrap_err();
+    assert_eq!(err.code, 1);
     // A short parameter buffer is padded to the layout's size, not overread.
     scale.launch(&stream, &config, &params[..8], 16).unwrap();
     stream.memset_d32(dev, 0x3f80_0000, 4).unwrap();
