@@ -79,11 +79,18 @@ pub struct KernelSpec {
     pub duration_ns: Nanos,
 }
 
-/// A tenant as a work generator. Each of its `streams` keeps up to `depth` items
-/// outstanding (submitted, not completed): depth 1 is a closed loop (launch, wait,
-/// launch), a large depth a flood. After each completion the stream waits `think_ns`
-/// (±`jitter_pct` %) before submitting the next item. Submission runs from `start_ns`
-/// to `stop_ns`, which also models sleep-then-burst.
+/// A tenant as a work generator, closed or open loop.
+///
+/// Closed loop (`period_ns` = `None`): each of its `streams` keeps up to `depth` items
+/// outstanding (submitted, not completed): depth 1 is launch, wait, launch; a large depth
+/// a flood. After each completion the stream waits `think_ns` before submitting the next
+/// item; a submission refused for a full queue is retried.
+///
+/// Open loop (`period_ns` = `Some(p)`): every `p` each stream submits a burst of `depth`
+/// items whether or not earlier ones completed; refused submissions are dropped.
+///
+/// Think times, periods and kernel durations vary by ±`jitter_pct` %. Submission runs from
+/// `start_ns` to `stop_ns`, which also models sleep-then-burst.
 #[derive(Clone, Debug)]
 pub struct TenantSpec {
     pub config: TenantConfig,
@@ -92,7 +99,7 @@ pub struct TenantSpec {
     /// Each item picks one uniformly.
     pub kernels: Vec<KernelSpec>,
     pub think_ns: Nanos,
-    /// Applies to kernel durations and think times.
+    pub period_ns: Option<Nanos>,
     pub jitter_pct: u32,
     pub start_ns: Nanos,
     pub stop_ns: Nanos,
@@ -111,6 +118,7 @@ impl TenantSpec {
                 duration_ns,
             }],
             think_ns: 0,
+            period_ns: None,
             jitter_pct: 10,
             start_ns: 0,
             stop_ns: Nanos::MAX,
@@ -121,6 +129,13 @@ impl TenantSpec {
     pub fn streams(mut self, streams: u32, depth: u32) -> Self {
         self.streams = streams;
         self.depth = depth;
+        self
+    }
+
+    /// Makes the tenant open loop: a burst of `depth` items per stream every `period_ns`.
+    pub fn every(mut self, period_ns: Nanos) -> Self {
+        assert!(period_ns > 0);
+        self.period_ns = Some(period_ns);
         self
     }
 
@@ -274,7 +289,8 @@ pub fn run(config: &SimConfig) -> SimReport {
     let is_fifo = sched_config.policy == Policy::Fifo;
     let mut sched = Scheduler::new(sched_config).expect("valid scheduler configuration");
     let mut tenants: Vec<TenantRun> = Vec::with_capacity(config.tenants.len());
-    // (time, order, tenant, stream): the next submissions.
+    // (time, order, tenant, stream): the next submissions; for an open-loop tenant, the
+    // next burst.
     let mut arrivals: BinaryHeap<Reverse<(Nanos, u64, usize, usize)>> = BinaryHeap::new();
     let mut arrival_order = 0u64;
     for (index, spec) in config.tenants.iter().enumerate() {
@@ -284,8 +300,13 @@ pub fn run(config: &SimConfig) -> SimReport {
             .expect("tenant registers");
         let mut rng =
             Rng::new(config.seed ^ (index as u64 + 1).wrapping_mul(0xd1b5_4a32_d192_ed03));
+        let first_arrivals = if spec.period_ns.is_some() {
+            1
+        } else {
+            spec.depth
+        };
         for stream in 0..spec.streams as usize {
-            for _ in 0..spec.depth {
+            for _ in 0..first_arrivals {
                 if spec.start_ns < spec.stop_ns {
                     // Spread the first submissions a little so seeds matter.
                     let at = spec.start_ns + rng.below(1_000);
@@ -388,7 +409,7 @@ pub fn run(config: &SimConfig) -> SimReport {
             let think = tenant
                 .rng
                 .jitter(tenant.spec.think_ns, tenant.spec.jitter_pct);
-            if now + think < tenant.spec.stop_ns {
+            if tenant.spec.period_ns.is_none() && now + think < tenant.spec.stop_ns {
                 arrivals.push(Reverse((
                     now + think,
                     arrival_order,
@@ -406,41 +427,23 @@ pub fn run(config: &SimConfig) -> SimReport {
             }
             arrivals.pop();
             let tenant = &mut tenants[t];
-            let kind =
-                tenant.spec.kernels[tenant.rng.below(tenant.spec.kernels.len() as u64) as usize];
-            let duration_ns = tenant
-                .rng
-                .jitter(kind.duration_ns, tenant.spec.jitter_pct)
-                .max(1);
-            let id = WorkId(items.len() as u64);
-            let item = WorkItem {
-                id,
-                tenant: tenant_id(t),
-                stream: StreamId(s as u32),
-                kernel: kind.kernel,
-                cost_hint_ns: match tenant.spec.hint {
-                    CostHint::None => None,
-                    CostHint::True => Some(kind.duration_ns),
-                    CostHint::Fixed(hint) => Some(hint),
-                },
-                after: None,
-            };
-            match sched.submit(now, item) {
-                Ok(()) => {
-                    items.push(ItemInfo {
-                        tenant: t,
-                        stream: s,
-                        submitted_at: now,
-                        duration_ns,
-                    });
-                    tenant.streams[s].pending.push_back(id);
+            match tenant.spec.period_ns {
+                None => {
+                    if !submit_one(&mut sched, tenant, &mut items, now, t, s) {
+                        arrivals.push(Reverse((now + RETRY_NS, arrival_order, t, s)));
+                        arrival_order += 1;
+                    }
                 }
-                Err(SchedError::TenantQueueFull(_) | SchedError::QueueFull) => {
-                    tenant.rejected += 1;
-                    arrivals.push(Reverse((now + RETRY_NS, arrival_order, t, s)));
-                    arrival_order += 1;
+                Some(period) => {
+                    for _ in 0..tenant.spec.depth {
+                        submit_one(&mut sched, tenant, &mut items, now, t, s);
+                    }
+                    let next = now + tenant.rng.jitter(period, tenant.spec.jitter_pct).max(1);
+                    if next < tenant.spec.stop_ns {
+                        arrivals.push(Reverse((next, arrival_order, t, s)));
+                        arrival_order += 1;
+                    }
                 }
-                Err(error) => panic!("submit refused: {error}"),
             }
         }
         assert!(sched.queued_total() <= limits.max_queued_total);
@@ -527,6 +530,52 @@ pub fn run(config: &SimConfig) -> SimReport {
         held_ns,
         max_queued,
         dispatches,
+    }
+}
+
+/// Offers one new item of tenant `t`, stream `s`; false when a full queue refused it.
+fn submit_one(
+    sched: &mut Scheduler,
+    tenant: &mut TenantRun,
+    items: &mut Vec<ItemInfo>,
+    now: Nanos,
+    t: usize,
+    s: usize,
+) -> bool {
+    let kind = tenant.spec.kernels[tenant.rng.below(tenant.spec.kernels.len() as u64) as usize];
+    let duration_ns = tenant
+        .rng
+        .jitter(kind.duration_ns, tenant.spec.jitter_pct)
+        .max(1);
+    let id = WorkId(items.len() as u64);
+    let item = WorkItem {
+        id,
+        tenant: tenant_id(t),
+        stream: StreamId(s as u32),
+        kernel: kind.kernel,
+        cost_hint_ns: match tenant.spec.hint {
+            CostHint::None => None,
+            CostHint::True => Some(kind.duration_ns),
+            CostHint::Fixed(hint) => Some(hint),
+        },
+        after: None,
+    };
+    match sched.submit(now, item) {
+        Ok(()) => {
+            items.push(ItemInfo {
+                tenant: t,
+                stream: s,
+                submitted_at: now,
+                duration_ns,
+            });
+            tenant.streams[s].pending.push_back(id);
+            true
+        }
+        Err(SchedError::TenantQueueFull(_) | SchedError::QueueFull) => {
+            tenant.rejected += 1;
+            false
+        }
+        Err(error) => panic!("submit refused: {error}"),
     }
 }
 

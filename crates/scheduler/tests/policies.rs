@@ -255,11 +255,39 @@ fn fair_is_not_fooled_by_a_tenant_that_lies_about_costs() {
     }
 }
 
-/// The latency-critical tenant of the priority scenarios: 50 µs kernels, 1 ms apart.
-fn latency_critical() -> TenantSpec {
-    TenantSpec::closed_loop(50 * US)
-        .think(MS)
-        .class(TenantClass::LatencyCritical)
+#[test]
+fn fair_handles_open_loop_bursts_beyond_the_device() {
+    // Tenant 1 offers more than the whole device in bursts (4 streams × 64 items of 10 µs
+    // every 2 ms); its queue fills and further bursts are refused, never grown.
+    for device in [SERIAL, SATURATING, PARTIAL] {
+        let tenants = vec![
+            TenantSpec::closed_loop(MS).streams(2, 2),
+            TenantSpec::closed_loop(10 * US)
+                .streams(4, 64)
+                .every(2 * MS),
+            TenantSpec::closed_loop(200 * US).streams(2, 2),
+        ];
+        let report = simulate(fair(), device, tenants, 12, (50 * MS, 350 * MS));
+        show(&format!("open-loop bursts slots {}", device.slots), &report);
+        assert!(report.jain(&all(&report)) >= 0.95);
+        assert!(report.tenants[1].rejected > 0);
+        let limits = SchedulerConfig::new(fair(), 1).limits;
+        assert!(report.max_queued <= limits.max_queued_per_tenant + 8);
+    }
+}
+
+/// The latency-critical tenants of the priority scenarios: 50 µs kernels, 1 ms apart,
+/// either closed loop (the next request 1 ms after the last answer) or open loop
+/// (requests every 0.5–1.5 ms whatever happens).
+fn latency_critical(open_loop: bool) -> TenantSpec {
+    let spec = TenantSpec::closed_loop(50 * US).class(TenantClass::LatencyCritical);
+    if open_loop {
+        let mut spec = spec.every(MS);
+        spec.jitter_pct = 50;
+        spec
+    } else {
+        spec.think(MS)
+    }
 }
 
 fn batch(kernel: Nanos) -> TenantSpec {
@@ -272,21 +300,20 @@ fn priority_bounds_latency_critical_p99_while_batch_progresses() {
     // Longest batch kernel with ±10 % jitter.
     let batch_max = batch_kernel + batch_kernel / 10;
     let window = (20 * MS, 520 * MS);
-    for device in [SERIAL, SATURATING, PARTIAL] {
-        let alone = simulate(priority(), device, vec![latency_critical()], 7, window);
+    for (device, open_loop) in [SERIAL, SATURATING, PARTIAL]
+        .into_iter()
+        .flat_map(|device| [(device, false), (device, true)])
+    {
+        let lc = latency_critical(open_loop);
+        let alone = simulate(priority(), device, vec![lc.clone()], 7, window);
         let standalone_p99 = alone.tenants[0].p99_ns;
-        let tenants = vec![latency_critical(), batch(batch_kernel), batch(batch_kernel)];
+        let tenants = vec![lc, batch(batch_kernel), batch(batch_kernel)];
         let fifo = simulate(Policy::Fifo, device, tenants.clone(), 7, window);
         let report = simulate(priority(), device, tenants, 7, window);
-        eprintln!(
-            "priority slots {}: standalone p99 {} ns",
-            device.slots, standalone_p99
-        );
-        show(&format!("lc+batch slots {} fifo", device.slots), &fifo);
-        show(
-            &format!("lc+batch slots {} priority", device.slots),
-            &report,
-        );
+        let name = format!("lc+batch slots {} open loop {open_loop}", device.slots);
+        eprintln!("{name}: standalone p99 {standalone_p99} ns");
+        show(&format!("{name} fifo"), &fifo);
+        show(&format!("{name} priority"), &report);
         let lc = &report.tenants[0];
         // In-flight batch kernels are not preempted. With at most one batch item in flight
         // while the latency-critical tenant is active and no new one dispatched while its
