@@ -296,3 +296,53 @@ fn status_over_tcp_with_a_config_file() {
     let status: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(status["devices"][0]["total_mem"], 64 << 20);
 }
+
+#[test]
+fn the_default_socket_lives_in_a_private_runtime_folder() {
+    use std::os::unix::fs::PermissionsExt;
+    let runtime = TempDir::new("xdg");
+    let serve = || {
+        Command::new(CUMUX)
+            .args(["serve", "--device", "cpu", "--memory", "64M"])
+            .env("XDG_RUNTIME_DIR", &runtime.0)
+            .env_remove("CUMUX_SERVER")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let mut server = serve();
+    let lines = lines_of(server.stdout.take().unwrap());
+    let line = lines
+        .recv_timeout(Duration::from_secs(30))
+        .expect("serve prints where it listens");
+    let folder = runtime.0.join("cumux");
+    assert!(
+        line.contains(&folder.join("cumux.sock").display().to_string()),
+        "{line}"
+    );
+    let mode = std::fs::metadata(&folder).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o700);
+    let status = Command::new(CUMUX)
+        .args(["status", "--json"])
+        .env("XDG_RUNTIME_DIR", &runtime.0)
+        .env_remove("CUMUX_SERVER")
+        .output()
+        .unwrap();
+    let _ = server.kill();
+    let _ = server.wait();
+    assert!(
+        status.status.success(),
+        "{}",
+        String::from_utf8_lossy(&status.stderr)
+    );
+    // A folder others may write into is refused.
+    std::fs::set_permissions(&folder, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let refused = wait_bounded(serve(), Duration::from_secs(30));
+    assert_eq!(refused.code(), Some(1), "{}", refused.describe());
+    assert!(
+        refused.stderr.contains("mode 0700"),
+        "{}",
+        refused.describe()
+    );
+}

@@ -97,12 +97,32 @@ pub fn bind(address: &Address) -> io::Result<BoundListener> {
                     .recursive(true)
                     .mode(0o700)
                     .create(dir)?;
+                if *address == Address::default_unix() {
+                    check_private_dir(dir)?;
+                }
             }
             remove_stale_socket(path)?;
             Ok(BoundListener::Unix(UnixListener::bind(path)?, path.clone()))
         }
         Address::Tcp(hostport) => Ok(BoundListener::Tcp(TcpListener::bind(hostport.as_str())?)),
     }
+}
+
+/// The default socket's folder must be ours and closed to others (it may sit
+/// in a shared /tmp, where anybody could have made it first).
+fn check_private_dir(dir: &Path) -> io::Result<()> {
+    let meta = std::fs::symlink_metadata(dir)?;
+    if !meta.is_dir() || meta.uid() != current_uid() || meta.mode() & 0o077 != 0 {
+        return Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            format!(
+                "{} must be a folder owned by uid {} with mode 0700; remove it or use --listen",
+                dir.display(),
+                current_uid()
+            ),
+        ));
+    }
+    Ok(())
 }
 
 fn remove_stale_socket(path: &Path) -> io::Result<()> {
