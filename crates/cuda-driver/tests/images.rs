@@ -42,3 +42,27 @@ fn kernels_and_device_functions_are_candidates() {
         .any(|k| k == "_Z15device_functionPKiPiPyS1_i"));
     assert!(names.variables.is_empty());
 }
+
+#[test]
+fn damaged_images_are_refused_or_read_without_a_panic() {
+    let image = fixture("printf_kernel");
+    let mut state = 0x2545_f491_4f6c_dd1du64;
+    for round in 0..2000 {
+        let mut bytes = image.clone();
+        // xorshift: flip a few bytes, sometimes cut the image short.
+        for _ in 0..1 + round % 4 {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            let at = (state % bytes.len() as u64) as usize;
+            bytes[at] ^= (state >> 32) as u8 | 1;
+        }
+        if round % 5 == 0 {
+            bytes.truncate((state >> 8) as usize % bytes.len());
+        }
+        let _ = check_image(&bytes);
+        let _ = image_names(&bytes);
+        let _ = code_choice(&bytes, 90);
+        let _ = image_may_print(&bytes);
+    }
+}
