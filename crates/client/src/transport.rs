@@ -255,19 +255,27 @@ impl Connection {
     }
 }
 
-/// Device `printf` output goes to the program's own fd 1, unbuffered.
+extern "C" {
+    /// The C library's `stdout` stream of the program.
+    static mut stdout: *mut libc::FILE;
+}
+
+/// Device `printf` output goes to the program's own standard output through
+/// its C `stdout` stream (so it lands after what the program printed before
+/// the kernel, as with NVIDIA's driver), flushed at once.
 fn write_program_stdout(bytes: &[u8]) {
     if bytes.is_empty() {
         return;
     }
     let _ = std::io::stdout().flush();
-    let mut rest = bytes;
-    while !rest.is_empty() {
-        // SAFETY: writing an initialised buffer of the given length to fd 1.
-        let n = unsafe { libc::write(1, rest.as_ptr().cast(), rest.len()) };
-        if n <= 0 {
-            break;
+    // SAFETY: reading the C library's `stdout` pointer, which it initialises
+    // before any program code runs; fwrite/fflush lock the stream themselves.
+    unsafe {
+        let out = stdout;
+        if out.is_null() {
+            return;
         }
-        rest = &rest[n as usize..];
+        libc::fwrite(bytes.as_ptr().cast(), 1, bytes.len(), out);
+        libc::fflush(out);
     }
 }
