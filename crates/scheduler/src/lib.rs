@@ -1,6 +1,39 @@
 //! cumux-scheduler: which queued stream-ordered work item may go to a device next.
 //! One [`Scheduler`] per device, one policy per scheduler (fifo, fair, priority); no threads
 //! and no clock inside, so the same core runs in the server and in the [`sim`] simulator.
+//!
+//! How the server drives it, per device: register each tenant; `submit` every
+//! stream-ordered call (launch, async copy, memset, event record or wait) as a
+//! [`WorkItem`]; after every event (a submit, a completion, the timer) call `poll` until it
+//! returns `None` and hand each returned item to the device; report each finished item
+//! with `completed`; arm a timer at `next_wakeup`. A refused `submit` (full queue) is
+//! backpressure: delay the client. Rules of the policies: [`Policy`].
+//!
+//! ```
+//! use cumux_scheduler::*;
+//!
+//! let mut s = Scheduler::new(SchedulerConfig::new(Policy::Fair(FairConfig::default()), 4))?;
+//! let tenant = TenantId(7);
+//! s.register_tenant(0, tenant, TenantConfig { weight: 1, class: TenantClass::Batch })?;
+//! for i in 0..2 {
+//!     let item = WorkItem {
+//!         id: WorkId(i),
+//!         tenant,
+//!         stream: StreamId(0),
+//!         kernel: KernelId(42),
+//!         cost_hint_ns: None,
+//!         after: None,
+//!     };
+//!     s.submit(1_000, item)?;
+//! }
+//! // Stream order: the second item waits for the first to complete.
+//! assert_eq!(s.poll(1_000), Some(WorkId(0)));
+//! assert_eq!(s.poll(1_000), None);
+//! s.completed(51_000, WorkId(0), 50_000)?;
+//! assert_eq!(s.poll(51_000), Some(WorkId(1)));
+//! assert_eq!(s.tenant_stats(tenant).unwrap().gpu_time_ns, 50_000);
+//! # Ok::<(), SchedError>(())
+//! ```
 
 mod cost;
 mod scheduler;

@@ -355,7 +355,8 @@ impl Scheduler {
     }
 
     /// The device finished `work`. `measured_ns` is its duration on the device (e.g. from
-    /// events around it); it is capped at the wall time since dispatch.
+    /// events around it); it is capped at the wall time since dispatch, so a device that
+    /// gives no timing passes `Nanos::MAX` and the item is charged its whole share.
     ///
     /// Charging: concurrent kernels overlap on a shared device, so charging each its full
     /// duration would bill a tenant for the slowdown others inflict on it (a flood of tiny
