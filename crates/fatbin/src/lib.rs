@@ -29,7 +29,10 @@ const MAX_IMAGE_BYTES: u64 = 1 << 30;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum FatbinError {
     /// Fewer bytes than the structure needs.
-    Truncated { needed: usize, have: usize },
+    Truncated {
+        needed: usize,
+        have: usize,
+    },
     BadMagic(u32),
     /// An entry of a kind this parser does not know.
     UnknownKind(u16),
@@ -131,7 +134,10 @@ pub fn classify(bytes: &[u8]) -> Classified {
         Ok(FATBINC_WRAPPER_MAGIC) => Classified::FatbinWrapper,
         Ok(0x464c_457f) => Classified::Elf,
         _ => {
-            let text = bytes.iter().take(4096).skip_while(|b| b.is_ascii_whitespace());
+            let text = bytes
+                .iter()
+                .take(4096)
+                .skip_while(|b| b.is_ascii_whitespace());
             let head: Vec<u8> = text.take(64).copied().collect();
             let head = String::from_utf8_lossy(&head);
             if head.starts_with("//") || head.starts_with(".version") || head.starts_with(".target")
@@ -152,7 +158,9 @@ pub fn images(fatbin: &[u8]) -> Result<Vec<Image>, FatbinError> {
     let mut at = 0usize;
     loop {
         let size = fatbin_size(&fatbin[at..])?;
-        let end = at.checked_add(size).ok_or(FatbinError::BadSize(size as u64))?;
+        let end = at
+            .checked_add(size)
+            .ok_or(FatbinError::BadSize(size as u64))?;
         if end > fatbin.len() {
             return Err(FatbinError::Truncated {
                 needed: end,
@@ -275,7 +283,10 @@ mod tests {
         assert_eq!(classify(&bytes), Classified::Fatbin);
         let images = images(&bytes).unwrap();
         let ptx: Vec<_> = images.iter().filter(|i| i.kind == ImageKind::Ptx).collect();
-        let cubins: Vec<_> = images.iter().filter(|i| i.kind == ImageKind::Cubin).collect();
+        let cubins: Vec<_> = images
+            .iter()
+            .filter(|i| i.kind == ImageKind::Cubin)
+            .collect();
         assert!(!ptx.is_empty(), "{name}: no PTX");
         for p in &ptx {
             let text = std::str::from_utf8(&p.data).unwrap();
@@ -334,7 +345,9 @@ mod tests {
             .collect();
         assert_eq!(sms, vec![75, 80]);
         assert!(best_ptx(&bytes).unwrap().contains(".target sm_80"));
-        assert!(images.iter().any(|i| i.kind == ImageKind::Cubin && i.sm == 86));
+        assert!(images
+            .iter()
+            .any(|i| i.kind == ImageKind::Cubin && i.sm == 86));
     }
 
     #[test]
@@ -359,7 +372,12 @@ mod tests {
             state ^= state << 17;
             state
         };
-        for name in ["default.fatbin", "lz4.fatbin", "zstd.fatbin", "multi.fatbin"] {
+        for name in [
+            "default.fatbin",
+            "lz4.fatbin",
+            "zstd.fatbin",
+            "multi.fatbin",
+        ] {
             let original = fixture(name);
             for round in 0..1500 {
                 let mut bytes = original.clone();
