@@ -49,16 +49,33 @@ impl Rng {
 /// the same), and with `k` running each progresses at `1 / (1 + sharing·(k−1))` of its
 /// standalone speed. `sharing` = 1 models kernels that each fill the GPU (processor sharing:
 /// total throughput is constant); 0 models small kernels that overlap perfectly.
+///
+/// `favours_latency_critical` models CUDA stream priorities with latency-critical work on
+/// high-priority streams: while any latency-critical kernel runs, only latency-critical
+/// kernels progress (their blocks are scheduled first) and batch kernels wait, still
+/// holding their slots. An assumption about the hardware (block drain time is ignored),
+/// to be checked on the GPU.
 #[derive(Clone, Copy, Debug)]
 pub struct DeviceModel {
     pub slots: u32,
     pub sharing: f64,
+    pub favours_latency_critical: bool,
 }
 
 impl DeviceModel {
     fn slowdown(&self, running: usize) -> f64 {
         assert!(running >= 1);
         1.0 + self.sharing * (running - 1) as f64
+    }
+
+    /// Which running kernels progress now, and the slowdown each of them sees.
+    fn progress(&self, running: &[Running]) -> (bool, f64) {
+        let urgent = running.iter().filter(|r| r.urgent).count();
+        if self.favours_latency_critical && urgent > 0 {
+            (true, self.slowdown(urgent))
+        } else {
+            (false, self.slowdown(running.len()))
+        }
     }
 }
 
@@ -249,6 +266,8 @@ struct ItemInfo {
 #[derive(Debug)]
 struct Running {
     id: WorkId,
+    /// Of a latency-critical tenant.
+    urgent: bool,
     /// Standalone nanoseconds of work left.
     remaining: f64,
     started_at: Nanos,
@@ -340,15 +359,19 @@ pub fn run(config: &SimConfig) -> SimReport {
 
     loop {
         let next_arrival = arrivals.peek().map(|Reverse((at, ..))| *at);
+        // With `only_urgent`, only latency-critical kernels progress.
+        let (only_urgent, slowdown) = if running.is_empty() {
+            (false, 1.0)
+        } else {
+            config.device.progress(&running)
+        };
+        let progressing = |r: &&Running| !only_urgent || r.urgent;
         let next_completion = running
             .iter()
+            .filter(progressing)
             .map(|r| r.remaining)
             .min_by(f64::total_cmp)
-            .map(|left| {
-                now + (left * config.device.slowdown(running.len()))
-                    .max(0.0)
-                    .ceil() as Nanos
-            });
+            .map(|left| now + (left * slowdown).max(0.0).ceil() as Nanos);
         let next_wakeup = sched.next_wakeup();
         let Some(next) = [next_arrival, next_completion, next_wakeup]
             .into_iter()
@@ -364,9 +387,9 @@ pub fn run(config: &SimConfig) -> SimReport {
         let elapsed = next - now;
         let clipped = overlap((now, next), window);
         if !running.is_empty() && elapsed > 0 {
-            let slowdown = config.device.slowdown(running.len());
-            let part = clipped as f64 / running.len() as f64;
-            for r in &mut running {
+            let count = running.iter().filter(progressing).count();
+            let part = clipped as f64 / count as f64;
+            for r in running.iter_mut().filter(|r| !only_urgent || r.urgent) {
                 r.remaining -= elapsed as f64 / slowdown;
                 tenants[items[r.id.0 as usize].tenant].gpu_time_ns += part;
             }
@@ -477,8 +500,10 @@ pub fn run(config: &SimConfig) -> SimReport {
                 "stream order: not the stream's head"
             );
             stream.in_flight = Some(id);
+            let urgent = tenants[info.tenant].spec.config.class == TenantClass::LatencyCritical;
             running.push(Running {
                 id,
+                urgent,
                 remaining: info.duration_ns as f64,
                 started_at: now,
             });
