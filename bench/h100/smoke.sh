@@ -6,7 +6,8 @@
 # server's log to $OUT/server.log.
 #
 # Needs prebuilt binaries in device-kit/ (cumux and libcumux_client.so from
-# `cargo build --release`); needs no Rust and no network. Every step has a
+# `cargo build --release`; cumux-cuda-probe too, if present, checks the driver
+# layer alone first); needs no Rust and no network. Every step has a
 # timeout and a failure never stops the run.
 #
 #   OUT=/some/dir bench/h100/smoke.sh
@@ -51,6 +52,16 @@ say "real libcuda: ${CUMUX_REAL_LIBCUDA:-libcuda.so.1 by soname}"
 for f in cumux libcumux_client.so; do
     if [ ! -e "$KIT/$f" ]; then say "FATAL: $KIT/$f is missing"; exit 1; fi
 done
+
+# --- the driver layer alone (if the kit has cumux-cuda-probe) ---------------
+if [ -x "$KIT/cumux-cuda-probe" ] && [ "$DEVICE" = cuda ]; then
+    if timeout 180 "$KIT/cumux-cuda-probe" >"$OUT/probe.txt" 2>&1; then
+        say "probe: PASS (see probe.txt)"
+    else
+        say "probe: FAIL (see probe.txt)"
+    fi
+    sed 's/^/    /' "$OUT/probe.txt" | tee -a "$SUMMARY"
+fi
 
 # --- server ---------------------------------------------------------------
 "$KIT/cumux" serve --device "$DEVICE" --listen "$SERVER" >"$LOG" 2>&1 &
