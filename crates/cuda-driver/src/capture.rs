@@ -33,6 +33,14 @@ struct Shared {
 }
 
 /// The process-wide stdout capture.
+///
+/// Alternatives weighed: a worker process per session whose stdout is a pipe
+/// of its own (exact, and isolates driver crashes, but needs an IPC layer for
+/// every device call and a process and context per session); rewriting
+/// `vprintf` calls in PTX to a cumux buffer (works only where PTX is JIT-ed,
+/// not for cubins); reading the driver's printf FIFO directly (undocumented).
+/// The pipe with serialised windows is the simplest that is correct when every
+/// call that can flush a printing context runs inside a window.
 pub struct StdoutCapture {
     shared: Arc<(Mutex<Shared>, Condvar)>,
     /// Serialises windows.
