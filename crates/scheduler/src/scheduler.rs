@@ -1,6 +1,6 @@
 //! The scheduler of one device: bounded per-tenant, per-stream queues, stream order, the
 //! in-flight bound, occupancy accounting and virtual time, and the three policies' rules
-//! for which ready item goes next. The caller passes time in; nothing here sleeps or reads a clock.
+//! for which ready item goes next. Time is passed in; nothing here sleeps or reads a clock.
 
 use std::collections::{BTreeMap, VecDeque};
 
@@ -99,6 +99,9 @@ pub struct TenantStats {
     pub in_flight: u32,
     pub dispatched: u64,
     pub completed: u64,
+    /// Whether it counts as active at the latest time passed in: work queued or in flight,
+    /// or idle for no longer than the idle grace. Derived, never set by the caller.
+    pub active: bool,
 }
 
 /// The scheduling core of one device. See the crate documentation and [`Policy`].
@@ -479,6 +482,7 @@ impl Scheduler {
             in_flight: t.in_flight,
             dispatched: t.dispatched,
             completed: t.completed,
+            active: self.is_active(t, self.now),
         })
     }
 
@@ -890,6 +894,8 @@ mod tests {
             now += 1_000_000;
             s.completed(now, WorkId(i), 1_000_000).unwrap();
         }
+        assert!(!s.tenant_stats(T1).unwrap().active);
+        assert!(s.tenant_stats(T0).unwrap().active);
         // T1 slept through 100 ms of T0's work; it rejoins level with T0, not 100 ms behind.
         let t0 = s.tenant_stats(T0).unwrap().virtual_time_ns;
         s.submit(now, item(1_000, T0, 0, None)).unwrap();
