@@ -94,6 +94,12 @@ fn threads_with_their_own_streams() {
 }
 
 #[test]
+fn a_wait_does_not_hold_up_other_threads() {
+    let server = ServerProc::start("xthread");
+    run_passes(&server, &driver_program("cross_thread_wait"));
+}
+
+#[test]
 fn unimplemented_call_is_named_and_not_supported() {
     let server = ServerProc::start("unimpl");
     let out = run_passes(&server, &driver_program("unimplemented_call"));

@@ -35,6 +35,27 @@ fn create_stream(c: &Client, flags: u32, priority: i32) -> CuResult<usize> {
     Ok(h)
 }
 
+/// Before a synchronising call: polls `query`, with the connection free
+/// between polls, until it stops saying "not ready". The server answers a
+/// connection's calls in order, so a blocking wait would hold up the
+/// program's other threads, whose calls the wait may depend on (a kernel
+/// waiting for a flag another thread copies in). The synchronising call that
+/// follows then returns at once. A query that reports an error (a sticky
+/// one, which it also clears) hands it back for the wait to return.
+pub(crate) fn poll_until_ready(c: &Client, query: impl Fn() -> Call) -> CuResult<()> {
+    let mut pause = std::time::Duration::from_micros(5);
+    loop {
+        match c.call(query()) {
+            Err(CUDA_ERROR_NOT_READY) => {
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(std::time::Duration::from_millis(1));
+            }
+            Err(e) => return Err(e),
+            Ok(_) => return Ok(()),
+        }
+    }
+}
+
 fn event_of(c: &Client, e: *mut c_void) -> CuResult<u64> {
     c.tables().event_server(handle(e))
 }
@@ -78,6 +99,7 @@ driver_fn! {
     fn cuStreamSynchronize | cuStreamSynchronize_ptsz (s: *mut c_void) {
         let c = client()?;
         let stream = stream_handle(c, s)?;
+        poll_until_ready(c, || Call::StreamQuery { stream })?;
         c.call(Call::StreamSynchronize { stream })?;
         c.gates.get(stream).wait_idle();
         Ok(())
@@ -168,6 +190,7 @@ driver_fn! {
     fn cuEventSynchronize(e: *mut c_void) {
         let c = client()?;
         let event = event_of(c, e)?;
+        poll_until_ready(c, || Call::EventQuery { event })?;
         c.call(Call::EventSynchronize { event }).map(|_| ())
     }
 
