@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
 use cumux_server::device::model::ModelDevice;
-use cumux_server::device::{cpu_device, default_memory_bytes};
+use cumux_server::device::{cpu_device, cuda_devices, default_memory_bytes};
 use cumux_server::{listener, Address, Device, Server};
 
 use crate::config;
@@ -35,16 +35,28 @@ fn choose_devices(kind: &str, memory: u64) -> Result<Vec<Arc<dyn Device>>> {
         // The model device of the server's tests: no kernels of real programs.
         "model" => Ok(vec![Arc::new(ModelDevice::new(memory))]),
         "auto" => {
-            if gpu_present() {
-                tracing::warn!("a GPU is present, but this build has no cuda backend yet; serving the CPU reference device");
-            } else {
+            if !gpu_present() {
                 tracing::info!("no GPU found; serving the CPU reference device");
+                return cpu();
             }
-            cpu()
+            match cuda_devices() {
+                Ok(devices) if !devices.is_empty() => Ok(devices),
+                Ok(_) => {
+                    tracing::warn!(
+                        "the CUDA driver reports no GPU; serving the CPU reference device"
+                    );
+                    cpu()
+                }
+                Err(e) => {
+                    tracing::warn!("a GPU is present but cannot be used ({e}); serving the CPU reference device");
+                    cpu()
+                }
+            }
         }
-        "cuda" => bail!(
-            "--device cuda: the cuda backend is not implemented yet; use --device cpu (or auto)"
-        ),
+        "cuda" => match cuda_devices().map_err(anyhow::Error::msg)? {
+            devices if devices.is_empty() => bail!("--device cuda: the CUDA driver reports no GPU"),
+            devices => Ok(devices),
+        },
         other => bail!("unknown device kind {other:?}: expected auto, cpu or cuda"),
     }
 }
