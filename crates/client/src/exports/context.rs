@@ -44,6 +44,13 @@ fn new_context(flags: u32, dev: i32) -> CuResult<usize> {
 fn synchronize() -> CuResult<()> {
     let c = client()?;
     c.context_device()?;
+    // Poll every stream first, leaving the connection free in between (see
+    // `poll_until_ready`).
+    let mut streams: Vec<u64> = c.tables().streams.values().map(|s| s.server).collect();
+    streams.push(cumux_protocol::DEFAULT_STREAM);
+    for stream in streams {
+        super::stream::poll_until_ready(c, || Call::StreamQuery { stream })?;
+    }
     c.call(Call::ContextSynchronize)?;
     for gate in c.gates.all() {
         gate.wait_idle();
