@@ -454,7 +454,7 @@ fn stream_order_and_bounds_hold_for_every_policy_and_many_seeds() {
                 device,
                 tenants: random_mix(seed),
                 seed,
-                horizon_ns: 40 * MS,
+                horizon_ns: 25 * MS,
                 measure_from_ns: 0,
             });
             assert!(report.max_queued <= 20);
