@@ -35,14 +35,27 @@ fn create_stream(c: &Client, flags: u32, priority: i32) -> CuResult<usize> {
     Ok(h)
 }
 
+/// Threads in this process, from `/proc/self/stat` (`None` if unreadable).
+fn process_threads() -> Option<usize> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // Fields after the parenthesised command name; num_threads is field 20.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    rest.split_whitespace().nth(17)?.parse().ok()
+}
+
 /// Before a synchronising call: polls `query`, with the connection free
 /// between polls, until it stops saying "not ready". The server answers a
 /// connection's calls in order, so a blocking wait would hold up the
 /// program's other threads, whose calls the wait may depend on (a kernel
 /// waiting for a flag another thread copies in). The synchronising call that
 /// follows then returns at once. A query that reports an error (a sticky
-/// one, which it also clears) hands it back for the wait to return.
+/// one, which it also clears) hands it back for the wait to return. A
+/// process with a single thread has nobody to hold up: it waits blocking,
+/// in one round trip.
 pub(crate) fn poll_until_ready(c: &Client, query: impl Fn() -> Call) -> CuResult<()> {
+    if process_threads() == Some(1) {
+        return Ok(());
+    }
     let mut pause = std::time::Duration::from_micros(5);
     loop {
         match c.call(query()) {
