@@ -298,7 +298,16 @@ impl Client {
 
     /// Loads an image on the server and registers its functions and globals.
     pub fn load_module(&self, image: Vec<u8>) -> CuResult<usize> {
-        let image = crate::link::with_ptx(image);
+        // Only the CPU device needs PTX; a GPU runs the linked cubin.
+        let on_cpu = self
+            .devices
+            .get(self.current_device() as usize)
+            .is_some_and(|d| d.backend == "cpu");
+        let image = if on_cpu {
+            crate::link::with_ptx(image)
+        } else {
+            image
+        };
         let info = match self.call(Call::ModuleLoad { image })? {
             ReplyBody::Module(info) => info,
             _ => return Err(CUDA_ERROR_UNKNOWN),
