@@ -5,8 +5,17 @@
 //!
 //! Map: `exports/` is the C ABI (thin, one file per API area), `state` the
 //! client's tables (contexts, modules, streams, allocations), `transport` the
-//! connection, `dark_api` the runtime's private export tables, `entry_points`
-//! the `cuGetProcAddress` table generated from the toolkit headers.
+//! connection (unix socket or TCP), `dark_api` the runtime's private export
+//! tables (with `integrity`, the answer to the runtime's self-check),
+//! `entry_points` the `cuGetProcAddress` table generated from the toolkit
+//! headers by `gen/entry_points.py`, `host_fn` host functions in stream order,
+//! `link` JIT linking and relocatable device code for the CPU device.
+//!
+//! Handles given to the program are minted here and never dereferenced;
+//! device pointers are the server's, in a window the client reserves so no
+//! host allocation can take those addresses. Stream-ordered calls go out
+//! without waiting; errors they cause come back at the next synchronising
+//! call.
 
 pub mod dark_api;
 pub mod entry_points;
