@@ -82,6 +82,12 @@ fn pinned_memory() {
 }
 
 #[test]
+fn managed_memory() {
+    let server = ServerProc::start("managed");
+    run_passes(&server, &driver_program("managed_memory"));
+}
+
+#[test]
 fn host_callbacks_run_in_stream_order() {
     let server = ServerProc::start("hostfn");
     run_passes(&server, &driver_program("host_callback"));

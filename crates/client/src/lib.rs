@@ -24,6 +24,7 @@ pub mod exports;
 pub mod host_fn;
 pub mod integrity;
 pub mod link;
+pub mod managed;
 pub mod state;
 pub mod transport;
 pub mod types;

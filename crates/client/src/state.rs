@@ -83,6 +83,8 @@ pub struct Tables {
     pub ctx_storage: HashMap<(usize, usize), usize>,
     /// `cuLink*` states.
     pub links: HashMap<usize, crate::link::LinkState>,
+    /// Managed allocations (also in `allocations`).
+    pub managed: BTreeMap<u64, crate::managed::Managed>,
 }
 
 impl Tables {
@@ -206,7 +208,17 @@ fn reserve_device_window() {
     };
     if p == libc::MAP_FAILED || p as u64 != DEVICE_VA_BASE {
         tracing::debug!("could not reserve the device address window");
+    } else {
+        WINDOW_RESERVED.store(true, Ordering::Relaxed);
     }
+}
+
+static WINDOW_RESERVED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Whether this process holds the device address window (so managed
+/// allocations can be mapped at their device addresses).
+pub fn device_window_reserved() -> bool {
+    WINDOW_RESERVED.load(Ordering::Relaxed)
 }
 
 pub fn is_device_ptr(p: u64) -> bool {

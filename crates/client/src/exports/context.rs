@@ -55,7 +55,7 @@ fn synchronize() -> CuResult<()> {
     for gate in c.gates.all() {
         gate.wait_idle();
     }
-    Ok(())
+    crate::managed::to_host(c)
 }
 
 fn check_context(ctx: usize) -> CuResult<()> {

@@ -129,6 +129,7 @@ fn launch(
     }
     let stream = stream_of(c, stream)?;
     let params = pack_params(&params, kernel_params, extra)?;
+    crate::managed::to_device(c)?;
     c.call(Call::Launch {
         function: server,
         grid,

@@ -35,6 +35,7 @@ fn free(c: &Client, ptr: u64) -> CuResult<()> {
     if ptr == 0 {
         return Ok(());
     }
+    crate::managed::forget(c, ptr);
     c.call(Call::MemFree { ptr })?;
     c.tables().allocations.remove(&ptr);
     Ok(())
@@ -60,6 +61,14 @@ fn default_stream_work(c: &Client, stream: Option<Handle>) -> CuResult<()> {
     if stream.is_none() {
         c.gates.get(DEFAULT_STREAM).wait_idle();
     }
+    crate::managed::to_device(c)
+}
+
+/// After a synchronous copy: the host may read managed memory again.
+fn after_sync_copy(c: &Client, stream: Option<Handle>) -> CuResult<()> {
+    if stream.is_none() {
+        crate::managed::to_host(c)?;
+    }
     Ok(())
 }
 
@@ -75,7 +84,7 @@ pub(crate) fn htod(c: &Client, dst: u64, src: &[u8], stream: Option<Handle>) -> 
             stream,
         })?;
     }
-    Ok(())
+    after_sync_copy(c, stream)
 }
 
 pub(crate) fn dtoh(c: &Client, dst: &mut [u8], src: u64, stream: Option<Handle>) -> CuResult<()> {
@@ -94,7 +103,7 @@ pub(crate) fn dtoh(c: &Client, dst: &mut [u8], src: u64, stream: Option<Handle>)
         }
         chunk.copy_from_slice(&data);
     }
-    Ok(())
+    after_sync_copy(c, stream)
 }
 
 fn dtod(c: &Client, dst: u64, src: u64, bytes: usize, stream: Option<Handle>) -> CuResult<()> {
@@ -107,8 +116,8 @@ fn dtod(c: &Client, dst: u64, src: u64, bytes: usize, stream: Option<Handle>) ->
         src,
         bytes: bytes as u64,
         stream,
-    })
-    .map(|_| ())
+    })?;
+    after_sync_copy(c, stream)
 }
 
 /// `cuMemcpy`: the direction follows from the pointers' values.
@@ -344,6 +353,7 @@ fn pointer_attribute(c: &Client, attr: u32, ptr: u64, data: *mut c_void) -> CuRe
     let (base, size) = device
         .or(host.map(|(b, s)| (b as u64, s as u64)))
         .unwrap_or((ptr, 0));
+    let managed = device.is_some() && c.tables().managed.contains_key(&base);
     match attr {
         1 => out(data.cast::<*mut c_void>(), to_ptr(ctx)),
         2 => out(
@@ -355,10 +365,13 @@ fn pointer_attribute(c: &Client, attr: u32, ptr: u64, data: *mut c_void) -> CuRe
             },
         ),
         3 => out(data.cast::<u64>(), ptr),
-        4 => out(data.cast::<u64>(), if device.is_some() { 0 } else { ptr }),
+        4 => out(
+            data.cast::<u64>(),
+            if device.is_some() && !managed { 0 } else { ptr },
+        ),
         6 => out(data.cast::<u32>(), 1),
         7 | 20 => out(data.cast::<u64>(), base),
-        8 => out(data.cast::<u32>(), 0),
+        8 => out(data.cast::<u32>(), managed as u32),
         9 => out(data.cast::<i32>(), dev as i32),
         10 | 15 | 21 => out(data.cast::<u32>(), 0),
         11 | 19 => out(data.cast::<u64>(), base),
@@ -375,6 +388,15 @@ driver_fn! {
     fn cuMemAlloc_v2(dptr: *mut u64, bytes: usize) {
         let c = client()?;
         out(dptr, alloc(c, bytes)?)
+    }
+
+    fn cuMemAllocManaged(dptr: *mut u64, bytes: usize, flags: u32) {
+        // CU_MEM_ATTACH_GLOBAL or CU_MEM_ATTACH_HOST.
+        if flags != 1 && flags != 2 {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let c = client()?;
+        out(dptr, crate::managed::alloc(c, bytes)?)
     }
 
     fn cuMemAllocPitch_v2(dptr: *mut u64, pitch: *mut usize, width: usize, height: usize, elem: u32) {

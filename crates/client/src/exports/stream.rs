@@ -115,7 +115,7 @@ driver_fn! {
         poll_until_ready(c, || Call::StreamQuery { stream })?;
         c.call(Call::StreamSynchronize { stream })?;
         c.gates.get(stream).wait_idle();
-        Ok(())
+        crate::managed::to_host(c)
     }
 
     fn cuStreamQuery | cuStreamQuery_ptsz (s: *mut c_void) {
@@ -204,7 +204,8 @@ driver_fn! {
         let c = client()?;
         let event = event_of(c, e)?;
         poll_until_ready(c, || Call::EventQuery { event })?;
-        c.call(Call::EventSynchronize { event }).map(|_| ())
+        c.call(Call::EventSynchronize { event })?;
+        crate::managed::to_host(c)
     }
 
     fn cuEventElapsedTime | cuEventElapsedTime_v2 (ms: *mut f32, start: *mut c_void, end: *mut c_void) {

@@ -228,7 +228,6 @@ crate::not_implemented_stubs! {
     cuMemAdvise_v2,
     cuMemAlloc,
     cuMemAllocHost,
-    cuMemAllocManaged,
     cuMemAllocPitch,
     cuMemBatchDecompressAsync,
     cuMemBatchDecompressAsync_ptsz,
