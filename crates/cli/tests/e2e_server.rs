@@ -251,8 +251,16 @@ fn serve_replaces_a_stale_socket_and_refuses_a_live_one() {
         .args(["serve", "--device", "cuda", "--listen", &address])
         .output()
         .unwrap();
+    // Without NVIDIA's driver (CI) the cuda backend cannot start; with it, the
+    // address is taken. Either way serve fails and says why.
     assert!(!cuda.status.success());
-    assert!(String::from_utf8_lossy(&cuda.stderr).contains("cuda backend"));
+    let why = String::from_utf8_lossy(&cuda.stderr);
+    assert!(
+        ["libcuda", "no GPU", "already listens"]
+            .iter()
+            .any(|w| why.contains(w)),
+        "{why}"
+    );
     let _ = first.kill();
     let _ = first.wait();
 }
