@@ -82,6 +82,12 @@ fn pinned_memory() {
 }
 
 #[test]
+fn graph_by_stream_capture() {
+    let server = ServerProc::start("graph");
+    run_passes(&server, &driver_program("graph_capture"));
+}
+
+#[test]
 fn managed_memory() {
     let server = ServerProc::start("managed");
     run_passes(&server, &driver_program("managed_memory"));

@@ -141,3 +141,5 @@ pub struct UserData(pub *mut c_void);
 // SAFETY: the driver API hands the pointer to the callback on another thread,
 // as NVIDIA's driver does; the program owns what it points to.
 unsafe impl Send for UserData {}
+// SAFETY: as above; a recorded host function may be replayed from any thread.
+unsafe impl Sync for UserData {}

@@ -21,6 +21,7 @@ pub mod dark_api;
 pub mod entry_points;
 pub mod errors;
 pub mod exports;
+pub mod graph;
 pub mod host_fn;
 pub mod integrity;
 pub mod link;

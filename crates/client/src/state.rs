@@ -83,6 +83,11 @@ pub struct Tables {
     pub ctx_storage: HashMap<(usize, usize), usize>,
     /// `cuLink*` states.
     pub links: HashMap<usize, crate::link::LinkState>,
+    /// Streams being captured (server handle) and what they recorded.
+    pub capture: HashMap<Handle, Vec<crate::graph::GraphOp>>,
+    /// Captured graphs and their instantiations.
+    pub graphs: HashMap<usize, crate::graph::Recording>,
+    pub graph_execs: HashMap<usize, crate::graph::Recording>,
     /// Managed allocations (also in `allocations`).
     pub managed: BTreeMap<u64, crate::managed::Managed>,
 }
@@ -226,8 +231,33 @@ pub fn is_device_ptr(p: u64) -> bool {
 }
 
 impl Client {
+    /// Sends a call, or records it when it is work for a stream being
+    /// captured into a graph.
     pub fn call(&self, call: Call) -> CuResult<ReplyBody> {
+        if let Some(stream) = crate::graph::stream_of_call(&call) {
+            let mut t = self.tables();
+            if let Some(ops) = t.capture.get_mut(&stream) {
+                ops.push(crate::graph::GraphOp::Call(call));
+                return Ok(ReplyBody::Unit);
+            }
+        }
         lock(&self.conn).call(call)
+    }
+
+    /// Records `op` if `stream` is being captured; gives it back otherwise.
+    pub fn record(
+        &self,
+        stream: Handle,
+        op: crate::graph::GraphOp,
+    ) -> Option<crate::graph::GraphOp> {
+        let mut t = self.tables();
+        match t.capture.get_mut(&stream) {
+            Some(ops) => {
+                ops.push(op);
+                None
+            }
+            None => Some(op),
+        }
     }
 
     pub fn tables(&self) -> MutexGuard<'_, Tables> {

@@ -9,9 +9,11 @@ use cumux_protocol::Call;
 use super::memory::{stream_handle, stream_of};
 use super::module::dynamic_shared_limit;
 use super::*;
+use crate::graph::GraphOp;
 use crate::host_fn::UserData;
 use crate::state::{client, Client};
 use crate::types::*;
+use std::sync::Arc;
 
 const CU_LAUNCH_PARAM_END: usize = 0;
 const CU_LAUNCH_PARAM_BUFFER_POINTER: usize = 1;
@@ -141,11 +143,16 @@ fn launch(
     .map(|_| ())
 }
 
-/// Queues a host function behind the work already on the stream.
-fn host_function(stream: *mut c_void, run: Box<dyn FnOnce(CUresult) + Send>) -> CuResult<()> {
+/// Queues a host function behind the work already on the stream (or records
+/// it when the stream is being captured).
+fn host_function(stream: *mut c_void, run: Arc<dyn Fn(CUresult) + Send + Sync>) -> CuResult<()> {
     let c = client()?;
     let s = stream_handle(c, stream)?;
-    crate::host_fn::enqueue(c, s, run)
+    match c.record(s, GraphOp::HostFn(run)) {
+        None => Ok(()),
+        Some(GraphOp::HostFn(run)) => crate::host_fn::enqueue(c, s, Box::new(move |st| run(st))),
+        Some(_) => Err(CUDA_ERROR_UNKNOWN),
+    }
 }
 
 fn occupancy_blocks(c: &Client, f: *mut c_void, block_size: i32) -> CuResult<i32> {
@@ -203,7 +210,7 @@ driver_fn! {
     fn cuLaunchHostFunc | cuLaunchHostFunc_ptsz (stream: *mut c_void, func: CuHostFn, data: *mut c_void) {
         let func = func.ok_or(CUDA_ERROR_INVALID_VALUE)?;
         let data = UserData(data);
-        host_function(stream, Box::new(move |status| {
+        host_function(stream, Arc::new(move |status| {
             // Unlike stream callbacks, host functions are skipped after an error.
             if status == CUDA_SUCCESS {
                 let data = data;
@@ -219,7 +226,7 @@ driver_fn! {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
         let (data, handle) = (UserData(data), UserData(stream));
-        host_function(stream, Box::new(move |status| {
+        host_function(stream, Arc::new(move |status| {
             let (data, handle) = (data, handle);
             // SAFETY: calling the program's callback with its own arguments.
             unsafe { cb(handle.0, status, data.0) }

@@ -76,6 +76,16 @@ pub(crate) fn htod(c: &Client, dst: u64, src: &[u8], stream: Option<Handle>) -> 
     if src.is_empty() {
         return Ok(());
     }
+    if let Some(s) = stream {
+        let op = crate::graph::GraphOp::HtoD {
+            dst,
+            src: src.as_ptr() as usize,
+            len: src.len(),
+        };
+        if c.record(s, op).is_none() {
+            return Ok(());
+        }
+    }
     default_stream_work(c, stream)?;
     for (i, chunk) in src.chunks(MAX_CHUNK_BYTES).enumerate() {
         c.call(Call::MemcpyHtoD {
@@ -88,6 +98,16 @@ pub(crate) fn htod(c: &Client, dst: u64, src: &[u8], stream: Option<Handle>) -> 
 }
 
 pub(crate) fn dtoh(c: &Client, dst: &mut [u8], src: u64, stream: Option<Handle>) -> CuResult<()> {
+    if let Some(s) = stream {
+        let op = crate::graph::GraphOp::DtoH {
+            dst: dst.as_mut_ptr() as usize,
+            src,
+            len: dst.len(),
+        };
+        if c.record(s, op).is_none() {
+            return Ok(());
+        }
+    }
     default_stream_work(c, stream)?;
     for (i, chunk) in dst.chunks_mut(MAX_CHUNK_BYTES).enumerate() {
         let data = match c.call(Call::MemcpyDtoH {

@@ -37,6 +37,7 @@ macro_rules! driver_fn {
 
 mod context;
 mod device;
+mod graph;
 mod init;
 mod launch;
 mod memory;
@@ -46,6 +47,7 @@ mod stubs_generated;
 
 pub use context::*;
 pub use device::*;
+pub use graph::*;
 pub use init::*;
 pub use launch::*;
 pub use memory::*;

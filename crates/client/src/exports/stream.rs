@@ -112,6 +112,9 @@ driver_fn! {
     fn cuStreamSynchronize | cuStreamSynchronize_ptsz (s: *mut c_void) {
         let c = client()?;
         let stream = stream_handle(c, s)?;
+        if super::graph::capture_status(c, stream) != 0 {
+            return Err(super::graph::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+        }
         poll_until_ready(c, || Call::StreamQuery { stream })?;
         c.call(Call::StreamSynchronize { stream })?;
         c.gates.get(stream).wait_idle();
@@ -220,16 +223,15 @@ driver_fn! {
 
     fn cuStreamIsCapturing | cuStreamIsCapturing_ptsz (s: *mut c_void, status: *mut u32) {
         let c = client()?;
-        stream_handle(c, s)?;
-        // CU_STREAM_CAPTURE_STATUS_NONE: cumux does not capture graphs.
-        out(status, 0)
+        let stream = stream_handle(c, s)?;
+        out(status, super::graph::capture_status(c, stream))
     }
 
     fn cuStreamGetCaptureInfo | cuStreamGetCaptureInfo_ptsz (s: *mut c_void, status: *mut u32, id: *mut u64) {
         let c = client()?;
-        stream_handle(c, s)?;
-        out_opt(id, 0);
-        out(status, 0)
+        let stream = stream_handle(c, s)?;
+        out_opt(id, stream);
+        out(status, super::graph::capture_status(c, stream))
     }
 
     fn cuStreamGetCaptureInfo_v2 | cuStreamGetCaptureInfo_v2_ptsz (
@@ -241,12 +243,12 @@ driver_fn! {
         num_deps: *mut usize
     ) {
         let c = client()?;
-        stream_handle(c, s)?;
-        out_opt(id, 0);
+        let stream = stream_handle(c, s)?;
+        out_opt(id, stream);
         out_opt(graph, std::ptr::null_mut());
         out_opt(deps, std::ptr::null());
         out_opt(num_deps, 0);
-        out(status, 0)
+        out(status, super::graph::capture_status(c, stream))
     }
 
     fn cuStreamGetCaptureInfo_v3 | cuStreamGetCaptureInfo_v3_ptsz (
@@ -259,13 +261,13 @@ driver_fn! {
         num_deps: *mut usize
     ) {
         let c = client()?;
-        stream_handle(c, s)?;
-        out_opt(id, 0);
+        let stream = stream_handle(c, s)?;
+        out_opt(id, stream);
         out_opt(graph, std::ptr::null_mut());
         out_opt(deps, std::ptr::null());
         out_opt(edges, std::ptr::null());
         out_opt(num_deps, 0);
-        out(status, 0)
+        out(status, super::graph::capture_status(c, stream))
     }
 
     fn cuThreadExchangeStreamCaptureMode(mode: *mut u32) {

@@ -1,0 +1,84 @@
+//! CUDA graphs by stream capture, kept on the client: while a stream is
+//! captured, the stream-ordered work sent to it is recorded instead of sent;
+//! launching the instantiated graph replays the recording into a stream
+//! (host memory of copies is read and written at replay, as graph memcpy
+//! nodes do). Graphs built node by node are not supported.
+
+use std::sync::Arc;
+
+use cumux_protocol::{Call, Handle};
+
+use crate::errors::*;
+
+/// One recorded piece of stream-ordered work.
+pub enum GraphOp {
+    /// A protocol call; its stream is replaced by the replay stream.
+    Call(Call),
+    HtoD {
+        dst: u64,
+        src: usize,
+        len: usize,
+    },
+    DtoH {
+        dst: usize,
+        src: u64,
+        len: usize,
+    },
+    HostFn(Arc<dyn Fn(CUresult) + Send + Sync>),
+}
+
+pub type Recording = Arc<Vec<GraphOp>>;
+
+/// The stream a stream-ordered call is for (`None` for other calls).
+pub fn stream_of_call(call: &Call) -> Option<Handle> {
+    match call {
+        Call::Launch { stream, .. }
+        | Call::EventRecord { stream, .. }
+        | Call::StreamWaitEvent { stream, .. } => Some(*stream),
+        Call::MemcpyDtoD { stream, .. } | Call::Memset { stream, .. } => *stream,
+        _ => None,
+    }
+}
+
+/// A recorded call retargeted at `to`.
+pub fn retarget(call: &Call, to: Handle) -> Call {
+    let mut call = call.clone();
+    match &mut call {
+        Call::Launch { stream, .. }
+        | Call::EventRecord { stream, .. }
+        | Call::StreamWaitEvent { stream, .. } => *stream = to,
+        Call::MemcpyDtoD { stream, .. } | Call::Memset { stream, .. } => *stream = Some(to),
+        _ => {}
+    }
+    call
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn recorded_calls_move_to_the_replay_stream() {
+        let launch = Call::Launch {
+            function: 1,
+            grid: [1, 1, 1],
+            block: [1, 1, 1],
+            shared_bytes: 0,
+            stream: 5,
+            params: vec![],
+        };
+        assert_eq!(stream_of_call(&launch), Some(5));
+        assert_eq!(stream_of_call(&retarget(&launch, 9)), Some(9));
+        let memset = Call::Memset {
+            dst: 0,
+            value: 0,
+            elem_bytes: 1,
+            count: 1,
+            pitch: 1,
+            height: 1,
+            stream: None,
+        };
+        assert_eq!(stream_of_call(&memset), None);
+        assert_eq!(stream_of_call(&Call::ContextSynchronize), None);
+    }
+}
