@@ -254,9 +254,9 @@ extern "C" fn integrity_check(version: u32, unix_seconds: u64, result: *mut [u64
             .map(|d| {
                 Ok(crate::integrity::DeviceFacts {
                     uuid: client.device(d)?.uuid,
-                    attr32: client.attribute(d, 32)?,
-                    attr33: client.attribute(d, 33)?,
-                    attr34: client.attribute(d, 34)?,
+                    pci_domain: client.attribute(d, 50)?,
+                    pci_bus: client.attribute(d, 33)?,
+                    pci_device: client.attribute(d, 34)?,
                 })
             })
             .collect::<CuResult<Vec<_>>>()?;

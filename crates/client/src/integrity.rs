@@ -91,9 +91,13 @@ impl Md2 {
 /// What the runtime's devices look like through this driver, per device.
 pub struct DeviceFacts {
     pub uuid: [u8; 16],
-    pub attr32: i32,
-    pub attr33: i32,
-    pub attr34: i32,
+    /// `CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID` (50). Not ECC (32): a device with
+    /// ECC on and domain 0 (an H100) fails the check if ECC is hashed here.
+    pub pci_domain: i32,
+    /// `CU_DEVICE_ATTRIBUTE_PCI_BUS_ID` (33).
+    pub pci_bus: i32,
+    /// `CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID` (34).
+    pub pci_device: i32,
 }
 
 pub struct Inputs {
@@ -132,7 +136,7 @@ pub fn answer(i: &Inputs) -> [u64; 2] {
     inner.bytes(&msg, 0);
     for d in &i.devices {
         let mut rec = d.uuid.to_vec();
-        for v in [d.attr32, d.attr33, d.attr34] {
+        for v in [d.pci_domain, d.pci_bus, d.pci_device] {
             rec.extend_from_slice(&v.to_le_bytes());
         }
         inner.bytes(&rec, 0);
