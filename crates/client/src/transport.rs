@@ -279,3 +279,102 @@ fn write_program_stdout(bytes: &[u8]) {
         libc::fflush(out);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::net::UnixListener;
+
+    /// A one-connection fake server: answers the hello with `reply`, then
+    /// answers `calls` requests with `Unit` and hangs up.
+    fn fake_server(
+        path: &std::path::Path,
+        reply: HelloReply,
+        calls: usize,
+    ) -> std::thread::JoinHandle<()> {
+        let listener = UnixListener::bind(path).unwrap();
+        std::thread::spawn(move || {
+            let (mut s, _) = listener.accept().unwrap();
+            let mut buf = Vec::new();
+            proto::read_frame(&mut s, &mut buf).unwrap();
+            let hello: Hello = proto::decode(&buf).unwrap();
+            assert_eq!(hello.magic, proto::MAGIC);
+            proto::write_frame(&mut s, &proto::encode(&reply).unwrap()).unwrap();
+            for _ in 0..calls {
+                proto::read_frame(&mut s, &mut buf).unwrap();
+                let req: Request = proto::decode(&buf).unwrap();
+                let reply = Reply {
+                    seq: req.seq,
+                    result: Ok(ReplyBody::Unit),
+                    stdout: Vec::new(),
+                };
+                proto::write_frame(&mut s, &proto::encode(&reply).unwrap()).unwrap();
+            }
+        })
+    }
+
+    fn welcome(version: u32) -> HelloReply {
+        HelloReply::Welcome {
+            version,
+            server: "fake".into(),
+            session: 1,
+            devices: Vec::new(),
+        }
+    }
+
+    /// One test drives the three cases in turn: `CUMUX_SERVER` is process-wide.
+    #[test]
+    fn handshake_versions_and_a_lost_connection() {
+        let dir =
+            std::env::temp_dir().join(format!("cumux-client-transport-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let sock = dir.join("s.sock");
+        std::env::set_var("CUMUX_SERVER", format!("unix:{}", sock.display()));
+
+        // Nobody listening.
+        let err = Connection::connect().err().unwrap();
+        assert!(err.contains("cannot reach the cumux server"), "{err}");
+
+        // A rejection names both versions.
+        let server = fake_server(
+            &sock,
+            HelloReply::Rejected {
+                server_version: 99,
+                reason: "too old".into(),
+            },
+            0,
+        );
+        let err = Connection::connect().err().unwrap();
+        assert!(
+            err.contains("99") && err.contains(&proto::PROTOCOL_VERSION.to_string()),
+            "{err}"
+        );
+        server.join().unwrap();
+        std::fs::remove_file(&sock).unwrap();
+
+        // A server of another version, even one that says welcome.
+        let server = fake_server(&sock, welcome(proto::PROTOCOL_VERSION + 1), 0);
+        let err = Connection::connect().err().unwrap();
+        assert!(err.contains("mismatch"), "{err}");
+        server.join().unwrap();
+        std::fs::remove_file(&sock).unwrap();
+
+        // One answered call, then the server goes away: every later call
+        // fails at once.
+        let server = fake_server(&sock, welcome(proto::PROTOCOL_VERSION), 1);
+        let (mut conn, session) = Connection::connect().unwrap();
+        assert_eq!(session.server, "fake");
+        assert_eq!(conn.call(Call::ContextSynchronize), Ok(ReplyBody::Unit));
+        server.join().unwrap();
+        assert_eq!(
+            conn.call(Call::ContextSynchronize),
+            Err(CUDA_ERROR_DEVICE_UNAVAILABLE)
+        );
+        assert_eq!(
+            conn.call(Call::MemGetInfo { device: 0 }),
+            Err(CUDA_ERROR_DEVICE_UNAVAILABLE)
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
