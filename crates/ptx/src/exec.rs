@@ -61,6 +61,8 @@ struct Geo<'a> {
     shared_bytes: u64,
     start_ns: u64,
     kernel: u32,
+    /// Instructions a block may execute before the launch fails.
+    budget: u64,
 }
 
 /// Per-worker mutable state of the block being run.
@@ -1571,6 +1573,12 @@ fn run_thread(g: &Geo<'_>, b: &mut Block, th: &mut Thread, lin: u32) -> Result<S
                 wr(&mut th.regs, rbase, *d, v);
             }
             Op::Bra { target } => {
+                if *target <= pc && b.instructions.wrapping_add(count) > g.budget {
+                    break Err(Fault::Failed(format!(
+                        "instruction limit of {} per block exceeded at line {}",
+                        g.budget, inst.line
+                    )));
+                }
                 pc = *target;
                 continue;
             }
@@ -1589,6 +1597,12 @@ fn run_thread(g: &Geo<'_>, b: &mut Block, th: &mut Thread, lin: u32) -> Result<S
                     Some(f) => f,
                     None => break Err(Fault::Failed("call to unknown function".into())),
                 };
+                if b.instructions.wrapping_add(count) > g.budget {
+                    break Err(Fault::Failed(format!(
+                        "instruction limit of {} per block exceeded at line {}",
+                        g.budget, inst.line
+                    )));
+                }
                 if th.frames.len() >= MAX_CALL_DEPTH {
                     break Err(Fault::IllegalAddress {
                         addr: 0,
@@ -2219,6 +2233,7 @@ pub(crate) fn run_launch(
     cfg: &LaunchConfig,
     params: &[u8],
     shared_bytes: u64,
+    budget: u64,
 ) -> LaunchReport {
     let view = mem.view();
     let mut pwords = vec![0u64; params.len().div_ceil(8)];
@@ -2238,6 +2253,7 @@ pub(crate) fn run_launch(
         shared_bytes,
         start_ns,
         kernel,
+        budget,
     };
     let total: u64 = cfg.grid.iter().map(|&v| v as u64).product();
     let next = AtomicU64::new(0);
@@ -2274,6 +2290,8 @@ pub(crate) fn run_launch(
                 break;
             }
             w.block.out.clear();
+            let before = w.block.instructions;
+            w.block.instructions = 0;
             let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| w.run_block(&g, id)));
             let r = match r {
                 Ok(r) => r,
@@ -2290,6 +2308,7 @@ pub(crate) fn run_launch(
                     )))
                 }
             };
+            w.block.instructions += before;
             if !w.block.out.is_empty() {
                 outs.push((id, std::mem::take(&mut w.block.out)));
             }

@@ -238,6 +238,20 @@ impl Program {
         cfg: &LaunchConfig,
         params: &[u8],
     ) -> LaunchReport {
+        self.launch_limited(mem, kernel, cfg, params, u64::MAX)
+    }
+
+    /// Like [`Program::launch`], but a block that executes more than
+    /// `max_instructions_per_block` fails the launch (code 719) instead of
+    /// running forever.
+    pub fn launch_limited(
+        &self,
+        mem: &DeviceMemory,
+        kernel: &str,
+        cfg: &LaunchConfig,
+        params: &[u8],
+        max_instructions_per_block: u64,
+    ) -> LaunchReport {
         let fail = |f: Fault| LaunchReport {
             stdout: Vec::new(),
             instructions: 0,
@@ -251,7 +265,15 @@ impl Program {
             return fail(f);
         }
         let shared = self.dyn_shared_base as u64 + cfg.dynamic_shared_bytes as u64;
-        exec::run_launch(self, mem, self.kernel_funcs[k], cfg, params, shared)
+        exec::run_launch(
+            self,
+            mem,
+            self.kernel_funcs[k],
+            cfg,
+            params,
+            shared,
+            max_instructions_per_block,
+        )
     }
 
     /// Frees the module's globals.

@@ -447,7 +447,7 @@ impl<'a> FuncLower<'a> {
     fn alloc_frame(&mut self, size: u32, align: u32) -> Result<u32, LoadError> {
         let off = align_up(self.frame as u64, align.max(1) as u64);
         let end = off + size as u64;
-        if end > 1 << 24 {
+        if end > 512 * 1024 {
             return Err(invalid(self.line, "local frame too large"));
         }
         self.frame = end as u32;

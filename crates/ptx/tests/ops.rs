@@ -1,0 +1,324 @@
+//! Instruction families checked against host models: warp ops with partial
+//! masks, integer bit ops, float rounding modes, f16/bf16 and printf formats.
+
+use cumux_ptx::*;
+
+const OPS: &str = include_str!("fixtures/ops.ptx");
+
+struct Dev {
+    mem: DeviceMemory,
+    prog: Program,
+}
+
+impl Dev {
+    fn new() -> Dev {
+        let mem = DeviceMemory::new(1 << 28);
+        let prog = Program::load(OPS, &mem).unwrap();
+        Dev { mem, prog }
+    }
+    fn upload<T: Copy>(&self, v: &[T], to_bytes: impl Fn(T) -> [u8; 4]) -> u64 {
+        let bytes: Vec<u8> = v.iter().flat_map(|x| to_bytes(*x)).collect();
+        let p = self.mem.alloc(bytes.len().max(1) as u64).unwrap();
+        self.mem.write(p, &bytes).unwrap();
+        p
+    }
+    fn download(&self, p: u64, n: usize) -> Vec<u32> {
+        let mut b = vec![0u8; n * 4];
+        self.mem.read(p, &mut b).unwrap();
+        b.chunks(4)
+            .map(|c| u32::from_le_bytes(c.try_into().unwrap()))
+            .collect()
+    }
+    fn run(&self, name: &str, threads: u32, args: &[&[u8]]) -> LaunchReport {
+        let k = self.prog.kernels().iter().find(|k| k.name == name).unwrap();
+        let mut params = vec![0u8; k.params_bytes() as usize];
+        for (p, v) in k.params.iter().zip(args) {
+            params[p.offset as usize..p.offset as usize + v.len()].copy_from_slice(v);
+        }
+        let cfg = LaunchConfig {
+            grid: [1, 1, 1],
+            block: [threads, 1, 1],
+            dynamic_shared_bytes: 0,
+        };
+        let r = self.prog.launch(&self.mem, name, &cfg, &params);
+        r.result.clone().unwrap();
+        r
+    }
+}
+
+#[test]
+fn warp_ops_with_partial_masks() {
+    let d = Dev::new();
+    let n = 64usize;
+    let v: Vec<i32> = (0..n as i32).map(|i| (i * 37 + 11) % 101 - 20).collect();
+    let din = d.upload(&v, |x: i32| x.to_le_bytes());
+    let dout = d.mem.alloc((n * 12 * 4) as u64).unwrap();
+    d.run(
+        "warp_ops",
+        n as u32,
+        &[&din.to_le_bytes(), &dout.to_le_bytes()],
+    );
+    let out = d.download(dout, n * 12);
+    let odd_count = v.iter().filter(|x| *x & 1 != 0).count() as u32;
+    for t in 0..n {
+        let base = t / 32 * 32;
+        let l = t % 32;
+        let w = &v[base..base + 32];
+        let o = &out[12 * t..12 * t + 12];
+        assert_eq!(o[0], w[5] as u32, "t{t} idx");
+        let up = if l % 16 >= 3 { w[l - 3] } else { w[l] };
+        assert_eq!(o[1], up as u32, "t{t} up");
+        let down = if l % 8 + 2 < 8 { w[l + 2] } else { w[l] };
+        assert_eq!(o[2], down as u32, "t{t} down");
+        assert_eq!(o[3], w[l ^ 9] as u32, "t{t} bfly");
+        if l < 16 {
+            assert_eq!(o[4], w[15] as u32, "t{t} half idx");
+            let ballot = (0..16)
+                .filter(|&k| w[k] & 1 != 0)
+                .fold(0u32, |m, k| m | 1 << k);
+            assert_eq!(o[5], ballot, "t{t} half ballot");
+        } else {
+            let sum = w[16..].iter().fold(0u32, |a, x| a.wrapping_add(*x as u32));
+            assert_eq!(o[4], sum, "t{t} redux add");
+            assert_eq!(
+                o[5],
+                w[16..].iter().map(|x| *x as u32).max().unwrap(),
+                "t{t} redux max"
+            );
+        }
+        let m = (0..32)
+            .filter(|&k| w[k] & 3 == w[l] & 3)
+            .fold(0u32, |m, k| m | 1 << k);
+        assert_eq!(o[6], m, "t{t} match");
+        assert_eq!(o[7], *w.iter().min().unwrap() as u32, "t{t} redux min");
+        assert_eq!(
+            o[8],
+            w.iter().fold(0u32, |a, x| a | *x as u32),
+            "t{t} redux or"
+        );
+        assert_eq!(o[9] != 0, w.contains(&77), "t{t} any");
+        assert_eq!(o[10] != 0, w.iter().all(|x| *x >= 0), "t{t} all");
+        assert_eq!(o[11], odd_count, "t{t} syncthreads_count");
+    }
+}
+
+fn prmt(x: u32, y: u32, s: u32) -> u32 {
+    let bytes = ((y as u64) << 32) | x as u64;
+    (0..4).fold(0u32, |r, k| {
+        let sel = (s >> (4 * k)) & 7;
+        r | ((((bytes >> (8 * sel)) & 0xff) as u32) << (8 * k))
+    })
+}
+
+#[test]
+fn integer_ops() {
+    let d = Dev::new();
+    let n = 96usize;
+    let mut seed = 0x1234_5678u32;
+    let mut rnd = || {
+        seed ^= seed << 13;
+        seed ^= seed >> 17;
+        seed ^= seed << 5;
+        seed
+    };
+    let mut a: Vec<u32> = (0..n).map(|_| rnd()).collect();
+    let mut b: Vec<u32> = (0..n).map(|_| rnd()).collect();
+    a[0] = 0;
+    b[1] = 0;
+    a[2] = 0x8000_0000;
+    b[2] = u32::MAX;
+    b[3] = 40;
+    let da = d.upload(&a, |x: u32| x.to_le_bytes());
+    let db = d.upload(&b, |x: u32| x.to_le_bytes());
+    let dout = d.mem.alloc((n * 16 * 4) as u64).unwrap();
+    d.run(
+        "int_ops",
+        n as u32,
+        &[&da.to_le_bytes(), &db.to_le_bytes(), &dout.to_le_bytes()],
+    );
+    let out = d.download(dout, n * 16);
+    for t in 0..n {
+        let (x, y) = (a[t], b[t]);
+        let (sx, sy) = (x as i32, y as i32);
+        let o = &out[16 * t..16 * t + 16];
+        let wide = ((y as u64) << 32) | x as u64;
+        let ffs = |v: u64| if v == 0 { 0 } else { v.trailing_zeros() + 1 };
+        let want = [
+            x.reverse_bits(),
+            x.count_ones() + 100 * x.leading_zeros(),
+            prmt(x, y, 0x7531),
+            ((wide << (y & 31)) >> 32) as u32,
+            (wide >> (y & 63).min(32)) as u32,
+            ((x as u64 * y as u64) >> 32) as u32,
+            ((sx as i64 * sy as i64) >> 32) as u32,
+            x.checked_div(y).unwrap_or(0),
+            if sy == 0 {
+                0
+            } else {
+                sx.wrapping_rem(sy) as u32
+            },
+            (x >> (y & 31)) & ((1u32 << ((y >> 8) & 15)) - 1),
+            (sx >> (y & 31)) as u32,
+            ffs(x as u64) + 64 * ffs(y as u64),
+            ((x as u64 * y as u64) >> 32) as u32,
+            ((sx as i64 - sy as i64).unsigned_abs() as u32).wrapping_add(7),
+            (sx.min(sy) as u32) ^ x.max(y),
+            (0..4).fold(5u32, |acc, k| {
+                acc.wrapping_add(((x >> (8 * k)) & 0xff) * ((y >> (8 * k)) & 0xff))
+            }),
+        ];
+        for k in 0..16 {
+            assert_eq!(o[k], want[k], "thread {t} result {k}: x={x:#x} y={y:#x}");
+        }
+    }
+}
+
+#[derive(Clone, Copy)]
+enum Dir {
+    Zero,
+    Down,
+    Up,
+}
+
+/// Rounds an exactly known f64 to f32 in a direction.
+fn round_dir(x: f64, dir: Dir) -> f32 {
+    let r = x as f32;
+    if r.is_nan() || (r as f64) == x {
+        return r;
+    }
+    match dir {
+        Dir::Zero if (r as f64).abs() > x.abs() => {
+            if r > 0.0 {
+                r.next_down()
+            } else {
+                r.next_up()
+            }
+        }
+        Dir::Down if (r as f64) > x => r.next_down(),
+        Dir::Up if (r as f64) < x => r.next_up(),
+        _ => r,
+    }
+}
+
+fn same(a: u32, b: f32) -> bool {
+    a == b.to_bits() || (f32::from_bits(a).is_nan() && b.is_nan())
+}
+
+#[test]
+fn float_rounding_modes_and_halves() {
+    let d = Dev::new();
+    let xs = [
+        0.1f32,
+        -2.5,
+        1e-3,
+        3.0,
+        1e10,
+        -0.0,
+        1.5,
+        2.5,
+        -7.25,
+        0.333_333_34,
+        16_777_217.0,
+        1e-30,
+        -1e-3,
+        0.75,
+        123.456,
+        -0.5,
+    ];
+    let ys = [
+        0.2f32, 3.0, -7.0, 1e-7, 3.0, 2.0, -1.5, 0.3, 1.0, 3.0, 1.0, 1e-30, 4.0, -0.25, 7.0, 0.0,
+    ];
+    let n = xs.len();
+    let da = d.upload(&xs, |x: f32| x.to_le_bytes());
+    let db = d.upload(&ys, |x: f32| x.to_le_bytes());
+    let dout = d.mem.alloc((n * 20 * 4) as u64).unwrap();
+    d.run(
+        "float_ops",
+        n as u32,
+        &[&da.to_le_bytes(), &db.to_le_bytes(), &dout.to_le_bytes()],
+    );
+    let out = d.download(dout, n * 20);
+    for t in 0..n {
+        let (x, y) = (xs[t], ys[t]);
+        let o = &out[20 * t..20 * t + 20];
+        let sum = x as f64 + y as f64;
+        let prod = x as f64 * y as f64;
+        let ctx = format!("thread {t}: x={x} y={y}");
+        assert!(
+            same(o[0], round_dir(sum, Dir::Zero)),
+            "{ctx} add.rz {:e}",
+            f32::from_bits(o[0])
+        );
+        assert!(same(o[1], round_dir(sum, Dir::Down)), "{ctx} add.rm");
+        assert!(same(o[2], round_dir(sum, Dir::Up)), "{ctx} add.rp");
+        assert!(same(o[3], round_dir(prod, Dir::Zero)), "{ctx} mul.rz");
+        assert!(same(o[4], x / y), "{ctx} div.rn");
+        assert!(same(o[5], x.abs().sqrt()), "{ctx} sqrt.rn");
+        assert!(same(o[6], 1.0 / y), "{ctx} rcp.rn");
+        let x10 = x * 10.0;
+        let sat_i32 = |v: f32| v.clamp(i32::MIN as f32, i32::MAX as f32) as i32 as u32;
+        assert_eq!(o[7], sat_i32(x10.round_ties_even()), "{ctx} cvt.rni");
+        assert_eq!(o[8], sat_i32(x10.floor()), "{ctx} cvt.rmi");
+        assert_eq!(o[9], sat_i32(x10.ceil()), "{ctx} cvt.rpi");
+        assert_eq!(o[10], (x.abs() * 10.0) as u32, "{ctx} cvt.rzi.u32");
+        assert!(
+            same(o[11], if x.is_nan() { 0.0 } else { x.clamp(0.0, 1.0) }),
+            "{ctx} sat"
+        );
+        assert!(same(o[12], x.mul_add(y, 1.0)), "{ctx} fma");
+        assert!(
+            same(
+                o[13],
+                x.floor() + y.ceil() + x.trunc() + y.round_ties_even()
+            ),
+            "{ctx} round"
+        );
+        assert!(same(o[14], x * ((y as f64 / 3.0) as f32)), "{ctx} f64 div");
+        assert!(
+            same(o[15], x.copysign(y) + x.min(y) + x.max(y)),
+            "{ctx} copysign/min/max"
+        );
+        let h = half::f16::from_f32(x).to_bits() as u32;
+        let bh = half::bf16::from_f32(y).to_bits() as u32;
+        assert_eq!(o[16], h | bh << 16, "{ctx} f16/bf16 conversion");
+        let hs = (half::f16::from_f32(x) + half::f16::from_f32(y)).to_f32();
+        assert!(same(o[17], hs), "{ctx} f16 add");
+        let q = x / y;
+        let flags = q.is_nan() as u32
+            + 2 * q.is_infinite() as u32
+            + 4 * (x < y) as u32
+            + 8 * x.is_nan() as u32;
+        assert_eq!(o[18], flags, "{ctx} flags");
+        let big = x * 1e6;
+        let as_i64 = if big.is_nan() {
+            0
+        } else {
+            big.clamp(i64::MIN as f32, i64::MAX as f32) as i64
+        };
+        assert!(same(o[19], as_i64 as f32), "{ctx} i64 round trip");
+    }
+}
+
+#[test]
+fn printf_formats() {
+    let d = Dev::new();
+    let s = d.mem.alloc(16).unwrap();
+    d.mem.write(s, b"hello\0").unwrap();
+    let r = d.run(
+        "fmt",
+        1,
+        &[
+            &42i32.to_le_bytes(),
+            &0xBEEFu32.to_le_bytes(),
+            &(-1_234_567_890_123i64).to_le_bytes(),
+            &std::f64::consts::PI.to_le_bytes(),
+            &s.to_le_bytes(),
+        ],
+    );
+    let text = String::from_utf8(r.stdout).unwrap();
+    assert_eq!(
+        text,
+        "[   42|42   |00042|beef|BEEF|0137357|48879|-1234567890123|18446742839141661493|Q|hello|he|%]\n\
+         [3.141593|3.142e+00|3.14159|1e-05|1.23457e+08|    3.1416|3.1       |+42]\n"
+    );
+}
