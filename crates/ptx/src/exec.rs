@@ -92,15 +92,6 @@ fn sext(v: u64, bits: u32) -> i64 {
     }
 }
 
-#[inline]
-fn norm(v: u64, t: Ty) -> u64 {
-    if t.signed() {
-        sext(v, t.bits()) as u64
-    } else {
-        v & t.mask()
-    }
-}
-
 fn bytes_of(v: &mut [u64]) -> &mut [u8] {
     let len = v.len() * 8;
     // SAFETY: any u64 buffer may be viewed as bytes; the view borrows `v` mutably.
@@ -473,7 +464,6 @@ fn int_bin(op: IntOp, t: Ty, a: u64, b: u64) -> u64 {
             let (lo, hi) = (-(1i128 << (bits - 1)), (1i128 << (bits - 1)) - 1);
             (r.clamp(lo, hi) as u64) & mask
         }
-        IntOp::Copysign => 0,
         IntOp::Bmsk => {
             let (p, l) = (a & 0xff, b & 0xff);
             let p = p.min(32);
@@ -738,6 +728,7 @@ fn lop3(a: u64, b: u64, c: u64, lut: u8) -> u64 {
     r & 0xffff_ffff
 }
 
+#[allow(clippy::too_many_arguments)]
 fn tern(op: TernOp, t: Ty, a: u64, b: u64, c: u64, rnd: Rnd, ftz: bool, sat: bool) -> u64 {
     let bits = t.bits();
     let mask = t.mask();
@@ -1447,7 +1438,7 @@ fn run_thread(g: &Geo<'_>, b: &mut Block, th: &mut Thread, lin: u32) -> Result<S
                 let a = r!(*addr).wrapping_add(*off as u64);
                 let total = size * (*n as u32);
                 // alignment of the whole vector
-                if total > *size && a % (total.min(16) as u64) != 0 {
+                if total > *size && !a.is_multiple_of(total.min(16) as u64) {
                     break Err(Fault::MisalignedAddress {
                         addr: a,
                         detail: format!("{total}-byte vector load at line {}", inst.line),
@@ -1484,7 +1475,7 @@ fn run_thread(g: &Geo<'_>, b: &mut Block, th: &mut Thread, lin: u32) -> Result<S
             } => {
                 let a = r!(*addr).wrapping_add(*off as u64);
                 let total = size * (*n as u32);
-                if total > *size && a % (total.min(16) as u64) != 0 {
+                if total > *size && !a.is_multiple_of(total.min(16) as u64) {
                     break Err(Fault::MisalignedAddress {
                         addr: a,
                         detail: format!("{total}-byte vector store at line {}", inst.line),
@@ -1581,16 +1572,6 @@ fn run_thread(g: &Geo<'_>, b: &mut Block, th: &mut Thread, lin: u32) -> Result<S
                 }
                 pc = *target;
                 continue;
-            }
-            Op::BrxIdx { idx, targets } => {
-                let i = r!(*idx) as usize;
-                match targets.get(i) {
-                    Some(t) => {
-                        pc = *t;
-                        continue;
-                    }
-                    None => break Err(Fault::Failed(format!("brx.idx index {i} out of range"))),
-                }
             }
             Op::Call(info) => {
                 let callee = match funcs.get(info.func as usize) {
@@ -1734,7 +1715,6 @@ fn run_thread(g: &Geo<'_>, b: &mut Block, th: &mut Thread, lin: u32) -> Result<S
                         blk.cstring(g, loc, p)
                     },
                 );
-                drop(cell);
                 let n = text.len() as u64;
                 b.out.extend_from_slice(&text);
                 if let Some(r) = ret {

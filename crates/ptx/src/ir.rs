@@ -144,7 +144,6 @@ pub(crate) enum IntOp {
     Shr,
     AddSat,
     SubSat,
-    Copysign,
     Bmsk,
 }
 
@@ -477,11 +476,6 @@ pub(crate) enum Op {
     },
     Bra {
         target: u32,
-    },
-    /// Branch through a table of targets indexed by a register.
-    BrxIdx {
-        idx: Src,
-        targets: Vec<u32>,
     },
     Call(Box<CallInfo>),
     Printf {

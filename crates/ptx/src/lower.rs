@@ -498,17 +498,8 @@ impl<'a> FuncLower<'a> {
             let Some(&target) = self.labels.get(&label) else {
                 return Err(invalid(line, format!("unknown label {label}")));
             };
-            match &mut self.code[at].op {
-                Op::Bra { target: t } => *t = target,
-                Op::BrxIdx { targets, .. } => {
-                    for t in targets.iter_mut() {
-                        if *t == u32::MAX {
-                            *t = target;
-                            break;
-                        }
-                    }
-                }
-                _ => {}
+            if let Op::Bra { target: t } = &mut self.code[at].op {
+                *t = target;
             }
         }
         Ok(Func {
@@ -702,7 +693,7 @@ impl<'a> FuncLower<'a> {
                 } else {
                     f64::from_bits(*b)
                 };
-                if t.is_float() && t.bytes() as u32 != *w {
+                if t.is_float() && t.bytes() != *w {
                     Src::Imm(float_bits(f, t))
                 } else {
                     Src::Imm(*b)
@@ -840,11 +831,7 @@ impl<'a> FuncLower<'a> {
                 let sp = sp_of(m).unwrap_or(Sp::Generic);
                 let (sp, addr, off) = self.address(&o[1], sp)?;
                 let (ds, n) = self.dsts(&o[0])?;
-                let size = if has("v2") || has("v4") || has("v8") || n == 1 {
-                    t.bytes()
-                } else {
-                    t.bytes()
-                };
+                let size = t.bytes();
                 self.emit(Op::Ld {
                     sp,
                     size,
@@ -1490,7 +1477,7 @@ impl<'a> FuncLower<'a> {
                     return self.unsupported("atomic width");
                 }
                 let (d, rest) = if is_red {
-                    (NONE, &o[..])
+                    (NONE, o)
                 } else {
                     (self.dst(&o[0])?, &o[1..])
                 };

@@ -321,7 +321,7 @@ pub(crate) unsafe fn atomic_rmw(
     unsafe {
         if size == 8 {
             let a = AtomicU64::from_ptr(p as *mut u64);
-            match a.fetch_update(Ordering::AcqRel, Ordering::Acquire, |o| f(o)) {
+            match a.fetch_update(Ordering::AcqRel, Ordering::Acquire, &mut f) {
                 Ok(o) | Err(o) => o,
             }
         } else if size == 4 {

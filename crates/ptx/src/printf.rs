@@ -219,7 +219,7 @@ pub(crate) fn format(
             out.extend(std::iter::repeat_n(b' ', pad));
         } else if zero
             && numeric
-            && !(prec.is_some() && !matches!(conv, b'f' | b'F' | b'e' | b'E' | b'g' | b'G'))
+            && (prec.is_none() || matches!(conv, b'f' | b'F' | b'e' | b'E' | b'g' | b'G'))
         {
             out.extend_from_slice(sign.as_bytes());
             out.extend(std::iter::repeat_n(b'0', pad));

@@ -72,8 +72,8 @@ fn vector_add_and_saxpy() {
     let r = p.launch(&mem, "vec_add", &cfg([4, 1, 1], [256, 1, 1], 0), &params);
     r.result.unwrap();
     let c = read_f32(&mem, dc, n);
-    for i in 0..n {
-        assert_eq!(c[i], 3.0 * i as f32);
+    for (i, v) in c.iter().enumerate() {
+        assert_eq!(*v, 3.0 * i as f32);
     }
     let k = kernel(&p, "saxpy");
     let params = pack(
@@ -89,8 +89,8 @@ fn vector_add_and_saxpy() {
         .result
         .unwrap();
     let c = read_f32(&mem, dc, n);
-    for i in 0..n {
-        assert_eq!(c[i], 2.5 * i as f32 + 3.0 * i as f32);
+    for (i, v) in c.iter().enumerate() {
+        assert_eq!(*v, 2.5 * i as f32 + 3.0 * i as f32);
     }
 }
 
