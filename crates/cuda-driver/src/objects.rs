@@ -476,9 +476,18 @@ impl Module {
                 cuModuleEnumerateFunctions(raws.as_mut_ptr(), count, self.handle.raw)
             )?
         };
+        let raws: Vec<CUfunction> = raws.into_iter().filter(|r| !r.is_null()).collect();
+        // Under lazy loading (the default since CUDA 12.2) enumerated functions
+        // are not loaded yet, and attribute queries on them fail with
+        // CUDA_ERROR_FUNCTION_NOT_LOADED: load each one first.
+        if d.api.cuFuncLoad.is_some() {
+            for &raw in &raws {
+                // SAFETY: `raw` is a function handle of this live module.
+                unsafe { cu!(d, cuFuncLoad(raw))? };
+            }
+        }
         Ok(raws
             .into_iter()
-            .filter(|r| !r.is_null())
             .map(|raw| Function {
                 module: Arc::clone(&self.handle),
                 raw,

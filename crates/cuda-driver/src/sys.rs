@@ -198,6 +198,7 @@ driver_api! {
     cuModuleGetFunctionCount ["cuModuleGetFunctionCount"] (*mut c_uint, CUmodule);
     cuModuleEnumerateFunctions ["cuModuleEnumerateFunctions"] (*mut CUfunction, c_uint, CUmodule);
     cuFuncGetName ["cuFuncGetName"] (*mut *const c_char, CUfunction);
+    cuFuncLoad ["cuFuncLoad"] (CUfunction);
     cuFuncGetParamInfo ["cuFuncGetParamInfo"] (CUfunction, usize, *mut usize, *mut usize);
     cuFuncGetAttribute ["cuFuncGetAttribute"] (*mut c_int, c_int, CUfunction);
     cuFuncSetAttribute ["cuFuncSetAttribute"] (CUfunction, c_int, c_int);
