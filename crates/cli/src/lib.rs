@@ -8,3 +8,4 @@ pub mod probe;
 pub mod run;
 pub mod serve;
 pub mod status;
+pub mod worker;

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use cumux_cli::{config, logging, run, serve, status};
+use cumux_cli::{config, logging, run, serve, status, worker};
 use cumux_server::Address;
 
 #[derive(Parser)]
@@ -57,6 +57,20 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Serve one device context to the server that started this process (internal).
+    #[command(hide = true)]
+    Worker {
+        /// cpu or cuda.
+        #[arg(long)]
+        device: String,
+        #[arg(long, default_value_t = 0)]
+        ordinal: u32,
+        #[arg(long, value_parser = parse_memory)]
+        memory: Option<u64>,
+        /// Hex nonce of the stdout markers.
+        #[arg(long)]
+        nonce: String,
+    },
 }
 
 fn parse_memory(text: &str) -> Result<u64, String> {
@@ -97,6 +111,18 @@ fn main() -> ExitCode {
             .map_err(anyhow::Error::msg)
             .and_then(|address| status::status(&address, json))
             .map(|()| 0),
+        Command::Worker {
+            device,
+            ordinal,
+            memory,
+            nonce,
+        } => worker::worker(worker::WorkerOptions {
+            device,
+            ordinal,
+            memory,
+            nonce,
+        })
+        .map(|()| 0),
     };
     match result {
         Ok(code) => ExitCode::from(u8::try_from(code).unwrap_or(1)),

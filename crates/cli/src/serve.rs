@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
 use cumux_server::device::model::ModelDevice;
-use cumux_server::device::{cpu_device, cuda_devices, default_memory_bytes};
+use cumux_server::device::{cpu_device, default_memory_bytes, worker};
 use cumux_server::{listener, Address, Device, Server};
 
 use crate::config;
@@ -26,6 +26,14 @@ fn gpu_present() -> bool {
     std::path::Path::new("/dev/nvidiactl").exists() || std::path::Path::new("/dev/nvidia0").exists()
 }
 
+/// Every GPU, each session's context in a `cumux worker` process of its own:
+/// a GPU fault poisons every context of its process, so the server holds none.
+fn cuda_devices() -> Result<Vec<Arc<dyn Device>>, String> {
+    let exe = std::env::current_exe()
+        .map_err(|e| format!("cannot find the cumux executable for workers: {e}"))?;
+    worker::cuda_worker_devices(exe)
+}
+
 fn choose_devices(kind: &str, memory: u64) -> Result<Vec<Arc<dyn Device>>> {
     let cpu = || -> Result<Vec<Arc<dyn Device>>> {
         Ok(vec![cpu_device(memory).map_err(anyhow::Error::msg)?])
@@ -34,6 +42,11 @@ fn choose_devices(kind: &str, memory: u64) -> Result<Vec<Arc<dyn Device>>> {
         "cpu" => cpu(),
         // The model device of the server's tests: no kernels of real programs.
         "model" => Ok(vec![Arc::new(ModelDevice::new(memory))]),
+        // The CPU device in worker processes: the cuda backend's machinery, testable without a GPU.
+        "worker-cpu" => {
+            let exe = std::env::current_exe().context("cannot find the cumux executable")?;
+            Ok(vec![worker::cpu_worker_device(exe, memory)])
+        }
         "auto" => {
             if !gpu_present() {
                 tracing::info!("no GPU found; serving the CPU reference device");

@@ -8,6 +8,7 @@ pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod model;
+pub mod worker;
 
 use std::sync::Arc;
 

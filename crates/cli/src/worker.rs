@@ -1,0 +1,49 @@
+//! `cumux worker` (hidden): serves one device context to the server that
+//! started it, over the socket on its fd 0; its fd 1 stays free for device
+//! printf, which the server reads. Exits when the socket closes.
+
+use std::os::fd::AsFd;
+use std::os::unix::net::UnixStream;
+
+use anyhow::{anyhow, Context, Result};
+use cumux_server::device::default_memory_bytes;
+use cumux_server::device::worker::{local_device, nonce_from_hex, serve_worker, WorkerStdout};
+
+/// What the server asked the worker to serve.
+#[derive(Debug, Clone)]
+pub struct WorkerOptions {
+    /// `cpu` or `cuda`.
+    pub device: String,
+    pub ordinal: u32,
+    pub memory: Option<u64>,
+    /// Hex nonce of the stdout markers.
+    pub nonce: String,
+}
+
+fn flush_c_stdio() {
+    // SAFETY: fflush(NULL) flushes every C output stream; no pointer is kept.
+    unsafe { libc::fflush(std::ptr::null_mut()) };
+}
+
+pub fn worker(options: WorkerOptions) -> Result<()> {
+    let nonce = nonce_from_hex(&options.nonce)
+        .ok_or_else(|| anyhow!("--nonce takes 32 hex digits, not {:?}", options.nonce))?;
+    let socket = std::io::stdin()
+        .as_fd()
+        .try_clone_to_owned()
+        .context("fd 0 is not open")?;
+    let conn = UnixStream::from(socket);
+    let device = local_device(
+        &options.device,
+        options.ordinal,
+        options.memory.unwrap_or_else(default_memory_bytes),
+    )
+    .map_err(anyhow::Error::msg)?;
+    let mut out = std::io::stdout();
+    let mut stdout = WorkerStdout {
+        out: &mut out,
+        flush_c_stdio: &flush_c_stdio,
+        nonce,
+    };
+    serve_worker(&*device, conn, &mut stdout).context("the server connection failed")
+}

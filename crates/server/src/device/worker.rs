@@ -1,0 +1,1111 @@
+//! Worker-backed devices: each session's context lives in a `cumux worker`
+//! child process, so a GPU fault or a driver crash takes down that process only
+//! and each session's device `printf` reaches a stdout pipe of its own.
+//!
+//! Wire: the worker's fd 0 is one end of a socket pair; requests and replies
+//! are length-prefixed postcard frames ([`WorkerRequest`], [`WorkerReply`]) and
+//! bulk bytes (copies, images) travel as raw frames right after their header.
+//! The worker's fd 1 is a pipe the server reads on a thread: after every call
+//! that can flush printf the worker writes a marker (a per-worker nonce and a
+//! sequence number) there, and the reply names that number, so the server
+//! knows the call's output has all arrived. Calls of one context are serialised
+//! by a mutex on the connection (several stream threads wait on each other);
+//! a pipelined fast path is later work.
+
+use std::collections::HashMap;
+use std::ffi::OsString;
+use std::io::{self, BufReader, Read, Write};
+use std::os::fd::OwnedFd;
+use std::os::unix::net::UnixStream;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use cumux_protocol::framing::MAX_CHUNK_BYTES;
+use cumux_protocol::{
+    codes, decode, encode, read_frame, write_frame, CuError, DeviceInfo, DevicePtr, FunctionAttrs,
+    ParamInfo,
+};
+use serde::{Deserialize, Serialize};
+
+use super::{
+    Device, DeviceContext, GlobalDesc, KernelDesc, LaunchGeometry, LaunchOutcome, LoadedModule,
+    ModuleId,
+};
+use crate::session::is_fatal;
+
+/// Bytes that start a stdout marker; the nonce and a little-endian u64 follow.
+const MARKER_PREFIX: &[u8] = b"\0\x1bcumux-worker-mark\x1b";
+/// Bytes of the per-worker nonce.
+pub const NONCE_BYTES: usize = 16;
+/// How long a reply waits for its printf output to come through the pipe.
+const MARKER_WAIT: Duration = Duration::from_secs(10);
+/// How long a new worker may take to create its context.
+const READY_WAIT: Duration = Duration::from_secs(120);
+/// How long a worker may take to exit once its socket is closed.
+const EXIT_GRACE: Duration = Duration::from_secs(10);
+/// Printf bytes kept per context between launches at most.
+const STDOUT_CAP: usize = 64 << 20;
+/// Image parts a module load may send (each at most `MAX_CHUNK_BYTES`).
+const MAX_IMAGE_PARTS: u32 = 64;
+
+/// A call to a worker. Variants marked so are followed by raw frames.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum WorkerRequest {
+    MemAlloc {
+        bytes: u64,
+    },
+    MemFree {
+        ptr: DevicePtr,
+    },
+    /// Answered by [`WorkerValue::Bytes`] and one raw frame of `len` bytes.
+    MemRead {
+        src: DevicePtr,
+        len: u64,
+    },
+    /// Followed by one raw frame: the bytes to write.
+    MemWrite {
+        dst: DevicePtr,
+    },
+    MemCopy {
+        dst: DevicePtr,
+        src: DevicePtr,
+        bytes: u64,
+    },
+    MemFill {
+        dst: DevicePtr,
+        pattern: Vec<u8>,
+        count: u64,
+    },
+    /// Followed by `parts` raw frames: the image, in order.
+    ModuleLoad {
+        parts: u32,
+    },
+    ModuleUnload {
+        module: ModuleId,
+    },
+    Launch {
+        module: ModuleId,
+        kernel: u64,
+        grid: [u32; 3],
+        block: [u32; 3],
+        dynamic_shared_bytes: u32,
+        params: Vec<u8>,
+    },
+}
+
+/// A worker's answer. The first message a worker sends is one with
+/// [`WorkerValue::Ready`] (or the error that kept it from creating its context).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WorkerReply {
+    pub result: Result<WorkerValue, CuError>,
+    /// The stdout marker written after this call's printf output, if any.
+    pub marker: Option<u64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum WorkerValue {
+    Ready,
+    Unit,
+    Ptr(DevicePtr),
+    /// One raw frame follows.
+    Bytes,
+    Module(WireModule),
+}
+
+/// [`LoadedModule`] on the wire.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WireModule {
+    pub id: ModuleId,
+    pub kernels: Vec<WireKernel>,
+    pub globals: Vec<(String, DevicePtr, u64)>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WireKernel {
+    pub name: String,
+    pub params: Vec<ParamInfo>,
+    pub attrs: FunctionAttrs,
+}
+
+impl From<&LoadedModule> for WireModule {
+    fn from(m: &LoadedModule) -> Self {
+        WireModule {
+            id: m.id,
+            kernels: m
+                .kernels
+                .iter()
+                .map(|k| WireKernel {
+                    name: k.name.clone(),
+                    params: k.params.clone(),
+                    attrs: k.attrs,
+                })
+                .collect(),
+            globals: m
+                .globals
+                .iter()
+                .map(|g| (g.name.clone(), g.ptr, g.size))
+                .collect(),
+        }
+    }
+}
+
+impl From<WireModule> for LoadedModule {
+    fn from(m: WireModule) -> Self {
+        LoadedModule {
+            id: m.id,
+            kernels: m
+                .kernels
+                .into_iter()
+                .map(|k| KernelDesc {
+                    name: k.name,
+                    params: k.params,
+                    attrs: k.attrs,
+                })
+                .collect(),
+            globals: m
+                .globals
+                .into_iter()
+                .map(|(name, ptr, size)| GlobalDesc { name, ptr, size })
+                .collect(),
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn io_err(e: impl std::fmt::Display) -> io::Error {
+    io::Error::other(e.to_string())
+}
+
+fn send<T: Serialize>(w: &mut impl Write, msg: &T) -> io::Result<()> {
+    let bytes = encode(msg).map_err(io_err)?;
+    write_frame(w, &bytes).map_err(io_err)
+}
+
+/// The marker bytes that end output for call `seq` of the worker with `nonce`.
+pub fn marker_bytes(nonce: &[u8; NONCE_BYTES], seq: u64) -> Vec<u8> {
+    let mut m = Vec::with_capacity(MARKER_PREFIX.len() + NONCE_BYTES + 8);
+    m.extend_from_slice(MARKER_PREFIX);
+    m.extend_from_slice(nonce);
+    m.extend_from_slice(&seq.to_le_bytes());
+    m
+}
+
+/// A fresh nonce: std's randomly keyed hasher over the pid, time and a counter.
+pub fn new_nonce() -> [u8; NONCE_BYTES] {
+    use std::hash::{BuildHasher, Hasher};
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    let mut out = [0u8; NONCE_BYTES];
+    for (i, half) in out.chunks_mut(8).enumerate() {
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u64(n);
+        h.write_usize(i);
+        h.write_u32(std::process::id());
+        h.write_u128(
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos()),
+        );
+        half.copy_from_slice(&h.finish().to_le_bytes());
+    }
+    out
+}
+
+/// `nonce` as lowercase hex, for the worker's command line.
+pub fn nonce_to_hex(nonce: &[u8; NONCE_BYTES]) -> String {
+    nonce.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The nonce a hex string names, if it is one.
+pub fn nonce_from_hex(text: &str) -> Option<[u8; NONCE_BYTES]> {
+    let text = text.as_bytes();
+    if text.len() != NONCE_BYTES * 2 {
+        return None;
+    }
+    let mut out = [0u8; NONCE_BYTES];
+    for (i, pair) in text.chunks(2).enumerate() {
+        let s = std::str::from_utf8(pair).ok()?;
+        out[i] = u8::from_str_radix(s, 16).ok()?;
+    }
+    Some(out)
+}
+
+// ----- the worker side -----
+
+/// Where a worker's device printf and markers go (its fd 1), and how C stdio
+/// is flushed before a marker.
+pub struct WorkerStdout<'a> {
+    pub out: &'a mut dyn Write,
+    /// Flushes the C library's output streams (the driver may print through them).
+    pub flush_c_stdio: &'a dyn Fn(),
+    pub nonce: [u8; NONCE_BYTES],
+}
+
+impl WorkerStdout<'_> {
+    fn mark(&mut self, printed: &[u8], seq: u64) -> io::Result<()> {
+        (self.flush_c_stdio)();
+        self.out.write_all(printed)?;
+        self.out.write_all(&marker_bytes(&self.nonce, seq))?;
+        self.out.flush()
+    }
+}
+
+/// Serves one context of `device` over `conn` until the socket closes.
+/// Returns an error only when the connection itself fails.
+pub fn serve_worker(
+    device: &dyn Device,
+    conn: UnixStream,
+    stdout: &mut WorkerStdout<'_>,
+) -> io::Result<()> {
+    let mut writer = conn.try_clone()?;
+    let mut reader = BufReader::new(conn);
+    let ctx = match catch_unwind(AssertUnwindSafe(|| device.create_context())) {
+        Ok(Ok(ctx)) => ctx,
+        Ok(Err(e)) => {
+            return send(
+                &mut writer,
+                &WorkerReply {
+                    result: Err(e),
+                    marker: None,
+                },
+            )
+        }
+        Err(_) => {
+            let e = CuError::new(codes::UNKNOWN, "context creation panicked");
+            return send(
+                &mut writer,
+                &WorkerReply {
+                    result: Err(e),
+                    marker: None,
+                },
+            );
+        }
+    };
+    send(
+        &mut writer,
+        &WorkerReply {
+            result: Ok(WorkerValue::Ready),
+            marker: None,
+        },
+    )?;
+    let mut frame = Vec::new();
+    let mut data = Vec::new();
+    let mut seq = 0u64;
+    loop {
+        match read_frame(&mut reader, &mut frame) {
+            Ok(()) => {}
+            Err(cumux_protocol::FrameError::Closed) => return Ok(()),
+            Err(e) => return Err(io_err(e)),
+        }
+        let request: WorkerRequest = match decode(&frame) {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::warn!("worker: undecodable request: {e}");
+                let e = CuError::new(codes::INVALID_VALUE, format!("undecodable request: {e}"));
+                send(
+                    &mut writer,
+                    &WorkerReply {
+                        result: Err(e),
+                        marker: None,
+                    },
+                )?;
+                continue;
+            }
+        };
+        // Raw frames that belong to the request come first.
+        match &request {
+            WorkerRequest::MemWrite { .. } => read_frame(&mut reader, &mut data).map_err(io_err)?,
+            WorkerRequest::ModuleLoad { parts } => {
+                data.clear();
+                for _ in 0..*parts {
+                    read_frame(&mut reader, &mut frame).map_err(io_err)?;
+                    data.extend_from_slice(&frame);
+                }
+            }
+            _ => {}
+        }
+        let flushes = !matches!(
+            request,
+            WorkerRequest::MemAlloc { .. } | WorkerRequest::MemFree { .. }
+        );
+        let (result, printed, bytes) =
+            match catch_unwind(AssertUnwindSafe(|| execute(&*ctx, request, &data))) {
+                Ok(done) => done,
+                Err(_) => (
+                    Err(CuError::new(
+                        codes::LAUNCH_FAILED,
+                        "the worker's call panicked",
+                    )),
+                    Vec::new(),
+                    None,
+                ),
+            };
+        let marker = if flushes {
+            seq += 1;
+            stdout.mark(&printed, seq)?;
+            Some(seq)
+        } else {
+            None
+        };
+        let bytes_follow = bytes.is_some();
+        send(&mut writer, &WorkerReply { result, marker })?;
+        if let (true, Some(bytes)) = (bytes_follow, bytes) {
+            write_frame(&mut writer, &bytes).map_err(io_err)?;
+        }
+    }
+}
+
+type Executed = (Result<WorkerValue, CuError>, Vec<u8>, Option<Vec<u8>>);
+
+/// Runs one request: its result, what a launch printed, and bytes read back.
+fn execute(ctx: &dyn DeviceContext, request: WorkerRequest, data: &[u8]) -> Executed {
+    let unit = |r: Result<(), CuError>| (r.map(|()| WorkerValue::Unit), Vec::new(), None);
+    match request {
+        WorkerRequest::MemAlloc { bytes } => {
+            (ctx.mem_alloc(bytes).map(WorkerValue::Ptr), Vec::new(), None)
+        }
+        WorkerRequest::MemFree { ptr } => unit(ctx.mem_free(ptr)),
+        WorkerRequest::MemRead { src, len } => {
+            if len > MAX_CHUNK_BYTES as u64 {
+                let e = CuError::new(codes::INVALID_VALUE, format!("a read of {len} bytes"));
+                return (Err(e), Vec::new(), None);
+            }
+            let mut buf = vec![0u8; len as usize];
+            match ctx.mem_read(src, &mut buf) {
+                Ok(()) => (Ok(WorkerValue::Bytes), Vec::new(), Some(buf)),
+                Err(e) => (Err(e), Vec::new(), None),
+            }
+        }
+        WorkerRequest::MemWrite { dst } => unit(ctx.mem_write(dst, data)),
+        WorkerRequest::MemCopy { dst, src, bytes } => unit(ctx.mem_copy(dst, src, bytes)),
+        WorkerRequest::MemFill {
+            dst,
+            pattern,
+            count,
+        } => unit(ctx.mem_fill(dst, &pattern, count)),
+        WorkerRequest::ModuleLoad { .. } => (
+            ctx.module_load(data)
+                .map(|m| WorkerValue::Module(WireModule::from(&m))),
+            Vec::new(),
+            None,
+        ),
+        WorkerRequest::ModuleUnload { module } => {
+            ctx.module_unload(module);
+            unit(Ok(()))
+        }
+        WorkerRequest::Launch {
+            module,
+            kernel,
+            grid,
+            block,
+            dynamic_shared_bytes,
+            params,
+        } => {
+            let Ok(kernel) = usize::try_from(kernel) else {
+                let e = CuError::new(codes::INVALID_HANDLE, "no such kernel");
+                return (Err(e), Vec::new(), None);
+            };
+            let geometry = LaunchGeometry {
+                grid,
+                block,
+                dynamic_shared_bytes,
+            };
+            let outcome = ctx.launch(module, kernel, &geometry, &params);
+            (
+                outcome.result.map(|()| WorkerValue::Unit),
+                outcome.stdout,
+                None,
+            )
+        }
+    }
+}
+
+// ----- the server side -----
+
+/// How to start a worker: a program and its arguments (the nonce is added).
+#[derive(Debug, Clone)]
+pub struct WorkerCommand {
+    pub program: PathBuf,
+    pub args: Vec<OsString>,
+}
+
+impl WorkerCommand {
+    /// `program worker --device KIND --ordinal N [--memory BYTES]`.
+    pub fn cumux(program: PathBuf, kind: &str, ordinal: u32, memory: Option<u64>) -> Self {
+        let mut args: Vec<OsString> = vec![
+            "worker".into(),
+            "--device".into(),
+            kind.into(),
+            "--ordinal".into(),
+            ordinal.to_string().into(),
+        ];
+        if let Some(bytes) = memory {
+            args.push("--memory".into());
+            args.push(bytes.to_string().into());
+        }
+        WorkerCommand { program, args }
+    }
+}
+
+/// A device whose contexts each live in a worker process of their own.
+pub struct WorkerDevice {
+    info: DeviceInfo,
+    command: WorkerCommand,
+    used: Arc<AtomicU64>,
+    next_module: Arc<AtomicU64>,
+}
+
+impl WorkerDevice {
+    /// A device described by `info` whose sessions run in workers that `command` starts.
+    pub fn new(info: DeviceInfo, command: WorkerCommand) -> Self {
+        WorkerDevice {
+            info,
+            command,
+            used: Arc::new(AtomicU64::new(0)),
+            next_module: Arc::new(AtomicU64::new(1)),
+        }
+    }
+}
+
+impl Device for WorkerDevice {
+    fn info(&self) -> &DeviceInfo {
+        &self.info
+    }
+
+    fn mem_used(&self) -> u64 {
+        self.used.load(Ordering::Acquire)
+    }
+
+    fn create_context(&self) -> Result<Arc<dyn DeviceContext>, CuError> {
+        let spawn_err = |what: &str, e: io::Error| {
+            CuError::new(
+                codes::UNKNOWN,
+                format!("cannot start a worker: {what}: {e}"),
+            )
+        };
+        let (ours, theirs) = UnixStream::pair().map_err(|e| spawn_err("socketpair", e))?;
+        let nonce = new_nonce();
+        let mut child = Command::new(&self.command.program)
+            .args(&self.command.args)
+            .arg("--nonce")
+            .arg(nonce_to_hex(&nonce))
+            .stdin(Stdio::from(OwnedFd::from(theirs)))
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .map_err(|e| spawn_err(&self.command.program.display().to_string(), e))?;
+        let pipe = child.stdout.take();
+        let Some(pipe) = pipe else {
+            reap(child, Duration::ZERO);
+            return Err(CuError::new(codes::UNKNOWN, "a worker without a stdout"));
+        };
+        tracing::debug!(pid = child.id(), device = %self.info.name, "worker started");
+        let ctx = WorkerContext::start(
+            ours,
+            pipe,
+            nonce,
+            Some(child),
+            Arc::clone(&self.used),
+            Arc::clone(&self.next_module),
+        )?;
+        Ok(Arc::new(ctx))
+    }
+}
+
+/// Printf text read from a worker's stdout, and the markers seen so far.
+#[derive(Default)]
+struct TapState {
+    text: Vec<u8>,
+    seen: u64,
+    eof: bool,
+}
+
+#[derive(Default)]
+struct StdoutTap {
+    state: Mutex<TapState>,
+    changed: Condvar,
+}
+
+impl StdoutTap {
+    fn keep(state: &mut TapState, bytes: &[u8]) {
+        let room = STDOUT_CAP.saturating_sub(state.text.len());
+        if bytes.len() > room {
+            tracing::warn!("worker printf output over {STDOUT_CAP} bytes dropped");
+        }
+        state
+            .text
+            .extend_from_slice(&bytes[..bytes.len().min(room)]);
+    }
+
+    /// Reads `pipe` to its end, splitting text from markers.
+    fn read_all(&self, mut pipe: impl Read, nonce: [u8; NONCE_BYTES]) {
+        let mut needle = MARKER_PREFIX.to_vec();
+        needle.extend_from_slice(&nonce);
+        let whole = needle.len() + 8;
+        let mut pending: Vec<u8> = Vec::new();
+        let mut chunk = vec![0u8; 64 << 10];
+        loop {
+            let n = match pipe.read(&mut chunk) {
+                Ok(0) => break,
+                Ok(n) => n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(_) => break,
+            };
+            pending.extend_from_slice(&chunk[..n]);
+            let mut state = lock(&self.state);
+            loop {
+                match find(&pending, &needle) {
+                    Some(at) if pending.len() >= at + whole => {
+                        Self::keep(&mut state, &pending[..at]);
+                        let mut seq = [0u8; 8];
+                        seq.copy_from_slice(&pending[at + needle.len()..at + whole]);
+                        state.seen = state.seen.max(u64::from_le_bytes(seq));
+                        pending.drain(..at + whole);
+                    }
+                    Some(at) => {
+                        Self::keep(&mut state, &pending[..at]);
+                        pending.drain(..at);
+                        break;
+                    }
+                    None => {
+                        // The tail may be the start of a marker: keep it back.
+                        let cut = pending.len().saturating_sub(whole - 1);
+                        Self::keep(&mut state, &pending[..cut]);
+                        pending.drain(..cut);
+                        break;
+                    }
+                }
+            }
+            drop(state);
+            self.changed.notify_all();
+        }
+        let mut state = lock(&self.state);
+        Self::keep(&mut state, &pending);
+        state.eof = true;
+        drop(state);
+        self.changed.notify_all();
+    }
+
+    /// Waits until marker `seq` has been read (or the pipe ended).
+    fn wait_for(&self, seq: u64) {
+        let deadline = Instant::now() + MARKER_WAIT;
+        let mut state = lock(&self.state);
+        while state.seen < seq && !state.eof {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                tracing::warn!(seq, "worker printf marker never came; output may be late");
+                return;
+            }
+            state = self
+                .changed
+                .wait_timeout(state, left)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+    }
+
+    fn take(&self) -> Vec<u8> {
+        std::mem::take(&mut lock(&self.state).text)
+    }
+}
+
+fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
+    if needle.is_empty() || haystack.len() < needle.len() {
+        return None;
+    }
+    haystack.windows(needle.len()).position(|w| w == needle)
+}
+
+/// Waits up to `grace` for `child` to exit, then kills it; always reaps it.
+fn reap(mut child: Child, grace: Duration) {
+    let deadline = Instant::now() + grace;
+    loop {
+        match child.try_wait() {
+            Ok(Some(status)) => {
+                tracing::debug!(pid = child.id(), %status, "worker exited");
+                return;
+            }
+            Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(5)),
+            Ok(None) => {
+                tracing::warn!(pid = child.id(), "worker did not exit; killing it");
+                let _ = child.kill();
+                let _ = child.wait();
+                return;
+            }
+            Err(_) => return,
+        }
+    }
+}
+
+struct Connection {
+    stream: UnixStream,
+    buf: Vec<u8>,
+}
+
+/// One session's context in a worker process.
+pub struct WorkerContext {
+    conn: Mutex<Connection>,
+    /// The fault or death that ends this context: every later call fails with it.
+    sticky: Mutex<Option<CuError>>,
+    tap: Arc<StdoutTap>,
+    child: Mutex<Option<Child>>,
+    used: Arc<AtomicU64>,
+    next_module: Arc<AtomicU64>,
+    /// This context's allocations: base → bytes.
+    allocations: Mutex<HashMap<DevicePtr, u64>>,
+    /// Device-wide module id → the worker's id and the bytes of its globals.
+    modules: Mutex<HashMap<ModuleId, (ModuleId, u64)>>,
+}
+
+impl WorkerContext {
+    /// A context over a worker already started: `conn` is its socket, `stdout`
+    /// the read end of its fd 1, `child` the process to reap (none when the
+    /// worker is a thread, as in tests). Waits for the worker to be ready.
+    pub fn start(
+        conn: UnixStream,
+        stdout: impl Read + Send + 'static,
+        nonce: [u8; NONCE_BYTES],
+        child: Option<Child>,
+        used: Arc<AtomicU64>,
+        next_module: Arc<AtomicU64>,
+    ) -> Result<WorkerContext, CuError> {
+        let tap = Arc::new(StdoutTap::default());
+        let reader_tap = Arc::clone(&tap);
+        let spawned = std::thread::Builder::new()
+            .name("cumux-worker-stdout".into())
+            .spawn(move || reader_tap.read_all(stdout, nonce));
+        let ctx = WorkerContext {
+            conn: Mutex::new(Connection {
+                stream: conn,
+                buf: Vec::new(),
+            }),
+            sticky: Mutex::new(None),
+            tap,
+            child: Mutex::new(child),
+            used,
+            next_module,
+            allocations: Mutex::new(HashMap::new()),
+            modules: Mutex::new(HashMap::new()),
+        };
+        if let Err(e) = spawned {
+            return Err(CuError::new(
+                codes::UNKNOWN,
+                format!("cannot start a stdout reader: {e}"),
+            ));
+        }
+        let ready = {
+            let mut conn = lock(&ctx.conn);
+            let _ = conn.stream.set_read_timeout(Some(READY_WAIT));
+            let reply = ctx.receive(&mut conn);
+            let _ = conn.stream.set_read_timeout(None);
+            reply
+        };
+        match ready {
+            Ok(WorkerReply {
+                result: Ok(WorkerValue::Ready),
+                ..
+            }) => Ok(ctx),
+            Ok(WorkerReply { result: Err(e), .. }) => Err(e),
+            Ok(other) => Err(CuError::new(
+                codes::UNKNOWN,
+                format!("the worker started with {other:?}"),
+            )),
+            Err(e) => Err(CuError::new(
+                codes::UNKNOWN,
+                format!("the worker never became ready: {e}"),
+            )),
+        }
+    }
+
+    /// The worker's process id, if it is a process.
+    pub fn pid(&self) -> Option<u32> {
+        lock(&self.child).as_ref().map(Child::id)
+    }
+
+    fn receive(&self, conn: &mut Connection) -> io::Result<WorkerReply> {
+        read_frame(&mut conn.stream, &mut conn.buf).map_err(io_err)?;
+        decode(&conn.buf).map_err(io_err)
+    }
+
+    fn sticky(&self) -> Option<CuError> {
+        lock(&self.sticky).clone()
+    }
+
+    /// Records that the worker is gone; the error every later call gets.
+    fn died(&self, why: &io::Error) -> CuError {
+        let mut sticky = lock(&self.sticky);
+        if let Some(e) = &*sticky {
+            return e.clone();
+        }
+        let e = CuError::new(
+            codes::LAUNCH_FAILED,
+            format!("the session's worker process died ({why})"),
+        );
+        tracing::warn!(pid = ?self.pid(), "{e}");
+        *sticky = Some(e.clone());
+        drop(sticky);
+        // Reap it now (it is exiting) so no zombie waits for the session to end.
+        if let Some(child) = lock(&self.child).take() {
+            reap(child, Duration::from_secs(1));
+        }
+        e
+    }
+
+    /// One round trip: the request, its raw frames, the reply and any bytes
+    /// read back into `back`.
+    fn call(
+        &self,
+        request: &WorkerRequest,
+        frames: &[&[u8]],
+        back: Option<&mut [u8]>,
+    ) -> Result<WorkerValue, CuError> {
+        if let Some(e) = self.sticky() {
+            return Err(e);
+        }
+        let mut conn = lock(&self.conn);
+        let exchanged = (|| -> io::Result<WorkerReply> {
+            send(&mut conn.stream, request)?;
+            for frame in frames {
+                write_frame(&mut conn.stream, frame).map_err(io_err)?;
+            }
+            let reply = self.receive(&mut conn)?;
+            if let Ok(WorkerValue::Bytes) = &reply.result {
+                let conn = &mut *conn;
+                read_frame(&mut conn.stream, &mut conn.buf).map_err(io_err)?;
+                match back {
+                    Some(back) if back.len() == conn.buf.len() => back.copy_from_slice(&conn.buf),
+                    _ => {
+                        return Err(io_err(format!(
+                            "{} unexpected bytes back from the worker",
+                            conn.buf.len()
+                        )))
+                    }
+                }
+            }
+            Ok(reply)
+        })();
+        drop(conn);
+        let reply = match exchanged {
+            Ok(reply) => reply,
+            Err(e) => return Err(self.died(&e)),
+        };
+        if let Some(seq) = reply.marker {
+            self.tap.wait_for(seq);
+        }
+        match reply.result {
+            Err(e) if is_fatal(e.code) => {
+                lock(&self.sticky).get_or_insert_with(|| e.clone());
+                Err(e)
+            }
+            other => other,
+        }
+    }
+
+    fn unit(&self, request: &WorkerRequest, frames: &[&[u8]]) -> Result<(), CuError> {
+        match self.call(request, frames, None)? {
+            WorkerValue::Unit => Ok(()),
+            other => Err(unexpected(&other)),
+        }
+    }
+}
+
+fn unexpected(value: &WorkerValue) -> CuError {
+    CuError::new(
+        codes::UNKNOWN,
+        format!("unexpected answer from the worker: {value:?}"),
+    )
+}
+
+fn release(used: &AtomicU64, bytes: u64) {
+    let _ = used.fetch_update(Ordering::AcqRel, Ordering::Acquire, |u| {
+        Some(u.saturating_sub(bytes))
+    });
+}
+
+impl DeviceContext for WorkerContext {
+    fn mem_alloc(&self, bytes: u64) -> Result<DevicePtr, CuError> {
+        match self.call(&WorkerRequest::MemAlloc { bytes }, &[], None)? {
+            WorkerValue::Ptr(ptr) => {
+                lock(&self.allocations).insert(ptr, bytes);
+                self.used.fetch_add(bytes, Ordering::AcqRel);
+                Ok(ptr)
+            }
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    fn mem_free(&self, ptr: DevicePtr) -> Result<(), CuError> {
+        self.unit(&WorkerRequest::MemFree { ptr }, &[])?;
+        if let Some(bytes) = lock(&self.allocations).remove(&ptr) {
+            release(&self.used, bytes);
+        }
+        Ok(())
+    }
+
+    fn mem_read(&self, src: DevicePtr, buf: &mut [u8]) -> Result<(), CuError> {
+        let mut offset = 0u64;
+        for part in buf.chunks_mut(MAX_CHUNK_BYTES) {
+            let request = WorkerRequest::MemRead {
+                src: src.wrapping_add(offset),
+                len: part.len() as u64,
+            };
+            offset += part.len() as u64;
+            match self.call(&request, &[], Some(part))? {
+                WorkerValue::Bytes => {}
+                other => return Err(unexpected(&other)),
+            }
+        }
+        Ok(())
+    }
+
+    fn mem_write(&self, dst: DevicePtr, data: &[u8]) -> Result<(), CuError> {
+        let mut offset = 0u64;
+        for part in data.chunks(MAX_CHUNK_BYTES) {
+            let request = WorkerRequest::MemWrite {
+                dst: dst.wrapping_add(offset),
+            };
+            offset += part.len() as u64;
+            self.unit(&request, &[part])?;
+        }
+        Ok(())
+    }
+
+    fn mem_copy(&self, dst: DevicePtr, src: DevicePtr, bytes: u64) -> Result<(), CuError> {
+        self.unit(&WorkerRequest::MemCopy { dst, src, bytes }, &[])
+    }
+
+    fn mem_fill(&self, dst: DevicePtr, pattern: &[u8], count: u64) -> Result<(), CuError> {
+        let request = WorkerRequest::MemFill {
+            dst,
+            pattern: pattern.to_vec(),
+            count,
+        };
+        self.unit(&request, &[])
+    }
+
+    fn module_load(&self, image: &[u8]) -> Result<LoadedModule, CuError> {
+        let parts: Vec<&[u8]> = image.chunks(MAX_CHUNK_BYTES).collect();
+        let count = u32::try_from(parts.len())
+            .ok()
+            .filter(|n| *n <= MAX_IMAGE_PARTS)
+            .ok_or_else(|| {
+                CuError::new(
+                    codes::INVALID_IMAGE,
+                    format!("an image of {} bytes", image.len()),
+                )
+            })?;
+        let module = match self.call(&WorkerRequest::ModuleLoad { parts: count }, &parts, None)? {
+            WorkerValue::Module(m) => LoadedModule::from(m),
+            other => return Err(unexpected(&other)),
+        };
+        let globals_bytes: u64 = module.globals.iter().map(|g| g.size).sum();
+        self.used.fetch_add(globals_bytes, Ordering::AcqRel);
+        let id = self.next_module.fetch_add(1, Ordering::Relaxed);
+        lock(&self.modules).insert(id, (module.id, globals_bytes));
+        Ok(LoadedModule { id, ..module })
+    }
+
+    fn module_unload(&self, module: ModuleId) {
+        let Some((local, globals_bytes)) = lock(&self.modules).remove(&module) else {
+            return;
+        };
+        release(&self.used, globals_bytes);
+        if let Err(e) = self.unit(&WorkerRequest::ModuleUnload { module: local }, &[]) {
+            tracing::debug!("worker module unload: {e}");
+        }
+    }
+
+    fn launch(
+        &self,
+        module: ModuleId,
+        kernel: usize,
+        geometry: &LaunchGeometry,
+        params: &[u8],
+    ) -> LaunchOutcome {
+        let local = lock(&self.modules).get(&module).map(|(local, _)| *local);
+        let result = match local {
+            None => Err(CuError::new(codes::INVALID_HANDLE, "module not loaded")),
+            Some(local) => {
+                let request = WorkerRequest::Launch {
+                    module: local,
+                    kernel: kernel as u64,
+                    grid: geometry.grid,
+                    block: geometry.block,
+                    dynamic_shared_bytes: geometry.dynamic_shared_bytes,
+                    params: params.to_vec(),
+                };
+                self.unit(&request, &[])
+            }
+        };
+        LaunchOutcome {
+            stdout: self.tap.take(),
+            result,
+        }
+    }
+}
+
+impl Drop for WorkerContext {
+    fn drop(&mut self) {
+        let allocated: u64 = lock(&self.allocations).drain().map(|(_, b)| b).sum();
+        let globals: u64 = lock(&self.modules).drain().map(|(_, (_, b))| b).sum();
+        release(&self.used, allocated + globals);
+        // Closing the socket tells the worker to tear its context down and exit.
+        let _ = lock(&self.conn).stream.shutdown(std::net::Shutdown::Both);
+        if let Some(child) = lock(&self.child).take() {
+            let reaper = std::thread::Builder::new()
+                .name("cumux-worker-reaper".into())
+                .spawn(move || reap(child, EXIT_GRACE));
+            if let Err(e) = reaper {
+                tracing::warn!("cannot start a reaper thread: {e}");
+            }
+        }
+    }
+}
+
+// ----- devices -----
+
+/// The CPU reference device served by workers (for tests of this machinery).
+#[cfg(feature = "cpu")]
+pub fn cpu_worker_device(program: PathBuf, memory: u64) -> Arc<dyn Device> {
+    let info = super::cpu::CpuDevice::new(memory).info().clone();
+    Arc::new(WorkerDevice::new(
+        info,
+        WorkerCommand::cumux(program, "cpu", 0, Some(memory)),
+    ))
+}
+
+/// Every GPU of the system's CUDA driver, each served by workers that
+/// `program` starts. The driver is initialised here to read the devices'
+/// descriptions, but no context is created in this process.
+#[cfg(feature = "cuda")]
+pub fn cuda_worker_devices(program: PathBuf) -> Result<Vec<Arc<dyn Device>>, String> {
+    let driver = cumux_cuda_driver::Driver::load().map_err(|e| e.to_string())?;
+    let count = driver.device_count().map_err(|e| e.to_string())?;
+    if count == 0 {
+        return Err(format!(
+            "the CUDA driver {} reports no GPU",
+            driver.library()
+        ));
+    }
+    let mut out: Vec<Arc<dyn Device>> = Vec::new();
+    for ordinal in 0..count {
+        let device = super::cuda::CudaDevice::new(
+            &driver,
+            ordinal,
+            super::cuda::ContextMode::PerSession,
+            false,
+        )
+        .map_err(|e| e.to_string())?;
+        let info = device.info().clone();
+        tracing::info!(ordinal, name = %info.name, memory = info.total_mem, "cuda: GPU, served by a worker process per session");
+        out.push(Arc::new(WorkerDevice::new(
+            info,
+            WorkerCommand::cumux(program.clone(), "cuda", ordinal, None),
+        )));
+    }
+    Ok(out)
+}
+
+/// The device a worker process serves: `cpu` (with `memory` bytes) or `cuda`
+/// (GPU `ordinal`, its context created in this process, printf left on fd 1).
+pub fn local_device(kind: &str, ordinal: u32, memory: u64) -> Result<Arc<dyn Device>, String> {
+    match kind {
+        "cpu" => super::cpu_device(memory),
+        #[cfg(feature = "cuda")]
+        "cuda" => {
+            let driver = cumux_cuda_driver::Driver::load().map_err(|e| e.to_string())?;
+            let device = super::cuda::CudaDevice::new(
+                &driver,
+                ordinal,
+                super::cuda::ContextMode::PerSession,
+                false,
+            )
+            .map_err(|e| e.to_string())?;
+            Ok(Arc::new(device))
+        }
+        other => Err(format!(
+            "a worker serves cpu or cuda devices, not {other:?} (ordinal {ordinal})"
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nonces_round_trip_through_hex() {
+        let n = new_nonce();
+        assert_ne!(n, new_nonce());
+        assert_eq!(nonce_from_hex(&nonce_to_hex(&n)), Some(n));
+        assert_eq!(nonce_from_hex("zz"), None);
+        assert_eq!(nonce_from_hex(&"g".repeat(32)), None);
+    }
+
+    #[test]
+    fn the_tap_splits_text_from_markers_across_reads() {
+        let nonce = new_nonce();
+        let mut stream = b"hello ".to_vec();
+        stream.extend(marker_bytes(&nonce, 1));
+        stream.extend_from_slice(b"world\n");
+        // A marker of another nonce is text.
+        stream.extend(marker_bytes(&[0; NONCE_BYTES], 9));
+        stream.extend(marker_bytes(&nonce, 2));
+        stream.extend_from_slice(b"tail");
+        /// Hands out one byte per read, so markers straddle reads.
+        struct Trickle(Vec<u8>, usize);
+        impl Read for Trickle {
+            fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+                if self.1 >= self.0.len() || buf.is_empty() {
+                    return Ok(0);
+                }
+                buf[0] = self.0[self.1];
+                self.1 += 1;
+                Ok(1)
+            }
+        }
+        let tap = StdoutTap::default();
+        tap.read_all(Trickle(stream, 0), nonce);
+        let state = lock(&tap.state);
+        assert_eq!(state.seen, 2);
+        assert!(state.eof);
+        let mut want = b"hello world\n".to_vec();
+        want.extend(marker_bytes(&[0; NONCE_BYTES], 9));
+        want.extend_from_slice(b"tail");
+        assert_eq!(state.text, want);
+    }
+
+    #[test]
+    fn requests_and_replies_round_trip() {
+        let requests = [
+            WorkerRequest::MemAlloc { bytes: 7 },
+            WorkerRequest::MemRead { src: 1, len: 2 },
+            WorkerRequest::ModuleLoad { parts: 3 },
+            WorkerRequest::Launch {
+                module: 1,
+                kernel: 2,
+                grid: [1, 2, 3],
+                block: [4, 5, 6],
+                dynamic_shared_bytes: 7,
+                params: vec![8, 9],
+            },
+        ];
+        for r in requests {
+            let back: WorkerRequest = decode(&encode(&r).unwrap()).unwrap();
+            assert_eq!(back, r);
+        }
+        let reply = WorkerReply {
+            result: Err(CuError::new(700, "fault")),
+            marker: Some(3),
+        };
+        let back: WorkerReply = decode(&encode(&reply).unwrap()).unwrap();
+        assert_eq!(back, reply);
+    }
+}
