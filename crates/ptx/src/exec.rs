@@ -1574,7 +1574,31 @@ fn run_thread(g: &Geo<'_>, b: &mut Block, th: &mut Thread, lin: u32) -> Result<S
                 continue;
             }
             Op::Call(info) => {
-                let callee = match funcs.get(info.func as usize) {
+                let fidx = match info.target {
+                    None => info.func,
+                    Some(t) => {
+                        let v = r!(t);
+                        let idx = v.wrapping_sub(FUNC_WIN);
+                        match funcs.get(idx as usize) {
+                            Some(f)
+                                if idx < funcs.len() as u64
+                                    && f.params.len() == info.args.len() =>
+                            {
+                                idx as u32
+                            }
+                            _ => {
+                                break Err(Fault::IllegalAddress {
+                                    addr: v,
+                                    detail: format!(
+                                        "indirect call to a bad function address at line {}",
+                                        inst.line
+                                    ),
+                                })
+                            }
+                        }
+                    }
+                };
+                let callee = match funcs.get(fidx as usize) {
                     Some(f) => f,
                     None => break Err(Fault::Failed("call to unknown function".into())),
                 };
@@ -1636,7 +1660,7 @@ fn run_thread(g: &Geo<'_>, b: &mut Block, th: &mut Thread, lin: u32) -> Result<S
                 for v in &mut th.regs[new_rbase as usize..need_regs] {
                     *v = 0;
                 }
-                th.func = info.func;
+                th.func = fidx;
                 th.rbase = new_rbase;
                 th.lbase = new_lbase;
                 func = callee;
@@ -1760,6 +1784,102 @@ fn run_thread(g: &Geo<'_>, b: &mut Block, th: &mut Thread, lin: u32) -> Result<S
                 th.clock = th.clock.wrapping_add(count);
                 b.instructions += count;
                 return Ok(Stop::Collective);
+            }
+            Op::Carry {
+                kind,
+                t,
+                d,
+                a,
+                b: bb,
+                c,
+                cin,
+                cout,
+                cc,
+            } => {
+                let bits = t.bits();
+                let mask = t.mask() as u128;
+                let (x, y, z) = (
+                    r!(*a) as u128 & mask,
+                    r!(*bb) as u128 & mask,
+                    r!(*c) as u128 & mask,
+                );
+                let flag = if *cin {
+                    r!(Src::Reg(*cc)) as u128 & 1
+                } else {
+                    0
+                };
+                let (v, carry) = match kind {
+                    CarryKind::Add => {
+                        let r = x + y + flag;
+                        (r, (r >> bits) & 1)
+                    }
+                    CarryKind::Sub => {
+                        let sub = y + flag;
+                        (x.wrapping_sub(sub), (x < sub) as u128)
+                    }
+                    CarryKind::MadLo | CarryKind::MadHi => {
+                        let p = x * y;
+                        let part = if *kind == CarryKind::MadHi {
+                            p >> bits
+                        } else {
+                            p & mask
+                        };
+                        let r = part + z + flag;
+                        (r, (r >> bits) & 1)
+                    }
+                };
+                wr(regs, rbase, *d, (v & mask) as u64);
+                if *cout {
+                    wr(regs, rbase, *cc, carry as u64);
+                }
+            }
+            Op::CpAsync {
+                dst,
+                doff,
+                src,
+                soff,
+                size,
+                src_size,
+            } => {
+                let da = r!(*dst).wrapping_add(*doff as u64);
+                let sa = r!(*src).wrapping_add(*soff as u64);
+                let n = (r!(*src_size) as u32).min(*size);
+                let mut res = Ok(());
+                for k in 0..*size as u64 {
+                    let v = if (k as u32) < n {
+                        match b.load(
+                            g,
+                            &mut th.local,
+                            Sp::Generic,
+                            sa.wrapping_add(k),
+                            1,
+                            inst.line,
+                        ) {
+                            Ok(v) => v,
+                            Err(e) => {
+                                res = Err(e);
+                                break;
+                            }
+                        }
+                    } else {
+                        0
+                    };
+                    if let Err(e) = b.store(
+                        g,
+                        &mut th.local,
+                        Sp::Shared,
+                        da.wrapping_add(k),
+                        1,
+                        v,
+                        inst.line,
+                    ) {
+                        res = Err(e);
+                        break;
+                    }
+                }
+                if let Err(e) = res {
+                    break Err(e);
+                }
             }
             Op::Activemask { .. }
             | Op::WarpSync { .. }
@@ -2330,6 +2450,3 @@ pub(crate) fn run_launch(
         result,
     }
 }
-
-#[allow(dead_code)]
-const _: u64 = FUNC_WIN;

@@ -306,8 +306,18 @@ pub(crate) enum ArgLoc {
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct CallInfo {
     pub func: u32,
+    /// Register holding a function address for indirect calls.
+    pub target: Option<Src>,
     pub args: Vec<ArgLoc>,
     pub rets: Vec<ArgLoc>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum CarryKind {
+    Add,
+    Sub,
+    MadLo,
+    MadHi,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -528,6 +538,27 @@ pub(crate) enum Op {
         d: u32,
         a: Src,
         mask: Src,
+    },
+    /// Integer add/sub/mad with the carry flag (`add.cc`, `addc`, `madc` …).
+    Carry {
+        kind: CarryKind,
+        t: Ty,
+        d: u32,
+        a: Src,
+        b: Src,
+        c: Src,
+        cin: bool,
+        cout: bool,
+        cc: u32,
+    },
+    /// `cp.async` to shared memory, done synchronously.
+    CpAsync {
+        dst: Src,
+        doff: i64,
+        src: Src,
+        soff: i64,
+        size: u32,
+        src_size: Src,
     },
     Activemask {
         d: u32,

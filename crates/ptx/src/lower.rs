@@ -360,6 +360,8 @@ struct FuncLower<'a> {
     labels: HashMap<String, u32>,
     fixups: Vec<(usize, String, u32)>,
     is_entry: bool,
+    /// Hidden register holding the carry flag, allocated on first use.
+    cc: Option<u32>,
     #[allow(dead_code)]
     version: u32,
     line: u32,
@@ -435,6 +437,7 @@ impl<'a> FuncLower<'a> {
             labels: HashMap::new(),
             fixups: Vec::new(),
             is_entry: false,
+            cc: None,
             version,
             line: 0,
         }
@@ -830,6 +833,9 @@ impl<'a> FuncLower<'a> {
                 let t = self.need_ty(m)?;
                 let sp = sp_of(m).unwrap_or(Sp::Generic);
                 let (sp, addr, off) = self.address(&o[1], sp)?;
+                if t == Ty::B128 {
+                    return self.unsupported("128-bit load");
+                }
                 let (ds, n) = self.dsts(&o[0])?;
                 let size = t.bytes();
                 self.emit(Op::Ld {
@@ -894,6 +900,74 @@ impl<'a> FuncLower<'a> {
                 let d = self.dst(&o[0])?;
                 let a = self.src(&o[1], Ty::U64)?;
                 self.emit(Op::Isspacep { d, a, sp });
+            }
+            "add" | "sub" | "mad" | "addc" | "subc" | "madc"
+                if has("cc") || i.opcode.ends_with('c') =>
+            {
+                let is_mad = i.opcode.starts_with("mad");
+                let o = self.ops(i, if is_mad { 4 } else { 3 })?;
+                let t = self.need_ty(m)?;
+                let kind = match i.opcode.as_str() {
+                    "add" | "addc" => CarryKind::Add,
+                    "sub" | "subc" => CarryKind::Sub,
+                    _ if has("hi") => CarryKind::MadHi,
+                    _ => CarryKind::MadLo,
+                };
+                let cc = match self.cc {
+                    Some(r) => r,
+                    None => {
+                        let r = self.new_reg()?;
+                        self.cc = Some(r);
+                        r
+                    }
+                };
+                let d = self.dst(&o[0])?;
+                let a = self.src(&o[1], t)?;
+                let b = self.src(&o[2], t)?;
+                let c = if is_mad {
+                    self.src(&o[3], t)?
+                } else {
+                    Src::Imm(0)
+                };
+                self.emit(Op::Carry {
+                    kind,
+                    t,
+                    d,
+                    a,
+                    b,
+                    c,
+                    cin: i.opcode.ends_with('c'),
+                    cout: has("cc"),
+                    cc,
+                });
+            }
+            "cp" if has("async") => {
+                if has("commit_group") || has("wait_group") || has("wait_all") {
+                    self.emit(Op::Nop);
+                    return Ok(());
+                }
+                if has("bulk") || has("mbarrier") {
+                    return self.unsupported("cp.async.bulk / mbarrier forms");
+                }
+                let o = self.ops(i, 3)?;
+                let (_, dst, doff) = self.address(&o[0], Sp::Shared)?;
+                let (_, src, soff) = self.address(&o[1], Sp::Global)?;
+                let size = match &o[2] {
+                    Operand::Int(v) if matches!(*v, 4 | 8 | 16) => *v as u32,
+                    _ => return Err(invalid(self.line, "cp.async size must be 4, 8 or 16")),
+                };
+                let src_size = match o.get(3) {
+                    Some(x) => self.src(x, Ty::U32)?,
+                    None => Src::Imm(size as u64),
+                };
+                self.emit(Op::CpAsync {
+                    dst,
+                    doff,
+                    src,
+                    soff,
+                    size,
+                    src_size,
+                });
             }
             "add" | "sub" | "mul" | "div" | "rem" | "min" | "max" | "and" | "or" | "xor"
             | "shl" | "shr" | "copysign" | "mul24" | "bmsk" => {
@@ -1562,7 +1636,7 @@ impl<'a> FuncLower<'a> {
             _ => (&[], &o[..]),
         };
         let Some(Operand::Name(target)) = rest.first() else {
-            return self.unsupported("indirect call");
+            return self.unsupported("call target form");
         };
         let args: &[Operand] = match rest.get(1) {
             Some(Operand::List(a)) => a,
@@ -1570,7 +1644,23 @@ impl<'a> FuncLower<'a> {
         };
         let func = match self.lookup(target) {
             Some(Binding::Sym(Sym::Func(f))) => f,
-            Some(Binding::Reg(..)) => return self.unsupported("indirect call"),
+            Some(Binding::Reg(r, _)) => {
+                let mut a = Vec::new();
+                for arg in args {
+                    a.push(self.arg_loc(arg, 8)?);
+                }
+                let mut rl = Vec::new();
+                for ret in rets {
+                    rl.push(self.arg_loc(ret, 8)?);
+                }
+                self.emit(Op::Call(Box::new(CallInfo {
+                    func: u32::MAX,
+                    target: Some(Src::Reg(r)),
+                    args: a,
+                    rets: rl,
+                })));
+                return Ok(());
+            }
             _ => return Err(invalid(self.line, format!("unknown function `{target}`"))),
         };
         if func == VPRINTF {
@@ -1615,6 +1705,7 @@ impl<'a> FuncLower<'a> {
         }
         self.emit(Op::Call(Box::new(CallInfo {
             func,
+            target: None,
             args: a,
             rets: r,
         })));

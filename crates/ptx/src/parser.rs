@@ -152,8 +152,19 @@ fn lex(src: &str) -> Result<Vec<Token>, ParseError> {
             Tok::Directive(src[s0..i].to_string())
         } else if is_ident_start(c) {
             i += 1;
-            while i < b.len() && is_ident_char(b[i]) {
-                i += 1;
+            loop {
+                if i < b.len() && is_ident_char(b[i]) {
+                    i += 1;
+                } else if i + 2 < b.len()
+                    && b[i] == b':'
+                    && b[i + 1] == b':'
+                    && b[i + 2].is_ascii_alphanumeric()
+                {
+                    // cache-policy modifiers such as `.L1::no_allocate`
+                    i += 2;
+                } else {
+                    break;
+                }
             }
             Tok::Ident(src[start..i].to_string())
         } else if c.is_ascii_digit() {
@@ -759,7 +770,7 @@ impl Parser {
                         self.pos += 1;
                         self.skip_line();
                     }
-                    "pragma" | "section" => {
+                    "pragma" | "section" | "callprototype" | "alias" => {
                         self.pos += 1;
                         self.skip_to_semicolon();
                     }

@@ -1,0 +1,85 @@
+//! Carry arithmetic, indirect calls, cp.async, generic pointers into local and
+//! shared memory, named barriers with counts, 64-bit and f16x2 atomics.
+
+use cumux_ptx::*;
+
+#[test]
+fn misc_features() {
+    let mem = DeviceMemory::new(1 << 28);
+    let prog = Program::load(include_str!("fixtures/misc.ptx"), &mem).unwrap();
+    let n = 128usize;
+    let a: Vec<u64> = (0..2 * n as u64)
+        .map(|i| i.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ (i << 60))
+        .collect();
+    let da = mem.alloc((a.len() * 8) as u64).unwrap();
+    mem.write(
+        da,
+        &a.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<_>>(),
+    )
+    .unwrap();
+    let dout = mem.alloc(1024 * 8).unwrap();
+    let diout = mem.alloc(4096 * 4).unwrap();
+    for sel in [0i32, 1] {
+        mem.fill(dout, &[0], 1024 * 8).unwrap();
+        mem.fill(diout, &[0], 4096 * 4).unwrap();
+        let k = &prog.kernels()[0];
+        let mut params = vec![0u8; k.params_bytes() as usize];
+        for (p, v) in k.params.iter().zip([
+            da.to_le_bytes().to_vec(),
+            dout.to_le_bytes().to_vec(),
+            diout.to_le_bytes().to_vec(),
+            sel.to_le_bytes().to_vec(),
+        ]) {
+            params[p.offset as usize..p.offset as usize + v.len()].copy_from_slice(&v);
+        }
+        let cfg = LaunchConfig {
+            grid: [1, 1, 1],
+            block: [n as u32, 1, 1],
+            dynamic_shared_bytes: 0,
+        };
+        let r = prog.launch(&mem, "misc", &cfg, &params);
+        r.result.unwrap();
+        let mut ob = vec![0u8; 1024 * 8];
+        mem.read(dout, &mut ob).unwrap();
+        let out: Vec<u64> = ob
+            .chunks(8)
+            .map(|c| u64::from_le_bytes(c.try_into().unwrap()))
+            .collect();
+        let mut ib = vec![0u8; 4096 * 4];
+        mem.read(diout, &mut ib).unwrap();
+        let iout: Vec<i32> = ib
+            .chunks(4)
+            .map(|c| i32::from_le_bytes(c.try_into().unwrap()))
+            .collect();
+        for t in 0..n {
+            let (a0, a1) = (a[2 * t], a[2 * t + 1]);
+            let x = ((a0 as u128) << 64) | a1 as u128;
+            let y = ((a1 as u128) << 64) | a0 as u128;
+            let z = x.wrapping_add(y);
+            let w = a0 as u128 * a1 as u128;
+            assert_eq!(out[4 * t], (z >> 64) as u64, "t{t} carry hi");
+            assert_eq!(out[4 * t + 1], z as u64, "t{t} carry lo");
+            assert_eq!(out[4 * t + 2], (w >> 64) as u64, "t{t} mul hi");
+            assert_eq!(out[4 * t + 3], w as u64, "t{t} mul lo");
+            let ti = t as i32;
+            let want = if (ti + sel) & 1 == 0 { ti + 3 } else { ti * 3 };
+            assert_eq!(iout[8 * t], want, "t{t} indirect call");
+            assert_eq!(
+                iout[8 * t + 1],
+                4 * ti + 6 + 12,
+                "t{t} generic local+shared"
+            );
+            assert_eq!(iout[8 * t + 2], iout[0], "t{t} cp.async");
+            assert_eq!(iout[8 * t + 3], 3, "t{t} clocks");
+            if t < 64 {
+                assert_eq!(iout[8 * t + 4], 2 * ((ti + 32) % 64), "t{t} named barrier");
+            }
+            assert_eq!(iout[8 * t + 5], iout[8 * t], "t{t} ld.nc");
+            assert_eq!(iout[8 * t + 6], 3, "t{t} syncthreads_or/and");
+        }
+        assert_eq!(out[600], (127 * 128 / 2) << 33);
+        assert_eq!(out[601], 97);
+        assert!((1000..1128).contains(&out[602]));
+        assert_eq!(iout[2000] as u32, 0x5400_5800, "f16x2 atomic add");
+    }
+}
