@@ -19,7 +19,7 @@ use std::os::fd::OwnedFd;
 use std::os::unix::net::UnixStream;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, ChildStdout, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -483,39 +483,47 @@ impl Device for WorkerDevice {
         self.used.load(Ordering::Acquire)
     }
 
+    /// The worker starts at the context's first call, so a session that never
+    /// touches the device (a `cumux status` query) costs no process.
     fn create_context(&self) -> Result<Arc<dyn DeviceContext>, CuError> {
-        let spawn_err = |what: &str, e: io::Error| {
-            CuError::new(
-                codes::UNKNOWN,
-                format!("cannot start a worker: {what}: {e}"),
-            )
-        };
-        let (ours, theirs) = UnixStream::pair().map_err(|e| spawn_err("socketpair", e))?;
-        let nonce = new_nonce();
-        let mut child = Command::new(&self.command.program)
-            .args(&self.command.args)
-            .arg("--nonce")
-            .arg(nonce_to_hex(&nonce))
-            .stdin(Stdio::from(OwnedFd::from(theirs)))
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .map_err(|e| spawn_err(&self.command.program.display().to_string(), e))?;
-        let pipe = child.stdout.take();
-        let Some(pipe) = pipe else {
-            reap(child, Duration::ZERO);
-            return Err(CuError::new(codes::UNKNOWN, "a worker without a stdout"));
-        };
-        tracing::debug!(pid = child.id(), device = %self.info.name, "worker started");
-        let ctx = WorkerContext::start(
-            ours,
-            pipe,
-            nonce,
-            Some(child),
+        Ok(Arc::new(WorkerContext::new(
+            Some(self.command.clone()),
             Arc::clone(&self.used),
             Arc::clone(&self.next_module),
-        )?;
-        Ok(Arc::new(ctx))
+        )))
+    }
+}
+
+/// Starts a worker: its socket, the read end of its stdout, its nonce.
+fn spawn_worker(
+    command: &WorkerCommand,
+) -> Result<(Child, UnixStream, ChildStdout, [u8; NONCE_BYTES]), CuError> {
+    let spawn_err = |what: &str, e: io::Error| {
+        CuError::new(
+            codes::UNKNOWN,
+            format!("cannot start a worker: {what}: {e}"),
+        )
+    };
+    let (ours, theirs) = UnixStream::pair().map_err(|e| spawn_err("socketpair", e))?;
+    let nonce = new_nonce();
+    let mut child = Command::new(&command.program)
+        .args(&command.args)
+        .arg("--nonce")
+        .arg(nonce_to_hex(&nonce))
+        .stdin(Stdio::from(OwnedFd::from(theirs)))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .map_err(|e| spawn_err(&command.program.display().to_string(), e))?;
+    match child.stdout.take() {
+        Some(pipe) => {
+            tracing::debug!(pid = child.id(), "worker started");
+            Ok((child, ours, pipe, nonce))
+        }
+        None => {
+            reap(child, Duration::ZERO);
+            Err(CuError::new(codes::UNKNOWN, "a worker without a stdout"))
+        }
     }
 }
 
@@ -651,7 +659,10 @@ struct Connection {
 
 /// One session's context in a worker process.
 pub struct WorkerContext {
-    conn: Mutex<Connection>,
+    /// The connection to the worker; `None` until the first call starts it.
+    conn: Mutex<Option<Connection>>,
+    /// How to start the worker (`None`: it is attached by [`WorkerContext::attach`]).
+    command: Option<WorkerCommand>,
     /// The fault or death that ends this context: every later call fails with it.
     sticky: Mutex<Option<CuError>>,
     tap: Arc<StdoutTap>,
@@ -665,53 +676,67 @@ pub struct WorkerContext {
 }
 
 impl WorkerContext {
-    /// A context over a worker already started: `conn` is its socket, `stdout`
-    /// the read end of its fd 1, `child` the process to reap (none when the
-    /// worker is a thread, as in tests). Waits for the worker to be ready.
-    pub fn start(
-        conn: UnixStream,
-        stdout: impl Read + Send + 'static,
-        nonce: [u8; NONCE_BYTES],
-        child: Option<Child>,
+    /// A context whose worker `command` starts at the first call.
+    pub fn new(
+        command: Option<WorkerCommand>,
         used: Arc<AtomicU64>,
         next_module: Arc<AtomicU64>,
-    ) -> Result<WorkerContext, CuError> {
-        let tap = Arc::new(StdoutTap::default());
-        let reader_tap = Arc::clone(&tap);
-        let spawned = std::thread::Builder::new()
-            .name("cumux-worker-stdout".into())
-            .spawn(move || reader_tap.read_all(stdout, nonce));
-        let ctx = WorkerContext {
-            conn: Mutex::new(Connection {
-                stream: conn,
-                buf: Vec::new(),
-            }),
+    ) -> WorkerContext {
+        WorkerContext {
+            conn: Mutex::new(None),
+            command,
             sticky: Mutex::new(None),
-            tap,
-            child: Mutex::new(child),
+            tap: Arc::new(StdoutTap::default()),
+            child: Mutex::new(None),
             used,
             next_module,
             allocations: Mutex::new(HashMap::new()),
             modules: Mutex::new(HashMap::new()),
-        };
-        if let Err(e) = spawned {
-            return Err(CuError::new(
-                codes::UNKNOWN,
-                format!("cannot start a stdout reader: {e}"),
-            ));
         }
-        let ready = {
-            let mut conn = lock(&ctx.conn);
-            let _ = conn.stream.set_read_timeout(Some(READY_WAIT));
-            let reply = ctx.receive(&mut conn);
-            let _ = conn.stream.set_read_timeout(None);
-            reply
+    }
+
+    /// A context over a worker already running: `conn` is its socket, `stdout`
+    /// the read end of its fd 1 (a thread serving in-process, in tests). Waits
+    /// for the worker to be ready.
+    pub fn attach(
+        conn: UnixStream,
+        stdout: impl Read + Send + 'static,
+        nonce: [u8; NONCE_BYTES],
+        used: Arc<AtomicU64>,
+        next_module: Arc<AtomicU64>,
+    ) -> Result<WorkerContext, CuError> {
+        let ctx = WorkerContext::new(None, used, next_module);
+        let connection = ctx.connect(conn, stdout, nonce)?;
+        *lock(&ctx.conn) = Some(connection);
+        Ok(ctx)
+    }
+
+    /// Reads `stdout` on a thread of its own and waits for the worker's ready.
+    fn connect(
+        &self,
+        stream: UnixStream,
+        stdout: impl Read + Send + 'static,
+        nonce: [u8; NONCE_BYTES],
+    ) -> Result<Connection, CuError> {
+        let tap = Arc::clone(&self.tap);
+        std::thread::Builder::new()
+            .name("cumux-worker-stdout".into())
+            .spawn(move || tap.read_all(stdout, nonce))
+            .map_err(|e| {
+                CuError::new(codes::UNKNOWN, format!("cannot start a stdout reader: {e}"))
+            })?;
+        let mut conn = Connection {
+            stream,
+            buf: Vec::new(),
         };
+        let _ = conn.stream.set_read_timeout(Some(READY_WAIT));
+        let ready = self.receive(&mut conn);
+        let _ = conn.stream.set_read_timeout(None);
         match ready {
             Ok(WorkerReply {
                 result: Ok(WorkerValue::Ready),
                 ..
-            }) => Ok(ctx),
+            }) => Ok(conn),
             Ok(WorkerReply { result: Err(e), .. }) => Err(e),
             Ok(other) => Err(CuError::new(
                 codes::UNKNOWN,
@@ -721,6 +746,27 @@ impl WorkerContext {
                 codes::UNKNOWN,
                 format!("the worker never became ready: {e}"),
             )),
+        }
+    }
+
+    /// Starts the worker of a context made by [`WorkerContext::new`].
+    fn start(&self) -> Result<Connection, CuError> {
+        let Some(command) = &self.command else {
+            return Err(CuError::new(
+                codes::INVALID_CONTEXT,
+                "the context's worker is gone",
+            ));
+        };
+        let (child, stream, stdout, nonce) = spawn_worker(command)?;
+        *lock(&self.child) = Some(child);
+        match self.connect(stream, stdout, nonce) {
+            Ok(conn) => Ok(conn),
+            Err(e) => {
+                if let Some(child) = lock(&self.child).take() {
+                    reap(child, Duration::from_secs(1));
+                }
+                Err(e)
+            }
         }
     }
 
@@ -769,15 +815,27 @@ impl WorkerContext {
         if let Some(e) = self.sticky() {
             return Err(e);
         }
-        let mut conn = lock(&self.conn);
+        let mut slot = lock(&self.conn);
+        if slot.is_none() {
+            match self.start() {
+                Ok(conn) => *slot = Some(conn),
+                Err(e) => {
+                    tracing::warn!("a session's worker did not start: {e}");
+                    lock(&self.sticky).get_or_insert_with(|| e.clone());
+                    return Err(e);
+                }
+            }
+        }
+        let Some(conn) = slot.as_mut() else {
+            return Err(CuError::new(codes::INVALID_CONTEXT, "no worker"));
+        };
         let exchanged = (|| -> io::Result<WorkerReply> {
             send(&mut conn.stream, request)?;
             for frame in frames {
                 write_frame(&mut conn.stream, frame).map_err(io_err)?;
             }
-            let reply = self.receive(&mut conn)?;
+            let reply = self.receive(conn)?;
             if let Ok(WorkerValue::Bytes) = &reply.result {
-                let conn = &mut *conn;
                 read_frame(&mut conn.stream, &mut conn.buf).map_err(io_err)?;
                 match back {
                     Some(back) if back.len() == conn.buf.len() => back.copy_from_slice(&conn.buf),
@@ -791,7 +849,7 @@ impl WorkerContext {
             }
             Ok(reply)
         })();
-        drop(conn);
+        drop(slot);
         let reply = match exchanged {
             Ok(reply) => reply,
             Err(e) => return Err(self.died(&e)),
@@ -957,7 +1015,9 @@ impl Drop for WorkerContext {
         let globals: u64 = lock(&self.modules).drain().map(|(_, (_, b))| b).sum();
         release(&self.used, allocated + globals);
         // Closing the socket tells the worker to tear its context down and exit.
-        let _ = lock(&self.conn).stream.shutdown(std::net::Shutdown::Both);
+        if let Some(conn) = lock(&self.conn).take() {
+            let _ = conn.stream.shutdown(std::net::Shutdown::Both);
+        }
         if let Some(child) = lock(&self.child).take() {
             let reaper = std::thread::Builder::new()
                 .name("cumux-worker-reaper".into())
