@@ -531,7 +531,13 @@ fn un_op(op: UnOp, t: Ty, a: u64, ftz: bool, sat: bool) -> u64 {
                     }
                 }
                 UnOp::Rsqrt => 1.0 / x.sqrt(),
-                UnOp::Rcp => 1.0 / x,
+                UnOp::Rcp => {
+                    if t == Ty::F32 {
+                        (1.0f32 / x as f32) as f64
+                    } else {
+                        1.0 / x
+                    }
+                }
                 UnOp::Sin => x.sin(),
                 UnOp::Cos => x.cos(),
                 UnOp::Ex2 => x.exp2(),

@@ -1,11 +1,12 @@
 //! The device's global address space: allocations in a fixed virtual window,
 //! host-backed, accessed by host copies and by kernels through aligned atomics.
-//! Launches hold a read lock for their whole run so `free` never races a kernel.
+//! Launches hold a read lock for their whole run so `free` never races a kernel;
+//! `alloc` never waits for a launch (new blocks park in a side table until then).
 
 use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::atomic::{AtomicU16, AtomicU32, AtomicU64, AtomicU8, Ordering};
-use std::sync::{RwLock, RwLockReadGuard};
+use std::sync::{Mutex, RwLock, RwLockReadGuard};
 
 /// First device address; all allocations lie above it.
 pub const DEVICE_VA_BASE: u64 = 0x2000_0000_0000;
@@ -69,17 +70,31 @@ impl Drop for Block {
     }
 }
 
-#[derive(Default)]
-pub(crate) struct Space {
-    pub(crate) blocks: BTreeMap<u64, Block>,
+type Blocks = BTreeMap<u64, Block>;
+
+/// Address assignment, accounting, and blocks allocated while the main table
+/// was locked by a launch.
+struct AllocState {
     next: u64,
     used: u64,
+    pending: Blocks,
 }
 
 /// The device's global memory. `Sync + Send`; every method takes `&self`.
 pub struct DeviceMemory {
-    space: RwLock<Space>,
+    space: RwLock<Blocks>,
+    state: Mutex<AllocState>,
     capacity: u64,
+}
+
+fn lookup(blocks: &Blocks, addr: u64, len: u64) -> Option<(u64, u64, *mut u8)> {
+    let (base, b) = blocks.range(..=addr).next_back()?;
+    let off = addr - base;
+    if off.checked_add(len)? <= b.size {
+        Some((*base, b.size, b.ptr))
+    } else {
+        None
+    }
 }
 
 impl fmt::Debug for DeviceMemory {
@@ -94,21 +109,20 @@ impl fmt::Debug for DeviceMemory {
 }
 
 /// A view of device memory for the duration of a launch (or one host call).
+/// While it lives no block can be freed (free needs the write lock).
 pub(crate) struct MemView<'a> {
-    guard: RwLockReadGuard<'a, Space>,
+    guard: RwLockReadGuard<'a, Blocks>,
+    state: &'a Mutex<AllocState>,
 }
 
 impl MemView<'_> {
     /// Host pointer for `[addr, addr+len)` if it lies inside one allocation.
     #[inline]
     pub(crate) fn resolve(&self, addr: u64, len: u64) -> Option<(u64, u64, *mut u8)> {
-        let (base, b) = self.guard.blocks.range(..=addr).next_back()?;
-        let off = addr - base;
-        if off.checked_add(len)? <= b.size {
-            Some((*base, b.size, b.ptr))
-        } else {
-            None
-        }
+        lookup(&self.guard, addr, len).or_else(|| {
+            let st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+            lookup(&st.pending, addr, len)
+        })
     }
 }
 
@@ -116,10 +130,11 @@ impl DeviceMemory {
     /// Creates an empty memory of `capacity_bytes`.
     pub fn new(capacity_bytes: u64) -> Self {
         DeviceMemory {
-            space: RwLock::new(Space {
-                blocks: BTreeMap::new(),
+            space: RwLock::new(BTreeMap::new()),
+            state: Mutex::new(AllocState {
                 next: DEVICE_VA_BASE,
                 used: 0,
+                pending: BTreeMap::new(),
             }),
             capacity: capacity_bytes,
         }
@@ -128,7 +143,12 @@ impl DeviceMemory {
     pub(crate) fn view(&self) -> MemView<'_> {
         MemView {
             guard: self.space.read().unwrap_or_else(|e| e.into_inner()),
+            state: &self.state,
         }
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, AllocState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Allocates `bytes` zero-filled bytes; returns a 256-byte aligned address.
@@ -140,7 +160,7 @@ impl DeviceMemory {
             .checked_add(ALLOC_ALIGN - 1)
             .ok_or(MemError::OutOfMemory)?
             & !(ALLOC_ALIGN - 1);
-        let mut s = self.space.write().unwrap_or_else(|e| e.into_inner());
+        let mut s = self.state();
         if s.used.saturating_add(rounded) > self.capacity {
             return Err(MemError::OutOfMemory);
         }
@@ -160,23 +180,32 @@ impl DeviceMemory {
         if ptr.is_null() {
             return Err(MemError::OutOfMemory);
         }
-        s.blocks.insert(
-            addr,
-            Block {
-                ptr,
-                size: bytes,
-                layout,
-            },
-        );
+        let block = Block {
+            ptr,
+            size: bytes,
+            layout,
+        };
         s.next = next;
         s.used += rounded;
+        // Insert now unless a launch holds the table; then park it until later.
+        match self.space.try_write() {
+            Ok(mut blocks) => {
+                blocks.append(&mut s.pending);
+                blocks.insert(addr, block);
+            }
+            Err(_) => {
+                s.pending.insert(addr, block);
+            }
+        }
         Ok(addr)
     }
 
     /// Frees the allocation that starts at `ptr`; waits for running launches.
     pub fn free(&self, ptr: u64) -> Result<(), MemError> {
-        let mut s = self.space.write().unwrap_or_else(|e| e.into_inner());
-        let b = s.blocks.remove(&ptr).ok_or(MemError::InvalidAddress(ptr))?;
+        let mut blocks = self.space.write().unwrap_or_else(|e| e.into_inner());
+        let mut s = self.state();
+        blocks.append(&mut s.pending);
+        let b = blocks.remove(&ptr).ok_or(MemError::InvalidAddress(ptr))?;
         s.used = s.used.saturating_sub(b.layout.size() as u64);
         Ok(())
     }
@@ -184,8 +213,8 @@ impl DeviceMemory {
     /// `(base, size)` of the allocation containing `ptr`.
     pub fn range(&self, ptr: u64) -> Option<(u64, u64)> {
         let v = self.view();
-        let (base, b) = v.guard.blocks.range(..=ptr).next_back()?;
-        (ptr - base < b.size).then_some((*base, b.size))
+        let (base, size, _) = v.resolve(ptr, 1)?;
+        Some((base, size))
     }
 
     fn host_ptr(v: &MemView<'_>, addr: u64, len: u64) -> Result<*mut u8, MemError> {
@@ -262,7 +291,7 @@ impl DeviceMemory {
 
     /// Bytes currently allocated (rounded to allocation granularity).
     pub fn used(&self) -> u64 {
-        self.view().guard.used
+        self.state().used
     }
 
     /// Total capacity in bytes.
@@ -339,5 +368,59 @@ pub(crate) unsafe fn atomic_rmw(
                 Ok(o) | Err(o) => o as u64,
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn alloc_free_read_write() {
+        let m = DeviceMemory::new(1 << 20);
+        assert_eq!(m.alloc(0), Err(MemError::InvalidSize));
+        let a = m.alloc(100).unwrap();
+        let b = m.alloc(1000).unwrap();
+        assert!(a >= DEVICE_VA_BASE && a % 256 == 0 && b % 256 == 0 && b > a + 100);
+        assert_eq!(m.range(a + 50), Some((a, 100)));
+        assert_eq!(m.range(a + 100), None);
+        let mut buf = [1u8; 100];
+        m.read(a, &mut buf).unwrap();
+        assert_eq!(buf, [0u8; 100]);
+        m.write(a + 10, b"hello").unwrap();
+        m.copy(a + 12, a + 10, 5).unwrap(); // overlapping
+        m.read(a + 10, &mut buf[..7]).unwrap();
+        assert_eq!(&buf[..7], b"hehello");
+        assert!(matches!(
+            m.write(a + 98, b"xyz"),
+            Err(MemError::OutOfRange { .. })
+        ));
+        m.fill(b, &[1, 2], 3).unwrap();
+        m.fill(b + 6, &[9, 8, 7, 6], 1).unwrap();
+        m.read(b, &mut buf[..10]).unwrap();
+        assert_eq!(&buf[..10], &[1, 2, 1, 2, 1, 2, 9, 8, 7, 6]);
+        assert_eq!(m.fill(b, &[1, 2, 3], 1), Err(MemError::InvalidSize));
+        assert_eq!(m.free(a + 1), Err(MemError::InvalidAddress(a + 1)));
+        assert_eq!(m.used(), 256 + 1024);
+        m.free(a).unwrap();
+        assert_eq!(m.free(a), Err(MemError::InvalidAddress(a)));
+        assert_eq!(m.alloc(1 << 20), Err(MemError::OutOfMemory));
+        assert_eq!(MemError::OutOfMemory.cu_code(), 2);
+        m.free(b).unwrap();
+        assert_eq!(m.used(), 0);
+    }
+
+    #[test]
+    fn alloc_does_not_wait_for_a_launch() {
+        let m = DeviceMemory::new(1 << 20);
+        let a = m.alloc(64).unwrap();
+        let view = m.view(); // what a running launch holds
+        let b = m.alloc(64).unwrap();
+        m.write(b, &[7; 64]).unwrap();
+        assert!(view.resolve(b, 64).is_some());
+        assert!(view.resolve(a, 64).is_some());
+        drop(view);
+        m.free(b).unwrap();
+        m.free(a).unwrap();
     }
 }
