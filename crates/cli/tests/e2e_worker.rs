@@ -1,0 +1,240 @@
+//! Worker-backed devices end to end, without a GPU: `cumux serve --device
+//! worker-cpu` runs each session's context in a `cumux worker` process of the
+//! CPU device, exactly as `--device cuda` does with GPUs. Programs pass, device
+//! printf reaches only its own program, a killed worker fails its session
+//! cleanly while the server goes on, and no worker is left behind.
+
+mod common;
+
+use std::os::unix::net::UnixStream;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+
+const LIMIT: Duration = Duration::from_secs(300);
+
+/// A `cumux serve --device worker-cpu` child; killed at drop.
+struct WorkerServer {
+    child: Child,
+    address: String,
+    dir: TempDir,
+}
+
+impl WorkerServer {
+    fn start(tag: &str) -> Self {
+        ensure_driver();
+        let dir = TempDir::new(tag);
+        let socket = dir.0.join("s.sock");
+        let address = format!("unix:{}", socket.display());
+        let log = std::fs::File::create(dir.0.join("server.log")).unwrap();
+        let child = Command::new(CUMUX)
+            .args([
+                "serve",
+                "--device",
+                "worker-cpu",
+                "--memory",
+                "1G",
+                "--listen",
+                &address,
+            ])
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("cumux serve starts");
+        let mut server = WorkerServer {
+            child,
+            address,
+            dir,
+        };
+        let started = Instant::now();
+        while UnixStream::connect(&socket).is_err() {
+            if let Ok(Some(status)) = server.child.try_wait() {
+                panic!("cumux serve exited with {status}: {}", server.log());
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(30),
+                "the server never listened"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        server
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.0.join("server.log")).unwrap_or_default()
+    }
+
+    fn alive(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
+    fn command(&self, program: &std::path::Path, args: &[&str]) -> Command {
+        let mut c = Command::new(CUMUX);
+        c.args(["run", "--server", &self.address, "--"])
+            .arg(program)
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        c
+    }
+
+    fn run(&self, program: &std::path::Path) -> RunOutput {
+        let child = self.command(program, &[]).spawn().expect("cumux run starts");
+        wait_bounded(child, LIMIT)
+    }
+
+    /// The server's child processes: (pid, state letter, command line).
+    fn children(&self) -> Vec<(u32, char, String)> {
+        let me = self.child.id();
+        let mut out = Vec::new();
+        let Ok(entries) = std::fs::read_dir("/proc") else {
+            return out;
+        };
+        for entry in entries.flatten() {
+            let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+                continue;
+            };
+            let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+                continue;
+            };
+            // pid (comm) state ppid …: the comm may hold spaces, so split after ')'.
+            let Some(rest) = stat.rfind(')').map(|i| &stat[i + 1..]) else {
+                continue;
+            };
+            let mut fields = rest.split_whitespace();
+            let state = fields.next().and_then(|s| s.chars().next()).unwrap_or('?');
+            let ppid: u32 = fields.next().and_then(|p| p.parse().ok()).unwrap_or(0);
+            if ppid != me {
+                continue;
+            }
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline"))
+                .map(|b| String::from_utf8_lossy(&b).replace('\0', " "))
+                .unwrap_or_default();
+            out.push((pid, state, cmdline));
+        }
+        out
+    }
+
+    /// Waits until the server has no child left (running or zombie).
+    fn wait_no_children(&self) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let children = self.children();
+            if children.is_empty() {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "workers left behind: {children:?}\n--- server log\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for WorkerServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn programs_run_in_workers_and_printf_reaches_only_its_program() {
+    let server = WorkerServer::start("worker-run");
+    // A status query opens a session but starts no worker.
+    let status = Command::new(CUMUX)
+        .args(["status", "--server", &server.address])
+        .output()
+        .unwrap();
+    assert!(status.status.success(), "{status:?}");
+    assert!(server.children().is_empty(), "{:?}", server.children());
+
+    let printer = corpus_program("printf_kernel");
+    let quiet = corpus_program("vector_add");
+    let runs: Vec<_> = [&printer, &quiet, &printer]
+        .into_iter()
+        .map(|p| server.command(p, &[]).spawn().expect("cumux run starts"))
+        .collect();
+    let outs: Vec<RunOutput> = runs.into_iter().map(|c| wait_bounded(c, LIMIT)).collect();
+    for (out, name) in outs.iter().zip(["printf_kernel", "vector_add", "printf_kernel"]) {
+        assert!(
+            out.code() == Some(0) && out.stdout.contains(&format!("{name}: PASS")),
+            "{name}: {}\n--- server log\n{}",
+            out.describe(),
+            server.log()
+        );
+    }
+    for out in [&outs[0], &outs[2]] {
+        let device_lines = out
+            .stdout
+            .lines()
+            .filter(|l| l.starts_with("block "))
+            .count();
+        assert_eq!(device_lines, 2, "{}", out.describe());
+        assert!(out
+            .stdout
+            .lines()
+            .any(|l| l == "block 1: int=17 float=2.500 str=second char=B big=2199023255552"));
+    }
+    assert!(
+        !outs[1].stdout.contains("block "),
+        "another program's printf leaked: {}",
+        outs[1].describe()
+    );
+    server.wait_no_children();
+}
+
+#[test]
+fn a_killed_worker_fails_its_session_and_the_server_goes_on() {
+    let mut server = WorkerServer::start("worker-kill");
+    let looping = test_program("loop_launches");
+    let mut child = server
+        .command(&looping, &["120"])
+        .spawn()
+        .expect("cumux run starts");
+    let lines = lines_of(child.stdout.take().unwrap());
+    wait_for_line(&lines, "started", LIMIT).unwrap_or_else(|e| panic!("{e}\n{}", server.log()));
+    let workers: Vec<_> = server
+        .children()
+        .into_iter()
+        .filter(|(_, _, cmd)| cmd.contains(" worker "))
+        .collect();
+    assert_eq!(workers.len(), 1, "{workers:?}");
+    let pid = workers[0].0;
+    // SAFETY: kill(2) on the worker's pid, a child of the server we started.
+    assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGKILL) }, 0);
+
+    // The program sees a failed call, not a hang.
+    let out = wait_bounded(child, LIMIT);
+    let mut rest = Vec::new();
+    while let Ok(line) = lines.recv_timeout(Duration::from_secs(10)) {
+        rest.push(line);
+    }
+    assert_eq!(
+        out.code(),
+        Some(3),
+        "{}\n{rest:?}\n--- server log\n{}",
+        out.describe(),
+        server.log()
+    );
+    assert!(
+        rest.iter().any(|l| l.contains("failed")),
+        "{rest:?}\n{}",
+        out.describe()
+    );
+    assert!(server.alive(), "the server died with its worker");
+
+    // A new session gets a new worker.
+    let again = server.run(&corpus_program("vector_add"));
+    assert!(
+        again.code() == Some(0) && again.stdout.contains("vector_add: PASS"),
+        "{}\n--- server log\n{}",
+        again.describe(),
+        server.log()
+    );
+    server.wait_no_children();
+}
