@@ -1,0 +1,155 @@
+//! The `cuda` backend in `cumux worker` processes over the fake libcuda of
+//! `cumux-cuda-driver`'s tests (`CUMUX_REAL_LIBCUDA`), so CI exercises the very
+//! path `serve --device cuda` takes: devices described by the server, contexts
+//! in workers, C-stdio printf routed back per context, a killed worker.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use cumux_protocol::codes;
+use cumux_server::device::worker::cuda_worker_devices;
+use cumux_server::device::LaunchGeometry;
+
+const CUMUX: &str = env!("CARGO_BIN_EXE_cumux");
+
+/// The fake driver, printing (no FAKE_QUIET), or `None` without a C compiler.
+fn fake_driver() -> Option<PathBuf> {
+    let src = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../cuda-driver/tests/fake_libcuda.c"
+    );
+    let out = std::env::temp_dir().join(format!(
+        "cumux-worker-fake-libcuda-{}.so",
+        std::process::id()
+    ));
+    let built = std::process::Command::new("cc")
+        .args(["-shared", "-fPIC", "-o"])
+        .arg(&out)
+        .arg(src)
+        .status()
+        .is_ok_and(|s| s.success());
+    built.then_some(out)
+}
+
+/// Our own children: (pid, state letter, command line).
+fn children() -> Vec<(i32, char, String)> {
+    let me = std::process::id();
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            continue;
+        };
+        let Some(rest) = stat.rfind(')').map(|i| &stat[i + 1..]) else {
+            continue;
+        };
+        let mut fields = rest.split_whitespace();
+        let state = fields.next().and_then(|s| s.chars().next()).unwrap_or('?');
+        if fields.next().and_then(|p| p.parse::<u32>().ok()) != Some(me) {
+            continue;
+        }
+        let cmd = std::fs::read(format!("/proc/{pid}/cmdline"))
+            .map(|b| String::from_utf8_lossy(&b).replace('\0', " "))
+            .unwrap_or_default();
+        if cmd.contains(" worker ") {
+            out.push((pid, state, cmd));
+        }
+    }
+    out
+}
+
+fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !done() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn floats(bytes: &[u8]) -> Vec<f32> {
+    bytes
+        .chunks(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
+}
+
+#[test]
+fn cuda_contexts_live_in_workers() {
+    let Some(fake) = fake_driver() else {
+        eprintln!("no C compiler: skipping");
+        return;
+    };
+    // The only test of this binary: the environment is ours to set.
+    std::env::set_var("CUMUX_REAL_LIBCUDA", &fake);
+    let devices = cuda_worker_devices(PathBuf::from(CUMUX)).expect("the fake GPU");
+    assert_eq!(devices.len(), 1);
+    let device = Arc::clone(&devices[0]);
+    assert_eq!(device.info().name, "Fake GPU 80GB");
+    assert_eq!(device.info().backend, "cuda");
+    assert!(children().is_empty(), "describing devices starts no worker");
+
+    let ctx = device.create_context().unwrap();
+    let a = ctx.mem_alloc(16).unwrap();
+    assert_eq!(children().len(), 1);
+    let input: Vec<u8> = [1.0f32, 2.0, 3.0, 4.0]
+        .iter()
+        .flat_map(|v| v.to_le_bytes())
+        .collect();
+    ctx.mem_write(a, &input).unwrap();
+    let image = std::fs::read(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../fatbin/tests/fixtures/default.fatbin"
+    ))
+    .unwrap();
+    let module = ctx.module_load(&image).unwrap();
+    let names: Vec<&str> = module.kernels.iter().map(|k| k.name.as_str()).collect();
+    assert_eq!(names, ["add", "scale"]);
+    assert_eq!(module.globals.len(), 1);
+    assert_eq!(device.mem_used(), 32);
+
+    let mut params = a.to_le_bytes().to_vec();
+    params.extend_from_slice(&2.0f32.to_le_bytes());
+    params.extend_from_slice(&3i32.to_le_bytes());
+    let geometry = LaunchGeometry {
+        grid: [1, 1, 1],
+        block: [32, 1, 1],
+        dynamic_shared_bytes: 0,
+    };
+    let outcome = ctx.launch(module.id, 1, &geometry, &params);
+    assert_eq!(outcome.result, Ok(()));
+    // The driver's printf, written through the worker's C stdio.
+    assert_eq!(
+        String::from_utf8_lossy(&outcome.stdout),
+        "scale printed n=3\n"
+    );
+    let mut back = vec![0u8; 16];
+    ctx.mem_read(a, &mut back).unwrap();
+    assert_eq!(floats(&back), [3.0, 6.0, 9.0, 4.0]);
+
+    // A second session has a worker of its own; killing it fails that
+    // session only.
+    let other = device.create_context().unwrap();
+    other.mem_alloc(8).unwrap();
+    let workers = children();
+    assert_eq!(workers.len(), 2, "{workers:?}");
+    let newest = workers.iter().map(|w| w.0).max().unwrap();
+    // SAFETY: kill(2) on a worker process this test started.
+    assert_eq!(unsafe { libc::kill(newest, libc::SIGKILL) }, 0);
+    let e = other.mem_alloc(8).unwrap_err();
+    assert_eq!(e.code, codes::LAUNCH_FAILED, "{e}");
+    let outcome = other.launch(module.id, 1, &geometry, &params);
+    assert!(outcome.result.is_err());
+    // The killed worker was reaped at once.
+    wait_until("the killed worker to be reaped", || children().len() == 1);
+    ctx.mem_read(a, &mut back).unwrap();
+    assert_eq!(floats(&back), [3.0, 6.0, 9.0, 4.0]);
+
+    drop(other);
+    drop(ctx);
+    assert_eq!(device.mem_used(), 0);
+    wait_until("every worker to exit", || children().is_empty());
+    let _ = std::fs::remove_file(fake);
+}
