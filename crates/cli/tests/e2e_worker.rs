@@ -81,7 +81,10 @@ impl WorkerServer {
     }
 
     fn run(&self, program: &std::path::Path) -> RunOutput {
-        let child = self.command(program, &[]).spawn().expect("cumux run starts");
+        let child = self
+            .command(program, &[])
+            .spawn()
+            .expect("cumux run starts");
         wait_bounded(child, LIMIT)
     }
 
@@ -160,7 +163,10 @@ fn programs_run_in_workers_and_printf_reaches_only_its_program() {
         .map(|p| server.command(p, &[]).spawn().expect("cumux run starts"))
         .collect();
     let outs: Vec<RunOutput> = runs.into_iter().map(|c| wait_bounded(c, LIMIT)).collect();
-    for (out, name) in outs.iter().zip(["printf_kernel", "vector_add", "printf_kernel"]) {
+    for (out, name) in outs
+        .iter()
+        .zip(["printf_kernel", "vector_add", "printf_kernel"])
+    {
         assert!(
             out.code() == Some(0) && out.stdout.contains(&format!("{name}: PASS")),
             "{name}: {}\n--- server log\n{}",
