@@ -20,6 +20,8 @@ const WINDOW_SIZE: u64 = 1 << 32;
 /// Per-thread local memory limit (frames and call stack).
 const LOCAL_LIMIT: usize = 512 * 1024;
 const MAX_CALL_DEPTH: usize = 4096;
+/// Registers plus local memory of all threads of one block (bytes).
+pub(crate) const BLOCK_MEMORY_LIMIT: usize = 256 << 20;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Status {
@@ -63,6 +65,8 @@ struct Geo<'a> {
     kernel: u32,
     /// Instructions a block may execute before the launch fails.
     budget: u64,
+    /// Bytes of registers plus local memory one thread may use (call stack).
+    stack_limit: usize,
 }
 
 /// Per-worker mutable state of the block being run.
@@ -1624,7 +1628,7 @@ fn run_thread(g: &Geo<'_>, b: &mut Block, th: &mut Thread, lin: u32) -> Result<S
                 let new_lbase = (lbase + func.frame_bytes).div_ceil(16) * 16;
                 let need_regs = (new_rbase + callee.nregs) as usize;
                 let need_local = (new_lbase as usize + callee.frame_bytes as usize).div_ceil(8);
-                if need_local * 8 > LOCAL_LIMIT {
+                if need_local * 8 > LOCAL_LIMIT || (need_regs + need_local) * 8 > g.stack_limit {
                     break Err(Fault::IllegalAddress {
                         addr: LOCAL_WINDOW + new_lbase as u64,
                         detail: format!("stack overflow at line {}", inst.line),
@@ -2360,6 +2364,8 @@ pub(crate) fn run_launch(
         start_ns,
         kernel,
         budget,
+        stack_limit: (BLOCK_MEMORY_LIMIT / cfg.block.iter().product::<u32>().max(1) as usize)
+            .max(1 << 20),
     };
     let total: u64 = cfg.grid.iter().map(|&v| v as u64).product();
     let next = AtomicU64::new(0);

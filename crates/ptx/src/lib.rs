@@ -264,6 +264,14 @@ impl Program {
         if let Err(f) = check_config(info, cfg, params.len()) {
             return fail(f);
         }
+        let threads: u64 = cfg.block.iter().map(|&v| v as u64).product();
+        let f = &self.funcs[self.kernel_funcs[k] as usize];
+        let per_thread = f.nregs as u64 * 8 + f.frame_bytes as u64;
+        if per_thread.saturating_mul(threads) > exec::BLOCK_MEMORY_LIMIT as u64 {
+            return fail(Fault::OutOfResources(format!(
+                "{threads} threads with {per_thread} bytes of registers and local memory each"
+            )));
+        }
         let shared = self.dyn_shared_base as u64 + cfg.dynamic_shared_bytes as u64;
         exec::run_launch(
             self,

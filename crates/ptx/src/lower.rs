@@ -9,7 +9,7 @@ use crate::{KernelInfo, LoadError, ParamLayout};
 use std::collections::HashMap;
 
 /// Largest register count a single function may declare.
-const MAX_REGS: u64 = 1 << 20;
+const MAX_REGS: u64 = 1 << 16;
 /// Largest size of any single variable (bytes).
 const MAX_VAR: u64 = 1 << 30;
 /// Address of the first function in the "function pointer" window.
