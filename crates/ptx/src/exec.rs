@@ -67,6 +67,8 @@ struct Geo<'a> {
     budget: u64,
     /// Bytes of registers plus local memory one thread may use (call stack).
     stack_limit: usize,
+    /// Run the lanes of a warp in lockstep (module uses volatile accesses).
+    lockstep: bool,
 }
 
 /// Per-worker mutable state of the block being run.
@@ -84,6 +86,8 @@ struct Block {
 enum Stop {
     Collective,
     Exit,
+    /// Step budget used up; the thread stays ready.
+    Yield,
 }
 
 #[inline]
@@ -1211,13 +1215,22 @@ fn local_get(local: &mut [u64], src: u32, size: u32) -> Option<u64> {
 }
 
 /// Runs one thread until it reaches a collective, exits or faults.
-fn run_thread(g: &Geo<'_>, b: &mut Block, th: &mut Thread, lin: u32) -> Result<Stop, Fault> {
+fn run_thread(
+    g: &Geo<'_>,
+    b: &mut Block,
+    th: &mut Thread,
+    lin: u32,
+    max_steps: u64,
+) -> Result<Stop, Fault> {
     let funcs = &g.prog.funcs;
     let tid = lin_to_tid(lin, g.ntid);
     let mut func = &funcs[th.func as usize];
     let mut pc = th.pc;
     let mut count: u64 = 0;
     let result = loop {
+        if count >= max_steps {
+            break Ok(Stop::Yield);
+        }
         let Some(inst) = func.code.get(pc as usize) else {
             break Err(Fault::Failed(format!(
                 "pc {pc} out of range in {}",
@@ -1974,10 +1987,31 @@ impl Worker {
         }
         loop {
             let mut any_ready = false;
-            for (lin, th) in self.threads.iter_mut().enumerate() {
-                if th.status == Status::Ready {
-                    any_ready = true;
-                    run_thread(g, &mut self.block, th, lin as u32)?;
+            if g.lockstep {
+                // warp-synchronous code: lanes of a warp advance one instruction at a time
+                for w in 0..n.div_ceil(32) {
+                    let lanes = w * 32..(w * 32 + 32).min(n);
+                    loop {
+                        let mut ran = false;
+                        for lin in lanes.clone() {
+                            let th = &mut self.threads[lin];
+                            if th.status == Status::Ready {
+                                ran = true;
+                                any_ready = true;
+                                run_thread(g, &mut self.block, th, lin as u32, 1)?;
+                            }
+                        }
+                        if !ran {
+                            break;
+                        }
+                    }
+                }
+            } else {
+                for (lin, th) in self.threads.iter_mut().enumerate() {
+                    if th.status == Status::Ready {
+                        any_ready = true;
+                        run_thread(g, &mut self.block, th, lin as u32, u64::MAX)?;
+                    }
                 }
             }
             if self.threads.iter().all(|t| t.status == Status::Exited) {
@@ -2364,6 +2398,9 @@ pub(crate) fn run_launch(
         start_ns,
         kernel,
         budget,
+        lockstep: prog.funcs.iter().enumerate().any(|(i, f)| {
+            f.uses_volatile && (i as u32 == kernel || !prog.kernel_funcs.contains(&(i as u32)))
+        }),
         stack_limit: (BLOCK_MEMORY_LIMIT / cfg.block.iter().product::<u32>().max(1) as usize)
             .max(1 << 20),
     };

@@ -582,6 +582,8 @@ pub(crate) struct Func {
     pub code: Vec<Inst>,
     pub nregs: u32,
     pub frame_bytes: u32,
+    /// Uses `ld.volatile`/`st.volatile`: warp-synchronous code that needs lockstep.
+    pub uses_volatile: bool,
     /// Offsets/sizes of formal params and return params inside the frame (for `.func`).
     pub params: Vec<(u32, u32)>,
     pub rets: Vec<(u32, u32)>,

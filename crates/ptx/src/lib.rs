@@ -182,7 +182,7 @@ pub struct LaunchReport {
 pub struct Program {
     pub(crate) funcs: Vec<ir::Func>,
     kernels: Vec<KernelInfo>,
-    kernel_funcs: Vec<u32>,
+    pub(crate) kernel_funcs: Vec<u32>,
     globals: Vec<GlobalVar>,
     allocations: Vec<u64>,
     dyn_shared_base: u32,

@@ -362,6 +362,7 @@ struct FuncLower<'a> {
     is_entry: bool,
     /// Hidden register holding the carry flag, allocated on first use.
     cc: Option<u32>,
+    uses_volatile: bool,
     #[allow(dead_code)]
     version: u32,
     line: u32,
@@ -438,6 +439,7 @@ impl<'a> FuncLower<'a> {
             fixups: Vec::new(),
             is_entry: false,
             cc: None,
+            uses_volatile: false,
             version,
             line: 0,
         }
@@ -512,6 +514,7 @@ impl<'a> FuncLower<'a> {
             frame_bytes: align_up(self.frame as u64, 16) as u32,
             params,
             rets,
+            uses_volatile: self.uses_volatile,
         })
     }
 
@@ -799,6 +802,9 @@ impl<'a> FuncLower<'a> {
         let has = |s: &str| m.iter().any(|x| x == s);
         let ftz = has("ftz");
         let sat = has("sat") || has("satfinite");
+        if has("volatile") {
+            self.uses_volatile = true;
+        }
         match i.opcode.as_str() {
             "mov" => {
                 let o = self.ops(i, 2)?;

@@ -258,3 +258,35 @@ fn faults_and_recovery() {
     let r = p.launch(&mem, "faulty", &cfg([1, 1, 1], [1, 1, 1], 0), &[0; 4]);
     assert_eq!(r.result.unwrap_err().cu_code(), 1);
 }
+
+#[test]
+fn warp_synchronous_legacy_reduction_runs_in_lockstep() {
+    let mem = DeviceMemory::new(1 << 28);
+    let p = Program::load(include_str!("fixtures/legacy.ptx"), &mem).unwrap();
+    let blocks = 8usize;
+    let v: Vec<i32> = (0..256 * blocks as i32)
+        .map(|i| (i * 7919) % 1000)
+        .collect();
+    let din = mem.alloc((v.len() * 4) as u64).unwrap();
+    mem.write(
+        din,
+        &v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<_>>(),
+    )
+    .unwrap();
+    let dout = mem.alloc((blocks * 4) as u64).unwrap();
+    let k = kernel(&p, "legacy_reduce");
+    let params = pack(k, &[&din.to_le_bytes(), &dout.to_le_bytes()]);
+    p.launch(
+        &mem,
+        "legacy_reduce",
+        &cfg([blocks as u32, 1, 1], [256, 1, 1], 0),
+        &params,
+    )
+    .result
+    .unwrap();
+    let got = read_u32(&mem, dout, blocks);
+    for b in 0..blocks {
+        let want: i32 = v[b * 256..(b + 1) * 256].iter().sum();
+        assert_eq!(got[b] as i32, want, "block {b}");
+    }
+}
