@@ -381,7 +381,9 @@ mod tests {
         assert_eq!(m.alloc(0), Err(MemError::InvalidSize));
         let a = m.alloc(100).unwrap();
         let b = m.alloc(1000).unwrap();
-        assert!(a >= DEVICE_VA_BASE && a % 256 == 0 && b % 256 == 0 && b > a + 100);
+        assert!(
+            a >= DEVICE_VA_BASE && a.is_multiple_of(256) && b.is_multiple_of(256) && b > a + 100
+        );
         assert_eq!(m.range(a + 50), Some((a, 100)));
         assert_eq!(m.range(a + 100), None);
         let mut buf = [1u8; 100];
