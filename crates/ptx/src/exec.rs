@@ -2410,8 +2410,11 @@ pub(crate) fn run_launch(
     let instructions = AtomicU64::new(0);
     let fault: Mutex<Option<(u64, Fault)>> = Mutex::new(None);
     let outputs: Mutex<Vec<(u64, Vec<u8>)>> = Mutex::new(Vec::new());
-    let workers = std::thread::available_parallelism()
-        .map(|n| n.get())
+    let workers = std::env::var("CUMUX_PTX_THREADS")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+        .filter(|&n| n > 0)
+        .or_else(|| std::thread::available_parallelism().map(|n| n.get()).ok())
         .unwrap_or(1)
         .min(total.max(1) as usize)
         .max(1);
