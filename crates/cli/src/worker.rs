@@ -33,6 +33,8 @@ pub fn worker(options: WorkerOptions) -> Result<()> {
         .try_clone_to_owned()
         .context("fd 0 is not open")?;
     let conn = UnixStream::from(socket);
+    // Its log lines share the server's stderr: name the worker in each.
+    let _span = tracing::info_span!("worker", pid = std::process::id()).entered();
     let device = local_device(
         &options.device,
         options.ordinal,
