@@ -2018,7 +2018,9 @@ impl Worker {
                 return Ok(());
             }
             let _ = any_ready;
-            let progressed = self.resolve_warps(g)? || self.resolve_barriers(g);
+            let progressed = self.resolve_warps(g, false)
+                || self.resolve_barriers(g)
+                || self.resolve_warps(g, true);
             if !progressed {
                 let waiting: Vec<usize> = self
                     .threads
@@ -2138,7 +2140,10 @@ impl Worker {
         progressed
     }
 
-    fn resolve_warps(&mut self, g: &Geo<'_>) -> Result<bool, Fault> {
+    /// Resolves warp collectives whose participants have all arrived. With
+    /// `relaxed`, lanes waiting at different instructions of the same kind
+    /// (divergent call sites) are grouped too.
+    fn resolve_warps(&mut self, g: &Geo<'_>, relaxed: bool) -> bool {
         let n = self.threads.len();
         let mut progressed = false;
         for w in 0..n.div_ceil(32) {
@@ -2190,14 +2195,21 @@ impl Worker {
                     (rd(&t.regs, t.rbase, t.lbase, mask_src) as u32 | 1 << (l - lo)) & alive
                 };
                 // every lane in mask must be waiting at this same instruction
+                let kind = std::mem::discriminant(&inst.op);
                 let ready = (0..32).filter(|k| mask & (1 << k) != 0).all(|k| {
                     let o = &self.threads[lo + k];
-                    o.status == Status::AtWarp && o.func == func && o.pc == pc
+                    o.status == Status::AtWarp
+                        && ((o.func == func && o.pc == pc)
+                            || (relaxed
+                                && g.prog.funcs[o.func as usize]
+                                    .code
+                                    .get(o.pc as usize)
+                                    .is_some_and(|i| std::mem::discriminant(&i.op) == kind)))
                 });
                 if !ready {
                     continue;
                 }
-                self.collective(g, lo, mask, &inst.op, inst.line)?;
+                self.collective(g, lo, mask);
                 for k in 0..32 {
                     if mask & (1 << k) != 0 {
                         let o = &mut self.threads[lo + k];
@@ -2208,34 +2220,37 @@ impl Worker {
                 progressed = true;
             }
         }
-        Ok(progressed)
+        progressed
     }
 
-    fn collective(
-        &mut self,
-        _g: &Geo<'_>,
-        lo: usize,
-        mask: u32,
-        op: &Op,
-        _line: u32,
-    ) -> Result<(), Fault> {
+    /// Resolves one warp collective for the lanes in `mask`; every lane uses
+    /// the operands of the instruction it is waiting at.
+    fn collective(&mut self, g: &Geo<'_>, lo: usize, mask: u32) {
+        let prog = g.prog;
+        let op_at = |th: &Thread| -> Option<&Op> {
+            prog.funcs
+                .get(th.func as usize)?
+                .code
+                .get(th.pc as usize)
+                .map(|i| &i.op)
+        };
         let lanes: Vec<usize> = (0..32).filter(|k| mask & (1 << k) != 0).collect();
         let val = |th: &Thread, s: Src| rd(&th.regs, th.rbase, th.lbase, s);
-        match op {
-            Op::WarpSync { .. } => {}
-            Op::Shfl {
-                mode,
-                d,
-                dp,
-                a,
-                b,
-                c,
-                ..
-            } => {
-                let n = self.threads.len();
+        let n = self.threads.len();
+        let Some(first) = lanes.first().and_then(|&l| op_at(&self.threads[lo + l])) else {
+            return;
+        };
+        match first {
+            Op::Shfl { .. } => {
                 let mut results = Vec::with_capacity(lanes.len());
                 for &lane in &lanes {
                     let th = &self.threads[lo + lane];
+                    let Some(Op::Shfl {
+                        mode, d, dp, b, c, ..
+                    }) = op_at(th)
+                    else {
+                        continue;
+                    };
                     let bval = (val(th, *b) & 0x1f) as i64;
                     let cval = val(th, *c);
                     let segmask = ((cval >> 8) & 0x1f) as i64;
@@ -2266,59 +2281,73 @@ impl Worker {
                     } else {
                         lane
                     };
-                    let v = val(&self.threads[lo + src_lane], *a) & 0xffff_ffff;
-                    results.push((lane, v, p));
+                    let src = &self.threads[lo + src_lane];
+                    // the source lane's value operand (of its own instruction)
+                    let a = match op_at(src) {
+                        Some(Op::Shfl { a, .. }) => *a,
+                        _ => match op_at(th) {
+                            Some(Op::Shfl { a, .. }) => *a,
+                            _ => Src::Imm(0),
+                        },
+                    };
+                    let v = val(src, a) & 0xffff_ffff;
+                    results.push((lane, *d, *dp, v, p));
                 }
-                for (lane, v, p) in results {
+                for (lane, d, dp, v, p) in results {
                     let th = &mut self.threads[lo + lane];
-                    wr(&mut th.regs, th.rbase, *d, v);
-                    if *dp != NONE {
-                        wr(&mut th.regs, th.rbase, *dp, p as u64);
+                    wr(&mut th.regs, th.rbase, d, v);
+                    if dp != NONE {
+                        wr(&mut th.regs, th.rbase, dp, p as u64);
                     }
                 }
             }
-            Op::Vote {
-                mode, d, a, neg, ..
-            } => {
+            Op::Vote { .. } => {
                 let mut ballot = 0u64;
                 for &lane in &lanes {
                     let th = &self.threads[lo + lane];
-                    if (val(th, *a) & 1 != 0) != *neg {
-                        ballot |= 1 << lane;
+                    if let Some(Op::Vote { a, neg, .. }) = op_at(th) {
+                        if (val(th, *a) & 1 != 0) != *neg {
+                            ballot |= 1 << lane;
+                        }
                     }
                 }
-                let v = match mode {
-                    VoteMode::Ballot => ballot,
-                    VoteMode::All => (ballot == mask as u64) as u64,
-                    VoteMode::Any => (ballot != 0) as u64,
-                    VoteMode::Uni => (ballot == 0 || ballot == mask as u64) as u64,
-                };
                 for &lane in &lanes {
                     let th = &mut self.threads[lo + lane];
-                    wr(&mut th.regs, th.rbase, *d, v);
+                    if let Some(Op::Vote { mode, d, .. }) = op_at(th) {
+                        let v = match mode {
+                            VoteMode::Ballot => ballot,
+                            VoteMode::All => (ballot == mask as u64) as u64,
+                            VoteMode::Any => (ballot != 0) as u64,
+                            VoteMode::Uni => (ballot == 0 || ballot == mask as u64) as u64,
+                        };
+                        wr(&mut th.regs, th.rbase, *d, v);
+                    }
                 }
             }
-            Op::Match {
-                all,
-                d,
-                dp,
-                a,
-                wide,
-                ..
-            } => {
+            Op::Match { .. } => {
                 let vals: Vec<u64> = lanes
                     .iter()
                     .map(|&l| {
-                        let v = val(&self.threads[lo + l], *a);
-                        if *wide {
-                            v
-                        } else {
-                            v & 0xffff_ffff
+                        let th = &self.threads[lo + l];
+                        match op_at(th) {
+                            Some(Op::Match { a, wide, .. }) => {
+                                let v = val(th, *a);
+                                if *wide {
+                                    v
+                                } else {
+                                    v & 0xffff_ffff
+                                }
+                            }
+                            _ => 0,
                         }
                     })
                     .collect();
                 let all_eq = vals.iter().all(|v| *v == vals[0]);
                 for (i, &lane) in lanes.iter().enumerate() {
+                    let th = &mut self.threads[lo + lane];
+                    let Some(Op::Match { all, d, dp, .. }) = op_at(th) else {
+                        continue;
+                    };
                     let m = if *all {
                         if all_eq {
                             mask as u64
@@ -2332,21 +2361,25 @@ impl Worker {
                             .filter(|(_, v)| **v == vals[i])
                             .fold(0u64, |m, (l, _)| m | 1 << l)
                     };
-                    let th = &mut self.threads[lo + lane];
                     wr(&mut th.regs, th.rbase, *d, m);
                     if *dp != NONE {
                         wr(&mut th.regs, th.rbase, *dp, all_eq as u64);
                     }
                 }
             }
-            Op::Redux {
-                op, signed, d, a, ..
-            } => {
+            Op::Redux { op, signed, .. } => {
+                let (op, signed) = (*op, *signed);
                 let vals: Vec<u64> = lanes
                     .iter()
-                    .map(|&l| val(&self.threads[lo + l], *a) & 0xffff_ffff)
+                    .map(|&l| {
+                        let th = &self.threads[lo + l];
+                        match op_at(th) {
+                            Some(Op::Redux { a, .. }) => val(th, *a) & 0xffff_ffff,
+                            _ => 0,
+                        }
+                    })
                     .collect();
-                let t = if *signed { Ty::S32 } else { Ty::U32 };
+                let t = if signed { Ty::S32 } else { Ty::U32 };
                 let mut acc = vals.first().copied().unwrap_or(0);
                 for &v in vals.iter().skip(1) {
                     acc = match op {
@@ -2360,12 +2393,13 @@ impl Worker {
                 }
                 for &lane in &lanes {
                     let th = &mut self.threads[lo + lane];
-                    wr(&mut th.regs, th.rbase, *d, acc);
+                    if let Some(Op::Redux { d, .. }) = op_at(th) {
+                        wr(&mut th.regs, th.rbase, *d, acc);
+                    }
                 }
             }
             _ => {}
         }
-        Ok(())
     }
 }
 

@@ -83,3 +83,27 @@ fn misc_features() {
         assert_eq!(iout[2000] as u32, 0x5400_5800, "f16x2 atomic add");
     }
 }
+
+#[test]
+fn shuffles_at_divergent_call_sites() {
+    let mem = DeviceMemory::new(1 << 24);
+    let prog = Program::load(include_str!("fixtures/misc.ptx"), &mem).unwrap();
+    let out = mem.alloc(64 * 4).unwrap();
+    let cfg = LaunchConfig {
+        grid: [1, 1, 1],
+        block: [64, 1, 1],
+        dynamic_shared_bytes: 0,
+    };
+    prog.launch(&mem, "divergent_shfl", &cfg, &out.to_le_bytes())
+        .result
+        .unwrap();
+    let mut b = vec![0u8; 256];
+    mem.read(out, &mut b).unwrap();
+    let v: Vec<i32> = b
+        .chunks(4)
+        .map(|c| i32::from_le_bytes(c.try_into().unwrap()))
+        .collect();
+    for (t, x) in v.iter().enumerate() {
+        assert_eq!(*x, if t < 32 { 1 } else { 321 }, "thread {t}");
+    }
+}
