@@ -255,6 +255,91 @@ fn round_half(x: f64, bf: bool, rnd: Rnd) -> u64 {
     r as u64
 }
 
+/// Sign of (exact result - rounded result) for an f64 operation, from
+/// error-free transformations: -1, 0 or 1.
+fn residual_sign(op: FOp, x: f64, y: f64, r: f64) -> i32 {
+    if !r.is_finite() || !x.is_finite() || !y.is_finite() {
+        return 0;
+    }
+    let e = match op {
+        FOp::Add | FOp::Sub => {
+            let y = if op == FOp::Sub { -y } else { y };
+            // two-sum: exact error of r = x + y
+            let bv = r - x;
+            let av = r - bv;
+            (x - av) + (y - bv)
+        }
+        FOp::Mul => x.mul_add(y, -r),
+        FOp::Div => {
+            // x - r*y has the sign of (x/y - r) times the sign of y
+            let rem = (-r).mul_add(y, x);
+            if y < 0.0 {
+                -rem
+            } else {
+                rem
+            }
+        }
+        _ => 0.0,
+    };
+    if e > 0.0 {
+        1
+    } else if e < 0.0 {
+        -1
+    } else {
+        0
+    }
+}
+
+/// Moves a round-to-nearest f64 result to the directed-rounding result given
+/// the sign of the exact residual.
+fn adjust_f64(r: f64, sign: i32, rnd: Rnd) -> f64 {
+    match (rnd, sign) {
+        (Rnd::Rm, -1) => r.next_down(),
+        (Rnd::Rp, 1) => r.next_up(),
+        (Rnd::Rz, -1) if r > 0.0 => r.next_down(),
+        (Rnd::Rz, 1) if r < 0.0 => r.next_up(),
+        _ => r,
+    }
+}
+
+/// `sqrt` and `rcp` with a directed rounding mode.
+fn directed_unary(op: UnOp, t: Ty, a: u64, rnd: Rnd, ftz: bool) -> u64 {
+    if t == Ty::F32 {
+        let mut x = f32_of(a);
+        if ftz {
+            x = ftz32(x);
+        }
+        let x = x as f64;
+        let exact = if op == UnOp::Sqrt { x.sqrt() } else { 1.0 / x };
+        // f64 results of f32 inputs are within half an f64 ulp: directed rounding
+        // to f32 from them is exact except in vanishingly rare ties
+        let r = round_f32(exact, rnd);
+        return (if ftz { ftz32(r) } else { r }).to_bits() as u64;
+    }
+    let x = f64::from_bits(a);
+    let (r, sign) = if op == UnOp::Sqrt {
+        let r = x.sqrt();
+        let e = (-r).mul_add(r, x);
+        (
+            r,
+            if e > 0.0 {
+                1
+            } else if e < 0.0 {
+                -1
+            } else {
+                0
+            },
+        )
+    } else {
+        let r = 1.0 / x;
+        (r, residual_sign(FOp::Div, 1.0, x, r))
+    };
+    if !r.is_finite() {
+        return r.to_bits();
+    }
+    adjust_f64(r, sign, rnd).to_bits()
+}
+
 fn round_int(x: f64, rnd: Rnd) -> f64 {
     match rnd {
         Rnd::Rni | Rnd::Rn => x.round_ties_even(),
@@ -355,7 +440,15 @@ fn float_bin(op: FOp, t: Ty, a: u64, b: u64, rnd: Rnd, ftz: bool, sat: bool) -> 
             let r = if sat { satf(r as f64) as f32 } else { r };
             (if ftz { ftz32(r) } else { r }).to_bits() as u64
         }
-        Ty::F64 => satf(fop(op, f64::from_bits(a), f64::from_bits(b))).to_bits(),
+        Ty::F64 => {
+            let (x, y) = (f64::from_bits(a), f64::from_bits(b));
+            let r = fop(op, x, y);
+            let r = match rnd {
+                Rnd::Rz | Rnd::Rm | Rnd::Rp => adjust_f64(r, residual_sign(op, x, y, r), rnd),
+                _ => r,
+            };
+            satf(r).to_bits()
+        }
         Ty::F16 | Ty::BF16 => to_fbits(satf(fop(op, fval(a, t), fval(b, t))), t),
         Ty::F16x2 | Ty::BF16x2 => {
             let et = if t == Ty::F16x2 { Ty::F16 } else { Ty::BF16 };
@@ -1279,10 +1372,16 @@ fn run_thread(
                 t,
                 d,
                 a,
+                rnd,
                 ftz,
                 sat,
             } => {
-                let v = un_op(*op, *t, r!(*a), *ftz, *sat);
+                let v = match (op, t, rnd) {
+                    (UnOp::Sqrt | UnOp::Rcp, Ty::F32 | Ty::F64, Rnd::Rz | Rnd::Rm | Rnd::Rp) => {
+                        directed_unary(*op, *t, r!(*a), *rnd, *ftz)
+                    }
+                    _ => un_op(*op, *t, r!(*a), *ftz, *sat),
+                };
                 wr(regs, rbase, *d, v);
             }
             Op::Tern {

@@ -358,6 +358,7 @@ pub(crate) enum Op {
         t: Ty,
         d: u32,
         a: Src,
+        rnd: Rnd,
         ftz: bool,
         sat: bool,
     },

@@ -1067,11 +1067,17 @@ impl<'a> FuncLower<'a> {
                     ("tanh", _) => UnOp::Tanh,
                     (other, _) => return self.unsupported(other.to_string()),
                 };
+                let rnd = if has("approx") {
+                    Rnd::Default
+                } else {
+                    rnd_of(m)
+                };
                 self.emit(Op::Un {
                     op,
                     t,
                     d,
                     a,
+                    rnd,
                     ftz,
                     sat,
                 });

@@ -322,3 +322,72 @@ fn printf_formats() {
          [3.141593|3.142e+00|3.14159|1e-05|1.23457e+08|    3.1416|3.1       |+42]\n"
     );
 }
+
+#[test]
+fn directed_rounding_f64_and_f32() {
+    let d = Dev::new();
+    let ins = [1.0f64, 3.0, 2.0, 2f64.powi(-60), 1.0 + 2f64.powi(-30)];
+    let din = d.mem.alloc(40).unwrap();
+    d.mem
+        .write(
+            din,
+            &ins.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<_>>(),
+        )
+        .unwrap();
+    let fin = d.upload(&[2.0f32, 3.0], |x: f32| x.to_le_bytes());
+    let dout = d.mem.alloc(12 * 8).unwrap();
+    let fout = d.mem.alloc(5 * 4).unwrap();
+    d.run(
+        "directed",
+        1,
+        &[
+            &din.to_le_bytes(),
+            &dout.to_le_bytes(),
+            &fin.to_le_bytes(),
+            &fout.to_le_bytes(),
+        ],
+    );
+    let mut b = vec![0u8; 96];
+    d.mem.read(dout, &mut b).unwrap();
+    let out: Vec<u64> = b
+        .chunks(8)
+        .map(|c| u64::from_le_bytes(c.try_into().unwrap()))
+        .collect();
+    let third = 0x3FD5_5555_5555_5555u64; // rn(1/3), below the exact value
+    let sqrt2 = 0x3FF6_A09E_667F_3BCDu64; // rn(sqrt 2), above the exact value
+    let p2 = (1.0 + 2f64.powi(-29)).to_bits(); // rn((1+2^-30)^2), below exact
+    let want = [
+        third + 1,
+        third,
+        (-2.0f64 / 3.0).to_bits(), // rn(-2/3) = -0x3FE5..55, already toward zero
+        sqrt2 - 1,
+        sqrt2,
+        1f64.next_up().to_bits(),
+        (-(1f64.next_up())).to_bits(),
+        (-1.0f64).to_bits(),
+        p2 + 1,
+        p2,
+        third + 1,
+        1.0f64.to_bits(),
+    ];
+    for (k, (g, w)) in out.iter().zip(want).enumerate() {
+        assert_eq!(
+            *g,
+            w,
+            "f64 result {k}: got {:e} want {:e}",
+            f64::from_bits(*g),
+            f64::from_bits(w)
+        );
+    }
+    let f = d.download(fout, 5);
+    assert_eq!(
+        f,
+        vec![
+            0x3FB5_04F3,
+            0x3FB5_04F4,
+            0x3EAA_AAAB,
+            0x3EAA_AAAA,
+            0x3EAA_AAAA
+        ]
+    );
+}
