@@ -361,6 +361,22 @@ fn fval(v: u64, t: Ty) -> f64 {
     }
 }
 
+/// NaN results as the GPU produces them: the canonical all-ones-mantissa NaN.
+#[inline]
+fn canon_nan(v: u64, t: Ty) -> u64 {
+    match t {
+        Ty::F32 if f32_of(v).is_nan() => 0x7fff_ffff,
+        Ty::F64 if f64::from_bits(v).is_nan() => 0x7fff_ffff_ffff_ffff,
+        Ty::F16 if v & 0x7fff > 0x7c00 => 0x7fff,
+        Ty::BF16 if v & 0x7fff > 0x7f80 => 0x7fff,
+        Ty::F16x2 | Ty::BF16x2 => {
+            let et = if t == Ty::F16x2 { Ty::F16 } else { Ty::BF16 };
+            canon_nan(v & 0xffff, et) | canon_nan((v >> 16) & 0xffff, et) << 16
+        }
+        _ => v,
+    }
+}
+
 fn to_fbits(x: f64, t: Ty) -> u64 {
     match t {
         Ty::F32 => (x as f32).to_bits() as u64,
@@ -1365,6 +1381,11 @@ fn run_thread(
                 sat,
             } => {
                 let v = float_bin(*op, *t, r!(*a), r!(*bb), *rnd, *ftz, *sat);
+                let v = if *op == FOp::Copysign {
+                    v
+                } else {
+                    canon_nan(v, *t)
+                };
                 wr(regs, rbase, *d, v);
             }
             Op::Un {
@@ -1382,6 +1403,11 @@ fn run_thread(
                     }
                     _ => un_op(*op, *t, r!(*a), *ftz, *sat),
                 };
+                let v = if t.is_float() && !matches!(op, UnOp::FNeg | UnOp::FAbs) {
+                    canon_nan(v, *t)
+                } else {
+                    v
+                };
                 wr(regs, rbase, *d, v);
             }
             Op::Tern {
@@ -1396,6 +1422,11 @@ fn run_thread(
                 sat,
             } => {
                 let v = tern(*op, *t, r!(*a), r!(*bb), r!(*c), *rnd, *ftz, *sat);
+                let v = if *op == TernOp::Fma {
+                    canon_nan(v, *t)
+                } else {
+                    v
+                };
                 wr(regs, rbase, *d, v);
             }
             Op::Bfi {
@@ -1518,6 +1549,7 @@ fn run_thread(
                 ftz,
             } => {
                 let v = cvt(r!(*a), *dt, *st, *rnd, *sat, *ftz);
+                let v = if dt.is_float() { canon_nan(v, *dt) } else { v };
                 wr(regs, rbase, *d, v);
             }
             Op::Pack { d, parts, bits } => {

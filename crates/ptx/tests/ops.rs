@@ -224,9 +224,11 @@ fn float_rounding_modes_and_halves() {
         0.75,
         123.456,
         -0.5,
+        0.0,
     ];
     let ys = [
         0.2f32, 3.0, -7.0, 1e-7, 3.0, 2.0, -1.5, 0.3, 1.0, 3.0, 1.0, 1e-30, 4.0, -0.25, 7.0, 0.0,
+        0.0,
     ];
     let n = xs.len();
     let da = d.upload(&xs, |x: f32| x.to_le_bytes());
@@ -253,6 +255,9 @@ fn float_rounding_modes_and_halves() {
         assert!(same(o[2], round_dir(sum, Dir::Up)), "{ctx} add.rp");
         assert!(same(o[3], round_dir(prod, Dir::Zero)), "{ctx} mul.rz");
         assert!(same(o[4], x / y), "{ctx} div.rn");
+        if (x / y).is_nan() {
+            assert_eq!(o[4], 0x7fff_ffff, "{ctx} canonical NaN");
+        }
         assert!(same(o[5], x.abs().sqrt()), "{ctx} sqrt.rn");
         assert!(same(o[6], 1.0 / y), "{ctx} rcp.rn");
         let x10 = x * 10.0;
