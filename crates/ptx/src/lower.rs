@@ -260,7 +260,8 @@ pub(crate) fn lower_module(
     for (i, f) in func_items.iter().enumerate() {
         let mut fl = FuncLower::new(&syms, &func_items, m.version);
         for (k, v) in &shared_syms[i] {
-            fl.scopes[0].insert(k.clone(), Binding::Sym(Sym::Shared(*v)));
+            let off = if *v == u64::MAX { dyn_base } else { *v };
+            fl.scopes[0].insert(k.clone(), Binding::Sym(Sym::Shared(off)));
         }
         let func = fl.lower(f)?;
         if f.is_entry {
@@ -327,6 +328,13 @@ fn collect_shared(
 ) -> Result<(), LoadError> {
     for s in body {
         match s {
+            Statement::Var(v)
+                if v.space == StateSpace::Shared
+                    && (v.dims.iter().any(|d| d.is_none()) || v.linkage.external) =>
+            {
+                // dynamic shared memory: placed after all static shared memory
+                map.insert(v.name.clone(), u64::MAX);
+            }
             Statement::Var(v) if v.space == StateSpace::Shared => {
                 *off = align_up(*off, var_align(v)?);
                 map.insert(v.name.clone(), *off);

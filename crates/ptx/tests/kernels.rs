@@ -290,3 +290,97 @@ fn warp_synchronous_legacy_reduction_runs_in_lockstep() {
         assert_eq!(got[b] as i32, want, "block {b}");
     }
 }
+
+/// Hand-written PTX for forms nvcc rarely emits.
+const HANDWRITTEN: &str = r#"
+.version 8.5
+.target sm_75
+.address_size 64
+
+.visible .entry hand(.param .u64 out)
+{
+    .reg .pred %p<4>;
+    .reg .b32 %r<20>;
+    .reg .b64 %rd<8>;
+    .reg .f32 %f<4>;
+    .extern .shared .align 16 .b8 dyn[];
+    .shared .align 4 .b32 stat[4];
+
+    ld.param.u64 %rd1, [out];
+    mov.u32 %r1, %tid.x;
+    setp.ne.u32 %p1, %r1, 0;
+    @%p1 exit;
+    mov.u32 %r2, %dynamic_smem_size;
+    st.global.u32 [%rd1], %r2;
+    mov.u32 %r3, dyn;
+    mov.u32 %r4, stat;
+    sub.u32 %r5, %r3, %r4;
+    st.global.u32 [%rd1+4], %r5;
+    mov.u64 %rd2, dyn;
+    cvta.shared.u64 %rd3, %rd2;
+    isspacep.shared %p2, %rd3;
+    selp.u32 %r6, 1, 0, %p2;
+    isspacep.global %p3, %rd3;
+    selp.u32 %r7, 2, 0, %p3;
+    or.b32 %r6, %r6, %r7;
+    st.global.u32 [%rd1+8], %r6;
+    bfe.s32 %r8, -256, 4, 8;
+    st.global.u32 [%rd1+12], %r8;
+    bfi.b32 %r9, 0xff, 0x12345678, 8, 4;
+    st.global.u32 [%rd1+16], %r9;
+    bfind.u32 %r10, 0x00f00000;
+    st.global.u32 [%rd1+20], %r10;
+    cnot.b32 %r11, 0;
+    st.global.u32 [%rd1+24], %r11;
+    mov.f32 %f1, 0fBF800000;
+    slct.s32.f32 %r12, 7, 9, %f1;
+    st.global.u32 [%rd1+28], %r12;
+    set.lt.u32.s32 %r13, -1, 1;
+    st.global.u32 [%rd1+32], %r13;
+    testp.infinite.f32 %p2, 0f7F800000;
+    selp.u32 %r14, 1, 0, %p2;
+    st.global.u32 [%rd1+36], %r14;
+    mul24.lo.s32 %r15, 0x1000001, 3;
+    st.global.u32 [%rd1+40], %r15;
+    sad.u32 %r16, 3, 10, 100;
+    st.global.u32 [%rd1+44], %r16;
+    brev.b64 %rd4, 1;
+    st.global.u64 [%rd1+48], %rd4;
+    clz.b64 %r17, 0x100;
+    st.global.u32 [%rd1+56], %r17;
+    mov.b64 {%r18, %r19}, 0x1122334455667788;
+    st.global.v2.u32 [%rd1+64], {%r19, %r18};
+    exit;
+}
+"#;
+
+#[test]
+fn handwritten_forms() {
+    let mem = DeviceMemory::new(1 << 24);
+    let p = Program::load(HANDWRITTEN, &mem).unwrap();
+    assert_eq!(p.kernels()[0].static_shared_bytes, 16);
+    let out = mem.alloc(128).unwrap();
+    let r = p.launch(
+        &mem,
+        "hand",
+        &cfg([1, 1, 1], [40, 1, 1], 100),
+        &out.to_le_bytes(),
+    );
+    r.result.unwrap();
+    let w = read_u32(&mem, out, 18);
+    assert_eq!(w[0], 100, "dynamic_smem_size");
+    assert_eq!(w[1], 16, "dynamic shared follows static");
+    assert_eq!(w[2], 1, "isspacep");
+    assert_eq!(w[3], 0xffff_fff0, "bfe.s32");
+    assert_eq!(w[4], 0x1234_5f78, "bfi");
+    assert_eq!(w[5], 23, "bfind");
+    assert_eq!(w[6], 1, "cnot");
+    assert_eq!(w[7], 9, "slct");
+    assert_eq!(w[8], 0xffff_ffff, "set");
+    assert_eq!(w[9], 1, "testp");
+    assert_eq!(w[10], 3, "mul24 keeps 24 bits");
+    assert_eq!(w[11], 107, "sad");
+    assert_eq!((w[12], w[13]), (0, 0x8000_0000), "brev.b64");
+    assert_eq!(w[14], 55, "clz.b64");
+    assert_eq!((w[16], w[17]), (0x1122_3344, 0x5566_7788), "mov unpack");
+}
