@@ -7,7 +7,9 @@ use std::os::unix::net::UnixStream;
 
 use anyhow::{anyhow, Context, Result};
 use cumux_server::device::default_memory_bytes;
-use cumux_server::device::worker::{local_device, nonce_from_hex, serve_worker, WorkerStdout};
+use cumux_server::device::worker::{
+    image_print_detector, local_device, nonce_from_hex, serve_worker, WorkerStdout,
+};
 
 /// What the server asked the worker to serve.
 #[derive(Debug, Clone)]
@@ -46,6 +48,7 @@ pub fn worker(options: WorkerOptions) -> Result<()> {
         out: &mut out,
         flush_c_stdio: &flush_c_stdio,
         nonce,
+        image_may_print: &image_print_detector(&options.device),
     };
     serve_worker(&*device, conn, &mut stdout).context("the server connection failed")
 }

@@ -84,6 +84,9 @@ fn cuda_contexts_live_in_workers() {
     };
     // The only test of this binary: the environment is ours to set.
     std::env::set_var("CUMUX_REAL_LIBCUDA", &fake);
+    // The fake prints whatever the image: its k.cu has no printf, so ask the
+    // workers for a stdout marker after every flushing call.
+    std::env::set_var("CUMUX_WORKER_PRINTF", "always");
     let devices = cuda_worker_devices(PathBuf::from(CUMUX)).expect("the fake GPU");
     assert_eq!(devices.len(), 1);
     let device = Arc::clone(&devices[0]);

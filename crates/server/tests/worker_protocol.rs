@@ -30,6 +30,7 @@ fn in_process_worker(memory: u64) -> (WorkerContext, UnixStream, JoinHandle<()>)
         let mut stdout = WorkerStdout {
             out: &mut out,
             flush_c_stdio: &flush,
+            image_may_print: &|_| false,
             nonce,
         };
         let _ = serve_worker(&device, theirs, &mut stdout);
@@ -173,6 +174,7 @@ fn undecodable_frames_are_answered_and_the_worker_goes_on() {
         let mut stdout = WorkerStdout {
             out: &mut out,
             flush_c_stdio: &flush,
+            image_may_print: &|_| false,
             nonce: [7; 16],
         };
         serve_worker(&device, theirs, &mut stdout)

@@ -246,6 +246,28 @@ pub struct WorkerStdout<'a> {
     /// Flushes the C library's output streams (the driver may print through them).
     pub flush_c_stdio: &'a dyn Fn(),
     pub nonce: [u8; NONCE_BYTES],
+    /// Whether a module image can print through the driver (at sync points,
+    /// to fd 1). Until one that can is loaded, calls write no marker unless
+    /// they return printed text themselves, which saves a pipe hand-off per call.
+    pub image_may_print: &'a dyn Fn(&[u8]) -> bool,
+}
+
+/// Makes every flushing call write a marker (`always`), for drivers whose
+/// printing images the detector misses.
+pub const PRINTF_MARKERS_ENV: &str = "CUMUX_WORKER_PRINTF";
+
+/// The printing-image detector of a worker serving `kind`: the CPU device
+/// returns printf text with each launch, so only the `cuda` driver's images
+/// need a look (for `vprintf`).
+pub fn image_print_detector(kind: &str) -> fn(&[u8]) -> bool {
+    if std::env::var(PRINTF_MARKERS_ENV).is_ok_and(|v| v.trim() == "always") {
+        return |_| true;
+    }
+    match kind {
+        #[cfg(feature = "cuda")]
+        "cuda" => cumux_cuda_driver::capture::image_may_print,
+        _ => |_| false,
+    }
 }
 
 impl WorkerStdout<'_> {
@@ -298,6 +320,7 @@ pub fn serve_worker(
     let mut frame = Vec::new();
     let mut data = Vec::new();
     let mut seq = 0u64;
+    let mut may_print = false;
     loop {
         match read_frame(&mut reader, &mut frame) {
             Ok(()) => {}
@@ -328,6 +351,7 @@ pub fn serve_worker(
                     read_frame(&mut reader, &mut frame).map_err(io_err)?;
                     data.extend_from_slice(&frame);
                 }
+                may_print = may_print || (stdout.image_may_print)(&data);
             }
             _ => {}
         }
@@ -347,7 +371,7 @@ pub fn serve_worker(
                     None,
                 ),
             };
-        let marker = if flushes {
+        let marker = if flushes && (may_print || !printed.is_empty()) {
             seq += 1;
             stdout.mark(&printed, seq)?;
             Some(seq)
@@ -653,7 +677,8 @@ fn reap(mut child: Child, grace: Duration) {
 }
 
 struct Connection {
-    stream: UnixStream,
+    reader: BufReader<UnixStream>,
+    writer: UnixStream,
     buf: Vec<u8>,
 }
 
@@ -725,13 +750,20 @@ impl WorkerContext {
             .map_err(|e| {
                 CuError::new(codes::UNKNOWN, format!("cannot start a stdout reader: {e}"))
             })?;
+        let writer = stream.try_clone().map_err(|e| {
+            CuError::new(
+                codes::UNKNOWN,
+                format!("cannot clone the worker socket: {e}"),
+            )
+        })?;
         let mut conn = Connection {
-            stream,
+            reader: BufReader::new(stream),
+            writer,
             buf: Vec::new(),
         };
-        let _ = conn.stream.set_read_timeout(Some(READY_WAIT));
+        let _ = conn.writer.set_read_timeout(Some(READY_WAIT));
         let ready = self.receive(&mut conn);
-        let _ = conn.stream.set_read_timeout(None);
+        let _ = conn.writer.set_read_timeout(None);
         match ready {
             Ok(WorkerReply {
                 result: Ok(WorkerValue::Ready),
@@ -776,7 +808,7 @@ impl WorkerContext {
     }
 
     fn receive(&self, conn: &mut Connection) -> io::Result<WorkerReply> {
-        read_frame(&mut conn.stream, &mut conn.buf).map_err(io_err)?;
+        read_frame(&mut conn.reader, &mut conn.buf).map_err(io_err)?;
         decode(&conn.buf).map_err(io_err)
     }
 
@@ -830,13 +862,13 @@ impl WorkerContext {
             return Err(CuError::new(codes::INVALID_CONTEXT, "no worker"));
         };
         let exchanged = (|| -> io::Result<WorkerReply> {
-            send(&mut conn.stream, request)?;
+            send(&mut conn.writer, request)?;
             for frame in frames {
-                write_frame(&mut conn.stream, frame).map_err(io_err)?;
+                write_frame(&mut conn.writer, frame).map_err(io_err)?;
             }
             let reply = self.receive(conn)?;
             if let Ok(WorkerValue::Bytes) = &reply.result {
-                read_frame(&mut conn.stream, &mut conn.buf).map_err(io_err)?;
+                read_frame(&mut conn.reader, &mut conn.buf).map_err(io_err)?;
                 match back {
                     Some(back) if back.len() == conn.buf.len() => back.copy_from_slice(&conn.buf),
                     _ => {
@@ -1016,7 +1048,7 @@ impl Drop for WorkerContext {
         release(&self.used, allocated + globals);
         // Closing the socket tells the worker to tear its context down and exit.
         if let Some(conn) = lock(&self.conn).take() {
-            let _ = conn.stream.shutdown(std::net::Shutdown::Both);
+            let _ = conn.writer.shutdown(std::net::Shutdown::Both);
         }
         if let Some(child) = lock(&self.child).take() {
             let reaper = std::thread::Builder::new()
