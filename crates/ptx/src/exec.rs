@@ -20,6 +20,8 @@ const WINDOW_SIZE: u64 = 1 << 32;
 /// Per-thread local memory limit (frames and call stack).
 const LOCAL_LIMIT: usize = 512 * 1024;
 const MAX_CALL_DEPTH: usize = 4096;
+/// Device printf output kept per block and per launch (bytes).
+const PRINTF_LIMIT: usize = 1 << 20;
 /// Registers plus local memory of all threads of one block (bytes).
 pub(crate) const BLOCK_MEMORY_LIMIT: usize = 256 << 20;
 
@@ -1894,7 +1896,10 @@ fn run_thread(
                     },
                 );
                 let n = text.len() as u64;
-                b.out.extend_from_slice(&text);
+                // like the driver's bounded printf FIFO: excess output is dropped
+                if b.out.len() + text.len() <= PRINTF_LIMIT {
+                    b.out.extend_from_slice(&text);
+                }
                 if let Some(r) = ret {
                     match *r {
                         ArgLoc::Frame { off, size } => {
@@ -2656,7 +2661,13 @@ pub(crate) fn run_launch(
     }
     let mut outs = outputs.into_inner().unwrap_or_else(|e| e.into_inner());
     outs.sort_by_key(|(id, _)| *id);
-    let stdout = outs.into_iter().flat_map(|(_, o)| o).collect();
+    let mut stdout: Vec<u8> = Vec::new();
+    for (_, o) in outs {
+        if stdout.len() + o.len() > 8 * PRINTF_LIMIT {
+            break;
+        }
+        stdout.extend_from_slice(&o);
+    }
     let result = match fault.into_inner().unwrap_or_else(|e| e.into_inner()) {
         Some((_, f)) => Err(f),
         None => Ok(()),

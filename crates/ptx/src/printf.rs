@@ -294,3 +294,130 @@ fn fmt_g(a: f64, p: usize, alt: bool) -> String {
     }
     r
 }
+
+#[cfg(test)]
+mod tests {
+    use super::format;
+
+    /// Formats with arguments packed like nvcc does (each aligned to its size).
+    fn fmt(f: &str, args: &[(u64, u32)]) -> String {
+        let mut buf = Vec::new();
+        for &(v, size) in args {
+            while buf.len() % size as usize != 0 {
+                buf.push(0);
+            }
+            buf.extend_from_slice(&v.to_le_bytes()[..size as usize]);
+        }
+        let out = format(
+            f.as_bytes(),
+            |off, size| {
+                let o = off as usize;
+                let b = buf.get(o..o + size as usize)?;
+                let mut w = [0u8; 8];
+                w[..b.len()].copy_from_slice(b);
+                Some(u64::from_le_bytes(w))
+            },
+            |p| Some(format!("str{p}").into_bytes()),
+        );
+        String::from_utf8(out).unwrap()
+    }
+
+    fn d(x: f64) -> (u64, u32) {
+        (x.to_bits(), 8)
+    }
+
+    #[test]
+    fn integers() {
+        assert_eq!(
+            fmt(
+                "%d|%i|%u",
+                &[(-5i32 as u32 as u64, 4), (7, 4), (u32::MAX as u64, 4)]
+            ),
+            "-5|7|4294967295"
+        );
+        assert_eq!(
+            fmt(
+                "%4d|%-4d|%04d|%+d|% d",
+                &[(3, 4), (3, 4), (3, 4), (3, 4), (3, 4)]
+            ),
+            "   3|3   |0003|+3| 3"
+        );
+        assert_eq!(
+            fmt(
+                "%x|%X|%#x|%o|%#o",
+                &[(255, 4), (255, 4), (255, 4), (8, 4), (8, 4)]
+            ),
+            "ff|FF|0xff|10|010"
+        );
+        assert_eq!(
+            fmt(
+                "%ld|%lld|%llu|%lx",
+                &[(u64::MAX, 8), (1 << 40, 8), (u64::MAX, 8), (1 << 40, 8)]
+            ),
+            "-1|1099511627776|18446744073709551615|10000000000"
+        );
+        assert_eq!(
+            fmt("%.3d|%.0d|%5.3d", &[(7, 4), (0, 4), (7, 4)]),
+            "007||  007"
+        );
+        assert_eq!(fmt("%c%c", &[(72, 4), (105, 4)]), "Hi");
+    }
+
+    #[test]
+    fn mixed_alignment() {
+        // int then double: the double sits at offset 8
+        assert_eq!(fmt("%d %f", &[(1, 4), d(2.5)]), "1 2.500000");
+        assert_eq!(
+            fmt("%s|%.2s|%p", &[(16, 8), (32, 8), (0xabc, 8)]),
+            "str16|st|0xabc"
+        );
+    }
+
+    #[test]
+    fn floats() {
+        assert_eq!(
+            fmt(
+                "%f|%.2f|%8.3f|%-8.1f|%+.1f",
+                &[d(1.5), d(2.345), d(-3.14159), d(2.0), d(2.0)]
+            ),
+            "1.500000|2.35|  -3.142|2.0     |+2.0"
+        );
+        assert_eq!(
+            fmt(
+                "%e|%.2E|%g|%g|%g|%g",
+                &[
+                    d(12345.678),
+                    d(0.000123),
+                    d(100000.0),
+                    d(1000000.0),
+                    d(0.0001),
+                    d(0.00001)
+                ]
+            ),
+            "1.234568e+04|1.23E-04|100000|1e+06|0.0001|1e-05"
+        );
+        assert_eq!(
+            fmt("%g|%.3g|%#g|%G", &[d(0.5), d(3.14159), d(1.0), d(1e-10)]),
+            "0.5|3.14|1.00000|1E-10"
+        );
+        assert_eq!(
+            fmt(
+                "%f|%f|%f|%5.1f",
+                &[d(f64::INFINITY), d(-f64::INFINITY), d(f64::NAN), d(0.05)]
+            ),
+            "inf|-inf|nan|  0.1"
+        );
+        assert_eq!(fmt("%08.3f|%g", &[d(-1.5), d(0.0)]), "-001.500|0");
+    }
+
+    #[test]
+    fn odd_formats() {
+        assert_eq!(fmt("100%%", &[]), "100%");
+        assert_eq!(fmt("%q|%", &[]), "%q|%");
+        assert_eq!(
+            fmt("%*d|%.*f", &[(5, 4), (42, 4), (2, 4), d(1.0)]),
+            "   42|1.00"
+        );
+        assert_eq!(fmt("%d %d", &[(1, 4)]), "1 0");
+    }
+}
