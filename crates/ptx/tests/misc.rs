@@ -107,3 +107,37 @@ fn shuffles_at_divergent_call_sites() {
         assert_eq!(*x, if t < 32 { 1 } else { 321 }, "thread {t}");
     }
 }
+
+#[test]
+fn shared_memory_atomics() {
+    let mem = DeviceMemory::new(1 << 24);
+    let prog = Program::load(include_str!("fixtures/misc.ptx"), &mem).unwrap();
+    let out = mem.alloc(16 * 8).unwrap();
+    let cfg = LaunchConfig {
+        grid: [1, 1, 1],
+        block: [128, 1, 1],
+        dynamic_shared_bytes: 0,
+    };
+    prog.launch(&mem, "shared_atomics", &cfg, &out.to_le_bytes())
+        .result
+        .unwrap();
+    let mut b = vec![0u8; 13 * 8];
+    mem.read(out, &mut b).unwrap();
+    let v: Vec<u64> = b
+        .chunks(8)
+        .map(|c| u64::from_le_bytes(c.try_into().unwrap()))
+        .collect();
+    assert_eq!(v[0], 8128, "add");
+    assert_eq!(v[1] as i64, -50, "min");
+    assert_eq!(v[2], 381, "max");
+    assert!(v[3] < 128, "exch");
+    assert!((1..=128).contains(&v[4]), "cas");
+    assert_eq!(v[5], 128 % 11, "inc");
+    assert_eq!(v[6], 4, "dec");
+    assert_eq!(v[7], 0, "and");
+    assert_eq!(v[8], 0xffff_ffff, "or");
+    assert_eq!(v[9], 0, "xor");
+    assert_eq!(v[10], 8128 << 32, "add.u64");
+    assert_eq!(f32::from_bits(v[11] as u32), 4064.0, "add.f32");
+    assert_eq!(f64::from_bits(v[12]), 4064.0, "add.f64");
+}
