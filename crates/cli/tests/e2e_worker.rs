@@ -158,15 +158,20 @@ fn programs_run_in_workers_and_printf_reaches_only_its_program() {
 
     let printer = corpus_program("printf_kernel");
     let quiet = corpus_program("vector_add");
-    let runs: Vec<_> = [&printer, &quiet, &printer]
+    // out_of_bounds faults its own worker's context and expects the error.
+    let faulty = corpus_program("out_of_bounds");
+    let runs: Vec<_> = [&printer, &quiet, &printer, &faulty]
         .into_iter()
         .map(|p| server.command(p, &[]).spawn().expect("cumux run starts"))
         .collect();
     let outs: Vec<RunOutput> = runs.into_iter().map(|c| wait_bounded(c, LIMIT)).collect();
-    for (out, name) in outs
-        .iter()
-        .zip(["printf_kernel", "vector_add", "printf_kernel"])
-    {
+    let names = [
+        "printf_kernel",
+        "vector_add",
+        "printf_kernel",
+        "out_of_bounds",
+    ];
+    for (out, name) in outs.iter().zip(names) {
         assert!(
             out.code() == Some(0) && out.stdout.contains(&format!("{name}: PASS")),
             "{name}: {}\n--- server log\n{}",
