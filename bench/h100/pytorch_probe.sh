@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# First look at stock PyTorch through cumux on the GPU machine: runs a ladder of
+# small PyTorch steps natively and through `cumux run`, and records how far each
+# gets and which driver entry points cumux lacks. Needs device-kit/ (prebuilt
+# cumux + libcumux_client.so) and writes $OUT/pytorch_probe.txt.
+set -u
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+KIT=${KIT:-$ROOT/device-kit}
+OUT=${OUT:-/tmp/cumux-pytorch}
+mkdir -p "$OUT"
+REPORT=$OUT/pytorch_probe.txt
+: >"$REPORT"
+WORK=$(mktemp -d /tmp/cumux-pt.XXXXXX)
+SOCK=$WORK/s.sock
+if [ -z "${CUMUX_REAL_LIBCUDA:-}" ]; then
+    real=$(ldconfig -p 2>/dev/null | awk '/libcuda\.so\.1 .*x86-64/ { print $NF; exit }')
+    [ -n "$real" ] && export CUMUX_REAL_LIBCUDA=$real
+fi
+"$KIT/cumux" serve --device cuda --listen "unix:$SOCK" >"$OUT/pt_server.log" 2>&1 &
+server=$!
+for _ in $(seq 100); do [ -S "$SOCK" ] && break; sleep 0.1; done
+
+cat >"$WORK/steps.py" <<'PY'
+import sys, torch
+step = sys.argv[1]
+if step == "available":
+    print(torch.cuda.is_available(), torch.cuda.device_count(), torch.cuda.get_device_name(0))
+elif step == "tensor":
+    x = torch.arange(16, device="cuda", dtype=torch.float32)
+    print((x * 2 + 1).sum().item())
+elif step == "matmul_fp32":
+    torch.manual_seed(0)
+    a = torch.randn(256, 256, device="cuda"); b = torch.randn(256, 256, device="cuda")
+    print(float((a @ b).double().sum()))
+elif step == "matmul_bf16":
+    torch.manual_seed(0)
+    a = torch.randn(512, 512, device="cuda", dtype=torch.bfloat16); b = torch.randn(512, 512, device="cuda", dtype=torch.bfloat16)
+    print(float((a @ b).double().sum()))
+elif step == "conv":
+    torch.manual_seed(0)
+    m = torch.nn.Conv2d(3, 8, 3).cuda(); x = torch.randn(2, 3, 32, 32, device="cuda")
+    print(float(m(x).double().sum()))
+elif step == "train":
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10)).cuda()
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    x = torch.randn(32, 64, device="cuda"); y = torch.randint(0, 10, (32,), device="cuda")
+    for _ in range(5):
+        opt.zero_grad(); loss = torch.nn.functional.cross_entropy(m(x), y); loss.backward(); opt.step()
+    print(float(loss))
+elif step == "graph":
+    x = torch.ones(1024, device="cuda"); s = torch.cuda.Stream(); s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        y = x * 2
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        y = x * 2
+    g.replay(); torch.cuda.synchronize(); print(float(y.sum()))
+elif step == "compile":
+    f = torch.compile(lambda a: torch.sin(a) * 2 + a)
+    print(float(f(torch.ones(1024, device="cuda")).sum()))
+PY
+printf '%-14s %-40s %s\n' step native cumux >>"$REPORT"
+for step in available tensor matmul_fp32 matmul_bf16 conv train graph compile; do
+    n=$(timeout 180 python3 "$WORK/steps.py" $step 2>"$OUT/pt_${step}_native.err" | tail -1)
+    c=$(timeout 180 "$KIT/cumux" run --server "unix:$SOCK" -- python3 "$WORK/steps.py" $step 2>"$OUT/pt_${step}_cumux.err" | tail -1)
+    rc=$?
+    printf '%-14s %-40s %s\n' "$step" "${n:-FAIL}" "${c:-FAIL}" >>"$REPORT"
+    grep -h "not implemented\|Error\|error" "$OUT/pt_${step}_cumux.err" | sort | uniq -c | sort -rn | head -8 | sed 's/^/      /' >>"$REPORT"
+done
+kill $server 2>/dev/null
+cat "$REPORT"
