@@ -3,9 +3,12 @@
 
 use cumux_ptx::*;
 
-const FIXTURES: [&str; 2] = [
+const FIXTURES: [&str; 5] = [
     include_str!("fixtures/basic.ptx"),
     include_str!("fixtures/warp_misc.ptx"),
+    include_str!("fixtures/ops.ptx"),
+    include_str!("fixtures/misc.ptx"),
+    include_str!("fixtures/legacy.ptx"),
 ];
 
 #[test]
@@ -190,7 +193,11 @@ fn mutated_ptx_never_panics() {
         .unwrap_or(5000);
     let mem = DeviceMemory::new(1 << 28);
     let buf = mem.alloc(1 << 16).unwrap();
-    let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
+    let seed = std::env::var("PTX_MUTATION_SEED")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0x9E37_79B9_7F4A_7C15u64);
+    let mut rng = Rng(seed | 1);
     let (mut parsed, mut loaded, mut launched) = (0, 0, 0);
     for case in 0..cases {
         let base = FIXTURES[case % FIXTURES.len()];
