@@ -11,6 +11,11 @@
 //! knows the call's output has all arrived. Calls of one context are serialised
 //! by a mutex on the connection (several stream threads wait on each other);
 //! a pipelined fast path is later work.
+//!
+//! Cost, measured on the H100 against contexts in the server process: a
+//! launch+sync round trip takes about 16 µs more (≈ 69 vs 53 µs); a session's
+//! start is faster (≈ 220 vs 400 ms for vector_add, since contexts are created
+//! in parallel processes, without a process-wide printf capture).
 
 use std::collections::HashMap;
 use std::ffi::OsString;
@@ -344,6 +349,15 @@ pub fn serve_worker(
         };
         // Raw frames that belong to the request come first.
         match &request {
+            WorkerRequest::ModuleLoad { parts } if *parts > MAX_IMAGE_PARTS => {
+                let e = CuError::new(codes::INVALID_IMAGE, format!("an image in {parts} parts"));
+                let reply = WorkerReply {
+                    result: Err(e),
+                    marker: None,
+                };
+                send(&mut writer, &reply)?;
+                continue;
+            }
             WorkerRequest::MemWrite { .. } => read_frame(&mut reader, &mut data).map_err(io_err)?,
             WorkerRequest::ModuleLoad { parts } => {
                 data.clear();
@@ -378,9 +392,8 @@ pub fn serve_worker(
         } else {
             None
         };
-        let bytes_follow = bytes.is_some();
         send(&mut writer, &WorkerReply { result, marker })?;
-        if let (true, Some(bytes)) = (bytes_follow, bytes) {
+        if let Some(bytes) = bytes {
             write_frame(&mut writer, &bytes).map_err(io_err)?;
         }
     }
