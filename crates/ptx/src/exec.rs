@@ -2040,7 +2040,87 @@ fn run_thread(
                     break Err(e);
                 }
             }
-            Op::Activemask { .. }
+            Op::WmmaLoad {
+                ety,
+                row,
+                ds,
+                sp,
+                addr,
+                off,
+                stride,
+            } => {
+                let base = r!(*addr).wrapping_add(*off as u64);
+                let stride = r!(*stride) & 0xffff_ffff;
+                let lane = lin % 32;
+                let es = ety.bytes();
+                let per_reg = if es == 2 { 2 } else { 1 };
+                let mut res = Ok(());
+                for (j, d) in ds.iter().enumerate() {
+                    let mut v = 0u64;
+                    for h in 0..per_reg {
+                        let slot = (j * per_reg + h) % 8;
+                        let e = lane as u64 * 8 + slot as u64;
+                        let (r_, c_) = (e / 16, e % 16);
+                        let idx = if *row {
+                            r_ * stride + c_
+                        } else {
+                            c_ * stride + r_
+                        };
+                        let a = base.wrapping_add(idx.wrapping_mul(es as u64));
+                        match b.load(g, &mut th.local, *sp, a, es, inst.line) {
+                            Ok(x) => v |= x << (16 * h),
+                            Err(e) => {
+                                res = Err(e);
+                                break;
+                            }
+                        }
+                    }
+                    wr(&mut th.regs, rbase, *d, v);
+                }
+                if let Err(e) = res {
+                    break Err(e);
+                }
+            }
+            Op::WmmaStore {
+                ety,
+                row,
+                vals,
+                sp,
+                addr,
+                off,
+                stride,
+            } => {
+                let base = r!(*addr).wrapping_add(*off as u64);
+                let stride = r!(*stride) & 0xffff_ffff;
+                let lane = lin % 32;
+                let es = ety.bytes();
+                let per_reg = if es == 2 { 2 } else { 1 };
+                let mut res = Ok(());
+                for slot in 0..8usize {
+                    let Some(src) = vals.get(slot / per_reg) else {
+                        break;
+                    };
+                    let v =
+                        (rd(&th.regs, rbase, lbase, *src) >> (16 * (slot % per_reg))) & ety.mask();
+                    let e = lane as u64 * 8 + slot as u64;
+                    let (r_, c_) = (e / 16, e % 16);
+                    let idx = if *row {
+                        r_ * stride + c_
+                    } else {
+                        c_ * stride + r_
+                    };
+                    let a = base.wrapping_add(idx.wrapping_mul(es as u64));
+                    if let Err(e) = b.store(g, &mut th.local, *sp, a, es, v, inst.line) {
+                        res = Err(e);
+                        break;
+                    }
+                }
+                if let Err(e) = res {
+                    break Err(e);
+                }
+            }
+            Op::WmmaMma { .. }
+            | Op::Activemask { .. }
             | Op::WarpSync { .. }
             | Op::Shfl { .. }
             | Op::Vote { .. }
@@ -2500,6 +2580,59 @@ impl Worker {
                     wr(&mut th.regs, th.rbase, *d, m);
                     if *dp != NONE {
                         wr(&mut th.regs, th.rbase, *dp, all_eq as u64);
+                    }
+                }
+            }
+            Op::WmmaMma { .. } => {
+                // gather the three 16x16 tiles from the lanes' fragments
+                let slot_val = |th: &Thread, srcs: &[Src], t: Ty, slot: usize| -> f32 {
+                    let per_reg = if t.bytes() == 2 { 2 } else { 1 };
+                    let Some(s) = srcs.get(slot / per_reg) else {
+                        return 0.0;
+                    };
+                    let v = (val(th, *s) >> (16 * (slot % per_reg))) & t.mask();
+                    fval(v, t) as f32
+                };
+                let mut ma = [0f32; 256];
+                let mut mb = [0f32; 256];
+                let mut mc = [0f32; 256];
+                for &lane in &lanes {
+                    let th = &self.threads[lo + lane];
+                    if let Some(Op::WmmaMma {
+                        ab, cty, a, b, c, ..
+                    }) = op_at(th)
+                    {
+                        for slot in 0..8 {
+                            let e = lane * 8 + slot;
+                            ma[e] = slot_val(th, a, *ab, slot);
+                            mb[e] = slot_val(th, b, *ab, slot);
+                            mc[e] = slot_val(th, c, *cty, slot);
+                        }
+                    }
+                }
+                let mut md = [0f32; 256];
+                for i in 0..16 {
+                    for j in 0..16 {
+                        let mut acc = mc[i * 16 + j];
+                        for k in 0..16 {
+                            acc = ma[i * 16 + k].mul_add(mb[k * 16 + j], acc);
+                        }
+                        md[i * 16 + j] = acc;
+                    }
+                }
+                for &lane in &lanes {
+                    let th = &mut self.threads[lo + lane];
+                    let Some(Op::WmmaMma { dty, d, .. }) = op_at(th) else {
+                        continue;
+                    };
+                    let per_reg = if dty.bytes() == 2 { 2 } else { 1 };
+                    for (j, reg) in d.iter().enumerate() {
+                        let mut v = 0u64;
+                        for h in 0..per_reg {
+                            let slot = (j * per_reg + h) % 8;
+                            v |= to_fbits(md[lane * 8 + slot] as f64, *dty) << (16 * h);
+                        }
+                        wr(&mut th.regs, th.rbase, *reg, v);
                     }
                 }
             }

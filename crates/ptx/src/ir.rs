@@ -561,6 +561,36 @@ pub(crate) enum Op {
         size: u32,
         src_size: Src,
     },
+    /// `wmma.load.{a,b,c}` of a 16x16 tile (per thread; fragment layout is ours:
+    /// lane l holds logical elements l*8 .. l*8+8).
+    WmmaLoad {
+        ety: Ty,
+        row: bool,
+        ds: Vec<u32>,
+        sp: Sp,
+        addr: Src,
+        off: i64,
+        stride: Src,
+    },
+    WmmaStore {
+        ety: Ty,
+        row: bool,
+        vals: Vec<Src>,
+        sp: Sp,
+        addr: Src,
+        off: i64,
+        stride: Src,
+    },
+    /// `wmma.mma` m16n16k16: a warp collective.
+    WmmaMma {
+        ab: Ty,
+        cty: Ty,
+        dty: Ty,
+        d: Vec<u32>,
+        a: Vec<Src>,
+        b: Vec<Src>,
+        c: Vec<Src>,
+    },
     Activemask {
         d: u32,
     },

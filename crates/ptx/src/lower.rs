@@ -1533,6 +1533,7 @@ impl<'a> FuncLower<'a> {
                 let d = self.dst(&o[0])?;
                 self.emit(Op::Activemask { d });
             }
+            "wmma" => self.wmma(i)?,
             "atom" | "red" => {
                 let is_red = i.opcode == "red";
                 let o = self.ops(i, if is_red { 2 } else { 3 })?;
@@ -1608,6 +1609,115 @@ impl<'a> FuncLower<'a> {
             }
             other => return self.unsupported(format!("instruction `{other}`")),
         }
+        Ok(())
+    }
+
+    fn wmma(&mut self, i: &ast::Instruction) -> Result<(), LoadError> {
+        let m = &i.modifiers;
+        let has = |s: &str| m.iter().any(|x| x == s);
+        if !has("m16n16k16") {
+            return self.unsupported("wmma shape other than m16n16k16");
+        }
+        let tys: Vec<Ty> = m.iter().filter_map(|x| Ty::parse(x)).collect();
+        let ok = |t: &Ty| matches!(t, Ty::F16 | Ty::BF16 | Ty::F32);
+        if tys.is_empty() || !tys.iter().all(ok) {
+            return self.unsupported("wmma element type");
+        }
+        fn regs(ops: &Operand) -> Option<&Vec<Operand>> {
+            match ops {
+                Operand::Vector(v) if !v.is_empty() && v.len() <= 8 => Some(v),
+                _ => None,
+            }
+        }
+        let sp = sp_of(m).unwrap_or(Sp::Generic);
+        let row = has("row");
+        if has("load") || has("store") {
+            let o = self.ops(i, 2)?;
+            let (vec_op, addr_op) = if has("load") {
+                (&o[0], &o[1])
+            } else {
+                (&o[1], &o[0])
+            };
+            let Some(items) = regs(vec_op) else {
+                return Err(invalid(self.line, "wmma needs a register vector"));
+            };
+            let (sp, addr, off) = self.address(addr_op, sp)?;
+            let stride = match o.get(2) {
+                Some(x) => self.src(x, Ty::U32)?,
+                None => Src::Imm(16),
+            };
+            let ety = tys[tys.len() - 1];
+            if has("load") {
+                let ds = items
+                    .iter()
+                    .map(|d| self.dst(d))
+                    .collect::<Result<Vec<_>, _>>()?;
+                self.emit(Op::WmmaLoad {
+                    ety,
+                    row,
+                    ds,
+                    sp,
+                    addr,
+                    off,
+                    stride,
+                });
+            } else {
+                let vals = items
+                    .iter()
+                    .map(|v| self.src(v, Ty::B32))
+                    .collect::<Result<Vec<_>, _>>()?;
+                self.emit(Op::WmmaStore {
+                    ety,
+                    row,
+                    vals,
+                    sp,
+                    addr,
+                    off,
+                    stride,
+                });
+            }
+            return Ok(());
+        }
+        if !has("mma") {
+            return self.unsupported("wmma form");
+        }
+        let o = self.ops(i, 4)?;
+        let (dty, ab, cty) = match tys.as_slice() {
+            [d, c] => (*d, Ty::F16, *c),
+            [d, a, _, c] => (*d, *a, *c),
+            _ => return self.unsupported("wmma.mma types"),
+        };
+        let mut vecs = Vec::new();
+        for op in &o[1..4] {
+            let Some(items) = regs(op) else {
+                return Err(invalid(self.line, "wmma.mma needs register vectors"));
+            };
+            vecs.push(
+                items
+                    .iter()
+                    .map(|v| self.src(v, Ty::B32))
+                    .collect::<Result<Vec<_>, _>>()?,
+            );
+        }
+        let Some(ditems) = regs(&o[0]) else {
+            return Err(invalid(self.line, "wmma.mma needs a destination vector"));
+        };
+        let d = ditems
+            .iter()
+            .map(|x| self.dst(x))
+            .collect::<Result<Vec<_>, _>>()?;
+        let c = vecs.pop().unwrap_or_default();
+        let b = vecs.pop().unwrap_or_default();
+        let a = vecs.pop().unwrap_or_default();
+        self.emit(Op::WmmaMma {
+            ab,
+            cty,
+            dty,
+            d,
+            a,
+            b,
+            c,
+        });
         Ok(())
     }
 
