@@ -22,7 +22,8 @@ struct WorkerServer {
 }
 
 impl WorkerServer {
-    fn start(tag: &str) -> Self {
+    /// A server; `spares` false sets `CUMUX_WORKER_SPARES=0`.
+    fn start(tag: &str, spares: bool) -> Self {
         ensure_driver();
         let dir = TempDir::new(tag);
         let socket = dir.0.join("s.sock");
@@ -38,6 +39,7 @@ impl WorkerServer {
                 "--listen",
                 &address,
             ])
+            .env("CUMUX_WORKER_SPARES", if spares { "1" } else { "0" })
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
@@ -120,13 +122,13 @@ impl WorkerServer {
         out
     }
 
-    /// Waits until the server has no child left (running or zombie).
-    fn wait_no_children(&self) {
+    /// Waits until the server has at most `live` children, none a zombie.
+    fn wait_children(&self, live: usize) -> Vec<(u32, char, String)> {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             let children = self.children();
-            if children.is_empty() {
-                return;
+            if children.len() <= live && children.iter().all(|c| c.1 != 'Z') {
+                return children;
             }
             assert!(
                 Instant::now() < deadline,
@@ -147,7 +149,7 @@ impl Drop for WorkerServer {
 
 #[test]
 fn programs_run_in_workers_and_printf_reaches_only_its_program() {
-    let server = WorkerServer::start("worker-run");
+    let server = WorkerServer::start("worker-run", true);
     // A status query opens a session but starts no worker.
     let status = Command::new(CUMUX)
         .args(["status", "--server", &server.address])
@@ -196,12 +198,32 @@ fn programs_run_in_workers_and_printf_reaches_only_its_program() {
         "another program's printf leaked: {}",
         outs[1].describe()
     );
-    server.wait_no_children();
+    // One spare worker stays warm for the next session, which takes it.
+    let spare = server.wait_children(1);
+    assert_eq!(spare.len(), 1, "{spare:?}");
+    let again = server.run(&quiet);
+    assert_eq!(again.code(), Some(0), "{}", again.describe());
+    let next = server.wait_children(1);
+    assert_eq!(next.len(), 1, "{next:?}");
+    assert_ne!(next[0].0, spare[0].0, "the spare was not used");
+    // A spare that died idle is replaced, unseen by the next session.
+    // SAFETY: kill(2) on the spare worker, a child of the server we started.
+    assert_eq!(unsafe { libc::kill(next[0].0 as i32, libc::SIGKILL) }, 0);
+    std::thread::sleep(Duration::from_millis(100));
+    let after = server.run(&quiet);
+    assert!(
+        after.code() == Some(0) && after.stdout.contains("vector_add: PASS"),
+        "{}\n--- server log\n{}",
+        after.describe(),
+        server.log()
+    );
+    let last = server.wait_children(1);
+    assert_eq!(last.len(), 1, "{last:?}");
 }
 
 #[test]
 fn a_killed_worker_fails_its_session_and_the_server_goes_on() {
-    let mut server = WorkerServer::start("worker-kill");
+    let mut server = WorkerServer::start("worker-kill", false);
     let looping = test_program("loop_launches");
     let mut child = server
         .command(&looping, &["120"])
@@ -247,5 +269,6 @@ fn a_killed_worker_fails_its_session_and_the_server_goes_on() {
         again.describe(),
         server.log()
     );
-    server.wait_no_children();
+    let left = server.wait_children(0);
+    assert!(left.is_empty(), "{left:?}");
 }

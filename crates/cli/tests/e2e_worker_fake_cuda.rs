@@ -87,6 +87,8 @@ fn cuda_contexts_live_in_workers() {
     // The fake prints whatever the image: its k.cu has no printf, so ask the
     // workers for a stdout marker after every flushing call.
     std::env::set_var("CUMUX_WORKER_PRINTF", "always");
+    // One worker per session and no spare, so the children are easy to count.
+    std::env::set_var("CUMUX_WORKER_SPARES", "0");
     let devices = cuda_worker_devices(PathBuf::from(CUMUX)).expect("the fake GPU");
     assert_eq!(devices.len(), 1);
     let device = Arc::clone(&devices[0]);

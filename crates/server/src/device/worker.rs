@@ -494,17 +494,26 @@ impl WorkerCommand {
 /// A device whose contexts each live in a worker process of their own.
 pub struct WorkerDevice {
     info: DeviceInfo,
-    command: WorkerCommand,
+    launcher: Arc<Launcher>,
     used: Arc<AtomicU64>,
     next_module: Arc<AtomicU64>,
 }
 
+/// `0` turns off the spare worker each device keeps warm for the next session.
+pub const SPARES_ENV: &str = "CUMUX_WORKER_SPARES";
+
 impl WorkerDevice {
-    /// A device described by `info` whose sessions run in workers that `command` starts.
+    /// A device described by `info` whose sessions run in workers that
+    /// `command` starts; one spare is kept warm unless `CUMUX_WORKER_SPARES=0`.
     pub fn new(info: DeviceInfo, command: WorkerCommand) -> Self {
+        let spare = std::env::var(SPARES_ENV).map_or(true, |v| v.trim() != "0");
         WorkerDevice {
             info,
-            command,
+            launcher: Arc::new(Launcher {
+                command,
+                keep_spare: spare,
+                spare: Mutex::new(None),
+            }),
             used: Arc::new(AtomicU64::new(0)),
             next_module: Arc::new(AtomicU64::new(1)),
         }
@@ -524,17 +533,80 @@ impl Device for WorkerDevice {
     /// touches the device (a `cumux status` query) costs no process.
     fn create_context(&self) -> Result<Arc<dyn DeviceContext>, CuError> {
         Ok(Arc::new(WorkerContext::new(
-            Some(self.command.clone()),
+            Some(Arc::clone(&self.launcher)),
             Arc::clone(&self.used),
             Arc::clone(&self.next_module),
         )))
     }
 }
 
+/// A worker started (and perhaps still creating its context) that no session
+/// has attached yet.
+struct Spawned {
+    child: Child,
+    stream: UnixStream,
+    stdout: ChildStdout,
+    nonce: [u8; NONCE_BYTES],
+}
+
+/// Starts a device's workers, keeping one spare warming up (driver loaded,
+/// context created) so the next session's first call need not wait for it.
+pub struct Launcher {
+    command: WorkerCommand,
+    keep_spare: bool,
+    spare: Mutex<Option<Spawned>>,
+}
+
+impl Launcher {
+    /// The spare if there is a live one (`true`), else a worker started now.
+    fn take(&self) -> Result<(Spawned, bool), CuError> {
+        let spare = lock(&self.spare).take();
+        if let Some(mut spare) = spare {
+            match spare.child.try_wait() {
+                Ok(None) => return Ok((spare, true)),
+                _ => reap(spare.child, Duration::ZERO),
+            }
+        }
+        Ok((spawn_worker(&self.command)?, false))
+    }
+
+    /// Starts a new spare if this launcher keeps one and has none.
+    fn refill(&self) {
+        if !self.keep_spare {
+            return;
+        }
+        let mut spare = lock(&self.spare);
+        if spare.is_none() {
+            match spawn_worker(&self.command) {
+                Ok(s) => *spare = Some(s),
+                Err(e) => tracing::warn!("no spare worker: {e}"),
+            }
+        }
+    }
+}
+
+impl Drop for Launcher {
+    fn drop(&mut self) {
+        if let Some(spare) = lock(&self.spare).take() {
+            let Spawned { child, .. } = spare;
+            // The socket is closed now; the spare exits on its own.
+            reap_in_background(child);
+        }
+    }
+}
+
+/// Reaps `child` on a thread of its own, killing it after [`EXIT_GRACE`].
+fn reap_in_background(child: Child) {
+    let reaper = std::thread::Builder::new()
+        .name("cumux-worker-reaper".into())
+        .spawn(move || reap(child, EXIT_GRACE));
+    if let Err(e) = reaper {
+        tracing::warn!("cannot start a reaper thread: {e}");
+    }
+}
+
 /// Starts a worker: its socket, the read end of its stdout, its nonce.
-fn spawn_worker(
-    command: &WorkerCommand,
-) -> Result<(Child, UnixStream, ChildStdout, [u8; NONCE_BYTES]), CuError> {
+fn spawn_worker(command: &WorkerCommand) -> Result<Spawned, CuError> {
     let spawn_err = |what: &str, e: io::Error| {
         CuError::new(
             codes::UNKNOWN,
@@ -555,7 +627,12 @@ fn spawn_worker(
     match child.stdout.take() {
         Some(pipe) => {
             tracing::debug!(pid = child.id(), "worker started");
-            Ok((child, ours, pipe, nonce))
+            Ok(Spawned {
+                child,
+                stream: ours,
+                stdout: pipe,
+                nonce,
+            })
         }
         None => {
             reap(child, Duration::ZERO);
@@ -699,11 +776,12 @@ struct Connection {
 pub struct WorkerContext {
     /// The connection to the worker; `None` until the first call starts it.
     conn: Mutex<Option<Connection>>,
-    /// How to start the worker (`None`: it is attached by [`WorkerContext::attach`]).
-    command: Option<WorkerCommand>,
+    /// Where the worker comes from (`None`: attached by [`WorkerContext::attach`]).
+    launcher: Option<Arc<Launcher>>,
     /// The fault or death that ends this context: every later call fails with it.
     sticky: Mutex<Option<CuError>>,
-    tap: Arc<StdoutTap>,
+    /// The worker's printf, read from its stdout (replaced if a start is retried).
+    tap: Mutex<Arc<StdoutTap>>,
     child: Mutex<Option<Child>>,
     used: Arc<AtomicU64>,
     next_module: Arc<AtomicU64>,
@@ -714,17 +792,17 @@ pub struct WorkerContext {
 }
 
 impl WorkerContext {
-    /// A context whose worker `command` starts at the first call.
-    pub fn new(
-        command: Option<WorkerCommand>,
+    /// A context whose worker `launcher` starts at the first call.
+    fn new(
+        launcher: Option<Arc<Launcher>>,
         used: Arc<AtomicU64>,
         next_module: Arc<AtomicU64>,
     ) -> WorkerContext {
         WorkerContext {
             conn: Mutex::new(None),
-            command,
+            launcher,
             sticky: Mutex::new(None),
-            tap: Arc::new(StdoutTap::default()),
+            tap: Mutex::new(Arc::new(StdoutTap::default())),
             child: Mutex::new(None),
             used,
             next_module,
@@ -756,7 +834,8 @@ impl WorkerContext {
         stdout: impl Read + Send + 'static,
         nonce: [u8; NONCE_BYTES],
     ) -> Result<Connection, CuError> {
-        let tap = Arc::clone(&self.tap);
+        let tap = Arc::new(StdoutTap::default());
+        *lock(&self.tap) = Arc::clone(&tap);
         std::thread::Builder::new()
             .name("cumux-worker-stdout".into())
             .spawn(move || tap.read_all(stdout, nonce))
@@ -795,24 +874,41 @@ impl WorkerContext {
     }
 
     /// Starts the worker of a context made by [`WorkerContext::new`].
+    /// A spare that fails to attach (it died idle) is replaced by a fresh
+    /// worker once; a new spare starts warming up either way.
     fn start(&self) -> Result<Connection, CuError> {
-        let Some(command) = &self.command else {
+        let Some(launcher) = &self.launcher else {
             return Err(CuError::new(
                 codes::INVALID_CONTEXT,
                 "the context's worker is gone",
             ));
         };
-        let (child, stream, stdout, nonce) = spawn_worker(command)?;
-        *lock(&self.child) = Some(child);
-        match self.connect(stream, stdout, nonce) {
-            Ok(conn) => Ok(conn),
-            Err(e) => {
-                if let Some(child) = lock(&self.child).take() {
-                    reap(child, Duration::from_secs(1));
-                }
-                Err(e)
+        let (spawned, warm) = launcher.take()?;
+        let attached = self.adopt(spawned);
+        launcher.refill();
+        match attached {
+            Err(e) if warm => {
+                tracing::warn!("the spare worker failed ({e}); starting another");
+                self.adopt(spawn_worker(&launcher.command)?)
             }
+            other => other,
         }
+    }
+
+    /// Makes `spawned` this context's worker.
+    fn adopt(&self, spawned: Spawned) -> Result<Connection, CuError> {
+        let Spawned {
+            child,
+            stream,
+            stdout,
+            nonce,
+        } = spawned;
+        *lock(&self.child) = Some(child);
+        self.connect(stream, stdout, nonce).inspect_err(|_| {
+            if let Some(child) = lock(&self.child).take() {
+                reap(child, Duration::from_secs(1));
+            }
+        })
     }
 
     /// The worker's process id, if it is a process.
@@ -900,7 +996,8 @@ impl WorkerContext {
             Err(e) => return Err(self.died(&e)),
         };
         if let Some(seq) = reply.marker {
-            self.tap.wait_for(seq);
+            let tap = Arc::clone(&lock(&self.tap));
+            tap.wait_for(seq);
         }
         match reply.result {
             Err(e) if is_fatal(e.code) => {
@@ -1048,7 +1145,7 @@ impl DeviceContext for WorkerContext {
             }
         };
         LaunchOutcome {
-            stdout: self.tap.take(),
+            stdout: Arc::clone(&lock(&self.tap)).take(),
             result,
         }
     }
@@ -1064,12 +1161,7 @@ impl Drop for WorkerContext {
             let _ = conn.writer.shutdown(std::net::Shutdown::Both);
         }
         if let Some(child) = lock(&self.child).take() {
-            let reaper = std::thread::Builder::new()
-                .name("cumux-worker-reaper".into())
-                .spawn(move || reap(child, EXIT_GRACE));
-            if let Err(e) = reaper {
-                tracing::warn!("cannot start a reaper thread: {e}");
-            }
+            reap_in_background(child);
         }
     }
 }
