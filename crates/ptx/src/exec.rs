@@ -2202,41 +2202,43 @@ impl Worker {
             th.local.resize((kf.frame_bytes as usize).div_ceil(8), 0);
         }
         loop {
-            let mut any_ready = false;
-            if g.lockstep {
-                // warp-synchronous code: lanes of a warp advance one instruction at a time
-                for w in 0..n.div_ceil(32) {
-                    let lanes = w * 32..(w * 32 + 32).min(n);
-                    loop {
-                        let mut ran = false;
+            // run warp by warp, resolving that warp's collectives as soon as
+            // all of its lanes are blocked
+            for w in 0..n.div_ceil(32) {
+                let lanes = w * 32..(w * 32 + 32).min(n);
+                loop {
+                    if g.lockstep {
+                        // warp-synchronous code: lanes advance one instruction at a time
+                        loop {
+                            let mut ran = false;
+                            for lin in lanes.clone() {
+                                let th = &mut self.threads[lin];
+                                if th.status == Status::Ready {
+                                    ran = true;
+                                    run_thread(g, &mut self.block, th, lin as u32, 1)?;
+                                }
+                            }
+                            if !ran {
+                                break;
+                            }
+                        }
+                    } else {
                         for lin in lanes.clone() {
                             let th = &mut self.threads[lin];
                             if th.status == Status::Ready {
-                                ran = true;
-                                any_ready = true;
-                                run_thread(g, &mut self.block, th, lin as u32, 1)?;
+                                run_thread(g, &mut self.block, th, lin as u32, u64::MAX)?;
                             }
                         }
-                        if !ran {
-                            break;
-                        }
                     }
-                }
-            } else {
-                for (lin, th) in self.threads.iter_mut().enumerate() {
-                    if th.status == Status::Ready {
-                        any_ready = true;
-                        run_thread(g, &mut self.block, th, lin as u32, u64::MAX)?;
+                    if !self.resolve_warp(g, w, false) {
+                        break;
                     }
                 }
             }
             if self.threads.iter().all(|t| t.status == Status::Exited) {
                 return Ok(());
             }
-            let _ = any_ready;
-            let progressed = self.resolve_warps(g, false)
-                || self.resolve_barriers(g)
-                || self.resolve_warps(g, true);
+            let progressed = self.resolve_barriers(g) || self.resolve_warps(g, true);
             if !progressed {
                 let waiting: Vec<usize> = self
                     .threads
@@ -2360,9 +2362,18 @@ impl Worker {
     /// `relaxed`, lanes waiting at different instructions of the same kind
     /// (divergent call sites) are grouped too.
     fn resolve_warps(&mut self, g: &Geo<'_>, relaxed: bool) -> bool {
+        let mut progressed = false;
+        for w in 0..self.threads.len().div_ceil(32) {
+            progressed |= self.resolve_warp(g, w, relaxed);
+        }
+        progressed
+    }
+
+    /// Resolves the collectives of warp `w` whose participants all arrived.
+    fn resolve_warp(&mut self, g: &Geo<'_>, w: usize, relaxed: bool) -> bool {
         let n = self.threads.len();
         let mut progressed = false;
-        for w in 0..n.div_ceil(32) {
+        {
             let lo = w * 32;
             let hi = (lo + 32).min(n);
             let alive: u32 = (lo..hi)
@@ -2450,7 +2461,15 @@ impl Worker {
                 .get(th.pc as usize)
                 .map(|i| &i.op)
         };
-        let lanes: Vec<usize> = (0..32).filter(|k| mask & (1 << k) != 0).collect();
+        let mut lane_buf = [0usize; 32];
+        let mut count = 0;
+        for k in 0..32 {
+            if mask & (1 << k) != 0 {
+                lane_buf[count] = k;
+                count += 1;
+            }
+        }
+        let lanes = &lane_buf[..count];
         let val = |th: &Thread, s: Src| rd(&th.regs, th.rbase, th.lbase, s);
         let n = self.threads.len();
         let Some(first) = lanes.first().and_then(|&l| op_at(&self.threads[lo + l])) else {
@@ -2458,8 +2477,9 @@ impl Worker {
         };
         match first {
             Op::Shfl { .. } => {
-                let mut results = Vec::with_capacity(lanes.len());
-                for &lane in &lanes {
+                let mut results = [(0usize, 0u32, 0u32, 0u64, false); 32];
+                let mut nres = 0;
+                for &lane in lanes {
                     let th = &self.threads[lo + lane];
                     let Some(Op::Shfl {
                         mode, d, dp, b, c, ..
@@ -2507,9 +2527,10 @@ impl Worker {
                         },
                     };
                     let v = val(src, a) & 0xffff_ffff;
-                    results.push((lane, *d, *dp, v, p));
+                    results[nres] = (lane, *d, *dp, v, p);
+                    nres += 1;
                 }
-                for (lane, d, dp, v, p) in results {
+                for &(lane, d, dp, v, p) in &results[..nres] {
                     let th = &mut self.threads[lo + lane];
                     wr(&mut th.regs, th.rbase, d, v);
                     if dp != NONE {
@@ -2519,7 +2540,7 @@ impl Worker {
             }
             Op::Vote { .. } => {
                 let mut ballot = 0u64;
-                for &lane in &lanes {
+                for &lane in lanes {
                     let th = &self.threads[lo + lane];
                     if let Some(Op::Vote { a, neg, .. }) = op_at(th) {
                         if (val(th, *a) & 1 != 0) != *neg {
@@ -2527,7 +2548,7 @@ impl Worker {
                         }
                     }
                 }
-                for &lane in &lanes {
+                for &lane in lanes {
                     let th = &mut self.threads[lo + lane];
                     if let Some(Op::Vote { mode, d, .. }) = op_at(th) {
                         let v = match mode {
@@ -2596,7 +2617,7 @@ impl Worker {
                 let mut ma = [0f32; 256];
                 let mut mb = [0f32; 256];
                 let mut mc = [0f32; 256];
-                for &lane in &lanes {
+                for &lane in lanes {
                     let th = &self.threads[lo + lane];
                     if let Some(Op::WmmaMma {
                         ab, cty, a, b, c, ..
@@ -2620,7 +2641,7 @@ impl Worker {
                         md[i * 16 + j] = acc;
                     }
                 }
-                for &lane in &lanes {
+                for &lane in lanes {
                     let th = &mut self.threads[lo + lane];
                     let Some(Op::WmmaMma { dty, d, .. }) = op_at(th) else {
                         continue;
@@ -2660,7 +2681,7 @@ impl Worker {
                         ReduxOp::Xor => acc ^ v,
                     };
                 }
-                for &lane in &lanes {
+                for &lane in lanes {
                     let th = &mut self.threads[lo + lane];
                     if let Some(Op::Redux { d, .. }) = op_at(th) {
                         wr(&mut th.regs, th.rbase, *d, acc);

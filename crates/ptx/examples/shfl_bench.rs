@@ -1,0 +1,48 @@
+//! Throughput of a shuffle-heavy reduction (warp collectives) on the
+//! interpreter: `cargo run --release -p cumux-ptx --example shfl_bench`.
+
+use cumux_ptx::*;
+use std::time::Instant;
+
+fn main() {
+    let mem = DeviceMemory::new(1 << 30);
+    let prog = Program::load(include_str!("../tests/fixtures/basic.ptx"), &mem).unwrap();
+    let n = 1usize << 22;
+    let din = mem.alloc((n * 4) as u64).unwrap();
+    mem.fill(din, &1f32.to_le_bytes(), n as u64).unwrap();
+    let dout = mem.alloc(4).unwrap();
+    let k = prog
+        .kernels()
+        .iter()
+        .find(|k| k.name == "reduce_sum")
+        .unwrap();
+    let mut params = vec![0u8; k.params_bytes() as usize];
+    for (p, v) in k.params.iter().zip([
+        din.to_le_bytes().to_vec(),
+        dout.to_le_bytes().to_vec(),
+        (n as i32).to_le_bytes().to_vec(),
+    ]) {
+        params[p.offset as usize..p.offset as usize + v.len()].copy_from_slice(&v);
+    }
+    let cfg = LaunchConfig {
+        grid: [(n / 256) as u32, 1, 1],
+        block: [256, 1, 1],
+        dynamic_shared_bytes: 32,
+    };
+    for _ in 0..3 {
+        mem.fill(dout, &[0], 4).unwrap();
+        let t = Instant::now();
+        let r = prog.launch(&mem, "reduce_sum", &cfg, &params);
+        let dt = t.elapsed().as_secs_f64();
+        r.result.unwrap();
+        let mut b = [0u8; 4];
+        mem.read(dout, &mut b).unwrap();
+        println!(
+            "reduce_sum n={n}: {:.3} s, {} instr, {:.1} M instr/s, sum {}",
+            dt,
+            r.instructions,
+            r.instructions as f64 / dt / 1e6,
+            f32::from_le_bytes(b)
+        );
+    }
+}
