@@ -1261,7 +1261,7 @@ fn wr(regs: &mut [u64], rbase: u32, d: u32, v: u64) {
     }
 }
 
-fn special(g: &Geo<'_>, b: &Block, th: &Thread, tid: [u32; 3], lin: u32, r: SReg) -> u64 {
+fn special(g: &Geo<'_>, b: &Block, clock: u64, tid: [u32; 3], lin: u32, r: SReg) -> u64 {
     let lane = lin % 32;
     match r {
         SReg::Tid(d) => tid[d as usize % 3] as u64,
@@ -1275,9 +1275,9 @@ fn special(g: &Geo<'_>, b: &Block, th: &Thread, tid: [u32; 3], lin: u32, r: SReg
         SReg::Smid => b.smid as u64,
         SReg::Nsmid => 132,
         SReg::Gridid => 1,
-        SReg::Clock => th.clock & 0xffff_ffff,
-        SReg::Clock64 => th.clock,
-        SReg::Globaltimer => g.start_ns.wrapping_add(th.clock),
+        SReg::Clock => clock & 0xffff_ffff,
+        SReg::Clock64 => clock,
+        SReg::Globaltimer => g.start_ns.wrapping_add(clock),
         SReg::LanemaskEq => 1u64 << lane,
         SReg::LanemaskLt => (1u64 << lane) - 1,
         SReg::LanemaskLe => ((1u64 << lane) << 1).wrapping_sub(1) & 0xffff_ffff,
@@ -1714,9 +1714,8 @@ fn run_thread(
                 wr(regs, rbase, *d, is as u64);
             }
             Op::Special { d, r } => {
-                th.clock = th.clock.wrapping_add(count);
-                count = 0;
-                let v = special(g, b, th, tid, lin, *r);
+                let clock = th.clock.wrapping_add(count);
+                let v = special(g, b, clock, tid, lin, *r);
                 wr(&mut th.regs, rbase, *d, v);
             }
             Op::Bra { target } => {

@@ -384,3 +384,15 @@ fn handwritten_forms() {
     assert_eq!(w[14], 55, "clz.b64");
     assert_eq!((w[16], w[17]), (0x1122_3344, 0x5566_7788), "mov unpack");
 }
+
+#[test]
+fn instruction_budget_stops_endless_loops() {
+    let src = ".version 9.0\n.target sm_75\n.address_size 64\n.visible .entry spin()\n{\n .reg .b32 %r<3>;\n$L_top:\n mov.u32 %r1, %tid.x;\n mov.u32 %r2, %clock;\n bra.uni $L_top;\n}\n";
+    let mem = DeviceMemory::new(1 << 20);
+    let p = Program::load(src, &mem).unwrap();
+    let r = p.launch_limited(&mem, "spin", &cfg([3, 1, 1], [64, 1, 1], 0), &[], 100_000);
+    let e = r.result.unwrap_err();
+    assert_eq!(e.cu_code(), 719, "{e}");
+    assert!(e.to_string().contains("instruction limit"), "{e}");
+    assert!(r.instructions >= 100_000);
+}
