@@ -1720,7 +1720,7 @@ fn run_thread(
             }
             Op::Bra { target } => {
                 if *target <= pc && b.instructions.wrapping_add(count) > g.budget {
-                    break Err(Fault::Failed(format!(
+                    break Err(Fault::Timeout(format!(
                         "instruction limit of {} per block exceeded at line {}",
                         g.budget, inst.line
                     )));
@@ -1758,7 +1758,7 @@ fn run_thread(
                     None => break Err(Fault::Failed("call to unknown function".into())),
                 };
                 if b.instructions.wrapping_add(count) > g.budget {
-                    break Err(Fault::Failed(format!(
+                    break Err(Fault::Timeout(format!(
                         "instruction limit of {} per block exceeded at line {}",
                         g.budget, inst.line
                     )));

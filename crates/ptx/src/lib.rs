@@ -120,13 +120,24 @@ pub struct LaunchConfig {
 /// A fault during a launch, mirroring the driver's errors.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Fault {
-    IllegalAddress { addr: u64, detail: String },
-    MisalignedAddress { addr: u64, detail: String },
-    Trap { detail: String },
+    IllegalAddress {
+        addr: u64,
+        detail: String,
+    },
+    MisalignedAddress {
+        addr: u64,
+        detail: String,
+    },
+    Trap {
+        detail: String,
+    },
     InvalidConfig(String),
     UnknownKernel(String),
     OutOfResources(String),
     Failed(String),
+    /// A block ran past the instruction budget of `launch_limited` (code 702,
+    /// like the driver's watchdog timeout).
+    Timeout(String),
 }
 
 impl Fault {
@@ -140,6 +151,7 @@ impl Fault {
             Fault::UnknownKernel(_) => 500,
             Fault::OutOfResources(_) => 701,
             Fault::Failed(_) => 719,
+            Fault::Timeout(_) => 702,
         }
     }
 }
@@ -161,6 +173,7 @@ impl fmt::Display for Fault {
             Fault::UnknownKernel(s) => write!(f, "kernel not found: {s}"),
             Fault::OutOfResources(s) => write!(f, "too many resources requested for launch: {s}"),
             Fault::Failed(s) => write!(f, "unspecified launch failure: {s}"),
+            Fault::Timeout(s) => write!(f, "the launch timed out: {s}"),
         }
     }
 }
@@ -242,7 +255,7 @@ impl Program {
     }
 
     /// Like [`Program::launch`], but a block that executes more than
-    /// `max_instructions_per_block` fails the launch (code 719) instead of
+    /// `max_instructions_per_block` fails the launch (`Timeout`, code 702) instead of
     /// running forever.
     pub fn launch_limited(
         &self,

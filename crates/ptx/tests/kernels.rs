@@ -392,7 +392,7 @@ fn instruction_budget_stops_endless_loops() {
     let p = Program::load(src, &mem).unwrap();
     let r = p.launch_limited(&mem, "spin", &cfg([3, 1, 1], [64, 1, 1], 0), &[], 100_000);
     let e = r.result.unwrap_err();
-    assert_eq!(e.cu_code(), 719, "{e}");
+    assert_eq!(e.cu_code(), 702, "{e}");
     assert!(e.to_string().contains("instruction limit"), "{e}");
     assert!(r.instructions >= 100_000);
 }
