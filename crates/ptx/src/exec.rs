@@ -820,24 +820,54 @@ fn cvt(a: u64, dt: Ty, st: Ty, rnd: Rnd, sat: bool, ftz: bool) -> u64 {
     }
 }
 
-fn prmt(a: u64, b: u64, c: u64) -> u64 {
+fn prmt(a: u64, b: u64, c: u64, mode: u8) -> u64 {
     let bytes = ((b & 0xffff_ffff) << 32) | (a & 0xffff_ffff);
+    let byte = |i: u64| (bytes >> ((i & 7) * 8)) & 0xff;
+    let n = c & 3;
     let mut r = 0u64;
-    for k in 0..4 {
-        let sel = (c >> (4 * k)) & 0xf;
-        let byte = (bytes >> ((sel & 7) * 8)) & 0xff;
-        let v = if sel & 8 != 0 {
-            if byte & 0x80 != 0 {
-                0xff
-            } else {
-                0
+    for k in 0..4u64 {
+        let v = match mode {
+            1 => byte(n + k),                 // f4e
+            2 => byte((n + 8 - k) & 7),       // b4e
+            3 => byte(n),                     // rc8
+            4 => byte(k.max(n)),              // ecl
+            5 => byte(k.min(n)),              // ecr
+            6 => byte((n & 1) * 2 + (k & 1)), // rc16
+            _ => {
+                let sel = (c >> (4 * k)) & 0xf;
+                let x = byte(sel & 7);
+                if sel & 8 != 0 {
+                    if x & 0x80 != 0 {
+                        0xff
+                    } else {
+                        0
+                    }
+                } else {
+                    x
+                }
             }
-        } else {
-            byte
         };
         r |= v << (8 * k);
     }
     r
+}
+
+/// `.relu`: negative (non-NaN) values become +0.
+fn relu(v: u64, t: Ty) -> u64 {
+    match t {
+        Ty::F16x2 | Ty::BF16x2 => {
+            let et = if t == Ty::F16x2 { Ty::F16 } else { Ty::BF16 };
+            relu(v & 0xffff, et) | relu((v >> 16) & 0xffff, et) << 16
+        }
+        _ => {
+            let x = fval(v, t);
+            if x < 0.0 {
+                0
+            } else {
+                v
+            }
+        }
+    }
 }
 
 fn lop3(a: u64, b: u64, c: u64, lut: u8) -> u64 {
@@ -1456,8 +1486,18 @@ fn run_thread(
                 };
                 wr(regs, rbase, *d, v);
             }
-            Op::Prmt { d, a, b: bb, c } => {
-                let v = prmt(r!(*a), r!(*bb), r!(*c));
+            Op::Prmt {
+                d,
+                a,
+                b: bb,
+                c,
+                mode,
+            } => {
+                let v = prmt(r!(*a), r!(*bb), r!(*c), *mode);
+                wr(regs, rbase, *d, v);
+            }
+            Op::Relu { d, t } => {
+                let v = relu(r!(Src::Reg(*d)), *t);
                 wr(regs, rbase, *d, v);
             }
             Op::Lop3 {

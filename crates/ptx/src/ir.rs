@@ -381,11 +381,18 @@ pub(crate) enum Op {
         c: Src,
         e: Src,
     },
+    /// Clamp negative values of a float register (or each half of a pair) to +0.
+    Relu {
+        d: u32,
+        t: Ty,
+    },
+    /// `prmt`; `mode` 0 = default selector, 1..=6 = f4e, b4e, rc8, ecl, ecr, rc16.
     Prmt {
         d: u32,
         a: Src,
         b: Src,
         c: Src,
+        mode: u8,
     },
     Lop3 {
         d: u32,

@@ -785,6 +785,35 @@ impl<'a> FuncLower<'a> {
     }
 
     fn instr(&mut self, i: &ast::Instruction) -> Result<(), LoadError> {
+        if i.modifiers.iter().any(|m| m == "relu") {
+            // `.relu`: the result clamped at zero (NaN stays NaN), as a second op
+            let mut plain = i.clone();
+            plain.modifiers.retain(|m| m != "relu");
+            let dt = match i.opcode.as_str() {
+                "cvt" => i.modifiers.iter().find_map(|m| Ty::parse(m)),
+                _ => i.modifiers.iter().rev().find_map(|m| Ty::parse(m)),
+            };
+            let Some(t) = dt.filter(|t| t.is_float()) else {
+                return self.unsupported(".relu on this instruction");
+            };
+            self.instr(&plain)?;
+            let Some(Operand::Name(dn)) = i.operands.first() else {
+                return Err(invalid(self.line, ".relu needs a register destination"));
+            };
+            let Some(Binding::Reg(d, _)) = self.lookup(dn) else {
+                return Err(invalid(self.line, ".relu needs a register destination"));
+            };
+            self.emit(Op::Relu { d, t });
+            if let Some(g) = &i.guard {
+                if let Some(Binding::Reg(r, _)) = self.lookup(&g.reg) {
+                    if let Some(last) = self.code.last_mut() {
+                        last.guard = r;
+                        last.guard_neg = g.negated;
+                    }
+                }
+            }
+            return Ok(());
+        }
         let guard = match &i.guard {
             None => (NONE, false),
             Some(g) => match self.lookup(&g.reg) {
@@ -1177,16 +1206,15 @@ impl<'a> FuncLower<'a> {
             }
             "prmt" => {
                 let o = self.ops(i, 4)?;
-                if m.iter()
-                    .any(|x| matches!(x.as_str(), "f4e" | "b4e" | "rc8" | "ecl" | "ecr" | "rc16"))
-                {
-                    return self.unsupported("prmt mode");
-                }
+                let mode = ["f4e", "b4e", "rc8", "ecl", "ecr", "rc16"]
+                    .iter()
+                    .position(|x| has(x))
+                    .map_or(0, |p| p as u8 + 1);
                 let d = self.dst(&o[0])?;
                 let a = self.src(&o[1], Ty::B32)?;
                 let b = self.src(&o[2], Ty::B32)?;
                 let c = self.src(&o[3], Ty::B32)?;
-                self.emit(Op::Prmt { d, a, b, c });
+                self.emit(Op::Prmt { d, a, b, c, mode });
             }
             "lop3" => {
                 let o = self.ops(i, 5)?;

@@ -396,3 +396,56 @@ fn instruction_budget_stops_endless_loops() {
     assert!(e.to_string().contains("instruction limit"), "{e}");
     assert!(r.instructions >= 100_000);
 }
+
+#[test]
+fn prmt_modes_and_relu() {
+    let src = r#"
+.version 9.0
+.target sm_80
+.address_size 64
+.visible .entry k(.param .u64 out)
+{
+    .reg .b32 %r<12>;
+    .reg .b16 %rs<4>;
+    .reg .f32 %f<2>;
+    .reg .b64 %rd<2>;
+    ld.param.u64 %rd1, [out];
+    mov.u32 %r1, 0x33221100;
+    mov.u32 %r2, 0x77665544;
+    prmt.b32.f4e %r3, %r1, %r2, 1;
+    prmt.b32.b4e %r4, %r1, %r2, 0;
+    prmt.b32.rc8 %r5, %r1, %r2, 2;
+    prmt.b32.ecl %r6, %r1, %r2, 1;
+    prmt.b32.ecr %r7, %r1, %r2, 2;
+    prmt.b32.rc16 %r8, %r1, %r2, 1;
+    st.global.v4.u32 [%rd1], {%r3, %r4, %r5, %r6};
+    st.global.v2.u32 [%rd1+16], {%r7, %r8};
+    mov.f32 %f1, 0fC0000000;
+    cvt.rn.relu.f16.f32 %rs1, %f1;
+    mov.f32 %f1, 0f40000000;
+    cvt.rn.relu.f16.f32 %rs2, %f1;
+    mov.b32 %r9, {%rs1, %rs2};
+    st.global.u32 [%rd1+24], %r9;
+    ret;
+}
+"#;
+    let mem = DeviceMemory::new(1 << 20);
+    let p = Program::load(src, &mem).unwrap();
+    let out = mem.alloc(32).unwrap();
+    p.launch(&mem, "k", &cfg([1, 1, 1], [1, 1, 1], 0), &out.to_le_bytes())
+        .result
+        .unwrap();
+    let w = read_u32(&mem, out, 7);
+    assert_eq!(
+        w[..6],
+        [
+            0x4433_2211,
+            0x5566_7700,
+            0x2222_2222,
+            0x3322_1111,
+            0x2222_1100,
+            0x3322_3322
+        ]
+    );
+    assert_eq!(w[6], 0x4000_0000, "relu(-2) = 0, relu(2) = 2 (f16 0x4000)");
+}
