@@ -1356,12 +1356,11 @@ fn local_get(local: &mut [u64], src: u32, size: u32) -> Option<u64> {
 }
 
 /// Runs one thread until it reaches a collective, exits or faults.
-fn run_thread(
+fn run_thread<const SINGLE_STEP: bool>(
     g: &Geo<'_>,
     b: &mut Block,
     th: &mut Thread,
     lin: u32,
-    max_steps: u64,
 ) -> Result<Stop, Fault> {
     let funcs = &g.prog.funcs;
     let tid = lin_to_tid(lin, g.ntid);
@@ -1369,7 +1368,7 @@ fn run_thread(
     let mut pc = th.pc;
     let mut count: u64 = 0;
     let result = loop {
-        if count >= max_steps {
+        if SINGLE_STEP && count >= 1 {
             break Ok(Stop::Yield);
         }
         let Some(inst) = func.code.get(pc as usize) else {
@@ -2254,7 +2253,7 @@ impl Worker {
                                 let th = &mut self.threads[lin];
                                 if th.status == Status::Ready {
                                     ran = true;
-                                    run_thread(g, &mut self.block, th, lin as u32, 1)?;
+                                    run_thread::<true>(g, &mut self.block, th, lin as u32)?;
                                 }
                             }
                             if !ran {
@@ -2265,7 +2264,7 @@ impl Worker {
                         for lin in lanes.clone() {
                             let th = &mut self.threads[lin];
                             if th.status == Status::Ready {
-                                run_thread(g, &mut self.block, th, lin as u32, u64::MAX)?;
+                                run_thread::<false>(g, &mut self.block, th, lin as u32)?;
                             }
                         }
                     }
