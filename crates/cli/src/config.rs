@@ -1,8 +1,12 @@
-//! `cumux serve --config FILE`: a small TOML-like file of `key = value` lines
-//! (`device`, `listen`, `memory`), overridden by command-line flags, and the
-//! byte-size syntax (`512M`, `16GiB`) shared with `--memory`.
+//! `cumux serve --config FILE`: a TOML file with the server settings (`device`,
+//! `listen`, `memory`; command-line flags win) and the tenant table (quotas,
+//! weights, classes, devices, uids), and the byte-size syntax (`512M`, `16GiB`).
+
+use std::collections::BTreeMap;
 
 use anyhow::{bail, Context, Result};
+use cumux_server::tenants::{TenantClass, TenantPolicy, TenantSettings};
+use serde::Deserialize;
 
 /// Settings a config file may give.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -10,9 +14,73 @@ pub struct FileConfig {
     pub device: Option<String>,
     pub listen: Option<String>,
     pub memory: Option<u64>,
+    pub tenants: TenantPolicy,
 }
 
-/// Reads a config file. Unknown keys are errors, so typos do not pass silently.
+/// A byte count written as an integer or as a string with a unit (`"4G"`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+enum Bytes {
+    Count(u64),
+    Text(String),
+}
+
+impl Bytes {
+    fn get(&self) -> Result<u64> {
+        match self {
+            Bytes::Count(n) => Ok(*n),
+            Bytes::Text(t) => parse_bytes(t),
+        }
+    }
+}
+
+/// The file as written. Unknown keys are errors, so typos do not pass silently.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawConfig {
+    device: Option<String>,
+    listen: Option<String>,
+    memory: Option<Bytes>,
+    #[serde(default = "yes")]
+    allow_unknown: bool,
+    #[serde(default)]
+    defaults: RawTenant,
+    #[serde(default)]
+    tenants: BTreeMap<String, RawTenant>,
+}
+
+fn yes() -> bool {
+    true
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawTenant {
+    memory_quota: Option<Bytes>,
+    weight: Option<u32>,
+    class: Option<TenantClass>,
+    devices: Option<Vec<u32>>,
+    uids: Option<Vec<u32>>,
+}
+
+impl RawTenant {
+    fn settings(self, what: &str) -> Result<TenantSettings> {
+        let base = TenantSettings::default();
+        Ok(TenantSettings {
+            memory_quota: self
+                .memory_quota
+                .map(|b| b.get())
+                .transpose()
+                .with_context(|| format!("{what}: memory_quota"))?,
+            weight: self.weight.unwrap_or(base.weight),
+            class: self.class.unwrap_or(base.class),
+            devices: self.devices,
+            uids: self.uids,
+        })
+    }
+}
+
+/// Reads a config file.
 pub fn read(path: &std::path::Path) -> Result<FileConfig> {
     let text = std::fs::read_to_string(path)
         .with_context(|| format!("cannot read config {}", path.display()))?;
@@ -20,24 +88,24 @@ pub fn read(path: &std::path::Path) -> Result<FileConfig> {
 }
 
 pub fn parse(text: &str) -> Result<FileConfig> {
-    let mut config = FileConfig::default();
-    for (n, raw) in text.lines().enumerate() {
-        let line = raw.split('#').next().unwrap_or("").trim();
-        if line.is_empty() || line.starts_with('[') {
-            continue;
-        }
-        let Some((key, value)) = line.split_once('=') else {
-            bail!("line {}: expected key = value", n + 1);
-        };
-        let value = value.trim().trim_matches('"').to_string();
-        match key.trim() {
-            "device" => config.device = Some(value),
-            "listen" => config.listen = Some(value),
-            "memory" => config.memory = Some(parse_bytes(&value)?),
-            other => bail!("line {}: unknown setting {other:?}", n + 1),
-        }
+    let raw: RawConfig = toml::from_str(text).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let mut tenants = BTreeMap::new();
+    for (name, t) in raw.tenants {
+        let settings = t.settings(&format!("[tenants.{name}]"))?;
+        tenants.insert(name, settings);
     }
-    Ok(config)
+    let policy = TenantPolicy {
+        allow_unknown: raw.allow_unknown,
+        defaults: raw.defaults.settings("[defaults]")?,
+        tenants,
+    };
+    policy.validate().map_err(anyhow::Error::msg)?;
+    Ok(FileConfig {
+        device: raw.device,
+        listen: raw.listen,
+        memory: raw.memory.map(|m| m.get()).transpose().context("memory")?,
+        tenants: policy,
+    })
 }
 
 /// Parses `1073741824`, `512M`, `512MiB`, `16G`, `16GiB`, `64K` (powers of 1024).
@@ -72,11 +140,49 @@ mod tests {
         assert_eq!(parse_bytes("16GiB").unwrap(), 16 << 30);
         assert!(parse_bytes("12Q").is_err());
         assert!(parse_bytes("").is_err());
-        let c = parse("# cumux\ndevice = \"cpu\"\nlisten = \"unix:/tmp/x.sock\"\nmemory = 1G\n")
-            .unwrap();
+        let c =
+            parse("# cumux\ndevice = \"cpu\"\nlisten = \"unix:/tmp/x.sock\"\nmemory = \"1G\"\n")
+                .unwrap();
         assert_eq!(c.device.as_deref(), Some("cpu"));
         assert_eq!(c.listen.as_deref(), Some("unix:/tmp/x.sock"));
         assert_eq!(c.memory, Some(1 << 30));
-        assert!(parse("colour = blue").is_err());
+        assert_eq!(c.tenants, TenantPolicy::default());
+        assert_eq!(parse("memory = 4096").unwrap().memory, Some(4096));
+        assert!(parse("colour = \"blue\"").is_err());
+    }
+
+    #[test]
+    fn tenant_tables() {
+        let c = parse(
+            r#"
+allow_unknown = false
+
+[defaults]
+memory_quota = "256M"
+
+[tenants.alice]
+memory_quota = "4G"
+weight = 3
+class = "latency-critical"
+devices = [0]
+uids = [1000, 1001]
+
+[tenants.batchjobs]
+"#,
+        )
+        .unwrap();
+        let t = &c.tenants;
+        assert!(!t.allow_unknown);
+        assert_eq!(t.defaults.memory_quota, Some(256 << 20));
+        let alice = &t.tenants["alice"];
+        assert_eq!(alice.memory_quota, Some(4 << 30));
+        assert_eq!(alice.weight, 3);
+        assert_eq!(alice.class, TenantClass::LatencyCritical);
+        assert_eq!(alice.devices.as_deref(), Some(&[0][..]));
+        assert_eq!(alice.uids.as_deref(), Some(&[1000, 1001][..]));
+        assert_eq!(t.tenants["batchjobs"], TenantSettings::default());
+        assert!(parse("[tenants.x]\nweight = 0\n").is_err());
+        assert!(parse("[tenants.x]\nclass = \"urgent\"\n").is_err());
+        assert!(parse("[tenants.x]\nquota = 5\n").is_err());
     }
 }

@@ -29,7 +29,7 @@ enum Command {
         /// Where to listen: unix:PATH or tcp:HOST:PORT.
         #[arg(long)]
         listen: Option<String>,
-        /// A config file of `key = value` lines (device, listen, memory).
+        /// A TOML config file: device, listen, memory, and the tenant table.
         #[arg(long)]
         config: Option<PathBuf>,
         /// Device memory of the CPU device, e.g. 4G (default: a quarter of RAM, at most 16 GiB).

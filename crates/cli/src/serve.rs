@@ -92,7 +92,19 @@ pub fn serve(options: ServeOptions) -> Result<()> {
         None => Address::default_unix(),
     };
     let devices = choose_devices(&kind, memory)?;
-    let server = Server::new(devices);
+    for (name, t) in &file.tenants.tenants {
+        if let Some(bad) = t
+            .devices
+            .iter()
+            .flatten()
+            .find(|d| **d as usize >= devices.len())
+        {
+            tracing::warn!(
+                "tenant {name:?} is allowed device {bad}, which this server does not have"
+            );
+        }
+    }
+    let server = Server::with_tenants(devices, file.tenants);
     let bound = listener::bind(&address).with_context(|| format!("cannot listen on {address}"))?;
     let mut line = format!("cumux serve: listening on {}", bound.address());
     for (i, d) in server.devices().iter().enumerate() {

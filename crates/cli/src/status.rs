@@ -69,6 +69,24 @@ pub fn render(status: &ServerStatus, address: &Address) -> String {
         );
     }
     out += "\n";
+    if !status.tenants.is_empty() {
+        out += &format!(
+            "{:<16} {:>8} {:>24} {:>6} {:<16}\n",
+            "TENANT", "SESSIONS", "MEMORY / QUOTA", "WEIGHT", "CLASS"
+        );
+        for t in &status.tenants {
+            let quota = t.memory_quota.map_or_else(|| "none".into(), human_bytes);
+            out += &format!(
+                "{:<16} {:>8} {:>24} {:>6} {:<16}\n",
+                clip(&t.name, 16),
+                t.sessions,
+                format!("{} / {quota}", human_bytes(t.mem_used)),
+                t.weight,
+                t.class
+            );
+        }
+        out += "\n";
+    }
     if status.sessions.is_empty() {
         out += "no sessions\n";
         return out;
@@ -96,7 +114,7 @@ pub fn render(status: &ServerStatus, address: &Address) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use cumux_protocol::{DeviceStatus, SessionStatus};
+    use cumux_protocol::{DeviceStatus, SessionStatus, TenantStatus};
 
     #[test]
     fn table_names_devices_and_sessions() {
@@ -121,6 +139,14 @@ mod tests {
                 launches: 10,
                 gpu_time_ms: 1.25,
             }],
+            tenants: vec![TenantStatus {
+                name: "alice".into(),
+                sessions: 1,
+                mem_used: 1536,
+                memory_quota: Some(1 << 30),
+                weight: 2,
+                class: "latency-critical".into(),
+            }],
         };
         let table = render(&status, &Address::Unix("/tmp/s.sock".into()));
         assert!(table.contains("3.0 MiB / 1.0 GiB"), "{table}");
@@ -129,6 +155,7 @@ mod tests {
             table.contains("alice") && table.contains("1.5 KiB") && table.contains("1.2 ms"),
             "{table}"
         );
+        assert!(table.contains("1.5 KiB / 1.0 GiB"), "{table}");
         assert_eq!(human_bytes(512), "512 B");
     }
 }

@@ -287,6 +287,22 @@ pub struct ServerStatus {
     pub uptime_s: f64,
     pub devices: Vec<DeviceStatus>,
     pub sessions: Vec<SessionStatus>,
+    /// Tenants with live sessions. Only the CLI decodes `ServerStatus`.
+    pub tenants: Vec<TenantStatus>,
+}
+
+/// One tenant's use of the server, over all its sessions.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TenantStatus {
+    pub name: String,
+    pub sessions: u64,
+    /// Device memory held: allocations and module globals.
+    pub mem_used: u64,
+    /// `None`: no quota.
+    pub memory_quota: Option<u64>,
+    pub weight: u32,
+    /// `latency-critical` or `batch`.
+    pub class: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

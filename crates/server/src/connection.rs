@@ -7,8 +7,8 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 
 use cumux_protocol::{
-    codes, decode, encode, read_frame, write_frame, CuError, FrameError, Hello, HelloReply, Reply,
-    Request, MAGIC, PROTOCOL_VERSION,
+    codes, decode, encode, read_frame, write_frame, ClientRole, CuError, FrameError, Hello,
+    HelloReply, Reply, Request, MAGIC, PROTOCOL_VERSION,
 };
 
 use crate::session::Session;
@@ -26,9 +26,11 @@ pub enum Ending {
 }
 
 /// Serves one connection until it ends; the session's resources are all
-/// released before this returns.
+/// released before this returns. `peer_uid` is the uid of the process at the
+/// other end, where the transport can tell (unix sockets).
 pub fn serve_connection<W: Write>(
     server: Arc<Server>,
+    peer_uid: Option<u32>,
     mut reader: impl Read,
     mut writer: W,
     welcomed: impl FnOnce(&mut W),
@@ -42,7 +44,27 @@ pub fn serve_connection<W: Write>(
             return Ending::Rejected(reason);
         }
     };
-    let mut session = match Session::open(Arc::clone(&server), &hello) {
+    let tenant = match hello.role {
+        ClientRole::Status => None,
+        ClientRole::Driver => match server.tenants().admit(hello.tenant.as_deref(), peer_uid) {
+            Ok(tenant) => Some(tenant),
+            Err(reason) => {
+                tracing::warn!(pid = hello.pid, ?peer_uid, "connection refused: {reason}");
+                let _ = send(&mut writer, &reject(reason.clone()));
+                return Ending::Rejected(reason);
+            }
+        },
+    };
+    let devices = match &tenant {
+        Some((_, settings)) => server
+            .devices_for(settings)
+            .into_iter()
+            .map(|(_, info)| info)
+            .collect(),
+        None => server.device_infos(),
+    };
+    let tenant_name = tenant.as_ref().map(|t| t.0.clone());
+    let mut session = match Session::open(Arc::clone(&server), &hello, tenant) {
         Ok(session) => session,
         Err(e) => {
             let _ = send(&mut writer, &reject(e.to_string()));
@@ -53,13 +75,14 @@ pub fn serve_connection<W: Write>(
         version: PROTOCOL_VERSION,
         server: server.name().to_string(),
         session: session.id(),
-        devices: server.device_infos(),
+        devices,
     };
     tracing::info!(
         session = session.id(),
         pid = hello.pid,
         program = %hello.program,
-        tenant = hello.tenant.as_deref().unwrap_or("default"),
+        tenant = tenant_name.as_deref().unwrap_or("-"),
+        ?peer_uid,
         role = ?hello.role,
         "session opened"
     );

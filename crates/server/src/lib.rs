@@ -5,7 +5,8 @@
 //! Map: [`listener`] accepts connections; [`connection`] speaks the wire protocol
 //! for one of them; [`session`] checks and executes calls; [`streams`] orders
 //! work per stream; [`device`] is the backend trait with the `cpu` and `model`
-//! backends; [`status`] keeps the registry of sessions.
+//! backends; [`status`] keeps the registry of sessions; [`tenants`] says who a
+//! connection is and keeps each tenant's memory account.
 
 pub mod connection;
 pub mod device;
@@ -13,12 +14,15 @@ pub mod listener;
 pub mod session;
 pub mod status;
 pub mod streams;
+pub mod tenants;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use cumux_protocol::DeviceInfo;
+
+use tenants::{Accounts, TenantPolicy, TenantSettings};
 
 pub use device::Device;
 pub use listener::{Address, BoundListener};
@@ -30,12 +34,22 @@ pub struct Server {
     registry: status::Registry,
     started: Instant,
     next_session: AtomicU64,
+    tenants: TenantPolicy,
+    accounts: Arc<Accounts>,
 }
 
 impl Server {
-    /// A server over `devices` (ordinals are their positions).
+    /// A server over `devices` (ordinals are their positions) that lets every
+    /// tenant in with everything.
     pub fn new(devices: Vec<Arc<dyn Device>>) -> Arc<Self> {
+        Self::with_tenants(devices, TenantPolicy::default())
+    }
+
+    /// A server over `devices` whose tenants are those `tenants` admits.
+    pub fn with_tenants(devices: Vec<Arc<dyn Device>>, tenants: TenantPolicy) -> Arc<Self> {
         Arc::new(Server {
+            tenants,
+            accounts: Arc::new(Accounts::default()),
             name: format!("cumux {}", env!("CARGO_PKG_VERSION")),
             devices,
             registry: status::Registry::default(),
@@ -62,6 +76,36 @@ impl Server {
                 ..d.info().clone()
             })
             .collect()
+    }
+
+    /// The devices a tenant sees, renumbered from 0 in server order (like
+    /// `CUDA_VISIBLE_DEVICES`), each with its total memory cut to the tenant's
+    /// quota: (server device, what the handshake says).
+    pub fn devices_for(&self, settings: &TenantSettings) -> Vec<(Arc<dyn Device>, DeviceInfo)> {
+        self.devices
+            .iter()
+            .enumerate()
+            .filter(|(ordinal, _)| settings.allows_device(*ordinal as u32))
+            .enumerate()
+            .map(|(seen, (_, d))| {
+                let total = d.mem_total();
+                let share = settings.memory_quota.map_or(total, |q| q.min(total));
+                let info = DeviceInfo {
+                    ordinal: seen as u32,
+                    total_mem: share,
+                    ..d.info().clone()
+                };
+                (Arc::clone(d), info)
+            })
+            .collect()
+    }
+
+    pub fn tenants(&self) -> &TenantPolicy {
+        &self.tenants
+    }
+
+    pub fn accounts(&self) -> &Arc<Accounts> {
+        &self.accounts
     }
 
     pub fn registry(&self) -> &status::Registry {

@@ -5,6 +5,7 @@
 use std::fmt;
 use std::io::{self, BufReader};
 use std::net::{TcpListener, TcpStream};
+use std::os::fd::AsRawFd;
 use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
@@ -166,14 +167,17 @@ impl BoundListener {
             let server = Arc::clone(&server);
             let spawned = match &self {
                 BoundListener::Unix(listener, _) => match listener.accept() {
-                    Ok((stream, _)) => spawn_connection(name, server, stream.try_clone(), stream),
+                    Ok((stream, _)) => {
+                        let uid = peer_uid(&stream);
+                        spawn_connection(name, server, uid, stream.try_clone(), stream)
+                    }
                     Err(e) => Err(e),
                 },
                 BoundListener::Tcp(listener) => match listener.accept() {
                     Ok((stream, peer)) => {
                         tracing::debug!(%peer, "tcp connection");
                         let _ = stream.set_nodelay(true);
-                        spawn_connection(name, server, stream.try_clone(), stream)
+                        spawn_connection(name, server, None, stream.try_clone(), stream)
                     }
                     Err(e) => Err(e),
                 },
@@ -204,9 +208,32 @@ impl Connected for TcpStream {
     }
 }
 
+/// The uid of the process at the other end of a unix socket (`SO_PEERCRED`).
+pub fn peer_uid(stream: &UnixStream) -> Option<u32> {
+    let mut cred = libc::ucred {
+        pid: 0,
+        uid: 0,
+        gid: 0,
+    };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: `cred` and `len` are valid for writes and `len` says how big `cred` is;
+    // the descriptor belongs to `stream`, alive for the call.
+    let rc = unsafe {
+        libc::getsockopt(
+            stream.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut cred as *mut libc::ucred).cast(),
+            &mut len,
+        )
+    };
+    (rc == 0 && len as usize == std::mem::size_of::<libc::ucred>()).then_some(cred.uid)
+}
+
 fn spawn_connection<S: Connected>(
     name: String,
     server: Arc<Server>,
+    peer_uid: Option<u32>,
     reader: io::Result<S>,
     writer: S,
 ) -> io::Result<()> {
@@ -221,6 +248,7 @@ fn spawn_connection<S: Connected>(
         };
         serve_connection(
             server,
+            peer_uid,
             BufReader::with_capacity(256 << 10, reader),
             writer,
             welcomed,

@@ -18,6 +18,7 @@ use crate::device::attributes::{MAX_BLOCK_DIM, MAX_GRID_DIM, SHARED_PER_BLOCK_OP
 use crate::device::{Device, DeviceContext, KernelDesc, LaunchGeometry, LaunchOutcome, ModuleId};
 use crate::status::{server_status, SessionEntry, SessionStats};
 use crate::streams::{Position, Streams, Work, MAX_STREAMS, NON_BLOCKING};
+use crate::tenants::{AccountHold, TenantSettings};
 use crate::Server;
 
 /// Printf output a session may hold before further output is dropped.
@@ -133,6 +134,11 @@ pub struct Session {
     ctx: Arc<dyn DeviceContext>,
     core: Arc<SessionCore>,
     entry: Option<Arc<SessionEntry>>,
+    /// The tenant's memory account; `None` for status queries, which may make
+    /// no other call.
+    account: Option<AccountHold>,
+    /// Bytes of module globals charged to the tenant, by module handle.
+    module_bytes: HashMap<Handle, u64>,
     streams: Streams,
     next_handle: Handle,
     /// Allocations made by this session: base → size.
@@ -156,14 +162,39 @@ fn invalid_handle(what: &str, h: Handle) -> CuError {
 }
 
 impl Session {
-    /// Opens a session for a client that said `hello`. Driver sessions appear in
-    /// `cumux status`; status queries do not.
-    pub fn open(server: Arc<Server>, hello: &Hello) -> Result<Self, CuError> {
-        let device = server
-            .devices()
-            .first()
-            .cloned()
-            .ok_or_else(|| err(codes::NO_DEVICE, "the server has no device"))?;
+    /// Opens a session for a client that said `hello`, admitted as `tenant`
+    /// (name and settings; `None` for a status query). Driver sessions appear
+    /// in `cumux status`; status queries do not. The session's device is the
+    /// first the tenant may see.
+    pub fn open(
+        server: Arc<Server>,
+        hello: &Hello,
+        tenant: Option<(String, TenantSettings)>,
+    ) -> Result<Self, CuError> {
+        let (device, account) = match &tenant {
+            Some((name, settings)) => {
+                let (device, _) =
+                    server
+                        .devices_for(settings)
+                        .into_iter()
+                        .next()
+                        .ok_or_else(|| {
+                            err(
+                                codes::NO_DEVICE,
+                                format!("tenant {name:?} may use no device of this server"),
+                            )
+                        })?;
+                (device, Some(server.accounts().join(name, settings)))
+            }
+            None => (
+                server
+                    .devices()
+                    .first()
+                    .cloned()
+                    .ok_or_else(|| err(codes::NO_DEVICE, "the server has no device"))?,
+                None,
+            ),
+        };
         let ctx = device.create_context()?;
         let id = server.next_session_id();
         let stats = Arc::new(SessionStats::default());
@@ -172,7 +203,9 @@ impl Session {
                 session: id,
                 pid: hello.pid,
                 program: hello.program.clone(),
-                tenant: hello.tenant.clone().unwrap_or_else(|| "default".into()),
+                tenant: tenant
+                    .as_ref()
+                    .map_or_else(|| crate::tenants::DEFAULT_TENANT.into(), |t| t.0.clone()),
                 stats: Arc::clone(&stats),
             })
         });
@@ -199,6 +232,8 @@ impl Session {
                 stats,
             }),
             entry,
+            account,
+            module_bytes: HashMap::new(),
             streams,
             next_handle: FIRST_HANDLE,
             allocations: BTreeMap::new(),
@@ -233,6 +268,14 @@ impl Session {
         if matches!(call, Call::ServerStatus) {
             return Some(Ok(ReplyBody::Status(server_status(&self.server))));
         }
+        if self.account.is_none() {
+            // A status connection passed no tenant check: it may only ask for status.
+            let refused = err(
+                codes::INVALID_CONTEXT,
+                "a status connection may only ask for the server's status",
+            );
+            return (!call.is_fire_and_forget()).then_some(Err(refused));
+        }
         let fire_and_forget = call.is_fire_and_forget();
         let result = match self.core.fatal() {
             Some(fatal) => Err(fatal),
@@ -258,6 +301,10 @@ impl Session {
                 self.check_device(device)?;
                 let total = self.device.mem_total();
                 let free = total.saturating_sub(self.device.mem_used());
+                let (free, total) = match &self.account {
+                    Some(hold) => hold.account().mem_info(total, free),
+                    None => (free, total),
+                };
                 Ok(ReplyBody::MemInfo { free, total })
             }
             Call::MemAddressRange { ptr } => self
@@ -519,7 +566,14 @@ impl Session {
         if bytes == 0 {
             return Err(err(codes::INVALID_VALUE, "cannot allocate 0 bytes"));
         }
-        let ptr = self.ctx.mem_alloc(bytes)?;
+        self.reserve(bytes)?;
+        let ptr = match self.ctx.mem_alloc(bytes) {
+            Ok(ptr) => ptr,
+            Err(e) => {
+                self.release(bytes);
+                return Err(e);
+            }
+        };
         self.allocations.insert(ptr, bytes);
         let stats = &self.core.stats;
         stats.mem_used.fetch_add(bytes, Ordering::Relaxed);
@@ -540,8 +594,36 @@ impl Session {
         let stats = &self.core.stats;
         stats.mem_used.fetch_sub(size, Ordering::Relaxed);
         stats.allocations.fetch_sub(1, Ordering::Relaxed);
+        self.release(size);
         self.ctx.mem_free(ptr)?;
         Ok(ReplyBody::Unit)
+    }
+
+    /// Holds `bytes` against the tenant's quota, or fails as the driver does
+    /// when memory runs out.
+    fn reserve(&self, bytes: u64) -> Result<(), CuError> {
+        let Some(hold) = &self.account else {
+            return Ok(());
+        };
+        let account = hold.account();
+        if account.reserve(bytes) {
+            return Ok(());
+        }
+        Err(err(
+            codes::OUT_OF_MEMORY,
+            format!(
+                "{bytes} bytes would take tenant {:?} past its quota of {} bytes ({} in use)",
+                account.name,
+                account.settings.memory_quota.unwrap_or(u64::MAX),
+                account.mem_used()
+            ),
+        ))
+    }
+
+    fn release(&self, bytes: u64) {
+        if let Some(hold) = &self.account {
+            hold.account().release(bytes);
+        }
     }
 
     fn memcpy_htod(&mut self, dst: DevicePtr, data: Vec<u8>, stream: Option<Handle>) -> CallResult {
@@ -654,7 +736,19 @@ impl Session {
 
     fn module_load(&mut self, image: &[u8]) -> CallResult {
         let loaded = self.ctx.module_load(image)?;
+        // Module globals are device memory too: they count against the quota.
+        let global_bytes = loaded
+            .globals
+            .iter()
+            .fold(0u64, |sum, g| sum.saturating_add(g.size));
+        if let Err(e) = self.reserve(global_bytes) {
+            self.ctx.module_unload(loaded.id);
+            return Err(e);
+        }
         let module = self.mint_handle();
+        if global_bytes > 0 {
+            self.module_bytes.insert(module, global_bytes);
+        }
         let mut functions = Vec::with_capacity(loaded.kernels.len());
         let mut infos = Vec::with_capacity(loaded.kernels.len());
         for (index, kernel) in loaded.kernels.into_iter().enumerate() {
@@ -716,6 +810,9 @@ impl Session {
         self.streams.synchronize_all();
         if let Some(entry) = self.modules.remove(&module) {
             self.drop_module(entry);
+        }
+        if let Some(bytes) = self.module_bytes.remove(&module) {
+            self.release(bytes);
         }
         Ok(ReplyBody::Unit)
     }
@@ -907,11 +1004,19 @@ impl Session {
         for m in modules {
             self.drop_module(m);
         }
-        for (ptr, _) in std::mem::take(&mut self.allocations) {
+        for (ptr, size) in std::mem::take(&mut self.allocations) {
             if let Err(e) = self.ctx.mem_free(ptr) {
                 tracing::error!(session = self.id(), %e, "freeing {ptr:#x} at teardown failed");
             }
+            self.release(size);
         }
+        for (_, bytes) in std::mem::take(&mut self.module_bytes) {
+            self.release(bytes);
+        }
+        self.core.stats.mem_used.store(0, Ordering::Relaxed);
+        self.core.stats.allocations.store(0, Ordering::Relaxed);
+        // Ends this session's hold on the tenant's account.
+        self.account = None;
         if let Some(entry) = &self.entry {
             self.server.registry().remove(entry.session);
         }

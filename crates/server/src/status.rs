@@ -1,11 +1,14 @@
 //! The server's registry of live sessions and their counters, and the
-//! `ServerStatus` snapshot that `cumux status` shows.
+//! `ServerStatus` snapshot that `cumux status` shows (devices, sessions and
+//! tenants).
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use cumux_protocol::{DeviceStatus, ServerStatus, SessionStatus, PROTOCOL_VERSION};
+use cumux_protocol::{DeviceStatus, ServerStatus, SessionStatus, TenantStatus, PROTOCOL_VERSION};
+
+use crate::tenants::TenantClass;
 
 use crate::Server;
 
@@ -93,6 +96,23 @@ pub fn server_status(server: &Server) -> ServerStatus {
                 allocations: e.stats.allocations.load(Ordering::Relaxed),
                 launches: e.stats.launches.load(Ordering::Relaxed),
                 gpu_time_ms: e.stats.gpu_time_ns.load(Ordering::Relaxed) as f64 / 1e6,
+            })
+            .collect(),
+        tenants: server
+            .accounts()
+            .all()
+            .iter()
+            .map(|a| TenantStatus {
+                name: a.name.clone(),
+                sessions: a.sessions(),
+                mem_used: a.mem_used(),
+                memory_quota: a.settings.memory_quota,
+                weight: a.settings.weight,
+                class: match a.settings.class {
+                    TenantClass::LatencyCritical => "latency-critical",
+                    TenantClass::Batch => "batch",
+                }
+                .into(),
             })
             .collect(),
     }

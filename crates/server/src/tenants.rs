@@ -1,0 +1,331 @@
+//! Tenants: who a connection is (a claimed name checked against the peer's uid),
+//! what the server's tenant table allows it (quota, weight, class, devices), and
+//! each tenant's memory account, shared by all of its sessions.
+//!
+//! Authentication. A connection's tenant is the name it claims (`cumux run
+//! --tenant NAME`, sent in `Hello.tenant`); with no name, it is the configured
+//! tenant whose `uids` list the peer's uid (unix sockets, `SO_PEERCRED`), else
+//! `default`. A configured tenant with a `uids` list can only be claimed by a
+//! connection whose peer uid is in that list; over TCP the peer has no uid, so
+//! such a tenant cannot be claimed there at all. A tenant without `uids` is open
+//! to anyone: list `uids` for every tenant whose quota matters, and set
+//! `allow_unknown = false` so that unlisted names are turned away.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use serde::Deserialize;
+
+/// The tenant name of a connection that claims none and matches no `uids`.
+pub const DEFAULT_TENANT: &str = "default";
+/// Longest tenant name accepted (bytes).
+pub const MAX_TENANT_NAME: usize = 64;
+
+/// How the scheduler treats a tenant's work.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum TenantClass {
+    LatencyCritical,
+    #[default]
+    Batch,
+}
+
+/// What one tenant is allowed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TenantSettings {
+    /// Device memory the tenant may hold across all its sessions (bytes);
+    /// `None`: as much as the device has.
+    pub memory_quota: Option<u64>,
+    /// Relative share of device time under the fair policy (at least 1).
+    pub weight: u32,
+    pub class: TenantClass,
+    /// Server device ordinals the tenant may see; `None`: all of them.
+    pub devices: Option<Vec<u32>>,
+    /// Peer uids allowed to act as this tenant; `None`: anyone.
+    pub uids: Option<Vec<u32>>,
+}
+
+impl Default for TenantSettings {
+    fn default() -> Self {
+        TenantSettings {
+            memory_quota: None,
+            weight: 1,
+            class: TenantClass::Batch,
+            devices: None,
+            uids: None,
+        }
+    }
+}
+
+impl TenantSettings {
+    pub fn allows_device(&self, ordinal: u32) -> bool {
+        self.devices.as_ref().is_none_or(|d| d.contains(&ordinal))
+    }
+}
+
+/// The server's tenant table. The default lets everyone in, with everything.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TenantPolicy {
+    /// Whether a name the table does not list is let in (with `defaults`).
+    pub allow_unknown: bool,
+    /// Settings of tenants the table does not list.
+    pub defaults: TenantSettings,
+    pub tenants: BTreeMap<String, TenantSettings>,
+}
+
+impl Default for TenantPolicy {
+    fn default() -> Self {
+        TenantPolicy {
+            allow_unknown: true,
+            defaults: TenantSettings::default(),
+            tenants: BTreeMap::new(),
+        }
+    }
+}
+
+impl TenantPolicy {
+    /// Checks values a config file could get wrong.
+    pub fn validate(&self) -> Result<(), String> {
+        for (name, s) in std::iter::once(("defaults", &self.defaults))
+            .chain(self.tenants.iter().map(|(n, s)| (n.as_str(), s)))
+        {
+            if s.weight == 0 {
+                return Err(format!("tenant {name:?}: weight must be at least 1"));
+            }
+            if name.is_empty() || name.len() > MAX_TENANT_NAME {
+                return Err(format!(
+                    "tenant name {name:?} must have 1 to {MAX_TENANT_NAME} bytes"
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Decides who a connection is: its tenant name and settings, or why it
+    /// is turned away. `peer_uid` is `None` where the transport has no uid (TCP).
+    pub fn admit(
+        &self,
+        claimed: Option<&str>,
+        peer_uid: Option<u32>,
+    ) -> Result<(String, TenantSettings), String> {
+        let name = match claimed {
+            Some(name) => {
+                if name.is_empty()
+                    || name.len() > MAX_TENANT_NAME
+                    || name.chars().any(|c| c.is_control())
+                {
+                    return Err(format!(
+                        "tenant name {name:?} is not 1 to {MAX_TENANT_NAME} printable bytes"
+                    ));
+                }
+                name.to_string()
+            }
+            None => peer_uid
+                .and_then(|uid| {
+                    self.tenants
+                        .iter()
+                        .find(|(_, s)| s.uids.as_ref().is_some_and(|uids| uids.contains(&uid)))
+                })
+                .map_or_else(|| DEFAULT_TENANT.to_string(), |(n, _)| n.clone()),
+        };
+        let settings = match self.tenants.get(&name) {
+            Some(settings) => settings,
+            None if self.allow_unknown => &self.defaults,
+            None => {
+                return Err(format!(
+                    "unknown tenant {name:?}: this server admits only the tenants its config lists (allow_unknown = false)"
+                ))
+            }
+        };
+        if let Some(uids) = &settings.uids {
+            match peer_uid {
+                Some(uid) if uids.contains(&uid) => {}
+                Some(uid) => {
+                    return Err(format!(
+                        "tenant {name:?} is not open to uid {uid}: the config lets only uids {uids:?} act as it"
+                    ))
+                }
+                None => {
+                    return Err(format!(
+                        "tenant {name:?} is bound to uids {uids:?}, which a TCP connection cannot prove; connect over the unix socket"
+                    ))
+                }
+            }
+        }
+        Ok((name, settings.clone()))
+    }
+}
+
+/// One tenant's live usage, shared by all its sessions.
+#[derive(Debug)]
+pub struct TenantAccount {
+    pub name: String,
+    pub settings: TenantSettings,
+    mem_used: AtomicU64,
+    sessions: AtomicU64,
+}
+
+impl TenantAccount {
+    pub fn mem_used(&self) -> u64 {
+        self.mem_used.load(Ordering::Acquire)
+    }
+
+    pub fn sessions(&self) -> u64 {
+        self.sessions.load(Ordering::Acquire)
+    }
+
+    /// Holds `bytes` against the quota: false, and nothing held, when they
+    /// would take the tenant past it.
+    pub fn reserve(&self, bytes: u64) -> bool {
+        let quota = self.settings.memory_quota.unwrap_or(u64::MAX);
+        self.mem_used
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
+                used.checked_add(bytes).filter(|total| *total <= quota)
+            })
+            .is_ok()
+    }
+
+    /// Gives back bytes held by [`reserve`](Self::reserve).
+    pub fn release(&self, bytes: u64) {
+        let before = self
+            .mem_used
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
+                Some(used.saturating_sub(bytes))
+            })
+            .unwrap_or(0);
+        debug_assert!(
+            before >= bytes,
+            "tenant {} released more than it held",
+            self.name
+        );
+    }
+
+    /// The memory the tenant sees on a device of `total` bytes with `free`
+    /// bytes free: its share min(quota, total), and what is left of it.
+    pub fn mem_info(&self, total: u64, free: u64) -> (u64, u64) {
+        let share = self.settings.memory_quota.map_or(total, |q| q.min(total));
+        (share.saturating_sub(self.mem_used()).min(free), share)
+    }
+}
+
+/// Accounts of tenants with live sessions, by name. An account lives while a
+/// session holds it; a tenant coming back later starts from zero (its old
+/// sessions freed everything).
+#[derive(Debug, Default)]
+pub struct Accounts {
+    accounts: Mutex<BTreeMap<String, Arc<TenantAccount>>>,
+}
+
+/// A session's hold on its tenant's account; dropping it ends the hold.
+#[derive(Debug)]
+pub struct AccountHold {
+    account: Arc<TenantAccount>,
+    accounts: Arc<Accounts>,
+}
+
+impl AccountHold {
+    pub fn account(&self) -> &Arc<TenantAccount> {
+        &self.account
+    }
+}
+
+impl Drop for AccountHold {
+    fn drop(&mut self) {
+        let mut map = self.accounts.lock();
+        if self.account.sessions.fetch_sub(1, Ordering::AcqRel) == 1 && self.account.mem_used() == 0
+        {
+            map.remove(&self.account.name);
+        }
+    }
+}
+
+impl Accounts {
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Arc<TenantAccount>>> {
+        self.accounts.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The account of `name` (made with `settings` if it has none), held by one
+    /// more session.
+    pub fn join(self: &Arc<Self>, name: &str, settings: &TenantSettings) -> AccountHold {
+        let mut map = self.lock();
+        let account = Arc::clone(map.entry(name.to_string()).or_insert_with(|| {
+            Arc::new(TenantAccount {
+                name: name.to_string(),
+                settings: settings.clone(),
+                mem_used: AtomicU64::new(0),
+                sessions: AtomicU64::new(0),
+            })
+        }));
+        account.sessions.fetch_add(1, Ordering::AcqRel);
+        AccountHold {
+            account,
+            accounts: Arc::clone(self),
+        }
+    }
+
+    /// Every account, by name.
+    pub fn all(&self) -> Vec<Arc<TenantAccount>> {
+        self.lock().values().cloned().collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn policy() -> TenantPolicy {
+        let mut p = TenantPolicy {
+            allow_unknown: false,
+            ..TenantPolicy::default()
+        };
+        p.tenants.insert(
+            "alice".into(),
+            TenantSettings {
+                uids: Some(vec![1000]),
+                memory_quota: Some(1 << 20),
+                ..TenantSettings::default()
+            },
+        );
+        p.tenants.insert("open".into(), TenantSettings::default());
+        p
+    }
+
+    #[test]
+    fn names_are_checked_against_uids() {
+        let p = policy();
+        assert_eq!(p.admit(Some("alice"), Some(1000)).unwrap().0, "alice");
+        assert!(p.admit(Some("alice"), Some(1001)).is_err());
+        assert!(p.admit(Some("alice"), None).is_err());
+        assert_eq!(p.admit(None, Some(1000)).unwrap().0, "alice");
+        assert_eq!(p.admit(Some("open"), None).unwrap().0, "open");
+        let unknown = p.admit(Some("mallory"), Some(1000)).unwrap_err();
+        assert!(unknown.contains("allow_unknown = false"), "{unknown}");
+        assert!(p.admit(None, Some(7)).is_err(), "default is not listed");
+        assert!(p.admit(Some(""), None).is_err());
+        assert!(p.admit(Some("a\nb"), None).is_err());
+        let open = TenantPolicy::default();
+        assert_eq!(open.admit(None, None).unwrap().0, DEFAULT_TENANT);
+        assert_eq!(open.admit(Some("x"), None).unwrap().1.weight, 1);
+    }
+
+    #[test]
+    fn quotas_hold_exactly() {
+        let accounts = Arc::new(Accounts::default());
+        let p = policy();
+        let settings = &p.tenants["alice"];
+        let a = accounts.join("alice", settings);
+        let b = accounts.join("alice", settings);
+        assert!(a.account().reserve(1 << 19));
+        assert!(b.account().reserve(1 << 19));
+        assert!(!a.account().reserve(1), "past the quota");
+        assert_eq!(a.account().mem_info(8 << 20, 8 << 20), (0, 1 << 20));
+        a.account().release(1 << 19);
+        assert_eq!(b.account().mem_info(8 << 20, 100), (100, 1 << 20));
+        b.account().release(1 << 19);
+        drop(a);
+        assert_eq!(accounts.all().len(), 1);
+        drop(b);
+        assert!(accounts.all().is_empty());
+    }
+}
