@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use cumux_protocol::*;
 use cumux_server::device::model::ModelDevice;
+use cumux_server::tenants::TenantPolicy;
 use cumux_server::{listener, Address, Device, Server};
 
 pub struct Harness {
@@ -42,10 +43,20 @@ impl Drop for TempDir {
 
 impl Harness {
     pub fn start(tag: &str) -> Self {
+        Self::start_with(tag, TenantPolicy::default(), 1)
+    }
+
+    /// A server over `devices` model devices of 1 GiB each (the first is
+    /// `self.device`) whose tenants are those `tenants` admits.
+    pub fn start_with(tag: &str, tenants: TenantPolicy, devices: usize) -> Self {
         let dir = TempDir::new(tag);
         let socket = dir.0.join("s.sock");
         let device = Arc::new(ModelDevice::new(1 << 30));
-        let server = Server::new(vec![device.clone() as Arc<dyn Device>]);
+        let mut all = vec![device.clone() as Arc<dyn Device>];
+        for _ in 1..devices {
+            all.push(Arc::new(ModelDevice::new(1 << 30)) as Arc<dyn Device>);
+        }
+        let server = Server::with_tenants(all, tenants);
         let bound = listener::bind(&Address::Unix(socket.clone())).unwrap();
         let serving = Arc::clone(&server);
         std::thread::spawn(move || bound.serve(serving));
@@ -100,6 +111,13 @@ pub fn raw_connect(socket: &PathBuf) -> (BufReader<UnixStream>, UnixStream) {
     let s = UnixStream::connect(socket).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
     (BufReader::new(s.try_clone().unwrap()), s)
+}
+
+/// The reply to a driver hello claiming `tenant`.
+pub fn hello_as(socket: &PathBuf, tenant: Option<&str>) -> HelloReply {
+    let mut h = hello(PROTOCOL_VERSION, MAGIC);
+    h.tenant = tenant.map(str::to_string);
+    handshake(socket, &h)
 }
 
 pub fn handshake(socket: &PathBuf, hello: &Hello) -> HelloReply {
