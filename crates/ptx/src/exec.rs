@@ -428,18 +428,29 @@ fn fop(op: FOp, x: f64, y: f64) -> f64 {
     }
 }
 
+/// `.sat`: clamp to [+0, 1]; NaN and -0 become +0 (as the GPU does).
+fn sat01(x: f64) -> f64 {
+    if x.is_nan() || x <= 0.0 {
+        0.0
+    } else if x > 1.0 {
+        1.0
+    } else {
+        x
+    }
+}
+
+/// An exact zero sum of operands with opposite signs is -0 when rounding
+/// toward minus infinity (IEEE 754), +0 otherwise.
+fn zero_sign(r: f64, x: f64, y_eff: f64, rnd: Rnd) -> f64 {
+    if r == 0.0 && rnd == Rnd::Rm && x.is_sign_negative() != y_eff.is_sign_negative() {
+        -0.0
+    } else {
+        r
+    }
+}
+
 fn float_bin(op: FOp, t: Ty, a: u64, b: u64, rnd: Rnd, ftz: bool, sat: bool) -> u64 {
-    let satf = |x: f64| {
-        if sat {
-            if x.is_nan() {
-                0.0
-            } else {
-                x.clamp(0.0, 1.0)
-            }
-        } else {
-            x
-        }
-    };
+    let satf = |x: f64| if sat { sat01(x) } else { x };
     match t {
         Ty::F32 => {
             let (mut x, mut y) = (f32_of(a), f32_of(b));
@@ -453,6 +464,11 @@ fn float_bin(op: FOp, t: Ty, a: u64, b: u64, rnd: Rnd, ftz: bool, sat: bool) -> 
                 (FOp::Mul, Rnd::Default | Rnd::Rn) => x * y,
                 (FOp::Div, Rnd::Default | Rnd::Rn) => x / y,
                 (FOp::Min | FOp::Max | FOp::Copysign, _) => fop(op, x as f64, y as f64) as f32,
+                (FOp::Add | FOp::Sub, _) => {
+                    let ye = if op == FOp::Sub { -y } else { y };
+                    let r = round_f32(fop(op, x as f64, y as f64), rnd);
+                    zero_sign(r as f64, x as f64, ye as f64, rnd) as f32
+                }
                 _ => round_f32(fop(op, x as f64, y as f64), rnd),
             };
             let r = if sat { satf(r as f64) as f32 } else { r };
@@ -463,6 +479,11 @@ fn float_bin(op: FOp, t: Ty, a: u64, b: u64, rnd: Rnd, ftz: bool, sat: bool) -> 
             let r = fop(op, x, y);
             let r = match rnd {
                 Rnd::Rz | Rnd::Rm | Rnd::Rp => adjust_f64(r, residual_sign(op, x, y, r), rnd),
+                _ => r,
+            };
+            let r = match op {
+                FOp::Add => zero_sign(r, x, y, rnd),
+                FOp::Sub => zero_sign(r, x, -y, rnd),
                 _ => r,
             };
             satf(r).to_bits()
@@ -664,15 +685,7 @@ fn un_op(op: UnOp, t: Ty, a: u64, ftz: bool, sat: bool) -> u64 {
                 UnOp::Tanh => x.tanh(),
                 _ => x,
             };
-            let r = if sat {
-                if r.is_nan() {
-                    0.0
-                } else {
-                    r.clamp(0.0, 1.0)
-                }
-            } else {
-                r
-            };
+            let r = if sat { sat01(r) } else { r };
             if t == Ty::F32 && ftz {
                 ftz32(r as f32).to_bits() as u64
             } else {
@@ -758,7 +771,7 @@ fn cvt(a: u64, dt: Ty, st: Ty, rnd: Rnd, sat: bool, ftz: bool) -> u64 {
                 x = round_int(x, rnd);
             }
             if sat {
-                x = if x.is_nan() { 0.0 } else { x.clamp(0.0, 1.0) };
+                x = sat01(x);
             }
             return match dt {
                 Ty::F32 => {
@@ -798,7 +811,7 @@ fn cvt(a: u64, dt: Ty, st: Ty, rnd: Rnd, sat: bool, ftz: bool) -> u64 {
     if dt.is_float() {
         let r = int_to_float(v, dt, if rnd == Rnd::Default { Rnd::Rn } else { rnd });
         if sat {
-            let x = fval(r, dt).clamp(0.0, 1.0);
+            let x = sat01(fval(r, dt));
             return to_fbits(x, dt);
         }
         return r;
@@ -920,15 +933,7 @@ fn tern(op: TernOp, t: Ty, a: u64, b: u64, c: u64, rnd: Rnd, ftz: bool, sat: boo
                     }
                     _ => x.mul_add(y, z),
                 };
-                let r = if sat {
-                    if r.is_nan() {
-                        0.0
-                    } else {
-                        r.clamp(0.0, 1.0)
-                    }
-                } else {
-                    r
-                };
+                let r = if sat { sat01(r as f64) as _ } else { r };
                 (if ftz { ftz32(r) } else { r }).to_bits() as u64
             }
             Ty::F64 => f64::from_bits(a)
@@ -936,15 +941,7 @@ fn tern(op: TernOp, t: Ty, a: u64, b: u64, c: u64, rnd: Rnd, ftz: bool, sat: boo
                 .to_bits(),
             Ty::F16 | Ty::BF16 => {
                 let r = fval(a, t).mul_add(fval(b, t), fval(c, t));
-                let r = if sat {
-                    if r.is_nan() {
-                        0.0
-                    } else {
-                        r.clamp(0.0, 1.0)
-                    }
-                } else {
-                    r
-                };
+                let r = if sat { sat01(r) } else { r };
                 to_fbits(r, t)
             }
             Ty::F16x2 | Ty::BF16x2 => {

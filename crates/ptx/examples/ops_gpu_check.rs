@@ -1,0 +1,131 @@
+//! Runs the kernels of `tests/fixtures/ops.cu` on the interpreter with the
+//! inputs of `tests/fixtures/ops_gpu_check.cu` and prints every result word in
+//! the same format, so the two outputs can be diffed against a real GPU.
+
+use cumux_ptx::*;
+fn main() {
+    let mem = DeviceMemory::new(1 << 26);
+    let prog = Program::load(include_str!("../tests/fixtures/ops.ptx"), &mem).unwrap();
+    let up = |b: Vec<u8>| {
+        let p = mem.alloc(b.len() as u64).unwrap();
+        mem.write(p, &b).unwrap();
+        p
+    };
+    let rd = |p: u64, n: usize| {
+        let mut b = vec![0u8; n];
+        mem.read(p, &mut b).unwrap();
+        b
+    };
+    let run = |name: &str, threads: u32, args: &[Vec<u8>]| {
+        let k = prog.kernels().iter().find(|k| k.name == name).unwrap();
+        let mut params = vec![0u8; k.params_bytes() as usize];
+        for (p, v) in k.params.iter().zip(args) {
+            params[p.offset as usize..p.offset as usize + v.len()].copy_from_slice(v);
+        }
+        let cfg = LaunchConfig {
+            grid: [1, 1, 1],
+            block: [threads, 1, 1],
+            dynamic_shared_bytes: 0,
+        };
+        prog.launch(&mem, name, &cfg, &params).result.unwrap();
+    };
+    let xs = [
+        0.1f32,
+        -2.5,
+        1e-3,
+        3.0,
+        1e10,
+        -0.0,
+        1.5,
+        2.5,
+        -7.25,
+        0.333_333_34,
+        16_777_217.0,
+        1e-30,
+        -1e-3,
+        0.75,
+        123.456,
+        -0.5,
+        0.0,
+    ];
+    let ys = [
+        0.2f32, 3.0, -7.0, 1e-7, 3.0, 2.0, -1.5, 0.3, 1.0, 3.0, 1.0, 1e-30, 4.0, -0.25, 7.0, 0.0,
+        0.0,
+    ];
+    let dx = up(xs.iter().flat_map(|x| x.to_le_bytes()).collect());
+    let dy = up(ys.iter().flat_map(|x| x.to_le_bytes()).collect());
+    let dout = mem.alloc(17 * 20 * 4).unwrap();
+    run(
+        "float_ops",
+        17,
+        &[
+            dx.to_le_bytes().to_vec(),
+            dy.to_le_bytes().to_vec(),
+            dout.to_le_bytes().to_vec(),
+        ],
+    );
+    for (i, c) in rd(dout, 17 * 80).chunks(4).enumerate() {
+        println!(
+            "float {i} {:08x}",
+            u32::from_le_bytes(c.try_into().unwrap())
+        );
+    }
+    let mut seed = 0x1234_5678u32;
+    let mut rnd = || {
+        seed ^= seed << 13;
+        seed ^= seed >> 17;
+        seed ^= seed << 5;
+        seed
+    };
+    let n = 96;
+    let mut a: Vec<u32> = (0..n).map(|_| rnd()).collect();
+    let mut b: Vec<u32> = (0..n).map(|_| rnd()).collect();
+    a[0] = 0;
+    b[1] = 0;
+    a[2] = 0x8000_0000;
+    b[2] = u32::MAX;
+    b[3] = 40;
+    let da = up(a.iter().flat_map(|x| x.to_le_bytes()).collect());
+    let db = up(b.iter().flat_map(|x| x.to_le_bytes()).collect());
+    let dio = mem.alloc((n * 64) as u64).unwrap();
+    run(
+        "int_ops",
+        n as u32,
+        &[
+            da.to_le_bytes().to_vec(),
+            db.to_le_bytes().to_vec(),
+            dio.to_le_bytes().to_vec(),
+        ],
+    );
+    for (i, c) in rd(dio, n * 64).chunks(4).enumerate() {
+        println!("int {i} {:08x}", u32::from_le_bytes(c.try_into().unwrap()));
+    }
+    let ins = [1.0f64, 3.0, 2.0, 2f64.powi(-60), 1.0 + 2f64.powi(-30)];
+    let din = up(ins.iter().flat_map(|x| x.to_le_bytes()).collect());
+    let dfin = up([2.0f32, 3.0].iter().flat_map(|x| x.to_le_bytes()).collect());
+    let ddo = mem.alloc(96).unwrap();
+    let dfo = mem.alloc(20).unwrap();
+    run(
+        "directed",
+        1,
+        &[din, ddo, dfin, dfo].map(|p| p.to_le_bytes().to_vec()),
+    );
+    for (i, c) in rd(ddo, 96).chunks(8).enumerate() {
+        println!("dir {i} {:016x}", u64::from_le_bytes(c.try_into().unwrap()));
+    }
+    for (i, c) in rd(dfo, 20).chunks(4).enumerate() {
+        println!("dirf {i} {:08x}", u32::from_le_bytes(c.try_into().unwrap()));
+    }
+    let v: Vec<i32> = (0..64).map(|i| (i * 37 + 11) % 101 - 20).collect();
+    let dv = up(v.iter().flat_map(|x| x.to_le_bytes()).collect());
+    let dw = mem.alloc(64 * 48).unwrap();
+    run(
+        "warp_ops",
+        64,
+        &[dv.to_le_bytes().to_vec(), dw.to_le_bytes().to_vec()],
+    );
+    for (i, c) in rd(dw, 64 * 48).chunks(4).enumerate() {
+        println!("warp {i} {:08x}", u32::from_le_bytes(c.try_into().unwrap()));
+    }
+    println!("status 0");
+}
