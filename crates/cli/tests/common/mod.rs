@@ -63,6 +63,14 @@ pub fn corpus_program(name: &str) -> PathBuf {
 }
 
 /// A compiled program of this crate's own tests (tests/cuda).
+/// A program of `tests/cuda/tenants`, built by nvcc.
+pub fn tenant_program(name: &str) -> PathBuf {
+    let source = cumux_testkit::workspace_root()
+        .join("tests/cuda/tenants")
+        .join(format!("{name}.cu"));
+    cumux_testkit::compile_program(source, &[])
+}
+
 pub fn test_program(name: &str) -> PathBuf {
     let source = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/cuda")
@@ -79,15 +87,27 @@ pub struct ServerProc {
 
 impl ServerProc {
     pub fn start(tag: &str) -> Self {
+        Self::start_with_config(tag, None)
+    }
+
+    /// A server reading `config` (TOML text) as its `--config` file.
+    pub fn start_with_config(tag: &str, config: Option<&str>) -> Self {
         ensure_driver();
         let dir = TempDir::new(tag);
         let socket = dir.0.join("s.sock");
         let address = format!("unix:{}", socket.display());
         let log = std::fs::File::create(dir.0.join("server.log")).unwrap();
+        let mut args: Vec<String> = ["serve", "--device", "cpu", "--memory", "2G", "--listen"]
+            .map(String::from)
+            .to_vec();
+        args.push(address.clone());
+        if let Some(text) = config {
+            let path = dir.0.join("cumux.toml");
+            std::fs::write(&path, text).unwrap();
+            args.extend(["--config".to_string(), path.display().to_string()]);
+        }
         let child = Command::new(CUMUX)
-            .args([
-                "serve", "--device", "cpu", "--memory", "2G", "--listen", &address,
-            ])
+            .args(&args)
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
@@ -124,6 +144,18 @@ impl ServerProc {
     pub fn command(&self, program: &Path, args: &[&str]) -> Command {
         let mut c = Command::new(CUMUX);
         c.args(["run", "--server", &self.address, "--"])
+            .arg(program)
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        c
+    }
+
+    /// `cumux run --server <this> --tenant NAME -- program args…`.
+    pub fn command_as(&self, tenant: &str, program: &Path, args: &[&str]) -> Command {
+        let mut c = Command::new(CUMUX);
+        c.args(["run", "--server", &self.address, "--tenant", tenant, "--"])
             .arg(program)
             .args(args)
             .stdin(Stdio::null())

@@ -1,0 +1,146 @@
+//! Tenants end to end: `cumux serve --config FILE` with a TOML tenant table, an
+//! unmodified program run with `cumux run --tenant NAME` that sees its quota as
+//! the device's memory and fails with out-of-memory past it, unknown and
+//! foreign tenants turned away, and a killed program's quota given back.
+
+mod common;
+
+use std::os::unix::fs::MetadataExt;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use common::*;
+
+const LIMIT: Duration = Duration::from_secs(300);
+
+fn config() -> String {
+    let uid = std::fs::metadata("/proc/self").unwrap().uid();
+    format!(
+        r#"
+# cumux serve --config: the server and its tenants
+device = "cpu"
+allow_unknown = false
+
+[tenants.small]
+memory_quota = "8M"
+weight = 2
+class = "latency-critical"
+uids = [{uid}]
+
+[tenants.roomy]
+memory_quota = "32MiB"
+
+[tenants.elsewhere]
+uids = [{other}]
+"#,
+        other = uid.wrapping_add(1)
+    )
+}
+
+/// The value after `key ` on the line that starts with it.
+fn field(stdout: &str, key: &str) -> u64 {
+    stdout
+        .lines()
+        .find_map(|l| l.strip_prefix(&format!("{key} ")))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no {key:?} in {stdout}"))
+}
+
+#[test]
+fn a_program_sees_its_quota_and_cannot_pass_it() {
+    let server = ServerProc::start_with_config("tenants-quota", Some(&config()));
+    let probe = tenant_program("quota_probe");
+    for (tenant, quota) in [("small", 8u64 << 20), ("roomy", 32 << 20)] {
+        let child = server.command_as(tenant, &probe, &[]).spawn().unwrap();
+        let out = wait_bounded(child, LIMIT);
+        assert_eq!(out.code(), Some(0), "{tenant}: {}", out.describe());
+        assert_eq!(field(&out.stdout, "total"), quota, "{}", out.stdout);
+        assert_eq!(field(&out.stdout, "free"), quota, "{}", out.stdout);
+        // Exactly the quota in 1 MiB blocks (the program has no globals), then
+        // CUDA_ERROR_OUT_OF_MEMORY (cudaErrorMemoryAllocation is 2 as well).
+        assert_eq!(field(&out.stdout, "blocks"), quota >> 20, "{}", out.stdout);
+        assert!(
+            out.stdout.contains(" error 2\n"),
+            "{tenant}: {}",
+            out.stdout
+        );
+        assert_eq!(field(&out.stdout, "free after"), 0, "{}", out.stdout);
+    }
+    // Unknown names and names bound to another uid are turned away, saying why.
+    for (tenant, why) in [
+        ("mallory", "unknown tenant \"mallory\""),
+        ("elsewhere", "not open to uid"),
+    ] {
+        let child = server.command_as(tenant, &probe, &[]).spawn().unwrap();
+        let out = wait_bounded(child, LIMIT);
+        assert_ne!(out.code(), Some(0), "{tenant}: {}", out.describe());
+        assert!(
+            out.stderr.contains(why) || server.log().contains(why),
+            "{tenant}: {}\n--- server log\n{}",
+            out.describe(),
+            server.log()
+        );
+    }
+}
+
+#[test]
+fn a_killed_program_gives_its_quota_back() {
+    let server = ServerProc::start_with_config("tenants-kill", Some(&config()));
+    let probe = tenant_program("quota_probe");
+    let mut child = server
+        .command_as("small", &probe, &["hold", "300"])
+        .spawn()
+        .unwrap();
+    let lines = lines_of(child.stdout.take().unwrap());
+    if let Err(e) = wait_for_line(&lines, "holding", Duration::from_secs(120)) {
+        let _ = child.kill();
+        panic!("{e}\n--- server log\n{}", server.log());
+    }
+    let status = server.status_json();
+    let tenants = status["tenants"].as_array().expect("tenants");
+    let small = tenants
+        .iter()
+        .find(|t| t["name"] == "small")
+        .unwrap_or_else(|| panic!("no tenant row in {status:#}"));
+    assert_eq!(small["mem_used"].as_u64(), Some(8 << 20), "{status:#}");
+    assert_eq!(small["memory_quota"].as_u64(), Some(8 << 20), "{status:#}");
+    assert_eq!(small["class"], "latency-critical");
+    assert_eq!(small["weight"].as_u64(), Some(2));
+    let table = Command::new(CUMUX)
+        .args(["status", "--server", &server.address])
+        .output()
+        .unwrap();
+    let table = String::from_utf8_lossy(&table.stdout);
+    assert!(table.contains("8.0 MiB / 8.0 MiB"), "{table}");
+    // Kill the program itself (the session's pid), not `cumux run`.
+    let pid = status["sessions"][0]["pid"].as_u64().unwrap().to_string();
+    assert!(Command::new("kill")
+        .args(["-9", &pid])
+        .status()
+        .unwrap()
+        .success());
+    let out = wait_bounded(child, Duration::from_secs(60));
+    assert_eq!(out.code(), Some(128 + 9), "{}", out.describe());
+    let started = Instant::now();
+    loop {
+        let status = server.status_json();
+        let released = status["sessions"].as_array().unwrap().is_empty()
+            && status["tenants"].as_array().unwrap().is_empty()
+            && status["devices"][0]["used_mem"].as_u64() == Some(0);
+        if released {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "never released: {status:#}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // The whole quota is there for the next program of the tenant.
+    let out = wait_bounded(
+        server.command_as("small", &probe, &[]).spawn().unwrap(),
+        LIMIT,
+    );
+    assert_eq!(field(&out.stdout, "blocks"), 8, "{}", out.describe());
+}
