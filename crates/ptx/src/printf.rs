@@ -194,9 +194,15 @@ pub(crate) fn format(
                 } else {
                     let p = prec.unwrap_or(6);
                     match conv.to_ascii_lowercase() {
-                        b'f' => format!("{a:.p$}"),
+                        b'f' => {
+                            let mut s = format!("{a:.p$}");
+                            if alt && p == 0 {
+                                s.push('.');
+                            }
+                            s
+                        }
                         b'e' => fmt_exp(a, p, alt),
-                        b'a' => format!("{a:e}"),
+                        b'a' => fmt_hex(a, prec),
                         _ => fmt_g(a, p, alt),
                     }
                 };
@@ -231,6 +237,52 @@ pub(crate) fn format(
         }
     }
     out
+}
+
+/// `%a` formatting of a non-negative finite value: 0x1.hhhp±d.
+fn fmt_hex(a: f64, prec: Option<usize>) -> String {
+    if a == 0.0 {
+        return match prec {
+            Some(p) if p > 0 => format!("0x0.{}p+0", "0".repeat(p)),
+            _ => "0x0p+0".into(),
+        };
+    }
+    let bits = a.to_bits();
+    let biased = ((bits >> 52) & 0x7ff) as i64;
+    let mut mant = bits & ((1u64 << 52) - 1);
+    let (mut lead, exp) = if biased == 0 {
+        (0u64, -1022)
+    } else {
+        (1u64, biased - 1023)
+    };
+    let digits = match prec {
+        Some(p) if p < 13 => {
+            // round the 52-bit fraction to p hex digits, ties to even
+            let drop = 4 * (13 - p as u32);
+            let rem = mant & ((1u64 << drop) - 1);
+            let half = 1u64 << (drop - 1);
+            mant >>= drop;
+            if rem > half || (rem == half && mant & 1 == 1) {
+                mant += 1;
+                if p == 0 || mant >> (4 * p as u32) != 0 {
+                    lead += 1;
+                    mant &= (1u64 << (4 * p as u32)).wrapping_sub(1);
+                }
+            }
+            if p == 0 {
+                String::new()
+            } else {
+                format!("{mant:0w$x}", w = p)
+            }
+        }
+        Some(p) => format!("{mant:013x}{}", "0".repeat(p - 13)),
+        None => format!("{mant:013x}").trim_end_matches('0').to_string(),
+    };
+    if digits.is_empty() {
+        format!("0x{lead}p{exp:+}")
+    } else {
+        format!("0x{lead}.{digits}p{exp:+}")
+    }
 }
 
 /// `%e` formatting: d.ddddde±XX.
@@ -408,6 +460,14 @@ mod tests {
             "inf|-inf|nan|  0.1"
         );
         assert_eq!(fmt("%08.3f|%g", &[d(-1.5), d(0.0)]), "-001.500|0");
+        // `%#.0f` and `%a` of 1.0 as an H100 prints them; the rest as glibc does
+        assert_eq!(
+            fmt(
+                "%.0f|%#.0f|%a|%a|%a|%.1a",
+                &[d(2.5), d(2.5), d(1.0), d(3.0), d(-0.1), d(1.96875)]
+            ),
+            "2|2.|0x1p+0|0x1.8p+1|-0x1.999999999999ap-4|0x2.0p+0"
+        );
     }
 
     #[test]
