@@ -144,3 +144,57 @@ fn a_killed_program_gives_its_quota_back() {
     );
     assert_eq!(field(&out.stdout, "blocks"), 8, "{}", out.describe());
 }
+
+#[test]
+fn a_program_cannot_use_another_tenants_pointer() {
+    let server = ServerProc::start_with_config("tenants-steal", Some(&config()));
+    let program = tenant_program("foreign_pointer");
+    let mut owner = server
+        .command_as("small", &program, &["own", "5"])
+        .spawn()
+        .unwrap();
+    let lines = lines_of(owner.stdout.take().unwrap());
+    let mut ptr = None;
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_secs(120) {
+        match lines.recv_timeout(Duration::from_secs(1)) {
+            Ok(line) if line.starts_with("ptr ") => ptr = Some(line[4..].to_string()),
+            Ok(line) if line == "holding" => break,
+            Ok(_) | Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+            Err(_) => break,
+        }
+    }
+    let Some(ptr) = ptr else {
+        let _ = owner.kill();
+        panic!(
+            "the owner printed no pointer\n--- server log\n{}",
+            server.log()
+        );
+    };
+    let thief = server
+        .command_as("roomy", &program, &["steal", &ptr])
+        .spawn()
+        .unwrap();
+    let out = wait_bounded(thief, LIMIT);
+    assert!(
+        out.code() == Some(0) && out.stdout.contains("steal: PASS"),
+        "{}",
+        out.describe()
+    );
+    // The owner still finds its secret intact.
+    let started = Instant::now();
+    let mut rest = String::new();
+    while started.elapsed() < Duration::from_secs(60) {
+        match lines.recv_timeout(Duration::from_secs(1)) {
+            Ok(line) => rest += &format!("{line}\n"),
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+            Err(_) => break,
+        }
+    }
+    let done = wait_bounded(owner, Duration::from_secs(60));
+    assert!(
+        done.code() == Some(0) && rest.contains("own: PASS"),
+        "{rest}\n{}",
+        done.describe()
+    );
+}
