@@ -48,6 +48,13 @@ fn policy() -> TenantPolicy {
         },
     );
     p.tenants.insert(
+        "nodev".into(),
+        TenantSettings {
+            devices: Some(vec![]),
+            ..tenant(None)
+        },
+    );
+    p.tenants.insert(
         "carol".into(),
         TenantSettings {
             devices: Some(vec![1]),
@@ -92,6 +99,8 @@ fn unknown_tenants_and_foreign_names_are_turned_away() {
     // bob is bound to another uid: claiming the name is not enough.
     let why = rejected(hello_as(&h.socket, Some("bob")));
     assert!(why.contains("not open to uid"), "{why}");
+    let why = rejected(hello_as(&h.socket, Some("nodev")));
+    assert!(why.contains("may use no device"), "{why}");
     let why = rejected(hello_as(&h.socket, Some("")));
     assert!(why.contains("tenant name"), "{why}");
     let _alice = Client::connect(&h.socket, "p", Some("alice"));
