@@ -2,7 +2,12 @@
 # First look at stock PyTorch through cumux on the GPU machine: runs a ladder of
 # small PyTorch steps natively and through `cumux run`, and records how far each
 # gets and which driver entry points cumux lacks. Needs device-kit/ (prebuilt
-# cumux + libcumux_client.so) and writes $OUT/pytorch_probe.txt.
+# cumux + libcumux_client.so) and writes $OUT/pytorch_probe.txt. Every step
+# records its exit status; a step that prints nothing gets the last line of
+# its stderr in the table, so a timeout or a crash says so.
+# Optional: STEP_TIMEOUT= (seconds per step and side, default 100), STEPS=
+# (which steps), PROBE_LOG= (CUMUX_LOG for the cumux side, e.g. debug; the full
+# stderr of each step stays in $OUT/pt_STEP_{native,cumux}.err).
 set -u
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 KIT=${KIT:-$ROOT/device-kit}
@@ -40,6 +45,13 @@ elif step == "conv":
     torch.manual_seed(0)
     m = torch.nn.Conv2d(3, 8, 3).cuda(); x = torch.randn(2, 3, 32, 32, device="cuda")
     print(float(m(x).double().sum()))
+elif step == "conv_notf32":
+    # As conv, with TF32 off: cuDNN's algorithms then agree to fp32 rounding,
+    # so a difference from native here is not an algorithm choice.
+    torch.backends.cudnn.allow_tf32 = False
+    torch.manual_seed(0)
+    m = torch.nn.Conv2d(3, 8, 3).cuda(); x = torch.randn(2, 3, 32, 32, device="cuda")
+    print(float(m(x).double().sum()))
 elif step == "train":
     torch.manual_seed(0)
     m = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10)).cuda()
@@ -61,13 +73,33 @@ elif step == "compile":
     f = torch.compile(lambda a: torch.sin(a) * 2 + a)
     print(float(f(torch.ones(1024, device="cuda")).sum()))
 PY
+[ -n "${PROBE_LOG:-}" ] && export CUMUX_LOG=$PROBE_LOG
+STEP_TIMEOUT=${STEP_TIMEOUT:-100}
+STEPS=${STEPS:-available tensor matmul_fp32 matmul_bf16 conv conv_notf32 train graph compile}
+# One side of one step: prints "OUTPUT" or "FAIL rc=N: last stderr line".
+run_side() {
+    local err=$1; shift
+    local o rc
+    o=$(timeout "$STEP_TIMEOUT" "$@" 2>"$err" | tail -1)
+    rc=${PIPESTATUS[0]}
+    if [ -n "$o" ] && [ "$rc" = 0 ]; then
+        printf '%s' "$o"
+    else
+        [ "$rc" = 124 ] && echo "timed out after ${STEP_TIMEOUT}s" >>"$err"
+        printf 'FAIL rc=%s: %s' "$rc" "$(grep -v '^\s*$' "$err" | tail -1 | cut -c1-100)"
+    fi
+}
 printf '%-14s %-40s %s\n' step native cumux >>"$REPORT"
-for step in available tensor matmul_fp32 matmul_bf16 conv train graph compile; do
-    n=$(timeout 180 python3 "$WORK/steps.py" $step 2>"$OUT/pt_${step}_native.err" | tail -1)
-    c=$(timeout 180 "$KIT/cumux" run --server "unix:$SOCK" -- python3 "$WORK/steps.py" $step 2>"$OUT/pt_${step}_cumux.err" | tail -1)
-    rc=$?
-    printf '%-14s %-40s %s\n' "$step" "${n:-FAIL}" "${c:-FAIL}" >>"$REPORT"
-    grep -h "not implemented\|Error\|error" "$OUT/pt_${step}_cumux.err" | sort | uniq -c | sort -rn | head -8 | sed 's/^/      /' >>"$REPORT"
+for step in $STEPS; do
+    t0=$(date +%s)
+    n=$(run_side "$OUT/pt_${step}_native.err" python3 "$WORK/steps.py" "$step")
+    t1=$(date +%s)
+    c=$(run_side "$OUT/pt_${step}_cumux.err" \
+        "$KIT/cumux" run --server "unix:$SOCK" -- python3 "$WORK/steps.py" "$step")
+    t2=$(date +%s)
+    printf '%-14s %-40s %s   (%ss / %ss)\n' "$step" "$n" "$c" $((t1 - t0)) $((t2 - t1)) >>"$REPORT"
+    grep -h "not implemented\|unknown table\|Error:\|error:" "$OUT/pt_${step}_cumux.err" \
+        | sed 's/^[0-9T:.Z-]* *//' | sort | uniq -c | sort -rn | head -8 | sed 's/^/      /' >>"$REPORT"
 done
 kill $server 2>/dev/null
 cat "$REPORT"

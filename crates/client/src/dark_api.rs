@@ -55,7 +55,6 @@ unknown_slot! {
     hooks_slot3 = "tools hooks slot 3",
     hooks_slot4 = "tools hooks slot 4",
     hooks_slot5 = "tools hooks slot 5",
-    checks_slot1 = "context checks slot 1",
     checks_slot3 = "context checks slot 3",
 }
 
@@ -227,6 +226,19 @@ static CONTEXT_STORAGE: Table<4> = Table([
 
 // ---- context checks ----------------------------------------------------------
 
+/// Slot 1: a check CUDA 13's driver answers "not supported"; cuBLAS and
+/// cuBLASLt call it at `cublasCreate` and take that answer as "nothing to
+/// report". Answering success here made them read an out-value never set.
+extern "C" fn context_check_unsupported(
+    _ctx: *mut c_void,
+    _result: *mut u32,
+    _detail: *mut *const c_void,
+) -> CUresult {
+    tracing::debug!("dark API context checks slot 1 called; answering not supported");
+    CUDA_ERROR_NOT_SUPPORTED
+}
+
+/// Slot 2: writes 0 ("fine") to `result` and leaves `detail` untouched.
 extern "C" fn context_check(
     _ctx: *mut c_void,
     result: *mut u32,
@@ -236,12 +248,17 @@ extern "C" fn context_check(
     CUDA_SUCCESS
 }
 
-static CONTEXT_CHECKS: Table<4> = Table([
-    size_of_table(4),
-    checks_slot1 as *const c_void,
-    context_check as *const c_void,
-    checks_slot3 as *const c_void,
-]);
+/// CUDA 13's driver reports this table as 17 slots; its users check the size
+/// before calling slots past 3, which cumux leaves empty.
+static CONTEXT_CHECKS: Table<CONTEXT_CHECKS_SLOTS> = {
+    let mut slots = [std::ptr::null(); CONTEXT_CHECKS_SLOTS];
+    slots[0] = size_of_table(CONTEXT_CHECKS_SLOTS);
+    slots[1] = context_check_unsupported as *const c_void;
+    slots[2] = context_check as *const c_void;
+    slots[3] = checks_slot3 as *const c_void;
+    Table(slots)
+};
+const CONTEXT_CHECKS_SLOTS: usize = 17;
 
 // ---- integrity check ---------------------------------------------------------
 

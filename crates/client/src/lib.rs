@@ -26,6 +26,7 @@ pub mod host_fn;
 pub mod integrity;
 pub mod link;
 pub mod managed;
+pub mod occupancy;
 pub mod state;
 pub mod transport;
 pub mod types;

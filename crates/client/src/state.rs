@@ -88,6 +88,14 @@ pub struct Tables {
     /// Captured graphs and their instantiations.
     pub graphs: HashMap<usize, crate::graph::Recording>,
     pub graph_execs: HashMap<usize, crate::graph::Recording>,
+    /// The node handles of each graph, one per recorded op, in order.
+    pub graph_nodes: HashMap<usize, Vec<usize>>,
+    /// Node → (graph, index of its op in the recording).
+    pub nodes: HashMap<usize, (usize, usize)>,
+    /// Argument storage handed out by `cuGraphKernelNodeGetParams`: node →
+    /// (argument bytes, one pointer per argument into them). Lives as long
+    /// as the graph, as the driver's does.
+    pub kernel_node_args: HashMap<usize, (Vec<u8>, Vec<usize>)>,
     /// Managed allocations (also in `allocations`).
     pub managed: BTreeMap<u64, crate::managed::Managed>,
 }
@@ -226,11 +234,21 @@ pub fn device_window_reserved() -> bool {
     WINDOW_RESERVED.load(Ordering::Relaxed)
 }
 
+/// Whether `p` lies in the CPU device's address window. Only the CPU device
+/// hands out addresses there; a GPU's are wherever its driver put them, so
+/// use [`Client::is_device_memory`] to tell device from host pointers.
 pub fn is_device_ptr(p: u64) -> bool {
     (DEVICE_VA_BASE..DEVICE_VA_END).contains(&p)
 }
 
 impl Client {
+    /// Whether `p` is device memory: inside an allocation the server returned
+    /// (the GPU's real addresses, anywhere in the address space), or in the
+    /// CPU device's window (which never aliases host memory, being reserved).
+    pub fn is_device_memory(&self, p: u64) -> bool {
+        is_device_ptr(p) || self.tables().allocation_of(p).is_some()
+    }
+
     /// Sends a call, or records it when it is work for a stream being
     /// captured into a graph.
     pub fn call(&self, call: Call) -> CuResult<ReplyBody> {

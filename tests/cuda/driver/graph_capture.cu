@@ -50,6 +50,42 @@ int main() {
   if (status != cudaStreamCaptureStatusNone) { printf("FAIL still capturing\n"); return 1; }
   if (ran != 0) { printf("FAIL captured work ran\n"); return 1; }
 
+  // What PyTorch asks of a captured graph: how many nodes (to warn about an
+  // empty capture), and, for kernel nodes, their launch parameters.
+  size_t count = 0;
+  CHECK(cudaGraphGetNodes(graph, nullptr, &count));
+  if (count != 5) { printf("FAIL %zu nodes, want 5\n", count); return 1; }
+  cudaGraphNode_t nodes[6];
+  count = 6;
+  CHECK(cudaGraphGetNodes(graph, nodes, &count));
+  if (count != 5 || nodes[5] != nullptr) { printf("FAIL node list of %zu\n", count); return 1; }
+  const cudaGraphNodeType want_types[5] = {cudaGraphNodeTypeMemcpy, cudaGraphNodeTypeKernel,
+                                           cudaGraphNodeTypeKernel, cudaGraphNodeTypeHost,
+                                           cudaGraphNodeTypeMemcpy};
+  for (int i = 0; i < 5; i++) {
+    cudaGraphNodeType t;
+    CHECK(cudaGraphNodeGetType(nodes[i], &t));
+    if (t != want_types[i]) { printf("FAIL node %d has type %d\n", i, (int)t); return 1; }
+  }
+  cudaKernelNodeParams kp = {};
+  CHECK(cudaGraphKernelNodeGetParams(nodes[1], &kp));
+  if (kp.gridDim.x != N / 256 || kp.blockDim.x != 256 || kp.sharedMemBytes != 0 ||
+      kp.kernelParams == nullptr || *(int *)kp.kernelParams[1] != N ||
+      *(int *)kp.kernelParams[2] != 3) {
+    printf("FAIL kernel node params grid %u block %u\n", kp.gridDim.x, kp.blockDim.x);
+    return 1;
+  }
+  size_t roots = 0, edges = 0;
+  CHECK(cudaGraphGetRootNodes(graph, nullptr, &roots));
+  CHECK(cudaGraphGetEdges(graph, nullptr, nullptr, nullptr, &edges));
+  if (roots != 1 || edges != 4) { printf("FAIL %zu roots, %zu edges\n", roots, edges); return 1; }
+  cudaGraphNode_t from[4], to[4];
+  CHECK(cudaGraphGetEdges(graph, from, to, nullptr, &edges));
+  if (from[0] != nodes[0] || to[3] != nodes[4]) { printf("FAIL edges\n"); return 1; }
+  size_t deps = 0;
+  CHECK(cudaGraphNodeGetDependencies(nodes[2], nullptr, nullptr, &deps));
+  if (deps != 1) { printf("FAIL %zu dependencies\n", deps); return 1; }
+
   cudaGraphExec_t exec;
   CHECK(cudaGraphInstantiate(&exec, graph, 0));
   for (int round = 0; round < 3; round++) {

@@ -69,6 +69,26 @@ int main() {
     cudaGetLastError();
   }
 
+  // Occupancy, as cuDNN and PyTorch ask for it before choosing a launch.
+  int active = 0;
+  CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&active, bounded, 32, 0));
+  if (active <= 0) { printf("FAIL %d active blocks of 32 threads\n", active); return 1; }
+  int min_grid = 0, best_block = 0;
+  CHECK(cudaOccupancyMaxPotentialBlockSize(&min_grid, &best_block, stage, 0, 0));
+  if (min_grid <= 0 || best_block <= 0 || best_block % 32 != 0) {
+    printf("FAIL potential block size %d, grid %d\n", best_block, min_grid);
+    return 1;
+  }
+  size_t dyn_one = 0, dyn_two = 0;
+  CHECK(cudaOccupancyAvailableDynamicSMemPerBlock(&dyn_one, stage, 1, 256));
+  CHECK(cudaOccupancyAvailableDynamicSMemPerBlock(&dyn_two, stage, 2, 256));
+  if (dyn_one == 0 || dyn_two > dyn_one) {
+    printf("FAIL dynamic shared memory per block: %zu for one, %zu for two\n", dyn_one, dyn_two);
+    return 1;
+  }
+  printf("occupancy: %d blocks of 32, best block %d, %zu B dynamic shared for one block\n",
+         active, best_block, dyn_one);
+
   // Nothing above is sticky: the device still works.
   bounded<<<1, 32>>>(d);
   CHECK(cudaGetLastError());

@@ -31,6 +31,193 @@ fn begin(s: *mut c_void) -> CuResult<()> {
     Ok(())
 }
 
+/// Registers a graph and mints one node handle per recorded op.
+fn add_graph(c: &Client, ops: Vec<GraphOp>) -> usize {
+    let h = c.mint();
+    let nodes: Vec<usize> = (0..ops.len()).map(|_| c.mint()).collect();
+    let mut t = c.tables();
+    for (i, n) in nodes.iter().enumerate() {
+        t.nodes.insert(*n, (h, i));
+    }
+    t.graph_nodes.insert(h, nodes);
+    t.graphs.insert(h, Arc::new(ops));
+    h
+}
+
+fn remove_graph(c: &Client, graph: usize) -> CuResult<()> {
+    let mut t = c.tables();
+    t.graphs.remove(&graph).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    for n in t.graph_nodes.remove(&graph).unwrap_or_default() {
+        t.nodes.remove(&n);
+        t.kernel_node_args.remove(&n);
+    }
+    Ok(())
+}
+
+/// The node handles of a graph.
+fn graph_nodes(c: &Client, graph: *mut c_void) -> CuResult<Vec<usize>> {
+    c.tables()
+        .graph_nodes
+        .get(&handle(graph))
+        .cloned()
+        .ok_or(CUDA_ERROR_INVALID_VALUE)
+}
+
+/// Writes `list` into a caller's array the way the driver's graph queries
+/// do: with `array` null, only the count; else up to `*count` entries (the
+/// rest of a longer array nulled) and the number written.
+fn list_out(list: &[usize], array: *mut *mut c_void, count: *mut usize) -> CuResult<()> {
+    if array.is_null() {
+        return out(count, list.len());
+    }
+    let room = *read_in(count)?;
+    for i in 0..room {
+        let value = list.get(i).map_or(std::ptr::null_mut(), |&n| to_ptr(n));
+        out(array.wrapping_add(i), value)?;
+    }
+    out(count, room.min(list.len()))
+}
+
+/// A node's graph, index and the graph's nodes. Captured graphs are chains:
+/// each op depends on the one recorded before it.
+fn node_place(c: &Client, node: *mut c_void) -> CuResult<(usize, Vec<usize>)> {
+    let t = c.tables();
+    let &(graph, index) = t.nodes.get(&handle(node)).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    let nodes = t.graph_nodes.get(&graph).cloned().unwrap_or_default();
+    Ok((index, nodes))
+}
+
+/// `CUgraphNodeType` of a recorded op.
+fn node_type(op: &GraphOp) -> u32 {
+    match op {
+        GraphOp::Call(cumux_protocol::Call::Launch { .. }) => 0,
+        GraphOp::HtoD { .. } | GraphOp::DtoH { .. } => 1,
+        GraphOp::Call(cumux_protocol::Call::MemcpyDtoD { .. }) => 1,
+        GraphOp::Call(cumux_protocol::Call::Memset { .. }) => 2,
+        GraphOp::HostFn(_) => 3,
+        GraphOp::Call(cumux_protocol::Call::StreamWaitEvent { .. }) => 6,
+        GraphOp::Call(cumux_protocol::Call::EventRecord { .. }) => 7,
+        GraphOp::Call(_) => 5,
+    }
+}
+
+fn node_op<R>(
+    c: &Client,
+    node: *mut c_void,
+    f: impl FnOnce(&GraphOp) -> CuResult<R>,
+) -> CuResult<R> {
+    let t = c.tables();
+    let &(graph, index) = t.nodes.get(&handle(node)).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    let recording = t
+        .graphs
+        .get(&graph)
+        .cloned()
+        .ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    drop(t);
+    f(recording.get(index).ok_or(CUDA_ERROR_INVALID_VALUE)?)
+}
+
+/// Fills a `CUDA_KERNEL_NODE_PARAMS` (v1: 56 bytes; v2 adds the kernel and
+/// context handles, 72 bytes) from a recorded launch. `kernelParams` points
+/// at argument copies that live as long as the graph; `extra` is null.
+fn kernel_node_params(c: &Client, node: *mut c_void, p: *mut u8, v2: bool) -> CuResult<()> {
+    if p.is_null() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let (function, grid, block, shared, bytes) = node_op(c, node, |op| match op {
+        GraphOp::Call(cumux_protocol::Call::Launch {
+            function,
+            grid,
+            block,
+            shared_bytes,
+            params,
+            ..
+        }) => Ok((*function, *grid, *block, *shared_bytes, params.clone())),
+        _ => Err(CUDA_ERROR_INVALID_VALUE),
+    })?;
+    let mut t = c.tables();
+    let (f, layout) = t
+        .functions
+        .iter()
+        .find(|(_, f)| f.server == function)
+        .map(|(h, f)| (*h, f.params.clone()))
+        .ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    let args = t
+        .kernel_node_args
+        .entry(handle(node))
+        .or_insert_with(|| (bytes, Vec::new()));
+    let base = args.0.as_ptr() as usize;
+    args.1 = layout.iter().map(|pi| base + pi.offset as usize).collect();
+    let kernel_params = if args.1.is_empty() {
+        0
+    } else {
+        args.1.as_ptr() as usize
+    };
+    drop(t);
+    out(p.cast::<*mut c_void>(), to_ptr(f))?;
+    for (i, v) in grid
+        .iter()
+        .chain(block.iter())
+        .chain([shared].iter())
+        .enumerate()
+    {
+        out(p.wrapping_add(8 + 4 * i).cast::<u32>(), *v)?;
+    }
+    out(p.wrapping_add(40).cast::<usize>(), kernel_params)?;
+    out(p.wrapping_add(48).cast::<usize>(), 0)?;
+    if v2 {
+        // The kernel: cumux's CUkernel and CUfunction handles are one and
+        // the same, and the runtime maps this one back to its host stub.
+        out(p.wrapping_add(56).cast::<usize>(), f)?;
+        out(
+            p.wrapping_add(64).cast::<usize>(),
+            crate::state::current_context().unwrap_or(0),
+        )?;
+    }
+    Ok(())
+}
+
+/// Edges of a chain: node i → node i+1 (edge data, when asked, all zero:
+/// the default edge type).
+fn edges_out(
+    nodes: &[usize],
+    from: *mut *mut c_void,
+    to: *mut *mut c_void,
+    data: *mut u64,
+    count: *mut usize,
+) -> CuResult<()> {
+    let edges = nodes.len().saturating_sub(1);
+    if from.is_null() || to.is_null() {
+        return out(count, edges);
+    }
+    let room = *read_in(count)?;
+    for i in 0..room {
+        let (f, t) = if i < edges {
+            (to_ptr(nodes[i]), to_ptr(nodes[i + 1]))
+        } else {
+            (std::ptr::null_mut(), std::ptr::null_mut())
+        };
+        out(from.wrapping_add(i), f)?;
+        out(to.wrapping_add(i), t)?;
+        if !data.is_null() {
+            out(data.wrapping_add(i), 0)?;
+        }
+    }
+    out(count, room.min(edges))
+}
+
+/// Default `CUgraphEdgeData` (8 zero bytes) for each edge slot the caller
+/// gave room for (`*count` entries).
+fn zero_edge_data(data: *mut u64, count: *mut usize) -> CuResult<()> {
+    if data.is_null() || count.is_null() {
+        return Ok(());
+    }
+    for i in 0..*read_in(count)? {
+        out(data.wrapping_add(i), 0)?;
+    }
+    Ok(())
+}
+
 fn instantiate(exec: *mut *mut c_void, graph: *mut c_void) -> CuResult<()> {
     let c = client()?;
     let recording = c
@@ -91,9 +278,7 @@ driver_fn! {
         let c = client()?;
         let stream = stream_handle(c, s)?;
         let ops = c.tables().capture.remove(&stream).ok_or(CUDA_ERROR_ILLEGAL_STATE)?;
-        let h = c.mint();
-        c.tables().graphs.insert(h, Arc::new(ops));
-        out(graph, to_ptr(h))
+        out(graph, to_ptr(add_graph(c, ops)))
     }
 
     fn cuGraphCreate(graph: *mut *mut c_void, flags: u32) {
@@ -101,14 +286,71 @@ driver_fn! {
         if flags != 0 {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
-        let h = c.mint();
-        c.tables().graphs.insert(h, Arc::new(Vec::new()));
-        out(graph, to_ptr(h))
+        out(graph, to_ptr(add_graph(c, Vec::new())))
     }
 
     fn cuGraphDestroy(graph: *mut c_void) {
-        let c = client()?;
-        c.tables().graphs.remove(&handle(graph)).map(|_| ()).ok_or(CUDA_ERROR_INVALID_VALUE)
+        remove_graph(client()?, handle(graph))
+    }
+
+    fn cuGraphGetNodes(graph: *mut c_void, nodes: *mut *mut c_void, count: *mut usize) {
+        list_out(&graph_nodes(client()?, graph)?, nodes, count)
+    }
+
+    fn cuGraphGetRootNodes(graph: *mut c_void, nodes: *mut *mut c_void, count: *mut usize) {
+        let all = graph_nodes(client()?, graph)?;
+        list_out(&all[..all.len().min(1)], nodes, count)
+    }
+
+    fn cuGraphGetEdges(graph: *mut c_void, from: *mut *mut c_void, to: *mut *mut c_void, count: *mut usize) {
+        edges_out(&graph_nodes(client()?, graph)?, from, to, std::ptr::null_mut(), count)
+    }
+
+    fn cuGraphGetEdges_v2(
+        graph: *mut c_void,
+        from: *mut *mut c_void,
+        to: *mut *mut c_void,
+        data: *mut u64,
+        count: *mut usize
+    ) {
+        edges_out(&graph_nodes(client()?, graph)?, from, to, data, count)
+    }
+
+    fn cuGraphNodeGetDependencies(node: *mut c_void, deps: *mut *mut c_void, count: *mut usize) {
+        let (i, nodes) = node_place(client()?, node)?;
+        list_out(&nodes[i.saturating_sub(1)..i], deps, count)
+    }
+
+    fn cuGraphNodeGetDependentNodes(node: *mut c_void, deps: *mut *mut c_void, count: *mut usize) {
+        let (i, nodes) = node_place(client()?, node)?;
+        list_out(nodes.get(i + 1..(i + 2).min(nodes.len())).unwrap_or(&[]), deps, count)
+    }
+
+    fn cuGraphNodeGetDependencies_v2(node: *mut c_void, deps: *mut *mut c_void, data: *mut u64, count: *mut usize) {
+        let (i, nodes) = node_place(client()?, node)?;
+        let list = &nodes[i.saturating_sub(1)..i];
+        zero_edge_data(data, count)?;
+        list_out(list, deps, count)
+    }
+
+    fn cuGraphNodeGetDependentNodes_v2(node: *mut c_void, deps: *mut *mut c_void, data: *mut u64, count: *mut usize) {
+        let (i, nodes) = node_place(client()?, node)?;
+        let list = nodes.get(i + 1..(i + 2).min(nodes.len())).unwrap_or(&[]);
+        zero_edge_data(data, count)?;
+        list_out(list, deps, count)
+    }
+
+    fn cuGraphNodeGetType(node: *mut c_void, kind: *mut u32) {
+        let t = node_op(client()?, node, |op| Ok(node_type(op)))?;
+        out(kind, t)
+    }
+
+    fn cuGraphKernelNodeGetParams(node: *mut c_void, params: *mut u8) {
+        kernel_node_params(client()?, node, params, false)
+    }
+
+    fn cuGraphKernelNodeGetParams_v2(node: *mut c_void, params: *mut u8) {
+        kernel_node_params(client()?, node, params, true)
     }
 
     fn cuGraphInstantiateWithFlags(exec: *mut *mut c_void, graph: *mut c_void, _flags: u64) {

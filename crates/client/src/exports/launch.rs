@@ -11,6 +11,7 @@ use super::module::dynamic_shared_limit;
 use super::*;
 use crate::graph::GraphOp;
 use crate::host_fn::UserData;
+use crate::occupancy::{active_blocks, available_dynamic_smem, potential_block_size, Kernel, Sm};
 use crate::state::{client, Client};
 use crate::types::*;
 use std::sync::Arc;
@@ -155,22 +156,73 @@ fn host_function(stream: *mut c_void, run: Arc<dyn Fn(CUresult) + Send + Sync>) 
     }
 }
 
-fn occupancy_blocks(c: &Client, f: *mut c_void, block_size: i32) -> CuResult<i32> {
+/// The occupancy model's view of the current device and of kernel `f`.
+fn occupancy_inputs(c: &Client, f: *mut c_void) -> CuResult<(Sm, Kernel, i32)> {
     let attrs = c.tables().function(handle(f))?.attrs;
+    let dev = c.current_device() as i32;
+    let attr = |a: u32, fallback: i32| -> CuResult<i32> {
+        let v = c.attribute(dev, a)?;
+        Ok(if v > 0 { v } else { fallback })
+    };
+    let smem_per_block = attr(8, 49_152)?;
+    let sm = Sm {
+        warp_size: attr(10, 32)?,
+        threads_per_sm: attr(39, 2048)?,
+        blocks_per_sm: attr(106, 32)?,
+        regs_per_sm: attr(82, 65_536)?,
+        regs_per_block: attr(12, 65_536)?,
+        smem_per_sm: attr(81, smem_per_block)?,
+        smem_per_block_optin: attr(97, smem_per_block)?,
+        reserved_smem_per_block: c.attribute(dev, 111)?.max(0),
+    };
+    let max_threads = if attrs.max_threads_per_block > 0 {
+        attrs.max_threads_per_block
+    } else {
+        attr(1, 1024)?
+    };
+    let kernel = Kernel {
+        regs_per_thread: attrs.num_regs.max(0),
+        static_smem: attrs.shared_size_bytes.max(0),
+        max_threads_per_block: max_threads,
+        max_dynamic_smem: if attrs.max_dynamic_shared_size_bytes > 0 {
+            attrs.max_dynamic_shared_size_bytes
+        } else {
+            (smem_per_block - attrs.shared_size_bytes).max(0)
+        },
+    };
+    Ok((sm, kernel, attr(16, 1)?))
+}
+
+fn occupancy_blocks(c: &Client, f: *mut c_void, block_size: i32, smem: usize) -> CuResult<i32> {
+    let (sm, k, _) = occupancy_inputs(c, f)?;
     if block_size <= 0 {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
-    let dev = c.current_device() as i32;
-    let per_sm = c.attribute(dev, 39)?.max(block_size);
-    let limit = if attrs.max_threads_per_block > 0 {
-        attrs.max_threads_per_block
-    } else {
-        i32::MAX
-    };
-    if block_size > limit {
-        return Ok(0);
+    Ok(active_blocks(&sm, &k, block_size, smem))
+}
+
+/// `CUoccupancyB2DSize`: dynamic shared memory a block size needs.
+type SmemForBlock = Option<extern "C" fn(i32) -> usize>;
+
+fn potential_block(
+    min_grid: *mut i32,
+    block: *mut i32,
+    f: *mut c_void,
+    smem_fn: SmemForBlock,
+    smem: usize,
+    limit: i32,
+) -> CuResult<()> {
+    let c = client()?;
+    if min_grid.is_null() || block.is_null() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
     }
-    Ok((per_sm / block_size).max(1))
+    let (sm, k, sms) = occupancy_inputs(c, f)?;
+    let (grid, size) = potential_block_size(&sm, &k, sms, limit, |b| match smem_fn {
+        Some(f) => f(b),
+        None => smem,
+    });
+    out(block, size)?;
+    out(min_grid, grid)
 }
 
 driver_fn! {
@@ -233,33 +285,42 @@ driver_fn! {
         }))
     }
 
-    fn cuOccupancyMaxActiveBlocksPerMultiprocessor(n: *mut i32, f: *mut c_void, block: i32, _smem: usize) {
+    fn cuOccupancyMaxActiveBlocksPerMultiprocessor(n: *mut i32, f: *mut c_void, block: i32, smem: usize) {
         let c = client()?;
-        out(n, occupancy_blocks(c, f, block)?)
+        out(n, occupancy_blocks(c, f, block, smem)?)
     }
 
-    fn cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(n: *mut i32, f: *mut c_void, block: i32, _smem: usize, _flags: u32) {
+    fn cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(n: *mut i32, f: *mut c_void, block: i32, smem: usize, _flags: u32) {
         let c = client()?;
-        out(n, occupancy_blocks(c, f, block)?)
+        out(n, occupancy_blocks(c, f, block, smem)?)
     }
 
     fn cuOccupancyMaxPotentialBlockSize(
         min_grid: *mut i32,
         block: *mut i32,
         f: *mut c_void,
-        _smem_fn: *mut c_void,
-        _smem: usize,
+        smem_fn: SmemForBlock,
+        smem: usize,
         limit: i32
     ) {
+        potential_block(min_grid, block, f, smem_fn, smem, limit)
+    }
+
+    fn cuOccupancyMaxPotentialBlockSizeWithFlags(
+        min_grid: *mut i32,
+        block: *mut i32,
+        f: *mut c_void,
+        smem_fn: SmemForBlock,
+        smem: usize,
+        limit: i32,
+        _flags: u32
+    ) {
+        potential_block(min_grid, block, f, smem_fn, smem, limit)
+    }
+
+    fn cuOccupancyAvailableDynamicSMemPerBlock(size: *mut usize, f: *mut c_void, blocks: i32, block: i32) {
         let c = client()?;
-        let attrs = c.tables().function(handle(f))?.attrs;
-        let dev = c.current_device() as i32;
-        let mut size = if attrs.max_threads_per_block > 0 { attrs.max_threads_per_block } else { 1024 };
-        if limit > 0 {
-            size = size.min(limit);
-        }
-        let sms = c.attribute(dev, 16)?.max(1);
-        out(block, size)?;
-        out(min_grid, sms * occupancy_blocks(c, f, size)?)
+        let (sm, k, _) = occupancy_inputs(c, f)?;
+        out(size, available_dynamic_smem(&sm, &k, blocks, block))
     }
 }

@@ -8,7 +8,7 @@ use cumux_protocol::framing::MAX_CHUNK_BYTES;
 use cumux_protocol::{Call, Handle, ReplyBody, DEFAULT_STREAM};
 
 use super::*;
-use crate::state::{client, is_device_ptr, Client, HostRegion};
+use crate::state::{client, Client, HostRegion};
 use crate::types::*;
 
 const PITCH_ALIGN: usize = 512;
@@ -142,7 +142,7 @@ fn dtod(c: &Client, dst: u64, src: u64, bytes: usize, stream: Option<Handle>) ->
 
 /// `cuMemcpy`: the direction follows from the pointers' values.
 fn unified(c: &Client, dst: u64, src: u64, bytes: usize, stream: Option<Handle>) -> CuResult<()> {
-    match (is_device_ptr(dst), is_device_ptr(src)) {
+    match (c.is_device_memory(dst), c.is_device_memory(src)) {
         (true, true) => dtod(c, dst, src, bytes, stream),
         (true, false) => htod(c, dst, host_bytes(src as *const c_void, bytes)?, stream),
         (false, true) => dtoh(c, host_bytes_mut(dst as *mut c_void, bytes)?, src, stream),
@@ -194,11 +194,11 @@ enum Side {
     Device(u64),
 }
 
-fn side(kind: u32, host: usize, device: u64) -> CuResult<Side> {
+fn side(c: &Client, kind: u32, host: usize, device: u64) -> CuResult<Side> {
     match kind {
         CU_MEMORYTYPE_HOST => Ok(Side::Host(host)),
         CU_MEMORYTYPE_DEVICE => Ok(Side::Device(device)),
-        CU_MEMORYTYPE_UNIFIED if is_device_ptr(device) => Ok(Side::Device(device)),
+        CU_MEMORYTYPE_UNIFIED if c.is_device_memory(device) => Ok(Side::Device(device)),
         CU_MEMORYTYPE_UNIFIED => Ok(Side::Host(device as usize)),
         CU_MEMORYTYPE_ARRAY => {
             tracing::warn!("copies to or from CUDA arrays are not implemented");
@@ -271,8 +271,8 @@ fn copy_rows(
 }
 
 fn copy_2d(c: &Client, p: &CudaMemcpy2D, stream: Option<Handle>) -> CuResult<()> {
-    let src = side(p.src_memory_type, p.src_host as usize, p.src_device)?;
-    let dst = side(p.dst_memory_type, p.dst_host as usize, p.dst_device)?;
+    let src = side(c, p.src_memory_type, p.src_host as usize, p.src_device)?;
+    let dst = side(c, p.dst_memory_type, p.dst_host as usize, p.dst_device)?;
     let src_pitch = if p.src_pitch == 0 {
         p.width_in_bytes
     } else {
@@ -300,8 +300,8 @@ fn copy_2d(c: &Client, p: &CudaMemcpy2D, stream: Option<Handle>) -> CuResult<()>
 }
 
 fn copy_3d(c: &Client, p: &CudaMemcpy3D, stream: Option<Handle>) -> CuResult<()> {
-    let src = side(p.src_memory_type, p.src_host as usize, p.src_device)?;
-    let dst = side(p.dst_memory_type, p.dst_host as usize, p.dst_device)?;
+    let src = side(c, p.src_memory_type, p.src_host as usize, p.src_device)?;
+    let dst = side(c, p.dst_memory_type, p.dst_host as usize, p.dst_device)?;
     let src_pitch = if p.src_pitch == 0 {
         p.width_in_bytes
     } else {
