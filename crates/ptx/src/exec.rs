@@ -2155,6 +2155,8 @@ fn run_thread<const SINGLE_STEP: bool>(
                 }
             }
             Op::WmmaMma { .. }
+            | Op::Mma { .. }
+            | Op::Ldmatrix { .. }
             | Op::Activemask { .. }
             | Op::WarpSync { .. }
             | Op::Shfl { .. }
@@ -2265,7 +2267,7 @@ impl Worker {
                             }
                         }
                     }
-                    if !self.resolve_warp(g, w, false) {
+                    if !self.resolve_warp(g, w, false)? {
                         break;
                     }
                 }
@@ -2273,7 +2275,7 @@ impl Worker {
             if self.threads.iter().all(|t| t.status == Status::Exited) {
                 return Ok(());
             }
-            let progressed = self.resolve_barriers(g) || self.resolve_warps(g, true);
+            let progressed = self.resolve_barriers(g) || self.resolve_warps(g, true)?;
             if !progressed {
                 let waiting: Vec<usize> = self
                     .threads
@@ -2396,16 +2398,16 @@ impl Worker {
     /// Resolves warp collectives whose participants have all arrived. With
     /// `relaxed`, lanes waiting at different instructions of the same kind
     /// (divergent call sites) are grouped too.
-    fn resolve_warps(&mut self, g: &Geo<'_>, relaxed: bool) -> bool {
+    fn resolve_warps(&mut self, g: &Geo<'_>, relaxed: bool) -> Result<bool, Fault> {
         let mut progressed = false;
         for w in 0..self.threads.len().div_ceil(32) {
-            progressed |= self.resolve_warp(g, w, relaxed);
+            progressed |= self.resolve_warp(g, w, relaxed)?;
         }
-        progressed
+        Ok(progressed)
     }
 
     /// Resolves the collectives of warp `w` whose participants all arrived.
-    fn resolve_warp(&mut self, g: &Geo<'_>, w: usize, relaxed: bool) -> bool {
+    fn resolve_warp(&mut self, g: &Geo<'_>, w: usize, relaxed: bool) -> Result<bool, Fault> {
         let n = self.threads.len();
         let mut progressed = false;
         {
@@ -2471,7 +2473,7 @@ impl Worker {
                 if !ready {
                     continue;
                 }
-                self.collective(g, lo, mask);
+                self.collective(g, lo, mask)?;
                 for k in 0..32 {
                     if mask & (1 << k) != 0 {
                         let o = &mut self.threads[lo + k];
@@ -2482,12 +2484,12 @@ impl Worker {
                 progressed = true;
             }
         }
-        progressed
+        Ok(progressed)
     }
 
     /// Resolves one warp collective for the lanes in `mask`; every lane uses
     /// the operands of the instruction it is waiting at.
-    fn collective(&mut self, g: &Geo<'_>, lo: usize, mask: u32) {
+    fn collective(&mut self, g: &Geo<'_>, lo: usize, mask: u32) -> Result<(), Fault> {
         let prog = g.prog;
         let op_at = |th: &Thread| -> Option<&Op> {
             prog.funcs
@@ -2508,7 +2510,7 @@ impl Worker {
         let val = |th: &Thread, s: Src| rd(&th.regs, th.rbase, th.lbase, s);
         let n = self.threads.len();
         let Some(first) = lanes.first().and_then(|&l| op_at(&self.threads[lo + l])) else {
-            return;
+            return Ok(());
         };
         match first {
             Op::Shfl { .. } => {
@@ -2639,6 +2641,112 @@ impl Worker {
                     }
                 }
             }
+            Op::Ldmatrix { num, trans, sp, .. } => {
+                let (num, trans, sp) = (*num as usize, *trans, *sp);
+                // row addresses: lane j*8+r names row r of matrix j
+                let mut rows = [0u64; 32];
+                for &lane in lanes {
+                    let th = &self.threads[lo + lane];
+                    if let Some(Op::Ldmatrix { addr, off, .. }) = op_at(th) {
+                        rows[lane] = val(th, *addr).wrapping_add(*off as u64);
+                    }
+                }
+                let mut scratch = Vec::new();
+                for &lane in lanes {
+                    let mut regs = [0u64; 4];
+                    for (j, reg) in regs.iter_mut().enumerate().take(num) {
+                        let mut v = 0u64;
+                        for h in 0..2u64 {
+                            let (row, col) = if trans {
+                                ((lane % 4) * 2 + h as usize, lane / 4)
+                            } else {
+                                (lane / 4, (lane % 4) * 2 + h as usize)
+                            };
+                            let a = rows[j * 8 + row].wrapping_add(2 * col as u64);
+                            let x = self.block.load(g, &mut scratch, sp, a, 2, 0)?;
+                            v |= x << (16 * h);
+                        }
+                        *reg = v;
+                    }
+                    let th = &mut self.threads[lo + lane];
+                    if let Some(Op::Ldmatrix { ds, .. }) = op_at(th) {
+                        for (d, v) in ds.iter().zip(regs) {
+                            wr(&mut th.regs, th.rbase, *d, v);
+                        }
+                    }
+                }
+            }
+            Op::Mma { .. } => {
+                let elem = |th: &Thread, srcs: &[Src], t: Ty, i: usize| -> f32 {
+                    let per_reg = if t.bytes() == 2 { 2 } else { 1 };
+                    let Some(s) = srcs.get(i / per_reg) else {
+                        return 0.0;
+                    };
+                    let v = (val(th, *s) >> (16 * (i % per_reg))) & t.mask();
+                    fval(v, t) as f32
+                };
+                let mut ma = [0f32; 256];
+                let mut mb = [0f32; 128];
+                let mut mc = [0f32; 128];
+                let mut kdim = 16;
+                for &lane in lanes {
+                    let th = &self.threads[lo + lane];
+                    let Some(Op::Mma {
+                        k,
+                        ab,
+                        cty,
+                        a,
+                        b,
+                        c,
+                        ..
+                    }) = op_at(th)
+                    else {
+                        continue;
+                    };
+                    kdim = *k as usize;
+                    let (gi, ti) = (lane >> 2, lane & 3);
+                    let na = if kdim == 16 { 8 } else { 4 };
+                    for i in 0..na {
+                        let row = gi + 8 * ((i / 2) & 1);
+                        let col = ti * 2 + (i % 2) + 8 * (i / 4);
+                        ma[row * 16 + col] = elem(th, a, *ab, i);
+                    }
+                    for i in 0..na / 2 {
+                        let kk = ti * 2 + (i % 2) + 8 * (i / 2);
+                        mb[kk * 8 + gi] = elem(th, b, *ab, i);
+                    }
+                    for i in 0..4 {
+                        mc[(gi + 8 * (i / 2)) * 8 + ti * 2 + (i % 2)] = elem(th, c, *cty, i);
+                    }
+                }
+                let mut md = [0f32; 128];
+                for i in 0..16 {
+                    for j in 0..8 {
+                        let mut acc = mc[i * 8 + j];
+                        for k in 0..kdim {
+                            acc = ma[i * 16 + k].mul_add(mb[k * 8 + j], acc);
+                        }
+                        md[i * 8 + j] = acc;
+                    }
+                }
+                for &lane in lanes {
+                    let th = &mut self.threads[lo + lane];
+                    let Some(Op::Mma { dty, d, .. }) = op_at(th) else {
+                        continue;
+                    };
+                    let (gi, ti) = (lane >> 2, lane & 3);
+                    let per_reg = if dty.bytes() == 2 { 2 } else { 1 };
+                    let mut regs = [0u64; 4];
+                    for i in 0..4 {
+                        let v =
+                            to_fbits(md[(gi + 8 * (i / 2)) * 8 + ti * 2 + (i % 2)] as f64, *dty);
+                        regs[i / per_reg] |= v << (16 * (i % per_reg));
+                    }
+                    for (r, v) in d.iter().zip(regs) {
+                        wr(&mut th.regs, th.rbase, *r, v);
+                    }
+                }
+            }
             Op::WmmaMma { .. } => {
                 // gather the three 16x16 tiles from the lanes' fragments
                 let slot_val = |th: &Thread, srcs: &[Src], t: Ty, slot: usize| -> f32 {
@@ -2725,6 +2833,7 @@ impl Worker {
             }
             _ => {}
         }
+        Ok(())
     }
 }
 

@@ -588,6 +588,26 @@ pub(crate) enum Op {
         off: i64,
         stride: Src,
     },
+    /// `mma.sync` m16n8k16 / m16n8k8 with the PTX ISA fragment layout.
+    Mma {
+        k: u8,
+        ab: Ty,
+        cty: Ty,
+        dty: Ty,
+        d: Vec<u32>,
+        a: Vec<Src>,
+        b: Vec<Src>,
+        c: Vec<Src>,
+    },
+    /// `ldmatrix.m8n8.x{1,2,4}[.trans].b16`: a warp collective.
+    Ldmatrix {
+        num: u8,
+        trans: bool,
+        ds: Vec<u32>,
+        sp: Sp,
+        addr: Src,
+        off: i64,
+    },
     /// `wmma.mma` m16n16k16: a warp collective.
     WmmaMma {
         ab: Ty,

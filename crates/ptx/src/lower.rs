@@ -1562,6 +1562,95 @@ impl<'a> FuncLower<'a> {
                 self.emit(Op::Activemask { d });
             }
             "wmma" => self.wmma(i)?,
+            "mma" => {
+                let k = if has("m16n8k16") {
+                    16
+                } else if has("m16n8k8") {
+                    8
+                } else {
+                    return self.unsupported("mma shape other than m16n8k16 / m16n8k8");
+                };
+                if !(has("row") && has("col")) {
+                    return self.unsupported("mma layout other than .row.col");
+                }
+                let tys: Vec<Ty> = m.iter().filter_map(|x| Ty::parse(x)).collect();
+                let (dty, ab, cty) = match tys.as_slice() {
+                    [d, a, b, c] if a == b && matches!(a, Ty::F16 | Ty::BF16) => (*d, *a, *c),
+                    _ => return self.unsupported("mma types"),
+                };
+                if !matches!(dty, Ty::F32 | Ty::F16)
+                    || !matches!(cty, Ty::F32 | Ty::F16)
+                    || (ab == Ty::BF16 && k == 8 && dty != Ty::F32)
+                {
+                    return self.unsupported("mma accumulator type");
+                }
+                let o = self.ops(i, 4)?;
+                let mut vecs = Vec::new();
+                for op in &o[1..4] {
+                    let Operand::Vector(items) = op else {
+                        return Err(invalid(self.line, "mma needs register vectors"));
+                    };
+                    vecs.push(
+                        items
+                            .iter()
+                            .map(|v| self.src(v, Ty::B32))
+                            .collect::<Result<Vec<_>, _>>()?,
+                    );
+                }
+                let Operand::Vector(ditems) = &o[0] else {
+                    return Err(invalid(self.line, "mma needs a destination vector"));
+                };
+                let d = ditems
+                    .iter()
+                    .map(|x| self.dst(x))
+                    .collect::<Result<Vec<_>, _>>()?;
+                let c = vecs.pop().unwrap_or_default();
+                let b = vecs.pop().unwrap_or_default();
+                let a = vecs.pop().unwrap_or_default();
+                self.emit(Op::Mma {
+                    k,
+                    ab,
+                    cty,
+                    dty,
+                    d,
+                    a,
+                    b,
+                    c,
+                });
+            }
+            "ldmatrix" => {
+                if !has("m8n8") || !has("b16") {
+                    return self.unsupported("ldmatrix shape other than m8n8.b16");
+                }
+                let num = if has("x4") {
+                    4
+                } else if has("x2") {
+                    2
+                } else {
+                    1
+                };
+                let o = self.ops(i, 2)?;
+                let Operand::Vector(items) = &o[0] else {
+                    return Err(invalid(self.line, "ldmatrix needs a register vector"));
+                };
+                if items.len() != num {
+                    return Err(invalid(self.line, "ldmatrix vector size does not match .x"));
+                }
+                let ds = items
+                    .iter()
+                    .map(|x| self.dst(x))
+                    .collect::<Result<Vec<_>, _>>()?;
+                let sp = sp_of(m).unwrap_or(Sp::Generic);
+                let (sp, addr, off) = self.address(&o[1], sp)?;
+                self.emit(Op::Ldmatrix {
+                    num: num as u8,
+                    trans: has("trans"),
+                    ds,
+                    sp,
+                    addr,
+                    off,
+                });
+            }
             "atom" | "red" => {
                 let is_red = i.opcode == "red";
                 let o = self.ops(i, if is_red { 2 } else { 3 })?;
