@@ -3,12 +3,14 @@
 
 use cumux_ptx::*;
 
-const FIXTURES: [&str; 5] = [
+const FIXTURES: [&str; 7] = [
     include_str!("fixtures/basic.ptx"),
     include_str!("fixtures/warp_misc.ptx"),
     include_str!("fixtures/ops.ptx"),
     include_str!("fixtures/misc.ptx"),
     include_str!("fixtures/legacy.ptx"),
+    include_str!("fixtures/mma.ptx"),
+    include_str!("fixtures/wmma.ptx"),
 ];
 
 #[test]
