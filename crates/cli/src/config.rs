@@ -1,5 +1,5 @@
 //! `cumux serve --config FILE`: a TOML file with the server settings (`device`,
-//! `listen`, `memory`; command-line flags win) and the tenant table (quotas,
+//! `listen`, `memory`, `policy`; command-line flags win) and the tenant table (quotas,
 //! weights, classes, devices, uids), and the byte-size syntax (`512M`, `16GiB`).
 
 use std::collections::BTreeMap;
@@ -14,6 +14,8 @@ pub struct FileConfig {
     pub device: Option<String>,
     pub listen: Option<String>,
     pub memory: Option<u64>,
+    /// The scheduling policy of every device: `fifo`, `fair` or `priority`.
+    pub policy: Option<String>,
     pub tenants: TenantPolicy,
 }
 
@@ -41,6 +43,7 @@ struct RawConfig {
     device: Option<String>,
     listen: Option<String>,
     memory: Option<Bytes>,
+    policy: Option<String>,
     #[serde(default = "yes")]
     allow_unknown: bool,
     #[serde(default)]
@@ -100,7 +103,13 @@ pub fn parse(text: &str) -> Result<FileConfig> {
         tenants,
     };
     policy.validate().map_err(anyhow::Error::msg)?;
+    if let Some(name) = &raw.policy {
+        cumux_server::gate::parse_policy(name)
+            .map_err(anyhow::Error::msg)
+            .context("policy")?;
+    }
     Ok(FileConfig {
+        policy: raw.policy,
         device: raw.device,
         listen: raw.listen,
         memory: raw.memory.map(|m| m.get()).transpose().context("memory")?,
@@ -148,6 +157,11 @@ mod tests {
         assert_eq!(c.memory, Some(1 << 30));
         assert_eq!(c.tenants, TenantPolicy::default());
         assert_eq!(parse("memory = 4096").unwrap().memory, Some(4096));
+        assert_eq!(
+            parse("policy = \"fair\"").unwrap().policy.as_deref(),
+            Some("fair")
+        );
+        assert!(parse("policy = \"lottery\"").is_err());
         assert!(parse("colour = \"blue\"").is_err());
     }
 

@@ -35,6 +35,11 @@ enum Command {
         /// Device memory of the CPU device, e.g. 4G (default: a quarter of RAM, at most 16 GiB).
         #[arg(long, value_parser = parse_memory)]
         memory: Option<u64>,
+        /// How each device shares its time among tenants: fifo (default: no scheduler,
+        /// launches go in arrival order), fair (weighted shares of device time) or
+        /// priority (latency-critical tenants first).
+        #[arg(long)]
+        policy: Option<String>,
     },
     /// Run an unmodified CUDA program on cumux.
     Run {
@@ -86,11 +91,13 @@ fn main() -> ExitCode {
             listen,
             config,
             memory,
+            policy,
         } => serve::serve(serve::ServeOptions {
             device,
             listen,
             config,
             memory,
+            policy,
         })
         .map(|()| 0),
         Command::Run {

@@ -19,6 +19,7 @@ pub struct ServeOptions {
     pub listen: Option<String>,
     pub config: Option<PathBuf>,
     pub memory: Option<u64>,
+    pub policy: Option<String>,
 }
 
 /// Whether this machine shows an NVIDIA GPU to the kernel.
@@ -91,6 +92,11 @@ pub fn serve(options: ServeOptions) -> Result<()> {
         Some(text) => Address::parse(&text).map_err(anyhow::Error::msg)?,
         None => Address::default_unix(),
     };
+    let policy_name = options
+        .policy
+        .or(file.policy)
+        .unwrap_or_else(|| "fifo".into());
+    let policy = cumux_server::gate::parse_policy(&policy_name).map_err(anyhow::Error::msg)?;
     let devices = choose_devices(&kind, memory)?;
     for (name, t) in &file.tenants.tenants {
         if let Some(bad) = t
@@ -104,13 +110,13 @@ pub fn serve(options: ServeOptions) -> Result<()> {
             );
         }
     }
-    let server = Server::with_tenants(devices, file.tenants);
+    let server = Server::with_policy(devices, file.tenants, policy);
     let bound = listener::bind(&address).with_context(|| format!("cannot listen on {address}"))?;
     let mut line = format!("cumux serve: listening on {}", bound.address());
     for (i, d) in server.devices().iter().enumerate() {
         let info = d.info();
         line += &format!(
-            "; device {i}: {} ({}, {})",
+            "; device {i}: {} ({}, {}, {policy_name})",
             info.name,
             info.backend,
             human_bytes(d.mem_total())

@@ -56,33 +56,36 @@ pub fn render(status: &ServerStatus, address: &Address) -> String {
         status.server, status.version, status.uptime_s
     );
     out += &format!(
-        "{:<7} {:<30} {:<8} {:>24}\n",
-        "DEVICE", "NAME", "BACKEND", "USED / TOTAL"
+        "{:<7} {:<30} {:<8} {:>24} {:<8}\n",
+        "DEVICE", "NAME", "BACKEND", "USED / TOTAL", "POLICY"
     );
     for d in &status.devices {
         out += &format!(
-            "{:<7} {:<30} {:<8} {:>24}\n",
+            "{:<7} {:<30} {:<8} {:>24} {:<8}\n",
             d.ordinal,
-            d.name,
+            clip(&d.name, 30),
             d.backend,
-            format!("{} / {}", human_bytes(d.used_mem), human_bytes(d.total_mem))
+            format!("{} / {}", human_bytes(d.used_mem), human_bytes(d.total_mem)),
+            d.policy
         );
     }
     out += "\n";
     if !status.tenants.is_empty() {
         out += &format!(
-            "{:<16} {:>8} {:>24} {:>6} {:<16}\n",
-            "TENANT", "SESSIONS", "MEMORY / QUOTA", "WEIGHT", "CLASS"
+            "{:<16} {:>8} {:>24} {:>6} {:<16} {:>9} {:>12}\n",
+            "TENANT", "SESSIONS", "MEMORY / QUOTA", "WEIGHT", "CLASS", "LAUNCHES", "GPU TIME"
         );
         for t in &status.tenants {
             let quota = t.memory_quota.map_or_else(|| "none".into(), human_bytes);
             out += &format!(
-                "{:<16} {:>8} {:>24} {:>6} {:<16}\n",
+                "{:<16} {:>8} {:>24} {:>6} {:<16} {:>9} {:>9.1} ms\n",
                 clip(&t.name, 16),
                 t.sessions,
                 format!("{} / {quota}", human_bytes(t.mem_used)),
                 t.weight,
-                t.class
+                t.class,
+                t.launches,
+                t.gpu_time_ms
             );
         }
         out += "\n";
@@ -128,6 +131,7 @@ mod tests {
                 backend: "cpu".into(),
                 total_mem: 1 << 30,
                 used_mem: 3 << 20,
+                policy: "fair".into(),
             }],
             sessions: vec![SessionStatus {
                 session: 4,
@@ -146,6 +150,8 @@ mod tests {
                 memory_quota: Some(1 << 30),
                 weight: 2,
                 class: "latency-critical".into(),
+                launches: 10,
+                gpu_time_ms: 1234.5,
             }],
         };
         let table = render(&status, &Address::Unix("/tmp/s.sock".into()));
@@ -156,6 +162,8 @@ mod tests {
             "{table}"
         );
         assert!(table.contains("1.5 KiB / 1.0 GiB"), "{table}");
+        assert!(table.contains("fair"), "{table}");
+        assert!(table.contains("1234.5 ms"), "{table}");
         assert_eq!(human_bytes(512), "512 B");
     }
 }

@@ -303,6 +303,10 @@ pub struct TenantStatus {
     pub weight: u32,
     /// `latency-critical` or `batch`.
     pub class: String,
+    /// Launches run by the tenant's live sessions (and earlier ones, while any lived).
+    pub launches: u64,
+    /// Their measured time on the device: each launch's wall time in the backend.
+    pub gpu_time_ms: f64,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -312,6 +316,8 @@ pub struct DeviceStatus {
     pub backend: String,
     pub total_mem: u64,
     pub used_mem: u64,
+    /// The scheduling policy of the device: `fifo`, `fair` or `priority`.
+    pub policy: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

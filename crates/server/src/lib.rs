@@ -6,10 +6,12 @@
 //! for one of them; [`session`] checks and executes calls; [`streams`] orders
 //! work per stream; [`device`] is the backend trait with the `cpu` and `model`
 //! backends; [`status`] keeps the registry of sessions; [`tenants`] says who a
-//! connection is and keeps each tenant's memory account.
+//! connection is and keeps each tenant's memory account; [`gate`] holds launches
+//! back until the device's scheduler (`fair`, `priority`) lets them go.
 
 pub mod connection;
 pub mod device;
+pub mod gate;
 pub mod listener;
 pub mod session;
 pub mod status;
@@ -24,7 +26,9 @@ use cumux_protocol::DeviceInfo;
 
 use tenants::{Accounts, TenantPolicy, TenantSettings};
 
+pub use cumux_scheduler::Policy;
 pub use device::Device;
+use gate::DeviceGate;
 pub use listener::{Address, BoundListener};
 
 /// Everything sessions share: the devices, the registry, the clock.
@@ -36,6 +40,9 @@ pub struct Server {
     next_session: AtomicU64,
     tenants: TenantPolicy,
     accounts: Arc<Accounts>,
+    policy: Policy,
+    /// One per device, in device order; `None` under `fifo`, which needs no gate.
+    gates: Vec<Option<Arc<DeviceGate>>>,
 }
 
 impl Server {
@@ -47,7 +54,34 @@ impl Server {
 
     /// A server over `devices` whose tenants are those `tenants` admits.
     pub fn with_tenants(devices: Vec<Arc<dyn Device>>, tenants: TenantPolicy) -> Arc<Self> {
+        Self::with_policy(devices, tenants, Policy::Fifo)
+    }
+
+    /// A server over `devices` whose tenants are those `tenants` admits, with a
+    /// scheduler of `policy` on every device. `fifo` builds no scheduler: launches
+    /// go to the device as their streams reach them, at no cost.
+    pub fn with_policy(
+        devices: Vec<Arc<dyn Device>>,
+        tenants: TenantPolicy,
+        policy: Policy,
+    ) -> Arc<Self> {
+        let gates = devices
+            .iter()
+            .map(|d| {
+                if policy == Policy::Fifo {
+                    return None;
+                }
+                let concurrency = gate::concurrency_for(&d.info().backend);
+                let config = gate::scheduler_config(policy, concurrency);
+                Some(
+                    DeviceGate::new(config, gate::monotonic_clock())
+                        .expect("the server's scheduler configuration is valid"),
+                )
+            })
+            .collect();
         Arc::new(Server {
+            policy,
+            gates,
             tenants,
             accounts: Arc::new(Accounts::default()),
             name: format!("cumux {}", env!("CARGO_PKG_VERSION")),
@@ -98,6 +132,18 @@ impl Server {
                 (Arc::clone(d), info)
             })
             .collect()
+    }
+
+    pub fn policy(&self) -> &Policy {
+        &self.policy
+    }
+
+    /// The scheduling gate of `device` (one of this server's), if its policy has one.
+    pub fn gate_of(&self, device: &Arc<dyn Device>) -> Option<&Arc<DeviceGate>> {
+        self.devices
+            .iter()
+            .position(|d| Arc::ptr_eq(d, device))
+            .and_then(|i| self.gates[i].as_ref())
     }
 
     pub fn tenants(&self) -> &TenantPolicy {

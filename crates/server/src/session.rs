@@ -4,7 +4,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
@@ -16,6 +16,7 @@ use cumux_protocol::{
 
 use crate::device::attributes::{MAX_BLOCK_DIM, MAX_GRID_DIM, SHARED_PER_BLOCK_OPTIN};
 use crate::device::{Device, DeviceContext, KernelDesc, LaunchGeometry, LaunchOutcome, ModuleId};
+use crate::gate::GateSession;
 use crate::status::{server_status, SessionEntry, SessionStats};
 use crate::streams::{Position, Streams, Work, MAX_STREAMS, NON_BLOCKING};
 use crate::tenants::{AccountHold, TenantSettings};
@@ -148,7 +149,17 @@ pub struct Session {
     modules: HashMap<Handle, ModuleEntry>,
     functions: HashMap<Handle, FunctionEntry>,
     events: HashMap<Handle, Arc<Event>>,
+    /// The session's place at its device's scheduling gate; `None` under `fifo`
+    /// and for status queries.
+    gate: Option<Arc<GateSession>>,
+    /// The scheduler's name of each stream that has launched: unique server-wide.
+    sched_streams: HashMap<Handle, cumux_scheduler::StreamId>,
 }
+
+/// Source of the scheduler's stream ids (see `Session::sched_streams`). Ids only need
+/// to differ among streams with work at the gate at once; wrapping after 2^32 streams
+/// is harmless.
+static NEXT_SCHED_STREAM: AtomicU32 = AtomicU32::new(0);
 
 fn err(code: u32, detail: impl Into<String>) -> CuError {
     CuError::new(code, detail)
@@ -197,6 +208,14 @@ impl Session {
         };
         let ctx = device.create_context()?;
         let id = server.next_session_id();
+        let gate = match (&tenant, server.gate_of(&device)) {
+            (Some((name, settings)), Some(gate)) => {
+                Some(Arc::new(gate.join(name, settings, id).map_err(|e| {
+                    err(codes::OUT_OF_MEMORY, format!("scheduler: {e}"))
+                })?))
+            }
+            _ => None,
+        };
         let stats = Arc::new(SessionStats::default());
         let entry = (hello.role == cumux_protocol::ClientRole::Driver).then(|| {
             Arc::new(SessionEntry {
@@ -241,6 +260,8 @@ impl Session {
             modules: HashMap::new(),
             functions: HashMap::new(),
             events: HashMap::new(),
+            gate,
+            sched_streams: HashMap::new(),
         })
     }
 
@@ -340,6 +361,7 @@ impl Session {
             } => self.launch(function, grid, block, shared_bytes, stream, params),
             Call::StreamCreate { flags, .. } => self.stream_create(flags),
             Call::StreamDestroy { stream } => {
+                self.sched_streams.remove(&stream);
                 if self.streams.destroy(stream) {
                     Ok(ReplyBody::Unit)
                 } else {
@@ -884,7 +906,8 @@ impl Session {
         };
         let core = Arc::clone(&self.core);
         let ctx = Arc::clone(&self.ctx);
-        let work: Work = Box::new(move || {
+        let account = self.account.as_ref().map(|hold| Arc::clone(hold.account()));
+        let run = move || {
             if core.skips_work() {
                 return;
             }
@@ -899,11 +922,30 @@ impl Session {
             let ns = started.elapsed().as_nanos().min(u64::MAX as u128) as u64;
             core.stats.launches.fetch_add(1, Ordering::Relaxed);
             core.stats.gpu_time_ns.fetch_add(ns, Ordering::Relaxed);
+            if let Some(account) = &account {
+                account.record_launch(ns);
+            }
             core.append_stdout(&outcome.stdout);
             if let Err(e) = outcome.result {
                 core.fail(e);
             }
-        });
+        };
+        let work: Work = match &self.gate {
+            None => Box::new(run),
+            Some(gate) => {
+                let gate = Arc::clone(gate);
+                let sched_stream = *self.sched_streams.entry(stream).or_insert_with(|| {
+                    cumux_scheduler::StreamId(NEXT_SCHED_STREAM.fetch_add(1, Ordering::Relaxed))
+                });
+                // Kernels of one tenant cost alike across its sessions: name them by
+                // the device's module id (unique per device) and index.
+                let kernel_id = cumux_scheduler::KernelId((module << 16) ^ kernel as u64);
+                Box::new(move || {
+                    // `None`: the session ended while the launch waited; it is skipped.
+                    let _ = gate.run(sched_stream, kernel_id, None, run);
+                })
+            }
+        };
         let work = self.metered(params_len, work);
         self.enqueue(stream, Vec::new(), work)?;
         Ok(ReplyBody::Unit)
@@ -998,7 +1040,13 @@ impl Session {
     /// then every module and allocation of the session is released.
     pub fn close(mut self) {
         self.core.closing.store(true, Ordering::Relaxed);
+        // Launches waiting at the gate are dropped, so they hold nobody up; the
+        // tenant leaves the scheduler once the session's workers have stopped.
+        if let Some(gate) = &self.gate {
+            gate.cancel_queued();
+        }
         self.streams.shutdown();
+        self.gate = None;
         let modules: Vec<ModuleEntry> = self.modules.drain().map(|(_, m)| m).collect();
         let (n_modules, n_allocs) = (modules.len(), self.allocations.len());
         for m in modules {

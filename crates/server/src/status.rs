@@ -80,6 +80,7 @@ pub fn server_status(server: &Server) -> ServerStatus {
                     backend: info.backend.clone(),
                     total_mem: d.mem_total(),
                     used_mem: d.mem_used(),
+                    policy: crate::gate::policy_name(server.policy()).into(),
                 }
             })
             .collect(),
@@ -113,6 +114,8 @@ pub fn server_status(server: &Server) -> ServerStatus {
                     TenantClass::Batch => "batch",
                 }
                 .into(),
+                launches: a.launches(),
+                gpu_time_ms: a.gpu_time_ns() as f64 / 1e6,
             })
             .collect(),
     }

@@ -164,9 +164,27 @@ pub struct TenantAccount {
     pub settings: TenantSettings,
     mem_used: AtomicU64,
     sessions: AtomicU64,
+    launches: AtomicU64,
+    gpu_time_ns: AtomicU64,
 }
 
 impl TenantAccount {
+    /// Counts one launch that took `ns` on the device (its measured launch time).
+    pub fn record_launch(&self, ns: u64) {
+        self.launches.fetch_add(1, Ordering::Relaxed);
+        self.gpu_time_ns.fetch_add(ns, Ordering::Relaxed);
+    }
+
+    /// Launches run by the tenant's sessions since its account was opened.
+    pub fn launches(&self) -> u64 {
+        self.launches.load(Ordering::Relaxed)
+    }
+
+    /// Measured launch time of the tenant's sessions since its account was opened.
+    pub fn gpu_time_ns(&self) -> u64 {
+        self.gpu_time_ns.load(Ordering::Relaxed)
+    }
+
     pub fn mem_used(&self) -> u64 {
         self.mem_used.load(Ordering::Acquire)
     }
@@ -255,6 +273,8 @@ impl Accounts {
                 settings: settings.clone(),
                 mem_used: AtomicU64::new(0),
                 sessions: AtomicU64::new(0),
+                launches: AtomicU64::new(0),
+                gpu_time_ns: AtomicU64::new(0),
             })
         }));
         account.sessions.fetch_add(1, Ordering::AcqRel);

@@ -6,9 +6,12 @@
 //! `scale_add(u64 ptr, u32 mul, u32 add, u32 sleep_ms)` does `*ptr = *ptr*mul+add`
 //! on a u32 after sleeping; `print(u32 n)` prints `model n`; `fault` fails with
 //! an illegal address; `panic` panics.
+//!
+//! [`ModelDevice::serial`] runs one launch at a time, in the order launches reach
+//! the device, like a GPU's hardware queue: the device the scheduler tests use.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
 use cumux_protocol::{codes, CuError, DeviceInfo, DevicePtr, FunctionAttrs, ParamInfo};
@@ -33,6 +36,36 @@ pub struct ModelDevice {
 pub struct ModelMemory {
     capacity: u64,
     state: Mutex<State>,
+    /// `Some` on a serial device: launches take turns, first come first served.
+    turns: Option<Turns>,
+}
+
+/// A ticket lock: launches run one at a time in arrival order.
+#[derive(Default)]
+struct Turns {
+    /// (next ticket to hand out, ticket now served)
+    tickets: Mutex<(u64, u64)>,
+    next: Condvar,
+}
+
+impl Turns {
+    fn lock(&self) -> std::sync::MutexGuard<'_, (u64, u64)> {
+        self.tickets.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn run<R>(&self, f: impl FnOnce() -> R) -> R {
+        let mut t = self.lock();
+        let mine = t.0;
+        t.0 += 1;
+        while t.1 != mine {
+            t = self.next.wait(t).unwrap_or_else(|p| p.into_inner());
+        }
+        drop(t);
+        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
+        self.lock().1 += 1;
+        self.next.notify_all();
+        result.unwrap_or_else(|p| std::panic::resume_unwind(p))
+    }
 }
 
 #[derive(Default)]
@@ -63,7 +96,17 @@ fn illegal(ptr: DevicePtr) -> CuError {
 }
 
 impl ModelDevice {
+    /// A model whose launches run side by side.
     pub fn new(capacity: u64) -> Self {
+        Self::build(capacity, false)
+    }
+
+    /// A model that runs one launch at a time, in arrival order.
+    pub fn serial(capacity: u64) -> Self {
+        Self::build(capacity, true)
+    }
+
+    fn build(capacity: u64, serial: bool) -> Self {
         let pci = [0, 0x42, 0];
         ModelDevice {
             info: DeviceInfo {
@@ -85,6 +128,7 @@ impl ModelDevice {
                     next_module: 1,
                     ..State::default()
                 }),
+                turns: serial.then(Turns::default),
             }),
         }
     }
@@ -266,6 +310,15 @@ impl DeviceContext for ModelMemory {
         _geometry: &LaunchGeometry,
         params: &[u8],
     ) -> LaunchOutcome {
+        match &self.turns {
+            Some(turns) => turns.run(|| self.run_kernel(module, kernel, params)),
+            None => self.run_kernel(module, kernel, params),
+        }
+    }
+}
+
+impl ModelMemory {
+    fn run_kernel(&self, module: ModuleId, kernel: usize, params: &[u8]) -> LaunchOutcome {
         let name = self
             .lock()
             .modules

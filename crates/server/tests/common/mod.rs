@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use cumux_protocol::*;
 use cumux_server::device::model::ModelDevice;
 use cumux_server::tenants::TenantPolicy;
-use cumux_server::{listener, Address, Device, Server};
+use cumux_server::{listener, Address, Device, Policy, Server};
 
 pub struct Harness {
     pub server: Arc<Server>,
@@ -57,6 +57,24 @@ impl Harness {
             all.push(Arc::new(ModelDevice::new(1 << 30)) as Arc<dyn Device>);
         }
         let server = Server::with_tenants(all, tenants);
+        let bound = listener::bind(&Address::Unix(socket.clone())).unwrap();
+        let serving = Arc::clone(&server);
+        std::thread::spawn(move || bound.serve(serving));
+        Harness {
+            server,
+            device,
+            socket,
+            _dir: dir,
+        }
+    }
+
+    /// A server over one serial model device (one launch at a time, in arrival
+    /// order, like a GPU's queue) scheduled by `policy`.
+    pub fn start_scheduled(tag: &str, tenants: TenantPolicy, policy: Policy) -> Self {
+        let dir = TempDir::new(tag);
+        let socket = dir.0.join("s.sock");
+        let device = Arc::new(ModelDevice::serial(1 << 30));
+        let server = Server::with_policy(vec![device.clone() as Arc<dyn Device>], tenants, policy);
         let bound = listener::bind(&Address::Unix(socket.clone())).unwrap();
         let serving = Arc::clone(&server);
         std::thread::spawn(move || bound.serve(serving));

@@ -1,0 +1,586 @@
+//! The scheduling gate of one device: stream workers ask it before they run a launch,
+//! and wait until the device's [`Scheduler`] (policy `fair` or `priority`) lets the
+//! launch go. Dispatch happens inline under the gate's mutex whenever an item arrives,
+//! completes or is cancelled, and waiters time their waits to `next_wakeup`, so there
+//! is no dispatcher thread. Under `fifo` the server builds no gate at all.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use cumux_scheduler::{
+    FairConfig, KernelId, Nanos, Policy, PriorityConfig, SchedError, Scheduler, SchedulerConfig,
+    StreamId, TenantClass as SchedClass, TenantConfig, TenantId, WorkId, WorkItem,
+};
+
+use crate::tenants::{TenantClass, TenantSettings};
+
+/// Launches a CPU-side device (the CPU reference device, the model) runs at once under
+/// `fair` and `priority`: one launch already uses every core, so one loses nothing.
+pub const CPU_CONCURRENCY: u32 = 1;
+/// Launches a GPU runs at once under `fair` and `priority`: enough in flight to overlap
+/// kernels of different streams, few enough that a latency-critical kernel finds little
+/// batch work ahead of it (the policy caps batch further while such work is pending).
+pub const GPU_CONCURRENCY: u32 = 4;
+/// How long a tenant with nothing queued keeps its place under `fair`: longer than a
+/// closed-loop client's round trip between two launches (launch, synchronize, launch)
+/// on a busy host, so such a client is not treated as gone between its kernels.
+pub const IDLE_GRACE_NS: Nanos = 5_000_000;
+/// The longest a waiter sleeps before it looks again, whatever the scheduler says: a
+/// safety net, never needed for progress.
+const MAX_WAIT: Duration = Duration::from_millis(50);
+
+/// The names `--policy` and the config's `policy` accept.
+pub const POLICY_NAMES: &str = "fifo, fair or priority";
+
+/// A policy by name, with its default parameters.
+pub fn parse_policy(name: &str) -> Result<Policy, String> {
+    match name.trim() {
+        "fifo" => Ok(Policy::Fifo),
+        "fair" => Ok(Policy::Fair(FairConfig::default())),
+        "priority" => Ok(Policy::Priority(PriorityConfig::default())),
+        other => Err(format!(
+            "unknown scheduling policy {other:?}: expected {POLICY_NAMES}"
+        )),
+    }
+}
+
+/// The name of a policy, as `cumux status` shows it.
+pub fn policy_name(policy: &Policy) -> &'static str {
+    match policy {
+        Policy::Fifo => "fifo",
+        Policy::Fair(_) => "fair",
+        Policy::Priority(_) => "priority",
+    }
+}
+
+/// Launches a device of `backend` may run at once (see the constants).
+pub fn concurrency_for(backend: &str) -> u32 {
+    if backend == "cuda" {
+        GPU_CONCURRENCY
+    } else {
+        CPU_CONCURRENCY
+    }
+}
+
+/// The scheduler configuration of a device: the policy, its concurrency, the server's
+/// idle grace, and limits wide enough for every stream a session may open (each stream
+/// worker has at most one item in the gate, so queues never grow past the streams).
+pub fn scheduler_config(policy: Policy, concurrency: u32) -> SchedulerConfig {
+    let mut config = SchedulerConfig::new(policy, concurrency);
+    config.idle_grace_ns = IDLE_GRACE_NS;
+    config.limits.max_streams_per_tenant = 8192;
+    config.limits.max_queued_per_tenant = 8192;
+    config
+}
+
+/// A monotonic clock in nanoseconds.
+pub type Clock = Box<dyn Fn() -> Nanos + Send + Sync>;
+
+/// The real clock: nanoseconds since the gate was made.
+pub fn monotonic_clock() -> Clock {
+    let base = Instant::now();
+    Box::new(move || u64::try_from(base.elapsed().as_nanos()).unwrap_or(u64::MAX))
+}
+
+/// Where a held item stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ticket {
+    Queued,
+    /// Dispatched by the scheduler: the waiter may run it.
+    Granted,
+    /// Its session ended while it waited: the waiter skips it.
+    Cancelled,
+}
+
+#[derive(Debug)]
+struct Held {
+    item: WorkItem,
+    session: u64,
+    ticket: Ticket,
+}
+
+#[derive(Debug)]
+struct Member {
+    id: TenantId,
+    sessions: u32,
+}
+
+struct GateState {
+    scheduler: Scheduler,
+    tenants: HashMap<String, Member>,
+    next_tenant: u32,
+    next_work: u64,
+    held: HashMap<WorkId, Held>,
+}
+
+impl GateState {
+    /// Hands every item the scheduler lets go now to its waiter; true if any.
+    fn pump(&mut self, now: Nanos) -> bool {
+        let mut granted = false;
+        while let Some(id) = self.scheduler.poll(now) {
+            let held = self
+                .held
+                .get_mut(&id)
+                .expect("the gate holds what it submits");
+            held.ticket = Ticket::Granted;
+            granted = true;
+        }
+        granted
+    }
+}
+
+/// The gate of one device. See the module docs.
+pub struct DeviceGate {
+    state: Mutex<GateState>,
+    changed: Condvar,
+    clock: Clock,
+    policy: Policy,
+}
+
+/// A session's membership of a gate: its tenant is registered while any of the
+/// tenant's sessions holds one. Dropping it (after [`cancel_queued`](Self::cancel_queued)
+/// and once none of the session's items is in flight) ends it.
+pub struct GateSession {
+    gate: Arc<DeviceGate>,
+    tenant_name: String,
+    tenant: TenantId,
+    session: u64,
+}
+
+fn to_sched_config(settings: &TenantSettings) -> TenantConfig {
+    TenantConfig {
+        weight: settings.weight.max(1),
+        class: match settings.class {
+            TenantClass::LatencyCritical => SchedClass::LatencyCritical,
+            TenantClass::Batch => SchedClass::Batch,
+        },
+    }
+}
+
+impl DeviceGate {
+    /// A gate over a scheduler of `config`, on `clock`.
+    pub fn new(config: SchedulerConfig, clock: Clock) -> Result<Arc<Self>, SchedError> {
+        Ok(Arc::new(DeviceGate {
+            policy: config.policy,
+            state: Mutex::new(GateState {
+                scheduler: Scheduler::new(config)?,
+                tenants: HashMap::new(),
+                next_tenant: 0,
+                next_work: 0,
+                held: HashMap::new(),
+            }),
+            changed: Condvar::new(),
+            clock,
+        }))
+    }
+
+    pub fn policy(&self) -> &Policy {
+        &self.policy
+    }
+
+    fn lock(&self) -> MutexGuard<'_, GateState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Items waiting for the device (for tests and status).
+    pub fn queued(&self) -> u32 {
+        self.lock().scheduler.queued_total()
+    }
+
+    /// Items running on the device.
+    pub fn in_flight(&self) -> u32 {
+        self.lock().scheduler.in_flight_count()
+    }
+
+    /// Registers `session` of tenant `name` (the tenant itself at its first session).
+    pub fn join(
+        self: &Arc<Self>,
+        name: &str,
+        settings: &TenantSettings,
+        session: u64,
+    ) -> Result<GateSession, SchedError> {
+        let mut state = self.lock();
+        let tenant = match state.tenants.get_mut(name) {
+            Some(member) => {
+                member.sessions += 1;
+                member.id
+            }
+            None => {
+                let id = TenantId(state.next_tenant);
+                let now = (self.clock)();
+                state
+                    .scheduler
+                    .register_tenant(now, id, to_sched_config(settings))?;
+                state.next_tenant = state.next_tenant.wrapping_add(1);
+                state
+                    .tenants
+                    .insert(name.to_string(), Member { id, sessions: 1 });
+                id
+            }
+        };
+        Ok(GateSession {
+            gate: Arc::clone(self),
+            tenant_name: name.to_string(),
+            tenant,
+            session,
+        })
+    }
+}
+
+impl GateSession {
+    pub fn gate(&self) -> &Arc<DeviceGate> {
+        &self.gate
+    }
+
+    /// Runs `work` (one launch) once the scheduler dispatches it, and reports its
+    /// duration on the gate's clock. `None`: the session ended while the item waited,
+    /// and `work` did not run. A full queue is backpressure: the caller waits.
+    pub fn run<R>(
+        &self,
+        stream: StreamId,
+        kernel: KernelId,
+        cost_hint_ns: Option<Nanos>,
+        work: impl FnOnce() -> R,
+    ) -> Option<R> {
+        let gate = &*self.gate;
+        let mut state = gate.lock();
+        let id = WorkId(state.next_work);
+        state.next_work = state.next_work.wrapping_add(1);
+        let item = WorkItem {
+            id,
+            tenant: self.tenant,
+            stream,
+            kernel,
+            cost_hint_ns,
+            after: None,
+        };
+        loop {
+            let now = (gate.clock)();
+            match state.scheduler.submit(now, item) {
+                Ok(()) => break,
+                Err(
+                    SchedError::TenantQueueFull(_)
+                    | SchedError::QueueFull
+                    | SchedError::TooManyStreams(_),
+                ) => {
+                    // Backpressure: wait for something to complete, then try again.
+                    state = gate
+                        .changed
+                        .wait_timeout(state, MAX_WAIT)
+                        .unwrap_or_else(|p| p.into_inner())
+                        .0;
+                }
+                Err(e) => {
+                    // Not reachable (the tenant is registered, ids are fresh); run the
+                    // work ungated rather than lose it.
+                    tracing::error!(
+                        session = self.session,
+                        "scheduling gate refused a launch: {e}"
+                    );
+                    drop(state);
+                    return Some(work());
+                }
+            }
+        }
+        state.held.insert(
+            id,
+            Held {
+                item,
+                session: self.session,
+                ticket: Ticket::Queued,
+            },
+        );
+        let now = (gate.clock)();
+        if state.pump(now) {
+            gate.changed.notify_all();
+        }
+        loop {
+            match state.held[&id].ticket {
+                Ticket::Granted => break,
+                Ticket::Cancelled => {
+                    state.held.remove(&id);
+                    return None;
+                }
+                Ticket::Queued => {}
+            }
+            let now = (gate.clock)();
+            let wait = state
+                .scheduler
+                .next_wakeup()
+                .map_or(MAX_WAIT, |at| {
+                    Duration::from_nanos(at.saturating_sub(now)).max(Duration::from_micros(1))
+                })
+                .min(MAX_WAIT);
+            state = gate
+                .changed
+                .wait_timeout(state, wait)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+            let now = (gate.clock)();
+            if state.pump(now) {
+                gate.changed.notify_all();
+            }
+        }
+        drop(state);
+
+        let started = (gate.clock)();
+        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(work));
+        let mut state = gate.lock();
+        let now = (gate.clock)();
+        let measured = now.saturating_sub(started);
+        state.held.remove(&id);
+        if let Err(e) = state.scheduler.completed(now, id, measured) {
+            tracing::error!(session = self.session, "scheduling gate: {e}");
+        }
+        state.pump(now);
+        drop(state);
+        gate.changed.notify_all();
+        match result {
+            Ok(r) => Some(r),
+            Err(panic) => std::panic::resume_unwind(panic),
+        }
+    }
+
+    /// Drops this session's queued items (their waiters skip them), for a session
+    /// that is ending. Items of the tenant's other sessions keep their place in line:
+    /// the scheduler cancels per tenant, so they are queued again, in their order.
+    pub fn cancel_queued(&self) {
+        let gate = &*self.gate;
+        let mut state = gate.lock();
+        let now = (gate.clock)();
+        let dropped = match state.scheduler.cancel_queued(now, self.tenant) {
+            Ok(dropped) => dropped,
+            Err(e) => {
+                tracing::error!(session = self.session, "scheduling gate: {e}");
+                return;
+            }
+        };
+        let GateState {
+            scheduler, held, ..
+        } = &mut *state;
+        for id in dropped {
+            let held = held.get_mut(&id).expect("the gate holds what it queued");
+            if held.session == self.session {
+                held.ticket = Ticket::Cancelled;
+            } else if let Err(e) = scheduler.submit(now, held.item) {
+                // Cannot happen: the cancel just made room for exactly these.
+                tracing::error!(session = held.session, "scheduling gate lost an item: {e}");
+                held.ticket = Ticket::Cancelled;
+            }
+        }
+        state.pump(now);
+        drop(state);
+        gate.changed.notify_all();
+    }
+
+    /// What the scheduler knows of this session's tenant.
+    pub fn tenant_stats(&self) -> Option<cumux_scheduler::TenantStats> {
+        self.gate.lock().scheduler.tenant_stats(self.tenant)
+    }
+}
+
+impl Drop for GateSession {
+    fn drop(&mut self) {
+        let gate = &*self.gate;
+        let mut state = gate.lock();
+        let Some(member) = state.tenants.get_mut(&self.tenant_name) else {
+            return;
+        };
+        member.sessions -= 1;
+        if member.sessions > 0 {
+            return;
+        }
+        match state.scheduler.unregister_tenant(self.tenant) {
+            Ok(()) => {
+                state.tenants.remove(&self.tenant_name);
+            }
+            // Work of the session still in flight (a stream worker that could not be
+            // joined): the tenant stays registered, with no session, and is reused.
+            Err(e) => tracing::warn!(
+                session = self.session,
+                "scheduling gate keeps tenant {:?}: {e}",
+                self.tenant_name
+            ),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::mpsc;
+
+    fn fake_clock() -> (Arc<AtomicU64>, Clock) {
+        let time = Arc::new(AtomicU64::new(0));
+        let read = Arc::clone(&time);
+        (time, Box::new(move || read.load(Ordering::SeqCst)))
+    }
+
+    fn settings(class: TenantClass) -> TenantSettings {
+        TenantSettings {
+            class,
+            ..TenantSettings::default()
+        }
+    }
+
+    fn wait_until(what: &str, cond: impl Fn() -> bool) {
+        let start = Instant::now();
+        while !cond() {
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "timed out: {what}"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    /// A launch on a fake device: advances the fake clock by its duration and logs its
+    /// name; `hold` keeps it running until the test says so.
+    fn launch(
+        member: &Arc<GateSession>,
+        clock: &Arc<AtomicU64>,
+        log: &Arc<Mutex<Vec<String>>>,
+        name: &str,
+        stream: u32,
+        duration: Nanos,
+        hold: Option<mpsc::Receiver<()>>,
+    ) -> std::thread::JoinHandle<Option<()>> {
+        let (member, clock, log, name) = (
+            Arc::clone(member),
+            Arc::clone(clock),
+            Arc::clone(log),
+            name.to_string(),
+        );
+        std::thread::spawn(move || {
+            member.run(StreamId(stream), KernelId(1), None, || {
+                if let Some(hold) = hold {
+                    hold.recv().unwrap();
+                }
+                clock.fetch_add(duration, Ordering::SeqCst);
+                log.lock().unwrap().push(name);
+            })
+        })
+    }
+
+    #[test]
+    fn priority_lets_latency_critical_work_pass_queued_batch_work() {
+        let (clock, read) = fake_clock();
+        let gate = DeviceGate::new(
+            scheduler_config(Policy::Priority(PriorityConfig::default()), 1),
+            read,
+        )
+        .unwrap();
+        let batch = Arc::new(
+            gate.join("batch", &settings(TenantClass::Batch), 1)
+                .unwrap(),
+        );
+        let lc = Arc::new(
+            gate.join("lc", &settings(TenantClass::LatencyCritical), 2)
+                .unwrap(),
+        );
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let (release, hold) = mpsc::channel();
+        let first = launch(&batch, &clock, &log, "b0", 0, 1_000_000, Some(hold));
+        wait_until("b0 to run", || gate.in_flight() == 1);
+        let mut waiting: Vec<_> = (1..4)
+            .map(|s| launch(&batch, &clock, &log, &format!("b{s}"), s, 1_000_000, None))
+            .collect();
+        wait_until("three batch items queued", || gate.queued() == 3);
+        waiting.push(launch(&lc, &clock, &log, "lc", 0, 100_000, None));
+        wait_until("the latency-critical item queued", || gate.queued() == 4);
+        release.send(()).unwrap();
+        assert_eq!(first.join().unwrap(), Some(()));
+        for w in waiting {
+            assert_eq!(w.join().unwrap(), Some(()));
+        }
+        let log = log.lock().unwrap().clone();
+        assert_eq!(log[..2], ["b0", "lc"], "{log:?}");
+        assert_eq!(log.len(), 5);
+        assert_eq!(lc.tenant_stats().unwrap().gpu_time_ns, 100_000);
+        assert_eq!(batch.tenant_stats().unwrap().gpu_time_ns, 4_000_000);
+    }
+
+    #[test]
+    fn fair_holds_the_tenant_that_is_too_far_ahead() {
+        let (clock, read) = fake_clock();
+        let gate = DeviceGate::new(
+            scheduler_config(Policy::Fair(FairConfig::default()), 1),
+            read,
+        )
+        .unwrap();
+        let heavy = Arc::new(
+            gate.join("heavy", &settings(TenantClass::Batch), 1)
+                .unwrap(),
+        );
+        let light = Arc::new(
+            gate.join("light", &settings(TenantClass::Batch), 2)
+                .unwrap(),
+        );
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let ms = 1_000_000;
+        let (release_l0, hold) = mpsc::channel();
+        let l0 = launch(&light, &clock, &log, "l", 0, ms, Some(hold));
+        wait_until("l0 to run", || gate.in_flight() == 1);
+        let (release_h1, hold) = mpsc::channel();
+        let h1 = launch(&heavy, &clock, &log, "h", 0, 10 * ms, Some(hold));
+        wait_until("h1 queued", || gate.queued() == 1);
+        let h2 = launch(&heavy, &clock, &log, "h", 1, 10 * ms, None);
+        wait_until("h2 queued", || gate.queued() == 2);
+        release_l0.send(()).unwrap();
+        l0.join().unwrap();
+        wait_until("h1 to run", || gate.in_flight() == 1 && gate.queued() == 1);
+        let l1 = launch(&light, &clock, &log, "l", 0, ms, None);
+        wait_until("l1 queued", || gate.queued() == 2);
+        release_h1.send(()).unwrap();
+        h1.join().unwrap();
+        // heavy is now 10 ms of GPU time ahead of light (more than the 2 ms threshold):
+        // its second item waits for light's.
+        l1.join().unwrap();
+        assert_eq!(*log.lock().unwrap(), ["l", "h", "l"]);
+        // light, idle, keeps its place for the idle grace; then heavy runs on alone.
+        assert_eq!(gate.queued(), 1);
+        clock.fetch_add(IDLE_GRACE_NS + 1, Ordering::SeqCst);
+        h2.join().unwrap();
+        assert_eq!(*log.lock().unwrap(), ["l", "h", "l", "h"]);
+        let light_time = light.tenant_stats().unwrap().gpu_time_ns;
+        assert_eq!(light_time, 2 * ms);
+        assert_eq!(heavy.tenant_stats().unwrap().gpu_time_ns, 20 * ms);
+    }
+
+    #[test]
+    fn an_ending_session_drops_its_queued_items_and_keeps_its_tenants_others() {
+        let (clock, read) = fake_clock();
+        let mut config = scheduler_config(Policy::Fair(FairConfig::default()), 1);
+        config.limits.max_queued_per_tenant = 2;
+        let gate = DeviceGate::new(config, read).unwrap();
+        let s1 = Arc::new(gate.join("t", &settings(TenantClass::Batch), 1).unwrap());
+        let s2 = Arc::new(gate.join("t", &settings(TenantClass::Batch), 2).unwrap());
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let (release, hold) = mpsc::channel();
+        let running = launch(&s1, &clock, &log, "s1-run", 0, 1_000, Some(hold));
+        wait_until("s1's item to run", || gate.in_flight() == 1);
+        let s1_queued = launch(&s1, &clock, &log, "s1-queued", 1, 1_000, None);
+        let s2_queued = launch(&s2, &clock, &log, "s2-a", 2, 1_000, None);
+        wait_until("two queued", || gate.queued() == 2);
+        // The tenant's queue is full: a third item waits to be queued (backpressure).
+        let s2_more = launch(&s2, &clock, &log, "s2-b", 3, 1_000, None);
+        std::thread::sleep(Duration::from_millis(20));
+        assert_eq!(gate.queued(), 2);
+        s1.cancel_queued();
+        assert_eq!(s1_queued.join().unwrap(), None, "cancelled, not run");
+        release.send(()).unwrap();
+        assert_eq!(running.join().unwrap(), Some(()));
+        assert_eq!(s2_queued.join().unwrap(), Some(()));
+        assert_eq!(s2_more.join().unwrap(), Some(()));
+        assert_eq!(*log.lock().unwrap(), ["s1-run", "s2-a", "s2-b"]);
+        drop(s1);
+        assert!(gate.lock().tenants.contains_key("t"));
+        drop(s2);
+        assert!(gate.lock().tenants.is_empty());
+        assert_eq!(gate.lock().scheduler.queued_total(), 0);
+        assert_eq!(parse_policy("fair").map(|p| policy_name(&p)), Ok("fair"));
+        assert!(parse_policy("lottery").is_err());
+    }
+}

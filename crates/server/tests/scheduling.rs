@@ -1,0 +1,194 @@
+//! The scheduling gate over the real protocol, on a serial model device (one kernel at
+//! a time, in arrival order, like a GPU's queue) with kernels of known duration:
+//! `priority` lets a latency-critical kernel pass a deep batch queue, `fair` evens out
+//! a tenant that floods many streams against a closed-loop one, and `fifo` (no gate)
+//! does neither, which is what makes the other two assertions mean something.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+use cumux_protocol::*;
+use cumux_server::gate::parse_policy;
+use cumux_server::tenants::{TenantClass, TenantPolicy, TenantSettings};
+use cumux_server::Policy;
+
+const IMAGE: &str = "model:scale_add";
+const NON_BLOCKING: u32 = 0x1;
+
+fn tenants() -> TenantPolicy {
+    let mut p = TenantPolicy::default();
+    for (name, class) in [
+        ("batch", TenantClass::Batch),
+        ("lc", TenantClass::LatencyCritical),
+        ("flood", TenantClass::Batch),
+        ("loop", TenantClass::Batch),
+    ] {
+        p.tenants.insert(
+            name.into(),
+            TenantSettings {
+                class,
+                ..TenantSettings::default()
+            },
+        );
+    }
+    p
+}
+
+fn policy(name: &str) -> Policy {
+    parse_policy(name).unwrap()
+}
+
+fn sync(c: &mut Client, stream: Handle) {
+    c.call(Call::StreamSynchronize { stream }).unwrap();
+}
+
+fn status(c: &mut Client) -> ServerStatus {
+    match c.call(Call::ServerStatus).unwrap() {
+        ReplyBody::Status(s) => s,
+        other => panic!("{other:?}"),
+    }
+}
+
+const BATCH_STREAMS: usize = 16;
+const BATCH_PER_STREAM: usize = 3;
+const BATCH_MS: u32 = 20;
+
+/// How long one 1 ms kernel of the latency-critical tenant takes, launch to
+/// synchronize, while a batch tenant has 16 streams of 20 ms kernels queued.
+fn latency_behind_batch(policy_name: &str) -> Duration {
+    let h = Harness::start_scheduled(
+        &format!("sched-lc-{policy_name}"),
+        tenants(),
+        policy(policy_name),
+    );
+    let mut lc = Client::connect(&h.socket, "lc", Some("lc"));
+    let lc_module = lc.load(IMAGE);
+    let lc_ptr = lc.alloc(4);
+    let mut batch = Client::connect(&h.socket, "batch", Some("batch"));
+    let module = batch.load(IMAGE);
+    let ptr = batch.alloc(4);
+    let streams: Vec<Handle> = (0..BATCH_STREAMS)
+        .map(|_| batch.stream(NON_BLOCKING))
+        .collect();
+    for _ in 0..BATCH_PER_STREAM {
+        for &s in &streams {
+            batch.launch(&module, "scale_add", s, scale_add(ptr, 1, 1, BATCH_MS));
+        }
+    }
+    // Let every batch stream put its first kernel in line.
+    let device = h.server.devices()[0].clone();
+    match h.server.gate_of(&device) {
+        Some(gate) => h.eventually("the batch queue to fill", || {
+            gate.in_flight() == 1 && gate.queued() == BATCH_STREAMS as u32 - 1
+        }),
+        None => std::thread::sleep(Duration::from_millis(50)),
+    }
+    let started = Instant::now();
+    lc.launch(
+        &lc_module,
+        "scale_add",
+        DEFAULT_STREAM,
+        scale_add(lc_ptr, 1, 1, 1),
+    );
+    sync(&mut lc, DEFAULT_STREAM);
+    let latency = started.elapsed();
+    assert_eq!(u32_at(&lc.read(lc_ptr, 4).unwrap()), 1);
+
+    if let Some(gate) = h.server.gate_of(&device) {
+        // A batch client killed with work queued leaves nothing that holds others up.
+        drop(batch);
+        h.eventually("the batch session's queue to go", || gate.queued() == 0);
+        let again = Instant::now();
+        lc.launch(
+            &lc_module,
+            "scale_add",
+            DEFAULT_STREAM,
+            scale_add(lc_ptr, 1, 1, 1),
+        );
+        sync(&mut lc, DEFAULT_STREAM);
+        assert!(
+            again.elapsed() < Duration::from_millis(3 * u64::from(BATCH_MS)),
+            "{:?} after the batch client went",
+            again.elapsed()
+        );
+    }
+    latency
+}
+
+#[test]
+fn priority_lets_a_latency_critical_kernel_pass_the_batch_queue() {
+    let batch = Duration::from_millis(u64::from(BATCH_MS));
+    let fifo = latency_behind_batch("fifo");
+    let priority = latency_behind_batch("priority");
+    eprintln!("latency-critical 1 ms kernel behind 16 batch streams of 20 ms kernels: fifo {fifo:?}, priority {priority:?}");
+    assert!(fifo > 10 * batch, "fifo: {fifo:?}");
+    assert!(priority < 3 * batch, "priority: {priority:?}");
+}
+
+/// The flooding tenant's share of device time over 1.5 s, against a closed-loop
+/// tenant of 1 ms kernels, and the status the server showed then.
+fn flood_share(policy_name: &str) -> (f64, ServerStatus) {
+    let h = Harness::start_scheduled(
+        &format!("sched-fair-{policy_name}"),
+        tenants(),
+        policy(policy_name),
+    );
+    let mut flood = Client::connect(&h.socket, "flood", Some("flood"));
+    let fm = flood.load(IMAGE);
+    let fp = flood.alloc(4);
+    let mut closed = Client::connect(&h.socket, "loop", Some("loop"));
+    let lm = closed.load(IMAGE);
+    let lp = closed.alloc(4);
+    // 4 streams of 10 ms kernels, far more than the test lasts: a flood.
+    for _ in 0..4 {
+        let s = flood.stream(NON_BLOCKING);
+        for _ in 0..60 {
+            flood.launch(&fm, "scale_add", s, scale_add(fp, 1, 1, 10));
+        }
+    }
+    std::thread::sleep(Duration::from_millis(30));
+    // The default stream does not wait for the flood's non-blocking streams.
+    let count = |c: &mut Client| u64::from(u32_at(&c.read(fp, 4).unwrap()));
+    let flood_before = count(&mut flood);
+    let started = Instant::now();
+    let mut loops = 0u64;
+    while started.elapsed() < Duration::from_millis(1500) {
+        closed.launch(&lm, "scale_add", DEFAULT_STREAM, scale_add(lp, 1, 1, 1));
+        sync(&mut closed, DEFAULT_STREAM);
+        loops += 1;
+    }
+    let flood_kernels = count(&mut flood) - flood_before;
+    assert_eq!(u64::from(u32_at(&closed.read(lp, 4).unwrap())), loops);
+    let status = status(&mut closed);
+    let flood_ms = 10.0 * flood_kernels as f64;
+    let share = flood_ms / (flood_ms + loops as f64);
+    eprintln!(
+        "{policy_name}: flood ran {flood_kernels} x 10 ms, the closed loop {loops} x 1 ms: flood share {share:.2}"
+    );
+    (share, status)
+}
+
+#[test]
+fn fair_evens_out_a_flooding_tenant_and_fifo_does_not() {
+    let (fifo, _) = flood_share("fifo");
+    let (fair, status) = flood_share("fair");
+    assert!(fifo > 0.8, "fifo gives the flood {fifo:.2}");
+    assert!(
+        (0.35..=0.65).contains(&fair),
+        "fair gives the flood {fair:.2}"
+    );
+    assert_eq!(status.devices[0].policy, "fair");
+    let gpu_ms = |name: &str| {
+        status
+            .tenants
+            .iter()
+            .find(|t| t.name == name)
+            .unwrap_or_else(|| panic!("no tenant {name}"))
+            .gpu_time_ms
+    };
+    let (flood_ms, loop_ms) = (gpu_ms("flood"), gpu_ms("loop"));
+    eprintln!("status under fair: flood {flood_ms:.0} ms, loop {loop_ms:.0} ms of GPU time");
+    assert!(flood_ms > 100.0 && loop_ms > 100.0, "{:?}", status.tenants);
+}
