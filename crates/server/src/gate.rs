@@ -5,6 +5,7 @@
 //! is no dispatcher thread. Under `fifo` the server builds no gate at all.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -146,6 +147,8 @@ pub struct GateSession {
     tenant_name: String,
     tenant: TenantId,
     session: u64,
+    /// Set (under the gate's lock) by `cancel_queued`: later launches skip the gate.
+    ended: AtomicBool,
 }
 
 fn to_sched_config(settings: &TenantSettings) -> TenantConfig {
@@ -224,6 +227,7 @@ impl DeviceGate {
             tenant_name: name.to_string(),
             tenant,
             session,
+            ended: AtomicBool::new(false),
         })
     }
 }
@@ -245,6 +249,9 @@ impl GateSession {
     ) -> Option<R> {
         let gate = &*self.gate;
         let mut state = gate.lock();
+        if self.ended.load(Ordering::Relaxed) {
+            return None;
+        }
         let id = WorkId(state.next_work);
         state.next_work = state.next_work.wrapping_add(1);
         let item = WorkItem {
@@ -342,12 +349,13 @@ impl GateSession {
         }
     }
 
-    /// Drops this session's queued items (their waiters skip them), for a session
-    /// that is ending. Items of the tenant's other sessions keep their place in line:
+    /// Drops this session's queued items (their waiters skip them), and every launch
+    /// it would queue later, for a session that is ending. Items of the tenant's other sessions keep their place in line:
     /// the scheduler cancels per tenant, so they are queued again, in their order.
     pub fn cancel_queued(&self) {
         let gate = &*self.gate;
         let mut state = gate.lock();
+        self.ended.store(true, Ordering::Relaxed);
         let now = (gate.clock)();
         let dropped = match state.scheduler.cancel_queued(now, self.tenant) {
             Ok(dropped) => dropped,
@@ -409,7 +417,7 @@ impl Drop for GateSession {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::atomic::AtomicU64;
     use std::sync::mpsc;
 
     fn fake_clock() -> (Arc<AtomicU64>, Clock) {
@@ -570,6 +578,8 @@ mod tests {
         assert_eq!(gate.queued(), 2);
         s1.cancel_queued();
         assert_eq!(s1_queued.join().unwrap(), None, "cancelled, not run");
+        let late = launch(&s1, &clock, &log, "s1-late", 1, 1_000, None);
+        assert_eq!(late.join().unwrap(), None, "the session has ended");
         release.send(()).unwrap();
         assert_eq!(running.join().unwrap(), Some(()));
         assert_eq!(s2_queued.join().unwrap(), Some(()));
