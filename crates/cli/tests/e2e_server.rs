@@ -271,11 +271,18 @@ fn status_over_tcp_with_a_config_file() {
     let config = dir.0.join("cumux.toml");
     std::fs::write(
         &config,
-        "# test server\ndevice = \"cpu\"\nmemory = \"64M\"\n",
+        "# test server\ndevice = \"cpu\"\nmemory = \"64M\"\npolicy = \"priority\"\n",
     )
     .unwrap();
     let mut server = Command::new(CUMUX)
-        .args(["serve", "--listen", "tcp:127.0.0.1:0", "--config"])
+        .args([
+            "serve",
+            "--listen",
+            "tcp:127.0.0.1:0",
+            "--policy",
+            "fair",
+            "--config",
+        ])
         .arg(&config)
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
@@ -303,6 +310,8 @@ fn status_over_tcp_with_a_config_file() {
     );
     let status: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(status["devices"][0]["total_mem"], 64 << 20);
+    // The flag wins over the file's `policy = "priority"`.
+    assert_eq!(status["devices"][0]["policy"], "fair");
 }
 
 #[test]

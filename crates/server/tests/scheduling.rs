@@ -192,3 +192,25 @@ fn fair_evens_out_a_flooding_tenant_and_fifo_does_not() {
     eprintln!("status under fair: flood {flood_ms:.0} ms, loop {loop_ms:.0} ms of GPU time");
     assert!(flood_ms > 100.0 && loop_ms > 100.0, "{:?}", status.tenants);
 }
+
+/// What the gate costs per launch: 2000 empty launches of one client, launch to
+/// synchronize, under each policy. A measurement, not a check (`--ignored`).
+#[test]
+#[ignore]
+fn gate_cost_per_launch() {
+    for name in ["fifo", "fair", "priority", "fifo", "fair", "priority"] {
+        let h = Harness::start_scheduled(&format!("sched-cost-{name}"), tenants(), policy(name));
+        let mut c = Client::connect(&h.socket, "cost", Some("batch"));
+        let m = c.load(IMAGE);
+        let p = c.alloc(4);
+        let s = c.stream(NON_BLOCKING);
+        let n = 2000;
+        let started = Instant::now();
+        for _ in 0..n {
+            c.launch(&m, "scale_add", s, scale_add(p, 1, 1, 0));
+        }
+        sync(&mut c, s);
+        let per = started.elapsed() / n;
+        eprintln!("{name}: {per:?} per empty launch");
+    }
+}
