@@ -14,6 +14,18 @@
 //! | `263e8860-7cd2-6143-92f6-bbd5006dfa7e` | context checks: always "fine" |
 //! | `f8cff951-2146-8b4e-b9e2-fb469e7c0dd9` | asks whether start-up may be bypassed: refused (not found) |
 //! | `d4082055-bde6-704b-8d34-ba123c66e1f2` | runtime/driver integrity check: slot 1 hashes; fixed answers for check versions ending in 0 and 1 |
+//! | `69a28e9f-2449-8b47-b030-c5da330ea4e9` | asked once per process by PyTorch's CUDA 13 runtime, right after it first looks up context-local storage; refused (not found) |
+//! | `da9151d3-3ae6-cc41-a5c0-4f26d533e328` | asked by cuDNN 9 when it starts; refused (not found) |
+//!
+//! Who asks for what (measured on the H100 with PyTorch 2.11+cu130): every
+//! copy of the runtime (the program's, and the static ones inside cuBLAS,
+//! cuBLASLt and cuDNN) asks for `f8cff951`, `6bd5fb6c`, `a094798c`,
+//! `42d85a81`, `c693336e`, `263e8860` and `d4082055`; the last two are the
+//! ones cuBLAS checks at `cublasCreate`. `69a28e9f` and `da9151d3` are asked
+//! for too; no public account of either exists, NVIDIA-less peers refuse
+//! both, and with both refused `cublasCreate`, cuDNN convolutions, graph
+//! capture and `torch.compile` work: `cublasCreate` failed for a different
+//! reason (a library with no code for the GPU, see `exports::module`).
 
 use std::cell::UnsafeCell;
 use std::ffi::c_void;
@@ -310,6 +322,12 @@ const CONTEXT_STORAGE_ID: [u8; 16] = guid(0xc693336e_1121_df11_a8c3_68f355d89593
 const CONTEXT_CHECKS_ID: [u8; 16] = guid(0x263e8860_7cd2_6143_92f6_bbd5006dfa7e);
 const BYPASS_ID: [u8; 16] = guid(0xf8cff951_2146_8b4e_b9e2_fb469e7c0dd9);
 const INTEGRITY_ID: [u8; 16] = guid(0xd4082055_bde6_704b_8d34_ba123c66e1f2);
+/// Tables asked for whose refusal is known to be harmless (see the module
+/// docs); refused quietly, where an unknown one is a warning.
+const KNOWN_REFUSED: [[u8; 16]; 2] = [
+    guid(0x69a28e9f_2449_8b47_b030_c5da330ea4e9),
+    guid(0xda9151d3_3ae6_cc41_a5c0_4f26d533e328),
+];
 
 fn format_guid(b: &[u8; 16]) -> String {
     let h: Vec<String> = b.iter().map(|x| format!("{x:02x}")).collect();
@@ -332,6 +350,13 @@ pub fn export_table(id: &[u8; 16]) -> Option<*const c_void> {
         CONTEXT_STORAGE_ID => CONTEXT_STORAGE.0.as_ptr().cast(),
         CONTEXT_CHECKS_ID => CONTEXT_CHECKS.0.as_ptr().cast(),
         INTEGRITY_ID => INTEGRITY.0.as_ptr().cast(),
+        _ if KNOWN_REFUSED.contains(id) => {
+            tracing::debug!(
+                "cuGetExportTable({}): refused (known, not needed)",
+                format_guid(id)
+            );
+            return None;
+        }
         BYPASS_ID => {
             tracing::debug!("cuGetExportTable({}): refused", format_guid(id));
             return None;
@@ -373,6 +398,27 @@ mod tests {
             assert!(!table.is_null());
         }
         assert!(export_table(&BYPASS_ID).is_none());
+        for id in KNOWN_REFUSED {
+            assert!(export_table(&id).is_none());
+        }
+        assert_eq!(
+            format_guid(&KNOWN_REFUSED[0]),
+            "69a28e9f-2449-8b47-b030-c5da330ea4e9"
+        );
+        // The context checks table is CUDA 13's 17 slots; slot 1 says "not
+        // supported", slot 2 "fine".
+        let checks = export_table(&CONTEXT_CHECKS_ID).unwrap() as *const usize;
+        // SAFETY: the table is a static array of CONTEXT_CHECKS_SLOTS pointers.
+        let (size, slot1) = unsafe { (*checks, *checks.add(1)) };
+        assert_eq!(size, CONTEXT_CHECKS_SLOTS * std::mem::size_of::<usize>());
+        // SAFETY: slot 1 holds `context_check_unsupported`'s address.
+        let check: extern "C" fn(*mut c_void, *mut u32, *mut *const c_void) -> CUresult =
+            unsafe { std::mem::transmute(slot1) };
+        let mut result = 7u32;
+        assert_eq!(
+            check(std::ptr::null_mut(), &mut result, std::ptr::null_mut()),
+            CUDA_ERROR_NOT_SUPPORTED
+        );
         assert!(export_table(&[0u8; 16]).is_none());
         // Slot 0 of the sized tables holds the size in bytes.
         let cudart = export_table(&CUDART_INTERFACE_ID).unwrap() as *const usize;

@@ -96,6 +96,10 @@ pub struct Tables {
     /// (argument bytes, one pointer per argument into them). Lives as long
     /// as the graph, as the driver's does.
     pub kernel_node_args: HashMap<usize, (Vec<u8>, Vec<usize>)>,
+    /// Libraries (`cuLibraryLoadData`) with no code this device can run:
+    /// loaded, as NVIDIA's lazy loader has them, and failing only when a
+    /// kernel, global or module is asked of them.
+    pub codeless: std::collections::HashSet<usize>,
     /// Managed allocations (also in `allocations`).
     pub managed: BTreeMap<u64, crate::managed::Managed>,
 }
@@ -368,9 +372,26 @@ impl Client {
         } else {
             image
         };
-        let info = match self.call(Call::ModuleLoad { image })? {
-            ReplyBody::Module(info) => info,
-            _ => return Err(CUDA_ERROR_UNKNOWN),
+        let info = match self.call(Call::ModuleLoad {
+            image: image.clone(),
+        }) {
+            Ok(ReplyBody::Module(info)) => info,
+            Ok(_) => return Err(CUDA_ERROR_UNKNOWN),
+            // A fat binary of an `-rdc` program holds only the cubin nvlink
+            // made (sm_75 by default): a newer GPU needs the program's
+            // relocatable PTX, linked, which its driver JIT-compiles.
+            Err(CUDA_ERROR_NO_BINARY_FOR_GPU) if !on_cpu => {
+                let linked = crate::link::with_ptx(image);
+                if cumux_fatbin::classify(&linked) == cumux_fatbin::Classified::Fatbin {
+                    return Err(CUDA_ERROR_NO_BINARY_FOR_GPU);
+                }
+                tracing::debug!("no cubin for this GPU: loading the program's relocatable PTX");
+                match self.call(Call::ModuleLoad { image: linked })? {
+                    ReplyBody::Module(info) => info,
+                    _ => return Err(CUDA_ERROR_UNKNOWN),
+                }
+            }
+            Err(e) => return Err(e),
         };
         let module = self.mint();
         let mut functions = Vec::with_capacity(info.functions.len());
@@ -401,6 +422,13 @@ impl Client {
     }
 
     pub fn unload_module(&self, module: usize) -> CuResult<()> {
+        {
+            let mut t = self.tables();
+            if t.codeless.remove(&module) {
+                t.modules.remove(&module);
+                return Ok(());
+            }
+        }
         let m = self
             .tables()
             .modules

@@ -318,6 +318,35 @@ driver_fn! {
         potential_block(min_grid, block, f, smem_fn, smem, limit)
     }
 
+    fn cuOccupancyMaxActiveClusters(clusters: *mut i32, f: *mut c_void, config: *const u8) {
+        let c = client()?;
+        if config.is_null() {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        // CUlaunchConfig: grid (3 × u32), block (3 × u32), shared bytes, the
+        // stream at 32, the attributes at 40 and their count at 48; each
+        // CUlaunchAttribute is an id and a 64-byte value 8 bytes in (72).
+        let cfg = host_bytes(config.cast(), 56)?;
+        let u32_at = |b: &[u8], o: usize| u32::from_ne_bytes(b[o..o + 4].try_into().unwrap_or_default());
+        let block = u32_at(cfg, 12) * u32_at(cfg, 16).max(1) * u32_at(cfg, 20).max(1);
+        let smem = u32_at(cfg, 24) as usize;
+        let attrs = usize::from_ne_bytes(cfg[40..48].try_into().unwrap_or_default());
+        let n = u32_at(cfg, 48) as usize;
+        let mut cluster = 1u32;
+        if attrs != 0 && n > 0 {
+            let list = host_bytes(attrs as *const c_void, n.min(64) * 72)?;
+            for a in list.chunks_exact(72) {
+                // CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+                if u32_at(a, 0) == 4 {
+                    cluster = u32_at(a, 8).max(1) * u32_at(a, 12).max(1) * u32_at(a, 16).max(1);
+                }
+            }
+        }
+        let (sm, k, sms) = occupancy_inputs(c, f)?;
+        let per_sm = active_blocks(&sm, &k, block as i32, smem) as i64;
+        out(clusters, (per_sm * sms as i64 / cluster as i64).min(i32::MAX as i64) as i32)
+    }
+
     fn cuOccupancyAvailableDynamicSMemPerBlock(size: *mut usize, f: *mut c_void, blocks: i32, block: i32) {
         let c = client()?;
         let (sm, k, _) = occupancy_inputs(c, f)?;

@@ -74,6 +74,39 @@ fn find_function(c: &Client, module: usize, name: &str) -> CuResult<usize> {
         .ok_or(CUDA_ERROR_NOT_FOUND)
 }
 
+/// Loads a library. One whose fat binary has no code for this GPU (cuBLAS
+/// and cuDNN ship such, for other architectures) loads as NVIDIA's lazy
+/// loader has it: the load succeeds, and asking it for a kernel, global or
+/// module fails with `CUDA_ERROR_NO_BINARY_FOR_GPU`.
+fn load_library(c: &Client, image: Vec<u8>) -> CuResult<usize> {
+    match c.load_module(image) {
+        Err(CUDA_ERROR_NO_BINARY_FOR_GPU) => {
+            let h = c.mint();
+            let mut t = c.tables();
+            t.codeless.insert(h);
+            t.modules.insert(
+                h,
+                crate::state::Module {
+                    server: 0,
+                    functions: Vec::new(),
+                    globals: Vec::new(),
+                },
+            );
+            tracing::debug!("library {h:#x} has no code for this GPU: loaded without it");
+            Ok(h)
+        }
+        r => r,
+    }
+}
+
+/// `CUDA_ERROR_NO_BINARY_FOR_GPU` for a library loaded without code.
+fn has_code(c: &Client, library: *mut c_void) -> CuResult<()> {
+    if c.tables().codeless.contains(&handle(library)) {
+        return Err(CUDA_ERROR_NO_BINARY_FOR_GPU);
+    }
+    Ok(())
+}
+
 fn find_global(c: &Client, module: usize, name: &str) -> CuResult<(u64, u64)> {
     let t = c.tables();
     let m = t.modules.get(&module).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
@@ -282,7 +315,7 @@ driver_fn! {
         _n_lib: u32
     ) {
         let c = client()?;
-        out(library, to_ptr(c.load_module(image_from_pointer(code)?)?))
+        out(library, to_ptr(load_library(c, image_from_pointer(code)?)?))
     }
 
     fn cuLibraryLoadFromFile(
@@ -296,7 +329,7 @@ driver_fn! {
         _n_lib: u32
     ) {
         let c = client()?;
-        out(library, to_ptr(c.load_module(load_file(path)?)?))
+        out(library, to_ptr(load_library(c, load_file(path)?)?))
     }
 
     fn cuLibraryUnload(library: *mut c_void) {
@@ -305,11 +338,13 @@ driver_fn! {
 
     fn cuLibraryGetKernel(kernel: *mut *mut c_void, library: *mut c_void, name: *const c_char) {
         let c = client()?;
+        has_code(c, library)?;
         out(kernel, to_ptr(find_function(c, handle(library), c_str(name)?)?))
     }
 
     fn cuLibraryGetModule(module: *mut *mut c_void, library: *mut c_void) {
         let c = client()?;
+        has_code(c, library)?;
         if !c.tables().modules.contains_key(&handle(library)) {
             return Err(CUDA_ERROR_INVALID_HANDLE);
         }
@@ -318,6 +353,7 @@ driver_fn! {
 
     fn cuLibraryGetGlobal(dptr: *mut u64, bytes: *mut usize, library: *mut c_void, name: *const c_char) {
         let c = client()?;
+        has_code(c, library)?;
         let (p, s) = find_global(c, handle(library), c_str(name)?)?;
         out_opt(dptr, p);
         out_opt(bytes, s as usize);

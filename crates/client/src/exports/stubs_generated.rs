@@ -312,7 +312,6 @@ crate::not_implemented_stubs! {
     cuMulticastCreate,
     cuMulticastGetGranularity,
     cuMulticastUnbind,
-    cuOccupancyMaxActiveClusters,
     cuOccupancyMaxPotentialClusterSize,
     cuParamSetSize,
     cuParamSetTexRef,
