@@ -214,3 +214,46 @@ fn gate_cost_per_launch() {
         eprintln!("{name}: {per:?} per empty launch");
     }
 }
+
+/// Under `fair`, two flooding tenants of weights 3 and 1 (from the tenant table)
+/// share the device 3:1.
+#[test]
+fn fair_shares_follow_the_tenants_weights() {
+    let mut table = tenants();
+    for (name, weight) in [("heavy", 3), ("light", 1)] {
+        table.tenants.insert(
+            name.into(),
+            TenantSettings {
+                weight,
+                ..TenantSettings::default()
+            },
+        );
+    }
+    let h = Harness::start_scheduled("sched-weights", table, policy("fair"));
+    let mut clients: Vec<(Client, DevicePtr)> = ["heavy", "light"]
+        .into_iter()
+        .map(|name| {
+            let mut c = Client::connect(&h.socket, name, Some(name));
+            let m = c.load(IMAGE);
+            let p = c.alloc(4);
+            for _ in 0..2 {
+                let s = c.stream(NON_BLOCKING);
+                for _ in 0..200 {
+                    c.launch(&m, "scale_add", s, scale_add(p, 1, 1, 5));
+                }
+            }
+            (c, p)
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(1000));
+    let counts: Vec<f64> = clients
+        .iter_mut()
+        .map(|(c, p)| f64::from(u32_at(&c.read(*p, 4).unwrap())))
+        .collect();
+    let heavy = counts[0] / (counts[0] + counts[1]);
+    eprintln!(
+        "fair, weights 3:1: {} and {} kernels of 5 ms: heavy share {heavy:.2}",
+        counts[0], counts[1]
+    );
+    assert!((0.65..=0.85).contains(&heavy), "heavy share {heavy:.2}");
+}
