@@ -6,14 +6,15 @@
 # records its exit status; a step that prints nothing gets the last line of
 # its stderr in the table, so a timeout or a crash says so.
 # Optional: STEP_TIMEOUT= (seconds per step and side, default 100), STEPS=
-# (which steps), PROBE_LOG= (CUMUX_LOG for the cumux side, e.g. debug; the full
+# (which steps), REPORT= (where the table goes, written a line per step so a
+# cut-short run keeps the steps done), PROBE_LOG= (CUMUX_LOG for the cumux side, e.g. debug; the full
 # stderr of each step stays in $OUT/pt_STEP_{native,cumux}.err).
 set -u
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 KIT=${KIT:-$ROOT/device-kit}
 OUT=${OUT:-/tmp/cumux-pytorch}
 mkdir -p "$OUT"
-REPORT=$OUT/pytorch_probe.txt
+REPORT=${REPORT:-$OUT/pytorch_probe.txt}
 : >"$REPORT"
 WORK=$(mktemp -d /tmp/cumux-pt.XXXXXX)
 SOCK=$WORK/s.sock
