@@ -191,7 +191,7 @@ static int bandwidth(double rep_scale, size_t max_bytes) {
     uint32_t seed = 1;
     for (size_t bytes : sizes) {
         if (bytes > biggest) break;
-        int base = bytes <= (1u << 20) ? 20 : bytes <= (16u << 20) ? 10 : 5;
+        int base = bytes <= (1u << 20) ? 20 : bytes <= (16u << 20) ? 10 : 3;
         int reps = std::max(1, (int)std::lround(base * rep_scale));
         char sz[32];
         size_name(bytes, sz, sizeof sz);

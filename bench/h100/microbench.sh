@@ -122,15 +122,23 @@ fi
 echo
 
 # --- runs: native, cumux, alternating ---------------------------------------
-# Each run's limit: at most 120 s (30 s native), and leaves 20 s for every
-# native run still to come and 10 s for every cumux one.
-native_left=${#SUBS[@]}
-cumux_left=${#SUBS[@]}
+# Each run's limit: a native run at most 30 s; a cumux run at most 120 s and
+# its weighted share of what is left once 20 s per native run still to come is
+# set aside (unused time passes on to the later runs).
+declare -A WEIGHT=([launch_rate]=1 [launch_sync]=1 [bandwidth]=2)
 run_one() { # way sub
-    local way=$1 sub=$2 limit cap t0 t1 rc why
-    if [ "$way" = native ]; then native_left=$((native_left - 1)); cap=30; else cumux_left=$((cumux_left - 1)); cap=120; fi
-    limit=$((MICRO_BUDGET - $(elapsed) - 20 * native_left - 10 * cumux_left))
-    [ "$limit" -gt "$cap" ] && limit=$cap
+    local way=$1 sub=$2 limit t0 t1 rc why s i native_after=0 weight_after=0 pool
+    for i in "${!SUBS[@]}"; do [ "${SUBS[$i]}" = "$sub" ] && break; done
+    for s in "${SUBS[@]:$((i + 1))}"; do
+        native_after=$((native_after + 1)); weight_after=$((weight_after + WEIGHT[$s]))
+    done
+    [ "$way" = native ] && weight_after=$((weight_after + WEIGHT[$sub]))
+    pool=$((MICRO_BUDGET - $(elapsed) - 20 * native_after))
+    if [ "$way" = native ]; then
+        limit=$((pool - 5 * weight_after)); [ "$limit" -gt 30 ] && limit=30
+    else
+        limit=$((pool * WEIGHT[$sub] / (WEIGHT[$sub] + weight_after))); [ "$limit" -gt 120 ] && limit=120
+    fi
     local out=$LOGS/$sub.$way.txt err=$LOGS/$sub.$way.err
     : >"$out"; : >"$err"
     if [ "$built" != 1 ]; then return; fi
