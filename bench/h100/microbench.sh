@@ -114,6 +114,8 @@ if [ "$built" = 1 ]; then
         done
         if [ "$up" = 1 ]; then
             echo "server: up after $(elapsed) s"
+            # Let its warm spare context settle before native figures are taken.
+            sleep 1
         else
             note "cumux serve --device $DEVICE did not come up: $(tail -1 "$LOGS/server.log" | cut -c1-200)"
         fi
