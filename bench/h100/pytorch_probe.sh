@@ -27,7 +27,8 @@ server=$!
 for _ in $(seq 100); do [ -S "$SOCK" ] && break; sleep 0.1; done
 
 cat >"$WORK/steps.py" <<'PY'
-import sys, torch
+import faulthandler, sys, torch
+faulthandler.enable()  # a crash leaves a stack in the step's stderr
 step = sys.argv[1]
 if step == "available":
     print(torch.cuda.is_available(), torch.cuda.device_count(), torch.cuda.get_device_name(0))
@@ -81,12 +82,14 @@ STEPS=${STEPS:-available tensor matmul_fp32 matmul_bf16 conv conv_notf32 train g
 run_side() {
     local err=$1; shift
     local o rc
-    o=$(timeout "$STEP_TIMEOUT" "$@" 2>"$err" | tail -1)
-    rc=${PIPESTATUS[0]}
+    timeout "$STEP_TIMEOUT" "$@" >"$err.out" 2>"$err"
+    rc=$?
+    o=$(tail -1 "$err.out")
     if [ -n "$o" ] && [ "$rc" = 0 ]; then
         printf '%s' "$o"
     else
         [ "$rc" = 124 ] && echo "timed out after ${STEP_TIMEOUT}s" >>"$err"
+        [ "$rc" -gt 128 ] && [ "$rc" != 124 ] && echo "killed by signal $((rc - 128))" >>"$err"
         printf 'FAIL rc=%s: %s' "$rc" "$(grep -v '^\s*$' "$err" | tail -1 | cut -c1-100)"
     fi
 }
