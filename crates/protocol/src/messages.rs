@@ -88,6 +88,7 @@ pub enum Call {
     /// `stream: None` is a synchronous copy (replied); `Some` is stream-ordered.
     MemcpyHtoD {
         dst: DevicePtr,
+        #[serde(with = "serde_bytes")]
         data: Vec<u8>,
         stream: Option<Handle>,
     },
@@ -116,6 +117,7 @@ pub enum Call {
     },
     /// Loads a fat binary, cubin or PTX image (NUL-terminated text accepted).
     ModuleLoad {
+        #[serde(with = "serde_bytes")]
         image: Vec<u8>,
     },
     ModuleUnload {
@@ -129,6 +131,7 @@ pub enum Call {
         block: [u32; 3],
         shared_bytes: u32,
         stream: Handle,
+        #[serde(with = "serde_bytes")]
         params: Vec<u8>,
     },
     StreamCreate {
@@ -220,6 +223,7 @@ pub struct Reply {
     pub result: Result<ReplyBody, CuError>,
     /// Device `printf` output produced since the last reply, for the
     /// program's own stdout.
+    #[serde(with = "serde_bytes")]
     pub stdout: Vec<u8>,
 }
 
@@ -228,7 +232,7 @@ pub enum ReplyBody {
     Unit,
     Ptr(DevicePtr),
     Handle(Handle),
-    Data(Vec<u8>),
+    Data(#[serde(with = "serde_bytes")] Vec<u8>),
     MemInfo { free: u64, total: u64 },
     Range { base: DevicePtr, size: u64 },
     Module(ModuleInfo),
@@ -378,6 +382,25 @@ mod tests {
         let back: Request = crate::decode(&bytes).unwrap();
         assert_eq!(back, req);
         assert!(back.call.is_fire_and_forget());
+    }
+
+    /// Byte buffers are encoded as one slice (`serde_bytes`), not byte by byte,
+    /// yet postcard puts the same bytes on the wire either way.
+    #[test]
+    fn byte_buffers_keep_the_wire_format() {
+        #[derive(Serialize)]
+        struct PlainSeq {
+            data: Vec<u8>,
+        }
+        let data: Vec<u8> = (0..=255u8).cycle().take(1000).collect();
+        let call = Call::MemcpyHtoD {
+            dst: 0,
+            data: data.clone(),
+            stream: None,
+        };
+        let encoded = crate::encode(&call).unwrap();
+        let plain = crate::encode(&PlainSeq { data }).unwrap();
+        assert!(encoded.ends_with(&[&plain[..], &[0u8][..]].concat()));
     }
 
     #[test]
