@@ -68,6 +68,8 @@ unknown_slot! {
     hooks_slot4 = "tools hooks slot 4",
     hooks_slot5 = "tools hooks slot 5",
     checks_slot3 = "context checks slot 3",
+    storage_slot3 = "context storage slot 3",
+    integrity_slot2 = "integrity check slot 2",
 }
 
 // ---- cudart interface ------------------------------------------------------
@@ -254,7 +256,7 @@ static CONTEXT_STORAGE: Table<4> = Table([
     storage_put as *const c_void,
     storage_delete as *const c_void,
     storage_get as *const c_void,
-    std::ptr::null(),
+    storage_slot3 as *const c_void,
 ]);
 
 // ---- context checks ----------------------------------------------------------
@@ -328,7 +330,7 @@ extern "C" fn integrity_check(version: u32, unix_seconds: u64, result: *mut [u64
 static INTEGRITY: Table<3> = Table([
     size_of_table(3),
     integrity_check as *const c_void,
-    std::ptr::null(),
+    integrity_slot2 as *const c_void,
 ]);
 
 const fn guid(s: u128) -> [u8; 16] {
