@@ -11,7 +11,7 @@
 //! | `a094798c-2e74-2e74-93f2-0800200c0a66` | tools runtime callback hooks: two scratch buffers |
 //! | `42d85a81-23f6-cb47-8298-f6e78a3aecdc` | tools thread-local storage: three slots of unknown use, answering 0 (cuBLASLt calls slot 2 on every heuristic query) |
 //! | `c693336e-1121-df11-a8c3-68f355d89593` | context-local storage: put / delete / get per (context, key) |
-//! | `263e8860-7cd2-6143-92f6-bbd5006dfa7e` | context checks: always "fine" |
+//! | `263e8860-7cd2-6143-92f6-bbd5006dfa7e` | context checks, 4 slots: slot 1 "not supported", slot 2 writes 0 ("fine"), slot 3 answers 0 |
 //! | `f8cff951-2146-8b4e-b9e2-fb469e7c0dd9` | asks whether start-up may be bypassed: refused (not found) |
 //! | `d4082055-bde6-704b-8d34-ba123c66e1f2` | runtime/driver integrity check: slot 1 hashes; fixed answers for check versions ending in 0 and 1 |
 //! | `69a28e9f-2449-8b47-b030-c5da330ea4e9` | asked once per process by PyTorch's CUDA 13 runtime, right after it first looks up context-local storage; refused (not found) |
@@ -22,10 +22,12 @@
 //! cuBLASLt and cuDNN) asks for `f8cff951`, `6bd5fb6c`, `a094798c`,
 //! `42d85a81`, `c693336e`, `263e8860` and `d4082055`; the last two are the
 //! ones cuBLAS checks at `cublasCreate`. `69a28e9f` and `da9151d3` are asked
-//! for too; no public account of either exists, NVIDIA-less peers refuse
-//! both, and with both refused `cublasCreate`, cuDNN convolutions, graph
-//! capture and `torch.compile` work: `cublasCreate` failed for a different
-//! reason (a library with no code for the GPU, see `exports::module`).
+//! for too; no public account of either exists and NVIDIA-less peers
+//! refuse both. With both refused, cuDNN convolutions and graph capture ran
+//! on the H100, and `cublasCreate` failed for another reason: cuBLAS loads
+//! libraries with no code for the GPU, which NVIDIA's lazy loader accepts
+//! (see `exports::module`). Past that, cuBLASLt calls the tools TLS slots on
+//! every heuristic query, so no slot of any table here may be null.
 
 use std::cell::UnsafeCell;
 use std::ffi::c_void;
