@@ -374,6 +374,7 @@ pub fn export_table(id: &[u8; 16]) -> Option<*const c_void> {
         CONTEXT_STORAGE_ID => CONTEXT_STORAGE.0.as_ptr().cast(),
         CONTEXT_CHECKS_ID => CONTEXT_CHECKS.0.as_ptr().cast(),
         INTEGRITY_ID => INTEGRITY.0.as_ptr().cast(),
+        crate::tools_context::TOOLS_CONTEXT_ID => crate::tools_context::table(),
         _ if KNOWN_REFUSED.contains(id) => {
             tracing::debug!(
                 "cuGetExportTable({}): refused (known, not needed)",

@@ -288,6 +288,59 @@ pub fn relocatable_ptx_of_program() -> Option<String> {
     .clone()
 }
 
+/// The (is PTX, architecture) of every entry of a fat binary and of those
+/// back to back after it, read from the entry headers alone (nothing is
+/// decompressed); `None` for anything that is not a well-formed fat binary.
+pub fn fatbin_entries(image: &[u8]) -> Option<Vec<(bool, u32)>> {
+    let u16_at = |o: usize| Some(u16::from_le_bytes(image.get(o..o + 2)?.try_into().ok()?));
+    let u32_at = |o: usize| Some(u32::from_le_bytes(image.get(o..o + 4)?.try_into().ok()?));
+    let u64_at = |o: usize| Some(u64::from_le_bytes(image.get(o..o + 8)?.try_into().ok()?));
+    let mut out = Vec::new();
+    let mut at = 0usize;
+    // Each fat binary and each entry moves `at` forward by at least 16 bytes.
+    while u32_at(at)? == 0xba55_ed50 {
+        let header = u16_at(at + 6)? as usize;
+        let end = at
+            .checked_add(header)?
+            .checked_add(u64_at(at + 8)? as usize)?;
+        if end > image.len() || header < 16 {
+            return None;
+        }
+        let mut entry = at + header;
+        while entry + 64 <= end {
+            let kind = u16_at(entry)?;
+            let entry_header = u32_at(entry + 4)? as usize;
+            let payload = u64_at(entry + 8)? as usize;
+            if !(1..=2).contains(&kind) || entry_header < 64 {
+                return None;
+            }
+            out.push((kind == 1, u32_at(entry + 28)?));
+            entry = entry.checked_add(entry_header)?.checked_add(payload)?;
+        }
+        at = end.next_multiple_of(8);
+        if at + 16 > image.len() {
+            break;
+        }
+    }
+    Some(out)
+}
+
+/// Whether a fat binary holds nothing a device of architecture `sm` (75 for
+/// 7.5; `None` for the CPU device, which runs PTX only) can run: no PTX it
+/// can JIT, no cubin of its major version and a minor version it reaches.
+/// `false` whenever that cannot be told from the headers.
+pub fn has_no_code_for(image: &[u8], sm: Option<u32>) -> bool {
+    let Some(entries) = fatbin_entries(image) else {
+        return false;
+    };
+    !entries.is_empty()
+        && !entries.iter().any(|&(ptx, arch)| match sm {
+            None => ptx,
+            Some(dev) if ptx => arch <= dev,
+            Some(dev) => arch / 10 == dev / 10 && arch % 10 <= dev % 10,
+        })
+}
+
 /// An image for the CPU device: a fat binary without PTX from an `-rdc`
 /// program is replaced by the program's merged relocatable PTX.
 pub fn with_ptx(image: Vec<u8>) -> Vec<u8> {
@@ -314,6 +367,68 @@ pub fn with_ptx(image: Vec<u8>) -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A fat binary of the given (is PTX, sm) entries, each 16 bytes of payload.
+    fn fatbin(entries: &[(bool, u32)]) -> Vec<u8> {
+        let mut body = Vec::new();
+        for &(ptx, sm) in entries {
+            let mut e = vec![0u8; 64];
+            e[0..2].copy_from_slice(&(if ptx { 1u16 } else { 2u16 }).to_le_bytes());
+            e[4..8].copy_from_slice(&64u32.to_le_bytes());
+            e[8..16].copy_from_slice(&16u64.to_le_bytes());
+            e[28..32].copy_from_slice(&sm.to_le_bytes());
+            body.extend(e);
+            body.extend([0u8; 16]);
+        }
+        let mut f = Vec::new();
+        f.extend(0xba55_ed50u32.to_le_bytes());
+        f.extend(1u16.to_le_bytes());
+        f.extend(16u16.to_le_bytes());
+        f.extend((body.len() as u64).to_le_bytes());
+        f.extend(body);
+        f
+    }
+
+    #[test]
+    fn code_for_a_device_is_told_from_the_headers() {
+        let hopper_only = fatbin(&[(false, 90), (false, 100)]);
+        assert_eq!(
+            fatbin_entries(&hopper_only),
+            Some(vec![(false, 90), (false, 100)])
+        );
+        assert!(!has_no_code_for(&hopper_only, Some(90)));
+        assert!(has_no_code_for(&hopper_only, Some(80)));
+        // sm_86 runs an sm_80 cubin, not the reverse.
+        assert!(!has_no_code_for(&fatbin(&[(false, 80)]), Some(86)));
+        assert!(has_no_code_for(&fatbin(&[(false, 86)]), Some(80)));
+        // PTX is JIT-compiled for any newer device, and is all the CPU runs.
+        let ptx = fatbin(&[(false, 75), (true, 75)]);
+        assert!(!has_no_code_for(&ptx, Some(120)));
+        assert!(!has_no_code_for(&ptx, None));
+        assert!(has_no_code_for(&hopper_only, None));
+        // Two fat binaries back to back are both read.
+        let mut two = fatbin(&[(false, 100)]);
+        two.extend(fatbin(&[(false, 90)]));
+        assert!(!has_no_code_for(&two, Some(90)));
+        // Anything malformed or not a fat binary: not known to lack code.
+        assert!(!has_no_code_for(b".version 8.0", Some(90)));
+        assert!(!has_no_code_for(&hopper_only[..40], Some(80)));
+        assert!(!has_no_code_for(&fatbin(&[]), Some(80)));
+    }
+
+    #[test]
+    fn header_scan_agrees_with_the_fatbin_reader() {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../fatbin/tests/fixtures");
+        for name in ["zstd", "lz4", "multi", "uncompressed", "default"] {
+            let bytes = std::fs::read(format!("{dir}/{name}.fatbin")).expect("fixture");
+            let images = cumux_fatbin::images(&bytes).expect("parses");
+            let want: Vec<(bool, u32)> = images
+                .iter()
+                .map(|i| (i.kind == cumux_fatbin::ImageKind::Ptx, i.sm))
+                .collect();
+            assert_eq!(fatbin_entries(&bytes), Some(want), "{name}");
+        }
+    }
 
     const USER: &str = ".version 9.0\n.target sm_75\n.address_size 64\n\
         .extern .func  (.param .b32 func_retval0) _Z6helperi\n(\n\t.param .b32 _Z6helperi_param_0\n)\n;\n\

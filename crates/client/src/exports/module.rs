@@ -79,7 +79,23 @@ fn find_function(c: &Client, module: usize, name: &str) -> CuResult<usize> {
 /// loader has it: the load succeeds, and asking it for a kernel, global or
 /// module fails with `CUDA_ERROR_NO_BINARY_FOR_GPU`.
 fn load_library(c: &Client, image: Vec<u8>) -> CuResult<usize> {
-    match c.load_module(image) {
+    // Told from the fat binary's headers when it can be, so the image (cuBLAS
+    // ships over 500 MB of them) never crosses to the server. Not for an
+    // `-rdc` program, whose cubin-only fat binary is replaced by its PTX.
+    let dev = c.current_device() as i32;
+    let sm = match c.devices.get(dev as usize) {
+        Some(d) if d.backend == "cpu" => None,
+        _ => Some((c.attribute(dev, 75)? * 10 + c.attribute(dev, 76)?) as u32),
+    };
+    let known_codeless = sm != Some(0)
+        && crate::link::has_no_code_for(&image, sm)
+        && crate::link::relocatable_ptx_of_program().is_none();
+    let loaded = if known_codeless {
+        Err(CUDA_ERROR_NO_BINARY_FOR_GPU)
+    } else {
+        c.load_module(image)
+    };
+    match loaded {
         Err(CUDA_ERROR_NO_BINARY_FOR_GPU) => {
             let h = c.mint();
             let mut t = c.tables();

@@ -1,0 +1,170 @@
+//! Export table `21318c60-9714-3248-8ca6-41ff7324c8f2`, the driver's
+//! "tools context" interface (CU_ETID_ToolsContext in public accounts of the
+//! driver's private tables: context → device, context number, …).
+//!
+//! The CUDA 13.5 runtime (libcudart 13.5.37) asks for it at start-up, right
+//! after the tools TLS table, and fails every later call (`cudaMalloc` →
+//! invalid argument) when it is refused; 13.0 never asks. Measured with
+//! `CUMUX_LOG=debug` on `tests/cuda/corpus` and `tests/cuda/driver`: having
+//! the table is all the runtime needs; it calls none of its slots. A peer
+//! reports the table as a size header and 94 slots for driver 595.99.02
+//! (CUDA 13.4 runtimes), so cumux answers that shape. Every slot says which
+//! one was called and answers `CUDA_ERROR_NOT_SUPPORTED`, writing nothing:
+//! a caller that does use one gets an honest error, never a crash.
+
+use std::ffi::c_void;
+
+use crate::errors::*;
+
+/// The GUID as the runtime passes it (bytes in this order).
+pub const TOOLS_CONTEXT_ID: [u8; 16] = 0x21318c60_9714_3248_8ca6_41ff7324c8f2u128.to_be_bytes();
+
+/// Slots, including the size header in slot 0.
+pub const TOOLS_CONTEXT_SLOTS: usize = 95;
+
+macro_rules! unsupported_slots {
+    ($($fname:ident = $index:literal),* $(,)?) => {
+        $(
+            extern "C" fn $fname() -> CUresult {
+                tracing::debug!(
+                    "dark API tools context slot {} called; answering not supported",
+                    $index
+                );
+                CUDA_ERROR_NOT_SUPPORTED
+            }
+        )*
+        /// The table: size in bytes, then one function per slot.
+        static TABLE: Table = Table([
+            (TOOLS_CONTEXT_SLOTS * std::mem::size_of::<usize>()) as *const c_void,
+            $($fname as *const c_void),*
+        ]);
+    };
+}
+
+#[repr(transparent)]
+struct Table([*const c_void; TOOLS_CONTEXT_SLOTS]);
+// SAFETY: never written after initialisation; holds a size and function
+// addresses only.
+unsafe impl Sync for Table {}
+
+unsupported_slots! {
+    slot1 = 1,
+    slot2 = 2,
+    slot3 = 3,
+    slot4 = 4,
+    slot5 = 5,
+    slot6 = 6,
+    slot7 = 7,
+    slot8 = 8,
+    slot9 = 9,
+    slot10 = 10,
+    slot11 = 11,
+    slot12 = 12,
+    slot13 = 13,
+    slot14 = 14,
+    slot15 = 15,
+    slot16 = 16,
+    slot17 = 17,
+    slot18 = 18,
+    slot19 = 19,
+    slot20 = 20,
+    slot21 = 21,
+    slot22 = 22,
+    slot23 = 23,
+    slot24 = 24,
+    slot25 = 25,
+    slot26 = 26,
+    slot27 = 27,
+    slot28 = 28,
+    slot29 = 29,
+    slot30 = 30,
+    slot31 = 31,
+    slot32 = 32,
+    slot33 = 33,
+    slot34 = 34,
+    slot35 = 35,
+    slot36 = 36,
+    slot37 = 37,
+    slot38 = 38,
+    slot39 = 39,
+    slot40 = 40,
+    slot41 = 41,
+    slot42 = 42,
+    slot43 = 43,
+    slot44 = 44,
+    slot45 = 45,
+    slot46 = 46,
+    slot47 = 47,
+    slot48 = 48,
+    slot49 = 49,
+    slot50 = 50,
+    slot51 = 51,
+    slot52 = 52,
+    slot53 = 53,
+    slot54 = 54,
+    slot55 = 55,
+    slot56 = 56,
+    slot57 = 57,
+    slot58 = 58,
+    slot59 = 59,
+    slot60 = 60,
+    slot61 = 61,
+    slot62 = 62,
+    slot63 = 63,
+    slot64 = 64,
+    slot65 = 65,
+    slot66 = 66,
+    slot67 = 67,
+    slot68 = 68,
+    slot69 = 69,
+    slot70 = 70,
+    slot71 = 71,
+    slot72 = 72,
+    slot73 = 73,
+    slot74 = 74,
+    slot75 = 75,
+    slot76 = 76,
+    slot77 = 77,
+    slot78 = 78,
+    slot79 = 79,
+    slot80 = 80,
+    slot81 = 81,
+    slot82 = 82,
+    slot83 = 83,
+    slot84 = 84,
+    slot85 = 85,
+    slot86 = 86,
+    slot87 = 87,
+    slot88 = 88,
+    slot89 = 89,
+    slot90 = 90,
+    slot91 = 91,
+    slot92 = 92,
+    slot93 = 93,
+    slot94 = 94,
+}
+
+/// The table `cuGetExportTable` hands out for [`TOOLS_CONTEXT_ID`].
+pub fn table() -> *const c_void {
+    TABLE.0.as_ptr().cast()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn table_has_its_size_and_no_null_slot() {
+        let t = table() as *const usize;
+        // SAFETY: the table is a static array of TOOLS_CONTEXT_SLOTS words.
+        let words = unsafe { std::slice::from_raw_parts(t, TOOLS_CONTEXT_SLOTS) };
+        assert_eq!(words[0], TOOLS_CONTEXT_SLOTS * 8);
+        assert!(words[1..].iter().all(|&w| w != 0));
+        // SAFETY: every slot holds an `extern "C" fn() -> CUresult`.
+        let f: extern "C" fn() -> CUresult = unsafe { std::mem::transmute(words[7]) };
+        assert_eq!(f(), CUDA_ERROR_NOT_SUPPORTED);
+        assert_eq!(TOOLS_CONTEXT_ID[0], 0x21);
+        assert_eq!(TOOLS_CONTEXT_ID[15], 0xf2);
+        assert!(crate::dark_api::export_table(&TOOLS_CONTEXT_ID).is_some());
+    }
+}
