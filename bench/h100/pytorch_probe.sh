@@ -7,8 +7,11 @@
 # its stderr in the table, so a timeout or a crash says so.
 # Optional: STEP_TIMEOUT= (seconds per step and side, default 100), STEPS=
 # (which steps), REPORT= (where the table goes, written a line per step so a
-# cut-short run keeps the steps done), PROBE_LOG= (CUMUX_LOG for the cumux side, e.g. debug; the full
-# stderr of each step stays in $OUT/pt_STEP_{native,cumux}.err).
+# cut-short run keeps the steps done), PROBE_LOG= (CUMUX_LOG for the cumux
+# side, e.g. debug; each step's stderr stays in $OUT/pt_STEP_{native,cumux}.err).
+# Measured 2026-11-23: the whole ladder takes over 300 s on the H100 (a step
+# through cumux 20-40 s, most of it cuBLAS/cuDNN loading libraries), so a
+# device run with a 300 s limit takes a subset via STEPS.
 set -u
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 KIT=${KIT:-$ROOT/device-kit}
