@@ -36,6 +36,7 @@ macro_rules! driver_fn {
 }
 
 mod context;
+mod cuda13x;
 mod device;
 mod graph;
 mod init;
@@ -46,6 +47,7 @@ mod stream;
 mod stubs_generated;
 
 pub use context::*;
+pub use cuda13x::*;
 pub use device::*;
 pub use graph::*;
 pub use init::*;
