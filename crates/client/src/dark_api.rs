@@ -14,7 +14,7 @@
 //! | `263e8860-7cd2-6143-92f6-bbd5006dfa7e` | context checks, 4 slots: slot 1 "not supported", slot 2 writes 0 ("fine"), slot 3 answers 0 |
 //! | `f8cff951-2146-8b4e-b9e2-fb469e7c0dd9` | asks whether start-up may be bypassed: refused (not found) |
 //! | `d4082055-bde6-704b-8d34-ba123c66e1f2` | runtime/driver integrity check: slot 1 hashes; fixed answers for check versions ending in 0 and 1 |
-//! | `21318c60-9714-3248-8ca6-41ff7324c8f2` | tools context; asked for by the CUDA 13.5 runtime, which fails without it and calls none of its slots (see `crate::tools_context`) |
+//! | `21318c60-9714-3248-8ca6-41ff7324c8f2` | tools context; asked for by the CUDA 13.5 runtime, which fails without it and calls none of its slots, and by cuBLASLt, whose GEMMs all return `CUBLAS_STATUS_NOT_SUPPORTED` unless slot 4 (context number) answers (see `crate::tools_context`) |
 //! | `69a28e9f-2449-8b47-b030-c5da330ea4e9` | asked once per process by PyTorch's CUDA 13 runtime, right after it first looks up context-local storage; refused (not found) |
 //! | `da9151d3-3ae6-cc41-a5c0-4f26d533e328` | asked by cuDNN 9 when it starts; refused (not found) |
 //!

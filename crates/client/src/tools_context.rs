@@ -8,10 +8,17 @@
 //! `CUMUX_LOG=debug` on `tests/cuda/corpus` and `tests/cuda/driver`: having
 //! the table is all the runtime needs; it calls none of its slots. A peer
 //! reports the table as a size header and 94 slots for driver 595.99.02
-//! (CUDA 13.4 runtimes), so cumux answers that shape. Every slot says which
-//! one was called and answers `CUDA_ERROR_NOT_SUPPORTED`, writing nothing:
-//! a caller that does use one gets an honest error, never a crash.
-
+//! (CUDA 13.4 runtimes), so cumux answers that shape.
+//!
+//! cuBLASLt 13.0 (`nvidia-cublas` 13.0.2.14) asks for it too, on the first
+//! GEMM, and calls slot 4 (the context number in public accounts) as
+//! `(context, *mut u64)`, with a null context, several times per heuristic
+//! query. When slot 4 failed, every GEMM (`cublasSgemm`, `cublasGemmEx`,
+//! `cublasLtMatmulAlgoGetHeuristic`) returned `CUBLAS_STATUS_NOT_SUPPORTED`
+//! with nothing logged above debug; answering 0 for the null context lets
+//! `cublasSgemm` run (measured on the CPU device). Every other slot says
+//! which one was called and answers `CUDA_ERROR_NOT_SUPPORTED`, writing
+//! nothing: a caller that does use one gets an honest error, never a crash.
 use std::ffi::c_void;
 
 use crate::errors::*;
@@ -22,9 +29,11 @@ pub const TOOLS_CONTEXT_ID: [u8; 16] = 0x21318c60_9714_3248_8ca6_41ff7324c8f2u12
 /// Slots, including the size header in slot 0.
 pub const TOOLS_CONTEXT_SLOTS: usize = 95;
 
+// `name = index` defines a slot answering not supported; a bare `name` is a
+// slot defined below.
 macro_rules! unsupported_slots {
-    ($($fname:ident = $index:literal),* $(,)?) => {
-        $(
+    ($($fname:ident $(= $index:literal)?),* $(,)?) => {
+        $($(
             extern "C" fn $fname() -> CUresult {
                 tracing::debug!(
                     "dark API tools context slot {} called; answering not supported",
@@ -32,7 +41,7 @@ macro_rules! unsupported_slots {
                 );
                 CUDA_ERROR_NOT_SUPPORTED
             }
-        )*
+        )?)*
         /// The table: size in bytes, then one function per slot.
         static TABLE: Table = Table([
             (TOOLS_CONTEXT_SLOTS * std::mem::size_of::<usize>()) as *const c_void,
@@ -51,7 +60,7 @@ unsupported_slots! {
     slot1 = 1,
     slot2 = 2,
     slot3 = 3,
-    slot4 = 4,
+    slot4,
     slot5 = 5,
     slot6 = 6,
     slot7 = 7,
@@ -144,6 +153,19 @@ unsupported_slots! {
     slot94 = 94,
 }
 
+/// Slot 4, the context number: 0 for the null context (all cuBLASLt has
+/// been seen to pass), else the context's handle, which is also what
+/// `cuCtxGetId` answers for it.
+extern "C" fn slot4(ctx: *mut c_void, number: *mut u64) -> CUresult {
+    tracing::trace!("dark API tools context slot 4 ({ctx:?}, {number:?})");
+    if number.is_null() {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    // SAFETY: checked non-null; the caller passes a u64 to fill.
+    unsafe { *number = ctx as u64 };
+    CUDA_SUCCESS
+}
+
 /// The table `cuGetExportTable` hands out for [`TOOLS_CONTEXT_ID`].
 pub fn table() -> *const c_void {
     TABLE.0.as_ptr().cast()
@@ -166,5 +188,24 @@ mod tests {
         assert_eq!(TOOLS_CONTEXT_ID[0], 0x21);
         assert_eq!(TOOLS_CONTEXT_ID[15], 0xf2);
         assert!(crate::dark_api::export_table(&TOOLS_CONTEXT_ID).is_some());
+    }
+
+    /// cuBLASLt fails every GEMM with `CUBLAS_STATUS_NOT_SUPPORTED` unless
+    /// slot 4 answers for the null context.
+    #[test]
+    fn slot4_answers_the_context_number() {
+        let t = table() as *const usize;
+        // SAFETY: slot 4 of the static table holds `slot4`.
+        let f: extern "C" fn(*mut c_void, *mut u64) -> CUresult =
+            unsafe { std::mem::transmute(*t.add(4)) };
+        let mut n = 7u64;
+        assert_eq!(f(std::ptr::null_mut(), &mut n), CUDA_SUCCESS);
+        assert_eq!(n, 0);
+        assert_eq!(f(0x1234 as *mut c_void, &mut n), CUDA_SUCCESS);
+        assert_eq!(n, 0x1234);
+        assert_eq!(
+            f(std::ptr::null_mut(), std::ptr::null_mut()),
+            CUDA_ERROR_INVALID_VALUE
+        );
     }
 }
