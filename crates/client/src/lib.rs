@@ -40,6 +40,7 @@ use errors::{CUresult, CuResult, CUDA_ERROR_UNKNOWN, CUDA_SUCCESS};
 /// and keeps any panic from unwinding across the C ABI.
 pub(crate) fn guard(name: &'static str, body: impl FnOnce() -> CuResult<()>) -> CUresult {
     logging_init();
+    thread_storage_alive();
     match catch_unwind(AssertUnwindSafe(body)) {
         Ok(Ok(())) => {
             tracing::trace!("{name} -> CUDA_SUCCESS");
@@ -56,8 +57,40 @@ pub(crate) fn guard(name: &'static str, body: impl FnOnce() -> CuResult<()>) -> 
     }
 }
 
+/// Whether this thread's thread-local storage is still there. `exit`
+/// destroys it before it runs `atexit` handlers, and the CUDA runtime's
+/// handler unloads its modules through the driver then; the logger formats
+/// in thread-local storage, so an event logged there panicked, outside
+/// `guard`'s catch when `guard` itself logged, and aborted the program.
+/// `guard` touches this on every call, so it exists (and is torn down) on
+/// every thread that calls the driver.
+fn thread_storage_alive() -> bool {
+    struct Alive;
+    impl Drop for Alive {
+        fn drop(&mut self) {}
+    }
+    thread_local!(static ALIVE: Alive = const { Alive });
+    ALIVE.try_with(|_| ()).is_ok()
+}
+
+/// Drops every event once this thread's storage is torn down (see
+/// [`thread_storage_alive`]).
+struct SkipWhenStorageGone;
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for SkipWhenStorageGone {
+    fn event_enabled(
+        &self,
+        _event: &tracing::Event<'_>,
+        _ctx: tracing_subscriber::layer::Context<'_, S>,
+    ) -> bool {
+        thread_storage_alive()
+    }
+}
+
 /// Installs the stderr logger once; the level comes from `CUMUX_LOG` (default warn).
 pub(crate) fn logging_init() {
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
         let filter = std::env::var("CUMUX_LOG").unwrap_or_else(|_| "warn".into());
@@ -68,6 +101,8 @@ pub(crate) fn logging_init() {
             .with_writer(std::io::stderr)
             .with_target(false)
             .with_ansi(false)
+            .finish()
+            .with(SkipWhenStorageGone)
             .try_init();
     });
 }
@@ -89,4 +124,35 @@ macro_rules! not_implemented_stubs {
             }
         )*
     };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A driver call made after the thread's storage is torn down (as the
+    /// CUDA runtime's `atexit` handler does) logs nothing and returns; it
+    /// used to panic in the logger, outside `guard`'s catch, and abort.
+    #[test]
+    fn calls_after_thread_storage_is_gone_do_not_abort() {
+        struct CallsOnDrop;
+        impl Drop for CallsOnDrop {
+            fn drop(&mut self) {
+                assert!(!thread_storage_alive());
+                let r = guard("late", || panic!("logged at error level"));
+                assert_eq!(r, CUDA_ERROR_UNKNOWN);
+            }
+        }
+        thread_local!(static LATE: CallsOnDrop = const { CallsOnDrop });
+        std::thread::spawn(|| {
+            // Registered first, so destroyed last: after the logger's
+            // buffer and `thread_storage_alive`'s marker.
+            LATE.with(|_| ());
+            let r = guard("early", || panic!("logged at error level"));
+            assert_eq!(r, CUDA_ERROR_UNKNOWN);
+            assert!(thread_storage_alive());
+        })
+        .join()
+        .unwrap();
+    }
 }
