@@ -1,5 +1,5 @@
 //! `cumux serve --config FILE`: a TOML file with the server settings (`device`,
-//! `listen`, `memory`, `policy`; command-line flags win) and the tenant table (quotas,
+//! `listen`, `memory`, `launch_budget`, `policy`; command-line flags win) and the tenant table (quotas,
 //! weights, classes, devices, uids), and the byte-size syntax (`512M`, `16GiB`).
 
 use std::collections::BTreeMap;
@@ -14,6 +14,9 @@ pub struct FileConfig {
     pub device: Option<String>,
     pub listen: Option<String>,
     pub memory: Option<u64>,
+    /// Instructions one block of a CPU device launch may execute before the
+    /// launch fails with CUDA_ERROR_LAUNCH_TIMEOUT (702); 0 = unlimited.
+    pub launch_budget: Option<u64>,
     /// The scheduling policy of every device: `fifo`, `fair` or `priority`.
     pub policy: Option<String>,
     pub tenants: TenantPolicy,
@@ -43,6 +46,7 @@ struct RawConfig {
     device: Option<String>,
     listen: Option<String>,
     memory: Option<Bytes>,
+    launch_budget: Option<u64>,
     policy: Option<String>,
     #[serde(default = "yes")]
     allow_unknown: bool,
@@ -113,6 +117,7 @@ pub fn parse(text: &str) -> Result<FileConfig> {
         device: raw.device,
         listen: raw.listen,
         memory: raw.memory.map(|m| m.get()).transpose().context("memory")?,
+        launch_budget: raw.launch_budget,
         tenants: policy,
     })
 }
@@ -162,6 +167,12 @@ mod tests {
             Some("fair")
         );
         assert!(parse("policy = \"lottery\"").is_err());
+        assert_eq!(parse("launch_budget = 0").unwrap().launch_budget, Some(0));
+        assert_eq!(
+            parse("launch_budget = 1000000").unwrap().launch_budget,
+            Some(1_000_000)
+        );
+        assert_eq!(parse("").unwrap().launch_budget, None);
         assert!(parse("colour = \"blue\"").is_err());
     }
 

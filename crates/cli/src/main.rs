@@ -35,6 +35,12 @@ enum Command {
         /// Device memory of the CPU device, e.g. 4G (default: a quarter of RAM, at most 16 GiB).
         #[arg(long, value_parser = parse_memory)]
         memory: Option<u64>,
+        /// Instructions one thread block of a launch may execute on the CPU device
+        /// before the launch fails with CUDA_ERROR_LAUNCH_TIMEOUT (702), like the
+        /// driver's watchdog; it stops a kernel that never ends (default
+        /// 20000000000, minutes of interpretation; 0 = unlimited).
+        #[arg(long)]
+        launch_budget: Option<u64>,
         /// How each device shares its time among tenants: fifo (default: no scheduler,
         /// launches go in arrival order), fair (weighted shares of device time) or
         /// priority (latency-critical tenants first).
@@ -72,6 +78,9 @@ enum Command {
         ordinal: u32,
         #[arg(long, value_parser = parse_memory)]
         memory: Option<u64>,
+        /// Per-block instruction budget of a CPU device launch (0 = unlimited).
+        #[arg(long)]
+        launch_budget: Option<u64>,
         /// Hex nonce of the stdout markers.
         #[arg(long)]
         nonce: String,
@@ -91,12 +100,14 @@ fn main() -> ExitCode {
             listen,
             config,
             memory,
+            launch_budget,
             policy,
         } => serve::serve(serve::ServeOptions {
             device,
             listen,
             config,
             memory,
+            launch_budget,
             policy,
         })
         .map(|()| 0),
@@ -122,11 +133,13 @@ fn main() -> ExitCode {
             device,
             ordinal,
             memory,
+            launch_budget,
             nonce,
         } => worker::worker(worker::WorkerOptions {
             device,
             ordinal,
             memory,
+            launch_budget,
             nonce,
         })
         .map(|()| 0),

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
 use cumux_server::device::model::ModelDevice;
-use cumux_server::device::{cpu_device, default_memory_bytes, worker};
+use cumux_server::device::{cpu_device, default_memory_bytes, worker, DEFAULT_LAUNCH_BUDGET};
 use cumux_server::{listener, Address, Device, Server};
 
 use crate::config;
@@ -19,6 +19,8 @@ pub struct ServeOptions {
     pub listen: Option<String>,
     pub config: Option<PathBuf>,
     pub memory: Option<u64>,
+    /// Per-block instruction budget of a CPU device launch (0 = unlimited).
+    pub launch_budget: Option<u64>,
     pub policy: Option<String>,
 }
 
@@ -35,9 +37,11 @@ fn cuda_devices() -> Result<Vec<Arc<dyn Device>>, String> {
     worker::cuda_worker_devices(exe)
 }
 
-fn choose_devices(kind: &str, memory: u64) -> Result<Vec<Arc<dyn Device>>> {
+fn choose_devices(kind: &str, memory: u64, launch_budget: u64) -> Result<Vec<Arc<dyn Device>>> {
     let cpu = || -> Result<Vec<Arc<dyn Device>>> {
-        Ok(vec![cpu_device(memory).map_err(anyhow::Error::msg)?])
+        Ok(vec![
+            cpu_device(memory, launch_budget).map_err(anyhow::Error::msg)?
+        ])
     };
     match kind {
         "cpu" => cpu(),
@@ -46,7 +50,7 @@ fn choose_devices(kind: &str, memory: u64) -> Result<Vec<Arc<dyn Device>>> {
         // The CPU device in worker processes: the cuda backend's machinery, testable without a GPU.
         "worker-cpu" => {
             let exe = std::env::current_exe().context("cannot find the cumux executable")?;
-            Ok(vec![worker::cpu_worker_device(exe, memory)])
+            Ok(vec![worker::cpu_worker_device(exe, memory, launch_budget)])
         }
         "auto" => {
             if !gpu_present() {
@@ -88,6 +92,10 @@ pub fn serve(options: ServeOptions) -> Result<()> {
         .memory
         .or(file.memory)
         .unwrap_or_else(default_memory_bytes);
+    let launch_budget = options
+        .launch_budget
+        .or(file.launch_budget)
+        .unwrap_or(DEFAULT_LAUNCH_BUDGET);
     let address = match options.listen.or(file.listen) {
         Some(text) => Address::parse(&text).map_err(anyhow::Error::msg)?,
         None => Address::default_unix(),
@@ -97,7 +105,7 @@ pub fn serve(options: ServeOptions) -> Result<()> {
         .or(file.policy)
         .unwrap_or_else(|| "fifo".into());
     let policy = cumux_server::gate::parse_policy(&policy_name).map_err(anyhow::Error::msg)?;
-    let devices = choose_devices(&kind, memory)?;
+    let devices = choose_devices(&kind, memory, launch_budget)?;
     for (name, t) in &file.tenants.tenants {
         if let Some(bad) = t
             .devices

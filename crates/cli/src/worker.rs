@@ -6,10 +6,10 @@ use std::os::fd::AsFd;
 use std::os::unix::net::UnixStream;
 
 use anyhow::{anyhow, Context, Result};
-use cumux_server::device::default_memory_bytes;
 use cumux_server::device::worker::{
     image_print_detector, local_device, nonce_from_hex, serve_worker, WorkerStdout,
 };
+use cumux_server::device::{default_memory_bytes, DEFAULT_LAUNCH_BUDGET};
 
 /// What the server asked the worker to serve.
 #[derive(Debug, Clone)]
@@ -18,6 +18,8 @@ pub struct WorkerOptions {
     pub device: String,
     pub ordinal: u32,
     pub memory: Option<u64>,
+    /// Per-block instruction budget of a CPU device launch (0 = unlimited).
+    pub launch_budget: Option<u64>,
     /// Hex nonce of the stdout markers.
     pub nonce: String,
 }
@@ -41,6 +43,7 @@ pub fn worker(options: WorkerOptions) -> Result<()> {
         &options.device,
         options.ordinal,
         options.memory.unwrap_or_else(default_memory_bytes),
+        options.launch_budget.unwrap_or(DEFAULT_LAUNCH_BUDGET),
     )
     .map_err(anyhow::Error::msg)?;
     let mut out = std::io::stdout();

@@ -25,7 +25,12 @@ use super::{
 pub struct CpuDevice {
     info: DeviceInfo,
     budget: Arc<Budget>,
+    /// Instructions one block may execute before its launch fails with
+    /// CUDA_ERROR_LAUNCH_TIMEOUT (702), like the driver's watchdog.
+    launch_budget: u64,
 }
+
+pub use super::DEFAULT_LAUNCH_BUDGET;
 
 /// Device memory in use across contexts, against the device's capacity.
 struct Budget {
@@ -55,6 +60,7 @@ impl Budget {
 /// One session's address space and modules on the CPU device.
 pub struct CpuContext {
     mem: DeviceMemory,
+    launch_budget: u64,
     budget: Arc<Budget>,
     /// What this context has charged to the budget.
     charged: AtomicU64,
@@ -72,9 +78,17 @@ fn mem_err(e: MemError) -> CuError {
 }
 
 impl CpuDevice {
-    /// A CPU device with `capacity` bytes of device memory and one
-    /// multiprocessor per host core.
+    /// A CPU device with `capacity` bytes of device memory, one
+    /// multiprocessor per host core and the default launch budget
+    /// ([`DEFAULT_LAUNCH_BUDGET`]).
     pub fn new(capacity: u64) -> Self {
+        Self::with_launch_budget(capacity, DEFAULT_LAUNCH_BUDGET)
+    }
+
+    /// Like [`CpuDevice::new`], but a block of a launch that executes more
+    /// than `launch_budget` instructions fails it with CUDA_ERROR_LAUNCH_TIMEOUT
+    /// (702) instead of running forever; 0 means no limit.
+    pub fn with_launch_budget(capacity: u64, launch_budget: u64) -> Self {
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         let pci = [0, 0xc0, 0];
         let host = std::fs::read_to_string("/etc/hostname").unwrap_or_default();
@@ -95,6 +109,11 @@ impl CpuDevice {
                 capacity,
                 used: AtomicU64::new(0),
             }),
+            launch_budget: if launch_budget == 0 {
+                u64::MAX
+            } else {
+                launch_budget
+            },
         }
     }
 }
@@ -185,6 +204,7 @@ impl Device for CpuDevice {
     fn create_context(&self) -> Result<Arc<dyn DeviceContext>, CuError> {
         Ok(Arc::new(CpuContext {
             mem: DeviceMemory::new(self.budget.capacity),
+            launch_budget: self.launch_budget,
             budget: Arc::clone(&self.budget),
             charged: AtomicU64::new(0),
             modules: Mutex::new(Modules {
@@ -346,7 +366,7 @@ impl DeviceContext for CpuContext {
             block: geometry.block,
             dynamic_shared_bytes: geometry.dynamic_shared_bytes,
         };
-        let report = program.launch(&self.mem, &name, &config, params);
+        let report = program.launch_limited(&self.mem, &name, &config, params, self.launch_budget);
         LaunchOutcome {
             stdout: report.stdout,
             result: report

@@ -120,13 +120,22 @@ pub trait DeviceContext: Send + Sync {
     ) -> LaunchOutcome;
 }
 
-/// The CPU reference device with `capacity` bytes of memory, if this build has it.
-pub fn cpu_device(capacity: u64) -> Result<Arc<dyn Device>, String> {
+/// The default per-block instruction budget of a launch on the CPU device
+/// (`cumux serve --launch-budget`): minutes of interpretation.
+pub const DEFAULT_LAUNCH_BUDGET: u64 = 20_000_000_000;
+
+/// The CPU reference device with `capacity` bytes of memory, if this build has
+/// it. A block of a launch that executes more than `launch_budget` instructions
+/// fails it with CUDA_ERROR_LAUNCH_TIMEOUT (702); 0 means no limit.
+pub fn cpu_device(capacity: u64, launch_budget: u64) -> Result<Arc<dyn Device>, String> {
     #[cfg(feature = "cpu")]
-    return Ok(Arc::new(cpu::CpuDevice::new(capacity)));
+    return Ok(Arc::new(cpu::CpuDevice::with_launch_budget(
+        capacity,
+        launch_budget,
+    )));
     #[cfg(not(feature = "cpu"))]
     return Err(format!(
-        "this build of cumux-server has no CPU device (feature `cpu`); cannot serve {capacity} bytes"
+        "this build of cumux-server has no CPU device (feature `cpu`); cannot serve {capacity} bytes (launch budget {launch_budget})"
     ));
 }
 

@@ -1173,12 +1173,12 @@ impl Drop for WorkerContext {
 
 /// The CPU reference device served by workers (for tests of this machinery).
 #[cfg(feature = "cpu")]
-pub fn cpu_worker_device(program: PathBuf, memory: u64) -> Arc<dyn Device> {
+pub fn cpu_worker_device(program: PathBuf, memory: u64, launch_budget: u64) -> Arc<dyn Device> {
     let info = super::cpu::CpuDevice::new(memory).info().clone();
-    Arc::new(WorkerDevice::new(
-        info,
-        WorkerCommand::cumux(program, "cpu", 0, Some(memory)),
-    ))
+    let mut command = WorkerCommand::cumux(program, "cpu", 0, Some(memory));
+    command.args.push("--launch-budget".into());
+    command.args.push(launch_budget.to_string().into());
+    Arc::new(WorkerDevice::new(info, command))
 }
 
 /// Every GPU of the system's CUDA driver, each served by workers that
@@ -1213,11 +1213,17 @@ pub fn cuda_worker_devices(program: PathBuf) -> Result<Vec<Arc<dyn Device>>, Str
     Ok(out)
 }
 
-/// The device a worker process serves: `cpu` (with `memory` bytes) or `cuda`
-/// (GPU `ordinal`, its context created in this process, printf left on fd 1).
-pub fn local_device(kind: &str, ordinal: u32, memory: u64) -> Result<Arc<dyn Device>, String> {
+/// The device a worker process serves: `cpu` (with `memory` bytes and a
+/// per-block `launch_budget` of instructions, 0 for none) or `cuda` (GPU
+/// `ordinal`, its context created in this process, printf left on fd 1).
+pub fn local_device(
+    kind: &str,
+    ordinal: u32,
+    memory: u64,
+    launch_budget: u64,
+) -> Result<Arc<dyn Device>, String> {
     match kind {
-        "cpu" => super::cpu_device(memory),
+        "cpu" => super::cpu_device(memory, launch_budget),
         #[cfg(feature = "cuda")]
         "cuda" => {
             let driver = cumux_cuda_driver::Driver::load().map_err(|e| e.to_string())?;
