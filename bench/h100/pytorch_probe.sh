@@ -74,13 +74,34 @@ elif step == "graph":
     with torch.cuda.graph(g):
         y = x * 2
     g.replay(); torch.cuda.synchronize(); print(float(y.sum()))
+elif step == "autocast":
+    # cuBLASLt's Hopper bf16 path: TMA descriptors built on the host.
+    torch.manual_seed(0)
+    a = torch.randn(1024, 1024, device="cuda"); b = torch.randn(1024, 1024, device="cuda")
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        c = a @ b
+    print(float(c.double().sum()))
+elif step == "gpt":
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerEncoderLayer(128, 4, 512, dropout=0.0, batch_first=True, norm_first=True)
+    m = torch.nn.Sequential(torch.nn.Embedding(256, 128), torch.nn.TransformerEncoder(layer, 2), torch.nn.Linear(128, 256)).cuda()
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-3)
+    x = torch.randint(0, 256, (8, 64), device="cuda")
+    mask = torch.nn.Transformer.generate_square_subsequent_mask(64, device="cuda")
+    for _ in range(5):
+        opt.zero_grad()
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            h = m[1](m[0](x), mask=mask, is_causal=True)
+            loss = torch.nn.functional.cross_entropy(m[2](h).float().view(-1, 256), x.view(-1))
+        loss.backward(); opt.step()
+    print(float(loss))
 elif step == "compile":
     f = torch.compile(lambda a: torch.sin(a) * 2 + a)
     print(float(f(torch.ones(1024, device="cuda")).sum()))
 PY
 [ -n "${PROBE_LOG:-}" ] && export CUMUX_LOG=$PROBE_LOG
 STEP_TIMEOUT=${STEP_TIMEOUT:-100}
-STEPS=${STEPS:-available tensor matmul_fp32 matmul_bf16 conv conv_notf32 train graph compile}
+STEPS=${STEPS:-available tensor matmul_fp32 matmul_bf16 autocast conv conv_notf32 train gpt graph compile}
 # One side of one step: prints "OUTPUT" or "FAIL rc=N: last stderr line".
 run_side() {
     local err=$1; shift

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use common::{wait_bounded, RunOutput, ServerProc, TempDir};
+use common::{e2e_device, wait_bounded, RunOutput, ServerProc, TempDir};
 
 const LIMIT: Duration = Duration::from_secs(180);
 
@@ -107,6 +107,12 @@ fn threads_with_their_own_streams() {
 
 #[test]
 fn a_wait_does_not_hold_up_other_threads() {
+    if e2e_device() == "worker-cpu" {
+        // A CPU worker runs each stream's work as it arrives, one piece at a
+        // time: a kernel waiting for another stream's copy cannot see it.
+        eprintln!("skipped on worker-cpu: its streams do not run concurrently");
+        return;
+    }
     let server = ServerProc::start("xthread");
     run_passes(&server, &driver_program("cross_thread_wait"));
 }

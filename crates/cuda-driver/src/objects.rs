@@ -17,6 +17,8 @@ use crate::sys::*;
 pub struct Stream {
     ctx: Arc<Context>,
     raw: CUstream,
+    /// Whether dropping it destroys it (not the legacy default stream).
+    owned: bool,
 }
 
 // SAFETY: stream handles may be used from any thread of the process.
@@ -39,7 +41,34 @@ impl Stream {
         Ok(Stream {
             ctx: Arc::clone(ctx),
             raw,
+            owned: true,
         })
+    }
+
+    /// The context's legacy default stream (the null stream), which waits for
+    /// and is waited for by every blocking stream of the context.
+    pub fn legacy_default(ctx: &Arc<Context>) -> Stream {
+        Stream {
+            ctx: Arc::clone(ctx),
+            raw: std::ptr::null_mut(),
+            owned: false,
+        }
+    }
+
+    /// Makes later work of this stream wait for `event`'s latest record.
+    pub fn wait_event(&self, event: &Event) -> Result<(), CudaError> {
+        self.ctx.make_current()?;
+        // SAFETY: both handles are live.
+        unsafe { cu!(self.ctx.driver, cuStreamWaitEvent(self.raw, event.raw, 0)) }
+    }
+
+    /// Queues a copy from pageable host memory. The driver has staged `data`
+    /// when this returns (CUDA's documented behaviour for pageable sources),
+    /// so the caller may drop it at once.
+    pub fn copy_htod_pageable(&self, dst: u64, data: &[u8]) -> Result<(), CudaError> {
+        // SAFETY: pageable memory is staged before the call returns (see
+        // above); `data` is never pinned memory here, the caller's own heap.
+        unsafe { self.copy_htod_async(dst, data) }
     }
 
     pub fn context(&self) -> &Arc<Context> {
@@ -206,7 +235,7 @@ impl Stream {
 
 impl Drop for Stream {
     fn drop(&mut self) {
-        if self.ctx.make_current().is_ok() {
+        if self.owned && self.ctx.make_current().is_ok() {
             // SAFETY: `raw` is live and dropped once.
             let _ = unsafe { cu!(self.ctx.driver, cuStreamDestroy(self.raw)) };
         }

@@ -163,6 +163,7 @@ driver_api! {
     cuStreamDestroy ["cuStreamDestroy_v2"] (CUstream);
     cuStreamSynchronize ["cuStreamSynchronize"] (CUstream);
     cuStreamQuery ["cuStreamQuery"] (CUstream);
+    cuStreamWaitEvent ["cuStreamWaitEvent"] (CUstream, CUevent, c_uint);
 
     cuEventCreate ["cuEventCreate"] (*mut CUevent, c_uint);
     cuEventRecord ["cuEventRecord"] (CUevent, CUstream);

@@ -73,7 +73,8 @@ CUresult cuCtxCreate_v2(void **ctx, unsigned flags, CUdevice d) {
 }
 CUresult cuCtxDestroy_v2(void *ctx) { return ctx == &dummy_context ? 0 : 400; }
 CUresult cuCtxSetCurrent(void *ctx) { return ctx == &dummy_context ? 0 : 201; }
-CUresult cuCtxSynchronize(void) { return 0; }
+static void flush_prints(void);
+CUresult cuCtxSynchronize(void) { flush_prints(); return 0; }
 CUresult cuDevicePrimaryCtxRetain(void **ctx, CUdevice d) { (void)d; *ctx = &dummy_context; return 0; }
 CUresult cuDevicePrimaryCtxRelease_v2(CUdevice d) { (void)d; return 0; }
 
@@ -144,12 +145,16 @@ static void flush_prints(void) {
 CUresult cuStreamCreateWithPriority(void **s, unsigned flags, int prio) {
     (void)flags; (void)prio; *s = &stream_token; return 0;
 }
+/* The null stream (legacy default) is a stream too, except to destroy. */
 CUresult cuStreamDestroy_v2(void *s) { return s == &stream_token ? 0 : 400; }
-CUresult cuStreamQuery(void *s) { return s == &stream_token ? 0 : 400; }
+CUresult cuStreamQuery(void *s) { return s == &stream_token || !s ? 0 : 400; }
 CUresult cuStreamSynchronize(void *s) {
-    if (s != &stream_token) return 400;
+    if (s != &stream_token && s) return 400;
     flush_prints();
     return 0;
+}
+CUresult cuStreamWaitEvent(void *s, void *e, unsigned flags) {
+    return (s == &stream_token || !s) && e == &event_token && !flags ? 0 : 400;
 }
 CUresult cuEventCreate(void **e, unsigned flags) { (void)flags; *e = &event_token; return 0; }
 CUresult cuEventRecord(void *e, void *s) { (void)e; (void)s; return 0; }

@@ -2,7 +2,7 @@
 //! and allocations, the check of every handle and pointer it sends, the execution
 //! of its calls, its sticky errors and printf output, and its clean-up.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Mutex, MutexGuard};
@@ -15,7 +15,10 @@ use cumux_protocol::{
 };
 
 use crate::device::attributes::{MAX_BLOCK_DIM, MAX_GRID_DIM, SHARED_PER_BLOCK_OPTIN};
-use crate::device::{Device, DeviceContext, KernelDesc, LaunchGeometry, LaunchOutcome, ModuleId};
+use crate::device::{
+    Device, DeviceContext, KernelDesc, LaunchGeometry, LaunchOutcome, ModuleId, StreamOrdered,
+    StreamWork, SyncTarget,
+};
 use crate::gate::GateSession;
 use crate::status::{server_status, SessionEntry, SessionStats};
 use crate::streams::{Position, Streams, Work, MAX_STREAMS, NON_BLOCKING};
@@ -33,6 +36,9 @@ pub const FIRST_HANDLE: Handle = 0x100;
 pub const MAX_QUEUED_BYTES: u64 = 1 << 30;
 /// `CU_EVENT_DISABLE_TIMING`.
 const EVENT_DISABLE_TIMING: u32 = 0x2;
+/// `1` keeps stream order in the server (a thread per stream) even where the
+/// device keeps it itself: for comparisons.
+pub const STREAM_THREADS_ENV: &str = "CUMUX_STREAM_THREADS";
 
 type CallResult = Result<ReplyBody, CuError>;
 
@@ -141,6 +147,11 @@ pub struct Session {
     /// Bytes of module globals charged to the tenant, by module handle.
     module_bytes: HashMap<Handle, u64>,
     streams: Streams,
+    /// Whether the device keeps stream order ([`StreamOrdered`]): then stream
+    /// work goes straight to it, unwaited, and `ordered_streams` are the
+    /// session's streams (besides the default one).
+    ordered: bool,
+    ordered_streams: HashSet<Handle>,
     next_handle: Handle,
     /// Allocations made by this session: base → size.
     allocations: BTreeMap<DevicePtr, u64>,
@@ -237,6 +248,11 @@ impl Session {
         if let Some(entry) = &entry {
             server.registry().insert(Arc::clone(entry));
         }
+        // The scheduling gate holds launches back in the server: it needs the
+        // server's own stream workers.
+        let ordered = ctx.stream_ordered().is_some()
+            && gate.is_none()
+            && std::env::var(STREAM_THREADS_ENV).map_or(true, |v| v.trim() != "1");
         Ok(Session {
             server,
             device,
@@ -254,6 +270,8 @@ impl Session {
             account,
             module_bytes: HashMap::new(),
             streams,
+            ordered,
+            ordered_streams: HashSet::new(),
             next_handle: FIRST_HANDLE,
             allocations: BTreeMap::new(),
             globals: BTreeMap::new(),
@@ -360,6 +378,13 @@ impl Session {
                 params,
             } => self.launch(function, grid, block, shared_bytes, stream, params),
             Call::StreamCreate { flags, .. } => self.stream_create(flags),
+            Call::StreamDestroy { stream } if self.ordered => {
+                if !self.ordered_streams.remove(&stream) {
+                    return Err(invalid_handle("stream", stream));
+                }
+                self.ordered()?.stream_destroy(stream)?;
+                Ok(ReplyBody::Unit)
+            }
             Call::StreamDestroy { stream } => {
                 self.sched_streams.remove(&stream);
                 if self.streams.destroy(stream) {
@@ -368,10 +393,19 @@ impl Session {
                     Err(invalid_handle("stream", stream))
                 }
             }
+            Call::StreamSynchronize { stream } if self.ordered => {
+                self.check_stream(stream)?;
+                let outcome = self.ordered()?.synchronize(SyncTarget::Stream(stream));
+                self.waited(outcome)
+            }
             Call::StreamSynchronize { stream } => {
                 self.check_stream(stream)?;
                 self.streams.synchronize(stream);
                 self.sync_result()
+            }
+            Call::StreamQuery { stream } if self.ordered => {
+                self.check_stream(stream)?;
+                self.ordered_query(SyncTarget::Stream(stream), "stream busy")
             }
             Call::StreamQuery { stream } => {
                 self.check_stream(stream)?;
@@ -386,6 +420,12 @@ impl Session {
                     Err(err(codes::NOT_READY, "stream busy"))
                 }
             }
+            Call::StreamWaitEvent { stream, event } if self.ordered => {
+                self.check_stream(stream)?;
+                self.event(event)?;
+                self.ordered()?.enqueue(stream, StreamWork::Wait { event });
+                Ok(ReplyBody::Unit)
+            }
             Call::StreamWaitEvent { stream, event } => {
                 self.check_stream(stream)?;
                 let event = self.event(event)?;
@@ -398,6 +438,9 @@ impl Session {
                     return Err(err(codes::INVALID_VALUE, format!("event flags {flags:#x}")));
                 }
                 let handle = self.mint_handle();
+                if self.ordered {
+                    self.ordered()?.event_create(handle, flags)?;
+                }
                 self.events.insert(
                     handle,
                     Arc::new(Event {
@@ -408,6 +451,10 @@ impl Session {
                 Ok(ReplyBody::Handle(handle))
             }
             Call::EventRecord { event, stream } => self.event_record(event, stream),
+            Call::EventQuery { event } if self.ordered => {
+                self.event(event)?;
+                self.ordered_query(SyncTarget::Event(event), "event not reached yet")
+            }
             Call::EventQuery { event } => {
                 let event = self.event(event)?;
                 let recorded = lock(&event.state).recorded;
@@ -417,6 +464,11 @@ impl Session {
                     }
                     _ => Ok(ReplyBody::Unit),
                 }
+            }
+            Call::EventSynchronize { event } if self.ordered => {
+                self.event(event)?;
+                let outcome = self.ordered()?.synchronize(SyncTarget::Event(event));
+                self.waited(outcome)
             }
             Call::EventSynchronize { event } => {
                 let event = self.event(event)?;
@@ -428,9 +480,17 @@ impl Session {
             }
             Call::EventElapsed { start, end } => self.event_elapsed(start, end),
             Call::EventDestroy { event } => match self.events.remove(&event) {
+                Some(_) if self.ordered => {
+                    self.ordered()?.event_destroy(event)?;
+                    Ok(ReplyBody::Unit)
+                }
                 Some(_) => Ok(ReplyBody::Unit),
                 None => Err(invalid_handle("event", event)),
             },
+            Call::ContextSynchronize if self.ordered => {
+                let outcome = self.ordered()?.synchronize(SyncTarget::Context);
+                self.waited(outcome)
+            }
             Call::ContextSynchronize => {
                 self.streams.synchronize_all();
                 self.sync_result()
@@ -459,7 +519,11 @@ impl Session {
     }
 
     fn check_stream(&self, stream: Handle) -> Result<(), CuError> {
-        if self.streams.contains(stream) {
+        let known = match self.ordered {
+            true => stream == DEFAULT_STREAM || self.ordered_streams.contains(&stream),
+            false => self.streams.contains(stream),
+        };
+        if known {
             Ok(())
         } else {
             Err(invalid_handle("stream", stream))
@@ -506,6 +570,62 @@ impl Session {
     }
 
     // ----- stream-ordered execution -----
+
+    /// The device's stream ordering, when this session uses it.
+    fn ordered(&self) -> Result<&dyn StreamOrdered, CuError> {
+        self.ctx
+            .stream_ordered()
+            .filter(|_| self.ordered)
+            .ok_or_else(|| err(codes::UNKNOWN, "the device keeps no stream order"))
+    }
+
+    /// The result of a call that waited on the device: its printf output is
+    /// kept for the reply, its failure recorded (fatal ones poison the session).
+    fn waited(&self, outcome: LaunchOutcome) -> CallResult {
+        self.core.append_stdout(&outcome.stdout);
+        if let Err(e) = outcome.result {
+            self.core.fail(e);
+        }
+        self.sync_result()
+    }
+
+    /// A stream or event query against the device.
+    fn ordered_query(&self, target: SyncTarget, busy: &str) -> CallResult {
+        match self.ordered()?.query(target) {
+            Ok(true) => self.sync_result(),
+            Ok(false) => Err(err(codes::NOT_READY, busy)),
+            Err(e) => {
+                self.core.fail(e);
+                self.sync_result()
+            }
+        }
+    }
+
+    /// Queues `work` on the device: on `stream` without waiting, or (`None`)
+    /// on the default stream, waiting for it as a synchronous call does.
+    fn ordered_submit(&self, stream: Option<Handle>, work: StreamWork) -> CallResult {
+        let ordered = self.ordered()?;
+        ordered.enqueue(stream.unwrap_or(DEFAULT_STREAM), work);
+        match stream {
+            Some(_) => Ok(ReplyBody::Unit),
+            None => self.waited(ordered.synchronize(SyncTarget::Stream(DEFAULT_STREAM))),
+        }
+    }
+
+    /// Waits for all of the session's stream work (before a free or an unload).
+    fn drain_all(&mut self) {
+        if self.ordered {
+            if let Ok(ordered) = self.ordered() {
+                let outcome = ordered.synchronize(SyncTarget::Context);
+                self.core.append_stdout(&outcome.stdout);
+                if let Err(e) = outcome.result {
+                    self.core.fail(e);
+                }
+            }
+        } else {
+            self.streams.synchronize_all();
+        }
+    }
 
     fn enqueue(
         &mut self,
@@ -611,7 +731,7 @@ impl Session {
             ));
         };
         // Like cuMemFree, wait for work that may still use it.
-        self.streams.synchronize_all();
+        self.drain_all();
         self.allocations.remove(&ptr);
         let stats = &self.core.stats;
         stats.mem_used.fetch_sub(size, Ordering::Relaxed);
@@ -656,6 +776,9 @@ impl Session {
         if data.is_empty() {
             return Ok(ReplyBody::Unit);
         }
+        if self.ordered {
+            return self.ordered_submit(stream, StreamWork::Write { dst, data });
+        }
         let bytes = data.len() as u64;
         let mut job = self.device_job(move |d| d.mem_write(dst, &data));
         if stream.is_some() {
@@ -674,6 +797,12 @@ impl Session {
             ));
         }
         self.check_range(src, bytes)?;
+        if self.ordered {
+            let mut buf = vec![0u8; bytes as usize];
+            let outcome = self.ordered()?.read(stream, src, &mut buf);
+            self.waited(outcome)?;
+            return Ok(ReplyBody::Data(buf));
+        }
         let (tx, rx) = mpsc::sync_channel(1);
         let job = self.device_job(move |d| {
             let mut buf = vec![0u8; bytes as usize];
@@ -704,6 +833,9 @@ impl Session {
         self.check_range(dst, bytes)?;
         if bytes == 0 {
             return Ok(ReplyBody::Unit);
+        }
+        if self.ordered {
+            return self.ordered_submit(stream, StreamWork::Copy { dst, src, bytes });
         }
         let job = self.device_job(move |d| d.mem_copy(dst, src, bytes));
         self.submit(stream, job)
@@ -748,6 +880,16 @@ impl Session {
             .and_then(|s| s.checked_add(row))
             .ok_or_else(|| err(codes::INVALID_VALUE, "memset too large"))?;
         self.check_range(dst, span)?;
+        if self.ordered {
+            let work = StreamWork::Fill {
+                dst,
+                pattern,
+                count,
+                pitch,
+                height,
+            };
+            return self.ordered_submit(stream, work);
+        }
         let job = self.device_job(move |d| {
             (0..height).try_for_each(|r| d.mem_fill(dst + r * pitch, &pattern, count))
         });
@@ -829,7 +971,7 @@ impl Session {
         if !self.modules.contains_key(&module) {
             return Err(invalid_handle("module", module));
         }
-        self.streams.synchronize_all();
+        self.drain_all();
         if let Some(entry) = self.modules.remove(&module) {
             self.drop_module(entry);
         }
@@ -904,6 +1046,22 @@ impl Session {
             block,
             dynamic_shared_bytes: shared_bytes,
         };
+        if self.ordered {
+            // The device times nothing per launch here: the count is exact,
+            // the GPU time is not measured.
+            self.core.stats.launches.fetch_add(1, Ordering::Relaxed);
+            if let Some(hold) = &self.account {
+                hold.account().record_launch(0);
+            }
+            let work = StreamWork::Launch {
+                module,
+                kernel,
+                geometry,
+                params,
+            };
+            self.ordered()?.enqueue(stream, work);
+            return Ok(ReplyBody::Unit);
+        }
         let core = Arc::clone(&self.core);
         let ctx = Arc::clone(&self.ctx);
         let account = self.account.as_ref().map(|hold| Arc::clone(hold.account()));
@@ -967,6 +1125,17 @@ impl Session {
             ));
         }
         let handle = self.mint_handle();
+        if self.ordered {
+            if self.ordered_streams.len() >= MAX_STREAMS {
+                return Err(err(
+                    codes::OUT_OF_MEMORY,
+                    format!("a session may hold {MAX_STREAMS} streams"),
+                ));
+            }
+            self.ordered()?.stream_create(handle, flags)?;
+            self.ordered_streams.insert(handle);
+            return Ok(ReplyBody::Handle(handle));
+        }
         self.streams.create(handle, flags).map_err(|e| {
             err(
                 codes::OUT_OF_MEMORY,
@@ -978,6 +1147,11 @@ impl Session {
 
     fn event_record(&mut self, event: Handle, stream: Handle) -> CallResult {
         self.check_stream(stream)?;
+        if self.ordered {
+            self.event(event)?;
+            self.ordered()?.enqueue(stream, StreamWork::Record { event });
+            return Ok(ReplyBody::Unit);
+        }
         let event = self.event(event)?;
         let generation = {
             let mut state = lock(&event.state);
@@ -1004,12 +1178,17 @@ impl Session {
     }
 
     fn event_elapsed(&self, start: Handle, end: Handle) -> CallResult {
+        let (start_handle, end_handle) = (start, end);
         let (start, end) = (self.event(start)?, self.event(end)?);
         if (start.flags | end.flags) & EVENT_DISABLE_TIMING != 0 {
             return Err(err(
                 codes::INVALID_HANDLE,
                 "event created with timing disabled",
             ));
+        }
+        if self.ordered {
+            let ms = self.ordered()?.elapsed_ms(start_handle, end_handle)?;
+            return Ok(ReplyBody::ElapsedMs(ms));
         }
         let read = |e: &Event| {
             let state = lock(&e.state);

@@ -78,7 +78,14 @@ pub fn test_program(name: &str) -> PathBuf {
     cumux_testkit::compile_program(source, &[])
 }
 
-/// A `cumux serve --device cpu` child; killed at drop.
+/// The device the e2e servers use: `cpu`, or what `CUMUX_E2E_DEVICE` names
+/// (`worker-cpu` runs the same programs through worker processes, where the
+/// device keeps stream order, as the GPU backend does).
+pub fn e2e_device() -> String {
+    std::env::var("CUMUX_E2E_DEVICE").unwrap_or_else(|_| "cpu".into())
+}
+
+/// A `cumux serve --device cpu` child (see [`e2e_device`]); killed at drop.
 pub struct ServerProc {
     pub child: Child,
     pub address: String,
@@ -97,10 +104,10 @@ impl ServerProc {
         let socket = dir.0.join("s.sock");
         let address = format!("unix:{}", socket.display());
         let log = std::fs::File::create(dir.0.join("server.log")).unwrap();
-        let mut args: Vec<String> = ["serve", "--device", "cpu", "--memory", "2G", "--listen"]
+        let mut args: Vec<String> = ["serve", "--device", &e2e_device(), "--memory", "2G"]
             .map(String::from)
             .to_vec();
-        args.push(address.clone());
+        args.extend(["--listen".to_string(), address.clone()]);
         if let Some(text) = config {
             let path = dir.0.join("cumux.toml");
             std::fs::write(&path, text).unwrap();

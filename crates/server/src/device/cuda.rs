@@ -18,14 +18,16 @@ use std::thread::ThreadId;
 use cumux_cuda_driver::capture::{image_may_print, StdoutCapture};
 use cumux_cuda_driver::sys::CU_STREAM_NON_BLOCKING;
 use cumux_cuda_driver::{
-    self as cu, CudaError, DeviceId, Driver, Function, FunctionAttributes, LaunchConfig, Module,
-    Stream,
+    self as cu, CudaError, DeviceId, Driver, Event, Function, FunctionAttributes, LaunchConfig,
+    Module, Stream,
 };
-use cumux_protocol::{codes, CuError, DeviceInfo, DevicePtr, FunctionAttrs, ParamInfo};
+use cumux_protocol::{
+    codes, CuError, DeviceInfo, DevicePtr, FunctionAttrs, Handle, ParamInfo, DEFAULT_STREAM,
+};
 
 use super::{
     Device, DeviceContext, GlobalDesc, KernelDesc, LaunchGeometry, LaunchOutcome, LoadedModule,
-    ModuleId,
+    ModuleId, StreamOrdered, StreamWork, SyncTarget,
 };
 
 /// Selects how sessions map to CUDA contexts (`session` or `primary`).
@@ -209,6 +211,7 @@ impl Device for CudaDevice {
                 ContextMode::Primary => Arc::clone(&self.primary_prints),
             },
             pending_stdout: Mutex::new(Vec::new()),
+            ordered: Mutex::new(OrderedState::default()),
         }))
     }
 }
@@ -245,6 +248,17 @@ pub struct CudaContext {
     prints: Arc<AtomicBool>,
     /// Captured printf text not yet handed out with a launch.
     pending_stdout: Mutex<Vec<u8>>,
+    /// The session's own streams and events ([`StreamOrdered`]).
+    ordered: Mutex<OrderedState>,
+}
+
+/// The streams and events of a [`CudaContext`] used as [`StreamOrdered`].
+#[derive(Default)]
+struct OrderedState {
+    streams: HashMap<Handle, Arc<Stream>>,
+    events: HashMap<Handle, Arc<Event>>,
+    /// The first failure of queued work, for the next waiting call.
+    pending: Option<CuError>,
 }
 
 impl CudaContext {
@@ -317,8 +331,21 @@ impl CudaContext {
         geometry: &LaunchGeometry,
         params: &[u8],
     ) -> Result<(), CuError> {
-        let kernel = self.kernel(module, index)?;
         let stream = self.stream()?;
+        self.launch_on(&stream, module, index, geometry, params)?;
+        self.finish(&stream)
+    }
+
+    /// Queues a launch on `stream` without waiting for it.
+    fn launch_on(
+        &self,
+        stream: &Stream,
+        module: ModuleId,
+        index: usize,
+        geometry: &LaunchGeometry,
+        params: &[u8],
+    ) -> Result<(), CuError> {
+        let kernel = self.kernel(module, index)?;
         let dynamic = u64::from(geometry.dynamic_shared_bytes);
         if dynamic + kernel.static_shared > DEFAULT_SHARED_LIMIT {
             // The session has checked the size against the GPU's opt-in limit;
@@ -341,10 +368,9 @@ impl CudaContext {
         self.flushing(|| {
             kernel
                 .function
-                .launch(&stream, &config, params, kernel.params_bytes)
+                .launch(stream, &config, params, kernel.params_bytes)
         })
-        .map_err(cu_err)?;
-        self.finish(&stream)
+        .map_err(cu_err)
     }
 
     /// How the backend keeps `function`, and how the client sees it.
@@ -525,10 +551,191 @@ impl DeviceContext for CudaContext {
         params: &[u8],
     ) -> LaunchOutcome {
         let result = self.launch_inner(module, kernel, geometry, params);
+        self.outcome(result)
+    }
+
+    fn stream_ordered(&self) -> Option<&dyn StreamOrdered> {
+        Some(self)
+    }
+}
+
+impl CudaContext {
+    /// `result` with the captured printf text.
+    fn outcome(&self, result: Result<(), CuError>) -> LaunchOutcome {
         LaunchOutcome {
             stdout: std::mem::take(&mut *lock(&self.pending_stdout)),
             result,
         }
+    }
+
+    /// A session stream, the legacy default stream for [`DEFAULT_STREAM`].
+    fn ordered_stream(&self, stream: Handle) -> Result<Arc<Stream>, CuError> {
+        let ctx = self.ctx()?;
+        let mut state = lock(&self.ordered);
+        if let Some(s) = state.streams.get(&stream) {
+            return Ok(Arc::clone(s));
+        }
+        if stream != DEFAULT_STREAM {
+            return Err(CuError::new(
+                codes::INVALID_HANDLE,
+                format!("unknown stream {stream:#x}"),
+            ));
+        }
+        let legacy = Arc::new(Stream::legacy_default(ctx));
+        state.streams.insert(DEFAULT_STREAM, Arc::clone(&legacy));
+        Ok(legacy)
+    }
+
+    fn ordered_event(&self, event: Handle) -> Result<Arc<Event>, CuError> {
+        lock(&self.ordered)
+            .events
+            .get(&event)
+            .cloned()
+            .ok_or_else(|| CuError::new(codes::INVALID_HANDLE, format!("unknown event {event:#x}")))
+    }
+
+    fn run_work(&self, stream: &Stream, work: StreamWork) -> Result<(), CuError> {
+        match work {
+            StreamWork::Write { dst, data } => {
+                stream.copy_htod_pageable(dst, &data).map_err(cu_err)
+            }
+            StreamWork::Copy { dst, src, bytes } => {
+                stream.copy_dtod(dst, src, bytes).map_err(cu_err)
+            }
+            StreamWork::Fill {
+                dst,
+                pattern,
+                count,
+                pitch,
+                height,
+            } => {
+                let fill = fill_value(&pattern).ok_or_else(|| {
+                    CuError::new(codes::INVALID_VALUE, "a fill pattern is 1, 2 or 4 bytes")
+                })?;
+                (0..height).try_for_each(|row| {
+                    let at = dst.wrapping_add(row.wrapping_mul(pitch));
+                    match fill {
+                        Fill::D8(v) => stream.memset_d8(at, v, count),
+                        Fill::D16(v) => stream.memset_d16(at, v, count),
+                        Fill::D32(v) => stream.memset_d32(at, v, count),
+                    }
+                    .map_err(cu_err)
+                })
+            }
+            StreamWork::Launch {
+                module,
+                kernel,
+                geometry,
+                params,
+            } => self.launch_on(stream, module, kernel, &geometry, &params),
+            StreamWork::Record { event } => {
+                self.ordered_event(event)?.record(stream).map_err(cu_err)
+            }
+            StreamWork::Wait { event } => {
+                stream.wait_event(&*self.ordered_event(event)?).map_err(cu_err)
+            }
+        }
+    }
+
+    /// `result`, unless queued work failed first.
+    fn with_pending(&self, result: Result<(), CuError>) -> Result<(), CuError> {
+        match lock(&self.ordered).pending.take() {
+            Some(e) => Err(e),
+            None => result,
+        }
+    }
+}
+
+impl StreamOrdered for CudaContext {
+    fn stream_create(&self, stream: Handle, flags: u32) -> Result<(), CuError> {
+        let ctx = self.ctx()?;
+        if stream == DEFAULT_STREAM || lock(&self.ordered).streams.contains_key(&stream) {
+            return Err(CuError::new(
+                codes::INVALID_VALUE,
+                format!("stream {stream:#x} exists"),
+            ));
+        }
+        let created = Arc::new(Stream::new(ctx, flags, 0).map_err(cu_err)?);
+        lock(&self.ordered).streams.insert(stream, created);
+        Ok(())
+    }
+
+    fn stream_destroy(&self, stream: Handle) -> Result<(), CuError> {
+        // cuStreamDestroy lets queued work finish first, as the session expects.
+        match lock(&self.ordered).streams.remove(&stream) {
+            Some(_) if stream != DEFAULT_STREAM => Ok(()),
+            _ => Err(CuError::new(
+                codes::INVALID_HANDLE,
+                format!("unknown stream {stream:#x}"),
+            )),
+        }
+    }
+
+    fn event_create(&self, event: Handle, flags: u32) -> Result<(), CuError> {
+        let created = Arc::new(Event::new(self.ctx()?, flags).map_err(cu_err)?);
+        lock(&self.ordered).events.insert(event, created);
+        Ok(())
+    }
+
+    fn event_destroy(&self, event: Handle) -> Result<(), CuError> {
+        match lock(&self.ordered).events.remove(&event) {
+            Some(_) => Ok(()),
+            None => Err(CuError::new(
+                codes::INVALID_HANDLE,
+                format!("unknown event {event:#x}"),
+            )),
+        }
+    }
+
+    fn enqueue(&self, stream: Handle, work: StreamWork) {
+        let result = self
+            .ordered_stream(stream)
+            .and_then(|s| self.run_work(&s, work));
+        if let Err(e) = result {
+            lock(&self.ordered).pending.get_or_insert(e);
+        }
+    }
+
+    fn read(&self, stream: Handle, src: DevicePtr, buf: &mut [u8]) -> LaunchOutcome {
+        let result = self.ordered_stream(stream).and_then(|s| {
+            let (result, out) = s.copy_dtoh_sync(buf, src, self.capture());
+            self.keep_stdout(out);
+            result.map_err(cu_err)
+        });
+        let result = self.with_pending(result);
+        self.outcome(result)
+    }
+
+    fn synchronize(&self, target: SyncTarget) -> LaunchOutcome {
+        let result = match target {
+            SyncTarget::Stream(s) => self.ordered_stream(s).and_then(|s| self.finish(&s)),
+            SyncTarget::Event(e) => self
+                .ordered_event(e)
+                .and_then(|e| self.flushing(|| e.synchronize()).map_err(cu_err)),
+            SyncTarget::Context => self
+                .ctx()
+                .and_then(|c| self.flushing(|| c.synchronize()).map_err(cu_err)),
+        };
+        let result = self.with_pending(result);
+        self.outcome(result)
+    }
+
+    fn query(&self, target: SyncTarget) -> Result<bool, CuError> {
+        let done = match target {
+            SyncTarget::Stream(s) => self.ordered_stream(s)?.is_idle(),
+            SyncTarget::Event(e) => self.ordered_event(e)?.is_done(),
+            SyncTarget::Context => Ok(false),
+        };
+        let done = done.map_err(cu_err);
+        match lock(&self.ordered).pending.take() {
+            Some(e) => Err(e),
+            None => done,
+        }
+    }
+
+    fn elapsed_ms(&self, start: Handle, end: Handle) -> Result<f32, CuError> {
+        let (start, end) = (self.ordered_event(start)?, self.ordered_event(end)?);
+        start.elapsed_ms(&end).map_err(cu_err)
     }
 }
 
@@ -542,7 +749,10 @@ impl Drop for CudaContext {
     fn drop(&mut self) {
         let allocations: Vec<(DevicePtr, u64)> = lock(&self.allocations).drain().collect();
         let modules: Vec<CudaModule> = lock(&self.modules).drain().map(|(_, m)| m).collect();
-        let streams: Vec<Arc<Stream>> = lock(&self.streams).drain().map(|(_, s)| s).collect();
+        let mut streams: Vec<Arc<Stream>> = lock(&self.streams).drain().map(|(_, s)| s).collect();
+        let ordered = std::mem::take(&mut *lock(&self.ordered));
+        streams.extend(ordered.streams.into_values());
+        let events = ordered.events;
         let ctx = self.ctx.take();
         let total: u64 = allocations.iter().map(|(_, b)| b).sum::<u64>()
             + modules.iter().map(|m| m.globals_bytes).sum::<u64>();
@@ -550,6 +760,7 @@ impl Drop for CudaContext {
         // Destroying a context flushes its printf buffer; the session is gone,
         // so whatever is captured is dropped rather than reaching our stdout.
         let teardown = move || {
+            drop(events);
             drop(streams);
             drop(modules);
             if let Some(ctx) = ctx {

@@ -1,6 +1,7 @@
 //! The device traits every backend implements: [`Device`] (description, memory
-//! totals, contexts) and [`DeviceContext`] (one session's memory, modules and
-//! launches, all synchronous), and the plain types that cross them.
+//! totals, contexts), [`DeviceContext`] (one session's memory, modules and
+//! launches, all synchronous) and, for backends that order work on streams
+//! themselves, [`StreamOrdered`]; and the plain types that cross them.
 
 pub mod attributes;
 #[cfg(feature = "cpu")]
@@ -8,11 +9,13 @@ pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod model;
+pub mod serial;
 pub mod worker;
 
 use std::sync::Arc;
 
-use cumux_protocol::{CuError, DeviceInfo, DevicePtr, FunctionAttrs, ParamInfo};
+use cumux_protocol::{CuError, DeviceInfo, DevicePtr, FunctionAttrs, Handle, ParamInfo};
+use serde::{Deserialize, Serialize};
 
 /// A backend's own name for a loaded module. Unique per device, never reused.
 pub type ModuleId = u64;
@@ -54,7 +57,7 @@ pub struct LoadedModule {
 }
 
 /// Geometry of one launch.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LaunchGeometry {
     pub grid: [u32; 3],
     pub block: [u32; 3],
@@ -118,6 +121,84 @@ pub trait DeviceContext: Send + Sync {
         geometry: &LaunchGeometry,
         params: &[u8],
     ) -> LaunchOutcome;
+    /// The context's own stream ordering, if it has one (a GPU, or a worker
+    /// process in front of one): then the session hands it stream-ordered work
+    /// in the client's order and does not wait for it.
+    fn stream_ordered(&self) -> Option<&dyn StreamOrdered> {
+        None
+    }
+}
+
+/// Stream-ordered work for [`StreamOrdered::enqueue`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum StreamWork {
+    Write {
+        dst: DevicePtr,
+        #[serde(with = "serde_bytes")]
+        data: Vec<u8>,
+    },
+    Copy {
+        dst: DevicePtr,
+        src: DevicePtr,
+        bytes: u64,
+    },
+    /// `height` rows of `count` copies of `pattern` (1, 2 or 4 bytes), `pitch` apart.
+    Fill {
+        dst: DevicePtr,
+        #[serde(with = "serde_bytes")]
+        pattern: Vec<u8>,
+        count: u64,
+        pitch: u64,
+        height: u64,
+    },
+    Launch {
+        module: ModuleId,
+        kernel: usize,
+        geometry: LaunchGeometry,
+        #[serde(with = "serde_bytes")]
+        params: Vec<u8>,
+    },
+    /// Records `event` at this point of the stream.
+    Record { event: Handle },
+    /// Later work of the stream waits for `event`'s latest record.
+    Wait { event: Handle },
+}
+
+/// What a synchronizing call waits for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum SyncTarget {
+    Stream(Handle),
+    Event(Handle),
+    Context,
+}
+
+/// A context that keeps CUDA's stream semantics itself: streams (the session's
+/// handles; [`cumux_protocol::DEFAULT_STREAM`] is the legacy default stream,
+/// always there), events, and work queued without waiting.
+///
+/// A failure of queued work, when queued or when it runs, comes back from the
+/// next call that waits ([`StreamOrdered::read`], [`StreamOrdered::synchronize`])
+/// or asks ([`StreamOrdered::query`]); device `printf` output comes back with
+/// the waiting calls, as the driver flushes it at synchronization points.
+pub trait StreamOrdered: Send + Sync {
+    /// `flags` are `CU_STREAM_*` (0 blocking, 1 non-blocking).
+    fn stream_create(&self, stream: Handle, flags: u32) -> Result<(), CuError>;
+    /// Destroys a stream once its queued work is done.
+    fn stream_destroy(&self, stream: Handle) -> Result<(), CuError>;
+    /// `flags` are `CU_EVENT_*`.
+    fn event_create(&self, event: Handle, flags: u32) -> Result<(), CuError>;
+    fn event_destroy(&self, event: Handle) -> Result<(), CuError>;
+    /// Queues `work` on `stream` and returns without waiting for it.
+    fn enqueue(&self, stream: Handle, work: StreamWork);
+    /// Reads `buf.len()` bytes at `src` once `stream`'s earlier work is done.
+    fn read(&self, stream: Handle, src: DevicePtr, buf: &mut [u8]) -> LaunchOutcome;
+    /// Waits for `target`: a stream's work so far, an event's latest record,
+    /// or all of the context's work.
+    fn synchronize(&self, target: SyncTarget) -> LaunchOutcome;
+    /// Whether `target` is done (a stream or an event; never waits).
+    fn query(&self, target: SyncTarget) -> Result<bool, CuError>;
+    /// Milliseconds between two recorded events.
+    fn elapsed_ms(&self, start: Handle, end: Handle) -> Result<f32, CuError>;
 }
 
 /// The default per-block instruction budget of a launch on the CPU device

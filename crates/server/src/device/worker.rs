@@ -35,13 +35,14 @@ use std::time::{Duration, Instant};
 use cumux_protocol::framing::MAX_CHUNK_BYTES;
 use cumux_protocol::{
     codes, decode, encode, read_frame, write_frame, CuError, DeviceInfo, DevicePtr, FunctionAttrs,
-    ParamInfo,
+    Handle, ParamInfo,
 };
 use serde::{Deserialize, Serialize};
 
+use super::serial::SerialStreams;
 use super::{
     Device, DeviceContext, GlobalDesc, KernelDesc, LaunchGeometry, LaunchOutcome, LoadedModule,
-    ModuleId,
+    ModuleId, StreamOrdered, StreamWork, SyncTarget,
 };
 use crate::session::is_fatal;
 
@@ -101,7 +102,48 @@ pub enum WorkerRequest {
         grid: [u32; 3],
         block: [u32; 3],
         dynamic_shared_bytes: u32,
+        #[serde(with = "serde_bytes")]
         params: Vec<u8>,
+    },
+    // Stream-ordered calls ([`StreamOrdered`]); the handles are the session's.
+    StreamCreate {
+        stream: Handle,
+        flags: u32,
+    },
+    StreamDestroy {
+        stream: Handle,
+    },
+    EventCreate {
+        event: Handle,
+        flags: u32,
+    },
+    EventDestroy {
+        event: Handle,
+    },
+    /// Posted: the worker answers nothing (a failure comes back from the next
+    /// waiting call). `Write` work travels with empty `data`; its bytes follow
+    /// as one raw frame.
+    Enqueue {
+        stream: Handle,
+        work: StreamWork,
+    },
+    /// Answered by [`WorkerValue::Bytes`] and one raw frame of `len` bytes.
+    StreamRead {
+        stream: Handle,
+        src: DevicePtr,
+        len: u64,
+    },
+    Synchronize {
+        target: SyncTarget,
+    },
+    /// Answered by [`WorkerValue::Done`].
+    Query {
+        target: SyncTarget,
+    },
+    /// Answered by [`WorkerValue::Ms`].
+    Elapsed {
+        start: Handle,
+        end: Handle,
     },
 }
 
@@ -122,6 +164,8 @@ pub enum WorkerValue {
     /// One raw frame follows.
     Bytes,
     Module(WireModule),
+    Done(bool),
+    Ms(f32),
 }
 
 /// [`LoadedModule`] on the wire.
@@ -325,6 +369,15 @@ pub fn serve_worker(
             marker: None,
         },
     )?;
+    // Stream semantics: the context's own, else work runs as it arrives.
+    let serial;
+    let ordered: &dyn StreamOrdered = match ctx.stream_ordered() {
+        Some(ordered) => ordered,
+        None => {
+            serial = SerialStreams::new(Arc::clone(&ctx));
+            &serial
+        }
+    };
     let mut frame = Vec::new();
     let mut data = Vec::new();
     let mut seq = 0u64;
@@ -362,6 +415,7 @@ pub fn serve_worker(
                 continue;
             }
             WorkerRequest::MemWrite { .. } => read_frame(&mut reader, &mut data).map_err(io_err)?,
+            WorkerRequest::Enqueue { .. } => {}
             WorkerRequest::ModuleLoad { parts } => {
                 data.clear();
                 for _ in 0..*parts {
@@ -372,12 +426,27 @@ pub fn serve_worker(
             }
             _ => {}
         }
+        if let WorkerRequest::Enqueue { stream, mut work } = request {
+            if let StreamWork::Write { data, .. } = &mut work {
+                read_frame(&mut reader, data).map_err(io_err)?;
+            }
+            if catch_unwind(AssertUnwindSafe(|| ordered.enqueue(stream, work))).is_err() {
+                tracing::error!("worker: queued work panicked");
+            }
+            continue;
+        }
         let flushes = !matches!(
             request,
-            WorkerRequest::MemAlloc { .. } | WorkerRequest::MemFree { .. }
+            WorkerRequest::MemAlloc { .. }
+                | WorkerRequest::MemFree { .. }
+                | WorkerRequest::StreamCreate { .. }
+                | WorkerRequest::EventCreate { .. }
+                | WorkerRequest::EventDestroy { .. }
+                | WorkerRequest::Query { .. }
+                | WorkerRequest::Elapsed { .. }
         );
         let (result, printed, bytes) =
-            match catch_unwind(AssertUnwindSafe(|| execute(&*ctx, request, &data))) {
+            match catch_unwind(AssertUnwindSafe(|| execute(&*ctx, ordered, request, &data))) {
                 Ok(done) => done,
                 Err(_) => (
                     Err(CuError::new(
@@ -405,9 +474,42 @@ pub fn serve_worker(
 type Executed = (Result<WorkerValue, CuError>, Vec<u8>, Option<Vec<u8>>);
 
 /// Runs one request: its result, what a launch printed, and bytes read back.
-fn execute(ctx: &dyn DeviceContext, request: WorkerRequest, data: &[u8]) -> Executed {
+fn execute(
+    ctx: &dyn DeviceContext,
+    ordered: &dyn StreamOrdered,
+    request: WorkerRequest,
+    data: &[u8],
+) -> Executed {
     let unit = |r: Result<(), CuError>| (r.map(|()| WorkerValue::Unit), Vec::new(), None);
+    let waited = |o: LaunchOutcome| (o.result.map(|()| WorkerValue::Unit), o.stdout, None);
     match request {
+        WorkerRequest::StreamCreate { stream, flags } => unit(ordered.stream_create(stream, flags)),
+        WorkerRequest::StreamDestroy { stream } => unit(ordered.stream_destroy(stream)),
+        WorkerRequest::EventCreate { event, flags } => unit(ordered.event_create(event, flags)),
+        WorkerRequest::EventDestroy { event } => unit(ordered.event_destroy(event)),
+        WorkerRequest::Enqueue { stream, work } => {
+            ordered.enqueue(stream, work);
+            unit(Ok(()))
+        }
+        WorkerRequest::StreamRead { stream, src, len } => {
+            if len > MAX_CHUNK_BYTES as u64 {
+                let e = CuError::new(codes::INVALID_VALUE, format!("a read of {len} bytes"));
+                return (Err(e), Vec::new(), None);
+            }
+            let mut buf = vec![0u8; len as usize];
+            let outcome = ordered.read(stream, src, &mut buf);
+            match outcome.result {
+                Ok(()) => (Ok(WorkerValue::Bytes), outcome.stdout, Some(buf)),
+                Err(e) => (Err(e), outcome.stdout, None),
+            }
+        }
+        WorkerRequest::Synchronize { target } => waited(ordered.synchronize(target)),
+        WorkerRequest::Query { target } => {
+            (ordered.query(target).map(WorkerValue::Done), Vec::new(), None)
+        }
+        WorkerRequest::Elapsed { start, end } => {
+            (ordered.elapsed_ms(start, end).map(WorkerValue::Ms), Vec::new(), None)
+        }
         WorkerRequest::MemAlloc { bytes } => {
             (ctx.mem_alloc(bytes).map(WorkerValue::Ptr), Vec::new(), None)
         }
@@ -792,6 +894,8 @@ pub struct WorkerContext {
     allocations: Mutex<HashMap<DevicePtr, u64>>,
     /// Device-wide module id → the worker's id and the bytes of its globals.
     modules: Mutex<HashMap<ModuleId, (ModuleId, u64)>>,
+    /// A failure of stream-ordered work found here, before posting it.
+    deferred: Mutex<Option<CuError>>,
 }
 
 impl WorkerContext {
@@ -811,6 +915,7 @@ impl WorkerContext {
             next_module,
             allocations: Mutex::new(HashMap::new()),
             modules: Mutex::new(HashMap::new()),
+            deferred: Mutex::new(None),
         }
     }
 
@@ -960,19 +1065,7 @@ impl WorkerContext {
             return Err(e);
         }
         let mut slot = lock(&self.conn);
-        if slot.is_none() {
-            match self.start() {
-                Ok(conn) => *slot = Some(conn),
-                Err(e) => {
-                    tracing::warn!("a session's worker did not start: {e}");
-                    lock(&self.sticky).get_or_insert_with(|| e.clone());
-                    return Err(e);
-                }
-            }
-        }
-        let Some(conn) = slot.as_mut() else {
-            return Err(CuError::new(codes::INVALID_CONTEXT, "no worker"));
-        };
+        let conn = self.connection(&mut slot)?;
         let exchanged = (|| -> io::Result<WorkerReply> {
             send(&mut conn.writer, request)?;
             for frame in frames {
@@ -1008,6 +1101,66 @@ impl WorkerContext {
                 Err(e)
             }
             other => other,
+        }
+    }
+
+    /// The worker's connection, starting the worker at the first call.
+    fn connection<'a>(
+        &self,
+        slot: &'a mut Option<Connection>,
+    ) -> Result<&'a mut Connection, CuError> {
+        if slot.is_none() {
+            match self.start() {
+                Ok(conn) => *slot = Some(conn),
+                Err(e) => {
+                    tracing::warn!("a session's worker did not start: {e}");
+                    lock(&self.sticky).get_or_insert_with(|| e.clone());
+                    return Err(e);
+                }
+            }
+        }
+        slot.as_mut()
+            .ok_or_else(|| CuError::new(codes::INVALID_CONTEXT, "no worker"))
+    }
+
+    /// Sends a request the worker does not answer, and its raw frames. A
+    /// failure is kept for the next waiting call.
+    fn post(&self, request: &WorkerRequest, frames: &[&[u8]]) {
+        if self.sticky().is_some() {
+            return;
+        }
+        let mut slot = lock(&self.conn);
+        let conn = match self.connection(&mut slot) {
+            Ok(conn) => conn,
+            Err(_) => return,
+        };
+        let sent = (|| -> io::Result<()> {
+            send(&mut conn.writer, request)?;
+            for frame in frames {
+                write_frame(&mut conn.writer, frame).map_err(io_err)?;
+            }
+            Ok(())
+        })();
+        drop(slot);
+        if let Err(e) = sent {
+            self.died(&e);
+        }
+    }
+
+    /// Keeps a failure found before work could be posted, for the next waiting call.
+    fn defer(&self, e: CuError) {
+        lock(&self.deferred).get_or_insert(e);
+    }
+
+    /// `result`, unless posted work failed before it; with the printf text.
+    fn waited(&self, result: Result<(), CuError>) -> LaunchOutcome {
+        let result = match lock(&self.deferred).take() {
+            Some(e) => Err(e),
+            None => result,
+        };
+        LaunchOutcome {
+            stdout: Arc::clone(&lock(&self.tap)).take(),
+            result,
         }
     }
 
@@ -1150,6 +1303,106 @@ impl DeviceContext for WorkerContext {
         LaunchOutcome {
             stdout: Arc::clone(&lock(&self.tap)).take(),
             result,
+        }
+    }
+
+    fn stream_ordered(&self) -> Option<&dyn StreamOrdered> {
+        Some(self)
+    }
+}
+
+impl StreamOrdered for WorkerContext {
+    fn stream_create(&self, stream: Handle, flags: u32) -> Result<(), CuError> {
+        self.unit(&WorkerRequest::StreamCreate { stream, flags }, &[])
+    }
+
+    fn stream_destroy(&self, stream: Handle) -> Result<(), CuError> {
+        self.unit(&WorkerRequest::StreamDestroy { stream }, &[])
+    }
+
+    fn event_create(&self, event: Handle, flags: u32) -> Result<(), CuError> {
+        self.unit(&WorkerRequest::EventCreate { event, flags }, &[])
+    }
+
+    fn event_destroy(&self, event: Handle) -> Result<(), CuError> {
+        self.unit(&WorkerRequest::EventDestroy { event }, &[])
+    }
+
+    fn enqueue(&self, stream: Handle, work: StreamWork) {
+        match work {
+            StreamWork::Write { dst, data } => {
+                let mut offset = 0u64;
+                for part in data.chunks(MAX_CHUNK_BYTES) {
+                    let work = StreamWork::Write {
+                        dst: dst.wrapping_add(offset),
+                        data: Vec::new(),
+                    };
+                    offset += part.len() as u64;
+                    self.post(&WorkerRequest::Enqueue { stream, work }, &[part]);
+                }
+            }
+            StreamWork::Launch {
+                module,
+                kernel,
+                geometry,
+                params,
+            } => match lock(&self.modules).get(&module).map(|(local, _)| *local) {
+                Some(local) => {
+                    let work = StreamWork::Launch {
+                        module: local,
+                        kernel,
+                        geometry,
+                        params,
+                    };
+                    self.post(&WorkerRequest::Enqueue { stream, work }, &[]);
+                }
+                None => self.defer(CuError::new(codes::INVALID_HANDLE, "module not loaded")),
+            },
+            work => self.post(&WorkerRequest::Enqueue { stream, work }, &[]),
+        }
+    }
+
+    fn read(&self, stream: Handle, src: DevicePtr, buf: &mut [u8]) -> LaunchOutcome {
+        let mut offset = 0u64;
+        let mut result = Ok(());
+        for part in buf.chunks_mut(MAX_CHUNK_BYTES) {
+            let request = WorkerRequest::StreamRead {
+                stream,
+                src: src.wrapping_add(offset),
+                len: part.len() as u64,
+            };
+            offset += part.len() as u64;
+            result = match self.call(&request, &[], Some(part)) {
+                Ok(WorkerValue::Bytes) => Ok(()),
+                Ok(other) => Err(unexpected(&other)),
+                Err(e) => Err(e),
+            };
+            if result.is_err() {
+                break;
+            }
+        }
+        self.waited(result)
+    }
+
+    fn synchronize(&self, target: SyncTarget) -> LaunchOutcome {
+        let result = self.unit(&WorkerRequest::Synchronize { target }, &[]);
+        self.waited(result)
+    }
+
+    fn query(&self, target: SyncTarget) -> Result<bool, CuError> {
+        if let Some(e) = lock(&self.deferred).take() {
+            return Err(e);
+        }
+        match self.call(&WorkerRequest::Query { target }, &[], None)? {
+            WorkerValue::Done(done) => Ok(done),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    fn elapsed_ms(&self, start: Handle, end: Handle) -> Result<f32, CuError> {
+        match self.call(&WorkerRequest::Elapsed { start, end }, &[], None)? {
+            WorkerValue::Ms(ms) => Ok(ms),
+            other => Err(unexpected(&other)),
         }
     }
 }

@@ -1,0 +1,201 @@
+//! [`SerialStreams`]: stream semantics over any synchronous [`DeviceContext`],
+//! running each piece of work as it arrives (a worker process serving the CPU device).
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Instant;
+
+use cumux_protocol::{codes, CuError, DevicePtr, Handle, DEFAULT_STREAM};
+
+use super::{DeviceContext, LaunchOutcome, StreamOrdered, StreamWork, SyncTarget};
+
+/// `CU_EVENT_DISABLE_TIMING`.
+const EVENT_DISABLE_TIMING: u32 = 0x2;
+
+/// Runs stream-ordered work at once, in arrival order: every stream is always
+/// idle, an event's time is when its record arrived. Correct for any program
+/// that does not need two streams to run at the same time, which CUDA never
+/// promises either.
+pub struct SerialStreams {
+    ctx: Arc<dyn DeviceContext>,
+    state: Mutex<State>,
+}
+
+#[derive(Default)]
+struct State {
+    streams: HashSet<Handle>,
+    /// Flags and the time of the latest record.
+    events: HashMap<Handle, (u32, Option<Instant>)>,
+    /// The first failure of queued work, for the next waiting call.
+    pending: Option<CuError>,
+    stdout: Vec<u8>,
+}
+
+fn unknown(what: &str, h: Handle) -> CuError {
+    CuError::new(codes::INVALID_HANDLE, format!("unknown {what} {h:#x}"))
+}
+
+impl SerialStreams {
+    pub fn new(ctx: Arc<dyn DeviceContext>) -> Self {
+        SerialStreams {
+            ctx,
+            state: Mutex::new(State::default()),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn check_stream(&self, stream: Handle) -> Result<(), CuError> {
+        if stream == DEFAULT_STREAM || self.lock().streams.contains(&stream) {
+            Ok(())
+        } else {
+            Err(unknown("stream", stream))
+        }
+    }
+
+    fn run(&self, work: StreamWork) -> Result<(), CuError> {
+        match work {
+            StreamWork::Write { dst, data } => self.ctx.mem_write(dst, &data),
+            StreamWork::Copy { dst, src, bytes } => self.ctx.mem_copy(dst, src, bytes),
+            StreamWork::Fill {
+                dst,
+                pattern,
+                count,
+                pitch,
+                height,
+            } => (0..height).try_for_each(|row| {
+                self.ctx
+                    .mem_fill(dst.wrapping_add(row.wrapping_mul(pitch)), &pattern, count)
+            }),
+            StreamWork::Launch {
+                module,
+                kernel,
+                geometry,
+                params,
+            } => {
+                let outcome = self.ctx.launch(module, kernel, &geometry, &params);
+                self.lock().stdout.extend_from_slice(&outcome.stdout);
+                outcome.result
+            }
+            StreamWork::Record { event } => match self.lock().events.get_mut(&event) {
+                Some((_, time)) => {
+                    *time = Some(Instant::now());
+                    Ok(())
+                }
+                None => Err(unknown("event", event)),
+            },
+            StreamWork::Wait { event } => match self.lock().events.contains_key(&event) {
+                true => Ok(()),
+                false => Err(unknown("event", event)),
+            },
+        }
+    }
+
+    /// Hands out what queued work printed and its first failure.
+    fn outcome(&self, result: Result<(), CuError>) -> LaunchOutcome {
+        let mut state = self.lock();
+        let result = match state.pending.take() {
+            Some(e) => Err(e),
+            None => result,
+        };
+        LaunchOutcome {
+            stdout: std::mem::take(&mut state.stdout),
+            result,
+        }
+    }
+}
+
+impl StreamOrdered for SerialStreams {
+    fn stream_create(&self, stream: Handle, _flags: u32) -> Result<(), CuError> {
+        if stream == DEFAULT_STREAM || !self.lock().streams.insert(stream) {
+            return Err(CuError::new(
+                codes::INVALID_VALUE,
+                format!("stream {stream:#x} exists"),
+            ));
+        }
+        Ok(())
+    }
+
+    fn stream_destroy(&self, stream: Handle) -> Result<(), CuError> {
+        match self.lock().streams.remove(&stream) {
+            true => Ok(()),
+            false => Err(unknown("stream", stream)),
+        }
+    }
+
+    fn event_create(&self, event: Handle, flags: u32) -> Result<(), CuError> {
+        let mut state = self.lock();
+        if state.events.contains_key(&event) {
+            return Err(CuError::new(
+                codes::INVALID_VALUE,
+                format!("event {event:#x} exists"),
+            ));
+        }
+        state.events.insert(event, (flags, None));
+        Ok(())
+    }
+
+    fn event_destroy(&self, event: Handle) -> Result<(), CuError> {
+        match self.lock().events.remove(&event) {
+            Some(_) => Ok(()),
+            None => Err(unknown("event", event)),
+        }
+    }
+
+    fn enqueue(&self, stream: Handle, work: StreamWork) {
+        let result = self.check_stream(stream).and_then(|()| self.run(work));
+        if let Err(e) = result {
+            self.lock().pending.get_or_insert(e);
+        }
+    }
+
+    fn read(&self, stream: Handle, src: DevicePtr, buf: &mut [u8]) -> LaunchOutcome {
+        let result = self
+            .check_stream(stream)
+            .and_then(|()| self.ctx.mem_read(src, buf));
+        self.outcome(result)
+    }
+
+    fn synchronize(&self, target: SyncTarget) -> LaunchOutcome {
+        let result = match target {
+            SyncTarget::Stream(s) => self.check_stream(s),
+            SyncTarget::Event(e) => match self.lock().events.contains_key(&e) {
+                true => Ok(()),
+                false => Err(unknown("event", e)),
+            },
+            SyncTarget::Context => Ok(()),
+        };
+        self.outcome(result)
+    }
+
+    fn query(&self, target: SyncTarget) -> Result<bool, CuError> {
+        let outcome = self.synchronize(target);
+        if !outcome.stdout.is_empty() {
+            // Not a flushing call: keep the text for the next one.
+            self.lock().stdout.splice(0..0, outcome.stdout);
+        }
+        outcome.result.map(|()| true)
+    }
+
+    fn elapsed_ms(&self, start: Handle, end: Handle) -> Result<f32, CuError> {
+        let state = self.lock();
+        let get = |e: Handle| state.events.get(&e).copied().ok_or_else(|| unknown("event", e));
+        let ((f0, t0), (f1, t1)) = (get(start)?, get(end)?);
+        if (f0 | f1) & EVENT_DISABLE_TIMING != 0 {
+            return Err(CuError::new(
+                codes::INVALID_HANDLE,
+                "event created with timing disabled",
+            ));
+        }
+        match (t0, t1) {
+            (Some(t0), Some(t1)) if t1 >= t0 => Ok((t1 - t0).as_secs_f64() as f32 * 1e3),
+            (Some(t0), Some(t1)) => Ok(-((t0 - t1).as_secs_f64() as f32 * 1e3)),
+            _ => Err(CuError::new(
+                codes::INVALID_HANDLE,
+                "event was never recorded",
+            )),
+        }
+    }
+}
