@@ -17,6 +17,7 @@
 //! | `21318c60-9714-3248-8ca6-41ff7324c8f2` | tools context; asked for by the CUDA 13.5 runtime, which fails without it and calls none of its slots, and by cuBLASLt, whose GEMMs all return `CUBLAS_STATUS_NOT_SUPPORTED` unless slot 4 (context number) answers (see `crate::tools_context`) |
 //! | `69a28e9f-2449-8b47-b030-c5da330ea4e9` | asked once per process by PyTorch's CUDA 13 runtime, right after it first looks up context-local storage; refused (not found) |
 //! | `da9151d3-3ae6-cc41-a5c0-4f26d533e328` | asked by cuDNN 9 when it starts; refused (not found) |
+//! | `1734dc26-800d-4745-8726-c0f1e7dd8bca` | device layout, 16 slots: cuBLASLt 13 asks for it before its Hopper bf16/fp16 GEMMs and calls it without a null check (a refusal crashes the program). Read from its code: slot 4 hands out a byte array of the GPU's layout (one byte per pair of SMs; it counts the bytes per value) and slot 13 releases it; any error from slot 4 sends cuBLASLt to its fallback. NVIDIA's driver 580 itself answered slot 4 with error 3 in a plain program on the H100. Every slot answers not supported, logged. |
 //!
 //! Who asks for what (measured on the H100 with PyTorch 2.11+cu130): every
 //! copy of the runtime (the program's, and the static ones inside cuBLAS,
@@ -336,6 +337,32 @@ static INTEGRITY: Table<3> = Table([
     integrity_slot2 as *const c_void,
 ]);
 
+// ---- device layout -------------------------------------------------------------
+
+macro_rules! layout_slots {
+    ($($fname:ident = $index:literal),* $(,)?) => {
+        $(
+            extern "C" fn $fname() -> CUresult {
+                tracing::debug!(
+                    "dark API device layout slot {} called; answering not supported",
+                    $index
+                );
+                CUDA_ERROR_NOT_SUPPORTED
+            }
+        )*
+        static DEVICE_LAYOUT: Table<17> = Table([
+            size_of_table(17),
+            $($fname as *const c_void),*
+        ]);
+    };
+}
+
+layout_slots! {
+    layout1 = 1, layout2 = 2, layout3 = 3, layout4 = 4, layout5 = 5, layout6 = 6,
+    layout7 = 7, layout8 = 8, layout9 = 9, layout10 = 10, layout11 = 11,
+    layout12 = 12, layout13 = 13, layout14 = 14, layout15 = 15, layout16 = 16,
+}
+
 const fn guid(s: u128) -> [u8; 16] {
     s.to_be_bytes()
 }
@@ -347,6 +374,7 @@ const CONTEXT_STORAGE_ID: [u8; 16] = guid(0xc693336e_1121_df11_a8c3_68f355d89593
 const CONTEXT_CHECKS_ID: [u8; 16] = guid(0x263e8860_7cd2_6143_92f6_bbd5006dfa7e);
 const BYPASS_ID: [u8; 16] = guid(0xf8cff951_2146_8b4e_b9e2_fb469e7c0dd9);
 const INTEGRITY_ID: [u8; 16] = guid(0xd4082055_bde6_704b_8d34_ba123c66e1f2);
+const DEVICE_LAYOUT_ID: [u8; 16] = guid(0x1734dc26_800d_4745_8726_c0f1e7dd8bca);
 /// Tables asked for whose refusal is known to be harmless (see the module
 /// docs); refused quietly, where an unknown one is a warning.
 const KNOWN_REFUSED: [[u8; 16]; 2] = [
@@ -375,6 +403,7 @@ pub fn export_table(id: &[u8; 16]) -> Option<*const c_void> {
         CONTEXT_STORAGE_ID => CONTEXT_STORAGE.0.as_ptr().cast(),
         CONTEXT_CHECKS_ID => CONTEXT_CHECKS.0.as_ptr().cast(),
         INTEGRITY_ID => INTEGRITY.0.as_ptr().cast(),
+        DEVICE_LAYOUT_ID => DEVICE_LAYOUT.0.as_ptr().cast(),
         crate::tools_context::TOOLS_CONTEXT_ID => crate::tools_context::table(),
         _ if KNOWN_REFUSED.contains(id) => {
             tracing::debug!(
@@ -455,5 +484,24 @@ mod tests {
         let cudart = export_table(&CUDART_INTERFACE_ID).unwrap() as *const usize;
         // SAFETY: the table is a static array of 13 pointers.
         assert_eq!(unsafe { *cudart }, 13 * std::mem::size_of::<usize>());
+    }
+
+    /// cuBLASLt calls slot 4 of the device layout table without checking the
+    /// table (a refusal crashed PyTorch's bf16 matmul on the H100); an error
+    /// from the slot sends it to its fallback.
+    #[test]
+    fn the_device_layout_table_answers_with_errors_in_every_slot() {
+        assert_eq!(
+            format_guid(&DEVICE_LAYOUT_ID),
+            "1734dc26-800d-4745-8726-c0f1e7dd8bca"
+        );
+        let table = export_table(&DEVICE_LAYOUT_ID).expect("answered") as *const usize;
+        // SAFETY: the table is a static array of 17 pointers.
+        assert_eq!(unsafe { *table }, 17 * std::mem::size_of::<usize>());
+        for slot in 1..17 {
+            // SAFETY: as above; each slot holds a `layout_slots!` function.
+            let f: extern "C" fn() -> CUresult = unsafe { std::mem::transmute(*table.add(slot)) };
+            assert_eq!(f(), CUDA_ERROR_NOT_SUPPORTED, "slot {slot}");
+        }
     }
 }

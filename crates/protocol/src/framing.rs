@@ -19,13 +19,23 @@ pub enum FrameError {
     Io(#[from] io::Error),
 }
 
-/// Writes one frame: header and payload in a single write where possible.
+/// Payloads up to this size are sent with their header in one write.
+const COALESCE_BYTES: usize = 64 << 10;
+
+/// Writes one frame: header and payload in a single write where it is small.
 pub fn write_frame(w: &mut impl Write, payload: &[u8]) -> Result<(), FrameError> {
     if payload.len() > MAX_FRAME_BYTES {
         return Err(FrameError::TooLarge(payload.len()));
     }
+    let header = (payload.len() as u32).to_le_bytes();
+    if payload.len() > COALESCE_BYTES {
+        // Copying a bulk payload costs more than a second write.
+        w.write_all(&header)?;
+        w.write_all(payload)?;
+        return Ok(());
+    }
     let mut buf = Vec::with_capacity(4 + payload.len());
-    buf.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+    buf.extend_from_slice(&header);
     buf.extend_from_slice(payload);
     w.write_all(&buf)?;
     Ok(())

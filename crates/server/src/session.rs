@@ -1149,7 +1149,8 @@ impl Session {
         self.check_stream(stream)?;
         if self.ordered {
             self.event(event)?;
-            self.ordered()?.enqueue(stream, StreamWork::Record { event });
+            self.ordered()?
+                .enqueue(stream, StreamWork::Record { event });
             return Ok(ReplyBody::Unit);
         }
         let event = self.event(event)?;

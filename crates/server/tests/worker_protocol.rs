@@ -1,7 +1,7 @@
 //! The worker protocol in one process: a thread serves the CPU device over a
 //! socket pair as `cumux worker` would, and a `WorkerContext` drives it —
 //! every call, printf through the stdout stream, sticky faults, a worker that
-//! goes away, and undecodable frames.
+//! goes away, undecodable frames, and stream-ordered work posted unanswered.
 
 use std::io::Write;
 use std::os::unix::net::UnixStream;
@@ -14,7 +14,7 @@ use cumux_server::device::cpu::CpuDevice;
 use cumux_server::device::worker::{
     new_nonce, serve_worker, WorkerContext, WorkerReply, WorkerRequest, WorkerStdout, WorkerValue,
 };
-use cumux_server::device::{DeviceContext, LaunchGeometry};
+use cumux_server::device::{DeviceContext, LaunchGeometry, StreamWork, SyncTarget};
 
 /// A CPU-device worker on a thread; returns the context driving it, a handle
 /// on the worker's end of the socket (to cut it), and the thread.
@@ -208,4 +208,218 @@ fn undecodable_frames_are_answered_and_the_worker_goes_on() {
     ours.write_all(&[1, 2, 3]).unwrap();
     drop(ours);
     assert!(thread.join().unwrap().is_err());
+}
+
+// ----- stream order kept by the worker -----
+
+const STREAM: u64 = 0x200;
+
+#[test]
+fn stream_work_is_queued_in_order_and_waited_for() {
+    let (ctx, _cut, _thread) = in_process_worker(64 << 20);
+    let so = ctx.stream_ordered().expect("a worker keeps stream order");
+    let a = ctx.mem_alloc(4096).unwrap();
+    so.stream_create(STREAM, 1).unwrap();
+    let data: Vec<u8> = (0..4096u32).map(|i| (i * 3) as u8).collect();
+    so.enqueue(
+        STREAM,
+        StreamWork::Write {
+            dst: a,
+            data: data.clone(),
+        },
+    );
+    // Two rows of 16 bytes, 32 apart, after the write in stream order.
+    so.enqueue(
+        STREAM,
+        StreamWork::Fill {
+            dst: a,
+            pattern: vec![0xab],
+            count: 16,
+            pitch: 32,
+            height: 2,
+        },
+    );
+    so.event_create(0x300, 0).unwrap();
+    so.event_create(0x301, 0).unwrap();
+    so.enqueue(STREAM, StreamWork::Record { event: 0x300 });
+
+    // A printing kernel: its text comes back with the next wait.
+    let ptx = cumux_testkit::compile_ptx(cumux_testkit::corpus_source("printf_kernel"));
+    let module = ctx.module_load(ptx.as_bytes()).unwrap();
+    let kernel = module
+        .kernels
+        .iter()
+        .position(|k| k.name.contains("printf_kernel"))
+        .expect("the kernel");
+    let mut params = vec![0u8; module.kernels[kernel].params_bytes() as usize];
+    params[..4].copy_from_slice(&7i32.to_le_bytes());
+    params[4..8].copy_from_slice(&1.25f32.to_le_bytes());
+    let launch = StreamWork::Launch {
+        module: module.id,
+        kernel,
+        geometry: one_block(32),
+        params: params.clone(),
+    };
+    so.enqueue(STREAM, launch.clone());
+    so.enqueue(STREAM, StreamWork::Record { event: 0x301 });
+    so.enqueue(STREAM, StreamWork::Wait { event: 0x300 });
+
+    let mut back = vec![0u8; 4096];
+    let read = so.read(STREAM, a, &mut back);
+    assert_eq!(read.result, Ok(()));
+    let mut want = data.clone();
+    want[..16].fill(0xab);
+    want[32..48].fill(0xab);
+    assert!(back == want, "stream work ran out of order");
+    let text = String::from_utf8_lossy(&read.stdout);
+    assert!(text.starts_with("block 0: int=7"), "{text:?}");
+
+    let synced = so.synchronize(SyncTarget::Stream(STREAM));
+    assert_eq!(synced.result, Ok(()));
+    assert_eq!(so.query(SyncTarget::Stream(STREAM)), Ok(true));
+    assert_eq!(so.query(SyncTarget::Event(0x301)), Ok(true));
+    let ms = so.elapsed_ms(0x300, 0x301).unwrap();
+    assert!(ms >= 0.0, "{ms}");
+    assert_eq!(
+        so.synchronize(SyncTarget::Event(0x301)).result,
+        Ok(()),
+        "an event wait"
+    );
+    // The default stream is always there; the context wait covers everything.
+    so.enqueue(cumux_protocol::DEFAULT_STREAM, launch);
+    let all = so.synchronize(SyncTarget::Context);
+    assert_eq!(all.result, Ok(()));
+    assert!(String::from_utf8_lossy(&all.stdout).contains("int=7"));
+    so.event_destroy(0x300).unwrap();
+    so.stream_destroy(STREAM).unwrap();
+    assert_eq!(
+        so.stream_destroy(STREAM).unwrap_err().code,
+        codes::INVALID_HANDLE
+    );
+}
+
+#[test]
+fn a_failure_of_queued_work_comes_back_from_the_next_wait_once() {
+    let (ctx, _cut, _thread) = in_process_worker(64 << 20);
+    let so = ctx.stream_ordered().unwrap();
+    // An unknown module, found before posting; an unknown stream and event,
+    // found by the worker.
+    so.enqueue(
+        cumux_protocol::DEFAULT_STREAM,
+        StreamWork::Launch {
+            module: 999,
+            kernel: 0,
+            geometry: one_block(1),
+            params: Vec::new(),
+        },
+    );
+    let e = so.synchronize(SyncTarget::Context).result.unwrap_err();
+    assert_eq!(e.code, codes::INVALID_HANDLE, "{e}");
+    assert_eq!(so.synchronize(SyncTarget::Context).result, Ok(()));
+    so.enqueue(0x999, StreamWork::Record { event: 1 });
+    let e = so.synchronize(SyncTarget::Context).result.unwrap_err();
+    assert_eq!(e.code, codes::INVALID_HANDLE, "{e}");
+    so.enqueue(
+        cumux_protocol::DEFAULT_STREAM,
+        StreamWork::Wait { event: 5 },
+    );
+    assert_eq!(
+        so.query(SyncTarget::Stream(cumux_protocol::DEFAULT_STREAM))
+            .unwrap_err()
+            .code,
+        codes::INVALID_HANDLE
+    );
+
+    // A fault in queued work is sticky for the context.
+    let ptx = cumux_testkit::compile_ptx(cumux_testkit::corpus_source("out_of_bounds"));
+    let module = ctx.module_load(ptx.as_bytes()).unwrap();
+    let kernel = module
+        .kernels
+        .iter()
+        .position(|k| k.name.contains("out_of_bounds"))
+        .unwrap();
+    let data = ctx.mem_alloc(256).unwrap();
+    let mut params = vec![0u8; module.kernels[kernel].params_bytes() as usize];
+    params[..8].copy_from_slice(&data.to_le_bytes());
+    params[8..16].copy_from_slice(&(1u64 << 40).to_le_bytes());
+    so.enqueue(
+        cumux_protocol::DEFAULT_STREAM,
+        StreamWork::Launch {
+            module: module.id,
+            kernel,
+            geometry: one_block(1),
+            params,
+        },
+    );
+    let fault = so.synchronize(SyncTarget::Context).result.unwrap_err();
+    assert!(
+        fault.code == codes::ILLEGAL_ADDRESS || fault.code == codes::LAUNCH_FAILED,
+        "{fault}"
+    );
+    assert_eq!(ctx.mem_alloc(16).unwrap_err(), fault);
+}
+
+/// A worker that says ready and then reads requests without ever answering.
+fn silent_worker() -> (WorkerContext, std::sync::mpsc::Receiver<WorkerRequest>) {
+    let (ours, mut theirs) = UnixStream::pair().unwrap();
+    let (_stdout_read, stdout_write) = UnixStream::pair().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _keep = stdout_write;
+        let ready = WorkerReply {
+            result: Ok(WorkerValue::Ready),
+            marker: None,
+        };
+        write_frame(&mut theirs, &encode(&ready).unwrap()).unwrap();
+        let mut buf = Vec::new();
+        while read_frame(&mut theirs, &mut buf).is_ok() {
+            if let Ok(request) = decode::<WorkerRequest>(&buf) {
+                let _ = tx.send(request);
+            }
+        }
+    });
+    let ctx = WorkerContext::attach(
+        ours,
+        _stdout_read,
+        [1; 16],
+        Arc::new(AtomicU64::new(0)),
+        Arc::new(AtomicU64::new(1)),
+    )
+    .unwrap();
+    (ctx, rx)
+}
+
+#[test]
+fn queued_work_is_posted_without_waiting_for_an_answer() {
+    let (ctx, requests) = silent_worker();
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let so = ctx.stream_ordered().unwrap();
+        for i in 0..100u64 {
+            so.enqueue(
+                cumux_protocol::DEFAULT_STREAM,
+                StreamWork::Copy {
+                    dst: 0x1000 + i,
+                    src: 0x2000,
+                    bytes: 1,
+                },
+            );
+        }
+        done_tx.send(()).unwrap();
+        // Keep the context (and its socket) until the test has looked.
+        std::thread::sleep(std::time::Duration::from_secs(5));
+    });
+    // The worker answers nothing: a round trip per call would never end.
+    done_rx
+        .recv_timeout(std::time::Duration::from_secs(5))
+        .expect("queueing work waited for an answer");
+    for i in 0..100u64 {
+        let request = requests
+            .recv_timeout(std::time::Duration::from_secs(5))
+            .unwrap();
+        assert!(
+            matches!(&request, WorkerRequest::Enqueue { work: StreamWork::Copy { dst, .. }, .. } if *dst == 0x1000 + i),
+            "{request:?} out of order"
+        );
+    }
 }

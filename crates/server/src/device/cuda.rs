@@ -631,9 +631,9 @@ impl CudaContext {
             StreamWork::Record { event } => {
                 self.ordered_event(event)?.record(stream).map_err(cu_err)
             }
-            StreamWork::Wait { event } => {
-                stream.wait_event(&*self.ordered_event(event)?).map_err(cu_err)
-            }
+            StreamWork::Wait { event } => stream
+                .wait_event(&*self.ordered_event(event)?)
+                .map_err(cu_err),
         }
     }
 

@@ -181,7 +181,13 @@ impl StreamOrdered for SerialStreams {
 
     fn elapsed_ms(&self, start: Handle, end: Handle) -> Result<f32, CuError> {
         let state = self.lock();
-        let get = |e: Handle| state.events.get(&e).copied().ok_or_else(|| unknown("event", e));
+        let get = |e: Handle| {
+            state
+                .events
+                .get(&e)
+                .copied()
+                .ok_or_else(|| unknown("event", e))
+        };
         let ((f0, t0), (f1, t1)) = (get(start)?, get(end)?);
         if (f0 | f1) & EVENT_DISABLE_TIMING != 0 {
             return Err(CuError::new(

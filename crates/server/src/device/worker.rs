@@ -504,12 +504,16 @@ fn execute(
             }
         }
         WorkerRequest::Synchronize { target } => waited(ordered.synchronize(target)),
-        WorkerRequest::Query { target } => {
-            (ordered.query(target).map(WorkerValue::Done), Vec::new(), None)
-        }
-        WorkerRequest::Elapsed { start, end } => {
-            (ordered.elapsed_ms(start, end).map(WorkerValue::Ms), Vec::new(), None)
-        }
+        WorkerRequest::Query { target } => (
+            ordered.query(target).map(WorkerValue::Done),
+            Vec::new(),
+            None,
+        ),
+        WorkerRequest::Elapsed { start, end } => (
+            ordered.elapsed_ms(start, end).map(WorkerValue::Ms),
+            Vec::new(),
+            None,
+        ),
         WorkerRequest::MemAlloc { bytes } => {
             (ctx.mem_alloc(bytes).map(WorkerValue::Ptr), Vec::new(), None)
         }
