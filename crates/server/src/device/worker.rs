@@ -40,6 +40,7 @@ use cumux_protocol::{
 use serde::{Deserialize, Serialize};
 
 use super::serial::SerialStreams;
+use super::spin::{spin_time, SpinReader};
 use super::{
     Device, DeviceContext, GlobalDesc, KernelDesc, LaunchGeometry, LaunchOutcome, LoadedModule,
     ModuleId, StreamOrdered, StreamWork, SyncTarget,
@@ -339,7 +340,7 @@ pub fn serve_worker(
     stdout: &mut WorkerStdout<'_>,
 ) -> io::Result<()> {
     let mut writer = conn.try_clone()?;
-    let mut reader = BufReader::new(conn);
+    let mut reader = BufReader::new(SpinReader::new(conn, spin_time()));
     let ctx = match catch_unwind(AssertUnwindSafe(|| device.create_context())) {
         Ok(Ok(ctx)) => ctx,
         Ok(Err(e)) => {
@@ -876,7 +877,7 @@ fn reap(mut child: Child, grace: Duration) {
 }
 
 struct Connection {
-    reader: BufReader<UnixStream>,
+    reader: BufReader<SpinReader>,
     writer: UnixStream,
     buf: Vec<u8>,
 }
@@ -961,7 +962,7 @@ impl WorkerContext {
             )
         })?;
         let mut conn = Connection {
-            reader: BufReader::new(stream),
+            reader: BufReader::new(SpinReader::new(stream, spin_time())),
             writer,
             buf: Vec::new(),
         };
