@@ -122,6 +122,7 @@ fn cuda_contexts_live_in_workers() {
         grid: [1, 1, 1],
         block: [32, 1, 1],
         dynamic_shared_bytes: 0,
+        attributes: Vec::new(),
     };
     let outcome = ctx.launch(module.id, 1, &geometry, &params);
     assert_eq!(outcome.result, Ok(()));

@@ -66,6 +66,7 @@ mod tests {
             shared_bytes: 0,
             stream: 5,
             params: vec![],
+            attributes: Vec::new(),
         };
         assert_eq!(stream_of_call(&launch), Some(5));
         assert_eq!(stream_of_call(&retarget(&launch, 9)), Some(9));

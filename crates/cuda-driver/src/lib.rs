@@ -14,6 +14,7 @@ pub mod error;
 pub mod image;
 pub mod objects;
 pub mod sys;
+pub mod tensor_map;
 
 pub use driver::{
     Context, DeviceId, Driver, CUMUX_CLIENT_MARKERS, LIBCUDA_SONAME, MAX_DEVICE_ATTRIBUTE,
@@ -22,5 +23,6 @@ pub use driver::{
 pub use error::{CudaError, LoadError};
 pub use image::{CodeChoice, ImageKind};
 pub use objects::{
-    Event, Function, FunctionAttributes, LaunchConfig, Module, PinnedBuffer, Stream,
+    Event, Function, FunctionAttributes, LaunchAttr, LaunchConfig, Module, PinnedBuffer, Stream,
 };
+pub use tensor_map::{TensorShape, TensorTile, TENSOR_MAP_BYTES};

@@ -581,12 +581,21 @@ impl Module {
     }
 }
 
-/// Grid, block and dynamic shared memory of one launch.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Grid, block, dynamic shared memory and `CU_LAUNCH_ATTRIBUTE_*`s of one launch.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LaunchConfig {
     pub grid: [u32; 3],
     pub block: [u32; 3],
     pub dynamic_shared_bytes: u32,
+    pub attributes: Vec<LaunchAttr>,
+}
+
+/// One launch attribute: its `CUlaunchAttributeID` and the first words of
+/// its value (cluster dimensions take three, the others one).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LaunchAttr {
+    pub id: u32,
+    pub value: [u32; 3],
 }
 
 /// The `cuFuncGetAttribute` values a client needs.
@@ -732,6 +741,37 @@ impl Function {
         } else {
             extra.as_mut_ptr()
         };
+        if !config.attributes.is_empty() {
+            let mut attrs: Vec<CUlaunchAttribute> = config
+                .attributes
+                .iter()
+                .map(|a| {
+                    let mut value = [0u32; 16];
+                    value[..3].copy_from_slice(&a.value);
+                    CUlaunchAttribute {
+                        id: a.id,
+                        pad: [0; 4],
+                        value,
+                    }
+                })
+                .collect();
+            let raw_config = CUlaunchConfig {
+                grid_dim: config.grid,
+                block_dim: config.block,
+                shared_mem_bytes: config.dynamic_shared_bytes,
+                stream: stream.raw,
+                attrs: attrs.as_mut_ptr(),
+                num_attrs: attrs.len() as c_uint,
+            };
+            // SAFETY: `raw_config` and `attrs` outlive the call, `extra_ptr` is
+            // as below, and the driver copies everything before returning.
+            return unsafe {
+                cu!(
+                    ctx.driver,
+                    cuLaunchKernelEx(&raw_config, self.raw, std::ptr::null_mut(), extra_ptr)
+                )
+            };
+        }
         let [gx, gy, gz] = config.grid;
         let [bx, by, bz] = config.block;
         // SAFETY: `extra_ptr` is null or a CU_LAUNCH_PARAM_END-terminated list

@@ -63,6 +63,26 @@ pub const CUDA_ERROR_NOT_SUPPORTED: CUresult = 801;
 
 /// `CU_LAUNCH_PARAM_*` markers of `cuLaunchKernel`'s `extra` array.
 pub const CU_LAUNCH_PARAM_END: usize = 0x00;
+
+/// `CUlaunchAttribute`: an id, padding, and a 64-byte value union.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct CUlaunchAttribute {
+    pub id: c_uint,
+    pub pad: [u8; 4],
+    pub value: [u32; 16],
+}
+
+/// `CUlaunchConfig` (56 bytes): geometry, stream and attributes.
+#[repr(C)]
+pub struct CUlaunchConfig {
+    pub grid_dim: [c_uint; 3],
+    pub block_dim: [c_uint; 3],
+    pub shared_mem_bytes: c_uint,
+    pub stream: CUstream,
+    pub attrs: *mut CUlaunchAttribute,
+    pub num_attrs: c_uint,
+}
 pub const CU_LAUNCH_PARAM_BUFFER_POINTER: usize = 0x01;
 pub const CU_LAUNCH_PARAM_BUFFER_SIZE: usize = 0x02;
 
@@ -203,6 +223,19 @@ driver_api! {
     cuFuncGetParamInfo ["cuFuncGetParamInfo"] (CUfunction, usize, *mut usize, *mut usize);
     cuFuncGetAttribute ["cuFuncGetAttribute"] (*mut c_int, c_int, CUfunction);
     cuFuncSetAttribute ["cuFuncSetAttribute"] (CUfunction, c_int, c_int);
+    cuTensorMapEncodeTiled ["cuTensorMapEncodeTiled"] (
+        Ptr, c_uint, c_uint, Ptr, *const u64, *const u64, *const c_uint, *const c_uint,
+        c_uint, c_uint, c_uint, c_uint
+    );
+    cuTensorMapEncodeIm2col ["cuTensorMapEncodeIm2col"] (
+        Ptr, c_uint, c_uint, Ptr, *const u64, *const u64, *const c_int, *const c_int,
+        c_uint, c_uint, *const c_uint, c_uint, c_uint, c_uint, c_uint
+    );
+    cuTensorMapEncodeIm2colWide ["cuTensorMapEncodeIm2colWide"] (
+        Ptr, c_uint, c_uint, Ptr, *const u64, *const u64, c_int, c_int,
+        c_uint, c_uint, *const c_uint, c_uint, c_uint, c_uint, c_uint, c_uint
+    );
+    cuLaunchKernelEx ["cuLaunchKernelEx"] (*const CUlaunchConfig, CUfunction, *mut Ptr, *mut Ptr);
     cuLaunchKernel ["cuLaunchKernel"] (
         CUfunction, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, CUstream,
         *mut Ptr, *mut Ptr

@@ -75,6 +75,7 @@ fn device_printf_of_a_fake_driver_is_captured_at_the_stream_sync() {
         grid: [1, 1, 1],
         block: [8, 1, 1],
         dynamic_shared_bytes: 0,
+        attributes: Vec::new(),
     };
     scale.launch(&stream, &config, &params, 16).unwrap();
     // The fake prints through C stdio at the synchronize, fully buffered

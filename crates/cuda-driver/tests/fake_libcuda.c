@@ -267,3 +267,44 @@ CUresult cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned
     }
     return 0;
 }
+
+/* cuLaunchKernelEx runs the kernel as cuLaunchKernel does; cluster
+ * dimensions (attribute 4) that do not divide the grid fail with
+ * CUDA_ERROR_INVALID_CLUSTER_SIZE, as on a GPU. */
+typedef struct { unsigned id; unsigned char pad[4]; unsigned value[16]; } fake_launch_attribute;
+typedef struct {
+    unsigned grid[3], block[3], shared;
+    void *stream;
+    fake_launch_attribute *attrs;
+    unsigned num_attrs;
+} fake_launch_config;
+unsigned fake_last_cluster[3];
+CUresult cuLaunchKernelEx(const fake_launch_config *config, void *f, void **params, void **extra) {
+    if (!config || (config->num_attrs && !config->attrs)) return 1;
+    fake_last_cluster[0] = fake_last_cluster[1] = fake_last_cluster[2] = 0;
+    for (unsigned i = 0; i < config->num_attrs; i++)
+        if (config->attrs[i].id == 4) {
+            memcpy(fake_last_cluster, config->attrs[i].value, sizeof fake_last_cluster);
+            for (int d = 0; d < 3; d++)
+                if (!fake_last_cluster[d] || config->grid[d] % fake_last_cluster[d]) return 912;
+        }
+    return cuLaunchKernel(f, config->grid[0], config->grid[1], config->grid[2], config->block[0],
+                          config->block[1], config->block[2], config->shared, config->stream,
+                          params, extra);
+}
+
+/* A tiled tensor map: the address, rank and box sizes, laid out where a test
+ * can check them; rank 0 or over 5 is invalid, as for the real driver. */
+CUresult cuTensorMapEncodeTiled(void *map, unsigned type, unsigned rank, void *address,
+                                const unsigned long long *dims, const unsigned long long *strides,
+                                const unsigned *box, const unsigned *elem_strides,
+                                unsigned interleave, unsigned swizzle, unsigned l2, unsigned oob) {
+    (void)type; (void)strides; (void)elem_strides; (void)interleave; (void)swizzle; (void)l2; (void)oob;
+    if (!map || rank == 0 || rank > 5 || ((uintptr_t)map % 64)) return 1;
+    memset(map, 0, 128);
+    memcpy(map, &address, 8);
+    memcpy((char *)map + 8, &rank, 4);
+    memcpy((char *)map + 16, dims, 8);
+    memcpy((char *)map + 24, box, 4 * rank);
+    return 0;
+}

@@ -162,6 +162,7 @@ fn a_kernel_of_the_fake_gpu_gets_its_packed_parameters() {
         grid: [1, 1, 1],
         block: [32, 1, 1],
         dynamic_shared_bytes: 0,
+        attributes: Vec::new(),
     };
     scale.launch(&stream, &config, &params, 16).unwrap();
     let mut back = vec![0u8; bytes.len()];

@@ -133,6 +133,13 @@ pub enum Call {
         stream: Handle,
         #[serde(with = "serde_bytes")]
         params: Vec<u8>,
+        /// `cuLaunchKernelEx` attributes the device must honour.
+        attributes: Vec<LaunchAttribute>,
+    },
+    /// Encodes a tensor-memory-access descriptor (`cuTensorMapEncode*`) for
+    /// memory of this session; answered by [`ReplyBody::TensorMap`].
+    TensorMapEncode {
+        request: TensorMapRequest,
     },
     StreamCreate {
         flags: u32,
@@ -233,11 +240,75 @@ pub enum ReplyBody {
     Ptr(DevicePtr),
     Handle(Handle),
     Data(#[serde(with = "serde_bytes")] Vec<u8>),
-    MemInfo { free: u64, total: u64 },
-    Range { base: DevicePtr, size: u64 },
+    MemInfo {
+        free: u64,
+        total: u64,
+    },
+    Range {
+        base: DevicePtr,
+        size: u64,
+    },
     Module(ModuleInfo),
     ElapsedMs(f32),
     Status(ServerStatus),
+    /// A `CUtensorMap`: 128 opaque bytes.
+    TensorMap(#[serde(with = "serde_bytes")] Vec<u8>),
+}
+
+/// A `cuLaunchKernelEx` attribute that changes how a kernel runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum LaunchAttribute {
+    /// `CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION`: blocks per thread-block cluster.
+    ClusterDim([u32; 3]),
+    /// `CU_LAUNCH_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE`.
+    ClusterSchedulingPolicy(u32),
+    /// `CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION`: the kernel may
+    /// start before the previous one of its stream ends (dependent launch).
+    ProgrammaticSerialization(u32),
+    /// `CU_LAUNCH_ATTRIBUTE_COOPERATIVE`.
+    Cooperative(u32),
+    /// `CU_LAUNCH_ATTRIBUTE_PRIORITY`.
+    Priority(i32),
+    /// `CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN`.
+    MemSyncDomain(u32),
+}
+
+/// The arguments of `cuTensorMapEncodeTiled`/`Im2col`/`Im2colWide`, less the
+/// output: dimensions, strides and enums as the driver takes them.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TensorMapRequest {
+    pub data_type: u32,
+    pub rank: u32,
+    pub global_address: DevicePtr,
+    pub global_dim: Vec<u64>,
+    /// Bytes between elements of dimensions 1 ..= rank-1.
+    pub global_strides: Vec<u64>,
+    pub element_strides: Vec<u32>,
+    pub interleave: u32,
+    pub swizzle: u32,
+    pub l2_promotion: u32,
+    pub oob_fill: u32,
+    pub layout: TensorMapLayout,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum TensorMapLayout {
+    Tiled {
+        box_dim: Vec<u32>,
+    },
+    Im2col {
+        lower_corner: Vec<i32>,
+        upper_corner: Vec<i32>,
+        channels_per_pixel: u32,
+        pixels_per_column: u32,
+    },
+    Im2colWide {
+        lower_corner_width: i32,
+        upper_corner_width: i32,
+        channels_per_pixel: u32,
+        pixels_per_column: u32,
+        mode: u32,
+    },
 }
 
 /// What a loaded module holds, so the client needs no round trip per lookup.
@@ -376,6 +447,7 @@ mod tests {
                 shared_bytes: 0,
                 stream: DEFAULT_STREAM,
                 params: vec![1, 2, 3],
+                attributes: Vec::new(),
             },
         };
         let bytes = crate::encode(&req).unwrap();

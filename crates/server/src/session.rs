@@ -24,6 +24,7 @@ use crate::status::{server_status, SessionEntry, SessionStats};
 use crate::streams::{Position, Streams, Work, MAX_STREAMS, NON_BLOCKING};
 use crate::tenants::{AccountHold, TenantSettings};
 use crate::Server;
+use cumux_protocol::{DeviceInfo, LaunchAttribute, TensorMapRequest};
 
 /// Printf output a session may hold before further output is dropped.
 pub const MAX_STDOUT_BYTES: usize = 16 << 20;
@@ -36,6 +37,10 @@ pub const FIRST_HANDLE: Handle = 0x100;
 pub const MAX_QUEUED_BYTES: u64 = 1 << 30;
 /// `CU_EVENT_DISABLE_TIMING`.
 const EVENT_DISABLE_TIMING: u32 = 0x2;
+/// Dimensions a tensor map may have (CUDA's limit).
+const MAX_TENSOR_RANK: usize = 5;
+/// `CUDA_ERROR_INVALID_CLUSTER_SIZE`.
+const CLUSTER_SIZE_ERROR: u32 = 912;
 /// `1` keeps stream order in the server (a thread per stream) even where the
 /// device keeps it itself: for comparisons.
 pub const STREAM_THREADS_ENV: &str = "CUMUX_STREAM_THREADS";
@@ -131,6 +136,66 @@ struct EventState {
     /// Bumped per record, so a stale record's job leaves the time alone.
     generation: u64,
     time: Option<Instant>,
+}
+
+/// A device's launch limits, from its attributes (the defaults where a
+/// device does not give one).
+struct LaunchLimits {
+    block: [i32; 3],
+    grid: [i32; 3],
+    shared_per_block_optin: i32,
+    /// 0 where the device runs no clusters (before compute capability 9).
+    max_cluster_blocks: u32,
+}
+
+impl LaunchLimits {
+    fn of(info: &DeviceInfo) -> Self {
+        let attr = |id: u32, default: i32| {
+            info.attributes
+                .iter()
+                .find(|(a, _)| *a == id)
+                .map_or(default, |(_, v)| *v)
+        };
+        LaunchLimits {
+            block: [2, 3, 4].map(|id| attr(id, MAX_BLOCK_DIM[id as usize - 2])),
+            grid: [5, 6, 7].map(|id| attr(id, MAX_GRID_DIM[id as usize - 5])),
+            // CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN
+            shared_per_block_optin: attr(97, SHARED_PER_BLOCK_OPTIN),
+            // CU_DEVICE_ATTRIBUTE_CLUSTER_LAUNCH, then Hopper's non-portable limit.
+            max_cluster_blocks: if attr(120, 0) != 0 { 16 } else { 0 },
+        }
+    }
+}
+
+/// Checks what a launch's attributes ask of the device: cluster dimensions
+/// must divide the grid and fit the device.
+fn check_launch_attributes(
+    attributes: &[LaunchAttribute],
+    grid: [u32; 3],
+    max_cluster_blocks: u32,
+) -> Result<(), CuError> {
+    for a in attributes {
+        if let LaunchAttribute::ClusterDim(dims) = a {
+            let blocks = dims.iter().map(|d| u64::from(*d)).product::<u64>();
+            if blocks <= 1 && !dims.contains(&0) {
+                continue;
+            }
+            if max_cluster_blocks == 0 {
+                return Err(err(
+                    codes::NOT_SUPPORTED,
+                    "this device runs no thread-block clusters",
+                ));
+            }
+            let divides = dims.iter().zip(grid).all(|(d, g)| *d > 0 && g % d == 0);
+            if !divides || blocks > u64::from(max_cluster_blocks) {
+                return Err(err(
+                    CLUSTER_SIZE_ERROR,
+                    format!("cluster {dims:?} for grid {grid:?}"),
+                ));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// One client connection's view of the server.
@@ -376,7 +441,16 @@ impl Session {
                 shared_bytes,
                 stream,
                 params,
-            } => self.launch(function, grid, block, shared_bytes, stream, params),
+                attributes,
+            } => self.launch(
+                function,
+                grid,
+                block,
+                shared_bytes,
+                stream,
+                params,
+                attributes,
+            ),
             Call::StreamCreate { flags, .. } => self.stream_create(flags),
             Call::StreamDestroy { stream } if self.ordered => {
                 if !self.ordered_streams.remove(&stream) {
@@ -495,8 +569,29 @@ impl Session {
                 self.streams.synchronize_all();
                 self.sync_result()
             }
+            Call::TensorMapEncode { request } => self.tensor_map_encode(request),
             Call::ServerStatus => Ok(ReplyBody::Status(server_status(&self.server))),
         }
+    }
+
+    /// A tensor-memory-access descriptor, for a tensor that starts in this
+    /// session's memory. (Its end is not checked: a descriptor only ever
+    /// reaches the memory of the context it is used in, and the tile reads
+    /// past a tensor's bounds are filled, not made.)
+    fn tensor_map_encode(&mut self, request: TensorMapRequest) -> CallResult {
+        let rank = request.rank as usize;
+        let short = request.global_dim.len() < rank
+            || request.global_strides.len() + 1 < rank
+            || request.element_strides.len() < rank;
+        if !(1..=MAX_TENSOR_RANK).contains(&rank) || short {
+            return Err(err(
+                codes::INVALID_VALUE,
+                format!("a tensor map of rank {rank} with too few dimensions"),
+            ));
+        }
+        self.check_range(request.global_address, 1)?;
+        let bytes = self.ctx.tensor_map_encode(&request)?;
+        Ok(ReplyBody::TensorMap(bytes))
     }
 
     // ----- checks -----
@@ -991,6 +1086,7 @@ impl Session {
         self.ctx.module_unload(entry.id);
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn launch(
         &mut self,
         function: Handle,
@@ -999,6 +1095,7 @@ impl Session {
         shared_bytes: u32,
         stream: Handle,
         params: Vec<u8>,
+        attributes: Vec<LaunchAttribute>,
     ) -> CallResult {
         self.check_stream(stream)?;
         let f = self
@@ -1012,7 +1109,8 @@ impl Session {
         let over = |dims: [u32; 3], limits: [i32; 3]| {
             dims.iter().zip(limits).any(|(d, l)| *d as u64 > l as u64)
         };
-        if over(block, MAX_BLOCK_DIM) || over(grid, MAX_GRID_DIM) {
+        let limits = LaunchLimits::of(self.device.info());
+        if over(block, limits.block) || over(grid, limits.grid) {
             return bad(format!(
                 "launch grid {grid:?} block {block:?} over the device's limits"
             ));
@@ -1028,7 +1126,7 @@ impl Session {
             ));
         }
         let shared_total = u64::from(shared_bytes) + f.desc.attrs.shared_size_bytes.max(0) as u64;
-        if shared_total > SHARED_PER_BLOCK_OPTIN as u64 {
+        if shared_total > limits.shared_per_block_optin as u64 {
             return bad(format!("{shared_total} bytes of shared memory per block"));
         }
         if (params.len() as u64) < f.desc.params_bytes() {
@@ -1039,12 +1137,14 @@ impl Session {
                 f.desc.params_bytes()
             ));
         }
+        check_launch_attributes(&attributes, grid, limits.max_cluster_blocks)?;
         let (module, kernel) = (f.module, f.index);
         let params_len = params.len() as u64;
         let geometry = LaunchGeometry {
             grid,
             block,
             dynamic_shared_bytes: shared_bytes,
+            attributes,
         };
         if self.ordered {
             // The device times nothing per launch here: the count is exact,
@@ -1253,6 +1353,35 @@ impl Session {
             modules = n_modules,
             allocations = n_allocs,
             "session closed"
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An H100 lets a block opt in to 227 KiB of shared memory; cuBLASLt's
+    /// Hopper GEMMs take 226 KiB, which the CPU device's 99 KiB refused.
+    #[test]
+    fn launch_limits_are_the_devices_own() {
+        let mut info = DeviceInfo {
+            ordinal: 0,
+            name: "gpu".into(),
+            uuid: [0; 16],
+            pci: [0; 3],
+            total_mem: 1 << 30,
+            attributes: vec![(97, 232_448), (5, 1 << 30)],
+            backend: "cuda".into(),
+        };
+        let limits = LaunchLimits::of(&info);
+        assert_eq!(limits.shared_per_block_optin, 232_448);
+        assert_eq!(limits.grid, [1 << 30, MAX_GRID_DIM[1], MAX_GRID_DIM[2]]);
+        assert_eq!(limits.block, MAX_BLOCK_DIM);
+        info.attributes.clear();
+        assert_eq!(
+            LaunchLimits::of(&info).shared_per_block_optin,
+            SHARED_PER_BLOCK_OPTIN
         );
     }
 }

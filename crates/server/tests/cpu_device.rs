@@ -76,6 +76,7 @@ fn ptx_and_fat_binaries_load_and_run() {
             shared_bytes: 0,
             stream: DEFAULT_STREAM,
             params: vector_add_params(pa, pb, pc, n, &f.params),
+            attributes: Vec::new(),
         });
         let out = c.read(pc, 4 * n as u64).unwrap();
         let expected: Vec<f32> = (0..n).map(|i| 3.0 * i as f32).collect();
@@ -88,6 +89,7 @@ fn ptx_and_fat_binaries_load_and_run() {
             shared_bytes: 0,
             stream: DEFAULT_STREAM,
             params: vector_add_params(pa, pb, pc + (1 << 40), 32, &f.params),
+            attributes: Vec::new(),
         });
         assert_eq!(c.code(Call::ContextSynchronize), codes::ILLEGAL_ADDRESS);
     }
@@ -120,6 +122,7 @@ fn a_kernel_cannot_reach_another_sessions_memory() {
         shared_bytes: 0,
         stream: DEFAULT_STREAM,
         params: vector_add_params(bufs[2], bufs[2], mine, 32, &f.params),
+        attributes: Vec::new(),
     });
     // A's pointer names nothing in B's address space.
     assert_eq!(b.code(Call::ContextSynchronize), codes::ILLEGAL_ADDRESS);

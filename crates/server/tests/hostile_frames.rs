@@ -75,7 +75,7 @@ fn random_call(rng: &mut Rng) -> Call {
             Some(handle(rng))
         }
     };
-    match rng.below(22) {
+    match rng.below(23) {
         0 => Call::MemAlloc {
             device: rng.below(3) as u32,
             bytes: size(rng).min(1 << 41),
@@ -127,6 +127,10 @@ fn random_call(rng: &mut Rng) -> Call {
             shared_bytes: rng.pick(&[0, 1 << 20]),
             stream: handle(rng),
             params: rng.bytes_below(24),
+            attributes: vec![
+                LaunchAttribute::ClusterDim([rng.pick(&[0, 1, 2, 16, u32::MAX]), 1, 1]),
+                LaunchAttribute::Priority(rng.next() as i32),
+            ],
         },
         11 => Call::StreamCreate {
             flags: rng.pick(&[0, 1, 2, u32::MAX]),
@@ -158,6 +162,23 @@ fn random_call(rng: &mut Rng) -> Call {
             end: handle(rng),
         },
         20 => Call::EventDestroy { event: handle(rng) },
+        21 => Call::TensorMapEncode {
+            request: TensorMapRequest {
+                data_type: rng.below(20) as u32,
+                rank: rng.pick(&[0, 1, 2, 5, 6, u32::MAX]),
+                global_address: ptr(rng),
+                global_dim: (0..rng.below(7)).map(|_| rng.next()).collect(),
+                global_strides: (0..rng.below(7)).map(|_| rng.next()).collect(),
+                element_strides: (0..rng.below(7)).map(|_| rng.next() as u32).collect(),
+                interleave: 0,
+                swizzle: rng.below(5) as u32,
+                l2_promotion: 0,
+                oob_fill: 0,
+                layout: TensorMapLayout::Tiled {
+                    box_dim: (0..rng.below(7)).map(|_| rng.next() as u32).collect(),
+                },
+            },
+        },
         _ => Call::ContextSynchronize,
     }
 }

@@ -54,6 +54,7 @@ fn peek(c: &mut Client, m: &ModuleInfo, src: DevicePtr, dst: DevicePtr) -> u32 {
         shared_bytes: 0,
         stream: DEFAULT_STREAM,
         params,
+        attributes: Vec::new(),
     });
     c.code(Call::ContextSynchronize)
 }

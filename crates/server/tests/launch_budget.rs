@@ -51,6 +51,7 @@ fn launch(c: &mut Client, m: &ModuleInfo, kernel: &str, grid: u32, params: Vec<u
         shared_bytes: 0,
         stream: DEFAULT_STREAM,
         params,
+        attributes: Vec::new(),
     });
 }
 

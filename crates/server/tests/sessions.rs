@@ -83,6 +83,7 @@ fn unknown_handles_are_refused() {
         shared_bytes: 0,
         stream: DEFAULT_STREAM,
         params: vec![],
+        attributes: Vec::new(),
     });
     assert_eq!(c.code(Call::ContextSynchronize), codes::INVALID_HANDLE);
     assert_eq!(c.code(Call::ContextSynchronize), codes::SUCCESS);
@@ -114,6 +115,7 @@ fn unknown_handles_are_refused() {
             shared_bytes: 0,
             stream: DEFAULT_STREAM,
             params: scale_add(ptr, 1, 1, 0),
+            attributes: Vec::new(),
         });
         assert_eq!(
             c.code(Call::ContextSynchronize),
@@ -128,6 +130,7 @@ fn unknown_handles_are_refused() {
         shared_bytes: 0,
         stream: DEFAULT_STREAM,
         params: vec![0; 3],
+        attributes: Vec::new(),
     });
     assert_eq!(c.code(Call::ContextSynchronize), codes::INVALID_VALUE);
 }

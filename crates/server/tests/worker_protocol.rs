@@ -51,6 +51,7 @@ fn one_block(threads: u32) -> LaunchGeometry {
         grid: [1, 1, 1],
         block: [threads, 1, 1],
         dynamic_shared_bytes: 0,
+        attributes: Vec::new(),
     }
 }
 

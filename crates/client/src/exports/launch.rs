@@ -4,7 +4,7 @@
 
 use std::ffi::c_void;
 
-use cumux_protocol::Call;
+use cumux_protocol::{Call, LaunchAttribute};
 
 use super::memory::{stream_handle, stream_of};
 use super::module::dynamic_shared_limit;
@@ -90,6 +90,7 @@ fn launch(
     stream: *mut c_void,
     kernel_params: *mut *mut c_void,
     extra: *mut *mut c_void,
+    attributes: Vec<LaunchAttribute>,
 ) -> CuResult<()> {
     let (server, params, attrs) = {
         let t = c.tables();
@@ -140,6 +141,7 @@ fn launch(
         shared_bytes: shared,
         stream,
         params,
+        attributes,
     })
     .map(|_| ())
 }
@@ -193,6 +195,47 @@ fn occupancy_inputs(c: &Client, f: *mut c_void) -> CuResult<(Sm, Kernel, i32)> {
     Ok((sm, kernel, attr(16, 1)?))
 }
 
+/// Bytes of one `CUlaunchAttribute`.
+const LAUNCH_ATTRIBUTE_BYTES: usize = 72;
+
+/// The attributes of a `cuLaunchKernelEx` that change how the kernel runs.
+/// Hints that leave its results alone (access policy window, stream
+/// synchronization policy, memory sync domain map, preferred cluster shape,
+/// shared memory carveout, NVLink-centric scheduling, portable cluster size
+/// and shared memory modes) are left out; those naming events are not
+/// supported yet and say so.
+fn launch_attributes(cfg: &CuLaunchConfig) -> CuResult<Vec<LaunchAttribute>> {
+    if cfg.num_attrs == 0 {
+        return Ok(Vec::new());
+    }
+    let n = cfg.num_attrs as usize;
+    let list = host_bytes(cfg.attrs.cast(), n.saturating_mul(LAUNCH_ATTRIBUTE_BYTES))?;
+    let mut out = Vec::new();
+    for a in list.chunks_exact(LAUNCH_ATTRIBUTE_BYTES) {
+        let word = |i: usize| {
+            u32::from_ne_bytes([a[8 + 4 * i], a[9 + 4 * i], a[10 + 4 * i], a[11 + 4 * i]])
+        };
+        let id = u32::from_ne_bytes([a[0], a[1], a[2], a[3]]);
+        match id {
+            0 => {}
+            2 => out.push(LaunchAttribute::Cooperative(word(0))),
+            4 => out.push(LaunchAttribute::ClusterDim([word(0), word(1), word(2)])),
+            5 => out.push(LaunchAttribute::ClusterSchedulingPolicy(word(0))),
+            6 => out.push(LaunchAttribute::ProgrammaticSerialization(word(0))),
+            8 => out.push(LaunchAttribute::Priority(word(0) as i32)),
+            10 => out.push(LaunchAttribute::MemSyncDomain(word(0))),
+            1 | 3 | 9 | 11 | 14 | 16 | 17 | 18 => {
+                tracing::debug!("cuLaunchKernelEx: hint attribute {id} left out");
+            }
+            _ => {
+                tracing::warn!("cuLaunchKernelEx: launch attribute {id} is not supported");
+                return Err(CUDA_ERROR_NOT_SUPPORTED);
+            }
+        }
+    }
+    Ok(out)
+}
+
 fn occupancy_blocks(c: &Client, f: *mut c_void, block_size: i32, smem: usize) -> CuResult<i32> {
     let (sm, k, _) = occupancy_inputs(c, f)?;
     if block_size <= 0 {
@@ -235,7 +278,7 @@ driver_fn! {
         params: *mut *mut c_void,
         extra: *mut *mut c_void
     ) {
-        launch(client()?, f, [gx, gy, gz], [bx, by, bz], shared, stream, params, extra)
+        launch(client()?, f, [gx, gy, gz], [bx, by, bz], shared, stream, params, extra, Vec::new())
     }
 
     fn cuLaunchCooperativeKernel | cuLaunchCooperativeKernel_ptsz (
@@ -246,7 +289,8 @@ driver_fn! {
         stream: *mut c_void,
         params: *mut *mut c_void
     ) {
-        launch(client()?, f, [gx, gy, gz], [bx, by, bz], shared, stream, params, std::ptr::null_mut())
+        let cooperative = vec![LaunchAttribute::Cooperative(1)];
+        launch(client()?, f, [gx, gy, gz], [bx, by, bz], shared, stream, params, std::ptr::null_mut(), cooperative)
     }
 
     fn cuLaunchKernelEx | cuLaunchKernelEx_ptsz (
@@ -256,7 +300,8 @@ driver_fn! {
         extra: *mut *mut c_void
     ) {
         let cfg = read_in(config)?;
-        launch(client()?, f, cfg.grid, cfg.block, cfg.shared_mem_bytes, cfg.stream, params, extra)
+        let attributes = launch_attributes(cfg)?;
+        launch(client()?, f, cfg.grid, cfg.block, cfg.shared_mem_bytes, cfg.stream, params, extra, attributes)
     }
 
     fn cuLaunchHostFunc | cuLaunchHostFunc_ptsz (stream: *mut c_void, func: CuHostFn, data: *mut c_void) {

@@ -45,6 +45,7 @@ mod memory;
 mod module;
 mod stream;
 mod stubs_generated;
+mod tensor_map;
 
 pub use context::*;
 pub use cuda13x::*;
@@ -56,6 +57,7 @@ pub use memory::*;
 pub use module::*;
 pub use stream::*;
 pub use stubs_generated::*;
+pub use tensor_map::*;
 
 /// Writes `value` through an out-pointer the program passed.
 pub(crate) fn out<T>(ptr: *mut T, value: T) -> CuResult<()> {

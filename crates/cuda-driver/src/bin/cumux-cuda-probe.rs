@@ -103,6 +103,7 @@ fn blocks(threads: u32, count: u32) -> LaunchConfig {
         grid: [count, 1, 1],
         block: [threads, 1, 1],
         dynamic_shared_bytes: 0,
+        attributes: Vec::new(),
     }
 }
 

@@ -361,6 +361,18 @@ impl DeviceContext for CpuContext {
                 result: Err(CuError::new(codes::INVALID_HANDLE, "no such kernel")),
             };
         };
+        if geometry
+            .cluster()
+            .is_some_and(|c| c.iter().product::<u32>() > 1)
+        {
+            return LaunchOutcome {
+                stdout: Vec::new(),
+                result: Err(CuError::new(
+                    codes::NOT_SUPPORTED,
+                    format!("{name}: the CPU device runs no thread-block clusters"),
+                )),
+            };
+        }
         let config = LaunchConfig {
             grid: geometry.grid,
             block: geometry.block,

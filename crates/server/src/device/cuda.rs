@@ -18,11 +18,12 @@ use std::thread::ThreadId;
 use cumux_cuda_driver::capture::{image_may_print, StdoutCapture};
 use cumux_cuda_driver::sys::CU_STREAM_NON_BLOCKING;
 use cumux_cuda_driver::{
-    self as cu, CudaError, DeviceId, Driver, Event, Function, FunctionAttributes, LaunchConfig,
-    Module, Stream,
+    self as cu, CudaError, DeviceId, Driver, Event, Function, FunctionAttributes, LaunchAttr,
+    LaunchConfig, Module, Stream,
 };
 use cumux_protocol::{
-    codes, CuError, DeviceInfo, DevicePtr, FunctionAttrs, Handle, ParamInfo, DEFAULT_STREAM,
+    codes, CuError, DeviceInfo, DevicePtr, FunctionAttrs, Handle, LaunchAttribute, ParamInfo,
+    TensorMapLayout, TensorMapRequest, DEFAULT_STREAM,
 };
 
 use super::{
@@ -37,6 +38,23 @@ pub const PRINTF_ENV: &str = "CUMUX_CUDA_PRINTF";
 
 /// Static shared memory a block may use without opting in.
 const DEFAULT_SHARED_LIMIT: u64 = 48 << 10;
+/// Blocks a cluster may hold without opting in (CUDA's portable size).
+const PORTABLE_CLUSTER_BLOCKS: u32 = 8;
+/// `CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED`.
+const FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED: i32 = 14;
+
+/// A launch attribute as the driver takes it (`CUlaunchAttributeID`, value).
+pub fn launch_attr(a: &LaunchAttribute) -> LaunchAttr {
+    let (id, value) = match *a {
+        LaunchAttribute::Cooperative(v) => (2, [v, 0, 0]),
+        LaunchAttribute::ClusterDim(dims) => (4, dims),
+        LaunchAttribute::ClusterSchedulingPolicy(v) => (5, [v, 0, 0]),
+        LaunchAttribute::ProgrammaticSerialization(v) => (6, [v, 0, 0]),
+        LaunchAttribute::Priority(v) => (8, [v as u32, 0, 0]),
+        LaunchAttribute::MemSyncDomain(v) => (10, [v, 0, 0]),
+    };
+    LaunchAttr { id, value }
+}
 
 /// How sessions map to CUDA contexts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -359,10 +377,22 @@ impl CudaContext {
                 )
                 .map_err(cu_err)?;
         }
+        if geometry
+            .cluster()
+            .is_some_and(|c| c.iter().product::<u32>() > PORTABLE_CLUSTER_BLOCKS)
+        {
+            // As for shared memory: the session has checked the size against
+            // the GPU; opt the kernel in to a non-portable cluster size.
+            kernel
+                .function
+                .set_attribute(FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1)
+                .map_err(cu_err)?;
+        }
         let config = LaunchConfig {
             grid: geometry.grid,
             block: geometry.block,
             dynamic_shared_bytes: geometry.dynamic_shared_bytes,
+            attributes: geometry.attributes.iter().map(launch_attr).collect(),
         };
         // A launch flushes printf of earlier kernels of this context.
         self.flushing(|| {
@@ -556,6 +586,53 @@ impl DeviceContext for CudaContext {
 
     fn stream_ordered(&self) -> Option<&dyn StreamOrdered> {
         Some(self)
+    }
+
+    fn tensor_map_encode(&self, request: &TensorMapRequest) -> Result<Vec<u8>, CuError> {
+        let shape = cu::TensorShape {
+            data_type: request.data_type,
+            rank: request.rank,
+            address: request.global_address,
+            dims: &request.global_dim,
+            strides: &request.global_strides,
+            element_strides: &request.element_strides,
+            interleave: request.interleave,
+            swizzle: request.swizzle,
+            l2_promotion: request.l2_promotion,
+            oob_fill: request.oob_fill,
+        };
+        let tile = match &request.layout {
+            TensorMapLayout::Tiled { box_dim } => cu::TensorTile::Tiled { box_dim },
+            TensorMapLayout::Im2col {
+                lower_corner,
+                upper_corner,
+                channels_per_pixel,
+                pixels_per_column,
+            } => cu::TensorTile::Im2col {
+                lower: lower_corner,
+                upper: upper_corner,
+                channels: *channels_per_pixel,
+                pixels: *pixels_per_column,
+            },
+            TensorMapLayout::Im2colWide {
+                lower_corner_width,
+                upper_corner_width,
+                channels_per_pixel,
+                pixels_per_column,
+                mode,
+            } => cu::TensorTile::Im2colWide {
+                lower_width: *lower_corner_width,
+                upper_width: *upper_corner_width,
+                channels: *channels_per_pixel,
+                pixels: *pixels_per_column,
+                mode: *mode,
+            },
+        };
+        let driver = self.ctx()?.driver();
+        driver
+            .tensor_map_encode(&shape, &tile)
+            .map(|bytes| bytes.to_vec())
+            .map_err(cu_err)
     }
 }
 
@@ -925,10 +1002,12 @@ mod tests {
             grid: [1, 1, 1],
             block: [32, 1, 1],
             dynamic_shared_bytes: 0,
+            attributes: Vec::new(),
         };
         let worker = Arc::clone(&ctx);
         let id = loaded.id;
-        let outcome = std::thread::spawn(move || worker.launch(id, 1, &geometry, &params))
+        let on_thread = geometry.clone();
+        let outcome = std::thread::spawn(move || worker.launch(id, 1, &on_thread, &params))
             .join()
             .unwrap();
         assert_eq!(outcome.result, Ok(()));
@@ -946,6 +1025,54 @@ mod tests {
             ctx.mem_fill(b, &[1, 2, 3], 1).unwrap_err().code,
             codes::INVALID_VALUE
         );
+
+        // Launch attributes reach cuLaunchKernelEx: a cluster that does not
+        // divide the grid is the driver's error, one that does runs.
+        let clustered = |x: u32, grid: u32| LaunchGeometry {
+            grid: [grid, 1, 1],
+            attributes: vec![
+                LaunchAttribute::ClusterDim([x, 1, 1]),
+                LaunchAttribute::ProgrammaticSerialization(1),
+            ],
+            ..geometry.clone()
+        };
+        let mut one = vec![0u8; 16];
+        one[..8].copy_from_slice(&a.to_le_bytes());
+        one[8..12].copy_from_slice(&1.0f32.to_le_bytes());
+        one[12..16].copy_from_slice(&1i32.to_le_bytes());
+        let refused = ctx.launch(loaded.id, 1, &clustered(2, 1), &one);
+        assert_eq!(refused.result.unwrap_err().code, 912);
+        assert_eq!(
+            ctx.launch(loaded.id, 1, &clustered(2, 2), &one).result,
+            Ok(())
+        );
+
+        // Tensor maps come from the driver, for the context's memory.
+        let request = TensorMapRequest {
+            data_type: 7,
+            rank: 2,
+            global_address: a,
+            global_dim: vec![4, 1],
+            global_strides: vec![16],
+            element_strides: vec![1, 1],
+            interleave: 0,
+            swizzle: 0,
+            l2_promotion: 0,
+            oob_fill: 0,
+            layout: TensorMapLayout::Tiled {
+                box_dim: vec![4, 1],
+            },
+        };
+        let map = ctx.tensor_map_encode(&request).unwrap();
+        assert_eq!(map.len(), 128);
+        assert_eq!(map[..8], a.to_le_bytes());
+        assert_eq!(map[8..12], 2u32.to_le_bytes());
+        assert_eq!(map[24..28], 4u32.to_le_bytes());
+        let bad_rank = TensorMapRequest {
+            rank: 9,
+            ..request.clone()
+        };
+        assert!(ctx.tensor_map_encode(&bad_rank).is_err());
 
         let bad = ctx.launch(loaded.id + 100, 0, &geometry, &[]);
         assert_eq!(bad.result.unwrap_err().code, codes::INVALID_HANDLE);

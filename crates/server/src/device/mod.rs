@@ -15,7 +15,10 @@ pub mod worker;
 
 use std::sync::Arc;
 
-use cumux_protocol::{CuError, DeviceInfo, DevicePtr, FunctionAttrs, Handle, ParamInfo};
+use cumux_protocol::{
+    CuError, DeviceInfo, DevicePtr, FunctionAttrs, Handle, LaunchAttribute, ParamInfo,
+    TensorMapRequest,
+};
 use serde::{Deserialize, Serialize};
 
 /// A backend's own name for a loaded module. Unique per device, never reused.
@@ -57,12 +60,23 @@ pub struct LoadedModule {
     pub globals: Vec<GlobalDesc>,
 }
 
-/// Geometry of one launch.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+/// Geometry of one launch, and the `cuLaunchKernelEx` attributes it carries.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LaunchGeometry {
     pub grid: [u32; 3],
     pub block: [u32; 3],
     pub dynamic_shared_bytes: u32,
+    pub attributes: Vec<LaunchAttribute>,
+}
+
+impl LaunchGeometry {
+    /// Blocks per cluster, if the launch asks for clusters.
+    pub fn cluster(&self) -> Option<[u32; 3]> {
+        self.attributes.iter().find_map(|a| match a {
+            LaunchAttribute::ClusterDim(dims) => Some(*dims),
+            _ => None,
+        })
+    }
 }
 
 /// What one launch did.
@@ -122,6 +136,15 @@ pub trait DeviceContext: Send + Sync {
         geometry: &LaunchGeometry,
         params: &[u8],
     ) -> LaunchOutcome;
+    /// Encodes a tensor-memory-access descriptor for this context's memory
+    /// (`cuTensorMapEncode*`); the session has checked the address.
+    fn tensor_map_encode(&self, request: &TensorMapRequest) -> Result<Vec<u8>, CuError> {
+        let _ = request;
+        Err(CuError::new(
+            cumux_protocol::codes::NOT_SUPPORTED,
+            "this device has no tensor memory access",
+        ))
+    }
     /// The context's own stream ordering, if it has one (a GPU, or a worker
     /// process in front of one): then the session hands it stream-ordered work
     /// in the client's order and does not wait for it.

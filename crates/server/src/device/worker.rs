@@ -35,7 +35,7 @@ use std::time::{Duration, Instant};
 use cumux_protocol::framing::MAX_CHUNK_BYTES;
 use cumux_protocol::{
     codes, decode, encode, read_frame, write_frame, CuError, DeviceInfo, DevicePtr, FunctionAttrs,
-    Handle, ParamInfo,
+    Handle, ParamInfo, TensorMapRequest,
 };
 use serde::{Deserialize, Serialize};
 
@@ -100,9 +100,7 @@ pub enum WorkerRequest {
     Launch {
         module: ModuleId,
         kernel: u64,
-        grid: [u32; 3],
-        block: [u32; 3],
-        dynamic_shared_bytes: u32,
+        geometry: LaunchGeometry,
         #[serde(with = "serde_bytes")]
         params: Vec<u8>,
     },
@@ -146,6 +144,10 @@ pub enum WorkerRequest {
         start: Handle,
         end: Handle,
     },
+    /// Answered by [`WorkerValue::TensorMap`].
+    TensorMapEncode {
+        request: TensorMapRequest,
+    },
 }
 
 /// A worker's answer. The first message a worker sends is one with
@@ -167,6 +169,7 @@ pub enum WorkerValue {
     Module(WireModule),
     Done(bool),
     Ms(f32),
+    TensorMap(#[serde(with = "serde_bytes")] Vec<u8>),
 }
 
 /// [`LoadedModule`] on the wire.
@@ -445,6 +448,7 @@ pub fn serve_worker(
                 | WorkerRequest::EventDestroy { .. }
                 | WorkerRequest::Query { .. }
                 | WorkerRequest::Elapsed { .. }
+                | WorkerRequest::TensorMapEncode { .. }
         );
         let (result, printed, bytes) =
             match catch_unwind(AssertUnwindSafe(|| execute(&*ctx, ordered, request, &data))) {
@@ -515,6 +519,11 @@ fn execute(
             Vec::new(),
             None,
         ),
+        WorkerRequest::TensorMapEncode { request } => (
+            ctx.tensor_map_encode(&request).map(WorkerValue::TensorMap),
+            Vec::new(),
+            None,
+        ),
         WorkerRequest::MemAlloc { bytes } => {
             (ctx.mem_alloc(bytes).map(WorkerValue::Ptr), Vec::new(), None)
         }
@@ -550,19 +559,12 @@ fn execute(
         WorkerRequest::Launch {
             module,
             kernel,
-            grid,
-            block,
-            dynamic_shared_bytes,
+            geometry,
             params,
         } => {
             let Ok(kernel) = usize::try_from(kernel) else {
                 let e = CuError::new(codes::INVALID_HANDLE, "no such kernel");
                 return (Err(e), Vec::new(), None);
-            };
-            let geometry = LaunchGeometry {
-                grid,
-                block,
-                dynamic_shared_bytes,
             };
             let outcome = ctx.launch(module, kernel, &geometry, &params);
             (
@@ -1297,9 +1299,7 @@ impl DeviceContext for WorkerContext {
                 let request = WorkerRequest::Launch {
                     module: local,
                     kernel: kernel as u64,
-                    grid: geometry.grid,
-                    block: geometry.block,
-                    dynamic_shared_bytes: geometry.dynamic_shared_bytes,
+                    geometry: geometry.clone(),
                     params: params.to_vec(),
                 };
                 self.unit(&request, &[])
@@ -1313,6 +1313,16 @@ impl DeviceContext for WorkerContext {
 
     fn stream_ordered(&self) -> Option<&dyn StreamOrdered> {
         Some(self)
+    }
+
+    fn tensor_map_encode(&self, request: &TensorMapRequest) -> Result<Vec<u8>, CuError> {
+        let request = WorkerRequest::TensorMapEncode {
+            request: request.clone(),
+        };
+        match self.call(&request, &[], None)? {
+            WorkerValue::TensorMap(bytes) => Ok(bytes),
+            other => Err(unexpected(&other)),
+        }
     }
 }
 
@@ -1555,9 +1565,12 @@ mod tests {
             WorkerRequest::Launch {
                 module: 1,
                 kernel: 2,
-                grid: [1, 2, 3],
-                block: [4, 5, 6],
-                dynamic_shared_bytes: 7,
+                geometry: LaunchGeometry {
+                    grid: [1, 2, 3],
+                    block: [4, 5, 6],
+                    dynamic_shared_bytes: 7,
+                    attributes: vec![cumux_protocol::LaunchAttribute::ClusterDim([2, 1, 1])],
+                },
                 params: vec![8, 9],
             },
         ];

@@ -280,6 +280,7 @@ impl Client {
             shared_bytes: 0,
             stream,
             params,
+            attributes: Vec::new(),
         });
     }
 }
