@@ -109,6 +109,7 @@ driver_programs=(
     "memcpy_to_symbol;memcpy_to_symbol.cu;;"
     "pinned_memory;pinned_memory.cu;;"
     "host_callback;host_callback.cu;;"
+    "cluster_launch;cluster_launch.cu;-arch=sm_90;"
     "driver_api;driver_api.cu;-lcuda;$ROOT/crates/fatbin/tests/fixtures/zstd.fatbin"
     "rdc_program;rdc_program.cu;-rdc=true $DRIVER_DIR/rdc_helper.cu;"
 )

@@ -190,6 +190,18 @@ fn error_codes_match_nvidia() {
 }
 
 #[test]
+fn cluster_launches_and_their_function_attributes() {
+    let server = ServerProc::start("clusters");
+    let out = run_passes(&server, &driver_program("cluster_launch"));
+    assert!(
+        out.stdout
+            .contains("clusters: refused, the device has none"),
+        "{}",
+        out.stdout
+    );
+}
+
+#[test]
 fn launch_limits_are_checked_at_the_call() {
     let server = ServerProc::start("limits");
     run_passes(&server, &driver_program("launch_limits"));

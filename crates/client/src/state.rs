@@ -48,6 +48,20 @@ pub struct Function {
     pub name: CString,
     pub params: Vec<ParamInfo>,
     pub attrs: FunctionAttrs,
+    /// Settings made with `cuFuncSetAttribute` that ride on its launches.
+    pub settings: FunctionSettings,
+}
+
+/// A function's settable attributes besides its dynamic shared memory.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FunctionSettings {
+    /// `CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_WIDTH/HEIGHT/DEPTH` (0: not set):
+    /// launches that name no cluster run in clusters of this shape.
+    pub required_cluster: [i32; 3],
+    pub non_portable_cluster_size_allowed: i32,
+    pub cluster_scheduling_policy: i32,
+    /// -1: the driver's default.
+    pub preferred_carveout: i32,
 }
 
 pub struct Stream {
@@ -407,6 +421,10 @@ impl Client {
                     name: CString::new(f.name).unwrap_or_default(),
                     params: f.params,
                     attrs: f.attrs,
+                    settings: FunctionSettings {
+                        preferred_carveout: -1,
+                        ..FunctionSettings::default()
+                    },
                 },
             );
         }

@@ -92,11 +92,24 @@ fn launch(
     extra: *mut *mut c_void,
     attributes: Vec<LaunchAttribute>,
 ) -> CuResult<()> {
-    let (server, params, attrs) = {
+    let (server, params, attrs, settings) = {
         let t = c.tables();
         let func = t.function(handle(f))?;
-        (func.server, func.params.clone(), func.attrs)
+        (func.server, func.params.clone(), func.attrs, func.settings)
     };
+    let mut attributes = attributes;
+    let names_cluster = attributes
+        .iter()
+        .any(|a| matches!(a, LaunchAttribute::ClusterDim(_)));
+    if !names_cluster && settings.required_cluster.iter().any(|d| *d > 0) {
+        let dims = settings.required_cluster.map(|d| d.max(1) as u32);
+        attributes.push(LaunchAttribute::ClusterDim(dims));
+    }
+    if settings.cluster_scheduling_policy != 0 {
+        attributes.push(LaunchAttribute::ClusterSchedulingPolicy(
+            settings.cluster_scheduling_policy as u32,
+        ));
+    }
     let dev = c.context_device()? as i32;
     if grid.contains(&0) || block.contains(&0) {
         return Err(CUDA_ERROR_INVALID_VALUE);

@@ -147,7 +147,11 @@ pub(crate) fn dynamic_shared_limit(
 }
 
 fn function_attribute(c: &Client, f: usize, attr: i32) -> CuResult<i32> {
-    let attrs = c.tables().function(f)?.attrs;
+    let (attrs, settings) = {
+        let t = c.tables();
+        let func = t.function(f)?;
+        (func.attrs, func.settings)
+    };
     let dev = c.current_device() as i32;
     Ok(match attr {
         func_attr::MAX_THREADS_PER_BLOCK if attrs.max_threads_per_block > 0 => {
@@ -162,8 +166,13 @@ fn function_attribute(c: &Client, f: usize, attr: i32) -> CuResult<i32> {
         func_attr::BINARY_VERSION => attrs.binary_version,
         func_attr::CACHE_MODE_CA => 0,
         func_attr::MAX_DYNAMIC_SHARED_SIZE_BYTES => dynamic_shared_limit(c, &attrs)?,
-        func_attr::PREFERRED_SHARED_MEMORY_CARVEOUT => -1,
-        10..=15 => 0,
+        func_attr::PREFERRED_SHARED_MEMORY_CARVEOUT => settings.preferred_carveout,
+        // CLUSTER_SIZE_MUST_BE_SET: only kernels compiled for explicit
+        // clusters need one, and their launches name it.
+        10 => 0,
+        11..=13 => settings.required_cluster[(attr - 11) as usize],
+        14 => settings.non_portable_cluster_size_allowed,
+        15 => settings.cluster_scheduling_policy,
         _ => return Err(CUDA_ERROR_INVALID_VALUE),
     })
 }
@@ -182,8 +191,25 @@ fn set_function_attribute(c: &Client, f: usize, attr: i32, value: i32) -> CuResu
             func.attrs.max_dynamic_shared_size_bytes = value;
             Ok(())
         }
-        func_attr::PREFERRED_SHARED_MEMORY_CARVEOUT => Ok(()),
-        10..=15 => Ok(()),
+        func_attr::PREFERRED_SHARED_MEMORY_CARVEOUT if (-1..=100).contains(&value) => {
+            // A hint to the driver about the L1/shared split; kept for queries.
+            func.settings.preferred_carveout = value;
+            Ok(())
+        }
+        11..=13 if value >= 0 => {
+            func.settings.required_cluster[(attr - 11) as usize] = value;
+            Ok(())
+        }
+        // The worker opts a kernel in to non-portable cluster sizes whenever a
+        // launch asks for one, as this setting allows.
+        14 if value == 0 || value == 1 => {
+            func.settings.non_portable_cluster_size_allowed = value;
+            Ok(())
+        }
+        15 if (0..=2).contains(&value) => {
+            func.settings.cluster_scheduling_policy = value;
+            Ok(())
+        }
         _ => Err(CUDA_ERROR_INVALID_VALUE),
     }
 }
