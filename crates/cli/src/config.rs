@@ -19,6 +19,8 @@ pub struct FileConfig {
     pub launch_budget: Option<u64>,
     /// The scheduling policy of every device: `fifo`, `fair` or `priority`.
     pub policy: Option<String>,
+    /// How GPUs give sessions contexts: `isolated` or `shared`.
+    pub sharing: Option<String>,
     pub tenants: TenantPolicy,
 }
 
@@ -48,6 +50,7 @@ struct RawConfig {
     memory: Option<Bytes>,
     launch_budget: Option<u64>,
     policy: Option<String>,
+    sharing: Option<String>,
     #[serde(default = "yes")]
     allow_unknown: bool,
     #[serde(default)]
@@ -112,8 +115,14 @@ pub fn parse(text: &str) -> Result<FileConfig> {
             .map_err(anyhow::Error::msg)
             .context("policy")?;
     }
+    if let Some(name) = &raw.sharing {
+        cumux_server::device::worker::Sharing::parse(name)
+            .map_err(anyhow::Error::msg)
+            .context("sharing")?;
+    }
     Ok(FileConfig {
         policy: raw.policy,
+        sharing: raw.sharing,
         device: raw.device,
         listen: raw.listen,
         memory: raw.memory.map(|m| m.get()).transpose().context("memory")?,

@@ -46,6 +46,12 @@ enum Command {
         /// priority (latency-critical tenants first).
         #[arg(long)]
         policy: Option<String>,
+        /// How a GPU gives sessions contexts: isolated (default: a context per
+        /// session, each in a process of its own; a fault stays with its
+        /// session) or shared (one context, each session on streams of its
+        /// own, kernels side by side; a fault fails every session on it).
+        #[arg(long)]
+        sharing: Option<String>,
     },
     /// Run an unmodified CUDA program on cumux.
     Run {
@@ -102,6 +108,7 @@ fn main() -> ExitCode {
             memory,
             launch_budget,
             policy,
+            sharing,
         } => serve::serve(serve::ServeOptions {
             device,
             listen,
@@ -109,6 +116,7 @@ fn main() -> ExitCode {
             memory,
             launch_budget,
             policy,
+            sharing,
         })
         .map(|()| 0),
         Command::Run {

@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
 use cumux_server::device::model::ModelDevice;
+use cumux_server::device::worker::Sharing;
 use cumux_server::device::{cpu_device, default_memory_bytes, worker, DEFAULT_LAUNCH_BUDGET};
 use cumux_server::{listener, Address, Device, Server};
 
@@ -22,6 +23,7 @@ pub struct ServeOptions {
     /// Per-block instruction budget of a CPU device launch (0 = unlimited).
     pub launch_budget: Option<u64>,
     pub policy: Option<String>,
+    pub sharing: Option<String>,
 }
 
 /// Whether this machine shows an NVIDIA GPU to the kernel.
@@ -31,13 +33,18 @@ fn gpu_present() -> bool {
 
 /// Every GPU, each session's context in a `cumux worker` process of its own:
 /// a GPU fault poisons every context of its process, so the server holds none.
-fn cuda_devices() -> Result<Vec<Arc<dyn Device>>, String> {
+fn cuda_devices(sharing: Sharing) -> Result<Vec<Arc<dyn Device>>, String> {
     let exe = std::env::current_exe()
         .map_err(|e| format!("cannot find the cumux executable for workers: {e}"))?;
-    worker::cuda_worker_devices(exe)
+    worker::cuda_worker_devices(exe, sharing)
 }
 
-fn choose_devices(kind: &str, memory: u64, launch_budget: u64) -> Result<Vec<Arc<dyn Device>>> {
+fn choose_devices(
+    kind: &str,
+    memory: u64,
+    launch_budget: u64,
+    sharing: Sharing,
+) -> Result<Vec<Arc<dyn Device>>> {
     let cpu = || -> Result<Vec<Arc<dyn Device>>> {
         Ok(vec![
             cpu_device(memory, launch_budget).map_err(anyhow::Error::msg)?
@@ -50,14 +57,19 @@ fn choose_devices(kind: &str, memory: u64, launch_budget: u64) -> Result<Vec<Arc
         // The CPU device in worker processes: the cuda backend's machinery, testable without a GPU.
         "worker-cpu" => {
             let exe = std::env::current_exe().context("cannot find the cumux executable")?;
-            Ok(vec![worker::cpu_worker_device(exe, memory, launch_budget)])
+            Ok(vec![worker::cpu_worker_device(
+                exe,
+                memory,
+                launch_budget,
+                sharing,
+            )])
         }
         "auto" => {
             if !gpu_present() {
                 tracing::info!("no GPU found; serving the CPU reference device");
                 return cpu();
             }
-            match cuda_devices() {
+            match cuda_devices(sharing) {
                 Ok(devices) if !devices.is_empty() => Ok(devices),
                 Ok(_) => {
                     tracing::warn!(
@@ -71,7 +83,7 @@ fn choose_devices(kind: &str, memory: u64, launch_budget: u64) -> Result<Vec<Arc
                 }
             }
         }
-        "cuda" => match cuda_devices().map_err(anyhow::Error::msg)? {
+        "cuda" => match cuda_devices(sharing).map_err(anyhow::Error::msg)? {
             devices if devices.is_empty() => bail!("--device cuda: the CUDA driver reports no GPU"),
             devices => Ok(devices),
         },
@@ -105,7 +117,15 @@ pub fn serve(options: ServeOptions) -> Result<()> {
         .or(file.policy)
         .unwrap_or_else(|| "fifo".into());
     let policy = cumux_server::gate::parse_policy(&policy_name).map_err(anyhow::Error::msg)?;
-    let devices = choose_devices(&kind, memory, launch_budget)?;
+    let sharing_name = options
+        .sharing
+        .or(file.sharing)
+        .unwrap_or_else(|| "isolated".into());
+    let sharing = Sharing::parse(&sharing_name).map_err(anyhow::Error::msg)?;
+    if sharing == Sharing::Shared && !matches!(kind.as_str(), "auto" | "cuda" | "worker-cpu") {
+        bail!("--sharing shared applies to GPUs (and worker-cpu); the {kind} device gives each session its own context");
+    }
+    let devices = choose_devices(&kind, memory, launch_budget, sharing)?;
     for (name, t) in &file.tenants.tenants {
         if let Some(bad) = t
             .devices
@@ -124,7 +144,7 @@ pub fn serve(options: ServeOptions) -> Result<()> {
     for (i, d) in server.devices().iter().enumerate() {
         let info = d.info();
         line += &format!(
-            "; device {i}: {} ({}, {}, {policy_name})",
+            "; device {i}: {} ({}, {}, {policy_name}, {sharing_name})",
             info.name,
             info.backend,
             human_bytes(d.mem_total())

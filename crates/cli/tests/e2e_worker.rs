@@ -24,6 +24,11 @@ struct WorkerServer {
 impl WorkerServer {
     /// A server; `spares` false sets `CUMUX_WORKER_SPARES=0`.
     fn start(tag: &str, spares: bool) -> Self {
+        Self::start_sharing(tag, spares, "isolated")
+    }
+
+    /// A server whose device gives sessions contexts as `sharing` says.
+    fn start_sharing(tag: &str, spares: bool, sharing: &str) -> Self {
         ensure_driver();
         let dir = TempDir::new(tag);
         let socket = dir.0.join("s.sock");
@@ -38,6 +43,8 @@ impl WorkerServer {
                 "1G",
                 "--listen",
                 &address,
+                "--sharing",
+                sharing,
             ])
             .env("CUMUX_WORKER_SPARES", if spares { "1" } else { "0" })
             .stdout(Stdio::null())
@@ -271,4 +278,78 @@ fn a_killed_worker_fails_its_session_and_the_server_goes_on() {
     );
     let left = server.wait_children(0);
     assert!(left.is_empty(), "{left:?}");
+}
+
+fn driver_program(name: &str) -> std::path::PathBuf {
+    let source = cumux_testkit::workspace_root()
+        .join("tests/cuda/driver")
+        .join(format!("{name}.cu"));
+    cumux_testkit::compile_program(source, &[])
+}
+
+fn workers(server: &WorkerServer) -> Vec<(u32, char, String)> {
+    server
+        .children()
+        .into_iter()
+        .filter(|(_, _, cmd)| cmd.contains(" worker "))
+        .collect()
+}
+
+fn passes(out: &RunOutput, server: &WorkerServer) {
+    assert!(
+        out.code() == Some(0) && out.stdout.lines().any(|l| l.contains("PASS")),
+        "{}\n--- server log\n{}",
+        out.describe(),
+        server.log()
+    );
+}
+
+/// `--sharing shared`: programs at once share one worker (one context), each
+/// on streams of its own with handles that do not collide, and what a
+/// program held is freed when it ends while the context lives on.
+#[test]
+fn shared_mode_runs_tenants_in_one_context() {
+    let mut server = WorkerServer::start_sharing("shared", false, "shared");
+    let programs = [
+        corpus_program("saxpy"),
+        corpus_program("histogram"),
+        driver_program("streams_events"),
+        driver_program("threads"),
+        driver_program("host_callback"),
+    ];
+    let children: Vec<_> = programs
+        .iter()
+        .map(|p| server.command(p, &[]).spawn().expect("cumux run starts"))
+        .collect();
+    for child in children {
+        passes(&wait_bounded(child, LIMIT), &server);
+    }
+    let live = workers(&server);
+    assert_eq!(live.len(), 1, "one shared worker: {live:?}");
+    // Everything the programs allocated went back, the worker stayed.
+    let status = Command::new(CUMUX)
+        .args(["status", "--json", "--server", &server.address])
+        .output()
+        .expect("cumux status runs");
+    let json: serde_json::Value = serde_json::from_slice(&status.stdout).expect("JSON");
+    assert_eq!(json["devices"][0]["used_mem"], 0, "{json}");
+    assert_eq!(workers(&server), live, "the shared worker lives on");
+    assert!(server.alive());
+}
+
+/// A fault in `shared` mode fails the context it happened in; the server
+/// stays up and the next session gets a fresh context.
+#[test]
+fn a_fault_in_shared_mode_costs_the_context_not_the_server() {
+    let mut server = WorkerServer::start_sharing("shared-fault", false, "shared");
+    passes(&server.run(&corpus_program("saxpy")), &server);
+    let first = workers(&server);
+    assert_eq!(first.len(), 1, "{first:?}");
+    // out_of_bounds passes when its kernel faults with an illegal address.
+    passes(&server.run(&corpus_program("out_of_bounds")), &server);
+    passes(&server.run(&corpus_program("saxpy")), &server);
+    let now = workers(&server);
+    assert_eq!(now.len(), 1, "{now:?}");
+    assert_ne!(now[0].0, first[0].0, "a fresh worker after the fault");
+    assert!(server.alive());
 }

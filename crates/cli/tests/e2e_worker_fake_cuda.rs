@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use cumux_protocol::codes;
-use cumux_server::device::worker::cuda_worker_devices;
+use cumux_server::device::worker::{cuda_worker_devices, Sharing};
 use cumux_server::device::LaunchGeometry;
 
 const CUMUX: &str = env!("CARGO_BIN_EXE_cumux");
@@ -89,7 +89,8 @@ fn cuda_contexts_live_in_workers() {
     std::env::set_var("CUMUX_WORKER_PRINTF", "always");
     // One worker per session and no spare, so the children are easy to count.
     std::env::set_var("CUMUX_WORKER_SPARES", "0");
-    let devices = cuda_worker_devices(PathBuf::from(CUMUX)).expect("the fake GPU");
+    let devices =
+        cuda_worker_devices(PathBuf::from(CUMUX), Sharing::Isolated).expect("the fake GPU");
     assert_eq!(devices.len(), 1);
     let device = Arc::clone(&devices[0]);
     assert_eq!(device.info().name, "Fake GPU 80GB");

@@ -10,6 +10,7 @@ pub mod cpu;
 pub mod cuda;
 pub mod model;
 pub mod serial;
+pub mod shared;
 pub mod spin;
 pub mod worker;
 

@@ -40,6 +40,7 @@ use cumux_protocol::{
 use serde::{Deserialize, Serialize};
 
 use super::serial::SerialStreams;
+use super::shared::SharedView;
 use super::spin::{spin_time, SpinReader};
 use super::{
     Device, DeviceContext, GlobalDesc, KernelDesc, LaunchGeometry, LaunchOutcome, LoadedModule,
@@ -603,12 +604,43 @@ impl WorkerCommand {
     }
 }
 
-/// A device whose contexts each live in a worker process of their own.
+/// How a worker device gives sessions their contexts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Sharing {
+    /// A context per session, each in a worker process of its own: a fault
+    /// or a stray pointer stays with its session; the GPU time-slices
+    /// between the contexts.
+    Isolated,
+    /// One context (one worker) for every session, each on streams of its
+    /// own ([`SharedView`]): kernels of different tenants run side by side;
+    /// a fault fails every session of the context.
+    Shared,
+}
+
+impl Sharing {
+    /// `isolated` or `shared`.
+    pub fn parse(text: &str) -> Result<Sharing, String> {
+        match text {
+            "isolated" => Ok(Sharing::Isolated),
+            "shared" => Ok(Sharing::Shared),
+            other => Err(format!(
+                "unknown sharing {other:?}: expected isolated or shared"
+            )),
+        }
+    }
+}
+
+/// A device whose contexts live in worker processes: one per session, or one
+/// for all ([`Sharing`]).
 pub struct WorkerDevice {
     info: DeviceInfo,
     launcher: Arc<Launcher>,
     used: Arc<AtomicU64>,
     next_module: Arc<AtomicU64>,
+    sharing: Sharing,
+    /// The context sessions share (`Shared`), replaced once it dies.
+    shared: Mutex<Option<Arc<WorkerContext>>>,
+    next_view: AtomicU64,
 }
 
 /// `0` turns off the spare worker each device keeps warm for the next session.
@@ -628,6 +660,35 @@ impl WorkerDevice {
             }),
             used: Arc::new(AtomicU64::new(0)),
             next_module: Arc::new(AtomicU64::new(1)),
+            sharing: Sharing::Isolated,
+            shared: Mutex::new(None),
+            next_view: AtomicU64::new(1),
+        }
+    }
+
+    /// The same device, giving sessions contexts as `sharing` says.
+    pub fn with_sharing(mut self, sharing: Sharing) -> Self {
+        self.sharing = sharing;
+        self
+    }
+
+    /// The shared context, started anew if there is none or it died.
+    fn shared_context(&self) -> Arc<WorkerContext> {
+        let mut slot = lock(&self.shared);
+        match &*slot {
+            Some(ctx) if !ctx.is_dead() => Arc::clone(ctx),
+            _ => {
+                if slot.is_some() {
+                    tracing::warn!("the shared context died; new sessions get a fresh one");
+                }
+                let ctx = Arc::new(WorkerContext::new(
+                    Some(Arc::clone(&self.launcher)),
+                    Arc::clone(&self.used),
+                    Arc::clone(&self.next_module),
+                ));
+                *slot = Some(Arc::clone(&ctx));
+                ctx
+            }
         }
     }
 }
@@ -644,6 +705,10 @@ impl Device for WorkerDevice {
     /// The worker starts at the context's first call, so a session that never
     /// touches the device (a `cumux status` query) costs no process.
     fn create_context(&self) -> Result<Arc<dyn DeviceContext>, CuError> {
+        if self.sharing == Sharing::Shared {
+            let tag = self.next_view.fetch_add(1, Ordering::Relaxed);
+            return Ok(Arc::new(SharedView::new(self.shared_context(), tag)));
+        }
         Ok(Arc::new(WorkerContext::new(
             Some(Arc::clone(&self.launcher)),
             Arc::clone(&self.used),
@@ -1038,6 +1103,11 @@ impl WorkerContext {
 
     fn sticky(&self) -> Option<CuError> {
         lock(&self.sticky).clone()
+    }
+
+    /// Whether the context is unusable: its worker died or a fault poisoned it.
+    pub fn is_dead(&self) -> bool {
+        self.sticky().is_some()
     }
 
     /// Records that the worker is gone; the error every later call gets.
@@ -1441,19 +1511,27 @@ impl Drop for WorkerContext {
 
 /// The CPU reference device served by workers (for tests of this machinery).
 #[cfg(feature = "cpu")]
-pub fn cpu_worker_device(program: PathBuf, memory: u64, launch_budget: u64) -> Arc<dyn Device> {
+pub fn cpu_worker_device(
+    program: PathBuf,
+    memory: u64,
+    launch_budget: u64,
+    sharing: Sharing,
+) -> Arc<dyn Device> {
     let info = super::cpu::CpuDevice::new(memory).info().clone();
     let mut command = WorkerCommand::cumux(program, "cpu", 0, Some(memory));
     command.args.push("--launch-budget".into());
     command.args.push(launch_budget.to_string().into());
-    Arc::new(WorkerDevice::new(info, command))
+    Arc::new(WorkerDevice::new(info, command).with_sharing(sharing))
 }
 
 /// Every GPU of the system's CUDA driver, each served by workers that
 /// `program` starts. The driver is initialised here to read the devices'
 /// descriptions, but no context is created in this process.
 #[cfg(feature = "cuda")]
-pub fn cuda_worker_devices(program: PathBuf) -> Result<Vec<Arc<dyn Device>>, String> {
+pub fn cuda_worker_devices(
+    program: PathBuf,
+    sharing: Sharing,
+) -> Result<Vec<Arc<dyn Device>>, String> {
     let driver = cumux_cuda_driver::Driver::load().map_err(|e| e.to_string())?;
     let count = driver.device_count().map_err(|e| e.to_string())?;
     if count == 0 {
@@ -1472,11 +1550,14 @@ pub fn cuda_worker_devices(program: PathBuf) -> Result<Vec<Arc<dyn Device>>, Str
         )
         .map_err(|e| e.to_string())?;
         let info = device.info().clone();
-        tracing::info!(ordinal, name = %info.name, memory = info.total_mem, "cuda: GPU, served by a worker process per session");
-        out.push(Arc::new(WorkerDevice::new(
-            info,
-            WorkerCommand::cumux(program.clone(), "cuda", ordinal, None),
-        )));
+        tracing::info!(ordinal, name = %info.name, memory = info.total_mem, ?sharing, "cuda: GPU, served by worker processes");
+        out.push(Arc::new(
+            WorkerDevice::new(
+                info,
+                WorkerCommand::cumux(program.clone(), "cuda", ordinal, None),
+            )
+            .with_sharing(sharing),
+        ));
     }
     Ok(out)
 }

@@ -1,0 +1,382 @@
+//! `shared` mode: many sessions in one device context (one worker process),
+//! each on streams of its own, so their kernels can run side by side.
+//! [`SharedView`] is one session's view: its handles, its default stream.
+//!
+//! What a view adds to the context it shares:
+//! - **Names**: the session's stream and event handles are moved into a range
+//!   of its own (`tag << TAG_SHIFT`), so two sessions' handle 0x100 differ.
+//! - **A default stream per session**: the context's legacy default stream
+//!   would serialise every tenant, so each session gets a blocking stream of
+//!   its own, and the view keeps legacy order within the session: work on the
+//!   default stream waits for the session's blocking streams and they wait for
+//!   it (an event record and a wait, only when the other side has new work).
+//! - **Its own waits**: synchronizing "the context" waits for this session's
+//!   streams, not the other tenants'.
+//! - **Clean-up**: dropping the view frees the session's memory, modules,
+//!   streams and events in the shared context; the context lives on.
+//!
+//! What it cannot add: a kernel may read or write any address of the shared
+//! context, so tenants are protected from each other's API calls (the session
+//! checks every pointer and handle) but not from each other's kernels; and a
+//! fault poisons the context, failing every session on it (the device then
+//! starts a fresh context for new sessions). That is the trade-off against
+//! `isolated` mode (a context per session in a process of its own).
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use cumux_protocol::{CuError, DevicePtr, Handle, TensorMapRequest, DEFAULT_STREAM};
+
+use super::worker::WorkerContext;
+use super::{
+    DeviceContext, LaunchGeometry, LaunchOutcome, LoadedModule, ModuleId, StreamOrdered,
+    StreamWork, SyncTarget,
+};
+
+/// Session handles are below 2^40; the view's tag goes above.
+const TAG_SHIFT: u32 = 40;
+/// Marks the view's own events (legacy order), apart from the session's.
+const INTERNAL: Handle = 1 << 39;
+/// The session's default stream, in the view's range.
+const DEFAULT_SLOT: Handle = INTERNAL | 1;
+/// `CU_STREAM_NON_BLOCKING`.
+const NON_BLOCKING: u32 = 0x1;
+
+/// One session's view of a shared worker context.
+pub struct SharedView {
+    shared: Arc<WorkerContext>,
+    tag: u64,
+    state: Mutex<ViewState>,
+}
+
+#[derive(Default)]
+struct ViewState {
+    default_created: bool,
+    /// The session's streams: whether each is blocking.
+    streams: HashMap<Handle, bool>,
+    events: HashSet<Handle>,
+    /// Blocking streams with work the default stream has not waited for.
+    ahead_of_default: HashSet<Handle>,
+    /// Blocking streams that have not waited for the default stream's latest work.
+    behind_default: HashSet<Handle>,
+    /// Internal events made so far (one per blocking stream, one for the default).
+    internal_events: HashSet<Handle>,
+    allocations: HashSet<DevicePtr>,
+    modules: HashSet<ModuleId>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl SharedView {
+    /// A view numbered `tag` (unique among the context's live views).
+    pub fn new(shared: Arc<WorkerContext>, tag: u64) -> Self {
+        SharedView {
+            shared,
+            // 1 ..= 2^24 - 1: never 0, so no name is a session's own.
+            tag: tag % 0xff_ffff + 1,
+            state: Mutex::new(ViewState::default()),
+        }
+    }
+
+    /// The context this view shares.
+    pub fn shared(&self) -> &Arc<WorkerContext> {
+        &self.shared
+    }
+
+    fn name(&self, h: Handle) -> Handle {
+        let h = if h == DEFAULT_STREAM { DEFAULT_SLOT } else { h };
+        (self.tag << TAG_SHIFT) | (h & ((1 << TAG_SHIFT) - 1))
+    }
+
+    /// The event the view records on `stream` to order another stream after it.
+    fn order_event(&self, state: &mut ViewState, stream: Handle) -> Result<Handle, CuError> {
+        let event = self.name(INTERNAL | 2 | (stream << 2));
+        if state.internal_events.insert(event) {
+            // CU_EVENT_DISABLE_TIMING: an ordering point only.
+            if let Err(e) = self.shared.event_create(event, 0x2) {
+                state.internal_events.remove(&event);
+                return Err(e);
+            }
+        }
+        Ok(event)
+    }
+
+    /// Makes `waiter` wait for `target`'s work so far.
+    fn order_after(&self, state: &mut ViewState, waiter: Handle, target: Handle) {
+        match self.order_event(state, target) {
+            Ok(event) => {
+                self.shared
+                    .enqueue(self.name(target), StreamWork::Record { event });
+                self.shared
+                    .enqueue(self.name(waiter), StreamWork::Wait { event });
+            }
+            // The next waiting call reports the context's trouble.
+            Err(e) => tracing::warn!("shared context: cannot order streams: {e}"),
+        }
+    }
+
+    /// Creates the session's default stream at its first use.
+    fn default_stream(&self, state: &mut ViewState) -> Result<(), CuError> {
+        if !state.default_created {
+            self.shared.stream_create(self.name(DEFAULT_STREAM), 0)?;
+            state.default_created = true;
+        }
+        Ok(())
+    }
+
+    /// The session's streams a wait on `target` covers (names in the context).
+    fn streams_of(&self, state: &ViewState, target: SyncTarget) -> Vec<SyncTarget> {
+        let all = || {
+            let mut v: Vec<SyncTarget> = state
+                .streams
+                .keys()
+                .map(|s| SyncTarget::Stream(self.name(*s)))
+                .collect();
+            if state.default_created {
+                v.push(SyncTarget::Stream(self.name(DEFAULT_STREAM)));
+            }
+            v
+        };
+        match target {
+            SyncTarget::Context => all(),
+            // The legacy default stream waits for the blocking streams too.
+            SyncTarget::Stream(DEFAULT_STREAM) => {
+                let mut v: Vec<SyncTarget> = state
+                    .streams
+                    .iter()
+                    .filter(|(_, blocking)| **blocking)
+                    .map(|(s, _)| SyncTarget::Stream(self.name(*s)))
+                    .collect();
+                if state.default_created {
+                    v.push(SyncTarget::Stream(self.name(DEFAULT_STREAM)));
+                }
+                v
+            }
+            SyncTarget::Stream(s) => vec![SyncTarget::Stream(self.name(s))],
+            SyncTarget::Event(e) => vec![SyncTarget::Event(self.name(e))],
+        }
+    }
+}
+
+impl DeviceContext for SharedView {
+    fn mem_alloc(&self, bytes: u64) -> Result<DevicePtr, CuError> {
+        let ptr = self.shared.mem_alloc(bytes)?;
+        lock(&self.state).allocations.insert(ptr);
+        Ok(ptr)
+    }
+
+    fn mem_free(&self, ptr: DevicePtr) -> Result<(), CuError> {
+        self.shared.mem_free(ptr)?;
+        lock(&self.state).allocations.remove(&ptr);
+        Ok(())
+    }
+
+    fn mem_read(&self, src: DevicePtr, buf: &mut [u8]) -> Result<(), CuError> {
+        self.shared.mem_read(src, buf)
+    }
+
+    fn mem_write(&self, dst: DevicePtr, data: &[u8]) -> Result<(), CuError> {
+        self.shared.mem_write(dst, data)
+    }
+
+    fn mem_copy(&self, dst: DevicePtr, src: DevicePtr, bytes: u64) -> Result<(), CuError> {
+        self.shared.mem_copy(dst, src, bytes)
+    }
+
+    fn mem_fill(&self, dst: DevicePtr, pattern: &[u8], count: u64) -> Result<(), CuError> {
+        self.shared.mem_fill(dst, pattern, count)
+    }
+
+    fn module_load(&self, image: &[u8]) -> Result<LoadedModule, CuError> {
+        let module = self.shared.module_load(image)?;
+        lock(&self.state).modules.insert(module.id);
+        Ok(module)
+    }
+
+    fn module_unload(&self, module: ModuleId) {
+        if lock(&self.state).modules.remove(&module) {
+            self.shared.module_unload(module);
+        }
+    }
+
+    fn launch(
+        &self,
+        module: ModuleId,
+        kernel: usize,
+        geometry: &LaunchGeometry,
+        params: &[u8],
+    ) -> LaunchOutcome {
+        self.shared.launch(module, kernel, geometry, params)
+    }
+
+    fn tensor_map_encode(&self, request: &TensorMapRequest) -> Result<Vec<u8>, CuError> {
+        self.shared.tensor_map_encode(request)
+    }
+
+    fn stream_ordered(&self) -> Option<&dyn StreamOrdered> {
+        Some(self)
+    }
+}
+
+impl StreamOrdered for SharedView {
+    fn stream_create(&self, stream: Handle, flags: u32) -> Result<(), CuError> {
+        self.shared.stream_create(self.name(stream), flags)?;
+        lock(&self.state)
+            .streams
+            .insert(stream, flags & NON_BLOCKING == 0);
+        Ok(())
+    }
+
+    fn stream_destroy(&self, stream: Handle) -> Result<(), CuError> {
+        self.shared.stream_destroy(self.name(stream))?;
+        let mut state = lock(&self.state);
+        state.streams.remove(&stream);
+        state.ahead_of_default.remove(&stream);
+        state.behind_default.remove(&stream);
+        Ok(())
+    }
+
+    fn event_create(&self, event: Handle, flags: u32) -> Result<(), CuError> {
+        self.shared.event_create(self.name(event), flags)?;
+        lock(&self.state).events.insert(event);
+        Ok(())
+    }
+
+    fn event_destroy(&self, event: Handle) -> Result<(), CuError> {
+        self.shared.event_destroy(self.name(event))?;
+        lock(&self.state).events.remove(&event);
+        Ok(())
+    }
+
+    fn enqueue(&self, stream: Handle, work: StreamWork) {
+        let mut state = lock(&self.state);
+        let work = match work {
+            StreamWork::Record { event } => StreamWork::Record {
+                event: self.name(event),
+            },
+            StreamWork::Wait { event } => StreamWork::Wait {
+                event: self.name(event),
+            },
+            other => other,
+        };
+        if stream == DEFAULT_STREAM {
+            if let Err(e) = self.default_stream(&mut state) {
+                tracing::warn!("shared context: no default stream: {e}");
+            }
+            for blocking in std::mem::take(&mut state.ahead_of_default) {
+                self.order_after(&mut state, DEFAULT_STREAM, blocking);
+            }
+            self.shared.enqueue(self.name(DEFAULT_STREAM), work);
+            let blocking: Vec<Handle> = state
+                .streams
+                .iter()
+                .filter(|(_, b)| **b)
+                .map(|(s, _)| *s)
+                .collect();
+            state.behind_default.extend(blocking);
+            return;
+        }
+        if state.streams.get(&stream) == Some(&true) {
+            if state.behind_default.remove(&stream) && state.default_created {
+                self.order_after(&mut state, stream, DEFAULT_STREAM);
+            }
+            state.ahead_of_default.insert(stream);
+        }
+        self.shared.enqueue(self.name(stream), work);
+    }
+
+    fn read(&self, stream: Handle, src: DevicePtr, buf: &mut [u8]) -> LaunchOutcome {
+        let mut state = lock(&self.state);
+        if state.streams.get(&stream) == Some(&true)
+            && state.behind_default.remove(&stream)
+            && state.default_created
+        {
+            self.order_after(&mut state, stream, DEFAULT_STREAM);
+        }
+        if stream == DEFAULT_STREAM {
+            if let Err(e) = self.default_stream(&mut state) {
+                return LaunchOutcome {
+                    stdout: Vec::new(),
+                    result: Err(e),
+                };
+            }
+            for blocking in std::mem::take(&mut state.ahead_of_default) {
+                self.order_after(&mut state, DEFAULT_STREAM, blocking);
+            }
+        }
+        drop(state);
+        self.shared.read(self.name(stream), src, buf)
+    }
+
+    fn synchronize(&self, target: SyncTarget) -> LaunchOutcome {
+        let targets = self.streams_of(&lock(&self.state), target);
+        let mut out = LaunchOutcome {
+            stdout: Vec::new(),
+            result: Ok(()),
+        };
+        for t in targets {
+            let one = self.shared.synchronize(t);
+            out.stdout.extend_from_slice(&one.stdout);
+            if out.result.is_ok() {
+                out.result = one.result;
+            }
+        }
+        out
+    }
+
+    fn query(&self, target: SyncTarget) -> Result<bool, CuError> {
+        let targets = self.streams_of(&lock(&self.state), target);
+        for t in targets {
+            if !self.shared.query(t)? {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+
+    fn elapsed_ms(&self, start: Handle, end: Handle) -> Result<f32, CuError> {
+        self.shared.elapsed_ms(self.name(start), self.name(end))
+    }
+}
+
+impl Drop for SharedView {
+    fn drop(&mut self) {
+        let state = std::mem::take(&mut *lock(&self.state));
+        if self.shared.is_dead() {
+            return;
+        }
+        // The session's work is done or skipped by now; what it held goes back.
+        let _ = self.synchronize_all(&state);
+        for m in state.modules {
+            self.shared.module_unload(m);
+        }
+        for p in state.allocations {
+            if let Err(e) = self.shared.mem_free(p) {
+                tracing::warn!("shared context: freeing {p:#x} failed: {e}");
+            }
+        }
+        for s in state.streams.keys() {
+            let _ = self.shared.stream_destroy(self.name(*s));
+        }
+        if state.default_created {
+            let _ = self.shared.stream_destroy(self.name(DEFAULT_STREAM));
+        }
+        for e in state.events.iter().copied().map(|e| self.name(e)) {
+            let _ = self.shared.event_destroy(e);
+        }
+        for e in state.internal_events {
+            let _ = self.shared.event_destroy(e);
+        }
+    }
+}
+
+impl SharedView {
+    fn synchronize_all(&self, state: &ViewState) -> Result<(), CuError> {
+        for t in self.streams_of(state, SyncTarget::Context) {
+            self.shared.synchronize(t).result?;
+        }
+        Ok(())
+    }
+}
