@@ -1,0 +1,134 @@
+// One tenant of issue 6's sharing benchmark (bench/h100/tenants.sh runs
+// several at once, natively, under MPS and through cumux):
+//
+//   tenant_bench calibrate US            iterations of `work` that take US µs alone
+//   tenant_bench throughput ITERS SECS   back-to-back kernels of ITERS iterations
+//                                        for SECS seconds: prints kernels/s
+//   tenant_bench latency ITERS SECS      one kernel at a time, 1 ms apart:
+//                                        prints p50/p99 of launch-to-completion
+//
+// The kernel does fixed work (dependent FMAs, one block per SM, 256 threads
+// each) rather than spinning on the clock, so a kernel that is switched out
+// takes longer instead of hiding contention. Output: `metric NAME VALUE UNIT`.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#define CHECK(call)                                                              \
+    do {                                                                         \
+        cudaError_t err_ = (call);                                               \
+        if (err_ != cudaSuccess) {                                               \
+            fprintf(stderr, "tenant_bench: %s:%d: %s failed: %s\n", __FILE__,    \
+                    __LINE__, #call, cudaGetErrorString(err_));                  \
+            exit(2);                                                             \
+        }                                                                        \
+    } while (0)
+
+using Clock = std::chrono::steady_clock;
+
+__global__ void work(float *out, long long iters) {
+    float a = threadIdx.x * 1e-3f, b = 1.0001f, c = 1e-7f;
+    for (long long i = 0; i < iters; i++) a = fmaf(a, b, c);
+    if (a == 12345.0f) out[threadIdx.x] = a;  // keeps the loop
+}
+
+static int blocks() {
+    int sms = 0;
+    CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+    return sms;
+}
+
+static double seconds_since(Clock::time_point t0) {
+    return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// Median time of one kernel of `iters` iterations, in µs.
+static double time_kernel(float *out, long long iters, int reps) {
+    std::vector<double> t;
+    for (int r = 0; r < reps; r++) {
+        Clock::time_point t0 = Clock::now();
+        work<<<blocks(), 256>>>(out, iters);
+        CHECK(cudaDeviceSynchronize());
+        t.push_back(seconds_since(t0) * 1e6);
+    }
+    std::sort(t.begin(), t.end());
+    return t[t.size() / 2];
+}
+
+int main(int argc, char **argv) {
+    if (argc < 3) {
+        fprintf(stderr, "usage: tenant_bench calibrate US | throughput ITERS SECS | latency ITERS SECS\n");
+        return 64;
+    }
+    float *out;
+    CHECK(cudaMalloc(&out, 1024 * sizeof(float)));
+    work<<<blocks(), 256>>>(out, 1);
+    CHECK(cudaDeviceSynchronize());
+    const char *mode = argv[1];
+    if (!strcmp(mode, "calibrate")) {
+        double target = atof(argv[2]);
+        // Launch+sync floor, then scale the iterations to the target.
+        double floor_us = time_kernel(out, 1, 20);
+        long long iters = 1000;
+        double us = time_kernel(out, iters, 5);
+        for (int round = 0; round < 8; round++) {
+            double per_iter = std::max(1e-6, (us - floor_us) / iters);
+            iters = std::max(1LL, (long long)((target - floor_us) / per_iter));
+            if (target <= floor_us) iters = 1;
+            us = time_kernel(out, iters, 5);
+            if (us > 0.95 * target && us < 1.05 * target) break;
+        }
+        printf("metric iters %lld count\nmetric kernel_us %.3f us\nmetric floor_us %.3f us\n",
+               iters, us, floor_us);
+        return 0;
+    }
+    if (argc < 4) return 64;
+    long long iters = atoll(argv[2]);
+    double secs = atof(argv[3]);
+    if (!strcmp(mode, "throughput")) {
+        // Keep at most 64 kernels queued: the queue never grows past what a
+        // GPU runs in a few ms, so rates reflect sharing, not buffering.
+        cudaEvent_t marks[2];
+        CHECK(cudaEventCreateWithFlags(&marks[0], cudaEventDisableTiming));
+        CHECK(cudaEventCreateWithFlags(&marks[1], cudaEventDisableTiming));
+        long long done = 0;
+        int k = 0;
+        Clock::time_point t0 = Clock::now();
+        while (seconds_since(t0) < secs) {
+            for (int i = 0; i < 32; i++) work<<<blocks(), 256>>>(out, iters);
+            CHECK(cudaEventRecord(marks[k & 1]));
+            if (k > 0) CHECK(cudaEventSynchronize(marks[(k - 1) & 1]));
+            done += 32;
+            k++;
+        }
+        CHECK(cudaDeviceSynchronize());
+        double elapsed = seconds_since(t0);
+        printf("metric kernels_per_s %.3f 1/s\nmetric kernels %lld count\n", done / elapsed, done);
+        return 0;
+    }
+    if (!strcmp(mode, "latency")) {
+        std::vector<double> lat;
+        Clock::time_point t0 = Clock::now();
+        while (seconds_since(t0) < secs) {
+            Clock::time_point a = Clock::now();
+            work<<<blocks(), 256>>>(out, iters);
+            CHECK(cudaStreamSynchronize(0));
+            lat.push_back(seconds_since(a) * 1e6);
+            Clock::time_point until = Clock::now() + std::chrono::milliseconds(1);
+            while (Clock::now() < until) {
+            }
+        }
+        std::sort(lat.begin(), lat.end());
+        printf("metric p50_us %.3f us\nmetric p99_us %.3f us\nmetric samples %zu count\n",
+               lat[lat.size() / 2], lat[std::min(lat.size() - 1, lat.size() * 99 / 100)],
+               lat.size());
+        return 0;
+    }
+    fprintf(stderr, "tenant_bench: unknown mode %s\n", mode);
+    return 64;
+}
