@@ -4,6 +4,8 @@
 //   microbench launch_rate [LAUNCHES]          async empty-kernel launch rate
 //   microbench launch_sync [ITERS]             launch + stream sync latency
 //   microbench bandwidth [REP_SCALE] [MAX_BYTES] HtoD/DtoH, pinned and pageable
+//   microbench sync_rtt [ITERS]                synchronous round trips with no work:
+//                                              cudaDeviceSynchronize, cudaMemGetInfo
 //
 // Every figure is printed as soon as it is known, one per line:
 //   metric NAME VALUE UNIT
@@ -134,6 +136,35 @@ static int launch_sync(long iters) {
     return 0;
 }
 
+// Calls that go to the driver and wait for it, with nothing queued: the cost
+// of one synchronous round trip.
+static int sync_rtt(long iters) {
+    long warm = std::max(1L, std::min(200L, iters / 10));
+    size_t free_b = 0, total_b = 0;
+    for (long i = 0; i < warm; i++) {
+        CHECK(cudaDeviceSynchronize());
+        CHECK(cudaMemGetInfo(&free_b, &total_b));
+    }
+    std::vector<double> sync_us, info_us;
+    sync_us.reserve(iters);
+    info_us.reserve(iters);
+    for (long i = 0; i < iters; i++) {
+        Clock::time_point t0 = Clock::now();
+        CHECK(cudaDeviceSynchronize());
+        sync_us.push_back(seconds_since(t0) * 1e6);
+    }
+    for (long i = 0; i < iters; i++) {
+        Clock::time_point t0 = Clock::now();
+        CHECK(cudaMemGetInfo(&free_b, &total_b));
+        info_us.push_back(seconds_since(t0) * 1e6);
+    }
+    metric("ctx_sync_p50_us", percentile(sync_us, 0.50), "us");
+    metric("ctx_sync_p99_us", percentile(sync_us, 0.99), "us");
+    metric("mem_get_info_p50_us", percentile(info_us, 0.50), "us");
+    metric("mem_get_info_p99_us", percentile(info_us, 0.99), "us");
+    return 0;
+}
+
 static const char *size_name(size_t bytes, char *buf, size_t len) {
     if (bytes >= (1u << 20) && bytes % (1u << 20) == 0)
         snprintf(buf, len, "%zum", bytes >> 20);
@@ -240,7 +271,7 @@ int main(int argc, char **argv) {
     if (argc < 2) {
         fprintf(stderr,
                 "usage: %s launch_rate [LAUNCHES] | launch_sync [ITERS] | "
-                "bandwidth [REP_SCALE] [MAX_BYTES]\n",
+                "bandwidth [REP_SCALE] [MAX_BYTES] | sync_rtt [ITERS]\n",
                 argv[0]);
         return 64;
     }
@@ -253,6 +284,8 @@ int main(int argc, char **argv) {
         rc = launch_rate(arg_long(argc, argv, 2, 20000));
     else if (!strcmp(cmd, "launch_sync"))
         rc = launch_sync(arg_long(argc, argv, 2, 2000));
+    else if (!strcmp(cmd, "sync_rtt"))
+        rc = sync_rtt(arg_long(argc, argv, 2, 5000));
     else if (!strcmp(cmd, "bandwidth"))
         rc = bandwidth(arg_double(argc, argv, 2, 1.0),
                        (size_t)arg_long(argc, argv, 3, 256L << 20));

@@ -56,6 +56,7 @@ pub fn connect(address: &Address, role: ClientRole, program: &str) -> Result<Con
         role,
         program: program.to_string(),
         tenant: None,
+        shm: false,
     };
     conn.send(&hello)?;
     match conn.receive::<HelloReply>()? {

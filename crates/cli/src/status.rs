@@ -95,12 +95,20 @@ pub fn render(status: &ServerStatus, address: &Address) -> String {
         return out;
     }
     out += &format!(
-        "{:<8} {:<8} {:<20} {:<12} {:>10} {:>7} {:>9} {:>12}\n",
-        "SESSION", "PID", "PROGRAM", "TENANT", "MEMORY", "ALLOCS", "LAUNCHES", "GPU TIME"
+        "{:<8} {:<8} {:<20} {:<12} {:>10} {:>7} {:>9} {:>12} {:<9}\n",
+        "SESSION",
+        "PID",
+        "PROGRAM",
+        "TENANT",
+        "MEMORY",
+        "ALLOCS",
+        "LAUNCHES",
+        "GPU TIME",
+        "TRANSPORT"
     );
     for s in &status.sessions {
         out += &format!(
-            "{:<8} {:<8} {:<20} {:<12} {:>10} {:>7} {:>9} {:>9.1} ms\n",
+            "{:<8} {:<8} {:<20} {:<12} {:>10} {:>7} {:>9} {:>9.1} ms {:<9}\n",
             s.session,
             s.pid,
             clip(program_name(&s.program), 20),
@@ -108,7 +116,8 @@ pub fn render(status: &ServerStatus, address: &Address) -> String {
             human_bytes(s.mem_used),
             s.allocations,
             s.launches,
-            s.gpu_time_ms
+            s.gpu_time_ms,
+            s.transport
         );
     }
     out
@@ -142,6 +151,7 @@ mod tests {
                 allocations: 2,
                 launches: 10,
                 gpu_time_ms: 1.25,
+                transport: "shm".into(),
             }],
             tenants: vec![TenantStatus {
                 name: "alice".into(),
@@ -164,6 +174,7 @@ mod tests {
         assert!(table.contains("1.5 KiB / 1.0 GiB"), "{table}");
         assert!(table.contains("fair"), "{table}");
         assert!(table.contains("1234.5 ms"), "{table}");
+        assert!(table.contains("ms shm"), "{table}");
         assert_eq!(human_bytes(512), "512 B");
     }
 }

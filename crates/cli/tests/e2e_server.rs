@@ -1,7 +1,8 @@
 //! The server and CLI end to end: a faulting program does not hurt the server or
 //! the next program, two programs share it, a killed server makes a looping
-//! program fail instead of hang, `cumux status --json` shows live sessions and
-//! their clean-up, and `cumux run` / `cumux serve` behave at their edges.
+//! program fail instead of hang, `cumux status --json` shows live sessions (and
+//! whether they talk through shared memory or the socket) and their clean-up,
+//! and `cumux run` / `cumux serve` behave at their edges.
 
 mod common;
 
@@ -71,6 +72,8 @@ fn status_shows_a_running_session_and_its_clean_up() {
         })
         .unwrap_or_else(|| panic!("no loop_launches session in {status:#}"));
     assert!(session["launches"].as_u64().unwrap() >= 1, "{session:#}");
+    // A program on the unix socket talks through shared memory by default.
+    assert_eq!(session["transport"], "shm", "{session:#}");
     assert!(session["allocations"].as_u64().unwrap() >= 1, "{session:#}");
     assert!(
         status["devices"][0]["used_mem"].as_u64().unwrap() >= 4,
@@ -104,6 +107,47 @@ fn status_shows_a_running_session_and_its_clean_up() {
         );
         std::thread::sleep(Duration::from_millis(100));
     }
+}
+
+#[test]
+fn the_socket_transport_still_works() {
+    let server = ServerProc::start("socket");
+    // A whole program with every call on the socket.
+    let out = wait_bounded(
+        server
+            .command(&corpus_program("vector_add"), &[])
+            .env("CUMUX_TRANSPORT", "socket")
+            .spawn()
+            .unwrap(),
+        LIMIT,
+    );
+    assert_pass(&out, "vector_add");
+    // And status says so while one runs.
+    let mut child = server
+        .command(&test_program("loop_launches"), &["120"])
+        .env("CUMUX_TRANSPORT", "socket")
+        .spawn()
+        .unwrap();
+    let lines = lines_of(child.stdout.take().unwrap());
+    if let Err(e) = wait_for_line(&lines, "started", Duration::from_secs(120)) {
+        let _ = child.kill();
+        panic!("{e}\n--- server log\n{}", server.log());
+    }
+    let status = server.status_json();
+    let _ = child.kill();
+    let _ = child.wait();
+    let session = status["sessions"]
+        .as_array()
+        .and_then(|s| {
+            s.iter().find(|s| {
+                s["program"]
+                    .as_str()
+                    .is_some_and(|p| p.contains("loop_launches"))
+            })
+        })
+        .cloned()
+        .unwrap_or_else(|| panic!("no loop_launches session in {status:#}"));
+    assert_eq!(session["transport"], "unix", "{session:#}");
 }
 
 #[test]

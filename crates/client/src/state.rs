@@ -280,6 +280,23 @@ impl Client {
         lock(&self.conn).call(call)
     }
 
+    /// Sends a call whose byte buffer, left empty in `call`, is `bytes`
+    /// (through shared memory it is copied once, straight into the bulk ring).
+    pub fn call_with_bytes(&self, mut call: Call, bytes: &[u8]) -> CuResult<ReplyBody> {
+        if crate::graph::stream_of_call(&call).is_some() {
+            cumux_protocol::shm::put_call_bulk(&mut call, bytes.to_vec())
+                .map_err(|_| CUDA_ERROR_INVALID_VALUE)?;
+            return self.call(call);
+        }
+        lock(&self.conn).call_with_bytes(call, bytes)
+    }
+
+    /// Makes a call answered with exactly `out.len()` bytes of data, received
+    /// into `out` (through shared memory straight from the bulk ring).
+    pub fn call_into(&self, call: Call, out: &mut [u8]) -> CuResult<()> {
+        lock(&self.conn).call_into(call, out)
+    }
+
     /// Records `op` if `stream` is being captured; gives it back otherwise.
     pub fn record(
         &self,

@@ -1,16 +1,19 @@
 //! The connection to the cumux server: the handshake, then requests and
-//! replies over a unix socket or TCP. A failed read or write marks the
-//! connection dead, and every later call fails fast with
-//! `CUDA_ERROR_DEVICE_UNAVAILABLE`.
+//! replies through a shared-memory area (unix sockets, by default) or over the
+//! socket itself (TCP, `CUMUX_TRANSPORT=socket`, or when the area cannot be set
+//! up). A failed call on the link marks the connection dead, and every later
+//! call fails fast with `CUDA_ERROR_DEVICE_UNAVAILABLE`.
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 
+use cumux_protocol::shm::{self, Endpoint, ShmArea, Side};
 use cumux_protocol::{
     self as proto, Call, ClientRole, DeviceInfo, Hello, HelloReply, Reply, ReplyBody, Request,
+    ShmAttach, ShmAttached,
 };
 
 use crate::errors::*;
@@ -133,9 +136,25 @@ impl Write for NoSigPipe<'_> {
 
 pub struct Connection {
     stream: Socket,
+    /// The shared area calls travel through, once the server took it.
+    shm: Option<Endpoint>,
     seq: u64,
     buf: Vec<u8>,
     dead: bool,
+}
+
+/// `CUMUX_TRANSPORT=socket` keeps calls on the socket; the default (or `shm`)
+/// moves them to shared memory where the server is on a unix socket.
+fn shm_wanted(address: &ServerAddress) -> bool {
+    let setting = std::env::var("CUMUX_TRANSPORT").unwrap_or_default();
+    match setting.trim() {
+        "" | "shm" | "auto" => matches!(address, ServerAddress::Unix(_)),
+        "socket" => false,
+        other => {
+            tracing::warn!("CUMUX_TRANSPORT={other}: expected shm or socket; using shm");
+            matches!(address, ServerAddress::Unix(_))
+        }
+    }
 }
 
 /// What the server said at connect.
@@ -152,9 +171,21 @@ impl Connection {
             .map_err(|e| format!("cannot reach the cumux server at {address}: {e}"))?;
         let mut conn = Connection {
             stream,
+            shm: None,
             seq: 0,
             buf: Vec::new(),
             dead: false,
+        };
+        let area = if shm_wanted(&address) {
+            match ShmArea::create(shm::DEFAULT_LAYOUT) {
+                Ok(area) => Some(area),
+                Err(e) => {
+                    tracing::debug!("no shared memory ({e}); calls go over the socket");
+                    None
+                }
+            }
+        } else {
+            None
         };
         let program = std::env::args().next().unwrap_or_default();
         let hello = Hello {
@@ -164,6 +195,7 @@ impl Connection {
             role: ClientRole::Driver,
             program,
             tenant: std::env::var("CUMUX_TENANT").ok(),
+            shm: area.is_some(),
         };
         let bytes = proto::encode(&hello).map_err(|e| e.to_string())?;
         proto::write_frame(&mut NoSigPipe(&conn.stream), &bytes)
@@ -176,12 +208,22 @@ impl Connection {
                 server,
                 session,
                 devices,
+                shm,
             } => {
                 if version != proto::PROTOCOL_VERSION {
                     return Err(format!(
                         "protocol version mismatch: client {}, server {version}",
                         proto::PROTOCOL_VERSION
                     ));
+                }
+                match (shm, area) {
+                    (true, Some(area)) => conn.attach(area)?,
+                    (_, Some(_)) => {
+                        tracing::debug!(
+                            "the server takes no shared memory; calls go over the socket"
+                        )
+                    }
+                    _ => {}
                 }
                 Ok((
                     conn,
@@ -202,56 +244,233 @@ impl Connection {
         }
     }
 
+    /// Hands the server the shared area (its memfd over the socket) and, if it
+    /// takes it, moves calls there. A refusal leaves them on the socket; only a
+    /// broken socket is an error.
+    fn attach(&mut self, area: (ShmArea, std::os::fd::OwnedFd)) -> Result<(), String> {
+        let (area, fd) = area;
+        let unix = match &self.stream {
+            Socket::Unix(unix) => unix
+                .try_clone()
+                .map_err(|e| format!("cannot clone the socket: {e}"))?,
+            Socket::Tcp(_) => return Err("shared memory over a TCP connection".into()),
+        };
+        let attach = proto::encode(&ShmAttach {
+            layout: area.layout(),
+        })
+        .map_err(|e| e.to_string())?;
+        let mut frame = (attach.len() as u32).to_le_bytes().to_vec();
+        frame.extend_from_slice(&attach);
+        shm::send_with_fd(&unix, &frame, fd.as_fd()).map_err(|e| format!("handshake: {e}"))?;
+        drop(fd);
+        proto::read_frame(&mut &unix, &mut self.buf).map_err(|e| format!("handshake: {e}"))?;
+        let answer: ShmAttached =
+            proto::decode(&self.buf).map_err(|e| format!("handshake: {e}"))?;
+        match answer.result {
+            Ok(()) => {
+                self.shm = Some(Endpoint::new(
+                    area,
+                    Side::Client,
+                    Some(unix.into()),
+                    shm::spin_from_env(),
+                ));
+                tracing::debug!("calls go through shared memory");
+            }
+            Err(why) => {
+                tracing::debug!(
+                    "the server refused shared memory ({why}); calls go over the socket"
+                )
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether calls travel through shared memory.
+    pub fn uses_shm(&self) -> bool {
+        self.shm.is_some()
+    }
+
     fn lost(&mut self, why: impl std::fmt::Display) -> CUresult {
         if !self.dead {
             tracing::error!("connection to the cumux server lost: {why}");
         }
         self.dead = true;
+        // Tells a server still there at once (closed flag and doorbell).
+        self.shm = None;
         self.stream.shutdown();
         CUDA_ERROR_DEVICE_UNAVAILABLE
+    }
+
+    /// Sends one request; `bytes`, when given, is the call's byte buffer (left
+    /// empty in `call`), sent from where it lies.
+    fn send(&mut self, seq: u64, mut call: Call, bytes: Option<&[u8]>) -> CuResult<()> {
+        match (self.shm.as_mut(), bytes) {
+            (Some(ep), bytes) => {
+                // A large byte buffer goes through the bulk ring, not the encoder.
+                let owned;
+                let bulk: &[u8] = match bytes {
+                    Some(b) if b.len() >= shm::BULK_THRESHOLD => b,
+                    Some(b) => {
+                        shm::put_call_bulk(&mut call, b.to_vec())
+                            .map_err(|_| CUDA_ERROR_INVALID_VALUE)?;
+                        &[]
+                    }
+                    None => {
+                        owned = shm::take_call_bulk(&mut call);
+                        &owned
+                    }
+                };
+                let msg =
+                    proto::encode(&Request { seq, call }).map_err(|_| CUDA_ERROR_INVALID_VALUE)?;
+                if let Err(e) = ep.send(&msg, bulk) {
+                    return Err(self.lost(e));
+                }
+            }
+            (None, bytes) => {
+                if let Some(b) = bytes {
+                    shm::put_call_bulk(&mut call, b.to_vec())
+                        .map_err(|_| CUDA_ERROR_INVALID_VALUE)?;
+                }
+                let msg =
+                    proto::encode(&Request { seq, call }).map_err(|_| CUDA_ERROR_INVALID_VALUE)?;
+                if let Err(e) = proto::write_frame(&mut NoSigPipe(&self.stream), &msg) {
+                    return Err(self.lost(e));
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Sends a call; waits for its reply unless it is fire-and-forget (then
     /// `Unit` comes back at once).
     pub fn call(&mut self, call: Call) -> CuResult<ReplyBody> {
+        self.call_with(call, None)
+    }
+
+    /// A call whose byte buffer (empty in `call`: `MemcpyHtoD`'s data,
+    /// `ModuleLoad`'s image, `Launch`'s parameters) is `bytes`. Through shared
+    /// memory a large one goes straight from the program's memory to the bulk ring.
+    pub fn call_with_bytes(&mut self, call: Call, bytes: &[u8]) -> CuResult<ReplyBody> {
+        self.call_with(call, Some(bytes))
+    }
+
+    fn call_with(&mut self, call: Call, bytes: Option<&[u8]>) -> CuResult<ReplyBody> {
         if self.dead {
             return Err(CUDA_ERROR_DEVICE_UNAVAILABLE);
         }
         let forget = call.is_fire_and_forget();
         self.seq += 1;
         let seq = self.seq;
-        let bytes = proto::encode(&Request { seq, call }).map_err(|_| CUDA_ERROR_INVALID_VALUE)?;
-        if let Err(e) = proto::write_frame(&mut NoSigPipe(&self.stream), &bytes) {
-            return Err(self.lost(e));
-        }
+        self.send(seq, call, bytes)?;
         if forget {
             return Ok(ReplyBody::Unit);
         }
         loop {
-            if let Err(e) = proto::read_frame(&mut self.stream, &mut self.buf) {
-                return Err(self.lost(e));
+            let reply = self.next_reply()?;
+            if let Some(result) = self.answer(seq, reply) {
+                return result;
             }
-            let reply: Reply = match proto::decode(&self.buf) {
+        }
+    }
+
+    /// A call answered with `Data` of exactly `out.len()` bytes (`MemcpyDtoH`),
+    /// received into `out`: through shared memory straight from the bulk ring.
+    pub fn call_into(&mut self, call: Call, out: &mut [u8]) -> CuResult<()> {
+        if self.dead {
+            return Err(CUDA_ERROR_DEVICE_UNAVAILABLE);
+        }
+        if self.shm.is_none() || call.is_fire_and_forget() {
+            return match self.call(call)? {
+                ReplyBody::Data(d) if d.len() == out.len() => {
+                    out.copy_from_slice(&d);
+                    Ok(())
+                }
+                _ => Err(CUDA_ERROR_UNKNOWN),
+            };
+        }
+        self.seq += 1;
+        let seq = self.seq;
+        self.send(seq, call, None)?;
+        loop {
+            let Some(ep) = self.shm.as_mut() else {
+                return Err(CUDA_ERROR_DEVICE_UNAVAILABLE);
+            };
+            let bulk_len = match ep.recv_message(&mut self.buf) {
+                Ok(n) => n,
+                Err(e) => return Err(self.lost(e)),
+            };
+            let mut reply: Reply = match proto::decode(&self.buf) {
                 Ok(r) => r,
                 Err(e) => return Err(self.lost(format!("malformed reply: {e}"))),
             };
-            write_program_stdout(&reply.stdout);
-            if reply.seq != seq {
-                tracing::warn!(
-                    "reply for call {} while waiting for {seq}; skipped",
-                    reply.seq
-                );
-                continue;
+            let direct = reply.seq == seq
+                && bulk_len == out.len()
+                && matches!(&reply.result, Ok(ReplyBody::Data(d)) if d.is_empty());
+            let received = if direct {
+                ep.recv_bulk_into(out)
+            } else {
+                let mut bulk = Vec::new();
+                ep.recv_bulk_vec(&mut bulk, bulk_len)
+                    .and_then(|()| shm::put_reply_bulk(&mut reply, bulk))
+            };
+            if let Err(e) = received {
+                return Err(self.lost(e));
             }
-            return reply.result.map_err(|e| {
-                tracing::debug!("server: {e}");
-                if e.code == 0 {
-                    CUDA_ERROR_UNKNOWN
-                } else {
-                    e.code
+            match self.answer(seq, reply) {
+                None => continue,
+                Some(Err(e)) => return Err(e),
+                Some(Ok(ReplyBody::Data(d))) if direct && d.is_empty() => return Ok(()),
+                Some(Ok(ReplyBody::Data(d))) if d.len() == out.len() => {
+                    out.copy_from_slice(&d);
+                    return Ok(());
                 }
-            });
+                Some(Ok(_)) => return Err(CUDA_ERROR_UNKNOWN),
+            }
         }
+    }
+
+    /// What a reply says for call `seq`: `None` for a stray reply (skipped).
+    /// Its device `printf` output goes to the program's stdout either way.
+    fn answer(&mut self, seq: u64, reply: Reply) -> Option<CuResult<ReplyBody>> {
+        write_program_stdout(&reply.stdout);
+        if reply.seq != seq {
+            tracing::warn!(
+                "reply for call {} while waiting for {seq}; skipped",
+                reply.seq
+            );
+            return None;
+        }
+        Some(reply.result.map_err(|e| {
+            tracing::debug!("server: {e}");
+            if e.code == 0 {
+                CUDA_ERROR_UNKNOWN
+            } else {
+                e.code
+            }
+        }))
+    }
+
+    /// Receives the next reply.
+    fn next_reply(&mut self) -> CuResult<Reply> {
+        let Some(ep) = self.shm.as_mut() else {
+            if let Err(e) = proto::read_frame(&mut self.stream, &mut self.buf) {
+                return Err(self.lost(e));
+            }
+            return proto::decode(&self.buf)
+                .map_err(|e| self.lost(format!("malformed reply: {e}")));
+        };
+        let mut bulk = Vec::new();
+        if let Err(e) = ep.recv(&mut self.buf, &mut bulk) {
+            return Err(self.lost(e));
+        }
+        let mut reply: Reply = match proto::decode(&self.buf) {
+            Ok(r) => r,
+            Err(e) => return Err(self.lost(format!("malformed reply: {e}"))),
+        };
+        if let Err(e) = shm::put_reply_bulk(&mut reply, bulk) {
+            return Err(self.lost(e));
+        }
+        Ok(reply)
     }
 }
 
@@ -313,12 +532,66 @@ mod tests {
         })
     }
 
+    /// A one-connection fake server that takes the client's shared area,
+    /// answers `calls` requests through it (echoing `MemcpyHtoD` data back as
+    /// `Data`), then dies without a word: no closed flag, only its socket goes.
+    fn fake_shm_server(path: &std::path::Path, calls: usize) -> std::thread::JoinHandle<()> {
+        let listener = UnixListener::bind(path).unwrap();
+        std::thread::spawn(move || {
+            let (mut s, _) = listener.accept().unwrap();
+            let mut buf = Vec::new();
+            proto::read_frame(&mut s, &mut buf).unwrap();
+            let hello: Hello = proto::decode(&buf).unwrap();
+            assert!(hello.shm, "a unix-socket client offers shared memory");
+            let welcome = HelloReply::Welcome {
+                version: proto::PROTOCOL_VERSION,
+                server: "fake-shm".into(),
+                session: 1,
+                devices: Vec::new(),
+                shm: true,
+            };
+            proto::write_frame(&mut s, &proto::encode(&welcome).unwrap()).unwrap();
+            let mut header = [0u8; 4];
+            let (got, fd) = shm::recv_with_fd(&s, &mut header).unwrap();
+            s.read_exact(&mut header[got..]).unwrap();
+            buf.resize(u32::from_le_bytes(header) as usize, 0);
+            s.read_exact(&mut buf).unwrap();
+            let attach: ShmAttach = proto::decode(&buf).unwrap();
+            let area = ShmArea::attach(fd.unwrap(), attach.layout).unwrap();
+            let answer = ShmAttached { result: Ok(()) };
+            proto::write_frame(&mut s, &proto::encode(&answer).unwrap()).unwrap();
+            let mut ep = Endpoint::new(area, Side::Server, None, shm::DEFAULT_SPIN);
+            let mut bulk = Vec::new();
+            for _ in 0..calls {
+                ep.recv(&mut buf, &mut bulk).unwrap();
+                let mut req: Request = proto::decode(&buf).unwrap();
+                shm::put_call_bulk(&mut req.call, std::mem::take(&mut bulk)).unwrap();
+                let body = match req.call {
+                    Call::MemcpyHtoD { data, .. } => ReplyBody::Data(data),
+                    Call::MemcpyDtoH { bytes, .. } => {
+                        ReplyBody::Data((0..bytes as u32).map(|i| (i * 7) as u8).collect())
+                    }
+                    _ => ReplyBody::Unit,
+                };
+                let mut reply = Reply {
+                    seq: req.seq,
+                    result: Ok(body),
+                    stdout: Vec::new(),
+                };
+                let out = shm::take_reply_bulk(&mut reply);
+                ep.send(&proto::encode(&reply).unwrap(), &out).unwrap();
+            }
+            std::mem::forget(ep);
+        })
+    }
+
     fn welcome(version: u32) -> HelloReply {
         HelloReply::Welcome {
             version,
             server: "fake".into(),
             session: 1,
             devices: Vec::new(),
+            shm: false,
         }
     }
 
@@ -375,6 +648,53 @@ mod tests {
             conn.call(Call::MemGetInfo { device: 0 }),
             Err(CUDA_ERROR_DEVICE_UNAVAILABLE)
         );
+        std::fs::remove_file(&sock).unwrap();
+
+        // Through shared memory: a large buffer goes out and comes back, then
+        // the server dies without a word and calls fail instead of hanging.
+        let server = fake_shm_server(&sock, 2);
+        let (mut conn, session) = Connection::connect().unwrap();
+        assert_eq!(session.server, "fake-shm");
+        assert!(conn.uses_shm());
+        let data: Vec<u8> = (0..100_000u32).map(|i| (i * 7) as u8).collect();
+        let mut back = vec![0u8; data.len()];
+        let echo = Call::MemcpyHtoD {
+            dst: 0,
+            data: Vec::new(),
+            stream: None,
+        };
+        assert_eq!(
+            conn.call_with_bytes(echo, &data),
+            Ok(ReplyBody::Data(data.clone()))
+        );
+        let read = Call::MemcpyDtoH {
+            src: 0,
+            bytes: data.len() as u64,
+            stream: None,
+        };
+        assert_eq!(conn.call_into(read, &mut back), Ok(()));
+        assert!(back == data);
+        server.join().unwrap();
+        let started = std::time::Instant::now();
+        assert_eq!(
+            conn.call(Call::ContextSynchronize),
+            Err(CUDA_ERROR_DEVICE_UNAVAILABLE)
+        );
+        assert!(started.elapsed() < std::time::Duration::from_secs(5));
+        assert_eq!(
+            conn.call(Call::MemGetInfo { device: 0 }),
+            Err(CUDA_ERROR_DEVICE_UNAVAILABLE)
+        );
+        std::fs::remove_file(&sock).unwrap();
+
+        // CUMUX_TRANSPORT=socket keeps calls on the socket.
+        std::env::set_var("CUMUX_TRANSPORT", "socket");
+        let server = fake_server(&sock, welcome(proto::PROTOCOL_VERSION), 1);
+        let (mut conn, _) = Connection::connect().unwrap();
+        assert!(!conn.uses_shm());
+        assert_eq!(conn.call(Call::ContextSynchronize), Ok(ReplyBody::Unit));
+        server.join().unwrap();
+        std::env::remove_var("CUMUX_TRANSPORT");
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -24,6 +24,23 @@ pub struct Hello {
     pub program: String,
     /// Tenant asked for with `cumux run --tenant NAME`.
     pub tenant: Option<String>,
+    /// The client holds a shared-memory area ([`crate::shm`]) and, if the
+    /// welcome accepts it, sends it next in a [`ShmAttach`] (unix sockets only).
+    pub shm: bool,
+}
+
+/// Sent by the client right after a welcome that accepted shared memory, with
+/// the area's memfd attached (`SCM_RIGHTS`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ShmAttach {
+    pub layout: crate::shm::ShmLayout,
+}
+
+/// The server's answer to [`ShmAttach`]: `Ok`, and from now on calls and
+/// replies travel through the area; `Err(why)`, and they stay on the socket.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ShmAttached {
+    pub result: Result<(), String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -40,6 +57,8 @@ pub enum HelloReply {
         server: String,
         session: u64,
         devices: Vec<DeviceInfo>,
+        /// The server takes the client's shared-memory area: a [`ShmAttach`] follows.
+        shm: bool,
     },
     Rejected {
         server_version: u32,
@@ -405,6 +424,8 @@ pub struct SessionStatus {
     pub allocations: u64,
     pub launches: u64,
     pub gpu_time_ms: f64,
+    /// How the session's calls travel: `shm`, `unix` (socket) or `tcp`.
+    pub transport: String,
 }
 
 /// `CUresult` codes the protocol itself produces.

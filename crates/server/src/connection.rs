@@ -1,18 +1,78 @@
-//! One client connection on the wire: the version handshake, then a loop of
-//! framed requests and replies over a session. Malformed bytes close the
-//! connection (and its session) and never reach anything else.
+//! One client connection on the wire: the version handshake, the switch to
+//! shared memory for same-host clients that offer it, then a loop of requests
+//! and replies over a session. Malformed bytes — on the socket or in the shared
+//! area — close the connection (and its session) and never reach anything else.
 
-use std::io::{Read, Write};
+use std::io::{BufReader, Read, Write};
+use std::net::TcpStream;
+use std::os::unix::net::UnixStream;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
+use std::time::Duration;
 
+use cumux_protocol::shm::{self, Endpoint, ShmArea, ShmError, Side};
 use cumux_protocol::{
     codes, decode, encode, read_frame, write_frame, ClientRole, CuError, FrameError, Hello,
-    HelloReply, Reply, Request, MAGIC, PROTOCOL_VERSION,
+    HelloReply, Reply, Request, ShmAttach, ShmAttached, MAGIC, PROTOCOL_VERSION,
 };
 
 use crate::session::Session;
 use crate::Server;
+
+/// How long a new connection may take to send its hello (and its shared area).
+pub const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The socket a client connected on.
+pub enum Socket {
+    Unix(UnixStream),
+    Tcp(TcpStream),
+}
+
+impl Socket {
+    fn try_clone(&self) -> std::io::Result<Socket> {
+        Ok(match self {
+            Socket::Unix(s) => Socket::Unix(s.try_clone()?),
+            Socket::Tcp(s) => Socket::Tcp(s.try_clone()?),
+        })
+    }
+
+    fn set_read_timeout(&self, timeout: Option<Duration>) -> std::io::Result<()> {
+        match self {
+            Socket::Unix(s) => s.set_read_timeout(timeout),
+            Socket::Tcp(s) => s.set_read_timeout(timeout),
+        }
+    }
+
+    /// How calls travel when they stay on this socket, for status.
+    fn transport(&self) -> &'static str {
+        match self {
+            Socket::Unix(_) => "unix",
+            Socket::Tcp(_) => "tcp",
+        }
+    }
+}
+
+impl Read for Socket {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        match self {
+            Socket::Unix(s) => s.read(buf),
+            Socket::Tcp(s) => s.read(buf),
+        }
+    }
+}
+
+impl Write for Socket {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        match self {
+            Socket::Unix(s) => s.write(buf),
+            Socket::Tcp(s) => s.write(buf),
+        }
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
 
 /// Why a connection ended, for the log.
 #[derive(Debug, PartialEq, Eq)]
@@ -28,13 +88,16 @@ pub enum Ending {
 /// Serves one connection until it ends; the session's resources are all
 /// released before this returns. `peer_uid` is the uid of the process at the
 /// other end, where the transport can tell (unix sockets).
-pub fn serve_connection<W: Write>(
-    server: Arc<Server>,
-    peer_uid: Option<u32>,
-    mut reader: impl Read,
-    mut writer: W,
-    welcomed: impl FnOnce(&mut W),
-) -> Ending {
+pub fn serve_connection(server: Arc<Server>, peer_uid: Option<u32>, socket: Socket) -> Ending {
+    // A peer that connects and says nothing must not hold a thread for ever.
+    if let Err(e) = socket.set_read_timeout(Some(HELLO_TIMEOUT)) {
+        return Ending::Broken(format!("cannot set the handshake timeout: {e}"));
+    }
+    let mut reader = match socket.try_clone() {
+        Ok(clone) => BufReader::with_capacity(256 << 10, clone),
+        Err(e) => return Ending::Broken(format!("cannot clone the socket: {e}")),
+    };
+    let mut writer = socket;
     let mut buf = Vec::new();
     let hello = match read_hello(&mut reader, &mut buf) {
         Ok(hello) => hello,
@@ -71,11 +134,14 @@ pub fn serve_connection<W: Write>(
             return Ending::Rejected(e.to_string());
         }
     };
+    // Shared memory only over a unix socket, whose far end is on this host.
+    let offer_shm = hello.shm && matches!(writer, Socket::Unix(_));
     let welcome = HelloReply::Welcome {
         version: PROTOCOL_VERSION,
         server: server.name().to_string(),
         session: session.id(),
         devices,
+        shm: offer_shm,
     };
     tracing::info!(
         session = session.id(),
@@ -86,9 +152,43 @@ pub fn serve_connection<W: Write>(
         role = ?hello.role,
         "session opened"
     );
-    welcomed(&mut writer);
     let ending = match send(&mut writer, &welcome) {
-        Ok(()) => request_loop(&mut session, &mut reader, &mut writer, &mut buf),
+        Ok(()) => {
+            let shared = match (&writer, offer_shm) {
+                (Socket::Unix(unix), true) => attach_shm(&mut reader, unix, &mut buf),
+                _ => Ok(None),
+            };
+            match shared {
+                Err(ending) => ending,
+                Ok(shared) => {
+                    let transport = if shared.is_some() {
+                        "shm"
+                    } else {
+                        writer.transport()
+                    };
+                    server.registry().set_transport(session.id(), transport);
+                    tracing::debug!(session = session.id(), transport, "transport chosen");
+                    match writer.set_read_timeout(None) {
+                        Err(e) => {
+                            Ending::Broken(format!("cannot clear the handshake timeout: {e}"))
+                        }
+                        Ok(()) => match shared {
+                            Some(endpoint) => {
+                                request_loop(&mut session, &mut ShmWire::new(endpoint))
+                            }
+                            None => request_loop(
+                                &mut session,
+                                &mut SocketWire {
+                                    reader,
+                                    writer,
+                                    buf,
+                                },
+                            ),
+                        },
+                    }
+                }
+            }
+        }
         Err(e) => Ending::Broken(e),
     };
     let id = session.id();
@@ -105,23 +205,159 @@ pub fn serve_connection<W: Write>(
     ending
 }
 
-fn request_loop(
-    session: &mut Session,
-    reader: &mut impl Read,
-    writer: &mut impl Write,
+/// Receives the client's shared area (a [`ShmAttach`] frame with its memfd) and
+/// answers it. `Ok(Some)`: calls move to the area; `Ok(None)`: the area was
+/// unusable, they stay on the socket (the client was told why); `Err`: the
+/// client broke the protocol.
+fn attach_shm(
+    reader: &mut BufReader<Socket>,
+    socket: &UnixStream,
     buf: &mut Vec<u8>,
-) -> Ending {
-    loop {
-        match read_frame(reader, buf) {
-            Ok(()) => {}
-            Err(FrameError::Closed) => return Ending::Closed,
-            Err(e) => return Ending::Broken(format!("bad frame: {e}")),
+) -> Result<Option<Endpoint>, Ending> {
+    // The client sends nothing between its hello and the attach, so nothing may
+    // be buffered: the descriptor comes with the attach frame's first bytes.
+    if !reader.buffer().is_empty() {
+        return Err(Ending::Broken(
+            "bytes between the hello and the shared area".into(),
+        ));
+    }
+    let mut header = [0u8; 4];
+    let (got, fd) = shm::recv_with_fd(socket, &mut header)
+        .map_err(|e| Ending::Broken(format!("no shared area: {e}")))?;
+    if got == 0 {
+        return Err(Ending::Closed);
+    }
+    reader
+        .read_exact(&mut header[got..])
+        .map_err(|e| Ending::Broken(format!("no shared area: {e}")))?;
+    let len = u32::from_le_bytes(header) as usize;
+    if len > 4096 {
+        return Err(Ending::Broken(format!(
+            "a shared-area frame of {len} bytes"
+        )));
+    }
+    buf.resize(len, 0);
+    reader
+        .read_exact(buf)
+        .map_err(|e| Ending::Broken(format!("no shared area: {e}")))?;
+    let attach: ShmAttach =
+        decode(buf).map_err(|e| Ending::Broken(format!("undecodable shared-area frame: {e}")))?;
+    let mapped = match fd {
+        None => Err("no descriptor came with it".to_string()),
+        Some(fd) => ShmArea::attach(fd, attach.layout),
+    };
+    let mut writer = socket;
+    match mapped {
+        Ok(area) => {
+            send(&mut writer, &ShmAttached { result: Ok(()) }).map_err(Ending::Broken)?;
+            let liveness = socket
+                .try_clone()
+                .map_err(|e| Ending::Broken(format!("cannot clone the socket: {e}")))?;
+            Ok(Some(Endpoint::new(
+                area,
+                Side::Server,
+                Some(liveness.into()),
+                shm::spin_from_env(),
+            )))
         }
-        let request: Request = match decode(buf) {
-            Ok(r) => r,
-            Err(e) => {
-                return Ending::Broken(format!("undecodable request ({} bytes): {e}", buf.len()))
-            }
+        Err(why) => {
+            tracing::debug!("shared area refused, staying on the socket: {why}");
+            send(&mut writer, &ShmAttached { result: Err(why) }).map_err(Ending::Broken)?;
+            Ok(None)
+        }
+    }
+}
+
+/// How requests arrive and replies leave on one connection.
+trait Wire {
+    /// The next request, or how the connection ended.
+    fn receive(&mut self) -> Result<Request, Ending>;
+    /// Sends a reply; a failure ends the connection.
+    fn reply(&mut self, reply: Reply) -> Result<(), String>;
+}
+
+/// Length-prefixed frames on the socket.
+struct SocketWire<R, W> {
+    reader: R,
+    writer: W,
+    buf: Vec<u8>,
+}
+
+impl<R: Read, W: Write> Wire for SocketWire<R, W> {
+    fn receive(&mut self) -> Result<Request, Ending> {
+        match read_frame(&mut self.reader, &mut self.buf) {
+            Ok(()) => {}
+            Err(FrameError::Closed) => return Err(Ending::Closed),
+            Err(e) => return Err(Ending::Broken(format!("bad frame: {e}"))),
+        }
+        decode(&self.buf).map_err(|e| {
+            Ending::Broken(format!(
+                "undecodable request ({} bytes): {e}",
+                self.buf.len()
+            ))
+        })
+    }
+
+    fn reply(&mut self, reply: Reply) -> Result<(), String> {
+        send(&mut self.writer, &reply)
+    }
+}
+
+/// The rings of a client's shared area. Every request is copied out of the
+/// area before it is decoded; whatever the client wrote there can only end
+/// this connection.
+struct ShmWire {
+    endpoint: Endpoint,
+    msg: Vec<u8>,
+}
+
+impl ShmWire {
+    fn new(endpoint: Endpoint) -> Self {
+        ShmWire {
+            endpoint,
+            msg: Vec::new(),
+        }
+    }
+}
+
+fn shm_ending(e: ShmError) -> Ending {
+    match e {
+        ShmError::PeerGone => Ending::Closed,
+        ShmError::Violation(why) => Ending::Broken(format!("shared area: {why}")),
+    }
+}
+
+impl Wire for ShmWire {
+    fn receive(&mut self) -> Result<Request, Ending> {
+        // A fresh vector for the bulk: it becomes the call's buffer.
+        let mut bulk = Vec::new();
+        self.endpoint
+            .recv(&mut self.msg, &mut bulk)
+            .map_err(shm_ending)?;
+        let mut request: Request = decode(&self.msg).map_err(|e| {
+            Ending::Broken(format!(
+                "undecodable request ({} bytes): {e}",
+                self.msg.len()
+            ))
+        })?;
+        shm::put_call_bulk(&mut request.call, bulk).map_err(shm_ending)?;
+        Ok(request)
+    }
+
+    fn reply(&mut self, mut reply: Reply) -> Result<(), String> {
+        let bulk = shm::take_reply_bulk(&mut reply);
+        let bytes = encode(&reply).map_err(|e| format!("cannot encode a reply: {e}"))?;
+        self.endpoint
+            .send(&bytes, &bulk)
+            .map_err(|e| format!("cannot send: {e}"))
+    }
+}
+
+fn request_loop(session: &mut Session, wire: &mut impl Wire) -> Ending {
+    loop {
+        let request = match wire.receive() {
+            Ok(request) => request,
+            Err(ending) => return ending,
         };
         let seq = request.seq;
         tracing::trace!(session = session.id(), seq, "call");
@@ -138,7 +374,7 @@ fn request_loop(
                     result: Err(CuError::new(codes::UNKNOWN, "internal server error")),
                     stdout: Vec::new(),
                 };
-                let _ = send(writer, &reply);
+                let _ = wire.reply(reply);
                 return Ending::Broken("a call panicked".into());
             }
         };
@@ -148,7 +384,7 @@ fn request_loop(
                 result,
                 stdout: session.take_stdout(),
             };
-            if let Err(e) = send(writer, &reply) {
+            if let Err(e) = wire.reply(reply) {
                 return Ending::Broken(e);
             }
         }

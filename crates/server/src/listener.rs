@@ -3,8 +3,8 @@
 //! connection a thread of its own.
 
 use std::fmt;
-use std::io::{self, BufReader};
-use std::net::{TcpListener, TcpStream};
+use std::io;
+use std::net::TcpListener;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt};
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -12,11 +12,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::connection::serve_connection;
+pub use crate::connection::HELLO_TIMEOUT;
+use crate::connection::{serve_connection, Socket};
 use crate::Server;
-
-/// How long a new connection may take to send its hello.
-pub const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Where a server listens and clients connect.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -169,7 +167,7 @@ impl BoundListener {
                 BoundListener::Unix(listener, _) => match listener.accept() {
                     Ok((stream, _)) => {
                         let uid = peer_uid(&stream);
-                        spawn_connection(name, server, uid, stream.try_clone(), stream)
+                        spawn_connection(name, server, uid, Socket::Unix(stream))
                     }
                     Err(e) => Err(e),
                 },
@@ -177,7 +175,7 @@ impl BoundListener {
                     Ok((stream, peer)) => {
                         tracing::debug!(%peer, "tcp connection");
                         let _ = stream.set_nodelay(true);
-                        spawn_connection(name, server, None, stream.try_clone(), stream)
+                        spawn_connection(name, server, None, Socket::Tcp(stream))
                     }
                     Err(e) => Err(e),
                 },
@@ -188,23 +186,6 @@ impl BoundListener {
                 std::thread::sleep(Duration::from_millis(50));
             }
         }
-    }
-}
-
-/// A connected socket whose receive timeout can be set (shared by its clones).
-pub trait Connected: io::Read + io::Write + Send + 'static {
-    fn set_read_timeout(&self, timeout: Option<Duration>) -> io::Result<()>;
-}
-
-impl Connected for UnixStream {
-    fn set_read_timeout(&self, timeout: Option<Duration>) -> io::Result<()> {
-        UnixStream::set_read_timeout(self, timeout)
-    }
-}
-
-impl Connected for TcpStream {
-    fn set_read_timeout(&self, timeout: Option<Duration>) -> io::Result<()> {
-        TcpStream::set_read_timeout(self, timeout)
     }
 }
 
@@ -230,29 +211,14 @@ pub fn peer_uid(stream: &UnixStream) -> Option<u32> {
     (rc == 0 && len as usize == std::mem::size_of::<libc::ucred>()).then_some(cred.uid)
 }
 
-fn spawn_connection<S: Connected>(
+fn spawn_connection(
     name: String,
     server: Arc<Server>,
     peer_uid: Option<u32>,
-    reader: io::Result<S>,
-    writer: S,
+    socket: Socket,
 ) -> io::Result<()> {
-    let reader = reader?;
-    // A peer that connects and says nothing must not hold a thread for ever.
-    writer.set_read_timeout(Some(HELLO_TIMEOUT))?;
     std::thread::Builder::new().name(name).spawn(move || {
-        let welcomed = |w: &mut S| {
-            if let Err(e) = w.set_read_timeout(None) {
-                tracing::warn!("cannot clear the handshake timeout: {e}");
-            }
-        };
-        serve_connection(
-            server,
-            peer_uid,
-            BufReader::with_capacity(256 << 10, reader),
-            writer,
-            welcomed,
-        );
+        serve_connection(server, peer_uid, socket);
     })?;
     Ok(())
 }

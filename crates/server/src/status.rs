@@ -35,6 +35,8 @@ pub struct SessionEntry {
 #[derive(Debug, Default)]
 pub struct Registry {
     sessions: Mutex<BTreeMap<u64, Arc<SessionEntry>>>,
+    /// How each session's calls travel (`shm`, `unix`, `tcp`), set by its connection.
+    transports: Mutex<BTreeMap<u64, &'static str>>,
 }
 
 impl Registry {
@@ -44,6 +46,23 @@ impl Registry {
 
     pub fn remove(&self, session: u64) {
         self.lock().remove(&session);
+        self.transports_lock().remove(&session);
+    }
+
+    /// Records how `session`'s calls travel (while it is registered).
+    pub fn set_transport(&self, session: u64, transport: &'static str) {
+        if self.lock().contains_key(&session) {
+            self.transports_lock().insert(session, transport);
+        }
+    }
+
+    /// How `session`'s calls travel; `-` before its connection has said.
+    pub fn transport(&self, session: u64) -> &'static str {
+        self.transports_lock().get(&session).copied().unwrap_or("-")
+    }
+
+    fn transports_lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<u64, &'static str>> {
+        self.transports.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     pub fn len(&self) -> usize {
@@ -97,6 +116,7 @@ pub fn server_status(server: &Server) -> ServerStatus {
                 allocations: e.stats.allocations.load(Ordering::Relaxed),
                 launches: e.stats.launches.load(Ordering::Relaxed),
                 gpu_time_ms: e.stats.gpu_time_ns.load(Ordering::Relaxed) as f64 / 1e6,
+                transport: server.registry().transport(e.session).to_string(),
             })
             .collect(),
         tenants: server

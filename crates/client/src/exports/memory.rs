@@ -88,11 +88,14 @@ pub(crate) fn htod(c: &Client, dst: u64, src: &[u8], stream: Option<Handle>) -> 
     }
     default_stream_work(c, stream)?;
     for (i, chunk) in src.chunks(MAX_CHUNK_BYTES).enumerate() {
-        c.call(Call::MemcpyHtoD {
-            dst: dst + (i * MAX_CHUNK_BYTES) as u64,
-            data: chunk.to_vec(),
-            stream,
-        })?;
+        c.call_with_bytes(
+            Call::MemcpyHtoD {
+                dst: dst + (i * MAX_CHUNK_BYTES) as u64,
+                data: Vec::new(),
+                stream,
+            },
+            chunk,
+        )?;
     }
     after_sync_copy(c, stream)
 }
@@ -110,18 +113,12 @@ pub(crate) fn dtoh(c: &Client, dst: &mut [u8], src: u64, stream: Option<Handle>)
     }
     default_stream_work(c, stream)?;
     for (i, chunk) in dst.chunks_mut(MAX_CHUNK_BYTES).enumerate() {
-        let data = match c.call(Call::MemcpyDtoH {
+        let call = Call::MemcpyDtoH {
             src: src + (i * MAX_CHUNK_BYTES) as u64,
             bytes: chunk.len() as u64,
             stream,
-        })? {
-            ReplyBody::Data(d) => d,
-            _ => return Err(CUDA_ERROR_UNKNOWN),
         };
-        if data.len() != chunk.len() {
-            return Err(CUDA_ERROR_UNKNOWN);
-        }
-        chunk.copy_from_slice(&data);
+        c.call_into(call, chunk)?;
     }
     after_sync_copy(c, stream)
 }

@@ -1,5 +1,6 @@
 //! Test harness: a live server over the model device on a unix socket in a
-//! temporary folder, and a small protocol client that speaks to it.
+//! temporary folder, and a small protocol client that speaks to it (through a
+//! shared-memory area unless `CUMUX_TRANSPORT=socket`).
 
 #![allow(dead_code)]
 
@@ -9,6 +10,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use cumux_protocol::shm::{self, Endpoint, ShmArea, Side};
 use cumux_protocol::*;
 use cumux_server::device::model::ModelDevice;
 use cumux_server::tenants::TenantPolicy;
@@ -106,6 +108,8 @@ impl Harness {
 pub struct Client {
     reader: BufReader<UnixStream>,
     writer: UnixStream,
+    /// The shared area calls go through, when the server took it.
+    shm: Option<Endpoint>,
     seq: u64,
     buf: Vec<u8>,
     pub session: u64,
@@ -122,6 +126,7 @@ pub fn hello(version: u32, magic: u32) -> Hello {
         role: ClientRole::Driver,
         program: "test-program".into(),
         tenant: Some("team-a".into()),
+        shm: false,
     }
 }
 
@@ -146,41 +151,97 @@ pub fn handshake(socket: &PathBuf, hello: &Hello) -> HelloReply {
     decode(&buf).unwrap()
 }
 
+/// Whether test clients offer shared memory: yes unless `CUMUX_TRANSPORT=socket`.
+pub fn shm_by_default() -> bool {
+    std::env::var("CUMUX_TRANSPORT").map_or(true, |v| v.trim() != "socket")
+}
+
+/// Sends the `ShmAttach` frame with `fd` attached, as the client driver does.
+pub fn send_attach(writer: &UnixStream, layout: shm::ShmLayout, fd: std::os::fd::BorrowedFd<'_>) {
+    let attach = encode(&ShmAttach { layout }).unwrap();
+    let mut frame = (attach.len() as u32).to_le_bytes().to_vec();
+    frame.extend_from_slice(&attach);
+    shm::send_with_fd(writer, &frame, fd).unwrap();
+}
+
 impl Client {
     pub fn connect(socket: &PathBuf, program: &str, tenant: Option<&str>) -> Self {
+        Self::connect_with(socket, program, tenant, shm_by_default())
+    }
+
+    /// A client that offers shared memory (`shm`) or keeps to the socket.
+    pub fn connect_with(socket: &PathBuf, program: &str, tenant: Option<&str>, shm: bool) -> Self {
         let (mut reader, mut writer) = raw_connect(socket);
         let mut h = hello(PROTOCOL_VERSION, MAGIC);
         h.program = program.into();
         h.tenant = tenant.map(str::to_string);
+        h.shm = shm;
         write_frame(&mut writer, &encode(&h).unwrap()).unwrap();
         let mut buf = Vec::new();
         read_frame(&mut reader, &mut buf).unwrap();
         match decode::<HelloReply>(&buf).unwrap() {
             HelloReply::Welcome {
-                session, devices, ..
-            } => Client {
-                reader,
-                writer,
-                seq: 0,
-                buf,
                 session,
                 devices,
-                stdout: Vec::new(),
-            },
+                shm: accepted,
+                ..
+            } => {
+                assert_eq!(accepted, shm, "the server takes shared memory when offered");
+                let shm = accepted.then(|| {
+                    let (area, fd) = ShmArea::create(shm::DEFAULT_LAYOUT).unwrap();
+                    send_attach(&writer, area.layout(), std::os::fd::AsFd::as_fd(&fd));
+                    read_frame(&mut reader, &mut buf).unwrap();
+                    let answer: ShmAttached = decode(&buf).unwrap();
+                    assert_eq!(answer.result, Ok(()));
+                    let liveness = writer.try_clone().unwrap();
+                    Endpoint::new(area, Side::Client, Some(liveness.into()), shm::DEFAULT_SPIN)
+                });
+                Client {
+                    reader,
+                    writer,
+                    shm,
+                    seq: 0,
+                    buf,
+                    session,
+                    devices,
+                    stdout: Vec::new(),
+                }
+            }
             other => panic!("refused: {other:?}"),
         }
     }
 
-    fn send(&mut self, call: Call) -> u64 {
+    /// Whether this client's calls go through shared memory.
+    pub fn uses_shm(&self) -> bool {
+        self.shm.is_some()
+    }
+
+    fn send(&mut self, mut call: Call) -> u64 {
         self.seq += 1;
-        let bytes = encode(&Request {
-            seq: self.seq,
-            call,
-        })
-        .unwrap();
+        let seq = self.seq;
+        if let Some(ep) = &mut self.shm {
+            let bulk = shm::take_call_bulk(&mut call);
+            ep.send(&encode(&Request { seq, call }).unwrap(), &bulk)
+                .unwrap();
+            return seq;
+        }
+        let bytes = encode(&Request { seq, call }).unwrap();
         write_frame(&mut self.writer, &bytes).unwrap();
         self.writer.flush().unwrap();
-        self.seq
+        seq
+    }
+
+    fn receive(&mut self) -> Reply {
+        if let Some(ep) = &mut self.shm {
+            let mut bulk = Vec::new();
+            ep.recv(&mut self.buf, &mut bulk)
+                .expect("the server answers");
+            let mut reply: Reply = decode(&self.buf).unwrap();
+            shm::put_reply_bulk(&mut reply, bulk).unwrap();
+            return reply;
+        }
+        read_frame(&mut self.reader, &mut self.buf).expect("the server answers");
+        decode(&self.buf).unwrap()
     }
 
     /// Sends a fire-and-forget call.
@@ -193,8 +254,7 @@ impl Client {
     pub fn call(&mut self, call: Call) -> Result<ReplyBody, CuError> {
         assert!(!call.is_fire_and_forget(), "{call:?} gets no reply");
         let seq = self.send(call);
-        read_frame(&mut self.reader, &mut self.buf).expect("the server answers");
-        let reply: Reply = decode(&self.buf).unwrap();
+        let reply = self.receive();
         assert_eq!(reply.seq, seq);
         self.stdout.extend_from_slice(&reply.stdout);
         reply.result
