@@ -92,16 +92,20 @@ for mode in $MODES; do
     for mix in "s1:2000 20" "s2:2000 500 50 5"; do
         name=${mix%%:*}
         i=0
+        pids=()
         for us in ${mix#*:}; do
             tenant "$mode" throughput "$us" "$OUT/runs/${mode}_${name}_${i}_$us.txt" &
+            pids+=($!)
             i=$((i + 1))
         done
-        wait
+        # Only the tenants: a plain `wait` would wait for the server too.
+        wait "${pids[@]}"
     done
     # lc: a latency-critical tenant (50 µs kernels) next to a 2 ms batch tenant.
     tenant "$mode" throughput 2000 "$OUT/runs/${mode}_lc_batch_2000.txt" &
+    batch=$!
     tenant "$mode" latency 50 "$OUT/runs/${mode}_lc_latency_50.txt" &
-    wait
+    wait $batch $!
     stop_mode "$mode"
 done
 
