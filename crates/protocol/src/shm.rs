@@ -63,8 +63,14 @@ pub const MAX_BULK_BYTES: usize = MAX_FRAME_BYTES;
 /// Largest piece of a payload published at once (see `Endpoint::write_all`).
 const PUBLISH_BYTES: usize = 256 << 10;
 
-/// How long a side spins before sleeping, unless `CUMUX_SHM_SPIN_US` says otherwise.
-pub const DEFAULT_SPIN: Duration = Duration::from_micros(20);
+/// How long a side spins before sleeping, unless `CUMUX_SHM_SPIN_US` says
+/// otherwise. Longer than a futex wake-up takes (≈ 40-50 µs on the 2-core
+/// development VM), so a short call is caught awake: on the CPU device a launch
+/// plus synchronize takes ≈ 50 µs at 50 µs of spin and 75-160 µs at 20 µs.
+pub const DEFAULT_SPIN: Duration = Duration::from_micros(50);
+
+/// A gap this long between two checks of a spinning waiter means it lost its core.
+const PREEMPTED: Duration = Duration::from_micros(20);
 
 /// How long one futex sleep lasts before the peer's liveness is checked again.
 pub const WAIT_SLICE: Duration = Duration::from_millis(50);
@@ -302,7 +308,10 @@ pub struct Endpoint {
     /// (message ring, bulk ring) this side reads and their private positions.
     rx: [Ring; 2],
     rx_pos: [u64; 2],
+    /// The most a wait spins before sleeping, and what it spins now: halved
+    /// and quartered when spinning loses the core, doubled back when it pays.
     spin: Duration,
+    spin_budget: Duration,
     slice: Duration,
     /// The socket whose hang-up means the peer is gone.
     liveness: Option<OwnedFd>,
@@ -310,6 +319,8 @@ pub struct Endpoint {
     stats: EndpointStats,
     /// (bytes to skip, bulk bytes) of a message whose bulk is still to be read.
     pending_bulk: Option<(u64, usize)>,
+    /// Whether we rang the peer's doorbell since our last wait.
+    woke_peer: bool,
 }
 
 /// Counters of one endpoint, for benchmarks and tests.
@@ -352,11 +363,13 @@ impl Endpoint {
             rx,
             rx_pos,
             spin,
+            spin_budget: spin,
             slice: WAIT_SLICE,
             liveness,
             last_liveness: Instant::now(),
             stats: EndpointStats::default(),
             pending_bulk: None,
+            woke_peer: false,
         }
     }
 
@@ -655,6 +668,7 @@ impl Endpoint {
             self.bell(peer).fetch_add(1, Ordering::Release);
             futex_wake(self.bell(peer));
             self.stats.wakes += 1;
+            self.woke_peer = true;
         }
     }
 
@@ -687,15 +701,32 @@ impl Endpoint {
         &mut self,
         mut ready: impl FnMut(&Self) -> Result<bool, ShmError>,
     ) -> Result<(), ShmError> {
+        // Spin while it pays: for the current budget, unless we lose the core
+        // meanwhile (a spinner that gets preempted waits out other tasks' time
+        // slices, milliseconds, where a sleeper is woken at once).
+        // A peer we just woke may have been queued on our core, where it waits
+        // until we block or yield (a spinner keeps its core up to its slice):
+        // hand the core over once before spinning.
+        if std::mem::take(&mut self.woke_peer) {
+            std::thread::yield_now();
+        }
         let started = Instant::now();
+        let mut last = started;
         loop {
             if ready(self)? {
+                self.spin_budget = (self.spin_budget * 2).min(self.spin);
                 return Ok(());
             }
-            if started.elapsed() >= self.spin {
+            let now = Instant::now();
+            if now - last > PREEMPTED {
+                self.spin_budget /= 4;
                 break;
             }
-            for _ in 0..64 {
+            if now - started >= self.spin_budget {
+                break;
+            }
+            last = now;
+            for _ in 0..32 {
                 std::hint::spin_loop();
             }
         }
@@ -714,6 +745,10 @@ impl Endpoint {
             let timed_out = futex_wait(self.bell(me), seen, self.slice);
             self.sleeping(me).store(0, Ordering::Relaxed);
             if ready(self)? {
+                // Win back the budget a lost core took away.
+                self.spin_budget = (self.spin_budget * 2)
+                    .max(Duration::from_micros(1))
+                    .min(self.spin);
                 return Ok(());
             }
             self.check_alive(timed_out)?;

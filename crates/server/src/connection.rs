@@ -152,46 +152,41 @@ pub fn serve_connection(server: Arc<Server>, peer_uid: Option<u32>, socket: Sock
         role = ?hello.role,
         "session opened"
     );
+    // Status tells the transport from the moment the client learns it.
+    let id = session.id();
+    let record = |transport: &'static str| {
+        server.registry().set_transport(id, transport);
+        tracing::debug!(session = id, transport, "transport chosen");
+    };
+    if !offer_shm {
+        record(writer.transport());
+    }
     let ending = match send(&mut writer, &welcome) {
         Ok(()) => {
             let shared = match (&writer, offer_shm) {
-                (Socket::Unix(unix), true) => attach_shm(&mut reader, unix, &mut buf),
+                (Socket::Unix(unix), true) => attach_shm(&mut reader, unix, &mut buf, record),
                 _ => Ok(None),
             };
             match shared {
                 Err(ending) => ending,
-                Ok(shared) => {
-                    let transport = if shared.is_some() {
-                        "shm"
-                    } else {
-                        writer.transport()
-                    };
-                    server.registry().set_transport(session.id(), transport);
-                    tracing::debug!(session = session.id(), transport, "transport chosen");
-                    match writer.set_read_timeout(None) {
-                        Err(e) => {
-                            Ending::Broken(format!("cannot clear the handshake timeout: {e}"))
-                        }
-                        Ok(()) => match shared {
-                            Some(endpoint) => {
-                                request_loop(&mut session, &mut ShmWire::new(endpoint))
-                            }
-                            None => request_loop(
-                                &mut session,
-                                &mut SocketWire {
-                                    reader,
-                                    writer,
-                                    buf,
-                                },
-                            ),
-                        },
-                    }
-                }
+                Ok(shared) => match writer.set_read_timeout(None) {
+                    Err(e) => Ending::Broken(format!("cannot clear the handshake timeout: {e}")),
+                    Ok(()) => match shared {
+                        Some(endpoint) => request_loop(&mut session, &mut ShmWire::new(endpoint)),
+                        None => request_loop(
+                            &mut session,
+                            &mut SocketWire {
+                                reader,
+                                writer,
+                                buf,
+                            },
+                        ),
+                    },
+                },
             }
         }
         Err(e) => Ending::Broken(e),
     };
-    let id = session.id();
     let (launches, gpu_ms) = session.totals();
     if catch_unwind(AssertUnwindSafe(|| session.close())).is_err() {
         tracing::error!(session = id, "session clean-up panicked");
@@ -213,6 +208,7 @@ fn attach_shm(
     reader: &mut BufReader<Socket>,
     socket: &UnixStream,
     buf: &mut Vec<u8>,
+    record: impl Fn(&'static str),
 ) -> Result<Option<Endpoint>, Ending> {
     // The client sends nothing between its hello and the attach, so nothing may
     // be buffered: the descriptor comes with the attach frame's first bytes.
@@ -249,6 +245,7 @@ fn attach_shm(
     let mut writer = socket;
     match mapped {
         Ok(area) => {
+            record("shm");
             send(&mut writer, &ShmAttached { result: Ok(()) }).map_err(Ending::Broken)?;
             let liveness = socket
                 .try_clone()
@@ -262,6 +259,7 @@ fn attach_shm(
         }
         Err(why) => {
             tracing::debug!("shared area refused, staying on the socket: {why}");
+            record("unix");
             send(&mut writer, &ShmAttached { result: Err(why) }).map_err(Ending::Broken)?;
             Ok(None)
         }
