@@ -11,6 +11,8 @@
 #   OUT=/some/dir bench/h100/pytorch_suite.sh
 # Optional: KIT=, GROUPS_OVERRIDE="steps;steps" (process groups, ';'-separated),
 # GROUP_TIMEOUT= (seconds per process, default 240), GPU_SLUG= (default h100),
+# BENCH_ROUNDS= (default 3: the benchmarks run in this many alternating
+# native/cumux rounds, each in fresh processes; the median counts),
 # CUMUX_REAL_LIBCUDA= (default: the libcuda.so.1 ldconfig knows).
 set -u
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -32,7 +34,10 @@ for _ in $(seq 100); do [ -S "$SOCK" ] && break; sleep 0.1; done
 
 CHECKS="props tensor matmul_fp32 matmul_bf16 autocast_bf16 conv conv_notf32 cnn_train gpt_train_fp32 gpt_train_bf16 graph allocator_pressure"
 BENCHES="gpt_step_fp32_ms gpt_step_bf16_ms resnet18_infer_b32_ms tiny_kernels_200_ms"
-GROUPS_SPEC=${GROUPS_OVERRIDE:-"$CHECKS;compile;$BENCHES"}
+BENCH_ROUNDS=${BENCH_ROUNDS:-3}
+default_groups="$CHECKS;compile"
+for _ in $(seq "$BENCH_ROUNDS"); do default_groups="$default_groups;$BENCHES"; done
+GROUPS_SPEC=${GROUPS_OVERRIDE:-$default_groups}
 
 IFS=';' read -ra groups <<<"$GROUPS_SPEC"
 n=0
@@ -82,6 +87,7 @@ def tail(path):
         return ""
 
 rows, metrics, passed, total = [], [], 0, 0
+bench_ms = {}  # step -> {"native": [...], "cumux": [...]}, over rounds
 for g in range(1, groups + 1):
     sides = {s: parse(f"{out}/group{g}_{s}.out") for s in ("native", "cumux")}
     info = {s: open(f"{out}/group{g}_{s}.rc").read().strip() for s in ("native", "cumux")}
@@ -109,10 +115,23 @@ for g in range(1, groups + 1):
             worst = max((abs(x - y) / max(abs(x), 1e-30) for x, y in zip(a, b)), default=0.0)
             rows.append((step, "PASS" if same else "FAIL", f"{len(a)} values, worst rel diff {worst:.2e} (rtol {rtol})"))
         else:
-            ratio = c[1]["ms"] / n[1]["ms"]
-            metrics.append({"name": step, "unit": "ms", "better": "lower", "native": round(n[1]["ms"], 4),
-                            "cumux": round(c[1]["ms"], 4), "ratio": round(ratio, 4)})
-            rows.append((step, "BENCH", f"native {n[1]['ms']:.3f} ms, cumux {c[1]['ms']:.3f} ms, ratio {ratio:.3f}"))
+            b = bench_ms.setdefault(step, {"native": [], "cumux": []})
+            b["native"].append(n[1]["ms"])
+            b["cumux"].append(c[1]["ms"])
+
+def median(xs):
+    xs = sorted(xs)
+    return xs[len(xs) // 2] if len(xs) % 2 else (xs[len(xs) // 2 - 1] + xs[len(xs) // 2]) / 2
+
+for step, b in bench_ms.items():
+    nm, cm = median(b["native"]), median(b["cumux"])
+    ratio = cm / nm
+    metrics.append({"name": step, "unit": "ms", "better": "lower", "native": round(nm, 4),
+                    "cumux": round(cm, 4), "ratio": round(ratio, 4), "rounds": len(b["native"]),
+                    "native_rounds": [round(x, 3) for x in b["native"]],
+                    "cumux_rounds": [round(x, 3) for x in b["cumux"]]})
+    rows.append((step, "BENCH", f"median of {len(b['native'])}: native {nm:.3f} ms, cumux {cm:.3f} ms, ratio {ratio:.3f}"
+                 f" (native {', '.join(f'{x:.2f}' for x in b['native'])}; cumux {', '.join(f'{x:.2f}' for x in b['cumux'])})"))
 
 def smi(q):
     try:
