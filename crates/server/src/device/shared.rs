@@ -44,7 +44,11 @@ const NON_BLOCKING: u32 = 0x1;
 
 /// One session's view of a shared worker context.
 pub struct SharedView {
-    shared: Arc<WorkerContext>,
+    /// The worker's own connection: kept so the shared context lives.
+    _primary: Arc<WorkerContext>,
+    /// This session's connection to the same context, served on a thread of
+    /// its own in the worker, so its waits hold up nobody else.
+    conn: WorkerContext,
     tag: u64,
     state: Mutex<ViewState>,
 }
@@ -70,19 +74,16 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl SharedView {
-    /// A view numbered `tag` (unique among the context's live views).
-    pub fn new(shared: Arc<WorkerContext>, tag: u64) -> Self {
+    /// A view numbered `tag` (unique among the context's live views) over
+    /// `conn`, a connection of its own to `primary`'s context.
+    pub fn new(primary: Arc<WorkerContext>, conn: WorkerContext, tag: u64) -> Self {
         SharedView {
-            shared,
+            _primary: primary,
+            conn,
             // 1 ..= 2^24 - 1: never 0, so no name is a session's own.
             tag: tag % 0xff_ffff + 1,
             state: Mutex::new(ViewState::default()),
         }
-    }
-
-    /// The context this view shares.
-    pub fn shared(&self) -> &Arc<WorkerContext> {
-        &self.shared
     }
 
     fn name(&self, h: Handle) -> Handle {
@@ -95,7 +96,7 @@ impl SharedView {
         let event = self.name(INTERNAL | 2 | (stream << 2));
         if state.internal_events.insert(event) {
             // CU_EVENT_DISABLE_TIMING: an ordering point only.
-            if let Err(e) = self.shared.event_create(event, 0x2) {
+            if let Err(e) = self.conn.event_create(event, 0x2) {
                 state.internal_events.remove(&event);
                 return Err(e);
             }
@@ -107,9 +108,9 @@ impl SharedView {
     fn order_after(&self, state: &mut ViewState, waiter: Handle, target: Handle) {
         match self.order_event(state, target) {
             Ok(event) => {
-                self.shared
+                self.conn
                     .enqueue(self.name(target), StreamWork::Record { event });
-                self.shared
+                self.conn
                     .enqueue(self.name(waiter), StreamWork::Wait { event });
             }
             // The next waiting call reports the context's trouble.
@@ -120,7 +121,7 @@ impl SharedView {
     /// Creates the session's default stream at its first use.
     fn default_stream(&self, state: &mut ViewState) -> Result<(), CuError> {
         if !state.default_created {
-            self.shared.stream_create(self.name(DEFAULT_STREAM), 0)?;
+            self.conn.stream_create(self.name(DEFAULT_STREAM), 0)?;
             state.default_created = true;
         }
         Ok(())
@@ -162,42 +163,42 @@ impl SharedView {
 
 impl DeviceContext for SharedView {
     fn mem_alloc(&self, bytes: u64) -> Result<DevicePtr, CuError> {
-        let ptr = self.shared.mem_alloc(bytes)?;
+        let ptr = self.conn.mem_alloc(bytes)?;
         lock(&self.state).allocations.insert(ptr);
         Ok(ptr)
     }
 
     fn mem_free(&self, ptr: DevicePtr) -> Result<(), CuError> {
-        self.shared.mem_free(ptr)?;
+        self.conn.mem_free(ptr)?;
         lock(&self.state).allocations.remove(&ptr);
         Ok(())
     }
 
     fn mem_read(&self, src: DevicePtr, buf: &mut [u8]) -> Result<(), CuError> {
-        self.shared.mem_read(src, buf)
+        self.conn.mem_read(src, buf)
     }
 
     fn mem_write(&self, dst: DevicePtr, data: &[u8]) -> Result<(), CuError> {
-        self.shared.mem_write(dst, data)
+        self.conn.mem_write(dst, data)
     }
 
     fn mem_copy(&self, dst: DevicePtr, src: DevicePtr, bytes: u64) -> Result<(), CuError> {
-        self.shared.mem_copy(dst, src, bytes)
+        self.conn.mem_copy(dst, src, bytes)
     }
 
     fn mem_fill(&self, dst: DevicePtr, pattern: &[u8], count: u64) -> Result<(), CuError> {
-        self.shared.mem_fill(dst, pattern, count)
+        self.conn.mem_fill(dst, pattern, count)
     }
 
     fn module_load(&self, image: &[u8]) -> Result<LoadedModule, CuError> {
-        let module = self.shared.module_load(image)?;
+        let module = self.conn.module_load(image)?;
         lock(&self.state).modules.insert(module.id);
         Ok(module)
     }
 
     fn module_unload(&self, module: ModuleId) {
         if lock(&self.state).modules.remove(&module) {
-            self.shared.module_unload(module);
+            self.conn.module_unload(module);
         }
     }
 
@@ -208,11 +209,11 @@ impl DeviceContext for SharedView {
         geometry: &LaunchGeometry,
         params: &[u8],
     ) -> LaunchOutcome {
-        self.shared.launch(module, kernel, geometry, params)
+        self.conn.launch(module, kernel, geometry, params)
     }
 
     fn tensor_map_encode(&self, request: &TensorMapRequest) -> Result<Vec<u8>, CuError> {
-        self.shared.tensor_map_encode(request)
+        self.conn.tensor_map_encode(request)
     }
 
     fn stream_ordered(&self) -> Option<&dyn StreamOrdered> {
@@ -222,7 +223,7 @@ impl DeviceContext for SharedView {
 
 impl StreamOrdered for SharedView {
     fn stream_create(&self, stream: Handle, flags: u32) -> Result<(), CuError> {
-        self.shared.stream_create(self.name(stream), flags)?;
+        self.conn.stream_create(self.name(stream), flags)?;
         lock(&self.state)
             .streams
             .insert(stream, flags & NON_BLOCKING == 0);
@@ -230,7 +231,7 @@ impl StreamOrdered for SharedView {
     }
 
     fn stream_destroy(&self, stream: Handle) -> Result<(), CuError> {
-        self.shared.stream_destroy(self.name(stream))?;
+        self.conn.stream_destroy(self.name(stream))?;
         let mut state = lock(&self.state);
         state.streams.remove(&stream);
         state.ahead_of_default.remove(&stream);
@@ -239,13 +240,13 @@ impl StreamOrdered for SharedView {
     }
 
     fn event_create(&self, event: Handle, flags: u32) -> Result<(), CuError> {
-        self.shared.event_create(self.name(event), flags)?;
+        self.conn.event_create(self.name(event), flags)?;
         lock(&self.state).events.insert(event);
         Ok(())
     }
 
     fn event_destroy(&self, event: Handle) -> Result<(), CuError> {
-        self.shared.event_destroy(self.name(event))?;
+        self.conn.event_destroy(self.name(event))?;
         lock(&self.state).events.remove(&event);
         Ok(())
     }
@@ -268,7 +269,7 @@ impl StreamOrdered for SharedView {
             for blocking in std::mem::take(&mut state.ahead_of_default) {
                 self.order_after(&mut state, DEFAULT_STREAM, blocking);
             }
-            self.shared.enqueue(self.name(DEFAULT_STREAM), work);
+            self.conn.enqueue(self.name(DEFAULT_STREAM), work);
             let blocking: Vec<Handle> = state
                 .streams
                 .iter()
@@ -284,7 +285,7 @@ impl StreamOrdered for SharedView {
             }
             state.ahead_of_default.insert(stream);
         }
-        self.shared.enqueue(self.name(stream), work);
+        self.conn.enqueue(self.name(stream), work);
     }
 
     fn read(&self, stream: Handle, src: DevicePtr, buf: &mut [u8]) -> LaunchOutcome {
@@ -307,7 +308,7 @@ impl StreamOrdered for SharedView {
             }
         }
         drop(state);
-        self.shared.read(self.name(stream), src, buf)
+        self.conn.read(self.name(stream), src, buf)
     }
 
     fn synchronize(&self, target: SyncTarget) -> LaunchOutcome {
@@ -317,7 +318,7 @@ impl StreamOrdered for SharedView {
             result: Ok(()),
         };
         for t in targets {
-            let one = self.shared.synchronize(t);
+            let one = self.conn.synchronize(t);
             out.stdout.extend_from_slice(&one.stdout);
             if out.result.is_ok() {
                 out.result = one.result;
@@ -329,7 +330,7 @@ impl StreamOrdered for SharedView {
     fn query(&self, target: SyncTarget) -> Result<bool, CuError> {
         let targets = self.streams_of(&lock(&self.state), target);
         for t in targets {
-            if !self.shared.query(t)? {
+            if !self.conn.query(t)? {
                 return Ok(false);
             }
         }
@@ -337,37 +338,37 @@ impl StreamOrdered for SharedView {
     }
 
     fn elapsed_ms(&self, start: Handle, end: Handle) -> Result<f32, CuError> {
-        self.shared.elapsed_ms(self.name(start), self.name(end))
+        self.conn.elapsed_ms(self.name(start), self.name(end))
     }
 }
 
 impl Drop for SharedView {
     fn drop(&mut self) {
         let state = std::mem::take(&mut *lock(&self.state));
-        if self.shared.is_dead() {
+        if self.conn.is_dead() {
             return;
         }
         // The session's work is done or skipped by now; what it held goes back.
         let _ = self.synchronize_all(&state);
         for m in state.modules {
-            self.shared.module_unload(m);
+            self.conn.module_unload(m);
         }
         for p in state.allocations {
-            if let Err(e) = self.shared.mem_free(p) {
+            if let Err(e) = self.conn.mem_free(p) {
                 tracing::warn!("shared context: freeing {p:#x} failed: {e}");
             }
         }
         for s in state.streams.keys() {
-            let _ = self.shared.stream_destroy(self.name(*s));
+            let _ = self.conn.stream_destroy(self.name(*s));
         }
         if state.default_created {
-            let _ = self.shared.stream_destroy(self.name(DEFAULT_STREAM));
+            let _ = self.conn.stream_destroy(self.name(DEFAULT_STREAM));
         }
         for e in state.events.iter().copied().map(|e| self.name(e)) {
-            let _ = self.shared.event_destroy(e);
+            let _ = self.conn.event_destroy(e);
         }
         for e in state.internal_events {
-            let _ = self.shared.event_destroy(e);
+            let _ = self.conn.event_destroy(e);
         }
     }
 }
@@ -375,7 +376,7 @@ impl Drop for SharedView {
 impl SharedView {
     fn synchronize_all(&self, state: &ViewState) -> Result<(), CuError> {
         for t in self.streams_of(state, SyncTarget::Context) {
-            self.shared.synchronize(t).result?;
+            self.conn.synchronize(t).result?;
         }
         Ok(())
     }

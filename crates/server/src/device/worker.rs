@@ -28,7 +28,7 @@ use std::os::unix::net::UnixStream;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::PathBuf;
 use std::process::{Child, ChildStdout, Command, Stdio};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -149,6 +149,10 @@ pub enum WorkerRequest {
     TensorMapEncode {
         request: TensorMapRequest,
     },
+    /// Asks the worker to take further connections to its context, each
+    /// served on a thread of its own (`shared` mode); answered by
+    /// [`WorkerValue::Sessions`]. Only on the worker's own connection.
+    OpenSessions,
 }
 
 /// A worker's answer. The first message a worker sends is one with
@@ -171,6 +175,11 @@ pub enum WorkerValue {
     Done(bool),
     Ms(f32),
     TensorMap(#[serde(with = "serde_bytes")] Vec<u8>),
+    /// Where further connections come in, and the token they open with.
+    Sessions {
+        path: String,
+        token: [u8; NONCE_BYTES],
+    },
 }
 
 /// [`LoadedModule`] on the wire.
@@ -299,14 +308,14 @@ pub fn nonce_from_hex(text: &str) -> Option<[u8; NONCE_BYTES]> {
 /// Where a worker's device printf and markers go (its fd 1), and how C stdio
 /// is flushed before a marker.
 pub struct WorkerStdout<'a> {
-    pub out: &'a mut dyn Write,
+    pub out: &'a mut (dyn Write + Send),
     /// Flushes the C library's output streams (the driver may print through them).
-    pub flush_c_stdio: &'a dyn Fn(),
+    pub flush_c_stdio: &'a (dyn Fn() + Sync),
     pub nonce: [u8; NONCE_BYTES],
     /// Whether a module image can print through the driver (at sync points,
     /// to fd 1). Until one that can is loaded, calls write no marker unless
     /// they return printed text themselves, which saves a pipe hand-off per call.
-    pub image_may_print: &'a dyn Fn(&[u8]) -> bool,
+    pub image_may_print: &'a (dyn Fn(&[u8]) -> bool + Sync),
 }
 
 /// Makes every flushing call write a marker (`always`), for drivers whose
@@ -337,122 +346,252 @@ impl WorkerStdout<'_> {
 }
 
 /// Serves one context of `device` over `conn` until the socket closes.
-/// Returns an error only when the connection itself fails.
+/// Returns an error only when the connection itself fails. On request
+/// ([`WorkerRequest::OpenSessions`]) it also serves further connections to
+/// the same context, each on a thread of its own (`shared` mode).
 pub fn serve_worker(
     device: &dyn Device,
     conn: UnixStream,
     stdout: &mut WorkerStdout<'_>,
 ) -> io::Result<()> {
     let mut writer = conn.try_clone()?;
-    let mut reader = BufReader::new(SpinReader::new(conn, spin_time()));
-    let ctx = match catch_unwind(AssertUnwindSafe(|| device.create_context())) {
-        Ok(Ok(ctx)) => ctx,
-        Ok(Err(e)) => {
-            return send(
-                &mut writer,
-                &WorkerReply {
-                    result: Err(e),
-                    marker: None,
-                },
-            )
-        }
-        Err(_) => {
-            let e = CuError::new(codes::UNKNOWN, "context creation panicked");
-            return send(
-                &mut writer,
-                &WorkerReply {
-                    result: Err(e),
-                    marker: None,
-                },
-            );
+    let reader = BufReader::new(SpinReader::new(conn, spin_time()));
+    let created = catch_unwind(AssertUnwindSafe(|| device.create_context()))
+        .unwrap_or_else(|_| Err(CuError::new(codes::UNKNOWN, "context creation panicked")));
+    let ctx = match created {
+        Ok(ctx) => ctx,
+        Err(e) => {
+            let reply = WorkerReply {
+                result: Err(e),
+                marker: None,
+            };
+            return send(&mut writer, &reply);
         }
     };
-    send(
-        &mut writer,
-        &WorkerReply {
-            result: Ok(WorkerValue::Ready),
-            marker: None,
-        },
-    )?;
-    // Stream semantics: the context's own, else work runs as it arrives.
-    let serial;
-    let ordered: &dyn StreamOrdered = match ctx.stream_ordered() {
-        Some(ordered) => ordered,
-        None => {
-            serial = SerialStreams::new(Arc::clone(&ctx));
-            &serial
-        }
+    let ready = WorkerReply {
+        result: Ok(WorkerValue::Ready),
+        marker: None,
     };
-    let mut frame = Vec::new();
-    let mut data = Vec::new();
-    let mut seq = 0u64;
-    let mut may_print = false;
-    loop {
-        match read_frame(&mut reader, &mut frame) {
-            Ok(()) => {}
-            Err(cumux_protocol::FrameError::Closed) => return Ok(()),
-            Err(e) => return Err(io_err(e)),
+    send(&mut writer, &ready)?;
+    let served = Served {
+        ctx,
+        stdout: Mutex::new(stdout),
+        seq: AtomicU64::new(0),
+        may_print: AtomicBool::new(false),
+        sessions: Mutex::new(None),
+    };
+    std::thread::scope(|scope| {
+        let result = served.serve(scope, reader, writer, true);
+        served.close_sessions();
+        result
+    })
+}
+
+/// What every connection of one worker shares: the context, the stdout
+/// marker sequence and the listener for further connections.
+struct Served<'a, 'b> {
+    ctx: Arc<dyn DeviceContext>,
+    stdout: Mutex<&'a mut WorkerStdout<'b>>,
+    seq: AtomicU64,
+    may_print: AtomicBool,
+    sessions: Mutex<Option<SessionListener>>,
+}
+
+/// Where further connections to a worker's context come in: a socket in a
+/// private directory, and the token a connection must open with.
+struct SessionListener {
+    dir: PathBuf,
+    path: PathBuf,
+    token: [u8; NONCE_BYTES],
+    closing: Arc<AtomicBool>,
+}
+
+impl Served<'_, '_> {
+    /// Starts the listener for further connections (once) and says where it is.
+    fn open_sessions<'s>(
+        &'s self,
+        scope: &'s std::thread::Scope<'s, '_>,
+    ) -> Result<WorkerValue, CuError> {
+        let mut slot = lock(&self.sessions);
+        if let Some(l) = &*slot {
+            return Ok(WorkerValue::Sessions {
+                path: l.path.display().to_string(),
+                token: l.token,
+            });
         }
-        let request: WorkerRequest = match decode(&frame) {
-            Ok(r) => r,
-            Err(e) => {
-                tracing::warn!("worker: undecodable request: {e}");
-                let e = CuError::new(codes::INVALID_VALUE, format!("undecodable request: {e}"));
+        let fail = |what: &str, e: io::Error| {
+            CuError::new(codes::UNKNOWN, format!("cannot open sessions: {what}: {e}"))
+        };
+        let token = new_nonce();
+        let dir = std::env::temp_dir().join(format!(
+            "cumux-worker-{}-{}",
+            std::process::id(),
+            &nonce_to_hex(&token)[..12]
+        ));
+        std::os::unix::fs::DirBuilderExt::mode(&mut std::fs::DirBuilder::new(), 0o700)
+            .create(&dir)
+            .map_err(|e| fail("directory", e))?;
+        let path = dir.join("sessions.sock");
+        let listener =
+            std::os::unix::net::UnixListener::bind(&path).map_err(|e| fail("bind", e))?;
+        let closing = Arc::new(AtomicBool::new(false));
+        let stop = Arc::clone(&closing);
+        scope.spawn(move || {
+            for conn in listener.incoming() {
+                if stop.load(Ordering::Acquire) {
+                    break;
+                }
+                let Ok(conn) = conn else { continue };
+                let _ = conn.set_read_timeout(Some(Duration::from_secs(5)));
+                let mut first = Vec::new();
+                let mut r = &conn;
+                let opened = read_frame(&mut r, &mut first).is_ok() && first[..] == token[..];
+                let _ = conn.set_read_timeout(None);
+                if !opened {
+                    tracing::warn!("worker: a session connection without the token; closed");
+                    continue;
+                }
+                let Ok(writer) = conn.try_clone() else {
+                    continue;
+                };
+                let reader = BufReader::new(SpinReader::new(conn, spin_time()));
+                scope.spawn(move || {
+                    if let Err(e) = self.serve(scope, reader, writer, false) {
+                        tracing::debug!("worker: a session connection ended: {e}");
+                    }
+                });
+            }
+        });
+        *slot = Some(SessionListener {
+            dir,
+            path: path.clone(),
+            token,
+            closing,
+        });
+        Ok(WorkerValue::Sessions {
+            path: path.display().to_string(),
+            token,
+        })
+    }
+
+    /// Stops taking connections (the accept loop ends at the next one).
+    fn close_sessions(&self) {
+        if let Some(l) = lock(&self.sessions).take() {
+            l.closing.store(true, Ordering::Release);
+            let _ = UnixStream::connect(&l.path);
+            let _ = std::fs::remove_dir_all(&l.dir);
+        }
+    }
+
+    /// Serves one connection's requests until it closes.
+    fn serve<'s>(
+        &'s self,
+        scope: &'s std::thread::Scope<'s, '_>,
+        mut reader: BufReader<SpinReader>,
+        mut writer: UnixStream,
+        main: bool,
+    ) -> io::Result<()> {
+        // Stream semantics: the context's own, else work runs as it arrives
+        // (one set of streams and events per connection).
+        let serial;
+        let ordered: &dyn StreamOrdered = match self.ctx.stream_ordered() {
+            Some(ordered) => ordered,
+            None => {
+                serial = SerialStreams::new(Arc::clone(&self.ctx));
+                &serial
+            }
+        };
+        let mut frame = Vec::new();
+        let mut data = Vec::new();
+        loop {
+            match read_frame(&mut reader, &mut frame) {
+                Ok(()) => {}
+                Err(cumux_protocol::FrameError::Closed) => return Ok(()),
+                Err(e) => return Err(io_err(e)),
+            }
+            let request: WorkerRequest = match decode(&frame) {
+                Ok(r) => r,
+                Err(e) => {
+                    tracing::warn!("worker: undecodable request: {e}");
+                    let e = CuError::new(codes::INVALID_VALUE, format!("undecodable request: {e}"));
+                    send(
+                        &mut writer,
+                        &WorkerReply {
+                            result: Err(e),
+                            marker: None,
+                        },
+                    )?;
+                    continue;
+                }
+            };
+            // Raw frames that belong to the request come first.
+            match &request {
+                WorkerRequest::ModuleLoad { parts } if *parts > MAX_IMAGE_PARTS => {
+                    let e =
+                        CuError::new(codes::INVALID_IMAGE, format!("an image in {parts} parts"));
+                    let reply = WorkerReply {
+                        result: Err(e),
+                        marker: None,
+                    };
+                    send(&mut writer, &reply)?;
+                    continue;
+                }
+                WorkerRequest::MemWrite { .. } => {
+                    read_frame(&mut reader, &mut data).map_err(io_err)?
+                }
+                WorkerRequest::ModuleLoad { parts } => {
+                    data.clear();
+                    for _ in 0..*parts {
+                        read_frame(&mut reader, &mut frame).map_err(io_err)?;
+                        data.extend_from_slice(&frame);
+                    }
+                    let prints = (lock(&self.stdout).image_may_print)(&data);
+                    if prints {
+                        self.may_print.store(true, Ordering::Release);
+                    }
+                }
+                _ => {}
+            }
+            if let WorkerRequest::Enqueue { stream, mut work } = request {
+                if let StreamWork::Write { data, .. } = &mut work {
+                    read_frame(&mut reader, data).map_err(io_err)?;
+                }
+                if catch_unwind(AssertUnwindSafe(|| ordered.enqueue(stream, work))).is_err() {
+                    tracing::error!("worker: queued work panicked");
+                }
+                continue;
+            }
+            if let WorkerRequest::OpenSessions = request {
+                let result = match main {
+                    true => self.open_sessions(scope),
+                    false => Err(CuError::new(
+                        codes::INVALID_VALUE,
+                        "sessions open from the worker's own connection",
+                    )),
+                };
                 send(
                     &mut writer,
                     &WorkerReply {
-                        result: Err(e),
+                        result,
                         marker: None,
                     },
                 )?;
                 continue;
             }
-        };
-        // Raw frames that belong to the request come first.
-        match &request {
-            WorkerRequest::ModuleLoad { parts } if *parts > MAX_IMAGE_PARTS => {
-                let e = CuError::new(codes::INVALID_IMAGE, format!("an image in {parts} parts"));
-                let reply = WorkerReply {
-                    result: Err(e),
-                    marker: None,
-                };
-                send(&mut writer, &reply)?;
-                continue;
-            }
-            WorkerRequest::MemWrite { .. } => read_frame(&mut reader, &mut data).map_err(io_err)?,
-            WorkerRequest::Enqueue { .. } => {}
-            WorkerRequest::ModuleLoad { parts } => {
-                data.clear();
-                for _ in 0..*parts {
-                    read_frame(&mut reader, &mut frame).map_err(io_err)?;
-                    data.extend_from_slice(&frame);
-                }
-                may_print = may_print || (stdout.image_may_print)(&data);
-            }
-            _ => {}
-        }
-        if let WorkerRequest::Enqueue { stream, mut work } = request {
-            if let StreamWork::Write { data, .. } = &mut work {
-                read_frame(&mut reader, data).map_err(io_err)?;
-            }
-            if catch_unwind(AssertUnwindSafe(|| ordered.enqueue(stream, work))).is_err() {
-                tracing::error!("worker: queued work panicked");
-            }
-            continue;
-        }
-        let flushes = !matches!(
-            request,
-            WorkerRequest::MemAlloc { .. }
-                | WorkerRequest::MemFree { .. }
-                | WorkerRequest::StreamCreate { .. }
-                | WorkerRequest::EventCreate { .. }
-                | WorkerRequest::EventDestroy { .. }
-                | WorkerRequest::Query { .. }
-                | WorkerRequest::Elapsed { .. }
-                | WorkerRequest::TensorMapEncode { .. }
-        );
-        let (result, printed, bytes) =
-            match catch_unwind(AssertUnwindSafe(|| execute(&*ctx, ordered, request, &data))) {
+            let flushes = !matches!(
+                request,
+                WorkerRequest::MemAlloc { .. }
+                    | WorkerRequest::MemFree { .. }
+                    | WorkerRequest::StreamCreate { .. }
+                    | WorkerRequest::EventCreate { .. }
+                    | WorkerRequest::EventDestroy { .. }
+                    | WorkerRequest::Query { .. }
+                    | WorkerRequest::Elapsed { .. }
+                    | WorkerRequest::TensorMapEncode { .. }
+            );
+            let (result, printed, bytes) = match catch_unwind(AssertUnwindSafe(|| {
+                execute(&*self.ctx, ordered, request, &data)
+            })) {
                 Ok(done) => done,
                 Err(_) => (
                     Err(CuError::new(
@@ -463,16 +602,19 @@ pub fn serve_worker(
                     None,
                 ),
             };
-        let marker = if flushes && (may_print || !printed.is_empty()) {
-            seq += 1;
-            stdout.mark(&printed, seq)?;
-            Some(seq)
-        } else {
-            None
-        };
-        send(&mut writer, &WorkerReply { result, marker })?;
-        if let Some(bytes) = bytes {
-            write_frame(&mut writer, &bytes).map_err(io_err)?;
+            let may_print = self.may_print.load(Ordering::Acquire);
+            let marker = if flushes && (may_print || !printed.is_empty()) {
+                let mut stdout = lock(&self.stdout);
+                let seq = self.seq.fetch_add(1, Ordering::AcqRel) + 1;
+                stdout.mark(&printed, seq)?;
+                Some(seq)
+            } else {
+                None
+            };
+            send(&mut writer, &WorkerReply { result, marker })?;
+            if let Some(bytes) = bytes {
+                write_frame(&mut writer, &bytes).map_err(io_err)?;
+            }
         }
     }
 }
@@ -517,6 +659,14 @@ fn execute(
         ),
         WorkerRequest::Elapsed { start, end } => (
             ordered.elapsed_ms(start, end).map(WorkerValue::Ms),
+            Vec::new(),
+            None,
+        ),
+        WorkerRequest::OpenSessions => (
+            Err(CuError::new(
+                codes::INVALID_VALUE,
+                "sessions open elsewhere",
+            )),
             Vec::new(),
             None,
         ),
@@ -707,7 +857,9 @@ impl Device for WorkerDevice {
     fn create_context(&self) -> Result<Arc<dyn DeviceContext>, CuError> {
         if self.sharing == Sharing::Shared {
             let tag = self.next_view.fetch_add(1, Ordering::Relaxed);
-            return Ok(Arc::new(SharedView::new(self.shared_context(), tag)));
+            let primary = self.shared_context();
+            let conn = primary.open_connection()?;
+            return Ok(Arc::new(SharedView::new(primary, conn, tag)));
         }
         Ok(Arc::new(WorkerContext::new(
             Some(Arc::clone(&self.launcher)),
@@ -956,7 +1108,8 @@ pub struct WorkerContext {
     /// Where the worker comes from (`None`: attached by [`WorkerContext::attach`]).
     launcher: Option<Arc<Launcher>>,
     /// The fault or death that ends this context: every later call fails with it.
-    sticky: Mutex<Option<CuError>>,
+    /// Shared by every connection to the same worker context.
+    sticky: Arc<Mutex<Option<CuError>>>,
     /// The worker's printf, read from its stdout (replaced if a start is retried).
     tap: Mutex<Arc<StdoutTap>>,
     child: Mutex<Option<Child>>,
@@ -968,6 +1121,8 @@ pub struct WorkerContext {
     modules: Mutex<HashMap<ModuleId, (ModuleId, u64)>>,
     /// A failure of stream-ordered work found here, before posting it.
     deferred: Mutex<Option<CuError>>,
+    /// Where further connections to this worker's context come in, once asked.
+    sessions: Mutex<Option<(PathBuf, [u8; NONCE_BYTES])>>,
 }
 
 impl WorkerContext {
@@ -980,7 +1135,7 @@ impl WorkerContext {
         WorkerContext {
             conn: Mutex::new(None),
             launcher,
-            sticky: Mutex::new(None),
+            sticky: Arc::new(Mutex::new(None)),
             tap: Mutex::new(Arc::new(StdoutTap::default())),
             child: Mutex::new(None),
             used,
@@ -988,6 +1143,7 @@ impl WorkerContext {
             allocations: Mutex::new(HashMap::new()),
             modules: Mutex::new(HashMap::new()),
             deferred: Mutex::new(None),
+            sessions: Mutex::new(None),
         }
     }
 
@@ -1108,6 +1264,53 @@ impl WorkerContext {
     /// Whether the context is unusable: its worker died or a fault poisoned it.
     pub fn is_dead(&self) -> bool {
         self.sticky().is_some()
+    }
+
+    /// A further connection to this context's worker, served on a thread of
+    /// its own there (`shared` mode): its calls and waits hold up no other
+    /// connection's. It shares this context's fate (a fault or the worker's
+    /// death ends both) and printf stream; its memory and modules are its own
+    /// to track.
+    pub fn open_connection(&self) -> Result<WorkerContext, CuError> {
+        let known = lock(&self.sessions).clone();
+        let (path, token) = match known {
+            Some(found) => found,
+            None => match self.call(&WorkerRequest::OpenSessions, &[], None)? {
+                WorkerValue::Sessions { path, token } => {
+                    let found = (PathBuf::from(path), token);
+                    *lock(&self.sessions) = Some(found.clone());
+                    found
+                }
+                other => return Err(unexpected(&other)),
+            },
+        };
+        let fail = |e: io::Error| {
+            CuError::new(
+                codes::UNKNOWN,
+                format!("cannot connect to the shared worker: {e}"),
+            )
+        };
+        let mut stream = UnixStream::connect(&path).map_err(fail)?;
+        write_frame(&mut stream, &token).map_err(|e| fail(io_err(e)))?;
+        let writer = stream.try_clone().map_err(fail)?;
+        let conn = Connection {
+            reader: BufReader::new(SpinReader::new(stream, spin_time())),
+            writer,
+            buf: Vec::new(),
+        };
+        Ok(WorkerContext {
+            conn: Mutex::new(Some(conn)),
+            launcher: None,
+            sticky: Arc::clone(&self.sticky),
+            tap: Mutex::new(Arc::clone(&lock(&self.tap))),
+            child: Mutex::new(None),
+            used: Arc::clone(&self.used),
+            next_module: Arc::clone(&self.next_module),
+            allocations: Mutex::new(HashMap::new()),
+            modules: Mutex::new(HashMap::new()),
+            deferred: Mutex::new(None),
+            sessions: Mutex::new(None),
+        })
     }
 
     /// Records that the worker is gone; the error every later call gets.
