@@ -73,8 +73,10 @@ fn main() {
     check("context", Ok(format!("created in {:?}", started.elapsed())));
     check("vector_add", vector_add(&ctx, sm));
     check("printf capture", printf_capture(&ctx, sm));
-    check("fault isolation", fault_isolation(&driver, dev, &ctx, sm));
+    // Last: a fault may poison every context of this process (it does on
+    // driver 580), which is why cumux keeps each context in a worker.
     check("latency", latency(&ctx, sm));
+    check("fault isolation", fault_isolation(&driver, dev, &ctx, sm));
     if failures > 0 {
         std::process::exit(1);
     }
@@ -208,18 +210,26 @@ fn fault_isolation(
     let sticky = victim.memset_d8(data, 0, 4).is_err();
     drop((f, module, stream));
     drop(victim);
-    // The other context goes on.
-    let stream = Stream::new(healthy, CU_STREAM_NON_BLOCKING, 0)?;
-    let p = healthy.mem_alloc(16)?;
-    stream.memset_d32(p, 0x1234_5678, 4)?;
-    let mut back = [0u8; 16];
-    stream.copy_dtoh_sync(&mut back, p, None).0?;
-    healthy.mem_free(p)?;
-    if back[..4] != 0x1234_5678u32.to_le_bytes() {
-        return Err(CudaError::new(0, "WRONG RESULT", "memset after a fault"));
-    }
+    // Whether another context of this process goes on: a finding about the
+    // driver, reported either way.
+    let other = (|| -> Result<bool, CudaError> {
+        let stream = Stream::new(healthy, CU_STREAM_NON_BLOCKING, 0)?;
+        let p = healthy.mem_alloc(16)?;
+        stream.memset_d32(p, 0x1234_5678, 4)?;
+        let mut back = [0u8; 16];
+        stream.copy_dtoh_sync(&mut back, p, None).0?;
+        healthy.mem_free(p)?;
+        Ok(back[..4] == 0x1234_5678u32.to_le_bytes())
+    })();
+    let others = match other {
+        Ok(true) => "another context of this process unaffected".to_string(),
+        Ok(false) => "another context of this process computes wrong results".to_string(),
+        Err(e) => format!(
+            "another context of this process fails too ({e}): contexts need processes of their own"
+        ),
+    };
     Ok(format!(
-        "700 in its own context (sticky: {sticky}); another context unaffected"
+        "700 in its own context (sticky: {sticky}); {others}"
     ))
 }
 
