@@ -451,7 +451,7 @@ impl Session {
                 params,
                 attributes,
             ),
-            Call::StreamCreate { flags, .. } => self.stream_create(flags),
+            Call::StreamCreate { flags, priority } => self.stream_create(flags, priority),
             Call::StreamDestroy { stream } if self.ordered => {
                 if !self.ordered_streams.remove(&stream) {
                     return Err(invalid_handle("stream", stream));
@@ -1211,7 +1211,7 @@ impl Session {
 
     // ----- streams and events -----
 
-    fn stream_create(&mut self, flags: u32) -> CallResult {
+    fn stream_create(&mut self, flags: u32, priority: i32) -> CallResult {
         if flags & !NON_BLOCKING != 0 {
             return Err(err(
                 codes::INVALID_VALUE,
@@ -1232,7 +1232,7 @@ impl Session {
                     format!("a session may hold {MAX_STREAMS} streams"),
                 ));
             }
-            self.ordered()?.stream_create(handle, flags)?;
+            self.ordered()?.stream_create(handle, flags, priority)?;
             self.ordered_streams.insert(handle);
             return Ok(ReplyBody::Handle(handle));
         }

@@ -220,7 +220,7 @@ fn stream_work_is_queued_in_order_and_waited_for() {
     let (ctx, _cut, _thread) = in_process_worker(64 << 20);
     let so = ctx.stream_ordered().expect("a worker keeps stream order");
     let a = ctx.mem_alloc(4096).unwrap();
-    so.stream_create(STREAM, 1).unwrap();
+    so.stream_create(STREAM, 1, -1).unwrap();
     let data: Vec<u8> = (0..4096u32).map(|i| (i * 3) as u8).collect();
     so.enqueue(
         STREAM,

@@ -724,7 +724,7 @@ impl CudaContext {
 }
 
 impl StreamOrdered for CudaContext {
-    fn stream_create(&self, stream: Handle, flags: u32) -> Result<(), CuError> {
+    fn stream_create(&self, stream: Handle, flags: u32, priority: i32) -> Result<(), CuError> {
         let ctx = self.ctx()?;
         if stream == DEFAULT_STREAM || lock(&self.ordered).streams.contains_key(&stream) {
             return Err(CuError::new(
@@ -732,7 +732,8 @@ impl StreamOrdered for CudaContext {
                 format!("stream {stream:#x} exists"),
             ));
         }
-        let created = Arc::new(Stream::new(ctx, flags, 0).map_err(cu_err)?);
+        // The driver clamps a priority outside the device's range.
+        let created = Arc::new(Stream::new(ctx, flags, priority).map_err(cu_err)?);
         lock(&self.ordered).streams.insert(stream, created);
         Ok(())
     }

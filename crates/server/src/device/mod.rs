@@ -206,8 +206,9 @@ pub enum SyncTarget {
 /// or asks ([`StreamOrdered::query`]); device `printf` output comes back with
 /// the waiting calls, as the driver flushes it at synchronization points.
 pub trait StreamOrdered: Send + Sync {
-    /// `flags` are `CU_STREAM_*` (0 blocking, 1 non-blocking).
-    fn stream_create(&self, stream: Handle, flags: u32) -> Result<(), CuError>;
+    /// `flags` are `CU_STREAM_*` (0 blocking, 1 non-blocking); `priority` as
+    /// CUDA's (lower is more urgent; clamped to the device's range).
+    fn stream_create(&self, stream: Handle, flags: u32, priority: i32) -> Result<(), CuError>;
     /// Destroys a stream once its queued work is done.
     fn stream_destroy(&self, stream: Handle) -> Result<(), CuError>;
     /// `flags` are `CU_EVENT_*`.

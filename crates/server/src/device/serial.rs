@@ -108,7 +108,7 @@ impl SerialStreams {
 }
 
 impl StreamOrdered for SerialStreams {
-    fn stream_create(&self, stream: Handle, _flags: u32) -> Result<(), CuError> {
+    fn stream_create(&self, stream: Handle, _flags: u32, _priority: i32) -> Result<(), CuError> {
         if stream == DEFAULT_STREAM || !self.lock().streams.insert(stream) {
             return Err(CuError::new(
                 codes::INVALID_VALUE,

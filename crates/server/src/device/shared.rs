@@ -121,7 +121,7 @@ impl SharedView {
     /// Creates the session's default stream at its first use.
     fn default_stream(&self, state: &mut ViewState) -> Result<(), CuError> {
         if !state.default_created {
-            self.conn.stream_create(self.name(DEFAULT_STREAM), 0)?;
+            self.conn.stream_create(self.name(DEFAULT_STREAM), 0, 0)?;
             state.default_created = true;
         }
         Ok(())
@@ -222,8 +222,9 @@ impl DeviceContext for SharedView {
 }
 
 impl StreamOrdered for SharedView {
-    fn stream_create(&self, stream: Handle, flags: u32) -> Result<(), CuError> {
-        self.conn.stream_create(self.name(stream), flags)?;
+    fn stream_create(&self, stream: Handle, flags: u32, priority: i32) -> Result<(), CuError> {
+        self.conn
+            .stream_create(self.name(stream), flags, priority)?;
         lock(&self.state)
             .streams
             .insert(stream, flags & NON_BLOCKING == 0);

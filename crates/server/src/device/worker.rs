@@ -109,6 +109,7 @@ pub enum WorkerRequest {
     StreamCreate {
         stream: Handle,
         flags: u32,
+        priority: i32,
     },
     StreamDestroy {
         stream: Handle,
@@ -631,7 +632,11 @@ fn execute(
     let unit = |r: Result<(), CuError>| (r.map(|()| WorkerValue::Unit), Vec::new(), None);
     let waited = |o: LaunchOutcome| (o.result.map(|()| WorkerValue::Unit), o.stdout, None);
     match request {
-        WorkerRequest::StreamCreate { stream, flags } => unit(ordered.stream_create(stream, flags)),
+        WorkerRequest::StreamCreate {
+            stream,
+            flags,
+            priority,
+        } => unit(ordered.stream_create(stream, flags, priority)),
         WorkerRequest::StreamDestroy { stream } => unit(ordered.stream_destroy(stream)),
         WorkerRequest::EventCreate { event, flags } => unit(ordered.event_create(event, flags)),
         WorkerRequest::EventDestroy { event } => unit(ordered.event_destroy(event)),
@@ -1600,8 +1605,13 @@ impl DeviceContext for WorkerContext {
 }
 
 impl StreamOrdered for WorkerContext {
-    fn stream_create(&self, stream: Handle, flags: u32) -> Result<(), CuError> {
-        self.unit(&WorkerRequest::StreamCreate { stream, flags }, &[])
+    fn stream_create(&self, stream: Handle, flags: u32, priority: i32) -> Result<(), CuError> {
+        let request = WorkerRequest::StreamCreate {
+            stream,
+            flags,
+            priority,
+        };
+        self.unit(&request, &[])
     }
 
     fn stream_destroy(&self, stream: Handle) -> Result<(), CuError> {
