@@ -176,6 +176,11 @@ mod tests {
             Some("fair")
         );
         assert!(parse("policy = \"lottery\"").is_err());
+        assert_eq!(
+            parse("sharing = \"shared\"").unwrap().sharing.as_deref(),
+            Some("shared")
+        );
+        assert!(parse("sharing = \"everything\"").is_err());
         assert_eq!(parse("launch_budget = 0").unwrap().launch_budget, Some(0));
         assert_eq!(
             parse("launch_budget = 1000000").unwrap().launch_budget,
