@@ -424,3 +424,45 @@ fn queued_work_is_posted_without_waiting_for_an_answer() {
         );
     }
 }
+
+/// `shared` mode's further connections: one without the worker's token is
+/// closed; one with it reaches the same context (memory allocated there is
+/// the context's, freed through either).
+#[test]
+fn session_connections_need_the_token_and_share_the_context() {
+    let (ctx, _cut, _thread) = in_process_worker(64 << 20);
+    let second = ctx.open_connection().expect("a second connection");
+    let p = second.mem_alloc(256).unwrap();
+    second.mem_write(p, &[9; 256]).unwrap();
+    let mut back = [0u8; 256];
+    ctx.mem_read(p, &mut back).unwrap();
+    assert_eq!(back, [9; 256], "both connections see one context");
+    // Asking again gives the same listener; an impostor gets nothing.
+    let (path, _token) = match ctx_sessions(&ctx) {
+        Some(found) => found,
+        None => panic!("the listener is known"),
+    };
+    let mut impostor = UnixStream::connect(&path).unwrap();
+    write_frame(&mut impostor, &[0u8; 16]).unwrap();
+    write_frame(
+        &mut impostor,
+        &encode(&WorkerRequest::MemAlloc { bytes: 8 }).unwrap(),
+    )
+    .unwrap();
+    impostor
+        .set_read_timeout(Some(std::time::Duration::from_secs(10)))
+        .unwrap();
+    let mut buf = Vec::new();
+    assert!(
+        read_frame(&mut impostor, &mut buf).is_err(),
+        "a connection without the token was served"
+    );
+    second.mem_free(p).unwrap();
+}
+
+/// Where `ctx`'s worker takes further connections, asked anew.
+fn ctx_sessions(ctx: &WorkerContext) -> Option<(std::path::PathBuf, [u8; 16])> {
+    let third = ctx.open_connection().ok()?;
+    drop(third);
+    ctx.sessions_address()
+}

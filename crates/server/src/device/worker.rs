@@ -443,20 +443,22 @@ impl Served<'_, '_> {
                     break;
                 }
                 let Ok(conn) = conn else { continue };
-                let _ = conn.set_read_timeout(Some(Duration::from_secs(5)));
-                let mut first = Vec::new();
-                let mut r = &conn;
-                let opened = read_frame(&mut r, &mut first).is_ok() && first[..] == token[..];
-                let _ = conn.set_read_timeout(None);
-                if !opened {
-                    tracing::warn!("worker: a session connection without the token; closed");
-                    continue;
-                }
-                let Ok(writer) = conn.try_clone() else {
-                    continue;
-                };
-                let reader = BufReader::new(SpinReader::new(conn, spin_time()));
+                // The token is read on the connection's own thread, so a
+                // silent connection holds up no other.
                 scope.spawn(move || {
+                    let _ = conn.set_read_timeout(Some(Duration::from_secs(5)));
+                    let mut first = Vec::new();
+                    let mut r = &conn;
+                    let opened = read_frame(&mut r, &mut first).is_ok() && first[..] == token[..];
+                    let _ = conn.set_read_timeout(None);
+                    if !opened {
+                        tracing::warn!("worker: a session connection without the token; closed");
+                        return;
+                    }
+                    let Ok(writer) = conn.try_clone() else {
+                        return;
+                    };
+                    let reader = BufReader::new(SpinReader::new(conn, spin_time()));
                     if let Err(e) = self.serve(scope, reader, writer, false) {
                         tracing::debug!("worker: a session connection ended: {e}");
                     }
@@ -1269,6 +1271,11 @@ impl WorkerContext {
     /// Whether the context is unusable: its worker died or a fault poisoned it.
     pub fn is_dead(&self) -> bool {
         self.sticky().is_some()
+    }
+
+    /// Where further connections to this context come in, once opened.
+    pub fn sessions_address(&self) -> Option<(PathBuf, [u8; NONCE_BYTES])> {
+        lock(&self.sessions).clone()
     }
 
     /// A further connection to this context's worker, served on a thread of
