@@ -134,9 +134,9 @@ impl Default for PriorityConfig {
 
 /// The policy of one device's scheduler.
 ///
-/// Under every policy: items of one stream are dispatched in submission order, and an
-/// item is dispatched only once its predecessor in the stream has completed (a *ready*
-/// item is the head of a stream with nothing in flight); at most `concurrency` items are
+/// Under every policy: items of one stream are dispatched in submission order and
+/// complete in that order, with at most `stream_depth` of them in flight (a *ready*
+/// item is the head of a stream with fewer in flight); at most `concurrency` items are
 /// in flight; every queue is bounded by [`Limits`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Policy {
@@ -197,6 +197,12 @@ pub struct SchedulerConfig {
     pub policy: Policy,
     /// The most work items in flight on the device at once (at least 1).
     pub concurrency: u32,
+    /// The most items of one stream in flight at once (at least 1). 1: an item goes to
+    /// the device only once its predecessor completed. More: the device queues a
+    /// stream's items and runs them in order (a GPU stream), so the caller may hand it
+    /// the next ones early and keep it busy without a round trip per item; only the
+    /// oldest of a stream's items in flight counts as running.
+    pub stream_depth: u32,
     /// A tenant with nothing queued or in flight still counts as active for this long.
     /// Covers the synchronisation round trip of a closed-loop program, so a tenant that
     /// launches, waits and launches again keeps its place instead of losing it each time.
@@ -212,6 +218,7 @@ impl SchedulerConfig {
         SchedulerConfig {
             policy,
             concurrency,
+            stream_depth: 1,
             idle_grace_ns: 1_000_000,
             default_cost_ns: 10_000,
             limits: Limits::default(),

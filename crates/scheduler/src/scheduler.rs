@@ -31,8 +31,9 @@ struct Queued {
 #[derive(Debug)]
 struct Stream {
     queue: VecDeque<Queued>,
-    /// Stream order: at most one item of a stream is on the device at a time.
-    in_flight: Option<WorkId>,
+    /// Its items on the device, oldest first: at most `stream_depth`. The device runs
+    /// them in this order, so only the first is running.
+    in_flight: VecDeque<WorkId>,
     /// When the head of `queue` became ready (its predecessor completed, or it arrived).
     head_ready_at: Nanos,
 }
@@ -70,14 +71,18 @@ struct InFlight {
     kernel: KernelId,
     class: TenantClass,
     dispatched_at: Nanos,
-    /// This item's part of the device since dispatch: each tick divided by the number of
-    /// items in flight during it.
+    /// Since when it runs: at dispatch, or once the item before it in its stream
+    /// completed; `None` while it waits behind that item on the device.
+    running_since: Option<Nanos>,
+    /// This item's part of the device while running: each tick divided by the number of
+    /// items running during it.
     share_ps: u128,
     /// The estimate charged to the tenant's virtual time at dispatch, corrected at completion.
     charged_vt: u128,
 }
 
-/// A ready item: the head of a stream with nothing of that stream in flight.
+/// A ready item: the head of a stream with fewer than `stream_depth` items of that
+/// stream in flight.
 #[derive(Clone, Copy, Debug)]
 struct Candidate {
     tenant: TenantId,
@@ -140,6 +145,7 @@ impl Scheduler {
         };
         let valid = valid_policy
             && config.concurrency >= 1
+            && config.stream_depth >= 1
             && limits.max_tenants >= 1
             && limits.max_streams_per_tenant >= 1
             && limits.max_queued_per_tenant >= 1
@@ -231,7 +237,9 @@ impl Scheduler {
         for stream in state.streams.values_mut() {
             dropped.extend(stream.queue.drain(..).map(|item| (item.seq, item.id)));
         }
-        state.streams.retain(|_, stream| stream.in_flight.is_some());
+        state
+            .streams
+            .retain(|_, stream| !stream.in_flight.is_empty());
         let count = u32::try_from(dropped.len()).expect("bounded by max_queued_per_tenant");
         assert_eq!(count, state.queued);
         state.queued = 0;
@@ -298,12 +306,13 @@ impl Scheduler {
             state.vtime = state.vtime.max(floor);
         }
         state.activity = Activity::Busy;
+        let depth = self.config.stream_depth as usize;
         let stream = state.streams.entry(item.stream).or_insert_with(|| Stream {
             queue: VecDeque::new(),
-            in_flight: None,
+            in_flight: VecDeque::new(),
             head_ready_at: now,
         });
-        if stream.queue.is_empty() && stream.in_flight.is_none() {
+        if stream.queue.is_empty() && stream.in_flight.len() < depth {
             stream.head_ready_at = now;
         }
         stream.queue.push_back(Queued {
@@ -357,9 +366,11 @@ impl Scheduler {
         Some(self.dispatch(now, chosen))
     }
 
-    /// The device finished `work`. `measured_ns` is its duration on the device (e.g. from
-    /// events around it); it is capped at the wall time since dispatch, so a device that
-    /// gives no timing passes `Nanos::MAX` and the item is charged its whole share.
+    /// The device finished `work`, which must be the oldest item of its stream in flight
+    /// (the device keeps stream order). `measured_ns` is its duration on the device (e.g.
+    /// from events around it); it is capped at the wall time it ran (since dispatch, or
+    /// since its stream's previous item completed), so a device that gives no timing
+    /// passes `Nanos::MAX` and the item is charged its whole share.
     ///
     /// Charging: concurrent kernels overlap on a shared device, so charging each its full
     /// duration would bill a tenant for the slowdown others inflict on it (a flood of tiny
@@ -376,11 +387,17 @@ impl Scheduler {
         measured_ns: Nanos,
     ) -> Result<(), SchedError> {
         self.advance(now);
-        let done = self
-            .in_flight
-            .remove(&work)
-            .ok_or(SchedError::UnknownWork(work))?;
-        let wall = now - done.dispatched_at;
+        let first_of_stream = self.in_flight.get(&work).is_some_and(|item| {
+            self.tenants[&item.tenant].streams[&item.stream]
+                .in_flight
+                .front()
+                == Some(&work)
+        });
+        if !first_of_stream {
+            return Err(SchedError::UnknownWork(work));
+        }
+        let done = self.in_flight.remove(&work).expect("checked above");
+        let wall = now - done.running_since.unwrap_or(done.dispatched_at);
         let measured = measured_ns.min(wall);
         let charge_ps = if wall == 0 {
             0
@@ -407,10 +424,15 @@ impl Scheduler {
             .streams
             .get_mut(&done.stream)
             .expect("an in-flight item's stream exists");
-        assert_eq!(stream.in_flight, Some(work));
-        stream.in_flight = None;
-        stream.head_ready_at = now;
-        if stream.queue.is_empty() {
+        assert_eq!(stream.in_flight.pop_front(), Some(work));
+        if let Some(next) = stream.in_flight.front() {
+            let next = self.in_flight.get_mut(next).expect("in flight");
+            next.running_since = Some(now);
+        }
+        if stream.in_flight.len() + 1 == self.config.stream_depth as usize {
+            stream.head_ready_at = now;
+        }
+        if stream.queue.is_empty() && stream.in_flight.is_empty() {
             state.streams.remove(&done.stream);
         }
         if state.queued == 0 && state.in_flight == 0 {
@@ -561,15 +583,16 @@ impl Scheduler {
             .get_mut(&chosen.stream)
             .expect("candidate's stream");
         assert!(
-            stream.in_flight.is_none(),
-            "stream order: one item of a stream in flight"
+            stream.in_flight.len() < self.config.stream_depth as usize,
+            "stream order: at most stream_depth items of a stream in flight"
         );
         let item = stream
             .queue
             .pop_front()
             .expect("candidate's stream has a head");
         assert_eq!(item.seq, chosen.seq);
-        stream.in_flight = Some(item.id);
+        let running_since = stream.in_flight.is_empty().then_some(now);
+        stream.in_flight.push_back(item.id);
         let estimate = self.costs.estimate(
             chosen.tenant,
             item.kernel,
@@ -595,6 +618,7 @@ impl Scheduler {
                 kernel: item.kernel,
                 class: chosen.class,
                 dispatched_at: now,
+                running_since,
                 share_ps: 0,
                 charged_vt,
             },
@@ -606,13 +630,14 @@ impl Scheduler {
     }
 
     fn candidates(&self) -> impl Iterator<Item = Candidate> + '_ {
+        let depth = self.config.stream_depth as usize;
         self.tenants
             .iter()
             .filter(|(_, t)| t.queued > 0)
             .flat_map(move |(&tenant, t)| {
                 t.streams
                     .iter()
-                    .filter(|(_, s)| s.in_flight.is_none())
+                    .filter(move |(_, s)| s.in_flight.len() < depth)
                     .filter_map(move |(&stream, s)| {
                         let head = s.queue.front()?;
                         // A cross-stream dependency still queued holds the head back.
@@ -647,15 +672,21 @@ impl Scheduler {
             .min()
     }
 
-    /// Moves time forward, giving each item in flight its part of the elapsed time.
+    /// Moves time forward, giving each running item its part of the elapsed time.
     fn advance(&mut self, now: Nanos) {
         assert!(now >= self.now, "time went backwards: {now} < {}", self.now);
         let elapsed = now - self.now;
-        let running = self.in_flight.len() as u128;
+        let running = self
+            .in_flight
+            .values()
+            .filter(|item| item.running_since.is_some())
+            .count() as u128;
         if elapsed > 0 && running > 0 {
             let part = u128::from(elapsed) * PS_PER_NS / running;
             for item in self.in_flight.values_mut() {
-                item.share_ps += part;
+                if item.running_since.is_some() {
+                    item.share_ps += part;
+                }
             }
         }
         self.now = now;
@@ -669,7 +700,7 @@ impl Scheduler {
             let mut lc = 0;
             let mut batch_in_flight = 0;
             for t in self.tenants.values() {
-                let in_flight = t.streams.values().filter(|s| s.in_flight.is_some()).count();
+                let in_flight: usize = t.streams.values().map(|s| s.in_flight.len()).sum();
                 let queued_here: usize = t.streams.values().map(|s| s.queue.len()).sum();
                 assert_eq!(in_flight, t.in_flight as usize);
                 assert_eq!(queued_here, t.queued as usize);
@@ -677,7 +708,11 @@ impl Scheduler {
                 assert!(t
                     .streams
                     .values()
-                    .all(|s| s.in_flight.is_some() || !s.queue.is_empty()));
+                    .all(|s| !s.in_flight.is_empty() || !s.queue.is_empty()));
+                assert!(t
+                    .streams
+                    .values()
+                    .all(|s| s.in_flight.len() <= self.config.stream_depth as usize));
                 assert_eq!(t.activity == Activity::Busy, t.queued + t.in_flight > 0);
                 queued += t.queued;
                 match t.config.class {

@@ -184,9 +184,13 @@ impl TenantSpec {
 }
 
 /// One simulated run.
+///
+/// With the scheduler's `stream_depth` at 1 its `concurrency` is replaced by the
+/// device's slots. With deeper streams the device queues each stream's items and runs
+/// the oldest of every stream at once (a GPU's streams), `slots` only shaping the
+/// slowdown, and the scheduler's own `concurrency` bounds what is in flight.
 #[derive(Clone, Debug)]
 pub struct SimConfig {
-    /// Its `concurrency` is replaced by the device's slots.
     pub scheduler: SchedulerConfig,
     pub device: DeviceModel,
     pub tenants: Vec<TenantSpec>,
@@ -277,7 +281,8 @@ struct Running {
 struct StreamMirror {
     /// Submitted, not dispatched, in submission order: what stream order allows next.
     pending: VecDeque<WorkId>,
-    in_flight: Option<WorkId>,
+    /// On the device, oldest first; the oldest is running.
+    in_flight: VecDeque<WorkId>,
 }
 
 #[derive(Debug)]
@@ -303,7 +308,11 @@ const DONE_EPSILON: f64 = 1e-3;
 /// order, the in-flight bound, or a queue bound.
 pub fn run(config: &SimConfig) -> SimReport {
     let mut sched_config = config.scheduler;
-    sched_config.concurrency = config.device.slots;
+    let pipelined = sched_config.stream_depth > 1;
+    if !pipelined {
+        sched_config.concurrency = config.device.slots;
+    }
+    let depth = sched_config.stream_depth as usize;
     let limits = sched_config.limits;
     let is_fifo = sched_config.policy == Policy::Fifo;
     let mut sched = Scheduler::new(sched_config).expect("valid scheduler configuration");
@@ -421,8 +430,20 @@ pub fn run(config: &SimConfig) -> SimReport {
                 .expect("in-flight item completes");
             let tenant = &mut tenants[info.tenant];
             let stream = &mut tenant.streams[info.stream];
-            assert_eq!(stream.in_flight, Some(r.id), "stream order at completion");
-            stream.in_flight = None;
+            assert_eq!(
+                stream.in_flight.pop_front(),
+                Some(r.id),
+                "stream order at completion"
+            );
+            if let Some(&next) = stream.in_flight.front() {
+                let urgent = tenant.spec.config.class == TenantClass::LatencyCritical;
+                running.push(Running {
+                    id: next,
+                    urgent,
+                    remaining: items[next.0 as usize].duration_ns as f64,
+                    started_at: now,
+                });
+            }
             if now >= window.0 {
                 tenant.completed += 1;
                 tenant.work_ns += info.duration_ns;
@@ -474,8 +495,13 @@ pub fn run(config: &SimConfig) -> SimReport {
 
         // Dispatch whatever the scheduler lets go.
         while let Some(id) = sched.poll(now) {
+            let in_flight: usize = tenants
+                .iter()
+                .flat_map(|t| t.streams.iter())
+                .map(|s| s.in_flight.len())
+                .sum();
             assert!(
-                running.len() < config.device.slots as usize,
+                in_flight < sched.config().concurrency as usize,
                 "in-flight bound"
             );
             let info = &items[id.0 as usize];
@@ -483,38 +509,50 @@ pub fn run(config: &SimConfig) -> SimReport {
                 let earliest = tenants
                     .iter()
                     .flat_map(|t| t.streams.iter())
-                    .filter(|s| s.in_flight.is_none())
+                    .filter(|s| s.in_flight.len() < depth)
                     .filter_map(|s| s.pending.front())
                     .min()
                     .expect("the dispatched item is ready");
                 assert_eq!(*earliest, id, "fifo: the earliest ready item goes first");
             }
             let stream = &mut tenants[info.tenant].streams[info.stream];
-            assert_eq!(
-                stream.in_flight, None,
-                "stream order: predecessor still running"
+            assert!(
+                stream.in_flight.len() < depth,
+                "stream order: too many of the stream in flight"
             );
             assert_eq!(
                 stream.pending.pop_front(),
                 Some(id),
                 "stream order: not the stream's head"
             );
-            stream.in_flight = Some(id);
-            let urgent = tenants[info.tenant].spec.config.class == TenantClass::LatencyCritical;
-            running.push(Running {
-                id,
-                urgent,
-                remaining: info.duration_ns as f64,
-                started_at: now,
-            });
+            stream.in_flight.push_back(id);
+            if stream.in_flight.len() == 1 {
+                let urgent = tenants[info.tenant].spec.config.class == TenantClass::LatencyCritical;
+                running.push(Running {
+                    id,
+                    urgent,
+                    remaining: info.duration_ns as f64,
+                    started_at: now,
+                });
+            }
             dispatches += 1;
         }
-        assert_eq!(sched.in_flight_count() as usize, running.len());
-        held = running.len() < config.device.slots as usize
+        let in_flight: usize = tenants
+            .iter()
+            .flat_map(|t| t.streams.iter())
+            .map(|s| s.in_flight.len())
+            .sum();
+        assert_eq!(sched.in_flight_count() as usize, in_flight);
+        let room = if pipelined {
+            in_flight < sched.config().concurrency as usize
+        } else {
+            running.len() < config.device.slots as usize
+        };
+        held = room
             && tenants
                 .iter()
                 .flat_map(|t| t.streams.iter())
-                .any(|s| s.in_flight.is_none() && !s.pending.is_empty());
+                .any(|s| s.in_flight.len() < depth && !s.pending.is_empty());
         if is_fifo {
             assert!(!held, "fifo is work-conserving");
         }
