@@ -141,6 +141,7 @@ mod tests {
                 total_mem: 1 << 30,
                 used_mem: 3 << 20,
                 policy: "fair".into(),
+                signalled_launches: 12,
             }],
             sessions: vec![SessionStatus {
                 session: 4,

@@ -11,6 +11,7 @@
 pub mod capture;
 pub mod driver;
 pub mod error;
+pub mod host_register;
 pub mod image;
 pub mod objects;
 pub mod sys;
@@ -21,6 +22,7 @@ pub use driver::{
     REAL_LIBCUDA_ENV,
 };
 pub use error::{CudaError, LoadError};
+pub use host_register::HostRegistration;
 pub use image::{CodeChoice, ImageKind};
 pub use objects::{
     Event, Function, FunctionAttributes, LaunchAttr, LaunchConfig, Module, PinnedBuffer, Stream,

@@ -62,6 +62,20 @@ impl Stream {
         unsafe { cu!(self.ctx.driver, cuStreamWaitEvent(self.raw, event.raw, 0)) }
     }
 
+    /// Queues an 8-byte store of `value` at device address `addr` (registered host
+    /// memory, for one), made once the stream's earlier work is done and visible.
+    pub fn write_value64(&self, addr: u64, value: u64) -> Result<(), CudaError> {
+        self.ctx.make_current()?;
+        // SAFETY: the stream is live; the driver checks `addr` and fails the call
+        // (or the stream) for an address the device cannot write.
+        unsafe {
+            cu!(
+                self.ctx.driver,
+                cuStreamWriteValue64(self.raw, addr, value, 0)
+            )
+        }
+    }
+
     /// Queues a copy from pageable host memory. The driver has staged `data`
     /// when this returns (CUDA's documented behaviour for pageable sources),
     /// so the caller may drop it at once.

@@ -111,6 +111,8 @@ pub const CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES: c_int = 8;
 pub const CU_STREAM_NON_BLOCKING: c_uint = 0x1;
 /// `CU_EVENT_DISABLE_TIMING`.
 pub const CU_EVENT_DISABLE_TIMING: c_uint = 0x2;
+/// `CU_MEMHOSTREGISTER_DEVICEMAP`: registered host memory the device can address.
+pub const CU_MEMHOSTREGISTER_DEVICEMAP: c_uint = 0x2;
 /// `CU_CTX_SCHED_BLOCKING_SYNC`: a synchronizing thread sleeps instead of spinning.
 pub const CU_CTX_SCHED_BLOCKING_SYNC: c_uint = 0x4;
 
@@ -235,6 +237,10 @@ driver_api! {
         Ptr, c_uint, c_uint, Ptr, *const u64, *const u64, c_int, c_int,
         c_uint, c_uint, *const c_uint, c_uint, c_uint, c_uint, c_uint, c_uint
     );
+    cuMemHostRegister ["cuMemHostRegister_v2"] (Ptr, usize, c_uint);
+    cuMemHostUnregister ["cuMemHostUnregister"] (Ptr);
+    cuMemHostGetDevicePointer ["cuMemHostGetDevicePointer_v2"] (*mut CUdeviceptr, Ptr, c_uint);
+    cuStreamWriteValue64 ["cuStreamWriteValue64_v2", "cuStreamWriteValue64"] (CUstream, CUdeviceptr, u64, c_uint);
     cuLaunchKernelEx ["cuLaunchKernelEx"] (*const CUlaunchConfig, CUfunction, *mut Ptr, *mut Ptr);
     cuLaunchKernel ["cuLaunchKernel"] (
         CUfunction, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, CUstream,

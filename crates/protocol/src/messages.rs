@@ -412,6 +412,9 @@ pub struct DeviceStatus {
     pub used_mem: u64,
     /// The scheduling policy of the device: `fifo`, `fair` or `priority`.
     pub policy: String,
+    /// Launches its scheduler saw finish by their completion signal (queued on the
+    /// device rather than run one by one); 0 under `fifo`.
+    pub signalled_launches: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

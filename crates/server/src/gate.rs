@@ -1,12 +1,15 @@
-//! The scheduling gate of one device: stream workers ask it before they run a launch,
-//! and wait until the device's [`Scheduler`] (policy `fair` or `priority`) lets the
-//! launch go. Dispatch happens inline under the gate's mutex whenever an item arrives,
-//! completes or is cancelled, and waiters time their waits to `next_wakeup`, so there
-//! is no dispatcher thread. Under `fifo` the server builds no gate at all.
+//! The scheduling gate of one device: a launch asks it first and waits until the
+//! device's [`Scheduler`] (policy `fair` or `priority`) lets it go. Dispatch happens
+//! inline under the gate's mutex whenever an item arrives, completes or is cancelled,
+//! and waiters time their waits to `next_wakeup`. Two ways to finish an item: a stream
+//! worker runs the launch synchronously and reports it ([`GateSession::run`]), or the
+//! launch is queued on the device with a completion signal ([`GateSession::admit`],
+//! [`GateSession::watch`]) that a watcher thread polls. Under `fifo` the server builds
+//! no gate at all.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
 use cumux_scheduler::{
@@ -14,6 +17,7 @@ use cumux_scheduler::{
     StreamId, TenantClass as SchedClass, TenantConfig, TenantId, WorkId, WorkItem,
 };
 
+use crate::device::signals::SignalArea;
 use crate::tenants::{TenantClass, TenantSettings};
 
 /// Launches a CPU-side device (the CPU reference device, the model) runs at once under
@@ -30,6 +34,20 @@ pub const IDLE_GRACE_NS: Nanos = 5_000_000;
 /// The longest a waiter sleeps before it looks again, whatever the scheduler says: a
 /// safety net, never needed for progress.
 const MAX_WAIT: Duration = Duration::from_millis(50);
+/// How often the watcher looks at the completion signals of queued launches while
+/// any is on the device (it sleeps on the gate's condvar while none is).
+const WATCH_INTERVAL: Duration = Duration::from_micros(20);
+/// Items of one stream queued on a GPU at once under `fair` and `priority`: deep
+/// enough that tiny kernels keep the GPU busy, while the policy holds back whoever
+/// is ahead.
+pub const GPU_STREAM_DEPTH: u32 = 64;
+/// Launches queued on a GPU at once under `fair` and `priority`.
+pub const GPU_QUEUED_CONCURRENCY: u32 = 1024;
+/// Batch launches on a GPU while latency-critical work is active under `priority`:
+/// one running and one queued behind it, so the batch stream never waits for a
+/// round trip, and a latency-critical kernel (on a high-priority stream) finds at
+/// most one batch kernel running beside it.
+pub const GPU_BATCH_WHILE_LC: u32 = 2;
 
 /// The names `--policy` and the config's `policy` accept.
 pub const POLICY_NAMES: &str = "fifo, fair or priority";
@@ -66,12 +84,29 @@ pub fn concurrency_for(backend: &str) -> u32 {
 
 /// The scheduler configuration of a device: the policy, its concurrency, the server's
 /// idle grace, and limits wide enough for every stream a session may open (each stream
-/// worker has at most one item in the gate, so queues never grow past the streams).
+/// worker, and each session's connection, has at most one item waiting in the gate, so
+/// queues never grow past the streams).
 pub fn scheduler_config(policy: Policy, concurrency: u32) -> SchedulerConfig {
     let mut config = SchedulerConfig::new(policy, concurrency);
     config.idle_grace_ns = IDLE_GRACE_NS;
     config.limits.max_streams_per_tenant = 8192;
     config.limits.max_queued_per_tenant = 8192;
+    config
+}
+
+/// The configuration for a device whose launches are queued on it with completion
+/// signals (a GPU behind a worker): GPU-like streams ([`GPU_STREAM_DEPTH`]).
+pub fn queued_scheduler_config(policy: Policy) -> SchedulerConfig {
+    let policy = match policy {
+        Policy::Priority(mut p) => {
+            p.batch_in_flight_while_lc_active = GPU_BATCH_WHILE_LC;
+            Policy::Priority(p)
+        }
+        other => other,
+    };
+    let mut config = scheduler_config(policy, GPU_QUEUED_CONCURRENCY);
+    config.stream_depth = GPU_STREAM_DEPTH;
+    config.limits.max_queued_total = 65536;
     config
 }
 
@@ -101,6 +136,26 @@ struct Held {
     ticket: Ticket,
 }
 
+/// A launch queued on the device: done once counter `slot` of `area` reaches `value`.
+struct Watched {
+    id: WorkId,
+    session: u64,
+    area: Arc<SignalArea>,
+    slot: u32,
+    value: u64,
+}
+
+/// What [`GateSession::admit`] decided.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Admission {
+    /// Dispatched: queue the launch, then [`GateSession::watch`] it.
+    Go(WorkId),
+    /// The session ended while it waited: skip the launch.
+    Skip,
+    /// The scheduler refused it (not reachable): run it unscheduled rather than lose it.
+    Ungated,
+}
+
 #[derive(Debug)]
 struct Member {
     id: TenantId,
@@ -113,10 +168,44 @@ struct GateState {
     next_tenant: u32,
     next_work: u64,
     held: HashMap<WorkId, Held>,
+    /// Queued launches on the device, in dispatch order.
+    watching: Vec<Watched>,
+    /// Launches completed by their signal so far.
+    signalled: u64,
+    watcher_started: bool,
 }
 
 impl GateState {
     /// Hands every item the scheduler lets go now to its waiter; true if any.
+    /// Completes the watched items whose signal arrived (or, with `session`, every
+    /// item of that session), in dispatch order, so each is the oldest of its stream.
+    fn complete_watched(&mut self, now: Nanos, session: Option<u64>) -> bool {
+        let mut any = false;
+        let GateState {
+            scheduler,
+            watching,
+            signalled,
+            ..
+        } = self;
+        watching.retain(|w| {
+            let done = match session {
+                Some(s) => w.session == s,
+                None => w.area.load(w.slot) >= w.value,
+            };
+            if done && session.is_none() {
+                *signalled += 1;
+            }
+            if done {
+                if let Err(e) = scheduler.completed(now, w.id, Nanos::MAX) {
+                    tracing::error!(session = w.session, "scheduling gate: {e}");
+                }
+                any = true;
+            }
+            !done
+        });
+        any
+    }
+
     fn pump(&mut self, now: Nanos) -> bool {
         let mut granted = false;
         while let Some(id) = self.scheduler.poll(now) {
@@ -172,6 +261,9 @@ impl DeviceGate {
                 next_tenant: 0,
                 next_work: 0,
                 held: HashMap::new(),
+                watching: Vec::new(),
+                signalled: 0,
+                watcher_started: false,
             }),
             changed: Condvar::new(),
             clock,
@@ -194,6 +286,11 @@ impl DeviceGate {
     /// Items running on the device.
     pub fn in_flight(&self) -> u32 {
         self.lock().scheduler.in_flight_count()
+    }
+
+    /// Launches completed by their signal so far (see [`GateSession::watch`]).
+    pub fn signalled(&self) -> u64 {
+        self.lock().signalled
     }
 
     /// Registers `session` of tenant `name` (the tenant itself at its first session).
@@ -232,6 +329,41 @@ impl DeviceGate {
     }
 }
 
+/// The watcher of a gate's queued launches: while any is on the device it looks at
+/// their signals every [`WATCH_INTERVAL`], completes those done and lets the next
+/// items go; otherwise it sleeps on the gate's condvar. Ends with the gate.
+fn watch_loop(gate: Weak<DeviceGate>) {
+    set_fine_timer_slack();
+    loop {
+        let Some(gate) = gate.upgrade() else { return };
+        let mut state = gate.lock();
+        if state.watching.is_empty() {
+            let _ = gate
+                .changed
+                .wait_timeout(state, MAX_WAIT)
+                .unwrap_or_else(|p| p.into_inner());
+            continue;
+        }
+        let now = (gate.clock)();
+        if state.complete_watched(now, None) {
+            state.pump(now);
+            drop(state);
+            gate.changed.notify_all();
+        } else {
+            drop(state);
+        }
+        drop(gate);
+        std::thread::sleep(WATCH_INTERVAL);
+    }
+}
+
+/// Lets this thread's short sleeps end on time (the default slack is 50 µs).
+fn set_fine_timer_slack() {
+    // SAFETY: PR_SET_TIMERSLACK takes a nanosecond count and only affects the
+    // calling thread.
+    let _ = unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1_000 as libc::c_ulong) };
+}
+
 impl GateSession {
     pub fn gate(&self) -> &Arc<DeviceGate> {
         &self.gate
@@ -247,10 +379,43 @@ impl GateSession {
         cost_hint_ns: Option<Nanos>,
         work: impl FnOnce() -> R,
     ) -> Option<R> {
+        let id = match self.admit(stream, kernel, cost_hint_ns) {
+            Admission::Go(id) => id,
+            Admission::Skip => return None,
+            Admission::Ungated => return Some(work()),
+        };
+        let gate = &*self.gate;
+        let started = (gate.clock)();
+        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(work));
+        let mut state = gate.lock();
+        let now = (gate.clock)();
+        let measured = now.saturating_sub(started);
+        if let Err(e) = state.scheduler.completed(now, id, measured) {
+            tracing::error!(session = self.session, "scheduling gate: {e}");
+        }
+        state.pump(now);
+        drop(state);
+        gate.changed.notify_all();
+        match result {
+            Ok(r) => Some(r),
+            Err(panic) => std::panic::resume_unwind(panic),
+        }
+    }
+
+    /// Offers one launch of `stream` and waits until the scheduler dispatches it. From
+    /// [`Admission::Go`] on it is in flight: the caller runs it and reports it, or
+    /// queues it on the device and [`watch`](Self::watch)es it. A full queue is
+    /// backpressure: the caller waits.
+    pub fn admit(
+        &self,
+        stream: StreamId,
+        kernel: KernelId,
+        cost_hint_ns: Option<Nanos>,
+    ) -> Admission {
         let gate = &*self.gate;
         let mut state = gate.lock();
         if self.ended.load(Ordering::Relaxed) {
-            return None;
+            return Admission::Skip;
         }
         let id = WorkId(state.next_work);
         state.next_work = state.next_work.wrapping_add(1);
@@ -279,14 +444,12 @@ impl GateSession {
                         .0;
                 }
                 Err(e) => {
-                    // Not reachable (the tenant is registered, ids are fresh); run the
-                    // work ungated rather than lose it.
+                    // Not reachable (the tenant is registered, ids are fresh).
                     tracing::error!(
                         session = self.session,
                         "scheduling gate refused a launch: {e}"
                     );
-                    drop(state);
-                    return Some(work());
+                    return Admission::Ungated;
                 }
             }
         }
@@ -307,7 +470,7 @@ impl GateSession {
                 Ticket::Granted => break,
                 Ticket::Cancelled => {
                     state.held.remove(&id);
-                    return None;
+                    return Admission::Skip;
                 }
                 Ticket::Queued => {}
             }
@@ -329,23 +492,46 @@ impl GateSession {
                 gate.changed.notify_all();
             }
         }
-        drop(state);
-
-        let started = (gate.clock)();
-        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(work));
-        let mut state = gate.lock();
-        let now = (gate.clock)();
-        let measured = now.saturating_sub(started);
         state.held.remove(&id);
-        if let Err(e) = state.scheduler.completed(now, id, measured) {
-            tracing::error!(session = self.session, "scheduling gate: {e}");
+        Admission::Go(id)
+    }
+
+    /// The admitted item `id` is queued on the device, followed by a signal that raises
+    /// counter `slot` of `area` to `value`; it completes when the watcher sees that.
+    pub fn watch(&self, id: WorkId, area: &Arc<SignalArea>, slot: u32, value: u64) {
+        let gate = &self.gate;
+        let mut state = gate.lock();
+        state.watching.push(Watched {
+            id,
+            session: self.session,
+            area: Arc::clone(area),
+            slot,
+            value,
+        });
+        if !state.watcher_started {
+            let weak = Arc::downgrade(gate);
+            let started = std::thread::Builder::new()
+                .name("cumux-gate-watch".into())
+                .spawn(move || watch_loop(weak));
+            match started {
+                Ok(_) => state.watcher_started = true,
+                Err(e) => tracing::error!("scheduling gate: cannot start its watcher: {e}"),
+            }
         }
-        state.pump(now);
         drop(state);
         gate.changed.notify_all();
-        match result {
-            Ok(r) => Some(r),
-            Err(panic) => std::panic::resume_unwind(panic),
+    }
+
+    /// Completes every watched item of this session now: its context is going away
+    /// or failed, so their signals may never come.
+    pub fn forget_in_flight(&self) {
+        let gate = &*self.gate;
+        let mut state = gate.lock();
+        let now = (gate.clock)();
+        if state.complete_watched(now, Some(self.session)) {
+            state.pump(now);
+            drop(state);
+            gate.changed.notify_all();
         }
     }
 
@@ -508,6 +694,67 @@ mod tests {
         assert_eq!(log.len(), 5);
         assert_eq!(lc.tenant_stats().unwrap().gpu_time_ns, 100_000);
         assert_eq!(batch.tenant_stats().unwrap().gpu_time_ns, 4_000_000);
+    }
+
+    #[test]
+    fn queued_launches_complete_when_their_signals_arrive() {
+        // GPU-like streams (depth 2) under priority: batch queues two launches on the
+        // device without waiting; each leaves the scheduler only when the device
+        // raises its signal, and while the latency-critical tenant has work batch
+        // stays within its cap.
+        let (clock, read) = fake_clock();
+        let mut config = queued_scheduler_config(Policy::Priority(PriorityConfig::default()));
+        config.stream_depth = 2;
+        let gate = DeviceGate::new(config, read).unwrap();
+        let batch = Arc::new(
+            gate.join("batch", &settings(TenantClass::Batch), 1)
+                .unwrap(),
+        );
+        let lc = Arc::new(
+            gate.join("lc", &settings(TenantClass::LatencyCritical), 2)
+                .unwrap(),
+        );
+        let area = Arc::new(SignalArea::create().unwrap());
+        let go = |admission: Admission| match admission {
+            Admission::Go(id) => id,
+            other => panic!("{other:?}"),
+        };
+        // Two on one batch stream go at once: the stream is two deep.
+        let b0 = go(batch.admit(StreamId(0), KernelId(1), None));
+        batch.watch(b0, &area, 0, 1);
+        let b1 = go(batch.admit(StreamId(0), KernelId(1), None));
+        batch.watch(b1, &area, 0, 2);
+        assert_eq!(gate.in_flight(), 2);
+        // The latency-critical launch goes past them.
+        let l0 = go(lc.admit(StreamId(1), KernelId(2), None));
+        lc.watch(l0, &area, 1, 1);
+        // A third batch launch (another stream) waits: no batch goes while
+        // latency-critical work is on the device.
+        let third = {
+            let batch = Arc::clone(&batch);
+            std::thread::spawn(move || batch.admit(StreamId(2), KernelId(1), None))
+        };
+        wait_until("the third batch launch queued", || gate.queued() == 1);
+        clock.fetch_add(1_000_000, Ordering::SeqCst);
+        // The device finishes b0 (signal 1 on slot 0): the watcher completes it.
+        area.store(0, 1);
+        wait_until("b0 completes", || {
+            batch.tenant_stats().unwrap().completed == 1
+        });
+        assert_eq!(gate.queued(), 1);
+        // Once the latency-critical launch is done, batch may have 2 in flight again.
+        area.store(1, 1);
+        let b2 = go(third.join().unwrap());
+        assert_eq!(lc.tenant_stats().unwrap().completed, 1);
+        assert_eq!(gate.in_flight(), 2);
+        // One store of the stream's latest value completes everything before it.
+        area.store(0, 2);
+        wait_until("b1 completes", || gate.in_flight() == 1);
+        // A session whose context fails forgets what it had on the device.
+        batch.watch(b2, &area, 2, 1);
+        batch.forget_in_flight();
+        assert_eq!(gate.in_flight(), 0);
+        assert_eq!(batch.tenant_stats().unwrap().completed, 3);
     }
 
     #[test]

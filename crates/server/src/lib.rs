@@ -71,8 +71,13 @@ impl Server {
                 if policy == Policy::Fifo {
                     return None;
                 }
-                let concurrency = gate::concurrency_for(&d.info().backend);
-                let config = gate::scheduler_config(policy, concurrency);
+                // A GPU's sessions queue launches on its streams (completion signals
+                // tell the gate when they are done); other devices run one at a time.
+                let backend = &d.info().backend;
+                let config = match backend.as_str() {
+                    "cuda" => gate::queued_scheduler_config(policy),
+                    _ => gate::scheduler_config(policy, gate::concurrency_for(backend)),
+                };
                 Some(
                     DeviceGate::new(config, gate::monotonic_clock())
                         .expect("the server's scheduler configuration is valid"),

@@ -15,11 +15,12 @@ use cumux_protocol::{
 };
 
 use crate::device::attributes::{MAX_BLOCK_DIM, MAX_GRID_DIM, SHARED_PER_BLOCK_OPTIN};
+use crate::device::signals::{SignalArea, StreamSignals};
 use crate::device::{
     Device, DeviceContext, KernelDesc, LaunchGeometry, LaunchOutcome, ModuleId, StreamOrdered,
     StreamWork, SyncTarget,
 };
-use crate::gate::GateSession;
+use crate::gate::{Admission, GateSession};
 use crate::status::{server_status, SessionEntry, SessionStats};
 use crate::streams::{Position, Streams, Work, MAX_STREAMS, NON_BLOCKING};
 use crate::tenants::{AccountHold, TenantSettings};
@@ -230,12 +231,39 @@ pub struct Session {
     gate: Option<Arc<GateSession>>,
     /// The scheduler's name of each stream that has launched: unique server-wide.
     sched_streams: HashMap<Handle, cumux_scheduler::StreamId>,
+    /// With a gate on a device that queues work: the completion signals of the
+    /// session's launches, which tell the gate when each is done.
+    signals: Option<StreamSignals>,
+    /// The priority the session's streams get on the device under `priority`
+    /// (latency-critical first), instead of the one the client asked for.
+    forced_priority: Option<i32>,
 }
 
 /// Source of the scheduler's stream ids (see `Session::sched_streams`). Ids only need
 /// to differ among streams with work at the gate at once; wrapping after 2^32 streams
 /// is harmless.
 static NEXT_SCHED_STREAM: AtomicU32 = AtomicU32::new(0);
+
+/// The most urgent stream priority (the device clamps it to its own range).
+const HIGHEST_PRIORITY: i32 = -1000;
+
+/// A signal area for the session's launches, attached to its context; `None` (and a
+/// debug line) where the context cannot signal completions.
+fn attach_signals(ordered: &dyn StreamOrdered, session: u64) -> Option<StreamSignals> {
+    let attached = SignalArea::create().and_then(|area| {
+        let path = area.path().expect("a fresh area has a name");
+        let result = ordered.attach_signals(&path);
+        area.unlink();
+        result.map(|()| StreamSignals::new(Arc::new(area)))
+    });
+    match attached {
+        Ok(signals) => Some(signals),
+        Err(e) => {
+            tracing::debug!(session, "launches go through stream workers: {e}");
+            None
+        }
+    }
+}
 
 fn err(code: u32, detail: impl Into<String>) -> CuError {
     CuError::new(code, detail)
@@ -313,11 +341,30 @@ impl Session {
         if let Some(entry) = &entry {
             server.registry().insert(Arc::clone(entry));
         }
-        // The scheduling gate holds launches back in the server: it needs the
-        // server's own stream workers.
-        let ordered = ctx.stream_ordered().is_some()
-            && gate.is_none()
-            && std::env::var(STREAM_THREADS_ENV).map_or(true, |v| v.trim() != "1");
+        // Under a scheduling gate, work is queued on the device only where the device
+        // can signal each launch's completion; elsewhere the server's stream workers
+        // run launches one by one and report them.
+        let threads = std::env::var(STREAM_THREADS_ENV).is_ok_and(|v| v.trim() == "1");
+        let signals = match (&gate, ctx.stream_ordered()) {
+            (Some(_), Some(ordered)) if !threads => attach_signals(ordered, id),
+            _ => None,
+        };
+        let ordered =
+            ctx.stream_ordered().is_some() && !threads && (gate.is_none() || signals.is_some());
+        let forced_priority = match (&gate, &tenant) {
+            (Some(g), Some((_, settings)))
+                if matches!(g.gate().policy(), cumux_scheduler::Policy::Priority(_)) =>
+            {
+                Some(match settings.class {
+                    crate::tenants::TenantClass::LatencyCritical => HIGHEST_PRIORITY,
+                    crate::tenants::TenantClass::Batch => 0,
+                })
+            }
+            _ => None,
+        };
+        if let (Some(priority), Some(ordered)) = (forced_priority, ctx.stream_ordered()) {
+            ordered.set_own_stream_priority(priority);
+        }
         Ok(Session {
             server,
             device,
@@ -345,6 +392,8 @@ impl Session {
             events: HashMap::new(),
             gate,
             sched_streams: HashMap::new(),
+            signals,
+            forced_priority,
         })
     }
 
@@ -455,6 +504,10 @@ impl Session {
             Call::StreamDestroy { stream } if self.ordered => {
                 if !self.ordered_streams.remove(&stream) {
                     return Err(invalid_handle("stream", stream));
+                }
+                self.sched_streams.remove(&stream);
+                if let Some(signals) = &mut self.signals {
+                    signals.release(stream);
                 }
                 self.ordered()?.stream_destroy(stream)?;
                 Ok(ReplyBody::Unit)
@@ -679,9 +732,58 @@ impl Session {
     fn waited(&self, outcome: LaunchOutcome) -> CallResult {
         self.core.append_stdout(&outcome.stdout);
         if let Err(e) = outcome.result {
+            // A failed context signals nothing more: its launches leave the gate now.
+            if is_fatal(e.code) {
+                if let Some(gate) = &self.gate {
+                    gate.forget_in_flight();
+                }
+            }
             self.core.fail(e);
         }
         self.sync_result()
+    }
+
+    /// Queues a launch on the device. Under a gate it first waits for the scheduler
+    /// to let it go, and is followed on its stream by a signal that tells the gate
+    /// when it is done.
+    fn ordered_launch(
+        &mut self,
+        stream: Handle,
+        module: ModuleId,
+        kernel: usize,
+        work: StreamWork,
+    ) -> CallResult {
+        let (Some(gate), Some(signals)) = (&self.gate, &mut self.signals) else {
+            self.ordered()?.enqueue(stream, work);
+            return Ok(ReplyBody::Unit);
+        };
+        let sched_stream = *self.sched_streams.entry(stream).or_insert_with(|| {
+            cumux_scheduler::StreamId(NEXT_SCHED_STREAM.fetch_add(1, Ordering::Relaxed))
+        });
+        let kernel_id = cumux_scheduler::KernelId((module << 16) ^ kernel as u64);
+        let signal = signals.next(stream);
+        let admitted = gate.admit(sched_stream, kernel_id, None);
+        let ordered = self
+            .ctx
+            .stream_ordered()
+            .ok_or_else(|| err(codes::NOT_SUPPORTED, "stream-ordered work"))?;
+        match (admitted, signal) {
+            // The session ended while the launch waited: it is skipped.
+            (Admission::Skip, _) => {}
+            (Admission::Go(id), Some((slot, value))) => {
+                ordered.enqueue(stream, work);
+                ordered.enqueue(stream, StreamWork::Signal { slot, value });
+                gate.watch(id, signals.area(), slot, value);
+            }
+            // No slot left (not reachable: there are more than streams) or the
+            // scheduler refused it: the launch runs, unscheduled.
+            (Admission::Go(_), None) => {
+                ordered.enqueue(stream, work);
+                gate.forget_in_flight();
+            }
+            (Admission::Ungated, _) => ordered.enqueue(stream, work),
+        }
+        Ok(ReplyBody::Unit)
     }
 
     /// A stream or event query against the device.
@@ -1159,8 +1261,7 @@ impl Session {
                 geometry,
                 params,
             };
-            self.ordered()?.enqueue(stream, work);
-            return Ok(ReplyBody::Unit);
+            return self.ordered_launch(stream, module, kernel, work);
         }
         let core = Arc::clone(&self.core);
         let ctx = Arc::clone(&self.ctx);
@@ -1232,6 +1333,7 @@ impl Session {
                     format!("a session may hold {MAX_STREAMS} streams"),
                 ));
             }
+            let priority = self.forced_priority.unwrap_or(priority);
             self.ordered()?.stream_create(handle, flags, priority)?;
             self.ordered_streams.insert(handle);
             return Ok(ReplyBody::Handle(handle));
@@ -1324,6 +1426,8 @@ impl Session {
         // tenant leaves the scheduler once the session's workers have stopped.
         if let Some(gate) = &self.gate {
             gate.cancel_queued();
+            // Its launches on the device may never signal (the context goes away).
+            gate.forget_in_flight();
         }
         self.streams.shutdown();
         self.gate = None;

@@ -100,6 +100,7 @@ pub fn server_status(server: &Server) -> ServerStatus {
                     total_mem: d.mem_total(),
                     used_mem: d.mem_used(),
                     policy: crate::gate::policy_name(server.policy()).into(),
+                    signalled_launches: server.gate_of(d).map_or(0, |g| g.signalled()),
                 }
             })
             .collect(),

@@ -18,8 +18,8 @@ use std::thread::ThreadId;
 use cumux_cuda_driver::capture::{image_may_print, StdoutCapture};
 use cumux_cuda_driver::sys::CU_STREAM_NON_BLOCKING;
 use cumux_cuda_driver::{
-    self as cu, CudaError, DeviceId, Driver, Event, Function, FunctionAttributes, LaunchAttr,
-    LaunchConfig, Module, Stream,
+    self as cu, CudaError, DeviceId, Driver, Event, Function, FunctionAttributes, HostRegistration,
+    LaunchAttr, LaunchConfig, Module, Stream,
 };
 use cumux_protocol::{
     codes, CuError, DeviceInfo, DevicePtr, FunctionAttrs, Handle, LaunchAttribute, ParamInfo,
@@ -30,6 +30,7 @@ use super::{
     Device, DeviceContext, GlobalDesc, KernelDesc, LaunchGeometry, LaunchOutcome, LoadedModule,
     ModuleId, StreamOrdered, StreamWork, SyncTarget,
 };
+use crate::device::signals::SignalArea;
 
 /// Selects how sessions map to CUDA contexts (`session` or `primary`).
 pub const CONTEXT_MODE_ENV: &str = "CUMUX_CUDA_CONTEXT";
@@ -711,6 +712,16 @@ impl CudaContext {
             StreamWork::Wait { event } => stream
                 .wait_event(&*self.ordered_event(event)?)
                 .map_err(cu_err),
+            StreamWork::SignalTo { area, slot, value } => {
+                let addr = area.device_addr(slot).ok_or_else(|| {
+                    CuError::new(codes::INVALID_VALUE, format!("signal slot {slot}"))
+                })?;
+                stream.write_value64(addr, value).map_err(cu_err)
+            }
+            StreamWork::Signal { .. } => Err(CuError::new(
+                codes::INVALID_VALUE,
+                "a signal without an area",
+            )),
         }
     }
 
@@ -814,6 +825,17 @@ impl StreamOrdered for CudaContext {
     fn elapsed_ms(&self, start: Handle, end: Handle) -> Result<f32, CuError> {
         let (start, end) = (self.ordered_event(start)?, self.ordered_event(end)?);
         start.elapsed_ms(&end).map_err(cu_err)
+    }
+
+    fn prepare_signals(&self, area: &Arc<SignalArea>) -> Result<(), CuError> {
+        let (ptr, len) = area.host_range();
+        // SAFETY: the registration is dropped by the area's drop hook, before the
+        // area unmaps the range.
+        let registration =
+            unsafe { HostRegistration::new(self.ctx()?, ptr, len) }.map_err(cu_err)?;
+        area.set_device_base(registration.device_ptr());
+        area.on_drop(Box::new(move || drop(registration)));
+        Ok(())
     }
 }
 
@@ -1099,6 +1121,36 @@ mod tests {
         one.mem_free(p).unwrap();
         drop(two);
         assert_eq!(shared.mem_used(), 0);
+    }
+
+    #[test]
+    fn signals_reach_registered_host_memory_in_stream_order() {
+        let Some(driver) = fake_driver() else {
+            return;
+        };
+        let device = CudaDevice::new(&driver, 0, ContextMode::PerSession, false).unwrap();
+        let ctx = device.create_context().unwrap();
+        let ordered = ctx.stream_ordered().expect("a GPU context keeps stream order");
+        let area = Arc::new(SignalArea::create().unwrap());
+        ordered.prepare_signals(&area).unwrap();
+        ordered.stream_create(5, CU_STREAM_NON_BLOCKING, 0).unwrap();
+        let signal = |slot, value| StreamWork::SignalTo {
+            area: Arc::clone(&area),
+            slot,
+            value,
+        };
+        ordered.enqueue(5, signal(3, 7));
+        ordered.enqueue(DEFAULT_STREAM, signal(4, 1));
+        assert!(ordered.synchronize(SyncTarget::Context).result.is_ok());
+        assert_eq!((area.load(3), area.load(4)), (7, 1));
+        // A slot past the area fails the stream's next wait, and writes nothing.
+        ordered.enqueue(5, signal(1 << 20, 1));
+        let failed = ordered.synchronize(SyncTarget::Stream(5)).result.unwrap_err();
+        assert_eq!(failed.code, codes::INVALID_VALUE);
+        // A signal that never met an area is refused the same way.
+        ordered.enqueue(5, StreamWork::Signal { slot: 1, value: 1 });
+        assert!(ordered.synchronize(SyncTarget::Stream(5)).result.is_err());
+        assert_eq!(area.load(1), 0);
     }
 
     #[test]

@@ -11,6 +11,7 @@ pub mod cuda;
 pub mod model;
 pub mod serial;
 pub mod shared;
+pub mod signals;
 pub mod spin;
 pub mod worker;
 
@@ -187,6 +188,16 @@ pub enum StreamWork {
     Record { event: Handle },
     /// Later work of the stream waits for `event`'s latest record.
     Wait { event: Handle },
+    /// Raises counter `slot` of the connection's signal area to `value` once the
+    /// stream's earlier work is done ([`StreamOrdered::attach_signals`]).
+    Signal { slot: u32, value: u64 },
+    /// [`StreamWork::Signal`] as the worker hands it to its context: with the area.
+    #[serde(skip)]
+    SignalTo {
+        area: Arc<signals::SignalArea>,
+        slot: u32,
+        value: u64,
+    },
 }
 
 /// What a synchronizing call waits for.
@@ -225,6 +236,26 @@ pub trait StreamOrdered: Send + Sync {
     fn query(&self, target: SyncTarget) -> Result<bool, CuError>;
     /// Milliseconds between two recorded events.
     fn elapsed_ms(&self, start: Handle, end: Handle) -> Result<f32, CuError>;
+    /// Lets later [`StreamWork::Signal`] work reach the [`signals::SignalArea`] at
+    /// `path` (created by the server; opened by whoever runs the streams). Not
+    /// every context can.
+    fn attach_signals(&self, path: &std::path::Path) -> Result<(), CuError> {
+        let _ = path;
+        Err(CuError::new(
+            cumux_protocol::codes::NOT_SUPPORTED,
+            "this context cannot signal completions",
+        ))
+    }
+    /// The priority of the streams the context creates for its own use (a shared
+    /// context's per-session default stream), from now on; ignored where none.
+    fn set_own_stream_priority(&self, priority: i32) {
+        let _ = priority;
+    }
+    /// Readies an area for [`StreamWork::SignalTo`] work (a GPU registers it).
+    fn prepare_signals(&self, area: &Arc<signals::SignalArea>) -> Result<(), CuError> {
+        let _ = area;
+        Ok(())
+    }
 }
 
 /// The default per-block instruction budget of a launch on the CPU device

@@ -58,6 +58,18 @@ impl SerialStreams {
     fn run(&self, work: StreamWork) -> Result<(), CuError> {
         match work {
             StreamWork::Write { dst, data } => self.ctx.mem_write(dst, &data),
+            // Earlier work has run: this one is done at once.
+            StreamWork::SignalTo { area, slot, value } => match area.store(slot, value) {
+                true => Ok(()),
+                false => Err(CuError::new(
+                    codes::INVALID_VALUE,
+                    format!("signal slot {slot}"),
+                )),
+            },
+            StreamWork::Signal { .. } => Err(CuError::new(
+                codes::INVALID_VALUE,
+                "a signal without an area",
+            )),
             StreamWork::Copy { dst, src, bytes } => self.ctx.mem_copy(dst, src, bytes),
             StreamWork::Fill {
                 dst,

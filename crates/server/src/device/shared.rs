@@ -67,6 +67,8 @@ struct ViewState {
     internal_events: HashSet<Handle>,
     allocations: HashSet<DevicePtr>,
     modules: HashSet<ModuleId>,
+    /// The priority of the session's own default stream.
+    own_priority: i32,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -121,7 +123,9 @@ impl SharedView {
     /// Creates the session's default stream at its first use.
     fn default_stream(&self, state: &mut ViewState) -> Result<(), CuError> {
         if !state.default_created {
-            self.conn.stream_create(self.name(DEFAULT_STREAM), 0, 0)?;
+            let priority = state.own_priority;
+            self.conn
+                .stream_create(self.name(DEFAULT_STREAM), 0, priority)?;
             state.default_created = true;
         }
         Ok(())
@@ -250,6 +254,14 @@ impl StreamOrdered for SharedView {
         self.conn.event_destroy(self.name(event))?;
         lock(&self.state).events.remove(&event);
         Ok(())
+    }
+
+    fn attach_signals(&self, path: &std::path::Path) -> Result<(), CuError> {
+        self.conn.attach_signals(path)
+    }
+
+    fn set_own_stream_priority(&self, priority: i32) {
+        lock(&self.state).own_priority = priority;
     }
 
     fn enqueue(&self, stream: Handle, work: StreamWork) {

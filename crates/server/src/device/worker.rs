@@ -26,7 +26,7 @@ use std::io::{self, BufReader, Read, Write};
 use std::os::fd::OwnedFd;
 use std::os::unix::net::UnixStream;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdout, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -41,6 +41,7 @@ use serde::{Deserialize, Serialize};
 
 use super::serial::SerialStreams;
 use super::shared::SharedView;
+use super::signals::SignalArea;
 use super::spin::{spin_time, SpinReader};
 use super::{
     Device, DeviceContext, GlobalDesc, KernelDesc, LaunchGeometry, LaunchOutcome, LoadedModule,
@@ -154,6 +155,11 @@ pub enum WorkerRequest {
     /// served on a thread of its own (`shared` mode); answered by
     /// [`WorkerValue::Sessions`]. Only on the worker's own connection.
     OpenSessions,
+    /// Opens the server's signal area at `path` for this connection's
+    /// [`StreamWork::Signal`] work ([`StreamOrdered::attach_signals`]).
+    AttachSignals {
+        path: String,
+    },
 }
 
 /// A worker's answer. The first message a worker sends is one with
@@ -506,6 +512,8 @@ impl Served<'_, '_> {
         };
         let mut frame = Vec::new();
         let mut data = Vec::new();
+        // The server's completion counters for this connection's streams.
+        let mut signals: Option<Arc<SignalArea>> = None;
         loop {
             match read_frame(&mut reader, &mut frame) {
                 Ok(()) => {}
@@ -559,9 +567,36 @@ impl Served<'_, '_> {
                 if let StreamWork::Write { data, .. } = &mut work {
                     read_frame(&mut reader, data).map_err(io_err)?;
                 }
+                if let StreamWork::Signal { slot, value } = work {
+                    work = match &signals {
+                        Some(area) => StreamWork::SignalTo {
+                            area: Arc::clone(area),
+                            slot,
+                            value,
+                        },
+                        // Fails in the context, and so at the next waiting call.
+                        None => work,
+                    };
+                }
                 if catch_unwind(AssertUnwindSafe(|| ordered.enqueue(stream, work))).is_err() {
                     tracing::error!("worker: queued work panicked");
                 }
+                continue;
+            }
+            if let WorkerRequest::AttachSignals { path } = &request {
+                let opened = SignalArea::open(Path::new(path)).map(Arc::new);
+                let result = opened.and_then(|area| {
+                    ordered.prepare_signals(&area)?;
+                    signals = Some(area);
+                    Ok(WorkerValue::Unit)
+                });
+                send(
+                    &mut writer,
+                    &WorkerReply {
+                        result,
+                        marker: None,
+                    },
+                )?;
                 continue;
             }
             if let WorkerRequest::OpenSessions = request {
@@ -669,10 +704,10 @@ fn execute(
             Vec::new(),
             None,
         ),
-        WorkerRequest::OpenSessions => (
+        WorkerRequest::OpenSessions | WorkerRequest::AttachSignals { .. } => (
             Err(CuError::new(
                 codes::INVALID_VALUE,
-                "sessions open elsewhere",
+                "served by the connection",
             )),
             Vec::new(),
             None,
@@ -1709,6 +1744,16 @@ impl StreamOrdered for WorkerContext {
             WorkerValue::Ms(ms) => Ok(ms),
             other => Err(unexpected(&other)),
         }
+    }
+
+    fn attach_signals(&self, path: &Path) -> Result<(), CuError> {
+        let path = path.to_str().ok_or_else(|| {
+            CuError::new(codes::INVALID_VALUE, "a signal area path that is not UTF-8")
+        })?;
+        let request = WorkerRequest::AttachSignals {
+            path: path.to_string(),
+        };
+        self.unit(&request, &[])
     }
 }
 
