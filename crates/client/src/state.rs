@@ -80,6 +80,8 @@ pub struct HostRegion {
     pub flags: u32,
     /// Allocated by cumux (freed by `cuMemFreeHost`) rather than registered.
     pub owned: bool,
+    /// Shared with the server ([`crate::pinned`]): copies name it.
+    pub pinned: Option<crate::pinned::PinnedMemory>,
 }
 
 #[derive(Default)]
@@ -289,6 +291,16 @@ impl Client {
             return self.call(call);
         }
         lock(&self.conn).call_with_bytes(call, bytes)
+    }
+
+    /// Registers pinned host memory: `call` is a `HostRegister`, `fd` its
+    /// memfd, which follows the call on the socket.
+    pub fn register_host(
+        &self,
+        call: Call,
+        fd: std::os::fd::BorrowedFd<'_>,
+    ) -> CuResult<ReplyBody> {
+        lock(&self.conn).register_host(call, fd)
     }
 
     /// Makes a call answered with exactly `out.len()` bytes of data, received

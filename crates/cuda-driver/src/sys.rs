@@ -198,6 +198,8 @@ driver_api! {
     cuMemGetAddressRange ["cuMemGetAddressRange_v2"] (*mut CUdeviceptr, *mut usize, CUdeviceptr);
     cuMemHostAlloc ["cuMemHostAlloc"] (*mut Ptr, usize, c_uint);
     cuMemFreeHost ["cuMemFreeHost"] (Ptr);
+    cuMemHostRegister ["cuMemHostRegister_v2", "cuMemHostRegister"] (Ptr, usize, c_uint);
+    cuMemHostUnregister ["cuMemHostUnregister"] (Ptr);
     cuMemcpyHtoD ["cuMemcpyHtoD_v2"] (CUdeviceptr, CPtr, usize);
     cuMemcpyDtoH ["cuMemcpyDtoH_v2"] (Ptr, CUdeviceptr, usize);
     cuMemcpyDtoD ["cuMemcpyDtoD_v2"] (CUdeviceptr, CUdeviceptr, usize);

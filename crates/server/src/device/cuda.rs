@@ -18,9 +18,10 @@ use std::thread::ThreadId;
 use cumux_cuda_driver::capture::{image_may_print, StdoutCapture};
 use cumux_cuda_driver::sys::CU_STREAM_NON_BLOCKING;
 use cumux_cuda_driver::{
-    self as cu, CudaError, DeviceId, Driver, Event, Function, FunctionAttributes, LaunchAttr,
-    LaunchConfig, Module, Stream,
+    self as cu, CudaError, DeviceId, Driver, Event, Function, FunctionAttributes, HostRegistration,
+    LaunchAttr, LaunchConfig, Module, Stream,
 };
+use cumux_protocol::pinned::HostMapping;
 use cumux_protocol::{
     codes, CuError, DeviceInfo, DevicePtr, FunctionAttrs, Handle, LaunchAttribute, ParamInfo,
     TensorMapLayout, TensorMapRequest, DEFAULT_STREAM,
@@ -277,6 +278,9 @@ struct OrderedState {
     events: HashMap<Handle, Arc<Event>>,
     /// The first failure of queued work, for the next waiting call.
     pending: Option<CuError>,
+    /// Pinned host regions: the worker's mapping, page-locked where the
+    /// driver allowed it (else copies from it are staged, still correct).
+    pins: HashMap<Handle, (Option<HostRegistration>, Arc<HostMapping>)>,
 }
 
 impl CudaContext {
@@ -588,6 +592,36 @@ impl DeviceContext for CudaContext {
         Some(self)
     }
 
+    fn host_register(
+        &self,
+        region: Handle,
+        mapping: &Arc<HostMapping>,
+        _fd: std::os::fd::BorrowedFd<'_>,
+    ) -> Result<(), CuError> {
+        let ctx = self.ctx()?;
+        // SAFETY: the mapping is kept next to the registration, which is
+        // dropped (after the context's work) before the mapping is.
+        let pinned = unsafe { HostRegistration::new(ctx, mapping.as_ptr(), mapping.len(), 0) };
+        let pinned = pinned
+            .inspect_err(|e| tracing::debug!(region, "cuda: host region left pageable: {e}"))
+            .ok();
+        lock(&self.ordered)
+            .pins
+            .insert(region, (pinned, Arc::clone(mapping)));
+        Ok(())
+    }
+
+    fn host_unregister(&self, region: Handle) {
+        // Copies that may still use it finish first.
+        if let Ok(ctx) = self.ctx() {
+            if let Err(e) = self.flushing(|| ctx.synchronize()) {
+                lock(&self.ordered).pending.get_or_insert(cu_err(e));
+            }
+        }
+        let pin = lock(&self.ordered).pins.remove(&region);
+        drop(pin);
+    }
+
     fn tensor_map_encode(&self, request: &TensorMapRequest) -> Result<Vec<u8>, CuError> {
         let shape = cu::TensorShape {
             data_type: request.data_type,
@@ -711,6 +745,15 @@ impl CudaContext {
             StreamWork::Wait { event } => stream
                 .wait_event(&*self.ordered_event(event)?)
                 .map_err(cu_err),
+            // SAFETY (both): the region stays mapped until it is unregistered,
+            // which waits for the context's work first; stream order keeps
+            // the program's copies into one span apart.
+            StreamWork::HostToDevice { dst, host } => {
+                unsafe { stream.copy_htod_async(dst, host.read()?) }.map_err(cu_err)
+            }
+            StreamWork::DeviceToHost { src, host } => {
+                unsafe { stream.copy_dtoh_async(host.write()?, src) }.map_err(cu_err)
+            }
         }
     }
 
@@ -831,6 +874,7 @@ impl Drop for CudaContext {
         let ordered = std::mem::take(&mut *lock(&self.ordered));
         streams.extend(ordered.streams.into_values());
         let events = ordered.events;
+        let pins = ordered.pins;
         let ctx = self.ctx.take();
         let total: u64 = allocations.iter().map(|(_, b)| b).sum::<u64>()
             + modules.iter().map(|m| m.globals_bytes).sum::<u64>();
@@ -840,6 +884,11 @@ impl Drop for CudaContext {
         let teardown = move || {
             drop(events);
             drop(streams);
+            // Copies into pinned regions end before they are unregistered.
+            if let (false, Some(ctx)) = (pins.is_empty(), &ctx) {
+                let _ = ctx.synchronize();
+            }
+            drop(pins);
             drop(modules);
             if let Some(ctx) = ctx {
                 if ctx.is_primary() {

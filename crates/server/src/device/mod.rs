@@ -14,13 +14,17 @@ pub mod shared;
 pub mod spin;
 pub mod worker;
 
+use std::os::fd::BorrowedFd;
 use std::sync::Arc;
 
+use cumux_protocol::pinned::HostMapping;
 use cumux_protocol::{
     CuError, DeviceInfo, DevicePtr, FunctionAttrs, Handle, LaunchAttribute, ParamInfo,
     TensorMapRequest,
 };
 use serde::{Deserialize, Serialize};
+
+use crate::host_regions::HostSpan;
 
 /// A backend's own name for a loaded module. Unique per device, never reused.
 pub type ModuleId = u64;
@@ -152,6 +156,23 @@ pub trait DeviceContext: Send + Sync {
     fn stream_ordered(&self) -> Option<&dyn StreamOrdered> {
         None
     }
+    /// Takes a client's pinned host memory as `region`: `mapping` is this
+    /// process's mapping of it, `fd` its memfd (for a context in another
+    /// process). Copies name the region in [`StreamWork::HostToDevice`] and
+    /// [`StreamWork::DeviceToHost`]. A context in this process needs nothing.
+    fn host_register(
+        &self,
+        region: Handle,
+        mapping: &Arc<HostMapping>,
+        fd: BorrowedFd<'_>,
+    ) -> Result<(), CuError> {
+        let _ = (region, mapping, fd);
+        Ok(())
+    }
+    /// Forgets `region`; the caller has waited for the work that used it.
+    fn host_unregister(&self, region: Handle) {
+        let _ = region;
+    }
 }
 
 /// Stream-ordered work for [`StreamOrdered::enqueue`].
@@ -187,6 +208,10 @@ pub enum StreamWork {
     Record { event: Handle },
     /// Later work of the stream waits for `event`'s latest record.
     Wait { event: Handle },
+    /// Copies a span of a registered host region to `dst` (pinned memory).
+    HostToDevice { dst: DevicePtr, host: HostSpan },
+    /// Copies from `src` into a span of a registered host region.
+    DeviceToHost { src: DevicePtr, host: HostSpan },
 }
 
 /// What a synchronizing call waits for.
