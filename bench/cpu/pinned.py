@@ -6,8 +6,9 @@ process, the path a GPU takes) on a private unix socket, then runs
 bench/cuda/microbench `bandwidth` (synchronous cudaMemcpy, pinned and pageable,
 4 KiB to 256 MiB) through `cumux run`, alternating CUMUX_PINNED=off (pinned
 buffers are plain memory and copies carry their bytes: the old route) and the
-default (cudaMallocHost buffers are memfds shared with server and worker),
-for ROUNDS rounds, and writes the median per figure as JSON. Needs a release
+default (cudaMallocHost buffers are memfds shared with server and worker;
+large synchronous pageable copies staged through a pinned buffer of the
+client's own), for ROUNDS rounds, and writes the median per figure as JSON. Needs a release
 build and NVIDIA's compiler in .venv (scripts/setup-nvcc):
 
     cargo build --release
@@ -119,12 +120,13 @@ def main():
         "baseline": "before",
         "note": "Both columns are cumux on the same server in the same run, microbench "
                 "`bandwidth` (synchronous cudaMemcpy, median of reps): 'before' is "
-                "CUMUX_PINNED=off (cudaMallocHost buffers are plain memory, copies carry "
-                "their bytes through the shared-memory rings, the server and the worker "
-                "socket), 'after' the default zero-copy pinned memory (the buffer is a "
-                "memfd the worker maps; a copy names region, offset and length). Pageable "
-                "figures take the old route in both columns. ratio = after / before; "
-                "figures are the median of the rounds (each round's value is in *_rounds).",
+                "CUMUX_PINNED=off (cudaMallocHost buffers are plain memory, and every copy "
+                "carries its bytes through the shared-memory rings, the server and the "
+                "worker socket), 'after' the default: zero-copy pinned memory (the buffer "
+                "is a memfd the worker maps; a copy names region, offset and length) and "
+                "synchronous pageable copies of 1 MiB or more staged through the client's "
+                "own two-slot pinned buffer. ratio = after / before; figures are the "
+                "median of the rounds (each round's value is in *_rounds).",
         "rounds": opts.rounds,
         "metrics": metrics,
     }

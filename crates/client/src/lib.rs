@@ -28,6 +28,7 @@ pub mod link;
 pub mod managed;
 pub mod occupancy;
 pub mod pinned;
+pub mod staging;
 pub mod state;
 pub mod tools_context;
 pub mod transport;

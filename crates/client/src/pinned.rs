@@ -19,7 +19,8 @@ use crate::state::Client;
 /// Buffers smaller than this stay plain: their copies are small anyway.
 pub const MIN_BYTES: usize = 64 << 10;
 
-/// Set to `off` to keep pinned buffers plain (for comparisons).
+/// Set to `off` to keep pinned buffers plain and large pageable copies
+/// unstaged ([`crate::staging`]): every copy carries its bytes (for comparisons).
 pub const PINNED_ENV: &str = "CUMUX_PINNED";
 
 const PAGE: usize = 4096;
@@ -36,9 +37,13 @@ impl PinnedMemory {
     }
 }
 
+/// Whether copies may name shared buffers at all (`CUMUX_PINNED` is not `off`).
+pub fn enabled() -> bool {
+    std::env::var(PINNED_ENV).map_or(true, |v| !matches!(v.trim(), "off" | "0"))
+}
+
 fn wanted(bytes: usize) -> bool {
-    bytes >= MIN_BYTES
-        && std::env::var(PINNED_ENV).map_or(true, |v| !matches!(v.trim(), "off" | "0"))
+    bytes >= MIN_BYTES && enabled()
 }
 
 /// A buffer of `bytes` the server registered, or `None` (why, at debug

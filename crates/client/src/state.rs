@@ -164,6 +164,8 @@ pub struct Client {
     next_handle: AtomicUsize,
     /// Host functions waiting on streams, by server stream handle.
     pub gates: crate::host_fn::Gates,
+    /// The pinned buffer large pageable copies go through.
+    pub staging: crate::staging::StagingSlot,
 }
 
 static CLIENT: OnceLock<Arc<Client>> = OnceLock::new();
@@ -204,6 +206,7 @@ pub fn init() -> CuResult<&'static Client> {
                 tables: Mutex::new(Tables::default()),
                 next_handle: AtomicUsize::new(0x10_0000),
                 gates: Default::default(),
+                staging: Default::default(),
             });
             let _ = CLIENT.set(client);
             Ok(CLIENT.get().expect("just set"))

@@ -1,7 +1,9 @@
 // Copies between device memory and pinned host memory (cudaMallocHost,
 // cudaHostAlloc): synchronous and async, whole buffers and parts at offsets,
-// through two streams, then freed and allocated again. Prints PASS.
+// through two streams, then freed and allocated again; and large pageable
+// copies. Prints PASS.
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <cuda_runtime.h>
 
@@ -77,6 +79,22 @@ int main() {
   CHECK(cudaMemcpyAsync(out, dev, bytes, cudaMemcpyDeviceToHost, s1));
   CHECK(cudaStreamSynchronize(s1));
   if (check(out, N, 11, 0, "after free")) return 1;
+
+  // Large pageable copies (staged through the driver's own pinned buffer),
+  // of a size that is no multiple of anything.
+  const size_t big = (10u << 20) + 12345;
+  unsigned char *pageable = (unsigned char *)malloc(big);
+  unsigned char *back = (unsigned char *)malloc(big);
+  unsigned char *dbig = nullptr;
+  CHECK(cudaMalloc(&dbig, big));
+  for (size_t i = 0; i < big; i++) pageable[i] = (unsigned char)(i * 31 + 7);
+  CHECK(cudaMemcpy(dbig, pageable, big, cudaMemcpyHostToDevice));
+  memset(back, 0, big);
+  CHECK(cudaMemcpy(back, dbig, big, cudaMemcpyDeviceToHost));
+  if (memcmp(back, pageable, big) != 0) { printf("FAIL large pageable round trip\n"); return 1; }
+  CHECK(cudaFree(dbig));
+  free(pageable);
+  free(back);
 
   CHECK(cudaStreamDestroy(s1));
   CHECK(cudaStreamDestroy(s2));

@@ -97,6 +97,12 @@ pub(crate) fn htod(c: &Client, dst: u64, src: &[u8], stream: Option<Handle>) -> 
         })?;
         return after_sync_copy(c, stream);
     }
+    if stream.is_none() {
+        if let Some(staged) = crate::staging::htod(c, dst, src) {
+            staged?;
+            return after_sync_copy(c, stream);
+        }
+    }
     for (i, chunk) in src.chunks(MAX_CHUNK_BYTES).enumerate() {
         c.call_with_bytes(
             Call::MemcpyHtoD {
@@ -133,6 +139,12 @@ pub(crate) fn dtoh(c: &Client, dst: &mut [u8], src: u64, stream: Option<Handle>)
             stream,
         })?;
         return after_sync_copy(c, stream);
+    }
+    if stream.is_none() {
+        if let Some(staged) = crate::staging::dtoh(c, dst, src) {
+            staged?;
+            return after_sync_copy(c, stream);
+        }
     }
     for (i, chunk) in dst.chunks_mut(MAX_CHUNK_BYTES).enumerate() {
         let call = Call::MemcpyDtoH {
