@@ -404,6 +404,8 @@ impl Session {
             Some(fatal) => Err(fatal),
             None => self.execute(call),
         };
+        // A memfd that came with a refused call is closed now.
+        self.incoming_fd = None;
         if fire_and_forget {
             if let Err(e) = result {
                 if self.core.fatal().is_none() {
