@@ -270,6 +270,17 @@ fn copy_rows(
                 dtod(c, d + dof, s + so, width, queue)?;
             }
         }
+        (Side::Device(s), Side::Host(d)) if pinned_rows(c, d, width, rows) => {
+            // Each row straight into the pinned buffer, in stream order.
+            for &(so, dof) in rows {
+                dtoh(
+                    c,
+                    host_bytes_mut((d + dof as usize) as *mut c_void, width)?,
+                    s + so,
+                    queue,
+                )?;
+            }
+        }
         (Side::Device(s), Side::Host(d)) => {
             // One read covering every row, then scatter on the host.
             let lo = rows.iter().map(|r| r.0).min().unwrap_or(0);
@@ -299,6 +310,16 @@ fn copy_rows(
         })?;
     }
     Ok(())
+}
+
+/// Whether the host rows at `host` + each row's destination offset all lie
+/// in one pinned buffer (so device-to-host rows can land there directly).
+fn pinned_rows(c: &Client, host: usize, width: usize, rows: &[(u64, u64)]) -> bool {
+    let lo = rows.iter().map(|r| r.1).min().unwrap_or(0) as usize;
+    let hi = rows.iter().map(|r| r.1).max().unwrap_or(0) as usize;
+    let start = host.checked_add(lo);
+    let len = (hi - lo).checked_add(width);
+    matches!((start, len), (Some(start), Some(len)) if crate::pinned::span(c, start, len).is_some())
 }
 
 fn copy_2d(c: &Client, p: &CudaMemcpy2D, stream: Option<Handle>) -> CuResult<()> {
