@@ -2,7 +2,9 @@
 # Issue 6's sharing benchmark on the GPU machine: tenants as separate
 # processes running fixed-work kernels (bench/cuda/tenant_bench.cu) at once,
 # natively (the driver time-slices their contexts), under MPS, and through
-# cumux in `isolated` and `shared` mode. For each mix it reports every
+# cumux in `isolated` and `shared` mode, the latter also under the `fair` and
+# `priority` policies (modes `fair` and `priority`; each tenant its own name,
+# the latency tenant of the last mix configured latency-critical). For each mix it reports every
 # tenant's throughput against running alone natively, Jain's fairness index
 # over those, their sum (total throughput, 1.0 per tenant at full speed), and
 # a latency-critical tenant's p50/p99 next to a batch tenant. Writes
@@ -10,7 +12,7 @@
 #
 #   OUT=/some/dir bench/h100/tenants.sh
 # Optional: KIT=, NVCC=, NVCC_FLAGS=, SECS= (seconds per run, default 4),
-# MODES= (default "native mps isolated shared"), GPU_SLUG= (default h100),
+# MODES= (default "native mps isolated shared fair priority"), GPU_SLUG= (default h100),
 # DEVICE= (what cumux serves, default cuda; worker-cpu for a dry run).
 set -u
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -18,7 +20,7 @@ KIT=${KIT:-$ROOT/device-kit}
 OUT=${OUT:-/tmp/cumux-tenants}
 NVCC=${NVCC:-/usr/local/cuda/bin/nvcc}
 SECS=${SECS:-4}
-MODES=${MODES:-native mps isolated shared}
+MODES=${MODES:-native mps isolated shared fair priority}
 GPU_SLUG=${GPU_SLUG:-h100}
 DEVICE=${DEVICE:-cuda}
 NVCC_FLAGS=${NVCC_FLAGS:-}
@@ -50,8 +52,12 @@ start_mode() {
             nvidia-cuda-mps-control -d
             sleep 1
             ;;
-        isolated | shared)
-            "$KIT/cumux" serve --device "$DEVICE" --sharing "$1" --listen "unix:$WORK/$1.sock" \
+        isolated | shared | fair | priority)
+            local sharing=$1 policy=fifo
+            case $1 in fair | priority) sharing=shared policy=$1 ;; esac
+            printf '[tenants.lc]\nclass = "latency-critical"\n' >"$WORK/tenants.toml"
+            "$KIT/cumux" serve --device "$DEVICE" --sharing "$sharing" --policy "$policy" \
+                --config "$WORK/tenants.toml" --listen "unix:$WORK/$1.sock" \
                 >"$OUT/runs/server_$1.log" 2>&1 &
             SERVER_PID=$!
             for _ in $(seq 100); do [ -S "$WORK/$1.sock" ] && break; sleep 0.1; done
@@ -65,15 +71,18 @@ stop_mode() {
             sleep 1
             unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
             ;;
-        isolated | shared) kill "$SERVER_PID" 2>/dev/null; wait "$SERVER_PID" 2>/dev/null ;;
+        isolated | shared | fair | priority)
+            "$KIT/cumux" status --server "unix:$WORK/$1.sock" >"$OUT/runs/status_$1.txt" 2>&1
+            kill "$SERVER_PID" 2>/dev/null; wait "$SERVER_PID" 2>/dev/null ;;
     esac
 }
-# One tenant process of `mode`: tenant MODE KIND US OUTFILE
+# One tenant process of `mode`: tenant MODE KIND US OUTFILE [NAME]; NAME is its
+# tenant name under cumux (default: one of its own).
 tenant() {
-    local mode=$1 kind=$2 us=$3 file=$4
+    local mode=$1 kind=$2 us=$3 file=$4 name=${5:-t$RANDOM$RANDOM}
     case $mode in
-        isolated | shared)
-            timeout $((SECS + 60)) "$KIT/cumux" run --server "unix:$WORK/$mode.sock" -- \
+        isolated | shared | fair | priority)
+            timeout $((SECS + 60)) "$KIT/cumux" run --server "unix:$WORK/$mode.sock" --tenant "$name" -- \
                 "$BIN" "$kind" "${ITERS[$us]}" "$SECS" >"$file" 2>&1
             ;;
         *) timeout $((SECS + 60)) "$BIN" "$kind" "${ITERS[$us]}" "$SECS" >"$file" 2>&1 ;;
@@ -102,9 +111,9 @@ for mode in $MODES; do
         wait "${pids[@]}"
     done
     # lc: a latency-critical tenant (50 µs kernels) next to a 2 ms batch tenant.
-    tenant "$mode" throughput 2000 "$OUT/runs/${mode}_lc_batch_2000.txt" &
+    tenant "$mode" throughput 2000 "$OUT/runs/${mode}_lc_batch_2000.txt" batch &
     batch=$!
-    tenant "$mode" latency 50 "$OUT/runs/${mode}_lc_latency_50.txt" &
+    tenant "$mode" latency 50 "$OUT/runs/${mode}_lc_latency_50.txt" lc &
     wait $batch $!
     stop_mode "$mode"
 done
@@ -179,6 +188,7 @@ date = datetime.date.today().isoformat()
 result = {"suite": "tenants", "date": date, "gpu": smi("name"), "driver": smi("driver_version"),
           "cuda": "13.0", "commit": commit,
           "notes": "native = separate processes time-sliced by the driver; cumux = shared mode; "
+                   "fair and priority = shared mode under those policies; "
                    "each mode's value is also given under its name; throughputs are against the "
                    "tenant alone natively; lc = 50 µs latency tenant next to a 2 ms batch tenant "
                    f"(alone natively: p50 {a50} µs, p99 {a99} µs)",

@@ -81,6 +81,49 @@ fn pinned_memory() {
     run_passes(&server, &driver_program("pinned_memory"));
 }
 
+/// Pinned buffers are shared with the server, and large synchronous copies
+/// of pageable memory go through a pinned buffer of the driver's own: their
+/// copies carry no bytes over the wire, which the server counts and logs at
+/// the session's end.
+#[test]
+fn pinned_copies_take_the_zero_copy_route() {
+    let server = ServerProc::start("pinned-copies");
+    run_passes(&server, &driver_program("pinned_copies"));
+    // The session's end is logged just after the program exits.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let (bytes, log) = loop {
+        let log = without_colours(&server.log());
+        let most = log
+            .split("zero_copy_bytes=")
+            .skip(1)
+            .filter_map(|rest| rest.split_whitespace().next()?.parse::<u64>().ok())
+            .max()
+            .unwrap_or(0);
+        if most > 0 || std::time::Instant::now() > deadline {
+            break (most, log);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    // 7 MiB of whole-buffer copies and two 16 KiB parts, and a staged
+    // pageable round trip of 10 MiB + 12345 bytes.
+    let staged = 2 * ((10 << 20) + 12345);
+    assert_eq!(bytes, (7 << 20) + (32 << 10) + staged, "{log}");
+}
+
+/// `text` without ANSI colour sequences (`ESC [ … m`).
+fn without_colours(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut chars = text.chars();
+    while let Some(c) = chars.next() {
+        if c == '\x1b' {
+            chars.by_ref().find(|c| *c == 'm');
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
 #[test]
 fn graph_by_stream_capture() {
     let server = ServerProc::start("graph");

@@ -27,6 +27,8 @@ pub mod integrity;
 pub mod link;
 pub mod managed;
 pub mod occupancy;
+pub mod pinned;
+pub mod staging;
 pub mod state;
 pub mod tools_context;
 pub mod transport;

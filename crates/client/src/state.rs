@@ -80,6 +80,8 @@ pub struct HostRegion {
     pub flags: u32,
     /// Allocated by cumux (freed by `cuMemFreeHost`) rather than registered.
     pub owned: bool,
+    /// Shared with the server ([`crate::pinned`]): copies name it.
+    pub pinned: Option<crate::pinned::PinnedMemory>,
 }
 
 #[derive(Default)]
@@ -162,6 +164,8 @@ pub struct Client {
     next_handle: AtomicUsize,
     /// Host functions waiting on streams, by server stream handle.
     pub gates: crate::host_fn::Gates,
+    /// The pinned buffer large pageable copies go through.
+    pub staging: crate::staging::StagingSlot,
 }
 
 static CLIENT: OnceLock<Arc<Client>> = OnceLock::new();
@@ -202,6 +206,7 @@ pub fn init() -> CuResult<&'static Client> {
                 tables: Mutex::new(Tables::default()),
                 next_handle: AtomicUsize::new(0x10_0000),
                 gates: Default::default(),
+                staging: Default::default(),
             });
             let _ = CLIENT.set(client);
             Ok(CLIENT.get().expect("just set"))
@@ -289,6 +294,16 @@ impl Client {
             return self.call(call);
         }
         lock(&self.conn).call_with_bytes(call, bytes)
+    }
+
+    /// Registers pinned host memory: `call` is a `HostRegister`, `fd` its
+    /// memfd, which follows the call on the socket.
+    pub fn register_host(
+        &self,
+        call: Call,
+        fd: std::os::fd::BorrowedFd<'_>,
+    ) -> CuResult<ReplyBody> {
+        lock(&self.conn).register_host(call, fd)
     }
 
     /// Makes a call answered with exactly `out.len()` bytes of data, received

@@ -6,14 +6,14 @@
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::os::fd::{AsFd, AsRawFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 
 use cumux_protocol::shm::{self, Endpoint, ShmArea, Side};
 use cumux_protocol::{
-    self as proto, Call, ClientRole, DeviceInfo, Hello, HelloReply, Reply, ReplyBody, Request,
-    ShmAttach, ShmAttached,
+    self as proto, pinned, Call, ClientRole, DeviceInfo, Hello, HelloReply, Reply, ReplyBody,
+    Request, ShmAttach, ShmAttached,
 };
 
 use crate::errors::*;
@@ -364,6 +364,33 @@ impl Connection {
         self.send(seq, call, bytes)?;
         if forget {
             return Ok(ReplyBody::Unit);
+        }
+        loop {
+            let reply = self.next_reply()?;
+            if let Some(result) = self.answer(seq, reply) {
+                return result;
+            }
+        }
+    }
+
+    /// A `HostRegister` call, then its memfd on the socket (`SCM_RIGHTS`):
+    /// shared memory only, where the socket carries nothing else.
+    pub fn register_host(&mut self, call: Call, fd: BorrowedFd<'_>) -> CuResult<ReplyBody> {
+        if self.dead {
+            return Err(CUDA_ERROR_DEVICE_UNAVAILABLE);
+        }
+        if !matches!(self.stream, Socket::Unix(_)) || self.shm.is_none() {
+            return Err(CUDA_ERROR_NOT_SUPPORTED);
+        }
+        self.seq += 1;
+        let seq = self.seq;
+        self.send(seq, call, None)?;
+        let sent = match &self.stream {
+            Socket::Unix(unix) => shm::send_with_fd(unix, &[pinned::FD_TAG], fd),
+            Socket::Tcp(_) => Err(std::io::Error::other("not a unix socket")),
+        };
+        if let Err(e) = sent {
+            return Err(self.lost(e));
         }
         loop {
             let reply = self.next_reply()?;

@@ -11,7 +11,6 @@
 pub mod capture;
 pub mod driver;
 pub mod error;
-pub mod host_register;
 pub mod image;
 pub mod objects;
 pub mod sys;
@@ -22,9 +21,9 @@ pub use driver::{
     REAL_LIBCUDA_ENV,
 };
 pub use error::{CudaError, LoadError};
-pub use host_register::HostRegistration;
 pub use image::{CodeChoice, ImageKind};
 pub use objects::{
-    Event, Function, FunctionAttributes, LaunchAttr, LaunchConfig, Module, PinnedBuffer, Stream,
+    Event, Function, FunctionAttributes, HostRegistration, LaunchAttr, LaunchConfig, Module,
+    PinnedBuffer, Stream,
 };
 pub use tensor_map::{TensorShape, TensorTile, TENSOR_MAP_BYTES};

@@ -389,6 +389,71 @@ impl Drop for PinnedBuffer {
     }
 }
 
+/// Host memory the caller mapped, page-locked and known to the driver
+/// (`cuMemHostRegister`) for as long as this lives, so async copies to and
+/// from it run as DMA without staging.
+pub struct HostRegistration {
+    ctx: Arc<Context>,
+    ptr: *mut c_void,
+}
+
+// SAFETY: the registration is a driver-side record keyed by address; it may
+// be dropped from any thread.
+unsafe impl Send for HostRegistration {}
+// SAFETY: as for Send; shared access does nothing.
+unsafe impl Sync for HostRegistration {}
+
+impl HostRegistration {
+    /// Registers `len` bytes at `ptr` with `CU_MEMHOSTREGISTER_*` flags.
+    ///
+    /// # Safety
+    /// `ptr..ptr + len` must stay mapped while the registration lives, and
+    /// no copy may use it after the registration is dropped.
+    pub unsafe fn new(
+        ctx: &Arc<Context>,
+        ptr: *mut u8,
+        len: usize,
+        flags: u32,
+    ) -> Result<HostRegistration, CudaError> {
+        ctx.make_current()?;
+        // SAFETY: the caller keeps the range mapped.
+        unsafe {
+            cu!(
+                ctx.driver,
+                cuMemHostRegister(ptr.cast(), len, flags as c_uint)
+            )?
+        };
+        Ok(HostRegistration {
+            ctx: Arc::clone(ctx),
+            ptr: ptr.cast(),
+        })
+    }
+
+    /// The address the device uses for the start of the range (registered with
+    /// `CU_MEMHOSTREGISTER_DEVICEMAP`).
+    pub fn device_ptr(&self) -> Result<u64, CudaError> {
+        self.ctx.make_current()?;
+        let mut device_ptr: CUdeviceptr = 0;
+        // SAFETY: `device_ptr` is a valid out-pointer; `ptr` is registered.
+        unsafe {
+            cu!(
+                self.ctx.driver,
+                cuMemHostGetDevicePointer(&mut device_ptr, self.ptr, 0)
+            )?
+        };
+        Ok(device_ptr)
+    }
+}
+
+impl Drop for HostRegistration {
+    fn drop(&mut self) {
+        if self.ctx.make_current().is_ok() {
+            // SAFETY: `ptr` was registered by `new` and is unregistered once.
+            let _ = unsafe { cu!(self.ctx.driver, cuMemHostUnregister(self.ptr)) };
+        }
+    }
+}
+
 struct ModuleHandle {
     ctx: Arc<Context>,
     raw: CUmodule,

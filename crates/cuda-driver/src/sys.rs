@@ -200,6 +200,8 @@ driver_api! {
     cuMemGetAddressRange ["cuMemGetAddressRange_v2"] (*mut CUdeviceptr, *mut usize, CUdeviceptr);
     cuMemHostAlloc ["cuMemHostAlloc"] (*mut Ptr, usize, c_uint);
     cuMemFreeHost ["cuMemFreeHost"] (Ptr);
+    cuMemHostRegister ["cuMemHostRegister_v2", "cuMemHostRegister"] (Ptr, usize, c_uint);
+    cuMemHostUnregister ["cuMemHostUnregister"] (Ptr);
     cuMemcpyHtoD ["cuMemcpyHtoD_v2"] (CUdeviceptr, CPtr, usize);
     cuMemcpyDtoH ["cuMemcpyDtoH_v2"] (Ptr, CUdeviceptr, usize);
     cuMemcpyDtoD ["cuMemcpyDtoD_v2"] (CUdeviceptr, CUdeviceptr, usize);
@@ -237,8 +239,6 @@ driver_api! {
         Ptr, c_uint, c_uint, Ptr, *const u64, *const u64, c_int, c_int,
         c_uint, c_uint, *const c_uint, c_uint, c_uint, c_uint, c_uint, c_uint
     );
-    cuMemHostRegister ["cuMemHostRegister_v2"] (Ptr, usize, c_uint);
-    cuMemHostUnregister ["cuMemHostUnregister"] (Ptr);
     cuMemHostGetDevicePointer ["cuMemHostGetDevicePointer_v2"] (*mut CUdeviceptr, Ptr, c_uint);
     cuStreamWriteValue64 ["cuStreamWriteValue64_v2", "cuStreamWriteValue64"] (CUstream, CUdeviceptr, u64, c_uint);
     cuLaunchKernelEx ["cuLaunchKernelEx"] (*const CUlaunchConfig, CUfunction, *mut Ptr, *mut Ptr);

@@ -106,6 +106,19 @@ CUresult cuMemHostAlloc(void **p, size_t bytes, unsigned flags) {
     return *p ? 0 : 2;
 }
 CUresult cuMemFreeHost(void *p) { free(p); return 0; }
+static long live_host_registrations = 0;
+CUresult cuMemHostRegister_v2(void *p, size_t bytes, unsigned flags) {
+    (void)flags;
+    if (!p || !bytes) return 1;
+    live_host_registrations++;
+    return 0;
+}
+CUresult cuMemHostUnregister(void *p) {
+    if (!p) return 1;
+    live_host_registrations--;
+    return 0;
+}
+long fake_live_host_registrations(void) { return live_host_registrations; }
 CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void *src, size_t n, void *s) {
     (void)s; memcpy((void *)(uintptr_t)dst, src, n); return 0;
 }
@@ -311,10 +324,6 @@ CUresult cuTensorMapEncodeTiled(void *map, unsigned type, unsigned rank, void *a
 
 /* Registered host memory is addressed by its host address; stream memory
  * operations run at once, like all work here. */
-CUresult cuMemHostRegister_v2(void *p, size_t bytes, unsigned flags) {
-    (void)flags; return p && bytes ? 0 : 1;
-}
-CUresult cuMemHostUnregister(void *p) { return p ? 0 : 1; }
 CUresult cuMemHostGetDevicePointer_v2(CUdeviceptr *d, void *p, unsigned flags) {
     if (flags) return 1;
     *d = (CUdeviceptr)(uintptr_t)p;

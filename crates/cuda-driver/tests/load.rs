@@ -207,6 +207,37 @@ fn a_kernel_of_the_fake_gpu_gets_its_packed_parameters() {
 }
 
 #[test]
+fn host_memory_is_registered_with_the_driver_while_its_registration_lives() {
+    use cumux_cuda_driver::{HostRegistration, Stream};
+    let Some(path) = fake_driver("fake_host_register", &[]) else {
+        return;
+    };
+    let driver = std::sync::Arc::new(Driver::open(path.as_os_str()).unwrap());
+    driver.init().unwrap();
+    let ctx = driver.create_context(driver.device(0).unwrap(), 0).unwrap();
+    let mut host = vec![7u8; 4096];
+    // SAFETY: `host` outlives the registration, dropped below.
+    let pinned = unsafe { HostRegistration::new(&ctx, host.as_mut_ptr(), host.len(), 0) }.unwrap();
+    let stream = Stream::new(&ctx, 1, 0).unwrap();
+    let dev = ctx.mem_alloc(4096).unwrap();
+    // SAFETY: `host` stays alive and untouched until the stream is synchronized.
+    unsafe { stream.copy_htod_async(dev, &host) }.unwrap();
+    stream.synchronize().unwrap();
+    let mut back = vec![0u8; 4096];
+    let (r, _) = stream.copy_dtoh_sync(&mut back, dev, None);
+    r.unwrap();
+    assert_eq!(back, host);
+    drop(pinned);
+    // The driver refuses an empty range, and says so.
+    // SAFETY: nothing is registered.
+    let err = unsafe { HostRegistration::new(&ctx, host.as_mut_ptr(), 0, 0) }
+        .err()
+        .unwrap();
+    assert_eq!(err.code, 1);
+    ctx.mem_free(dev).unwrap();
+}
+
+#[test]
 fn cumux_client_behind_a_libcuda_link_is_refused() {
     let Some(path) = fake_driver("libcumux_client_lookalike", &[]) else {
         return;

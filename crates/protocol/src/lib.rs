@@ -3,13 +3,14 @@
 
 pub mod framing;
 pub mod messages;
+pub mod pinned;
 pub mod shm;
 
 pub use framing::{read_frame, write_frame, FrameError, MAX_FRAME_BYTES};
 pub use messages::*;
 
 /// Bumped whenever a message type changes shape. Client and server must agree.
-pub const PROTOCOL_VERSION: u32 = 2;
+pub const PROTOCOL_VERSION: u32 = 3;
 
 /// First bytes of every handshake, so a stray connection is recognised at once.
 pub const MAGIC: u32 = 0x43_4d_55_58; // "CMUX"

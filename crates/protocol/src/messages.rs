@@ -204,6 +204,37 @@ pub enum Call {
     ContextSynchronize,
     /// For `cumux status`.
     ServerStatus,
+    /// Registers `bytes` of pinned host memory at the client's address `base`:
+    /// right after this call the client sends the region's sealed memfd on the
+    /// socket (`SCM_RIGHTS`, with [`crate::pinned::FD_TAG`]). Answered by
+    /// [`ReplyBody::Handle`], the region (shared memory only).
+    HostRegister {
+        base: u64,
+        bytes: u64,
+    },
+    /// Unregisters a region once the session's work is done (`cuMemFreeHost`).
+    HostUnregister {
+        region: Handle,
+    },
+    /// A copy from `bytes` of a registered region at `offset`: no bytes on
+    /// the wire. `stream: None` is synchronous (replied); `Some` stream-ordered.
+    MemcpyHtoDHost {
+        dst: DevicePtr,
+        region: Handle,
+        offset: u64,
+        bytes: u64,
+        stream: Option<Handle>,
+    },
+    /// A copy into a registered region: the bytes land in the program's
+    /// buffer. `stream: None` is replied once they are there; with `Some` the
+    /// program synchronizes before it reads them, as with CUDA.
+    MemcpyDtoHHost {
+        src: DevicePtr,
+        region: Handle,
+        offset: u64,
+        bytes: u64,
+        stream: Option<Handle>,
+    },
 }
 
 impl Call {
@@ -212,7 +243,9 @@ impl Call {
         match self {
             Call::MemcpyHtoD { stream, .. }
             | Call::MemcpyDtoD { stream, .. }
-            | Call::Memset { stream, .. } => stream.is_some(),
+            | Call::Memset { stream, .. }
+            | Call::MemcpyHtoDHost { stream, .. }
+            | Call::MemcpyDtoHHost { stream, .. } => stream.is_some(),
             Call::Launch { .. } | Call::StreamWaitEvent { .. } | Call::EventRecord { .. } => true,
             _ => false,
         }

@@ -804,12 +804,13 @@ fn futex_wake(word: &AtomicU32) {
     }
 }
 
-/// Whether the socket's peer hung up, or sent bytes where none are expected
-/// (after the switch to shared memory the socket carries nothing).
+/// Whether the socket's peer hung up. Bytes waiting on it are not a hang-up:
+/// after the switch to shared memory the socket carries only the memfds of
+/// pinned regions ([`crate::pinned`]), which the server reads with their call.
 fn socket_hung_up(fd: BorrowedFd<'_>) -> bool {
     let mut pfd = libc::pollfd {
         fd: fd.as_raw_fd(),
-        events: libc::POLLIN | libc::POLLRDHUP,
+        events: libc::POLLRDHUP,
         revents: 0,
     };
     // SAFETY: one valid pollfd, no waiting.
@@ -868,6 +869,25 @@ pub fn send_with_fd(socket: &UnixStream, bytes: &[u8], fd: BorrowedFd<'_>) -> io
 /// Receives up to `buf.len()` bytes from a unix socket and the first descriptor
 /// that came with them (any others are closed). 0 bytes: the peer closed.
 pub fn recv_with_fd(socket: &UnixStream, buf: &mut [u8]) -> io::Result<(usize, Option<OwnedFd>)> {
+    let mut fds = Vec::new();
+    let got = recv_with_fds(socket.as_fd(), buf, 0, &mut fds)?;
+    let first = if fds.is_empty() {
+        None
+    } else {
+        Some(fds.swap_remove(0))
+    };
+    Ok((got, first))
+}
+
+/// One `recvmsg` of up to `buf.len()` bytes with `flags` (`MSG_DONTWAIT`…),
+/// retried on `EINTR`; descriptors that came with the bytes are appended to
+/// `fds` (close-on-exec). 0 bytes: the peer closed.
+pub fn recv_with_fds(
+    socket: BorrowedFd<'_>,
+    buf: &mut [u8],
+    flags: libc::c_int,
+    fds: &mut Vec<OwnedFd>,
+) -> io::Result<usize> {
     const MAX_FDS: usize = 4;
     // SAFETY: CMSG_SPACE is a pure size computation.
     let space = unsafe { libc::CMSG_SPACE((MAX_FDS * std::mem::size_of::<RawFd>()) as u32) };
@@ -885,7 +905,8 @@ pub fn recv_with_fd(socket: &UnixStream, buf: &mut [u8]) -> io::Result<(usize, O
     let got = loop {
         // SAFETY: `msg` describes `buf` and `control`, both valid for writes of
         // the lengths given.
-        let n = unsafe { libc::recvmsg(socket.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) };
+        let n =
+            unsafe { libc::recvmsg(socket.as_raw_fd(), &mut msg, flags | libc::MSG_CMSG_CLOEXEC) };
         if n >= 0 {
             break n as usize;
         }
@@ -894,7 +915,6 @@ pub fn recv_with_fd(socket: &UnixStream, buf: &mut [u8]) -> io::Result<(usize, O
             return Err(e);
         }
     };
-    let mut fds = Vec::new();
     // SAFETY: walking the control messages the kernel wrote into `control`, with
     // the CMSG macros, which stay within `msg_controllen`; each SCM_RIGHTS
     // payload holds whole descriptors that now belong to this process.
@@ -912,12 +932,7 @@ pub fn recv_with_fd(socket: &UnixStream, buf: &mut [u8]) -> io::Result<(usize, O
             cmsg = libc::CMSG_NXTHDR(&msg, cmsg);
         }
     }
-    let first = if fds.is_empty() {
-        None
-    } else {
-        Some(fds.swap_remove(0))
-    };
-    Ok((got, first))
+    Ok(got)
 }
 
 /// Moves a call's byte buffer out of it when it is large enough to travel in

@@ -5,6 +5,7 @@
 
 use std::io::{BufReader, Read, Write};
 use std::net::TcpStream;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
@@ -12,8 +13,8 @@ use std::time::Duration;
 
 use cumux_protocol::shm::{self, Endpoint, ShmArea, ShmError, Side};
 use cumux_protocol::{
-    codes, decode, encode, read_frame, write_frame, ClientRole, CuError, FrameError, Hello,
-    HelloReply, Reply, Request, ShmAttach, ShmAttached, MAGIC, PROTOCOL_VERSION,
+    codes, decode, encode, pinned, read_frame, write_frame, Call, ClientRole, CuError, FrameError,
+    Hello, HelloReply, Reply, Request, ShmAttach, ShmAttached, MAGIC, PROTOCOL_VERSION,
 };
 
 use crate::session::Session;
@@ -172,7 +173,9 @@ pub fn serve_connection(server: Arc<Server>, peer_uid: Option<u32>, socket: Sock
                 Ok(shared) => match writer.set_read_timeout(None) {
                     Err(e) => Ending::Broken(format!("cannot clear the handshake timeout: {e}")),
                     Ok(()) => match shared {
-                        Some(endpoint) => request_loop(&mut session, &mut ShmWire::new(endpoint)),
+                        Some((endpoint, socket)) => {
+                            request_loop(&mut session, &mut ShmWire::new(endpoint, socket))
+                        }
                         None => request_loop(
                             &mut session,
                             &mut SocketWire {
@@ -188,6 +191,7 @@ pub fn serve_connection(server: Arc<Server>, peer_uid: Option<u32>, socket: Sock
         Err(e) => Ending::Broken(e),
     };
     let (launches, gpu_ms) = session.totals();
+    let zero_copy_bytes = session.zero_copy_bytes();
     if catch_unwind(AssertUnwindSafe(|| session.close())).is_err() {
         tracing::error!(session = id, "session clean-up panicked");
     }
@@ -195,21 +199,27 @@ pub fn serve_connection(server: Arc<Server>, peer_uid: Option<u32>, socket: Sock
         Ending::Broken(why) => {
             tracing::warn!(session = id, launches, gpu_ms, "connection dropped: {why}")
         }
-        _ => tracing::info!(session = id, launches, gpu_ms, "session closed"),
+        _ => tracing::info!(
+            session = id,
+            launches,
+            gpu_ms,
+            zero_copy_bytes,
+            "session closed"
+        ),
     }
     ending
 }
 
 /// Receives the client's shared area (a [`ShmAttach`] frame with its memfd) and
-/// answers it. `Ok(Some)`: calls move to the area; `Ok(None)`: the area was
-/// unusable, they stay on the socket (the client was told why); `Err`: the
-/// client broke the protocol.
+/// answers it. `Ok(Some)`: calls move to the area (the socket stays, for the
+/// memfds of pinned regions); `Ok(None)`: the area was unusable, they stay on
+/// the socket (the client was told why); `Err`: the client broke the protocol.
 fn attach_shm(
     reader: &mut BufReader<Socket>,
     socket: &UnixStream,
     buf: &mut Vec<u8>,
     record: impl Fn(&'static str),
-) -> Result<Option<Endpoint>, Ending> {
+) -> Result<Option<(Endpoint, UnixStream)>, Ending> {
     // The client sends nothing between its hello and the attach, so nothing may
     // be buffered: the descriptor comes with the attach frame's first bytes.
     if !reader.buffer().is_empty() {
@@ -247,15 +257,18 @@ fn attach_shm(
         Ok(area) => {
             record("shm");
             send(&mut writer, &ShmAttached { result: Ok(()) }).map_err(Ending::Broken)?;
-            let liveness = socket
-                .try_clone()
-                .map_err(|e| Ending::Broken(format!("cannot clone the socket: {e}")))?;
-            Ok(Some(Endpoint::new(
+            let clone = || {
+                socket
+                    .try_clone()
+                    .map_err(|e| Ending::Broken(format!("cannot clone the socket: {e}")))
+            };
+            let endpoint = Endpoint::new(
                 area,
                 Side::Server,
-                Some(liveness.into()),
+                Some(clone()?.into()),
                 shm::spin_from_env(),
-            )))
+            );
+            Ok(Some((endpoint, clone()?)))
         }
         Err(why) => {
             tracing::debug!("shared area refused, staying on the socket: {why}");
@@ -272,6 +285,11 @@ trait Wire {
     fn receive(&mut self) -> Result<Request, Ending>;
     /// Sends a reply; a failure ends the connection.
     fn reply(&mut self, reply: Reply) -> Result<(), String>;
+    /// The memfd a client sends right after a `HostRegister` call (shared
+    /// memory only: on the socket, calls travel as frames).
+    fn receive_fd(&mut self) -> Result<OwnedFd, String> {
+        Err("pinned host regions need the shared-memory transport".into())
+    }
 }
 
 /// Length-prefixed frames on the socket.
@@ -307,16 +325,22 @@ impl<R: Read, W: Write> Wire for SocketWire<R, W> {
 struct ShmWire {
     endpoint: Endpoint,
     msg: Vec<u8>,
+    /// The connection's socket, which carries only pinned regions' memfds.
+    socket: UnixStream,
 }
 
 impl ShmWire {
-    fn new(endpoint: Endpoint) -> Self {
+    fn new(endpoint: Endpoint, socket: UnixStream) -> Self {
         ShmWire {
             endpoint,
             msg: Vec::new(),
+            socket,
         }
     }
 }
+
+/// How long the server waits for a pinned region's memfd after its call.
+pub const FD_WAIT: Duration = Duration::from_secs(5);
 
 fn shm_ending(e: ShmError) -> Ending {
     match e {
@@ -342,6 +366,28 @@ impl Wire for ShmWire {
         Ok(request)
     }
 
+    fn receive_fd(&mut self) -> Result<OwnedFd, String> {
+        let mut pfd = libc::pollfd {
+            fd: self.socket.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd; waits at most FD_WAIT.
+        let ready = unsafe { libc::poll(&mut pfd, 1, FD_WAIT.as_millis() as libc::c_int) };
+        if ready <= 0 {
+            return Err(format!("no memfd came within {FD_WAIT:?}"));
+        }
+        let mut tag = [0u8; 1];
+        let mut fds = Vec::new();
+        let got = shm::recv_with_fds(self.socket.as_fd(), &mut tag, libc::MSG_DONTWAIT, &mut fds)
+            .map_err(|e| format!("cannot receive the memfd: {e}"))?;
+        match (got, tag[0], fds.len()) {
+            (1, pinned::FD_TAG, 1) => Ok(fds.remove(0)),
+            (0, _, _) => Err("the socket closed".into()),
+            (_, tag, n) => Err(format!("{n} descriptors with byte {tag:#x}")),
+        }
+    }
+
     fn reply(&mut self, mut reply: Reply) -> Result<(), String> {
         let bulk = shm::take_reply_bulk(&mut reply);
         let bytes = encode(&reply).map_err(|e| format!("cannot encode a reply: {e}"))?;
@@ -359,6 +405,9 @@ fn request_loop(session: &mut Session, wire: &mut impl Wire) -> Ending {
         };
         let seq = request.seq;
         tracing::trace!(session = session.id(), seq, "call");
+        if let Call::HostRegister { .. } = request.call {
+            session.give_fd(wire.receive_fd());
+        }
         let result = match catch_unwind(AssertUnwindSafe(|| session.handle(request.call))) {
             Ok(result) => result,
             Err(_) => {

@@ -12,6 +12,7 @@
 pub mod connection;
 pub mod device;
 pub mod gate;
+pub mod host_regions;
 pub mod listener;
 pub mod session;
 pub mod status;

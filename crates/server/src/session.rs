@@ -3,6 +3,7 @@
 //! of its calls, its sticky errors and printf output, and its clean-up.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::os::fd::OwnedFd;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Mutex, MutexGuard};
@@ -21,6 +22,7 @@ use crate::device::{
     StreamWork, SyncTarget,
 };
 use crate::gate::{Admission, GateSession};
+use crate::host_regions::HostRegions;
 use crate::status::{server_status, SessionEntry, SessionStats};
 use crate::streams::{Position, Streams, Work, MAX_STREAMS, NON_BLOCKING};
 use crate::tenants::{AccountHold, TenantSettings};
@@ -237,6 +239,10 @@ pub struct Session {
     /// The priority the session's streams get on the device under `priority`
     /// (latency-critical first), instead of the one the client asked for.
     forced_priority: Option<i32>,
+    /// The client's pinned host regions.
+    host: HostRegions,
+    /// The memfd that came with the call being handled (`HostRegister`).
+    incoming_fd: Option<Result<OwnedFd, String>>,
 }
 
 /// Source of the scheduler's stream ids (see `Session::sched_streams`). Ids only need
@@ -394,6 +400,8 @@ impl Session {
             sched_streams: HashMap::new(),
             signals,
             forced_priority,
+            host: HostRegions::default(),
+            incoming_fd: None,
         })
     }
 
@@ -408,6 +416,17 @@ impl Session {
             stats.launches.load(Ordering::Relaxed),
             stats.gpu_time_ns.load(Ordering::Relaxed) as f64 / 1e6,
         )
+    }
+
+    /// Bytes copied to or from pinned host regions without crossing the wire.
+    pub fn zero_copy_bytes(&self) -> u64 {
+        self.core.stats.zero_copy_bytes.load(Ordering::Relaxed)
+    }
+
+    /// The descriptor (or why there is none) that came with the next call,
+    /// a `HostRegister`.
+    pub fn give_fd(&mut self, fd: Result<OwnedFd, String>) {
+        self.incoming_fd = Some(fd);
     }
 
     /// Device printf output gathered since the last call, for the next reply.
@@ -434,6 +453,8 @@ impl Session {
             Some(fatal) => Err(fatal),
             None => self.execute(call),
         };
+        // A memfd that came with a refused call is closed now.
+        self.incoming_fd = None;
         if fire_and_forget {
             if let Err(e) = result {
                 if self.core.fatal().is_none() {
@@ -624,7 +645,76 @@ impl Session {
             }
             Call::TensorMapEncode { request } => self.tensor_map_encode(request),
             Call::ServerStatus => Ok(ReplyBody::Status(server_status(&self.server))),
+            Call::HostRegister { base, bytes } => {
+                let fd = self
+                    .incoming_fd
+                    .take()
+                    .unwrap_or_else(|| Err("none came with the call".into()));
+                let region = self.host.register(self.ctx.as_ref(), base, bytes, fd)?;
+                Ok(ReplyBody::Handle(region))
+            }
+            Call::HostUnregister { region } => {
+                self.host.span(region, 0, 0)?;
+                // Like cuMemFreeHost: work that may still use it finishes first.
+                self.drain_all();
+                self.host.unregister(self.ctx.as_ref(), region)?;
+                Ok(ReplyBody::Unit)
+            }
+            Call::MemcpyHtoDHost {
+                dst,
+                region,
+                offset,
+                bytes,
+                stream,
+            } => self.memcpy_host(dst, region, offset, bytes, stream, true),
+            Call::MemcpyDtoHHost {
+                src,
+                region,
+                offset,
+                bytes,
+                stream,
+            } => self.memcpy_host(src, region, offset, bytes, stream, false),
         }
+    }
+
+    /// A copy between device memory at `device` and a span of a pinned host
+    /// region (`to_device`: from the region): checked against the session's
+    /// allocations and the region, then queued like any copy.
+    fn memcpy_host(
+        &mut self,
+        device: DevicePtr,
+        region: Handle,
+        offset: u64,
+        bytes: u64,
+        stream: Option<Handle>,
+        to_device: bool,
+    ) -> CallResult {
+        if let Some(s) = stream {
+            self.check_stream(s)?;
+        }
+        let host = self.host.span(region, offset, bytes)?;
+        self.check_range(device, bytes)?;
+        if bytes == 0 {
+            return Ok(ReplyBody::Unit);
+        }
+        self.core
+            .stats
+            .zero_copy_bytes
+            .fetch_add(bytes, Ordering::Relaxed);
+        if self.ordered {
+            let work = match to_device {
+                true => StreamWork::HostToDevice { dst: device, host },
+                false => StreamWork::DeviceToHost { src: device, host },
+            };
+            return self.ordered_submit(stream, work);
+        }
+        let job = self.device_job(move |d| match to_device {
+            true => d.mem_write(device, host.read()?),
+            // SAFETY: the job runs in its stream's order, apart from the
+            // program's other copies into the span.
+            false => d.mem_read(device, unsafe { host.write()? }),
+        });
+        self.submit(stream, job)
     }
 
     /// A tensor-memory-access descriptor, for a tensor that starts in this
@@ -1431,6 +1521,11 @@ impl Session {
         }
         self.streams.shutdown();
         self.gate = None;
+        if !self.host.is_empty() {
+            // Copies into the client's pinned regions end before they go.
+            self.drain_all();
+            self.host.clear(self.ctx.as_ref());
+        }
         let modules: Vec<ModuleEntry> = self.modules.drain().map(|(_, m)| m).collect();
         let (n_modules, n_allocs) = (modules.len(), self.allocations.len());
         for m in modules {

@@ -19,6 +19,8 @@ pub struct SessionStats {
     pub gpu_time_ns: AtomicU64,
     pub mem_used: AtomicU64,
     pub allocations: AtomicU64,
+    /// Bytes copied to or from pinned host regions, not through the wire.
+    pub zero_copy_bytes: AtomicU64,
 }
 
 /// Who a session is, for status and logs.

@@ -466,3 +466,81 @@ fn ctx_sessions(ctx: &WorkerContext) -> Option<(std::path::PathBuf, [u8; 16])> {
     drop(third);
     ctx.sessions_address()
 }
+
+/// A pinned host region travels to the worker with its memfd; copies name it
+/// and run there, in stream order; it goes when unregistered, and with the
+/// connection that registered it.
+#[test]
+fn pinned_regions_travel_to_the_worker_and_go_with_its_connection() {
+    use cumux_protocol::pinned::{create_memfd, live_mappings, HostMapping};
+    use cumux_server::host_regions::HostSpan;
+    use std::os::fd::AsFd;
+
+    let (ctx, _cut, thread) = in_process_worker(64 << 20);
+    let len = 64u64 << 10;
+    let fd = create_memfd(len).unwrap();
+    let map = Arc::new(HostMapping::map(fd.as_fd(), len).unwrap());
+    let before = live_mappings();
+    let pattern: Vec<u8> = (0..4096u32).map(|i| (i * 13 + 5) as u8).collect();
+    // SAFETY: nothing else uses the mapping meanwhile.
+    unsafe { map.bytes_mut(0, 4096) }
+        .unwrap()
+        .copy_from_slice(&pattern);
+    ctx.host_register(7, &map, fd.as_fd()).unwrap();
+    assert_eq!(live_mappings(), before + 1, "the worker maps it");
+    let span = |offset, bytes| HostSpan {
+        region: 7,
+        offset,
+        bytes,
+        mapping: None,
+    };
+    let ordered = ctx.stream_ordered().unwrap();
+    let a = ctx.mem_alloc(8192).unwrap();
+    ordered.enqueue(
+        0,
+        StreamWork::HostToDevice {
+            dst: a,
+            host: span(0, 4096),
+        },
+    );
+    ordered.enqueue(
+        0,
+        StreamWork::DeviceToHost {
+            src: a,
+            host: span(8192, 4096),
+        },
+    );
+    assert_eq!(ordered.synchronize(SyncTarget::Context).result, Ok(()));
+    assert!(map.bytes(8192, 4096).unwrap() == pattern);
+    // Outside the region, or a region the worker never got: the next wait fails.
+    ordered.enqueue(
+        0,
+        StreamWork::HostToDevice {
+            dst: a,
+            host: span(len - 1, 2),
+        },
+    );
+    let failed = ordered.synchronize(SyncTarget::Context).result;
+    assert_eq!(failed.unwrap_err().code, codes::INVALID_VALUE);
+    ordered.enqueue(
+        0,
+        StreamWork::DeviceToHost {
+            src: a,
+            host: HostSpan {
+                region: 8,
+                ..span(0, 16)
+            },
+        },
+    );
+    let failed = ordered.synchronize(SyncTarget::Context).result;
+    assert_eq!(failed.unwrap_err().code, codes::INVALID_VALUE);
+    // Unregistered: unmapped in the worker.
+    ctx.host_unregister(7);
+    assert_eq!(live_mappings(), before);
+    // A region the connection still holds goes when the connection does.
+    ctx.host_register(9, &map, fd.as_fd()).unwrap();
+    assert_eq!(live_mappings(), before + 1);
+    drop(ctx);
+    thread.join().unwrap();
+    assert_eq!(live_mappings(), before);
+}

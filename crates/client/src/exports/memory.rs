@@ -87,6 +87,22 @@ pub(crate) fn htod(c: &Client, dst: u64, src: &[u8], stream: Option<Handle>) -> 
         }
     }
     default_stream_work(c, stream)?;
+    if let Some((region, offset)) = crate::pinned::span(c, src.as_ptr() as usize, src.len()) {
+        c.call(Call::MemcpyHtoDHost {
+            dst,
+            region,
+            offset,
+            bytes: src.len() as u64,
+            stream,
+        })?;
+        return after_sync_copy(c, stream);
+    }
+    if stream.is_none() {
+        if let Some(staged) = crate::staging::htod(c, dst, src) {
+            staged?;
+            return after_sync_copy(c, stream);
+        }
+    }
     for (i, chunk) in src.chunks(MAX_CHUNK_BYTES).enumerate() {
         c.call_with_bytes(
             Call::MemcpyHtoD {
@@ -112,6 +128,24 @@ pub(crate) fn dtoh(c: &Client, dst: &mut [u8], src: u64, stream: Option<Handle>)
         }
     }
     default_stream_work(c, stream)?;
+    if let Some((region, offset)) = crate::pinned::span(c, dst.as_ptr() as usize, dst.len()) {
+        // Lands in the program's buffer: with a stream, by the time the
+        // program synchronizes, as with CUDA.
+        c.call(Call::MemcpyDtoHHost {
+            src,
+            region,
+            offset,
+            bytes: dst.len() as u64,
+            stream,
+        })?;
+        return after_sync_copy(c, stream);
+    }
+    if stream.is_none() {
+        if let Some(staged) = crate::staging::dtoh(c, dst, src) {
+            staged?;
+            return after_sync_copy(c, stream);
+        }
+    }
     for (i, chunk) in dst.chunks_mut(MAX_CHUNK_BYTES).enumerate() {
         let call = Call::MemcpyDtoH {
             src: src + (i * MAX_CHUNK_BYTES) as u64,
@@ -236,6 +270,17 @@ fn copy_rows(
                 dtod(c, d + dof, s + so, width, queue)?;
             }
         }
+        (Side::Device(s), Side::Host(d)) if pinned_rows(c, d, width, rows) => {
+            // Each row straight into the pinned buffer, in stream order.
+            for &(so, dof) in rows {
+                dtoh(
+                    c,
+                    host_bytes_mut((d + dof as usize) as *mut c_void, width)?,
+                    s + so,
+                    queue,
+                )?;
+            }
+        }
         (Side::Device(s), Side::Host(d)) => {
             // One read covering every row, then scatter on the host.
             let lo = rows.iter().map(|r| r.0).min().unwrap_or(0);
@@ -265,6 +310,16 @@ fn copy_rows(
         })?;
     }
     Ok(())
+}
+
+/// Whether the host rows at `host` + each row's destination offset all lie
+/// in one pinned buffer (so device-to-host rows can land there directly).
+fn pinned_rows(c: &Client, host: usize, width: usize, rows: &[(u64, u64)]) -> bool {
+    let lo = rows.iter().map(|r| r.1).min().unwrap_or(0) as usize;
+    let hi = rows.iter().map(|r| r.1).max().unwrap_or(0) as usize;
+    let start = host.checked_add(lo);
+    let len = (hi - lo).checked_add(width);
+    matches!((start, len), (Some(start), Some(len)) if crate::pinned::span(c, start, len).is_some())
 }
 
 fn copy_2d(c: &Client, p: &CudaMemcpy2D, stream: Option<Handle>) -> CuResult<()> {
@@ -333,6 +388,19 @@ fn copy_3d(c: &Client, p: &CudaMemcpy3D, stream: Option<Handle>) -> CuResult<()>
 
 fn host_alloc(c: &Client, bytes: usize, flags: u32) -> CuResult<*mut c_void> {
     c.context_device()?;
+    if let Some(pinned) = crate::pinned::alloc(c, bytes) {
+        let p = pinned.ptr();
+        c.tables().host.insert(
+            p as usize,
+            HostRegion {
+                size: bytes,
+                flags,
+                owned: true,
+                pinned: Some(pinned),
+            },
+        );
+        return Ok(p);
+    }
     let mut p: *mut c_void = std::ptr::null_mut();
     // SAFETY: posix_memalign writes an owned allocation into `p` on success.
     let rc = unsafe { libc::posix_memalign(&mut p, 4096, bytes.max(1)) };
@@ -345,6 +413,7 @@ fn host_alloc(c: &Client, bytes: usize, flags: u32) -> CuResult<*mut c_void> {
             size: bytes,
             flags,
             owned: true,
+            pinned: None,
         },
     );
     Ok(p)
@@ -580,7 +649,9 @@ driver_fn! {
     fn cuMemFreeHost(p: *mut c_void) {
         let c = client()?;
         let region = c.tables().host.remove(&(p as usize)).ok_or(CUDA_ERROR_INVALID_VALUE)?;
-        if region.owned {
+        if let Some(pinned) = region.pinned {
+            crate::pinned::free(c, pinned);
+        } else if region.owned {
             // SAFETY: `p` came from posix_memalign in host_alloc and is freed once.
             unsafe { libc::free(p) };
         }
@@ -597,7 +668,7 @@ driver_fn! {
         if t.host_region_of(p as usize).is_some() {
             return Err(CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED);
         }
-        t.host.insert(p as usize, HostRegion { size: bytes, flags, owned: false });
+        t.host.insert(p as usize, HostRegion { size: bytes, flags, owned: false, pinned: None });
         Ok(())
     }
 

@@ -16,11 +16,12 @@ use std::sync::{Arc, Mutex};
 use std::thread::ThreadId;
 
 use cumux_cuda_driver::capture::{image_may_print, StdoutCapture};
-use cumux_cuda_driver::sys::CU_STREAM_NON_BLOCKING;
+use cumux_cuda_driver::sys::{CU_MEMHOSTREGISTER_DEVICEMAP, CU_STREAM_NON_BLOCKING};
 use cumux_cuda_driver::{
     self as cu, CudaError, DeviceId, Driver, Event, Function, FunctionAttributes, HostRegistration,
     LaunchAttr, LaunchConfig, Module, Stream,
 };
+use cumux_protocol::pinned::HostMapping;
 use cumux_protocol::{
     codes, CuError, DeviceInfo, DevicePtr, FunctionAttrs, Handle, LaunchAttribute, ParamInfo,
     TensorMapLayout, TensorMapRequest, DEFAULT_STREAM,
@@ -278,6 +279,9 @@ struct OrderedState {
     events: HashMap<Handle, Arc<Event>>,
     /// The first failure of queued work, for the next waiting call.
     pending: Option<CuError>,
+    /// Pinned host regions: the worker's mapping, page-locked where the
+    /// driver allowed it (else copies from it are staged, still correct).
+    pins: HashMap<Handle, (Option<HostRegistration>, Arc<HostMapping>)>,
 }
 
 impl CudaContext {
@@ -589,6 +593,36 @@ impl DeviceContext for CudaContext {
         Some(self)
     }
 
+    fn host_register(
+        &self,
+        region: Handle,
+        mapping: &Arc<HostMapping>,
+        _fd: std::os::fd::BorrowedFd<'_>,
+    ) -> Result<(), CuError> {
+        let ctx = self.ctx()?;
+        // SAFETY: the mapping is kept next to the registration, which is
+        // dropped (after the context's work) before the mapping is.
+        let pinned = unsafe { HostRegistration::new(ctx, mapping.as_ptr(), mapping.len(), 0) };
+        let pinned = pinned
+            .inspect_err(|e| tracing::debug!(region, "cuda: host region left pageable: {e}"))
+            .ok();
+        lock(&self.ordered)
+            .pins
+            .insert(region, (pinned, Arc::clone(mapping)));
+        Ok(())
+    }
+
+    fn host_unregister(&self, region: Handle) {
+        // Copies that may still use it finish first.
+        if let Ok(ctx) = self.ctx() {
+            if let Err(e) = self.flushing(|| ctx.synchronize()) {
+                lock(&self.ordered).pending.get_or_insert(cu_err(e));
+            }
+        }
+        let pin = lock(&self.ordered).pins.remove(&region);
+        drop(pin);
+    }
+
     fn tensor_map_encode(&self, request: &TensorMapRequest) -> Result<Vec<u8>, CuError> {
         let shape = cu::TensorShape {
             data_type: request.data_type,
@@ -722,6 +756,15 @@ impl CudaContext {
                 codes::INVALID_VALUE,
                 "a signal without an area",
             )),
+            // SAFETY (both): the region stays mapped until it is unregistered,
+            // which waits for the context's work first; stream order keeps
+            // the program's copies into one span apart.
+            StreamWork::HostToDevice { dst, host } => {
+                unsafe { stream.copy_htod_async(dst, host.read()?) }.map_err(cu_err)
+            }
+            StreamWork::DeviceToHost { src, host } => {
+                unsafe { stream.copy_dtoh_async(host.write()?, src) }.map_err(cu_err)
+            }
         }
     }
 
@@ -831,9 +874,16 @@ impl StreamOrdered for CudaContext {
         let (ptr, len) = area.host_range();
         // SAFETY: the registration is dropped by the area's drop hook, before the
         // area unmaps the range.
-        let registration =
-            unsafe { HostRegistration::new(self.ctx()?, ptr, len) }.map_err(cu_err)?;
-        area.set_device_base(registration.device_ptr());
+        let registration = unsafe {
+            HostRegistration::new(
+                self.ctx()?,
+                ptr as *mut u8,
+                len,
+                CU_MEMHOSTREGISTER_DEVICEMAP,
+            )
+        }
+        .map_err(cu_err)?;
+        area.set_device_base(registration.device_ptr().map_err(cu_err)?);
         area.on_drop(Box::new(move || drop(registration)));
         Ok(())
     }
@@ -853,6 +903,7 @@ impl Drop for CudaContext {
         let ordered = std::mem::take(&mut *lock(&self.ordered));
         streams.extend(ordered.streams.into_values());
         let events = ordered.events;
+        let pins = ordered.pins;
         let ctx = self.ctx.take();
         let total: u64 = allocations.iter().map(|(_, b)| b).sum::<u64>()
             + modules.iter().map(|m| m.globals_bytes).sum::<u64>();
@@ -862,6 +913,11 @@ impl Drop for CudaContext {
         let teardown = move || {
             drop(events);
             drop(streams);
+            // Copies into pinned regions end before they are unregistered.
+            if let (false, Some(ctx)) = (pins.is_empty(), &ctx) {
+                let _ = ctx.synchronize();
+            }
+            drop(pins);
             drop(modules);
             if let Some(ctx) = ctx {
                 if ctx.is_primary() {
@@ -1130,7 +1186,9 @@ mod tests {
         };
         let device = CudaDevice::new(&driver, 0, ContextMode::PerSession, false).unwrap();
         let ctx = device.create_context().unwrap();
-        let ordered = ctx.stream_ordered().expect("a GPU context keeps stream order");
+        let ordered = ctx
+            .stream_ordered()
+            .expect("a GPU context keeps stream order");
         let area = Arc::new(SignalArea::create().unwrap());
         ordered.prepare_signals(&area).unwrap();
         ordered.stream_create(5, CU_STREAM_NON_BLOCKING, 0).unwrap();
@@ -1145,7 +1203,10 @@ mod tests {
         assert_eq!((area.load(3), area.load(4)), (7, 1));
         // A slot past the area fails the stream's next wait, and writes nothing.
         ordered.enqueue(5, signal(1 << 20, 1));
-        let failed = ordered.synchronize(SyncTarget::Stream(5)).result.unwrap_err();
+        let failed = ordered
+            .synchronize(SyncTarget::Stream(5))
+            .result
+            .unwrap_err();
         assert_eq!(failed.code, codes::INVALID_VALUE);
         // A signal that never met an area is refused the same way.
         ordered.enqueue(5, StreamWork::Signal { slot: 1, value: 1 });

@@ -15,13 +15,17 @@ pub mod signals;
 pub mod spin;
 pub mod worker;
 
+use std::os::fd::BorrowedFd;
 use std::sync::Arc;
 
+use cumux_protocol::pinned::HostMapping;
 use cumux_protocol::{
     CuError, DeviceInfo, DevicePtr, FunctionAttrs, Handle, LaunchAttribute, ParamInfo,
     TensorMapRequest,
 };
 use serde::{Deserialize, Serialize};
+
+use crate::host_regions::HostSpan;
 
 /// A backend's own name for a loaded module. Unique per device, never reused.
 pub type ModuleId = u64;
@@ -153,6 +157,23 @@ pub trait DeviceContext: Send + Sync {
     fn stream_ordered(&self) -> Option<&dyn StreamOrdered> {
         None
     }
+    /// Takes a client's pinned host memory as `region`: `mapping` is this
+    /// process's mapping of it, `fd` its memfd (for a context in another
+    /// process). Copies name the region in [`StreamWork::HostToDevice`] and
+    /// [`StreamWork::DeviceToHost`]. A context in this process needs nothing.
+    fn host_register(
+        &self,
+        region: Handle,
+        mapping: &Arc<HostMapping>,
+        fd: BorrowedFd<'_>,
+    ) -> Result<(), CuError> {
+        let _ = (region, mapping, fd);
+        Ok(())
+    }
+    /// Forgets `region`; the caller has waited for the work that used it.
+    fn host_unregister(&self, region: Handle) {
+        let _ = region;
+    }
 }
 
 /// Stream-ordered work for [`StreamOrdered::enqueue`].
@@ -198,6 +219,10 @@ pub enum StreamWork {
         slot: u32,
         value: u64,
     },
+    /// Copies a span of a registered host region to `dst` (pinned memory).
+    HostToDevice { dst: DevicePtr, host: HostSpan },
+    /// Copies from `src` into a span of a registered host region.
+    DeviceToHost { src: DevicePtr, host: HostSpan },
 }
 
 /// What a synchronizing call waits for.

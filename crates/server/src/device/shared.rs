@@ -23,8 +23,10 @@
 //! `isolated` mode (a context per session in a process of its own).
 
 use std::collections::{HashMap, HashSet};
+use std::os::fd::BorrowedFd;
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use cumux_protocol::pinned::HostMapping;
 use cumux_protocol::{CuError, DevicePtr, Handle, TensorMapRequest, DEFAULT_STREAM};
 
 use super::worker::WorkerContext;
@@ -218,6 +220,19 @@ impl DeviceContext for SharedView {
 
     fn tensor_map_encode(&self, request: &TensorMapRequest) -> Result<Vec<u8>, CuError> {
         self.conn.tensor_map_encode(request)
+    }
+
+    fn host_register(
+        &self,
+        region: Handle,
+        mapping: &Arc<HostMapping>,
+        fd: BorrowedFd<'_>,
+    ) -> Result<(), CuError> {
+        self.conn.host_register(region, mapping, fd)
+    }
+
+    fn host_unregister(&self, region: Handle) {
+        self.conn.host_unregister(region)
     }
 
     fn stream_ordered(&self) -> Option<&dyn StreamOrdered> {

@@ -1,8 +1,10 @@
 //! [`SpinReader`]: reads from a socket that poll it without blocking for a
 //! few microseconds first, so an answer that comes that fast costs no wake-up.
+//! Descriptors that come with the bytes (`SCM_RIGHTS`) are kept for the taking.
 
+use std::collections::VecDeque;
 use std::io::{self, Read};
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::time::{Duration, Instant};
 
@@ -27,15 +29,41 @@ pub fn spin_time() -> Duration {
     }
 }
 
+/// Descriptors a reader keeps before it refuses more (closing them).
+const MAX_KEPT_FDS: usize = 64;
+
 /// A blocking socket whose reads poll for `spin` before they block.
 pub struct SpinReader {
     stream: UnixStream,
     spin: Duration,
+    /// Descriptors received with the bytes read so far, oldest first.
+    fds: VecDeque<OwnedFd>,
 }
 
 impl SpinReader {
     pub fn new(stream: UnixStream, spin: Duration) -> Self {
-        SpinReader { stream, spin }
+        SpinReader {
+            stream,
+            spin,
+            fds: VecDeque::new(),
+        }
+    }
+
+    /// The oldest descriptor that came with the bytes read so far.
+    pub fn take_fd(&mut self) -> Option<OwnedFd> {
+        self.fds.pop_front()
+    }
+
+    /// One `recvmsg`, keeping the descriptors that come with the bytes.
+    fn recv(&mut self, buf: &mut [u8], flags: libc::c_int) -> io::Result<usize> {
+        let mut fds = Vec::new();
+        let n = cumux_protocol::shm::recv_with_fds(self.stream.as_fd(), buf, flags, &mut fds)?;
+        for fd in fds {
+            if self.fds.len() < MAX_KEPT_FDS {
+                self.fds.push_back(fd);
+            }
+        }
+        Ok(n)
     }
 
     pub fn get_ref(&self) -> &UnixStream {
@@ -43,24 +71,14 @@ impl SpinReader {
     }
 
     /// One read that never blocks: `None` when nothing is there yet.
-    fn try_read(&self, buf: &mut [u8]) -> io::Result<Option<usize>> {
-        // SAFETY: `buf` is valid for `buf.len()` writable bytes and the fd is
-        // ours for the call; MSG_DONTWAIT leaves the socket itself blocking.
-        let n = unsafe {
-            libc::recv(
-                self.stream.as_raw_fd(),
-                buf.as_mut_ptr().cast(),
-                buf.len(),
-                libc::MSG_DONTWAIT,
-            )
-        };
-        if n >= 0 {
-            return Ok(Some(n as usize));
-        }
-        let e = io::Error::last_os_error();
-        match e.kind() {
-            io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted => Ok(None),
-            _ => Err(e),
+    fn try_read(&mut self, buf: &mut [u8]) -> io::Result<Option<usize>> {
+        // MSG_DONTWAIT leaves the socket itself blocking.
+        match self.recv(buf, libc::MSG_DONTWAIT) {
+            Ok(n) => Ok(Some(n)),
+            Err(e) => match e.kind() {
+                io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted => Ok(None),
+                _ => Err(e),
+            },
         }
     }
 }
@@ -68,7 +86,7 @@ impl SpinReader {
 impl Read for SpinReader {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         if buf.is_empty() || self.spin.is_zero() {
-            return self.stream.read(buf);
+            return self.recv(buf, 0);
         }
         let start = Instant::now();
         loop {
@@ -76,7 +94,7 @@ impl Read for SpinReader {
                 return Ok(n);
             }
             if start.elapsed() >= self.spin {
-                return self.stream.read(buf);
+                return self.recv(buf, 0);
             }
             std::hint::spin_loop();
         }
@@ -107,6 +125,20 @@ mod tests {
             assert_eq!(&buf[..5], b"later");
             drop(writer.join().unwrap());
             assert_eq!(r.read(&mut buf).unwrap(), 0, "end of stream");
+        }
+    }
+
+    #[test]
+    fn descriptors_that_come_with_the_bytes_are_kept() {
+        for spin in [Duration::ZERO, Duration::from_micros(200)] {
+            let (a, b) = UnixStream::pair().unwrap();
+            let (x, _y) = UnixStream::pair().unwrap();
+            let mut r = SpinReader::new(b, spin);
+            cumux_protocol::shm::send_with_fd(&a, b"fd!", x.as_fd()).unwrap();
+            let mut buf = [0u8; 8];
+            assert_eq!(r.read(&mut buf).unwrap(), 3);
+            assert!(r.take_fd().is_some());
+            assert!(r.take_fd().is_none());
         }
     }
 }

@@ -23,7 +23,7 @@
 use std::collections::HashMap;
 use std::ffi::OsString;
 use std::io::{self, BufReader, Read, Write};
-use std::os::fd::OwnedFd;
+use std::os::fd::{BorrowedFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
@@ -33,6 +33,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use cumux_protocol::framing::MAX_CHUNK_BYTES;
+use cumux_protocol::pinned::HostMapping;
 use cumux_protocol::{
     codes, decode, encode, read_frame, write_frame, CuError, DeviceInfo, DevicePtr, FunctionAttrs,
     Handle, ParamInfo, TensorMapRequest,
@@ -47,6 +48,7 @@ use super::{
     Device, DeviceContext, GlobalDesc, KernelDesc, LaunchGeometry, LaunchOutcome, LoadedModule,
     ModuleId, StreamOrdered, StreamWork, SyncTarget,
 };
+use crate::host_regions::WorkerRegions;
 use crate::session::is_fatal;
 
 /// Bytes that start a stdout marker; the nonce and a little-endian u64 follow.
@@ -159,6 +161,16 @@ pub enum WorkerRequest {
     /// [`StreamWork::Signal`] work ([`StreamOrdered::attach_signals`]).
     AttachSignals {
         path: String,
+    },
+    /// Maps a client's pinned host region, whose memfd comes with this
+    /// request (`SCM_RIGHTS`), and registers it with the context.
+    HostRegister {
+        region: Handle,
+        bytes: u64,
+    },
+    /// Forgets a region (the server has waited for the work that used it).
+    HostUnregister {
+        region: Handle,
     },
 }
 
@@ -386,6 +398,7 @@ pub fn serve_worker(
         seq: AtomicU64::new(0),
         may_print: AtomicBool::new(false),
         sessions: Mutex::new(None),
+        regions: WorkerRegions::default(),
     };
     std::thread::scope(|scope| {
         let result = served.serve(scope, reader, writer, true);
@@ -402,6 +415,8 @@ struct Served<'a, 'b> {
     seq: AtomicU64,
     may_print: AtomicBool,
     sessions: Mutex<Option<SessionListener>>,
+    /// Pinned host regions of every connection ([`crate::host_regions`]).
+    regions: WorkerRegions,
 }
 
 /// Where further connections to a worker's context come in: a socket in a
@@ -514,6 +529,11 @@ impl Served<'_, '_> {
         let mut data = Vec::new();
         // The server's completion counters for this connection's streams.
         let mut signals: Option<Arc<SignalArea>> = None;
+        // This connection's regions go when it does.
+        let mut mine = ConnectionRegions {
+            served: self,
+            ids: Vec::new(),
+        };
         loop {
             match read_frame(&mut reader, &mut frame) {
                 Ok(()) => {}
@@ -578,6 +598,7 @@ impl Served<'_, '_> {
                         None => work,
                     };
                 }
+                self.regions.resolve(&mut work);
                 if catch_unwind(AssertUnwindSafe(|| ordered.enqueue(stream, work))).is_err() {
                     tracing::error!("worker: queued work panicked");
                 }
@@ -590,6 +611,35 @@ impl Served<'_, '_> {
                     signals = Some(area);
                     Ok(WorkerValue::Unit)
                 });
+                send(
+                    &mut writer,
+                    &WorkerReply {
+                        result,
+                        marker: None,
+                    },
+                )?;
+                continue;
+            }
+            if let WorkerRequest::HostRegister { region, bytes } = request {
+                let fd = reader.get_mut().take_fd();
+                let result = self.regions.insert(&*self.ctx, region, bytes, fd);
+                if result.is_ok() {
+                    mine.ids.push(region);
+                }
+                let result = result.map(|()| WorkerValue::Unit);
+                send(
+                    &mut writer,
+                    &WorkerReply {
+                        result,
+                        marker: None,
+                    },
+                )?;
+                continue;
+            }
+            if let WorkerRequest::HostUnregister { region } = request {
+                mine.ids.retain(|r| *r != region);
+                self.regions.remove(&*self.ctx, region);
+                let result = Ok(WorkerValue::Unit);
                 send(
                     &mut writer,
                     &WorkerReply {
@@ -657,6 +707,21 @@ impl Served<'_, '_> {
     }
 }
 
+/// The regions one connection registered, dropped when it ends (a session
+/// of a shared context that went away without unregistering them).
+struct ConnectionRegions<'s, 'a, 'b> {
+    served: &'s Served<'a, 'b>,
+    ids: Vec<Handle>,
+}
+
+impl Drop for ConnectionRegions<'_, '_, '_> {
+    fn drop(&mut self) {
+        for region in self.ids.drain(..) {
+            self.served.regions.remove(&*self.served.ctx, region);
+        }
+    }
+}
+
 type Executed = (Result<WorkerValue, CuError>, Vec<u8>, Option<Vec<u8>>);
 
 /// Runs one request: its result, what a launch printed, and bytes read back.
@@ -704,7 +769,10 @@ fn execute(
             Vec::new(),
             None,
         ),
-        WorkerRequest::OpenSessions | WorkerRequest::AttachSignals { .. } => (
+        WorkerRequest::OpenSessions
+        | WorkerRequest::AttachSignals { .. }
+        | WorkerRequest::HostRegister { .. }
+        | WorkerRequest::HostUnregister { .. } => (
             Err(CuError::new(
                 codes::INVALID_VALUE,
                 "served by the connection",
@@ -1388,13 +1456,32 @@ impl WorkerContext {
         frames: &[&[u8]],
         back: Option<&mut [u8]>,
     ) -> Result<WorkerValue, CuError> {
+        self.call_passing(request, None, frames, back)
+    }
+
+    /// [`WorkerContext::call`], with `fd` sent along with the request (`SCM_RIGHTS`).
+    fn call_passing(
+        &self,
+        request: &WorkerRequest,
+        fd: Option<BorrowedFd<'_>>,
+        frames: &[&[u8]],
+        back: Option<&mut [u8]>,
+    ) -> Result<WorkerValue, CuError> {
         if let Some(e) = self.sticky() {
             return Err(e);
         }
         let mut slot = lock(&self.conn);
         let conn = self.connection(&mut slot)?;
         let exchanged = (|| -> io::Result<WorkerReply> {
-            send(&mut conn.writer, request)?;
+            match fd {
+                None => send(&mut conn.writer, request)?,
+                Some(fd) => {
+                    let bytes = encode(request).map_err(io_err)?;
+                    let mut framed = (bytes.len() as u32).to_le_bytes().to_vec();
+                    framed.extend_from_slice(&bytes);
+                    cumux_protocol::shm::send_with_fd(&conn.writer, &framed, fd)?;
+                }
+            }
             for frame in frames {
                 write_frame(&mut conn.writer, frame).map_err(io_err)?;
             }
@@ -1642,6 +1729,28 @@ impl DeviceContext for WorkerContext {
         match self.call(&request, &[], None)? {
             WorkerValue::TensorMap(bytes) => Ok(bytes),
             other => Err(unexpected(&other)),
+        }
+    }
+
+    fn host_register(
+        &self,
+        region: Handle,
+        mapping: &Arc<HostMapping>,
+        fd: BorrowedFd<'_>,
+    ) -> Result<(), CuError> {
+        let request = WorkerRequest::HostRegister {
+            region,
+            bytes: mapping.len() as u64,
+        };
+        match self.call_passing(&request, Some(fd), &[], None)? {
+            WorkerValue::Unit => Ok(()),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    fn host_unregister(&self, region: Handle) {
+        if let Err(e) = self.unit(&WorkerRequest::HostUnregister { region }, &[]) {
+            tracing::debug!(region, "worker host unregister: {e}");
         }
     }
 }

@@ -244,6 +244,30 @@ impl Client {
         decode(&self.buf).unwrap()
     }
 
+    /// Registers `bytes` of pinned host memory at `base`: the call, then
+    /// `fd` (if any) with the byte `tag` on the socket, as the client driver
+    /// sends a memfd (no fd and tag 0: nothing follows the call).
+    pub fn register_host(
+        &mut self,
+        base: u64,
+        bytes: u64,
+        fd: Option<std::os::fd::BorrowedFd<'_>>,
+        tag: u8,
+    ) -> Result<Handle, CuError> {
+        let seq = self.send(Call::HostRegister { base, bytes });
+        match fd {
+            Some(fd) => shm::send_with_fd(&self.writer, &[tag], fd).unwrap(),
+            None if tag == 0 => {}
+            None => self.writer.write_all(&[tag]).unwrap(),
+        }
+        let reply = self.receive();
+        assert_eq!(reply.seq, seq);
+        reply.result.map(|body| match body {
+            ReplyBody::Handle(h) => h,
+            other => panic!("{other:?}"),
+        })
+    }
+
     /// Sends a fire-and-forget call.
     pub fn post(&mut self, call: Call) {
         assert!(call.is_fire_and_forget(), "{call:?} expects a reply");

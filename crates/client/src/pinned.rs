@@ -1,0 +1,98 @@
+//! Zero-copy pinned host memory: `cuMemHostAlloc` buffers are sealed memfds
+//! mapped `MAP_SHARED` and registered with the server, so copies name them.
+//!
+//! The server (and the worker behind it) map the same pages: a copy between
+//! device memory and such a buffer travels as (region, offset, length), and a
+//! device-to-host copy lands in the program's buffer directly. Where the
+//! memfd cannot be made or the server refuses it (a TCP link, the socket
+//! transport, an old server), the buffer is plain memory and copies carry
+//! their bytes, as before. `CUMUX_PINNED=off` keeps every buffer plain.
+
+use std::ffi::c_void;
+use std::os::fd::AsFd;
+
+use cumux_protocol::pinned::{create_memfd, HostMapping};
+use cumux_protocol::{Call, Handle, ReplyBody};
+
+use crate::state::Client;
+
+/// Buffers smaller than this stay plain: their copies are small anyway.
+pub const MIN_BYTES: usize = 64 << 10;
+
+/// Set to `off` to keep pinned buffers plain and large pageable copies
+/// unstaged ([`crate::staging`]): every copy carries its bytes (for comparisons).
+pub const PINNED_ENV: &str = "CUMUX_PINNED";
+
+const PAGE: usize = 4096;
+
+/// A pinned buffer the server knows: its region and the program's mapping.
+pub struct PinnedMemory {
+    pub region: Handle,
+    mapping: HostMapping,
+}
+
+impl PinnedMemory {
+    pub fn ptr(&self) -> *mut c_void {
+        self.mapping.as_ptr().cast()
+    }
+}
+
+/// Whether copies may name shared buffers at all (`CUMUX_PINNED` is not `off`).
+pub fn enabled() -> bool {
+    std::env::var(PINNED_ENV).map_or(true, |v| !matches!(v.trim(), "off" | "0"))
+}
+
+fn wanted(bytes: usize) -> bool {
+    bytes >= MIN_BYTES && enabled()
+}
+
+/// A buffer of `bytes` the server registered, or `None` (why, at debug
+/// level) when this buffer should be plain memory.
+pub fn alloc(c: &Client, bytes: usize) -> Option<PinnedMemory> {
+    if !wanted(bytes) {
+        return None;
+    }
+    let len = bytes.checked_next_multiple_of(PAGE)? as u64;
+    let made = create_memfd(len).and_then(|fd| Ok((HostMapping::map(fd.as_fd(), len)?, fd)));
+    let (mapping, fd) = match made {
+        Ok(made) => made,
+        Err(e) => {
+            tracing::debug!("pinned memory stays plain: no memfd ({e})");
+            return None;
+        }
+    };
+    let call = Call::HostRegister {
+        base: mapping.as_ptr() as u64,
+        bytes: len,
+    };
+    match c.register_host(call, fd.as_fd()) {
+        Ok(ReplyBody::Handle(region)) => Some(PinnedMemory { region, mapping }),
+        Ok(_) => None,
+        Err(e) => {
+            tracing::debug!("pinned memory stays plain: the server did not take it ({e})");
+            None
+        }
+    }
+}
+
+/// Unregisters a buffer (the server waits for work that may use it) and
+/// unmaps it.
+pub fn free(c: &Client, memory: PinnedMemory) {
+    if let Err(e) = c.call(Call::HostUnregister {
+        region: memory.region,
+    }) {
+        tracing::debug!(region = memory.region, "unregistering pinned memory: {e}");
+    }
+    drop(memory);
+}
+
+/// The region and offset of `[ptr, ptr + len)` if it lies wholly inside one
+/// registered pinned buffer.
+pub fn span(c: &Client, ptr: usize, len: usize) -> Option<(Handle, u64)> {
+    let t = c.tables();
+    let (base, region) = t.host_region_of(ptr)?;
+    let pinned = region.pinned.as_ref()?;
+    let offset = ptr - base;
+    let end = offset.checked_add(len)?;
+    (end <= region.size).then_some((pinned.region, offset as u64))
+}

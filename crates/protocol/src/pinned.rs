@@ -1,0 +1,217 @@
+//! Pinned host memory shared by client, server and worker: sealed memfds the
+//! client maps as the program's pinned buffers, their checks, and mappings.
+//!
+//! A client's `cuMemHostAlloc` memory is a memfd it maps `MAP_SHARED`; the
+//! server (and a worker behind it) map the same pages, so a copy between
+//! device memory and a pinned buffer names a region and an offset instead of
+//! carrying the bytes. The rules are the shared area's ([`crate::shm`]): the
+//! memfd must live on tmpfs and be sealed against shrinking, so no later
+//! `ftruncate` by the client can make an access by the server fault.
+
+use std::fs::File;
+use std::io;
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use memmap2::{MmapOptions, MmapRaw};
+
+/// The byte the client sends with a region's memfd on the socket
+/// (`SCM_RIGHTS`), right after its `HostRegister` call.
+pub const FD_TAG: u8 = b'P';
+
+/// The largest region a client may register (1 TiB): a bound, not a quota.
+pub const MAX_REGION_BYTES: u64 = 1 << 40;
+
+/// Mappings of this process alive now (for clean-up tests).
+static LIVE: AtomicUsize = AtomicUsize::new(0);
+
+/// How many [`HostMapping`]s this process holds.
+pub fn live_mappings() -> usize {
+    LIVE.load(Ordering::Acquire)
+}
+
+/// A memfd of `len` bytes sealed against shrinking, growing and further seals.
+pub fn create_memfd(len: u64) -> io::Result<OwnedFd> {
+    // SAFETY: a NUL-terminated name and valid flags; the result is checked.
+    let fd = unsafe {
+        libc::memfd_create(
+            c"cumux-pinned".as_ptr(),
+            libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING,
+        )
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `fd` was just returned by memfd_create and is owned by nobody else.
+    let file = File::from(unsafe { OwnedFd::from_raw_fd(fd) });
+    file.set_len(len)?;
+    let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
+    // SAFETY: fcntl on a descriptor this function owns.
+    if unsafe { libc::fcntl(file.as_raw_fd(), libc::F_ADD_SEALS, seals) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(file.into())
+}
+
+/// Checks a descriptor a client sent as a region of `len` bytes: a memfd on
+/// tmpfs, sealed against shrinking, holding at least `len` bytes.
+pub fn check_memfd(fd: BorrowedFd<'_>, len: u64) -> Result<(), String> {
+    if len == 0 || len > MAX_REGION_BYTES {
+        return Err(format!("a region of {len} bytes"));
+    }
+    // SAFETY: fcntl on a descriptor the caller holds open.
+    let seals = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS) };
+    if seals < 0 {
+        return Err(format!(
+            "not a sealable memfd: {}",
+            io::Error::last_os_error()
+        ));
+    }
+    if seals & libc::F_SEAL_SHRINK == 0 {
+        return Err("the memfd is not sealed against shrinking".into());
+    }
+    // SAFETY: an all-zero statfs is a valid value for the kernel to overwrite.
+    let mut fs: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: fstatfs writes into `fs`, which is valid for writes.
+    if unsafe { libc::fstatfs(fd.as_raw_fd(), &mut fs) } < 0 {
+        return Err(format!("fstatfs: {}", io::Error::last_os_error()));
+    }
+    if fs.f_type != libc::TMPFS_MAGIC {
+        return Err(format!(
+            "the memfd lives on fs type {:#x}, not tmpfs",
+            fs.f_type
+        ));
+    }
+    // SAFETY: an all-zero stat is a valid value for the kernel to overwrite.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: fstat writes into `st`, which is valid for writes.
+    if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } < 0 {
+        return Err(format!("fstat: {}", io::Error::last_os_error()));
+    }
+    if (st.st_size as u64) < len {
+        return Err(format!(
+            "the memfd holds {} bytes, the region needs {len}",
+            st.st_size
+        ));
+    }
+    Ok(())
+}
+
+/// A `MAP_SHARED` read-write mapping of a region's memfd in this process.
+///
+/// The pages are shared with the client, which may write them at any time:
+/// readers copy bytes out and never rely on them staying put, as with the
+/// shared area.
+pub struct HostMapping {
+    map: MmapRaw,
+}
+
+impl std::fmt::Debug for HostMapping {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HostMapping")
+            .field("len", &self.map.len())
+            .finish()
+    }
+}
+
+impl HostMapping {
+    /// Maps `len` bytes of `fd` (checked by [`check_memfd`] first where the
+    /// descriptor comes from someone else).
+    pub fn map(fd: BorrowedFd<'_>, len: u64) -> io::Result<HostMapping> {
+        let len = usize::try_from(len).map_err(|_| io::Error::other("region too large"))?;
+        let file = File::from(fd.try_clone_to_owned()?);
+        let map = MmapOptions::new().len(len).map_raw(&file)?;
+        LIVE.fetch_add(1, Ordering::AcqRel);
+        Ok(HostMapping { map })
+    }
+
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.map.as_mut_ptr()
+    }
+
+    pub fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.map.len() == 0
+    }
+
+    /// Whether `[offset, offset + len)` lies inside the mapping.
+    pub fn contains(&self, offset: u64, len: u64) -> bool {
+        offset
+            .checked_add(len)
+            .is_some_and(|end| end <= self.map.len() as u64)
+    }
+
+    /// The bytes at `[offset, offset + len)`, if inside the mapping.
+    pub fn bytes(&self, offset: u64, len: u64) -> Option<&[u8]> {
+        if !self.contains(offset, len) {
+            return None;
+        }
+        // SAFETY: the range lies inside a live mapping of a memfd sealed against
+        // shrinking (so it never faults); every bit pattern is a valid `u8`,
+        // and a concurrent write by the client only changes the values copied.
+        Some(unsafe {
+            std::slice::from_raw_parts(self.as_ptr().add(offset as usize), len as usize)
+        })
+    }
+
+    /// The bytes at `[offset, offset + len)` for writing, if inside the mapping.
+    ///
+    /// # Safety
+    /// No other reference to the range may be used while the slice lives
+    /// (stream order keeps copies into one range apart).
+    #[allow(clippy::mut_from_ref)]
+    pub unsafe fn bytes_mut(&self, offset: u64, len: u64) -> Option<&mut [u8]> {
+        if !self.contains(offset, len) {
+            return None;
+        }
+        // SAFETY: as in `bytes`; exclusivity within this process is the caller's.
+        Some(unsafe {
+            std::slice::from_raw_parts_mut(self.as_ptr().add(offset as usize), len as usize)
+        })
+    }
+}
+
+impl Drop for HostMapping {
+    fn drop(&mut self) {
+        LIVE.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::fd::AsFd;
+
+    #[test]
+    fn a_sealed_memfd_maps_and_shares_its_pages() {
+        let fd = create_memfd(8192).unwrap();
+        check_memfd(fd.as_fd(), 8192).unwrap();
+        assert!(check_memfd(fd.as_fd(), 8193).is_err());
+        assert!(check_memfd(fd.as_fd(), 0).is_err());
+        let a = HostMapping::map(fd.as_fd(), 8192).unwrap();
+        let b = HostMapping::map(fd.as_fd(), 8192).unwrap();
+        // SAFETY: nothing else uses the range.
+        unsafe { a.bytes_mut(100, 3).unwrap() }.copy_from_slice(&[1, 2, 3]);
+        assert_eq!(b.bytes(100, 3).unwrap(), &[1, 2, 3]);
+        assert!(b.bytes(8190, 3).is_none());
+        assert!(b.bytes(u64::MAX, 2).is_none());
+        assert!(b.contains(0, 8192));
+    }
+
+    #[test]
+    fn unsealed_or_foreign_descriptors_are_refused() {
+        // SAFETY: a NUL-terminated name and valid flags.
+        let raw = unsafe { libc::memfd_create(c"unsealed".as_ptr(), libc::MFD_CLOEXEC) };
+        assert!(raw >= 0);
+        // SAFETY: just created, owned here.
+        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        File::from(fd.try_clone().unwrap()).set_len(4096).unwrap();
+        let why = check_memfd(fd.as_fd(), 4096).unwrap_err();
+        assert!(why.contains("seal"), "{why}");
+        let (a, _b) = std::os::unix::net::UnixStream::pair().unwrap();
+        assert!(check_memfd(a.as_fd(), 4096).is_err());
+    }
+}

@@ -1,0 +1,262 @@
+//! Pinned host regions over the real protocol: copies both ways through a
+//! registered memfd, clean-up at the session's end, and hostile clients (bad
+//! descriptors, unsealed or short memfds, ranges outside a region, another
+//! session's region): each gets a clear error and the server serves on.
+
+mod common;
+
+use std::os::fd::{AsFd, FromRawFd, OwnedFd};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use common::*;
+use cumux_protocol::pinned::{self, create_memfd, live_mappings, HostMapping, FD_TAG};
+use cumux_protocol::*;
+
+/// The tests count this process's mappings: one at a time.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+const LEN: u64 = 64 << 10;
+
+/// A sealed memfd of `LEN` bytes and this process's mapping of it.
+fn region_memory() -> (OwnedFd, HostMapping) {
+    let fd = create_memfd(LEN).unwrap();
+    let map = HostMapping::map(fd.as_fd(), LEN).unwrap();
+    (fd, map)
+}
+
+fn shm_client(h: &Harness) -> Client {
+    let c = Client::connect_with(&h.socket, "pinned", Some("team-a"), true);
+    assert!(c.uses_shm());
+    c
+}
+
+fn register(c: &mut Client, fd: &OwnedFd, map: &HostMapping) -> Handle {
+    c.register_host(map.as_ptr() as u64, LEN, Some(fd.as_fd()), FD_TAG)
+        .expect("a sealed memfd registers")
+}
+
+fn htod(dst: DevicePtr, region: Handle, offset: u64, bytes: u64, stream: Option<Handle>) -> Call {
+    Call::MemcpyHtoDHost {
+        dst,
+        region,
+        offset,
+        bytes,
+        stream,
+    }
+}
+
+fn dtoh(src: DevicePtr, region: Handle, offset: u64, bytes: u64, stream: Option<Handle>) -> Call {
+    Call::MemcpyDtoHHost {
+        src,
+        region,
+        offset,
+        bytes,
+        stream,
+    }
+}
+
+#[test]
+fn copies_go_through_the_region_and_it_goes_with_the_session() {
+    let _one = serial();
+    let h = Harness::start("pinned-copies");
+    let before = live_mappings();
+    let (fd, map) = region_memory();
+    let mut c = shm_client(&h);
+    let region = register(&mut c, &fd, &map);
+    assert_eq!(
+        live_mappings(),
+        before + 2,
+        "the server maps the region too"
+    );
+    let pattern: Vec<u8> = (0..LEN as u32).map(|i| (i * 7 + 1) as u8).collect();
+    // SAFETY: nothing else in this process uses the mapping.
+    unsafe { map.bytes_mut(0, LEN) }
+        .unwrap()
+        .copy_from_slice(&pattern);
+    let dev = c.alloc(LEN);
+    // Synchronous in, read back over the wire.
+    assert_eq!(c.code(htod(dev, region, 0, LEN, None)), 0);
+    assert!(c.read(dev, LEN).unwrap() == pattern);
+    // Stream-ordered out, into the region at an offset: there once synchronized.
+    let s = c.stream(0);
+    c.write(dev, &[9u8; 100]);
+    c.post(dtoh(dev, region, 1000, 100, Some(s)));
+    assert_eq!(c.code(Call::StreamSynchronize { stream: s }), 0);
+    assert_eq!(map.bytes(1000, 100).unwrap(), &[9u8; 100]);
+    assert_eq!(map.bytes(999, 1).unwrap(), &pattern[999..1000]);
+    // Stream-ordered in, synchronous out.
+    let first = map.bytes(0, 4096).unwrap().to_vec();
+    c.post(htod(dev + 4096, region, 0, 4096, Some(s)));
+    assert_eq!(c.code(Call::StreamSynchronize { stream: s }), 0);
+    assert_eq!(c.code(dtoh(dev + 4096, region, 8192, 4096, None)), 0);
+    assert!(map.bytes(8192, 4096).unwrap() == first);
+    // Unregistered: it is gone from the server, and its id means nothing.
+    assert_eq!(c.code(Call::HostUnregister { region }), 0);
+    assert_eq!(live_mappings(), before + 1);
+    assert_eq!(c.code(htod(dev, region, 0, 16, None)), codes::INVALID_VALUE);
+    assert_eq!(
+        c.code(Call::HostUnregister { region }),
+        codes::INVALID_VALUE
+    );
+    // A region still registered when the client goes is unmapped with its session.
+    let again = register(&mut c, &fd, &map);
+    assert_eq!(c.code(htod(dev, again, 0, LEN, None)), 0);
+    assert_eq!(live_mappings(), before + 2);
+    drop(c);
+    h.eventually("the session's region to be unmapped", || {
+        live_mappings() == before + 1
+    });
+    h.eventually("the session to end", || h.server.registry().is_empty());
+}
+
+#[test]
+fn bad_descriptors_are_refused_and_the_connection_serves_on() {
+    let _one = serial();
+    let h = Harness::start("pinned-bad-fds");
+    let before = live_mappings();
+    let mut c = shm_client(&h);
+    let refused = |c: &mut Client, fd: Option<std::os::fd::BorrowedFd<'_>>, tag, len| {
+        let e = c.register_host(0x1000, len, fd, tag).unwrap_err();
+        assert_eq!(e.code, codes::INVALID_VALUE, "{e:?}");
+        e.detail
+    };
+    // A socket where a memfd belongs.
+    let (a, _b) = std::os::unix::net::UnixStream::pair().unwrap();
+    refused(&mut c, Some(a.as_fd()), FD_TAG, LEN);
+    // An unsealed memfd: the client could shrink it under the server.
+    // SAFETY: a NUL-terminated name and valid flags; the result is checked.
+    let raw = unsafe { libc::memfd_create(c"unsealed".as_ptr(), libc::MFD_CLOEXEC) };
+    assert!(raw >= 0);
+    // SAFETY: just created, owned here.
+    let unsealed = unsafe { OwnedFd::from_raw_fd(raw) };
+    std::fs::File::from(unsealed.try_clone().unwrap())
+        .set_len(LEN)
+        .unwrap();
+    let why = refused(&mut c, Some(unsealed.as_fd()), FD_TAG, LEN);
+    assert!(why.contains("seal"), "{why}");
+    // Smaller than it claims, empty, or absurdly large.
+    let (fd, _map) = region_memory();
+    let why = refused(&mut c, Some(fd.as_fd()), FD_TAG, LEN + 4096);
+    assert!(why.contains("holds"), "{why}");
+    refused(&mut c, Some(fd.as_fd()), FD_TAG, 0);
+    refused(
+        &mut c,
+        Some(fd.as_fd()),
+        FD_TAG,
+        pinned::MAX_REGION_BYTES + 1,
+    );
+    // The wrong byte with it, or the byte without a descriptor.
+    refused(&mut c, Some(fd.as_fd()), b'X', LEN);
+    refused(&mut c, None, FD_TAG, LEN);
+    // Nothing at all: the server gives up after its wait.
+    let started = std::time::Instant::now();
+    let why = refused(&mut c, None, 0, LEN);
+    assert!(why.contains("no memfd"), "{why}");
+    assert!(started.elapsed() < Duration::from_secs(15));
+    // The connection still works, and nothing stayed mapped.
+    let dev = c.alloc(4096);
+    c.write(dev, &[5u8; 4096]);
+    assert_eq!(c.read(dev, 4096).unwrap(), vec![5u8; 4096]);
+    assert_eq!(live_mappings(), before + 1);
+    // Over the socket transport there is no region at all.
+    let mut plain = Client::connect_with(&h.socket, "plain", Some("team-a"), false);
+    let e = plain.register_host(0x1000, LEN, None, 0).unwrap_err();
+    assert_eq!(e.code, codes::INVALID_VALUE, "{e:?}");
+    assert_eq!(plain.code(Call::ContextSynchronize), 0);
+    drop((c, plain));
+    settle(&h);
+}
+
+#[test]
+fn ranges_outside_a_region_or_an_allocation_are_refused() {
+    let _one = serial();
+    let h = Harness::start("pinned-ranges");
+    let (fd, map) = region_memory();
+    let mut c = shm_client(&h);
+    let region = register(&mut c, &fd, &map);
+    let dev = c.alloc(LEN);
+    for (offset, bytes) in [
+        (0, LEN + 1),
+        (LEN, 1),
+        (LEN - 8, 16),
+        (u64::MAX, 2),
+        (1, u64::MAX),
+    ] {
+        assert_eq!(
+            c.code(htod(dev, region, offset, bytes, None)),
+            codes::INVALID_VALUE,
+            "[{offset}, +{bytes})"
+        );
+        assert_eq!(
+            c.code(dtoh(dev, region, offset, bytes, None)),
+            codes::INVALID_VALUE,
+            "[{offset}, +{bytes})"
+        );
+    }
+    // Inside the region but past the allocation, or into no allocation.
+    assert_eq!(
+        c.code(htod(dev + 16, region, 0, LEN, None)),
+        codes::INVALID_VALUE
+    );
+    assert_eq!(
+        c.code(dtoh(0xdead_0000, region, 0, 16, None)),
+        codes::INVALID_VALUE
+    );
+    // Stream-ordered: the error comes back at the next synchronization.
+    let s = c.stream(0);
+    c.post(dtoh(dev, region, LEN - 1, 2, Some(s)));
+    assert_eq!(
+        c.code(Call::StreamSynchronize { stream: s }),
+        codes::INVALID_VALUE
+    );
+    assert_eq!(c.code(Call::StreamSynchronize { stream: s }), 0);
+    // A region id nobody registered.
+    assert_eq!(
+        c.code(htod(dev, region + 1000, 0, 16, None)),
+        codes::INVALID_VALUE
+    );
+    // The region itself still works.
+    assert_eq!(c.code(htod(dev, region, LEN - 16, 16, None)), 0);
+    drop(c);
+    settle(&h);
+}
+
+/// Waits for every session of `h` to end (and so to unmap its regions).
+fn settle(h: &Harness) {
+    h.eventually("every session to end", || h.server.registry().is_empty());
+}
+
+#[test]
+fn a_session_cannot_name_another_sessions_region() {
+    let _one = serial();
+    let h = Harness::start("pinned-foreign");
+    let (fd, map) = region_memory();
+    let mut owner = shm_client(&h);
+    let region = register(&mut owner, &fd, &map);
+    let mut thief = shm_client(&h);
+    let dev = thief.alloc(LEN);
+    assert_eq!(
+        thief.code(dtoh(dev, region, 0, 16, None)),
+        codes::INVALID_VALUE
+    );
+    assert_eq!(
+        thief.code(htod(dev, region, 0, 16, None)),
+        codes::INVALID_VALUE
+    );
+    assert_eq!(
+        thief.code(Call::HostUnregister { region }),
+        codes::INVALID_VALUE
+    );
+    // The owner's region is untouched and still its own.
+    let mine = owner.alloc(LEN);
+    owner.write(mine, &[3u8; 64]);
+    assert_eq!(owner.code(dtoh(mine, region, 0, 64, None)), 0);
+    assert_eq!(map.bytes(0, 64).unwrap(), &[3u8; 64]);
+    drop((owner, thief));
+    settle(&h);
+}
