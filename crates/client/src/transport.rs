@@ -272,7 +272,7 @@ impl Connection {
                     area,
                     Side::Client,
                     Some(unix.into()),
-                    shm::spin_from_env(),
+                    shm::answer_spin_from_env(),
                 ));
                 tracing::debug!("calls go through shared memory");
             }

@@ -818,6 +818,23 @@ fn socket_hung_up(fd: BorrowedFd<'_>) -> bool {
     rc > 0 && pfd.revents != 0
 }
 
+/// How long a client spins for an answer by default on hosts of 8 or more
+/// cores: longer than most waits for a kernel, as CUDA itself spins while a
+/// program synchronizes (see `cumux_server::device::spin::WAIT_SPIN`).
+pub const ANSWER_SPIN: Duration = Duration::from_micros(1000);
+
+/// The client's spin for answers: `CUMUX_SHM_SPIN_US`, else [`ANSWER_SPIN`] on
+/// hosts of 8 or more cores, else [`DEFAULT_SPIN`].
+pub fn answer_spin_from_env() -> Duration {
+    if std::env::var("CUMUX_SHM_SPIN_US").is_ok() {
+        return spin_from_env();
+    }
+    match std::thread::available_parallelism() {
+        Ok(n) if n.get() >= 8 => ANSWER_SPIN,
+        _ => DEFAULT_SPIN,
+    }
+}
+
 /// `CUMUX_SHM_SPIN_US`, else [`DEFAULT_SPIN`].
 pub fn spin_from_env() -> Duration {
     std::env::var("CUMUX_SHM_SPIN_US")

@@ -379,7 +379,7 @@ impl GateSession {
         cost_hint_ns: Option<Nanos>,
         work: impl FnOnce() -> R,
     ) -> Option<R> {
-        let id = match self.admit(stream, kernel, cost_hint_ns) {
+        let id = match self.admit(stream, kernel, cost_hint_ns, || {}) {
             Admission::Go(id) => id,
             Admission::Skip => return None,
             Admission::Ungated => return Some(work()),
@@ -405,13 +405,17 @@ impl GateSession {
     /// Offers one launch of `stream` and waits until the scheduler dispatches it. From
     /// [`Admission::Go`] on it is in flight: the caller runs it and reports it, or
     /// queues it on the device and [`watch`](Self::watch)es it. A full queue is
-    /// backpressure: the caller waits.
+    /// backpressure: the caller waits. `before_wait` runs (once, without the gate's
+    /// lock) before the first wait: the caller's launches on the device must be
+    /// able to complete while it waits.
     pub fn admit(
         &self,
         stream: StreamId,
         kernel: KernelId,
         cost_hint_ns: Option<Nanos>,
+        before_wait: impl FnOnce(),
     ) -> Admission {
+        let mut before_wait = Some(before_wait);
         let gate = &*self.gate;
         let mut state = gate.lock();
         if self.ended.load(Ordering::Relaxed) {
@@ -436,6 +440,12 @@ impl GateSession {
                     | SchedError::QueueFull
                     | SchedError::TooManyStreams(_),
                 ) => {
+                    if let Some(f) = before_wait.take() {
+                        drop(state);
+                        f();
+                        state = gate.lock();
+                        continue;
+                    }
                     // Backpressure: wait for something to complete, then try again.
                     state = gate
                         .changed
@@ -473,6 +483,12 @@ impl GateSession {
                     return Admission::Skip;
                 }
                 Ticket::Queued => {}
+            }
+            if let Some(f) = before_wait.take() {
+                drop(state);
+                f();
+                state = gate.lock();
+                continue;
             }
             let now = (gate.clock)();
             let wait = state
@@ -720,19 +736,19 @@ mod tests {
             other => panic!("{other:?}"),
         };
         // Two on one batch stream go at once: the stream is two deep.
-        let b0 = go(batch.admit(StreamId(0), KernelId(1), None));
+        let b0 = go(batch.admit(StreamId(0), KernelId(1), None, || {}));
         batch.watch(b0, &area, 0, 1);
-        let b1 = go(batch.admit(StreamId(0), KernelId(1), None));
+        let b1 = go(batch.admit(StreamId(0), KernelId(1), None, || {}));
         batch.watch(b1, &area, 0, 2);
         assert_eq!(gate.in_flight(), 2);
         // The latency-critical launch goes past them.
-        let l0 = go(lc.admit(StreamId(1), KernelId(2), None));
+        let l0 = go(lc.admit(StreamId(1), KernelId(2), None, || {}));
         lc.watch(l0, &area, 1, 1);
         // A third batch launch (another stream) waits: no batch goes while
         // latency-critical work is on the device.
         let third = {
             let batch = Arc::clone(&batch);
-            std::thread::spawn(move || batch.admit(StreamId(2), KernelId(1), None))
+            std::thread::spawn(move || batch.admit(StreamId(2), KernelId(1), None, || {}))
         };
         wait_until("the third batch launch queued", || gate.queued() == 1);
         clock.fetch_add(1_000_000, Ordering::SeqCst);

@@ -212,17 +212,19 @@ pub enum StreamWork {
     /// Raises counter `slot` of the connection's signal area to `value` once the
     /// stream's earlier work is done ([`StreamOrdered::attach_signals`]).
     Signal { slot: u32, value: u64 },
+    /// Copies a span of a registered host region to `dst` (pinned memory).
+    HostToDevice { dst: DevicePtr, host: HostSpan },
+    /// Copies from `src` into a span of a registered host region.
+    DeviceToHost { src: DevicePtr, host: HostSpan },
     /// [`StreamWork::Signal`] as the worker hands it to its context: with the area.
+    /// Never on the wire; skipped variants must stay last, or postcard's variant
+    /// numbers of those after it differ between encoding and decoding.
     #[serde(skip)]
     SignalTo {
         area: Arc<signals::SignalArea>,
         slot: u32,
         value: u64,
     },
-    /// Copies a span of a registered host region to `dst` (pinned memory).
-    HostToDevice { dst: DevicePtr, host: HostSpan },
-    /// Copies from `src` into a span of a registered host region.
-    DeviceToHost { src: DevicePtr, host: HostSpan },
 }
 
 /// What a synchronizing call waits for.

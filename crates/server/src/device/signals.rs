@@ -187,14 +187,18 @@ impl SignalArea {
     }
 }
 
-/// A session's use of its area: a slot per stream that has signalled, and each
-/// slot's latest value. A destroyed stream's slot goes to the next new stream, its
-/// values carrying on from where they were, so a late signal of the old stream can
-/// never look like one of the new.
+/// A session's use of its area: a slot per stream that has launched, each launch's
+/// value (the stream's launch count), and how far each slot's signals have gone.
+/// A signal covers every launch of its stream before it, so a stream need not be
+/// signalled after every launch: the session signals every few launches, and
+/// [`flush`](Self::flush)es the rest before anything waits. A destroyed stream's
+/// slot goes to the next new stream, its values carrying on from where they were,
+/// so a late signal of the old stream can never look like one of the new.
 pub struct StreamSignals {
     area: Arc<SignalArea>,
     slots: HashMap<Handle, u32>,
-    values: Vec<u64>,
+    /// Per slot: the latest launch's value, and the latest value signalled.
+    values: Vec<(u64, u64)>,
     free: Vec<u32>,
 }
 
@@ -212,16 +216,16 @@ impl StreamSignals {
         &self.area
     }
 
-    /// The slot of `stream` and the value its next signal raises it to; `None` when
-    /// every slot is taken.
-    pub fn next(&mut self, stream: Handle) -> Option<(u32, u64)> {
+    /// A new launch on `stream`: its slot and value (done once the slot reaches
+    /// it); `None` when every slot is taken.
+    pub fn launch(&mut self, stream: Handle) -> Option<(u32, u64)> {
         let slot = match self.slots.get(&stream) {
             Some(&slot) => slot,
             None => {
                 let slot = match self.free.pop() {
                     Some(slot) => slot,
                     None if self.values.len() < SIGNAL_SLOTS as usize => {
-                        self.values.push(0);
+                        self.values.push((0, 0));
                         (self.values.len() - 1) as u32
                     }
                     None => return None,
@@ -230,12 +234,37 @@ impl StreamSignals {
                 slot
             }
         };
-        let value = &mut self.values[slot as usize];
-        *value += 1;
-        Some((slot, *value))
+        let (latest, _) = &mut self.values[slot as usize];
+        *latest += 1;
+        Some((slot, *latest))
     }
 
-    /// `stream` is gone: its slot may serve another.
+    /// The signal that covers `stream`'s launches so far, if `every` or more of
+    /// them are not covered yet (marking them covered).
+    pub fn due(&mut self, stream: Handle, every: u64) -> Option<(u32, u64)> {
+        let slot = *self.slots.get(&stream)?;
+        let (latest, signalled) = &mut self.values[slot as usize];
+        if *latest - *signalled < every.max(1) {
+            return None;
+        }
+        *signalled = *latest;
+        Some((slot, *latest))
+    }
+
+    /// Every stream's signal for the launches not covered yet (marking them covered).
+    pub fn flush(&mut self) -> Vec<(Handle, u32, u64)> {
+        let mut due = Vec::new();
+        for (&stream, &slot) in &self.slots {
+            let (latest, signalled) = &mut self.values[slot as usize];
+            if latest > signalled {
+                *signalled = *latest;
+                due.push((stream, slot, *latest));
+            }
+        }
+        due
+    }
+
+    /// `stream` is gone (after its last signal was queued): its slot may serve another.
     pub fn release(&mut self, stream: Handle) {
         if let Some(slot) = self.slots.remove(&stream) {
             self.free.push(slot);
@@ -290,15 +319,34 @@ mod tests {
     #[test]
     fn a_reused_slot_keeps_counting_up() {
         let mut signals = StreamSignals::new(Arc::new(SignalArea::create().unwrap()));
-        assert_eq!(signals.next(5), Some((0, 1)));
-        assert_eq!(signals.next(5), Some((0, 2)));
-        assert_eq!(signals.next(9), Some((1, 1)));
+        assert_eq!(signals.launch(5), Some((0, 1)));
+        assert_eq!(signals.launch(5), Some((0, 2)));
+        assert_eq!(signals.launch(9), Some((1, 1)));
         signals.release(5);
-        assert_eq!(signals.next(11), Some((0, 3)));
+        assert_eq!(signals.launch(11), Some((0, 3)));
         for stream in 100..100 + u64::from(SIGNAL_SLOTS) - 2 {
-            assert!(signals.next(stream).is_some());
+            assert!(signals.launch(stream).is_some());
         }
-        assert_eq!(signals.next(1), None);
+        assert_eq!(signals.launch(1), None);
+    }
+
+    #[test]
+    fn signals_cover_every_few_launches_and_a_flush_covers_the_rest() {
+        let mut signals = StreamSignals::new(Arc::new(SignalArea::create().unwrap()));
+        for _ in 0..3 {
+            signals.launch(7);
+        }
+        signals.launch(8);
+        assert_eq!(signals.due(7, 4), None);
+        signals.launch(7);
+        assert_eq!(signals.due(7, 4), Some((0, 4)));
+        assert_eq!(signals.due(7, 4), None);
+        signals.launch(7);
+        let mut flushed = signals.flush();
+        flushed.sort();
+        assert_eq!(flushed, vec![(7, 0, 5), (8, 1, 1)]);
+        assert!(signals.flush().is_empty());
+        assert_eq!(signals.due(8, 1), None);
     }
 
     #[test]

@@ -15,6 +15,28 @@ pub const SPIN_ENV: &str = "CUMUX_SPIN_US";
 /// How long a read polls by default.
 pub const DEFAULT_SPIN: Duration = Duration::from_micros(50);
 
+/// How long the server polls for a worker's answer by default on hosts of
+/// [`WAIT_SPIN_CORES`] or more cores: longer than most waits for a kernel, as
+/// CUDA itself spins while a program synchronizes. Measured on the H100 host: a
+/// 50 µs kernel's launch and synchronize took 144 µs at the 50 µs poll (the
+/// answer came after the poll ended, and the wake-ups cost the rest) and 71 µs
+/// at 2 ms (native: 49 µs).
+pub const WAIT_SPIN: Duration = Duration::from_micros(1000);
+/// Hosts with at least this many cores poll for [`WAIT_SPIN`].
+pub const WAIT_SPIN_CORES: usize = 8;
+
+/// How long the server polls for a worker's answer: `CUMUX_SPIN_US`, else
+/// [`WAIT_SPIN`] on large hosts, else as [`spin_time`].
+pub fn answer_spin_time() -> Duration {
+    if std::env::var(SPIN_ENV).is_ok() {
+        return spin_time();
+    }
+    match std::thread::available_parallelism() {
+        Ok(n) if n.get() >= WAIT_SPIN_CORES => WAIT_SPIN,
+        _ => spin_time(),
+    }
+}
+
 /// The polling time this process uses.
 pub fn spin_time() -> Duration {
     if let Some(us) = std::env::var(SPIN_ENV)

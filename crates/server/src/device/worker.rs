@@ -43,7 +43,7 @@ use serde::{Deserialize, Serialize};
 use super::serial::SerialStreams;
 use super::shared::SharedView;
 use super::signals::SignalArea;
-use super::spin::{spin_time, SpinReader};
+use super::spin::{answer_spin_time, spin_time, SpinReader};
 use super::{
     Device, DeviceContext, GlobalDesc, KernelDesc, LaunchGeometry, LaunchOutcome, LoadedModule,
     ModuleId, StreamOrdered, StreamWork, SyncTarget,
@@ -259,6 +259,9 @@ impl From<WireModule> for LoadedModule {
         }
     }
 }
+
+/// The driver's number of hardware work queues per context (1 to 32; 8 by default).
+const MAX_CONNECTIONS_ENV: &str = "CUDA_DEVICE_MAX_CONNECTIONS";
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
@@ -1054,13 +1057,21 @@ fn spawn_worker(command: &WorkerCommand) -> Result<Spawned, CuError> {
     };
     let (ours, theirs) = UnixStream::pair().map_err(|e| spawn_err("socketpair", e))?;
     let nonce = new_nonce();
-    let mut child = Command::new(&command.program)
+    let mut child = Command::new(&command.program);
+    child
         .args(&command.args)
         .arg("--nonce")
         .arg(nonce_to_hex(&nonce))
         .stdin(Stdio::from(OwnedFd::from(theirs)))
         .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
+        .stderr(Stdio::inherit());
+    // A shared context holds many tenants' streams; with the driver's default of
+    // 8 hardware queues, streams of different tenants share queues and a kernel
+    // can wait behind another tenant's kernels (false serialization).
+    if std::env::var_os(MAX_CONNECTIONS_ENV).is_none() {
+        child.env(MAX_CONNECTIONS_ENV, "32");
+    }
+    let mut child = child
         .spawn()
         .map_err(|e| spawn_err(&command.program.display().to_string(), e))?;
     match child.stdout.take() {
@@ -1295,7 +1306,7 @@ impl WorkerContext {
             )
         })?;
         let mut conn = Connection {
-            reader: BufReader::new(SpinReader::new(stream, spin_time())),
+            reader: BufReader::new(SpinReader::new(stream, answer_spin_time())),
             writer,
             buf: Vec::new(),
         };
@@ -1409,7 +1420,7 @@ impl WorkerContext {
         write_frame(&mut stream, &token).map_err(|e| fail(io_err(e)))?;
         let writer = stream.try_clone().map_err(fail)?;
         let conn = Connection {
-            reader: BufReader::new(SpinReader::new(stream, spin_time())),
+            reader: BufReader::new(SpinReader::new(stream, answer_spin_time())),
             writer,
             buf: Vec::new(),
         };
@@ -2030,6 +2041,29 @@ mod tests {
             },
         ];
         for r in requests {
+            let back: WorkerRequest = decode(&encode(&r).unwrap()).unwrap();
+            assert_eq!(back, r);
+        }
+        // Every kind of queued work that travels (a variant skipped by serde in the
+        // middle of the enum once shifted the numbers of those after it).
+        let span = crate::host_regions::HostSpan {
+            region: 4,
+            offset: 8,
+            bytes: 16,
+            mapping: None,
+        };
+        let works = [
+            StreamWork::Record { event: 1 },
+            StreamWork::Wait { event: 2 },
+            StreamWork::Signal { slot: 3, value: 4 },
+            StreamWork::HostToDevice {
+                dst: 5,
+                host: span.clone(),
+            },
+            StreamWork::DeviceToHost { src: 6, host: span },
+        ];
+        for work in works {
+            let r = WorkerRequest::Enqueue { stream: 9, work };
             let back: WorkerRequest = decode(&encode(&r).unwrap()).unwrap();
             assert_eq!(back, r);
         }
