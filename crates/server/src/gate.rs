@@ -187,10 +187,16 @@ impl GateState {
             signalled,
             ..
         } = self;
+        // Each counter is read once per pass: the device may raise it meanwhile, and
+        // a later item of a stream must not look done while an earlier one did not.
+        let mut seen: HashMap<(*const SignalArea, u32), u64> = HashMap::new();
         watching.retain(|w| {
             let done = match session {
                 Some(s) => w.session == s,
-                None => w.area.load(w.slot) >= w.value,
+                None => {
+                    let key = (Arc::as_ptr(&w.area), w.slot);
+                    *seen.entry(key).or_insert_with(|| w.area.load(w.slot)) >= w.value
+                }
             };
             if done && session.is_none() {
                 *signalled += 1;
