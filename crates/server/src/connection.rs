@@ -165,7 +165,13 @@ pub fn serve_connection(server: Arc<Server>, peer_uid: Option<u32>, socket: Sock
     let ending = match send(&mut writer, &welcome) {
         Ok(()) => {
             let shared = match (&writer, offer_shm) {
-                (Socket::Unix(unix), true) => attach_shm(&mut reader, unix, &mut buf, record),
+                (Socket::Unix(unix), true) => {
+                    let spin = match session.latency_critical() {
+                        true => crate::device::spin::hot_spin_time(),
+                        false => shm::spin_from_env(),
+                    };
+                    attach_shm(&mut reader, unix, &mut buf, record, spin)
+                }
                 _ => Ok(None),
             };
             match shared {
@@ -219,6 +225,7 @@ fn attach_shm(
     socket: &UnixStream,
     buf: &mut Vec<u8>,
     record: impl Fn(&'static str),
+    spin: Duration,
 ) -> Result<Option<(Endpoint, UnixStream)>, Ending> {
     // The client sends nothing between its hello and the attach, so nothing may
     // be buffered: the descriptor comes with the attach frame's first bytes.
@@ -262,12 +269,7 @@ fn attach_shm(
                     .try_clone()
                     .map_err(|e| Ending::Broken(format!("cannot clone the socket: {e}")))
             };
-            let endpoint = Endpoint::new(
-                area,
-                Side::Server,
-                Some(clone()?.into()),
-                shm::spin_from_env(),
-            );
+            let endpoint = Endpoint::new(area, Side::Server, Some(clone()?.into()), spin);
             Ok(Some((endpoint, clone()?)))
         }
         Err(why) => {

@@ -239,8 +239,10 @@ pub struct Session {
     /// The priority the session's streams get on the device under `priority`
     /// (latency-critical first), instead of the one the client asked for.
     forced_priority: Option<i32>,
-    /// Launches per signal (see [`SIGNAL_EVERY`]).
+    /// Launches per signal (see [`SIGNAL_EVERY`]); 1 for a latency-critical tenant.
     signal_every: u64,
+    /// Whether the tenant's class is latency-critical.
+    latency_critical: bool,
     /// The client's pinned host regions.
     host: HostRegions,
     /// The memfd that came with the call being handled (`HostRegister`).
@@ -392,6 +394,10 @@ impl Session {
             .as_ref()
             .is_some_and(|(_, s)| s.class == crate::tenants::TenantClass::LatencyCritical);
         let signal_every = if latency_critical { 1 } else { SIGNAL_EVERY };
+        // A latency-critical tenant's calls find the worker awake.
+        if let (true, Some(ordered)) = (latency_critical, ctx.stream_ordered()) {
+            ordered.keep_hot(crate::device::spin::hot_spin_time());
+        }
         Ok(Session {
             server,
             device,
@@ -422,9 +428,16 @@ impl Session {
             signals,
             forced_priority,
             signal_every,
+            latency_critical,
             host: HostRegions::default(),
             incoming_fd: None,
         })
+    }
+
+    /// Whether the session's tenant is latency-critical (its calls are polled for
+    /// longer, so the threads that serve them do not sleep between them).
+    pub fn latency_critical(&self) -> bool {
+        self.latency_critical
     }
 
     pub fn id(&self) -> u64 {

@@ -278,6 +278,11 @@ pub trait StreamOrdered: Send + Sync {
     fn set_own_stream_priority(&self, priority: i32) {
         let _ = priority;
     }
+    /// Asks whoever serves this context's calls to poll for the next one for
+    /// `spin` instead of sleeping (a latency-critical tenant); ignored where none.
+    fn keep_hot(&self, spin: std::time::Duration) {
+        let _ = spin;
+    }
     /// Readies an area for [`StreamWork::SignalTo`] work (a GPU registers it).
     fn prepare_signals(&self, area: &Arc<signals::SignalArea>) -> Result<(), CuError> {
         let _ = area;

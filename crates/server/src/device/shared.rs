@@ -275,6 +275,10 @@ impl StreamOrdered for SharedView {
         self.conn.attach_signals(path)
     }
 
+    fn keep_hot(&self, spin: std::time::Duration) {
+        self.conn.keep_hot(spin);
+    }
+
     fn set_own_stream_priority(&self, priority: i32) {
         lock(&self.state).own_priority = priority;
     }

@@ -172,6 +172,11 @@ pub enum WorkerRequest {
     HostUnregister {
         region: Handle,
     },
+    /// Polls this connection for `spin_us` before sleeping from now on
+    /// ([`StreamOrdered::keep_hot`]); answers nothing.
+    KeepHot {
+        spin_us: u64,
+    },
 }
 
 /// A worker's answer. The first message a worker sends is one with
@@ -607,6 +612,11 @@ impl Served<'_, '_> {
                 }
                 continue;
             }
+            if let WorkerRequest::KeepHot { spin_us } = request {
+                let spin = Duration::from_micros(spin_us.min(100_000));
+                reader.get_mut().set_spin(spin);
+                continue;
+            }
             if let WorkerRequest::AttachSignals { path } = &request {
                 let opened = SignalArea::open(Path::new(path)).map(Arc::new);
                 let result = opened.and_then(|area| {
@@ -773,6 +783,7 @@ fn execute(
             None,
         ),
         WorkerRequest::OpenSessions
+        | WorkerRequest::KeepHot { .. }
         | WorkerRequest::AttachSignals { .. }
         | WorkerRequest::HostRegister { .. }
         | WorkerRequest::HostUnregister { .. } => (
@@ -1864,6 +1875,11 @@ impl StreamOrdered for WorkerContext {
             WorkerValue::Ms(ms) => Ok(ms),
             other => Err(unexpected(&other)),
         }
+    }
+
+    fn keep_hot(&self, spin: Duration) {
+        let spin_us = u64::try_from(spin.as_micros()).unwrap_or(u64::MAX);
+        self.post(&WorkerRequest::KeepHot { spin_us }, &[]);
     }
 
     fn attach_signals(&self, path: &Path) -> Result<(), CuError> {
