@@ -7,9 +7,9 @@
 //   tenant_bench latency ITERS SECS      one kernel at a time, 1 ms apart:
 //                                        prints p50/p99 of launch-to-completion
 //
-// The kernel does fixed work (dependent FMAs, one block per SM, 256 threads
-// each) rather than spinning on the clock, so a kernel that is switched out
-// takes longer instead of hiding contention. Output: `metric NAME VALUE UNIT`.
+// The kernel does fixed work (dependent FMAs; one block of 256 threads per SM,
+// or TENANT_BLOCKS_PER_SM blocks per SM) rather than spinning on the clock, so
+// a kernel that is switched out takes longer instead of hiding contention. Output: `metric NAME VALUE UNIT`.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -37,10 +37,19 @@ __global__ void work(float *out, long long iters) {
     if (a == 12345.0f) out[threadIdx.x] = a;  // keeps the loop
 }
 
+// Blocks per launch: one per SM by default, so kernels of several tenants can
+// share the SMs; TENANT_BLOCKS_PER_SM=8 fills every SM (8 x 256 threads), so a
+// kernel holds the whole GPU until its blocks drain. Looked up once.
 static int blocks() {
-    int sms = 0;
-    CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-    return sms;
+    static int n = 0;
+    if (n == 0) {
+        int sms = 0;
+        CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+        const char *per_sm = getenv("TENANT_BLOCKS_PER_SM");
+        int k = per_sm ? atoi(per_sm) : 1;
+        n = sms * (k > 0 ? k : 1);
+    }
+    return n;
 }
 
 static double seconds_since(Clock::time_point t0) {

@@ -13,7 +13,10 @@
 #   OUT=/some/dir bench/h100/tenants.sh
 # Optional: KIT=, NVCC=, NVCC_FLAGS=, SECS= (seconds per run, default 4),
 # MODES= (default "native mps isolated shared fair priority"), GPU_SLUG= (default h100),
-# DEVICE= (what cumux serves, default cuda; worker-cpu for a dry run).
+# DEVICE= (what cumux serves, default cuda; worker-cpu for a dry run),
+# TENANT_BLOCKS_PER_SM= (default 1; 8 makes every kernel fill the GPU, so
+# kernels of different tenants cannot run side by side), TAG= (added to the
+# result file names).
 set -u
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 KIT=${KIT:-$ROOT/device-kit}
@@ -191,9 +194,11 @@ result = {"suite": "tenants", "date": date, "gpu": smi("name"), "driver": smi("d
                    "fair and priority = shared mode under those policies; "
                    "each mode's value is also given under its name; throughputs are against the "
                    "tenant alone natively; lc = 50 µs latency tenant next to a 2 ms batch tenant "
-                   f"(alone natively: p50 {a50} µs, p99 {a99} µs)",
+                   f"(alone natively: p50 {a50} µs, p99 {a99} µs); "
+                   f"blocks per SM per kernel: {os.environ.get('TENANT_BLOCKS_PER_SM', '1')}",
           "metrics": metrics}
-with open(f"{out}/{date}-{slug}-tenants.json", "w") as f:
+tag = os.environ.get("TAG", "")
+with open(f"{out}/{date}-{slug}-tenants{tag}.json", "w") as f:
     json.dump(result, f, indent=1)
 with open(f"{out}/tenants.txt", "w") as f:
     f.write(f"tenants benchmark, {date}, {result['gpu']}, driver {result['driver']}, kit {commit}, {os.environ.get('SECS', '4')} s per run\n")
