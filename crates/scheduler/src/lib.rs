@@ -191,6 +191,19 @@ impl Default for Limits {
     }
 }
 
+/// How a tick of wall time is charged when several items are running.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Charging {
+    /// Divided equally among them: a device that runs them side by side at once.
+    Shared,
+    /// All of it to the one that started running first: a device that runs them in
+    /// the order they became ready, as a GPU does kernels that each fill it (the
+    /// later ones wait for its blocks to drain). On a GPU whose kernels overlap it
+    /// bills the long kernels more than their part, which only makes `fair` hold them
+    /// back more, for the short ones.
+    Oldest,
+}
+
 /// Everything a [`Scheduler`] needs to know about its device and policy.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SchedulerConfig {
@@ -203,6 +216,8 @@ pub struct SchedulerConfig {
     /// the next ones early and keep it busy without a round trip per item; only the
     /// oldest of a stream's items in flight counts as running.
     pub stream_depth: u32,
+    /// How the time of running items is charged among them.
+    pub charging: Charging,
     /// A tenant with nothing queued or in flight still counts as active for this long.
     /// Covers the synchronisation round trip of a closed-loop program, so a tenant that
     /// launches, waits and launches again keeps its place instead of losing it each time.
@@ -219,6 +234,7 @@ impl SchedulerConfig {
             policy,
             concurrency,
             stream_depth: 1,
+            charging: Charging::Shared,
             idle_grace_ns: 1_000_000,
             default_cost_ns: 10_000,
             limits: Limits::default(),

@@ -5,8 +5,8 @@
 use std::collections::{BTreeMap, VecDeque};
 
 use crate::{
-    CostTable, KernelId, Nanos, Policy, PriorityConfig, SchedError, SchedulerConfig, StreamId,
-    TenantClass, TenantConfig, TenantId, WorkId, WorkItem,
+    Charging, CostTable, KernelId, Nanos, Policy, PriorityConfig, SchedError, SchedulerConfig,
+    StreamId, TenantClass, TenantConfig, TenantId, WorkId, WorkItem,
 };
 
 /// Virtual time is GPU nanoseconds divided by weight, kept in fixed point so that weights
@@ -682,10 +682,24 @@ impl Scheduler {
             .filter(|item| item.running_since.is_some())
             .count() as u128;
         if elapsed > 0 && running > 0 {
-            let part = u128::from(elapsed) * PS_PER_NS / running;
-            for item in self.in_flight.values_mut() {
-                if item.running_since.is_some() {
-                    item.share_ps += part;
+            match self.config.charging {
+                Charging::Shared => {
+                    let part = u128::from(elapsed) * PS_PER_NS / running;
+                    for item in self.in_flight.values_mut() {
+                        if item.running_since.is_some() {
+                            item.share_ps += part;
+                        }
+                    }
+                }
+                Charging::Oldest => {
+                    let oldest = self
+                        .in_flight
+                        .iter_mut()
+                        .filter_map(|(id, item)| Some(((item.running_since?, *id), item)))
+                        .min_by_key(|(key, _)| *key);
+                    if let Some((_, item)) = oldest {
+                        item.share_ps += u128::from(elapsed) * PS_PER_NS;
+                    }
                 }
             }
         }

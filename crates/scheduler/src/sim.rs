@@ -60,6 +60,9 @@ pub struct DeviceModel {
     pub slots: u32,
     pub sharing: f64,
     pub favours_latency_critical: bool,
+    /// Only the running kernel that started first progresses, at full speed: a GPU
+    /// whose kernels each fill it, so the next one waits for its blocks to drain.
+    pub in_order: bool,
 }
 
 impl DeviceModel {
@@ -369,12 +372,19 @@ pub fn run(config: &SimConfig) -> SimReport {
     loop {
         let next_arrival = arrivals.peek().map(|Reverse((at, ..))| *at);
         // With `only_urgent`, only latency-critical kernels progress.
-        let (only_urgent, slowdown) = if running.is_empty() {
+        let (only_urgent, slowdown) = if running.is_empty() || config.device.in_order {
             (false, 1.0)
         } else {
             config.device.progress(&running)
         };
-        let progressing = |r: &&Running| !only_urgent || r.urgent;
+        // On an in-order device, only the kernel that started first.
+        let first = running
+            .iter()
+            .min_by_key(|r| (r.started_at, r.id))
+            .map(|r| r.id)
+            .filter(|_| config.device.in_order);
+        let progressing =
+            |r: &&Running| (!only_urgent || r.urgent) && first.is_none_or(|f| f == r.id);
         let next_completion = running
             .iter()
             .filter(progressing)
@@ -398,7 +408,10 @@ pub fn run(config: &SimConfig) -> SimReport {
         if !running.is_empty() && elapsed > 0 {
             let count = running.iter().filter(progressing).count();
             let part = clipped as f64 / count as f64;
-            for r in running.iter_mut().filter(|r| !only_urgent || r.urgent) {
+            for r in running
+                .iter_mut()
+                .filter(|r| (!only_urgent || r.urgent) && first.is_none_or(|f| f == r.id))
+            {
                 r.remaining -= elapsed as f64 / slowdown;
                 tenants[items[r.id.0 as usize].tenant].gpu_time_ns += part;
             }

@@ -5,7 +5,7 @@ use cumux_scheduler::sim::{
     self, CostHint, DeviceModel, KernelSpec, SimConfig, SimReport, TenantSpec,
 };
 use cumux_scheduler::{
-    FairConfig, KernelId, Nanos, Policy, PriorityConfig, SchedulerConfig, TenantClass,
+    Charging, FairConfig, KernelId, Nanos, Policy, PriorityConfig, SchedulerConfig, TenantClass,
 };
 
 const US: Nanos = 1_000;
@@ -16,18 +16,21 @@ const SATURATING: DeviceModel = DeviceModel {
     slots: 4,
     sharing: 1.0,
     favours_latency_critical: false,
+    in_order: false,
 };
 /// A device that runs one kernel at a time (time slicing without overlap).
 const SERIAL: DeviceModel = DeviceModel {
     slots: 1,
     sharing: 0.0,
     favours_latency_critical: false,
+    in_order: false,
 };
 /// Partial overlap: eight slots, each co-runner costs half a kernel's speed.
 const PARTIAL: DeviceModel = DeviceModel {
     slots: 8,
     sharing: 0.5,
     favours_latency_critical: false,
+    in_order: false,
 };
 
 fn fair() -> Policy {
@@ -443,6 +446,7 @@ fn stream_order_and_bounds_hold_for_every_policy_and_many_seeds() {
             slots: 1 + rng.below(6) as u32,
             sharing: rng.below(3) as f64 * 0.5,
             favours_latency_critical: rng.below(2) == 0,
+            in_order: false,
         };
         for policy in [Policy::Fifo, fair(), priority()] {
             let mut scheduler = SchedulerConfig::new(policy, device.slots);
@@ -512,6 +516,9 @@ fn simulate_pipelined(
 ) -> SimReport {
     let mut scheduler = SchedulerConfig::new(policy, 256);
     scheduler.stream_depth = depth;
+    if device.in_order {
+        scheduler.charging = Charging::Oldest;
+    }
     sim::run(&SimConfig {
         scheduler,
         device,
@@ -605,5 +612,51 @@ fn priority_with_pipelined_streams_bounds_latency_critical_p99() {
             assert!(batch_share >= 0.8, "{name}: batch share {batch_share}");
             assert!(report.jain(&[1, 2]) >= 0.95);
         }
+    }
+}
+
+/// A GPU whose kernels each fill it: it runs the kernel that became ready first
+/// until it drains, whatever its stream (in order), so a tenant's kernels queued
+/// behind another's make no progress meanwhile.
+const IN_ORDER: DeviceModel = DeviceModel {
+    slots: 1,
+    sharing: 0.0,
+    favours_latency_critical: false,
+    in_order: true,
+};
+
+#[test]
+fn fair_on_an_in_order_gpu_evens_out_big_and_small_kernels() {
+    // Issue 6's mixes with kernels that fill the GPU: under fifo the device runs
+    // whatever was queued first, so the tenant of 2 ms kernels, always queued deep,
+    // takes nearly all of it. Charged to the kernel that runs (`Charging::Oldest`),
+    // fair holds it back.
+    let window = (20 * MS, 420 * MS);
+    for (name, tenants) in [
+        (
+            "s1",
+            vec![
+                TenantSpec::closed_loop(2 * MS).streams(1, 64),
+                TenantSpec::closed_loop(20 * US).streams(1, 32),
+            ],
+        ),
+        (
+            "s2",
+            vec![
+                TenantSpec::closed_loop(2 * MS).streams(1, 64),
+                TenantSpec::closed_loop(500 * US).streams(1, 64),
+                TenantSpec::closed_loop(50 * US).streams(1, 32),
+                TenantSpec::closed_loop(5 * US).streams(1, 32),
+            ],
+        ),
+    ] {
+        let fifo = simulate_pipelined(Policy::Fifo, IN_ORDER, tenants.clone(), 5, window, 64);
+        show(&format!("in-order {name} fifo"), &fifo);
+        let report = simulate_pipelined(fair(), IN_ORDER, tenants, 5, window, 64);
+        show(&format!("in-order {name} fair"), &report);
+        assert!(fifo.jain(&all(&fifo)) < 0.8, "{name}: unfair under fifo");
+        let jain = report.jain(&all(&report));
+        assert!(jain >= 0.95, "{name}: jain {jain}");
+        assert!(report.busy_ns >= 0.99 * report.window_ns as f64);
     }
 }
