@@ -79,6 +79,8 @@ struct InFlight {
     share_ps: u128,
     /// The estimate charged to the tenant's virtual time at dispatch, corrected at completion.
     charged_vt: u128,
+    /// The cost estimated at dispatch, in nanoseconds.
+    estimate_ns: Nanos,
 }
 
 /// A ready item: the head of a stream with fewer than `stream_depth` items of that
@@ -496,6 +498,11 @@ impl Scheduler {
         times.into_iter().filter(|&t| t > self.now).min()
     }
 
+    /// The cost estimated for an item in flight when it was dispatched.
+    pub fn estimate_of(&self, work: WorkId) -> Option<Nanos> {
+        self.in_flight.get(&work).map(|item| item.estimate_ns)
+    }
+
     pub fn tenant_stats(&self, tenant: TenantId) -> Option<TenantStats> {
         self.tenants.get(&tenant).map(|t| TenantStats {
             gpu_time_ns: Nanos::try_from(t.gpu_time_ps / PS_PER_NS).unwrap_or(Nanos::MAX),
@@ -621,6 +628,7 @@ impl Scheduler {
                 running_since,
                 share_ps: 0,
                 charged_vt,
+                estimate_ns: estimate,
             },
         );
         assert!(previous.is_none());

@@ -153,8 +153,9 @@ struct Watched {
 /// What [`GateSession::admit`] decided.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Admission {
-    /// Dispatched: queue the launch, then [`GateSession::watch`] it.
-    Go(WorkId),
+    /// Dispatched: queue the launch, then [`GateSession::watch`] it. With the cost
+    /// the scheduler expects of it (nanoseconds).
+    Go(WorkId, Nanos),
     /// The session ended while it waited: skip the launch.
     Skip,
     /// The scheduler refused it (not reachable): run it unscheduled rather than lose it.
@@ -391,7 +392,7 @@ impl GateSession {
         work: impl FnOnce() -> R,
     ) -> Option<R> {
         let id = match self.admit(stream, kernel, cost_hint_ns, || {}) {
-            Admission::Go(id) => id,
+            Admission::Go(id, _) => id,
             Admission::Skip => return None,
             Admission::Ungated => return Some(work()),
         };
@@ -520,7 +521,8 @@ impl GateSession {
             }
         }
         state.held.remove(&id);
-        Admission::Go(id)
+        let estimate = state.scheduler.estimate_of(id).unwrap_or(0);
+        Admission::Go(id, estimate)
     }
 
     /// The admitted item `id` is queued on the device, followed by a signal that raises
@@ -743,7 +745,7 @@ mod tests {
         );
         let area = Arc::new(SignalArea::create().unwrap());
         let go = |admission: Admission| match admission {
-            Admission::Go(id) => id,
+            Admission::Go(id, _) => id,
             other => panic!("{other:?}"),
         };
         // Two on one batch stream go at once: the stream is two deep.

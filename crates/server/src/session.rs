@@ -264,6 +264,10 @@ const HIGHEST_PRIORITY: i32 = -1000;
 /// kernels). Launches not yet covered are covered before the session waits for
 /// anything (a synchronizing call, or the gate).
 pub const SIGNAL_EVERY: u64 = 8;
+/// Launches the gate expects to take at least this long (nanoseconds) are
+/// signalled each: a signal costs them little, and a late completion would bill
+/// their tenant for time another tenant's kernel ran (`Charging::Oldest`).
+pub const SIGNAL_EACH_FROM_NS: u64 = 10_000;
 
 /// Queues the signals that cover every launch of the session not yet covered.
 fn flush_signals(ordered: &dyn StreamOrdered, signals: &mut StreamSignals) {
@@ -903,16 +907,22 @@ impl Session {
         match (admitted, signals.launch(stream)) {
             // The session ended while the launch waited: it is skipped.
             (Admission::Skip, _) => {}
-            (Admission::Go(id), Some((slot, value))) => {
+            (Admission::Go(id, estimate), Some((slot, value))) => {
                 ordered.enqueue(stream, work);
-                if let Some((slot, value)) = signals.due(stream, self.signal_every) {
+                // Launches the gate expects to be long are signalled at once: their
+                // completions must be seen on time for the charges to be right.
+                let every = match estimate >= SIGNAL_EACH_FROM_NS {
+                    true => 1,
+                    false => self.signal_every,
+                };
+                if let Some((slot, value)) = signals.due(stream, every) {
                     ordered.enqueue(stream, StreamWork::Signal { slot, value });
                 }
                 gate.watch(id, signals.area(), slot, value);
             }
             // No slot left (not reachable: there are more than streams) or the
             // scheduler refused it: the launch runs, unscheduled.
-            (Admission::Go(_), None) => {
+            (Admission::Go(..), None) => {
                 ordered.enqueue(stream, work);
                 gate.forget_in_flight();
             }
