@@ -1284,6 +1284,7 @@ impl Connection {
     /// leaves it on the socket. An error: the socket itself failed.
     fn offer_shm(&mut self) -> io::Result<()> {
         if !shm_wanted() {
+            tracing::debug!("worker connection on its socket (CUMUX_WORKER_TRANSPORT=socket)");
             return Ok(());
         }
         let request = encode(&WorkerRequest::ShmAttach {
