@@ -3,8 +3,9 @@
 //! and each session's device `printf` reaches a stdout pipe of its own.
 //!
 //! Wire: the worker's fd 0 is one end of a socket pair; requests and replies
-//! are length-prefixed postcard frames ([`WorkerRequest`], [`WorkerReply`]) and
-//! bulk bytes (copies, images) travel as raw frames right after their header.
+//! are postcard frames ([`WorkerRequest`], [`WorkerReply`]) and bulk bytes
+//! (copies, images) travel as raw frames right after their header: on the
+//! socket at first, then through a shared-memory area ([`super::worker_link`]).
 //! The worker's fd 1 is a pipe the server reads on a thread: after every call
 //! that can flush printf the worker writes a marker (a per-worker nonce and a
 //! sequence number) there, and the reply names that number, so the server
