@@ -322,6 +322,64 @@ mod tests {
         assert_eq!(peer.join().unwrap(), b"after");
     }
 
+    /// An offer whose memfd is smaller than its layout says, or that comes
+    /// without one, is refused with a clear reason; the link stays usable.
+    #[test]
+    fn a_malformed_offer_is_refused_with_a_reason() {
+        let (mut server, mut worker) = pair();
+        let small = ShmLayout {
+            request_ring: 4 << 10,
+            reply_ring: 4 << 10,
+            request_bulk: 4 << 10,
+            reply_bulk: 4 << 10,
+        };
+        let (_area, fd) = ShmArea::create(small).unwrap();
+        server.send_frame_with_fd(b"offer", fd.as_fd()).unwrap();
+        let mut buf = Vec::new();
+        worker.recv_frame(&mut buf).unwrap();
+        let why = worker.accept_area(WORKER_LAYOUT).unwrap_err();
+        assert!(why.contains("the layout needs"), "{why}");
+        server.send_frame(b"bare offer").unwrap();
+        worker.recv_frame(&mut buf).unwrap();
+        let why = worker.accept_area(WORKER_LAYOUT).unwrap_err();
+        assert!(why.contains("no memfd"), "{why}");
+        assert!(!worker.is_shm());
+        server.send_frame(b"still here").unwrap();
+        worker.recv_frame(&mut buf).unwrap();
+        assert_eq!(buf, b"still here");
+    }
+
+    /// A write position the peer could never have written is an error of the
+    /// link, named as such, not a crash or an out-of-bounds read.
+    #[test]
+    fn a_corrupt_area_fails_the_link_clearly() {
+        let (mut server, mut worker) = pair();
+        let peer = std::thread::spawn(move || {
+            let mut buf = Vec::new();
+            worker.recv_frame(&mut buf).unwrap();
+            let area = worker.accept_area(WORKER_LAYOUT).unwrap();
+            worker.send_frame(b"yes").unwrap();
+            worker.switch_to(area).unwrap();
+            worker.recv_frame(&mut buf).map(|()| buf)
+        });
+        let offered = server
+            .offer_area(WORKER_LAYOUT, Duration::ZERO, b"offer", |_| Ok(()))
+            .unwrap();
+        assert_eq!(offered, Ok(()));
+        // The request ring's write position, far past anything written.
+        let ep = server.shm.as_ref().unwrap();
+        ep.area()
+            .word64(shm::OFF_POS)
+            .store(u64::MAX / 2, std::sync::atomic::Ordering::Release);
+        shm::ring_doorbell(ep.area(), Side::Server);
+        match peer.join().unwrap() {
+            Err(FrameError::Io(e)) => {
+                assert!(e.to_string().contains("shared-memory link"), "{e}")
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
     /// A worker killed mid-wait (its socket gone, its area left as it was)
     /// ends the server's wait with an error, not a hang.
     #[test]
