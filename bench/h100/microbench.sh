@@ -179,7 +179,7 @@ echo
 if [ "$up" = 1 ]; then
     shm_links=$(grep -c 'worker connection on shared memory' "$LOGS/server.log")
     socket_links=$(grep -c -e 'worker connection on its socket' -e 'worker connection stays on its socket' "$LOGS/server.log")
-    echo "worker connections: $shm_links on shared memory, $socket_links on their socket"
+    note "server <-> worker transport $WORKER_TRANSPORT: $shm_links worker connection(s) on shared memory, $socket_links on their socket"
     if [ "$WORKER_TRANSPORT" = shm ] && [ "$socket_links" != 0 ]; then
         note "server <-> worker: $socket_links connection(s) stayed on the socket: $(grep -m1 'stays on its socket' "$LOGS/server.log" | cut -c1-200)"
     fi
