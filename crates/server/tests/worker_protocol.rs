@@ -166,6 +166,24 @@ fn a_worker_that_goes_away_fails_every_later_call() {
     drop(ctx);
 }
 
+/// A context dropped by the server ends its worker's loop (over shared
+/// memory, the closed flag wakes the worker at once).
+#[test]
+fn a_dropped_context_ends_its_worker() {
+    let (ctx, _cut, thread) = in_process_worker(64 << 20);
+    assert_eq!(ctx.transport(), "shm");
+    ctx.mem_alloc(64).unwrap();
+    drop(ctx);
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        thread.join().unwrap();
+        done_tx.send(()).unwrap();
+    });
+    done_rx
+        .recv_timeout(std::time::Duration::from_secs(10))
+        .expect("the worker kept serving a dropped context");
+}
+
 #[test]
 fn undecodable_frames_are_answered_and_the_worker_goes_on() {
     let (mut ours, theirs) = UnixStream::pair().unwrap();

@@ -380,6 +380,29 @@ mod tests {
         }
     }
 
+    /// A server that dies (its socket gone, its area left as it was) ends the
+    /// worker's wait for the next request: the worker then exits.
+    #[test]
+    fn a_dead_server_ends_the_workers_wait() {
+        let (mut server, mut worker) = pair();
+        let peer = std::thread::spawn(move || {
+            let mut buf = Vec::new();
+            worker.recv_frame(&mut buf).unwrap();
+            let area = worker.accept_area(WORKER_LAYOUT).unwrap();
+            worker.send_frame(b"yes").unwrap();
+            worker.switch_to(area).unwrap();
+            worker.recv_frame(&mut buf)
+        });
+        let offered = server
+            .offer_area(WORKER_LAYOUT, Duration::ZERO, b"offer", |_| Ok(()))
+            .unwrap();
+        assert_eq!(offered, Ok(()));
+        std::thread::sleep(Duration::from_millis(20));
+        let _ = server.socket().shutdown(std::net::Shutdown::Both);
+        std::mem::forget(server);
+        assert!(matches!(peer.join().unwrap(), Err(FrameError::Closed)));
+    }
+
     /// A worker killed mid-wait (its socket gone, its area left as it was)
     /// ends the server's wait with an error, not a hang.
     #[test]
