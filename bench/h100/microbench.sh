@@ -19,7 +19,9 @@
 # launch counts, iterations and repetitions; 0.01 for a dry run),
 # MICRO_MAX_BYTES= (largest copy, default 268435456), MICRO_BUDGET=,
 # GPU_SLUG= (file name part, default from nvidia-smi, e.g. h100),
-# CUMUX_REAL_LIBCUDA= (default: the libcuda.so.1 ldconfig knows).
+# CUMUX_REAL_LIBCUDA= (default: the libcuda.so.1 ldconfig knows),
+# WORKER_TRANSPORT= (shm, the default: server <-> worker through shared memory;
+# socket: CUMUX_WORKER_TRANSPORT=socket, that hop on its socket pair as before).
 set -u
 
 START=$(date +%s)
@@ -32,6 +34,7 @@ DEVICE=${DEVICE:-cuda}
 MICRO_SCALE=${MICRO_SCALE:-1}
 MICRO_MAX_BYTES=${MICRO_MAX_BYTES:-268435456}
 MICRO_BUDGET=${MICRO_BUDGET:-165}
+WORKER_TRANSPORT=${WORKER_TRANSPORT:-shm}
 WORK=$(mktemp -d /tmp/cumux-micro.XXXXXX)
 SOCK=$WORK/cumux.sock
 SERVER=unix:$SOCK
@@ -72,6 +75,7 @@ declare -A ARGS=([launch_rate]="$LAUNCHES" [launch_sync]="$ITERS" [bandwidth]="$
 echo "cumux micro-benchmarks, $(date -u +%Y-%m-%dT%H:%M:%SZ)"
 echo "gpu: ${GPU:-unknown}, driver ${DRIVER:-unknown}; kit: $KIT ($COMMIT); device: $DEVICE"
 echo "real libcuda: ${CUMUX_REAL_LIBCUDA:-libcuda.so.1 by soname}"
+echo "server <-> worker transport: $WORKER_TRANSPORT"
 echo "launches $LAUNCHES, launch+sync iterations $ITERS, bandwidth rep scale $MICRO_SCALE up to $MICRO_MAX_BYTES bytes"
 [ "$MICRO_SCALE" = 1 ] || note "scaled run: MICRO_SCALE=$MICRO_SCALE ($LAUNCHES launches, $ITERS launch+sync iterations)"
 [ "$MICRO_MAX_BYTES" = 268435456 ] || note "copies only up to MICRO_MAX_BYTES=$MICRO_MAX_BYTES bytes"
@@ -105,7 +109,10 @@ if [ "$built" = 1 ]; then
     if [ -n "$missing" ]; then
         note "kit $KIT lacks:$missing; no cumux runs"
     else
-        "$KIT/cumux" serve --device "$DEVICE" --listen "$SERVER" >"$LOGS/server.log" 2>&1 &
+        # The server logs how each worker connection travels (checked below).
+        if [ "$WORKER_TRANSPORT" = socket ]; then export CUMUX_WORKER_TRANSPORT=socket; else unset CUMUX_WORKER_TRANSPORT; fi
+        CUMUX_LOG=${CUMUX_LOG:-info,cumux_server::device::worker=debug} \
+            "$KIT/cumux" serve --device "$DEVICE" --listen "$SERVER" >"$LOGS/server.log" 2>&1 &
         SERVER_PID=$!
         for _ in $(seq 300); do
             if [ -S "$SOCK" ] && timeout 10 "$KIT/cumux" status --server "$SERVER" >/dev/null 2>&1; then up=1; break; fi
@@ -168,6 +175,15 @@ for sub in "${SUBS[@]}"; do
     run_one cumux "$sub"
 done
 echo
+
+if [ "$up" = 1 ]; then
+    shm_links=$(grep -c 'worker connection on shared memory' "$LOGS/server.log")
+    socket_links=$(grep -c -e 'worker connection on its socket' -e 'worker connection stays on its socket' "$LOGS/server.log")
+    note "server <-> worker transport $WORKER_TRANSPORT: $shm_links worker connection(s) on shared memory, $socket_links on their socket"
+    if [ "$WORKER_TRANSPORT" = shm ] && [ "$socket_links" != 0 ]; then
+        note "server <-> worker: $socket_links connection(s) stayed on the socket: $(grep -m1 'stays on its socket' "$LOGS/server.log" | cut -c1-200)"
+    fi
+fi
 
 # --- result ---------------------------------------------------------------
 python3 "$ROOT/bench/h100/micro_json.py" "$LOGS" "$JSON" "$DATE" "$GPU" "$DRIVER" "$COMMIT" "$MICRO_MAX_BYTES"

@@ -34,6 +34,12 @@ impl WorkerServer {
 
     /// A server with `extra` arguments to `cumux serve`.
     fn start_with(tag: &str, spares: bool, extra: &[&str]) -> Self {
+        Self::start_env(tag, spares, extra, &[])
+    }
+
+    /// A server with `extra` arguments and `envs` in its environment; it logs
+    /// how each worker connection travels.
+    fn start_env(tag: &str, spares: bool, extra: &[&str], envs: &[(&str, &str)]) -> Self {
         ensure_driver();
         let dir = TempDir::new(tag);
         let socket = dir.0.join("s.sock");
@@ -51,6 +57,8 @@ impl WorkerServer {
             ])
             .args(extra)
             .env("CUMUX_WORKER_SPARES", if spares { "1" } else { "0" })
+            .env("CUMUX_LOG", "info,cumux_server::device::worker=debug")
+            .envs(envs.iter().copied())
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
@@ -271,6 +279,11 @@ fn a_killed_worker_fails_its_session_and_the_server_goes_on() {
         out.describe()
     );
     assert!(server.alive(), "the server died with its worker");
+    assert!(
+        server.log().contains(SHM_LINE),
+        "the killed worker was not on shared memory\n{}",
+        server.log()
+    );
 
     // A new session gets a new worker.
     let again = server.run(&corpus_program("vector_add"));
@@ -424,5 +437,40 @@ fn scheduled_programs_queue_their_launches_and_pass() {
             "the gate complained: {}",
             server.log()
         );
+    }
+}
+
+/// What the server logs when a worker connection moves onto shared memory.
+const SHM_LINE: &str = "worker connection on shared memory";
+/// What it logs when `CUMUX_WORKER_TRANSPORT=socket` keeps one on its socket.
+const SOCKET_LINE: &str = "worker connection on its socket";
+
+/// Worker connections use shared memory by default, their socket with
+/// `CUMUX_WORKER_TRANSPORT=socket`; a real program passes either way, in
+/// isolated and shared mode.
+#[test]
+fn worker_connections_use_shared_memory_unless_told_socket() {
+    for sharing in ["isolated", "shared"] {
+        for (transport, line, other) in [
+            (None, SHM_LINE, SOCKET_LINE),
+            (Some("socket"), SOCKET_LINE, SHM_LINE),
+        ] {
+            let envs: Vec<(&str, &str)> = transport
+                .map(|t| ("CUMUX_WORKER_TRANSPORT", t))
+                .into_iter()
+                .collect();
+            let tag = format!("worker-transport-{sharing}-{}", transport.unwrap_or("shm"));
+            let server = WorkerServer::start_env(&tag, true, &["--sharing", sharing], &envs);
+            let out = server.run(&corpus_program("vector_add"));
+            assert!(
+                out.code() == Some(0) && out.stdout.contains("vector_add: PASS"),
+                "{sharing} {transport:?}: {}\n--- server log\n{}",
+                out.describe(),
+                server.log()
+            );
+            let log = server.log();
+            assert!(log.contains(line), "{sharing} {transport:?}: {log}");
+            assert!(!log.contains(other), "{sharing} {transport:?}: {log}");
+        }
     }
 }

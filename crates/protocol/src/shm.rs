@@ -373,6 +373,17 @@ impl Endpoint {
         }
     }
 
+    /// Spins for up to `spin` before sleeping, from the next wait on.
+    pub fn set_spin(&mut self, spin: Duration) {
+        self.spin = spin;
+        self.spin_budget = spin;
+    }
+
+    /// The most a wait spins before sleeping.
+    pub fn spin(&self) -> Duration {
+        self.spin
+    }
+
     /// How long one sleep lasts before the peer's liveness is checked ([`WAIT_SLICE`]).
     pub fn set_wait_slice(&mut self, slice: Duration) {
         self.slice = slice;

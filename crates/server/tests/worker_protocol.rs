@@ -9,7 +9,7 @@ use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
-use cumux_protocol::{codes, decode, encode, read_frame, write_frame};
+use cumux_protocol::{codes, decode, encode, read_frame, write_frame, CuError};
 use cumux_server::device::cpu::CpuDevice;
 use cumux_server::device::worker::{
     new_nonce, serve_worker, WorkerContext, WorkerReply, WorkerRequest, WorkerStdout, WorkerValue,
@@ -58,6 +58,8 @@ fn one_block(threads: u32) -> LaunchGeometry {
 #[test]
 fn every_call_round_trips_and_printf_comes_through_the_stdout_stream() {
     let (ctx, _cut, _thread) = in_process_worker(64 << 20);
+    // Offered and taken at connect: calls go through shared memory.
+    assert_eq!(ctx.transport(), "shm");
     // Memory.
     let a = ctx.mem_alloc(4096).unwrap();
     let b = ctx.mem_alloc(4096).unwrap();
@@ -162,6 +164,24 @@ fn a_worker_that_goes_away_fails_every_later_call() {
     // The module is unknown here, so the handle check answers first.
     assert!(outcome.result.is_err());
     drop(ctx);
+}
+
+/// A context dropped by the server ends its worker's loop (over shared
+/// memory, the closed flag wakes the worker at once).
+#[test]
+fn a_dropped_context_ends_its_worker() {
+    let (ctx, _cut, thread) = in_process_worker(64 << 20);
+    assert_eq!(ctx.transport(), "shm");
+    ctx.mem_alloc(64).unwrap();
+    drop(ctx);
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        thread.join().unwrap();
+        done_tx.send(()).unwrap();
+    });
+    done_rx
+        .recv_timeout(std::time::Duration::from_secs(10))
+        .expect("the worker kept serving a dropped context");
 }
 
 #[test]
@@ -375,6 +395,15 @@ fn silent_worker() -> (WorkerContext, std::sync::mpsc::Receiver<WorkerRequest>) 
         let mut buf = Vec::new();
         while read_frame(&mut theirs, &mut buf).is_ok() {
             if let Ok(request) = decode::<WorkerRequest>(&buf) {
+                // An offer of shared memory is refused: the link stays on the socket.
+                if let WorkerRequest::ShmAttach { .. } = request {
+                    let no = WorkerReply {
+                        result: Err(CuError::new(codes::NOT_SUPPORTED, "no shm")),
+                        marker: None,
+                    };
+                    write_frame(&mut theirs, &encode(&no).unwrap()).unwrap();
+                    continue;
+                }
                 let _ = tx.send(request);
             }
         }
@@ -387,6 +416,8 @@ fn silent_worker() -> (WorkerContext, std::sync::mpsc::Receiver<WorkerRequest>) 
         Arc::new(AtomicU64::new(1)),
     )
     .unwrap();
+    // The offer was refused: calls stay on the socket.
+    assert_eq!(ctx.transport(), "socket");
     (ctx, rx)
 }
 
@@ -432,6 +463,7 @@ fn queued_work_is_posted_without_waiting_for_an_answer() {
 fn session_connections_need_the_token_and_share_the_context() {
     let (ctx, _cut, _thread) = in_process_worker(64 << 20);
     let second = ctx.open_connection().expect("a second connection");
+    assert_eq!(second.transport(), "shm");
     let p = second.mem_alloc(256).unwrap();
     second.mem_write(p, &[9; 256]).unwrap();
     let mut back = [0u8; 256];
@@ -444,11 +476,11 @@ fn session_connections_need_the_token_and_share_the_context() {
     };
     let mut impostor = UnixStream::connect(&path).unwrap();
     write_frame(&mut impostor, &[0u8; 16]).unwrap();
-    write_frame(
+    // The worker may have closed it already, which is what this checks.
+    let _ = write_frame(
         &mut impostor,
         &encode(&WorkerRequest::MemAlloc { bytes: 8 }).unwrap(),
-    )
-    .unwrap();
+    );
     impostor
         .set_read_timeout(Some(std::time::Duration::from_secs(10)))
         .unwrap();

@@ -14,6 +14,7 @@ pub mod shared;
 pub mod signals;
 pub mod spin;
 pub mod worker;
+pub mod worker_link;
 
 use std::os::fd::BorrowedFd;
 use std::sync::Arc;

@@ -97,6 +97,11 @@ impl SpinReader {
         self.spin = spin;
     }
 
+    /// What a read polls for before it blocks.
+    pub fn spin(&self) -> Duration {
+        self.spin
+    }
+
     /// The oldest descriptor that came with the bytes read so far.
     pub fn take_fd(&mut self) -> Option<OwnedFd> {
         self.fds.pop_front()

@@ -3,8 +3,9 @@
 //! and each session's device `printf` reaches a stdout pipe of its own.
 //!
 //! Wire: the worker's fd 0 is one end of a socket pair; requests and replies
-//! are length-prefixed postcard frames ([`WorkerRequest`], [`WorkerReply`]) and
-//! bulk bytes (copies, images) travel as raw frames right after their header.
+//! are postcard frames ([`WorkerRequest`], [`WorkerReply`]) and bulk bytes
+//! (copies, images) travel as raw frames right after their header: on the
+//! socket at first, then through a shared-memory area ([`super::worker_link`]).
 //! The worker's fd 1 is a pipe the server reads on a thread: after every call
 //! that can flush printf the worker writes a marker (a per-worker nonce and a
 //! sequence number) there, and the reply names that number, so the server
@@ -22,7 +23,7 @@
 
 use std::collections::HashMap;
 use std::ffi::OsString;
-use std::io::{self, BufReader, Read, Write};
+use std::io::{self, Read, Write};
 use std::os::fd::{BorrowedFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -34,6 +35,7 @@ use std::time::{Duration, Instant};
 
 use cumux_protocol::framing::MAX_CHUNK_BYTES;
 use cumux_protocol::pinned::HostMapping;
+use cumux_protocol::shm::ShmLayout;
 use cumux_protocol::{
     codes, decode, encode, read_frame, write_frame, CuError, DeviceInfo, DevicePtr, FunctionAttrs,
     Handle, ParamInfo, TensorMapRequest,
@@ -43,7 +45,8 @@ use serde::{Deserialize, Serialize};
 use super::serial::SerialStreams;
 use super::shared::SharedView;
 use super::signals::SignalArea;
-use super::spin::{answer_spin_time, spin_time, SpinReader};
+use super::spin::{answer_spin_time, spin_time};
+use super::worker_link::{shm_wanted, Link, WORKER_LAYOUT};
 use super::{
     Device, DeviceContext, GlobalDesc, KernelDesc, LaunchGeometry, LaunchOutcome, LoadedModule,
     ModuleId, StreamOrdered, StreamWork, SyncTarget,
@@ -177,6 +180,13 @@ pub enum WorkerRequest {
     KeepHot {
         spin_us: u64,
     },
+    /// Offers this connection a shared-memory area of `layout`, whose memfd
+    /// comes with this request (`SCM_RIGHTS`); answered on the socket by
+    /// [`WorkerValue::Unit`] (every later frame goes through the area) or an
+    /// error (the connection stays on the socket). See [`super::worker_link`].
+    ShmAttach {
+        layout: ShmLayout,
+    },
 }
 
 /// A worker's answer. The first message a worker sends is one with
@@ -276,9 +286,9 @@ fn io_err(e: impl std::fmt::Display) -> io::Error {
     io::Error::other(e.to_string())
 }
 
-fn send<T: Serialize>(w: &mut impl Write, msg: &T) -> io::Result<()> {
+fn send<T: Serialize>(link: &mut Link, msg: &T) -> io::Result<()> {
     let bytes = encode(msg).map_err(io_err)?;
-    write_frame(w, &bytes).map_err(io_err)
+    link.send_frame(&bytes)
 }
 
 /// The marker bytes that end output for call `seq` of the worker with `nonce`.
@@ -381,8 +391,7 @@ pub fn serve_worker(
     conn: UnixStream,
     stdout: &mut WorkerStdout<'_>,
 ) -> io::Result<()> {
-    let mut writer = conn.try_clone()?;
-    let reader = BufReader::new(SpinReader::new(conn, spin_time()));
+    let mut link = Link::new(conn, spin_time())?;
     let created = catch_unwind(AssertUnwindSafe(|| device.create_context()))
         .unwrap_or_else(|_| Err(CuError::new(codes::UNKNOWN, "context creation panicked")));
     let ctx = match created {
@@ -392,14 +401,14 @@ pub fn serve_worker(
                 result: Err(e),
                 marker: None,
             };
-            return send(&mut writer, &reply);
+            return send(&mut link, &reply);
         }
     };
     let ready = WorkerReply {
         result: Ok(WorkerValue::Ready),
         marker: None,
     };
-    send(&mut writer, &ready)?;
+    send(&mut link, &ready)?;
     let served = Served {
         ctx,
         stdout: Mutex::new(stdout),
@@ -409,7 +418,7 @@ pub fn serve_worker(
         regions: WorkerRegions::default(),
     };
     std::thread::scope(|scope| {
-        let result = served.serve(scope, reader, writer, true);
+        let result = served.serve(scope, link, true);
         served.close_sessions();
         result
     })
@@ -484,11 +493,10 @@ impl Served<'_, '_> {
                         tracing::warn!("worker: a session connection without the token; closed");
                         return;
                     }
-                    let Ok(writer) = conn.try_clone() else {
+                    let Ok(link) = Link::new(conn, spin_time()) else {
                         return;
                     };
-                    let reader = BufReader::new(SpinReader::new(conn, spin_time()));
-                    if let Err(e) = self.serve(scope, reader, writer, false) {
+                    if let Err(e) = self.serve(scope, link, false) {
                         tracing::debug!("worker: a session connection ended: {e}");
                     }
                 });
@@ -519,8 +527,7 @@ impl Served<'_, '_> {
     fn serve<'s>(
         &'s self,
         scope: &'s std::thread::Scope<'s, '_>,
-        mut reader: BufReader<SpinReader>,
-        mut writer: UnixStream,
+        mut link: Link,
         main: bool,
     ) -> io::Result<()> {
         // Stream semantics: the context's own, else work runs as it arrives
@@ -543,7 +550,7 @@ impl Served<'_, '_> {
             ids: Vec::new(),
         };
         loop {
-            match read_frame(&mut reader, &mut frame) {
+            match link.recv_frame(&mut frame) {
                 Ok(()) => {}
                 Err(cumux_protocol::FrameError::Closed) => return Ok(()),
                 Err(e) => return Err(io_err(e)),
@@ -554,7 +561,7 @@ impl Served<'_, '_> {
                     tracing::warn!("worker: undecodable request: {e}");
                     let e = CuError::new(codes::INVALID_VALUE, format!("undecodable request: {e}"));
                     send(
-                        &mut writer,
+                        &mut link,
                         &WorkerReply {
                             result: Err(e),
                             marker: None,
@@ -572,16 +579,14 @@ impl Served<'_, '_> {
                         result: Err(e),
                         marker: None,
                     };
-                    send(&mut writer, &reply)?;
+                    send(&mut link, &reply)?;
                     continue;
                 }
-                WorkerRequest::MemWrite { .. } => {
-                    read_frame(&mut reader, &mut data).map_err(io_err)?
-                }
+                WorkerRequest::MemWrite { .. } => link.recv_frame(&mut data).map_err(io_err)?,
                 WorkerRequest::ModuleLoad { parts } => {
                     data.clear();
                     for _ in 0..*parts {
-                        read_frame(&mut reader, &mut frame).map_err(io_err)?;
+                        link.recv_frame(&mut frame).map_err(io_err)?;
                         data.extend_from_slice(&frame);
                     }
                     let prints = (lock(&self.stdout).image_may_print)(&data);
@@ -593,7 +598,7 @@ impl Served<'_, '_> {
             }
             if let WorkerRequest::Enqueue { stream, mut work } = request {
                 if let StreamWork::Write { data, .. } = &mut work {
-                    read_frame(&mut reader, data).map_err(io_err)?;
+                    link.recv_frame(data).map_err(io_err)?;
                 }
                 if let StreamWork::Signal { slot, value } = work {
                     work = match &signals {
@@ -614,7 +619,34 @@ impl Served<'_, '_> {
             }
             if let WorkerRequest::KeepHot { spin_us } = request {
                 let spin = Duration::from_micros(spin_us.min(100_000));
-                reader.get_mut().set_spin(spin);
+                link.set_spin(spin);
+                continue;
+            }
+            if let WorkerRequest::ShmAttach { layout } = request {
+                // Answered on the socket; only then do frames move to the area.
+                match link.accept_area(layout) {
+                    Ok(area) => {
+                        send(
+                            &mut link,
+                            &WorkerReply {
+                                result: Ok(WorkerValue::Unit),
+                                marker: None,
+                            },
+                        )?;
+                        link.switch_to(area)?;
+                    }
+                    Err(why) => {
+                        tracing::warn!("worker: shared memory refused: {why}");
+                        let e = CuError::new(codes::INVALID_VALUE, why);
+                        send(
+                            &mut link,
+                            &WorkerReply {
+                                result: Err(e),
+                                marker: None,
+                            },
+                        )?;
+                    }
+                }
                 continue;
             }
             if let WorkerRequest::AttachSignals { path } = &request {
@@ -625,7 +657,7 @@ impl Served<'_, '_> {
                     Ok(WorkerValue::Unit)
                 });
                 send(
-                    &mut writer,
+                    &mut link,
                     &WorkerReply {
                         result,
                         marker: None,
@@ -634,14 +666,14 @@ impl Served<'_, '_> {
                 continue;
             }
             if let WorkerRequest::HostRegister { region, bytes } = request {
-                let fd = reader.get_mut().take_fd();
+                let fd = link.take_fd();
                 let result = self.regions.insert(&*self.ctx, region, bytes, fd);
                 if result.is_ok() {
                     mine.ids.push(region);
                 }
                 let result = result.map(|()| WorkerValue::Unit);
                 send(
-                    &mut writer,
+                    &mut link,
                     &WorkerReply {
                         result,
                         marker: None,
@@ -654,7 +686,7 @@ impl Served<'_, '_> {
                 self.regions.remove(&*self.ctx, region);
                 let result = Ok(WorkerValue::Unit);
                 send(
-                    &mut writer,
+                    &mut link,
                     &WorkerReply {
                         result,
                         marker: None,
@@ -671,7 +703,7 @@ impl Served<'_, '_> {
                     )),
                 };
                 send(
-                    &mut writer,
+                    &mut link,
                     &WorkerReply {
                         result,
                         marker: None,
@@ -712,9 +744,9 @@ impl Served<'_, '_> {
             } else {
                 None
             };
-            send(&mut writer, &WorkerReply { result, marker })?;
+            send(&mut link, &WorkerReply { result, marker })?;
             if let Some(bytes) = bytes {
-                write_frame(&mut writer, &bytes).map_err(io_err)?;
+                link.send_frame(&bytes)?;
             }
         }
     }
@@ -784,6 +816,7 @@ fn execute(
         ),
         WorkerRequest::OpenSessions
         | WorkerRequest::KeepHot { .. }
+        | WorkerRequest::ShmAttach { .. }
         | WorkerRequest::AttachSignals { .. }
         | WorkerRequest::HostRegister { .. }
         | WorkerRequest::HostUnregister { .. } => (
@@ -1228,9 +1261,56 @@ fn reap(mut child: Child, grace: Duration) {
 }
 
 struct Connection {
-    reader: BufReader<SpinReader>,
-    writer: UnixStream,
+    link: Link,
     buf: Vec<u8>,
+}
+
+impl Connection {
+    /// A connection over `stream`, still on the socket.
+    fn new(stream: UnixStream) -> Result<Connection, CuError> {
+        let link = Link::new(stream, answer_spin_time()).map_err(|e| {
+            CuError::new(
+                codes::UNKNOWN,
+                format!("cannot clone the worker socket: {e}"),
+            )
+        })?;
+        Ok(Connection {
+            link,
+            buf: Vec::new(),
+        })
+    }
+
+    /// Moves the connection onto shared memory unless `CUMUX_WORKER_TRANSPORT`
+    /// says `socket`; a worker that refuses, or an area that cannot be made,
+    /// leaves it on the socket. An error: the socket itself failed.
+    fn offer_shm(&mut self) -> io::Result<()> {
+        if !shm_wanted() {
+            tracing::debug!("worker connection on its socket (CUMUX_WORKER_TRANSPORT=socket)");
+            return Ok(());
+        }
+        let request = encode(&WorkerRequest::ShmAttach {
+            layout: WORKER_LAYOUT,
+        })
+        .map_err(io_err)?;
+        let answer = |bytes: &[u8]| match decode::<WorkerReply>(bytes) {
+            Ok(WorkerReply {
+                result: Ok(WorkerValue::Unit),
+                ..
+            }) => Ok(()),
+            Ok(WorkerReply { result: Err(e), .. }) => Err(e.to_string()),
+            Ok(other) => Err(format!("answered {other:?}")),
+            Err(e) => Err(format!("an undecodable answer: {e}")),
+        };
+        let spin = answer_spin_time();
+        match self
+            .link
+            .offer_area(WORKER_LAYOUT, spin, &request, answer)?
+        {
+            Ok(()) => tracing::debug!("worker connection on shared memory"),
+            Err(why) => tracing::info!("worker connection stays on its socket: {why}"),
+        }
+        Ok(())
+    }
 }
 
 /// One session's context in a worker process.
@@ -1310,25 +1390,23 @@ impl WorkerContext {
             .map_err(|e| {
                 CuError::new(codes::UNKNOWN, format!("cannot start a stdout reader: {e}"))
             })?;
-        let writer = stream.try_clone().map_err(|e| {
-            CuError::new(
-                codes::UNKNOWN,
-                format!("cannot clone the worker socket: {e}"),
-            )
-        })?;
-        let mut conn = Connection {
-            reader: BufReader::new(SpinReader::new(stream, answer_spin_time())),
-            writer,
-            buf: Vec::new(),
-        };
-        let _ = conn.writer.set_read_timeout(Some(READY_WAIT));
+        let mut conn = Connection::new(stream)?;
+        let _ = conn.link.socket().set_read_timeout(Some(READY_WAIT));
         let ready = self.receive(&mut conn);
-        let _ = conn.writer.set_read_timeout(None);
+        let _ = conn.link.socket().set_read_timeout(None);
         match ready {
             Ok(WorkerReply {
                 result: Ok(WorkerValue::Ready),
                 ..
-            }) => Ok(conn),
+            }) => {
+                conn.offer_shm().map_err(|e| {
+                    CuError::new(
+                        codes::UNKNOWN,
+                        format!("the worker failed at the transport offer: {e}"),
+                    )
+                })?;
+                Ok(conn)
+            }
             Ok(WorkerReply { result: Err(e), .. }) => Err(e),
             Ok(other) => Err(CuError::new(
                 codes::UNKNOWN,
@@ -1379,13 +1457,23 @@ impl WorkerContext {
         })
     }
 
+    /// How this context's calls reach its worker: `shm`, `socket`, or `none`
+    /// before the worker starts.
+    pub fn transport(&self) -> &'static str {
+        match &*lock(&self.conn) {
+            Some(conn) if conn.link.is_shm() => "shm",
+            Some(_) => "socket",
+            None => "none",
+        }
+    }
+
     /// The worker's process id, if it is a process.
     pub fn pid(&self) -> Option<u32> {
         lock(&self.child).as_ref().map(Child::id)
     }
 
     fn receive(&self, conn: &mut Connection) -> io::Result<WorkerReply> {
-        read_frame(&mut conn.reader, &mut conn.buf).map_err(io_err)?;
+        conn.link.recv_frame(&mut conn.buf).map_err(io_err)?;
         decode(&conn.buf).map_err(io_err)
     }
 
@@ -1429,12 +1517,8 @@ impl WorkerContext {
         };
         let mut stream = UnixStream::connect(&path).map_err(fail)?;
         write_frame(&mut stream, &token).map_err(|e| fail(io_err(e)))?;
-        let writer = stream.try_clone().map_err(fail)?;
-        let conn = Connection {
-            reader: BufReader::new(SpinReader::new(stream, answer_spin_time())),
-            writer,
-            buf: Vec::new(),
-        };
+        let mut conn = Connection::new(stream)?;
+        conn.offer_shm().map_err(fail)?;
         Ok(WorkerContext {
             conn: Mutex::new(Some(conn)),
             launcher: None,
@@ -1496,20 +1580,18 @@ impl WorkerContext {
         let conn = self.connection(&mut slot)?;
         let exchanged = (|| -> io::Result<WorkerReply> {
             match fd {
-                None => send(&mut conn.writer, request)?,
+                None => send(&mut conn.link, request)?,
                 Some(fd) => {
                     let bytes = encode(request).map_err(io_err)?;
-                    let mut framed = (bytes.len() as u32).to_le_bytes().to_vec();
-                    framed.extend_from_slice(&bytes);
-                    cumux_protocol::shm::send_with_fd(&conn.writer, &framed, fd)?;
+                    conn.link.send_frame_with_fd(&bytes, fd)?;
                 }
             }
             for frame in frames {
-                write_frame(&mut conn.writer, frame).map_err(io_err)?;
+                conn.link.send_frame(frame)?;
             }
             let reply = self.receive(conn)?;
             if let Ok(WorkerValue::Bytes) = &reply.result {
-                read_frame(&mut conn.reader, &mut conn.buf).map_err(io_err)?;
+                conn.link.recv_frame(&mut conn.buf).map_err(io_err)?;
                 match back {
                     Some(back) if back.len() == conn.buf.len() => back.copy_from_slice(&conn.buf),
                     _ => {
@@ -1571,9 +1653,9 @@ impl WorkerContext {
             Err(_) => return,
         };
         let sent = (|| -> io::Result<()> {
-            send(&mut conn.writer, request)?;
+            send(&mut conn.link, request)?;
             for frame in frames {
-                write_frame(&mut conn.writer, frame).map_err(io_err)?;
+                conn.link.send_frame(frame)?;
             }
             Ok(())
         })();
@@ -1900,7 +1982,7 @@ impl Drop for WorkerContext {
         release(&self.used, allocated + globals);
         // Closing the socket tells the worker to tear its context down and exit.
         if let Some(conn) = lock(&self.conn).take() {
-            let _ = conn.writer.shutdown(std::net::Shutdown::Both);
+            let _ = conn.link.socket().shutdown(std::net::Shutdown::Both);
         }
         if let Some(child) = lock(&self.child).take() {
             reap_in_background(child);

@@ -1,0 +1,434 @@
+//! [`Link`]: one connection between the server and a worker, carrying frames on
+//! the socket at first and through a shared-memory area once both sides agree.
+//!
+//! A connection starts on its unix socket with length-prefixed frames. The
+//! server then offers an area ([`Link::offer_area`]): it creates a sealed memfd
+//! (`shm::ShmArea::create`), sends the offer request with the memfd attached
+//! (`SCM_RIGHTS`) and waits for the answer on the socket. A worker that maps it
+//! answers yes and switches ([`Link::accept_area`]); the server switches once it
+//! reads the yes, so no frame is ever in flight on both paths. From then on each
+//! frame is one message of the area (in its bulk ring from [`BULK_THRESHOLD`]
+//! bytes on), in the order sent, and the socket carries only descriptors (a
+//! one-byte tag each, sent before the frame that needs it) and liveness: its
+//! hang-up is what tells either side that the other is gone. A refusal, or an
+//! area that cannot be made, leaves the connection on the socket.
+
+use std::io::{self, BufReader, Read};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+use std::time::Duration;
+
+use cumux_protocol::shm::{self, Endpoint, ShmArea, ShmError, ShmLayout, Side, BULK_THRESHOLD};
+use cumux_protocol::{read_frame, write_frame, FrameError};
+
+use super::spin::SpinReader;
+
+/// `socket` keeps every worker connection on its socket; anything else (or
+/// nothing) lets the server offer shared memory.
+pub const TRANSPORT_ENV: &str = "CUMUX_WORKER_TRANSPORT";
+
+/// The rings of a worker connection's area: 1 MiB message rings and 16 MiB
+/// bulk rings, pages allocated as they are first touched.
+pub const WORKER_LAYOUT: ShmLayout = shm::DEFAULT_LAYOUT;
+
+/// How long the server waits for a worker's answer to an offer.
+const OFFER_WAIT: Duration = Duration::from_secs(30);
+/// How long a worker waits for a descriptor the server announced.
+const FD_WAIT: Duration = Duration::from_secs(10);
+/// The byte sent with each descriptor once frames travel through the area.
+const FD_TAG: u8 = 0xfd;
+
+/// Whether the server offers workers shared memory ([`TRANSPORT_ENV`]).
+pub fn shm_wanted() -> bool {
+    std::env::var(TRANSPORT_ENV)
+        .map(|v| v.trim() != "socket")
+        .unwrap_or(true)
+}
+
+/// One connection's frames, on the socket or through an area.
+pub struct Link {
+    /// The socket, read for frames until the switch and for descriptors after it.
+    reader: BufReader<SpinReader>,
+    writer: UnixStream,
+    shm: Option<Endpoint>,
+}
+
+fn violation(e: ShmError) -> io::Error {
+    match e {
+        ShmError::PeerGone => io::Error::new(io::ErrorKind::BrokenPipe, "the peer went away"),
+        ShmError::Violation(why) => io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("shared-memory link: {why}"),
+        ),
+    }
+}
+
+impl Link {
+    /// A link on `stream`, whose reads poll for `spin` before they block.
+    pub fn new(stream: UnixStream, spin: Duration) -> io::Result<Link> {
+        let writer = stream.try_clone()?;
+        Ok(Link {
+            reader: BufReader::new(SpinReader::new(stream, spin)),
+            writer,
+            shm: None,
+        })
+    }
+
+    /// Whether frames travel through a shared-memory area.
+    pub fn is_shm(&self) -> bool {
+        self.shm.is_some()
+    }
+
+    /// The socket (for timeouts and shutdown).
+    pub fn socket(&self) -> &UnixStream {
+        &self.writer
+    }
+
+    /// Polls (or spins) for `spin` before sleeping, from the next wait on.
+    pub fn set_spin(&mut self, spin: Duration) {
+        self.reader.get_mut().set_spin(spin);
+        if let Some(ep) = &mut self.shm {
+            ep.set_spin(spin);
+        }
+    }
+
+    /// Sends one frame.
+    pub fn send_frame(&mut self, bytes: &[u8]) -> io::Result<()> {
+        match &mut self.shm {
+            None => write_frame(&mut self.writer, bytes).map_err(frame_err),
+            Some(ep) if bytes.len() >= BULK_THRESHOLD => ep.send(&[], bytes).map_err(violation),
+            Some(ep) => ep.send(bytes, &[]).map_err(violation),
+        }
+    }
+
+    /// Sends one frame with `fd` attached: on the socket in the same message,
+    /// or, on shared memory, on the socket (with a tag byte) before the frame.
+    pub fn send_frame_with_fd(&mut self, bytes: &[u8], fd: BorrowedFd<'_>) -> io::Result<()> {
+        if self.shm.is_some() {
+            shm::send_with_fd(&self.writer, &[FD_TAG], fd)?;
+            return self.send_frame(bytes);
+        }
+        let mut framed = Vec::with_capacity(4 + bytes.len());
+        framed.extend_from_slice(&(bytes.len() as u32).to_le_bytes());
+        framed.extend_from_slice(bytes);
+        shm::send_with_fd(&self.writer, &framed, fd)
+    }
+
+    /// Receives one frame into `buf`. [`FrameError::Closed`]: the peer closed
+    /// the connection (or, on shared memory, went away).
+    pub fn recv_frame(&mut self, buf: &mut Vec<u8>) -> Result<(), FrameError> {
+        let Some(ep) = &mut self.shm else {
+            return read_frame(&mut self.reader, buf);
+        };
+        let received = ep
+            .recv_message(buf)
+            .and_then(|bulk| ep.recv_bulk_vec(buf, bulk));
+        match received {
+            Ok(()) => Ok(()),
+            Err(ShmError::PeerGone) => Err(FrameError::Closed),
+            Err(e) => Err(FrameError::Io(violation(e))),
+        }
+    }
+
+    /// The descriptor that came with the last frame (on the socket), or the
+    /// next one announced on the socket (on shared memory), waited for briefly.
+    pub fn take_fd(&mut self) -> Option<OwnedFd> {
+        if self.shm.is_none() {
+            return self.reader.get_mut().take_fd();
+        }
+        let _ = self.writer.set_read_timeout(Some(FD_WAIT));
+        let mut tag = [0u8; 1];
+        let read = self.reader.read_exact(&mut tag);
+        let _ = self.writer.set_read_timeout(None);
+        match read {
+            Ok(()) if tag[0] == FD_TAG => self.reader.get_mut().take_fd(),
+            Ok(()) => {
+                tracing::warn!(
+                    "worker link: byte {:#x} where a descriptor's tag belongs",
+                    tag[0]
+                );
+                None
+            }
+            Err(e) => {
+                tracing::warn!("worker link: no descriptor came: {e}");
+                None
+            }
+        }
+    }
+
+    /// Server side: offers the worker an area of `layout`. `request` encodes
+    /// the offer; `answer` reads the worker's reply frame (`Err`: a refusal).
+    /// `Ok(Err(why))`: the link stays on the socket; `Err`: the socket failed.
+    pub fn offer_area(
+        &mut self,
+        layout: ShmLayout,
+        spin: Duration,
+        request: &[u8],
+        answer: impl FnOnce(&[u8]) -> Result<(), String>,
+    ) -> io::Result<Result<(), String>> {
+        if self.shm.is_some() {
+            return Ok(Ok(()));
+        }
+        let (area, fd) = match ShmArea::create(layout) {
+            Ok(made) => made,
+            Err(e) => return Ok(Err(format!("cannot create an area: {e}"))),
+        };
+        self.send_frame_with_fd(request, fd.as_fd())?;
+        drop(fd);
+        let _ = self.writer.set_read_timeout(Some(OFFER_WAIT));
+        let mut reply = Vec::new();
+        let read = read_frame(&mut self.reader, &mut reply);
+        let _ = self.writer.set_read_timeout(None);
+        read.map_err(frame_err)?;
+        if let Err(why) = answer(&reply) {
+            return Ok(Err(why));
+        }
+        self.switch(area, Side::Client, spin)?;
+        Ok(Ok(()))
+    }
+
+    /// Worker side: maps the area offered with the last frame; after the
+    /// answer is sent on the socket, [`Link::switch_to`] makes it the path.
+    pub fn accept_area(&mut self, layout: ShmLayout) -> Result<ShmArea, String> {
+        if self.shm.is_some() {
+            return Err("the connection is already on shared memory".into());
+        }
+        let fd = self
+            .reader
+            .get_mut()
+            .take_fd()
+            .ok_or("no memfd came with the offer")?;
+        ShmArea::attach(fd, layout)
+    }
+
+    /// Worker side: frames travel through `area` from now on.
+    pub fn switch_to(&mut self, area: ShmArea) -> io::Result<()> {
+        let spin = self.reader.get_ref().spin();
+        self.switch(area, Side::Server, spin)
+    }
+
+    fn switch(&mut self, area: ShmArea, side: Side, spin: Duration) -> io::Result<()> {
+        if !self.reader.buffer().is_empty() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "bytes on the socket after the switch to shared memory",
+            ));
+        }
+        let liveness = OwnedFd::from(self.writer.try_clone()?);
+        self.shm = Some(Endpoint::new(area, side, Some(liveness), spin));
+        Ok(())
+    }
+}
+
+fn frame_err(e: FrameError) -> io::Error {
+    match e {
+        FrameError::Io(e) => e,
+        FrameError::Closed => io::Error::new(io::ErrorKind::UnexpectedEof, "the socket closed"),
+        other => io::Error::new(io::ErrorKind::InvalidData, other.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pair() -> (Link, Link) {
+        let (a, b) = UnixStream::pair().unwrap();
+        (
+            Link::new(a, Duration::ZERO).unwrap(),
+            Link::new(b, Duration::from_micros(20)).unwrap(),
+        )
+    }
+
+    /// Both sides switch through an offer; frames small and large, and a
+    /// descriptor, then arrive in order.
+    #[test]
+    fn an_accepted_offer_carries_frames_and_descriptors_in_order() {
+        let (mut server, mut worker) = pair();
+        let layout = ShmLayout {
+            request_ring: 4 << 10,
+            reply_ring: 4 << 10,
+            request_bulk: 8 << 10,
+            reply_bulk: 8 << 10,
+        };
+        let peer = std::thread::spawn(move || {
+            let mut buf = Vec::new();
+            worker.recv_frame(&mut buf).unwrap();
+            assert_eq!(buf, b"offer");
+            let area = worker.accept_area(layout).unwrap();
+            worker.send_frame(b"yes").unwrap();
+            worker.switch_to(area).unwrap();
+            assert!(worker.is_shm());
+            let mut seen = Vec::new();
+            loop {
+                match worker.recv_frame(&mut buf) {
+                    Ok(()) if buf == b"fd" => {
+                        assert!(worker.take_fd().is_some());
+                        seen.push(buf.clone());
+                    }
+                    Ok(()) => {
+                        worker.send_frame(&buf).unwrap();
+                        seen.push(buf.clone());
+                    }
+                    Err(FrameError::Closed) => return seen,
+                    Err(e) => panic!("{e}"),
+                }
+            }
+        });
+        let answer = |b: &[u8]| match b {
+            b"yes" => Ok(()),
+            _ => Err("no".to_string()),
+        };
+        let offered = server
+            .offer_area(layout, Duration::ZERO, b"offer", answer)
+            .unwrap();
+        assert_eq!(offered, Ok(()));
+        let big: Vec<u8> = (0..100_000u32).map(|i| i as u8).collect();
+        let mut back = Vec::new();
+        for frame in [&b"small"[..], &big[..], &[][..]] {
+            server.send_frame(frame).unwrap();
+            server.recv_frame(&mut back).unwrap();
+            assert_eq!(back, frame);
+        }
+        let (x, _y) = UnixStream::pair().unwrap();
+        server.send_frame_with_fd(b"fd", x.as_fd()).unwrap();
+        drop(server);
+        let seen = peer.join().unwrap();
+        assert_eq!(seen.len(), 4);
+        assert_eq!(seen[3], b"fd");
+    }
+
+    /// A refused offer leaves both sides on the socket.
+    #[test]
+    fn a_refused_offer_stays_on_the_socket() {
+        let (mut server, mut worker) = pair();
+        let peer = std::thread::spawn(move || {
+            let mut buf = Vec::new();
+            worker.recv_frame(&mut buf).unwrap();
+            worker.send_frame(b"no").unwrap();
+            worker.recv_frame(&mut buf).unwrap();
+            buf
+        });
+        let answer = |b: &[u8]| match b {
+            b"yes" => Ok(()),
+            _ => Err("refused".to_string()),
+        };
+        let offered = server
+            .offer_area(WORKER_LAYOUT, Duration::ZERO, b"offer", answer)
+            .unwrap();
+        assert_eq!(offered, Err("refused".to_string()));
+        assert!(!server.is_shm());
+        server.send_frame(b"after").unwrap();
+        assert_eq!(peer.join().unwrap(), b"after");
+    }
+
+    /// An offer whose memfd is smaller than its layout says, or that comes
+    /// without one, is refused with a clear reason; the link stays usable.
+    #[test]
+    fn a_malformed_offer_is_refused_with_a_reason() {
+        let (mut server, mut worker) = pair();
+        let small = ShmLayout {
+            request_ring: 4 << 10,
+            reply_ring: 4 << 10,
+            request_bulk: 4 << 10,
+            reply_bulk: 4 << 10,
+        };
+        let (_area, fd) = ShmArea::create(small).unwrap();
+        server.send_frame_with_fd(b"offer", fd.as_fd()).unwrap();
+        let mut buf = Vec::new();
+        worker.recv_frame(&mut buf).unwrap();
+        let why = worker.accept_area(WORKER_LAYOUT).unwrap_err();
+        assert!(why.contains("the layout needs"), "{why}");
+        server.send_frame(b"bare offer").unwrap();
+        worker.recv_frame(&mut buf).unwrap();
+        let why = worker.accept_area(WORKER_LAYOUT).unwrap_err();
+        assert!(why.contains("no memfd"), "{why}");
+        assert!(!worker.is_shm());
+        server.send_frame(b"still here").unwrap();
+        worker.recv_frame(&mut buf).unwrap();
+        assert_eq!(buf, b"still here");
+    }
+
+    /// A write position the peer could never have written is an error of the
+    /// link, named as such, not a crash or an out-of-bounds read.
+    #[test]
+    fn a_corrupt_area_fails_the_link_clearly() {
+        let (mut server, mut worker) = pair();
+        let peer = std::thread::spawn(move || {
+            let mut buf = Vec::new();
+            worker.recv_frame(&mut buf).unwrap();
+            let area = worker.accept_area(WORKER_LAYOUT).unwrap();
+            worker.send_frame(b"yes").unwrap();
+            worker.switch_to(area).unwrap();
+            worker.recv_frame(&mut buf).map(|()| buf)
+        });
+        let offered = server
+            .offer_area(WORKER_LAYOUT, Duration::ZERO, b"offer", |_| Ok(()))
+            .unwrap();
+        assert_eq!(offered, Ok(()));
+        // The request ring's write position, far past anything written.
+        let ep = server.shm.as_ref().unwrap();
+        ep.area()
+            .word64(shm::OFF_POS)
+            .store(u64::MAX / 2, std::sync::atomic::Ordering::Release);
+        shm::ring_doorbell(ep.area(), Side::Server);
+        match peer.join().unwrap() {
+            Err(FrameError::Io(e)) => {
+                assert!(e.to_string().contains("shared-memory link"), "{e}")
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    /// A server that dies (its socket gone, its area left as it was) ends the
+    /// worker's wait for the next request: the worker then exits.
+    #[test]
+    fn a_dead_server_ends_the_workers_wait() {
+        let (mut server, mut worker) = pair();
+        let peer = std::thread::spawn(move || {
+            let mut buf = Vec::new();
+            worker.recv_frame(&mut buf).unwrap();
+            let area = worker.accept_area(WORKER_LAYOUT).unwrap();
+            worker.send_frame(b"yes").unwrap();
+            worker.switch_to(area).unwrap();
+            worker.recv_frame(&mut buf)
+        });
+        let offered = server
+            .offer_area(WORKER_LAYOUT, Duration::ZERO, b"offer", |_| Ok(()))
+            .unwrap();
+        assert_eq!(offered, Ok(()));
+        std::thread::sleep(Duration::from_millis(20));
+        let _ = server.socket().shutdown(std::net::Shutdown::Both);
+        std::mem::forget(server);
+        assert!(matches!(peer.join().unwrap(), Err(FrameError::Closed)));
+    }
+
+    /// A worker killed mid-wait (its socket gone, its area left as it was)
+    /// ends the server's wait with an error, not a hang.
+    #[test]
+    fn a_peer_whose_socket_goes_fails_the_wait() {
+        let (mut server, mut worker) = pair();
+        let peer = std::thread::spawn(move || {
+            let mut buf = Vec::new();
+            worker.recv_frame(&mut buf).unwrap();
+            let area = worker.accept_area(WORKER_LAYOUT).unwrap();
+            worker.send_frame(b"yes").unwrap();
+            worker.switch_to(area).unwrap();
+            worker.recv_frame(&mut buf).unwrap();
+            // Gone without closing its end of the area, as a killed process is.
+            let _ = worker.socket().shutdown(std::net::Shutdown::Both);
+            std::mem::forget(worker);
+        });
+        let offered = server
+            .offer_area(WORKER_LAYOUT, Duration::ZERO, b"offer", |_| Ok(()))
+            .unwrap();
+        assert_eq!(offered, Ok(()));
+        server.send_frame(b"call").unwrap();
+        peer.join().unwrap();
+        let mut buf = Vec::new();
+        assert!(matches!(
+            server.recv_frame(&mut buf),
+            Err(FrameError::Closed)
+        ));
+    }
+}
