@@ -257,8 +257,9 @@ static NEXT_SCHED_STREAM: AtomicU32 = AtomicU32::new(0);
 /// The most urgent stream priority (the device clamps it to its own range).
 const HIGHEST_PRIORITY: i32 = -1000;
 
-/// Under a gate, a batch tenant's stream is signalled after every this many
-/// launches (a latency-critical tenant's after each): a signal is a device-side
+/// Under `priority`, a batch tenant's stream is signalled after every this many
+/// launches (a latency-critical tenant's, and every tenant's under `fair`, after
+/// each): a signal is a device-side
 /// write that the next kernel of the stream waits for, which costs tiny kernels
 /// a third of their rate when it follows every one (measured on the H100, 5 µs
 /// kernels). Launches not yet covered are covered before the session waits for
@@ -397,7 +398,17 @@ impl Session {
         let latency_critical = tenant
             .as_ref()
             .is_some_and(|(_, s)| s.class == crate::tenants::TenantClass::LatencyCritical);
-        let signal_every = if latency_critical { 1 } else { SIGNAL_EVERY };
+        // Under `fair` every launch is signalled: a completion seen late bills its
+        // tenant for the kernels that ran meanwhile (`Charging::Oldest`), which
+        // starved tenants of 5 µs kernels on the H100.
+        let fair = gate
+            .as_ref()
+            .is_some_and(|g| matches!(g.gate().policy(), cumux_scheduler::Policy::Fair(_)));
+        let signal_every = if latency_critical || fair {
+            1
+        } else {
+            SIGNAL_EVERY
+        };
         // A latency-critical tenant's calls find the worker awake.
         if let (true, Some(ordered)) = (latency_critical, ctx.stream_ordered()) {
             ordered.keep_hot(crate::device::spin::hot_spin_time());
