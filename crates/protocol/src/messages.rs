@@ -432,7 +432,9 @@ pub struct TenantStatus {
     pub class: String,
     /// Launches run by the tenant's live sessions (and earlier ones, while any lived).
     pub launches: u64,
-    /// Their measured time on the device: each launch's wall time in the backend.
+    /// Their measured time on the device: each launch's wall time in the backend
+    /// where server threads run launches; under `fair` and `priority`, on devices
+    /// where launches stay queued, the time the scheduler charged the tenant.
     pub gpu_time_ms: f64,
 }
 

@@ -300,6 +300,13 @@ impl DeviceGate {
         self.lock().scheduler.in_flight_count()
     }
 
+    /// The GPU time the scheduler has charged tenant `name` (while it is registered).
+    pub fn charged_ns(&self, name: &str) -> Option<Nanos> {
+        let state = self.lock();
+        let id = state.tenants.get(name)?.id;
+        state.scheduler.tenant_stats(id).map(|t| t.gpu_time_ns)
+    }
+
     /// Launches completed by their signal so far (see [`GateSession::watch`]).
     pub fn signalled(&self) -> u64 {
         self.lock().signalled
@@ -770,6 +777,10 @@ mod tests {
         wait_until("b0 completes", || {
             batch.tenant_stats().unwrap().completed == 1
         });
+        // b0 ran first and alone for the millisecond: it is charged all of it
+        // (`cumux status` shows this as the tenant's GPU time).
+        assert_eq!(gate.charged_ns("batch"), Some(1_000_000));
+        assert_eq!(gate.charged_ns("nobody"), None);
         assert_eq!(gate.queued(), 1);
         // Once the latency-critical launch is done, batch may have 2 in flight again.
         area.store(1, 1);

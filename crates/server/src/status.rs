@@ -138,7 +138,15 @@ pub fn server_status(server: &Server) -> ServerStatus {
                 }
                 .into(),
                 launches: a.launches(),
-                gpu_time_ms: a.gpu_time_ns() as f64 / 1e6,
+                // Queued launches are timed by the gate (charged time), the
+                // others by the threads that ran them.
+                gpu_time_ms: (a.gpu_time_ns()
+                    + server
+                        .devices()
+                        .iter()
+                        .filter_map(|d| server.gate_of(d)?.charged_ns(&a.name))
+                        .sum::<u64>()) as f64
+                    / 1e6,
             })
             .collect(),
     }
