@@ -359,6 +359,9 @@ impl Connection {
             return Err(CUDA_ERROR_DEVICE_UNAVAILABLE);
         }
         let forget = call.is_fire_and_forget();
+        let kind = std::mem::discriminant(&call);
+        // Timed only when the caller waits (see `proto::SLOW_CALL_US`).
+        let started = (!forget).then(std::time::Instant::now);
         self.seq += 1;
         let seq = self.seq;
         self.send(seq, call, bytes)?;
@@ -368,6 +371,10 @@ impl Connection {
         loop {
             let reply = self.next_reply()?;
             if let Some(result) = self.answer(seq, reply) {
+                let us = started.map_or(0, |t| t.elapsed().as_micros());
+                if us > proto::SLOW_CALL_US {
+                    tracing::debug!(target: "cumux::slow", seq, us, ?kind, "client: slow call");
+                }
                 return result;
             }
         }

@@ -237,6 +237,12 @@ pub enum Call {
     },
 }
 
+/// A call or request slower than this (microseconds) is logged at debug level
+/// under the target `cumux::slow` by the client, the server and the worker, so
+/// one run with `CUMUX_LOG=warn,cumux::slow=debug` shows which hop a slow
+/// synchronizing call spent its time in (timestamps are the host's clock).
+pub const SLOW_CALL_US: u128 = 250;
+
 impl Call {
     /// Stream-ordered calls are fire-and-forget: the server sends no reply.
     pub fn is_fire_and_forget(&self) -> bool {

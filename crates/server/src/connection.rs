@@ -407,6 +407,8 @@ fn request_loop(session: &mut Session, wire: &mut impl Wire) -> Ending {
         };
         let seq = request.seq;
         tracing::trace!(session = session.id(), seq, "call");
+        let kind = std::mem::discriminant(&request.call);
+        let started = std::time::Instant::now();
         if let Call::HostRegister { .. } = request.call {
             session.give_fd(wire.receive_fd());
         }
@@ -436,6 +438,10 @@ fn request_loop(session: &mut Session, wire: &mut impl Wire) -> Ending {
             if let Err(e) = wire.reply(reply) {
                 return Ending::Broken(e);
             }
+        }
+        let us = started.elapsed().as_micros();
+        if us > cumux_protocol::SLOW_CALL_US {
+            tracing::debug!(target: "cumux::slow", session = session.id(), seq, us, ?kind, "server: slow call");
         }
     }
 }

@@ -722,9 +722,16 @@ impl Served<'_, '_> {
                     | WorkerRequest::Elapsed { .. }
                     | WorkerRequest::TensorMapEncode { .. }
             );
-            let (result, printed, bytes) = match catch_unwind(AssertUnwindSafe(|| {
+            let kind = std::mem::discriminant(&request);
+            let started = Instant::now();
+            let executed = catch_unwind(AssertUnwindSafe(|| {
                 execute(&*self.ctx, ordered, request, &data)
-            })) {
+            }));
+            let us = started.elapsed().as_micros();
+            if us > cumux_protocol::SLOW_CALL_US {
+                tracing::debug!(target: "cumux::slow", us, ?kind, "worker: slow request");
+            }
+            let (result, printed, bytes) = match executed {
                 Ok(done) => done,
                 Err(_) => (
                     Err(CuError::new(
