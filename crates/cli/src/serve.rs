@@ -138,6 +138,12 @@ pub fn serve(options: ServeOptions) -> Result<()> {
             );
         }
     }
+    // Workers and their contexts start now, not while tenants run.
+    std::thread::scope(|scope| {
+        for device in &devices {
+            scope.spawn(|| device.warm_up());
+        }
+    });
     let server = Server::with_policy(devices, file.tenants, policy);
     let bound = listener::bind(&address).with_context(|| format!("cannot listen on {address}"))?;
     let mut line = format!("cumux serve: listening on {}", bound.address());

@@ -10,6 +10,7 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 
+use cumux_protocol::hop_trace::{self, Hop};
 use cumux_protocol::shm::{self, Endpoint, ShmArea, Side};
 use cumux_protocol::{
     self as proto, pinned, Call, ClientRole, DeviceInfo, Hello, HelloReply, Reply, ReplyBody,
@@ -359,11 +360,12 @@ impl Connection {
             return Err(CUDA_ERROR_DEVICE_UNAVAILABLE);
         }
         let forget = call.is_fire_and_forget();
-        let kind = std::mem::discriminant(&call);
+        let kind: &'static str = (&call).into();
         // Timed only when the caller waits (see `proto::SLOW_CALL_US`).
         let started = (!forget).then(std::time::Instant::now);
         self.seq += 1;
         let seq = self.seq;
+        hop_trace::mark(Hop::ClientSend, kind);
         self.send(seq, call, bytes)?;
         if forget {
             return Ok(ReplyBody::Unit);
@@ -371,9 +373,10 @@ impl Connection {
         loop {
             let reply = self.next_reply()?;
             if let Some(result) = self.answer(seq, reply) {
+                hop_trace::mark(Hop::ClientAnswer, kind);
                 let us = started.map_or(0, |t| t.elapsed().as_micros());
                 if us > proto::SLOW_CALL_US {
-                    tracing::debug!(target: "cumux::slow", seq, us, ?kind, "client: slow call");
+                    tracing::debug!(target: "cumux::slow", seq, us, kind, "client: slow call");
                 }
                 return result;
             }
@@ -424,7 +427,16 @@ impl Connection {
         }
         self.seq += 1;
         let seq = self.seq;
+        let kind: &'static str = (&call).into();
+        hop_trace::mark(Hop::ClientSend, kind);
         self.send(seq, call, None)?;
+        let result = self.receive_into(seq, out);
+        hop_trace::mark(Hop::ClientAnswer, kind);
+        result
+    }
+
+    /// The rest of [`Transport::call_into`]: `seq`'s answer, its bytes into `out`.
+    fn receive_into(&mut self, seq: u64, out: &mut [u8]) -> CuResult<()> {
         loop {
             let Some(ep) = self.shm.as_mut() else {
                 return Err(CUDA_ERROR_DEVICE_UNAVAILABLE);

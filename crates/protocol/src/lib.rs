@@ -2,6 +2,7 @@
 //! Client driver and server share exactly these types; nothing else crosses the wire.
 
 pub mod framing;
+pub mod hop_trace;
 pub mod messages;
 pub mod pinned;
 pub mod shm;

@@ -88,7 +88,7 @@ pub struct Request {
     pub call: Call,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, strum::IntoStaticStr)]
 pub enum Call {
     MemAlloc {
         device: u32,

@@ -29,6 +29,7 @@ use std::time::{Duration, Instant};
 use memmap2::{MmapOptions, MmapRaw};
 use serde::{Deserialize, Serialize};
 
+use crate::hop_trace::{self, Hop};
 use crate::framing::MAX_FRAME_BYTES;
 use crate::messages::{Call, Reply, ReplyBody};
 
@@ -69,7 +70,11 @@ const PUBLISH_BYTES: usize = 256 << 10;
 /// plus synchronize takes ≈ 50 µs at 50 µs of spin and 75-160 µs at 20 µs.
 pub const DEFAULT_SPIN: Duration = Duration::from_micros(50);
 
-/// A gap this long between two checks of a spinning waiter means it lost its core.
+/// A gap this long between two checks of a spinning waiter means it may have
+/// lost its core: to another task (the thread's involuntary context switches
+/// rose, see [`involuntary_switches`]), or only for a moment to the host
+/// (a virtual CPU taken by the hypervisor, an interrupt), which is no reason
+/// to stop spinning.
 const PREEMPTED: Duration = Duration::from_micros(20);
 
 /// How long one futex sleep lasts before the peer's liveness is checked again.
@@ -321,6 +326,8 @@ pub struct Endpoint {
     pending_bulk: Option<(u64, usize)>,
     /// Whether we rang the peer's doorbell since our last wait.
     woke_peer: bool,
+    /// The waiting thread's involuntary context switches at the last look.
+    switches: i64,
 }
 
 /// Counters of one endpoint, for benchmarks and tests.
@@ -370,6 +377,7 @@ impl Endpoint {
             stats: EndpointStats::default(),
             pending_bulk: None,
             woke_peer: false,
+            switches: involuntary_switches(),
         }
     }
 
@@ -706,6 +714,15 @@ impl Endpoint {
         Ok(())
     }
 
+    /// Whether another task took this thread's core since the last look (not
+    /// only the host, briefly): its involuntary context switches rose.
+    fn another_task_ran(&mut self) -> bool {
+        let now = involuntary_switches();
+        let ran = now > self.switches;
+        self.switches = now;
+        ran
+    }
+
     /// Waits until `ready` holds: spins for the spin time, then sleeps on this
     /// side's doorbell in bounded slices, checking between them that the peer lives.
     fn wait(
@@ -729,7 +746,8 @@ impl Endpoint {
                 return Ok(());
             }
             let now = Instant::now();
-            if now - last > PREEMPTED {
+            if now - last > PREEMPTED && self.another_task_ran() {
+                hop_trace::mark(Hop::SpinLost, "");
                 self.spin_budget /= 4;
                 break;
             }
@@ -753,7 +771,9 @@ impl Endpoint {
                 return Ok(());
             }
             self.stats.sleeps += 1;
+            hop_trace::mark(Hop::Sleep, "");
             let timed_out = futex_wait(self.bell(me), seen, self.slice);
+            hop_trace::mark(Hop::Wake, "");
             self.sleeping(me).store(0, Ordering::Relaxed);
             if ready(self)? {
                 // Win back the budget a lost core took away.
@@ -775,6 +795,16 @@ impl Drop for Endpoint {
         self.bell(peer).fetch_add(1, Ordering::Release);
         futex_wake(self.bell(peer));
     }
+}
+
+/// This thread's involuntary context switches so far: times the kernel gave
+/// its core to another task while it could still run.
+fn involuntary_switches() -> i64 {
+    // SAFETY: an all-zero rusage is valid; getrusage fills the one we own.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: RUSAGE_THREAD with a valid out pointer.
+    unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut usage) };
+    usage.ru_nivcsw
 }
 
 /// Rings `side`'s doorbell, as the other side does after publishing: bumps

@@ -11,6 +11,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 use std::time::Duration;
 
+use cumux_protocol::hop_trace::{self, Hop};
 use cumux_protocol::shm::{self, Endpoint, ShmArea, ShmError, Side};
 use cumux_protocol::{
     codes, decode, encode, pinned, read_frame, write_frame, Call, ClientRole, CuError, FrameError,
@@ -407,7 +408,8 @@ fn request_loop(session: &mut Session, wire: &mut impl Wire) -> Ending {
         };
         let seq = request.seq;
         tracing::trace!(session = session.id(), seq, "call");
-        let kind = std::mem::discriminant(&request.call);
+        let kind: &'static str = (&request.call).into();
+        hop_trace::mark(Hop::ServerReceive, kind);
         let started = std::time::Instant::now();
         if let Call::HostRegister { .. } = request.call {
             session.give_fd(wire.receive_fd());
@@ -439,9 +441,10 @@ fn request_loop(session: &mut Session, wire: &mut impl Wire) -> Ending {
                 return Ending::Broken(e);
             }
         }
+        hop_trace::mark(Hop::ServerReply, kind);
         let us = started.elapsed().as_micros();
         if us > cumux_protocol::SLOW_CALL_US {
-            tracing::debug!(target: "cumux::slow", session = session.id(), seq, us, ?kind, "server: slow call");
+            tracing::debug!(target: "cumux::slow", session = session.id(), seq, us, kind, "server: slow call");
         }
     }
 }

@@ -109,6 +109,11 @@ pub trait Device: Send + Sync {
     }
     /// A new context for one session. Dropping it releases whatever it still holds.
     fn create_context(&self) -> Result<Arc<dyn DeviceContext>, CuError>;
+    /// Gets ready, before any session comes, what sessions will need (worker
+    /// processes and their contexts), so that none starts while tenants run:
+    /// creating a CUDA context stalls the kernels of the GPU's other contexts.
+    /// Blocks until done; a failure is only logged (the first session meets it).
+    fn warm_up(&self) {}
 }
 
 /// One session's share of a device: memory, modules and launches.
