@@ -30,6 +30,8 @@ def metrics(sub, way):
 expected = {
     "launch_rate": [("launch_rate", "launches/s"), ("launch_async_us", "us"), ("launch_issue_us", "us")],
     "launch_sync": [("launch_sync_p50_us", "us"), ("launch_sync_p99_us", "us")],
+    "sync_rtt": [("ctx_sync_p50_us", "us"), ("ctx_sync_p99_us", "us"),
+                 ("mem_get_info_p50_us", "us"), ("mem_get_info_p99_us", "us")],
     "bandwidth": [],
 }
 for size, tag in [(4 << 10, "4k"), (64 << 10, "64k"), (1 << 20, "1m"), (16 << 20, "16m"), (256 << 20, "256m")]:

@@ -77,6 +77,12 @@ pub const DEFAULT_SPIN: Duration = Duration::from_micros(50);
 /// to stop spinning.
 const PREEMPTED: Duration = Duration::from_micros(20);
 
+/// Pause instructions between two looks of a spinning waiter. A pause takes
+/// ~140 cycles on recent Intel cores, so 32 of them let a message wait ~2 µs
+/// unseen; 4 (~0.3 µs) cut the H100 host's synchronize round trip p50 from
+/// 10.3 to 7.7 µs.
+const PAUSES_PER_CHECK: u32 = 4;
+
 /// How long one futex sleep lasts before the peer's liveness is checked again.
 pub const WAIT_SLICE: Duration = Duration::from_millis(50);
 
@@ -755,7 +761,7 @@ impl Endpoint {
                 break;
             }
             last = now;
-            for _ in 0..32 {
+            for _ in 0..PAUSES_PER_CHECK {
                 std::hint::spin_loop();
             }
         }

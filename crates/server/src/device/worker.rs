@@ -619,6 +619,7 @@ impl Served<'_, '_> {
                 if catch_unwind(AssertUnwindSafe(|| ordered.enqueue(stream, work))).is_err() {
                     tracing::error!("worker: queued work panicked");
                 }
+                hop_trace::mark(Hop::WorkerDone, "Enqueue");
                 continue;
             }
             if let WorkerRequest::KeepHot { spin_us } = request {
