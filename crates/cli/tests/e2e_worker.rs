@@ -474,3 +474,45 @@ fn worker_connections_use_shared_memory_unless_told_socket() {
         }
     }
 }
+
+/// Records of one kind in the hop-trace files under `dir` (see
+/// `cumux_protocol::hop_trace`): how many have hop `hop` and a name that
+/// starts with `name`.
+fn hop_records(dir: &std::path::Path, hop: u8, name: &str) -> usize {
+    let mut count = 0;
+    for entry in std::fs::read_dir(dir).expect("the hop trace folder").flatten() {
+        let bytes = std::fs::read(entry.path()).unwrap_or_default();
+        count += bytes
+            .chunks_exact(32)
+            .skip(1)
+            .filter(|r| r[12] == hop && r[13..].starts_with(name.as_bytes()))
+            .count();
+    }
+    count
+}
+
+/// A device synchronize with nothing queued since the last one is answered
+/// by the server: the worker sees the program's first and last synchronize
+/// (each after a launch), not the hundred idle ones between them. The hop
+/// trace, on in the server and so in its worker, counts what reached the worker.
+#[test]
+fn idle_device_synchronizes_stay_in_the_server() {
+    let dir = TempDir::new("idle-sync-trace");
+    let trace = dir.0.join("hops");
+    for sharing in ["shared", "isolated"] {
+        let _ = std::fs::remove_dir_all(&trace);
+        let server = WorkerServer::start_env(
+            &format!("idle-sync-{sharing}"),
+            false,
+            &["--sharing", sharing],
+            &[("CUMUX_HOP_TRACE", trace.to_str().unwrap())],
+        );
+        passes(&server.run(&test_program("idle_syncs")), &server);
+        // WorkerReceive is hop 7; a shared view synchronizes its streams one by one.
+        let reached = hop_records(&trace, 7, "Synchronize");
+        assert!(
+            (2..=8).contains(&reached),
+            "{sharing}: {reached} synchronizes reached the worker for 102 the program made"
+        );
+    }
+}

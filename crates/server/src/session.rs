@@ -2,6 +2,7 @@
 //! and allocations, the check of every handle and pointer it sends, the execution
 //! of its calls, its sticky errors and printf output, and its clean-up.
 
+use std::cell::Cell;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::os::fd::OwnedFd;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -220,6 +221,9 @@ pub struct Session {
     /// session's streams (besides the default one).
     ordered: bool,
     ordered_streams: HashSet<Handle>,
+    /// Whether stream-ordered work was queued since the last context
+    /// synchronize that succeeded: if not, the next one has nothing to wait for.
+    queued_since_sync: Cell<bool>,
     next_handle: Handle,
     /// Allocations made by this session: base → size.
     allocations: BTreeMap<DevicePtr, u64>,
@@ -443,6 +447,7 @@ impl Session {
             signals,
             forced_priority,
             signal_every,
+            queued_since_sync: Cell::new(false),
             latency_critical,
             host: HostRegions::default(),
             incoming_fd: None,
@@ -627,7 +632,7 @@ impl Session {
             Call::StreamWaitEvent { stream, event } if self.ordered => {
                 self.check_stream(stream)?;
                 self.event(event)?;
-                self.ordered()?.enqueue(stream, StreamWork::Wait { event });
+                self.queue(stream, StreamWork::Wait { event })?;
                 Ok(ReplyBody::Unit)
             }
             Call::StreamWaitEvent { stream, event } => {
@@ -691,8 +696,14 @@ impl Session {
                 Some(_) => Ok(ReplyBody::Unit),
                 None => Err(invalid_handle("event", event)),
             },
+            // Nothing queued since the last one: the device has nothing of ours
+            // to wait for (a program that synchronizes again and again).
+            Call::ContextSynchronize if self.ordered && !self.queued_since_sync.get() => {
+                self.sync_result()
+            }
             Call::ContextSynchronize if self.ordered => {
                 let outcome = self.ordered()?.synchronize(SyncTarget::Context);
+                self.queued_since_sync.set(outcome.result.is_err());
                 self.waited(outcome)
             }
             Call::ContextSynchronize => {
@@ -903,6 +914,7 @@ impl Session {
             .ctx
             .stream_ordered()
             .ok_or_else(|| err(codes::NOT_SUPPORTED, "stream-ordered work"))?;
+        self.queued_since_sync.set(true);
         let (Some(gate), Some(signals)) = (&self.gate, &mut self.signals) else {
             ordered.enqueue(stream, work);
             return Ok(ReplyBody::Unit);
@@ -958,11 +970,18 @@ impl Session {
     /// on the default stream, waiting for it as a synchronous call does.
     fn ordered_submit(&self, stream: Option<Handle>, work: StreamWork) -> CallResult {
         let ordered = self.ordered()?;
-        ordered.enqueue(stream.unwrap_or(DEFAULT_STREAM), work);
+        self.queue(stream.unwrap_or(DEFAULT_STREAM), work)?;
         match stream {
             Some(_) => Ok(ReplyBody::Unit),
             None => self.waited(ordered.synchronize(SyncTarget::Stream(DEFAULT_STREAM))),
         }
+    }
+
+    /// Queues `work` on `stream` of the device, unwaited.
+    fn queue(&self, stream: Handle, work: StreamWork) -> Result<(), CuError> {
+        self.queued_since_sync.set(true);
+        self.ordered()?.enqueue(stream, work);
+        Ok(())
     }
 
     /// Waits for all of the session's stream work (before a free or an unload).
@@ -970,6 +989,7 @@ impl Session {
         if self.ordered {
             if let Ok(ordered) = self.ordered() {
                 let outcome = ordered.synchronize(SyncTarget::Context);
+                self.queued_since_sync.set(outcome.result.is_err());
                 self.core.append_stdout(&outcome.stdout);
                 if let Err(e) = outcome.result {
                     self.core.fail(e);
@@ -1507,8 +1527,7 @@ impl Session {
         self.check_stream(stream)?;
         if self.ordered {
             self.event(event)?;
-            self.ordered()?
-                .enqueue(stream, StreamWork::Record { event });
+            self.queue(stream, StreamWork::Record { event })?;
             return Ok(ReplyBody::Unit);
         }
         let event = self.event(event)?;
