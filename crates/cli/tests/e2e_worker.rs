@@ -169,13 +169,17 @@ impl Drop for WorkerServer {
 #[test]
 fn programs_run_in_workers_and_printf_reaches_only_its_program() {
     let server = WorkerServer::start("worker-run", true);
-    // A status query opens a session but starts no worker.
+    // The spare starts with the server, before any session; a status query
+    // opens a session but starts no worker of its own.
+    let warm = server.children();
+    assert_eq!(warm.len(), 1, "one spare from the start: {warm:?}");
     let status = Command::new(CUMUX)
         .args(["status", "--server", &server.address])
         .output()
         .unwrap();
     assert!(status.status.success(), "{status:?}");
-    assert!(server.children().is_empty(), "{:?}", server.children());
+    let pids = |c: &[(u32, char, String)]| c.iter().map(|w| w.0).collect::<Vec<_>>();
+    assert_eq!(pids(&server.children()), pids(&warm));
 
     let printer = corpus_program("printf_kernel");
     let quiet = corpus_program("vector_add");
