@@ -484,7 +484,10 @@ fn worker_connections_use_shared_memory_unless_told_socket() {
 /// starts with `name`.
 fn hop_records(dir: &std::path::Path, hop: u8, name: &str) -> usize {
     let mut count = 0;
-    for entry in std::fs::read_dir(dir).expect("the hop trace folder").flatten() {
+    for entry in std::fs::read_dir(dir)
+        .expect("the hop trace folder")
+        .flatten()
+    {
         let bytes = std::fs::read(entry.path()).unwrap_or_default();
         count += bytes
             .chunks_exact(32)

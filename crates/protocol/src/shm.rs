@@ -29,8 +29,8 @@ use std::time::{Duration, Instant};
 use memmap2::{MmapOptions, MmapRaw};
 use serde::{Deserialize, Serialize};
 
-use crate::hop_trace::{self, Hop};
 use crate::framing::MAX_FRAME_BYTES;
+use crate::hop_trace::{self, Hop};
 use crate::messages::{Call, Reply, ReplyBody};
 
 /// The sizes of the four rings of an area, chosen by the client and checked by the server.
