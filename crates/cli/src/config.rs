@@ -1,11 +1,14 @@
 //! `cumux serve --config FILE`: a TOML file with the server settings (`device`,
-//! `listen`, `memory`, `launch_budget`, `policy`; command-line flags win) and the tenant table (quotas,
+//! `listen`, `memory`, `launch_budget`, `policy`; command-line flags win), per-device
+//! tables (`[devices.N]`: a device's own `policy`) and the tenant table (quotas,
 //! weights, classes, devices, uids), and the byte-size syntax (`512M`, `16GiB`).
 
 use std::collections::BTreeMap;
 
 use anyhow::{bail, Context, Result};
+use cumux_server::gate::parse_policy;
 use cumux_server::tenants::{TenantClass, TenantPolicy, TenantSettings};
+use cumux_server::Policy;
 use serde::Deserialize;
 
 /// Settings a config file may give.
@@ -17,11 +20,57 @@ pub struct FileConfig {
     /// Instructions one block of a CPU device launch may execute before the
     /// launch fails with CUDA_ERROR_LAUNCH_TIMEOUT (702); 0 = unlimited.
     pub launch_budget: Option<u64>,
-    /// The scheduling policy of every device: `fifo`, `fair` or `priority`.
+    /// The scheduling policy of every device without one of its own: `fifo`,
+    /// `fair` or `priority`.
     pub policy: Option<String>,
     /// How GPUs give sessions contexts: `isolated` or `shared`.
     pub sharing: Option<String>,
+    /// Settings of single devices (`[devices.N]`).
+    pub devices: DeviceTables,
     pub tenants: TenantPolicy,
+}
+
+/// What a `[devices.N]` table sets for device `N`.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct DeviceSettings {
+    /// This device's scheduling policy, over the default of every device.
+    pub policy: Option<String>,
+}
+
+/// The `[devices.N]` tables of a config, by server ordinal.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct DeviceTables(pub BTreeMap<u32, DeviceSettings>);
+
+impl DeviceTables {
+    /// The scheduling policy of each of `count` devices, in device order: its
+    /// `[devices.N]` policy, else `default`. Tables of devices past `count` are
+    /// ignored (see [`DeviceTables::beyond`]).
+    pub fn policies(&self, default: Policy, count: usize) -> Result<Vec<Policy>> {
+        (0..count)
+            .map(|ordinal| {
+                let own = self
+                    .0
+                    .get(&(ordinal as u32))
+                    .and_then(|d| d.policy.as_deref());
+                match own {
+                    Some(name) => parse_policy(name)
+                        .map_err(anyhow::Error::msg)
+                        .with_context(|| format!("[devices.{ordinal}]: policy")),
+                    None => Ok(default),
+                }
+            })
+            .collect()
+    }
+
+    /// The ordinals of `[devices.N]` tables that name no device of a server of
+    /// `count` devices.
+    pub fn beyond(&self, count: usize) -> Vec<u32> {
+        self.0
+            .keys()
+            .copied()
+            .filter(|&ordinal| ordinal as usize >= count)
+            .collect()
+    }
 }
 
 /// A byte count written as an integer or as a string with a unit (`"4G"`).
@@ -57,6 +106,10 @@ struct RawConfig {
     defaults: RawTenant,
     #[serde(default)]
     tenants: BTreeMap<String, RawTenant>,
+    /// Each `[devices.N]` table as written; read into [`RawDevice`] one by one,
+    /// so an error names its device.
+    #[serde(default)]
+    devices: BTreeMap<String, toml::Value>,
 }
 
 fn yes() -> bool {
@@ -90,6 +143,29 @@ impl RawTenant {
     }
 }
 
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, expecting = "a table of device settings")]
+struct RawDevice {
+    policy: Option<String>,
+}
+
+/// Reads one `[devices.N]` table: `N` a server ordinal, its policy one we know.
+fn device_settings(key: &str, table: toml::Value) -> Result<(u32, DeviceSettings)> {
+    let what = format!("[devices.{key}]");
+    let ordinal: u32 = key
+        .parse()
+        .map_err(|_| anyhow::anyhow!("{what}: {key:?} is not a device ordinal (0, 1, 2 …)"))?;
+    let raw: RawDevice = table
+        .try_into()
+        .map_err(|e| anyhow::anyhow!("{what}: {}", e.to_string().trim()))?;
+    if let Some(name) = &raw.policy {
+        parse_policy(name)
+            .map_err(anyhow::Error::msg)
+            .with_context(|| format!("{what}: policy"))?;
+    }
+    Ok((ordinal, DeviceSettings { policy: raw.policy }))
+}
+
 /// Reads a config file.
 pub fn read(path: &std::path::Path) -> Result<FileConfig> {
     let text = std::fs::read_to_string(path)
@@ -111,9 +187,16 @@ pub fn parse(text: &str) -> Result<FileConfig> {
     };
     policy.validate().map_err(anyhow::Error::msg)?;
     if let Some(name) = &raw.policy {
-        cumux_server::gate::parse_policy(name)
+        parse_policy(name)
             .map_err(anyhow::Error::msg)
             .context("policy")?;
+    }
+    let mut devices = BTreeMap::new();
+    for (key, table) in raw.devices {
+        let (ordinal, settings) = device_settings(&key, table)?;
+        if devices.insert(ordinal, settings).is_some() {
+            bail!("[devices.{key}]: device {ordinal} has two tables");
+        }
     }
     if let Some(name) = &raw.sharing {
         cumux_server::device::worker::Sharing::parse(name)
@@ -123,6 +206,7 @@ pub fn parse(text: &str) -> Result<FileConfig> {
     Ok(FileConfig {
         policy: raw.policy,
         sharing: raw.sharing,
+        devices: DeviceTables(devices),
         device: raw.device,
         listen: raw.listen,
         memory: raw.memory.map(|m| m.get()).transpose().context("memory")?,
@@ -223,5 +307,72 @@ uids = [1000, 1001]
         assert!(parse("[tenants.x]\nweight = 0\n").is_err());
         assert!(parse("[tenants.x]\nclass = \"urgent\"\n").is_err());
         assert!(parse("[tenants.x]\nquota = 5\n").is_err());
+    }
+
+    #[test]
+    fn device_tables_override_the_policy_per_device() {
+        let c = parse(
+            r#"
+policy = "fair"
+
+[devices.1]
+policy = "priority"
+
+[devices.3]
+policy = "fifo"
+
+[devices.4]
+"#,
+        )
+        .unwrap();
+        assert_eq!(c.policy.as_deref(), Some("fair"));
+        assert_eq!(c.devices.0[&1].policy.as_deref(), Some("priority"));
+        assert_eq!(c.devices.0[&4], DeviceSettings::default());
+        let by_name = |name: &str| parse_policy(name).unwrap();
+        let (fifo, fair, priority) = (by_name("fifo"), by_name("fair"), by_name("priority"));
+        // The file's global policy is the default of every device without its own …
+        assert_eq!(
+            c.devices.policies(fair, 5).unwrap(),
+            [fair, priority, fair, fifo, fair]
+        );
+        // … and so is the command line's, which wins over it.
+        assert_eq!(c.devices.policies(fifo, 3).unwrap(), [fifo, priority, fifo]);
+        // Tables past the server's devices are left out, and reported.
+        assert_eq!(c.devices.policies(fair, 1).unwrap(), [fair]);
+        assert_eq!(c.devices.beyond(2), [3, 4]);
+        assert!(c.devices.beyond(5).is_empty());
+        // Dotted keys and inline tables say the same.
+        let dotted =
+            parse("devices.1.policy = \"priority\"\ndevices.3 = { policy = \"fifo\" }\n").unwrap();
+        assert_eq!(
+            dotted.devices.policies(fair, 4).unwrap(),
+            [fair, priority, fair, fifo]
+        );
+        assert_eq!(parse("").unwrap().devices, DeviceTables::default());
+    }
+
+    #[test]
+    fn bad_device_tables_are_errors_naming_the_device() {
+        let error = |text: &str| format!("{:#}", parse(text).unwrap_err());
+        let e = error("[devices.1]\npolicy = \"lottery\"\n");
+        assert!(
+            e.contains("[devices.1]")
+                && e.contains("lottery")
+                && e.contains("fifo, fair or priority"),
+            "{e}"
+        );
+        let e = error("[devices.2]\npolicy = \"fair\"\nweight = 3\n");
+        assert!(e.contains("[devices.2]") && e.contains("weight"), "{e}");
+        let e = error("[devices.gpu0]\npolicy = \"fair\"\n");
+        assert!(e.contains("[devices.gpu0]") && e.contains("ordinal"), "{e}");
+        let e = error("[devices.-1]\npolicy = \"fair\"\n");
+        assert!(e.contains("[devices.-1]"), "{e}");
+        let e = error("[devices.1]\npolicy = \"fair\"\n[devices.01]\npolicy = \"fifo\"\n");
+        assert!(e.contains("device 1 has two tables"), "{e}");
+        let e = error("[devices]\n0 = \"fair\"\n");
+        assert!(e.contains("[devices.0]"), "{e}");
+        // The global policy is still checked by name too.
+        let e = error("policy = \"lottery\"\n[devices.0]\npolicy = \"fair\"\n");
+        assert!(e.contains("policy") && e.contains("lottery"), "{e}");
     }
 }

@@ -29,7 +29,8 @@ enum Command {
         /// Where to listen: unix:PATH or tcp:HOST:PORT.
         #[arg(long)]
         listen: Option<String>,
-        /// A TOML config file: device, listen, memory, and the tenant table.
+        /// A TOML config file: device, listen, memory, policy (also per device, in
+        /// [devices.N] tables), and the tenant table.
         #[arg(long)]
         config: Option<PathBuf>,
         /// Device memory of the CPU device, e.g. 4G (default: a quarter of RAM, at most 16 GiB).
@@ -43,7 +44,8 @@ enum Command {
         launch_budget: Option<u64>,
         /// How each device shares its time among tenants: fifo (default: no scheduler,
         /// launches go in arrival order), fair (weighted shares of device time) or
-        /// priority (latency-critical tenants first).
+        /// priority (latency-critical tenants first). It sets every device's policy
+        /// but those a config's [devices.N] table gives a policy of their own.
         #[arg(long)]
         policy: Option<String>,
         /// How a GPU gives sessions contexts: isolated (default: a context per

@@ -112,11 +112,13 @@ pub fn serve(options: ServeOptions) -> Result<()> {
         Some(text) => Address::parse(&text).map_err(anyhow::Error::msg)?,
         None => Address::default_unix(),
     };
-    let policy_name = options
+    // Every device's policy unless its `[devices.N]` table gives its own.
+    let default_policy_name = options
         .policy
         .or(file.policy)
         .unwrap_or_else(|| "fifo".into());
-    let policy = cumux_server::gate::parse_policy(&policy_name).map_err(anyhow::Error::msg)?;
+    let default_policy =
+        cumux_server::gate::parse_policy(&default_policy_name).map_err(anyhow::Error::msg)?;
     let sharing_name = options
         .sharing
         .or(file.sharing)
@@ -138,22 +140,29 @@ pub fn serve(options: ServeOptions) -> Result<()> {
             );
         }
     }
+    for ordinal in file.devices.beyond(devices.len()) {
+        tracing::warn!(
+            "the config has a [devices.{ordinal}] table, but this server has no device {ordinal}"
+        );
+    }
+    let policies = file.devices.policies(default_policy, devices.len())?;
     // Workers and their contexts start now, not while tenants run.
     std::thread::scope(|scope| {
         for device in &devices {
             scope.spawn(|| device.warm_up());
         }
     });
-    let server = Server::with_policy(devices, file.tenants, policy);
+    let server = Server::with_policies(devices, file.tenants, policies);
     let bound = listener::bind(&address).with_context(|| format!("cannot listen on {address}"))?;
     let mut line = format!("cumux serve: listening on {}", bound.address());
-    for (i, d) in server.devices().iter().enumerate() {
+    for (i, (d, policy)) in server.devices().iter().zip(server.policies()).enumerate() {
         let info = d.info();
         line += &format!(
-            "; device {i}: {} ({}, {}, {policy_name}, {sharing_name})",
+            "; device {i}: {} ({}, {}, {}, {sharing_name})",
             info.name,
             info.backend,
-            human_bytes(d.mem_total())
+            human_bytes(d.mem_total()),
+            cumux_server::gate::policy_name(policy)
         );
     }
     println!("{line}");

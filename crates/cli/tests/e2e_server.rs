@@ -2,7 +2,8 @@
 //! the next program, two programs share it, a killed server makes a looping
 //! program fail instead of hang, `cumux status --json` shows live sessions (and
 //! whether they talk through shared memory or the socket) and their clean-up,
-//! and `cumux run` / `cumux serve` behave at their edges.
+//! and `cumux run` / `cumux serve` behave at their edges (a config's
+//! `[devices.N]` policy among them).
 
 mod common;
 
@@ -356,6 +357,56 @@ fn status_over_tcp_with_a_config_file() {
     assert_eq!(status["devices"][0]["total_mem"], 64 << 20);
     // The flag wins over the file's `policy = "priority"`.
     assert_eq!(status["devices"][0]["policy"], "fair");
+}
+
+#[test]
+fn a_device_table_gives_its_device_a_policy_of_its_own() {
+    let dir = TempDir::new("device-policy");
+    let config = dir.0.join("cumux.toml");
+    std::fs::write(
+        &config,
+        "policy = \"priority\"\n[devices.0]\npolicy = \"fair\"\n[devices.7]\npolicy = \"fifo\"\n",
+    )
+    .unwrap();
+    let socket = dir.0.join("s.sock");
+    let address = format!("unix:{}", socket.display());
+    let mut server = Command::new(CUMUX)
+        .args([
+            "serve", "--device", "cpu", "--memory", "64M", "--listen", &address,
+        ])
+        // The flag sets every device's default; device 0's table still wins.
+        .args(["--policy", "fifo", "--config"])
+        .arg(&config)
+        .env("CUMUX_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let lines = lines_of(server.stdout.take().unwrap());
+    let line = lines
+        .recv_timeout(Duration::from_secs(30))
+        .expect("serve prints where it listens");
+    let out = Command::new(CUMUX)
+        .args(["status", "--json", "--server", &address])
+        .output()
+        .unwrap();
+    let _ = server.kill();
+    let mut log = String::new();
+    std::io::Read::read_to_string(&mut server.stderr.take().unwrap(), &mut log).unwrap();
+    let _ = server.wait();
+    assert!(
+        line.contains("device 0:") && line.contains("fair"),
+        "{line}"
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let status: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(status["devices"][0]["policy"], "fair");
+    // A table for a device the server does not have is a warning, not a failure.
+    assert!(log.contains("[devices.7]"), "{log}");
 }
 
 #[test]

@@ -49,7 +49,7 @@ pub const GPU_QUEUED_CONCURRENCY: u32 = 1024;
 /// most one batch kernel running beside it.
 pub const GPU_BATCH_WHILE_LC: u32 = 2;
 
-/// The names `--policy` and the config's `policy` accept.
+/// The names `--policy` and the config's `policy` (global or `[devices.N]`) accept.
 pub const POLICY_NAMES: &str = "fifo, fair or priority";
 
 /// A policy by name, with its default parameters.

@@ -41,7 +41,8 @@ pub struct Server {
     next_session: AtomicU64,
     tenants: TenantPolicy,
     accounts: Arc<Accounts>,
-    policy: Policy,
+    /// Each device's scheduling policy, in device order.
+    policies: Vec<Policy>,
     /// One per device, in device order; `None` under `fifo`, which needs no gate.
     gates: Vec<Option<Arc<DeviceGate>>>,
 }
@@ -59,16 +60,34 @@ impl Server {
     }
 
     /// A server over `devices` whose tenants are those `tenants` admits, with a
-    /// scheduler of `policy` on every device. `fifo` builds no scheduler: launches
-    /// go to the device as their streams reach them, at no cost.
+    /// scheduler of `policy` on every device.
     pub fn with_policy(
         devices: Vec<Arc<dyn Device>>,
         tenants: TenantPolicy,
         policy: Policy,
     ) -> Arc<Self> {
+        let policies = vec![policy; devices.len()];
+        Self::with_policies(devices, tenants, policies)
+    }
+
+    /// A server over `devices` whose tenants are those `tenants` admits, each
+    /// device scheduled by its own policy (`policies[i]` for `devices[i]`).
+    /// `fifo` builds no scheduler: launches go to the device as their streams
+    /// reach them, at no cost.
+    pub fn with_policies(
+        devices: Vec<Arc<dyn Device>>,
+        tenants: TenantPolicy,
+        policies: Vec<Policy>,
+    ) -> Arc<Self> {
+        assert_eq!(
+            policies.len(),
+            devices.len(),
+            "one scheduling policy per device"
+        );
         let gates = devices
             .iter()
-            .map(|d| {
+            .zip(&policies)
+            .map(|(d, &policy)| {
                 if policy == Policy::Fifo {
                     return None;
                 }
@@ -86,7 +105,7 @@ impl Server {
             })
             .collect();
         Arc::new(Server {
-            policy,
+            policies,
             gates,
             tenants,
             accounts: Arc::new(Accounts::default()),
@@ -140,8 +159,9 @@ impl Server {
             .collect()
     }
 
-    pub fn policy(&self) -> &Policy {
-        &self.policy
+    /// Each device's scheduling policy, in device order.
+    pub fn policies(&self) -> &[Policy] {
+        &self.policies
     }
 
     /// The scheduling gate of `device` (one of this server's), if its policy has one.

@@ -93,7 +93,8 @@ pub fn server_status(server: &Server) -> ServerStatus {
         devices: server
             .devices()
             .iter()
-            .map(|d| {
+            .zip(server.policies())
+            .map(|(d, policy)| {
                 let info = d.info();
                 DeviceStatus {
                     ordinal: info.ordinal,
@@ -101,7 +102,7 @@ pub fn server_status(server: &Server) -> ServerStatus {
                     backend: info.backend.clone(),
                     total_mem: d.mem_total(),
                     used_mem: d.mem_used(),
-                    policy: crate::gate::policy_name(server.policy()).into(),
+                    policy: crate::gate::policy_name(policy).into(),
                     signalled_launches: server.gate_of(d).map_or(0, |g| g.signalled()),
                 }
             })

@@ -2,7 +2,8 @@
 //! a time, in arrival order, like a GPU's queue) with kernels of known duration:
 //! `priority` lets a latency-critical kernel pass a deep batch queue, `fair` evens out
 //! a tenant that floods many streams against a closed-loop one, and `fifo` (no gate)
-//! does neither, which is what makes the other two assertions mean something.
+//! does neither, which is what makes the other two assertions mean something. On a
+//! server of several devices, each device is scheduled by its own policy.
 
 mod common;
 
@@ -191,6 +192,54 @@ fn fair_evens_out_a_flooding_tenant_and_fifo_does_not() {
     let (flood_ms, loop_ms) = (gpu_ms("flood"), gpu_ms("loop"));
     eprintln!("status under fair: flood {flood_ms:.0} ms, loop {loop_ms:.0} ms of GPU time");
     assert!(flood_ms > 100.0 && loop_ms > 100.0, "{:?}", status.tenants);
+}
+
+#[test]
+fn each_device_is_scheduled_by_its_own_policy() {
+    // Each tenant may use one device, so its sessions open there.
+    let mut tenants = tenants();
+    for (name, device) in [("lc", 1), ("flood", 2)] {
+        tenants.tenants.get_mut(name).unwrap().devices = Some(vec![device]);
+    }
+    let h = Harness::start_with_policies(
+        "sched-per-device",
+        tenants,
+        vec![policy("fifo"), policy("priority"), policy("fair")],
+    );
+    let devices = h.server.devices().to_vec();
+    let gate_policy = |d: usize| {
+        h.server
+            .gate_of(&devices[d])
+            .map(|g| cumux_server::gate::policy_name(g.policy()))
+    };
+    assert_eq!(gate_policy(0), None, "fifo builds no gate");
+    assert_eq!(gate_policy(1), Some("priority"));
+    assert_eq!(gate_policy(2), Some("fair"));
+
+    let mut lc = Client::connect(&h.socket, "lc", Some("lc"));
+    let mut flood = Client::connect(&h.socket, "flood", Some("flood"));
+    for c in [&mut lc, &mut flood] {
+        let module = c.load(IMAGE);
+        let ptr = c.alloc(4);
+        c.launch(
+            &module,
+            "scale_add",
+            DEFAULT_STREAM,
+            scale_add(ptr, 1, 1, 1),
+        );
+        sync(c, DEFAULT_STREAM);
+        assert_eq!(u32_at(&c.read(ptr, 4).unwrap()), 1);
+    }
+    // Each session joined the gate of its own device, and no other.
+    let gate = |d: usize| h.server.gate_of(&devices[d]).unwrap();
+    assert!(gate(1).charged_ns("lc").is_some());
+    assert!(gate(1).charged_ns("flood").is_none());
+    assert!(gate(2).charged_ns("flood").is_some());
+    assert!(gate(2).charged_ns("lc").is_none());
+
+    let status = status(&mut lc);
+    let policies: Vec<&str> = status.devices.iter().map(|d| d.policy.as_str()).collect();
+    assert_eq!(policies, ["fifo", "priority", "fair"]);
 }
 
 /// What the gate costs per launch: 2000 empty launches of one client, launch to

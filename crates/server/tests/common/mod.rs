@@ -88,6 +88,28 @@ impl Harness {
         }
     }
 
+    /// A server over one serial model device per entry of `policies` (the
+    /// first is `self.device`), each scheduled by its own policy.
+    pub fn start_with_policies(tag: &str, tenants: TenantPolicy, policies: Vec<Policy>) -> Self {
+        let dir = TempDir::new(tag);
+        let socket = dir.0.join("s.sock");
+        let device = Arc::new(ModelDevice::serial(1 << 30));
+        let mut all = vec![device.clone() as Arc<dyn Device>];
+        for _ in 1..policies.len() {
+            all.push(Arc::new(ModelDevice::serial(1 << 30)) as Arc<dyn Device>);
+        }
+        let server = Server::with_policies(all, tenants, policies);
+        let bound = listener::bind(&Address::Unix(socket.clone())).unwrap();
+        let serving = Arc::clone(&server);
+        std::thread::spawn(move || bound.serve(serving));
+        Harness {
+            server,
+            device,
+            socket,
+            _dir: dir,
+        }
+    }
+
     pub fn client(&self) -> Client {
         Client::connect(&self.socket, "test-program", Some("team-a"))
     }
