@@ -89,6 +89,8 @@ def main():
     ap.add_argument("--call", default=None, help="waiting call to split (default: the commonest)")
     ap.add_argument("--top", type=int, default=15)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--by-call", action="store_true",
+                    help="instead: each call kind's count and time waited, from the client's side")
     args = ap.parse_args()
     procs = load(args.dir)
     role = {}
@@ -122,6 +124,25 @@ def main():
                 calls.append((pending.pop(tid)[0], t, name, pid))
     if not calls:
         sys.exit("no waiting client calls in the trace")
+    if args.by_call:
+        # Where a program's waiting went: time from send to answer, per call.
+        per = collections.defaultdict(list)
+        for send, answer, name, _ in calls:
+            per[name].append((answer - send) / 1e3)
+        sends = collections.Counter(n for p in procs if role[p] == "client"
+                                    for _, _, h, n in procs[p] if h == "client_send")
+        print(f"{'call':24} {'sent':>8} {'waited':>8} {'total ms':>10} {'p50 us':>8} {'max us':>10}")
+        for name, v in sorted(per.items(), key=lambda kv: -sum(kv[1]))[:args.top]:
+            print(f"{name:24} {sends[name]:>8} {len(v):>8} {sum(v) / 1e3:>10.1f} {pct(v, 50):>8.1f} {max(v):>10.1f}")
+        first = min(c[0] for c in calls)
+        last = max(c[1] for c in calls)
+        waited = sum(sum(v) for v in per.values())
+        print(f"client: {(last - first) / 1e9:.2f} s from its first call to its last answer, "
+              f"{waited / 1e6:.2f} s of it waiting for answers")
+        unanswered = {n: c for n, c in sends.items() if n not in per}
+        print("sent without waiting: " +
+              ", ".join(f"{n} {c}" for n, c in sorted(unanswered.items(), key=lambda kv: -kv[1])[:8]))
+        return
     wanted = args.call or collections.Counter(c[2] for c in calls).most_common(1)[0][0]
     calls = [c for c in calls if c[2] == wanted]
 
