@@ -523,3 +523,27 @@ fn idle_device_synchronizes_stay_in_the_server() {
         );
     }
 }
+
+/// The CUDA runtime registers every fat binary of a program at start; each is
+/// loaded on the server only when one of its kernels is first asked for. A
+/// program of two fat binaries that runs the kernel of one sends one module
+/// load; run so that it uses both, two.
+#[test]
+fn libraries_load_at_their_first_use() {
+    let other = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/cuda/lazy_other.cu");
+    let source = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/cuda/lazy_main.cu");
+    let program = cumux_testkit::compile_program(source, &[other.to_str().unwrap()]);
+    let server = WorkerServer::start_sharing("lazy-libraries", false, "shared");
+    let dir = TempDir::new("lazy-trace");
+    for (args, loads) in [(&[][..], 1), (&["both"][..], 2)] {
+        let trace = dir.0.join(format!("hops-{}", args.len()));
+        let child = server
+            .command(&program, args)
+            .env("CUMUX_HOP_TRACE", &trace)
+            .spawn()
+            .expect("cumux run starts");
+        passes(&wait_bounded(child, LIMIT), &server);
+        // ClientSend is hop 1.
+        assert_eq!(hop_records(&trace, 1, "ModuleLoad"), loads, "args {args:?}");
+    }
+}

@@ -26,6 +26,7 @@ pub mod host_fn;
 pub mod integrity;
 pub mod link;
 pub mod managed;
+pub mod mapped;
 pub mod occupancy;
 pub mod pinned;
 pub mod staging;

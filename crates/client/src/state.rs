@@ -116,6 +116,11 @@ pub struct Tables {
     /// loaded, as NVIDIA's lazy loader has them, and failing only when a
     /// kernel, global or module is asked of them.
     pub codeless: std::collections::HashSet<usize>,
+    /// Libraries not loaded yet, as NVIDIA's lazy loader has them: handle →
+    /// where their image lies, in a file the program mapped (a fat binary
+    /// the CUDA runtime registered). Loaded when first asked for a kernel,
+    /// global or module (`crate::exports::module`).
+    pub lazy_libraries: HashMap<usize, usize>,
     /// Managed allocations (also in `allocations`).
     pub managed: BTreeMap<u64, crate::managed::Managed>,
 }
@@ -166,6 +171,9 @@ pub struct Client {
     pub gates: crate::host_fn::Gates,
     /// The pinned buffer large pageable copies go through.
     pub staging: crate::staging::StagingSlot,
+    /// Held while a lazy library loads, so a thread asking for it meanwhile
+    /// waits for it rather than finding it neither lazy nor loaded.
+    pub lazy_loading: Mutex<()>,
 }
 
 static CLIENT: OnceLock<Arc<Client>> = OnceLock::new();
@@ -207,6 +215,7 @@ pub fn init() -> CuResult<&'static Client> {
                 next_handle: AtomicUsize::new(0x10_0000),
                 gates: Default::default(),
                 staging: Default::default(),
+                lazy_loading: Mutex::new(()),
             });
             let _ = CLIENT.set(client);
             Ok(CLIENT.get().expect("just set"))
@@ -408,6 +417,13 @@ impl Client {
 
     /// Loads an image on the server and registers its functions and globals.
     pub fn load_module(&self, image: Vec<u8>) -> CuResult<usize> {
+        let module = self.mint();
+        self.load_module_as(module, image)?;
+        Ok(module)
+    }
+
+    /// [`Client::load_module`] under a handle minted before (a lazy library's).
+    pub fn load_module_as(&self, module: usize, image: Vec<u8>) -> CuResult<()> {
         // Only the CPU device needs PTX; a GPU runs the linked cubin.
         let on_cpu = self
             .devices
@@ -439,7 +455,6 @@ impl Client {
             }
             Err(e) => return Err(e),
         };
-        let module = self.mint();
         let mut functions = Vec::with_capacity(info.functions.len());
         let mut t = self.tables();
         for f in info.functions {
@@ -468,12 +483,15 @@ impl Client {
                 globals: info.globals,
             },
         );
-        Ok(module)
+        Ok(())
     }
 
     pub fn unload_module(&self, module: usize) -> CuResult<()> {
         {
             let mut t = self.tables();
+            if t.lazy_libraries.remove(&module).is_some() {
+                return Ok(());
+            }
             if t.codeless.remove(&module) {
                 t.modules.remove(&module);
                 return Ok(());

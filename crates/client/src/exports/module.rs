@@ -74,11 +74,11 @@ fn find_function(c: &Client, module: usize, name: &str) -> CuResult<usize> {
         .ok_or(CUDA_ERROR_NOT_FOUND)
 }
 
-/// Loads a library. One whose fat binary has no code for this GPU (cuBLAS
-/// and cuDNN ship such, for other architectures) loads as NVIDIA's lazy
-/// loader has it: the load succeeds, and asking it for a kernel, global or
-/// module fails with `CUDA_ERROR_NO_BINARY_FOR_GPU`.
-fn load_library(c: &Client, image: Vec<u8>) -> CuResult<usize> {
+/// Loads a library under handle `h`. One whose fat binary has no code for
+/// this GPU (cuBLAS and cuDNN ship such, for other architectures) loads as
+/// NVIDIA's lazy loader has it: the load succeeds, and asking it for a
+/// kernel, global or module fails with `CUDA_ERROR_NO_BINARY_FOR_GPU`.
+fn load_library(c: &Client, h: usize, image: Vec<u8>) -> CuResult<()> {
     // Told from the fat binary's headers when it can be, so the image (cuBLAS
     // ships over 500 MB of them) never crosses to the server. Not for an
     // `-rdc` program, whose cubin-only fat binary is replaced by its PTX.
@@ -93,11 +93,10 @@ fn load_library(c: &Client, image: Vec<u8>) -> CuResult<usize> {
     let loaded = if known_codeless {
         Err(CUDA_ERROR_NO_BINARY_FOR_GPU)
     } else {
-        c.load_module(image)
+        c.load_module_as(h, image)
     };
     match loaded {
         Err(CUDA_ERROR_NO_BINARY_FOR_GPU) => {
-            let h = c.mint();
             let mut t = c.tables();
             t.codeless.insert(h);
             t.modules.insert(
@@ -109,10 +108,46 @@ fn load_library(c: &Client, image: Vec<u8>) -> CuResult<usize> {
                 },
             );
             tracing::debug!("library {h:#x} has no code for this GPU: loaded without it");
-            Ok(h)
+            Ok(())
         }
         r => r,
     }
+}
+
+/// A library from `code`: loaded when first asked for a kernel, global or
+/// module if its image lies in a file the program mapped (the fat binaries
+/// the CUDA runtime registers, all of a program's and its libraries' at
+/// start: PyTorch's took 21 s to load eagerly, for a process that used
+/// none), else at once.
+fn library_from(c: &Client, code: *const c_void) -> CuResult<usize> {
+    let h = c.mint();
+    if !code.is_null() && crate::mapped::in_mapped_file(code as usize) {
+        // Read now what a lazy load will read, so a bad image fails here.
+        let head = read_raw(code, 4)?;
+        if cumux_fatbin::classify(&head) != Classified::Unknown {
+            c.tables().lazy_libraries.insert(h, code as usize);
+            return Ok(h);
+        }
+    }
+    load_library(c, h, image_from_pointer(code)?)?;
+    Ok(h)
+}
+
+/// Loads `library` now if it waits to be loaded.
+fn loaded(c: &Client, library: *mut c_void) -> CuResult<()> {
+    let h = handle(library);
+    if !c.tables().lazy_libraries.contains_key(&h) {
+        return Ok(());
+    }
+    let _one_at_a_time = c.lazy_loading.lock().unwrap_or_else(|p| p.into_inner());
+    let Some(code) = c.tables().lazy_libraries.get(&h).copied() else {
+        return Ok(());
+    };
+    tracing::debug!("loading library {h:#x} at its first use");
+    let result =
+        image_from_pointer(code as *const c_void).and_then(|image| load_library(c, h, image));
+    c.tables().lazy_libraries.remove(&h);
+    result
 }
 
 /// `CUDA_ERROR_NO_BINARY_FOR_GPU` for a library loaded without code.
@@ -290,8 +325,8 @@ driver_fn! {
     }
 
     fn cuModuleGetLoadingMode(mode: *mut u32) {
-        // CU_MODULE_EAGER_LOADING
-        out(mode, 1)
+        // CU_MODULE_LAZY_LOADING: libraries load at their first use (`library_from`).
+        out(mode, 2)
     }
 
     fn cuModuleGetFunctionCount(count: *mut u32, module: *mut c_void) {
@@ -357,7 +392,7 @@ driver_fn! {
         _n_lib: u32
     ) {
         let c = client()?;
-        out(library, to_ptr(load_library(c, image_from_pointer(code)?)?))
+        out(library, to_ptr(library_from(c, code)?))
     }
 
     fn cuLibraryLoadFromFile(
@@ -371,7 +406,9 @@ driver_fn! {
         _n_lib: u32
     ) {
         let c = client()?;
-        out(library, to_ptr(load_library(c, load_file(path)?)?))
+        let h = c.mint();
+        load_library(c, h, load_file(path)?)?;
+        out(library, to_ptr(h))
     }
 
     fn cuLibraryUnload(library: *mut c_void) {
@@ -380,12 +417,14 @@ driver_fn! {
 
     fn cuLibraryGetKernel(kernel: *mut *mut c_void, library: *mut c_void, name: *const c_char) {
         let c = client()?;
+        loaded(c, library)?;
         has_code(c, library)?;
         out(kernel, to_ptr(find_function(c, handle(library), c_str(name)?)?))
     }
 
     fn cuLibraryGetModule(module: *mut *mut c_void, library: *mut c_void) {
         let c = client()?;
+        loaded(c, library)?;
         has_code(c, library)?;
         if !c.tables().modules.contains_key(&handle(library)) {
             return Err(CUDA_ERROR_INVALID_HANDLE);
@@ -395,6 +434,7 @@ driver_fn! {
 
     fn cuLibraryGetGlobal(dptr: *mut u64, bytes: *mut usize, library: *mut c_void, name: *const c_char) {
         let c = client()?;
+        loaded(c, library)?;
         has_code(c, library)?;
         let (p, s) = find_global(c, handle(library), c_str(name)?)?;
         out_opt(dptr, p);
@@ -404,11 +444,14 @@ driver_fn! {
 
     fn cuLibraryGetKernelCount(count: *mut u32, library: *mut c_void) {
         let c = client()?;
+        loaded(c, library)?;
         out(count, module_functions(c, handle(library))?.len() as u32)
     }
 
     fn cuLibraryEnumerateKernels(ks: *mut *mut c_void, n: u32, library: *mut c_void) {
-        let fs = module_functions(client()?, handle(library))?;
+        let c = client()?;
+        loaded(c, library)?;
+        let fs = module_functions(c, handle(library))?;
         write_handles(ks, n, &fs)
     }
 
