@@ -71,7 +71,7 @@ aaaa-bbbb r-xp 00000000 08:01 43 /tmp/gone.so (deleted)";
     #[test]
     fn static_data_is_mapped_and_the_heap_is_not() {
         assert!(in_mapped_file(IN_THIS_BINARY.as_ptr() as usize));
-        let heap = vec![0u8; 64];
+        let heap = Box::new([0u8; 64]);
         assert!(!in_mapped_file(heap.as_ptr() as usize));
     }
 }
