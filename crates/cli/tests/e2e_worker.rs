@@ -547,3 +547,54 @@ fn libraries_load_at_their_first_use() {
         assert_eq!(hop_records(&trace, 1, "ModuleLoad"), loads, "args {args:?}");
     }
 }
+
+/// Under a scheduling policy a session's launches are followed by completion
+/// signals, and a synchronize that they cover is answered from them without
+/// the worker: a program that launches and waits 50 times sends the worker
+/// few of them (47 before). A kernel that faults still fails the
+/// synchronize after it (the worker counts the failure where the server looks).
+#[test]
+fn signalled_synchronizes_skip_the_worker_and_keep_errors() {
+    let dir = TempDir::new("signalled-sync");
+    let config = dir.0.join("cumux.toml");
+    std::fs::write(&config, "[tenants.lc]\nclass = \"latency-critical\"\n").unwrap();
+    let trace = dir.0.join("hops");
+    let server = WorkerServer::start_env(
+        "signalled-sync",
+        false,
+        &[
+            "--sharing",
+            "shared",
+            "--policy",
+            "priority",
+            "--config",
+            config.to_str().unwrap(),
+        ],
+        &[("CUMUX_HOP_TRACE", trace.to_str().unwrap())],
+    );
+    let run = |program: &std::path::Path| {
+        let mut c = Command::new(CUMUX);
+        c.args(["run", "--server", &server.address, "--tenant", "lc", "--"])
+            .arg(program)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        wait_bounded(c.spawn().expect("cumux run starts"), LIMIT)
+    };
+    passes(&run(&test_program("signalled_syncs")), &server);
+    // WorkerReceive is hop 7.
+    // Some may: a kernel the CPU device takes long over, or a busy machine,
+    // outlasts the wait for its signal (200 µs on small hosts).
+    let reached = hop_records(&trace, 7, "Synchronize");
+    assert!(
+        reached <= 25,
+        "{reached} synchronizes reached the worker for the program's 50"
+    );
+    let faulty = run(&corpus_program("out_of_bounds"));
+    assert!(
+        faulty.code() == Some(0) && faulty.stdout.contains("out_of_bounds: PASS"),
+        "{}\n--- server log\n{}",
+        faulty.describe(),
+        server.log()
+    );
+}

@@ -17,7 +17,7 @@ use cumux_protocol::{
 };
 
 use crate::device::attributes::{MAX_BLOCK_DIM, MAX_GRID_DIM, SHARED_PER_BLOCK_OPTIN};
-use crate::device::signals::{SignalArea, StreamSignals};
+use crate::device::signals::{SignalArea, StreamSignals, ERROR_SLOT};
 use crate::device::{
     Device, DeviceContext, KernelDesc, LaunchGeometry, LaunchOutcome, ModuleId, StreamOrdered,
     StreamWork, SyncTarget,
@@ -221,6 +221,13 @@ pub struct Session {
     /// session's streams (besides the default one).
     ordered: bool,
     ordered_streams: HashSet<Handle>,
+    /// Whether queuing failed at once since the worker was last asked to
+    /// synchronize (the failure waits there): then synchronizes ask it.
+    enqueue_failed: Cell<bool>,
+    /// The worker's error counter ([`ERROR_SLOT`]) when last looked at.
+    worker_errors_seen: Cell<u64>,
+    /// How long a synchronize waits for completion signals before it asks the worker.
+    signal_wait: std::time::Duration,
     /// Whether stream-ordered work was queued since the last context
     /// synchronize that succeeded: if not, the next one has nothing to wait for.
     queued_since_sync: Cell<bool>,
@@ -273,6 +280,12 @@ pub const SIGNAL_EVERY: u64 = 8;
 /// signalled each: a signal costs them little, and a late completion would bill
 /// their tenant for time another tenant's kernel ran (`Charging::Oldest`).
 pub const SIGNAL_EACH_FROM_NS: u64 = 10_000;
+
+/// A synchronize answered from completion signals waits for them at least this
+/// long before it asks the worker (longer on large hosts: `answer_spin_time`)...
+const SIGNAL_WAIT_MIN: std::time::Duration = std::time::Duration::from_micros(200);
+/// ...spinning for the first this long, then yielding between looks.
+const SIGNAL_SPIN: std::time::Duration = std::time::Duration::from_micros(20);
 
 /// Queues the signals that cover every launch of the session not yet covered.
 fn flush_signals(ordered: &dyn StreamOrdered, signals: &mut StreamSignals) {
@@ -448,6 +461,9 @@ impl Session {
             forced_priority,
             signal_every,
             queued_since_sync: Cell::new(false),
+            enqueue_failed: Cell::new(false),
+            worker_errors_seen: Cell::new(0),
+            signal_wait: crate::device::spin::answer_spin_time().max(SIGNAL_WAIT_MIN),
             latency_critical,
             host: HostRegions::default(),
             incoming_fd: None,
@@ -604,7 +620,11 @@ impl Session {
             }
             Call::StreamSynchronize { stream } if self.ordered => {
                 self.check_stream(stream)?;
+                if let Some(result) = self.signalled_sync(SyncTarget::Stream(stream)) {
+                    return result;
+                }
                 let outcome = self.ordered()?.synchronize(SyncTarget::Stream(stream));
+                self.enqueue_failed.set(false);
                 self.waited(outcome)
             }
             Call::StreamSynchronize { stream } => {
@@ -702,8 +722,13 @@ impl Session {
                 self.sync_result()
             }
             Call::ContextSynchronize if self.ordered => {
+                if let Some(result) = self.signalled_sync(SyncTarget::Context) {
+                    self.queued_since_sync.set(false);
+                    return result;
+                }
                 let outcome = self.ordered()?.synchronize(SyncTarget::Context);
                 self.queued_since_sync.set(outcome.result.is_err());
+                self.enqueue_failed.set(false);
                 self.waited(outcome)
             }
             Call::ContextSynchronize => {
@@ -919,6 +944,12 @@ impl Session {
             ordered.enqueue(stream, work);
             return Ok(ReplyBody::Unit);
         };
+        let failed = &self.enqueue_failed;
+        let queue = |work| {
+            if !ordered.enqueue(stream, work) {
+                failed.set(true);
+            }
+        };
         let sched_stream = *self.sched_streams.entry(stream).or_insert_with(|| {
             cumux_scheduler::StreamId(NEXT_SCHED_STREAM.fetch_add(1, Ordering::Relaxed))
         });
@@ -931,7 +962,7 @@ impl Session {
             // The session ended while the launch waited: it is skipped.
             (Admission::Skip, _) => {}
             (Admission::Go(id, estimate), Some((slot, value))) => {
-                ordered.enqueue(stream, work);
+                queue(work);
                 // Launches the gate expects to be long are signalled at once: their
                 // completions must be seen on time for the charges to be right.
                 let every = match estimate >= SIGNAL_EACH_FROM_NS {
@@ -946,10 +977,14 @@ impl Session {
             // No slot left (not reachable: there are more than streams) or the
             // scheduler refused it: the launch runs, unscheduled.
             (Admission::Go(..), None) => {
-                ordered.enqueue(stream, work);
+                queue(work);
+                signals.note_work(stream);
                 gate.forget_in_flight();
             }
-            (Admission::Ungated, _) => ordered.enqueue(stream, work),
+            (Admission::Ungated, _) => {
+                queue(work);
+                signals.note_work(stream);
+            }
         }
         Ok(ReplyBody::Unit)
     }
@@ -968,20 +1003,73 @@ impl Session {
 
     /// Queues `work` on the device: on `stream` without waiting, or (`None`)
     /// on the default stream, waiting for it as a synchronous call does.
-    fn ordered_submit(&self, stream: Option<Handle>, work: StreamWork) -> CallResult {
-        let ordered = self.ordered()?;
+    fn ordered_submit(&mut self, stream: Option<Handle>, work: StreamWork) -> CallResult {
         self.queue(stream.unwrap_or(DEFAULT_STREAM), work)?;
         match stream {
             Some(_) => Ok(ReplyBody::Unit),
-            None => self.waited(ordered.synchronize(SyncTarget::Stream(DEFAULT_STREAM))),
+            None => {
+                let outcome = self
+                    .ordered()?
+                    .synchronize(SyncTarget::Stream(DEFAULT_STREAM));
+                self.enqueue_failed.set(false);
+                self.waited(outcome)
+            }
         }
     }
 
     /// Queues `work` on `stream` of the device, unwaited.
-    fn queue(&self, stream: Handle, work: StreamWork) -> Result<(), CuError> {
+    fn queue(&mut self, stream: Handle, work: StreamWork) -> Result<(), CuError> {
         self.queued_since_sync.set(true);
-        self.ordered()?.enqueue(stream, work);
+        if let Some(signals) = &mut self.signals {
+            signals.note_work(stream);
+        }
+        if !self.ordered()?.enqueue(stream, work) {
+            self.enqueue_failed.set(true);
+        }
         Ok(())
+    }
+
+    /// Answers a synchronize from the session's completion signals, without
+    /// the worker, when they can say (every launch of the streams waited for
+    /// is covered by a signal queued after all their other work), they come
+    /// within `signal_wait`, and nothing failed to queue since the worker was
+    /// last asked (the session's own failures, or the worker's error counter):
+    /// two hand-offs fewer for a short kernel's wait. `None`: ask the worker.
+    fn signalled_sync(&self, target: SyncTarget) -> Option<CallResult> {
+        let signals = self.signals.as_ref()?;
+        if self.enqueue_failed.get() {
+            return None;
+        }
+        let wanted = match target {
+            SyncTarget::Stream(DEFAULT_STREAM) | SyncTarget::Context => signals.all_settled()?,
+            SyncTarget::Stream(stream) => vec![signals.settled(stream)?],
+            SyncTarget::Event(_) => return None,
+        };
+        if wanted.is_empty() {
+            return None;
+        }
+        let area = signals.area();
+        let errors = area.load(ERROR_SLOT);
+        if errors != self.worker_errors_seen.get() {
+            self.worker_errors_seen.set(errors);
+            return None;
+        }
+        let started = std::time::Instant::now();
+        while !wanted.iter().all(|&(slot, value)| area.load(slot) >= value) {
+            let waited = started.elapsed();
+            if waited >= self.signal_wait {
+                return None;
+            }
+            // Past a short spin, let the worker have this core if it needs it.
+            match waited < SIGNAL_SPIN {
+                true => std::hint::spin_loop(),
+                false => std::thread::yield_now(),
+            }
+        }
+        if area.load(ERROR_SLOT) != errors {
+            return None;
+        }
+        Some(self.sync_result())
     }
 
     /// Waits for all of the session's stream work (before a free or an unload).

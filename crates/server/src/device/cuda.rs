@@ -819,12 +819,16 @@ impl StreamOrdered for CudaContext {
         }
     }
 
-    fn enqueue(&self, stream: Handle, work: StreamWork) {
+    fn enqueue(&self, stream: Handle, work: StreamWork) -> bool {
         let result = self
             .ordered_stream(stream)
             .and_then(|s| self.run_work(&s, work));
-        if let Err(e) = result {
-            lock(&self.ordered).pending.get_or_insert(e);
+        match result {
+            Ok(()) => true,
+            Err(e) => {
+                lock(&self.ordered).pending.get_or_insert(e);
+                false
+            }
         }
     }
 

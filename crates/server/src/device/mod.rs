@@ -258,8 +258,9 @@ pub trait StreamOrdered: Send + Sync {
     /// `flags` are `CU_EVENT_*`.
     fn event_create(&self, event: Handle, flags: u32) -> Result<(), CuError>;
     fn event_destroy(&self, event: Handle) -> Result<(), CuError>;
-    /// Queues `work` on `stream` and returns without waiting for it.
-    fn enqueue(&self, stream: Handle, work: StreamWork);
+    /// Queues `work` on `stream` and returns without waiting for it; false when
+    /// it failed at once (the failure is kept for the next waiting call).
+    fn enqueue(&self, stream: Handle, work: StreamWork) -> bool;
     /// Reads `buf.len()` bytes at `src` once `stream`'s earlier work is done.
     fn read(&self, stream: Handle, src: DevicePtr, buf: &mut [u8]) -> LaunchOutcome;
     /// Waits for `target`: a stream's work so far, an event's latest record,

@@ -162,10 +162,14 @@ impl StreamOrdered for SerialStreams {
         }
     }
 
-    fn enqueue(&self, stream: Handle, work: StreamWork) {
+    fn enqueue(&self, stream: Handle, work: StreamWork) -> bool {
         let result = self.check_stream(stream).and_then(|()| self.run(work));
-        if let Err(e) = result {
-            self.lock().pending.get_or_insert(e);
+        match result {
+            Ok(()) => true,
+            Err(e) => {
+                self.lock().pending.get_or_insert(e);
+                false
+            }
         }
     }
 

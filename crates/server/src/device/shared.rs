@@ -283,7 +283,7 @@ impl StreamOrdered for SharedView {
         lock(&self.state).own_priority = priority;
     }
 
-    fn enqueue(&self, stream: Handle, work: StreamWork) {
+    fn enqueue(&self, stream: Handle, work: StreamWork) -> bool {
         let mut state = lock(&self.state);
         let work = match work {
             StreamWork::Record { event } => StreamWork::Record {
@@ -301,7 +301,7 @@ impl StreamOrdered for SharedView {
             for blocking in std::mem::take(&mut state.ahead_of_default) {
                 self.order_after(&mut state, DEFAULT_STREAM, blocking);
             }
-            self.conn.enqueue(self.name(DEFAULT_STREAM), work);
+            let queued = self.conn.enqueue(self.name(DEFAULT_STREAM), work);
             let blocking: Vec<Handle> = state
                 .streams
                 .iter()
@@ -309,7 +309,7 @@ impl StreamOrdered for SharedView {
                 .map(|(s, _)| *s)
                 .collect();
             state.behind_default.extend(blocking);
-            return;
+            return queued;
         }
         if state.streams.get(&stream) == Some(&true) {
             if state.behind_default.remove(&stream) && state.default_created {
@@ -317,7 +317,7 @@ impl StreamOrdered for SharedView {
             }
             state.ahead_of_default.insert(stream);
         }
-        self.conn.enqueue(self.name(stream), work);
+        self.conn.enqueue(self.name(stream), work)
     }
 
     fn read(&self, stream: Handle, src: DevicePtr, buf: &mut [u8]) -> LaunchOutcome {

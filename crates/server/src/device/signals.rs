@@ -11,8 +11,13 @@ use std::sync::{Arc, Mutex};
 use cumux_protocol::{codes, CuError, Handle};
 use memmap2::MmapMut;
 
-/// Counters per area: one per stream a session may hold, and the default stream, with room.
+/// Counters per area: one per stream a session may hold, and the default stream, with
+/// room; the last is [`ERROR_SLOT`].
 pub const SIGNAL_SLOTS: u32 = 1024;
+/// The counter the worker raises each time queued work fails to start there (a
+/// launch the driver refuses): the server, which otherwise answers a synchronize
+/// from the counters alone, then asks the worker, which returns the failure.
+pub const ERROR_SLOT: u32 = SIGNAL_SLOTS - 1;
 const AREA_BYTES: usize = SIGNAL_SLOTS as usize * 8;
 
 /// A small shared file of `u64` counters, one per slot. The server creates it and
@@ -154,6 +159,13 @@ impl SignalArea {
         self.slot(slot).map_or(0, |s| s.load(Ordering::Acquire))
     }
 
+    /// Counts one more failure in [`ERROR_SLOT`].
+    pub fn raise_error(&self) {
+        if let Some(s) = self.slot(ERROR_SLOT) {
+            s.fetch_add(1, Ordering::AcqRel);
+        }
+    }
+
     /// Raises the counter of `slot` to `value`; false out of range.
     pub fn store(&self, slot: u32, value: u64) -> bool {
         match self.slot(slot) {
@@ -200,6 +212,9 @@ pub struct StreamSignals {
     /// Per slot: the latest launch's value, and the latest value signalled.
     values: Vec<(u64, u64)>,
     free: Vec<u32>,
+    /// Streams with work other than launches queued since their last signal
+    /// (or with no signal at all): their counters do not say when they are idle.
+    unsignalled: std::collections::HashSet<Handle>,
 }
 
 impl StreamSignals {
@@ -209,6 +224,7 @@ impl StreamSignals {
             slots: HashMap::new(),
             values: Vec::new(),
             free: Vec::new(),
+            unsignalled: std::collections::HashSet::new(),
         }
     }
 
@@ -224,7 +240,7 @@ impl StreamSignals {
             None => {
                 let slot = match self.free.pop() {
                     Some(slot) => slot,
-                    None if self.values.len() < SIGNAL_SLOTS as usize => {
+                    None if self.values.len() < ERROR_SLOT as usize => {
                         self.values.push((0, 0));
                         (self.values.len() - 1) as u32
                     }
@@ -248,7 +264,33 @@ impl StreamSignals {
             return None;
         }
         *signalled = *latest;
+        self.unsignalled.remove(&stream);
         Some((slot, *latest))
+    }
+
+    /// Work other than a launch was queued on `stream` (or a launch without a signal).
+    pub fn note_work(&mut self, stream: Handle) {
+        self.unsignalled.insert(stream);
+    }
+
+    /// When every launch of `stream` is covered by a signal queued after all its
+    /// other work: the (slot, value) that says it is idle.
+    pub fn settled(&self, stream: Handle) -> Option<(u32, u64)> {
+        let slot = *self.slots.get(&stream)?;
+        let (latest, signalled) = self.values[slot as usize];
+        (latest == signalled && !self.unsignalled.contains(&stream)).then_some((slot, latest))
+    }
+
+    /// The (slot, value) of every stream that has launched, when all of the
+    /// session's streams are [`settled`](Self::settled); `None` otherwise.
+    pub fn all_settled(&self) -> Option<Vec<(u32, u64)>> {
+        if !self.unsignalled.is_empty() {
+            return None;
+        }
+        self.slots
+            .keys()
+            .map(|&stream| self.settled(stream))
+            .collect()
     }
 
     /// Every stream's signal for the launches not covered yet (marking them covered).
@@ -261,11 +303,15 @@ impl StreamSignals {
                 due.push((stream, slot, *latest));
             }
         }
+        for (stream, _, _) in &due {
+            self.unsignalled.remove(stream);
+        }
         due
     }
 
     /// `stream` is gone (after its last signal was queued): its slot may serve another.
     pub fn release(&mut self, stream: Handle) {
+        self.unsignalled.remove(&stream);
         if let Some(slot) = self.slots.remove(&stream) {
             self.free.push(slot);
         }
@@ -324,7 +370,7 @@ mod tests {
         assert_eq!(signals.launch(9), Some((1, 1)));
         signals.release(5);
         assert_eq!(signals.launch(11), Some((0, 3)));
-        for stream in 100..100 + u64::from(SIGNAL_SLOTS) - 2 {
+        for stream in 100..100 + u64::from(ERROR_SLOT) - 2 {
             assert!(signals.launch(stream).is_some());
         }
         assert_eq!(signals.launch(1), None);
@@ -361,5 +407,40 @@ mod tests {
         drop(area);
         assert_eq!(ran.load(Ordering::Relaxed), 1);
         assert!(!path.exists());
+    }
+
+    #[test]
+    fn a_stream_is_settled_once_a_signal_follows_all_its_work() {
+        let mut signals = StreamSignals::new(Arc::new(SignalArea::create().unwrap()));
+        assert_eq!(signals.settled(1), None, "no launch yet");
+        signals.launch(1);
+        assert_eq!(signals.settled(1), None, "a launch not covered");
+        assert_eq!(signals.due(1, 1), Some((0, 1)));
+        assert_eq!(signals.settled(1), Some((0, 1)));
+        signals.note_work(1);
+        assert_eq!(signals.settled(1), None, "a copy after the signal");
+        signals.launch(1);
+        assert_eq!(signals.flush(), vec![(1, 0, 2)]);
+        assert_eq!(signals.settled(1), Some((0, 2)));
+        assert_eq!(signals.all_settled(), Some(vec![(0, 2)]));
+        signals.note_work(2);
+        assert_eq!(signals.all_settled(), None, "stream 2 has unsignalled work");
+        assert_eq!(signals.settled(1), Some((0, 2)));
+        signals.release(2);
+        assert_eq!(signals.all_settled(), Some(vec![(0, 2)]));
+    }
+
+    #[test]
+    fn the_error_slot_is_never_a_streams() {
+        let area = Arc::new(SignalArea::create().unwrap());
+        let mut signals = StreamSignals::new(Arc::clone(&area));
+        for stream in 0..u64::from(SIGNAL_SLOTS) {
+            if let Some((slot, _)) = signals.launch(stream) {
+                assert_ne!(slot, ERROR_SLOT);
+            }
+        }
+        area.raise_error();
+        area.raise_error();
+        assert_eq!(area.load(ERROR_SLOT), 2);
     }
 }

@@ -616,8 +616,14 @@ impl Served<'_, '_> {
                     };
                 }
                 self.regions.resolve(&mut work);
-                if catch_unwind(AssertUnwindSafe(|| ordered.enqueue(stream, work))).is_err() {
-                    tracing::error!("worker: queued work panicked");
+                let queued = catch_unwind(AssertUnwindSafe(|| ordered.enqueue(stream, work)))
+                    .unwrap_or_else(|_| {
+                        tracing::error!("worker: queued work panicked");
+                        false
+                    });
+                // The server answers synchronizes from the signals until told.
+                if let (false, Some(area)) = (queued, &signals) {
+                    area.raise_error();
                 }
                 hop_trace::mark(Hop::WorkerDone, "Enqueue");
                 continue;
@@ -1951,7 +1957,9 @@ impl StreamOrdered for WorkerContext {
         self.unit(&WorkerRequest::EventDestroy { event }, &[])
     }
 
-    fn enqueue(&self, stream: Handle, work: StreamWork) {
+    /// Posts `work` (unanswered): false only for a launch of a module this
+    /// context does not have; what fails in the worker comes back later.
+    fn enqueue(&self, stream: Handle, work: StreamWork) -> bool {
         match work {
             StreamWork::Write { dst, data } => {
                 let mut offset = 0u64;
@@ -1963,6 +1971,7 @@ impl StreamOrdered for WorkerContext {
                     offset += part.len() as u64;
                     self.post(&WorkerRequest::Enqueue { stream, work }, &[part]);
                 }
+                true
             }
             StreamWork::Launch {
                 module,
@@ -1978,10 +1987,17 @@ impl StreamOrdered for WorkerContext {
                         params,
                     };
                     self.post(&WorkerRequest::Enqueue { stream, work }, &[]);
+                    true
                 }
-                None => self.defer(CuError::new(codes::INVALID_HANDLE, "module not loaded")),
+                None => {
+                    self.defer(CuError::new(codes::INVALID_HANDLE, "module not loaded"));
+                    false
+                }
             },
-            work => self.post(&WorkerRequest::Enqueue { stream, work }, &[]),
+            work => {
+                self.post(&WorkerRequest::Enqueue { stream, work }, &[]);
+                true
+            }
         }
     }
 
