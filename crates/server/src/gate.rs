@@ -218,17 +218,21 @@ impl GateState {
         any
     }
 
-    fn pump(&mut self, now: Nanos) -> bool {
-        let mut granted = false;
+    /// Grants what the scheduler dispatches now; whether it granted an item
+    /// other than `mine` (the caller's own, which needs no wake-up): waking
+    /// waiters for nothing cost a latency-critical launch two futex wake-ups
+    /// of the batch sessions parked here, and their scramble for the lock.
+    fn pump(&mut self, now: Nanos, mine: Option<WorkId>) -> bool {
+        let mut granted_other = false;
         while let Some(id) = self.scheduler.poll(now) {
             let held = self
                 .held
                 .get_mut(&id)
                 .expect("the gate holds what it submits");
             held.ticket = Ticket::Granted;
-            granted = true;
+            granted_other |= Some(id) != mine;
         }
-        granted
+        granted_other
     }
 }
 
@@ -365,7 +369,7 @@ fn watch_loop(gate: Weak<DeviceGate>) {
         }
         let now = (gate.clock)();
         if state.complete_watched(now, None) {
-            state.pump(now);
+            state.pump(now, None);
             drop(state);
             gate.changed.notify_all();
         } else {
@@ -412,7 +416,7 @@ impl GateSession {
         if let Err(e) = state.scheduler.completed(now, id, measured) {
             tracing::error!(session = self.session, "scheduling gate: {e}");
         }
-        state.pump(now);
+        state.pump(now, None);
         drop(state);
         gate.changed.notify_all();
         match result {
@@ -491,7 +495,7 @@ impl GateSession {
             },
         );
         let now = (gate.clock)();
-        if state.pump(now) {
+        if state.pump(now, Some(id)) {
             gate.changed.notify_all();
         }
         loop {
@@ -523,7 +527,7 @@ impl GateSession {
                 .unwrap_or_else(|p| p.into_inner())
                 .0;
             let now = (gate.clock)();
-            if state.pump(now) {
+            if state.pump(now, Some(id)) {
                 gate.changed.notify_all();
             }
         }
@@ -537,6 +541,8 @@ impl GateSession {
     pub fn watch(&self, id: WorkId, area: &Arc<SignalArea>, slot: u32, value: u64) {
         let gate = &self.gate;
         let mut state = gate.lock();
+        // Only an idle watcher waits on the condition; a busy one looks anyway.
+        let idle = state.watching.is_empty();
         state.watching.push(Watched {
             id,
             session: self.session,
@@ -555,7 +561,9 @@ impl GateSession {
             }
         }
         drop(state);
-        gate.changed.notify_all();
+        if idle {
+            gate.changed.notify_all();
+        }
     }
 
     /// Completes every watched item of this session now: its context is going away
@@ -565,7 +573,7 @@ impl GateSession {
         let mut state = gate.lock();
         let now = (gate.clock)();
         if state.complete_watched(now, Some(self.session)) {
-            state.pump(now);
+            state.pump(now, None);
             drop(state);
             gate.changed.notify_all();
         }
@@ -599,7 +607,7 @@ impl GateSession {
                 held.ticket = Ticket::Cancelled;
             }
         }
-        state.pump(now);
+        state.pump(now, None);
         drop(state);
         gate.changed.notify_all();
     }
