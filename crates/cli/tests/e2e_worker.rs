@@ -527,7 +527,8 @@ fn idle_device_synchronizes_stay_in_the_server() {
 /// The CUDA runtime registers every fat binary of a program at start; each is
 /// loaded on the server only when one of its kernels is first asked for. A
 /// program of two fat binaries that runs the kernel of one sends one module
-/// load; run so that it uses both, two.
+/// load; run so that it uses both, two; with `CUDA_MODULE_LOADING=EAGER`,
+/// two at start.
 #[test]
 fn libraries_load_at_their_first_use() {
     let other = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/cuda/lazy_other.cu");
@@ -546,6 +547,16 @@ fn libraries_load_at_their_first_use() {
         // ClientSend is hop 1.
         assert_eq!(hop_records(&trace, 1, "ModuleLoad"), loads, "args {args:?}");
     }
+    // CUDA_MODULE_LOADING=EAGER loads both at start, as NVIDIA's driver does.
+    let trace = dir.0.join("hops-eager");
+    let child = server
+        .command(&program, &[])
+        .env("CUMUX_HOP_TRACE", &trace)
+        .env("CUDA_MODULE_LOADING", "EAGER")
+        .spawn()
+        .expect("cumux run starts");
+    passes(&wait_bounded(child, LIMIT), &server);
+    assert_eq!(hop_records(&trace, 1, "ModuleLoad"), 2, "eager");
 }
 
 /// Under a scheduling policy a session's launches are followed by completion

@@ -121,7 +121,7 @@ fn load_library(c: &Client, h: usize, image: Vec<u8>) -> CuResult<()> {
 /// none), else at once.
 fn library_from(c: &Client, code: *const c_void) -> CuResult<usize> {
     let h = c.mint();
-    if !code.is_null() && crate::mapped::in_mapped_file(code as usize) {
+    if lazy_loading() && !code.is_null() && crate::mapped::in_mapped_file(code as usize) {
         // Read now what a lazy load will read, so a bad image fails here.
         let head = read_raw(code, 4)?;
         if cumux_fatbin::classify(&head) != Classified::Unknown {
@@ -131,6 +131,16 @@ fn library_from(c: &Client, code: *const c_void) -> CuResult<usize> {
     }
     load_library(c, h, image_from_pointer(code)?)?;
     Ok(h)
+}
+
+/// Whether modules load lazily: unless `CUDA_MODULE_LOADING=EAGER`, as with
+/// NVIDIA's driver since CUDA 12.2.
+fn lazy_loading() -> bool {
+    static LAZY: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *LAZY.get_or_init(|| {
+        std::env::var("CUDA_MODULE_LOADING")
+            .map_or(true, |v| !v.trim().eq_ignore_ascii_case("eager"))
+    })
 }
 
 /// Loads `library` now if it waits to be loaded.
@@ -325,8 +335,9 @@ driver_fn! {
     }
 
     fn cuModuleGetLoadingMode(mode: *mut u32) {
-        // CU_MODULE_LAZY_LOADING: libraries load at their first use (`library_from`).
-        out(mode, 2)
+        // CU_MODULE_LAZY_LOADING (libraries load at their first use: `library_from`)
+        // or CU_MODULE_EAGER_LOADING.
+        out(mode, if lazy_loading() { 2 } else { 1 })
     }
 
     fn cuModuleGetFunctionCount(count: *mut u32, module: *mut c_void) {
