@@ -609,3 +609,30 @@ fn signalled_synchronizes_skip_the_worker_and_keep_errors() {
         server.log()
     );
 }
+
+/// A captured graph of launches goes to the server whole and each launch of it
+/// is one call (the worker runs it as one graph; on a GPU, a CUDA graph), with
+/// the same results as replaying it launch by launch (`CUMUX_GRAPHS=replay`),
+/// in shared and isolated mode.
+#[test]
+fn graphs_of_launches_run_whole_on_the_server() {
+    let program = test_program("graph_replay");
+    let dir = TempDir::new("graph-trace");
+    for sharing in ["shared", "isolated"] {
+        let server = WorkerServer::start_sharing(&format!("graphs-{sharing}"), false, sharing);
+        for (mode, graph_launches, launches) in [("whole", 10, 0), ("replay", 0, 200)] {
+            let trace = dir.0.join(format!("{sharing}-{mode}"));
+            let child = server
+                .command(&program, &[])
+                .env("CUMUX_HOP_TRACE", &trace)
+                .env("CUMUX_GRAPHS", mode)
+                .spawn()
+                .expect("cumux run starts");
+            passes(&wait_bounded(child, LIMIT), &server);
+            // ClientSend is hop 1 (names are cut at 19 bytes).
+            let sent = |name: &str| hop_records(&trace, 1, name);
+            assert_eq!(sent("GraphLaunch"), graph_launches, "{sharing} {mode}");
+            assert_eq!(sent("Launch"), launches, "{sharing} {mode}");
+        }
+    }
+}

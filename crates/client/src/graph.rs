@@ -6,7 +6,7 @@
 
 use std::sync::Arc;
 
-use cumux_protocol::{Call, Handle};
+use cumux_protocol::{Call, GraphLaunch, Handle};
 
 use crate::errors::*;
 
@@ -41,6 +41,33 @@ pub fn stream_of_call(call: &Call) -> Option<Handle> {
 }
 
 /// A recorded call retargeted at `to`.
+/// A recording of kernel launches alone, as the launches of one server-side
+/// graph (`Call::GraphCreate`); `None` if it records anything else.
+pub fn launches_only(recording: &[GraphOp]) -> Option<Vec<GraphLaunch>> {
+    recording
+        .iter()
+        .map(|op| match op {
+            GraphOp::Call(Call::Launch {
+                function,
+                grid,
+                block,
+                shared_bytes,
+                params,
+                attributes,
+                ..
+            }) => Some(GraphLaunch {
+                function: *function,
+                grid: *grid,
+                block: *block,
+                shared_bytes: *shared_bytes,
+                params: params.clone(),
+                attributes: attributes.clone(),
+            }),
+            _ => None,
+        })
+        .collect()
+}
+
 pub fn retarget(call: &Call, to: Handle) -> Call {
     let mut call = call.clone();
     match &mut call {

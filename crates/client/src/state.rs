@@ -104,6 +104,9 @@ pub struct Tables {
     /// Captured graphs and their instantiations.
     pub graphs: HashMap<usize, crate::graph::Recording>,
     pub graph_execs: HashMap<usize, crate::graph::Recording>,
+    /// Instantiated graphs of launches alone that the server keeps as one
+    /// graph (`Call::GraphCreate`): exec → the server's graph.
+    pub server_graphs: HashMap<usize, Handle>,
     /// The node handles of each graph, one per recorded op, in order.
     pub graph_nodes: HashMap<usize, Vec<usize>>,
     /// Node → (graph, index of its op in the recording).

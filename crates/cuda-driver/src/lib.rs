@@ -23,7 +23,7 @@ pub use driver::{
 pub use error::{CudaError, LoadError};
 pub use image::{CodeChoice, ImageKind};
 pub use objects::{
-    Event, Function, FunctionAttributes, HostRegistration, LaunchAttr, LaunchConfig, Module,
-    PinnedBuffer, Stream,
+    Event, Function, FunctionAttributes, GraphExec, HostRegistration, LaunchAttr, LaunchConfig,
+    Module, PinnedBuffer, Stream,
 };
 pub use tensor_map::{TensorShape, TensorTile, TENSOR_MAP_BYTES};

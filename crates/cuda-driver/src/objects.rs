@@ -256,6 +256,76 @@ impl Drop for Stream {
     }
 }
 
+/// An instantiated CUDA graph, made by capturing work queued on a stream
+/// ([`Stream::capture`]) and launched as one piece ([`Stream::launch_graph`]).
+pub struct GraphExec {
+    ctx: Arc<Context>,
+    raw: CUgraphExec,
+}
+
+// SAFETY: graph handles may be used from any thread of the process.
+unsafe impl Send for GraphExec {}
+// SAFETY: launching a graph from two threads at once is allowed by the driver.
+unsafe impl Sync for GraphExec {}
+
+impl Drop for GraphExec {
+    fn drop(&mut self) {
+        if self.ctx.make_current().is_ok() {
+            // SAFETY: `raw` is live and dropped once; work that uses it still runs.
+            let _ = unsafe { cu!(self.ctx.driver, cuGraphExecDestroy(self.raw)) };
+        }
+    }
+}
+
+impl Stream {
+    /// Records what `queue` queues on this stream (which must not be the legacy
+    /// default stream) into a graph instead of running it, and instantiates it;
+    /// `map` turns the driver's errors into `queue`'s. The capture ends whether
+    /// or not `queue` succeeds.
+    pub fn capture<E>(
+        &self,
+        queue: impl FnOnce(&Stream) -> Result<(), E>,
+        map: impl Fn(CudaError) -> E,
+    ) -> Result<GraphExec, E> {
+        self.ctx.make_current().map_err(&map)?;
+        let driver = &self.ctx.driver;
+        // SAFETY: the stream is live and owned by this context.
+        unsafe {
+            cu!(
+                driver,
+                cuStreamBeginCapture(self.raw, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+            )
+        }
+        .map_err(&map)?;
+        let queued = queue(self);
+        let mut graph: CUgraph = std::ptr::null_mut();
+        // SAFETY: `graph` is a valid out-pointer; ends the capture begun above.
+        let ended = unsafe { cu!(driver, cuStreamEndCapture(self.raw, &mut graph)) };
+        let made = queued.and(ended.map_err(&map)).and_then(|()| {
+            let mut exec: CUgraphExec = std::ptr::null_mut();
+            // SAFETY: `graph` is the live graph the capture made; `exec` an out-pointer.
+            unsafe { cu!(driver, cuGraphInstantiateWithFlags(&mut exec, graph, 0)) }
+                .map_err(&map)?;
+            Ok(GraphExec {
+                ctx: Arc::clone(&self.ctx),
+                raw: exec,
+            })
+        });
+        if !graph.is_null() {
+            // SAFETY: the instantiated graph does not need its template any more.
+            let _ = unsafe { cu!(driver, cuGraphDestroy(graph)) };
+        }
+        made
+    }
+
+    /// Queues `graph`'s work on this stream.
+    pub fn launch_graph(&self, graph: &GraphExec) -> Result<(), CudaError> {
+        self.ctx.make_current()?;
+        // SAFETY: both are live; the graph was made in this stream's context.
+        unsafe { cu!(self.ctx.driver, cuGraphLaunch(graph.raw, self.raw)) }
+    }
+}
+
 /// A CUDA event.
 pub struct Event {
     ctx: Arc<Context>,

@@ -31,12 +31,24 @@ pub struct CUmod_st {
 pub struct CUfunc_st {
     _private: [u8; 0],
 }
+#[repr(C)]
+pub struct CUgraph_st {
+    _private: [u8; 0],
+}
+#[repr(C)]
+pub struct CUgraphExec_st {
+    _private: [u8; 0],
+}
 
 pub type CUcontext = *mut CUctx_st;
 pub type CUstream = *mut CUstream_st;
 pub type CUevent = *mut CUevent_st;
 pub type CUmodule = *mut CUmod_st;
 pub type CUfunction = *mut CUfunc_st;
+pub type CUgraph = *mut CUgraph_st;
+pub type CUgraphExec = *mut CUgraphExec_st;
+/// `CU_STREAM_CAPTURE_MODE_THREAD_LOCAL`: only this thread's unsafe calls end a capture.
+pub const CU_STREAM_CAPTURE_MODE_THREAD_LOCAL: c_uint = 1;
 
 /// `CUuuid`: 16 bytes.
 #[repr(C)]
@@ -241,6 +253,12 @@ driver_api! {
     );
     cuMemHostGetDevicePointer ["cuMemHostGetDevicePointer_v2"] (*mut CUdeviceptr, Ptr, c_uint);
     cuStreamWriteValue64 ["cuStreamWriteValue64_v2", "cuStreamWriteValue64"] (CUstream, CUdeviceptr, u64, c_uint);
+    cuStreamBeginCapture ["cuStreamBeginCapture_v2"] (CUstream, c_uint);
+    cuStreamEndCapture ["cuStreamEndCapture"] (CUstream, *mut CUgraph);
+    cuGraphInstantiateWithFlags ["cuGraphInstantiateWithFlags"] (*mut CUgraphExec, CUgraph, u64);
+    cuGraphLaunch ["cuGraphLaunch"] (CUgraphExec, CUstream);
+    cuGraphExecDestroy ["cuGraphExecDestroy"] (CUgraphExec);
+    cuGraphDestroy ["cuGraphDestroy"] (CUgraph);
     cuLaunchKernelEx ["cuLaunchKernelEx"] (*const CUlaunchConfig, CUfunction, *mut Ptr, *mut Ptr);
     cuLaunchKernel ["cuLaunchKernel"] (
         CUfunction, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, CUstream,

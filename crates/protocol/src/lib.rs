@@ -11,7 +11,7 @@ pub use framing::{read_frame, write_frame, FrameError, MAX_FRAME_BYTES};
 pub use messages::*;
 
 /// Bumped whenever a message type changes shape. Client and server must agree.
-pub const PROTOCOL_VERSION: u32 = 3;
+pub const PROTOCOL_VERSION: u32 = 4;
 
 /// First bytes of every handshake, so a stray connection is recognised at once.
 pub const MAGIC: u32 = 0x43_4d_55_58; // "CMUX"

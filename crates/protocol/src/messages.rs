@@ -235,6 +235,31 @@ pub enum Call {
         bytes: u64,
         stream: Option<Handle>,
     },
+    /// A graph of kernel launches, in order (a captured CUDA graph of launches
+    /// alone), made once and launched as one piece: answered by a handle.
+    GraphCreate {
+        launches: Vec<GraphLaunch>,
+    },
+    /// Runs a graph's launches on `stream`, in order.
+    GraphLaunch {
+        graph: Handle,
+        stream: Handle,
+    },
+    GraphDestroy {
+        graph: Handle,
+    },
+}
+
+/// One launch of a [`Call::GraphCreate`]: a [`Call::Launch`] without its stream.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GraphLaunch {
+    pub function: Handle,
+    pub grid: [u32; 3],
+    pub block: [u32; 3],
+    pub shared_bytes: u32,
+    #[serde(with = "serde_bytes")]
+    pub params: Vec<u8>,
+    pub attributes: Vec<LaunchAttribute>,
 }
 
 /// A call or request slower than this (microseconds) is logged at debug level
@@ -252,7 +277,10 @@ impl Call {
             | Call::Memset { stream, .. }
             | Call::MemcpyHtoDHost { stream, .. }
             | Call::MemcpyDtoHHost { stream, .. } => stream.is_some(),
-            Call::Launch { .. } | Call::StreamWaitEvent { .. } | Call::EventRecord { .. } => true,
+            Call::Launch { .. }
+            | Call::GraphLaunch { .. }
+            | Call::StreamWaitEvent { .. }
+            | Call::EventRecord { .. } => true,
             _ => false,
         }
     }

@@ -28,7 +28,7 @@ use crate::status::{server_status, SessionEntry, SessionStats};
 use crate::streams::{Position, Streams, Work, MAX_STREAMS, NON_BLOCKING};
 use crate::tenants::{AccountHold, TenantSettings};
 use crate::Server;
-use cumux_protocol::{DeviceInfo, LaunchAttribute, TensorMapRequest};
+use cumux_protocol::{DeviceInfo, GraphLaunch, LaunchAttribute, TensorMapRequest};
 
 /// Printf output a session may hold before further output is dropped.
 pub const MAX_STDOUT_BYTES: usize = 16 << 20;
@@ -239,6 +239,8 @@ pub struct Session {
     modules: HashMap<Handle, ModuleEntry>,
     functions: HashMap<Handle, FunctionEntry>,
     events: HashMap<Handle, Arc<Event>>,
+    /// Graphs of launches ([`Call::GraphCreate`]), checked.
+    graphs: HashMap<Handle, Vec<CheckedLaunch>>,
     /// The session's place at its device's scheduling gate; `None` under `fifo`
     /// and for status queries.
     gate: Option<Arc<GateSession>>,
@@ -286,6 +288,30 @@ pub const SIGNAL_EACH_FROM_NS: u64 = 10_000;
 const SIGNAL_WAIT_MIN: std::time::Duration = std::time::Duration::from_micros(200);
 /// ...spinning for the first this long, then yielding between looks.
 const SIGNAL_SPIN: std::time::Duration = std::time::Duration::from_micros(20);
+
+/// Graphs a session may hold, and launches a graph may have.
+const MAX_GRAPHS: usize = 4096;
+const MAX_GRAPH_LAUNCHES: usize = 1 << 16;
+
+/// A launch checked against its kernel and the device ([`Session::checked_launch`]).
+#[derive(Clone)]
+struct CheckedLaunch {
+    module: ModuleId,
+    kernel: usize,
+    geometry: LaunchGeometry,
+    params: Vec<u8>,
+}
+
+impl CheckedLaunch {
+    fn work(&self) -> StreamWork {
+        StreamWork::Launch {
+            module: self.module,
+            kernel: self.kernel,
+            geometry: self.geometry.clone(),
+            params: self.params.clone(),
+        }
+    }
+}
 
 /// Queues the signals that cover every launch of the session not yet covered.
 fn flush_signals(ordered: &dyn StreamOrdered, signals: &mut StreamSignals) {
@@ -455,6 +481,7 @@ impl Session {
             modules: HashMap::new(),
             functions: HashMap::new(),
             events: HashMap::new(),
+            graphs: HashMap::new(),
             gate,
             sched_streams: HashMap::new(),
             signals,
@@ -598,6 +625,9 @@ impl Session {
                 params,
                 attributes,
             ),
+            Call::GraphCreate { launches } => self.graph_create(launches),
+            Call::GraphLaunch { graph, stream } => self.graph_launch(graph, stream),
+            Call::GraphDestroy { graph } => self.graph_destroy(graph),
             Call::StreamCreate { flags, priority } => self.stream_create(flags, priority),
             Call::StreamDestroy { stream } if self.ordered => {
                 if !self.ordered_streams.remove(&stream) {
@@ -1464,6 +1494,27 @@ impl Session {
         attributes: Vec<LaunchAttribute>,
     ) -> CallResult {
         self.check_stream(stream)?;
+        let checked = self.checked_launch(GraphLaunch {
+            function,
+            grid,
+            block,
+            shared_bytes,
+            params,
+            attributes,
+        })?;
+        self.submit_launch(stream, checked)
+    }
+
+    /// A launch checked against its kernel and the device's limits.
+    fn checked_launch(&self, launch: GraphLaunch) -> Result<CheckedLaunch, CuError> {
+        let GraphLaunch {
+            function,
+            grid,
+            block,
+            shared_bytes,
+            params,
+            attributes,
+        } = launch;
         let f = self
             .functions
             .get(&function)
@@ -1504,14 +1555,29 @@ impl Session {
             ));
         }
         check_launch_attributes(&attributes, grid, limits.max_cluster_blocks)?;
-        let (module, kernel) = (f.module, f.index);
+        Ok(CheckedLaunch {
+            module: f.module,
+            kernel: f.index,
+            geometry: LaunchGeometry {
+                grid,
+                block,
+                dynamic_shared_bytes: shared_bytes,
+                attributes,
+            },
+            params,
+        })
+    }
+
+    /// Runs a checked launch on `stream` (queued on a device that keeps stream
+    /// order, else by the stream's thread).
+    fn submit_launch(&mut self, stream: Handle, launch: CheckedLaunch) -> CallResult {
+        let CheckedLaunch {
+            module,
+            kernel,
+            geometry,
+            params,
+        } = launch;
         let params_len = params.len() as u64;
-        let geometry = LaunchGeometry {
-            grid,
-            block,
-            dynamic_shared_bytes: shared_bytes,
-            attributes,
-        };
         if self.ordered {
             // The device times nothing per launch here: the count is exact,
             // the GPU time is not measured.
@@ -1571,6 +1637,69 @@ impl Session {
         };
         let work = self.metered(params_len, work);
         self.enqueue(stream, Vec::new(), work)?;
+        Ok(ReplyBody::Unit)
+    }
+
+    // ----- graphs of launches -----
+
+    /// Checks every launch now, as a launch is checked, and keeps them; a
+    /// device that keeps stream order makes them one graph of its own.
+    fn graph_create(&mut self, launches: Vec<GraphLaunch>) -> CallResult {
+        if launches.is_empty() || launches.len() > MAX_GRAPH_LAUNCHES {
+            return Err(err(
+                codes::INVALID_VALUE,
+                format!("a graph of {} launches", launches.len()),
+            ));
+        }
+        if self.graphs.len() >= MAX_GRAPHS {
+            return Err(err(
+                codes::OUT_OF_MEMORY,
+                format!("a session may hold {MAX_GRAPHS} graphs"),
+            ));
+        }
+        let checked = launches
+            .into_iter()
+            .map(|l| self.checked_launch(l))
+            .collect::<Result<Vec<_>, _>>()?;
+        let handle = self.mint_handle();
+        if self.ordered {
+            let works = checked.iter().map(CheckedLaunch::work).collect();
+            self.ordered()?.graph_create(handle, works)?;
+        }
+        self.graphs.insert(handle, checked);
+        Ok(ReplyBody::Handle(handle))
+    }
+
+    fn graph_launch(&mut self, graph: Handle, stream: Handle) -> CallResult {
+        self.check_stream(stream)?;
+        let launches = self
+            .graphs
+            .get(&graph)
+            .ok_or_else(|| invalid_handle("graph", graph))?;
+        if !self.ordered {
+            for launch in launches.clone() {
+                self.submit_launch(stream, launch)?;
+            }
+            return Ok(ReplyBody::Unit);
+        }
+        let count = launches.len() as u64;
+        self.core.stats.launches.fetch_add(count, Ordering::Relaxed);
+        if let Some(hold) = &self.account {
+            for _ in 0..count {
+                hold.account().record_launch(0);
+            }
+        }
+        // The scheduler sees the graph as one launch of a kernel of its own.
+        self.ordered_launch(stream, graph, 0, StreamWork::Graph { graph })
+    }
+
+    fn graph_destroy(&mut self, graph: Handle) -> CallResult {
+        self.graphs
+            .remove(&graph)
+            .ok_or_else(|| invalid_handle("graph", graph))?;
+        if self.ordered {
+            self.ordered()?.graph_destroy(graph);
+        }
         Ok(ReplyBody::Unit)
     }
 

@@ -7,6 +7,7 @@ use super::memory::{dtoh, htod, stream_handle, stream_of};
 use super::*;
 use crate::graph::{retarget, GraphOp, Recording};
 use crate::state::{client, Client};
+use cumux_protocol::{Call, ReplyBody};
 
 pub(crate) const CUDA_ERROR_ILLEGAL_STATE: CUresult = 401;
 pub(crate) const CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED: CUresult = 900;
@@ -227,8 +228,24 @@ fn instantiate(exec: *mut *mut c_void, graph: *mut c_void) -> CuResult<()> {
         .cloned()
         .ok_or(CUDA_ERROR_INVALID_VALUE)?;
     let h = c.mint();
+    if let Some(launches) = crate::graph::launches_only(&recording).filter(|_| server_graphs()) {
+        // Kept by the server as one graph (a CUDA graph on a GPU), launched by
+        // one call; a server that cannot leaves it to replay.
+        match c.call(Call::GraphCreate { launches }) {
+            Ok(ReplyBody::Handle(graph)) => {
+                c.tables().server_graphs.insert(h, graph);
+            }
+            other => tracing::debug!("graph {h:#x} replays launch by launch: {other:?}"),
+        }
+    }
     c.tables().graph_execs.insert(h, recording);
     out(exec, to_ptr(h))
+}
+
+/// Whether graphs of launches go to the server whole (unless `CUMUX_GRAPHS=replay`).
+fn server_graphs() -> bool {
+    static WHOLE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *WHOLE.get_or_init(|| std::env::var("CUMUX_GRAPHS").map_or(true, |v| v.trim() != "replay"))
 }
 
 fn replay(c: &'static Client, recording: &Recording, stream: u64) -> CuResult<()> {
@@ -389,7 +406,12 @@ driver_fn! {
 
     fn cuGraphExecDestroy(exec: *mut c_void) {
         let c = client()?;
-        c.tables().graph_execs.remove(&handle(exec)).map(|_| ()).ok_or(CUDA_ERROR_INVALID_VALUE)
+        c.tables().graph_execs.remove(&handle(exec)).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        let graph = c.tables().server_graphs.remove(&handle(exec));
+        match graph {
+            Some(graph) => c.call(Call::GraphDestroy { graph }).map(|_| ()),
+            None => Ok(()),
+        }
     }
 
     fn cuGraphUpload | cuGraphUpload_ptsz (exec: *mut c_void, s: *mut c_void) {
@@ -407,6 +429,13 @@ driver_fn! {
             .cloned()
             .ok_or(CUDA_ERROR_INVALID_VALUE)?;
         let stream = stream_of(c, s)?;
-        replay(c, &recording, stream)
+        let graph = c.tables().server_graphs.get(&handle(exec)).copied();
+        match graph {
+            Some(graph) => {
+                crate::managed::to_device(c)?;
+                c.call(Call::GraphLaunch { graph, stream }).map(|_| ())
+            }
+            None => replay(c, &recording, stream),
+        }
     }
 }

@@ -18,8 +18,8 @@ use std::thread::ThreadId;
 use cumux_cuda_driver::capture::{image_may_print, StdoutCapture};
 use cumux_cuda_driver::sys::{CU_MEMHOSTREGISTER_DEVICEMAP, CU_STREAM_NON_BLOCKING};
 use cumux_cuda_driver::{
-    self as cu, CudaError, DeviceId, Driver, Event, Function, FunctionAttributes, HostRegistration,
-    LaunchAttr, LaunchConfig, Module, Stream,
+    self as cu, CudaError, DeviceId, Driver, Event, Function, FunctionAttributes, GraphExec,
+    HostRegistration, LaunchAttr, LaunchConfig, Module, Stream,
 };
 use cumux_protocol::pinned::HostMapping;
 use cumux_protocol::{
@@ -282,6 +282,8 @@ struct OrderedState {
     /// Pinned host regions: the worker's mapping, page-locked where the
     /// driver allowed it (else copies from it are staged, still correct).
     pins: HashMap<Handle, (Option<HostRegistration>, Arc<HostMapping>)>,
+    /// Graphs of launches, captured once ([`StreamOrdered::graph_create`]).
+    graphs: HashMap<Handle, Arc<GraphExec>>,
 }
 
 impl CudaContext {
@@ -765,6 +767,13 @@ impl CudaContext {
             StreamWork::DeviceToHost { src, host } => {
                 unsafe { stream.copy_dtoh_async(host.write()?, src) }.map_err(cu_err)
             }
+            StreamWork::Graph { graph } => {
+                let exec = lock(&self.ordered).graphs.get(&graph).cloned();
+                let exec = exec.ok_or_else(|| {
+                    CuError::new(codes::INVALID_HANDLE, format!("unknown graph {graph:#x}"))
+                })?;
+                stream.launch_graph(&exec).map_err(cu_err)
+            }
         }
     }
 
@@ -778,6 +787,30 @@ impl CudaContext {
 }
 
 impl StreamOrdered for CudaContext {
+    /// Captures the launches on a stream of its own into one CUDA graph.
+    fn graph_create(&self, graph: Handle, launches: Vec<StreamWork>) -> Result<(), CuError> {
+        if !launches
+            .iter()
+            .all(|l| matches!(l, StreamWork::Launch { .. }))
+        {
+            return Err(CuError::new(
+                codes::INVALID_VALUE,
+                "a graph of launches only",
+            ));
+        }
+        let stream = Stream::new(self.ctx()?, CU_STREAM_NON_BLOCKING, 0).map_err(cu_err)?;
+        let exec = stream.capture(
+            |s| launches.into_iter().try_for_each(|l| self.run_work(s, l)),
+            cu_err,
+        )?;
+        lock(&self.ordered).graphs.insert(graph, Arc::new(exec));
+        Ok(())
+    }
+
+    fn graph_destroy(&self, graph: Handle) {
+        lock(&self.ordered).graphs.remove(&graph);
+    }
+
     fn stream_create(&self, stream: Handle, flags: u32, priority: i32) -> Result<(), CuError> {
         let ctx = self.ctx()?;
         if stream == DEFAULT_STREAM || lock(&self.ordered).streams.contains_key(&stream) {

@@ -222,6 +222,8 @@ pub enum StreamWork {
     HostToDevice { dst: DevicePtr, host: HostSpan },
     /// Copies from `src` into a span of a registered host region.
     DeviceToHost { src: DevicePtr, host: HostSpan },
+    /// Runs the launches of a graph made by [`StreamOrdered::graph_create`], in order.
+    Graph { graph: Handle },
     /// [`StreamWork::Signal`] as the worker hands it to its context: with the area.
     /// Never on the wire; skipped variants must stay last, or postcard's variant
     /// numbers of those after it differ between encoding and decoding.
@@ -290,6 +292,11 @@ pub trait StreamOrdered: Send + Sync {
     fn keep_hot(&self, spin: std::time::Duration) {
         let _ = spin;
     }
+    /// Makes `graph` of `launches` ([`StreamWork::Launch`] each), for
+    /// [`StreamWork::Graph`]: a GPU captures them into a CUDA graph once.
+    fn graph_create(&self, graph: Handle, launches: Vec<StreamWork>) -> Result<(), CuError>;
+    /// Drops a graph (work queued with it still runs).
+    fn graph_destroy(&self, graph: Handle);
     /// Readies an area for [`StreamWork::SignalTo`] work (a GPU registers it).
     fn prepare_signals(&self, area: &Arc<signals::SignalArea>) -> Result<(), CuError> {
         let _ = area;

@@ -29,6 +29,8 @@ struct State {
     /// The first failure of queued work, for the next waiting call.
     pending: Option<CuError>,
     stdout: Vec<u8>,
+    /// Graphs' launches, run in order when the graph is.
+    graphs: HashMap<Handle, Arc<Vec<StreamWork>>>,
 }
 
 fn unknown(what: &str, h: Handle) -> CuError {
@@ -108,6 +110,11 @@ impl SerialStreams {
             StreamWork::DeviceToHost { src, host } => {
                 self.ctx.mem_read(src, unsafe { host.write()? })
             }
+            StreamWork::Graph { graph } => {
+                let launches = self.lock().graphs.get(&graph).cloned();
+                let launches = launches.ok_or_else(|| unknown("graph", graph))?;
+                launches.iter().try_for_each(|l| self.run(l.clone()))
+            }
         }
     }
 
@@ -160,6 +167,24 @@ impl StreamOrdered for SerialStreams {
             Some(_) => Ok(()),
             None => Err(unknown("event", event)),
         }
+    }
+
+    fn graph_create(&self, graph: Handle, launches: Vec<StreamWork>) -> Result<(), CuError> {
+        if !launches
+            .iter()
+            .all(|l| matches!(l, StreamWork::Launch { .. }))
+        {
+            return Err(CuError::new(
+                codes::INVALID_VALUE,
+                "a graph of launches only",
+            ));
+        }
+        self.lock().graphs.insert(graph, Arc::new(launches));
+        Ok(())
+    }
+
+    fn graph_destroy(&self, graph: Handle) {
+        self.lock().graphs.remove(&graph);
     }
 
     fn enqueue(&self, stream: Handle, work: StreamWork) -> bool {

@@ -283,6 +283,14 @@ impl StreamOrdered for SharedView {
         lock(&self.state).own_priority = priority;
     }
 
+    fn graph_create(&self, graph: Handle, launches: Vec<StreamWork>) -> Result<(), CuError> {
+        self.conn.graph_create(self.name(graph), launches)
+    }
+
+    fn graph_destroy(&self, graph: Handle) {
+        self.conn.graph_destroy(self.name(graph));
+    }
+
     fn enqueue(&self, stream: Handle, work: StreamWork) -> bool {
         let mut state = lock(&self.state);
         let work = match work {
@@ -291,6 +299,9 @@ impl StreamOrdered for SharedView {
             },
             StreamWork::Wait { event } => StreamWork::Wait {
                 event: self.name(event),
+            },
+            StreamWork::Graph { graph } => StreamWork::Graph {
+                graph: self.name(graph),
             },
             other => other,
         };

@@ -128,6 +128,14 @@ pub enum WorkerRequest {
     EventDestroy {
         event: Handle,
     },
+    /// A graph of launches for [`StreamWork::Graph`] ([`StreamOrdered::graph_create`]).
+    GraphCreate {
+        graph: Handle,
+        launches: Vec<StreamWork>,
+    },
+    GraphDestroy {
+        graph: Handle,
+    },
     /// Posted: the worker answers nothing (a failure comes back from the next
     /// waiting call). `Write` work travels with empty `data`; its bytes follow
     /// as one raw frame.
@@ -807,6 +815,13 @@ fn execute(
         WorkerRequest::StreamDestroy { stream } => unit(ordered.stream_destroy(stream)),
         WorkerRequest::EventCreate { event, flags } => unit(ordered.event_create(event, flags)),
         WorkerRequest::EventDestroy { event } => unit(ordered.event_destroy(event)),
+        WorkerRequest::GraphCreate { graph, launches } => {
+            unit(ordered.graph_create(graph, launches))
+        }
+        WorkerRequest::GraphDestroy { graph } => {
+            ordered.graph_destroy(graph);
+            unit(Ok(()))
+        }
         WorkerRequest::Enqueue { stream, work } => {
             ordered.enqueue(stream, work);
             unit(Ok(()))
@@ -1050,13 +1065,21 @@ impl Device for WorkerDevice {
     /// context while a tenant ran stretched that tenant's 50 µs kernels to
     /// 0.5-0.7 ms for ~50 ms (2 % of a 3 s run, its whole p99 tail).
     fn warm_up(&self) {
+        let started = Instant::now();
+        let ordinal = self.info.ordinal;
+        tracing::info!(
+            ordinal,
+            "starting the device's workers (each creates its context)"
+        );
         if self.sharing == Sharing::Shared {
             if let Err(e) = self.shared_context().start_now() {
-                tracing::warn!("the shared worker did not start: {e}");
+                tracing::warn!(ordinal, "the shared worker did not start: {e}");
                 return;
             }
         }
         self.launcher.warm_spare(READY_WAIT);
+        let ms = started.elapsed().as_millis();
+        tracing::info!(ordinal, ms, "the device's workers are ready");
     }
 }
 
@@ -1955,6 +1978,45 @@ impl StreamOrdered for WorkerContext {
 
     fn event_destroy(&self, event: Handle) -> Result<(), CuError> {
         self.unit(&WorkerRequest::EventDestroy { event }, &[])
+    }
+
+    fn graph_create(&self, graph: Handle, launches: Vec<StreamWork>) -> Result<(), CuError> {
+        let modules = lock(&self.modules);
+        let local = launches
+            .into_iter()
+            .map(|work| match work {
+                StreamWork::Launch {
+                    module,
+                    kernel,
+                    geometry,
+                    params,
+                } => match modules.get(&module) {
+                    Some((local, _)) => Ok(StreamWork::Launch {
+                        module: *local,
+                        kernel,
+                        geometry,
+                        params,
+                    }),
+                    None => Err(CuError::new(codes::INVALID_HANDLE, "module not loaded")),
+                },
+                _ => Err(CuError::new(
+                    codes::INVALID_VALUE,
+                    "a graph of launches only",
+                )),
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        drop(modules);
+        self.unit(
+            &WorkerRequest::GraphCreate {
+                graph,
+                launches: local,
+            },
+            &[],
+        )
+    }
+
+    fn graph_destroy(&self, graph: Handle) {
+        let _ = self.unit(&WorkerRequest::GraphDestroy { graph }, &[]);
     }
 
     /// Posts `work` (unanswered): false only for a launch of a module this
