@@ -6,6 +6,8 @@
 //   microbench bandwidth [REP_SCALE] [MAX_BYTES] HtoD/DtoH, pinned and pageable
 //   microbench sync_rtt [ITERS]                synchronous round trips with no work:
 //                                              cudaDeviceSynchronize, cudaMemGetInfo
+//   microbench graph_replay [ITERS]            a captured graph of 100 empty kernels,
+//                                              launched again and again
 //
 // Every figure is printed as soon as it is known, one per line:
 //   metric NAME VALUE UNIT
@@ -132,6 +134,42 @@ static int launch_sync(long iters) {
     }
     metric("launch_sync_p50_us", percentile(us, 0.50), "us");
     metric("launch_sync_p99_us", percentile(us, 0.99), "us");
+    CHECK(cudaStreamDestroy(s));
+    return 0;
+}
+
+// A CUDA graph of 100 empty-kernel launches (a decode step's shape: many tiny
+// kernels, captured once), launched again and again: the time per graph
+// launch, queued back to back and waited for at the end, and a graph launch
+// plus its synchronize.
+static int graph_replay(long iters) {
+    const int kernels = 100;
+    cudaStream_t s;
+    CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+    for (int k = 0; k < kernels; k++) empty_kernel<<<1, 1, 0, s>>>();
+    CHECK(cudaStreamEndCapture(s, &graph));
+    CHECK(cudaGraphInstantiate(&exec, graph, 0));
+    long warm = std::max(1L, std::min(50L, iters / 10));
+    for (long i = 0; i < warm; i++) CHECK(cudaGraphLaunch(exec, s));
+    CHECK(cudaStreamSynchronize(s));
+    Clock::time_point t0 = Clock::now();
+    for (long i = 0; i < iters; i++) CHECK(cudaGraphLaunch(exec, s));
+    CHECK(cudaStreamSynchronize(s));
+    metric("graph_100_kernels_us", seconds_since(t0) * 1e6 / iters, "us");
+    std::vector<double> us;
+    us.reserve(iters);
+    for (long i = 0; i < iters; i++) {
+        Clock::time_point t1 = Clock::now();
+        CHECK(cudaGraphLaunch(exec, s));
+        CHECK(cudaStreamSynchronize(s));
+        us.push_back(seconds_since(t1) * 1e6);
+    }
+    metric("graph_100_sync_p50_us", percentile(us, 0.50), "us");
+    CHECK(cudaGraphExecDestroy(exec));
+    CHECK(cudaGraphDestroy(graph));
     CHECK(cudaStreamDestroy(s));
     return 0;
 }
@@ -271,7 +309,7 @@ int main(int argc, char **argv) {
     if (argc < 2) {
         fprintf(stderr,
                 "usage: %s launch_rate [LAUNCHES] | launch_sync [ITERS] | "
-                "bandwidth [REP_SCALE] [MAX_BYTES] | sync_rtt [ITERS]\n",
+                "bandwidth [REP_SCALE] [MAX_BYTES] | sync_rtt [ITERS] | graph_replay [ITERS]\n",
                 argv[0]);
         return 64;
     }
@@ -286,6 +324,8 @@ int main(int argc, char **argv) {
         rc = launch_sync(arg_long(argc, argv, 2, 2000));
     else if (!strcmp(cmd, "sync_rtt"))
         rc = sync_rtt(arg_long(argc, argv, 2, 5000));
+    else if (!strcmp(cmd, "graph_replay"))
+        rc = graph_replay(arg_long(argc, argv, 2, 1000));
     else if (!strcmp(cmd, "bandwidth"))
         rc = bandwidth(arg_double(argc, argv, 2, 1.0),
                        (size_t)arg_long(argc, argv, 3, 256L << 20));

@@ -30,6 +30,7 @@ def metrics(sub, way):
 expected = {
     "launch_rate": [("launch_rate", "launches/s"), ("launch_async_us", "us"), ("launch_issue_us", "us")],
     "launch_sync": [("launch_sync_p50_us", "us"), ("launch_sync_p99_us", "us")],
+    "graph_replay": [("graph_100_kernels_us", "us"), ("graph_100_sync_p50_us", "us")],
     "sync_rtt": [("ctx_sync_p50_us", "us"), ("ctx_sync_p99_us", "us"),
                  ("mem_get_info_p50_us", "us"), ("mem_get_info_p99_us", "us")],
     "bandwidth": [],

@@ -2,7 +2,7 @@
 # Issue 4's micro-benchmarks on a GPU machine (the H100 box), native and
 # through cumux in the same run: builds bench/cuda/microbench.cu with nvcc,
 # starts `cumux serve --device cuda` on a private socket, runs each subcommand
-# (launch_rate, launch_sync, sync_rtt, bandwidth) natively and then through `cumux run`,
+# (launch_rate, launch_sync, sync_rtt, graph_replay, bandwidth) natively and then through `cumux run`,
 # alternating, and writes $OUT/DATE-GPU-micro.json in the shape of
 # ../shared/DESIGN.md ("Testing"), plus a table on stdout. Logs of every run
 # and the server's go to $OUT/micro-logs/.
@@ -69,8 +69,8 @@ read -r LAUNCHES ITERS < <(awk -v s="$MICRO_SCALE" 'BEGIN {
     l = int(20000 * s + 0.5); if (l < 10) l = 10
     i = int(2000 * s + 0.5); if (i < 10) i = 10
     print l, i }')
-SUBS=(launch_rate launch_sync sync_rtt bandwidth)
-declare -A ARGS=([launch_rate]="$LAUNCHES" [launch_sync]="$ITERS" [sync_rtt]="$ITERS" [bandwidth]="$MICRO_SCALE $MICRO_MAX_BYTES")
+SUBS=(launch_rate launch_sync sync_rtt graph_replay bandwidth)
+declare -A ARGS=([launch_rate]="$LAUNCHES" [launch_sync]="$ITERS" [sync_rtt]="$ITERS" [graph_replay]="$ITERS" [bandwidth]="$MICRO_SCALE $MICRO_MAX_BYTES")
 
 echo "cumux micro-benchmarks, $(date -u +%Y-%m-%dT%H:%M:%SZ)"
 echo "gpu: ${GPU:-unknown}, driver ${DRIVER:-unknown}; kit: $KIT ($COMMIT); device: $DEVICE"
@@ -134,7 +134,7 @@ echo
 # Each run's limit: a native run at most 30 s; a cumux run at most 120 s and
 # its weighted share of what is left once 20 s per native run still to come is
 # set aside (unused time passes on to the later runs).
-declare -A WEIGHT=([launch_rate]=1 [launch_sync]=1 [sync_rtt]=1 [bandwidth]=2)
+declare -A WEIGHT=([launch_rate]=1 [launch_sync]=1 [sync_rtt]=1 [graph_replay]=1 [bandwidth]=2)
 run_one() { # way sub
     local way=$1 sub=$2 limit t0 t1 rc why s i native_after=0 weight_after=0 pool
     for i in "${!SUBS[@]}"; do [ "${SUBS[$i]}" = "$sub" ] && break; done
