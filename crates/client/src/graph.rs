@@ -1,8 +1,9 @@
-//! CUDA graphs by stream capture, kept on the client: while a stream is
-//! captured, the stream-ordered work sent to it is recorded instead of sent;
-//! launching the instantiated graph replays the recording into a stream
-//! (host memory of copies is read and written at replay, as graph memcpy
-//! nodes do). Graphs built node by node are not supported.
+//! CUDA graphs by stream capture, recorded on the client: while a stream is
+//! captured, the stream-ordered work sent to it is recorded instead of sent.
+//! A graph of kernel launches alone goes to the server whole at instantiation
+//! and each launch of it is one call; any other is replayed into a stream
+//! call by call (host memory of copies is read and written at replay, as graph
+//! memcpy nodes do). Graphs built node by node are not supported.
 
 use std::sync::Arc;
 
