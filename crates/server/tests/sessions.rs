@@ -537,3 +537,67 @@ fn many_sessions_at_once_keep_their_data_apart() {
     h.eventually("all memory to be freed", || h.device.mem_used() == 0);
     h.eventually("all sessions to end", || h.server.registry().is_empty());
 }
+
+/// A graph of launches is checked when it is made and runs its launches in
+/// order each time it is launched; bad graphs and handles are refused with
+/// the driver's codes, and another session cannot launch or destroy it.
+#[test]
+fn graphs_of_launches_are_checked_and_run_in_order() {
+    let h = Harness::start("graphs");
+    let mut c = h.client();
+    let m = c.load(IMAGE);
+    let function = m
+        .functions
+        .iter()
+        .find(|f| f.name == "scale_add")
+        .unwrap()
+        .handle;
+    let p = c.alloc(4);
+    c.write(p, &0u32.to_le_bytes());
+    let launch = |function: Handle| GraphLaunch {
+        function,
+        grid: [1, 1, 1],
+        block: [32, 1, 1],
+        shared_bytes: 0,
+        params: scale_add(p, 2, 1, 0),
+        attributes: Vec::new(),
+    };
+    let graph = c.handle(Call::GraphCreate {
+        launches: vec![launch(function); 3],
+    });
+    for _ in 0..2 {
+        c.post(Call::GraphLaunch {
+            graph,
+            stream: DEFAULT_STREAM,
+        });
+    }
+    assert_eq!(
+        u32_at(&c.read(p, 4).unwrap()),
+        63,
+        "x -> 2x + 1, six times from 0"
+    );
+    // Refused when made: no launches, a function that is not one, a bad grid.
+    let refused = |c: &mut Client, launches| c.code(Call::GraphCreate { launches });
+    assert_eq!(refused(&mut c, vec![]), codes::INVALID_VALUE);
+    assert_eq!(refused(&mut c, vec![launch(0xdead)]), codes::INVALID_HANDLE);
+    let mut empty_grid = launch(function);
+    empty_grid.grid = [0, 1, 1];
+    assert_eq!(refused(&mut c, vec![empty_grid]), codes::INVALID_VALUE);
+    // Another session knows nothing of it.
+    let mut d = h.client();
+    assert_eq!(d.code(Call::GraphDestroy { graph }), codes::INVALID_HANDLE);
+    d.post(Call::GraphLaunch {
+        graph,
+        stream: DEFAULT_STREAM,
+    });
+    assert_eq!(d.code(Call::ContextSynchronize), codes::INVALID_HANDLE);
+    // Destroyed once; launching it afterwards fails at the next wait.
+    assert!(c.call(Call::GraphDestroy { graph }).is_ok());
+    assert_eq!(c.code(Call::GraphDestroy { graph }), codes::INVALID_HANDLE);
+    c.post(Call::GraphLaunch {
+        graph,
+        stream: DEFAULT_STREAM,
+    });
+    assert_eq!(c.code(Call::ContextSynchronize), codes::INVALID_HANDLE);
+    assert_eq!(u32_at(&c.read(p, 4).unwrap()), 63);
+}
