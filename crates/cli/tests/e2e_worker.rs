@@ -499,8 +499,8 @@ fn hop_records(dir: &std::path::Path, hop: u8, name: &str) -> usize {
 }
 
 /// A device synchronize with nothing queued since the last one is answered
-/// by the server: the worker sees the program's first and last synchronize
-/// (each after a launch), not the hundred idle ones between them. The hop
+/// by the server: the worker sees at most the program's first and last
+/// synchronize (each after a launch), not the hundred idle ones between them. The hop
 /// trace, on in the server and so in its worker, counts what reached the worker.
 #[test]
 fn idle_device_synchronizes_stay_in_the_server() {
@@ -515,10 +515,12 @@ fn idle_device_synchronizes_stay_in_the_server() {
             &[("CUMUX_HOP_TRACE", trace.to_str().unwrap())],
         );
         passes(&server.run(&test_program("idle_syncs")), &server);
-        // WorkerReceive is hop 7; a shared view synchronizes its streams one by one.
+        // WorkerReceive is hop 7. The ones after a launch may reach it too (the
+        // server answers them from completion signals when it can); a shared
+        // view synchronizes its streams one by one.
         let reached = hop_records(&trace, 7, "Synchronize");
         assert!(
-            (2..=8).contains(&reached),
+            reached <= 8,
             "{sharing}: {reached} synchronizes reached the worker for 102 the program made"
         );
     }
@@ -559,55 +561,57 @@ fn libraries_load_at_their_first_use() {
     assert_eq!(hop_records(&trace, 1, "ModuleLoad"), 2, "eager");
 }
 
-/// Under a scheduling policy a session's launches are followed by completion
-/// signals, and a synchronize that they cover is answered from them without
-/// the worker: a program that launches and waits 50 times sends the worker
-/// few of them (47 before). A kernel that faults still fails the
-/// synchronize after it (the worker counts the failure where the server looks).
+/// A session's launches are covered by completion signals (under a policy as
+/// they go, under `fifo` when it synchronizes), and a synchronize that they
+/// cover is answered from them without the worker: a program that launches
+/// and waits 50 times sends the worker few of them (47 before). A kernel that
+/// faults still fails the synchronize after it (the worker counts the failure
+/// where the server looks).
 #[test]
 fn signalled_synchronizes_skip_the_worker_and_keep_errors() {
     let dir = TempDir::new("signalled-sync");
     let config = dir.0.join("cumux.toml");
     std::fs::write(&config, "[tenants.lc]\nclass = \"latency-critical\"\n").unwrap();
-    let trace = dir.0.join("hops");
-    let server = WorkerServer::start_env(
-        "signalled-sync",
-        false,
-        &[
-            "--sharing",
-            "shared",
-            "--policy",
-            "priority",
-            "--config",
-            config.to_str().unwrap(),
-        ],
-        &[("CUMUX_HOP_TRACE", trace.to_str().unwrap())],
-    );
-    let run = |program: &std::path::Path| {
-        let mut c = Command::new(CUMUX);
-        c.args(["run", "--server", &server.address, "--tenant", "lc", "--"])
-            .arg(program)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        wait_bounded(c.spawn().expect("cumux run starts"), LIMIT)
-    };
-    passes(&run(&test_program("signalled_syncs")), &server);
-    // WorkerReceive is hop 7.
-    // Some may: a kernel the CPU device takes long over, or a busy machine,
-    // outlasts the wait for its signal (200 µs on small hosts).
-    let reached = hop_records(&trace, 7, "Synchronize");
-    assert!(
-        reached <= 25,
-        "{reached} synchronizes reached the worker for the program's 50"
-    );
-    let faulty = run(&corpus_program("out_of_bounds"));
-    assert!(
-        faulty.code() == Some(0) && faulty.stdout.contains("out_of_bounds: PASS"),
-        "{}\n--- server log\n{}",
-        faulty.describe(),
-        server.log()
-    );
+    for policy in ["priority", "fifo"] {
+        let trace = dir.0.join(format!("hops-{policy}"));
+        let server = WorkerServer::start_env(
+            &format!("signalled-sync-{policy}"),
+            false,
+            &[
+                "--sharing",
+                "shared",
+                "--policy",
+                policy,
+                "--config",
+                config.to_str().unwrap(),
+            ],
+            &[("CUMUX_HOP_TRACE", trace.to_str().unwrap())],
+        );
+        let run = |program: &std::path::Path| {
+            let mut c = Command::new(CUMUX);
+            c.args(["run", "--server", &server.address, "--tenant", "lc", "--"])
+                .arg(program)
+                .stdin(Stdio::null())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped());
+            wait_bounded(c.spawn().expect("cumux run starts"), LIMIT)
+        };
+        passes(&run(&test_program("signalled_syncs")), &server);
+        // Some may: a kernel the CPU device takes long over, or a busy machine,
+        // outlasts the wait for its signal (200 µs on small hosts).
+        let reached = hop_records(&trace, 7, "Synchronize");
+        assert!(
+            reached <= 25,
+            "{policy}: {reached} synchronizes reached the worker for the program's 50"
+        );
+        let faulty = run(&corpus_program("out_of_bounds"));
+        assert!(
+            faulty.code() == Some(0) && faulty.stdout.contains("out_of_bounds: PASS"),
+            "{policy}: {}\n--- server log\n{}",
+            faulty.describe(),
+            server.log()
+        );
+    }
 }
 
 /// A captured graph of launches goes to the server whole and each launch of it

@@ -418,8 +418,10 @@ impl Session {
         // can signal each launch's completion; elsewhere the server's stream workers
         // run launches one by one and report them.
         let threads = std::env::var(STREAM_THREADS_ENV).is_ok_and(|v| v.trim() == "1");
-        let signals = match (&gate, ctx.stream_ordered()) {
-            (Some(_), Some(ordered)) if !threads => attach_signals(ordered, id),
+        // Completion signals also let the server answer a synchronize itself
+        // (`signalled_sync`), so every session that queues work has them.
+        let signals = match ctx.stream_ordered() {
+            Some(ordered) if !threads && entry.is_some() => attach_signals(ordered, id),
             _ => None,
         };
         let ordered =
@@ -547,11 +549,14 @@ impl Session {
             return (!call.is_fire_and_forget()).then_some(Err(refused));
         }
         let fire_and_forget = call.is_fire_and_forget();
-        if !fire_and_forget {
+        if let (false, Some(_), Some(signals), Some(ordered)) = (
+            fire_and_forget,
+            &self.gate,
+            &mut self.signals,
+            self.ctx.stream_ordered(),
+        ) {
             // Whatever this call waits for, the gate must see the launches finish.
-            if let (Some(signals), Some(ordered)) = (&mut self.signals, self.ctx.stream_ordered()) {
-                flush_signals(ordered, signals);
-            }
+            flush_signals(ordered, signals);
         }
         let result = match self.core.fatal() {
             Some(fatal) => Err(fatal),
@@ -970,7 +975,19 @@ impl Session {
             .stream_ordered()
             .ok_or_else(|| err(codes::NOT_SUPPORTED, "stream-ordered work"))?;
         self.queued_since_sync.set(true);
-        let (Some(gate), Some(signals)) = (&self.gate, &mut self.signals) else {
+        let Some(gate) = &self.gate else {
+            if !ordered.enqueue(stream, work) {
+                self.enqueue_failed.set(true);
+            }
+            // Covered by a signal when the session next synchronizes.
+            if let Some(signals) = &mut self.signals {
+                if signals.launch(stream).is_none() {
+                    signals.note_work(stream);
+                }
+            }
+            return Ok(ReplyBody::Unit);
+        };
+        let Some(signals) = &mut self.signals else {
             ordered.enqueue(stream, work);
             return Ok(ReplyBody::Unit);
         };
@@ -1038,6 +1055,13 @@ impl Session {
         match stream {
             Some(_) => Ok(ReplyBody::Unit),
             None => {
+                // A signal right behind it says when it is done.
+                if let Some(signals) = &mut self.signals {
+                    signals.launch(DEFAULT_STREAM);
+                }
+                if let Some(result) = self.signalled_sync(SyncTarget::Stream(DEFAULT_STREAM)) {
+                    return result;
+                }
                 let outcome = self
                     .ordered()?
                     .synchronize(SyncTarget::Stream(DEFAULT_STREAM));
@@ -1065,11 +1089,17 @@ impl Session {
     /// within `signal_wait`, and nothing failed to queue since the worker was
     /// last asked (the session's own failures, or the worker's error counter):
     /// two hand-offs fewer for a short kernel's wait. `None`: ask the worker.
-    fn signalled_sync(&self, target: SyncTarget) -> Option<CallResult> {
-        let signals = self.signals.as_ref()?;
+    fn signalled_sync(&mut self, target: SyncTarget) -> Option<CallResult> {
         if self.enqueue_failed.get() {
             return None;
         }
+        // Under a gate every waiting call has flushed them already.
+        if let (None, Some(signals), Some(ordered)) =
+            (&self.gate, &mut self.signals, self.ctx.stream_ordered())
+        {
+            flush_signals(ordered, signals);
+        }
+        let signals = self.signals.as_ref()?;
         let wanted = match target {
             SyncTarget::Stream(DEFAULT_STREAM) | SyncTarget::Context => signals.all_settled()?,
             SyncTarget::Stream(stream) => vec![signals.settled(stream)?],
