@@ -1509,6 +1509,20 @@ impl Session {
         for g in &entry.globals {
             self.globals.remove(g);
         }
+        // Graphs of its kernels go with it: launching one later would run
+        // kernels the device no longer has.
+        let stale: Vec<Handle> = self
+            .graphs
+            .iter()
+            .filter(|(_, launches)| launches.iter().any(|l| l.module == entry.id))
+            .map(|(graph, _)| *graph)
+            .collect();
+        for graph in stale {
+            self.graphs.remove(&graph);
+            if let (true, Some(ordered)) = (self.ordered, self.ctx.stream_ordered()) {
+                ordered.graph_destroy(graph);
+            }
+        }
         self.ctx.module_unload(entry.id);
     }
 

@@ -600,4 +600,16 @@ fn graphs_of_launches_are_checked_and_run_in_order() {
     });
     assert_eq!(c.code(Call::ContextSynchronize), codes::INVALID_HANDLE);
     assert_eq!(u32_at(&c.read(p, 4).unwrap()), 63);
+    // A graph goes with the module of its kernels.
+    let graph = c.handle(Call::GraphCreate {
+        launches: vec![launch(function)],
+    });
+    assert!(c.call(Call::ModuleUnload { module: m.module }).is_ok());
+    assert_eq!(c.code(Call::GraphDestroy { graph }), codes::INVALID_HANDLE);
+    c.post(Call::GraphLaunch {
+        graph,
+        stream: DEFAULT_STREAM,
+    });
+    assert_eq!(c.code(Call::ContextSynchronize), codes::INVALID_HANDLE);
+    assert_eq!(u32_at(&c.read(p, 4).unwrap()), 63);
 }
