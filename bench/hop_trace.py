@@ -21,7 +21,7 @@ import sys
 RECORD = 32
 HOPS = {1: "client_send", 2: "client_answer", 3: "server_receive", 4: "server_reply",
         5: "server_forward", 6: "server_back", 7: "worker_receive", 8: "worker_done",
-        9: "worker_reply", 10: "sleep", 11: "wake", 12: "spin_lost", 13: "printf_marker"}
+        9: "worker_reply", 10: "sleep", 11: "wake", 12: "spin_lost", 13: "printf_marker", 14: "step"}
 SEGMENTS = ["client_to_server", "server_before_worker", "server_to_worker", "worker_driver",
             "worker_after_driver", "worker_to_server", "server_after_worker", "server_to_client",
             "total"]

@@ -9,7 +9,8 @@
 #   OUT=/some/dir bench/h100/hop_profile.sh
 # Optional: KIT=, NVCC=, SECS= (default 3), DEVICE= (default cuda; worker-cpu for
 # a dry run), RUNS= (default "lc_native lc lc_hogs micro lc_batch"; lc2,
-# lc_batch2... repeat a run).
+# lc_batch2... repeat a run; lc_prio runs lc under `priority`, lc_batch_fifo
+# runs lc_batch under `fifo`).
 set -u
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 KIT=${KIT:-$ROOT/device-kit}
@@ -74,8 +75,10 @@ for run in $RUNS; do
             for _ in 1 2 3; do timeout $((SECS + 3)) sh -c 'while :; do :; done' & hogs+=($!); done
             "$W/tb" latency "$I50" "$SECS" >"$W/$run.txt" 2>&1
             kill "${hogs[@]}" 2>/dev/null; wait "${hogs[@]}" 2>/dev/null ;;
-        lc | lc[0-9])
-            serve "$run" fifo
+        lc | lc[0-9] | lc_prio*)
+            policy=fifo
+            case $run in lc_prio*) policy=priority ;; esac
+            serve "$run" "$policy"
             through "$run" lc 1 "$W/tb" latency "$I50" "$SECS" >"$W/$run.txt" 2>&1
             unserve ;;
         micro)
@@ -85,7 +88,9 @@ for run in $RUNS; do
             unserve
             say "micro native: launch_sync p50 $(metric "$W/micro_native.txt" launch_sync_p50_us) p99 $(metric "$W/micro_native.txt" launch_sync_p99_us)" ;;
         lc_batch*)
-            serve "$run" priority
+            policy=priority
+            case $run in lc_batch_fifo*) policy=fifo ;; esac
+            serve "$run" "$policy"
             through "$run" batch 0 "$W/tb" throughput "$I2000" "$SECS" >"$W/${run}_batch.txt" 2>&1 &
             b=$!
             through "$run" lc 1 "$W/tb" latency "$I50" "$SECS" >"$W/$run.txt" 2>&1

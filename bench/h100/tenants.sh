@@ -16,7 +16,8 @@
 # DEVICE= (what cumux serves, default cuda; worker-cpu for a dry run),
 # TENANT_BLOCKS_PER_SM= (default 1; 8 makes every kernel fill the GPU, so
 # kernels of different tenants cannot run side by side), TAG= (added to the
-# result file names).
+# result file names), LC_ROUNDS= (default 3: rounds of the latency mix, each
+# with the latency tenant alone in the mode too; figures are medians over them).
 set -u
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 KIT=${KIT:-$ROOT/device-kit}
@@ -27,6 +28,7 @@ MODES=${MODES:-native mps isolated shared fair priority}
 GPU_SLUG=${GPU_SLUG:-h100}
 DEVICE=${DEVICE:-cuda}
 NVCC_FLAGS=${NVCC_FLAGS:-}
+LC_ROUNDS=${LC_ROUNDS:-3}
 mkdir -p "$OUT/runs"
 WORK=$(mktemp -d /tmp/cumux-tenants.XXXXXX)
 BIN=$WORK/tenant_bench
@@ -92,11 +94,13 @@ tenant() {
     esac
 }
 
-# Alone, natively: the reference of every tenant.
+# Alone, natively: the reference of every tenant (the latency tenant once per round).
 for us in 2000 500 50 20 5; do
     tenant native throughput "$us" "$OUT/runs/alone_$us.txt"
 done
-tenant native latency 50 "$OUT/runs/alone_latency_50.txt"
+for r in $(seq "$LC_ROUNDS"); do
+    tenant native latency 50 "$OUT/runs/alone_latency_50_r$r.txt"
+done
 
 for mode in $MODES; do
     start_mode "$mode"
@@ -113,11 +117,16 @@ for mode in $MODES; do
         # Only the tenants: a plain `wait` would wait for the server too.
         wait "${pids[@]}"
     done
-    # lc: a latency-critical tenant (50 µs kernels) next to a 2 ms batch tenant.
-    tenant "$mode" throughput 2000 "$OUT/runs/${mode}_lc_batch_2000.txt" batch &
-    batch=$!
-    tenant "$mode" latency 50 "$OUT/runs/${mode}_lc_latency_50.txt" lc &
-    wait $batch $!
+    # lc: a latency-critical tenant (50 µs kernels) next to a 2 ms batch tenant,
+    # and alone in this mode (its standalone here), LC_ROUNDS times each.
+    for r in $(seq "$LC_ROUNDS"); do
+        tenant "$mode" latency 50 "$OUT/runs/${mode}_lcalone_latency_50_r$r.txt" lc
+        tenant "$mode" throughput 2000 "$OUT/runs/${mode}_lc_batch_2000_r$r.txt" batch &
+        batch=$!
+        sleep 0.3
+        tenant "$mode" latency 50 "$OUT/runs/${mode}_lc_latency_50_r$r.txt" lc &
+        wait $batch $!
+    done
     stop_mode "$mode"
 done
 
@@ -135,6 +144,20 @@ def metric(path, key):
     except OSError:
         pass
     return None
+
+def rounds(pattern, key):
+    """One figure from each round's file, in round order (missing ones left out)."""
+    files = sorted(glob.glob(pattern), key=lambda p: int(re.search(r"_r(\d+)\.txt$", p).group(1)))
+    return [v for v in (metric(p, key) for p in files) if v is not None]
+
+def median(values):
+    if not values:
+        return None
+    s = sorted(values)
+    return s[len(s) // 2] if len(s) % 2 else (s[len(s) // 2 - 1] + s[len(s) // 2]) / 2
+
+def fmt(values):
+    return "/".join(f"{v:.1f}" for v in values) or "failed"
 
 alone = {us: metric(f"{runs}/alone_{us}.txt", "kernels_per_s") for us in (2000, 500, 50, 20, 5)}
 lines, metrics = [], []
@@ -157,13 +180,21 @@ for mode in modes:
         lines.append(f"{mode:<9} {mix}: " + ", ".join(
             f"{us} µs {s:.3f}" if s is not None else f"{us} µs failed" for us, s in shares)
             + (f" | Jain {jain:.3f}, total {total:.3f}" if jain is not None else " | incomplete"))
-    p50 = metric(f"{runs}/{mode}_lc_latency_50.txt", "p50_us")
-    p99 = metric(f"{runs}/{mode}_lc_latency_50.txt", "p99_us")
-    summary[(mode, "lc")] = (p50, p99)
-    lines.append(f"{mode:<9} lc: latency tenant p50 {p50} µs, p99 {p99} µs next to a 2 ms batch tenant")
-a50 = metric(f"{runs}/alone_latency_50.txt", "p50_us")
-a99 = metric(f"{runs}/alone_latency_50.txt", "p99_us")
-lines.append(f"latency tenant alone (native): p50 {a50} µs, p99 {a99} µs")
+    for kind, label in (("lc", "next to a 2 ms batch tenant"), ("lcalone", "alone in this mode")):
+        p50s = rounds(f"{runs}/{mode}_{kind}_latency_50_r*.txt", "p50_us")
+        p99s = rounds(f"{runs}/{mode}_{kind}_latency_50_r*.txt", "p99_us")
+        summary[(mode, kind)] = (median(p50s), median(p99s))
+        lines.append(f"{mode:<9} {kind}: latency tenant {label}: p50 {fmt(p50s)}, p99 {fmt(p99s)} µs"
+                     f" (median {median(p99s)})")
+a50s = rounds(f"{runs}/alone_latency_50_r*.txt", "p50_us")
+a99s = rounds(f"{runs}/alone_latency_50_r*.txt", "p99_us")
+a50, a99 = median(a50s), median(a99s)
+lines.append(f"latency tenant alone (native): p50 {fmt(a50s)}, p99 {fmt(a99s)} µs (median {a99})")
+for mode in modes:
+    p99, own = summary[(mode, "lc")][1], summary[(mode, "lcalone")][1]
+    if p99 and a99:
+        lines.append(f"{mode:<9} lc p99 against alone natively {p99 / a99:.2f}x"
+                     + (f", against alone in this mode {p99 / own:.2f}x" if own else ""))
 
 def row(name, unit, better, idx, key):
     vals = {m: summary.get((m, key), (None, None))[idx] for m in modes}
@@ -180,6 +211,8 @@ for mix in ("s1", "s2"):
     row(f"{mix}_total_throughput", "tenants at full speed", "higher", 1, mix)
 row("lc_p50_us", "us", "lower", 0, "lc")
 row("lc_p99_us", "us", "lower", 1, "lc")
+row("lc_alone_in_mode_p50_us", "us", "lower", 0, "lcalone")
+row("lc_alone_in_mode_p99_us", "us", "lower", 1, "lcalone")
 
 def smi(q):
     try:
@@ -193,8 +226,10 @@ result = {"suite": "tenants", "date": date, "gpu": smi("name"), "driver": smi("d
           "notes": "native = separate processes time-sliced by the driver; cumux = shared mode; "
                    "fair and priority = shared mode under those policies; "
                    "each mode's value is also given under its name; throughputs are against the "
-                   "tenant alone natively; lc = 50 µs latency tenant next to a 2 ms batch tenant "
-                   f"(alone natively: p50 {a50} µs, p99 {a99} µs); "
+                   "tenant alone natively; lc = 50 µs latency tenant next to a 2 ms batch tenant, "
+                   "lc_alone_in_mode = the same tenant alone in that mode, both medians over "
+                   f"{os.environ.get('LC_ROUNDS', '3')} rounds (alone natively: p50 {a50} µs, "
+                   f"p99 {a99} µs); "
                    f"blocks per SM per kernel: {os.environ.get('TENANT_BLOCKS_PER_SM', '1')}",
           "metrics": metrics}
 tag = os.environ.get("TAG", "")

@@ -54,6 +54,8 @@ pub enum Hop {
     SpinLost = 12,
     /// The server has read the worker's printf output up to the call's marker.
     PrintfMarker = 13,
+    /// A named step inside a process's handling of a call (for finer profiles).
+    Step = 14,
 }
 
 struct Trace {

@@ -28,6 +28,7 @@ use crate::status::{server_status, SessionEntry, SessionStats};
 use crate::streams::{Position, Streams, Work, MAX_STREAMS, NON_BLOCKING};
 use crate::tenants::{AccountHold, TenantSettings};
 use crate::Server;
+use cumux_protocol::hop_trace::{self, Hop};
 use cumux_protocol::{DeviceInfo, GraphLaunch, LaunchAttribute, TensorMapRequest};
 
 /// Printf output a session may hold before further output is dropped.
@@ -238,6 +239,8 @@ pub struct Session {
     globals: BTreeMap<DevicePtr, u64>,
     modules: HashMap<Handle, ModuleEntry>,
     functions: HashMap<Handle, FunctionEntry>,
+    /// The device's launch limits, looked up once (every launch is checked against them).
+    limits: LaunchLimits,
     events: HashMap<Handle, Arc<Event>>,
     /// Graphs of launches ([`Call::GraphCreate`]), checked.
     graphs: HashMap<Handle, Vec<CheckedLaunch>>,
@@ -458,6 +461,7 @@ impl Session {
         if let (true, Some(ordered)) = (latency_critical, ctx.stream_ordered()) {
             ordered.keep_hot(crate::device::spin::hot_spin_time());
         }
+        let limits = LaunchLimits::of(device.info());
         Ok(Session {
             server,
             device,
@@ -482,6 +486,7 @@ impl Session {
             globals: BTreeMap::new(),
             modules: HashMap::new(),
             functions: HashMap::new(),
+            limits,
             events: HashMap::new(),
             graphs: HashMap::new(),
             gate,
@@ -1001,35 +1006,49 @@ impl Session {
             cumux_scheduler::StreamId(NEXT_SCHED_STREAM.fetch_add(1, Ordering::Relaxed))
         });
         let kernel_id = cumux_scheduler::KernelId((module << 16) ^ kernel as u64);
+        // Work the gate never holds goes to the device first and is accounted
+        // right after: the gate's bookkeeping stays off the kernel's start.
+        let mut work = Some(work);
+        if gate.never_held() {
+            work.take().map(queue);
+        }
         // While it waits, what the session already queued must be able to finish.
         let admitted = gate.admit(sched_stream, kernel_id, None, || {
             flush_signals(ordered, signals)
         });
+        hop_trace::mark(Hop::Step, "admitted");
         match (admitted, signals.launch(stream)) {
-            // The session ended while the launch waited: it is skipped.
-            (Admission::Skip, _) => {}
+            // The session ended while the launch waited: it is skipped (unless
+            // it went first; then only its signal is left out).
+            (Admission::Skip, _) => {
+                if work.is_none() {
+                    signals.note_work(stream);
+                }
+            }
             (Admission::Go(id, estimate), Some((slot, value))) => {
-                queue(work);
+                work.take().map(queue);
                 // Launches the gate expects to be long are signalled at once: their
                 // completions must be seen on time for the charges to be right.
                 let every = match estimate >= SIGNAL_EACH_FROM_NS {
                     true => 1,
                     false => self.signal_every,
                 };
+                hop_trace::mark(Hop::Step, "queued");
                 if let Some((slot, value)) = signals.due(stream, every) {
                     ordered.enqueue(stream, StreamWork::Signal { slot, value });
                 }
                 gate.watch(id, signals.area(), slot, value);
+                hop_trace::mark(Hop::Step, "watched");
             }
             // No slot left (not reachable: there are more than streams) or the
             // scheduler refused it: the launch runs, unscheduled.
             (Admission::Go(..), None) => {
-                queue(work);
+                work.take().map(queue);
                 signals.note_work(stream);
                 gate.forget_in_flight();
             }
             (Admission::Ungated, _) => {
-                queue(work);
+                work.take().map(queue);
                 signals.note_work(stream);
             }
         }
@@ -1546,6 +1565,7 @@ impl Session {
             params,
             attributes,
         })?;
+        hop_trace::mark(Hop::Step, "checked");
         self.submit_launch(stream, checked)
     }
 
@@ -1570,7 +1590,7 @@ impl Session {
         let over = |dims: [u32; 3], limits: [i32; 3]| {
             dims.iter().zip(limits).any(|(d, l)| *d as u64 > l as u64)
         };
-        let limits = LaunchLimits::of(self.device.info());
+        let limits = &self.limits;
         if over(block, limits.block) || over(grid, limits.grid) {
             return bad(format!(
                 "launch grid {grid:?} block {block:?} over the device's limits"

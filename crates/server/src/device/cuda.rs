@@ -21,6 +21,7 @@ use cumux_cuda_driver::{
     self as cu, CudaError, DeviceId, Driver, Event, Function, FunctionAttributes, GraphExec,
     HostRegistration, LaunchAttr, LaunchConfig, Module, Stream,
 };
+use cumux_protocol::hop_trace::{self, Hop};
 use cumux_protocol::pinned::HostMapping;
 use cumux_protocol::{
     codes, CuError, DeviceInfo, DevicePtr, FunctionAttrs, Handle, LaunchAttribute, ParamInfo,
@@ -401,6 +402,7 @@ impl CudaContext {
             dynamic_shared_bytes: geometry.dynamic_shared_bytes,
             attributes: geometry.attributes.iter().map(launch_attr).collect(),
         };
+        hop_trace::mark(Hop::Step, "configured");
         // A launch flushes printf of earlier kernels of this context.
         self.flushing(|| {
             kernel

@@ -624,6 +624,7 @@ impl Served<'_, '_> {
                     };
                 }
                 self.regions.resolve(&mut work);
+                hop_trace::mark(Hop::Step, "resolved");
                 let queued = catch_unwind(AssertUnwindSafe(|| ordered.enqueue(stream, work)))
                     .unwrap_or_else(|_| {
                         tracing::error!("worker: queued work panicked");
@@ -1759,6 +1760,7 @@ impl WorkerContext {
             Ok(())
         })();
         drop(slot);
+        hop_trace::mark(Hop::Step, "posted");
         if let Err(e) = sent {
             self.died(&e);
         }
