@@ -62,6 +62,8 @@ through() { # through NAME TENANT TRACE(0/1) program...
 hops() { # hops NAME CALL
     python3 "$ROOT/bench/hop_trace.py" "$W/trace_$1" --call "$2" --top 12 --json "$OUT/hop-$1.json" \
         >>"$REPORT" 2>&1
+    # The launch before it, up to the worker's cuLaunchKernel.
+    python3 "$ROOT/bench/hop_path.py" "$W/trace_$1" >>"$REPORT" 2>&1
 }
 
 for run in $RUNS; do
