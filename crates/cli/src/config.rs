@@ -25,6 +25,9 @@ pub struct FileConfig {
     pub policy: Option<String>,
     /// How GPUs give sessions contexts: `isolated` or `shared`.
     pub sharing: Option<String>,
+    /// How long a GPU context's queued work may make no progress before the
+    /// context is reset (`kernel_timeout = "30s"`).
+    pub kernel_timeout: Option<std::time::Duration>,
     /// Settings of single devices (`[devices.N]`).
     pub devices: DeviceTables,
     pub tenants: TenantPolicy,
@@ -100,6 +103,7 @@ struct RawConfig {
     launch_budget: Option<u64>,
     policy: Option<String>,
     sharing: Option<String>,
+    kernel_timeout: Option<String>,
     #[serde(default = "yes")]
     allow_unknown: bool,
     #[serde(default)]
@@ -206,6 +210,12 @@ pub fn parse(text: &str) -> Result<FileConfig> {
     Ok(FileConfig {
         policy: raw.policy,
         sharing: raw.sharing,
+        kernel_timeout: raw
+            .kernel_timeout
+            .as_deref()
+            .map(parse_duration)
+            .transpose()
+            .context("kernel_timeout")?,
         devices: DeviceTables(devices),
         device: raw.device,
         listen: raw.listen,
@@ -213,6 +223,16 @@ pub fn parse(text: &str) -> Result<FileConfig> {
         launch_budget: raw.launch_budget,
         tenants: policy,
     })
+}
+
+/// Parses a duration with its unit (`30s`, `500ms`, `2m`, `1h 30m`); zero is refused.
+pub fn parse_duration(text: &str) -> Result<std::time::Duration> {
+    let d = humantime::parse_duration(text.trim())
+        .with_context(|| format!("{text:?} is not a duration (e.g. 30s, 500ms, 2m)"))?;
+    if d.is_zero() {
+        bail!("{text:?}: a timeout must be longer than zero");
+    }
+    Ok(d)
 }
 
 /// Parses `1073741824`, `512M`, `512MiB`, `16G`, `16GiB`, `64K` (powers of 1024).
@@ -265,6 +285,15 @@ mod tests {
             Some("shared")
         );
         assert!(parse("sharing = \"everything\"").is_err());
+        assert_eq!(
+            parse("kernel_timeout = \"1m 30s\"").unwrap().kernel_timeout,
+            Some(std::time::Duration::from_secs(90))
+        );
+        assert_eq!(parse("").unwrap().kernel_timeout, None);
+        for bad in ["\"soon\"", "\"0s\"", "30"] {
+            let e = parse(&format!("kernel_timeout = {bad}")).unwrap_err();
+            assert!(format!("{e:#}").contains("kernel_timeout"), "{bad}: {e:#}");
+        }
         assert_eq!(parse("launch_budget = 0").unwrap().launch_budget, Some(0));
         assert_eq!(
             parse("launch_budget = 1000000").unwrap().launch_budget,

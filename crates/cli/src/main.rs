@@ -54,6 +54,13 @@ enum Command {
         /// own, kernels side by side; a fault fails every session on it).
         #[arg(long)]
         sharing: Option<String>,
+        /// Resets a GPU context whose queued work makes no progress for this long
+        /// (e.g. 30s, 2m): a kernel that never ends then fails with
+        /// CUDA_ERROR_LAUNCH_TIMEOUT (702) instead of holding the GPU; in shared
+        /// mode every session on the context fails with it. Default: never. Keep it
+        /// far above the longest kernel a tenant may run.
+        #[arg(long, value_parser = parse_timeout)]
+        kernel_timeout: Option<std::time::Duration>,
     },
     /// Run an unmodified CUDA program on cumux.
     Run {
@@ -95,6 +102,10 @@ enum Command {
     },
 }
 
+fn parse_timeout(text: &str) -> Result<std::time::Duration, String> {
+    config::parse_duration(text).map_err(|e| format!("{e:#}"))
+}
+
 fn parse_memory(text: &str) -> Result<u64, String> {
     config::parse_bytes(text).map_err(|e| format!("{e:#}"))
 }
@@ -111,6 +122,7 @@ fn main() -> ExitCode {
             launch_budget,
             policy,
             sharing,
+            kernel_timeout,
         } => serve::serve(serve::ServeOptions {
             device,
             listen,
@@ -119,6 +131,7 @@ fn main() -> ExitCode {
             launch_budget,
             policy,
             sharing,
+            kernel_timeout,
         })
         .map(|()| 0),
         Command::Run {

@@ -3,6 +3,7 @@
 use std::io::Write;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use cumux_server::device::model::ModelDevice;
@@ -24,6 +25,8 @@ pub struct ServeOptions {
     pub launch_budget: Option<u64>,
     pub policy: Option<String>,
     pub sharing: Option<String>,
+    /// Resets a worker context whose queued work makes no progress this long.
+    pub kernel_timeout: Option<std::time::Duration>,
 }
 
 /// Whether this machine shows an NVIDIA GPU to the kernel.
@@ -33,10 +36,13 @@ fn gpu_present() -> bool {
 
 /// Every GPU, each session's context in a `cumux worker` process of its own:
 /// a GPU fault poisons every context of its process, so the server holds none.
-fn cuda_devices(sharing: Sharing) -> Result<Vec<Arc<dyn Device>>, String> {
+fn cuda_devices(
+    sharing: Sharing,
+    kernel_timeout: Option<Duration>,
+) -> Result<Vec<Arc<dyn Device>>, String> {
     let exe = std::env::current_exe()
         .map_err(|e| format!("cannot find the cumux executable for workers: {e}"))?;
-    worker::cuda_worker_devices(exe, sharing)
+    worker::cuda_worker_devices(exe, sharing, kernel_timeout)
 }
 
 fn choose_devices(
@@ -44,8 +50,12 @@ fn choose_devices(
     memory: u64,
     launch_budget: u64,
     sharing: Sharing,
+    kernel_timeout: Option<Duration>,
 ) -> Result<Vec<Arc<dyn Device>>> {
     let cpu = || -> Result<Vec<Arc<dyn Device>>> {
+        if kernel_timeout.is_some() {
+            tracing::warn!("--kernel-timeout applies to devices served by workers (GPUs, worker-cpu); the CPU device stops a kernel by its --launch-budget");
+        }
         Ok(vec![
             cpu_device(memory, launch_budget).map_err(anyhow::Error::msg)?
         ])
@@ -62,6 +72,7 @@ fn choose_devices(
                 memory,
                 launch_budget,
                 sharing,
+                kernel_timeout,
             )])
         }
         "auto" => {
@@ -69,7 +80,7 @@ fn choose_devices(
                 tracing::info!("no GPU found; serving the CPU reference device");
                 return cpu();
             }
-            match cuda_devices(sharing) {
+            match cuda_devices(sharing, kernel_timeout) {
                 Ok(devices) if !devices.is_empty() => Ok(devices),
                 Ok(_) => {
                     tracing::warn!(
@@ -83,7 +94,7 @@ fn choose_devices(
                 }
             }
         }
-        "cuda" => match cuda_devices(sharing).map_err(anyhow::Error::msg)? {
+        "cuda" => match cuda_devices(sharing, kernel_timeout).map_err(anyhow::Error::msg)? {
             devices if devices.is_empty() => bail!("--device cuda: the CUDA driver reports no GPU"),
             devices => Ok(devices),
         },
@@ -127,7 +138,8 @@ pub fn serve(options: ServeOptions) -> Result<()> {
     if sharing == Sharing::Shared && !matches!(kind.as_str(), "auto" | "cuda" | "worker-cpu") {
         bail!("--sharing shared applies to GPUs (and worker-cpu); the {kind} device gives each session its own context");
     }
-    let devices = choose_devices(&kind, memory, launch_budget, sharing)?;
+    let kernel_timeout = options.kernel_timeout.or(file.kernel_timeout);
+    let devices = choose_devices(&kind, memory, launch_budget, sharing, kernel_timeout)?;
     for (name, t) in &file.tenants.tenants {
         if let Some(bad) = t
             .devices
@@ -164,6 +176,9 @@ pub fn serve(options: ServeOptions) -> Result<()> {
             human_bytes(d.mem_total()),
             cumux_server::gate::policy_name(policy)
         );
+    }
+    if let Some(t) = kernel_timeout {
+        line += &format!("; kernel timeout {}", humantime::format_duration(t));
     }
     println!("{line}");
     let _ = std::io::stdout().flush();

@@ -1,6 +1,7 @@
 //! `cumux worker` (hidden): serves one device context to the server that
 //! started it, over the socket on its fd 0; its fd 1 stays free for device
-//! printf, which the server reads. Exits when the socket closes.
+//! printf, which the server reads. Exits when the socket closes, or when the
+//! server dies (even while a kernel that never ends holds its threads).
 
 use std::os::fd::AsFd;
 use std::os::unix::net::UnixStream;
@@ -29,7 +30,36 @@ fn flush_c_stdio() {
     unsafe { libc::fflush(std::ptr::null_mut()) };
 }
 
+/// How often the worker looks whether its server still lives.
+const PARENT_CHECK: std::time::Duration = std::time::Duration::from_millis(200);
+
+/// Ends this process once its parent (the server) is gone: the worker was
+/// reparented. A kernel that never ends keeps the serving threads busy, so the
+/// closed socket alone would not end it, and a leftover worker holds its GPU
+/// context and memory. (`PR_SET_PDEATHSIG` follows the thread that spawned the
+/// worker, which may end long before the server.)
+fn exit_with_parent() {
+    // SAFETY: getppid has no preconditions.
+    let parent = unsafe { libc::getppid() };
+    let watcher = std::thread::Builder::new()
+        .name("cumux-parent-watch".into())
+        .spawn(move || loop {
+            std::thread::sleep(PARENT_CHECK);
+            // SAFETY: as above.
+            if unsafe { libc::getppid() } != parent {
+                eprintln!("cumux worker: the server is gone; exiting");
+                // SAFETY: _exit ends the process at once, without running
+                // destructors that might wait for the busy threads.
+                unsafe { libc::_exit(1) };
+            }
+        });
+    if let Err(e) = watcher {
+        tracing::warn!("cannot watch the server's life: {e}");
+    }
+}
+
 pub fn worker(options: WorkerOptions) -> Result<()> {
+    exit_with_parent();
     let nonce = nonce_from_hex(&options.nonce)
         .ok_or_else(|| anyhow!("--nonce takes 32 hex digits, not {:?}", options.nonce))?;
     let socket = std::io::stdin()

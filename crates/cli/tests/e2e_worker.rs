@@ -640,3 +640,115 @@ fn graphs_of_launches_run_whole_on_the_server() {
         }
     }
 }
+
+/// `--kernel-timeout`: a kernel that never ends (the CPU device with no
+/// instruction budget) fails its program's synchronize with
+/// CUDA_ERROR_LAUNCH_TIMEOUT once the context made no progress for the timeout,
+/// instead of hanging; the server goes on and the next program passes.
+#[test]
+fn the_watchdog_resets_a_context_whose_kernel_never_ends() {
+    let mut server = WorkerServer::start_with(
+        "watchdog-isolated",
+        false,
+        &["--kernel-timeout", "2s", "--launch-budget", "0"],
+    );
+    let started = Instant::now();
+    let out = server.run(&test_program("endless_kernel"));
+    let took = started.elapsed();
+    assert!(
+        out.code() == Some(0) && out.stdout.contains("endless_kernel: timed out"),
+        "{}\n--- server log\n{}",
+        out.describe(),
+        server.log()
+    );
+    assert!(took >= Duration::from_secs(2), "reset after {took:?}");
+    assert!(server.log().contains("kernel watchdog"), "{}", server.log());
+    assert!(server.alive());
+    passes(&server.run(&corpus_program("saxpy")), &server);
+    server.wait_children(0);
+}
+
+/// In `shared` mode a tenant killed while its kernel never ends would leave that
+/// kernel holding the shared context; the watchdog resets the context, and the
+/// next tenant gets a fresh one.
+#[test]
+fn the_watchdog_frees_a_shared_context_from_a_killed_tenants_endless_kernel() {
+    let mut server = WorkerServer::start_with(
+        "watchdog-shared",
+        false,
+        &[
+            "--sharing",
+            "shared",
+            "--kernel-timeout",
+            "2s",
+            "--launch-budget",
+            "0",
+        ],
+    );
+    passes(&server.run(&corpus_program("saxpy")), &server);
+    let first = workers(&server);
+    assert_eq!(first.len(), 1, "{first:?}");
+    let mut holder = server
+        .command(&test_program("endless_kernel"), &["hold"])
+        .spawn()
+        .expect("cumux run starts");
+    let lines = lines_of(holder.stdout.take().unwrap());
+    if let Err(e) = wait_for_line(&lines, "launched", LIMIT) {
+        let _ = holder.kill();
+        panic!("{e}\n{}", server.log());
+    }
+    let _ = holder.kill();
+    let _ = holder.wait();
+    // The teardown of the killed session waits for its kernel until the
+    // watchdog gives up on the context.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !server.log().contains("kernel watchdog") {
+        assert!(Instant::now() < deadline, "no reset\n{}", server.log());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    passes(&server.run(&corpus_program("saxpy")), &server);
+    let now = workers(&server);
+    assert_eq!(now.len(), 1, "{now:?}");
+    assert_ne!(
+        now[0].0, first[0].0,
+        "a fresh shared worker after the reset"
+    );
+    assert!(server.alive());
+}
+
+/// A worker ends with its server, even while a kernel that never ends keeps
+/// its threads busy: a killed server leaves no worker holding a context.
+#[test]
+fn workers_end_with_a_killed_server_even_mid_kernel() {
+    let mut server = WorkerServer::start_with("worker-orphan", false, &["--launch-budget", "0"]);
+    let mut holder = server
+        .command(&test_program("endless_kernel"), &["hold"])
+        .spawn()
+        .expect("cumux run starts");
+    let lines = lines_of(holder.stdout.take().unwrap());
+    if let Err(e) = wait_for_line(&lines, "launched", LIMIT) {
+        let _ = holder.kill();
+        panic!("{e}\n{}", server.log());
+    }
+    let pids: Vec<u32> = workers(&server).iter().map(|w| w.0).collect();
+    assert_eq!(pids.len(), 1, "{pids:?}");
+    let _ = server.child.kill();
+    let _ = server.child.wait();
+    // Gone, or a zombie left for whoever adopted it: either way not running.
+    let running = |pid: u32| {
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .ok()
+            .and_then(|s| s.rfind(')').map(|i| s[i + 2..].starts_with(|c| c != 'Z')))
+            .unwrap_or(false)
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while pids.iter().any(|&p| running(p)) {
+        assert!(
+            Instant::now() < deadline,
+            "worker {pids:?} outlived its server"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let _ = holder.kill();
+    let _ = holder.wait();
+}

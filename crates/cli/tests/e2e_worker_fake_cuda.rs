@@ -90,7 +90,7 @@ fn cuda_contexts_live_in_workers() {
     // One worker per session and no spare, so the children are easy to count.
     std::env::set_var("CUMUX_WORKER_SPARES", "0");
     let devices =
-        cuda_worker_devices(PathBuf::from(CUMUX), Sharing::Isolated).expect("the fake GPU");
+        cuda_worker_devices(PathBuf::from(CUMUX), Sharing::Isolated, None).expect("the fake GPU");
     assert_eq!(devices.len(), 1);
     let device = Arc::clone(&devices[0]);
     assert_eq!(device.info().name, "Fake GPU 80GB");

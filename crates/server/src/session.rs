@@ -259,6 +259,9 @@ pub struct Session {
     signal_every: u64,
     /// Whether the tenant's class is latency-critical.
     latency_critical: bool,
+    /// Whether a kernel watchdog reads the session's signals for progress: its
+    /// streams are then signalled every [`SIGNAL_EVERY`] launches under `fifo` too.
+    watched: bool,
     /// The client's pinned host regions.
     host: HostRegions,
     /// The memfd that came with the call being handled (`HostRegister`).
@@ -462,6 +465,7 @@ impl Session {
             ordered.keep_hot(crate::device::spin::hot_spin_time());
         }
         let limits = LaunchLimits::of(device.info());
+        let watched = ordered && ctx.stream_ordered().is_some_and(|o| o.watched());
         Ok(Session {
             server,
             device,
@@ -499,6 +503,7 @@ impl Session {
             worker_errors_seen: Cell::new(0),
             signal_wait: crate::device::spin::answer_spin_time().max(SIGNAL_WAIT_MIN),
             latency_critical,
+            watched,
             host: HostRegions::default(),
             incoming_fd: None,
         })
@@ -984,10 +989,15 @@ impl Session {
             if !ordered.enqueue(stream, work) {
                 self.enqueue_failed.set(true);
             }
-            // Covered by a signal when the session next synchronizes.
+            // Covered by a signal when the session next synchronizes (or, for
+            // the watchdog's sake, after every few launches).
             if let Some(signals) = &mut self.signals {
                 if signals.launch(stream).is_none() {
                     signals.note_work(stream);
+                } else if self.watched {
+                    if let Some((slot, value)) = signals.due(stream, SIGNAL_EVERY) {
+                        ordered.enqueue(stream, StreamWork::Signal { slot, value });
+                    }
                 }
             }
             return Ok(ReplyBody::Unit);
@@ -1887,6 +1897,13 @@ impl Session {
         }
         self.streams.shutdown();
         self.gate = None;
+        // The watchdog sees the session's last launches through their signals,
+        // so a kernel that never ends cannot hold the teardown forever.
+        if let (true, Some(signals), Some(ordered)) =
+            (self.watched, &mut self.signals, self.ctx.stream_ordered())
+        {
+            flush_signals(ordered, signals);
+        }
         if !self.host.is_empty() {
             // Copies into the client's pinned regions end before they go.
             self.drain_all();

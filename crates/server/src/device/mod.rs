@@ -13,6 +13,7 @@ pub mod serial;
 pub mod shared;
 pub mod signals;
 pub mod spin;
+pub mod watchdog;
 pub mod worker;
 pub mod worker_link;
 
@@ -297,6 +298,11 @@ pub trait StreamOrdered: Send + Sync {
     fn graph_create(&self, graph: Handle, launches: Vec<StreamWork>) -> Result<(), CuError>;
     /// Drops a graph (work queued with it still runs).
     fn graph_destroy(&self, graph: Handle);
+    /// Whether a kernel watchdog reads this context's signals for progress
+    /// ([`watchdog`]): sessions then signal their streams every few launches.
+    fn watched(&self) -> bool {
+        false
+    }
     /// Readies an area for [`StreamWork::SignalTo`] work (a GPU registers it).
     fn prepare_signals(&self, area: &Arc<signals::SignalArea>) -> Result<(), CuError> {
         let _ = area;

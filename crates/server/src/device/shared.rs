@@ -279,6 +279,10 @@ impl StreamOrdered for SharedView {
         self.conn.keep_hot(spin);
     }
 
+    fn watched(&self) -> bool {
+        self.conn.watched()
+    }
+
     fn set_own_stream_priority(&self, priority: i32) {
         lock(&self.state).own_priority = priority;
     }

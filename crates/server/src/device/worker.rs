@@ -47,6 +47,7 @@ use super::serial::SerialStreams;
 use super::shared::SharedView;
 use super::signals::SignalArea;
 use super::spin::{answer_spin_time, spin_time};
+use super::watchdog::{AreaWatch, ContextWatch, Reset, Watchdog};
 use super::worker_link::{shm_wanted, Link, WORKER_LAYOUT};
 use super::{
     Device, DeviceContext, GlobalDesc, KernelDesc, LaunchGeometry, LaunchOutcome, LoadedModule,
@@ -1000,6 +1001,7 @@ impl WorkerDevice {
                 command,
                 keep_spare: spare,
                 spare: Mutex::new(None),
+                watchdog: std::sync::OnceLock::new(),
             }),
             used: Arc::new(AtomicU64::new(0)),
             next_module: Arc::new(AtomicU64::new(1)),
@@ -1012,6 +1014,15 @@ impl WorkerDevice {
     /// The same device, giving sessions contexts as `sharing` says.
     pub fn with_sharing(mut self, sharing: Sharing) -> Self {
         self.sharing = sharing;
+        self
+    }
+
+    /// The same device, resetting a context whose queued work makes no progress
+    /// for `timeout` ([`Watchdog`]); `None`: never.
+    pub fn with_kernel_timeout(self, timeout: Option<Duration>) -> Self {
+        if let Some(timeout) = timeout {
+            let _ = self.launcher.watchdog.set(Watchdog::new(timeout));
+        }
         self
     }
 
@@ -1099,6 +1110,8 @@ pub struct Launcher {
     command: WorkerCommand,
     keep_spare: bool,
     spare: Mutex<Option<Spawned>>,
+    /// Resets contexts whose work stops progressing (`--kernel-timeout`).
+    watchdog: std::sync::OnceLock<Arc<Watchdog>>,
 }
 
 impl Launcher {
@@ -1328,6 +1341,22 @@ fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
     haystack.windows(needle.len()).position(|w| w == needle)
 }
 
+/// How the watchdog resets a context: its error for every later call, and its
+/// worker killed (the waits on it end as the worker's socket closes).
+fn reset_by_killing(
+    sticky: &Arc<Mutex<Option<CuError>>>,
+    child: &Arc<Mutex<Option<Child>>>,
+) -> Reset {
+    let (sticky, child) = (Arc::clone(sticky), Arc::clone(child));
+    Box::new(move |why: CuError| {
+        lock(&sticky).get_or_insert(why);
+        if let Some(child) = lock(&child).as_mut() {
+            tracing::warn!(pid = child.id(), "stopping the hung context's worker");
+            let _ = child.kill();
+        }
+    })
+}
+
 /// Waits up to `grace` for `child` to exit, then kills it; always reaps it.
 fn reap(mut child: Child, grace: Duration) {
     let deadline = Instant::now() + grace;
@@ -1413,7 +1442,12 @@ pub struct WorkerContext {
     sticky: Arc<Mutex<Option<CuError>>>,
     /// The worker's printf, read from its stdout (replaced if a start is retried).
     tap: Mutex<Arc<StdoutTap>>,
-    child: Mutex<Option<Child>>,
+    /// The worker process (the context's first connection's alone).
+    child: Arc<Mutex<Option<Child>>>,
+    /// The kernel watchdog's view of this context, shared by its connections.
+    watch: Option<Arc<ContextWatch>>,
+    /// This connection's signal area, as the watchdog reads it.
+    area_watch: Mutex<Option<Arc<AreaWatch>>>,
     used: Arc<AtomicU64>,
     next_module: Arc<AtomicU64>,
     /// This context's allocations: base → bytes.
@@ -1433,12 +1467,20 @@ impl WorkerContext {
         used: Arc<AtomicU64>,
         next_module: Arc<AtomicU64>,
     ) -> WorkerContext {
+        let sticky = Arc::new(Mutex::new(None));
+        let child = Arc::new(Mutex::new(None));
+        let watch = launcher
+            .as_ref()
+            .and_then(|l| l.watchdog.get())
+            .map(|dog| dog.watch(reset_by_killing(&sticky, &child)));
         WorkerContext {
             conn: Mutex::new(None),
             launcher,
-            sticky: Arc::new(Mutex::new(None)),
+            sticky,
             tap: Mutex::new(Arc::new(StdoutTap::default())),
-            child: Mutex::new(None),
+            child,
+            watch,
+            area_watch: Mutex::new(None),
             used,
             next_module,
             allocations: Mutex::new(HashMap::new()),
@@ -1619,7 +1661,9 @@ impl WorkerContext {
             launcher: None,
             sticky: Arc::clone(&self.sticky),
             tap: Mutex::new(Arc::clone(&lock(&self.tap))),
-            child: Mutex::new(None),
+            child: Arc::new(Mutex::new(None)),
+            watch: self.watch.clone(),
+            area_watch: Mutex::new(None),
             used: Arc::clone(&self.used),
             next_module: Arc::clone(&self.next_module),
             allocations: Mutex::new(HashMap::new()),
@@ -2024,6 +2068,11 @@ impl StreamOrdered for WorkerContext {
     /// Posts `work` (unanswered): false only for a launch of a module this
     /// context does not have; what fails in the worker comes back later.
     fn enqueue(&self, stream: Handle, work: StreamWork) -> bool {
+        if let StreamWork::Signal { slot, value } = &work {
+            if let Some(area) = &*lock(&self.area_watch) {
+                area.queued(*slot, *value);
+            }
+        }
         match work {
             StreamWork::Write { dst, data } => {
                 let mut offset = 0u64;
@@ -2121,7 +2170,16 @@ impl StreamOrdered for WorkerContext {
         let request = WorkerRequest::AttachSignals {
             path: path.to_string(),
         };
-        self.unit(&request, &[])
+        self.unit(&request, &[])?;
+        if let Some(watch) = &self.watch {
+            let area = SignalArea::open(Path::new(path))?;
+            *lock(&self.area_watch) = Some(watch.add_area(area));
+        }
+        Ok(())
+    }
+
+    fn watched(&self) -> bool {
+        self.watch.is_some()
     }
 }
 
@@ -2149,12 +2207,17 @@ pub fn cpu_worker_device(
     memory: u64,
     launch_budget: u64,
     sharing: Sharing,
+    kernel_timeout: Option<Duration>,
 ) -> Arc<dyn Device> {
     let info = super::cpu::CpuDevice::new(memory).info().clone();
     let mut command = WorkerCommand::cumux(program, "cpu", 0, Some(memory));
     command.args.push("--launch-budget".into());
     command.args.push(launch_budget.to_string().into());
-    Arc::new(WorkerDevice::new(info, command).with_sharing(sharing))
+    Arc::new(
+        WorkerDevice::new(info, command)
+            .with_sharing(sharing)
+            .with_kernel_timeout(kernel_timeout),
+    )
 }
 
 /// Every GPU of the system's CUDA driver, each served by workers that
@@ -2164,6 +2227,7 @@ pub fn cpu_worker_device(
 pub fn cuda_worker_devices(
     program: PathBuf,
     sharing: Sharing,
+    kernel_timeout: Option<Duration>,
 ) -> Result<Vec<Arc<dyn Device>>, String> {
     let driver = cumux_cuda_driver::Driver::load().map_err(|e| e.to_string())?;
     let count = driver.device_count().map_err(|e| e.to_string())?;
@@ -2189,7 +2253,8 @@ pub fn cuda_worker_devices(
                 info,
                 WorkerCommand::cumux(program.clone(), "cuda", ordinal, None),
             )
-            .with_sharing(sharing),
+            .with_sharing(sharing)
+            .with_kernel_timeout(kernel_timeout),
         ));
     }
     Ok(out)
