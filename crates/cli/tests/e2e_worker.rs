@@ -752,3 +752,38 @@ fn workers_end_with_a_killed_server_even_mid_kernel() {
     let _ = holder.kill();
     let _ = holder.wait();
 }
+
+/// Under `fair` and `priority` copies and memsets pass the scheduling gate as
+/// launches do: a tenant that only copies is scheduled, and charged for the
+/// device time its copies took.
+#[test]
+fn copies_and_memsets_are_scheduled_like_launches() {
+    for policy in ["fair", "priority"] {
+        let server = WorkerServer::start_with(
+            &format!("sched-copies-{policy}"),
+            false,
+            &["--policy", policy],
+        );
+        let mut copier = server
+            .command(&test_program("copies_only"), &["hold"])
+            .spawn()
+            .expect("cumux run starts");
+        let lines = lines_of(copier.stdout.take().unwrap());
+        if let Err(e) = wait_for_line(&lines, "holding", LIMIT) {
+            let _ = copier.kill();
+            panic!("{e}\n{}", server.log());
+        }
+        let status = Command::new(CUMUX)
+            .args(["status", "--json", "--server", &server.address])
+            .output()
+            .expect("cumux status runs");
+        let _ = copier.kill();
+        let _ = copier.wait();
+        let json: serde_json::Value = serde_json::from_slice(&status.stdout).expect("JSON");
+        // 64 memsets and 64 copies on the stream, and the synchronous copies.
+        let signalled = json["devices"][0]["signalled_launches"].as_u64().unwrap();
+        assert!(signalled >= 128, "{policy}: {json}");
+        let charged = json["tenants"][0]["gpu_time_ms"].as_f64().unwrap();
+        assert!(charged > 0.0, "{policy}: {json}");
+    }
+}

@@ -319,6 +319,23 @@ impl CheckedLaunch {
     }
 }
 
+/// The scheduler's names for copies and memsets, by kind (launches are named by
+/// module and kernel, far below these): each kind's cost is learnt apart.
+const TO_DEVICE: cumux_scheduler::KernelId = cumux_scheduler::KernelId(u64::MAX - 1);
+const TO_HOST: cumux_scheduler::KernelId = cumux_scheduler::KernelId(u64::MAX - 2);
+const DEVICE_COPY: cumux_scheduler::KernelId = cumux_scheduler::KernelId(u64::MAX - 3);
+const MEMSET: cumux_scheduler::KernelId = cumux_scheduler::KernelId(u64::MAX - 4);
+
+/// The scheduler's name of a copy or memset.
+fn copy_kernel_id(work: &StreamWork) -> cumux_scheduler::KernelId {
+    match work {
+        StreamWork::DeviceToHost { .. } => TO_HOST,
+        StreamWork::Copy { .. } => DEVICE_COPY,
+        StreamWork::Fill { .. } => MEMSET,
+        _ => TO_DEVICE,
+    }
+}
+
 /// Queues the signals that cover every launch of the session not yet covered.
 fn flush_signals(ordered: &dyn StreamOrdered, signals: &mut StreamSignals) {
     for (stream, slot, value) in signals.flush() {
@@ -851,7 +868,8 @@ impl Session {
             // program's other copies into the span.
             false => d.mem_read(device, unsafe { host.write()? }),
         });
-        self.submit(stream, job)
+        let kind = if to_device { TO_DEVICE } else { TO_HOST };
+        self.submit_copy(stream, kind, job)
     }
 
     /// A tensor-memory-access descriptor, for a tensor that starts in this
@@ -985,7 +1003,7 @@ impl Session {
             .stream_ordered()
             .ok_or_else(|| err(codes::NOT_SUPPORTED, "stream-ordered work"))?;
         self.queued_since_sync.set(true);
-        let Some(gate) = &self.gate else {
+        if self.gate.is_none() {
             if !ordered.enqueue(stream, work) {
                 self.enqueue_failed.set(true);
             }
@@ -1001,10 +1019,28 @@ impl Session {
                 }
             }
             return Ok(ReplyBody::Unit);
+        }
+        let kernel_id = cumux_scheduler::KernelId((module << 16) ^ kernel as u64);
+        self.ordered_gated(stream, kernel_id, work);
+        Ok(ReplyBody::Unit)
+    }
+
+    /// Queues `work` (a launch, a copy or a memset) on the device once the gate
+    /// lets it go, the gate watching for its end through the stream's signals.
+    fn ordered_gated(
+        &mut self,
+        stream: Handle,
+        kernel_id: cumux_scheduler::KernelId,
+        work: StreamWork,
+    ) {
+        let Some(ordered) = self.ctx.stream_ordered() else {
+            return;
         };
-        let Some(signals) = &mut self.signals else {
-            ordered.enqueue(stream, work);
-            return Ok(ReplyBody::Unit);
+        let (Some(gate), Some(signals)) = (&self.gate, &mut self.signals) else {
+            if !ordered.enqueue(stream, work) {
+                self.enqueue_failed.set(true);
+            }
+            return;
         };
         let failed = &self.enqueue_failed;
         let queue = |work| {
@@ -1015,7 +1051,6 @@ impl Session {
         let sched_stream = *self.sched_streams.entry(stream).or_insert_with(|| {
             cumux_scheduler::StreamId(NEXT_SCHED_STREAM.fetch_add(1, Ordering::Relaxed))
         });
-        let kernel_id = cumux_scheduler::KernelId((module << 16) ^ kernel as u64);
         // Work the gate never holds goes to the device first and is accounted
         // right after: the gate's bookkeeping stays off the kernel's start.
         let mut work = Some(work);
@@ -1062,7 +1097,6 @@ impl Session {
                 signals.note_work(stream);
             }
         }
-        Ok(ReplyBody::Unit)
     }
 
     /// A stream or event query against the device.
@@ -1080,13 +1114,30 @@ impl Session {
     /// Queues `work` on the device: on `stream` without waiting, or (`None`)
     /// on the default stream, waiting for it as a synchronous call does.
     fn ordered_submit(&mut self, stream: Option<Handle>, work: StreamWork) -> CallResult {
-        self.queue(stream.unwrap_or(DEFAULT_STREAM), work)?;
+        let on = stream.unwrap_or(DEFAULT_STREAM);
+        // Under a gate, copies and memsets are scheduled as launches are.
+        let gated = self.gate.is_some() && self.signals.is_some();
+        match gated {
+            true => {
+                self.ordered()?;
+                self.queued_since_sync.set(true);
+                self.ordered_gated(on, copy_kernel_id(&work), work);
+            }
+            false => self.queue(on, work)?,
+        }
         match stream {
             Some(_) => Ok(ReplyBody::Unit),
             None => {
                 // A signal right behind it says when it is done.
-                if let Some(signals) = &mut self.signals {
-                    signals.launch(DEFAULT_STREAM);
+                if let (Some(signals), Some(ordered)) =
+                    (&mut self.signals, self.ctx.stream_ordered())
+                {
+                    match gated {
+                        true => flush_signals(ordered, signals),
+                        false => {
+                            signals.launch(DEFAULT_STREAM);
+                        }
+                    }
                 }
                 if let Some(result) = self.signalled_sync(SyncTarget::Stream(DEFAULT_STREAM)) {
                     return result;
@@ -1224,6 +1275,40 @@ impl Session {
         }
     }
 
+    /// `work` as a stream thread runs it: under a gate, once the scheduler lets it
+    /// go (named `kernel_id`, its time measured); skipped if the session ends
+    /// while it waits.
+    fn gated_job(
+        &mut self,
+        stream: Handle,
+        kernel_id: cumux_scheduler::KernelId,
+        work: Work,
+    ) -> Work {
+        let Some(gate) = &self.gate else {
+            return work;
+        };
+        let gate = Arc::clone(gate);
+        let sched_stream = *self.sched_streams.entry(stream).or_insert_with(|| {
+            cumux_scheduler::StreamId(NEXT_SCHED_STREAM.fetch_add(1, Ordering::Relaxed))
+        });
+        Box::new(move || {
+            let _ = gate.run(sched_stream, kernel_id, None, work);
+        })
+    }
+
+    /// Device work of a copy or memset (`kind`: its name at the gate), queued
+    /// on `stream` or, with `None`, run in the default stream's order and
+    /// waited for.
+    fn submit_copy(
+        &mut self,
+        stream: Option<Handle>,
+        kind: cumux_scheduler::KernelId,
+        work: Work,
+    ) -> CallResult {
+        let work = self.gated_job(stream.unwrap_or(DEFAULT_STREAM), kind, work);
+        self.submit(stream, work)
+    }
+
     /// Runs `work` in `stream`'s order and waits for it. When nothing it is
     /// ordered after is pending, it runs right here, sparing two thread hops.
     fn run_now(&mut self, stream: Handle, work: Work) -> Result<(), CuError> {
@@ -1334,7 +1419,7 @@ impl Session {
         if stream.is_some() {
             job = self.metered(bytes, job);
         }
-        self.submit(stream, job)
+        self.submit_copy(stream, TO_DEVICE, job)
     }
 
     fn memcpy_dtoh(&mut self, src: DevicePtr, bytes: u64, stream: Option<Handle>) -> CallResult {
@@ -1360,6 +1445,7 @@ impl Session {
             let _ = tx.send(buf);
             result
         });
+        let job = self.gated_job(stream, TO_HOST, job);
         self.run_now(stream, job)?;
         let data = rx.try_recv().ok();
         if let Some(e) = self.core.take_error() {
@@ -1388,7 +1474,7 @@ impl Session {
             return self.ordered_submit(stream, StreamWork::Copy { dst, src, bytes });
         }
         let job = self.device_job(move |d| d.mem_copy(dst, src, bytes));
-        self.submit(stream, job)
+        self.submit_copy(stream, DEVICE_COPY, job)
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -1443,7 +1529,7 @@ impl Session {
         let job = self.device_job(move |d| {
             (0..height).try_for_each(|r| d.mem_fill(dst + r * pitch, &pattern, count))
         });
-        self.submit(stream, job)
+        self.submit_copy(stream, MEMSET, job)
     }
 
     // ----- modules and launches -----
@@ -1693,22 +1779,10 @@ impl Session {
                 core.fail(e);
             }
         };
-        let work: Work = match &self.gate {
-            None => Box::new(run),
-            Some(gate) => {
-                let gate = Arc::clone(gate);
-                let sched_stream = *self.sched_streams.entry(stream).or_insert_with(|| {
-                    cumux_scheduler::StreamId(NEXT_SCHED_STREAM.fetch_add(1, Ordering::Relaxed))
-                });
-                // Kernels of one tenant cost alike across its sessions: name them by
-                // the device's module id (unique per device) and index.
-                let kernel_id = cumux_scheduler::KernelId((module << 16) ^ kernel as u64);
-                Box::new(move || {
-                    // `None`: the session ended while the launch waited; it is skipped.
-                    let _ = gate.run(sched_stream, kernel_id, None, run);
-                })
-            }
-        };
+        // Kernels of one tenant cost alike across its sessions: name them by
+        // the device's module id (unique per device) and index.
+        let kernel_id = cumux_scheduler::KernelId((module << 16) ^ kernel as u64);
+        let work = self.gated_job(stream, kernel_id, Box::new(run));
         let work = self.metered(params_len, work);
         self.enqueue(stream, Vec::new(), work)?;
         Ok(ReplyBody::Unit)
