@@ -101,6 +101,21 @@ impl WorkerServer {
         c
     }
 
+    /// Starts `program` through the server and waits until it prints `line`
+    /// (it is killed, and the test fails, if it does not).
+    fn start_until(&self, program: &std::path::Path, args: &[&str], line: &str) -> Child {
+        let mut child = self
+            .command(program, args)
+            .spawn()
+            .expect("cumux run starts");
+        let lines = lines_of(child.stdout.take().unwrap());
+        if let Err(e) = wait_for_line(&lines, line, LIMIT) {
+            let _ = child.kill();
+            panic!("{e}\n{}", self.log());
+        }
+        child
+    }
+
     fn run(&self, program: &std::path::Path) -> RunOutput {
         let child = self
             .command(program, &[])
@@ -688,15 +703,7 @@ fn the_watchdog_frees_a_shared_context_from_a_killed_tenants_endless_kernel() {
     passes(&server.run(&corpus_program("saxpy")), &server);
     let first = workers(&server);
     assert_eq!(first.len(), 1, "{first:?}");
-    let mut holder = server
-        .command(&test_program("endless_kernel"), &["hold"])
-        .spawn()
-        .expect("cumux run starts");
-    let lines = lines_of(holder.stdout.take().unwrap());
-    if let Err(e) = wait_for_line(&lines, "launched", LIMIT) {
-        let _ = holder.kill();
-        panic!("{e}\n{}", server.log());
-    }
+    let mut holder = server.start_until(&test_program("endless_kernel"), &["hold"], "launched");
     let _ = holder.kill();
     let _ = holder.wait();
     // The teardown of the killed session waits for its kernel until the
@@ -721,15 +728,7 @@ fn the_watchdog_frees_a_shared_context_from_a_killed_tenants_endless_kernel() {
 #[test]
 fn workers_end_with_a_killed_server_even_mid_kernel() {
     let mut server = WorkerServer::start_with("worker-orphan", false, &["--launch-budget", "0"]);
-    let mut holder = server
-        .command(&test_program("endless_kernel"), &["hold"])
-        .spawn()
-        .expect("cumux run starts");
-    let lines = lines_of(holder.stdout.take().unwrap());
-    if let Err(e) = wait_for_line(&lines, "launched", LIMIT) {
-        let _ = holder.kill();
-        panic!("{e}\n{}", server.log());
-    }
+    let mut holder = server.start_until(&test_program("endless_kernel"), &["hold"], "launched");
     let pids: Vec<u32> = workers(&server).iter().map(|w| w.0).collect();
     assert_eq!(pids.len(), 1, "{pids:?}");
     let _ = server.child.kill();
@@ -764,15 +763,7 @@ fn copies_and_memsets_are_scheduled_like_launches() {
             false,
             &["--policy", policy],
         );
-        let mut copier = server
-            .command(&test_program("copies_only"), &["hold"])
-            .spawn()
-            .expect("cumux run starts");
-        let lines = lines_of(copier.stdout.take().unwrap());
-        if let Err(e) = wait_for_line(&lines, "holding", LIMIT) {
-            let _ = copier.kill();
-            panic!("{e}\n{}", server.log());
-        }
+        let mut copier = server.start_until(&test_program("copies_only"), &["hold"], "holding");
         let status = Command::new(CUMUX)
             .args(["status", "--json", "--server", &server.address])
             .output()
