@@ -177,7 +177,10 @@ pub fn serve(options: ServeOptions) -> Result<()> {
             cumux_server::gate::policy_name(policy)
         );
     }
-    if let Some(t) = kernel_timeout {
+    // Worker-backed devices only (the CPU device warned that it has none).
+    let watched =
+        server.devices().iter().any(|d| d.info().backend == "cuda") || kind == "worker-cpu";
+    if let (Some(t), true) = (kernel_timeout, watched) {
         line += &format!("; kernel timeout {}", humantime::format_duration(t));
     }
     println!("{line}");
