@@ -16,6 +16,7 @@ pub mod spin;
 pub mod watchdog;
 pub mod worker;
 pub mod worker_link;
+pub mod worker_process;
 
 use std::os::fd::BorrowedFd;
 use std::sync::Arc;
