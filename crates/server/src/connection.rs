@@ -199,18 +199,28 @@ pub fn serve_connection(server: Arc<Server>, peer_uid: Option<u32>, socket: Sock
     };
     let (launches, gpu_ms) = session.totals();
     let zero_copy_bytes = session.zero_copy_bytes();
+    let closing = std::time::Instant::now();
     if catch_unwind(AssertUnwindSafe(|| session.close())).is_err() {
         tracing::error!(session = id, "session clean-up panicked");
     }
+    // How long freeing the session's memory and modules took.
+    let teardown_ms = closing.elapsed().as_secs_f64() * 1e3;
     match &ending {
         Ending::Broken(why) => {
-            tracing::warn!(session = id, launches, gpu_ms, "connection dropped: {why}")
+            tracing::warn!(
+                session = id,
+                launches,
+                gpu_ms,
+                teardown_ms,
+                "connection dropped: {why}"
+            )
         }
         _ => tracing::info!(
             session = id,
             launches,
             gpu_ms,
             zero_copy_bytes,
+            teardown_ms,
             "session closed"
         ),
     }
