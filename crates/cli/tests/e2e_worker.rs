@@ -124,6 +124,29 @@ impl WorkerServer {
         wait_bounded(child, LIMIT)
     }
 
+    /// `cumux status --json`.
+    fn status_json(&self) -> serde_json::Value {
+        let status = Command::new(CUMUX)
+            .args(["status", "--json", "--server", &self.address])
+            .output()
+            .expect("cumux status runs");
+        serde_json::from_slice(&status.stdout).expect("JSON")
+    }
+
+    /// Waits until the device holds no memory (a session's teardown may end a
+    /// moment after its program); the status then.
+    fn wait_memory_back(&self) -> serde_json::Value {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let json = self.status_json();
+            if json["devices"][0]["used_mem"] == 0 {
+                return json;
+            }
+            assert!(Instant::now() < deadline, "memory left: {json}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
     /// The server's child processes: (pid, state letter, command line).
     fn children(&self) -> Vec<(u32, char, String)> {
         let me = self.child.id();
@@ -360,16 +383,12 @@ fn shared_mode_runs_tenants_in_one_context() {
     for child in children {
         passes(&wait_bounded(child, LIMIT), &server);
     }
-    let live = workers(&server);
+    let pids = |s: &WorkerServer| workers(s).iter().map(|w| w.0).collect::<Vec<_>>();
+    let live = pids(&server);
     assert_eq!(live.len(), 1, "one shared worker: {live:?}");
-    // Everything the programs allocated went back, the worker stayed.
-    let status = Command::new(CUMUX)
-        .args(["status", "--json", "--server", &server.address])
-        .output()
-        .expect("cumux status runs");
-    let json: serde_json::Value = serde_json::from_slice(&status.stdout).expect("JSON");
-    assert_eq!(json["devices"][0]["used_mem"], 0, "{json}");
-    assert_eq!(workers(&server), live, "the shared worker lives on");
+    // Everything the programs allocated goes back, the worker stays.
+    server.wait_memory_back();
+    assert_eq!(pids(&server), live, "the shared worker lives on");
     assert!(server.alive());
 }
 
@@ -441,13 +460,8 @@ fn scheduled_programs_queue_their_launches_and_pass() {
         for child in children {
             passes(&wait_bounded(child, LIMIT), &server);
         }
-        let status = Command::new(CUMUX)
-            .args(["status", "--json", "--server", &server.address])
-            .output()
-            .expect("cumux status runs");
-        let json: serde_json::Value = serde_json::from_slice(&status.stdout).expect("JSON");
+        let json = server.wait_memory_back();
         assert_eq!(json["devices"][0]["policy"], policy, "{json}");
-        assert_eq!(json["devices"][0]["used_mem"], 0, "{json}");
         // Every program launched: the gate saw launches finish by their signals.
         let signalled = json["devices"][0]["signalled_launches"].as_u64().unwrap();
         assert!(signalled >= 3, "{json}");
@@ -764,13 +778,9 @@ fn copies_and_memsets_are_scheduled_like_launches() {
             &["--policy", policy],
         );
         let mut copier = server.start_until(&test_program("copies_only"), &["hold"], "holding");
-        let status = Command::new(CUMUX)
-            .args(["status", "--json", "--server", &server.address])
-            .output()
-            .expect("cumux status runs");
+        let json = server.status_json();
         let _ = copier.kill();
         let _ = copier.wait();
-        let json: serde_json::Value = serde_json::from_slice(&status.stdout).expect("JSON");
         // 64 memsets and 64 copies on the stream, and the synchronous copies.
         let signalled = json["devices"][0]["signalled_launches"].as_u64().unwrap();
         assert!(signalled >= 128, "{policy}: {json}");

@@ -158,5 +158,36 @@ fn cuda_contexts_live_in_workers() {
     drop(ctx);
     assert_eq!(device.mem_used(), 0);
     wait_until("every worker to exit", || children().is_empty());
+
+    // `shared` mode: both sessions in one context, whose allocator (the fake's
+    // as a GPU's) hands a freed block to the next allocation as it is; what a
+    // session frees is scrubbed first, so the other finds none of its bytes.
+    let shared = cuda_worker_devices(PathBuf::from(CUMUX), Sharing::Shared, None).unwrap();
+    let first = shared[0].create_context().unwrap();
+    let second = shared[0].create_context().unwrap();
+    let secret = vec![0x5au8; 4096];
+    let p = first.mem_alloc(4096).unwrap();
+    first.mem_write(p, &secret).unwrap();
+    first.mem_free(p).unwrap();
+    let q = second.mem_alloc(4096).unwrap();
+    assert_eq!(q, p, "the fake gives the freed block out again");
+    let mut seen = vec![1u8; 4096];
+    second.mem_read(q, &mut seen).unwrap();
+    assert!(
+        seen.iter().all(|&b| b == 0),
+        "another session's bytes were left in freed memory"
+    );
+    // A session's end scrubs what it still held, too.
+    let r = second.mem_alloc(256).unwrap();
+    second.mem_write(r, &[0x77; 256]).unwrap();
+    drop(second);
+    let s = first.mem_alloc(256).unwrap();
+    assert_eq!(s, r, "the fake gives the freed block out again");
+    let mut left = vec![1u8; 256];
+    first.mem_read(s, &mut left).unwrap();
+    assert!(left.iter().all(|&b| b == 0), "{left:?}");
+    drop(first);
+    drop(shared);
+    wait_until("every worker to exit", || children().is_empty());
     let _ = std::fs::remove_file(fake);
 }

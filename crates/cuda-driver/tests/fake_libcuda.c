@@ -6,6 +6,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -78,19 +79,47 @@ CUresult cuCtxSynchronize(void) { flush_prints(); return 0; }
 CUresult cuDevicePrimaryCtxRetain(void **ctx, CUdevice d) { (void)d; *ctx = &dummy_context; return 0; }
 CUresult cuDevicePrimaryCtxRelease_v2(CUdevice d) { (void)d; return 0; }
 
-/* Device memory is host memory; an allocation over 64 GiB is too large. */
+/* Device memory is host memory; an allocation over 64 GiB is too large. Like a
+ * GPU's allocator within a context, a freed block goes to the next allocation
+ * of its size as it is, bytes and all (a few are kept for that). */
 static long live_allocations;
+#define KEPT_BLOCKS 16
+static struct { void *base; size_t bytes; } kept[KEPT_BLOCKS];
+static pthread_mutex_t kept_lock = PTHREAD_MUTEX_INITIALIZER;
 CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t bytes) {
     if (bytes > ((size_t)64 << 30)) return 2;
-    void *m = calloc(1, bytes ? bytes : 1);
+    size_t size = bytes ? bytes : 1;
+    void *m = NULL;
+    pthread_mutex_lock(&kept_lock);
+    for (int i = 0; i < KEPT_BLOCKS && !m; i++) {
+        if (kept[i].base && kept[i].bytes == size) {
+            m = kept[i].base;
+            kept[i].base = NULL;
+        }
+    }
+    pthread_mutex_unlock(&kept_lock);
+    if (!m) m = calloc(1, size + 16);
     if (!m) return 2;
+    *(size_t *)m = size;
     live_allocations++;
-    *p = (CUdeviceptr)(uintptr_t)m;
+    *p = (CUdeviceptr)(uintptr_t)((char *)m + 16);
     return 0;
 }
 CUresult cuMemFree_v2(CUdeviceptr p) {
     if (!p) return 1;
-    free((void *)(uintptr_t)p);
+    void *base = (char *)(uintptr_t)p - 16;
+    size_t size = *(size_t *)base;
+    int kept_it = 0;
+    pthread_mutex_lock(&kept_lock);
+    for (int i = 0; i < KEPT_BLOCKS && !kept_it; i++) {
+        if (!kept[i].base) {
+            kept[i].base = base;
+            kept[i].bytes = size;
+            kept_it = 1;
+        }
+    }
+    pthread_mutex_unlock(&kept_lock);
+    if (!kept_it) free(base);
     live_allocations--;
     return 0;
 }

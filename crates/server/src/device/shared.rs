@@ -14,6 +14,8 @@
 //!   streams, not the other tenants'.
 //! - **Clean-up**: dropping the view frees the session's memory, modules,
 //!   streams and events in the shared context; the context lives on.
+//! - **Scrubbed memory**: what a session frees is zeroed first, so the next
+//!   allocation, another tenant's perhaps, finds none of its bytes.
 //!
 //! What it cannot add: a kernel may read or write any address of the shared
 //! context, so tenants are protected from each other's API calls (the session
@@ -67,7 +69,8 @@ struct ViewState {
     behind_default: HashSet<Handle>,
     /// Internal events made so far (one per blocking stream, one for the default).
     internal_events: HashSet<Handle>,
-    allocations: HashSet<DevicePtr>,
+    /// The session's allocations: base → bytes.
+    allocations: HashMap<DevicePtr, u64>,
     modules: HashSet<ModuleId>,
     /// The priority of the session's own default stream.
     own_priority: i32,
@@ -88,6 +91,14 @@ impl SharedView {
             tag: tag % 0xff_ffff + 1,
             state: Mutex::new(ViewState::default()),
         }
+    }
+
+    /// Zeroes `bytes` at `ptr` before the memory goes back to the context: its
+    /// allocator hands freed memory to the next allocation as it is, which may
+    /// be another tenant's (a GPU's driver does not clear memory within a
+    /// context, only between processes).
+    fn scrub(&self, ptr: DevicePtr, bytes: u64) -> Result<(), CuError> {
+        self.conn.mem_fill(ptr, &[0], bytes)
     }
 
     fn name(&self, h: Handle) -> Handle {
@@ -170,11 +181,21 @@ impl SharedView {
 impl DeviceContext for SharedView {
     fn mem_alloc(&self, bytes: u64) -> Result<DevicePtr, CuError> {
         let ptr = self.conn.mem_alloc(bytes)?;
-        lock(&self.state).allocations.insert(ptr);
+        lock(&self.state).allocations.insert(ptr, bytes);
         Ok(ptr)
     }
 
     fn mem_free(&self, ptr: DevicePtr) -> Result<(), CuError> {
+        let bytes = lock(&self.state).allocations.get(&ptr).copied();
+        if let Some(bytes) = bytes {
+            // Nothing of the session's may write it after the scrub (cuMemFree
+            // waits for the device anyway; a closing session's work may run).
+            let streams = self.streams_of(&lock(&self.state), SyncTarget::Context);
+            for stream in streams {
+                self.conn.synchronize(stream).result?;
+            }
+            self.scrub(ptr, bytes)?;
+        }
         self.conn.mem_free(ptr)?;
         lock(&self.state).allocations.remove(&ptr);
         Ok(())
@@ -400,8 +421,9 @@ impl Drop for SharedView {
         for m in state.modules {
             self.conn.module_unload(m);
         }
-        for p in state.allocations {
-            if let Err(e) = self.conn.mem_free(p) {
+        for (p, bytes) in state.allocations {
+            let freed = self.scrub(p, bytes).and_then(|()| self.conn.mem_free(p));
+            if let Err(e) = freed {
                 tracing::warn!("shared context: freeing {p:#x} failed: {e}");
             }
         }
