@@ -7,15 +7,15 @@
 # Writes $OUT/leftover.txt.
 #
 #   OUT=/some/dir bench/h100/leftover.sh
-# Optional: KIT=, OLD_KIT=, NVCC=, MIB= (default 64), ROUNDS= (default 3).
+# Optional: KIT=, OLD_KIT=, NVCC=, SIZES= (default "4K 64K 1M 2M 64M"), ROUNDS= (default 2).
 set -u
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 KIT=${KIT:-$ROOT/device-kit}
 OLD_KIT=${OLD_KIT:-}
 OUT=${OUT:-/tmp/cumux-leftover}
 NVCC=${NVCC:-/usr/local/cuda/bin/nvcc}
-MIB=${MIB:-64}
-ROUNDS=${ROUNDS:-3}
+SIZES=${SIZES:-4K 64K 1M 2M 64M}
+ROUNDS=${ROUNDS:-2}
 mkdir -p "$OUT"
 W=$(mktemp -d /tmp/cumux-leftover.XXXXXX)
 if [ -z "${CUMUX_REAL_LIBCUDA:-}" ]; then
@@ -32,10 +32,12 @@ for kit in "${kits[@]}"; do
         "$kit/cumux" serve --device cuda --sharing "$sharing" --listen "unix:$W/s.sock" >"$W/server.log" 2>&1 &
         server=$!
         for _ in $(seq 300); do [ -S "$W/s.sock" ] && break; sleep 0.1; done
-        for r in $(seq "$ROUNDS"); do
-            "$kit/cumux" run --server "unix:$W/s.sock" --tenant a -- "$W/leftover" leave "$MIB" >/dev/null 2>&1
-            found=$("$kit/cumux" run --server "unix:$W/s.sock" --tenant b -- "$W/leftover" find "$MIB" 2>&1 | tail -1)
-            echo "$(head -1 "$kit/COMMIT" 2>/dev/null) $sharing round $r: $found" | tee -a "$REPORT"
+        for size in $SIZES; do
+            for r in $(seq "$ROUNDS"); do
+                "$kit/cumux" run --server "unix:$W/s.sock" --tenant a -- "$W/leftover" leave "$size" >/dev/null 2>&1
+                found=$("$kit/cumux" run --server "unix:$W/s.sock" --tenant b -- "$W/leftover" find "$size" 2>&1 | tail -1)
+                echo "$(head -1 "$kit/COMMIT" 2>/dev/null) $sharing $size round $r: $found" | tee -a "$REPORT"
+            done
         done
         kill "$server"
         wait "$server" 2>/dev/null

@@ -1,6 +1,7 @@
 // What memory a tenant freed still holds when another tenant allocates it.
-//   leftover leave MIB   allocates MIB MiB, fills it with 0xA5, frees it, exits
-//   leftover find MIB    allocates MIB MiB and counts the bytes that are not zero:
+//   leftover leave SIZE  allocates SIZE (bytes, or with K or M), fills it with 0xA5,
+//                        frees it, exits
+//   leftover find SIZE   allocates SIZE and counts the bytes that are not zero:
 //                        prints "leftover: PASS" when none are (cudaMalloc does not
 //                        promise zeroes, but another tenant's bytes must not show)
 #include <cstdio>
@@ -11,10 +12,13 @@
 
 int main(int argc, char** argv) {
     if (argc < 3) {
-        fprintf(stderr, "usage: leftover leave|find MIB\n");
+        fprintf(stderr, "usage: leftover leave|find SIZE\n");
         return 2;
     }
-    size_t bytes = (size_t)atoi(argv[2]) << 20;
+    char* unit = nullptr;
+    size_t bytes = strtoull(argv[2], &unit, 10);
+    if (*unit == 'K') bytes <<= 10;
+    if (*unit == 'M') bytes <<= 20;
     unsigned char* p = nullptr;
     if (cudaMalloc(&p, bytes) != cudaSuccess) {
         printf("leftover: FAIL: cudaMalloc\n");
