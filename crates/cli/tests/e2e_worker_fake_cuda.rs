@@ -186,6 +186,20 @@ fn cuda_contexts_live_in_workers() {
     let mut left = vec![1u8; 256];
     first.mem_read(s, &mut left).unwrap();
     assert!(left.iter().all(|&b| b == 0), "{left:?}");
+    // So are a module's globals when it is unloaded: the fake keeps them where
+    // the next load finds them, as a GPU's allocator may give their memory out.
+    let m = first.module_load(&image).unwrap();
+    let global = m.globals[0].ptr;
+    first.mem_write(global, &[0x33; 16]).unwrap();
+    first.module_unload(m.id);
+    let again = first.module_load(&image).unwrap();
+    assert_eq!(again.globals[0].ptr, global);
+    let mut kept = vec![1u8; 16];
+    first.mem_read(global, &mut kept).unwrap();
+    assert_eq!(
+        kept, [0u8; 16],
+        "an unloaded module's global kept its bytes"
+    );
     drop(first);
     drop(shared);
     wait_until("every worker to exit", || children().is_empty());

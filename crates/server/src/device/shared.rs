@@ -14,8 +14,9 @@
 //!   streams, not the other tenants'.
 //! - **Clean-up**: dropping the view frees the session's memory, modules,
 //!   streams and events in the shared context; the context lives on.
-//! - **Scrubbed memory**: what a session frees is zeroed first, so the next
-//!   allocation, another tenant's perhaps, finds none of its bytes.
+//! - **Scrubbed memory**: what a session frees (its modules' globals too) is
+//!   zeroed first, so the next allocation, another tenant's perhaps, finds
+//!   none of its bytes.
 //!
 //! What it cannot add: a kernel may read or write any address of the shared
 //! context, so tenants are protected from each other's API calls (the session
@@ -71,7 +72,8 @@ struct ViewState {
     internal_events: HashSet<Handle>,
     /// The session's allocations: base → bytes.
     allocations: HashMap<DevicePtr, u64>,
-    modules: HashSet<ModuleId>,
+    /// The session's modules, with their globals (base, bytes).
+    modules: HashMap<ModuleId, Vec<(DevicePtr, u64)>>,
     /// The priority of the session's own default stream.
     own_priority: i32,
 }
@@ -91,6 +93,17 @@ impl SharedView {
             tag: tag % 0xff_ffff + 1,
             state: Mutex::new(ViewState::default()),
         }
+    }
+
+    /// Unloads `module` once its `globals` are scrubbed: the driver frees them
+    /// to the context's allocator like any memory.
+    fn unload(&self, module: ModuleId, globals: &[(DevicePtr, u64)]) {
+        for &(ptr, bytes) in globals.iter().filter(|g| g.1 > 0) {
+            if let Err(e) = self.scrub(ptr, bytes) {
+                tracing::warn!("shared context: scrubbing a global at {ptr:#x} failed: {e}");
+            }
+        }
+        self.conn.module_unload(module);
     }
 
     /// Zeroes `bytes` at `ptr` before the memory goes back to the context: its
@@ -219,13 +232,15 @@ impl DeviceContext for SharedView {
 
     fn module_load(&self, image: &[u8]) -> Result<LoadedModule, CuError> {
         let module = self.conn.module_load(image)?;
-        lock(&self.state).modules.insert(module.id);
+        let globals = module.globals.iter().map(|g| (g.ptr, g.size)).collect();
+        lock(&self.state).modules.insert(module.id, globals);
         Ok(module)
     }
 
     fn module_unload(&self, module: ModuleId) {
-        if lock(&self.state).modules.remove(&module) {
-            self.conn.module_unload(module);
+        let globals = lock(&self.state).modules.remove(&module);
+        if let Some(globals) = globals {
+            self.unload(module, &globals);
         }
     }
 
@@ -418,8 +433,8 @@ impl Drop for SharedView {
         }
         // The session's work is done or skipped by now; what it held goes back.
         let _ = self.synchronize_all(&state);
-        for m in state.modules {
-            self.conn.module_unload(m);
+        for (m, globals) in state.modules {
+            self.unload(m, &globals);
         }
         for (p, bytes) in state.allocations {
             let freed = self.scrub(p, bytes).and_then(|()| self.conn.mem_free(p));
