@@ -788,3 +788,41 @@ fn copies_and_memsets_are_scheduled_like_launches() {
         assert!(charged > 0.0, "{policy}: {json}");
     }
 }
+
+/// In `shared` mode the tenants' kernels print into one context, whose device
+/// printf comes out wherever the next wait flushes it; each program must still
+/// see its own lines, all of them, and none of another's.
+#[test]
+fn printf_in_shared_mode_reaches_only_its_own_program() {
+    let server = WorkerServer::start_sharing("shared-printf", false, "shared");
+    let program = test_program("printf_tagged");
+    let tags = ["abc", "def", "ghi"];
+    let runs: Vec<_> = tags
+        .iter()
+        .map(|tag| {
+            server
+                .command(&program, &[tag, "40"])
+                .spawn()
+                .expect("cumux run starts")
+        })
+        .collect();
+    for (tag, run) in tags.iter().zip(runs) {
+        let out = wait_bounded(run, LIMIT);
+        passes(&out, &server);
+        let lines: Vec<&str> = out
+            .stdout
+            .lines()
+            .filter(|l| l.starts_with("tag "))
+            .collect();
+        let own = lines
+            .iter()
+            .filter(|l| l.starts_with(&format!("tag {tag} ")))
+            .count();
+        assert_eq!(
+            (own, lines.len()),
+            (40, 40),
+            "{tag}: its own lines, and all device lines it got\n{}",
+            out.describe()
+        );
+    }
+}

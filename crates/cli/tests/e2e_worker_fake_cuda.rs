@@ -8,8 +8,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use cumux_protocol::codes;
+use cumux_protocol::DEFAULT_STREAM;
 use cumux_server::device::worker::{cuda_worker_devices, Sharing};
-use cumux_server::device::LaunchGeometry;
+use cumux_server::device::{LaunchGeometry, StreamWork, SyncTarget};
 
 const CUMUX: &str = env!("CARGO_BIN_EXE_cumux");
 
@@ -200,6 +201,35 @@ fn cuda_contexts_live_in_workers() {
         kept, [0u8; 16],
         "an unloaded module's global kept its bytes"
     );
+
+    // Device printf in one context comes out wherever the next wait flushes
+    // it; each session still gets what its own kernels printed.
+    let third = shared[0].create_context().unwrap();
+    let m3 = third.module_load(&image).unwrap();
+    let (buf1, buf3) = (first.mem_alloc(64).unwrap(), third.mem_alloc(64).unwrap());
+    let scale = |buf: u64, n: i32| {
+        let mut p = buf.to_le_bytes().to_vec();
+        p.extend_from_slice(&2.0f32.to_le_bytes());
+        p.extend_from_slice(&n.to_le_bytes());
+        p
+    };
+    let ordered = first.stream_ordered().unwrap();
+    assert!(ordered.enqueue(
+        DEFAULT_STREAM,
+        StreamWork::Launch {
+            module: again.id,
+            kernel: 1,
+            geometry: geometry.clone(),
+            params: scale(buf1, 3),
+        },
+    ));
+    // The first session's kernel has printed before the other waits.
+    std::thread::sleep(Duration::from_millis(100));
+    let out3 = third.launch(m3.id, 1, &geometry, &scale(buf3, 5));
+    assert_eq!(String::from_utf8_lossy(&out3.stdout), "scale printed n=5\n");
+    let out1 = ordered.synchronize(SyncTarget::Context);
+    assert_eq!(String::from_utf8_lossy(&out1.stdout), "scale printed n=3\n");
+    drop(third);
     drop(first);
     drop(shared);
     wait_until("every worker to exit", || children().is_empty());

@@ -47,6 +47,36 @@ const DEFAULT_SLOT: Handle = INTERNAL | 1;
 /// `CU_STREAM_NON_BLOCKING`.
 const NON_BLOCKING: u32 = 0x1;
 
+/// Device printf of one shared context, routed to the session whose kernel
+/// printed it. The driver writes a context's printf wherever the next wait
+/// flushes it, whichever session waits; so the kernels of modules that can
+/// print run one at a time across the context's sessions, each waited for
+/// on its stream before the next may start, and whatever text any wait
+/// brings back belongs to the session that launched the last of them.
+#[derive(Default)]
+pub struct PrintRoute {
+    /// Held while a printing kernel runs and is waited for.
+    turn: Mutex<()>,
+    /// The inbox of the session whose printing kernel ran last.
+    owner: Mutex<Option<Arc<Mutex<Vec<u8>>>>>,
+}
+
+impl PrintRoute {
+    /// Gives `text`, device printf that some session's wait brought back, to
+    /// the session whose printing kernel ran last; with none (no module of
+    /// the context prints through the driver, as on the CPU device, whose
+    /// workers return each connection's own printf), it stays the waiter's.
+    fn deliver(&self, text: Vec<u8>, waiter: &Mutex<Vec<u8>>) {
+        if text.is_empty() {
+            return;
+        }
+        match &*lock(&self.owner) {
+            Some(inbox) => lock(inbox).extend_from_slice(&text),
+            None => lock(waiter).extend_from_slice(&text),
+        }
+    }
+}
+
 /// One session's view of a shared worker context.
 pub struct SharedView {
     /// The worker's own connection: kept so the shared context lives.
@@ -56,6 +86,11 @@ pub struct SharedView {
     conn: WorkerContext,
     tag: u64,
     state: Mutex<ViewState>,
+    /// The context's printf route, and this session's share of what it routes.
+    route: Arc<PrintRoute>,
+    inbox: Arc<Mutex<Vec<u8>>>,
+    /// Whether a module image can print through the driver.
+    may_print: fn(&[u8]) -> bool,
 }
 
 #[derive(Default)]
@@ -76,6 +111,11 @@ struct ViewState {
     modules: HashMap<ModuleId, Vec<(DevicePtr, u64)>>,
     /// The priority of the session's own default stream.
     own_priority: i32,
+    /// Modules that can print, and graphs with launches of theirs.
+    printing: HashSet<ModuleId>,
+    printing_graphs: HashSet<Handle>,
+    /// A failure of a printing launch's wait, for the session's next wait.
+    deferred: Option<CuError>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -84,14 +124,97 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 impl SharedView {
     /// A view numbered `tag` (unique among the context's live views) over
-    /// `conn`, a connection of its own to `primary`'s context.
-    pub fn new(primary: Arc<WorkerContext>, conn: WorkerContext, tag: u64) -> Self {
+    /// `conn`, a connection of its own to `primary`'s context, whose printf
+    /// `route` takes; `may_print` tells modules that can print.
+    pub fn new(
+        primary: Arc<WorkerContext>,
+        conn: WorkerContext,
+        tag: u64,
+        route: Arc<PrintRoute>,
+        may_print: fn(&[u8]) -> bool,
+    ) -> Self {
         SharedView {
             _primary: primary,
             conn,
             // 1 ..= 2^24 - 1: never 0, so no name is a session's own.
             tag: tag % 0xff_ffff + 1,
             state: Mutex::new(ViewState::default()),
+            route,
+            inbox: Arc::new(Mutex::new(Vec::new())),
+            may_print,
+        }
+    }
+
+    /// Queues `work` on `stream` in the shared context: its handles renamed,
+    /// the legacy default stream's order kept within the session.
+    fn enqueue_plain(&self, stream: Handle, work: StreamWork) -> bool {
+        let mut state = lock(&self.state);
+        let work = match work {
+            StreamWork::Record { event } => StreamWork::Record {
+                event: self.name(event),
+            },
+            StreamWork::Wait { event } => StreamWork::Wait {
+                event: self.name(event),
+            },
+            StreamWork::Graph { graph } => StreamWork::Graph {
+                graph: self.name(graph),
+            },
+            other => other,
+        };
+        if stream == DEFAULT_STREAM {
+            if let Err(e) = self.default_stream(&mut state) {
+                tracing::warn!("shared context: no default stream: {e}");
+            }
+            for blocking in std::mem::take(&mut state.ahead_of_default) {
+                self.order_after(&mut state, DEFAULT_STREAM, blocking);
+            }
+            let queued = self.conn.enqueue(self.name(DEFAULT_STREAM), work);
+            let blocking: Vec<Handle> = state
+                .streams
+                .iter()
+                .filter(|(_, b)| **b)
+                .map(|(s, _)| *s)
+                .collect();
+            state.behind_default.extend(blocking);
+            return queued;
+        }
+        if state.streams.get(&stream) == Some(&true) {
+            if state.behind_default.remove(&stream) && state.default_created {
+                self.order_after(&mut state, stream, DEFAULT_STREAM);
+            }
+            state.ahead_of_default.insert(stream);
+        }
+        self.conn.enqueue(self.name(stream), work)
+    }
+
+    /// Runs `f`, a printing launch and the wait for it, in the context's
+    /// printing turn, this session the owner of what it prints.
+    fn printing_turn<T>(&self, f: impl FnOnce() -> T) -> T {
+        let _turn = lock(&self.route.turn);
+        *lock(&self.route.owner) = Some(Arc::clone(&self.inbox));
+        f()
+    }
+
+    /// `out` with the session's own printf: what came back with it goes to
+    /// its owner, and this session gets what is its own (and a printing
+    /// launch's failure, if it has none of its own).
+    fn routed(&self, mut out: LaunchOutcome) -> LaunchOutcome {
+        self.route
+            .deliver(std::mem::take(&mut out.stdout), &self.inbox);
+        out.stdout = std::mem::take(&mut *lock(&self.inbox));
+        if let (Ok(()), Some(e)) = (&out.result, lock(&self.state).deferred.take()) {
+            out.result = Err(e);
+        }
+        out
+    }
+
+    /// Whether `work` launches a kernel that can print.
+    fn prints(&self, work: &StreamWork) -> bool {
+        let state = lock(&self.state);
+        match work {
+            StreamWork::Launch { module, .. } => state.printing.contains(module),
+            StreamWork::Graph { graph } => state.printing_graphs.contains(graph),
+            _ => false,
         }
     }
 
@@ -205,7 +328,9 @@ impl DeviceContext for SharedView {
             // waits for the device anyway; a closing session's work may run).
             let streams = self.streams_of(&lock(&self.state), SyncTarget::Context);
             for stream in streams {
-                self.conn.synchronize(stream).result?;
+                let waited = self.conn.synchronize(stream);
+                self.route.deliver(waited.stdout, &self.inbox);
+                waited.result?;
             }
             self.scrub(ptr, bytes)?;
         }
@@ -233,12 +358,21 @@ impl DeviceContext for SharedView {
     fn module_load(&self, image: &[u8]) -> Result<LoadedModule, CuError> {
         let module = self.conn.module_load(image)?;
         let globals = module.globals.iter().map(|g| (g.ptr, g.size)).collect();
-        lock(&self.state).modules.insert(module.id, globals);
+        let mut state = lock(&self.state);
+        state.modules.insert(module.id, globals);
+        if (self.may_print)(image) {
+            state.printing.insert(module.id);
+        }
+        drop(state);
         Ok(module)
     }
 
     fn module_unload(&self, module: ModuleId) {
-        let globals = lock(&self.state).modules.remove(&module);
+        let globals = {
+            let mut state = lock(&self.state);
+            state.printing.remove(&module);
+            state.modules.remove(&module)
+        };
         if let Some(globals) = globals {
             self.unload(module, &globals);
         }
@@ -251,7 +385,12 @@ impl DeviceContext for SharedView {
         geometry: &LaunchGeometry,
         params: &[u8],
     ) -> LaunchOutcome {
-        self.conn.launch(module, kernel, geometry, params)
+        let launch = || self.conn.launch(module, kernel, geometry, params);
+        let out = match lock(&self.state).printing.contains(&module) {
+            true => self.printing_turn(launch),
+            false => launch(),
+        };
+        self.routed(out)
     }
 
     fn tensor_map_encode(&self, request: &TensorMapRequest) -> Result<Vec<u8>, CuError> {
@@ -324,51 +463,32 @@ impl StreamOrdered for SharedView {
     }
 
     fn graph_create(&self, graph: Handle, launches: Vec<StreamWork>) -> Result<(), CuError> {
-        self.conn.graph_create(self.name(graph), launches)
+        let prints = launches.iter().any(|l| self.prints(l));
+        self.conn.graph_create(self.name(graph), launches)?;
+        if prints {
+            lock(&self.state).printing_graphs.insert(graph);
+        }
+        Ok(())
     }
 
     fn graph_destroy(&self, graph: Handle) {
         self.conn.graph_destroy(self.name(graph));
+        lock(&self.state).printing_graphs.remove(&graph);
     }
 
     fn enqueue(&self, stream: Handle, work: StreamWork) -> bool {
-        let mut state = lock(&self.state);
-        let work = match work {
-            StreamWork::Record { event } => StreamWork::Record {
-                event: self.name(event),
-            },
-            StreamWork::Wait { event } => StreamWork::Wait {
-                event: self.name(event),
-            },
-            StreamWork::Graph { graph } => StreamWork::Graph {
-                graph: self.name(graph),
-            },
-            other => other,
-        };
-        if stream == DEFAULT_STREAM {
-            if let Err(e) = self.default_stream(&mut state) {
-                tracing::warn!("shared context: no default stream: {e}");
-            }
-            for blocking in std::mem::take(&mut state.ahead_of_default) {
-                self.order_after(&mut state, DEFAULT_STREAM, blocking);
-            }
-            let queued = self.conn.enqueue(self.name(DEFAULT_STREAM), work);
-            let blocking: Vec<Handle> = state
-                .streams
-                .iter()
-                .filter(|(_, b)| **b)
-                .map(|(s, _)| *s)
-                .collect();
-            state.behind_default.extend(blocking);
-            return queued;
+        if !self.prints(&work) {
+            return self.enqueue_plain(stream, work);
         }
-        if state.streams.get(&stream) == Some(&true) {
-            if state.behind_default.remove(&stream) && state.default_created {
-                self.order_after(&mut state, stream, DEFAULT_STREAM);
+        self.printing_turn(|| {
+            let queued = self.enqueue_plain(stream, work);
+            let waited = self.conn.synchronize(SyncTarget::Stream(self.name(stream)));
+            self.route.deliver(waited.stdout, &self.inbox);
+            if let Err(e) = waited.result {
+                lock(&self.state).deferred.get_or_insert(e);
             }
-            state.ahead_of_default.insert(stream);
-        }
-        self.conn.enqueue(self.name(stream), work)
+            queued
+        })
     }
 
     fn read(&self, stream: Handle, src: DevicePtr, buf: &mut [u8]) -> LaunchOutcome {
@@ -391,7 +511,7 @@ impl StreamOrdered for SharedView {
             }
         }
         drop(state);
-        self.conn.read(self.name(stream), src, buf)
+        self.routed(self.conn.read(self.name(stream), src, buf))
     }
 
     fn synchronize(&self, target: SyncTarget) -> LaunchOutcome {
@@ -407,7 +527,7 @@ impl StreamOrdered for SharedView {
                 out.result = one.result;
             }
         }
-        out
+        self.routed(out)
     }
 
     fn query(&self, target: SyncTarget) -> Result<bool, CuError> {
@@ -460,7 +580,9 @@ impl Drop for SharedView {
 impl SharedView {
     fn synchronize_all(&self, state: &ViewState) -> Result<(), CuError> {
         for t in self.streams_of(state, SyncTarget::Context) {
-            self.conn.synchronize(t).result?;
+            let waited = self.conn.synchronize(t);
+            self.route.deliver(waited.stdout, &self.inbox);
+            waited.result?;
         }
         Ok(())
     }

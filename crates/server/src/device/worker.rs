@@ -44,7 +44,7 @@ use cumux_protocol::{
 };
 use serde::{Deserialize, Serialize};
 
-use super::shared::SharedView;
+use super::shared::{PrintRoute, SharedView};
 use super::signals::SignalArea;
 use super::spin::answer_spin_time;
 use super::watchdog::{AreaWatch, ContextWatch, Reset, Watchdog};
@@ -414,9 +414,13 @@ pub struct WorkerDevice {
     used: Arc<AtomicU64>,
     next_module: Arc<AtomicU64>,
     sharing: Sharing,
-    /// The context sessions share (`Shared`), replaced once it dies.
-    shared: Mutex<Option<Arc<WorkerContext>>>,
+    /// The context sessions share (`Shared`), replaced once it dies, and the
+    /// route of its device printf.
+    shared: Mutex<Option<(Arc<WorkerContext>, Arc<PrintRoute>)>>,
     next_view: AtomicU64,
+    /// Whether a module image can print through the driver (which then
+    /// writes it wherever the context's next wait flushes it).
+    may_print: fn(&[u8]) -> bool,
 }
 
 /// `0` turns off the spare worker each device keeps warm for the next session.
@@ -440,7 +444,15 @@ impl WorkerDevice {
             sharing: Sharing::Isolated,
             shared: Mutex::new(None),
             next_view: AtomicU64::new(1),
+            may_print: |_| false,
         }
+    }
+
+    /// The same device, its workers' printing images told by `may_print`
+    /// (see [`image_print_detector`]).
+    pub fn with_print_detector(mut self, may_print: fn(&[u8]) -> bool) -> Self {
+        self.may_print = may_print;
+        self
     }
 
     /// The same device, giving sessions contexts as `sharing` says.
@@ -458,11 +470,12 @@ impl WorkerDevice {
         self
     }
 
-    /// The shared context, started anew if there is none or it died.
-    fn shared_context(&self) -> Arc<WorkerContext> {
+    /// The shared context and its printf route, started anew if there is none
+    /// or it died.
+    fn shared_context(&self) -> (Arc<WorkerContext>, Arc<PrintRoute>) {
         let mut slot = lock(&self.shared);
         match &*slot {
-            Some(ctx) if !ctx.is_dead() => Arc::clone(ctx),
+            Some((ctx, route)) if !ctx.is_dead() => (Arc::clone(ctx), Arc::clone(route)),
             _ => {
                 if slot.is_some() {
                     tracing::warn!("the shared context died; new sessions get a fresh one");
@@ -472,8 +485,9 @@ impl WorkerDevice {
                     Arc::clone(&self.used),
                     Arc::clone(&self.next_module),
                 ));
-                *slot = Some(Arc::clone(&ctx));
-                ctx
+                let route = Arc::new(PrintRoute::default());
+                *slot = Some((Arc::clone(&ctx), Arc::clone(&route)));
+                (ctx, route)
             }
         }
     }
@@ -493,9 +507,15 @@ impl Device for WorkerDevice {
     fn create_context(&self) -> Result<Arc<dyn DeviceContext>, CuError> {
         if self.sharing == Sharing::Shared {
             let tag = self.next_view.fetch_add(1, Ordering::Relaxed);
-            let primary = self.shared_context();
+            let (primary, route) = self.shared_context();
             let conn = primary.open_connection()?;
-            return Ok(Arc::new(SharedView::new(primary, conn, tag)));
+            return Ok(Arc::new(SharedView::new(
+                primary,
+                conn,
+                tag,
+                route,
+                self.may_print,
+            )));
         }
         Ok(Arc::new(WorkerContext::new(
             Some(Arc::clone(&self.launcher)),
@@ -516,7 +536,7 @@ impl Device for WorkerDevice {
             "starting the device's workers (each creates its context)"
         );
         if self.sharing == Sharing::Shared {
-            if let Err(e) = self.shared_context().start_now() {
+            if let Err(e) = self.shared_context().0.start_now() {
                 tracing::warn!(ordinal, "the shared worker did not start: {e}");
                 return;
             }
@@ -1648,7 +1668,8 @@ pub fn cpu_worker_device(
     Arc::new(
         WorkerDevice::new(info, command)
             .with_sharing(sharing)
-            .with_kernel_timeout(kernel_timeout),
+            .with_kernel_timeout(kernel_timeout)
+            .with_print_detector(image_print_detector("cpu")),
     )
 }
 
@@ -1686,7 +1707,8 @@ pub fn cuda_worker_devices(
                 WorkerCommand::cumux(program.clone(), "cuda", ordinal, None),
             )
             .with_sharing(sharing)
-            .with_kernel_timeout(kernel_timeout),
+            .with_kernel_timeout(kernel_timeout)
+            .with_print_detector(image_print_detector("cuda")),
         ));
     }
     Ok(out)
