@@ -13,7 +13,8 @@
 #   OUT=/some/dir bench/h100/smoke.sh
 # Optional: KIT=, NVCC=, NVCC_FLAGS= (extra nvcc arguments), DEVICE= (default
 # cuda; cpu for a dry run without a GPU), PROGRAMS="vector_add saxpy" (a
-# subset of corpus and driver programs), CUMUX_REAL_LIBCUDA= (default: the
+# subset of corpus and driver programs), SERVE_ARGS= (more `cumux serve`
+# arguments, e.g. "--sharing shared"), CUMUX_REAL_LIBCUDA= (default: the
 # libcuda.so.1 ldconfig knows).
 set -u
 
@@ -64,7 +65,8 @@ if [ -x "$KIT/cumux-cuda-probe" ] && [ "$DEVICE" = cuda ]; then
 fi
 
 # --- server ---------------------------------------------------------------
-"$KIT/cumux" serve --device "$DEVICE" --listen "$SERVER" >"$LOG" 2>&1 &
+# shellcheck disable=SC2086 # a list of arguments
+"$KIT/cumux" serve --device "$DEVICE" --listen "$SERVER" ${SERVE_ARGS:-} >"$LOG" 2>&1 &
 SERVER_PID=$!
 stop_server() {
     if kill -0 "$SERVER_PID" 2>/dev/null; then
