@@ -336,6 +336,17 @@ fn copy_kernel_id(work: &StreamWork) -> cumux_scheduler::KernelId {
     }
 }
 
+/// The scheduler's name of `stream`, made at its first use (see
+/// `Session::sched_streams`).
+fn sched_stream_of(
+    names: &mut HashMap<Handle, cumux_scheduler::StreamId>,
+    stream: Handle,
+) -> cumux_scheduler::StreamId {
+    *names.entry(stream).or_insert_with(|| {
+        cumux_scheduler::StreamId(NEXT_SCHED_STREAM.fetch_add(1, Ordering::Relaxed))
+    })
+}
+
 /// Queues the signals that cover every launch of the session not yet covered.
 fn flush_signals(ordered: &dyn StreamOrdered, signals: &mut StreamSignals) {
     for (stream, slot, value) in signals.flush() {
@@ -1048,9 +1059,7 @@ impl Session {
                 failed.set(true);
             }
         };
-        let sched_stream = *self.sched_streams.entry(stream).or_insert_with(|| {
-            cumux_scheduler::StreamId(NEXT_SCHED_STREAM.fetch_add(1, Ordering::Relaxed))
-        });
+        let sched_stream = sched_stream_of(&mut self.sched_streams, stream);
         // Work the gate never holds goes to the device first and is accounted
         // right after: the gate's bookkeeping stays off the kernel's start.
         let mut work = Some(work);
@@ -1288,9 +1297,7 @@ impl Session {
             return work;
         };
         let gate = Arc::clone(gate);
-        let sched_stream = *self.sched_streams.entry(stream).or_insert_with(|| {
-            cumux_scheduler::StreamId(NEXT_SCHED_STREAM.fetch_add(1, Ordering::Relaxed))
-        });
+        let sched_stream = sched_stream_of(&mut self.sched_streams, stream);
         Box::new(move || {
             let _ = gate.run(sched_stream, kernel_id, None, work);
         })
