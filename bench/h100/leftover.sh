@@ -18,10 +18,8 @@ SIZES=${SIZES:-4K 64K 1M 2M 64M}
 ROUNDS=${ROUNDS:-2}
 mkdir -p "$OUT"
 W=$(mktemp -d /tmp/cumux-leftover.XXXXXX)
-if [ -z "${CUMUX_REAL_LIBCUDA:-}" ]; then
-    real=$(ldconfig -p 2>/dev/null | awk '/libcuda\.so\.1 .*x86-64/ { print $NF; exit }')
-    [ -n "$real" ] && export CUMUX_REAL_LIBCUDA=$real
-fi
+# shellcheck source=bench/h100/lib.sh
+. "$ROOT/bench/h100/lib.sh"
 "$NVCC" -O2 -arch=sm_90 -o "$W/leftover" "$ROOT/tests/cuda/tenants/leftover.cu" || exit 1
 REPORT=$OUT/leftover.txt
 : >"$REPORT"

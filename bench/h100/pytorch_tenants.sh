@@ -16,10 +16,8 @@ DEVICE=${DEVICE:-cuda}
 PY=$ROOT/bench/h100/pytorch_tenants.py
 mkdir -p "$OUT"
 W=$(mktemp -d /tmp/cumux-ptt.XXXXXX)
-if [ -z "${CUMUX_REAL_LIBCUDA:-}" ]; then
-    real=$(ldconfig -p 2>/dev/null | awk '/libcuda\.so\.1 .*x86-64/ { print $NF; exit }')
-    [ -n "$real" ] && export CUMUX_REAL_LIBCUDA=$real
-fi
+# shellcheck source=bench/h100/lib.sh
+. "$ROOT/bench/h100/lib.sh"
 REPORT=$OUT/pytorch-tenants.txt
 : >"$REPORT"
 say() { echo "$*" | tee -a "$REPORT"; }

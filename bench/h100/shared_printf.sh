@@ -15,10 +15,8 @@ N=${N:-200}
 COPIES=${COPIES:-4}
 mkdir -p "$OUT"
 W=$(mktemp -d /tmp/cumux-sp.XXXXXX)
-if [ -z "${CUMUX_REAL_LIBCUDA:-}" ]; then
-    real=$(ldconfig -p 2>/dev/null | awk '/libcuda\.so\.1 .*x86-64/ { print $NF; exit }')
-    [ -n "$real" ] && export CUMUX_REAL_LIBCUDA=$real
-fi
+# shellcheck source=bench/h100/lib.sh
+. "$ROOT/bench/h100/lib.sh"
 "$NVCC" -O2 -arch=sm_90 -o "$W/pt" "$ROOT/crates/cli/tests/cuda/printf_tagged.cu" || exit 1
 REPORT=$OUT/shared_printf.txt
 : >"$REPORT"

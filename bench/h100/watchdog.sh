@@ -22,10 +22,8 @@ EXTRA=()
 [ "$DEVICE" = worker-cpu ] && EXTRA=(--launch-budget 0)
 mkdir -p "$OUT"
 W=$(mktemp -d /tmp/cumux-watchdog.XXXXXX)
-if [ -z "${CUMUX_REAL_LIBCUDA:-}" ]; then
-    real=$(ldconfig -p 2>/dev/null | awk '/libcuda\.so\.1 .*x86-64/ { print $NF; exit }')
-    [ -n "$real" ] && export CUMUX_REAL_LIBCUDA=$real
-fi
+# shellcheck source=bench/h100/lib.sh
+. "$ROOT/bench/h100/lib.sh"
 for p in endless_kernel copies_only; do
     # shellcheck disable=SC2086 # a flag list
     "$NVCC" -O2 -arch=sm_90 $NVCC_FLAGS -o "$W/$p" "$ROOT/crates/cli/tests/cuda/$p.cu" || exit 1

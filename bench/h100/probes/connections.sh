@@ -17,10 +17,8 @@ SECS=${SECS:-3}
 ROUNDS=${ROUNDS:-2}
 mkdir -p "$OUT"
 W=$(mktemp -d /tmp/cumux-connections.XXXXXX)
-if [ -z "${CUMUX_REAL_LIBCUDA:-}" ]; then
-    real=$(ldconfig -p 2>/dev/null | awk '/libcuda\.so\.1 .*x86-64/ { print $NF; exit }')
-    [ -n "$real" ] && export CUMUX_REAL_LIBCUDA=$real
-fi
+# shellcheck source=bench/h100/lib.sh
+. "$ROOT/bench/h100/lib.sh"
 P=$ROOT/bench/h100/probes/launch_probe.cu
 "$NVCC" -O2 -arch=sm_90 -o "$W/lp" "$P" -lcuda || exit 1
 "$NVCC" -arch=sm_90 -cubin -o "$W/launch_probe.cubin" "$P" || exit 1
