@@ -523,6 +523,11 @@ pub mod codes {
     pub const LAUNCH_FAILED: u32 = 719;
     pub const NOT_SUPPORTED: u32 = 801;
     pub const UNKNOWN: u32 = 999;
+
+    /// Codes after which CUDA's context is unusable: every later call fails with them.
+    pub fn is_fatal(code: u32) -> bool {
+        matches!(code, ILLEGAL_ADDRESS | LAUNCH_TIMEOUT | 714..=719)
+    }
 }
 
 #[cfg(test)]

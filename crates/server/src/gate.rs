@@ -2,7 +2,7 @@
 //! device's [`Scheduler`] (policy `fair` or `priority`) lets it go. Dispatch happens
 //! inline under the gate's mutex whenever an item arrives, completes or is cancelled,
 //! and waiters time their waits to `next_wakeup`. Two ways to finish an item: a stream
-//! worker runs the launch synchronously and reports it ([`GateSession::run`]), or the
+//! thread runs the launch synchronously and reports it ([`GateSession::run`]), or the
 //! launch is queued on the device with a completion signal ([`GateSession::admit`],
 //! [`GateSession::watch`]) that a watcher thread polls. Under `fifo` the server builds
 //! no gate at all.
@@ -18,7 +18,59 @@ use cumux_scheduler::{
 };
 
 use crate::device::signals::SignalArea;
+use crate::device::StreamWork;
 use crate::tenants::{TenantClass, TenantSettings};
+
+/// The scheduler's names for copies and memsets, by kind (launches are named by
+/// module and kernel, far below these): each kind's cost is learnt apart.
+const TO_DEVICE: KernelId = KernelId(u64::MAX - 1);
+const TO_HOST: KernelId = KernelId(u64::MAX - 2);
+const DEVICE_COPY: KernelId = KernelId(u64::MAX - 3);
+const MEMSET: KernelId = KernelId(u64::MAX - 4);
+
+/// The scheduler's name of `work`: a launch by its device module and kernel
+/// (kernels of one tenant cost alike across its sessions; module ids are unique
+/// per device), a graph as a kernel of its own, copies and memsets by kind.
+/// `None`: work the gate does not schedule (event records and waits, signals).
+pub fn kernel_id_of(work: &StreamWork) -> Option<KernelId> {
+    Some(match work {
+        StreamWork::Launch { module, kernel, .. } => KernelId((module << 16) ^ *kernel as u64),
+        StreamWork::Graph { graph } => KernelId(graph << 16),
+        StreamWork::Write { .. } | StreamWork::HostToDevice { .. } => TO_DEVICE,
+        StreamWork::DeviceToHost { .. } => TO_HOST,
+        StreamWork::Copy { .. } => DEVICE_COPY,
+        StreamWork::Fill { .. } => MEMSET,
+        StreamWork::Record { .. }
+        | StreamWork::Wait { .. }
+        | StreamWork::Signal { .. }
+        | StreamWork::SignalTo { .. } => return None,
+    })
+}
+
+/// The scheduler's name of a device-to-host read.
+pub const READ_KERNEL_ID: KernelId = TO_HOST;
+
+/// Source of the scheduler's stream ids. Ids only need to differ among streams
+/// with work at the gate at once; wrapping after 2^32 streams is harmless.
+static NEXT_SCHED_STREAM: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
+/// The scheduler's names of one session's streams, each made at its first use:
+/// unique server-wide.
+#[derive(Default)]
+pub struct SchedStreams(HashMap<cumux_protocol::Handle, StreamId>);
+
+impl SchedStreams {
+    pub fn of(&mut self, stream: cumux_protocol::Handle) -> StreamId {
+        *self
+            .0
+            .entry(stream)
+            .or_insert_with(|| StreamId(NEXT_SCHED_STREAM.fetch_add(1, Ordering::Relaxed)))
+    }
+
+    pub fn forget(&mut self, stream: cumux_protocol::Handle) {
+        self.0.remove(&stream);
+    }
+}
 
 /// Launches a CPU-side device (the CPU reference device, the model) runs at once under
 /// `fair` and `priority`: one launch already uses every core, so one loses nothing.

@@ -3,9 +3,8 @@
 //! runs their stream-ordered work and reports its state for `cumux status`.
 //!
 //! Map: [`listener`] accepts connections; [`connection`] speaks the wire protocol
-//! for one of them; [`session`] checks and executes calls; [`streams`] orders
-//! work per stream; [`device`] is the backend trait with the `cpu` and `model`
-//! backends; [`status`] keeps the registry of sessions; [`tenants`] says who a
+//! for one of them; [`session`] checks and executes calls; [`device`] is the
+//! backend trait with its backends and the adapters that keep stream order; [`status`] keeps the registry of sessions; [`tenants`] says who a
 //! connection is and keeps each tenant's memory account; [`gate`] holds launches
 //! back until the device's scheduler (`fair`, `priority`) lets them go.
 
@@ -16,7 +15,6 @@ pub mod host_regions;
 pub mod listener;
 pub mod session;
 pub mod status;
-pub mod streams;
 pub mod tenants;
 
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -175,6 +175,11 @@ impl TenantAccount {
         self.gpu_time_ns.fetch_add(ns, Ordering::Relaxed);
     }
 
+    /// Adds `ns` of measured device time (launches counted apart).
+    pub fn record_gpu_time(&self, ns: u64) {
+        self.gpu_time_ns.fetch_add(ns, Ordering::Relaxed);
+    }
+
     /// Launches run by the tenant's sessions since its account was opened.
     pub fn launches(&self) -> u64 {
         self.launches.load(Ordering::Relaxed)

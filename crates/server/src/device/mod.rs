@@ -13,6 +13,8 @@ pub mod serial;
 pub mod shared;
 pub mod signals;
 pub mod spin;
+pub mod stream_threads;
+pub mod threaded;
 pub mod watchdog;
 pub mod worker;
 pub mod worker_link;
@@ -120,12 +122,10 @@ pub trait Device: Send + Sync {
 
 /// One session's share of a device: memory, modules and launches.
 ///
-/// Every method is synchronous: when it returns, the work is done. The server
-/// gives each client stream a worker thread of its own (`streams.rs`) that calls
-/// these methods in stream order, so streams run concurrently and events are
-/// timestamps taken by those workers. A backend over real GPUs (the `cuda`
-/// backend) implements the same methods on a CUDA stream per calling thread and
-/// synchronizes it before returning; the trait needs no notion of streams.
+/// Every method is synchronous: when it returns, the work is done. A context
+/// that keeps no stream order of its own gets it from [`threaded::ThreadedStreams`]
+/// (a thread per stream calling these methods in stream order, so streams run
+/// concurrently and events are timestamps taken by those threads).
 ///
 /// Pointers reaching a context have already been checked by the session against
 /// the client's own allocations; a backend still fails cleanly (never panics)
@@ -265,6 +265,11 @@ pub trait StreamOrdered: Send + Sync {
     /// Queues `work` on `stream` and returns without waiting for it; false when
     /// it failed at once (the failure is kept for the next waiting call).
     fn enqueue(&self, stream: Handle, work: StreamWork) -> bool;
+    /// Runs `work` in `stream`'s order and waits for it (a synchronous copy).
+    fn run_now(&self, stream: Handle, work: StreamWork) -> LaunchOutcome {
+        self.enqueue(stream, work);
+        self.synchronize(SyncTarget::Stream(stream))
+    }
     /// Reads `buf.len()` bytes at `src` once `stream`'s earlier work is done.
     fn read(&self, stream: Handle, src: DevicePtr, buf: &mut [u8]) -> LaunchOutcome;
     /// Waits for `target`: a stream's work so far, an event's latest record,
@@ -304,6 +309,9 @@ pub trait StreamOrdered: Send + Sync {
     fn watched(&self) -> bool {
         false
     }
+    /// At the session's end: work queued and not started is dropped, running
+    /// work finishes, before this returns; waits return at once from then on.
+    fn cancel_queued(&self) {}
     /// Readies an area for [`StreamWork::SignalTo`] work (a GPU registers it).
     fn prepare_signals(&self, area: &Arc<signals::SignalArea>) -> Result<(), CuError> {
         let _ = area;

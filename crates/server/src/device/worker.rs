@@ -53,7 +53,6 @@ use super::{
     Device, DeviceContext, GlobalDesc, KernelDesc, LaunchGeometry, LaunchOutcome, LoadedModule,
     ModuleId, StreamOrdered, StreamWork, SyncTarget,
 };
-use crate::session::is_fatal;
 
 pub use super::worker_process::{
     image_print_detector, serve_worker, WorkerStdout, PRINTF_MARKERS_ENV,
@@ -1209,7 +1208,7 @@ impl WorkerContext {
             hop_trace::mark(Hop::PrintfMarker, kind);
         }
         match reply.result {
-            Err(e) if is_fatal(e.code) => {
+            Err(e) if codes::is_fatal(e.code) => {
                 lock(&self.sticky).get_or_insert_with(|| e.clone());
                 Err(e)
             }

@@ -1,5 +1,5 @@
-//! Stream-ordered execution for one session: a bounded queue and a worker thread
-//! per stream, cross-stream dependencies (legacy default stream, event waits) as
+//! Threads that run one context's streams: a bounded queue and a thread per
+//! stream, cross-stream dependencies (legacy default stream, event waits) as
 //! positions in other streams, and a tracker of how far each stream has run.
 
 use std::collections::HashMap;

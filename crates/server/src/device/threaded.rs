@@ -1,0 +1,590 @@
+//! [`ThreadedStreams`]: CUDA stream semantics over any synchronous [`DeviceContext`]
+//! (the in-process CPU device), with a thread per stream so streams run side by
+//! side; events are timestamps their streams' threads take. Under a scheduling
+//! gate each thread asks it before it runs a piece of work.
+
+use std::collections::HashMap;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{mpsc, Arc, Mutex, MutexGuard};
+use std::time::Instant;
+
+use cumux_protocol::{codes, CuError, DevicePtr, Handle, DEFAULT_STREAM};
+
+use super::signals::SignalArea;
+use super::stream_threads::{Position, Streams, Work};
+use super::{DeviceContext, LaunchOutcome, StreamOrdered, StreamWork, SyncTarget};
+use crate::gate::{kernel_id_of, GateSession, SchedStreams, READ_KERNEL_ID};
+
+/// Payload bytes (async copies, launch parameters) the streams may hold in their
+/// queues; past it, queueing more first waits for the streams to drain.
+pub const MAX_QUEUED_BYTES: u64 = 1 << 30;
+/// Printf output held for the next waiting call before further output is dropped.
+pub const MAX_STDOUT_BYTES: usize = 16 << 20;
+/// `CU_EVENT_DISABLE_TIMING`.
+const EVENT_DISABLE_TIMING: u32 = 0x2;
+
+/// Told the device time of every launch the streams run, in nanoseconds.
+pub type LaunchMeter = Box<dyn Fn(u64) + Send + Sync>;
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn unknown(what: &str, h: Handle) -> CuError {
+    CuError::new(codes::INVALID_HANDLE, format!("unknown {what} {h:#x}"))
+}
+
+/// What the streams' threads share with the caller.
+struct Shared {
+    ctx: Arc<dyn DeviceContext>,
+    /// The first failure of queued work, for the next waiting call.
+    pending: Mutex<Option<CuError>>,
+    /// A fatal failure happened: later work is skipped, as on a dead context.
+    dead: AtomicBool,
+    /// Set by [`StreamOrdered::cancel_queued`]: queued work is skipped.
+    cancelled: AtomicBool,
+    stdout: Mutex<Vec<u8>>,
+    queued_bytes: AtomicU64,
+    signals: Mutex<Option<Arc<SignalArea>>>,
+    meter: Option<LaunchMeter>,
+    /// The session's place at the device's scheduling gate, if any.
+    gate: Option<Arc<GateSession>>,
+}
+
+impl Shared {
+    fn skips_work(&self) -> bool {
+        self.cancelled.load(Ordering::Relaxed) || self.dead.load(Ordering::Relaxed)
+    }
+
+    fn fail(&self, err: CuError) {
+        if codes::is_fatal(err.code) {
+            self.dead.store(true, Ordering::Relaxed);
+        }
+        lock(&self.pending).get_or_insert(err);
+    }
+
+    fn append_stdout(&self, bytes: &[u8]) {
+        let mut out = lock(&self.stdout);
+        let room = MAX_STDOUT_BYTES.saturating_sub(out.len());
+        if bytes.len() > room {
+            tracing::warn!("device printf output over {MAX_STDOUT_BYTES} bytes dropped");
+        }
+        out.extend_from_slice(&bytes[..bytes.len().min(room)]);
+    }
+
+    /// Runs one launch, timing it for the meter.
+    fn launch(&self, work: &StreamWork) -> Result<(), CuError> {
+        let StreamWork::Launch {
+            module,
+            kernel,
+            geometry,
+            params,
+        } = work
+        else {
+            return Err(CuError::new(
+                codes::INVALID_VALUE,
+                "a graph of launches only",
+            ));
+        };
+        let started = Instant::now();
+        let outcome = self.ctx.launch(*module, *kernel, geometry, params);
+        if let Some(meter) = &self.meter {
+            meter(started.elapsed().as_nanos().min(u64::MAX as u128) as u64);
+        }
+        self.append_stdout(&outcome.stdout);
+        outcome.result
+    }
+
+    /// Runs one piece of device work on the calling (stream) thread.
+    fn run(&self, work: &StreamWork, graph: Option<&[StreamWork]>) -> Result<(), CuError> {
+        let ctx = self.ctx.as_ref();
+        match work {
+            StreamWork::Write { dst, data } => ctx.mem_write(*dst, data),
+            StreamWork::Copy { dst, src, bytes } => ctx.mem_copy(*dst, *src, *bytes),
+            StreamWork::Fill {
+                dst,
+                pattern,
+                count,
+                pitch,
+                height,
+            } => (0..*height).try_for_each(|row| {
+                ctx.mem_fill(dst.wrapping_add(row.wrapping_mul(*pitch)), pattern, *count)
+            }),
+            StreamWork::Launch { .. } => self.launch(work),
+            StreamWork::HostToDevice { dst, host } => ctx.mem_write(*dst, host.read()?),
+            // SAFETY: the job runs in its stream's order, apart from the
+            // program's other copies into the span.
+            StreamWork::DeviceToHost { src, host } => ctx.mem_read(*src, unsafe { host.write()? }),
+            StreamWork::Graph { graph: handle } => match graph {
+                Some(launches) => launches.iter().try_for_each(|l| self.launch(l)),
+                None => Err(unknown("graph", *handle)),
+            },
+            StreamWork::Signal { slot, value } => {
+                let area = lock(&self.signals).clone();
+                match area.map(|a| a.store(*slot, *value)) {
+                    Some(true) => Ok(()),
+                    Some(false) => Err(CuError::new(
+                        codes::INVALID_VALUE,
+                        format!("signal slot {slot}"),
+                    )),
+                    None => Err(CuError::new(
+                        codes::INVALID_VALUE,
+                        "a signal without an area",
+                    )),
+                }
+            }
+            StreamWork::SignalTo { area, slot, value } => match area.store(*slot, *value) {
+                true => Ok(()),
+                false => Err(CuError::new(
+                    codes::INVALID_VALUE,
+                    format!("signal slot {slot}"),
+                )),
+            },
+            // Ordering work: handled when queued.
+            StreamWork::Record { .. } | StreamWork::Wait { .. } => Ok(()),
+        }
+    }
+
+    /// `run` once the gate lets it go (named `kernel` on scheduler stream
+    /// `stream`); not at all if the session ends while it waits.
+    fn gated<R>(
+        &self,
+        stream: Option<cumux_scheduler::StreamId>,
+        kernel: Option<cumux_scheduler::KernelId>,
+        run: impl FnOnce() -> R,
+    ) -> Option<R> {
+        match (&self.gate, stream, kernel) {
+            (Some(gate), Some(stream), Some(kernel)) => gate.run(stream, kernel, None, run),
+            _ => Some(run()),
+        }
+    }
+
+    /// [`run`](Self::run), skipped once the context is dead or the work cancelled,
+    /// its failure (or panic) kept for the next waiting call.
+    fn run_guarded(
+        &self,
+        work: &StreamWork,
+        graph: Option<&[StreamWork]>,
+        sched_stream: Option<cumux_scheduler::StreamId>,
+    ) {
+        if self.skips_work() {
+            return;
+        }
+        let result = self.gated(sched_stream, kernel_id_of(work), || {
+            catch_unwind(AssertUnwindSafe(|| self.run(work, graph)))
+                .unwrap_or_else(|_| Err(CuError::new(codes::LAUNCH_FAILED, "the device panicked")))
+        });
+        if let Some(Err(e)) = result {
+            self.fail(e);
+        }
+    }
+
+    /// Reads device memory, once the gate lets it go.
+    fn read(
+        &self,
+        src: DevicePtr,
+        buf: &mut [u8],
+        sched_stream: Option<cumux_scheduler::StreamId>,
+    ) -> Result<(), CuError> {
+        let skipped = || Err(CuError::new(codes::UNKNOWN, "the copy did not run"));
+        if self.skips_work() {
+            return skipped();
+        }
+        let read = || {
+            catch_unwind(AssertUnwindSafe(|| self.ctx.mem_read(src, buf)))
+                .unwrap_or_else(|_| Err(CuError::new(codes::UNKNOWN, "the device panicked")))
+        };
+        self.gated(sched_stream, Some(READ_KERNEL_ID), read)
+            .unwrap_or_else(skipped)
+    }
+
+    /// What waiting calls hand back: the printf output so far and the first failure.
+    fn outcome(&self, result: Result<(), CuError>) -> LaunchOutcome {
+        let result = match lock(&self.pending).take() {
+            Some(e) => Err(e),
+            None => result,
+        };
+        LaunchOutcome {
+            stdout: std::mem::take(&mut *lock(&self.stdout)),
+            result,
+        }
+    }
+}
+
+/// One event: its flags, and where and when its latest record ran.
+struct Event {
+    flags: u32,
+    state: Mutex<EventState>,
+}
+
+#[derive(Default)]
+struct EventState {
+    /// The position of the latest record, if ever recorded.
+    recorded: Option<Position>,
+    /// Bumped per record, so a stale record's job leaves the time alone.
+    generation: u64,
+    time: Option<Instant>,
+}
+
+/// Stream-ordered work over a synchronous context: each stream's work runs on a
+/// thread of its own, in order; the legacy default stream and event waits order
+/// work across streams. A failure of queued work, and device printf output, come
+/// back from the next waiting call.
+pub struct ThreadedStreams {
+    shared: Arc<Shared>,
+    streams: Mutex<Streams>,
+    /// The gate's names of the streams (with a gate only).
+    sched_streams: Mutex<SchedStreams>,
+    events: Mutex<HashMap<Handle, Arc<Event>>>,
+    graphs: Mutex<HashMap<Handle, Arc<Vec<StreamWork>>>>,
+}
+
+impl ThreadedStreams {
+    /// Streams over `ctx`, starting with the default stream; `label` names their
+    /// threads (the session), `meter` is told each launch's time, and `gate` (the
+    /// session's place at the device's gate) lets each piece of work go.
+    pub fn new(
+        ctx: Arc<dyn DeviceContext>,
+        label: u64,
+        meter: Option<LaunchMeter>,
+        gate: Option<Arc<GateSession>>,
+    ) -> Result<Self, CuError> {
+        let streams = Streams::new(label).map_err(|e| {
+            CuError::new(
+                codes::OUT_OF_MEMORY,
+                format!("cannot start a stream thread: {e}"),
+            )
+        })?;
+        Ok(ThreadedStreams {
+            shared: Arc::new(Shared {
+                ctx,
+                pending: Mutex::new(None),
+                dead: AtomicBool::new(false),
+                cancelled: AtomicBool::new(false),
+                stdout: Mutex::new(Vec::new()),
+                queued_bytes: AtomicU64::new(0),
+                signals: Mutex::new(None),
+                meter,
+                gate,
+            }),
+            streams: Mutex::new(streams),
+            sched_streams: Mutex::new(SchedStreams::default()),
+            events: Mutex::new(HashMap::new()),
+            graphs: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// The gate's name of `stream`, where there is a gate.
+    fn sched_stream(&self, stream: Handle) -> Option<cumux_scheduler::StreamId> {
+        self.shared.gate.as_ref()?;
+        Some(lock(&self.sched_streams).of(stream))
+    }
+
+    fn event(&self, event: Handle) -> Result<Arc<Event>, CuError> {
+        lock(&self.events)
+            .get(&event)
+            .cloned()
+            .ok_or_else(|| unknown("event", event))
+    }
+
+    /// Queues `job` on `stream` after `deps`; a failure to queue is kept.
+    fn push(&self, streams: &mut Streams, stream: Handle, deps: Vec<Position>, job: Work) -> bool {
+        match streams.enqueue(stream, deps, job) {
+            Some(_) => true,
+            None => {
+                self.shared.fail(unknown("stream", stream));
+                false
+            }
+        }
+    }
+
+    /// Payload bytes `work` holds while queued.
+    fn payload(work: &StreamWork) -> u64 {
+        match work {
+            StreamWork::Write { data, .. } => data.len() as u64,
+            StreamWork::Launch { params, .. } => params.len() as u64,
+            _ => 0,
+        }
+    }
+
+    fn record(&self, streams: &mut Streams, stream: Handle, event: Handle) -> bool {
+        let Ok(event) = self.event(event) else {
+            self.shared.fail(unknown("event", event));
+            return false;
+        };
+        let generation = {
+            let mut state = lock(&event.state);
+            state.generation += 1;
+            state.generation
+        };
+        let target = Arc::clone(&event);
+        let job: Work = Box::new(move || {
+            let now = Instant::now();
+            let mut state = lock(&target.state);
+            if state.generation == generation {
+                state.time = Some(now);
+            }
+        });
+        let Some(pos) = streams.enqueue(stream, Vec::new(), job) else {
+            self.shared.fail(unknown("stream", stream));
+            return false;
+        };
+        let mut state = lock(&event.state);
+        if state.generation == generation {
+            state.recorded = Some(pos);
+        }
+        true
+    }
+
+    /// Whether `target` is done now.
+    fn done(&self, target: SyncTarget) -> Result<bool, CuError> {
+        let streams = lock(&self.streams);
+        match target {
+            SyncTarget::Stream(s) if !streams.contains(s) => Err(unknown("stream", s)),
+            SyncTarget::Stream(DEFAULT_STREAM) => Ok(streams.ready(DEFAULT_STREAM)),
+            SyncTarget::Stream(s) => Ok(streams.is_idle(s)),
+            SyncTarget::Event(e) => {
+                let recorded = lock(&self.event(e)?.state).recorded;
+                Ok(recorded.is_none_or(|pos| streams.tracker().is_done(pos)))
+            }
+            SyncTarget::Context => Ok(false),
+        }
+    }
+}
+
+impl StreamOrdered for ThreadedStreams {
+    fn stream_create(&self, stream: Handle, flags: u32, _priority: i32) -> Result<(), CuError> {
+        let mut streams = lock(&self.streams);
+        if streams.contains(stream) {
+            return Err(CuError::new(
+                codes::INVALID_VALUE,
+                format!("stream {stream:#x} exists"),
+            ));
+        }
+        streams.create(stream, flags).map_err(|e| {
+            CuError::new(
+                codes::OUT_OF_MEMORY,
+                format!("cannot start a stream thread: {e}"),
+            )
+        })
+    }
+
+    fn stream_destroy(&self, stream: Handle) -> Result<(), CuError> {
+        lock(&self.sched_streams).forget(stream);
+        match lock(&self.streams).destroy(stream) {
+            true => Ok(()),
+            false => Err(unknown("stream", stream)),
+        }
+    }
+
+    fn event_create(&self, event: Handle, flags: u32) -> Result<(), CuError> {
+        let mut events = lock(&self.events);
+        if events.contains_key(&event) {
+            return Err(CuError::new(
+                codes::INVALID_VALUE,
+                format!("event {event:#x} exists"),
+            ));
+        }
+        let state = Mutex::new(EventState::default());
+        events.insert(event, Arc::new(Event { flags, state }));
+        Ok(())
+    }
+
+    fn event_destroy(&self, event: Handle) -> Result<(), CuError> {
+        match lock(&self.events).remove(&event) {
+            Some(_) => Ok(()),
+            None => Err(unknown("event", event)),
+        }
+    }
+
+    fn enqueue(&self, stream: Handle, work: StreamWork) -> bool {
+        let mut streams = lock(&self.streams);
+        match work {
+            StreamWork::Record { event } => return self.record(&mut streams, stream, event),
+            StreamWork::Wait { event } => {
+                let deps = match self.event(event) {
+                    Ok(e) => lock(&e.state).recorded.into_iter().collect(),
+                    Err(e) => {
+                        self.shared.fail(e);
+                        return false;
+                    }
+                };
+                return self.push(&mut streams, stream, deps, Box::new(|| {}));
+            }
+            _ => {}
+        }
+        let graph = match &work {
+            StreamWork::Graph { graph } => lock(&self.graphs).get(graph).cloned(),
+            _ => None,
+        };
+        let bytes = Self::payload(&work);
+        let queued = &self.shared.queued_bytes;
+        if queued.load(Ordering::Acquire).saturating_add(bytes) > MAX_QUEUED_BYTES {
+            streams.synchronize_all();
+        }
+        queued.fetch_add(bytes, Ordering::AcqRel);
+        let shared = Arc::clone(&self.shared);
+        let sched_stream = self.sched_stream(stream);
+        let job: Work = Box::new(move || {
+            shared.run_guarded(&work, graph.as_deref().map(Vec::as_slice), sched_stream);
+            shared.queued_bytes.fetch_sub(bytes, Ordering::AcqRel);
+        });
+        self.push(&mut streams, stream, Vec::new(), job)
+    }
+
+    fn run_now(&self, stream: Handle, work: StreamWork) -> LaunchOutcome {
+        // Nothing it is ordered after is pending: it runs right here, sparing
+        // two thread hops.
+        let ready = {
+            let streams = lock(&self.streams);
+            streams.ready(stream)
+        };
+        if !ready || matches!(work, StreamWork::Record { .. } | StreamWork::Wait { .. }) {
+            self.enqueue(stream, work);
+            return self.synchronize(SyncTarget::Stream(stream));
+        }
+        let graph = match &work {
+            StreamWork::Graph { graph } => lock(&self.graphs).get(graph).cloned(),
+            _ => None,
+        };
+        let sched_stream = self.sched_stream(stream);
+        self.shared
+            .run_guarded(&work, graph.as_deref().map(Vec::as_slice), sched_stream);
+        self.shared.outcome(Ok(()))
+    }
+
+    fn read(&self, stream: Handle, src: DevicePtr, buf: &mut [u8]) -> LaunchOutcome {
+        let (ready, known) = {
+            let streams = lock(&self.streams);
+            (streams.ready(stream), streams.contains(stream))
+        };
+        if !known {
+            return self.shared.outcome(Err(unknown("stream", stream)));
+        }
+        let shared = &self.shared;
+        let sched_stream = self.sched_stream(stream);
+        if ready {
+            let result = shared.read(src, buf, sched_stream);
+            return shared.outcome(result);
+        }
+        let (tx, rx) = mpsc::sync_channel(1);
+        let len = buf.len();
+        let job_shared = Arc::clone(shared);
+        let job: Work = Box::new(move || {
+            let mut data = vec![0u8; len];
+            let result = job_shared.read(src, &mut data, sched_stream);
+            let _ = tx.send(result.map(|()| data));
+        });
+        let pos = lock(&self.streams).enqueue(stream, Vec::new(), job);
+        if let Some(pos) = pos {
+            lock(&self.streams).tracker().wait(&[pos]);
+        }
+        let result = match rx.try_recv() {
+            Ok(Ok(data)) => {
+                buf.copy_from_slice(&data);
+                Ok(())
+            }
+            Ok(Err(e)) => Err(e),
+            // The stream is gone (teardown): the job never ran.
+            Err(_) => Err(CuError::new(codes::UNKNOWN, "the copy did not run")),
+        };
+        shared.outcome(result)
+    }
+
+    fn synchronize(&self, target: SyncTarget) -> LaunchOutcome {
+        let result = (|| {
+            let streams = lock(&self.streams);
+            match target {
+                SyncTarget::Stream(s) if !streams.contains(s) => return Err(unknown("stream", s)),
+                SyncTarget::Stream(s) => streams.synchronize(s),
+                SyncTarget::Event(e) => {
+                    // Not under the event's lock: its record job takes it.
+                    let recorded = lock(&self.event(e)?.state).recorded;
+                    if let Some(pos) = recorded {
+                        streams.tracker().wait(&[pos]);
+                    }
+                }
+                SyncTarget::Context => streams.synchronize_all(),
+            }
+            Ok(())
+        })();
+        self.shared.outcome(result)
+    }
+
+    fn query(&self, target: SyncTarget) -> Result<bool, CuError> {
+        if !self.done(target)? {
+            return Ok(false);
+        }
+        match lock(&self.shared.pending).take() {
+            Some(e) => Err(e),
+            None => Ok(true),
+        }
+    }
+
+    fn elapsed_ms(&self, start: Handle, end: Handle) -> Result<f32, CuError> {
+        let (start, end) = (self.event(start)?, self.event(end)?);
+        if (start.flags | end.flags) & EVENT_DISABLE_TIMING != 0 {
+            return Err(CuError::new(
+                codes::INVALID_HANDLE,
+                "event created with timing disabled",
+            ));
+        }
+        let read = |e: &Event| {
+            let state = lock(&e.state);
+            (state.recorded, state.time)
+        };
+        let (start, end) = (read(&start), read(&end));
+        let (Some(p0), Some(p1)) = (start.0, end.0) else {
+            return Err(CuError::new(
+                codes::INVALID_HANDLE,
+                "event was never recorded",
+            ));
+        };
+        let streams = lock(&self.streams);
+        let tracker = streams.tracker();
+        if !tracker.is_done(p0) || !tracker.is_done(p1) {
+            return Err(CuError::new(codes::NOT_READY, "event not reached yet"));
+        }
+        match (start.1, end.1) {
+            (Some(t0), Some(t1)) if t1 >= t0 => Ok(((t1 - t0).as_secs_f64() * 1e3) as f32),
+            (Some(t0), Some(t1)) => Ok(-((t0 - t1).as_secs_f64() * 1e3) as f32),
+            _ => Err(CuError::new(codes::NOT_READY, "event has no timestamp")),
+        }
+    }
+
+    fn attach_signals(&self, path: &std::path::Path) -> Result<(), CuError> {
+        let area = SignalArea::open(path)?;
+        *lock(&self.shared.signals) = Some(Arc::new(area));
+        Ok(())
+    }
+
+    fn graph_create(&self, graph: Handle, launches: Vec<StreamWork>) -> Result<(), CuError> {
+        if !launches
+            .iter()
+            .all(|l| matches!(l, StreamWork::Launch { .. }))
+        {
+            return Err(CuError::new(
+                codes::INVALID_VALUE,
+                "a graph of launches only",
+            ));
+        }
+        lock(&self.graphs).insert(graph, Arc::new(launches));
+        Ok(())
+    }
+
+    fn graph_destroy(&self, graph: Handle) {
+        lock(&self.graphs).remove(&graph);
+    }
+
+    fn cancel_queued(&self) {
+        self.shared.cancelled.store(true, Ordering::Relaxed);
+        lock(&self.streams).shutdown();
+    }
+}
+
+impl Drop for ThreadedStreams {
+    fn drop(&mut self) {
+        self.cancel_queued();
+    }
+}

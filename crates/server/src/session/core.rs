@@ -1,0 +1,85 @@
+//! [`SessionCore`]: a session's sticky and fatal errors and its printf output,
+//! and the small error helpers every part of the session uses.
+
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use cumux_protocol::{codes, CuError, Handle};
+
+use crate::status::SessionStats;
+
+/// Printf output a session may hold before further output is dropped.
+pub const MAX_STDOUT_BYTES: usize = 16 << 20;
+
+pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+pub(super) fn err(code: u32, detail: impl Into<String>) -> CuError {
+    CuError::new(code, detail)
+}
+
+pub(super) fn invalid_handle(what: &str, h: Handle) -> CuError {
+    err(
+        codes::INVALID_HANDLE,
+        format!("unknown {what} handle {h:#x}"),
+    )
+}
+
+/// A session's errors and output, as its calls meet them.
+pub struct SessionCore {
+    pub id: u64,
+    /// A fatal fault: the context is unusable; never cleared.
+    fatal: Mutex<Option<CuError>>,
+    /// A failure of stream-ordered work, returned by the next synchronizing call.
+    sticky: Mutex<Option<CuError>>,
+    stdout: Mutex<Vec<u8>>,
+    pub stats: Arc<SessionStats>,
+}
+
+impl SessionCore {
+    pub fn new(id: u64, stats: Arc<SessionStats>) -> Self {
+        SessionCore {
+            id,
+            fatal: Mutex::new(None),
+            sticky: Mutex::new(None),
+            stdout: Mutex::new(Vec::new()),
+            stats,
+        }
+    }
+
+    pub fn fatal(&self) -> Option<CuError> {
+        lock(&self.fatal).clone()
+    }
+
+    /// Records a failure of stream-ordered work: fatal codes poison the context.
+    pub fn fail(&self, err: CuError) {
+        if codes::is_fatal(err.code) {
+            tracing::warn!(session = self.id, %err, "fatal device error: the context is now unusable");
+            lock(&self.fatal).get_or_insert(err);
+        } else {
+            tracing::debug!(session = self.id, %err, "stream-ordered call failed");
+            lock(&self.sticky).get_or_insert(err);
+        }
+    }
+
+    /// The error a synchronizing call returns: the fatal one, else the sticky one (cleared).
+    pub fn take_error(&self) -> Option<CuError> {
+        self.fatal().or_else(|| lock(&self.sticky).take())
+    }
+
+    pub fn append_stdout(&self, bytes: &[u8]) {
+        let mut out = lock(&self.stdout);
+        let room = MAX_STDOUT_BYTES.saturating_sub(out.len());
+        if bytes.len() > room {
+            tracing::warn!(
+                session = self.id,
+                "device printf output over {MAX_STDOUT_BYTES} bytes dropped"
+            );
+        }
+        out.extend_from_slice(&bytes[..bytes.len().min(room)]);
+    }
+
+    pub fn take_stdout(&self) -> Vec<u8> {
+        std::mem::take(&mut *lock(&self.stdout))
+    }
+}

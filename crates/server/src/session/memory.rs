@@ -1,0 +1,263 @@
+//! A session's device memory: allocations against the tenant's quota, the
+//! check that every pointer lies in the session's own memory, and the copies
+//! and memsets the client asks for.
+
+use std::sync::atomic::Ordering;
+
+use cumux_protocol::framing::MAX_CHUNK_BYTES;
+use cumux_protocol::{
+    codes, CuError, DevicePtr, Handle, ReplyBody, TensorMapRequest, DEFAULT_STREAM,
+};
+
+use super::core::err;
+use super::{CallResult, Session};
+use crate::device::StreamWork;
+
+/// Dimensions a tensor map may have (CUDA's limit).
+const MAX_TENSOR_RANK: usize = 5;
+
+impl Session {
+    pub(super) fn mem_alloc(&mut self, device: u32, bytes: u64) -> CallResult {
+        self.check_device(device)?;
+        if bytes == 0 {
+            return Err(err(codes::INVALID_VALUE, "cannot allocate 0 bytes"));
+        }
+        self.reserve(bytes)?;
+        let ptr = match self.ctx.mem_alloc(bytes) {
+            Ok(ptr) => ptr,
+            Err(e) => {
+                self.release(bytes);
+                return Err(e);
+            }
+        };
+        self.allocations.insert(ptr, bytes);
+        let stats = &self.core.stats;
+        stats.mem_used.fetch_add(bytes, Ordering::Relaxed);
+        stats.allocations.fetch_add(1, Ordering::Relaxed);
+        Ok(ReplyBody::Ptr(ptr))
+    }
+
+    pub(super) fn mem_free(&mut self, ptr: DevicePtr) -> CallResult {
+        let Some(&size) = self.allocations.get(&ptr) else {
+            return Err(err(
+                codes::INVALID_VALUE,
+                format!("{ptr:#x} is not an allocation of this session"),
+            ));
+        };
+        // Like cuMemFree, wait for work that may still use it.
+        self.drain_all();
+        self.allocations.remove(&ptr);
+        let stats = &self.core.stats;
+        stats.mem_used.fetch_sub(size, Ordering::Relaxed);
+        stats.allocations.fetch_sub(1, Ordering::Relaxed);
+        self.release(size);
+        self.ctx.mem_free(ptr)?;
+        Ok(ReplyBody::Unit)
+    }
+
+    /// Holds `bytes` against the tenant's quota, or fails as the driver does
+    /// when memory runs out.
+    pub(super) fn reserve(&self, bytes: u64) -> Result<(), CuError> {
+        let Some(hold) = &self.account else {
+            return Ok(());
+        };
+        let account = hold.account();
+        if account.reserve(bytes) {
+            return Ok(());
+        }
+        Err(err(
+            codes::OUT_OF_MEMORY,
+            format!(
+                "{bytes} bytes would take tenant {:?} past its quota of {} bytes ({} in use)",
+                account.name,
+                account.settings.memory_quota.unwrap_or(u64::MAX),
+                account.mem_used()
+            ),
+        ))
+    }
+
+    pub(super) fn release(&self, bytes: u64) {
+        if let Some(hold) = &self.account {
+            hold.account().release(bytes);
+        }
+    }
+
+    pub(super) fn memcpy_htod(
+        &mut self,
+        dst: DevicePtr,
+        data: Vec<u8>,
+        stream: Option<Handle>,
+    ) -> CallResult {
+        if let Some(s) = stream {
+            self.check_stream(s)?;
+        }
+        self.check_range(dst, data.len() as u64)?;
+        if data.is_empty() {
+            return Ok(ReplyBody::Unit);
+        }
+        self.submit(stream, StreamWork::Write { dst, data })
+    }
+
+    pub(super) fn memcpy_dtoh(
+        &mut self,
+        src: DevicePtr,
+        bytes: u64,
+        stream: Option<Handle>,
+    ) -> CallResult {
+        let stream = stream.unwrap_or(DEFAULT_STREAM);
+        self.check_stream(stream)?;
+        if bytes > MAX_CHUNK_BYTES as u64 {
+            return Err(err(
+                codes::INVALID_VALUE,
+                format!("a copy of {bytes} bytes exceeds one chunk"),
+            ));
+        }
+        self.check_range(src, bytes)?;
+        let mut buf = vec![0u8; bytes as usize];
+        let outcome = self.ordered()?.read(stream, src, &mut buf);
+        self.waited(outcome)?;
+        Ok(ReplyBody::Data(buf))
+    }
+
+    pub(super) fn memcpy_dtod(
+        &mut self,
+        dst: DevicePtr,
+        src: DevicePtr,
+        bytes: u64,
+        stream: Option<Handle>,
+    ) -> CallResult {
+        if let Some(s) = stream {
+            self.check_stream(s)?;
+        }
+        self.check_range(src, bytes)?;
+        self.check_range(dst, bytes)?;
+        if bytes == 0 {
+            return Ok(ReplyBody::Unit);
+        }
+        self.submit(stream, StreamWork::Copy { dst, src, bytes })
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn memset(
+        &mut self,
+        dst: DevicePtr,
+        value: u32,
+        elem_bytes: u8,
+        count: u64,
+        pitch: u64,
+        height: u64,
+        stream: Option<Handle>,
+    ) -> CallResult {
+        if let Some(s) = stream {
+            self.check_stream(s)?;
+        }
+        let pattern = match elem_bytes {
+            1 => vec![value as u8],
+            2 => (value as u16).to_le_bytes().to_vec(),
+            4 => value.to_le_bytes().to_vec(),
+            _ => {
+                return Err(err(
+                    codes::INVALID_VALUE,
+                    format!("memset element of {elem_bytes} bytes"),
+                ))
+            }
+        };
+        let row = count
+            .checked_mul(u64::from(elem_bytes))
+            .ok_or_else(|| err(codes::INVALID_VALUE, "memset too large"))?;
+        if count == 0 || height == 0 {
+            return Ok(ReplyBody::Unit);
+        }
+        if height > 1 && pitch < row {
+            return Err(err(codes::INVALID_VALUE, "memset pitch smaller than a row"));
+        }
+        let span = (height - 1)
+            .checked_mul(pitch)
+            .and_then(|s| s.checked_add(row))
+            .ok_or_else(|| err(codes::INVALID_VALUE, "memset too large"))?;
+        self.check_range(dst, span)?;
+        let work = StreamWork::Fill {
+            dst,
+            pattern,
+            count,
+            pitch,
+            height,
+        };
+        self.submit(stream, work)
+    }
+
+    /// A copy between device memory at `device` and a span of a pinned host
+    /// region (`to_device`: from the region): checked against the session's
+    /// allocations and the region, then queued like any copy.
+    pub(super) fn memcpy_host(
+        &mut self,
+        device: DevicePtr,
+        region: Handle,
+        offset: u64,
+        bytes: u64,
+        stream: Option<Handle>,
+        to_device: bool,
+    ) -> CallResult {
+        if let Some(s) = stream {
+            self.check_stream(s)?;
+        }
+        let host = self.host.span(region, offset, bytes)?;
+        self.check_range(device, bytes)?;
+        if bytes == 0 {
+            return Ok(ReplyBody::Unit);
+        }
+        self.core
+            .stats
+            .zero_copy_bytes
+            .fetch_add(bytes, Ordering::Relaxed);
+        let work = match to_device {
+            true => StreamWork::HostToDevice { dst: device, host },
+            false => StreamWork::DeviceToHost { src: device, host },
+        };
+        self.submit(stream, work)
+    }
+
+    /// A tensor-memory-access descriptor, for a tensor that starts in this
+    /// session's memory. (Its end is not checked: a descriptor only ever
+    /// reaches the memory of the context it is used in, and the tile reads
+    /// past a tensor's bounds are filled, not made.)
+    pub(super) fn tensor_map_encode(&mut self, request: TensorMapRequest) -> CallResult {
+        let rank = request.rank as usize;
+        let short = request.global_dim.len() < rank
+            || request.global_strides.len() + 1 < rank
+            || request.element_strides.len() < rank;
+        if !(1..=MAX_TENSOR_RANK).contains(&rank) || short {
+            return Err(err(
+                codes::INVALID_VALUE,
+                format!("a tensor map of rank {rank} with too few dimensions"),
+            ));
+        }
+        self.check_range(request.global_address, 1)?;
+        let bytes = self.ctx.tensor_map_encode(&request)?;
+        Ok(ReplyBody::TensorMap(bytes))
+    }
+
+    /// The session allocation or module global holding `ptr`: (base, size).
+    pub(super) fn containing(&self, ptr: DevicePtr) -> Option<(DevicePtr, u64)> {
+        [&self.allocations, &self.globals]
+            .into_iter()
+            .filter_map(|table| table.range(..=ptr).next_back())
+            .map(|(b, s)| (*b, *s))
+            .find(|(base, size)| ptr - base < *size)
+    }
+
+    /// Checks that `[ptr, ptr+bytes)` lies inside one of this session's allocations.
+    pub(super) fn check_range(&self, ptr: DevicePtr, bytes: u64) -> Result<(), CuError> {
+        let inside = self
+            .containing(ptr)
+            .is_some_and(|(base, size)| ptr - base <= size && bytes <= size - (ptr - base));
+        if inside {
+            Ok(())
+        } else {
+            Err(err(
+                codes::INVALID_VALUE,
+                format!("[{ptr:#x}, +{bytes}) is not inside an allocation of this session"),
+            ))
+        }
+    }
+}

@@ -1,0 +1,577 @@
+//! One client's session: its handle tables (streams, events, modules, functions)
+//! and allocations, the check of every handle and pointer it sends, the execution
+//! of its calls through one stream order, its sticky errors and printf output,
+//! and its clean-up. Each child module holds one part of the calls' work.
+
+mod core;
+mod launch_checks;
+mod launches;
+mod memory;
+mod modules;
+mod ordered;
+mod signalling;
+mod streams;
+
+use std::cell::Cell;
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::os::fd::OwnedFd;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use cumux_protocol::{codes, Call, CuError, DevicePtr, Handle, Hello, ReplyBody};
+
+use self::core::{err, SessionCore};
+use self::launch_checks::{CheckedLaunch, LaunchLimits};
+use self::signalling::{attach_signals, SIGNAL_EVERY, SIGNAL_WAIT_MIN};
+use crate::device::signals::StreamSignals;
+use crate::device::threaded::{LaunchMeter, ThreadedStreams};
+use crate::device::{Device, DeviceContext, KernelDesc, ModuleId, StreamOrdered};
+use crate::gate::{GateSession, SchedStreams};
+use crate::host_regions::HostRegions;
+use crate::status::{server_status, SessionEntry, SessionStats};
+use crate::tenants::{AccountHold, TenantClass, TenantSettings};
+use crate::Server;
+
+pub use self::core::MAX_STDOUT_BYTES;
+
+/// The first handle a session issues: well clear of 0 (the default stream)
+/// and CUDA's special stream values 1 and 2, so a confused client gets
+/// CUDA_ERROR_INVALID_HANDLE rather than somebody's stream.
+pub const FIRST_HANDLE: Handle = 0x100;
+/// Streams one session may have at once (besides the default one).
+pub const MAX_STREAMS: usize = 512;
+/// `1` keeps stream order in the server (a thread per stream) even where the
+/// device keeps it itself: for comparisons.
+pub const STREAM_THREADS_ENV: &str = "CUMUX_STREAM_THREADS";
+
+/// The most urgent stream priority (the device clamps it to its own range).
+const HIGHEST_PRIORITY: i32 = -1000;
+
+type CallResult = Result<ReplyBody, CuError>;
+
+struct ModuleEntry {
+    id: ModuleId,
+    functions: Vec<Handle>,
+    globals: Vec<DevicePtr>,
+}
+
+struct FunctionEntry {
+    module: ModuleId,
+    index: usize,
+    desc: KernelDesc,
+}
+
+/// One client connection's view of the server.
+pub struct Session {
+    server: Arc<Server>,
+    device: Arc<dyn Device>,
+    /// The session's own address space and modules on the device.
+    ctx: Arc<dyn DeviceContext>,
+    /// Stream order over `ctx` where the context keeps none of its own (the
+    /// in-process CPU device) or cannot signal completions to a gate.
+    threads: Option<ThreadedStreams>,
+    core: SessionCore,
+    entry: Option<Arc<SessionEntry>>,
+    /// The tenant's memory account; `None` for status queries, which may make
+    /// no other call.
+    account: Option<AccountHold>,
+    /// Bytes of module globals charged to the tenant, by module handle.
+    module_bytes: HashMap<Handle, u64>,
+    /// The session's streams, besides the default one.
+    streams: HashSet<Handle>,
+    /// The session's events and their `CU_EVENT_*` flags.
+    events: HashMap<Handle, u32>,
+    /// Whether queuing failed at once since the device was last asked to
+    /// synchronize (the failure waits there): then synchronizes ask it.
+    enqueue_failed: Cell<bool>,
+    /// The worker's error counter ([`ERROR_SLOT`](crate::device::signals::ERROR_SLOT))
+    /// when last looked at.
+    worker_errors_seen: Cell<u64>,
+    /// How long a synchronize waits for completion signals before it asks the
+    /// device; zero where the signals do not answer synchronizes.
+    signal_wait: std::time::Duration,
+    /// Whether stream-ordered work was queued since the last context
+    /// synchronize that succeeded: if not, the next one has nothing to wait for.
+    queued_since_sync: Cell<bool>,
+    next_handle: Handle,
+    /// Allocations made by this session: base → size.
+    allocations: BTreeMap<DevicePtr, u64>,
+    /// Module globals of this session: base → size.
+    globals: BTreeMap<DevicePtr, u64>,
+    modules: HashMap<Handle, ModuleEntry>,
+    functions: HashMap<Handle, FunctionEntry>,
+    /// The device's launch limits, looked up once (every launch is checked against them).
+    limits: LaunchLimits,
+    /// Graphs of launches ([`Call::GraphCreate`]), checked.
+    graphs: HashMap<Handle, Vec<CheckedLaunch>>,
+    /// The session's place at its device's scheduling gate; `None` under `fifo`
+    /// and for status queries.
+    gate: Option<Arc<GateSession>>,
+    /// The scheduler's name of each stream that has launched: unique server-wide.
+    sched_streams: SchedStreams,
+    /// The completion signals of the session's queued work: they tell the gate
+    /// when each launch is done, and answer synchronizes without the device.
+    signals: Option<StreamSignals>,
+    /// The priority the session's streams get on the device under `priority`
+    /// (latency-critical first), instead of the one the client asked for.
+    forced_priority: Option<i32>,
+    /// Launches per signal (see [`SIGNAL_EVERY`]); 1 for a latency-critical tenant.
+    signal_every: u64,
+    /// Whether the tenant's class is latency-critical.
+    latency_critical: bool,
+    /// Whether a kernel watchdog reads the session's signals for progress: its
+    /// streams are then signalled every [`SIGNAL_EVERY`] launches under `fifo` too.
+    watched: bool,
+    /// The client's pinned host regions.
+    host: HostRegions,
+    /// The memfd that came with the call being handled (`HostRegister`).
+    incoming_fd: Option<Result<OwnedFd, String>>,
+}
+
+/// Tells the session's statistics and its tenant's account the device time of
+/// each launch that the server's own stream threads time.
+fn launch_meter(stats: &Arc<SessionStats>, account: Option<&AccountHold>) -> LaunchMeter {
+    let stats = Arc::clone(stats);
+    let account = account.map(|hold| Arc::clone(hold.account()));
+    Box::new(move |ns| {
+        stats.gpu_time_ns.fetch_add(ns, Ordering::Relaxed);
+        if let Some(account) = &account {
+            account.record_gpu_time(ns);
+        }
+    })
+}
+
+/// A session's one stream order: its own threads over the context, else the
+/// context's own order.
+fn stream_order<'a>(
+    threads: &'a Option<ThreadedStreams>,
+    ctx: &'a Arc<dyn DeviceContext>,
+) -> Result<&'a dyn StreamOrdered, CuError> {
+    match threads {
+        Some(threads) => Ok(threads),
+        None => ctx
+            .stream_ordered()
+            .ok_or_else(|| err(codes::UNKNOWN, "the device keeps no stream order")),
+    }
+}
+
+impl Session {
+    /// Opens a session for a client that said `hello`, admitted as `tenant`
+    /// (name and settings; `None` for a status query). Driver sessions appear
+    /// in `cumux status`; status queries do not. The session's device is the
+    /// first the tenant may see.
+    pub fn open(
+        server: Arc<Server>,
+        hello: &Hello,
+        tenant: Option<(String, TenantSettings)>,
+    ) -> Result<Self, CuError> {
+        let (device, account) = match &tenant {
+            Some((name, settings)) => {
+                let (device, _) =
+                    server
+                        .devices_for(settings)
+                        .into_iter()
+                        .next()
+                        .ok_or_else(|| {
+                            err(
+                                codes::NO_DEVICE,
+                                format!("tenant {name:?} may use no device of this server"),
+                            )
+                        })?;
+                (device, Some(server.accounts().join(name, settings)))
+            }
+            None => (
+                server
+                    .devices()
+                    .first()
+                    .cloned()
+                    .ok_or_else(|| err(codes::NO_DEVICE, "the server has no device"))?,
+                None,
+            ),
+        };
+        let ctx = device.create_context()?;
+        let id = server.next_session_id();
+        let gate = match (&tenant, server.gate_of(&device)) {
+            (Some((name, settings)), Some(gate)) => {
+                Some(Arc::new(gate.join(name, settings, id).map_err(|e| {
+                    err(codes::OUT_OF_MEMORY, format!("scheduler: {e}"))
+                })?))
+            }
+            _ => None,
+        };
+        let stats = Arc::new(SessionStats::default());
+        let entry = (hello.role == cumux_protocol::ClientRole::Driver).then(|| {
+            Arc::new(SessionEntry {
+                session: id,
+                pid: hello.pid,
+                program: hello.program.clone(),
+                tenant: tenant
+                    .as_ref()
+                    .map_or_else(|| crate::tenants::DEFAULT_TENANT.into(), |t| t.0.clone()),
+                stats: Arc::clone(&stats),
+            })
+        });
+        // The session's one stream order: the context's own, with completion
+        // signals that tell the gate when work is done and answer synchronizes;
+        // else (no order of its own, or no signals under a gate) threads of the
+        // server's own over the context.
+        let forced_threads = std::env::var(STREAM_THREADS_ENV).is_ok_and(|v| v.trim() == "1");
+        let own = ctx.stream_ordered().filter(|_| !forced_threads);
+        let mut signals = match own {
+            Some(ordered) if entry.is_some() => attach_signals(ordered, id),
+            _ => None,
+        };
+        let threads = match own {
+            Some(_) if gate.is_none() || signals.is_some() => None,
+            _ => {
+                // These threads ask the gate themselves before each piece of work.
+                let meter = launch_meter(&stats, account.as_ref());
+                signals = None;
+                Some(ThreadedStreams::new(
+                    Arc::clone(&ctx),
+                    id,
+                    Some(meter),
+                    gate.clone(),
+                )?)
+            }
+        };
+        let ordered: &dyn StreamOrdered = match (&threads, own) {
+            (Some(threads), _) => threads,
+            (None, Some(own)) => own,
+            (None, None) => return Err(err(codes::UNKNOWN, "no stream order")),
+        };
+        let forced_priority = match (&gate, &tenant) {
+            (Some(g), Some((_, settings)))
+                if matches!(g.gate().policy(), cumux_scheduler::Policy::Priority(_)) =>
+            {
+                Some(match settings.class {
+                    TenantClass::LatencyCritical => HIGHEST_PRIORITY,
+                    TenantClass::Batch => 0,
+                })
+            }
+            _ => None,
+        };
+        if let Some(priority) = forced_priority {
+            ordered.set_own_stream_priority(priority);
+        }
+        let latency_critical = tenant
+            .as_ref()
+            .is_some_and(|(_, s)| s.class == TenantClass::LatencyCritical);
+        // Under `fair` every launch is signalled: a completion seen late bills its
+        // tenant for the kernels that ran meanwhile (`Charging::Oldest`), which
+        // starved tenants of 5 µs kernels on the H100.
+        let fair = gate
+            .as_ref()
+            .is_some_and(|g| matches!(g.gate().policy(), cumux_scheduler::Policy::Fair(_)));
+        let signal_every = if latency_critical || fair {
+            1
+        } else {
+            SIGNAL_EVERY
+        };
+        // A latency-critical tenant's calls find the worker awake.
+        if latency_critical {
+            ordered.keep_hot(crate::device::spin::hot_spin_time());
+        }
+        let watched = ordered.watched();
+        // The server's own threads answer a synchronize at once; signals only
+        // spare a round trip to a device in another process.
+        let signal_wait = match threads {
+            Some(_) => std::time::Duration::ZERO,
+            None => crate::device::spin::answer_spin_time().max(SIGNAL_WAIT_MIN),
+        };
+        let limits = LaunchLimits::of(device.info());
+        if let Some(entry) = &entry {
+            server.registry().insert(Arc::clone(entry));
+        }
+        Ok(Session {
+            server,
+            device,
+            ctx,
+            threads,
+            core: SessionCore::new(id, stats),
+            entry,
+            account,
+            module_bytes: HashMap::new(),
+            streams: HashSet::new(),
+            events: HashMap::new(),
+            next_handle: FIRST_HANDLE,
+            allocations: BTreeMap::new(),
+            globals: BTreeMap::new(),
+            modules: HashMap::new(),
+            functions: HashMap::new(),
+            limits,
+            graphs: HashMap::new(),
+            gate,
+            sched_streams: SchedStreams::default(),
+            signals,
+            forced_priority,
+            signal_every,
+            queued_since_sync: Cell::new(false),
+            enqueue_failed: Cell::new(false),
+            worker_errors_seen: Cell::new(0),
+            signal_wait,
+            latency_critical,
+            watched,
+            host: HostRegions::default(),
+            incoming_fd: None,
+        })
+    }
+
+    /// Whether the session's tenant is latency-critical (its calls are polled for
+    /// longer, so the threads that serve them do not sleep between them).
+    pub fn latency_critical(&self) -> bool {
+        self.latency_critical
+    }
+
+    pub fn id(&self) -> u64 {
+        self.core.id
+    }
+
+    /// Launches run so far and the device time they took, in ms.
+    pub fn totals(&self) -> (u64, f64) {
+        let stats = &self.core.stats;
+        (
+            stats.launches.load(Ordering::Relaxed),
+            stats.gpu_time_ns.load(Ordering::Relaxed) as f64 / 1e6,
+        )
+    }
+
+    /// Bytes copied to or from pinned host regions without crossing the wire.
+    pub fn zero_copy_bytes(&self) -> u64 {
+        self.core.stats.zero_copy_bytes.load(Ordering::Relaxed)
+    }
+
+    /// The descriptor (or why there is none) that came with the next call,
+    /// a `HostRegister`.
+    pub fn give_fd(&mut self, fd: Result<OwnedFd, String>) {
+        self.incoming_fd = Some(fd);
+    }
+
+    /// Device printf output gathered since the last call, for the next reply.
+    pub fn take_stdout(&self) -> Vec<u8> {
+        self.core.take_stdout()
+    }
+
+    /// The session's one stream order (see [`Session::threads`]).
+    fn ordered(&self) -> Result<&dyn StreamOrdered, CuError> {
+        stream_order(&self.threads, &self.ctx)
+    }
+
+    /// Executes one call. Fire-and-forget calls return `None`: their failures are
+    /// sticky and come back from the next synchronizing call.
+    pub fn handle(&mut self, call: Call) -> Option<CallResult> {
+        if matches!(call, Call::ServerStatus) {
+            return Some(Ok(ReplyBody::Status(server_status(&self.server))));
+        }
+        if self.account.is_none() {
+            // A status connection passed no tenant check: it may only ask for status.
+            let refused = err(
+                codes::INVALID_CONTEXT,
+                "a status connection may only ask for the server's status",
+            );
+            return (!call.is_fire_and_forget()).then_some(Err(refused));
+        }
+        let fire_and_forget = call.is_fire_and_forget();
+        if !fire_and_forget && self.gate.is_some() {
+            // Whatever this call waits for, the gate must see the launches finish.
+            self.flush_signals();
+        }
+        let result = match self.core.fatal() {
+            Some(fatal) => Err(fatal),
+            None => self.execute(call),
+        };
+        // A memfd that came with a refused call is closed now.
+        self.incoming_fd = None;
+        if fire_and_forget {
+            if let Err(e) = result {
+                if self.core.fatal().is_none() {
+                    self.core.fail(e);
+                }
+            }
+            None
+        } else {
+            Some(result)
+        }
+    }
+
+    fn execute(&mut self, call: Call) -> CallResult {
+        match call {
+            Call::MemAlloc { device, bytes } => self.mem_alloc(device, bytes),
+            Call::MemFree { ptr } => self.mem_free(ptr),
+            Call::MemGetInfo { device } => {
+                self.check_device(device)?;
+                let total = self.device.mem_total();
+                let free = total.saturating_sub(self.device.mem_used());
+                let (free, total) = match &self.account {
+                    Some(hold) => hold.account().mem_info(total, free),
+                    None => (free, total),
+                };
+                Ok(ReplyBody::MemInfo { free, total })
+            }
+            Call::MemAddressRange { ptr } => self
+                .containing(ptr)
+                .map(|(base, size)| ReplyBody::Range { base, size })
+                .ok_or_else(|| err(codes::NOT_FOUND, format!("{ptr:#x} is in no allocation"))),
+            Call::MemcpyHtoD { dst, data, stream } => self.memcpy_htod(dst, data, stream),
+            Call::MemcpyDtoH { src, bytes, stream } => self.memcpy_dtoh(src, bytes, stream),
+            Call::MemcpyDtoD {
+                dst,
+                src,
+                bytes,
+                stream,
+            } => self.memcpy_dtod(dst, src, bytes, stream),
+            Call::Memset {
+                dst,
+                value,
+                elem_bytes,
+                count,
+                pitch,
+                height,
+                stream,
+            } => self.memset(dst, value, elem_bytes, count, pitch, height, stream),
+            Call::ModuleLoad { image } => self.module_load(&image),
+            Call::ModuleUnload { module } => self.module_unload(module),
+            Call::Launch {
+                function,
+                grid,
+                block,
+                shared_bytes,
+                stream,
+                params,
+                attributes,
+            } => self.launch(
+                function,
+                grid,
+                block,
+                shared_bytes,
+                stream,
+                params,
+                attributes,
+            ),
+            Call::GraphCreate { launches } => self.graph_create(launches),
+            Call::GraphLaunch { graph, stream } => self.graph_launch(graph, stream),
+            Call::GraphDestroy { graph } => self.graph_destroy(graph),
+            Call::StreamCreate { flags, priority } => self.stream_create(flags, priority),
+            Call::StreamDestroy { stream } => self.stream_destroy(stream),
+            Call::StreamSynchronize { stream } => self.stream_synchronize(stream),
+            Call::StreamQuery { stream } => self.stream_query(stream),
+            Call::StreamWaitEvent { stream, event } => self.stream_wait_event(stream, event),
+            Call::EventCreate { flags } => self.event_create(flags),
+            Call::EventRecord { event, stream } => self.event_record(event, stream),
+            Call::EventQuery { event } => self.event_query(event),
+            Call::EventSynchronize { event } => self.event_synchronize(event),
+            Call::EventElapsed { start, end } => self.event_elapsed(start, end),
+            Call::EventDestroy { event } => self.event_destroy(event),
+            Call::ContextSynchronize => self.context_synchronize(),
+            Call::TensorMapEncode { request } => self.tensor_map_encode(request),
+            Call::ServerStatus => Ok(ReplyBody::Status(server_status(&self.server))),
+            Call::HostRegister { base, bytes } => {
+                let fd = self
+                    .incoming_fd
+                    .take()
+                    .unwrap_or_else(|| Err("none came with the call".into()));
+                let region = self.host.register(self.ctx.as_ref(), base, bytes, fd)?;
+                Ok(ReplyBody::Handle(region))
+            }
+            Call::HostUnregister { region } => {
+                self.host.span(region, 0, 0)?;
+                // Like cuMemFreeHost: work that may still use it finishes first.
+                self.drain_all();
+                self.host.unregister(self.ctx.as_ref(), region)?;
+                Ok(ReplyBody::Unit)
+            }
+            Call::MemcpyHtoDHost {
+                dst,
+                region,
+                offset,
+                bytes,
+                stream,
+            } => self.memcpy_host(dst, region, offset, bytes, stream, true),
+            Call::MemcpyDtoHHost {
+                src,
+                region,
+                offset,
+                bytes,
+                stream,
+            } => self.memcpy_host(src, region, offset, bytes, stream, false),
+        }
+    }
+
+    fn mint_handle(&mut self) -> Handle {
+        let h = self.next_handle;
+        self.next_handle += 1;
+        h
+    }
+
+    fn check_device(&self, device: u32) -> Result<(), CuError> {
+        if device == 0 {
+            Ok(())
+        } else {
+            Err(err(
+                codes::INVALID_DEVICE,
+                format!("device {device} is not this session's device"),
+            ))
+        }
+    }
+
+    /// The result of a synchronizing call: success or the pending error.
+    fn sync_result(&self) -> CallResult {
+        match self.core.take_error() {
+            Some(e) => Err(e),
+            None => Ok(ReplyBody::Unit),
+        }
+    }
+
+    /// Tears the session down: queued work is skipped, running work finishes,
+    /// then every module and allocation of the session is released.
+    pub fn close(mut self) {
+        // Launches waiting at the gate are dropped, so they hold nobody up; the
+        // tenant leaves the scheduler once the session's workers have stopped.
+        if let Some(gate) = &self.gate {
+            gate.cancel_queued();
+            // Its launches on the device may never signal (the context goes away).
+            gate.forget_in_flight();
+        }
+        if let Ok(ordered) = self.ordered() {
+            ordered.cancel_queued();
+        }
+        self.gate = None;
+        // The watchdog sees the session's last launches through their signals,
+        // so a kernel that never ends cannot hold the teardown forever.
+        if self.watched {
+            self.flush_signals();
+        }
+        if !self.host.is_empty() {
+            // Copies into the client's pinned regions end before they go.
+            self.drain_all();
+            self.host.clear(self.ctx.as_ref());
+        }
+        let modules: Vec<ModuleEntry> = self.modules.drain().map(|(_, m)| m).collect();
+        let (n_modules, n_allocs) = (modules.len(), self.allocations.len());
+        for m in modules {
+            self.drop_module(m);
+        }
+        for (ptr, size) in std::mem::take(&mut self.allocations) {
+            if let Err(e) = self.ctx.mem_free(ptr) {
+                tracing::error!(session = self.id(), %e, "freeing {ptr:#x} at teardown failed");
+            }
+            self.release(size);
+        }
+        for (_, bytes) in std::mem::take(&mut self.module_bytes) {
+            self.release(bytes);
+        }
+        self.core.stats.mem_used.store(0, Ordering::Relaxed);
+        self.core.stats.allocations.store(0, Ordering::Relaxed);
+        // Ends this session's hold on the tenant's account.
+        self.account = None;
+        if let Some(entry) = &self.entry {
+            self.server.registry().remove(entry.session);
+        }
+        tracing::debug!(
+            session = self.id(),
+            modules = n_modules,
+            allocations = n_allocs,
+            "session closed"
+        );
+    }
+}

@@ -1,0 +1,138 @@
+//! A session's streams and events: the handles it hands out, their checks,
+//! and the calls that create, order, wait for and ask after them.
+
+use cumux_protocol::{codes, CuError, Handle, ReplyBody, DEFAULT_STREAM};
+
+use super::core::{err, invalid_handle};
+use super::{CallResult, Session, MAX_STREAMS};
+use crate::device::stream_threads::NON_BLOCKING;
+use crate::device::{StreamWork, SyncTarget};
+
+/// `CU_EVENT_DISABLE_TIMING`.
+const EVENT_DISABLE_TIMING: u32 = 0x2;
+
+impl Session {
+    pub(super) fn check_stream(&self, stream: Handle) -> Result<(), CuError> {
+        if stream == DEFAULT_STREAM || self.streams.contains(&stream) {
+            Ok(())
+        } else {
+            Err(invalid_handle("stream", stream))
+        }
+    }
+
+    /// An event's `CU_EVENT_*` flags.
+    fn event_flags(&self, event: Handle) -> Result<u32, CuError> {
+        self.events
+            .get(&event)
+            .copied()
+            .ok_or_else(|| invalid_handle("event", event))
+    }
+
+    pub(super) fn stream_create(&mut self, flags: u32, priority: i32) -> CallResult {
+        if flags & !NON_BLOCKING != 0 {
+            return Err(err(
+                codes::INVALID_VALUE,
+                format!("stream flags {flags:#x}"),
+            ));
+        }
+        if self.streams.len() >= MAX_STREAMS {
+            return Err(err(
+                codes::OUT_OF_MEMORY,
+                format!("a session may hold {MAX_STREAMS} streams"),
+            ));
+        }
+        let handle = self.mint_handle();
+        let priority = self.forced_priority.unwrap_or(priority);
+        self.ordered()?.stream_create(handle, flags, priority)?;
+        self.streams.insert(handle);
+        Ok(ReplyBody::Handle(handle))
+    }
+
+    pub(super) fn stream_destroy(&mut self, stream: Handle) -> CallResult {
+        if !self.streams.remove(&stream) {
+            return Err(invalid_handle("stream", stream));
+        }
+        self.sched_streams.forget(stream);
+        if let Some(signals) = &mut self.signals {
+            signals.release(stream);
+        }
+        self.ordered()?.stream_destroy(stream)?;
+        Ok(ReplyBody::Unit)
+    }
+
+    pub(super) fn stream_synchronize(&mut self, stream: Handle) -> CallResult {
+        self.check_stream(stream)?;
+        self.synchronize(SyncTarget::Stream(stream))
+    }
+
+    pub(super) fn stream_query(&self, stream: Handle) -> CallResult {
+        self.check_stream(stream)?;
+        self.query(SyncTarget::Stream(stream), "stream busy")
+    }
+
+    pub(super) fn stream_wait_event(&mut self, stream: Handle, event: Handle) -> CallResult {
+        self.check_stream(stream)?;
+        self.event_flags(event)?;
+        self.queue(stream, StreamWork::Wait { event })
+    }
+
+    /// Waits for all of the session's work. Nothing queued since the last one:
+    /// the device has nothing of ours to wait for (a program that synchronizes
+    /// again and again).
+    pub(super) fn context_synchronize(&mut self) -> CallResult {
+        if !self.queued_since_sync.get() {
+            return self.sync_result();
+        }
+        let result = self.synchronize(SyncTarget::Context);
+        // A failure may still be pending on the device: look again next time.
+        self.queued_since_sync.set(result.is_err());
+        result
+    }
+
+    pub(super) fn event_create(&mut self, flags: u32) -> CallResult {
+        if flags & !0xf != 0 {
+            return Err(err(codes::INVALID_VALUE, format!("event flags {flags:#x}")));
+        }
+        let handle = self.mint_handle();
+        self.ordered()?.event_create(handle, flags)?;
+        self.events.insert(handle, flags);
+        Ok(ReplyBody::Handle(handle))
+    }
+
+    pub(super) fn event_record(&mut self, event: Handle, stream: Handle) -> CallResult {
+        self.check_stream(stream)?;
+        self.event_flags(event)?;
+        self.queue(stream, StreamWork::Record { event })
+    }
+
+    pub(super) fn event_query(&self, event: Handle) -> CallResult {
+        self.event_flags(event)?;
+        self.query(SyncTarget::Event(event), "event not reached yet")
+    }
+
+    pub(super) fn event_synchronize(&self, event: Handle) -> CallResult {
+        self.event_flags(event)?;
+        let outcome = self.ordered()?.synchronize(SyncTarget::Event(event));
+        self.waited(outcome)
+    }
+
+    pub(super) fn event_elapsed(&self, start: Handle, end: Handle) -> CallResult {
+        let flags = self.event_flags(start)? | self.event_flags(end)?;
+        if flags & EVENT_DISABLE_TIMING != 0 {
+            return Err(err(
+                codes::INVALID_HANDLE,
+                "event created with timing disabled",
+            ));
+        }
+        let ms = self.ordered()?.elapsed_ms(start, end)?;
+        Ok(ReplyBody::ElapsedMs(ms))
+    }
+
+    pub(super) fn event_destroy(&mut self, event: Handle) -> CallResult {
+        self.events
+            .remove(&event)
+            .ok_or_else(|| invalid_handle("event", event))?;
+        self.ordered()?.event_destroy(event)?;
+        Ok(ReplyBody::Unit)
+    }
+}
