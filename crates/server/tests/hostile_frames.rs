@@ -12,31 +12,7 @@ use common::*;
 use cumux_protocol::*;
 use cumux_server::Device;
 
-/// xorshift64*: a small deterministic generator, so a failure replays exactly.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-    fn bytes(&mut self, n: usize) -> Vec<u8> {
-        (0..n).map(|_| self.next() as u8).collect()
-    }
-    /// Fewer than `n` random bytes (at least one if `n > 1`).
-    fn bytes_below(&mut self, n: u64) -> Vec<u8> {
-        let len = self.below(n) as usize;
-        self.bytes(len)
-    }
-    fn pick<T: Copy>(&mut self, items: &[T]) -> T {
-        items[self.below(items.len() as u64) as usize]
-    }
-}
+use cumux_testkit::Rng;
 
 /// A plausible call: real opcodes with a mix of valid-looking and wild values.
 fn random_call(rng: &mut Rng) -> Call {

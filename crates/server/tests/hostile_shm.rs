@@ -28,20 +28,7 @@ const LAYOUT: ShmLayout = ShmLayout {
     reply_bulk: 64 << 10,
 };
 
-/// xorshift64*: a small deterministic generator, so a failure replays exactly.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-}
+use cumux_testkit::Rng;
 
 /// A connection whose server took its shared area: the socket halves and the
 /// area (this process's mapping of it).

@@ -73,6 +73,60 @@ fn venv_cuda_home() -> Option<PathBuf> {
     candidates.pop()
 }
 
+/// A fresh folder under the system's temporary folder, named after `tag`,
+/// this process and a counter; removed with everything in it at drop.
+pub struct TempDir(pub PathBuf);
+
+impl TempDir {
+    pub fn new(tag: &str) -> Self {
+        let n = unique_counter();
+        let dir = std::env::temp_dir().join(format!("cumux-test-{tag}-{}-{n}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(&dir).unwrap_or_else(|err| panic!("creating {}: {err}", dir.display()));
+        TempDir(dir)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.0);
+    }
+}
+
+/// xorshift64*: a small deterministic generator for the tests that feed the
+/// server hostile input, so a failure replays exactly from its seed.
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    /// A number below `n` (0 when `n` is 0).
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+
+    /// `n` random bytes.
+    pub fn bytes(&mut self, n: usize) -> Vec<u8> {
+        (0..n).map(|_| self.next() as u8).collect()
+    }
+
+    /// Fewer than `n` random bytes (at least one if `n > 1`).
+    pub fn bytes_below(&mut self, n: u64) -> Vec<u8> {
+        let len = self.below(n) as usize;
+        self.bytes(len)
+    }
+
+    /// One of `items`, which must not be empty.
+    pub fn pick<T: Copy>(&mut self, items: &[T]) -> T {
+        items[self.below(items.len() as u64) as usize]
+    }
+}
+
 /// The nvcc executable inside [`cuda_home`].
 pub fn nvcc() -> PathBuf {
     cuda_home().join("bin").join("nvcc")

@@ -62,7 +62,11 @@ fn no_source_file_is_over_the_line_limit() {
             }
             let lines = text.lines().count();
             if lines > MAX_LINES {
-                let shown = file.strip_prefix(&root).unwrap_or(&file).display().to_string();
+                let shown = file
+                    .strip_prefix(&root)
+                    .unwrap_or(&file)
+                    .display()
+                    .to_string();
                 too_long.push(format!("{shown}: {lines} lines"));
             }
         }
@@ -78,7 +82,9 @@ fn no_source_file_is_over_the_line_limit() {
 
 /// A file is generated when its first line says `@generated`.
 fn is_generated(text: &str) -> bool {
-    text.lines().next().is_some_and(|line| line.contains("@generated"))
+    text.lines()
+        .next()
+        .is_some_and(|line| line.contains("@generated"))
 }
 
 // --- the workspace on disk ----------------------------------------------------
@@ -203,8 +209,8 @@ impl ModuleTree {
         child_dir: PathBuf,
     ) -> usize {
         let text = &sources[&file];
-        let parsed = syn::parse_file(text)
-            .unwrap_or_else(|err| panic!("parsing {}: {err}", file.display()));
+        let parsed =
+            syn::parse_file(text).unwrap_or_else(|err| panic!("parsing {}: {err}", file.display()));
         self.add_module(sources, name, parent, file, child_dir, true, parsed.items)
     }
 
@@ -467,7 +473,10 @@ impl FileGraph {
                 continue;
             }
             for from in &component {
-                for to in self.arrows[*from].keys().filter(|to| component.contains(to)) {
+                for to in self.arrows[*from]
+                    .keys()
+                    .filter(|to| component.contains(to))
+                {
                     let Some(back) = self.shortest_path(to, from, &component) else {
                         continue;
                     };
@@ -646,7 +655,8 @@ impl<'ast> Visit<'ast> for ArrowWalker<'_> {
         flatten_use(&import.tree, &mut Vec::new(), &mut leaves);
         for leaf in leaves {
             let glob = leaf.local == "*";
-            if let Some((target, name, _)) = self.tree.resolve(self.module, self.aliases, &leaf.path)
+            if let Some((target, name, _)) =
+                self.tree.resolve(self.module, self.aliases, &leaf.path)
             {
                 let name = if glob { format!("{name}::*") } else { name };
                 self.found.push((target, name));
@@ -660,8 +670,11 @@ impl<'ast> Visit<'ast> for ArrowWalker<'_> {
 
     fn visit_path(&mut self, path: &'ast syn::Path) {
         if path.leading_colon.is_none() && path.segments.len() > 1 {
-            let segments: Vec<String> =
-                path.segments.iter().map(|segment| ident_text(&segment.ident)).collect();
+            let segments: Vec<String> = path
+                .segments
+                .iter()
+                .map(|segment| ident_text(&segment.ident))
+                .collect();
             self.arrow_to(&segments);
         }
         syn::visit::visit_path(self, path);
@@ -692,7 +705,10 @@ fn a_use_in_each_direction_is_a_cycle() {
     let sources = crate_of(&[
         ("lib.rs", "mod a; mod b;"),
         ("a.rs", "use crate::b::Beta; pub struct Alpha;"),
-        ("b.rs", "pub struct Beta; fn make() -> crate::a::Alpha { crate::a::Alpha }"),
+        (
+            "b.rs",
+            "pub struct Beta; fn make() -> crate::a::Alpha { crate::a::Alpha }",
+        ),
     ]);
     assert_eq!(
         FileGraph::build(&sources).cycles(),
@@ -703,8 +719,14 @@ fn a_use_in_each_direction_is_a_cycle() {
 #[test]
 fn a_re_export_is_not_an_arrow() {
     let sources = crate_of(&[
-        ("lib.rs", "mod a; pub use a::Alpha; pub(crate) use a::Gamma; pub struct Root;"),
-        ("a.rs", "use crate::Root; pub struct Alpha; pub struct Gamma;"),
+        (
+            "lib.rs",
+            "mod a; pub use a::Alpha; pub(crate) use a::Gamma; pub struct Root;",
+        ),
+        (
+            "a.rs",
+            "use crate::Root; pub struct Alpha; pub struct Gamma;",
+        ),
     ]);
     let graph = FileGraph::build(&sources);
     assert!(graph.cycles().is_empty(), "{:?}", graph.cycles());
@@ -747,12 +769,18 @@ fn inline_modules_stay_in_their_file_and_are_no_arrow_to_it() {
 #[test]
 fn path_attributes_macro_arguments_and_module_aliases_are_followed() {
     let sources = crate_of(&[
-        ("main.rs", "mod net; #[path = \"gen/table.rs\"] mod table; pub struct Main;"),
+        (
+            "main.rs",
+            "mod net; #[path = \"gen/table.rs\"] mod table; pub struct Main;",
+        ),
         (
             "net.rs",
             "use crate::table; fn f() { println!(\"{:?}\", table::ROWS); }",
         ),
-        ("gen/table.rs", "pub const ROWS: u32 = 1; fn g() -> crate::net::Net { todo!() }"),
+        (
+            "gen/table.rs",
+            "pub const ROWS: u32 = 1; fn g() -> crate::net::Net { todo!() }",
+        ),
     ]);
     assert_eq!(
         FileGraph::build(&sources).cycles(),

@@ -14,24 +14,7 @@ use std::time::{Duration, Instant};
 pub const CUMUX: &str = env!("CARGO_BIN_EXE_cumux");
 
 /// A folder removed at drop.
-pub struct TempDir(pub PathBuf);
-
-impl TempDir {
-    pub fn new(tag: &str) -> Self {
-        static COUNTER: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-        let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let dir = std::env::temp_dir().join(format!("cumux-e2e-{tag}-{}-{n}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        TempDir(dir)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
+pub use cumux_testkit::TempDir;
 
 /// The client driver `cumux run` uses, built on first need (it is a cdylib
 /// that `cargo test -p cumux-cli` alone would not build).
