@@ -168,6 +168,7 @@ fn cached_build(cu_path: &Path, args: &[String], extension: &str) -> PathBuf {
     let nvcc = nvcc();
     let mut key = Fingerprint::new();
     key.add(&source);
+    add_local_includes(&mut key, cu_path, &source, &mut Vec::new());
     for arg in args {
         key.add(arg.as_bytes());
     }
@@ -215,6 +216,37 @@ fn cached_build(cu_path: &Path, args: &[String], extension: &str) -> PathBuf {
     fs::rename(&tmp, &out)
         .unwrap_or_else(|err| panic!("moving {} to {}: {err}", tmp.display(), out.display()));
     out
+}
+
+/// Adds to `key` the text of every `#include "…"` that `text` (the contents of
+/// `file`) names and that exists beside `file`, where the compiler looks
+/// first, and of theirs in turn: editing a shared header such as
+/// `tests/cuda/corpus/check.h` rebuilds the programs that include it.
+fn add_local_includes(key: &mut Fingerprint, file: &Path, text: &[u8], seen: &mut Vec<PathBuf>) {
+    let dir = file.parent().unwrap_or(Path::new("."));
+    for line in String::from_utf8_lossy(text).lines() {
+        let Some(rest) = line.trim_start().strip_prefix("#include") else {
+            continue;
+        };
+        let Some((name, _)) = rest
+            .trim_start()
+            .strip_prefix('"')
+            .and_then(|r| r.split_once('"'))
+        else {
+            continue;
+        };
+        let header = dir.join(name);
+        if seen.contains(&header) {
+            continue;
+        }
+        let Ok(contents) = fs::read(&header) else {
+            continue; // found on the include path instead; not ours to track
+        };
+        seen.push(header.clone());
+        key.add(name.as_bytes());
+        key.add(&contents);
+        add_local_includes(key, &header, &contents, seen);
+    }
 }
 
 /// `<workspace>/target/cuda-cache`, or under `$CARGO_TARGET_DIR` when set.
@@ -275,6 +307,30 @@ mod tests {
     fn workspace_root_holds_the_workspace_manifest() {
         let manifest = fs::read_to_string(workspace_root().join("Cargo.toml")).unwrap();
         assert!(manifest.contains("[workspace]"));
+    }
+
+    #[test]
+    fn a_local_header_is_part_of_the_build_key() {
+        let dir = TempDir::new("include-key");
+        let source = dir.0.join("program.cu");
+        let header = dir.0.join("check.h");
+        let text = b"#include <cstdio>\n  #include \"check.h\"\nint main() {}\n";
+        fs::write(&source, text).unwrap();
+        let key_with = |header_text: &[u8]| {
+            fs::write(&header, header_text).unwrap();
+            let mut key = Fingerprint::new();
+            add_local_includes(&mut key, &source, text, &mut Vec::new());
+            key.hex()
+        };
+        assert_ne!(
+            key_with(b"#define CHECK(x) x"),
+            key_with(b"#define CHECK(x) (x)")
+        );
+        // A header that includes itself is read once.
+        assert_eq!(
+            key_with(b"#include \"check.h\""),
+            key_with(b"#include \"check.h\"")
+        );
     }
 
     #[test]
