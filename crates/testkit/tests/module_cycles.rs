@@ -693,6 +693,11 @@ impl<'ast> Visit<'ast> for ArrowWalker<'_> {
 
 // --- the checker on small crates -------------------------------------------------
 
+/// The cycles the checker lists for a crate of `(path under src/, text)` files.
+fn cycles_in(files: &[(&str, &str)]) -> Vec<String> {
+    FileGraph::build(&crate_of(files)).cycles()
+}
+
 fn crate_of(files: &[(&str, &str)]) -> BTreeMap<PathBuf, String> {
     files
         .iter()
@@ -702,18 +707,15 @@ fn crate_of(files: &[(&str, &str)]) -> BTreeMap<PathBuf, String> {
 
 #[test]
 fn a_use_in_each_direction_is_a_cycle() {
-    let sources = crate_of(&[
+    let files = [
         ("lib.rs", "mod a; mod b;"),
         ("a.rs", "use crate::b::Beta; pub struct Alpha;"),
         (
             "b.rs",
             "pub struct Beta; fn make() -> crate::a::Alpha { crate::a::Alpha }",
         ),
-    ]);
-    assert_eq!(
-        FileGraph::build(&sources).cycles(),
-        ["a.rs -> b.rs (Beta) -> a.rs (Alpha)"]
-    );
+    ];
+    assert_eq!(cycles_in(&files), ["a.rs -> b.rs (Beta) -> a.rs (Alpha)"]);
 }
 
 #[test]
@@ -737,16 +739,16 @@ fn a_re_export_is_not_an_arrow() {
 
 #[test]
 fn a_mod_rs_using_its_child_that_uses_it_is_a_cycle() {
-    let sources = crate_of(&[
+    let files = [
         ("lib.rs", "pub mod device;"),
         (
             "device/mod.rs",
             "mod worker; pub struct Config; fn start() { worker::Worker::run(Config); }",
         ),
         ("device/worker.rs", "use super::Config; pub struct Worker;"),
-    ]);
+    ];
     assert_eq!(
-        FileGraph::build(&sources).cycles(),
+        cycles_in(&files),
         ["device/mod.rs -> device/worker.rs (Worker) -> device/mod.rs (Config)"]
     );
 }
@@ -768,7 +770,7 @@ fn inline_modules_stay_in_their_file_and_are_no_arrow_to_it() {
 
 #[test]
 fn path_attributes_macro_arguments_and_module_aliases_are_followed() {
-    let sources = crate_of(&[
+    let files = [
         (
             "main.rs",
             "mod net; #[path = \"gen/table.rs\"] mod table; pub struct Main;",
@@ -781,23 +783,23 @@ fn path_attributes_macro_arguments_and_module_aliases_are_followed() {
             "gen/table.rs",
             "pub const ROWS: u32 = 1; fn g() -> crate::net::Net { todo!() }",
         ),
-    ]);
+    ];
     assert_eq!(
-        FileGraph::build(&sources).cycles(),
+        cycles_in(&files),
         ["gen/table.rs -> net.rs (Net) -> gen/table.rs (ROWS, table)"]
     );
 }
 
 #[test]
 fn three_files_in_a_ring_are_one_cycle_and_a_longer_ring_lists_each_way_round() {
-    let sources = crate_of(&[
+    let files = [
         ("lib.rs", "mod a; mod b; mod c;"),
         ("a.rs", "use crate::b::B; pub struct A;"),
         ("b.rs", "use crate::c::C; pub struct B;"),
         ("c.rs", "use crate::a::A; use crate::b::B; pub struct C;"),
-    ]);
+    ];
     assert_eq!(
-        FileGraph::build(&sources).cycles(),
+        cycles_in(&files),
         [
             "a.rs -> b.rs (B) -> c.rs (C) -> a.rs (A)",
             "b.rs -> c.rs (C) -> b.rs (B)",
