@@ -330,25 +330,25 @@ fn random_garbage_in_the_area_never_hurts_the_server() {
             // Random positions.
             0 => {
                 for i in 0..8 {
-                    a.word(OFF_POS + 8 * i).store(rng.next(), Ordering::Release);
+                    a.word(OFF_POS + 8 * i).store(rng.next_u64(), Ordering::Release);
                 }
             }
             // Random bytes over the rings, then a plausible write position.
             1 => {
-                let bytes: Vec<u8> = (0..4096).map(|_| rng.next() as u8).collect();
+                let bytes: Vec<u8> = (0..4096).map(|_| rng.next_u64() as u8).collect();
                 a.poke(HEADER_BYTES, &bytes);
                 a.word(OFF_POS)
                     .store(1 + rng.below(LAYOUT.request_ring as u64), Ordering::Release);
             }
             // Random bytes everywhere, header included.
             2 => {
-                let bytes: Vec<u8> = (0..HEADER_BYTES + 8192).map(|_| rng.next() as u8).collect();
+                let bytes: Vec<u8> = (0..HEADER_BYTES + 8192).map(|_| rng.next_u64() as u8).collect();
                 a.poke(0, &bytes);
             }
             // A valid record around random message bytes.
             _ => {
                 let len = 1 + rng.below(300) as usize;
-                let body: Vec<u8> = (0..len).map(|_| rng.next() as u8).collect();
+                let body: Vec<u8> = (0..len).map(|_| rng.next_u64() as u8).collect();
                 let bulk = rng.below(2) * rng.below(ring_bytes as u64);
                 a.publish_request_bytes(&[record(len as u32, 0, bulk), body].concat());
             }
