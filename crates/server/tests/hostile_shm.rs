@@ -330,7 +330,8 @@ fn random_garbage_in_the_area_never_hurts_the_server() {
             // Random positions.
             0 => {
                 for i in 0..8 {
-                    a.word(OFF_POS + 8 * i).store(rng.next_u64(), Ordering::Release);
+                    a.word(OFF_POS + 8 * i)
+                        .store(rng.next_u64(), Ordering::Release);
                 }
             }
             // Random bytes over the rings, then a plausible write position.
@@ -342,7 +343,9 @@ fn random_garbage_in_the_area_never_hurts_the_server() {
             }
             // Random bytes everywhere, header included.
             2 => {
-                let bytes: Vec<u8> = (0..HEADER_BYTES + 8192).map(|_| rng.next_u64() as u8).collect();
+                let bytes: Vec<u8> = (0..HEADER_BYTES + 8192)
+                    .map(|_| rng.next_u64() as u8)
+                    .collect();
                 a.poke(0, &bytes);
             }
             // A valid record around random message bytes.
