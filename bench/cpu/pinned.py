@@ -16,19 +16,16 @@ build and NVIDIA's compiler in .venv (scripts/setup-nvcc):
 """
 
 import argparse
-import datetime
-import json
 import os
-import platform
 import shutil
-import statistics
-import subprocess
 import sys
 import tempfile
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from transport import ROOT, build_microbench  # noqa: E402
+from benchlib import (  # noqa: E402
+    ROOT, build_microbench, compare_medians, run_facts, run_microbench, start_server,
+    write_result,
+)
 
 SIZES = ("4k", "64k", "1m", "16m", "256m")
 KEPT = {
@@ -43,18 +40,8 @@ MODES = {"before": "off", "after": "on"}
 def run_one(cumux, address, exe, pinned):
     env = dict(os.environ, CUMUX_PINNED=pinned)
     env.pop("CUMUX_LOG", None)
-    out = subprocess.run(
-        [cumux, "run", "--server", address, "--", exe, "bandwidth", "1", str(256 << 20)],
-        env=env, capture_output=True, text=True, timeout=900,
-    )
-    if out.returncode != 0:
-        sys.exit(f"microbench with CUMUX_PINNED={pinned} failed:\n{out.stdout}\n{out.stderr}")
-    metrics = {}
-    for line in out.stdout.splitlines():
-        parts = line.split()
-        if len(parts) == 4 and parts[0] == "metric":
-            metrics[parts[1]] = float(parts[2])
-    return metrics
+    args = ["bandwidth", "1", str(256 << 20)]
+    return run_microbench(cumux, address, exe, args, env, 900, f"with CUMUX_PINNED={pinned}")
 
 
 def main():
@@ -67,17 +54,9 @@ def main():
 
     work = tempfile.mkdtemp(prefix="cumux-pinned-bench-")
     exe = build_microbench(work)
-    address = f"unix:{work}/s.sock"
-    server = subprocess.Popen(
-        [opts.cumux, "serve", "--device", opts.device, "--memory", "2G", "--listen", address],
-        stdout=subprocess.DEVNULL, stderr=open(os.path.join(work, "server.log"), "w"),
-    )
+    server = None
     try:
-        deadline = time.time() + 30
-        while not os.path.exists(f"{work}/s.sock"):
-            if time.time() > deadline or server.poll() is not None:
-                sys.exit("cumux serve did not start")
-            time.sleep(0.05)
+        server, address = start_server(opts.cumux, work, "s", opts.device)
         samples = {mode: {} for mode in MODES}
         for r in range(opts.rounds):
             for mode, setting in MODES.items():
@@ -85,38 +64,22 @@ def main():
                     samples[mode].setdefault(k, []).append(v)
             print(f"round {r + 1}/{opts.rounds} done", file=sys.stderr)
     finally:
-        server.kill()
-        server.wait()
+        if server:
+            server.kill()
+            server.wait()
         shutil.rmtree(work, ignore_errors=True)
 
-    metrics = []
-    for name, better in KEPT.items():
-        if name not in samples["before"] or name not in samples["after"]:
-            continue
-        before = statistics.median(samples["before"][name])
-        after = statistics.median(samples["after"][name])
-        metrics.append({
-            "name": name,
-            "unit": "GB/s",
-            "better": better,
-            "before": round(before, 4),
-            "after": round(after, 4),
-            "ratio": round(after / before, 4) if before else None,
-            "before_rounds": samples["before"][name],
-            "after_rounds": samples["after"][name],
-        })
-    commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"],
-                            capture_output=True, text=True).stdout.strip()
-    cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo")
-                if l.startswith("model name")), platform.processor())
+    metrics = compare_medians(KEPT, samples, "before", "after", lambda _: "GB/s",
+                              skip_missing=True)
+    facts = run_facts()
     result = {
         "suite": "cpu-pinned",
-        "date": datetime.date.today().isoformat(),
+        "date": facts["date"],
         "gpu": f"none: cumux serve --device {opts.device} (CPU reference device)",
         "driver": None,
         "cuda": "13.0 (nvcc from PyPI)",
-        "commit": commit,
-        "host": f"{cpu}, {os.cpu_count()} cores",
+        "commit": facts["commit"],
+        "host": facts["host"],
         "baseline": "before",
         "note": "Both columns are cumux on the same server in the same run, microbench "
                 "`bandwidth` (synchronous cudaMemcpy, median of reps): 'before' is "
@@ -130,11 +93,7 @@ def main():
         "rounds": opts.rounds,
         "metrics": metrics,
     }
-    text = json.dumps(result, indent=2) + "\n"
-    if opts.out:
-        with open(opts.out, "w") as f:
-            f.write(text)
-    print(text)
+    write_result(result, opts.out)
 
 
 if __name__ == "__main__":

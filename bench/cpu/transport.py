@@ -13,19 +13,16 @@ transport"). Needs a release build and NVIDIA's compiler in .venv
 """
 
 import argparse
-import datetime
-import json
 import os
-import platform
 import shutil
-import statistics
-import subprocess
 import sys
 import tempfile
-import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-NVCC_ROOT = os.path.join(ROOT, ".venv/lib/python3.11/site-packages/nvidia/cu13")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from benchlib import (  # noqa: E402
+    ROOT, build_microbench, compare_medians, run_facts, run_microbench, start_server,
+    write_result,
+)
 
 # (subcommand args, metrics kept: name -> better)
 RUNS = [
@@ -51,32 +48,14 @@ RUNS = [
 ]
 
 
-def build_microbench(out_dir):
-    exe = os.path.join(out_dir, "microbench")
-    nvcc = os.path.join(NVCC_ROOT, "bin/nvcc")
-    subprocess.run(
-        [nvcc, "-O2", "-arch=sm_90", "-L" + os.path.join(NVCC_ROOT, "lib"), "-o", exe,
-         os.path.join(ROOT, "bench/cuda/microbench.cu")],
-        check=True,
-    )
-    return exe
-
-
 def run_one(cumux, address, exe, args, transport):
     env = dict(os.environ, CUMUX_TRANSPORT=transport)
     env.pop("CUMUX_LOG", None)
-    out = subprocess.run(
-        [cumux, "run", "--server", address, "--", exe, *args],
-        env=env, capture_output=True, text=True, timeout=600,
-    )
-    if out.returncode != 0:
-        sys.exit(f"microbench {args} over {transport} failed:\n{out.stdout}\n{out.stderr}")
-    metrics = {}
-    for line in out.stdout.splitlines():
-        parts = line.split()
-        if len(parts) == 4 and parts[0] == "metric":
-            metrics[parts[1]] = float(parts[2])
-    return metrics
+    return run_microbench(cumux, address, exe, args, env, 600, f"{args} over {transport}")
+
+
+def unit(name):
+    return "GB/s" if name.endswith("_gbps") else "us"
 
 
 def main():
@@ -88,17 +67,9 @@ def main():
 
     work = tempfile.mkdtemp(prefix="cumux-transport-bench-")
     exe = build_microbench(work)
-    address = f"unix:{work}/s.sock"
-    server = subprocess.Popen(
-        [opts.cumux, "serve", "--device", "cpu", "--memory", "2G", "--listen", address],
-        stdout=subprocess.DEVNULL, stderr=open(os.path.join(work, "server.log"), "w"),
-    )
+    server = None
     try:
-        deadline = time.time() + 30
-        while not os.path.exists(f"{work}/s.sock"):
-            if time.time() > deadline or server.poll() is not None:
-                sys.exit("cumux serve did not start")
-            time.sleep(0.05)
+        server, address = start_server(opts.cumux, work, "s", "cpu")
         samples = {"socket": {}, "shm": {}}
         for r in range(opts.rounds):
             for args, _ in RUNS:
@@ -108,37 +79,23 @@ def main():
                         samples[transport].setdefault(k, []).append(v)
             print(f"round {r + 1}/{opts.rounds} done", file=sys.stderr)
     finally:
-        server.kill()
-        server.wait()
+        if server:
+            server.kill()
+            server.wait()
         shutil.rmtree(work, ignore_errors=True)
 
     metrics = []
     for _, kept in RUNS:
-        for name, better in kept.items():
-            sock = statistics.median(samples["socket"][name])
-            shm = statistics.median(samples["shm"][name])
-            metrics.append({
-                "name": name,
-                "unit": "GB/s" if name.endswith("_gbps") else "us",
-                "better": better,
-                "socket": round(sock, 4),
-                "shm": round(shm, 4),
-                "ratio": round(shm / sock, 4) if sock else None,
-                "socket_rounds": samples["socket"][name],
-                "shm_rounds": samples["shm"][name],
-            })
-    commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"],
-                            capture_output=True, text=True).stdout.strip()
-    cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo")
-                if l.startswith("model name")), platform.processor())
+        metrics += compare_medians(kept, samples, "socket", "shm", unit)
+    facts = run_facts()
     result = {
         "suite": "cpu-transport",
-        "date": datetime.date.today().isoformat(),
+        "date": facts["date"],
         "gpu": "none: cumux serve --device cpu (CPU reference device)",
         "driver": None,
         "cuda": "13.0 (nvcc from PyPI)",
-        "commit": commit,
-        "host": f"{cpu}, {os.cpu_count()} cores",
+        "commit": facts["commit"],
+        "host": facts["host"],
         "baseline": "socket",
         "note": "Both columns are cumux on the same server in the same run: 'socket' is "
                 "CUMUX_TRANSPORT=socket (length-prefixed frames on the unix socket), 'shm' "
@@ -147,11 +104,7 @@ def main():
         "rounds": opts.rounds,
         "metrics": metrics,
     }
-    text = json.dumps(result, indent=2) + "\n"
-    if opts.out:
-        with open(opts.out, "w") as f:
-            f.write(text)
-    print(text)
+    write_result(result, opts.out)
 
 
 if __name__ == "__main__":

@@ -15,60 +15,36 @@ release build and NVIDIA's compiler in .venv (scripts/setup-nvcc):
 """
 
 import argparse
-import datetime
-import json
 import os
-import platform
 import shutil
-import statistics
-import subprocess
 import sys
 import tempfile
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from transport import ROOT, RUNS, build_microbench  # noqa: E402
+from benchlib import (  # noqa: E402
+    ROOT, build_microbench, compare_medians, run_facts, run_microbench, server_log,
+    start_server, write_result,
+)
+from transport import RUNS, unit  # noqa: E402
 
 MODES = ("socket", "shm")
 
 
-def start_server(cumux, work, mode):
-    sock = os.path.join(work, f"{mode}.sock")
+def start_mode_server(cumux, work, mode):
     env = dict(os.environ)
     env.pop("CUMUX_LOG", None)
     if mode == "socket":
         env["CUMUX_WORKER_TRANSPORT"] = "socket"
     else:
         env.pop("CUMUX_WORKER_TRANSPORT", None)
-    server = subprocess.Popen(
-        [cumux, "serve", "--device", "worker-cpu", "--memory", "2G", "--listen", f"unix:{sock}"],
-        env=env, stdout=subprocess.DEVNULL,
-        stderr=open(os.path.join(work, f"{mode}-server.log"), "w"),
-    )
-    deadline = time.time() + 30
-    while not os.path.exists(sock):
-        if time.time() > deadline or server.poll() is not None:
-            sys.exit(f"cumux serve ({mode}) did not start")
-        time.sleep(0.05)
-    return server, f"unix:{sock}"
+    return start_server(cumux, work, mode, "worker-cpu", env)
 
 
 def run_one(cumux, address, exe, args):
     env = dict(os.environ)
     env.pop("CUMUX_LOG", None)
     env.pop("CUMUX_TRANSPORT", None)
-    out = subprocess.run(
-        [cumux, "run", "--server", address, "--", exe, *args],
-        env=env, capture_output=True, text=True, timeout=600,
-    )
-    if out.returncode != 0:
-        sys.exit(f"microbench {args} on {address} failed:\n{out.stdout}\n{out.stderr}")
-    metrics = {}
-    for line in out.stdout.splitlines():
-        parts = line.split()
-        if len(parts) == 4 and parts[0] == "metric":
-            metrics[parts[1]] = float(parts[2])
-    return metrics
+    return run_microbench(cumux, address, exe, args, env, 600, f"{args} on {address}")
 
 
 def main():
@@ -83,7 +59,7 @@ def main():
     servers = {}
     try:
         for mode in MODES:
-            servers[mode] = start_server(opts.cumux, work, mode)
+            servers[mode] = start_mode_server(opts.cumux, work, mode)
         samples = {m: {} for m in MODES}
         for r in range(opts.rounds):
             for args, _ in RUNS:
@@ -93,7 +69,7 @@ def main():
                         samples[mode].setdefault(k, []).append(v)
             print(f"round {r + 1}/{opts.rounds} done", file=sys.stderr)
         for mode in MODES:
-            log = open(os.path.join(work, f"{mode}-server.log")).read()
+            log = open(server_log(work, mode)).read()
             if "panicked" in log:
                 sys.exit(f"the {mode} server panicked:\n{log}")
     finally:
@@ -104,31 +80,16 @@ def main():
 
     metrics = []
     for _, kept in RUNS:
-        for name, better in kept.items():
-            sock = statistics.median(samples["socket"][name])
-            shm = statistics.median(samples["shm"][name])
-            metrics.append({
-                "name": name,
-                "unit": "GB/s" if name.endswith("_gbps") else "us",
-                "better": better,
-                "socket": round(sock, 4),
-                "shm": round(shm, 4),
-                "ratio": round(shm / sock, 4) if sock else None,
-                "socket_rounds": samples["socket"][name],
-                "shm_rounds": samples["shm"][name],
-            })
-    commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"],
-                            capture_output=True, text=True).stdout.strip()
-    cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo")
-                if l.startswith("model name")), platform.processor())
+        metrics += compare_medians(kept, samples, "socket", "shm", unit)
+    facts = run_facts()
     result = {
         "suite": "cpu-worker-shm",
-        "date": datetime.date.today().isoformat(),
+        "date": facts["date"],
         "gpu": "none: cumux serve --device worker-cpu (CPU reference device in worker processes)",
         "driver": None,
         "cuda": "13.0 (nvcc from PyPI)",
-        "commit": commit,
-        "host": f"{cpu}, {os.cpu_count()} cores",
+        "commit": facts["commit"],
+        "host": facts["host"],
         "baseline": "socket",
         "note": "Both columns are cumux in the same run, alternating two servers: 'socket' has "
                 "CUMUX_WORKER_TRANSPORT=socket (server <-> worker frames on the socket pair, "
@@ -138,11 +99,7 @@ def main():
         "rounds": opts.rounds,
         "metrics": metrics,
     }
-    text = json.dumps(result, indent=2) + "\n"
-    if opts.out:
-        with open(opts.out, "w") as f:
-            f.write(text)
-    print(text)
+    write_result(result, opts.out)
 
 
 if __name__ == "__main__":

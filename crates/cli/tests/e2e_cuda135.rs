@@ -33,30 +33,13 @@ fn runtime_135_lib() -> PathBuf {
 /// A folder where `-lcudart` finds the 13.5 runtime (PyPI ships only the
 /// versioned name), at a fixed place so the compile cache can reuse builds.
 fn cudart_link_dir() -> PathBuf {
-    let lib = runtime_135_lib();
-    let dir = Path::new(common::CUMUX).with_file_name("cumux-cudart135");
-    std::fs::create_dir_all(&dir).unwrap();
-    let link = dir.join("libcudart.so");
-    let target = lib.join("libcudart.so.13");
-    if std::fs::read_link(&link).ok().as_deref() != Some(target.as_path()) {
-        let _ = std::fs::remove_file(&link);
-        std::os::unix::fs::symlink(&target, &link).unwrap();
-    }
-    dir
+    let target = runtime_135_lib().join("libcudart.so.13");
+    common::linked_folder("cumux-cudart135", "libcudart.so", &target)
 }
 
 /// A folder where `-lcuda` finds the client driver itself.
 fn driver_link_dir() -> PathBuf {
-    common::ensure_driver();
-    let driver = Path::new(common::CUMUX).with_file_name("libcumux_client.so");
-    let dir = Path::new(common::CUMUX).with_file_name("cumux-link135");
-    std::fs::create_dir_all(&dir).unwrap();
-    let link = dir.join("libcuda.so");
-    if std::fs::read_link(&link).ok().as_deref() != Some(driver.as_path()) {
-        let _ = std::fs::remove_file(&link);
-        std::os::unix::fs::symlink(&driver, &link).unwrap();
-    }
-    dir
+    common::driver_link_folder("cumux-link135")
 }
 
 /// `source` built with the runtime as a shared library, linked against 13.5's.
@@ -72,10 +55,7 @@ fn corpus(name: &str) -> PathBuf {
 }
 
 fn driver(name: &str, extra: &[&str]) -> PathBuf {
-    let source = cumux_testkit::workspace_root()
-        .join("tests/cuda/driver")
-        .join(format!("{name}.cu"));
-    shared_runtime_program(source, extra)
+    shared_runtime_program(common::driver_source(name), extra)
 }
 
 /// Runs `program` through cumux with the 13.5 runtime first on the library
@@ -164,8 +144,7 @@ fn driver_api_program_on_the_135_runtime() {
 
 #[test]
 fn relocatable_device_code_on_the_135_runtime() {
-    let root = cumux_testkit::workspace_root().join("tests/cuda/driver");
-    let helper = root.join("rdc_helper.cu");
+    let helper = common::driver_source("rdc_helper");
     let program = driver("rdc_program", &["-rdc=true", helper.to_str().unwrap()]);
     let server = ServerProc::start("rt135-rdc");
     passes_on_135(&server, &program, &[]);

@@ -8,26 +8,47 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use common::{e2e_device, wait_bounded, RunOutput, ServerProc, TempDir};
+use common::{
+    driver_program, driver_source, e2e_device, wait_bounded, RunOutput, ServerProc, TempDir,
+};
 
 const LIMIT: Duration = Duration::from_secs(180);
 
-fn driver_program(name: &str) -> PathBuf {
-    let source = cumux_testkit::workspace_root()
-        .join("tests/cuda/driver")
-        .join(format!("{name}.cu"));
-    cumux_testkit::compile_program(source, &[])
-}
-
 fn run_passes(server: &ServerProc, program: &Path) -> RunOutput {
     let out = server.run(program, &[], LIMIT);
-    assert_eq!(out.code(), Some(0), "{}", out.describe());
-    assert!(
-        out.stdout.lines().any(|l| l.trim() == "PASS"),
-        "{}",
-        out.describe()
-    );
+    out.assert_passed();
     out
+}
+
+/// Tests that each run one program of tests/cuda/driver on a server of their
+/// own and want it to pass: `test_name: "program" on "server tag";`.
+macro_rules! programs_pass {
+    ($($(#[$doc:meta])* $test:ident: $program:literal on $tag:literal;)*) => {$(
+        $(#[$doc])*
+        #[test]
+        fn $test() {
+            let server = ServerProc::start($tag);
+            run_passes(&server, &driver_program($program));
+        }
+    )*};
+}
+
+programs_pass! {
+    streams_and_events: "streams_events" on "streams";
+    memcpy_to_symbol: "memcpy_to_symbol" on "symbol";
+    pinned_memory: "pinned_memory" on "pinned";
+    graph_by_stream_capture: "graph_capture" on "graph";
+    managed_memory: "managed_memory" on "managed";
+    host_callbacks_run_in_stream_order: "host_callback" on "hostfn";
+    threads_with_their_own_streams: "threads" on "threads";
+    launch_limits_are_checked_at_the_call: "launch_limits" on "limits";
+}
+
+/// A driver-API program of tests/cuda/driver linked against the client driver
+/// itself (`-lcuda`).
+fn linked_to_client_driver(name: &str) -> PathBuf {
+    let link = format!("-L{}", common::driver_link_folder("cumux-link").display());
+    cumux_testkit::compile_program(driver_source(name), &[&link, "-lcuda"])
 }
 
 /// `key: value` lines a test program printed.
@@ -61,24 +82,6 @@ fn device_query_matches_status() {
         status["devices"].as_array().map(Vec::len)
     );
     assert_eq!(value(&out.stdout, "driver_version"), Some("13000"));
-}
-
-#[test]
-fn streams_and_events() {
-    let server = ServerProc::start("streams");
-    run_passes(&server, &driver_program("streams_events"));
-}
-
-#[test]
-fn memcpy_to_symbol() {
-    let server = ServerProc::start("symbol");
-    run_passes(&server, &driver_program("memcpy_to_symbol"));
-}
-
-#[test]
-fn pinned_memory() {
-    let server = ServerProc::start("pinned");
-    run_passes(&server, &driver_program("pinned_memory"));
 }
 
 /// Pinned buffers are shared with the server, and large synchronous copies
@@ -125,30 +128,6 @@ fn without_colours(text: &str) -> String {
 }
 
 #[test]
-fn graph_by_stream_capture() {
-    let server = ServerProc::start("graph");
-    run_passes(&server, &driver_program("graph_capture"));
-}
-
-#[test]
-fn managed_memory() {
-    let server = ServerProc::start("managed");
-    run_passes(&server, &driver_program("managed_memory"));
-}
-
-#[test]
-fn host_callbacks_run_in_stream_order() {
-    let server = ServerProc::start("hostfn");
-    run_passes(&server, &driver_program("host_callback"));
-}
-
-#[test]
-fn threads_with_their_own_streams() {
-    let server = ServerProc::start("threads");
-    run_passes(&server, &driver_program("threads"));
-}
-
-#[test]
 fn a_wait_does_not_hold_up_other_threads() {
     if e2e_device() == "worker-cpu" {
         // A CPU worker runs each stream's work as it arrives, one piece at a
@@ -175,33 +154,17 @@ fn unimplemented_call_is_named_and_not_supported() {
 
 #[test]
 fn per_thread_default_stream_program() {
-    let source = cumux_testkit::workspace_root().join("tests/cuda/driver/streams_events.cu");
-    let program = cumux_testkit::compile_program(source, &["--default-stream", "per-thread"]);
+    let program = cumux_testkit::compile_program(
+        driver_source("streams_events"),
+        &["--default-stream", "per-thread"],
+    );
     let server = ServerProc::start("ptds");
     run_passes(&server, &program);
 }
 
-/// A folder where `-lcuda` finds the client driver (its soname is
-/// `libcuda.so.1`), so driver-API programs link against cumux itself. Kept
-/// at a fixed place so the compile cache can reuse the build.
-fn link_dir() -> PathBuf {
-    common::ensure_driver();
-    let driver = Path::new(common::CUMUX).with_file_name("libcumux_client.so");
-    let dir = Path::new(common::CUMUX).with_file_name("cumux-link");
-    std::fs::create_dir_all(&dir).unwrap();
-    let link = dir.join("libcuda.so");
-    if std::fs::read_link(&link).ok().as_deref() != Some(driver.as_path()) {
-        let _ = std::fs::remove_file(&link);
-        std::os::unix::fs::symlink(&driver, &link).unwrap();
-    }
-    dir
-}
-
 #[test]
 fn driver_api_program() {
-    let source = cumux_testkit::workspace_root().join("tests/cuda/driver/driver_api.cu");
-    let link = format!("-L{}", link_dir().display());
-    let program = cumux_testkit::compile_program(source, &[&link, "-lcuda"]);
+    let program = linked_to_client_driver("driver_api");
     let fatbin = cumux_testkit::workspace_root().join("crates/fatbin/tests/fixtures/zstd.fatbin");
     let server = ServerProc::start("driverapi");
     let out = server.run(&program, &[fatbin.to_str().unwrap()], LIMIT);
@@ -225,9 +188,7 @@ fn driver_api_program() {
 /// holds the codes measured on an H100).
 #[test]
 fn error_codes_match_nvidia() {
-    let source = cumux_testkit::workspace_root().join("tests/cuda/driver/error_codes.cu");
-    let link = format!("-L{}", link_dir().display());
-    let program = cumux_testkit::compile_program(source, &[&link, "-lcuda"]);
+    let program = linked_to_client_driver("error_codes");
     let server = ServerProc::start("errcodes");
     run_passes(&server, &program);
 }
@@ -245,49 +206,35 @@ fn cluster_launches_and_their_function_attributes() {
 }
 
 #[test]
-fn launch_limits_are_checked_at_the_call() {
-    let server = ServerProc::start("limits");
-    run_passes(&server, &driver_program("launch_limits"));
-}
-
-#[test]
 fn jit_link_of_relocatable_ptx() {
-    let root = cumux_testkit::workspace_root().join("tests/cuda/driver");
     let dir = TempDir::new("jitlink");
     let user = dir.0.join("user.ptx");
     let helper = dir.0.join("helper.ptx");
     std::fs::write(
         &user,
-        cumux_testkit::compile_ptx_with(root.join("rdc_user.cu"), &["-rdc=true"]),
+        cumux_testkit::compile_ptx_with(driver_source("rdc_user"), &["-rdc=true"]),
     )
     .unwrap();
     std::fs::write(
         &helper,
-        cumux_testkit::compile_ptx_with(root.join("rdc_helper.cu"), &["-rdc=true"]),
+        cumux_testkit::compile_ptx_with(driver_source("rdc_helper"), &["-rdc=true"]),
     )
     .unwrap();
-    let link = format!("-L{}", link_dir().display());
-    let program = cumux_testkit::compile_program(root.join("jit_link.cu"), &[&link, "-lcuda"]);
+    let program = linked_to_client_driver("jit_link");
     let server = ServerProc::start("jitlink");
     let out = server.run(
         &program,
         &[user.to_str().unwrap(), helper.to_str().unwrap()],
         LIMIT,
     );
-    assert_eq!(out.code(), Some(0), "{}", out.describe());
-    assert!(
-        out.stdout.lines().any(|l| l == "PASS"),
-        "{}",
-        out.describe()
-    );
+    out.assert_passed();
 }
 
 #[test]
 fn relocatable_device_code_program() {
-    let root = cumux_testkit::workspace_root().join("tests/cuda/driver");
-    let helper = root.join("rdc_helper.cu");
+    let helper = driver_source("rdc_helper");
     let program = cumux_testkit::compile_program(
-        root.join("rdc_program.cu"),
+        driver_source("rdc_program"),
         &["-rdc=true", helper.to_str().unwrap()],
     );
     let server = ServerProc::start("rdc");
@@ -304,14 +251,12 @@ fn shared_cuda13_runtime_program() {
         return;
     }
     // PyPI ships only libcudart.so.13; `-lcudart` wants the unversioned name.
-    let dir = Path::new(common::CUMUX).with_file_name("cumux-cudart13");
-    std::fs::create_dir_all(&dir).unwrap();
-    let link = dir.join("libcudart.so");
-    if !link.exists() {
-        let _ = std::fs::remove_file(&link);
-        std::os::unix::fs::symlink(lib.join("libcudart.so.13"), &link).unwrap();
-    }
-    let source = cumux_testkit::workspace_root().join("tests/cuda/driver/streams_events.cu");
+    let dir = common::linked_folder(
+        "cumux-cudart13",
+        "libcudart.so",
+        &lib.join("libcudart.so.13"),
+    );
+    let source = driver_source("streams_events");
     let search = format!("-L{}", dir.display());
     let program = cumux_testkit::compile_program(
         source,
@@ -349,14 +294,7 @@ fn program_over_tcp() {
         .spawn()
         .unwrap();
     let lines = common::lines_of(server.stdout.take().unwrap());
-    let line = lines
-        .recv_timeout(Duration::from_secs(30))
-        .expect("serve prints where it listens");
-    let address = line
-        .split_whitespace()
-        .find(|w| w.starts_with("tcp:"))
-        .map(|w| w.trim_end_matches(';').to_string())
-        .unwrap_or_else(|| panic!("{line}"));
+    let address = common::tcp_address(&lines);
     let child = Command::new(common::CUMUX)
         .args(["run", "--server", &address, "--"])
         .arg(&program)
@@ -368,12 +306,7 @@ fn program_over_tcp() {
     let out = wait_bounded(child, LIMIT);
     let _ = server.kill();
     let _ = server.wait();
-    assert_eq!(out.code(), Some(0), "{}", out.describe());
-    assert!(
-        out.stdout.lines().any(|l| l == "PASS"),
-        "{}",
-        out.describe()
-    );
+    out.assert_passed();
 }
 
 #[test]

@@ -334,14 +334,7 @@ fn status_over_tcp_with_a_config_file() {
         .spawn()
         .unwrap();
     let lines = lines_of(server.stdout.take().unwrap());
-    let line = lines
-        .recv_timeout(Duration::from_secs(30))
-        .expect("serve prints where it listens");
-    let address = line
-        .split_whitespace()
-        .find(|w| w.starts_with("tcp:"))
-        .map(|w| w.trim_end_matches(';').to_string())
-        .unwrap_or_else(|| panic!("{line}"));
+    let address = tcp_address(&lines);
     let out = Command::new(CUMUX)
         .args(["status", "--json", "--server", &address])
         .output()

@@ -6,7 +6,6 @@
 
 mod common;
 
-use std::os::unix::net::UnixStream;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -16,9 +15,21 @@ const LIMIT: Duration = Duration::from_secs(300);
 
 /// A `cumux serve --device worker-cpu` child; killed at drop.
 struct WorkerServer {
-    child: Child,
-    address: String,
-    dir: TempDir,
+    server: ServerProc,
+}
+
+impl std::ops::Deref for WorkerServer {
+    type Target = ServerProc;
+
+    fn deref(&self) -> &ServerProc {
+        &self.server
+    }
+}
+
+impl std::ops::DerefMut for WorkerServer {
+    fn deref_mut(&mut self) -> &mut ServerProc {
+        &mut self.server
+    }
 }
 
 impl WorkerServer {
@@ -40,65 +51,18 @@ impl WorkerServer {
     /// A server with `extra` arguments and `envs` in its environment; it logs
     /// how each worker connection travels.
     fn start_env(tag: &str, spares: bool, extra: &[&str], envs: &[(&str, &str)]) -> Self {
-        ensure_driver();
-        let dir = TempDir::new(tag);
-        let socket = dir.0.join("s.sock");
-        let address = format!("unix:{}", socket.display());
-        let log = std::fs::File::create(dir.0.join("server.log")).unwrap();
-        let child = Command::new(CUMUX)
-            .args([
-                "serve",
-                "--device",
-                "worker-cpu",
-                "--memory",
-                "1G",
-                "--listen",
-                &address,
-            ])
-            .args(extra)
-            .env("CUMUX_WORKER_SPARES", if spares { "1" } else { "0" })
-            .env("CUMUX_LOG", "info,cumux_server::device::worker=debug")
-            .envs(envs.iter().copied())
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("cumux serve starts");
-        let mut server = WorkerServer {
-            child,
-            address,
-            dir,
-        };
-        let started = Instant::now();
-        while UnixStream::connect(&socket).is_err() {
-            if let Ok(Some(status)) = server.child.try_wait() {
-                panic!("cumux serve exited with {status}: {}", server.log());
-            }
-            assert!(
-                started.elapsed() < Duration::from_secs(30),
-                "the server never listened"
-            );
-            std::thread::sleep(Duration::from_millis(20));
+        let mut args: Vec<String> = ["--device", "worker-cpu", "--memory", "1G"]
+            .map(String::from)
+            .to_vec();
+        args.extend(extra.iter().map(|arg| arg.to_string()));
+        let mut all_envs = vec![
+            ("CUMUX_WORKER_SPARES", if spares { "1" } else { "0" }),
+            ("CUMUX_LOG", "info,cumux_server::device::worker=debug"),
+        ];
+        all_envs.extend_from_slice(envs);
+        WorkerServer {
+            server: ServerProc::spawn(TempDir::new(tag), &args, &all_envs),
         }
-        server
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.0.join("server.log")).unwrap_or_default()
-    }
-
-    fn alive(&mut self) -> bool {
-        matches!(self.child.try_wait(), Ok(None))
-    }
-
-    fn command(&self, program: &std::path::Path, args: &[&str]) -> Command {
-        let mut c = Command::new(CUMUX);
-        c.args(["run", "--server", &self.address, "--"])
-            .arg(program)
-            .args(args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        c
     }
 
     /// Starts `program` through the server and waits until it prints `line`
@@ -117,20 +81,7 @@ impl WorkerServer {
     }
 
     fn run(&self, program: &std::path::Path) -> RunOutput {
-        let child = self
-            .command(program, &[])
-            .spawn()
-            .expect("cumux run starts");
-        wait_bounded(child, LIMIT)
-    }
-
-    /// `cumux status --json`.
-    fn status_json(&self) -> serde_json::Value {
-        let status = Command::new(CUMUX)
-            .args(["status", "--json", "--server", &self.address])
-            .output()
-            .expect("cumux status runs");
-        serde_json::from_slice(&status.stdout).expect("JSON")
+        self.server.run(program, &[], LIMIT)
     }
 
     /// Waits until the device holds no memory (a session's teardown may end a
@@ -145,38 +96,6 @@ impl WorkerServer {
             assert!(Instant::now() < deadline, "memory left: {json}");
             std::thread::sleep(Duration::from_millis(50));
         }
-    }
-
-    /// The server's child processes: (pid, state letter, command line).
-    fn children(&self) -> Vec<(u32, char, String)> {
-        let me = self.child.id();
-        let mut out = Vec::new();
-        let Ok(entries) = std::fs::read_dir("/proc") else {
-            return out;
-        };
-        for entry in entries.flatten() {
-            let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
-                continue;
-            };
-            let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-                continue;
-            };
-            // pid (comm) state ppid …: the comm may hold spaces, so split after ')'.
-            let Some(rest) = stat.rfind(')').map(|i| &stat[i + 1..]) else {
-                continue;
-            };
-            let mut fields = rest.split_whitespace();
-            let state = fields.next().and_then(|s| s.chars().next()).unwrap_or('?');
-            let ppid: u32 = fields.next().and_then(|p| p.parse().ok()).unwrap_or(0);
-            if ppid != me {
-                continue;
-            }
-            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline"))
-                .map(|b| String::from_utf8_lossy(&b).replace('\0', " "))
-                .unwrap_or_default();
-            out.push((pid, state, cmdline));
-        }
-        out
     }
 
     /// Waits until the server has at most `live` children, none a zombie.
@@ -194,13 +113,6 @@ impl WorkerServer {
             );
             std::thread::sleep(Duration::from_millis(50));
         }
-    }
-}
-
-impl Drop for WorkerServer {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 
@@ -337,13 +249,6 @@ fn a_killed_worker_fails_its_session_and_the_server_goes_on() {
     );
     let left = server.wait_children(0);
     assert!(left.is_empty(), "{left:?}");
-}
-
-fn driver_program(name: &str) -> std::path::PathBuf {
-    let source = cumux_testkit::workspace_root()
-        .join("tests/cuda/driver")
-        .join(format!("{name}.cu"));
-    cumux_testkit::compile_program(source, &[])
 }
 
 fn workers(server: &WorkerServer) -> Vec<(u32, char, String)> {

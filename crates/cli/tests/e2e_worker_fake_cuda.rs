@@ -3,6 +3,8 @@
 //! path `serve --device cuda` takes: devices described by the server, contexts
 //! in workers, C-stdio printf routed back per context, a killed worker.
 
+mod common;
+
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -33,33 +35,13 @@ fn fake_driver() -> Option<PathBuf> {
     built.then_some(out)
 }
 
-/// Our own children: (pid, state letter, command line).
+/// Our own worker children: (pid, state letter, command line).
 fn children() -> Vec<(i32, char, String)> {
-    let me = std::process::id();
-    let mut out = Vec::new();
-    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
-            continue;
-        };
-        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-            continue;
-        };
-        let Some(rest) = stat.rfind(')').map(|i| &stat[i + 1..]) else {
-            continue;
-        };
-        let mut fields = rest.split_whitespace();
-        let state = fields.next().and_then(|s| s.chars().next()).unwrap_or('?');
-        if fields.next().and_then(|p| p.parse::<u32>().ok()) != Some(me) {
-            continue;
-        }
-        let cmd = std::fs::read(format!("/proc/{pid}/cmdline"))
-            .map(|b| String::from_utf8_lossy(&b).replace('\0', " "))
-            .unwrap_or_default();
-        if cmd.contains(" worker ") {
-            out.push((pid, state, cmd));
-        }
-    }
-    out
+    common::children_of(std::process::id())
+        .into_iter()
+        .filter(|(_, _, cmd)| cmd.contains(" worker "))
+        .map(|(pid, state, cmd)| (pid as i32, state, cmd))
+        .collect()
 }
 
 fn wait_until(what: &str, mut done: impl FnMut() -> bool) {

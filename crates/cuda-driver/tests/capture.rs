@@ -56,14 +56,12 @@ fn windows_capture_what_reaches_stdout() {
 
 #[test]
 fn device_printf_of_a_fake_driver_is_captured_at_the_stream_sync() {
-    use cumux_cuda_driver::{Driver, LaunchConfig, Module, Stream};
+    use cumux_cuda_driver::{LaunchConfig, Module, Stream};
     let Some(path) = common::fake_driver("fake_printf", &[]) else {
         return;
     };
     let capture = StdoutCapture::install().unwrap();
-    let driver = std::sync::Arc::new(Driver::open(path.as_os_str()).unwrap());
-    driver.init().unwrap();
-    let ctx = driver.create_context(driver.device(0).unwrap(), 0).unwrap();
+    let ctx = common::fake_context(&path);
     let stream = Stream::new(&ctx, 1, 0).unwrap();
     let module = Module::load(&ctx, &common::fixture("default.fatbin"), 90).unwrap();
     let scale = module.function("scale").unwrap().unwrap();

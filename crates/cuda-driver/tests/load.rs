@@ -6,7 +6,7 @@ mod common;
 
 use std::ffi::OsStr;
 
-use common::{fake_driver, fixture};
+use common::{fake_context, fake_driver, fixture};
 
 use cumux_cuda_driver::{Driver, LoadError, REAL_LIBCUDA_ENV};
 
@@ -125,9 +125,7 @@ fn a_kernel_of_the_fake_gpu_gets_its_packed_parameters() {
     let Some(path) = fake_driver("fake_kernels", &[]) else {
         return;
     };
-    let driver = std::sync::Arc::new(Driver::open(path.as_os_str()).unwrap());
-    driver.init().unwrap();
-    let ctx = driver.create_context(driver.device(0).unwrap(), 0).unwrap();
+    let ctx = fake_context(&path);
     let stream = Stream::new(&ctx, 1, 0).unwrap();
 
     let module = Module::load(&ctx, &fixture("default.fatbin"), 90).unwrap();
@@ -212,9 +210,7 @@ fn host_memory_is_registered_with_the_driver_while_its_registration_lives() {
     let Some(path) = fake_driver("fake_host_register", &[]) else {
         return;
     };
-    let driver = std::sync::Arc::new(Driver::open(path.as_os_str()).unwrap());
-    driver.init().unwrap();
-    let ctx = driver.create_context(driver.device(0).unwrap(), 0).unwrap();
+    let ctx = fake_context(&path);
     let mut host = vec![7u8; 4096];
     // SAFETY: `host` outlives the registration, dropped below.
     let pinned = unsafe { HostRegistration::new(&ctx, host.as_mut_ptr(), host.len(), 0) }.unwrap();

@@ -3,6 +3,7 @@
 
 pub mod framing;
 pub mod hop_trace;
+mod memfd;
 pub mod messages;
 pub mod pinned;
 pub mod shm;

@@ -10,10 +10,12 @@
 
 use std::fs::File;
 use std::io;
-use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::fd::{BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use memmap2::{MmapOptions, MmapRaw};
+
+use crate::memfd;
 
 /// The byte the client sends with a region's memfd on the socket
 /// (`SCM_RIGHTS`), right after its `HostRegister` call.
@@ -32,25 +34,7 @@ pub fn live_mappings() -> usize {
 
 /// A memfd of `len` bytes sealed against shrinking, growing and further seals.
 pub fn create_memfd(len: u64) -> io::Result<OwnedFd> {
-    // SAFETY: a NUL-terminated name and valid flags; the result is checked.
-    let fd = unsafe {
-        libc::memfd_create(
-            c"cumux-pinned".as_ptr(),
-            libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING,
-        )
-    };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: `fd` was just returned by memfd_create and is owned by nobody else.
-    let file = File::from(unsafe { OwnedFd::from_raw_fd(fd) });
-    file.set_len(len)?;
-    let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
-    // SAFETY: fcntl on a descriptor this function owns.
-    if unsafe { libc::fcntl(file.as_raw_fd(), libc::F_ADD_SEALS, seals) } < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(file.into())
+    memfd::create_sealed(c"cumux-pinned", len).map(OwnedFd::from)
 }
 
 /// Checks a descriptor a client sent as a region of `len` bytes: a memfd on
@@ -59,39 +43,10 @@ pub fn check_memfd(fd: BorrowedFd<'_>, len: u64) -> Result<(), String> {
     if len == 0 || len > MAX_REGION_BYTES {
         return Err(format!("a region of {len} bytes"));
     }
-    // SAFETY: fcntl on a descriptor the caller holds open.
-    let seals = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS) };
-    if seals < 0 {
+    let size = memfd::check_sealed_tmpfs(fd)?;
+    if size < len {
         return Err(format!(
-            "not a sealable memfd: {}",
-            io::Error::last_os_error()
-        ));
-    }
-    if seals & libc::F_SEAL_SHRINK == 0 {
-        return Err("the memfd is not sealed against shrinking".into());
-    }
-    // SAFETY: an all-zero statfs is a valid value for the kernel to overwrite.
-    let mut fs: libc::statfs = unsafe { std::mem::zeroed() };
-    // SAFETY: fstatfs writes into `fs`, which is valid for writes.
-    if unsafe { libc::fstatfs(fd.as_raw_fd(), &mut fs) } < 0 {
-        return Err(format!("fstatfs: {}", io::Error::last_os_error()));
-    }
-    if fs.f_type != libc::TMPFS_MAGIC {
-        return Err(format!(
-            "the memfd lives on fs type {:#x}, not tmpfs",
-            fs.f_type
-        ));
-    }
-    // SAFETY: an all-zero stat is a valid value for the kernel to overwrite.
-    let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    // SAFETY: fstat writes into `st`, which is valid for writes.
-    if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } < 0 {
-        return Err(format!("fstat: {}", io::Error::last_os_error()));
-    }
-    if (st.st_size as u64) < len {
-        return Err(format!(
-            "the memfd holds {} bytes, the region needs {len}",
-            st.st_size
+            "the memfd holds {size} bytes, the region needs {len}"
         ));
     }
     Ok(())
@@ -183,7 +138,7 @@ impl Drop for HostMapping {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::os::fd::AsFd;
+    use std::os::fd::{AsFd, FromRawFd};
 
     #[test]
     fn a_sealed_memfd_maps_and_shares_its_pages() {

@@ -12,31 +12,7 @@ use common::*;
 use cumux_protocol::*;
 use cumux_server::Device;
 
-/// xorshift64*: a small deterministic generator, so a failure replays exactly.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-    fn bytes(&mut self, n: usize) -> Vec<u8> {
-        (0..n).map(|_| self.next() as u8).collect()
-    }
-    /// Fewer than `n` random bytes (at least one if `n > 1`).
-    fn bytes_below(&mut self, n: u64) -> Vec<u8> {
-        let len = self.below(n) as usize;
-        self.bytes(len)
-    }
-    fn pick<T: Copy>(&mut self, items: &[T]) -> T {
-        items[self.below(items.len() as u64) as usize]
-    }
-}
+use cumux_testkit::Rng;
 
 /// A plausible call: real opcodes with a mix of valid-looking and wild values.
 fn random_call(rng: &mut Rng) -> Call {
@@ -103,7 +79,7 @@ fn random_call(rng: &mut Rng) -> Call {
         },
         7 => Call::Memset {
             dst: ptr(rng),
-            value: rng.next() as u32,
+            value: rng.next_u64() as u32,
             elem_bytes: rng.below(6) as u8,
             count: size(rng),
             pitch: size(rng),
@@ -129,12 +105,12 @@ fn random_call(rng: &mut Rng) -> Call {
             params: rng.bytes_below(24),
             attributes: vec![
                 LaunchAttribute::ClusterDim([rng.pick(&[0, 1, 2, 16, u32::MAX]), 1, 1]),
-                LaunchAttribute::Priority(rng.next() as i32),
+                LaunchAttribute::Priority(rng.next_u64() as i32),
             ],
         },
         11 => Call::StreamCreate {
             flags: rng.pick(&[0, 1, 2, u32::MAX]),
-            priority: rng.next() as i32,
+            priority: rng.next_u64() as i32,
         },
         12 => Call::StreamDestroy {
             stream: handle(rng),
@@ -167,15 +143,15 @@ fn random_call(rng: &mut Rng) -> Call {
                 data_type: rng.below(20) as u32,
                 rank: rng.pick(&[0, 1, 2, 5, 6, u32::MAX]),
                 global_address: ptr(rng),
-                global_dim: (0..rng.below(7)).map(|_| rng.next()).collect(),
-                global_strides: (0..rng.below(7)).map(|_| rng.next()).collect(),
-                element_strides: (0..rng.below(7)).map(|_| rng.next() as u32).collect(),
+                global_dim: (0..rng.below(7)).map(|_| rng.next_u64()).collect(),
+                global_strides: (0..rng.below(7)).map(|_| rng.next_u64()).collect(),
+                element_strides: (0..rng.below(7)).map(|_| rng.next_u64() as u32).collect(),
                 interleave: 0,
                 swizzle: rng.below(5) as u32,
                 l2_promotion: 0,
                 oob_fill: 0,
                 layout: TensorMapLayout::Tiled {
-                    box_dim: (0..rng.below(7)).map(|_| rng.next() as u32).collect(),
+                    box_dim: (0..rng.below(7)).map(|_| rng.next_u64() as u32).collect(),
                 },
             },
         },
@@ -192,7 +168,7 @@ fn mutate(rng: &mut Rng, mut bytes: Vec<u8>) -> Vec<u8> {
             }
             1 if !bytes.is_empty() => {
                 let at = rng.below(bytes.len() as u64) as usize;
-                bytes[at] = rng.next() as u8;
+                bytes[at] = rng.next_u64() as u8;
             }
             2 => bytes.truncate(rng.below(bytes.len() as u64 + 1) as usize),
             3 => {

@@ -28,20 +28,7 @@ const LAYOUT: ShmLayout = ShmLayout {
     reply_bulk: 64 << 10,
 };
 
-/// xorshift64*: a small deterministic generator, so a failure replays exactly.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-}
+use cumux_testkit::Rng;
 
 /// A connection whose server took its shared area: the socket halves and the
 /// area (this process's mapping of it).
@@ -343,25 +330,28 @@ fn random_garbage_in_the_area_never_hurts_the_server() {
             // Random positions.
             0 => {
                 for i in 0..8 {
-                    a.word(OFF_POS + 8 * i).store(rng.next(), Ordering::Release);
+                    a.word(OFF_POS + 8 * i)
+                        .store(rng.next_u64(), Ordering::Release);
                 }
             }
             // Random bytes over the rings, then a plausible write position.
             1 => {
-                let bytes: Vec<u8> = (0..4096).map(|_| rng.next() as u8).collect();
+                let bytes: Vec<u8> = (0..4096).map(|_| rng.next_u64() as u8).collect();
                 a.poke(HEADER_BYTES, &bytes);
                 a.word(OFF_POS)
                     .store(1 + rng.below(LAYOUT.request_ring as u64), Ordering::Release);
             }
             // Random bytes everywhere, header included.
             2 => {
-                let bytes: Vec<u8> = (0..HEADER_BYTES + 8192).map(|_| rng.next() as u8).collect();
+                let bytes: Vec<u8> = (0..HEADER_BYTES + 8192)
+                    .map(|_| rng.next_u64() as u8)
+                    .collect();
                 a.poke(0, &bytes);
             }
             // A valid record around random message bytes.
             _ => {
                 let len = 1 + rng.below(300) as usize;
-                let body: Vec<u8> = (0..len).map(|_| rng.next() as u8).collect();
+                let body: Vec<u8> = (0..len).map(|_| rng.next_u64() as u8).collect();
                 let bulk = rng.below(2) * rng.below(ring_bytes as u64);
                 a.publish_request_bytes(&[record(len as u32, 0, bulk), body].concat());
             }

@@ -14,7 +14,7 @@ use cumux_server::device::cpu::CpuDevice;
 use cumux_server::device::worker::{
     new_nonce, serve_worker, WorkerContext, WorkerReply, WorkerRequest, WorkerStdout, WorkerValue,
 };
-use cumux_server::device::{DeviceContext, LaunchGeometry, StreamWork, SyncTarget};
+use cumux_server::device::{DeviceContext, LaunchGeometry, LoadedModule, StreamWork, SyncTarget};
 
 /// A CPU-device worker on a thread; returns the context driving it, a handle
 /// on the worker's end of the socket (to cut it), and the thread.
@@ -44,6 +44,20 @@ fn in_process_worker(memory: u64) -> (WorkerContext, UnixStream, JoinHandle<()>)
     )
     .expect("the worker becomes ready");
     (ctx, cut, thread)
+}
+
+/// The kernel of the corpus program `name`, loaded into `ctx`: its module, its
+/// index there, and a zeroed parameter buffer of its size.
+fn load_corpus_kernel(ctx: &WorkerContext, name: &str) -> (LoadedModule, usize, Vec<u8>) {
+    let ptx = cumux_testkit::compile_ptx(cumux_testkit::corpus_source(name));
+    let module = ctx.module_load(ptx.as_bytes()).unwrap();
+    let kernel = module
+        .kernels
+        .iter()
+        .position(|k| k.name.contains(name))
+        .expect("the kernel");
+    let params = vec![0u8; module.kernels[kernel].params_bytes() as usize];
+    (module, kernel, params)
 }
 
 fn one_block(threads: u32) -> LaunchGeometry {
@@ -80,14 +94,7 @@ fn every_call_round_trips_and_printf_comes_through_the_stdout_stream() {
     ctx.mem_free(b).unwrap();
 
     // A module that prints: its lines come back with the launch.
-    let ptx = cumux_testkit::compile_ptx(cumux_testkit::corpus_source("printf_kernel"));
-    let module = ctx.module_load(ptx.as_bytes()).unwrap();
-    let kernel = module
-        .kernels
-        .iter()
-        .position(|k| k.name.contains("printf_kernel"))
-        .expect("the kernel");
-    let mut params = vec![0u8; module.kernels[kernel].params_bytes() as usize];
+    let (module, kernel, mut params) = load_corpus_kernel(&ctx, "printf_kernel");
     params[..4].copy_from_slice(&7i32.to_le_bytes());
     params[4..8].copy_from_slice(&1.25f32.to_le_bytes());
     let outcome = ctx.launch(module.id, kernel, &one_block(64), &params);
@@ -127,15 +134,8 @@ fn large_transfers_are_split_into_frames() {
 #[test]
 fn a_fault_is_sticky_for_the_context() {
     let (ctx, _cut, _thread) = in_process_worker(64 << 20);
-    let ptx = cumux_testkit::compile_ptx(cumux_testkit::corpus_source("out_of_bounds"));
-    let module = ctx.module_load(ptx.as_bytes()).unwrap();
-    let kernel = module
-        .kernels
-        .iter()
-        .position(|k| k.name.contains("out_of_bounds"))
-        .expect("the kernel");
+    let (module, kernel, mut params) = load_corpus_kernel(&ctx, "out_of_bounds");
     let data = ctx.mem_alloc(256).unwrap();
-    let mut params = vec![0u8; module.kernels[kernel].params_bytes() as usize];
     params[..8].copy_from_slice(&data.to_le_bytes());
     params[8..16].copy_from_slice(&(1u64 << 40).to_le_bytes());
     let outcome = ctx.launch(module.id, kernel, &one_block(1), &params);
@@ -265,14 +265,7 @@ fn stream_work_is_queued_in_order_and_waited_for() {
     so.enqueue(STREAM, StreamWork::Record { event: 0x300 });
 
     // A printing kernel: its text comes back with the next wait.
-    let ptx = cumux_testkit::compile_ptx(cumux_testkit::corpus_source("printf_kernel"));
-    let module = ctx.module_load(ptx.as_bytes()).unwrap();
-    let kernel = module
-        .kernels
-        .iter()
-        .position(|k| k.name.contains("printf_kernel"))
-        .expect("the kernel");
-    let mut params = vec![0u8; module.kernels[kernel].params_bytes() as usize];
+    let (module, kernel, mut params) = load_corpus_kernel(&ctx, "printf_kernel");
     params[..4].copy_from_slice(&7i32.to_le_bytes());
     params[4..8].copy_from_slice(&1.25f32.to_le_bytes());
     let launch = StreamWork::Launch {
@@ -352,15 +345,8 @@ fn a_failure_of_queued_work_comes_back_from_the_next_wait_once() {
     );
 
     // A fault in queued work is sticky for the context.
-    let ptx = cumux_testkit::compile_ptx(cumux_testkit::corpus_source("out_of_bounds"));
-    let module = ctx.module_load(ptx.as_bytes()).unwrap();
-    let kernel = module
-        .kernels
-        .iter()
-        .position(|k| k.name.contains("out_of_bounds"))
-        .unwrap();
+    let (module, kernel, mut params) = load_corpus_kernel(&ctx, "out_of_bounds");
     let data = ctx.mem_alloc(256).unwrap();
-    let mut params = vec![0u8; module.kernels[kernel].params_bytes() as usize];
     params[..8].copy_from_slice(&data.to_le_bytes());
     params[8..16].copy_from_slice(&(1u64 << 40).to_le_bytes());
     so.enqueue(

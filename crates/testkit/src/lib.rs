@@ -73,6 +73,60 @@ fn venv_cuda_home() -> Option<PathBuf> {
     candidates.pop()
 }
 
+/// A fresh folder under the system's temporary folder, named after `tag`,
+/// this process and a counter; removed with everything in it at drop.
+pub struct TempDir(pub PathBuf);
+
+impl TempDir {
+    pub fn new(tag: &str) -> Self {
+        let n = unique_counter();
+        let dir = std::env::temp_dir().join(format!("cumux-test-{tag}-{}-{n}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(&dir).unwrap_or_else(|err| panic!("creating {}: {err}", dir.display()));
+        TempDir(dir)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.0);
+    }
+}
+
+/// xorshift64*: a small deterministic generator for the tests that feed the
+/// server hostile input, so a failure replays exactly from its seed.
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    /// A number below `n` (0 when `n` is 0).
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next_u64() % n.max(1)
+    }
+
+    /// `n` random bytes.
+    pub fn bytes(&mut self, n: usize) -> Vec<u8> {
+        (0..n).map(|_| self.next_u64() as u8).collect()
+    }
+
+    /// Fewer than `n` random bytes (at least one if `n > 1`).
+    pub fn bytes_below(&mut self, n: u64) -> Vec<u8> {
+        let len = self.below(n) as usize;
+        self.bytes(len)
+    }
+
+    /// One of `items`, which must not be empty.
+    pub fn pick<T: Copy>(&mut self, items: &[T]) -> T {
+        items[self.below(items.len() as u64) as usize]
+    }
+}
+
 /// The nvcc executable inside [`cuda_home`].
 pub fn nvcc() -> PathBuf {
     cuda_home().join("bin").join("nvcc")
@@ -114,6 +168,7 @@ fn cached_build(cu_path: &Path, args: &[String], extension: &str) -> PathBuf {
     let nvcc = nvcc();
     let mut key = Fingerprint::new();
     key.add(&source);
+    add_local_includes(&mut key, cu_path, &source, &mut Vec::new());
     for arg in args {
         key.add(arg.as_bytes());
     }
@@ -161,6 +216,37 @@ fn cached_build(cu_path: &Path, args: &[String], extension: &str) -> PathBuf {
     fs::rename(&tmp, &out)
         .unwrap_or_else(|err| panic!("moving {} to {}: {err}", tmp.display(), out.display()));
     out
+}
+
+/// Adds to `key` the text of every `#include "…"` that `text` (the contents of
+/// `file`) names and that exists beside `file`, where the compiler looks
+/// first, and of theirs in turn: editing a shared header such as
+/// `tests/cuda/corpus/check.h` rebuilds the programs that include it.
+fn add_local_includes(key: &mut Fingerprint, file: &Path, text: &[u8], seen: &mut Vec<PathBuf>) {
+    let dir = file.parent().unwrap_or(Path::new("."));
+    for line in String::from_utf8_lossy(text).lines() {
+        let Some(rest) = line.trim_start().strip_prefix("#include") else {
+            continue;
+        };
+        let Some((name, _)) = rest
+            .trim_start()
+            .strip_prefix('"')
+            .and_then(|r| r.split_once('"'))
+        else {
+            continue;
+        };
+        let header = dir.join(name);
+        if seen.contains(&header) {
+            continue;
+        }
+        let Ok(contents) = fs::read(&header) else {
+            continue; // found on the include path instead; not ours to track
+        };
+        seen.push(header.clone());
+        key.add(name.as_bytes());
+        key.add(&contents);
+        add_local_includes(key, &header, &contents, seen);
+    }
 }
 
 /// `<workspace>/target/cuda-cache`, or under `$CARGO_TARGET_DIR` when set.
@@ -221,6 +307,30 @@ mod tests {
     fn workspace_root_holds_the_workspace_manifest() {
         let manifest = fs::read_to_string(workspace_root().join("Cargo.toml")).unwrap();
         assert!(manifest.contains("[workspace]"));
+    }
+
+    #[test]
+    fn a_local_header_is_part_of_the_build_key() {
+        let dir = TempDir::new("include-key");
+        let source = dir.0.join("program.cu");
+        let header = dir.0.join("check.h");
+        let text = b"#include <cstdio>\n  #include \"check.h\"\nint main() {}\n";
+        fs::write(&source, text).unwrap();
+        let key_with = |header_text: &[u8]| {
+            fs::write(&header, header_text).unwrap();
+            let mut key = Fingerprint::new();
+            add_local_includes(&mut key, &source, text, &mut Vec::new());
+            key.hex()
+        };
+        assert_ne!(
+            key_with(b"#define CHECK(x) x"),
+            key_with(b"#define CHECK(x) (x)")
+        );
+        // A header that includes itself is read once.
+        assert_eq!(
+            key_with(b"#include \"check.h\""),
+            key_with(b"#include \"check.h\"")
+        );
     }
 
     #[test]

@@ -7,15 +7,7 @@
 #include <cstring>
 #include <vector>
 
-#define CHECK(call)                                                          \
-    do {                                                                     \
-        cudaError_t err_ = (call);                                           \
-        if (err_ != cudaSuccess) {                                           \
-            fprintf(stderr, "%s:%d: %s failed: %s (%d)\n", __FILE__,         \
-                    __LINE__, #call, cudaGetErrorString(err_), (int)err_);   \
-            exit(2);                                                         \
-        }                                                                    \
-    } while (0)
+#include "check.h"
 
 struct Results {
     int add, sub, min, max, exch, cas_target, cas_winners;

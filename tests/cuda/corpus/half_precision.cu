@@ -9,15 +9,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
-#define CHECK(call)                                                          \
-    do {                                                                     \
-        cudaError_t err_ = (call);                                           \
-        if (err_ != cudaSuccess) {                                           \
-            fprintf(stderr, "%s:%d: %s failed: %s (%d)\n", __FILE__,         \
-                    __LINE__, #call, cudaGetErrorString(err_), (int)err_);   \
-            exit(2);                                                         \
-        }                                                                    \
-    } while (0)
+#include "check.h"
 
 #define RESULTS 18
 

@@ -6,15 +6,7 @@
 #include <cstdlib>
 #include <vector>
 
-#define CHECK(call)                                                          \
-    do {                                                                     \
-        cudaError_t err_ = (call);                                           \
-        if (err_ != cudaSuccess) {                                           \
-            fprintf(stderr, "%s:%d: %s failed: %s (%d)\n", __FILE__,         \
-                    __LINE__, #call, cudaGetErrorString(err_), (int)err_);   \
-            exit(2);                                                         \
-        }                                                                    \
-    } while (0)
+#include "check.h"
 
 #define BLOCK 128
 #define SOFTENING 0.01f

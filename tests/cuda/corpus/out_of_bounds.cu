@@ -4,15 +4,7 @@
 #include <cstdio>
 #include <cstdlib>
 
-#define CHECK(call)                                                          \
-    do {                                                                     \
-        cudaError_t err_ = (call);                                           \
-        if (err_ != cudaSuccess) {                                           \
-            fprintf(stderr, "%s:%d: %s failed: %s (%d)\n", __FILE__,         \
-                    __LINE__, #call, cudaGetErrorString(err_), (int)err_);   \
-            exit(2);                                                         \
-        }                                                                    \
-    } while (0)
+#include "check.h"
 
 __global__ void out_of_bounds(int* data, unsigned long long byte_offset)
 {

@@ -6,15 +6,7 @@
 #include <thread>
 #include <cuda_runtime.h>
 
-#define CHECK(x)                                                              \
-  do {                                                                        \
-    cudaError_t e_ = (x);                                                     \
-    if (e_ != cudaSuccess) {                                                  \
-      printf("FAIL %s:%d %s -> %s\n", __FILE__, __LINE__, #x,                 \
-             cudaGetErrorString(e_));                                         \
-      return 1;                                                               \
-    }                                                                         \
-  } while (0)
+#include "check.h"
 
 // Bounded so a failure ends: at least ~20 s on a GPU, about a second on the
 // CPU reference device.

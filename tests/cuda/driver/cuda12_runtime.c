@@ -9,15 +9,7 @@
 #include <cuda.h>
 #include <cuda_runtime_api.h>
 
-#define CHECK(x)                                                              \
-  do {                                                                        \
-    cudaError_t e_ = (x);                                                     \
-    if (e_ != cudaSuccess) {                                                  \
-      printf("FAIL %s:%d %s -> %s\n", __FILE__, __LINE__, #x,                 \
-             cudaGetErrorString(e_));                                         \
-      return 1;                                                               \
-    }                                                                         \
-  } while (0)
+#include "check.h"
 
 #define CHECK_CU(x)                                                           \
   do {                                                                        \

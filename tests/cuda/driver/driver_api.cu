@@ -8,16 +8,7 @@
 #include <vector>
 #include <cuda.h>
 
-#define CK(x)                                                                 \
-  do {                                                                        \
-    CUresult r_ = (x);                                                        \
-    if (r_ != CUDA_SUCCESS) {                                                 \
-      const char *n_ = "?";                                                   \
-      cuGetErrorName(r_, &n_);                                                \
-      printf("FAIL %s:%d %s -> %s\n", __FILE__, __LINE__, #x, n_);            \
-      return 1;                                                               \
-    }                                                                         \
-  } while (0)
+#include "check.h"
 
 #define EXPECT(x, want)                                                       \
   do {                                                                        \

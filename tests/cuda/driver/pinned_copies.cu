@@ -7,15 +7,7 @@
 #include <cstring>
 #include <cuda_runtime.h>
 
-#define CHECK(x)                                                              \
-  do {                                                                        \
-    cudaError_t e_ = (x);                                                     \
-    if (e_ != cudaSuccess) {                                                  \
-      printf("FAIL %s:%d %s -> %s\n", __FILE__, __LINE__, #x,                 \
-             cudaGetErrorString(e_));                                         \
-      return 1;                                                               \
-    }                                                                         \
-  } while (0)
+#include "check.h"
 
 __global__ void add(unsigned *v, unsigned k, int n) {
   int i = blockIdx.x * blockDim.x + threadIdx.x;

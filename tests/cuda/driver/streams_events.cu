@@ -3,15 +3,7 @@
 #include <cstdio>
 #include <cuda_runtime.h>
 
-#define CHECK(x)                                                              \
-  do {                                                                        \
-    cudaError_t e_ = (x);                                                     \
-    if (e_ != cudaSuccess) {                                                  \
-      printf("FAIL %s:%d %s -> %s\n", __FILE__, __LINE__, #x,                 \
-             cudaGetErrorString(e_));                                         \
-      return 1;                                                               \
-    }                                                                         \
-  } while (0)
+#include "check.h"
 
 __global__ void fill(int *out, int n, int value, int spin) {
   int i = blockIdx.x * blockDim.x + threadIdx.x;

@@ -14,24 +14,7 @@ use std::time::{Duration, Instant};
 pub const CUMUX: &str = env!("CARGO_BIN_EXE_cumux");
 
 /// A folder removed at drop.
-pub struct TempDir(pub PathBuf);
-
-impl TempDir {
-    pub fn new(tag: &str) -> Self {
-        static COUNTER: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-        let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let dir = std::env::temp_dir().join(format!("cumux-e2e-{tag}-{}-{n}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        TempDir(dir)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
+pub use cumux_testkit::TempDir;
 
 /// The client driver `cumux run` uses, built on first need (it is a cdylib
 /// that `cargo test -p cumux-cli` alone would not build).
@@ -62,7 +45,18 @@ pub fn corpus_program(name: &str) -> PathBuf {
     cumux_testkit::compile_program(cumux_testkit::corpus_source(name), &[])
 }
 
-/// A compiled program of this crate's own tests (tests/cuda).
+/// The source of a program of `tests/cuda/driver`.
+pub fn driver_source(name: &str) -> PathBuf {
+    cumux_testkit::workspace_root()
+        .join("tests/cuda/driver")
+        .join(format!("{name}.cu"))
+}
+
+/// A program of `tests/cuda/driver`, built by nvcc with its default flags.
+pub fn driver_program(name: &str) -> PathBuf {
+    cumux_testkit::compile_program(driver_source(name), &[])
+}
+
 /// A program of `tests/cuda/tenants`, built by nvcc.
 pub fn tenant_program(name: &str) -> PathBuf {
     let source = cumux_testkit::workspace_root()
@@ -71,6 +65,7 @@ pub fn tenant_program(name: &str) -> PathBuf {
     cumux_testkit::compile_program(source, &[])
 }
 
+/// A compiled program of this crate's own tests (tests/cuda).
 pub fn test_program(name: &str) -> PathBuf {
     let source = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/cuda")
@@ -83,6 +78,60 @@ pub fn test_program(name: &str) -> PathBuf {
 /// device keeps stream order, as the GPU backend does).
 pub fn e2e_device() -> String {
     std::env::var("CUMUX_E2E_DEVICE").unwrap_or_else(|_| "cpu".into())
+}
+
+/// A folder beside the `cumux` binary named `folder`, holding a link
+/// `link_name` to `target` (remade when it points elsewhere). Kept at a fixed
+/// place so the compile cache can reuse builds that link against it.
+pub fn linked_folder(folder: &str, link_name: &str, target: &Path) -> PathBuf {
+    let dir = Path::new(CUMUX).with_file_name(folder);
+    std::fs::create_dir_all(&dir).unwrap();
+    let link = dir.join(link_name);
+    if std::fs::read_link(&link).ok().as_deref() != Some(target) {
+        let _ = std::fs::remove_file(&link);
+        std::os::unix::fs::symlink(target, &link).unwrap();
+    }
+    dir
+}
+
+/// A folder (named `folder`, beside `cumux`) where `-lcuda` finds the client
+/// driver (its soname is `libcuda.so.1`), so driver-API programs link against
+/// cumux itself.
+pub fn driver_link_folder(folder: &str) -> PathBuf {
+    ensure_driver();
+    let driver = Path::new(CUMUX).with_file_name("libcumux_client.so");
+    linked_folder(folder, "libcuda.so", &driver)
+}
+
+/// The child processes of `parent`: (pid, state letter, command line).
+pub fn children_of(parent: u32) -> Vec<(u32, char, String)> {
+    let mut out = Vec::new();
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return out;
+    };
+    for entry in entries.flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            continue;
+        };
+        // pid (comm) state ppid …: the comm may hold spaces, so split after ')'.
+        let Some(rest) = stat.rfind(')').map(|i| &stat[i + 1..]) else {
+            continue;
+        };
+        let mut fields = rest.split_whitespace();
+        let state = fields.next().and_then(|s| s.chars().next()).unwrap_or('?');
+        let ppid: u32 = fields.next().and_then(|p| p.parse().ok()).unwrap_or(0);
+        if ppid != parent {
+            continue;
+        }
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline"))
+            .map(|b| String::from_utf8_lossy(&b).replace('\0', " "))
+            .unwrap_or_default();
+        out.push((pid, state, cmdline));
+    }
+    out
 }
 
 /// A `cumux serve --device cpu` child (see [`e2e_device`]); killed at drop.
@@ -99,22 +148,30 @@ impl ServerProc {
 
     /// A server reading `config` (TOML text) as its `--config` file.
     pub fn start_with_config(tag: &str, config: Option<&str>) -> Self {
-        ensure_driver();
         let dir = TempDir::new(tag);
-        let socket = dir.0.join("s.sock");
-        let address = format!("unix:{}", socket.display());
-        let log = std::fs::File::create(dir.0.join("server.log")).unwrap();
-        let mut args: Vec<String> = ["serve", "--device", &e2e_device(), "--memory", "2G"]
+        let mut args: Vec<String> = ["--device", &e2e_device(), "--memory", "2G"]
             .map(String::from)
             .to_vec();
-        args.extend(["--listen".to_string(), address.clone()]);
         if let Some(text) = config {
             let path = dir.0.join("cumux.toml");
             std::fs::write(&path, text).unwrap();
             args.extend(["--config".to_string(), path.display().to_string()]);
         }
+        Self::spawn(dir, &args, &[])
+    }
+
+    /// `cumux serve SERVE_ARGS --listen <a socket in dir>` with `envs` added to
+    /// its environment and its log in `dir/server.log`; returns once it listens.
+    pub fn spawn(dir: TempDir, serve_args: &[String], envs: &[(&str, &str)]) -> Self {
+        ensure_driver();
+        let socket = dir.0.join("s.sock");
+        let address = format!("unix:{}", socket.display());
+        let log = std::fs::File::create(dir.0.join("server.log")).unwrap();
         let child = Command::new(CUMUX)
-            .args(&args)
+            .arg("serve")
+            .args(serve_args)
+            .args(["--listen", address.as_str()])
+            .envs(envs.iter().copied())
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
@@ -147,22 +204,27 @@ impl ServerProc {
         matches!(self.child.try_wait(), Ok(None))
     }
 
+    /// The server's child processes: (pid, state letter, command line).
+    pub fn children(&self) -> Vec<(u32, char, String)> {
+        children_of(self.child.id())
+    }
+
     /// `cumux run --server <this> -- program args…`, with piped output.
     pub fn command(&self, program: &Path, args: &[&str]) -> Command {
-        let mut c = Command::new(CUMUX);
-        c.args(["run", "--server", &self.address, "--"])
-            .arg(program)
-            .args(args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        c
+        self.run_command(&[], program, args)
     }
 
     /// `cumux run --server <this> --tenant NAME -- program args…`.
     pub fn command_as(&self, tenant: &str, program: &Path, args: &[&str]) -> Command {
+        self.run_command(&["--tenant", tenant], program, args)
+    }
+
+    /// `cumux run --server <this> OPTIONS -- program args…`, with piped output.
+    pub fn run_command(&self, options: &[&str], program: &Path, args: &[&str]) -> Command {
         let mut c = Command::new(CUMUX);
-        c.args(["run", "--server", &self.address, "--tenant", tenant, "--"])
+        c.args(["run", "--server", &self.address])
+            .args(options)
+            .arg("--")
             .arg(program)
             .args(args)
             .stdin(Stdio::null())
@@ -216,6 +278,16 @@ pub struct RunOutput {
 impl RunOutput {
     pub fn code(&self) -> Option<i32> {
         self.status.code()
+    }
+
+    /// Fails the test unless the program exited 0 and printed a `PASS` line.
+    pub fn assert_passed(&self) {
+        assert_eq!(self.code(), Some(0), "{}", self.describe());
+        assert!(
+            self.stdout.lines().any(|l| l.trim() == "PASS"),
+            "{}",
+            self.describe()
+        );
     }
 
     pub fn describe(&self) -> String {
@@ -279,6 +351,18 @@ pub fn lines_of(pipe: std::process::ChildStdout) -> std::sync::mpsc::Receiver<St
         }
     });
     rx
+}
+
+/// The `tcp:HOST:PORT` address a `cumux serve --listen tcp:…` child prints
+/// first on its stdout (`lines`, from [`lines_of`]) once it listens.
+pub fn tcp_address(lines: &std::sync::mpsc::Receiver<String>) -> String {
+    let line = lines
+        .recv_timeout(Duration::from_secs(30))
+        .expect("serve prints where it listens");
+    line.split_whitespace()
+        .find(|w| w.starts_with("tcp:"))
+        .map(|w| w.trim_end_matches(';').to_string())
+        .unwrap_or_else(|| panic!("{line}"))
 }
 
 /// Waits for `line` among `lines`; the lines seen on failure.

@@ -1,7 +1,10 @@
 //! Helpers of the integration tests: the fake driver and the fat binary fixtures.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::Arc;
+
+use cumux_cuda_driver::{Context, Driver};
 
 /// Builds tests/fake_libcuda.c with `defines` as `<name>.so`, or `None` (and a
 /// note) when no C compiler exists.
@@ -31,4 +34,13 @@ pub fn fixture(name: &str) -> Vec<u8> {
         env!("CARGO_MANIFEST_DIR")
     );
     std::fs::read(path).unwrap()
+}
+
+/// The fake driver built at `path`, initialised, and a new context on its
+/// device 0 (the context keeps the driver alive).
+#[allow(dead_code)]
+pub fn fake_context(path: &Path) -> Arc<Context> {
+    let driver = Arc::new(Driver::open(path.as_os_str()).unwrap());
+    driver.init().unwrap();
+    driver.create_context(driver.device(0).unwrap(), 0).unwrap()
 }

@@ -24,24 +24,7 @@ pub struct Harness {
 }
 
 /// A folder removed at drop.
-pub struct TempDir(pub PathBuf);
-
-impl TempDir {
-    pub fn new(tag: &str) -> Self {
-        static COUNTER: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-        let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let dir = std::env::temp_dir().join(format!("cumux-test-{tag}-{}-{n}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        TempDir(dir)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
+pub use cumux_testkit::TempDir;
 
 impl Harness {
     pub fn start(tag: &str) -> Self {
@@ -52,53 +35,40 @@ impl Harness {
     /// `self.device`) whose tenants are those `tenants` admits.
     pub fn start_with(tag: &str, tenants: TenantPolicy, devices: usize) -> Self {
         let dir = TempDir::new(tag);
-        let socket = dir.0.join("s.sock");
         let device = Arc::new(ModelDevice::new(1 << 30));
         let mut all = vec![device.clone() as Arc<dyn Device>];
         for _ in 1..devices {
             all.push(Arc::new(ModelDevice::new(1 << 30)) as Arc<dyn Device>);
         }
         let server = Server::with_tenants(all, tenants);
-        let bound = listener::bind(&Address::Unix(socket.clone())).unwrap();
-        let serving = Arc::clone(&server);
-        std::thread::spawn(move || bound.serve(serving));
-        Harness {
-            server,
-            device,
-            socket,
-            _dir: dir,
-        }
+        Self::serve(dir, server, device)
     }
 
     /// A server over one serial model device (one launch at a time, in arrival
     /// order, like a GPU's queue) scheduled by `policy`.
     pub fn start_scheduled(tag: &str, tenants: TenantPolicy, policy: Policy) -> Self {
         let dir = TempDir::new(tag);
-        let socket = dir.0.join("s.sock");
         let device = Arc::new(ModelDevice::serial(1 << 30));
         let server = Server::with_policy(vec![device.clone() as Arc<dyn Device>], tenants, policy);
-        let bound = listener::bind(&Address::Unix(socket.clone())).unwrap();
-        let serving = Arc::clone(&server);
-        std::thread::spawn(move || bound.serve(serving));
-        Harness {
-            server,
-            device,
-            socket,
-            _dir: dir,
-        }
+        Self::serve(dir, server, device)
     }
 
     /// A server over one serial model device per entry of `policies` (the
     /// first is `self.device`), each scheduled by its own policy.
     pub fn start_with_policies(tag: &str, tenants: TenantPolicy, policies: Vec<Policy>) -> Self {
         let dir = TempDir::new(tag);
-        let socket = dir.0.join("s.sock");
         let device = Arc::new(ModelDevice::serial(1 << 30));
         let mut all = vec![device.clone() as Arc<dyn Device>];
         for _ in 1..policies.len() {
             all.push(Arc::new(ModelDevice::serial(1 << 30)) as Arc<dyn Device>);
         }
         let server = Server::with_policies(all, tenants, policies);
+        Self::serve(dir, server, device)
+    }
+
+    /// Serves `server` on a unix socket in `dir` from a thread of its own.
+    fn serve(dir: TempDir, server: Arc<Server>, device: Arc<ModelDevice>) -> Self {
+        let socket = dir.0.join("s.sock");
         let bound = listener::bind(&Address::Unix(socket.clone())).unwrap();
         let serving = Arc::clone(&server);
         std::thread::spawn(move || bound.serve(serving));
