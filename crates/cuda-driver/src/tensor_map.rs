@@ -86,6 +86,7 @@ impl Driver {
                 if box_dim.len() < rank {
                     return Err(too_short("box dimensions"));
                 }
+                // SAFETY: as above; `box_dim` holds `rank` entries.
                 unsafe {
                     cu!(
                         self,
@@ -116,6 +117,7 @@ impl Driver {
                 if lower.len() < spatial || upper.len() < spatial {
                     return Err(too_short("pixel box corners"));
                 }
+                // SAFETY: as above; the corners hold `rank - 2` entries each.
                 unsafe {
                     cu!(
                         self,
@@ -145,7 +147,9 @@ impl Driver {
                 channels,
                 pixels,
                 mode,
-            } => unsafe {
+            } =>
+            // SAFETY: as above; the wide mode takes scalars only beyond the shape.
+            unsafe {
                 cu!(
                     self,
                     cuTensorMapEncodeIm2colWide(
