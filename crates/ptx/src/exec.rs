@@ -3,9 +3,9 @@
 //! the next collective (barrier or warp op), which is resolved exactly.
 
 use crate::ir::*;
-use crate::lower::FUNC_WIN;
-use crate::memory::{atomic_load, atomic_rmw, atomic_store, MemView, DEVICE_VA_BASE};
-use crate::{Fault, LaunchConfig, LaunchReport, Program};
+use crate::launch::{Fault, LaunchConfig, LaunchReport};
+use crate::memory::{atomic_load, atomic_rmw, atomic_store, DeviceMemory, MemView, DEVICE_VA_BASE};
+use crate::printf;
 use half::{bf16, f16};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
@@ -23,7 +23,7 @@ const MAX_CALL_DEPTH: usize = 4096;
 /// Device printf output kept per block and per launch (bytes).
 const PRINTF_LIMIT: usize = 1 << 20;
 /// Registers plus local memory of all threads of one block (bytes).
-pub(crate) const BLOCK_MEMORY_LIMIT: usize = 256 << 20;
+const BLOCK_MEMORY_LIMIT: usize = 256 << 20;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Status {
@@ -55,7 +55,7 @@ struct Thread {
 
 /// Launch-wide, read-only facts.
 struct Geo<'a> {
-    prog: &'a Program,
+    prog: &'a Module,
     mem: &'a MemView<'a>,
     params: &'a [u64],
     params_len: u64,
@@ -1916,7 +1916,7 @@ fn run_thread<const SINGLE_STEP: bool>(
                 };
                 let local = &mut th.local;
                 let cell = std::cell::RefCell::new((&mut *b, local));
-                let text = crate::printf::format(
+                let text = printf::format(
                     &fmt_bytes,
                     |off, size| {
                         let mut c = cell.borrow_mut();
@@ -2837,16 +2837,26 @@ impl Worker {
     }
 }
 
-/// Runs a validated launch over all blocks.
+/// Runs kernel `k` of `prog` (a configuration already checked against the
+/// kernel's limits) over all blocks.
 pub(crate) fn run_launch(
-    prog: &Program,
-    mem: &crate::memory::DeviceMemory,
-    kernel: u32,
+    prog: &Module,
+    mem: &DeviceMemory,
+    k: usize,
     cfg: &LaunchConfig,
     params: &[u8],
-    shared_bytes: u64,
     budget: u64,
 ) -> LaunchReport {
+    let kernel = prog.kernels[k];
+    let threads: u64 = cfg.block.iter().map(|&v| v as u64).product();
+    let f = &prog.funcs[kernel as usize];
+    let per_thread = f.nregs as u64 * 8 + f.frame_bytes as u64;
+    if per_thread.saturating_mul(threads) > BLOCK_MEMORY_LIMIT as u64 {
+        return LaunchReport::failed(Fault::OutOfResources(format!(
+            "{threads} threads with {per_thread} bytes of registers and local memory each"
+        )));
+    }
+    let shared_bytes = prog.dyn_shared_base as u64 + cfg.dynamic_shared_bytes as u64;
     let view = mem.view();
     let mut pwords = vec![0u64; params.len().div_ceil(8)];
     bytes_of(&mut pwords)[..params.len()].copy_from_slice(params);
@@ -2867,7 +2877,7 @@ pub(crate) fn run_launch(
         kernel,
         budget,
         lockstep: prog.funcs.iter().enumerate().any(|(i, f)| {
-            f.uses_volatile && (i as u32 == kernel || !prog.kernel_funcs.contains(&(i as u32)))
+            f.uses_volatile && (i as u32 == kernel || !prog.kernels.contains(&(i as u32)))
         }),
         stack_limit: (BLOCK_MEMORY_LIMIT / cfg.block.iter().product::<u32>().max(1) as usize)
             .max(1 << 20),

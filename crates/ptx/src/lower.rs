@@ -5,15 +5,13 @@
 use crate::ast::{self, Initializer, Operand, StateSpace, Statement};
 use crate::ir::*;
 use crate::memory::DeviceMemory;
-use crate::{KernelInfo, LoadError, ParamLayout};
+use crate::module_info::{GlobalVar, KernelInfo, LoadError, ParamLayout, Space};
 use std::collections::HashMap;
 
 /// Largest register count a single function may declare.
 const MAX_REGS: u64 = 1 << 16;
 /// Largest size of any single variable (bytes).
 const MAX_VAR: u64 = 1 << 30;
-/// Address of the first function in the "function pointer" window.
-pub(crate) const FUNC_WIN: u64 = 0x1300_0000_0000;
 pub(crate) const VPRINTF: u32 = u32::MAX - 1;
 
 #[derive(Debug, Clone, Copy)]
@@ -30,11 +28,10 @@ enum Sym {
 }
 
 pub(crate) struct Lowered {
-    pub funcs: Vec<Func>,
-    pub kernels: Vec<(KernelInfo, u32)>,
-    pub globals: Vec<crate::GlobalVar>,
-    /// Offset of dynamic shared memory inside the block's shared area.
-    pub dyn_shared_base: u32,
+    pub ir: Module,
+    /// What the module says about each kernel, in the order of `ir.kernels`.
+    pub kernels: Vec<KernelInfo>,
+    pub globals: Vec<GlobalVar>,
 }
 
 fn lerr(line: u32, what: impl Into<String>) -> LoadError {
@@ -218,14 +215,14 @@ pub(crate) fn lower_module(
             mem.write(*addr, &bytes)
                 .map_err(|_| LoadError::OutOfMemory)?;
         }
-        gvars.push(crate::GlobalVar {
+        gvars.push(GlobalVar {
             name: v.name.clone(),
             ptr: *addr,
             size: *size,
             space: if v.space == StateSpace::Const {
-                crate::Space::Const
+                Space::Const
             } else {
-                crate::Space::Global
+                Space::Global
             },
         });
     }
@@ -313,11 +310,15 @@ pub(crate) fn lower_module(
         }
         funcs.push(func);
     }
+    let (kernels, kernel_funcs) = kernels.into_iter().unzip();
     Ok(Lowered {
-        funcs,
+        ir: Module {
+            funcs,
+            kernels: kernel_funcs,
+            dyn_shared_base: dyn_base as u32,
+        },
         kernels,
         globals: gvars,
-        dyn_shared_base: dyn_base as u32,
     })
 }
 
