@@ -6,6 +6,7 @@
 //! `validate`), `exec` (the interpreter over `ir`, value semantics in `alu`).
 //! [`Program`] ties them together; this root only declares and re-exports.
 
+mod alu;
 pub mod ast;
 mod exec;
 mod ir;
