@@ -3,6 +3,8 @@
 
 /// Marker for "no register".
 pub(crate) const NONE: u32 = u32::MAX;
+/// Largest local frame of one function (bytes).
+pub(crate) const MAX_FRAME_BYTES: u32 = 512 * 1024;
 /// Generic address of function 0; function `i` lives at `FUNC_WIN + i`
 /// (function pointers, indirect calls).
 pub(crate) const FUNC_WIN: u64 = 0x1300_0000_0000;
