@@ -1,8 +1,15 @@
-//! The lowered, executable form of a PTX function: typed operations over
+//! The lowered, executable form of a PTX module: typed operations over
 //! resolved register slots, immediate values and resolved branch targets.
+//! Lowering produces it, the interpreter runs it; `validate` states (and
+//! checks on both sides) what a well-formed module is: every register below
+//! its function's count, every branch inside its function, every call to a
+//! function with that many parameters, frame slots inside the frame, widths
+//! the interpreter handles, every function ending in `ret` or `exit`.
 
 /// Marker for "no register".
 pub(crate) const NONE: u32 = u32::MAX;
+/// Largest register count of one function.
+pub(crate) const MAX_REGS: u32 = 1 << 16;
 /// Largest local frame of one function (bytes).
 pub(crate) const MAX_FRAME_BYTES: u32 = 512 * 1024;
 /// Generic address of function 0; function `i` lives at `FUNC_WIN + i`
@@ -660,4 +667,160 @@ pub(crate) struct Module {
     pub kernels: Vec<u32>,
     /// Offset of dynamic shared memory inside a block's shared area (bytes).
     pub dyn_shared_base: u32,
+}
+
+impl Op {
+    /// Calls `f` with every value this op reads (registers, immediates and
+    /// frame addresses), not counting the guard.
+    pub(crate) fn for_each_src(&self, mut f: impl FnMut(Src)) {
+        macro_rules! read {
+            ($($s:expr),*) => {{ $( f(*$s); )* }};
+        }
+        let arg = |l: &ArgLoc, f: &mut dyn FnMut(Src)| {
+            if let ArgLoc::Val { src, .. } = *l {
+                f(src)
+            }
+        };
+        match self {
+            Op::Mov { a, .. }
+            | Op::Un { a, .. }
+            | Op::Testp { a, .. }
+            | Op::Cvt { a, .. }
+            | Op::Unpack { a, .. }
+            | Op::Cvta { a, .. }
+            | Op::Isspacep { a, .. } => read!(a),
+            Op::Int { a, b, .. } | Op::Float { a, b, .. } | Op::Set { a, b, .. } => read!(a, b),
+            Op::Tern { a, b, c, .. }
+            | Op::Prmt { a, b, c, .. }
+            | Op::Lop3 { a, b, c, .. }
+            | Op::Setp { a, b, c, .. } => read!(a, b, c),
+            Op::Bfi { a, b, c, e, .. } => read!(a, b, c, e),
+            Op::Relu { d, .. } => f(Src::Reg(*d)),
+            Op::Pack { parts, .. } => parts.iter().copied().for_each(f),
+            Op::Ld { addr, .. } | Op::Ldmatrix { addr, .. } => read!(addr),
+            Op::St { n, vals, addr, .. } => {
+                vals.iter().take(*n as usize).copied().for_each(&mut f);
+                read!(addr)
+            }
+            Op::Atom { addr, b, c, .. } => read!(addr, b, c),
+            Op::Call(info) => {
+                if let Some(t) = info.target {
+                    f(t)
+                }
+                for a in &info.args {
+                    arg(a, &mut f)
+                }
+            }
+            Op::Printf { fmt, args, .. } => {
+                arg(fmt, &mut f);
+                arg(args, &mut f)
+            }
+            Op::Bar { id, count, p, .. } => read!(id, count, p),
+            Op::WarpSync { mask } => read!(mask),
+            Op::Shfl { a, b, c, mask, .. } => read!(a, b, c, mask),
+            Op::Vote { a, mask, .. } | Op::Match { a, mask, .. } | Op::Redux { a, mask, .. } => {
+                read!(a, mask)
+            }
+            Op::Carry {
+                a, b, c, cin, cc, ..
+            } => {
+                read!(a, b, c);
+                if *cin {
+                    f(Src::Reg(*cc))
+                }
+            }
+            Op::CpAsync {
+                dst, src, src_size, ..
+            } => read!(dst, src, src_size),
+            Op::WmmaLoad { addr, stride, .. } => read!(addr, stride),
+            Op::WmmaStore {
+                vals, addr, stride, ..
+            } => {
+                vals.iter().copied().for_each(&mut f);
+                read!(addr, stride)
+            }
+            Op::Mma { a, b, c, .. } | Op::WmmaMma { a, b, c, .. } => {
+                a.iter().chain(b).chain(c).copied().for_each(f)
+            }
+            Op::Special { .. }
+            | Op::Bra { .. }
+            | Op::Ret
+            | Op::Exit
+            | Op::Trap(_)
+            | Op::Activemask { .. }
+            | Op::Nop => {}
+        }
+    }
+
+    /// Calls `f` with every register this op writes; optional destinations
+    /// left as `NONE` are skipped.
+    pub(crate) fn for_each_dst(&self, mut f: impl FnMut(u32)) {
+        let opt = |d: u32, f: &mut dyn FnMut(u32)| {
+            if d != NONE {
+                f(d)
+            }
+        };
+        let ret = |l: &ArgLoc, f: &mut dyn FnMut(u32)| {
+            if let ArgLoc::Val {
+                src: Src::Reg(r), ..
+            } = *l
+            {
+                f(r)
+            }
+        };
+        match self {
+            Op::Mov { d, .. }
+            | Op::Int { d, .. }
+            | Op::Float { d, .. }
+            | Op::Un { d, .. }
+            | Op::Tern { d, .. }
+            | Op::Bfi { d, .. }
+            | Op::Relu { d, .. }
+            | Op::Prmt { d, .. }
+            | Op::Lop3 { d, .. }
+            | Op::Set { d, .. }
+            | Op::Testp { d, .. }
+            | Op::Cvt { d, .. }
+            | Op::Pack { d, .. }
+            | Op::Cvta { d, .. }
+            | Op::Isspacep { d, .. }
+            | Op::Special { d, .. }
+            | Op::Vote { d, .. }
+            | Op::Redux { d, .. }
+            | Op::Activemask { d } => f(*d),
+            Op::Setp { d, d2: e, .. } | Op::Shfl { d, dp: e, .. } | Op::Match { d, dp: e, .. } => {
+                f(*d);
+                opt(*e, &mut f)
+            }
+            Op::Atom { d, .. } | Op::Bar { d, .. } => opt(*d, &mut f),
+            Op::Unpack { ds, .. }
+            | Op::WmmaLoad { ds, .. }
+            | Op::Ldmatrix { ds, .. }
+            | Op::Mma { d: ds, .. }
+            | Op::WmmaMma { d: ds, .. } => ds.iter().copied().for_each(f),
+            Op::Ld { n, ds, .. } => ds.iter().take(*n as usize).copied().for_each(f),
+            Op::Call(info) => {
+                for r in &info.rets {
+                    ret(r, &mut f)
+                }
+            }
+            Op::Printf { ret: Some(r), .. } => ret(r, &mut f),
+            Op::Carry { d, cout, cc, .. } => {
+                f(*d);
+                if *cout {
+                    f(*cc)
+                }
+            }
+            Op::St { .. }
+            | Op::Printf { ret: None, .. }
+            | Op::Bra { .. }
+            | Op::Ret
+            | Op::Exit
+            | Op::Trap(_)
+            | Op::WarpSync { .. }
+            | Op::CpAsync { .. }
+            | Op::WmmaStore { .. }
+            | Op::Nop => {}
+        }
+    }
 }

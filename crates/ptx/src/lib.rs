@@ -8,6 +8,8 @@
 
 mod alu;
 pub mod ast;
+#[cfg(test)]
+mod boundary_tests;
 mod exec;
 mod ir;
 mod launch;
@@ -17,6 +19,7 @@ mod module_info;
 mod parser;
 mod printf;
 mod program;
+mod validate;
 
 pub use exec::{LOCAL_WINDOW, PARAM_WINDOW, SHARED_WINDOW};
 pub use launch::{

@@ -4,13 +4,14 @@
 use crate::launch::{check_config, Fault, LaunchConfig, LaunchReport};
 use crate::memory::DeviceMemory;
 use crate::module_info::{GlobalVar, KernelInfo, LoadError};
-use crate::{ast, exec, ir, lower, parser};
+use crate::{ast, exec, lower, parser};
 
 /// A loaded PTX module.
 #[derive(Debug)]
 pub struct Program {
-    /// The lowered functions; `ir.kernels[k]` runs `kernels[k]`.
-    ir: ir::Module,
+    /// The lowered module, as the interpreter takes it; its kernel `k` is
+    /// `kernels[k]`.
+    code: exec::Executable,
     kernels: Vec<KernelInfo>,
     globals: Vec<GlobalVar>,
     allocations: Vec<u64>,
@@ -29,7 +30,7 @@ impl Program {
         let mut allocated = Vec::new();
         match lower::lower_module(module, mem, &mut allocated) {
             Ok(l) => Ok(Program {
-                ir: l.ir,
+                code: exec::Executable::new(l.ir),
                 kernels: l.kernels,
                 globals: l.globals,
                 allocations: allocated,
@@ -81,7 +82,8 @@ impl Program {
         if let Err(f) = check_config(&self.kernels[k], cfg, params.len()) {
             return LaunchReport::failed(f);
         }
-        exec::run_launch(&self.ir, mem, k, cfg, params, max_instructions_per_block)
+        self.code
+            .launch(mem, k, cfg, params, max_instructions_per_block)
     }
 
     /// Frees the module's globals.

@@ -121,6 +121,16 @@ pub(super) fn ret(g: &Geo<'_>, th: &mut Thread, callee: &Func) -> Option<u32> {
     let fr = th.frames.pop()?;
     let lbase = th.lbase;
     let caller = &g.prog.funcs[fr.func as usize];
+    debug_assert!(
+        matches!(
+            caller.code.get(fr.call_pc as usize),
+            Some(Inst {
+                op: Op::Call(_),
+                ..
+            })
+        ),
+        "a frame returns to a call"
+    );
     if let Some(Inst {
         op: Op::Call(info), ..
     }) = caller.code.get(fr.call_pc as usize)

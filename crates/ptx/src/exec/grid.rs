@@ -10,12 +10,50 @@ use super::state::Geo;
 use crate::ir::Module;
 use crate::launch::{Fault, LaunchConfig, LaunchReport};
 use crate::memory::DeviceMemory;
+use crate::validate::{check_module, Malformed};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Mutex, OnceLock};
 
-/// Runs kernel `k` of `prog` (a configuration already checked against the
-/// kernel's limits) over all blocks.
-pub(crate) fn run_launch(
+/// A lowered module as the interpreter takes it.
+#[derive(Debug)]
+pub(crate) struct Executable {
+    ir: Module,
+    /// The interpreter's own check of `ir`, made at its first launch (the
+    /// module never changes after that).
+    checked: OnceLock<Result<(), Malformed>>,
+}
+
+impl Executable {
+    pub(crate) fn new(ir: Module) -> Executable {
+        Executable {
+            ir,
+            checked: OnceLock::new(),
+        }
+    }
+
+    /// Runs kernel `k` (a configuration already checked against the
+    /// kernel's limits) over all blocks.
+    pub(crate) fn launch(
+        &self,
+        mem: &DeviceMemory,
+        k: usize,
+        cfg: &LaunchConfig,
+        params: &[u8],
+        budget: u64,
+    ) -> LaunchReport {
+        // the interpreter's side of the boundary: it runs well-formed modules only
+        if let Err(e) = self.checked.get_or_init(|| check_module(&self.ir)) {
+            return LaunchReport::failed(Fault::Failed(format!(
+                "internal error: the interpreter was handed a malformed module: {e}"
+            )));
+        }
+        debug_assert!(k < self.ir.kernels.len(), "kernel {k} out of range");
+        run_launch(&self.ir, mem, k, cfg, params, budget)
+    }
+}
+
+/// Runs kernel `k` of the well-formed module `prog` over all blocks.
+fn run_launch(
     prog: &Module,
     mem: &DeviceMemory,
     k: usize,

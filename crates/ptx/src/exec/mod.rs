@@ -17,5 +17,5 @@ mod tensor;
 mod thread;
 mod warp;
 
-pub(crate) use grid::run_launch;
+pub(crate) use grid::Executable;
 pub use limits::{LOCAL_WINDOW, PARAM_WINDOW, SHARED_WINDOW};

@@ -2,12 +2,12 @@
 //! or frame slots), scoped declarations, labels, the instructions, and the
 //! branch targets fixed up once all labels are known.
 
-use super::context::{FuncLower, MAX_REGS};
+use super::context::FuncLower;
 use super::error::{invalid, unsupported_at};
 use super::layout::{align_up, param_bytes, var_align, var_size};
 use super::symbols::{Binding, Sym};
 use crate::ast::{self, StateSpace, Statement};
-use crate::ir::{Func, Op, Ty};
+use crate::ir::{Func, Op, Ty, MAX_REGS};
 use crate::module_info::LoadError;
 use std::collections::HashMap;
 
@@ -103,7 +103,7 @@ impl FuncLower<'_> {
                     .ok_or_else(|| unsupported_at(v.line, format!("register type .{}", v.ty)))?;
                 let t = if v.vector > 1 { Ty::B128 } else { t };
                 if let Some(n) = v.range {
-                    if self.nregs as u64 + n as u64 >= MAX_REGS {
+                    if self.nregs as u64 + n as u64 >= MAX_REGS as u64 {
                         return Err(invalid(v.line, "too many registers"));
                     }
                     let first = self.nregs;

@@ -7,12 +7,9 @@ use super::layout::{align_up, float_bits};
 use super::special::special_register;
 use super::symbols::{Binding, Sym};
 use crate::ast::{self, Operand};
-use crate::ir::{Inst, Op, Sp, Src, Ty, FUNC_WIN, MAX_FRAME_BYTES, NONE};
+use crate::ir::{Inst, Op, Sp, Src, Ty, FUNC_WIN, MAX_FRAME_BYTES, MAX_REGS, NONE};
 use crate::module_info::LoadError;
 use std::collections::HashMap;
-
-/// Largest register count a single function may declare.
-pub(super) const MAX_REGS: u64 = 1 << 16;
 
 pub(super) struct FuncLower<'a> {
     pub(super) syms: &'a HashMap<String, Sym>,
@@ -66,7 +63,7 @@ impl<'a> FuncLower<'a> {
     }
 
     pub(super) fn new_reg(&mut self) -> Result<u32, LoadError> {
-        if self.nregs as u64 >= MAX_REGS {
+        if self.nregs >= MAX_REGS {
             return Err(invalid(self.line, "too many registers"));
         }
         self.nregs += 1;

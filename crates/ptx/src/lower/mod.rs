@@ -21,4 +21,6 @@ mod symbols;
 mod tensor;
 mod warp;
 
+#[cfg(test)]
+pub(crate) use module::hand_off;
 pub(crate) use module::lower_module;

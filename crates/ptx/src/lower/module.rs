@@ -10,6 +10,7 @@ use crate::ast::{self, StateSpace, Statement};
 use crate::ir::{Module, Ty};
 use crate::memory::DeviceMemory;
 use crate::module_info::{GlobalVar, KernelInfo, LoadError, ParamLayout, Space};
+use crate::validate::check_module;
 use std::collections::HashMap;
 
 /// A lowered module with what it says about its kernels and variables.
@@ -200,14 +201,27 @@ pub(crate) fn lower_module(
     }
     let (kernels, kernel_funcs) = kernels.into_iter().unzip();
     Ok(Lowered {
-        ir: Module {
+        ir: hand_off(Module {
             funcs,
             kernels: kernel_funcs,
             dyn_shared_base: dyn_base as u32,
-        },
+        })?,
         kernels,
         globals: gvars,
     })
+}
+
+/// Lowering's side of the boundary: a module leaves lowering only if it is
+/// well formed. A malformed one is a lowering bug, never the input's fault,
+/// but it still fails the load (an error, not a panic: input PTX must never
+/// bring the device down).
+pub(crate) fn hand_off(ir: Module) -> Result<Module, LoadError> {
+    match check_module(&ir) {
+        Ok(()) => Ok(ir),
+        Err(e) => Err(LoadError::Invalid(format!(
+            "internal error: lowering produced a malformed module: {e}"
+        ))),
+    }
 }
 
 /// Lays out the function-scope shared variables of `body` from `off` on.
