@@ -17,31 +17,12 @@ pub(crate) fn atom_apply(op: AtomOp, t: Ty, old: u64, b: u64, c: u64) -> Option<
             }
         }
         AtomOp::Min | AtomOp::Max => {
+            let min = op == AtomOp::Min;
             if t.is_float() {
-                float_bin(
-                    if op == AtomOp::Min {
-                        FOp::Min
-                    } else {
-                        FOp::Max
-                    },
-                    t,
-                    old,
-                    b,
-                    Rnd::Rn,
-                    false,
-                    false,
-                )
+                let fop = if min { FOp::Min } else { FOp::Max };
+                float_bin(fop, t, old, b, Rnd::Rn, false, false)
             } else {
-                int_bin(
-                    if op == AtomOp::Min {
-                        IntOp::Min
-                    } else {
-                        IntOp::Max
-                    },
-                    t,
-                    old,
-                    b,
-                )
+                int_bin(if min { IntOp::Min } else { IntOp::Max }, t, old, b)
             }
         }
         AtomOp::Inc => {

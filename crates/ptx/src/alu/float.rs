@@ -4,6 +4,7 @@
 
 use crate::ir::{FOp, Rnd, Ty, UnOp};
 use half::{bf16, f16};
+use std::cmp::Ordering;
 
 #[inline]
 pub(crate) fn f32_of(v: u64) -> f32 {
@@ -19,52 +20,57 @@ pub(crate) fn ftz32(x: f32) -> f32 {
     }
 }
 
+/// The binary floats directed rounding steps between.
+trait Ulp: Copy + PartialOrd {
+    const ZERO: Self;
+    fn up(self) -> Self;
+    fn down(self) -> Self;
+}
+
+impl Ulp for f32 {
+    const ZERO: f32 = 0.0;
+    fn up(self) -> f32 {
+        self.next_up()
+    }
+    fn down(self) -> f32 {
+        self.next_down()
+    }
+}
+
+impl Ulp for f64 {
+    const ZERO: f64 = 0.0;
+    fn up(self) -> f64 {
+        self.next_up()
+    }
+    fn down(self) -> f64 {
+        self.next_down()
+    }
+}
+
+/// Moves `r`, the round-to-nearest result of an exact value, to the result
+/// of the directed mode `rnd`, given how `r` compares with the exact value.
+fn redirect<F: Ulp>(r: F, rnd: Rnd, r_vs_exact: Ordering) -> F {
+    match (rnd, r_vs_exact) {
+        (Rnd::Rm, Ordering::Greater) => r.down(),
+        (Rnd::Rp, Ordering::Less) => r.up(),
+        // toward zero: only a result of larger magnitude than the exact one moves
+        (Rnd::Rz, Ordering::Greater) if r > F::ZERO => r.down(),
+        (Rnd::Rz, Ordering::Less) if r < F::ZERO => r.up(),
+        _ => r,
+    }
+}
+
 /// Rounds an f64 to f32 with a directed mode.
 pub(crate) fn round_f32(x: f64, rnd: Rnd) -> f32 {
     let r = x as f32;
     if r.is_nan() || r.is_infinite() && x.is_infinite() {
         return r;
     }
-    let rd = r as f64;
-    match rnd {
-        Rnd::Rz => {
-            if rd.abs() > x.abs() {
-                r.next_toward_zero()
-            } else {
-                r
-            }
-        }
-        Rnd::Rm => {
-            if rd > x {
-                r.next_down()
-            } else {
-                r
-            }
-        }
-        Rnd::Rp => {
-            if rd < x {
-                r.next_up()
-            } else {
-                r
-            }
-        }
-        _ => r,
-    }
-}
-
-trait TowardZero {
-    fn next_toward_zero(self) -> Self;
-}
-impl TowardZero for f32 {
-    fn next_toward_zero(self) -> f32 {
-        if self > 0.0 {
-            self.next_down()
-        } else if self < 0.0 {
-            self.next_up()
-        } else {
-            self
-        }
-    }
+    redirect(
+        r,
+        rnd,
+        (r as f64).partial_cmp(&x).unwrap_or(Ordering::Equal),
+    )
 }
 
 /// Round an integer (as i128) to f64/f32 with a directed mode.
@@ -72,42 +78,15 @@ pub(crate) fn int_to_float(v: i128, dt: Ty, rnd: Rnd) -> u64 {
     match dt {
         Ty::F64 => {
             let r = v as f64;
-            let adj = match rnd {
-                Rnd::Rz if (r as i128).abs() > v.abs() => r.next_toward_zero64(),
-                Rnd::Rm if (r as i128) > v => r.next_down(),
-                Rnd::Rp if (r as i128) < v => r.next_up(),
-                _ => r,
-            };
-            adj.to_bits()
+            redirect(r, rnd, (r as i128).cmp(&v)).to_bits()
         }
         Ty::F32 => {
             let r = v as f32;
-            let adj = match rnd {
-                Rnd::Rz if (r as i128).abs() > v.abs() => r.next_toward_zero(),
-                Rnd::Rm if (r as i128) > v => r.next_down(),
-                Rnd::Rp if (r as i128) < v => r.next_up(),
-                _ => r,
-            };
-            adj.to_bits() as u64
+            redirect(r, rnd, (r as i128).cmp(&v)).to_bits() as u64
         }
         Ty::F16 => f16::from_f64(v as f64).to_bits() as u64,
         Ty::BF16 => bf16::from_f64(v as f64).to_bits() as u64,
         _ => 0,
-    }
-}
-
-trait TowardZero64 {
-    fn next_toward_zero64(self) -> Self;
-}
-impl TowardZero64 for f64 {
-    fn next_toward_zero64(self) -> f64 {
-        if self > 0.0 {
-            self.next_down()
-        } else if self < 0.0 {
-            self.next_up()
-        } else {
-            self
-        }
     }
 }
 
@@ -192,13 +171,8 @@ pub(crate) fn residual_sign(op: FOp, x: f64, y: f64, r: f64) -> i32 {
 /// Moves a round-to-nearest f64 result to the directed-rounding result given
 /// the sign of the exact residual.
 pub(crate) fn adjust_f64(r: f64, sign: i32, rnd: Rnd) -> f64 {
-    match (rnd, sign) {
-        (Rnd::Rm, -1) => r.next_down(),
-        (Rnd::Rp, 1) => r.next_up(),
-        (Rnd::Rz, -1) if r > 0.0 => r.next_down(),
-        (Rnd::Rz, 1) if r < 0.0 => r.next_up(),
-        _ => r,
-    }
+    // the residual is exact - r: a negative one means r lies above
+    redirect(r, rnd, 0.cmp(&sign))
 }
 
 /// `sqrt` and `rcp` with a directed rounding mode.
@@ -260,6 +234,28 @@ pub(crate) fn fval(v: u64, t: Ty) -> f64 {
     }
 }
 
+/// The element type of a packed pair of halves (`f16x2` or `bf16x2`).
+#[inline]
+pub(crate) fn pair_elem(t: Ty) -> Ty {
+    if t == Ty::F16x2 {
+        Ty::F16
+    } else {
+        Ty::BF16
+    }
+}
+
+/// Half `k` (0 low, 1 high) of a packed pair.
+#[inline]
+pub(crate) fn half_at(v: u64, k: u32) -> u64 {
+    (v >> (16 * k)) & 0xffff
+}
+
+/// A packed pair computed half by half: `f(k)` is the result for half `k`.
+#[inline]
+pub(crate) fn by_halves(f: impl Fn(u32) -> u64) -> u64 {
+    f(0) | f(1) << 16
+}
+
 /// NaN results as the GPU produces them: the canonical all-ones-mantissa NaN.
 #[inline]
 pub(crate) fn canon_nan(v: u64, t: Ty) -> u64 {
@@ -268,10 +264,7 @@ pub(crate) fn canon_nan(v: u64, t: Ty) -> u64 {
         Ty::F64 if f64::from_bits(v).is_nan() => 0x7fff_ffff_ffff_ffff,
         Ty::F16 if v & 0x7fff > 0x7c00 => 0x7fff,
         Ty::BF16 if v & 0x7fff > 0x7f80 => 0x7fff,
-        Ty::F16x2 | Ty::BF16x2 => {
-            let et = if t == Ty::F16x2 { Ty::F16 } else { Ty::BF16 };
-            canon_nan(v & 0xffff, et) | canon_nan((v >> 16) & 0xffff, et) << 16
-        }
+        Ty::F16x2 | Ty::BF16x2 => by_halves(|k| canon_nan(half_at(v, k), pair_elem(t))),
         _ => v,
     }
 }
@@ -386,20 +379,17 @@ pub(crate) fn float_bin(op: FOp, t: Ty, a: u64, b: u64, rnd: Rnd, ftz: bool, sat
             satf(r).to_bits()
         }
         Ty::F16 | Ty::BF16 => to_fbits(satf(fop(op, fval(a, t), fval(b, t))), t),
-        Ty::F16x2 | Ty::BF16x2 => {
-            let et = if t == Ty::F16x2 { Ty::F16 } else { Ty::BF16 };
-            let lo = float_bin(op, et, a & 0xffff, b & 0xffff, rnd, ftz, sat);
-            let hi = float_bin(
+        Ty::F16x2 | Ty::BF16x2 => by_halves(|k| {
+            float_bin(
                 op,
-                et,
-                (a >> 16) & 0xffff,
-                (b >> 16) & 0xffff,
+                pair_elem(t),
+                half_at(a, k),
+                half_at(b, k),
                 rnd,
                 ftz,
                 sat,
-            );
-            lo | (hi << 16)
-        }
+            )
+        }),
         _ => 0,
     }
 }

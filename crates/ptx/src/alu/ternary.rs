@@ -1,7 +1,9 @@
 //! Three-operand PTX ops: `mad`/`fma` in all widths, `selp`, `bfe`, `sad`,
 //! `slct`, funnel shifts and the `dp4a`/`dp2a` dot products.
 
-use super::float::{f32_of, ftz32, fval, round_f32, sat01, to_fbits};
+use super::float::{
+    by_halves, f32_of, ftz32, fval, half_at, pair_elem, round_f32, sat01, to_fbits,
+};
 use super::int::{int_bin, sext};
 use crate::ir::{IntOp, Rnd, TernOp, Ty};
 
@@ -62,21 +64,10 @@ pub(crate) fn tern(
                 let r = if sat { sat01(r) } else { r };
                 to_fbits(r, t)
             }
-            Ty::F16x2 | Ty::BF16x2 => {
-                let et = if t == Ty::F16x2 { Ty::F16 } else { Ty::BF16 };
-                let lo = tern(op, et, a & 0xffff, b & 0xffff, c & 0xffff, rnd, ftz, sat);
-                let hi = tern(
-                    op,
-                    et,
-                    (a >> 16) & 0xffff,
-                    (b >> 16) & 0xffff,
-                    (c >> 16) & 0xffff,
-                    rnd,
-                    ftz,
-                    sat,
-                );
-                lo | (hi << 16)
-            }
+            Ty::F16x2 | Ty::BF16x2 => by_halves(|k| {
+                let (a, b, c) = (half_at(a, k), half_at(b, k), half_at(c, k));
+                tern(op, pair_elem(t), a, b, c, rnd, ftz, sat)
+            }),
             _ => 0,
         },
         TernOp::Selp => {

@@ -1,7 +1,7 @@
 //! One-operand PTX ops (integer bit counts, negation, float math functions)
 //! and `.relu`, on raw register bits.
 
-use super::float::{ftz32, fval, sat01, to_fbits};
+use super::float::{by_halves, ftz32, fval, half_at, pair_elem, sat01, to_fbits};
 use super::int::sext;
 use crate::ir::{Ty, UnOp};
 
@@ -45,10 +45,7 @@ pub(crate) fn un_op(op: UnOp, t: Ty, a: u64, ftz: bool, sat: bool) -> u64 {
         },
         _ => {
             if matches!(t, Ty::F16x2 | Ty::BF16x2) {
-                let et = if t == Ty::F16x2 { Ty::F16 } else { Ty::BF16 };
-                let lo = un_op(op, et, a & 0xffff, ftz, sat);
-                let hi = un_op(op, et, (a >> 16) & 0xffff, ftz, sat);
-                return lo | (hi << 16);
+                return by_halves(|k| un_op(op, pair_elem(t), half_at(a, k), ftz, sat));
             }
             let mut x = fval(a, t);
             if ftz && t == Ty::F32 {
@@ -90,10 +87,7 @@ pub(crate) fn un_op(op: UnOp, t: Ty, a: u64, ftz: bool, sat: bool) -> u64 {
 /// `.relu`: negative (non-NaN) values become +0.
 pub(crate) fn relu(v: u64, t: Ty) -> u64 {
     match t {
-        Ty::F16x2 | Ty::BF16x2 => {
-            let et = if t == Ty::F16x2 { Ty::F16 } else { Ty::BF16 };
-            relu(v & 0xffff, et) | relu((v >> 16) & 0xffff, et) << 16
-        }
+        Ty::F16x2 | Ty::BF16x2 => by_halves(|k| relu(half_at(v, k), pair_elem(t))),
         _ => {
             let x = fval(v, t);
             if x < 0.0 {

@@ -48,55 +48,50 @@ impl Executable {
             )));
         }
         debug_assert!(k < self.ir.kernels.len(), "kernel {k} out of range");
-        run_launch(&self.ir, mem, k, cfg, params, budget)
+        let prog = &self.ir;
+        let kernel = prog.kernels[k];
+        let threads: u64 = cfg.block.iter().map(|&v| v as u64).product();
+        let f = &prog.funcs[kernel as usize];
+        let per_thread = f.nregs as u64 * 8 + f.frame_bytes as u64;
+        if per_thread.saturating_mul(threads) > BLOCK_MEMORY_LIMIT as u64 {
+            return LaunchReport::failed(Fault::OutOfResources(format!(
+                "{threads} threads with {per_thread} bytes of registers and local memory each"
+            )));
+        }
+        let shared_bytes = prog.dyn_shared_base as u64 + cfg.dynamic_shared_bytes as u64;
+        let view = mem.view();
+        let mut pwords = vec![0u64; params.len().div_ceil(8)];
+        bytes_of(&mut pwords)[..params.len()].copy_from_slice(params);
+        let start_ns = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(0);
+        let g = Geo {
+            prog,
+            mem: &view,
+            params: &pwords,
+            params_len: params.len() as u64,
+            ntid: cfg.block,
+            nctaid: cfg.grid,
+            dyn_bytes: cfg.dynamic_shared_bytes,
+            shared_bytes,
+            start_ns,
+            kernel,
+            budget,
+            lockstep: prog.funcs.iter().enumerate().any(|(i, f)| {
+                f.uses_volatile && (i as u32 == kernel || !prog.kernels.contains(&(i as u32)))
+            }),
+            stack_limit: (BLOCK_MEMORY_LIMIT / cfg.block.iter().product::<u32>().max(1) as usize)
+                .max(1 << 20),
+        };
+        run_grid(&g)
     }
 }
 
-/// Runs kernel `k` of the well-formed module `prog` over all blocks.
-fn run_launch(
-    prog: &Module,
-    mem: &DeviceMemory,
-    k: usize,
-    cfg: &LaunchConfig,
-    params: &[u8],
-    budget: u64,
-) -> LaunchReport {
-    let kernel = prog.kernels[k];
-    let threads: u64 = cfg.block.iter().map(|&v| v as u64).product();
-    let f = &prog.funcs[kernel as usize];
-    let per_thread = f.nregs as u64 * 8 + f.frame_bytes as u64;
-    if per_thread.saturating_mul(threads) > BLOCK_MEMORY_LIMIT as u64 {
-        return LaunchReport::failed(Fault::OutOfResources(format!(
-            "{threads} threads with {per_thread} bytes of registers and local memory each"
-        )));
-    }
-    let shared_bytes = prog.dyn_shared_base as u64 + cfg.dynamic_shared_bytes as u64;
-    let view = mem.view();
-    let mut pwords = vec![0u64; params.len().div_ceil(8)];
-    bytes_of(&mut pwords)[..params.len()].copy_from_slice(params);
-    let start_ns = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos() as u64)
-        .unwrap_or(0);
-    let g = Geo {
-        prog,
-        mem: &view,
-        params: &pwords,
-        params_len: params.len() as u64,
-        ntid: cfg.block,
-        nctaid: cfg.grid,
-        dyn_bytes: cfg.dynamic_shared_bytes,
-        shared_bytes,
-        start_ns,
-        kernel,
-        budget,
-        lockstep: prog.funcs.iter().enumerate().any(|(i, f)| {
-            f.uses_volatile && (i as u32 == kernel || !prog.kernels.contains(&(i as u32)))
-        }),
-        stack_limit: (BLOCK_MEMORY_LIMIT / cfg.block.iter().product::<u32>().max(1) as usize)
-            .max(1 << 20),
-    };
-    let total: u64 = cfg.grid.iter().map(|&v| v as u64).product();
+/// Runs every block of the grid on host workers, each taking the next block
+/// until all ran or one faulted; the fault of the lowest block wins.
+fn run_grid(g: &Geo<'_>) -> LaunchReport {
+    let total: u64 = g.nctaid.iter().map(|&v| v as u64).product();
     let next = AtomicU64::new(0);
     let abort = AtomicBool::new(false);
     let instructions = AtomicU64::new(0);
@@ -124,7 +119,7 @@ fn run_launch(
             w.block.out.clear();
             let before = w.block.instructions;
             w.block.instructions = 0;
-            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| w.run_block(&g, id)));
+            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| w.run_block(g, id)));
             let r = match r {
                 Ok(r) => r,
                 Err(p) => {

@@ -47,6 +47,21 @@ fn frag_reg(t: Ty, j: usize, elem: impl Fn(usize) -> f32) -> u64 {
     })
 }
 
+/// `d = a * b + c` on row-major f32 tiles: `a` is 16 x `k` (rows 16 apart),
+/// `b` is `k` x `n`, `c` and `d` are 16 x `n`; each element accumulates with
+/// fused multiply-adds in `k` order.
+fn tile_mma(a: &[f32], b: &[f32], c: &[f32], d: &mut [f32], n: usize, k: usize) {
+    for i in 0..16 {
+        for j in 0..n {
+            let mut acc = c[i * n + j];
+            for kk in 0..k {
+                acc = a[i * 16 + kk].mul_add(b[kk * n + j], acc);
+            }
+            d[i * n + j] = acc;
+        }
+    }
+}
+
 /// `wmma.load` and `wmma.store` of thread `th` (lane `lane`).
 pub(super) fn wmma_load_store(
     g: &Geo<'_>,
@@ -206,15 +221,7 @@ pub(super) fn mma(g: &Geo<'_>, threads: &mut [Thread], lo: usize, lanes: &[usize
         }
     }
     let mut md = [0f32; 128];
-    for i in 0..16 {
-        for j in 0..8 {
-            let mut acc = mc[i * 8 + j];
-            for k in 0..kdim {
-                acc = ma[i * 16 + k].mul_add(mb[k * 8 + j], acc);
-            }
-            md[i * 8 + j] = acc;
-        }
-    }
+    tile_mma(&ma, &mb, &mc, &mut md, 8, kdim);
     for &lane in lanes {
         let th = &mut threads[lo + lane];
         let Some(Op::Mma { dty, d, .. }) = op_at(prog, th) else {
@@ -257,15 +264,7 @@ pub(super) fn wmma_mma(g: &Geo<'_>, threads: &mut [Thread], lo: usize, lanes: &[
         }
     }
     let mut md = [0f32; 256];
-    for i in 0..16 {
-        for j in 0..16 {
-            let mut acc = mc[i * 16 + j];
-            for k in 0..16 {
-                acc = ma[i * 16 + k].mul_add(mb[k * 16 + j], acc);
-            }
-            md[i * 16 + j] = acc;
-        }
-    }
+    tile_mma(&ma, &mb, &mc, &mut md, 16, 16);
     for &lane in lanes {
         let th = &mut threads[lo + lane];
         let Some(Op::WmmaMma { dty, d, .. }) = op_at(prog, th) else {

@@ -138,6 +138,24 @@ fn collective(
     Ok(())
 }
 
+/// What each of `lanes` contributes to a collective: `value` of the thread
+/// and the op it waits at, 0 where that is not the collective's kind.
+fn lane_values(
+    g: &Geo<'_>,
+    threads: &[Thread],
+    lo: usize,
+    lanes: &[usize],
+    value: impl Fn(&Thread, &Op) -> Option<u64>,
+) -> Vec<u64> {
+    lanes
+        .iter()
+        .map(|&l| {
+            let th = &threads[lo + l];
+            op_at(g.prog, th).and_then(|op| value(th, op)).unwrap_or(0)
+        })
+        .collect()
+}
+
 /// `shfl.sync`: each lane reads the value of its source lane.
 fn shfl(g: &Geo<'_>, threads: &mut [Thread], lo: usize, lanes: &[usize]) {
     let prog = g.prog;
@@ -233,23 +251,11 @@ fn vote(g: &Geo<'_>, threads: &mut [Thread], lo: usize, lanes: &[usize], mask: u
 /// `match.any.sync` / `match.all.sync`.
 fn match_any_all(g: &Geo<'_>, threads: &mut [Thread], lo: usize, lanes: &[usize], mask: u32) {
     let prog = g.prog;
-    let vals: Vec<u64> = lanes
-        .iter()
-        .map(|&l| {
-            let th = &threads[lo + l];
-            match op_at(prog, th) {
-                Some(Op::Match { a, wide, .. }) => {
-                    let v = th.get(*a);
-                    if *wide {
-                        v
-                    } else {
-                        v & 0xffff_ffff
-                    }
-                }
-                _ => 0,
-            }
-        })
-        .collect();
+    let vals = lane_values(g, threads, lo, lanes, |th, op| match op {
+        Op::Match { a, wide: true, .. } => Some(th.get(*a)),
+        Op::Match { a, .. } => Some(th.get(*a) & 0xffff_ffff),
+        _ => None,
+    });
     let all_eq = vals.iter().all(|v| *v == vals[0]);
     for (i, &lane) in lanes.iter().enumerate() {
         let th = &mut threads[lo + lane];
@@ -286,16 +292,10 @@ fn redux(
     signed: bool,
 ) {
     let prog = g.prog;
-    let vals: Vec<u64> = lanes
-        .iter()
-        .map(|&l| {
-            let th = &threads[lo + l];
-            match op_at(prog, th) {
-                Some(Op::Redux { a, .. }) => th.get(*a) & 0xffff_ffff,
-                _ => 0,
-            }
-        })
-        .collect();
+    let vals = lane_values(g, threads, lo, lanes, |th, op| match op {
+        Op::Redux { a, .. } => Some(th.get(*a) & 0xffff_ffff),
+        _ => None,
+    });
     let t = if signed { Ty::S32 } else { Ty::U32 };
     let mut acc = vals.first().copied().unwrap_or(0);
     for &v in vals.iter().skip(1) {

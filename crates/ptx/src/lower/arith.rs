@@ -16,10 +16,7 @@ impl FuncLower<'_> {
         match (&o[0], &o[1]) {
             (Operand::Vector(ds), src) => {
                 let a = self.src(src, t)?;
-                let ds = ds
-                    .iter()
-                    .map(|d| self.dst(d))
-                    .collect::<Result<Vec<_>, _>>()?;
+                let ds = self.dst_list(ds)?;
                 let bits = if ds.is_empty() {
                     0
                 } else {

@@ -2,9 +2,9 @@
 
 use super::context::FuncLower;
 use super::error::invalid;
-use super::modifiers::cmp_of;
-use crate::ast::{self, Operand};
-use crate::ir::{BoolOp, Op, Src, Ty, NONE};
+use super::modifiers::{cmp_of, first_present};
+use crate::ast;
+use crate::ir::{BoolOp, Op, Src, Ty};
 use crate::module_info::LoadError;
 
 impl FuncLower<'_> {
@@ -19,25 +19,18 @@ impl FuncLower<'_> {
             .iter()
             .find_map(|x| cmp_of(x))
             .ok_or_else(|| invalid(self.line, "setp needs a comparison"))?;
-        let bop = if has("and") {
-            BoolOp::And
-        } else if has("or") {
-            BoolOp::Or
-        } else if has("xor") {
-            BoolOp::Xor
-        } else {
-            BoolOp::None
-        };
-        let (d, d2) = match &o[0] {
-            Operand::Pair(a, b) => (self.dst(a)?, self.dst(b)?),
-            x => (self.dst(x)?, NONE),
-        };
+        let bops = [
+            ("and", BoolOp::And),
+            ("or", BoolOp::Or),
+            ("xor", BoolOp::Xor),
+        ];
+        let bop = first_present(m, &bops).unwrap_or(BoolOp::None);
+        let (d, d2) = self.dst_pair(&o[0])?;
         let a = self.src(&o[1], t)?;
         let b = self.src(&o[2], t)?;
         let (c, cneg) = if bop != BoolOp::None {
             match o.get(3) {
-                Some(Operand::Not(n)) => (self.src(&Operand::Name(n.clone()), Ty::Pred)?, true),
-                Some(x) => (self.src(x, Ty::Pred)?, false),
+                Some(x) => self.pred_src(x)?,
                 None => return Err(invalid(self.line, "setp with bool op needs a predicate")),
             }
         } else {
@@ -87,22 +80,17 @@ impl FuncLower<'_> {
     /// `testp`: float class tests.
     pub(super) fn lower_testp(&mut self, i: &ast::Instruction) -> Result<(), LoadError> {
         let m = &i.modifiers;
-        let has = |s: &str| m.iter().any(|x| x == s);
         let o = self.ops(i, 2)?;
         let t = self.need_ty(m)?;
-        let kind = if has("finite") {
-            0
-        } else if has("infinite") {
-            1
-        } else if has("number") {
-            2
-        } else if has("notanumber") {
-            3
-        } else if has("normal") {
-            4
-        } else {
-            5
-        };
+        let classes = [
+            ("finite", 0),
+            ("infinite", 1),
+            ("number", 2),
+            ("notanumber", 3),
+            ("normal", 4),
+        ];
+        // subnormal otherwise
+        let kind = first_present(m, &classes).unwrap_or(5);
         let d = self.dst(&o[0])?;
         let a = self.src(&o[1], t)?;
         self.emit(Op::Testp { d, a, t, kind });

@@ -158,10 +158,7 @@ impl<'a> FuncLower<'a> {
                 } else {
                     t.bits() / items.len() as u32
                 };
-                let parts = items
-                    .iter()
-                    .map(|i| self.src(i, Ty::B64))
-                    .collect::<Result<Vec<_>, _>>()?;
+                let parts = self.src_list(items, Ty::B64)?;
                 let d = self.new_reg()?;
                 self.emit(Op::Pack { d, parts, bits });
                 Src::Reg(d)
@@ -240,6 +237,45 @@ impl<'a> FuncLower<'a> {
                 ds[0] = self.dst(x)?;
                 Ok((ds, 1))
             }
+        }
+    }
+
+    /// Destination registers of a list of operands.
+    pub(super) fn dst_list(&mut self, items: &[Operand]) -> Result<Vec<u32>, LoadError> {
+        items.iter().map(|d| self.dst(d)).collect()
+    }
+
+    /// Sources of a list of operands, each read as `t`.
+    pub(super) fn src_list(&mut self, items: &[Operand], t: Ty) -> Result<Vec<Src>, LoadError> {
+        items.iter().map(|s| self.src(s, t)).collect()
+    }
+
+    /// A destination with an optional second (predicate) one: `d` or `d|p`.
+    pub(super) fn dst_pair(&mut self, o: &Operand) -> Result<(u32, u32), LoadError> {
+        Ok(match o {
+            Operand::Pair(a, b) => (self.dst(a)?, self.dst(b)?),
+            x => (self.dst(x)?, NONE),
+        })
+    }
+
+    /// A predicate source and whether it is negated: `p` or `!p`.
+    pub(super) fn pred_src(&mut self, o: &Operand) -> Result<(Src, bool), LoadError> {
+        Ok(match o {
+            Operand::Not(n) => (self.src(&Operand::Name(n.clone()), Ty::Pred)?, true),
+            x => (self.src(x, Ty::Pred)?, false),
+        })
+    }
+
+    /// An optional source read as `t`, the immediate `default` when absent.
+    pub(super) fn src_or(
+        &mut self,
+        o: Option<&Operand>,
+        t: Ty,
+        default: u64,
+    ) -> Result<Src, LoadError> {
+        match o {
+            Some(x) => self.src(x, t),
+            None => Ok(Src::Imm(default)),
         }
     }
 }

@@ -4,6 +4,7 @@
 use super::context::FuncLower;
 use super::error::invalid;
 use super::layout::param_bytes;
+use super::modifiers::first_present;
 use super::symbols::{Binding, Sym, VPRINTF};
 use crate::ast::{self, Operand};
 use crate::ir::{ArgLoc, BarRed, CallInfo, Op, Src, Ty, NONE};
@@ -35,13 +36,7 @@ impl FuncLower<'_> {
         let m = &i.modifiers;
         let has = |s: &str| m.iter().any(|x| x == s);
         let red = if has("red") {
-            if has("popc") {
-                BarRed::Popc
-            } else if has("and") {
-                BarRed::And
-            } else {
-                BarRed::Or
-            }
+            first_present(m, &[("popc", BarRed::Popc), ("and", BarRed::And)]).unwrap_or(BarRed::Or)
         } else {
             BarRed::None
         };
@@ -53,10 +48,7 @@ impl FuncLower<'_> {
         } else {
             (NONE, &o[..])
         };
-        let id = match rest.first() {
-            Some(x) => self.src(x, Ty::U32)?,
-            None => Src::Imm(0),
-        };
+        let id = self.src_or(rest.first(), Ty::U32, 0)?;
         let (count, pi) = if red != BarRed::None {
             if rest.len() == 3 {
                 (self.src(&rest[1], Ty::U32)?, 2)
@@ -70,8 +62,7 @@ impl FuncLower<'_> {
             }
         };
         let (p, pneg) = match rest.get(pi) {
-            Some(Operand::Not(n)) => (self.src(&Operand::Name(n.clone()), Ty::Pred)?, true),
-            Some(x) => (self.src(x, Ty::Pred)?, false),
+            Some(x) => self.pred_src(x)?,
             None => (Src::Imm(0), false),
         };
         self.emit(Op::Bar {

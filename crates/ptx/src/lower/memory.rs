@@ -117,10 +117,7 @@ impl FuncLower<'_> {
             Operand::Int(v) if matches!(*v, 4 | 8 | 16) => *v as u32,
             _ => return Err(invalid(self.line, "cp.async size must be 4, 8 or 16")),
         };
-        let src_size = match o.get(3) {
-            Some(x) => self.src(x, Ty::U32)?,
-            None => Src::Imm(size as u64),
-        };
+        let src_size = self.src_or(o.get(3), Ty::U32, size as u64)?;
         self.emit(Op::CpAsync {
             dst,
             doff,
@@ -179,10 +176,7 @@ impl FuncLower<'_> {
         };
         let (sp, addr, off) = self.address(&rest[0], sp)?;
         let b = self.src(&rest[1], t)?;
-        let c = match rest.get(2) {
-            Some(x) => self.src(x, t)?,
-            None => Src::Imm(0),
-        };
+        let c = self.src_or(rest.get(2), t, 0)?;
         self.emit(Op::Atom {
             sp,
             op,

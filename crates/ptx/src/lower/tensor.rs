@@ -3,12 +3,49 @@
 
 use super::context::FuncLower;
 use super::error::invalid;
-use super::modifiers::sp_of;
+use super::modifiers::{first_present, sp_of};
 use crate::ast::{self, Operand};
 use crate::ir::{Op, Sp, Src, Ty};
 use crate::module_info::LoadError;
 
+/// The registers of a vector operand.
+fn any_vector(o: &Operand) -> Option<&Vec<Operand>> {
+    match o {
+        Operand::Vector(v) => Some(v),
+        _ => None,
+    }
+}
+
+/// The registers of a `wmma` fragment: a vector of 1 to 8.
+fn wmma_fragment(o: &Operand) -> Option<&Vec<Operand>> {
+    any_vector(o).filter(|v| !v.is_empty() && v.len() <= 8)
+}
+
 impl FuncLower<'_> {
+    /// The `d, a, b, c` fragments of an `mma`-like op: register vectors as
+    /// `fragment` accepts them, the sources read as `.b32` before `d`.
+    fn mma_fragments(
+        &mut self,
+        o: &[Operand],
+        fragment: fn(&Operand) -> Option<&Vec<Operand>>,
+        what: &str,
+    ) -> Result<(Vec<u32>, [Vec<Src>; 3]), LoadError> {
+        let mut srcs: [Vec<Src>; 3] = Default::default();
+        for (s, op) in srcs.iter_mut().zip(&o[1..4]) {
+            let Some(items) = fragment(op) else {
+                return Err(invalid(self.line, format!("{what} needs register vectors")));
+            };
+            *s = self.src_list(items, Ty::B32)?;
+        }
+        let Some(ditems) = fragment(&o[0]) else {
+            return Err(invalid(
+                self.line,
+                format!("{what} needs a destination vector"),
+            ));
+        };
+        Ok((self.dst_list(ditems)?, srcs))
+    }
+
     /// `wmma.load`, `wmma.store` and `wmma.mma` of m16n16k16 tiles.
     pub(super) fn lower_wmma(&mut self, i: &ast::Instruction) -> Result<(), LoadError> {
         let m = &i.modifiers;
@@ -21,12 +58,6 @@ impl FuncLower<'_> {
         if tys.is_empty() || !tys.iter().all(ok) {
             return self.unsupported("wmma element type");
         }
-        fn regs(ops: &Operand) -> Option<&Vec<Operand>> {
-            match ops {
-                Operand::Vector(v) if !v.is_empty() && v.len() <= 8 => Some(v),
-                _ => None,
-            }
-        }
         let sp = sp_of(m).unwrap_or(Sp::Generic);
         let row = has("row");
         if has("load") || has("store") {
@@ -36,20 +67,14 @@ impl FuncLower<'_> {
             } else {
                 (&o[1], &o[0])
             };
-            let Some(items) = regs(vec_op) else {
+            let Some(items) = wmma_fragment(vec_op) else {
                 return Err(invalid(self.line, "wmma needs a register vector"));
             };
             let (sp, addr, off) = self.address(addr_op, sp)?;
-            let stride = match o.get(2) {
-                Some(x) => self.src(x, Ty::U32)?,
-                None => Src::Imm(16),
-            };
+            let stride = self.src_or(o.get(2), Ty::U32, 16)?;
             let ety = tys[tys.len() - 1];
             if has("load") {
-                let ds = items
-                    .iter()
-                    .map(|d| self.dst(d))
-                    .collect::<Result<Vec<_>, _>>()?;
+                let ds = self.dst_list(items)?;
                 self.emit(Op::WmmaLoad {
                     ety,
                     row,
@@ -60,10 +85,7 @@ impl FuncLower<'_> {
                     stride,
                 });
             } else {
-                let vals = items
-                    .iter()
-                    .map(|v| self.src(v, Ty::B32))
-                    .collect::<Result<Vec<_>, _>>()?;
+                let vals = self.src_list(items, Ty::B32)?;
                 self.emit(Op::WmmaStore {
                     ety,
                     row,
@@ -85,28 +107,7 @@ impl FuncLower<'_> {
             [d, a, _, c] => (*d, *a, *c),
             _ => return self.unsupported("wmma.mma types"),
         };
-        let mut vecs = Vec::new();
-        for op in &o[1..4] {
-            let Some(items) = regs(op) else {
-                return Err(invalid(self.line, "wmma.mma needs register vectors"));
-            };
-            vecs.push(
-                items
-                    .iter()
-                    .map(|v| self.src(v, Ty::B32))
-                    .collect::<Result<Vec<_>, _>>()?,
-            );
-        }
-        let Some(ditems) = regs(&o[0]) else {
-            return Err(invalid(self.line, "wmma.mma needs a destination vector"));
-        };
-        let d = ditems
-            .iter()
-            .map(|x| self.dst(x))
-            .collect::<Result<Vec<_>, _>>()?;
-        let c = vecs.pop().unwrap_or_default();
-        let b = vecs.pop().unwrap_or_default();
-        let a = vecs.pop().unwrap_or_default();
+        let (d, [a, b, c]) = self.mma_fragments(o, wmma_fragment, "wmma.mma")?;
         self.emit(Op::WmmaMma {
             ab,
             cty,
@@ -123,11 +124,7 @@ impl FuncLower<'_> {
     pub(super) fn lower_mma(&mut self, i: &ast::Instruction) -> Result<(), LoadError> {
         let m = &i.modifiers;
         let has = |s: &str| m.iter().any(|x| x == s);
-        let k = if has("m16n8k16") {
-            16
-        } else if has("m16n8k8") {
-            8
-        } else {
+        let Some(k) = first_present(m, &[("m16n8k16", 16), ("m16n8k8", 8)]) else {
             return self.unsupported("mma shape other than m16n8k16 / m16n8k8");
         };
         if !(has("row") && has("col")) {
@@ -145,28 +142,7 @@ impl FuncLower<'_> {
             return self.unsupported("mma accumulator type");
         }
         let o = self.ops(i, 4)?;
-        let mut vecs = Vec::new();
-        for op in &o[1..4] {
-            let Operand::Vector(items) = op else {
-                return Err(invalid(self.line, "mma needs register vectors"));
-            };
-            vecs.push(
-                items
-                    .iter()
-                    .map(|v| self.src(v, Ty::B32))
-                    .collect::<Result<Vec<_>, _>>()?,
-            );
-        }
-        let Operand::Vector(ditems) = &o[0] else {
-            return Err(invalid(self.line, "mma needs a destination vector"));
-        };
-        let d = ditems
-            .iter()
-            .map(|x| self.dst(x))
-            .collect::<Result<Vec<_>, _>>()?;
-        let c = vecs.pop().unwrap_or_default();
-        let b = vecs.pop().unwrap_or_default();
-        let a = vecs.pop().unwrap_or_default();
+        let (d, [a, b, c]) = self.mma_fragments(o, any_vector, "mma")?;
         self.emit(Op::Mma {
             k,
             ab,
@@ -187,24 +163,15 @@ impl FuncLower<'_> {
         if !has("m8n8") || !has("b16") {
             return self.unsupported("ldmatrix shape other than m8n8.b16");
         }
-        let num = if has("x4") {
-            4
-        } else if has("x2") {
-            2
-        } else {
-            1
-        };
+        let num = first_present(m, &[("x4", 4), ("x2", 2)]).unwrap_or(1);
         let o = self.ops(i, 2)?;
-        let Operand::Vector(items) = &o[0] else {
+        let Some(items) = any_vector(&o[0]) else {
             return Err(invalid(self.line, "ldmatrix needs a register vector"));
         };
         if items.len() != num {
             return Err(invalid(self.line, "ldmatrix vector size does not match .x"));
         }
-        let ds = items
-            .iter()
-            .map(|x| self.dst(x))
-            .collect::<Result<Vec<_>, _>>()?;
+        let ds = self.dst_list(items)?;
         let sp = sp_of(m).unwrap_or(Sp::Generic);
         let (sp, addr, off) = self.address(&o[1], sp)?;
         self.emit(Op::Ldmatrix {

@@ -2,9 +2,13 @@
 //! and `bar.warp.sync`.
 
 use super::context::FuncLower;
-use crate::ast::{self, Operand};
-use crate::ir::{Op, ReduxOp, ShflMode, Src, Ty, VoteMode, NONE};
+use super::modifiers::first_present;
+use crate::ast;
+use crate::ir::{Op, ReduxOp, ShflMode, Ty, VoteMode};
 use crate::module_info::LoadError;
+
+/// The member mask of a warp collective that names none.
+const FULL_WARP: u64 = 0xffff_ffff;
 
 impl FuncLower<'_> {
     /// `bar.warp.sync`.
@@ -17,29 +21,18 @@ impl FuncLower<'_> {
 
     /// `shfl.sync`, with its optional predicate destination.
     pub(super) fn lower_shfl(&mut self, i: &ast::Instruction) -> Result<(), LoadError> {
-        let m = &i.modifiers;
-        let has = |s: &str| m.iter().any(|x| x == s);
         let o = self.ops(i, 4)?;
-        let mode = if has("up") {
-            ShflMode::Up
-        } else if has("down") {
-            ShflMode::Down
-        } else if has("bfly") {
-            ShflMode::Bfly
-        } else {
-            ShflMode::Idx
-        };
-        let (d, dp) = match &o[0] {
-            Operand::Pair(a, b) => (self.dst(a)?, self.dst(b)?),
-            x => (self.dst(x)?, NONE),
-        };
+        let modes = [
+            ("up", ShflMode::Up),
+            ("down", ShflMode::Down),
+            ("bfly", ShflMode::Bfly),
+        ];
+        let mode = first_present(&i.modifiers, &modes).unwrap_or(ShflMode::Idx);
+        let (d, dp) = self.dst_pair(&o[0])?;
         let a = self.src(&o[1], Ty::B32)?;
         let b = self.src(&o[2], Ty::U32)?;
         let c = self.src(&o[3], Ty::U32)?;
-        let mask = match o.get(4) {
-            Some(x) => self.src(x, Ty::U32)?,
-            None => Src::Imm(0xffff_ffff),
-        };
+        let mask = self.src_or(o.get(4), Ty::U32, FULL_WARP)?;
         self.emit(Op::Shfl {
             mode,
             d,
@@ -54,27 +47,16 @@ impl FuncLower<'_> {
 
     /// `vote.sync`.
     pub(super) fn lower_vote(&mut self, i: &ast::Instruction) -> Result<(), LoadError> {
-        let m = &i.modifiers;
-        let has = |s: &str| m.iter().any(|x| x == s);
         let o = self.ops(i, 2)?;
-        let mode = if has("all") {
-            VoteMode::All
-        } else if has("any") {
-            VoteMode::Any
-        } else if has("uni") {
-            VoteMode::Uni
-        } else {
-            VoteMode::Ballot
-        };
+        let modes = [
+            ("all", VoteMode::All),
+            ("any", VoteMode::Any),
+            ("uni", VoteMode::Uni),
+        ];
+        let mode = first_present(&i.modifiers, &modes).unwrap_or(VoteMode::Ballot);
         let d = self.dst(&o[0])?;
-        let (a, neg) = match &o[1] {
-            Operand::Not(n) => (self.src(&Operand::Name(n.clone()), Ty::Pred)?, true),
-            x => (self.src(x, Ty::Pred)?, false),
-        };
-        let mask = match o.get(2) {
-            Some(x) => self.src(x, Ty::U32)?,
-            None => Src::Imm(0xffff_ffff),
-        };
+        let (a, neg) = self.pred_src(&o[1])?;
+        let mask = self.src_or(o.get(2), Ty::U32, FULL_WARP)?;
         self.emit(Op::Vote {
             mode,
             d,
@@ -91,10 +73,7 @@ impl FuncLower<'_> {
         let has = |s: &str| m.iter().any(|x| x == s);
         let o = self.ops(i, 3)?;
         let t = self.need_ty(m)?;
-        let (d, dp) = match &o[0] {
-            Operand::Pair(a, b) => (self.dst(a)?, self.dst(b)?),
-            x => (self.dst(x)?, NONE),
-        };
+        let (d, dp) = self.dst_pair(&o[0])?;
         let a = self.src(&o[1], t)?;
         let mask = self.src(&o[2], Ty::U32)?;
         self.emit(Op::Match {
@@ -111,25 +90,19 @@ impl FuncLower<'_> {
     /// `redux.sync` on integers.
     pub(super) fn lower_redux(&mut self, i: &ast::Instruction) -> Result<(), LoadError> {
         let m = &i.modifiers;
-        let has = |s: &str| m.iter().any(|x| x == s);
         let o = self.ops(i, 3)?;
         let t = self.need_ty(m)?;
         if t.is_float() {
             return self.unsupported("redux on floats");
         }
-        let op = if has("add") {
-            ReduxOp::Add
-        } else if has("min") {
-            ReduxOp::Min
-        } else if has("max") {
-            ReduxOp::Max
-        } else if has("and") {
-            ReduxOp::And
-        } else if has("or") {
-            ReduxOp::Or
-        } else {
-            ReduxOp::Xor
-        };
+        let ops = [
+            ("add", ReduxOp::Add),
+            ("min", ReduxOp::Min),
+            ("max", ReduxOp::Max),
+            ("and", ReduxOp::And),
+            ("or", ReduxOp::Or),
+        ];
+        let op = first_present(m, &ops).unwrap_or(ReduxOp::Xor);
         let d = self.dst(&o[0])?;
         let a = self.src(&o[1], t)?;
         let mask = self.src(&o[2], Ty::U32)?;

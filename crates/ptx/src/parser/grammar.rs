@@ -73,6 +73,21 @@ impl Parser {
             self.err(&format!("expected `{c}`"))
         }
     }
+    /// A comma-separated, possibly empty, operand list up to and including
+    /// `close`.
+    fn operands_until(&mut self, close: char) -> PResult<Vec<Operand>> {
+        let mut items = Vec::new();
+        if !self.is_punct(close) {
+            loop {
+                items.push(self.operand()?);
+                if !self.eat_punct(',') {
+                    break;
+                }
+            }
+        }
+        self.expect_punct(close)?;
+        Ok(items)
+    }
     fn is_dir(&self, d: &str) -> bool {
         matches!(&self.peek().tok, Tok::Directive(s) if s == d)
     }
@@ -657,31 +672,11 @@ impl Parser {
             }
             Tok::Punct('{') => {
                 self.pos += 1;
-                let mut items = Vec::new();
-                if !self.is_punct('}') {
-                    loop {
-                        items.push(self.operand()?);
-                        if !self.eat_punct(',') {
-                            break;
-                        }
-                    }
-                }
-                self.expect_punct('}')?;
-                Ok(Operand::Vector(items))
+                Ok(Operand::Vector(self.operands_until('}')?))
             }
             Tok::Punct('(') => {
                 self.pos += 1;
-                let mut items = Vec::new();
-                if !self.is_punct(')') {
-                    loop {
-                        items.push(self.operand()?);
-                        if !self.eat_punct(',') {
-                            break;
-                        }
-                    }
-                }
-                self.expect_punct(')')?;
-                Ok(Operand::List(items))
+                Ok(Operand::List(self.operands_until(')')?))
             }
             Tok::Punct('!') => {
                 self.pos += 1;

@@ -154,45 +154,35 @@ pub(super) fn lex(src: &str) -> Result<Vec<Token>, ParseError> {
 fn parse_number(text: &str) -> Option<Tok> {
     let t = text.strip_suffix(['U', 'u']).unwrap_or(text);
     let lower = t.to_ascii_lowercase();
-    if let Some(h) = lower.strip_prefix("0f") {
-        if h.len() == 8 {
+    // `0f` and 8 hex digits: the bits of an f32; `0d` and 16: of an f64
+    for (prefix, width) in [("0f", 4u32), ("0d", 8)] {
+        if let Some(h) = lower.strip_prefix(prefix) {
+            if h.len() != 2 * width as usize {
+                return None;
+            }
             return u64::from_str_radix(h, 16)
                 .ok()
-                .map(|v| Tok::FloatBits(v, 4));
+                .map(|v| Tok::FloatBits(v, width));
         }
-        return None;
-    }
-    if let Some(h) = lower.strip_prefix("0d") {
-        if h.len() == 16 {
-            return u64::from_str_radix(h, 16)
-                .ok()
-                .map(|v| Tok::FloatBits(v, 8));
-        }
-        return None;
     }
     if let Some(h) = lower.strip_prefix("0x") {
-        return u128::from_str_radix(h, 16)
-            .ok()
-            .filter(|v| *v <= u64::MAX as u128)
-            .map(|v| Tok::Int(v as i128));
+        return int_token(h, 16);
     }
     if let Some(h) = lower.strip_prefix("0b") {
-        return u128::from_str_radix(h, 2)
-            .ok()
-            .filter(|v| *v <= u64::MAX as u128)
-            .map(|v| Tok::Int(v as i128));
+        return int_token(h, 2);
     }
     if lower.contains('.') || lower.contains('e') {
         return lower.parse::<f64>().ok().map(Tok::Float);
     }
     if lower.len() > 1 && lower.starts_with('0') {
-        return u128::from_str_radix(&lower[1..], 8)
-            .ok()
-            .filter(|v| *v <= u64::MAX as u128)
-            .map(|v| Tok::Int(v as i128));
+        return int_token(&lower[1..], 8);
     }
-    lower
-        .parse::<u128>()
+    int_token(&lower, 10)
+}
+
+/// An integer token of at most 64 bits written in `radix`.
+fn int_token(digits: &str, radix: u32) -> Option<Tok> {
+    u128::from_str_radix(digits, radix)
         .ok()
         .filter(|v| *v <= u64::MAX as u128)
         .map(|v| Tok::Int(v as i128))
