@@ -284,32 +284,22 @@ pub(crate) fn fop(op: FOp, x: f64, y: f64) -> f64 {
         FOp::Sub => x - y,
         FOp::Mul => x * y,
         FOp::Div => x / y,
-        FOp::Min => {
+        FOp::Min | FOp::Max => {
+            // a NaN operand yields the other; of two zeros, min takes -0
+            // and max +0
+            let min = op == FOp::Min;
             if x.is_nan() {
                 y
             } else if y.is_nan() {
                 x
             } else if x == y {
-                if x.is_sign_negative() {
+                if x.is_sign_negative() == min {
                     x
                 } else {
                     y
                 }
-            } else {
+            } else if min {
                 x.min(y)
-            }
-        }
-        FOp::Max => {
-            if x.is_nan() {
-                y
-            } else if y.is_nan() {
-                x
-            } else if x == y {
-                if x.is_sign_positive() {
-                    x
-                } else {
-                    y
-                }
             } else {
                 x.max(y)
             }

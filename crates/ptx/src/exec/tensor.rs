@@ -71,19 +71,33 @@ pub(super) fn wmma_load_store(
     lane: u32,
     line: u32,
 ) -> Result<(), Fault> {
+    let (Op::WmmaLoad {
+        ety,
+        row,
+        sp,
+        addr,
+        off,
+        stride,
+        ..
+    }
+    | Op::WmmaStore {
+        ety,
+        row,
+        sp,
+        addr,
+        off,
+        stride,
+        ..
+    }) = op
+    else {
+        debug_assert!(false, "{op:?} is not a wmma load or store");
+        return Ok(());
+    };
+    let base = th.get(*addr).wrapping_add(*off as u64);
+    let stride = th.get(*stride) & 0xffff_ffff;
+    let es = ety.bytes();
     match op {
-        Op::WmmaLoad {
-            ety,
-            row,
-            ds,
-            sp,
-            addr,
-            off,
-            stride,
-        } => {
-            let base = th.get(*addr).wrapping_add(*off as u64);
-            let stride = th.get(*stride) & 0xffff_ffff;
-            let es = ety.bytes();
+        Op::WmmaLoad { ds, .. } => {
             let per_reg = elems_per_reg(*ety);
             // a failing element ends its register; the last fault is reported
             let mut res = Ok(());
@@ -104,18 +118,7 @@ pub(super) fn wmma_load_store(
             }
             res
         }
-        Op::WmmaStore {
-            ety,
-            row,
-            vals,
-            sp,
-            addr,
-            off,
-            stride,
-        } => {
-            let base = th.get(*addr).wrapping_add(*off as u64);
-            let stride = th.get(*stride) & 0xffff_ffff;
-            let es = ety.bytes();
+        Op::WmmaStore { vals, .. } => {
             for slot in 0..8usize {
                 let Some(v) = frag_bits(th, vals, *ety, slot) else {
                     break;
@@ -125,10 +128,7 @@ pub(super) fn wmma_load_store(
             }
             Ok(())
         }
-        _ => {
-            debug_assert!(false, "{op:?} is not a wmma load or store");
-            Ok(())
-        }
+        _ => Ok(()),
     }
 }
 
