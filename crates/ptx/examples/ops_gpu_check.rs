@@ -5,7 +5,7 @@
 #[path = "../tests/common/mod.rs"]
 mod common;
 
-use common::{download, launch, le_bytes, upload, FLOAT_OPS_X, FLOAT_OPS_Y};
+use common::{download, int_ops_inputs, launch, le_bytes, upload, FLOAT_OPS_X, FLOAT_OPS_Y};
 use cumux_ptx::*;
 
 fn main() {
@@ -38,21 +38,8 @@ fn main() {
             u32::from_le_bytes(c.try_into().unwrap())
         );
     }
-    let mut seed = 0x1234_5678u32;
-    let mut rnd = || {
-        seed ^= seed << 13;
-        seed ^= seed >> 17;
-        seed ^= seed << 5;
-        seed
-    };
     let n = 96;
-    let mut a: Vec<u32> = (0..n).map(|_| rnd()).collect();
-    let mut b: Vec<u32> = (0..n).map(|_| rnd()).collect();
-    a[0] = 0;
-    b[1] = 0;
-    a[2] = 0x8000_0000;
-    b[2] = u32::MAX;
-    b[3] = 40;
+    let (a, b) = int_ops_inputs(n);
     let da = up(a.iter().flat_map(|x| x.to_le_bytes()).collect());
     let db = up(b.iter().flat_map(|x| x.to_le_bytes()).collect());
     let dio = mem.alloc((n * 64) as u64).unwrap();

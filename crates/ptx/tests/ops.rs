@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{download, launch, upload, words, FLOAT_OPS_X, FLOAT_OPS_Y};
+use common::{download, int_ops_inputs, launch, upload, words, FLOAT_OPS_X, FLOAT_OPS_Y};
 use cumux_ptx::*;
 
 const OPS: &str = include_str!("fixtures/ops.ptx");
@@ -108,20 +108,7 @@ fn prmt(x: u32, y: u32, s: u32) -> u32 {
 fn integer_ops() {
     let d = Dev::new();
     let n = 96usize;
-    let mut seed = 0x1234_5678u32;
-    let mut rnd = || {
-        seed ^= seed << 13;
-        seed ^= seed >> 17;
-        seed ^= seed << 5;
-        seed
-    };
-    let mut a: Vec<u32> = (0..n).map(|_| rnd()).collect();
-    let mut b: Vec<u32> = (0..n).map(|_| rnd()).collect();
-    a[0] = 0;
-    b[1] = 0;
-    a[2] = 0x8000_0000;
-    b[2] = u32::MAX;
-    b[3] = 40;
+    let (a, b) = int_ops_inputs(n);
     let da = d.upload(&a, |x: u32| x.to_le_bytes());
     let db = d.upload(&b, |x: u32| x.to_le_bytes());
     let dout = d.mem.alloc((n * 16 * 4) as u64).unwrap();

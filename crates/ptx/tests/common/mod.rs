@@ -117,3 +117,24 @@ pub const FLOAT_OPS_X: [f32; 17] = [
 pub const FLOAT_OPS_Y: [f32; 17] = [
     0.2, 3.0, -7.0, 1e-7, 3.0, 2.0, -1.5, 0.3, 1.0, 3.0, 1.0, 1e-30, 4.0, -0.25, 7.0, 0.0, 0.0,
 ];
+
+/// The inputs `ops_gpu_check.cu` gives the `int_ops` kernel of `ops.cu`: `n`
+/// xorshift words each for `a` and `b`, with zeros, a sign bit, all ones and
+/// a shift of 40 at the front.
+pub fn int_ops_inputs(n: usize) -> (Vec<u32>, Vec<u32>) {
+    let mut seed = 0x1234_5678u32;
+    let mut rnd = || {
+        seed ^= seed << 13;
+        seed ^= seed >> 17;
+        seed ^= seed << 5;
+        seed
+    };
+    let mut a: Vec<u32> = (0..n).map(|_| rnd()).collect();
+    let mut b: Vec<u32> = (0..n).map(|_| rnd()).collect();
+    a[0] = 0;
+    b[1] = 0;
+    a[2] = 0x8000_0000;
+    b[2] = u32::MAX;
+    b[3] = 40;
+    (a, b)
+}
