@@ -1,10 +1,6 @@
-//! cumux's CPU reference device: a parser for the PTX that nvcc emits and an
-//! interpreter that runs it with CUDA semantics (grids, blocks, warps, memory
-//! spaces, atomics, barriers, device printf and driver-like faults).
-//!
-//! The pipeline: `parser` (text → [`ast`]), `lower` (ast → `ir`, checked by
-//! `validate`), `exec` (the interpreter over `ir`, value semantics in `alu`).
-//! [`Program`] ties them together; this root only declares and re-exports.
+//! cumux's CPU reference device: PTX text parsed (`parser` → [`ast`]), lowered
+//! (`lower` → `ir`, checked by `validate`) and run with CUDA semantics by the
+//! interpreter (`exec`, value semantics in `alu`); [`Program`] ties them together.
 
 mod alu;
 pub mod ast;
@@ -12,6 +8,7 @@ pub mod ast;
 mod boundary_tests;
 mod exec;
 mod ir;
+mod ir_operands;
 mod launch;
 mod lower;
 mod memory;

@@ -1,31 +1,11 @@
 //! What a well-formed lowered module is, as one check both sides of the
 //! boundary run: lowering before it hands a module out, the interpreter
-//! before it runs one (and cheap `debug_assert!`s where it relies on it).
-//!
-//! A well-formed `ir::Module`:
-//! - every kernel index names a function, and kernels take no frame
-//!   parameters (theirs live in the parameter buffer);
-//! - dynamic shared memory starts 16-byte aligned;
-//! - every function has 1..=`MAX_REGS` registers, a frame of at most
-//!   `MAX_FRAME_BYTES` in 16-byte units holding its parameter and return
-//!   slots, and code that ends in an unguarded `exit` (kernels) or `ret`;
-//! - every guard, register read and register written is below the
-//!   function's register count (optional destinations may be `NONE`);
-//! - every branch targets an instruction of its own function;
-//! - a direct call names a function and passes as many arguments and return
-//!   slots as it declares; an indirect call takes its target from a register;
-//!   frame-located arguments lie inside the caller's frame;
-//! - widths are ones the interpreter handles: `ld`/`st` of 1, 2, 4 or 8 bytes
-//!   and 1..=4 elements, atomics of 2, 4 or 8 bytes, `cp.async` of 4, 8 or 16,
-//!   `ldmatrix` of 1, 2 or 4 matrices with one register each, `mma` with k 8
-//!   or 16, `wmma` fragments of 1..=8 registers;
-//! - integer ops are not of a float type, float ops and `.relu` are;
-//! - `prmt` modes, `testp` classes and special-register dimensions are in range.
+//! before it first runs one.
 
 use crate::ir::{ArgLoc, Func, Inst, Module, Op, SReg, Src, UnOp, MAX_FRAME_BYTES, MAX_REGS, NONE};
 use std::fmt;
 
-/// Where and how a lowered module breaks the contract above.
+/// Where and how a lowered module breaks the contract of [`check_module`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Malformed {
     /// The function, and the instruction index and PTX line when the fault
@@ -48,7 +28,28 @@ impl fmt::Display for Malformed {
     }
 }
 
-/// Checks `m` against the contract of well-formed lowered modules.
+/// Checks `m` against the contract of a well-formed lowered module:
+/// - every kernel index names a function, and kernels take no frame
+///   parameters (theirs live in the parameter buffer);
+/// - dynamic shared memory starts 16-byte aligned;
+/// - every function has 1..=`MAX_REGS` registers, a frame of at most
+///   `MAX_FRAME_BYTES` in 16-byte units holding its parameter and return
+///   slots, and code that ends in an unguarded `exit` (kernels) or `ret`;
+/// - every guard, register read and register written is below the
+///   function's register count (optional destinations may be `NONE`);
+/// - every branch targets an instruction of its own function;
+/// - a direct call names a function and passes as many arguments and return
+///   slots as it declares; an indirect call takes its target from a register;
+///   frame-located arguments lie inside the caller's frame;
+/// - widths are ones the interpreter handles: `ld`/`st` of 1, 2, 4 or 8 bytes
+///   and 1..=4 elements, atomics of 2, 4 or 8 bytes, `cp.async` of 4, 8 or 16,
+///   `ldmatrix` of 1, 2 or 4 matrices with one register each, `mma` with k 8
+///   or 16, `wmma` fragments of 1..=8 registers;
+/// - integer ops are not of a float type, float ops and `.relu` are;
+/// - `prmt` modes, `testp` classes and special-register dimensions are in range.
+///
+/// The interpreter relies on this (and `debug_assert!`s it where it does);
+/// a compiled backend may rely on it the same way.
 pub(crate) fn check_module(m: &Module) -> Result<(), Malformed> {
     let module_fault = |what: String| Malformed {
         func: String::new(),

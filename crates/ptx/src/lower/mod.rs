@@ -1,9 +1,6 @@
-//! Lowering of a parsed module into executable functions: resolves register
-//! names to slots, symbols to addresses, labels to instruction indices, and
-//! lays out module variables, shared memory, frames and kernel parameters.
-//! Instructions are lowered by family (`arith`, `compare`, `memory`,
-//! `control`, `warp`, `tensor`); the result is checked by `validate` before
-//! it is handed out.
+//! A parsed module to an `ir::Module`: names to register slots, symbols to
+//! addresses, labels to instruction indices, variables, frames and parameters
+//! laid out; instructions lowered by family; the result checked on hand-off.
 
 mod arith;
 mod body;
