@@ -3,49 +3,25 @@
 //! time (min and median of a few repetitions) and PTX instructions per second.
 //! Run with `cargo bench -p cumux-ptx`; `CUMUX_BENCH_REPS` sets the repetitions.
 
+#[path = "../tests/common/mod.rs"]
+mod common;
+
+use common::{download, find_kernel, le_bytes, pack_params, upload, words};
 use cumux_ptx::{DeviceMemory, LaunchConfig, Program};
 use std::time::{Duration, Instant};
 
-/// Packs 8-byte pointers and 4-byte scalars at the kernel's parameter offsets.
+/// The kernel's full name and its packed parameter buffer.
 fn pack(program: &Program, kernel: &str, args: &[&[u8]]) -> (String, Vec<u8>) {
-    let info = program
-        .kernels()
-        .iter()
-        .find(|info| {
-            info.name
-                .starts_with(&format!("_Z{}{kernel}", kernel.len()))
-        })
-        .unwrap_or_else(|| panic!("no kernel {kernel}"));
-    assert_eq!(info.params.len(), args.len());
-    let end = info
-        .params
-        .iter()
-        .map(|param| param.offset as usize + param.size as usize)
-        .max()
-        .unwrap_or(0);
-    let mut buffer = vec![0u8; end];
-    for (param, arg) in info.params.iter().zip(args) {
-        let offset = param.offset as usize;
-        assert_eq!(arg.len(), param.size as usize);
-        buffer[offset..offset + arg.len()].copy_from_slice(arg);
-    }
-    (info.name.clone(), buffer)
+    let info = find_kernel(program, kernel);
+    (info.name.clone(), pack_params(info, args))
 }
 
 fn upload_f32(mem: &DeviceMemory, values: &[f32]) -> u64 {
-    let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
-    let ptr = mem.alloc(bytes.len() as u64).expect("alloc");
-    mem.write(ptr, &bytes).expect("write");
-    ptr
+    upload(mem, &le_bytes(values, f32::to_le_bytes))
 }
 
 fn download_f32(mem: &DeviceMemory, ptr: u64, count: usize) -> Vec<f32> {
-    let mut bytes = vec![0u8; count * 4];
-    mem.read(ptr, &mut bytes).expect("read");
-    bytes
-        .chunks_exact(4)
-        .map(|chunk| f32::from_le_bytes(chunk.try_into().unwrap()))
-        .collect()
+    words(&download(mem, ptr, count * 4), f32::from_le_bytes)
 }
 
 struct Measurement {

@@ -2,58 +2,26 @@
 //! inputs of `tests/fixtures/ops_gpu_check.cu` and prints every result word in
 //! the same format, so the two outputs can be diffed against a real GPU.
 
+#[path = "../tests/common/mod.rs"]
+mod common;
+
+use common::{download, int_ops_inputs, launch, le_bytes, upload, FLOAT_OPS_X, FLOAT_OPS_Y};
 use cumux_ptx::*;
+
 fn main() {
     let mem = DeviceMemory::new(1 << 26);
     let prog = Program::load(include_str!("../tests/fixtures/ops.ptx"), &mem).unwrap();
-    let up = |b: Vec<u8>| {
-        let p = mem.alloc(b.len() as u64).unwrap();
-        mem.write(p, &b).unwrap();
-        p
-    };
-    let rd = |p: u64, n: usize| {
-        let mut b = vec![0u8; n];
-        mem.read(p, &mut b).unwrap();
-        b
-    };
+    let up = |b: Vec<u8>| upload(&mem, &b);
+    let rd = |p: u64, n: usize| download(&mem, p, n);
     let run = |name: &str, threads: u32, args: &[Vec<u8>]| {
-        let k = prog.kernels().iter().find(|k| k.name == name).unwrap();
-        let mut params = vec![0u8; k.params_bytes() as usize];
-        for (p, v) in k.params.iter().zip(args) {
-            params[p.offset as usize..p.offset as usize + v.len()].copy_from_slice(v);
-        }
-        let cfg = LaunchConfig {
-            grid: [1, 1, 1],
-            block: [threads, 1, 1],
-            dynamic_shared_bytes: 0,
-        };
-        prog.launch(&mem, name, &cfg, &params).result.unwrap();
+        let args: Vec<&[u8]> = args.iter().map(|a| a.as_slice()).collect();
+        launch(&prog, &mem, name, [1, 1, 1], [threads, 1, 1], 0, &args)
+            .result
+            .unwrap();
     };
-    let xs = [
-        0.1f32,
-        -2.5,
-        1e-3,
-        3.0,
-        1e10,
-        -0.0,
-        1.5,
-        2.5,
-        -7.25,
-        0.333_333_34,
-        16_777_217.0,
-        1e-30,
-        -1e-3,
-        0.75,
-        123.456,
-        -0.5,
-        0.0,
-    ];
-    let ys = [
-        0.2f32, 3.0, -7.0, 1e-7, 3.0, 2.0, -1.5, 0.3, 1.0, 3.0, 1.0, 1e-30, 4.0, -0.25, 7.0, 0.0,
-        0.0,
-    ];
-    let dx = up(xs.iter().flat_map(|x| x.to_le_bytes()).collect());
-    let dy = up(ys.iter().flat_map(|x| x.to_le_bytes()).collect());
+    let (xs, ys) = (FLOAT_OPS_X, FLOAT_OPS_Y);
+    let dx = up(le_bytes(&xs, f32::to_le_bytes));
+    let dy = up(le_bytes(&ys, f32::to_le_bytes));
     let dout = mem.alloc(17 * 20 * 4).unwrap();
     run(
         "float_ops",
@@ -70,21 +38,8 @@ fn main() {
             u32::from_le_bytes(c.try_into().unwrap())
         );
     }
-    let mut seed = 0x1234_5678u32;
-    let mut rnd = || {
-        seed ^= seed << 13;
-        seed ^= seed >> 17;
-        seed ^= seed << 5;
-        seed
-    };
     let n = 96;
-    let mut a: Vec<u32> = (0..n).map(|_| rnd()).collect();
-    let mut b: Vec<u32> = (0..n).map(|_| rnd()).collect();
-    a[0] = 0;
-    b[1] = 0;
-    a[2] = 0x8000_0000;
-    b[2] = u32::MAX;
-    b[3] = 40;
+    let (a, b) = int_ops_inputs(n);
     let da = up(a.iter().flat_map(|x| x.to_le_bytes()).collect());
     let db = up(b.iter().flat_map(|x| x.to_le_bytes()).collect());
     let dio = mem.alloc((n * 64) as u64).unwrap();

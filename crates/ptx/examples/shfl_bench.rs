@@ -1,6 +1,10 @@
 //! Throughput of a shuffle-heavy reduction (warp collectives) on the
 //! interpreter: `cargo run --release -p cumux-ptx --example shfl_bench`.
 
+#[path = "../tests/common/mod.rs"]
+mod common;
+
+use common::{find_kernel, pack_params};
 use cumux_ptx::*;
 use std::time::Instant;
 
@@ -11,19 +15,15 @@ fn main() {
     let din = mem.alloc((n * 4) as u64).unwrap();
     mem.fill(din, &1f32.to_le_bytes(), n as u64).unwrap();
     let dout = mem.alloc(4).unwrap();
-    let k = prog
-        .kernels()
-        .iter()
-        .find(|k| k.name == "reduce_sum")
-        .unwrap();
-    let mut params = vec![0u8; k.params_bytes() as usize];
-    for (p, v) in k.params.iter().zip([
-        din.to_le_bytes().to_vec(),
-        dout.to_le_bytes().to_vec(),
-        (n as i32).to_le_bytes().to_vec(),
-    ]) {
-        params[p.offset as usize..p.offset as usize + v.len()].copy_from_slice(&v);
-    }
+    let k = find_kernel(&prog, "reduce_sum");
+    let params = pack_params(
+        k,
+        &[
+            &din.to_le_bytes(),
+            &dout.to_le_bytes(),
+            &(n as i32).to_le_bytes(),
+        ],
+    );
     let cfg = LaunchConfig {
         grid: [(n / 256) as u32, 1, 1],
         block: [256, 1, 1],

@@ -1,8 +1,16 @@
-//! The lowered, executable form of a PTX function: typed operations over
-//! resolved register slots, immediate values and resolved branch targets.
+//! The lowered, executable form of a PTX module, the boundary between
+//! lowering and execution: typed operations over resolved register slots,
+//! immediates and branch targets (well formed as `validate` defines it).
 
 /// Marker for "no register".
 pub(crate) const NONE: u32 = u32::MAX;
+/// Largest register count of one function.
+pub(crate) const MAX_REGS: u32 = 1 << 16;
+/// Largest local frame of one function (bytes).
+pub(crate) const MAX_FRAME_BYTES: u32 = 512 * 1024;
+/// Generic address of function 0; function `i` lives at `FUNC_WIN + i`
+/// (function pointers, indirect calls).
+pub(crate) const FUNC_WIN: u64 = 0x1300_0000_0000;
 
 /// An operand value source.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -645,4 +653,14 @@ pub(crate) struct Func {
     /// Offsets/sizes of formal params and return params inside the frame (for `.func`).
     pub params: Vec<(u32, u32)>,
     pub rets: Vec<(u32, u32)>,
+}
+
+/// A lowered module: what the interpreter runs.
+#[derive(Debug, Clone)]
+pub(crate) struct Module {
+    pub funcs: Vec<Func>,
+    /// Index into `funcs` of each kernel, in the module's kernel order.
+    pub kernels: Vec<u32>,
+    /// Offset of dynamic shared memory inside a block's shared area (bytes).
+    pub dyn_shared_base: u32,
 }

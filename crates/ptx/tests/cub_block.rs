@@ -1,37 +1,23 @@
 //! CUB block primitives compiled by nvcc, run on the interpreter.
 
+mod common;
+
 use cumux_ptx::*;
 
 fn launch(prog: &Program, mem: &DeviceMemory, name: &str, grid: u32, block: u32, ptrs: &[u64]) {
-    let k = prog.kernels().iter().find(|k| k.name == name).unwrap();
-    let mut params = vec![0u8; k.params_bytes() as usize];
-    for (p, v) in k.params.iter().zip(ptrs) {
-        params[p.offset as usize..p.offset as usize + 8].copy_from_slice(&v.to_le_bytes());
-    }
-    let cfg = LaunchConfig {
-        grid: [grid, 1, 1],
-        block: [block, 1, 1],
-        dynamic_shared_bytes: 0,
-    };
-    prog.launch(mem, name, &cfg, &params).result.unwrap();
+    let args: Vec<[u8; 8]> = ptrs.iter().map(|p| p.to_le_bytes()).collect();
+    let args: Vec<&[u8]> = args.iter().map(|a| a.as_slice()).collect();
+    common::launch(prog, mem, name, [grid, 1, 1], [block, 1, 1], 0, &args)
+        .result
+        .unwrap();
 }
 
 fn upload(mem: &DeviceMemory, v: &[i32]) -> u64 {
-    let p = mem.alloc((v.len() * 4) as u64).unwrap();
-    mem.write(
-        p,
-        &v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<_>>(),
-    )
-    .unwrap();
-    p
+    common::upload(mem, &common::le_bytes(v, i32::to_le_bytes))
 }
 
 fn download(mem: &DeviceMemory, p: u64, n: usize) -> Vec<i32> {
-    let mut b = vec![0u8; n * 4];
-    mem.read(p, &mut b).unwrap();
-    b.chunks(4)
-        .map(|c| i32::from_le_bytes(c.try_into().unwrap()))
-        .collect()
+    common::words(&common::download(mem, p, n * 4), i32::from_le_bytes)
 }
 
 fn values(n: usize) -> Vec<i32> {

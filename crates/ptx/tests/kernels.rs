@@ -1,40 +1,22 @@
 //! End-to-end tests of the interpreter on nvcc-generated PTX fixtures.
 
+mod common;
+
+use common::{download, find_kernel as kernel, le_bytes, pack_params as pack, words};
 use cumux_ptx::*;
 
 const BASIC: &str = include_str!("fixtures/basic.ptx");
 
 fn f32s(v: &[f32]) -> Vec<u8> {
-    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+    le_bytes(v, f32::to_le_bytes)
 }
 
 fn read_f32(mem: &DeviceMemory, p: u64, n: usize) -> Vec<f32> {
-    let mut b = vec![0u8; n * 4];
-    mem.read(p, &mut b).unwrap();
-    b.chunks(4)
-        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
-        .collect()
+    words(&download(mem, p, n * 4), f32::from_le_bytes)
 }
 
 fn read_u32(mem: &DeviceMemory, p: u64, n: usize) -> Vec<u32> {
-    let mut b = vec![0u8; n * 4];
-    mem.read(p, &mut b).unwrap();
-    b.chunks(4)
-        .map(|c| u32::from_le_bytes(c.try_into().unwrap()))
-        .collect()
-}
-
-/// Packs parameters according to the kernel's layout.
-fn pack(info: &KernelInfo, vals: &[&[u8]]) -> Vec<u8> {
-    let mut out = vec![0u8; info.params_bytes() as usize];
-    for (p, v) in info.params.iter().zip(vals) {
-        out[p.offset as usize..p.offset as usize + v.len()].copy_from_slice(v);
-    }
-    out
-}
-
-fn kernel<'a>(p: &'a Program, name: &str) -> &'a KernelInfo {
-    p.kernels().iter().find(|k| k.name == name).unwrap()
+    words(&download(mem, p, n * 4), u32::from_le_bytes)
 }
 
 fn cfg(grid: [u32; 3], block: [u32; 3], dyn_shared: u32) -> LaunchConfig {

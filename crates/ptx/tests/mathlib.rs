@@ -2,6 +2,9 @@
 //! compared with the host libm: exercises carries, local-memory tables,
 //! directed-rounding fma and the f64 paths.
 
+mod common;
+
+use common::{download, launch, upload};
 use cumux_ptx::*;
 
 fn run(
@@ -12,27 +15,18 @@ fn run(
     n: usize,
     out_bytes: usize,
 ) -> Vec<u8> {
-    let din = mem.alloc(input.len() as u64).unwrap();
-    mem.write(din, input).unwrap();
+    let din = upload(mem, input);
     let dout = mem.alloc(out_bytes as u64).unwrap();
-    let k = prog.kernels().iter().find(|k| k.name == name).unwrap();
-    let mut params = vec![0u8; k.params_bytes() as usize];
-    for (p, v) in k.params.iter().zip([
-        din.to_le_bytes().to_vec(),
-        dout.to_le_bytes().to_vec(),
-        (n as i32).to_le_bytes().to_vec(),
-    ]) {
-        params[p.offset as usize..p.offset as usize + v.len()].copy_from_slice(&v);
-    }
-    let cfg = LaunchConfig {
-        grid: [n.div_ceil(64) as u32, 1, 1],
-        block: [64, 1, 1],
-        dynamic_shared_bytes: 0,
-    };
-    prog.launch(mem, name, &cfg, &params).result.unwrap();
-    let mut out = vec![0u8; out_bytes];
-    mem.read(dout, &mut out).unwrap();
-    out
+    let args: [&[u8]; 3] = [
+        &din.to_le_bytes(),
+        &dout.to_le_bytes(),
+        &(n as i32).to_le_bytes(),
+    ];
+    let grid = [n.div_ceil(64) as u32, 1, 1];
+    launch(prog, mem, name, grid, [64, 1, 1], 0, &args)
+        .result
+        .unwrap();
+    download(mem, dout, out_bytes)
 }
 
 fn close(got: f64, want: f64, rel: f64) -> bool {

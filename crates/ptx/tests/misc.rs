@@ -1,6 +1,9 @@
 //! Carry arithmetic, indirect calls, cp.async, generic pointers into local and
 //! shared memory, named barriers with counts, 64-bit and f16x2 atomics.
 
+mod common;
+
+use common::{download, launch, words};
 use cumux_ptx::*;
 
 #[test]
@@ -22,35 +25,16 @@ fn misc_features() {
     for sel in [0i32, 1] {
         mem.fill(dout, &[0], 1024 * 8).unwrap();
         mem.fill(diout, &[0], 4096 * 4).unwrap();
-        let k = &prog.kernels()[0];
-        let mut params = vec![0u8; k.params_bytes() as usize];
-        for (p, v) in k.params.iter().zip([
-            da.to_le_bytes().to_vec(),
-            dout.to_le_bytes().to_vec(),
-            diout.to_le_bytes().to_vec(),
-            sel.to_le_bytes().to_vec(),
-        ]) {
-            params[p.offset as usize..p.offset as usize + v.len()].copy_from_slice(&v);
-        }
-        let cfg = LaunchConfig {
-            grid: [1, 1, 1],
-            block: [n as u32, 1, 1],
-            dynamic_shared_bytes: 0,
-        };
-        let r = prog.launch(&mem, "misc", &cfg, &params);
+        let args: [&[u8]; 4] = [
+            &da.to_le_bytes(),
+            &dout.to_le_bytes(),
+            &diout.to_le_bytes(),
+            &sel.to_le_bytes(),
+        ];
+        let r = launch(&prog, &mem, "misc", [1, 1, 1], [n as u32, 1, 1], 0, &args);
         r.result.unwrap();
-        let mut ob = vec![0u8; 1024 * 8];
-        mem.read(dout, &mut ob).unwrap();
-        let out: Vec<u64> = ob
-            .chunks(8)
-            .map(|c| u64::from_le_bytes(c.try_into().unwrap()))
-            .collect();
-        let mut ib = vec![0u8; 4096 * 4];
-        mem.read(diout, &mut ib).unwrap();
-        let iout: Vec<i32> = ib
-            .chunks(4)
-            .map(|c| i32::from_le_bytes(c.try_into().unwrap()))
-            .collect();
+        let out: Vec<u64> = words(&download(&mem, dout, 1024 * 8), u64::from_le_bytes);
+        let iout: Vec<i32> = words(&download(&mem, diout, 4096 * 4), i32::from_le_bytes);
         for t in 0..n {
             let (a0, a1) = (a[2 * t], a[2 * t + 1]);
             let x = ((a0 as u128) << 64) | a1 as u128;
@@ -97,12 +81,7 @@ fn shuffles_at_divergent_call_sites() {
     prog.launch(&mem, "divergent_shfl", &cfg, &out.to_le_bytes())
         .result
         .unwrap();
-    let mut b = vec![0u8; 256];
-    mem.read(out, &mut b).unwrap();
-    let v: Vec<i32> = b
-        .chunks(4)
-        .map(|c| i32::from_le_bytes(c.try_into().unwrap()))
-        .collect();
+    let v: Vec<i32> = words(&download(&mem, out, 256), i32::from_le_bytes);
     for (t, x) in v.iter().enumerate() {
         assert_eq!(*x, if t < 32 { 1 } else { 321 }, "thread {t}");
     }
@@ -121,12 +100,7 @@ fn shared_memory_atomics() {
     prog.launch(&mem, "shared_atomics", &cfg, &out.to_le_bytes())
         .result
         .unwrap();
-    let mut b = vec![0u8; 13 * 8];
-    mem.read(out, &mut b).unwrap();
-    let v: Vec<u64> = b
-        .chunks(8)
-        .map(|c| u64::from_le_bytes(c.try_into().unwrap()))
-        .collect();
+    let v: Vec<u64> = words(&download(&mem, out, 13 * 8), u64::from_le_bytes);
     assert_eq!(v[0], 8128, "add");
     assert_eq!(v[1] as i64, -50, "min");
     assert_eq!(v[2], 381, "max");

@@ -2,6 +2,8 @@
 //! what an H100 produced for the same kernels and inputs (fixtures/mma_h100.txt,
 //! from fixtures/mma_gpu_check.cu).
 
+mod common;
+
 use cumux_ptx::*;
 use half::{bf16, f16};
 
@@ -13,11 +15,7 @@ fn le16(v: impl Iterator<Item = u16>) -> Vec<u8> {
 fn mma_and_ldmatrix_match_an_h100() {
     let mem = DeviceMemory::new(1 << 24);
     let prog = Program::load(include_str!("fixtures/mma.ptx"), &mem).unwrap();
-    let up = |b: Vec<u8>| {
-        let p = mem.alloc(b.len() as u64).unwrap();
-        mem.write(p, &b).unwrap();
-        p
-    };
+    let up = |b: Vec<u8>| common::upload(&mem, &b);
     let h = |x: i64| f16::from_f32(x as f32).to_bits();
     let bh = |x: i64| bf16::from_f32(x as f32).to_bits();
     let a = up(le16((0..256).map(|i| h((i * 7 + 3) % 9 - 4))));

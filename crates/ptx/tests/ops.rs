@@ -1,6 +1,9 @@
 //! Instruction families checked against host models: warp ops with partial
 //! masks, integer bit ops, float rounding modes, f16/bf16 and printf formats.
 
+mod common;
+
+use common::{download, int_ops_inputs, launch, upload, words, FLOAT_OPS_X, FLOAT_OPS_Y};
 use cumux_ptx::*;
 
 const OPS: &str = include_str!("fixtures/ops.ptx");
@@ -17,30 +20,21 @@ impl Dev {
         Dev { mem, prog }
     }
     fn upload<T: Copy>(&self, v: &[T], to_bytes: impl Fn(T) -> [u8; 4]) -> u64 {
-        let bytes: Vec<u8> = v.iter().flat_map(|x| to_bytes(*x)).collect();
-        let p = self.mem.alloc(bytes.len().max(1) as u64).unwrap();
-        self.mem.write(p, &bytes).unwrap();
-        p
+        upload(&self.mem, &common::le_bytes(v, to_bytes))
     }
     fn download(&self, p: u64, n: usize) -> Vec<u32> {
-        let mut b = vec![0u8; n * 4];
-        self.mem.read(p, &mut b).unwrap();
-        b.chunks(4)
-            .map(|c| u32::from_le_bytes(c.try_into().unwrap()))
-            .collect()
+        words(&download(&self.mem, p, n * 4), u32::from_le_bytes)
     }
     fn run(&self, name: &str, threads: u32, args: &[&[u8]]) -> LaunchReport {
-        let k = self.prog.kernels().iter().find(|k| k.name == name).unwrap();
-        let mut params = vec![0u8; k.params_bytes() as usize];
-        for (p, v) in k.params.iter().zip(args) {
-            params[p.offset as usize..p.offset as usize + v.len()].copy_from_slice(v);
-        }
-        let cfg = LaunchConfig {
-            grid: [1, 1, 1],
-            block: [threads, 1, 1],
-            dynamic_shared_bytes: 0,
-        };
-        let r = self.prog.launch(&self.mem, name, &cfg, &params);
+        let r = launch(
+            &self.prog,
+            &self.mem,
+            name,
+            [1, 1, 1],
+            [threads, 1, 1],
+            0,
+            args,
+        );
         r.result.clone().unwrap();
         r
     }
@@ -114,20 +108,7 @@ fn prmt(x: u32, y: u32, s: u32) -> u32 {
 fn integer_ops() {
     let d = Dev::new();
     let n = 96usize;
-    let mut seed = 0x1234_5678u32;
-    let mut rnd = || {
-        seed ^= seed << 13;
-        seed ^= seed >> 17;
-        seed ^= seed << 5;
-        seed
-    };
-    let mut a: Vec<u32> = (0..n).map(|_| rnd()).collect();
-    let mut b: Vec<u32> = (0..n).map(|_| rnd()).collect();
-    a[0] = 0;
-    b[1] = 0;
-    a[2] = 0x8000_0000;
-    b[2] = u32::MAX;
-    b[3] = 40;
+    let (a, b) = int_ops_inputs(n);
     let da = d.upload(&a, |x: u32| x.to_le_bytes());
     let db = d.upload(&b, |x: u32| x.to_le_bytes());
     let dout = d.mem.alloc((n * 16 * 4) as u64).unwrap();
@@ -207,29 +188,7 @@ fn same(a: u32, b: f32) -> bool {
 #[test]
 fn float_rounding_modes_and_halves() {
     let d = Dev::new();
-    let xs = [
-        0.1f32,
-        -2.5,
-        1e-3,
-        3.0,
-        1e10,
-        -0.0,
-        1.5,
-        2.5,
-        -7.25,
-        0.333_333_34,
-        16_777_217.0,
-        1e-30,
-        -1e-3,
-        0.75,
-        123.456,
-        -0.5,
-        0.0,
-    ];
-    let ys = [
-        0.2f32, 3.0, -7.0, 1e-7, 3.0, 2.0, -1.5, 0.3, 1.0, 3.0, 1.0, 1e-30, 4.0, -0.25, 7.0, 0.0,
-        0.0,
-    ];
+    let (xs, ys) = (FLOAT_OPS_X, FLOAT_OPS_Y);
     let n = xs.len();
     let da = d.upload(&xs, |x: f32| x.to_le_bytes());
     let db = d.upload(&ys, |x: f32| x.to_le_bytes());

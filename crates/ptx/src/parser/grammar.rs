@@ -1,263 +1,12 @@
-//! PTX text to [`ast::Module`]: a hand-written lexer and recursive-descent
-//! parser. It never panics; every error names line, column and the token.
+//! Tokens to [`Module`]: a recursive-descent parser over module items,
+//! declarations, function bodies and instructions. It never panics; nesting
+//! is bounded by `MAX_DEPTH`.
 
+use super::lex::lex;
+use super::token::{ParseError, Tok, Token};
 use crate::ast::*;
-use std::fmt;
-
-/// A syntax error with its position and the offending token.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ParseError {
-    pub line: u32,
-    pub column: u32,
-    pub token: String,
-    pub message: String,
-}
-
-impl fmt::Display for ParseError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "line {}, column {}: unexpected token `{}`: {}",
-            self.line, self.column, self.token, self.message
-        )
-    }
-}
-
-impl std::error::Error for ParseError {}
-
-#[derive(Debug, Clone, PartialEq)]
-enum Tok {
-    Ident(String),
-    Directive(String),
-    Int(i128),
-    Float(f64),
-    FloatBits(u64, u32),
-    Str(String),
-    Punct(char),
-    Eof,
-}
-
-impl fmt::Display for Tok {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Tok::Ident(s) => write!(f, "{s}"),
-            Tok::Directive(s) => write!(f, ".{s}"),
-            Tok::Int(v) => write!(f, "{v}"),
-            Tok::Float(v) => write!(f, "{v}"),
-            Tok::FloatBits(b, 4) => write!(f, "0f{b:08X}"),
-            Tok::FloatBits(b, _) => write!(f, "0d{b:016X}"),
-            Tok::Str(s) => write!(f, "\"{s}\""),
-            Tok::Punct(c) => write!(f, "{c}"),
-            Tok::Eof => write!(f, "end of input"),
-        }
-    }
-}
-
-#[derive(Debug, Clone)]
-struct Token {
-    tok: Tok,
-    line: u32,
-    col: u32,
-    /// Whether whitespace (or a comment) precedes this token.
-    spaced: bool,
-}
 
 const MAX_DEPTH: u32 = 64;
-
-fn is_ident_start(c: u8) -> bool {
-    c.is_ascii_alphabetic() || c == b'_' || c == b'$' || c == b'%'
-}
-
-fn is_ident_char(c: u8) -> bool {
-    c.is_ascii_alphanumeric() || c == b'_' || c == b'$' || c == b'.'
-}
-
-fn lex(src: &str) -> Result<Vec<Token>, ParseError> {
-    let b = src.as_bytes();
-    let mut i = 0usize;
-    let mut line = 1u32;
-    let mut line_start = 0usize;
-    let mut out = Vec::new();
-    let mut spaced = true;
-    let err = |line: u32, col: u32, token: String, message: &str| ParseError {
-        line,
-        column: col,
-        token,
-        message: message.to_string(),
-    };
-    while i < b.len() {
-        let c = b[i];
-        let col = (i - line_start + 1) as u32;
-        if c == b'\n' {
-            line = line.wrapping_add(1);
-            i += 1;
-            line_start = i;
-            spaced = true;
-            continue;
-        }
-        if c.is_ascii_whitespace() {
-            i += 1;
-            spaced = true;
-            continue;
-        }
-        if c == b'/' && b.get(i + 1) == Some(&b'/') {
-            while i < b.len() && b[i] != b'\n' {
-                i += 1;
-            }
-            spaced = true;
-            continue;
-        }
-        if c == b'/' && b.get(i + 1) == Some(&b'*') {
-            let (l0, c0) = (line, col);
-            i += 2;
-            loop {
-                if i + 1 >= b.len() {
-                    return Err(err(l0, c0, "/*".into(), "unterminated comment"));
-                }
-                if b[i] == b'*' && b[i + 1] == b'/' {
-                    i += 2;
-                    break;
-                }
-                if b[i] == b'\n' {
-                    line = line.wrapping_add(1);
-                    line_start = i + 1;
-                }
-                i += 1;
-            }
-            spaced = true;
-            continue;
-        }
-        let start = i;
-        let tok = if c == b'"' {
-            i += 1;
-            let s0 = i;
-            while i < b.len() && b[i] != b'"' && b[i] != b'\n' {
-                if b[i] == b'\\' && i + 1 < b.len() && b[i + 1] != b'\n' {
-                    i += 1;
-                }
-                i += 1;
-            }
-            if i >= b.len() || b[i] != b'"' {
-                return Err(err(line, col, "\"".into(), "unterminated string"));
-            }
-            let s = src.get(s0..i).unwrap_or("").to_string();
-            i += 1;
-            Tok::Str(s)
-        } else if c == b'.' && i + 1 < b.len() && is_ident_start(b[i + 1]) {
-            i += 1;
-            let s0 = i;
-            while i < b.len() && (b[i].is_ascii_alphanumeric() || b[i] == b'_' || b[i] == b'$') {
-                i += 1;
-            }
-            Tok::Directive(src[s0..i].to_string())
-        } else if is_ident_start(c) {
-            i += 1;
-            loop {
-                if i < b.len() && is_ident_char(b[i]) {
-                    i += 1;
-                } else if i + 2 < b.len()
-                    && b[i] == b':'
-                    && b[i + 1] == b':'
-                    && b[i + 2].is_ascii_alphanumeric()
-                {
-                    // cache-policy modifiers such as `.L1::no_allocate`
-                    i += 2;
-                } else {
-                    break;
-                }
-            }
-            Tok::Ident(src[start..i].to_string())
-        } else if c.is_ascii_digit() {
-            while i < b.len() && (b[i].is_ascii_alphanumeric() || b[i] == b'.') {
-                // exponent sign: 1.5e-3
-                i += 1;
-                if i < b.len()
-                    && (b[i] == b'-' || b[i] == b'+')
-                    && (b[i - 1] == b'e' || b[i - 1] == b'E')
-                    && !src[start..i].starts_with("0x")
-                    && !src[start..i].starts_with("0X")
-                    && !src[start..i].starts_with("0f")
-                    && !src[start..i].starts_with("0d")
-                {
-                    i += 1;
-                }
-            }
-            let text = &src[start..i];
-            match parse_number(text) {
-                Some(t) => t,
-                None => return Err(err(line, col, text.to_string(), "malformed number")),
-            }
-        } else if b"{}[]()<>,;:+-!@|=*".contains(&c) {
-            i += 1;
-            Tok::Punct(c as char)
-        } else {
-            let ch = src[i..].chars().next().unwrap_or('?');
-            return Err(err(line, col, ch.to_string(), "unexpected character"));
-        };
-        out.push(Token {
-            tok,
-            line,
-            col,
-            spaced,
-        });
-        spaced = false;
-    }
-    let col = (b.len() - line_start + 1) as u32;
-    out.push(Token {
-        tok: Tok::Eof,
-        line,
-        col,
-        spaced: true,
-    });
-    Ok(out)
-}
-
-fn parse_number(text: &str) -> Option<Tok> {
-    let t = text.strip_suffix(['U', 'u']).unwrap_or(text);
-    let lower = t.to_ascii_lowercase();
-    if let Some(h) = lower.strip_prefix("0f") {
-        if h.len() == 8 {
-            return u64::from_str_radix(h, 16)
-                .ok()
-                .map(|v| Tok::FloatBits(v, 4));
-        }
-        return None;
-    }
-    if let Some(h) = lower.strip_prefix("0d") {
-        if h.len() == 16 {
-            return u64::from_str_radix(h, 16)
-                .ok()
-                .map(|v| Tok::FloatBits(v, 8));
-        }
-        return None;
-    }
-    if let Some(h) = lower.strip_prefix("0x") {
-        return u128::from_str_radix(h, 16)
-            .ok()
-            .filter(|v| *v <= u64::MAX as u128)
-            .map(|v| Tok::Int(v as i128));
-    }
-    if let Some(h) = lower.strip_prefix("0b") {
-        return u128::from_str_radix(h, 2)
-            .ok()
-            .filter(|v| *v <= u64::MAX as u128)
-            .map(|v| Tok::Int(v as i128));
-    }
-    if lower.contains('.') || lower.contains('e') {
-        return lower.parse::<f64>().ok().map(Tok::Float);
-    }
-    if lower.len() > 1 && lower.starts_with('0') {
-        return u128::from_str_radix(&lower[1..], 8)
-            .ok()
-            .filter(|v| *v <= u64::MAX as u128)
-            .map(|v| Tok::Int(v as i128));
-    }
-    lower
-        .parse::<u128>()
-        .ok()
-        .filter(|v| *v <= u64::MAX as u128)
-        .map(|v| Tok::Int(v as i128))
-}
 
 struct Parser {
     toks: Vec<Token>,
@@ -323,6 +72,21 @@ impl Parser {
         } else {
             self.err(&format!("expected `{c}`"))
         }
+    }
+    /// A comma-separated, possibly empty, operand list up to and including
+    /// `close`.
+    fn operands_until(&mut self, close: char) -> PResult<Vec<Operand>> {
+        let mut items = Vec::new();
+        if !self.is_punct(close) {
+            loop {
+                items.push(self.operand()?);
+                if !self.eat_punct(',') {
+                    break;
+                }
+            }
+        }
+        self.expect_punct(close)?;
+        Ok(items)
     }
     fn is_dir(&self, d: &str) -> bool {
         matches!(&self.peek().tok, Tok::Directive(s) if s == d)
@@ -908,31 +672,11 @@ impl Parser {
             }
             Tok::Punct('{') => {
                 self.pos += 1;
-                let mut items = Vec::new();
-                if !self.is_punct('}') {
-                    loop {
-                        items.push(self.operand()?);
-                        if !self.eat_punct(',') {
-                            break;
-                        }
-                    }
-                }
-                self.expect_punct('}')?;
-                Ok(Operand::Vector(items))
+                Ok(Operand::Vector(self.operands_until('}')?))
             }
             Tok::Punct('(') => {
                 self.pos += 1;
-                let mut items = Vec::new();
-                if !self.is_punct(')') {
-                    loop {
-                        items.push(self.operand()?);
-                        if !self.eat_punct(',') {
-                            break;
-                        }
-                    }
-                }
-                self.expect_punct(')')?;
-                Ok(Operand::List(items))
+                Ok(Operand::List(self.operands_until(')')?))
             }
             Tok::Punct('!') => {
                 self.pos += 1;

@@ -1,0 +1,206 @@
+//! Memory access of a running thread: generic addresses resolved to their
+//! space, bounds and alignment checked, faults named like the driver's; and
+//! byte copies inside a thread's local memory (call arguments, returns).
+
+use super::limits::{LOCAL_WINDOW, PARAM_WINDOW, SHARED_WINDOW, WINDOW_SIZE};
+use super::state::{Block, Geo};
+use crate::ir::Sp;
+use crate::launch::Fault;
+use crate::memory::{atomic_load, atomic_store, DEVICE_VA_BASE};
+
+impl<'a> Geo<'a> {
+    pub(super) fn fault_addr(&self, addr: u64, what: &str, line: u32) -> Fault {
+        Fault::IllegalAddress {
+            addr,
+            detail: format!("{what} of address {addr:#x} at line {line}"),
+        }
+    }
+}
+
+impl Block {
+    /// Host pointer for `size` bytes at `addr` in space `sp` (already checked).
+    #[allow(clippy::too_many_arguments)]
+    #[inline]
+    pub(super) fn ptr(
+        &mut self,
+        g: &Geo<'_>,
+        local: &mut Vec<u64>,
+        sp: Sp,
+        addr: u64,
+        size: u32,
+        write: bool,
+        line: u32,
+    ) -> Result<*mut u8, Fault> {
+        let align = size.min(16) as u64;
+        if addr & (align - 1) != 0 {
+            return Err(Fault::MisalignedAddress {
+                addr,
+                detail: format!("{size}-byte access at line {line}"),
+            });
+        }
+        let what = if write { "write" } else { "read" };
+        let (sp, addr) = match sp {
+            Sp::Generic => match resolve_generic(addr) {
+                Some(resolved) => resolved,
+                None => return Err(g.fault_addr(addr, what, line)),
+            },
+            s => (s, addr),
+        };
+        let end = addr.checked_add(size as u64);
+        match sp {
+            Sp::Global => {
+                let (base, len, p) = self.cache;
+                if addr >= base && end.is_some_and(|e| e <= base + len) && p != 0 {
+                    return Ok((p as *mut u8).wrapping_add((addr - base) as usize));
+                }
+                match g.mem.resolve(addr, size as u64) {
+                    Some((base, len, p)) => {
+                        self.cache = (base, len, p as usize);
+                        Ok(p.wrapping_add((addr - base) as usize))
+                    }
+                    None => Err(g.fault_addr(addr, what, line)),
+                }
+            }
+            Sp::Shared => match end {
+                Some(e) if e <= g.shared_bytes => {
+                    Ok((self.shared.as_mut_ptr() as *mut u8).wrapping_add(addr as usize))
+                }
+                _ => Err(g.fault_addr(SHARED_WINDOW.wrapping_add(addr), what, line)),
+            },
+            Sp::Local => match end {
+                Some(e) if e <= local.len() as u64 * 8 => {
+                    Ok((local.as_mut_ptr() as *mut u8).wrapping_add(addr as usize))
+                }
+                _ => Err(g.fault_addr(LOCAL_WINDOW.wrapping_add(addr), what, line)),
+            },
+            _ => match end {
+                Some(e) if e <= g.params_len && !write => {
+                    Ok((g.params.as_ptr() as *mut u8).wrapping_add(addr as usize))
+                }
+                _ => Err(g.fault_addr(PARAM_WINDOW.wrapping_add(addr), what, line)),
+            },
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn load(
+        &mut self,
+        g: &Geo<'_>,
+        local: &mut Vec<u64>,
+        sp: Sp,
+        addr: u64,
+        size: u32,
+        line: u32,
+    ) -> Result<u64, Fault> {
+        let p = self.ptr(g, local, sp, addr, size, false, line)?;
+        // SAFETY: `ptr` checked bounds and alignment against a live buffer (device
+        // allocation under the launch's read lock, or this block's/thread's own memory).
+        Ok(unsafe { atomic_load(p, size) })
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn store(
+        &mut self,
+        g: &Geo<'_>,
+        local: &mut Vec<u64>,
+        sp: Sp,
+        addr: u64,
+        size: u32,
+        v: u64,
+        line: u32,
+    ) -> Result<(), Fault> {
+        let p = self.ptr(g, local, sp, addr, size, true, line)?;
+        // SAFETY: as in `load`.
+        unsafe { atomic_store(p, size, v) };
+        Ok(())
+    }
+
+    pub(super) fn cstring(
+        &mut self,
+        g: &Geo<'_>,
+        local: &mut Vec<u64>,
+        addr: u64,
+    ) -> Option<Vec<u8>> {
+        let mut s = Vec::new();
+        for k in 0..65536u64 {
+            let c = self
+                .load(g, local, Sp::Generic, addr.wrapping_add(k), 1, 0)
+                .ok()? as u8;
+            if c == 0 {
+                return Some(s);
+            }
+            s.push(c);
+        }
+        Some(s)
+    }
+}
+
+pub(super) fn bytes_of(v: &mut [u64]) -> &mut [u8] {
+    let len = v.len() * 8;
+    // SAFETY: any u64 buffer may be viewed as bytes; the view borrows `v` mutably.
+    unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr() as *mut u8, len) }
+}
+
+/// Copies `size` bytes inside a thread's local memory.
+pub(super) fn local_copy(local: &mut [u64], dst: u32, src: u32, size: u32) -> bool {
+    let bytes = bytes_of(local);
+    let (d, s, n) = (dst as usize, src as usize, size as usize);
+    if d + n > bytes.len() || s + n > bytes.len() {
+        return false;
+    }
+    bytes.copy_within(s..s + n, d);
+    true
+}
+
+pub(super) fn local_put(local: &mut [u64], dst: u32, v: u64, size: u32) -> bool {
+    let bytes = bytes_of(local);
+    let (d, n) = (dst as usize, size.min(8) as usize);
+    if d + n > bytes.len() {
+        return false;
+    }
+    bytes[d..d + n].copy_from_slice(&v.to_le_bytes()[..n]);
+    true
+}
+
+pub(super) fn local_get(local: &mut [u64], src: u32, size: u32) -> Option<u64> {
+    let bytes = bytes_of(local);
+    let (s, n) = (src as usize, size.min(8) as usize);
+    let mut b = [0u8; 8];
+    b[..n].copy_from_slice(bytes.get(s..s + n)?);
+    Some(u64::from_le_bytes(b))
+}
+
+/// Base of the generic-address window of `sp` (0 for global and generic
+/// addresses, which are device addresses as they are).
+#[inline]
+pub(super) fn window_base(sp: Sp) -> u64 {
+    match sp {
+        Sp::Shared => SHARED_WINDOW,
+        Sp::Local => LOCAL_WINDOW,
+        Sp::Param => PARAM_WINDOW,
+        Sp::Global | Sp::Generic => 0,
+    }
+}
+
+/// Whether `addr` lies in the generic-address window starting at `base`.
+#[inline]
+pub(super) fn in_window(addr: u64, base: u64) -> bool {
+    (base..base + WINDOW_SIZE).contains(&addr)
+}
+
+/// The space and in-space offset of a generic address.
+#[inline]
+fn resolve_generic(addr: u64) -> Option<(Sp, u64)> {
+    let sp = if addr >= DEVICE_VA_BASE {
+        Sp::Global
+    } else if in_window(addr, SHARED_WINDOW) {
+        Sp::Shared
+    } else if in_window(addr, LOCAL_WINDOW) {
+        Sp::Local
+    } else if in_window(addr, PARAM_WINDOW) {
+        Sp::Param
+    } else {
+        return None;
+    };
+    Some((sp, addr - window_base(sp)))
+}

@@ -1,0 +1,185 @@
+//! The launch driver: checks the block's resources and the program, then
+//! runs the grid's blocks on host worker threads (`CUMUX_PTX_THREADS` caps
+//! them), keeps the first fault in block order and the printf output of
+//! every block in block order.
+
+use super::access::bytes_of;
+use super::block::Worker;
+use super::limits::{BLOCK_MEMORY_LIMIT, PRINTF_LIMIT};
+use super::state::Geo;
+use crate::ir::Module;
+use crate::launch::{Fault, LaunchConfig, LaunchReport};
+use crate::memory::DeviceMemory;
+use crate::validate::{check_module, Malformed};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Mutex, OnceLock};
+
+/// A lowered module as the interpreter takes it.
+#[derive(Debug)]
+pub(crate) struct Executable {
+    ir: Module,
+    /// The interpreter's own check of `ir`, made at its first launch (the
+    /// module never changes after that).
+    checked: OnceLock<Result<(), Malformed>>,
+}
+
+impl Executable {
+    pub(crate) fn new(ir: Module) -> Executable {
+        Executable {
+            ir,
+            checked: OnceLock::new(),
+        }
+    }
+
+    /// Runs kernel `k` (a configuration already checked against the
+    /// kernel's limits) over all blocks.
+    pub(crate) fn launch(
+        &self,
+        mem: &DeviceMemory,
+        k: usize,
+        cfg: &LaunchConfig,
+        params: &[u8],
+        budget: u64,
+    ) -> LaunchReport {
+        // the interpreter's side of the boundary: it runs well-formed modules only
+        if let Err(e) = self.checked.get_or_init(|| check_module(&self.ir)) {
+            return LaunchReport::failed(Fault::Failed(format!(
+                "internal error: the interpreter was handed a malformed module: {e}"
+            )));
+        }
+        debug_assert!(k < self.ir.kernels.len(), "kernel {k} out of range");
+        let prog = &self.ir;
+        let kernel = prog.kernels[k];
+        let threads: u64 = cfg.block.iter().map(|&v| v as u64).product();
+        let f = &prog.funcs[kernel as usize];
+        let per_thread = f.nregs as u64 * 8 + f.frame_bytes as u64;
+        if per_thread.saturating_mul(threads) > BLOCK_MEMORY_LIMIT as u64 {
+            return LaunchReport::failed(Fault::OutOfResources(format!(
+                "{threads} threads with {per_thread} bytes of registers and local memory each"
+            )));
+        }
+        let shared_bytes = prog.dyn_shared_base as u64 + cfg.dynamic_shared_bytes as u64;
+        let view = mem.view();
+        let mut pwords = vec![0u64; params.len().div_ceil(8)];
+        bytes_of(&mut pwords)[..params.len()].copy_from_slice(params);
+        let start_ns = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(0);
+        let g = Geo {
+            prog,
+            mem: &view,
+            params: &pwords,
+            params_len: params.len() as u64,
+            ntid: cfg.block,
+            nctaid: cfg.grid,
+            dyn_bytes: cfg.dynamic_shared_bytes,
+            shared_bytes,
+            start_ns,
+            kernel,
+            budget,
+            lockstep: prog.funcs.iter().enumerate().any(|(i, f)| {
+                f.uses_volatile && (i as u32 == kernel || !prog.kernels.contains(&(i as u32)))
+            }),
+            stack_limit: (BLOCK_MEMORY_LIMIT / cfg.block.iter().product::<u32>().max(1) as usize)
+                .max(1 << 20),
+        };
+        run_grid(&g)
+    }
+}
+
+/// Runs every block of the grid on host workers, each taking the next block
+/// until all ran or one faulted; the fault of the lowest block wins.
+fn run_grid(g: &Geo<'_>) -> LaunchReport {
+    let total: u64 = g.nctaid.iter().map(|&v| v as u64).product();
+    let next = AtomicU64::new(0);
+    let abort = AtomicBool::new(false);
+    let instructions = AtomicU64::new(0);
+    let fault: Mutex<Option<(u64, Fault)>> = Mutex::new(None);
+    let outputs: Mutex<Vec<(u64, Vec<u8>)>> = Mutex::new(Vec::new());
+    let workers = std::env::var("CUMUX_PTX_THREADS")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+        .filter(|&n| n > 0)
+        .or_else(|| std::thread::available_parallelism().map(|n| n.get()).ok())
+        .unwrap_or(1)
+        .min(total.max(1) as usize)
+        .max(1);
+    let work = |smid: u32| {
+        let mut w = Worker::new(smid);
+        let mut outs = Vec::new();
+        loop {
+            if abort.load(Ordering::Relaxed) {
+                break;
+            }
+            let id = next.fetch_add(1, Ordering::Relaxed);
+            if id >= total {
+                break;
+            }
+            w.block.out.clear();
+            let before = w.block.instructions;
+            w.block.instructions = 0;
+            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| w.run_block(g, id)));
+            let r = match r {
+                Ok(r) => r,
+                Err(p) => {
+                    let msg = p
+                        .downcast_ref::<String>()
+                        .cloned()
+                        .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+                        .unwrap_or_else(|| "panic".into());
+                    // the worker state may be inconsistent: start afresh
+                    w.threads.clear();
+                    Err(Fault::Failed(format!(
+                        "internal error in interpreter: {msg}"
+                    )))
+                }
+            };
+            w.block.instructions += before;
+            if !w.block.out.is_empty() {
+                outs.push((id, std::mem::take(&mut w.block.out)));
+            }
+            if let Err(e) = r {
+                let mut f = fault.lock().unwrap_or_else(|e| e.into_inner());
+                if f.as_ref().is_none_or(|(b, _)| id < *b) {
+                    *f = Some((id, e));
+                }
+                abort.store(true, Ordering::Relaxed);
+                break;
+            }
+        }
+        instructions.fetch_add(w.block.instructions, Ordering::Relaxed);
+        outputs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .extend(outs);
+    };
+    if workers == 1 {
+        work(0);
+    } else {
+        std::thread::scope(|s| {
+            for k in 0..workers {
+                let work = &work;
+                s.spawn(move || work(k as u32));
+            }
+        });
+    }
+    let mut outs = outputs.into_inner().unwrap_or_else(|e| e.into_inner());
+    outs.sort_by_key(|(id, _)| *id);
+    let mut stdout: Vec<u8> = Vec::new();
+    for (_, o) in outs {
+        if stdout.len() + o.len() > 8 * PRINTF_LIMIT {
+            break;
+        }
+        stdout.extend_from_slice(&o);
+    }
+    let result = match fault.into_inner().unwrap_or_else(|e| e.into_inner()) {
+        Some((_, f)) => Err(f),
+        None => Ok(()),
+    };
+    LaunchReport {
+        stdout,
+        instructions: instructions.load(Ordering::Relaxed),
+        result,
+    }
+}

@@ -1,0 +1,17 @@
+//! The interpreter's address windows (where shared, local and parameter
+//! memory appear in generic addresses) and its per-thread and per-block limits.
+
+/// Generic-address window of the per-thread local space.
+pub const LOCAL_WINDOW: u64 = 0x1000_0000_0000;
+/// Generic-address window of the per-block shared space.
+pub const SHARED_WINDOW: u64 = 0x1100_0000_0000;
+/// Generic-address window of the kernel parameter space.
+pub const PARAM_WINDOW: u64 = 0x1200_0000_0000;
+pub(super) const WINDOW_SIZE: u64 = 1 << 32;
+/// Per-thread local memory limit (frames and call stack).
+pub(super) const LOCAL_LIMIT: usize = 512 * 1024;
+pub(super) const MAX_CALL_DEPTH: usize = 4096;
+/// Device printf output kept per block and per launch (bytes).
+pub(super) const PRINTF_LIMIT: usize = 1 << 20;
+/// Registers plus local memory of all threads of one block (bytes).
+pub(super) const BLOCK_MEMORY_LIMIT: usize = 256 << 20;

@@ -1,0 +1,21 @@
+//! The interpreter: runs one launch of a lowered kernel. Blocks run in
+//! parallel on host threads (`grid`); inside a block (`block`), threads run
+//! one at a time (`thread`) up to the next collective (`barrier`, `warp`,
+//! `tensor`), which is resolved exactly.
+
+mod access;
+mod arith;
+mod barrier;
+mod block;
+mod calls;
+mod grid;
+mod limits;
+mod mem_ops;
+mod special;
+mod state;
+mod tensor;
+mod thread;
+mod warp;
+
+pub(crate) use grid::Executable;
+pub use limits::{LOCAL_WINDOW, PARAM_WINDOW, SHARED_WINDOW};

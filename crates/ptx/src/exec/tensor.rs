@@ -1,0 +1,277 @@
+//! Tensor-core ops: the per-thread `wmma.load`/`wmma.store` of 16x16 tiles,
+//! and the warp collectives `ldmatrix`, `mma.sync` (PTX ISA fragment
+//! layouts) and `wmma.mma` (our fragment layout: lane l holds elements
+//! l*8 .. l*8+8 of a tile).
+
+use super::state::{op_at, Block, Geo, Thread};
+use crate::alu::{fval, to_fbits};
+use crate::ir::{Op, Src, Ty};
+use crate::launch::Fault;
+
+/// f16/bf16 elements sit two to a register, wider ones one.
+#[inline]
+fn elems_per_reg(t: Ty) -> usize {
+    if t.bytes() == 2 {
+        2
+    } else {
+        1
+    }
+}
+
+/// Address of fragment slot `slot` of `lane` in a 16x16 tile at `base`.
+fn tile_elem_addr(base: u64, stride: u64, row: bool, lane: u32, slot: usize, es: u32) -> u64 {
+    let e = lane as u64 * 8 + slot as u64;
+    let (r, c) = (e / 16, e % 16);
+    let idx = if row { r * stride + c } else { c * stride + r };
+    base.wrapping_add(idx.wrapping_mul(es as u64))
+}
+
+/// Raw bits of element `i` of a fragment held in registers `srcs`.
+fn frag_bits(th: &Thread, srcs: &[Src], t: Ty, i: usize) -> Option<u64> {
+    let per_reg = elems_per_reg(t);
+    let s = srcs.get(i / per_reg)?;
+    Some((th.get(*s) >> (16 * (i % per_reg))) & t.mask())
+}
+
+/// Element `i` of a fragment as f32 (0 past the fragment's registers).
+fn frag_elem(th: &Thread, srcs: &[Src], t: Ty, i: usize) -> f32 {
+    fval(frag_bits(th, srcs, t, i).unwrap_or(0), t) as f32
+}
+
+/// Register `j` of a result fragment of type `t` whose element `i` is
+/// `elem(i)`.
+fn frag_reg(t: Ty, j: usize, elem: impl Fn(usize) -> f32) -> u64 {
+    let per_reg = elems_per_reg(t);
+    (0..per_reg).fold(0u64, |v, h| {
+        v | to_fbits(elem(j * per_reg + h) as f64, t) << (16 * h)
+    })
+}
+
+/// `d = a * b + c` on row-major f32 tiles: `a` is 16 x `k` (rows 16 apart),
+/// `b` is `k` x `n`, `c` and `d` are 16 x `n`; each element accumulates with
+/// fused multiply-adds in `k` order.
+fn tile_mma(a: &[f32], b: &[f32], c: &[f32], d: &mut [f32], n: usize, k: usize) {
+    for i in 0..16 {
+        for j in 0..n {
+            let mut acc = c[i * n + j];
+            for kk in 0..k {
+                acc = a[i * 16 + kk].mul_add(b[kk * n + j], acc);
+            }
+            d[i * n + j] = acc;
+        }
+    }
+}
+
+/// `wmma.load` and `wmma.store` of thread `th` (lane `lane`).
+pub(super) fn wmma_load_store(
+    g: &Geo<'_>,
+    b: &mut Block,
+    th: &mut Thread,
+    op: &Op,
+    lane: u32,
+    line: u32,
+) -> Result<(), Fault> {
+    let (Op::WmmaLoad {
+        ety,
+        row,
+        sp,
+        addr,
+        off,
+        stride,
+        ..
+    }
+    | Op::WmmaStore {
+        ety,
+        row,
+        sp,
+        addr,
+        off,
+        stride,
+        ..
+    }) = op
+    else {
+        debug_assert!(false, "{op:?} is not a wmma load or store");
+        return Ok(());
+    };
+    let base = th.get(*addr).wrapping_add(*off as u64);
+    let stride = th.get(*stride) & 0xffff_ffff;
+    let es = ety.bytes();
+    match op {
+        Op::WmmaLoad { ds, .. } => {
+            let per_reg = elems_per_reg(*ety);
+            // a failing element ends its register; the last fault is reported
+            let mut res = Ok(());
+            for (j, d) in ds.iter().enumerate() {
+                let mut v = 0u64;
+                for h in 0..per_reg {
+                    let slot = (j * per_reg + h) % 8;
+                    let a = tile_elem_addr(base, stride, *row, lane, slot, es);
+                    match b.load(g, &mut th.local, *sp, a, es, line) {
+                        Ok(x) => v |= x << (16 * h),
+                        Err(e) => {
+                            res = Err(e);
+                            break;
+                        }
+                    }
+                }
+                th.set(*d, v);
+            }
+            res
+        }
+        Op::WmmaStore { vals, .. } => {
+            for slot in 0..8usize {
+                let Some(v) = frag_bits(th, vals, *ety, slot) else {
+                    break;
+                };
+                let a = tile_elem_addr(base, stride, *row, lane, slot, es);
+                b.store(g, &mut th.local, *sp, a, es, v, line)?;
+            }
+            Ok(())
+        }
+        _ => Ok(()),
+    }
+}
+
+/// `ldmatrix` for the `lanes` of the warp starting at thread `lo`.
+pub(super) fn ldmatrix(
+    g: &Geo<'_>,
+    threads: &mut [Thread],
+    block: &mut Block,
+    lo: usize,
+    lanes: &[usize],
+) -> Result<(), Fault> {
+    let prog = g.prog;
+    // shape and space of the first lane's instruction, as on the GPU
+    let Some(&Op::Ldmatrix { num, trans, sp, .. }) =
+        lanes.first().and_then(|&l| op_at(prog, &threads[lo + l]))
+    else {
+        return Ok(());
+    };
+    let num = num as usize;
+    // row addresses: lane j*8+r names row r of matrix j
+    let mut rows = [0u64; 32];
+    for &lane in lanes {
+        let th = &threads[lo + lane];
+        if let Some(Op::Ldmatrix { addr, off, .. }) = op_at(prog, th) {
+            rows[lane] = th.get(*addr).wrapping_add(*off as u64);
+        }
+    }
+    let mut scratch = Vec::new();
+    for &lane in lanes {
+        let mut regs = [0u64; 4];
+        for (j, reg) in regs.iter_mut().enumerate().take(num) {
+            let mut v = 0u64;
+            for h in 0..2u64 {
+                let (row, col) = if trans {
+                    ((lane % 4) * 2 + h as usize, lane / 4)
+                } else {
+                    (lane / 4, (lane % 4) * 2 + h as usize)
+                };
+                let a = rows[j * 8 + row].wrapping_add(2 * col as u64);
+                let x = block.load(g, &mut scratch, sp, a, 2, 0)?;
+                v |= x << (16 * h);
+            }
+            *reg = v;
+        }
+        let th = &mut threads[lo + lane];
+        if let Some(Op::Ldmatrix { ds, .. }) = op_at(prog, th) {
+            for (d, v) in ds.iter().zip(regs) {
+                th.set(*d, v);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `mma.sync` m16n8k16 / m16n8k8 for the `lanes` of the warp at `lo`.
+pub(super) fn mma(g: &Geo<'_>, threads: &mut [Thread], lo: usize, lanes: &[usize]) {
+    let prog = g.prog;
+    let mut ma = [0f32; 256];
+    let mut mb = [0f32; 128];
+    let mut mc = [0f32; 128];
+    let mut kdim = 16;
+    for &lane in lanes {
+        let th = &threads[lo + lane];
+        let Some(Op::Mma {
+            k,
+            ab,
+            cty,
+            a,
+            b,
+            c,
+            ..
+        }) = op_at(prog, th)
+        else {
+            continue;
+        };
+        kdim = *k as usize;
+        let (gi, ti) = (lane >> 2, lane & 3);
+        let na = if kdim == 16 { 8 } else { 4 };
+        for i in 0..na {
+            let row = gi + 8 * ((i / 2) & 1);
+            let col = ti * 2 + (i % 2) + 8 * (i / 4);
+            ma[row * 16 + col] = frag_elem(th, a, *ab, i);
+        }
+        for i in 0..na / 2 {
+            let kk = ti * 2 + (i % 2) + 8 * (i / 2);
+            mb[kk * 8 + gi] = frag_elem(th, b, *ab, i);
+        }
+        for i in 0..4 {
+            mc[(gi + 8 * (i / 2)) * 8 + ti * 2 + (i % 2)] = frag_elem(th, c, *cty, i);
+        }
+    }
+    let mut md = [0f32; 128];
+    tile_mma(&ma, &mb, &mc, &mut md, 8, kdim);
+    for &lane in lanes {
+        let th = &mut threads[lo + lane];
+        let Some(Op::Mma { dty, d, .. }) = op_at(prog, th) else {
+            continue;
+        };
+        let (gi, ti) = (lane >> 2, lane & 3);
+        let elem = |i: usize| {
+            if i < 4 {
+                md[(gi + 8 * (i / 2)) * 8 + ti * 2 + (i % 2)]
+            } else {
+                0.0
+            }
+        };
+        // the four result elements fill at most four registers
+        for (j, r) in d.iter().enumerate().take(4) {
+            th.set(*r, frag_reg(*dty, j, elem));
+        }
+    }
+}
+
+/// `wmma.mma` m16n16k16 for the `lanes` of the warp at `lo`.
+pub(super) fn wmma_mma(g: &Geo<'_>, threads: &mut [Thread], lo: usize, lanes: &[usize]) {
+    let prog = g.prog;
+    // gather the three 16x16 tiles from the lanes' fragments
+    let mut ma = [0f32; 256];
+    let mut mb = [0f32; 256];
+    let mut mc = [0f32; 256];
+    for &lane in lanes {
+        let th = &threads[lo + lane];
+        if let Some(Op::WmmaMma {
+            ab, cty, a, b, c, ..
+        }) = op_at(prog, th)
+        {
+            for slot in 0..8 {
+                let e = lane * 8 + slot;
+                ma[e] = frag_elem(th, a, *ab, slot);
+                mb[e] = frag_elem(th, b, *ab, slot);
+                mc[e] = frag_elem(th, c, *cty, slot);
+            }
+        }
+    }
+    let mut md = [0f32; 256];
+    tile_mma(&ma, &mb, &mc, &mut md, 16, 16);
+    for &lane in lanes {
+        let th = &mut threads[lo + lane];
+        let Some(Op::WmmaMma { dty, d, .. }) = op_at(prog, th) else {
+            continue;
+        };
+        for (j, reg) in d.iter().enumerate() {
+            th.set(*reg, frag_reg(*dty, j, |slot| md[lane * 8 + slot % 8]));
+        }
+    }
+}

@@ -1,0 +1,160 @@
+//! The operands of each IR op: the values it reads and the registers it
+//! writes, for the checks of `validate` (and any pass that needs liveness).
+
+use crate::ir::{ArgLoc, Op, Src, NONE};
+
+impl Op {
+    /// Calls `f` with every value this op reads (registers, immediates and
+    /// frame addresses), not counting the guard.
+    pub(crate) fn for_each_src(&self, mut f: impl FnMut(Src)) {
+        macro_rules! read {
+            ($($s:expr),*) => {{ $( f(*$s); )* }};
+        }
+        let arg = |l: &ArgLoc, f: &mut dyn FnMut(Src)| {
+            if let ArgLoc::Val { src, .. } = *l {
+                f(src)
+            }
+        };
+        match self {
+            Op::Mov { a, .. }
+            | Op::Un { a, .. }
+            | Op::Testp { a, .. }
+            | Op::Cvt { a, .. }
+            | Op::Unpack { a, .. }
+            | Op::Cvta { a, .. }
+            | Op::Isspacep { a, .. } => read!(a),
+            Op::Int { a, b, .. } | Op::Float { a, b, .. } | Op::Set { a, b, .. } => read!(a, b),
+            Op::Tern { a, b, c, .. }
+            | Op::Prmt { a, b, c, .. }
+            | Op::Lop3 { a, b, c, .. }
+            | Op::Setp { a, b, c, .. } => read!(a, b, c),
+            Op::Bfi { a, b, c, e, .. } => read!(a, b, c, e),
+            Op::Relu { d, .. } => f(Src::Reg(*d)),
+            Op::Pack { parts, .. } => parts.iter().copied().for_each(f),
+            Op::Ld { addr, .. } | Op::Ldmatrix { addr, .. } => read!(addr),
+            Op::St { n, vals, addr, .. } => {
+                vals.iter().take(*n as usize).copied().for_each(&mut f);
+                read!(addr)
+            }
+            Op::Atom { addr, b, c, .. } => read!(addr, b, c),
+            Op::Call(info) => {
+                if let Some(t) = info.target {
+                    f(t)
+                }
+                for a in &info.args {
+                    arg(a, &mut f)
+                }
+            }
+            Op::Printf { fmt, args, .. } => {
+                arg(fmt, &mut f);
+                arg(args, &mut f)
+            }
+            Op::Bar { id, count, p, .. } => read!(id, count, p),
+            Op::WarpSync { mask } => read!(mask),
+            Op::Shfl { a, b, c, mask, .. } => read!(a, b, c, mask),
+            Op::Vote { a, mask, .. } | Op::Match { a, mask, .. } | Op::Redux { a, mask, .. } => {
+                read!(a, mask)
+            }
+            Op::Carry {
+                a, b, c, cin, cc, ..
+            } => {
+                read!(a, b, c);
+                if *cin {
+                    f(Src::Reg(*cc))
+                }
+            }
+            Op::CpAsync {
+                dst, src, src_size, ..
+            } => read!(dst, src, src_size),
+            Op::WmmaLoad { addr, stride, .. } => read!(addr, stride),
+            Op::WmmaStore {
+                vals, addr, stride, ..
+            } => {
+                vals.iter().copied().for_each(&mut f);
+                read!(addr, stride)
+            }
+            Op::Mma { a, b, c, .. } | Op::WmmaMma { a, b, c, .. } => {
+                a.iter().chain(b).chain(c).copied().for_each(f)
+            }
+            Op::Special { .. }
+            | Op::Bra { .. }
+            | Op::Ret
+            | Op::Exit
+            | Op::Trap(_)
+            | Op::Activemask { .. }
+            | Op::Nop => {}
+        }
+    }
+
+    /// Calls `f` with every register this op writes; optional destinations
+    /// left as `NONE` are skipped.
+    pub(crate) fn for_each_dst(&self, mut f: impl FnMut(u32)) {
+        let opt = |d: u32, f: &mut dyn FnMut(u32)| {
+            if d != NONE {
+                f(d)
+            }
+        };
+        let ret = |l: &ArgLoc, f: &mut dyn FnMut(u32)| {
+            if let ArgLoc::Val {
+                src: Src::Reg(r), ..
+            } = *l
+            {
+                f(r)
+            }
+        };
+        match self {
+            Op::Mov { d, .. }
+            | Op::Int { d, .. }
+            | Op::Float { d, .. }
+            | Op::Un { d, .. }
+            | Op::Tern { d, .. }
+            | Op::Bfi { d, .. }
+            | Op::Relu { d, .. }
+            | Op::Prmt { d, .. }
+            | Op::Lop3 { d, .. }
+            | Op::Set { d, .. }
+            | Op::Testp { d, .. }
+            | Op::Cvt { d, .. }
+            | Op::Pack { d, .. }
+            | Op::Cvta { d, .. }
+            | Op::Isspacep { d, .. }
+            | Op::Special { d, .. }
+            | Op::Vote { d, .. }
+            | Op::Redux { d, .. }
+            | Op::Activemask { d } => f(*d),
+            Op::Setp { d, d2: e, .. } | Op::Shfl { d, dp: e, .. } | Op::Match { d, dp: e, .. } => {
+                f(*d);
+                opt(*e, &mut f)
+            }
+            Op::Atom { d, .. } | Op::Bar { d, .. } => opt(*d, &mut f),
+            Op::Unpack { ds, .. }
+            | Op::WmmaLoad { ds, .. }
+            | Op::Ldmatrix { ds, .. }
+            | Op::Mma { d: ds, .. }
+            | Op::WmmaMma { d: ds, .. } => ds.iter().copied().for_each(f),
+            Op::Ld { n, ds, .. } => ds.iter().take(*n as usize).copied().for_each(f),
+            Op::Call(info) => {
+                for r in &info.rets {
+                    ret(r, &mut f)
+                }
+            }
+            Op::Printf { ret: Some(r), .. } => ret(r, &mut f),
+            Op::Carry { d, cout, cc, .. } => {
+                f(*d);
+                if *cout {
+                    f(*cc)
+                }
+            }
+            Op::St { .. }
+            | Op::Printf { ret: None, .. }
+            | Op::Bra { .. }
+            | Op::Ret
+            | Op::Exit
+            | Op::Trap(_)
+            | Op::WarpSync { .. }
+            | Op::CpAsync { .. }
+            | Op::WmmaStore { .. }
+            | Op::Nop => {}
+        }
+    }
+}

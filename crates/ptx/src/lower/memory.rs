@@ -1,0 +1,209 @@
+//! Memory instructions to IR: `ld`/`ldu`, `st`, `atom`/`red`, `cp.async`,
+//! `cvta`, `isspacep`, and fences and hints (no-ops here).
+
+use super::context::FuncLower;
+use super::error::invalid;
+use super::modifiers::sp_of;
+use crate::ast::{self, Operand};
+use crate::ir::{AtomOp, Op, Sp, Src, Ty, NONE};
+use crate::module_info::LoadError;
+
+impl FuncLower<'_> {
+    /// `ld`/`ldu`, scalar or vector.
+    pub(super) fn lower_ld(&mut self, i: &ast::Instruction) -> Result<(), LoadError> {
+        let m = &i.modifiers;
+        let o = self.ops(i, 2)?;
+        let t = self.need_ty(m)?;
+        let sp = sp_of(m).unwrap_or(Sp::Generic);
+        let (sp, addr, off) = self.address(&o[1], sp)?;
+        if t == Ty::B128 {
+            return self.unsupported("128-bit load");
+        }
+        let (ds, n) = self.dsts(&o[0])?;
+        let size = t.bytes();
+        self.emit(Op::Ld {
+            sp,
+            size,
+            n,
+            ds,
+            addr,
+            off,
+            sext: t.signed(),
+        });
+        Ok(())
+    }
+
+    /// `st`, scalar or vector.
+    pub(super) fn lower_st(&mut self, i: &ast::Instruction) -> Result<(), LoadError> {
+        let m = &i.modifiers;
+        let o = self.ops(i, 2)?;
+        let t = self.need_ty(m)?;
+        let sp = sp_of(m).unwrap_or(Sp::Generic);
+        let (sp, addr, off) = self.address(&o[0], sp)?;
+        let mut vals = [Src::Imm(0); 4];
+        let n = match &o[1] {
+            Operand::Vector(items) => {
+                if items.len() > 4 || items.is_empty() {
+                    return self.unsupported("vector store wider than 4");
+                }
+                for (k, it) in items.iter().enumerate() {
+                    vals[k] = self.src(it, t)?;
+                }
+                items.len() as u8
+            }
+            other => {
+                vals[0] = self.src(other, t)?;
+                1
+            }
+        };
+        if t == Ty::B128 {
+            return self.unsupported("128-bit store");
+        }
+        self.emit(Op::St {
+            sp,
+            size: t.bytes(),
+            n,
+            vals,
+            addr,
+            off,
+        });
+        Ok(())
+    }
+
+    /// `cvta`: between a space's own addresses and generic ones.
+    pub(super) fn lower_cvta(&mut self, i: &ast::Instruction) -> Result<(), LoadError> {
+        let m = &i.modifiers;
+        let has = |s: &str| m.iter().any(|x| x == s);
+        let o = self.ops(i, 2)?;
+        let to = has("to");
+        let sp = sp_of(m).unwrap_or(Sp::Global);
+        let d = self.dst(&o[0])?;
+        let a = self.src(&o[1], Ty::U64)?;
+        self.emit(Op::Cvta {
+            d,
+            a,
+            sp,
+            to_generic: !to,
+        });
+        Ok(())
+    }
+
+    /// `isspacep`: whether a generic address lies in a space.
+    pub(super) fn lower_isspacep(&mut self, i: &ast::Instruction) -> Result<(), LoadError> {
+        let m = &i.modifiers;
+        let o = self.ops(i, 2)?;
+        let sp = sp_of(m).unwrap_or(Sp::Global);
+        let d = self.dst(&o[0])?;
+        let a = self.src(&o[1], Ty::U64)?;
+        self.emit(Op::Isspacep { d, a, sp });
+        Ok(())
+    }
+
+    /// `cp.async` (done at once) and its group commits and waits (no-ops).
+    pub(super) fn lower_cp_async(&mut self, i: &ast::Instruction) -> Result<(), LoadError> {
+        let m = &i.modifiers;
+        let has = |s: &str| m.iter().any(|x| x == s);
+        if has("commit_group") || has("wait_group") || has("wait_all") {
+            self.emit(Op::Nop);
+            return Ok(());
+        }
+        if has("bulk") || has("mbarrier") {
+            return self.unsupported("cp.async.bulk / mbarrier forms");
+        }
+        let o = self.ops(i, 3)?;
+        let (_, dst, doff) = self.address(&o[0], Sp::Shared)?;
+        let (_, src, soff) = self.address(&o[1], Sp::Global)?;
+        let size = match &o[2] {
+            Operand::Int(v) if matches!(*v, 4 | 8 | 16) => *v as u32,
+            _ => return Err(invalid(self.line, "cp.async size must be 4, 8 or 16")),
+        };
+        let src_size = self.src_or(o.get(3), Ty::U32, size as u64)?;
+        self.emit(Op::CpAsync {
+            dst,
+            doff,
+            src,
+            soff,
+            size,
+            src_size,
+        });
+        Ok(())
+    }
+
+    /// `atom` and `red`.
+    pub(super) fn lower_atom(&mut self, i: &ast::Instruction) -> Result<(), LoadError> {
+        let m = &i.modifiers;
+        let has = |s: &str| m.iter().any(|x| x == s);
+        let is_red = i.opcode == "red";
+        let o = self.ops(i, if is_red { 2 } else { 3 })?;
+        let t = self.need_ty(m)?;
+        let sp = sp_of(m).unwrap_or(Sp::Generic);
+        let op = m
+            .iter()
+            .find_map(|x| {
+                Some(match x.as_str() {
+                    "add" => AtomOp::Add,
+                    "min" => AtomOp::Min,
+                    "max" => AtomOp::Max,
+                    "inc" => AtomOp::Inc,
+                    "dec" => AtomOp::Dec,
+                    "exch" => AtomOp::Exch,
+                    "cas" => AtomOp::Cas,
+                    "and" => AtomOp::And,
+                    "or" => AtomOp::Or,
+                    "xor" => AtomOp::Xor,
+                    _ => return None,
+                })
+            })
+            .ok_or_else(|| invalid(self.line, "atom needs an operation"))?;
+        if has("v2") || has("v4") || has("v8") {
+            return self.unsupported("vector atomics");
+        }
+        if t.is_float()
+            && !matches!(
+                op,
+                AtomOp::Add | AtomOp::Exch | AtomOp::Min | AtomOp::Max | AtomOp::Cas
+            )
+        {
+            return self.unsupported("float atomic op");
+        }
+        if t.bytes() < 2 || t == Ty::B128 {
+            return self.unsupported("atomic width");
+        }
+        let (d, rest) = if is_red {
+            (NONE, o)
+        } else {
+            (self.dst(&o[0])?, &o[1..])
+        };
+        let (sp, addr, off) = self.address(&rest[0], sp)?;
+        let b = self.src(&rest[1], t)?;
+        let c = self.src_or(rest.get(2), t, 0)?;
+        self.emit(Op::Atom {
+            sp,
+            op,
+            t,
+            d,
+            addr,
+            off,
+            b,
+            c,
+        });
+        Ok(())
+    }
+
+    /// Fences, prefetches and scheduling hints: no-ops for the interpreter
+    /// (`createpolicy` gives a zero policy).
+    pub(super) fn lower_hint(&mut self, i: &ast::Instruction) -> Result<(), LoadError> {
+        if i.opcode == "createpolicy" {
+            let o = self.ops(i, 1)?;
+            let d = self.dst(&o[0])?;
+            self.emit(Op::Mov {
+                d,
+                a: Src::Imm(0),
+                mask: u64::MAX,
+            });
+        } else {
+            self.emit(Op::Nop)
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,187 @@
+//! Tensor-core instructions to IR: `wmma` m16n16k16 loads, stores and
+//! multiply-adds, `mma.sync` m16n8k16/m16n8k8, and `ldmatrix`.
+
+use super::context::FuncLower;
+use super::error::invalid;
+use super::modifiers::{first_present, sp_of};
+use crate::ast::{self, Operand};
+use crate::ir::{Op, Sp, Src, Ty};
+use crate::module_info::LoadError;
+
+/// The registers of a vector operand.
+fn any_vector(o: &Operand) -> Option<&Vec<Operand>> {
+    match o {
+        Operand::Vector(v) => Some(v),
+        _ => None,
+    }
+}
+
+/// The registers of a `wmma` fragment: a vector of 1 to 8.
+fn wmma_fragment(o: &Operand) -> Option<&Vec<Operand>> {
+    any_vector(o).filter(|v| !v.is_empty() && v.len() <= 8)
+}
+
+impl FuncLower<'_> {
+    /// The `d, a, b, c` fragments of an `mma`-like op: register vectors as
+    /// `fragment` accepts them, the sources read as `.b32` before `d`.
+    fn mma_fragments(
+        &mut self,
+        o: &[Operand],
+        fragment: fn(&Operand) -> Option<&Vec<Operand>>,
+        what: &str,
+    ) -> Result<(Vec<u32>, [Vec<Src>; 3]), LoadError> {
+        let mut srcs: [Vec<Src>; 3] = Default::default();
+        for (s, op) in srcs.iter_mut().zip(&o[1..4]) {
+            let Some(items) = fragment(op) else {
+                return Err(invalid(self.line, format!("{what} needs register vectors")));
+            };
+            *s = self.src_list(items, Ty::B32)?;
+        }
+        let Some(ditems) = fragment(&o[0]) else {
+            return Err(invalid(
+                self.line,
+                format!("{what} needs a destination vector"),
+            ));
+        };
+        Ok((self.dst_list(ditems)?, srcs))
+    }
+
+    /// `wmma.load`, `wmma.store` and `wmma.mma` of m16n16k16 tiles.
+    pub(super) fn lower_wmma(&mut self, i: &ast::Instruction) -> Result<(), LoadError> {
+        let m = &i.modifiers;
+        let has = |s: &str| m.iter().any(|x| x == s);
+        if !has("m16n16k16") {
+            return self.unsupported("wmma shape other than m16n16k16");
+        }
+        let tys: Vec<Ty> = m.iter().filter_map(|x| Ty::parse(x)).collect();
+        let ok = |t: &Ty| matches!(t, Ty::F16 | Ty::BF16 | Ty::F32);
+        if tys.is_empty() || !tys.iter().all(ok) {
+            return self.unsupported("wmma element type");
+        }
+        let sp = sp_of(m).unwrap_or(Sp::Generic);
+        let row = has("row");
+        if has("load") || has("store") {
+            let o = self.ops(i, 2)?;
+            let (vec_op, addr_op) = if has("load") {
+                (&o[0], &o[1])
+            } else {
+                (&o[1], &o[0])
+            };
+            let Some(items) = wmma_fragment(vec_op) else {
+                return Err(invalid(self.line, "wmma needs a register vector"));
+            };
+            let (sp, addr, off) = self.address(addr_op, sp)?;
+            let stride = self.src_or(o.get(2), Ty::U32, 16)?;
+            let ety = tys[tys.len() - 1];
+            if has("load") {
+                let ds = self.dst_list(items)?;
+                self.emit(Op::WmmaLoad {
+                    ety,
+                    row,
+                    ds,
+                    sp,
+                    addr,
+                    off,
+                    stride,
+                });
+            } else {
+                let vals = self.src_list(items, Ty::B32)?;
+                self.emit(Op::WmmaStore {
+                    ety,
+                    row,
+                    vals,
+                    sp,
+                    addr,
+                    off,
+                    stride,
+                });
+            }
+            return Ok(());
+        }
+        if !has("mma") {
+            return self.unsupported("wmma form");
+        }
+        let o = self.ops(i, 4)?;
+        let (dty, ab, cty) = match tys.as_slice() {
+            [d, c] => (*d, Ty::F16, *c),
+            [d, a, _, c] => (*d, *a, *c),
+            _ => return self.unsupported("wmma.mma types"),
+        };
+        let (d, [a, b, c]) = self.mma_fragments(o, wmma_fragment, "wmma.mma")?;
+        self.emit(Op::WmmaMma {
+            ab,
+            cty,
+            dty,
+            d,
+            a,
+            b,
+            c,
+        });
+        Ok(())
+    }
+
+    /// `mma.sync` m16n8k16 / m16n8k8, f16/bf16 inputs, `.row.col`.
+    pub(super) fn lower_mma(&mut self, i: &ast::Instruction) -> Result<(), LoadError> {
+        let m = &i.modifiers;
+        let has = |s: &str| m.iter().any(|x| x == s);
+        let Some(k) = first_present(m, &[("m16n8k16", 16), ("m16n8k8", 8)]) else {
+            return self.unsupported("mma shape other than m16n8k16 / m16n8k8");
+        };
+        if !(has("row") && has("col")) {
+            return self.unsupported("mma layout other than .row.col");
+        }
+        let tys: Vec<Ty> = m.iter().filter_map(|x| Ty::parse(x)).collect();
+        let (dty, ab, cty) = match tys.as_slice() {
+            [d, a, b, c] if a == b && matches!(a, Ty::F16 | Ty::BF16) => (*d, *a, *c),
+            _ => return self.unsupported("mma types"),
+        };
+        if !matches!(dty, Ty::F32 | Ty::F16)
+            || !matches!(cty, Ty::F32 | Ty::F16)
+            || (ab == Ty::BF16 && k == 8 && dty != Ty::F32)
+        {
+            return self.unsupported("mma accumulator type");
+        }
+        let o = self.ops(i, 4)?;
+        let (d, [a, b, c]) = self.mma_fragments(o, any_vector, "mma")?;
+        self.emit(Op::Mma {
+            k,
+            ab,
+            cty,
+            dty,
+            d,
+            a,
+            b,
+            c,
+        });
+        Ok(())
+    }
+
+    /// `ldmatrix.m8n8.x{1,2,4}[.trans].b16`.
+    pub(super) fn lower_ldmatrix(&mut self, i: &ast::Instruction) -> Result<(), LoadError> {
+        let m = &i.modifiers;
+        let has = |s: &str| m.iter().any(|x| x == s);
+        if !has("m8n8") || !has("b16") {
+            return self.unsupported("ldmatrix shape other than m8n8.b16");
+        }
+        let num = first_present(m, &[("x4", 4), ("x2", 2)]).unwrap_or(1);
+        let o = self.ops(i, 2)?;
+        let Some(items) = any_vector(&o[0]) else {
+            return Err(invalid(self.line, "ldmatrix needs a register vector"));
+        };
+        if items.len() != num {
+            return Err(invalid(self.line, "ldmatrix vector size does not match .x"));
+        }
+        let ds = self.dst_list(items)?;
+        let sp = sp_of(m).unwrap_or(Sp::Generic);
+        let (sp, addr, off) = self.address(&o[1], sp)?;
+        self.emit(Op::Ldmatrix {
+            num: num as u8,
+            trans: has("trans"),
+            ds,
+            sp,
+            addr,
+            off,
+        });
+        Ok(())
+    }
+}
