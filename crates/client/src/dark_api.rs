@@ -34,8 +34,8 @@
 use std::cell::UnsafeCell;
 use std::ffi::c_void;
 
+use crate::abi::{handle, out, to_ptr};
 use crate::errors::*;
-use crate::exports::{handle, out, to_ptr};
 
 /// A table of pointers the runtime reads; immutable after start.
 #[repr(transparent)]
@@ -80,7 +80,7 @@ unknown_slot! {
 
 /// Slot 1: load the module of a `__fatBinC_Wrapper_t`.
 extern "C" fn get_module_from_cubin(module: *mut *mut c_void, wrapper: *const c_void) -> CUresult {
-    crate::guard("cudart.get_module_from_cubin", || {
+    crate::abi::guard("cudart.get_module_from_cubin", || {
         load_into(module, wrapper)
     })
 }
@@ -99,7 +99,7 @@ extern "C" fn get_module_from_cubin_ext1(
     _a4: *mut c_void,
     _a5: u32,
 ) -> CUresult {
-    crate::guard("cudart.get_module_from_cubin_ext1", || {
+    crate::abi::guard("cudart.get_module_from_cubin_ext1", || {
         load_into(module, wrapper)
     })
 }
@@ -117,7 +117,7 @@ extern "C" fn get_module_from_cubin_ext2(
     _a4: *mut c_void,
     _a5: u32,
 ) -> CUresult {
-    crate::guard("cudart.get_module_from_cubin_ext2", || {
+    crate::abi::guard("cudart.get_module_from_cubin_ext2", || {
         load_into(module, fatbin)
     })
 }
@@ -220,7 +220,7 @@ extern "C" fn storage_put(
     value: *mut c_void,
     _dtor: StorageDtor,
 ) -> CUresult {
-    crate::guard("context_storage.put", || {
+    crate::abi::guard("context_storage.put", || {
         let ctx = storage_context(ctx)?;
         let client = crate::state::client()?;
         client
@@ -232,7 +232,7 @@ extern "C" fn storage_put(
 }
 
 extern "C" fn storage_delete(ctx: *mut c_void, key: *mut c_void) -> CUresult {
-    crate::guard("context_storage.delete", || {
+    crate::abi::guard("context_storage.delete", || {
         let ctx = storage_context(ctx)?;
         let client = crate::state::client()?;
         client.tables().ctx_storage.remove(&(ctx, handle(key)));
@@ -241,7 +241,7 @@ extern "C" fn storage_delete(ctx: *mut c_void, key: *mut c_void) -> CUresult {
 }
 
 extern "C" fn storage_get(value: *mut *mut c_void, ctx: *mut c_void, key: *mut c_void) -> CUresult {
-    crate::guard("context_storage.get", || {
+    crate::abi::guard("context_storage.get", || {
         let ctx = storage_context(ctx)?;
         let client = crate::state::client()?;
         let found = client
@@ -302,7 +302,7 @@ const CONTEXT_CHECKS_SLOTS: usize = 4;
 
 /// Slot 1 of the integrity table: see `crate::integrity`.
 extern "C" fn integrity_check(version: u32, unix_seconds: u64, result: *mut [u64; 2]) -> CUresult {
-    crate::guard("integrity_check", || {
+    crate::abi::guard("integrity_check", || {
         tracing::debug!("dark API integrity check: version {version}, time {unix_seconds}");
         let client = crate::state::client()?;
         let devices = (0..client.devices.len() as i32)
@@ -316,7 +316,7 @@ extern "C" fn integrity_check(version: u32, unix_seconds: u64, result: *mut [u64
             })
             .collect::<CuResult<Vec<_>>>()?;
         let inputs = crate::integrity::Inputs {
-            driver_version: crate::exports::DRIVER_VERSION as u32,
+            driver_version: crate::abi::DRIVER_VERSION as u32,
             version,
             process: std::process::id(),
             // SAFETY: pthread_self has no preconditions.

@@ -8,6 +8,7 @@ use cumux_protocol::Call;
 
 use super::*;
 use crate::state::{self, client, Context};
+use cumux_cuda_bindings::types::CUctxCreateParams;
 
 /// `CU_LIMIT_*` values reported by `cuCtxGetLimit`.
 fn limit_value(limit: u32) -> CuResult<usize> {
@@ -135,7 +136,7 @@ driver_fn! {
         out(pctx, to_ptr(new_context(flags, dev)?))
     }
 
-    fn cuCtxCreate_v4(pctx: *mut *mut c_void, _params: *mut c_void, flags: u32, dev: i32) {
+    fn cuCtxCreate_v4(pctx: *mut *mut c_void, _params: *mut CUctxCreateParams, flags: u32, dev: i32) {
         out(pctx, to_ptr(new_context(flags, dev)?))
     }
 

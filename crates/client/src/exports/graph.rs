@@ -7,6 +7,7 @@ use super::memory::{dtoh, htod, stream_handle, stream_of};
 use super::*;
 use crate::graph::{retarget, GraphOp, Recording};
 use crate::state::{client, Client};
+use cumux_cuda_bindings::{consts::*, types::*};
 use cumux_protocol::{Call, ReplyBody};
 
 pub(crate) const CUDA_ERROR_ILLEGAL_STATE: CUresult = 401;
@@ -118,13 +119,18 @@ fn node_op<R>(
     f(recording.get(index).ok_or(CUDA_ERROR_INVALID_VALUE)?)
 }
 
-/// Fills a `CUDA_KERNEL_NODE_PARAMS` (v1: 56 bytes; v2 adds the kernel and
-/// context handles, 72 bytes) from a recorded launch. `kernelParams` points
-/// at argument copies that live as long as the graph; `extra` is null.
-fn kernel_node_params(c: &Client, node: *mut c_void, p: *mut u8, v2: bool) -> CuResult<()> {
-    if p.is_null() {
-        return Err(CUDA_ERROR_INVALID_VALUE);
-    }
+/// What `cuGraphKernelNodeGetParams` reports of a recorded launch: the
+/// function, its shape, and `kernelParams` pointing at argument copies that
+/// live as long as the graph (`extra` is null).
+struct KernelNode {
+    function: usize,
+    grid: [u32; 3],
+    block: [u32; 3],
+    shared: u32,
+    kernel_params: *mut *mut c_void,
+}
+
+fn kernel_node(c: &Client, node: *mut c_void) -> CuResult<KernelNode> {
     let (function, grid, block, shared, bytes) = node_op(c, node, |op| match op {
         GraphOp::Call(cumux_protocol::Call::Launch {
             function,
@@ -150,33 +156,26 @@ fn kernel_node_params(c: &Client, node: *mut c_void, p: *mut u8, v2: bool) -> Cu
     let base = args.0.as_ptr() as usize;
     args.1 = layout.iter().map(|pi| base + pi.offset as usize).collect();
     let kernel_params = if args.1.is_empty() {
-        0
+        std::ptr::null_mut()
     } else {
-        args.1.as_ptr() as usize
+        args.1.as_mut_ptr().cast()
     };
-    drop(t);
-    out(p.cast::<*mut c_void>(), to_ptr(f))?;
-    for (i, v) in grid
-        .iter()
-        .chain(block.iter())
-        .chain([shared].iter())
-        .enumerate()
-    {
-        out(p.wrapping_add(8 + 4 * i).cast::<u32>(), *v)?;
-    }
-    out(p.wrapping_add(40).cast::<usize>(), kernel_params)?;
-    out(p.wrapping_add(48).cast::<usize>(), 0)?;
-    if v2 {
-        // The kernel: cumux's CUkernel and CUfunction handles are one and
-        // the same, and the runtime maps this one back to its host stub.
-        out(p.wrapping_add(56).cast::<usize>(), f)?;
-        out(
-            p.wrapping_add(64).cast::<usize>(),
-            crate::state::current_context().unwrap_or(0),
-        )?;
-    }
-    Ok(())
+    Ok(KernelNode {
+        function: f,
+        grid,
+        block,
+        shared,
+        kernel_params,
+    })
 }
+
+/// `CUgraphEdgeData` of a default edge.
+const DEFAULT_EDGE: CUgraphEdgeData = CUgraphEdgeData {
+    from_port: 0,
+    to_port: 0,
+    type_: 0,
+    reserved: [0; 5],
+};
 
 /// Edges of a chain: node i → node i+1 (edge data, when asked, all zero:
 /// the default edge type).
@@ -184,7 +183,7 @@ fn edges_out(
     nodes: &[usize],
     from: *mut *mut c_void,
     to: *mut *mut c_void,
-    data: *mut u64,
+    data: *mut CUgraphEdgeData,
     count: *mut usize,
 ) -> CuResult<()> {
     let edges = nodes.len().saturating_sub(1);
@@ -201,20 +200,20 @@ fn edges_out(
         out(from.wrapping_add(i), f)?;
         out(to.wrapping_add(i), t)?;
         if !data.is_null() {
-            out(data.wrapping_add(i), 0)?;
+            out(data.wrapping_add(i), DEFAULT_EDGE)?;
         }
     }
     out(count, room.min(edges))
 }
 
-/// Default `CUgraphEdgeData` (8 zero bytes) for each edge slot the caller
+/// Default `CUgraphEdgeData` for each edge slot the caller
 /// gave room for (`*count` entries).
-fn zero_edge_data(data: *mut u64, count: *mut usize) -> CuResult<()> {
+fn zero_edge_data(data: *mut CUgraphEdgeData, count: *mut usize) -> CuResult<()> {
     if data.is_null() || count.is_null() {
         return Ok(());
     }
     for i in 0..*read_in(count)? {
-        out(data.wrapping_add(i), 0)?;
+        out(data.wrapping_add(i), DEFAULT_EDGE)?;
     }
     Ok(())
 }
@@ -327,7 +326,7 @@ driver_fn! {
         graph: *mut c_void,
         from: *mut *mut c_void,
         to: *mut *mut c_void,
-        data: *mut u64,
+        data: *mut CUgraphEdgeData,
         count: *mut usize
     ) {
         edges_out(&graph_nodes(client()?, graph)?, from, to, data, count)
@@ -343,14 +342,14 @@ driver_fn! {
         list_out(nodes.get(i + 1..(i + 2).min(nodes.len())).unwrap_or(&[]), deps, count)
     }
 
-    fn cuGraphNodeGetDependencies_v2(node: *mut c_void, deps: *mut *mut c_void, data: *mut u64, count: *mut usize) {
+    fn cuGraphNodeGetDependencies_v2(node: *mut c_void, deps: *mut *mut c_void, data: *mut CUgraphEdgeData, count: *mut usize) {
         let (i, nodes) = node_place(client()?, node)?;
         let list = &nodes[i.saturating_sub(1)..i];
         zero_edge_data(data, count)?;
         list_out(list, deps, count)
     }
 
-    fn cuGraphNodeGetDependentNodes_v2(node: *mut c_void, deps: *mut *mut c_void, data: *mut u64, count: *mut usize) {
+    fn cuGraphNodeGetDependentNodes_v2(node: *mut c_void, deps: *mut *mut c_void, data: *mut CUgraphEdgeData, count: *mut usize) {
         let (i, nodes) = node_place(client()?, node)?;
         let list = nodes.get(i + 1..(i + 2).min(nodes.len())).unwrap_or(&[]);
         zero_edge_data(data, count)?;
@@ -362,12 +361,34 @@ driver_fn! {
         out(kind, t)
     }
 
-    fn cuGraphKernelNodeGetParams(node: *mut c_void, params: *mut u8) {
-        kernel_node_params(client()?, node, params, false)
+    fn cuGraphKernelNodeGetParams(node: *mut c_void, params: *mut CUDA_KERNEL_NODE_PARAMS_v1) {
+        read_in(params)?;
+        let k = kernel_node(client()?, node)?;
+        out(params, CUDA_KERNEL_NODE_PARAMS_v1 {
+            func: to_ptr(k.function),
+            gridDimX: k.grid[0], gridDimY: k.grid[1], gridDimZ: k.grid[2],
+            blockDimX: k.block[0], blockDimY: k.block[1], blockDimZ: k.block[2],
+            sharedMemBytes: k.shared,
+            kernelParams: k.kernel_params,
+            extra: std::ptr::null_mut(),
+        })
     }
 
-    fn cuGraphKernelNodeGetParams_v2(node: *mut c_void, params: *mut u8) {
-        kernel_node_params(client()?, node, params, true)
+    fn cuGraphKernelNodeGetParams_v2(node: *mut c_void, params: *mut CUDA_KERNEL_NODE_PARAMS_v2) {
+        read_in(params)?;
+        let k = kernel_node(client()?, node)?;
+        out(params, CUDA_KERNEL_NODE_PARAMS_v2 {
+            func: to_ptr(k.function),
+            gridDimX: k.grid[0], gridDimY: k.grid[1], gridDimZ: k.grid[2],
+            blockDimX: k.block[0], blockDimY: k.block[1], blockDimZ: k.block[2],
+            sharedMemBytes: k.shared,
+            kernelParams: k.kernel_params,
+            extra: std::ptr::null_mut(),
+            // cumux's CUkernel and CUfunction handles are one and the same,
+            // and the runtime maps this one back to its host stub.
+            kern: to_ptr(k.function),
+            ctx: to_ptr(crate::state::current_context().unwrap_or(0)),
+        })
     }
 
     fn cuGraphInstantiateWithFlags(exec: *mut *mut c_void, graph: *mut c_void, _flags: u64) {
@@ -391,15 +412,14 @@ driver_fn! {
     fn cuGraphInstantiateWithParams | cuGraphInstantiateWithParams_ptsz (
         exec: *mut *mut c_void,
         graph: *mut c_void,
-        params: *mut c_void
+        params: *mut CUDA_GRAPH_INSTANTIATE_PARAMS
     ) {
         instantiate(exec, graph)?;
         if !params.is_null() {
-            // CUDA_GRAPH_INSTANTIATE_PARAMS: flags, upload stream, error node,
-            // result (CUDA_GRAPH_INSTANTIATE_SUCCESS).
-            let p = params.cast::<u8>();
-            out(p.wrapping_add(16).cast::<*mut c_void>(), std::ptr::null_mut())?;
-            out(p.wrapping_add(24).cast::<u32>(), 0)?;
+            let mut p = *read_in(params)?;
+            p.hErrNode_out = std::ptr::null_mut();
+            p.result_out = CUDA_GRAPH_INSTANTIATE_SUCCESS;
+            out(params, p)?;
         }
         Ok(())
     }

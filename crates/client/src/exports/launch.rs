@@ -13,7 +13,7 @@ use crate::graph::GraphOp;
 use crate::host_fn::UserData;
 use crate::occupancy::{active_blocks, available_dynamic_smem, potential_block_size, Kernel, Sm};
 use crate::state::{client, Client};
-use crate::types::*;
+use cumux_cuda_bindings::{consts::*, types::*};
 use std::sync::Arc;
 
 const CU_LAUNCH_PARAM_END: usize = 0;
@@ -115,14 +115,14 @@ fn launch(
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
     let max_block = [
-        c.attribute(dev, dev_attr::MAX_BLOCK_DIM_X)?,
-        c.attribute(dev, dev_attr::MAX_BLOCK_DIM_Y)?,
-        c.attribute(dev, dev_attr::MAX_BLOCK_DIM_Z)?,
+        c.attribute(dev, CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_X)?,
+        c.attribute(dev, CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Y)?,
+        c.attribute(dev, CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Z)?,
     ];
     let max_grid = [
-        c.attribute(dev, dev_attr::MAX_GRID_DIM_X)?,
-        c.attribute(dev, dev_attr::MAX_GRID_DIM_Y)?,
-        c.attribute(dev, dev_attr::MAX_GRID_DIM_Z)?,
+        c.attribute(dev, CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_X)?,
+        c.attribute(dev, CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Y)?,
+        c.attribute(dev, CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Z)?,
     ];
     for i in 0..3 {
         if (max_block[i] > 0 && block[i] as i64 > max_block[i] as i64)
@@ -132,7 +132,9 @@ fn launch(
         }
     }
     let threads = block.iter().map(|&b| b as u64).product::<u64>();
-    let device_max = c.attribute(dev, dev_attr::MAX_THREADS_PER_BLOCK)?.max(1) as u64;
+    let device_max = c
+        .attribute(dev, CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK)?
+        .max(1) as u64;
     if threads > device_max {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
@@ -217,11 +219,11 @@ const LAUNCH_ATTRIBUTE_BYTES: usize = 72;
 /// shared memory carveout, NVLink-centric scheduling, portable cluster size
 /// and shared memory modes) are left out; those naming events are not
 /// supported yet and say so.
-fn launch_attributes(cfg: &CuLaunchConfig) -> CuResult<Vec<LaunchAttribute>> {
-    if cfg.num_attrs == 0 {
+fn launch_attributes(cfg: &CUlaunchConfig) -> CuResult<Vec<LaunchAttribute>> {
+    if cfg.numAttrs == 0 {
         return Ok(Vec::new());
     }
-    let n = cfg.num_attrs as usize;
+    let n = cfg.numAttrs as usize;
     let list = host_bytes(cfg.attrs.cast(), n.saturating_mul(LAUNCH_ATTRIBUTE_BYTES))?;
     let mut out = Vec::new();
     for a in list.chunks_exact(LAUNCH_ATTRIBUTE_BYTES) {
@@ -257,14 +259,11 @@ fn occupancy_blocks(c: &Client, f: *mut c_void, block_size: i32, smem: usize) ->
     Ok(active_blocks(&sm, &k, block_size, smem))
 }
 
-/// `CUoccupancyB2DSize`: dynamic shared memory a block size needs.
-type SmemForBlock = Option<extern "C" fn(i32) -> usize>;
-
 fn potential_block(
     min_grid: *mut i32,
     block: *mut i32,
     f: *mut c_void,
-    smem_fn: SmemForBlock,
+    smem_fn: CUoccupancyB2DSize,
     smem: usize,
     limit: i32,
 ) -> CuResult<()> {
@@ -274,7 +273,8 @@ fn potential_block(
     }
     let (sm, k, sms) = occupancy_inputs(c, f)?;
     let (grid, size) = potential_block_size(&sm, &k, sms, limit, |b| match smem_fn {
-        Some(f) => f(b),
+        // SAFETY: the program's own callback, called with a block size.
+        Some(f) => unsafe { f(b) },
         None => smem,
     });
     out(block, size)?;
@@ -307,17 +307,19 @@ driver_fn! {
     }
 
     fn cuLaunchKernelEx | cuLaunchKernelEx_ptsz (
-        config: *const CuLaunchConfig,
+        config: *const CUlaunchConfig,
         f: *mut c_void,
         params: *mut *mut c_void,
         extra: *mut *mut c_void
     ) {
         let cfg = read_in(config)?;
         let attributes = launch_attributes(cfg)?;
-        launch(client()?, f, cfg.grid, cfg.block, cfg.shared_mem_bytes, cfg.stream, params, extra, attributes)
+        let grid = [cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ];
+        let block = [cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ];
+        launch(client()?, f, grid, block, cfg.sharedMemBytes, cfg.hStream, params, extra, attributes)
     }
 
-    fn cuLaunchHostFunc | cuLaunchHostFunc_ptsz (stream: *mut c_void, func: CuHostFn, data: *mut c_void) {
+    fn cuLaunchHostFunc | cuLaunchHostFunc_ptsz (stream: *mut c_void, func: CUhostFn, data: *mut c_void) {
         let func = func.ok_or(CUDA_ERROR_INVALID_VALUE)?;
         let data = UserData(data);
         host_function(stream, Arc::new(move |status| {
@@ -330,7 +332,7 @@ driver_fn! {
         }))
     }
 
-    fn cuStreamAddCallback | cuStreamAddCallback_ptsz (stream: *mut c_void, cb: CuStreamCallback, data: *mut c_void, flags: u32) {
+    fn cuStreamAddCallback | cuStreamAddCallback_ptsz (stream: *mut c_void, cb: CUstreamCallback, data: *mut c_void, flags: u32) {
         let cb = cb.ok_or(CUDA_ERROR_INVALID_VALUE)?;
         if flags != 0 {
             return Err(CUDA_ERROR_INVALID_VALUE);
@@ -357,7 +359,7 @@ driver_fn! {
         min_grid: *mut i32,
         block: *mut i32,
         f: *mut c_void,
-        smem_fn: SmemForBlock,
+        smem_fn: CUoccupancyB2DSize,
         smem: usize,
         limit: i32
     ) {
@@ -368,7 +370,7 @@ driver_fn! {
         min_grid: *mut i32,
         block: *mut i32,
         f: *mut c_void,
-        smem_fn: SmemForBlock,
+        smem_fn: CUoccupancyB2DSize,
         smem: usize,
         limit: i32,
         _flags: u32
@@ -376,27 +378,20 @@ driver_fn! {
         potential_block(min_grid, block, f, smem_fn, smem, limit)
     }
 
-    fn cuOccupancyMaxActiveClusters(clusters: *mut i32, f: *mut c_void, config: *const u8) {
+    fn cuOccupancyMaxActiveClusters(clusters: *mut i32, f: *mut c_void, config: *const CUlaunchConfig) {
         let c = client()?;
-        if config.is_null() {
-            return Err(CUDA_ERROR_INVALID_VALUE);
-        }
-        // CUlaunchConfig: grid (3 × u32), block (3 × u32), shared bytes, the
-        // stream at 32, the attributes at 40 and their count at 48; each
-        // CUlaunchAttribute is an id and a 64-byte value 8 bytes in (72).
-        let cfg = host_bytes(config.cast(), 56)?;
-        let u32_at = |b: &[u8], o: usize| u32::from_ne_bytes(b[o..o + 4].try_into().unwrap_or_default());
-        let block = u32_at(cfg, 12) * u32_at(cfg, 16).max(1) * u32_at(cfg, 20).max(1);
-        let smem = u32_at(cfg, 24) as usize;
-        let attrs = usize::from_ne_bytes(cfg[40..48].try_into().unwrap_or_default());
-        let n = u32_at(cfg, 48) as usize;
+        let cfg = read_in(config)?;
+        let block = cfg.blockDimX * cfg.blockDimY.max(1) * cfg.blockDimZ.max(1);
+        let smem = cfg.sharedMemBytes as usize;
+        let n = cfg.numAttrs as usize;
         let mut cluster = 1u32;
-        if attrs != 0 && n > 0 {
-            let list = host_bytes(attrs as *const c_void, n.min(64) * 72)?;
-            for a in list.chunks_exact(72) {
-                // CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
-                if u32_at(a, 0) == 4 {
-                    cluster = u32_at(a, 8).max(1) * u32_at(a, 12).max(1) * u32_at(a, 16).max(1);
+        if !cfg.attrs.is_null() && n > 0 {
+            // Each CUlaunchAttribute is an id and a 64-byte value 8 bytes in.
+            let list = host_bytes(cfg.attrs, n.min(64) * LAUNCH_ATTRIBUTE_BYTES)?;
+            for a in list.chunks_exact(LAUNCH_ATTRIBUTE_BYTES) {
+                let word = |o: usize| u32::from_ne_bytes(a[o..o + 4].try_into().unwrap_or_default());
+                if word(0) == CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION {
+                    cluster = word(8).max(1) * word(12).max(1) * word(16).max(1);
                 }
             }
         }

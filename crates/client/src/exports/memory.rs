@@ -9,7 +9,7 @@ use cumux_protocol::{Call, Handle, ReplyBody, DEFAULT_STREAM};
 
 use super::*;
 use crate::state::{client, Client, HostRegion};
-use crate::types::*;
+use cumux_cuda_bindings::{consts::*, types::*};
 
 const PITCH_ALIGN: usize = 512;
 
@@ -322,68 +322,66 @@ fn pinned_rows(c: &Client, host: usize, width: usize, rows: &[(u64, u64)]) -> bo
     matches!((start, len), (Some(start), Some(len)) if crate::pinned::span(c, start, len).is_some())
 }
 
-fn copy_2d(c: &Client, p: &CudaMemcpy2D, stream: Option<Handle>) -> CuResult<()> {
-    let src = side(c, p.src_memory_type, p.src_host as usize, p.src_device)?;
-    let dst = side(c, p.dst_memory_type, p.dst_host as usize, p.dst_device)?;
-    let src_pitch = if p.src_pitch == 0 {
-        p.width_in_bytes
+fn copy_2d(c: &Client, p: &CUDA_MEMCPY2D, stream: Option<Handle>) -> CuResult<()> {
+    let src = side(c, p.srcMemoryType, p.srcHost as usize, p.srcDevice)?;
+    let dst = side(c, p.dstMemoryType, p.dstHost as usize, p.dstDevice)?;
+    let src_pitch = if p.srcPitch == 0 {
+        p.WidthInBytes
     } else {
-        p.src_pitch
+        p.srcPitch
     };
-    let dst_pitch = if p.dst_pitch == 0 {
-        p.width_in_bytes
+    let dst_pitch = if p.dstPitch == 0 {
+        p.WidthInBytes
     } else {
-        p.dst_pitch
+        p.dstPitch
     };
-    if src_pitch < p.width_in_bytes + p.src_x_in_bytes
-        || dst_pitch < p.width_in_bytes + p.dst_x_in_bytes
-    {
+    if src_pitch < p.WidthInBytes + p.srcXInBytes || dst_pitch < p.WidthInBytes + p.dstXInBytes {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
-    let rows: Vec<(u64, u64)> = (0..p.height)
+    let rows: Vec<(u64, u64)> = (0..p.Height)
         .map(|r| {
             (
-                ((p.src_y + r) * src_pitch + p.src_x_in_bytes) as u64,
-                ((p.dst_y + r) * dst_pitch + p.dst_x_in_bytes) as u64,
+                ((p.srcY + r) * src_pitch + p.srcXInBytes) as u64,
+                ((p.dstY + r) * dst_pitch + p.dstXInBytes) as u64,
             )
         })
         .collect();
-    copy_rows(c, src, dst, p.width_in_bytes, &rows, stream)
+    copy_rows(c, src, dst, p.WidthInBytes, &rows, stream)
 }
 
-fn copy_3d(c: &Client, p: &CudaMemcpy3D, stream: Option<Handle>) -> CuResult<()> {
-    let src = side(c, p.src_memory_type, p.src_host as usize, p.src_device)?;
-    let dst = side(c, p.dst_memory_type, p.dst_host as usize, p.dst_device)?;
-    let src_pitch = if p.src_pitch == 0 {
-        p.width_in_bytes
+fn copy_3d(c: &Client, p: &CUDA_MEMCPY3D, stream: Option<Handle>) -> CuResult<()> {
+    let src = side(c, p.srcMemoryType, p.srcHost as usize, p.srcDevice)?;
+    let dst = side(c, p.dstMemoryType, p.dstHost as usize, p.dstDevice)?;
+    let src_pitch = if p.srcPitch == 0 {
+        p.WidthInBytes
     } else {
-        p.src_pitch
+        p.srcPitch
     };
-    let dst_pitch = if p.dst_pitch == 0 {
-        p.width_in_bytes
+    let dst_pitch = if p.dstPitch == 0 {
+        p.WidthInBytes
     } else {
-        p.dst_pitch
+        p.dstPitch
     };
-    let src_height = if p.src_height == 0 {
-        p.height
+    let src_height = if p.srcHeight == 0 {
+        p.Height
     } else {
-        p.src_height
+        p.srcHeight
     };
-    let dst_height = if p.dst_height == 0 {
-        p.height
+    let dst_height = if p.dstHeight == 0 {
+        p.Height
     } else {
-        p.dst_height
+        p.dstHeight
     };
-    let mut rows = Vec::with_capacity(p.height * p.depth);
-    for z in 0..p.depth {
-        for y in 0..p.height {
+    let mut rows = Vec::with_capacity(p.Height * p.Depth);
+    for z in 0..p.Depth {
+        for y in 0..p.Height {
             rows.push((
-                (((p.src_z + z) * src_height + p.src_y + y) * src_pitch + p.src_x_in_bytes) as u64,
-                (((p.dst_z + z) * dst_height + p.dst_y + y) * dst_pitch + p.dst_x_in_bytes) as u64,
+                (((p.srcZ + z) * src_height + p.srcY + y) * src_pitch + p.srcXInBytes) as u64,
+                (((p.dstZ + z) * dst_height + p.dstY + y) * dst_pitch + p.dstXInBytes) as u64,
             ));
         }
     }
-    copy_rows(c, src, dst, p.width_in_bytes, &rows, stream)
+    copy_rows(c, src, dst, p.WidthInBytes, &rows, stream)
 }
 
 fn host_alloc(c: &Client, bytes: usize, flags: u32) -> CuResult<*mut c_void> {
@@ -564,20 +562,20 @@ driver_fn! {
         dtod(c, dst, src, bytes, Some(stream_of(c, stream)?))
     }
 
-    fn cuMemcpy2D_v2 | cuMemcpy2D_v2_ptds | cuMemcpy2DUnaligned_v2 | cuMemcpy2DUnaligned_v2_ptds (p: *const CudaMemcpy2D) {
+    fn cuMemcpy2D_v2 | cuMemcpy2D_v2_ptds | cuMemcpy2DUnaligned_v2 | cuMemcpy2DUnaligned_v2_ptds (p: *const CUDA_MEMCPY2D) {
         copy_2d(client()?, read_in(p)?, None)
     }
 
-    fn cuMemcpy2DAsync_v2 | cuMemcpy2DAsync_v2_ptsz (p: *const CudaMemcpy2D, stream: *mut c_void) {
+    fn cuMemcpy2DAsync_v2 | cuMemcpy2DAsync_v2_ptsz (p: *const CUDA_MEMCPY2D, stream: *mut c_void) {
         let c = client()?;
         copy_2d(c, read_in(p)?, Some(stream_of(c, stream)?))
     }
 
-    fn cuMemcpy3D_v2 | cuMemcpy3D_v2_ptds (p: *const CudaMemcpy3D) {
+    fn cuMemcpy3D_v2 | cuMemcpy3D_v2_ptds (p: *const CUDA_MEMCPY3D) {
         copy_3d(client()?, read_in(p)?, None)
     }
 
-    fn cuMemcpy3DAsync_v2 | cuMemcpy3DAsync_v2_ptsz (p: *const CudaMemcpy3D, stream: *mut c_void) {
+    fn cuMemcpy3DAsync_v2 | cuMemcpy3DAsync_v2_ptsz (p: *const CUDA_MEMCPY3D, stream: *mut c_void) {
         let c = client()?;
         copy_3d(c, read_in(p)?, Some(stream_of(c, stream)?))
     }
@@ -706,7 +704,7 @@ driver_fn! {
         pointer_attribute(client()?, attr, ptr, data)
     }
 
-    fn cuPointerGetAttributes(n: u32, attrs: *const u32, data: *mut *mut c_void, ptr: u64) {
+    fn cuPointerGetAttributes(n: u32, attrs: *mut u32, data: *mut *mut c_void, ptr: u64) {
         let c = client()?;
         let attrs = host_bytes(attrs.cast(), n as usize * 4)?;
         let slots = host_bytes_mut(data.cast(), n as usize * 8)?;

@@ -8,7 +8,7 @@ use cumux_fatbin::{Classified, FATBINC_WRAPPER_MAGIC};
 
 use super::*;
 use crate::state::{client, Client};
-use crate::types::{dev_attr, func_attr};
+use cumux_cuda_bindings::{consts::*, types::*};
 
 fn read_raw(p: *const c_void, len: usize) -> CuResult<Vec<u8>> {
     Ok(host_bytes(p, len)?.to_vec())
@@ -187,11 +187,11 @@ pub(crate) fn dynamic_shared_limit(
         return Ok(attrs.max_dynamic_shared_size_bytes);
     }
     let dev = c.current_device() as i32;
-    let per_block = c.attribute(dev, dev_attr::MAX_SHARED_MEMORY_PER_BLOCK)?;
+    let per_block = c.attribute(dev, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK)?;
     Ok((per_block - attrs.shared_size_bytes).max(0))
 }
 
-fn function_attribute(c: &Client, f: usize, attr: i32) -> CuResult<i32> {
+fn function_attribute(c: &Client, f: usize, attr: CUfunction_attribute) -> CuResult<i32> {
     let (attrs, settings) = {
         let t = c.tables();
         let func = t.function(f)?;
@@ -199,36 +199,49 @@ fn function_attribute(c: &Client, f: usize, attr: i32) -> CuResult<i32> {
     };
     let dev = c.current_device() as i32;
     Ok(match attr {
-        func_attr::MAX_THREADS_PER_BLOCK if attrs.max_threads_per_block > 0 => {
+        CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK if attrs.max_threads_per_block > 0 => {
             attrs.max_threads_per_block
         }
-        func_attr::MAX_THREADS_PER_BLOCK => c.attribute(dev, dev_attr::MAX_THREADS_PER_BLOCK)?,
-        func_attr::SHARED_SIZE_BYTES => attrs.shared_size_bytes,
-        func_attr::CONST_SIZE_BYTES => attrs.const_size_bytes,
-        func_attr::LOCAL_SIZE_BYTES => attrs.local_size_bytes,
-        func_attr::NUM_REGS => attrs.num_regs,
-        func_attr::PTX_VERSION => attrs.ptx_version,
-        func_attr::BINARY_VERSION => attrs.binary_version,
-        func_attr::CACHE_MODE_CA => 0,
-        func_attr::MAX_DYNAMIC_SHARED_SIZE_BYTES => dynamic_shared_limit(c, &attrs)?,
-        func_attr::PREFERRED_SHARED_MEMORY_CARVEOUT => settings.preferred_carveout,
+        CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK => {
+            c.attribute(dev, CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK)?
+        }
+        CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES => attrs.shared_size_bytes,
+        CU_FUNC_ATTRIBUTE_CONST_SIZE_BYTES => attrs.const_size_bytes,
+        CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES => attrs.local_size_bytes,
+        CU_FUNC_ATTRIBUTE_NUM_REGS => attrs.num_regs,
+        CU_FUNC_ATTRIBUTE_PTX_VERSION => attrs.ptx_version,
+        CU_FUNC_ATTRIBUTE_BINARY_VERSION => attrs.binary_version,
+        CU_FUNC_ATTRIBUTE_CACHE_MODE_CA => 0,
+        CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES => dynamic_shared_limit(c, &attrs)?,
+        CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT => settings.preferred_carveout,
         // CLUSTER_SIZE_MUST_BE_SET: only kernels compiled for explicit
         // clusters need one, and their launches name it.
-        10 => 0,
-        11..=13 => settings.required_cluster[(attr - 11) as usize],
-        14 => settings.non_portable_cluster_size_allowed,
-        15 => settings.cluster_scheduling_policy,
+        CU_FUNC_ATTRIBUTE_CLUSTER_SIZE_MUST_BE_SET => 0,
+        CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_WIDTH..=CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_DEPTH => {
+            settings.required_cluster[(attr - CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_WIDTH) as usize]
+        }
+        CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED => {
+            settings.non_portable_cluster_size_allowed
+        }
+        CU_FUNC_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE => {
+            settings.cluster_scheduling_policy
+        }
         _ => return Err(CUDA_ERROR_INVALID_VALUE),
     })
 }
 
-fn set_function_attribute(c: &Client, f: usize, attr: i32, value: i32) -> CuResult<()> {
+fn set_function_attribute(
+    c: &Client,
+    f: usize,
+    attr: CUfunction_attribute,
+    value: i32,
+) -> CuResult<()> {
     let dev = c.current_device() as i32;
-    let optin = c.attribute(dev, dev_attr::MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)?;
+    let optin = c.attribute(dev, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)?;
     let mut t = c.tables();
     let func = t.functions.get_mut(&f).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
     match attr {
-        func_attr::MAX_DYNAMIC_SHARED_SIZE_BYTES => {
+        CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES => {
             let limit = optin.max(0) - func.attrs.shared_size_bytes;
             if value < 0 || value > limit {
                 return Err(CUDA_ERROR_INVALID_VALUE);
@@ -236,22 +249,25 @@ fn set_function_attribute(c: &Client, f: usize, attr: i32, value: i32) -> CuResu
             func.attrs.max_dynamic_shared_size_bytes = value;
             Ok(())
         }
-        func_attr::PREFERRED_SHARED_MEMORY_CARVEOUT if (-1..=100).contains(&value) => {
+        CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT if (-1..=100).contains(&value) => {
             // A hint to the driver about the L1/shared split; kept for queries.
             func.settings.preferred_carveout = value;
             Ok(())
         }
-        11..=13 if value >= 0 => {
-            func.settings.required_cluster[(attr - 11) as usize] = value;
+        CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_WIDTH..=CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_DEPTH
+            if value >= 0 =>
+        {
+            func.settings.required_cluster
+                [(attr - CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_WIDTH) as usize] = value;
             Ok(())
         }
         // The worker opts a kernel in to non-portable cluster sizes whenever a
         // launch asks for one, as this setting allows.
-        14 if value == 0 || value == 1 => {
+        CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED if value == 0 || value == 1 => {
             func.settings.non_portable_cluster_size_allowed = value;
             Ok(())
         }
-        15 if (0..=2).contains(&value) => {
+        CU_FUNC_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE if (0..=2).contains(&value) => {
             func.settings.cluster_scheduling_policy = value;
             Ok(())
         }
@@ -305,7 +321,7 @@ driver_fn! {
         out(module, to_ptr(c.load_module(image_from_pointer(image)?)?))
     }
 
-    fn cuModuleLoadDataEx(module: *mut *mut c_void, image: *const c_void, _n: u32, _opts: *mut c_void, _vals: *mut *mut c_void) {
+    fn cuModuleLoadDataEx(module: *mut *mut c_void, image: *const c_void, _n: u32, _opts: *mut CUjit_option, _vals: *mut *mut c_void) {
         let c = client()?;
         c.context_device()?;
         out(module, to_ptr(c.load_module(image_from_pointer(image)?)?))
@@ -350,12 +366,12 @@ driver_fn! {
         write_handles(fs, n, &functions)
     }
 
-    fn cuFuncGetAttribute(value: *mut i32, attr: i32, f: *mut c_void) {
+    fn cuFuncGetAttribute(value: *mut i32, attr: CUfunction_attribute, f: *mut c_void) {
         let c = client()?;
         out(value, function_attribute(c, handle(f), attr)?)
     }
 
-    fn cuFuncSetAttribute(f: *mut c_void, attr: i32, value: i32) {
+    fn cuFuncSetAttribute(f: *mut c_void, attr: CUfunction_attribute, value: i32) {
         set_function_attribute(client()?, handle(f), attr, value)
     }
 
@@ -395,10 +411,10 @@ driver_fn! {
     fn cuLibraryLoadData(
         library: *mut *mut c_void,
         code: *const c_void,
-        _jit_opts: *mut c_void,
+        _jit_opts: *mut CUjit_option,
         _jit_vals: *mut *mut c_void,
         _n_jit: u32,
-        _lib_opts: *mut c_void,
+        _lib_opts: *mut CUlibraryOption,
         _lib_vals: *mut *mut c_void,
         _n_lib: u32
     ) {
@@ -409,10 +425,10 @@ driver_fn! {
     fn cuLibraryLoadFromFile(
         library: *mut *mut c_void,
         path: *const c_char,
-        _jit_opts: *mut c_void,
+        _jit_opts: *mut CUjit_option,
         _jit_vals: *mut *mut c_void,
         _n_jit: u32,
-        _lib_opts: *mut c_void,
+        _lib_opts: *mut CUlibraryOption,
         _lib_vals: *mut *mut c_void,
         _n_lib: u32
     ) {
@@ -476,12 +492,12 @@ driver_fn! {
         out(library, to_ptr(m))
     }
 
-    fn cuKernelGetAttribute(value: *mut i32, attr: i32, kernel: *mut c_void, _dev: i32) {
+    fn cuKernelGetAttribute(value: *mut i32, attr: CUfunction_attribute, kernel: *mut c_void, _dev: i32) {
         let c = client()?;
         out(value, function_attribute(c, handle(kernel), attr)?)
     }
 
-    fn cuKernelSetAttribute(attr: i32, value: i32, kernel: *mut c_void, _dev: i32) {
+    fn cuKernelSetAttribute(attr: CUfunction_attribute, value: i32, kernel: *mut c_void, _dev: i32) {
         set_function_attribute(client()?, handle(kernel), attr, value)
     }
 
@@ -499,7 +515,7 @@ driver_fn! {
         param_info(client()?, handle(kernel), index, offset, size)
     }
 
-    fn cuLinkCreate_v2(_n: u32, _opts: *mut c_void, _vals: *mut *mut c_void, state: *mut *mut c_void) {
+    fn cuLinkCreate_v2(_n: u32, _opts: *mut CUjit_option, _vals: *mut *mut c_void, state: *mut *mut c_void) {
         let c = client()?;
         let h = c.mint();
         c.tables().links.insert(h, crate::link::LinkState::default());
@@ -513,7 +529,7 @@ driver_fn! {
         size: usize,
         _name: *const c_char,
         _n: u32,
-        _opts: *mut c_void,
+        _opts: *mut CUjit_option,
         _vals: *mut *mut c_void
     ) {
         let c = client()?;
@@ -529,7 +545,7 @@ driver_fn! {
         kind: u32,
         path: *const c_char,
         _n: u32,
-        _opts: *mut c_void,
+        _opts: *mut CUjit_option,
         _vals: *mut *mut c_void
     ) {
         let c = client()?;

@@ -10,6 +10,7 @@ use cumux_protocol::{Call, ReplyBody};
 use super::memory::{stream_handle, stream_of};
 use super::*;
 use crate::state::{client, Client, Event, Stream};
+use cumux_cuda_bindings::types::{CUgraphEdgeData, CUgraphNode};
 
 /// Stream priorities: 0 is the lowest, -5 the highest.
 const PRIORITY_LEAST: i32 = 0;
@@ -261,7 +262,7 @@ driver_fn! {
         status: *mut u32,
         id: *mut u64,
         graph: *mut *mut c_void,
-        deps: *mut *const c_void,
+        deps: *mut *const CUgraphNode,
         num_deps: *mut usize
     ) {
         let c = client()?;
@@ -278,8 +279,8 @@ driver_fn! {
         status: *mut u32,
         id: *mut u64,
         graph: *mut *mut c_void,
-        deps: *mut *const c_void,
-        edges: *mut *const c_void,
+        deps: *mut *const CUgraphNode,
+        edges: *mut *const CUgraphEdgeData,
         num_deps: *mut usize
     ) {
         let c = client()?;
