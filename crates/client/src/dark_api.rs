@@ -125,8 +125,9 @@ extern "C" fn get_module_from_cubin_ext2(
 fn load_into(module: *mut *mut c_void, image: *const c_void) -> CuResult<()> {
     let client = crate::state::client()?;
     let bytes = crate::exports::image_from_pointer(image)?;
-    let m = client.load_module(bytes)?;
-    out(module, to_ptr(m))
+    let device = client.lock().current_device();
+    let m = client.load_module(device, bytes, None)?;
+    out(module, crate::state::handles::to_program(m))
 }
 
 static CUDART_INTERFACE: Table<13> = Table([
@@ -224,7 +225,7 @@ extern "C" fn storage_put(
         let ctx = storage_context(ctx)?;
         let client = crate::state::client()?;
         client
-            .tables()
+            .lock()
             .ctx_storage
             .insert((ctx, handle(key)), handle(value));
         Ok(())
@@ -235,7 +236,7 @@ extern "C" fn storage_delete(ctx: *mut c_void, key: *mut c_void) -> CUresult {
     crate::abi::guard("context_storage.delete", || {
         let ctx = storage_context(ctx)?;
         let client = crate::state::client()?;
-        client.tables().ctx_storage.remove(&(ctx, handle(key)));
+        client.lock().ctx_storage.remove(&(ctx, handle(key)));
         Ok(())
     })
 }
@@ -244,11 +245,7 @@ extern "C" fn storage_get(value: *mut *mut c_void, ctx: *mut c_void, key: *mut c
     crate::abi::guard("context_storage.get", || {
         let ctx = storage_context(ctx)?;
         let client = crate::state::client()?;
-        let found = client
-            .tables()
-            .ctx_storage
-            .get(&(ctx, handle(key)))
-            .copied();
+        let found = client.lock().ctx_storage.get(&(ctx, handle(key))).copied();
         match found {
             Some(v) => out(value, to_ptr(v)),
             None => Err(CUDA_ERROR_INVALID_HANDLE),
@@ -448,6 +445,8 @@ mod tests {
             CONTEXT_STORAGE_ID,
             CONTEXT_CHECKS_ID,
             INTEGRITY_ID,
+            // The tools context table (`crate::tools_context`).
+            crate::tools_context::TOOLS_CONTEXT_ID,
         ] {
             let table = export_table(&id).expect("answered");
             assert!(!table.is_null());

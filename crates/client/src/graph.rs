@@ -12,6 +12,7 @@ use cumux_protocol::{Call, GraphLaunch, Handle};
 use crate::errors::*;
 
 /// One recorded piece of stream-ordered work.
+#[derive(Clone)]
 pub enum GraphOp {
     /// A protocol call; its stream is replaced by the replay stream.
     Call(Call),

@@ -3,19 +3,26 @@
 //! `cumux-protocol`, the rest are stubs that log once and return
 //! `CUDA_ERROR_NOT_SUPPORTED`.
 //!
-//! Map: `exports/` is the C ABI (thin, one file per API area), `state` the
-//! client's tables (contexts, modules, streams, allocations), `transport` the
-//! connection (unix socket or TCP), `dark_api` the runtime's private export
-//! tables (with `integrity`, the answer to the runtime's self-check),
-//! `entry_points` the `cuGetProcAddress` table generated from the toolkit
-//! headers by `gen/entry_points.py`, `host_fn` host functions in stream order,
-//! `link` JIT linking and relocatable device code for the CPU device.
+//! Map, from the program down: `exports/` is the C ABI (one file per API
+//! area; each export is checked against its header signature in
+//! `cumux-cuda-bindings`), over `abi` (the panic guard and argument helpers).
+//! The exports work on `state`: the `Client` (connection, devices) and its
+//! one lock over everything that changes (`State`). Feature modules sit on
+//! `state`, never the other way round: `host_fn` (host functions in stream
+//! order), `managed`, `pinned`, `staging` (large pageable copies), `graph`
+//! (captured work), `link` (JIT linking for the CPU device). `transport` is
+//! the connection (shared memory, unix socket or TCP); `dark_api` the
+//! runtime's private export tables (with `integrity` and `tools_context`);
+//! `entry_points` how `cuGetProcAddress` picks a symbol; `generated/` the
+//! stubs for what is not implemented (written by the bindings' generator).
 //!
-//! Handles given to the program are minted here and never dereferenced;
-//! device pointers are the server's, in a window the client reserves so no
-//! host allocation can take those addresses. Stream-ordered calls go out
-//! without waiting; errors they cause come back at the next synchronising
-//! call.
+//! A server object (stream, event, module, function) is named inside the
+//! client by the server's handle, the one the wire carries; the program gets
+//! it in a form of its own (`state::handles`). Handles are never
+//! dereferenced; device pointers are the server's, in a window the client
+//! reserves so no host allocation can take those addresses. Stream-ordered
+//! calls go out without waiting; errors they cause come back at the next
+//! synchronising call.
 
 pub mod abi;
 pub mod dark_api;

@@ -7,7 +7,6 @@
 use std::ffi::c_void;
 
 use super::*;
-use crate::state::client;
 use cumux_cuda_bindings::{consts::*, types::*};
 
 /// `CUhostTaskSyncMode`: how the thread running host tasks waits for the
@@ -133,12 +132,6 @@ fn as_memcpy_3d(op: &Memcpy3DBatchOp) -> CuResult<CUDA_MEMCPY3D> {
     })
 }
 
-fn param_count(f: *mut c_void, count: *mut usize) -> CuResult<()> {
-    let c = client()?;
-    let n = c.tables().function(handle(f))?.params.len();
-    out(count, n)
-}
-
 driver_fn! {
     // `syncMode` says whether the thread running host tasks blocks or spins
     // while it waits for the next one. cumux runs host functions on its own
@@ -156,12 +149,8 @@ driver_fn! {
         }
     }
 
-    fn cuFuncGetParamCount(f: *mut c_void, count: *mut usize) {
-        param_count(f, count)
-    }
-
-    fn cuKernelGetParamCount(kernel: *mut c_void, count: *mut usize) {
-        param_count(kernel, count)
+    fn cuFuncGetParamCount | cuKernelGetParamCount (f: *mut c_void, count: *mut usize) {
+        super::function::param_count(f, count)
     }
 
     // The attributes are hints (location hints, overlap preference) and a

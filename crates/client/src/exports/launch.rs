@@ -1,20 +1,20 @@
-//! Kernel launches (plain, `Ex`, cooperative), host functions on streams and
-//! occupancy queries. Launches are checked against cached device and function
-//! limits, then queued without a round trip.
+//! Kernel launches (plain, `Ex`, cooperative) and host functions on streams.
+//! Launches are checked against cached device and function limits under the
+//! state lock, taken once, then queued without a round trip.
 
 use std::ffi::c_void;
 
+use std::sync::Arc;
+
+use cumux_cuda_bindings::{consts::*, types::*};
 use cumux_protocol::{Call, LaunchAttribute};
 
-use super::memory::{stream_handle, stream_of};
-use super::module::dynamic_shared_limit;
+use super::function::dynamic_shared_limit;
 use super::*;
 use crate::graph::GraphOp;
 use crate::host_fn::UserData;
-use crate::occupancy::{active_blocks, available_dynamic_smem, potential_block_size, Kernel, Sm};
+use crate::state::handles;
 use crate::state::{client, Client};
-use cumux_cuda_bindings::{consts::*, types::*};
-use std::sync::Arc;
 
 const CU_LAUNCH_PARAM_END: usize = 0;
 const CU_LAUNCH_PARAM_BUFFER_POINTER: usize = 1;
@@ -90,14 +90,13 @@ fn launch(
     stream: *mut c_void,
     kernel_params: *mut *mut c_void,
     extra: *mut *mut c_void,
-    attributes: Vec<LaunchAttribute>,
+    mut attributes: Vec<LaunchAttribute>,
 ) -> CuResult<()> {
-    let (server, params, attrs, settings) = {
-        let t = c.tables();
-        let func = t.function(handle(f))?;
-        (func.server, func.params.clone(), func.attrs, func.settings)
-    };
-    let mut attributes = attributes;
+    let function = handles::wire_or_invalid(f)?;
+    let stream = handles::stream(stream);
+    let mut st = c.lock();
+    let func = st.function(function)?;
+    let (attrs, settings) = (func.attrs, func.settings);
     let names_cluster = attributes
         .iter()
         .any(|a| matches!(a, LaunchAttribute::ClusterDim(_)));
@@ -110,7 +109,40 @@ fn launch(
             settings.cluster_scheduling_policy as u32,
         ));
     }
-    let dev = c.context_device()? as i32;
+    let dev = st.context_device()? as i32;
+    check_shape(c, dev, grid, block, &attrs)?;
+    if shared as i64 > dynamic_shared_limit(c, dev, &attrs)? as i64 {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let stream = stream?;
+    st = c.ready_stream(st, stream)?;
+    let params = pack_params(&st.function(function)?.params, kernel_params, extra)?;
+    let push = st.managed_to_push();
+    let call = st.capture_call(Call::Launch {
+        function,
+        grid,
+        block,
+        shared_bytes: shared,
+        stream,
+        params,
+        attributes,
+    });
+    drop(st);
+    crate::managed::push(c, push)?;
+    match call {
+        Some(call) => c.call(call).map(|_| ()),
+        None => Ok(()),
+    }
+}
+
+/// The grid and block limits of the device and of the kernel.
+fn check_shape(
+    c: &Client,
+    dev: i32,
+    grid: [u32; 3],
+    block: [u32; 3],
+    attrs: &cumux_protocol::FunctionAttrs,
+) -> CuResult<()> {
     if grid.contains(&0) || block.contains(&0) {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
@@ -143,75 +175,30 @@ fn launch(
     if attrs.max_threads_per_block > 0 && threads > attrs.max_threads_per_block as u64 {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
-    if shared as i64 > dynamic_shared_limit(c, &attrs)? as i64 {
-        return Err(CUDA_ERROR_INVALID_VALUE);
-    }
-    let stream = stream_of(c, stream)?;
-    let params = pack_params(&params, kernel_params, extra)?;
-    crate::managed::to_device(c)?;
-    c.call(Call::Launch {
-        function: server,
-        grid,
-        block,
-        shared_bytes: shared,
-        stream,
-        params,
-        attributes,
-    })
-    .map(|_| ())
+    Ok(())
 }
 
 /// Queues a host function behind the work already on the stream (or records
 /// it when the stream is being captured).
-fn host_function(stream: *mut c_void, run: Arc<dyn Fn(CUresult) + Send + Sync>) -> CuResult<()> {
+pub(crate) fn host_function(
+    stream: *mut c_void,
+    run: Arc<dyn Fn(CUresult) + Send + Sync>,
+) -> CuResult<()> {
     let c = client()?;
-    let s = stream_handle(c, stream)?;
-    match c.record(s, GraphOp::HostFn(run)) {
-        None => Ok(()),
-        Some(GraphOp::HostFn(run)) => crate::host_fn::enqueue(c, s, Box::new(move |st| run(st))),
-        Some(_) => Err(CUDA_ERROR_UNKNOWN),
-    }
-}
-
-/// The occupancy model's view of the current device and of kernel `f`.
-fn occupancy_inputs(c: &Client, f: *mut c_void) -> CuResult<(Sm, Kernel, i32)> {
-    let attrs = c.tables().function(handle(f))?.attrs;
-    let dev = c.current_device() as i32;
-    let attr = |a: u32, fallback: i32| -> CuResult<i32> {
-        let v = c.attribute(dev, a)?;
-        Ok(if v > 0 { v } else { fallback })
+    let stream = handles::stream(stream)?;
+    let mut st = c.lock();
+    st.check_stream(stream)?;
+    let run = match st.capture(stream, GraphOp::HostFn(run)) {
+        None => return Ok(()),
+        Some(GraphOp::HostFn(run)) => run,
+        Some(_) => return Err(CUDA_ERROR_UNKNOWN),
     };
-    let smem_per_block = attr(8, 49_152)?;
-    let sm = Sm {
-        warp_size: attr(10, 32)?,
-        threads_per_sm: attr(39, 2048)?,
-        blocks_per_sm: attr(106, 32)?,
-        regs_per_sm: attr(82, 65_536)?,
-        regs_per_block: attr(12, 65_536)?,
-        smem_per_sm: attr(81, smem_per_block)?,
-        smem_per_block_optin: attr(97, smem_per_block)?,
-        reserved_smem_per_block: c.attribute(dev, 111)?.max(0),
-    };
-    let max_threads = if attrs.max_threads_per_block > 0 {
-        attrs.max_threads_per_block
-    } else {
-        attr(1, 1024)?
-    };
-    let kernel = Kernel {
-        regs_per_thread: attrs.num_regs.max(0),
-        static_smem: attrs.shared_size_bytes.max(0),
-        max_threads_per_block: max_threads,
-        max_dynamic_smem: if attrs.max_dynamic_shared_size_bytes > 0 {
-            attrs.max_dynamic_shared_size_bytes
-        } else {
-            (smem_per_block - attrs.shared_size_bytes).max(0)
-        },
-    };
-    Ok((sm, kernel, attr(16, 1)?))
+    drop(st);
+    crate::host_fn::enqueue(c, stream, Box::new(move |status| run(status)))
 }
 
 /// Bytes of one `CUlaunchAttribute`.
-const LAUNCH_ATTRIBUTE_BYTES: usize = 72;
+pub(crate) const LAUNCH_ATTRIBUTE_BYTES: usize = 72;
 
 /// The attributes of a `cuLaunchKernelEx` that change how the kernel runs.
 /// Hints that leave its results alone (access policy window, stream
@@ -249,36 +236,6 @@ fn launch_attributes(cfg: &CUlaunchConfig) -> CuResult<Vec<LaunchAttribute>> {
         }
     }
     Ok(out)
-}
-
-fn occupancy_blocks(c: &Client, f: *mut c_void, block_size: i32, smem: usize) -> CuResult<i32> {
-    let (sm, k, _) = occupancy_inputs(c, f)?;
-    if block_size <= 0 {
-        return Err(CUDA_ERROR_INVALID_VALUE);
-    }
-    Ok(active_blocks(&sm, &k, block_size, smem))
-}
-
-fn potential_block(
-    min_grid: *mut i32,
-    block: *mut i32,
-    f: *mut c_void,
-    smem_fn: CUoccupancyB2DSize,
-    smem: usize,
-    limit: i32,
-) -> CuResult<()> {
-    let c = client()?;
-    if min_grid.is_null() || block.is_null() {
-        return Err(CUDA_ERROR_INVALID_VALUE);
-    }
-    let (sm, k, sms) = occupancy_inputs(c, f)?;
-    let (grid, size) = potential_block_size(&sm, &k, sms, limit, |b| match smem_fn {
-        // SAFETY: the program's own callback, called with a block size.
-        Some(f) => unsafe { f(b) },
-        None => smem,
-    });
-    out(block, size)?;
-    out(min_grid, grid)
 }
 
 driver_fn! {
@@ -343,66 +300,5 @@ driver_fn! {
             // SAFETY: calling the program's callback with its own arguments.
             unsafe { cb(handle.0, status, data.0) }
         }))
-    }
-
-    fn cuOccupancyMaxActiveBlocksPerMultiprocessor(n: *mut i32, f: *mut c_void, block: i32, smem: usize) {
-        let c = client()?;
-        out(n, occupancy_blocks(c, f, block, smem)?)
-    }
-
-    fn cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(n: *mut i32, f: *mut c_void, block: i32, smem: usize, _flags: u32) {
-        let c = client()?;
-        out(n, occupancy_blocks(c, f, block, smem)?)
-    }
-
-    fn cuOccupancyMaxPotentialBlockSize(
-        min_grid: *mut i32,
-        block: *mut i32,
-        f: *mut c_void,
-        smem_fn: CUoccupancyB2DSize,
-        smem: usize,
-        limit: i32
-    ) {
-        potential_block(min_grid, block, f, smem_fn, smem, limit)
-    }
-
-    fn cuOccupancyMaxPotentialBlockSizeWithFlags(
-        min_grid: *mut i32,
-        block: *mut i32,
-        f: *mut c_void,
-        smem_fn: CUoccupancyB2DSize,
-        smem: usize,
-        limit: i32,
-        _flags: u32
-    ) {
-        potential_block(min_grid, block, f, smem_fn, smem, limit)
-    }
-
-    fn cuOccupancyMaxActiveClusters(clusters: *mut i32, f: *mut c_void, config: *const CUlaunchConfig) {
-        let c = client()?;
-        let cfg = read_in(config)?;
-        let block = cfg.blockDimX * cfg.blockDimY.max(1) * cfg.blockDimZ.max(1);
-        let smem = cfg.sharedMemBytes as usize;
-        let n = cfg.numAttrs as usize;
-        let mut cluster = 1u32;
-        if !cfg.attrs.is_null() && n > 0 {
-            // Each CUlaunchAttribute is an id and a 64-byte value 8 bytes in.
-            let list = host_bytes(cfg.attrs, n.min(64) * LAUNCH_ATTRIBUTE_BYTES)?;
-            for a in list.chunks_exact(LAUNCH_ATTRIBUTE_BYTES) {
-                let word = |o: usize| u32::from_ne_bytes(a[o..o + 4].try_into().unwrap_or_default());
-                if word(0) == CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION {
-                    cluster = word(8).max(1) * word(12).max(1) * word(16).max(1);
-                }
-            }
-        }
-        let (sm, k, sms) = occupancy_inputs(c, f)?;
-        let per_sm = active_blocks(&sm, &k, block as i32, smem) as i64;
-        out(clusters, (per_sm * sms as i64 / cluster as i64).min(i32::MAX as i64) as i32)
-    }
-
-    fn cuOccupancyAvailableDynamicSMemPerBlock(size: *mut usize, f: *mut c_void, blocks: i32, block: i32) {
-        let c = client()?;
-        let (sm, k, _) = occupancy_inputs(c, f)?;
-        out(size, available_dynamic_smem(&sm, &k, blocks, block))
     }
 }

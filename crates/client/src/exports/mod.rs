@@ -67,27 +67,34 @@ macro_rules! not_implemented_stubs {
 pub(crate) use not_implemented_stubs;
 
 mod context;
+mod copy;
 mod cuda13x;
 mod device;
+mod function;
 mod graph;
 mod init;
 mod launch;
 mod memory;
 mod module;
+mod occupancy;
 mod proc_address;
 mod stream;
 #[path = "../generated/stubs.rs"]
 mod stubs;
+mod sync;
 mod tensor_map;
 
 pub use context::*;
+pub use copy::*;
 pub use cuda13x::*;
 pub use device::*;
+pub use function::*;
 pub use graph::*;
 pub use init::*;
 pub use launch::*;
 pub use memory::*;
 pub use module::*;
+pub use occupancy::*;
 pub use proc_address::*;
 pub use stream::*;
 pub use stubs::*;
