@@ -99,6 +99,23 @@ pub(crate) fn out_opt<T>(ptr: *mut T, value: T) {
     }
 }
 
+/// `CUDA_ERROR_INVALID_VALUE` for a null pointer the program must pass.
+pub(crate) fn non_null<T>(ptr: *const T) -> CuResult<()> {
+    if ptr.is_null() {
+        Err(CUDA_ERROR_INVALID_VALUE)
+    } else {
+        Ok(())
+    }
+}
+
+/// What another export returned, for an entry point that forwards to it.
+pub(crate) fn forwarded(code: CUresult) -> CuResult<()> {
+    match code {
+        CUDA_SUCCESS => Ok(()),
+        e => Err(e),
+    }
+}
+
 /// Reads a struct the program passed by pointer.
 pub(crate) fn read_in<'a, T>(ptr: *const T) -> CuResult<&'a T> {
     // SAFETY: the driver API contract makes a non-null pointer refer to a live T.

@@ -48,18 +48,23 @@ const fn size_of_table(slots: usize) -> *const c_void {
     (slots * std::mem::size_of::<usize>()) as *const c_void
 }
 
-macro_rules! unknown_slot {
+/// Slots that answer success and do nothing, saying so in the log at
+/// `$level` (the default: debug) with what they answer (`$answer`).
+macro_rules! success_slots {
     ($($fname:ident = $label:literal),* $(,)?) => {
+        success_slots!(debug, "success"; $($fname = $label),*);
+    };
+    ($level:ident, $answer:literal; $($fname:ident = $label:literal),* $(,)?) => {
         $(
             extern "C" fn $fname() -> CUresult {
-                tracing::debug!(concat!("dark API ", $label, " called; answering success"));
+                tracing::$level!(concat!("dark API ", $label, " called; answering ", $answer));
                 CUDA_SUCCESS
             }
         )*
     };
 }
 
-unknown_slot! {
+success_slots! {
     cudart_slot3 = "cudart interface slot 3",
     cudart_slot4 = "cudart interface slot 4",
     cudart_slot5 = "cudart interface slot 5",
@@ -178,20 +183,10 @@ static TOOLS_HOOKS: Table<7> = Table([
 
 // Tools thread-local storage: cuBLASLt's copy of the runtime calls its slots
 // (a null slot crashed `cublasSgemm` in `cublasLtSSSMatmulAlgoGetHeuristic`);
-// answering 0 ("success", "nothing stored") lets it go on.
-macro_rules! quiet_slot {
-    ($($fname:ident = $label:literal),* $(,)?) => {
-        $(
-            extern "C" fn $fname() -> CUresult {
-                tracing::trace!(concat!("dark API ", $label, " called; answering 0"));
-                CUDA_SUCCESS
-            }
-        )*
-    };
-}
-
-// Called on every cuBLASLt heuristic query: logged at trace level only.
-quiet_slot! {
+// answering 0 ("success", "nothing stored") lets it go on. Called on every
+// cuBLASLt heuristic query: logged at trace level only.
+success_slots! {
+    trace, "0";
     tools_tls_slot1 = "tools TLS slot 1",
     tools_tls_slot2 = "tools TLS slot 2",
     tools_tls_slot3 = "tools TLS slot 3",

@@ -54,26 +54,26 @@ fn begin<'a>(
     Ok((st, Begun { push, after }))
 }
 
+/// Where a copy's host side lies, if in a registered pinned buffer: (region,
+/// offset); no bytes on the wire then.
+pub(crate) type Pinned = Option<(Handle, u64)>;
+
 /// The route of a copy's host side.
 enum Route {
-    /// Inside a registered pinned buffer: (region, offset), no bytes on the wire.
-    Pinned(Handle, u64),
     /// Through the client's staging buffer (a large synchronous pageable copy).
     Staged(StagingLoan),
-    /// The bytes travel with the call.
-    Bytes,
+    /// From or into a pinned buffer, else with the bytes on the wire.
+    Direct(Pinned),
 }
 
 fn route(st: &mut State, host: usize, len: usize, stream: Option<Handle>) -> Route {
-    if let Some((region, offset)) = st.pinned_span(host, len) {
-        return Route::Pinned(region, offset);
-    }
-    if stream.is_none() && len >= crate::staging::MIN_BYTES {
+    let pinned = st.pinned_span(host, len);
+    if pinned.is_none() && stream.is_none() && len >= crate::staging::MIN_BYTES {
         if let Some(loan) = st.borrow_staging() {
             return Route::Staged(loan);
         }
     }
-    Route::Bytes
+    Route::Direct(pinned)
 }
 
 /// Runs a copy on the lent staging buffer and gives the buffer back; `None`
@@ -89,10 +89,34 @@ fn staged(
     result
 }
 
+/// What a copy between host and device does under the lock: records `op`
+/// (its host side `len` bytes at `host`) if its stream is being captured
+/// (`None`: nothing left to do); else `begin`s and finds the host side's
+/// route, lets the lock go and pushes managed memory.
+fn prepare(
+    c: &Client,
+    mut st: StateGuard<'_>,
+    op: GraphOp,
+    host: usize,
+    len: usize,
+    stream: Option<Handle>,
+) -> CuResult<Option<(Route, AfterSync)>> {
+    if let Some(s) = stream {
+        if st.capture(s, op).is_none() {
+            return Ok(None);
+        }
+    }
+    let (mut st, begun) = begin(c, st, stream)?;
+    let route = route(&mut st, host, len, stream);
+    drop(st);
+    crate::managed::push(c, begun.push)?;
+    Ok(Some((route, begun.after)))
+}
+
 /// Host to device; `st` from [`ready`].
 pub(crate) fn htod(
     c: &Client,
-    mut st: StateGuard<'_>,
+    st: StateGuard<'_>,
     dst: u64,
     src: &[u8],
     stream: Option<Handle>,
@@ -100,41 +124,44 @@ pub(crate) fn htod(
     if src.is_empty() {
         return Ok(());
     }
-    if let Some(s) = stream {
-        let op = GraphOp::HtoD {
-            dst,
-            src: src.as_ptr() as usize,
-            len: src.len(),
-        };
-        if st.capture(s, op).is_none() {
-            return Ok(());
-        }
-    }
-    let (mut st, begun) = begin(c, st, stream)?;
-    let route = route(&mut st, src.as_ptr() as usize, src.len(), stream);
-    drop(st);
-    crate::managed::push(c, begun.push)?;
+    let (host, len) = (src.as_ptr() as usize, src.len());
+    let op = GraphOp::HtoD {
+        dst,
+        src: host,
+        len,
+    };
+    let Some((route, after)) = prepare(c, st, op, host, len, stream)? else {
+        return Ok(());
+    };
     match route {
-        Route::Pinned(region, offset) => {
-            c.call(Call::MemcpyHtoDHost {
-                dst,
-                region,
-                offset,
-                bytes: src.len() as u64,
-                stream,
-            })?;
-        }
         Route::Staged(loan) => match staged(c, loan, |b| crate::staging::htod(c, b, dst, src)) {
             Some(done) => done?,
-            None => htod_bytes(c, dst, src, stream)?,
+            None => send_htod(c, dst, src, None, stream)?,
         },
-        Route::Bytes => htod_bytes(c, dst, src, stream)?,
+        Route::Direct(pinned) => send_htod(c, dst, src, pinned, stream)?,
     }
-    begun.after.finish(c)
+    after.finish(c)
 }
 
-/// Host to device with the bytes on the wire, in chunks.
-pub(crate) fn htod_bytes(c: &Client, dst: u64, src: &[u8], stream: Option<Handle>) -> CuResult<()> {
+/// Host to device from a pinned buffer, or with the bytes on the wire (in
+/// chunks).
+pub(crate) fn send_htod(
+    c: &Client,
+    dst: u64,
+    src: &[u8],
+    pinned: Pinned,
+    stream: Option<Handle>,
+) -> CuResult<()> {
+    if let Some((region, offset)) = pinned {
+        let call = Call::MemcpyHtoDHost {
+            dst,
+            region,
+            offset,
+            bytes: src.len() as u64,
+            stream,
+        };
+        return c.call(call).map(drop);
+    }
     for (i, chunk) in src.chunks(MAX_CHUNK_BYTES).enumerate() {
         let call = Call::MemcpyHtoD {
             dst: dst + (i * MAX_CHUNK_BYTES) as u64,
@@ -149,53 +176,50 @@ pub(crate) fn htod_bytes(c: &Client, dst: u64, src: &[u8], stream: Option<Handle
 /// Device to host; `st` from [`ready`].
 pub(crate) fn dtoh(
     c: &Client,
-    mut st: StateGuard<'_>,
+    st: StateGuard<'_>,
     dst: &mut [u8],
     src: u64,
     stream: Option<Handle>,
 ) -> CuResult<()> {
-    if let Some(s) = stream {
-        let op = GraphOp::DtoH {
-            dst: dst.as_mut_ptr() as usize,
-            src,
-            len: dst.len(),
-        };
-        if st.capture(s, op).is_none() {
-            return Ok(());
-        }
-    }
-    let (mut st, begun) = begin(c, st, stream)?;
-    let route = route(&mut st, dst.as_ptr() as usize, dst.len(), stream);
-    drop(st);
-    crate::managed::push(c, begun.push)?;
+    let (host, len) = (dst.as_mut_ptr() as usize, dst.len());
+    let op = GraphOp::DtoH {
+        dst: host,
+        src,
+        len,
+    };
+    let Some((route, after)) = prepare(c, st, op, host, len, stream)? else {
+        return Ok(());
+    };
     match route {
-        // Lands in the program's buffer: with a stream, by the time the
-        // program synchronizes, as with CUDA.
-        Route::Pinned(region, offset) => {
-            c.call(Call::MemcpyDtoHHost {
-                src,
-                region,
-                offset,
-                bytes: dst.len() as u64,
-                stream,
-            })?;
-        }
         Route::Staged(loan) => match staged(c, loan, |b| crate::staging::dtoh(c, b, dst, src)) {
             Some(done) => done?,
-            None => dtoh_bytes(c, dst, src, stream)?,
+            None => send_dtoh(c, dst, src, None, stream)?,
         },
-        Route::Bytes => dtoh_bytes(c, dst, src, stream)?,
+        Route::Direct(pinned) => send_dtoh(c, dst, src, pinned, stream)?,
     }
-    begun.after.finish(c)
+    after.finish(c)
 }
 
-/// Device to host with the bytes on the wire, in chunks.
-pub(crate) fn dtoh_bytes(
+/// Device to host into a pinned buffer (landing in the program's buffer:
+/// with a stream, by the time the program synchronizes, as with CUDA), or
+/// with the bytes on the wire (in chunks).
+pub(crate) fn send_dtoh(
     c: &Client,
     dst: &mut [u8],
     src: u64,
+    pinned: Pinned,
     stream: Option<Handle>,
 ) -> CuResult<()> {
+    if let Some((region, offset)) = pinned {
+        let call = Call::MemcpyDtoHHost {
+            src,
+            region,
+            offset,
+            bytes: dst.len() as u64,
+            stream,
+        };
+        return c.call(call).map(drop);
+    }
     for (i, chunk) in dst.chunks_mut(MAX_CHUNK_BYTES).enumerate() {
         let call = Call::MemcpyDtoH {
             src: src + (i * MAX_CHUNK_BYTES) as u64,
@@ -407,18 +431,8 @@ fn copy_rows(
             crate::managed::push(c, begun.push)?;
             for &(so, dof) in rows {
                 let bytes = host_bytes((s + so as usize) as *const c_void, width)?;
-                match pinned {
-                    Some((region, offset)) => {
-                        c.call(Call::MemcpyHtoDHost {
-                            dst: d + dof,
-                            region,
-                            offset: offset + (so - lo),
-                            bytes: width as u64,
-                            stream: Some(queue),
-                        })?;
-                    }
-                    None => htod_bytes(c, d + dof, bytes, Some(queue))?,
-                }
+                let at = pinned.map(|(region, offset)| (region, offset + (so - lo)));
+                send_htod(c, d + dof, bytes, at, Some(queue))?;
             }
         }
         (Side::Device(s), Side::Device(d)) => {
@@ -475,13 +489,9 @@ fn copy_rows(
             drop(st);
             crate::managed::push(c, begun.push)?;
             for &(so, dof) in rows {
-                c.call(Call::MemcpyDtoHHost {
-                    src: s + so,
-                    region,
-                    offset: offset + (dof - lo),
-                    bytes: width as u64,
-                    stream: Some(queue),
-                })?;
+                let bytes = host_bytes_mut((d + dof as usize) as *mut c_void, width)?;
+                let at = Some((region, offset + (dof - lo)));
+                send_dtoh(c, bytes, s + so, at, Some(queue))?;
             }
         }
         (Side::Host(s), Side::Host(d)) => {

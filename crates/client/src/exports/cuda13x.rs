@@ -143,10 +143,7 @@ driver_fn! {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
         // SAFETY: the program's own arguments, forwarded to the 13.0 form.
-        match unsafe { cuLaunchHostFunc(stream, func, data) } {
-            CUDA_SUCCESS => Ok(()),
-            e => Err(e),
-        }
+        forwarded(unsafe { cuLaunchHostFunc(stream, func, data) })
     }
 
     fn cuFuncGetParamCount | cuKernelGetParamCount (f: *mut c_void, count: *mut usize) {
@@ -159,10 +156,7 @@ driver_fn! {
     fn cuMemcpyWithAttributesAsync | cuMemcpyWithAttributesAsync_ptsz (dst: u64, src: u64, bytes: usize, attr: *mut c_void, stream: *mut c_void) {
         check_access_order(read_in(attr.cast::<MemcpyAttributes>())?.src_access_order)?;
         // SAFETY: the program's own arguments, forwarded.
-        match unsafe { cuMemcpyAsync(dst, src, bytes, stream) } {
-            CUDA_SUCCESS => Ok(()),
-            e => Err(e),
-        }
+        forwarded(unsafe { cuMemcpyAsync(dst, src, bytes, stream) })
     }
 
     fn cuMemcpy3DWithAttributesAsync | cuMemcpy3DWithAttributesAsync_ptsz (op: *mut c_void, flags: u64, stream: *mut c_void) {
@@ -171,10 +165,7 @@ driver_fn! {
         }
         let p = as_memcpy_3d(read_in(op.cast::<Memcpy3DBatchOp>())?)?;
         // SAFETY: `p` lives across the call, which reads it synchronously.
-        match unsafe { cuMemcpy3DAsync_v2(&p, stream) } {
-            CUDA_SUCCESS => Ok(()),
-            e => Err(e),
-        }
+        forwarded(unsafe { cuMemcpy3DAsync_v2(&p, stream) })
     }
 }
 

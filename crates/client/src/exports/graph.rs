@@ -8,7 +8,7 @@ use std::sync::Arc;
 use cumux_cuda_bindings::{consts::*, types::*};
 use cumux_protocol::{Call, Handle, ReplyBody, DEFAULT_STREAM};
 
-use super::copy::{dtoh_bytes, htod_bytes};
+use super::copy::{send_dtoh, send_htod, Pinned};
 use super::*;
 use crate::graph::{retarget, GraphOp, Recording};
 use crate::state::handles::{self, to_program};
@@ -125,26 +125,16 @@ struct KernelNode {
 
 fn kernel_node(c: &Client, node: *mut c_void) -> CuResult<KernelNode> {
     let mut st = c.lock();
-    let (function, grid, block, shared, bytes) = match node_op(&st, node)? {
-        GraphOp::Call(Call::Launch {
-            function,
-            grid,
-            block,
-            shared_bytes,
-            params,
-            ..
-        }) => (*function, *grid, *block, *shared_bytes, params.clone()),
-        _ => return Err(CUDA_ERROR_INVALID_VALUE),
-    };
+    let launch = crate::graph::as_launch(node_op(&st, node)?).ok_or(CUDA_ERROR_INVALID_VALUE)?;
     let layout = st
         .functions
-        .get(&function)
+        .get(&launch.function)
         .map(|f| f.params.clone())
         .ok_or(CUDA_ERROR_INVALID_VALUE)?;
     let args = st
         .kernel_node_args
         .entry(handle(node))
-        .or_insert_with(|| (bytes, Vec::new()));
+        .or_insert_with(|| (launch.params, Vec::new()));
     let base = args.0.as_ptr() as usize;
     args.1 = layout.iter().map(|pi| base + pi.offset as usize).collect();
     let kernel_params = if args.1.is_empty() {
@@ -153,12 +143,32 @@ fn kernel_node(c: &Client, node: *mut c_void) -> CuResult<KernelNode> {
         args.1.as_mut_ptr().cast()
     };
     Ok(KernelNode {
-        function,
-        grid,
-        block,
-        shared,
+        function: launch.function,
+        grid: launch.grid,
+        block: launch.block,
+        shared: launch.shared_bytes,
         kernel_params,
     })
+}
+
+/// A `CUDA_KERNEL_NODE_PARAMS` of either version from a `KernelNode`, with
+/// the fields the newer one adds.
+macro_rules! kernel_node_params {
+    ($params:ident, $k:expr $(, $field:ident: $value:expr)*) => {
+        $params {
+            func: to_program($k.function),
+            gridDimX: $k.grid[0],
+            gridDimY: $k.grid[1],
+            gridDimZ: $k.grid[2],
+            blockDimX: $k.block[0],
+            blockDimY: $k.block[1],
+            blockDimZ: $k.block[2],
+            sharedMemBytes: $k.shared,
+            kernelParams: $k.kernel_params,
+            extra: std::ptr::null_mut(),
+            $($field: $value,)*
+        }
+    };
 }
 
 /// `CUgraphEdgeData` of a default edge.
@@ -268,7 +278,7 @@ fn replay(
     let copies = recording
         .iter()
         .any(|op| matches!(op, GraphOp::HtoD { .. } | GraphOp::DtoH { .. }));
-    let pinned: Vec<Option<(Handle, u64)>> = if copies {
+    let pinned: Vec<Pinned> = if copies {
         st.context_device()?;
         recording
             .iter()
@@ -292,34 +302,13 @@ fn replay(
             }
             GraphOp::HtoD { dst, src, len } => {
                 let bytes = host_bytes(*src as *const c_void, *len)?;
-                match pinned {
-                    _ if bytes.is_empty() => {}
-                    Some((region, offset)) => {
-                        c.call(Call::MemcpyHtoDHost {
-                            dst: *dst,
-                            region,
-                            offset,
-                            bytes: bytes.len() as u64,
-                            stream: queue,
-                        })?;
-                    }
-                    None => htod_bytes(c, *dst, bytes, queue)?,
+                if !bytes.is_empty() {
+                    send_htod(c, *dst, bytes, pinned, queue)?;
                 }
             }
             GraphOp::DtoH { dst, src, len } => {
                 let bytes = host_bytes_mut(*dst as *mut c_void, *len)?;
-                match pinned {
-                    Some((region, offset)) => {
-                        c.call(Call::MemcpyDtoHHost {
-                            src: *src,
-                            region,
-                            offset,
-                            bytes: bytes.len() as u64,
-                            stream: queue,
-                        })?;
-                    }
-                    None => dtoh_bytes(c, bytes, *src, queue)?,
-                }
+                send_dtoh(c, bytes, *src, pinned, queue)?;
             }
             GraphOp::HostFn(f) => {
                 let f = Arc::clone(f);
@@ -416,33 +405,18 @@ driver_fn! {
     }
 
     fn cuGraphKernelNodeGetParams(node: *mut c_void, params: *mut CUDA_KERNEL_NODE_PARAMS_v1) {
-        read_in(params)?;
+        non_null(params)?;
         let k = kernel_node(client()?, node)?;
-        out(params, CUDA_KERNEL_NODE_PARAMS_v1 {
-            func: to_program(k.function),
-            gridDimX: k.grid[0], gridDimY: k.grid[1], gridDimZ: k.grid[2],
-            blockDimX: k.block[0], blockDimY: k.block[1], blockDimZ: k.block[2],
-            sharedMemBytes: k.shared,
-            kernelParams: k.kernel_params,
-            extra: std::ptr::null_mut(),
-        })
+        out(params, kernel_node_params!(CUDA_KERNEL_NODE_PARAMS_v1, k))
     }
 
     fn cuGraphKernelNodeGetParams_v2(node: *mut c_void, params: *mut CUDA_KERNEL_NODE_PARAMS_v2) {
-        read_in(params)?;
+        non_null(params)?;
         let k = kernel_node(client()?, node)?;
-        out(params, CUDA_KERNEL_NODE_PARAMS_v2 {
-            func: to_program(k.function),
-            gridDimX: k.grid[0], gridDimY: k.grid[1], gridDimZ: k.grid[2],
-            blockDimX: k.block[0], blockDimY: k.block[1], blockDimZ: k.block[2],
-            sharedMemBytes: k.shared,
-            kernelParams: k.kernel_params,
-            extra: std::ptr::null_mut(),
-            // cumux's CUkernel and CUfunction handles are one and the same,
-            // and the runtime maps this one back to its host stub.
-            kern: to_program(k.function),
-            ctx: to_ptr(crate::state::current_context().unwrap_or(0)),
-        })
+        // cumux's CUkernel and CUfunction handles are one and the same, and
+        // the runtime maps this one back to its host stub.
+        let context = to_ptr(crate::state::current_context().unwrap_or(0));
+        out(params, kernel_node_params!(CUDA_KERNEL_NODE_PARAMS_v2, k, kern: to_program(k.function), ctx: context))
     }
 
     fn cuGraphInstantiateWithFlags(exec: *mut *mut c_void, graph: *mut c_void, _flags: u64) {

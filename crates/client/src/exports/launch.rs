@@ -219,14 +219,29 @@ fn launch_attributes(cfg: &CUlaunchConfig) -> CuResult<Vec<LaunchAttribute>> {
         };
         let id = u32::from_ne_bytes([a[0], a[1], a[2], a[3]]);
         match id {
-            0 => {}
-            2 => out.push(LaunchAttribute::Cooperative(word(0))),
-            4 => out.push(LaunchAttribute::ClusterDim([word(0), word(1), word(2)])),
-            5 => out.push(LaunchAttribute::ClusterSchedulingPolicy(word(0))),
-            6 => out.push(LaunchAttribute::ProgrammaticSerialization(word(0))),
-            8 => out.push(LaunchAttribute::Priority(word(0) as i32)),
-            10 => out.push(LaunchAttribute::MemSyncDomain(word(0))),
-            1 | 3 | 9 | 11 | 14 | 16 | 17 | 18 => {
+            CU_LAUNCH_ATTRIBUTE_IGNORE => {}
+            CU_LAUNCH_ATTRIBUTE_COOPERATIVE => out.push(LaunchAttribute::Cooperative(word(0))),
+            CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION => {
+                out.push(LaunchAttribute::ClusterDim([word(0), word(1), word(2)]))
+            }
+            CU_LAUNCH_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE => {
+                out.push(LaunchAttribute::ClusterSchedulingPolicy(word(0)))
+            }
+            CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION => {
+                out.push(LaunchAttribute::ProgrammaticSerialization(word(0)))
+            }
+            CU_LAUNCH_ATTRIBUTE_PRIORITY => out.push(LaunchAttribute::Priority(word(0) as i32)),
+            CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN => {
+                out.push(LaunchAttribute::MemSyncDomain(word(0)))
+            }
+            CU_LAUNCH_ATTRIBUTE_ACCESS_POLICY_WINDOW
+            | CU_LAUNCH_ATTRIBUTE_SYNCHRONIZATION_POLICY
+            | CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN_MAP
+            | CU_LAUNCH_ATTRIBUTE_PREFERRED_CLUSTER_DIMENSION
+            | CU_LAUNCH_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT
+            | CU_LAUNCH_ATTRIBUTE_NVLINK_UTIL_CENTRIC_SCHEDULING
+            | CU_LAUNCH_ATTRIBUTE_PORTABLE_CLUSTER_SIZE_MODE
+            | CU_LAUNCH_ATTRIBUTE_SHARED_MEMORY_MODE => {
                 tracing::debug!("cuLaunchKernelEx: hint attribute {id} left out");
             }
             _ => {

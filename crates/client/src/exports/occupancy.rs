@@ -71,28 +71,6 @@ fn occupancy_blocks(c: &Client, f: *mut c_void, block_size: i32, smem: usize) ->
     Ok(active_blocks(&sm, &k, block_size, smem))
 }
 
-fn potential_block(
-    min_grid: *mut i32,
-    block: *mut i32,
-    f: *mut c_void,
-    smem_fn: CUoccupancyB2DSize,
-    smem: usize,
-    limit: i32,
-) -> CuResult<()> {
-    let c = client()?;
-    if min_grid.is_null() || block.is_null() {
-        return Err(CUDA_ERROR_INVALID_VALUE);
-    }
-    let (sm, k, sms) = occupancy_inputs(c, f)?;
-    let (grid, size) = potential_block_size(&sm, &k, sms, limit, |b| match smem_fn {
-        // SAFETY: the program's own callback, called with a block size.
-        Some(f) => unsafe { f(b) },
-        None => smem,
-    });
-    out(block, size)?;
-    out(min_grid, grid)
-}
-
 driver_fn! {
     fn cuOccupancyMaxActiveBlocksPerMultiprocessor(n: *mut i32, f: *mut c_void, block: i32, smem: usize) {
         let c = client()?;
@@ -104,17 +82,6 @@ driver_fn! {
         out(n, occupancy_blocks(c, f, block, smem)?)
     }
 
-    fn cuOccupancyMaxPotentialBlockSize(
-        min_grid: *mut i32,
-        block: *mut i32,
-        f: *mut c_void,
-        smem_fn: CUoccupancyB2DSize,
-        smem: usize,
-        limit: i32
-    ) {
-        potential_block(min_grid, block, f, smem_fn, smem, limit)
-    }
-
     fn cuOccupancyMaxPotentialBlockSizeWithFlags(
         min_grid: *mut i32,
         block: *mut i32,
@@ -124,7 +91,30 @@ driver_fn! {
         limit: i32,
         _flags: u32
     ) {
-        potential_block(min_grid, block, f, smem_fn, smem, limit)
+        let c = client()?;
+        if min_grid.is_null() || block.is_null() {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let (sm, k, sms) = occupancy_inputs(c, f)?;
+        let (grid, size) = potential_block_size(&sm, &k, sms, limit, |b| match smem_fn {
+            // SAFETY: the program's own callback, called with a block size.
+            Some(f) => unsafe { f(b) },
+            None => smem,
+        });
+        out(block, size)?;
+        out(min_grid, grid)
+    }
+
+    fn cuOccupancyMaxPotentialBlockSize(
+        min_grid: *mut i32,
+        block: *mut i32,
+        f: *mut c_void,
+        smem_fn: CUoccupancyB2DSize,
+        smem: usize,
+        limit: i32
+    ) {
+        // SAFETY: the program's own arguments, forwarded with no flags.
+        forwarded(unsafe { cuOccupancyMaxPotentialBlockSizeWithFlags(min_grid, block, f, smem_fn, smem, limit, 0) })
     }
 
     fn cuOccupancyMaxActiveClusters(clusters: *mut i32, f: *mut c_void, config: *const CUlaunchConfig) {

@@ -77,29 +77,6 @@ fn record(e: *mut c_void, s: *mut c_void) -> CuResult<()> {
     }
 }
 
-/// `cuStreamGetCaptureInfo` in all its versions: the stream's id and
-/// capture status; no graph, dependencies or edges (captures are recorded
-/// on the client).
-fn capture_info(
-    s: *mut c_void,
-    status: *mut u32,
-    id: *mut u64,
-    graph: *mut *mut c_void,
-    deps: *mut *const CUgraphNode,
-    edges: *mut *const CUgraphEdgeData,
-    num_deps: *mut usize,
-) -> CuResult<()> {
-    let (_, st, stream) = known_stream(s)?;
-    let capturing = st.capturing(stream);
-    drop(st);
-    out_opt(id, stream);
-    out_opt(graph, std::ptr::null_mut());
-    out_opt(deps, std::ptr::null());
-    out_opt(edges, std::ptr::null());
-    out_opt(num_deps, 0);
-    out(status, if capturing { CAPTURE_ACTIVE } else { 0 })
-}
-
 driver_fn! {
     fn cuStreamCreate(ps: *mut *mut c_void, flags: u32) {
         out(ps, create_stream(client()?, flags, 0)?)
@@ -257,9 +234,26 @@ driver_fn! {
         out(status, if capturing { CAPTURE_ACTIVE } else { 0 })
     }
 
-    fn cuStreamGetCaptureInfo | cuStreamGetCaptureInfo_ptsz (s: *mut c_void, status: *mut u32, id: *mut u64) {
-        let none = std::ptr::null_mut();
-        capture_info(s, status, id, none, none.cast(), none.cast(), none.cast())
+    // The newest form answers for all: the stream's id and capture status;
+    // no graph, dependencies or edges (captures are recorded on the client).
+    fn cuStreamGetCaptureInfo_v3 | cuStreamGetCaptureInfo_v3_ptsz (
+        s: *mut c_void,
+        status: *mut u32,
+        id: *mut u64,
+        graph: *mut *mut c_void,
+        deps: *mut *const CUgraphNode,
+        edges: *mut *const CUgraphEdgeData,
+        num_deps: *mut usize
+    ) {
+        let (_, st, stream) = known_stream(s)?;
+        let capturing = st.capturing(stream);
+        drop(st);
+        out_opt(id, stream);
+        out_opt(graph, std::ptr::null_mut());
+        out_opt(deps, std::ptr::null());
+        out_opt(edges, std::ptr::null());
+        out_opt(num_deps, 0);
+        out(status, if capturing { CAPTURE_ACTIVE } else { 0 })
     }
 
     fn cuStreamGetCaptureInfo_v2 | cuStreamGetCaptureInfo_v2_ptsz (
@@ -270,19 +264,15 @@ driver_fn! {
         deps: *mut *const CUgraphNode,
         num_deps: *mut usize
     ) {
-        capture_info(s, status, id, graph, deps, std::ptr::null_mut(), num_deps)
+        let no_edges = std::ptr::null_mut();
+        // SAFETY: the program's own arguments, forwarded to the newest form.
+        forwarded(unsafe { cuStreamGetCaptureInfo_v3(s, status, id, graph, deps, no_edges, num_deps) })
     }
 
-    fn cuStreamGetCaptureInfo_v3 | cuStreamGetCaptureInfo_v3_ptsz (
-        s: *mut c_void,
-        status: *mut u32,
-        id: *mut u64,
-        graph: *mut *mut c_void,
-        deps: *mut *const CUgraphNode,
-        edges: *mut *const CUgraphEdgeData,
-        num_deps: *mut usize
-    ) {
-        capture_info(s, status, id, graph, deps, edges, num_deps)
+    fn cuStreamGetCaptureInfo | cuStreamGetCaptureInfo_ptsz (s: *mut c_void, status: *mut u32, id: *mut u64) {
+        let none = std::ptr::null_mut();
+        // SAFETY: as above, the rest not wanted.
+        forwarded(unsafe { cuStreamGetCaptureInfo_v3(s, status, id, none, none.cast(), none.cast(), none.cast()) })
     }
 
     fn cuThreadExchangeStreamCaptureMode(mode: *mut u32) {

@@ -88,40 +88,29 @@ impl AfterSync {
         }
     }
 
-    /// After a stream's synchronisation: its host functions, managed memory.
-    pub(crate) fn stream(s: &State, stream: Handle) -> AfterSync {
-        let host_fns = if s.host_fns_pending(stream) {
-            HostFns::Stream(stream)
-        } else {
-            HostFns::None
-        };
+    /// Waits for `host_fns` if `pending`, and pulls managed memory if there is any.
+    fn noted(s: &State, host_fns: HostFns, pending: bool) -> AfterSync {
         AfterSync {
-            host_fns,
+            host_fns: if pending { host_fns } else { HostFns::None },
             managed: !s.managed.is_empty(),
         }
+    }
+
+    /// After a stream's synchronisation: its host functions, managed memory.
+    pub(crate) fn stream(s: &State, stream: Handle) -> AfterSync {
+        Self::noted(s, HostFns::Stream(stream), s.host_fns_pending(stream))
     }
 
     /// After the context's synchronisation: every stream's host functions,
     /// managed memory.
     pub(crate) fn context(s: &State) -> AfterSync {
-        let host_fns = if s.any_host_fns_pending() {
-            HostFns::All
-        } else {
-            HostFns::None
-        };
-        AfterSync {
-            host_fns,
-            managed: !s.managed.is_empty(),
-        }
+        Self::noted(s, HostFns::All, s.any_host_fns_pending())
     }
 
     /// After a synchronising wait that runs no host functions (an event, a
     /// synchronous copy): managed memory.
     pub(crate) fn managed(s: &State) -> AfterSync {
-        AfterSync {
-            host_fns: HostFns::None,
-            managed: !s.managed.is_empty(),
-        }
+        Self::noted(s, HostFns::None, false)
     }
 
     pub(crate) fn finish(self, c: &Client) -> CuResult<()> {
