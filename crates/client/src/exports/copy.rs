@@ -109,7 +109,12 @@ fn prepare(
     let (mut st, begun) = begin(c, st, stream)?;
     let route = route(&mut st, host, len, stream);
     drop(st);
-    crate::managed::push(c, begun.push)?;
+    if let Err(e) = crate::managed::push(c, begun.push) {
+        if let Route::Staged(loan) = route {
+            c.lock().unborrow_staging(loan);
+        }
+        return Err(e);
+    }
     Ok(Some((route, begun.after)))
 }
 

@@ -173,9 +173,11 @@ fn loaded(c: &'static Client, library: *mut c_void) -> CuResult<StateGuard<'stat
                 let code = *image_at;
                 st.libraries.insert(h, Library::Loading);
                 drop(st);
+                let unwinding = Relazy { c, h, code };
                 tracing::debug!("loading library {h:#x} at its first use");
                 let result = image_from_pointer(code as *const c_void)
                     .and_then(|image| load_library(c, h, image));
+                std::mem::forget(unwinding);
                 st = c.lock();
                 if result.is_err() {
                     st.libraries.remove(&h);
@@ -186,6 +188,24 @@ fn loaded(c: &'static Client, library: *mut c_void) -> CuResult<StateGuard<'stat
             Some(Library::Loading) => st = c.wait(st),
             _ => return Ok(st),
         }
+    }
+}
+
+/// Puts a library back to lazy if its load panics, so the threads waiting
+/// for it do not wait forever (forgotten once the load returns).
+struct Relazy {
+    c: &'static Client,
+    h: usize,
+    code: usize,
+}
+
+impl Drop for Relazy {
+    fn drop(&mut self) {
+        let lazy = Library::Lazy {
+            image_at: self.code,
+        };
+        self.c.lock().libraries.insert(self.h, lazy);
+        self.c.changed();
     }
 }
 

@@ -466,6 +466,14 @@ impl State {
         }
     }
 
+    /// Gives back a loan a copy did not use.
+    pub fn unborrow_staging(&mut self, loan: StagingLoan) {
+        self.staging = match loan {
+            StagingLoan::Ready(buffer) => StagingSlot::Ready(buffer),
+            StagingLoan::ToMake => StagingSlot::Untried,
+        };
+    }
+
     /// Gives the staging buffer back (`None`: it could not be made).
     pub fn return_staging(&mut self, buffer: Option<StagingBuffer>) {
         self.staging = match buffer {
