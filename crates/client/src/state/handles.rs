@@ -1,10 +1,11 @@
 //! The handles the program holds. An object the server made (stream, event,
 //! module, function) is named inside the client by the server's handle, the
 //! one the wire carries; the program gets that handle shifted into a range
-//! of its own (`WIRE_TAG | handle << 4`), so it stays 16-byte aligned (PyTorch
-//! tells its own streams from others' by the low bit) and never meets the
-//! handles the client mints for objects only it keeps (contexts, libraries,
-//! graphs, link states), which count up from `FIRST_MINTED`.
+//! of its own (`WIRE_TAG | handle << 4`), so it stays 16-byte aligned as the
+//! handles the client mints are (a program may keep flags in the low bits of
+//! a pointer it is given) and never meets those, which name objects only the
+//! client keeps (contexts, libraries, graphs, link states) and count up from
+//! `FIRST_MINTED`. Inside the client the wire's handle is the only name.
 
 use std::ffi::c_void;
 
