@@ -34,8 +34,8 @@
 use std::cell::UnsafeCell;
 use std::ffi::c_void;
 
+use crate::abi::{handle, out, to_ptr};
 use crate::errors::*;
-use crate::exports::{handle, out, to_ptr};
 
 /// A table of pointers the runtime reads; immutable after start.
 #[repr(transparent)]
@@ -48,18 +48,23 @@ const fn size_of_table(slots: usize) -> *const c_void {
     (slots * std::mem::size_of::<usize>()) as *const c_void
 }
 
-macro_rules! unknown_slot {
+/// Slots that answer success and do nothing, saying so in the log at
+/// `$level` (the default: debug) with what they answer (`$answer`).
+macro_rules! success_slots {
     ($($fname:ident = $label:literal),* $(,)?) => {
+        success_slots!(debug, "success"; $($fname = $label),*);
+    };
+    ($level:ident, $answer:literal; $($fname:ident = $label:literal),* $(,)?) => {
         $(
             extern "C" fn $fname() -> CUresult {
-                tracing::debug!(concat!("dark API ", $label, " called; answering success"));
+                tracing::$level!(concat!("dark API ", $label, " called; answering ", $answer));
                 CUDA_SUCCESS
             }
         )*
     };
 }
 
-unknown_slot! {
+success_slots! {
     cudart_slot3 = "cudart interface slot 3",
     cudart_slot4 = "cudart interface slot 4",
     cudart_slot5 = "cudart interface slot 5",
@@ -80,7 +85,7 @@ unknown_slot! {
 
 /// Slot 1: load the module of a `__fatBinC_Wrapper_t`.
 extern "C" fn get_module_from_cubin(module: *mut *mut c_void, wrapper: *const c_void) -> CUresult {
-    crate::guard("cudart.get_module_from_cubin", || {
+    crate::abi::guard("cudart.get_module_from_cubin", || {
         load_into(module, wrapper)
     })
 }
@@ -99,7 +104,7 @@ extern "C" fn get_module_from_cubin_ext1(
     _a4: *mut c_void,
     _a5: u32,
 ) -> CUresult {
-    crate::guard("cudart.get_module_from_cubin_ext1", || {
+    crate::abi::guard("cudart.get_module_from_cubin_ext1", || {
         load_into(module, wrapper)
     })
 }
@@ -117,7 +122,7 @@ extern "C" fn get_module_from_cubin_ext2(
     _a4: *mut c_void,
     _a5: u32,
 ) -> CUresult {
-    crate::guard("cudart.get_module_from_cubin_ext2", || {
+    crate::abi::guard("cudart.get_module_from_cubin_ext2", || {
         load_into(module, fatbin)
     })
 }
@@ -125,8 +130,9 @@ extern "C" fn get_module_from_cubin_ext2(
 fn load_into(module: *mut *mut c_void, image: *const c_void) -> CuResult<()> {
     let client = crate::state::client()?;
     let bytes = crate::exports::image_from_pointer(image)?;
-    let m = client.load_module(bytes)?;
-    out(module, to_ptr(m))
+    let device = client.lock().current_device();
+    let m = client.load_module(device, bytes, None)?;
+    out(module, crate::state::handles::to_program(m))
 }
 
 static CUDART_INTERFACE: Table<13> = Table([
@@ -177,20 +183,10 @@ static TOOLS_HOOKS: Table<7> = Table([
 
 // Tools thread-local storage: cuBLASLt's copy of the runtime calls its slots
 // (a null slot crashed `cublasSgemm` in `cublasLtSSSMatmulAlgoGetHeuristic`);
-// answering 0 ("success", "nothing stored") lets it go on.
-macro_rules! quiet_slot {
-    ($($fname:ident = $label:literal),* $(,)?) => {
-        $(
-            extern "C" fn $fname() -> CUresult {
-                tracing::trace!(concat!("dark API ", $label, " called; answering 0"));
-                CUDA_SUCCESS
-            }
-        )*
-    };
-}
-
-// Called on every cuBLASLt heuristic query: logged at trace level only.
-quiet_slot! {
+// answering 0 ("success", "nothing stored") lets it go on. Called on every
+// cuBLASLt heuristic query: logged at trace level only.
+success_slots! {
+    trace, "0";
     tools_tls_slot1 = "tools TLS slot 1",
     tools_tls_slot2 = "tools TLS slot 2",
     tools_tls_slot3 = "tools TLS slot 3",
@@ -220,11 +216,11 @@ extern "C" fn storage_put(
     value: *mut c_void,
     _dtor: StorageDtor,
 ) -> CUresult {
-    crate::guard("context_storage.put", || {
+    crate::abi::guard("context_storage.put", || {
         let ctx = storage_context(ctx)?;
         let client = crate::state::client()?;
         client
-            .tables()
+            .lock()
             .ctx_storage
             .insert((ctx, handle(key)), handle(value));
         Ok(())
@@ -232,23 +228,19 @@ extern "C" fn storage_put(
 }
 
 extern "C" fn storage_delete(ctx: *mut c_void, key: *mut c_void) -> CUresult {
-    crate::guard("context_storage.delete", || {
+    crate::abi::guard("context_storage.delete", || {
         let ctx = storage_context(ctx)?;
         let client = crate::state::client()?;
-        client.tables().ctx_storage.remove(&(ctx, handle(key)));
+        client.lock().ctx_storage.remove(&(ctx, handle(key)));
         Ok(())
     })
 }
 
 extern "C" fn storage_get(value: *mut *mut c_void, ctx: *mut c_void, key: *mut c_void) -> CUresult {
-    crate::guard("context_storage.get", || {
+    crate::abi::guard("context_storage.get", || {
         let ctx = storage_context(ctx)?;
         let client = crate::state::client()?;
-        let found = client
-            .tables()
-            .ctx_storage
-            .get(&(ctx, handle(key)))
-            .copied();
+        let found = client.lock().ctx_storage.get(&(ctx, handle(key))).copied();
         match found {
             Some(v) => out(value, to_ptr(v)),
             None => Err(CUDA_ERROR_INVALID_HANDLE),
@@ -302,7 +294,7 @@ const CONTEXT_CHECKS_SLOTS: usize = 4;
 
 /// Slot 1 of the integrity table: see `crate::integrity`.
 extern "C" fn integrity_check(version: u32, unix_seconds: u64, result: *mut [u64; 2]) -> CUresult {
-    crate::guard("integrity_check", || {
+    crate::abi::guard("integrity_check", || {
         tracing::debug!("dark API integrity check: version {version}, time {unix_seconds}");
         let client = crate::state::client()?;
         let devices = (0..client.devices.len() as i32)
@@ -316,7 +308,7 @@ extern "C" fn integrity_check(version: u32, unix_seconds: u64, result: *mut [u64
             })
             .collect::<CuResult<Vec<_>>>()?;
         let inputs = crate::integrity::Inputs {
-            driver_version: crate::exports::DRIVER_VERSION as u32,
+            driver_version: crate::abi::DRIVER_VERSION as u32,
             version,
             process: std::process::id(),
             // SAFETY: pthread_self has no preconditions.
@@ -448,6 +440,8 @@ mod tests {
             CONTEXT_STORAGE_ID,
             CONTEXT_CHECKS_ID,
             INTEGRITY_ID,
+            // The tools context table (`crate::tools_context`).
+            crate::tools_context::TOOLS_CONTEXT_ID,
         ] {
             let table = export_table(&id).expect("answered");
             assert!(!table.is_null());

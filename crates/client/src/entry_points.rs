@@ -1,21 +1,11 @@
-//! The table `cuGetProcAddress` answers from: every driver entry point keyed
-//! by base name, the CUDA version that introduced each form, and whether it is
-//! the per-thread-default-stream form. Generated from the toolkit headers by
-//! `gen/entry_points.py`.
+//! How `cuGetProcAddress` picks a symbol: from the table generated from the
+//! toolkit headers (`cumux_cuda_bindings::entry_points`), every driver entry
+//! point keyed by base name, the CUDA version that introduced each form, and
+//! whether it is the per-thread-default-stream form.
 
-use std::ffi::c_void;
+use cumux_cuda_bindings::entry_points::ENTRY_POINTS;
 
-#[path = "entry_points_generated.rs"]
-pub mod generated;
-
-/// One (name, version) form of an entry point and the symbol implementing it.
-#[derive(Debug, Clone, Copy)]
-pub struct EntryPoint {
-    pub name: &'static str,
-    pub version: u32,
-    pub per_thread: bool,
-    pub symbol: &'static str,
-}
+pub use cumux_cuda_bindings::entry_points::EntryPoint;
 
 pub const CU_GET_PROC_ADDRESS_LEGACY_STREAM: u64 = 1;
 pub const CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM: u64 = 2;
@@ -32,7 +22,7 @@ pub enum SymbolStatus {
 /// Resolves `name` as a program built for CUDA `version` means it. The
 /// per-thread form wins when asked for and it exists at that version.
 pub fn resolve(name: &str, version: i32, flags: u64) -> Result<&'static EntryPoint, SymbolStatus> {
-    let forms = generated::ENTRY_POINTS.iter().filter(|e| e.name == name);
+    let forms = ENTRY_POINTS.iter().filter(|e| e.name == name);
     let per_thread = flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM != 0;
     let mut any = false;
     let mut best: Option<&EntryPoint> = None;
@@ -59,11 +49,6 @@ pub fn resolve(name: &str, version: i32, flags: u64) -> Result<&'static EntryPoi
         (_, _, Some(b)) => Ok(b),
         _ => Err(SymbolStatus::VersionNotSufficient),
     }
-}
-
-/// Address of an exported symbol by its exact name (`cuMemAlloc_v2`).
-pub fn symbol_address(symbol: &str) -> Option<*const c_void> {
-    generated::symbol_address(symbol)
 }
 
 #[cfg(test)]
@@ -123,8 +108,5 @@ mod tests {
             resolve("cuNoSuchThing", 13000, 0).unwrap_err(),
             SymbolStatus::SymbolNotFound
         );
-        for e in generated::ENTRY_POINTS {
-            assert!(symbol_address(e.symbol).is_some(), "{}", e.symbol);
-        }
     }
 }

@@ -12,6 +12,7 @@ use cumux_protocol::{Call, GraphLaunch, Handle};
 use crate::errors::*;
 
 /// One recorded piece of stream-ordered work.
+#[derive(Clone)]
 pub enum GraphOp {
     /// A protocol call; its stream is replaced by the replay stream.
     Call(Call),
@@ -41,34 +42,37 @@ pub fn stream_of_call(call: &Call) -> Option<Handle> {
     }
 }
 
-/// A recorded call retargeted at `to`.
+/// A recorded kernel launch, as one launch of a server-side graph; `None`
+/// for any other op.
+pub fn as_launch(op: &GraphOp) -> Option<GraphLaunch> {
+    match op {
+        GraphOp::Call(Call::Launch {
+            function,
+            grid,
+            block,
+            shared_bytes,
+            params,
+            attributes,
+            ..
+        }) => Some(GraphLaunch {
+            function: *function,
+            grid: *grid,
+            block: *block,
+            shared_bytes: *shared_bytes,
+            params: params.clone(),
+            attributes: attributes.clone(),
+        }),
+        _ => None,
+    }
+}
+
 /// A recording of kernel launches alone, as the launches of one server-side
 /// graph (`Call::GraphCreate`); `None` if it records anything else.
 pub fn launches_only(recording: &[GraphOp]) -> Option<Vec<GraphLaunch>> {
-    recording
-        .iter()
-        .map(|op| match op {
-            GraphOp::Call(Call::Launch {
-                function,
-                grid,
-                block,
-                shared_bytes,
-                params,
-                attributes,
-                ..
-            }) => Some(GraphLaunch {
-                function: *function,
-                grid: *grid,
-                block: *block,
-                shared_bytes: *shared_bytes,
-                params: params.clone(),
-                attributes: attributes.clone(),
-            }),
-            _ => None,
-        })
-        .collect()
+    recording.iter().map(as_launch).collect()
 }
 
+/// A recorded call retargeted at `to`.
 pub fn retarget(call: &Call, to: Handle) -> Call {
     let mut call = call.clone();
     match &mut call {

@@ -1,96 +1,40 @@
 //! Host functions on streams (`cuLaunchHostFunc`, `cuStreamAddCallback`), run
-//! in the program's own process in stream order. Each stream has a gate: a
-//! host function records an event on the stream and joins the stream's queue;
-//! one worker thread per busy stream waits (polling the event) until the
-//! stream reaches it, then calls it. Until the queue is empty, new work for
-//! that stream waits at the gate, so it starts after the callback, and
-//! synchronising the stream includes its callbacks.
+//! in the program's own process in stream order. A host function records an
+//! event on its stream and joins the stream's queue (`State::host_fns`); one
+//! worker thread per busy stream waits (polling the event) until the stream
+//! reaches it, then calls it. Until the queue is empty, new work for that
+//! stream waits (`Client::ready_stream`), so it starts after the callback,
+//! and synchronising the stream includes its callbacks.
 
-use std::collections::{HashMap, VecDeque};
 use std::ffi::c_void;
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 
-use cumux_protocol::{Call, Handle, ReplyBody};
+use cumux_cuda_bindings::consts::CU_EVENT_DISABLE_TIMING;
+use cumux_protocol::{Call, Handle};
 
 use crate::errors::*;
-use crate::state::Client;
+use crate::state::{Client, HostCall};
 
-/// A pending host function: what to call once the stream reaches `event`.
-pub struct HostCall {
-    pub event: Handle,
-    pub run: Box<dyn FnOnce(CUresult) + Send>,
-}
-
-#[derive(Default)]
-struct Queue {
-    calls: VecDeque<HostCall>,
-    /// Calls queued or running; work for the stream waits while non-zero.
-    pending: usize,
-    worker: bool,
-}
-
-#[derive(Default)]
-pub struct Gate {
-    queue: Mutex<Queue>,
-    idle: Condvar,
-}
-
-fn lock(q: &Mutex<Queue>) -> MutexGuard<'_, Queue> {
-    q.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-impl Gate {
-    /// Blocks until every host function queued on the stream has run.
-    pub fn wait_idle(&self) {
-        let mut q = lock(&self.queue);
-        while q.pending > 0 {
-            q = self.idle.wait(q).unwrap_or_else(|p| p.into_inner());
-        }
-    }
-
-    pub fn busy(&self) -> bool {
-        lock(&self.queue).pending > 0
-    }
-}
-
-/// Gates by server stream handle.
-#[derive(Default)]
-pub struct Gates(Mutex<HashMap<Handle, Arc<Gate>>>);
-
-impl Gates {
-    pub fn get(&self, stream: Handle) -> Arc<Gate> {
-        let mut map = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        Arc::clone(map.entry(stream).or_default())
-    }
-
-    pub fn all(&self) -> Vec<Arc<Gate>> {
-        let map = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        map.values().cloned().collect()
-    }
-}
-
-/// Queues `run` to be called once `stream` has finished the work queued so far.
+/// Queues `run` to be called once `stream` has finished the work queued so
+/// far (the caller has checked the stream and that it is not captured).
 pub fn enqueue(
     client: &'static Client,
     stream: Handle,
     run: Box<dyn FnOnce(CUresult) + Send>,
 ) -> CuResult<()> {
-    let event = match client.call(Call::EventCreate { flags: 0x2 })? {
-        ReplyBody::Handle(h) => h,
-        _ => return Err(CUDA_ERROR_UNKNOWN),
-    };
+    let event = client.call_for_handle(Call::EventCreate {
+        flags: CU_EVENT_DISABLE_TIMING,
+    })?;
     client.call(Call::EventRecord { event, stream })?;
-    let gate = client.gates.get(stream);
-    let mut q = lock(&gate.queue);
+    let mut s = client.lock();
+    let q = s.host_fns.entry(stream).or_default();
     q.calls.push_back(HostCall { event, run });
     q.pending += 1;
     if !q.worker {
         q.worker = true;
-        let gate = Arc::clone(&gate);
         std::thread::Builder::new()
             .name("cumux-host-fn".into())
-            .spawn(move || worker(client, gate))
+            .spawn(move || worker(client, stream))
             .map_err(|_| CUDA_ERROR_OUT_OF_MEMORY)?;
     }
     Ok(())
@@ -111,10 +55,11 @@ fn reached(client: &Client, event: Handle) -> CUresult {
     }
 }
 
-fn worker(client: &'static Client, gate: Arc<Gate>) {
+fn worker(client: &'static Client, stream: Handle) {
     loop {
         let next = {
-            let mut q = lock(&gate.queue);
+            let mut s = client.lock();
+            let q = s.host_fns.entry(stream).or_default();
             match q.calls.pop_front() {
                 Some(c) => c,
                 None => {
@@ -125,12 +70,13 @@ fn worker(client: &'static Client, gate: Arc<Gate>) {
         };
         let status = reached(client, next.event);
         let _ = client.call(Call::EventDestroy { event: next.event });
-        // A panicking host function must not take the worker (and the gate) down.
+        // A panicking host function must not take the worker (and the queue) down.
         let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| (next.run)(status)));
-        let mut q = lock(&gate.queue);
+        let mut s = client.lock();
+        let q = s.host_fns.entry(stream).or_default();
         q.pending -= 1;
         if q.pending == 0 {
-            gate.idle.notify_all();
+            client.changed();
         }
     }
 }

@@ -1,5 +1,6 @@
 //! Zero-copy pinned host memory: `cuMemHostAlloc` buffers are sealed memfds
-//! mapped `MAP_SHARED` and registered with the server, so copies name them.
+//! mapped `MAP_SHARED` and registered with the server, so copies name them
+//! (`State::pinned_span`).
 //!
 //! The server (and the worker behind it) map the same pages: a copy between
 //! device memory and such a buffer travels as (region, offset, length), and a
@@ -8,13 +9,12 @@
 //! transport, an old server), the buffer is plain memory and copies carry
 //! their bytes, as before. `CUMUX_PINNED=off` keeps every buffer plain.
 
-use std::ffi::c_void;
 use std::os::fd::AsFd;
 
 use cumux_protocol::pinned::{create_memfd, HostMapping};
-use cumux_protocol::{Call, Handle, ReplyBody};
+use cumux_protocol::{Call, ReplyBody};
 
-use crate::state::Client;
+use crate::state::{Client, PinnedMemory};
 
 /// Buffers smaller than this stay plain: their copies are small anyway.
 pub const MIN_BYTES: usize = 64 << 10;
@@ -24,18 +24,6 @@ pub const MIN_BYTES: usize = 64 << 10;
 pub const PINNED_ENV: &str = "CUMUX_PINNED";
 
 const PAGE: usize = 4096;
-
-/// A pinned buffer the server knows: its region and the program's mapping.
-pub struct PinnedMemory {
-    pub region: Handle,
-    mapping: HostMapping,
-}
-
-impl PinnedMemory {
-    pub fn ptr(&self) -> *mut c_void {
-        self.mapping.as_ptr().cast()
-    }
-}
 
 /// Whether copies may name shared buffers at all (`CUMUX_PINNED` is not `off`).
 pub fn enabled() -> bool {
@@ -84,15 +72,4 @@ pub fn free(c: &Client, memory: PinnedMemory) {
         tracing::debug!(region = memory.region, "unregistering pinned memory: {e}");
     }
     drop(memory);
-}
-
-/// The region and offset of `[ptr, ptr + len)` if it lies wholly inside one
-/// registered pinned buffer.
-pub fn span(c: &Client, ptr: usize, len: usize) -> Option<(Handle, u64)> {
-    let t = c.tables();
-    let (base, region) = t.host_region_of(ptr)?;
-    let pinned = region.pinned.as_ref()?;
-    let offset = ptr - base;
-    let end = offset.checked_add(len)?;
-    (end <= region.size).then_some((pinned.region, offset as u64))
 }

@@ -10,151 +10,114 @@
 //! The copies go on the legacy default stream and the call returns once the
 //! last is done, as a synchronous copy does. Asynchronous copies of pageable
 //! memory keep the old route: their bytes are taken at the call.
+//!
+//! The buffer lives in the state (`State::staging`), lent to one copy at a
+//! time (`State::borrow_staging`); a copy that finds it lent takes the old
+//! route too.
 
 use std::os::fd::AsFd;
-use std::sync::{Mutex, MutexGuard, TryLockError};
 
+use cumux_cuda_bindings::consts::CU_EVENT_DISABLE_TIMING;
 use cumux_protocol::pinned::{create_memfd, HostMapping};
-use cumux_protocol::{Call, Handle, ReplyBody, DEFAULT_STREAM};
+use cumux_protocol::{Call, ReplyBody, DEFAULT_STREAM};
 
 use crate::errors::*;
-use crate::state::Client;
+use crate::state::{Client, StagingBuffer, StagingLoan};
 
 /// Copies this large or larger are staged.
 pub const MIN_BYTES: usize = 1 << 20;
 /// Bytes of one slot.
 pub const SLOT_BYTES: usize = 4 << 20;
-/// `CU_EVENT_DISABLE_TIMING`.
-const EVENT_DISABLE_TIMING: u32 = 0x2;
 
-/// The staging buffer, once set up.
-pub struct Staging {
-    region: Handle,
-    mapping: HostMapping,
-    /// Recorded after the latest copy through each slot.
-    events: [Handle; 2],
+/// The buffer a loan gives: made now if nobody made it yet. `None` when it
+/// cannot be had (`CUMUX_PINNED=off`, or the server would not take it).
+pub fn buffer(c: &Client, loan: StagingLoan) -> Option<StagingBuffer> {
+    match loan {
+        StagingLoan::Ready(buffer) => Some(buffer),
+        StagingLoan::ToMake if !crate::pinned::enabled() => None,
+        StagingLoan::ToMake => setup(c)
+            .map_err(|e| {
+                tracing::debug!("no staging buffer ({e}); large pageable copies carry their bytes");
+            })
+            .ok(),
+    }
 }
 
-/// The client's staging buffer: made at the first large copy; `Err` when
-/// the server would not take it (copies then keep the old route).
-#[derive(Default)]
-pub struct StagingSlot(Mutex<Option<Result<Staging, ()>>>);
-
-impl Staging {
-    fn setup(c: &Client) -> CuResult<Staging> {
-        let len = (2 * SLOT_BYTES) as u64;
-        let fd = create_memfd(len).map_err(|_| CUDA_ERROR_OUT_OF_MEMORY)?;
-        let mapping = HostMapping::map(fd.as_fd(), len).map_err(|_| CUDA_ERROR_OUT_OF_MEMORY)?;
-        let call = Call::HostRegister {
-            base: mapping.as_ptr() as u64,
-            bytes: len,
-        };
-        let region = match c.register_host(call, fd.as_fd())? {
-            ReplyBody::Handle(h) => h,
-            _ => return Err(CUDA_ERROR_UNKNOWN),
-        };
-        let mut events = [0; 2];
-        for e in &mut events {
-            *e = match c.call(Call::EventCreate {
-                flags: EVENT_DISABLE_TIMING,
-            })? {
-                ReplyBody::Handle(h) => h,
-                _ => return Err(CUDA_ERROR_UNKNOWN),
-            };
-        }
-        Ok(Staging {
-            region,
-            mapping,
-            events,
-        })
-    }
-
-    fn slot(&self, i: usize) -> u64 {
-        ((i % 2) * SLOT_BYTES) as u64
-    }
-
-    /// Queues a copy through slot `i % 2` and records the slot's event after it.
-    fn post(&self, c: &Client, call: Call, i: usize) -> CuResult<()> {
-        c.call(call)?;
-        c.call(Call::EventRecord {
-            event: self.events[i % 2],
-            stream: DEFAULT_STREAM,
+fn setup(c: &Client) -> CuResult<StagingBuffer> {
+    let len = (2 * SLOT_BYTES) as u64;
+    let fd = create_memfd(len).map_err(|_| CUDA_ERROR_OUT_OF_MEMORY)?;
+    let mapping = HostMapping::map(fd.as_fd(), len).map_err(|_| CUDA_ERROR_OUT_OF_MEMORY)?;
+    let call = Call::HostRegister {
+        base: mapping.as_ptr() as u64,
+        bytes: len,
+    };
+    let region = match c.register_host(call, fd.as_fd())? {
+        ReplyBody::Handle(h) => h,
+        _ => return Err(CUDA_ERROR_UNKNOWN),
+    };
+    let mut events = [0; 2];
+    for e in &mut events {
+        *e = c.call_for_handle(Call::EventCreate {
+            flags: CU_EVENT_DISABLE_TIMING,
         })?;
-        Ok(())
     }
-
-    /// Waits until slot `i % 2`'s latest copy is done.
-    fn wait(&self, c: &Client, i: usize) -> CuResult<()> {
-        c.call(Call::EventSynchronize {
-            event: self.events[i % 2],
-        })
-        .map(|_| ())
-    }
+    Ok(StagingBuffer {
+        region,
+        mapping,
+        events,
+    })
 }
 
-/// The staging buffer for one copy, unless another thread is using it or it
-/// cannot be had (then `None`: the copy takes the old route).
-fn take(c: &Client) -> Option<MutexGuard<'_, Option<Result<Staging, ()>>>> {
-    let mut guard = match c.staging.0.try_lock() {
-        Ok(g) => g,
-        Err(TryLockError::Poisoned(p)) => p.into_inner(),
-        Err(TryLockError::WouldBlock) => return None,
-    };
-    if guard.is_none() {
-        if !crate::pinned::enabled() {
-            *guard = Some(Err(()));
-            return None;
+fn slot(i: usize) -> u64 {
+    ((i % 2) * SLOT_BYTES) as u64
+}
+
+/// Queues a copy through slot `i % 2` and records the slot's event after it.
+fn post(c: &Client, b: &StagingBuffer, call: Call, i: usize) -> CuResult<()> {
+    c.call(call)?;
+    c.call(Call::EventRecord {
+        event: b.events[i % 2],
+        stream: DEFAULT_STREAM,
+    })?;
+    Ok(())
+}
+
+/// Waits until slot `i % 2`'s latest copy is done.
+fn wait(c: &Client, b: &StagingBuffer, i: usize) -> CuResult<()> {
+    c.call(Call::EventSynchronize {
+        event: b.events[i % 2],
+    })
+    .map(|_| ())
+}
+
+/// A synchronous copy of `src` (pageable) to `dst` through the buffer.
+pub fn htod(c: &Client, b: &StagingBuffer, dst: u64, src: &[u8]) -> CuResult<()> {
+    for (i, chunk) in src.chunks(SLOT_BYTES).enumerate() {
+        if i >= 2 {
+            wait(c, b, i)?;
         }
-        *guard = Some(Staging::setup(c).map_err(|e| {
-            tracing::debug!("no staging buffer ({e}); large pageable copies carry their bytes");
-        }));
+        // SAFETY: the slot's previous copy is done (waited above), and the
+        // buffer is lent to this copy alone.
+        let slot_bytes = unsafe { b.mapping.bytes_mut(slot(i), chunk.len() as u64) }
+            .ok_or(CUDA_ERROR_UNKNOWN)?;
+        slot_bytes.copy_from_slice(chunk);
+        let call = Call::MemcpyHtoDHost {
+            dst: dst + (i * SLOT_BYTES) as u64,
+            region: b.region,
+            offset: slot(i),
+            bytes: chunk.len() as u64,
+            stream: Some(DEFAULT_STREAM),
+        };
+        post(c, b, call, i)?;
     }
-    matches!(&*guard, Some(Ok(_))).then_some(guard)
+    c.call(Call::StreamSynchronize {
+        stream: DEFAULT_STREAM,
+    })
+    .map(|_| ())
 }
 
-/// A synchronous copy of `src` (pageable) to `dst` through the staging
-/// buffer; `None` when it is not to be staged.
-pub fn htod(c: &Client, dst: u64, src: &[u8]) -> Option<CuResult<()>> {
-    if src.len() < MIN_BYTES {
-        return None;
-    }
-    let guard = take(c)?;
-    let Some(Ok(s)) = &*guard else { return None };
-    let run = || -> CuResult<()> {
-        for (i, chunk) in src.chunks(SLOT_BYTES).enumerate() {
-            if i >= 2 {
-                s.wait(c, i)?;
-            }
-            // SAFETY: the slot's previous copy is done (waited above), and
-            // the guard keeps other threads of this process out of the buffer.
-            let slot = unsafe { s.mapping.bytes_mut(s.slot(i), chunk.len() as u64) }
-                .ok_or(CUDA_ERROR_UNKNOWN)?;
-            slot.copy_from_slice(chunk);
-            let call = Call::MemcpyHtoDHost {
-                dst: dst + (i * SLOT_BYTES) as u64,
-                region: s.region,
-                offset: s.slot(i),
-                bytes: chunk.len() as u64,
-                stream: Some(DEFAULT_STREAM),
-            };
-            s.post(c, call, i)?;
-        }
-        c.call(Call::StreamSynchronize {
-            stream: DEFAULT_STREAM,
-        })
-        .map(|_| ())
-    };
-    Some(run())
-}
-
-/// A synchronous copy from `src` into `dst` (pageable) through the staging
-/// buffer; `None` when it is not to be staged.
-pub fn dtoh(c: &Client, dst: &mut [u8], src: u64) -> Option<CuResult<()>> {
-    if dst.len() < MIN_BYTES {
-        return None;
-    }
-    let guard = take(c)?;
-    let Some(Ok(s)) = &*guard else { return None };
+/// A synchronous copy from `src` into `dst` (pageable) through the buffer.
+pub fn dtoh(c: &Client, b: &StagingBuffer, dst: &mut [u8], src: u64) -> CuResult<()> {
     let total = dst.len();
     let chunks = total.div_ceil(SLOT_BYTES);
     let fetch = |i: usize| {
@@ -162,28 +125,25 @@ pub fn dtoh(c: &Client, dst: &mut [u8], src: u64) -> Option<CuResult<()>> {
         let len = SLOT_BYTES.min(total - at);
         Call::MemcpyDtoHHost {
             src: src + at as u64,
-            region: s.region,
-            offset: s.slot(i),
+            region: b.region,
+            offset: slot(i),
             bytes: len as u64,
             stream: Some(DEFAULT_STREAM),
         }
     };
-    let mut run = || -> CuResult<()> {
-        for i in 0..chunks.min(2) {
-            s.post(c, fetch(i), i)?;
+    for i in 0..chunks.min(2) {
+        post(c, b, fetch(i), i)?;
+    }
+    for (i, out) in dst.chunks_mut(SLOT_BYTES).enumerate() {
+        wait(c, b, i)?;
+        let slot_bytes = b
+            .mapping
+            .bytes(slot(i), out.len() as u64)
+            .ok_or(CUDA_ERROR_UNKNOWN)?;
+        out.copy_from_slice(slot_bytes);
+        if i + 2 < chunks {
+            post(c, b, fetch(i + 2), i)?;
         }
-        for (i, out) in dst.chunks_mut(SLOT_BYTES).enumerate() {
-            s.wait(c, i)?;
-            let slot = s
-                .mapping
-                .bytes(s.slot(i), out.len() as u64)
-                .ok_or(CUDA_ERROR_UNKNOWN)?;
-            out.copy_from_slice(slot);
-            if i + 2 < chunks {
-                s.post(c, fetch(i + 2), i)?;
-            }
-        }
-        Ok(())
-    };
-    Some(run())
+    }
+    Ok(())
 }

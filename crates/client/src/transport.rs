@@ -550,12 +550,11 @@ mod tests {
     use super::*;
     use std::os::unix::net::UnixListener;
 
-    /// A one-connection fake server: answers the hello with `reply`, then
-    /// answers `calls` requests with `Unit` and hangs up.
-    fn fake_server(
+    /// Listens at `path`; in a thread, takes one connection and its hello
+    /// and hands them to `serve`.
+    fn fake(
         path: &std::path::Path,
-        reply: HelloReply,
-        calls: usize,
+        serve: impl FnOnce(std::os::unix::net::UnixStream, Hello) + Send + 'static,
     ) -> std::thread::JoinHandle<()> {
         let listener = UnixListener::bind(path).unwrap();
         std::thread::spawn(move || {
@@ -564,6 +563,19 @@ mod tests {
             proto::read_frame(&mut s, &mut buf).unwrap();
             let hello: Hello = proto::decode(&buf).unwrap();
             assert_eq!(hello.magic, proto::MAGIC);
+            serve(s, hello);
+        })
+    }
+
+    /// A one-connection fake server: answers the hello with `reply`, then
+    /// answers `calls` requests with `Unit` and hangs up.
+    fn fake_server(
+        path: &std::path::Path,
+        reply: HelloReply,
+        calls: usize,
+    ) -> std::thread::JoinHandle<()> {
+        fake(path, move |mut s, _| {
+            let mut buf = Vec::new();
             proto::write_frame(&mut s, &proto::encode(&reply).unwrap()).unwrap();
             for _ in 0..calls {
                 proto::read_frame(&mut s, &mut buf).unwrap();
@@ -582,12 +594,8 @@ mod tests {
     /// answers `calls` requests through it (echoing `MemcpyHtoD` data back as
     /// `Data`), then dies without a word: no closed flag, only its socket goes.
     fn fake_shm_server(path: &std::path::Path, calls: usize) -> std::thread::JoinHandle<()> {
-        let listener = UnixListener::bind(path).unwrap();
-        std::thread::spawn(move || {
-            let (mut s, _) = listener.accept().unwrap();
+        fake(path, move |mut s, hello| {
             let mut buf = Vec::new();
-            proto::read_frame(&mut s, &mut buf).unwrap();
-            let hello: Hello = proto::decode(&buf).unwrap();
             assert!(hello.shm, "a unix-socket client offers shared memory");
             let welcome = HelloReply::Welcome {
                 version: proto::PROTOCOL_VERSION,

@@ -4,8 +4,10 @@
 
 use std::ffi::c_void;
 
+use cumux_cuda_bindings::types::CUctxCreateParams;
 use cumux_protocol::Call;
 
+use super::sync::{poll_until_ready, AfterSync};
 use super::*;
 use crate::state::{self, client, Context};
 
@@ -28,7 +30,7 @@ fn new_context(flags: u32, dev: i32) -> CuResult<usize> {
     let c = client()?;
     c.device(dev)?;
     let h = c.mint();
-    c.tables().contexts.insert(
+    c.lock().contexts.insert(
         h,
         Context {
             device: dev as u32,
@@ -43,23 +45,24 @@ fn new_context(flags: u32, dev: i32) -> CuResult<usize> {
 /// Waits for every stream, host functions included.
 fn synchronize() -> CuResult<()> {
     let c = client()?;
-    c.context_device()?;
+    let (mut streams, after) = {
+        let st = c.lock();
+        st.context_device()?;
+        let streams: Vec<u64> = st.streams.keys().copied().collect();
+        (streams, AfterSync::context(&st))
+    };
     // Poll every stream first, leaving the connection free in between (see
     // `poll_until_ready`).
-    let mut streams: Vec<u64> = c.tables().streams.values().map(|s| s.server).collect();
     streams.push(cumux_protocol::DEFAULT_STREAM);
     for stream in streams {
-        super::stream::poll_until_ready(c, || Call::StreamQuery { stream })?;
+        poll_until_ready(c, || Call::StreamQuery { stream })?;
     }
     c.call(Call::ContextSynchronize)?;
-    for gate in c.gates.all() {
-        gate.wait_idle();
-    }
-    crate::managed::to_host(c)
+    after.finish(c)
 }
 
 fn check_context(ctx: usize) -> CuResult<()> {
-    if client()?.tables().contexts.contains_key(&ctx) {
+    if client()?.lock().contexts.contains_key(&ctx) {
         Ok(())
     } else {
         Err(CUDA_ERROR_INVALID_CONTEXT)
@@ -77,18 +80,22 @@ driver_fn! {
     fn cuDevicePrimaryCtxRetain(pctx: *mut *mut c_void, dev: i32) {
         let c = client()?;
         c.device(dev)?;
-        let h = c.primary_context(dev as u32);
-        if let Some(p) = c.tables().primary.get_mut(&(dev as u32)) {
-            p.refs += 1;
-        }
+        let h = {
+            let mut st = c.lock();
+            let h = st.primary_context(dev as u32, || c.mint());
+            if let Some(p) = st.primary.get_mut(&(dev as u32)) {
+                p.refs += 1;
+            }
+            h
+        };
         out(pctx, to_ptr(h))
     }
 
     fn cuDevicePrimaryCtxRelease | cuDevicePrimaryCtxRelease_v2 (dev: i32) {
         let c = client()?;
         c.device(dev)?;
-        let mut t = c.tables();
-        let p = t.primary.get_mut(&(dev as u32)).ok_or(CUDA_ERROR_INVALID_CONTEXT)?;
+        let mut st = c.lock();
+        let p = st.primary.get_mut(&(dev as u32)).ok_or(CUDA_ERROR_INVALID_CONTEXT)?;
         p.refs = p.refs.saturating_sub(1);
         Ok(())
     }
@@ -97,7 +104,7 @@ driver_fn! {
         let c = client()?;
         c.device(dev)?;
         c.call(Call::ContextSynchronize)?;
-        if let Some(p) = c.tables().primary.get_mut(&(dev as u32)) {
+        if let Some(p) = c.lock().primary.get_mut(&(dev as u32)) {
             p.refs = 0;
             p.flags = 0;
         }
@@ -107,8 +114,8 @@ driver_fn! {
     fn cuDevicePrimaryCtxGetState(dev: i32, flags: *mut u32, active: *mut i32) {
         let c = client()?;
         c.device(dev)?;
-        let t = c.tables();
-        let (f, a) = t
+        let st = c.lock();
+        let (f, a) = st
             .primary
             .get(&(dev as u32))
             .map(|p| (p.flags, p.refs > 0))
@@ -120,8 +127,9 @@ driver_fn! {
     fn cuDevicePrimaryCtxSetFlags | cuDevicePrimaryCtxSetFlags_v2 (dev: i32, flags: u32) {
         let c = client()?;
         c.device(dev)?;
-        c.primary_context(dev as u32);
-        if let Some(p) = c.tables().primary.get_mut(&(dev as u32)) {
+        let mut st = c.lock();
+        st.primary_context(dev as u32, || c.mint());
+        if let Some(p) = st.primary.get_mut(&(dev as u32)) {
             p.flags = flags;
         }
         Ok(())
@@ -135,7 +143,7 @@ driver_fn! {
         out(pctx, to_ptr(new_context(flags, dev)?))
     }
 
-    fn cuCtxCreate_v4(pctx: *mut *mut c_void, _params: *mut c_void, flags: u32, dev: i32) {
+    fn cuCtxCreate_v4(pctx: *mut *mut c_void, _params: *mut CUctxCreateParams, flags: u32, dev: i32) {
         out(pctx, to_ptr(new_context(flags, dev)?))
     }
 
@@ -143,10 +151,10 @@ driver_fn! {
         let c = client()?;
         let h = handle(ctx);
         let removed = {
-            let mut t = c.tables();
-            match t.contexts.get(&h) {
+            let mut st = c.lock();
+            match st.contexts.get(&h) {
                 Some(cx) if cx.primary => return Err(CUDA_ERROR_INVALID_CONTEXT),
-                Some(_) => t.contexts.remove(&h),
+                Some(_) => st.contexts.remove(&h),
                 None => None,
             }
         };
@@ -184,28 +192,28 @@ driver_fn! {
     fn cuCtxGetDevice(dev: *mut i32) {
         let c = client()?;
         let ctx = state::current_context().ok_or(CUDA_ERROR_INVALID_CONTEXT)?;
-        let d = c.tables().contexts.get(&ctx).map(|x| x.device).ok_or(CUDA_ERROR_INVALID_CONTEXT)?;
+        let d = c.lock().contexts.get(&ctx).map(|x| x.device).ok_or(CUDA_ERROR_INVALID_CONTEXT)?;
         out(dev, d as i32)
     }
 
     fn cuCtxGetDevice_v2(dev: *mut i32, ctx: *mut c_void) {
         let c = client()?;
         let ctx = current_or(ctx)?;
-        let d = c.tables().contexts.get(&ctx).map(|x| x.device).ok_or(CUDA_ERROR_INVALID_CONTEXT)?;
+        let d = c.lock().contexts.get(&ctx).map(|x| x.device).ok_or(CUDA_ERROR_INVALID_CONTEXT)?;
         out(dev, d as i32)
     }
 
     fn cuCtxGetFlags(flags: *mut u32) {
         let c = client()?;
         let ctx = state::current_context().ok_or(CUDA_ERROR_INVALID_CONTEXT)?;
-        let f = c.tables().contexts.get(&ctx).map(|x| x.flags).unwrap_or(0);
+        let f = c.lock().contexts.get(&ctx).map(|x| x.flags).unwrap_or(0);
         out(flags, f)
     }
 
     fn cuCtxSetFlags(flags: u32) {
         let c = client()?;
         let ctx = state::current_context().ok_or(CUDA_ERROR_INVALID_CONTEXT)?;
-        if let Some(cx) = c.tables().contexts.get_mut(&ctx) {
+        if let Some(cx) = c.lock().contexts.get_mut(&ctx) {
             cx.flags = flags;
         }
         Ok(())

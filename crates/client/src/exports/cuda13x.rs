@@ -7,8 +7,7 @@
 use std::ffi::c_void;
 
 use super::*;
-use crate::state::client;
-use crate::types::*;
+use cumux_cuda_bindings::{consts::*, types::*};
 
 /// `CUhostTaskSyncMode`: how the thread running host tasks waits for the
 /// next one. Both are scheduling hints for that thread only.
@@ -97,46 +96,40 @@ fn operand(o: &Memcpy3DOperand, extent: &[usize; 3]) -> CuResult<(u32, u64, usiz
 }
 
 /// The classic 3D copy description of one batch operation.
-fn as_memcpy_3d(op: &Memcpy3DBatchOp) -> CuResult<CudaMemcpy3D> {
+fn as_memcpy_3d(op: &Memcpy3DBatchOp) -> CuResult<CUDA_MEMCPY3D> {
     check_access_order(op.src_access_order)?;
     if op.extent.contains(&0) {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
     let (src_type, src, src_pitch, src_height) = operand(&op.src, &op.extent)?;
     let (dst_type, dst, dst_pitch, dst_height) = operand(&op.dst, &op.extent)?;
-    Ok(CudaMemcpy3D {
-        src_x_in_bytes: 0,
-        src_y: 0,
-        src_z: 0,
-        src_lod: 0,
-        src_memory_type: src_type,
-        src_host: src as usize as *const c_void,
-        src_device: src,
-        src_array: std::ptr::null_mut(),
+    Ok(CUDA_MEMCPY3D {
+        srcXInBytes: 0,
+        srcY: 0,
+        srcZ: 0,
+        srcLOD: 0,
+        srcMemoryType: src_type,
+        srcHost: src as usize as *const c_void,
+        srcDevice: src,
+        srcArray: std::ptr::null_mut(),
         reserved0: std::ptr::null_mut(),
-        src_pitch,
-        src_height,
-        dst_x_in_bytes: 0,
-        dst_y: 0,
-        dst_z: 0,
-        dst_lod: 0,
-        dst_memory_type: dst_type,
-        dst_host: dst as usize as *mut c_void,
-        dst_device: dst,
-        dst_array: std::ptr::null_mut(),
+        srcPitch: src_pitch,
+        srcHeight: src_height,
+        dstXInBytes: 0,
+        dstY: 0,
+        dstZ: 0,
+        dstLOD: 0,
+        dstMemoryType: dst_type,
+        dstHost: dst as usize as *mut c_void,
+        dstDevice: dst,
+        dstArray: std::ptr::null_mut(),
         reserved1: std::ptr::null_mut(),
-        dst_pitch,
-        dst_height,
-        width_in_bytes: op.extent[0],
-        height: op.extent[1],
-        depth: op.extent[2],
+        dstPitch: dst_pitch,
+        dstHeight: dst_height,
+        WidthInBytes: op.extent[0],
+        Height: op.extent[1],
+        Depth: op.extent[2],
     })
-}
-
-fn param_count(f: *mut c_void, count: *mut usize) -> CuResult<()> {
-    let c = client()?;
-    let n = c.tables().function(handle(f))?.params.len();
-    out(count, n)
 }
 
 driver_fn! {
@@ -145,47 +138,34 @@ driver_fn! {
     // thread, which always blocks; both modes run the function at the same
     // point in stream order, so both are accepted and neither changes
     // behaviour. Other values are invalid.
-    fn cuLaunchHostFunc_v2 | cuLaunchHostFunc_v2_ptsz (stream: *mut c_void, func: CuHostFn, data: *mut c_void, sync_mode: u32) {
+    fn cuLaunchHostFunc_v2 | cuLaunchHostFunc_v2_ptsz (stream: *mut c_void, func: CUhostFn, data: *mut c_void, sync_mode: u32) {
         if sync_mode != CU_HOST_TASK_BLOCKING && sync_mode != CU_HOST_TASK_SPINWAIT {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
         // SAFETY: the program's own arguments, forwarded to the 13.0 form.
-        match unsafe { cuLaunchHostFunc(stream, func, data) } {
-            CUDA_SUCCESS => Ok(()),
-            e => Err(e),
-        }
+        forwarded(unsafe { cuLaunchHostFunc(stream, func, data) })
     }
 
-    fn cuFuncGetParamCount(f: *mut c_void, count: *mut usize) {
-        param_count(f, count)
-    }
-
-    fn cuKernelGetParamCount(kernel: *mut c_void, count: *mut usize) {
-        param_count(kernel, count)
+    fn cuFuncGetParamCount | cuKernelGetParamCount (f: *mut c_void, count: *mut usize) {
+        super::function::param_count(f, count)
     }
 
     // The attributes are hints (location hints, overlap preference) and a
     // source access order; cumux reads host sources when the call is made,
     // which satisfies every order, so the copy is `cuMemcpyAsync`'s.
-    fn cuMemcpyWithAttributesAsync | cuMemcpyWithAttributesAsync_ptsz (dst: u64, src: u64, bytes: usize, attr: *mut MemcpyAttributes, stream: *mut c_void) {
-        check_access_order(read_in(attr)?.src_access_order)?;
+    fn cuMemcpyWithAttributesAsync | cuMemcpyWithAttributesAsync_ptsz (dst: u64, src: u64, bytes: usize, attr: *mut c_void, stream: *mut c_void) {
+        check_access_order(read_in(attr.cast::<MemcpyAttributes>())?.src_access_order)?;
         // SAFETY: the program's own arguments, forwarded.
-        match unsafe { cuMemcpyAsync(dst, src, bytes, stream) } {
-            CUDA_SUCCESS => Ok(()),
-            e => Err(e),
-        }
+        forwarded(unsafe { cuMemcpyAsync(dst, src, bytes, stream) })
     }
 
-    fn cuMemcpy3DWithAttributesAsync | cuMemcpy3DWithAttributesAsync_ptsz (op: *mut Memcpy3DBatchOp, flags: u64, stream: *mut c_void) {
+    fn cuMemcpy3DWithAttributesAsync | cuMemcpy3DWithAttributesAsync_ptsz (op: *mut c_void, flags: u64, stream: *mut c_void) {
         if flags != 0 {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
-        let p = as_memcpy_3d(read_in(op)?)?;
+        let p = as_memcpy_3d(read_in(op.cast::<Memcpy3DBatchOp>())?)?;
         // SAFETY: `p` lives across the call, which reads it synchronously.
-        match unsafe { cuMemcpy3DAsync_v2(&p, stream) } {
-            CUDA_SUCCESS => Ok(()),
-            e => Err(e),
-        }
+        forwarded(unsafe { cuMemcpy3DAsync_v2(&p, stream) })
     }
 }
 
@@ -210,10 +190,10 @@ mod tests {
             flags: 0,
         };
         let p = as_memcpy_3d(&op).unwrap();
-        assert_eq!((p.src_pitch, p.dst_pitch, p.src_height), (64, 0, 0));
-        assert_eq!((p.width_in_bytes, p.height, p.depth), (16, 4, 2));
-        assert_eq!(p.src_memory_type, CU_MEMORYTYPE_UNIFIED);
-        assert_eq!(p.dst_device, 0x2000_0000_0000);
+        assert_eq!((p.srcPitch, p.dstPitch, p.srcHeight), (64, 0, 0));
+        assert_eq!((p.WidthInBytes, p.Height, p.Depth), (16, 4, 2));
+        assert_eq!(p.srcMemoryType, CU_MEMORYTYPE_UNIFIED);
+        assert_eq!(p.dstDevice, 0x2000_0000_0000);
 
         let bad_order = Memcpy3DBatchOp {
             src_access_order: 0,

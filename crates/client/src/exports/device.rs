@@ -5,7 +5,11 @@ use std::ffi::c_char;
 
 use super::*;
 use crate::state::client;
-use crate::types::{dev_attr, CuUuid};
+use cumux_cuda_bindings::{consts::*, types::*};
+
+/// One past the last device attribute cumux answers (the last cuda.h 13.0
+/// defines).
+const DEVICE_ATTRIBUTE_END: u32 = 148;
 
 fn write_c_string(dst: *mut c_char, len: i32, s: &str) -> CuResult<()> {
     if dst.is_null() || len <= 0 {
@@ -47,9 +51,9 @@ driver_fn! {
         write_c_string(name, len, &c.device(dev)?.name)
     }
 
-    fn cuDeviceGetUuid | cuDeviceGetUuid_v2 (uuid: *mut CuUuid, dev: i32) {
-        let bytes = client()?.device(dev)?.uuid;
-        out(uuid, CuUuid { bytes })
+    fn cuDeviceGetUuid | cuDeviceGetUuid_v2 (uuid: *mut CUuuid, dev: i32) {
+        let bytes = client()?.device(dev)?.uuid.map(|b| b as c_char);
+        out(uuid, CUuuid { bytes })
     }
 
     fn cuDeviceGetLuid(luid: *mut c_char, mask: *mut u32, dev: i32) {
@@ -63,7 +67,7 @@ driver_fn! {
     }
 
     fn cuDeviceGetAttribute(value: *mut i32, attr: u32, dev: i32) {
-        if attr == 0 || attr >= dev_attr::MAX {
+        if attr == 0 || attr >= DEVICE_ATTRIBUTE_END {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
         out(value, client()?.attribute(dev, attr)?)
@@ -71,8 +75,8 @@ driver_fn! {
 
     fn cuDeviceComputeCapability(major: *mut i32, minor: *mut i32, dev: i32) {
         let c = client()?;
-        out(major, c.attribute(dev, dev_attr::COMPUTE_CAPABILITY_MAJOR)?)?;
-        out(minor, c.attribute(dev, dev_attr::COMPUTE_CAPABILITY_MINOR)?)
+        out(major, c.attribute(dev, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?)?;
+        out(minor, c.attribute(dev, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?)
     }
 
     fn cuDeviceGetPCIBusId(bus_id: *mut c_char, len: i32, dev: i32) {

@@ -1,63 +1,60 @@
-//! Stream capture and graph launch (see `crate::graph`).
+//! Stream capture and graph launch (see `crate::graph`): captures, graphs,
+//! their nodes and instantiations live in the state; a graph of launches
+//! alone goes to the server whole, any other replays op by op.
 
 use std::ffi::{c_char, c_void};
 use std::sync::Arc;
 
-use super::memory::{dtoh, htod, stream_handle, stream_of};
+use cumux_cuda_bindings::{consts::*, types::*};
+use cumux_protocol::{Call, Handle, ReplyBody, DEFAULT_STREAM};
+
+use super::copy::{send_dtoh, send_htod, Pinned};
 use super::*;
 use crate::graph::{retarget, GraphOp, Recording};
-use crate::state::{client, Client};
-use cumux_protocol::{Call, ReplyBody};
-
-pub(crate) const CUDA_ERROR_ILLEGAL_STATE: CUresult = 401;
-pub(crate) const CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED: CUresult = 900;
-
-/// `CU_STREAM_CAPTURE_STATUS_ACTIVE` when the stream is being captured.
-pub(crate) fn capture_status(c: &Client, stream: u64) -> u32 {
-    c.tables().capture.contains_key(&stream) as u32
-}
+use crate::state::handles::{self, to_program};
+use crate::state::{client, Client, State, StateGuard};
 
 fn begin(s: *mut c_void) -> CuResult<()> {
     let c = client()?;
-    let stream = stream_handle(c, s)?;
-    if stream == cumux_protocol::DEFAULT_STREAM {
+    let stream = handles::stream(s)?;
+    let mut st = c.lock();
+    st.check_stream(stream)?;
+    if stream == DEFAULT_STREAM {
         // The legacy default stream cannot be captured.
         return Err(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
     }
-    let mut t = c.tables();
-    if t.capture.contains_key(&stream) {
+    if st.capturing(stream) {
         return Err(CUDA_ERROR_ILLEGAL_STATE);
     }
-    t.capture.insert(stream, Vec::new());
+    st.capture.insert(stream, Vec::new());
     Ok(())
 }
 
 /// Registers a graph and mints one node handle per recorded op.
-fn add_graph(c: &Client, ops: Vec<GraphOp>) -> usize {
+fn add_graph(c: &Client, st: &mut State, ops: Vec<GraphOp>) -> usize {
     let h = c.mint();
     let nodes: Vec<usize> = (0..ops.len()).map(|_| c.mint()).collect();
-    let mut t = c.tables();
     for (i, n) in nodes.iter().enumerate() {
-        t.nodes.insert(*n, (h, i));
+        st.nodes.insert(*n, (h, i));
     }
-    t.graph_nodes.insert(h, nodes);
-    t.graphs.insert(h, Arc::new(ops));
+    st.graph_nodes.insert(h, nodes);
+    st.graphs.insert(h, Arc::new(ops));
     h
 }
 
 fn remove_graph(c: &Client, graph: usize) -> CuResult<()> {
-    let mut t = c.tables();
-    t.graphs.remove(&graph).ok_or(CUDA_ERROR_INVALID_VALUE)?;
-    for n in t.graph_nodes.remove(&graph).unwrap_or_default() {
-        t.nodes.remove(&n);
-        t.kernel_node_args.remove(&n);
+    let mut st = c.lock();
+    st.graphs.remove(&graph).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    for n in st.graph_nodes.remove(&graph).unwrap_or_default() {
+        st.nodes.remove(&n);
+        st.kernel_node_args.remove(&n);
     }
     Ok(())
 }
 
 /// The node handles of a graph.
 fn graph_nodes(c: &Client, graph: *mut c_void) -> CuResult<Vec<usize>> {
-    c.tables()
+    c.lock()
         .graph_nodes
         .get(&handle(graph))
         .cloned()
@@ -82,9 +79,12 @@ fn list_out(list: &[usize], array: *mut *mut c_void, count: *mut usize) -> CuRes
 /// A node's graph, index and the graph's nodes. Captured graphs are chains:
 /// each op depends on the one recorded before it.
 fn node_place(c: &Client, node: *mut c_void) -> CuResult<(usize, Vec<usize>)> {
-    let t = c.tables();
-    let &(graph, index) = t.nodes.get(&handle(node)).ok_or(CUDA_ERROR_INVALID_VALUE)?;
-    let nodes = t.graph_nodes.get(&graph).cloned().unwrap_or_default();
+    let st = c.lock();
+    let &(graph, index) = st
+        .nodes
+        .get(&handle(node))
+        .ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    let nodes = st.graph_nodes.get(&graph).cloned().unwrap_or_default();
     Ok((index, nodes))
 }
 
@@ -102,81 +102,82 @@ fn node_type(op: &GraphOp) -> u32 {
     }
 }
 
-fn node_op<R>(
-    c: &Client,
-    node: *mut c_void,
-    f: impl FnOnce(&GraphOp) -> CuResult<R>,
-) -> CuResult<R> {
-    let t = c.tables();
-    let &(graph, index) = t.nodes.get(&handle(node)).ok_or(CUDA_ERROR_INVALID_VALUE)?;
-    let recording = t
-        .graphs
-        .get(&graph)
-        .cloned()
+/// The op a node stands for.
+fn node_op(st: &State, node: *mut c_void) -> CuResult<&GraphOp> {
+    let &(graph, index) = st
+        .nodes
+        .get(&handle(node))
         .ok_or(CUDA_ERROR_INVALID_VALUE)?;
-    drop(t);
-    f(recording.get(index).ok_or(CUDA_ERROR_INVALID_VALUE)?)
+    let recording = st.graphs.get(&graph).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    recording.get(index).ok_or(CUDA_ERROR_INVALID_VALUE)
 }
 
-/// Fills a `CUDA_KERNEL_NODE_PARAMS` (v1: 56 bytes; v2 adds the kernel and
-/// context handles, 72 bytes) from a recorded launch. `kernelParams` points
-/// at argument copies that live as long as the graph; `extra` is null.
-fn kernel_node_params(c: &Client, node: *mut c_void, p: *mut u8, v2: bool) -> CuResult<()> {
-    if p.is_null() {
-        return Err(CUDA_ERROR_INVALID_VALUE);
-    }
-    let (function, grid, block, shared, bytes) = node_op(c, node, |op| match op {
-        GraphOp::Call(cumux_protocol::Call::Launch {
-            function,
-            grid,
-            block,
-            shared_bytes,
-            params,
-            ..
-        }) => Ok((*function, *grid, *block, *shared_bytes, params.clone())),
-        _ => Err(CUDA_ERROR_INVALID_VALUE),
-    })?;
-    let mut t = c.tables();
-    let (f, layout) = t
+/// What `cuGraphKernelNodeGetParams` reports of a recorded launch: the
+/// function, its shape, and `kernelParams` pointing at argument copies that
+/// live as long as the graph (`extra` is null).
+struct KernelNode {
+    function: Handle,
+    grid: [u32; 3],
+    block: [u32; 3],
+    shared: u32,
+    kernel_params: *mut *mut c_void,
+}
+
+fn kernel_node(c: &Client, node: *mut c_void) -> CuResult<KernelNode> {
+    let mut st = c.lock();
+    let launch = crate::graph::as_launch(node_op(&st, node)?).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    let layout = st
         .functions
-        .iter()
-        .find(|(_, f)| f.server == function)
-        .map(|(h, f)| (*h, f.params.clone()))
+        .get(&launch.function)
+        .map(|f| f.params.clone())
         .ok_or(CUDA_ERROR_INVALID_VALUE)?;
-    let args = t
+    let args = st
         .kernel_node_args
         .entry(handle(node))
-        .or_insert_with(|| (bytes, Vec::new()));
+        .or_insert_with(|| (launch.params, Vec::new()));
     let base = args.0.as_ptr() as usize;
     args.1 = layout.iter().map(|pi| base + pi.offset as usize).collect();
     let kernel_params = if args.1.is_empty() {
-        0
+        std::ptr::null_mut()
     } else {
-        args.1.as_ptr() as usize
+        args.1.as_mut_ptr().cast()
     };
-    drop(t);
-    out(p.cast::<*mut c_void>(), to_ptr(f))?;
-    for (i, v) in grid
-        .iter()
-        .chain(block.iter())
-        .chain([shared].iter())
-        .enumerate()
-    {
-        out(p.wrapping_add(8 + 4 * i).cast::<u32>(), *v)?;
-    }
-    out(p.wrapping_add(40).cast::<usize>(), kernel_params)?;
-    out(p.wrapping_add(48).cast::<usize>(), 0)?;
-    if v2 {
-        // The kernel: cumux's CUkernel and CUfunction handles are one and
-        // the same, and the runtime maps this one back to its host stub.
-        out(p.wrapping_add(56).cast::<usize>(), f)?;
-        out(
-            p.wrapping_add(64).cast::<usize>(),
-            crate::state::current_context().unwrap_or(0),
-        )?;
-    }
-    Ok(())
+    Ok(KernelNode {
+        function: launch.function,
+        grid: launch.grid,
+        block: launch.block,
+        shared: launch.shared_bytes,
+        kernel_params,
+    })
 }
+
+/// A `CUDA_KERNEL_NODE_PARAMS` of either version from a `KernelNode`, with
+/// the fields the newer one adds.
+macro_rules! kernel_node_params {
+    ($params:ident, $k:expr $(, $field:ident: $value:expr)*) => {
+        $params {
+            func: to_program($k.function),
+            gridDimX: $k.grid[0],
+            gridDimY: $k.grid[1],
+            gridDimZ: $k.grid[2],
+            blockDimX: $k.block[0],
+            blockDimY: $k.block[1],
+            blockDimZ: $k.block[2],
+            sharedMemBytes: $k.shared,
+            kernelParams: $k.kernel_params,
+            extra: std::ptr::null_mut(),
+            $($field: $value,)*
+        }
+    };
+}
+
+/// `CUgraphEdgeData` of a default edge.
+const DEFAULT_EDGE: CUgraphEdgeData = CUgraphEdgeData {
+    from_port: 0,
+    to_port: 0,
+    type_: 0,
+    reserved: [0; 5],
+};
 
 /// Edges of a chain: node i → node i+1 (edge data, when asked, all zero:
 /// the default edge type).
@@ -184,7 +185,7 @@ fn edges_out(
     nodes: &[usize],
     from: *mut *mut c_void,
     to: *mut *mut c_void,
-    data: *mut u64,
+    data: *mut CUgraphEdgeData,
     count: *mut usize,
 ) -> CuResult<()> {
     let edges = nodes.len().saturating_sub(1);
@@ -201,20 +202,20 @@ fn edges_out(
         out(from.wrapping_add(i), f)?;
         out(to.wrapping_add(i), t)?;
         if !data.is_null() {
-            out(data.wrapping_add(i), 0)?;
+            out(data.wrapping_add(i), DEFAULT_EDGE)?;
         }
     }
     out(count, room.min(edges))
 }
 
-/// Default `CUgraphEdgeData` (8 zero bytes) for each edge slot the caller
+/// Default `CUgraphEdgeData` for each edge slot the caller
 /// gave room for (`*count` entries).
-fn zero_edge_data(data: *mut u64, count: *mut usize) -> CuResult<()> {
+fn zero_edge_data(data: *mut CUgraphEdgeData, count: *mut usize) -> CuResult<()> {
     if data.is_null() || count.is_null() {
         return Ok(());
     }
     for i in 0..*read_in(count)? {
-        out(data.wrapping_add(i), 0)?;
+        out(data.wrapping_add(i), DEFAULT_EDGE)?;
     }
     Ok(())
 }
@@ -222,7 +223,7 @@ fn zero_edge_data(data: *mut u64, count: *mut usize) -> CuResult<()> {
 fn instantiate(exec: *mut *mut c_void, graph: *mut c_void) -> CuResult<()> {
     let c = client()?;
     let recording = c
-        .tables()
+        .lock()
         .graphs
         .get(&handle(graph))
         .cloned()
@@ -233,12 +234,16 @@ fn instantiate(exec: *mut *mut c_void, graph: *mut c_void) -> CuResult<()> {
         // one call; a server that cannot leaves it to replay.
         match c.call(Call::GraphCreate { launches }) {
             Ok(ReplyBody::Handle(graph)) => {
-                c.tables().server_graphs.insert(h, graph);
+                let mut st = c.lock();
+                st.server_graphs.insert(h, graph);
+                st.graph_execs.insert(h, recording);
+                drop(st);
+                return out(exec, to_ptr(h));
             }
             other => tracing::debug!("graph {h:#x} replays launch by launch: {other:?}"),
         }
     }
-    c.tables().graph_execs.insert(h, recording);
+    c.lock().graph_execs.insert(h, recording);
     out(exec, to_ptr(h))
 }
 
@@ -248,34 +253,66 @@ fn server_graphs() -> bool {
     *WHOLE.get_or_init(|| std::env::var("CUMUX_GRAPHS").map_or(true, |v| v.trim() != "replay"))
 }
 
-fn replay(c: &'static Client, recording: &Recording, stream: u64) -> CuResult<()> {
-    crate::managed::to_device(c)?;
-    for op in recording.iter() {
+/// Replays a recording into `stream` op by op (`st` from the launch, with
+/// `push` the managed memory to send first). Into a stream being captured,
+/// every op is recorded instead.
+fn replay(
+    c: &'static Client,
+    mut st: StateGuard<'static>,
+    push: Vec<(u64, u64)>,
+    recording: &Recording,
+    stream: Handle,
+) -> CuResult<()> {
+    if st.capturing(stream) {
+        for op in recording.iter() {
+            let op = match op {
+                GraphOp::Call(call) => GraphOp::Call(retarget(call, stream)),
+                op => op.clone(),
+            };
+            st.capture(stream, op);
+        }
+        drop(st);
+        return crate::managed::push(c, push);
+    }
+    // Copies need a context, and go through pinned buffers where they can.
+    let copies = recording
+        .iter()
+        .any(|op| matches!(op, GraphOp::HtoD { .. } | GraphOp::DtoH { .. }));
+    let pinned: Vec<Pinned> = if copies {
+        st.context_device()?;
+        recording
+            .iter()
+            .map(|op| match op {
+                GraphOp::HtoD { src, len, .. } => st.pinned_span(*src, *len),
+                GraphOp::DtoH { dst, len, .. } => st.pinned_span(*dst, *len),
+                _ => None,
+            })
+            .collect()
+    } else {
+        Vec::new()
+    };
+    drop(st);
+    crate::managed::push(c, push)?;
+    let queue = Some(stream);
+    for (i, op) in recording.iter().enumerate() {
+        let pinned = pinned.get(i).copied().flatten();
         match op {
             GraphOp::Call(call) => {
                 c.call(retarget(call, stream))?;
             }
-            GraphOp::HtoD { dst, src, len } => htod(
-                c,
-                *dst,
-                host_bytes(*src as *const c_void, *len)?,
-                Some(stream),
-            )?,
-            GraphOp::DtoH { dst, src, len } => dtoh(
-                c,
-                host_bytes_mut(*dst as *mut c_void, *len)?,
-                *src,
-                Some(stream),
-            )?,
+            GraphOp::HtoD { dst, src, len } => {
+                let bytes = host_bytes(*src as *const c_void, *len)?;
+                if !bytes.is_empty() {
+                    send_htod(c, *dst, bytes, pinned, queue)?;
+                }
+            }
+            GraphOp::DtoH { dst, src, len } => {
+                let bytes = host_bytes_mut(*dst as *mut c_void, *len)?;
+                send_dtoh(c, bytes, *src, pinned, queue)?;
+            }
             GraphOp::HostFn(f) => {
                 let f = Arc::clone(f);
-                match c.record(stream, GraphOp::HostFn(f)) {
-                    None => {}
-                    Some(GraphOp::HostFn(f)) => {
-                        crate::host_fn::enqueue(c, stream, Box::new(move |st| f(st)))?
-                    }
-                    Some(_) => return Err(CUDA_ERROR_UNKNOWN),
-                }
+                crate::host_fn::enqueue(c, stream, Box::new(move |status| f(status)))?
             }
         }
     }
@@ -293,9 +330,13 @@ driver_fn! {
 
     fn cuStreamEndCapture | cuStreamEndCapture_ptsz (s: *mut c_void, graph: *mut *mut c_void) {
         let c = client()?;
-        let stream = stream_handle(c, s)?;
-        let ops = c.tables().capture.remove(&stream).ok_or(CUDA_ERROR_ILLEGAL_STATE)?;
-        out(graph, to_ptr(add_graph(c, ops)))
+        let stream = handles::stream(s)?;
+        let mut st = c.lock();
+        st.check_stream(stream)?;
+        let ops = st.capture.remove(&stream).ok_or(CUDA_ERROR_ILLEGAL_STATE)?;
+        let h = add_graph(c, &mut st, ops);
+        drop(st);
+        out(graph, to_ptr(h))
     }
 
     fn cuGraphCreate(graph: *mut *mut c_void, flags: u32) {
@@ -303,7 +344,8 @@ driver_fn! {
         if flags != 0 {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
-        out(graph, to_ptr(add_graph(c, Vec::new())))
+        let h = add_graph(c, &mut c.lock(), Vec::new());
+        out(graph, to_ptr(h))
     }
 
     fn cuGraphDestroy(graph: *mut c_void) {
@@ -327,7 +369,7 @@ driver_fn! {
         graph: *mut c_void,
         from: *mut *mut c_void,
         to: *mut *mut c_void,
-        data: *mut u64,
+        data: *mut CUgraphEdgeData,
         count: *mut usize
     ) {
         edges_out(&graph_nodes(client()?, graph)?, from, to, data, count)
@@ -343,31 +385,38 @@ driver_fn! {
         list_out(nodes.get(i + 1..(i + 2).min(nodes.len())).unwrap_or(&[]), deps, count)
     }
 
-    fn cuGraphNodeGetDependencies_v2(node: *mut c_void, deps: *mut *mut c_void, data: *mut u64, count: *mut usize) {
+    fn cuGraphNodeGetDependencies_v2(node: *mut c_void, deps: *mut *mut c_void, data: *mut CUgraphEdgeData, count: *mut usize) {
         let (i, nodes) = node_place(client()?, node)?;
         let list = &nodes[i.saturating_sub(1)..i];
         zero_edge_data(data, count)?;
         list_out(list, deps, count)
     }
 
-    fn cuGraphNodeGetDependentNodes_v2(node: *mut c_void, deps: *mut *mut c_void, data: *mut u64, count: *mut usize) {
+    fn cuGraphNodeGetDependentNodes_v2(node: *mut c_void, deps: *mut *mut c_void, data: *mut CUgraphEdgeData, count: *mut usize) {
         let (i, nodes) = node_place(client()?, node)?;
         let list = nodes.get(i + 1..(i + 2).min(nodes.len())).unwrap_or(&[]);
         zero_edge_data(data, count)?;
         list_out(list, deps, count)
     }
 
-    fn cuGraphNodeGetType(node: *mut c_void, kind: *mut u32) {
-        let t = node_op(client()?, node, |op| Ok(node_type(op)))?;
+    fn cuGraphNodeGetType(node: *mut c_void, kind: *mut CUgraphNodeType) {
+        let t = node_type(node_op(&client()?.lock(), node)?);
         out(kind, t)
     }
 
-    fn cuGraphKernelNodeGetParams(node: *mut c_void, params: *mut u8) {
-        kernel_node_params(client()?, node, params, false)
+    fn cuGraphKernelNodeGetParams(node: *mut c_void, params: *mut CUDA_KERNEL_NODE_PARAMS_v1) {
+        non_null(params)?;
+        let k = kernel_node(client()?, node)?;
+        out(params, kernel_node_params!(CUDA_KERNEL_NODE_PARAMS_v1, k))
     }
 
-    fn cuGraphKernelNodeGetParams_v2(node: *mut c_void, params: *mut u8) {
-        kernel_node_params(client()?, node, params, true)
+    fn cuGraphKernelNodeGetParams_v2(node: *mut c_void, params: *mut CUDA_KERNEL_NODE_PARAMS_v2) {
+        non_null(params)?;
+        let k = kernel_node(client()?, node)?;
+        // cumux's CUkernel and CUfunction handles are one and the same, and
+        // the runtime maps this one back to its host stub.
+        let context = to_ptr(crate::state::current_context().unwrap_or(0));
+        out(params, kernel_node_params!(CUDA_KERNEL_NODE_PARAMS_v2, k, kern: to_program(k.function), ctx: context))
     }
 
     fn cuGraphInstantiateWithFlags(exec: *mut *mut c_void, graph: *mut c_void, _flags: u64) {
@@ -391,23 +440,25 @@ driver_fn! {
     fn cuGraphInstantiateWithParams | cuGraphInstantiateWithParams_ptsz (
         exec: *mut *mut c_void,
         graph: *mut c_void,
-        params: *mut c_void
+        params: *mut CUDA_GRAPH_INSTANTIATE_PARAMS
     ) {
         instantiate(exec, graph)?;
         if !params.is_null() {
-            // CUDA_GRAPH_INSTANTIATE_PARAMS: flags, upload stream, error node,
-            // result (CUDA_GRAPH_INSTANTIATE_SUCCESS).
-            let p = params.cast::<u8>();
-            out(p.wrapping_add(16).cast::<*mut c_void>(), std::ptr::null_mut())?;
-            out(p.wrapping_add(24).cast::<u32>(), 0)?;
+            let mut p = *read_in(params)?;
+            p.hErrNode_out = std::ptr::null_mut();
+            p.result_out = CUDA_GRAPH_INSTANTIATE_SUCCESS;
+            out(params, p)?;
         }
         Ok(())
     }
 
     fn cuGraphExecDestroy(exec: *mut c_void) {
         let c = client()?;
-        c.tables().graph_execs.remove(&handle(exec)).ok_or(CUDA_ERROR_INVALID_VALUE)?;
-        let graph = c.tables().server_graphs.remove(&handle(exec));
+        let graph = {
+            let mut st = c.lock();
+            st.graph_execs.remove(&handle(exec)).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+            st.server_graphs.remove(&handle(exec))
+        };
         match graph {
             Some(graph) => c.call(Call::GraphDestroy { graph }).map(|_| ()),
             None => Ok(()),
@@ -416,26 +467,32 @@ driver_fn! {
 
     fn cuGraphUpload | cuGraphUpload_ptsz (exec: *mut c_void, s: *mut c_void) {
         let c = client()?;
-        stream_handle(c, s)?;
-        c.tables().graph_execs.get(&handle(exec)).map(|_| ()).ok_or(CUDA_ERROR_INVALID_VALUE)
+        let stream = handles::stream(s)?;
+        let st = c.lock();
+        st.check_stream(stream)?;
+        st.graph_execs.get(&handle(exec)).map(|_| ()).ok_or(CUDA_ERROR_INVALID_VALUE)
     }
 
     fn cuGraphLaunch | cuGraphLaunch_ptsz (exec: *mut c_void, s: *mut c_void) {
         let c = client()?;
-        let recording = c
-            .tables()
+        let stream = handles::stream(s);
+        let mut st = c.lock();
+        let recording = st
             .graph_execs
             .get(&handle(exec))
             .cloned()
             .ok_or(CUDA_ERROR_INVALID_VALUE)?;
-        let stream = stream_of(c, s)?;
-        let graph = c.tables().server_graphs.get(&handle(exec)).copied();
+        let stream = stream?;
+        st = c.ready_stream(st, stream)?;
+        let graph = st.server_graphs.get(&handle(exec)).copied();
+        let push = st.managed_to_push();
         match graph {
             Some(graph) => {
-                crate::managed::to_device(c)?;
+                drop(st);
+                crate::managed::push(c, push)?;
                 c.call(Call::GraphLaunch { graph, stream }).map(|_| ())
             }
-            None => replay(c, &recording, stream),
+            None => replay(c, st, push, &recording, stream),
         }
     }
 }

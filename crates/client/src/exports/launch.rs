@@ -1,20 +1,20 @@
-//! Kernel launches (plain, `Ex`, cooperative), host functions on streams and
-//! occupancy queries. Launches are checked against cached device and function
-//! limits, then queued without a round trip.
+//! Kernel launches (plain, `Ex`, cooperative) and host functions on streams.
+//! Launches are checked against cached device and function limits under the
+//! state lock, taken once, then queued without a round trip.
 
 use std::ffi::c_void;
 
+use std::sync::Arc;
+
+use cumux_cuda_bindings::{consts::*, types::*};
 use cumux_protocol::{Call, LaunchAttribute};
 
-use super::memory::{stream_handle, stream_of};
-use super::module::dynamic_shared_limit;
+use super::function::dynamic_shared_limit;
 use super::*;
 use crate::graph::GraphOp;
 use crate::host_fn::UserData;
-use crate::occupancy::{active_blocks, available_dynamic_smem, potential_block_size, Kernel, Sm};
+use crate::state::handles;
 use crate::state::{client, Client};
-use crate::types::*;
-use std::sync::Arc;
 
 const CU_LAUNCH_PARAM_END: usize = 0;
 const CU_LAUNCH_PARAM_BUFFER_POINTER: usize = 1;
@@ -90,14 +90,13 @@ fn launch(
     stream: *mut c_void,
     kernel_params: *mut *mut c_void,
     extra: *mut *mut c_void,
-    attributes: Vec<LaunchAttribute>,
+    mut attributes: Vec<LaunchAttribute>,
 ) -> CuResult<()> {
-    let (server, params, attrs, settings) = {
-        let t = c.tables();
-        let func = t.function(handle(f))?;
-        (func.server, func.params.clone(), func.attrs, func.settings)
-    };
-    let mut attributes = attributes;
+    let function = handles::wire_or_invalid(f)?;
+    let stream = handles::stream(stream);
+    let mut st = c.lock();
+    let func = st.function(function)?;
+    let (attrs, settings) = (func.attrs, func.settings);
     let names_cluster = attributes
         .iter()
         .any(|a| matches!(a, LaunchAttribute::ClusterDim(_)));
@@ -110,19 +109,52 @@ fn launch(
             settings.cluster_scheduling_policy as u32,
         ));
     }
-    let dev = c.context_device()? as i32;
+    let dev = st.context_device()? as i32;
+    check_shape(c, dev, grid, block, &attrs)?;
+    if shared as i64 > dynamic_shared_limit(c, dev, &attrs)? as i64 {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let stream = stream?;
+    st = c.ready_stream(st, stream)?;
+    let params = pack_params(&st.function(function)?.params, kernel_params, extra)?;
+    let push = st.managed_to_push();
+    let call = st.capture_call(Call::Launch {
+        function,
+        grid,
+        block,
+        shared_bytes: shared,
+        stream,
+        params,
+        attributes,
+    });
+    drop(st);
+    crate::managed::push(c, push)?;
+    match call {
+        Some(call) => c.call(call).map(|_| ()),
+        None => Ok(()),
+    }
+}
+
+/// The grid and block limits of the device and of the kernel.
+fn check_shape(
+    c: &Client,
+    dev: i32,
+    grid: [u32; 3],
+    block: [u32; 3],
+    attrs: &cumux_protocol::FunctionAttrs,
+) -> CuResult<()> {
     if grid.contains(&0) || block.contains(&0) {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
     let max_block = [
-        c.attribute(dev, dev_attr::MAX_BLOCK_DIM_X)?,
-        c.attribute(dev, dev_attr::MAX_BLOCK_DIM_Y)?,
-        c.attribute(dev, dev_attr::MAX_BLOCK_DIM_Z)?,
+        c.attribute(dev, CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_X)?,
+        c.attribute(dev, CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Y)?,
+        c.attribute(dev, CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Z)?,
     ];
     let max_grid = [
-        c.attribute(dev, dev_attr::MAX_GRID_DIM_X)?,
-        c.attribute(dev, dev_attr::MAX_GRID_DIM_Y)?,
-        c.attribute(dev, dev_attr::MAX_GRID_DIM_Z)?,
+        c.attribute(dev, CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_X)?,
+        c.attribute(dev, CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Y)?,
+        c.attribute(dev, CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Z)?,
     ];
     for i in 0..3 {
         if (max_block[i] > 0 && block[i] as i64 > max_block[i] as i64)
@@ -132,7 +164,9 @@ fn launch(
         }
     }
     let threads = block.iter().map(|&b| b as u64).product::<u64>();
-    let device_max = c.attribute(dev, dev_attr::MAX_THREADS_PER_BLOCK)?.max(1) as u64;
+    let device_max = c
+        .attribute(dev, CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK)?
+        .max(1) as u64;
     if threads > device_max {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
@@ -141,75 +175,30 @@ fn launch(
     if attrs.max_threads_per_block > 0 && threads > attrs.max_threads_per_block as u64 {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
-    if shared as i64 > dynamic_shared_limit(c, &attrs)? as i64 {
-        return Err(CUDA_ERROR_INVALID_VALUE);
-    }
-    let stream = stream_of(c, stream)?;
-    let params = pack_params(&params, kernel_params, extra)?;
-    crate::managed::to_device(c)?;
-    c.call(Call::Launch {
-        function: server,
-        grid,
-        block,
-        shared_bytes: shared,
-        stream,
-        params,
-        attributes,
-    })
-    .map(|_| ())
+    Ok(())
 }
 
 /// Queues a host function behind the work already on the stream (or records
 /// it when the stream is being captured).
-fn host_function(stream: *mut c_void, run: Arc<dyn Fn(CUresult) + Send + Sync>) -> CuResult<()> {
+pub(crate) fn host_function(
+    stream: *mut c_void,
+    run: Arc<dyn Fn(CUresult) + Send + Sync>,
+) -> CuResult<()> {
     let c = client()?;
-    let s = stream_handle(c, stream)?;
-    match c.record(s, GraphOp::HostFn(run)) {
-        None => Ok(()),
-        Some(GraphOp::HostFn(run)) => crate::host_fn::enqueue(c, s, Box::new(move |st| run(st))),
-        Some(_) => Err(CUDA_ERROR_UNKNOWN),
-    }
-}
-
-/// The occupancy model's view of the current device and of kernel `f`.
-fn occupancy_inputs(c: &Client, f: *mut c_void) -> CuResult<(Sm, Kernel, i32)> {
-    let attrs = c.tables().function(handle(f))?.attrs;
-    let dev = c.current_device() as i32;
-    let attr = |a: u32, fallback: i32| -> CuResult<i32> {
-        let v = c.attribute(dev, a)?;
-        Ok(if v > 0 { v } else { fallback })
+    let stream = handles::stream(stream)?;
+    let mut st = c.lock();
+    st.check_stream(stream)?;
+    let run = match st.capture(stream, GraphOp::HostFn(run)) {
+        None => return Ok(()),
+        Some(GraphOp::HostFn(run)) => run,
+        Some(_) => return Err(CUDA_ERROR_UNKNOWN),
     };
-    let smem_per_block = attr(8, 49_152)?;
-    let sm = Sm {
-        warp_size: attr(10, 32)?,
-        threads_per_sm: attr(39, 2048)?,
-        blocks_per_sm: attr(106, 32)?,
-        regs_per_sm: attr(82, 65_536)?,
-        regs_per_block: attr(12, 65_536)?,
-        smem_per_sm: attr(81, smem_per_block)?,
-        smem_per_block_optin: attr(97, smem_per_block)?,
-        reserved_smem_per_block: c.attribute(dev, 111)?.max(0),
-    };
-    let max_threads = if attrs.max_threads_per_block > 0 {
-        attrs.max_threads_per_block
-    } else {
-        attr(1, 1024)?
-    };
-    let kernel = Kernel {
-        regs_per_thread: attrs.num_regs.max(0),
-        static_smem: attrs.shared_size_bytes.max(0),
-        max_threads_per_block: max_threads,
-        max_dynamic_smem: if attrs.max_dynamic_shared_size_bytes > 0 {
-            attrs.max_dynamic_shared_size_bytes
-        } else {
-            (smem_per_block - attrs.shared_size_bytes).max(0)
-        },
-    };
-    Ok((sm, kernel, attr(16, 1)?))
+    drop(st);
+    crate::host_fn::enqueue(c, stream, Box::new(move |status| run(status)))
 }
 
 /// Bytes of one `CUlaunchAttribute`.
-const LAUNCH_ATTRIBUTE_BYTES: usize = 72;
+pub(crate) const LAUNCH_ATTRIBUTE_BYTES: usize = 72;
 
 /// The attributes of a `cuLaunchKernelEx` that change how the kernel runs.
 /// Hints that leave its results alone (access policy window, stream
@@ -217,11 +206,11 @@ const LAUNCH_ATTRIBUTE_BYTES: usize = 72;
 /// shared memory carveout, NVLink-centric scheduling, portable cluster size
 /// and shared memory modes) are left out; those naming events are not
 /// supported yet and say so.
-fn launch_attributes(cfg: &CuLaunchConfig) -> CuResult<Vec<LaunchAttribute>> {
-    if cfg.num_attrs == 0 {
+fn launch_attributes(cfg: &CUlaunchConfig) -> CuResult<Vec<LaunchAttribute>> {
+    if cfg.numAttrs == 0 {
         return Ok(Vec::new());
     }
-    let n = cfg.num_attrs as usize;
+    let n = cfg.numAttrs as usize;
     let list = host_bytes(cfg.attrs.cast(), n.saturating_mul(LAUNCH_ATTRIBUTE_BYTES))?;
     let mut out = Vec::new();
     for a in list.chunks_exact(LAUNCH_ATTRIBUTE_BYTES) {
@@ -230,14 +219,29 @@ fn launch_attributes(cfg: &CuLaunchConfig) -> CuResult<Vec<LaunchAttribute>> {
         };
         let id = u32::from_ne_bytes([a[0], a[1], a[2], a[3]]);
         match id {
-            0 => {}
-            2 => out.push(LaunchAttribute::Cooperative(word(0))),
-            4 => out.push(LaunchAttribute::ClusterDim([word(0), word(1), word(2)])),
-            5 => out.push(LaunchAttribute::ClusterSchedulingPolicy(word(0))),
-            6 => out.push(LaunchAttribute::ProgrammaticSerialization(word(0))),
-            8 => out.push(LaunchAttribute::Priority(word(0) as i32)),
-            10 => out.push(LaunchAttribute::MemSyncDomain(word(0))),
-            1 | 3 | 9 | 11 | 14 | 16 | 17 | 18 => {
+            CU_LAUNCH_ATTRIBUTE_IGNORE => {}
+            CU_LAUNCH_ATTRIBUTE_COOPERATIVE => out.push(LaunchAttribute::Cooperative(word(0))),
+            CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION => {
+                out.push(LaunchAttribute::ClusterDim([word(0), word(1), word(2)]))
+            }
+            CU_LAUNCH_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE => {
+                out.push(LaunchAttribute::ClusterSchedulingPolicy(word(0)))
+            }
+            CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION => {
+                out.push(LaunchAttribute::ProgrammaticSerialization(word(0)))
+            }
+            CU_LAUNCH_ATTRIBUTE_PRIORITY => out.push(LaunchAttribute::Priority(word(0) as i32)),
+            CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN => {
+                out.push(LaunchAttribute::MemSyncDomain(word(0)))
+            }
+            CU_LAUNCH_ATTRIBUTE_ACCESS_POLICY_WINDOW
+            | CU_LAUNCH_ATTRIBUTE_SYNCHRONIZATION_POLICY
+            | CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN_MAP
+            | CU_LAUNCH_ATTRIBUTE_PREFERRED_CLUSTER_DIMENSION
+            | CU_LAUNCH_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT
+            | CU_LAUNCH_ATTRIBUTE_NVLINK_UTIL_CENTRIC_SCHEDULING
+            | CU_LAUNCH_ATTRIBUTE_PORTABLE_CLUSTER_SIZE_MODE
+            | CU_LAUNCH_ATTRIBUTE_SHARED_MEMORY_MODE => {
                 tracing::debug!("cuLaunchKernelEx: hint attribute {id} left out");
             }
             _ => {
@@ -247,38 +251,6 @@ fn launch_attributes(cfg: &CuLaunchConfig) -> CuResult<Vec<LaunchAttribute>> {
         }
     }
     Ok(out)
-}
-
-fn occupancy_blocks(c: &Client, f: *mut c_void, block_size: i32, smem: usize) -> CuResult<i32> {
-    let (sm, k, _) = occupancy_inputs(c, f)?;
-    if block_size <= 0 {
-        return Err(CUDA_ERROR_INVALID_VALUE);
-    }
-    Ok(active_blocks(&sm, &k, block_size, smem))
-}
-
-/// `CUoccupancyB2DSize`: dynamic shared memory a block size needs.
-type SmemForBlock = Option<extern "C" fn(i32) -> usize>;
-
-fn potential_block(
-    min_grid: *mut i32,
-    block: *mut i32,
-    f: *mut c_void,
-    smem_fn: SmemForBlock,
-    smem: usize,
-    limit: i32,
-) -> CuResult<()> {
-    let c = client()?;
-    if min_grid.is_null() || block.is_null() {
-        return Err(CUDA_ERROR_INVALID_VALUE);
-    }
-    let (sm, k, sms) = occupancy_inputs(c, f)?;
-    let (grid, size) = potential_block_size(&sm, &k, sms, limit, |b| match smem_fn {
-        Some(f) => f(b),
-        None => smem,
-    });
-    out(block, size)?;
-    out(min_grid, grid)
 }
 
 driver_fn! {
@@ -307,17 +279,19 @@ driver_fn! {
     }
 
     fn cuLaunchKernelEx | cuLaunchKernelEx_ptsz (
-        config: *const CuLaunchConfig,
+        config: *const CUlaunchConfig,
         f: *mut c_void,
         params: *mut *mut c_void,
         extra: *mut *mut c_void
     ) {
         let cfg = read_in(config)?;
         let attributes = launch_attributes(cfg)?;
-        launch(client()?, f, cfg.grid, cfg.block, cfg.shared_mem_bytes, cfg.stream, params, extra, attributes)
+        let grid = [cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ];
+        let block = [cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ];
+        launch(client()?, f, grid, block, cfg.sharedMemBytes, cfg.hStream, params, extra, attributes)
     }
 
-    fn cuLaunchHostFunc | cuLaunchHostFunc_ptsz (stream: *mut c_void, func: CuHostFn, data: *mut c_void) {
+    fn cuLaunchHostFunc | cuLaunchHostFunc_ptsz (stream: *mut c_void, func: CUhostFn, data: *mut c_void) {
         let func = func.ok_or(CUDA_ERROR_INVALID_VALUE)?;
         let data = UserData(data);
         host_function(stream, Arc::new(move |status| {
@@ -330,7 +304,7 @@ driver_fn! {
         }))
     }
 
-    fn cuStreamAddCallback | cuStreamAddCallback_ptsz (stream: *mut c_void, cb: CuStreamCallback, data: *mut c_void, flags: u32) {
+    fn cuStreamAddCallback | cuStreamAddCallback_ptsz (stream: *mut c_void, cb: CUstreamCallback, data: *mut c_void, flags: u32) {
         let cb = cb.ok_or(CUDA_ERROR_INVALID_VALUE)?;
         if flags != 0 {
             return Err(CUDA_ERROR_INVALID_VALUE);
@@ -341,73 +315,5 @@ driver_fn! {
             // SAFETY: calling the program's callback with its own arguments.
             unsafe { cb(handle.0, status, data.0) }
         }))
-    }
-
-    fn cuOccupancyMaxActiveBlocksPerMultiprocessor(n: *mut i32, f: *mut c_void, block: i32, smem: usize) {
-        let c = client()?;
-        out(n, occupancy_blocks(c, f, block, smem)?)
-    }
-
-    fn cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(n: *mut i32, f: *mut c_void, block: i32, smem: usize, _flags: u32) {
-        let c = client()?;
-        out(n, occupancy_blocks(c, f, block, smem)?)
-    }
-
-    fn cuOccupancyMaxPotentialBlockSize(
-        min_grid: *mut i32,
-        block: *mut i32,
-        f: *mut c_void,
-        smem_fn: SmemForBlock,
-        smem: usize,
-        limit: i32
-    ) {
-        potential_block(min_grid, block, f, smem_fn, smem, limit)
-    }
-
-    fn cuOccupancyMaxPotentialBlockSizeWithFlags(
-        min_grid: *mut i32,
-        block: *mut i32,
-        f: *mut c_void,
-        smem_fn: SmemForBlock,
-        smem: usize,
-        limit: i32,
-        _flags: u32
-    ) {
-        potential_block(min_grid, block, f, smem_fn, smem, limit)
-    }
-
-    fn cuOccupancyMaxActiveClusters(clusters: *mut i32, f: *mut c_void, config: *const u8) {
-        let c = client()?;
-        if config.is_null() {
-            return Err(CUDA_ERROR_INVALID_VALUE);
-        }
-        // CUlaunchConfig: grid (3 × u32), block (3 × u32), shared bytes, the
-        // stream at 32, the attributes at 40 and their count at 48; each
-        // CUlaunchAttribute is an id and a 64-byte value 8 bytes in (72).
-        let cfg = host_bytes(config.cast(), 56)?;
-        let u32_at = |b: &[u8], o: usize| u32::from_ne_bytes(b[o..o + 4].try_into().unwrap_or_default());
-        let block = u32_at(cfg, 12) * u32_at(cfg, 16).max(1) * u32_at(cfg, 20).max(1);
-        let smem = u32_at(cfg, 24) as usize;
-        let attrs = usize::from_ne_bytes(cfg[40..48].try_into().unwrap_or_default());
-        let n = u32_at(cfg, 48) as usize;
-        let mut cluster = 1u32;
-        if attrs != 0 && n > 0 {
-            let list = host_bytes(attrs as *const c_void, n.min(64) * 72)?;
-            for a in list.chunks_exact(72) {
-                // CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
-                if u32_at(a, 0) == 4 {
-                    cluster = u32_at(a, 8).max(1) * u32_at(a, 12).max(1) * u32_at(a, 16).max(1);
-                }
-            }
-        }
-        let (sm, k, sms) = occupancy_inputs(c, f)?;
-        let per_sm = active_blocks(&sm, &k, block as i32, smem) as i64;
-        out(clusters, (per_sm * sms as i64 / cluster as i64).min(i32::MAX as i64) as i32)
-    }
-
-    fn cuOccupancyAvailableDynamicSMemPerBlock(size: *mut usize, f: *mut c_void, blocks: i32, block: i32) {
-        let c = client()?;
-        let (sm, k, _) = occupancy_inputs(c, f)?;
-        out(size, available_dynamic_smem(&sm, &k, blocks, block))
     }
 }

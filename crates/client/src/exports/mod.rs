@@ -2,25 +2,36 @@
 //! check and convert arguments and call into `state`. Every body runs inside
 //! `guard`, so no panic crosses the ABI.
 
-use std::ffi::{c_char, c_void, CStr};
-
+pub(crate) use crate::abi::*;
 use crate::errors::*;
 
 /// Defines exported driver functions. `fn a | b (args) { body }` exports the
 /// same body under each name (the `_ptds`/`_ptsz` forms share the legacy
-/// form's signature). The body returns `CuResult<()>`.
+/// form's signature). The body returns `CuResult<()>`. Each export is checked
+/// at compile time against its C signature in the headers
+/// (`cumux_cuda_bindings::pfn`): a parameter of another type or count does
+/// not build. `unchecked fn` leaves out the check, for a symbol whose
+/// signature no header here gives (`cumux_cuda_bindings::pfn` lists them).
 macro_rules! driver_fn {
     () => {};
+    (unchecked fn $name:ident ($($sig:tt)*) $body:block $($rest:tt)*) => {
+        driver_fn!(@export $name ($($sig)*) $body);
+        driver_fn!($($rest)*);
+    };
     (fn $name:ident $(| $alias:ident)* ($($sig:tt)*) $body:block $($rest:tt)*) => {
         driver_fn!(@def $name ($($sig)*) $body);
         driver_fn!(@aliases $name ($($sig)*) $($alias)*);
         driver_fn!($($rest)*);
     };
-    (@def $name:ident ($($arg:ident: $ty:ty),* $(,)?) $body:block) => {
+    (@def $name:ident ($($sig:tt)*) $body:block) => {
+        driver_fn!(@export $name ($($sig)*) $body);
+        const _: cumux_cuda_bindings::pfn::$name = $name;
+    };
+    (@export $name:ident ($($arg:ident: $ty:ty),* $(,)?) $body:block) => {
         #[no_mangle]
         #[allow(non_snake_case, clippy::missing_safety_doc)]
         pub unsafe extern "C" fn $name($($arg: $ty),*) -> $crate::errors::CUresult {
-            $crate::guard(stringify!($name), move || $body)
+            $crate::abi::guard(stringify!($name), move || $body)
         }
     };
     (@aliases $name:ident $sig:tt $($alias:ident)*) => {
@@ -32,96 +43,59 @@ macro_rules! driver_fn {
         pub unsafe extern "C" fn $alias($($arg: $ty),*) -> $crate::errors::CUresult {
             $name($($arg),*)
         }
+        const _: cumux_cuda_bindings::pfn::$alias = $alias;
     };
 }
 
+/// Defines one exported stub per driver symbol cumux does not implement: it
+/// says so on stderr the first time it is called and returns
+/// `CUDA_ERROR_NOT_SUPPORTED`. Arguments are ignored, which the C calling
+/// convention allows.
+macro_rules! not_implemented_stubs {
+    ($($name:ident),* $(,)?) => {
+        $(
+            #[no_mangle]
+            #[allow(non_snake_case)]
+            pub extern "C" fn $name() -> $crate::errors::CUresult {
+                static SAID: std::sync::Once = std::sync::Once::new();
+                SAID.call_once(|| $crate::errors::report_not_implemented(stringify!($name)));
+                $crate::errors::CUDA_ERROR_NOT_SUPPORTED
+            }
+        )*
+    };
+}
+pub(crate) use not_implemented_stubs;
+
 mod context;
+mod copy;
 mod cuda13x;
 mod device;
+mod function;
 mod graph;
 mod init;
 mod launch;
 mod memory;
 mod module;
+mod occupancy;
+mod proc_address;
 mod stream;
-mod stubs_generated;
+#[path = "../generated/stubs.rs"]
+mod stubs;
+mod sync;
 mod tensor_map;
 
 pub use context::*;
+pub use copy::*;
 pub use cuda13x::*;
 pub use device::*;
+pub use function::*;
 pub use graph::*;
 pub use init::*;
 pub use launch::*;
 pub use memory::*;
 pub use module::*;
+pub use occupancy::*;
+pub use proc_address::*;
 pub use stream::*;
-pub use stubs_generated::*;
+pub use stubs::*;
 pub use tensor_map::*;
-
-/// Writes `value` through an out-pointer the program passed.
-pub(crate) fn out<T>(ptr: *mut T, value: T) -> CuResult<()> {
-    if ptr.is_null() {
-        return Err(CUDA_ERROR_INVALID_VALUE);
-    }
-    // SAFETY: non-null, and the driver API contract makes it point to a T.
-    unsafe { ptr.write_unaligned(value) };
-    Ok(())
-}
-
-/// Writes through an optional out-pointer (null means "not wanted").
-pub(crate) fn out_opt<T>(ptr: *mut T, value: T) {
-    if !ptr.is_null() {
-        // SAFETY: as in `out`.
-        unsafe { ptr.write_unaligned(value) };
-    }
-}
-
-/// Reads a struct the program passed by pointer.
-pub(crate) fn read_in<'a, T>(ptr: *const T) -> CuResult<&'a T> {
-    // SAFETY: the driver API contract makes a non-null pointer refer to a live T.
-    unsafe { ptr.as_ref() }.ok_or(CUDA_ERROR_INVALID_VALUE)
-}
-
-/// A NUL-terminated string argument.
-pub(crate) fn c_str<'a>(ptr: *const c_char) -> CuResult<&'a str> {
-    if ptr.is_null() {
-        return Err(CUDA_ERROR_INVALID_VALUE);
-    }
-    // SAFETY: non-null and NUL-terminated per the API contract.
-    unsafe { CStr::from_ptr(ptr) }
-        .to_str()
-        .map_err(|_| CUDA_ERROR_INVALID_VALUE)
-}
-
-/// A host buffer argument of `len` bytes.
-pub(crate) fn host_bytes<'a>(ptr: *const c_void, len: usize) -> CuResult<&'a [u8]> {
-    if len == 0 {
-        return Ok(&[]);
-    }
-    if ptr.is_null() {
-        return Err(CUDA_ERROR_INVALID_VALUE);
-    }
-    // SAFETY: the program promises `len` readable bytes at `ptr`.
-    Ok(unsafe { std::slice::from_raw_parts(ptr.cast::<u8>(), len) })
-}
-
-/// A writable host buffer argument of `len` bytes.
-pub(crate) fn host_bytes_mut<'a>(ptr: *mut c_void, len: usize) -> CuResult<&'a mut [u8]> {
-    if len == 0 {
-        return Ok(&mut []);
-    }
-    if ptr.is_null() {
-        return Err(CUDA_ERROR_INVALID_VALUE);
-    }
-    // SAFETY: the program promises `len` writable bytes at `ptr`.
-    Ok(unsafe { std::slice::from_raw_parts_mut(ptr.cast::<u8>(), len) })
-}
-
-pub(crate) fn handle(h: *mut c_void) -> usize {
-    h as usize
-}
-
-pub(crate) fn to_ptr(h: usize) -> *mut c_void {
-    h as *mut c_void
-}

@@ -1,14 +1,18 @@
 //! Modules and libraries: images from memory (fat binaries, wrappers, cubins,
 //! PTX) or files, loaded on the server; function, kernel and global lookups
-//! and attributes answered from what the load replied.
+//! answered from what the load replied; JIT linking (`cuLink*`). A module is
+//! named by the server's handle; a library by the handle the client minted,
+//! which the program may also use as its module's.
 
 use std::ffi::{c_char, c_void, CStr};
 
+use cumux_cuda_bindings::{consts::*, types::*};
 use cumux_fatbin::{Classified, FATBINC_WRAPPER_MAGIC};
+use cumux_protocol::Handle;
 
 use super::*;
-use crate::state::{client, Client};
-use crate::types::{dev_attr, func_attr};
+use crate::state::handles::to_program;
+use crate::state::{client, Client, Library, State, StateGuard};
 
 fn read_raw(p: *const c_void, len: usize) -> CuResult<Vec<u8>> {
     Ok(host_bytes(p, len)?.to_vec())
@@ -60,18 +64,35 @@ fn load_file(path: *const c_char) -> CuResult<Vec<u8>> {
     })
 }
 
-fn find_function(c: &Client, module: usize, name: &str) -> CuResult<usize> {
-    let t = c.tables();
-    let m = t.modules.get(&module).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
-    m.functions
+/// The function of a module (by the program's handle) named `name`.
+fn find_function(st: &State, module: usize, name: &str) -> CuResult<Handle> {
+    st.module(module)?
+        .functions
         .iter()
         .copied()
         .find(|f| {
-            t.functions
+            st.functions
                 .get(f)
                 .is_some_and(|x| x.name.to_bytes() == name.as_bytes())
         })
         .ok_or(CUDA_ERROR_NOT_FOUND)
+}
+
+/// The global of a module (by the program's handle) named `name`: (address, size).
+fn find_global(st: &State, module: usize, name: &str) -> CuResult<(u64, u64)> {
+    st.module(module)?
+        .globals
+        .iter()
+        .find(|g| g.name == name)
+        .map(|g| (g.ptr, g.size))
+        .ok_or(CUDA_ERROR_NOT_FOUND)
+}
+
+/// Loads an image on the current context's device (`cuModuleLoad*`).
+fn load_module(c: &Client, image: impl FnOnce() -> CuResult<Vec<u8>>) -> CuResult<*mut c_void> {
+    let device = c.lock().context_device()?;
+    let module = c.load_module(device, image()?, None)?;
+    Ok(to_program(module))
 }
 
 /// Loads a library under handle `h`. One whose fat binary has no code for
@@ -82,10 +103,14 @@ fn load_library(c: &Client, h: usize, image: Vec<u8>) -> CuResult<()> {
     // Told from the fat binary's headers when it can be, so the image (cuBLAS
     // ships over 500 MB of them) never crosses to the server. Not for an
     // `-rdc` program, whose cubin-only fat binary is replaced by its PTX.
-    let dev = c.current_device() as i32;
-    let sm = match c.devices.get(dev as usize) {
-        Some(d) if d.backend == "cpu" => None,
-        _ => Some((c.attribute(dev, 75)? * 10 + c.attribute(dev, 76)?) as u32),
+    let device = c.lock().current_device();
+    let dev = device as i32;
+    let sm = if c.on_cpu(device) {
+        None
+    } else {
+        let major = c.attribute(dev, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?;
+        let minor = c.attribute(dev, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?;
+        Some((major * 10 + minor) as u32)
     };
     let known_codeless = sm != Some(0)
         && crate::link::has_no_code_for(&image, sm)
@@ -93,20 +118,11 @@ fn load_library(c: &Client, h: usize, image: Vec<u8>) -> CuResult<()> {
     let loaded = if known_codeless {
         Err(CUDA_ERROR_NO_BINARY_FOR_GPU)
     } else {
-        c.load_module_as(h, image)
+        c.load_module(device, image, Some(h)).map(|_| ())
     };
     match loaded {
         Err(CUDA_ERROR_NO_BINARY_FOR_GPU) => {
-            let mut t = c.tables();
-            t.codeless.insert(h);
-            t.modules.insert(
-                h,
-                crate::state::Module {
-                    server: 0,
-                    functions: Vec::new(),
-                    globals: Vec::new(),
-                },
-            );
+            c.lock().libraries.insert(h, Library::Codeless);
             tracing::debug!("library {h:#x} has no code for this GPU: loaded without it");
             Ok(())
         }
@@ -125,7 +141,10 @@ fn library_from(c: &Client, code: *const c_void) -> CuResult<usize> {
         // Read now what a lazy load will read, so a bad image fails here.
         let head = read_raw(code, 4)?;
         if cumux_fatbin::classify(&head) != Classified::Unknown {
-            c.tables().lazy_libraries.insert(h, code as usize);
+            let lazy = Library::Lazy {
+                image_at: code as usize,
+            };
+            c.lock().libraries.insert(h, lazy);
             return Ok(h);
         }
     }
@@ -143,262 +162,147 @@ fn lazy_loading() -> bool {
     })
 }
 
-/// Loads `library` now if it waits to be loaded.
-fn loaded(c: &Client, library: *mut c_void) -> CuResult<()> {
+/// Loads `library` now if it waits to be loaded (or waits for the thread
+/// loading it); the state, locked, for the caller's lookups.
+fn loaded(c: &'static Client, library: *mut c_void) -> CuResult<StateGuard<'static>> {
     let h = handle(library);
-    if !c.tables().lazy_libraries.contains_key(&h) {
-        return Ok(());
+    let mut st = c.lock();
+    loop {
+        match st.libraries.get(&h) {
+            Some(Library::Lazy { image_at }) => {
+                let code = *image_at;
+                st.libraries.insert(h, Library::Loading);
+                drop(st);
+                let unwinding = Relazy { c, h, code };
+                tracing::debug!("loading library {h:#x} at its first use");
+                let result = image_from_pointer(code as *const c_void)
+                    .and_then(|image| load_library(c, h, image));
+                std::mem::forget(unwinding);
+                st = c.lock();
+                if result.is_err() {
+                    st.libraries.remove(&h);
+                }
+                c.changed();
+                return result.map(|()| st);
+            }
+            Some(Library::Loading) => st = c.wait(st),
+            _ => return Ok(st),
+        }
     }
-    let _one_at_a_time = c.lazy_loading.lock().unwrap_or_else(|p| p.into_inner());
-    let Some(code) = c.tables().lazy_libraries.get(&h).copied() else {
-        return Ok(());
-    };
-    tracing::debug!("loading library {h:#x} at its first use");
-    let result =
-        image_from_pointer(code as *const c_void).and_then(|image| load_library(c, h, image));
-    c.tables().lazy_libraries.remove(&h);
-    result
 }
 
-/// `CUDA_ERROR_NO_BINARY_FOR_GPU` for a library loaded without code.
-fn has_code(c: &Client, library: *mut c_void) -> CuResult<()> {
-    if c.tables().codeless.contains(&handle(library)) {
+/// Puts a library back to lazy if its load panics, so the threads waiting
+/// for it do not wait forever (forgotten once the load returns).
+struct Relazy {
+    c: &'static Client,
+    h: usize,
+    code: usize,
+}
+
+impl Drop for Relazy {
+    fn drop(&mut self) {
+        let lazy = Library::Lazy {
+            image_at: self.code,
+        };
+        self.c.lock().libraries.insert(self.h, lazy);
+        self.c.changed();
+    }
+}
+
+/// A library, loaded now if it waits to be, that has code for this device
+/// (`CUDA_ERROR_NO_BINARY_FOR_GPU` for one loaded without).
+fn with_code(c: &'static Client, library: *mut c_void) -> CuResult<StateGuard<'static>> {
+    let st = loaded(c, library)?;
+    if matches!(st.libraries.get(&handle(library)), Some(Library::Codeless)) {
         return Err(CUDA_ERROR_NO_BINARY_FOR_GPU);
     }
-    Ok(())
+    Ok(st)
 }
 
-fn find_global(c: &Client, module: usize, name: &str) -> CuResult<(u64, u64)> {
-    let t = c.tables();
-    let m = t.modules.get(&module).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
-    m.globals
+/// The program's handles of a module's functions (by the program's handle).
+fn module_functions(st: &State, module: usize) -> CuResult<Vec<*mut c_void>> {
+    Ok(st
+        .module(module)?
+        .functions
         .iter()
-        .find(|g| g.name == name)
-        .map(|g| (g.ptr, g.size))
-        .ok_or(CUDA_ERROR_NOT_FOUND)
+        .map(|f| to_program(*f))
+        .collect())
 }
 
-/// The limit on dynamic shared memory a function may be launched with.
-pub(crate) fn dynamic_shared_limit(
-    c: &Client,
-    attrs: &cumux_protocol::FunctionAttrs,
-) -> CuResult<i32> {
-    if attrs.max_dynamic_shared_size_bytes > 0 {
-        return Ok(attrs.max_dynamic_shared_size_bytes);
-    }
-    let dev = c.current_device() as i32;
-    let per_block = c.attribute(dev, dev_attr::MAX_SHARED_MEMORY_PER_BLOCK)?;
-    Ok((per_block - attrs.shared_size_bytes).max(0))
-}
-
-fn function_attribute(c: &Client, f: usize, attr: i32) -> CuResult<i32> {
-    let (attrs, settings) = {
-        let t = c.tables();
-        let func = t.function(f)?;
-        (func.attrs, func.settings)
-    };
-    let dev = c.current_device() as i32;
-    Ok(match attr {
-        func_attr::MAX_THREADS_PER_BLOCK if attrs.max_threads_per_block > 0 => {
-            attrs.max_threads_per_block
-        }
-        func_attr::MAX_THREADS_PER_BLOCK => c.attribute(dev, dev_attr::MAX_THREADS_PER_BLOCK)?,
-        func_attr::SHARED_SIZE_BYTES => attrs.shared_size_bytes,
-        func_attr::CONST_SIZE_BYTES => attrs.const_size_bytes,
-        func_attr::LOCAL_SIZE_BYTES => attrs.local_size_bytes,
-        func_attr::NUM_REGS => attrs.num_regs,
-        func_attr::PTX_VERSION => attrs.ptx_version,
-        func_attr::BINARY_VERSION => attrs.binary_version,
-        func_attr::CACHE_MODE_CA => 0,
-        func_attr::MAX_DYNAMIC_SHARED_SIZE_BYTES => dynamic_shared_limit(c, &attrs)?,
-        func_attr::PREFERRED_SHARED_MEMORY_CARVEOUT => settings.preferred_carveout,
-        // CLUSTER_SIZE_MUST_BE_SET: only kernels compiled for explicit
-        // clusters need one, and their launches name it.
-        10 => 0,
-        11..=13 => settings.required_cluster[(attr - 11) as usize],
-        14 => settings.non_portable_cluster_size_allowed,
-        15 => settings.cluster_scheduling_policy,
-        _ => return Err(CUDA_ERROR_INVALID_VALUE),
-    })
-}
-
-fn set_function_attribute(c: &Client, f: usize, attr: i32, value: i32) -> CuResult<()> {
-    let dev = c.current_device() as i32;
-    let optin = c.attribute(dev, dev_attr::MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)?;
-    let mut t = c.tables();
-    let func = t.functions.get_mut(&f).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
-    match attr {
-        func_attr::MAX_DYNAMIC_SHARED_SIZE_BYTES => {
-            let limit = optin.max(0) - func.attrs.shared_size_bytes;
-            if value < 0 || value > limit {
-                return Err(CUDA_ERROR_INVALID_VALUE);
-            }
-            func.attrs.max_dynamic_shared_size_bytes = value;
-            Ok(())
-        }
-        func_attr::PREFERRED_SHARED_MEMORY_CARVEOUT if (-1..=100).contains(&value) => {
-            // A hint to the driver about the L1/shared split; kept for queries.
-            func.settings.preferred_carveout = value;
-            Ok(())
-        }
-        11..=13 if value >= 0 => {
-            func.settings.required_cluster[(attr - 11) as usize] = value;
-            Ok(())
-        }
-        // The worker opts a kernel in to non-portable cluster sizes whenever a
-        // launch asks for one, as this setting allows.
-        14 if value == 0 || value == 1 => {
-            func.settings.non_portable_cluster_size_allowed = value;
-            Ok(())
-        }
-        15 if (0..=2).contains(&value) => {
-            func.settings.cluster_scheduling_policy = value;
-            Ok(())
-        }
-        _ => Err(CUDA_ERROR_INVALID_VALUE),
-    }
-}
-
-fn param_info(
-    c: &Client,
-    f: usize,
-    index: usize,
-    offset: *mut usize,
-    size: *mut usize,
-) -> CuResult<()> {
-    let t = c.tables();
-    let p = *t
-        .function(f)?
-        .params
-        .get(index)
-        .ok_or(CUDA_ERROR_INVALID_VALUE)?;
-    out_opt(offset, p.offset as usize);
-    out_opt(size, p.size as usize);
-    Ok(())
-}
-
-fn module_functions(c: &Client, module: usize) -> CuResult<Vec<usize>> {
-    let t = c.tables();
-    let m = t.modules.get(&module).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
-    Ok(m.functions.clone())
-}
-
-fn write_handles(dst: *mut *mut c_void, n: u32, handles: &[usize]) -> CuResult<()> {
+fn write_handles(dst: *mut *mut c_void, n: u32, handles: &[*mut c_void]) -> CuResult<()> {
     let slots = host_bytes_mut(dst.cast(), n as usize * 8)?;
     for (i, f) in handles.iter().take(n as usize).enumerate() {
-        slots[i * 8..i * 8 + 8].copy_from_slice(&f.to_ne_bytes());
+        slots[i * 8..i * 8 + 8].copy_from_slice(&(*f as usize).to_ne_bytes());
     }
+    Ok(())
+}
+
+/// Adds an input to a link state.
+fn link_input(state: *mut c_void, kind: u32, bytes: Vec<u8>) -> CuResult<()> {
+    let c = client()?;
+    let mut st = c.lock();
+    let link = st
+        .links
+        .get_mut(&handle(state))
+        .ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+    link.inputs.push((kind, bytes));
     Ok(())
 }
 
 driver_fn! {
     fn cuModuleLoad(module: *mut *mut c_void, path: *const c_char) {
-        let c = client()?;
-        c.context_device()?;
-        let image = load_file(path)?;
-        out(module, to_ptr(c.load_module(image)?))
+        out(module, load_module(client()?, || load_file(path))?)
     }
 
-    fn cuModuleLoadData(module: *mut *mut c_void, image: *const c_void) {
-        let c = client()?;
-        c.context_device()?;
-        out(module, to_ptr(c.load_module(image_from_pointer(image)?)?))
+    fn cuModuleLoadData | cuModuleLoadFatBinary (module: *mut *mut c_void, image: *const c_void) {
+        out(module, load_module(client()?, || image_from_pointer(image))?)
     }
 
-    fn cuModuleLoadDataEx(module: *mut *mut c_void, image: *const c_void, _n: u32, _opts: *mut c_void, _vals: *mut *mut c_void) {
-        let c = client()?;
-        c.context_device()?;
-        out(module, to_ptr(c.load_module(image_from_pointer(image)?)?))
+    fn cuModuleLoadDataEx(module: *mut *mut c_void, image: *const c_void, _n: u32, _opts: *mut CUjit_option, _vals: *mut *mut c_void) {
+        out(module, load_module(client()?, || image_from_pointer(image))?)
     }
 
-    fn cuModuleLoadFatBinary(module: *mut *mut c_void, image: *const c_void) {
-        let c = client()?;
-        c.context_device()?;
-        out(module, to_ptr(c.load_module(image_from_pointer(image)?)?))
-    }
-
-    fn cuModuleUnload(module: *mut c_void) {
+    fn cuModuleUnload | cuLibraryUnload (module: *mut c_void) {
         client()?.unload_module(handle(module))
     }
 
     fn cuModuleGetFunction(f: *mut *mut c_void, module: *mut c_void, name: *const c_char) {
         let c = client()?;
-        out(f, to_ptr(find_function(c, handle(module), c_str(name)?)?))
+        let function = find_function(&c.lock(), handle(module), c_str(name)?)?;
+        out(f, to_program(function))
     }
 
     fn cuModuleGetGlobal_v2(dptr: *mut u64, bytes: *mut usize, module: *mut c_void, name: *const c_char) {
         let c = client()?;
-        let (p, s) = find_global(c, handle(module), c_str(name)?)?;
+        let (p, s) = find_global(&c.lock(), handle(module), c_str(name)?)?;
         out_opt(dptr, p);
         out_opt(bytes, s as usize);
         Ok(())
     }
 
     fn cuModuleGetLoadingMode(mode: *mut u32) {
-        // CU_MODULE_LAZY_LOADING (libraries load at their first use: `library_from`)
-        // or CU_MODULE_EAGER_LOADING.
-        out(mode, if lazy_loading() { 2 } else { 1 })
+        // Libraries load at their first use (`library_from`) unless asked not to.
+        out(mode, if lazy_loading() { CU_MODULE_LAZY_LOADING } else { CU_MODULE_EAGER_LOADING })
     }
 
     fn cuModuleGetFunctionCount(count: *mut u32, module: *mut c_void) {
         let c = client()?;
-        out(count, module_functions(c, handle(module))?.len() as u32)
+        let n = c.lock().module(handle(module))?.functions.len();
+        out(count, n as u32)
     }
 
     fn cuModuleEnumerateFunctions(fs: *mut *mut c_void, n: u32, module: *mut c_void) {
-        let functions = module_functions(client()?, handle(module))?;
+        let functions = module_functions(&client()?.lock(), handle(module))?;
         write_handles(fs, n, &functions)
-    }
-
-    fn cuFuncGetAttribute(value: *mut i32, attr: i32, f: *mut c_void) {
-        let c = client()?;
-        out(value, function_attribute(c, handle(f), attr)?)
-    }
-
-    fn cuFuncSetAttribute(f: *mut c_void, attr: i32, value: i32) {
-        set_function_attribute(client()?, handle(f), attr, value)
-    }
-
-    fn cuFuncSetCacheConfig(f: *mut c_void, _config: u32) {
-        client()?.tables().function(handle(f)).map(|_| ())
-    }
-
-    fn cuFuncSetSharedMemConfig(f: *mut c_void, _config: u32) {
-        client()?.tables().function(handle(f)).map(|_| ())
-    }
-
-    fn cuFuncGetModule(module: *mut *mut c_void, f: *mut c_void) {
-        let m = client()?.tables().function(handle(f))?.module;
-        out(module, to_ptr(m))
-    }
-
-    fn cuFuncGetName(name: *mut *const c_char, f: *mut c_void) {
-        let c = client()?;
-        let t = c.tables();
-        out(name, t.function(handle(f))?.name.as_ptr())
-    }
-
-    fn cuFuncGetParamInfo(f: *mut c_void, index: usize, offset: *mut usize, size: *mut usize) {
-        param_info(client()?, handle(f), index, offset, size)
-    }
-
-    fn cuFuncIsLoaded(state: *mut u32, f: *mut c_void) {
-        client()?.tables().function(handle(f))?;
-        // CU_FUNCTION_LOADING_STATE_LOADED
-        out(state, 1)
-    }
-
-    fn cuFuncLoad(f: *mut c_void) {
-        client()?.tables().function(handle(f)).map(|_| ())
     }
 
     fn cuLibraryLoadData(
         library: *mut *mut c_void,
         code: *const c_void,
-        _jit_opts: *mut c_void,
+        _jit_opts: *mut CUjit_option,
         _jit_vals: *mut *mut c_void,
         _n_jit: u32,
-        _lib_opts: *mut c_void,
+        _lib_opts: *mut CUlibraryOption,
         _lib_vals: *mut *mut c_void,
         _n_lib: u32
     ) {
@@ -409,10 +313,10 @@ driver_fn! {
     fn cuLibraryLoadFromFile(
         library: *mut *mut c_void,
         path: *const c_char,
-        _jit_opts: *mut c_void,
+        _jit_opts: *mut CUjit_option,
         _jit_vals: *mut *mut c_void,
         _n_jit: u32,
-        _lib_opts: *mut c_void,
+        _lib_opts: *mut CUlibraryOption,
         _lib_vals: *mut *mut c_void,
         _n_lib: u32
     ) {
@@ -422,32 +326,23 @@ driver_fn! {
         out(library, to_ptr(h))
     }
 
-    fn cuLibraryUnload(library: *mut c_void) {
-        client()?.unload_module(handle(library))
-    }
-
     fn cuLibraryGetKernel(kernel: *mut *mut c_void, library: *mut c_void, name: *const c_char) {
         let c = client()?;
-        loaded(c, library)?;
-        has_code(c, library)?;
-        out(kernel, to_ptr(find_function(c, handle(library), c_str(name)?)?))
+        let st = with_code(c, library)?;
+        let function = find_function(&st, handle(library), c_str(name)?)?;
+        drop(st);
+        out(kernel, to_program(function))
     }
 
     fn cuLibraryGetModule(module: *mut *mut c_void, library: *mut c_void) {
         let c = client()?;
-        loaded(c, library)?;
-        has_code(c, library)?;
-        if !c.tables().modules.contains_key(&handle(library)) {
-            return Err(CUDA_ERROR_INVALID_HANDLE);
-        }
+        with_code(c, library)?.module(handle(library))?;
         out(module, library)
     }
 
     fn cuLibraryGetGlobal(dptr: *mut u64, bytes: *mut usize, library: *mut c_void, name: *const c_char) {
         let c = client()?;
-        loaded(c, library)?;
-        has_code(c, library)?;
-        let (p, s) = find_global(c, handle(library), c_str(name)?)?;
+        let (p, s) = find_global(&*with_code(c, library)?, handle(library), c_str(name)?)?;
         out_opt(dptr, p);
         out_opt(bytes, s as usize);
         Ok(())
@@ -455,54 +350,20 @@ driver_fn! {
 
     fn cuLibraryGetKernelCount(count: *mut u32, library: *mut c_void) {
         let c = client()?;
-        loaded(c, library)?;
-        out(count, module_functions(c, handle(library))?.len() as u32)
+        let n = loaded(c, library)?.module(handle(library))?.functions.len();
+        out(count, n as u32)
     }
 
     fn cuLibraryEnumerateKernels(ks: *mut *mut c_void, n: u32, library: *mut c_void) {
         let c = client()?;
-        loaded(c, library)?;
-        let fs = module_functions(c, handle(library))?;
+        let fs = module_functions(&*loaded(c, library)?, handle(library))?;
         write_handles(ks, n, &fs)
     }
 
-    fn cuKernelGetFunction(f: *mut *mut c_void, kernel: *mut c_void) {
-        client()?.tables().function(handle(kernel))?;
-        out(f, kernel)
-    }
-
-    fn cuKernelGetLibrary(library: *mut *mut c_void, kernel: *mut c_void) {
-        let m = client()?.tables().function(handle(kernel))?.module;
-        out(library, to_ptr(m))
-    }
-
-    fn cuKernelGetAttribute(value: *mut i32, attr: i32, kernel: *mut c_void, _dev: i32) {
-        let c = client()?;
-        out(value, function_attribute(c, handle(kernel), attr)?)
-    }
-
-    fn cuKernelSetAttribute(attr: i32, value: i32, kernel: *mut c_void, _dev: i32) {
-        set_function_attribute(client()?, handle(kernel), attr, value)
-    }
-
-    fn cuKernelSetCacheConfig(kernel: *mut c_void, _config: u32, _dev: i32) {
-        client()?.tables().function(handle(kernel)).map(|_| ())
-    }
-
-    fn cuKernelGetName(name: *mut *const c_char, kernel: *mut c_void) {
-        let c = client()?;
-        let t = c.tables();
-        out(name, t.function(handle(kernel))?.name.as_ptr())
-    }
-
-    fn cuKernelGetParamInfo(kernel: *mut c_void, index: usize, offset: *mut usize, size: *mut usize) {
-        param_info(client()?, handle(kernel), index, offset, size)
-    }
-
-    fn cuLinkCreate_v2(_n: u32, _opts: *mut c_void, _vals: *mut *mut c_void, state: *mut *mut c_void) {
+    fn cuLinkCreate_v2(_n: u32, _opts: *mut CUjit_option, _vals: *mut *mut c_void, state: *mut *mut c_void) {
         let c = client()?;
         let h = c.mint();
-        c.tables().links.insert(h, crate::link::LinkState::default());
+        c.lock().links.insert(h, crate::link::LinkState::default());
         out(state, to_ptr(h))
     }
 
@@ -513,15 +374,11 @@ driver_fn! {
         size: usize,
         _name: *const c_char,
         _n: u32,
-        _opts: *mut c_void,
+        _opts: *mut CUjit_option,
         _vals: *mut *mut c_void
     ) {
-        let c = client()?;
         let bytes = if size == 0 { image_from_pointer(data)? } else { host_bytes(data, size)?.to_vec() };
-        let mut t = c.tables();
-        let link = t.links.get_mut(&handle(state)).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
-        link.inputs.push((kind, bytes));
-        Ok(())
+        link_input(state, kind, bytes)
     }
 
     fn cuLinkAddFile_v2(
@@ -529,21 +386,16 @@ driver_fn! {
         kind: u32,
         path: *const c_char,
         _n: u32,
-        _opts: *mut c_void,
+        _opts: *mut CUjit_option,
         _vals: *mut *mut c_void
     ) {
-        let c = client()?;
-        let bytes = load_file(path)?;
-        let mut t = c.tables();
-        let link = t.links.get_mut(&handle(state)).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
-        link.inputs.push((kind, bytes));
-        Ok(())
+        link_input(state, kind, load_file(path)?)
     }
 
     fn cuLinkComplete(state: *mut c_void, image: *mut *mut c_void, size: *mut usize) {
         let c = client()?;
-        let mut t = c.tables();
-        let link = t.links.get_mut(&handle(state)).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+        let mut st = c.lock();
+        let link = st.links.get_mut(&handle(state)).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
         link.output = crate::link::link(&link.inputs)?;
         out_opt(size, link.output.len());
         out(image, link.output.as_mut_ptr().cast())
@@ -551,6 +403,6 @@ driver_fn! {
 
     fn cuLinkDestroy(state: *mut c_void) {
         let c = client()?;
-        c.tables().links.remove(&handle(state)).map(|_| ()).ok_or(CUDA_ERROR_INVALID_HANDLE)
+        c.lock().links.remove(&handle(state)).map(|_| ()).ok_or(CUDA_ERROR_INVALID_HANDLE)
     }
 }

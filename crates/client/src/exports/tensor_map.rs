@@ -61,7 +61,7 @@ fn request(
 fn encode(map: *mut c_void, request: TensorMapRequest) -> CuResult<()> {
     let out = host_bytes_mut(map, TENSOR_MAP_BYTES)?;
     let c = client()?;
-    c.context_device()?;
+    c.lock().context_device()?;
     match c.call(Call::TensorMapEncode { request })? {
         ReplyBody::TensorMap(bytes) if bytes.len() == TENSOR_MAP_BYTES => {
             out.copy_from_slice(&bytes);

@@ -1,0 +1,707 @@
+//! Copies and memsets. Each takes the state lock once: it checks the stream
+//! and the context, waits for host functions its work must follow, notes
+//! the managed memory to push and the route its host side takes (a pinned
+//! buffer, the staging buffer, or bytes on the wire), records the work when
+//! its stream is being captured, and lets the lock go before anything moves.
+//! 2-D and 3-D copies are split into rows here.
+
+use std::ffi::c_void;
+
+use cumux_cuda_bindings::{consts::*, types::*};
+use cumux_protocol::framing::MAX_CHUNK_BYTES;
+use cumux_protocol::{Call, Handle, DEFAULT_STREAM};
+
+use super::sync::AfterSync;
+use super::*;
+use crate::graph::GraphOp;
+use crate::state::handles;
+use crate::state::{client, Client, StagingBuffer, StagingLoan, State, StateGuard};
+
+/// The state, locked, with `stream` (if any) known and its host functions
+/// run: where every copy and memset starts.
+pub(crate) fn ready(c: &Client, stream: Option<Handle>) -> CuResult<StateGuard<'_>> {
+    let st = c.lock();
+    match stream {
+        Some(s) => c.ready_stream(st, s),
+        None => Ok(st),
+    }
+}
+
+/// What a copy or memset noted under the lock to do outside it: the managed
+/// memory to push before it goes out, and what follows a synchronous copy.
+struct Begun {
+    push: Vec<(u64, u64)>,
+    after: AfterSync,
+}
+
+/// Under the lock: a current context; synchronous work (`stream: None`) runs
+/// on the legacy default stream, after its host functions.
+fn begin<'a>(
+    c: &'a Client,
+    st: StateGuard<'a>,
+    stream: Option<Handle>,
+) -> CuResult<(StateGuard<'a>, Begun)> {
+    st.context_device()?;
+    let mut st = match stream {
+        None => c.ready_stream(st, DEFAULT_STREAM)?,
+        Some(_) => st,
+    };
+    let push = st.managed_to_push();
+    let after = match stream {
+        None => AfterSync::managed(&st),
+        Some(_) => AfterSync::none(),
+    };
+    Ok((st, Begun { push, after }))
+}
+
+/// Where a copy's host side lies, if in a registered pinned buffer: (region,
+/// offset); no bytes on the wire then.
+pub(crate) type Pinned = Option<(Handle, u64)>;
+
+/// The route of a copy's host side.
+enum Route {
+    /// Through the client's staging buffer (a large synchronous pageable copy).
+    Staged(StagingLoan),
+    /// From or into a pinned buffer, else with the bytes on the wire.
+    Direct(Pinned),
+}
+
+fn route(st: &mut State, host: usize, len: usize, stream: Option<Handle>) -> Route {
+    let pinned = st.pinned_span(host, len);
+    if pinned.is_none() && stream.is_none() && len >= crate::staging::MIN_BYTES {
+        if let Some(loan) = st.borrow_staging() {
+            return Route::Staged(loan);
+        }
+    }
+    Route::Direct(pinned)
+}
+
+/// Runs a copy on the lent staging buffer and gives the buffer back; `None`
+/// when it cannot be had (the copy then carries its bytes).
+fn staged(
+    c: &Client,
+    loan: StagingLoan,
+    copy: impl FnOnce(&StagingBuffer) -> CuResult<()>,
+) -> Option<CuResult<()>> {
+    let buffer = crate::staging::buffer(c, loan);
+    let result = buffer.as_ref().map(copy);
+    c.lock().return_staging(buffer);
+    result
+}
+
+/// What a copy between host and device does under the lock: records `op`
+/// (its host side `len` bytes at `host`) if its stream is being captured
+/// (`None`: nothing left to do); else `begin`s and finds the host side's
+/// route, lets the lock go and pushes managed memory.
+fn prepare(
+    c: &Client,
+    mut st: StateGuard<'_>,
+    op: GraphOp,
+    host: usize,
+    len: usize,
+    stream: Option<Handle>,
+) -> CuResult<Option<(Route, AfterSync)>> {
+    if let Some(s) = stream {
+        if st.capture(s, op).is_none() {
+            return Ok(None);
+        }
+    }
+    let (mut st, begun) = begin(c, st, stream)?;
+    let route = route(&mut st, host, len, stream);
+    drop(st);
+    if let Err(e) = crate::managed::push(c, begun.push) {
+        if let Route::Staged(loan) = route {
+            c.lock().unborrow_staging(loan);
+        }
+        return Err(e);
+    }
+    Ok(Some((route, begun.after)))
+}
+
+/// Host to device; `st` from [`ready`].
+pub(crate) fn htod(
+    c: &Client,
+    st: StateGuard<'_>,
+    dst: u64,
+    src: &[u8],
+    stream: Option<Handle>,
+) -> CuResult<()> {
+    if src.is_empty() {
+        return Ok(());
+    }
+    let (host, len) = (src.as_ptr() as usize, src.len());
+    let op = GraphOp::HtoD {
+        dst,
+        src: host,
+        len,
+    };
+    let Some((route, after)) = prepare(c, st, op, host, len, stream)? else {
+        return Ok(());
+    };
+    match route {
+        Route::Staged(loan) => match staged(c, loan, |b| crate::staging::htod(c, b, dst, src)) {
+            Some(done) => done?,
+            None => send_htod(c, dst, src, None, stream)?,
+        },
+        Route::Direct(pinned) => send_htod(c, dst, src, pinned, stream)?,
+    }
+    after.finish(c)
+}
+
+/// Host to device from a pinned buffer, or with the bytes on the wire (in
+/// chunks).
+pub(crate) fn send_htod(
+    c: &Client,
+    dst: u64,
+    src: &[u8],
+    pinned: Pinned,
+    stream: Option<Handle>,
+) -> CuResult<()> {
+    if let Some((region, offset)) = pinned {
+        let call = Call::MemcpyHtoDHost {
+            dst,
+            region,
+            offset,
+            bytes: src.len() as u64,
+            stream,
+        };
+        return c.call(call).map(drop);
+    }
+    for (i, chunk) in src.chunks(MAX_CHUNK_BYTES).enumerate() {
+        let call = Call::MemcpyHtoD {
+            dst: dst + (i * MAX_CHUNK_BYTES) as u64,
+            data: Vec::new(),
+            stream,
+        };
+        c.call_with_bytes(call, chunk)?;
+    }
+    Ok(())
+}
+
+/// Device to host; `st` from [`ready`].
+pub(crate) fn dtoh(
+    c: &Client,
+    st: StateGuard<'_>,
+    dst: &mut [u8],
+    src: u64,
+    stream: Option<Handle>,
+) -> CuResult<()> {
+    let (host, len) = (dst.as_mut_ptr() as usize, dst.len());
+    let op = GraphOp::DtoH {
+        dst: host,
+        src,
+        len,
+    };
+    let Some((route, after)) = prepare(c, st, op, host, len, stream)? else {
+        return Ok(());
+    };
+    match route {
+        Route::Staged(loan) => match staged(c, loan, |b| crate::staging::dtoh(c, b, dst, src)) {
+            Some(done) => done?,
+            None => send_dtoh(c, dst, src, None, stream)?,
+        },
+        Route::Direct(pinned) => send_dtoh(c, dst, src, pinned, stream)?,
+    }
+    after.finish(c)
+}
+
+/// Device to host into a pinned buffer (landing in the program's buffer:
+/// with a stream, by the time the program synchronizes, as with CUDA), or
+/// with the bytes on the wire (in chunks).
+pub(crate) fn send_dtoh(
+    c: &Client,
+    dst: &mut [u8],
+    src: u64,
+    pinned: Pinned,
+    stream: Option<Handle>,
+) -> CuResult<()> {
+    if let Some((region, offset)) = pinned {
+        let call = Call::MemcpyDtoHHost {
+            src,
+            region,
+            offset,
+            bytes: dst.len() as u64,
+            stream,
+        };
+        return c.call(call).map(drop);
+    }
+    for (i, chunk) in dst.chunks_mut(MAX_CHUNK_BYTES).enumerate() {
+        let call = Call::MemcpyDtoH {
+            src: src + (i * MAX_CHUNK_BYTES) as u64,
+            bytes: chunk.len() as u64,
+            stream,
+        };
+        c.call_into(call, chunk)?;
+    }
+    Ok(())
+}
+
+/// Device to device; `st` from [`ready`].
+fn dtod(
+    c: &Client,
+    st: StateGuard<'_>,
+    dst: u64,
+    src: u64,
+    bytes: usize,
+    stream: Option<Handle>,
+) -> CuResult<()> {
+    if bytes == 0 {
+        return Ok(());
+    }
+    let (mut st, begun) = begin(c, st, stream)?;
+    let call = st.capture_call(Call::MemcpyDtoD {
+        dst,
+        src,
+        bytes: bytes as u64,
+        stream,
+    });
+    drop(st);
+    crate::managed::push(c, begun.push)?;
+    if let Some(call) = call {
+        c.call(call)?;
+    }
+    begun.after.finish(c)
+}
+
+/// `cuMemcpy`: the direction follows from the pointers.
+fn unified(c: &Client, dst: u64, src: u64, bytes: usize, stream: Option<Handle>) -> CuResult<()> {
+    let st = ready(c, stream)?;
+    match (st.is_device_memory(dst), st.is_device_memory(src)) {
+        (true, true) => dtod(c, st, dst, src, bytes, stream),
+        (true, false) => htod(c, st, dst, host_bytes(src as *const c_void, bytes)?, stream),
+        (false, true) => dtoh(
+            c,
+            st,
+            host_bytes_mut(dst as *mut c_void, bytes)?,
+            src,
+            stream,
+        ),
+        (false, false) => {
+            drop(st);
+            if let Some(s) = stream {
+                c.call(Call::StreamSynchronize { stream: s })?;
+            }
+            let from = host_bytes(src as *const c_void, bytes)?;
+            host_bytes_mut(dst as *mut c_void, bytes)?.copy_from_slice(from);
+            Ok(())
+        }
+    }
+}
+
+/// A memset's shape: `height` rows of `count` elements of `elem` bytes,
+/// `pitch` bytes apart.
+struct Fill {
+    value: u32,
+    elem: u8,
+    count: usize,
+    pitch: usize,
+    height: usize,
+}
+
+impl Fill {
+    /// One row of `count` elements.
+    fn row(value: u32, elem: u8, count: usize) -> Fill {
+        Fill {
+            value,
+            elem,
+            count,
+            pitch: count * elem as usize,
+            height: 1,
+        }
+    }
+}
+
+fn memset(c: &Client, dst: u64, f: Fill, stream: *mut c_void, asynchronous: bool) -> CuResult<()> {
+    let c_stream = if asynchronous {
+        Some(handles::stream(stream)?)
+    } else {
+        None
+    };
+    let st = ready(c, c_stream)?;
+    if f.count == 0 || f.height == 0 {
+        return Ok(());
+    }
+    if f.height > 1 && f.pitch < f.count * f.elem as usize {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let (mut st, begun) = begin(c, st, c_stream)?;
+    let call = st.capture_call(Call::Memset {
+        dst,
+        value: f.value,
+        elem_bytes: f.elem,
+        count: f.count as u64,
+        pitch: f.pitch as u64,
+        height: f.height as u64,
+        stream: c_stream,
+    });
+    drop(st);
+    crate::managed::push(c, begun.push)?;
+    match call {
+        Some(call) => c.call(call).map(|_| ()),
+        None => Ok(()),
+    }
+}
+
+/// One side of a strided copy.
+#[derive(Clone, Copy)]
+enum Side {
+    Host(usize),
+    Device(u64),
+}
+
+fn side(st: &State, kind: CUmemorytype, host: usize, device: u64) -> CuResult<Side> {
+    match kind {
+        CU_MEMORYTYPE_HOST => Ok(Side::Host(host)),
+        CU_MEMORYTYPE_DEVICE => Ok(Side::Device(device)),
+        CU_MEMORYTYPE_UNIFIED if st.is_device_memory(device) => Ok(Side::Device(device)),
+        CU_MEMORYTYPE_UNIFIED => Ok(Side::Host(device as usize)),
+        CU_MEMORYTYPE_ARRAY => {
+            tracing::warn!("copies to or from CUDA arrays are not implemented");
+            Err(CUDA_ERROR_NOT_SUPPORTED)
+        }
+        _ => Err(CUDA_ERROR_INVALID_VALUE),
+    }
+}
+
+/// Where one side of a strided copy starts (`x` bytes, `y` rows, `z`
+/// layers in) and how far its rows (`pitch` bytes) and layers (`height`
+/// rows) lie apart.
+struct Layout {
+    x: usize,
+    y: usize,
+    z: usize,
+    pitch: usize,
+    height: usize,
+}
+
+/// (source offset, destination offset) of each row of `height` rows in each
+/// of `depth` layers.
+fn rows(src: Layout, dst: Layout, height: usize, depth: usize) -> Vec<(u64, u64)> {
+    let at =
+        |l: &Layout, z: usize, y: usize| (((l.z + z) * l.height + l.y + y) * l.pitch + l.x) as u64;
+    let mut rows = Vec::with_capacity(height * depth);
+    for z in 0..depth {
+        for y in 0..height {
+            rows.push((at(&src, z, y), at(&dst, z, y)));
+        }
+    }
+    rows
+}
+
+/// The range of the host side's rows: (first byte's offset, length).
+fn host_span(offsets: impl Iterator<Item = u64> + Clone, width: usize) -> (u64, usize) {
+    let lo = offsets.clone().min().unwrap_or(0);
+    let hi = offsets.max().unwrap_or(0) + width as u64;
+    (lo, (hi - lo) as usize)
+}
+
+/// Copies `width` bytes for each (source offset, destination offset) row;
+/// `st` from [`ready`]. A synchronous copy (`stream: None`) queues the rows
+/// on the default stream and waits once.
+fn copy_rows(
+    c: &Client,
+    mut st: StateGuard<'_>,
+    src: Side,
+    dst: Side,
+    width: usize,
+    rows: &[(u64, u64)],
+    stream: Option<Handle>,
+) -> CuResult<()> {
+    if width == 0 || rows.is_empty() {
+        return Ok(());
+    }
+    let queue = stream.unwrap_or(DEFAULT_STREAM);
+    match (src, dst) {
+        (Side::Host(s), Side::Device(d)) => {
+            if st.capturing(queue) {
+                for &(so, dof) in rows {
+                    let src = s + so as usize;
+                    host_bytes(src as *const c_void, width)?;
+                    let op = GraphOp::HtoD {
+                        dst: d + dof,
+                        src,
+                        len: width,
+                    };
+                    st.capture(queue, op);
+                }
+                return Ok(());
+            }
+            let (st, begun) = begin(c, st, Some(queue))?;
+            // Rows all in one pinned buffer go straight from it.
+            let (lo, len) = host_span(rows.iter().map(|r| r.0), width);
+            let pinned = s
+                .checked_add(lo as usize)
+                .and_then(|start| st.pinned_span(start, len));
+            drop(st);
+            crate::managed::push(c, begun.push)?;
+            for &(so, dof) in rows {
+                let bytes = host_bytes((s + so as usize) as *const c_void, width)?;
+                let at = pinned.map(|(region, offset)| (region, offset + (so - lo)));
+                send_htod(c, d + dof, bytes, at, Some(queue))?;
+            }
+        }
+        (Side::Device(s), Side::Device(d)) => {
+            let (mut st, begun) = begin(c, st, Some(queue))?;
+            let captured = st.capturing(queue);
+            let row = |(so, dof): (u64, u64)| Call::MemcpyDtoD {
+                dst: d + dof,
+                src: s + so,
+                bytes: width as u64,
+                stream: Some(queue),
+            };
+            if captured {
+                for &r in rows {
+                    st.capture_call(row(r));
+                }
+            }
+            drop(st);
+            crate::managed::push(c, begun.push)?;
+            if !captured {
+                for &r in rows {
+                    c.call(row(r))?;
+                }
+            }
+        }
+        (Side::Device(s), Side::Host(d)) => {
+            let (lo, len) = host_span(rows.iter().map(|r| r.1), width);
+            let pinned = d
+                .checked_add(lo as usize)
+                .and_then(|start| st.pinned_span(start, len));
+            let Some((region, offset)) = pinned else {
+                // One read covering every row, then scatter on the host.
+                let (lo, len) = host_span(rows.iter().map(|r| r.0), width);
+                let mut span = vec![0u8; len];
+                dtoh(c, st, &mut span, s + lo, stream)?;
+                for &(so, dof) in rows {
+                    let from = &span[(so - lo) as usize..(so - lo) as usize + width];
+                    host_bytes_mut((d + dof as usize) as *mut c_void, width)?.copy_from_slice(from);
+                }
+                return Ok(());
+            };
+            // Each row straight into the pinned buffer, in stream order.
+            if st.capturing(queue) {
+                for &(so, dof) in rows {
+                    let op = GraphOp::DtoH {
+                        dst: d + dof as usize,
+                        src: s + so,
+                        len: width,
+                    };
+                    st.capture(queue, op);
+                }
+                return Ok(());
+            }
+            let (st, begun) = begin(c, st, Some(queue))?;
+            drop(st);
+            crate::managed::push(c, begun.push)?;
+            for &(so, dof) in rows {
+                let bytes = host_bytes_mut((d + dof as usize) as *mut c_void, width)?;
+                let at = Some((region, offset + (dof - lo)));
+                send_dtoh(c, bytes, s + so, at, Some(queue))?;
+            }
+        }
+        (Side::Host(s), Side::Host(d)) => {
+            drop(st);
+            if let Some(st) = stream {
+                c.call(Call::StreamSynchronize { stream: st })?;
+            }
+            for &(so, dof) in rows {
+                let from = host_bytes((s + so as usize) as *const c_void, width)?;
+                host_bytes_mut((d + dof as usize) as *mut c_void, width)?.copy_from_slice(from);
+            }
+            return Ok(());
+        }
+    }
+    if stream.is_none() {
+        c.call(Call::StreamSynchronize {
+            stream: DEFAULT_STREAM,
+        })?;
+    }
+    Ok(())
+}
+
+/// A pitch or height of 0 means "as wide (high) as the copy".
+fn or(value: usize, default: usize) -> usize {
+    if value == 0 {
+        default
+    } else {
+        value
+    }
+}
+
+fn copy_2d(c: &Client, p: &CUDA_MEMCPY2D, stream: Option<Handle>) -> CuResult<()> {
+    let st = ready(c, stream)?;
+    let src = side(&st, p.srcMemoryType, p.srcHost as usize, p.srcDevice)?;
+    let dst = side(&st, p.dstMemoryType, p.dstHost as usize, p.dstDevice)?;
+    let src_pitch = or(p.srcPitch, p.WidthInBytes);
+    let dst_pitch = or(p.dstPitch, p.WidthInBytes);
+    if src_pitch < p.WidthInBytes + p.srcXInBytes || dst_pitch < p.WidthInBytes + p.dstXInBytes {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let layout = |x, y, pitch| Layout {
+        x,
+        y,
+        z: 0,
+        pitch,
+        height: 0,
+    };
+    let rows = rows(
+        layout(p.srcXInBytes, p.srcY, src_pitch),
+        layout(p.dstXInBytes, p.dstY, dst_pitch),
+        p.Height,
+        1,
+    );
+    copy_rows(c, st, src, dst, p.WidthInBytes, &rows, stream)
+}
+
+pub(crate) fn copy_3d(c: &Client, p: &CUDA_MEMCPY3D, stream: Option<Handle>) -> CuResult<()> {
+    let st = ready(c, stream)?;
+    let src = side(&st, p.srcMemoryType, p.srcHost as usize, p.srcDevice)?;
+    let dst = side(&st, p.dstMemoryType, p.dstHost as usize, p.dstDevice)?;
+    let src_layout = Layout {
+        x: p.srcXInBytes,
+        y: p.srcY,
+        z: p.srcZ,
+        pitch: or(p.srcPitch, p.WidthInBytes),
+        height: or(p.srcHeight, p.Height),
+    };
+    let dst_layout = Layout {
+        x: p.dstXInBytes,
+        y: p.dstY,
+        z: p.dstZ,
+        pitch: or(p.dstPitch, p.WidthInBytes),
+        height: or(p.dstHeight, p.Height),
+    };
+    let rows = rows(src_layout, dst_layout, p.Height, p.Depth);
+    copy_rows(c, st, src, dst, p.WidthInBytes, &rows, stream)
+}
+
+/// The server stream of an asynchronous copy's stream argument.
+fn on(stream: *mut c_void) -> CuResult<Option<Handle>> {
+    handles::stream(stream).map(Some)
+}
+
+driver_fn! {
+    fn cuMemcpyHtoD_v2 | cuMemcpyHtoD_v2_ptds (dst: u64, src: *const c_void, bytes: usize) {
+        let c = client()?;
+        let src = host_bytes(src, bytes)?;
+        htod(c, c.lock(), dst, src, None)
+    }
+
+    fn cuMemcpyDtoH_v2 | cuMemcpyDtoH_v2_ptds (dst: *mut c_void, src: u64, bytes: usize) {
+        let c = client()?;
+        let dst = host_bytes_mut(dst, bytes)?;
+        dtoh(c, c.lock(), dst, src, None)
+    }
+
+    fn cuMemcpyDtoD_v2 | cuMemcpyDtoD_v2_ptds (dst: u64, src: u64, bytes: usize) {
+        let c = client()?;
+        dtod(c, c.lock(), dst, src, bytes, None)
+    }
+
+    fn cuMemcpyHtoDAsync_v2 | cuMemcpyHtoDAsync_v2_ptsz (dst: u64, src: *const c_void, bytes: usize, stream: *mut c_void) {
+        let c = client()?;
+        let src = host_bytes(src, bytes)?;
+        let stream = on(stream)?;
+        htod(c, ready(c, stream)?, dst, src, stream)
+    }
+
+    fn cuMemcpyDtoHAsync_v2 | cuMemcpyDtoHAsync_v2_ptsz (dst: *mut c_void, src: u64, bytes: usize, stream: *mut c_void) {
+        let c = client()?;
+        let dst = host_bytes_mut(dst, bytes)?;
+        let stream = on(stream)?;
+        dtoh(c, ready(c, stream)?, dst, src, stream)
+    }
+
+    fn cuMemcpyDtoDAsync_v2 | cuMemcpyDtoDAsync_v2_ptsz (dst: u64, src: u64, bytes: usize, stream: *mut c_void) {
+        let c = client()?;
+        let stream = on(stream)?;
+        dtod(c, ready(c, stream)?, dst, src, bytes, stream)
+    }
+
+    fn cuMemcpy | cuMemcpy_ptds (dst: u64, src: u64, bytes: usize) {
+        unified(client()?, dst, src, bytes, None)
+    }
+
+    fn cuMemcpyAsync | cuMemcpyAsync_ptsz (dst: u64, src: u64, bytes: usize, stream: *mut c_void) {
+        unified(client()?, dst, src, bytes, on(stream)?)
+    }
+
+    fn cuMemcpyPeer | cuMemcpyPeer_ptds (dst: u64, _dst_ctx: *mut c_void, src: u64, _src_ctx: *mut c_void, bytes: usize) {
+        let c = client()?;
+        dtod(c, c.lock(), dst, src, bytes, None)
+    }
+
+    fn cuMemcpyPeerAsync | cuMemcpyPeerAsync_ptsz (dst: u64, _dst_ctx: *mut c_void, src: u64, _src_ctx: *mut c_void, bytes: usize, stream: *mut c_void) {
+        let c = client()?;
+        let stream = on(stream)?;
+        dtod(c, ready(c, stream)?, dst, src, bytes, stream)
+    }
+
+    fn cuMemcpy2D_v2 | cuMemcpy2D_v2_ptds | cuMemcpy2DUnaligned_v2 | cuMemcpy2DUnaligned_v2_ptds (p: *const CUDA_MEMCPY2D) {
+        copy_2d(client()?, read_in(p)?, None)
+    }
+
+    fn cuMemcpy2DAsync_v2 | cuMemcpy2DAsync_v2_ptsz (p: *const CUDA_MEMCPY2D, stream: *mut c_void) {
+        let c = client()?;
+        let p = read_in(p)?;
+        copy_2d(c, p, on(stream)?)
+    }
+
+    fn cuMemcpy3D_v2 | cuMemcpy3D_v2_ptds (p: *const CUDA_MEMCPY3D) {
+        copy_3d(client()?, read_in(p)?, None)
+    }
+
+    fn cuMemcpy3DAsync_v2 | cuMemcpy3DAsync_v2_ptsz (p: *const CUDA_MEMCPY3D, stream: *mut c_void) {
+        let c = client()?;
+        let p = read_in(p)?;
+        copy_3d(c, p, on(stream)?)
+    }
+
+    fn cuMemsetD8_v2 | cuMemsetD8_v2_ptds (dst: u64, value: u8, n: usize) {
+        memset(client()?, dst, Fill::row(value as u32, 1, n), std::ptr::null_mut(), false)
+    }
+
+    fn cuMemsetD16_v2 | cuMemsetD16_v2_ptds (dst: u64, value: u16, n: usize) {
+        memset(client()?, dst, Fill::row(value as u32, 2, n), std::ptr::null_mut(), false)
+    }
+
+    fn cuMemsetD32_v2 | cuMemsetD32_v2_ptds (dst: u64, value: u32, n: usize) {
+        memset(client()?, dst, Fill::row(value, 4, n), std::ptr::null_mut(), false)
+    }
+
+    fn cuMemsetD8Async | cuMemsetD8Async_ptsz (dst: u64, value: u8, n: usize, stream: *mut c_void) {
+        memset(client()?, dst, Fill::row(value as u32, 1, n), stream, true)
+    }
+
+    fn cuMemsetD16Async | cuMemsetD16Async_ptsz (dst: u64, value: u16, n: usize, stream: *mut c_void) {
+        memset(client()?, dst, Fill::row(value as u32, 2, n), stream, true)
+    }
+
+    fn cuMemsetD32Async | cuMemsetD32Async_ptsz (dst: u64, value: u32, n: usize, stream: *mut c_void) {
+        memset(client()?, dst, Fill::row(value, 4, n), stream, true)
+    }
+
+    fn cuMemsetD2D8_v2 | cuMemsetD2D8_v2_ptds (dst: u64, pitch: usize, value: u8, w: usize, h: usize) {
+        memset(client()?, dst, Fill { value: value as u32, elem: 1, count: w, pitch, height: h }, std::ptr::null_mut(), false)
+    }
+
+    fn cuMemsetD2D16_v2 | cuMemsetD2D16_v2_ptds (dst: u64, pitch: usize, value: u16, w: usize, h: usize) {
+        memset(client()?, dst, Fill { value: value as u32, elem: 2, count: w, pitch, height: h }, std::ptr::null_mut(), false)
+    }
+
+    fn cuMemsetD2D32_v2 | cuMemsetD2D32_v2_ptds (dst: u64, pitch: usize, value: u32, w: usize, h: usize) {
+        memset(client()?, dst, Fill { value, elem: 4, count: w, pitch, height: h }, std::ptr::null_mut(), false)
+    }
+
+    fn cuMemsetD2D8Async | cuMemsetD2D8Async_ptsz (dst: u64, pitch: usize, value: u8, w: usize, h: usize, stream: *mut c_void) {
+        memset(client()?, dst, Fill { value: value as u32, elem: 1, count: w, pitch, height: h }, stream, true)
+    }
+
+    fn cuMemsetD2D16Async | cuMemsetD2D16Async_ptsz (dst: u64, pitch: usize, value: u16, w: usize, h: usize, stream: *mut c_void) {
+        memset(client()?, dst, Fill { value: value as u32, elem: 2, count: w, pitch, height: h }, stream, true)
+    }
+
+    fn cuMemsetD2D32Async | cuMemsetD2D32Async_ptsz (dst: u64, pitch: usize, value: u32, w: usize, h: usize, stream: *mut c_void) {
+        memset(client()?, dst, Fill { value, elem: 4, count: w, pitch, height: h }, stream, true)
+    }
+}

@@ -1,0 +1,238 @@
+//! The `Client`: the connection to the server, the devices it described at
+//! the handshake, and the `State` behind the client's one lock.
+//!
+//! Lock discipline: an exported call takes the state lock once, finds and
+//! checks everything it needs and records what it changes, and lets it go
+//! before its message leaves; the connection's own lock is held for one
+//! message (and its reply, when the call waits for one). The state lock is
+//! never held across a round trip: a call that must record a server's answer
+//! (a handle, an allocation) takes it again afterwards, and a synchronising
+//! call takes it again only when host functions or managed memory are
+//! waiting for the synchronisation. Waiting for a stream's host functions or
+//! a lazy library releases it (`Client::wait`).
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
+
+use cumux_protocol::{Call, DeviceInfo, Handle, ReplyBody};
+
+use super::handles::FIRST_MINTED;
+use super::objects::State;
+use super::window::reserve_device_window;
+use crate::errors::*;
+use crate::transport::Connection;
+
+/// The state, locked.
+pub type StateGuard<'a> = MutexGuard<'a, State>;
+
+pub struct Client {
+    conn: Mutex<Connection>,
+    state: Mutex<State>,
+    /// Signalled when a stream's host functions have all run and when a
+    /// lazy library has been loaded.
+    changed: Condvar,
+    next_handle: AtomicUsize,
+    pub server: String,
+    pub session: u64,
+    pub devices: Vec<DeviceInfo>,
+}
+
+static CLIENT: OnceLock<Arc<Client>> = OnceLock::new();
+static INIT_LOCK: Mutex<()> = Mutex::new(());
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// Connects to the server once; later calls return the same client.
+pub fn init() -> CuResult<&'static Client> {
+    if let Some(c) = CLIENT.get() {
+        return Ok(c);
+    }
+    let _guard = lock(&INIT_LOCK);
+    if let Some(c) = CLIENT.get() {
+        return Ok(c);
+    }
+    reserve_device_window();
+    match Connection::connect() {
+        Ok((conn, session)) => {
+            tracing::info!(
+                "connected to {} (session {}, {} devices)",
+                session.server,
+                session.session,
+                session.devices.len()
+            );
+            let client = Arc::new(Client {
+                conn: Mutex::new(conn),
+                state: Mutex::new(State::default()),
+                changed: Condvar::new(),
+                next_handle: AtomicUsize::new(FIRST_MINTED),
+                server: session.server,
+                session: session.session,
+                devices: session.devices,
+            });
+            let _ = CLIENT.set(client);
+            Ok(CLIENT.get().expect("just set"))
+        }
+        Err(e) => {
+            tracing::warn!("cuInit: {e}");
+            Err(CUDA_ERROR_NO_DEVICE)
+        }
+    }
+}
+
+/// The client, once `cuInit` has succeeded.
+pub fn client() -> CuResult<&'static Client> {
+    CLIENT.get().map(|c| &**c).ok_or(CUDA_ERROR_NOT_INITIALIZED)
+}
+
+impl Client {
+    /// The client's one lock: all of its mutable state.
+    pub fn lock(&self) -> StateGuard<'_> {
+        lock(&self.state)
+    }
+
+    /// Waits, the lock let go meanwhile, until another thread says the state
+    /// changed (`Client::changed`); the caller checks again what it waits for.
+    pub fn wait<'a>(&'a self, s: StateGuard<'a>) -> StateGuard<'a> {
+        self.changed.wait(s).unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Wakes the threads in `Client::wait`.
+    pub fn changed(&self) {
+        self.changed.notify_all();
+    }
+
+    /// Before new work on `stream`: the stream must exist, and host
+    /// functions queued on it must have run, so the work starts after them.
+    pub fn ready_stream<'a>(
+        &'a self,
+        mut s: StateGuard<'a>,
+        stream: Handle,
+    ) -> CuResult<StateGuard<'a>> {
+        s.check_stream(stream)?;
+        while s.host_fns_pending(stream) {
+            s = self.wait(s);
+        }
+        Ok(s)
+    }
+
+    /// Sends a call; waits for its reply unless it is fire-and-forget.
+    /// Stream-ordered calls are checked for capture under the state lock
+    /// first (`State::capture_call`).
+    pub fn call(&self, call: Call) -> CuResult<ReplyBody> {
+        lock(&self.conn).call(call)
+    }
+
+    /// Sends a call whose byte buffer, left empty in `call`, is `bytes`
+    /// (through shared memory it is copied once, straight into the bulk ring).
+    pub fn call_with_bytes(&self, call: Call, bytes: &[u8]) -> CuResult<ReplyBody> {
+        lock(&self.conn).call_with_bytes(call, bytes)
+    }
+
+    /// Registers pinned host memory: `call` is a `HostRegister`, `fd` its
+    /// memfd, which follows the call on the socket.
+    pub fn register_host(
+        &self,
+        call: Call,
+        fd: std::os::fd::BorrowedFd<'_>,
+    ) -> CuResult<ReplyBody> {
+        lock(&self.conn).register_host(call, fd)
+    }
+
+    /// Makes a call answered with exactly `out.len()` bytes of data, received
+    /// into `out` (through shared memory straight from the bulk ring).
+    pub fn call_into(&self, call: Call, out: &mut [u8]) -> CuResult<()> {
+        lock(&self.conn).call_into(call, out)
+    }
+
+    /// A call answered with a handle.
+    pub fn call_for_handle(&self, call: Call) -> CuResult<Handle> {
+        match self.call(call)? {
+            ReplyBody::Handle(h) => Ok(h),
+            _ => Err(CUDA_ERROR_UNKNOWN),
+        }
+    }
+
+    /// A fresh handle for an object only the client keeps: never 0, 1 or 2
+    /// (special stream values), never reused, never a server object's
+    /// (`super::handles`).
+    pub fn mint(&self) -> usize {
+        self.next_handle.fetch_add(0x10, Ordering::Relaxed)
+    }
+
+    pub fn device(&self, ordinal: i32) -> CuResult<&DeviceInfo> {
+        usize::try_from(ordinal)
+            .ok()
+            .and_then(|i| self.devices.get(i))
+            .ok_or(CUDA_ERROR_INVALID_DEVICE)
+    }
+
+    pub fn attribute(&self, ordinal: i32, attr: u32) -> CuResult<i32> {
+        let dev = self.device(ordinal)?;
+        Ok(dev
+            .attributes
+            .iter()
+            .find(|(a, _)| *a == attr)
+            .map(|(_, v)| *v)
+            .unwrap_or(0))
+    }
+
+    /// Whether `device` is the CPU reference device (which runs PTX).
+    pub fn on_cpu(&self, device: u32) -> bool {
+        self.devices
+            .get(device as usize)
+            .is_some_and(|d| d.backend == "cpu")
+    }
+
+    /// Loads an image on `device`'s server context and registers its
+    /// functions and globals (for `library`, when it loads one): the
+    /// server's module handle.
+    pub fn load_module(
+        &self,
+        device: u32,
+        image: Vec<u8>,
+        library: Option<usize>,
+    ) -> CuResult<Handle> {
+        // Only the CPU device needs PTX; a GPU runs the linked cubin.
+        let on_cpu = self.on_cpu(device);
+        let image = if on_cpu {
+            crate::link::with_ptx(image)
+        } else {
+            image
+        };
+        let info = match self.call(Call::ModuleLoad {
+            image: image.clone(),
+        }) {
+            Ok(ReplyBody::Module(info)) => info,
+            Ok(_) => return Err(CUDA_ERROR_UNKNOWN),
+            // A fat binary of an `-rdc` program holds only the cubin nvlink
+            // made (sm_75 by default): a newer GPU needs the program's
+            // relocatable PTX, linked, which its driver JIT-compiles.
+            Err(CUDA_ERROR_NO_BINARY_FOR_GPU) if !on_cpu => {
+                let linked = crate::link::with_ptx(image);
+                if cumux_fatbin::classify(&linked) == cumux_fatbin::Classified::Fatbin {
+                    return Err(CUDA_ERROR_NO_BINARY_FOR_GPU);
+                }
+                tracing::debug!("no cubin for this GPU: loading the program's relocatable PTX");
+                match self.call(Call::ModuleLoad { image: linked })? {
+                    ReplyBody::Module(info) => info,
+                    _ => return Err(CUDA_ERROR_UNKNOWN),
+                }
+            }
+            Err(e) => return Err(e),
+        };
+        let module = info.module;
+        self.lock().add_module(info, library);
+        Ok(module)
+    }
+
+    /// Unloads a module or library by the program's handle.
+    pub fn unload_module(&self, program: usize) -> CuResult<()> {
+        let wire = self.lock().remove_module(program)?;
+        if let Some(module) = wire {
+            self.call(Call::ModuleUnload { module })?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,484 @@
+//! Everything in the client that changes after the handshake, in one `State`
+//! behind the client's one lock, and the objects it holds. Server objects
+//! (streams, events, modules, functions) are keyed by the server's handle,
+//! the one the wire carries; objects only the client keeps (contexts,
+//! libraries, graphs, link states) by the handle it minted.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::ffi::{c_void, CString};
+
+use cumux_protocol::pinned::HostMapping;
+use cumux_protocol::{
+    Call, FunctionAttrs, GlobalInfo, Handle, ModuleInfo, ParamInfo, DEFAULT_STREAM,
+};
+
+use super::current::current_context;
+use super::handles;
+use super::window::is_device_ptr;
+use crate::errors::*;
+use crate::graph::{stream_of_call, GraphOp, Recording};
+use crate::link::LinkState;
+
+pub struct Context {
+    pub device: u32,
+    pub primary: bool,
+    pub flags: u32,
+}
+
+pub struct PrimaryContext {
+    pub handle: usize,
+    pub refs: u32,
+    pub flags: u32,
+}
+
+/// A module the server loaded, keyed by its handle.
+pub struct Module {
+    /// Its functions' handles.
+    pub functions: Vec<Handle>,
+    pub globals: Vec<GlobalInfo>,
+    /// The library it was loaded for, whose handle the program also uses
+    /// as the module's.
+    pub library: Option<usize>,
+}
+
+/// A module with nothing in it: what a library with no code for this
+/// device offers.
+static CODELESS: Module = Module {
+    functions: Vec::new(),
+    globals: Vec::new(),
+    library: None,
+};
+
+/// A library (`cuLibraryLoadData`), keyed by the handle the client minted.
+pub enum Library {
+    /// Not loaded yet, as NVIDIA's lazy loader has it: its image lies at
+    /// this address, in a file the program mapped (a fat binary the CUDA
+    /// runtime registered). Loaded when first asked for a kernel, global or
+    /// module (`crate::exports::module`).
+    Lazy { image_at: usize },
+    /// Being loaded by another thread.
+    Loading,
+    /// No code this device can run: loaded, as NVIDIA's lazy loader has
+    /// them, and failing only when a kernel, global or module is asked of it.
+    Codeless,
+    /// Loaded as this server module.
+    Loaded(Handle),
+}
+
+/// A function (or kernel) of a loaded module, keyed by its server handle.
+pub struct Function {
+    pub module: Handle,
+    pub name: CString,
+    pub params: Vec<ParamInfo>,
+    pub attrs: FunctionAttrs,
+    /// Settings made with `cuFuncSetAttribute` that ride on its launches.
+    pub settings: FunctionSettings,
+}
+
+/// A function's settable attributes besides its dynamic shared memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FunctionSettings {
+    /// `CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_WIDTH/HEIGHT/DEPTH` (0: not set):
+    /// launches that name no cluster run in clusters of this shape.
+    pub required_cluster: [i32; 3],
+    pub non_portable_cluster_size_allowed: i32,
+    pub cluster_scheduling_policy: i32,
+    /// -1: the driver's default.
+    pub preferred_carveout: i32,
+}
+
+impl Default for FunctionSettings {
+    fn default() -> Self {
+        FunctionSettings {
+            required_cluster: [0; 3],
+            non_portable_cluster_size_allowed: 0,
+            cluster_scheduling_policy: 0,
+            preferred_carveout: -1,
+        }
+    }
+}
+
+/// A stream the program created, keyed by its server handle.
+pub struct Stream {
+    pub flags: u32,
+    pub priority: i32,
+}
+
+/// An event the program created, keyed by its server handle.
+pub struct Event {
+    pub flags: u32,
+}
+
+/// Host memory the program allocated or registered through the driver.
+pub struct HostRegion {
+    pub size: usize,
+    pub flags: u32,
+    /// Allocated by cumux (freed by `cuMemFreeHost`) rather than registered.
+    pub owned: bool,
+    /// Shared with the server (`crate::pinned`): copies name it.
+    pub pinned: Option<PinnedMemory>,
+}
+
+/// A pinned buffer the server knows: its region and the program's mapping.
+pub struct PinnedMemory {
+    pub region: Handle,
+    pub mapping: HostMapping,
+}
+
+impl PinnedMemory {
+    pub fn ptr(&self) -> *mut c_void {
+        self.mapping.as_ptr().cast()
+    }
+}
+
+/// A managed allocation (`crate::managed`), also in `State::allocations`.
+pub struct Managed {
+    pub size: u64,
+    /// The host copy is the newer one (pushed before the next device work).
+    pub host_newer: bool,
+}
+
+/// A pending host function: what to call once its stream reaches `event`.
+pub struct HostCall {
+    pub event: Handle,
+    pub run: Box<dyn FnOnce(CUresult) + Send>,
+}
+
+/// A stream's host functions (`crate::host_fn`).
+#[derive(Default)]
+pub struct HostFnQueue {
+    pub calls: VecDeque<HostCall>,
+    /// Calls queued or running; work for the stream waits while non-zero.
+    pub pending: usize,
+    /// Whether a worker thread runs the queue.
+    pub worker: bool,
+}
+
+/// The pinned buffer large pageable copies go through (`crate::staging`):
+/// two slots of `SLOT_BYTES`, and an event per slot recorded after its
+/// latest copy.
+pub struct StagingBuffer {
+    pub region: Handle,
+    pub mapping: HostMapping,
+    pub events: [Handle; 2],
+}
+
+/// Where the staging buffer is: made at the first large copy, lent to one
+/// copy at a time.
+#[derive(Default)]
+pub enum StagingSlot {
+    #[default]
+    Untried,
+    /// Lent to a copy (or being made by one).
+    Lent,
+    Ready(StagingBuffer),
+    /// The server would not take it, or `CUMUX_PINNED=off`: copies carry
+    /// their bytes.
+    Unavailable,
+}
+
+/// What a copy gets of the staging buffer.
+pub enum StagingLoan {
+    Ready(StagingBuffer),
+    /// Nobody made it yet: this copy does.
+    ToMake,
+}
+
+/// All of the client's mutable state. The client's one lock guards it.
+#[derive(Default)]
+pub struct State {
+    pub contexts: HashMap<usize, Context>,
+    pub primary: HashMap<u32, PrimaryContext>,
+    pub modules: HashMap<Handle, Module>,
+    pub libraries: HashMap<usize, Library>,
+    pub functions: HashMap<Handle, Function>,
+    pub streams: HashMap<Handle, Stream>,
+    pub events: HashMap<Handle, Event>,
+    /// Device allocations: base → size.
+    pub allocations: BTreeMap<u64, u64>,
+    /// Managed allocations (also in `allocations`).
+    pub managed: BTreeMap<u64, Managed>,
+    pub host: BTreeMap<usize, HostRegion>,
+    /// Context-local storage of the runtime (dark API): (ctx, key) → value.
+    pub ctx_storage: HashMap<(usize, usize), usize>,
+    /// `cuLink*` states.
+    pub links: HashMap<usize, LinkState>,
+    /// Streams being captured and what they recorded.
+    pub capture: HashMap<Handle, Vec<GraphOp>>,
+    /// Captured graphs and their instantiations.
+    pub graphs: HashMap<usize, Recording>,
+    pub graph_execs: HashMap<usize, Recording>,
+    /// Instantiated graphs of launches alone that the server keeps as one
+    /// graph (`Call::GraphCreate`): exec → the server's graph.
+    pub server_graphs: HashMap<usize, Handle>,
+    /// The node handles of each graph, one per recorded op, in order.
+    pub graph_nodes: HashMap<usize, Vec<usize>>,
+    /// Node → (graph, index of its op in the recording).
+    pub nodes: HashMap<usize, (usize, usize)>,
+    /// Argument storage handed out by `cuGraphKernelNodeGetParams`: node →
+    /// (argument bytes, one pointer per argument into them). Lives as long
+    /// as the graph, as the driver's does.
+    pub kernel_node_args: HashMap<usize, (Vec<u8>, Vec<usize>)>,
+    /// Host functions waiting on streams.
+    pub host_fns: HashMap<Handle, HostFnQueue>,
+    pub staging: StagingSlot,
+}
+
+impl State {
+    /// The allocation containing `ptr`: (base, size).
+    pub fn allocation_of(&self, ptr: u64) -> Option<(u64, u64)> {
+        let (&base, &size) = self.allocations.range(..=ptr).next_back()?;
+        (ptr < base + size.max(1)).then_some((base, size))
+    }
+
+    pub fn host_region_of(&self, ptr: usize) -> Option<(usize, &HostRegion)> {
+        let (&base, region) = self.host.range(..=ptr).next_back()?;
+        (ptr < base + region.size.max(1)).then_some((base, region))
+    }
+
+    /// Whether `p` is device memory: inside an allocation the server returned
+    /// (the GPU's real addresses, anywhere in the address space), or in the
+    /// CPU device's window (which never aliases host memory, being reserved).
+    pub fn is_device_memory(&self, p: u64) -> bool {
+        is_device_ptr(p) || self.allocation_of(p).is_some()
+    }
+
+    /// The region and offset of `[ptr, ptr + len)` if it lies wholly inside
+    /// one registered pinned buffer.
+    pub fn pinned_span(&self, ptr: usize, len: usize) -> Option<(Handle, u64)> {
+        let (base, region) = self.host_region_of(ptr)?;
+        let pinned = region.pinned.as_ref()?;
+        let offset = ptr - base;
+        let end = offset.checked_add(len)?;
+        (end <= region.size).then_some((pinned.region, offset as u64))
+    }
+
+    /// The device of the current context, which calls that work in a context
+    /// need: `CUDA_ERROR_INVALID_CONTEXT` when none is current, as NVIDIA's
+    /// driver answers.
+    pub fn context_device(&self) -> CuResult<u32> {
+        let ctx = current_context().ok_or(CUDA_ERROR_INVALID_CONTEXT)?;
+        self.contexts
+            .get(&ctx)
+            .map(|c| c.device)
+            .ok_or(CUDA_ERROR_INVALID_CONTEXT)
+    }
+
+    /// The device of the current context (device 0 when none is current).
+    pub fn current_device(&self) -> u32 {
+        current_context()
+            .and_then(|ctx| self.contexts.get(&ctx))
+            .map_or(0, |c| c.device)
+    }
+
+    /// The primary context of a device, created (under the handle `mint`
+    /// gives) on first use.
+    pub fn primary_context(&mut self, device: u32, mint: impl FnOnce() -> usize) -> usize {
+        if let Some(p) = self.primary.get(&device) {
+            return p.handle;
+        }
+        let handle = mint();
+        let context = Context {
+            device,
+            primary: true,
+            flags: 0,
+        };
+        self.contexts.insert(handle, context);
+        let primary = PrimaryContext {
+            handle,
+            refs: 0,
+            flags: 0,
+        };
+        self.primary.insert(device, primary);
+        handle
+    }
+
+    pub fn function(&self, f: Handle) -> CuResult<&Function> {
+        self.functions.get(&f).ok_or(CUDA_ERROR_INVALID_HANDLE)
+    }
+
+    pub fn function_mut(&mut self, f: Handle) -> CuResult<&mut Function> {
+        self.functions.get_mut(&f).ok_or(CUDA_ERROR_INVALID_HANDLE)
+    }
+
+    /// `CUDA_ERROR_INVALID_HANDLE` unless `stream` is the default stream or
+    /// one the program created.
+    pub fn check_stream(&self, stream: Handle) -> CuResult<()> {
+        if stream == DEFAULT_STREAM || self.streams.contains_key(&stream) {
+            Ok(())
+        } else {
+            Err(CUDA_ERROR_INVALID_HANDLE)
+        }
+    }
+
+    pub fn check_event(&self, event: Handle) -> CuResult<()> {
+        if self.events.contains_key(&event) {
+            Ok(())
+        } else {
+            Err(CUDA_ERROR_INVALID_HANDLE)
+        }
+    }
+
+    /// The module a program's module handle names: a server module's, or a
+    /// library's (loaded, or with no code: an empty module).
+    pub fn module(&self, program: usize) -> CuResult<&Module> {
+        let found = match handles::wire(program as *mut c_void) {
+            Some(wire) => self.modules.get(&wire),
+            None => match self.libraries.get(&program) {
+                Some(Library::Loaded(wire)) => self.modules.get(wire),
+                Some(Library::Codeless) => Some(&CODELESS),
+                _ => None,
+            },
+        };
+        found.ok_or(CUDA_ERROR_INVALID_HANDLE)
+    }
+
+    /// The handle the program knows a server module by: its library's if it
+    /// was loaded for one.
+    pub fn program_module(&self, wire: Handle) -> usize {
+        match self.modules.get(&wire).and_then(|m| m.library) {
+            Some(library) => library,
+            None => handles::to_program(wire) as usize,
+        }
+    }
+
+    /// Registers a module the server loaded and its functions (and the
+    /// library it was loaded for as loaded).
+    pub fn add_module(&mut self, info: ModuleInfo, library: Option<usize>) {
+        if let Some(library) = library {
+            self.libraries.insert(library, Library::Loaded(info.module));
+        }
+        let mut functions = Vec::with_capacity(info.functions.len());
+        for f in info.functions {
+            functions.push(f.handle);
+            let function = Function {
+                module: info.module,
+                name: CString::new(f.name).unwrap_or_default(),
+                params: f.params,
+                attrs: f.attrs,
+                settings: FunctionSettings::default(),
+            };
+            self.functions.insert(f.handle, function);
+        }
+        let module = Module {
+            functions,
+            globals: info.globals,
+            library,
+        };
+        self.modules.insert(info.module, module);
+    }
+
+    /// Forgets a module or library (by the program's handle) and its
+    /// functions: the server module to unload, if there is one.
+    pub fn remove_module(&mut self, program: usize) -> CuResult<Option<Handle>> {
+        let wire = match handles::wire(program as *mut c_void) {
+            Some(wire) => wire,
+            None => match self.libraries.remove(&program) {
+                Some(Library::Loaded(wire)) => wire,
+                Some(_) => return Ok(None),
+                None => return Err(CUDA_ERROR_INVALID_HANDLE),
+            },
+        };
+        let m = self
+            .modules
+            .remove(&wire)
+            .ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+        for f in &m.functions {
+            self.functions.remove(f);
+        }
+        Ok(Some(wire))
+    }
+
+    /// Whether `stream` is being captured into a graph.
+    pub fn capturing(&self, stream: Handle) -> bool {
+        self.capture.contains_key(&stream)
+    }
+
+    /// Records `op` if `stream` is being captured; gives it back otherwise.
+    pub fn capture(&mut self, stream: Handle, op: GraphOp) -> Option<GraphOp> {
+        match self.capture.get_mut(&stream) {
+            Some(ops) => {
+                ops.push(op);
+                None
+            }
+            None => Some(op),
+        }
+    }
+
+    /// Records a stream-ordered call if its stream is being captured; gives
+    /// it back to be sent otherwise.
+    pub fn capture_call(&mut self, call: Call) -> Option<Call> {
+        let Some(stream) = stream_of_call(&call) else {
+            return Some(call);
+        };
+        match self.capture(stream, GraphOp::Call(call)) {
+            Some(GraphOp::Call(call)) => Some(call),
+            _ => None,
+        }
+    }
+
+    /// Whether host functions queued on `stream` have yet to run.
+    pub fn host_fns_pending(&self, stream: Handle) -> bool {
+        self.host_fns.get(&stream).is_some_and(|q| q.pending > 0)
+    }
+
+    /// Whether host functions queued on any stream have yet to run.
+    pub fn any_host_fns_pending(&self) -> bool {
+        self.host_fns.values().any(|q| q.pending > 0)
+    }
+
+    /// Before device work: the managed allocations the host may have
+    /// written, marked as pushed (`crate::managed::push` sends them).
+    pub fn managed_to_push(&mut self) -> Vec<(u64, u64)> {
+        self.managed_switch(true)
+    }
+
+    /// After synchronisation: the managed allocations the device may have
+    /// written, marked as pulled (`crate::managed::pull` fetches them).
+    pub fn managed_to_pull(&mut self) -> Vec<(u64, u64)> {
+        self.managed_switch(false)
+    }
+
+    fn managed_switch(&mut self, host_newer: bool) -> Vec<(u64, u64)> {
+        if self.managed.is_empty() {
+            return Vec::new();
+        }
+        self.managed
+            .iter_mut()
+            .filter(|(_, m)| m.host_newer == host_newer)
+            .map(|(p, m)| {
+                m.host_newer = !host_newer;
+                (*p, m.size)
+            })
+            .collect()
+    }
+
+    /// Lends the staging buffer to one copy: `None` while another copy has
+    /// it or where there is none.
+    pub fn borrow_staging(&mut self) -> Option<StagingLoan> {
+        match std::mem::replace(&mut self.staging, StagingSlot::Lent) {
+            StagingSlot::Untried => Some(StagingLoan::ToMake),
+            StagingSlot::Ready(buffer) => Some(StagingLoan::Ready(buffer)),
+            other => {
+                self.staging = other;
+                None
+            }
+        }
+    }
+
+    /// Gives back a loan a copy did not use.
+    pub fn unborrow_staging(&mut self, loan: StagingLoan) {
+        self.staging = match loan {
+            StagingLoan::Ready(buffer) => StagingSlot::Ready(buffer),
+            StagingLoan::ToMake => StagingSlot::Untried,
+        };
+    }
+
+    /// Gives the staging buffer back (`None`: it could not be made).
+    pub fn return_staging(&mut self, buffer: Option<StagingBuffer>) {
+        self.staging = match buffer {
+            Some(buffer) => StagingSlot::Ready(buffer),
+            None => StagingSlot::Unavailable,
+        };
+    }
+}
