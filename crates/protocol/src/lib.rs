@@ -3,6 +3,7 @@
 
 pub mod framing;
 pub mod hop_trace;
+pub mod launch_checks;
 mod memfd;
 pub mod messages;
 pub mod pinned;

@@ -135,7 +135,8 @@ fn launch(
     }
 }
 
-/// The grid and block limits of the device and of the kernel.
+/// The grid and block limits of the device and of the kernel
+/// (`cumux_protocol::launch_checks`, the server's rules too).
 fn check_shape(
     c: &Client,
     dev: i32,
@@ -143,39 +144,9 @@ fn check_shape(
     block: [u32; 3],
     attrs: &cumux_protocol::FunctionAttrs,
 ) -> CuResult<()> {
-    if grid.contains(&0) || block.contains(&0) {
-        return Err(CUDA_ERROR_INVALID_VALUE);
-    }
-    let max_block = [
-        c.attribute(dev, CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_X)?,
-        c.attribute(dev, CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Y)?,
-        c.attribute(dev, CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Z)?,
-    ];
-    let max_grid = [
-        c.attribute(dev, CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_X)?,
-        c.attribute(dev, CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Y)?,
-        c.attribute(dev, CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Z)?,
-    ];
-    for i in 0..3 {
-        if (max_block[i] > 0 && block[i] as i64 > max_block[i] as i64)
-            || (max_grid[i] > 0 && grid[i] as i64 > max_grid[i] as i64)
-        {
-            return Err(CUDA_ERROR_INVALID_VALUE);
-        }
-    }
-    let threads = block.iter().map(|&b| b as u64).product::<u64>();
-    let device_max = c
-        .attribute(dev, CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK)?
-        .max(1) as u64;
-    if threads > device_max {
-        return Err(CUDA_ERROR_INVALID_VALUE);
-    }
-    // Over the kernel's launch bound: NVIDIA's driver says "invalid value"
-    // too (measured on an H100, driver 580).
-    if attrs.max_threads_per_block > 0 && threads > attrs.max_threads_per_block as u64 {
-        return Err(CUDA_ERROR_INVALID_VALUE);
-    }
-    Ok(())
+    c.launch_limits(dev)?
+        .check_shape(grid, block, attrs)
+        .map_err(|e| e.code)
 }
 
 /// Queues a host function behind the work already on the stream (or records

@@ -14,6 +14,7 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 
+use cumux_protocol::launch_checks::LaunchLimits;
 use cumux_protocol::{Call, DeviceInfo, Handle, ReplyBody};
 
 use super::handles::FIRST_MINTED;
@@ -35,6 +36,8 @@ pub struct Client {
     pub server: String,
     pub session: u64,
     pub devices: Vec<DeviceInfo>,
+    /// Each device's launch limits, from its attributes.
+    pub launch_limits: Vec<LaunchLimits>,
 }
 
 static CLIENT: OnceLock<Arc<Client>> = OnceLock::new();
@@ -69,6 +72,11 @@ pub fn init() -> CuResult<&'static Client> {
                 next_handle: AtomicUsize::new(FIRST_MINTED),
                 server: session.server,
                 session: session.session,
+                launch_limits: session
+                    .devices
+                    .iter()
+                    .map(|d| LaunchLimits::of(&d.attributes))
+                    .collect(),
                 devices: session.devices,
             });
             let _ = CLIENT.set(client);
@@ -165,6 +173,14 @@ impl Client {
         usize::try_from(ordinal)
             .ok()
             .and_then(|i| self.devices.get(i))
+            .ok_or(CUDA_ERROR_INVALID_DEVICE)
+    }
+
+    /// The launch limits of device `ordinal`.
+    pub fn launch_limits(&self, ordinal: i32) -> CuResult<&LaunchLimits> {
+        usize::try_from(ordinal)
+            .ok()
+            .and_then(|i| self.launch_limits.get(i))
             .ok_or(CUDA_ERROR_INVALID_DEVICE)
     }
 

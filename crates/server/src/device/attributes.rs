@@ -9,10 +9,9 @@ pub const LAST_ATTRIBUTE: u32 = 147;
 pub const MAX_THREADS_PER_BLOCK: i32 = 1024;
 /// Static shared memory a block may use without opting in.
 pub const SHARED_PER_BLOCK: i32 = 48 << 10;
-/// Shared memory a block may use after opting in (sm_75: 64 KiB; we offer 99 KiB).
-pub const SHARED_PER_BLOCK_OPTIN: i32 = 99 << 10;
-pub const MAX_BLOCK_DIM: [i32; 3] = [1024, 1024, 64];
-pub const MAX_GRID_DIM: [i32; 3] = [i32::MAX, 65535, 65535];
+/// Shared memory a block may use after opting in (sm_75: 64 KiB; we offer 99 KiB),
+/// and the block and grid limits: the launch checks' own defaults.
+pub use cumux_protocol::launch_checks::{MAX_BLOCK_DIM, MAX_GRID_DIM, SHARED_PER_BLOCK_OPTIN};
 
 /// What the table depends on.
 #[derive(Debug, Clone, Copy)]

@@ -47,11 +47,7 @@ pub struct KernelDesc {
 impl KernelDesc {
     /// Bytes the packed parameter buffer must hold at least.
     pub fn params_bytes(&self) -> u64 {
-        self.params
-            .iter()
-            .map(|p| u64::from(p.offset) + u64::from(p.size))
-            .max()
-            .unwrap_or(0)
+        cumux_protocol::launch_checks::params_bytes(&self.params)
     }
 }
 

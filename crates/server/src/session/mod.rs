@@ -21,7 +21,7 @@ use std::sync::Arc;
 use cumux_protocol::{codes, Call, CuError, DevicePtr, Handle, Hello, ReplyBody};
 
 use self::core::{err, SessionCore};
-use self::launch_checks::{CheckedLaunch, LaunchLimits};
+use self::launch_checks::CheckedLaunch;
 use self::signalling::{attach_signals, SIGNAL_EVERY, SIGNAL_WAIT_MIN};
 use crate::device::signals::StreamSignals;
 use crate::device::threaded::{LaunchMeter, ThreadedStreams};
@@ -31,6 +31,7 @@ use crate::host_regions::HostRegions;
 use crate::status::{server_status, SessionEntry, SessionStats};
 use crate::tenants::{AccountHold, TenantClass, TenantSettings};
 use crate::Server;
+use cumux_protocol::launch_checks::LaunchLimits;
 
 pub use self::core::MAX_STDOUT_BYTES;
 
@@ -279,7 +280,7 @@ impl Session {
             Some(_) => std::time::Duration::ZERO,
             None => crate::device::spin::answer_spin_time().max(SIGNAL_WAIT_MIN),
         };
-        let limits = LaunchLimits::of(device.info());
+        let limits = LaunchLimits::of(&device.info().attributes);
         if let Some(entry) = &entry {
             server.registry().insert(Arc::clone(entry));
         }
