@@ -28,7 +28,8 @@ use crate::device::threaded::{LaunchMeter, ThreadedStreams};
 use crate::device::{Device, DeviceContext, KernelDesc, ModuleId, StreamOrdered};
 use crate::gate::{GateSession, SchedStreams};
 use crate::host_regions::HostRegions;
-use crate::status::{server_status, SessionEntry, SessionStats};
+use crate::server_status;
+use crate::status::{SessionEntry, SessionStats};
 use crate::tenants::{AccountHold, TenantClass, TenantSettings};
 use crate::Server;
 
