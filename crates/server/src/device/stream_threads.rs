@@ -11,6 +11,7 @@ use std::thread::JoinHandle;
 use cumux_protocol::{Handle, DEFAULT_STREAM};
 
 use super::ordering::NON_BLOCKING;
+use crate::locking::lock;
 
 /// Jobs a stream may hold before the session (and so its client) waits.
 pub const QUEUE_BOUND: usize = 4096;
@@ -58,7 +59,7 @@ impl TrackerState {
 
 impl Tracker {
     fn lock(&self) -> MutexGuard<'_, TrackerState> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+        lock(&self.state)
     }
 
     pub fn is_done(&self, pos: Position) -> bool {

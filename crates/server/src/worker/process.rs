@@ -1,7 +1,7 @@
 //! The worker process's side of worker-backed devices (`cumux worker`): serves
 //! one device context to the server over its socket (or shared memory), each
 //! extra `shared`-mode connection on a thread of its own. One dispatcher
-//! ([`Served::dispatch`]) answers every request; calls that may flush device
+//! (`Served::dispatch`) answers every request; calls that may flush device
 //! printf write a marker on fd 1 after it.
 
 use std::io::{self, Write};

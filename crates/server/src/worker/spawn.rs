@@ -170,7 +170,7 @@ fn readable_within(socket: &UnixStream, wait: Duration) -> bool {
     rc > 0
 }
 
-/// Reaps `child` on a thread of its own, killing it after [`EXIT_GRACE`].
+/// Reaps `child` on a thread of its own, killing it after `EXIT_GRACE`.
 pub fn reap_in_background(child: Child) {
     let reaper = std::thread::Builder::new()
         .name("cumux-worker-reaper".into())
