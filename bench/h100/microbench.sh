@@ -111,7 +111,7 @@ if [ "$built" = 1 ]; then
     else
         # The server logs how each worker connection travels (checked below).
         if [ "$WORKER_TRANSPORT" = socket ]; then export CUMUX_WORKER_TRANSPORT=socket; else unset CUMUX_WORKER_TRANSPORT; fi
-        CUMUX_LOG=${CUMUX_LOG:-info,cumux_server::device::worker=debug} \
+        CUMUX_LOG=${CUMUX_LOG:-info,cumux_server::worker=debug} \
             "$KIT/cumux" serve --device "$DEVICE" --listen "$SERVER" >"$LOGS/server.log" 2>&1 &
         SERVER_PID=$!
         for _ in $(seq 300); do

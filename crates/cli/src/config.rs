@@ -203,7 +203,7 @@ pub fn parse(text: &str) -> Result<FileConfig> {
         }
     }
     if let Some(name) = &raw.sharing {
-        cumux_server::device::worker::Sharing::parse(name)
+        cumux_server::worker::device::Sharing::parse(name)
             .map_err(anyhow::Error::msg)
             .context("sharing")?;
     }

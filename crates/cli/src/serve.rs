@@ -6,9 +6,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
+use cumux_server::device::backends::{cpu_device, default_memory_bytes};
 use cumux_server::device::model::ModelDevice;
-use cumux_server::device::worker::Sharing;
-use cumux_server::device::{cpu_device, default_memory_bytes, worker, DEFAULT_LAUNCH_BUDGET};
+use cumux_server::device::DEFAULT_LAUNCH_BUDGET;
+use cumux_server::worker::device::{cpu_worker_device, cuda_worker_devices, Sharing};
 use cumux_server::{listener, Address, Device, Server};
 
 use crate::config;
@@ -42,7 +43,7 @@ fn cuda_devices(
 ) -> Result<Vec<Arc<dyn Device>>, String> {
     let exe = std::env::current_exe()
         .map_err(|e| format!("cannot find the cumux executable for workers: {e}"))?;
-    worker::cuda_worker_devices(exe, sharing, kernel_timeout)
+    cuda_worker_devices(exe, sharing, kernel_timeout)
 }
 
 fn choose_devices(
@@ -67,7 +68,7 @@ fn choose_devices(
         // The CPU device in worker processes: the cuda backend's machinery, testable without a GPU.
         "worker-cpu" => {
             let exe = std::env::current_exe().context("cannot find the cumux executable")?;
-            Ok(vec![worker::cpu_worker_device(
+            Ok(vec![cpu_worker_device(
                 exe,
                 memory,
                 launch_budget,

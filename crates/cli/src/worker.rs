@@ -7,10 +7,12 @@ use std::os::fd::AsFd;
 use std::os::unix::net::UnixStream;
 
 use anyhow::{anyhow, Context, Result};
-use cumux_server::device::worker::{
-    image_print_detector, local_device, nonce_from_hex, serve_worker, WorkerStdout,
+use cumux_server::device::backends::default_memory_bytes;
+use cumux_server::device::DEFAULT_LAUNCH_BUDGET;
+use cumux_server::worker::process::{
+    image_print_detector, local_device, serve_worker, WorkerStdout,
 };
-use cumux_server::device::{default_memory_bytes, DEFAULT_LAUNCH_BUDGET};
+use cumux_server::worker::wire::nonce_from_hex;
 
 /// What the server asked the worker to serve.
 #[derive(Debug, Clone)]

@@ -57,7 +57,7 @@ impl WorkerServer {
         args.extend(extra.iter().map(|arg| arg.to_string()));
         let mut all_envs = vec![
             ("CUMUX_WORKER_SPARES", if spares { "1" } else { "0" }),
-            ("CUMUX_LOG", "info,cumux_server::device::worker=debug"),
+            ("CUMUX_LOG", "info,cumux_server::worker=debug"),
         ];
         all_envs.extend_from_slice(envs);
         WorkerServer {

@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 
 use cumux_protocol::codes;
 use cumux_protocol::DEFAULT_STREAM;
-use cumux_server::device::worker::{cuda_worker_devices, Sharing};
 use cumux_server::device::{LaunchGeometry, StreamWork, SyncTarget};
+use cumux_server::worker::device::{cuda_worker_devices, Sharing};
 
 const CUMUX: &str = env!("CARGO_BIN_EXE_cumux");
 

@@ -1,5 +1,5 @@
 //! Pinned host memory a client registered: the session's table of regions
-//! (checked memfd, mapping, bounds), the spans copies name, and a worker's table.
+//! (checked memfd, mapping, bounds) and the spans its copies name.
 //!
 //! A region is a client's sealed memfd ([`cumux_protocol::pinned`]) mapped
 //! here and, for a context in a worker process, there too. Region ids are
@@ -10,13 +10,13 @@
 use std::collections::HashMap;
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 
-use cumux_protocol::pinned::{check_memfd, HostMapping};
+use cumux_protocol::pinned::HostMapping;
 use cumux_protocol::{codes, CuError, Handle};
-use serde::{Deserialize, Serialize};
 
-use crate::device::{DeviceContext, StreamWork};
+use crate::device::host_span::{map_region, HostSpan};
+use crate::device::DeviceContext;
 
 /// Regions one session may hold at once.
 pub const MAX_REGIONS: usize = 4096;
@@ -26,68 +26,6 @@ static NEXT_REGION: AtomicU64 = AtomicU64::new(1);
 
 fn invalid(detail: impl Into<String>) -> CuError {
     CuError::new(codes::INVALID_VALUE, detail)
-}
-
-/// Part of a registered region that a copy reads or writes. On the wire it is
-/// the region's id and the range; where it runs, `mapping` is this process's
-/// mapping of the region (filled in by whoever resolved the id).
-#[derive(Clone, Serialize, Deserialize)]
-pub struct HostSpan {
-    pub region: Handle,
-    pub offset: u64,
-    pub bytes: u64,
-    #[serde(skip)]
-    pub mapping: Option<Arc<HostMapping>>,
-}
-
-impl PartialEq for HostSpan {
-    fn eq(&self, other: &Self) -> bool {
-        (self.region, self.offset, self.bytes) == (other.region, other.offset, other.bytes)
-    }
-}
-
-impl std::fmt::Debug for HostSpan {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "HostSpan(region {}, [{}, +{}){})",
-            self.region,
-            self.offset,
-            self.bytes,
-            if self.mapping.is_some() {
-                ""
-            } else {
-                ", unresolved"
-            }
-        )
-    }
-}
-
-impl HostSpan {
-    fn mapping(&self) -> Result<&HostMapping, CuError> {
-        self.mapping
-            .as_deref()
-            .ok_or_else(|| invalid(format!("unknown host region {}", self.region)))
-    }
-
-    /// The span's bytes, to copy to the device.
-    pub fn read(&self) -> Result<&[u8], CuError> {
-        self.mapping()?
-            .bytes(self.offset, self.bytes)
-            .ok_or_else(|| invalid(format!("{self:?} is outside its region")))
-    }
-
-    /// The span's bytes, to copy into from the device.
-    ///
-    /// # Safety
-    /// No other reference to the span's bytes may be used meanwhile in this
-    /// process; stream order keeps the copies of one program apart.
-    #[allow(clippy::mut_from_ref)]
-    pub unsafe fn write(&self) -> Result<&mut [u8], CuError> {
-        // SAFETY: exclusivity is the caller's.
-        unsafe { self.mapping()?.bytes_mut(self.offset, self.bytes) }
-            .ok_or_else(|| invalid(format!("{self:?} is outside its region")))
-    }
 }
 
 struct Region {
@@ -119,10 +57,7 @@ impl HostRegions {
                 format!("a session may register {MAX_REGIONS} host regions"),
             ));
         }
-        check_memfd(fd.as_fd(), bytes).map_err(invalid)?;
-        let mapping = HostMapping::map(fd.as_fd(), bytes)
-            .map_err(|e| CuError::new(codes::OUT_OF_MEMORY, format!("cannot map a region: {e}")))?;
-        let mapping = Arc::new(mapping);
+        let mapping = map_region(fd.as_fd(), bytes)?;
         let region = NEXT_REGION.fetch_add(1, Ordering::Relaxed);
         ctx.host_register(region, &mapping, fd.as_fd())?;
         tracing::debug!(
@@ -179,53 +114,5 @@ impl HostRegions {
 
     pub fn is_empty(&self) -> bool {
         self.regions.is_empty()
-    }
-}
-
-/// A worker's regions, from every connection to its context, by server id.
-#[derive(Default)]
-pub struct WorkerRegions {
-    regions: Mutex<HashMap<Handle, Arc<HostMapping>>>,
-}
-
-impl WorkerRegions {
-    fn lock(&self) -> MutexGuard<'_, HashMap<Handle, Arc<HostMapping>>> {
-        self.regions.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// Maps the memfd the server forwarded as `region` and registers it with `ctx`.
-    pub fn insert(
-        &self,
-        ctx: &dyn DeviceContext,
-        region: Handle,
-        bytes: u64,
-        fd: Option<OwnedFd>,
-    ) -> Result<(), CuError> {
-        let fd = fd.ok_or_else(|| invalid("no memfd came with the region"))?;
-        check_memfd(fd.as_fd(), bytes).map_err(invalid)?;
-        if self.lock().contains_key(&region) {
-            return Err(invalid(format!("host region {region} exists")));
-        }
-        let mapping = HostMapping::map(fd.as_fd(), bytes)
-            .map_err(|e| CuError::new(codes::OUT_OF_MEMORY, format!("cannot map a region: {e}")))?;
-        let mapping = Arc::new(mapping);
-        ctx.host_register(region, &mapping, fd.as_fd())?;
-        self.lock().insert(region, mapping);
-        Ok(())
-    }
-
-    pub fn remove(&self, ctx: &dyn DeviceContext, region: Handle) {
-        if self.lock().remove(&region).is_some() {
-            ctx.host_unregister(region);
-        }
-    }
-
-    /// Fills in the mapping of the host span `work` names, if it names one;
-    /// an unknown region stays unresolved, and the copy fails where it runs.
-    pub fn resolve(&self, work: &mut StreamWork) {
-        if let StreamWork::HostToDevice { host, .. } | StreamWork::DeviceToHost { host, .. } = work
-        {
-            host.mapping = self.lock().get(&host.region).cloned();
-        }
     }
 }

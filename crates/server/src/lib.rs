@@ -4,7 +4,9 @@
 //!
 //! Map: [`listener`] accepts connections; [`connection`] speaks the wire protocol
 //! for one of them; [`session`] checks and executes calls; [`device`] is the
-//! backend trait with its backends and the adapters that keep stream order; [`status`] keeps the registry of sessions; [`tenants`] says who a
+//! backend trait with its backends and the adapters that keep stream order;
+//! [`worker`] runs contexts in `cumux worker` processes (both sides of that
+//! link); [`status`] keeps the registry of sessions; [`tenants`] says who a
 //! connection is and keeps each tenant's memory account; [`gate`] holds launches
 //! back until the device's scheduler (`fair`, `priority`) lets them go.
 
@@ -13,15 +15,17 @@ pub mod device;
 pub mod gate;
 pub mod host_regions;
 pub mod listener;
+mod locking;
 pub mod session;
 pub mod status;
 pub mod tenants;
+pub mod worker;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use cumux_protocol::DeviceInfo;
+use cumux_protocol::{DeviceInfo, ServerStatus};
 
 use tenants::{Accounts, TenantPolicy, TenantSettings};
 
@@ -189,4 +193,17 @@ impl Server {
     fn next_session_id(&self) -> u64 {
         self.next_session.fetch_add(1, Ordering::Relaxed)
     }
+}
+
+/// A snapshot of `server` for `cumux status`.
+pub fn server_status(server: &Server) -> ServerStatus {
+    status::snapshot(status::ServerView {
+        name: &server.name,
+        uptime: server.uptime(),
+        devices: &server.devices,
+        policies: &server.policies,
+        gates: &server.gates,
+        registry: &server.registry,
+        accounts: &server.accounts,
+    })
 }

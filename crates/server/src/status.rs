@@ -1,16 +1,19 @@
 //! The server's registry of live sessions and their counters, and the
 //! `ServerStatus` snapshot that `cumux status` shows (devices, sessions and
-//! tenants).
+//! tenants), made from what the server hands it ([`ServerView`]).
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
 
 use cumux_protocol::{DeviceStatus, ServerStatus, SessionStatus, TenantStatus, PROTOCOL_VERSION};
+use cumux_scheduler::Policy;
 
-use crate::tenants::TenantClass;
-
-use crate::Server;
+use crate::device::Device;
+use crate::gate::{policy_name, DeviceGate};
+use crate::locking::lock;
+use crate::tenants::{Accounts, TenantClass};
 
 /// Counters a session's threads update as work runs.
 #[derive(Debug, Default)]
@@ -63,8 +66,8 @@ impl Registry {
         self.transports_lock().get(&session).copied().unwrap_or("-")
     }
 
-    fn transports_lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<u64, &'static str>> {
-        self.transports.lock().unwrap_or_else(|p| p.into_inner())
+    fn transports_lock(&self) -> MutexGuard<'_, BTreeMap<u64, &'static str>> {
+        lock(&self.transports)
     }
 
     pub fn len(&self) -> usize {
@@ -79,22 +82,37 @@ impl Registry {
         self.lock().values().cloned().collect()
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<u64, Arc<SessionEntry>>> {
-        self.sessions.lock().unwrap_or_else(|p| p.into_inner())
+    fn lock(&self) -> MutexGuard<'_, BTreeMap<u64, Arc<SessionEntry>>> {
+        lock(&self.sessions)
     }
 }
 
+/// What a status snapshot reads of the server.
+pub struct ServerView<'a> {
+    pub name: &'a str,
+    pub uptime: Duration,
+    pub devices: &'a [Arc<dyn Device>],
+    /// Each device's scheduling policy, in device order.
+    pub policies: &'a [Policy],
+    /// Each device's scheduling gate, if its policy has one, in device order.
+    pub gates: &'a [Option<Arc<DeviceGate>>],
+    pub registry: &'a Registry,
+    pub accounts: &'a Accounts,
+}
+
 /// A snapshot of the server for `cumux status`.
-pub fn server_status(server: &Server) -> ServerStatus {
+pub fn snapshot(server: ServerView<'_>) -> ServerStatus {
+    let gates = || server.gates.iter().flatten();
     ServerStatus {
-        server: server.name().to_string(),
+        server: server.name.to_string(),
         version: PROTOCOL_VERSION,
-        uptime_s: server.uptime().as_secs_f64(),
+        uptime_s: server.uptime.as_secs_f64(),
         devices: server
-            .devices()
+            .devices
             .iter()
-            .zip(server.policies())
-            .map(|(d, policy)| {
+            .zip(server.policies)
+            .zip(server.gates)
+            .map(|((d, policy), gate)| {
                 let info = d.info();
                 DeviceStatus {
                     ordinal: info.ordinal,
@@ -102,13 +120,13 @@ pub fn server_status(server: &Server) -> ServerStatus {
                     backend: info.backend.clone(),
                     total_mem: d.mem_total(),
                     used_mem: d.mem_used(),
-                    policy: crate::gate::policy_name(policy).into(),
-                    signalled_launches: server.gate_of(d).map_or(0, |g| g.signalled()),
+                    policy: policy_name(policy).into(),
+                    signalled_launches: gate.as_ref().map_or(0, |g| g.signalled()),
                 }
             })
             .collect(),
         sessions: server
-            .registry()
+            .registry
             .entries()
             .iter()
             .map(|e| SessionStatus {
@@ -120,11 +138,11 @@ pub fn server_status(server: &Server) -> ServerStatus {
                 allocations: e.stats.allocations.load(Ordering::Relaxed),
                 launches: e.stats.launches.load(Ordering::Relaxed),
                 gpu_time_ms: e.stats.gpu_time_ns.load(Ordering::Relaxed) as f64 / 1e6,
-                transport: server.registry().transport(e.session).to_string(),
+                transport: server.registry.transport(e.session).to_string(),
             })
             .collect(),
         tenants: server
-            .accounts()
+            .accounts
             .all()
             .iter()
             .map(|a| TenantStatus {
@@ -142,11 +160,8 @@ pub fn server_status(server: &Server) -> ServerStatus {
                 // Queued launches are timed by the gate (charged time), the
                 // others by the threads that ran them.
                 gpu_time_ms: (a.gpu_time_ns()
-                    + server
-                        .devices()
-                        .iter()
-                        .filter_map(|d| server.gate_of(d)?.charged_ns(&a.name))
-                        .sum::<u64>()) as f64
+                    + gates().filter_map(|g| g.charged_ns(&a.name)).sum::<u64>())
+                    as f64
                     / 1e6,
             })
             .collect(),

@@ -11,10 +11,10 @@ use std::thread::JoinHandle;
 
 use cumux_protocol::{codes, decode, encode, read_frame, write_frame, CuError};
 use cumux_server::device::cpu::CpuDevice;
-use cumux_server::device::worker::{
-    new_nonce, serve_worker, WorkerContext, WorkerReply, WorkerRequest, WorkerStdout, WorkerValue,
-};
 use cumux_server::device::{DeviceContext, LaunchGeometry, LoadedModule, StreamWork, SyncTarget};
+use cumux_server::worker::context::WorkerContext;
+use cumux_server::worker::process::{serve_worker, WorkerStdout};
+use cumux_server::worker::wire::{new_nonce, WireWork, WorkerReply, WorkerRequest, WorkerValue};
 
 /// A CPU-device worker on a thread; returns the context driving it, a handle
 /// on the worker's end of the socket (to cut it), and the thread.
@@ -436,7 +436,7 @@ fn queued_work_is_posted_without_waiting_for_an_answer() {
             .recv_timeout(std::time::Duration::from_secs(5))
             .unwrap();
         assert!(
-            matches!(&request, WorkerRequest::Enqueue { work: StreamWork::Copy { dst, .. }, .. } if *dst == 0x1000 + i),
+            matches!(&request, WorkerRequest::Enqueue { work: WireWork::Copy { dst, .. }, .. } if *dst == 0x1000 + i),
             "{request:?} out of order"
         );
     }
@@ -491,7 +491,7 @@ fn ctx_sessions(ctx: &WorkerContext) -> Option<(std::path::PathBuf, [u8; 16])> {
 #[test]
 fn pinned_regions_travel_to_the_worker_and_go_with_its_connection() {
     use cumux_protocol::pinned::{create_memfd, live_mappings, HostMapping};
-    use cumux_server::host_regions::HostSpan;
+    use cumux_server::device::host_span::HostSpan;
     use std::os::fd::AsFd;
 
     let (ctx, _cut, thread) = in_process_worker(64 << 20);

@@ -13,10 +13,12 @@ use cumux_protocol::{codes, CuError, DeviceInfo, DevicePtr, FunctionAttrs, Param
 use cumux_ptx::{DeviceMemory, LaunchConfig, MemError, Program, Space};
 
 use super::attributes::{cpu_device_attributes, AttributeInputs, SHARED_PER_BLOCK};
+use super::memory_use;
 use super::{
     Device, DeviceContext, GlobalDesc, KernelDesc, LaunchGeometry, LaunchOutcome, LoadedModule,
     ModuleId,
 };
+use crate::locking::lock;
 
 /// The CPU device. Its contexts share nothing but the memory budget: a kernel
 /// of one session runs against that session's own [`DeviceMemory`], so it
@@ -49,11 +51,7 @@ impl Budget {
     }
 
     fn release(&self, bytes: u64) {
-        let _ = self
-            .used
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
-                Some(used.saturating_sub(bytes))
-            });
+        memory_use::release(&self.used, bytes);
     }
 }
 
@@ -131,7 +129,7 @@ impl CpuContext {
     }
 
     fn program(&self, module: ModuleId) -> Option<Arc<Program>> {
-        let modules = self.modules.lock().unwrap_or_else(|p| p.into_inner());
+        let modules = lock(&self.modules);
         modules.loaded.get(&module).cloned()
     }
 }
@@ -311,7 +309,7 @@ impl DeviceContext for CpuContext {
                 size: g.size,
             })
             .collect();
-        let mut modules = self.modules.lock().unwrap_or_else(|p| p.into_inner());
+        let mut modules = lock(&self.modules);
         let id = modules.next;
         modules.next += 1;
         modules.loaded.insert(id, Arc::new(program));
@@ -324,7 +322,7 @@ impl DeviceContext for CpuContext {
 
     fn module_unload(&self, module: ModuleId) {
         let program = {
-            let mut modules = self.modules.lock().unwrap_or_else(|p| p.into_inner());
+            let mut modules = lock(&self.modules);
             modules.loaded.remove(&module)
         };
         match program.map(Arc::try_unwrap) {

@@ -4,21 +4,20 @@
 //! themselves, [`StreamOrdered`]; and the plain types that cross them.
 
 pub mod attributes;
+pub mod backends;
 #[cfg(feature = "cpu")]
 pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
+pub mod host_span;
+pub mod memory_use;
 pub mod model;
+pub mod ordering;
 pub mod serial;
-pub mod shared;
 pub mod signals;
 pub mod spin;
 pub mod stream_threads;
 pub mod threaded;
-pub mod watchdog;
-pub mod worker;
-pub mod worker_link;
-pub mod worker_process;
 
 use std::os::fd::BorrowedFd;
 use std::sync::Arc;
@@ -28,9 +27,8 @@ use cumux_protocol::{
     CuError, DeviceInfo, DevicePtr, FunctionAttrs, Handle, LaunchAttribute, ParamInfo,
     TensorMapRequest,
 };
-use serde::{Deserialize, Serialize};
 
-use crate::host_regions::HostSpan;
+use host_span::HostSpan;
 
 /// A backend's own name for a loaded module. Unique per device, never reused.
 pub type ModuleId = u64;
@@ -68,7 +66,7 @@ pub struct LoadedModule {
 }
 
 /// Geometry of one launch, and the `cuLaunchKernelEx` attributes it carries.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LaunchGeometry {
     pub grid: [u32; 3],
     pub block: [u32; 3],
@@ -181,11 +179,10 @@ pub trait DeviceContext: Send + Sync {
 }
 
 /// Stream-ordered work for [`StreamOrdered::enqueue`].
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum StreamWork {
     Write {
         dst: DevicePtr,
-        #[serde(with = "serde_bytes")]
         data: Vec<u8>,
     },
     Copy {
@@ -196,7 +193,6 @@ pub enum StreamWork {
     /// `height` rows of `count` copies of `pattern` (1, 2 or 4 bytes), `pitch` apart.
     Fill {
         dst: DevicePtr,
-        #[serde(with = "serde_bytes")]
         pattern: Vec<u8>,
         count: u64,
         pitch: u64,
@@ -206,26 +202,37 @@ pub enum StreamWork {
         module: ModuleId,
         kernel: usize,
         geometry: LaunchGeometry,
-        #[serde(with = "serde_bytes")]
         params: Vec<u8>,
     },
     /// Records `event` at this point of the stream.
-    Record { event: Handle },
+    Record {
+        event: Handle,
+    },
     /// Later work of the stream waits for `event`'s latest record.
-    Wait { event: Handle },
+    Wait {
+        event: Handle,
+    },
     /// Raises counter `slot` of the connection's signal area to `value` once the
     /// stream's earlier work is done ([`StreamOrdered::attach_signals`]).
-    Signal { slot: u32, value: u64 },
+    Signal {
+        slot: u32,
+        value: u64,
+    },
     /// Copies a span of a registered host region to `dst` (pinned memory).
-    HostToDevice { dst: DevicePtr, host: HostSpan },
+    HostToDevice {
+        dst: DevicePtr,
+        host: HostSpan,
+    },
     /// Copies from `src` into a span of a registered host region.
-    DeviceToHost { src: DevicePtr, host: HostSpan },
+    DeviceToHost {
+        src: DevicePtr,
+        host: HostSpan,
+    },
     /// Runs the launches of a graph made by [`StreamOrdered::graph_create`], in order.
-    Graph { graph: Handle },
-    /// [`StreamWork::Signal`] as the worker hands it to its context: with the area.
-    /// Never on the wire; skipped variants must stay last, or postcard's variant
-    /// numbers of those after it differ between encoding and decoding.
-    #[serde(skip)]
+    Graph {
+        graph: Handle,
+    },
+    /// [`StreamWork::Signal`] as a worker hands it to its context: with the area.
     SignalTo {
         area: Arc<signals::SignalArea>,
         slot: u32,
@@ -234,7 +241,7 @@ pub enum StreamWork {
 }
 
 /// What a synchronizing call waits for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SyncTarget {
     Stream(Handle),
     Event(Handle),
@@ -301,7 +308,7 @@ pub trait StreamOrdered: Send + Sync {
     /// Drops a graph (work queued with it still runs).
     fn graph_destroy(&self, graph: Handle);
     /// Whether a kernel watchdog reads this context's signals for progress
-    /// ([`watchdog`]): sessions then signal their streams every few launches.
+    /// ([`crate::worker::watchdog`]): sessions then signal their streams every few launches.
     fn watched(&self) -> bool {
         false
     }
@@ -318,41 +325,3 @@ pub trait StreamOrdered: Send + Sync {
 /// The default per-block instruction budget of a launch on the CPU device
 /// (`cumux serve --launch-budget`): minutes of interpretation.
 pub const DEFAULT_LAUNCH_BUDGET: u64 = 20_000_000_000;
-
-/// The CPU reference device with `capacity` bytes of memory, if this build has
-/// it. A block of a launch that executes more than `launch_budget` instructions
-/// fails it with CUDA_ERROR_LAUNCH_TIMEOUT (702); 0 means no limit.
-pub fn cpu_device(capacity: u64, launch_budget: u64) -> Result<Arc<dyn Device>, String> {
-    #[cfg(feature = "cpu")]
-    return Ok(Arc::new(cpu::CpuDevice::with_launch_budget(
-        capacity,
-        launch_budget,
-    )));
-    #[cfg(not(feature = "cpu"))]
-    return Err(format!(
-        "this build of cumux-server has no CPU device (feature `cpu`); cannot serve {capacity} bytes (launch budget {launch_budget})"
-    ));
-}
-
-/// Every GPU of the system's CUDA driver, if this build has the `cuda` backend
-/// (feature `cuda`); an error says why there are none (no driver, no GPU).
-pub fn cuda_devices() -> Result<Vec<Arc<dyn Device>>, String> {
-    #[cfg(feature = "cuda")]
-    return cuda::load_devices();
-    #[cfg(not(feature = "cuda"))]
-    return Err("this build of cumux-server has no cuda backend (feature `cuda`)".into());
-}
-
-/// The default memory of a CPU-side device: a quarter of host RAM, at most 16 GiB.
-pub fn default_memory_bytes() -> u64 {
-    let quarter = host_memory_bytes().unwrap_or(4 << 30) / 4;
-    quarter.clamp(64 << 20, 16 << 30)
-}
-
-/// Total host RAM from `/proc/meminfo`, if readable.
-pub fn host_memory_bytes() -> Option<u64> {
-    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = text.lines().find(|l| l.starts_with("MemTotal:"))?;
-    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    kib.checked_mul(1024)
-}

@@ -21,6 +21,7 @@ use super::{
     Device, DeviceContext, GlobalDesc, KernelDesc, LaunchGeometry, LaunchOutcome, LoadedModule,
     ModuleId,
 };
+use crate::locking::lock;
 
 const BASE: u64 = 0x7f00_0000_0000;
 const ALIGN: u64 = 256;
@@ -50,7 +51,7 @@ struct Turns {
 
 impl Turns {
     fn lock(&self) -> std::sync::MutexGuard<'_, (u64, u64)> {
-        self.tickets.lock().unwrap_or_else(|p| p.into_inner())
+        lock(&self.tickets)
     }
 
     fn run<R>(&self, f: impl FnOnce() -> R) -> R {
@@ -136,7 +137,7 @@ impl ModelDevice {
 
 impl ModelMemory {
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+        lock(&self.state)
     }
 
     fn kernel_desc(name: &str) -> Option<KernelDesc> {

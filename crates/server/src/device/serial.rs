@@ -7,10 +7,12 @@ use std::time::Instant;
 
 use cumux_protocol::{codes, CuError, DevicePtr, Handle, DEFAULT_STREAM};
 
+use super::ordering::{
+    elapsed_ms, fill_rows, launches_only, no_signal_area, store_signal, unknown,
+    EVENT_DISABLE_TIMING,
+};
 use super::{DeviceContext, LaunchOutcome, StreamOrdered, StreamWork, SyncTarget};
-
-/// `CU_EVENT_DISABLE_TIMING`.
-const EVENT_DISABLE_TIMING: u32 = 0x2;
+use crate::locking::lock;
 
 /// Runs stream-ordered work at once, in arrival order: every stream is always
 /// idle, an event's time is when its record arrived. Correct for any program
@@ -33,10 +35,6 @@ struct State {
     graphs: HashMap<Handle, Arc<Vec<StreamWork>>>,
 }
 
-fn unknown(what: &str, h: Handle) -> CuError {
-    CuError::new(codes::INVALID_HANDLE, format!("unknown {what} {h:#x}"))
-}
-
 impl SerialStreams {
     pub fn new(ctx: Arc<dyn DeviceContext>) -> Self {
         SerialStreams {
@@ -46,7 +44,7 @@ impl SerialStreams {
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+        lock(&self.state)
     }
 
     fn check_stream(&self, stream: Handle) -> Result<(), CuError> {
@@ -61,17 +59,8 @@ impl SerialStreams {
         match work {
             StreamWork::Write { dst, data } => self.ctx.mem_write(dst, &data),
             // Earlier work has run: this one is done at once.
-            StreamWork::SignalTo { area, slot, value } => match area.store(slot, value) {
-                true => Ok(()),
-                false => Err(CuError::new(
-                    codes::INVALID_VALUE,
-                    format!("signal slot {slot}"),
-                )),
-            },
-            StreamWork::Signal { .. } => Err(CuError::new(
-                codes::INVALID_VALUE,
-                "a signal without an area",
-            )),
+            StreamWork::SignalTo { area, slot, value } => store_signal(&area, slot, value),
+            StreamWork::Signal { .. } => Err(no_signal_area()),
             StreamWork::Copy { dst, src, bytes } => self.ctx.mem_copy(dst, src, bytes),
             StreamWork::Fill {
                 dst,
@@ -79,9 +68,8 @@ impl SerialStreams {
                 count,
                 pitch,
                 height,
-            } => (0..height).try_for_each(|row| {
-                self.ctx
-                    .mem_fill(dst.wrapping_add(row.wrapping_mul(pitch)), &pattern, count)
+            } => fill_rows(dst, pitch, height, |row| {
+                self.ctx.mem_fill(row, &pattern, count)
             }),
             StreamWork::Launch {
                 module,
@@ -170,15 +158,7 @@ impl StreamOrdered for SerialStreams {
     }
 
     fn graph_create(&self, graph: Handle, launches: Vec<StreamWork>) -> Result<(), CuError> {
-        if !launches
-            .iter()
-            .all(|l| matches!(l, StreamWork::Launch { .. }))
-        {
-            return Err(CuError::new(
-                codes::INVALID_VALUE,
-                "a graph of launches only",
-            ));
-        }
+        launches_only(&launches)?;
         self.lock().graphs.insert(graph, Arc::new(launches));
         Ok(())
     }
@@ -243,8 +223,7 @@ impl StreamOrdered for SerialStreams {
             ));
         }
         match (t0, t1) {
-            (Some(t0), Some(t1)) if t1 >= t0 => Ok((t1 - t0).as_secs_f64() as f32 * 1e3),
-            (Some(t0), Some(t1)) => Ok(-((t0 - t1).as_secs_f64() as f32 * 1e3)),
+            (Some(t0), Some(t1)) => Ok(elapsed_ms(t0, t1)),
             _ => Err(CuError::new(
                 codes::INVALID_HANDLE,
                 "event was never recorded",

@@ -11,6 +11,8 @@ use std::sync::{Arc, Mutex};
 use cumux_protocol::{codes, CuError, Handle};
 use memmap2::MmapMut;
 
+use crate::locking::lock;
+
 /// Counters per area: one per stream a session may hold, and the default stream, with
 /// room; the last is [`ERROR_SLOT`].
 pub const SIGNAL_SLOTS: u32 = 1024;
@@ -133,12 +135,12 @@ impl SignalArea {
 
     /// The file's name, until [`unlink`](Self::unlink).
     pub fn path(&self) -> Option<PathBuf> {
-        self.path.lock().unwrap_or_else(|p| p.into_inner()).clone()
+        lock(&self.path).clone()
     }
 
     /// Removes the file's name (the mappings stay): once the worker has opened it.
     pub fn unlink(&self) {
-        if let Some(path) = self.path.lock().unwrap_or_else(|p| p.into_inner()).take() {
+        if let Some(path) = lock(&self.path).take() {
             let _ = std::fs::remove_file(path);
         }
     }
@@ -195,7 +197,7 @@ impl SignalArea {
 
     /// Runs `hook` when the area goes away (once; a second hook replaces the first).
     pub fn on_drop(&self, hook: Box<dyn FnOnce() + Send>) {
-        *self.on_drop.lock().unwrap_or_else(|p| p.into_inner()) = Some(hook);
+        *lock(&self.on_drop) = Some(hook);
     }
 }
 

@@ -37,23 +37,23 @@ pub const HOT_SPIN: Duration = Duration::from_millis(5);
 /// [`WAIT_SPIN_CORES`] or more cores (unless `CUMUX_SPIN_US` says otherwise),
 /// else as [`spin_time`].
 pub fn hot_spin_time() -> Duration {
-    if std::env::var(SPIN_ENV).is_ok() {
-        return spin_time();
-    }
-    match std::thread::available_parallelism() {
-        Ok(n) if n.get() >= WAIT_SPIN_CORES => HOT_SPIN,
-        _ => spin_time(),
-    }
+    on_large_hosts(HOT_SPIN)
 }
 
 /// How long the server polls for a worker's answer: `CUMUX_SPIN_US`, else
 /// [`WAIT_SPIN`] on large hosts, else as [`spin_time`].
 pub fn answer_spin_time() -> Duration {
+    on_large_hosts(WAIT_SPIN)
+}
+
+/// `spin` on hosts of [`WAIT_SPIN_CORES`] or more cores, unless `CUMUX_SPIN_US`
+/// says otherwise; else as [`spin_time`].
+fn on_large_hosts(spin: Duration) -> Duration {
     if std::env::var(SPIN_ENV).is_ok() {
         return spin_time();
     }
     match std::thread::available_parallelism() {
-        Ok(n) if n.get() >= WAIT_SPIN_CORES => WAIT_SPIN,
+        Ok(n) if n.get() >= WAIT_SPIN_CORES => spin,
         _ => spin_time(),
     }
 }

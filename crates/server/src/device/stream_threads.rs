@@ -10,12 +10,13 @@ use std::thread::JoinHandle;
 
 use cumux_protocol::{Handle, DEFAULT_STREAM};
 
+use super::ordering::NON_BLOCKING;
+use crate::locking::lock;
+
 /// Jobs a stream may hold before the session (and so its client) waits.
 pub const QUEUE_BOUND: usize = 4096;
 /// Streams one session may have at once (each is a thread).
 pub const MAX_STREAMS: usize = 512;
-/// `CU_STREAM_NON_BLOCKING`: the stream does not synchronize with the default stream.
-pub const NON_BLOCKING: u32 = 0x1;
 
 const WORKER_STACK_BYTES: usize = 16 << 20;
 
@@ -58,7 +59,7 @@ impl TrackerState {
 
 impl Tracker {
     fn lock(&self) -> MutexGuard<'_, TrackerState> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+        lock(&self.state)
     }
 
     pub fn is_done(&self, pos: Position) -> bool {

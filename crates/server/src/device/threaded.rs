@@ -6,34 +6,29 @@
 use std::collections::HashMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{mpsc, Arc, Mutex, MutexGuard};
+use std::sync::{mpsc, Arc, Mutex};
 use std::time::Instant;
 
 use cumux_protocol::{codes, CuError, DevicePtr, Handle, DEFAULT_STREAM};
 
+use super::ordering::{
+    elapsed_ms, fill_rows, launches_only, no_signal_area, store_signal, unknown,
+    EVENT_DISABLE_TIMING,
+};
 use super::signals::SignalArea;
 use super::stream_threads::{Position, Streams, Work};
 use super::{DeviceContext, LaunchOutcome, StreamOrdered, StreamWork, SyncTarget};
 use crate::gate::{kernel_id_of, GateSession, SchedStreams, READ_KERNEL_ID};
+use crate::locking::lock;
 
 /// Payload bytes (async copies, launch parameters) the streams may hold in their
 /// queues; past it, queueing more first waits for the streams to drain.
 pub const MAX_QUEUED_BYTES: u64 = 1 << 30;
 /// Printf output held for the next waiting call before further output is dropped.
 pub const MAX_STDOUT_BYTES: usize = 16 << 20;
-/// `CU_EVENT_DISABLE_TIMING`.
-const EVENT_DISABLE_TIMING: u32 = 0x2;
 
 /// Told the device time of every launch the streams run, in nanoseconds.
 pub type LaunchMeter = Box<dyn Fn(u64) + Send + Sync>;
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-fn unknown(what: &str, h: Handle) -> CuError {
-    CuError::new(codes::INVALID_HANDLE, format!("unknown {what} {h:#x}"))
-}
 
 /// What the streams' threads share with the caller.
 struct Shared {
@@ -108,8 +103,8 @@ impl Shared {
                 count,
                 pitch,
                 height,
-            } => (0..*height).try_for_each(|row| {
-                ctx.mem_fill(dst.wrapping_add(row.wrapping_mul(*pitch)), pattern, *count)
+            } => fill_rows(*dst, *pitch, *height, |row| {
+                ctx.mem_fill(row, pattern, *count)
             }),
             StreamWork::Launch { .. } => self.launch(work),
             StreamWork::HostToDevice { dst, host } => ctx.mem_write(*dst, host.read()?),
@@ -122,25 +117,12 @@ impl Shared {
             },
             StreamWork::Signal { slot, value } => {
                 let area = lock(&self.signals).clone();
-                match area.map(|a| a.store(*slot, *value)) {
-                    Some(true) => Ok(()),
-                    Some(false) => Err(CuError::new(
-                        codes::INVALID_VALUE,
-                        format!("signal slot {slot}"),
-                    )),
-                    None => Err(CuError::new(
-                        codes::INVALID_VALUE,
-                        "a signal without an area",
-                    )),
+                match area {
+                    Some(area) => store_signal(&area, *slot, *value),
+                    None => Err(no_signal_area()),
                 }
             }
-            StreamWork::SignalTo { area, slot, value } => match area.store(*slot, *value) {
-                true => Ok(()),
-                false => Err(CuError::new(
-                    codes::INVALID_VALUE,
-                    format!("signal slot {slot}"),
-                )),
-            },
+            StreamWork::SignalTo { area, slot, value } => store_signal(area, *slot, *value),
             // Ordering work: handled when queued.
             StreamWork::Record { .. } | StreamWork::Wait { .. } => Ok(()),
         }
@@ -547,8 +529,7 @@ impl StreamOrdered for ThreadedStreams {
             return Err(CuError::new(codes::NOT_READY, "event not reached yet"));
         }
         match (start.1, end.1) {
-            (Some(t0), Some(t1)) if t1 >= t0 => Ok(((t1 - t0).as_secs_f64() * 1e3) as f32),
-            (Some(t0), Some(t1)) => Ok(-((t0 - t1).as_secs_f64() * 1e3) as f32),
+            (Some(t0), Some(t1)) => Ok(elapsed_ms(t0, t1)),
             _ => Err(CuError::new(codes::NOT_READY, "event has no timestamp")),
         }
     }
@@ -560,15 +541,7 @@ impl StreamOrdered for ThreadedStreams {
     }
 
     fn graph_create(&self, graph: Handle, launches: Vec<StreamWork>) -> Result<(), CuError> {
-        if !launches
-            .iter()
-            .all(|l| matches!(l, StreamWork::Launch { .. }))
-        {
-            return Err(CuError::new(
-                codes::INVALID_VALUE,
-                "a graph of launches only",
-            ));
-        }
+        launches_only(&launches)?;
         lock(&self.graphs).insert(graph, Arc::new(launches));
         Ok(())
     }

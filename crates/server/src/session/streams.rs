@@ -5,7 +5,7 @@ use cumux_protocol::{codes, CuError, Handle, ReplyBody, DEFAULT_STREAM};
 
 use super::core::{err, invalid_handle};
 use super::{CallResult, Session, MAX_STREAMS};
-use crate::device::stream_threads::NON_BLOCKING;
+use crate::device::ordering::NON_BLOCKING;
 use crate::device::{StreamWork, SyncTarget};
 
 /// `CU_EVENT_DISABLE_TIMING`.

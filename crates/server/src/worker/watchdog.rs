@@ -2,7 +2,7 @@
 //! whose queued work stops making progress for the timeout holds a kernel that does
 //! not end, and is reset (its worker stopped), as a GPU's own watchdog resets one.
 //!
-//! Progress is read from the sessions' completion signals ([`super::signals`]): each
+//! Progress is read from the sessions' completion signals ([`crate::device::signals`]): each
 //! signal queued on a stream is a point the device must pass. A context is stalled
 //! while some queued signal is not reached and no counter of the context moved; a
 //! stall of the timeout fires the watchdog. It cannot tell a kernel that never ends
@@ -11,16 +11,13 @@
 //! should be far above the longest kernel a tenant may run.
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use cumux_protocol::{codes, CuError};
 
-use super::signals::{SignalArea, ERROR_SLOT};
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
+use crate::device::signals::{SignalArea, ERROR_SLOT};
+use crate::locking::lock;
 
 /// How the watchdog resets a hung context: fails it with the error given and
 /// stops whatever runs it.

@@ -1,5 +1,6 @@
 //! [`Link`]: one connection between the server and a worker, carrying frames on
-//! the socket at first and through a shared-memory area once both sides agree.
+//! the socket at first and through a shared-memory area once both sides agree;
+//! and [`Connection`], the server's end of one, which makes the offer.
 //!
 //! A connection starts on its unix socket with length-prefixed frames. The
 //! server then offers an area ([`Link::offer_area`]): it creates a sealed memfd
@@ -19,9 +20,11 @@ use std::os::unix::net::UnixStream;
 use std::time::Duration;
 
 use cumux_protocol::shm::{self, Endpoint, ShmArea, ShmError, ShmLayout, Side, BULK_THRESHOLD};
-use cumux_protocol::{read_frame, write_frame, FrameError};
+use cumux_protocol::{codes, decode, encode, read_frame, write_frame, CuError, FrameError};
+use serde::Serialize;
 
-use super::spin::SpinReader;
+use super::wire::{WorkerReply, WorkerRequest, WorkerValue};
+use crate::device::spin::{answer_spin_time, SpinReader};
 
 /// `socket` keeps every worker connection on its socket; anything else (or
 /// nothing) lets the server offer shared memory.
@@ -37,6 +40,11 @@ const OFFER_WAIT: Duration = Duration::from_secs(30);
 const FD_WAIT: Duration = Duration::from_secs(10);
 /// The byte sent with each descriptor once frames travel through the area.
 const FD_TAG: u8 = 0xfd;
+
+/// An I/O error that says `e`.
+pub fn io_err(e: impl std::fmt::Display) -> io::Error {
+    io::Error::other(e.to_string())
+}
 
 /// Whether the server offers workers shared memory ([`TRANSPORT_ENV`]).
 pub fn shm_wanted() -> bool {
@@ -99,6 +107,12 @@ impl Link {
             Some(ep) if bytes.len() >= BULK_THRESHOLD => ep.send(&[], bytes).map_err(violation),
             Some(ep) => ep.send(bytes, &[]).map_err(violation),
         }
+    }
+
+    /// Sends `msg`, encoded, as one frame.
+    pub fn send_message<T: Serialize>(&mut self, msg: &T) -> io::Result<()> {
+        let bytes = encode(msg).map_err(io_err)?;
+        self.send_frame(&bytes)
     }
 
     /// Sends one frame with `fd` attached: on the socket in the same message,
@@ -228,6 +242,61 @@ fn frame_err(e: FrameError) -> io::Error {
     }
 }
 
+/// The server's end of a connection to a worker: its link, and the buffer
+/// replies are read into.
+pub struct Connection {
+    pub link: Link,
+    pub buf: Vec<u8>,
+}
+
+impl Connection {
+    /// A connection over `stream`, still on the socket.
+    pub fn new(stream: UnixStream) -> Result<Connection, CuError> {
+        let link = Link::new(stream, answer_spin_time()).map_err(|e| {
+            CuError::new(
+                codes::UNKNOWN,
+                format!("cannot clone the worker socket: {e}"),
+            )
+        })?;
+        Ok(Connection {
+            link,
+            buf: Vec::new(),
+        })
+    }
+
+    /// Moves the connection onto shared memory unless `CUMUX_WORKER_TRANSPORT`
+    /// says `socket`; a worker that refuses, or an area that cannot be made,
+    /// leaves it on the socket. An error: the socket itself failed.
+    pub fn offer_shm(&mut self) -> io::Result<()> {
+        if !shm_wanted() {
+            tracing::debug!("worker connection on its socket (CUMUX_WORKER_TRANSPORT=socket)");
+            return Ok(());
+        }
+        let request = encode(&WorkerRequest::ShmAttach {
+            layout: WORKER_LAYOUT,
+        })
+        .map_err(io_err)?;
+        let answer = |bytes: &[u8]| match decode::<WorkerReply>(bytes) {
+            Ok(WorkerReply {
+                result: Ok(WorkerValue::Unit),
+                ..
+            }) => Ok(()),
+            Ok(WorkerReply { result: Err(e), .. }) => Err(e.to_string()),
+            Ok(other) => Err(format!("answered {other:?}")),
+            Err(e) => Err(format!("an undecodable answer: {e}")),
+        };
+        let spin = answer_spin_time();
+        match self
+            .link
+            .offer_area(WORKER_LAYOUT, spin, &request, answer)?
+        {
+            Ok(()) => tracing::debug!("worker connection on shared memory"),
+            Err(why) => tracing::info!("worker connection stays on its socket: {why}"),
+        }
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -238,6 +307,23 @@ mod tests {
             Link::new(a, Duration::ZERO).unwrap(),
             Link::new(b, Duration::from_micros(20)).unwrap(),
         )
+    }
+
+    /// The worker's side of an offer of [`WORKER_LAYOUT`]: accepted, switched.
+    fn accept_offer(worker: &mut Link) {
+        let mut buf = Vec::new();
+        worker.recv_frame(&mut buf).unwrap();
+        let area = worker.accept_area(WORKER_LAYOUT).unwrap();
+        worker.send_frame(b"yes").unwrap();
+        worker.switch_to(area).unwrap();
+    }
+
+    /// The server's side: offers [`WORKER_LAYOUT`], which the worker accepts.
+    fn offer(server: &mut Link) {
+        let offered = server
+            .offer_area(WORKER_LAYOUT, Duration::ZERO, b"offer", |_| Ok(()))
+            .unwrap();
+        assert_eq!(offered, Ok(()));
     }
 
     /// Both sides switch through an offer; frames small and large, and a
@@ -356,16 +442,10 @@ mod tests {
         let (mut server, mut worker) = pair();
         let peer = std::thread::spawn(move || {
             let mut buf = Vec::new();
-            worker.recv_frame(&mut buf).unwrap();
-            let area = worker.accept_area(WORKER_LAYOUT).unwrap();
-            worker.send_frame(b"yes").unwrap();
-            worker.switch_to(area).unwrap();
+            accept_offer(&mut worker);
             worker.recv_frame(&mut buf).map(|()| buf)
         });
-        let offered = server
-            .offer_area(WORKER_LAYOUT, Duration::ZERO, b"offer", |_| Ok(()))
-            .unwrap();
-        assert_eq!(offered, Ok(()));
+        offer(&mut server);
         // The request ring's write position, far past anything written.
         let ep = server.shm.as_ref().unwrap();
         ep.area()
@@ -387,16 +467,10 @@ mod tests {
         let (mut server, mut worker) = pair();
         let peer = std::thread::spawn(move || {
             let mut buf = Vec::new();
-            worker.recv_frame(&mut buf).unwrap();
-            let area = worker.accept_area(WORKER_LAYOUT).unwrap();
-            worker.send_frame(b"yes").unwrap();
-            worker.switch_to(area).unwrap();
+            accept_offer(&mut worker);
             worker.recv_frame(&mut buf)
         });
-        let offered = server
-            .offer_area(WORKER_LAYOUT, Duration::ZERO, b"offer", |_| Ok(()))
-            .unwrap();
-        assert_eq!(offered, Ok(()));
+        offer(&mut server);
         std::thread::sleep(Duration::from_millis(20));
         let _ = server.socket().shutdown(std::net::Shutdown::Both);
         std::mem::forget(server);
@@ -410,19 +484,13 @@ mod tests {
         let (mut server, mut worker) = pair();
         let peer = std::thread::spawn(move || {
             let mut buf = Vec::new();
-            worker.recv_frame(&mut buf).unwrap();
-            let area = worker.accept_area(WORKER_LAYOUT).unwrap();
-            worker.send_frame(b"yes").unwrap();
-            worker.switch_to(area).unwrap();
+            accept_offer(&mut worker);
             worker.recv_frame(&mut buf).unwrap();
             // Gone without closing its end of the area, as a killed process is.
             let _ = worker.socket().shutdown(std::net::Shutdown::Both);
             std::mem::forget(worker);
         });
-        let offered = server
-            .offer_area(WORKER_LAYOUT, Duration::ZERO, b"offer", |_| Ok(()))
-            .unwrap();
-        assert_eq!(offered, Ok(()));
+        offer(&mut server);
         server.send_frame(b"call").unwrap();
         peer.join().unwrap();
         let mut buf = Vec::new();

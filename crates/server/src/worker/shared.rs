@@ -27,16 +27,18 @@
 
 use std::collections::{HashMap, HashSet};
 use std::os::fd::BorrowedFd;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 
 use cumux_protocol::pinned::HostMapping;
 use cumux_protocol::{CuError, DevicePtr, Handle, TensorMapRequest, DEFAULT_STREAM};
 
-use super::worker::WorkerContext;
-use super::{
+use super::context::WorkerContext;
+use crate::device::ordering::{EVENT_DISABLE_TIMING, NON_BLOCKING};
+use crate::device::{
     DeviceContext, LaunchGeometry, LaunchOutcome, LoadedModule, ModuleId, StreamOrdered,
     StreamWork, SyncTarget,
 };
+use crate::locking::lock;
 
 /// Session handles are below 2^40; the view's tag goes above.
 const TAG_SHIFT: u32 = 40;
@@ -44,8 +46,6 @@ const TAG_SHIFT: u32 = 40;
 const INTERNAL: Handle = 1 << 39;
 /// The session's default stream, in the view's range.
 const DEFAULT_SLOT: Handle = INTERNAL | 1;
-/// `CU_STREAM_NON_BLOCKING`.
-const NON_BLOCKING: u32 = 0x1;
 
 /// Device printf of one shared context, routed to the session whose kernel
 /// printed it. The driver writes a context's printf wherever the next wait
@@ -116,10 +116,6 @@ struct ViewState {
     printing_graphs: HashSet<Handle>,
     /// A failure of a printing launch's wait, for the session's next wait.
     deferred: Option<CuError>,
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl SharedView {
@@ -246,8 +242,8 @@ impl SharedView {
     fn order_event(&self, state: &mut ViewState, stream: Handle) -> Result<Handle, CuError> {
         let event = self.name(INTERNAL | 2 | (stream << 2));
         if state.internal_events.insert(event) {
-            // CU_EVENT_DISABLE_TIMING: an ordering point only.
-            if let Err(e) = self.conn.event_create(event, 0x2) {
+            // An ordering point only.
+            if let Err(e) = self.conn.event_create(event, EVENT_DISABLE_TIMING) {
                 state.internal_events.remove(&event);
                 return Err(e);
             }

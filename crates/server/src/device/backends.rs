@@ -1,0 +1,44 @@
+//! The backends this build has, as `cumux serve` makes them: the CPU reference
+//! device, the system's GPUs, and the memory a CPU-side device gets by default.
+
+use std::sync::Arc;
+
+use super::Device;
+
+/// The CPU reference device with `capacity` bytes of memory, if this build has
+/// it. A block of a launch that executes more than `launch_budget` instructions
+/// fails it with CUDA_ERROR_LAUNCH_TIMEOUT (702); 0 means no limit.
+pub fn cpu_device(capacity: u64, launch_budget: u64) -> Result<Arc<dyn Device>, String> {
+    #[cfg(feature = "cpu")]
+    return Ok(Arc::new(super::cpu::CpuDevice::with_launch_budget(
+        capacity,
+        launch_budget,
+    )));
+    #[cfg(not(feature = "cpu"))]
+    return Err(format!(
+        "this build of cumux-server has no CPU device (feature `cpu`); cannot serve {capacity} bytes (launch budget {launch_budget})"
+    ));
+}
+
+/// Every GPU of the system's CUDA driver, if this build has the `cuda` backend
+/// (feature `cuda`); an error says why there are none (no driver, no GPU).
+pub fn cuda_devices() -> Result<Vec<Arc<dyn Device>>, String> {
+    #[cfg(feature = "cuda")]
+    return super::cuda::load_devices();
+    #[cfg(not(feature = "cuda"))]
+    return Err("this build of cumux-server has no cuda backend (feature `cuda`)".into());
+}
+
+/// The default memory of a CPU-side device: a quarter of host RAM, at most 16 GiB.
+pub fn default_memory_bytes() -> u64 {
+    let quarter = host_memory_bytes().unwrap_or(4 << 30) / 4;
+    quarter.clamp(64 << 20, 16 << 30)
+}
+
+/// Total host RAM from `/proc/meminfo`, if readable.
+pub fn host_memory_bytes() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    kib.checked_mul(1024)
+}

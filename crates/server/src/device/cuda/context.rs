@@ -1,0 +1,493 @@
+//! [`CudaContext`]: one session's CUDA context, and its synchronous calls
+//! ([`DeviceContext`]): memory, modules and launches, each on the calling
+//! thread's stream, waited for; device printf caught in capture windows.
+//! Its stream order of its own is in [`super::ordered`].
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::ThreadId;
+
+use cumux_cuda_driver::capture::{image_may_print, StdoutCapture};
+use cumux_cuda_driver::sys::CU_STREAM_NON_BLOCKING;
+use cumux_cuda_driver::{
+    self as cu, CudaError, Event, Function, GraphExec, HostRegistration, LaunchConfig, Module,
+    Stream,
+};
+use cumux_protocol::hop_trace::{self, Hop};
+use cumux_protocol::pinned::HostMapping;
+use cumux_protocol::{codes, CuError, DevicePtr, Handle, TensorMapLayout, TensorMapRequest};
+
+use super::convert::{cu_err, fill_of, function_attrs, launch_attr, memset, param_infos};
+use crate::device::memory_use::ContextMemory;
+use crate::device::{
+    DeviceContext, GlobalDesc, KernelDesc, LaunchGeometry, LaunchOutcome, LoadedModule, ModuleId,
+    StreamOrdered,
+};
+use crate::locking::lock;
+
+/// Static shared memory a block may use without opting in.
+const DEFAULT_SHARED_LIMIT: u64 = 48 << 10;
+/// Blocks a cluster may hold without opting in (CUDA's portable size).
+const PORTABLE_CLUSTER_BLOCKS: u32 = 8;
+/// `CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED`.
+const FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED: i32 = 14;
+
+/// A kernel as the backend keeps it.
+pub(super) struct Kernel {
+    function: Function,
+    params_bytes: usize,
+    static_shared: u64,
+}
+
+/// A loaded module, and what it charged to the device's memory in use.
+struct CudaModule {
+    /// Kept for its lifetime: the module unloads when this and every
+    /// [`Kernel`] of it are gone.
+    _module: Module,
+    kernels: Vec<Arc<Kernel>>,
+    globals_bytes: u64,
+}
+
+/// One session's CUDA context.
+pub struct CudaContext {
+    /// `None` only while dropping.
+    ctx: Option<Arc<cu::Context>>,
+    sm: u32,
+    /// This context's allocations, in the device's bytes in use.
+    memory: ContextMemory,
+    next_module: Arc<AtomicU64>,
+    modules: Mutex<HashMap<ModuleId, CudaModule>>,
+    /// The stream of each thread that has called in.
+    streams: Mutex<HashMap<ThreadId, Arc<Stream>>>,
+    capture: Option<&'static StdoutCapture>,
+    /// A module that can print was loaded: flushing calls need capture windows.
+    prints: Arc<AtomicBool>,
+    /// Captured printf text not yet handed out with a launch.
+    pending_stdout: Mutex<Vec<u8>>,
+    /// The session's own streams and events ([`StreamOrdered`]).
+    pub(super) ordered: Mutex<OrderedState>,
+}
+
+/// The streams and events of a [`CudaContext`] used as [`StreamOrdered`].
+#[derive(Default)]
+pub(super) struct OrderedState {
+    pub(super) streams: HashMap<Handle, Arc<Stream>>,
+    pub(super) events: HashMap<Handle, Arc<Event>>,
+    /// The first failure of queued work, for the next waiting call.
+    pub(super) pending: Option<CuError>,
+    /// Pinned host regions: the worker's mapping, page-locked where the
+    /// driver allowed it (else copies from it are staged, still correct).
+    pins: HashMap<Handle, (Option<HostRegistration>, Arc<HostMapping>)>,
+    /// Graphs of launches, captured once ([`StreamOrdered::graph_create`]).
+    pub(super) graphs: HashMap<Handle, Arc<GraphExec>>,
+}
+
+impl CudaContext {
+    /// A session's context over `ctx`, counting its memory in `used`; its
+    /// printf is captured by `capture` once `prints` says a module can print.
+    pub(super) fn new(
+        ctx: Arc<cu::Context>,
+        sm: u32,
+        used: Arc<AtomicU64>,
+        next_module: Arc<AtomicU64>,
+        capture: Option<&'static StdoutCapture>,
+        prints: Arc<AtomicBool>,
+    ) -> Self {
+        CudaContext {
+            ctx: Some(ctx),
+            sm,
+            memory: ContextMemory::new(used),
+            next_module,
+            modules: Mutex::new(HashMap::new()),
+            streams: Mutex::new(HashMap::new()),
+            capture,
+            prints,
+            pending_stdout: Mutex::new(Vec::new()),
+            ordered: Mutex::new(OrderedState::default()),
+        }
+    }
+
+    pub(super) fn ctx(&self) -> Result<&Arc<cu::Context>, CuError> {
+        self.ctx
+            .as_ref()
+            .ok_or_else(|| CuError::new(codes::INVALID_CONTEXT, "the context is being destroyed"))
+    }
+
+    /// The capture to use for flushing calls, if this context can print.
+    pub(super) fn capture(&self) -> Option<&'static StdoutCapture> {
+        self.capture.filter(|_| self.prints.load(Ordering::Acquire))
+    }
+
+    /// The calling thread's stream, with the context current.
+    fn stream(&self) -> Result<Arc<Stream>, CuError> {
+        let ctx = self.ctx()?;
+        ctx.make_current().map_err(cu_err)?;
+        let id = std::thread::current().id();
+        let mut streams = lock(&self.streams);
+        if let Some(s) = streams.get(&id) {
+            return Ok(Arc::clone(s));
+        }
+        let stream = Arc::new(Stream::new(ctx, CU_STREAM_NON_BLOCKING, 0).map_err(cu_err)?);
+        streams.insert(id, Arc::clone(&stream));
+        Ok(stream)
+    }
+
+    /// Keeps captured printf text for the next launch's outcome.
+    pub(super) fn keep_stdout(&self, bytes: Vec<u8>) {
+        if !bytes.is_empty() {
+            lock(&self.pending_stdout).extend_from_slice(&bytes);
+        }
+    }
+
+    /// Finishes `stream`'s work and keeps what it printed.
+    pub(super) fn finish(&self, stream: &Stream) -> Result<(), CuError> {
+        let (result, out) = stream.finish(self.capture());
+        self.keep_stdout(out);
+        result.map_err(cu_err)
+    }
+
+    /// Runs a call that may flush printf in a capture window when needed.
+    pub(super) fn flushing<T>(&self, f: impl FnOnce() -> T) -> T {
+        match self.capture() {
+            Some(capture) => {
+                let (result, out) = capture.window(f);
+                self.keep_stdout(out);
+                result
+            }
+            None => f(),
+        }
+    }
+
+    fn kernel(&self, module: ModuleId, index: usize) -> Result<Arc<Kernel>, CuError> {
+        let modules = lock(&self.modules);
+        let m = modules
+            .get(&module)
+            .ok_or_else(|| CuError::new(codes::INVALID_HANDLE, "module not loaded"))?;
+        m.kernels
+            .get(index)
+            .cloned()
+            .ok_or_else(|| CuError::new(codes::INVALID_HANDLE, "no such kernel"))
+    }
+
+    fn launch_inner(
+        &self,
+        module: ModuleId,
+        index: usize,
+        geometry: &LaunchGeometry,
+        params: &[u8],
+    ) -> Result<(), CuError> {
+        let stream = self.stream()?;
+        self.launch_on(&stream, module, index, geometry, params)?;
+        self.finish(&stream)
+    }
+
+    /// Queues a launch on `stream` without waiting for it.
+    pub(super) fn launch_on(
+        &self,
+        stream: &Stream,
+        module: ModuleId,
+        index: usize,
+        geometry: &LaunchGeometry,
+        params: &[u8],
+    ) -> Result<(), CuError> {
+        let kernel = self.kernel(module, index)?;
+        let dynamic = u64::from(geometry.dynamic_shared_bytes);
+        if dynamic + kernel.static_shared > DEFAULT_SHARED_LIMIT {
+            // The session has checked the size against the GPU's opt-in limit;
+            // opt the kernel in as a native program would have.
+            let value = i32::try_from(dynamic).unwrap_or(i32::MAX);
+            kernel
+                .function
+                .set_attribute(
+                    cu::sys::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    value,
+                )
+                .map_err(cu_err)?;
+        }
+        if geometry
+            .cluster()
+            .is_some_and(|c| c.iter().product::<u32>() > PORTABLE_CLUSTER_BLOCKS)
+        {
+            // As for shared memory: the session has checked the size against
+            // the GPU; opt the kernel in to a non-portable cluster size.
+            kernel
+                .function
+                .set_attribute(FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1)
+                .map_err(cu_err)?;
+        }
+        let config = LaunchConfig {
+            grid: geometry.grid,
+            block: geometry.block,
+            dynamic_shared_bytes: geometry.dynamic_shared_bytes,
+            attributes: geometry.attributes.iter().map(launch_attr).collect(),
+        };
+        hop_trace::mark(Hop::Step, "configured");
+        // A launch flushes printf of earlier kernels of this context.
+        self.flushing(|| {
+            kernel
+                .function
+                .launch(stream, &config, params, kernel.params_bytes)
+        })
+        .map_err(cu_err)
+    }
+
+    /// How the backend keeps `function`, and how the client sees it.
+    fn describe(function: &Function) -> Result<(Kernel, KernelDesc), CudaError> {
+        let layout = function.param_layout()?;
+        let attrs = function.attributes()?;
+        let kernel = Kernel {
+            function: function.clone(),
+            params_bytes: cu::image::params_bytes(&layout),
+            static_shared: u64::try_from(attrs.shared_size_bytes).unwrap_or(0),
+        };
+        let desc = KernelDesc {
+            name: function.name()?,
+            params: param_infos(&layout),
+            attrs: function_attrs(&attrs),
+        };
+        Ok((kernel, desc))
+    }
+
+    /// `result` with the captured printf text.
+    pub(super) fn outcome(&self, result: Result<(), CuError>) -> LaunchOutcome {
+        LaunchOutcome {
+            stdout: std::mem::take(&mut *lock(&self.pending_stdout)),
+            result,
+        }
+    }
+}
+
+impl DeviceContext for CudaContext {
+    fn mem_alloc(&self, bytes: u64) -> Result<DevicePtr, CuError> {
+        let ptr = self.ctx()?.mem_alloc(bytes).map_err(cu_err)?;
+        self.memory.allocated(ptr, bytes);
+        Ok(ptr)
+    }
+
+    fn mem_free(&self, ptr: DevicePtr) -> Result<(), CuError> {
+        self.ctx()?.mem_free(ptr).map_err(cu_err)?;
+        self.memory.freed(ptr);
+        Ok(())
+    }
+
+    fn mem_read(&self, src: DevicePtr, buf: &mut [u8]) -> Result<(), CuError> {
+        let stream = self.stream()?;
+        let (result, out) = stream.copy_dtoh_sync(buf, src, self.capture());
+        self.keep_stdout(out);
+        result.map_err(cu_err)
+    }
+
+    fn mem_write(&self, dst: DevicePtr, data: &[u8]) -> Result<(), CuError> {
+        let stream = self.stream()?;
+        let (result, out) = stream.copy_htod_sync(dst, data, self.capture());
+        self.keep_stdout(out);
+        result.map_err(cu_err)
+    }
+
+    fn mem_copy(&self, dst: DevicePtr, src: DevicePtr, bytes: u64) -> Result<(), CuError> {
+        let stream = self.stream()?;
+        stream.copy_dtod(dst, src, bytes).map_err(cu_err)?;
+        self.finish(&stream)
+    }
+
+    fn mem_fill(&self, dst: DevicePtr, pattern: &[u8], count: u64) -> Result<(), CuError> {
+        let fill = fill_of(pattern)?;
+        let stream = self.stream()?;
+        memset(&stream, dst, fill, count)?;
+        self.finish(&stream)
+    }
+
+    fn module_load(&self, image: &[u8]) -> Result<LoadedModule, CuError> {
+        let ctx = self.ctx()?;
+        if self.capture.is_some() && image_may_print(image) {
+            self.prints.store(true, Ordering::Release);
+        }
+        let module = self
+            .flushing(|| Module::load(ctx, image, self.sm))
+            .map_err(cu_err)?;
+        tracing::debug!(
+            kind = ?module.kind(),
+            code = %module.code(),
+            "cuda: module loaded"
+        );
+        let functions = module.functions().map_err(cu_err)?;
+        let mut kernels = Vec::with_capacity(functions.len());
+        let mut descs = Vec::with_capacity(functions.len());
+        for function in &functions {
+            match Self::describe(function) {
+                Ok((kernel, desc)) => {
+                    descs.push(desc);
+                    kernels.push(Arc::new(kernel));
+                }
+                // A function the driver lists but cannot describe is left
+                // out; a dead context fails the load.
+                Err(e) if e.code == codes::INVALID_CONTEXT || e.code >= 700 && e.code < 800 => {
+                    return Err(cu_err(e))
+                }
+                Err(e) => tracing::warn!("cuda: a function of the module is left out: {e}"),
+            }
+        }
+        let globals: Vec<GlobalDesc> = module
+            .globals()
+            .into_iter()
+            .map(|(name, ptr, size)| GlobalDesc { name, ptr, size })
+            .collect();
+        let globals_bytes = globals.iter().map(|g| g.size).sum();
+        self.memory.charge(globals_bytes);
+        let id = self.next_module.fetch_add(1, Ordering::Relaxed);
+        lock(&self.modules).insert(
+            id,
+            CudaModule {
+                _module: module,
+                kernels,
+                globals_bytes,
+            },
+        );
+        Ok(LoadedModule {
+            id,
+            kernels: descs,
+            globals,
+        })
+    }
+
+    fn module_unload(&self, module: ModuleId) {
+        let removed = lock(&self.modules).remove(&module);
+        if let Some(m) = removed {
+            self.memory.release(m.globals_bytes);
+            // cuModuleUnload flushes printf.
+            self.flushing(|| drop(m));
+        }
+    }
+
+    fn launch(
+        &self,
+        module: ModuleId,
+        kernel: usize,
+        geometry: &LaunchGeometry,
+        params: &[u8],
+    ) -> LaunchOutcome {
+        let result = self.launch_inner(module, kernel, geometry, params);
+        self.outcome(result)
+    }
+
+    fn stream_ordered(&self) -> Option<&dyn StreamOrdered> {
+        Some(self)
+    }
+
+    fn host_register(
+        &self,
+        region: Handle,
+        mapping: &Arc<HostMapping>,
+        _fd: std::os::fd::BorrowedFd<'_>,
+    ) -> Result<(), CuError> {
+        let ctx = self.ctx()?;
+        // SAFETY: the mapping is kept next to the registration, which is
+        // dropped (after the context's work) before the mapping is.
+        let pinned = unsafe { HostRegistration::new(ctx, mapping.as_ptr(), mapping.len(), 0) };
+        let pinned = pinned
+            .inspect_err(|e| tracing::debug!(region, "cuda: host region left pageable: {e}"))
+            .ok();
+        lock(&self.ordered)
+            .pins
+            .insert(region, (pinned, Arc::clone(mapping)));
+        Ok(())
+    }
+
+    fn host_unregister(&self, region: Handle) {
+        // Copies that may still use it finish first.
+        if let Ok(ctx) = self.ctx() {
+            if let Err(e) = self.flushing(|| ctx.synchronize()) {
+                lock(&self.ordered).pending.get_or_insert(cu_err(e));
+            }
+        }
+        let pin = lock(&self.ordered).pins.remove(&region);
+        drop(pin);
+    }
+
+    fn tensor_map_encode(&self, request: &TensorMapRequest) -> Result<Vec<u8>, CuError> {
+        let shape = cu::TensorShape {
+            data_type: request.data_type,
+            rank: request.rank,
+            address: request.global_address,
+            dims: &request.global_dim,
+            strides: &request.global_strides,
+            element_strides: &request.element_strides,
+            interleave: request.interleave,
+            swizzle: request.swizzle,
+            l2_promotion: request.l2_promotion,
+            oob_fill: request.oob_fill,
+        };
+        let tile = match &request.layout {
+            TensorMapLayout::Tiled { box_dim } => cu::TensorTile::Tiled { box_dim },
+            TensorMapLayout::Im2col {
+                lower_corner,
+                upper_corner,
+                channels_per_pixel,
+                pixels_per_column,
+            } => cu::TensorTile::Im2col {
+                lower: lower_corner,
+                upper: upper_corner,
+                channels: *channels_per_pixel,
+                pixels: *pixels_per_column,
+            },
+            TensorMapLayout::Im2colWide {
+                lower_corner_width,
+                upper_corner_width,
+                channels_per_pixel,
+                pixels_per_column,
+                mode,
+            } => cu::TensorTile::Im2colWide {
+                lower_width: *lower_corner_width,
+                upper_width: *upper_corner_width,
+                channels: *channels_per_pixel,
+                pixels: *pixels_per_column,
+                mode: *mode,
+            },
+        };
+        let driver = self.ctx()?.driver();
+        driver
+            .tensor_map_encode(&shape, &tile)
+            .map(|bytes| bytes.to_vec())
+            .map_err(cu_err)
+    }
+}
+
+impl Drop for CudaContext {
+    fn drop(&mut self) {
+        let modules: Vec<CudaModule> = lock(&self.modules).drain().map(|(_, m)| m).collect();
+        let globals = modules.iter().map(|m| m.globals_bytes).sum();
+        let allocations = self.memory.release_all(globals);
+        let mut streams: Vec<Arc<Stream>> = lock(&self.streams).drain().map(|(_, s)| s).collect();
+        let ordered = std::mem::take(&mut *lock(&self.ordered));
+        streams.extend(ordered.streams.into_values());
+        let events = ordered.events;
+        let pins = ordered.pins;
+        let ctx = self.ctx.take();
+        // Destroying a context flushes its printf buffer; the session is gone,
+        // so whatever is captured is dropped rather than reaching our stdout.
+        let teardown = move || {
+            drop(events);
+            drop(streams);
+            // Copies into pinned regions end before they are unregistered.
+            if let (false, Some(ctx)) = (pins.is_empty(), &ctx) {
+                let _ = ctx.synchronize();
+            }
+            drop(pins);
+            drop(modules);
+            if let Some(ctx) = ctx {
+                if ctx.is_primary() {
+                    // A shared context outlives the session: free what it held.
+                    for (ptr, _) in &allocations {
+                        let _ = ctx.mem_free(*ptr);
+                    }
+                }
+                drop(ctx);
+            }
+        };
+        match self.capture() {
+            Some(capture) => drop(capture.window(teardown)),
+            None => teardown(),
+        }
+    }
+}

@@ -1,0 +1,70 @@
+//! What the backends that keep CUDA's stream order share: the stream and event
+//! flags they read, the errors they give alike, and the steps of running
+//! [`StreamWork`] that do not depend on the device.
+
+use std::time::Instant;
+
+use cumux_protocol::{codes, CuError, DevicePtr, Handle};
+
+use super::signals::SignalArea;
+use super::StreamWork;
+
+/// `CU_STREAM_NON_BLOCKING`: the stream does not synchronize with the default stream.
+pub const NON_BLOCKING: u32 = 0x1;
+/// `CU_EVENT_DISABLE_TIMING`: the event is an ordering point only.
+pub const EVENT_DISABLE_TIMING: u32 = 0x2;
+
+/// The error for a stream, event or graph handle the context does not have.
+pub fn unknown(what: &str, h: Handle) -> CuError {
+    CuError::new(codes::INVALID_HANDLE, format!("unknown {what} {h:#x}"))
+}
+
+/// Refuses a graph of anything but launches ([`super::StreamOrdered::graph_create`]).
+pub fn launches_only(launches: &[StreamWork]) -> Result<(), CuError> {
+    if launches
+        .iter()
+        .all(|l| matches!(l, StreamWork::Launch { .. }))
+    {
+        return Ok(());
+    }
+    Err(CuError::new(
+        codes::INVALID_VALUE,
+        "a graph of launches only",
+    ))
+}
+
+/// Runs `fill_row` at the start of each of the `height` rows of a
+/// [`StreamWork::Fill`], `pitch` bytes apart from `dst` on; stops at a failure.
+pub fn fill_rows(
+    dst: DevicePtr,
+    pitch: u64,
+    height: u64,
+    mut fill_row: impl FnMut(DevicePtr) -> Result<(), CuError>,
+) -> Result<(), CuError> {
+    (0..height).try_for_each(|row| fill_row(dst.wrapping_add(row.wrapping_mul(pitch))))
+}
+
+/// Raises counter `slot` of `area` to `value` (the earlier work is done).
+pub fn store_signal(area: &SignalArea, slot: u32, value: u64) -> Result<(), CuError> {
+    match area.store(slot, value) {
+        true => Ok(()),
+        false => Err(CuError::new(
+            codes::INVALID_VALUE,
+            format!("signal slot {slot}"),
+        )),
+    }
+}
+
+/// The error of a [`StreamWork::Signal`] that reached no signal area.
+pub fn no_signal_area() -> CuError {
+    CuError::new(codes::INVALID_VALUE, "a signal without an area")
+}
+
+/// Milliseconds from `start` to `end`, negative when `end` came first.
+pub fn elapsed_ms(start: Instant, end: Instant) -> f32 {
+    if end >= start {
+        ((end - start).as_secs_f64() * 1e3) as f32
+    } else {
+        -((start - end).as_secs_f64() * 1e3) as f32
+    }
+}

@@ -1,0 +1,796 @@
+//! [`WorkerContext`]: the server's side of one context in a worker process (a
+//! session's own, or one connection to a `shared` context). It implements
+//! [`DeviceContext`] and [`StreamOrdered`] by round trips to the worker, except
+//! stream-ordered work, which it posts unanswered; it starts its worker at the
+//! first call (taking the device's spare), keeps the fault or death that ends
+//! the context, and waits for a call's printf to come through the stdout tap.
+
+use std::collections::HashMap;
+use std::io::{self, Read};
+use std::os::fd::BorrowedFd;
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::Child;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use cumux_protocol::framing::MAX_CHUNK_BYTES;
+use cumux_protocol::hop_trace::{self, Hop};
+use cumux_protocol::pinned::HostMapping;
+use cumux_protocol::{
+    codes, decode, encode, write_frame, CuError, DevicePtr, Handle, TensorMapRequest,
+};
+
+use super::link::{io_err, Connection};
+use super::spawn::{reap, reap_in_background, reset_by_killing, Launcher, Spawned, READY_WAIT};
+use super::stdout_tap::StdoutTap;
+use super::watchdog::{AreaWatch, ContextWatch};
+use super::wire::{
+    WireWork, WorkerReply, WorkerRequest, WorkerValue, MAX_IMAGE_PARTS, NONCE_BYTES,
+};
+use crate::device::memory_use::ContextMemory;
+use crate::device::signals::SignalArea;
+use crate::device::{
+    DeviceContext, LaunchGeometry, LaunchOutcome, LoadedModule, ModuleId, StreamOrdered,
+    StreamWork, SyncTarget,
+};
+use crate::locking::lock;
+
+/// One session's context in a worker process.
+pub struct WorkerContext {
+    /// The connection to the worker; `None` until the first call starts it.
+    conn: Mutex<Option<Connection>>,
+    /// Where the worker comes from (`None`: attached by [`WorkerContext::attach`]).
+    launcher: Option<Arc<Launcher>>,
+    /// The fault or death that ends this context: every later call fails with it.
+    /// Shared by every connection to the same worker context.
+    sticky: Arc<Mutex<Option<CuError>>>,
+    /// The worker's printf, read from its stdout (replaced if a start is retried).
+    tap: Mutex<Arc<StdoutTap>>,
+    /// The worker process (the context's first connection's alone).
+    child: Arc<Mutex<Option<Child>>>,
+    /// The kernel watchdog's view of this context, shared by its connections.
+    watch: Option<Arc<ContextWatch>>,
+    /// This connection's signal area, as the watchdog reads it.
+    area_watch: Mutex<Option<Arc<AreaWatch>>>,
+    /// This connection's allocations, in the device's bytes in use.
+    memory: ContextMemory,
+    next_module: Arc<AtomicU64>,
+    /// Device-wide module id → the worker's id and the bytes of its globals.
+    modules: Mutex<HashMap<ModuleId, (ModuleId, u64)>>,
+    /// A failure of stream-ordered work found here, before posting it.
+    deferred: Mutex<Option<CuError>>,
+    /// Where further connections to this worker's context come in, once asked.
+    sessions: Mutex<Option<(PathBuf, [u8; NONCE_BYTES])>>,
+}
+
+impl WorkerContext {
+    /// A context whose worker `launcher` starts at the first call.
+    pub fn new(
+        launcher: Option<Arc<Launcher>>,
+        used: Arc<AtomicU64>,
+        next_module: Arc<AtomicU64>,
+    ) -> WorkerContext {
+        let sticky = Arc::new(Mutex::new(None));
+        let child = Arc::new(Mutex::new(None));
+        let watch = launcher
+            .as_ref()
+            .and_then(|l| l.watchdog())
+            .map(|dog| dog.watch(reset_by_killing(&sticky, &child)));
+        WorkerContext {
+            conn: Mutex::new(None),
+            launcher,
+            sticky,
+            tap: Mutex::new(Arc::new(StdoutTap::default())),
+            child,
+            watch,
+            area_watch: Mutex::new(None),
+            memory: ContextMemory::new(used),
+            next_module,
+            modules: Mutex::new(HashMap::new()),
+            deferred: Mutex::new(None),
+            sessions: Mutex::new(None),
+        }
+    }
+
+    /// A context over a worker already running: `conn` is its socket, `stdout`
+    /// the read end of its fd 1 (a thread serving in-process, in tests). Waits
+    /// for the worker to be ready.
+    pub fn attach(
+        conn: UnixStream,
+        stdout: impl Read + Send + 'static,
+        nonce: [u8; NONCE_BYTES],
+        used: Arc<AtomicU64>,
+        next_module: Arc<AtomicU64>,
+    ) -> Result<WorkerContext, CuError> {
+        let ctx = WorkerContext::new(None, used, next_module);
+        let connection = ctx.connect(conn, stdout, nonce)?;
+        *lock(&ctx.conn) = Some(connection);
+        Ok(ctx)
+    }
+
+    /// Reads `stdout` on a thread of its own and waits for the worker's ready.
+    fn connect(
+        &self,
+        stream: UnixStream,
+        stdout: impl Read + Send + 'static,
+        nonce: [u8; NONCE_BYTES],
+    ) -> Result<Connection, CuError> {
+        let tap = Arc::new(StdoutTap::default());
+        *lock(&self.tap) = Arc::clone(&tap);
+        std::thread::Builder::new()
+            .name("cumux-worker-stdout".into())
+            .spawn(move || tap.read_all(stdout, nonce))
+            .map_err(|e| {
+                CuError::new(codes::UNKNOWN, format!("cannot start a stdout reader: {e}"))
+            })?;
+        let mut conn = Connection::new(stream)?;
+        let _ = conn.link.socket().set_read_timeout(Some(READY_WAIT));
+        let ready = self.receive(&mut conn);
+        let _ = conn.link.socket().set_read_timeout(None);
+        match ready {
+            Ok(WorkerReply {
+                result: Ok(WorkerValue::Ready),
+                ..
+            }) => {
+                conn.offer_shm().map_err(|e| {
+                    CuError::new(
+                        codes::UNKNOWN,
+                        format!("the worker failed at the transport offer: {e}"),
+                    )
+                })?;
+                Ok(conn)
+            }
+            Ok(WorkerReply { result: Err(e), .. }) => Err(e),
+            Ok(other) => Err(CuError::new(
+                codes::UNKNOWN,
+                format!("the worker started with {other:?}"),
+            )),
+            Err(e) => Err(CuError::new(
+                codes::UNKNOWN,
+                format!("the worker never became ready: {e}"),
+            )),
+        }
+    }
+
+    /// Starts this context's worker now, if it has not started.
+    pub fn start_now(&self) -> Result<(), CuError> {
+        let mut slot = lock(&self.conn);
+        self.connection(&mut slot).map(|_| ())
+    }
+
+    /// Starts the worker of a context made by [`WorkerContext::new`].
+    /// A spare that fails to attach (it died idle) is replaced by a fresh
+    /// worker once; a new spare starts warming up either way.
+    fn start(&self) -> Result<Connection, CuError> {
+        let Some(launcher) = &self.launcher else {
+            return Err(CuError::new(
+                codes::INVALID_CONTEXT,
+                "the context's worker is gone",
+            ));
+        };
+        let (spawned, warm) = launcher.take()?;
+        let attached = self.adopt(spawned);
+        launcher.refill();
+        match attached {
+            Err(e) if warm => {
+                tracing::warn!("the spare worker failed ({e}); starting another");
+                self.adopt(launcher.spawn()?)
+            }
+            other => other,
+        }
+    }
+
+    /// Makes `spawned` this context's worker.
+    fn adopt(&self, spawned: Spawned) -> Result<Connection, CuError> {
+        let Spawned {
+            child,
+            stream,
+            stdout,
+            nonce,
+        } = spawned;
+        *lock(&self.child) = Some(child);
+        self.connect(stream, stdout, nonce).inspect_err(|_| {
+            if let Some(child) = lock(&self.child).take() {
+                reap(child, Duration::from_secs(1));
+            }
+        })
+    }
+
+    /// How this context's calls reach its worker: `shm`, `socket`, or `none`
+    /// before the worker starts.
+    pub fn transport(&self) -> &'static str {
+        match &*lock(&self.conn) {
+            Some(conn) if conn.link.is_shm() => "shm",
+            Some(_) => "socket",
+            None => "none",
+        }
+    }
+
+    /// The worker's process id, if it is a process.
+    pub fn pid(&self) -> Option<u32> {
+        lock(&self.child).as_ref().map(Child::id)
+    }
+
+    fn receive(&self, conn: &mut Connection) -> io::Result<WorkerReply> {
+        conn.link.recv_frame(&mut conn.buf).map_err(io_err)?;
+        decode(&conn.buf).map_err(io_err)
+    }
+
+    fn sticky(&self) -> Option<CuError> {
+        lock(&self.sticky).clone()
+    }
+
+    /// Whether the context is unusable: its worker died or a fault poisoned it.
+    pub fn is_dead(&self) -> bool {
+        self.sticky().is_some()
+    }
+
+    /// Where further connections to this context come in, once opened.
+    pub fn sessions_address(&self) -> Option<(PathBuf, [u8; NONCE_BYTES])> {
+        lock(&self.sessions).clone()
+    }
+
+    /// A further connection to this context's worker, served on a thread of
+    /// its own there (`shared` mode): its calls and waits hold up no other
+    /// connection's. It shares this context's fate (a fault or the worker's
+    /// death ends both) and printf stream; its memory and modules are its own
+    /// to track.
+    pub fn open_connection(&self) -> Result<WorkerContext, CuError> {
+        let known = lock(&self.sessions).clone();
+        let (path, token) = match known {
+            Some(found) => found,
+            None => match self.call(&WorkerRequest::OpenSessions, &[], None)? {
+                WorkerValue::Sessions { path, token } => {
+                    let found = (PathBuf::from(path), token);
+                    *lock(&self.sessions) = Some(found.clone());
+                    found
+                }
+                other => return Err(unexpected(&other)),
+            },
+        };
+        let fail = |e: io::Error| {
+            CuError::new(
+                codes::UNKNOWN,
+                format!("cannot connect to the shared worker: {e}"),
+            )
+        };
+        let mut stream = UnixStream::connect(&path).map_err(fail)?;
+        write_frame(&mut stream, &token).map_err(|e| fail(io_err(e)))?;
+        let mut conn = Connection::new(stream)?;
+        conn.offer_shm().map_err(fail)?;
+        Ok(WorkerContext {
+            conn: Mutex::new(Some(conn)),
+            launcher: None,
+            sticky: Arc::clone(&self.sticky),
+            tap: Mutex::new(Arc::clone(&lock(&self.tap))),
+            child: Arc::new(Mutex::new(None)),
+            watch: self.watch.clone(),
+            area_watch: Mutex::new(None),
+            memory: ContextMemory::new(Arc::clone(self.memory.device_used())),
+            next_module: Arc::clone(&self.next_module),
+            modules: Mutex::new(HashMap::new()),
+            deferred: Mutex::new(None),
+            sessions: Mutex::new(None),
+        })
+    }
+
+    /// Records that the worker is gone; the error every later call gets.
+    fn died(&self, why: &io::Error) -> CuError {
+        let mut sticky = lock(&self.sticky);
+        if let Some(e) = &*sticky {
+            return e.clone();
+        }
+        let e = CuError::new(
+            codes::LAUNCH_FAILED,
+            format!("the session's worker process died ({why})"),
+        );
+        tracing::warn!(pid = ?self.pid(), "{e}");
+        *sticky = Some(e.clone());
+        drop(sticky);
+        // Reap it now (it is exiting) so no zombie waits for the session to end.
+        if let Some(child) = lock(&self.child).take() {
+            reap(child, Duration::from_secs(1));
+        }
+        e
+    }
+
+    /// One round trip: the request, its raw frames, the reply and any bytes
+    /// read back into `back`.
+    fn call(
+        &self,
+        request: &WorkerRequest,
+        frames: &[&[u8]],
+        back: Option<&mut [u8]>,
+    ) -> Result<WorkerValue, CuError> {
+        self.call_passing(request, None, frames, back)
+    }
+
+    /// [`WorkerContext::call`], with `fd` sent along with the request (`SCM_RIGHTS`).
+    fn call_passing(
+        &self,
+        request: &WorkerRequest,
+        fd: Option<BorrowedFd<'_>>,
+        frames: &[&[u8]],
+        back: Option<&mut [u8]>,
+    ) -> Result<WorkerValue, CuError> {
+        if let Some(e) = self.sticky() {
+            return Err(e);
+        }
+        let kind: &'static str = request.into();
+        let mut slot = lock(&self.conn);
+        let conn = self.connection(&mut slot)?;
+        hop_trace::mark(Hop::ServerForward, kind);
+        let exchanged = (|| -> io::Result<WorkerReply> {
+            match fd {
+                None => conn.link.send_message(request)?,
+                Some(fd) => {
+                    let bytes = encode(request).map_err(io_err)?;
+                    conn.link.send_frame_with_fd(&bytes, fd)?;
+                }
+            }
+            for frame in frames {
+                conn.link.send_frame(frame)?;
+            }
+            let reply = self.receive(conn)?;
+            if let Ok(WorkerValue::Bytes) = &reply.result {
+                conn.link.recv_frame(&mut conn.buf).map_err(io_err)?;
+                match back {
+                    Some(back) if back.len() == conn.buf.len() => back.copy_from_slice(&conn.buf),
+                    _ => {
+                        return Err(io_err(format!(
+                            "{} unexpected bytes back from the worker",
+                            conn.buf.len()
+                        )))
+                    }
+                }
+            }
+            Ok(reply)
+        })();
+        drop(slot);
+        hop_trace::mark(Hop::ServerBack, kind);
+        let reply = match exchanged {
+            Ok(reply) => reply,
+            Err(e) => return Err(self.died(&e)),
+        };
+        if let Some(seq) = reply.marker {
+            let tap = Arc::clone(&lock(&self.tap));
+            tap.wait_for(seq);
+            hop_trace::mark(Hop::PrintfMarker, kind);
+        }
+        match reply.result {
+            Err(e) if codes::is_fatal(e.code) => {
+                lock(&self.sticky).get_or_insert_with(|| e.clone());
+                Err(e)
+            }
+            other => other,
+        }
+    }
+
+    /// The worker's connection, starting the worker at the first call.
+    fn connection<'a>(
+        &self,
+        slot: &'a mut Option<Connection>,
+    ) -> Result<&'a mut Connection, CuError> {
+        if slot.is_none() {
+            match self.start() {
+                Ok(conn) => *slot = Some(conn),
+                Err(e) => {
+                    tracing::warn!("a session's worker did not start: {e}");
+                    lock(&self.sticky).get_or_insert_with(|| e.clone());
+                    return Err(e);
+                }
+            }
+        }
+        slot.as_mut()
+            .ok_or_else(|| CuError::new(codes::INVALID_CONTEXT, "no worker"))
+    }
+
+    /// Sends a request the worker does not answer, and its raw frames. A
+    /// failure is kept for the next waiting call.
+    fn post(&self, request: &WorkerRequest, frames: &[&[u8]]) {
+        if self.sticky().is_some() {
+            return;
+        }
+        let mut slot = lock(&self.conn);
+        let conn = match self.connection(&mut slot) {
+            Ok(conn) => conn,
+            Err(_) => return,
+        };
+        hop_trace::mark(Hop::ServerForward, request.into());
+        let sent = (|| -> io::Result<()> {
+            conn.link.send_message(request)?;
+            for frame in frames {
+                conn.link.send_frame(frame)?;
+            }
+            Ok(())
+        })();
+        drop(slot);
+        hop_trace::mark(Hop::Step, "posted");
+        if let Err(e) = sent {
+            self.died(&e);
+        }
+    }
+
+    /// Keeps a failure found before work could be posted, for the next waiting call.
+    fn defer(&self, e: CuError) {
+        lock(&self.deferred).get_or_insert(e);
+    }
+
+    /// `result`, unless posted work failed before it; with the printf text.
+    fn waited(&self, result: Result<(), CuError>) -> LaunchOutcome {
+        let result = match lock(&self.deferred).take() {
+            Some(e) => Err(e),
+            None => result,
+        };
+        LaunchOutcome {
+            stdout: Arc::clone(&lock(&self.tap)).take(),
+            result,
+        }
+    }
+
+    /// Reads `buf` from `src` a frame's worth at a time, each part by the
+    /// request `part` makes of its address and length.
+    fn read_chunks(
+        &self,
+        src: DevicePtr,
+        buf: &mut [u8],
+        part: impl Fn(DevicePtr, u64) -> WorkerRequest,
+    ) -> Result<(), CuError> {
+        let mut offset = 0u64;
+        for chunk in buf.chunks_mut(MAX_CHUNK_BYTES) {
+            let request = part(src.wrapping_add(offset), chunk.len() as u64);
+            offset += chunk.len() as u64;
+            match self.call(&request, &[], Some(chunk))? {
+                WorkerValue::Bytes => {}
+                other => return Err(unexpected(&other)),
+            }
+        }
+        Ok(())
+    }
+
+    fn unit(&self, request: &WorkerRequest, frames: &[&[u8]]) -> Result<(), CuError> {
+        match self.call(request, frames, None)? {
+            WorkerValue::Unit => Ok(()),
+            other => Err(unexpected(&other)),
+        }
+    }
+}
+
+fn unexpected(value: &WorkerValue) -> CuError {
+    CuError::new(
+        codes::UNKNOWN,
+        format!("unexpected answer from the worker: {value:?}"),
+    )
+}
+
+impl DeviceContext for WorkerContext {
+    fn mem_alloc(&self, bytes: u64) -> Result<DevicePtr, CuError> {
+        match self.call(&WorkerRequest::MemAlloc { bytes }, &[], None)? {
+            WorkerValue::Ptr(ptr) => {
+                self.memory.allocated(ptr, bytes);
+                Ok(ptr)
+            }
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    fn mem_free(&self, ptr: DevicePtr) -> Result<(), CuError> {
+        self.unit(&WorkerRequest::MemFree { ptr }, &[])?;
+        self.memory.freed(ptr);
+        Ok(())
+    }
+
+    fn mem_read(&self, src: DevicePtr, buf: &mut [u8]) -> Result<(), CuError> {
+        self.read_chunks(src, buf, |src, len| WorkerRequest::MemRead { src, len })
+    }
+
+    fn mem_write(&self, dst: DevicePtr, data: &[u8]) -> Result<(), CuError> {
+        let mut offset = 0u64;
+        for part in data.chunks(MAX_CHUNK_BYTES) {
+            let request = WorkerRequest::MemWrite {
+                dst: dst.wrapping_add(offset),
+            };
+            offset += part.len() as u64;
+            self.unit(&request, &[part])?;
+        }
+        Ok(())
+    }
+
+    fn mem_copy(&self, dst: DevicePtr, src: DevicePtr, bytes: u64) -> Result<(), CuError> {
+        self.unit(&WorkerRequest::MemCopy { dst, src, bytes }, &[])
+    }
+
+    fn mem_fill(&self, dst: DevicePtr, pattern: &[u8], count: u64) -> Result<(), CuError> {
+        let request = WorkerRequest::MemFill {
+            dst,
+            pattern: pattern.to_vec(),
+            count,
+        };
+        self.unit(&request, &[])
+    }
+
+    fn module_load(&self, image: &[u8]) -> Result<LoadedModule, CuError> {
+        let parts: Vec<&[u8]> = image.chunks(MAX_CHUNK_BYTES).collect();
+        let count = u32::try_from(parts.len())
+            .ok()
+            .filter(|n| *n <= MAX_IMAGE_PARTS)
+            .ok_or_else(|| {
+                CuError::new(
+                    codes::INVALID_IMAGE,
+                    format!("an image of {} bytes", image.len()),
+                )
+            })?;
+        let module = match self.call(&WorkerRequest::ModuleLoad { parts: count }, &parts, None)? {
+            WorkerValue::Module(m) => LoadedModule::from(m),
+            other => return Err(unexpected(&other)),
+        };
+        let globals_bytes: u64 = module.globals.iter().map(|g| g.size).sum();
+        self.memory.charge(globals_bytes);
+        let id = self.next_module.fetch_add(1, Ordering::Relaxed);
+        lock(&self.modules).insert(id, (module.id, globals_bytes));
+        Ok(LoadedModule { id, ..module })
+    }
+
+    fn module_unload(&self, module: ModuleId) {
+        let Some((local, globals_bytes)) = lock(&self.modules).remove(&module) else {
+            return;
+        };
+        self.memory.release(globals_bytes);
+        if let Err(e) = self.unit(&WorkerRequest::ModuleUnload { module: local }, &[]) {
+            tracing::debug!("worker module unload: {e}");
+        }
+    }
+
+    fn launch(
+        &self,
+        module: ModuleId,
+        kernel: usize,
+        geometry: &LaunchGeometry,
+        params: &[u8],
+    ) -> LaunchOutcome {
+        let local = lock(&self.modules).get(&module).map(|(local, _)| *local);
+        let result = match local {
+            None => Err(CuError::new(codes::INVALID_HANDLE, "module not loaded")),
+            Some(local) => {
+                let request = WorkerRequest::Launch {
+                    module: local,
+                    kernel: kernel as u64,
+                    geometry: geometry.clone().into(),
+                    params: params.to_vec(),
+                };
+                self.unit(&request, &[])
+            }
+        };
+        LaunchOutcome {
+            stdout: Arc::clone(&lock(&self.tap)).take(),
+            result,
+        }
+    }
+
+    fn stream_ordered(&self) -> Option<&dyn StreamOrdered> {
+        Some(self)
+    }
+
+    fn tensor_map_encode(&self, request: &TensorMapRequest) -> Result<Vec<u8>, CuError> {
+        let request = WorkerRequest::TensorMapEncode {
+            request: request.clone(),
+        };
+        match self.call(&request, &[], None)? {
+            WorkerValue::TensorMap(bytes) => Ok(bytes),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    fn host_register(
+        &self,
+        region: Handle,
+        mapping: &Arc<HostMapping>,
+        fd: BorrowedFd<'_>,
+    ) -> Result<(), CuError> {
+        let request = WorkerRequest::HostRegister {
+            region,
+            bytes: mapping.len() as u64,
+        };
+        match self.call_passing(&request, Some(fd), &[], None)? {
+            WorkerValue::Unit => Ok(()),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    fn host_unregister(&self, region: Handle) {
+        if let Err(e) = self.unit(&WorkerRequest::HostUnregister { region }, &[]) {
+            tracing::debug!(region, "worker host unregister: {e}");
+        }
+    }
+}
+
+impl StreamOrdered for WorkerContext {
+    fn stream_create(&self, stream: Handle, flags: u32, priority: i32) -> Result<(), CuError> {
+        let request = WorkerRequest::StreamCreate {
+            stream,
+            flags,
+            priority,
+        };
+        self.unit(&request, &[])
+    }
+
+    fn stream_destroy(&self, stream: Handle) -> Result<(), CuError> {
+        self.unit(&WorkerRequest::StreamDestroy { stream }, &[])
+    }
+
+    fn event_create(&self, event: Handle, flags: u32) -> Result<(), CuError> {
+        self.unit(&WorkerRequest::EventCreate { event, flags }, &[])
+    }
+
+    fn event_destroy(&self, event: Handle) -> Result<(), CuError> {
+        self.unit(&WorkerRequest::EventDestroy { event }, &[])
+    }
+
+    fn graph_create(&self, graph: Handle, launches: Vec<StreamWork>) -> Result<(), CuError> {
+        let modules = lock(&self.modules);
+        let local = launches
+            .into_iter()
+            .map(|work| match work {
+                StreamWork::Launch {
+                    module,
+                    kernel,
+                    geometry,
+                    params,
+                } => match modules.get(&module) {
+                    Some((local, _)) => Ok(WireWork::Launch {
+                        module: *local,
+                        kernel,
+                        geometry: geometry.into(),
+                        params,
+                    }),
+                    None => Err(CuError::new(codes::INVALID_HANDLE, "module not loaded")),
+                },
+                _ => Err(CuError::new(
+                    codes::INVALID_VALUE,
+                    "a graph of launches only",
+                )),
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        drop(modules);
+        self.unit(
+            &WorkerRequest::GraphCreate {
+                graph,
+                launches: local,
+            },
+            &[],
+        )
+    }
+
+    fn graph_destroy(&self, graph: Handle) {
+        let _ = self.unit(&WorkerRequest::GraphDestroy { graph }, &[]);
+    }
+
+    /// Posts `work` (unanswered): false only for a launch of a module this
+    /// context does not have (or a signal bound to an area of this process);
+    /// what fails in the worker comes back later.
+    fn enqueue(&self, stream: Handle, work: StreamWork) -> bool {
+        if let StreamWork::Signal { slot, value } = &work {
+            if let Some(area) = &*lock(&self.area_watch) {
+                area.queued(*slot, *value);
+            }
+        }
+        match work {
+            StreamWork::Write { dst, data } => {
+                let mut offset = 0u64;
+                for part in data.chunks(MAX_CHUNK_BYTES) {
+                    let work = WireWork::Write {
+                        dst: dst.wrapping_add(offset),
+                        data: Vec::new(),
+                    };
+                    offset += part.len() as u64;
+                    self.post(&WorkerRequest::Enqueue { stream, work }, &[part]);
+                }
+                true
+            }
+            StreamWork::Launch {
+                module,
+                kernel,
+                geometry,
+                params,
+            } => match lock(&self.modules).get(&module).map(|(local, _)| *local) {
+                Some(local) => {
+                    let work = WireWork::Launch {
+                        module: local,
+                        kernel,
+                        geometry: geometry.into(),
+                        params,
+                    };
+                    self.post(&WorkerRequest::Enqueue { stream, work }, &[]);
+                    true
+                }
+                None => {
+                    self.defer(CuError::new(codes::INVALID_HANDLE, "module not loaded"));
+                    false
+                }
+            },
+            work => match WireWork::try_from(work) {
+                Ok(work) => {
+                    self.post(&WorkerRequest::Enqueue { stream, work }, &[]);
+                    true
+                }
+                Err(e) => {
+                    self.defer(e);
+                    false
+                }
+            },
+        }
+    }
+
+    fn read(&self, stream: Handle, src: DevicePtr, buf: &mut [u8]) -> LaunchOutcome {
+        let result = self.read_chunks(src, buf, |src, len| WorkerRequest::StreamRead {
+            stream,
+            src,
+            len,
+        });
+        self.waited(result)
+    }
+
+    fn synchronize(&self, target: SyncTarget) -> LaunchOutcome {
+        let target = target.into();
+        let result = self.unit(&WorkerRequest::Synchronize { target }, &[]);
+        self.waited(result)
+    }
+
+    fn query(&self, target: SyncTarget) -> Result<bool, CuError> {
+        if let Some(e) = lock(&self.deferred).take() {
+            return Err(e);
+        }
+        let target = target.into();
+        match self.call(&WorkerRequest::Query { target }, &[], None)? {
+            WorkerValue::Done(done) => Ok(done),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    fn elapsed_ms(&self, start: Handle, end: Handle) -> Result<f32, CuError> {
+        match self.call(&WorkerRequest::Elapsed { start, end }, &[], None)? {
+            WorkerValue::Ms(ms) => Ok(ms),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    fn keep_hot(&self, spin: Duration) {
+        let spin_us = u64::try_from(spin.as_micros()).unwrap_or(u64::MAX);
+        self.post(&WorkerRequest::KeepHot { spin_us }, &[]);
+    }
+
+    fn attach_signals(&self, path: &Path) -> Result<(), CuError> {
+        let path = path.to_str().ok_or_else(|| {
+            CuError::new(codes::INVALID_VALUE, "a signal area path that is not UTF-8")
+        })?;
+        let request = WorkerRequest::AttachSignals {
+            path: path.to_string(),
+        };
+        self.unit(&request, &[])?;
+        if let Some(watch) = &self.watch {
+            let area = SignalArea::open(Path::new(path))?;
+            *lock(&self.area_watch) = Some(watch.add_area(area));
+        }
+        Ok(())
+    }
+
+    fn watched(&self) -> bool {
+        self.watch.is_some()
+    }
+}
+
+impl Drop for WorkerContext {
+    fn drop(&mut self) {
+        let globals: u64 = lock(&self.modules).drain().map(|(_, (_, b))| b).sum();
+        self.memory.release_all(globals);
+        // Closing the socket tells the worker to tear its context down and exit.
+        if let Some(conn) = lock(&self.conn).take() {
+            let _ = conn.link.socket().shutdown(std::net::Shutdown::Both);
+        }
+        if let Some(child) = lock(&self.child).take() {
+            reap_in_background(child);
+        }
+    }
+}

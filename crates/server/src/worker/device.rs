@@ -1,0 +1,238 @@
+//! [`WorkerDevice`]: a device whose contexts live in worker processes, one per
+//! session ([`Sharing::Isolated`]) or one for all ([`Sharing::Shared`], each
+//! session a [`SharedView`] of it); and the worker-backed devices `cumux serve`
+//! makes: the CPU reference device (for tests of this machinery) and the GPUs.
+
+#[cfg(any(feature = "cpu", feature = "cuda"))]
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use cumux_protocol::{CuError, DeviceInfo};
+
+use super::context::WorkerContext;
+#[cfg(any(feature = "cpu", feature = "cuda"))]
+use super::process::image_print_detector;
+use super::shared::{PrintRoute, SharedView};
+use super::spawn::{Launcher, WorkerCommand, READY_WAIT};
+use super::watchdog::Watchdog;
+#[cfg(feature = "cuda")]
+use crate::device::cuda::CudaDevice;
+use crate::device::{Device, DeviceContext};
+use crate::locking::lock;
+
+/// How a worker device gives sessions their contexts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Sharing {
+    /// A context per session, each in a worker process of its own: a fault
+    /// or a stray pointer stays with its session; the GPU time-slices
+    /// between the contexts.
+    Isolated,
+    /// One context (one worker) for every session, each on streams of its
+    /// own ([`SharedView`]): kernels of different tenants run side by side;
+    /// a fault fails every session of the context.
+    Shared,
+}
+
+impl Sharing {
+    /// `isolated` or `shared`.
+    pub fn parse(text: &str) -> Result<Sharing, String> {
+        match text {
+            "isolated" => Ok(Sharing::Isolated),
+            "shared" => Ok(Sharing::Shared),
+            other => Err(format!(
+                "unknown sharing {other:?}: expected isolated or shared"
+            )),
+        }
+    }
+}
+
+/// A device whose contexts live in worker processes: one per session, or one
+/// for all ([`Sharing`]).
+pub struct WorkerDevice {
+    info: DeviceInfo,
+    launcher: Arc<Launcher>,
+    used: Arc<AtomicU64>,
+    next_module: Arc<AtomicU64>,
+    sharing: Sharing,
+    /// The context sessions share (`Shared`), replaced once it dies, and the
+    /// route of its device printf.
+    shared: Mutex<Option<(Arc<WorkerContext>, Arc<PrintRoute>)>>,
+    next_view: AtomicU64,
+    /// Whether a module image can print through the driver (which then
+    /// writes it wherever the context's next wait flushes it).
+    may_print: fn(&[u8]) -> bool,
+}
+
+impl WorkerDevice {
+    /// A device described by `info` whose sessions run in workers that
+    /// `command` starts; one spare is kept warm unless `CUMUX_WORKER_SPARES=0`
+    /// ([`super::spawn::SPARES_ENV`]).
+    pub fn new(info: DeviceInfo, command: WorkerCommand) -> Self {
+        WorkerDevice {
+            info,
+            launcher: Arc::new(Launcher::new(command)),
+            used: Arc::new(AtomicU64::new(0)),
+            next_module: Arc::new(AtomicU64::new(1)),
+            sharing: Sharing::Isolated,
+            shared: Mutex::new(None),
+            next_view: AtomicU64::new(1),
+            may_print: |_| false,
+        }
+    }
+
+    /// The same device, its workers' printing images told by `may_print`
+    /// (see [`super::process::image_print_detector`]).
+    pub fn with_print_detector(mut self, may_print: fn(&[u8]) -> bool) -> Self {
+        self.may_print = may_print;
+        self
+    }
+
+    /// The same device, giving sessions contexts as `sharing` says.
+    pub fn with_sharing(mut self, sharing: Sharing) -> Self {
+        self.sharing = sharing;
+        self
+    }
+
+    /// The same device, resetting a context whose queued work makes no progress
+    /// for `timeout` ([`Watchdog`]); `None`: never.
+    pub fn with_kernel_timeout(self, timeout: Option<Duration>) -> Self {
+        if let Some(timeout) = timeout {
+            self.launcher.set_watchdog(Watchdog::new(timeout));
+        }
+        self
+    }
+
+    /// The shared context and its printf route, started anew if there is none
+    /// or it died.
+    fn shared_context(&self) -> (Arc<WorkerContext>, Arc<PrintRoute>) {
+        let mut slot = lock(&self.shared);
+        match &*slot {
+            Some((ctx, route)) if !ctx.is_dead() => (Arc::clone(ctx), Arc::clone(route)),
+            _ => {
+                if slot.is_some() {
+                    tracing::warn!("the shared context died; new sessions get a fresh one");
+                }
+                let ctx = Arc::new(WorkerContext::new(
+                    Some(Arc::clone(&self.launcher)),
+                    Arc::clone(&self.used),
+                    Arc::clone(&self.next_module),
+                ));
+                let route = Arc::new(PrintRoute::default());
+                *slot = Some((Arc::clone(&ctx), Arc::clone(&route)));
+                (ctx, route)
+            }
+        }
+    }
+}
+
+impl Device for WorkerDevice {
+    fn info(&self) -> &DeviceInfo {
+        &self.info
+    }
+
+    fn mem_used(&self) -> u64 {
+        self.used.load(Ordering::Acquire)
+    }
+
+    /// The worker starts at the context's first call, so a session that never
+    /// touches the device (a `cumux status` query) costs no process.
+    fn create_context(&self) -> Result<Arc<dyn DeviceContext>, CuError> {
+        if self.sharing == Sharing::Shared {
+            let tag = self.next_view.fetch_add(1, Ordering::Relaxed);
+            let (primary, route) = self.shared_context();
+            let conn = primary.open_connection()?;
+            return Ok(Arc::new(SharedView::new(
+                primary,
+                conn,
+                tag,
+                route,
+                self.may_print,
+            )));
+        }
+        Ok(Arc::new(WorkerContext::new(
+            Some(Arc::clone(&self.launcher)),
+            Arc::clone(&self.used),
+            Arc::clone(&self.next_module),
+        )))
+    }
+
+    /// Shared: the shared context's worker, then the spare; isolated: the spare
+    /// the first session will take. Measured on the H100: a spare creating its
+    /// context while a tenant ran stretched that tenant's 50 µs kernels to
+    /// 0.5-0.7 ms for ~50 ms (2 % of a 3 s run, its whole p99 tail).
+    fn warm_up(&self) {
+        let started = Instant::now();
+        let ordinal = self.info.ordinal;
+        tracing::info!(
+            ordinal,
+            "starting the device's workers (each creates its context)"
+        );
+        if self.sharing == Sharing::Shared {
+            if let Err(e) = self.shared_context().0.start_now() {
+                tracing::warn!(ordinal, "the shared worker did not start: {e}");
+                return;
+            }
+        }
+        self.launcher.warm_spare(READY_WAIT);
+        let ms = started.elapsed().as_millis();
+        tracing::info!(ordinal, ms, "the device's workers are ready");
+    }
+}
+
+/// The CPU reference device served by workers (for tests of this machinery).
+#[cfg(feature = "cpu")]
+pub fn cpu_worker_device(
+    program: PathBuf,
+    memory: u64,
+    launch_budget: u64,
+    sharing: Sharing,
+    kernel_timeout: Option<Duration>,
+) -> Arc<dyn Device> {
+    let info = crate::device::cpu::CpuDevice::new(memory).info().clone();
+    let mut command = WorkerCommand::cumux(program, "cpu", 0, Some(memory));
+    command.args.push("--launch-budget".into());
+    command.args.push(launch_budget.to_string().into());
+    Arc::new(
+        WorkerDevice::new(info, command)
+            .with_sharing(sharing)
+            .with_kernel_timeout(kernel_timeout)
+            .with_print_detector(image_print_detector("cpu")),
+    )
+}
+
+/// Every GPU of the system's CUDA driver, each served by workers that
+/// `program` starts. The driver is initialised here to read the devices'
+/// descriptions, but no context is created in this process.
+#[cfg(feature = "cuda")]
+pub fn cuda_worker_devices(
+    program: PathBuf,
+    sharing: Sharing,
+    kernel_timeout: Option<Duration>,
+) -> Result<Vec<Arc<dyn Device>>, String> {
+    let driver = cumux_cuda_driver::Driver::load().map_err(|e| e.to_string())?;
+    let count = driver.device_count().map_err(|e| e.to_string())?;
+    if count == 0 {
+        return Err(format!(
+            "the CUDA driver {} reports no GPU",
+            driver.library()
+        ));
+    }
+    let mut out: Vec<Arc<dyn Device>> = Vec::new();
+    for ordinal in 0..count {
+        let device = CudaDevice::per_session(&driver, ordinal).map_err(|e| e.to_string())?;
+        let info = device.info().clone();
+        tracing::info!(ordinal, name = %info.name, memory = info.total_mem, ?sharing, "cuda: GPU, served by worker processes");
+        out.push(Arc::new(
+            WorkerDevice::new(
+                info,
+                WorkerCommand::cumux(program.clone(), "cuda", ordinal, None),
+            )
+            .with_sharing(sharing)
+            .with_kernel_timeout(kernel_timeout)
+            .with_print_detector(image_print_detector("cuda")),
+        ));
+    }
+    Ok(out)
+}

@@ -1,0 +1,615 @@
+//! The worker process's side of worker-backed devices (`cumux worker`): serves
+//! one device context to the server over its socket (or shared memory), each
+//! extra `shared`-mode connection on a thread of its own. One dispatcher
+//! (`Served::dispatch`) answers every request; calls that may flush device
+//! printf write a marker on fd 1 after it.
+
+use std::io::{self, Write};
+use std::os::unix::net::UnixStream;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::Scope;
+use std::time::{Duration, Instant};
+
+use cumux_protocol::framing::MAX_CHUNK_BYTES;
+use cumux_protocol::hop_trace::{self, Hop};
+use cumux_protocol::shm::ShmLayout;
+use cumux_protocol::{codes, decode, read_frame, CuError, FrameError, Handle};
+
+use super::link::{io_err, Link};
+use super::regions::WorkerRegions;
+use super::wire::{
+    marker_bytes, new_nonce, nonce_to_hex, WireModule, WireWork, WorkerReply, WorkerRequest,
+    WorkerValue, MAX_IMAGE_PARTS, NONCE_BYTES,
+};
+use crate::device::backends::cpu_device;
+#[cfg(feature = "cuda")]
+use crate::device::cuda::CudaDevice;
+use crate::device::serial::SerialStreams;
+use crate::device::signals::SignalArea;
+use crate::device::spin::spin_time;
+use crate::device::{Device, DeviceContext, LaunchOutcome, StreamOrdered, StreamWork};
+use crate::locking::lock;
+
+/// Where a worker's device printf and markers go (its fd 1), and how C stdio
+/// is flushed before a marker.
+pub struct WorkerStdout<'a> {
+    pub out: &'a mut (dyn Write + Send),
+    /// Flushes the C library's output streams (the driver may print through them).
+    pub flush_c_stdio: &'a (dyn Fn() + Sync),
+    pub nonce: [u8; NONCE_BYTES],
+    /// Whether a module image can print through the driver (at sync points,
+    /// to fd 1). Until one that can is loaded, calls write no marker unless
+    /// they return printed text themselves, which saves a pipe hand-off per call.
+    pub image_may_print: &'a (dyn Fn(&[u8]) -> bool + Sync),
+}
+
+/// Makes every flushing call write a marker (`always`), for drivers whose
+/// printing images the detector misses.
+pub const PRINTF_MARKERS_ENV: &str = "CUMUX_WORKER_PRINTF";
+
+/// The printing-image detector of a worker serving `kind`: the CPU device
+/// returns printf text with each launch, so only the `cuda` driver's images
+/// need a look (for `vprintf`).
+pub fn image_print_detector(kind: &str) -> fn(&[u8]) -> bool {
+    if std::env::var(PRINTF_MARKERS_ENV).is_ok_and(|v| v.trim() == "always") {
+        return |_| true;
+    }
+    match kind {
+        #[cfg(feature = "cuda")]
+        "cuda" => cumux_cuda_driver::capture::image_may_print,
+        _ => |_| false,
+    }
+}
+
+impl WorkerStdout<'_> {
+    fn mark(&mut self, printed: &[u8], seq: u64) -> io::Result<()> {
+        (self.flush_c_stdio)();
+        self.out.write_all(printed)?;
+        self.out.write_all(&marker_bytes(&self.nonce, seq))?;
+        self.out.flush()
+    }
+}
+
+/// The device a worker process serves: `cpu` (with `memory` bytes and a
+/// per-block `launch_budget` of instructions, 0 for none) or `cuda` (GPU
+/// `ordinal`, its context created in this process, printf left on fd 1).
+pub fn local_device(
+    kind: &str,
+    ordinal: u32,
+    memory: u64,
+    launch_budget: u64,
+) -> Result<Arc<dyn Device>, String> {
+    match kind {
+        "cpu" => cpu_device(memory, launch_budget),
+        #[cfg(feature = "cuda")]
+        "cuda" => {
+            let driver = cumux_cuda_driver::Driver::load().map_err(|e| e.to_string())?;
+            let device = CudaDevice::per_session(&driver, ordinal).map_err(|e| e.to_string())?;
+            Ok(Arc::new(device))
+        }
+        other => Err(format!(
+            "a worker serves cpu or cuda devices, not {other:?} (ordinal {ordinal})"
+        )),
+    }
+}
+
+/// Serves one context of `device` over `conn` until the socket closes.
+/// Returns an error only when the connection itself fails. On request
+/// ([`WorkerRequest::OpenSessions`]) it also serves further connections to
+/// the same context, each on a thread of its own (`shared` mode).
+pub fn serve_worker(
+    device: &dyn Device,
+    conn: UnixStream,
+    stdout: &mut WorkerStdout<'_>,
+) -> io::Result<()> {
+    let mut link = Link::new(conn, spin_time())?;
+    let created = catch_unwind(AssertUnwindSafe(|| device.create_context()))
+        .unwrap_or_else(|_| Err(CuError::new(codes::UNKNOWN, "context creation panicked")));
+    let ctx = match created {
+        Ok(ctx) => ctx,
+        Err(e) => return link.send_message(&WorkerReply::unmarked(Err(e))),
+    };
+    link.send_message(&WorkerReply::unmarked(Ok(WorkerValue::Ready)))?;
+    let served = Served {
+        ctx,
+        stdout: Mutex::new(stdout),
+        seq: AtomicU64::new(0),
+        may_print: AtomicBool::new(false),
+        sessions: Mutex::new(None),
+        regions: WorkerRegions::default(),
+    };
+    std::thread::scope(|scope| {
+        let result = served.serve(scope, link, true);
+        served.close_sessions();
+        result
+    })
+}
+
+/// What every connection of one worker shares: the context, the stdout
+/// marker sequence and the listener for further connections.
+struct Served<'a, 'b> {
+    ctx: Arc<dyn DeviceContext>,
+    stdout: Mutex<&'a mut WorkerStdout<'b>>,
+    seq: AtomicU64,
+    may_print: AtomicBool,
+    sessions: Mutex<Option<SessionListener>>,
+    /// Pinned host regions of every connection.
+    regions: WorkerRegions,
+}
+
+/// Where further connections to a worker's context come in: a socket in a
+/// private directory, and the token a connection must open with.
+struct SessionListener {
+    dir: PathBuf,
+    path: PathBuf,
+    token: [u8; NONCE_BYTES],
+    closing: Arc<AtomicBool>,
+}
+
+impl Served<'_, '_> {
+    /// Starts the listener for further connections (once) and says where it is.
+    fn open_sessions<'s>(&'s self, scope: &'s Scope<'s, '_>) -> Result<WorkerValue, CuError> {
+        let mut slot = lock(&self.sessions);
+        if let Some(l) = &*slot {
+            return Ok(WorkerValue::Sessions {
+                path: l.path.display().to_string(),
+                token: l.token,
+            });
+        }
+        let fail = |what: &str, e: io::Error| {
+            CuError::new(codes::UNKNOWN, format!("cannot open sessions: {what}: {e}"))
+        };
+        let token = new_nonce();
+        let dir = std::env::temp_dir().join(format!(
+            "cumux-worker-{}-{}",
+            std::process::id(),
+            &nonce_to_hex(&token)[..12]
+        ));
+        std::os::unix::fs::DirBuilderExt::mode(&mut std::fs::DirBuilder::new(), 0o700)
+            .create(&dir)
+            .map_err(|e| fail("directory", e))?;
+        let path = dir.join("sessions.sock");
+        let listener =
+            std::os::unix::net::UnixListener::bind(&path).map_err(|e| fail("bind", e))?;
+        let closing = Arc::new(AtomicBool::new(false));
+        let stop = Arc::clone(&closing);
+        scope.spawn(move || {
+            for conn in listener.incoming() {
+                if stop.load(Ordering::Acquire) {
+                    break;
+                }
+                let Ok(conn) = conn else { continue };
+                // The token is read on the connection's own thread, so a
+                // silent connection holds up no other.
+                scope.spawn(move || {
+                    let _ = conn.set_read_timeout(Some(Duration::from_secs(5)));
+                    let mut first = Vec::new();
+                    let mut r = &conn;
+                    let opened = read_frame(&mut r, &mut first).is_ok() && first[..] == token[..];
+                    let _ = conn.set_read_timeout(None);
+                    if !opened {
+                        tracing::warn!("worker: a session connection without the token; closed");
+                        return;
+                    }
+                    let Ok(link) = Link::new(conn, spin_time()) else {
+                        return;
+                    };
+                    if let Err(e) = self.serve(scope, link, false) {
+                        tracing::debug!("worker: a session connection ended: {e}");
+                    }
+                });
+            }
+        });
+        *slot = Some(SessionListener {
+            dir,
+            path: path.clone(),
+            token,
+            closing,
+        });
+        Ok(WorkerValue::Sessions {
+            path: path.display().to_string(),
+            token,
+        })
+    }
+
+    /// Stops taking connections (the accept loop ends at the next one).
+    fn close_sessions(&self) {
+        if let Some(l) = lock(&self.sessions).take() {
+            l.closing.store(true, Ordering::Release);
+            let _ = UnixStream::connect(&l.path);
+            let _ = std::fs::remove_dir_all(&l.dir);
+        }
+    }
+
+    /// Serves one connection's requests until it closes.
+    fn serve<'s>(&'s self, scope: &'s Scope<'s, '_>, link: Link, main: bool) -> io::Result<()> {
+        // Stream semantics: the context's own, else work runs as it arrives
+        // (one set of streams and events per connection).
+        let serial;
+        let ordered: &dyn StreamOrdered = match self.ctx.stream_ordered() {
+            Some(ordered) => ordered,
+            None => {
+                serial = SerialStreams::new(Arc::clone(&self.ctx));
+                &serial
+            }
+        };
+        let mut conn = Connection {
+            served: self,
+            link,
+            main,
+            signals: None,
+            regions: Vec::new(),
+            frame: Vec::new(),
+            data: Vec::new(),
+        };
+        loop {
+            match conn.link.recv_frame(&mut conn.frame) {
+                Ok(()) => {}
+                Err(FrameError::Closed) => return Ok(()),
+                Err(e) => return Err(io_err(e)),
+            }
+            let request = match decode::<WorkerRequest>(&conn.frame) {
+                Ok(r) => {
+                    hop_trace::mark(Hop::WorkerReceive, (&r).into());
+                    r
+                }
+                Err(e) => {
+                    tracing::warn!("worker: undecodable request: {e}");
+                    let e = CuError::new(codes::INVALID_VALUE, format!("undecodable request: {e}"));
+                    conn.link.send_message(&WorkerReply::unmarked(Err(e)))?;
+                    continue;
+                }
+            };
+            self.dispatch(scope, &mut conn, ordered, request)?;
+        }
+    }
+
+    /// Serves one request of `conn`: the one place each kind is handled.
+    /// Posted work and `KeepHot` get no answer; the connection's own requests
+    /// are answered at once; calls on the context run guarded against panics
+    /// ([`guarded`]) and are answered with their printf marker ([`Served::answer`]).
+    fn dispatch<'s>(
+        &'s self,
+        scope: &'s Scope<'s, '_>,
+        conn: &mut Connection<'s, '_, '_>,
+        ordered: &dyn StreamOrdered,
+        request: WorkerRequest,
+    ) -> io::Result<()> {
+        let ctx = &*self.ctx;
+        let kind: &'static str = (&request).into();
+        let flushes = request.may_flush_printf();
+        let answer = match request {
+            // The connection's own requests.
+            WorkerRequest::Enqueue { stream, work } => return conn.enqueue(ordered, stream, work),
+            WorkerRequest::KeepHot { spin_us } => {
+                conn.link
+                    .set_spin(Duration::from_micros(spin_us.min(100_000)));
+                return Ok(());
+            }
+            WorkerRequest::ShmAttach { layout } => return conn.attach_shm(layout),
+            WorkerRequest::AttachSignals { path } => {
+                let result = conn.attach_signals(ordered, Path::new(&path));
+                return conn.reply(result);
+            }
+            WorkerRequest::HostRegister { region, bytes } => {
+                let fd = conn.link.take_fd();
+                let result = self.regions.insert(ctx, region, bytes, fd);
+                if result.is_ok() {
+                    conn.regions.push(region);
+                }
+                return conn.reply(result.map(|()| WorkerValue::Unit));
+            }
+            WorkerRequest::HostUnregister { region } => {
+                conn.regions.retain(|r| *r != region);
+                self.regions.remove(ctx, region);
+                return conn.reply(Ok(WorkerValue::Unit));
+            }
+            WorkerRequest::OpenSessions => {
+                let result = match conn.main {
+                    true => self.open_sessions(scope),
+                    false => Err(CuError::new(
+                        codes::INVALID_VALUE,
+                        "sessions open from the worker's own connection",
+                    )),
+                };
+                return conn.reply(result);
+            }
+            // Calls on the context: memory and modules.
+            WorkerRequest::MemAlloc { bytes } => {
+                guarded(kind, || value(ctx.mem_alloc(bytes).map(WorkerValue::Ptr)))
+            }
+            WorkerRequest::MemFree { ptr } => guarded(kind, || unit(ctx.mem_free(ptr))),
+            WorkerRequest::MemRead { src, len } => guarded(kind, || {
+                read_into(len, |buf| LaunchOutcome {
+                    stdout: Vec::new(),
+                    result: ctx.mem_read(src, buf),
+                })
+            }),
+            WorkerRequest::MemWrite { dst } => {
+                conn.link.recv_frame(&mut conn.data).map_err(io_err)?;
+                let data = &conn.data;
+                guarded(kind, || unit(ctx.mem_write(dst, data)))
+            }
+            WorkerRequest::MemCopy { dst, src, bytes } => {
+                guarded(kind, || unit(ctx.mem_copy(dst, src, bytes)))
+            }
+            WorkerRequest::MemFill {
+                dst,
+                pattern,
+                count,
+            } => guarded(kind, || unit(ctx.mem_fill(dst, &pattern, count))),
+            WorkerRequest::ModuleLoad { parts } if parts > MAX_IMAGE_PARTS => {
+                let e = CuError::new(codes::INVALID_IMAGE, format!("an image in {parts} parts"));
+                return conn.reply(Err(e));
+            }
+            WorkerRequest::ModuleLoad { parts } => {
+                conn.data.clear();
+                for _ in 0..parts {
+                    conn.link.recv_frame(&mut conn.frame).map_err(io_err)?;
+                    conn.data.extend_from_slice(&conn.frame);
+                }
+                if (lock(&self.stdout).image_may_print)(&conn.data) {
+                    self.may_print.store(true, Ordering::Release);
+                }
+                let image = &conn.data;
+                guarded(kind, || {
+                    value(
+                        ctx.module_load(image)
+                            .map(|m| WorkerValue::Module(WireModule::from(&m))),
+                    )
+                })
+            }
+            WorkerRequest::ModuleUnload { module } => guarded(kind, || {
+                ctx.module_unload(module);
+                unit(Ok(()))
+            }),
+            WorkerRequest::Launch {
+                module,
+                kernel,
+                geometry,
+                params,
+            } => guarded(kind, || {
+                let Ok(kernel) = usize::try_from(kernel) else {
+                    return unit(Err(CuError::new(codes::INVALID_HANDLE, "no such kernel")));
+                };
+                waited(ctx.launch(module, kernel, &geometry.into(), &params))
+            }),
+            WorkerRequest::TensorMapEncode { request } => guarded(kind, || {
+                value(ctx.tensor_map_encode(&request).map(WorkerValue::TensorMap))
+            }),
+            // Calls on the context: streams, events and graphs.
+            WorkerRequest::StreamCreate {
+                stream,
+                flags,
+                priority,
+            } => guarded(kind, || {
+                unit(ordered.stream_create(stream, flags, priority))
+            }),
+            WorkerRequest::StreamDestroy { stream } => {
+                guarded(kind, || unit(ordered.stream_destroy(stream)))
+            }
+            WorkerRequest::EventCreate { event, flags } => {
+                guarded(kind, || unit(ordered.event_create(event, flags)))
+            }
+            WorkerRequest::EventDestroy { event } => {
+                guarded(kind, || unit(ordered.event_destroy(event)))
+            }
+            WorkerRequest::GraphCreate { graph, launches } => guarded(kind, || {
+                let launches = launches.into_iter().map(StreamWork::from).collect();
+                unit(ordered.graph_create(graph, launches))
+            }),
+            WorkerRequest::GraphDestroy { graph } => guarded(kind, || {
+                ordered.graph_destroy(graph);
+                unit(Ok(()))
+            }),
+            WorkerRequest::StreamRead { stream, src, len } => guarded(kind, || {
+                read_into(len, |buf| ordered.read(stream, src, buf))
+            }),
+            WorkerRequest::Synchronize { target } => {
+                guarded(kind, || waited(ordered.synchronize(target.into())))
+            }
+            WorkerRequest::Query { target } => guarded(kind, || {
+                value(ordered.query(target.into()).map(WorkerValue::Done))
+            }),
+            WorkerRequest::Elapsed { start, end } => guarded(kind, || {
+                value(ordered.elapsed_ms(start, end).map(WorkerValue::Ms))
+            }),
+        };
+        self.answer(&mut conn.link, kind, flushes, answer)
+    }
+
+    /// Answers a call on the context: a marker after its printf where it may
+    /// have flushed some, the reply, and the bytes it read back.
+    fn answer(
+        &self,
+        link: &mut Link,
+        kind: &'static str,
+        flushes: bool,
+        answer: Answer,
+    ) -> io::Result<()> {
+        let Answer {
+            result,
+            printed,
+            bytes,
+        } = answer;
+        let may_print = self.may_print.load(Ordering::Acquire);
+        let marker = if flushes && (may_print || !printed.is_empty()) {
+            let mut stdout = lock(&self.stdout);
+            let seq = self.seq.fetch_add(1, Ordering::AcqRel) + 1;
+            stdout.mark(&printed, seq)?;
+            Some(seq)
+        } else {
+            None
+        };
+        link.send_message(&WorkerReply { result, marker })?;
+        if let Some(bytes) = bytes {
+            link.send_frame(&bytes)?;
+        }
+        hop_trace::mark(Hop::WorkerReply, kind);
+        Ok(())
+    }
+}
+
+/// One connection being served: its link, the signal area its streams raise,
+/// the regions it registered (dropped with it: a session of a shared context
+/// may go without unregistering them) and its receive buffers.
+struct Connection<'s, 'a, 'b> {
+    served: &'s Served<'a, 'b>,
+    link: Link,
+    /// The worker's own connection (the one made at spawn).
+    main: bool,
+    /// The server's completion counters for this connection's streams.
+    signals: Option<Arc<SignalArea>>,
+    regions: Vec<Handle>,
+    frame: Vec<u8>,
+    /// Raw frames a request brought (bytes to write, a module image).
+    data: Vec<u8>,
+}
+
+impl Connection<'_, '_, '_> {
+    /// Answers a request of the connection's own (no printf of its own).
+    fn reply(&mut self, result: Result<WorkerValue, CuError>) -> io::Result<()> {
+        self.link.send_message(&WorkerReply::unmarked(result))
+    }
+
+    /// Queues posted work on `ordered`, unanswered; a failure to queue is
+    /// kept there for the next waiting call, and counted in the signal area.
+    fn enqueue(
+        &mut self,
+        ordered: &dyn StreamOrdered,
+        stream: Handle,
+        work: WireWork,
+    ) -> io::Result<()> {
+        let mut work = StreamWork::from(work);
+        if let StreamWork::Write { data, .. } = &mut work {
+            self.link.recv_frame(data).map_err(io_err)?;
+        }
+        if let StreamWork::Signal { slot, value } = work {
+            work = match &self.signals {
+                Some(area) => StreamWork::SignalTo {
+                    area: Arc::clone(area),
+                    slot,
+                    value,
+                },
+                // Fails in the context, and so at the next waiting call.
+                None => work,
+            };
+        }
+        self.served.regions.resolve(&mut work);
+        hop_trace::mark(Hop::Step, "resolved");
+        let queued = catch_unwind(AssertUnwindSafe(|| ordered.enqueue(stream, work)))
+            .unwrap_or_else(|_| {
+                tracing::error!("worker: queued work panicked");
+                false
+            });
+        // The server answers synchronizes from the signals until told.
+        if let (false, Some(area)) = (queued, &self.signals) {
+            area.raise_error();
+        }
+        hop_trace::mark(Hop::WorkerDone, "Enqueue");
+        Ok(())
+    }
+
+    /// Takes the offered shared-memory area: answered on the socket, and only
+    /// then do frames move to the area. A refusal leaves the link as it was.
+    fn attach_shm(&mut self, layout: ShmLayout) -> io::Result<()> {
+        match self.link.accept_area(layout) {
+            Ok(area) => {
+                self.reply(Ok(WorkerValue::Unit))?;
+                self.link.switch_to(area)
+            }
+            Err(why) => {
+                tracing::warn!("worker: shared memory refused: {why}");
+                self.reply(Err(CuError::new(codes::INVALID_VALUE, why)))
+            }
+        }
+    }
+
+    /// Opens the server's signal area at `path` for this connection's signals.
+    fn attach_signals(
+        &mut self,
+        ordered: &dyn StreamOrdered,
+        path: &Path,
+    ) -> Result<WorkerValue, CuError> {
+        let area = Arc::new(SignalArea::open(path)?);
+        ordered.prepare_signals(&area)?;
+        self.signals = Some(area);
+        Ok(WorkerValue::Unit)
+    }
+}
+
+impl Drop for Connection<'_, '_, '_> {
+    fn drop(&mut self) {
+        for region in self.regions.drain(..) {
+            self.served.regions.remove(&*self.served.ctx, region);
+        }
+    }
+}
+
+/// What a call on the context comes to: its result, the printf text it
+/// returned, and bytes read back (one raw frame after the reply).
+struct Answer {
+    result: Result<WorkerValue, CuError>,
+    printed: Vec<u8>,
+    bytes: Option<Vec<u8>>,
+}
+
+fn value(result: Result<WorkerValue, CuError>) -> Answer {
+    Answer {
+        result,
+        printed: Vec::new(),
+        bytes: None,
+    }
+}
+
+fn unit(result: Result<(), CuError>) -> Answer {
+    value(result.map(|()| WorkerValue::Unit))
+}
+
+/// A waiting call's answer: its result, with what it printed.
+fn waited(outcome: LaunchOutcome) -> Answer {
+    Answer {
+        result: outcome.result.map(|()| WorkerValue::Unit),
+        printed: outcome.stdout,
+        bytes: None,
+    }
+}
+
+/// Reads `len` bytes (one frame's worth at most) with `read`.
+fn read_into(len: u64, read: impl FnOnce(&mut [u8]) -> LaunchOutcome) -> Answer {
+    if len > MAX_CHUNK_BYTES as u64 {
+        return value(Err(CuError::new(
+            codes::INVALID_VALUE,
+            format!("a read of {len} bytes"),
+        )));
+    }
+    let mut buf = vec![0u8; len as usize];
+    let outcome = read(&mut buf);
+    let ok = outcome.result.is_ok();
+    Answer {
+        result: outcome.result.map(|()| WorkerValue::Bytes),
+        printed: outcome.stdout,
+        bytes: ok.then_some(buf),
+    }
+}
+
+/// Runs `call`, a call on the context, a panic its failure; marks when it is
+/// done, and logs it when it was slow.
+fn guarded(kind: &'static str, call: impl FnOnce() -> Answer) -> Answer {
+    let started = Instant::now();
+    let executed = catch_unwind(AssertUnwindSafe(call));
+    hop_trace::mark(Hop::WorkerDone, kind);
+    let us = started.elapsed().as_micros();
+    if us > cumux_protocol::SLOW_CALL_US {
+        tracing::debug!(target: "cumux::slow", us, kind, "worker: slow request");
+    }
+    executed.unwrap_or_else(|_| {
+        unit(Err(CuError::new(
+            codes::LAUNCH_FAILED,
+            "the worker's call panicked",
+        )))
+    })
+}
