@@ -19,6 +19,7 @@ mod locking;
 pub mod session;
 pub mod status;
 pub mod tenants;
+pub mod threads;
 pub mod worker;
 
 use std::sync::atomic::{AtomicU64, Ordering};

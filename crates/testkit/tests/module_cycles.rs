@@ -20,7 +20,6 @@ const SOURCE_FOLDERS: &[&str] = &["src", "tests", "benches", "examples"];
 // --- the two checks over the real tree ----------------------------------------
 
 #[test]
-#[ignore = "enabled once the reshape lands"]
 fn no_crate_has_a_module_cycle() {
     let mut findings = Vec::new();
     for package in workspace_packages() {
@@ -39,7 +38,6 @@ fn no_crate_has_a_module_cycle() {
 }
 
 #[test]
-#[ignore = "enabled once the reshape lands"]
 fn no_source_file_is_over_the_line_limit() {
     let root = cumux_testkit::workspace_root();
     let mut folders: Vec<PathBuf> = workspace_packages()

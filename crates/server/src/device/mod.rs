@@ -16,8 +16,6 @@ pub mod ordering;
 pub mod serial;
 pub mod signals;
 pub mod spin;
-pub mod stream_threads;
-pub mod threaded;
 
 use std::os::fd::BorrowedFd;
 use std::sync::Arc;
@@ -117,7 +115,7 @@ pub trait Device: Send + Sync {
 /// One session's share of a device: memory, modules and launches.
 ///
 /// Every method is synchronous: when it returns, the work is done. A context
-/// that keeps no stream order of its own gets it from [`threaded::ThreadedStreams`]
+/// that keeps no stream order of its own gets it from `threads::ThreadedStreams` (the server's own stream threads)
 /// (a thread per stream calling these methods in stream order, so streams run
 /// concurrently and events are timestamps taken by those threads).
 ///

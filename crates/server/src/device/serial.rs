@@ -93,9 +93,9 @@ impl SerialStreams {
                 false => Err(unknown("event", event)),
             },
             StreamWork::HostToDevice { dst, host } => self.ctx.mem_write(dst, host.read()?),
-            // SAFETY: work runs one piece at a time here, so nothing else of
-            // this process touches the span meanwhile.
             StreamWork::DeviceToHost { src, host } => {
+                // SAFETY: work runs one piece at a time here, so nothing else of
+                // this process touches the span meanwhile.
                 self.ctx.mem_read(src, unsafe { host.write()? })
             }
             StreamWork::Graph { graph } => {

@@ -24,13 +24,13 @@ use self::core::{err, SessionCore};
 use self::launch_checks::CheckedLaunch;
 use self::signalling::{attach_signals, SIGNAL_EVERY, SIGNAL_WAIT_MIN};
 use crate::device::signals::StreamSignals;
-use crate::device::threaded::{LaunchMeter, ThreadedStreams};
 use crate::device::{Device, DeviceContext, KernelDesc, ModuleId, StreamOrdered};
 use crate::gate::{GateSession, SchedStreams};
 use crate::host_regions::HostRegions;
 use crate::server_status;
 use crate::status::{SessionEntry, SessionStats};
 use crate::tenants::{AccountHold, TenantClass, TenantSettings};
+use crate::threads::{LaunchMeter, ThreadedStreams};
 use crate::Server;
 use cumux_protocol::launch_checks::LaunchLimits;
 

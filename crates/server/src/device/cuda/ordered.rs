@@ -80,13 +80,14 @@ impl CudaContext {
                 stream.write_value64(addr, value).map_err(cu_err)
             }
             StreamWork::Signal { .. } => Err(no_signal_area()),
-            // SAFETY (both): the region stays mapped until it is unregistered,
-            // which waits for the context's work first; stream order keeps
-            // the program's copies into one span apart.
             StreamWork::HostToDevice { dst, host } => {
+                // SAFETY: the region stays mapped until it is unregistered, which
+                // waits for the context's work first.
                 unsafe { stream.copy_htod_async(dst, host.read()?) }.map_err(cu_err)
             }
             StreamWork::DeviceToHost { src, host } => {
+                // SAFETY: as above; stream order keeps the program's copies
+                // into one span apart.
                 unsafe { stream.copy_dtoh_async(host.write()?, src) }.map_err(cu_err)
             }
             StreamWork::Graph { graph } => {

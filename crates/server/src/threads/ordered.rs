@@ -11,13 +11,13 @@ use std::time::Instant;
 
 use cumux_protocol::{codes, CuError, DevicePtr, Handle, DEFAULT_STREAM};
 
-use super::ordering::{
+use super::workers::{Position, Streams, Work};
+use crate::device::ordering::{
     elapsed_ms, fill_rows, launches_only, no_signal_area, store_signal, unknown,
     EVENT_DISABLE_TIMING,
 };
-use super::signals::SignalArea;
-use super::stream_threads::{Position, Streams, Work};
-use super::{DeviceContext, LaunchOutcome, StreamOrdered, StreamWork, SyncTarget};
+use crate::device::signals::SignalArea;
+use crate::device::{DeviceContext, LaunchOutcome, StreamOrdered, StreamWork, SyncTarget};
 use crate::gate::{kernel_id_of, GateSession, SchedStreams, READ_KERNEL_ID};
 use crate::locking::lock;
 

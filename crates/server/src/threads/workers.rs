@@ -10,13 +10,11 @@ use std::thread::JoinHandle;
 
 use cumux_protocol::{Handle, DEFAULT_STREAM};
 
-use super::ordering::NON_BLOCKING;
+use crate::device::ordering::NON_BLOCKING;
 use crate::locking::lock;
 
 /// Jobs a stream may hold before the session (and so its client) waits.
 pub const QUEUE_BOUND: usize = 4096;
-/// Streams one session may have at once (each is a thread).
-pub const MAX_STREAMS: usize = 512;
 
 const WORKER_STACK_BYTES: usize = 16 << 20;
 
@@ -121,14 +119,6 @@ impl Streams {
 
     pub fn tracker(&self) -> &Arc<Tracker> {
         &self.tracker
-    }
-
-    pub fn len(&self) -> usize {
-        self.queues.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.queues.is_empty()
     }
 
     pub fn contains(&self, stream: Handle) -> bool {
