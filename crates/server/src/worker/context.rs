@@ -48,6 +48,8 @@ pub struct WorkerContext {
     sticky: Arc<Mutex<Option<CuError>>>,
     /// The worker's printf, read from its stdout (replaced if a start is retried).
     tap: Mutex<Arc<StdoutTap>>,
+    /// This connection's printf markers whose text it has not taken yet.
+    markers: Mutex<Vec<u64>>,
     /// The worker process (the context's first connection's alone).
     child: Arc<Mutex<Option<Child>>>,
     /// The kernel watchdog's view of this context, shared by its connections.
@@ -83,6 +85,7 @@ impl WorkerContext {
             launcher,
             sticky,
             tap: Mutex::new(Arc::new(StdoutTap::default())),
+            markers: Mutex::new(Vec::new()),
             child,
             watch,
             area_watch: Mutex::new(None),
@@ -119,6 +122,8 @@ impl WorkerContext {
     ) -> Result<Connection, CuError> {
         let tap = Arc::new(StdoutTap::default());
         *lock(&self.tap) = Arc::clone(&tap);
+        // A new worker numbers its markers afresh.
+        lock(&self.markers).clear();
         std::thread::Builder::new()
             .name("cumux-worker-stdout".into())
             .spawn(move || tap.read_all(stdout, nonce))
@@ -265,6 +270,7 @@ impl WorkerContext {
             launcher: None,
             sticky: Arc::clone(&self.sticky),
             tap: Mutex::new(Arc::clone(&lock(&self.tap))),
+            markers: Mutex::new(Vec::new()),
             child: Arc::new(Mutex::new(None)),
             watch: self.watch.clone(),
             area_watch: Mutex::new(None),
@@ -357,6 +363,7 @@ impl WorkerContext {
         if let Some(seq) = reply.marker {
             let tap = Arc::clone(&lock(&self.tap));
             tap.wait_for(seq);
+            lock(&self.markers).push(seq);
             hop_trace::mark(Hop::PrintfMarker, kind);
         }
         match reply.result {
@@ -418,6 +425,12 @@ impl WorkerContext {
         lock(&self.deferred).get_or_insert(e);
     }
 
+    /// The printf text of this connection's calls so far.
+    fn take_printed(&self) -> Vec<u8> {
+        let tap = Arc::clone(&lock(&self.tap));
+        tap.take(&mut lock(&self.markers))
+    }
+
     /// `result`, unless posted work failed before it; with the printf text.
     fn waited(&self, result: Result<(), CuError>) -> LaunchOutcome {
         let result = match lock(&self.deferred).take() {
@@ -425,7 +438,7 @@ impl WorkerContext {
             None => result,
         };
         LaunchOutcome {
-            stdout: Arc::clone(&lock(&self.tap)).take(),
+            stdout: self.take_printed(),
             result,
         }
     }
@@ -564,7 +577,7 @@ impl DeviceContext for WorkerContext {
             }
         };
         LaunchOutcome {
-            stdout: Arc::clone(&lock(&self.tap)).take(),
+            stdout: self.take_printed(),
             result,
         }
     }

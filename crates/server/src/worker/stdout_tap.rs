@@ -1,8 +1,11 @@
 //! [`StdoutTap`]: the server's reader of a worker's stdout pipe, which carries
 //! the context's device printf with a marker after each flushing call's output
 //! ([`super::wire::marker_bytes`]); a reply names its marker, and the server
-//! waits here until that marker has come through before it hands the text out.
+//! waits here until that marker has come through before it hands out the text
+//! that came before it. Text belongs to the marker after it, so connections
+//! that share one worker (`shared` mode) each get only their own calls' text.
 
+use std::collections::BTreeMap;
 use std::io::{self, Read};
 use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
@@ -18,7 +21,12 @@ const STDOUT_CAP: usize = 64 << 20;
 /// Printf text read from a worker's stdout, and the markers seen so far.
 #[derive(Default)]
 struct TapState {
-    text: Vec<u8>,
+    /// The text before each marker not yet handed out, by marker.
+    marked: BTreeMap<u64, Vec<u8>>,
+    /// Text after the latest marker: it belongs to the next one.
+    loose: Vec<u8>,
+    /// Bytes held in `marked` and `loose`.
+    held: usize,
     seen: u64,
     eof: bool,
 }
@@ -32,13 +40,24 @@ pub struct StdoutTap {
 
 impl StdoutTap {
     fn keep(state: &mut TapState, bytes: &[u8]) {
-        let room = STDOUT_CAP.saturating_sub(state.text.len());
+        let room = STDOUT_CAP.saturating_sub(state.held);
         if bytes.len() > room {
             tracing::warn!("worker printf output over {STDOUT_CAP} bytes dropped");
         }
+        let kept = &bytes[..bytes.len().min(room)];
+        state.loose.extend_from_slice(kept);
+        state.held += kept.len();
+    }
+
+    /// Marker `seq` came: the loose text is its own.
+    fn close_marker(state: &mut TapState, seq: u64) {
+        let text = std::mem::take(&mut state.loose);
         state
-            .text
-            .extend_from_slice(&bytes[..bytes.len().min(room)]);
+            .marked
+            .entry(seq)
+            .or_default()
+            .extend_from_slice(&text);
+        state.seen = state.seen.max(seq);
     }
 
     /// Reads `pipe` to its end, splitting text from markers.
@@ -63,7 +82,7 @@ impl StdoutTap {
                         Self::keep(&mut state, &pending[..at]);
                         let mut seq = [0u8; 8];
                         seq.copy_from_slice(&pending[at + needle.len()..at + whole]);
-                        state.seen = state.seen.max(u64::from_le_bytes(seq));
+                        Self::close_marker(&mut state, u64::from_le_bytes(seq));
                         pending.drain(..at + whole);
                     }
                     Some(at) => {
@@ -108,8 +127,23 @@ impl StdoutTap {
         }
     }
 
-    pub fn take(&self) -> Vec<u8> {
-        std::mem::take(&mut lock(&self.state).text)
+    /// The text of `markers` (a connection's own, in order; drained), with
+    /// what the worker printed after its last marker once its pipe has ended.
+    pub fn take(&self, markers: &mut Vec<u64>) -> Vec<u8> {
+        let mut state = lock(&self.state);
+        let mut text = Vec::new();
+        for seq in markers.drain(..) {
+            if let Some(part) = state.marked.remove(&seq) {
+                state.held -= part.len();
+                text.extend_from_slice(&part);
+            }
+        }
+        if state.eof {
+            let rest = std::mem::take(&mut state.loose);
+            state.held -= rest.len();
+            text.extend_from_slice(&rest);
+        }
+        text
     }
 }
 
@@ -149,12 +183,31 @@ mod tests {
         }
         let tap = StdoutTap::default();
         tap.read_all(Trickle(stream, 0), nonce);
-        let state = lock(&tap.state);
-        assert_eq!(state.seen, 2);
-        assert!(state.eof);
-        let mut want = b"hello world\n".to_vec();
+        assert_eq!(lock(&tap.state).seen, 2);
+        assert!(lock(&tap.state).eof);
+        // Each marker's text is its own; the pipe has ended, so the text after
+        // the last marker goes to whoever takes next.
+        assert_eq!(tap.take(&mut vec![1]), b"hello tail");
+        let mut want = b"world\n".to_vec();
         want.extend(marker_bytes(&[0; NONCE_BYTES], 9));
-        want.extend_from_slice(b"tail");
-        assert_eq!(state.text, want);
+        assert_eq!(tap.take(&mut vec![2]), want);
+        assert_eq!(lock(&tap.state).held, 0);
+    }
+
+    /// Two connections of one worker: each gets the text before its own
+    /// markers, whichever of them takes first.
+    #[test]
+    fn connections_get_only_their_own_markers_text() {
+        let nonce = new_nonce();
+        let mut stream = b"a1 ".to_vec();
+        stream.extend(marker_bytes(&nonce, 1));
+        stream.extend_from_slice(b"b2 ");
+        stream.extend(marker_bytes(&nonce, 2));
+        stream.extend_from_slice(b"a3 ");
+        stream.extend(marker_bytes(&nonce, 3));
+        let tap = StdoutTap::default();
+        tap.read_all(&stream[..], nonce);
+        assert_eq!(tap.take(&mut vec![2]), b"b2 ");
+        assert_eq!(tap.take(&mut vec![1, 3]), b"a1 a3 ");
     }
 }
