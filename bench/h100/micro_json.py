@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Assembles bench/h100/microbench.sh's result: reads the `metric NAME VALUE UNIT`
 lines of LOGS/SUB.native.txt and LOGS/SUB.cumux.txt and LOGS/notes.txt, writes
-the JSON of ../shared/DESIGN.md ("Testing") to PATH and prints a table.
+the results JSON that bench/README.md describes to PATH and prints a table.
 
     micro_json.py LOGS PATH DATE GPU DRIVER COMMIT MAX_BYTES
 """

@@ -4,7 +4,7 @@
 # starts `cumux serve --device cuda` on a private socket, runs each subcommand
 # (launch_rate, launch_sync, sync_rtt, graph_replay, bandwidth) natively and then through `cumux run`,
 # alternating, and writes $OUT/DATE-GPU-micro.json in the shape of
-# ../shared/DESIGN.md ("Testing"), plus a table on stdout. Logs of every run
+# bench/README.md (one metric per figure, ratio = cumux / native), plus a table on stdout. Logs of every run
 # and the server's go to $OUT/micro-logs/.
 #
 # Needs prebuilt binaries in device-kit/ (cumux and libcumux_client.so from

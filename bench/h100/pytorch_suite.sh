@@ -4,7 +4,7 @@
 # torch.compile, benchmarks), compares each check within its tolerance and
 # each benchmark as a ratio, and writes $OUT/pytorch-suite.txt (a table) and
 # $OUT/DATE-GPU-pytorch.json (the benchmarks, in the shape of
-# ../shared/DESIGN.md). Needs device-kit/ (prebuilt cumux and
+# bench/README.md). Needs device-kit/ (prebuilt cumux and
 # libcumux_client.so); every process has a timeout and a failure never stops
 # the run.
 #
