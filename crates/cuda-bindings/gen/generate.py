@@ -415,10 +415,14 @@ class Types:
             name += "_"
         return name, rust
 
-    def params(self, params):
+    def param_list(self, params):
+        """[(name, rust type)] of a parameter list."""
         if params == [["void"]] or not params:
-            return ""
-        return ", ".join(f"{n}: {t}" for n, t in (self.param(p, i) for i, p in enumerate(params)))
+            return []
+        return [self.param(p, i) for i, p in enumerate(params)]
+
+    def params(self, params):
+        return ", ".join(f"{n}: {t}" for n, t in self.param_list(params))
 
 
 # ---- the entry-point table (cudaTypedefs.h) ----------------------------------
@@ -586,7 +590,7 @@ def main():
     for name in sorted(newest.prototypes):
         ret, params = newest.prototypes[name]
         try:
-            pfns.append((name, types.params(params)))
+            pfns.append((name, types.param_list(params)))
         except Unsupported as e:
             skipped.append((name, str(e)))
 
@@ -705,15 +709,16 @@ def render_pfn(pfns, skipped):
         for name, why in skipped:
             out.append(f"// {name}: {why}")
         out.append("")
-    # A per-thread form whose signature is its legacy form's is an alias of it.
-    params_of = dict(pfns)
+    # A per-thread form whose parameter types are its legacy form's is an
+    # alias of it (parameter names are not part of the type).
+    types = {name: [t for _, t in params] for name, params in pfns}
     aliases = defaultdict(list)
     for name, params in pfns:
         legacy = name[:-len(PER_THREAD[0])]
-        if name.endswith(PER_THREAD) and params_of.get(legacy) == params:
+        if name.endswith(PER_THREAD) and legacy in types and types[legacy] == types[name]:
             aliases[legacy].append(name)
     out += ["/// Declares `NAME(PARAMS)` as `unsafe extern \"C\" fn(PARAMS) -> CUresult`, and",
-            "/// each `| ALIAS` after it (a per-thread form of the same signature) as NAME.",
+            "/// each `| ALIAS` after it (a per-thread form of the same parameter types) as NAME.",
             "macro_rules! pfn_types {",
             "    ($($name:ident $(| $alias:ident)* ($($param:ident: $ty:ty),*);)*) => {",
             "        $(",
@@ -727,7 +732,7 @@ def render_pfn(pfns, skipped):
     for name, params in pfns:
         if name not in aliased:
             forms = " | ".join([name] + aliases[name])
-            out.append(f"    {forms}({params});")
+            out.append(f"    {forms}({', '.join(f'{n}: {t}' for n, t in params)});")
     out.append("}")
     return "\n".join(out) + "\n"
 

@@ -19,7 +19,7 @@ use crate::types::*;
 // cuProfilerInitialize: CUoutput_mode
 
 /// Declares `NAME(PARAMS)` as `unsafe extern "C" fn(PARAMS) -> CUresult`, and
-/// each `| ALIAS` after it (a per-thread form of the same signature) as NAME.
+/// each `| ALIAS` after it (a per-thread form of the same parameter types) as NAME.
 macro_rules! pfn_types {
     ($($name:ident $(| $alias:ident)* ($($param:ident: $ty:ty),*);)*) => {
         $(
@@ -169,8 +169,7 @@ pfn_types! {
     cuGetErrorString(error: CUresult, pStr: *mut *const c_char);
     cuGetExportTable(ppExportTable: *mut *const c_void, pExportTableId: *const CUuuid);
     cuGetProcAddress(symbol: *const c_char, pfn: *mut *mut c_void, cudaVersion: i32, flags: cuuint64_t);
-    cuGetProcAddress_v2(symbol: *const c_char, pfn: *mut *mut c_void, cudaVersion: i32, flags: cuuint64_t, symbolStatus: *mut CUdriverProcAddressQueryResult);
-    cuGetProcAddress_v2_ptsz(symbol: *const c_char, funcPtr: *mut *mut c_void, driverVersion: i32, flags: cuuint64_t, symbolStatus: *mut CUdriverProcAddressQueryResult);
+    cuGetProcAddress_v2 | cuGetProcAddress_v2_ptsz(symbol: *const c_char, pfn: *mut *mut c_void, cudaVersion: i32, flags: cuuint64_t, symbolStatus: *mut CUdriverProcAddressQueryResult);
     cuGraphAddBatchMemOpNode(phGraphNode: *mut CUgraphNode, hGraph: CUgraph, dependencies: *const CUgraphNode, numDependencies: usize, nodeParams: *const CUDA_BATCH_MEM_OP_NODE_PARAMS);
     cuGraphAddChildGraphNode(phGraphNode: *mut CUgraphNode, hGraph: CUgraph, dependencies: *const CUgraphNode, numDependencies: usize, childGraph: CUgraph);
     cuGraphAddDependencies(hGraph: CUgraph, from: *const CUgraphNode, to: *const CUgraphNode, numDependencies: usize);
@@ -242,8 +241,7 @@ pfn_types! {
     cuGraphKernelNodeSetAttribute(hNode: CUgraphNode, attr: CUkernelNodeAttrID, value: *const c_void);
     cuGraphKernelNodeSetParams(hNode: CUgraphNode, nodeParams: *const CUDA_KERNEL_NODE_PARAMS_v1);
     cuGraphKernelNodeSetParams_v2(hNode: CUgraphNode, nodeParams: *const CUDA_KERNEL_NODE_PARAMS);
-    cuGraphLaunch(hGraph: CUgraphExec, hStream: CUstream);
-    cuGraphLaunch_ptsz(hGraphExec: CUgraphExec, hStream: CUstream);
+    cuGraphLaunch | cuGraphLaunch_ptsz(hGraph: CUgraphExec, hStream: CUstream);
     cuGraphMemAllocNodeGetParams(hNode: CUgraphNode, params_out: *mut c_void);
     cuGraphMemFreeNodeGetParams(hNode: CUgraphNode, dptr_out: *mut CUdeviceptr);
     cuGraphMemcpyNodeGetParams(hNode: CUgraphNode, nodeParams: *mut CUDA_MEMCPY3D);
@@ -268,8 +266,7 @@ pfn_types! {
     cuGraphRemoveDependencies(hGraph: CUgraph, from: *const CUgraphNode, to: *const CUgraphNode, numDependencies: usize);
     cuGraphRemoveDependencies_v2(hGraph: CUgraph, from: *const CUgraphNode, to: *const CUgraphNode, edgeData: *const CUgraphEdgeData, numDependencies: usize);
     cuGraphRetainUserObject(graph: CUgraph, object: CUuserObject, count: u32, flags: u32);
-    cuGraphUpload(hGraph: CUgraphExec, hStream: CUstream);
-    cuGraphUpload_ptsz(hGraphExec: CUgraphExec, hStream: CUstream);
+    cuGraphUpload | cuGraphUpload_ptsz(hGraph: CUgraphExec, hStream: CUstream);
     cuGraphicsMapResources | cuGraphicsMapResources_ptsz(count: u32, resources: *mut CUgraphicsResource, hStream: CUstream);
     cuGraphicsResourceGetMappedMipmappedArray(pMipmappedArray: *mut CUmipmappedArray, resource: CUgraphicsResource);
     cuGraphicsResourceGetMappedPointer(pDevPtr: *mut CUdeviceptr_v1, pSize: *mut u32, resource: CUgraphicsResource);
@@ -528,16 +525,14 @@ pfn_types! {
     cuStreamBeginCaptureToGraph | cuStreamBeginCaptureToGraph_ptsz(hStream: CUstream, hGraph: CUgraph, dependencies: *const CUgraphNode, dependencyData: *const CUgraphEdgeData, numDependencies: usize, mode: CUstreamCaptureMode);
     cuStreamBeginCapture_v2 | cuStreamBeginCapture_v2_ptsz(hStream: CUstream, mode: CUstreamCaptureMode);
     cuStreamBeginRecaptureToGraph | cuStreamBeginRecaptureToGraph_ptsz(hStream: CUstream, mode: CUstreamCaptureMode, hGraph: CUgraph, callbackFunc: CUgraphRecaptureCallback, userData: *mut c_void);
-    cuStreamCopyAttributes(dstStream: CUstream, srcStream: CUstream);
-    cuStreamCopyAttributes_ptsz(dst: CUstream, src: CUstream);
+    cuStreamCopyAttributes | cuStreamCopyAttributes_ptsz(dstStream: CUstream, srcStream: CUstream);
     cuStreamCreate(phStream: *mut CUstream, Flags: u32);
     cuStreamCreateWithPriority(phStream: *mut CUstream, flags: u32, priority: i32);
     cuStreamDestroy(hStream: CUstream);
     cuStreamDestroy_v2(hStream: CUstream);
     cuStreamEndCapture | cuStreamEndCapture_ptsz(hStream: CUstream, phGraph: *mut CUgraph);
     cuStreamEndCaptureToCig | cuStreamEndCaptureToCig_ptsz(hStream: CUstream);
-    cuStreamGetAttribute(hStream: CUstream, attr: CUstreamAttrID, value: *mut c_void);
-    cuStreamGetAttribute_ptsz(hStream: CUstream, attr: CUstreamAttrID, value_out: *mut c_void);
+    cuStreamGetAttribute | cuStreamGetAttribute_ptsz(hStream: CUstream, attr: CUstreamAttrID, value: *mut c_void);
     cuStreamGetCaptureInfo | cuStreamGetCaptureInfo_ptsz(hStream: CUstream, captureStatus_out: *mut CUstreamCaptureStatus, id_out: *mut cuuint64_t);
     cuStreamGetCaptureInfo_v2 | cuStreamGetCaptureInfo_v2_ptsz(hStream: CUstream, captureStatus_out: *mut CUstreamCaptureStatus, id_out: *mut cuuint64_t, graph_out: *mut CUgraph, dependencies_out: *mut *const CUgraphNode, numDependencies_out: *mut usize);
     cuStreamGetCaptureInfo_v3 | cuStreamGetCaptureInfo_v3_ptsz(hStream: CUstream, captureStatus_out: *mut CUstreamCaptureStatus, id_out: *mut cuuint64_t, graph_out: *mut CUgraph, dependencies_out: *mut *const CUgraphNode, edgeData_out: *mut *const CUgraphEdgeData, numDependencies_out: *mut usize);
@@ -551,8 +546,7 @@ pfn_types! {
     cuStreamGetPriority | cuStreamGetPriority_ptsz(hStream: CUstream, priority: *mut i32);
     cuStreamIsCapturing | cuStreamIsCapturing_ptsz(hStream: CUstream, captureStatus: *mut CUstreamCaptureStatus);
     cuStreamQuery | cuStreamQuery_ptsz(hStream: CUstream);
-    cuStreamSetAttribute(hStream: CUstream, attr: CUstreamAttrID, param: *const c_void);
-    cuStreamSetAttribute_ptsz(hStream: CUstream, attr: CUstreamAttrID, value: *const c_void);
+    cuStreamSetAttribute | cuStreamSetAttribute_ptsz(hStream: CUstream, attr: CUstreamAttrID, param: *const c_void);
     cuStreamSynchronize | cuStreamSynchronize_ptsz(hStream: CUstream);
     cuStreamUpdateCaptureDependencies | cuStreamUpdateCaptureDependencies_ptsz(hStream: CUstream, dependencies: *mut CUgraphNode, numDependencies: usize, flags: u32);
     cuStreamUpdateCaptureDependencies_v2 | cuStreamUpdateCaptureDependencies_v2_ptsz(hStream: CUstream, dependencies: *mut CUgraphNode, dependencyData: *const CUgraphEdgeData, numDependencies: usize, flags: u32);
