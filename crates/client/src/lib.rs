@@ -14,7 +14,8 @@
 //! the connection (shared memory, unix socket or TCP); `dark_api` the
 //! runtime's private export tables (with `integrity` and `tools_context`);
 //! `entry_points` how `cuGetProcAddress` picks a symbol; `generated/` the
-//! stubs for what is not implemented (written by the bindings' generator).
+//! list of every exported symbol, implemented or stubbed (written by the
+//! bindings' generator).
 //!
 //! A server object (stream, event, module, function) is named inside the
 //! client by the server's handle, the one the wire carries; the program gets

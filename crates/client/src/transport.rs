@@ -6,7 +6,7 @@
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 
@@ -158,6 +158,17 @@ fn shm_wanted(address: &ServerAddress) -> bool {
     }
 }
 
+/// The shared-memory area to offer the server: where it is wanted and can be
+/// made.
+fn offered_area(address: &ServerAddress) -> Option<(ShmArea, OwnedFd)> {
+    if !shm_wanted(address) {
+        return None;
+    }
+    ShmArea::create(shm::DEFAULT_LAYOUT)
+        .inspect_err(|e| tracing::debug!("no shared memory ({e}); calls go over the socket"))
+        .ok()
+}
+
 /// What the server said at connect.
 pub struct Session {
     pub server: String,
@@ -177,17 +188,7 @@ impl Connection {
             buf: Vec::new(),
             dead: false,
         };
-        let area = if shm_wanted(&address) {
-            match ShmArea::create(shm::DEFAULT_LAYOUT) {
-                Ok(area) => Some(area),
-                Err(e) => {
-                    tracing::debug!("no shared memory ({e}); calls go over the socket");
-                    None
-                }
-            }
-        } else {
-            None
-        };
+        let area = offered_area(&address);
         let program = std::env::args().next().unwrap_or_default();
         let hello = Hello {
             magic: proto::MAGIC,
@@ -248,7 +249,7 @@ impl Connection {
     /// Hands the server the shared area (its memfd over the socket) and, if it
     /// takes it, moves calls there. A refusal leaves them on the socket; only a
     /// broken socket is an error.
-    fn attach(&mut self, area: (ShmArea, std::os::fd::OwnedFd)) -> Result<(), String> {
+    fn attach(&mut self, area: (ShmArea, OwnedFd)) -> Result<(), String> {
         let (area, fd) = area;
         let unix = match &self.stream {
             Socket::Unix(unix) => unix

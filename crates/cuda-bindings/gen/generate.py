@@ -8,10 +8,10 @@ One source of C signatures: the headers. From them this script writes
   crates/cuda-bindings/src/consts.rs        every enumerator of cuda.h
   crates/cuda-bindings/src/errors.rs        CUresult codes, names and descriptions
   crates/cuda-bindings/src/entry_points.rs  the cuGetProcAddress table
-  crates/cuda-bindings/src/symbols.rs       every exported symbol, as a macro
-  crates/client/src/generated/stubs.rs      a stub per symbol the client leaves
-                                            unimplemented (found by scanning
-                                            crates/client/src/exports/*.rs)
+  crates/client/src/generated/symbols.rs    every exported symbol, split into
+                                            those the client implements (found
+                                            by scanning crates/client/src/exports/*.rs)
+                                            and those it stubs
 
 cudaTypedefs.h names every driver entry point with the CUDA version it appeared
 in (`PFN_cuMemAlloc_v3020`, `PFN_cuMemcpyHtoD_v7000_ptds`); cuda.h declares the
@@ -119,34 +119,26 @@ def matching(tokens, i):
     raise ValueError("unbalanced")
 
 
-def split_semicolons(tokens):
+def split_top(tokens, sep):
+    """tokens split at `sep` outside brackets; a trailing empty part is dropped."""
     parts, cur, depth = [], [], 0
     for t in tokens:
         depth += t in "({["
         depth -= t in ")}]"
-        if t == ";" and depth == 0:
+        if t == sep and depth == 0:
             parts.append(cur)
             cur = []
         else:
             cur.append(t)
-    return [p for p in parts + [cur] if p]
+    return parts + [cur] if cur else parts
+
+
+def split_semicolons(tokens):
+    return [p for p in split_top(tokens, ";") if p]
 
 
 def split_commas(tokens):
-    parts, cur, depth = [], [], 0
-    for t in tokens:
-        if t in "({[":
-            depth += 1
-        elif t in ")}]":
-            depth -= 1
-        if t == "," and depth == 0:
-            parts.append(cur)
-            cur = []
-        else:
-            cur.append(t)
-    if cur:
-        parts.append(cur)
-    return parts
+    return split_top(tokens, ",")
 
 
 class Headers:
@@ -423,10 +415,14 @@ class Types:
             name += "_"
         return name, rust
 
-    def params(self, params):
+    def param_list(self, params):
+        """[(name, rust type)] of a parameter list."""
         if params == [["void"]] or not params:
-            return ""
-        return ", ".join(f"{n}: {t}" for n, t in (self.param(p, i) for i, p in enumerate(params)))
+            return []
+        return [self.param(p, i) for i, p in enumerate(params)]
+
+    def params(self, params):
+        return ", ".join(f"{n}: {t}" for n, t in self.param_list(params))
 
 
 # ---- the entry-point table (cudaTypedefs.h) ----------------------------------
@@ -594,7 +590,7 @@ def main():
     for name in sorted(newest.prototypes):
         ret, params = newest.prototypes[name]
         try:
-            pfns.append((name, types.params(params)))
+            pfns.append((name, types.param_list(params)))
         except Unsupported as e:
             skipped.append((name, str(e)))
 
@@ -609,10 +605,10 @@ def main():
     files["crates/cuda-bindings/src/consts.rs"] = render_consts(newest)
     files["crates/cuda-bindings/src/errors.rs"] = render_errors(newest, error_docs(incs[-1]))
     files["crates/cuda-bindings/src/entry_points.rs"] = render_entry_points(rows)
-    files["crates/cuda-bindings/src/symbols.rs"] = render_symbols(all_syms)
     impl = implemented_symbols()
+    implemented = [s for s in all_syms if s in impl]
     stubs = [s for s in all_syms if s not in impl]
-    files["crates/client/src/generated/stubs.rs"] = render_stubs(stubs)
+    files["crates/client/src/generated/symbols.rs"] = render_client_symbols(implemented, stubs)
     written = []
     for rel, text in files.items():
         path = os.path.join(out_root, rel)
@@ -650,24 +646,54 @@ def render_types(types):
            "//! (others, unions among them, stay `c_void` behind their pointers).", "",
            "#![allow(non_camel_case_types, non_snake_case)]", "",
            "use std::ffi::{c_char, c_void};", ""]
+    kinds = [("Enums, as their integer type.", []), ("Opaque handles.", []),
+             ("Structs, by their typedef names.", []), ("Callbacks.", []),
+             ("Integers and other names for the types above.", [])]
     for name in sorted(types.aliases):
-        out.append(f"pub type {name} = {types.aliases[name]};")
+        rust = types.aliases[name]
+        if name in types.h.enum_of and rust in ("u32", "i32"):
+            kind = 0
+        elif rust == "*mut c_void":
+            kind = 1
+        elif rust in types.structs:
+            kind = 2
+        elif rust.startswith("Option<"):
+            kind = 3
+        else:
+            kind = 4
+        kinds[kind][1].append(f"pub type {name} = {rust};")
+    for doc, lines in kinds:
+        out += [f"// {doc}", *lines, ""]
     sizes = c_layouts(types.include, sorted(types.structs))
+    out += ["/// Declares each `NAME(SIZE, ALIGN) { FIELD: TYPE, ... }` as a `#[repr(C)]`",
+            "/// struct and checks, as it compiles, that Rust lays it out in SIZE bytes",
+            "/// aligned to ALIGN, as the C compiler does.",
+            "macro_rules! c_structs {",
+            "    ($($name:ident($size:literal, $align:literal) { $($field:ident: $ty:ty),* })*) => {",
+            "        $(",
+            "            #[repr(C)]",
+            "            #[derive(Clone, Copy)]",
+            "            pub struct $name {",
+            "                $(pub $field: $ty,)*",
+            "            }",
+            "            const _: () = assert!(std::mem::size_of::<$name>() == $size);",
+            "            const _: () = assert!(std::mem::align_of::<$name>() == $align);",
+            "        )*",
+            "    };",
+            "}", "",
+            "c_structs! {"]
     for tag in sorted(types.structs):
-        out.append("")
-        out.append("#[repr(C)]")
-        out.append("#[derive(Clone, Copy)]")
-        out.append(f"pub struct {tag} {{")
-        for field, rust in types.structs[tag]:
-            out.append(f"    pub {field}: {rust},")
-        out.append("}")
         size, align = sizes[tag]
-        out.append(f"const _: () = assert!(std::mem::size_of::<{tag}>() == {size});")
-        out.append(f"const _: () = assert!(std::mem::align_of::<{tag}>() == {align});")
+        fields = ", ".join(f"{field}: {rust}" for field, rust in types.structs[tag])
+        out.append(f"    {tag}({size}, {align}) {{ {fields} }}")
+    out.append("}")
     text = "\n".join(out) + "\n"
     if "c_char" not in text.split("use std::ffi", 1)[1].split("\n", 1)[1]:
         text = text.replace("use std::ffi::{c_char, c_void};", "use std::ffi::c_void;")
     return text
+
+
+PER_THREAD = ("_ptds", "_ptsz")
 
 
 def render_pfn(pfns, skipped):
@@ -683,15 +709,46 @@ def render_pfn(pfns, skipped):
         for name, why in skipped:
             out.append(f"// {name}: {why}")
         out.append("")
+    # A per-thread form whose parameter types are its legacy form's is an
+    # alias of it (parameter names are not part of the type).
+    types = {name: [t for _, t in params] for name, params in pfns}
+    aliases = defaultdict(list)
     for name, params in pfns:
-        out.append(f"pub type {name} = unsafe extern \"C\" fn({params}) -> CUresult;")
+        legacy = name[:-len(PER_THREAD[0])]
+        if name.endswith(PER_THREAD) and legacy in types and types[legacy] == types[name]:
+            aliases[legacy].append(name)
+    out += ["/// Declares `NAME(PARAMS)` as `unsafe extern \"C\" fn(PARAMS) -> CUresult`, and",
+            "/// each `| ALIAS` after it (a per-thread form of the same parameter types) as NAME.",
+            "macro_rules! pfn_types {",
+            "    ($($name:ident $(| $alias:ident)* ($($param:ident: $ty:ty),*);)*) => {",
+            "        $(",
+            "            pub type $name = unsafe extern \"C\" fn($($param: $ty),*) -> CUresult;",
+            "            $(pub type $alias = $name;)*",
+            "        )*",
+            "    };",
+            "}", "",
+            "pfn_types! {"]
+    aliased = {a for names in aliases.values() for a in names}
+    for name, params in pfns:
+        if name not in aliased:
+            forms = " | ".join([name] + aliases[name])
+            out.append(f"    {forms}({', '.join(f'{n}: {t}' for n, t in params)});")
+    out.append("}")
     return "\n".join(out) + "\n"
 
 
 def render_consts(headers):
     out = [HEADER, "//! Every enumerator cuda.h defines, typed as its enum.", "",
            "#![allow(non_upper_case_globals)]", "",
-           "use crate::types::*;", ""]
+           "use crate::types::*;", "",
+           "/// Declares each enumerator `NAME = VALUE` of `ENUM { ... }` as a",
+           "/// `pub const NAME: ENUM`.",
+           "macro_rules! enum_consts {",
+           "    ($($ty:ident { $($name:ident = $value:literal,)* })*) => {",
+           "        $($(pub const $name: $ty = $value;)*)*",
+           "    };",
+           "}", "",
+           "enum_consts! {"]
     seen = set()
     by_key = {}
     for name, key in headers.enum_of.items():
@@ -700,13 +757,15 @@ def render_consts(headers):
         typedef = by_key.get(key)
         if typedef is None or typedef == "CUresult" or not typedef.startswith("CU"):
             continue
+        values = []
         for name, value in headers.enums[key]:
-            if name in seen or not name.startswith("CU"):
-                continue
-            seen.add(name)
-            out.append(f"pub const {name}: {typedef} = {value};")
-    text = "\n".join(out) + "\n"
-    return text
+            if name not in seen and name.startswith("CU"):
+                seen.add(name)
+                values.append(f"        {name} = {value},")
+        if values:
+            out += [f"    {typedef} {{", *values, "    }"]
+    out.append("}")
+    return "\n".join(out) + "\n"
 
 
 def render_errors(headers, docs):
@@ -744,29 +803,16 @@ def render_entry_points(rows):
     return "\n".join(out) + "\n"
 
 
-def render_symbols(all_syms):
-    out = [HEADER, "//! Every symbol a driver exports, for code that must name each one.", "",
-           "/// Calls `$callback! { cuArray3DCreate, … }` with every symbol a driver",
-           "/// exports (the headers' declarations and the cuGetProcAddress table's",
-           "/// symbols), sorted.",
-           "#[macro_export]",
-           "macro_rules! with_driver_symbols {",
-           "    ($callback:ident) => {",
-           "        $callback! {"]
-    for s in all_syms:
-        out.append(f"            {s},")
-    out += ["        }", "    };", "}"]
-    return "\n".join(out) + "\n"
-
-
-def render_stubs(stubs):
+def render_client_symbols(implemented, stubs):
     out = ["// @generated by crates/cuda-bindings/gen/generate.py. Do not edit by hand.",
-           "//! One exported stub per driver symbol cumux does not implement (every",
-           "//! symbol the headers name that `crate::exports` does not define).", "",
-           "crate::exports::not_implemented_stubs! {"]
-    for s in stubs:
-        out.append(f"    {s},")
-    out.append("}")
+           "//! Every symbol a driver exports, split into those `crate::exports` defines",
+           "//! (found by scanning its files) and those it leaves to a generated stub.", "",
+           "crate::exports::driver_symbols! {",
+           "    implemented {"]
+    out += [f"        {s}," for s in implemented]
+    out += ["    }", "    stubs {"]
+    out += [f"        {s}," for s in stubs]
+    out += ["    }", "}"]
     return "\n".join(out) + "\n"
 
 

@@ -7,886 +7,1122 @@
 
 use crate::types::*;
 
-pub const CU_COREDUMP_DEFAULT_FLAGS: CUCoredumpGenerationFlags = 0;
-pub const CU_COREDUMP_SKIP_NONRELOCATED_ELF_IMAGES: CUCoredumpGenerationFlags = 1;
-pub const CU_COREDUMP_SKIP_GLOBAL_MEMORY: CUCoredumpGenerationFlags = 2;
-pub const CU_COREDUMP_SKIP_SHARED_MEMORY: CUCoredumpGenerationFlags = 4;
-pub const CU_COREDUMP_SKIP_LOCAL_MEMORY: CUCoredumpGenerationFlags = 8;
-pub const CU_COREDUMP_SKIP_ABORT: CUCoredumpGenerationFlags = 16;
-pub const CU_COREDUMP_SKIP_CONSTBANK_MEMORY: CUCoredumpGenerationFlags = 32;
-pub const CU_COREDUMP_GZIP_COMPRESS: CUCoredumpGenerationFlags = 64;
-pub const CU_COREDUMP_FAULTED_CONTEXTS_ONLY: CUCoredumpGenerationFlags = 128;
-pub const CU_COREDUMP_SKIP_TENSOR_MEMORY: CUCoredumpGenerationFlags = 256;
-pub const CU_COREDUMP_NO_ERRBAR_AT_EXIT: CUCoredumpGenerationFlags = 1073741824;
-pub const CU_COREDUMP_LOG_ONLY: CUCoredumpGenerationFlags = 2147483648;
-pub const CU_COREDUMP_LIGHTWEIGHT_FLAGS: CUCoredumpGenerationFlags = 303;
-pub const CU_POINTER_ATTRIBUTE_ACCESS_FLAG_NONE: CUDA_POINTER_ATTRIBUTE_ACCESS_FLAGS = 0;
-pub const CU_POINTER_ATTRIBUTE_ACCESS_FLAG_READ: CUDA_POINTER_ATTRIBUTE_ACCESS_FLAGS = 1;
-pub const CU_POINTER_ATTRIBUTE_ACCESS_FLAG_READWRITE: CUDA_POINTER_ATTRIBUTE_ACCESS_FLAGS = 3;
-pub const CU_GPU_DIRECT_RDMA_WRITES_ORDERING_NONE: CUGPUDirectRDMAWritesOrdering = 0;
-pub const CU_GPU_DIRECT_RDMA_WRITES_ORDERING_OWNER: CUGPUDirectRDMAWritesOrdering = 100;
-pub const CU_GPU_DIRECT_RDMA_WRITES_ORDERING_ALL_DEVICES: CUGPUDirectRDMAWritesOrdering = 200;
-pub const CU_ACCESS_PROPERTY_NORMAL: CUaccessProperty = 0;
-pub const CU_ACCESS_PROPERTY_STREAMING: CUaccessProperty = 1;
-pub const CU_ACCESS_PROPERTY_PERSISTING: CUaccessProperty = 2;
-pub const CU_TR_ADDRESS_MODE_WRAP: CUaddress_mode = 0;
-pub const CU_TR_ADDRESS_MODE_CLAMP: CUaddress_mode = 1;
-pub const CU_TR_ADDRESS_MODE_MIRROR: CUaddress_mode = 2;
-pub const CU_TR_ADDRESS_MODE_BORDER: CUaddress_mode = 3;
-pub const CU_ARRAY_SPARSE_SUBRESOURCE_TYPE_SPARSE_LEVEL: CUarraySparseSubresourceType = 0;
-pub const CU_ARRAY_SPARSE_SUBRESOURCE_TYPE_MIPTAIL: CUarraySparseSubresourceType = 1;
-pub const CU_CUBEMAP_FACE_POSITIVE_X: CUarray_cubemap_face = 0;
-pub const CU_CUBEMAP_FACE_NEGATIVE_X: CUarray_cubemap_face = 1;
-pub const CU_CUBEMAP_FACE_POSITIVE_Y: CUarray_cubemap_face = 2;
-pub const CU_CUBEMAP_FACE_NEGATIVE_Y: CUarray_cubemap_face = 3;
-pub const CU_CUBEMAP_FACE_POSITIVE_Z: CUarray_cubemap_face = 4;
-pub const CU_CUBEMAP_FACE_NEGATIVE_Z: CUarray_cubemap_face = 5;
-pub const CU_AD_FORMAT_UNSIGNED_INT8: CUarray_format = 1;
-pub const CU_AD_FORMAT_UNSIGNED_INT16: CUarray_format = 2;
-pub const CU_AD_FORMAT_UNSIGNED_INT32: CUarray_format = 3;
-pub const CU_AD_FORMAT_SIGNED_INT8: CUarray_format = 8;
-pub const CU_AD_FORMAT_SIGNED_INT16: CUarray_format = 9;
-pub const CU_AD_FORMAT_SIGNED_INT32: CUarray_format = 10;
-pub const CU_AD_FORMAT_HALF: CUarray_format = 16;
-pub const CU_AD_FORMAT_FLOAT: CUarray_format = 32;
-pub const CU_AD_FORMAT_NV12: CUarray_format = 176;
-pub const CU_AD_FORMAT_UNORM_INT8X1: CUarray_format = 192;
-pub const CU_AD_FORMAT_UNORM_INT8X2: CUarray_format = 193;
-pub const CU_AD_FORMAT_UNORM_INT8X4: CUarray_format = 194;
-pub const CU_AD_FORMAT_UNORM_INT16X1: CUarray_format = 195;
-pub const CU_AD_FORMAT_UNORM_INT16X2: CUarray_format = 196;
-pub const CU_AD_FORMAT_UNORM_INT16X4: CUarray_format = 197;
-pub const CU_AD_FORMAT_SNORM_INT8X1: CUarray_format = 198;
-pub const CU_AD_FORMAT_SNORM_INT8X2: CUarray_format = 199;
-pub const CU_AD_FORMAT_SNORM_INT8X4: CUarray_format = 200;
-pub const CU_AD_FORMAT_SNORM_INT16X1: CUarray_format = 201;
-pub const CU_AD_FORMAT_SNORM_INT16X2: CUarray_format = 202;
-pub const CU_AD_FORMAT_SNORM_INT16X4: CUarray_format = 203;
-pub const CU_AD_FORMAT_BC1_UNORM: CUarray_format = 145;
-pub const CU_AD_FORMAT_BC1_UNORM_SRGB: CUarray_format = 146;
-pub const CU_AD_FORMAT_BC2_UNORM: CUarray_format = 147;
-pub const CU_AD_FORMAT_BC2_UNORM_SRGB: CUarray_format = 148;
-pub const CU_AD_FORMAT_BC3_UNORM: CUarray_format = 149;
-pub const CU_AD_FORMAT_BC3_UNORM_SRGB: CUarray_format = 150;
-pub const CU_AD_FORMAT_BC4_UNORM: CUarray_format = 151;
-pub const CU_AD_FORMAT_BC4_SNORM: CUarray_format = 152;
-pub const CU_AD_FORMAT_BC5_UNORM: CUarray_format = 153;
-pub const CU_AD_FORMAT_BC5_SNORM: CUarray_format = 154;
-pub const CU_AD_FORMAT_BC6H_UF16: CUarray_format = 155;
-pub const CU_AD_FORMAT_BC6H_SF16: CUarray_format = 156;
-pub const CU_AD_FORMAT_BC7_UNORM: CUarray_format = 157;
-pub const CU_AD_FORMAT_BC7_UNORM_SRGB: CUarray_format = 158;
-pub const CU_AD_FORMAT_P010: CUarray_format = 159;
-pub const CU_AD_FORMAT_P016: CUarray_format = 161;
-pub const CU_AD_FORMAT_NV16: CUarray_format = 162;
-pub const CU_AD_FORMAT_P210: CUarray_format = 163;
-pub const CU_AD_FORMAT_P216: CUarray_format = 164;
-pub const CU_AD_FORMAT_YUY2: CUarray_format = 165;
-pub const CU_AD_FORMAT_Y210: CUarray_format = 166;
-pub const CU_AD_FORMAT_Y216: CUarray_format = 167;
-pub const CU_AD_FORMAT_AYUV: CUarray_format = 168;
-pub const CU_AD_FORMAT_Y410: CUarray_format = 169;
-pub const CU_AD_FORMAT_Y416: CUarray_format = 177;
-pub const CU_AD_FORMAT_Y444_PLANAR8: CUarray_format = 178;
-pub const CU_AD_FORMAT_Y444_PLANAR10: CUarray_format = 179;
-pub const CU_AD_FORMAT_YUV444_8bit_SemiPlanar: CUarray_format = 180;
-pub const CU_AD_FORMAT_YUV444_16bit_SemiPlanar: CUarray_format = 181;
-pub const CU_AD_FORMAT_UNORM_INT_101010_2: CUarray_format = 80;
-pub const CU_AD_FORMAT_UINT8_PACKED_422: CUarray_format = 81;
-pub const CU_AD_FORMAT_UINT8_PACKED_444: CUarray_format = 82;
-pub const CU_AD_FORMAT_UINT8_SEMIPLANAR_420: CUarray_format = 83;
-pub const CU_AD_FORMAT_UINT16_SEMIPLANAR_420: CUarray_format = 84;
-pub const CU_AD_FORMAT_UINT8_SEMIPLANAR_422: CUarray_format = 85;
-pub const CU_AD_FORMAT_UINT16_SEMIPLANAR_422: CUarray_format = 86;
-pub const CU_AD_FORMAT_UINT8_SEMIPLANAR_444: CUarray_format = 87;
-pub const CU_AD_FORMAT_UINT16_SEMIPLANAR_444: CUarray_format = 88;
-pub const CU_AD_FORMAT_UINT8_PLANAR_420: CUarray_format = 89;
-pub const CU_AD_FORMAT_UINT16_PLANAR_420: CUarray_format = 90;
-pub const CU_AD_FORMAT_UINT8_PLANAR_422: CUarray_format = 91;
-pub const CU_AD_FORMAT_UINT16_PLANAR_422: CUarray_format = 92;
-pub const CU_AD_FORMAT_UINT8_PLANAR_444: CUarray_format = 93;
-pub const CU_AD_FORMAT_UINT16_PLANAR_444: CUarray_format = 94;
-pub const CU_AD_FORMAT_MAX: CUarray_format = 2147483647;
-pub const CU_ASYNC_NOTIFICATION_TYPE_OVER_BUDGET: CUasyncNotificationType = 1;
-pub const CU_ATOMIC_OPERATION_INTEGER_ADD: CUatomicOperation = 0;
-pub const CU_ATOMIC_OPERATION_INTEGER_MIN: CUatomicOperation = 1;
-pub const CU_ATOMIC_OPERATION_INTEGER_MAX: CUatomicOperation = 2;
-pub const CU_ATOMIC_OPERATION_INTEGER_INCREMENT: CUatomicOperation = 3;
-pub const CU_ATOMIC_OPERATION_INTEGER_DECREMENT: CUatomicOperation = 4;
-pub const CU_ATOMIC_OPERATION_AND: CUatomicOperation = 5;
-pub const CU_ATOMIC_OPERATION_OR: CUatomicOperation = 6;
-pub const CU_ATOMIC_OPERATION_XOR: CUatomicOperation = 7;
-pub const CU_ATOMIC_OPERATION_EXCHANGE: CUatomicOperation = 8;
-pub const CU_ATOMIC_OPERATION_CAS: CUatomicOperation = 9;
-pub const CU_ATOMIC_OPERATION_FLOAT_ADD: CUatomicOperation = 10;
-pub const CU_ATOMIC_OPERATION_FLOAT_MIN: CUatomicOperation = 11;
-pub const CU_ATOMIC_OPERATION_FLOAT_MAX: CUatomicOperation = 12;
-pub const CU_ATOMIC_OPERATION_MAX: CUatomicOperation = 13;
-pub const CU_ATOMIC_CAPABILITY_SIGNED: CUatomicOperationCapability = 1;
-pub const CU_ATOMIC_CAPABILITY_UNSIGNED: CUatomicOperationCapability = 2;
-pub const CU_ATOMIC_CAPABILITY_REDUCTION: CUatomicOperationCapability = 4;
-pub const CU_ATOMIC_CAPABILITY_SCALAR_32: CUatomicOperationCapability = 8;
-pub const CU_ATOMIC_CAPABILITY_SCALAR_64: CUatomicOperationCapability = 16;
-pub const CU_ATOMIC_CAPABILITY_SCALAR_128: CUatomicOperationCapability = 32;
-pub const CU_ATOMIC_CAPABILITY_VECTOR_32x4: CUatomicOperationCapability = 64;
-pub const CU_CLIQUE_TYPE_UNICAST_POINTER: CUcliqueType = 0;
-pub const CU_CLIQUE_TYPE_MULTICAST_POINTER: CUcliqueType = 1;
-pub const CU_CLIQUE_TYPE_UNICAST_LOGICAL_ENDPOINT: CUcliqueType = 2;
-pub const CU_CLIQUE_TYPE_MULTICAST_LOGICAL_ENDPOINT: CUcliqueType = 3;
-pub const CU_CLUSTER_SCHEDULING_POLICY_DEFAULT: CUclusterSchedulingPolicy = 0;
-pub const CU_CLUSTER_SCHEDULING_POLICY_SPREAD: CUclusterSchedulingPolicy = 1;
-pub const CU_CLUSTER_SCHEDULING_POLICY_LOAD_BALANCING: CUclusterSchedulingPolicy = 2;
-pub const CU_CLUSTER_SCHEDULING_POLICY_RUBIN_DSMEM_LOCALITY: CUclusterSchedulingPolicy = 3;
-pub const CU_COMPUTEMODE_DEFAULT: CUcomputemode = 0;
-pub const CU_COMPUTEMODE_PROHIBITED: CUcomputemode = 2;
-pub const CU_COMPUTEMODE_EXCLUSIVE_PROCESS: CUcomputemode = 3;
-pub const CU_COREDUMP_ENABLE_ON_EXCEPTION: CUcoredumpSettings = 1;
-pub const CU_COREDUMP_TRIGGER_HOST: CUcoredumpSettings = 2;
-pub const CU_COREDUMP_LIGHTWEIGHT: CUcoredumpSettings = 3;
-pub const CU_COREDUMP_ENABLE_USER_TRIGGER: CUcoredumpSettings = 4;
-pub const CU_COREDUMP_FILE: CUcoredumpSettings = 5;
-pub const CU_COREDUMP_PIPE: CUcoredumpSettings = 6;
-pub const CU_COREDUMP_GENERATION_FLAGS: CUcoredumpSettings = 7;
-pub const CU_COREDUMP_MAX: CUcoredumpSettings = 8;
-pub const CU_CTX_SCHED_AUTO: CUctx_flags = 0;
-pub const CU_CTX_SCHED_SPIN: CUctx_flags = 1;
-pub const CU_CTX_SCHED_YIELD: CUctx_flags = 2;
-pub const CU_CTX_SCHED_BLOCKING_SYNC: CUctx_flags = 4;
-pub const CU_CTX_BLOCKING_SYNC: CUctx_flags = 4;
-pub const CU_CTX_SCHED_MASK: CUctx_flags = 7;
-pub const CU_CTX_MAP_HOST: CUctx_flags = 8;
-pub const CU_CTX_LMEM_RESIZE_TO_MAX: CUctx_flags = 16;
-pub const CU_CTX_COREDUMP_ENABLE: CUctx_flags = 32;
-pub const CU_CTX_USER_COREDUMP_ENABLE: CUctx_flags = 64;
-pub const CU_CTX_SYNC_MEMOPS: CUctx_flags = 128;
-pub const CU_CTX_FLAGS_MASK: CUctx_flags = 255;
-pub const CU_DEV_RESOURCE_TYPE_INVALID: CUdevResourceType = 0;
-pub const CU_DEV_RESOURCE_TYPE_SM: CUdevResourceType = 1;
-pub const CU_DEV_RESOURCE_TYPE_WORKQUEUE_CONFIG: CUdevResourceType = 1000;
-pub const CU_DEV_RESOURCE_TYPE_WORKQUEUE: CUdevResourceType = 10000;
-pub const CU_DEV_SM_RESOURCE_GROUP_DEFAULT: CUdevSmResourceGroup_flags = 0;
-pub const CU_DEV_SM_RESOURCE_GROUP_BACKFILL: CUdevSmResourceGroup_flags = 1;
-pub const CU_DEV_SM_RESOURCE_GROUP_LOCALITY_DOMAIN_ID: CUdevSmResourceGroup_flags = 2;
-pub const CU_DEV_SM_RESOURCE_GROUP_LOCALITY_DOMAIN_SUPPLEMENTAL_SMS: CUdevSmResourceGroup_flags = 4;
-pub const CU_DEV_SM_RESOURCE_SPLIT_IGNORE_SM_COSCHEDULING: CUdevSmResourceSplitByCount_flags = 1;
-pub const CU_DEV_SM_RESOURCE_SPLIT_MAX_POTENTIAL_CLUSTER_SIZE: CUdevSmResourceSplitByCount_flags =
-    2;
-pub const CU_WORKQUEUE_SCOPE_DEVICE_CTX: CUdevWorkqueueConfigScope = 0;
-pub const CU_WORKQUEUE_SCOPE_GREEN_CTX_BALANCED: CUdevWorkqueueConfigScope = 1;
-pub const CU_DEVICE_NUMA_CONFIG_NONE: CUdeviceNumaConfig = 0;
-pub const CU_DEVICE_NUMA_CONFIG_NUMA_NODE: CUdeviceNumaConfig = 1;
-pub const CU_DEVICE_P2P_ATTRIBUTE_PERFORMANCE_RANK: CUdevice_P2PAttribute = 1;
-pub const CU_DEVICE_P2P_ATTRIBUTE_ACCESS_SUPPORTED: CUdevice_P2PAttribute = 2;
-pub const CU_DEVICE_P2P_ATTRIBUTE_NATIVE_ATOMIC_SUPPORTED: CUdevice_P2PAttribute = 3;
-pub const CU_DEVICE_P2P_ATTRIBUTE_ACCESS_ACCESS_SUPPORTED: CUdevice_P2PAttribute = 4;
-pub const CU_DEVICE_P2P_ATTRIBUTE_CUDA_ARRAY_ACCESS_SUPPORTED: CUdevice_P2PAttribute = 4;
-pub const CU_DEVICE_P2P_ATTRIBUTE_ONLY_PARTIAL_NATIVE_ATOMIC_SUPPORTED: CUdevice_P2PAttribute = 5;
-pub const CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK: CUdevice_attribute = 1;
-pub const CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_X: CUdevice_attribute = 2;
-pub const CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Y: CUdevice_attribute = 3;
-pub const CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Z: CUdevice_attribute = 4;
-pub const CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_X: CUdevice_attribute = 5;
-pub const CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Y: CUdevice_attribute = 6;
-pub const CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Z: CUdevice_attribute = 7;
-pub const CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK: CUdevice_attribute = 8;
-pub const CU_DEVICE_ATTRIBUTE_SHARED_MEMORY_PER_BLOCK: CUdevice_attribute = 8;
-pub const CU_DEVICE_ATTRIBUTE_TOTAL_CONSTANT_MEMORY: CUdevice_attribute = 9;
-pub const CU_DEVICE_ATTRIBUTE_WARP_SIZE: CUdevice_attribute = 10;
-pub const CU_DEVICE_ATTRIBUTE_MAX_PITCH: CUdevice_attribute = 11;
-pub const CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_BLOCK: CUdevice_attribute = 12;
-pub const CU_DEVICE_ATTRIBUTE_REGISTERS_PER_BLOCK: CUdevice_attribute = 12;
-pub const CU_DEVICE_ATTRIBUTE_CLOCK_RATE: CUdevice_attribute = 13;
-pub const CU_DEVICE_ATTRIBUTE_TEXTURE_ALIGNMENT: CUdevice_attribute = 14;
-pub const CU_DEVICE_ATTRIBUTE_GPU_OVERLAP: CUdevice_attribute = 15;
-pub const CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: CUdevice_attribute = 16;
-pub const CU_DEVICE_ATTRIBUTE_KERNEL_EXEC_TIMEOUT: CUdevice_attribute = 17;
-pub const CU_DEVICE_ATTRIBUTE_INTEGRATED: CUdevice_attribute = 18;
-pub const CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY: CUdevice_attribute = 19;
-pub const CU_DEVICE_ATTRIBUTE_COMPUTE_MODE: CUdevice_attribute = 20;
-pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE1D_WIDTH: CUdevice_attribute = 21;
-pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_WIDTH: CUdevice_attribute = 22;
-pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_HEIGHT: CUdevice_attribute = 23;
-pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE3D_WIDTH: CUdevice_attribute = 24;
-pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE3D_HEIGHT: CUdevice_attribute = 25;
-pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE3D_DEPTH: CUdevice_attribute = 26;
-pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_LAYERED_WIDTH: CUdevice_attribute = 27;
-pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_LAYERED_HEIGHT: CUdevice_attribute = 28;
-pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_LAYERED_LAYERS: CUdevice_attribute = 29;
-pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_ARRAY_WIDTH: CUdevice_attribute = 27;
-pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_ARRAY_HEIGHT: CUdevice_attribute = 28;
-pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_ARRAY_NUMSLICES: CUdevice_attribute = 29;
-pub const CU_DEVICE_ATTRIBUTE_SURFACE_ALIGNMENT: CUdevice_attribute = 30;
-pub const CU_DEVICE_ATTRIBUTE_CONCURRENT_KERNELS: CUdevice_attribute = 31;
-pub const CU_DEVICE_ATTRIBUTE_ECC_ENABLED: CUdevice_attribute = 32;
-pub const CU_DEVICE_ATTRIBUTE_PCI_BUS_ID: CUdevice_attribute = 33;
-pub const CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID: CUdevice_attribute = 34;
-pub const CU_DEVICE_ATTRIBUTE_TCC_DRIVER: CUdevice_attribute = 35;
-pub const CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE: CUdevice_attribute = 36;
-pub const CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH: CUdevice_attribute = 37;
-pub const CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE: CUdevice_attribute = 38;
-pub const CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR: CUdevice_attribute = 39;
-pub const CU_DEVICE_ATTRIBUTE_ASYNC_ENGINE_COUNT: CUdevice_attribute = 40;
-pub const CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING: CUdevice_attribute = 41;
-pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE1D_LAYERED_WIDTH: CUdevice_attribute = 42;
-pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE1D_LAYERED_LAYERS: CUdevice_attribute = 43;
-pub const CU_DEVICE_ATTRIBUTE_CAN_TEX2D_GATHER: CUdevice_attribute = 44;
-pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_GATHER_WIDTH: CUdevice_attribute = 45;
-pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_GATHER_HEIGHT: CUdevice_attribute = 46;
-pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE3D_WIDTH_ALTERNATE: CUdevice_attribute = 47;
-pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE3D_HEIGHT_ALTERNATE: CUdevice_attribute = 48;
-pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE3D_DEPTH_ALTERNATE: CUdevice_attribute = 49;
-pub const CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID: CUdevice_attribute = 50;
-pub const CU_DEVICE_ATTRIBUTE_TEXTURE_PITCH_ALIGNMENT: CUdevice_attribute = 51;
-pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURECUBEMAP_WIDTH: CUdevice_attribute = 52;
-pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURECUBEMAP_LAYERED_WIDTH: CUdevice_attribute = 53;
-pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURECUBEMAP_LAYERED_LAYERS: CUdevice_attribute = 54;
-pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_SURFACE1D_WIDTH: CUdevice_attribute = 55;
-pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_SURFACE2D_WIDTH: CUdevice_attribute = 56;
-pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_SURFACE2D_HEIGHT: CUdevice_attribute = 57;
-pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_SURFACE3D_WIDTH: CUdevice_attribute = 58;
-pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_SURFACE3D_HEIGHT: CUdevice_attribute = 59;
-pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_SURFACE3D_DEPTH: CUdevice_attribute = 60;
-pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_SURFACE1D_LAYERED_WIDTH: CUdevice_attribute = 61;
-pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_SURFACE1D_LAYERED_LAYERS: CUdevice_attribute = 62;
-pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_SURFACE2D_LAYERED_WIDTH: CUdevice_attribute = 63;
-pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_SURFACE2D_LAYERED_HEIGHT: CUdevice_attribute = 64;
-pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_SURFACE2D_LAYERED_LAYERS: CUdevice_attribute = 65;
-pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_SURFACECUBEMAP_WIDTH: CUdevice_attribute = 66;
-pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_SURFACECUBEMAP_LAYERED_WIDTH: CUdevice_attribute = 67;
-pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_SURFACECUBEMAP_LAYERED_LAYERS: CUdevice_attribute = 68;
-pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE1D_LINEAR_WIDTH: CUdevice_attribute = 69;
-pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_LINEAR_WIDTH: CUdevice_attribute = 70;
-pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_LINEAR_HEIGHT: CUdevice_attribute = 71;
-pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_LINEAR_PITCH: CUdevice_attribute = 72;
-pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_MIPMAPPED_WIDTH: CUdevice_attribute = 73;
-pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_MIPMAPPED_HEIGHT: CUdevice_attribute = 74;
-pub const CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: CUdevice_attribute = 75;
-pub const CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: CUdevice_attribute = 76;
-pub const CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE1D_MIPMAPPED_WIDTH: CUdevice_attribute = 77;
-pub const CU_DEVICE_ATTRIBUTE_STREAM_PRIORITIES_SUPPORTED: CUdevice_attribute = 78;
-pub const CU_DEVICE_ATTRIBUTE_GLOBAL_L1_CACHE_SUPPORTED: CUdevice_attribute = 79;
-pub const CU_DEVICE_ATTRIBUTE_LOCAL_L1_CACHE_SUPPORTED: CUdevice_attribute = 80;
-pub const CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR: CUdevice_attribute = 81;
-pub const CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_MULTIPROCESSOR: CUdevice_attribute = 82;
-pub const CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY: CUdevice_attribute = 83;
-pub const CU_DEVICE_ATTRIBUTE_MULTI_GPU_BOARD: CUdevice_attribute = 84;
-pub const CU_DEVICE_ATTRIBUTE_MULTI_GPU_BOARD_GROUP_ID: CUdevice_attribute = 85;
-pub const CU_DEVICE_ATTRIBUTE_HOST_NATIVE_ATOMIC_SUPPORTED: CUdevice_attribute = 86;
-pub const CU_DEVICE_ATTRIBUTE_SINGLE_TO_DOUBLE_PRECISION_PERF_RATIO: CUdevice_attribute = 87;
-pub const CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS: CUdevice_attribute = 88;
-pub const CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS: CUdevice_attribute = 89;
-pub const CU_DEVICE_ATTRIBUTE_COMPUTE_PREEMPTION_SUPPORTED: CUdevice_attribute = 90;
-pub const CU_DEVICE_ATTRIBUTE_CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM: CUdevice_attribute = 91;
-pub const CU_DEVICE_ATTRIBUTE_CAN_USE_STREAM_MEM_OPS_V1: CUdevice_attribute = 92;
-pub const CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS_V1: CUdevice_attribute = 93;
-pub const CU_DEVICE_ATTRIBUTE_CAN_USE_STREAM_WAIT_VALUE_NOR_V1: CUdevice_attribute = 94;
-pub const CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH: CUdevice_attribute = 95;
-pub const CU_DEVICE_ATTRIBUTE_COOPERATIVE_MULTI_DEVICE_LAUNCH: CUdevice_attribute = 96;
-pub const CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN: CUdevice_attribute = 97;
-pub const CU_DEVICE_ATTRIBUTE_CAN_FLUSH_REMOTE_WRITES: CUdevice_attribute = 98;
-pub const CU_DEVICE_ATTRIBUTE_HOST_REGISTER_SUPPORTED: CUdevice_attribute = 99;
-pub const CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS_USES_HOST_PAGE_TABLES: CUdevice_attribute =
-    100;
-pub const CU_DEVICE_ATTRIBUTE_DIRECT_MANAGED_MEM_ACCESS_FROM_HOST: CUdevice_attribute = 101;
-pub const CU_DEVICE_ATTRIBUTE_VIRTUAL_ADDRESS_MANAGEMENT_SUPPORTED: CUdevice_attribute = 102;
-pub const CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED: CUdevice_attribute = 102;
-pub const CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED: CUdevice_attribute = 103;
-pub const CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_WIN32_HANDLE_SUPPORTED: CUdevice_attribute = 104;
-pub const CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_WIN32_KMT_HANDLE_SUPPORTED: CUdevice_attribute = 105;
-pub const CU_DEVICE_ATTRIBUTE_MAX_BLOCKS_PER_MULTIPROCESSOR: CUdevice_attribute = 106;
-pub const CU_DEVICE_ATTRIBUTE_GENERIC_COMPRESSION_SUPPORTED: CUdevice_attribute = 107;
-pub const CU_DEVICE_ATTRIBUTE_MAX_PERSISTING_L2_CACHE_SIZE: CUdevice_attribute = 108;
-pub const CU_DEVICE_ATTRIBUTE_MAX_ACCESS_POLICY_WINDOW_SIZE: CUdevice_attribute = 109;
-pub const CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED: CUdevice_attribute = 110;
-pub const CU_DEVICE_ATTRIBUTE_RESERVED_SHARED_MEMORY_PER_BLOCK: CUdevice_attribute = 111;
-pub const CU_DEVICE_ATTRIBUTE_SPARSE_CUDA_ARRAY_SUPPORTED: CUdevice_attribute = 112;
-pub const CU_DEVICE_ATTRIBUTE_READ_ONLY_HOST_REGISTER_SUPPORTED: CUdevice_attribute = 113;
-pub const CU_DEVICE_ATTRIBUTE_TIMELINE_SEMAPHORE_INTEROP_SUPPORTED: CUdevice_attribute = 114;
-pub const CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED: CUdevice_attribute = 115;
-pub const CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED: CUdevice_attribute = 116;
-pub const CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_FLUSH_WRITES_OPTIONS: CUdevice_attribute = 117;
-pub const CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WRITES_ORDERING: CUdevice_attribute = 118;
-pub const CU_DEVICE_ATTRIBUTE_MEMPOOL_SUPPORTED_HANDLE_TYPES: CUdevice_attribute = 119;
-pub const CU_DEVICE_ATTRIBUTE_CLUSTER_LAUNCH: CUdevice_attribute = 120;
-pub const CU_DEVICE_ATTRIBUTE_DEFERRED_MAPPING_CUDA_ARRAY_SUPPORTED: CUdevice_attribute = 121;
-pub const CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS: CUdevice_attribute = 122;
-pub const CU_DEVICE_ATTRIBUTE_CAN_USE_STREAM_WAIT_VALUE_NOR: CUdevice_attribute = 123;
-pub const CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED: CUdevice_attribute = 124;
-pub const CU_DEVICE_ATTRIBUTE_IPC_EVENT_SUPPORTED: CUdevice_attribute = 125;
-pub const CU_DEVICE_ATTRIBUTE_MEM_SYNC_DOMAIN_COUNT: CUdevice_attribute = 126;
-pub const CU_DEVICE_ATTRIBUTE_TENSOR_MAP_ACCESS_SUPPORTED: CUdevice_attribute = 127;
-pub const CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED: CUdevice_attribute = 128;
-pub const CU_DEVICE_ATTRIBUTE_UNIFIED_FUNCTION_POINTERS: CUdevice_attribute = 129;
-pub const CU_DEVICE_ATTRIBUTE_NUMA_CONFIG: CUdevice_attribute = 130;
-pub const CU_DEVICE_ATTRIBUTE_NUMA_ID: CUdevice_attribute = 131;
-pub const CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED: CUdevice_attribute = 132;
-pub const CU_DEVICE_ATTRIBUTE_MPS_ENABLED: CUdevice_attribute = 133;
-pub const CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID: CUdevice_attribute = 134;
-pub const CU_DEVICE_ATTRIBUTE_D3D12_CIG_SUPPORTED: CUdevice_attribute = 135;
-pub const CU_DEVICE_ATTRIBUTE_MEM_DECOMPRESS_ALGORITHM_MASK: CUdevice_attribute = 136;
-pub const CU_DEVICE_ATTRIBUTE_MEM_DECOMPRESS_MAXIMUM_LENGTH: CUdevice_attribute = 137;
-pub const CU_DEVICE_ATTRIBUTE_VULKAN_CIG_SUPPORTED: CUdevice_attribute = 138;
-pub const CU_DEVICE_ATTRIBUTE_GPU_PCI_DEVICE_ID: CUdevice_attribute = 139;
-pub const CU_DEVICE_ATTRIBUTE_GPU_PCI_SUBSYSTEM_ID: CUdevice_attribute = 140;
-pub const CU_DEVICE_ATTRIBUTE_HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED: CUdevice_attribute =
-    141;
-pub const CU_DEVICE_ATTRIBUTE_HOST_NUMA_MEMORY_POOLS_SUPPORTED: CUdevice_attribute = 142;
-pub const CU_DEVICE_ATTRIBUTE_HOST_NUMA_MULTINODE_IPC_SUPPORTED: CUdevice_attribute = 143;
-pub const CU_DEVICE_ATTRIBUTE_HOST_MEMORY_POOLS_SUPPORTED: CUdevice_attribute = 144;
-pub const CU_DEVICE_ATTRIBUTE_HOST_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED: CUdevice_attribute = 145;
-pub const CU_DEVICE_ATTRIBUTE_HOST_ALLOC_DMA_BUF_SUPPORTED: CUdevice_attribute = 146;
-pub const CU_DEVICE_ATTRIBUTE_ONLY_PARTIAL_HOST_NATIVE_ATOMIC_SUPPORTED: CUdevice_attribute = 147;
-pub const CU_DEVICE_ATTRIBUTE_ATOMIC_REDUCTION_SUPPORTED: CUdevice_attribute = 148;
-pub const CU_DEVICE_ATTRIBUTE_LOCALITY_DOMAIN_COUNT: CUdevice_attribute = 149;
-pub const CU_DEVICE_ATTRIBUTE_MAX_OVERSIZED_SHARED_MEMORY_PER_BLOCK: CUdevice_attribute = 150;
-pub const CU_DEVICE_ATTRIBUTE_D3D12_CIG_STREAMS_SUPPORTED: CUdevice_attribute = 151;
-pub const CU_DEVICE_ATTRIBUTE_DMA_BUF_MMAP_SUPPORTED: CUdevice_attribute = 152;
-pub const CU_DEVICE_ATTRIBUTE_LOGICAL_ENDPOINT_UNICAST_SUPPORTED: CUdevice_attribute = 153;
-pub const CU_DEVICE_ATTRIBUTE_LOGICAL_ENDPOINT_MULTICAST_SUPPORTED: CUdevice_attribute = 154;
-pub const CU_DEVICE_ATTRIBUTE_LOGICAL_ENDPOINT_COUNTED_OPS_SUPPORTED: CUdevice_attribute = 155;
-pub const CU_DEVICE_ATTRIBUTE_LOGICAL_ENDPOINT_UNICAST_ACCESS_ON_OWNER_DEVICE_SUPPORTED:
-    CUdevice_attribute = 156;
-pub const CU_DEVICE_ATTRIBUTE_LOCALITY_DOMAIN_MULTIPROCESSOR_COUNT: CUdevice_attribute = 157;
-pub const CU_DEVICE_ATTRIBUTE_LOGICAL_ENDPOINT_SUPPORTED_HANDLE_TYPES: CUdevice_attribute = 158;
-pub const CU_DEVICE_ATTRIBUTE_VULKAN_CIG_STREAMS_SUPPORTED: CUdevice_attribute = 159;
-pub const CU_DEVICE_ATTRIBUTE_TENSOR_MAP_LARGE_TENSOR_MIN_SIZE: CUdevice_attribute = 160;
-pub const CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_LOCALIZED_MEMORY_SUPPORTED: CUdevice_attribute =
-    161;
-pub const CU_DEVICE_ATTRIBUTE_MAX: CUdevice_attribute = 162;
-pub const CU_GET_PROC_ADDRESS_SUCCESS: CUdriverProcAddressQueryResult = 0;
-pub const CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND: CUdriverProcAddressQueryResult = 1;
-pub const CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT: CUdriverProcAddressQueryResult = 2;
-pub const CU_GET_PROC_ADDRESS_DEFAULT: CUdriverProcAddress_flags = 0;
-pub const CU_GET_PROC_ADDRESS_LEGACY_STREAM: CUdriverProcAddress_flags = 1;
-pub const CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM: CUdriverProcAddress_flags = 2;
-pub const CU_EVENT_DEFAULT: CUevent_flags = 0;
-pub const CU_EVENT_BLOCKING_SYNC: CUevent_flags = 1;
-pub const CU_EVENT_DISABLE_TIMING: CUevent_flags = 2;
-pub const CU_EVENT_INTERPROCESS: CUevent_flags = 4;
-pub const CU_EVENT_RECORD_DEFAULT: CUevent_record_flags = 0;
-pub const CU_EVENT_RECORD_EXTERNAL: CUevent_record_flags = 1;
-pub const CU_EVENT_SCHED_AUTO: CUevent_sched_flags = 0;
-pub const CU_EVENT_SCHED_SPIN: CUevent_sched_flags = 1;
-pub const CU_EVENT_SCHED_YIELD: CUevent_sched_flags = 2;
-pub const CU_EVENT_SCHED_BLOCKING_SYNC: CUevent_sched_flags = 4;
-pub const CU_EVENT_WAIT_DEFAULT: CUevent_wait_flags = 0;
-pub const CU_EVENT_WAIT_EXTERNAL: CUevent_wait_flags = 1;
-pub const CU_EXEC_AFFINITY_TYPE_SM_COUNT: CUexecAffinityType = 0;
-pub const CU_EXEC_AFFINITY_TYPE_MAX: CUexecAffinityType = 1;
-pub const CU_EXTERNAL_MEMORY_HANDLE_TYPE_OPAQUE_FD: CUexternalMemoryHandleType = 1;
-pub const CU_EXTERNAL_MEMORY_HANDLE_TYPE_OPAQUE_WIN32: CUexternalMemoryHandleType = 2;
-pub const CU_EXTERNAL_MEMORY_HANDLE_TYPE_OPAQUE_WIN32_KMT: CUexternalMemoryHandleType = 3;
-pub const CU_EXTERNAL_MEMORY_HANDLE_TYPE_D3D12_HEAP: CUexternalMemoryHandleType = 4;
-pub const CU_EXTERNAL_MEMORY_HANDLE_TYPE_D3D12_RESOURCE: CUexternalMemoryHandleType = 5;
-pub const CU_EXTERNAL_MEMORY_HANDLE_TYPE_D3D11_RESOURCE: CUexternalMemoryHandleType = 6;
-pub const CU_EXTERNAL_MEMORY_HANDLE_TYPE_D3D11_RESOURCE_KMT: CUexternalMemoryHandleType = 7;
-pub const CU_EXTERNAL_MEMORY_HANDLE_TYPE_NVSCIBUF: CUexternalMemoryHandleType = 8;
-pub const CU_EXTERNAL_MEMORY_HANDLE_TYPE_DMABUF_FD: CUexternalMemoryHandleType = 9;
-pub const CU_EXTERNAL_SEMAPHORE_HANDLE_TYPE_OPAQUE_FD: CUexternalSemaphoreHandleType = 1;
-pub const CU_EXTERNAL_SEMAPHORE_HANDLE_TYPE_OPAQUE_WIN32: CUexternalSemaphoreHandleType = 2;
-pub const CU_EXTERNAL_SEMAPHORE_HANDLE_TYPE_OPAQUE_WIN32_KMT: CUexternalSemaphoreHandleType = 3;
-pub const CU_EXTERNAL_SEMAPHORE_HANDLE_TYPE_D3D12_FENCE: CUexternalSemaphoreHandleType = 4;
-pub const CU_EXTERNAL_SEMAPHORE_HANDLE_TYPE_D3D11_FENCE: CUexternalSemaphoreHandleType = 5;
-pub const CU_EXTERNAL_SEMAPHORE_HANDLE_TYPE_NVSCISYNC: CUexternalSemaphoreHandleType = 6;
-pub const CU_EXTERNAL_SEMAPHORE_HANDLE_TYPE_D3D11_KEYED_MUTEX: CUexternalSemaphoreHandleType = 7;
-pub const CU_EXTERNAL_SEMAPHORE_HANDLE_TYPE_D3D11_KEYED_MUTEX_KMT: CUexternalSemaphoreHandleType =
-    8;
-pub const CU_EXTERNAL_SEMAPHORE_HANDLE_TYPE_TIMELINE_SEMAPHORE_FD: CUexternalSemaphoreHandleType =
-    9;
-pub const CU_EXTERNAL_SEMAPHORE_HANDLE_TYPE_TIMELINE_SEMAPHORE_WIN32:
-    CUexternalSemaphoreHandleType = 10;
-pub const CU_FABRIC_COPY_OPERAND_TYPE_POINTER: CUfabricCpyOperandType = 1;
-pub const CU_FABRIC_COPY_OPERAND_TYPE_LOGICAL_ENDPOINT: CUfabricCpyOperandType = 2;
-pub const CU_FABRIC_COPY_OPERAND_TYPE_MAX: CUfabricCpyOperandType = 2147483647;
-pub const CU_TR_FILTER_MODE_POINT: CUfilter_mode = 0;
-pub const CU_TR_FILTER_MODE_LINEAR: CUfilter_mode = 1;
-pub const CU_FLUSH_GPU_DIRECT_RDMA_WRITES_OPTION_HOST: CUflushGPUDirectRDMAWritesOptions = 1;
-pub const CU_FLUSH_GPU_DIRECT_RDMA_WRITES_OPTION_MEMOPS: CUflushGPUDirectRDMAWritesOptions = 2;
-pub const CU_FLUSH_GPU_DIRECT_RDMA_WRITES_TO_OWNER: CUflushGPUDirectRDMAWritesScope = 100;
-pub const CU_FLUSH_GPU_DIRECT_RDMA_WRITES_TO_ALL_DEVICES: CUflushGPUDirectRDMAWritesScope = 200;
-pub const CU_FLUSH_GPU_DIRECT_RDMA_WRITES_TARGET_CURRENT_CTX: CUflushGPUDirectRDMAWritesTarget = 0;
-pub const CU_FUNC_CACHE_PREFER_NONE: CUfunc_cache = 0;
-pub const CU_FUNC_CACHE_PREFER_SHARED: CUfunc_cache = 1;
-pub const CU_FUNC_CACHE_PREFER_L1: CUfunc_cache = 2;
-pub const CU_FUNC_CACHE_PREFER_EQUAL: CUfunc_cache = 3;
-pub const CU_FUNCTION_LOADING_STATE_UNLOADED: CUfunctionLoadingState = 0;
-pub const CU_FUNCTION_LOADING_STATE_LOADED: CUfunctionLoadingState = 1;
-pub const CU_FUNCTION_LOADING_STATE_MAX: CUfunctionLoadingState = 2;
-pub const CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK: CUfunction_attribute = 0;
-pub const CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES: CUfunction_attribute = 1;
-pub const CU_FUNC_ATTRIBUTE_CONST_SIZE_BYTES: CUfunction_attribute = 2;
-pub const CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES: CUfunction_attribute = 3;
-pub const CU_FUNC_ATTRIBUTE_NUM_REGS: CUfunction_attribute = 4;
-pub const CU_FUNC_ATTRIBUTE_PTX_VERSION: CUfunction_attribute = 5;
-pub const CU_FUNC_ATTRIBUTE_BINARY_VERSION: CUfunction_attribute = 6;
-pub const CU_FUNC_ATTRIBUTE_CACHE_MODE_CA: CUfunction_attribute = 7;
-pub const CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES: CUfunction_attribute = 8;
-pub const CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT: CUfunction_attribute = 9;
-pub const CU_FUNC_ATTRIBUTE_CLUSTER_SIZE_MUST_BE_SET: CUfunction_attribute = 10;
-pub const CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_WIDTH: CUfunction_attribute = 11;
-pub const CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_HEIGHT: CUfunction_attribute = 12;
-pub const CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_DEPTH: CUfunction_attribute = 13;
-pub const CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED: CUfunction_attribute = 14;
-pub const CU_FUNC_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE: CUfunction_attribute = 15;
-pub const CU_FUNC_ATTRIBUTE_DEVICE_NODE_UPDATE_SUPPORTED: CUfunction_attribute = 16;
-pub const CU_FUNC_ATTRIBUTE_SHARED_MEMORY_MODE: CUfunction_attribute = 17;
-pub const CU_FUNC_ATTRIBUTE_MAX: CUfunction_attribute = 18;
-pub const CU_GRAPH_CHILD_GRAPH_OWNERSHIP_CLONE: CUgraphChildGraphNodeOwnership = 0;
-pub const CU_GRAPH_CHILD_GRAPH_OWNERSHIP_MOVE: CUgraphChildGraphNodeOwnership = 1;
-pub const CU_GRAPH_CHILD_GRAPH_OWNERSHIP_INVALID: CUgraphChildGraphNodeOwnership = -1;
-pub const CU_GRAPH_COND_TYPE_IF: CUgraphConditionalNodeType = 0;
-pub const CU_GRAPH_COND_TYPE_WHILE: CUgraphConditionalNodeType = 1;
-pub const CU_GRAPH_COND_TYPE_SWITCH: CUgraphConditionalNodeType = 2;
-pub const CU_GRAPH_DEBUG_DOT_FLAGS_VERBOSE: CUgraphDebugDot_flags = 1;
-pub const CU_GRAPH_DEBUG_DOT_FLAGS_RUNTIME_TYPES: CUgraphDebugDot_flags = 2;
-pub const CU_GRAPH_DEBUG_DOT_FLAGS_KERNEL_NODE_PARAMS: CUgraphDebugDot_flags = 4;
-pub const CU_GRAPH_DEBUG_DOT_FLAGS_MEMCPY_NODE_PARAMS: CUgraphDebugDot_flags = 8;
-pub const CU_GRAPH_DEBUG_DOT_FLAGS_MEMSET_NODE_PARAMS: CUgraphDebugDot_flags = 16;
-pub const CU_GRAPH_DEBUG_DOT_FLAGS_HOST_NODE_PARAMS: CUgraphDebugDot_flags = 32;
-pub const CU_GRAPH_DEBUG_DOT_FLAGS_EVENT_NODE_PARAMS: CUgraphDebugDot_flags = 64;
-pub const CU_GRAPH_DEBUG_DOT_FLAGS_EXT_SEMAS_SIGNAL_NODE_PARAMS: CUgraphDebugDot_flags = 128;
-pub const CU_GRAPH_DEBUG_DOT_FLAGS_EXT_SEMAS_WAIT_NODE_PARAMS: CUgraphDebugDot_flags = 256;
-pub const CU_GRAPH_DEBUG_DOT_FLAGS_KERNEL_NODE_ATTRIBUTES: CUgraphDebugDot_flags = 512;
-pub const CU_GRAPH_DEBUG_DOT_FLAGS_HANDLES: CUgraphDebugDot_flags = 1024;
-pub const CU_GRAPH_DEBUG_DOT_FLAGS_MEM_ALLOC_NODE_PARAMS: CUgraphDebugDot_flags = 2048;
-pub const CU_GRAPH_DEBUG_DOT_FLAGS_MEM_FREE_NODE_PARAMS: CUgraphDebugDot_flags = 4096;
-pub const CU_GRAPH_DEBUG_DOT_FLAGS_BATCH_MEM_OP_NODE_PARAMS: CUgraphDebugDot_flags = 8192;
-pub const CU_GRAPH_DEBUG_DOT_FLAGS_EXTRA_TOPO_INFO: CUgraphDebugDot_flags = 16384;
-pub const CU_GRAPH_DEBUG_DOT_FLAGS_CONDITIONAL_NODE_PARAMS: CUgraphDebugDot_flags = 32768;
-pub const CU_GRAPH_DEBUG_DOT_FLAGS_MEMCPY_BATCH_NODE_PARAMS: CUgraphDebugDot_flags = 65536;
-pub const CU_GRAPH_DEBUG_DOT_FLAGS_FABRIC_CPY_BATCH_NODE_PARAMS: CUgraphDebugDot_flags = 131072;
-pub const CU_GRAPH_DEPENDENCY_TYPE_DEFAULT: CUgraphDependencyType = 0;
-pub const CU_GRAPH_DEPENDENCY_TYPE_PROGRAMMATIC: CUgraphDependencyType = 1;
-pub const CU_GRAPH_EXEC_UPDATE_SUCCESS: CUgraphExecUpdateResult = 0;
-pub const CU_GRAPH_EXEC_UPDATE_ERROR: CUgraphExecUpdateResult = 1;
-pub const CU_GRAPH_EXEC_UPDATE_ERROR_TOPOLOGY_CHANGED: CUgraphExecUpdateResult = 2;
-pub const CU_GRAPH_EXEC_UPDATE_ERROR_NODE_TYPE_CHANGED: CUgraphExecUpdateResult = 3;
-pub const CU_GRAPH_EXEC_UPDATE_ERROR_FUNCTION_CHANGED: CUgraphExecUpdateResult = 4;
-pub const CU_GRAPH_EXEC_UPDATE_ERROR_PARAMETERS_CHANGED: CUgraphExecUpdateResult = 5;
-pub const CU_GRAPH_EXEC_UPDATE_ERROR_NOT_SUPPORTED: CUgraphExecUpdateResult = 6;
-pub const CU_GRAPH_EXEC_UPDATE_ERROR_UNSUPPORTED_FUNCTION_CHANGE: CUgraphExecUpdateResult = 7;
-pub const CU_GRAPH_EXEC_UPDATE_ERROR_ATTRIBUTES_CHANGED: CUgraphExecUpdateResult = 8;
-pub const CUDA_GRAPH_INSTANTIATE_SUCCESS: CUgraphInstantiateResult = 0;
-pub const CUDA_GRAPH_INSTANTIATE_ERROR: CUgraphInstantiateResult = 1;
-pub const CUDA_GRAPH_INSTANTIATE_INVALID_STRUCTURE: CUgraphInstantiateResult = 2;
-pub const CUDA_GRAPH_INSTANTIATE_NODE_OPERATION_NOT_SUPPORTED: CUgraphInstantiateResult = 3;
-pub const CUDA_GRAPH_INSTANTIATE_MULTIPLE_CTXS_NOT_SUPPORTED: CUgraphInstantiateResult = 4;
-pub const CUDA_GRAPH_INSTANTIATE_CONDITIONAL_HANDLE_UNUSED: CUgraphInstantiateResult = 5;
-pub const CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH: CUgraphInstantiate_flags = 1;
-pub const CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD: CUgraphInstantiate_flags = 2;
-pub const CUDA_GRAPH_INSTANTIATE_FLAG_DEVICE_LAUNCH: CUgraphInstantiate_flags = 4;
-pub const CUDA_GRAPH_INSTANTIATE_FLAG_USE_NODE_PRIORITY: CUgraphInstantiate_flags = 8;
-pub const CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT: CUgraphMem_attribute = 0;
-pub const CU_GRAPH_MEM_ATTR_USED_MEM_HIGH: CUgraphMem_attribute = 1;
-pub const CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT: CUgraphMem_attribute = 2;
-pub const CU_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH: CUgraphMem_attribute = 3;
-pub const CU_GRAPH_NODE_TYPE_KERNEL: CUgraphNodeType = 0;
-pub const CU_GRAPH_NODE_TYPE_MEMCPY: CUgraphNodeType = 1;
-pub const CU_GRAPH_NODE_TYPE_MEMSET: CUgraphNodeType = 2;
-pub const CU_GRAPH_NODE_TYPE_HOST: CUgraphNodeType = 3;
-pub const CU_GRAPH_NODE_TYPE_GRAPH: CUgraphNodeType = 4;
-pub const CU_GRAPH_NODE_TYPE_EMPTY: CUgraphNodeType = 5;
-pub const CU_GRAPH_NODE_TYPE_WAIT_EVENT: CUgraphNodeType = 6;
-pub const CU_GRAPH_NODE_TYPE_EVENT_RECORD: CUgraphNodeType = 7;
-pub const CU_GRAPH_NODE_TYPE_EXT_SEMAS_SIGNAL: CUgraphNodeType = 8;
-pub const CU_GRAPH_NODE_TYPE_EXT_SEMAS_WAIT: CUgraphNodeType = 9;
-pub const CU_GRAPH_NODE_TYPE_MEM_ALLOC: CUgraphNodeType = 10;
-pub const CU_GRAPH_NODE_TYPE_MEM_FREE: CUgraphNodeType = 11;
-pub const CU_GRAPH_NODE_TYPE_BATCH_MEM_OP: CUgraphNodeType = 12;
-pub const CU_GRAPH_NODE_TYPE_CONDITIONAL: CUgraphNodeType = 13;
-pub const CU_GRAPH_NODE_TYPE_MEMCPY_BATCH: CUgraphNodeType = 14;
-pub const CU_GRAPH_NODE_TYPE_RESERVED_16: CUgraphNodeType = 16;
-pub const CU_GRAPH_NODE_TYPE_EXTERNAL_ENGINE: CUgraphNodeType = 17;
-pub const CU_GRAPH_NODE_TYPE_FABRIC_CPY_BATCH: CUgraphNodeType = 18;
-pub const CU_GRAPH_RECAPTURE_ELIGIBLE_FOR_UPDATE: CUgraphRecaptureStatus = 0;
-pub const CU_GRAPH_RECAPTURE_INELIGIBLE_FOR_UPDATE: CUgraphRecaptureStatus = 1;
-pub const CU_GRAPH_RECAPTURE_ERROR: CUgraphRecaptureStatus = 2;
-pub const CU_GRAPHICS_MAP_RESOURCE_FLAGS_NONE: CUgraphicsMapResourceFlags = 0;
-pub const CU_GRAPHICS_MAP_RESOURCE_FLAGS_READ_ONLY: CUgraphicsMapResourceFlags = 1;
-pub const CU_GRAPHICS_MAP_RESOURCE_FLAGS_WRITE_DISCARD: CUgraphicsMapResourceFlags = 2;
-pub const CU_GRAPHICS_REGISTER_FLAGS_NONE: CUgraphicsRegisterFlags = 0;
-pub const CU_GRAPHICS_REGISTER_FLAGS_READ_ONLY: CUgraphicsRegisterFlags = 1;
-pub const CU_GRAPHICS_REGISTER_FLAGS_WRITE_DISCARD: CUgraphicsRegisterFlags = 2;
-pub const CU_GRAPHICS_REGISTER_FLAGS_SURFACE_LDST: CUgraphicsRegisterFlags = 4;
-pub const CU_GRAPHICS_REGISTER_FLAGS_TEXTURE_GATHER: CUgraphicsRegisterFlags = 8;
-pub const CU_GREEN_CTX_NONE: CUgreenCtxCreate_flags = 0;
-pub const CU_GREEN_CTX_DEFAULT_STREAM: CUgreenCtxCreate_flags = 1;
-pub const CU_HOST_TASK_BLOCKING: CUhostTaskSyncMode = 0;
-pub const CU_HOST_TASK_SPINWAIT: CUhostTaskSyncMode = 1;
-pub const CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS: CUipcMem_flags = 1;
-pub const CU_JIT_INPUT_CUBIN: CUjitInputType = 0;
-pub const CU_JIT_INPUT_PTX: CUjitInputType = 1;
-pub const CU_JIT_INPUT_FATBINARY: CUjitInputType = 2;
-pub const CU_JIT_INPUT_OBJECT: CUjitInputType = 3;
-pub const CU_JIT_INPUT_LIBRARY: CUjitInputType = 4;
-pub const CU_JIT_INPUT_NVVM: CUjitInputType = 5;
-pub const CU_JIT_NUM_INPUT_TYPES: CUjitInputType = 6;
-pub const CU_JIT_CACHE_OPTION_NONE: CUjit_cacheMode = 0;
-pub const CU_JIT_CACHE_OPTION_CG: CUjit_cacheMode = 1;
-pub const CU_JIT_CACHE_OPTION_CA: CUjit_cacheMode = 2;
-pub const CU_PREFER_PTX: CUjit_fallback = 0;
-pub const CU_PREFER_BINARY: CUjit_fallback = 1;
-pub const CU_JIT_MAX_REGISTERS: CUjit_option = 0;
-pub const CU_JIT_THREADS_PER_BLOCK: CUjit_option = 1;
-pub const CU_JIT_WALL_TIME: CUjit_option = 2;
-pub const CU_JIT_INFO_LOG_BUFFER: CUjit_option = 3;
-pub const CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES: CUjit_option = 4;
-pub const CU_JIT_ERROR_LOG_BUFFER: CUjit_option = 5;
-pub const CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES: CUjit_option = 6;
-pub const CU_JIT_OPTIMIZATION_LEVEL: CUjit_option = 7;
-pub const CU_JIT_TARGET_FROM_CUCONTEXT: CUjit_option = 8;
-pub const CU_JIT_TARGET: CUjit_option = 9;
-pub const CU_JIT_FALLBACK_STRATEGY: CUjit_option = 10;
-pub const CU_JIT_GENERATE_DEBUG_INFO: CUjit_option = 11;
-pub const CU_JIT_LOG_VERBOSE: CUjit_option = 12;
-pub const CU_JIT_GENERATE_LINE_INFO: CUjit_option = 13;
-pub const CU_JIT_CACHE_MODE: CUjit_option = 14;
-pub const CU_JIT_NEW_SM3X_OPT: CUjit_option = 15;
-pub const CU_JIT_FAST_COMPILE: CUjit_option = 16;
-pub const CU_JIT_GLOBAL_SYMBOL_NAMES: CUjit_option = 17;
-pub const CU_JIT_GLOBAL_SYMBOL_ADDRESSES: CUjit_option = 18;
-pub const CU_JIT_GLOBAL_SYMBOL_COUNT: CUjit_option = 19;
-pub const CU_JIT_LTO: CUjit_option = 20;
-pub const CU_JIT_FTZ: CUjit_option = 21;
-pub const CU_JIT_PREC_DIV: CUjit_option = 22;
-pub const CU_JIT_PREC_SQRT: CUjit_option = 23;
-pub const CU_JIT_FMA: CUjit_option = 24;
-pub const CU_JIT_REFERENCED_KERNEL_NAMES: CUjit_option = 25;
-pub const CU_JIT_REFERENCED_KERNEL_COUNT: CUjit_option = 26;
-pub const CU_JIT_REFERENCED_VARIABLE_NAMES: CUjit_option = 27;
-pub const CU_JIT_REFERENCED_VARIABLE_COUNT: CUjit_option = 28;
-pub const CU_JIT_OPTIMIZE_UNUSED_DEVICE_VARIABLES: CUjit_option = 29;
-pub const CU_JIT_POSITION_INDEPENDENT_CODE: CUjit_option = 30;
-pub const CU_JIT_MIN_CTA_PER_SM: CUjit_option = 31;
-pub const CU_JIT_MAX_THREADS_PER_BLOCK: CUjit_option = 32;
-pub const CU_JIT_OVERRIDE_DIRECTIVE_VALUES: CUjit_option = 33;
-pub const CU_JIT_SPLIT_COMPILE: CUjit_option = 34;
-pub const CU_JIT_BINARY_LOADER_THREAD_COUNT: CUjit_option = 35;
-pub const CU_JIT_NUM_OPTIONS: CUjit_option = 36;
-pub const CU_TARGET_COMPUTE_30: CUjit_target = 30;
-pub const CU_TARGET_COMPUTE_32: CUjit_target = 32;
-pub const CU_TARGET_COMPUTE_35: CUjit_target = 35;
-pub const CU_TARGET_COMPUTE_37: CUjit_target = 37;
-pub const CU_TARGET_COMPUTE_50: CUjit_target = 50;
-pub const CU_TARGET_COMPUTE_52: CUjit_target = 52;
-pub const CU_TARGET_COMPUTE_53: CUjit_target = 53;
-pub const CU_TARGET_COMPUTE_60: CUjit_target = 60;
-pub const CU_TARGET_COMPUTE_61: CUjit_target = 61;
-pub const CU_TARGET_COMPUTE_62: CUjit_target = 62;
-pub const CU_TARGET_COMPUTE_70: CUjit_target = 70;
-pub const CU_TARGET_COMPUTE_72: CUjit_target = 72;
-pub const CU_TARGET_COMPUTE_75: CUjit_target = 75;
-pub const CU_TARGET_COMPUTE_80: CUjit_target = 80;
-pub const CU_TARGET_COMPUTE_86: CUjit_target = 86;
-pub const CU_TARGET_COMPUTE_87: CUjit_target = 87;
-pub const CU_TARGET_COMPUTE_89: CUjit_target = 89;
-pub const CU_TARGET_COMPUTE_90: CUjit_target = 90;
-pub const CU_TARGET_COMPUTE_100: CUjit_target = 100;
-pub const CU_TARGET_COMPUTE_110: CUjit_target = 110;
-pub const CU_TARGET_COMPUTE_103: CUjit_target = 103;
-pub const CU_TARGET_COMPUTE_107: CUjit_target = 107;
-pub const CU_TARGET_COMPUTE_120: CUjit_target = 120;
-pub const CU_TARGET_COMPUTE_121: CUjit_target = 121;
-pub const CU_TARGET_COMPUTE_90A: CUjit_target = 65626;
-pub const CU_TARGET_COMPUTE_100A: CUjit_target = 65636;
-pub const CU_TARGET_COMPUTE_110A: CUjit_target = 65646;
-pub const CU_TARGET_COMPUTE_103A: CUjit_target = 65639;
-pub const CU_TARGET_COMPUTE_107A: CUjit_target = 65643;
-pub const CU_TARGET_COMPUTE_120A: CUjit_target = 65656;
-pub const CU_TARGET_COMPUTE_121A: CUjit_target = 65657;
-pub const CU_TARGET_COMPUTE_100F: CUjit_target = 131172;
-pub const CU_TARGET_COMPUTE_110F: CUjit_target = 131182;
-pub const CU_TARGET_COMPUTE_103F: CUjit_target = 131175;
-pub const CU_TARGET_COMPUTE_107F: CUjit_target = 131179;
-pub const CU_TARGET_COMPUTE_120F: CUjit_target = 131192;
-pub const CU_TARGET_COMPUTE_121F: CUjit_target = 131193;
-pub const CU_LAUNCH_ATTRIBUTE_IGNORE: CUlaunchAttributeID = 0;
-pub const CU_LAUNCH_ATTRIBUTE_ACCESS_POLICY_WINDOW: CUlaunchAttributeID = 1;
-pub const CU_LAUNCH_ATTRIBUTE_COOPERATIVE: CUlaunchAttributeID = 2;
-pub const CU_LAUNCH_ATTRIBUTE_SYNCHRONIZATION_POLICY: CUlaunchAttributeID = 3;
-pub const CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION: CUlaunchAttributeID = 4;
-pub const CU_LAUNCH_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE: CUlaunchAttributeID = 5;
-pub const CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION: CUlaunchAttributeID = 6;
-pub const CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_EVENT: CUlaunchAttributeID = 7;
-pub const CU_LAUNCH_ATTRIBUTE_PRIORITY: CUlaunchAttributeID = 8;
-pub const CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN_MAP: CUlaunchAttributeID = 9;
-pub const CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN: CUlaunchAttributeID = 10;
-pub const CU_LAUNCH_ATTRIBUTE_PREFERRED_CLUSTER_DIMENSION: CUlaunchAttributeID = 11;
-pub const CU_LAUNCH_ATTRIBUTE_LAUNCH_COMPLETION_EVENT: CUlaunchAttributeID = 12;
-pub const CU_LAUNCH_ATTRIBUTE_DEVICE_UPDATABLE_KERNEL_NODE: CUlaunchAttributeID = 13;
-pub const CU_LAUNCH_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT: CUlaunchAttributeID = 14;
-pub const CU_LAUNCH_ATTRIBUTE_NVLINK_UTIL_CENTRIC_SCHEDULING: CUlaunchAttributeID = 16;
-pub const CU_LAUNCH_ATTRIBUTE_PORTABLE_CLUSTER_SIZE_MODE: CUlaunchAttributeID = 17;
-pub const CU_LAUNCH_ATTRIBUTE_SHARED_MEMORY_MODE: CUlaunchAttributeID = 18;
-pub const CU_LAUNCH_PORTABLE_CLUSTER_MODE_DEFAULT: CUlaunchAttributePortableClusterMode = 0;
-pub const CU_LAUNCH_PORTABLE_CLUSTER_MODE_REQUIRE_PORTABLE: CUlaunchAttributePortableClusterMode =
-    1;
-pub const CU_LAUNCH_PORTABLE_CLUSTER_MODE_ALLOW_NON_PORTABLE: CUlaunchAttributePortableClusterMode =
-    2;
-pub const CU_LAUNCH_MEM_SYNC_DOMAIN_DEFAULT: CUlaunchMemSyncDomain = 0;
-pub const CU_LAUNCH_MEM_SYNC_DOMAIN_REMOTE: CUlaunchMemSyncDomain = 1;
-pub const CU_LIBRARY_HOST_UNIVERSAL_FUNCTION_AND_DATA_TABLE: CUlibraryOption = 0;
-pub const CU_LIBRARY_BINARY_IS_PRESERVED: CUlibraryOption = 1;
-pub const CU_LIBRARY_NUM_OPTIONS: CUlibraryOption = 2;
-pub const CU_LIMIT_STACK_SIZE: CUlimit = 0;
-pub const CU_LIMIT_PRINTF_FIFO_SIZE: CUlimit = 1;
-pub const CU_LIMIT_MALLOC_HEAP_SIZE: CUlimit = 2;
-pub const CU_LIMIT_DEV_RUNTIME_SYNC_DEPTH: CUlimit = 3;
-pub const CU_LIMIT_DEV_RUNTIME_PENDING_LAUNCH_COUNT: CUlimit = 4;
-pub const CU_LIMIT_MAX_L2_FETCH_GRANULARITY: CUlimit = 5;
-pub const CU_LIMIT_PERSISTING_L2_CACHE_SIZE: CUlimit = 6;
-pub const CU_LIMIT_SHMEM_SIZE: CUlimit = 7;
-pub const CU_LIMIT_CIG_ENABLED: CUlimit = 8;
-pub const CU_LIMIT_CIG_SHMEM_FALLBACK_ENABLED: CUlimit = 9;
-pub const CU_LIMIT_PER_BLOCK_MEMORY_SIZE: CUlimit = 10;
-pub const CU_LIMIT_MAX: CUlimit = 11;
-pub const CU_LOG_LEVEL_ERROR: CUlogLevel = 0;
-pub const CU_LOG_LEVEL_WARNING: CUlogLevel = 1;
-pub const CU_LOGICAL_ENDPOINT_FLAG_NONE: CUlogicalEndpointFlag = 0;
-pub const CU_LOGICAL_ENDPOINT_FLAG_COUNTED_OPS: CUlogicalEndpointFlag = 1;
-pub const CU_LOGICAL_ENDPOINT_IPC_HANDLE_TYPE_NONE: CUlogicalEndpointIpcHandleType = 0;
-pub const CU_LOGICAL_ENDPOINT_IPC_HANDLE_TYPE_FABRIC: CUlogicalEndpointIpcHandleType = 1;
-pub const CU_LOGICAL_ENDPOINT_TYPE_INVALID: CUlogicalEndpointType = 0;
-pub const CU_LOGICAL_ENDPOINT_TYPE_UNICAST: CUlogicalEndpointType = 1;
-pub const CU_LOGICAL_ENDPOINT_TYPE_MULTICAST: CUlogicalEndpointType = 2;
-pub const CU_MEM_ACCESS_FLAGS_PROT_NONE: CUmemAccess_flags = 0;
-pub const CU_MEM_ACCESS_FLAGS_PROT_READ: CUmemAccess_flags = 1;
-pub const CU_MEM_ACCESS_FLAGS_PROT_READWRITE: CUmemAccess_flags = 3;
-pub const CU_MEM_ACCESS_FLAGS_PROT_MAX: CUmemAccess_flags = 2147483647;
-pub const CU_MEM_ALLOCATION_COMP_NONE: CUmemAllocationCompType = 0;
-pub const CU_MEM_ALLOCATION_COMP_GENERIC: CUmemAllocationCompType = 1;
-pub const CU_MEM_ALLOC_GRANULARITY_MINIMUM: CUmemAllocationGranularity_flags = 0;
-pub const CU_MEM_ALLOC_GRANULARITY_RECOMMENDED: CUmemAllocationGranularity_flags = 1;
-pub const CU_MEM_HANDLE_TYPE_NONE: CUmemAllocationHandleType = 0;
-pub const CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR: CUmemAllocationHandleType = 1;
-pub const CU_MEM_HANDLE_TYPE_WIN32: CUmemAllocationHandleType = 2;
-pub const CU_MEM_HANDLE_TYPE_WIN32_KMT: CUmemAllocationHandleType = 4;
-pub const CU_MEM_HANDLE_TYPE_FABRIC: CUmemAllocationHandleType = 8;
-pub const CU_MEM_HANDLE_TYPE_MAX: CUmemAllocationHandleType = 2147483647;
-pub const CU_MEM_ALLOCATION_TYPE_INVALID: CUmemAllocationType = 0;
-pub const CU_MEM_ALLOCATION_TYPE_PINNED: CUmemAllocationType = 1;
-pub const CU_MEM_ALLOCATION_TYPE_MANAGED: CUmemAllocationType = 2;
-pub const CU_MEM_ALLOCATION_TYPE_MAX: CUmemAllocationType = 2147483647;
-pub const CU_MEM_ATTACH_GLOBAL: CUmemAttach_flags = 1;
-pub const CU_MEM_ATTACH_HOST: CUmemAttach_flags = 2;
-pub const CU_MEM_ATTACH_SINGLE: CUmemAttach_flags = 4;
-pub const CU_MEM_DECOMPRESS_UNSUPPORTED: CUmemDecompressAlgorithm = 0;
-pub const CU_MEM_DECOMPRESS_ALGORITHM_DEFLATE: CUmemDecompressAlgorithm = 1;
-pub const CU_MEM_DECOMPRESS_ALGORITHM_SNAPPY: CUmemDecompressAlgorithm = 2;
-pub const CU_MEM_DECOMPRESS_ALGORITHM_LZ4: CUmemDecompressAlgorithm = 4;
-pub const CU_MEM_HANDLE_TYPE_GENERIC: CUmemHandleType = 0;
-pub const CU_MEM_LOCATION_TYPE_INVALID: CUmemLocationType = 0;
-pub const CU_MEM_LOCATION_TYPE_NONE: CUmemLocationType = 0;
-pub const CU_MEM_LOCATION_TYPE_DEVICE: CUmemLocationType = 1;
-pub const CU_MEM_LOCATION_TYPE_HOST: CUmemLocationType = 2;
-pub const CU_MEM_LOCATION_TYPE_HOST_NUMA: CUmemLocationType = 3;
-pub const CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT: CUmemLocationType = 4;
-pub const CU_MEM_LOCATION_TYPE_INVISIBLE: CUmemLocationType = 5;
-pub const CU_MEM_LOCATION_TYPE_DEVICE_LOCALITY_DOMAIN: CUmemLocationType = 6;
-pub const CU_MEM_LOCATION_TYPE_MAX: CUmemLocationType = 2147483647;
-pub const CU_MEM_OPERATION_TYPE_MAP: CUmemOperationType = 1;
-pub const CU_MEM_OPERATION_TYPE_UNMAP: CUmemOperationType = 2;
-pub const CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES: CUmemPool_attribute = 1;
-pub const CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC: CUmemPool_attribute = 2;
-pub const CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES: CUmemPool_attribute = 3;
-pub const CU_MEMPOOL_ATTR_RELEASE_THRESHOLD: CUmemPool_attribute = 4;
-pub const CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT: CUmemPool_attribute = 5;
-pub const CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH: CUmemPool_attribute = 6;
-pub const CU_MEMPOOL_ATTR_USED_MEM_CURRENT: CUmemPool_attribute = 7;
-pub const CU_MEMPOOL_ATTR_USED_MEM_HIGH: CUmemPool_attribute = 8;
-pub const CU_MEMPOOL_ATTR_ALLOCATION_TYPE: CUmemPool_attribute = 9;
-pub const CU_MEMPOOL_ATTR_EXPORT_HANDLE_TYPES: CUmemPool_attribute = 10;
-pub const CU_MEMPOOL_ATTR_LOCATION_ID: CUmemPool_attribute = 11;
-pub const CU_MEMPOOL_ATTR_LOCATION_TYPE: CUmemPool_attribute = 12;
-pub const CU_MEMPOOL_ATTR_MAX_POOL_SIZE: CUmemPool_attribute = 13;
-pub const CU_MEMPOOL_ATTR_HW_DECOMPRESS_ENABLED: CUmemPool_attribute = 14;
-pub const CU_MEMPOOL_ATTR_LOCALITY_DOMAIN_ID: CUmemPool_attribute = 15;
-pub const CU_MEM_RANGE_FLAG_DMA_BUF_MAPPING_TYPE_PCIE: CUmemRangeFlags = 1;
-pub const CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD: CUmemRangeHandleType = 1;
-pub const CU_MEM_RANGE_HANDLE_TYPE_MAX: CUmemRangeHandleType = 2147483647;
-pub const CU_MEM_ADVISE_SET_READ_MOSTLY: CUmem_advise = 1;
-pub const CU_MEM_ADVISE_UNSET_READ_MOSTLY: CUmem_advise = 2;
-pub const CU_MEM_ADVISE_SET_PREFERRED_LOCATION: CUmem_advise = 3;
-pub const CU_MEM_ADVISE_UNSET_PREFERRED_LOCATION: CUmem_advise = 4;
-pub const CU_MEM_ADVISE_SET_ACCESSED_BY: CUmem_advise = 5;
-pub const CU_MEM_ADVISE_UNSET_ACCESSED_BY: CUmem_advise = 6;
-pub const CU_MEM_RANGE_ATTRIBUTE_READ_MOSTLY: CUmem_range_attribute = 1;
-pub const CU_MEM_RANGE_ATTRIBUTE_PREFERRED_LOCATION: CUmem_range_attribute = 2;
-pub const CU_MEM_RANGE_ATTRIBUTE_ACCESSED_BY: CUmem_range_attribute = 3;
-pub const CU_MEM_RANGE_ATTRIBUTE_LAST_PREFETCH_LOCATION: CUmem_range_attribute = 4;
-pub const CU_MEM_RANGE_ATTRIBUTE_PREFERRED_LOCATION_TYPE: CUmem_range_attribute = 5;
-pub const CU_MEM_RANGE_ATTRIBUTE_PREFERRED_LOCATION_ID: CUmem_range_attribute = 6;
-pub const CU_MEM_RANGE_ATTRIBUTE_LAST_PREFETCH_LOCATION_TYPE: CUmem_range_attribute = 7;
-pub const CU_MEM_RANGE_ATTRIBUTE_LAST_PREFETCH_LOCATION_ID: CUmem_range_attribute = 8;
-pub const CU_MEMCPY_OPERAND_TYPE_POINTER: CUmemcpy3DOperandType = 1;
-pub const CU_MEMCPY_OPERAND_TYPE_ARRAY: CUmemcpy3DOperandType = 2;
-pub const CU_MEMCPY_OPERAND_TYPE_MAX: CUmemcpy3DOperandType = 2147483647;
-pub const CU_MEMCPY_FLAG_DEFAULT: CUmemcpyFlags = 0;
-pub const CU_MEMCPY_FLAG_PREFER_OVERLAP_WITH_COMPUTE: CUmemcpyFlags = 1;
-pub const CU_MEMCPY_SRC_ACCESS_ORDER_INVALID: CUmemcpySrcAccessOrder = 0;
-pub const CU_MEMCPY_SRC_ACCESS_ORDER_STREAM: CUmemcpySrcAccessOrder = 1;
-pub const CU_MEMCPY_SRC_ACCESS_ORDER_DURING_API_CALL: CUmemcpySrcAccessOrder = 2;
-pub const CU_MEMCPY_SRC_ACCESS_ORDER_ANY: CUmemcpySrcAccessOrder = 3;
-pub const CU_MEMCPY_SRC_ACCESS_ORDER_MAX: CUmemcpySrcAccessOrder = 2147483647;
-pub const CU_MEMORYTYPE_HOST: CUmemorytype = 1;
-pub const CU_MEMORYTYPE_DEVICE: CUmemorytype = 2;
-pub const CU_MEMORYTYPE_ARRAY: CUmemorytype = 3;
-pub const CU_MEMORYTYPE_UNIFIED: CUmemorytype = 4;
-pub const CU_MODULE_EAGER_LOADING: CUmoduleLoadingMode = 1;
-pub const CU_MODULE_LAZY_LOADING: CUmoduleLoadingMode = 2;
-pub const CU_MULTICAST_GRANULARITY_MINIMUM: CUmulticastGranularity_flags = 0;
-pub const CU_MULTICAST_GRANULARITY_RECOMMENDED: CUmulticastGranularity_flags = 1;
-pub const CU_OCCUPANCY_DEFAULT: CUoccupancy_flags = 0;
-pub const CU_OCCUPANCY_DISABLE_CACHING_OVERRIDE: CUoccupancy_flags = 1;
-pub const CU_POINTER_ATTRIBUTE_CONTEXT: CUpointer_attribute = 1;
-pub const CU_POINTER_ATTRIBUTE_MEMORY_TYPE: CUpointer_attribute = 2;
-pub const CU_POINTER_ATTRIBUTE_DEVICE_POINTER: CUpointer_attribute = 3;
-pub const CU_POINTER_ATTRIBUTE_HOST_POINTER: CUpointer_attribute = 4;
-pub const CU_POINTER_ATTRIBUTE_P2P_TOKENS: CUpointer_attribute = 5;
-pub const CU_POINTER_ATTRIBUTE_SYNC_MEMOPS: CUpointer_attribute = 6;
-pub const CU_POINTER_ATTRIBUTE_BUFFER_ID: CUpointer_attribute = 7;
-pub const CU_POINTER_ATTRIBUTE_IS_MANAGED: CUpointer_attribute = 8;
-pub const CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL: CUpointer_attribute = 9;
-pub const CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE: CUpointer_attribute = 10;
-pub const CU_POINTER_ATTRIBUTE_RANGE_START_ADDR: CUpointer_attribute = 11;
-pub const CU_POINTER_ATTRIBUTE_RANGE_SIZE: CUpointer_attribute = 12;
-pub const CU_POINTER_ATTRIBUTE_MAPPED: CUpointer_attribute = 13;
-pub const CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES: CUpointer_attribute = 14;
-pub const CU_POINTER_ATTRIBUTE_IS_GPU_DIRECT_RDMA_CAPABLE: CUpointer_attribute = 15;
-pub const CU_POINTER_ATTRIBUTE_ACCESS_FLAGS: CUpointer_attribute = 16;
-pub const CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE: CUpointer_attribute = 17;
-pub const CU_POINTER_ATTRIBUTE_MAPPING_SIZE: CUpointer_attribute = 18;
-pub const CU_POINTER_ATTRIBUTE_MAPPING_BASE_ADDR: CUpointer_attribute = 19;
-pub const CU_POINTER_ATTRIBUTE_MEMORY_BLOCK_ID: CUpointer_attribute = 20;
-pub const CU_POINTER_ATTRIBUTE_IS_HW_DECOMPRESS_CAPABLE: CUpointer_attribute = 21;
-pub const CU_POINTER_ATTRIBUTE_LOCALITY_DOMAIN_ORDINAL: CUpointer_attribute = 22;
-pub const CU_PROCESS_STATE_RUNNING: CUprocessState = 0;
-pub const CU_PROCESS_STATE_LOCKED: CUprocessState = 1;
-pub const CU_PROCESS_STATE_CHECKPOINTED: CUprocessState = 2;
-pub const CU_PROCESS_STATE_FAILED: CUprocessState = 3;
-pub const CU_PROCESS_STATE_CHECKPOINTING: CUprocessState = 4;
-pub const CU_PROCESS_STATE_RESTORING: CUprocessState = 5;
-pub const CU_RES_VIEW_FORMAT_NONE: CUresourceViewFormat = 0;
-pub const CU_RES_VIEW_FORMAT_UINT_1X8: CUresourceViewFormat = 1;
-pub const CU_RES_VIEW_FORMAT_UINT_2X8: CUresourceViewFormat = 2;
-pub const CU_RES_VIEW_FORMAT_UINT_4X8: CUresourceViewFormat = 3;
-pub const CU_RES_VIEW_FORMAT_SINT_1X8: CUresourceViewFormat = 4;
-pub const CU_RES_VIEW_FORMAT_SINT_2X8: CUresourceViewFormat = 5;
-pub const CU_RES_VIEW_FORMAT_SINT_4X8: CUresourceViewFormat = 6;
-pub const CU_RES_VIEW_FORMAT_UINT_1X16: CUresourceViewFormat = 7;
-pub const CU_RES_VIEW_FORMAT_UINT_2X16: CUresourceViewFormat = 8;
-pub const CU_RES_VIEW_FORMAT_UINT_4X16: CUresourceViewFormat = 9;
-pub const CU_RES_VIEW_FORMAT_SINT_1X16: CUresourceViewFormat = 10;
-pub const CU_RES_VIEW_FORMAT_SINT_2X16: CUresourceViewFormat = 11;
-pub const CU_RES_VIEW_FORMAT_SINT_4X16: CUresourceViewFormat = 12;
-pub const CU_RES_VIEW_FORMAT_UINT_1X32: CUresourceViewFormat = 13;
-pub const CU_RES_VIEW_FORMAT_UINT_2X32: CUresourceViewFormat = 14;
-pub const CU_RES_VIEW_FORMAT_UINT_4X32: CUresourceViewFormat = 15;
-pub const CU_RES_VIEW_FORMAT_SINT_1X32: CUresourceViewFormat = 16;
-pub const CU_RES_VIEW_FORMAT_SINT_2X32: CUresourceViewFormat = 17;
-pub const CU_RES_VIEW_FORMAT_SINT_4X32: CUresourceViewFormat = 18;
-pub const CU_RES_VIEW_FORMAT_FLOAT_1X16: CUresourceViewFormat = 19;
-pub const CU_RES_VIEW_FORMAT_FLOAT_2X16: CUresourceViewFormat = 20;
-pub const CU_RES_VIEW_FORMAT_FLOAT_4X16: CUresourceViewFormat = 21;
-pub const CU_RES_VIEW_FORMAT_FLOAT_1X32: CUresourceViewFormat = 22;
-pub const CU_RES_VIEW_FORMAT_FLOAT_2X32: CUresourceViewFormat = 23;
-pub const CU_RES_VIEW_FORMAT_FLOAT_4X32: CUresourceViewFormat = 24;
-pub const CU_RES_VIEW_FORMAT_UNSIGNED_BC1: CUresourceViewFormat = 25;
-pub const CU_RES_VIEW_FORMAT_UNSIGNED_BC2: CUresourceViewFormat = 26;
-pub const CU_RES_VIEW_FORMAT_UNSIGNED_BC3: CUresourceViewFormat = 27;
-pub const CU_RES_VIEW_FORMAT_UNSIGNED_BC4: CUresourceViewFormat = 28;
-pub const CU_RES_VIEW_FORMAT_SIGNED_BC4: CUresourceViewFormat = 29;
-pub const CU_RES_VIEW_FORMAT_UNSIGNED_BC5: CUresourceViewFormat = 30;
-pub const CU_RES_VIEW_FORMAT_SIGNED_BC5: CUresourceViewFormat = 31;
-pub const CU_RES_VIEW_FORMAT_UNSIGNED_BC6H: CUresourceViewFormat = 32;
-pub const CU_RES_VIEW_FORMAT_SIGNED_BC6H: CUresourceViewFormat = 33;
-pub const CU_RES_VIEW_FORMAT_UNSIGNED_BC7: CUresourceViewFormat = 34;
-pub const CU_RESOURCE_TYPE_ARRAY: CUresourcetype = 0;
-pub const CU_RESOURCE_TYPE_MIPMAPPED_ARRAY: CUresourcetype = 1;
-pub const CU_RESOURCE_TYPE_LINEAR: CUresourcetype = 2;
-pub const CU_RESOURCE_TYPE_PITCH2D: CUresourcetype = 3;
-pub const CU_SHARED_MEMORY_MODE_DEFAULT: CUsharedMemoryMode = 0;
-pub const CU_SHARED_MEMORY_MODE_REQUIRE_PORTABLE: CUsharedMemoryMode = 1;
-pub const CU_SHARED_MEMORY_MODE_ALLOW_NON_PORTABLE: CUsharedMemoryMode = 2;
-pub const CU_SHARED_MEMORY_MODE_ALLOW_OVERSIZED_SHARED_MEMORY: CUsharedMemoryMode = 3;
-pub const CU_SHARED_MEMORY_MODE_PREFER_OVERSIZED_SHARED_MEMORY: CUsharedMemoryMode = 4;
-pub const CU_SHAREDMEM_CARVEOUT_DEFAULT: CUshared_carveout = -1;
-pub const CU_SHAREDMEM_CARVEOUT_MAX_SHARED: CUshared_carveout = 100;
-pub const CU_SHAREDMEM_CARVEOUT_MAX_L1: CUshared_carveout = 0;
-pub const CU_SHARED_MEM_CONFIG_DEFAULT_BANK_SIZE: CUsharedconfig = 0;
-pub const CU_SHARED_MEM_CONFIG_FOUR_BYTE_BANK_SIZE: CUsharedconfig = 1;
-pub const CU_SHARED_MEM_CONFIG_EIGHT_BYTE_BANK_SIZE: CUsharedconfig = 2;
-pub const CU_STREAM_ATOMIC_REDUCTION_UNSIGNED_32: CUstreamAtomicReductionDataType = 14;
-pub const CU_STREAM_ATOMIC_REDUCTION_UNSIGNED_64: CUstreamAtomicReductionDataType = 22;
-pub const CU_STREAM_ATOMIC_REDUCTION_OP_OR: CUstreamAtomicReductionOpType = 6;
-pub const CU_STREAM_ATOMIC_REDUCTION_OP_AND: CUstreamAtomicReductionOpType = 5;
-pub const CU_STREAM_ATOMIC_REDUCTION_OP_ADD: CUstreamAtomicReductionOpType = 0;
-pub const CU_STREAM_MEM_OP_WAIT_VALUE_32: CUstreamBatchMemOpType = 1;
-pub const CU_STREAM_MEM_OP_WRITE_VALUE_32: CUstreamBatchMemOpType = 2;
-pub const CU_STREAM_MEM_OP_WAIT_VALUE_64: CUstreamBatchMemOpType = 4;
-pub const CU_STREAM_MEM_OP_WRITE_VALUE_64: CUstreamBatchMemOpType = 5;
-pub const CU_STREAM_MEM_OP_BARRIER: CUstreamBatchMemOpType = 6;
-pub const CU_STREAM_MEM_OP_ATOMIC_REDUCTION: CUstreamBatchMemOpType = 8;
-pub const CU_STREAM_MEM_OP_FLUSH_REMOTE_WRITES: CUstreamBatchMemOpType = 3;
-pub const CU_STREAM_CAPTURE_MODE_GLOBAL: CUstreamCaptureMode = 0;
-pub const CU_STREAM_CAPTURE_MODE_THREAD_LOCAL: CUstreamCaptureMode = 1;
-pub const CU_STREAM_CAPTURE_MODE_RELAXED: CUstreamCaptureMode = 2;
-pub const CU_STREAM_CAPTURE_STATUS_NONE: CUstreamCaptureStatus = 0;
-pub const CU_STREAM_CAPTURE_STATUS_ACTIVE: CUstreamCaptureStatus = 1;
-pub const CU_STREAM_CAPTURE_STATUS_INVALIDATED: CUstreamCaptureStatus = 2;
-pub const CU_STREAM_MEMORY_BARRIER_TYPE_SYS: CUstreamMemoryBarrier_flags = 0;
-pub const CU_STREAM_MEMORY_BARRIER_TYPE_GPU: CUstreamMemoryBarrier_flags = 1;
-pub const CU_STREAM_ADD_CAPTURE_DEPENDENCIES: CUstreamUpdateCaptureDependencies_flags = 0;
-pub const CU_STREAM_SET_CAPTURE_DEPENDENCIES: CUstreamUpdateCaptureDependencies_flags = 1;
-pub const CU_STREAM_WAIT_VALUE_GEQ: CUstreamWaitValue_flags = 0;
-pub const CU_STREAM_WAIT_VALUE_EQ: CUstreamWaitValue_flags = 1;
-pub const CU_STREAM_WAIT_VALUE_AND: CUstreamWaitValue_flags = 2;
-pub const CU_STREAM_WAIT_VALUE_NOR: CUstreamWaitValue_flags = 3;
-pub const CU_STREAM_WAIT_VALUE_FLUSH: CUstreamWaitValue_flags = 1073741824;
-pub const CU_STREAM_WRITE_VALUE_DEFAULT: CUstreamWriteValue_flags = 0;
-pub const CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER: CUstreamWriteValue_flags = 1;
-pub const CU_STREAM_DEFAULT: CUstream_flags = 0;
-pub const CU_STREAM_NON_BLOCKING: CUstream_flags = 1;
-pub const CU_SYNC_POLICY_AUTO: CUsynchronizationPolicy = 1;
-pub const CU_SYNC_POLICY_SPIN: CUsynchronizationPolicy = 2;
-pub const CU_SYNC_POLICY_YIELD: CUsynchronizationPolicy = 3;
-pub const CU_SYNC_POLICY_BLOCKING_SYNC: CUsynchronizationPolicy = 4;
-pub const CU_TENSOR_MAP_ALLOC_CLASS_AUTO: CUtensorMapAllocClass = 0;
-pub const CU_TENSOR_MAP_ALLOC_CLASS_SMALL: CUtensorMapAllocClass = 1;
-pub const CU_TENSOR_MAP_ALLOC_CLASS_LARGE: CUtensorMapAllocClass = 2;
-pub const CU_TENSOR_MAP_DATA_TYPE_UINT8: CUtensorMapDataType = 0;
-pub const CU_TENSOR_MAP_DATA_TYPE_UINT16: CUtensorMapDataType = 1;
-pub const CU_TENSOR_MAP_DATA_TYPE_UINT32: CUtensorMapDataType = 2;
-pub const CU_TENSOR_MAP_DATA_TYPE_INT32: CUtensorMapDataType = 3;
-pub const CU_TENSOR_MAP_DATA_TYPE_UINT64: CUtensorMapDataType = 4;
-pub const CU_TENSOR_MAP_DATA_TYPE_INT64: CUtensorMapDataType = 5;
-pub const CU_TENSOR_MAP_DATA_TYPE_FLOAT16: CUtensorMapDataType = 6;
-pub const CU_TENSOR_MAP_DATA_TYPE_FLOAT32: CUtensorMapDataType = 7;
-pub const CU_TENSOR_MAP_DATA_TYPE_FLOAT64: CUtensorMapDataType = 8;
-pub const CU_TENSOR_MAP_DATA_TYPE_BFLOAT16: CUtensorMapDataType = 9;
-pub const CU_TENSOR_MAP_DATA_TYPE_FLOAT32_FTZ: CUtensorMapDataType = 10;
-pub const CU_TENSOR_MAP_DATA_TYPE_TFLOAT32: CUtensorMapDataType = 11;
-pub const CU_TENSOR_MAP_DATA_TYPE_TFLOAT32_FTZ: CUtensorMapDataType = 12;
-pub const CU_TENSOR_MAP_DATA_TYPE_16U4_ALIGN8B: CUtensorMapDataType = 13;
-pub const CU_TENSOR_MAP_DATA_TYPE_16U4_ALIGN16B: CUtensorMapDataType = 14;
-pub const CU_TENSOR_MAP_DATA_TYPE_16U6_ALIGN16B: CUtensorMapDataType = 15;
-pub const CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE: CUtensorMapFloatOOBfill = 0;
-pub const CU_TENSOR_MAP_FLOAT_OOB_FILL_NAN_REQUEST_ZERO_FMA: CUtensorMapFloatOOBfill = 1;
-pub const CU_TENSOR_MAP_IM2COL_WIDE_MODE_W: CUtensorMapIm2ColWideMode = 0;
-pub const CU_TENSOR_MAP_IM2COL_WIDE_MODE_W128: CUtensorMapIm2ColWideMode = 1;
-pub const CU_TENSOR_MAP_INTERLEAVE_NONE: CUtensorMapInterleave = 0;
-pub const CU_TENSOR_MAP_INTERLEAVE_16B: CUtensorMapInterleave = 1;
-pub const CU_TENSOR_MAP_INTERLEAVE_32B: CUtensorMapInterleave = 2;
-pub const CU_TENSOR_MAP_L2_PROMOTION_NONE: CUtensorMapL2promotion = 0;
-pub const CU_TENSOR_MAP_L2_PROMOTION_L2_64B: CUtensorMapL2promotion = 1;
-pub const CU_TENSOR_MAP_L2_PROMOTION_L2_128B: CUtensorMapL2promotion = 2;
-pub const CU_TENSOR_MAP_L2_PROMOTION_L2_256B: CUtensorMapL2promotion = 3;
-pub const CU_TENSOR_MAP_SWIZZLE_NONE: CUtensorMapSwizzle = 0;
-pub const CU_TENSOR_MAP_SWIZZLE_32B: CUtensorMapSwizzle = 1;
-pub const CU_TENSOR_MAP_SWIZZLE_64B: CUtensorMapSwizzle = 2;
-pub const CU_TENSOR_MAP_SWIZZLE_128B: CUtensorMapSwizzle = 3;
-pub const CU_TENSOR_MAP_SWIZZLE_128B_ATOM_32B: CUtensorMapSwizzle = 4;
-pub const CU_TENSOR_MAP_SWIZZLE_128B_ATOM_32B_FLIP_8B: CUtensorMapSwizzle = 5;
-pub const CU_TENSOR_MAP_SWIZZLE_128B_ATOM_64B: CUtensorMapSwizzle = 6;
-pub const CU_GRAPH_USER_OBJECT_MOVE: CUuserObjectRetain_flags = 1;
-pub const CU_USER_OBJECT_NO_DESTRUCTOR_SYNC: CUuserObject_flags = 1;
+/// Declares each enumerator `NAME = VALUE` of `ENUM { ... }` as a
+/// `pub const NAME: ENUM`.
+macro_rules! enum_consts {
+    ($($ty:ident { $($name:ident = $value:literal,)* })*) => {
+        $($(pub const $name: $ty = $value;)*)*
+    };
+}
+
+enum_consts! {
+    CUCoredumpGenerationFlags {
+        CU_COREDUMP_DEFAULT_FLAGS = 0,
+        CU_COREDUMP_SKIP_NONRELOCATED_ELF_IMAGES = 1,
+        CU_COREDUMP_SKIP_GLOBAL_MEMORY = 2,
+        CU_COREDUMP_SKIP_SHARED_MEMORY = 4,
+        CU_COREDUMP_SKIP_LOCAL_MEMORY = 8,
+        CU_COREDUMP_SKIP_ABORT = 16,
+        CU_COREDUMP_SKIP_CONSTBANK_MEMORY = 32,
+        CU_COREDUMP_GZIP_COMPRESS = 64,
+        CU_COREDUMP_FAULTED_CONTEXTS_ONLY = 128,
+        CU_COREDUMP_SKIP_TENSOR_MEMORY = 256,
+        CU_COREDUMP_NO_ERRBAR_AT_EXIT = 1073741824,
+        CU_COREDUMP_LOG_ONLY = 2147483648,
+        CU_COREDUMP_LIGHTWEIGHT_FLAGS = 303,
+    }
+    CUDA_POINTER_ATTRIBUTE_ACCESS_FLAGS {
+        CU_POINTER_ATTRIBUTE_ACCESS_FLAG_NONE = 0,
+        CU_POINTER_ATTRIBUTE_ACCESS_FLAG_READ = 1,
+        CU_POINTER_ATTRIBUTE_ACCESS_FLAG_READWRITE = 3,
+    }
+    CUGPUDirectRDMAWritesOrdering {
+        CU_GPU_DIRECT_RDMA_WRITES_ORDERING_NONE = 0,
+        CU_GPU_DIRECT_RDMA_WRITES_ORDERING_OWNER = 100,
+        CU_GPU_DIRECT_RDMA_WRITES_ORDERING_ALL_DEVICES = 200,
+    }
+    CUaccessProperty {
+        CU_ACCESS_PROPERTY_NORMAL = 0,
+        CU_ACCESS_PROPERTY_STREAMING = 1,
+        CU_ACCESS_PROPERTY_PERSISTING = 2,
+    }
+    CUaddress_mode {
+        CU_TR_ADDRESS_MODE_WRAP = 0,
+        CU_TR_ADDRESS_MODE_CLAMP = 1,
+        CU_TR_ADDRESS_MODE_MIRROR = 2,
+        CU_TR_ADDRESS_MODE_BORDER = 3,
+    }
+    CUarraySparseSubresourceType {
+        CU_ARRAY_SPARSE_SUBRESOURCE_TYPE_SPARSE_LEVEL = 0,
+        CU_ARRAY_SPARSE_SUBRESOURCE_TYPE_MIPTAIL = 1,
+    }
+    CUarray_cubemap_face {
+        CU_CUBEMAP_FACE_POSITIVE_X = 0,
+        CU_CUBEMAP_FACE_NEGATIVE_X = 1,
+        CU_CUBEMAP_FACE_POSITIVE_Y = 2,
+        CU_CUBEMAP_FACE_NEGATIVE_Y = 3,
+        CU_CUBEMAP_FACE_POSITIVE_Z = 4,
+        CU_CUBEMAP_FACE_NEGATIVE_Z = 5,
+    }
+    CUarray_format {
+        CU_AD_FORMAT_UNSIGNED_INT8 = 1,
+        CU_AD_FORMAT_UNSIGNED_INT16 = 2,
+        CU_AD_FORMAT_UNSIGNED_INT32 = 3,
+        CU_AD_FORMAT_SIGNED_INT8 = 8,
+        CU_AD_FORMAT_SIGNED_INT16 = 9,
+        CU_AD_FORMAT_SIGNED_INT32 = 10,
+        CU_AD_FORMAT_HALF = 16,
+        CU_AD_FORMAT_FLOAT = 32,
+        CU_AD_FORMAT_NV12 = 176,
+        CU_AD_FORMAT_UNORM_INT8X1 = 192,
+        CU_AD_FORMAT_UNORM_INT8X2 = 193,
+        CU_AD_FORMAT_UNORM_INT8X4 = 194,
+        CU_AD_FORMAT_UNORM_INT16X1 = 195,
+        CU_AD_FORMAT_UNORM_INT16X2 = 196,
+        CU_AD_FORMAT_UNORM_INT16X4 = 197,
+        CU_AD_FORMAT_SNORM_INT8X1 = 198,
+        CU_AD_FORMAT_SNORM_INT8X2 = 199,
+        CU_AD_FORMAT_SNORM_INT8X4 = 200,
+        CU_AD_FORMAT_SNORM_INT16X1 = 201,
+        CU_AD_FORMAT_SNORM_INT16X2 = 202,
+        CU_AD_FORMAT_SNORM_INT16X4 = 203,
+        CU_AD_FORMAT_BC1_UNORM = 145,
+        CU_AD_FORMAT_BC1_UNORM_SRGB = 146,
+        CU_AD_FORMAT_BC2_UNORM = 147,
+        CU_AD_FORMAT_BC2_UNORM_SRGB = 148,
+        CU_AD_FORMAT_BC3_UNORM = 149,
+        CU_AD_FORMAT_BC3_UNORM_SRGB = 150,
+        CU_AD_FORMAT_BC4_UNORM = 151,
+        CU_AD_FORMAT_BC4_SNORM = 152,
+        CU_AD_FORMAT_BC5_UNORM = 153,
+        CU_AD_FORMAT_BC5_SNORM = 154,
+        CU_AD_FORMAT_BC6H_UF16 = 155,
+        CU_AD_FORMAT_BC6H_SF16 = 156,
+        CU_AD_FORMAT_BC7_UNORM = 157,
+        CU_AD_FORMAT_BC7_UNORM_SRGB = 158,
+        CU_AD_FORMAT_P010 = 159,
+        CU_AD_FORMAT_P016 = 161,
+        CU_AD_FORMAT_NV16 = 162,
+        CU_AD_FORMAT_P210 = 163,
+        CU_AD_FORMAT_P216 = 164,
+        CU_AD_FORMAT_YUY2 = 165,
+        CU_AD_FORMAT_Y210 = 166,
+        CU_AD_FORMAT_Y216 = 167,
+        CU_AD_FORMAT_AYUV = 168,
+        CU_AD_FORMAT_Y410 = 169,
+        CU_AD_FORMAT_Y416 = 177,
+        CU_AD_FORMAT_Y444_PLANAR8 = 178,
+        CU_AD_FORMAT_Y444_PLANAR10 = 179,
+        CU_AD_FORMAT_YUV444_8bit_SemiPlanar = 180,
+        CU_AD_FORMAT_YUV444_16bit_SemiPlanar = 181,
+        CU_AD_FORMAT_UNORM_INT_101010_2 = 80,
+        CU_AD_FORMAT_UINT8_PACKED_422 = 81,
+        CU_AD_FORMAT_UINT8_PACKED_444 = 82,
+        CU_AD_FORMAT_UINT8_SEMIPLANAR_420 = 83,
+        CU_AD_FORMAT_UINT16_SEMIPLANAR_420 = 84,
+        CU_AD_FORMAT_UINT8_SEMIPLANAR_422 = 85,
+        CU_AD_FORMAT_UINT16_SEMIPLANAR_422 = 86,
+        CU_AD_FORMAT_UINT8_SEMIPLANAR_444 = 87,
+        CU_AD_FORMAT_UINT16_SEMIPLANAR_444 = 88,
+        CU_AD_FORMAT_UINT8_PLANAR_420 = 89,
+        CU_AD_FORMAT_UINT16_PLANAR_420 = 90,
+        CU_AD_FORMAT_UINT8_PLANAR_422 = 91,
+        CU_AD_FORMAT_UINT16_PLANAR_422 = 92,
+        CU_AD_FORMAT_UINT8_PLANAR_444 = 93,
+        CU_AD_FORMAT_UINT16_PLANAR_444 = 94,
+        CU_AD_FORMAT_MAX = 2147483647,
+    }
+    CUasyncNotificationType {
+        CU_ASYNC_NOTIFICATION_TYPE_OVER_BUDGET = 1,
+    }
+    CUatomicOperation {
+        CU_ATOMIC_OPERATION_INTEGER_ADD = 0,
+        CU_ATOMIC_OPERATION_INTEGER_MIN = 1,
+        CU_ATOMIC_OPERATION_INTEGER_MAX = 2,
+        CU_ATOMIC_OPERATION_INTEGER_INCREMENT = 3,
+        CU_ATOMIC_OPERATION_INTEGER_DECREMENT = 4,
+        CU_ATOMIC_OPERATION_AND = 5,
+        CU_ATOMIC_OPERATION_OR = 6,
+        CU_ATOMIC_OPERATION_XOR = 7,
+        CU_ATOMIC_OPERATION_EXCHANGE = 8,
+        CU_ATOMIC_OPERATION_CAS = 9,
+        CU_ATOMIC_OPERATION_FLOAT_ADD = 10,
+        CU_ATOMIC_OPERATION_FLOAT_MIN = 11,
+        CU_ATOMIC_OPERATION_FLOAT_MAX = 12,
+        CU_ATOMIC_OPERATION_MAX = 13,
+    }
+    CUatomicOperationCapability {
+        CU_ATOMIC_CAPABILITY_SIGNED = 1,
+        CU_ATOMIC_CAPABILITY_UNSIGNED = 2,
+        CU_ATOMIC_CAPABILITY_REDUCTION = 4,
+        CU_ATOMIC_CAPABILITY_SCALAR_32 = 8,
+        CU_ATOMIC_CAPABILITY_SCALAR_64 = 16,
+        CU_ATOMIC_CAPABILITY_SCALAR_128 = 32,
+        CU_ATOMIC_CAPABILITY_VECTOR_32x4 = 64,
+    }
+    CUcliqueType {
+        CU_CLIQUE_TYPE_UNICAST_POINTER = 0,
+        CU_CLIQUE_TYPE_MULTICAST_POINTER = 1,
+        CU_CLIQUE_TYPE_UNICAST_LOGICAL_ENDPOINT = 2,
+        CU_CLIQUE_TYPE_MULTICAST_LOGICAL_ENDPOINT = 3,
+    }
+    CUclusterSchedulingPolicy {
+        CU_CLUSTER_SCHEDULING_POLICY_DEFAULT = 0,
+        CU_CLUSTER_SCHEDULING_POLICY_SPREAD = 1,
+        CU_CLUSTER_SCHEDULING_POLICY_LOAD_BALANCING = 2,
+        CU_CLUSTER_SCHEDULING_POLICY_RUBIN_DSMEM_LOCALITY = 3,
+    }
+    CUcomputemode {
+        CU_COMPUTEMODE_DEFAULT = 0,
+        CU_COMPUTEMODE_PROHIBITED = 2,
+        CU_COMPUTEMODE_EXCLUSIVE_PROCESS = 3,
+    }
+    CUcoredumpSettings {
+        CU_COREDUMP_ENABLE_ON_EXCEPTION = 1,
+        CU_COREDUMP_TRIGGER_HOST = 2,
+        CU_COREDUMP_LIGHTWEIGHT = 3,
+        CU_COREDUMP_ENABLE_USER_TRIGGER = 4,
+        CU_COREDUMP_FILE = 5,
+        CU_COREDUMP_PIPE = 6,
+        CU_COREDUMP_GENERATION_FLAGS = 7,
+        CU_COREDUMP_MAX = 8,
+    }
+    CUctx_flags {
+        CU_CTX_SCHED_AUTO = 0,
+        CU_CTX_SCHED_SPIN = 1,
+        CU_CTX_SCHED_YIELD = 2,
+        CU_CTX_SCHED_BLOCKING_SYNC = 4,
+        CU_CTX_BLOCKING_SYNC = 4,
+        CU_CTX_SCHED_MASK = 7,
+        CU_CTX_MAP_HOST = 8,
+        CU_CTX_LMEM_RESIZE_TO_MAX = 16,
+        CU_CTX_COREDUMP_ENABLE = 32,
+        CU_CTX_USER_COREDUMP_ENABLE = 64,
+        CU_CTX_SYNC_MEMOPS = 128,
+        CU_CTX_FLAGS_MASK = 255,
+    }
+    CUdevResourceType {
+        CU_DEV_RESOURCE_TYPE_INVALID = 0,
+        CU_DEV_RESOURCE_TYPE_SM = 1,
+        CU_DEV_RESOURCE_TYPE_WORKQUEUE_CONFIG = 1000,
+        CU_DEV_RESOURCE_TYPE_WORKQUEUE = 10000,
+    }
+    CUdevSmResourceGroup_flags {
+        CU_DEV_SM_RESOURCE_GROUP_DEFAULT = 0,
+        CU_DEV_SM_RESOURCE_GROUP_BACKFILL = 1,
+        CU_DEV_SM_RESOURCE_GROUP_LOCALITY_DOMAIN_ID = 2,
+        CU_DEV_SM_RESOURCE_GROUP_LOCALITY_DOMAIN_SUPPLEMENTAL_SMS = 4,
+    }
+    CUdevSmResourceSplitByCount_flags {
+        CU_DEV_SM_RESOURCE_SPLIT_IGNORE_SM_COSCHEDULING = 1,
+        CU_DEV_SM_RESOURCE_SPLIT_MAX_POTENTIAL_CLUSTER_SIZE = 2,
+    }
+    CUdevWorkqueueConfigScope {
+        CU_WORKQUEUE_SCOPE_DEVICE_CTX = 0,
+        CU_WORKQUEUE_SCOPE_GREEN_CTX_BALANCED = 1,
+    }
+    CUdeviceNumaConfig {
+        CU_DEVICE_NUMA_CONFIG_NONE = 0,
+        CU_DEVICE_NUMA_CONFIG_NUMA_NODE = 1,
+    }
+    CUdevice_P2PAttribute {
+        CU_DEVICE_P2P_ATTRIBUTE_PERFORMANCE_RANK = 1,
+        CU_DEVICE_P2P_ATTRIBUTE_ACCESS_SUPPORTED = 2,
+        CU_DEVICE_P2P_ATTRIBUTE_NATIVE_ATOMIC_SUPPORTED = 3,
+        CU_DEVICE_P2P_ATTRIBUTE_ACCESS_ACCESS_SUPPORTED = 4,
+        CU_DEVICE_P2P_ATTRIBUTE_CUDA_ARRAY_ACCESS_SUPPORTED = 4,
+        CU_DEVICE_P2P_ATTRIBUTE_ONLY_PARTIAL_NATIVE_ATOMIC_SUPPORTED = 5,
+    }
+    CUdevice_attribute {
+        CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK = 1,
+        CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_X = 2,
+        CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Y = 3,
+        CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Z = 4,
+        CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_X = 5,
+        CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Y = 6,
+        CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Z = 7,
+        CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK = 8,
+        CU_DEVICE_ATTRIBUTE_SHARED_MEMORY_PER_BLOCK = 8,
+        CU_DEVICE_ATTRIBUTE_TOTAL_CONSTANT_MEMORY = 9,
+        CU_DEVICE_ATTRIBUTE_WARP_SIZE = 10,
+        CU_DEVICE_ATTRIBUTE_MAX_PITCH = 11,
+        CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_BLOCK = 12,
+        CU_DEVICE_ATTRIBUTE_REGISTERS_PER_BLOCK = 12,
+        CU_DEVICE_ATTRIBUTE_CLOCK_RATE = 13,
+        CU_DEVICE_ATTRIBUTE_TEXTURE_ALIGNMENT = 14,
+        CU_DEVICE_ATTRIBUTE_GPU_OVERLAP = 15,
+        CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT = 16,
+        CU_DEVICE_ATTRIBUTE_KERNEL_EXEC_TIMEOUT = 17,
+        CU_DEVICE_ATTRIBUTE_INTEGRATED = 18,
+        CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY = 19,
+        CU_DEVICE_ATTRIBUTE_COMPUTE_MODE = 20,
+        CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE1D_WIDTH = 21,
+        CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_WIDTH = 22,
+        CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_HEIGHT = 23,
+        CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE3D_WIDTH = 24,
+        CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE3D_HEIGHT = 25,
+        CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE3D_DEPTH = 26,
+        CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_LAYERED_WIDTH = 27,
+        CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_LAYERED_HEIGHT = 28,
+        CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_LAYERED_LAYERS = 29,
+        CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_ARRAY_WIDTH = 27,
+        CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_ARRAY_HEIGHT = 28,
+        CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_ARRAY_NUMSLICES = 29,
+        CU_DEVICE_ATTRIBUTE_SURFACE_ALIGNMENT = 30,
+        CU_DEVICE_ATTRIBUTE_CONCURRENT_KERNELS = 31,
+        CU_DEVICE_ATTRIBUTE_ECC_ENABLED = 32,
+        CU_DEVICE_ATTRIBUTE_PCI_BUS_ID = 33,
+        CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID = 34,
+        CU_DEVICE_ATTRIBUTE_TCC_DRIVER = 35,
+        CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE = 36,
+        CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH = 37,
+        CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE = 38,
+        CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR = 39,
+        CU_DEVICE_ATTRIBUTE_ASYNC_ENGINE_COUNT = 40,
+        CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING = 41,
+        CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE1D_LAYERED_WIDTH = 42,
+        CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE1D_LAYERED_LAYERS = 43,
+        CU_DEVICE_ATTRIBUTE_CAN_TEX2D_GATHER = 44,
+        CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_GATHER_WIDTH = 45,
+        CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_GATHER_HEIGHT = 46,
+        CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE3D_WIDTH_ALTERNATE = 47,
+        CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE3D_HEIGHT_ALTERNATE = 48,
+        CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE3D_DEPTH_ALTERNATE = 49,
+        CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID = 50,
+        CU_DEVICE_ATTRIBUTE_TEXTURE_PITCH_ALIGNMENT = 51,
+        CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURECUBEMAP_WIDTH = 52,
+        CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURECUBEMAP_LAYERED_WIDTH = 53,
+        CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURECUBEMAP_LAYERED_LAYERS = 54,
+        CU_DEVICE_ATTRIBUTE_MAXIMUM_SURFACE1D_WIDTH = 55,
+        CU_DEVICE_ATTRIBUTE_MAXIMUM_SURFACE2D_WIDTH = 56,
+        CU_DEVICE_ATTRIBUTE_MAXIMUM_SURFACE2D_HEIGHT = 57,
+        CU_DEVICE_ATTRIBUTE_MAXIMUM_SURFACE3D_WIDTH = 58,
+        CU_DEVICE_ATTRIBUTE_MAXIMUM_SURFACE3D_HEIGHT = 59,
+        CU_DEVICE_ATTRIBUTE_MAXIMUM_SURFACE3D_DEPTH = 60,
+        CU_DEVICE_ATTRIBUTE_MAXIMUM_SURFACE1D_LAYERED_WIDTH = 61,
+        CU_DEVICE_ATTRIBUTE_MAXIMUM_SURFACE1D_LAYERED_LAYERS = 62,
+        CU_DEVICE_ATTRIBUTE_MAXIMUM_SURFACE2D_LAYERED_WIDTH = 63,
+        CU_DEVICE_ATTRIBUTE_MAXIMUM_SURFACE2D_LAYERED_HEIGHT = 64,
+        CU_DEVICE_ATTRIBUTE_MAXIMUM_SURFACE2D_LAYERED_LAYERS = 65,
+        CU_DEVICE_ATTRIBUTE_MAXIMUM_SURFACECUBEMAP_WIDTH = 66,
+        CU_DEVICE_ATTRIBUTE_MAXIMUM_SURFACECUBEMAP_LAYERED_WIDTH = 67,
+        CU_DEVICE_ATTRIBUTE_MAXIMUM_SURFACECUBEMAP_LAYERED_LAYERS = 68,
+        CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE1D_LINEAR_WIDTH = 69,
+        CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_LINEAR_WIDTH = 70,
+        CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_LINEAR_HEIGHT = 71,
+        CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_LINEAR_PITCH = 72,
+        CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_MIPMAPPED_WIDTH = 73,
+        CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE2D_MIPMAPPED_HEIGHT = 74,
+        CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR = 75,
+        CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR = 76,
+        CU_DEVICE_ATTRIBUTE_MAXIMUM_TEXTURE1D_MIPMAPPED_WIDTH = 77,
+        CU_DEVICE_ATTRIBUTE_STREAM_PRIORITIES_SUPPORTED = 78,
+        CU_DEVICE_ATTRIBUTE_GLOBAL_L1_CACHE_SUPPORTED = 79,
+        CU_DEVICE_ATTRIBUTE_LOCAL_L1_CACHE_SUPPORTED = 80,
+        CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR = 81,
+        CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_MULTIPROCESSOR = 82,
+        CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY = 83,
+        CU_DEVICE_ATTRIBUTE_MULTI_GPU_BOARD = 84,
+        CU_DEVICE_ATTRIBUTE_MULTI_GPU_BOARD_GROUP_ID = 85,
+        CU_DEVICE_ATTRIBUTE_HOST_NATIVE_ATOMIC_SUPPORTED = 86,
+        CU_DEVICE_ATTRIBUTE_SINGLE_TO_DOUBLE_PRECISION_PERF_RATIO = 87,
+        CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS = 88,
+        CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS = 89,
+        CU_DEVICE_ATTRIBUTE_COMPUTE_PREEMPTION_SUPPORTED = 90,
+        CU_DEVICE_ATTRIBUTE_CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM = 91,
+        CU_DEVICE_ATTRIBUTE_CAN_USE_STREAM_MEM_OPS_V1 = 92,
+        CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS_V1 = 93,
+        CU_DEVICE_ATTRIBUTE_CAN_USE_STREAM_WAIT_VALUE_NOR_V1 = 94,
+        CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH = 95,
+        CU_DEVICE_ATTRIBUTE_COOPERATIVE_MULTI_DEVICE_LAUNCH = 96,
+        CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN = 97,
+        CU_DEVICE_ATTRIBUTE_CAN_FLUSH_REMOTE_WRITES = 98,
+        CU_DEVICE_ATTRIBUTE_HOST_REGISTER_SUPPORTED = 99,
+        CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS_USES_HOST_PAGE_TABLES = 100,
+        CU_DEVICE_ATTRIBUTE_DIRECT_MANAGED_MEM_ACCESS_FROM_HOST = 101,
+        CU_DEVICE_ATTRIBUTE_VIRTUAL_ADDRESS_MANAGEMENT_SUPPORTED = 102,
+        CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED = 102,
+        CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED = 103,
+        CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_WIN32_HANDLE_SUPPORTED = 104,
+        CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_WIN32_KMT_HANDLE_SUPPORTED = 105,
+        CU_DEVICE_ATTRIBUTE_MAX_BLOCKS_PER_MULTIPROCESSOR = 106,
+        CU_DEVICE_ATTRIBUTE_GENERIC_COMPRESSION_SUPPORTED = 107,
+        CU_DEVICE_ATTRIBUTE_MAX_PERSISTING_L2_CACHE_SIZE = 108,
+        CU_DEVICE_ATTRIBUTE_MAX_ACCESS_POLICY_WINDOW_SIZE = 109,
+        CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED = 110,
+        CU_DEVICE_ATTRIBUTE_RESERVED_SHARED_MEMORY_PER_BLOCK = 111,
+        CU_DEVICE_ATTRIBUTE_SPARSE_CUDA_ARRAY_SUPPORTED = 112,
+        CU_DEVICE_ATTRIBUTE_READ_ONLY_HOST_REGISTER_SUPPORTED = 113,
+        CU_DEVICE_ATTRIBUTE_TIMELINE_SEMAPHORE_INTEROP_SUPPORTED = 114,
+        CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED = 115,
+        CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED = 116,
+        CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_FLUSH_WRITES_OPTIONS = 117,
+        CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WRITES_ORDERING = 118,
+        CU_DEVICE_ATTRIBUTE_MEMPOOL_SUPPORTED_HANDLE_TYPES = 119,
+        CU_DEVICE_ATTRIBUTE_CLUSTER_LAUNCH = 120,
+        CU_DEVICE_ATTRIBUTE_DEFERRED_MAPPING_CUDA_ARRAY_SUPPORTED = 121,
+        CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS = 122,
+        CU_DEVICE_ATTRIBUTE_CAN_USE_STREAM_WAIT_VALUE_NOR = 123,
+        CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED = 124,
+        CU_DEVICE_ATTRIBUTE_IPC_EVENT_SUPPORTED = 125,
+        CU_DEVICE_ATTRIBUTE_MEM_SYNC_DOMAIN_COUNT = 126,
+        CU_DEVICE_ATTRIBUTE_TENSOR_MAP_ACCESS_SUPPORTED = 127,
+        CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED = 128,
+        CU_DEVICE_ATTRIBUTE_UNIFIED_FUNCTION_POINTERS = 129,
+        CU_DEVICE_ATTRIBUTE_NUMA_CONFIG = 130,
+        CU_DEVICE_ATTRIBUTE_NUMA_ID = 131,
+        CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED = 132,
+        CU_DEVICE_ATTRIBUTE_MPS_ENABLED = 133,
+        CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID = 134,
+        CU_DEVICE_ATTRIBUTE_D3D12_CIG_SUPPORTED = 135,
+        CU_DEVICE_ATTRIBUTE_MEM_DECOMPRESS_ALGORITHM_MASK = 136,
+        CU_DEVICE_ATTRIBUTE_MEM_DECOMPRESS_MAXIMUM_LENGTH = 137,
+        CU_DEVICE_ATTRIBUTE_VULKAN_CIG_SUPPORTED = 138,
+        CU_DEVICE_ATTRIBUTE_GPU_PCI_DEVICE_ID = 139,
+        CU_DEVICE_ATTRIBUTE_GPU_PCI_SUBSYSTEM_ID = 140,
+        CU_DEVICE_ATTRIBUTE_HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED = 141,
+        CU_DEVICE_ATTRIBUTE_HOST_NUMA_MEMORY_POOLS_SUPPORTED = 142,
+        CU_DEVICE_ATTRIBUTE_HOST_NUMA_MULTINODE_IPC_SUPPORTED = 143,
+        CU_DEVICE_ATTRIBUTE_HOST_MEMORY_POOLS_SUPPORTED = 144,
+        CU_DEVICE_ATTRIBUTE_HOST_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED = 145,
+        CU_DEVICE_ATTRIBUTE_HOST_ALLOC_DMA_BUF_SUPPORTED = 146,
+        CU_DEVICE_ATTRIBUTE_ONLY_PARTIAL_HOST_NATIVE_ATOMIC_SUPPORTED = 147,
+        CU_DEVICE_ATTRIBUTE_ATOMIC_REDUCTION_SUPPORTED = 148,
+        CU_DEVICE_ATTRIBUTE_LOCALITY_DOMAIN_COUNT = 149,
+        CU_DEVICE_ATTRIBUTE_MAX_OVERSIZED_SHARED_MEMORY_PER_BLOCK = 150,
+        CU_DEVICE_ATTRIBUTE_D3D12_CIG_STREAMS_SUPPORTED = 151,
+        CU_DEVICE_ATTRIBUTE_DMA_BUF_MMAP_SUPPORTED = 152,
+        CU_DEVICE_ATTRIBUTE_LOGICAL_ENDPOINT_UNICAST_SUPPORTED = 153,
+        CU_DEVICE_ATTRIBUTE_LOGICAL_ENDPOINT_MULTICAST_SUPPORTED = 154,
+        CU_DEVICE_ATTRIBUTE_LOGICAL_ENDPOINT_COUNTED_OPS_SUPPORTED = 155,
+        CU_DEVICE_ATTRIBUTE_LOGICAL_ENDPOINT_UNICAST_ACCESS_ON_OWNER_DEVICE_SUPPORTED = 156,
+        CU_DEVICE_ATTRIBUTE_LOCALITY_DOMAIN_MULTIPROCESSOR_COUNT = 157,
+        CU_DEVICE_ATTRIBUTE_LOGICAL_ENDPOINT_SUPPORTED_HANDLE_TYPES = 158,
+        CU_DEVICE_ATTRIBUTE_VULKAN_CIG_STREAMS_SUPPORTED = 159,
+        CU_DEVICE_ATTRIBUTE_TENSOR_MAP_LARGE_TENSOR_MIN_SIZE = 160,
+        CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_LOCALIZED_MEMORY_SUPPORTED = 161,
+        CU_DEVICE_ATTRIBUTE_MAX = 162,
+    }
+    CUdriverProcAddressQueryResult {
+        CU_GET_PROC_ADDRESS_SUCCESS = 0,
+        CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND = 1,
+        CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT = 2,
+    }
+    CUdriverProcAddress_flags {
+        CU_GET_PROC_ADDRESS_DEFAULT = 0,
+        CU_GET_PROC_ADDRESS_LEGACY_STREAM = 1,
+        CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM = 2,
+    }
+    CUevent_flags {
+        CU_EVENT_DEFAULT = 0,
+        CU_EVENT_BLOCKING_SYNC = 1,
+        CU_EVENT_DISABLE_TIMING = 2,
+        CU_EVENT_INTERPROCESS = 4,
+    }
+    CUevent_record_flags {
+        CU_EVENT_RECORD_DEFAULT = 0,
+        CU_EVENT_RECORD_EXTERNAL = 1,
+    }
+    CUevent_sched_flags {
+        CU_EVENT_SCHED_AUTO = 0,
+        CU_EVENT_SCHED_SPIN = 1,
+        CU_EVENT_SCHED_YIELD = 2,
+        CU_EVENT_SCHED_BLOCKING_SYNC = 4,
+    }
+    CUevent_wait_flags {
+        CU_EVENT_WAIT_DEFAULT = 0,
+        CU_EVENT_WAIT_EXTERNAL = 1,
+    }
+    CUexecAffinityType {
+        CU_EXEC_AFFINITY_TYPE_SM_COUNT = 0,
+        CU_EXEC_AFFINITY_TYPE_MAX = 1,
+    }
+    CUexternalMemoryHandleType {
+        CU_EXTERNAL_MEMORY_HANDLE_TYPE_OPAQUE_FD = 1,
+        CU_EXTERNAL_MEMORY_HANDLE_TYPE_OPAQUE_WIN32 = 2,
+        CU_EXTERNAL_MEMORY_HANDLE_TYPE_OPAQUE_WIN32_KMT = 3,
+        CU_EXTERNAL_MEMORY_HANDLE_TYPE_D3D12_HEAP = 4,
+        CU_EXTERNAL_MEMORY_HANDLE_TYPE_D3D12_RESOURCE = 5,
+        CU_EXTERNAL_MEMORY_HANDLE_TYPE_D3D11_RESOURCE = 6,
+        CU_EXTERNAL_MEMORY_HANDLE_TYPE_D3D11_RESOURCE_KMT = 7,
+        CU_EXTERNAL_MEMORY_HANDLE_TYPE_NVSCIBUF = 8,
+        CU_EXTERNAL_MEMORY_HANDLE_TYPE_DMABUF_FD = 9,
+    }
+    CUexternalSemaphoreHandleType {
+        CU_EXTERNAL_SEMAPHORE_HANDLE_TYPE_OPAQUE_FD = 1,
+        CU_EXTERNAL_SEMAPHORE_HANDLE_TYPE_OPAQUE_WIN32 = 2,
+        CU_EXTERNAL_SEMAPHORE_HANDLE_TYPE_OPAQUE_WIN32_KMT = 3,
+        CU_EXTERNAL_SEMAPHORE_HANDLE_TYPE_D3D12_FENCE = 4,
+        CU_EXTERNAL_SEMAPHORE_HANDLE_TYPE_D3D11_FENCE = 5,
+        CU_EXTERNAL_SEMAPHORE_HANDLE_TYPE_NVSCISYNC = 6,
+        CU_EXTERNAL_SEMAPHORE_HANDLE_TYPE_D3D11_KEYED_MUTEX = 7,
+        CU_EXTERNAL_SEMAPHORE_HANDLE_TYPE_D3D11_KEYED_MUTEX_KMT = 8,
+        CU_EXTERNAL_SEMAPHORE_HANDLE_TYPE_TIMELINE_SEMAPHORE_FD = 9,
+        CU_EXTERNAL_SEMAPHORE_HANDLE_TYPE_TIMELINE_SEMAPHORE_WIN32 = 10,
+    }
+    CUfabricCpyOperandType {
+        CU_FABRIC_COPY_OPERAND_TYPE_POINTER = 1,
+        CU_FABRIC_COPY_OPERAND_TYPE_LOGICAL_ENDPOINT = 2,
+        CU_FABRIC_COPY_OPERAND_TYPE_MAX = 2147483647,
+    }
+    CUfilter_mode {
+        CU_TR_FILTER_MODE_POINT = 0,
+        CU_TR_FILTER_MODE_LINEAR = 1,
+    }
+    CUflushGPUDirectRDMAWritesOptions {
+        CU_FLUSH_GPU_DIRECT_RDMA_WRITES_OPTION_HOST = 1,
+        CU_FLUSH_GPU_DIRECT_RDMA_WRITES_OPTION_MEMOPS = 2,
+    }
+    CUflushGPUDirectRDMAWritesScope {
+        CU_FLUSH_GPU_DIRECT_RDMA_WRITES_TO_OWNER = 100,
+        CU_FLUSH_GPU_DIRECT_RDMA_WRITES_TO_ALL_DEVICES = 200,
+    }
+    CUflushGPUDirectRDMAWritesTarget {
+        CU_FLUSH_GPU_DIRECT_RDMA_WRITES_TARGET_CURRENT_CTX = 0,
+    }
+    CUfunc_cache {
+        CU_FUNC_CACHE_PREFER_NONE = 0,
+        CU_FUNC_CACHE_PREFER_SHARED = 1,
+        CU_FUNC_CACHE_PREFER_L1 = 2,
+        CU_FUNC_CACHE_PREFER_EQUAL = 3,
+    }
+    CUfunctionLoadingState {
+        CU_FUNCTION_LOADING_STATE_UNLOADED = 0,
+        CU_FUNCTION_LOADING_STATE_LOADED = 1,
+        CU_FUNCTION_LOADING_STATE_MAX = 2,
+    }
+    CUfunction_attribute {
+        CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK = 0,
+        CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES = 1,
+        CU_FUNC_ATTRIBUTE_CONST_SIZE_BYTES = 2,
+        CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES = 3,
+        CU_FUNC_ATTRIBUTE_NUM_REGS = 4,
+        CU_FUNC_ATTRIBUTE_PTX_VERSION = 5,
+        CU_FUNC_ATTRIBUTE_BINARY_VERSION = 6,
+        CU_FUNC_ATTRIBUTE_CACHE_MODE_CA = 7,
+        CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8,
+        CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT = 9,
+        CU_FUNC_ATTRIBUTE_CLUSTER_SIZE_MUST_BE_SET = 10,
+        CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_WIDTH = 11,
+        CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_HEIGHT = 12,
+        CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_DEPTH = 13,
+        CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED = 14,
+        CU_FUNC_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE = 15,
+        CU_FUNC_ATTRIBUTE_DEVICE_NODE_UPDATE_SUPPORTED = 16,
+        CU_FUNC_ATTRIBUTE_SHARED_MEMORY_MODE = 17,
+        CU_FUNC_ATTRIBUTE_MAX = 18,
+    }
+    CUgraphChildGraphNodeOwnership {
+        CU_GRAPH_CHILD_GRAPH_OWNERSHIP_CLONE = 0,
+        CU_GRAPH_CHILD_GRAPH_OWNERSHIP_MOVE = 1,
+        CU_GRAPH_CHILD_GRAPH_OWNERSHIP_INVALID = -1,
+    }
+    CUgraphConditionalNodeType {
+        CU_GRAPH_COND_TYPE_IF = 0,
+        CU_GRAPH_COND_TYPE_WHILE = 1,
+        CU_GRAPH_COND_TYPE_SWITCH = 2,
+    }
+    CUgraphDebugDot_flags {
+        CU_GRAPH_DEBUG_DOT_FLAGS_VERBOSE = 1,
+        CU_GRAPH_DEBUG_DOT_FLAGS_RUNTIME_TYPES = 2,
+        CU_GRAPH_DEBUG_DOT_FLAGS_KERNEL_NODE_PARAMS = 4,
+        CU_GRAPH_DEBUG_DOT_FLAGS_MEMCPY_NODE_PARAMS = 8,
+        CU_GRAPH_DEBUG_DOT_FLAGS_MEMSET_NODE_PARAMS = 16,
+        CU_GRAPH_DEBUG_DOT_FLAGS_HOST_NODE_PARAMS = 32,
+        CU_GRAPH_DEBUG_DOT_FLAGS_EVENT_NODE_PARAMS = 64,
+        CU_GRAPH_DEBUG_DOT_FLAGS_EXT_SEMAS_SIGNAL_NODE_PARAMS = 128,
+        CU_GRAPH_DEBUG_DOT_FLAGS_EXT_SEMAS_WAIT_NODE_PARAMS = 256,
+        CU_GRAPH_DEBUG_DOT_FLAGS_KERNEL_NODE_ATTRIBUTES = 512,
+        CU_GRAPH_DEBUG_DOT_FLAGS_HANDLES = 1024,
+        CU_GRAPH_DEBUG_DOT_FLAGS_MEM_ALLOC_NODE_PARAMS = 2048,
+        CU_GRAPH_DEBUG_DOT_FLAGS_MEM_FREE_NODE_PARAMS = 4096,
+        CU_GRAPH_DEBUG_DOT_FLAGS_BATCH_MEM_OP_NODE_PARAMS = 8192,
+        CU_GRAPH_DEBUG_DOT_FLAGS_EXTRA_TOPO_INFO = 16384,
+        CU_GRAPH_DEBUG_DOT_FLAGS_CONDITIONAL_NODE_PARAMS = 32768,
+        CU_GRAPH_DEBUG_DOT_FLAGS_MEMCPY_BATCH_NODE_PARAMS = 65536,
+        CU_GRAPH_DEBUG_DOT_FLAGS_FABRIC_CPY_BATCH_NODE_PARAMS = 131072,
+    }
+    CUgraphDependencyType {
+        CU_GRAPH_DEPENDENCY_TYPE_DEFAULT = 0,
+        CU_GRAPH_DEPENDENCY_TYPE_PROGRAMMATIC = 1,
+    }
+    CUgraphExecUpdateResult {
+        CU_GRAPH_EXEC_UPDATE_SUCCESS = 0,
+        CU_GRAPH_EXEC_UPDATE_ERROR = 1,
+        CU_GRAPH_EXEC_UPDATE_ERROR_TOPOLOGY_CHANGED = 2,
+        CU_GRAPH_EXEC_UPDATE_ERROR_NODE_TYPE_CHANGED = 3,
+        CU_GRAPH_EXEC_UPDATE_ERROR_FUNCTION_CHANGED = 4,
+        CU_GRAPH_EXEC_UPDATE_ERROR_PARAMETERS_CHANGED = 5,
+        CU_GRAPH_EXEC_UPDATE_ERROR_NOT_SUPPORTED = 6,
+        CU_GRAPH_EXEC_UPDATE_ERROR_UNSUPPORTED_FUNCTION_CHANGE = 7,
+        CU_GRAPH_EXEC_UPDATE_ERROR_ATTRIBUTES_CHANGED = 8,
+    }
+    CUgraphInstantiateResult {
+        CUDA_GRAPH_INSTANTIATE_SUCCESS = 0,
+        CUDA_GRAPH_INSTANTIATE_ERROR = 1,
+        CUDA_GRAPH_INSTANTIATE_INVALID_STRUCTURE = 2,
+        CUDA_GRAPH_INSTANTIATE_NODE_OPERATION_NOT_SUPPORTED = 3,
+        CUDA_GRAPH_INSTANTIATE_MULTIPLE_CTXS_NOT_SUPPORTED = 4,
+        CUDA_GRAPH_INSTANTIATE_CONDITIONAL_HANDLE_UNUSED = 5,
+    }
+    CUgraphInstantiate_flags {
+        CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH = 1,
+        CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD = 2,
+        CUDA_GRAPH_INSTANTIATE_FLAG_DEVICE_LAUNCH = 4,
+        CUDA_GRAPH_INSTANTIATE_FLAG_USE_NODE_PRIORITY = 8,
+    }
+    CUgraphMem_attribute {
+        CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT = 0,
+        CU_GRAPH_MEM_ATTR_USED_MEM_HIGH = 1,
+        CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT = 2,
+        CU_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH = 3,
+    }
+    CUgraphNodeType {
+        CU_GRAPH_NODE_TYPE_KERNEL = 0,
+        CU_GRAPH_NODE_TYPE_MEMCPY = 1,
+        CU_GRAPH_NODE_TYPE_MEMSET = 2,
+        CU_GRAPH_NODE_TYPE_HOST = 3,
+        CU_GRAPH_NODE_TYPE_GRAPH = 4,
+        CU_GRAPH_NODE_TYPE_EMPTY = 5,
+        CU_GRAPH_NODE_TYPE_WAIT_EVENT = 6,
+        CU_GRAPH_NODE_TYPE_EVENT_RECORD = 7,
+        CU_GRAPH_NODE_TYPE_EXT_SEMAS_SIGNAL = 8,
+        CU_GRAPH_NODE_TYPE_EXT_SEMAS_WAIT = 9,
+        CU_GRAPH_NODE_TYPE_MEM_ALLOC = 10,
+        CU_GRAPH_NODE_TYPE_MEM_FREE = 11,
+        CU_GRAPH_NODE_TYPE_BATCH_MEM_OP = 12,
+        CU_GRAPH_NODE_TYPE_CONDITIONAL = 13,
+        CU_GRAPH_NODE_TYPE_MEMCPY_BATCH = 14,
+        CU_GRAPH_NODE_TYPE_RESERVED_16 = 16,
+        CU_GRAPH_NODE_TYPE_EXTERNAL_ENGINE = 17,
+        CU_GRAPH_NODE_TYPE_FABRIC_CPY_BATCH = 18,
+    }
+    CUgraphRecaptureStatus {
+        CU_GRAPH_RECAPTURE_ELIGIBLE_FOR_UPDATE = 0,
+        CU_GRAPH_RECAPTURE_INELIGIBLE_FOR_UPDATE = 1,
+        CU_GRAPH_RECAPTURE_ERROR = 2,
+    }
+    CUgraphicsMapResourceFlags {
+        CU_GRAPHICS_MAP_RESOURCE_FLAGS_NONE = 0,
+        CU_GRAPHICS_MAP_RESOURCE_FLAGS_READ_ONLY = 1,
+        CU_GRAPHICS_MAP_RESOURCE_FLAGS_WRITE_DISCARD = 2,
+    }
+    CUgraphicsRegisterFlags {
+        CU_GRAPHICS_REGISTER_FLAGS_NONE = 0,
+        CU_GRAPHICS_REGISTER_FLAGS_READ_ONLY = 1,
+        CU_GRAPHICS_REGISTER_FLAGS_WRITE_DISCARD = 2,
+        CU_GRAPHICS_REGISTER_FLAGS_SURFACE_LDST = 4,
+        CU_GRAPHICS_REGISTER_FLAGS_TEXTURE_GATHER = 8,
+    }
+    CUgreenCtxCreate_flags {
+        CU_GREEN_CTX_NONE = 0,
+        CU_GREEN_CTX_DEFAULT_STREAM = 1,
+    }
+    CUhostTaskSyncMode {
+        CU_HOST_TASK_BLOCKING = 0,
+        CU_HOST_TASK_SPINWAIT = 1,
+    }
+    CUipcMem_flags {
+        CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS = 1,
+    }
+    CUjitInputType {
+        CU_JIT_INPUT_CUBIN = 0,
+        CU_JIT_INPUT_PTX = 1,
+        CU_JIT_INPUT_FATBINARY = 2,
+        CU_JIT_INPUT_OBJECT = 3,
+        CU_JIT_INPUT_LIBRARY = 4,
+        CU_JIT_INPUT_NVVM = 5,
+        CU_JIT_NUM_INPUT_TYPES = 6,
+    }
+    CUjit_cacheMode {
+        CU_JIT_CACHE_OPTION_NONE = 0,
+        CU_JIT_CACHE_OPTION_CG = 1,
+        CU_JIT_CACHE_OPTION_CA = 2,
+    }
+    CUjit_fallback {
+        CU_PREFER_PTX = 0,
+        CU_PREFER_BINARY = 1,
+    }
+    CUjit_option {
+        CU_JIT_MAX_REGISTERS = 0,
+        CU_JIT_THREADS_PER_BLOCK = 1,
+        CU_JIT_WALL_TIME = 2,
+        CU_JIT_INFO_LOG_BUFFER = 3,
+        CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES = 4,
+        CU_JIT_ERROR_LOG_BUFFER = 5,
+        CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES = 6,
+        CU_JIT_OPTIMIZATION_LEVEL = 7,
+        CU_JIT_TARGET_FROM_CUCONTEXT = 8,
+        CU_JIT_TARGET = 9,
+        CU_JIT_FALLBACK_STRATEGY = 10,
+        CU_JIT_GENERATE_DEBUG_INFO = 11,
+        CU_JIT_LOG_VERBOSE = 12,
+        CU_JIT_GENERATE_LINE_INFO = 13,
+        CU_JIT_CACHE_MODE = 14,
+        CU_JIT_NEW_SM3X_OPT = 15,
+        CU_JIT_FAST_COMPILE = 16,
+        CU_JIT_GLOBAL_SYMBOL_NAMES = 17,
+        CU_JIT_GLOBAL_SYMBOL_ADDRESSES = 18,
+        CU_JIT_GLOBAL_SYMBOL_COUNT = 19,
+        CU_JIT_LTO = 20,
+        CU_JIT_FTZ = 21,
+        CU_JIT_PREC_DIV = 22,
+        CU_JIT_PREC_SQRT = 23,
+        CU_JIT_FMA = 24,
+        CU_JIT_REFERENCED_KERNEL_NAMES = 25,
+        CU_JIT_REFERENCED_KERNEL_COUNT = 26,
+        CU_JIT_REFERENCED_VARIABLE_NAMES = 27,
+        CU_JIT_REFERENCED_VARIABLE_COUNT = 28,
+        CU_JIT_OPTIMIZE_UNUSED_DEVICE_VARIABLES = 29,
+        CU_JIT_POSITION_INDEPENDENT_CODE = 30,
+        CU_JIT_MIN_CTA_PER_SM = 31,
+        CU_JIT_MAX_THREADS_PER_BLOCK = 32,
+        CU_JIT_OVERRIDE_DIRECTIVE_VALUES = 33,
+        CU_JIT_SPLIT_COMPILE = 34,
+        CU_JIT_BINARY_LOADER_THREAD_COUNT = 35,
+        CU_JIT_NUM_OPTIONS = 36,
+    }
+    CUjit_target {
+        CU_TARGET_COMPUTE_30 = 30,
+        CU_TARGET_COMPUTE_32 = 32,
+        CU_TARGET_COMPUTE_35 = 35,
+        CU_TARGET_COMPUTE_37 = 37,
+        CU_TARGET_COMPUTE_50 = 50,
+        CU_TARGET_COMPUTE_52 = 52,
+        CU_TARGET_COMPUTE_53 = 53,
+        CU_TARGET_COMPUTE_60 = 60,
+        CU_TARGET_COMPUTE_61 = 61,
+        CU_TARGET_COMPUTE_62 = 62,
+        CU_TARGET_COMPUTE_70 = 70,
+        CU_TARGET_COMPUTE_72 = 72,
+        CU_TARGET_COMPUTE_75 = 75,
+        CU_TARGET_COMPUTE_80 = 80,
+        CU_TARGET_COMPUTE_86 = 86,
+        CU_TARGET_COMPUTE_87 = 87,
+        CU_TARGET_COMPUTE_89 = 89,
+        CU_TARGET_COMPUTE_90 = 90,
+        CU_TARGET_COMPUTE_100 = 100,
+        CU_TARGET_COMPUTE_110 = 110,
+        CU_TARGET_COMPUTE_103 = 103,
+        CU_TARGET_COMPUTE_107 = 107,
+        CU_TARGET_COMPUTE_120 = 120,
+        CU_TARGET_COMPUTE_121 = 121,
+        CU_TARGET_COMPUTE_90A = 65626,
+        CU_TARGET_COMPUTE_100A = 65636,
+        CU_TARGET_COMPUTE_110A = 65646,
+        CU_TARGET_COMPUTE_103A = 65639,
+        CU_TARGET_COMPUTE_107A = 65643,
+        CU_TARGET_COMPUTE_120A = 65656,
+        CU_TARGET_COMPUTE_121A = 65657,
+        CU_TARGET_COMPUTE_100F = 131172,
+        CU_TARGET_COMPUTE_110F = 131182,
+        CU_TARGET_COMPUTE_103F = 131175,
+        CU_TARGET_COMPUTE_107F = 131179,
+        CU_TARGET_COMPUTE_120F = 131192,
+        CU_TARGET_COMPUTE_121F = 131193,
+    }
+    CUlaunchAttributeID {
+        CU_LAUNCH_ATTRIBUTE_IGNORE = 0,
+        CU_LAUNCH_ATTRIBUTE_ACCESS_POLICY_WINDOW = 1,
+        CU_LAUNCH_ATTRIBUTE_COOPERATIVE = 2,
+        CU_LAUNCH_ATTRIBUTE_SYNCHRONIZATION_POLICY = 3,
+        CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION = 4,
+        CU_LAUNCH_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE = 5,
+        CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6,
+        CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_EVENT = 7,
+        CU_LAUNCH_ATTRIBUTE_PRIORITY = 8,
+        CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN_MAP = 9,
+        CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN = 10,
+        CU_LAUNCH_ATTRIBUTE_PREFERRED_CLUSTER_DIMENSION = 11,
+        CU_LAUNCH_ATTRIBUTE_LAUNCH_COMPLETION_EVENT = 12,
+        CU_LAUNCH_ATTRIBUTE_DEVICE_UPDATABLE_KERNEL_NODE = 13,
+        CU_LAUNCH_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT = 14,
+        CU_LAUNCH_ATTRIBUTE_NVLINK_UTIL_CENTRIC_SCHEDULING = 16,
+        CU_LAUNCH_ATTRIBUTE_PORTABLE_CLUSTER_SIZE_MODE = 17,
+        CU_LAUNCH_ATTRIBUTE_SHARED_MEMORY_MODE = 18,
+    }
+    CUlaunchAttributePortableClusterMode {
+        CU_LAUNCH_PORTABLE_CLUSTER_MODE_DEFAULT = 0,
+        CU_LAUNCH_PORTABLE_CLUSTER_MODE_REQUIRE_PORTABLE = 1,
+        CU_LAUNCH_PORTABLE_CLUSTER_MODE_ALLOW_NON_PORTABLE = 2,
+    }
+    CUlaunchMemSyncDomain {
+        CU_LAUNCH_MEM_SYNC_DOMAIN_DEFAULT = 0,
+        CU_LAUNCH_MEM_SYNC_DOMAIN_REMOTE = 1,
+    }
+    CUlibraryOption {
+        CU_LIBRARY_HOST_UNIVERSAL_FUNCTION_AND_DATA_TABLE = 0,
+        CU_LIBRARY_BINARY_IS_PRESERVED = 1,
+        CU_LIBRARY_NUM_OPTIONS = 2,
+    }
+    CUlimit {
+        CU_LIMIT_STACK_SIZE = 0,
+        CU_LIMIT_PRINTF_FIFO_SIZE = 1,
+        CU_LIMIT_MALLOC_HEAP_SIZE = 2,
+        CU_LIMIT_DEV_RUNTIME_SYNC_DEPTH = 3,
+        CU_LIMIT_DEV_RUNTIME_PENDING_LAUNCH_COUNT = 4,
+        CU_LIMIT_MAX_L2_FETCH_GRANULARITY = 5,
+        CU_LIMIT_PERSISTING_L2_CACHE_SIZE = 6,
+        CU_LIMIT_SHMEM_SIZE = 7,
+        CU_LIMIT_CIG_ENABLED = 8,
+        CU_LIMIT_CIG_SHMEM_FALLBACK_ENABLED = 9,
+        CU_LIMIT_PER_BLOCK_MEMORY_SIZE = 10,
+        CU_LIMIT_MAX = 11,
+    }
+    CUlogLevel {
+        CU_LOG_LEVEL_ERROR = 0,
+        CU_LOG_LEVEL_WARNING = 1,
+    }
+    CUlogicalEndpointFlag {
+        CU_LOGICAL_ENDPOINT_FLAG_NONE = 0,
+        CU_LOGICAL_ENDPOINT_FLAG_COUNTED_OPS = 1,
+    }
+    CUlogicalEndpointIpcHandleType {
+        CU_LOGICAL_ENDPOINT_IPC_HANDLE_TYPE_NONE = 0,
+        CU_LOGICAL_ENDPOINT_IPC_HANDLE_TYPE_FABRIC = 1,
+    }
+    CUlogicalEndpointType {
+        CU_LOGICAL_ENDPOINT_TYPE_INVALID = 0,
+        CU_LOGICAL_ENDPOINT_TYPE_UNICAST = 1,
+        CU_LOGICAL_ENDPOINT_TYPE_MULTICAST = 2,
+    }
+    CUmemAccess_flags {
+        CU_MEM_ACCESS_FLAGS_PROT_NONE = 0,
+        CU_MEM_ACCESS_FLAGS_PROT_READ = 1,
+        CU_MEM_ACCESS_FLAGS_PROT_READWRITE = 3,
+        CU_MEM_ACCESS_FLAGS_PROT_MAX = 2147483647,
+    }
+    CUmemAllocationCompType {
+        CU_MEM_ALLOCATION_COMP_NONE = 0,
+        CU_MEM_ALLOCATION_COMP_GENERIC = 1,
+    }
+    CUmemAllocationGranularity_flags {
+        CU_MEM_ALLOC_GRANULARITY_MINIMUM = 0,
+        CU_MEM_ALLOC_GRANULARITY_RECOMMENDED = 1,
+    }
+    CUmemAllocationHandleType {
+        CU_MEM_HANDLE_TYPE_NONE = 0,
+        CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR = 1,
+        CU_MEM_HANDLE_TYPE_WIN32 = 2,
+        CU_MEM_HANDLE_TYPE_WIN32_KMT = 4,
+        CU_MEM_HANDLE_TYPE_FABRIC = 8,
+        CU_MEM_HANDLE_TYPE_MAX = 2147483647,
+    }
+    CUmemAllocationType {
+        CU_MEM_ALLOCATION_TYPE_INVALID = 0,
+        CU_MEM_ALLOCATION_TYPE_PINNED = 1,
+        CU_MEM_ALLOCATION_TYPE_MANAGED = 2,
+        CU_MEM_ALLOCATION_TYPE_MAX = 2147483647,
+    }
+    CUmemAttach_flags {
+        CU_MEM_ATTACH_GLOBAL = 1,
+        CU_MEM_ATTACH_HOST = 2,
+        CU_MEM_ATTACH_SINGLE = 4,
+    }
+    CUmemDecompressAlgorithm {
+        CU_MEM_DECOMPRESS_UNSUPPORTED = 0,
+        CU_MEM_DECOMPRESS_ALGORITHM_DEFLATE = 1,
+        CU_MEM_DECOMPRESS_ALGORITHM_SNAPPY = 2,
+        CU_MEM_DECOMPRESS_ALGORITHM_LZ4 = 4,
+    }
+    CUmemHandleType {
+        CU_MEM_HANDLE_TYPE_GENERIC = 0,
+    }
+    CUmemLocationType {
+        CU_MEM_LOCATION_TYPE_INVALID = 0,
+        CU_MEM_LOCATION_TYPE_NONE = 0,
+        CU_MEM_LOCATION_TYPE_DEVICE = 1,
+        CU_MEM_LOCATION_TYPE_HOST = 2,
+        CU_MEM_LOCATION_TYPE_HOST_NUMA = 3,
+        CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT = 4,
+        CU_MEM_LOCATION_TYPE_INVISIBLE = 5,
+        CU_MEM_LOCATION_TYPE_DEVICE_LOCALITY_DOMAIN = 6,
+        CU_MEM_LOCATION_TYPE_MAX = 2147483647,
+    }
+    CUmemOperationType {
+        CU_MEM_OPERATION_TYPE_MAP = 1,
+        CU_MEM_OPERATION_TYPE_UNMAP = 2,
+    }
+    CUmemPool_attribute {
+        CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES = 1,
+        CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC = 2,
+        CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES = 3,
+        CU_MEMPOOL_ATTR_RELEASE_THRESHOLD = 4,
+        CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT = 5,
+        CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH = 6,
+        CU_MEMPOOL_ATTR_USED_MEM_CURRENT = 7,
+        CU_MEMPOOL_ATTR_USED_MEM_HIGH = 8,
+        CU_MEMPOOL_ATTR_ALLOCATION_TYPE = 9,
+        CU_MEMPOOL_ATTR_EXPORT_HANDLE_TYPES = 10,
+        CU_MEMPOOL_ATTR_LOCATION_ID = 11,
+        CU_MEMPOOL_ATTR_LOCATION_TYPE = 12,
+        CU_MEMPOOL_ATTR_MAX_POOL_SIZE = 13,
+        CU_MEMPOOL_ATTR_HW_DECOMPRESS_ENABLED = 14,
+        CU_MEMPOOL_ATTR_LOCALITY_DOMAIN_ID = 15,
+    }
+    CUmemRangeFlags {
+        CU_MEM_RANGE_FLAG_DMA_BUF_MAPPING_TYPE_PCIE = 1,
+    }
+    CUmemRangeHandleType {
+        CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD = 1,
+        CU_MEM_RANGE_HANDLE_TYPE_MAX = 2147483647,
+    }
+    CUmem_advise {
+        CU_MEM_ADVISE_SET_READ_MOSTLY = 1,
+        CU_MEM_ADVISE_UNSET_READ_MOSTLY = 2,
+        CU_MEM_ADVISE_SET_PREFERRED_LOCATION = 3,
+        CU_MEM_ADVISE_UNSET_PREFERRED_LOCATION = 4,
+        CU_MEM_ADVISE_SET_ACCESSED_BY = 5,
+        CU_MEM_ADVISE_UNSET_ACCESSED_BY = 6,
+    }
+    CUmem_range_attribute {
+        CU_MEM_RANGE_ATTRIBUTE_READ_MOSTLY = 1,
+        CU_MEM_RANGE_ATTRIBUTE_PREFERRED_LOCATION = 2,
+        CU_MEM_RANGE_ATTRIBUTE_ACCESSED_BY = 3,
+        CU_MEM_RANGE_ATTRIBUTE_LAST_PREFETCH_LOCATION = 4,
+        CU_MEM_RANGE_ATTRIBUTE_PREFERRED_LOCATION_TYPE = 5,
+        CU_MEM_RANGE_ATTRIBUTE_PREFERRED_LOCATION_ID = 6,
+        CU_MEM_RANGE_ATTRIBUTE_LAST_PREFETCH_LOCATION_TYPE = 7,
+        CU_MEM_RANGE_ATTRIBUTE_LAST_PREFETCH_LOCATION_ID = 8,
+    }
+    CUmemcpy3DOperandType {
+        CU_MEMCPY_OPERAND_TYPE_POINTER = 1,
+        CU_MEMCPY_OPERAND_TYPE_ARRAY = 2,
+        CU_MEMCPY_OPERAND_TYPE_MAX = 2147483647,
+    }
+    CUmemcpyFlags {
+        CU_MEMCPY_FLAG_DEFAULT = 0,
+        CU_MEMCPY_FLAG_PREFER_OVERLAP_WITH_COMPUTE = 1,
+    }
+    CUmemcpySrcAccessOrder {
+        CU_MEMCPY_SRC_ACCESS_ORDER_INVALID = 0,
+        CU_MEMCPY_SRC_ACCESS_ORDER_STREAM = 1,
+        CU_MEMCPY_SRC_ACCESS_ORDER_DURING_API_CALL = 2,
+        CU_MEMCPY_SRC_ACCESS_ORDER_ANY = 3,
+        CU_MEMCPY_SRC_ACCESS_ORDER_MAX = 2147483647,
+    }
+    CUmemorytype {
+        CU_MEMORYTYPE_HOST = 1,
+        CU_MEMORYTYPE_DEVICE = 2,
+        CU_MEMORYTYPE_ARRAY = 3,
+        CU_MEMORYTYPE_UNIFIED = 4,
+    }
+    CUmoduleLoadingMode {
+        CU_MODULE_EAGER_LOADING = 1,
+        CU_MODULE_LAZY_LOADING = 2,
+    }
+    CUmulticastGranularity_flags {
+        CU_MULTICAST_GRANULARITY_MINIMUM = 0,
+        CU_MULTICAST_GRANULARITY_RECOMMENDED = 1,
+    }
+    CUoccupancy_flags {
+        CU_OCCUPANCY_DEFAULT = 0,
+        CU_OCCUPANCY_DISABLE_CACHING_OVERRIDE = 1,
+    }
+    CUpointer_attribute {
+        CU_POINTER_ATTRIBUTE_CONTEXT = 1,
+        CU_POINTER_ATTRIBUTE_MEMORY_TYPE = 2,
+        CU_POINTER_ATTRIBUTE_DEVICE_POINTER = 3,
+        CU_POINTER_ATTRIBUTE_HOST_POINTER = 4,
+        CU_POINTER_ATTRIBUTE_P2P_TOKENS = 5,
+        CU_POINTER_ATTRIBUTE_SYNC_MEMOPS = 6,
+        CU_POINTER_ATTRIBUTE_BUFFER_ID = 7,
+        CU_POINTER_ATTRIBUTE_IS_MANAGED = 8,
+        CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL = 9,
+        CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE = 10,
+        CU_POINTER_ATTRIBUTE_RANGE_START_ADDR = 11,
+        CU_POINTER_ATTRIBUTE_RANGE_SIZE = 12,
+        CU_POINTER_ATTRIBUTE_MAPPED = 13,
+        CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES = 14,
+        CU_POINTER_ATTRIBUTE_IS_GPU_DIRECT_RDMA_CAPABLE = 15,
+        CU_POINTER_ATTRIBUTE_ACCESS_FLAGS = 16,
+        CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE = 17,
+        CU_POINTER_ATTRIBUTE_MAPPING_SIZE = 18,
+        CU_POINTER_ATTRIBUTE_MAPPING_BASE_ADDR = 19,
+        CU_POINTER_ATTRIBUTE_MEMORY_BLOCK_ID = 20,
+        CU_POINTER_ATTRIBUTE_IS_HW_DECOMPRESS_CAPABLE = 21,
+        CU_POINTER_ATTRIBUTE_LOCALITY_DOMAIN_ORDINAL = 22,
+    }
+    CUprocessState {
+        CU_PROCESS_STATE_RUNNING = 0,
+        CU_PROCESS_STATE_LOCKED = 1,
+        CU_PROCESS_STATE_CHECKPOINTED = 2,
+        CU_PROCESS_STATE_FAILED = 3,
+        CU_PROCESS_STATE_CHECKPOINTING = 4,
+        CU_PROCESS_STATE_RESTORING = 5,
+    }
+    CUresourceViewFormat {
+        CU_RES_VIEW_FORMAT_NONE = 0,
+        CU_RES_VIEW_FORMAT_UINT_1X8 = 1,
+        CU_RES_VIEW_FORMAT_UINT_2X8 = 2,
+        CU_RES_VIEW_FORMAT_UINT_4X8 = 3,
+        CU_RES_VIEW_FORMAT_SINT_1X8 = 4,
+        CU_RES_VIEW_FORMAT_SINT_2X8 = 5,
+        CU_RES_VIEW_FORMAT_SINT_4X8 = 6,
+        CU_RES_VIEW_FORMAT_UINT_1X16 = 7,
+        CU_RES_VIEW_FORMAT_UINT_2X16 = 8,
+        CU_RES_VIEW_FORMAT_UINT_4X16 = 9,
+        CU_RES_VIEW_FORMAT_SINT_1X16 = 10,
+        CU_RES_VIEW_FORMAT_SINT_2X16 = 11,
+        CU_RES_VIEW_FORMAT_SINT_4X16 = 12,
+        CU_RES_VIEW_FORMAT_UINT_1X32 = 13,
+        CU_RES_VIEW_FORMAT_UINT_2X32 = 14,
+        CU_RES_VIEW_FORMAT_UINT_4X32 = 15,
+        CU_RES_VIEW_FORMAT_SINT_1X32 = 16,
+        CU_RES_VIEW_FORMAT_SINT_2X32 = 17,
+        CU_RES_VIEW_FORMAT_SINT_4X32 = 18,
+        CU_RES_VIEW_FORMAT_FLOAT_1X16 = 19,
+        CU_RES_VIEW_FORMAT_FLOAT_2X16 = 20,
+        CU_RES_VIEW_FORMAT_FLOAT_4X16 = 21,
+        CU_RES_VIEW_FORMAT_FLOAT_1X32 = 22,
+        CU_RES_VIEW_FORMAT_FLOAT_2X32 = 23,
+        CU_RES_VIEW_FORMAT_FLOAT_4X32 = 24,
+        CU_RES_VIEW_FORMAT_UNSIGNED_BC1 = 25,
+        CU_RES_VIEW_FORMAT_UNSIGNED_BC2 = 26,
+        CU_RES_VIEW_FORMAT_UNSIGNED_BC3 = 27,
+        CU_RES_VIEW_FORMAT_UNSIGNED_BC4 = 28,
+        CU_RES_VIEW_FORMAT_SIGNED_BC4 = 29,
+        CU_RES_VIEW_FORMAT_UNSIGNED_BC5 = 30,
+        CU_RES_VIEW_FORMAT_SIGNED_BC5 = 31,
+        CU_RES_VIEW_FORMAT_UNSIGNED_BC6H = 32,
+        CU_RES_VIEW_FORMAT_SIGNED_BC6H = 33,
+        CU_RES_VIEW_FORMAT_UNSIGNED_BC7 = 34,
+    }
+    CUresourcetype {
+        CU_RESOURCE_TYPE_ARRAY = 0,
+        CU_RESOURCE_TYPE_MIPMAPPED_ARRAY = 1,
+        CU_RESOURCE_TYPE_LINEAR = 2,
+        CU_RESOURCE_TYPE_PITCH2D = 3,
+    }
+    CUsharedMemoryMode {
+        CU_SHARED_MEMORY_MODE_DEFAULT = 0,
+        CU_SHARED_MEMORY_MODE_REQUIRE_PORTABLE = 1,
+        CU_SHARED_MEMORY_MODE_ALLOW_NON_PORTABLE = 2,
+        CU_SHARED_MEMORY_MODE_ALLOW_OVERSIZED_SHARED_MEMORY = 3,
+        CU_SHARED_MEMORY_MODE_PREFER_OVERSIZED_SHARED_MEMORY = 4,
+    }
+    CUshared_carveout {
+        CU_SHAREDMEM_CARVEOUT_DEFAULT = -1,
+        CU_SHAREDMEM_CARVEOUT_MAX_SHARED = 100,
+        CU_SHAREDMEM_CARVEOUT_MAX_L1 = 0,
+    }
+    CUsharedconfig {
+        CU_SHARED_MEM_CONFIG_DEFAULT_BANK_SIZE = 0,
+        CU_SHARED_MEM_CONFIG_FOUR_BYTE_BANK_SIZE = 1,
+        CU_SHARED_MEM_CONFIG_EIGHT_BYTE_BANK_SIZE = 2,
+    }
+    CUstreamAtomicReductionDataType {
+        CU_STREAM_ATOMIC_REDUCTION_UNSIGNED_32 = 14,
+        CU_STREAM_ATOMIC_REDUCTION_UNSIGNED_64 = 22,
+    }
+    CUstreamAtomicReductionOpType {
+        CU_STREAM_ATOMIC_REDUCTION_OP_OR = 6,
+        CU_STREAM_ATOMIC_REDUCTION_OP_AND = 5,
+        CU_STREAM_ATOMIC_REDUCTION_OP_ADD = 0,
+    }
+    CUstreamBatchMemOpType {
+        CU_STREAM_MEM_OP_WAIT_VALUE_32 = 1,
+        CU_STREAM_MEM_OP_WRITE_VALUE_32 = 2,
+        CU_STREAM_MEM_OP_WAIT_VALUE_64 = 4,
+        CU_STREAM_MEM_OP_WRITE_VALUE_64 = 5,
+        CU_STREAM_MEM_OP_BARRIER = 6,
+        CU_STREAM_MEM_OP_ATOMIC_REDUCTION = 8,
+        CU_STREAM_MEM_OP_FLUSH_REMOTE_WRITES = 3,
+    }
+    CUstreamCaptureMode {
+        CU_STREAM_CAPTURE_MODE_GLOBAL = 0,
+        CU_STREAM_CAPTURE_MODE_THREAD_LOCAL = 1,
+        CU_STREAM_CAPTURE_MODE_RELAXED = 2,
+    }
+    CUstreamCaptureStatus {
+        CU_STREAM_CAPTURE_STATUS_NONE = 0,
+        CU_STREAM_CAPTURE_STATUS_ACTIVE = 1,
+        CU_STREAM_CAPTURE_STATUS_INVALIDATED = 2,
+    }
+    CUstreamMemoryBarrier_flags {
+        CU_STREAM_MEMORY_BARRIER_TYPE_SYS = 0,
+        CU_STREAM_MEMORY_BARRIER_TYPE_GPU = 1,
+    }
+    CUstreamUpdateCaptureDependencies_flags {
+        CU_STREAM_ADD_CAPTURE_DEPENDENCIES = 0,
+        CU_STREAM_SET_CAPTURE_DEPENDENCIES = 1,
+    }
+    CUstreamWaitValue_flags {
+        CU_STREAM_WAIT_VALUE_GEQ = 0,
+        CU_STREAM_WAIT_VALUE_EQ = 1,
+        CU_STREAM_WAIT_VALUE_AND = 2,
+        CU_STREAM_WAIT_VALUE_NOR = 3,
+        CU_STREAM_WAIT_VALUE_FLUSH = 1073741824,
+    }
+    CUstreamWriteValue_flags {
+        CU_STREAM_WRITE_VALUE_DEFAULT = 0,
+        CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER = 1,
+    }
+    CUstream_flags {
+        CU_STREAM_DEFAULT = 0,
+        CU_STREAM_NON_BLOCKING = 1,
+    }
+    CUsynchronizationPolicy {
+        CU_SYNC_POLICY_AUTO = 1,
+        CU_SYNC_POLICY_SPIN = 2,
+        CU_SYNC_POLICY_YIELD = 3,
+        CU_SYNC_POLICY_BLOCKING_SYNC = 4,
+    }
+    CUtensorMapAllocClass {
+        CU_TENSOR_MAP_ALLOC_CLASS_AUTO = 0,
+        CU_TENSOR_MAP_ALLOC_CLASS_SMALL = 1,
+        CU_TENSOR_MAP_ALLOC_CLASS_LARGE = 2,
+    }
+    CUtensorMapDataType {
+        CU_TENSOR_MAP_DATA_TYPE_UINT8 = 0,
+        CU_TENSOR_MAP_DATA_TYPE_UINT16 = 1,
+        CU_TENSOR_MAP_DATA_TYPE_UINT32 = 2,
+        CU_TENSOR_MAP_DATA_TYPE_INT32 = 3,
+        CU_TENSOR_MAP_DATA_TYPE_UINT64 = 4,
+        CU_TENSOR_MAP_DATA_TYPE_INT64 = 5,
+        CU_TENSOR_MAP_DATA_TYPE_FLOAT16 = 6,
+        CU_TENSOR_MAP_DATA_TYPE_FLOAT32 = 7,
+        CU_TENSOR_MAP_DATA_TYPE_FLOAT64 = 8,
+        CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 = 9,
+        CU_TENSOR_MAP_DATA_TYPE_FLOAT32_FTZ = 10,
+        CU_TENSOR_MAP_DATA_TYPE_TFLOAT32 = 11,
+        CU_TENSOR_MAP_DATA_TYPE_TFLOAT32_FTZ = 12,
+        CU_TENSOR_MAP_DATA_TYPE_16U4_ALIGN8B = 13,
+        CU_TENSOR_MAP_DATA_TYPE_16U4_ALIGN16B = 14,
+        CU_TENSOR_MAP_DATA_TYPE_16U6_ALIGN16B = 15,
+    }
+    CUtensorMapFloatOOBfill {
+        CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE = 0,
+        CU_TENSOR_MAP_FLOAT_OOB_FILL_NAN_REQUEST_ZERO_FMA = 1,
+    }
+    CUtensorMapIm2ColWideMode {
+        CU_TENSOR_MAP_IM2COL_WIDE_MODE_W = 0,
+        CU_TENSOR_MAP_IM2COL_WIDE_MODE_W128 = 1,
+    }
+    CUtensorMapInterleave {
+        CU_TENSOR_MAP_INTERLEAVE_NONE = 0,
+        CU_TENSOR_MAP_INTERLEAVE_16B = 1,
+        CU_TENSOR_MAP_INTERLEAVE_32B = 2,
+    }
+    CUtensorMapL2promotion {
+        CU_TENSOR_MAP_L2_PROMOTION_NONE = 0,
+        CU_TENSOR_MAP_L2_PROMOTION_L2_64B = 1,
+        CU_TENSOR_MAP_L2_PROMOTION_L2_128B = 2,
+        CU_TENSOR_MAP_L2_PROMOTION_L2_256B = 3,
+    }
+    CUtensorMapSwizzle {
+        CU_TENSOR_MAP_SWIZZLE_NONE = 0,
+        CU_TENSOR_MAP_SWIZZLE_32B = 1,
+        CU_TENSOR_MAP_SWIZZLE_64B = 2,
+        CU_TENSOR_MAP_SWIZZLE_128B = 3,
+        CU_TENSOR_MAP_SWIZZLE_128B_ATOM_32B = 4,
+        CU_TENSOR_MAP_SWIZZLE_128B_ATOM_32B_FLIP_8B = 5,
+        CU_TENSOR_MAP_SWIZZLE_128B_ATOM_64B = 6,
+    }
+    CUuserObjectRetain_flags {
+        CU_GRAPH_USER_OBJECT_MOVE = 1,
+    }
+    CUuserObject_flags {
+        CU_USER_OBJECT_NO_DESTRUCTOR_SYNC = 1,
+    }
+}

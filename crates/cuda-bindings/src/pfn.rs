@@ -18,2715 +18,596 @@ use crate::types::*;
 // cuMemPrefetchAsync_v2_ptsz: CUmemLocation (a struct passed by value)
 // cuProfilerInitialize: CUoutput_mode
 
-pub type cuArray3DCreate = unsafe extern "C" fn(
-    pHandle: *mut CUarray,
-    pAllocateArray: *const CUDA_ARRAY3D_DESCRIPTOR_v1,
-) -> CUresult;
-pub type cuArray3DCreate_v2 = unsafe extern "C" fn(
-    pHandle: *mut CUarray,
-    pAllocateArray: *const CUDA_ARRAY3D_DESCRIPTOR,
-) -> CUresult;
-pub type cuArray3DGetDescriptor = unsafe extern "C" fn(
-    pArrayDescriptor: *mut CUDA_ARRAY3D_DESCRIPTOR_v1,
-    hArray: CUarray,
-) -> CUresult;
-pub type cuArray3DGetDescriptor_v2 = unsafe extern "C" fn(
-    pArrayDescriptor: *mut CUDA_ARRAY3D_DESCRIPTOR,
-    hArray: CUarray,
-) -> CUresult;
-pub type cuArrayCreate = unsafe extern "C" fn(
-    pHandle: *mut CUarray,
-    pAllocateArray: *const CUDA_ARRAY_DESCRIPTOR_v1,
-) -> CUresult;
-pub type cuArrayCreate_v2 = unsafe extern "C" fn(
-    pHandle: *mut CUarray,
-    pAllocateArray: *const CUDA_ARRAY_DESCRIPTOR,
-) -> CUresult;
-pub type cuArrayDestroy = unsafe extern "C" fn(hArray: CUarray) -> CUresult;
-pub type cuArrayGetDescriptor = unsafe extern "C" fn(
-    pArrayDescriptor: *mut CUDA_ARRAY_DESCRIPTOR_v1,
-    hArray: CUarray,
-) -> CUresult;
-pub type cuArrayGetDescriptor_v2 =
-    unsafe extern "C" fn(pArrayDescriptor: *mut CUDA_ARRAY_DESCRIPTOR, hArray: CUarray) -> CUresult;
-pub type cuArrayGetMemoryRequirements = unsafe extern "C" fn(
-    memoryRequirements: *mut CUDA_ARRAY_MEMORY_REQUIREMENTS,
-    array: CUarray,
-    device: CUdevice,
-) -> CUresult;
-pub type cuArrayGetPlane =
-    unsafe extern "C" fn(pPlaneArray: *mut CUarray, hArray: CUarray, planeIdx: u32) -> CUresult;
-pub type cuArrayGetSparseProperties =
-    unsafe extern "C" fn(sparseProperties: *mut c_void, array: CUarray) -> CUresult;
-pub type cuCheckpointOperationComplete =
-    unsafe extern "C" fn(handle: CUcheckpointOperationHandle) -> CUresult;
-pub type cuCheckpointProcessCheckpoint =
-    unsafe extern "C" fn(pid: i32, args: *mut c_void) -> CUresult;
-pub type cuCheckpointProcessGetRestoreThreadId =
-    unsafe extern "C" fn(pid: i32, tid: *mut i32) -> CUresult;
-pub type cuCheckpointProcessGetState =
-    unsafe extern "C" fn(pid: i32, state: *mut CUprocessState) -> CUresult;
-pub type cuCheckpointProcessLock =
-    unsafe extern "C" fn(pid: i32, args: *mut CUcheckpointLockArgs) -> CUresult;
-pub type cuCheckpointProcessRestore = unsafe extern "C" fn(pid: i32, args: *mut c_void) -> CUresult;
-pub type cuCheckpointProcessUnlock =
-    unsafe extern "C" fn(pid: i32, args: *mut CUcheckpointUnlockArgs) -> CUresult;
-pub type cuCoredumpDeregisterCompleteCallback =
-    unsafe extern "C" fn(callback: CUcoredumpCallbackHandle) -> CUresult;
-pub type cuCoredumpDeregisterStartCallback =
-    unsafe extern "C" fn(callback: CUcoredumpCallbackHandle) -> CUresult;
-pub type cuCoredumpGetAttribute = unsafe extern "C" fn(
-    attrib: CUcoredumpSettings,
-    value: *mut c_void,
-    size: *mut usize,
-) -> CUresult;
-pub type cuCoredumpGetAttributeGlobal = unsafe extern "C" fn(
-    attrib: CUcoredumpSettings,
-    value: *mut c_void,
-    size: *mut usize,
-) -> CUresult;
-pub type cuCoredumpRegisterCompleteCallback = unsafe extern "C" fn(
-    callback: CUcoredumpStatusCallback,
-    userData: *mut c_void,
-    callbackOut: *mut CUcoredumpCallbackHandle,
-) -> CUresult;
-pub type cuCoredumpRegisterStartCallback = unsafe extern "C" fn(
-    callback: CUcoredumpStatusCallback,
-    userData: *mut c_void,
-    callbackOut: *mut CUcoredumpCallbackHandle,
-) -> CUresult;
-pub type cuCoredumpSetAttribute = unsafe extern "C" fn(
-    attrib: CUcoredumpSettings,
-    value: *mut c_void,
-    size: *mut usize,
-) -> CUresult;
-pub type cuCoredumpSetAttributeGlobal = unsafe extern "C" fn(
-    attrib: CUcoredumpSettings,
-    value: *mut c_void,
-    size: *mut usize,
-) -> CUresult;
-pub type cuCtxAttach = unsafe extern "C" fn(pctx: *mut CUcontext, flags: u32) -> CUresult;
-pub type cuCtxCreate =
-    unsafe extern "C" fn(pctx: *mut CUcontext, flags: u32, dev: CUdevice) -> CUresult;
-pub type cuCtxCreate_v2 =
-    unsafe extern "C" fn(pctx: *mut CUcontext, flags: u32, dev: CUdevice) -> CUresult;
-pub type cuCtxCreate_v3 = unsafe extern "C" fn(
-    pctx: *mut CUcontext,
-    paramsArray: *mut c_void,
-    numParams: i32,
-    flags: u32,
-    dev: CUdevice,
-) -> CUresult;
-pub type cuCtxCreate_v4 = unsafe extern "C" fn(
-    pctx: *mut CUcontext,
-    ctxCreateParams: *mut CUctxCreateParams,
-    flags: u32,
-    dev: CUdevice,
-) -> CUresult;
-pub type cuCtxDestroy = unsafe extern "C" fn(ctx: CUcontext) -> CUresult;
-pub type cuCtxDestroy_v2 = unsafe extern "C" fn(ctx: CUcontext) -> CUresult;
-pub type cuCtxDetach = unsafe extern "C" fn(ctx: CUcontext) -> CUresult;
-pub type cuCtxDisablePeerAccess = unsafe extern "C" fn(peerContext: CUcontext) -> CUresult;
-pub type cuCtxEnablePeerAccess =
-    unsafe extern "C" fn(peerContext: CUcontext, Flags: u32) -> CUresult;
-pub type cuCtxFromGreenCtx =
-    unsafe extern "C" fn(pContext: *mut CUcontext, hCtx: CUgreenCtx) -> CUresult;
-pub type cuCtxGetApiVersion = unsafe extern "C" fn(ctx: CUcontext, version: *mut u32) -> CUresult;
-pub type cuCtxGetCacheConfig = unsafe extern "C" fn(pconfig: *mut CUfunc_cache) -> CUresult;
-pub type cuCtxGetCurrent = unsafe extern "C" fn(pctx: *mut CUcontext) -> CUresult;
-pub type cuCtxGetDevResource = unsafe extern "C" fn(
-    hCtx: CUcontext,
-    resource: *mut c_void,
-    type_: CUdevResourceType,
-) -> CUresult;
-pub type cuCtxGetDevice = unsafe extern "C" fn(device: *mut CUdevice) -> CUresult;
-pub type cuCtxGetDevice_v2 =
-    unsafe extern "C" fn(device: *mut CUdevice, ctx: CUcontext) -> CUresult;
-pub type cuCtxGetExecAffinity =
-    unsafe extern "C" fn(pExecAffinity: *mut c_void, type_: CUexecAffinityType) -> CUresult;
-pub type cuCtxGetFlags = unsafe extern "C" fn(flags: *mut u32) -> CUresult;
-pub type cuCtxGetId = unsafe extern "C" fn(ctx: CUcontext, ctxId: *mut u64) -> CUresult;
-pub type cuCtxGetLimit = unsafe extern "C" fn(pvalue: *mut usize, limit: CUlimit) -> CUresult;
-pub type cuCtxGetSharedMemConfig = unsafe extern "C" fn(pConfig: *mut CUsharedconfig) -> CUresult;
-pub type cuCtxGetStreamPriorityRange =
-    unsafe extern "C" fn(leastPriority: *mut i32, greatestPriority: *mut i32) -> CUresult;
-pub type cuCtxPopCurrent = unsafe extern "C" fn(pctx: *mut CUcontext) -> CUresult;
-pub type cuCtxPopCurrent_v2 = unsafe extern "C" fn(pctx: *mut CUcontext) -> CUresult;
-pub type cuCtxPushCurrent = unsafe extern "C" fn(ctx: CUcontext) -> CUresult;
-pub type cuCtxPushCurrent_v2 = unsafe extern "C" fn(ctx: CUcontext) -> CUresult;
-pub type cuCtxRecordEvent = unsafe extern "C" fn(hCtx: CUcontext, hEvent: CUevent) -> CUresult;
-pub type cuCtxResetPersistingL2Cache = unsafe extern "C" fn() -> CUresult;
-pub type cuCtxSetCacheConfig = unsafe extern "C" fn(config: CUfunc_cache) -> CUresult;
-pub type cuCtxSetCurrent = unsafe extern "C" fn(ctx: CUcontext) -> CUresult;
-pub type cuCtxSetFlags = unsafe extern "C" fn(flags: u32) -> CUresult;
-pub type cuCtxSetLimit = unsafe extern "C" fn(limit: CUlimit, value: usize) -> CUresult;
-pub type cuCtxSetSharedMemConfig = unsafe extern "C" fn(config: CUsharedconfig) -> CUresult;
-pub type cuCtxSynchronize = unsafe extern "C" fn() -> CUresult;
-pub type cuCtxSynchronize_v2 = unsafe extern "C" fn(ctx: CUcontext) -> CUresult;
-pub type cuCtxWaitEvent = unsafe extern "C" fn(hCtx: CUcontext, hEvent: CUevent) -> CUresult;
-pub type cuDestroyExternalMemory = unsafe extern "C" fn(extMem: CUexternalMemory) -> CUresult;
-pub type cuDestroyExternalSemaphore = unsafe extern "C" fn(extSem: CUexternalSemaphore) -> CUresult;
-pub type cuDevResourceGenerateDesc = unsafe extern "C" fn(
-    phDesc: *mut CUdevResourceDesc,
-    resources: *mut c_void,
-    nbResources: u32,
-) -> CUresult;
-pub type cuDevSmResourceSplit = unsafe extern "C" fn(
-    result: *mut c_void,
-    nbGroups: u32,
-    input: *const c_void,
-    remainder: *mut c_void,
-    flags: u32,
-    groupParams: *mut CU_DEV_SM_RESOURCE_GROUP_PARAMS,
-) -> CUresult;
-pub type cuDevSmResourceSplitByCount = unsafe extern "C" fn(
-    result: *mut c_void,
-    nbGroups: *mut u32,
-    input: *const c_void,
-    remaining: *mut c_void,
-    useFlags: u32,
-    minCount: u32,
-) -> CUresult;
-pub type cuDeviceCanAccessPeer =
-    unsafe extern "C" fn(canAccessPeer: *mut i32, dev: CUdevice, peerDev: CUdevice) -> CUresult;
-pub type cuDeviceComputeCapability =
-    unsafe extern "C" fn(major: *mut i32, minor: *mut i32, dev: CUdevice) -> CUresult;
-pub type cuDeviceGet = unsafe extern "C" fn(device: *mut CUdevice, ordinal: i32) -> CUresult;
-pub type cuDeviceGetAttribute =
-    unsafe extern "C" fn(pi: *mut i32, attrib: CUdevice_attribute, dev: CUdevice) -> CUresult;
-pub type cuDeviceGetByPCIBusId =
-    unsafe extern "C" fn(dev: *mut CUdevice, pciBusId: *const c_char) -> CUresult;
-pub type cuDeviceGetCliqueCount =
-    unsafe extern "C" fn(count: *mut usize, dev: CUdevice) -> CUresult;
-pub type cuDeviceGetCliqueInfo = unsafe extern "C" fn(
-    cliqueInfo: *mut CUcliqueInfo,
-    count: *mut usize,
-    dev: CUdevice,
-) -> CUresult;
-pub type cuDeviceGetCount = unsafe extern "C" fn(count: *mut i32) -> CUresult;
-pub type cuDeviceGetDefaultMemPool =
-    unsafe extern "C" fn(pool_out: *mut CUmemoryPool, dev: CUdevice) -> CUresult;
-pub type cuDeviceGetDevResource = unsafe extern "C" fn(
-    device: CUdevice,
-    resource: *mut c_void,
-    type_: CUdevResourceType,
-) -> CUresult;
-pub type cuDeviceGetExecAffinitySupport =
-    unsafe extern "C" fn(pi: *mut i32, type_: CUexecAffinityType, dev: CUdevice) -> CUresult;
-pub type cuDeviceGetFabricClusterUuid =
-    unsafe extern "C" fn(uuid: *mut CUuuid, dev: CUdevice) -> CUresult;
-pub type cuDeviceGetGraphMemAttribute = unsafe extern "C" fn(
-    device: CUdevice,
-    attr: CUgraphMem_attribute,
-    value: *mut c_void,
-) -> CUresult;
-pub type cuDeviceGetHostAtomicCapabilities = unsafe extern "C" fn(
-    capabilities: *mut u32,
-    operations: *const CUatomicOperation,
-    count: u32,
-    dev: CUdevice,
-) -> CUresult;
-pub type cuDeviceGetLuid =
-    unsafe extern "C" fn(luid: *mut c_char, deviceNodeMask: *mut u32, dev: CUdevice) -> CUresult;
-pub type cuDeviceGetMemPool =
-    unsafe extern "C" fn(pool: *mut CUmemoryPool, dev: CUdevice) -> CUresult;
-pub type cuDeviceGetName =
-    unsafe extern "C" fn(name: *mut c_char, len: i32, dev: CUdevice) -> CUresult;
-pub type cuDeviceGetNvSciSyncAttributes =
-    unsafe extern "C" fn(nvSciSyncAttrList: *mut c_void, dev: CUdevice, flags: i32) -> CUresult;
-pub type cuDeviceGetP2PAtomicCapabilities = unsafe extern "C" fn(
-    capabilities: *mut u32,
-    operations: *const CUatomicOperation,
-    count: u32,
-    srcDevice: CUdevice,
-    dstDevice: CUdevice,
-) -> CUresult;
-pub type cuDeviceGetP2PAttribute = unsafe extern "C" fn(
-    value: *mut i32,
-    attrib: CUdevice_P2PAttribute,
-    srcDevice: CUdevice,
-    dstDevice: CUdevice,
-) -> CUresult;
-pub type cuDeviceGetPCIBusId =
-    unsafe extern "C" fn(pciBusId: *mut c_char, len: i32, dev: CUdevice) -> CUresult;
-pub type cuDeviceGetProperties =
-    unsafe extern "C" fn(prop: *mut CUdevprop, dev: CUdevice) -> CUresult;
-pub type cuDeviceGetTexture1DLinearMaxWidth = unsafe extern "C" fn(
-    maxWidthInElements: *mut usize,
-    format: CUarray_format,
-    numChannels: u32,
-    dev: CUdevice,
-) -> CUresult;
-pub type cuDeviceGetUuid = unsafe extern "C" fn(uuid: *mut CUuuid, dev: CUdevice) -> CUresult;
-pub type cuDeviceGetUuid_v2 = unsafe extern "C" fn(uuid: *mut CUuuid, dev: CUdevice) -> CUresult;
-pub type cuDeviceGraphMemTrim = unsafe extern "C" fn(device: CUdevice) -> CUresult;
-pub type cuDevicePrimaryCtxGetState =
-    unsafe extern "C" fn(dev: CUdevice, flags: *mut u32, active: *mut i32) -> CUresult;
-pub type cuDevicePrimaryCtxRelease = unsafe extern "C" fn(dev: CUdevice) -> CUresult;
-pub type cuDevicePrimaryCtxRelease_v2 = unsafe extern "C" fn(dev: CUdevice) -> CUresult;
-pub type cuDevicePrimaryCtxReset = unsafe extern "C" fn(dev: CUdevice) -> CUresult;
-pub type cuDevicePrimaryCtxReset_v2 = unsafe extern "C" fn(dev: CUdevice) -> CUresult;
-pub type cuDevicePrimaryCtxRetain =
-    unsafe extern "C" fn(pctx: *mut CUcontext, dev: CUdevice) -> CUresult;
-pub type cuDevicePrimaryCtxSetFlags = unsafe extern "C" fn(dev: CUdevice, flags: u32) -> CUresult;
-pub type cuDevicePrimaryCtxSetFlags_v2 =
-    unsafe extern "C" fn(dev: CUdevice, flags: u32) -> CUresult;
-pub type cuDeviceRegisterAsyncNotification = unsafe extern "C" fn(
-    device: CUdevice,
-    callbackFunc: CUasyncCallback,
-    userData: *mut c_void,
-    callback: *mut CUasyncCallbackHandle,
-) -> CUresult;
-pub type cuDeviceSetGraphMemAttribute = unsafe extern "C" fn(
-    device: CUdevice,
-    attr: CUgraphMem_attribute,
-    value: *mut c_void,
-) -> CUresult;
-pub type cuDeviceSetMemPool = unsafe extern "C" fn(dev: CUdevice, pool: CUmemoryPool) -> CUresult;
-pub type cuDeviceTotalMem = unsafe extern "C" fn(bytes: *mut u32, dev: CUdevice) -> CUresult;
-pub type cuDeviceTotalMem_v2 = unsafe extern "C" fn(bytes: *mut usize, dev: CUdevice) -> CUresult;
-pub type cuDeviceUnregisterAsyncNotification =
-    unsafe extern "C" fn(device: CUdevice, callback: CUasyncCallbackHandle) -> CUresult;
-pub type cuDriverGetVersion = unsafe extern "C" fn(driverVersion: *mut i32) -> CUresult;
-pub type cuEventCreate = unsafe extern "C" fn(phEvent: *mut CUevent, Flags: u32) -> CUresult;
-pub type cuEventDestroy = unsafe extern "C" fn(hEvent: CUevent) -> CUresult;
-pub type cuEventDestroy_v2 = unsafe extern "C" fn(hEvent: CUevent) -> CUresult;
-pub type cuEventElapsedTime =
-    unsafe extern "C" fn(pMilliseconds: *mut f32, hStart: CUevent, hEnd: CUevent) -> CUresult;
-pub type cuEventElapsedTime_v2 =
-    unsafe extern "C" fn(pMilliseconds: *mut f32, hStart: CUevent, hEnd: CUevent) -> CUresult;
-pub type cuEventQuery = unsafe extern "C" fn(hEvent: CUevent) -> CUresult;
-pub type cuEventRecord = unsafe extern "C" fn(hEvent: CUevent, hStream: CUstream) -> CUresult;
-pub type cuEventRecordWithFlags =
-    unsafe extern "C" fn(hEvent: CUevent, hStream: CUstream, flags: u32) -> CUresult;
-pub type cuEventRecordWithFlags_ptsz =
-    unsafe extern "C" fn(hEvent: CUevent, hStream: CUstream, flags: u32) -> CUresult;
-pub type cuEventRecord_ptsz = unsafe extern "C" fn(hEvent: CUevent, hStream: CUstream) -> CUresult;
-pub type cuEventSynchronize = unsafe extern "C" fn(hEvent: CUevent) -> CUresult;
-pub type cuExternalMemoryGetMappedBuffer = unsafe extern "C" fn(
-    devPtr: *mut CUdeviceptr,
-    extMem: CUexternalMemory,
-    bufferDesc: *const CUDA_EXTERNAL_MEMORY_BUFFER_DESC,
-) -> CUresult;
-pub type cuExternalMemoryGetMappedMipmappedArray = unsafe extern "C" fn(
-    mipmap: *mut CUmipmappedArray,
-    extMem: CUexternalMemory,
-    mipmapDesc: *const CUDA_EXTERNAL_MEMORY_MIPMAPPED_ARRAY_DESC,
-) -> CUresult;
-pub type cuFabricCpyBatchAsync = unsafe extern "C" fn(
-    numOps: usize,
-    opList: *mut c_void,
-    flags: u64,
-    hStream: CUstream,
-) -> CUresult;
-pub type cuFabricCpyBatchAsync_ptsz = unsafe extern "C" fn(
-    numOps: usize,
-    opList: *mut c_void,
-    flags: u64,
-    hStream: CUstream,
-) -> CUresult;
-pub type cuFlushGPUDirectRDMAWrites = unsafe extern "C" fn(
-    target: CUflushGPUDirectRDMAWritesTarget,
-    scope: CUflushGPUDirectRDMAWritesScope,
-) -> CUresult;
-pub type cuFuncGetAttribute =
-    unsafe extern "C" fn(pi: *mut i32, attrib: CUfunction_attribute, hfunc: CUfunction) -> CUresult;
-pub type cuFuncGetModule = unsafe extern "C" fn(hmod: *mut CUmodule, hfunc: CUfunction) -> CUresult;
-pub type cuFuncGetName =
-    unsafe extern "C" fn(name: *mut *const c_char, hfunc: CUfunction) -> CUresult;
-pub type cuFuncGetParamCount =
-    unsafe extern "C" fn(func: CUfunction, paramCount: *mut usize) -> CUresult;
-pub type cuFuncGetParamInfo = unsafe extern "C" fn(
-    func: CUfunction,
-    paramIndex: usize,
-    paramOffset: *mut usize,
-    paramSize: *mut usize,
-) -> CUresult;
-pub type cuFuncIsLoaded =
-    unsafe extern "C" fn(state: *mut CUfunctionLoadingState, function: CUfunction) -> CUresult;
-pub type cuFuncLoad = unsafe extern "C" fn(function: CUfunction) -> CUresult;
-pub type cuFuncSetAttribute =
-    unsafe extern "C" fn(hfunc: CUfunction, attrib: CUfunction_attribute, value: i32) -> CUresult;
-pub type cuFuncSetBlockShape =
-    unsafe extern "C" fn(hfunc: CUfunction, x: i32, y: i32, z: i32) -> CUresult;
-pub type cuFuncSetCacheConfig =
-    unsafe extern "C" fn(hfunc: CUfunction, config: CUfunc_cache) -> CUresult;
-pub type cuFuncSetSharedMemConfig =
-    unsafe extern "C" fn(hfunc: CUfunction, config: CUsharedconfig) -> CUresult;
-pub type cuFuncSetSharedSize = unsafe extern "C" fn(hfunc: CUfunction, bytes: u32) -> CUresult;
-pub type cuGetErrorName =
-    unsafe extern "C" fn(error: CUresult, pStr: *mut *const c_char) -> CUresult;
-pub type cuGetErrorString =
-    unsafe extern "C" fn(error: CUresult, pStr: *mut *const c_char) -> CUresult;
-pub type cuGetExportTable = unsafe extern "C" fn(
-    ppExportTable: *mut *const c_void,
-    pExportTableId: *const CUuuid,
-) -> CUresult;
-pub type cuGetProcAddress = unsafe extern "C" fn(
-    symbol: *const c_char,
-    pfn: *mut *mut c_void,
-    cudaVersion: i32,
-    flags: cuuint64_t,
-) -> CUresult;
-pub type cuGetProcAddress_v2 = unsafe extern "C" fn(
-    symbol: *const c_char,
-    pfn: *mut *mut c_void,
-    cudaVersion: i32,
-    flags: cuuint64_t,
-    symbolStatus: *mut CUdriverProcAddressQueryResult,
-) -> CUresult;
-pub type cuGetProcAddress_v2_ptsz = unsafe extern "C" fn(
-    symbol: *const c_char,
-    funcPtr: *mut *mut c_void,
-    driverVersion: i32,
-    flags: cuuint64_t,
-    symbolStatus: *mut CUdriverProcAddressQueryResult,
-) -> CUresult;
-pub type cuGraphAddBatchMemOpNode = unsafe extern "C" fn(
-    phGraphNode: *mut CUgraphNode,
-    hGraph: CUgraph,
-    dependencies: *const CUgraphNode,
-    numDependencies: usize,
-    nodeParams: *const CUDA_BATCH_MEM_OP_NODE_PARAMS,
-) -> CUresult;
-pub type cuGraphAddChildGraphNode = unsafe extern "C" fn(
-    phGraphNode: *mut CUgraphNode,
-    hGraph: CUgraph,
-    dependencies: *const CUgraphNode,
-    numDependencies: usize,
-    childGraph: CUgraph,
-) -> CUresult;
-pub type cuGraphAddDependencies = unsafe extern "C" fn(
-    hGraph: CUgraph,
-    from: *const CUgraphNode,
-    to: *const CUgraphNode,
-    numDependencies: usize,
-) -> CUresult;
-pub type cuGraphAddDependencies_v2 = unsafe extern "C" fn(
-    hGraph: CUgraph,
-    from: *const CUgraphNode,
-    to: *const CUgraphNode,
-    edgeData: *const CUgraphEdgeData,
-    numDependencies: usize,
-) -> CUresult;
-pub type cuGraphAddEmptyNode = unsafe extern "C" fn(
-    phGraphNode: *mut CUgraphNode,
-    hGraph: CUgraph,
-    dependencies: *const CUgraphNode,
-    numDependencies: usize,
-) -> CUresult;
-pub type cuGraphAddEventRecordNode = unsafe extern "C" fn(
-    phGraphNode: *mut CUgraphNode,
-    hGraph: CUgraph,
-    dependencies: *const CUgraphNode,
-    numDependencies: usize,
-    event: CUevent,
-) -> CUresult;
-pub type cuGraphAddEventWaitNode = unsafe extern "C" fn(
-    phGraphNode: *mut CUgraphNode,
-    hGraph: CUgraph,
-    dependencies: *const CUgraphNode,
-    numDependencies: usize,
-    event: CUevent,
-) -> CUresult;
-pub type cuGraphAddExternalSemaphoresSignalNode = unsafe extern "C" fn(
-    phGraphNode: *mut CUgraphNode,
-    hGraph: CUgraph,
-    dependencies: *const CUgraphNode,
-    numDependencies: usize,
-    nodeParams: *const CUDA_EXT_SEM_SIGNAL_NODE_PARAMS,
-) -> CUresult;
-pub type cuGraphAddExternalSemaphoresWaitNode = unsafe extern "C" fn(
-    phGraphNode: *mut CUgraphNode,
-    hGraph: CUgraph,
-    dependencies: *const CUgraphNode,
-    numDependencies: usize,
-    nodeParams: *const CUDA_EXT_SEM_WAIT_NODE_PARAMS,
-) -> CUresult;
-pub type cuGraphAddHostNode = unsafe extern "C" fn(
-    phGraphNode: *mut CUgraphNode,
-    hGraph: CUgraph,
-    dependencies: *const CUgraphNode,
-    numDependencies: usize,
-    nodeParams: *const CUDA_HOST_NODE_PARAMS,
-) -> CUresult;
-pub type cuGraphAddKernelNode = unsafe extern "C" fn(
-    phGraphNode: *mut CUgraphNode,
-    hGraph: CUgraph,
-    dependencies: *const CUgraphNode,
-    numDependencies: usize,
-    nodeParams: *const CUDA_KERNEL_NODE_PARAMS_v1,
-) -> CUresult;
-pub type cuGraphAddKernelNode_v2 = unsafe extern "C" fn(
-    phGraphNode: *mut CUgraphNode,
-    hGraph: CUgraph,
-    dependencies: *const CUgraphNode,
-    numDependencies: usize,
-    nodeParams: *const CUDA_KERNEL_NODE_PARAMS,
-) -> CUresult;
-pub type cuGraphAddMemAllocNode = unsafe extern "C" fn(
-    phGraphNode: *mut CUgraphNode,
-    hGraph: CUgraph,
-    dependencies: *const CUgraphNode,
-    numDependencies: usize,
-    nodeParams: *mut c_void,
-) -> CUresult;
-pub type cuGraphAddMemFreeNode = unsafe extern "C" fn(
-    phGraphNode: *mut CUgraphNode,
-    hGraph: CUgraph,
-    dependencies: *const CUgraphNode,
-    numDependencies: usize,
-    dptr: CUdeviceptr,
-) -> CUresult;
-pub type cuGraphAddMemcpyNode = unsafe extern "C" fn(
-    phGraphNode: *mut CUgraphNode,
-    hGraph: CUgraph,
-    dependencies: *const CUgraphNode,
-    numDependencies: usize,
-    copyParams: *const CUDA_MEMCPY3D,
-    ctx: CUcontext,
-) -> CUresult;
-pub type cuGraphAddMemsetNode = unsafe extern "C" fn(
-    phGraphNode: *mut CUgraphNode,
-    hGraph: CUgraph,
-    dependencies: *const CUgraphNode,
-    numDependencies: usize,
-    memsetParams: *const CUDA_MEMSET_NODE_PARAMS,
-    ctx: CUcontext,
-) -> CUresult;
-pub type cuGraphAddNode = unsafe extern "C" fn(
-    phGraphNode: *mut CUgraphNode,
-    hGraph: CUgraph,
-    dependencies: *const CUgraphNode,
-    numDependencies: usize,
-    nodeParams: *mut c_void,
-) -> CUresult;
-pub type cuGraphAddNode_v2 = unsafe extern "C" fn(
-    phGraphNode: *mut CUgraphNode,
-    hGraph: CUgraph,
-    dependencies: *const CUgraphNode,
-    dependencyData: *const CUgraphEdgeData,
-    numDependencies: usize,
-    nodeParams: *mut c_void,
-) -> CUresult;
-pub type cuGraphAddNode_v3 = unsafe extern "C" fn(
-    phGraphNode: *mut CUgraphNode,
-    hGraph: CUgraph,
-    dependencies: *const CUgraphNode,
-    dependencyData: *const CUgraphEdgeData,
-    numDependencies: usize,
-    nodeParams: *mut c_void,
-) -> CUresult;
-pub type cuGraphBatchMemOpNodeGetParams = unsafe extern "C" fn(
-    hNode: CUgraphNode,
-    nodeParams_out: *mut CUDA_BATCH_MEM_OP_NODE_PARAMS,
-) -> CUresult;
-pub type cuGraphBatchMemOpNodeSetParams = unsafe extern "C" fn(
-    hNode: CUgraphNode,
-    nodeParams: *const CUDA_BATCH_MEM_OP_NODE_PARAMS,
-) -> CUresult;
-pub type cuGraphChildGraphNodeGetGraph =
-    unsafe extern "C" fn(hNode: CUgraphNode, phGraph: *mut CUgraph) -> CUresult;
-pub type cuGraphClone =
-    unsafe extern "C" fn(phGraphClone: *mut CUgraph, originalGraph: CUgraph) -> CUresult;
-pub type cuGraphConditionalHandleCreate = unsafe extern "C" fn(
-    pHandle_out: *mut CUgraphConditionalHandle,
-    hGraph: CUgraph,
-    ctx: CUcontext,
-    defaultLaunchValue: u32,
-    flags: u32,
-) -> CUresult;
-pub type cuGraphCreate = unsafe extern "C" fn(phGraph: *mut CUgraph, flags: u32) -> CUresult;
-pub type cuGraphDebugDotPrint =
-    unsafe extern "C" fn(hGraph: CUgraph, path: *const c_char, flags: u32) -> CUresult;
-pub type cuGraphDestroy = unsafe extern "C" fn(hGraph: CUgraph) -> CUresult;
-pub type cuGraphDestroyNode = unsafe extern "C" fn(hNode: CUgraphNode) -> CUresult;
-pub type cuGraphEventRecordNodeGetEvent =
-    unsafe extern "C" fn(hNode: CUgraphNode, event_out: *mut CUevent) -> CUresult;
-pub type cuGraphEventRecordNodeSetEvent =
-    unsafe extern "C" fn(hNode: CUgraphNode, event: CUevent) -> CUresult;
-pub type cuGraphEventWaitNodeGetEvent =
-    unsafe extern "C" fn(hNode: CUgraphNode, event_out: *mut CUevent) -> CUresult;
-pub type cuGraphEventWaitNodeSetEvent =
-    unsafe extern "C" fn(hNode: CUgraphNode, event: CUevent) -> CUresult;
-pub type cuGraphExecBatchMemOpNodeSetParams = unsafe extern "C" fn(
-    hGraphExec: CUgraphExec,
-    hNode: CUgraphNode,
-    nodeParams: *const CUDA_BATCH_MEM_OP_NODE_PARAMS,
-) -> CUresult;
-pub type cuGraphExecChildGraphNodeSetParams = unsafe extern "C" fn(
-    hGraphExec: CUgraphExec,
-    hNode: CUgraphNode,
-    childGraph: CUgraph,
-) -> CUresult;
-pub type cuGraphExecDestroy = unsafe extern "C" fn(hGraphExec: CUgraphExec) -> CUresult;
-pub type cuGraphExecEventRecordNodeSetEvent =
-    unsafe extern "C" fn(hGraphExec: CUgraphExec, hNode: CUgraphNode, event: CUevent) -> CUresult;
-pub type cuGraphExecEventWaitNodeSetEvent =
-    unsafe extern "C" fn(hGraphExec: CUgraphExec, hNode: CUgraphNode, event: CUevent) -> CUresult;
-pub type cuGraphExecExternalSemaphoresSignalNodeSetParams = unsafe extern "C" fn(
-    hGraphExec: CUgraphExec,
-    hNode: CUgraphNode,
-    nodeParams: *const CUDA_EXT_SEM_SIGNAL_NODE_PARAMS,
-) -> CUresult;
-pub type cuGraphExecExternalSemaphoresWaitNodeSetParams = unsafe extern "C" fn(
-    hGraphExec: CUgraphExec,
-    hNode: CUgraphNode,
-    nodeParams: *const CUDA_EXT_SEM_WAIT_NODE_PARAMS,
-) -> CUresult;
-pub type cuGraphExecGetFlags =
-    unsafe extern "C" fn(hGraphExec: CUgraphExec, flags: *mut cuuint64_t) -> CUresult;
-pub type cuGraphExecGetId =
-    unsafe extern "C" fn(hGraphExec: CUgraphExec, graphId: *mut u32) -> CUresult;
-pub type cuGraphExecHostNodeSetParams = unsafe extern "C" fn(
-    hGraphExec: CUgraphExec,
-    hNode: CUgraphNode,
-    nodeParams: *const CUDA_HOST_NODE_PARAMS,
-) -> CUresult;
-pub type cuGraphExecKernelNodeSetParams = unsafe extern "C" fn(
-    hGraphExec: CUgraphExec,
-    hNode: CUgraphNode,
-    nodeParams: *const CUDA_KERNEL_NODE_PARAMS_v1,
-) -> CUresult;
-pub type cuGraphExecKernelNodeSetParams_v2 = unsafe extern "C" fn(
-    hGraphExec: CUgraphExec,
-    hNode: CUgraphNode,
-    nodeParams: *const CUDA_KERNEL_NODE_PARAMS,
-) -> CUresult;
-pub type cuGraphExecMemcpyNodeSetParams = unsafe extern "C" fn(
-    hGraphExec: CUgraphExec,
-    hNode: CUgraphNode,
-    copyParams: *const CUDA_MEMCPY3D,
-    ctx: CUcontext,
-) -> CUresult;
-pub type cuGraphExecMemsetNodeSetParams = unsafe extern "C" fn(
-    hGraphExec: CUgraphExec,
-    hNode: CUgraphNode,
-    memsetParams: *const CUDA_MEMSET_NODE_PARAMS,
-    ctx: CUcontext,
-) -> CUresult;
-pub type cuGraphExecNodeSetParams = unsafe extern "C" fn(
-    hGraphExec: CUgraphExec,
-    hNode: CUgraphNode,
-    nodeParams: *mut c_void,
-) -> CUresult;
-pub type cuGraphExecUpdate = unsafe extern "C" fn(
-    hGraphExec: CUgraphExec,
-    hGraph: CUgraph,
-    hErrorNode_out: *mut CUgraphNode,
-    updateResult_out: *mut CUgraphExecUpdateResult,
-) -> CUresult;
-pub type cuGraphExecUpdate_v2 = unsafe extern "C" fn(
-    hGraphExec: CUgraphExec,
-    hGraph: CUgraph,
-    resultInfo: *mut CUgraphExecUpdateResultInfo,
-) -> CUresult;
-pub type cuGraphExternalSemaphoresSignalNodeGetParams = unsafe extern "C" fn(
-    hNode: CUgraphNode,
-    params_out: *mut CUDA_EXT_SEM_SIGNAL_NODE_PARAMS,
-) -> CUresult;
-pub type cuGraphExternalSemaphoresSignalNodeSetParams = unsafe extern "C" fn(
-    hNode: CUgraphNode,
-    nodeParams: *const CUDA_EXT_SEM_SIGNAL_NODE_PARAMS,
-) -> CUresult;
-pub type cuGraphExternalSemaphoresWaitNodeGetParams = unsafe extern "C" fn(
-    hNode: CUgraphNode,
-    params_out: *mut CUDA_EXT_SEM_WAIT_NODE_PARAMS,
-) -> CUresult;
-pub type cuGraphExternalSemaphoresWaitNodeSetParams = unsafe extern "C" fn(
-    hNode: CUgraphNode,
-    nodeParams: *const CUDA_EXT_SEM_WAIT_NODE_PARAMS,
-) -> CUresult;
-pub type cuGraphGetEdges = unsafe extern "C" fn(
-    hGraph: CUgraph,
-    from: *mut CUgraphNode,
-    to: *mut CUgraphNode,
-    numEdges: *mut usize,
-) -> CUresult;
-pub type cuGraphGetEdges_v2 = unsafe extern "C" fn(
-    hGraph: CUgraph,
-    from: *mut CUgraphNode,
-    to: *mut CUgraphNode,
-    edgeData: *mut CUgraphEdgeData,
-    numEdges: *mut usize,
-) -> CUresult;
-pub type cuGraphGetId = unsafe extern "C" fn(hGraph: CUgraph, graphId: *mut u32) -> CUresult;
-pub type cuGraphGetNodes = unsafe extern "C" fn(
-    hGraph: CUgraph,
-    nodes: *mut CUgraphNode,
-    numNodes: *mut usize,
-) -> CUresult;
-pub type cuGraphGetRootNodes = unsafe extern "C" fn(
-    hGraph: CUgraph,
-    rootNodes: *mut CUgraphNode,
-    numRootNodes: *mut usize,
-) -> CUresult;
-pub type cuGraphHostNodeGetParams =
-    unsafe extern "C" fn(hNode: CUgraphNode, nodeParams: *mut CUDA_HOST_NODE_PARAMS) -> CUresult;
-pub type cuGraphHostNodeSetParams =
-    unsafe extern "C" fn(hNode: CUgraphNode, nodeParams: *const CUDA_HOST_NODE_PARAMS) -> CUresult;
-pub type cuGraphInstantiate = unsafe extern "C" fn(
-    phGraphExec: *mut CUgraphExec,
-    hGraph: CUgraph,
-    phErrorNode: *mut CUgraphNode,
-    logBuffer: *mut c_char,
-    bufferSize: usize,
-) -> CUresult;
-pub type cuGraphInstantiateWithFlags =
-    unsafe extern "C" fn(phGraphExec: *mut CUgraphExec, hGraph: CUgraph, flags: u64) -> CUresult;
-pub type cuGraphInstantiateWithParams = unsafe extern "C" fn(
-    phGraphExec: *mut CUgraphExec,
-    hGraph: CUgraph,
-    instantiateParams: *mut CUDA_GRAPH_INSTANTIATE_PARAMS,
-) -> CUresult;
-pub type cuGraphInstantiateWithParams_ptsz = unsafe extern "C" fn(
-    phGraphExec: *mut CUgraphExec,
-    hGraph: CUgraph,
-    instantiateParams: *mut CUDA_GRAPH_INSTANTIATE_PARAMS,
-) -> CUresult;
-pub type cuGraphInstantiate_v2 = unsafe extern "C" fn(
-    phGraphExec: *mut CUgraphExec,
-    hGraph: CUgraph,
-    phErrorNode: *mut CUgraphNode,
-    logBuffer: *mut c_char,
-    bufferSize: usize,
-) -> CUresult;
-pub type cuGraphKernelNodeCopyAttributes =
-    unsafe extern "C" fn(dst: CUgraphNode, src: CUgraphNode) -> CUresult;
-pub type cuGraphKernelNodeGetAttribute = unsafe extern "C" fn(
-    hNode: CUgraphNode,
-    attr: CUkernelNodeAttrID,
-    value_out: *mut c_void,
-) -> CUresult;
-pub type cuGraphKernelNodeGetParams = unsafe extern "C" fn(
-    hNode: CUgraphNode,
-    nodeParams: *mut CUDA_KERNEL_NODE_PARAMS_v1,
-) -> CUresult;
-pub type cuGraphKernelNodeGetParams_v2 =
-    unsafe extern "C" fn(hNode: CUgraphNode, nodeParams: *mut CUDA_KERNEL_NODE_PARAMS) -> CUresult;
-pub type cuGraphKernelNodeSetAttribute = unsafe extern "C" fn(
-    hNode: CUgraphNode,
-    attr: CUkernelNodeAttrID,
-    value: *const c_void,
-) -> CUresult;
-pub type cuGraphKernelNodeSetParams = unsafe extern "C" fn(
-    hNode: CUgraphNode,
-    nodeParams: *const CUDA_KERNEL_NODE_PARAMS_v1,
-) -> CUresult;
-pub type cuGraphKernelNodeSetParams_v2 = unsafe extern "C" fn(
-    hNode: CUgraphNode,
-    nodeParams: *const CUDA_KERNEL_NODE_PARAMS,
-) -> CUresult;
-pub type cuGraphLaunch = unsafe extern "C" fn(hGraph: CUgraphExec, hStream: CUstream) -> CUresult;
-pub type cuGraphLaunch_ptsz =
-    unsafe extern "C" fn(hGraphExec: CUgraphExec, hStream: CUstream) -> CUresult;
-pub type cuGraphMemAllocNodeGetParams =
-    unsafe extern "C" fn(hNode: CUgraphNode, params_out: *mut c_void) -> CUresult;
-pub type cuGraphMemFreeNodeGetParams =
-    unsafe extern "C" fn(hNode: CUgraphNode, dptr_out: *mut CUdeviceptr) -> CUresult;
-pub type cuGraphMemcpyNodeGetParams =
-    unsafe extern "C" fn(hNode: CUgraphNode, nodeParams: *mut CUDA_MEMCPY3D) -> CUresult;
-pub type cuGraphMemcpyNodeSetParams =
-    unsafe extern "C" fn(hNode: CUgraphNode, nodeParams: *const CUDA_MEMCPY3D) -> CUresult;
-pub type cuGraphMemsetNodeGetParams =
-    unsafe extern "C" fn(hNode: CUgraphNode, nodeParams: *mut CUDA_MEMSET_NODE_PARAMS) -> CUresult;
-pub type cuGraphMemsetNodeSetParams = unsafe extern "C" fn(
-    hNode: CUgraphNode,
-    nodeParams: *const CUDA_MEMSET_NODE_PARAMS,
-) -> CUresult;
-pub type cuGraphNodeFindInClone = unsafe extern "C" fn(
-    phNode: *mut CUgraphNode,
-    hOriginalNode: CUgraphNode,
-    hClonedGraph: CUgraph,
-) -> CUresult;
-pub type cuGraphNodeGetContainingGraph =
-    unsafe extern "C" fn(hNode: CUgraphNode, phGraph: *mut CUgraph) -> CUresult;
-pub type cuGraphNodeGetDependencies = unsafe extern "C" fn(
-    hNode: CUgraphNode,
-    dependencies: *mut CUgraphNode,
-    numDependencies: *mut usize,
-) -> CUresult;
-pub type cuGraphNodeGetDependencies_v2 = unsafe extern "C" fn(
-    hNode: CUgraphNode,
-    dependencies: *mut CUgraphNode,
-    edgeData: *mut CUgraphEdgeData,
-    numDependencies: *mut usize,
-) -> CUresult;
-pub type cuGraphNodeGetDependentNodes = unsafe extern "C" fn(
-    hNode: CUgraphNode,
-    dependentNodes: *mut CUgraphNode,
-    numDependentNodes: *mut usize,
-) -> CUresult;
-pub type cuGraphNodeGetDependentNodes_v2 = unsafe extern "C" fn(
-    hNode: CUgraphNode,
-    dependentNodes: *mut CUgraphNode,
-    edgeData: *mut CUgraphEdgeData,
-    numDependentNodes: *mut usize,
-) -> CUresult;
-pub type cuGraphNodeGetEnabled = unsafe extern "C" fn(
-    hGraphExec: CUgraphExec,
-    hNode: CUgraphNode,
-    isEnabled: *mut u32,
-) -> CUresult;
-pub type cuGraphNodeGetLocalId =
-    unsafe extern "C" fn(hNode: CUgraphNode, nodeId: *mut u32) -> CUresult;
-pub type cuGraphNodeGetParams =
-    unsafe extern "C" fn(hNode: CUgraphNode, nodeParams: *mut c_void) -> CUresult;
-pub type cuGraphNodeGetToolsId =
-    unsafe extern "C" fn(hNode: CUgraphNode, toolsNodeId: *mut u64) -> CUresult;
-pub type cuGraphNodeGetType =
-    unsafe extern "C" fn(hNode: CUgraphNode, type_: *mut CUgraphNodeType) -> CUresult;
-pub type cuGraphNodeSetEnabled =
-    unsafe extern "C" fn(hGraphExec: CUgraphExec, hNode: CUgraphNode, isEnabled: u32) -> CUresult;
-pub type cuGraphNodeSetParams =
-    unsafe extern "C" fn(hNode: CUgraphNode, nodeParams: *mut c_void) -> CUresult;
-pub type cuGraphNodeSetParams_v2 =
-    unsafe extern "C" fn(hNode: CUgraphNode, nodeParams: *mut c_void) -> CUresult;
-pub type cuGraphReleaseUserObject =
-    unsafe extern "C" fn(graph: CUgraph, object: CUuserObject, count: u32) -> CUresult;
-pub type cuGraphRemoveDependencies = unsafe extern "C" fn(
-    hGraph: CUgraph,
-    from: *const CUgraphNode,
-    to: *const CUgraphNode,
-    numDependencies: usize,
-) -> CUresult;
-pub type cuGraphRemoveDependencies_v2 = unsafe extern "C" fn(
-    hGraph: CUgraph,
-    from: *const CUgraphNode,
-    to: *const CUgraphNode,
-    edgeData: *const CUgraphEdgeData,
-    numDependencies: usize,
-) -> CUresult;
-pub type cuGraphRetainUserObject =
-    unsafe extern "C" fn(graph: CUgraph, object: CUuserObject, count: u32, flags: u32) -> CUresult;
-pub type cuGraphUpload = unsafe extern "C" fn(hGraph: CUgraphExec, hStream: CUstream) -> CUresult;
-pub type cuGraphUpload_ptsz =
-    unsafe extern "C" fn(hGraphExec: CUgraphExec, hStream: CUstream) -> CUresult;
-pub type cuGraphicsMapResources = unsafe extern "C" fn(
-    count: u32,
-    resources: *mut CUgraphicsResource,
-    hStream: CUstream,
-) -> CUresult;
-pub type cuGraphicsMapResources_ptsz = unsafe extern "C" fn(
-    count: u32,
-    resources: *mut CUgraphicsResource,
-    hStream: CUstream,
-) -> CUresult;
-pub type cuGraphicsResourceGetMappedMipmappedArray = unsafe extern "C" fn(
-    pMipmappedArray: *mut CUmipmappedArray,
-    resource: CUgraphicsResource,
-) -> CUresult;
-pub type cuGraphicsResourceGetMappedPointer = unsafe extern "C" fn(
-    pDevPtr: *mut CUdeviceptr_v1,
-    pSize: *mut u32,
-    resource: CUgraphicsResource,
-) -> CUresult;
-pub type cuGraphicsResourceGetMappedPointer_v2 = unsafe extern "C" fn(
-    pDevPtr: *mut CUdeviceptr,
-    pSize: *mut usize,
-    resource: CUgraphicsResource,
-) -> CUresult;
-pub type cuGraphicsResourceSetMapFlags =
-    unsafe extern "C" fn(resource: CUgraphicsResource, flags: u32) -> CUresult;
-pub type cuGraphicsResourceSetMapFlags_v2 =
-    unsafe extern "C" fn(resource: CUgraphicsResource, flags: u32) -> CUresult;
-pub type cuGraphicsSubResourceGetMappedArray = unsafe extern "C" fn(
-    pArray: *mut CUarray,
-    resource: CUgraphicsResource,
-    arrayIndex: u32,
-    mipLevel: u32,
-) -> CUresult;
-pub type cuGraphicsUnmapResources = unsafe extern "C" fn(
-    count: u32,
-    resources: *mut CUgraphicsResource,
-    hStream: CUstream,
-) -> CUresult;
-pub type cuGraphicsUnmapResources_ptsz = unsafe extern "C" fn(
-    count: u32,
-    resources: *mut CUgraphicsResource,
-    hStream: CUstream,
-) -> CUresult;
-pub type cuGraphicsUnregisterResource =
-    unsafe extern "C" fn(resource: CUgraphicsResource) -> CUresult;
-pub type cuGreenCtxCreate = unsafe extern "C" fn(
-    phCtx: *mut CUgreenCtx,
-    desc: CUdevResourceDesc,
-    dev: CUdevice,
-    flags: u32,
-) -> CUresult;
-pub type cuGreenCtxDestroy = unsafe extern "C" fn(hCtx: CUgreenCtx) -> CUresult;
-pub type cuGreenCtxGetDevResource = unsafe extern "C" fn(
-    hCtx: CUgreenCtx,
-    resource: *mut c_void,
-    type_: CUdevResourceType,
-) -> CUresult;
-pub type cuGreenCtxGetId =
-    unsafe extern "C" fn(greenCtx: CUgreenCtx, greenCtxId: *mut u64) -> CUresult;
-pub type cuGreenCtxRecordEvent =
-    unsafe extern "C" fn(hCtx: CUgreenCtx, hEvent: CUevent) -> CUresult;
-pub type cuGreenCtxStreamCreate = unsafe extern "C" fn(
-    phStream: *mut CUstream,
-    greenCtx: CUgreenCtx,
-    flags: u32,
-    priority: i32,
-) -> CUresult;
-pub type cuGreenCtxWaitEvent = unsafe extern "C" fn(hCtx: CUgreenCtx, hEvent: CUevent) -> CUresult;
-pub type cuImportExternalMemory = unsafe extern "C" fn(
-    extMem_out: *mut CUexternalMemory,
-    memHandleDesc: *const c_void,
-) -> CUresult;
-pub type cuImportExternalSemaphore = unsafe extern "C" fn(
-    extSem_out: *mut CUexternalSemaphore,
-    semHandleDesc: *const c_void,
-) -> CUresult;
-pub type cuInit = unsafe extern "C" fn(Flags: u32) -> CUresult;
-pub type cuIpcCloseMemHandle = unsafe extern "C" fn(dptr: CUdeviceptr) -> CUresult;
-pub type cuIpcGetEventHandle =
-    unsafe extern "C" fn(pHandle: *mut CUipcEventHandle, event: CUevent) -> CUresult;
-pub type cuIpcGetMemHandle =
-    unsafe extern "C" fn(pHandle: *mut CUipcMemHandle, dptr: CUdeviceptr) -> CUresult;
-pub type cuIpcOpenEventHandle =
-    unsafe extern "C" fn(phEvent: *mut CUevent, handle: CUipcEventHandle) -> CUresult;
-pub type cuIpcOpenMemHandle =
-    unsafe extern "C" fn(pdptr: *mut CUdeviceptr, handle: CUipcMemHandle, Flags: u32) -> CUresult;
-pub type cuIpcOpenMemHandle_v2 =
-    unsafe extern "C" fn(pdptr: *mut CUdeviceptr, handle: CUipcMemHandle, Flags: u32) -> CUresult;
-pub type cuKernelGetAttribute = unsafe extern "C" fn(
-    pi: *mut i32,
-    attrib: CUfunction_attribute,
-    kernel: CUkernel,
-    dev: CUdevice,
-) -> CUresult;
-pub type cuKernelGetFunction =
-    unsafe extern "C" fn(pFunc: *mut CUfunction, kernel: CUkernel) -> CUresult;
-pub type cuKernelGetLibrary =
-    unsafe extern "C" fn(pLib: *mut CUlibrary, kernel: CUkernel) -> CUresult;
-pub type cuKernelGetName =
-    unsafe extern "C" fn(name: *mut *const c_char, hfunc: CUkernel) -> CUresult;
-pub type cuKernelGetParamCount =
-    unsafe extern "C" fn(kernel: CUkernel, paramCount: *mut usize) -> CUresult;
-pub type cuKernelGetParamInfo = unsafe extern "C" fn(
-    kernel: CUkernel,
-    paramIndex: usize,
-    paramOffset: *mut usize,
-    paramSize: *mut usize,
-) -> CUresult;
-pub type cuKernelSetAttribute = unsafe extern "C" fn(
-    attrib: CUfunction_attribute,
-    val: i32,
-    kernel: CUkernel,
-    dev: CUdevice,
-) -> CUresult;
-pub type cuKernelSetCacheConfig =
-    unsafe extern "C" fn(kernel: CUkernel, config: CUfunc_cache, dev: CUdevice) -> CUresult;
-pub type cuLaunch = unsafe extern "C" fn(f: CUfunction) -> CUresult;
-pub type cuLaunchCooperativeKernel = unsafe extern "C" fn(
-    f: CUfunction,
-    gridDimX: u32,
-    gridDimY: u32,
-    gridDimZ: u32,
-    blockDimX: u32,
-    blockDimY: u32,
-    blockDimZ: u32,
-    sharedMemBytes: u32,
-    hStream: CUstream,
-    kernelParams: *mut *mut c_void,
-) -> CUresult;
-pub type cuLaunchCooperativeKernelMultiDevice = unsafe extern "C" fn(
-    launchParamsList: *mut CUDA_LAUNCH_PARAMS,
-    numDevices: u32,
-    flags: u32,
-) -> CUresult;
-pub type cuLaunchCooperativeKernel_ptsz = unsafe extern "C" fn(
-    f: CUfunction,
-    gridDimX: u32,
-    gridDimY: u32,
-    gridDimZ: u32,
-    blockDimX: u32,
-    blockDimY: u32,
-    blockDimZ: u32,
-    sharedMemBytes: u32,
-    hStream: CUstream,
-    kernelParams: *mut *mut c_void,
-) -> CUresult;
-pub type cuLaunchGrid =
-    unsafe extern "C" fn(f: CUfunction, grid_width: i32, grid_height: i32) -> CUresult;
-pub type cuLaunchGridAsync = unsafe extern "C" fn(
-    f: CUfunction,
-    grid_width: i32,
-    grid_height: i32,
-    hStream: CUstream,
-) -> CUresult;
-pub type cuLaunchHostFunc =
-    unsafe extern "C" fn(hStream: CUstream, fn_: CUhostFn, userData: *mut c_void) -> CUresult;
-pub type cuLaunchHostFunc_ptsz =
-    unsafe extern "C" fn(hStream: CUstream, fn_: CUhostFn, userData: *mut c_void) -> CUresult;
-pub type cuLaunchHostFunc_v2 = unsafe extern "C" fn(
-    hStream: CUstream,
-    fn_: CUhostFn,
-    userData: *mut c_void,
-    syncMode: u32,
-) -> CUresult;
-pub type cuLaunchHostFunc_v2_ptsz = unsafe extern "C" fn(
-    hStream: CUstream,
-    fn_: CUhostFn,
-    userData: *mut c_void,
-    syncMode: u32,
-) -> CUresult;
-pub type cuLaunchKernel = unsafe extern "C" fn(
-    f: CUfunction,
-    gridDimX: u32,
-    gridDimY: u32,
-    gridDimZ: u32,
-    blockDimX: u32,
-    blockDimY: u32,
-    blockDimZ: u32,
-    sharedMemBytes: u32,
-    hStream: CUstream,
-    kernelParams: *mut *mut c_void,
-    extra: *mut *mut c_void,
-) -> CUresult;
-pub type cuLaunchKernelEx = unsafe extern "C" fn(
-    config: *const CUlaunchConfig,
-    f: CUfunction,
-    kernelParams: *mut *mut c_void,
-    extra: *mut *mut c_void,
-) -> CUresult;
-pub type cuLaunchKernelEx_ptsz = unsafe extern "C" fn(
-    config: *const CUlaunchConfig,
-    f: CUfunction,
-    kernelParams: *mut *mut c_void,
-    extra: *mut *mut c_void,
-) -> CUresult;
-pub type cuLaunchKernel_ptsz = unsafe extern "C" fn(
-    f: CUfunction,
-    gridDimX: u32,
-    gridDimY: u32,
-    gridDimZ: u32,
-    blockDimX: u32,
-    blockDimY: u32,
-    blockDimZ: u32,
-    sharedMemBytes: u32,
-    hStream: CUstream,
-    kernelParams: *mut *mut c_void,
-    extra: *mut *mut c_void,
-) -> CUresult;
-pub type cuLibraryEnumerateKernels =
-    unsafe extern "C" fn(kernels: *mut CUkernel, numKernels: u32, lib: CUlibrary) -> CUresult;
-pub type cuLibraryGetGlobal = unsafe extern "C" fn(
-    dptr: *mut CUdeviceptr,
-    bytes: *mut usize,
-    library: CUlibrary,
-    name: *const c_char,
-) -> CUresult;
-pub type cuLibraryGetKernel = unsafe extern "C" fn(
-    pKernel: *mut CUkernel,
-    library: CUlibrary,
-    name: *const c_char,
-) -> CUresult;
-pub type cuLibraryGetKernelCount =
-    unsafe extern "C" fn(count: *mut u32, lib: CUlibrary) -> CUresult;
-pub type cuLibraryGetManaged = unsafe extern "C" fn(
-    dptr: *mut CUdeviceptr,
-    bytes: *mut usize,
-    library: CUlibrary,
-    name: *const c_char,
-) -> CUresult;
-pub type cuLibraryGetModule =
-    unsafe extern "C" fn(pMod: *mut CUmodule, library: CUlibrary) -> CUresult;
-pub type cuLibraryGetUnifiedFunction = unsafe extern "C" fn(
-    fptr: *mut *mut c_void,
-    library: CUlibrary,
-    symbol: *const c_char,
-) -> CUresult;
-pub type cuLibraryLoadData = unsafe extern "C" fn(
-    library: *mut CUlibrary,
-    code: *const c_void,
-    jitOptions: *mut CUjit_option,
-    jitOptionsValues: *mut *mut c_void,
-    numJitOptions: u32,
-    libraryOptions: *mut CUlibraryOption,
-    libraryOptionValues: *mut *mut c_void,
-    numLibraryOptions: u32,
-) -> CUresult;
-pub type cuLibraryLoadFromFile = unsafe extern "C" fn(
-    library: *mut CUlibrary,
-    fileName: *const c_char,
-    jitOptions: *mut CUjit_option,
-    jitOptionsValues: *mut *mut c_void,
-    numJitOptions: u32,
-    libraryOptions: *mut CUlibraryOption,
-    libraryOptionValues: *mut *mut c_void,
-    numLibraryOptions: u32,
-) -> CUresult;
-pub type cuLibraryUnload = unsafe extern "C" fn(library: CUlibrary) -> CUresult;
-pub type cuLinkAddData = unsafe extern "C" fn(
-    state: CUlinkState,
-    type_: CUjitInputType,
-    data: *mut c_void,
-    size: usize,
-    name: *const c_char,
-    numOptions: u32,
-    options: *mut CUjit_option,
-    optionValues: *mut *mut c_void,
-) -> CUresult;
-pub type cuLinkAddData_v2 = unsafe extern "C" fn(
-    state: CUlinkState,
-    type_: CUjitInputType,
-    data: *mut c_void,
-    size: usize,
-    name: *const c_char,
-    numOptions: u32,
-    options: *mut CUjit_option,
-    optionValues: *mut *mut c_void,
-) -> CUresult;
-pub type cuLinkAddFile = unsafe extern "C" fn(
-    state: CUlinkState,
-    type_: CUjitInputType,
-    path: *const c_char,
-    numOptions: u32,
-    options: *mut CUjit_option,
-    optionValues: *mut *mut c_void,
-) -> CUresult;
-pub type cuLinkAddFile_v2 = unsafe extern "C" fn(
-    state: CUlinkState,
-    type_: CUjitInputType,
-    path: *const c_char,
-    numOptions: u32,
-    options: *mut CUjit_option,
-    optionValues: *mut *mut c_void,
-) -> CUresult;
-pub type cuLinkComplete = unsafe extern "C" fn(
-    state: CUlinkState,
-    cubinOut: *mut *mut c_void,
-    sizeOut: *mut usize,
-) -> CUresult;
-pub type cuLinkCreate = unsafe extern "C" fn(
-    numOptions: u32,
-    options: *mut CUjit_option,
-    optionValues: *mut *mut c_void,
-    stateOut: *mut CUlinkState,
-) -> CUresult;
-pub type cuLinkCreate_v2 = unsafe extern "C" fn(
-    numOptions: u32,
-    options: *mut CUjit_option,
-    optionValues: *mut *mut c_void,
-    stateOut: *mut CUlinkState,
-) -> CUresult;
-pub type cuLinkDestroy = unsafe extern "C" fn(state: CUlinkState) -> CUresult;
-pub type cuLogicalEndpointAddDevice =
-    unsafe extern "C" fn(leId: CUlogicalEndpointId, dev: CUdevice) -> CUresult;
-pub type cuLogicalEndpointBindAddr = unsafe extern "C" fn(
-    leId: CUlogicalEndpointId,
-    dev: CUdevice,
-    offset: cuuint64_t,
-    ptr: *mut c_void,
-    size: cuuint64_t,
-    flags: u64,
-) -> CUresult;
-pub type cuLogicalEndpointBindMem = unsafe extern "C" fn(
-    leId: CUlogicalEndpointId,
-    dev: CUdevice,
-    offset: cuuint64_t,
-    memHandle: CUmemGenericAllocationHandle,
-    memOffset: cuuint64_t,
-    size: cuuint64_t,
-    flags: u64,
-) -> CUresult;
-pub type cuLogicalEndpointCreate =
-    unsafe extern "C" fn(leId: CUlogicalEndpointId, prop: *const c_void) -> CUresult;
-pub type cuLogicalEndpointDestroy = unsafe extern "C" fn(leId: CUlogicalEndpointId) -> CUresult;
-pub type cuLogicalEndpointExport = unsafe extern "C" fn(
-    handle: *mut c_void,
-    leId: CUlogicalEndpointId,
-    handleType: CUlogicalEndpointIpcHandleType,
-) -> CUresult;
-pub type cuLogicalEndpointGetLimits = unsafe extern "C" fn(
-    bindAlignment: *mut cuuint64_t,
-    maxSize: *mut cuuint64_t,
-    prop: *const c_void,
-) -> CUresult;
-pub type cuLogicalEndpointIdRelease =
-    unsafe extern "C" fn(baseLeId: CUlogicalEndpointId, count: cuuint32_t) -> CUresult;
-pub type cuLogicalEndpointIdReserve =
-    unsafe extern "C" fn(baseLeId: *mut CUlogicalEndpointId, count: cuuint32_t) -> CUresult;
-pub type cuLogicalEndpointImport = unsafe extern "C" fn(
-    leId: CUlogicalEndpointId,
-    handle: *const c_void,
-    handleType: CUlogicalEndpointIpcHandleType,
-) -> CUresult;
-pub type cuLogicalEndpointQuery = unsafe extern "C" fn(
-    leId: CUlogicalEndpointId,
-    count: cuuint32_t,
-    queryStatus: *mut i32,
-) -> CUresult;
-pub type cuLogicalEndpointUnbind = unsafe extern "C" fn(
-    leId: CUlogicalEndpointId,
-    dev: CUdevice,
-    offset: cuuint64_t,
-    size: cuuint64_t,
-) -> CUresult;
-pub type cuLogsCurrent =
-    unsafe extern "C" fn(iterator_out: *mut CUlogIterator, flags: u32) -> CUresult;
-pub type cuLogsDumpToFile = unsafe extern "C" fn(
-    iterator: *mut CUlogIterator,
-    pathToFile: *const c_char,
-    flags: u32,
-) -> CUresult;
-pub type cuLogsDumpToMemory = unsafe extern "C" fn(
-    iterator: *mut CUlogIterator,
-    buffer: *mut c_char,
-    size: *mut usize,
-    flags: u32,
-) -> CUresult;
-pub type cuLogsRegisterCallback = unsafe extern "C" fn(
-    callbackFunc: CUlogsCallback,
-    userData: *mut c_void,
-    callback_out: *mut CUlogsCallbackHandle,
-) -> CUresult;
-pub type cuLogsUnregisterCallback =
-    unsafe extern "C" fn(callback: CUlogsCallbackHandle) -> CUresult;
-pub type cuMemAddressFree = unsafe extern "C" fn(ptr: CUdeviceptr, size: usize) -> CUresult;
-pub type cuMemAddressReserve = unsafe extern "C" fn(
-    ptr: *mut CUdeviceptr,
-    size: usize,
-    alignment: usize,
-    addr: CUdeviceptr,
-    flags: u64,
-) -> CUresult;
-pub type cuMemAdvise = unsafe extern "C" fn(
-    devPtr: CUdeviceptr,
-    count: usize,
-    advice: CUmem_advise,
-    device: CUdevice,
-) -> CUresult;
-pub type cuMemAlloc = unsafe extern "C" fn(dptr: *mut CUdeviceptr_v1, bytesize: u32) -> CUresult;
-pub type cuMemAllocAsync =
-    unsafe extern "C" fn(dptr: *mut CUdeviceptr, bytesize: usize, hStream: CUstream) -> CUresult;
-pub type cuMemAllocAsync_ptsz =
-    unsafe extern "C" fn(dptr: *mut CUdeviceptr, bytesize: usize, hStream: CUstream) -> CUresult;
-pub type cuMemAllocFromPoolAsync = unsafe extern "C" fn(
-    dptr: *mut CUdeviceptr,
-    bytesize: usize,
-    pool: CUmemoryPool,
-    hStream: CUstream,
-) -> CUresult;
-pub type cuMemAllocFromPoolAsync_ptsz = unsafe extern "C" fn(
-    dptr: *mut CUdeviceptr,
-    bytesize: usize,
-    pool: CUmemoryPool,
-    hStream: CUstream,
-) -> CUresult;
-pub type cuMemAllocHost = unsafe extern "C" fn(pp: *mut *mut c_void, bytesize: u32) -> CUresult;
-pub type cuMemAllocHost_v2 =
-    unsafe extern "C" fn(pp: *mut *mut c_void, bytesize: usize) -> CUresult;
-pub type cuMemAllocManaged =
-    unsafe extern "C" fn(dptr: *mut CUdeviceptr, bytesize: usize, flags: u32) -> CUresult;
-pub type cuMemAllocPitch = unsafe extern "C" fn(
-    dptr: *mut CUdeviceptr_v1,
-    pPitch: *mut u32,
-    WidthInBytes: u32,
-    Height: u32,
-    ElementSizeBytes: u32,
-) -> CUresult;
-pub type cuMemAllocPitch_v2 = unsafe extern "C" fn(
-    dptr: *mut CUdeviceptr,
-    pPitch: *mut usize,
-    WidthInBytes: usize,
-    Height: usize,
-    ElementSizeBytes: u32,
-) -> CUresult;
-pub type cuMemAlloc_v2 = unsafe extern "C" fn(dptr: *mut CUdeviceptr, bytesize: usize) -> CUresult;
-pub type cuMemBatchDecompressAsync = unsafe extern "C" fn(
-    paramsArray: *mut CUmemDecompressParams,
-    count: usize,
-    flags: u32,
-    errorIndex: *mut usize,
-    stream: CUstream,
-) -> CUresult;
-pub type cuMemBatchDecompressAsync_ptsz = unsafe extern "C" fn(
-    paramsArray: *mut CUmemDecompressParams,
-    count: usize,
-    flags: u32,
-    errorIndex: *mut usize,
-    stream: CUstream,
-) -> CUresult;
-pub type cuMemCreate = unsafe extern "C" fn(
-    handle: *mut CUmemGenericAllocationHandle,
-    size: usize,
-    prop: *const c_void,
-    flags: u64,
-) -> CUresult;
-pub type cuMemDiscardAndPrefetchBatchAsync = unsafe extern "C" fn(
-    dptrs: *mut CUdeviceptr,
-    sizes: *mut usize,
-    count: usize,
-    prefetchLocs: *mut c_void,
-    prefetchLocIdxs: *mut usize,
-    numPrefetchLocs: usize,
-    flags: u64,
-    hStream: CUstream,
-) -> CUresult;
-pub type cuMemDiscardAndPrefetchBatchAsync_ptsz = unsafe extern "C" fn(
-    dptrs: *mut CUdeviceptr,
-    sizes: *mut usize,
-    count: usize,
-    prefetchLocs: *mut c_void,
-    prefetchLocIdxs: *mut usize,
-    numPrefetchLocs: usize,
-    flags: u64,
-    hStream: CUstream,
-) -> CUresult;
-pub type cuMemDiscardBatchAsync = unsafe extern "C" fn(
-    dptrs: *mut CUdeviceptr,
-    sizes: *mut usize,
-    count: usize,
-    flags: u64,
-    hStream: CUstream,
-) -> CUresult;
-pub type cuMemDiscardBatchAsync_ptsz = unsafe extern "C" fn(
-    dptrs: *mut CUdeviceptr,
-    sizes: *mut usize,
-    count: usize,
-    flags: u64,
-    hStream: CUstream,
-) -> CUresult;
-pub type cuMemExportToShareableHandle = unsafe extern "C" fn(
-    shareableHandle: *mut c_void,
-    handle: CUmemGenericAllocationHandle,
-    handleType: CUmemAllocationHandleType,
-    flags: u64,
-) -> CUresult;
-pub type cuMemFree = unsafe extern "C" fn(dptr: CUdeviceptr_v1) -> CUresult;
-pub type cuMemFreeAsync = unsafe extern "C" fn(dptr: CUdeviceptr, hStream: CUstream) -> CUresult;
-pub type cuMemFreeAsync_ptsz =
-    unsafe extern "C" fn(dptr: CUdeviceptr, hStream: CUstream) -> CUresult;
-pub type cuMemFreeHost = unsafe extern "C" fn(p: *mut c_void) -> CUresult;
-pub type cuMemFree_v2 = unsafe extern "C" fn(dptr: CUdeviceptr) -> CUresult;
-pub type cuMemGetAccess =
-    unsafe extern "C" fn(flags: *mut u64, location: *const c_void, ptr: CUdeviceptr) -> CUresult;
-pub type cuMemGetAddressRange = unsafe extern "C" fn(
-    pbase: *mut CUdeviceptr_v1,
-    psize: *mut u32,
-    dptr: CUdeviceptr_v1,
-) -> CUresult;
-pub type cuMemGetAddressRange_v2 =
-    unsafe extern "C" fn(pbase: *mut CUdeviceptr, psize: *mut usize, dptr: CUdeviceptr) -> CUresult;
-pub type cuMemGetAllocationGranularity = unsafe extern "C" fn(
-    granularity: *mut usize,
-    prop: *const c_void,
-    option: CUmemAllocationGranularity_flags,
-) -> CUresult;
-pub type cuMemGetAllocationPropertiesFromHandle =
-    unsafe extern "C" fn(prop: *mut c_void, handle: CUmemGenericAllocationHandle) -> CUresult;
-pub type cuMemGetDefaultMemPool = unsafe extern "C" fn(
-    pool_out: *mut CUmemoryPool,
-    location: *mut c_void,
-    type_: CUmemAllocationType,
-) -> CUresult;
-pub type cuMemGetHandleForAddressRange = unsafe extern "C" fn(
-    handle: *mut c_void,
-    dptr: CUdeviceptr,
-    size: usize,
-    handleType: CUmemRangeHandleType,
-    flags: u64,
-) -> CUresult;
-pub type cuMemGetInfo = unsafe extern "C" fn(free: *mut u32, total: *mut u32) -> CUresult;
-pub type cuMemGetInfo_v2 = unsafe extern "C" fn(free: *mut usize, total: *mut usize) -> CUresult;
-pub type cuMemGetLocationInfo = unsafe extern "C" fn(
-    ptr: CUdeviceptr,
-    size: usize,
-    summaryGranularity: usize,
-    samplingGranularity: usize,
-    location_out: *mut c_void,
-) -> CUresult;
-pub type cuMemGetMemPool = unsafe extern "C" fn(
-    pool: *mut CUmemoryPool,
-    location: *mut c_void,
-    type_: CUmemAllocationType,
-) -> CUresult;
-pub type cuMemHostAlloc =
-    unsafe extern "C" fn(pp: *mut *mut c_void, bytesize: usize, Flags: u32) -> CUresult;
-pub type cuMemHostGetDevicePointer =
-    unsafe extern "C" fn(pdptr: *mut CUdeviceptr_v1, p: *mut c_void, Flags: u32) -> CUresult;
-pub type cuMemHostGetDevicePointer_v2 =
-    unsafe extern "C" fn(pdptr: *mut CUdeviceptr, p: *mut c_void, Flags: u32) -> CUresult;
-pub type cuMemHostGetFlags = unsafe extern "C" fn(pFlags: *mut u32, p: *mut c_void) -> CUresult;
-pub type cuMemHostRegister =
-    unsafe extern "C" fn(p: *mut c_void, bytesize: usize, Flags: u32) -> CUresult;
-pub type cuMemHostRegister_v2 =
-    unsafe extern "C" fn(p: *mut c_void, bytesize: usize, Flags: u32) -> CUresult;
-pub type cuMemHostUnregister = unsafe extern "C" fn(p: *mut c_void) -> CUresult;
-pub type cuMemImportFromShareableHandle = unsafe extern "C" fn(
-    handle: *mut CUmemGenericAllocationHandle,
-    osHandle: *mut c_void,
-    shHandleType: CUmemAllocationHandleType,
-) -> CUresult;
-pub type cuMemMap = unsafe extern "C" fn(
-    ptr: CUdeviceptr,
-    size: usize,
-    offset: usize,
-    handle: CUmemGenericAllocationHandle,
-    flags: u64,
-) -> CUresult;
-pub type cuMemMapArrayAsync =
-    unsafe extern "C" fn(mapInfoList: *mut c_void, count: u32, hStream: CUstream) -> CUresult;
-pub type cuMemMapArrayAsync_ptsz =
-    unsafe extern "C" fn(mapInfoList: *mut c_void, count: u32, hStream: CUstream) -> CUresult;
-pub type cuMemPoolCreate =
-    unsafe extern "C" fn(pool: *mut CUmemoryPool, poolProps: *const c_void) -> CUresult;
-pub type cuMemPoolDestroy = unsafe extern "C" fn(pool: CUmemoryPool) -> CUresult;
-pub type cuMemPoolExportPointer =
-    unsafe extern "C" fn(shareData_out: *mut CUmemPoolPtrExportData, ptr: CUdeviceptr) -> CUresult;
-pub type cuMemPoolExportToShareableHandle = unsafe extern "C" fn(
-    handle_out: *mut c_void,
-    pool: CUmemoryPool,
-    handleType: CUmemAllocationHandleType,
-    flags: u64,
-) -> CUresult;
-pub type cuMemPoolGetAccess = unsafe extern "C" fn(
-    flags: *mut CUmemAccess_flags,
-    memPool: CUmemoryPool,
-    location: *mut c_void,
-) -> CUresult;
-pub type cuMemPoolGetAttribute = unsafe extern "C" fn(
-    pool: CUmemoryPool,
-    attr: CUmemPool_attribute,
-    value: *mut c_void,
-) -> CUresult;
-pub type cuMemPoolImportFromShareableHandle = unsafe extern "C" fn(
-    pool_out: *mut CUmemoryPool,
-    handle: *mut c_void,
-    handleType: CUmemAllocationHandleType,
-    flags: u64,
-) -> CUresult;
-pub type cuMemPoolImportPointer = unsafe extern "C" fn(
-    ptr_out: *mut CUdeviceptr,
-    pool: CUmemoryPool,
-    shareData: *mut CUmemPoolPtrExportData,
-) -> CUresult;
-pub type cuMemPoolSetAccess =
-    unsafe extern "C" fn(pool: CUmemoryPool, map: *const c_void, count: usize) -> CUresult;
-pub type cuMemPoolSetAttribute = unsafe extern "C" fn(
-    pool: CUmemoryPool,
-    attr: CUmemPool_attribute,
-    value: *mut c_void,
-) -> CUresult;
-pub type cuMemPoolTrimTo =
-    unsafe extern "C" fn(pool: CUmemoryPool, minBytesToKeep: usize) -> CUresult;
-pub type cuMemPrefetchAsync = unsafe extern "C" fn(
-    devPtr: CUdeviceptr,
-    count: usize,
-    dstDevice: CUdevice,
-    hStream: CUstream,
-) -> CUresult;
-pub type cuMemPrefetchAsync_ptsz = unsafe extern "C" fn(
-    devPtr: CUdeviceptr,
-    count: usize,
-    dstDevice: CUdevice,
-    hStream: CUstream,
-) -> CUresult;
-pub type cuMemPrefetchBatchAsync = unsafe extern "C" fn(
-    dptrs: *mut CUdeviceptr,
-    sizes: *mut usize,
-    count: usize,
-    prefetchLocs: *mut c_void,
-    prefetchLocIdxs: *mut usize,
-    numPrefetchLocs: usize,
-    flags: u64,
-    hStream: CUstream,
-) -> CUresult;
-pub type cuMemPrefetchBatchAsync_ptsz = unsafe extern "C" fn(
-    dptrs: *mut CUdeviceptr,
-    sizes: *mut usize,
-    count: usize,
-    prefetchLocs: *mut c_void,
-    prefetchLocIdxs: *mut usize,
-    numPrefetchLocs: usize,
-    flags: u64,
-    hStream: CUstream,
-) -> CUresult;
-pub type cuMemRangeGetAttribute = unsafe extern "C" fn(
-    data: *mut c_void,
-    dataSize: usize,
-    attribute: CUmem_range_attribute,
-    devPtr: CUdeviceptr,
-    count: usize,
-) -> CUresult;
-pub type cuMemRangeGetAttributes = unsafe extern "C" fn(
-    data: *mut *mut c_void,
-    dataSizes: *mut usize,
-    attributes: *mut CUmem_range_attribute,
-    numAttributes: usize,
-    devPtr: CUdeviceptr,
-    count: usize,
-) -> CUresult;
-pub type cuMemRelease = unsafe extern "C" fn(handle: CUmemGenericAllocationHandle) -> CUresult;
-pub type cuMemRetainAllocationHandle =
-    unsafe extern "C" fn(handle: *mut CUmemGenericAllocationHandle, addr: *mut c_void) -> CUresult;
-pub type cuMemSetAccess = unsafe extern "C" fn(
-    ptr: CUdeviceptr,
-    size: usize,
-    desc: *const c_void,
-    count: usize,
-) -> CUresult;
-pub type cuMemSetMemPool = unsafe extern "C" fn(
-    location: *mut c_void,
-    type_: CUmemAllocationType,
-    pool: CUmemoryPool,
-) -> CUresult;
-pub type cuMemUnmap = unsafe extern "C" fn(ptr: CUdeviceptr, size: usize) -> CUresult;
-pub type cuMemcpy =
-    unsafe extern "C" fn(dst: CUdeviceptr, src: CUdeviceptr, ByteCount: usize) -> CUresult;
-pub type cuMemcpy2D = unsafe extern "C" fn(pCopy: *const CUDA_MEMCPY2D_v1) -> CUresult;
-pub type cuMemcpy2DAsync =
-    unsafe extern "C" fn(pCopy: *const CUDA_MEMCPY2D_v1, hStream: CUstream) -> CUresult;
-pub type cuMemcpy2DAsync_v2 =
-    unsafe extern "C" fn(pCopy: *const CUDA_MEMCPY2D, hStream: CUstream) -> CUresult;
-pub type cuMemcpy2DAsync_v2_ptsz =
-    unsafe extern "C" fn(pCopy: *const CUDA_MEMCPY2D, hStream: CUstream) -> CUresult;
-pub type cuMemcpy2DUnaligned = unsafe extern "C" fn(pCopy: *const CUDA_MEMCPY2D_v1) -> CUresult;
-pub type cuMemcpy2DUnaligned_v2 = unsafe extern "C" fn(pCopy: *const CUDA_MEMCPY2D) -> CUresult;
-pub type cuMemcpy2DUnaligned_v2_ptds =
-    unsafe extern "C" fn(pCopy: *const CUDA_MEMCPY2D) -> CUresult;
-pub type cuMemcpy2D_v2 = unsafe extern "C" fn(pCopy: *const CUDA_MEMCPY2D) -> CUresult;
-pub type cuMemcpy2D_v2_ptds = unsafe extern "C" fn(pCopy: *const CUDA_MEMCPY2D) -> CUresult;
-pub type cuMemcpy3D = unsafe extern "C" fn(pCopy: *const CUDA_MEMCPY3D_v1) -> CUresult;
-pub type cuMemcpy3DAsync =
-    unsafe extern "C" fn(pCopy: *const CUDA_MEMCPY3D_v1, hStream: CUstream) -> CUresult;
-pub type cuMemcpy3DAsync_v2 =
-    unsafe extern "C" fn(pCopy: *const CUDA_MEMCPY3D, hStream: CUstream) -> CUresult;
-pub type cuMemcpy3DAsync_v2_ptsz =
-    unsafe extern "C" fn(pCopy: *const CUDA_MEMCPY3D, hStream: CUstream) -> CUresult;
-pub type cuMemcpy3DBatchAsync = unsafe extern "C" fn(
-    numOps: usize,
-    opList: *mut c_void,
-    failIdx: *mut usize,
-    flags: u64,
-    hStream: CUstream,
-) -> CUresult;
-pub type cuMemcpy3DBatchAsync_ptsz = unsafe extern "C" fn(
-    numOps: usize,
-    opList: *mut c_void,
-    failIdx: *mut usize,
-    flags: u64,
-    hStream: CUstream,
-) -> CUresult;
-pub type cuMemcpy3DBatchAsync_v2 = unsafe extern "C" fn(
-    numOps: usize,
-    opList: *mut c_void,
-    flags: u64,
-    hStream: CUstream,
-) -> CUresult;
-pub type cuMemcpy3DBatchAsync_v2_ptsz = unsafe extern "C" fn(
-    numOps: usize,
-    opList: *mut c_void,
-    flags: u64,
-    hStream: CUstream,
-) -> CUresult;
-pub type cuMemcpy3DPeer = unsafe extern "C" fn(pCopy: *const CUDA_MEMCPY3D_PEER) -> CUresult;
-pub type cuMemcpy3DPeerAsync =
-    unsafe extern "C" fn(pCopy: *const CUDA_MEMCPY3D_PEER, hStream: CUstream) -> CUresult;
-pub type cuMemcpy3DPeerAsync_ptsz =
-    unsafe extern "C" fn(pCopy: *const CUDA_MEMCPY3D_PEER, hStream: CUstream) -> CUresult;
-pub type cuMemcpy3DPeer_ptds = unsafe extern "C" fn(pCopy: *const CUDA_MEMCPY3D_PEER) -> CUresult;
-pub type cuMemcpy3DWithAttributesAsync =
-    unsafe extern "C" fn(op: *mut c_void, flags: u64, hStream: CUstream) -> CUresult;
-pub type cuMemcpy3DWithAttributesAsync_ptsz =
-    unsafe extern "C" fn(op: *mut c_void, flags: u64, hStream: CUstream) -> CUresult;
-pub type cuMemcpy3D_v2 = unsafe extern "C" fn(pCopy: *const CUDA_MEMCPY3D) -> CUresult;
-pub type cuMemcpy3D_v2_ptds = unsafe extern "C" fn(pCopy: *const CUDA_MEMCPY3D) -> CUresult;
-pub type cuMemcpyAsync = unsafe extern "C" fn(
-    dst: CUdeviceptr,
-    src: CUdeviceptr,
-    ByteCount: usize,
-    hStream: CUstream,
-) -> CUresult;
-pub type cuMemcpyAsync_ptsz = unsafe extern "C" fn(
-    dst: CUdeviceptr,
-    src: CUdeviceptr,
-    ByteCount: usize,
-    hStream: CUstream,
-) -> CUresult;
-pub type cuMemcpyAtoA = unsafe extern "C" fn(
-    dstArray: CUarray,
-    dstOffset: u32,
-    srcArray: CUarray,
-    srcOffset: u32,
-    ByteCount: u32,
-) -> CUresult;
-pub type cuMemcpyAtoA_v2 = unsafe extern "C" fn(
-    dstArray: CUarray,
-    dstOffset: usize,
-    srcArray: CUarray,
-    srcOffset: usize,
-    ByteCount: usize,
-) -> CUresult;
-pub type cuMemcpyAtoA_v2_ptds = unsafe extern "C" fn(
-    dstArray: CUarray,
-    dstOffset: usize,
-    srcArray: CUarray,
-    srcOffset: usize,
-    ByteCount: usize,
-) -> CUresult;
-pub type cuMemcpyAtoD = unsafe extern "C" fn(
-    dstDevice: CUdeviceptr_v1,
-    srcArray: CUarray,
-    srcOffset: u32,
-    ByteCount: u32,
-) -> CUresult;
-pub type cuMemcpyAtoD_v2 = unsafe extern "C" fn(
-    dstDevice: CUdeviceptr,
-    srcArray: CUarray,
-    srcOffset: usize,
-    ByteCount: usize,
-) -> CUresult;
-pub type cuMemcpyAtoD_v2_ptds = unsafe extern "C" fn(
-    dstDevice: CUdeviceptr,
-    srcArray: CUarray,
-    srcOffset: usize,
-    ByteCount: usize,
-) -> CUresult;
-pub type cuMemcpyAtoH = unsafe extern "C" fn(
-    dstHost: *mut c_void,
-    srcArray: CUarray,
-    srcOffset: u32,
-    ByteCount: u32,
-) -> CUresult;
-pub type cuMemcpyAtoHAsync = unsafe extern "C" fn(
-    dstHost: *mut c_void,
-    srcArray: CUarray,
-    srcOffset: u32,
-    ByteCount: u32,
-    hStream: CUstream,
-) -> CUresult;
-pub type cuMemcpyAtoHAsync_v2 = unsafe extern "C" fn(
-    dstHost: *mut c_void,
-    srcArray: CUarray,
-    srcOffset: usize,
-    ByteCount: usize,
-    hStream: CUstream,
-) -> CUresult;
-pub type cuMemcpyAtoHAsync_v2_ptsz = unsafe extern "C" fn(
-    dstHost: *mut c_void,
-    srcArray: CUarray,
-    srcOffset: usize,
-    ByteCount: usize,
-    hStream: CUstream,
-) -> CUresult;
-pub type cuMemcpyAtoH_v2 = unsafe extern "C" fn(
-    dstHost: *mut c_void,
-    srcArray: CUarray,
-    srcOffset: usize,
-    ByteCount: usize,
-) -> CUresult;
-pub type cuMemcpyAtoH_v2_ptds = unsafe extern "C" fn(
-    dstHost: *mut c_void,
-    srcArray: CUarray,
-    srcOffset: usize,
-    ByteCount: usize,
-) -> CUresult;
-pub type cuMemcpyBatchAsync = unsafe extern "C" fn(
-    dsts: *mut CUdeviceptr,
-    srcs: *mut CUdeviceptr,
-    sizes: *mut usize,
-    count: usize,
-    attrs: *mut c_void,
-    attrsIdxs: *mut usize,
-    numAttrs: usize,
-    failIdx: *mut usize,
-    hStream: CUstream,
-) -> CUresult;
-pub type cuMemcpyBatchAsync_ptsz = unsafe extern "C" fn(
-    dsts: *mut CUdeviceptr,
-    srcs: *mut CUdeviceptr,
-    sizes: *mut usize,
-    count: usize,
-    attrs: *mut c_void,
-    attrsIdxs: *mut usize,
-    numAttrs: usize,
-    failIdx: *mut usize,
-    hStream: CUstream,
-) -> CUresult;
-pub type cuMemcpyBatchAsync_v2 = unsafe extern "C" fn(
-    dsts: *mut CUdeviceptr,
-    srcs: *mut CUdeviceptr,
-    sizes: *mut usize,
-    count: usize,
-    attrs: *mut c_void,
-    attrsIdxs: *mut usize,
-    numAttrs: usize,
-    hStream: CUstream,
-) -> CUresult;
-pub type cuMemcpyBatchAsync_v2_ptsz = unsafe extern "C" fn(
-    dsts: *mut CUdeviceptr,
-    srcs: *mut CUdeviceptr,
-    sizes: *mut usize,
-    count: usize,
-    attrs: *mut c_void,
-    attrsIdxs: *mut usize,
-    numAttrs: usize,
-    hStream: CUstream,
-) -> CUresult;
-pub type cuMemcpyDtoA = unsafe extern "C" fn(
-    dstArray: CUarray,
-    dstOffset: u32,
-    srcDevice: CUdeviceptr_v1,
-    ByteCount: u32,
-) -> CUresult;
-pub type cuMemcpyDtoA_v2 = unsafe extern "C" fn(
-    dstArray: CUarray,
-    dstOffset: usize,
-    srcDevice: CUdeviceptr,
-    ByteCount: usize,
-) -> CUresult;
-pub type cuMemcpyDtoA_v2_ptds = unsafe extern "C" fn(
-    dstArray: CUarray,
-    dstOffset: usize,
-    srcDevice: CUdeviceptr,
-    ByteCount: usize,
-) -> CUresult;
-pub type cuMemcpyDtoD = unsafe extern "C" fn(
-    dstDevice: CUdeviceptr_v1,
-    srcDevice: CUdeviceptr_v1,
-    ByteCount: u32,
-) -> CUresult;
-pub type cuMemcpyDtoDAsync = unsafe extern "C" fn(
-    dstDevice: CUdeviceptr_v1,
-    srcDevice: CUdeviceptr_v1,
-    ByteCount: u32,
-    hStream: CUstream,
-) -> CUresult;
-pub type cuMemcpyDtoDAsync_v2 = unsafe extern "C" fn(
-    dstDevice: CUdeviceptr,
-    srcDevice: CUdeviceptr,
-    ByteCount: usize,
-    hStream: CUstream,
-) -> CUresult;
-pub type cuMemcpyDtoDAsync_v2_ptsz = unsafe extern "C" fn(
-    dstDevice: CUdeviceptr,
-    srcDevice: CUdeviceptr,
-    ByteCount: usize,
-    hStream: CUstream,
-) -> CUresult;
-pub type cuMemcpyDtoD_v2 = unsafe extern "C" fn(
-    dstDevice: CUdeviceptr,
-    srcDevice: CUdeviceptr,
-    ByteCount: usize,
-) -> CUresult;
-pub type cuMemcpyDtoD_v2_ptds = unsafe extern "C" fn(
-    dstDevice: CUdeviceptr,
-    srcDevice: CUdeviceptr,
-    ByteCount: usize,
-) -> CUresult;
-pub type cuMemcpyDtoH = unsafe extern "C" fn(
-    dstHost: *mut c_void,
-    srcDevice: CUdeviceptr_v1,
-    ByteCount: u32,
-) -> CUresult;
-pub type cuMemcpyDtoHAsync = unsafe extern "C" fn(
-    dstHost: *mut c_void,
-    srcDevice: CUdeviceptr_v1,
-    ByteCount: u32,
-    hStream: CUstream,
-) -> CUresult;
-pub type cuMemcpyDtoHAsync_v2 = unsafe extern "C" fn(
-    dstHost: *mut c_void,
-    srcDevice: CUdeviceptr,
-    ByteCount: usize,
-    hStream: CUstream,
-) -> CUresult;
-pub type cuMemcpyDtoHAsync_v2_ptsz = unsafe extern "C" fn(
-    dstHost: *mut c_void,
-    srcDevice: CUdeviceptr,
-    ByteCount: usize,
-    hStream: CUstream,
-) -> CUresult;
-pub type cuMemcpyDtoH_v2 = unsafe extern "C" fn(
-    dstHost: *mut c_void,
-    srcDevice: CUdeviceptr,
-    ByteCount: usize,
-) -> CUresult;
-pub type cuMemcpyDtoH_v2_ptds = unsafe extern "C" fn(
-    dstHost: *mut c_void,
-    srcDevice: CUdeviceptr,
-    ByteCount: usize,
-) -> CUresult;
-pub type cuMemcpyHtoA = unsafe extern "C" fn(
-    dstArray: CUarray,
-    dstOffset: u32,
-    srcHost: *const c_void,
-    ByteCount: u32,
-) -> CUresult;
-pub type cuMemcpyHtoAAsync = unsafe extern "C" fn(
-    dstArray: CUarray,
-    dstOffset: u32,
-    srcHost: *const c_void,
-    ByteCount: u32,
-    hStream: CUstream,
-) -> CUresult;
-pub type cuMemcpyHtoAAsync_v2 = unsafe extern "C" fn(
-    dstArray: CUarray,
-    dstOffset: usize,
-    srcHost: *const c_void,
-    ByteCount: usize,
-    hStream: CUstream,
-) -> CUresult;
-pub type cuMemcpyHtoAAsync_v2_ptsz = unsafe extern "C" fn(
-    dstArray: CUarray,
-    dstOffset: usize,
-    srcHost: *const c_void,
-    ByteCount: usize,
-    hStream: CUstream,
-) -> CUresult;
-pub type cuMemcpyHtoA_v2 = unsafe extern "C" fn(
-    dstArray: CUarray,
-    dstOffset: usize,
-    srcHost: *const c_void,
-    ByteCount: usize,
-) -> CUresult;
-pub type cuMemcpyHtoA_v2_ptds = unsafe extern "C" fn(
-    dstArray: CUarray,
-    dstOffset: usize,
-    srcHost: *const c_void,
-    ByteCount: usize,
-) -> CUresult;
-pub type cuMemcpyHtoD = unsafe extern "C" fn(
-    dstDevice: CUdeviceptr_v1,
-    srcHost: *const c_void,
-    ByteCount: u32,
-) -> CUresult;
-pub type cuMemcpyHtoDAsync = unsafe extern "C" fn(
-    dstDevice: CUdeviceptr_v1,
-    srcHost: *const c_void,
-    ByteCount: u32,
-    hStream: CUstream,
-) -> CUresult;
-pub type cuMemcpyHtoDAsync_v2 = unsafe extern "C" fn(
-    dstDevice: CUdeviceptr,
-    srcHost: *const c_void,
-    ByteCount: usize,
-    hStream: CUstream,
-) -> CUresult;
-pub type cuMemcpyHtoDAsync_v2_ptsz = unsafe extern "C" fn(
-    dstDevice: CUdeviceptr,
-    srcHost: *const c_void,
-    ByteCount: usize,
-    hStream: CUstream,
-) -> CUresult;
-pub type cuMemcpyHtoD_v2 = unsafe extern "C" fn(
-    dstDevice: CUdeviceptr,
-    srcHost: *const c_void,
-    ByteCount: usize,
-) -> CUresult;
-pub type cuMemcpyHtoD_v2_ptds = unsafe extern "C" fn(
-    dstDevice: CUdeviceptr,
-    srcHost: *const c_void,
-    ByteCount: usize,
-) -> CUresult;
-pub type cuMemcpyPeer = unsafe extern "C" fn(
-    dstDevice: CUdeviceptr,
-    dstContext: CUcontext,
-    srcDevice: CUdeviceptr,
-    srcContext: CUcontext,
-    ByteCount: usize,
-) -> CUresult;
-pub type cuMemcpyPeerAsync = unsafe extern "C" fn(
-    dstDevice: CUdeviceptr,
-    dstContext: CUcontext,
-    srcDevice: CUdeviceptr,
-    srcContext: CUcontext,
-    ByteCount: usize,
-    hStream: CUstream,
-) -> CUresult;
-pub type cuMemcpyPeerAsync_ptsz = unsafe extern "C" fn(
-    dstDevice: CUdeviceptr,
-    dstContext: CUcontext,
-    srcDevice: CUdeviceptr,
-    srcContext: CUcontext,
-    ByteCount: usize,
-    hStream: CUstream,
-) -> CUresult;
-pub type cuMemcpyPeer_ptds = unsafe extern "C" fn(
-    dstDevice: CUdeviceptr,
-    dstContext: CUcontext,
-    srcDevice: CUdeviceptr,
-    srcContext: CUcontext,
-    ByteCount: usize,
-) -> CUresult;
-pub type cuMemcpyWithAttributesAsync = unsafe extern "C" fn(
-    dst: CUdeviceptr,
-    src: CUdeviceptr,
-    size: usize,
-    attr: *mut c_void,
-    hStream: CUstream,
-) -> CUresult;
-pub type cuMemcpyWithAttributesAsync_ptsz = unsafe extern "C" fn(
-    dst: CUdeviceptr,
-    src: CUdeviceptr,
-    size: usize,
-    attr: *mut c_void,
-    hStream: CUstream,
-) -> CUresult;
-pub type cuMemcpy_ptds =
-    unsafe extern "C" fn(dst: CUdeviceptr, src: CUdeviceptr, ByteCount: usize) -> CUresult;
-pub type cuMemsetD16 = unsafe extern "C" fn(dstDevice: CUdeviceptr_v1, us: u16, N: u32) -> CUresult;
-pub type cuMemsetD16Async =
-    unsafe extern "C" fn(dstDevice: CUdeviceptr, us: u16, N: usize, hStream: CUstream) -> CUresult;
-pub type cuMemsetD16Async_ptsz =
-    unsafe extern "C" fn(dstDevice: CUdeviceptr, us: u16, N: usize, hStream: CUstream) -> CUresult;
-pub type cuMemsetD16_v2 =
-    unsafe extern "C" fn(dstDevice: CUdeviceptr, us: u16, N: usize) -> CUresult;
-pub type cuMemsetD16_v2_ptds =
-    unsafe extern "C" fn(dstDevice: CUdeviceptr, us: u16, N: usize) -> CUresult;
-pub type cuMemsetD2D16 = unsafe extern "C" fn(
-    dstDevice: CUdeviceptr_v1,
-    dstPitch: u32,
-    us: u16,
-    Width: u32,
-    Height: u32,
-) -> CUresult;
-pub type cuMemsetD2D16Async = unsafe extern "C" fn(
-    dstDevice: CUdeviceptr,
-    dstPitch: usize,
-    us: u16,
-    Width: usize,
-    Height: usize,
-    hStream: CUstream,
-) -> CUresult;
-pub type cuMemsetD2D16Async_ptsz = unsafe extern "C" fn(
-    dstDevice: CUdeviceptr,
-    dstPitch: usize,
-    us: u16,
-    Width: usize,
-    Height: usize,
-    hStream: CUstream,
-) -> CUresult;
-pub type cuMemsetD2D16_v2 = unsafe extern "C" fn(
-    dstDevice: CUdeviceptr,
-    dstPitch: usize,
-    us: u16,
-    Width: usize,
-    Height: usize,
-) -> CUresult;
-pub type cuMemsetD2D16_v2_ptds = unsafe extern "C" fn(
-    dstDevice: CUdeviceptr,
-    dstPitch: usize,
-    us: u16,
-    Width: usize,
-    Height: usize,
-) -> CUresult;
-pub type cuMemsetD2D32 = unsafe extern "C" fn(
-    dstDevice: CUdeviceptr_v1,
-    dstPitch: u32,
-    ui: u32,
-    Width: u32,
-    Height: u32,
-) -> CUresult;
-pub type cuMemsetD2D32Async = unsafe extern "C" fn(
-    dstDevice: CUdeviceptr,
-    dstPitch: usize,
-    ui: u32,
-    Width: usize,
-    Height: usize,
-    hStream: CUstream,
-) -> CUresult;
-pub type cuMemsetD2D32Async_ptsz = unsafe extern "C" fn(
-    dstDevice: CUdeviceptr,
-    dstPitch: usize,
-    ui: u32,
-    Width: usize,
-    Height: usize,
-    hStream: CUstream,
-) -> CUresult;
-pub type cuMemsetD2D32_v2 = unsafe extern "C" fn(
-    dstDevice: CUdeviceptr,
-    dstPitch: usize,
-    ui: u32,
-    Width: usize,
-    Height: usize,
-) -> CUresult;
-pub type cuMemsetD2D32_v2_ptds = unsafe extern "C" fn(
-    dstDevice: CUdeviceptr,
-    dstPitch: usize,
-    ui: u32,
-    Width: usize,
-    Height: usize,
-) -> CUresult;
-pub type cuMemsetD2D8 = unsafe extern "C" fn(
-    dstDevice: CUdeviceptr_v1,
-    dstPitch: u32,
-    uc: u8,
-    Width: u32,
-    Height: u32,
-) -> CUresult;
-pub type cuMemsetD2D8Async = unsafe extern "C" fn(
-    dstDevice: CUdeviceptr,
-    dstPitch: usize,
-    uc: u8,
-    Width: usize,
-    Height: usize,
-    hStream: CUstream,
-) -> CUresult;
-pub type cuMemsetD2D8Async_ptsz = unsafe extern "C" fn(
-    dstDevice: CUdeviceptr,
-    dstPitch: usize,
-    uc: u8,
-    Width: usize,
-    Height: usize,
-    hStream: CUstream,
-) -> CUresult;
-pub type cuMemsetD2D8_v2 = unsafe extern "C" fn(
-    dstDevice: CUdeviceptr,
-    dstPitch: usize,
-    uc: u8,
-    Width: usize,
-    Height: usize,
-) -> CUresult;
-pub type cuMemsetD2D8_v2_ptds = unsafe extern "C" fn(
-    dstDevice: CUdeviceptr,
-    dstPitch: usize,
-    uc: u8,
-    Width: usize,
-    Height: usize,
-) -> CUresult;
-pub type cuMemsetD32 = unsafe extern "C" fn(dstDevice: CUdeviceptr_v1, ui: u32, N: u32) -> CUresult;
-pub type cuMemsetD32Async =
-    unsafe extern "C" fn(dstDevice: CUdeviceptr, ui: u32, N: usize, hStream: CUstream) -> CUresult;
-pub type cuMemsetD32Async_ptsz =
-    unsafe extern "C" fn(dstDevice: CUdeviceptr, ui: u32, N: usize, hStream: CUstream) -> CUresult;
-pub type cuMemsetD32_v2 =
-    unsafe extern "C" fn(dstDevice: CUdeviceptr, ui: u32, N: usize) -> CUresult;
-pub type cuMemsetD32_v2_ptds =
-    unsafe extern "C" fn(dstDevice: CUdeviceptr, ui: u32, N: usize) -> CUresult;
-pub type cuMemsetD8 = unsafe extern "C" fn(dstDevice: CUdeviceptr_v1, uc: u8, N: u32) -> CUresult;
-pub type cuMemsetD8Async =
-    unsafe extern "C" fn(dstDevice: CUdeviceptr, uc: u8, N: usize, hStream: CUstream) -> CUresult;
-pub type cuMemsetD8Async_ptsz =
-    unsafe extern "C" fn(dstDevice: CUdeviceptr, uc: u8, N: usize, hStream: CUstream) -> CUresult;
-pub type cuMemsetD8_v2 = unsafe extern "C" fn(dstDevice: CUdeviceptr, uc: u8, N: usize) -> CUresult;
-pub type cuMemsetD8_v2_ptds =
-    unsafe extern "C" fn(dstDevice: CUdeviceptr, uc: u8, N: usize) -> CUresult;
-pub type cuMipmappedArrayCreate = unsafe extern "C" fn(
-    pHandle: *mut CUmipmappedArray,
-    pMipmappedArrayDesc: *const CUDA_ARRAY3D_DESCRIPTOR,
-    numMipmapLevels: u32,
-) -> CUresult;
-pub type cuMipmappedArrayDestroy =
-    unsafe extern "C" fn(hMipmappedArray: CUmipmappedArray) -> CUresult;
-pub type cuMipmappedArrayGetLevel = unsafe extern "C" fn(
-    pLevelArray: *mut CUarray,
-    hMipmappedArray: CUmipmappedArray,
-    level: u32,
-) -> CUresult;
-pub type cuMipmappedArrayGetMemoryRequirements = unsafe extern "C" fn(
-    memoryRequirements: *mut CUDA_ARRAY_MEMORY_REQUIREMENTS,
-    mipmap: CUmipmappedArray,
-    device: CUdevice,
-) -> CUresult;
-pub type cuMipmappedArrayGetSparseProperties =
-    unsafe extern "C" fn(sparseProperties: *mut c_void, mipmap: CUmipmappedArray) -> CUresult;
-pub type cuModuleEnumerateFunctions =
-    unsafe extern "C" fn(functions: *mut CUfunction, numFunctions: u32, mod_: CUmodule) -> CUresult;
-pub type cuModuleGetFunction =
-    unsafe extern "C" fn(hfunc: *mut CUfunction, hmod: CUmodule, name: *const c_char) -> CUresult;
-pub type cuModuleGetFunctionCount =
-    unsafe extern "C" fn(count: *mut u32, mod_: CUmodule) -> CUresult;
-pub type cuModuleGetGlobal = unsafe extern "C" fn(
-    dptr: *mut CUdeviceptr_v1,
-    bytes: *mut u32,
-    hmod: CUmodule,
-    name: *const c_char,
-) -> CUresult;
-pub type cuModuleGetGlobal_v2 = unsafe extern "C" fn(
-    dptr: *mut CUdeviceptr,
-    bytes: *mut usize,
-    hmod: CUmodule,
-    name: *const c_char,
-) -> CUresult;
-pub type cuModuleGetLoadingMode = unsafe extern "C" fn(mode: *mut CUmoduleLoadingMode) -> CUresult;
-pub type cuModuleGetSurfRef =
-    unsafe extern "C" fn(pSurfRef: *mut CUsurfref, hmod: CUmodule, name: *const c_char) -> CUresult;
-pub type cuModuleGetTexRef =
-    unsafe extern "C" fn(pTexRef: *mut CUtexref, hmod: CUmodule, name: *const c_char) -> CUresult;
-pub type cuModuleLoad =
-    unsafe extern "C" fn(module: *mut CUmodule, fname: *const c_char) -> CUresult;
-pub type cuModuleLoadData =
-    unsafe extern "C" fn(module: *mut CUmodule, image: *const c_void) -> CUresult;
-pub type cuModuleLoadDataEx = unsafe extern "C" fn(
-    module: *mut CUmodule,
-    image: *const c_void,
-    numOptions: u32,
-    options: *mut CUjit_option,
-    optionValues: *mut *mut c_void,
-) -> CUresult;
-pub type cuModuleLoadFatBinary =
-    unsafe extern "C" fn(module: *mut CUmodule, fatCubin: *const c_void) -> CUresult;
-pub type cuModuleUnload = unsafe extern "C" fn(hmod: CUmodule) -> CUresult;
-pub type cuMulticastAddDevice =
-    unsafe extern "C" fn(mcHandle: CUmemGenericAllocationHandle, dev: CUdevice) -> CUresult;
-pub type cuMulticastBindAddr = unsafe extern "C" fn(
-    mcHandle: CUmemGenericAllocationHandle,
-    mcOffset: usize,
-    memptr: CUdeviceptr,
-    size: usize,
-    flags: u64,
-) -> CUresult;
-pub type cuMulticastBindAddr_v2 = unsafe extern "C" fn(
-    mcHandle: CUmemGenericAllocationHandle,
-    dev: CUdevice,
-    mcOffset: usize,
-    memptr: CUdeviceptr,
-    size: usize,
-    flags: u64,
-) -> CUresult;
-pub type cuMulticastBindMem = unsafe extern "C" fn(
-    mcHandle: CUmemGenericAllocationHandle,
-    mcOffset: usize,
-    memHandle: CUmemGenericAllocationHandle,
-    memOffset: usize,
-    size: usize,
-    flags: u64,
-) -> CUresult;
-pub type cuMulticastBindMem_v2 = unsafe extern "C" fn(
-    mcHandle: CUmemGenericAllocationHandle,
-    dev: CUdevice,
-    mcOffset: usize,
-    memHandle: CUmemGenericAllocationHandle,
-    memOffset: usize,
-    size: usize,
-    flags: u64,
-) -> CUresult;
-pub type cuMulticastCreate = unsafe extern "C" fn(
-    mcHandle: *mut CUmemGenericAllocationHandle,
-    prop: *const CUmulticastObjectProp,
-) -> CUresult;
-pub type cuMulticastGetGranularity = unsafe extern "C" fn(
-    granularity: *mut usize,
-    prop: *const CUmulticastObjectProp,
-    option: CUmulticastGranularity_flags,
-) -> CUresult;
-pub type cuMulticastUnbind = unsafe extern "C" fn(
-    mcHandle: CUmemGenericAllocationHandle,
-    dev: CUdevice,
-    mcOffset: usize,
-    size: usize,
-) -> CUresult;
-pub type cuOccupancyAvailableDynamicSMemPerBlock = unsafe extern "C" fn(
-    dynamicSmemSize: *mut usize,
-    func: CUfunction,
-    numBlocks: i32,
-    blockSize: i32,
-) -> CUresult;
-pub type cuOccupancyMaxActiveBlocksPerMultiprocessor = unsafe extern "C" fn(
-    numBlocks: *mut i32,
-    func: CUfunction,
-    blockSize: i32,
-    dynamicSMemSize: usize,
-) -> CUresult;
-pub type cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags = unsafe extern "C" fn(
-    numBlocks: *mut i32,
-    func: CUfunction,
-    blockSize: i32,
-    dynamicSMemSize: usize,
-    flags: u32,
-) -> CUresult;
-pub type cuOccupancyMaxActiveClusters = unsafe extern "C" fn(
-    numClusters: *mut i32,
-    func: CUfunction,
-    config: *const CUlaunchConfig,
-) -> CUresult;
-pub type cuOccupancyMaxPotentialBlockSize = unsafe extern "C" fn(
-    minGridSize: *mut i32,
-    blockSize: *mut i32,
-    func: CUfunction,
-    blockSizeToDynamicSMemSize: CUoccupancyB2DSize,
-    dynamicSMemSize: usize,
-    blockSizeLimit: i32,
-) -> CUresult;
-pub type cuOccupancyMaxPotentialBlockSizeWithFlags = unsafe extern "C" fn(
-    minGridSize: *mut i32,
-    blockSize: *mut i32,
-    func: CUfunction,
-    blockSizeToDynamicSMemSize: CUoccupancyB2DSize,
-    dynamicSMemSize: usize,
-    blockSizeLimit: i32,
-    flags: u32,
-) -> CUresult;
-pub type cuOccupancyMaxPotentialClusterSize = unsafe extern "C" fn(
-    clusterSize: *mut i32,
-    func: CUfunction,
-    config: *const CUlaunchConfig,
-) -> CUresult;
-pub type cuParamSetSize = unsafe extern "C" fn(hfunc: CUfunction, numbytes: u32) -> CUresult;
-pub type cuParamSetTexRef =
-    unsafe extern "C" fn(hfunc: CUfunction, texunit: i32, hTexRef: CUtexref) -> CUresult;
-pub type cuParamSetf = unsafe extern "C" fn(hfunc: CUfunction, offset: i32, value: f32) -> CUresult;
-pub type cuParamSeti = unsafe extern "C" fn(hfunc: CUfunction, offset: i32, value: u32) -> CUresult;
-pub type cuParamSetv = unsafe extern "C" fn(
-    hfunc: CUfunction,
-    offset: i32,
-    ptr: *mut c_void,
-    numbytes: u32,
-) -> CUresult;
-pub type cuPointerGetAttribute = unsafe extern "C" fn(
-    data: *mut c_void,
-    attribute: CUpointer_attribute,
-    ptr: CUdeviceptr,
-) -> CUresult;
-pub type cuPointerGetAttributes = unsafe extern "C" fn(
-    numAttributes: u32,
-    attributes: *mut CUpointer_attribute,
-    data: *mut *mut c_void,
-    ptr: CUdeviceptr,
-) -> CUresult;
-pub type cuPointerSetAttribute = unsafe extern "C" fn(
-    value: *const c_void,
-    attribute: CUpointer_attribute,
-    ptr: CUdeviceptr,
-) -> CUresult;
-pub type cuProfilerStart = unsafe extern "C" fn() -> CUresult;
-pub type cuProfilerStop = unsafe extern "C" fn() -> CUresult;
-pub type cuSignalExternalSemaphoresAsync = unsafe extern "C" fn(
-    extSemArray: *const CUexternalSemaphore,
-    paramsArray: *const c_void,
-    numExtSems: u32,
-    stream: CUstream,
-) -> CUresult;
-pub type cuSignalExternalSemaphoresAsync_ptsz = unsafe extern "C" fn(
-    extSemArray: *const CUexternalSemaphore,
-    paramsArray: *const c_void,
-    numExtSems: u32,
-    stream: CUstream,
-) -> CUresult;
-pub type cuStreamAddCallback = unsafe extern "C" fn(
-    hStream: CUstream,
-    callback: CUstreamCallback,
-    userData: *mut c_void,
-    flags: u32,
-) -> CUresult;
-pub type cuStreamAddCallback_ptsz = unsafe extern "C" fn(
-    hStream: CUstream,
-    callback: CUstreamCallback,
-    userData: *mut c_void,
-    flags: u32,
-) -> CUresult;
-pub type cuStreamAttachMemAsync = unsafe extern "C" fn(
-    hStream: CUstream,
-    dptr: CUdeviceptr,
-    length: usize,
-    flags: u32,
-) -> CUresult;
-pub type cuStreamAttachMemAsync_ptsz = unsafe extern "C" fn(
-    hStream: CUstream,
-    dptr: CUdeviceptr,
-    length: usize,
-    flags: u32,
-) -> CUresult;
-pub type cuStreamBatchMemOp = unsafe extern "C" fn(
-    stream: CUstream,
-    count: u32,
-    paramArray: *mut c_void,
-    flags: u32,
-) -> CUresult;
-pub type cuStreamBatchMemOp_ptsz = unsafe extern "C" fn(
-    stream: CUstream,
-    count: u32,
-    paramArray: *mut c_void,
-    flags: u32,
-) -> CUresult;
-pub type cuStreamBatchMemOp_v2 = unsafe extern "C" fn(
-    stream: CUstream,
-    count: u32,
-    paramArray: *mut c_void,
-    flags: u32,
-) -> CUresult;
-pub type cuStreamBatchMemOp_v2_ptsz = unsafe extern "C" fn(
-    stream: CUstream,
-    count: u32,
-    paramArray: *mut c_void,
-    flags: u32,
-) -> CUresult;
-pub type cuStreamBeginCapture = unsafe extern "C" fn(hStream: CUstream) -> CUresult;
-pub type cuStreamBeginCaptureToCig = unsafe extern "C" fn(
-    hStream: CUstream,
-    streamCigCaptureParams: *mut CUstreamCigCaptureParams,
-) -> CUresult;
-pub type cuStreamBeginCaptureToCig_ptsz = unsafe extern "C" fn(
-    hStream: CUstream,
-    streamCigCaptureParams: *mut CUstreamCigCaptureParams,
-) -> CUresult;
-pub type cuStreamBeginCaptureToGraph = unsafe extern "C" fn(
-    hStream: CUstream,
-    hGraph: CUgraph,
-    dependencies: *const CUgraphNode,
-    dependencyData: *const CUgraphEdgeData,
-    numDependencies: usize,
-    mode: CUstreamCaptureMode,
-) -> CUresult;
-pub type cuStreamBeginCaptureToGraph_ptsz = unsafe extern "C" fn(
-    hStream: CUstream,
-    hGraph: CUgraph,
-    dependencies: *const CUgraphNode,
-    dependencyData: *const CUgraphEdgeData,
-    numDependencies: usize,
-    mode: CUstreamCaptureMode,
-) -> CUresult;
-pub type cuStreamBeginCapture_ptsz = unsafe extern "C" fn(hStream: CUstream) -> CUresult;
-pub type cuStreamBeginCapture_v2 =
-    unsafe extern "C" fn(hStream: CUstream, mode: CUstreamCaptureMode) -> CUresult;
-pub type cuStreamBeginCapture_v2_ptsz =
-    unsafe extern "C" fn(hStream: CUstream, mode: CUstreamCaptureMode) -> CUresult;
-pub type cuStreamBeginRecaptureToGraph = unsafe extern "C" fn(
-    hStream: CUstream,
-    mode: CUstreamCaptureMode,
-    hGraph: CUgraph,
-    callbackFunc: CUgraphRecaptureCallback,
-    userData: *mut c_void,
-) -> CUresult;
-pub type cuStreamBeginRecaptureToGraph_ptsz = unsafe extern "C" fn(
-    hStream: CUstream,
-    mode: CUstreamCaptureMode,
-    hGraph: CUgraph,
-    callbackFunc: CUgraphRecaptureCallback,
-    userData: *mut c_void,
-) -> CUresult;
-pub type cuStreamCopyAttributes =
-    unsafe extern "C" fn(dstStream: CUstream, srcStream: CUstream) -> CUresult;
-pub type cuStreamCopyAttributes_ptsz =
-    unsafe extern "C" fn(dst: CUstream, src: CUstream) -> CUresult;
-pub type cuStreamCreate = unsafe extern "C" fn(phStream: *mut CUstream, Flags: u32) -> CUresult;
-pub type cuStreamCreateWithPriority =
-    unsafe extern "C" fn(phStream: *mut CUstream, flags: u32, priority: i32) -> CUresult;
-pub type cuStreamDestroy = unsafe extern "C" fn(hStream: CUstream) -> CUresult;
-pub type cuStreamDestroy_v2 = unsafe extern "C" fn(hStream: CUstream) -> CUresult;
-pub type cuStreamEndCapture =
-    unsafe extern "C" fn(hStream: CUstream, phGraph: *mut CUgraph) -> CUresult;
-pub type cuStreamEndCaptureToCig = unsafe extern "C" fn(hStream: CUstream) -> CUresult;
-pub type cuStreamEndCaptureToCig_ptsz = unsafe extern "C" fn(hStream: CUstream) -> CUresult;
-pub type cuStreamEndCapture_ptsz =
-    unsafe extern "C" fn(hStream: CUstream, phGraph: *mut CUgraph) -> CUresult;
-pub type cuStreamGetAttribute =
-    unsafe extern "C" fn(hStream: CUstream, attr: CUstreamAttrID, value: *mut c_void) -> CUresult;
-pub type cuStreamGetAttribute_ptsz = unsafe extern "C" fn(
-    hStream: CUstream,
-    attr: CUstreamAttrID,
-    value_out: *mut c_void,
-) -> CUresult;
-pub type cuStreamGetCaptureInfo = unsafe extern "C" fn(
-    hStream: CUstream,
-    captureStatus_out: *mut CUstreamCaptureStatus,
-    id_out: *mut cuuint64_t,
-) -> CUresult;
-pub type cuStreamGetCaptureInfo_ptsz = unsafe extern "C" fn(
-    hStream: CUstream,
-    captureStatus_out: *mut CUstreamCaptureStatus,
-    id_out: *mut cuuint64_t,
-) -> CUresult;
-pub type cuStreamGetCaptureInfo_v2 = unsafe extern "C" fn(
-    hStream: CUstream,
-    captureStatus_out: *mut CUstreamCaptureStatus,
-    id_out: *mut cuuint64_t,
-    graph_out: *mut CUgraph,
-    dependencies_out: *mut *const CUgraphNode,
-    numDependencies_out: *mut usize,
-) -> CUresult;
-pub type cuStreamGetCaptureInfo_v2_ptsz = unsafe extern "C" fn(
-    hStream: CUstream,
-    captureStatus_out: *mut CUstreamCaptureStatus,
-    id_out: *mut cuuint64_t,
-    graph_out: *mut CUgraph,
-    dependencies_out: *mut *const CUgraphNode,
-    numDependencies_out: *mut usize,
-) -> CUresult;
-pub type cuStreamGetCaptureInfo_v3 = unsafe extern "C" fn(
-    hStream: CUstream,
-    captureStatus_out: *mut CUstreamCaptureStatus,
-    id_out: *mut cuuint64_t,
-    graph_out: *mut CUgraph,
-    dependencies_out: *mut *const CUgraphNode,
-    edgeData_out: *mut *const CUgraphEdgeData,
-    numDependencies_out: *mut usize,
-) -> CUresult;
-pub type cuStreamGetCaptureInfo_v3_ptsz = unsafe extern "C" fn(
-    hStream: CUstream,
-    captureStatus_out: *mut CUstreamCaptureStatus,
-    id_out: *mut cuuint64_t,
-    graph_out: *mut CUgraph,
-    dependencies_out: *mut *const CUgraphNode,
-    edgeData_out: *mut *const CUgraphEdgeData,
-    numDependencies_out: *mut usize,
-) -> CUresult;
-pub type cuStreamGetCtx = unsafe extern "C" fn(hStream: CUstream, pctx: *mut CUcontext) -> CUresult;
-pub type cuStreamGetCtx_ptsz =
-    unsafe extern "C" fn(hStream: CUstream, pctx: *mut CUcontext) -> CUresult;
-pub type cuStreamGetCtx_v2 = unsafe extern "C" fn(
-    hStream: CUstream,
-    pCtx: *mut CUcontext,
-    pGreenCtx: *mut CUgreenCtx,
-) -> CUresult;
-pub type cuStreamGetCtx_v2_ptsz = unsafe extern "C" fn(
-    hStream: CUstream,
-    pCtx: *mut CUcontext,
-    pGreenCtx: *mut CUgreenCtx,
-) -> CUresult;
-pub type cuStreamGetDevResource = unsafe extern "C" fn(
-    hStream: CUstream,
-    resource: *mut c_void,
-    type_: CUdevResourceType,
-) -> CUresult;
-pub type cuStreamGetDevResource_ptsz = unsafe extern "C" fn(
-    hStream: CUstream,
-    resource: *mut c_void,
-    type_: CUdevResourceType,
-) -> CUresult;
-pub type cuStreamGetDevice =
-    unsafe extern "C" fn(hStream: CUstream, device: *mut CUdevice) -> CUresult;
-pub type cuStreamGetDevice_ptsz =
-    unsafe extern "C" fn(hStream: CUstream, device: *mut CUdevice) -> CUresult;
-pub type cuStreamGetFlags = unsafe extern "C" fn(hStream: CUstream, flags: *mut u32) -> CUresult;
-pub type cuStreamGetFlags_ptsz =
-    unsafe extern "C" fn(hStream: CUstream, flags: *mut u32) -> CUresult;
-pub type cuStreamGetGreenCtx =
-    unsafe extern "C" fn(hStream: CUstream, phCtx: *mut CUgreenCtx) -> CUresult;
-pub type cuStreamGetId = unsafe extern "C" fn(hStream: CUstream, streamId: *mut u64) -> CUresult;
-pub type cuStreamGetId_ptsz =
-    unsafe extern "C" fn(hStream: CUstream, streamId: *mut u64) -> CUresult;
-pub type cuStreamGetPriority =
-    unsafe extern "C" fn(hStream: CUstream, priority: *mut i32) -> CUresult;
-pub type cuStreamGetPriority_ptsz =
-    unsafe extern "C" fn(hStream: CUstream, priority: *mut i32) -> CUresult;
-pub type cuStreamIsCapturing =
-    unsafe extern "C" fn(hStream: CUstream, captureStatus: *mut CUstreamCaptureStatus) -> CUresult;
-pub type cuStreamIsCapturing_ptsz =
-    unsafe extern "C" fn(hStream: CUstream, captureStatus: *mut CUstreamCaptureStatus) -> CUresult;
-pub type cuStreamQuery = unsafe extern "C" fn(hStream: CUstream) -> CUresult;
-pub type cuStreamQuery_ptsz = unsafe extern "C" fn(hStream: CUstream) -> CUresult;
-pub type cuStreamSetAttribute =
-    unsafe extern "C" fn(hStream: CUstream, attr: CUstreamAttrID, param: *const c_void) -> CUresult;
-pub type cuStreamSetAttribute_ptsz =
-    unsafe extern "C" fn(hStream: CUstream, attr: CUstreamAttrID, value: *const c_void) -> CUresult;
-pub type cuStreamSynchronize = unsafe extern "C" fn(hStream: CUstream) -> CUresult;
-pub type cuStreamSynchronize_ptsz = unsafe extern "C" fn(hStream: CUstream) -> CUresult;
-pub type cuStreamUpdateCaptureDependencies = unsafe extern "C" fn(
-    hStream: CUstream,
-    dependencies: *mut CUgraphNode,
-    numDependencies: usize,
-    flags: u32,
-) -> CUresult;
-pub type cuStreamUpdateCaptureDependencies_ptsz = unsafe extern "C" fn(
-    hStream: CUstream,
-    dependencies: *mut CUgraphNode,
-    numDependencies: usize,
-    flags: u32,
-) -> CUresult;
-pub type cuStreamUpdateCaptureDependencies_v2 = unsafe extern "C" fn(
-    hStream: CUstream,
-    dependencies: *mut CUgraphNode,
-    dependencyData: *const CUgraphEdgeData,
-    numDependencies: usize,
-    flags: u32,
-) -> CUresult;
-pub type cuStreamUpdateCaptureDependencies_v2_ptsz = unsafe extern "C" fn(
-    hStream: CUstream,
-    dependencies: *mut CUgraphNode,
-    dependencyData: *const CUgraphEdgeData,
-    numDependencies: usize,
-    flags: u32,
-) -> CUresult;
-pub type cuStreamWaitEvent =
-    unsafe extern "C" fn(hStream: CUstream, hEvent: CUevent, Flags: u32) -> CUresult;
-pub type cuStreamWaitEvent_ptsz =
-    unsafe extern "C" fn(hStream: CUstream, hEvent: CUevent, Flags: u32) -> CUresult;
-pub type cuStreamWaitValue32 = unsafe extern "C" fn(
-    stream: CUstream,
-    addr: CUdeviceptr,
-    value: cuuint32_t,
-    flags: u32,
-) -> CUresult;
-pub type cuStreamWaitValue32_ptsz = unsafe extern "C" fn(
-    stream: CUstream,
-    addr: CUdeviceptr,
-    value: cuuint32_t,
-    flags: u32,
-) -> CUresult;
-pub type cuStreamWaitValue32_v2 = unsafe extern "C" fn(
-    stream: CUstream,
-    addr: CUdeviceptr,
-    value: cuuint32_t,
-    flags: u32,
-) -> CUresult;
-pub type cuStreamWaitValue32_v2_ptsz = unsafe extern "C" fn(
-    stream: CUstream,
-    addr: CUdeviceptr,
-    value: cuuint32_t,
-    flags: u32,
-) -> CUresult;
-pub type cuStreamWaitValue64 = unsafe extern "C" fn(
-    stream: CUstream,
-    addr: CUdeviceptr,
-    value: cuuint64_t,
-    flags: u32,
-) -> CUresult;
-pub type cuStreamWaitValue64_ptsz = unsafe extern "C" fn(
-    stream: CUstream,
-    addr: CUdeviceptr,
-    value: cuuint64_t,
-    flags: u32,
-) -> CUresult;
-pub type cuStreamWaitValue64_v2 = unsafe extern "C" fn(
-    stream: CUstream,
-    addr: CUdeviceptr,
-    value: cuuint64_t,
-    flags: u32,
-) -> CUresult;
-pub type cuStreamWaitValue64_v2_ptsz = unsafe extern "C" fn(
-    stream: CUstream,
-    addr: CUdeviceptr,
-    value: cuuint64_t,
-    flags: u32,
-) -> CUresult;
-pub type cuStreamWriteValue32 = unsafe extern "C" fn(
-    stream: CUstream,
-    addr: CUdeviceptr,
-    value: cuuint32_t,
-    flags: u32,
-) -> CUresult;
-pub type cuStreamWriteValue32_ptsz = unsafe extern "C" fn(
-    stream: CUstream,
-    addr: CUdeviceptr,
-    value: cuuint32_t,
-    flags: u32,
-) -> CUresult;
-pub type cuStreamWriteValue32_v2 = unsafe extern "C" fn(
-    stream: CUstream,
-    addr: CUdeviceptr,
-    value: cuuint32_t,
-    flags: u32,
-) -> CUresult;
-pub type cuStreamWriteValue32_v2_ptsz = unsafe extern "C" fn(
-    stream: CUstream,
-    addr: CUdeviceptr,
-    value: cuuint32_t,
-    flags: u32,
-) -> CUresult;
-pub type cuStreamWriteValue64 = unsafe extern "C" fn(
-    stream: CUstream,
-    addr: CUdeviceptr,
-    value: cuuint64_t,
-    flags: u32,
-) -> CUresult;
-pub type cuStreamWriteValue64_ptsz = unsafe extern "C" fn(
-    stream: CUstream,
-    addr: CUdeviceptr,
-    value: cuuint64_t,
-    flags: u32,
-) -> CUresult;
-pub type cuStreamWriteValue64_v2 = unsafe extern "C" fn(
-    stream: CUstream,
-    addr: CUdeviceptr,
-    value: cuuint64_t,
-    flags: u32,
-) -> CUresult;
-pub type cuStreamWriteValue64_v2_ptsz = unsafe extern "C" fn(
-    stream: CUstream,
-    addr: CUdeviceptr,
-    value: cuuint64_t,
-    flags: u32,
-) -> CUresult;
-pub type cuSurfObjectCreate =
-    unsafe extern "C" fn(pSurfObject: *mut CUsurfObject, pResDesc: *const c_void) -> CUresult;
-pub type cuSurfObjectDestroy = unsafe extern "C" fn(surfObject: CUsurfObject) -> CUresult;
-pub type cuSurfObjectGetResourceDesc =
-    unsafe extern "C" fn(pResDesc: *mut c_void, surfObject: CUsurfObject) -> CUresult;
-pub type cuSurfRefGetArray =
-    unsafe extern "C" fn(phArray: *mut CUarray, hSurfRef: CUsurfref) -> CUresult;
-pub type cuSurfRefSetArray =
-    unsafe extern "C" fn(hSurfRef: CUsurfref, hArray: CUarray, Flags: u32) -> CUresult;
-pub type cuTensorMapEncodeIm2col = unsafe extern "C" fn(
-    tensorMap: *mut c_void,
-    tensorDataType: CUtensorMapDataType,
-    tensorRank: cuuint32_t,
-    globalAddress: *mut c_void,
-    globalDim: *const cuuint64_t,
-    globalStrides: *const cuuint64_t,
-    pixelBoxLowerCorner: *const i32,
-    pixelBoxUpperCorner: *const i32,
-    channelsPerPixel: cuuint32_t,
-    pixelsPerColumn: cuuint32_t,
-    elementStrides: *const cuuint32_t,
-    interleave: CUtensorMapInterleave,
-    swizzle: CUtensorMapSwizzle,
-    l2Promotion: CUtensorMapL2promotion,
-    oobFill: CUtensorMapFloatOOBfill,
-) -> CUresult;
-pub type cuTensorMapEncodeIm2colWide = unsafe extern "C" fn(
-    tensorMap: *mut c_void,
-    tensorDataType: CUtensorMapDataType,
-    tensorRank: cuuint32_t,
-    globalAddress: *mut c_void,
-    globalDim: *const cuuint64_t,
-    globalStrides: *const cuuint64_t,
-    pixelBoxLowerCornerWidth: i32,
-    pixelBoxUpperCornerWidth: i32,
-    channelsPerPixel: cuuint32_t,
-    pixelsPerColumn: cuuint32_t,
-    elementStrides: *const cuuint32_t,
-    interleave: CUtensorMapInterleave,
-    mode: CUtensorMapIm2ColWideMode,
-    swizzle: CUtensorMapSwizzle,
-    l2Promotion: CUtensorMapL2promotion,
-    oobFill: CUtensorMapFloatOOBfill,
-) -> CUresult;
-pub type cuTensorMapEncodeTiled = unsafe extern "C" fn(
-    tensorMap: *mut c_void,
-    tensorDataType: CUtensorMapDataType,
-    tensorRank: cuuint32_t,
-    globalAddress: *mut c_void,
-    globalDim: *const cuuint64_t,
-    globalStrides: *const cuuint64_t,
-    boxDim: *const cuuint32_t,
-    elementStrides: *const cuuint32_t,
-    interleave: CUtensorMapInterleave,
-    swizzle: CUtensorMapSwizzle,
-    l2Promotion: CUtensorMapL2promotion,
-    oobFill: CUtensorMapFloatOOBfill,
-) -> CUresult;
-pub type cuTensorMapReplaceAddress =
-    unsafe extern "C" fn(tensorMap: *mut c_void, globalAddress: *mut c_void) -> CUresult;
-pub type cuTensorMapSetAllocationClass = unsafe extern "C" fn(
-    tensorMap: *mut c_void,
-    allocClass: CUtensorMapAllocClass,
-    outAllocClass: *mut CUtensorMapAllocClass,
-) -> CUresult;
-pub type cuTexObjectCreate = unsafe extern "C" fn(
-    pTexObject: *mut CUtexObject,
-    pResDesc: *const c_void,
-    pTexDesc: *const CUDA_TEXTURE_DESC,
-    pResViewDesc: *const CUDA_RESOURCE_VIEW_DESC,
-) -> CUresult;
-pub type cuTexObjectDestroy = unsafe extern "C" fn(texObject: CUtexObject) -> CUresult;
-pub type cuTexObjectGetResourceDesc =
-    unsafe extern "C" fn(pResDesc: *mut c_void, texObject: CUtexObject) -> CUresult;
-pub type cuTexObjectGetResourceViewDesc = unsafe extern "C" fn(
-    pResViewDesc: *mut CUDA_RESOURCE_VIEW_DESC,
-    texObject: CUtexObject,
-) -> CUresult;
-pub type cuTexObjectGetTextureDesc =
-    unsafe extern "C" fn(pTexDesc: *mut CUDA_TEXTURE_DESC, texObject: CUtexObject) -> CUresult;
-pub type cuTexRefCreate = unsafe extern "C" fn(pTexRef: *mut CUtexref) -> CUresult;
-pub type cuTexRefDestroy = unsafe extern "C" fn(hTexRef: CUtexref) -> CUresult;
-pub type cuTexRefGetAddress =
-    unsafe extern "C" fn(pdptr: *mut CUdeviceptr_v1, hTexRef: CUtexref) -> CUresult;
-pub type cuTexRefGetAddressMode =
-    unsafe extern "C" fn(pam: *mut CUaddress_mode, hTexRef: CUtexref, dim: i32) -> CUresult;
-pub type cuTexRefGetAddress_v2 =
-    unsafe extern "C" fn(pdptr: *mut CUdeviceptr, hTexRef: CUtexref) -> CUresult;
-pub type cuTexRefGetArray =
-    unsafe extern "C" fn(phArray: *mut CUarray, hTexRef: CUtexref) -> CUresult;
-pub type cuTexRefGetBorderColor =
-    unsafe extern "C" fn(pBorderColor: *mut f32, hTexRef: CUtexref) -> CUresult;
-pub type cuTexRefGetFilterMode =
-    unsafe extern "C" fn(pfm: *mut CUfilter_mode, hTexRef: CUtexref) -> CUresult;
-pub type cuTexRefGetFlags = unsafe extern "C" fn(pFlags: *mut u32, hTexRef: CUtexref) -> CUresult;
-pub type cuTexRefGetFormat = unsafe extern "C" fn(
-    pFormat: *mut CUarray_format,
-    pNumChannels: *mut i32,
-    hTexRef: CUtexref,
-) -> CUresult;
-pub type cuTexRefGetMaxAnisotropy =
-    unsafe extern "C" fn(pmaxAniso: *mut i32, hTexRef: CUtexref) -> CUresult;
-pub type cuTexRefGetMipmapFilterMode =
-    unsafe extern "C" fn(pfm: *mut CUfilter_mode, hTexRef: CUtexref) -> CUresult;
-pub type cuTexRefGetMipmapLevelBias =
-    unsafe extern "C" fn(pbias: *mut f32, hTexRef: CUtexref) -> CUresult;
-pub type cuTexRefGetMipmapLevelClamp = unsafe extern "C" fn(
-    pminMipmapLevelClamp: *mut f32,
-    pmaxMipmapLevelClamp: *mut f32,
-    hTexRef: CUtexref,
-) -> CUresult;
-pub type cuTexRefGetMipmappedArray =
-    unsafe extern "C" fn(phMipmappedArray: *mut CUmipmappedArray, hTexRef: CUtexref) -> CUresult;
-pub type cuTexRefSetAddress = unsafe extern "C" fn(
-    ByteOffset: *mut u32,
-    hTexRef: CUtexref,
-    dptr: CUdeviceptr_v1,
-    bytes: u32,
-) -> CUresult;
-pub type cuTexRefSetAddress2D = unsafe extern "C" fn(
-    hTexRef: CUtexref,
-    desc: *const CUDA_ARRAY_DESCRIPTOR_v1,
-    dptr: CUdeviceptr_v1,
-    Pitch: u32,
-) -> CUresult;
-pub type cuTexRefSetAddress2D_v2 = unsafe extern "C" fn(
-    hTexRef: CUtexref,
-    desc: *const CUDA_ARRAY_DESCRIPTOR,
-    dptr: CUdeviceptr,
-    Pitch: usize,
-) -> CUresult;
-pub type cuTexRefSetAddress2D_v3 = unsafe extern "C" fn(
-    hTexRef: CUtexref,
-    desc: *const CUDA_ARRAY_DESCRIPTOR,
-    dptr: CUdeviceptr,
-    Pitch: usize,
-) -> CUresult;
-pub type cuTexRefSetAddressMode =
-    unsafe extern "C" fn(hTexRef: CUtexref, dim: i32, am: CUaddress_mode) -> CUresult;
-pub type cuTexRefSetAddress_v2 = unsafe extern "C" fn(
-    ByteOffset: *mut usize,
-    hTexRef: CUtexref,
-    dptr: CUdeviceptr,
-    bytes: usize,
-) -> CUresult;
-pub type cuTexRefSetArray =
-    unsafe extern "C" fn(hTexRef: CUtexref, hArray: CUarray, Flags: u32) -> CUresult;
-pub type cuTexRefSetBorderColor =
-    unsafe extern "C" fn(hTexRef: CUtexref, pBorderColor: *mut f32) -> CUresult;
-pub type cuTexRefSetFilterMode =
-    unsafe extern "C" fn(hTexRef: CUtexref, fm: CUfilter_mode) -> CUresult;
-pub type cuTexRefSetFlags = unsafe extern "C" fn(hTexRef: CUtexref, Flags: u32) -> CUresult;
-pub type cuTexRefSetFormat = unsafe extern "C" fn(
-    hTexRef: CUtexref,
-    fmt: CUarray_format,
-    NumPackedComponents: i32,
-) -> CUresult;
-pub type cuTexRefSetMaxAnisotropy =
-    unsafe extern "C" fn(hTexRef: CUtexref, maxAniso: u32) -> CUresult;
-pub type cuTexRefSetMipmapFilterMode =
-    unsafe extern "C" fn(hTexRef: CUtexref, fm: CUfilter_mode) -> CUresult;
-pub type cuTexRefSetMipmapLevelBias =
-    unsafe extern "C" fn(hTexRef: CUtexref, bias: f32) -> CUresult;
-pub type cuTexRefSetMipmapLevelClamp = unsafe extern "C" fn(
-    hTexRef: CUtexref,
-    minMipmapLevelClamp: f32,
-    maxMipmapLevelClamp: f32,
-) -> CUresult;
-pub type cuTexRefSetMipmappedArray = unsafe extern "C" fn(
-    hTexRef: CUtexref,
-    hMipmappedArray: CUmipmappedArray,
-    Flags: u32,
-) -> CUresult;
-pub type cuThreadExchangeStreamCaptureMode =
-    unsafe extern "C" fn(mode: *mut CUstreamCaptureMode) -> CUresult;
-pub type cuUserObjectCreate = unsafe extern "C" fn(
-    object_out: *mut CUuserObject,
-    ptr: *mut c_void,
-    destroy: CUhostFn,
-    initialRefcount: u32,
-    flags: u32,
-) -> CUresult;
-pub type cuUserObjectRelease = unsafe extern "C" fn(object: CUuserObject, count: u32) -> CUresult;
-pub type cuUserObjectRetain = unsafe extern "C" fn(object: CUuserObject, count: u32) -> CUresult;
-pub type cuWaitExternalSemaphoresAsync = unsafe extern "C" fn(
-    extSemArray: *const CUexternalSemaphore,
-    paramsArray: *const c_void,
-    numExtSems: u32,
-    stream: CUstream,
-) -> CUresult;
-pub type cuWaitExternalSemaphoresAsync_ptsz = unsafe extern "C" fn(
-    extSemArray: *const CUexternalSemaphore,
-    paramsArray: *const c_void,
-    numExtSems: u32,
-    stream: CUstream,
-) -> CUresult;
+/// Declares `NAME(PARAMS)` as `unsafe extern "C" fn(PARAMS) -> CUresult`, and
+/// each `| ALIAS` after it (a per-thread form of the same parameter types) as NAME.
+macro_rules! pfn_types {
+    ($($name:ident $(| $alias:ident)* ($($param:ident: $ty:ty),*);)*) => {
+        $(
+            pub type $name = unsafe extern "C" fn($($param: $ty),*) -> CUresult;
+            $(pub type $alias = $name;)*
+        )*
+    };
+}
+
+pfn_types! {
+    cuArray3DCreate(pHandle: *mut CUarray, pAllocateArray: *const CUDA_ARRAY3D_DESCRIPTOR_v1);
+    cuArray3DCreate_v2(pHandle: *mut CUarray, pAllocateArray: *const CUDA_ARRAY3D_DESCRIPTOR);
+    cuArray3DGetDescriptor(pArrayDescriptor: *mut CUDA_ARRAY3D_DESCRIPTOR_v1, hArray: CUarray);
+    cuArray3DGetDescriptor_v2(pArrayDescriptor: *mut CUDA_ARRAY3D_DESCRIPTOR, hArray: CUarray);
+    cuArrayCreate(pHandle: *mut CUarray, pAllocateArray: *const CUDA_ARRAY_DESCRIPTOR_v1);
+    cuArrayCreate_v2(pHandle: *mut CUarray, pAllocateArray: *const CUDA_ARRAY_DESCRIPTOR);
+    cuArrayDestroy(hArray: CUarray);
+    cuArrayGetDescriptor(pArrayDescriptor: *mut CUDA_ARRAY_DESCRIPTOR_v1, hArray: CUarray);
+    cuArrayGetDescriptor_v2(pArrayDescriptor: *mut CUDA_ARRAY_DESCRIPTOR, hArray: CUarray);
+    cuArrayGetMemoryRequirements(memoryRequirements: *mut CUDA_ARRAY_MEMORY_REQUIREMENTS, array: CUarray, device: CUdevice);
+    cuArrayGetPlane(pPlaneArray: *mut CUarray, hArray: CUarray, planeIdx: u32);
+    cuArrayGetSparseProperties(sparseProperties: *mut c_void, array: CUarray);
+    cuCheckpointOperationComplete(handle: CUcheckpointOperationHandle);
+    cuCheckpointProcessCheckpoint(pid: i32, args: *mut c_void);
+    cuCheckpointProcessGetRestoreThreadId(pid: i32, tid: *mut i32);
+    cuCheckpointProcessGetState(pid: i32, state: *mut CUprocessState);
+    cuCheckpointProcessLock(pid: i32, args: *mut CUcheckpointLockArgs);
+    cuCheckpointProcessRestore(pid: i32, args: *mut c_void);
+    cuCheckpointProcessUnlock(pid: i32, args: *mut CUcheckpointUnlockArgs);
+    cuCoredumpDeregisterCompleteCallback(callback: CUcoredumpCallbackHandle);
+    cuCoredumpDeregisterStartCallback(callback: CUcoredumpCallbackHandle);
+    cuCoredumpGetAttribute(attrib: CUcoredumpSettings, value: *mut c_void, size: *mut usize);
+    cuCoredumpGetAttributeGlobal(attrib: CUcoredumpSettings, value: *mut c_void, size: *mut usize);
+    cuCoredumpRegisterCompleteCallback(callback: CUcoredumpStatusCallback, userData: *mut c_void, callbackOut: *mut CUcoredumpCallbackHandle);
+    cuCoredumpRegisterStartCallback(callback: CUcoredumpStatusCallback, userData: *mut c_void, callbackOut: *mut CUcoredumpCallbackHandle);
+    cuCoredumpSetAttribute(attrib: CUcoredumpSettings, value: *mut c_void, size: *mut usize);
+    cuCoredumpSetAttributeGlobal(attrib: CUcoredumpSettings, value: *mut c_void, size: *mut usize);
+    cuCtxAttach(pctx: *mut CUcontext, flags: u32);
+    cuCtxCreate(pctx: *mut CUcontext, flags: u32, dev: CUdevice);
+    cuCtxCreate_v2(pctx: *mut CUcontext, flags: u32, dev: CUdevice);
+    cuCtxCreate_v3(pctx: *mut CUcontext, paramsArray: *mut c_void, numParams: i32, flags: u32, dev: CUdevice);
+    cuCtxCreate_v4(pctx: *mut CUcontext, ctxCreateParams: *mut CUctxCreateParams, flags: u32, dev: CUdevice);
+    cuCtxDestroy(ctx: CUcontext);
+    cuCtxDestroy_v2(ctx: CUcontext);
+    cuCtxDetach(ctx: CUcontext);
+    cuCtxDisablePeerAccess(peerContext: CUcontext);
+    cuCtxEnablePeerAccess(peerContext: CUcontext, Flags: u32);
+    cuCtxFromGreenCtx(pContext: *mut CUcontext, hCtx: CUgreenCtx);
+    cuCtxGetApiVersion(ctx: CUcontext, version: *mut u32);
+    cuCtxGetCacheConfig(pconfig: *mut CUfunc_cache);
+    cuCtxGetCurrent(pctx: *mut CUcontext);
+    cuCtxGetDevResource(hCtx: CUcontext, resource: *mut c_void, type_: CUdevResourceType);
+    cuCtxGetDevice(device: *mut CUdevice);
+    cuCtxGetDevice_v2(device: *mut CUdevice, ctx: CUcontext);
+    cuCtxGetExecAffinity(pExecAffinity: *mut c_void, type_: CUexecAffinityType);
+    cuCtxGetFlags(flags: *mut u32);
+    cuCtxGetId(ctx: CUcontext, ctxId: *mut u64);
+    cuCtxGetLimit(pvalue: *mut usize, limit: CUlimit);
+    cuCtxGetSharedMemConfig(pConfig: *mut CUsharedconfig);
+    cuCtxGetStreamPriorityRange(leastPriority: *mut i32, greatestPriority: *mut i32);
+    cuCtxPopCurrent(pctx: *mut CUcontext);
+    cuCtxPopCurrent_v2(pctx: *mut CUcontext);
+    cuCtxPushCurrent(ctx: CUcontext);
+    cuCtxPushCurrent_v2(ctx: CUcontext);
+    cuCtxRecordEvent(hCtx: CUcontext, hEvent: CUevent);
+    cuCtxResetPersistingL2Cache();
+    cuCtxSetCacheConfig(config: CUfunc_cache);
+    cuCtxSetCurrent(ctx: CUcontext);
+    cuCtxSetFlags(flags: u32);
+    cuCtxSetLimit(limit: CUlimit, value: usize);
+    cuCtxSetSharedMemConfig(config: CUsharedconfig);
+    cuCtxSynchronize();
+    cuCtxSynchronize_v2(ctx: CUcontext);
+    cuCtxWaitEvent(hCtx: CUcontext, hEvent: CUevent);
+    cuDestroyExternalMemory(extMem: CUexternalMemory);
+    cuDestroyExternalSemaphore(extSem: CUexternalSemaphore);
+    cuDevResourceGenerateDesc(phDesc: *mut CUdevResourceDesc, resources: *mut c_void, nbResources: u32);
+    cuDevSmResourceSplit(result: *mut c_void, nbGroups: u32, input: *const c_void, remainder: *mut c_void, flags: u32, groupParams: *mut CU_DEV_SM_RESOURCE_GROUP_PARAMS);
+    cuDevSmResourceSplitByCount(result: *mut c_void, nbGroups: *mut u32, input: *const c_void, remaining: *mut c_void, useFlags: u32, minCount: u32);
+    cuDeviceCanAccessPeer(canAccessPeer: *mut i32, dev: CUdevice, peerDev: CUdevice);
+    cuDeviceComputeCapability(major: *mut i32, minor: *mut i32, dev: CUdevice);
+    cuDeviceGet(device: *mut CUdevice, ordinal: i32);
+    cuDeviceGetAttribute(pi: *mut i32, attrib: CUdevice_attribute, dev: CUdevice);
+    cuDeviceGetByPCIBusId(dev: *mut CUdevice, pciBusId: *const c_char);
+    cuDeviceGetCliqueCount(count: *mut usize, dev: CUdevice);
+    cuDeviceGetCliqueInfo(cliqueInfo: *mut CUcliqueInfo, count: *mut usize, dev: CUdevice);
+    cuDeviceGetCount(count: *mut i32);
+    cuDeviceGetDefaultMemPool(pool_out: *mut CUmemoryPool, dev: CUdevice);
+    cuDeviceGetDevResource(device: CUdevice, resource: *mut c_void, type_: CUdevResourceType);
+    cuDeviceGetExecAffinitySupport(pi: *mut i32, type_: CUexecAffinityType, dev: CUdevice);
+    cuDeviceGetFabricClusterUuid(uuid: *mut CUuuid, dev: CUdevice);
+    cuDeviceGetGraphMemAttribute(device: CUdevice, attr: CUgraphMem_attribute, value: *mut c_void);
+    cuDeviceGetHostAtomicCapabilities(capabilities: *mut u32, operations: *const CUatomicOperation, count: u32, dev: CUdevice);
+    cuDeviceGetLuid(luid: *mut c_char, deviceNodeMask: *mut u32, dev: CUdevice);
+    cuDeviceGetMemPool(pool: *mut CUmemoryPool, dev: CUdevice);
+    cuDeviceGetName(name: *mut c_char, len: i32, dev: CUdevice);
+    cuDeviceGetNvSciSyncAttributes(nvSciSyncAttrList: *mut c_void, dev: CUdevice, flags: i32);
+    cuDeviceGetP2PAtomicCapabilities(capabilities: *mut u32, operations: *const CUatomicOperation, count: u32, srcDevice: CUdevice, dstDevice: CUdevice);
+    cuDeviceGetP2PAttribute(value: *mut i32, attrib: CUdevice_P2PAttribute, srcDevice: CUdevice, dstDevice: CUdevice);
+    cuDeviceGetPCIBusId(pciBusId: *mut c_char, len: i32, dev: CUdevice);
+    cuDeviceGetProperties(prop: *mut CUdevprop, dev: CUdevice);
+    cuDeviceGetTexture1DLinearMaxWidth(maxWidthInElements: *mut usize, format: CUarray_format, numChannels: u32, dev: CUdevice);
+    cuDeviceGetUuid(uuid: *mut CUuuid, dev: CUdevice);
+    cuDeviceGetUuid_v2(uuid: *mut CUuuid, dev: CUdevice);
+    cuDeviceGraphMemTrim(device: CUdevice);
+    cuDevicePrimaryCtxGetState(dev: CUdevice, flags: *mut u32, active: *mut i32);
+    cuDevicePrimaryCtxRelease(dev: CUdevice);
+    cuDevicePrimaryCtxRelease_v2(dev: CUdevice);
+    cuDevicePrimaryCtxReset(dev: CUdevice);
+    cuDevicePrimaryCtxReset_v2(dev: CUdevice);
+    cuDevicePrimaryCtxRetain(pctx: *mut CUcontext, dev: CUdevice);
+    cuDevicePrimaryCtxSetFlags(dev: CUdevice, flags: u32);
+    cuDevicePrimaryCtxSetFlags_v2(dev: CUdevice, flags: u32);
+    cuDeviceRegisterAsyncNotification(device: CUdevice, callbackFunc: CUasyncCallback, userData: *mut c_void, callback: *mut CUasyncCallbackHandle);
+    cuDeviceSetGraphMemAttribute(device: CUdevice, attr: CUgraphMem_attribute, value: *mut c_void);
+    cuDeviceSetMemPool(dev: CUdevice, pool: CUmemoryPool);
+    cuDeviceTotalMem(bytes: *mut u32, dev: CUdevice);
+    cuDeviceTotalMem_v2(bytes: *mut usize, dev: CUdevice);
+    cuDeviceUnregisterAsyncNotification(device: CUdevice, callback: CUasyncCallbackHandle);
+    cuDriverGetVersion(driverVersion: *mut i32);
+    cuEventCreate(phEvent: *mut CUevent, Flags: u32);
+    cuEventDestroy(hEvent: CUevent);
+    cuEventDestroy_v2(hEvent: CUevent);
+    cuEventElapsedTime(pMilliseconds: *mut f32, hStart: CUevent, hEnd: CUevent);
+    cuEventElapsedTime_v2(pMilliseconds: *mut f32, hStart: CUevent, hEnd: CUevent);
+    cuEventQuery(hEvent: CUevent);
+    cuEventRecord | cuEventRecord_ptsz(hEvent: CUevent, hStream: CUstream);
+    cuEventRecordWithFlags | cuEventRecordWithFlags_ptsz(hEvent: CUevent, hStream: CUstream, flags: u32);
+    cuEventSynchronize(hEvent: CUevent);
+    cuExternalMemoryGetMappedBuffer(devPtr: *mut CUdeviceptr, extMem: CUexternalMemory, bufferDesc: *const CUDA_EXTERNAL_MEMORY_BUFFER_DESC);
+    cuExternalMemoryGetMappedMipmappedArray(mipmap: *mut CUmipmappedArray, extMem: CUexternalMemory, mipmapDesc: *const CUDA_EXTERNAL_MEMORY_MIPMAPPED_ARRAY_DESC);
+    cuFabricCpyBatchAsync | cuFabricCpyBatchAsync_ptsz(numOps: usize, opList: *mut c_void, flags: u64, hStream: CUstream);
+    cuFlushGPUDirectRDMAWrites(target: CUflushGPUDirectRDMAWritesTarget, scope: CUflushGPUDirectRDMAWritesScope);
+    cuFuncGetAttribute(pi: *mut i32, attrib: CUfunction_attribute, hfunc: CUfunction);
+    cuFuncGetModule(hmod: *mut CUmodule, hfunc: CUfunction);
+    cuFuncGetName(name: *mut *const c_char, hfunc: CUfunction);
+    cuFuncGetParamCount(func: CUfunction, paramCount: *mut usize);
+    cuFuncGetParamInfo(func: CUfunction, paramIndex: usize, paramOffset: *mut usize, paramSize: *mut usize);
+    cuFuncIsLoaded(state: *mut CUfunctionLoadingState, function: CUfunction);
+    cuFuncLoad(function: CUfunction);
+    cuFuncSetAttribute(hfunc: CUfunction, attrib: CUfunction_attribute, value: i32);
+    cuFuncSetBlockShape(hfunc: CUfunction, x: i32, y: i32, z: i32);
+    cuFuncSetCacheConfig(hfunc: CUfunction, config: CUfunc_cache);
+    cuFuncSetSharedMemConfig(hfunc: CUfunction, config: CUsharedconfig);
+    cuFuncSetSharedSize(hfunc: CUfunction, bytes: u32);
+    cuGetErrorName(error: CUresult, pStr: *mut *const c_char);
+    cuGetErrorString(error: CUresult, pStr: *mut *const c_char);
+    cuGetExportTable(ppExportTable: *mut *const c_void, pExportTableId: *const CUuuid);
+    cuGetProcAddress(symbol: *const c_char, pfn: *mut *mut c_void, cudaVersion: i32, flags: cuuint64_t);
+    cuGetProcAddress_v2 | cuGetProcAddress_v2_ptsz(symbol: *const c_char, pfn: *mut *mut c_void, cudaVersion: i32, flags: cuuint64_t, symbolStatus: *mut CUdriverProcAddressQueryResult);
+    cuGraphAddBatchMemOpNode(phGraphNode: *mut CUgraphNode, hGraph: CUgraph, dependencies: *const CUgraphNode, numDependencies: usize, nodeParams: *const CUDA_BATCH_MEM_OP_NODE_PARAMS);
+    cuGraphAddChildGraphNode(phGraphNode: *mut CUgraphNode, hGraph: CUgraph, dependencies: *const CUgraphNode, numDependencies: usize, childGraph: CUgraph);
+    cuGraphAddDependencies(hGraph: CUgraph, from: *const CUgraphNode, to: *const CUgraphNode, numDependencies: usize);
+    cuGraphAddDependencies_v2(hGraph: CUgraph, from: *const CUgraphNode, to: *const CUgraphNode, edgeData: *const CUgraphEdgeData, numDependencies: usize);
+    cuGraphAddEmptyNode(phGraphNode: *mut CUgraphNode, hGraph: CUgraph, dependencies: *const CUgraphNode, numDependencies: usize);
+    cuGraphAddEventRecordNode(phGraphNode: *mut CUgraphNode, hGraph: CUgraph, dependencies: *const CUgraphNode, numDependencies: usize, event: CUevent);
+    cuGraphAddEventWaitNode(phGraphNode: *mut CUgraphNode, hGraph: CUgraph, dependencies: *const CUgraphNode, numDependencies: usize, event: CUevent);
+    cuGraphAddExternalSemaphoresSignalNode(phGraphNode: *mut CUgraphNode, hGraph: CUgraph, dependencies: *const CUgraphNode, numDependencies: usize, nodeParams: *const CUDA_EXT_SEM_SIGNAL_NODE_PARAMS);
+    cuGraphAddExternalSemaphoresWaitNode(phGraphNode: *mut CUgraphNode, hGraph: CUgraph, dependencies: *const CUgraphNode, numDependencies: usize, nodeParams: *const CUDA_EXT_SEM_WAIT_NODE_PARAMS);
+    cuGraphAddHostNode(phGraphNode: *mut CUgraphNode, hGraph: CUgraph, dependencies: *const CUgraphNode, numDependencies: usize, nodeParams: *const CUDA_HOST_NODE_PARAMS);
+    cuGraphAddKernelNode(phGraphNode: *mut CUgraphNode, hGraph: CUgraph, dependencies: *const CUgraphNode, numDependencies: usize, nodeParams: *const CUDA_KERNEL_NODE_PARAMS_v1);
+    cuGraphAddKernelNode_v2(phGraphNode: *mut CUgraphNode, hGraph: CUgraph, dependencies: *const CUgraphNode, numDependencies: usize, nodeParams: *const CUDA_KERNEL_NODE_PARAMS);
+    cuGraphAddMemAllocNode(phGraphNode: *mut CUgraphNode, hGraph: CUgraph, dependencies: *const CUgraphNode, numDependencies: usize, nodeParams: *mut c_void);
+    cuGraphAddMemFreeNode(phGraphNode: *mut CUgraphNode, hGraph: CUgraph, dependencies: *const CUgraphNode, numDependencies: usize, dptr: CUdeviceptr);
+    cuGraphAddMemcpyNode(phGraphNode: *mut CUgraphNode, hGraph: CUgraph, dependencies: *const CUgraphNode, numDependencies: usize, copyParams: *const CUDA_MEMCPY3D, ctx: CUcontext);
+    cuGraphAddMemsetNode(phGraphNode: *mut CUgraphNode, hGraph: CUgraph, dependencies: *const CUgraphNode, numDependencies: usize, memsetParams: *const CUDA_MEMSET_NODE_PARAMS, ctx: CUcontext);
+    cuGraphAddNode(phGraphNode: *mut CUgraphNode, hGraph: CUgraph, dependencies: *const CUgraphNode, numDependencies: usize, nodeParams: *mut c_void);
+    cuGraphAddNode_v2(phGraphNode: *mut CUgraphNode, hGraph: CUgraph, dependencies: *const CUgraphNode, dependencyData: *const CUgraphEdgeData, numDependencies: usize, nodeParams: *mut c_void);
+    cuGraphAddNode_v3(phGraphNode: *mut CUgraphNode, hGraph: CUgraph, dependencies: *const CUgraphNode, dependencyData: *const CUgraphEdgeData, numDependencies: usize, nodeParams: *mut c_void);
+    cuGraphBatchMemOpNodeGetParams(hNode: CUgraphNode, nodeParams_out: *mut CUDA_BATCH_MEM_OP_NODE_PARAMS);
+    cuGraphBatchMemOpNodeSetParams(hNode: CUgraphNode, nodeParams: *const CUDA_BATCH_MEM_OP_NODE_PARAMS);
+    cuGraphChildGraphNodeGetGraph(hNode: CUgraphNode, phGraph: *mut CUgraph);
+    cuGraphClone(phGraphClone: *mut CUgraph, originalGraph: CUgraph);
+    cuGraphConditionalHandleCreate(pHandle_out: *mut CUgraphConditionalHandle, hGraph: CUgraph, ctx: CUcontext, defaultLaunchValue: u32, flags: u32);
+    cuGraphCreate(phGraph: *mut CUgraph, flags: u32);
+    cuGraphDebugDotPrint(hGraph: CUgraph, path: *const c_char, flags: u32);
+    cuGraphDestroy(hGraph: CUgraph);
+    cuGraphDestroyNode(hNode: CUgraphNode);
+    cuGraphEventRecordNodeGetEvent(hNode: CUgraphNode, event_out: *mut CUevent);
+    cuGraphEventRecordNodeSetEvent(hNode: CUgraphNode, event: CUevent);
+    cuGraphEventWaitNodeGetEvent(hNode: CUgraphNode, event_out: *mut CUevent);
+    cuGraphEventWaitNodeSetEvent(hNode: CUgraphNode, event: CUevent);
+    cuGraphExecBatchMemOpNodeSetParams(hGraphExec: CUgraphExec, hNode: CUgraphNode, nodeParams: *const CUDA_BATCH_MEM_OP_NODE_PARAMS);
+    cuGraphExecChildGraphNodeSetParams(hGraphExec: CUgraphExec, hNode: CUgraphNode, childGraph: CUgraph);
+    cuGraphExecDestroy(hGraphExec: CUgraphExec);
+    cuGraphExecEventRecordNodeSetEvent(hGraphExec: CUgraphExec, hNode: CUgraphNode, event: CUevent);
+    cuGraphExecEventWaitNodeSetEvent(hGraphExec: CUgraphExec, hNode: CUgraphNode, event: CUevent);
+    cuGraphExecExternalSemaphoresSignalNodeSetParams(hGraphExec: CUgraphExec, hNode: CUgraphNode, nodeParams: *const CUDA_EXT_SEM_SIGNAL_NODE_PARAMS);
+    cuGraphExecExternalSemaphoresWaitNodeSetParams(hGraphExec: CUgraphExec, hNode: CUgraphNode, nodeParams: *const CUDA_EXT_SEM_WAIT_NODE_PARAMS);
+    cuGraphExecGetFlags(hGraphExec: CUgraphExec, flags: *mut cuuint64_t);
+    cuGraphExecGetId(hGraphExec: CUgraphExec, graphId: *mut u32);
+    cuGraphExecHostNodeSetParams(hGraphExec: CUgraphExec, hNode: CUgraphNode, nodeParams: *const CUDA_HOST_NODE_PARAMS);
+    cuGraphExecKernelNodeSetParams(hGraphExec: CUgraphExec, hNode: CUgraphNode, nodeParams: *const CUDA_KERNEL_NODE_PARAMS_v1);
+    cuGraphExecKernelNodeSetParams_v2(hGraphExec: CUgraphExec, hNode: CUgraphNode, nodeParams: *const CUDA_KERNEL_NODE_PARAMS);
+    cuGraphExecMemcpyNodeSetParams(hGraphExec: CUgraphExec, hNode: CUgraphNode, copyParams: *const CUDA_MEMCPY3D, ctx: CUcontext);
+    cuGraphExecMemsetNodeSetParams(hGraphExec: CUgraphExec, hNode: CUgraphNode, memsetParams: *const CUDA_MEMSET_NODE_PARAMS, ctx: CUcontext);
+    cuGraphExecNodeSetParams(hGraphExec: CUgraphExec, hNode: CUgraphNode, nodeParams: *mut c_void);
+    cuGraphExecUpdate(hGraphExec: CUgraphExec, hGraph: CUgraph, hErrorNode_out: *mut CUgraphNode, updateResult_out: *mut CUgraphExecUpdateResult);
+    cuGraphExecUpdate_v2(hGraphExec: CUgraphExec, hGraph: CUgraph, resultInfo: *mut CUgraphExecUpdateResultInfo);
+    cuGraphExternalSemaphoresSignalNodeGetParams(hNode: CUgraphNode, params_out: *mut CUDA_EXT_SEM_SIGNAL_NODE_PARAMS);
+    cuGraphExternalSemaphoresSignalNodeSetParams(hNode: CUgraphNode, nodeParams: *const CUDA_EXT_SEM_SIGNAL_NODE_PARAMS);
+    cuGraphExternalSemaphoresWaitNodeGetParams(hNode: CUgraphNode, params_out: *mut CUDA_EXT_SEM_WAIT_NODE_PARAMS);
+    cuGraphExternalSemaphoresWaitNodeSetParams(hNode: CUgraphNode, nodeParams: *const CUDA_EXT_SEM_WAIT_NODE_PARAMS);
+    cuGraphGetEdges(hGraph: CUgraph, from: *mut CUgraphNode, to: *mut CUgraphNode, numEdges: *mut usize);
+    cuGraphGetEdges_v2(hGraph: CUgraph, from: *mut CUgraphNode, to: *mut CUgraphNode, edgeData: *mut CUgraphEdgeData, numEdges: *mut usize);
+    cuGraphGetId(hGraph: CUgraph, graphId: *mut u32);
+    cuGraphGetNodes(hGraph: CUgraph, nodes: *mut CUgraphNode, numNodes: *mut usize);
+    cuGraphGetRootNodes(hGraph: CUgraph, rootNodes: *mut CUgraphNode, numRootNodes: *mut usize);
+    cuGraphHostNodeGetParams(hNode: CUgraphNode, nodeParams: *mut CUDA_HOST_NODE_PARAMS);
+    cuGraphHostNodeSetParams(hNode: CUgraphNode, nodeParams: *const CUDA_HOST_NODE_PARAMS);
+    cuGraphInstantiate(phGraphExec: *mut CUgraphExec, hGraph: CUgraph, phErrorNode: *mut CUgraphNode, logBuffer: *mut c_char, bufferSize: usize);
+    cuGraphInstantiateWithFlags(phGraphExec: *mut CUgraphExec, hGraph: CUgraph, flags: u64);
+    cuGraphInstantiateWithParams | cuGraphInstantiateWithParams_ptsz(phGraphExec: *mut CUgraphExec, hGraph: CUgraph, instantiateParams: *mut CUDA_GRAPH_INSTANTIATE_PARAMS);
+    cuGraphInstantiate_v2(phGraphExec: *mut CUgraphExec, hGraph: CUgraph, phErrorNode: *mut CUgraphNode, logBuffer: *mut c_char, bufferSize: usize);
+    cuGraphKernelNodeCopyAttributes(dst: CUgraphNode, src: CUgraphNode);
+    cuGraphKernelNodeGetAttribute(hNode: CUgraphNode, attr: CUkernelNodeAttrID, value_out: *mut c_void);
+    cuGraphKernelNodeGetParams(hNode: CUgraphNode, nodeParams: *mut CUDA_KERNEL_NODE_PARAMS_v1);
+    cuGraphKernelNodeGetParams_v2(hNode: CUgraphNode, nodeParams: *mut CUDA_KERNEL_NODE_PARAMS);
+    cuGraphKernelNodeSetAttribute(hNode: CUgraphNode, attr: CUkernelNodeAttrID, value: *const c_void);
+    cuGraphKernelNodeSetParams(hNode: CUgraphNode, nodeParams: *const CUDA_KERNEL_NODE_PARAMS_v1);
+    cuGraphKernelNodeSetParams_v2(hNode: CUgraphNode, nodeParams: *const CUDA_KERNEL_NODE_PARAMS);
+    cuGraphLaunch | cuGraphLaunch_ptsz(hGraph: CUgraphExec, hStream: CUstream);
+    cuGraphMemAllocNodeGetParams(hNode: CUgraphNode, params_out: *mut c_void);
+    cuGraphMemFreeNodeGetParams(hNode: CUgraphNode, dptr_out: *mut CUdeviceptr);
+    cuGraphMemcpyNodeGetParams(hNode: CUgraphNode, nodeParams: *mut CUDA_MEMCPY3D);
+    cuGraphMemcpyNodeSetParams(hNode: CUgraphNode, nodeParams: *const CUDA_MEMCPY3D);
+    cuGraphMemsetNodeGetParams(hNode: CUgraphNode, nodeParams: *mut CUDA_MEMSET_NODE_PARAMS);
+    cuGraphMemsetNodeSetParams(hNode: CUgraphNode, nodeParams: *const CUDA_MEMSET_NODE_PARAMS);
+    cuGraphNodeFindInClone(phNode: *mut CUgraphNode, hOriginalNode: CUgraphNode, hClonedGraph: CUgraph);
+    cuGraphNodeGetContainingGraph(hNode: CUgraphNode, phGraph: *mut CUgraph);
+    cuGraphNodeGetDependencies(hNode: CUgraphNode, dependencies: *mut CUgraphNode, numDependencies: *mut usize);
+    cuGraphNodeGetDependencies_v2(hNode: CUgraphNode, dependencies: *mut CUgraphNode, edgeData: *mut CUgraphEdgeData, numDependencies: *mut usize);
+    cuGraphNodeGetDependentNodes(hNode: CUgraphNode, dependentNodes: *mut CUgraphNode, numDependentNodes: *mut usize);
+    cuGraphNodeGetDependentNodes_v2(hNode: CUgraphNode, dependentNodes: *mut CUgraphNode, edgeData: *mut CUgraphEdgeData, numDependentNodes: *mut usize);
+    cuGraphNodeGetEnabled(hGraphExec: CUgraphExec, hNode: CUgraphNode, isEnabled: *mut u32);
+    cuGraphNodeGetLocalId(hNode: CUgraphNode, nodeId: *mut u32);
+    cuGraphNodeGetParams(hNode: CUgraphNode, nodeParams: *mut c_void);
+    cuGraphNodeGetToolsId(hNode: CUgraphNode, toolsNodeId: *mut u64);
+    cuGraphNodeGetType(hNode: CUgraphNode, type_: *mut CUgraphNodeType);
+    cuGraphNodeSetEnabled(hGraphExec: CUgraphExec, hNode: CUgraphNode, isEnabled: u32);
+    cuGraphNodeSetParams(hNode: CUgraphNode, nodeParams: *mut c_void);
+    cuGraphNodeSetParams_v2(hNode: CUgraphNode, nodeParams: *mut c_void);
+    cuGraphReleaseUserObject(graph: CUgraph, object: CUuserObject, count: u32);
+    cuGraphRemoveDependencies(hGraph: CUgraph, from: *const CUgraphNode, to: *const CUgraphNode, numDependencies: usize);
+    cuGraphRemoveDependencies_v2(hGraph: CUgraph, from: *const CUgraphNode, to: *const CUgraphNode, edgeData: *const CUgraphEdgeData, numDependencies: usize);
+    cuGraphRetainUserObject(graph: CUgraph, object: CUuserObject, count: u32, flags: u32);
+    cuGraphUpload | cuGraphUpload_ptsz(hGraph: CUgraphExec, hStream: CUstream);
+    cuGraphicsMapResources | cuGraphicsMapResources_ptsz(count: u32, resources: *mut CUgraphicsResource, hStream: CUstream);
+    cuGraphicsResourceGetMappedMipmappedArray(pMipmappedArray: *mut CUmipmappedArray, resource: CUgraphicsResource);
+    cuGraphicsResourceGetMappedPointer(pDevPtr: *mut CUdeviceptr_v1, pSize: *mut u32, resource: CUgraphicsResource);
+    cuGraphicsResourceGetMappedPointer_v2(pDevPtr: *mut CUdeviceptr, pSize: *mut usize, resource: CUgraphicsResource);
+    cuGraphicsResourceSetMapFlags(resource: CUgraphicsResource, flags: u32);
+    cuGraphicsResourceSetMapFlags_v2(resource: CUgraphicsResource, flags: u32);
+    cuGraphicsSubResourceGetMappedArray(pArray: *mut CUarray, resource: CUgraphicsResource, arrayIndex: u32, mipLevel: u32);
+    cuGraphicsUnmapResources | cuGraphicsUnmapResources_ptsz(count: u32, resources: *mut CUgraphicsResource, hStream: CUstream);
+    cuGraphicsUnregisterResource(resource: CUgraphicsResource);
+    cuGreenCtxCreate(phCtx: *mut CUgreenCtx, desc: CUdevResourceDesc, dev: CUdevice, flags: u32);
+    cuGreenCtxDestroy(hCtx: CUgreenCtx);
+    cuGreenCtxGetDevResource(hCtx: CUgreenCtx, resource: *mut c_void, type_: CUdevResourceType);
+    cuGreenCtxGetId(greenCtx: CUgreenCtx, greenCtxId: *mut u64);
+    cuGreenCtxRecordEvent(hCtx: CUgreenCtx, hEvent: CUevent);
+    cuGreenCtxStreamCreate(phStream: *mut CUstream, greenCtx: CUgreenCtx, flags: u32, priority: i32);
+    cuGreenCtxWaitEvent(hCtx: CUgreenCtx, hEvent: CUevent);
+    cuImportExternalMemory(extMem_out: *mut CUexternalMemory, memHandleDesc: *const c_void);
+    cuImportExternalSemaphore(extSem_out: *mut CUexternalSemaphore, semHandleDesc: *const c_void);
+    cuInit(Flags: u32);
+    cuIpcCloseMemHandle(dptr: CUdeviceptr);
+    cuIpcGetEventHandle(pHandle: *mut CUipcEventHandle, event: CUevent);
+    cuIpcGetMemHandle(pHandle: *mut CUipcMemHandle, dptr: CUdeviceptr);
+    cuIpcOpenEventHandle(phEvent: *mut CUevent, handle: CUipcEventHandle);
+    cuIpcOpenMemHandle(pdptr: *mut CUdeviceptr, handle: CUipcMemHandle, Flags: u32);
+    cuIpcOpenMemHandle_v2(pdptr: *mut CUdeviceptr, handle: CUipcMemHandle, Flags: u32);
+    cuKernelGetAttribute(pi: *mut i32, attrib: CUfunction_attribute, kernel: CUkernel, dev: CUdevice);
+    cuKernelGetFunction(pFunc: *mut CUfunction, kernel: CUkernel);
+    cuKernelGetLibrary(pLib: *mut CUlibrary, kernel: CUkernel);
+    cuKernelGetName(name: *mut *const c_char, hfunc: CUkernel);
+    cuKernelGetParamCount(kernel: CUkernel, paramCount: *mut usize);
+    cuKernelGetParamInfo(kernel: CUkernel, paramIndex: usize, paramOffset: *mut usize, paramSize: *mut usize);
+    cuKernelSetAttribute(attrib: CUfunction_attribute, val: i32, kernel: CUkernel, dev: CUdevice);
+    cuKernelSetCacheConfig(kernel: CUkernel, config: CUfunc_cache, dev: CUdevice);
+    cuLaunch(f: CUfunction);
+    cuLaunchCooperativeKernel | cuLaunchCooperativeKernel_ptsz(f: CUfunction, gridDimX: u32, gridDimY: u32, gridDimZ: u32, blockDimX: u32, blockDimY: u32, blockDimZ: u32, sharedMemBytes: u32, hStream: CUstream, kernelParams: *mut *mut c_void);
+    cuLaunchCooperativeKernelMultiDevice(launchParamsList: *mut CUDA_LAUNCH_PARAMS, numDevices: u32, flags: u32);
+    cuLaunchGrid(f: CUfunction, grid_width: i32, grid_height: i32);
+    cuLaunchGridAsync(f: CUfunction, grid_width: i32, grid_height: i32, hStream: CUstream);
+    cuLaunchHostFunc | cuLaunchHostFunc_ptsz(hStream: CUstream, fn_: CUhostFn, userData: *mut c_void);
+    cuLaunchHostFunc_v2 | cuLaunchHostFunc_v2_ptsz(hStream: CUstream, fn_: CUhostFn, userData: *mut c_void, syncMode: u32);
+    cuLaunchKernel | cuLaunchKernel_ptsz(f: CUfunction, gridDimX: u32, gridDimY: u32, gridDimZ: u32, blockDimX: u32, blockDimY: u32, blockDimZ: u32, sharedMemBytes: u32, hStream: CUstream, kernelParams: *mut *mut c_void, extra: *mut *mut c_void);
+    cuLaunchKernelEx | cuLaunchKernelEx_ptsz(config: *const CUlaunchConfig, f: CUfunction, kernelParams: *mut *mut c_void, extra: *mut *mut c_void);
+    cuLibraryEnumerateKernels(kernels: *mut CUkernel, numKernels: u32, lib: CUlibrary);
+    cuLibraryGetGlobal(dptr: *mut CUdeviceptr, bytes: *mut usize, library: CUlibrary, name: *const c_char);
+    cuLibraryGetKernel(pKernel: *mut CUkernel, library: CUlibrary, name: *const c_char);
+    cuLibraryGetKernelCount(count: *mut u32, lib: CUlibrary);
+    cuLibraryGetManaged(dptr: *mut CUdeviceptr, bytes: *mut usize, library: CUlibrary, name: *const c_char);
+    cuLibraryGetModule(pMod: *mut CUmodule, library: CUlibrary);
+    cuLibraryGetUnifiedFunction(fptr: *mut *mut c_void, library: CUlibrary, symbol: *const c_char);
+    cuLibraryLoadData(library: *mut CUlibrary, code: *const c_void, jitOptions: *mut CUjit_option, jitOptionsValues: *mut *mut c_void, numJitOptions: u32, libraryOptions: *mut CUlibraryOption, libraryOptionValues: *mut *mut c_void, numLibraryOptions: u32);
+    cuLibraryLoadFromFile(library: *mut CUlibrary, fileName: *const c_char, jitOptions: *mut CUjit_option, jitOptionsValues: *mut *mut c_void, numJitOptions: u32, libraryOptions: *mut CUlibraryOption, libraryOptionValues: *mut *mut c_void, numLibraryOptions: u32);
+    cuLibraryUnload(library: CUlibrary);
+    cuLinkAddData(state: CUlinkState, type_: CUjitInputType, data: *mut c_void, size: usize, name: *const c_char, numOptions: u32, options: *mut CUjit_option, optionValues: *mut *mut c_void);
+    cuLinkAddData_v2(state: CUlinkState, type_: CUjitInputType, data: *mut c_void, size: usize, name: *const c_char, numOptions: u32, options: *mut CUjit_option, optionValues: *mut *mut c_void);
+    cuLinkAddFile(state: CUlinkState, type_: CUjitInputType, path: *const c_char, numOptions: u32, options: *mut CUjit_option, optionValues: *mut *mut c_void);
+    cuLinkAddFile_v2(state: CUlinkState, type_: CUjitInputType, path: *const c_char, numOptions: u32, options: *mut CUjit_option, optionValues: *mut *mut c_void);
+    cuLinkComplete(state: CUlinkState, cubinOut: *mut *mut c_void, sizeOut: *mut usize);
+    cuLinkCreate(numOptions: u32, options: *mut CUjit_option, optionValues: *mut *mut c_void, stateOut: *mut CUlinkState);
+    cuLinkCreate_v2(numOptions: u32, options: *mut CUjit_option, optionValues: *mut *mut c_void, stateOut: *mut CUlinkState);
+    cuLinkDestroy(state: CUlinkState);
+    cuLogicalEndpointAddDevice(leId: CUlogicalEndpointId, dev: CUdevice);
+    cuLogicalEndpointBindAddr(leId: CUlogicalEndpointId, dev: CUdevice, offset: cuuint64_t, ptr: *mut c_void, size: cuuint64_t, flags: u64);
+    cuLogicalEndpointBindMem(leId: CUlogicalEndpointId, dev: CUdevice, offset: cuuint64_t, memHandle: CUmemGenericAllocationHandle, memOffset: cuuint64_t, size: cuuint64_t, flags: u64);
+    cuLogicalEndpointCreate(leId: CUlogicalEndpointId, prop: *const c_void);
+    cuLogicalEndpointDestroy(leId: CUlogicalEndpointId);
+    cuLogicalEndpointExport(handle: *mut c_void, leId: CUlogicalEndpointId, handleType: CUlogicalEndpointIpcHandleType);
+    cuLogicalEndpointGetLimits(bindAlignment: *mut cuuint64_t, maxSize: *mut cuuint64_t, prop: *const c_void);
+    cuLogicalEndpointIdRelease(baseLeId: CUlogicalEndpointId, count: cuuint32_t);
+    cuLogicalEndpointIdReserve(baseLeId: *mut CUlogicalEndpointId, count: cuuint32_t);
+    cuLogicalEndpointImport(leId: CUlogicalEndpointId, handle: *const c_void, handleType: CUlogicalEndpointIpcHandleType);
+    cuLogicalEndpointQuery(leId: CUlogicalEndpointId, count: cuuint32_t, queryStatus: *mut i32);
+    cuLogicalEndpointUnbind(leId: CUlogicalEndpointId, dev: CUdevice, offset: cuuint64_t, size: cuuint64_t);
+    cuLogsCurrent(iterator_out: *mut CUlogIterator, flags: u32);
+    cuLogsDumpToFile(iterator: *mut CUlogIterator, pathToFile: *const c_char, flags: u32);
+    cuLogsDumpToMemory(iterator: *mut CUlogIterator, buffer: *mut c_char, size: *mut usize, flags: u32);
+    cuLogsRegisterCallback(callbackFunc: CUlogsCallback, userData: *mut c_void, callback_out: *mut CUlogsCallbackHandle);
+    cuLogsUnregisterCallback(callback: CUlogsCallbackHandle);
+    cuMemAddressFree(ptr: CUdeviceptr, size: usize);
+    cuMemAddressReserve(ptr: *mut CUdeviceptr, size: usize, alignment: usize, addr: CUdeviceptr, flags: u64);
+    cuMemAdvise(devPtr: CUdeviceptr, count: usize, advice: CUmem_advise, device: CUdevice);
+    cuMemAlloc(dptr: *mut CUdeviceptr_v1, bytesize: u32);
+    cuMemAllocAsync | cuMemAllocAsync_ptsz(dptr: *mut CUdeviceptr, bytesize: usize, hStream: CUstream);
+    cuMemAllocFromPoolAsync | cuMemAllocFromPoolAsync_ptsz(dptr: *mut CUdeviceptr, bytesize: usize, pool: CUmemoryPool, hStream: CUstream);
+    cuMemAllocHost(pp: *mut *mut c_void, bytesize: u32);
+    cuMemAllocHost_v2(pp: *mut *mut c_void, bytesize: usize);
+    cuMemAllocManaged(dptr: *mut CUdeviceptr, bytesize: usize, flags: u32);
+    cuMemAllocPitch(dptr: *mut CUdeviceptr_v1, pPitch: *mut u32, WidthInBytes: u32, Height: u32, ElementSizeBytes: u32);
+    cuMemAllocPitch_v2(dptr: *mut CUdeviceptr, pPitch: *mut usize, WidthInBytes: usize, Height: usize, ElementSizeBytes: u32);
+    cuMemAlloc_v2(dptr: *mut CUdeviceptr, bytesize: usize);
+    cuMemBatchDecompressAsync | cuMemBatchDecompressAsync_ptsz(paramsArray: *mut CUmemDecompressParams, count: usize, flags: u32, errorIndex: *mut usize, stream: CUstream);
+    cuMemCreate(handle: *mut CUmemGenericAllocationHandle, size: usize, prop: *const c_void, flags: u64);
+    cuMemDiscardAndPrefetchBatchAsync | cuMemDiscardAndPrefetchBatchAsync_ptsz(dptrs: *mut CUdeviceptr, sizes: *mut usize, count: usize, prefetchLocs: *mut c_void, prefetchLocIdxs: *mut usize, numPrefetchLocs: usize, flags: u64, hStream: CUstream);
+    cuMemDiscardBatchAsync | cuMemDiscardBatchAsync_ptsz(dptrs: *mut CUdeviceptr, sizes: *mut usize, count: usize, flags: u64, hStream: CUstream);
+    cuMemExportToShareableHandle(shareableHandle: *mut c_void, handle: CUmemGenericAllocationHandle, handleType: CUmemAllocationHandleType, flags: u64);
+    cuMemFree(dptr: CUdeviceptr_v1);
+    cuMemFreeAsync | cuMemFreeAsync_ptsz(dptr: CUdeviceptr, hStream: CUstream);
+    cuMemFreeHost(p: *mut c_void);
+    cuMemFree_v2(dptr: CUdeviceptr);
+    cuMemGetAccess(flags: *mut u64, location: *const c_void, ptr: CUdeviceptr);
+    cuMemGetAddressRange(pbase: *mut CUdeviceptr_v1, psize: *mut u32, dptr: CUdeviceptr_v1);
+    cuMemGetAddressRange_v2(pbase: *mut CUdeviceptr, psize: *mut usize, dptr: CUdeviceptr);
+    cuMemGetAllocationGranularity(granularity: *mut usize, prop: *const c_void, option: CUmemAllocationGranularity_flags);
+    cuMemGetAllocationPropertiesFromHandle(prop: *mut c_void, handle: CUmemGenericAllocationHandle);
+    cuMemGetDefaultMemPool(pool_out: *mut CUmemoryPool, location: *mut c_void, type_: CUmemAllocationType);
+    cuMemGetHandleForAddressRange(handle: *mut c_void, dptr: CUdeviceptr, size: usize, handleType: CUmemRangeHandleType, flags: u64);
+    cuMemGetInfo(free: *mut u32, total: *mut u32);
+    cuMemGetInfo_v2(free: *mut usize, total: *mut usize);
+    cuMemGetLocationInfo(ptr: CUdeviceptr, size: usize, summaryGranularity: usize, samplingGranularity: usize, location_out: *mut c_void);
+    cuMemGetMemPool(pool: *mut CUmemoryPool, location: *mut c_void, type_: CUmemAllocationType);
+    cuMemHostAlloc(pp: *mut *mut c_void, bytesize: usize, Flags: u32);
+    cuMemHostGetDevicePointer(pdptr: *mut CUdeviceptr_v1, p: *mut c_void, Flags: u32);
+    cuMemHostGetDevicePointer_v2(pdptr: *mut CUdeviceptr, p: *mut c_void, Flags: u32);
+    cuMemHostGetFlags(pFlags: *mut u32, p: *mut c_void);
+    cuMemHostRegister(p: *mut c_void, bytesize: usize, Flags: u32);
+    cuMemHostRegister_v2(p: *mut c_void, bytesize: usize, Flags: u32);
+    cuMemHostUnregister(p: *mut c_void);
+    cuMemImportFromShareableHandle(handle: *mut CUmemGenericAllocationHandle, osHandle: *mut c_void, shHandleType: CUmemAllocationHandleType);
+    cuMemMap(ptr: CUdeviceptr, size: usize, offset: usize, handle: CUmemGenericAllocationHandle, flags: u64);
+    cuMemMapArrayAsync | cuMemMapArrayAsync_ptsz(mapInfoList: *mut c_void, count: u32, hStream: CUstream);
+    cuMemPoolCreate(pool: *mut CUmemoryPool, poolProps: *const c_void);
+    cuMemPoolDestroy(pool: CUmemoryPool);
+    cuMemPoolExportPointer(shareData_out: *mut CUmemPoolPtrExportData, ptr: CUdeviceptr);
+    cuMemPoolExportToShareableHandle(handle_out: *mut c_void, pool: CUmemoryPool, handleType: CUmemAllocationHandleType, flags: u64);
+    cuMemPoolGetAccess(flags: *mut CUmemAccess_flags, memPool: CUmemoryPool, location: *mut c_void);
+    cuMemPoolGetAttribute(pool: CUmemoryPool, attr: CUmemPool_attribute, value: *mut c_void);
+    cuMemPoolImportFromShareableHandle(pool_out: *mut CUmemoryPool, handle: *mut c_void, handleType: CUmemAllocationHandleType, flags: u64);
+    cuMemPoolImportPointer(ptr_out: *mut CUdeviceptr, pool: CUmemoryPool, shareData: *mut CUmemPoolPtrExportData);
+    cuMemPoolSetAccess(pool: CUmemoryPool, map: *const c_void, count: usize);
+    cuMemPoolSetAttribute(pool: CUmemoryPool, attr: CUmemPool_attribute, value: *mut c_void);
+    cuMemPoolTrimTo(pool: CUmemoryPool, minBytesToKeep: usize);
+    cuMemPrefetchAsync | cuMemPrefetchAsync_ptsz(devPtr: CUdeviceptr, count: usize, dstDevice: CUdevice, hStream: CUstream);
+    cuMemPrefetchBatchAsync | cuMemPrefetchBatchAsync_ptsz(dptrs: *mut CUdeviceptr, sizes: *mut usize, count: usize, prefetchLocs: *mut c_void, prefetchLocIdxs: *mut usize, numPrefetchLocs: usize, flags: u64, hStream: CUstream);
+    cuMemRangeGetAttribute(data: *mut c_void, dataSize: usize, attribute: CUmem_range_attribute, devPtr: CUdeviceptr, count: usize);
+    cuMemRangeGetAttributes(data: *mut *mut c_void, dataSizes: *mut usize, attributes: *mut CUmem_range_attribute, numAttributes: usize, devPtr: CUdeviceptr, count: usize);
+    cuMemRelease(handle: CUmemGenericAllocationHandle);
+    cuMemRetainAllocationHandle(handle: *mut CUmemGenericAllocationHandle, addr: *mut c_void);
+    cuMemSetAccess(ptr: CUdeviceptr, size: usize, desc: *const c_void, count: usize);
+    cuMemSetMemPool(location: *mut c_void, type_: CUmemAllocationType, pool: CUmemoryPool);
+    cuMemUnmap(ptr: CUdeviceptr, size: usize);
+    cuMemcpy | cuMemcpy_ptds(dst: CUdeviceptr, src: CUdeviceptr, ByteCount: usize);
+    cuMemcpy2D(pCopy: *const CUDA_MEMCPY2D_v1);
+    cuMemcpy2DAsync(pCopy: *const CUDA_MEMCPY2D_v1, hStream: CUstream);
+    cuMemcpy2DAsync_v2 | cuMemcpy2DAsync_v2_ptsz(pCopy: *const CUDA_MEMCPY2D, hStream: CUstream);
+    cuMemcpy2DUnaligned(pCopy: *const CUDA_MEMCPY2D_v1);
+    cuMemcpy2DUnaligned_v2 | cuMemcpy2DUnaligned_v2_ptds(pCopy: *const CUDA_MEMCPY2D);
+    cuMemcpy2D_v2 | cuMemcpy2D_v2_ptds(pCopy: *const CUDA_MEMCPY2D);
+    cuMemcpy3D(pCopy: *const CUDA_MEMCPY3D_v1);
+    cuMemcpy3DAsync(pCopy: *const CUDA_MEMCPY3D_v1, hStream: CUstream);
+    cuMemcpy3DAsync_v2 | cuMemcpy3DAsync_v2_ptsz(pCopy: *const CUDA_MEMCPY3D, hStream: CUstream);
+    cuMemcpy3DBatchAsync | cuMemcpy3DBatchAsync_ptsz(numOps: usize, opList: *mut c_void, failIdx: *mut usize, flags: u64, hStream: CUstream);
+    cuMemcpy3DBatchAsync_v2 | cuMemcpy3DBatchAsync_v2_ptsz(numOps: usize, opList: *mut c_void, flags: u64, hStream: CUstream);
+    cuMemcpy3DPeer | cuMemcpy3DPeer_ptds(pCopy: *const CUDA_MEMCPY3D_PEER);
+    cuMemcpy3DPeerAsync | cuMemcpy3DPeerAsync_ptsz(pCopy: *const CUDA_MEMCPY3D_PEER, hStream: CUstream);
+    cuMemcpy3DWithAttributesAsync | cuMemcpy3DWithAttributesAsync_ptsz(op: *mut c_void, flags: u64, hStream: CUstream);
+    cuMemcpy3D_v2 | cuMemcpy3D_v2_ptds(pCopy: *const CUDA_MEMCPY3D);
+    cuMemcpyAsync | cuMemcpyAsync_ptsz(dst: CUdeviceptr, src: CUdeviceptr, ByteCount: usize, hStream: CUstream);
+    cuMemcpyAtoA(dstArray: CUarray, dstOffset: u32, srcArray: CUarray, srcOffset: u32, ByteCount: u32);
+    cuMemcpyAtoA_v2 | cuMemcpyAtoA_v2_ptds(dstArray: CUarray, dstOffset: usize, srcArray: CUarray, srcOffset: usize, ByteCount: usize);
+    cuMemcpyAtoD(dstDevice: CUdeviceptr_v1, srcArray: CUarray, srcOffset: u32, ByteCount: u32);
+    cuMemcpyAtoD_v2 | cuMemcpyAtoD_v2_ptds(dstDevice: CUdeviceptr, srcArray: CUarray, srcOffset: usize, ByteCount: usize);
+    cuMemcpyAtoH(dstHost: *mut c_void, srcArray: CUarray, srcOffset: u32, ByteCount: u32);
+    cuMemcpyAtoHAsync(dstHost: *mut c_void, srcArray: CUarray, srcOffset: u32, ByteCount: u32, hStream: CUstream);
+    cuMemcpyAtoHAsync_v2 | cuMemcpyAtoHAsync_v2_ptsz(dstHost: *mut c_void, srcArray: CUarray, srcOffset: usize, ByteCount: usize, hStream: CUstream);
+    cuMemcpyAtoH_v2 | cuMemcpyAtoH_v2_ptds(dstHost: *mut c_void, srcArray: CUarray, srcOffset: usize, ByteCount: usize);
+    cuMemcpyBatchAsync | cuMemcpyBatchAsync_ptsz(dsts: *mut CUdeviceptr, srcs: *mut CUdeviceptr, sizes: *mut usize, count: usize, attrs: *mut c_void, attrsIdxs: *mut usize, numAttrs: usize, failIdx: *mut usize, hStream: CUstream);
+    cuMemcpyBatchAsync_v2 | cuMemcpyBatchAsync_v2_ptsz(dsts: *mut CUdeviceptr, srcs: *mut CUdeviceptr, sizes: *mut usize, count: usize, attrs: *mut c_void, attrsIdxs: *mut usize, numAttrs: usize, hStream: CUstream);
+    cuMemcpyDtoA(dstArray: CUarray, dstOffset: u32, srcDevice: CUdeviceptr_v1, ByteCount: u32);
+    cuMemcpyDtoA_v2 | cuMemcpyDtoA_v2_ptds(dstArray: CUarray, dstOffset: usize, srcDevice: CUdeviceptr, ByteCount: usize);
+    cuMemcpyDtoD(dstDevice: CUdeviceptr_v1, srcDevice: CUdeviceptr_v1, ByteCount: u32);
+    cuMemcpyDtoDAsync(dstDevice: CUdeviceptr_v1, srcDevice: CUdeviceptr_v1, ByteCount: u32, hStream: CUstream);
+    cuMemcpyDtoDAsync_v2 | cuMemcpyDtoDAsync_v2_ptsz(dstDevice: CUdeviceptr, srcDevice: CUdeviceptr, ByteCount: usize, hStream: CUstream);
+    cuMemcpyDtoD_v2 | cuMemcpyDtoD_v2_ptds(dstDevice: CUdeviceptr, srcDevice: CUdeviceptr, ByteCount: usize);
+    cuMemcpyDtoH(dstHost: *mut c_void, srcDevice: CUdeviceptr_v1, ByteCount: u32);
+    cuMemcpyDtoHAsync(dstHost: *mut c_void, srcDevice: CUdeviceptr_v1, ByteCount: u32, hStream: CUstream);
+    cuMemcpyDtoHAsync_v2 | cuMemcpyDtoHAsync_v2_ptsz(dstHost: *mut c_void, srcDevice: CUdeviceptr, ByteCount: usize, hStream: CUstream);
+    cuMemcpyDtoH_v2 | cuMemcpyDtoH_v2_ptds(dstHost: *mut c_void, srcDevice: CUdeviceptr, ByteCount: usize);
+    cuMemcpyHtoA(dstArray: CUarray, dstOffset: u32, srcHost: *const c_void, ByteCount: u32);
+    cuMemcpyHtoAAsync(dstArray: CUarray, dstOffset: u32, srcHost: *const c_void, ByteCount: u32, hStream: CUstream);
+    cuMemcpyHtoAAsync_v2 | cuMemcpyHtoAAsync_v2_ptsz(dstArray: CUarray, dstOffset: usize, srcHost: *const c_void, ByteCount: usize, hStream: CUstream);
+    cuMemcpyHtoA_v2 | cuMemcpyHtoA_v2_ptds(dstArray: CUarray, dstOffset: usize, srcHost: *const c_void, ByteCount: usize);
+    cuMemcpyHtoD(dstDevice: CUdeviceptr_v1, srcHost: *const c_void, ByteCount: u32);
+    cuMemcpyHtoDAsync(dstDevice: CUdeviceptr_v1, srcHost: *const c_void, ByteCount: u32, hStream: CUstream);
+    cuMemcpyHtoDAsync_v2 | cuMemcpyHtoDAsync_v2_ptsz(dstDevice: CUdeviceptr, srcHost: *const c_void, ByteCount: usize, hStream: CUstream);
+    cuMemcpyHtoD_v2 | cuMemcpyHtoD_v2_ptds(dstDevice: CUdeviceptr, srcHost: *const c_void, ByteCount: usize);
+    cuMemcpyPeer | cuMemcpyPeer_ptds(dstDevice: CUdeviceptr, dstContext: CUcontext, srcDevice: CUdeviceptr, srcContext: CUcontext, ByteCount: usize);
+    cuMemcpyPeerAsync | cuMemcpyPeerAsync_ptsz(dstDevice: CUdeviceptr, dstContext: CUcontext, srcDevice: CUdeviceptr, srcContext: CUcontext, ByteCount: usize, hStream: CUstream);
+    cuMemcpyWithAttributesAsync | cuMemcpyWithAttributesAsync_ptsz(dst: CUdeviceptr, src: CUdeviceptr, size: usize, attr: *mut c_void, hStream: CUstream);
+    cuMemsetD16(dstDevice: CUdeviceptr_v1, us: u16, N: u32);
+    cuMemsetD16Async | cuMemsetD16Async_ptsz(dstDevice: CUdeviceptr, us: u16, N: usize, hStream: CUstream);
+    cuMemsetD16_v2 | cuMemsetD16_v2_ptds(dstDevice: CUdeviceptr, us: u16, N: usize);
+    cuMemsetD2D16(dstDevice: CUdeviceptr_v1, dstPitch: u32, us: u16, Width: u32, Height: u32);
+    cuMemsetD2D16Async | cuMemsetD2D16Async_ptsz(dstDevice: CUdeviceptr, dstPitch: usize, us: u16, Width: usize, Height: usize, hStream: CUstream);
+    cuMemsetD2D16_v2 | cuMemsetD2D16_v2_ptds(dstDevice: CUdeviceptr, dstPitch: usize, us: u16, Width: usize, Height: usize);
+    cuMemsetD2D32(dstDevice: CUdeviceptr_v1, dstPitch: u32, ui: u32, Width: u32, Height: u32);
+    cuMemsetD2D32Async | cuMemsetD2D32Async_ptsz(dstDevice: CUdeviceptr, dstPitch: usize, ui: u32, Width: usize, Height: usize, hStream: CUstream);
+    cuMemsetD2D32_v2 | cuMemsetD2D32_v2_ptds(dstDevice: CUdeviceptr, dstPitch: usize, ui: u32, Width: usize, Height: usize);
+    cuMemsetD2D8(dstDevice: CUdeviceptr_v1, dstPitch: u32, uc: u8, Width: u32, Height: u32);
+    cuMemsetD2D8Async | cuMemsetD2D8Async_ptsz(dstDevice: CUdeviceptr, dstPitch: usize, uc: u8, Width: usize, Height: usize, hStream: CUstream);
+    cuMemsetD2D8_v2 | cuMemsetD2D8_v2_ptds(dstDevice: CUdeviceptr, dstPitch: usize, uc: u8, Width: usize, Height: usize);
+    cuMemsetD32(dstDevice: CUdeviceptr_v1, ui: u32, N: u32);
+    cuMemsetD32Async | cuMemsetD32Async_ptsz(dstDevice: CUdeviceptr, ui: u32, N: usize, hStream: CUstream);
+    cuMemsetD32_v2 | cuMemsetD32_v2_ptds(dstDevice: CUdeviceptr, ui: u32, N: usize);
+    cuMemsetD8(dstDevice: CUdeviceptr_v1, uc: u8, N: u32);
+    cuMemsetD8Async | cuMemsetD8Async_ptsz(dstDevice: CUdeviceptr, uc: u8, N: usize, hStream: CUstream);
+    cuMemsetD8_v2 | cuMemsetD8_v2_ptds(dstDevice: CUdeviceptr, uc: u8, N: usize);
+    cuMipmappedArrayCreate(pHandle: *mut CUmipmappedArray, pMipmappedArrayDesc: *const CUDA_ARRAY3D_DESCRIPTOR, numMipmapLevels: u32);
+    cuMipmappedArrayDestroy(hMipmappedArray: CUmipmappedArray);
+    cuMipmappedArrayGetLevel(pLevelArray: *mut CUarray, hMipmappedArray: CUmipmappedArray, level: u32);
+    cuMipmappedArrayGetMemoryRequirements(memoryRequirements: *mut CUDA_ARRAY_MEMORY_REQUIREMENTS, mipmap: CUmipmappedArray, device: CUdevice);
+    cuMipmappedArrayGetSparseProperties(sparseProperties: *mut c_void, mipmap: CUmipmappedArray);
+    cuModuleEnumerateFunctions(functions: *mut CUfunction, numFunctions: u32, mod_: CUmodule);
+    cuModuleGetFunction(hfunc: *mut CUfunction, hmod: CUmodule, name: *const c_char);
+    cuModuleGetFunctionCount(count: *mut u32, mod_: CUmodule);
+    cuModuleGetGlobal(dptr: *mut CUdeviceptr_v1, bytes: *mut u32, hmod: CUmodule, name: *const c_char);
+    cuModuleGetGlobal_v2(dptr: *mut CUdeviceptr, bytes: *mut usize, hmod: CUmodule, name: *const c_char);
+    cuModuleGetLoadingMode(mode: *mut CUmoduleLoadingMode);
+    cuModuleGetSurfRef(pSurfRef: *mut CUsurfref, hmod: CUmodule, name: *const c_char);
+    cuModuleGetTexRef(pTexRef: *mut CUtexref, hmod: CUmodule, name: *const c_char);
+    cuModuleLoad(module: *mut CUmodule, fname: *const c_char);
+    cuModuleLoadData(module: *mut CUmodule, image: *const c_void);
+    cuModuleLoadDataEx(module: *mut CUmodule, image: *const c_void, numOptions: u32, options: *mut CUjit_option, optionValues: *mut *mut c_void);
+    cuModuleLoadFatBinary(module: *mut CUmodule, fatCubin: *const c_void);
+    cuModuleUnload(hmod: CUmodule);
+    cuMulticastAddDevice(mcHandle: CUmemGenericAllocationHandle, dev: CUdevice);
+    cuMulticastBindAddr(mcHandle: CUmemGenericAllocationHandle, mcOffset: usize, memptr: CUdeviceptr, size: usize, flags: u64);
+    cuMulticastBindAddr_v2(mcHandle: CUmemGenericAllocationHandle, dev: CUdevice, mcOffset: usize, memptr: CUdeviceptr, size: usize, flags: u64);
+    cuMulticastBindMem(mcHandle: CUmemGenericAllocationHandle, mcOffset: usize, memHandle: CUmemGenericAllocationHandle, memOffset: usize, size: usize, flags: u64);
+    cuMulticastBindMem_v2(mcHandle: CUmemGenericAllocationHandle, dev: CUdevice, mcOffset: usize, memHandle: CUmemGenericAllocationHandle, memOffset: usize, size: usize, flags: u64);
+    cuMulticastCreate(mcHandle: *mut CUmemGenericAllocationHandle, prop: *const CUmulticastObjectProp);
+    cuMulticastGetGranularity(granularity: *mut usize, prop: *const CUmulticastObjectProp, option: CUmulticastGranularity_flags);
+    cuMulticastUnbind(mcHandle: CUmemGenericAllocationHandle, dev: CUdevice, mcOffset: usize, size: usize);
+    cuOccupancyAvailableDynamicSMemPerBlock(dynamicSmemSize: *mut usize, func: CUfunction, numBlocks: i32, blockSize: i32);
+    cuOccupancyMaxActiveBlocksPerMultiprocessor(numBlocks: *mut i32, func: CUfunction, blockSize: i32, dynamicSMemSize: usize);
+    cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(numBlocks: *mut i32, func: CUfunction, blockSize: i32, dynamicSMemSize: usize, flags: u32);
+    cuOccupancyMaxActiveClusters(numClusters: *mut i32, func: CUfunction, config: *const CUlaunchConfig);
+    cuOccupancyMaxPotentialBlockSize(minGridSize: *mut i32, blockSize: *mut i32, func: CUfunction, blockSizeToDynamicSMemSize: CUoccupancyB2DSize, dynamicSMemSize: usize, blockSizeLimit: i32);
+    cuOccupancyMaxPotentialBlockSizeWithFlags(minGridSize: *mut i32, blockSize: *mut i32, func: CUfunction, blockSizeToDynamicSMemSize: CUoccupancyB2DSize, dynamicSMemSize: usize, blockSizeLimit: i32, flags: u32);
+    cuOccupancyMaxPotentialClusterSize(clusterSize: *mut i32, func: CUfunction, config: *const CUlaunchConfig);
+    cuParamSetSize(hfunc: CUfunction, numbytes: u32);
+    cuParamSetTexRef(hfunc: CUfunction, texunit: i32, hTexRef: CUtexref);
+    cuParamSetf(hfunc: CUfunction, offset: i32, value: f32);
+    cuParamSeti(hfunc: CUfunction, offset: i32, value: u32);
+    cuParamSetv(hfunc: CUfunction, offset: i32, ptr: *mut c_void, numbytes: u32);
+    cuPointerGetAttribute(data: *mut c_void, attribute: CUpointer_attribute, ptr: CUdeviceptr);
+    cuPointerGetAttributes(numAttributes: u32, attributes: *mut CUpointer_attribute, data: *mut *mut c_void, ptr: CUdeviceptr);
+    cuPointerSetAttribute(value: *const c_void, attribute: CUpointer_attribute, ptr: CUdeviceptr);
+    cuProfilerStart();
+    cuProfilerStop();
+    cuSignalExternalSemaphoresAsync | cuSignalExternalSemaphoresAsync_ptsz(extSemArray: *const CUexternalSemaphore, paramsArray: *const c_void, numExtSems: u32, stream: CUstream);
+    cuStreamAddCallback | cuStreamAddCallback_ptsz(hStream: CUstream, callback: CUstreamCallback, userData: *mut c_void, flags: u32);
+    cuStreamAttachMemAsync | cuStreamAttachMemAsync_ptsz(hStream: CUstream, dptr: CUdeviceptr, length: usize, flags: u32);
+    cuStreamBatchMemOp | cuStreamBatchMemOp_ptsz(stream: CUstream, count: u32, paramArray: *mut c_void, flags: u32);
+    cuStreamBatchMemOp_v2 | cuStreamBatchMemOp_v2_ptsz(stream: CUstream, count: u32, paramArray: *mut c_void, flags: u32);
+    cuStreamBeginCapture | cuStreamBeginCapture_ptsz(hStream: CUstream);
+    cuStreamBeginCaptureToCig | cuStreamBeginCaptureToCig_ptsz(hStream: CUstream, streamCigCaptureParams: *mut CUstreamCigCaptureParams);
+    cuStreamBeginCaptureToGraph | cuStreamBeginCaptureToGraph_ptsz(hStream: CUstream, hGraph: CUgraph, dependencies: *const CUgraphNode, dependencyData: *const CUgraphEdgeData, numDependencies: usize, mode: CUstreamCaptureMode);
+    cuStreamBeginCapture_v2 | cuStreamBeginCapture_v2_ptsz(hStream: CUstream, mode: CUstreamCaptureMode);
+    cuStreamBeginRecaptureToGraph | cuStreamBeginRecaptureToGraph_ptsz(hStream: CUstream, mode: CUstreamCaptureMode, hGraph: CUgraph, callbackFunc: CUgraphRecaptureCallback, userData: *mut c_void);
+    cuStreamCopyAttributes | cuStreamCopyAttributes_ptsz(dstStream: CUstream, srcStream: CUstream);
+    cuStreamCreate(phStream: *mut CUstream, Flags: u32);
+    cuStreamCreateWithPriority(phStream: *mut CUstream, flags: u32, priority: i32);
+    cuStreamDestroy(hStream: CUstream);
+    cuStreamDestroy_v2(hStream: CUstream);
+    cuStreamEndCapture | cuStreamEndCapture_ptsz(hStream: CUstream, phGraph: *mut CUgraph);
+    cuStreamEndCaptureToCig | cuStreamEndCaptureToCig_ptsz(hStream: CUstream);
+    cuStreamGetAttribute | cuStreamGetAttribute_ptsz(hStream: CUstream, attr: CUstreamAttrID, value: *mut c_void);
+    cuStreamGetCaptureInfo | cuStreamGetCaptureInfo_ptsz(hStream: CUstream, captureStatus_out: *mut CUstreamCaptureStatus, id_out: *mut cuuint64_t);
+    cuStreamGetCaptureInfo_v2 | cuStreamGetCaptureInfo_v2_ptsz(hStream: CUstream, captureStatus_out: *mut CUstreamCaptureStatus, id_out: *mut cuuint64_t, graph_out: *mut CUgraph, dependencies_out: *mut *const CUgraphNode, numDependencies_out: *mut usize);
+    cuStreamGetCaptureInfo_v3 | cuStreamGetCaptureInfo_v3_ptsz(hStream: CUstream, captureStatus_out: *mut CUstreamCaptureStatus, id_out: *mut cuuint64_t, graph_out: *mut CUgraph, dependencies_out: *mut *const CUgraphNode, edgeData_out: *mut *const CUgraphEdgeData, numDependencies_out: *mut usize);
+    cuStreamGetCtx | cuStreamGetCtx_ptsz(hStream: CUstream, pctx: *mut CUcontext);
+    cuStreamGetCtx_v2 | cuStreamGetCtx_v2_ptsz(hStream: CUstream, pCtx: *mut CUcontext, pGreenCtx: *mut CUgreenCtx);
+    cuStreamGetDevResource | cuStreamGetDevResource_ptsz(hStream: CUstream, resource: *mut c_void, type_: CUdevResourceType);
+    cuStreamGetDevice | cuStreamGetDevice_ptsz(hStream: CUstream, device: *mut CUdevice);
+    cuStreamGetFlags | cuStreamGetFlags_ptsz(hStream: CUstream, flags: *mut u32);
+    cuStreamGetGreenCtx(hStream: CUstream, phCtx: *mut CUgreenCtx);
+    cuStreamGetId | cuStreamGetId_ptsz(hStream: CUstream, streamId: *mut u64);
+    cuStreamGetPriority | cuStreamGetPriority_ptsz(hStream: CUstream, priority: *mut i32);
+    cuStreamIsCapturing | cuStreamIsCapturing_ptsz(hStream: CUstream, captureStatus: *mut CUstreamCaptureStatus);
+    cuStreamQuery | cuStreamQuery_ptsz(hStream: CUstream);
+    cuStreamSetAttribute | cuStreamSetAttribute_ptsz(hStream: CUstream, attr: CUstreamAttrID, param: *const c_void);
+    cuStreamSynchronize | cuStreamSynchronize_ptsz(hStream: CUstream);
+    cuStreamUpdateCaptureDependencies | cuStreamUpdateCaptureDependencies_ptsz(hStream: CUstream, dependencies: *mut CUgraphNode, numDependencies: usize, flags: u32);
+    cuStreamUpdateCaptureDependencies_v2 | cuStreamUpdateCaptureDependencies_v2_ptsz(hStream: CUstream, dependencies: *mut CUgraphNode, dependencyData: *const CUgraphEdgeData, numDependencies: usize, flags: u32);
+    cuStreamWaitEvent | cuStreamWaitEvent_ptsz(hStream: CUstream, hEvent: CUevent, Flags: u32);
+    cuStreamWaitValue32 | cuStreamWaitValue32_ptsz(stream: CUstream, addr: CUdeviceptr, value: cuuint32_t, flags: u32);
+    cuStreamWaitValue32_v2 | cuStreamWaitValue32_v2_ptsz(stream: CUstream, addr: CUdeviceptr, value: cuuint32_t, flags: u32);
+    cuStreamWaitValue64 | cuStreamWaitValue64_ptsz(stream: CUstream, addr: CUdeviceptr, value: cuuint64_t, flags: u32);
+    cuStreamWaitValue64_v2 | cuStreamWaitValue64_v2_ptsz(stream: CUstream, addr: CUdeviceptr, value: cuuint64_t, flags: u32);
+    cuStreamWriteValue32 | cuStreamWriteValue32_ptsz(stream: CUstream, addr: CUdeviceptr, value: cuuint32_t, flags: u32);
+    cuStreamWriteValue32_v2 | cuStreamWriteValue32_v2_ptsz(stream: CUstream, addr: CUdeviceptr, value: cuuint32_t, flags: u32);
+    cuStreamWriteValue64 | cuStreamWriteValue64_ptsz(stream: CUstream, addr: CUdeviceptr, value: cuuint64_t, flags: u32);
+    cuStreamWriteValue64_v2 | cuStreamWriteValue64_v2_ptsz(stream: CUstream, addr: CUdeviceptr, value: cuuint64_t, flags: u32);
+    cuSurfObjectCreate(pSurfObject: *mut CUsurfObject, pResDesc: *const c_void);
+    cuSurfObjectDestroy(surfObject: CUsurfObject);
+    cuSurfObjectGetResourceDesc(pResDesc: *mut c_void, surfObject: CUsurfObject);
+    cuSurfRefGetArray(phArray: *mut CUarray, hSurfRef: CUsurfref);
+    cuSurfRefSetArray(hSurfRef: CUsurfref, hArray: CUarray, Flags: u32);
+    cuTensorMapEncodeIm2col(tensorMap: *mut c_void, tensorDataType: CUtensorMapDataType, tensorRank: cuuint32_t, globalAddress: *mut c_void, globalDim: *const cuuint64_t, globalStrides: *const cuuint64_t, pixelBoxLowerCorner: *const i32, pixelBoxUpperCorner: *const i32, channelsPerPixel: cuuint32_t, pixelsPerColumn: cuuint32_t, elementStrides: *const cuuint32_t, interleave: CUtensorMapInterleave, swizzle: CUtensorMapSwizzle, l2Promotion: CUtensorMapL2promotion, oobFill: CUtensorMapFloatOOBfill);
+    cuTensorMapEncodeIm2colWide(tensorMap: *mut c_void, tensorDataType: CUtensorMapDataType, tensorRank: cuuint32_t, globalAddress: *mut c_void, globalDim: *const cuuint64_t, globalStrides: *const cuuint64_t, pixelBoxLowerCornerWidth: i32, pixelBoxUpperCornerWidth: i32, channelsPerPixel: cuuint32_t, pixelsPerColumn: cuuint32_t, elementStrides: *const cuuint32_t, interleave: CUtensorMapInterleave, mode: CUtensorMapIm2ColWideMode, swizzle: CUtensorMapSwizzle, l2Promotion: CUtensorMapL2promotion, oobFill: CUtensorMapFloatOOBfill);
+    cuTensorMapEncodeTiled(tensorMap: *mut c_void, tensorDataType: CUtensorMapDataType, tensorRank: cuuint32_t, globalAddress: *mut c_void, globalDim: *const cuuint64_t, globalStrides: *const cuuint64_t, boxDim: *const cuuint32_t, elementStrides: *const cuuint32_t, interleave: CUtensorMapInterleave, swizzle: CUtensorMapSwizzle, l2Promotion: CUtensorMapL2promotion, oobFill: CUtensorMapFloatOOBfill);
+    cuTensorMapReplaceAddress(tensorMap: *mut c_void, globalAddress: *mut c_void);
+    cuTensorMapSetAllocationClass(tensorMap: *mut c_void, allocClass: CUtensorMapAllocClass, outAllocClass: *mut CUtensorMapAllocClass);
+    cuTexObjectCreate(pTexObject: *mut CUtexObject, pResDesc: *const c_void, pTexDesc: *const CUDA_TEXTURE_DESC, pResViewDesc: *const CUDA_RESOURCE_VIEW_DESC);
+    cuTexObjectDestroy(texObject: CUtexObject);
+    cuTexObjectGetResourceDesc(pResDesc: *mut c_void, texObject: CUtexObject);
+    cuTexObjectGetResourceViewDesc(pResViewDesc: *mut CUDA_RESOURCE_VIEW_DESC, texObject: CUtexObject);
+    cuTexObjectGetTextureDesc(pTexDesc: *mut CUDA_TEXTURE_DESC, texObject: CUtexObject);
+    cuTexRefCreate(pTexRef: *mut CUtexref);
+    cuTexRefDestroy(hTexRef: CUtexref);
+    cuTexRefGetAddress(pdptr: *mut CUdeviceptr_v1, hTexRef: CUtexref);
+    cuTexRefGetAddressMode(pam: *mut CUaddress_mode, hTexRef: CUtexref, dim: i32);
+    cuTexRefGetAddress_v2(pdptr: *mut CUdeviceptr, hTexRef: CUtexref);
+    cuTexRefGetArray(phArray: *mut CUarray, hTexRef: CUtexref);
+    cuTexRefGetBorderColor(pBorderColor: *mut f32, hTexRef: CUtexref);
+    cuTexRefGetFilterMode(pfm: *mut CUfilter_mode, hTexRef: CUtexref);
+    cuTexRefGetFlags(pFlags: *mut u32, hTexRef: CUtexref);
+    cuTexRefGetFormat(pFormat: *mut CUarray_format, pNumChannels: *mut i32, hTexRef: CUtexref);
+    cuTexRefGetMaxAnisotropy(pmaxAniso: *mut i32, hTexRef: CUtexref);
+    cuTexRefGetMipmapFilterMode(pfm: *mut CUfilter_mode, hTexRef: CUtexref);
+    cuTexRefGetMipmapLevelBias(pbias: *mut f32, hTexRef: CUtexref);
+    cuTexRefGetMipmapLevelClamp(pminMipmapLevelClamp: *mut f32, pmaxMipmapLevelClamp: *mut f32, hTexRef: CUtexref);
+    cuTexRefGetMipmappedArray(phMipmappedArray: *mut CUmipmappedArray, hTexRef: CUtexref);
+    cuTexRefSetAddress(ByteOffset: *mut u32, hTexRef: CUtexref, dptr: CUdeviceptr_v1, bytes: u32);
+    cuTexRefSetAddress2D(hTexRef: CUtexref, desc: *const CUDA_ARRAY_DESCRIPTOR_v1, dptr: CUdeviceptr_v1, Pitch: u32);
+    cuTexRefSetAddress2D_v2(hTexRef: CUtexref, desc: *const CUDA_ARRAY_DESCRIPTOR, dptr: CUdeviceptr, Pitch: usize);
+    cuTexRefSetAddress2D_v3(hTexRef: CUtexref, desc: *const CUDA_ARRAY_DESCRIPTOR, dptr: CUdeviceptr, Pitch: usize);
+    cuTexRefSetAddressMode(hTexRef: CUtexref, dim: i32, am: CUaddress_mode);
+    cuTexRefSetAddress_v2(ByteOffset: *mut usize, hTexRef: CUtexref, dptr: CUdeviceptr, bytes: usize);
+    cuTexRefSetArray(hTexRef: CUtexref, hArray: CUarray, Flags: u32);
+    cuTexRefSetBorderColor(hTexRef: CUtexref, pBorderColor: *mut f32);
+    cuTexRefSetFilterMode(hTexRef: CUtexref, fm: CUfilter_mode);
+    cuTexRefSetFlags(hTexRef: CUtexref, Flags: u32);
+    cuTexRefSetFormat(hTexRef: CUtexref, fmt: CUarray_format, NumPackedComponents: i32);
+    cuTexRefSetMaxAnisotropy(hTexRef: CUtexref, maxAniso: u32);
+    cuTexRefSetMipmapFilterMode(hTexRef: CUtexref, fm: CUfilter_mode);
+    cuTexRefSetMipmapLevelBias(hTexRef: CUtexref, bias: f32);
+    cuTexRefSetMipmapLevelClamp(hTexRef: CUtexref, minMipmapLevelClamp: f32, maxMipmapLevelClamp: f32);
+    cuTexRefSetMipmappedArray(hTexRef: CUtexref, hMipmappedArray: CUmipmappedArray, Flags: u32);
+    cuThreadExchangeStreamCaptureMode(mode: *mut CUstreamCaptureMode);
+    cuUserObjectCreate(object_out: *mut CUuserObject, ptr: *mut c_void, destroy: CUhostFn, initialRefcount: u32, flags: u32);
+    cuUserObjectRelease(object: CUuserObject, count: u32);
+    cuUserObjectRetain(object: CUuserObject, count: u32);
+    cuWaitExternalSemaphoresAsync | cuWaitExternalSemaphoresAsync_ptsz(extSemArray: *const CUexternalSemaphore, paramsArray: *const c_void, numExtSems: u32, stream: CUstream);
+}

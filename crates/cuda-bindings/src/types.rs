@@ -10,109 +10,39 @@
 
 use std::ffi::{c_char, c_void};
 
+// Enums, as their integer type.
 pub type CUCoredumpGenerationFlags = u32;
-pub type CUDA_ARRAY3D_DESCRIPTOR = CUDA_ARRAY3D_DESCRIPTOR_v2;
-pub type CUDA_ARRAY3D_DESCRIPTOR_v1 = CUDA_ARRAY3D_DESCRIPTOR_v1_st;
-pub type CUDA_ARRAY3D_DESCRIPTOR_v2 = CUDA_ARRAY3D_DESCRIPTOR_st;
-pub type CUDA_ARRAY_DESCRIPTOR = CUDA_ARRAY_DESCRIPTOR_v2;
-pub type CUDA_ARRAY_DESCRIPTOR_v1 = CUDA_ARRAY_DESCRIPTOR_v1_st;
-pub type CUDA_ARRAY_DESCRIPTOR_v2 = CUDA_ARRAY_DESCRIPTOR_st;
-pub type CUDA_ARRAY_MEMORY_REQUIREMENTS = CUDA_ARRAY_MEMORY_REQUIREMENTS_v1;
-pub type CUDA_ARRAY_MEMORY_REQUIREMENTS_v1 = CUDA_ARRAY_MEMORY_REQUIREMENTS_st;
-pub type CUDA_BATCH_MEM_OP_NODE_PARAMS = CUDA_BATCH_MEM_OP_NODE_PARAMS_v1;
-pub type CUDA_BATCH_MEM_OP_NODE_PARAMS_v1 = CUDA_BATCH_MEM_OP_NODE_PARAMS_v1_st;
-pub type CUDA_EXTERNAL_MEMORY_BUFFER_DESC = CUDA_EXTERNAL_MEMORY_BUFFER_DESC_v1;
-pub type CUDA_EXTERNAL_MEMORY_BUFFER_DESC_v1 = CUDA_EXTERNAL_MEMORY_BUFFER_DESC_st;
-pub type CUDA_EXTERNAL_MEMORY_MIPMAPPED_ARRAY_DESC = CUDA_EXTERNAL_MEMORY_MIPMAPPED_ARRAY_DESC_v1;
-pub type CUDA_EXTERNAL_MEMORY_MIPMAPPED_ARRAY_DESC_v1 =
-    CUDA_EXTERNAL_MEMORY_MIPMAPPED_ARRAY_DESC_st;
-pub type CUDA_EXT_SEM_SIGNAL_NODE_PARAMS = CUDA_EXT_SEM_SIGNAL_NODE_PARAMS_v1;
-pub type CUDA_EXT_SEM_SIGNAL_NODE_PARAMS_v1 = CUDA_EXT_SEM_SIGNAL_NODE_PARAMS_st;
-pub type CUDA_EXT_SEM_WAIT_NODE_PARAMS = CUDA_EXT_SEM_WAIT_NODE_PARAMS_v1;
-pub type CUDA_EXT_SEM_WAIT_NODE_PARAMS_v1 = CUDA_EXT_SEM_WAIT_NODE_PARAMS_st;
-pub type CUDA_GRAPH_INSTANTIATE_PARAMS = CUDA_GRAPH_INSTANTIATE_PARAMS_st;
-pub type CUDA_HOST_NODE_PARAMS = CUDA_HOST_NODE_PARAMS_v1;
-pub type CUDA_HOST_NODE_PARAMS_v1 = CUDA_HOST_NODE_PARAMS_st;
-pub type CUDA_KERNEL_NODE_PARAMS = CUDA_KERNEL_NODE_PARAMS_v2;
-pub type CUDA_KERNEL_NODE_PARAMS_v1 = CUDA_KERNEL_NODE_PARAMS_st;
-pub type CUDA_KERNEL_NODE_PARAMS_v2 = CUDA_KERNEL_NODE_PARAMS_v2_st;
-pub type CUDA_LAUNCH_PARAMS = CUDA_LAUNCH_PARAMS_v1;
-pub type CUDA_LAUNCH_PARAMS_v1 = CUDA_LAUNCH_PARAMS_st;
-pub type CUDA_MEMCPY2D = CUDA_MEMCPY2D_v2;
-pub type CUDA_MEMCPY2D_v1 = CUDA_MEMCPY2D_v1_st;
-pub type CUDA_MEMCPY2D_v2 = CUDA_MEMCPY2D_st;
-pub type CUDA_MEMCPY3D = CUDA_MEMCPY3D_v2;
-pub type CUDA_MEMCPY3D_PEER = CUDA_MEMCPY3D_PEER_v1;
-pub type CUDA_MEMCPY3D_PEER_v1 = CUDA_MEMCPY3D_PEER_st;
-pub type CUDA_MEMCPY3D_v1 = CUDA_MEMCPY3D_v1_st;
-pub type CUDA_MEMCPY3D_v2 = CUDA_MEMCPY3D_st;
-pub type CUDA_MEMSET_NODE_PARAMS = CUDA_MEMSET_NODE_PARAMS_v1;
-pub type CUDA_MEMSET_NODE_PARAMS_v1 = CUDA_MEMSET_NODE_PARAMS_st;
 pub type CUDA_POINTER_ATTRIBUTE_ACCESS_FLAGS = u32;
-pub type CUDA_RESOURCE_VIEW_DESC = CUDA_RESOURCE_VIEW_DESC_v1;
-pub type CUDA_RESOURCE_VIEW_DESC_v1 = CUDA_RESOURCE_VIEW_DESC_st;
-pub type CUDA_TEXTURE_DESC = CUDA_TEXTURE_DESC_v1;
-pub type CUDA_TEXTURE_DESC_v1 = CUDA_TEXTURE_DESC_st;
 pub type CUGPUDirectRDMAWritesOrdering = u32;
-pub type CU_DEV_SM_RESOURCE_GROUP_PARAMS = CU_DEV_SM_RESOURCE_GROUP_PARAMS_st;
 pub type CUaccessProperty = u32;
 pub type CUaddress_mode = u32;
-pub type CUarray = *mut c_void;
 pub type CUarraySparseSubresourceType = u32;
 pub type CUarray_cubemap_face = u32;
 pub type CUarray_format = u32;
-pub type CUasyncCallback = Option<
-    unsafe extern "C" fn(info: *mut c_void, userData: *mut c_void, callback: CUasyncCallbackHandle),
->;
-pub type CUasyncCallbackHandle = *mut c_void;
 pub type CUasyncNotificationType = u32;
 pub type CUatomicOperation = u32;
 pub type CUatomicOperationCapability = u32;
-pub type CUcheckpointCustomStorageInfo = CUcheckpointCustomStorageInfo_st;
-pub type CUcheckpointCustomStoragePerDeviceData = CUcheckpointCustomStoragePerDeviceData_st;
-pub type CUcheckpointGpuPair = CUcheckpointGpuPair_st;
-pub type CUcheckpointLockArgs = CUcheckpointLockArgs_st;
-pub type CUcheckpointOperationHandle = *mut c_void;
-pub type CUcheckpointUnlockArgs = CUcheckpointUnlockArgs_st;
 pub type CUcigDataType = u32;
-pub type CUcliqueInfo = CUcliqueInfo_st;
 pub type CUcliqueType = u32;
 pub type CUclusterSchedulingPolicy = u32;
 pub type CUcomputemode = u32;
-pub type CUcontext = *mut c_void;
-pub type CUcoredumpCallbackHandle = *mut c_void;
 pub type CUcoredumpSettings = u32;
-pub type CUcoredumpStatusCallback =
-    Option<unsafe extern "C" fn(userData: *mut c_void, pid: i32, dev: CUdevice)>;
-pub type CUctxCigParam = CUctxCigParam_st;
-pub type CUctxCreateParams = CUctxCreateParams_st;
 pub type CUctx_flags = u32;
-pub type CUdevResourceDesc = *mut c_void;
 pub type CUdevResourceType = u32;
 pub type CUdevSmResourceGroup_flags = u32;
 pub type CUdevSmResourceSplitByCount_flags = u32;
 pub type CUdevWorkqueueConfigScope = u32;
-pub type CUdevice = CUdevice_v1;
 pub type CUdeviceNumaConfig = u32;
 pub type CUdevice_P2PAttribute = u32;
 pub type CUdevice_attribute = u32;
-pub type CUdevice_v1 = i32;
-pub type CUdeviceptr = CUdeviceptr_v2;
-pub type CUdeviceptr_v1 = u32;
-pub type CUdeviceptr_v2 = u64;
-pub type CUdevprop = CUdevprop_v1;
-pub type CUdevprop_v1 = CUdevprop_st;
 pub type CUdriverProcAddressQueryResult = u32;
 pub type CUdriverProcAddress_flags = u32;
-pub type CUevent = *mut c_void;
 pub type CUevent_flags = u32;
 pub type CUevent_record_flags = u32;
 pub type CUevent_sched_flags = u32;
 pub type CUevent_wait_flags = u32;
 pub type CUexecAffinityType = u32;
-pub type CUexternalMemory = *mut c_void;
 pub type CUexternalMemoryHandleType = u32;
-pub type CUexternalSemaphore = *mut c_void;
 pub type CUexternalSemaphoreHandleType = u32;
 pub type CUfabricCpyOperandType = u32;
 pub type CUfilter_mode = u32;
@@ -120,77 +50,37 @@ pub type CUflushGPUDirectRDMAWritesOptions = u32;
 pub type CUflushGPUDirectRDMAWritesScope = u32;
 pub type CUflushGPUDirectRDMAWritesTarget = u32;
 pub type CUfunc_cache = u32;
-pub type CUfunction = *mut c_void;
 pub type CUfunctionLoadingState = u32;
 pub type CUfunction_attribute = u32;
-pub type CUgraph = *mut c_void;
 pub type CUgraphChildGraphNodeOwnership = i32;
-pub type CUgraphConditionalHandle = cuuint64_t;
 pub type CUgraphConditionalNodeType = u32;
 pub type CUgraphDebugDot_flags = u32;
 pub type CUgraphDependencyType = u32;
-pub type CUgraphEdgeData = CUgraphEdgeData_st;
-pub type CUgraphExec = *mut c_void;
 pub type CUgraphExecUpdateResult = u32;
-pub type CUgraphExecUpdateResultInfo = CUgraphExecUpdateResultInfo_v1;
-pub type CUgraphExecUpdateResultInfo_v1 = CUgraphExecUpdateResultInfo_st;
 pub type CUgraphInstantiateResult = u32;
 pub type CUgraphInstantiate_flags = u32;
 pub type CUgraphMem_attribute = u32;
-pub type CUgraphNode = *mut c_void;
 pub type CUgraphNodeType = u32;
-pub type CUgraphRecaptureCallback = Option<
-    unsafe extern "C" fn(
-        data: *mut c_void,
-        node: CUgraphNode,
-        originalParams: *const c_void,
-        recaptureParams: *const c_void,
-        status: CUgraphRecaptureStatus,
-    ) -> CUresult,
->;
 pub type CUgraphRecaptureStatus = u32;
 pub type CUgraphicsMapResourceFlags = u32;
 pub type CUgraphicsRegisterFlags = u32;
-pub type CUgraphicsResource = *mut c_void;
-pub type CUgreenCtx = *mut c_void;
 pub type CUgreenCtxCreate_flags = u32;
-pub type CUhostFn = Option<unsafe extern "C" fn(userData: *mut c_void)>;
 pub type CUhostTaskSyncMode = u32;
-pub type CUipcEventHandle = CUipcEventHandle_v1;
-pub type CUipcEventHandle_v1 = CUipcEventHandle_st;
-pub type CUipcMemHandle = CUipcMemHandle_v1;
-pub type CUipcMemHandle_v1 = CUipcMemHandle_st;
 pub type CUipcMem_flags = u32;
 pub type CUjitInputType = u32;
 pub type CUjit_cacheMode = u32;
 pub type CUjit_fallback = u32;
 pub type CUjit_option = u32;
 pub type CUjit_target = u32;
-pub type CUkernel = *mut c_void;
-pub type CUkernelNodeAttrID = CUlaunchAttributeID;
 pub type CUlaunchAttributeID = u32;
 pub type CUlaunchAttributePortableClusterMode = u32;
-pub type CUlaunchConfig = CUlaunchConfig_st;
 pub type CUlaunchMemSyncDomain = u32;
-pub type CUlibrary = *mut c_void;
 pub type CUlibraryOption = u32;
 pub type CUlimit = u32;
-pub type CUlinkState = *mut c_void;
-pub type CUlogIterator = u32;
 pub type CUlogLevel = u32;
 pub type CUlogicalEndpointFlag = u32;
-pub type CUlogicalEndpointId = cuuint32_t;
 pub type CUlogicalEndpointIpcHandleType = u32;
 pub type CUlogicalEndpointType = u32;
-pub type CUlogsCallback = Option<
-    unsafe extern "C" fn(
-        data: *mut c_void,
-        logLevel: CUlogLevel,
-        message: *mut c_char,
-        length: usize,
-    ),
->;
-pub type CUlogsCallbackHandle = *mut c_void;
 pub type CUmemAccess_flags = u32;
 pub type CUmemAllocationCompType = u32;
 pub type CUmemAllocationGranularity_flags = u32;
@@ -198,14 +88,9 @@ pub type CUmemAllocationHandleType = u32;
 pub type CUmemAllocationType = u32;
 pub type CUmemAttach_flags = u32;
 pub type CUmemDecompressAlgorithm = u32;
-pub type CUmemDecompressParams = CUmemDecompressParams_st;
-pub type CUmemGenericAllocationHandle = CUmemGenericAllocationHandle_v1;
-pub type CUmemGenericAllocationHandle_v1 = u64;
 pub type CUmemHandleType = u32;
 pub type CUmemLocationType = u32;
 pub type CUmemOperationType = u32;
-pub type CUmemPoolPtrExportData = CUmemPoolPtrExportData_v1;
-pub type CUmemPoolPtrExportData_v1 = CUmemPoolPtrExportData_st;
 pub type CUmemPool_attribute = u32;
 pub type CUmemRangeFlags = u32;
 pub type CUmemRangeHandleType = u32;
@@ -214,15 +99,9 @@ pub type CUmem_range_attribute = u32;
 pub type CUmemcpy3DOperandType = u32;
 pub type CUmemcpyFlags = u32;
 pub type CUmemcpySrcAccessOrder = u32;
-pub type CUmemoryPool = *mut c_void;
 pub type CUmemorytype = u32;
-pub type CUmipmappedArray = *mut c_void;
-pub type CUmodule = *mut c_void;
 pub type CUmoduleLoadingMode = u32;
 pub type CUmulticastGranularity_flags = u32;
-pub type CUmulticastObjectProp = CUmulticastObjectProp_v1;
-pub type CUmulticastObjectProp_v1 = CUmulticastObjectProp_st;
-pub type CUoccupancyB2DSize = Option<unsafe extern "C" fn(blockSize: i32) -> usize>;
 pub type CUoccupancy_flags = u32;
 pub type CUpointer_attribute = u32;
 pub type CUprocessState = u32;
@@ -232,26 +111,17 @@ pub type CUresult = u32;
 pub type CUsharedMemoryMode = u32;
 pub type CUshared_carveout = i32;
 pub type CUsharedconfig = u32;
-pub type CUstream = *mut c_void;
 pub type CUstreamAtomicReductionDataType = u32;
 pub type CUstreamAtomicReductionOpType = u32;
-pub type CUstreamAttrID = CUlaunchAttributeID;
 pub type CUstreamBatchMemOpType = u32;
-pub type CUstreamCallback =
-    Option<unsafe extern "C" fn(hStream: CUstream, status: CUresult, userData: *mut c_void)>;
 pub type CUstreamCaptureMode = u32;
 pub type CUstreamCaptureStatus = u32;
-pub type CUstreamCigCaptureParams = CUstreamCigCaptureParams_st;
 pub type CUstreamCigDataType = u32;
-pub type CUstreamCigParam = CUstreamCigParam_st;
 pub type CUstreamMemoryBarrier_flags = u32;
 pub type CUstreamUpdateCaptureDependencies_flags = u32;
 pub type CUstreamWaitValue_flags = u32;
 pub type CUstreamWriteValue_flags = u32;
 pub type CUstream_flags = u32;
-pub type CUsurfObject = CUsurfObject_v1;
-pub type CUsurfObject_v1 = u64;
-pub type CUsurfref = *mut c_void;
 pub type CUsynchronizationPolicy = u32;
 pub type CUtensorMapAllocClass = u32;
 pub type CUtensorMapDataType = u32;
@@ -260,601 +130,215 @@ pub type CUtensorMapIm2ColWideMode = u32;
 pub type CUtensorMapInterleave = u32;
 pub type CUtensorMapL2promotion = u32;
 pub type CUtensorMapSwizzle = u32;
-pub type CUtexObject = CUtexObject_v1;
-pub type CUtexObject_v1 = u64;
-pub type CUtexref = *mut c_void;
-pub type CUuserObject = *mut c_void;
 pub type CUuserObjectRetain_flags = u32;
 pub type CUuserObject_flags = u32;
+
+// Opaque handles.
+pub type CUarray = *mut c_void;
+pub type CUasyncCallbackHandle = *mut c_void;
+pub type CUcheckpointOperationHandle = *mut c_void;
+pub type CUcontext = *mut c_void;
+pub type CUcoredumpCallbackHandle = *mut c_void;
+pub type CUdevResourceDesc = *mut c_void;
+pub type CUevent = *mut c_void;
+pub type CUexternalMemory = *mut c_void;
+pub type CUexternalSemaphore = *mut c_void;
+pub type CUfunction = *mut c_void;
+pub type CUgraph = *mut c_void;
+pub type CUgraphExec = *mut c_void;
+pub type CUgraphNode = *mut c_void;
+pub type CUgraphicsResource = *mut c_void;
+pub type CUgreenCtx = *mut c_void;
+pub type CUkernel = *mut c_void;
+pub type CUlibrary = *mut c_void;
+pub type CUlinkState = *mut c_void;
+pub type CUlogsCallbackHandle = *mut c_void;
+pub type CUmemoryPool = *mut c_void;
+pub type CUmipmappedArray = *mut c_void;
+pub type CUmodule = *mut c_void;
+pub type CUstream = *mut c_void;
+pub type CUsurfref = *mut c_void;
+pub type CUtexref = *mut c_void;
+pub type CUuserObject = *mut c_void;
+
+// Structs, by their typedef names.
+pub type CUDA_ARRAY3D_DESCRIPTOR_v1 = CUDA_ARRAY3D_DESCRIPTOR_v1_st;
+pub type CUDA_ARRAY3D_DESCRIPTOR_v2 = CUDA_ARRAY3D_DESCRIPTOR_st;
+pub type CUDA_ARRAY_DESCRIPTOR_v1 = CUDA_ARRAY_DESCRIPTOR_v1_st;
+pub type CUDA_ARRAY_DESCRIPTOR_v2 = CUDA_ARRAY_DESCRIPTOR_st;
+pub type CUDA_ARRAY_MEMORY_REQUIREMENTS_v1 = CUDA_ARRAY_MEMORY_REQUIREMENTS_st;
+pub type CUDA_BATCH_MEM_OP_NODE_PARAMS_v1 = CUDA_BATCH_MEM_OP_NODE_PARAMS_v1_st;
+pub type CUDA_EXTERNAL_MEMORY_BUFFER_DESC_v1 = CUDA_EXTERNAL_MEMORY_BUFFER_DESC_st;
+pub type CUDA_EXTERNAL_MEMORY_MIPMAPPED_ARRAY_DESC_v1 =
+    CUDA_EXTERNAL_MEMORY_MIPMAPPED_ARRAY_DESC_st;
+pub type CUDA_EXT_SEM_SIGNAL_NODE_PARAMS_v1 = CUDA_EXT_SEM_SIGNAL_NODE_PARAMS_st;
+pub type CUDA_EXT_SEM_WAIT_NODE_PARAMS_v1 = CUDA_EXT_SEM_WAIT_NODE_PARAMS_st;
+pub type CUDA_GRAPH_INSTANTIATE_PARAMS = CUDA_GRAPH_INSTANTIATE_PARAMS_st;
+pub type CUDA_HOST_NODE_PARAMS_v1 = CUDA_HOST_NODE_PARAMS_st;
+pub type CUDA_KERNEL_NODE_PARAMS_v1 = CUDA_KERNEL_NODE_PARAMS_st;
+pub type CUDA_KERNEL_NODE_PARAMS_v2 = CUDA_KERNEL_NODE_PARAMS_v2_st;
+pub type CUDA_LAUNCH_PARAMS_v1 = CUDA_LAUNCH_PARAMS_st;
+pub type CUDA_MEMCPY2D_v1 = CUDA_MEMCPY2D_v1_st;
+pub type CUDA_MEMCPY2D_v2 = CUDA_MEMCPY2D_st;
+pub type CUDA_MEMCPY3D_PEER_v1 = CUDA_MEMCPY3D_PEER_st;
+pub type CUDA_MEMCPY3D_v1 = CUDA_MEMCPY3D_v1_st;
+pub type CUDA_MEMCPY3D_v2 = CUDA_MEMCPY3D_st;
+pub type CUDA_MEMSET_NODE_PARAMS_v1 = CUDA_MEMSET_NODE_PARAMS_st;
+pub type CUDA_RESOURCE_VIEW_DESC_v1 = CUDA_RESOURCE_VIEW_DESC_st;
+pub type CUDA_TEXTURE_DESC_v1 = CUDA_TEXTURE_DESC_st;
+pub type CU_DEV_SM_RESOURCE_GROUP_PARAMS = CU_DEV_SM_RESOURCE_GROUP_PARAMS_st;
+pub type CUcheckpointCustomStorageInfo = CUcheckpointCustomStorageInfo_st;
+pub type CUcheckpointCustomStoragePerDeviceData = CUcheckpointCustomStoragePerDeviceData_st;
+pub type CUcheckpointGpuPair = CUcheckpointGpuPair_st;
+pub type CUcheckpointLockArgs = CUcheckpointLockArgs_st;
+pub type CUcheckpointUnlockArgs = CUcheckpointUnlockArgs_st;
+pub type CUcliqueInfo = CUcliqueInfo_st;
+pub type CUctxCigParam = CUctxCigParam_st;
+pub type CUctxCreateParams = CUctxCreateParams_st;
+pub type CUdevprop_v1 = CUdevprop_st;
+pub type CUgraphEdgeData = CUgraphEdgeData_st;
+pub type CUgraphExecUpdateResultInfo_v1 = CUgraphExecUpdateResultInfo_st;
+pub type CUipcEventHandle_v1 = CUipcEventHandle_st;
+pub type CUipcMemHandle_v1 = CUipcMemHandle_st;
+pub type CUlaunchConfig = CUlaunchConfig_st;
+pub type CUmemDecompressParams = CUmemDecompressParams_st;
+pub type CUmemPoolPtrExportData_v1 = CUmemPoolPtrExportData_st;
+pub type CUmulticastObjectProp_v1 = CUmulticastObjectProp_st;
+pub type CUstreamCigCaptureParams = CUstreamCigCaptureParams_st;
+pub type CUstreamCigParam = CUstreamCigParam_st;
 pub type CUuuid = CUuuid_st;
+
+// Callbacks.
+pub type CUasyncCallback = Option<
+    unsafe extern "C" fn(info: *mut c_void, userData: *mut c_void, callback: CUasyncCallbackHandle),
+>;
+pub type CUcoredumpStatusCallback =
+    Option<unsafe extern "C" fn(userData: *mut c_void, pid: i32, dev: CUdevice)>;
+pub type CUgraphRecaptureCallback = Option<
+    unsafe extern "C" fn(
+        data: *mut c_void,
+        node: CUgraphNode,
+        originalParams: *const c_void,
+        recaptureParams: *const c_void,
+        status: CUgraphRecaptureStatus,
+    ) -> CUresult,
+>;
+pub type CUhostFn = Option<unsafe extern "C" fn(userData: *mut c_void)>;
+pub type CUlogsCallback = Option<
+    unsafe extern "C" fn(
+        data: *mut c_void,
+        logLevel: CUlogLevel,
+        message: *mut c_char,
+        length: usize,
+    ),
+>;
+pub type CUoccupancyB2DSize = Option<unsafe extern "C" fn(blockSize: i32) -> usize>;
+pub type CUstreamCallback =
+    Option<unsafe extern "C" fn(hStream: CUstream, status: CUresult, userData: *mut c_void)>;
+
+// Integers and other names for the types above.
+pub type CUDA_ARRAY3D_DESCRIPTOR = CUDA_ARRAY3D_DESCRIPTOR_v2;
+pub type CUDA_ARRAY_DESCRIPTOR = CUDA_ARRAY_DESCRIPTOR_v2;
+pub type CUDA_ARRAY_MEMORY_REQUIREMENTS = CUDA_ARRAY_MEMORY_REQUIREMENTS_v1;
+pub type CUDA_BATCH_MEM_OP_NODE_PARAMS = CUDA_BATCH_MEM_OP_NODE_PARAMS_v1;
+pub type CUDA_EXTERNAL_MEMORY_BUFFER_DESC = CUDA_EXTERNAL_MEMORY_BUFFER_DESC_v1;
+pub type CUDA_EXTERNAL_MEMORY_MIPMAPPED_ARRAY_DESC = CUDA_EXTERNAL_MEMORY_MIPMAPPED_ARRAY_DESC_v1;
+pub type CUDA_EXT_SEM_SIGNAL_NODE_PARAMS = CUDA_EXT_SEM_SIGNAL_NODE_PARAMS_v1;
+pub type CUDA_EXT_SEM_WAIT_NODE_PARAMS = CUDA_EXT_SEM_WAIT_NODE_PARAMS_v1;
+pub type CUDA_HOST_NODE_PARAMS = CUDA_HOST_NODE_PARAMS_v1;
+pub type CUDA_KERNEL_NODE_PARAMS = CUDA_KERNEL_NODE_PARAMS_v2;
+pub type CUDA_LAUNCH_PARAMS = CUDA_LAUNCH_PARAMS_v1;
+pub type CUDA_MEMCPY2D = CUDA_MEMCPY2D_v2;
+pub type CUDA_MEMCPY3D = CUDA_MEMCPY3D_v2;
+pub type CUDA_MEMCPY3D_PEER = CUDA_MEMCPY3D_PEER_v1;
+pub type CUDA_MEMSET_NODE_PARAMS = CUDA_MEMSET_NODE_PARAMS_v1;
+pub type CUDA_RESOURCE_VIEW_DESC = CUDA_RESOURCE_VIEW_DESC_v1;
+pub type CUDA_TEXTURE_DESC = CUDA_TEXTURE_DESC_v1;
+pub type CUdevice = CUdevice_v1;
+pub type CUdevice_v1 = i32;
+pub type CUdeviceptr = CUdeviceptr_v2;
+pub type CUdeviceptr_v1 = u32;
+pub type CUdeviceptr_v2 = u64;
+pub type CUdevprop = CUdevprop_v1;
+pub type CUgraphConditionalHandle = cuuint64_t;
+pub type CUgraphExecUpdateResultInfo = CUgraphExecUpdateResultInfo_v1;
+pub type CUipcEventHandle = CUipcEventHandle_v1;
+pub type CUipcMemHandle = CUipcMemHandle_v1;
+pub type CUkernelNodeAttrID = CUlaunchAttributeID;
+pub type CUlogIterator = u32;
+pub type CUlogicalEndpointId = cuuint32_t;
+pub type CUmemGenericAllocationHandle = CUmemGenericAllocationHandle_v1;
+pub type CUmemGenericAllocationHandle_v1 = u64;
+pub type CUmemPoolPtrExportData = CUmemPoolPtrExportData_v1;
+pub type CUmulticastObjectProp = CUmulticastObjectProp_v1;
+pub type CUstreamAttrID = CUlaunchAttributeID;
+pub type CUsurfObject = CUsurfObject_v1;
+pub type CUsurfObject_v1 = u64;
+pub type CUtexObject = CUtexObject_v1;
+pub type CUtexObject_v1 = u64;
 pub type cuuint32_t = u32;
 pub type cuuint64_t = u64;
 
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct CUDA_ARRAY3D_DESCRIPTOR_st {
-    pub Width: usize,
-    pub Height: usize,
-    pub Depth: usize,
-    pub Format: CUarray_format,
-    pub NumChannels: u32,
-    pub Flags: u32,
+/// Declares each `NAME(SIZE, ALIGN) { FIELD: TYPE, ... }` as a `#[repr(C)]`
+/// struct and checks, as it compiles, that Rust lays it out in SIZE bytes
+/// aligned to ALIGN, as the C compiler does.
+macro_rules! c_structs {
+    ($($name:ident($size:literal, $align:literal) { $($field:ident: $ty:ty),* })*) => {
+        $(
+            #[repr(C)]
+            #[derive(Clone, Copy)]
+            pub struct $name {
+                $(pub $field: $ty,)*
+            }
+            const _: () = assert!(std::mem::size_of::<$name>() == $size);
+            const _: () = assert!(std::mem::align_of::<$name>() == $align);
+        )*
+    };
 }
-const _: () = assert!(std::mem::size_of::<CUDA_ARRAY3D_DESCRIPTOR_st>() == 40);
-const _: () = assert!(std::mem::align_of::<CUDA_ARRAY3D_DESCRIPTOR_st>() == 8);
 
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct CUDA_ARRAY3D_DESCRIPTOR_v1_st {
-    pub Width: u32,
-    pub Height: u32,
-    pub Depth: u32,
-    pub Format: CUarray_format,
-    pub NumChannels: u32,
-    pub Flags: u32,
+c_structs! {
+    CUDA_ARRAY3D_DESCRIPTOR_st(40, 8) { Width: usize, Height: usize, Depth: usize, Format: CUarray_format, NumChannels: u32, Flags: u32 }
+    CUDA_ARRAY3D_DESCRIPTOR_v1_st(24, 4) { Width: u32, Height: u32, Depth: u32, Format: CUarray_format, NumChannels: u32, Flags: u32 }
+    CUDA_ARRAY_DESCRIPTOR_st(24, 8) { Width: usize, Height: usize, Format: CUarray_format, NumChannels: u32 }
+    CUDA_ARRAY_DESCRIPTOR_v1_st(16, 4) { Width: u32, Height: u32, Format: CUarray_format, NumChannels: u32 }
+    CUDA_ARRAY_MEMORY_REQUIREMENTS_st(32, 8) { size: usize, alignment: usize, reserved: [u32; 4] }
+    CUDA_BATCH_MEM_OP_NODE_PARAMS_v1_st(32, 8) { ctx: CUcontext, count: u32, paramArray: *mut c_void, flags: u32 }
+    CUDA_EXTERNAL_MEMORY_BUFFER_DESC_st(88, 8) { offset: u64, size: u64, flags: u32, reserved: [u32; 16] }
+    CUDA_EXTERNAL_MEMORY_MIPMAPPED_ARRAY_DESC_st(120, 8) { offset: u64, arrayDesc: CUDA_ARRAY3D_DESCRIPTOR, numLevels: u32, reserved: [u32; 16] }
+    CUDA_EXT_SEM_SIGNAL_NODE_PARAMS_st(24, 8) { extSemArray: *mut CUexternalSemaphore, paramsArray: *const c_void, numExtSems: u32 }
+    CUDA_EXT_SEM_WAIT_NODE_PARAMS_st(24, 8) { extSemArray: *mut CUexternalSemaphore, paramsArray: *const c_void, numExtSems: u32 }
+    CUDA_GRAPH_INSTANTIATE_PARAMS_st(32, 8) { flags: cuuint64_t, hUploadStream: CUstream, hErrNode_out: CUgraphNode, result_out: CUgraphInstantiateResult }
+    CUDA_HOST_NODE_PARAMS_st(16, 8) { fn_: CUhostFn, userData: *mut c_void }
+    CUDA_KERNEL_NODE_PARAMS_st(56, 8) { func: CUfunction, gridDimX: u32, gridDimY: u32, gridDimZ: u32, blockDimX: u32, blockDimY: u32, blockDimZ: u32, sharedMemBytes: u32, kernelParams: *mut *mut c_void, extra: *mut *mut c_void }
+    CUDA_KERNEL_NODE_PARAMS_v2_st(72, 8) { func: CUfunction, gridDimX: u32, gridDimY: u32, gridDimZ: u32, blockDimX: u32, blockDimY: u32, blockDimZ: u32, sharedMemBytes: u32, kernelParams: *mut *mut c_void, extra: *mut *mut c_void, kern: CUkernel, ctx: CUcontext }
+    CUDA_LAUNCH_PARAMS_st(56, 8) { function: CUfunction, gridDimX: u32, gridDimY: u32, gridDimZ: u32, blockDimX: u32, blockDimY: u32, blockDimZ: u32, sharedMemBytes: u32, hStream: CUstream, kernelParams: *mut *mut c_void }
+    CUDA_MEMCPY2D_st(128, 8) { srcXInBytes: usize, srcY: usize, srcMemoryType: CUmemorytype, srcHost: *const c_void, srcDevice: CUdeviceptr, srcArray: CUarray, srcPitch: usize, dstXInBytes: usize, dstY: usize, dstMemoryType: CUmemorytype, dstHost: *mut c_void, dstDevice: CUdeviceptr, dstArray: CUarray, dstPitch: usize, WidthInBytes: usize, Height: usize }
+    CUDA_MEMCPY2D_v1_st(96, 8) { srcXInBytes: u32, srcY: u32, srcMemoryType: CUmemorytype, srcHost: *const c_void, srcDevice: CUdeviceptr_v1, srcArray: CUarray, srcPitch: u32, dstXInBytes: u32, dstY: u32, dstMemoryType: CUmemorytype, dstHost: *mut c_void, dstDevice: CUdeviceptr_v1, dstArray: CUarray, dstPitch: u32, WidthInBytes: u32, Height: u32 }
+    CUDA_MEMCPY3D_PEER_st(200, 8) { srcXInBytes: usize, srcY: usize, srcZ: usize, srcLOD: usize, srcMemoryType: CUmemorytype, srcHost: *const c_void, srcDevice: CUdeviceptr, srcArray: CUarray, srcContext: CUcontext, srcPitch: usize, srcHeight: usize, dstXInBytes: usize, dstY: usize, dstZ: usize, dstLOD: usize, dstMemoryType: CUmemorytype, dstHost: *mut c_void, dstDevice: CUdeviceptr, dstArray: CUarray, dstContext: CUcontext, dstPitch: usize, dstHeight: usize, WidthInBytes: usize, Height: usize, Depth: usize }
+    CUDA_MEMCPY3D_st(200, 8) { srcXInBytes: usize, srcY: usize, srcZ: usize, srcLOD: usize, srcMemoryType: CUmemorytype, srcHost: *const c_void, srcDevice: CUdeviceptr, srcArray: CUarray, reserved0: *mut c_void, srcPitch: usize, srcHeight: usize, dstXInBytes: usize, dstY: usize, dstZ: usize, dstLOD: usize, dstMemoryType: CUmemorytype, dstHost: *mut c_void, dstDevice: CUdeviceptr, dstArray: CUarray, reserved1: *mut c_void, dstPitch: usize, dstHeight: usize, WidthInBytes: usize, Height: usize, Depth: usize }
+    CUDA_MEMCPY3D_v1_st(144, 8) { srcXInBytes: u32, srcY: u32, srcZ: u32, srcLOD: u32, srcMemoryType: CUmemorytype, srcHost: *const c_void, srcDevice: CUdeviceptr_v1, srcArray: CUarray, reserved0: *mut c_void, srcPitch: u32, srcHeight: u32, dstXInBytes: u32, dstY: u32, dstZ: u32, dstLOD: u32, dstMemoryType: CUmemorytype, dstHost: *mut c_void, dstDevice: CUdeviceptr_v1, dstArray: CUarray, reserved1: *mut c_void, dstPitch: u32, dstHeight: u32, WidthInBytes: u32, Height: u32, Depth: u32 }
+    CUDA_MEMSET_NODE_PARAMS_st(40, 8) { dst: CUdeviceptr, pitch: usize, value: u32, elementSize: u32, width: usize, height: usize }
+    CUDA_RESOURCE_VIEW_DESC_st(112, 8) { format: CUresourceViewFormat, width: usize, height: usize, depth: usize, firstMipmapLevel: u32, lastMipmapLevel: u32, firstLayer: u32, lastLayer: u32, reserved: [u32; 16] }
+    CUDA_TEXTURE_DESC_st(104, 4) { addressMode: [CUaddress_mode; 3], filterMode: CUfilter_mode, flags: u32, maxAnisotropy: u32, mipmapFilterMode: CUfilter_mode, mipmapLevelBias: f32, minMipmapLevelClamp: f32, maxMipmapLevelClamp: f32, borderColor: [f32; 4], reserved: [i32; 12] }
+    CU_DEV_SM_RESOURCE_GROUP_PARAMS_st(64, 4) { smCount: u32, coscheduledSmCount: u32, preferredCoscheduledSmCount: u32, flags: u32, localityDomainId: u32, reserved: [u32; 11] }
+    CUcheckpointCustomStorageInfo_st(24, 8) { handle: CUcheckpointOperationHandle, perDeviceData: *mut CUcheckpointCustomStoragePerDeviceData, deviceCount: u32 }
+    CUcheckpointCustomStoragePerDeviceData_st(24, 8) { devPtr: CUdeviceptr, size: usize, stream: CUstream }
+    CUcheckpointGpuPair_st(32, 1) { oldUuid: CUuuid, newUuid: CUuuid }
+    CUcheckpointLockArgs_st(64, 8) { timeoutMs: u32, reserved0: u32, reserved1: [cuuint64_t; 7] }
+    CUcheckpointUnlockArgs_st(64, 8) { reserved: [cuuint64_t; 8] }
+    CUcliqueInfo_st(8, 4) { type_: CUcliqueType, id: u32 }
+    CUctxCigParam_st(16, 8) { sharedDataType: CUcigDataType, sharedData: *mut c_void }
+    CUctxCreateParams_st(24, 8) { execAffinityParams: *mut c_void, numExecAffinityParams: i32, cigParams: *mut CUctxCigParam }
+    CUdevprop_st(56, 4) { maxThreadsPerBlock: i32, maxThreadsDim: [i32; 3], maxGridSize: [i32; 3], sharedMemPerBlock: i32, totalConstantMemory: i32, SIMDWidth: i32, memPitch: i32, regsPerBlock: i32, clockRate: i32, textureAlign: i32 }
+    CUgraphEdgeData_st(8, 1) { from_port: u8, to_port: u8, type_: u8, reserved: [u8; 5] }
+    CUgraphExecUpdateResultInfo_st(24, 8) { result: CUgraphExecUpdateResult, errorNode: CUgraphNode, errorFromNode: CUgraphNode }
+    CUipcEventHandle_st(64, 1) { reserved: [c_char; 64] }
+    CUipcMemHandle_st(64, 1) { reserved: [c_char; 64] }
+    CUlaunchConfig_st(56, 8) { gridDimX: u32, gridDimY: u32, gridDimZ: u32, blockDimX: u32, blockDimY: u32, blockDimZ: u32, sharedMemBytes: u32, hStream: CUstream, attrs: *mut c_void, numAttrs: u32 }
+    CUmemDecompressParams_st(64, 8) { srcNumBytes: usize, dstNumBytes: usize, dstActBytes: *mut cuuint32_t, src: *const c_void, dst: *mut c_void, algo: CUmemDecompressAlgorithm, padding: [u8; 20] }
+    CUmemPoolPtrExportData_st(64, 1) { reserved: [u8; 64] }
+    CUmulticastObjectProp_st(32, 8) { numDevices: u32, size: usize, handleTypes: u64, flags: u64 }
+    CUstreamCigCaptureParams_st(8, 8) { streamCigParams: *mut CUstreamCigParam }
+    CUstreamCigParam_st(16, 8) { streamSharedDataType: CUstreamCigDataType, streamSharedData: *mut c_void }
+    CUuuid_st(16, 1) { bytes: [c_char; 16] }
 }
-const _: () = assert!(std::mem::size_of::<CUDA_ARRAY3D_DESCRIPTOR_v1_st>() == 24);
-const _: () = assert!(std::mem::align_of::<CUDA_ARRAY3D_DESCRIPTOR_v1_st>() == 4);
-
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct CUDA_ARRAY_DESCRIPTOR_st {
-    pub Width: usize,
-    pub Height: usize,
-    pub Format: CUarray_format,
-    pub NumChannels: u32,
-}
-const _: () = assert!(std::mem::size_of::<CUDA_ARRAY_DESCRIPTOR_st>() == 24);
-const _: () = assert!(std::mem::align_of::<CUDA_ARRAY_DESCRIPTOR_st>() == 8);
-
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct CUDA_ARRAY_DESCRIPTOR_v1_st {
-    pub Width: u32,
-    pub Height: u32,
-    pub Format: CUarray_format,
-    pub NumChannels: u32,
-}
-const _: () = assert!(std::mem::size_of::<CUDA_ARRAY_DESCRIPTOR_v1_st>() == 16);
-const _: () = assert!(std::mem::align_of::<CUDA_ARRAY_DESCRIPTOR_v1_st>() == 4);
-
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct CUDA_ARRAY_MEMORY_REQUIREMENTS_st {
-    pub size: usize,
-    pub alignment: usize,
-    pub reserved: [u32; 4],
-}
-const _: () = assert!(std::mem::size_of::<CUDA_ARRAY_MEMORY_REQUIREMENTS_st>() == 32);
-const _: () = assert!(std::mem::align_of::<CUDA_ARRAY_MEMORY_REQUIREMENTS_st>() == 8);
-
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct CUDA_BATCH_MEM_OP_NODE_PARAMS_v1_st {
-    pub ctx: CUcontext,
-    pub count: u32,
-    pub paramArray: *mut c_void,
-    pub flags: u32,
-}
-const _: () = assert!(std::mem::size_of::<CUDA_BATCH_MEM_OP_NODE_PARAMS_v1_st>() == 32);
-const _: () = assert!(std::mem::align_of::<CUDA_BATCH_MEM_OP_NODE_PARAMS_v1_st>() == 8);
-
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct CUDA_EXTERNAL_MEMORY_BUFFER_DESC_st {
-    pub offset: u64,
-    pub size: u64,
-    pub flags: u32,
-    pub reserved: [u32; 16],
-}
-const _: () = assert!(std::mem::size_of::<CUDA_EXTERNAL_MEMORY_BUFFER_DESC_st>() == 88);
-const _: () = assert!(std::mem::align_of::<CUDA_EXTERNAL_MEMORY_BUFFER_DESC_st>() == 8);
-
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct CUDA_EXTERNAL_MEMORY_MIPMAPPED_ARRAY_DESC_st {
-    pub offset: u64,
-    pub arrayDesc: CUDA_ARRAY3D_DESCRIPTOR,
-    pub numLevels: u32,
-    pub reserved: [u32; 16],
-}
-const _: () = assert!(std::mem::size_of::<CUDA_EXTERNAL_MEMORY_MIPMAPPED_ARRAY_DESC_st>() == 120);
-const _: () = assert!(std::mem::align_of::<CUDA_EXTERNAL_MEMORY_MIPMAPPED_ARRAY_DESC_st>() == 8);
-
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct CUDA_EXT_SEM_SIGNAL_NODE_PARAMS_st {
-    pub extSemArray: *mut CUexternalSemaphore,
-    pub paramsArray: *const c_void,
-    pub numExtSems: u32,
-}
-const _: () = assert!(std::mem::size_of::<CUDA_EXT_SEM_SIGNAL_NODE_PARAMS_st>() == 24);
-const _: () = assert!(std::mem::align_of::<CUDA_EXT_SEM_SIGNAL_NODE_PARAMS_st>() == 8);
-
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct CUDA_EXT_SEM_WAIT_NODE_PARAMS_st {
-    pub extSemArray: *mut CUexternalSemaphore,
-    pub paramsArray: *const c_void,
-    pub numExtSems: u32,
-}
-const _: () = assert!(std::mem::size_of::<CUDA_EXT_SEM_WAIT_NODE_PARAMS_st>() == 24);
-const _: () = assert!(std::mem::align_of::<CUDA_EXT_SEM_WAIT_NODE_PARAMS_st>() == 8);
-
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct CUDA_GRAPH_INSTANTIATE_PARAMS_st {
-    pub flags: cuuint64_t,
-    pub hUploadStream: CUstream,
-    pub hErrNode_out: CUgraphNode,
-    pub result_out: CUgraphInstantiateResult,
-}
-const _: () = assert!(std::mem::size_of::<CUDA_GRAPH_INSTANTIATE_PARAMS_st>() == 32);
-const _: () = assert!(std::mem::align_of::<CUDA_GRAPH_INSTANTIATE_PARAMS_st>() == 8);
-
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct CUDA_HOST_NODE_PARAMS_st {
-    pub fn_: CUhostFn,
-    pub userData: *mut c_void,
-}
-const _: () = assert!(std::mem::size_of::<CUDA_HOST_NODE_PARAMS_st>() == 16);
-const _: () = assert!(std::mem::align_of::<CUDA_HOST_NODE_PARAMS_st>() == 8);
-
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct CUDA_KERNEL_NODE_PARAMS_st {
-    pub func: CUfunction,
-    pub gridDimX: u32,
-    pub gridDimY: u32,
-    pub gridDimZ: u32,
-    pub blockDimX: u32,
-    pub blockDimY: u32,
-    pub blockDimZ: u32,
-    pub sharedMemBytes: u32,
-    pub kernelParams: *mut *mut c_void,
-    pub extra: *mut *mut c_void,
-}
-const _: () = assert!(std::mem::size_of::<CUDA_KERNEL_NODE_PARAMS_st>() == 56);
-const _: () = assert!(std::mem::align_of::<CUDA_KERNEL_NODE_PARAMS_st>() == 8);
-
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct CUDA_KERNEL_NODE_PARAMS_v2_st {
-    pub func: CUfunction,
-    pub gridDimX: u32,
-    pub gridDimY: u32,
-    pub gridDimZ: u32,
-    pub blockDimX: u32,
-    pub blockDimY: u32,
-    pub blockDimZ: u32,
-    pub sharedMemBytes: u32,
-    pub kernelParams: *mut *mut c_void,
-    pub extra: *mut *mut c_void,
-    pub kern: CUkernel,
-    pub ctx: CUcontext,
-}
-const _: () = assert!(std::mem::size_of::<CUDA_KERNEL_NODE_PARAMS_v2_st>() == 72);
-const _: () = assert!(std::mem::align_of::<CUDA_KERNEL_NODE_PARAMS_v2_st>() == 8);
-
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct CUDA_LAUNCH_PARAMS_st {
-    pub function: CUfunction,
-    pub gridDimX: u32,
-    pub gridDimY: u32,
-    pub gridDimZ: u32,
-    pub blockDimX: u32,
-    pub blockDimY: u32,
-    pub blockDimZ: u32,
-    pub sharedMemBytes: u32,
-    pub hStream: CUstream,
-    pub kernelParams: *mut *mut c_void,
-}
-const _: () = assert!(std::mem::size_of::<CUDA_LAUNCH_PARAMS_st>() == 56);
-const _: () = assert!(std::mem::align_of::<CUDA_LAUNCH_PARAMS_st>() == 8);
-
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct CUDA_MEMCPY2D_st {
-    pub srcXInBytes: usize,
-    pub srcY: usize,
-    pub srcMemoryType: CUmemorytype,
-    pub srcHost: *const c_void,
-    pub srcDevice: CUdeviceptr,
-    pub srcArray: CUarray,
-    pub srcPitch: usize,
-    pub dstXInBytes: usize,
-    pub dstY: usize,
-    pub dstMemoryType: CUmemorytype,
-    pub dstHost: *mut c_void,
-    pub dstDevice: CUdeviceptr,
-    pub dstArray: CUarray,
-    pub dstPitch: usize,
-    pub WidthInBytes: usize,
-    pub Height: usize,
-}
-const _: () = assert!(std::mem::size_of::<CUDA_MEMCPY2D_st>() == 128);
-const _: () = assert!(std::mem::align_of::<CUDA_MEMCPY2D_st>() == 8);
-
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct CUDA_MEMCPY2D_v1_st {
-    pub srcXInBytes: u32,
-    pub srcY: u32,
-    pub srcMemoryType: CUmemorytype,
-    pub srcHost: *const c_void,
-    pub srcDevice: CUdeviceptr_v1,
-    pub srcArray: CUarray,
-    pub srcPitch: u32,
-    pub dstXInBytes: u32,
-    pub dstY: u32,
-    pub dstMemoryType: CUmemorytype,
-    pub dstHost: *mut c_void,
-    pub dstDevice: CUdeviceptr_v1,
-    pub dstArray: CUarray,
-    pub dstPitch: u32,
-    pub WidthInBytes: u32,
-    pub Height: u32,
-}
-const _: () = assert!(std::mem::size_of::<CUDA_MEMCPY2D_v1_st>() == 96);
-const _: () = assert!(std::mem::align_of::<CUDA_MEMCPY2D_v1_st>() == 8);
-
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct CUDA_MEMCPY3D_PEER_st {
-    pub srcXInBytes: usize,
-    pub srcY: usize,
-    pub srcZ: usize,
-    pub srcLOD: usize,
-    pub srcMemoryType: CUmemorytype,
-    pub srcHost: *const c_void,
-    pub srcDevice: CUdeviceptr,
-    pub srcArray: CUarray,
-    pub srcContext: CUcontext,
-    pub srcPitch: usize,
-    pub srcHeight: usize,
-    pub dstXInBytes: usize,
-    pub dstY: usize,
-    pub dstZ: usize,
-    pub dstLOD: usize,
-    pub dstMemoryType: CUmemorytype,
-    pub dstHost: *mut c_void,
-    pub dstDevice: CUdeviceptr,
-    pub dstArray: CUarray,
-    pub dstContext: CUcontext,
-    pub dstPitch: usize,
-    pub dstHeight: usize,
-    pub WidthInBytes: usize,
-    pub Height: usize,
-    pub Depth: usize,
-}
-const _: () = assert!(std::mem::size_of::<CUDA_MEMCPY3D_PEER_st>() == 200);
-const _: () = assert!(std::mem::align_of::<CUDA_MEMCPY3D_PEER_st>() == 8);
-
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct CUDA_MEMCPY3D_st {
-    pub srcXInBytes: usize,
-    pub srcY: usize,
-    pub srcZ: usize,
-    pub srcLOD: usize,
-    pub srcMemoryType: CUmemorytype,
-    pub srcHost: *const c_void,
-    pub srcDevice: CUdeviceptr,
-    pub srcArray: CUarray,
-    pub reserved0: *mut c_void,
-    pub srcPitch: usize,
-    pub srcHeight: usize,
-    pub dstXInBytes: usize,
-    pub dstY: usize,
-    pub dstZ: usize,
-    pub dstLOD: usize,
-    pub dstMemoryType: CUmemorytype,
-    pub dstHost: *mut c_void,
-    pub dstDevice: CUdeviceptr,
-    pub dstArray: CUarray,
-    pub reserved1: *mut c_void,
-    pub dstPitch: usize,
-    pub dstHeight: usize,
-    pub WidthInBytes: usize,
-    pub Height: usize,
-    pub Depth: usize,
-}
-const _: () = assert!(std::mem::size_of::<CUDA_MEMCPY3D_st>() == 200);
-const _: () = assert!(std::mem::align_of::<CUDA_MEMCPY3D_st>() == 8);
-
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct CUDA_MEMCPY3D_v1_st {
-    pub srcXInBytes: u32,
-    pub srcY: u32,
-    pub srcZ: u32,
-    pub srcLOD: u32,
-    pub srcMemoryType: CUmemorytype,
-    pub srcHost: *const c_void,
-    pub srcDevice: CUdeviceptr_v1,
-    pub srcArray: CUarray,
-    pub reserved0: *mut c_void,
-    pub srcPitch: u32,
-    pub srcHeight: u32,
-    pub dstXInBytes: u32,
-    pub dstY: u32,
-    pub dstZ: u32,
-    pub dstLOD: u32,
-    pub dstMemoryType: CUmemorytype,
-    pub dstHost: *mut c_void,
-    pub dstDevice: CUdeviceptr_v1,
-    pub dstArray: CUarray,
-    pub reserved1: *mut c_void,
-    pub dstPitch: u32,
-    pub dstHeight: u32,
-    pub WidthInBytes: u32,
-    pub Height: u32,
-    pub Depth: u32,
-}
-const _: () = assert!(std::mem::size_of::<CUDA_MEMCPY3D_v1_st>() == 144);
-const _: () = assert!(std::mem::align_of::<CUDA_MEMCPY3D_v1_st>() == 8);
-
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct CUDA_MEMSET_NODE_PARAMS_st {
-    pub dst: CUdeviceptr,
-    pub pitch: usize,
-    pub value: u32,
-    pub elementSize: u32,
-    pub width: usize,
-    pub height: usize,
-}
-const _: () = assert!(std::mem::size_of::<CUDA_MEMSET_NODE_PARAMS_st>() == 40);
-const _: () = assert!(std::mem::align_of::<CUDA_MEMSET_NODE_PARAMS_st>() == 8);
-
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct CUDA_RESOURCE_VIEW_DESC_st {
-    pub format: CUresourceViewFormat,
-    pub width: usize,
-    pub height: usize,
-    pub depth: usize,
-    pub firstMipmapLevel: u32,
-    pub lastMipmapLevel: u32,
-    pub firstLayer: u32,
-    pub lastLayer: u32,
-    pub reserved: [u32; 16],
-}
-const _: () = assert!(std::mem::size_of::<CUDA_RESOURCE_VIEW_DESC_st>() == 112);
-const _: () = assert!(std::mem::align_of::<CUDA_RESOURCE_VIEW_DESC_st>() == 8);
-
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct CUDA_TEXTURE_DESC_st {
-    pub addressMode: [CUaddress_mode; 3],
-    pub filterMode: CUfilter_mode,
-    pub flags: u32,
-    pub maxAnisotropy: u32,
-    pub mipmapFilterMode: CUfilter_mode,
-    pub mipmapLevelBias: f32,
-    pub minMipmapLevelClamp: f32,
-    pub maxMipmapLevelClamp: f32,
-    pub borderColor: [f32; 4],
-    pub reserved: [i32; 12],
-}
-const _: () = assert!(std::mem::size_of::<CUDA_TEXTURE_DESC_st>() == 104);
-const _: () = assert!(std::mem::align_of::<CUDA_TEXTURE_DESC_st>() == 4);
-
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct CU_DEV_SM_RESOURCE_GROUP_PARAMS_st {
-    pub smCount: u32,
-    pub coscheduledSmCount: u32,
-    pub preferredCoscheduledSmCount: u32,
-    pub flags: u32,
-    pub localityDomainId: u32,
-    pub reserved: [u32; 11],
-}
-const _: () = assert!(std::mem::size_of::<CU_DEV_SM_RESOURCE_GROUP_PARAMS_st>() == 64);
-const _: () = assert!(std::mem::align_of::<CU_DEV_SM_RESOURCE_GROUP_PARAMS_st>() == 4);
-
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct CUcheckpointCustomStorageInfo_st {
-    pub handle: CUcheckpointOperationHandle,
-    pub perDeviceData: *mut CUcheckpointCustomStoragePerDeviceData,
-    pub deviceCount: u32,
-}
-const _: () = assert!(std::mem::size_of::<CUcheckpointCustomStorageInfo_st>() == 24);
-const _: () = assert!(std::mem::align_of::<CUcheckpointCustomStorageInfo_st>() == 8);
-
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct CUcheckpointCustomStoragePerDeviceData_st {
-    pub devPtr: CUdeviceptr,
-    pub size: usize,
-    pub stream: CUstream,
-}
-const _: () = assert!(std::mem::size_of::<CUcheckpointCustomStoragePerDeviceData_st>() == 24);
-const _: () = assert!(std::mem::align_of::<CUcheckpointCustomStoragePerDeviceData_st>() == 8);
-
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct CUcheckpointGpuPair_st {
-    pub oldUuid: CUuuid,
-    pub newUuid: CUuuid,
-}
-const _: () = assert!(std::mem::size_of::<CUcheckpointGpuPair_st>() == 32);
-const _: () = assert!(std::mem::align_of::<CUcheckpointGpuPair_st>() == 1);
-
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct CUcheckpointLockArgs_st {
-    pub timeoutMs: u32,
-    pub reserved0: u32,
-    pub reserved1: [cuuint64_t; 7],
-}
-const _: () = assert!(std::mem::size_of::<CUcheckpointLockArgs_st>() == 64);
-const _: () = assert!(std::mem::align_of::<CUcheckpointLockArgs_st>() == 8);
-
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct CUcheckpointUnlockArgs_st {
-    pub reserved: [cuuint64_t; 8],
-}
-const _: () = assert!(std::mem::size_of::<CUcheckpointUnlockArgs_st>() == 64);
-const _: () = assert!(std::mem::align_of::<CUcheckpointUnlockArgs_st>() == 8);
-
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct CUcliqueInfo_st {
-    pub type_: CUcliqueType,
-    pub id: u32,
-}
-const _: () = assert!(std::mem::size_of::<CUcliqueInfo_st>() == 8);
-const _: () = assert!(std::mem::align_of::<CUcliqueInfo_st>() == 4);
-
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct CUctxCigParam_st {
-    pub sharedDataType: CUcigDataType,
-    pub sharedData: *mut c_void,
-}
-const _: () = assert!(std::mem::size_of::<CUctxCigParam_st>() == 16);
-const _: () = assert!(std::mem::align_of::<CUctxCigParam_st>() == 8);
-
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct CUctxCreateParams_st {
-    pub execAffinityParams: *mut c_void,
-    pub numExecAffinityParams: i32,
-    pub cigParams: *mut CUctxCigParam,
-}
-const _: () = assert!(std::mem::size_of::<CUctxCreateParams_st>() == 24);
-const _: () = assert!(std::mem::align_of::<CUctxCreateParams_st>() == 8);
-
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct CUdevprop_st {
-    pub maxThreadsPerBlock: i32,
-    pub maxThreadsDim: [i32; 3],
-    pub maxGridSize: [i32; 3],
-    pub sharedMemPerBlock: i32,
-    pub totalConstantMemory: i32,
-    pub SIMDWidth: i32,
-    pub memPitch: i32,
-    pub regsPerBlock: i32,
-    pub clockRate: i32,
-    pub textureAlign: i32,
-}
-const _: () = assert!(std::mem::size_of::<CUdevprop_st>() == 56);
-const _: () = assert!(std::mem::align_of::<CUdevprop_st>() == 4);
-
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct CUgraphEdgeData_st {
-    pub from_port: u8,
-    pub to_port: u8,
-    pub type_: u8,
-    pub reserved: [u8; 5],
-}
-const _: () = assert!(std::mem::size_of::<CUgraphEdgeData_st>() == 8);
-const _: () = assert!(std::mem::align_of::<CUgraphEdgeData_st>() == 1);
-
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct CUgraphExecUpdateResultInfo_st {
-    pub result: CUgraphExecUpdateResult,
-    pub errorNode: CUgraphNode,
-    pub errorFromNode: CUgraphNode,
-}
-const _: () = assert!(std::mem::size_of::<CUgraphExecUpdateResultInfo_st>() == 24);
-const _: () = assert!(std::mem::align_of::<CUgraphExecUpdateResultInfo_st>() == 8);
-
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct CUipcEventHandle_st {
-    pub reserved: [c_char; 64],
-}
-const _: () = assert!(std::mem::size_of::<CUipcEventHandle_st>() == 64);
-const _: () = assert!(std::mem::align_of::<CUipcEventHandle_st>() == 1);
-
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct CUipcMemHandle_st {
-    pub reserved: [c_char; 64],
-}
-const _: () = assert!(std::mem::size_of::<CUipcMemHandle_st>() == 64);
-const _: () = assert!(std::mem::align_of::<CUipcMemHandle_st>() == 1);
-
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct CUlaunchConfig_st {
-    pub gridDimX: u32,
-    pub gridDimY: u32,
-    pub gridDimZ: u32,
-    pub blockDimX: u32,
-    pub blockDimY: u32,
-    pub blockDimZ: u32,
-    pub sharedMemBytes: u32,
-    pub hStream: CUstream,
-    pub attrs: *mut c_void,
-    pub numAttrs: u32,
-}
-const _: () = assert!(std::mem::size_of::<CUlaunchConfig_st>() == 56);
-const _: () = assert!(std::mem::align_of::<CUlaunchConfig_st>() == 8);
-
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct CUmemDecompressParams_st {
-    pub srcNumBytes: usize,
-    pub dstNumBytes: usize,
-    pub dstActBytes: *mut cuuint32_t,
-    pub src: *const c_void,
-    pub dst: *mut c_void,
-    pub algo: CUmemDecompressAlgorithm,
-    pub padding: [u8; 20],
-}
-const _: () = assert!(std::mem::size_of::<CUmemDecompressParams_st>() == 64);
-const _: () = assert!(std::mem::align_of::<CUmemDecompressParams_st>() == 8);
-
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct CUmemPoolPtrExportData_st {
-    pub reserved: [u8; 64],
-}
-const _: () = assert!(std::mem::size_of::<CUmemPoolPtrExportData_st>() == 64);
-const _: () = assert!(std::mem::align_of::<CUmemPoolPtrExportData_st>() == 1);
-
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct CUmulticastObjectProp_st {
-    pub numDevices: u32,
-    pub size: usize,
-    pub handleTypes: u64,
-    pub flags: u64,
-}
-const _: () = assert!(std::mem::size_of::<CUmulticastObjectProp_st>() == 32);
-const _: () = assert!(std::mem::align_of::<CUmulticastObjectProp_st>() == 8);
-
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct CUstreamCigCaptureParams_st {
-    pub streamCigParams: *mut CUstreamCigParam,
-}
-const _: () = assert!(std::mem::size_of::<CUstreamCigCaptureParams_st>() == 8);
-const _: () = assert!(std::mem::align_of::<CUstreamCigCaptureParams_st>() == 8);
-
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct CUstreamCigParam_st {
-    pub streamSharedDataType: CUstreamCigDataType,
-    pub streamSharedData: *mut c_void,
-}
-const _: () = assert!(std::mem::size_of::<CUstreamCigParam_st>() == 16);
-const _: () = assert!(std::mem::align_of::<CUstreamCigParam_st>() == 8);
-
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct CUuuid_st {
-    pub bytes: [c_char; 16],
-}
-const _: () = assert!(std::mem::size_of::<CUuuid_st>() == 16);
-const _: () = assert!(std::mem::align_of::<CUuuid_st>() == 1);

@@ -1,6 +1,6 @@
 //! Reruns `gen/generate.py` against the CUDA headers in `.venv` and fails if
 //! what it writes differs from what is checked in (the bindings here and the
-//! client's stubs). Skipped, saying so, only where the headers are missing
+//! client's symbol list). Skipped, saying so, only where the headers are missing
 //! (`scripts/setup-nvcc` installs them; CI has them).
 
 use std::path::{Path, PathBuf};
@@ -13,8 +13,7 @@ const OUTPUTS: &[&str] = &[
     "crates/cuda-bindings/src/consts.rs",
     "crates/cuda-bindings/src/errors.rs",
     "crates/cuda-bindings/src/entry_points.rs",
-    "crates/cuda-bindings/src/symbols.rs",
-    "crates/client/src/generated/stubs.rs",
+    "crates/client/src/generated/symbols.rs",
 ];
 
 /// The header directories the generator reads by default.

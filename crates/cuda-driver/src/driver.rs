@@ -466,52 +466,18 @@ impl Context {
         Ok((base, size as u64))
     }
 
-    /// Blocking host-to-device copy (flushes device printf).
-    pub fn copy_htod(&self, dst: u64, data: &[u8]) -> Result<(), CudaError> {
+    /// Blocking fill of `count` elements of `value` at `dst`.
+    pub fn memset(&self, dst: u64, value: MemsetValue, count: u64) -> Result<(), CudaError> {
         self.make_current()?;
-        // SAFETY: `data` is readable for its length during the blocking call.
+        let n = to_usize(count)?;
+        // SAFETY: device pointer only.
         unsafe {
-            cu!(
-                self.driver,
-                cuMemcpyHtoD(dst, data.as_ptr().cast(), data.len())
-            )
+            match value {
+                MemsetValue::D8(v) => cu!(self.driver, cuMemsetD8(dst, v, n)),
+                MemsetValue::D16(v) => cu!(self.driver, cuMemsetD16(dst, v, n)),
+                MemsetValue::D32(v) => cu!(self.driver, cuMemsetD32(dst, v, n)),
+            }
         }
-    }
-
-    /// Blocking device-to-host copy (flushes device printf).
-    pub fn copy_dtoh(&self, buf: &mut [u8], src: u64) -> Result<(), CudaError> {
-        self.make_current()?;
-        // SAFETY: `buf` is writable for its length during the blocking call.
-        unsafe {
-            cu!(
-                self.driver,
-                cuMemcpyDtoH(buf.as_mut_ptr().cast(), src, buf.len())
-            )
-        }
-    }
-
-    pub fn copy_dtod(&self, dst: u64, src: u64, bytes: u64) -> Result<(), CudaError> {
-        self.make_current()?;
-        // SAFETY: device pointers only; the driver validates them.
-        unsafe { cu!(self.driver, cuMemcpyDtoD(dst, src, to_usize(bytes)?)) }
-    }
-
-    pub fn memset_d8(&self, dst: u64, value: u8, count: u64) -> Result<(), CudaError> {
-        self.make_current()?;
-        // SAFETY: device pointer only.
-        unsafe { cu!(self.driver, cuMemsetD8(dst, value, to_usize(count)?)) }
-    }
-
-    pub fn memset_d16(&self, dst: u64, value: u16, count: u64) -> Result<(), CudaError> {
-        self.make_current()?;
-        // SAFETY: device pointer only.
-        unsafe { cu!(self.driver, cuMemsetD16(dst, value, to_usize(count)?)) }
-    }
-
-    pub fn memset_d32(&self, dst: u64, value: u32, count: u64) -> Result<(), CudaError> {
-        self.make_current()?;
-        // SAFETY: device pointer only.
-        unsafe { cu!(self.driver, cuMemsetD32(dst, value, to_usize(count)?)) }
     }
 }
 
@@ -529,6 +495,14 @@ impl Drop for Context {
         // Nothing to do on failure: the context is gone either way.
         let _ = result;
     }
+}
+
+/// The value a memset writes, by element width (`cuMemsetD8`/`D16`/`D32`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MemsetValue {
+    D8(u8),
+    D16(u16),
+    D32(u32),
 }
 
 pub(crate) fn to_usize(v: u64) -> Result<usize, CudaError> {

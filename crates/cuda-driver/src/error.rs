@@ -46,44 +46,24 @@ impl fmt::Display for CudaError {
 impl std::error::Error for CudaError {}
 
 /// Why no driver could be loaded.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum LoadError {
     /// The library could not be opened (absent, wrong architecture, not a library).
+    #[error("cannot load the NVIDIA driver library {library}: {reason}")]
     Open { library: String, reason: String },
     /// The library is cumux's own client driver, which must never serve cumux.
+    #[error(
+        "{library} is cumux's own client driver, not NVIDIA's; point \
+         CUMUX_REAL_LIBCUDA at the system's libcuda.so.1"
+    )]
     CumuxClient { library: String },
     /// The library lacks an entry point every CUDA driver has: not a CUDA driver.
+    #[error("{library} is not a CUDA driver library: it has no {symbol}")]
     MissingSymbol {
         library: String,
         symbol: &'static str,
     },
     /// `cuInit` failed: no GPU, or the kernel module and library disagree.
+    #[error("the CUDA driver {library} found no usable GPU: {error}")]
     Init { library: String, error: CudaError },
 }
-
-impl fmt::Display for LoadError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            LoadError::Open { library, reason } => {
-                write!(
-                    f,
-                    "cannot load the NVIDIA driver library {library}: {reason}"
-                )
-            }
-            LoadError::CumuxClient { library } => write!(
-                f,
-                "{library} is cumux's own client driver, not NVIDIA's; point \
-                 CUMUX_REAL_LIBCUDA at the system's libcuda.so.1"
-            ),
-            LoadError::MissingSymbol { library, symbol } => write!(
-                f,
-                "{library} is not a CUDA driver library: it has no {symbol}"
-            ),
-            LoadError::Init { library, error } => {
-                write!(f, "the CUDA driver {library} found no usable GPU: {error}")
-            }
-        }
-    }
-}
-
-impl std::error::Error for LoadError {}

@@ -17,8 +17,8 @@ pub mod sys;
 pub mod tensor_map;
 
 pub use driver::{
-    Context, DeviceId, Driver, CUMUX_CLIENT_MARKERS, LIBCUDA_SONAME, MAX_DEVICE_ATTRIBUTE,
-    REAL_LIBCUDA_ENV,
+    Context, DeviceId, Driver, MemsetValue, CUMUX_CLIENT_MARKERS, LIBCUDA_SONAME,
+    MAX_DEVICE_ATTRIBUTE, REAL_LIBCUDA_ENV,
 };
 pub use error::{CudaError, LoadError};
 pub use image::{CodeChoice, ImageKind};

@@ -8,23 +8,53 @@ use std::time::Duration;
 
 use crate::capture::StdoutCapture;
 
-use crate::driver::{cu, to_usize, Context};
+use crate::driver::{cu, to_usize, Context, MemsetValue};
 use crate::error::CudaError;
 use crate::image::{self, CodeChoice, ImageKind, ImageNames};
 use crate::sys::*;
 
-/// A CUDA stream.
-pub struct Stream {
-    ctx: Arc<Context>,
-    raw: CUstream,
-    /// Whether dropping it destroys it (not the legacy default stream).
-    owned: bool,
+/// Declares `NAME(HANDLE)`, a driver object made in a context: it holds the
+/// context (`ctx`) and the handle (`raw`), any thread may use it (the driver's
+/// calls on one handle are thread-safe), and dropping it releases the handle
+/// with `RELEASE(raw)`, the context current (a null handle, none).
+macro_rules! context_object {
+    ($(#[$doc:meta])* $vis:vis struct $name:ident($handle:ty), released by $release:ident;) => {
+        $(#[$doc])*
+        $vis struct $name {
+            ctx: Arc<Context>,
+            raw: $handle,
+        }
+
+        // SAFETY: driver handles are the process's, usable from any thread.
+        unsafe impl Send for $name {}
+        // SAFETY: as for Send; the driver serialises calls on one handle itself.
+        unsafe impl Sync for $name {}
+
+        impl Drop for $name {
+            fn drop(&mut self) {
+                if !self.raw.is_null() && self.ctx.make_current().is_ok() {
+                    // SAFETY: `raw` is live and released once, here.
+                    let _ = unsafe { cu!(self.ctx.driver, $release(self.raw)) };
+                }
+            }
+        }
+    };
 }
 
-// SAFETY: stream handles may be used from any thread of the process.
-unsafe impl Send for Stream {}
-// SAFETY: as for Send; the driver serialises work on one stream itself.
-unsafe impl Sync for Stream {}
+/// A query's answer: finished, not yet (`CUDA_ERROR_NOT_READY`), or its error.
+fn finished(query: Result<(), CudaError>) -> Result<bool, CudaError> {
+    match query {
+        Ok(()) => Ok(true),
+        Err(e) if e.code == CUDA_ERROR_NOT_READY => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+context_object! {
+    /// A CUDA stream; the null handle is the context's legacy default stream,
+    /// which is never destroyed.
+    pub struct Stream(CUstream), released by cuStreamDestroy;
+}
 
 impl Stream {
     /// A stream with `CU_STREAM_*` `flags` and a priority (lower is more urgent).
@@ -41,7 +71,6 @@ impl Stream {
         Ok(Stream {
             ctx: Arc::clone(ctx),
             raw,
-            owned: true,
         })
     }
 
@@ -51,7 +80,6 @@ impl Stream {
         Stream {
             ctx: Arc::clone(ctx),
             raw: std::ptr::null_mut(),
-            owned: false,
         }
     }
 
@@ -100,11 +128,7 @@ impl Stream {
     pub fn is_idle(&self) -> Result<bool, CudaError> {
         self.ctx.make_current()?;
         // SAFETY: `raw` is live while `self` is.
-        match unsafe { cu!(self.ctx.driver, cuStreamQuery(self.raw)) } {
-            Ok(()) => Ok(true),
-            Err(e) if e.code == CUDA_ERROR_NOT_READY => Ok(false),
-            Err(e) => Err(e),
-        }
+        finished(unsafe { cu!(self.ctx.driver, cuStreamQuery(self.raw)) })
     }
 
     /// Queues a device-to-device copy.
@@ -213,68 +237,39 @@ impl Stream {
         }
     }
 
-    pub fn memset_d8(&self, dst: u64, value: u8, count: u64) -> Result<(), CudaError> {
+    /// Queues a fill of `count` elements of `value` at `dst`.
+    pub fn memset(&self, dst: u64, value: MemsetValue, count: u64) -> Result<(), CudaError> {
         self.ctx.make_current()?;
+        let (d, n) = (&self.ctx.driver, to_usize(count)?);
         // SAFETY: device pointer only; `raw` is live.
         unsafe {
-            cu!(
-                self.ctx.driver,
-                cuMemsetD8Async(dst, value, to_usize(count)?, self.raw)
-            )
+            match value {
+                MemsetValue::D8(v) => cu!(d, cuMemsetD8Async(dst, v, n, self.raw)),
+                MemsetValue::D16(v) => cu!(d, cuMemsetD16Async(dst, v, n, self.raw)),
+                MemsetValue::D32(v) => cu!(d, cuMemsetD32Async(dst, v, n, self.raw)),
+            }
         }
+    }
+
+    pub fn memset_d8(&self, dst: u64, value: u8, count: u64) -> Result<(), CudaError> {
+        self.memset(dst, MemsetValue::D8(value), count)
     }
 
     pub fn memset_d16(&self, dst: u64, value: u16, count: u64) -> Result<(), CudaError> {
-        self.ctx.make_current()?;
-        // SAFETY: device pointer only; `raw` is live.
-        unsafe {
-            cu!(
-                self.ctx.driver,
-                cuMemsetD16Async(dst, value, to_usize(count)?, self.raw)
-            )
-        }
+        self.memset(dst, MemsetValue::D16(value), count)
     }
 
     pub fn memset_d32(&self, dst: u64, value: u32, count: u64) -> Result<(), CudaError> {
-        self.ctx.make_current()?;
-        // SAFETY: device pointer only; `raw` is live.
-        unsafe {
-            cu!(
-                self.ctx.driver,
-                cuMemsetD32Async(dst, value, to_usize(count)?, self.raw)
-            )
-        }
+        self.memset(dst, MemsetValue::D32(value), count)
     }
 }
 
-impl Drop for Stream {
-    fn drop(&mut self) {
-        if self.owned && self.ctx.make_current().is_ok() {
-            // SAFETY: `raw` is live and dropped once.
-            let _ = unsafe { cu!(self.ctx.driver, cuStreamDestroy(self.raw)) };
-        }
-    }
-}
-
-/// An instantiated CUDA graph, made by capturing work queued on a stream
-/// ([`Stream::capture`]) and launched as one piece ([`Stream::launch_graph`]).
-pub struct GraphExec {
-    ctx: Arc<Context>,
-    raw: CUgraphExec,
-}
-
-// SAFETY: graph handles may be used from any thread of the process.
-unsafe impl Send for GraphExec {}
-// SAFETY: launching a graph from two threads at once is allowed by the driver.
-unsafe impl Sync for GraphExec {}
-
-impl Drop for GraphExec {
-    fn drop(&mut self) {
-        if self.ctx.make_current().is_ok() {
-            // SAFETY: `raw` is live and dropped once; work that uses it still runs.
-            let _ = unsafe { cu!(self.ctx.driver, cuGraphExecDestroy(self.raw)) };
-        }
-    }
+context_object! {
+    /// An instantiated CUDA graph, made by capturing work queued on a stream
+    /// ([`Stream::capture`]) and launched as one piece ([`Stream::launch_graph`]).
+    /// Two threads may launch it at once; dropping it while work that uses it
+    /// runs is allowed.
+    pub struct GraphExec(CUgraphExec), released by cuGraphExecDestroy;
 }
 
 impl Stream {
@@ -326,16 +321,10 @@ impl Stream {
     }
 }
 
-/// A CUDA event.
-pub struct Event {
-    ctx: Arc<Context>,
-    raw: CUevent,
+context_object! {
+    /// A CUDA event.
+    pub struct Event(CUevent), released by cuEventDestroy;
 }
-
-// SAFETY: event handles may be used from any thread.
-unsafe impl Send for Event {}
-// SAFETY: as for Send.
-unsafe impl Sync for Event {}
 
 impl Event {
     /// An event with `CU_EVENT_*` flags.
@@ -360,11 +349,7 @@ impl Event {
     pub fn is_done(&self) -> Result<bool, CudaError> {
         self.ctx.make_current()?;
         // SAFETY: `raw` is live.
-        match unsafe { cu!(self.ctx.driver, cuEventQuery(self.raw)) } {
-            Ok(()) => Ok(true),
-            Err(e) if e.code == CUDA_ERROR_NOT_READY => Ok(false),
-            Err(e) => Err(e),
-        }
+        finished(unsafe { cu!(self.ctx.driver, cuEventQuery(self.raw)) })
     }
 
     pub fn synchronize(&self) -> Result<(), CudaError> {
@@ -385,15 +370,6 @@ impl Event {
             )?
         };
         Ok(ms)
-    }
-}
-
-impl Drop for Event {
-    fn drop(&mut self) {
-        if self.ctx.make_current().is_ok() {
-            // SAFETY: `raw` is live and dropped once.
-            let _ = unsafe { cu!(self.ctx.driver, cuEventDestroy(self.raw)) };
-        }
     }
 }
 
@@ -524,24 +500,10 @@ impl Drop for HostRegistration {
     }
 }
 
-struct ModuleHandle {
-    ctx: Arc<Context>,
-    raw: CUmodule,
-}
-
-// SAFETY: module handles may be used from any thread.
-unsafe impl Send for ModuleHandle {}
-// SAFETY: as for Send.
-unsafe impl Sync for ModuleHandle {}
-
-impl Drop for ModuleHandle {
-    fn drop(&mut self) {
-        if self.ctx.make_current().is_ok() {
-            // SAFETY: `raw` is live and unloaded once, after every Function
-            // made from it is gone (they hold this handle's Arc).
-            let _ = unsafe { cu!(self.ctx.driver, cuModuleUnload(self.raw)) };
-        }
-    }
+context_object! {
+    /// A loaded module, unloaded once every [`Function`] made from it is gone
+    /// (they hold an `Arc` of it).
+    struct ModuleHandle(CUmodule), released by cuModuleUnload;
 }
 
 /// A loaded module; unloaded when it and all its [`Function`]s are dropped.
@@ -739,6 +701,19 @@ pub struct LaunchConfig {
     pub attributes: Vec<LaunchAttr>,
 }
 
+impl LaunchConfig {
+    /// `blocks` blocks of `threads` threads along x, with no dynamic shared
+    /// memory and no attributes.
+    pub fn linear(blocks: u32, threads: u32) -> LaunchConfig {
+        LaunchConfig {
+            grid: [blocks, 1, 1],
+            block: [threads, 1, 1],
+            dynamic_shared_bytes: 0,
+            attributes: Vec::new(),
+        }
+    }
+}
+
 /// One launch attribute: its `CUlaunchAttributeID` and the first words of
 /// its value (cluster dimensions take three, the others one).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -747,17 +722,35 @@ pub struct LaunchAttr {
     pub value: [u32; 3],
 }
 
-/// The `cuFuncGetAttribute` values a client needs.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct FunctionAttributes {
-    pub max_threads_per_block: i32,
-    pub shared_size_bytes: i32,
-    pub const_size_bytes: i32,
-    pub local_size_bytes: i32,
-    pub num_regs: i32,
-    pub ptx_version: i32,
-    pub binary_version: i32,
-    pub max_dynamic_shared_size_bytes: i32,
+/// Declares [`FunctionAttributes`], one `i32` field per `FIELD =
+/// CU_FUNC_ATTRIBUTE_*`, and [`Function::attributes`], which reads them all.
+macro_rules! function_attributes {
+    ($($field:ident = $attr:ident,)*) => {
+        /// The `cuFuncGetAttribute` values a client needs.
+        #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+        pub struct FunctionAttributes {
+            $(pub $field: i32,)*
+        }
+
+        impl Function {
+            pub fn attributes(&self) -> Result<FunctionAttributes, CudaError> {
+                Ok(FunctionAttributes {
+                    $($field: self.attribute($attr)?,)*
+                })
+            }
+        }
+    };
+}
+
+function_attributes! {
+    max_threads_per_block = CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK,
+    shared_size_bytes = CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES,
+    const_size_bytes = CU_FUNC_ATTRIBUTE_CONST_SIZE_BYTES,
+    local_size_bytes = CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES,
+    num_regs = CU_FUNC_ATTRIBUTE_NUM_REGS,
+    ptx_version = CU_FUNC_ATTRIBUTE_PTX_VERSION,
+    binary_version = CU_FUNC_ATTRIBUTE_BINARY_VERSION,
+    max_dynamic_shared_size_bytes = CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
 }
 
 /// A kernel of a loaded module; keeps the module loaded.
@@ -826,20 +819,6 @@ impl Function {
         let ctx = self.ctx()?;
         // SAFETY: plain values and a live handle.
         unsafe { cu!(ctx.driver, cuFuncSetAttribute(self.raw, attr, value)) }
-    }
-
-    pub fn attributes(&self) -> Result<FunctionAttributes, CudaError> {
-        Ok(FunctionAttributes {
-            max_threads_per_block: self.attribute(CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK)?,
-            shared_size_bytes: self.attribute(CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES)?,
-            const_size_bytes: self.attribute(CU_FUNC_ATTRIBUTE_CONST_SIZE_BYTES)?,
-            local_size_bytes: self.attribute(CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES)?,
-            num_regs: self.attribute(CU_FUNC_ATTRIBUTE_NUM_REGS)?,
-            ptx_version: self.attribute(CU_FUNC_ATTRIBUTE_PTX_VERSION)?,
-            binary_version: self.attribute(CU_FUNC_ATTRIBUTE_BINARY_VERSION)?,
-            max_dynamic_shared_size_bytes: self
-                .attribute(CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES)?,
-        })
     }
 
     /// Queues the kernel on `stream` with the packed parameter buffer `params`

@@ -10,43 +10,30 @@ pub type CUresult = c_uint;
 pub type CUdevice = c_int;
 pub type CUdeviceptr = u64;
 
-/// Opaque driver objects, only ever seen through pointers.
-#[repr(C)]
-pub struct CUctx_st {
-    _private: [u8; 0],
-}
-#[repr(C)]
-pub struct CUstream_st {
-    _private: [u8; 0],
-}
-#[repr(C)]
-pub struct CUevent_st {
-    _private: [u8; 0],
-}
-#[repr(C)]
-pub struct CUmod_st {
-    _private: [u8; 0],
-}
-#[repr(C)]
-pub struct CUfunc_st {
-    _private: [u8; 0],
-}
-#[repr(C)]
-pub struct CUgraph_st {
-    _private: [u8; 0],
-}
-#[repr(C)]
-pub struct CUgraphExec_st {
-    _private: [u8; 0],
+/// Declares each `HANDLE = TAG`: an opaque driver object `TAG`, only ever
+/// seen through pointers, and `HANDLE`, a pointer to one.
+macro_rules! opaque_handles {
+    ($($handle:ident = $tag:ident;)*) => {
+        $(
+            #[repr(C)]
+            pub struct $tag {
+                _private: [u8; 0],
+            }
+            pub type $handle = *mut $tag;
+        )*
+    };
 }
 
-pub type CUcontext = *mut CUctx_st;
-pub type CUstream = *mut CUstream_st;
-pub type CUevent = *mut CUevent_st;
-pub type CUmodule = *mut CUmod_st;
-pub type CUfunction = *mut CUfunc_st;
-pub type CUgraph = *mut CUgraph_st;
-pub type CUgraphExec = *mut CUgraphExec_st;
+opaque_handles! {
+    CUcontext = CUctx_st;
+    CUstream = CUstream_st;
+    CUevent = CUevent_st;
+    CUmodule = CUmod_st;
+    CUfunction = CUfunc_st;
+    CUgraph = CUgraph_st;
+    CUgraphExec = CUgraphExec_st;
+}
+
 /// `CU_STREAM_CAPTURE_MODE_THREAD_LOCAL`: only this thread's unsafe calls end a capture.
 pub const CU_STREAM_CAPTURE_MODE_THREAD_LOCAL: c_uint = 1;
 
@@ -214,9 +201,6 @@ driver_api! {
     cuMemFreeHost ["cuMemFreeHost"] (Ptr);
     cuMemHostRegister ["cuMemHostRegister_v2", "cuMemHostRegister"] (Ptr, usize, c_uint);
     cuMemHostUnregister ["cuMemHostUnregister"] (Ptr);
-    cuMemcpyHtoD ["cuMemcpyHtoD_v2"] (CUdeviceptr, CPtr, usize);
-    cuMemcpyDtoH ["cuMemcpyDtoH_v2"] (Ptr, CUdeviceptr, usize);
-    cuMemcpyDtoD ["cuMemcpyDtoD_v2"] (CUdeviceptr, CUdeviceptr, usize);
     cuMemcpyHtoDAsync ["cuMemcpyHtoDAsync_v2"] (CUdeviceptr, CPtr, usize, CUstream);
     cuMemcpyDtoHAsync ["cuMemcpyDtoHAsync_v2"] (Ptr, CUdeviceptr, usize, CUstream);
     cuMemcpyDtoDAsync ["cuMemcpyDtoDAsync_v2"] (CUdeviceptr, CUdeviceptr, usize, CUstream);

@@ -78,6 +78,31 @@ impl Driver {
         let out: *mut c_void = (&mut map as *mut RawTensorMap).cast();
         let address = shape.address as usize as *mut c_void;
         let s = shape;
+        // Calls `$entry` with the tile's arguments amid the shape's: the six
+        // every encoding starts with, then the tile's, then the element
+        // strides and the options (the wide form takes `mode` after interleave).
+        macro_rules! encode {
+            ($entry:ident($($tile:expr),*) $(, mode: $mode:expr)?) => {
+                cu!(
+                    self,
+                    $entry(
+                        out,
+                        s.data_type as c_uint,
+                        s.rank as c_uint,
+                        address,
+                        s.dims.as_ptr(),
+                        s.strides.as_ptr(),
+                        $($tile,)*
+                        s.element_strides.as_ptr(),
+                        s.interleave as c_uint,
+                        $($mode as c_uint,)?
+                        s.swizzle as c_uint,
+                        s.l2_promotion as c_uint,
+                        s.oob_fill as c_uint
+                    )
+                )
+            };
+        }
         // SAFETY (every arm): `out` is a 64-byte aligned 128-byte buffer; the
         // arrays hold at least what the rank reads (checked above and in each
         // arm); the driver reads them during the call only.
@@ -87,25 +112,7 @@ impl Driver {
                     return Err(too_short("box dimensions"));
                 }
                 // SAFETY: as above; `box_dim` holds `rank` entries.
-                unsafe {
-                    cu!(
-                        self,
-                        cuTensorMapEncodeTiled(
-                            out,
-                            s.data_type as c_uint,
-                            s.rank as c_uint,
-                            address,
-                            s.dims.as_ptr(),
-                            s.strides.as_ptr(),
-                            box_dim.as_ptr(),
-                            s.element_strides.as_ptr(),
-                            s.interleave as c_uint,
-                            s.swizzle as c_uint,
-                            s.l2_promotion as c_uint,
-                            s.oob_fill as c_uint
-                        )
-                    )?
-                }
+                unsafe { encode!(cuTensorMapEncodeTiled(box_dim.as_ptr()))? }
             }
             TensorTile::Im2col {
                 lower,
@@ -117,28 +124,15 @@ impl Driver {
                 if lower.len() < spatial || upper.len() < spatial {
                     return Err(too_short("pixel box corners"));
                 }
+                let (channels, pixels) = (channels as c_uint, pixels as c_uint);
                 // SAFETY: as above; the corners hold `rank - 2` entries each.
                 unsafe {
-                    cu!(
-                        self,
-                        cuTensorMapEncodeIm2col(
-                            out,
-                            s.data_type as c_uint,
-                            s.rank as c_uint,
-                            address,
-                            s.dims.as_ptr(),
-                            s.strides.as_ptr(),
-                            lower.as_ptr(),
-                            upper.as_ptr(),
-                            channels as c_uint,
-                            pixels as c_uint,
-                            s.element_strides.as_ptr(),
-                            s.interleave as c_uint,
-                            s.swizzle as c_uint,
-                            s.l2_promotion as c_uint,
-                            s.oob_fill as c_uint
-                        )
-                    )?
+                    encode!(cuTensorMapEncodeIm2col(
+                        lower.as_ptr(),
+                        upper.as_ptr(),
+                        channels,
+                        pixels
+                    ))?
                 }
             }
             TensorTile::Im2colWide {
@@ -147,31 +141,17 @@ impl Driver {
                 channels,
                 pixels,
                 mode,
-            } =>
-            // SAFETY: as above; the wide mode takes scalars only beyond the shape.
-            unsafe {
-                cu!(
-                    self,
-                    cuTensorMapEncodeIm2colWide(
-                        out,
-                        s.data_type as c_uint,
-                        s.rank as c_uint,
-                        address,
-                        s.dims.as_ptr(),
-                        s.strides.as_ptr(),
-                        lower_width as c_int,
-                        upper_width as c_int,
-                        channels as c_uint,
-                        pixels as c_uint,
-                        s.element_strides.as_ptr(),
-                        s.interleave as c_uint,
-                        mode as c_uint,
-                        s.swizzle as c_uint,
-                        s.l2_promotion as c_uint,
-                        s.oob_fill as c_uint
-                    )
-                )?
-            },
+            } => {
+                let (lower, upper) = (lower_width as c_int, upper_width as c_int);
+                let (channels, pixels) = (channels as c_uint, pixels as c_uint);
+                // SAFETY: as above; the wide mode takes scalars only beyond the shape.
+                unsafe {
+                    encode!(
+                        cuTensorMapEncodeIm2colWide(lower, upper, channels, pixels),
+                        mode: mode
+                    )?
+                }
+            }
         }
         Ok(map.0)
     }

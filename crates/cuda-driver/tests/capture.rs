@@ -66,16 +66,10 @@ fn device_printf_of_a_fake_driver_is_captured_at_the_stream_sync() {
     let module = Module::load(&ctx, &common::fixture("default.fatbin"), 90).unwrap();
     let scale = module.function("scale").unwrap().unwrap();
     let dev = ctx.mem_alloc(64).unwrap();
-    let mut params = dev.to_le_bytes().to_vec();
-    params.extend_from_slice(&1.0f32.to_le_bytes());
-    params.extend_from_slice(&5i32.to_le_bytes());
-    let config = LaunchConfig {
-        grid: [1, 1, 1],
-        block: [8, 1, 1],
-        dynamic_shared_bytes: 0,
-        attributes: Vec::new(),
-    };
-    scale.launch(&stream, &config, &params, 16).unwrap();
+    let params = common::scale_params(dev, 1.0, 5);
+    scale
+        .launch(&stream, &LaunchConfig::linear(1, 8), &params, 16)
+        .unwrap();
     // The fake prints through C stdio at the synchronize, fully buffered
     // because fd 1 is a pipe: the window's fflush must bring it out.
     let (result, out) = stream.finish(Some(capture));

@@ -6,7 +6,7 @@ mod common;
 
 use std::ffi::OsStr;
 
-use common::{fake_context, fake_driver, fixture};
+use common::{fake_context, fake_driver, fixture, read_f32s, scale_params};
 
 use cumux_cuda_driver::{Driver, LoadError, REAL_LIBCUDA_ENV};
 
@@ -152,25 +152,10 @@ fn a_kernel_of_the_fake_gpu_gets_its_packed_parameters() {
     let (r, _) = stream.copy_htod_sync(dev, &bytes, None);
     r.unwrap();
     // scale(a, s = 2.0, n = 3): a[i] *= s + g_val[0] (g_val[0] is 1).
-    let mut params = Vec::new();
-    params.extend_from_slice(&dev.to_le_bytes());
-    params.extend_from_slice(&2.0f32.to_le_bytes());
-    params.extend_from_slice(&3i32.to_le_bytes());
-    let config = LaunchConfig {
-        grid: [1, 1, 1],
-        block: [32, 1, 1],
-        dynamic_shared_bytes: 0,
-        attributes: Vec::new(),
-    };
+    let params = scale_params(dev, 2.0, 3);
+    let config = LaunchConfig::linear(1, 32);
     scale.launch(&stream, &config, &params, 16).unwrap();
-    let mut back = vec![0u8; bytes.len()];
-    let (r, _) = stream.copy_dtoh_sync(&mut back, dev, None);
-    r.unwrap();
-    let got: Vec<f32> = back
-        .chunks(4)
-        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
-        .collect();
-    assert_eq!(got, [3.0, 6.0, 9.0, 4.0]);
+    assert_eq!(read_f32s(&stream, dev, 4), [3.0, 6.0, 9.0, 4.0]);
     // add(a, a, b, 4) with the 28-byte layout: the fake wants 32 bytes, which
     // the retry with the size rounded up to 8 gives it.
     let add = &functions[0];
@@ -185,14 +170,7 @@ fn a_kernel_of_the_fake_gpu_gets_its_packed_parameters() {
     }
     add_params.extend_from_slice(&4i32.to_le_bytes());
     add.launch(&stream, &config, &add_params, 28).unwrap();
-    let mut sums = vec![0u8; 16];
-    let (r, _) = stream.copy_dtoh_sync(&mut sums, b, None);
-    r.unwrap();
-    let sums: Vec<f32> = sums
-        .chunks(4)
-        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
-        .collect();
-    assert_eq!(sums, [6.0, 12.0, 18.0, 8.0]);
+    assert_eq!(read_f32s(&stream, b, 4), [6.0, 12.0, 18.0, 8.0]);
     // A bad launch still fails after the retry, with the first error.
     let err = add.launch(&stream, &config, &add_params, 20).unwrap_err();
     assert_eq!(err.code, 1);

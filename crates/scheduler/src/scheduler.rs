@@ -781,19 +781,39 @@ mod tests {
         std::iter::from_fn(|| s.poll(now)).map(|w| w.0).collect()
     }
 
+    /// Submits `items` at `now`, in order.
+    fn submit_all(s: &mut Scheduler, now: Nanos, items: impl IntoIterator<Item = WorkItem>) {
+        for w in items {
+            s.submit(now, w).unwrap();
+        }
+    }
+
+    /// Submits unhinted items `(id, tenant, stream)` at `now`, in order.
+    fn submit_plain(s: &mut Scheduler, now: Nanos, items: &[(u64, TenantId, u32)]) {
+        submit_all(
+            s,
+            now,
+            items
+                .iter()
+                .map(|&(id, t, stream)| item(id, t, stream, None)),
+        );
+    }
+
+    /// Completes item `id` at `now` after `ran_ns` on the device, and drains
+    /// what that lets go.
+    fn complete(s: &mut Scheduler, now: Nanos, id: u64, ran_ns: Nanos) -> Vec<u64> {
+        s.completed(now, WorkId(id), ran_ns).unwrap();
+        drain(s, now)
+    }
+
     #[test]
     fn fifo_keeps_arrival_order_and_stream_order() {
         let mut s = scheduler(Policy::Fifo, 2, &[TenantClass::Batch, TenantClass::Batch]);
-        s.submit(0, item(1, T0, 0, None)).unwrap();
-        s.submit(0, item(2, T0, 0, None)).unwrap();
-        s.submit(0, item(3, T1, 0, None)).unwrap();
-        s.submit(0, item(4, T1, 1, None)).unwrap();
+        submit_plain(&mut s, 0, &[(1, T0, 0), (2, T0, 0), (3, T1, 0), (4, T1, 1)]);
         // 2 waits for 1 (same stream), so 3 goes next; the device is then full.
         assert_eq!(drain(&mut s, 0), vec![1, 3]);
-        s.completed(10, WorkId(3), 10).unwrap();
-        assert_eq!(drain(&mut s, 10), vec![4]);
-        s.completed(20, WorkId(1), 20).unwrap();
-        assert_eq!(drain(&mut s, 20), vec![2]);
+        assert_eq!(complete(&mut s, 10, 3, 10), vec![4]);
+        assert_eq!(complete(&mut s, 20, 1, 20), vec![2]);
         assert_eq!(s.queued_total(), 0);
     }
 
@@ -804,28 +824,31 @@ mod tests {
             ..item(id, T0, stream, None)
         };
         let mut s = scheduler(Policy::Fifo, 4, &[TenantClass::Batch]);
-        s.submit(0, item(1, T0, 0, None)).unwrap();
-        s.submit(0, item(2, T0, 0, None)).unwrap(); // records the event
-        s.submit(0, waiting(3, 2, 1)).unwrap(); // waits for it
-        s.submit(0, waiting(4, 99, 2)).unwrap(); // names an item not held: no constraint
+        let items = [
+            item(1, T0, 0, None),
+            item(2, T0, 0, None), // records the event
+            waiting(3, 2, 1),     // waits for it
+            waiting(4, 99, 2),    // names an item not held: no constraint
+        ];
+        submit_all(&mut s, 0, items);
         assert_eq!(drain(&mut s, 0), vec![1, 4]);
-        s.completed(5, WorkId(1), 5).unwrap();
-        assert_eq!(drain(&mut s, 5), vec![2, 3]);
+        assert_eq!(complete(&mut s, 5, 1, 5), vec![2, 3]);
         for id in [2, 3, 4] {
             s.completed(6, WorkId(id), 1).unwrap();
         }
         // Ids may be reused once their item has left. Item 15 named the old item 11,
         // which is gone; the new item 11 queued behind 15 in its stream must not hold it.
-        s.submit(6, item(13, T0, 7, None)).unwrap();
-        s.submit(6, waiting(14, 13, 8)).unwrap();
-        s.submit(6, waiting(15, 11, 8)).unwrap();
-        s.submit(6, item(11, T0, 8, None)).unwrap();
+        let items = [
+            item(13, T0, 7, None),
+            waiting(14, 13, 8),
+            waiting(15, 11, 8),
+            item(11, T0, 8, None),
+        ];
+        submit_all(&mut s, 6, items);
         // 14 may go as soon as 13 is on the device.
         assert_eq!(drain(&mut s, 6), vec![13, 14]);
-        s.completed(8, WorkId(14), 1).unwrap();
-        assert_eq!(drain(&mut s, 8), vec![15]);
-        s.completed(9, WorkId(15), 1).unwrap();
-        assert_eq!(drain(&mut s, 9), vec![11]);
+        assert_eq!(complete(&mut s, 8, 14, 1), vec![15]);
+        assert_eq!(complete(&mut s, 9, 15, 1), vec![11]);
         assert_eq!(
             s.submit(9, waiting(7, 7, 4)),
             Err(SchedError::InvalidConfig)
@@ -852,24 +875,21 @@ mod tests {
             s.register_tenant(0, T1, TenantConfig::default()),
             Err(SchedError::TooManyTenants)
         );
-        assert_eq!(
-            s.submit(0, item(1, T1, 0, None)),
-            Err(SchedError::UnknownTenant(T1))
-        );
-        s.submit(0, item(1, T0, 0, None)).unwrap();
-        assert_eq!(
-            s.submit(0, item(1, T0, 0, None)),
-            Err(SchedError::DuplicateWork(WorkId(1)))
-        );
-        assert_eq!(
-            s.submit(0, item(2, T0, 1, None)),
-            Err(SchedError::TooManyStreams(T0))
-        );
-        s.submit(0, item(2, T0, 0, None)).unwrap();
-        assert_eq!(
-            s.submit(0, item(3, T0, 0, None)),
-            Err(SchedError::TenantQueueFull(T0))
-        );
+        // Submissions in order, each accepted or refused by the limit it meets.
+        let submissions = [
+            (item(1, T1, 0, None), Err(SchedError::UnknownTenant(T1))),
+            (item(1, T0, 0, None), Ok(())),
+            (
+                item(1, T0, 0, None),
+                Err(SchedError::DuplicateWork(WorkId(1))),
+            ),
+            (item(2, T0, 1, None), Err(SchedError::TooManyStreams(T0))),
+            (item(2, T0, 0, None), Ok(())),
+            (item(3, T0, 0, None), Err(SchedError::TenantQueueFull(T0))),
+        ];
+        for (work, expected) in submissions {
+            assert_eq!(s.submit(0, work), expected);
+        }
         assert_eq!(
             s.completed(0, WorkId(1), 0),
             Err(SchedError::UnknownWork(WorkId(1)))
@@ -974,21 +994,16 @@ mod tests {
             4,
             &[TenantClass::LatencyCritical, TenantClass::Batch],
         );
-        s.submit(0, item(1, T1, 0, None)).unwrap();
-        s.submit(0, item(2, T1, 1, None)).unwrap();
-        s.submit(0, item(3, T0, 0, None)).unwrap();
-        s.submit(0, item(4, T0, 0, None)).unwrap();
+        submit_plain(&mut s, 0, &[(1, T1, 0), (2, T1, 1), (3, T0, 0), (4, T0, 0)]);
         // Latency-critical first; batch held while its items are pending or running.
         assert_eq!(drain(&mut s, 0), vec![3]);
-        s.completed(100, WorkId(3), 100).unwrap();
-        assert_eq!(drain(&mut s, 100), vec![4]);
+        assert_eq!(complete(&mut s, 100, 3, 100), vec![4]);
         // Starvation guard: 1000 ns into the latency-critical busy period, one batch item.
         assert_eq!(s.next_wakeup(), Some(1_000));
         assert_eq!(drain(&mut s, 1_000), vec![1]);
         s.completed(1_200, WorkId(4), 1_100).unwrap();
         // The tenant lingers as active: batch stays capped at one item in flight.
         assert_eq!(drain(&mut s, 1_200), Vec::<u64>::new());
-        s.completed(1_300, WorkId(1), 300).unwrap();
-        assert_eq!(drain(&mut s, 1_300), vec![2]);
+        assert_eq!(complete(&mut s, 1_300, 1, 300), vec![2]);
     }
 }

@@ -85,6 +85,27 @@ fn all(report: &SimReport) -> Vec<usize> {
     (0..report.tenants.len()).collect()
 }
 
+/// [`simulate`]s `tenants` under the fair policy and shows the report as
+/// `LABEL slots N`.
+fn fair_on(
+    device: DeviceModel,
+    label: &str,
+    tenants: Vec<TenantSpec>,
+    seed: u64,
+    window: (Nanos, Nanos),
+) -> SimReport {
+    let report = simulate(fair(), device, tenants, seed, window);
+    show(&format!("{label} slots {}", device.slots), &report);
+    report
+}
+
+/// Asserts that the tenants `of` share the device fairly: Jain's index of
+/// their shares is at least 0.95.
+fn assert_fair(report: &SimReport, of: &[usize]) {
+    let jain = report.jain(of);
+    assert!(jain >= 0.95, "jain {jain}");
+}
+
 #[test]
 fn fair_shares_big_and_tiny_kernels_equally() {
     // A 2 ms-kernel tenant against a 5 µs-kernel tenant, both async programs (2 streams,
@@ -125,10 +146,8 @@ fn fair_shares_four_tenants_of_mixed_sizes() {
             TenantSpec::closed_loop(50 * US).streams(4, 2),
             TenantSpec::closed_loop(5 * US).streams(4, 8),
         ];
-        let report = simulate(fair(), device, tenants, 2, (20 * MS, 220 * MS));
-        show(&format!("four tenants slots {}", device.slots), &report);
-        let jain = report.jain(&all(&report));
-        assert!(jain >= 0.95, "jain {jain}");
+        let report = fair_on(device, "four tenants", tenants, 2, (20 * MS, 220 * MS));
+        assert_fair(&report, &all(&report));
     }
 }
 
@@ -150,8 +169,7 @@ fn fair_holds_a_flood_of_tiny_launches_next_to_one_huge_kernel_tenant() {
             &format!("flood-vs-huge slots {} fair", device.slots),
             &report,
         );
-        let jain = report.jain(&[0, 1]);
-        assert!(jain >= 0.95, "jain {jain}");
+        assert_fair(&report, &[0, 1]);
     }
 }
 
@@ -163,8 +181,7 @@ fn fair_gives_weighted_shares() {
             TenantSpec::closed_loop(100 * US).streams(4, 2).weight(1),
             TenantSpec::closed_loop(MS).streams(2, 2).weight(1),
         ];
-        let report = simulate(fair(), device, tenants, 4, (20 * MS, 320 * MS));
-        show(&format!("weighted 2:1:1 slots {}", device.slots), &report);
+        let report = fair_on(device, "weighted 2:1:1", tenants, 4, (20 * MS, 320 * MS));
         let shares: Vec<f64> = report.tenants.iter().map(|t| t.share).collect();
         for (share, expected) in shares.iter().zip([0.5, 0.25, 0.25]) {
             assert!(
@@ -230,8 +247,7 @@ fn fair_is_work_conserving_when_one_tenant_is_active() {
                 .streams(8, 4)
                 .active(0, 10 * MS),
         ];
-        let report = simulate(fair(), device, tenants, 6, (15 * MS, 80 * MS));
-        show(&format!("one active slots {}", device.slots), &report);
+        let report = fair_on(device, "one active", tenants, 6, (15 * MS, 80 * MS));
         assert_eq!(report.held_ns, 0);
         assert!(report.busy_ns >= report.window_ns as f64 - 1.0);
     }
@@ -254,10 +270,8 @@ fn fair_is_not_fooled_by_a_tenant_that_lies_about_costs() {
             .streams(8, 2);
         liar.hint = CostHint::Fixed(1);
         let tenants = vec![liar, TenantSpec::closed_loop(50 * US).streams(4, 4)];
-        let report = simulate(fair(), device, tenants, 10, (20 * MS, 420 * MS));
-        show(&format!("liar slots {}", device.slots), &report);
-        let jain = report.jain(&[0, 1]);
-        assert!(jain >= 0.95, "jain {jain}");
+        let report = fair_on(device, "liar", tenants, 10, (20 * MS, 420 * MS));
+        assert_fair(&report, &[0, 1]);
     }
 }
 
@@ -273,9 +287,8 @@ fn fair_handles_open_loop_bursts_beyond_the_device() {
                 .every(2 * MS),
             TenantSpec::closed_loop(200 * US).streams(2, 2),
         ];
-        let report = simulate(fair(), device, tenants, 12, (50 * MS, 350 * MS));
-        show(&format!("open-loop bursts slots {}", device.slots), &report);
-        assert!(report.jain(&all(&report)) >= 0.95);
+        let report = fair_on(device, "open-loop bursts", tenants, 12, (50 * MS, 350 * MS));
+        assert_fair(&report, &all(&report));
         assert!(report.tenants[1].rejected > 0);
         let limits = SchedulerConfig::new(fair(), 1).limits;
         assert!(report.max_queued <= limits.max_queued_per_tenant + 8);

@@ -177,6 +177,15 @@ struct Module {
     items: Vec<syn::Item>,
 }
 
+/// Where a module sits in the tree: its name and parent, the file holding its
+/// text, and where its `mod x;` children are looked for.
+struct Place<'a> {
+    name: &'a str,
+    parent: Option<usize>,
+    file: PathBuf,
+    child_dir: PathBuf,
+}
+
 /// Every module reachable from the crate roots (`lib.rs`, `main.rs`, `bin/*.rs`).
 struct ModuleTree {
     modules: Vec<Module>,
@@ -193,37 +202,38 @@ impl ModuleTree {
         });
         for root in roots {
             let dir = root.parent().unwrap_or(Path::new("")).to_path_buf();
-            tree.add_file_module(sources, "crate", None, root.clone(), dir);
+            let at = Place {
+                name: "crate",
+                parent: None,
+                file: root.clone(),
+                child_dir: dir,
+            };
+            tree.add_file_module(sources, at);
         }
         tree
     }
 
-    fn add_file_module(
-        &mut self,
-        sources: &BTreeMap<PathBuf, String>,
-        name: &str,
-        parent: Option<usize>,
-        file: PathBuf,
-        child_dir: PathBuf,
-    ) -> usize {
-        let text = &sources[&file];
-        let parsed =
-            syn::parse_file(text).unwrap_or_else(|err| panic!("parsing {}: {err}", file.display()));
-        self.add_module(sources, name, parent, file, child_dir, true, parsed.items)
+    fn add_file_module(&mut self, sources: &BTreeMap<PathBuf, String>, at: Place<'_>) -> usize {
+        let text = &sources[&at.file];
+        let parsed = syn::parse_file(text)
+            .unwrap_or_else(|err| panic!("parsing {}: {err}", at.file.display()));
+        self.add_module(sources, at, true, parsed.items)
     }
 
-    #[allow(clippy::too_many_arguments)]
     fn add_module(
         &mut self,
         sources: &BTreeMap<PathBuf, String>,
-        name: &str,
-        parent: Option<usize>,
-        file: PathBuf,
-        child_dir: PathBuf,
+        at: Place<'_>,
         file_top: bool,
         items: Vec<syn::Item>,
     ) -> usize {
         let id = self.modules.len();
+        let Place {
+            name,
+            parent,
+            file,
+            child_dir,
+        } = at;
         self.modules.push(Module {
             name: name.to_string(),
             parent,
@@ -239,15 +249,15 @@ impl ModuleTree {
             };
             let child_name = ident_text(&declared.ident);
             let child = match &declared.content {
-                Some((_, inner)) => self.add_module(
-                    sources,
-                    &child_name,
-                    Some(id),
-                    file.clone(),
-                    child_dir.join(&child_name),
-                    false,
-                    inner.clone(),
-                ),
+                Some((_, inner)) => {
+                    let at = Place {
+                        name: &child_name,
+                        parent: Some(id),
+                        file: file.clone(),
+                        child_dir: child_dir.join(&child_name),
+                    };
+                    self.add_module(sources, at, false, inner.clone())
+                }
                 None => {
                     let Some(child_file) =
                         self.child_file(sources, id, &child_name, &declared.attrs)
@@ -261,7 +271,13 @@ impl ModuleTree {
                     } else {
                         child_file.with_extension("")
                     };
-                    self.add_file_module(sources, &child_name, Some(id), child_file, grandchild_dir)
+                    let at = Place {
+                        name: &child_name,
+                        parent: Some(id),
+                        file: child_file,
+                        child_dir: grandchild_dir,
+                    };
+                    self.add_file_module(sources, at)
                 }
             };
             self.modules[id].children.insert(child_name, child);

@@ -118,6 +118,38 @@ fn prepare(
     Ok(Some((route, begun.after)))
 }
 
+/// How a copy's bytes move once prepared: through the lent staging buffer,
+/// or from or into a pinned buffer, else on the wire.
+enum Via<'b> {
+    Staging(&'b StagingBuffer),
+    Direct(Pinned),
+}
+
+/// A copy between host and device: [`prepare`]s it, moves its bytes with
+/// `copy` by its route (on the wire where the staging buffer cannot be had)
+/// and finishes it.
+fn carry(
+    c: &Client,
+    st: StateGuard<'_>,
+    op: GraphOp,
+    host: usize,
+    len: usize,
+    stream: Option<Handle>,
+    mut copy: impl FnMut(Via<'_>) -> CuResult<()>,
+) -> CuResult<()> {
+    let Some((route, after)) = prepare(c, st, op, host, len, stream)? else {
+        return Ok(());
+    };
+    match route {
+        Route::Staged(loan) => match staged(c, loan, |b| copy(Via::Staging(b))) {
+            Some(done) => done?,
+            None => copy(Via::Direct(None))?,
+        },
+        Route::Direct(pinned) => copy(Via::Direct(pinned))?,
+    }
+    after.finish(c)
+}
+
 /// Host to device; `st` from [`ready`].
 pub(crate) fn htod(
     c: &Client,
@@ -135,17 +167,10 @@ pub(crate) fn htod(
         src: host,
         len,
     };
-    let Some((route, after)) = prepare(c, st, op, host, len, stream)? else {
-        return Ok(());
-    };
-    match route {
-        Route::Staged(loan) => match staged(c, loan, |b| crate::staging::htod(c, b, dst, src)) {
-            Some(done) => done?,
-            None => send_htod(c, dst, src, None, stream)?,
-        },
-        Route::Direct(pinned) => send_htod(c, dst, src, pinned, stream)?,
-    }
-    after.finish(c)
+    carry(c, st, op, host, len, stream, |via| match via {
+        Via::Staging(b) => crate::staging::htod(c, b, dst, src),
+        Via::Direct(pinned) => send_htod(c, dst, src, pinned, stream),
+    })
 }
 
 /// Host to device from a pinned buffer, or with the bytes on the wire (in
@@ -192,17 +217,10 @@ pub(crate) fn dtoh(
         src,
         len,
     };
-    let Some((route, after)) = prepare(c, st, op, host, len, stream)? else {
-        return Ok(());
-    };
-    match route {
-        Route::Staged(loan) => match staged(c, loan, |b| crate::staging::dtoh(c, b, dst, src)) {
-            Some(done) => done?,
-            None => send_dtoh(c, dst, src, None, stream)?,
-        },
-        Route::Direct(pinned) => send_dtoh(c, dst, src, pinned, stream)?,
-    }
-    after.finish(c)
+    carry(c, st, op, host, len, stream, |via| match via {
+        Via::Staging(b) => crate::staging::dtoh(c, b, dst, src),
+        Via::Direct(pinned) => send_dtoh(c, dst, src, pinned, stream),
+    })
 }
 
 /// Device to host into a pinned buffer (landing in the program's buffer:

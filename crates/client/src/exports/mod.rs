@@ -47,24 +47,37 @@ macro_rules! driver_fn {
     };
 }
 
-/// Defines one exported stub per driver symbol cumux does not implement: it
-/// says so on stderr the first time it is called and returns
-/// `CUDA_ERROR_NOT_SUPPORTED`. Arguments are ignored, which the C calling
-/// convention allows.
-macro_rules! not_implemented_stubs {
-    ($($name:ident),* $(,)?) => {
+/// Takes every symbol a driver exports, as the generator lists them
+/// (`generated/symbols.rs`): `implemented { .. }` (defined in these modules)
+/// and `stubs { .. }`. Defines one exported stub per symbol cumux does not
+/// implement: it says so on stderr the first time it is called and returns
+/// `CUDA_ERROR_NOT_SUPPORTED` (arguments are ignored, which the C calling
+/// convention allows). And `symbol_address`, a match over every symbol.
+macro_rules! driver_symbols {
+    (implemented { $($implemented:ident,)* } stubs { $($stub:ident,)* }) => {
         $(
             #[no_mangle]
             #[allow(non_snake_case)]
-            pub extern "C" fn $name() -> $crate::errors::CUresult {
+            pub extern "C" fn $stub() -> $crate::errors::CUresult {
                 static SAID: std::sync::Once = std::sync::Once::new();
-                SAID.call_once(|| $crate::errors::report_not_implemented(stringify!($name)));
+                SAID.call_once(|| $crate::errors::report_not_implemented(stringify!($stub)));
                 $crate::errors::CUDA_ERROR_NOT_SUPPORTED
             }
         )*
+
+        /// The address of an exported driver symbol by its exact name
+        /// (`cuMemAlloc_v2`), implemented or stubbed.
+        pub fn symbol_address(symbol: &str) -> Option<*const std::ffi::c_void> {
+            let f: *const std::ffi::c_void = match symbol {
+                $(stringify!($implemented) => super::$implemented as *const std::ffi::c_void,)*
+                $(stringify!($stub) => $stub as *const std::ffi::c_void,)*
+                _ => return None,
+            };
+            Some(f)
+        }
     };
 }
-pub(crate) use not_implemented_stubs;
+pub(crate) use driver_symbols;
 
 mod context;
 mod copy;
@@ -79,8 +92,8 @@ mod module;
 mod occupancy;
 mod proc_address;
 mod stream;
-#[path = "../generated/stubs.rs"]
-mod stubs;
+#[path = "../generated/symbols.rs"]
+mod symbols;
 mod sync;
 mod tensor_map;
 
@@ -97,5 +110,5 @@ pub use module::*;
 pub use occupancy::*;
 pub use proc_address::*;
 pub use stream::*;
-pub use stubs::*;
+pub use symbols::*;
 pub use tensor_map::*;

@@ -249,6 +249,40 @@ fn link_input(state: *mut c_void, kind: u32, bytes: Vec<u8>) -> CuResult<()> {
     Ok(())
 }
 
+/// Defines the `cuLibraryLoad*` exports: each takes the library's out-pointer
+/// and its source, then JIT options and library options (each an array of
+/// options, an array of values and their count), which cumux ignores.
+macro_rules! library_loaders {
+    ($(fn $name:ident($library:ident: $out:ty, $source:ident: $from:ty) $body:block)*) => {
+        driver_fn! { $(
+            fn $name(
+                $library: $out,
+                $source: $from,
+                _jit_opts: *mut CUjit_option,
+                _jit_vals: *mut *mut c_void,
+                _n_jit: u32,
+                _lib_opts: *mut CUlibraryOption,
+                _lib_vals: *mut *mut c_void,
+                _n_lib: u32
+            ) $body
+        )* }
+    };
+}
+
+library_loaders! {
+    fn cuLibraryLoadData(library: *mut *mut c_void, code: *const c_void) {
+        let c = client()?;
+        out(library, to_ptr(library_from(c, code)?))
+    }
+
+    fn cuLibraryLoadFromFile(library: *mut *mut c_void, path: *const c_char) {
+        let c = client()?;
+        let h = c.mint();
+        load_library(c, h, load_file(path)?)?;
+        out(library, to_ptr(h))
+    }
+}
+
 driver_fn! {
     fn cuModuleLoad(module: *mut *mut c_void, path: *const c_char) {
         out(module, load_module(client()?, || load_file(path))?)
@@ -294,36 +328,6 @@ driver_fn! {
     fn cuModuleEnumerateFunctions(fs: *mut *mut c_void, n: u32, module: *mut c_void) {
         let functions = module_functions(&client()?.lock(), handle(module))?;
         write_handles(fs, n, &functions)
-    }
-
-    fn cuLibraryLoadData(
-        library: *mut *mut c_void,
-        code: *const c_void,
-        _jit_opts: *mut CUjit_option,
-        _jit_vals: *mut *mut c_void,
-        _n_jit: u32,
-        _lib_opts: *mut CUlibraryOption,
-        _lib_vals: *mut *mut c_void,
-        _n_lib: u32
-    ) {
-        let c = client()?;
-        out(library, to_ptr(library_from(c, code)?))
-    }
-
-    fn cuLibraryLoadFromFile(
-        library: *mut *mut c_void,
-        path: *const c_char,
-        _jit_opts: *mut CUjit_option,
-        _jit_vals: *mut *mut c_void,
-        _n_jit: u32,
-        _lib_opts: *mut CUlibraryOption,
-        _lib_vals: *mut *mut c_void,
-        _n_lib: u32
-    ) {
-        let c = client()?;
-        let h = c.mint();
-        load_library(c, h, load_file(path)?)?;
-        out(library, to_ptr(h))
     }
 
     fn cuLibraryGetKernel(kernel: *mut *mut c_void, library: *mut c_void, name: *const c_char) {

@@ -4,26 +4,10 @@
 
 use std::ffi::{c_char, c_void};
 
+use super::symbols::symbol_address;
 use crate::abi::{c_str, out, out_opt};
 use crate::entry_points::{self, SymbolStatus};
 use crate::errors::*;
-
-/// Defines `symbol_address`, a match over every symbol the headers name.
-macro_rules! symbol_table {
-    ($($symbol:ident),* $(,)?) => {
-        /// The address of an exported driver symbol by its exact name
-        /// (`cuMemAlloc_v2`), implemented or stubbed.
-        pub fn symbol_address(symbol: &str) -> Option<*const c_void> {
-            let f: *const c_void = match symbol {
-                $(stringify!($symbol) => super::$symbol as *const c_void,)*
-                _ => return None,
-            };
-            Some(f)
-        }
-    };
-}
-
-cumux_cuda_bindings::with_driver_symbols!(symbol_table);
 
 fn proc_address(
     symbol: *const c_char,

@@ -29,6 +29,17 @@ fn known_stream(s: *mut c_void) -> CuResult<(&'static Client, StateGuard<'static
     Ok((c, st, stream))
 }
 
+/// The stream the program names and its `CUstreamCaptureStatus`.
+fn capture_status(s: *mut c_void) -> CuResult<(Handle, u32)> {
+    let (_, st, stream) = known_stream(s)?;
+    let status = if st.capturing(stream) {
+        CAPTURE_ACTIVE
+    } else {
+        0
+    };
+    Ok((stream, status))
+}
+
 /// The server handle of an event the program names, checked under `st`.
 fn known_event(st: &StateGuard<'_>, e: *mut c_void) -> CuResult<Handle> {
     let event = handles::wire_or_invalid(e)?;
@@ -228,10 +239,7 @@ driver_fn! {
     }
 
     fn cuStreamIsCapturing | cuStreamIsCapturing_ptsz (s: *mut c_void, status: *mut u32) {
-        let (_, st, stream) = known_stream(s)?;
-        let capturing = st.capturing(stream);
-        drop(st);
-        out(status, if capturing { CAPTURE_ACTIVE } else { 0 })
+        out(status, capture_status(s)?.1)
     }
 
     // The newest form answers for all: the stream's id and capture status;
@@ -245,15 +253,13 @@ driver_fn! {
         edges: *mut *const CUgraphEdgeData,
         num_deps: *mut usize
     ) {
-        let (_, st, stream) = known_stream(s)?;
-        let capturing = st.capturing(stream);
-        drop(st);
+        let (stream, capture) = capture_status(s)?;
         out_opt(id, stream);
         out_opt(graph, std::ptr::null_mut());
         out_opt(deps, std::ptr::null());
         out_opt(edges, std::ptr::null());
         out_opt(num_deps, 0);
-        out(status, if capturing { CAPTURE_ACTIVE } else { 0 })
+        out(status, capture)
     }
 
     fn cuStreamGetCaptureInfo_v2 | cuStreamGetCaptureInfo_v2_ptsz (

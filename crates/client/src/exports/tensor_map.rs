@@ -23,40 +23,6 @@ fn array<T: Copy>(ptr: *const T, n: usize) -> CuResult<Vec<T>> {
         .collect())
 }
 
-/// The parts every encoding shares, read from the program's arrays.
-#[allow(clippy::too_many_arguments)]
-fn request(
-    data_type: u32,
-    rank: u32,
-    address: *mut c_void,
-    dims: *const u64,
-    strides: *const u64,
-    element_strides: *const u32,
-    interleave: u32,
-    swizzle: u32,
-    l2_promotion: u32,
-    oob_fill: u32,
-    layout: TensorMapLayout,
-) -> CuResult<TensorMapRequest> {
-    if !(1..=MAX_RANK).contains(&rank) {
-        return Err(CUDA_ERROR_INVALID_VALUE);
-    }
-    let r = rank as usize;
-    Ok(TensorMapRequest {
-        data_type,
-        rank,
-        global_address: address as u64,
-        global_dim: array(dims, r)?,
-        global_strides: array(strides, r - 1)?,
-        element_strides: array(element_strides, r)?,
-        interleave,
-        swizzle,
-        l2_promotion,
-        oob_fill,
-        layout,
-    })
-}
-
 /// Has the server encode `request` and writes the descriptor to `map`.
 fn encode(map: *mut c_void, request: TensorMapRequest) -> CuResult<()> {
     let out = host_bytes_mut(map, TENSOR_MAP_BYTES)?;
@@ -71,81 +37,87 @@ fn encode(map: *mut c_void, request: TensorMapRequest) -> CuResult<()> {
     }
 }
 
-driver_fn! {
-    fn cuTensorMapEncodeTiled(
-        map: *mut c_void,
-        data_type: u32,
-        rank: u32,
-        address: *mut c_void,
-        dims: *const u64,
-        strides: *const u64,
-        box_dim: *const u32,
-        element_strides: *const u32,
-        interleave: u32,
-        swizzle: u32,
-        l2_promotion: u32,
-        oob_fill: u32
-    ) {
-        let layout = TensorMapLayout::Tiled { box_dim: array(box_dim, rank.min(MAX_RANK) as usize)? };
-        let r = request(data_type, rank, address, dims, strides, element_strides, interleave, swizzle, l2_promotion, oob_fill, layout)?;
-        encode(map, r)
+/// Defines the `cuTensorMapEncode*` exports. Each takes the map and the
+/// tensor (type, rank, address, dimensions, strides), then its layout's own
+/// arguments, then the element strides and the options (the wide form takes
+/// `mode` after interleave). Its body makes the layout from its own arguments
+/// and `rank`, the rank as a count of entries; the server encodes the rest.
+macro_rules! tensor_map_encoders {
+    ($(fn $name:ident($($arg:ident: $ty:ty),*) $(mode: $mode:ident)? |$rank:ident| $layout:block)*) => {
+        driver_fn! { $(
+            fn $name(
+                map: *mut c_void,
+                data_type: u32,
+                rank: u32,
+                address: *mut c_void,
+                dims: *const u64,
+                strides: *const u64,
+                $($arg: $ty,)*
+                element_strides: *const u32,
+                interleave: u32,
+                $($mode: u32,)?
+                swizzle: u32,
+                l2_promotion: u32,
+                oob_fill: u32
+            ) {
+                let $rank = rank.min(MAX_RANK) as usize;
+                let layout = $layout;
+                if !(1..=MAX_RANK).contains(&rank) {
+                    return Err(CUDA_ERROR_INVALID_VALUE);
+                }
+                let r = rank as usize;
+                let request = TensorMapRequest {
+                    data_type,
+                    rank,
+                    global_address: address as u64,
+                    global_dim: array(dims, r)?,
+                    global_strides: array(strides, r - 1)?,
+                    element_strides: array(element_strides, r)?,
+                    interleave,
+                    swizzle,
+                    l2_promotion,
+                    oob_fill,
+                    layout,
+                };
+                encode(map, request)
+            }
+        )* }
+    };
+}
+
+tensor_map_encoders! {
+    fn cuTensorMapEncodeTiled(box_dim: *const u32) |rank| {
+        TensorMapLayout::Tiled { box_dim: array(box_dim, rank)? }
     }
 
     fn cuTensorMapEncodeIm2col(
-        map: *mut c_void,
-        data_type: u32,
-        rank: u32,
-        address: *mut c_void,
-        dims: *const u64,
-        strides: *const u64,
         lower: *const i32,
         upper: *const i32,
-        channels_per_pixel: u32,
-        pixels_per_column: u32,
-        element_strides: *const u32,
-        interleave: u32,
-        swizzle: u32,
-        l2_promotion: u32,
-        oob_fill: u32
-    ) {
+        channels: u32,
+        pixels: u32
+    ) |rank| {
         // The corners have one entry per spatial dimension (rank - 2).
-        let spatial = (rank.min(MAX_RANK) as usize).saturating_sub(2);
-        let layout = TensorMapLayout::Im2col {
+        let spatial = rank.saturating_sub(2);
+        TensorMapLayout::Im2col {
             lower_corner: array(lower, spatial)?,
             upper_corner: array(upper, spatial)?,
-            channels_per_pixel,
-            pixels_per_column,
-        };
-        let r = request(data_type, rank, address, dims, strides, element_strides, interleave, swizzle, l2_promotion, oob_fill, layout)?;
-        encode(map, r)
+            channels_per_pixel: channels,
+            pixels_per_column: pixels,
+        }
     }
 
     fn cuTensorMapEncodeIm2colWide(
-        map: *mut c_void,
-        data_type: u32,
-        rank: u32,
-        address: *mut c_void,
-        dims: *const u64,
-        strides: *const u64,
-        lower_corner_width: i32,
-        upper_corner_width: i32,
-        channels_per_pixel: u32,
-        pixels_per_column: u32,
-        element_strides: *const u32,
-        interleave: u32,
-        mode: u32,
-        swizzle: u32,
-        l2_promotion: u32,
-        oob_fill: u32
-    ) {
-        let layout = TensorMapLayout::Im2colWide {
-            lower_corner_width,
-            upper_corner_width,
-            channels_per_pixel,
-            pixels_per_column,
+        lower_width: i32,
+        upper_width: i32,
+        channels: u32,
+        pixels: u32
+    ) mode: mode |_rank| {
+        TensorMapLayout::Im2colWide {
+            lower_corner_width: lower_width,
+            upper_corner_width: upper_width,
+            channels_per_pixel: channels,
+            pixels_per_column: pixels,
             mode,
-        };
-        let r = request(data_type, rank, address, dims, strides, element_strides, interleave, swizzle, l2_promotion, oob_fill, layout)?;
-        encode(map, r)
+        }
     }
 }

@@ -10,7 +10,7 @@ use cumux_cuda_driver::capture::StdoutCapture;
 use cumux_cuda_driver::image::params_bytes;
 use cumux_cuda_driver::sys::CU_STREAM_NON_BLOCKING;
 use cumux_cuda_driver::{
-    Context, CudaError, DeviceId, Driver, Function, LaunchConfig, Module, Stream,
+    Context, CudaError, DeviceId, Driver, Function, LaunchConfig, MemsetValue, Module, Stream,
 };
 
 const VECTOR_ADD: &[u8] = include_bytes!("../../tests/fixtures/vector_add.fatbin");
@@ -100,15 +100,6 @@ fn kernel(module: &Module, name: &str) -> Result<Function, CudaError> {
     })
 }
 
-fn blocks(threads: u32, count: u32) -> LaunchConfig {
-    LaunchConfig {
-        grid: [count, 1, 1],
-        block: [threads, 1, 1],
-        dynamic_shared_bytes: 0,
-        attributes: Vec::new(),
-    }
-}
-
 fn vector_add(ctx: &Arc<Context>, sm: u32) -> Result<String, CudaError> {
     let stream = Stream::new(ctx, CU_STREAM_NON_BLOCKING, 0)?;
     let started = Instant::now();
@@ -135,7 +126,12 @@ fn vector_add(ctx: &Arc<Context>, sm: u32) -> Result<String, CudaError> {
         params.extend_from_slice(&p.to_le_bytes());
     }
     params.extend_from_slice(&(n as i32).to_le_bytes());
-    f.launch(&stream, &blocks(256, 4), &params, params_bytes(&layout))?;
+    f.launch(
+        &stream,
+        &LaunchConfig::linear(4, 256),
+        &params,
+        params_bytes(&layout),
+    )?;
     let mut out = vec![0u8; n * 4];
     stream.copy_dtoh_sync(&mut out, dc, None).0?;
     for p in [da, db, dc] {
@@ -166,8 +162,14 @@ fn printf_capture(ctx: &Arc<Context>, sm: u32) -> Result<String, CudaError> {
     let layout = f.param_layout()?;
     let mut params = 7i32.to_le_bytes().to_vec();
     params.extend_from_slice(&1.25f32.to_le_bytes());
-    let (launched, before) =
-        capture.window(|| f.launch(&stream, &blocks(32, 2), &params, params_bytes(&layout)));
+    let (launched, before) = capture.window(|| {
+        f.launch(
+            &stream,
+            &LaunchConfig::linear(2, 32),
+            &params,
+            params_bytes(&layout),
+        )
+    });
     launched?;
     let (synced, out) = stream.finish(Some(capture));
     synced?;
@@ -200,14 +202,14 @@ fn fault_isolation(
     let data = victim.mem_alloc(1024)?;
     let mut params = data.to_le_bytes().to_vec();
     params.extend_from_slice(&(1u64 << 40).to_le_bytes());
-    f.launch(&stream, &blocks(32, 1), &params, 16)?;
+    f.launch(&stream, &LaunchConfig::linear(1, 32), &params, 16)?;
     let fault = stream.synchronize();
     let code = fault.as_ref().err().map(|e| e.code);
     if code != Some(700) {
         return Err(CudaError::new(0, "NO FAULT", "out_of_bounds")
             .with_detail(format!("the sync returned {fault:?}, not 700")));
     }
-    let sticky = victim.memset_d8(data, 0, 4).is_err();
+    let sticky = victim.memset(data, MemsetValue::D8(0), 4).is_err();
     drop((f, module, stream));
     drop(victim);
     // Whether another context of this process goes on: a finding about the
@@ -245,7 +247,7 @@ fn latency(ctx: &Arc<Context>, sm: u32) -> Result<String, CudaError> {
         let mut samples = Vec::with_capacity(2000);
         for _ in 0..2000 {
             let t = Instant::now();
-            f.launch(&stream, &blocks(32, 1), &params, bytes)?;
+            f.launch(&stream, &LaunchConfig::linear(1, 32), &params, bytes)?;
             let (r, _) = stream.finish(if with_capture { capture } else { None });
             r?;
             samples.push(t.elapsed());

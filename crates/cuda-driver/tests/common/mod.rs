@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
 
-use cumux_cuda_driver::{Context, Driver};
+use cumux_cuda_driver::{Context, Driver, Stream};
 
 /// Builds tests/fake_libcuda.c with `defines` as `<name>.so`, or `None` (and a
 /// note) when no C compiler exists.
@@ -43,4 +43,24 @@ pub fn fake_context(path: &Path) -> Arc<Context> {
     let driver = Arc::new(Driver::open(path.as_os_str()).unwrap());
     driver.init().unwrap();
     driver.create_context(driver.device(0).unwrap(), 0).unwrap()
+}
+
+/// The packed parameters of the fixtures' `scale(float *a, float s, int n)`.
+#[allow(dead_code)]
+pub fn scale_params(a: u64, s: f32, n: i32) -> Vec<u8> {
+    let mut params = a.to_le_bytes().to_vec();
+    params.extend_from_slice(&s.to_le_bytes());
+    params.extend_from_slice(&n.to_le_bytes());
+    params
+}
+
+/// `n` floats copied back from `dev` on `stream`.
+#[allow(dead_code)]
+pub fn read_f32s(stream: &Stream, dev: u64, n: usize) -> Vec<f32> {
+    let mut back = vec![0u8; 4 * n];
+    let (r, _) = stream.copy_dtoh_sync(&mut back, dev, None);
+    r.unwrap();
+    back.chunks(4)
+        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+        .collect()
 }

@@ -32,12 +32,9 @@ impl Ring {
     #[inline]
     pub(super) fn free(&self, area: &ShmArea, written: u64) -> Result<u64, ShmError> {
         let peer_read = area.word64(self.read_word).load(Ordering::Acquire);
-        let used = written.wrapping_sub(peer_read);
-        if used > self.cap {
-            return Err(ShmError::Violation(format!(
-                "read position {peer_read} of a ring written to {written}"
-            )));
-        }
+        let used = self.span(peer_read, written, || {
+            format!("read position {peer_read} of a ring written to {written}")
+        })?;
         Ok(self.cap - used)
     }
 
@@ -46,13 +43,26 @@ impl Ring {
     #[inline]
     pub(super) fn available(&self, area: &ShmArea, read: u64) -> Result<u64, ShmError> {
         let peer_write = area.word64(self.write_word).load(Ordering::Acquire);
-        let avail = peer_write.wrapping_sub(read);
-        if avail > self.cap {
-            return Err(ShmError::Violation(format!(
-                "write position {peer_write} of a ring read to {read}"
-            )));
+        self.span(read, peer_write, || {
+            format!("write position {peer_write} of a ring read to {read}")
+        })
+    }
+
+    /// The bytes between the read position `from` and the write position `to`
+    /// (positions count up and wrap); more than the ring holds is a violation,
+    /// told by `violation`.
+    #[inline]
+    fn span(
+        &self,
+        from: u64,
+        to: u64,
+        violation: impl FnOnce() -> String,
+    ) -> Result<u64, ShmError> {
+        let span = to.wrapping_sub(from);
+        if span > self.cap {
+            return Err(ShmError::Violation(violation()));
         }
-        Ok(avail)
+        Ok(span)
     }
 
     /// Publishes this side's write position to the peer.
