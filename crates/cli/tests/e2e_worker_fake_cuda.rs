@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use cumux_protocol::codes;
 use cumux_protocol::DEFAULT_STREAM;
-use cumux_server::device::{LaunchGeometry, StreamWork, SyncTarget};
+use cumux_server::device::{KernelLaunch, LaunchGeometry, StreamWork, SyncTarget};
 use cumux_server::worker::device::{cuda_worker_devices, Sharing};
 
 const CUMUX: &str = env!("CARGO_BIN_EXE_cumux");
@@ -49,6 +49,25 @@ fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
     while !done() {
         assert!(Instant::now() < deadline, "timed out waiting for {what}");
         std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// `scale(buf, 2.0, n)`, kernel 1 of the fixture's `module`, on one block.
+fn scale(module: u64, buf: u64, n: i32) -> KernelLaunch {
+    let mut params = buf.to_le_bytes().to_vec();
+    params.extend_from_slice(&2.0f32.to_le_bytes());
+    params.extend_from_slice(&n.to_le_bytes());
+    let geometry = LaunchGeometry {
+        grid: [1, 1, 1],
+        block: [32, 1, 1],
+        dynamic_shared_bytes: 0,
+        attributes: Vec::new(),
+    };
+    KernelLaunch {
+        module,
+        kernel: 1,
+        geometry,
+        params,
     }
 }
 
@@ -99,16 +118,7 @@ fn cuda_contexts_live_in_workers() {
     assert_eq!(module.globals.len(), 1);
     assert_eq!(device.mem_used(), 32);
 
-    let mut params = a.to_le_bytes().to_vec();
-    params.extend_from_slice(&2.0f32.to_le_bytes());
-    params.extend_from_slice(&3i32.to_le_bytes());
-    let geometry = LaunchGeometry {
-        grid: [1, 1, 1],
-        block: [32, 1, 1],
-        dynamic_shared_bytes: 0,
-        attributes: Vec::new(),
-    };
-    let outcome = ctx.launch(module.id, 1, &geometry, &params);
+    let outcome = ctx.launch(&scale(module.id, a, 3));
     assert_eq!(outcome.result, Ok(()));
     // The driver's printf, written through the worker's C stdio.
     assert_eq!(
@@ -130,7 +140,7 @@ fn cuda_contexts_live_in_workers() {
     assert_eq!(unsafe { libc::kill(newest, libc::SIGKILL) }, 0);
     let e = other.mem_alloc(8).unwrap_err();
     assert_eq!(e.code, codes::LAUNCH_FAILED, "{e}");
-    let outcome = other.launch(module.id, 1, &geometry, &params);
+    let outcome = other.launch(&scale(module.id, a, 3));
     assert!(outcome.result.is_err());
     // The killed worker was reaped at once.
     wait_until("the killed worker to be reaped", || children().len() == 1);
@@ -189,25 +199,11 @@ fn cuda_contexts_live_in_workers() {
     let third = shared[0].create_context().unwrap();
     let m3 = third.module_load(&image).unwrap();
     let (buf1, buf3) = (first.mem_alloc(64).unwrap(), third.mem_alloc(64).unwrap());
-    let scale = |buf: u64, n: i32| {
-        let mut p = buf.to_le_bytes().to_vec();
-        p.extend_from_slice(&2.0f32.to_le_bytes());
-        p.extend_from_slice(&n.to_le_bytes());
-        p
-    };
     let ordered = first.stream_ordered().unwrap();
-    assert!(ordered.enqueue(
-        DEFAULT_STREAM,
-        StreamWork::Launch {
-            module: again.id,
-            kernel: 1,
-            geometry: geometry.clone(),
-            params: scale(buf1, 3),
-        },
-    ));
+    assert!(ordered.enqueue(DEFAULT_STREAM, StreamWork::Launch(scale(again.id, buf1, 3))));
     // The first session's kernel has printed before the other waits.
     std::thread::sleep(Duration::from_millis(100));
-    let out3 = third.launch(m3.id, 1, &geometry, &scale(buf3, 5));
+    let out3 = third.launch(&scale(m3.id, buf3, 5));
     assert_eq!(String::from_utf8_lossy(&out3.stdout), "scale printed n=5\n");
     let out1 = ordered.synchronize(SyncTarget::Context);
     assert_eq!(String::from_utf8_lossy(&out1.stdout), "scale printed n=3\n");

@@ -34,12 +34,12 @@ const MEMSET: KernelId = KernelId(u64::MAX - 4);
 /// `None`: work the gate does not schedule (event records and waits, signals).
 pub fn kernel_id_of(work: &StreamWork) -> Option<KernelId> {
     Some(match work {
-        StreamWork::Launch { module, kernel, .. } => KernelId((module << 16) ^ *kernel as u64),
+        StreamWork::Launch(l) => KernelId((l.module << 16) ^ l.kernel as u64),
         StreamWork::Graph { graph } => KernelId(graph << 16),
         StreamWork::Write { .. } | StreamWork::HostToDevice { .. } => TO_DEVICE,
         StreamWork::DeviceToHost { .. } => TO_HOST,
         StreamWork::Copy { .. } => DEVICE_COPY,
-        StreamWork::Fill { .. } => MEMSET,
+        StreamWork::Fill(_) => MEMSET,
         StreamWork::Record { .. }
         | StreamWork::Wait { .. }
         | StreamWork::Signal { .. }

@@ -18,7 +18,7 @@ use cumux_protocol::{codes, CuError, DeviceInfo, DevicePtr, FunctionAttrs, Param
 
 use super::attributes::{cpu_device_attributes, AttributeInputs};
 use super::{
-    Device, DeviceContext, GlobalDesc, KernelDesc, LaunchGeometry, LaunchOutcome, LoadedModule,
+    Device, DeviceContext, GlobalDesc, KernelDesc, KernelLaunch, LaunchOutcome, LoadedModule,
     ModuleId,
 };
 use crate::locking::lock;
@@ -304,16 +304,11 @@ impl DeviceContext for ModelMemory {
         }
     }
 
-    fn launch(
-        &self,
-        module: ModuleId,
-        kernel: usize,
-        _geometry: &LaunchGeometry,
-        params: &[u8],
-    ) -> LaunchOutcome {
+    fn launch(&self, launch: &KernelLaunch) -> LaunchOutcome {
+        let run = || self.run_kernel(launch.module, launch.kernel, &launch.params);
         match &self.turns {
-            Some(turns) => turns.run(|| self.run_kernel(module, kernel, params)),
-            None => self.run_kernel(module, kernel, params),
+            Some(turns) => turns.run(run),
+            None => run(),
         }
     }
 }

@@ -11,7 +11,7 @@ use cumux_protocol::{
 
 use super::core::err;
 use super::{CallResult, Session};
-use crate::device::StreamWork;
+use crate::device::{MemFill, StreamWork};
 
 /// Dimensions a tensor map may have (CUDA's limit).
 const MAX_TENSOR_RANK: usize = 5;
@@ -176,13 +176,13 @@ impl Session {
             .and_then(|s| s.checked_add(row))
             .ok_or_else(|| err(codes::INVALID_VALUE, "memset too large"))?;
         self.check_range(dst, span)?;
-        let work = StreamWork::Fill {
+        let work = StreamWork::Fill(MemFill {
             dst,
             pattern,
             count,
             pitch,
             height,
-        };
+        });
         self.submit(stream, work)
     }
 

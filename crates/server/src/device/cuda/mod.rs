@@ -212,7 +212,7 @@ impl Device for CudaDevice {
 mod tests {
     use super::*;
     use crate::device::signals::SignalArea;
-    use crate::device::{LaunchGeometry, StreamWork, SyncTarget};
+    use crate::device::{KernelLaunch, LaunchGeometry, StreamWork, SyncTarget};
     use cumux_cuda_driver::sys::CU_STREAM_NON_BLOCKING;
     use cumux_protocol::{
         codes, LaunchAttribute, ParamInfo, TensorMapLayout, TensorMapRequest, DEFAULT_STREAM,
@@ -331,10 +331,15 @@ mod tests {
             dynamic_shared_bytes: 0,
             attributes: Vec::new(),
         };
+        let launch_of = |module, kernel, geometry: &LaunchGeometry, params: &[u8]| KernelLaunch {
+            module,
+            kernel,
+            geometry: geometry.clone(),
+            params: params.to_vec(),
+        };
         let worker = Arc::clone(&ctx);
-        let id = loaded.id;
-        let on_thread = geometry.clone();
-        let outcome = std::thread::spawn(move || worker.launch(id, 1, &on_thread, &params))
+        let on_thread = launch_of(loaded.id, 1, &geometry, &params);
+        let outcome = std::thread::spawn(move || worker.launch(&on_thread))
             .join()
             .unwrap();
         assert_eq!(outcome.result, Ok(()));
@@ -367,10 +372,11 @@ mod tests {
         one[..8].copy_from_slice(&a.to_le_bytes());
         one[8..12].copy_from_slice(&1.0f32.to_le_bytes());
         one[12..16].copy_from_slice(&1i32.to_le_bytes());
-        let refused = ctx.launch(loaded.id, 1, &clustered(2, 1), &one);
+        let refused = ctx.launch(&launch_of(loaded.id, 1, &clustered(2, 1), &one));
         assert_eq!(refused.result.unwrap_err().code, 912);
         assert_eq!(
-            ctx.launch(loaded.id, 1, &clustered(2, 2), &one).result,
+            ctx.launch(&launch_of(loaded.id, 1, &clustered(2, 2), &one))
+                .result,
             Ok(())
         );
 
@@ -401,9 +407,9 @@ mod tests {
         };
         assert!(ctx.tensor_map_encode(&bad_rank).is_err());
 
-        let bad = ctx.launch(loaded.id + 100, 0, &geometry, &[]);
+        let bad = ctx.launch(&launch_of(loaded.id + 100, 0, &geometry, &[]));
         assert_eq!(bad.result.unwrap_err().code, codes::INVALID_HANDLE);
-        let bad = ctx.launch(loaded.id, 7, &geometry, &[]);
+        let bad = ctx.launch(&launch_of(loaded.id, 7, &geometry, &[]));
         assert_eq!(bad.result.unwrap_err().code, codes::INVALID_HANDLE);
 
         ctx.module_unload(loaded.id);
