@@ -299,21 +299,21 @@ impl Accounts {
 mod tests {
     use super::*;
 
+    /// alice (1 MiB, uid 1000) and open (anyone), nobody else.
     fn policy() -> TenantPolicy {
-        let mut p = TenantPolicy {
-            allow_unknown: false,
-            ..TenantPolicy::default()
+        let alice = TenantSettings {
+            uids: Some(vec![1000]),
+            memory_quota: Some(1 << 20),
+            ..TenantSettings::default()
         };
-        p.tenants.insert(
-            "alice".into(),
-            TenantSettings {
-                uids: Some(vec![1000]),
-                memory_quota: Some(1 << 20),
-                ..TenantSettings::default()
-            },
-        );
-        p.tenants.insert("open".into(), TenantSettings::default());
-        p
+        TenantPolicy {
+            allow_unknown: false,
+            tenants: BTreeMap::from([
+                ("alice".into(), alice),
+                ("open".into(), TenantSettings::default()),
+            ]),
+            ..TenantPolicy::default()
+        }
     }
 
     #[test]

@@ -17,7 +17,26 @@ use cumux_server::device::{
 };
 use cumux_server::worker::context::WorkerContext;
 use cumux_server::worker::process::{serve_worker, WorkerStdout};
-use cumux_server::worker::wire::{new_nonce, WorkerReply, WorkerRequest, WorkerValue};
+use cumux_server::worker::wire::{new_nonce, WorkerReply, WorkerRequest, WorkerValue, NONCE_BYTES};
+
+/// Serves a CPU device of `memory` bytes over `conn` as `cumux worker` would,
+/// its printf going to `out` after markers of `nonce`.
+fn serve_cpu_worker(
+    memory: u64,
+    conn: UnixStream,
+    mut out: UnixStream,
+    nonce: [u8; NONCE_BYTES],
+) -> std::io::Result<()> {
+    let device = CpuDevice::new(memory);
+    let flush = || {};
+    let mut stdout = WorkerStdout {
+        out: &mut out,
+        flush_c_stdio: &flush,
+        image_may_print: &|_| false,
+        nonce,
+    };
+    serve_worker(&device, conn, &mut stdout)
+}
 
 /// A CPU-device worker on a thread; returns the context driving it, a handle
 /// on the worker's end of the socket (to cut it), and the thread.
@@ -27,16 +46,7 @@ fn in_process_worker(memory: u64) -> (WorkerContext, UnixStream, JoinHandle<()>)
     let cut = theirs.try_clone().unwrap();
     let nonce = new_nonce();
     let thread = std::thread::spawn(move || {
-        let device = CpuDevice::new(memory);
-        let mut out = stdout_write;
-        let flush = || {};
-        let mut stdout = WorkerStdout {
-            out: &mut out,
-            flush_c_stdio: &flush,
-            image_may_print: &|_| false,
-            nonce,
-        };
-        let _ = serve_worker(&device, theirs, &mut stdout);
+        let _ = serve_cpu_worker(memory, theirs, stdout_write, nonce);
     });
     let ctx = WorkerContext::attach(
         ours,
@@ -197,18 +207,8 @@ fn a_dropped_context_ends_its_worker() {
 fn undecodable_frames_are_answered_and_the_worker_goes_on() {
     let (mut ours, theirs) = UnixStream::pair().unwrap();
     let (_stdout_read, stdout_write) = UnixStream::pair().unwrap();
-    let thread = std::thread::spawn(move || {
-        let device = CpuDevice::new(1 << 20);
-        let mut out = stdout_write;
-        let flush = || {};
-        let mut stdout = WorkerStdout {
-            out: &mut out,
-            flush_c_stdio: &flush,
-            image_may_print: &|_| false,
-            nonce: [7; 16],
-        };
-        serve_worker(&device, theirs, &mut stdout)
-    });
+    let thread =
+        std::thread::spawn(move || serve_cpu_worker(1 << 20, theirs, stdout_write, [7; 16]));
     let mut buf = Vec::new();
     let mut receive = |s: &mut UnixStream| -> WorkerReply {
         read_frame(s, &mut buf).unwrap();
