@@ -19,6 +19,7 @@ use cumux_scheduler::{
 
 use crate::device::signals::SignalArea;
 use crate::device::StreamWork;
+use crate::locking::{lock, wait_timeout};
 use crate::tenants::{TenantClass, TenantSettings};
 
 /// The scheduler's names for copies and memsets, by kind (launches are named by
@@ -359,7 +360,7 @@ impl DeviceGate {
     }
 
     fn lock(&self) -> MutexGuard<'_, GateState> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+        lock(&self.state)
     }
 
     /// Items waiting for the device (for tests and status).
@@ -431,10 +432,7 @@ fn watch_loop(gate: Weak<DeviceGate>) {
         let Some(gate) = gate.upgrade() else { return };
         let mut state = gate.lock();
         if state.watching.is_empty() {
-            let _ = gate
-                .changed
-                .wait_timeout(state, MAX_WAIT)
-                .unwrap_or_else(|p| p.into_inner());
+            drop(wait_timeout(&gate.changed, state, MAX_WAIT));
             continue;
         }
         let now = (gate.clock)();
@@ -547,11 +545,7 @@ impl GateSession {
                         continue;
                     }
                     // Backpressure: wait for something to complete, then try again.
-                    state = gate
-                        .changed
-                        .wait_timeout(state, MAX_WAIT)
-                        .unwrap_or_else(|p| p.into_inner())
-                        .0;
+                    state = wait_timeout(&gate.changed, state, MAX_WAIT);
                 }
                 Err(e) => {
                     // Not reachable (the tenant is registered, ids are fresh).
@@ -598,11 +592,7 @@ impl GateSession {
                     Duration::from_nanos(at.saturating_sub(now)).max(Duration::from_micros(1))
                 })
                 .min(MAX_WAIT);
-            state = gate
-                .changed
-                .wait_timeout(state, wait)
-                .unwrap_or_else(|p| p.into_inner())
-                .0;
+            state = wait_timeout(&gate.changed, state, wait);
             let now = (gate.clock)();
             if state.pump(now, Some(id)) {
                 gate.changed.notify_all();
@@ -740,6 +730,22 @@ mod tests {
         }
     }
 
+    /// A gate of `config` on a fake clock, and the clock.
+    fn fake_gate(config: SchedulerConfig) -> (Arc<AtomicU64>, Arc<DeviceGate>) {
+        let (clock, read) = fake_clock();
+        (clock, DeviceGate::new(config, read).unwrap())
+    }
+
+    /// Session `session` of tenant `name`, of `class`, joining `gate`.
+    fn member(
+        gate: &Arc<DeviceGate>,
+        name: &str,
+        class: TenantClass,
+        session: u64,
+    ) -> Arc<GateSession> {
+        Arc::new(gate.join(name, &settings(class), session).unwrap())
+    }
+
     fn wait_until(what: &str, cond: impl Fn() -> bool) {
         let start = Instant::now();
         while !cond() {
@@ -781,20 +787,10 @@ mod tests {
 
     #[test]
     fn priority_lets_latency_critical_work_pass_queued_batch_work() {
-        let (clock, read) = fake_clock();
-        let gate = DeviceGate::new(
-            scheduler_config(Policy::Priority(PriorityConfig::default()), 1),
-            read,
-        )
-        .unwrap();
-        let batch = Arc::new(
-            gate.join("batch", &settings(TenantClass::Batch), 1)
-                .unwrap(),
-        );
-        let lc = Arc::new(
-            gate.join("lc", &settings(TenantClass::LatencyCritical), 2)
-                .unwrap(),
-        );
+        let priority = Policy::Priority(PriorityConfig::default());
+        let (clock, gate) = fake_gate(scheduler_config(priority, 1));
+        let batch = member(&gate, "batch", TenantClass::Batch, 1);
+        let lc = member(&gate, "lc", TenantClass::LatencyCritical, 2);
         let log = Arc::new(Mutex::new(Vec::new()));
         let (release, hold) = mpsc::channel();
         let first = launch(&batch, &clock, &log, "b0", 0, 1_000_000, Some(hold));
@@ -823,18 +819,11 @@ mod tests {
         // device without waiting; each leaves the scheduler only when the device
         // raises its signal, and while the latency-critical tenant has work batch
         // stays within its cap.
-        let (clock, read) = fake_clock();
         let mut config = queued_scheduler_config(Policy::Priority(PriorityConfig::default()));
         config.stream_depth = 2;
-        let gate = DeviceGate::new(config, read).unwrap();
-        let batch = Arc::new(
-            gate.join("batch", &settings(TenantClass::Batch), 1)
-                .unwrap(),
-        );
-        let lc = Arc::new(
-            gate.join("lc", &settings(TenantClass::LatencyCritical), 2)
-                .unwrap(),
-        );
+        let (clock, gate) = fake_gate(config);
+        let batch = member(&gate, "batch", TenantClass::Batch, 1);
+        let lc = member(&gate, "lc", TenantClass::LatencyCritical, 2);
         let area = Arc::new(SignalArea::create().unwrap());
         let go = |admission: Admission| match admission {
             Admission::Go(id, _) => id,
@@ -884,20 +873,10 @@ mod tests {
 
     #[test]
     fn fair_holds_the_tenant_that_is_too_far_ahead() {
-        let (clock, read) = fake_clock();
-        let gate = DeviceGate::new(
-            scheduler_config(Policy::Fair(FairConfig::default()), 1),
-            read,
-        )
-        .unwrap();
-        let heavy = Arc::new(
-            gate.join("heavy", &settings(TenantClass::Batch), 1)
-                .unwrap(),
-        );
-        let light = Arc::new(
-            gate.join("light", &settings(TenantClass::Batch), 2)
-                .unwrap(),
-        );
+        let fair = Policy::Fair(FairConfig::default());
+        let (clock, gate) = fake_gate(scheduler_config(fair, 1));
+        let heavy = member(&gate, "heavy", TenantClass::Batch, 1);
+        let light = member(&gate, "light", TenantClass::Batch, 2);
         let log = Arc::new(Mutex::new(Vec::new()));
         let ms = 1_000_000;
         let (release_l0, hold) = mpsc::channel();
@@ -931,12 +910,11 @@ mod tests {
 
     #[test]
     fn an_ending_session_drops_its_queued_items_and_keeps_its_tenants_others() {
-        let (clock, read) = fake_clock();
         let mut config = scheduler_config(Policy::Fair(FairConfig::default()), 1);
         config.limits.max_queued_per_tenant = 2;
-        let gate = DeviceGate::new(config, read).unwrap();
-        let s1 = Arc::new(gate.join("t", &settings(TenantClass::Batch), 1).unwrap());
-        let s2 = Arc::new(gate.join("t", &settings(TenantClass::Batch), 2).unwrap());
+        let (clock, gate) = fake_gate(config);
+        let s1 = member(&gate, "t", TenantClass::Batch, 1);
+        let s2 = member(&gate, "t", TenantClass::Batch, 2);
         let log = Arc::new(Mutex::new(Vec::new()));
         let (release, hold) = mpsc::channel();
         let running = launch(&s1, &clock, &log, "s1-run", 0, 1_000, Some(hold));

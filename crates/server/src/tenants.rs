@@ -17,6 +17,8 @@ use std::sync::{Arc, Mutex};
 
 use serde::Deserialize;
 
+use crate::locking::lock;
+
 /// The tenant name of a connection that claims none and matches no `uids`.
 pub const DEFAULT_TENANT: &str = "default";
 /// Longest tenant name accepted (bytes).
@@ -265,7 +267,7 @@ impl Drop for AccountHold {
 
 impl Accounts {
     fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Arc<TenantAccount>>> {
-        self.accounts.lock().unwrap_or_else(|p| p.into_inner())
+        lock(&self.accounts)
     }
 
     /// The account of `name` (made with `settings` if it has none), held by one

@@ -321,10 +321,7 @@ impl DeviceContext for CpuContext {
     }
 
     fn module_unload(&self, module: ModuleId) {
-        let program = {
-            let mut modules = lock(&self.modules);
-            modules.loaded.remove(&module)
-        };
+        let program = lock(&self.modules).loaded.remove(&module);
         match program.map(Arc::try_unwrap) {
             Some(Ok(program)) => program.unload(&self.mem),
             // A launch still holds it (the session syncs before unloading, so

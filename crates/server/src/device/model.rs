@@ -21,7 +21,7 @@ use super::{
     Device, DeviceContext, GlobalDesc, KernelDesc, KernelLaunch, LaunchOutcome, LoadedModule,
     ModuleId,
 };
-use crate::locking::lock;
+use crate::locking::{lock, wait};
 
 const BASE: u64 = 0x7f00_0000_0000;
 const ALIGN: u64 = 256;
@@ -59,7 +59,7 @@ impl Turns {
         let mine = t.0;
         t.0 += 1;
         while t.1 != mine {
-            t = self.next.wait(t).unwrap_or_else(|p| p.into_inner());
+            t = wait(&self.next, t);
         }
         drop(t);
         let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));

@@ -23,7 +23,9 @@ use cumux_protocol::{codes, Call, CuError, DevicePtr, GraphLaunch, Handle, Hello
 use self::core::{err, SessionCore};
 use self::signalling::{attach_signals, SIGNAL_EVERY, SIGNAL_WAIT_MIN};
 use crate::device::signals::StreamSignals;
-use crate::device::{Device, DeviceContext, KernelDesc, KernelLaunch, ModuleId, StreamOrdered};
+use crate::device::{
+    Device, DeviceContext, KernelDesc, KernelLaunch, MemFill, ModuleId, StreamOrdered,
+};
 use crate::gate::{GateSession, SchedStreams};
 use crate::host_regions::HostRegions;
 use crate::server_status;
@@ -429,7 +431,17 @@ impl Session {
                 pitch,
                 height,
                 stream,
-            } => self.memset(dst, value, elem_bytes, count, pitch, height, stream),
+            } => {
+                let pattern = self.memset_element(stream, value, elem_bytes)?;
+                let fill = MemFill {
+                    dst,
+                    pattern,
+                    count,
+                    pitch,
+                    height,
+                };
+                self.memset(fill, stream)
+            }
             Call::ModuleLoad { image } => self.module_load(&image),
             Call::ModuleUnload { module } => self.module_unload(module),
             Call::Launch {

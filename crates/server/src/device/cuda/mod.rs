@@ -180,13 +180,11 @@ impl Device for CudaDevice {
 
     fn create_context(&self) -> Result<Arc<dyn DeviceContext>, CuError> {
         let capture = if self.capture_printf {
-            match StdoutCapture::install() {
-                Ok(c) => Some(c),
-                Err(e) => {
-                    tracing::warn!("device printf will go to the server's stdout: {e}");
-                    None
-                }
-            }
+            StdoutCapture::install()
+                .inspect_err(|e| {
+                    tracing::warn!("device printf will go to the server's stdout: {e}")
+                })
+                .ok()
         } else {
             None
         };
