@@ -13,27 +13,9 @@ use cumux_protocol::codes;
 use cumux_protocol::DEFAULT_STREAM;
 use cumux_server::device::{KernelLaunch, LaunchGeometry, StreamWork, SyncTarget};
 use cumux_server::worker::device::{cuda_worker_devices, Sharing};
+use cumux_testkit::fake_gpu::{f32_bytes, f32s, fake_libcuda, fixture_fatbin, scale_params};
 
 const CUMUX: &str = env!("CARGO_BIN_EXE_cumux");
-
-/// The fake driver, printing (no FAKE_QUIET), or `None` without a C compiler.
-fn fake_driver() -> Option<PathBuf> {
-    let src = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../cuda-driver/tests/fake_libcuda.c"
-    );
-    let out = std::env::temp_dir().join(format!(
-        "cumux-worker-fake-libcuda-{}.so",
-        std::process::id()
-    ));
-    let built = std::process::Command::new("cc")
-        .args(["-shared", "-fPIC", "-o"])
-        .arg(&out)
-        .arg(src)
-        .status()
-        .is_ok_and(|s| s.success());
-    built.then_some(out)
-}
 
 /// Our own worker children: (pid, state letter, command line).
 fn children() -> Vec<(i32, char, String)> {
@@ -54,9 +36,7 @@ fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
 
 /// `scale(buf, 2.0, n)`, kernel 1 of the fixture's `module`, on one block.
 fn scale(module: u64, buf: u64, n: i32) -> KernelLaunch {
-    let mut params = buf.to_le_bytes().to_vec();
-    params.extend_from_slice(&2.0f32.to_le_bytes());
-    params.extend_from_slice(&n.to_le_bytes());
+    let params = scale_params(buf, 2.0, n);
     let geometry = LaunchGeometry {
         grid: [1, 1, 1],
         block: [32, 1, 1],
@@ -71,16 +51,10 @@ fn scale(module: u64, buf: u64, n: i32) -> KernelLaunch {
     }
 }
 
-fn floats(bytes: &[u8]) -> Vec<f32> {
-    bytes
-        .chunks(4)
-        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-        .collect()
-}
-
 #[test]
 fn cuda_contexts_live_in_workers() {
-    let Some(fake) = fake_driver() else {
+    // The fake driver, printing (no FAKE_QUIET).
+    let Some(fake) = fake_libcuda("worker", false) else {
         eprintln!("no C compiler: skipping");
         return;
     };
@@ -102,16 +76,8 @@ fn cuda_contexts_live_in_workers() {
     let ctx = device.create_context().unwrap();
     let a = ctx.mem_alloc(16).unwrap();
     assert_eq!(children().len(), 1);
-    let input: Vec<u8> = [1.0f32, 2.0, 3.0, 4.0]
-        .iter()
-        .flat_map(|v| v.to_le_bytes())
-        .collect();
-    ctx.mem_write(a, &input).unwrap();
-    let image = std::fs::read(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../fatbin/tests/fixtures/default.fatbin"
-    ))
-    .unwrap();
+    ctx.mem_write(a, &f32_bytes(&[1.0, 2.0, 3.0, 4.0])).unwrap();
+    let image = fixture_fatbin();
     let module = ctx.module_load(&image).unwrap();
     let names: Vec<&str> = module.kernels.iter().map(|k| k.name.as_str()).collect();
     assert_eq!(names, ["add", "scale"]);
@@ -127,7 +93,7 @@ fn cuda_contexts_live_in_workers() {
     );
     let mut back = vec![0u8; 16];
     ctx.mem_read(a, &mut back).unwrap();
-    assert_eq!(floats(&back), [3.0, 6.0, 9.0, 4.0]);
+    assert_eq!(f32s(&back), [3.0, 6.0, 9.0, 4.0]);
 
     // A second session has a worker of its own; killing it fails that
     // session only.
@@ -145,7 +111,7 @@ fn cuda_contexts_live_in_workers() {
     // The killed worker was reaped at once.
     wait_until("the killed worker to be reaped", || children().len() == 1);
     ctx.mem_read(a, &mut back).unwrap();
-    assert_eq!(floats(&back), [3.0, 6.0, 9.0, 4.0]);
+    assert_eq!(f32s(&back), [3.0, 6.0, 9.0, 4.0]);
 
     drop(other);
     drop(ctx);
