@@ -267,17 +267,16 @@ fn good_client_works(h: &Harness) {
 #[test]
 fn hostile_frames_never_hurt_the_server() {
     let h = Harness::start("hostile");
-    let mut rng = Rng(0x5eed_cafe_f00d_0001);
-    let mut frames = 0;
-    for round in 0..1000 {
-        let (wire, n) = hostile_stream(&mut rng);
-        frames += n;
-        throw(&h, &wire);
-        if round % 100 == 99 {
-            good_client_works(&h);
-        }
-    }
+    let frames = survive(
+        &h,
+        0x5eed_cafe_f00d_0001,
+        (1000, 100),
+        good_client_works,
+        |rng| {
+            let (wire, n) = hostile_stream(rng);
+            throw(&h, &wire);
+            n as u64
+        },
+    );
     assert!(frames > 5000, "threw only {frames} frames");
-    good_client_works(&h);
-    h.all_released();
 }

@@ -27,8 +27,6 @@ const LAYOUT: ShmLayout = ShmLayout {
     reply_bulk: 64 << 10,
 };
 
-use cumux_testkit::Rng;
-
 /// A connection whose server took its shared area: the socket halves and the
 /// area (this process's mapping of it).
 struct Attached {
@@ -305,9 +303,8 @@ fn bogus_doorbells_are_harmless() {
 #[test]
 fn random_garbage_in_the_area_never_hurts_the_server() {
     let h = Harness::start("shm-fuzz");
-    let mut rng = Rng(0x5eed_5a4d_0000_0001);
-    let mut closed_by_server = 0;
-    for round in 0..60 {
+    let seed = 0x5eed_5a4d_0000_0001;
+    let closed_by_server = survive(&h, seed, (60, 20), good_client_works, |rng| {
         let mut a = attach(&h);
         let ring_bytes = LAYOUT.total_bytes() - HEADER_BYTES;
         match rng.below(4) {
@@ -343,20 +340,12 @@ fn random_garbage_in_the_area_never_hurts_the_server() {
         shm::ring_doorbell(&a.area, Side::Server);
         // Either the server sees the garbage and hangs up, or it waits for more
         // bytes: then the client's leaving must end the session.
-        if a.closed_within(Duration::from_millis(500)) {
-            closed_by_server += 1;
-        }
-        drop(a);
-        if round % 20 == 19 {
-            good_client_works(&h);
-        }
-    }
+        u64::from(a.closed_within(Duration::from_millis(500)))
+    });
     assert!(
         closed_by_server > 20,
         "only {closed_by_server} of 60 closed"
     );
-    good_client_works(&h);
-    h.all_released();
 }
 
 #[test]

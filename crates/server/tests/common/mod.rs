@@ -97,6 +97,29 @@ impl Harness {
     }
 }
 
+/// `rounds` rounds of `attack` on `h`, random by an `Rng` seeded with `seed`;
+/// after every `check_every` rounds and at the end, `good` must still get its
+/// work done, and then every session must go. What the rounds returned, summed.
+pub fn survive(
+    h: &Harness,
+    seed: u64,
+    (rounds, check_every): (u32, u32),
+    good: impl Fn(&Harness),
+    mut attack: impl FnMut(&mut cumux_testkit::Rng) -> u64,
+) -> u64 {
+    let mut rng = cumux_testkit::Rng(seed);
+    let mut total = 0;
+    for round in 1..=rounds {
+        total += attack(&mut rng);
+        if round % check_every == 0 {
+            good(h);
+        }
+    }
+    good(h);
+    h.all_released();
+    total
+}
+
 /// A well-behaved client `c` still gets its work done: `data` through its
 /// memory and back, and a kernel's printf.
 pub fn assert_client_works(mut c: Client, data: &[u8]) {
