@@ -11,23 +11,75 @@ use cumux_server::tenants::{TenantClass, TenantPolicy, TenantSettings};
 use cumux_server::Policy;
 use serde::Deserialize;
 
+/// The server settings that a config file and `cumux serve`'s flags both
+/// give (the flags win; see [`ServerSettings::or`]). The docs are the flags' help.
+#[derive(Debug, Default, Clone, PartialEq, Eq, clap::Args)]
+pub struct ServerSettings {
+    /// Which devices to serve: auto (GPUs if any, else the CPU device), cpu or cuda.
+    #[arg(long)]
+    pub device: Option<String>,
+    /// Where to listen: unix:PATH or tcp:HOST:PORT.
+    #[arg(long)]
+    pub listen: Option<String>,
+    /// Device memory of the CPU device, e.g. 4G (default: a quarter of RAM, at most 16 GiB).
+    #[arg(long, value_parser = memory_arg)]
+    pub memory: Option<u64>,
+    /// Instructions one thread block of a launch may execute on the CPU device
+    /// before the launch fails with CUDA_ERROR_LAUNCH_TIMEOUT (702), like the
+    /// driver's watchdog; it stops a kernel that never ends (default
+    /// 20000000000, minutes of interpretation; 0 = unlimited).
+    #[arg(long)]
+    pub launch_budget: Option<u64>,
+    /// How each device shares its time among tenants: fifo (default: no scheduler,
+    /// launches go in arrival order), fair (weighted shares of device time) or
+    /// priority (latency-critical tenants first). It sets every device's policy
+    /// but those a config's [devices.N] table gives a policy of their own.
+    #[arg(long)]
+    pub policy: Option<String>,
+    /// How a GPU gives sessions contexts: isolated (default: a context per
+    /// session, each in a process of its own; a fault stays with its
+    /// session) or shared (one context, each session on streams of its
+    /// own, kernels side by side; a fault fails every session on it).
+    #[arg(long)]
+    pub sharing: Option<String>,
+    /// Resets a GPU context whose queued work makes no progress for this long
+    /// (e.g. 30s, 2m): a kernel that never ends then fails with
+    /// CUDA_ERROR_LAUNCH_TIMEOUT (702) instead of holding the GPU; in shared
+    /// mode every session on the context fails with it. Default: never. Keep it
+    /// far above the longest kernel a tenant may run.
+    #[arg(long, value_parser = timeout_arg)]
+    pub kernel_timeout: Option<std::time::Duration>,
+}
+
+impl ServerSettings {
+    /// Each of these settings, else `fallback`'s.
+    pub fn or(self, fallback: ServerSettings) -> ServerSettings {
+        ServerSettings {
+            device: self.device.or(fallback.device),
+            listen: self.listen.or(fallback.listen),
+            memory: self.memory.or(fallback.memory),
+            launch_budget: self.launch_budget.or(fallback.launch_budget),
+            policy: self.policy.or(fallback.policy),
+            sharing: self.sharing.or(fallback.sharing),
+            kernel_timeout: self.kernel_timeout.or(fallback.kernel_timeout),
+        }
+    }
+}
+
+/// A byte count on the command line ([`parse_bytes`]).
+pub fn memory_arg(text: &str) -> Result<u64, String> {
+    parse_bytes(text).map_err(|e| format!("{e:#}"))
+}
+
+/// A timeout on the command line ([`parse_duration`]).
+fn timeout_arg(text: &str) -> Result<std::time::Duration, String> {
+    parse_duration(text).map_err(|e| format!("{e:#}"))
+}
+
 /// Settings a config file may give.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct FileConfig {
-    pub device: Option<String>,
-    pub listen: Option<String>,
-    pub memory: Option<u64>,
-    /// Instructions one block of a CPU device launch may execute before the
-    /// launch fails with CUDA_ERROR_LAUNCH_TIMEOUT (702); 0 = unlimited.
-    pub launch_budget: Option<u64>,
-    /// The scheduling policy of every device without one of its own: `fifo`,
-    /// `fair` or `priority`.
-    pub policy: Option<String>,
-    /// How GPUs give sessions contexts: `isolated` or `shared`.
-    pub sharing: Option<String>,
-    /// How long a GPU context's queued work may make no progress before the
-    /// context is reset (`kernel_timeout = "30s"`).
-    pub kernel_timeout: Option<std::time::Duration>,
+    pub settings: ServerSettings,
     /// Settings of single devices (`[devices.N]`).
     pub devices: DeviceTables,
     pub tenants: TenantPolicy,
@@ -207,7 +259,7 @@ pub fn parse(text: &str) -> Result<FileConfig> {
             .map_err(anyhow::Error::msg)
             .context("sharing")?;
     }
-    Ok(FileConfig {
+    let settings = ServerSettings {
         policy: raw.policy,
         sharing: raw.sharing,
         kernel_timeout: raw
@@ -216,11 +268,14 @@ pub fn parse(text: &str) -> Result<FileConfig> {
             .map(parse_duration)
             .transpose()
             .context("kernel_timeout")?,
-        devices: DeviceTables(devices),
         device: raw.device,
         listen: raw.listen,
         memory: raw.memory.map(|m| m.get()).transpose().context("memory")?,
         launch_budget: raw.launch_budget,
+    };
+    Ok(FileConfig {
+        settings,
+        devices: DeviceTables(devices),
         tenants: policy,
     })
 }
@@ -270,36 +325,53 @@ mod tests {
         let c =
             parse("# cumux\ndevice = \"cpu\"\nlisten = \"unix:/tmp/x.sock\"\nmemory = \"1G\"\n")
                 .unwrap();
-        assert_eq!(c.device.as_deref(), Some("cpu"));
-        assert_eq!(c.listen.as_deref(), Some("unix:/tmp/x.sock"));
-        assert_eq!(c.memory, Some(1 << 30));
+        assert_eq!(c.settings.device.as_deref(), Some("cpu"));
+        assert_eq!(c.settings.listen.as_deref(), Some("unix:/tmp/x.sock"));
+        assert_eq!(c.settings.memory, Some(1 << 30));
         assert_eq!(c.tenants, TenantPolicy::default());
-        assert_eq!(parse("memory = 4096").unwrap().memory, Some(4096));
+        assert_eq!(parse("memory = 4096").unwrap().settings.memory, Some(4096));
         assert_eq!(
-            parse("policy = \"fair\"").unwrap().policy.as_deref(),
+            parse("policy = \"fair\"")
+                .unwrap()
+                .settings
+                .policy
+                .as_deref(),
             Some("fair")
         );
         assert!(parse("policy = \"lottery\"").is_err());
         assert_eq!(
-            parse("sharing = \"shared\"").unwrap().sharing.as_deref(),
+            parse("sharing = \"shared\"")
+                .unwrap()
+                .settings
+                .sharing
+                .as_deref(),
             Some("shared")
         );
         assert!(parse("sharing = \"everything\"").is_err());
         assert_eq!(
-            parse("kernel_timeout = \"1m 30s\"").unwrap().kernel_timeout,
+            parse("kernel_timeout = \"1m 30s\"")
+                .unwrap()
+                .settings
+                .kernel_timeout,
             Some(std::time::Duration::from_secs(90))
         );
-        assert_eq!(parse("").unwrap().kernel_timeout, None);
+        assert_eq!(parse("").unwrap().settings.kernel_timeout, None);
         for bad in ["\"soon\"", "\"0s\"", "30"] {
             let e = parse(&format!("kernel_timeout = {bad}")).unwrap_err();
             assert!(format!("{e:#}").contains("kernel_timeout"), "{bad}: {e:#}");
         }
-        assert_eq!(parse("launch_budget = 0").unwrap().launch_budget, Some(0));
         assert_eq!(
-            parse("launch_budget = 1000000").unwrap().launch_budget,
+            parse("launch_budget = 0").unwrap().settings.launch_budget,
+            Some(0)
+        );
+        assert_eq!(
+            parse("launch_budget = 1000000")
+                .unwrap()
+                .settings
+                .launch_budget,
             Some(1_000_000)
         );
-        assert_eq!(parse("").unwrap().launch_budget, None);
+        assert_eq!(parse("").unwrap().settings.launch_budget, None);
         assert!(parse("colour = \"blue\"").is_err());
     }
 
@@ -354,7 +426,7 @@ policy = "fifo"
 "#,
         )
         .unwrap();
-        assert_eq!(c.policy.as_deref(), Some("fair"));
+        assert_eq!(c.settings.policy.as_deref(), Some("fair"));
         assert_eq!(c.devices.0[&1].policy.as_deref(), Some("priority"));
         assert_eq!(c.devices.0[&4], DeviceSettings::default());
         let by_name = |name: &str| parse_policy(name).unwrap();

@@ -12,22 +12,18 @@ use cumux_server::device::DEFAULT_LAUNCH_BUDGET;
 use cumux_server::worker::device::{cpu_worker_device, cuda_worker_devices, Sharing};
 use cumux_server::{listener, Address, Device, Server};
 
-use crate::config;
+use crate::config::{self, ServerSettings};
 use crate::status::human_bytes;
 
 /// What `cumux serve` was asked for (flags win over the config file).
-#[derive(Debug, Default, Clone)]
+#[derive(Debug, Default, Clone, clap::Args)]
 pub struct ServeOptions {
-    pub device: Option<String>,
-    pub listen: Option<String>,
+    #[command(flatten)]
+    pub settings: ServerSettings,
+    /// A TOML config file: device, listen, memory, policy (also per device, in
+    /// [devices.N] tables), and the tenant table.
+    #[arg(long)]
     pub config: Option<PathBuf>,
-    pub memory: Option<u64>,
-    /// Per-block instruction budget of a CPU device launch (0 = unlimited).
-    pub launch_budget: Option<u64>,
-    pub policy: Option<String>,
-    pub sharing: Option<String>,
-    /// Resets a worker context whose queued work makes no progress this long.
-    pub kernel_timeout: Option<std::time::Duration>,
 }
 
 /// Whether this machine shows an NVIDIA GPU to the kernel.
@@ -108,38 +104,24 @@ pub fn serve(options: ServeOptions) -> Result<()> {
         Some(path) => config::read(path)?,
         None => config::FileConfig::default(),
     };
-    let kind = options
-        .device
-        .or(file.device)
-        .unwrap_or_else(|| "auto".into());
-    let memory = options
-        .memory
-        .or(file.memory)
-        .unwrap_or_else(default_memory_bytes);
-    let launch_budget = options
-        .launch_budget
-        .or(file.launch_budget)
-        .unwrap_or(DEFAULT_LAUNCH_BUDGET);
-    let address = match options.listen.or(file.listen) {
+    let settings = options.settings.or(file.settings);
+    let kind = settings.device.unwrap_or_else(|| "auto".into());
+    let memory = settings.memory.unwrap_or_else(default_memory_bytes);
+    let launch_budget = settings.launch_budget.unwrap_or(DEFAULT_LAUNCH_BUDGET);
+    let address = match settings.listen {
         Some(text) => Address::parse(&text).map_err(anyhow::Error::msg)?,
         None => Address::default_unix(),
     };
     // Every device's policy unless its `[devices.N]` table gives its own.
-    let default_policy_name = options
-        .policy
-        .or(file.policy)
-        .unwrap_or_else(|| "fifo".into());
+    let default_policy_name = settings.policy.unwrap_or_else(|| "fifo".into());
     let default_policy =
         cumux_server::gate::parse_policy(&default_policy_name).map_err(anyhow::Error::msg)?;
-    let sharing_name = options
-        .sharing
-        .or(file.sharing)
-        .unwrap_or_else(|| "isolated".into());
+    let sharing_name = settings.sharing.unwrap_or_else(|| "isolated".into());
     let sharing = Sharing::parse(&sharing_name).map_err(anyhow::Error::msg)?;
     if sharing == Sharing::Shared && !matches!(kind.as_str(), "auto" | "cuda" | "worker-cpu") {
         bail!("--sharing shared applies to GPUs (and worker-cpu); the {kind} device gives each session its own context");
     }
-    let kernel_timeout = options.kernel_timeout.or(file.kernel_timeout);
+    let kernel_timeout = settings.kernel_timeout;
     let devices = choose_devices(&kind, memory, launch_budget, sharing, kernel_timeout)?;
     for (name, t) in &file.tenants.tenants {
         if let Some(bad) = t

@@ -15,15 +15,20 @@ use cumux_server::worker::process::{
 use cumux_server::worker::wire::nonce_from_hex;
 
 /// What the server asked the worker to serve.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, clap::Args)]
 pub struct WorkerOptions {
-    /// `cpu` or `cuda`.
+    /// cpu or cuda.
+    #[arg(long)]
     pub device: String,
+    #[arg(long, default_value_t = 0)]
     pub ordinal: u32,
+    #[arg(long, value_parser = crate::config::memory_arg)]
     pub memory: Option<u64>,
     /// Per-block instruction budget of a CPU device launch (0 = unlimited).
+    #[arg(long)]
     pub launch_budget: Option<u64>,
     /// Hex nonce of the stdout markers.
+    #[arg(long)]
     pub nonce: String,
 }
 

@@ -15,12 +15,7 @@ fn run_corpus(name: &str) -> RunOutput {
     let program = corpus_program(name);
     let server = ServerProc::start(name);
     let out = server.run(&program, &[], LIMIT);
-    assert!(
-        out.code() == Some(0) && out.stdout.contains(&format!("{name}: PASS")),
-        "{name} did not pass through cumux: {}\n--- server log\n{}",
-        out.describe(),
-        server.log()
-    );
+    server.assert_pass(&out, name);
     out
 }
 

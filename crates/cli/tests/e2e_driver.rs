@@ -279,31 +279,22 @@ fn shared_cuda13_runtime_program() {
 fn program_over_tcp() {
     common::ensure_driver();
     let program = driver_program("memcpy_to_symbol");
-    let mut server = Command::new(common::CUMUX)
-        .args([
-            "serve",
-            "--device",
-            "cpu",
-            "--memory",
-            "256M",
-            "--listen",
-            "tcp:127.0.0.1:0",
-        ])
-        .stdout(Stdio::piped())
+    let listen = [
+        "--device",
+        "cpu",
+        "--memory",
+        "256M",
+        "--listen",
+        "tcp:127.0.0.1:0",
+    ];
+    let mut server = common::serve_command(&listen)
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
     let lines = common::lines_of(server.stdout.take().unwrap());
     let address = common::tcp_address(&lines);
-    let child = Command::new(common::CUMUX)
-        .args(["run", "--server", &address, "--"])
-        .arg(&program)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let out = wait_bounded(child, LIMIT);
+    let mut run = common::run_command_at(&address, &[], &program, &[]);
+    let out = wait_bounded(run.spawn().unwrap(), LIMIT);
     let _ = server.kill();
     let _ = server.wait();
     out.assert_passed();
@@ -313,9 +304,7 @@ fn program_over_tcp() {
 fn lost_connection_fails_later_calls() {
     let mut server = ServerProc::start("lost");
     let program = driver_program("lost_connection");
-    let mut child = server.command(&program, &[]).spawn().unwrap();
-    let lines = common::lines_of(child.stdout.take().unwrap());
-    common::wait_for_line(&lines, "started", LIMIT).unwrap();
+    let (child, lines) = server.start_until(server.command(&program, &[]), "started", LIMIT);
     server.kill();
     let out = wait_bounded(child, Duration::from_secs(60));
     let rest: Vec<String> = lines.try_iter().collect();

@@ -9,11 +9,19 @@ mod common;
 
 use std::os::unix::net::UnixListener;
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::*;
 
 const LIMIT: Duration = Duration::from_secs(300);
+/// How long a looping program may take to start.
+const STARTED: Duration = Duration::from_secs(120);
+
+/// `loop_launches 120` through `server`: it prints `started`, then launches
+/// kernels for two minutes.
+fn looping(server: &ServerProc) -> Command {
+    server.command(&test_program("loop_launches"), &["120"])
+}
 
 fn assert_pass(out: &RunOutput, name: &str) {
     assert!(
@@ -53,25 +61,9 @@ fn two_programs_at_once() {
 #[test]
 fn status_shows_a_running_session_and_its_clean_up() {
     let server = ServerProc::start("status");
-    let mut child = server
-        .command(&test_program("loop_launches"), &["120"])
-        .spawn()
-        .unwrap();
-    let lines = lines_of(child.stdout.take().unwrap());
-    if let Err(e) = wait_for_line(&lines, "started", Duration::from_secs(120)) {
-        let _ = child.kill();
-        panic!("{e}\n--- server log\n{}", server.log());
-    }
+    let (child, _lines) = server.start_until(looping(&server), "started", STARTED);
     let status = server.status_json();
-    let sessions = status["sessions"].as_array().expect("sessions");
-    let session = sessions
-        .iter()
-        .find(|s| {
-            s["program"]
-                .as_str()
-                .is_some_and(|p| p.contains("loop_launches"))
-        })
-        .unwrap_or_else(|| panic!("no loop_launches session in {status:#}"));
+    let session = session_of(&status, "loop_launches");
     assert!(session["launches"].as_u64().unwrap() >= 1, "{session:#}");
     // A program on the unix socket talks through shared memory by default.
     assert_eq!(session["transport"], "shm", "{session:#}");
@@ -82,32 +74,16 @@ fn status_shows_a_running_session_and_its_clean_up() {
     );
     assert_eq!(status["devices"][0]["backend"], "cpu");
     // The human table names it too.
-    let table = Command::new(CUMUX)
-        .args(["status", "--server", &server.address])
-        .output()
-        .unwrap();
-    assert!(String::from_utf8_lossy(&table.stdout).contains("loop_launches"));
+    assert!(server.status_table().contains("loop_launches"));
     // Killing the program (the session's pid, not `cumux run`) releases
     // everything it held.
-    let pid = session["pid"].as_u64().unwrap().to_string();
-    let killed = Command::new("kill").args(["-9", &pid]).status().unwrap();
-    assert!(killed.success());
+    kill_program(&session);
     let out = wait_bounded(child, Duration::from_secs(60));
     assert_eq!(out.code(), Some(128 + 9), "{}", out.describe());
-    let started = Instant::now();
-    loop {
-        let status = server.status_json();
-        let idle = status["sessions"].as_array().unwrap().is_empty()
-            && status["devices"][0]["used_mem"].as_u64() == Some(0);
-        if idle {
-            break;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(30),
-            "never cleaned up: {status:#}"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    server.status_when("cleaned up", |status| {
+        status["sessions"].as_array().unwrap().is_empty()
+            && status["devices"][0]["used_mem"].as_u64() == Some(0)
+    });
 }
 
 #[test]
@@ -124,45 +100,20 @@ fn the_socket_transport_still_works() {
     );
     assert_pass(&out, "vector_add");
     // And status says so while one runs.
-    let mut child = server
-        .command(&test_program("loop_launches"), &["120"])
-        .env("CUMUX_TRANSPORT", "socket")
-        .spawn()
-        .unwrap();
-    let lines = lines_of(child.stdout.take().unwrap());
-    if let Err(e) = wait_for_line(&lines, "started", Duration::from_secs(120)) {
-        let _ = child.kill();
-        panic!("{e}\n--- server log\n{}", server.log());
-    }
+    let mut on_socket = looping(&server);
+    on_socket.env("CUMUX_TRANSPORT", "socket");
+    let (mut child, _lines) = server.start_until(on_socket, "started", STARTED);
     let status = server.status_json();
     let _ = child.kill();
     let _ = child.wait();
-    let session = status["sessions"]
-        .as_array()
-        .and_then(|s| {
-            s.iter().find(|s| {
-                s["program"]
-                    .as_str()
-                    .is_some_and(|p| p.contains("loop_launches"))
-            })
-        })
-        .cloned()
-        .unwrap_or_else(|| panic!("no loop_launches session in {status:#}"));
+    let session = session_of(&status, "loop_launches");
     assert_eq!(session["transport"], "unix", "{session:#}");
 }
 
 #[test]
 fn a_killed_server_makes_the_program_fail_not_hang() {
     let mut server = ServerProc::start("killed");
-    let mut child = server
-        .command(&test_program("loop_launches"), &["120"])
-        .spawn()
-        .unwrap();
-    let lines = lines_of(child.stdout.take().unwrap());
-    if let Err(e) = wait_for_line(&lines, "started", Duration::from_secs(120)) {
-        let _ = child.kill();
-        panic!("{e}\n--- server log\n{}", server.log());
-    }
+    let (child, lines) = server.start_until(looping(&server), "started", STARTED);
     server.kill(); // SIGKILL
     let out = wait_bounded(child, Duration::from_secs(60));
     assert_ne!(out.code(), Some(0), "{}", out.describe());
@@ -223,30 +174,21 @@ fn killing_cumux_run_ends_the_program() {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let started = Instant::now();
-    let pid = loop {
-        if let Ok(text) = std::fs::read_to_string(&pidfile) {
-            if let Ok(pid) = text.trim().parse::<u32>() {
-                break pid;
-            }
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(30),
-            "the program never started"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let pid: u32 = poll("the program never started", Duration::from_secs(30), || {
+        let text = std::fs::read_to_string(&pidfile).ok()?;
+        text.trim().parse().ok()
+    });
     run.kill().unwrap();
     run.wait().unwrap();
-    let proc_dir = format!("/proc/{pid}");
-    let started = Instant::now();
-    while std::fs::read_to_string(format!("{proc_dir}/stat")).is_ok_and(|s| !s.contains(") Z ")) {
-        assert!(
-            started.elapsed() < Duration::from_secs(30),
-            "the program outlived cumux run"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let stat = format!("/proc/{pid}/stat");
+    poll(
+        "the program outlived cumux run",
+        Duration::from_secs(30),
+        || {
+            let gone = std::fs::read_to_string(&stat).map_or(true, |s| s.contains(") Z "));
+            gone.then_some(())
+        },
+    );
 }
 
 #[test]
@@ -273,18 +215,12 @@ fn serve_replaces_a_stale_socket_and_refuses_a_live_one() {
     drop(UnixListener::bind(&socket).unwrap()); // leaves the file, nobody listens
     assert!(socket.exists());
     let address = format!("unix:{}", socket.display());
-    let mut first = Command::new(CUMUX)
-        .args([
-            "serve", "--device", "cpu", "--memory", "64M", "--listen", &address,
-        ])
-        .stdout(Stdio::piped())
+    let mut first = serve_command(&["--device", "cpu", "--memory", "64M", "--listen", &address])
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
     let lines = lines_of(first.stdout.take().unwrap());
-    let line = lines
-        .recv_timeout(Duration::from_secs(30))
-        .expect("serve prints where it listens");
+    let line = listening_line(&lines);
     assert!(line.contains(&address) && line.contains("cpu"), "{line}");
     let second = Command::new(CUMUX)
         .args(["serve", "--device", "cpu", "--listen", &address])
@@ -310,43 +246,33 @@ fn serve_replaces_a_stale_socket_and_refuses_a_live_one() {
     let _ = first.wait();
 }
 
+/// Starts `serve` (a `cumux serve` command, stdout piped) and, once it
+/// listens, asks it for `cumux status --json` at `address` (else at the tcp
+/// address it names), then kills it: the line it printed when it listened,
+/// the status command's output, and the killed child.
+fn serve_status(
+    mut serve: Command,
+    address: Option<&str>,
+) -> (String, std::process::Output, std::process::Child) {
+    let mut server = serve.spawn().unwrap();
+    let lines = lines_of(server.stdout.take().unwrap());
+    let line = listening_line(&lines);
+    let address = address.map_or_else(|| tcp_address_in(&line), str::to_string);
+    let out = status_output(&address, &["--json"]);
+    let _ = server.kill();
+    (line, out, server)
+}
+
 #[test]
 fn status_over_tcp_with_a_config_file() {
     let dir = TempDir::new("tcp");
-    let config = dir.0.join("cumux.toml");
-    std::fs::write(
-        &config,
-        "# test server\ndevice = \"cpu\"\nmemory = \"64M\"\npolicy = \"priority\"\n",
-    )
-    .unwrap();
-    let mut server = Command::new(CUMUX)
-        .args([
-            "serve",
-            "--listen",
-            "tcp:127.0.0.1:0",
-            "--policy",
-            "fair",
-            "--config",
-        ])
-        .arg(&config)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let lines = lines_of(server.stdout.take().unwrap());
-    let address = tcp_address(&lines);
-    let out = Command::new(CUMUX)
-        .args(["status", "--json", "--server", &address])
-        .output()
-        .unwrap();
-    let _ = server.kill();
+    let text = "# test server\ndevice = \"cpu\"\nmemory = \"64M\"\npolicy = \"priority\"\n";
+    let config = config_file(&dir, text);
+    let mut serve = serve_command(&["--listen", "tcp:127.0.0.1:0", "--policy", "fair"]);
+    serve.arg("--config").arg(&config).stderr(Stdio::null());
+    let (_, out, mut server) = serve_status(serve, None);
     let _ = server.wait();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let status: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let status = status_json(&out);
     assert_eq!(status["devices"][0]["total_mem"], 64 << 20);
     // The flag wins over the file's `policy = "priority"`.
     assert_eq!(status["devices"][0]["policy"], "fair");
@@ -355,35 +281,18 @@ fn status_over_tcp_with_a_config_file() {
 #[test]
 fn a_device_table_gives_its_device_a_policy_of_its_own() {
     let dir = TempDir::new("device-policy");
-    let config = dir.0.join("cumux.toml");
-    std::fs::write(
-        &config,
-        "policy = \"priority\"\n[devices.0]\npolicy = \"fair\"\n[devices.7]\npolicy = \"fifo\"\n",
-    )
-    .unwrap();
-    let socket = dir.0.join("s.sock");
-    let address = format!("unix:{}", socket.display());
-    let mut server = Command::new(CUMUX)
-        .args([
-            "serve", "--device", "cpu", "--memory", "64M", "--listen", &address,
-        ])
-        // The flag sets every device's default; device 0's table still wins.
+    let text =
+        "policy = \"priority\"\n[devices.0]\npolicy = \"fair\"\n[devices.7]\npolicy = \"fifo\"\n";
+    let config = config_file(&dir, text);
+    let address = format!("unix:{}", dir.0.join("s.sock").display());
+    let mut serve = serve_command(&["--device", "cpu", "--memory", "64M", "--listen", &address]);
+    // The flag sets every device's default; device 0's table still wins.
+    serve
         .args(["--policy", "fifo", "--config"])
         .arg(&config)
         .env("CUMUX_LOG", "warn")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let lines = lines_of(server.stdout.take().unwrap());
-    let line = lines
-        .recv_timeout(Duration::from_secs(30))
-        .expect("serve prints where it listens");
-    let out = Command::new(CUMUX)
-        .args(["status", "--json", "--server", &address])
-        .output()
-        .unwrap();
-    let _ = server.kill();
+        .stderr(Stdio::piped());
+    let (line, out, mut server) = serve_status(serve, Some(&address));
     let mut log = String::new();
     std::io::Read::read_to_string(&mut server.stderr.take().unwrap(), &mut log).unwrap();
     let _ = server.wait();
@@ -391,12 +300,7 @@ fn a_device_table_gives_its_device_a_policy_of_its_own() {
         line.contains("device 0:") && line.contains("fair"),
         "{line}"
     );
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let status: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let status = status_json(&out);
     assert_eq!(status["devices"][0]["policy"], "fair");
     // A table for a device the server does not have is a warning, not a failure.
     assert!(log.contains("[devices.7]"), "{log}");
@@ -407,20 +311,16 @@ fn the_default_socket_lives_in_a_private_runtime_folder() {
     use std::os::unix::fs::PermissionsExt;
     let runtime = TempDir::new("xdg");
     let serve = || {
-        Command::new(CUMUX)
-            .args(["serve", "--device", "cpu", "--memory", "64M"])
+        serve_command(&["--device", "cpu", "--memory", "64M"])
             .env("XDG_RUNTIME_DIR", &runtime.0)
             .env_remove("CUMUX_SERVER")
-            .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
             .unwrap()
     };
     let mut server = serve();
     let lines = lines_of(server.stdout.take().unwrap());
-    let line = lines
-        .recv_timeout(Duration::from_secs(30))
-        .expect("serve prints where it listens");
+    let line = listening_line(&lines);
     let folder = runtime.0.join("cumux");
     assert!(
         line.contains(&folder.join("cumux.sock").display().to_string()),

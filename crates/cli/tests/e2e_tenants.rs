@@ -6,7 +6,6 @@
 mod common;
 
 use std::os::unix::fs::MetadataExt;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -88,15 +87,8 @@ fn a_program_sees_its_quota_and_cannot_pass_it() {
 fn a_killed_program_gives_its_quota_back() {
     let server = ServerProc::start_with_config("tenants-kill", Some(&config()));
     let probe = tenant_program("quota_probe");
-    let mut child = server
-        .command_as("small", &probe, &["hold", "300"])
-        .spawn()
-        .unwrap();
-    let lines = lines_of(child.stdout.take().unwrap());
-    if let Err(e) = wait_for_line(&lines, "holding", Duration::from_secs(120)) {
-        let _ = child.kill();
-        panic!("{e}\n--- server log\n{}", server.log());
-    }
+    let holding = server.command_as("small", &probe, &["hold", "300"]);
+    let (child, _lines) = server.start_until(holding, "holding", Duration::from_secs(120));
     let status = server.status_json();
     let tenants = status["tenants"].as_array().expect("tenants");
     let small = tenants
@@ -107,36 +99,17 @@ fn a_killed_program_gives_its_quota_back() {
     assert_eq!(small["memory_quota"].as_u64(), Some(8 << 20), "{status:#}");
     assert_eq!(small["class"], "latency-critical");
     assert_eq!(small["weight"].as_u64(), Some(2));
-    let table = Command::new(CUMUX)
-        .args(["status", "--server", &server.address])
-        .output()
-        .unwrap();
-    let table = String::from_utf8_lossy(&table.stdout);
+    let table = server.status_table();
     assert!(table.contains("8.0 MiB / 8.0 MiB"), "{table}");
     // Kill the program itself (the session's pid), not `cumux run`.
-    let pid = status["sessions"][0]["pid"].as_u64().unwrap().to_string();
-    assert!(Command::new("kill")
-        .args(["-9", &pid])
-        .status()
-        .unwrap()
-        .success());
+    kill_program(&status["sessions"][0]);
     let out = wait_bounded(child, Duration::from_secs(60));
     assert_eq!(out.code(), Some(128 + 9), "{}", out.describe());
-    let started = Instant::now();
-    loop {
-        let status = server.status_json();
-        let released = status["sessions"].as_array().unwrap().is_empty()
+    server.status_when("released", |status| {
+        status["sessions"].as_array().unwrap().is_empty()
             && status["tenants"].as_array().unwrap().is_empty()
-            && status["devices"][0]["used_mem"].as_u64() == Some(0);
-        if released {
-            break;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(30),
-            "never released: {status:#}"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+            && status["devices"][0]["used_mem"].as_u64() == Some(0)
+    });
     // The whole quota is there for the next program of the tenant.
     let out = wait_bounded(
         server.command_as("small", &probe, &[]).spawn().unwrap(),

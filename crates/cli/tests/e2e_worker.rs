@@ -67,17 +67,9 @@ impl WorkerServer {
 
     /// Starts `program` through the server and waits until it prints `line`
     /// (it is killed, and the test fails, if it does not).
-    fn start_until(&self, program: &std::path::Path, args: &[&str], line: &str) -> Child {
-        let mut child = self
-            .command(program, args)
-            .spawn()
-            .expect("cumux run starts");
-        let lines = lines_of(child.stdout.take().unwrap());
-        if let Err(e) = wait_for_line(&lines, line, LIMIT) {
-            let _ = child.kill();
-            panic!("{e}\n{}", self.log());
-        }
-        child
+    fn start_program(&self, program: &std::path::Path, args: &[&str], line: &str) -> Child {
+        let run = self.command(program, args);
+        self.start_until(run, line, LIMIT).0
     }
 
     fn run(&self, program: &std::path::Path) -> RunOutput {
@@ -87,15 +79,9 @@ impl WorkerServer {
     /// Waits until the device holds no memory (a session's teardown may end a
     /// moment after its program); the status then.
     fn wait_memory_back(&self) -> serde_json::Value {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            let json = self.status_json();
-            if json["devices"][0]["used_mem"] == 0 {
-                return json;
-            }
-            assert!(Instant::now() < deadline, "memory left: {json}");
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        self.status_when("the memory back", |json| {
+            json["devices"][0]["used_mem"] == 0
+        })
     }
 
     /// Waits until the server has at most `live` children, none a zombie.
@@ -123,10 +109,7 @@ fn programs_run_in_workers_and_printf_reaches_only_its_program() {
     // opens a session but starts no worker of its own.
     let warm = server.children();
     assert_eq!(warm.len(), 1, "one spare from the start: {warm:?}");
-    let status = Command::new(CUMUX)
-        .args(["status", "--server", &server.address])
-        .output()
-        .unwrap();
+    let status = status_output(&server.address, &[]);
     assert!(status.status.success(), "{status:?}");
     let pids = |c: &[(u32, char, String)]| c.iter().map(|w| w.0).collect::<Vec<_>>();
     assert_eq!(pids(&server.children()), pids(&warm));
@@ -147,12 +130,7 @@ fn programs_run_in_workers_and_printf_reaches_only_its_program() {
         "out_of_bounds",
     ];
     for (out, name) in outs.iter().zip(names) {
-        assert!(
-            out.code() == Some(0) && out.stdout.contains(&format!("{name}: PASS")),
-            "{name}: {}\n--- server log\n{}",
-            out.describe(),
-            server.log()
-        );
+        server.assert_pass(out, name);
     }
     for out in [&outs[0], &outs[2]] {
         let device_lines = out
@@ -183,13 +161,7 @@ fn programs_run_in_workers_and_printf_reaches_only_its_program() {
     // SAFETY: kill(2) on the spare worker, a child of the server we started.
     assert_eq!(unsafe { libc::kill(next[0].0 as i32, libc::SIGKILL) }, 0);
     std::thread::sleep(Duration::from_millis(100));
-    let after = server.run(&quiet);
-    assert!(
-        after.code() == Some(0) && after.stdout.contains("vector_add: PASS"),
-        "{}\n--- server log\n{}",
-        after.describe(),
-        server.log()
-    );
+    server.assert_pass(&server.run(&quiet), "vector_add");
     let last = server.wait_children(1);
     assert_eq!(last.len(), 1, "{last:?}");
 }
@@ -198,12 +170,7 @@ fn programs_run_in_workers_and_printf_reaches_only_its_program() {
 fn a_killed_worker_fails_its_session_and_the_server_goes_on() {
     let mut server = WorkerServer::start("worker-kill", false);
     let looping = test_program("loop_launches");
-    let mut child = server
-        .command(&looping, &["120"])
-        .spawn()
-        .expect("cumux run starts");
-    let lines = lines_of(child.stdout.take().unwrap());
-    wait_for_line(&lines, "started", LIMIT).unwrap_or_else(|e| panic!("{e}\n{}", server.log()));
+    let (child, lines) = server.start_until(server.command(&looping, &["120"]), "started", LIMIT);
     let workers: Vec<_> = server
         .children()
         .into_iter()
@@ -240,13 +207,7 @@ fn a_killed_worker_fails_its_session_and_the_server_goes_on() {
     );
 
     // A new session gets a new worker.
-    let again = server.run(&corpus_program("vector_add"));
-    assert!(
-        again.code() == Some(0) && again.stdout.contains("vector_add: PASS"),
-        "{}\n--- server log\n{}",
-        again.describe(),
-        server.log()
-    );
+    server.assert_pass(&server.run(&corpus_program("vector_add")), "vector_add");
     let left = server.wait_children(0);
     assert!(left.is_empty(), "{left:?}");
 }
@@ -622,7 +583,7 @@ fn the_watchdog_frees_a_shared_context_from_a_killed_tenants_endless_kernel() {
     passes(&server.run(&corpus_program("saxpy")), &server);
     let first = workers(&server);
     assert_eq!(first.len(), 1, "{first:?}");
-    let mut holder = server.start_until(&test_program("endless_kernel"), &["hold"], "launched");
+    let mut holder = server.start_program(&test_program("endless_kernel"), &["hold"], "launched");
     let _ = holder.kill();
     let _ = holder.wait();
     // The teardown of the killed session waits for its kernel until the
@@ -647,7 +608,7 @@ fn the_watchdog_frees_a_shared_context_from_a_killed_tenants_endless_kernel() {
 #[test]
 fn workers_end_with_a_killed_server_even_mid_kernel() {
     let mut server = WorkerServer::start_with("worker-orphan", false, &["--launch-budget", "0"]);
-    let mut holder = server.start_until(&test_program("endless_kernel"), &["hold"], "launched");
+    let mut holder = server.start_program(&test_program("endless_kernel"), &["hold"], "launched");
     let pids: Vec<u32> = workers(&server).iter().map(|w| w.0).collect();
     assert_eq!(pids.len(), 1, "{pids:?}");
     let _ = server.child.kill();
@@ -682,7 +643,7 @@ fn copies_and_memsets_are_scheduled_like_launches() {
             false,
             &["--policy", policy],
         );
-        let mut copier = server.start_until(&test_program("copies_only"), &["hold"], "holding");
+        let mut copier = server.start_program(&test_program("copies_only"), &["hold"], "holding");
         let json = server.status_json();
         let _ = copier.kill();
         let _ = copier.wait();

@@ -11,29 +11,11 @@ use std::time::{Duration, Instant};
 
 use cumux_protocol::codes;
 use cumux_protocol::DEFAULT_STREAM;
-use cumux_server::device::{LaunchGeometry, StreamWork, SyncTarget};
+use cumux_server::device::{KernelLaunch, LaunchGeometry, StreamWork, SyncTarget};
 use cumux_server::worker::device::{cuda_worker_devices, Sharing};
+use cumux_testkit::fake_gpu::{f32_bytes, f32s, fake_libcuda, fixture_fatbin, scale_params};
 
 const CUMUX: &str = env!("CARGO_BIN_EXE_cumux");
-
-/// The fake driver, printing (no FAKE_QUIET), or `None` without a C compiler.
-fn fake_driver() -> Option<PathBuf> {
-    let src = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../cuda-driver/tests/fake_libcuda.c"
-    );
-    let out = std::env::temp_dir().join(format!(
-        "cumux-worker-fake-libcuda-{}.so",
-        std::process::id()
-    ));
-    let built = std::process::Command::new("cc")
-        .args(["-shared", "-fPIC", "-o"])
-        .arg(&out)
-        .arg(src)
-        .status()
-        .is_ok_and(|s| s.success());
-    built.then_some(out)
-}
 
 /// Our own worker children: (pid, state letter, command line).
 fn children() -> Vec<(i32, char, String)> {
@@ -52,16 +34,27 @@ fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
     }
 }
 
-fn floats(bytes: &[u8]) -> Vec<f32> {
-    bytes
-        .chunks(4)
-        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-        .collect()
+/// `scale(buf, 2.0, n)`, kernel 1 of the fixture's `module`, on one block.
+fn scale(module: u64, buf: u64, n: i32) -> KernelLaunch {
+    let params = scale_params(buf, 2.0, n);
+    let geometry = LaunchGeometry {
+        grid: [1, 1, 1],
+        block: [32, 1, 1],
+        dynamic_shared_bytes: 0,
+        attributes: Vec::new(),
+    };
+    KernelLaunch {
+        module,
+        kernel: 1,
+        geometry,
+        params,
+    }
 }
 
 #[test]
 fn cuda_contexts_live_in_workers() {
-    let Some(fake) = fake_driver() else {
+    // The fake driver, printing (no FAKE_QUIET).
+    let Some(fake) = fake_libcuda("worker", false) else {
         eprintln!("no C compiler: skipping");
         return;
     };
@@ -83,32 +76,15 @@ fn cuda_contexts_live_in_workers() {
     let ctx = device.create_context().unwrap();
     let a = ctx.mem_alloc(16).unwrap();
     assert_eq!(children().len(), 1);
-    let input: Vec<u8> = [1.0f32, 2.0, 3.0, 4.0]
-        .iter()
-        .flat_map(|v| v.to_le_bytes())
-        .collect();
-    ctx.mem_write(a, &input).unwrap();
-    let image = std::fs::read(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../fatbin/tests/fixtures/default.fatbin"
-    ))
-    .unwrap();
+    ctx.mem_write(a, &f32_bytes(&[1.0, 2.0, 3.0, 4.0])).unwrap();
+    let image = fixture_fatbin();
     let module = ctx.module_load(&image).unwrap();
     let names: Vec<&str> = module.kernels.iter().map(|k| k.name.as_str()).collect();
     assert_eq!(names, ["add", "scale"]);
     assert_eq!(module.globals.len(), 1);
     assert_eq!(device.mem_used(), 32);
 
-    let mut params = a.to_le_bytes().to_vec();
-    params.extend_from_slice(&2.0f32.to_le_bytes());
-    params.extend_from_slice(&3i32.to_le_bytes());
-    let geometry = LaunchGeometry {
-        grid: [1, 1, 1],
-        block: [32, 1, 1],
-        dynamic_shared_bytes: 0,
-        attributes: Vec::new(),
-    };
-    let outcome = ctx.launch(module.id, 1, &geometry, &params);
+    let outcome = ctx.launch(&scale(module.id, a, 3));
     assert_eq!(outcome.result, Ok(()));
     // The driver's printf, written through the worker's C stdio.
     assert_eq!(
@@ -117,7 +93,7 @@ fn cuda_contexts_live_in_workers() {
     );
     let mut back = vec![0u8; 16];
     ctx.mem_read(a, &mut back).unwrap();
-    assert_eq!(floats(&back), [3.0, 6.0, 9.0, 4.0]);
+    assert_eq!(f32s(&back), [3.0, 6.0, 9.0, 4.0]);
 
     // A second session has a worker of its own; killing it fails that
     // session only.
@@ -130,12 +106,12 @@ fn cuda_contexts_live_in_workers() {
     assert_eq!(unsafe { libc::kill(newest, libc::SIGKILL) }, 0);
     let e = other.mem_alloc(8).unwrap_err();
     assert_eq!(e.code, codes::LAUNCH_FAILED, "{e}");
-    let outcome = other.launch(module.id, 1, &geometry, &params);
+    let outcome = other.launch(&scale(module.id, a, 3));
     assert!(outcome.result.is_err());
     // The killed worker was reaped at once.
     wait_until("the killed worker to be reaped", || children().len() == 1);
     ctx.mem_read(a, &mut back).unwrap();
-    assert_eq!(floats(&back), [3.0, 6.0, 9.0, 4.0]);
+    assert_eq!(f32s(&back), [3.0, 6.0, 9.0, 4.0]);
 
     drop(other);
     drop(ctx);
@@ -189,25 +165,11 @@ fn cuda_contexts_live_in_workers() {
     let third = shared[0].create_context().unwrap();
     let m3 = third.module_load(&image).unwrap();
     let (buf1, buf3) = (first.mem_alloc(64).unwrap(), third.mem_alloc(64).unwrap());
-    let scale = |buf: u64, n: i32| {
-        let mut p = buf.to_le_bytes().to_vec();
-        p.extend_from_slice(&2.0f32.to_le_bytes());
-        p.extend_from_slice(&n.to_le_bytes());
-        p
-    };
     let ordered = first.stream_ordered().unwrap();
-    assert!(ordered.enqueue(
-        DEFAULT_STREAM,
-        StreamWork::Launch {
-            module: again.id,
-            kernel: 1,
-            geometry: geometry.clone(),
-            params: scale(buf1, 3),
-        },
-    ));
+    assert!(ordered.enqueue(DEFAULT_STREAM, StreamWork::Launch(scale(again.id, buf1, 3))));
     // The first session's kernel has printed before the other waits.
     std::thread::sleep(Duration::from_millis(100));
-    let out3 = third.launch(m3.id, 1, &geometry, &scale(buf3, 5));
+    let out3 = third.launch(&scale(m3.id, buf3, 5));
     assert_eq!(String::from_utf8_lossy(&out3.stdout), "scale printed n=5\n");
     let out1 = ordered.synchronize(SyncTarget::Context);
     assert_eq!(String::from_utf8_lossy(&out1.stdout), "scale printed n=3\n");

@@ -19,6 +19,7 @@ use cumux_scheduler::{
 
 use crate::device::signals::SignalArea;
 use crate::device::StreamWork;
+use crate::locking::{lock, wait_timeout};
 use crate::tenants::{TenantClass, TenantSettings};
 
 /// The scheduler's names for copies and memsets, by kind (launches are named by
@@ -34,12 +35,12 @@ const MEMSET: KernelId = KernelId(u64::MAX - 4);
 /// `None`: work the gate does not schedule (event records and waits, signals).
 pub fn kernel_id_of(work: &StreamWork) -> Option<KernelId> {
     Some(match work {
-        StreamWork::Launch { module, kernel, .. } => KernelId((module << 16) ^ *kernel as u64),
+        StreamWork::Launch(l) => KernelId((l.module << 16) ^ l.kernel as u64),
         StreamWork::Graph { graph } => KernelId(graph << 16),
         StreamWork::Write { .. } | StreamWork::HostToDevice { .. } => TO_DEVICE,
         StreamWork::DeviceToHost { .. } => TO_HOST,
         StreamWork::Copy { .. } => DEVICE_COPY,
-        StreamWork::Fill { .. } => MEMSET,
+        StreamWork::Fill(_) => MEMSET,
         StreamWork::Record { .. }
         | StreamWork::Wait { .. }
         | StreamWork::Signal { .. }
@@ -359,7 +360,7 @@ impl DeviceGate {
     }
 
     fn lock(&self) -> MutexGuard<'_, GateState> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+        lock(&self.state)
     }
 
     /// Items waiting for the device (for tests and status).
@@ -431,10 +432,7 @@ fn watch_loop(gate: Weak<DeviceGate>) {
         let Some(gate) = gate.upgrade() else { return };
         let mut state = gate.lock();
         if state.watching.is_empty() {
-            let _ = gate
-                .changed
-                .wait_timeout(state, MAX_WAIT)
-                .unwrap_or_else(|p| p.into_inner());
+            drop(wait_timeout(&gate.changed, state, MAX_WAIT));
             continue;
         }
         let now = (gate.clock)();
@@ -547,11 +545,7 @@ impl GateSession {
                         continue;
                     }
                     // Backpressure: wait for something to complete, then try again.
-                    state = gate
-                        .changed
-                        .wait_timeout(state, MAX_WAIT)
-                        .unwrap_or_else(|p| p.into_inner())
-                        .0;
+                    state = wait_timeout(&gate.changed, state, MAX_WAIT);
                 }
                 Err(e) => {
                     // Not reachable (the tenant is registered, ids are fresh).
@@ -598,11 +592,7 @@ impl GateSession {
                     Duration::from_nanos(at.saturating_sub(now)).max(Duration::from_micros(1))
                 })
                 .min(MAX_WAIT);
-            state = gate
-                .changed
-                .wait_timeout(state, wait)
-                .unwrap_or_else(|p| p.into_inner())
-                .0;
+            state = wait_timeout(&gate.changed, state, wait);
             let now = (gate.clock)();
             if state.pump(now, Some(id)) {
                 gate.changed.notify_all();
@@ -740,6 +730,76 @@ mod tests {
         }
     }
 
+    /// A gate in front of a fake device: the device's clock, and the log of
+    /// the launches it ran.
+    struct FakeDevice {
+        clock: Arc<AtomicU64>,
+        gate: Arc<DeviceGate>,
+        log: Arc<Mutex<Vec<String>>>,
+    }
+
+    impl FakeDevice {
+        fn new(config: SchedulerConfig) -> Self {
+            let (clock, read) = fake_clock();
+            FakeDevice {
+                clock,
+                gate: DeviceGate::new(config, read).unwrap(),
+                log: Arc::new(Mutex::new(Vec::new())),
+            }
+        }
+
+        /// Session `session` of tenant `name`, of `class`, joining the gate.
+        fn member(&self, name: &str, class: TenantClass, session: u64) -> Arc<GateSession> {
+            Arc::new(self.gate.join(name, &settings(class), session).unwrap())
+        }
+
+        /// A launch: advances the clock by its duration and logs its name;
+        /// `hold` keeps it running until the test says so.
+        fn launch(
+            &self,
+            member: &Arc<GateSession>,
+            name: &str,
+            stream: u32,
+            duration: Nanos,
+            hold: Option<mpsc::Receiver<()>>,
+        ) -> std::thread::JoinHandle<Option<()>> {
+            let (member, clock, log, name) = (
+                Arc::clone(member),
+                Arc::clone(&self.clock),
+                Arc::clone(&self.log),
+                name.to_string(),
+            );
+            std::thread::spawn(move || {
+                member.run(StreamId(stream), KernelId(1), None, || {
+                    if let Some(hold) = hold {
+                        hold.recv().unwrap();
+                    }
+                    clock.fetch_add(duration, Ordering::SeqCst);
+                    log.lock().unwrap().push(name);
+                })
+            })
+        }
+
+        /// A launch that runs, the only one on the device, until the
+        /// returned sender says; its thread.
+        fn running(
+            &self,
+            member: &Arc<GateSession>,
+            name: &str,
+            duration: Nanos,
+        ) -> (mpsc::Sender<()>, std::thread::JoinHandle<Option<()>>) {
+            let (release, hold) = mpsc::channel();
+            let launch = self.launch(member, name, 0, duration, Some(hold));
+            wait_until(&format!("{name} to run"), || self.gate.in_flight() == 1);
+            (release, launch)
+        }
+
+        /// The names of the launches that ran, in order.
+        fn log(&self) -> Vec<String> {
+            self.log.lock().unwrap().clone()
+        }
+    }
+
     fn wait_until(what: &str, cond: impl Fn() -> bool) {
         let start = Instant::now();
         while !cond() {
@@ -751,66 +811,26 @@ mod tests {
         }
     }
 
-    /// A launch on a fake device: advances the fake clock by its duration and logs its
-    /// name; `hold` keeps it running until the test says so.
-    fn launch(
-        member: &Arc<GateSession>,
-        clock: &Arc<AtomicU64>,
-        log: &Arc<Mutex<Vec<String>>>,
-        name: &str,
-        stream: u32,
-        duration: Nanos,
-        hold: Option<mpsc::Receiver<()>>,
-    ) -> std::thread::JoinHandle<Option<()>> {
-        let (member, clock, log, name) = (
-            Arc::clone(member),
-            Arc::clone(clock),
-            Arc::clone(log),
-            name.to_string(),
-        );
-        std::thread::spawn(move || {
-            member.run(StreamId(stream), KernelId(1), None, || {
-                if let Some(hold) = hold {
-                    hold.recv().unwrap();
-                }
-                clock.fetch_add(duration, Ordering::SeqCst);
-                log.lock().unwrap().push(name);
-            })
-        })
-    }
-
     #[test]
     fn priority_lets_latency_critical_work_pass_queued_batch_work() {
-        let (clock, read) = fake_clock();
-        let gate = DeviceGate::new(
-            scheduler_config(Policy::Priority(PriorityConfig::default()), 1),
-            read,
-        )
-        .unwrap();
-        let batch = Arc::new(
-            gate.join("batch", &settings(TenantClass::Batch), 1)
-                .unwrap(),
-        );
-        let lc = Arc::new(
-            gate.join("lc", &settings(TenantClass::LatencyCritical), 2)
-                .unwrap(),
-        );
-        let log = Arc::new(Mutex::new(Vec::new()));
-        let (release, hold) = mpsc::channel();
-        let first = launch(&batch, &clock, &log, "b0", 0, 1_000_000, Some(hold));
-        wait_until("b0 to run", || gate.in_flight() == 1);
+        let priority = Policy::Priority(PriorityConfig::default());
+        let device = FakeDevice::new(scheduler_config(priority, 1));
+        let gate = &device.gate;
+        let batch = device.member("batch", TenantClass::Batch, 1);
+        let lc = device.member("lc", TenantClass::LatencyCritical, 2);
+        let (release, first) = device.running(&batch, "b0", 1_000_000);
         let mut waiting: Vec<_> = (1..4)
-            .map(|s| launch(&batch, &clock, &log, &format!("b{s}"), s, 1_000_000, None))
+            .map(|s| device.launch(&batch, &format!("b{s}"), s, 1_000_000, None))
             .collect();
         wait_until("three batch items queued", || gate.queued() == 3);
-        waiting.push(launch(&lc, &clock, &log, "lc", 0, 100_000, None));
+        waiting.push(device.launch(&lc, "lc", 0, 100_000, None));
         wait_until("the latency-critical item queued", || gate.queued() == 4);
         release.send(()).unwrap();
         assert_eq!(first.join().unwrap(), Some(()));
         for w in waiting {
             assert_eq!(w.join().unwrap(), Some(()));
         }
-        let log = log.lock().unwrap().clone();
+        let log = device.log();
         assert_eq!(log[..2], ["b0", "lc"], "{log:?}");
         assert_eq!(log.len(), 5);
         assert_eq!(lc.tenant_stats().unwrap().gpu_time_ns, 100_000);
@@ -823,18 +843,12 @@ mod tests {
         // device without waiting; each leaves the scheduler only when the device
         // raises its signal, and while the latency-critical tenant has work batch
         // stays within its cap.
-        let (clock, read) = fake_clock();
         let mut config = queued_scheduler_config(Policy::Priority(PriorityConfig::default()));
         config.stream_depth = 2;
-        let gate = DeviceGate::new(config, read).unwrap();
-        let batch = Arc::new(
-            gate.join("batch", &settings(TenantClass::Batch), 1)
-                .unwrap(),
-        );
-        let lc = Arc::new(
-            gate.join("lc", &settings(TenantClass::LatencyCritical), 2)
-                .unwrap(),
-        );
+        let device = FakeDevice::new(config);
+        let (clock, gate) = (&device.clock, &device.gate);
+        let batch = device.member("batch", TenantClass::Batch, 1);
+        let lc = device.member("lc", TenantClass::LatencyCritical, 2);
         let area = Arc::new(SignalArea::create().unwrap());
         let go = |admission: Admission| match admission {
             Admission::Go(id, _) => id,
@@ -884,46 +898,34 @@ mod tests {
 
     #[test]
     fn fair_holds_the_tenant_that_is_too_far_ahead() {
-        let (clock, read) = fake_clock();
-        let gate = DeviceGate::new(
-            scheduler_config(Policy::Fair(FairConfig::default()), 1),
-            read,
-        )
-        .unwrap();
-        let heavy = Arc::new(
-            gate.join("heavy", &settings(TenantClass::Batch), 1)
-                .unwrap(),
-        );
-        let light = Arc::new(
-            gate.join("light", &settings(TenantClass::Batch), 2)
-                .unwrap(),
-        );
-        let log = Arc::new(Mutex::new(Vec::new()));
+        let fair = Policy::Fair(FairConfig::default());
+        let device = FakeDevice::new(scheduler_config(fair, 1));
+        let (clock, gate) = (&device.clock, &device.gate);
+        let heavy = device.member("heavy", TenantClass::Batch, 1);
+        let light = device.member("light", TenantClass::Batch, 2);
         let ms = 1_000_000;
-        let (release_l0, hold) = mpsc::channel();
-        let l0 = launch(&light, &clock, &log, "l", 0, ms, Some(hold));
-        wait_until("l0 to run", || gate.in_flight() == 1);
+        let (release_l0, l0) = device.running(&light, "l", ms);
         let (release_h1, hold) = mpsc::channel();
-        let h1 = launch(&heavy, &clock, &log, "h", 0, 10 * ms, Some(hold));
+        let h1 = device.launch(&heavy, "h", 0, 10 * ms, Some(hold));
         wait_until("h1 queued", || gate.queued() == 1);
-        let h2 = launch(&heavy, &clock, &log, "h", 1, 10 * ms, None);
+        let h2 = device.launch(&heavy, "h", 1, 10 * ms, None);
         wait_until("h2 queued", || gate.queued() == 2);
         release_l0.send(()).unwrap();
         l0.join().unwrap();
         wait_until("h1 to run", || gate.in_flight() == 1 && gate.queued() == 1);
-        let l1 = launch(&light, &clock, &log, "l", 0, ms, None);
+        let l1 = device.launch(&light, "l", 0, ms, None);
         wait_until("l1 queued", || gate.queued() == 2);
         release_h1.send(()).unwrap();
         h1.join().unwrap();
         // heavy is now 10 ms of GPU time ahead of light (more than the 2 ms threshold):
         // its second item waits for light's.
         l1.join().unwrap();
-        assert_eq!(*log.lock().unwrap(), ["l", "h", "l"]);
+        assert_eq!(device.log(), ["l", "h", "l"]);
         // light, idle, keeps its place for the idle grace; then heavy runs on alone.
         assert_eq!(gate.queued(), 1);
         clock.fetch_add(IDLE_GRACE_NS + 1, Ordering::SeqCst);
         h2.join().unwrap();
-        assert_eq!(*log.lock().unwrap(), ["l", "h", "l", "h"]);
+        assert_eq!(device.log(), ["l", "h", "l", "h"]);
         let light_time = light.tenant_stats().unwrap().gpu_time_ns;
         assert_eq!(light_time, 2 * ms);
         assert_eq!(heavy.tenant_stats().unwrap().gpu_time_ns, 20 * ms);
@@ -931,32 +933,29 @@ mod tests {
 
     #[test]
     fn an_ending_session_drops_its_queued_items_and_keeps_its_tenants_others() {
-        let (clock, read) = fake_clock();
         let mut config = scheduler_config(Policy::Fair(FairConfig::default()), 1);
         config.limits.max_queued_per_tenant = 2;
-        let gate = DeviceGate::new(config, read).unwrap();
-        let s1 = Arc::new(gate.join("t", &settings(TenantClass::Batch), 1).unwrap());
-        let s2 = Arc::new(gate.join("t", &settings(TenantClass::Batch), 2).unwrap());
-        let log = Arc::new(Mutex::new(Vec::new()));
-        let (release, hold) = mpsc::channel();
-        let running = launch(&s1, &clock, &log, "s1-run", 0, 1_000, Some(hold));
-        wait_until("s1's item to run", || gate.in_flight() == 1);
-        let s1_queued = launch(&s1, &clock, &log, "s1-queued", 1, 1_000, None);
-        let s2_queued = launch(&s2, &clock, &log, "s2-a", 2, 1_000, None);
+        let device = FakeDevice::new(config);
+        let gate = &device.gate;
+        let s1 = device.member("t", TenantClass::Batch, 1);
+        let s2 = device.member("t", TenantClass::Batch, 2);
+        let (release, running) = device.running(&s1, "s1-run", 1_000);
+        let s1_queued = device.launch(&s1, "s1-queued", 1, 1_000, None);
+        let s2_queued = device.launch(&s2, "s2-a", 2, 1_000, None);
         wait_until("two queued", || gate.queued() == 2);
         // The tenant's queue is full: a third item waits to be queued (backpressure).
-        let s2_more = launch(&s2, &clock, &log, "s2-b", 3, 1_000, None);
+        let s2_more = device.launch(&s2, "s2-b", 3, 1_000, None);
         std::thread::sleep(Duration::from_millis(20));
         assert_eq!(gate.queued(), 2);
         s1.cancel_queued();
         assert_eq!(s1_queued.join().unwrap(), None, "cancelled, not run");
-        let late = launch(&s1, &clock, &log, "s1-late", 1, 1_000, None);
+        let late = device.launch(&s1, "s1-late", 1, 1_000, None);
         assert_eq!(late.join().unwrap(), None, "the session has ended");
         release.send(()).unwrap();
         assert_eq!(running.join().unwrap(), Some(()));
         assert_eq!(s2_queued.join().unwrap(), Some(()));
         assert_eq!(s2_more.join().unwrap(), Some(()));
-        assert_eq!(*log.lock().unwrap(), ["s1-run", "s2-a", "s2-b"]);
+        assert_eq!(device.log(), ["s1-run", "s2-a", "s2-b"]);
         drop(s1);
         assert!(gate.lock().tenants.contains_key("t"));
         drop(s2);

@@ -16,7 +16,7 @@ use cumux_protocol::pinned::HostMapping;
 use cumux_protocol::{codes, CuError, Handle};
 
 use crate::device::host_span::{map_region, HostSpan};
-use crate::device::DeviceContext;
+use crate::device::{DeviceContext, HostRegion};
 
 /// Regions one session may hold at once.
 pub const MAX_REGIONS: usize = 4096;
@@ -59,7 +59,11 @@ impl HostRegions {
         }
         let mapping = map_region(fd.as_fd(), bytes)?;
         let region = NEXT_REGION.fetch_add(1, Ordering::Relaxed);
-        ctx.host_register(region, &mapping, fd.as_fd())?;
+        ctx.host_register(HostRegion {
+            id: region,
+            mapping: &mapping,
+            fd: fd.as_fd(),
+        })?;
         tracing::debug!(
             region,
             base = format_args!("{base:#x}"),

@@ -17,6 +17,8 @@ use std::sync::{Arc, Mutex};
 
 use serde::Deserialize;
 
+use crate::locking::lock;
+
 /// The tenant name of a connection that claims none and matches no `uids`.
 pub const DEFAULT_TENANT: &str = "default";
 /// Longest tenant name accepted (bytes).
@@ -265,7 +267,7 @@ impl Drop for AccountHold {
 
 impl Accounts {
     fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Arc<TenantAccount>>> {
-        self.accounts.lock().unwrap_or_else(|p| p.into_inner())
+        lock(&self.accounts)
     }
 
     /// The account of `name` (made with `settings` if it has none), held by one
@@ -299,21 +301,21 @@ impl Accounts {
 mod tests {
     use super::*;
 
+    /// alice (1 MiB, uid 1000) and open (anyone), nobody else.
     fn policy() -> TenantPolicy {
-        let mut p = TenantPolicy {
-            allow_unknown: false,
-            ..TenantPolicy::default()
+        let alice = TenantSettings {
+            uids: Some(vec![1000]),
+            memory_quota: Some(1 << 20),
+            ..TenantSettings::default()
         };
-        p.tenants.insert(
-            "alice".into(),
-            TenantSettings {
-                uids: Some(vec![1000]),
-                memory_quota: Some(1 << 20),
-                ..TenantSettings::default()
-            },
-        );
-        p.tenants.insert("open".into(), TenantSettings::default());
-        p
+        TenantPolicy {
+            allow_unknown: false,
+            tenants: BTreeMap::from([
+                ("alice".into(), alice),
+                ("open".into(), TenantSettings::default()),
+            ]),
+            ..TenantPolicy::default()
+        }
     }
 
     #[test]

@@ -8,18 +8,6 @@ use std::sync::Arc;
 
 use common::*;
 use cumux_protocol::*;
-use cumux_server::device::cpu::CpuDevice;
-use cumux_server::{listener, Address, Device, Server};
-
-fn cpu_server(tag: &str) -> (Arc<Server>, std::path::PathBuf, TempDir) {
-    let dir = TempDir::new(tag);
-    let socket = dir.0.join("s.sock");
-    let server = Server::new(vec![Arc::new(CpuDevice::new(256 << 20)) as Arc<dyn Device>]);
-    let bound = listener::bind(&Address::Unix(socket.clone())).unwrap();
-    let serving = Arc::clone(&server);
-    std::thread::spawn(move || bound.serve(serving));
-    (server, socket, dir)
-}
 
 fn vector_add_params(a: u64, b: u64, c: u64, n: i32, layout: &[ParamInfo]) -> Vec<u8> {
     let size = layout.last().map_or(0, |p| p.offset + p.size) as usize;
@@ -41,7 +29,7 @@ fn floats(v: &[f32]) -> Vec<u8> {
 
 #[test]
 fn ptx_and_fat_binaries_load_and_run() {
-    let (server, socket, _dir) = cpu_server("cpu-run");
+    let (server, socket, _dir) = cpu_server("cpu-run", 256 << 20);
     let source = cumux_testkit::corpus_source("vector_add");
     let ptx = cumux_testkit::compile_ptx(&source);
     let fatbin = std::fs::read(cumux_testkit::compile_program(&source, &["-fatbin"])).unwrap();
@@ -69,44 +57,27 @@ fn ptx_and_fat_binaries_load_and_run() {
         );
         c.write(pa, &floats(&a));
         c.write(pb, &floats(&b));
-        c.post(Call::Launch {
-            function: f.handle,
-            grid: [(n as u32).div_ceil(256), 1, 1],
-            block: [256, 1, 1],
-            shared_bytes: 0,
-            stream: DEFAULT_STREAM,
-            params: vector_add_params(pa, pb, pc, n, &f.params),
-            attributes: Vec::new(),
-        });
+        let params = vector_add_params(pa, pb, pc, n, &f.params);
+        let grid = [(n as u32).div_ceil(256), 1, 1];
+        c.post(launch_call(f.handle, grid, [256, 1, 1], params));
         let out = c.read(pc, 4 * n as u64).unwrap();
         let expected: Vec<f32> = (0..n).map(|i| 3.0 * i as f32).collect();
         assert_eq!(out, floats(&expected));
         // A pointer past the end faults: the context dies, the server does not.
-        c.post(Call::Launch {
-            function: f.handle,
-            grid: [1, 1, 1],
-            block: [32, 1, 1],
-            shared_bytes: 0,
-            stream: DEFAULT_STREAM,
-            params: vector_add_params(pa, pb, pc + (1 << 40), 32, &f.params),
-            attributes: Vec::new(),
-        });
+        let params = vector_add_params(pa, pb, pc + (1 << 40), 32, &f.params);
+        c.post(launch_call(f.handle, [1, 1, 1], [32, 1, 1], params));
         assert_eq!(c.code(Call::ContextSynchronize), codes::ILLEGAL_ADDRESS);
     }
     let mut c = Client::connect(&socket, "cpu-test", None);
     c.alloc(16);
     drop(c);
     let device = Arc::clone(&server.devices()[0]);
-    let start = std::time::Instant::now();
-    while device.mem_used() != 0 {
-        assert!(start.elapsed().as_secs() < 5, "memory not released");
-        std::thread::sleep(std::time::Duration::from_millis(10));
-    }
+    eventually("memory to be released", || device.mem_used() == 0);
 }
 
 #[test]
 fn a_kernel_cannot_reach_another_sessions_memory() {
-    let (_server, socket, _dir) = cpu_server("cpu-isolation");
+    let (_server, socket, _dir) = cpu_server("cpu-isolation", 256 << 20);
     let ptx = cumux_testkit::compile_ptx(cumux_testkit::corpus_source("vector_add"));
     let mut a = Client::connect(&socket, "tenant-a", None);
     let bufs: Vec<u64> = (0..3).map(|_| a.alloc(4096)).collect();
@@ -115,15 +86,8 @@ fn a_kernel_cannot_reach_another_sessions_memory() {
     let m = b.load_bytes(ptx.into_bytes());
     let f = m.functions[0].clone();
     let mine = b.alloc(4096);
-    b.post(Call::Launch {
-        function: f.handle,
-        grid: [1, 1, 1],
-        block: [32, 1, 1],
-        shared_bytes: 0,
-        stream: DEFAULT_STREAM,
-        params: vector_add_params(bufs[2], bufs[2], mine, 32, &f.params),
-        attributes: Vec::new(),
-    });
+    let params = vector_add_params(bufs[2], bufs[2], mine, 32, &f.params);
+    b.post(launch_call(f.handle, [1, 1, 1], [32, 1, 1], params));
     // A's pointer names nothing in B's address space.
     assert_eq!(b.code(Call::ContextSynchronize), codes::ILLEGAL_ADDRESS);
     assert_eq!(a.read(bufs[2], 4096).unwrap(), vec![7; 4096]);
@@ -131,7 +95,7 @@ fn a_kernel_cannot_reach_another_sessions_memory() {
 
 #[test]
 fn cubin_only_images_are_refused() {
-    let (_server, socket, _dir) = cpu_server("cpu-cubin");
+    let (_server, socket, _dir) = cpu_server("cpu-cubin", 256 << 20);
     let source = cumux_testkit::corpus_source("vector_add");
     let cubin_only = cumux_testkit::compile_program(
         &source,
@@ -162,7 +126,7 @@ fn cubin_only_images_are_refused() {
 
 #[test]
 fn contexts_share_one_memory_budget() {
-    let (server, socket, _dir) = cpu_server("cpu-budget");
+    let (server, socket, _dir) = cpu_server("cpu-budget", 256 << 20);
     let device = Arc::clone(&server.devices()[0]);
     let mut a = Client::connect(&socket, "tenant-a", None);
     let mut b = Client::connect(&socket, "tenant-b", None);
@@ -182,11 +146,7 @@ fn contexts_share_one_memory_budget() {
         other => panic!("{other:?}"),
     }
     drop(a);
-    let start = std::time::Instant::now();
-    while device.mem_used() != 0 {
-        assert!(start.elapsed().as_secs() < 5, "a's memory not released");
-        std::thread::sleep(std::time::Duration::from_millis(10));
-    }
+    eventually("a's memory to be released", || device.mem_used() == 0);
     b.alloc(100 << 20);
     assert_eq!(device.mem_used(), 100 << 20);
 }

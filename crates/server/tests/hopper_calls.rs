@@ -15,15 +15,15 @@ fn launch_with(
     attributes: Vec<LaunchAttribute>,
     params: Vec<u8>,
 ) {
-    c.post(Call::Launch {
-        function: module.functions[0].handle,
-        grid: [2, 1, 1],
-        block: [32, 1, 1],
-        shared_bytes: 0,
-        stream: DEFAULT_STREAM,
+    let function = module.functions[0].handle;
+    c.post(launch_call_on(
+        function,
+        [2, 1, 1],
+        [32, 1, 1],
+        DEFAULT_STREAM,
         params,
         attributes,
-    });
+    ));
 }
 
 #[test]

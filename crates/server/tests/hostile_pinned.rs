@@ -35,6 +35,18 @@ fn shm_client(h: &Harness) -> Client {
     c
 }
 
+/// One test at a time ([`serial`]), on a server of its own.
+fn start(tag: &str) -> (std::sync::MutexGuard<'static, ()>, Harness) {
+    (serial(), Harness::start(tag))
+}
+
+/// A shared-memory client of `h` that registered the region of `fd` and `map`.
+fn registered_client(h: &Harness, fd: &OwnedFd, map: &HostMapping) -> (Client, Handle) {
+    let mut c = shm_client(h);
+    let region = register(&mut c, fd, map);
+    (c, region)
+}
+
 fn register(c: &mut Client, fd: &OwnedFd, map: &HostMapping) -> Handle {
     c.register_host(map.as_ptr() as u64, LEN, Some(fd.as_fd()), FD_TAG)
         .expect("a sealed memfd registers")
@@ -62,12 +74,10 @@ fn dtoh(src: DevicePtr, region: Handle, offset: u64, bytes: u64, stream: Option<
 
 #[test]
 fn copies_go_through_the_region_and_it_goes_with_the_session() {
-    let _one = serial();
-    let h = Harness::start("pinned-copies");
+    let (_one, h) = start("pinned-copies");
     let before = live_mappings();
     let (fd, map) = region_memory();
-    let mut c = shm_client(&h);
-    let region = register(&mut c, &fd, &map);
+    let (mut c, region) = registered_client(&h, &fd, &map);
     assert_eq!(
         live_mappings(),
         before + 2,
@@ -116,8 +126,7 @@ fn copies_go_through_the_region_and_it_goes_with_the_session() {
 
 #[test]
 fn bad_descriptors_are_refused_and_the_connection_serves_on() {
-    let _one = serial();
-    let h = Harness::start("pinned-bad-fds");
+    let (_one, h) = start("pinned-bad-fds");
     let before = live_mappings();
     let mut c = shm_client(&h);
     let refused = |c: &mut Client, fd: Option<std::os::fd::BorrowedFd<'_>>, tag, len| {
@@ -174,11 +183,9 @@ fn bad_descriptors_are_refused_and_the_connection_serves_on() {
 
 #[test]
 fn ranges_outside_a_region_or_an_allocation_are_refused() {
-    let _one = serial();
-    let h = Harness::start("pinned-ranges");
+    let (_one, h) = start("pinned-ranges");
     let (fd, map) = region_memory();
-    let mut c = shm_client(&h);
-    let region = register(&mut c, &fd, &map);
+    let (mut c, region) = registered_client(&h, &fd, &map);
     let dev = c.alloc(LEN);
     for (offset, bytes) in [
         (0, LEN + 1),
@@ -233,11 +240,9 @@ fn settle(h: &Harness) {
 
 #[test]
 fn a_session_cannot_name_another_sessions_region() {
-    let _one = serial();
-    let h = Harness::start("pinned-foreign");
+    let (_one, h) = start("pinned-foreign");
     let (fd, map) = region_memory();
-    let mut owner = shm_client(&h);
-    let region = register(&mut owner, &fd, &map);
+    let (mut owner, region) = registered_client(&h, &fd, &map);
     let mut thief = shm_client(&h);
     let dev = thief.alloc(LEN);
     assert_eq!(

@@ -18,7 +18,6 @@ use cumux_protocol::shm::{
     self, Endpoint, ShmArea, ShmLayout, Side, HEADER_BYTES, OFF_CLOSED, OFF_POS, RECORD_BYTES,
 };
 use cumux_protocol::*;
-use cumux_server::Device;
 
 /// Small rings, so hostile positions and streams are cheap to reach.
 const LAYOUT: ShmLayout = ShmLayout {
@@ -27,8 +26,6 @@ const LAYOUT: ShmLayout = ShmLayout {
     request_bulk: 64 << 10,
     reply_bulk: 64 << 10,
 };
-
-use cumux_testkit::Rng;
 
 /// A connection whose server took its shared area: the socket halves and the
 /// area (this process's mapping of it).
@@ -118,25 +115,10 @@ fn record(msg_len: u32, skip: u32, bulk_len: u64) -> Vec<u8> {
 }
 
 fn good_client_works(h: &Harness) {
-    let mut c = Client::connect_with(&h.socket, "good", Some("team-a"), true);
+    let c = Client::connect_with(&h.socket, "good", Some("team-a"), true);
     assert!(c.uses_shm());
-    let p = c.alloc(8192);
     let data: Vec<u8> = (0..8192u32).map(|i| i as u8).collect();
-    c.write(p, &data);
-    assert_eq!(c.read(p, 8192).unwrap(), data);
-    let m = c.load("model:print");
-    c.launch(&m, "print", DEFAULT_STREAM, 42u32.to_le_bytes().to_vec());
-    assert_eq!(c.code(Call::ContextSynchronize), 0);
-    assert_eq!(c.stdout, b"model 42\n");
-}
-
-fn all_clean(h: &Harness) {
-    h.eventually("every hostile session's memory to be freed", || {
-        h.device.mem_used() == 0
-    });
-    h.eventually("every session to leave the registry", || {
-        h.server.registry().is_empty()
-    });
+    assert_client_works(c, &data);
 }
 
 #[test]
@@ -177,7 +159,7 @@ fn impossible_ring_positions_close_the_connection() {
     a.publish_request_bytes(&[record(request.len() as u32, 0, 4096), request].concat());
     a.expect_closed("bulk write position");
     good_client_works(&h);
-    all_clean(&h);
+    h.all_released();
 }
 
 #[test]
@@ -222,7 +204,7 @@ fn absurd_lengths_and_garbage_records_close_the_connection() {
     })
     .expect_closed("bulk for a buffer that came inline");
     good_client_works(&h);
-    all_clean(&h);
+    h.all_released();
 }
 
 /// Another mapping of `a`'s area, for a second client-side view of it.
@@ -240,7 +222,7 @@ fn a_half_written_record_holds_only_its_own_connection() {
     good_client_works(&h);
     // When it goes, its session goes too.
     drop(a);
-    all_clean(&h);
+    h.all_released();
 
     // Claims bulk it never sends.
     let a = attach(&h);
@@ -252,7 +234,7 @@ fn a_half_written_record_holds_only_its_own_connection() {
     a.publish_request_bytes(&[record(request.len() as u32, 0, 50 << 20), request].concat());
     good_client_works(&h);
     drop(a);
-    all_clean(&h);
+    h.all_released();
 }
 
 #[test]
@@ -269,7 +251,7 @@ fn a_client_that_closes_its_end_or_dies_ends_its_session() {
     let a = attach(&h);
     let started = Instant::now();
     drop(a);
-    all_clean(&h);
+    h.all_released();
     assert!(started.elapsed() < Duration::from_secs(5));
 }
 
@@ -315,15 +297,14 @@ fn bogus_doorbells_are_harmless() {
     assert!(ringer.join().unwrap() > 100);
     drop(ep);
     drop(a);
-    all_clean(&h);
+    h.all_released();
 }
 
 #[test]
 fn random_garbage_in_the_area_never_hurts_the_server() {
     let h = Harness::start("shm-fuzz");
-    let mut rng = Rng(0x5eed_5a4d_0000_0001);
-    let mut closed_by_server = 0;
-    for round in 0..60 {
+    let seed = 0x5eed_5a4d_0000_0001;
+    let closed_by_server = survive(&h, seed, (60, 20), good_client_works, |rng| {
         let mut a = attach(&h);
         let ring_bytes = LAYOUT.total_bytes() - HEADER_BYTES;
         match rng.below(4) {
@@ -359,20 +340,12 @@ fn random_garbage_in_the_area_never_hurts_the_server() {
         shm::ring_doorbell(&a.area, Side::Server);
         // Either the server sees the garbage and hangs up, or it waits for more
         // bytes: then the client's leaving must end the session.
-        if a.closed_within(Duration::from_millis(500)) {
-            closed_by_server += 1;
-        }
-        drop(a);
-        if round % 20 == 19 {
-            good_client_works(&h);
-        }
-    }
+        u64::from(a.closed_within(Duration::from_millis(500)))
+    });
     assert!(
         closed_by_server > 20,
         "only {closed_by_server} of 60 closed"
     );
-    good_client_works(&h);
-    all_clean(&h);
 }
 
 #[test]
@@ -454,7 +427,7 @@ fn bad_descriptors_at_attach_keep_the_connection_on_the_socket() {
     };
     assert!(a.closed_within(Duration::from_secs(20)));
     good_client_works(&h);
-    all_clean(&h);
+    h.all_released();
 }
 
 #[test]

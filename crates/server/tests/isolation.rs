@@ -4,12 +4,8 @@
 
 mod common;
 
-use std::sync::Arc;
-
 use common::*;
 use cumux_protocol::*;
-use cumux_server::device::cpu::CpuDevice;
-use cumux_server::{listener, Address, Device, Server};
 
 /// `peek(src, dst)`: `*dst = *src` (one u32), and `stash(dst)`: `*dst = secret`
 /// (a module global).
@@ -34,34 +30,21 @@ const PEEK_PTX: &str = r#"
 }
 "#;
 
-fn cpu_server(tag: &str) -> (Arc<Server>, std::path::PathBuf, TempDir) {
-    let dir = TempDir::new(tag);
-    let socket = dir.0.join("s.sock");
-    let server = Server::new(vec![Arc::new(CpuDevice::new(64 << 20)) as Arc<dyn Device>]);
-    let bound = listener::bind(&Address::Unix(socket.clone())).unwrap();
-    let serving = Arc::clone(&server);
-    std::thread::spawn(move || bound.serve(serving));
-    (server, socket, dir)
-}
-
 fn peek(c: &mut Client, m: &ModuleInfo, src: DevicePtr, dst: DevicePtr) -> u32 {
     let mut params = src.to_le_bytes().to_vec();
     params.extend_from_slice(&dst.to_le_bytes());
-    c.post(Call::Launch {
-        function: m.functions[0].handle,
-        grid: [1, 1, 1],
-        block: [1, 1, 1],
-        shared_bytes: 0,
-        stream: DEFAULT_STREAM,
+    c.post(launch_call(
+        m.functions[0].handle,
+        [1, 1, 1],
+        [1, 1, 1],
         params,
-        attributes: Vec::new(),
-    });
+    ));
     c.code(Call::ContextSynchronize)
 }
 
 #[test]
 fn another_tenants_pointers_are_unreachable() {
-    let (_server, socket, _dir) = cpu_server("iso-ptr");
+    let (_server, socket, _dir) = cpu_server("iso-ptr", 64 << 20);
     let mut a = Client::connect(&socket, "a", Some("tenant-a"));
     let pad = a.alloc(4096);
     // Far from anything B will have: B's kernel must not land on memory of its own.
@@ -74,45 +57,7 @@ fn another_tenants_pointers_are_unreachable() {
         out, pad,
         "each session has its own address space from the same base"
     );
-    let code = |r: Result<ReplyBody, CuError>| r.err().map_or(codes::SUCCESS, |e| e.code);
-    assert_eq!(b.read(secret, 4).unwrap_err().code, codes::INVALID_VALUE);
-    assert_eq!(
-        code(b.call(Call::MemcpyHtoD {
-            dst: secret,
-            data: vec![0; 4],
-            stream: None
-        })),
-        codes::INVALID_VALUE
-    );
-    assert_eq!(
-        code(b.call(Call::MemcpyDtoD {
-            dst: out,
-            src: secret,
-            bytes: 4,
-            stream: None
-        })),
-        codes::INVALID_VALUE
-    );
-    assert_eq!(
-        code(b.call(Call::Memset {
-            dst: secret,
-            value: 0,
-            elem_bytes: 4,
-            count: 1,
-            pitch: 0,
-            height: 1,
-            stream: None
-        })),
-        codes::INVALID_VALUE
-    );
-    assert_eq!(
-        code(b.call(Call::MemFree { ptr: secret })),
-        codes::INVALID_VALUE
-    );
-    assert_eq!(
-        code(b.call(Call::MemAddressRange { ptr: secret })),
-        codes::NOT_FOUND
-    );
+    assert_foreign_refused(&mut b, secret, out);
     // A kernel of B handed A's pointer faults in B's own address space: it
     // does not read A's bytes.
     let m = b.load(PEEK_PTX);
@@ -127,7 +72,7 @@ fn another_tenants_pointers_are_unreachable() {
 
 #[test]
 fn another_tenants_module_globals_are_unreachable() {
-    let (_server, socket, _dir) = cpu_server("iso-global");
+    let (_server, socket, _dir) = cpu_server("iso-global", 64 << 20);
     let mut a = Client::connect(&socket, "a", Some("tenant-a"));
     let am = a.load(PEEK_PTX);
     let global = am.globals.iter().find(|g| g.name == "secret").unwrap().ptr;
@@ -149,7 +94,7 @@ fn another_tenants_module_globals_are_unreachable() {
 
 #[test]
 fn forged_handles_name_nothing() {
-    let (_server, socket, _dir) = cpu_server("iso-handles");
+    let (_server, socket, _dir) = cpu_server("iso-handles", 64 << 20);
     let mut a = Client::connect(&socket, "a", Some("tenant-a"));
     let stream = a.stream(0);
     let event = a.event(0);
@@ -201,7 +146,7 @@ fn forged_handles_name_nothing() {
 
 #[test]
 fn freed_addresses_show_nothing_to_anyone() {
-    let (_server, socket, _dir) = cpu_server("iso-reuse");
+    let (_server, socket, _dir) = cpu_server("iso-reuse", 64 << 20);
     let mut a = Client::connect(&socket, "a", Some("tenant-a"));
     let x = a.alloc(4096);
     a.write(x, &[0x5c; 4096]);

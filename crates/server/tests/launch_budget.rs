@@ -38,21 +38,12 @@ $L_spin:
 "#;
 
 fn launch(c: &mut Client, m: &ModuleInfo, kernel: &str, grid: u32, params: Vec<u8>) {
-    let function = m
-        .functions
-        .iter()
-        .find(|f| f.name == kernel)
-        .unwrap_or_else(|| panic!("no kernel {kernel}"))
-        .handle;
-    c.post(Call::Launch {
-        function,
-        grid: [grid, 1, 1],
-        block: [32, 1, 1],
-        shared_bytes: 0,
-        stream: DEFAULT_STREAM,
+    c.post(launch_call(
+        function(m, kernel),
+        [grid, 1, 1],
+        [32, 1, 1],
         params,
-        attributes: Vec::new(),
-    });
+    ));
 }
 
 fn store(c: &mut Client) -> u32 {

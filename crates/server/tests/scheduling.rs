@@ -41,6 +41,29 @@ fn policy(name: &str) -> Policy {
     parse_policy(name).unwrap()
 }
 
+/// A server over one serial model device scheduled by `policy_name`.
+fn scheduled(tag: &str, policy_name: &str) -> Harness {
+    Harness::start_scheduled(
+        &format!("{tag}-{policy_name}"),
+        tenants(),
+        policy(policy_name),
+    )
+}
+
+/// A client of `tenant` with the image loaded and 4 bytes of memory.
+fn tenant_client(h: &Harness, program: &str, tenant: &str) -> (Client, ModuleInfo, DevicePtr) {
+    let mut c = Client::connect(&h.socket, program, Some(tenant));
+    let m = c.load(IMAGE);
+    let p = c.alloc(4);
+    (c, m, p)
+}
+
+/// One kernel of `ms` on the default stream, waited for.
+fn one_kernel(c: &mut Client, m: &ModuleInfo, ptr: DevicePtr, ms: u32) {
+    c.launch(m, "scale_add", DEFAULT_STREAM, scale_add(ptr, 1, 1, ms));
+    sync(c, DEFAULT_STREAM);
+}
+
 fn sync(c: &mut Client, stream: Handle) {
     c.call(Call::StreamSynchronize { stream }).unwrap();
 }
@@ -59,17 +82,9 @@ const BATCH_MS: u32 = 20;
 /// How long one 1 ms kernel of the latency-critical tenant takes, launch to
 /// synchronize, while a batch tenant has 16 streams of 20 ms kernels queued.
 fn latency_behind_batch(policy_name: &str) -> Duration {
-    let h = Harness::start_scheduled(
-        &format!("sched-lc-{policy_name}"),
-        tenants(),
-        policy(policy_name),
-    );
-    let mut lc = Client::connect(&h.socket, "lc", Some("lc"));
-    let lc_module = lc.load(IMAGE);
-    let lc_ptr = lc.alloc(4);
-    let mut batch = Client::connect(&h.socket, "batch", Some("batch"));
-    let module = batch.load(IMAGE);
-    let ptr = batch.alloc(4);
+    let h = scheduled("sched-lc", policy_name);
+    let (mut lc, lc_module, lc_ptr) = tenant_client(&h, "lc", "lc");
+    let (mut batch, module, ptr) = tenant_client(&h, "batch", "batch");
     let streams: Vec<Handle> = (0..BATCH_STREAMS)
         .map(|_| batch.stream(NON_BLOCKING))
         .collect();
@@ -87,13 +102,7 @@ fn latency_behind_batch(policy_name: &str) -> Duration {
         None => std::thread::sleep(Duration::from_millis(50)),
     }
     let started = Instant::now();
-    lc.launch(
-        &lc_module,
-        "scale_add",
-        DEFAULT_STREAM,
-        scale_add(lc_ptr, 1, 1, 1),
-    );
-    sync(&mut lc, DEFAULT_STREAM);
+    one_kernel(&mut lc, &lc_module, lc_ptr, 1);
     let latency = started.elapsed();
     assert_eq!(u32_at(&lc.read(lc_ptr, 4).unwrap()), 1);
 
@@ -102,13 +111,7 @@ fn latency_behind_batch(policy_name: &str) -> Duration {
         drop(batch);
         h.eventually("the batch session's queue to go", || gate.queued() == 0);
         let again = Instant::now();
-        lc.launch(
-            &lc_module,
-            "scale_add",
-            DEFAULT_STREAM,
-            scale_add(lc_ptr, 1, 1, 1),
-        );
-        sync(&mut lc, DEFAULT_STREAM);
+        one_kernel(&mut lc, &lc_module, lc_ptr, 1);
         assert!(
             again.elapsed() < Duration::from_millis(3 * u64::from(BATCH_MS)),
             "{:?} after the batch client went",
@@ -131,17 +134,9 @@ fn priority_lets_a_latency_critical_kernel_pass_the_batch_queue() {
 /// The flooding tenant's share of device time over 1.5 s, against a closed-loop
 /// tenant of 1 ms kernels, and the status the server showed then.
 fn flood_share(policy_name: &str) -> (f64, ServerStatus) {
-    let h = Harness::start_scheduled(
-        &format!("sched-fair-{policy_name}"),
-        tenants(),
-        policy(policy_name),
-    );
-    let mut flood = Client::connect(&h.socket, "flood", Some("flood"));
-    let fm = flood.load(IMAGE);
-    let fp = flood.alloc(4);
-    let mut closed = Client::connect(&h.socket, "loop", Some("loop"));
-    let lm = closed.load(IMAGE);
-    let lp = closed.alloc(4);
+    let h = scheduled("sched-fair", policy_name);
+    let (mut flood, fm, fp) = tenant_client(&h, "flood", "flood");
+    let (mut closed, lm, lp) = tenant_client(&h, "loop", "loop");
     // 4 streams of 10 ms kernels, far more than the test lasts: a flood.
     for _ in 0..4 {
         let s = flood.stream(NON_BLOCKING);
@@ -156,8 +151,7 @@ fn flood_share(policy_name: &str) -> (f64, ServerStatus) {
     let started = Instant::now();
     let mut loops = 0u64;
     while started.elapsed() < Duration::from_millis(1500) {
-        closed.launch(&lm, "scale_add", DEFAULT_STREAM, scale_add(lp, 1, 1, 1));
-        sync(&mut closed, DEFAULT_STREAM);
+        one_kernel(&mut closed, &lm, lp, 1);
         loops += 1;
     }
     let flood_kernels = count(&mut flood) - flood_before;
@@ -181,15 +175,9 @@ fn fair_evens_out_a_flooding_tenant_and_fifo_does_not() {
         "fair gives the flood {fair:.2}"
     );
     assert_eq!(status.devices[0].policy, "fair");
-    let gpu_ms = |name: &str| {
-        status
-            .tenants
-            .iter()
-            .find(|t| t.name == name)
-            .unwrap_or_else(|| panic!("no tenant {name}"))
-            .gpu_time_ms
-    };
-    let (flood_ms, loop_ms) = (gpu_ms("flood"), gpu_ms("loop"));
+    let row = |name: &str| status.tenants.iter().find(|t| t.name == name);
+    let (flood, closed) = (row("flood").unwrap(), row("loop").unwrap());
+    let (flood_ms, loop_ms) = (flood.gpu_time_ms, closed.gpu_time_ms);
     eprintln!("status under fair: flood {flood_ms:.0} ms, loop {loop_ms:.0} ms of GPU time");
     assert!(flood_ms > 100.0 && loop_ms > 100.0, "{:?}", status.tenants);
 }
@@ -216,18 +204,13 @@ fn each_device_is_scheduled_by_its_own_policy() {
     assert_eq!(gate_policy(1), Some("priority"));
     assert_eq!(gate_policy(2), Some("fair"));
 
-    let mut lc = Client::connect(&h.socket, "lc", Some("lc"));
-    let mut flood = Client::connect(&h.socket, "flood", Some("flood"));
-    for c in [&mut lc, &mut flood] {
-        let module = c.load(IMAGE);
-        let ptr = c.alloc(4);
-        c.launch(
-            &module,
-            "scale_add",
-            DEFAULT_STREAM,
-            scale_add(ptr, 1, 1, 1),
-        );
-        sync(c, DEFAULT_STREAM);
+    let (mut lc, lc_module, lc_ptr) = tenant_client(&h, "lc", "lc");
+    let (mut flood, flood_module, flood_ptr) = tenant_client(&h, "flood", "flood");
+    for (c, module, ptr) in [
+        (&mut lc, lc_module, lc_ptr),
+        (&mut flood, flood_module, flood_ptr),
+    ] {
+        one_kernel(c, &module, ptr, 1);
         assert_eq!(u32_at(&c.read(ptr, 4).unwrap()), 1);
     }
     // Each session joined the gate of its own device, and no other.
@@ -248,10 +231,8 @@ fn each_device_is_scheduled_by_its_own_policy() {
 #[ignore]
 fn gate_cost_per_launch() {
     for name in ["fifo", "fair", "priority", "fifo", "fair", "priority"] {
-        let h = Harness::start_scheduled(&format!("sched-cost-{name}"), tenants(), policy(name));
-        let mut c = Client::connect(&h.socket, "cost", Some("batch"));
-        let m = c.load(IMAGE);
-        let p = c.alloc(4);
+        let h = scheduled("sched-cost", name);
+        let (mut c, m, p) = tenant_client(&h, "cost", "batch");
         let s = c.stream(NON_BLOCKING);
         let n = 2000;
         let started = Instant::now();
@@ -282,9 +263,7 @@ fn fair_shares_follow_the_tenants_weights() {
     let mut clients: Vec<(Client, DevicePtr)> = ["heavy", "light"]
         .into_iter()
         .map(|name| {
-            let mut c = Client::connect(&h.socket, name, Some(name));
-            let m = c.load(IMAGE);
-            let p = c.alloc(4);
+            let (mut c, m, p) = tenant_client(&h, name, name);
             for _ in 0..2 {
                 let s = c.stream(NON_BLOCKING);
                 for _ in 0..200 {

@@ -12,6 +12,31 @@ use cumux_server::Device;
 
 const IMAGE: &str = "model:scale_add,print,fault,panic;counter:16";
 
+/// A server and a client of it with the image loaded.
+fn loaded(tag: &str) -> (Harness, Client, ModuleInfo) {
+    let h = Harness::start(tag);
+    let mut c = h.client();
+    let m = c.load(IMAGE);
+    (h, c, m)
+}
+
+/// 4 bytes of `c`'s holding `value`.
+fn counter(c: &mut Client, value: u32) -> DevicePtr {
+    let p = c.alloc(4);
+    c.write(p, &value.to_le_bytes());
+    p
+}
+
+/// Launches `graph` on the default stream: the next wait fails, as `graph`
+/// names no graph of the session.
+fn assert_graph_launch_fails(c: &mut Client, graph: Handle) {
+    c.post(Call::GraphLaunch {
+        graph,
+        stream: DEFAULT_STREAM,
+    });
+    assert_eq!(c.code(Call::ContextSynchronize), codes::INVALID_HANDLE);
+}
+
 #[test]
 fn handshake_names_both_versions_on_mismatch() {
     let h = Harness::start("hs");
@@ -76,15 +101,7 @@ fn unknown_handles_are_refused() {
     );
     // A fire-and-forget call with a bad handle fails at the next synchronization,
     // once: it does not poison the context.
-    c.post(Call::Launch {
-        function: 77,
-        grid: [1, 1, 1],
-        block: [1, 1, 1],
-        shared_bytes: 0,
-        stream: DEFAULT_STREAM,
-        params: vec![],
-        attributes: Vec::new(),
-    });
+    c.post(launch_call(77, [1, 1, 1], [1, 1, 1], vec![]));
     assert_eq!(c.code(Call::ContextSynchronize), codes::INVALID_HANDLE);
     assert_eq!(c.code(Call::ContextSynchronize), codes::SUCCESS);
     // Another session's handles are unknown here.
@@ -108,30 +125,14 @@ fn unknown_handles_are_refused() {
         ([1, 1, 1], [2048, 1, 1]),
         ([1, 1, 1], [32, 32, 2]),
     ] {
-        c.post(Call::Launch {
-            function: f,
-            grid,
-            block,
-            shared_bytes: 0,
-            stream: DEFAULT_STREAM,
-            params: scale_add(ptr, 1, 1, 0),
-            attributes: Vec::new(),
-        });
+        c.post(launch_call(f, grid, block, scale_add(ptr, 1, 1, 0)));
         assert_eq!(
             c.code(Call::ContextSynchronize),
             codes::INVALID_VALUE,
             "{grid:?} {block:?}"
         );
     }
-    c.post(Call::Launch {
-        function: f,
-        grid: [1, 1, 1],
-        block: [1, 1, 1],
-        shared_bytes: 0,
-        stream: DEFAULT_STREAM,
-        params: vec![0; 3],
-        attributes: Vec::new(),
-    });
+    c.post(launch_call(f, [1, 1, 1], [1, 1, 1], vec![0; 3]));
     assert_eq!(c.code(Call::ContextSynchronize), codes::INVALID_VALUE);
 }
 
@@ -143,43 +144,7 @@ fn pointers_of_other_sessions_are_refused() {
     let pa = a.alloc(256);
     a.write(pa, &[7; 256]);
     let pb = b.alloc(256);
-    let code = |r: Result<ReplyBody, CuError>| r.err().map_or(0, |e| e.code);
-    assert_eq!(b.read(pa, 4).unwrap_err().code, codes::INVALID_VALUE);
-    assert_eq!(
-        code(b.call(Call::MemcpyHtoD {
-            dst: pa,
-            data: vec![1; 4],
-            stream: None
-        })),
-        codes::INVALID_VALUE
-    );
-    assert_eq!(
-        code(b.call(Call::MemcpyDtoD {
-            dst: pb,
-            src: pa,
-            bytes: 4,
-            stream: None
-        })),
-        codes::INVALID_VALUE
-    );
-    assert_eq!(
-        code(b.call(Call::MemFree { ptr: pa })),
-        codes::INVALID_VALUE
-    );
-    assert_eq!(
-        code(b.call(Call::MemAddressRange { ptr: pa + 8 })),
-        codes::NOT_FOUND
-    );
-    let memset = Call::Memset {
-        dst: pa,
-        value: 0,
-        elem_bytes: 1,
-        count: 4,
-        pitch: 0,
-        height: 1,
-        stream: None,
-    };
-    assert_eq!(code(b.call(memset)), codes::INVALID_VALUE);
+    assert_foreign_refused(&mut b, pa, pb);
     // Ranges must lie wholly inside one's own allocation.
     assert_eq!(a.read(pa + 250, 16).unwrap_err().code, codes::INVALID_VALUE);
     assert_eq!(
@@ -201,16 +166,7 @@ fn memset_and_copies_within_a_session() {
     let mut c = h.client();
     let p = c.alloc(64);
     let q = c.alloc(64);
-    c.call(Call::Memset {
-        dst: p,
-        value: 0x0102_0304,
-        elem_bytes: 4,
-        count: 16,
-        pitch: 0,
-        height: 1,
-        stream: None,
-    })
-    .unwrap();
+    c.call(memset_call(p, 0x0102_0304, 4, 16, None)).unwrap();
     assert_eq!(&c.read(p, 8).unwrap(), &[4, 3, 2, 1, 4, 3, 2, 1]);
     // 2D: 4 rows of 2 bytes, 16 bytes apart.
     c.call(Call::Memset {
@@ -259,22 +215,14 @@ fn everything_is_released_when_the_client_goes() {
     assert!(h.device.mem_used() > 3 << 20);
     assert_eq!(h.server.registry().len(), 1);
     drop(c);
-    h.eventually("the session's memory to be freed", || {
-        h.device.mem_used() == 0
-    });
-    h.eventually("the session to leave the registry", || {
-        h.server.registry().is_empty()
-    });
+    h.all_released();
     // The server still serves.
-    let mut d = h.client();
-    d.alloc(16);
+    h.client().alloc(16);
 }
 
 #[test]
 fn a_fault_kills_the_context_but_not_the_server() {
-    let h = Harness::start("fault");
-    let mut c = h.client();
-    let m = c.load(IMAGE);
+    let (h, mut c, m) = loaded("fault");
     let p = c.alloc(4);
     c.launch(&m, "fault", DEFAULT_STREAM, vec![]);
     c.launch(&m, "scale_add", DEFAULT_STREAM, scale_add(p, 1, 5, 0));
@@ -299,18 +247,14 @@ fn a_fault_kills_the_context_but_not_the_server() {
     // A panicking kernel is a launch failure, not a dead server.
     d.launch(&md, "panic", DEFAULT_STREAM, vec![]);
     assert_eq!(d.code(Call::ContextSynchronize), codes::LAUNCH_FAILED);
-    let mut e = h.client();
-    e.alloc(8);
+    h.client().alloc(8);
 }
 
 #[test]
 fn work_on_a_stream_runs_in_order() {
-    let h = Harness::start("order");
-    let mut c = h.client();
-    let m = c.load(IMAGE);
+    let (_h, mut c, m) = loaded("order");
     let s = c.stream(1);
-    let p = c.alloc(4);
-    c.write(p, &1u32.to_le_bytes());
+    let p = counter(&mut c, 1);
     // ((((1*2)+3)*2)+3) = 13 only if each step runs after the one before.
     for (mul, add, sleep) in [(2, 0, 30), (1, 3, 0), (2, 0, 30), (1, 3, 0)] {
         c.launch(&m, "scale_add", s, scale_add(p, mul, add, sleep));
@@ -323,15 +267,7 @@ fn work_on_a_stream_runs_in_order() {
         stream: Some(s),
     });
     c.launch(&m, "scale_add", s, scale_add(p, 3, 0, 10));
-    c.post(Call::Memset {
-        dst: p,
-        value: 0xff,
-        elem_bytes: 1,
-        count: 1,
-        pitch: 0,
-        height: 1,
-        stream: Some(s),
-    });
+    c.post(memset_call(p, 0xff, 1, 1, Some(s)));
     assert_eq!(c.code(Call::StreamSynchronize { stream: s }), 0);
     // 10, then *3 = 30 = 0x1e, then the low byte set to 0xff (in another order: 765 or 0xff*3).
     assert_eq!(u32_at(&c.read(p, 4).unwrap()), 0xff);
@@ -339,12 +275,9 @@ fn work_on_a_stream_runs_in_order() {
 
 #[test]
 fn legacy_default_stream_waits_for_blocking_streams() {
-    let h = Harness::start("legacy");
-    let mut c = h.client();
-    let m = c.load(IMAGE);
+    let (_h, mut c, m) = loaded("legacy");
     let blocking = c.stream(0);
-    let p = c.alloc(4);
-    c.write(p, &1u32.to_le_bytes());
+    let p = counter(&mut c, 1);
     c.launch(&m, "scale_add", blocking, scale_add(p, 2, 0, 80));
     // Synchronous copies go through the default stream, after the blocking stream's work.
     assert_eq!(u32_at(&c.read(p, 4).unwrap()), 2);
@@ -367,13 +300,10 @@ fn legacy_default_stream_waits_for_blocking_streams() {
 
 #[test]
 fn stream_wait_event_orders_across_streams() {
-    let h = Harness::start("wait");
-    let mut c = h.client();
-    let m = c.load(IMAGE);
+    let (_h, mut c, m) = loaded("wait");
     let (a, b) = (c.stream(1), c.stream(1));
     let e = c.event(0);
-    let p = c.alloc(4);
-    c.write(p, &1u32.to_le_bytes());
+    let p = counter(&mut c, 1);
     c.launch(&m, "scale_add", a, scale_add(p, 2, 0, 400));
     c.post(Call::EventRecord {
         event: e,
@@ -392,9 +322,7 @@ fn stream_wait_event_orders_across_streams() {
 
 #[test]
 fn events_time_the_work_between_them() {
-    let h = Harness::start("events");
-    let mut c = h.client();
-    let m = c.load(IMAGE);
+    let (_h, mut c, m) = loaded("events");
     let s = c.stream(1);
     let (start, end) = (c.event(0), c.event(0));
     let p = c.alloc(4);
@@ -446,9 +374,7 @@ fn events_time_the_work_between_them() {
 
 #[test]
 fn printf_output_comes_with_the_next_reply() {
-    let h = Harness::start("printf");
-    let mut c = h.client();
-    let m = c.load(IMAGE);
+    let (_h, mut c, m) = loaded("printf");
     for n in [1u32, 2, 3] {
         c.launch(&m, "print", DEFAULT_STREAM, n.to_le_bytes().to_vec());
     }
@@ -461,9 +387,7 @@ fn printf_output_comes_with_the_next_reply() {
 
 #[test]
 fn status_lists_driver_sessions() {
-    let h = Harness::start("status");
-    let mut c = h.client();
-    let m = c.load(IMAGE);
+    let (_h, mut c, m) = loaded("status");
     let p = c.alloc(1000);
     c.launch(&m, "scale_add", DEFAULT_STREAM, scale_add(p, 1, 1, 5));
     assert_eq!(c.code(Call::ContextSynchronize), 0);
@@ -534,8 +458,7 @@ fn many_sessions_at_once_keep_their_data_apart() {
     for w in workers {
         w.join().expect("a worker failed");
     }
-    h.eventually("all memory to be freed", || h.device.mem_used() == 0);
-    h.eventually("all sessions to end", || h.server.registry().is_empty());
+    h.all_released();
 }
 
 /// A graph of launches is checked when it is made and runs its launches in
@@ -543,17 +466,9 @@ fn many_sessions_at_once_keep_their_data_apart() {
 /// the driver's codes, and another session cannot launch or destroy it.
 #[test]
 fn graphs_of_launches_are_checked_and_run_in_order() {
-    let h = Harness::start("graphs");
-    let mut c = h.client();
-    let m = c.load(IMAGE);
-    let function = m
-        .functions
-        .iter()
-        .find(|f| f.name == "scale_add")
-        .unwrap()
-        .handle;
-    let p = c.alloc(4);
-    c.write(p, &0u32.to_le_bytes());
+    let (h, mut c, m) = loaded("graphs");
+    let function = function(&m, "scale_add");
+    let p = counter(&mut c, 0);
     let launch = |function: Handle| GraphLaunch {
         function,
         grid: [1, 1, 1],
@@ -586,19 +501,11 @@ fn graphs_of_launches_are_checked_and_run_in_order() {
     // Another session knows nothing of it.
     let mut d = h.client();
     assert_eq!(d.code(Call::GraphDestroy { graph }), codes::INVALID_HANDLE);
-    d.post(Call::GraphLaunch {
-        graph,
-        stream: DEFAULT_STREAM,
-    });
-    assert_eq!(d.code(Call::ContextSynchronize), codes::INVALID_HANDLE);
+    assert_graph_launch_fails(&mut d, graph);
     // Destroyed once; launching it afterwards fails at the next wait.
     assert!(c.call(Call::GraphDestroy { graph }).is_ok());
     assert_eq!(c.code(Call::GraphDestroy { graph }), codes::INVALID_HANDLE);
-    c.post(Call::GraphLaunch {
-        graph,
-        stream: DEFAULT_STREAM,
-    });
-    assert_eq!(c.code(Call::ContextSynchronize), codes::INVALID_HANDLE);
+    assert_graph_launch_fails(&mut c, graph);
     assert_eq!(u32_at(&c.read(p, 4).unwrap()), 63);
     // A graph goes with the module of its kernels.
     let graph = c.handle(Call::GraphCreate {
@@ -606,10 +513,6 @@ fn graphs_of_launches_are_checked_and_run_in_order() {
     });
     assert!(c.call(Call::ModuleUnload { module: m.module }).is_ok());
     assert_eq!(c.code(Call::GraphDestroy { graph }), codes::INVALID_HANDLE);
-    c.post(Call::GraphLaunch {
-        graph,
-        stream: DEFAULT_STREAM,
-    });
-    assert_eq!(c.code(Call::ContextSynchronize), codes::INVALID_HANDLE);
+    assert_graph_launch_fails(&mut c, graph);
     assert_eq!(u32_at(&c.read(p, 4).unwrap()), 63);
 }

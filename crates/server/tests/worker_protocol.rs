@@ -11,10 +11,32 @@ use std::thread::JoinHandle;
 
 use cumux_protocol::{codes, decode, encode, read_frame, write_frame, CuError};
 use cumux_server::device::cpu::CpuDevice;
-use cumux_server::device::{DeviceContext, LaunchGeometry, LoadedModule, StreamWork, SyncTarget};
+use cumux_server::device::{
+    DeviceContext, HostRegion, KernelLaunch, LaunchGeometry, LoadedModule, MemFill, StreamWork,
+    SyncTarget,
+};
 use cumux_server::worker::context::WorkerContext;
 use cumux_server::worker::process::{serve_worker, WorkerStdout};
-use cumux_server::worker::wire::{new_nonce, WireWork, WorkerReply, WorkerRequest, WorkerValue};
+use cumux_server::worker::wire::{new_nonce, WorkerReply, WorkerRequest, WorkerValue, NONCE_BYTES};
+
+/// Serves a CPU device of `memory` bytes over `conn` as `cumux worker` would,
+/// its printf going to `out` after markers of `nonce`.
+fn serve_cpu_worker(
+    memory: u64,
+    conn: UnixStream,
+    mut out: UnixStream,
+    nonce: [u8; NONCE_BYTES],
+) -> std::io::Result<()> {
+    let device = CpuDevice::new(memory);
+    let flush = || {};
+    let mut stdout = WorkerStdout {
+        out: &mut out,
+        flush_c_stdio: &flush,
+        image_may_print: &|_| false,
+        nonce,
+    };
+    serve_worker(&device, conn, &mut stdout)
+}
 
 /// A CPU-device worker on a thread; returns the context driving it, a handle
 /// on the worker's end of the socket (to cut it), and the thread.
@@ -24,16 +46,7 @@ fn in_process_worker(memory: u64) -> (WorkerContext, UnixStream, JoinHandle<()>)
     let cut = theirs.try_clone().unwrap();
     let nonce = new_nonce();
     let thread = std::thread::spawn(move || {
-        let device = CpuDevice::new(memory);
-        let mut out = stdout_write;
-        let flush = || {};
-        let mut stdout = WorkerStdout {
-            out: &mut out,
-            flush_c_stdio: &flush,
-            image_may_print: &|_| false,
-            nonce,
-        };
-        let _ = serve_worker(&device, theirs, &mut stdout);
+        let _ = serve_cpu_worker(memory, theirs, stdout_write, nonce);
     });
     let ctx = WorkerContext::attach(
         ours,
@@ -60,12 +73,18 @@ fn load_corpus_kernel(ctx: &WorkerContext, name: &str) -> (LoadedModule, usize, 
     (module, kernel, params)
 }
 
-fn one_block(threads: u32) -> LaunchGeometry {
-    LaunchGeometry {
-        grid: [1, 1, 1],
-        block: [threads, 1, 1],
-        dynamic_shared_bytes: 0,
-        attributes: Vec::new(),
+/// Kernel `kernel` of `module` on one block of `threads`.
+fn one_block(module: u64, kernel: usize, threads: u32, params: &[u8]) -> KernelLaunch {
+    KernelLaunch {
+        module,
+        kernel,
+        geometry: LaunchGeometry {
+            grid: [1, 1, 1],
+            block: [threads, 1, 1],
+            dynamic_shared_bytes: 0,
+            attributes: Vec::new(),
+        },
+        params: params.to_vec(),
     }
 }
 
@@ -97,7 +116,7 @@ fn every_call_round_trips_and_printf_comes_through_the_stdout_stream() {
     let (module, kernel, mut params) = load_corpus_kernel(&ctx, "printf_kernel");
     params[..4].copy_from_slice(&7i32.to_le_bytes());
     params[4..8].copy_from_slice(&1.25f32.to_le_bytes());
-    let outcome = ctx.launch(module.id, kernel, &one_block(64), &params);
+    let outcome = ctx.launch(&one_block(module.id, kernel, 64, &params));
     assert_eq!(outcome.result, Ok(()));
     let text = String::from_utf8_lossy(&outcome.stdout);
     assert_eq!(
@@ -105,16 +124,16 @@ fn every_call_round_trips_and_printf_comes_through_the_stdout_stream() {
         "{text:?}"
     );
     // Nothing is left over for the next launch.
-    let again = ctx.launch(module.id, kernel, &one_block(64), &params);
+    let again = ctx.launch(&one_block(module.id, kernel, 64, &params));
     assert_eq!(again.stdout, outcome.stdout);
 
     // Bad handles are errors, not faults.
-    let bad = ctx.launch(module.id + 99, 0, &one_block(1), &[]);
+    let bad = ctx.launch(&one_block(module.id + 99, 0, 1, &[]));
     assert_eq!(bad.result.unwrap_err().code, codes::INVALID_HANDLE);
-    let bad = ctx.launch(module.id, 99, &one_block(1), &[]);
+    let bad = ctx.launch(&one_block(module.id, 99, 1, &[]));
     assert_eq!(bad.result.unwrap_err().code, codes::INVALID_HANDLE);
     ctx.module_unload(module.id);
-    let gone = ctx.launch(module.id, kernel, &one_block(1), &params);
+    let gone = ctx.launch(&one_block(module.id, kernel, 1, &params));
     assert_eq!(gone.result.unwrap_err().code, codes::INVALID_HANDLE);
     ctx.mem_free(a).unwrap();
 }
@@ -138,7 +157,7 @@ fn a_fault_is_sticky_for_the_context() {
     let data = ctx.mem_alloc(256).unwrap();
     params[..8].copy_from_slice(&data.to_le_bytes());
     params[8..16].copy_from_slice(&(1u64 << 40).to_le_bytes());
-    let outcome = ctx.launch(module.id, kernel, &one_block(1), &params);
+    let outcome = ctx.launch(&one_block(module.id, kernel, 1, &params));
     let fault = outcome
         .result
         .expect_err("an access far out of bounds faults");
@@ -160,7 +179,7 @@ fn a_worker_that_goes_away_fails_every_later_call() {
     let e = ctx.mem_write(ptr, &[0; 64]).unwrap_err();
     assert_eq!(e.code, codes::LAUNCH_FAILED, "{e}");
     assert_eq!(ctx.mem_alloc(8).unwrap_err(), e);
-    let outcome = ctx.launch(1, 0, &one_block(1), &[]);
+    let outcome = ctx.launch(&one_block(1, 0, 1, &[]));
     // The module is unknown here, so the handle check answers first.
     assert!(outcome.result.is_err());
     drop(ctx);
@@ -188,18 +207,8 @@ fn a_dropped_context_ends_its_worker() {
 fn undecodable_frames_are_answered_and_the_worker_goes_on() {
     let (mut ours, theirs) = UnixStream::pair().unwrap();
     let (_stdout_read, stdout_write) = UnixStream::pair().unwrap();
-    let thread = std::thread::spawn(move || {
-        let device = CpuDevice::new(1 << 20);
-        let mut out = stdout_write;
-        let flush = || {};
-        let mut stdout = WorkerStdout {
-            out: &mut out,
-            flush_c_stdio: &flush,
-            image_may_print: &|_| false,
-            nonce: [7; 16],
-        };
-        serve_worker(&device, theirs, &mut stdout)
-    });
+    let thread =
+        std::thread::spawn(move || serve_cpu_worker(1 << 20, theirs, stdout_write, [7; 16]));
     let mut buf = Vec::new();
     let mut receive = |s: &mut UnixStream| -> WorkerReply {
         read_frame(s, &mut buf).unwrap();
@@ -252,13 +261,13 @@ fn stream_work_is_queued_in_order_and_waited_for() {
     // Two rows of 16 bytes, 32 apart, after the write in stream order.
     so.enqueue(
         STREAM,
-        StreamWork::Fill {
+        StreamWork::Fill(MemFill {
             dst: a,
             pattern: vec![0xab],
             count: 16,
             pitch: 32,
             height: 2,
-        },
+        }),
     );
     so.event_create(0x300, 0).unwrap();
     so.event_create(0x301, 0).unwrap();
@@ -268,12 +277,7 @@ fn stream_work_is_queued_in_order_and_waited_for() {
     let (module, kernel, mut params) = load_corpus_kernel(&ctx, "printf_kernel");
     params[..4].copy_from_slice(&7i32.to_le_bytes());
     params[4..8].copy_from_slice(&1.25f32.to_le_bytes());
-    let launch = StreamWork::Launch {
-        module: module.id,
-        kernel,
-        geometry: one_block(32),
-        params: params.clone(),
-    };
+    let launch = StreamWork::Launch(one_block(module.id, kernel, 32, &params));
     so.enqueue(STREAM, launch.clone());
     so.enqueue(STREAM, StreamWork::Record { event: 0x301 });
     so.enqueue(STREAM, StreamWork::Wait { event: 0x300 });
@@ -320,12 +324,7 @@ fn a_failure_of_queued_work_comes_back_from_the_next_wait_once() {
     // found by the worker.
     so.enqueue(
         cumux_protocol::DEFAULT_STREAM,
-        StreamWork::Launch {
-            module: 999,
-            kernel: 0,
-            geometry: one_block(1),
-            params: Vec::new(),
-        },
+        StreamWork::Launch(one_block(999, 0, 1, &[])),
     );
     let e = so.synchronize(SyncTarget::Context).result.unwrap_err();
     assert_eq!(e.code, codes::INVALID_HANDLE, "{e}");
@@ -351,12 +350,7 @@ fn a_failure_of_queued_work_comes_back_from_the_next_wait_once() {
     params[8..16].copy_from_slice(&(1u64 << 40).to_le_bytes());
     so.enqueue(
         cumux_protocol::DEFAULT_STREAM,
-        StreamWork::Launch {
-            module: module.id,
-            kernel,
-            geometry: one_block(1),
-            params,
-        },
+        StreamWork::Launch(one_block(module.id, kernel, 1, &params)),
     );
     let fault = so.synchronize(SyncTarget::Context).result.unwrap_err();
     assert!(
@@ -436,7 +430,7 @@ fn queued_work_is_posted_without_waiting_for_an_answer() {
             .recv_timeout(std::time::Duration::from_secs(5))
             .unwrap();
         assert!(
-            matches!(&request, WorkerRequest::Enqueue { work: WireWork::Copy { dst, .. }, .. } if *dst == 0x1000 + i),
+            matches!(&request, WorkerRequest::Enqueue { work: StreamWork::Copy { dst, .. }, .. } if *dst == 0x1000 + i),
             "{request:?} out of order"
         );
     }
@@ -504,7 +498,12 @@ fn pinned_regions_travel_to_the_worker_and_go_with_its_connection() {
     unsafe { map.bytes_mut(0, 4096) }
         .unwrap()
         .copy_from_slice(&pattern);
-    ctx.host_register(7, &map, fd.as_fd()).unwrap();
+    let region = |id| HostRegion {
+        id,
+        mapping: &map,
+        fd: fd.as_fd(),
+    };
+    ctx.host_register(region(7)).unwrap();
     assert_eq!(live_mappings(), before + 1, "the worker maps it");
     let span = |offset, bytes| HostSpan {
         region: 7,
@@ -556,7 +555,7 @@ fn pinned_regions_travel_to_the_worker_and_go_with_its_connection() {
     ctx.host_unregister(7);
     assert_eq!(live_mappings(), before);
     // A region the connection still holds goes when the connection does.
-    ctx.host_register(9, &map, fd.as_fd()).unwrap();
+    ctx.host_register(region(9)).unwrap();
     assert_eq!(live_mappings(), before + 1);
     drop(ctx);
     thread.join().unwrap();

@@ -134,6 +134,34 @@ pub fn children_of(parent: u32) -> Vec<(u32, char, String)> {
     out
 }
 
+/// `cumux run --server ADDRESS OPTIONS -- program args…`, with piped output.
+pub fn run_command_at(address: &str, options: &[&str], program: &Path, args: &[&str]) -> Command {
+    let mut c = Command::new(CUMUX);
+    c.args(["run", "--server", address])
+        .args(options)
+        .arg("--")
+        .arg(program)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    c
+}
+
+/// `text` as the config file `cumux.toml` in `dir`; its path.
+pub fn config_file(dir: &TempDir, text: &str) -> PathBuf {
+    let path = dir.0.join("cumux.toml");
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+/// `cumux serve ARGS`, its stdout piped (to read where it listens).
+pub fn serve_command(args: &[&str]) -> Command {
+    let mut serve = Command::new(CUMUX);
+    serve.arg("serve").args(args).stdout(Stdio::piped());
+    serve
+}
+
 /// A `cumux serve --device cpu` child (see [`e2e_device`]); killed at drop.
 pub struct ServerProc {
     pub child: Child,
@@ -153,8 +181,7 @@ impl ServerProc {
             .map(String::from)
             .to_vec();
         if let Some(text) = config {
-            let path = dir.0.join("cumux.toml");
-            std::fs::write(&path, text).unwrap();
+            let path = config_file(&dir, text);
             args.extend(["--config".to_string(), path.display().to_string()]);
         }
         Self::spawn(dir, &args, &[])
@@ -221,16 +248,7 @@ impl ServerProc {
 
     /// `cumux run --server <this> OPTIONS -- program args…`, with piped output.
     pub fn run_command(&self, options: &[&str], program: &Path, args: &[&str]) -> Command {
-        let mut c = Command::new(CUMUX);
-        c.args(["run", "--server", &self.address])
-            .args(options)
-            .arg("--")
-            .arg(program)
-            .args(args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        c
+        run_command_at(&self.address, options, program, args)
     }
 
     /// Runs a program through cumux to completion, failing the test after `limit`.
@@ -247,19 +265,119 @@ impl ServerProc {
         let _ = self.child.wait();
     }
 
+    /// Starts `run` (one of this server's `cumux run` commands) and waits
+    /// until the program prints `line`; it is killed, and the test fails, if it
+    /// does not within `limit`. The child, and its further stdout lines.
+    pub fn start_until(
+        &self,
+        mut run: Command,
+        line: &str,
+        limit: Duration,
+    ) -> (Child, std::sync::mpsc::Receiver<String>) {
+        let mut child = run.spawn().expect("cumux run starts");
+        let lines = lines_of(child.stdout.take().unwrap());
+        if let Err(e) = wait_for_line(&lines, line, limit) {
+            let _ = child.kill();
+            panic!("{e}\n--- server log\n{}", self.log());
+        }
+        (child, lines)
+    }
+
+    /// Fails the test, with this server's log, unless the corpus program
+    /// `name` exited 0 and printed `NAME: PASS`.
+    pub fn assert_pass(&self, out: &RunOutput, name: &str) {
+        assert!(
+            out.code() == Some(0) && out.stdout.contains(&format!("{name}: PASS")),
+            "{name}: {}\n--- server log\n{}",
+            out.describe(),
+            self.log()
+        );
+    }
+
     /// `cumux status --json` of this server.
     pub fn status_json(&self) -> serde_json::Value {
-        let out = Command::new(CUMUX)
-            .args(["status", "--json", "--server", &self.address])
-            .output()
-            .expect("cumux status runs");
-        assert!(
-            out.status.success(),
-            "cumux status failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        serde_json::from_slice(&out.stdout).expect("status prints JSON")
+        status_json(&self.status_output(&["--json"]))
     }
+
+    /// `cumux status` of this server: the human table.
+    pub fn status_table(&self) -> String {
+        let out = self.status_output(&[]);
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    fn status_output(&self, options: &[&str]) -> std::process::Output {
+        status_output(&self.address, options)
+    }
+
+    /// Asks for `cumux status --json` until `done` holds of it, failing the
+    /// test after 30 s; the status then.
+    pub fn status_when(
+        &self,
+        what: &str,
+        done: impl Fn(&serde_json::Value) -> bool,
+    ) -> serde_json::Value {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let status = self.status_json();
+            if done(&status) {
+                return status;
+            }
+            assert!(Instant::now() < deadline, "never {what}: {status:#}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+/// `cumux status OPTIONS --server ADDRESS`, run to its end.
+pub fn status_output(address: &str, options: &[&str]) -> std::process::Output {
+    Command::new(CUMUX)
+        .arg("status")
+        .args(options)
+        .args(["--server", address])
+        .output()
+        .expect("cumux status runs")
+}
+
+/// What a `cumux status --json` that succeeded printed.
+pub fn status_json(out: &std::process::Output) -> serde_json::Value {
+    assert!(
+        out.status.success(),
+        "cumux status failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("status prints JSON")
+}
+
+/// The session of `status` whose program's path holds `program`.
+pub fn session_of(status: &serde_json::Value, program: &str) -> serde_json::Value {
+    status["sessions"]
+        .as_array()
+        .and_then(|sessions| {
+            sessions
+                .iter()
+                .find(|s| s["program"].as_str().is_some_and(|p| p.contains(program)))
+        })
+        .cloned()
+        .unwrap_or_else(|| panic!("no {program} session in {status:#}"))
+}
+
+/// Kills (SIGKILL) the program of `session`, a session of `cumux status`:
+/// the program itself, not the `cumux run` in front of it.
+pub fn kill_program(session: &serde_json::Value) {
+    let pid = session["pid"]
+        .as_u64()
+        .expect("a session's pid")
+        .to_string();
+    let killed = Command::new("kill").args(["-9", &pid]).status().unwrap();
+    assert!(killed.success());
+}
+
+/// The line a `cumux serve` child prints first on its stdout (`lines`, from
+/// [`lines_of`]) once it listens: where, and its devices.
+pub fn listening_line(lines: &std::sync::mpsc::Receiver<String>) -> String {
+    lines
+        .recv_timeout(Duration::from_secs(30))
+        .expect("serve prints where it listens")
 }
 
 impl Drop for ServerProc {
@@ -356,13 +474,28 @@ pub fn lines_of(pipe: std::process::ChildStdout) -> std::sync::mpsc::Receiver<St
 /// The `tcp:HOST:PORT` address a `cumux serve --listen tcp:…` child prints
 /// first on its stdout (`lines`, from [`lines_of`]) once it listens.
 pub fn tcp_address(lines: &std::sync::mpsc::Receiver<String>) -> String {
-    let line = lines
-        .recv_timeout(Duration::from_secs(30))
-        .expect("serve prints where it listens");
+    tcp_address_in(&listening_line(lines))
+}
+
+/// The `tcp:HOST:PORT` address in a `cumux serve` listening line.
+pub fn tcp_address_in(line: &str) -> String {
     line.split_whitespace()
         .find(|w| w.starts_with("tcp:"))
         .map(|w| w.trim_end_matches(';').to_string())
         .unwrap_or_else(|| panic!("{line}"))
+}
+
+/// Polls `probe` every 20 ms until it gives a value; fails the test, saying
+/// `what` never happened, after `limit`.
+pub fn poll<T>(what: &str, limit: Duration, mut probe: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(value) = probe() {
+            return value;
+        }
+        assert!(Instant::now() < deadline, "{what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 /// Waits for `line` among `lines`; the lines seen on failure.

@@ -15,7 +15,7 @@ use cumux_ptx::{DeviceMemory, LaunchConfig, MemError, Program, Space};
 use super::attributes::{cpu_device_attributes, AttributeInputs, SHARED_PER_BLOCK};
 use super::memory_use;
 use super::{
-    Device, DeviceContext, GlobalDesc, KernelDesc, LaunchGeometry, LaunchOutcome, LoadedModule,
+    Device, DeviceContext, GlobalDesc, KernelDesc, KernelLaunch, LaunchOutcome, LoadedModule,
     ModuleId,
 };
 use crate::locking::lock;
@@ -321,10 +321,7 @@ impl DeviceContext for CpuContext {
     }
 
     fn module_unload(&self, module: ModuleId) {
-        let program = {
-            let mut modules = lock(&self.modules);
-            modules.loaded.remove(&module)
-        };
+        let program = lock(&self.modules).loaded.remove(&module);
         match program.map(Arc::try_unwrap) {
             Some(Ok(program)) => program.unload(&self.mem),
             // A launch still holds it (the session syncs before unloading, so
@@ -340,42 +337,30 @@ impl DeviceContext for CpuContext {
         self.settle();
     }
 
-    fn launch(
-        &self,
-        module: ModuleId,
-        kernel: usize,
-        geometry: &LaunchGeometry,
-        params: &[u8],
-    ) -> LaunchOutcome {
-        let Some(program) = self.program(module) else {
-            return LaunchOutcome {
-                stdout: Vec::new(),
-                result: Err(CuError::new(codes::INVALID_HANDLE, "module not loaded")),
-            };
+    fn launch(&self, launch: &KernelLaunch) -> LaunchOutcome {
+        let Some(program) = self.program(launch.module) else {
+            return LaunchOutcome::failed(CuError::new(codes::INVALID_HANDLE, "module not loaded"));
         };
-        let Some(name) = program.kernels().get(kernel).map(|k| k.name.clone()) else {
-            return LaunchOutcome {
-                stdout: Vec::new(),
-                result: Err(CuError::new(codes::INVALID_HANDLE, "no such kernel")),
-            };
+        let kernels = program.kernels();
+        let Some(name) = kernels.get(launch.kernel).map(|k| k.name.clone()) else {
+            return LaunchOutcome::failed(CuError::new(codes::INVALID_HANDLE, "no such kernel"));
         };
+        let geometry = &launch.geometry;
         if geometry
             .cluster()
             .is_some_and(|c| c.iter().product::<u32>() > 1)
         {
-            return LaunchOutcome {
-                stdout: Vec::new(),
-                result: Err(CuError::new(
-                    codes::NOT_SUPPORTED,
-                    format!("{name}: the CPU device runs no thread-block clusters"),
-                )),
-            };
+            return LaunchOutcome::failed(CuError::new(
+                codes::NOT_SUPPORTED,
+                format!("{name}: the CPU device runs no thread-block clusters"),
+            ));
         }
         let config = LaunchConfig {
             grid: geometry.grid,
             block: geometry.block,
             dynamic_shared_bytes: geometry.dynamic_shared_bytes,
         };
+        let params = &launch.params;
         let report = program.launch_limited(&self.mem, &name, &config, params, self.launch_budget);
         LaunchOutcome {
             stdout: report.stdout,

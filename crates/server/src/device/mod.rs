@@ -25,6 +25,7 @@ use cumux_protocol::{
     CuError, DeviceInfo, DevicePtr, FunctionAttrs, Handle, LaunchAttribute, ParamInfo,
     TensorMapRequest,
 };
+use serde::{Deserialize, Serialize};
 
 use host_span::HostSpan;
 
@@ -32,7 +33,7 @@ use host_span::HostSpan;
 pub type ModuleId = u64;
 
 /// A kernel of a loaded module, as the client needs to see it.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct KernelDesc {
     pub name: String,
     /// Byte offset and size of each parameter in the packed parameter buffer.
@@ -48,7 +49,7 @@ impl KernelDesc {
 }
 
 /// A module-scope variable (`__device__`, `__constant__`) living in device memory.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct GlobalDesc {
     pub name: String,
     pub ptr: DevicePtr,
@@ -56,7 +57,7 @@ pub struct GlobalDesc {
 }
 
 /// What loading an image produced.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct LoadedModule {
     pub id: ModuleId,
     pub kernels: Vec<KernelDesc>,
@@ -64,7 +65,7 @@ pub struct LoadedModule {
 }
 
 /// Geometry of one launch, and the `cuLaunchKernelEx` attributes it carries.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LaunchGeometry {
     pub grid: [u32; 3],
     pub block: [u32; 3],
@@ -82,6 +83,40 @@ impl LaunchGeometry {
     }
 }
 
+/// One launch of `kernel` (an index into the module's kernels) with its
+/// packed parameter buffer.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct KernelLaunch {
+    pub module: ModuleId,
+    pub kernel: usize,
+    pub geometry: LaunchGeometry,
+    #[serde(with = "serde_bytes")]
+    pub params: Vec<u8>,
+}
+
+/// `height` rows of `count` copies of `pattern` (1, 2 or 4 bytes) from `dst`
+/// on, `pitch` bytes apart ([`StreamWork::Fill`]).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MemFill {
+    pub dst: DevicePtr,
+    #[serde(with = "serde_bytes")]
+    pub pattern: Vec<u8>,
+    pub count: u64,
+    pub pitch: u64,
+    pub height: u64,
+}
+
+/// A client's pinned host memory as [`DeviceContext::host_register`] takes it.
+#[derive(Clone, Copy)]
+pub struct HostRegion<'a> {
+    /// The region's id, unique in the server; copies name it.
+    pub id: Handle,
+    /// This process's mapping of the region.
+    pub mapping: &'a Arc<HostMapping>,
+    /// Its memfd, for a context in another process.
+    pub fd: BorrowedFd<'a>,
+}
+
 /// What one launch did.
 #[derive(Debug, Clone, PartialEq)]
 pub struct LaunchOutcome {
@@ -89,6 +124,16 @@ pub struct LaunchOutcome {
     pub stdout: Vec<u8>,
     /// A fault (illegal address, misaligned access, trap…) as the driver's code.
     pub result: Result<(), CuError>,
+}
+
+impl LaunchOutcome {
+    /// A call that failed before anything ran (so nothing printed).
+    pub fn failed(e: CuError) -> Self {
+        LaunchOutcome {
+            stdout: Vec::new(),
+            result: Err(e),
+        }
+    }
 }
 
 /// One device the server owns. Sessions never touch it directly: each gets a
@@ -134,14 +179,8 @@ pub trait DeviceContext: Send + Sync {
     fn module_load(&self, image: &[u8]) -> Result<LoadedModule, CuError>;
     /// Unloads a module and frees its globals.
     fn module_unload(&self, module: ModuleId);
-    /// Runs `kernel` (an index into the module's kernels) to completion.
-    fn launch(
-        &self,
-        module: ModuleId,
-        kernel: usize,
-        geometry: &LaunchGeometry,
-        params: &[u8],
-    ) -> LaunchOutcome;
+    /// Runs a launch to completion.
+    fn launch(&self, launch: &KernelLaunch) -> LaunchOutcome;
     /// Encodes a tensor-memory-access descriptor for this context's memory
     /// (`cuTensorMapEncode*`); the session has checked the address.
     fn tensor_map_encode(&self, request: &TensorMapRequest) -> Result<Vec<u8>, CuError> {
@@ -157,17 +196,11 @@ pub trait DeviceContext: Send + Sync {
     fn stream_ordered(&self) -> Option<&dyn StreamOrdered> {
         None
     }
-    /// Takes a client's pinned host memory as `region`: `mapping` is this
-    /// process's mapping of it, `fd` its memfd (for a context in another
-    /// process). Copies name the region in [`StreamWork::HostToDevice`] and
-    /// [`StreamWork::DeviceToHost`]. A context in this process needs nothing.
-    fn host_register(
-        &self,
-        region: Handle,
-        mapping: &Arc<HostMapping>,
-        fd: BorrowedFd<'_>,
-    ) -> Result<(), CuError> {
-        let _ = (region, mapping, fd);
+    /// Takes a client's pinned host memory. Copies name the region in
+    /// [`StreamWork::HostToDevice`] and [`StreamWork::DeviceToHost`]. A
+    /// context in this process needs nothing.
+    fn host_register(&self, region: HostRegion<'_>) -> Result<(), CuError> {
+        let _ = region;
         Ok(())
     }
     /// Forgets `region`; the caller has waited for the work that used it.
@@ -176,11 +209,16 @@ pub trait DeviceContext: Send + Sync {
     }
 }
 
-/// Stream-ordered work for [`StreamOrdered::enqueue`].
-#[derive(Debug, Clone, PartialEq)]
+/// Stream-ordered work for [`StreamOrdered::enqueue`]. It goes to a worker
+/// process as it is ([`crate::worker::wire`]): host spans arrive unresolved,
+/// and [`StreamWork::SignalTo`], whose area is an object of its process, never
+/// travels.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum StreamWork {
+    /// `data` travels empty to a worker; the bytes follow as raw frames.
     Write {
         dst: DevicePtr,
+        #[serde(with = "serde_bytes")]
         data: Vec<u8>,
     },
     Copy {
@@ -188,20 +226,8 @@ pub enum StreamWork {
         src: DevicePtr,
         bytes: u64,
     },
-    /// `height` rows of `count` copies of `pattern` (1, 2 or 4 bytes), `pitch` apart.
-    Fill {
-        dst: DevicePtr,
-        pattern: Vec<u8>,
-        count: u64,
-        pitch: u64,
-        height: u64,
-    },
-    Launch {
-        module: ModuleId,
-        kernel: usize,
-        geometry: LaunchGeometry,
-        params: Vec<u8>,
-    },
+    Fill(MemFill),
+    Launch(KernelLaunch),
     /// Records `event` at this point of the stream.
     Record {
         event: Handle,
@@ -231,6 +257,7 @@ pub enum StreamWork {
         graph: Handle,
     },
     /// [`StreamWork::Signal`] as a worker hands it to its context: with the area.
+    #[serde(skip)]
     SignalTo {
         area: Arc<signals::SignalArea>,
         slot: u32,
@@ -239,7 +266,7 @@ pub enum StreamWork {
 }
 
 /// What a synchronizing call waits for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum SyncTarget {
     Stream(Handle),
     Event(Handle),

@@ -18,10 +18,10 @@ use cumux_protocol::{codes, CuError, DeviceInfo, DevicePtr, FunctionAttrs, Param
 
 use super::attributes::{cpu_device_attributes, AttributeInputs};
 use super::{
-    Device, DeviceContext, GlobalDesc, KernelDesc, LaunchGeometry, LaunchOutcome, LoadedModule,
+    Device, DeviceContext, GlobalDesc, KernelDesc, KernelLaunch, LaunchOutcome, LoadedModule,
     ModuleId,
 };
-use crate::locking::lock;
+use crate::locking::{lock, wait};
 
 const BASE: u64 = 0x7f00_0000_0000;
 const ALIGN: u64 = 256;
@@ -59,7 +59,7 @@ impl Turns {
         let mine = t.0;
         t.0 += 1;
         while t.1 != mine {
-            t = self.next.wait(t).unwrap_or_else(|p| p.into_inner());
+            t = wait(&self.next, t);
         }
         drop(t);
         let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
@@ -304,16 +304,11 @@ impl DeviceContext for ModelMemory {
         }
     }
 
-    fn launch(
-        &self,
-        module: ModuleId,
-        kernel: usize,
-        _geometry: &LaunchGeometry,
-        params: &[u8],
-    ) -> LaunchOutcome {
+    fn launch(&self, launch: &KernelLaunch) -> LaunchOutcome {
+        let run = || self.run_kernel(launch.module, launch.kernel, &launch.params);
         match &self.turns {
-            Some(turns) => turns.run(|| self.run_kernel(module, kernel, params)),
-            None => self.run_kernel(module, kernel, params),
+            Some(turns) => turns.run(run),
+            None => run(),
         }
     }
 }

@@ -7,7 +7,7 @@ use std::time::Instant;
 use cumux_protocol::{codes, CuError, DevicePtr, Handle};
 
 use super::signals::SignalArea;
-use super::StreamWork;
+use super::{MemFill, StreamWork};
 
 /// `CU_STREAM_NON_BLOCKING`: the stream does not synchronize with the default stream.
 pub const NON_BLOCKING: u32 = 0x1;
@@ -21,27 +21,27 @@ pub fn unknown(what: &str, h: Handle) -> CuError {
 
 /// Refuses a graph of anything but launches ([`super::StreamOrdered::graph_create`]).
 pub fn launches_only(launches: &[StreamWork]) -> Result<(), CuError> {
-    if launches
-        .iter()
-        .all(|l| matches!(l, StreamWork::Launch { .. }))
-    {
-        return Ok(());
+    match launches.iter().all(|l| matches!(l, StreamWork::Launch(_))) {
+        true => Ok(()),
+        false => Err(not_a_launch()),
     }
-    Err(CuError::new(
-        codes::INVALID_VALUE,
-        "a graph of launches only",
-    ))
 }
 
-/// Runs `fill_row` at the start of each of the `height` rows of a
-/// [`StreamWork::Fill`], `pitch` bytes apart from `dst` on; stops at a failure.
-pub fn fill_rows(
-    dst: DevicePtr,
-    pitch: u64,
-    height: u64,
-    mut fill_row: impl FnMut(DevicePtr) -> Result<(), CuError>,
-) -> Result<(), CuError> {
-    (0..height).try_for_each(|row| fill_row(dst.wrapping_add(row.wrapping_mul(pitch))))
+/// The error for work other than a launch in a graph.
+pub fn not_a_launch() -> CuError {
+    CuError::new(codes::INVALID_VALUE, "a graph of launches only")
+}
+
+impl MemFill {
+    /// Runs `fill_row` at the start of each of the fill's `height` rows,
+    /// `pitch` bytes apart from `dst` on; stops at a failure.
+    pub fn each_row(
+        &self,
+        mut fill_row: impl FnMut(DevicePtr) -> Result<(), CuError>,
+    ) -> Result<(), CuError> {
+        (0..self.height)
+            .try_for_each(|row| fill_row(self.dst.wrapping_add(row.wrapping_mul(self.pitch))))
+    }
 }
 
 /// Raises counter `slot` of `area` to `value` (the earlier work is done).

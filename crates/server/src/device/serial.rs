@@ -8,8 +8,7 @@ use std::time::Instant;
 use cumux_protocol::{codes, CuError, DevicePtr, Handle, DEFAULT_STREAM};
 
 use super::ordering::{
-    elapsed_ms, fill_rows, launches_only, no_signal_area, store_signal, unknown,
-    EVENT_DISABLE_TIMING,
+    elapsed_ms, launches_only, no_signal_area, store_signal, unknown, EVENT_DISABLE_TIMING,
 };
 use super::{DeviceContext, LaunchOutcome, StreamOrdered, StreamWork, SyncTarget};
 use crate::locking::lock;
@@ -62,22 +61,11 @@ impl SerialStreams {
             StreamWork::SignalTo { area, slot, value } => store_signal(&area, slot, value),
             StreamWork::Signal { .. } => Err(no_signal_area()),
             StreamWork::Copy { dst, src, bytes } => self.ctx.mem_copy(dst, src, bytes),
-            StreamWork::Fill {
-                dst,
-                pattern,
-                count,
-                pitch,
-                height,
-            } => fill_rows(dst, pitch, height, |row| {
-                self.ctx.mem_fill(row, &pattern, count)
-            }),
-            StreamWork::Launch {
-                module,
-                kernel,
-                geometry,
-                params,
-            } => {
-                let outcome = self.ctx.launch(module, kernel, &geometry, &params);
+            StreamWork::Fill(fill) => {
+                fill.each_row(|row| self.ctx.mem_fill(row, &fill.pattern, fill.count))
+            }
+            StreamWork::Launch(launch) => {
+                let outcome = self.ctx.launch(&launch);
                 self.lock().stdout.extend_from_slice(&outcome.stdout);
                 outcome.result
             }

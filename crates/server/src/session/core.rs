@@ -1,7 +1,7 @@
 //! [`SessionCore`]: a session's sticky and fatal errors and its printf output,
 //! and the small error helpers every part of the session uses.
 
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 
 use cumux_protocol::{codes, CuError, Handle};
 
@@ -10,9 +10,7 @@ use crate::status::SessionStats;
 /// Printf output a session may hold before further output is dropped.
 pub const MAX_STDOUT_BYTES: usize = 16 << 20;
 
-pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
+pub(super) use crate::locking::lock;
 
 pub(super) fn err(code: u32, detail: impl Into<String>) -> CuError {
     CuError::new(code, detail)

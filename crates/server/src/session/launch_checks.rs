@@ -1,35 +1,11 @@
 //! A launch checked against its kernel and the device's limits (the rules of
 //! `cumux_protocol::launch_checks`, which the client applies at the call too):
-//! [`check_launch`] → [`CheckedLaunch`], ready for the device.
+//! [`check_launch`] → a [`KernelLaunch`], ready for the device.
 
 use cumux_protocol::launch_checks::{check_params, LaunchLimits};
 use cumux_protocol::{CuError, GraphLaunch};
 
-use crate::device::{KernelDesc, LaunchGeometry, ModuleId, StreamWork};
-
-/// A launch checked against its kernel and the device.
-#[derive(Clone)]
-pub struct CheckedLaunch {
-    pub module: ModuleId,
-    pub kernel: usize,
-    pub geometry: LaunchGeometry,
-    pub params: Vec<u8>,
-}
-
-impl CheckedLaunch {
-    pub fn work(&self) -> StreamWork {
-        self.clone().into_work()
-    }
-
-    pub fn into_work(self) -> StreamWork {
-        StreamWork::Launch {
-            module: self.module,
-            kernel: self.kernel,
-            geometry: self.geometry,
-            params: self.params,
-        }
-    }
-}
+use crate::device::{KernelDesc, KernelLaunch, LaunchGeometry, ModuleId};
 
 /// Checks `launch` of kernel `desc` (index `kernel` of device module `module`)
 /// against the kernel and the device's `limits`.
@@ -39,7 +15,7 @@ pub fn check_launch(
     kernel: usize,
     desc: &KernelDesc,
     launch: GraphLaunch,
-) -> Result<CheckedLaunch, CuError> {
+) -> Result<KernelLaunch, CuError> {
     let GraphLaunch {
         function: _,
         grid,
@@ -52,7 +28,7 @@ pub fn check_launch(
     limits.check_shared(shared_bytes, &desc.attrs)?;
     check_params(&desc.name, &desc.params, params.len())?;
     limits.check_attributes(&attributes, grid)?;
-    Ok(CheckedLaunch {
+    Ok(KernelLaunch {
         module,
         kernel,
         geometry: LaunchGeometry {

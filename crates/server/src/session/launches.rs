@@ -5,44 +5,27 @@
 use std::sync::atomic::Ordering;
 
 use cumux_protocol::hop_trace::{self, Hop};
-use cumux_protocol::{codes, CuError, GraphLaunch, Handle, LaunchAttribute, ReplyBody};
+use cumux_protocol::{codes, CuError, GraphLaunch, Handle, ReplyBody};
 
 use super::core::{err, invalid_handle};
-use super::launch_checks::{check_launch, CheckedLaunch};
+use super::launch_checks::check_launch;
 use super::{CallResult, Session};
-use crate::device::StreamWork;
+use crate::device::{KernelLaunch, StreamWork};
 
 /// Graphs a session may hold, and launches a graph may have.
 const MAX_GRAPHS: usize = 4096;
 const MAX_GRAPH_LAUNCHES: usize = 1 << 16;
 
 impl Session {
-    #[allow(clippy::too_many_arguments)]
-    pub(super) fn launch(
-        &mut self,
-        function: Handle,
-        grid: [u32; 3],
-        block: [u32; 3],
-        shared_bytes: u32,
-        stream: Handle,
-        params: Vec<u8>,
-        attributes: Vec<LaunchAttribute>,
-    ) -> CallResult {
+    pub(super) fn launch(&mut self, stream: Handle, launch: GraphLaunch) -> CallResult {
         self.check_stream(stream)?;
-        let checked = self.checked_launch(GraphLaunch {
-            function,
-            grid,
-            block,
-            shared_bytes,
-            params,
-            attributes,
-        })?;
+        let checked = self.checked_launch(launch)?;
         hop_trace::mark(Hop::Step, "checked");
         self.submit_launch(stream, checked)
     }
 
     /// A launch checked against its kernel and the device's limits.
-    pub(super) fn checked_launch(&self, launch: GraphLaunch) -> Result<CheckedLaunch, CuError> {
+    pub(super) fn checked_launch(&self, launch: GraphLaunch) -> Result<KernelLaunch, CuError> {
         let f = self
             .functions
             .get(&launch.function)
@@ -51,14 +34,14 @@ impl Session {
     }
 
     /// Queues a checked launch on `stream`.
-    pub(super) fn submit_launch(&mut self, stream: Handle, launch: CheckedLaunch) -> CallResult {
+    pub(super) fn submit_launch(&mut self, stream: Handle, launch: KernelLaunch) -> CallResult {
         // The count is exact; the device time is measured only where the
         // server's own threads run the kernel (`launch_meter`).
         self.core.stats.launches.fetch_add(1, Ordering::Relaxed);
         if let Some(hold) = &self.account {
             hold.account().record_launch(0);
         }
-        self.launch_work(stream, launch.into_work())
+        self.launch_work(stream, StreamWork::Launch(launch))
     }
 
     /// Checks every launch now, as a launch is checked, and keeps them; a
@@ -81,7 +64,7 @@ impl Session {
             .map(|l| self.checked_launch(l))
             .collect::<Result<Vec<_>, _>>()?;
         let handle = self.mint_handle();
-        let works = checked.iter().map(CheckedLaunch::work).collect();
+        let works = checked.iter().cloned().map(StreamWork::Launch).collect();
         self.ordered()?.graph_create(handle, works)?;
         self.graphs.insert(handle, checked);
         Ok(ReplyBody::Handle(handle))

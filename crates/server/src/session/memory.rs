@@ -11,7 +11,7 @@ use cumux_protocol::{
 
 use super::core::err;
 use super::{CallResult, Session};
-use crate::device::StreamWork;
+use crate::device::{MemFill, StreamWork};
 
 /// Dimensions a tensor map may have (CUDA's limit).
 const MAX_TENSOR_RANK: usize = 5;
@@ -88,9 +88,7 @@ impl Session {
         data: Vec<u8>,
         stream: Option<Handle>,
     ) -> CallResult {
-        if let Some(s) = stream {
-            self.check_stream(s)?;
-        }
+        self.check_optional_stream(stream)?;
         self.check_range(dst, data.len() as u64)?;
         if data.is_empty() {
             return Ok(ReplyBody::Unit);
@@ -126,9 +124,7 @@ impl Session {
         bytes: u64,
         stream: Option<Handle>,
     ) -> CallResult {
-        if let Some(s) = stream {
-            self.check_stream(s)?;
-        }
+        self.check_optional_stream(stream)?;
         self.check_range(src, bytes)?;
         self.check_range(dst, bytes)?;
         if bytes == 0 {
@@ -137,33 +133,38 @@ impl Session {
         self.submit(stream, StreamWork::Copy { dst, src, bytes })
     }
 
-    #[allow(clippy::too_many_arguments)]
-    pub(super) fn memset(
-        &mut self,
-        dst: DevicePtr,
+    /// The bytes of one memset element, `value` as `elem_bytes` (1, 2 or 4),
+    /// once the call's `stream` is checked.
+    pub(super) fn memset_element(
+        &self,
+        stream: Option<Handle>,
         value: u32,
         elem_bytes: u8,
-        count: u64,
-        pitch: u64,
-        height: u64,
-        stream: Option<Handle>,
-    ) -> CallResult {
-        if let Some(s) = stream {
-            self.check_stream(s)?;
+    ) -> Result<Vec<u8>, CuError> {
+        self.check_optional_stream(stream)?;
+        match elem_bytes {
+            1 => Ok(vec![value as u8]),
+            2 => Ok((value as u16).to_le_bytes().to_vec()),
+            4 => Ok(value.to_le_bytes().to_vec()),
+            _ => Err(err(
+                codes::INVALID_VALUE,
+                format!("memset element of {elem_bytes} bytes"),
+            )),
         }
-        let pattern = match elem_bytes {
-            1 => vec![value as u8],
-            2 => (value as u16).to_le_bytes().to_vec(),
-            4 => value.to_le_bytes().to_vec(),
-            _ => {
-                return Err(err(
-                    codes::INVALID_VALUE,
-                    format!("memset element of {elem_bytes} bytes"),
-                ))
-            }
-        };
+    }
+
+    /// A memset of `fill`, whose pattern is a [`Session::memset_element`], in
+    /// the session's memory.
+    pub(super) fn memset(&mut self, fill: MemFill, stream: Option<Handle>) -> CallResult {
+        let MemFill {
+            dst,
+            count,
+            pitch,
+            height,
+            ..
+        } = fill;
         let row = count
-            .checked_mul(u64::from(elem_bytes))
+            .checked_mul(fill.pattern.len() as u64)
             .ok_or_else(|| err(codes::INVALID_VALUE, "memset too large"))?;
         if count == 0 || height == 0 {
             return Ok(ReplyBody::Unit);
@@ -176,14 +177,7 @@ impl Session {
             .and_then(|s| s.checked_add(row))
             .ok_or_else(|| err(codes::INVALID_VALUE, "memset too large"))?;
         self.check_range(dst, span)?;
-        let work = StreamWork::Fill {
-            dst,
-            pattern,
-            count,
-            pitch,
-            height,
-        };
-        self.submit(stream, work)
+        self.submit(stream, StreamWork::Fill(fill))
     }
 
     /// A copy between device memory at `device` and a span of a pinned host
@@ -198,9 +192,7 @@ impl Session {
         stream: Option<Handle>,
         to_device: bool,
     ) -> CallResult {
-        if let Some(s) = stream {
-            self.check_stream(s)?;
-        }
+        self.check_optional_stream(stream)?;
         let host = self.host.span(region, offset, bytes)?;
         self.check_range(device, bytes)?;
         if bytes == 0 {

@@ -18,13 +18,14 @@ use std::os::fd::OwnedFd;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use cumux_protocol::{codes, Call, CuError, DevicePtr, Handle, Hello, ReplyBody};
+use cumux_protocol::{codes, Call, CuError, DevicePtr, GraphLaunch, Handle, Hello, ReplyBody};
 
 use self::core::{err, SessionCore};
-use self::launch_checks::CheckedLaunch;
 use self::signalling::{attach_signals, SIGNAL_EVERY, SIGNAL_WAIT_MIN};
 use crate::device::signals::StreamSignals;
-use crate::device::{Device, DeviceContext, KernelDesc, ModuleId, StreamOrdered};
+use crate::device::{
+    Device, DeviceContext, KernelDesc, KernelLaunch, MemFill, ModuleId, StreamOrdered,
+};
 use crate::gate::{GateSession, SchedStreams};
 use crate::host_regions::HostRegions;
 use crate::server_status;
@@ -105,7 +106,7 @@ pub struct Session {
     /// The device's launch limits, looked up once (every launch is checked against them).
     limits: LaunchLimits,
     /// Graphs of launches ([`Call::GraphCreate`]), checked.
-    graphs: HashMap<Handle, Vec<CheckedLaunch>>,
+    graphs: HashMap<Handle, Vec<KernelLaunch>>,
     /// The session's place at its device's scheduling gate; `None` under `fifo`
     /// and for status queries.
     gate: Option<Arc<GateSession>>,
@@ -430,7 +431,17 @@ impl Session {
                 pitch,
                 height,
                 stream,
-            } => self.memset(dst, value, elem_bytes, count, pitch, height, stream),
+            } => {
+                let pattern = self.memset_element(stream, value, elem_bytes)?;
+                let fill = MemFill {
+                    dst,
+                    pattern,
+                    count,
+                    pitch,
+                    height,
+                };
+                self.memset(fill, stream)
+            }
             Call::ModuleLoad { image } => self.module_load(&image),
             Call::ModuleUnload { module } => self.module_unload(module),
             Call::Launch {
@@ -441,15 +452,17 @@ impl Session {
                 stream,
                 params,
                 attributes,
-            } => self.launch(
-                function,
-                grid,
-                block,
-                shared_bytes,
-                stream,
-                params,
-                attributes,
-            ),
+            } => {
+                let launch = GraphLaunch {
+                    function,
+                    grid,
+                    block,
+                    shared_bytes,
+                    params,
+                    attributes,
+                };
+                self.launch(stream, launch)
+            }
             Call::GraphCreate { launches } => self.graph_create(launches),
             Call::GraphLaunch { graph, stream } => self.graph_launch(graph, stream),
             Call::GraphDestroy { graph } => self.graph_destroy(graph),

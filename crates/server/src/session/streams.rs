@@ -20,6 +20,11 @@ impl Session {
         }
     }
 
+    /// [`Session::check_stream`] for a call whose stream may be left out.
+    pub(super) fn check_optional_stream(&self, stream: Option<Handle>) -> Result<(), CuError> {
+        stream.map_or(Ok(()), |s| self.check_stream(s))
+    }
+
     /// An event's `CU_EVENT_*` flags.
     fn event_flags(&self, event: Handle) -> Result<u32, CuError> {
         self.events

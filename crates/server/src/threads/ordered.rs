@@ -13,11 +13,13 @@ use cumux_protocol::{codes, CuError, DevicePtr, Handle, DEFAULT_STREAM};
 
 use super::workers::{Position, Streams, Work};
 use crate::device::ordering::{
-    elapsed_ms, fill_rows, launches_only, no_signal_area, store_signal, unknown,
+    elapsed_ms, launches_only, no_signal_area, not_a_launch, store_signal, unknown,
     EVENT_DISABLE_TIMING,
 };
 use crate::device::signals::SignalArea;
-use crate::device::{DeviceContext, LaunchOutcome, StreamOrdered, StreamWork, SyncTarget};
+use crate::device::{
+    DeviceContext, KernelLaunch, LaunchOutcome, StreamOrdered, StreamWork, SyncTarget,
+};
 use crate::gate::{kernel_id_of, GateSession, SchedStreams, READ_KERNEL_ID};
 use crate::locking::lock;
 
@@ -69,21 +71,9 @@ impl Shared {
     }
 
     /// Runs one launch, timing it for the meter.
-    fn launch(&self, work: &StreamWork) -> Result<(), CuError> {
-        let StreamWork::Launch {
-            module,
-            kernel,
-            geometry,
-            params,
-        } = work
-        else {
-            return Err(CuError::new(
-                codes::INVALID_VALUE,
-                "a graph of launches only",
-            ));
-        };
+    fn launch(&self, launch: &KernelLaunch) -> Result<(), CuError> {
         let started = Instant::now();
-        let outcome = self.ctx.launch(*module, *kernel, geometry, params);
+        let outcome = self.ctx.launch(launch);
         if let Some(meter) = &self.meter {
             meter(started.elapsed().as_nanos().min(u64::MAX as u128) as u64);
         }
@@ -97,22 +87,19 @@ impl Shared {
         match work {
             StreamWork::Write { dst, data } => ctx.mem_write(*dst, data),
             StreamWork::Copy { dst, src, bytes } => ctx.mem_copy(*dst, *src, *bytes),
-            StreamWork::Fill {
-                dst,
-                pattern,
-                count,
-                pitch,
-                height,
-            } => fill_rows(*dst, *pitch, *height, |row| {
-                ctx.mem_fill(row, pattern, *count)
-            }),
-            StreamWork::Launch { .. } => self.launch(work),
+            StreamWork::Fill(fill) => {
+                fill.each_row(|row| ctx.mem_fill(row, &fill.pattern, fill.count))
+            }
+            StreamWork::Launch(launch) => self.launch(launch),
             StreamWork::HostToDevice { dst, host } => ctx.mem_write(*dst, host.read()?),
             // SAFETY: the job runs in its stream's order, apart from the
             // program's other copies into the span.
             StreamWork::DeviceToHost { src, host } => ctx.mem_read(*src, unsafe { host.write()? }),
             StreamWork::Graph { graph: handle } => match graph {
-                Some(launches) => launches.iter().try_for_each(|l| self.launch(l)),
+                Some(launches) => launches.iter().try_for_each(|l| match l {
+                    StreamWork::Launch(launch) => self.launch(launch),
+                    _ => Err(not_a_launch()),
+                }),
                 None => Err(unknown("graph", *handle)),
             },
             StreamWork::Signal { slot, value } => {
@@ -285,7 +272,7 @@ impl ThreadedStreams {
     fn payload(work: &StreamWork) -> u64 {
         match work {
             StreamWork::Write { data, .. } => data.len() as u64,
-            StreamWork::Launch { params, .. } => params.len() as u64,
+            StreamWork::Launch(launch) => launch.params.len() as u64,
             _ => 0,
         }
     }

@@ -11,7 +11,7 @@ use std::thread::JoinHandle;
 use cumux_protocol::{Handle, DEFAULT_STREAM};
 
 use crate::device::ordering::NON_BLOCKING;
-use crate::locking::lock;
+use crate::locking::{lock, wait};
 
 /// Jobs a stream may hold before the session (and so its client) waits.
 pub const QUEUE_BOUND: usize = 4096;
@@ -68,7 +68,7 @@ impl Tracker {
     pub fn wait(&self, positions: &[Position]) {
         let mut state = self.lock();
         while !positions.iter().all(|p| state.done(*p)) {
-            state = self.progress.wait(state).unwrap_or_else(|p| p.into_inner());
+            state = wait(&self.progress, state);
         }
     }
 
@@ -305,7 +305,18 @@ mod tests {
     use super::*;
     use std::time::Duration;
 
-    fn push(log: &Arc<Mutex<Vec<u32>>>, v: u32, sleep_ms: u64) -> Work {
+    type Log = Arc<Mutex<Vec<u32>>>;
+
+    /// Streams with `created` (handle, flags) made, and an empty log.
+    fn streams_with(created: &[(Handle, u32)]) -> (Streams, Log) {
+        let mut s = Streams::new(1).unwrap();
+        for &(stream, flags) in created {
+            s.create(stream, flags).unwrap();
+        }
+        (s, Arc::new(Mutex::new(Vec::new())))
+    }
+
+    fn push(log: &Log, v: u32, sleep_ms: u64) -> Work {
         let log = Arc::clone(log);
         Box::new(move || {
             std::thread::sleep(Duration::from_millis(sleep_ms));
@@ -315,8 +326,7 @@ mod tests {
 
     #[test]
     fn one_stream_runs_in_order() {
-        let mut s = Streams::new(1).unwrap();
-        let log = Arc::new(Mutex::new(Vec::new()));
+        let (mut s, log) = streams_with(&[]);
         for i in 0..50 {
             s.enqueue(DEFAULT_STREAM, vec![], push(&log, i, (i % 3) as u64))
                 .unwrap();
@@ -328,10 +338,7 @@ mod tests {
 
     #[test]
     fn default_stream_orders_against_blocking_streams_only() {
-        let mut s = Streams::new(1).unwrap();
-        s.create(5, 0).unwrap();
-        s.create(6, NON_BLOCKING).unwrap();
-        let log = Arc::new(Mutex::new(Vec::new()));
+        let (mut s, log) = streams_with(&[(5, 0), (6, NON_BLOCKING)]);
         s.enqueue(5, vec![], push(&log, 1, 40)).unwrap();
         s.enqueue(6, vec![], push(&log, 9, 80)).unwrap();
         s.enqueue(DEFAULT_STREAM, vec![], push(&log, 2, 0)).unwrap();
@@ -345,10 +352,7 @@ mod tests {
 
     #[test]
     fn explicit_dependencies_order_across_streams() {
-        let mut s = Streams::new(1).unwrap();
-        s.create(7, NON_BLOCKING).unwrap();
-        s.create(8, NON_BLOCKING).unwrap();
-        let log = Arc::new(Mutex::new(Vec::new()));
+        let (mut s, log) = streams_with(&[(7, NON_BLOCKING), (8, NON_BLOCKING)]);
         let first = s.enqueue(7, vec![], push(&log, 1, 50)).unwrap();
         s.enqueue(8, vec![first], push(&log, 2, 0)).unwrap();
         s.synchronize(8);
@@ -359,10 +363,7 @@ mod tests {
 
     #[test]
     fn ready_follows_the_legacy_default_stream() {
-        let mut s = Streams::new(1).unwrap();
-        s.create(5, 0).unwrap();
-        s.create(6, NON_BLOCKING).unwrap();
-        let log = Arc::new(Mutex::new(Vec::new()));
+        let (mut s, log) = streams_with(&[(5, 0), (6, NON_BLOCKING)]);
         assert!(s.ready(DEFAULT_STREAM) && s.ready(5) && s.ready(6));
         s.enqueue(5, vec![], push(&log, 1, 100)).unwrap();
         assert!(!s.ready(DEFAULT_STREAM), "default waits for blocking 5");
@@ -376,9 +377,7 @@ mod tests {
 
     #[test]
     fn destroyed_streams_finish_their_work() {
-        let mut s = Streams::new(1).unwrap();
-        s.create(3, 0).unwrap();
-        let log = Arc::new(Mutex::new(Vec::new()));
+        let (mut s, log) = streams_with(&[(3, 0)]);
         s.enqueue(3, vec![], push(&log, 1, 20)).unwrap();
         assert!(s.destroy(3));
         assert!(!s.destroy(3));
@@ -390,8 +389,7 @@ mod tests {
 
     #[test]
     fn a_panicking_job_does_not_stop_the_stream() {
-        let mut s = Streams::new(1).unwrap();
-        let log = Arc::new(Mutex::new(Vec::new()));
+        let (mut s, log) = streams_with(&[]);
         s.enqueue(DEFAULT_STREAM, vec![], Box::new(|| panic!("job panics")))
             .unwrap();
         s.enqueue(DEFAULT_STREAM, vec![], push(&log, 4, 0)).unwrap();

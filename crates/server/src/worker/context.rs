@@ -17,7 +17,6 @@ use std::time::Duration;
 
 use cumux_protocol::framing::MAX_CHUNK_BYTES;
 use cumux_protocol::hop_trace::{self, Hop};
-use cumux_protocol::pinned::HostMapping;
 use cumux_protocol::{
     codes, decode, encode, write_frame, CuError, DevicePtr, Handle, TensorMapRequest,
 };
@@ -26,13 +25,12 @@ use super::link::{io_err, Connection};
 use super::spawn::{reap, reap_in_background, reset_by_killing, Launcher, Spawned, READY_WAIT};
 use super::stdout_tap::StdoutTap;
 use super::watchdog::{AreaWatch, ContextWatch};
-use super::wire::{
-    WireWork, WorkerReply, WorkerRequest, WorkerValue, MAX_IMAGE_PARTS, NONCE_BYTES,
-};
+use super::wire::{WorkerReply, WorkerRequest, WorkerValue, MAX_IMAGE_PARTS, NONCE_BYTES};
 use crate::device::memory_use::ContextMemory;
+use crate::device::ordering::not_a_launch;
 use crate::device::signals::SignalArea;
 use crate::device::{
-    DeviceContext, LaunchGeometry, LaunchOutcome, LoadedModule, ModuleId, StreamOrdered,
+    DeviceContext, HostRegion, KernelLaunch, LaunchOutcome, LoadedModule, ModuleId, StreamOrdered,
     StreamWork, SyncTarget,
 };
 use crate::locking::lock;
@@ -421,6 +419,30 @@ impl WorkerContext {
     }
 
     /// Keeps a failure found before work could be posted, for the next waiting call.
+    /// `launch` as the worker knows it: with the worker's id of its module.
+    fn local_launch(&self, launch: KernelLaunch) -> Result<KernelLaunch, CuError> {
+        match lock(&self.modules).get(&launch.module) {
+            Some((local, _)) => Ok(KernelLaunch {
+                module: *local,
+                ..launch
+            }),
+            None => Err(CuError::new(codes::INVALID_HANDLE, "module not loaded")),
+        }
+    }
+
+    /// Queued `work` as it goes to the worker: a launch with the worker's
+    /// module id; a signal bound to an area of this process does not go.
+    fn travelling(&self, work: StreamWork) -> Result<StreamWork, CuError> {
+        match work {
+            StreamWork::Launch(launch) => self.local_launch(launch).map(StreamWork::Launch),
+            StreamWork::SignalTo { slot, .. } => Err(CuError::new(
+                codes::INVALID_VALUE,
+                format!("signal slot {slot}: an area cannot go to a worker"),
+            )),
+            work => Ok(work),
+        }
+    }
+
     fn defer(&self, e: CuError) {
         lock(&self.deferred).get_or_insert(e);
     }
@@ -536,7 +558,7 @@ impl DeviceContext for WorkerContext {
                 )
             })?;
         let module = match self.call(&WorkerRequest::ModuleLoad { parts: count }, &parts, None)? {
-            WorkerValue::Module(m) => LoadedModule::from(m),
+            WorkerValue::Module(m) => m,
             other => return Err(unexpected(&other)),
         };
         let globals_bytes: u64 = module.globals.iter().map(|g| g.size).sum();
@@ -556,26 +578,10 @@ impl DeviceContext for WorkerContext {
         }
     }
 
-    fn launch(
-        &self,
-        module: ModuleId,
-        kernel: usize,
-        geometry: &LaunchGeometry,
-        params: &[u8],
-    ) -> LaunchOutcome {
-        let local = lock(&self.modules).get(&module).map(|(local, _)| *local);
-        let result = match local {
-            None => Err(CuError::new(codes::INVALID_HANDLE, "module not loaded")),
-            Some(local) => {
-                let request = WorkerRequest::Launch {
-                    module: local,
-                    kernel: kernel as u64,
-                    geometry: geometry.clone().into(),
-                    params: params.to_vec(),
-                };
-                self.unit(&request, &[])
-            }
-        };
+    fn launch(&self, launch: &KernelLaunch) -> LaunchOutcome {
+        let result = self
+            .local_launch(launch.clone())
+            .and_then(|local| self.unit(&WorkerRequest::Launch(local), &[]));
         LaunchOutcome {
             stdout: self.take_printed(),
             result,
@@ -596,17 +602,12 @@ impl DeviceContext for WorkerContext {
         }
     }
 
-    fn host_register(
-        &self,
-        region: Handle,
-        mapping: &Arc<HostMapping>,
-        fd: BorrowedFd<'_>,
-    ) -> Result<(), CuError> {
+    fn host_register(&self, region: HostRegion<'_>) -> Result<(), CuError> {
         let request = WorkerRequest::HostRegister {
-            region,
-            bytes: mapping.len() as u64,
+            region: region.id,
+            bytes: region.mapping.len() as u64,
         };
-        match self.call_passing(&request, Some(fd), &[], None)? {
+        match self.call_passing(&request, Some(region.fd), &[], None)? {
             WorkerValue::Unit => Ok(()),
             other => Err(unexpected(&other)),
         }
@@ -642,31 +643,13 @@ impl StreamOrdered for WorkerContext {
     }
 
     fn graph_create(&self, graph: Handle, launches: Vec<StreamWork>) -> Result<(), CuError> {
-        let modules = lock(&self.modules);
         let local = launches
             .into_iter()
             .map(|work| match work {
-                StreamWork::Launch {
-                    module,
-                    kernel,
-                    geometry,
-                    params,
-                } => match modules.get(&module) {
-                    Some((local, _)) => Ok(WireWork::Launch {
-                        module: *local,
-                        kernel,
-                        geometry: geometry.into(),
-                        params,
-                    }),
-                    None => Err(CuError::new(codes::INVALID_HANDLE, "module not loaded")),
-                },
-                _ => Err(CuError::new(
-                    codes::INVALID_VALUE,
-                    "a graph of launches only",
-                )),
+                StreamWork::Launch(launch) => self.local_launch(launch).map(StreamWork::Launch),
+                _ => Err(not_a_launch()),
             })
             .collect::<Result<Vec<_>, _>>()?;
-        drop(modules);
         self.unit(
             &WorkerRequest::GraphCreate {
                 graph,
@@ -693,7 +676,7 @@ impl StreamOrdered for WorkerContext {
             StreamWork::Write { dst, data } => {
                 let mut offset = 0u64;
                 for part in data.chunks(MAX_CHUNK_BYTES) {
-                    let work = WireWork::Write {
+                    let work = StreamWork::Write {
                         dst: dst.wrapping_add(offset),
                         data: Vec::new(),
                     };
@@ -702,28 +685,7 @@ impl StreamOrdered for WorkerContext {
                 }
                 true
             }
-            StreamWork::Launch {
-                module,
-                kernel,
-                geometry,
-                params,
-            } => match lock(&self.modules).get(&module).map(|(local, _)| *local) {
-                Some(local) => {
-                    let work = WireWork::Launch {
-                        module: local,
-                        kernel,
-                        geometry: geometry.into(),
-                        params,
-                    };
-                    self.post(&WorkerRequest::Enqueue { stream, work }, &[]);
-                    true
-                }
-                None => {
-                    self.defer(CuError::new(codes::INVALID_HANDLE, "module not loaded"));
-                    false
-                }
-            },
-            work => match WireWork::try_from(work) {
+            work => match self.travelling(work) {
                 Ok(work) => {
                     self.post(&WorkerRequest::Enqueue { stream, work }, &[]);
                     true
@@ -746,7 +708,6 @@ impl StreamOrdered for WorkerContext {
     }
 
     fn synchronize(&self, target: SyncTarget) -> LaunchOutcome {
-        let target = target.into();
         let result = self.unit(&WorkerRequest::Synchronize { target }, &[]);
         self.waited(result)
     }
@@ -755,7 +716,6 @@ impl StreamOrdered for WorkerContext {
         if let Some(e) = lock(&self.deferred).take() {
             return Err(e);
         }
-        let target = target.into();
         match self.call(&WorkerRequest::Query { target }, &[], None)? {
             WorkerValue::Done(done) => Ok(done),
             other => Err(unexpected(&other)),

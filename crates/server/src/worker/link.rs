@@ -326,17 +326,44 @@ mod tests {
         assert_eq!(offered, Ok(()));
     }
 
+    /// A pair switched to shared memory by an offer: the server's side, and
+    /// the worker's, which runs `then` on a thread of its own.
+    fn switched<T: Send + 'static>(
+        then: impl FnOnce(Link) -> T + Send + 'static,
+    ) -> (Link, std::thread::JoinHandle<T>) {
+        let (mut server, mut worker) = pair();
+        let peer = std::thread::spawn(move || {
+            accept_offer(&mut worker);
+            then(worker)
+        });
+        offer(&mut server);
+        (server, peer)
+    }
+
+    /// Rings of 4 KiB and bulk rings of `bulk` bytes.
+    fn small_layout(bulk: u32) -> ShmLayout {
+        ShmLayout {
+            request_ring: 4 << 10,
+            reply_ring: 4 << 10,
+            request_bulk: bulk,
+            reply_bulk: bulk,
+        }
+    }
+
+    /// How a worker answers an offer: "yes" takes it; anything else is `refusal`.
+    fn answer(refusal: &'static str) -> impl Fn(&[u8]) -> Result<(), String> {
+        move |b| match b {
+            b"yes" => Ok(()),
+            _ => Err(refusal.to_string()),
+        }
+    }
+
     /// Both sides switch through an offer; frames small and large, and a
     /// descriptor, then arrive in order.
     #[test]
     fn an_accepted_offer_carries_frames_and_descriptors_in_order() {
         let (mut server, mut worker) = pair();
-        let layout = ShmLayout {
-            request_ring: 4 << 10,
-            reply_ring: 4 << 10,
-            request_bulk: 8 << 10,
-            reply_bulk: 8 << 10,
-        };
+        let layout = small_layout(8 << 10);
         let peer = std::thread::spawn(move || {
             let mut buf = Vec::new();
             worker.recv_frame(&mut buf).unwrap();
@@ -361,12 +388,8 @@ mod tests {
                 }
             }
         });
-        let answer = |b: &[u8]| match b {
-            b"yes" => Ok(()),
-            _ => Err("no".to_string()),
-        };
         let offered = server
-            .offer_area(layout, Duration::ZERO, b"offer", answer)
+            .offer_area(layout, Duration::ZERO, b"offer", answer("no"))
             .unwrap();
         assert_eq!(offered, Ok(()));
         let big: Vec<u8> = (0..100_000u32).map(|i| i as u8).collect();
@@ -395,12 +418,8 @@ mod tests {
             worker.recv_frame(&mut buf).unwrap();
             buf
         });
-        let answer = |b: &[u8]| match b {
-            b"yes" => Ok(()),
-            _ => Err("refused".to_string()),
-        };
         let offered = server
-            .offer_area(WORKER_LAYOUT, Duration::ZERO, b"offer", answer)
+            .offer_area(WORKER_LAYOUT, Duration::ZERO, b"offer", answer("refused"))
             .unwrap();
         assert_eq!(offered, Err("refused".to_string()));
         assert!(!server.is_shm());
@@ -413,13 +432,7 @@ mod tests {
     #[test]
     fn a_malformed_offer_is_refused_with_a_reason() {
         let (mut server, mut worker) = pair();
-        let small = ShmLayout {
-            request_ring: 4 << 10,
-            reply_ring: 4 << 10,
-            request_bulk: 4 << 10,
-            reply_bulk: 4 << 10,
-        };
-        let (_area, fd) = ShmArea::create(small).unwrap();
+        let (_area, fd) = ShmArea::create(small_layout(4 << 10)).unwrap();
         server.send_frame_with_fd(b"offer", fd.as_fd()).unwrap();
         let mut buf = Vec::new();
         worker.recv_frame(&mut buf).unwrap();
@@ -439,13 +452,10 @@ mod tests {
     /// link, named as such, not a crash or an out-of-bounds read.
     #[test]
     fn a_corrupt_area_fails_the_link_clearly() {
-        let (mut server, mut worker) = pair();
-        let peer = std::thread::spawn(move || {
+        let (server, peer) = switched(|mut worker| {
             let mut buf = Vec::new();
-            accept_offer(&mut worker);
             worker.recv_frame(&mut buf).map(|()| buf)
         });
-        offer(&mut server);
         // The request ring's write position, far past anything written.
         let ep = server.shm.as_ref().unwrap();
         ep.area()
@@ -464,13 +474,7 @@ mod tests {
     /// worker's wait for the next request: the worker then exits.
     #[test]
     fn a_dead_server_ends_the_workers_wait() {
-        let (mut server, mut worker) = pair();
-        let peer = std::thread::spawn(move || {
-            let mut buf = Vec::new();
-            accept_offer(&mut worker);
-            worker.recv_frame(&mut buf)
-        });
-        offer(&mut server);
+        let (server, peer) = switched(|mut worker| worker.recv_frame(&mut Vec::new()));
         std::thread::sleep(Duration::from_millis(20));
         let _ = server.socket().shutdown(std::net::Shutdown::Both);
         std::mem::forget(server);
@@ -481,16 +485,13 @@ mod tests {
     /// ends the server's wait with an error, not a hang.
     #[test]
     fn a_peer_whose_socket_goes_fails_the_wait() {
-        let (mut server, mut worker) = pair();
-        let peer = std::thread::spawn(move || {
+        let (mut server, peer) = switched(|mut worker| {
             let mut buf = Vec::new();
-            accept_offer(&mut worker);
             worker.recv_frame(&mut buf).unwrap();
             // Gone without closing its end of the area, as a killed process is.
             let _ = worker.socket().shutdown(std::net::Shutdown::Both);
             std::mem::forget(worker);
         });
-        offer(&mut server);
         server.send_frame(b"call").unwrap();
         peer.join().unwrap();
         let mut buf = Vec::new();

@@ -21,8 +21,8 @@ use cumux_protocol::{codes, decode, read_frame, CuError, FrameError, Handle};
 use super::link::{io_err, Link};
 use super::regions::WorkerRegions;
 use super::wire::{
-    marker_bytes, new_nonce, nonce_to_hex, WireModule, WireWork, WorkerReply, WorkerRequest,
-    WorkerValue, MAX_IMAGE_PARTS, NONCE_BYTES,
+    marker_bytes, new_nonce, nonce_to_hex, WorkerReply, WorkerRequest, WorkerValue,
+    MAX_IMAGE_PARTS, NONCE_BYTES,
 };
 use crate::device::backends::cpu_device;
 #[cfg(feature = "cuda")]
@@ -356,27 +356,14 @@ impl Served<'_, '_> {
                 }
                 let image = &conn.data;
                 guarded(kind, || {
-                    value(
-                        ctx.module_load(image)
-                            .map(|m| WorkerValue::Module(WireModule::from(&m))),
-                    )
+                    value(ctx.module_load(image).map(WorkerValue::Module))
                 })
             }
             WorkerRequest::ModuleUnload { module } => guarded(kind, || {
                 ctx.module_unload(module);
                 unit(Ok(()))
             }),
-            WorkerRequest::Launch {
-                module,
-                kernel,
-                geometry,
-                params,
-            } => guarded(kind, || {
-                let Ok(kernel) = usize::try_from(kernel) else {
-                    return unit(Err(CuError::new(codes::INVALID_HANDLE, "no such kernel")));
-                };
-                waited(ctx.launch(module, kernel, &geometry.into(), &params))
-            }),
+            WorkerRequest::Launch(launch) => guarded(kind, || waited(ctx.launch(&launch))),
             WorkerRequest::TensorMapEncode { request } => guarded(kind, || {
                 value(ctx.tensor_map_encode(&request).map(WorkerValue::TensorMap))
             }),
@@ -397,10 +384,9 @@ impl Served<'_, '_> {
             WorkerRequest::EventDestroy { event } => {
                 guarded(kind, || unit(ordered.event_destroy(event)))
             }
-            WorkerRequest::GraphCreate { graph, launches } => guarded(kind, || {
-                let launches = launches.into_iter().map(StreamWork::from).collect();
-                unit(ordered.graph_create(graph, launches))
-            }),
+            WorkerRequest::GraphCreate { graph, launches } => {
+                guarded(kind, || unit(ordered.graph_create(graph, launches)))
+            }
             WorkerRequest::GraphDestroy { graph } => guarded(kind, || {
                 ordered.graph_destroy(graph);
                 unit(Ok(()))
@@ -409,11 +395,11 @@ impl Served<'_, '_> {
                 read_into(len, |buf| ordered.read(stream, src, buf))
             }),
             WorkerRequest::Synchronize { target } => {
-                guarded(kind, || waited(ordered.synchronize(target.into())))
+                guarded(kind, || waited(ordered.synchronize(target)))
             }
-            WorkerRequest::Query { target } => guarded(kind, || {
-                value(ordered.query(target.into()).map(WorkerValue::Done))
-            }),
+            WorkerRequest::Query { target } => {
+                guarded(kind, || value(ordered.query(target).map(WorkerValue::Done)))
+            }
             WorkerRequest::Elapsed { start, end } => guarded(kind, || {
                 value(ordered.elapsed_ms(start, end).map(WorkerValue::Ms))
             }),
@@ -481,9 +467,8 @@ impl Connection<'_, '_, '_> {
         &mut self,
         ordered: &dyn StreamOrdered,
         stream: Handle,
-        work: WireWork,
+        mut work: StreamWork,
     ) -> io::Result<()> {
-        let mut work = StreamWork::from(work);
         if let StreamWork::Write { data, .. } = &mut work {
             self.link.recv_frame(data).map_err(io_err)?;
         }

@@ -10,7 +10,7 @@ use cumux_protocol::pinned::HostMapping;
 use cumux_protocol::{codes, CuError, Handle};
 
 use crate::device::host_span::map_region;
-use crate::device::{DeviceContext, StreamWork};
+use crate::device::{DeviceContext, HostRegion, StreamWork};
 use crate::locking::lock;
 
 /// A worker's regions, from every connection to its context, by server id.
@@ -41,7 +41,11 @@ impl WorkerRegions {
                 format!("host region {region} exists"),
             ));
         }
-        ctx.host_register(region, &mapping, fd.as_fd())?;
+        ctx.host_register(HostRegion {
+            id: region,
+            mapping: &mapping,
+            fd: fd.as_fd(),
+        })?;
         self.lock().insert(region, mapping);
         Ok(())
     }

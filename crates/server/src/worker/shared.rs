@@ -26,16 +26,14 @@
 //! `isolated` mode (a context per session in a process of its own).
 
 use std::collections::{HashMap, HashSet};
-use std::os::fd::BorrowedFd;
 use std::sync::{Arc, Mutex};
 
-use cumux_protocol::pinned::HostMapping;
 use cumux_protocol::{CuError, DevicePtr, Handle, TensorMapRequest, DEFAULT_STREAM};
 
 use super::context::WorkerContext;
 use crate::device::ordering::{EVENT_DISABLE_TIMING, NON_BLOCKING};
 use crate::device::{
-    DeviceContext, LaunchGeometry, LaunchOutcome, LoadedModule, ModuleId, StreamOrdered,
+    DeviceContext, HostRegion, KernelLaunch, LaunchOutcome, LoadedModule, ModuleId, StreamOrdered,
     StreamWork, SyncTarget,
 };
 use crate::locking::lock;
@@ -208,7 +206,7 @@ impl SharedView {
     fn prints(&self, work: &StreamWork) -> bool {
         let state = lock(&self.state);
         match work {
-            StreamWork::Launch { module, .. } => state.printing.contains(module),
+            StreamWork::Launch(launch) => state.printing.contains(&launch.module),
             StreamWork::Graph { graph } => state.printing_graphs.contains(graph),
             _ => false,
         }
@@ -374,17 +372,11 @@ impl DeviceContext for SharedView {
         }
     }
 
-    fn launch(
-        &self,
-        module: ModuleId,
-        kernel: usize,
-        geometry: &LaunchGeometry,
-        params: &[u8],
-    ) -> LaunchOutcome {
-        let launch = || self.conn.launch(module, kernel, geometry, params);
-        let out = match lock(&self.state).printing.contains(&module) {
-            true => self.printing_turn(launch),
-            false => launch(),
+    fn launch(&self, launch: &KernelLaunch) -> LaunchOutcome {
+        let run = || self.conn.launch(launch);
+        let out = match lock(&self.state).printing.contains(&launch.module) {
+            true => self.printing_turn(run),
+            false => run(),
         };
         self.routed(out)
     }
@@ -393,13 +385,8 @@ impl DeviceContext for SharedView {
         self.conn.tensor_map_encode(request)
     }
 
-    fn host_register(
-        &self,
-        region: Handle,
-        mapping: &Arc<HostMapping>,
-        fd: BorrowedFd<'_>,
-    ) -> Result<(), CuError> {
-        self.conn.host_register(region, mapping, fd)
+    fn host_register(&self, region: HostRegion<'_>) -> Result<(), CuError> {
+        self.conn.host_register(region)
     }
 
     fn host_unregister(&self, region: Handle) {
@@ -497,10 +484,7 @@ impl StreamOrdered for SharedView {
         }
         if stream == DEFAULT_STREAM {
             if let Err(e) = self.default_stream(&mut state) {
-                return LaunchOutcome {
-                    stdout: Vec::new(),
-                    result: Err(e),
-                };
+                return LaunchOutcome::failed(e);
             }
             for blocking in std::mem::take(&mut state.ahead_of_default) {
                 self.order_after(&mut state, DEFAULT_STREAM, blocking);

@@ -11,7 +11,7 @@ use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use super::wire::{MARKER_PREFIX, NONCE_BYTES};
-use crate::locking::lock;
+use crate::locking::{lock, wait_timeout};
 
 /// How long a reply waits for its printf output to come through the pipe.
 const MARKER_WAIT: Duration = Duration::from_secs(10);
@@ -119,11 +119,7 @@ impl StdoutTap {
                 tracing::warn!(seq, "worker printf marker never came; output may be late");
                 return;
             }
-            state = self
-                .changed
-                .wait_timeout(state, left)
-                .unwrap_or_else(|p| p.into_inner())
-                .0;
+            state = wait_timeout(&self.changed, state, left);
         }
     }
 

@@ -1,7 +1,7 @@
-//! The worker protocol's own types: the requests a server sends its worker, the
-//! replies, the wire forms of the device layer's types they carry (stream work,
-//! launch geometry, sync targets, host spans, loaded modules) with conversions
-//! both ways, and the stdout markers and nonces that tie printf to a reply.
+//! The worker protocol's own types: the requests a server sends its worker and
+//! the replies, which carry the device layer's types as they are (stream work,
+//! launches, sync targets, loaded modules), and the stdout markers and nonces
+//! that tie printf to a reply.
 //!
 //! Frames are postcard; bulk bytes (copies, images) travel as raw frames right
 //! after the request or reply that announces them. Server and worker are always
@@ -10,15 +10,10 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use cumux_protocol::shm::ShmLayout;
-use cumux_protocol::{
-    codes, CuError, DevicePtr, FunctionAttrs, Handle, LaunchAttribute, ParamInfo, TensorMapRequest,
-};
+use cumux_protocol::{CuError, DevicePtr, Handle, TensorMapRequest};
 use serde::{Deserialize, Serialize};
 
-use crate::device::host_span::HostSpan;
-use crate::device::{
-    GlobalDesc, KernelDesc, LaunchGeometry, LoadedModule, ModuleId, StreamWork, SyncTarget,
-};
+use crate::device::{KernelLaunch, LoadedModule, ModuleId, StreamWork, SyncTarget};
 
 /// Bytes that start a stdout marker; the nonce and a little-endian u64 follow.
 pub const MARKER_PREFIX: &[u8] = b"\0\x1bcumux-worker-mark\x1b";
@@ -62,13 +57,7 @@ pub enum WorkerRequest {
     ModuleUnload {
         module: ModuleId,
     },
-    Launch {
-        module: ModuleId,
-        kernel: u64,
-        geometry: WireGeometry,
-        #[serde(with = "serde_bytes")]
-        params: Vec<u8>,
-    },
+    Launch(KernelLaunch),
     // Stream-ordered calls (`StreamOrdered`); the handles are the session's.
     StreamCreate {
         stream: Handle,
@@ -85,10 +74,10 @@ pub enum WorkerRequest {
     EventDestroy {
         event: Handle,
     },
-    /// A graph of launches for [`WireWork::Graph`] (`StreamOrdered::graph_create`).
+    /// A graph of launches for [`StreamWork::Graph`] (`StreamOrdered::graph_create`).
     GraphCreate {
         graph: Handle,
-        launches: Vec<WireWork>,
+        launches: Vec<StreamWork>,
     },
     GraphDestroy {
         graph: Handle,
@@ -98,7 +87,7 @@ pub enum WorkerRequest {
     /// as one raw frame.
     Enqueue {
         stream: Handle,
-        work: WireWork,
+        work: StreamWork,
     },
     /// Answered by [`WorkerValue::Bytes`] and one raw frame of `len` bytes.
     StreamRead {
@@ -107,11 +96,11 @@ pub enum WorkerRequest {
         len: u64,
     },
     Synchronize {
-        target: WireTarget,
+        target: SyncTarget,
     },
     /// Answered by [`WorkerValue::Done`].
     Query {
-        target: WireTarget,
+        target: SyncTarget,
     },
     /// Answered by [`WorkerValue::Ms`].
     Elapsed {
@@ -127,7 +116,7 @@ pub enum WorkerRequest {
     /// [`WorkerValue::Sessions`]. Only on the worker's own connection.
     OpenSessions,
     /// Opens the server's signal area at `path` for this connection's
-    /// [`WireWork::Signal`] work (`StreamOrdered::attach_signals`).
+    /// [`StreamWork::Signal`] work (`StreamOrdered::attach_signals`).
     AttachSignals {
         path: String,
     },
@@ -200,7 +189,7 @@ pub enum WorkerValue {
     Ptr(DevicePtr),
     /// One raw frame follows.
     Bytes,
-    Module(WireModule),
+    Module(LoadedModule),
     Done(bool),
     Ms(f32),
     TensorMap(#[serde(with = "serde_bytes")] Vec<u8>),
@@ -209,309 +198,6 @@ pub enum WorkerValue {
         path: String,
         token: [u8; NONCE_BYTES],
     },
-}
-
-// ----- the device layer's types on the wire -----
-
-/// [`StreamWork`] on the wire. [`StreamWork::SignalTo`] never travels: its
-/// area is an object of the process that made it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub enum WireWork {
-    /// `data` travels empty in [`WorkerRequest::Enqueue`]; the bytes follow.
-    Write {
-        dst: DevicePtr,
-        #[serde(with = "serde_bytes")]
-        data: Vec<u8>,
-    },
-    Copy {
-        dst: DevicePtr,
-        src: DevicePtr,
-        bytes: u64,
-    },
-    Fill {
-        dst: DevicePtr,
-        #[serde(with = "serde_bytes")]
-        pattern: Vec<u8>,
-        count: u64,
-        pitch: u64,
-        height: u64,
-    },
-    Launch {
-        module: ModuleId,
-        kernel: usize,
-        geometry: WireGeometry,
-        #[serde(with = "serde_bytes")]
-        params: Vec<u8>,
-    },
-    Record {
-        event: Handle,
-    },
-    Wait {
-        event: Handle,
-    },
-    Signal {
-        slot: u32,
-        value: u64,
-    },
-    HostToDevice {
-        dst: DevicePtr,
-        host: WireSpan,
-    },
-    DeviceToHost {
-        src: DevicePtr,
-        host: WireSpan,
-    },
-    Graph {
-        graph: Handle,
-    },
-}
-
-/// [`LaunchGeometry`] on the wire.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct WireGeometry {
-    pub grid: [u32; 3],
-    pub block: [u32; 3],
-    pub dynamic_shared_bytes: u32,
-    pub attributes: Vec<LaunchAttribute>,
-}
-
-/// [`SyncTarget`] on the wire.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub enum WireTarget {
-    Stream(Handle),
-    Event(Handle),
-    Context,
-}
-
-/// [`HostSpan`] on the wire: the region's id and the range; the worker
-/// resolves the id to its own mapping of the region.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct WireSpan {
-    pub region: Handle,
-    pub offset: u64,
-    pub bytes: u64,
-}
-
-/// [`LoadedModule`] on the wire.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct WireModule {
-    pub id: ModuleId,
-    pub kernels: Vec<WireKernel>,
-    pub globals: Vec<(String, DevicePtr, u64)>,
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct WireKernel {
-    pub name: String,
-    pub params: Vec<ParamInfo>,
-    pub attrs: FunctionAttrs,
-}
-
-impl TryFrom<StreamWork> for WireWork {
-    type Error = CuError;
-
-    /// Fails only for [`StreamWork::SignalTo`], which cannot leave its process.
-    fn try_from(work: StreamWork) -> Result<Self, CuError> {
-        Ok(match work {
-            StreamWork::Write { dst, data } => WireWork::Write { dst, data },
-            StreamWork::Copy { dst, src, bytes } => WireWork::Copy { dst, src, bytes },
-            StreamWork::Fill {
-                dst,
-                pattern,
-                count,
-                pitch,
-                height,
-            } => WireWork::Fill {
-                dst,
-                pattern,
-                count,
-                pitch,
-                height,
-            },
-            StreamWork::Launch {
-                module,
-                kernel,
-                geometry,
-                params,
-            } => WireWork::Launch {
-                module,
-                kernel,
-                geometry: geometry.into(),
-                params,
-            },
-            StreamWork::Record { event } => WireWork::Record { event },
-            StreamWork::Wait { event } => WireWork::Wait { event },
-            StreamWork::Signal { slot, value } => WireWork::Signal { slot, value },
-            StreamWork::HostToDevice { dst, host } => WireWork::HostToDevice {
-                dst,
-                host: host.into(),
-            },
-            StreamWork::DeviceToHost { src, host } => WireWork::DeviceToHost {
-                src,
-                host: host.into(),
-            },
-            StreamWork::Graph { graph } => WireWork::Graph { graph },
-            StreamWork::SignalTo { slot, .. } => {
-                return Err(CuError::new(
-                    codes::INVALID_VALUE,
-                    format!("signal slot {slot}: an area cannot go to a worker"),
-                ))
-            }
-        })
-    }
-}
-
-impl From<WireWork> for StreamWork {
-    /// Host spans come unresolved (no mapping); signals without an area.
-    fn from(work: WireWork) -> Self {
-        match work {
-            WireWork::Write { dst, data } => StreamWork::Write { dst, data },
-            WireWork::Copy { dst, src, bytes } => StreamWork::Copy { dst, src, bytes },
-            WireWork::Fill {
-                dst,
-                pattern,
-                count,
-                pitch,
-                height,
-            } => StreamWork::Fill {
-                dst,
-                pattern,
-                count,
-                pitch,
-                height,
-            },
-            WireWork::Launch {
-                module,
-                kernel,
-                geometry,
-                params,
-            } => StreamWork::Launch {
-                module,
-                kernel,
-                geometry: geometry.into(),
-                params,
-            },
-            WireWork::Record { event } => StreamWork::Record { event },
-            WireWork::Wait { event } => StreamWork::Wait { event },
-            WireWork::Signal { slot, value } => StreamWork::Signal { slot, value },
-            WireWork::HostToDevice { dst, host } => StreamWork::HostToDevice {
-                dst,
-                host: host.into(),
-            },
-            WireWork::DeviceToHost { src, host } => StreamWork::DeviceToHost {
-                src,
-                host: host.into(),
-            },
-            WireWork::Graph { graph } => StreamWork::Graph { graph },
-        }
-    }
-}
-
-impl From<LaunchGeometry> for WireGeometry {
-    fn from(g: LaunchGeometry) -> Self {
-        WireGeometry {
-            grid: g.grid,
-            block: g.block,
-            dynamic_shared_bytes: g.dynamic_shared_bytes,
-            attributes: g.attributes,
-        }
-    }
-}
-
-impl From<WireGeometry> for LaunchGeometry {
-    fn from(g: WireGeometry) -> Self {
-        LaunchGeometry {
-            grid: g.grid,
-            block: g.block,
-            dynamic_shared_bytes: g.dynamic_shared_bytes,
-            attributes: g.attributes,
-        }
-    }
-}
-
-impl From<SyncTarget> for WireTarget {
-    fn from(target: SyncTarget) -> Self {
-        match target {
-            SyncTarget::Stream(s) => WireTarget::Stream(s),
-            SyncTarget::Event(e) => WireTarget::Event(e),
-            SyncTarget::Context => WireTarget::Context,
-        }
-    }
-}
-
-impl From<WireTarget> for SyncTarget {
-    fn from(target: WireTarget) -> Self {
-        match target {
-            WireTarget::Stream(s) => SyncTarget::Stream(s),
-            WireTarget::Event(e) => SyncTarget::Event(e),
-            WireTarget::Context => SyncTarget::Context,
-        }
-    }
-}
-
-impl From<HostSpan> for WireSpan {
-    fn from(span: HostSpan) -> Self {
-        WireSpan {
-            region: span.region,
-            offset: span.offset,
-            bytes: span.bytes,
-        }
-    }
-}
-
-impl From<WireSpan> for HostSpan {
-    fn from(span: WireSpan) -> Self {
-        HostSpan {
-            region: span.region,
-            offset: span.offset,
-            bytes: span.bytes,
-            mapping: None,
-        }
-    }
-}
-
-impl From<&LoadedModule> for WireModule {
-    fn from(m: &LoadedModule) -> Self {
-        WireModule {
-            id: m.id,
-            kernels: m
-                .kernels
-                .iter()
-                .map(|k| WireKernel {
-                    name: k.name.clone(),
-                    params: k.params.clone(),
-                    attrs: k.attrs,
-                })
-                .collect(),
-            globals: m
-                .globals
-                .iter()
-                .map(|g| (g.name.clone(), g.ptr, g.size))
-                .collect(),
-        }
-    }
-}
-
-impl From<WireModule> for LoadedModule {
-    fn from(m: WireModule) -> Self {
-        LoadedModule {
-            id: m.id,
-            kernels: m
-                .kernels
-                .into_iter()
-                .map(|k| KernelDesc {
-                    name: k.name,
-                    params: k.params,
-                    attrs: k.attrs,
-                })
-                .collect(),
-            globals: m
-                .globals
-                .into_iter()
-                .map(|(name, ptr, size)| GlobalDesc { name, ptr, size })
-                .collect(),
-        }
-    }
 }
 
 // ----- stdout markers and nonces -----
@@ -568,7 +254,10 @@ pub fn nonce_from_hex(text: &str) -> Option<[u8; NONCE_BYTES]> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use cumux_protocol::{decode, encode};
+    use crate::device::host_span::HostSpan;
+    use crate::device::{LaunchGeometry, MemFill};
+    use cumux_protocol::pinned::{create_memfd, HostMapping};
+    use cumux_protocol::{decode, encode, LaunchAttribute};
 
     #[test]
     fn nonces_round_trip_through_hex() {
@@ -579,46 +268,33 @@ mod tests {
         assert_eq!(nonce_from_hex(&"g".repeat(32)), None);
     }
 
+    /// A launch of every kind of field, as the session makes them.
+    fn launch() -> KernelLaunch {
+        KernelLaunch {
+            module: 1,
+            kernel: 2,
+            geometry: LaunchGeometry {
+                grid: [1, 2, 3],
+                block: [4, 5, 6],
+                dynamic_shared_bytes: 7,
+                attributes: vec![
+                    LaunchAttribute::ClusterDim([2, 1, 1]),
+                    LaunchAttribute::Cooperative(1),
+                ],
+            },
+            params: vec![8, 9],
+        }
+    }
+
     #[test]
     fn requests_and_replies_round_trip() {
         let requests = [
             WorkerRequest::MemAlloc { bytes: 7 },
             WorkerRequest::MemRead { src: 1, len: 2 },
             WorkerRequest::ModuleLoad { parts: 3 },
-            WorkerRequest::Launch {
-                module: 1,
-                kernel: 2,
-                geometry: WireGeometry {
-                    grid: [1, 2, 3],
-                    block: [4, 5, 6],
-                    dynamic_shared_bytes: 7,
-                    attributes: vec![LaunchAttribute::ClusterDim([2, 1, 1])],
-                },
-                params: vec![8, 9],
-            },
+            WorkerRequest::Launch(launch()),
         ];
         for r in requests {
-            let back: WorkerRequest = decode(&encode(&r).unwrap()).unwrap();
-            assert_eq!(back, r);
-        }
-        // Every kind of queued work that travels.
-        let span = WireSpan {
-            region: 4,
-            offset: 8,
-            bytes: 16,
-        };
-        let works = [
-            WireWork::Record { event: 1 },
-            WireWork::Wait { event: 2 },
-            WireWork::Signal { slot: 3, value: 4 },
-            WireWork::HostToDevice {
-                dst: 5,
-                host: span.clone(),
-            },
-            WireWork::DeviceToHost { src: 6, host: span },
-        ];
-        for work in works {
-            let r = WorkerRequest::Enqueue { stream: 9, work };
             let back: WorkerRequest = decode(&encode(&r).unwrap()).unwrap();
             assert_eq!(back, r);
         }
@@ -630,35 +306,31 @@ mod tests {
         assert_eq!(back, reply);
     }
 
-    /// Stream work keeps what it says through its wire form; a signal bound
-    /// to an area of this process does not travel.
+    /// Every kind of queued work that travels keeps what it says; a host span
+    /// arrives without its mapping, and a signal bound to an area of this
+    /// process does not travel.
     #[test]
-    fn stream_work_converts_to_the_wire_and_back() {
+    fn stream_work_travels_to_a_worker() {
+        let fd = create_memfd(4096).unwrap();
+        let mapping = HostMapping::map(std::os::fd::AsFd::as_fd(&fd), 4096).unwrap();
         let span = HostSpan {
             region: 4,
             offset: 8,
             bytes: 16,
-            mapping: None,
+            mapping: Some(std::sync::Arc::new(mapping)),
         };
         let works = [
-            StreamWork::Fill {
+            StreamWork::Fill(MemFill {
                 dst: 1,
                 pattern: vec![1, 2],
                 count: 3,
                 pitch: 4,
                 height: 5,
-            },
-            StreamWork::Launch {
-                module: 1,
-                kernel: 2,
-                geometry: LaunchGeometry {
-                    grid: [1, 2, 3],
-                    block: [4, 5, 6],
-                    dynamic_shared_bytes: 7,
-                    attributes: vec![LaunchAttribute::Cooperative(1)],
-                },
-                params: vec![8, 9],
-            },
+            }),
+            StreamWork::Launch(launch()),
+            StreamWork::Record { event: 1 },
+            StreamWork::Wait { event: 2 },
+            StreamWork::Signal { slot: 3, value: 4 },
             StreamWork::HostToDevice {
                 dst: 5,
                 host: span.clone(),
@@ -667,8 +339,16 @@ mod tests {
             StreamWork::Graph { graph: 7 },
         ];
         for work in works {
-            let wire = WireWork::try_from(work.clone()).unwrap();
-            assert_eq!(StreamWork::from(wire), work);
+            let r = WorkerRequest::Enqueue { stream: 9, work };
+            let back: WorkerRequest = decode(&encode(&r).unwrap()).unwrap();
+            assert_eq!(back, r);
+            if let WorkerRequest::Enqueue {
+                work: StreamWork::HostToDevice { host, .. } | StreamWork::DeviceToHost { host, .. },
+                ..
+            } = back
+            {
+                assert!(host.mapping.is_none());
+            }
         }
         let area = std::sync::Arc::new(crate::device::signals::SignalArea::create().unwrap());
         area.unlink();
@@ -677,9 +357,10 @@ mod tests {
             slot: 1,
             value: 2,
         };
-        assert_eq!(
-            WireWork::try_from(bound).unwrap_err().code,
-            codes::INVALID_VALUE
-        );
+        assert!(encode(&WorkerRequest::Enqueue {
+            stream: 9,
+            work: bound
+        })
+        .is_err());
     }
 }

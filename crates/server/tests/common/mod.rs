@@ -68,10 +68,7 @@ impl Harness {
 
     /// Serves `server` on a unix socket in `dir` from a thread of its own.
     fn serve(dir: TempDir, server: Arc<Server>, device: Arc<ModelDevice>) -> Self {
-        let socket = dir.0.join("s.sock");
-        let bound = listener::bind(&Address::Unix(socket.clone())).unwrap();
-        let serving = Arc::clone(&server);
-        std::thread::spawn(move || bound.serve(serving));
+        let socket = serve_in(&dir, &server);
         Harness {
             server,
             device,
@@ -85,15 +82,164 @@ impl Harness {
     }
 
     /// Waits until `cond` holds, failing the test after five seconds.
-    pub fn eventually(&self, what: &str, mut cond: impl FnMut() -> bool) {
-        let start = Instant::now();
-        while !cond() {
-            assert!(
-                start.elapsed() < Duration::from_secs(5),
-                "timed out waiting for {what}"
-            );
-            std::thread::sleep(Duration::from_millis(10));
+    pub fn eventually(&self, what: &str, cond: impl FnMut() -> bool) {
+        eventually(what, cond);
+    }
+
+    /// Waits until every session has freed its memory and left the registry.
+    pub fn all_released(&self) {
+        self.eventually("every session's memory to be freed", || {
+            self.device.mem_used() == 0
+        });
+        self.eventually("every session to leave the registry", || {
+            self.server.registry().is_empty()
+        });
+    }
+}
+
+/// `rounds` rounds of `attack` on `h`, random by an `Rng` seeded with `seed`;
+/// after every `check_every` rounds and at the end, `good` must still get its
+/// work done, and then every session must go. What the rounds returned, summed.
+pub fn survive(
+    h: &Harness,
+    seed: u64,
+    (rounds, check_every): (u32, u32),
+    good: impl Fn(&Harness),
+    mut attack: impl FnMut(&mut cumux_testkit::Rng) -> u64,
+) -> u64 {
+    let mut rng = cumux_testkit::Rng(seed);
+    let mut total = 0;
+    for round in 1..=rounds {
+        total += attack(&mut rng);
+        if round % check_every == 0 {
+            good(h);
         }
+    }
+    good(h);
+    h.all_released();
+    total
+}
+
+/// A well-behaved client `c` still gets its work done: `data` through its
+/// memory and back, and a kernel's printf.
+pub fn assert_client_works(mut c: Client, data: &[u8]) {
+    let p = c.alloc(data.len() as u64);
+    c.write(p, data);
+    assert_eq!(c.read(p, data.len() as u64).unwrap(), data);
+    let m = c.load("model:print");
+    c.launch(&m, "print", DEFAULT_STREAM, 42u32.to_le_bytes().to_vec());
+    assert_eq!(c.code(Call::ContextSynchronize), 0);
+    assert_eq!(c.stdout, b"model 42\n");
+}
+
+/// Waits until `cond` holds, failing the test after five seconds.
+pub fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !cond() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Serves `server` on a unix socket in `dir` from a thread of its own; the socket.
+pub fn serve_in(dir: &TempDir, server: &Arc<Server>) -> PathBuf {
+    let socket = dir.0.join("s.sock");
+    let bound = listener::bind(&Address::Unix(socket.clone())).unwrap();
+    let serving = Arc::clone(server);
+    std::thread::spawn(move || bound.serve(serving));
+    socket
+}
+
+/// A server over one CPU device of `memory` bytes, served in a fresh folder.
+pub fn cpu_server(tag: &str, memory: u64) -> (Arc<Server>, PathBuf, TempDir) {
+    let dir = TempDir::new(tag);
+    let device = cumux_server::device::cpu::CpuDevice::new(memory);
+    let server = Server::new(vec![Arc::new(device) as Arc<dyn Device>]);
+    let socket = serve_in(&dir, &server);
+    (server, socket, dir)
+}
+
+/// The handle of `module`'s kernel `kernel`.
+pub fn function(module: &ModuleInfo, kernel: &str) -> Handle {
+    module
+        .functions
+        .iter()
+        .find(|f| f.name == kernel)
+        .unwrap_or_else(|| panic!("no kernel {kernel}"))
+        .handle
+}
+
+/// `cuLaunchKernelEx` of `function` on `stream`, with no dynamic shared memory.
+pub fn launch_call_on(
+    function: Handle,
+    grid: [u32; 3],
+    block: [u32; 3],
+    stream: Handle,
+    params: Vec<u8>,
+    attributes: Vec<LaunchAttribute>,
+) -> Call {
+    Call::Launch {
+        function,
+        grid,
+        block,
+        shared_bytes: 0,
+        stream,
+        params,
+        attributes,
+    }
+}
+
+/// `cuLaunchKernel` of `function` on the default stream.
+pub fn launch_call(function: Handle, grid: [u32; 3], block: [u32; 3], params: Vec<u8>) -> Call {
+    launch_call_on(function, grid, block, DEFAULT_STREAM, params, Vec::new())
+}
+
+/// Asserts that every memory call of `c` on `foreign` (another session's
+/// pointer, to 16 bytes or more there) is refused as a bad pointer is, by
+/// `cuMemAddressRange` too; `own` is 4 bytes or more of `c`'s own.
+pub fn assert_foreign_refused(c: &mut Client, foreign: DevicePtr, own: DevicePtr) {
+    assert_eq!(c.read(foreign, 4).unwrap_err().code, codes::INVALID_VALUE);
+    let refused = [
+        Call::MemcpyHtoD {
+            dst: foreign,
+            data: vec![1; 4],
+            stream: None,
+        },
+        Call::MemcpyDtoD {
+            dst: own,
+            src: foreign,
+            bytes: 4,
+            stream: None,
+        },
+        memset_call(foreign, 0, 1, 4, None),
+        memset_call(foreign, 0, 4, 1, None),
+        Call::MemFree { ptr: foreign },
+    ];
+    for call in refused {
+        let what = format!("{call:?}");
+        assert_eq!(c.code(call), codes::INVALID_VALUE, "{what}");
+    }
+    for ptr in [foreign, foreign + 8] {
+        assert_eq!(c.code(Call::MemAddressRange { ptr }), codes::NOT_FOUND);
+    }
+}
+
+/// `cuMemsetD8/16/32Async` of `count` elements at `dst`.
+pub fn memset_call(
+    dst: DevicePtr,
+    value: u32,
+    elem_bytes: u8,
+    count: u64,
+    stream: Option<Handle>,
+) -> Call {
+    Call::Memset {
+        dst,
+        value,
+        elem_bytes,
+        count,
+        pitch: 0,
+        height: 1,
+        stream,
     }
 }
 
@@ -343,21 +489,9 @@ impl Client {
 
     /// Launches a model kernel by name.
     pub fn launch(&mut self, module: &ModuleInfo, kernel: &str, stream: Handle, params: Vec<u8>) {
-        let function = module
-            .functions
-            .iter()
-            .find(|f| f.name == kernel)
-            .unwrap_or_else(|| panic!("no kernel {kernel}"))
-            .handle;
-        self.post(Call::Launch {
-            function,
-            grid: [1, 1, 1],
-            block: [32, 1, 1],
-            shared_bytes: 0,
-            stream,
-            params,
-            attributes: Vec::new(),
-        });
+        let function = function(module, kernel);
+        let call = launch_call_on(function, [1, 1, 1], [32, 1, 1], stream, params, Vec::new());
+        self.post(call);
     }
 }
 

@@ -21,8 +21,8 @@ use cumux_protocol::{codes, CuError, DevicePtr, Handle, TensorMapLayout, TensorM
 use super::convert::{cu_err, fill_of, function_attrs, launch_attr, memset, param_infos};
 use crate::device::memory_use::ContextMemory;
 use crate::device::{
-    DeviceContext, GlobalDesc, KernelDesc, LaunchGeometry, LaunchOutcome, LoadedModule, ModuleId,
-    StreamOrdered,
+    DeviceContext, GlobalDesc, HostRegion, KernelDesc, KernelLaunch, LaunchOutcome, LoadedModule,
+    ModuleId, StreamOrdered,
 };
 use crate::locking::lock;
 
@@ -170,28 +170,16 @@ impl CudaContext {
             .ok_or_else(|| CuError::new(codes::INVALID_HANDLE, "no such kernel"))
     }
 
-    fn launch_inner(
-        &self,
-        module: ModuleId,
-        index: usize,
-        geometry: &LaunchGeometry,
-        params: &[u8],
-    ) -> Result<(), CuError> {
+    fn launch_inner(&self, launch: &KernelLaunch) -> Result<(), CuError> {
         let stream = self.stream()?;
-        self.launch_on(&stream, module, index, geometry, params)?;
+        self.launch_on(&stream, launch)?;
         self.finish(&stream)
     }
 
     /// Queues a launch on `stream` without waiting for it.
-    pub(super) fn launch_on(
-        &self,
-        stream: &Stream,
-        module: ModuleId,
-        index: usize,
-        geometry: &LaunchGeometry,
-        params: &[u8],
-    ) -> Result<(), CuError> {
-        let kernel = self.kernel(module, index)?;
+    pub(super) fn launch_on(&self, stream: &Stream, launch: &KernelLaunch) -> Result<(), CuError> {
+        let kernel = self.kernel(launch.module, launch.kernel)?;
+        let geometry = &launch.geometry;
         let dynamic = u64::from(geometry.dynamic_shared_bytes);
         if dynamic + kernel.static_shared > DEFAULT_SHARED_LIMIT {
             // The session has checked the size against the GPU's opt-in limit;
@@ -227,7 +215,7 @@ impl CudaContext {
         self.flushing(|| {
             kernel
                 .function
-                .launch(stream, &config, params, kernel.params_bytes)
+                .launch(stream, &config, &launch.params, kernel.params_bytes)
         })
         .map_err(cu_err)
     }
@@ -360,14 +348,8 @@ impl DeviceContext for CudaContext {
         }
     }
 
-    fn launch(
-        &self,
-        module: ModuleId,
-        kernel: usize,
-        geometry: &LaunchGeometry,
-        params: &[u8],
-    ) -> LaunchOutcome {
-        let result = self.launch_inner(module, kernel, geometry, params);
+    fn launch(&self, launch: &KernelLaunch) -> LaunchOutcome {
+        let result = self.launch_inner(launch);
         self.outcome(result)
     }
 
@@ -375,12 +357,12 @@ impl DeviceContext for CudaContext {
         Some(self)
     }
 
-    fn host_register(
-        &self,
-        region: Handle,
-        mapping: &Arc<HostMapping>,
-        _fd: std::os::fd::BorrowedFd<'_>,
-    ) -> Result<(), CuError> {
+    fn host_register(&self, region: HostRegion<'_>) -> Result<(), CuError> {
+        let HostRegion {
+            id: region,
+            mapping,
+            fd: _,
+        } = region;
         let ctx = self.ctx()?;
         // SAFETY: the mapping is kept next to the registration, which is
         // dropped (after the context's work) before the mapping is.

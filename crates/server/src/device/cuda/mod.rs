@@ -180,13 +180,11 @@ impl Device for CudaDevice {
 
     fn create_context(&self) -> Result<Arc<dyn DeviceContext>, CuError> {
         let capture = if self.capture_printf {
-            match StdoutCapture::install() {
-                Ok(c) => Some(c),
-                Err(e) => {
-                    tracing::warn!("device printf will go to the server's stdout: {e}");
-                    None
-                }
-            }
+            StdoutCapture::install()
+                .inspect_err(|e| {
+                    tracing::warn!("device printf will go to the server's stdout: {e}")
+                })
+                .ok()
         } else {
             None
         };
@@ -212,11 +210,12 @@ impl Device for CudaDevice {
 mod tests {
     use super::*;
     use crate::device::signals::SignalArea;
-    use crate::device::{LaunchGeometry, StreamWork, SyncTarget};
+    use crate::device::{KernelLaunch, LaunchGeometry, StreamWork, SyncTarget};
     use cumux_cuda_driver::sys::CU_STREAM_NON_BLOCKING;
     use cumux_protocol::{
         codes, LaunchAttribute, ParamInfo, TensorMapLayout, TensorMapRequest, DEFAULT_STREAM,
     };
+    use cumux_testkit::fake_gpu::{f32_bytes, f32s, fake_libcuda, fixture_fatbin, scale_params};
 
     #[test]
     fn context_mode_defaults_to_a_context_per_session() {
@@ -248,35 +247,14 @@ mod tests {
     /// The fake driver of `cumux-cuda-driver`'s tests, built with the system C
     /// compiler, or `None` where there is none.
     fn fake_driver() -> Option<Arc<Driver>> {
-        let src = concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../cuda-driver/tests/fake_libcuda.c"
-        );
-        let out = std::env::temp_dir().join(format!(
-            "cumux-server-fake-libcuda-{}.so",
-            std::process::id()
-        ));
-        let built = std::process::Command::new("cc")
-            .args(["-shared", "-fPIC", "-DFAKE_QUIET", "-o"])
-            .arg(&out)
-            .arg(src)
-            .status()
-            .is_ok_and(|s| s.success());
-        if !built {
+        let Some(out) = fake_libcuda("server", true) else {
             eprintln!("no C compiler: skipping the fake-driver test");
             return None;
-        }
+        };
         let driver = Driver::open(out.as_os_str()).ok()?;
         driver.init().ok()?;
         let _ = std::fs::remove_file(&out);
         Some(Arc::new(driver))
-    }
-
-    fn floats(bytes: &[u8]) -> Vec<f32> {
-        bytes
-            .chunks(4)
-            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect()
     }
 
     #[test]
@@ -292,20 +270,11 @@ mod tests {
         assert_eq!(info.attributes.len(), 144);
         let ctx = device.create_context().unwrap();
 
-        let input: Vec<u8> = [1.0f32, 2.0, 3.0, 4.0]
-            .iter()
-            .flat_map(|v| v.to_le_bytes())
-            .collect();
         let a = ctx.mem_alloc(16).unwrap();
         assert_eq!(device.mem_used(), 16);
-        ctx.mem_write(a, &input).unwrap();
+        ctx.mem_write(a, &f32_bytes(&[1.0, 2.0, 3.0, 4.0])).unwrap();
 
-        let image = std::fs::read(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../fatbin/tests/fixtures/default.fatbin"
-        ))
-        .unwrap();
-        let loaded = ctx.module_load(&image).unwrap();
+        let loaded = ctx.module_load(&fixture_fatbin()).unwrap();
         let names: Vec<&str> = loaded.kernels.iter().map(|k| k.name.as_str()).collect();
         assert_eq!(names, ["add", "scale"]);
         assert_eq!(loaded.kernels[0].params_bytes(), 28);
@@ -322,32 +291,35 @@ mod tests {
         assert_eq!(device.mem_used(), 32);
 
         // scale(a, 2.0, 3) on another thread: its own stream, same memory.
-        let mut params = a.to_le_bytes().to_vec();
-        params.extend_from_slice(&2.0f32.to_le_bytes());
-        params.extend_from_slice(&3i32.to_le_bytes());
+        let params = scale_params(a, 2.0, 3);
         let geometry = LaunchGeometry {
             grid: [1, 1, 1],
             block: [32, 1, 1],
             dynamic_shared_bytes: 0,
             attributes: Vec::new(),
         };
+        let launch_of = |module, kernel, geometry: &LaunchGeometry, params: &[u8]| KernelLaunch {
+            module,
+            kernel,
+            geometry: geometry.clone(),
+            params: params.to_vec(),
+        };
         let worker = Arc::clone(&ctx);
-        let id = loaded.id;
-        let on_thread = geometry.clone();
-        let outcome = std::thread::spawn(move || worker.launch(id, 1, &on_thread, &params))
+        let on_thread = launch_of(loaded.id, 1, &geometry, &params);
+        let outcome = std::thread::spawn(move || worker.launch(&on_thread))
             .join()
             .unwrap();
         assert_eq!(outcome.result, Ok(()));
         assert!(outcome.stdout.is_empty());
         let mut back = vec![0u8; 16];
         ctx.mem_read(a, &mut back).unwrap();
-        assert_eq!(floats(&back), [3.0, 6.0, 9.0, 4.0]);
+        assert_eq!(f32s(&back), [3.0, 6.0, 9.0, 4.0]);
 
         let b = ctx.mem_alloc(16).unwrap();
         ctx.mem_fill(b, &1.5f32.to_le_bytes(), 4).unwrap();
         ctx.mem_copy(a, b, 8).unwrap();
         ctx.mem_read(a, &mut back).unwrap();
-        assert_eq!(floats(&back), [1.5, 1.5, 9.0, 4.0]);
+        assert_eq!(f32s(&back), [1.5, 1.5, 9.0, 4.0]);
         assert_eq!(
             ctx.mem_fill(b, &[1, 2, 3], 1).unwrap_err().code,
             codes::INVALID_VALUE
@@ -363,14 +335,12 @@ mod tests {
             ],
             ..geometry.clone()
         };
-        let mut one = vec![0u8; 16];
-        one[..8].copy_from_slice(&a.to_le_bytes());
-        one[8..12].copy_from_slice(&1.0f32.to_le_bytes());
-        one[12..16].copy_from_slice(&1i32.to_le_bytes());
-        let refused = ctx.launch(loaded.id, 1, &clustered(2, 1), &one);
+        let one = scale_params(a, 1.0, 1);
+        let refused = ctx.launch(&launch_of(loaded.id, 1, &clustered(2, 1), &one));
         assert_eq!(refused.result.unwrap_err().code, 912);
         assert_eq!(
-            ctx.launch(loaded.id, 1, &clustered(2, 2), &one).result,
+            ctx.launch(&launch_of(loaded.id, 1, &clustered(2, 2), &one))
+                .result,
             Ok(())
         );
 
@@ -401,9 +371,9 @@ mod tests {
         };
         assert!(ctx.tensor_map_encode(&bad_rank).is_err());
 
-        let bad = ctx.launch(loaded.id + 100, 0, &geometry, &[]);
+        let bad = ctx.launch(&launch_of(loaded.id + 100, 0, &geometry, &[]));
         assert_eq!(bad.result.unwrap_err().code, codes::INVALID_HANDLE);
-        let bad = ctx.launch(loaded.id, 7, &geometry, &[]);
+        let bad = ctx.launch(&launch_of(loaded.id, 7, &geometry, &[]));
         assert_eq!(bad.result.unwrap_err().code, codes::INVALID_HANDLE);
 
         ctx.module_unload(loaded.id);

@@ -11,7 +11,7 @@ use cumux_protocol::{codes, CuError, DevicePtr, Handle, DEFAULT_STREAM};
 
 use super::context::CudaContext;
 use super::convert::{cu_err, fill_of, memset};
-use crate::device::ordering::{fill_rows, launches_only, no_signal_area};
+use crate::device::ordering::{launches_only, no_signal_area};
 use crate::device::signals::SignalArea;
 use crate::device::{LaunchOutcome, StreamOrdered, StreamWork, SyncTarget};
 use crate::locking::lock;
@@ -51,22 +51,11 @@ impl CudaContext {
             StreamWork::Copy { dst, src, bytes } => {
                 stream.copy_dtod(dst, src, bytes).map_err(cu_err)
             }
-            StreamWork::Fill {
-                dst,
-                pattern,
-                count,
-                pitch,
-                height,
-            } => {
-                let fill = fill_of(&pattern)?;
-                fill_rows(dst, pitch, height, |row| memset(stream, row, fill, count))
+            StreamWork::Fill(fill) => {
+                let pattern = fill_of(&fill.pattern)?;
+                fill.each_row(|row| memset(stream, row, pattern, fill.count))
             }
-            StreamWork::Launch {
-                module,
-                kernel,
-                geometry,
-                params,
-            } => self.launch_on(stream, module, kernel, &geometry, &params),
+            StreamWork::Launch(launch) => self.launch_on(stream, &launch),
             StreamWork::Record { event } => {
                 self.ordered_event(event)?.record(stream).map_err(cu_err)
             }
