@@ -17,7 +17,9 @@ use cumux_server::device::{
 };
 use cumux_server::worker::context::WorkerContext;
 use cumux_server::worker::process::{serve_worker, WorkerStdout};
-use cumux_server::worker::wire::{new_nonce, WorkerReply, WorkerRequest, WorkerValue, NONCE_BYTES};
+use cumux_server::worker::wire::{
+    new_nonce, WireWork, WorkerReply, WorkerRequest, WorkerValue, NONCE_BYTES,
+};
 
 /// Serves a CPU device of `memory` bytes over `conn` as `cumux worker` would,
 /// its printf going to `out` after markers of `nonce`.
@@ -430,7 +432,7 @@ fn queued_work_is_posted_without_waiting_for_an_answer() {
             .recv_timeout(std::time::Duration::from_secs(5))
             .unwrap();
         assert!(
-            matches!(&request, WorkerRequest::Enqueue { work: StreamWork::Copy { dst, .. }, .. } if *dst == 0x1000 + i),
+            matches!(&request, WorkerRequest::Enqueue { work: WireWork::Copy { dst, .. }, .. } if *dst == 0x1000 + i),
             "{request:?} out of order"
         );
     }

@@ -7,7 +7,6 @@ use std::sync::Arc;
 
 use cumux_protocol::pinned::{check_memfd, HostMapping};
 use cumux_protocol::{codes, CuError, Handle};
-use serde::{Deserialize, Serialize};
 
 fn invalid(detail: impl Into<String>) -> CuError {
     CuError::new(codes::INVALID_VALUE, detail)
@@ -16,13 +15,12 @@ fn invalid(detail: impl Into<String>) -> CuError {
 /// Part of a registered region that a copy reads or writes: the region's id
 /// (unique in the server) and the range; `mapping` is this process's mapping
 /// of the region, filled in by whoever resolved the id (`None`: unknown here,
-/// and the copy fails where it runs). It goes to a worker without the mapping.
-#[derive(Clone, Serialize, Deserialize)]
+/// and the copy fails where it runs).
+#[derive(Clone)]
 pub struct HostSpan {
     pub region: Handle,
     pub offset: u64,
     pub bytes: u64,
-    #[serde(skip)]
     pub mapping: Option<Arc<HostMapping>>,
 }
 

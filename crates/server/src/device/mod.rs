@@ -209,16 +209,12 @@ pub trait DeviceContext: Send + Sync {
     }
 }
 
-/// Stream-ordered work for [`StreamOrdered::enqueue`]. It goes to a worker
-/// process as it is ([`crate::worker::wire`]): host spans arrive unresolved,
-/// and [`StreamWork::SignalTo`], whose area is an object of its process, never
-/// travels.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// Stream-ordered work for [`StreamOrdered::enqueue`]. It lives in one
+/// process: what travels to a worker is the worker wire's own form of it.
+#[derive(Debug, Clone, PartialEq)]
 pub enum StreamWork {
-    /// `data` travels empty to a worker; the bytes follow as raw frames.
     Write {
         dst: DevicePtr,
-        #[serde(with = "serde_bytes")]
         data: Vec<u8>,
     },
     Copy {
@@ -257,7 +253,6 @@ pub enum StreamWork {
         graph: Handle,
     },
     /// [`StreamWork::Signal`] as a worker hands it to its context: with the area.
-    #[serde(skip)]
     SignalTo {
         area: Arc<signals::SignalArea>,
         slot: u32,
@@ -266,7 +261,7 @@ pub enum StreamWork {
 }
 
 /// What a synchronizing call waits for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SyncTarget {
     Stream(Handle),
     Event(Handle),

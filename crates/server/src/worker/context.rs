@@ -25,7 +25,9 @@ use super::link::{io_err, Connection};
 use super::spawn::{reap, reap_in_background, reset_by_killing, Launcher, Spawned, READY_WAIT};
 use super::stdout_tap::StdoutTap;
 use super::watchdog::{AreaWatch, ContextWatch};
-use super::wire::{WorkerReply, WorkerRequest, WorkerValue, MAX_IMAGE_PARTS, NONCE_BYTES};
+use super::wire::{
+    WireWork, WorkerReply, WorkerRequest, WorkerValue, MAX_IMAGE_PARTS, NONCE_BYTES,
+};
 use crate::device::memory_use::ContextMemory;
 use crate::device::ordering::not_a_launch;
 use crate::device::signals::SignalArea;
@@ -432,14 +434,10 @@ impl WorkerContext {
 
     /// Queued `work` as it goes to the worker: a launch with the worker's
     /// module id; a signal bound to an area of this process does not go.
-    fn travelling(&self, work: StreamWork) -> Result<StreamWork, CuError> {
+    fn travelling(&self, work: StreamWork) -> Result<WireWork, CuError> {
         match work {
-            StreamWork::Launch(launch) => self.local_launch(launch).map(StreamWork::Launch),
-            StreamWork::SignalTo { slot, .. } => Err(CuError::new(
-                codes::INVALID_VALUE,
-                format!("signal slot {slot}: an area cannot go to a worker"),
-            )),
-            work => Ok(work),
+            StreamWork::Launch(launch) => self.local_launch(launch).map(WireWork::Launch),
+            work => WireWork::try_from(work),
         }
     }
 
@@ -646,7 +644,7 @@ impl StreamOrdered for WorkerContext {
         let local = launches
             .into_iter()
             .map(|work| match work {
-                StreamWork::Launch(launch) => self.local_launch(launch).map(StreamWork::Launch),
+                StreamWork::Launch(launch) => self.local_launch(launch).map(WireWork::Launch),
                 _ => Err(not_a_launch()),
             })
             .collect::<Result<Vec<_>, _>>()?;
@@ -676,7 +674,7 @@ impl StreamOrdered for WorkerContext {
             StreamWork::Write { dst, data } => {
                 let mut offset = 0u64;
                 for part in data.chunks(MAX_CHUNK_BYTES) {
-                    let work = StreamWork::Write {
+                    let work = WireWork::Write {
                         dst: dst.wrapping_add(offset),
                         data: Vec::new(),
                     };
@@ -708,6 +706,7 @@ impl StreamOrdered for WorkerContext {
     }
 
     fn synchronize(&self, target: SyncTarget) -> LaunchOutcome {
+        let target = target.into();
         let result = self.unit(&WorkerRequest::Synchronize { target }, &[]);
         self.waited(result)
     }
@@ -716,6 +715,7 @@ impl StreamOrdered for WorkerContext {
         if let Some(e) = lock(&self.deferred).take() {
             return Err(e);
         }
+        let target = target.into();
         match self.call(&WorkerRequest::Query { target }, &[], None)? {
             WorkerValue::Done(done) => Ok(done),
             other => Err(unexpected(&other)),

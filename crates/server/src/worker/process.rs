@@ -283,7 +283,9 @@ impl Served<'_, '_> {
         let flushes = request.may_flush_printf();
         let answer = match request {
             // The connection's own requests.
-            WorkerRequest::Enqueue { stream, work } => return conn.enqueue(ordered, stream, work),
+            WorkerRequest::Enqueue { stream, work } => {
+                return conn.enqueue(ordered, stream, work.into())
+            }
             WorkerRequest::KeepHot { spin_us } => {
                 conn.link
                     .set_spin(Duration::from_micros(spin_us.min(100_000)));
@@ -384,9 +386,9 @@ impl Served<'_, '_> {
             WorkerRequest::EventDestroy { event } => {
                 guarded(kind, || unit(ordered.event_destroy(event)))
             }
-            WorkerRequest::GraphCreate { graph, launches } => {
-                guarded(kind, || unit(ordered.graph_create(graph, launches)))
-            }
+            WorkerRequest::GraphCreate { graph, launches } => guarded(kind, || {
+                unit(ordered.graph_create(graph, launches.into_iter().map(Into::into).collect()))
+            }),
             WorkerRequest::GraphDestroy { graph } => guarded(kind, || {
                 ordered.graph_destroy(graph);
                 unit(Ok(()))
@@ -395,11 +397,11 @@ impl Served<'_, '_> {
                 read_into(len, |buf| ordered.read(stream, src, buf))
             }),
             WorkerRequest::Synchronize { target } => {
-                guarded(kind, || waited(ordered.synchronize(target)))
+                guarded(kind, || waited(ordered.synchronize(target.into())))
             }
-            WorkerRequest::Query { target } => {
-                guarded(kind, || value(ordered.query(target).map(WorkerValue::Done)))
-            }
+            WorkerRequest::Query { target } => guarded(kind, || {
+                value(ordered.query(target.into()).map(WorkerValue::Done))
+            }),
             WorkerRequest::Elapsed { start, end } => guarded(kind, || {
                 value(ordered.elapsed_ms(start, end).map(WorkerValue::Ms))
             }),

@@ -10,10 +10,11 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use cumux_protocol::shm::ShmLayout;
-use cumux_protocol::{CuError, DevicePtr, Handle, TensorMapRequest};
+use cumux_protocol::{codes, CuError, DevicePtr, Handle, TensorMapRequest};
 use serde::{Deserialize, Serialize};
 
-use crate::device::{KernelLaunch, LoadedModule, ModuleId, StreamWork, SyncTarget};
+use crate::device::host_span::HostSpan;
+use crate::device::{KernelLaunch, LoadedModule, MemFill, ModuleId, StreamWork, SyncTarget};
 
 /// Bytes that start a stdout marker; the nonce and a little-endian u64 follow.
 pub const MARKER_PREFIX: &[u8] = b"\0\x1bcumux-worker-mark\x1b";
@@ -77,7 +78,7 @@ pub enum WorkerRequest {
     /// A graph of launches for [`StreamWork::Graph`] (`StreamOrdered::graph_create`).
     GraphCreate {
         graph: Handle,
-        launches: Vec<StreamWork>,
+        launches: Vec<WireWork>,
     },
     GraphDestroy {
         graph: Handle,
@@ -87,7 +88,7 @@ pub enum WorkerRequest {
     /// as one raw frame.
     Enqueue {
         stream: Handle,
-        work: StreamWork,
+        work: WireWork,
     },
     /// Answered by [`WorkerValue::Bytes`] and one raw frame of `len` bytes.
     StreamRead {
@@ -96,11 +97,11 @@ pub enum WorkerRequest {
         len: u64,
     },
     Synchronize {
-        target: SyncTarget,
+        target: WireTarget,
     },
     /// Answered by [`WorkerValue::Done`].
     Query {
-        target: SyncTarget,
+        target: WireTarget,
     },
     /// Answered by [`WorkerValue::Ms`].
     Elapsed {
@@ -251,6 +252,143 @@ pub fn nonce_from_hex(text: &str) -> Option<[u8; NONCE_BYTES]> {
     Some(out)
 }
 
+/// Stream-ordered work as it travels to a worker: the device layer's
+/// [`StreamWork`] without what lives in one process only (a signal's area, a
+/// host region's mapping). `Write` travels with empty `data`; its bytes follow
+/// as raw frames.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum WireWork {
+    Write {
+        dst: DevicePtr,
+        #[serde(with = "serde_bytes")]
+        data: Vec<u8>,
+    },
+    Copy {
+        dst: DevicePtr,
+        src: DevicePtr,
+        bytes: u64,
+    },
+    Fill(MemFill),
+    Launch(KernelLaunch),
+    Record(Handle),
+    Wait(Handle),
+    Signal {
+        slot: u32,
+        value: u64,
+    },
+    HostToDevice(DevicePtr, WireSpan),
+    DeviceToHost(DevicePtr, WireSpan),
+    Graph(Handle),
+}
+
+/// A span of a client's pinned host region, by the region's server-wide id;
+/// the worker resolves it to its own mapping.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WireSpan {
+    pub region: Handle,
+    pub offset: u64,
+    pub bytes: u64,
+}
+
+/// What a synchronize or query waits for, on the wire.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum WireTarget {
+    Stream(Handle),
+    Event(Handle),
+    Context,
+}
+
+impl From<&HostSpan> for WireSpan {
+    fn from(span: &HostSpan) -> Self {
+        WireSpan {
+            region: span.region,
+            offset: span.offset,
+            bytes: span.bytes,
+        }
+    }
+}
+
+impl From<WireSpan> for HostSpan {
+    /// Unresolved: the worker's region table fills in its mapping.
+    fn from(span: WireSpan) -> Self {
+        HostSpan {
+            region: span.region,
+            offset: span.offset,
+            bytes: span.bytes,
+            mapping: None,
+        }
+    }
+}
+
+impl TryFrom<StreamWork> for WireWork {
+    type Error = CuError;
+
+    /// Fails for a signal bound to an area of this process, which cannot travel.
+    fn try_from(work: StreamWork) -> Result<Self, CuError> {
+        Ok(match work {
+            StreamWork::Write { dst, data } => WireWork::Write { dst, data },
+            StreamWork::Copy { dst, src, bytes } => WireWork::Copy { dst, src, bytes },
+            StreamWork::Fill(fill) => WireWork::Fill(fill),
+            StreamWork::Launch(launch) => WireWork::Launch(launch),
+            StreamWork::Record { event } => WireWork::Record(event),
+            StreamWork::Wait { event } => WireWork::Wait(event),
+            StreamWork::Signal { slot, value } => WireWork::Signal { slot, value },
+            StreamWork::HostToDevice { dst, host } => WireWork::HostToDevice(dst, (&host).into()),
+            StreamWork::DeviceToHost { src, host } => WireWork::DeviceToHost(src, (&host).into()),
+            StreamWork::Graph { graph } => WireWork::Graph(graph),
+            StreamWork::SignalTo { slot, .. } => {
+                return Err(CuError::new(
+                    codes::INVALID_VALUE,
+                    format!("signal slot {slot}: an area cannot go to a worker"),
+                ))
+            }
+        })
+    }
+}
+
+impl From<WireWork> for StreamWork {
+    fn from(work: WireWork) -> Self {
+        match work {
+            WireWork::Write { dst, data } => StreamWork::Write { dst, data },
+            WireWork::Copy { dst, src, bytes } => StreamWork::Copy { dst, src, bytes },
+            WireWork::Fill(fill) => StreamWork::Fill(fill),
+            WireWork::Launch(launch) => StreamWork::Launch(launch),
+            WireWork::Record(event) => StreamWork::Record { event },
+            WireWork::Wait(event) => StreamWork::Wait { event },
+            WireWork::Signal { slot, value } => StreamWork::Signal { slot, value },
+            WireWork::HostToDevice(dst, span) => StreamWork::HostToDevice {
+                dst,
+                host: span.into(),
+            },
+            WireWork::DeviceToHost(src, span) => StreamWork::DeviceToHost {
+                src,
+                host: span.into(),
+            },
+            WireWork::Graph(graph) => StreamWork::Graph { graph },
+        }
+    }
+}
+
+impl From<SyncTarget> for WireTarget {
+    fn from(target: SyncTarget) -> Self {
+        match target {
+            SyncTarget::Stream(s) => WireTarget::Stream(s),
+            SyncTarget::Event(e) => WireTarget::Event(e),
+            SyncTarget::Context => WireTarget::Context,
+        }
+    }
+}
+
+impl From<WireTarget> for SyncTarget {
+    fn from(target: WireTarget) -> Self {
+        match target {
+            WireTarget::Stream(s) => SyncTarget::Stream(s),
+            WireTarget::Event(e) => SyncTarget::Event(e),
+            WireTarget::Context => SyncTarget::Context,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -339,13 +477,21 @@ mod tests {
             StreamWork::Graph { graph: 7 },
         ];
         for work in works {
-            let r = WorkerRequest::Enqueue { stream: 9, work };
+            let wire = WireWork::try_from(work.clone()).unwrap();
+            let r = WorkerRequest::Enqueue {
+                stream: 9,
+                work: wire,
+            };
             let back: WorkerRequest = decode(&encode(&r).unwrap()).unwrap();
             assert_eq!(back, r);
-            if let WorkerRequest::Enqueue {
-                work: StreamWork::HostToDevice { host, .. } | StreamWork::DeviceToHost { host, .. },
-                ..
-            } = back
+            let WorkerRequest::Enqueue { work: wire, .. } = back else {
+                panic!("{back:?}");
+            };
+            // The same work on the other side (spans compare without mappings).
+            let arrived = StreamWork::from(wire);
+            assert_eq!(arrived, work);
+            if let StreamWork::HostToDevice { host, .. } | StreamWork::DeviceToHost { host, .. } =
+                arrived
             {
                 assert!(host.mapping.is_none());
             }
@@ -357,10 +503,7 @@ mod tests {
             slot: 1,
             value: 2,
         };
-        assert!(encode(&WorkerRequest::Enqueue {
-            stream: 9,
-            work: bound
-        })
-        .is_err());
+        let refused = WireWork::try_from(bound).unwrap_err();
+        assert_eq!(refused.code, codes::INVALID_VALUE);
     }
 }
