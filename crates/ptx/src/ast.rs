@@ -132,6 +132,13 @@ pub struct Instruction {
     pub column: u32,
 }
 
+impl Instruction {
+    /// Whether the instruction carries the dot-modifier `modifier`.
+    pub fn has(&self, modifier: &str) -> bool {
+        self.modifiers.iter().any(|m| m == modifier)
+    }
+}
+
 /// An instruction operand.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Operand {

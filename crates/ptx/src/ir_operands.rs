@@ -31,12 +31,12 @@ impl Op {
             Op::Bfi { a, b, c, e, .. } => read!(a, b, c, e),
             Op::Relu { d, .. } => f(Src::Reg(*d)),
             Op::Pack { parts, .. } => parts.iter().copied().for_each(f),
-            Op::Ld { addr, .. } | Op::Ldmatrix { addr, .. } => read!(addr),
+            Op::Ld { addr, .. } | Op::Ldmatrix { addr, .. } => read!(&addr.base),
             Op::St { n, vals, addr, .. } => {
                 vals.iter().take(*n as usize).copied().for_each(&mut f);
-                read!(addr)
+                read!(&addr.base)
             }
-            Op::Atom { addr, b, c, .. } => read!(addr, b, c),
+            Op::Atom { addr, b, c, .. } => read!(&addr.base, b, c),
             Op::Call(info) => {
                 if let Some(t) = info.target {
                     f(t)
@@ -66,15 +66,13 @@ impl Op {
             Op::CpAsync {
                 dst, src, src_size, ..
             } => read!(dst, src, src_size),
-            Op::WmmaLoad { addr, stride, .. } => read!(addr, stride),
-            Op::WmmaStore {
-                vals, addr, stride, ..
-            } => {
+            Op::WmmaLoad { tile, .. } => read!(&tile.addr.base, &tile.stride),
+            Op::WmmaStore { tile, vals } => {
                 vals.iter().copied().for_each(&mut f);
-                read!(addr, stride)
+                read!(&tile.addr.base, &tile.stride)
             }
-            Op::Mma { a, b, c, .. } | Op::WmmaMma { a, b, c, .. } => {
-                a.iter().chain(b).chain(c).copied().for_each(f)
+            Op::Mma { mma, .. } | Op::WmmaMma { mma } => {
+                mma.src.iter().flatten().copied().for_each(f)
             }
             Op::Special { .. }
             | Op::Bra { .. }
@@ -127,11 +125,10 @@ impl Op {
                 opt(*e, &mut f)
             }
             Op::Atom { d, .. } | Op::Bar { d, .. } => opt(*d, &mut f),
-            Op::Unpack { ds, .. }
-            | Op::WmmaLoad { ds, .. }
-            | Op::Ldmatrix { ds, .. }
-            | Op::Mma { d: ds, .. }
-            | Op::WmmaMma { d: ds, .. } => ds.iter().copied().for_each(f),
+            Op::Unpack { ds, .. } | Op::WmmaLoad { ds, .. } | Op::Ldmatrix { ds, .. } => {
+                ds.iter().copied().for_each(f)
+            }
+            Op::Mma { mma, .. } | Op::WmmaMma { mma } => mma.d.iter().copied().for_each(f),
             Op::Ld { n, ds, .. } => ds.iter().take(*n as usize).copied().for_each(f),
             Op::Call(info) => {
                 for r in &info.rets {

@@ -2,7 +2,7 @@
 //! (`Block`), each thread's registers, local memory and call frames
 //! (`Thread`), and register reads and writes relative to a frame.
 
-use crate::ir::{Module, Op, Src};
+use crate::ir::{Address, Module, Op, Src};
 use crate::memory::MemView;
 
 /// Where a thread stands between runs.
@@ -79,6 +79,12 @@ impl Thread {
     #[inline]
     pub(super) fn get(&self, s: Src) -> u64 {
         rd(&self.regs, self.rbase, self.lbase, s)
+    }
+
+    /// The address an instruction's memory operand names.
+    #[inline]
+    pub(super) fn address(&self, a: &Address) -> u64 {
+        self.get(a.base).wrapping_add(a.off as u64)
     }
 
     /// Writes register `d` of the current frame.

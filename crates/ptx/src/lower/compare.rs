@@ -11,8 +11,7 @@ impl FuncLower<'_> {
     /// `setp`, with its optional boolean combination and second destination.
     pub(super) fn lower_setp(&mut self, i: &ast::Instruction) -> Result<(), LoadError> {
         let m = &i.modifiers;
-        let has = |s: &str| m.iter().any(|x| x == s);
-        let ftz = has("ftz");
+        let ftz = i.has("ftz");
         let o = self.ops(i, 3)?;
         let t = self.need_ty(m)?;
         let cmp = m

@@ -70,14 +70,13 @@ impl FuncLower<'_> {
     /// `match.any.sync` / `match.all.sync`.
     pub(super) fn lower_match(&mut self, i: &ast::Instruction) -> Result<(), LoadError> {
         let m = &i.modifiers;
-        let has = |s: &str| m.iter().any(|x| x == s);
         let o = self.ops(i, 3)?;
         let t = self.need_ty(m)?;
         let (d, dp) = self.dst_pair(&o[0])?;
         let a = self.src(&o[1], t)?;
         let mask = self.src(&o[2], Ty::U32)?;
         self.emit(Op::Match {
-            all: has("all"),
+            all: i.has("all"),
             d,
             dp,
             a,
