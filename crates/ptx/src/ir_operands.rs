@@ -3,6 +3,14 @@
 
 use crate::ir::{ArgLoc, Op, Src, NONE};
 
+/// The pattern of the ops `Variant`s, binding each one's field `field`:
+/// `with_field!(a in Mov, Un)` is `Op::Mov { a, .. } | Op::Un { a, .. }`.
+macro_rules! with_field {
+    ($field:ident in $($variant:ident),+ $(,)?) => {
+        $(Op::$variant { $field, .. })|+
+    };
+}
+
 impl Op {
     /// Calls `f` with every value this op reads (registers, immediates and
     /// frame addresses), not counting the guard.
@@ -16,13 +24,7 @@ impl Op {
             }
         };
         match self {
-            Op::Mov { a, .. }
-            | Op::Un { a, .. }
-            | Op::Testp { a, .. }
-            | Op::Cvt { a, .. }
-            | Op::Unpack { a, .. }
-            | Op::Cvta { a, .. }
-            | Op::Isspacep { a, .. } => read!(a),
+            with_field!(a in Mov, Un, Testp, Cvt, Unpack, Cvta, Isspacep) => read!(a),
             Op::Int { a, b, .. } | Op::Float { a, b, .. } | Op::Set { a, b, .. } => read!(a, b),
             Op::Tern { a, b, c, .. }
             | Op::Prmt { a, b, c, .. }
@@ -101,25 +103,10 @@ impl Op {
             }
         };
         match self {
-            Op::Mov { d, .. }
-            | Op::Int { d, .. }
-            | Op::Float { d, .. }
-            | Op::Un { d, .. }
-            | Op::Tern { d, .. }
-            | Op::Bfi { d, .. }
-            | Op::Relu { d, .. }
-            | Op::Prmt { d, .. }
-            | Op::Lop3 { d, .. }
-            | Op::Set { d, .. }
-            | Op::Testp { d, .. }
-            | Op::Cvt { d, .. }
-            | Op::Pack { d, .. }
-            | Op::Cvta { d, .. }
-            | Op::Isspacep { d, .. }
-            | Op::Special { d, .. }
-            | Op::Vote { d, .. }
-            | Op::Redux { d, .. }
-            | Op::Activemask { d } => f(*d),
+            with_field!(
+                d in Mov, Int, Float, Un, Tern, Bfi, Relu, Prmt, Lop3, Set, Testp, Cvt, Pack, Cvta,
+                Isspacep, Special, Vote, Redux, Activemask,
+            ) => f(*d),
             Op::Setp { d, d2: e, .. } | Op::Shfl { d, dp: e, .. } | Op::Match { d, dp: e, .. } => {
                 f(*d);
                 opt(*e, &mut f)

@@ -3,6 +3,7 @@
 //! (`Thread`), and register reads and writes relative to a frame.
 
 use crate::ir::{Address, Module, Op, Src};
+use crate::launch::LaunchConfig;
 use crate::memory::MemView;
 
 /// Where a thread stands between runs.
@@ -100,9 +101,8 @@ pub(super) struct Geo<'a> {
     pub mem: &'a MemView<'a>,
     pub params: &'a [u64],
     pub params_len: u64,
-    pub ntid: [u32; 3],
-    pub nctaid: [u32; 3],
-    pub dyn_bytes: u32,
+    /// Grid (`%nctaid`), block (`%ntid`) and dynamic shared memory.
+    pub config: LaunchConfig,
     pub shared_bytes: u64,
     pub start_ns: u64,
     pub kernel: u32,

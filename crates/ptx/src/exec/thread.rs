@@ -18,7 +18,7 @@ pub(super) fn run_thread<const SINGLE_STEP: bool>(
     lin: u32,
 ) -> Result<Stop, Fault> {
     let funcs = &g.prog.funcs;
-    let tid = lin_to_tid(lin, g.ntid);
+    let tid = lin_to_tid(lin, g.config.block);
     let mut func = &funcs[th.func as usize];
     let mut pc = th.pc;
     let mut count: u64 = 0;

@@ -10,9 +10,7 @@ use crate::module_info::LoadError;
 impl FuncLower<'_> {
     /// `mov`, and `mov` of a vector destination (unpacking one value).
     pub(super) fn lower_mov(&mut self, i: &ast::Instruction) -> Result<(), LoadError> {
-        let m = &i.modifiers;
-        let o = self.ops(i, 2)?;
-        let t = self.need_ty(m)?;
+        let (o, t) = self.typed_ops(i, 2)?;
         match (&o[0], &o[1]) {
             (Operand::Vector(ds), src) => {
                 let a = self.src(src, t)?;
@@ -40,10 +38,8 @@ impl FuncLower<'_> {
     /// `add.cc`, `addc`, `sub.cc`, `subc`, `mad.cc`, `madc`: integer ops
     /// through the hidden carry register.
     pub(super) fn lower_carry(&mut self, i: &ast::Instruction) -> Result<(), LoadError> {
-        let m = &i.modifiers;
         let is_mad = i.opcode.starts_with("mad");
-        let o = self.ops(i, if is_mad { 4 } else { 3 })?;
-        let t = self.need_ty(m)?;
+        let (o, t) = self.typed_ops(i, if is_mad { 4 } else { 3 })?;
         let kind = match i.opcode.as_str() {
             "add" | "addc" => CarryKind::Add,
             "sub" | "subc" => CarryKind::Sub,
@@ -58,9 +54,7 @@ impl FuncLower<'_> {
                 r
             }
         };
-        let d = self.dst(&o[0])?;
-        let a = self.src(&o[1], t)?;
-        let b = self.src(&o[2], t)?;
+        let (d, [a, b]) = self.dst_srcs(o, [t, t])?;
         let c = if is_mad {
             self.src(&o[3], t)?
         } else {
@@ -82,18 +76,14 @@ impl FuncLower<'_> {
 
     /// Two-operand arithmetic and logic (`add` … `bmsk`), integer or float.
     pub(super) fn lower_binary(&mut self, i: &ast::Instruction) -> Result<(), LoadError> {
-        let m = &i.modifiers;
         let mode = float_mode(i, &["approx", "full"]);
-        let o = self.ops(i, 3)?;
-        let t = self.need_ty(m)?;
-        let d = self.dst(&o[0])?;
+        let (o, t) = self.typed_ops(i, 3)?;
         let bt = if matches!(i.opcode.as_str(), "shl" | "shr") {
             Ty::U32
         } else {
             t
         };
-        let a = self.src(&o[1], t)?;
-        let b = self.src(&o[2], bt)?;
+        let (d, [a, b]) = self.dst_srcs(o, [t, bt])?;
         if t.is_float() {
             let op = match i.opcode.as_str() {
                 "add" => FOp::Add,
@@ -143,12 +133,9 @@ impl FuncLower<'_> {
 
     /// One-operand ops (`not` … `tanh`), integer or float.
     pub(super) fn lower_unary(&mut self, i: &ast::Instruction) -> Result<(), LoadError> {
-        let m = &i.modifiers;
         let mode = float_mode(i, &["approx"]);
-        let o = self.ops(i, 2)?;
-        let t = self.need_ty(m)?;
-        let d = self.dst(&o[0])?;
-        let a = self.src(&o[1], t)?;
+        let (o, t) = self.typed_ops(i, 2)?;
+        let (d, [a]) = self.dst_srcs(o, [t])?;
         let op = match (i.opcode.as_str(), t.is_float()) {
             ("not", _) => UnOp::Not,
             ("cnot", _) => UnOp::Cnot,
@@ -180,8 +167,7 @@ impl FuncLower<'_> {
     pub(super) fn lower_ternary(&mut self, i: &ast::Instruction) -> Result<(), LoadError> {
         let m = &i.modifiers;
         let mode = float_mode(i, &[]);
-        let o = self.ops(i, 4)?;
-        let t = self.need_ty(m)?;
+        let (o, t) = self.typed_ops(i, 4)?;
         let opname = i.opcode.as_str();
         let (op, at, ct) = match opname {
             "mad" if t.is_float() => (TernOp::Fma, t, t),
@@ -237,10 +223,7 @@ impl FuncLower<'_> {
         } else {
             at
         };
-        let d = self.dst(&o[0])?;
-        let a = self.src(&o[1], at)?;
-        let b = self.src(&o[2], at)?;
-        let c = self.src(&o[3], ct)?;
+        let (d, [a, b, c]) = self.dst_srcs(o, [at, at, ct])?;
         self.emit(Op::Tern {
             op,
             t: t2,
@@ -255,14 +238,8 @@ impl FuncLower<'_> {
 
     /// `bfi`: bit-field insert.
     pub(super) fn lower_bfi(&mut self, i: &ast::Instruction) -> Result<(), LoadError> {
-        let m = &i.modifiers;
-        let o = self.ops(i, 5)?;
-        let t = self.need_ty(m)?;
-        let d = self.dst(&o[0])?;
-        let a = self.src(&o[1], t)?;
-        let b = self.src(&o[2], t)?;
-        let c = self.src(&o[3], Ty::U32)?;
-        let e = self.src(&o[4], Ty::U32)?;
+        let (o, t) = self.typed_ops(i, 5)?;
+        let (d, [a, b, c, e]) = self.dst_srcs(o, [t, t, Ty::U32, Ty::U32])?;
         self.emit(Op::Bfi { t, d, a, b, c, e });
         Ok(())
     }
@@ -274,10 +251,7 @@ impl FuncLower<'_> {
             .iter()
             .position(|x| i.has(x))
             .map_or(0, |p| p as u8 + 1);
-        let d = self.dst(&o[0])?;
-        let a = self.src(&o[1], Ty::B32)?;
-        let b = self.src(&o[2], Ty::B32)?;
-        let c = self.src(&o[3], Ty::B32)?;
+        let (d, [a, b, c]) = self.dst_srcs(o, [Ty::B32; 3])?;
         self.emit(Op::Prmt { d, a, b, c, mode });
         Ok(())
     }
@@ -285,10 +259,7 @@ impl FuncLower<'_> {
     /// `lop3`: any three-input logic function by its lookup table.
     pub(super) fn lower_lop3(&mut self, i: &ast::Instruction) -> Result<(), LoadError> {
         let o = self.ops(i, 5)?;
-        let d = self.dst(&o[0])?;
-        let a = self.src(&o[1], Ty::B32)?;
-        let b = self.src(&o[2], Ty::B32)?;
-        let c = self.src(&o[3], Ty::B32)?;
+        let (d, [a, b, c]) = self.dst_srcs(o, [Ty::B32; 3])?;
         let lut = match &o[4] {
             Operand::Int(v) => *v as u8,
             _ => return self.unsupported("lop3 with non-immediate table"),
@@ -331,8 +302,7 @@ impl FuncLower<'_> {
             }
             return self.unsupported("cvt form");
         }
-        let d = self.dst(&o[0])?;
-        let a = self.src(&o[1], tys[1])?;
+        let (d, [a]) = self.dst_srcs(o, [tys[1]])?;
         self.emit(Op::Cvt {
             d,
             a,

@@ -222,6 +222,39 @@ impl<'a> FuncLower<'a> {
         Ok(&i.operands)
     }
 
+    /// The operands of `i` (at least `n`) and the type it names.
+    pub(super) fn typed_ops<'o>(
+        &self,
+        i: &'o ast::Instruction,
+        n: usize,
+    ) -> Result<(&'o [Operand], Ty), LoadError> {
+        let o = self.ops(i, n)?;
+        Ok((o, self.need_ty(&i.modifiers)?))
+    }
+
+    /// The destination `o[0]` and the sources `o[1..=N]`, read as `tys`.
+    pub(super) fn dst_srcs<const N: usize>(
+        &mut self,
+        o: &[Operand],
+        tys: [Ty; N],
+    ) -> Result<(u32, [Src; N]), LoadError> {
+        let d = self.dst(&o[0])?;
+        Ok((d, self.srcs(&o[1..], tys)?))
+    }
+
+    /// The sources `o[..N]`, read as `tys`.
+    pub(super) fn srcs<const N: usize>(
+        &mut self,
+        o: &[Operand],
+        tys: [Ty; N],
+    ) -> Result<[Src; N], LoadError> {
+        let mut srcs = [Src::Imm(0); N];
+        for ((s, t), x) in srcs.iter_mut().zip(tys).zip(o) {
+            *s = self.src(x, t)?;
+        }
+        Ok(srcs)
+    }
+
     pub(super) fn dsts(&mut self, o: &Operand) -> Result<([u32; 4], u8), LoadError> {
         let mut ds = [NONE; 4];
         match o {

@@ -12,8 +12,7 @@ impl FuncLower<'_> {
     /// `ld`/`ldu`, scalar or vector.
     pub(super) fn lower_ld(&mut self, i: &ast::Instruction) -> Result<(), LoadError> {
         let m = &i.modifiers;
-        let o = self.ops(i, 2)?;
-        let t = self.need_ty(m)?;
+        let (o, t) = self.typed_ops(i, 2)?;
         let addr = self.address(&o[1], sp_of(m).unwrap_or(Sp::Generic))?;
         if t == Ty::B128 {
             return self.unsupported("128-bit load");
@@ -32,8 +31,7 @@ impl FuncLower<'_> {
     /// `st`, scalar or vector.
     pub(super) fn lower_st(&mut self, i: &ast::Instruction) -> Result<(), LoadError> {
         let m = &i.modifiers;
-        let o = self.ops(i, 2)?;
-        let t = self.need_ty(m)?;
+        let (o, t) = self.typed_ops(i, 2)?;
         let addr = self.address(&o[0], sp_of(m).unwrap_or(Sp::Generic))?;
         let mut vals = [Src::Imm(0); 4];
         let n = match &o[1] {
@@ -69,8 +67,7 @@ impl FuncLower<'_> {
         let o = self.ops(i, 2)?;
         let to = i.has("to");
         let sp = sp_of(m).unwrap_or(Sp::Global);
-        let d = self.dst(&o[0])?;
-        let a = self.src(&o[1], Ty::U64)?;
+        let (d, [a]) = self.dst_srcs(o, [Ty::U64])?;
         self.emit(Op::Cvta {
             d,
             a,
@@ -85,8 +82,7 @@ impl FuncLower<'_> {
         let m = &i.modifiers;
         let o = self.ops(i, 2)?;
         let sp = sp_of(m).unwrap_or(Sp::Global);
-        let d = self.dst(&o[0])?;
-        let a = self.src(&o[1], Ty::U64)?;
+        let (d, [a]) = self.dst_srcs(o, [Ty::U64])?;
         self.emit(Op::Isspacep { d, a, sp });
         Ok(())
     }
@@ -125,8 +121,7 @@ impl FuncLower<'_> {
     pub(super) fn lower_atom(&mut self, i: &ast::Instruction) -> Result<(), LoadError> {
         let m = &i.modifiers;
         let is_red = i.opcode == "red";
-        let o = self.ops(i, if is_red { 2 } else { 3 })?;
-        let t = self.need_ty(m)?;
+        let (o, t) = self.typed_ops(i, if is_red { 2 } else { 3 })?;
         let sp = sp_of(m).unwrap_or(Sp::Generic);
         let op = m
             .iter()
