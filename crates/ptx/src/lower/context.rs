@@ -249,8 +249,8 @@ impl<'a> FuncLower<'a> {
         tys: [Ty; N],
     ) -> Result<[Src; N], LoadError> {
         let mut srcs = [Src::Imm(0); N];
-        for ((s, t), x) in srcs.iter_mut().zip(tys).zip(o) {
-            *s = self.src(x, t)?;
+        for (k, (s, t)) in srcs.iter_mut().zip(tys).enumerate() {
+            *s = self.src(&o[k], t)?;
         }
         Ok(srcs)
     }
