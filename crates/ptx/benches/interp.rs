@@ -6,22 +6,14 @@
 #[path = "../tests/common/mod.rs"]
 mod common;
 
-use common::{download, find_kernel, le_bytes, pack_params, upload, words};
-use cumux_ptx::{DeviceMemory, LaunchConfig, Program};
+use common::{config, linear, pack_params, Device, KernelArg};
+use cumux_ptx::LaunchConfig;
 use std::time::{Duration, Instant};
 
-/// The kernel's full name and its packed parameter buffer.
-fn pack(program: &Program, kernel: &str, args: &[&[u8]]) -> (String, Vec<u8>) {
-    let info = find_kernel(program, kernel);
-    (info.name.clone(), pack_params(info, args))
-}
-
-fn upload_f32(mem: &DeviceMemory, values: &[f32]) -> u64 {
-    upload(mem, &le_bytes(values, f32::to_le_bytes))
-}
-
-fn download_f32(mem: &DeviceMemory, ptr: u64, count: usize) -> Vec<f32> {
-    words(&download(mem, ptr, count * 4), f32::from_le_bytes)
+/// Corpus program `source` compiled to PTX and loaded on 64 MiB of memory.
+fn corpus(source: &str) -> Device {
+    let ptx = cumux_testkit::compile_ptx(cumux_testkit::corpus_source(source));
+    Device::load(source, &ptx, 64 << 20)
 }
 
 struct Measurement {
@@ -47,17 +39,26 @@ impl Measurement {
     }
 }
 
+/// Times `reps` launches of `kernel` (parameters packed once, outside the
+/// timing); `check` then verifies the results.
 fn run_reps(
     name: &'static str,
     reps: usize,
-    mut launch: impl FnMut() -> u64,
+    dev: &Device,
+    kernel: &str,
+    cfg: LaunchConfig,
+    args: &[&dyn KernelArg],
     check: impl Fn(),
 ) -> Measurement {
+    let info = dev.kernel(kernel);
+    let params = pack_params(info, args);
     let mut times = Vec::with_capacity(reps);
     let mut instructions = 0;
     for _ in 0..reps {
         let start = Instant::now();
-        instructions = launch();
+        let report = dev.program.launch(&dev.mem, &info.name, &cfg, &params);
+        report.result.expect("the kernel ran");
+        instructions = report.instructions;
         times.push(start.elapsed());
     }
     check();
@@ -69,39 +70,21 @@ fn run_reps(
 }
 
 fn vector_add(reps: usize) -> Measurement {
-    let ptx = cumux_testkit::compile_ptx(cumux_testkit::corpus_source("vector_add"));
-    let mem = DeviceMemory::new(64 << 20);
-    let program = Program::load(&ptx, &mem).expect("load vector_add PTX");
+    let dev = corpus("vector_add");
     let n = 1usize << 20;
     let a: Vec<f32> = (0..n).map(|i| i as f32).collect();
     let b: Vec<f32> = (0..n).map(|i| (n - i) as f32 * 0.5).collect();
-    let (da, db) = (upload_f32(&mem, &a), upload_f32(&mem, &b));
-    let dc = upload_f32(&mem, &vec![0.0; n]);
-    let (kernel, params) = pack(
-        &program,
-        "vector_add",
-        &[
-            &da.to_le_bytes(),
-            &db.to_le_bytes(),
-            &dc.to_le_bytes(),
-            &(n as i32).to_le_bytes(),
-        ],
-    );
-    let config = LaunchConfig {
-        grid: [(n / 256) as u32, 1, 1],
-        block: [256, 1, 1],
-        dynamic_shared_bytes: 0,
-    };
+    let (da, db) = (dev.upload(&a), dev.upload(&b));
+    let dc = dev.upload(&vec![0.0f32; n]);
     run_reps(
         "vector_add n=1M",
         reps,
+        &dev,
+        "vector_add",
+        linear(n / 256, 256),
+        &[&da, &db, &dc, &(n as i32)],
         || {
-            let report = program.launch(&mem, &kernel, &config, &params);
-            report.result.expect("vector_add ran");
-            report.instructions
-        },
-        || {
-            let c = download_f32(&mem, dc, n);
+            let c: Vec<f32> = dev.download(dc, n);
             for i in (0..n).step_by(997) {
                 assert_eq!(c[i], a[i] + b[i], "vector_add result {i}");
             }
@@ -110,9 +93,7 @@ fn vector_add(reps: usize) -> Measurement {
 }
 
 fn matmul(reps: usize) -> Measurement {
-    let ptx = cumux_testkit::compile_ptx(cumux_testkit::corpus_source("matmul_tiled"));
-    let mem = DeviceMemory::new(64 << 20);
-    let program = Program::load(&ptx, &mem).expect("load matmul_tiled PTX");
+    let dev = corpus("matmul_tiled");
     let n = 512usize;
     let a: Vec<f32> = (0..n * n)
         .map(|i| ((i * 7) % 17) as f32 * 0.125 - 1.0)
@@ -120,36 +101,19 @@ fn matmul(reps: usize) -> Measurement {
     let b: Vec<f32> = (0..n * n)
         .map(|i| ((i * 5) % 13) as f32 * 0.25 - 1.5)
         .collect();
-    let (da, db) = (upload_f32(&mem, &a), upload_f32(&mem, &b));
-    let dc = upload_f32(&mem, &vec![0.0; n * n]);
-    let dim = (n as i32).to_le_bytes();
-    let (kernel, params) = pack(
-        &program,
-        "matmul_tiled",
-        &[
-            &da.to_le_bytes(),
-            &db.to_le_bytes(),
-            &dc.to_le_bytes(),
-            &dim,
-            &dim,
-            &dim,
-        ],
-    );
-    let config = LaunchConfig {
-        grid: [(n / 16) as u32, (n / 16) as u32, 1],
-        block: [16, 16, 1],
-        dynamic_shared_bytes: 0,
-    };
+    let (da, db) = (dev.upload(&a), dev.upload(&b));
+    let dc = dev.upload(&vec![0.0f32; n * n]);
+    let dim = n as i32;
+    let tiles = (n / 16) as u32;
     run_reps(
         "matmul_tiled 512x512",
         reps,
+        &dev,
+        "matmul_tiled",
+        config([tiles, tiles, 1], [16, 16, 1], 0),
+        &[&da, &db, &dc, &dim, &dim, &dim],
         || {
-            let report = program.launch(&mem, &kernel, &config, &params);
-            report.result.expect("matmul_tiled ran");
-            report.instructions
-        },
-        || {
-            let c = download_f32(&mem, dc, n * n);
+            let c: Vec<f32> = dev.download(dc, n * n);
             for (row, col) in [(0, 0), (17, 300), (511, 511), (256, 3)] {
                 let want: f64 = (0..n)
                     .map(|k| f64::from(a[row * n + k]) * f64::from(b[k * n + col]))

@@ -5,82 +5,46 @@
 #[path = "../tests/common/mod.rs"]
 mod common;
 
-use common::{download, int_ops_inputs, launch, le_bytes, upload, FLOAT_OPS_X, FLOAT_OPS_Y};
-use cumux_ptx::*;
+use common::{int_ops_inputs, linear, Device, KernelArg, FLOAT_OPS_X, FLOAT_OPS_Y};
 
 fn main() {
-    let mem = DeviceMemory::new(1 << 26);
-    let prog = Program::load(include_str!("../tests/fixtures/ops.ptx"), &mem).unwrap();
-    let up = |b: Vec<u8>| upload(&mem, &b);
-    let rd = |p: u64, n: usize| download(&mem, p, n);
-    let run = |name: &str, threads: u32, args: &[Vec<u8>]| {
-        let args: Vec<&[u8]> = args.iter().map(|a| a.as_slice()).collect();
-        launch(&prog, &mem, name, [1, 1, 1], [threads, 1, 1], 0, &args)
-            .result
-            .unwrap();
-    };
-    let (xs, ys) = (FLOAT_OPS_X, FLOAT_OPS_Y);
-    let dx = up(le_bytes(&xs, f32::to_le_bytes));
-    let dy = up(le_bytes(&ys, f32::to_le_bytes));
-    let dout = mem.alloc(17 * 20 * 4).unwrap();
-    run(
-        "float_ops",
-        17,
-        &[
-            dx.to_le_bytes().to_vec(),
-            dy.to_le_bytes().to_vec(),
-            dout.to_le_bytes().to_vec(),
-        ],
+    let dev = Device::load(
+        "ops.ptx",
+        include_str!("../tests/fixtures/ops.ptx"),
+        1 << 26,
     );
-    for (i, c) in rd(dout, 17 * 80).chunks(4).enumerate() {
-        println!(
-            "float {i} {:08x}",
-            u32::from_le_bytes(c.try_into().unwrap())
-        );
+    let run = |name: &str, threads: usize, args: &[&dyn KernelArg]| {
+        dev.launch(name, linear(1, threads), args);
+    };
+    let (dx, dy) = (dev.upload(&FLOAT_OPS_X), dev.upload(&FLOAT_OPS_Y));
+    let dout = dev.alloc(17 * 20 * 4);
+    run("float_ops", 17, &[&dx, &dy, &dout]);
+    for (i, w) in dev.download::<u32>(dout, 17 * 20).iter().enumerate() {
+        println!("float {i} {w:08x}");
     }
     let n = 96;
     let (a, b) = int_ops_inputs(n);
-    let da = up(a.iter().flat_map(|x| x.to_le_bytes()).collect());
-    let db = up(b.iter().flat_map(|x| x.to_le_bytes()).collect());
-    let dio = mem.alloc((n * 64) as u64).unwrap();
-    run(
-        "int_ops",
-        n as u32,
-        &[
-            da.to_le_bytes().to_vec(),
-            db.to_le_bytes().to_vec(),
-            dio.to_le_bytes().to_vec(),
-        ],
-    );
-    for (i, c) in rd(dio, n * 64).chunks(4).enumerate() {
-        println!("int {i} {:08x}", u32::from_le_bytes(c.try_into().unwrap()));
+    let (da, db) = (dev.upload(&a), dev.upload(&b));
+    let dio = dev.alloc(n * 64);
+    run("int_ops", n, &[&da, &db, &dio]);
+    for (i, w) in dev.download::<u32>(dio, n * 16).iter().enumerate() {
+        println!("int {i} {w:08x}");
     }
     let ins = [1.0f64, 3.0, 2.0, 2f64.powi(-60), 1.0 + 2f64.powi(-30)];
-    let din = up(ins.iter().flat_map(|x| x.to_le_bytes()).collect());
-    let dfin = up([2.0f32, 3.0].iter().flat_map(|x| x.to_le_bytes()).collect());
-    let ddo = mem.alloc(96).unwrap();
-    let dfo = mem.alloc(20).unwrap();
-    run(
-        "directed",
-        1,
-        &[din, ddo, dfin, dfo].map(|p| p.to_le_bytes().to_vec()),
-    );
-    for (i, c) in rd(ddo, 96).chunks(8).enumerate() {
-        println!("dir {i} {:016x}", u64::from_le_bytes(c.try_into().unwrap()));
+    let (din, dfin) = (dev.upload(&ins), dev.upload(&[2.0f32, 3.0]));
+    let (ddo, dfo) = (dev.alloc(96), dev.alloc(20));
+    run("directed", 1, &[&din, &ddo, &dfin, &dfo]);
+    for (i, w) in dev.download::<u64>(ddo, 12).iter().enumerate() {
+        println!("dir {i} {w:016x}");
     }
-    for (i, c) in rd(dfo, 20).chunks(4).enumerate() {
-        println!("dirf {i} {:08x}", u32::from_le_bytes(c.try_into().unwrap()));
+    for (i, w) in dev.download::<u32>(dfo, 5).iter().enumerate() {
+        println!("dirf {i} {w:08x}");
     }
     let v: Vec<i32> = (0..64).map(|i| (i * 37 + 11) % 101 - 20).collect();
-    let dv = up(v.iter().flat_map(|x| x.to_le_bytes()).collect());
-    let dw = mem.alloc(64 * 48).unwrap();
-    run(
-        "warp_ops",
-        64,
-        &[dv.to_le_bytes().to_vec(), dw.to_le_bytes().to_vec()],
-    );
-    for (i, c) in rd(dw, 64 * 48).chunks(4).enumerate() {
-        println!("warp {i} {:08x}", u32::from_le_bytes(c.try_into().unwrap()));
+    let (dv, dw) = (dev.upload(&v), dev.alloc(64 * 48));
+    run("warp_ops", 64, &[&dv, &dw]);
+    for (i, w) in dev.download::<u32>(dw, 64 * 12).iter().enumerate() {
+        println!("warp {i} {w:08x}");
     }
     println!("status 0");
 }

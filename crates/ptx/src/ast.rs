@@ -95,13 +95,21 @@ pub struct Function {
     pub linkage: Linkage,
     pub returns: Vec<Param>,
     pub params: Vec<Param>,
-    pub maxntid: Option<[u32; 3]>,
-    pub reqntid: Option<[u32; 3]>,
-    pub minnctapersm: Option<u32>,
-    pub maxnreg: Option<u32>,
+    pub tuning: Tuning,
     /// `None` for a prototype without body.
     pub body: Option<Vec<Statement>>,
     pub line: u32,
+}
+
+/// The performance-tuning directives of a function.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Tuning {
+    /// `.maxntid`: the largest block shape.
+    pub maxntid: Option<[u32; 3]>,
+    /// `.reqntid`: the block shape every launch must have.
+    pub reqntid: Option<[u32; 3]>,
+    pub minnctapersm: Option<u32>,
+    pub maxnreg: Option<u32>,
 }
 
 /// One statement of a function body.
@@ -130,6 +138,13 @@ pub struct Instruction {
     pub operands: Vec<Operand>,
     pub line: u32,
     pub column: u32,
+}
+
+impl Instruction {
+    /// Whether the instruction carries the dot-modifier `modifier`.
+    pub fn has(&self, modifier: &str) -> bool {
+        self.modifiers.iter().any(|m| m == modifier)
+    }
 }
 
 /// An instruction operand.

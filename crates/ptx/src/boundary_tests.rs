@@ -4,7 +4,7 @@
 //! launch), while a well-formed one passes both.
 
 use crate::exec::Executable;
-use crate::ir::{ArgLoc, CallInfo, Func, Inst, Module, Op, Sp, Src, NONE};
+use crate::ir::{Address, ArgLoc, CallInfo, Func, Inst, Module, Op, Sp, Src, NONE};
 use crate::launch::{Fault, LaunchConfig};
 use crate::lower::hand_off;
 use crate::memory::{DeviceMemory, DEVICE_VA_BASE};
@@ -54,12 +54,14 @@ fn well_formed() -> Module {
             })),
             Op::Bra { target: 3 },
             Op::St {
-                sp: Sp::Global,
+                addr: Address {
+                    sp: Sp::Global,
+                    base: Src::Reg(0),
+                    off: 0,
+                },
                 size: 4,
                 n: 1,
                 vals: [Src::Imm(7); 4],
-                addr: Src::Reg(0),
-                off: 0,
             },
             Op::Exit,
         ],

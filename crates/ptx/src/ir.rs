@@ -133,6 +133,16 @@ pub(crate) enum Rnd {
     Rpi,
 }
 
+/// The float modifiers of an arithmetic op or conversion: its rounding,
+/// whether subnormals flush to zero (`.ftz`) and whether the result
+/// saturates (`.sat`, `.satfinite`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct FloatMode {
+    pub rnd: Rnd,
+    pub ftz: bool,
+    pub sat: bool,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum IntOp {
     Add,
@@ -336,8 +346,44 @@ pub(crate) enum BarRed {
     Or,
 }
 
-/// One lowered operation.
+/// A memory operand: a base value plus a byte offset in a state space.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct Address {
+    pub sp: Sp,
+    pub base: Src,
+    pub off: i64,
+}
+
+/// The tile of a `wmma.load`/`wmma.store`: element type, layout, where it
+/// starts and the elements between its rows (or columns).
 #[derive(Debug, Clone, PartialEq)]
+pub(crate) struct WmmaTile {
+    pub ety: Ty,
+    pub row: bool,
+    pub addr: Address,
+    pub stride: Src,
+}
+
+/// The operands of a warp matrix multiply-add `d = a * b + c`: the input
+/// element type, the accumulator types and each fragment's registers.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct MmaOperands {
+    pub ab: Ty,
+    pub cty: Ty,
+    pub dty: Ty,
+    pub d: Vec<u32>,
+    /// The `a`, `b` and `c` fragments.
+    pub src: [Vec<Src>; 3],
+}
+
+/// One lowered operation.
+///
+/// An explicit one-byte tag: the interpreter's loop dispatches on it for
+/// every instruction, and a tag folded into a field's spare values (which
+/// the compiler may choose otherwise) costs several instructions a time.
+/// Each variant is laid out in field order, so small fields come first.
+#[derive(Debug, Clone, PartialEq)]
+#[repr(u8)]
 pub(crate) enum Op {
     Mov {
         d: u32,
@@ -357,18 +403,14 @@ pub(crate) enum Op {
         d: u32,
         a: Src,
         b: Src,
-        rnd: Rnd,
-        ftz: bool,
-        sat: bool,
+        mode: FloatMode,
     },
     Un {
         op: UnOp,
         t: Ty,
         d: u32,
         a: Src,
-        rnd: Rnd,
-        ftz: bool,
-        sat: bool,
+        mode: FloatMode,
     },
     Tern {
         op: TernOp,
@@ -377,9 +419,7 @@ pub(crate) enum Op {
         a: Src,
         b: Src,
         c: Src,
-        rnd: Rnd,
-        ftz: bool,
-        sat: bool,
+        mode: FloatMode,
     },
     Bfi {
         t: Ty,
@@ -442,9 +482,7 @@ pub(crate) enum Op {
         a: Src,
         dt: Ty,
         st: Ty,
-        rnd: Rnd,
-        sat: bool,
-        ftz: bool,
+        mode: FloatMode,
     },
     /// Pack several registers into one (`mov.b64 %rd, {%r1, %r2}`).
     Pack {
@@ -459,29 +497,23 @@ pub(crate) enum Op {
         bits: u32,
     },
     Ld {
-        sp: Sp,
+        addr: Address,
         size: u32,
         n: u8,
         ds: [u32; 4],
-        addr: Src,
-        off: i64,
         sext: bool,
     },
     St {
-        sp: Sp,
-        size: u32,
         n: u8,
+        size: u32,
         vals: [Src; 4],
-        addr: Src,
-        off: i64,
+        addr: Address,
     },
     Atom {
-        sp: Sp,
+        addr: Address,
         op: AtomOp,
         t: Ty,
         d: u32,
-        addr: Src,
-        off: i64,
         b: Src,
         c: Src,
     },
@@ -579,52 +611,28 @@ pub(crate) enum Op {
     /// `wmma.load.{a,b,c}` of a 16x16 tile (per thread; fragment layout is ours:
     /// lane l holds logical elements l*8 .. l*8+8).
     WmmaLoad {
-        ety: Ty,
-        row: bool,
+        tile: WmmaTile,
         ds: Vec<u32>,
-        sp: Sp,
-        addr: Src,
-        off: i64,
-        stride: Src,
     },
     WmmaStore {
-        ety: Ty,
-        row: bool,
+        tile: WmmaTile,
         vals: Vec<Src>,
-        sp: Sp,
-        addr: Src,
-        off: i64,
-        stride: Src,
     },
     /// `mma.sync` m16n8k16 / m16n8k8 with the PTX ISA fragment layout.
     Mma {
         k: u8,
-        ab: Ty,
-        cty: Ty,
-        dty: Ty,
-        d: Vec<u32>,
-        a: Vec<Src>,
-        b: Vec<Src>,
-        c: Vec<Src>,
+        mma: Box<MmaOperands>,
     },
     /// `ldmatrix.m8n8.x{1,2,4}[.trans].b16`: a warp collective.
     Ldmatrix {
         num: u8,
         trans: bool,
         ds: Vec<u32>,
-        sp: Sp,
-        addr: Src,
-        off: i64,
+        addr: Address,
     },
     /// `wmma.mma` m16n16k16: a warp collective.
     WmmaMma {
-        ab: Ty,
-        cty: Ty,
-        dty: Ty,
-        d: Vec<u32>,
-        a: Vec<Src>,
-        b: Vec<Src>,
-        c: Vec<Src>,
+        mma: Box<MmaOperands>,
     },
     Activemask {
         d: u32,

@@ -3,6 +3,14 @@
 
 use crate::ir::{ArgLoc, Op, Src, NONE};
 
+/// The pattern of the ops `Variant`s, binding each one's field `field`:
+/// `with_field!(a in Mov, Un)` is `Op::Mov { a, .. } | Op::Un { a, .. }`.
+macro_rules! with_field {
+    ($field:ident in $($variant:ident),+ $(,)?) => {
+        $(Op::$variant { $field, .. })|+
+    };
+}
+
 impl Op {
     /// Calls `f` with every value this op reads (registers, immediates and
     /// frame addresses), not counting the guard.
@@ -16,13 +24,7 @@ impl Op {
             }
         };
         match self {
-            Op::Mov { a, .. }
-            | Op::Un { a, .. }
-            | Op::Testp { a, .. }
-            | Op::Cvt { a, .. }
-            | Op::Unpack { a, .. }
-            | Op::Cvta { a, .. }
-            | Op::Isspacep { a, .. } => read!(a),
+            with_field!(a in Mov, Un, Testp, Cvt, Unpack, Cvta, Isspacep) => read!(a),
             Op::Int { a, b, .. } | Op::Float { a, b, .. } | Op::Set { a, b, .. } => read!(a, b),
             Op::Tern { a, b, c, .. }
             | Op::Prmt { a, b, c, .. }
@@ -31,12 +33,12 @@ impl Op {
             Op::Bfi { a, b, c, e, .. } => read!(a, b, c, e),
             Op::Relu { d, .. } => f(Src::Reg(*d)),
             Op::Pack { parts, .. } => parts.iter().copied().for_each(f),
-            Op::Ld { addr, .. } | Op::Ldmatrix { addr, .. } => read!(addr),
+            Op::Ld { addr, .. } | Op::Ldmatrix { addr, .. } => read!(&addr.base),
             Op::St { n, vals, addr, .. } => {
                 vals.iter().take(*n as usize).copied().for_each(&mut f);
-                read!(addr)
+                read!(&addr.base)
             }
-            Op::Atom { addr, b, c, .. } => read!(addr, b, c),
+            Op::Atom { addr, b, c, .. } => read!(&addr.base, b, c),
             Op::Call(info) => {
                 if let Some(t) = info.target {
                     f(t)
@@ -66,15 +68,13 @@ impl Op {
             Op::CpAsync {
                 dst, src, src_size, ..
             } => read!(dst, src, src_size),
-            Op::WmmaLoad { addr, stride, .. } => read!(addr, stride),
-            Op::WmmaStore {
-                vals, addr, stride, ..
-            } => {
+            Op::WmmaLoad { tile, .. } => read!(&tile.addr.base, &tile.stride),
+            Op::WmmaStore { tile, vals } => {
                 vals.iter().copied().for_each(&mut f);
-                read!(addr, stride)
+                read!(&tile.addr.base, &tile.stride)
             }
-            Op::Mma { a, b, c, .. } | Op::WmmaMma { a, b, c, .. } => {
-                a.iter().chain(b).chain(c).copied().for_each(f)
+            Op::Mma { mma, .. } | Op::WmmaMma { mma } => {
+                mma.src.iter().flatten().copied().for_each(f)
             }
             Op::Special { .. }
             | Op::Bra { .. }
@@ -103,35 +103,19 @@ impl Op {
             }
         };
         match self {
-            Op::Mov { d, .. }
-            | Op::Int { d, .. }
-            | Op::Float { d, .. }
-            | Op::Un { d, .. }
-            | Op::Tern { d, .. }
-            | Op::Bfi { d, .. }
-            | Op::Relu { d, .. }
-            | Op::Prmt { d, .. }
-            | Op::Lop3 { d, .. }
-            | Op::Set { d, .. }
-            | Op::Testp { d, .. }
-            | Op::Cvt { d, .. }
-            | Op::Pack { d, .. }
-            | Op::Cvta { d, .. }
-            | Op::Isspacep { d, .. }
-            | Op::Special { d, .. }
-            | Op::Vote { d, .. }
-            | Op::Redux { d, .. }
-            | Op::Activemask { d } => f(*d),
+            with_field!(
+                d in Mov, Int, Float, Un, Tern, Bfi, Relu, Prmt, Lop3, Set, Testp, Cvt, Pack, Cvta,
+                Isspacep, Special, Vote, Redux, Activemask,
+            ) => f(*d),
             Op::Setp { d, d2: e, .. } | Op::Shfl { d, dp: e, .. } | Op::Match { d, dp: e, .. } => {
                 f(*d);
                 opt(*e, &mut f)
             }
             Op::Atom { d, .. } | Op::Bar { d, .. } => opt(*d, &mut f),
-            Op::Unpack { ds, .. }
-            | Op::WmmaLoad { ds, .. }
-            | Op::Ldmatrix { ds, .. }
-            | Op::Mma { d: ds, .. }
-            | Op::WmmaMma { d: ds, .. } => ds.iter().copied().for_each(f),
+            Op::Unpack { ds, .. } | Op::WmmaLoad { ds, .. } | Op::Ldmatrix { ds, .. } => {
+                ds.iter().copied().for_each(f)
+            }
+            Op::Mma { mma, .. } | Op::WmmaMma { mma } => mma.d.iter().copied().for_each(f),
             Op::Ld { n, ds, .. } => ds.iter().take(*n as usize).copied().for_each(f),
             Op::Call(info) => {
                 for r in &info.rets {

@@ -58,22 +58,24 @@ impl Fault {
 
 impl fmt::Display for Fault {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Fault::IllegalAddress { addr, detail } => {
-                write!(
-                    f,
-                    "an illegal memory access was encountered at {addr:#x}: {detail}"
-                )
-            }
-            Fault::MisalignedAddress { addr, detail } => {
-                write!(f, "misaligned address {addr:#x}: {detail}")
-            }
-            Fault::Trap { detail } => write!(f, "unspecified launch failure (trap): {detail}"),
-            Fault::InvalidConfig(s) => write!(f, "invalid launch configuration: {s}"),
-            Fault::UnknownKernel(s) => write!(f, "kernel not found: {s}"),
-            Fault::OutOfResources(s) => write!(f, "too many resources requested for launch: {s}"),
-            Fault::Failed(s) => write!(f, "unspecified launch failure: {s}"),
-            Fault::Timeout(s) => write!(f, "the launch timed out: {s}"),
+        // the driver's wording of the error, the address it names, the detail
+        let (what, addr, detail) = match self {
+            Fault::IllegalAddress { addr, detail } => (
+                "an illegal memory access was encountered at",
+                Some(addr),
+                detail,
+            ),
+            Fault::MisalignedAddress { addr, detail } => ("misaligned address", Some(addr), detail),
+            Fault::Trap { detail } => ("unspecified launch failure (trap)", None, detail),
+            Fault::InvalidConfig(s) => ("invalid launch configuration", None, s),
+            Fault::UnknownKernel(s) => ("kernel not found", None, s),
+            Fault::OutOfResources(s) => ("too many resources requested for launch", None, s),
+            Fault::Failed(s) => ("unspecified launch failure", None, s),
+            Fault::Timeout(s) => ("the launch timed out", None, s),
+        };
+        match addr {
+            Some(addr) => write!(f, "{what} {addr:#x}: {detail}"),
+            None => write!(f, "{what}: {detail}"),
         }
     }
 }

@@ -208,9 +208,8 @@ fn check_inst(m: &Module, f: &Func, inst: &Inst) -> Result<(), String> {
             "ldmatrix count",
         )?,
         Op::Mma { k, .. } => widths(matches!(k, 8 | 16), "mma shape")?,
-        Op::WmmaLoad { ds: regs, .. } | Op::WmmaMma { d: regs, .. } => {
-            widths((1..=8).contains(&regs.len()), "wmma fragment")?
-        }
+        Op::WmmaLoad { ds, .. } => widths((1..=8).contains(&ds.len()), "wmma fragment")?,
+        Op::WmmaMma { mma } => widths((1..=8).contains(&mma.d.len()), "wmma fragment")?,
         Op::WmmaStore { vals, .. } => widths((1..=8).contains(&vals.len()), "wmma fragment")?,
         Op::Int { t, .. } => widths(!t.is_float(), "integer op on a float type")?,
         Op::Float { t, .. } | Op::Relu { t, .. } => {

@@ -2,22 +2,15 @@
 
 mod common;
 
-use cumux_ptx::*;
+use common::{linear, Device};
 
-fn launch(prog: &Program, mem: &DeviceMemory, name: &str, grid: u32, block: u32, ptrs: &[u64]) {
-    let args: Vec<[u8; 8]> = ptrs.iter().map(|p| p.to_le_bytes()).collect();
-    let args: Vec<&[u8]> = args.iter().map(|a| a.as_slice()).collect();
-    common::launch(prog, mem, name, [grid, 1, 1], [block, 1, 1], 0, &args)
-        .result
-        .unwrap();
-}
-
-fn upload(mem: &DeviceMemory, v: &[i32]) -> u64 {
-    common::upload(mem, &common::le_bytes(v, i32::to_le_bytes))
-}
-
-fn download(mem: &DeviceMemory, p: u64, n: usize) -> Vec<i32> {
-    common::words(&common::download(mem, p, n * 4), i32::from_le_bytes)
+/// `fixtures/cub_block.ptx` on its own device memory.
+fn cub_block() -> Device {
+    Device::load(
+        "cub_block.ptx",
+        include_str!("fixtures/cub_block.ptx"),
+        1 << 28,
+    )
 }
 
 fn values(n: usize) -> Vec<i32> {
@@ -28,13 +21,12 @@ fn values(n: usize) -> Vec<i32> {
 
 #[test]
 fn cub_block_radix_sort() {
-    let mem = DeviceMemory::new(1 << 28);
-    let prog = Program::load(include_str!("fixtures/cub_block.ptx"), &mem).unwrap();
+    let dev = cub_block();
     let blocks = 6;
     let v = values(512 * blocks);
-    let (din, dout) = (upload(&mem, &v), mem.alloc((v.len() * 4) as u64).unwrap());
-    launch(&prog, &mem, "block_sort", blocks as u32, 128, &[din, dout]);
-    let got = download(&mem, dout, v.len());
+    let (din, dout) = (dev.upload(&v), dev.alloc(v.len() * 4));
+    dev.launch("block_sort", linear(blocks, 128), &[&din, &dout]);
+    let got: Vec<i32> = dev.download(dout, v.len());
     for b in 0..blocks {
         let mut want = v[b * 512..(b + 1) * 512].to_vec();
         want.sort();
@@ -44,23 +36,18 @@ fn cub_block_radix_sort() {
 
 #[test]
 fn cub_block_scan_and_reduce() {
-    let mem = DeviceMemory::new(1 << 28);
-    let prog = Program::load(include_str!("fixtures/cub_block.ptx"), &mem).unwrap();
+    let dev = cub_block();
     let blocks = 5;
     let v: Vec<i32> = values(256 * blocks).iter().map(|x| x % 1000).collect();
-    let din = upload(&mem, &v);
-    let dscan = mem.alloc((v.len() * 4) as u64).unwrap();
-    let dsums = mem.alloc((blocks * 9 * 4) as u64).unwrap();
-    launch(
-        &prog,
-        &mem,
+    let din = dev.upload(&v);
+    let (dscan, dsums) = (dev.alloc(v.len() * 4), dev.alloc(blocks * 9 * 4));
+    dev.launch(
         "block_scan_reduce",
-        blocks as u32,
-        256,
-        &[din, dscan, dsums],
+        linear(blocks, 256),
+        &[&din, &dscan, &dsums],
     );
-    let scan = download(&mem, dscan, v.len());
-    let sums = download(&mem, dsums, blocks * 9);
+    let scan: Vec<i32> = dev.download(dscan, v.len());
+    let sums: Vec<i32> = dev.download(dsums, blocks * 9);
     for b in 0..blocks {
         let chunk = &v[b * 256..(b + 1) * 256];
         let mut acc = 0;

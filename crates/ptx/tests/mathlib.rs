@@ -4,29 +4,21 @@
 
 mod common;
 
-use common::{download, launch, upload};
-use cumux_ptx::*;
+use common::{linear, Device, Scalar};
 
-fn run(
-    prog: &Program,
-    mem: &DeviceMemory,
-    name: &str,
-    input: &[u8],
-    n: usize,
-    out_bytes: usize,
-) -> Vec<u8> {
-    let din = upload(mem, input);
-    let dout = mem.alloc(out_bytes as u64).unwrap();
-    let args: [&[u8]; 3] = [
-        &din.to_le_bytes(),
-        &dout.to_le_bytes(),
-        &(n as i32).to_le_bytes(),
-    ];
-    let grid = [n.div_ceil(64) as u32, 1, 1];
-    launch(prog, mem, name, grid, [64, 1, 1], 0, &args)
-        .result
-        .unwrap();
-    download(mem, dout, out_bytes)
+/// Runs kernel `name` of `mathlib.cu` on `xs`, one thread each: the
+/// `per_input` results of each input in turn.
+fn run<T: Scalar>(name: &str, xs: &[T], per_input: usize) -> Vec<T> {
+    let dev = Device::load("mathlib.ptx", include_str!("fixtures/mathlib.ptx"), 1 << 28);
+    let n = xs.len();
+    let din = dev.upload(xs);
+    let dout = dev.alloc(n * per_input * T::SIZE);
+    dev.launch(
+        name,
+        linear(n.div_ceil(64), 64),
+        &[&din, &dout, &(n as i32)],
+    );
+    dev.download(dout, n * per_input)
 }
 
 fn close(got: f64, want: f64, rel: f64) -> bool {
@@ -41,19 +33,11 @@ fn close(got: f64, want: f64, rel: f64) -> bool {
 
 #[test]
 fn float_math_library() {
-    let mem = DeviceMemory::new(1 << 28);
-    let prog = Program::load(include_str!("fixtures/mathlib.ptx"), &mem).unwrap();
     let xs: Vec<f32> = (0..200)
         .map(|i| (i as f32 - 100.0) * 0.37)
         .chain([1e4, -3e5, 0.0, -0.0, 1e-7])
         .collect();
-    let n = xs.len();
-    let input: Vec<u8> = xs.iter().flat_map(|x| x.to_le_bytes()).collect();
-    let out = run(&prog, &mem, "mathf", &input, n, n * 16 * 4);
-    let out: Vec<f32> = out
-        .chunks(4)
-        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
-        .collect();
+    let out = run("mathf", &xs, 16);
     for (i, &x) in xs.iter().enumerate() {
         let o = &out[16 * i..16 * i + 16];
         let want: [f32; 16] = [
@@ -107,19 +91,11 @@ fn libm_erf(x: f64) -> f64 {
 
 #[test]
 fn double_math_library() {
-    let mem = DeviceMemory::new(1 << 28);
-    let prog = Program::load(include_str!("fixtures/mathlib.ptx"), &mem).unwrap();
     let xs: Vec<f64> = (0..150)
         .map(|i| (i as f64 - 75.0) * 0.413)
         .chain([1e5, -2.5e6, 0.0])
         .collect();
-    let n = xs.len();
-    let input: Vec<u8> = xs.iter().flat_map(|x| x.to_le_bytes()).collect();
-    let out = run(&prog, &mem, "mathd", &input, n, n * 8 * 8);
-    let out: Vec<f64> = out
-        .chunks(8)
-        .map(|c| f64::from_le_bytes(c.try_into().unwrap()))
-        .collect();
+    let out = run("mathd", &xs, 8);
     for (i, &x) in xs.iter().enumerate() {
         let o = &out[8 * i..8 * i + 8];
         let want = [

@@ -3,38 +3,29 @@
 
 mod common;
 
-use common::{download, launch, words};
-use cumux_ptx::*;
+use common::{linear, Device, Scalar};
+
+/// `fixtures/misc.ptx` on a device memory of `memory_bytes`.
+fn misc(memory_bytes: u64) -> Device {
+    Device::load("misc.ptx", include_str!("fixtures/misc.ptx"), memory_bytes)
+}
 
 #[test]
 fn misc_features() {
-    let mem = DeviceMemory::new(1 << 28);
-    let prog = Program::load(include_str!("fixtures/misc.ptx"), &mem).unwrap();
+    let dev = misc(1 << 28);
     let n = 128usize;
     let a: Vec<u64> = (0..2 * n as u64)
         .map(|i| i.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ (i << 60))
         .collect();
-    let da = mem.alloc((a.len() * 8) as u64).unwrap();
-    mem.write(
-        da,
-        &a.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<_>>(),
-    )
-    .unwrap();
-    let dout = mem.alloc(1024 * 8).unwrap();
-    let diout = mem.alloc(4096 * 4).unwrap();
+    let da = dev.upload(&a);
+    let dout = dev.alloc(1024 * 8);
+    let diout = dev.alloc(4096 * 4);
     for sel in [0i32, 1] {
-        mem.fill(dout, &[0], 1024 * 8).unwrap();
-        mem.fill(diout, &[0], 4096 * 4).unwrap();
-        let args: [&[u8]; 4] = [
-            &da.to_le_bytes(),
-            &dout.to_le_bytes(),
-            &diout.to_le_bytes(),
-            &sel.to_le_bytes(),
-        ];
-        let r = launch(&prog, &mem, "misc", [1, 1, 1], [n as u32, 1, 1], 0, &args);
-        r.result.unwrap();
-        let out: Vec<u64> = words(&download(&mem, dout, 1024 * 8), u64::from_le_bytes);
-        let iout: Vec<i32> = words(&download(&mem, diout, 4096 * 4), i32::from_le_bytes);
+        dev.mem.fill(dout, &[0], 1024 * 8).unwrap();
+        dev.mem.fill(diout, &[0], 4096 * 4).unwrap();
+        dev.launch("misc", linear(1, n), &[&da, &dout, &diout, &sel]);
+        let out: Vec<u64> = dev.download(dout, 1024);
+        let iout: Vec<i32> = dev.download(diout, 4096);
         for t in 0..n {
             let (a0, a1) = (a[2 * t], a[2 * t + 1]);
             let x = ((a0 as u128) << 64) | a1 as u128;
@@ -68,20 +59,18 @@ fn misc_features() {
     }
 }
 
+/// Runs kernel `name` of `misc.ptx` as one block of `threads` threads on a
+/// fresh output buffer of `bytes` bytes; the buffer's first `count` values.
+fn one_block<T: Scalar>(name: &str, threads: usize, bytes: usize, count: usize) -> Vec<T> {
+    let dev = misc(1 << 24);
+    let out = dev.alloc(bytes);
+    dev.launch(name, linear(1, threads), &[&out]);
+    dev.download(out, count)
+}
+
 #[test]
 fn shuffles_at_divergent_call_sites() {
-    let mem = DeviceMemory::new(1 << 24);
-    let prog = Program::load(include_str!("fixtures/misc.ptx"), &mem).unwrap();
-    let out = mem.alloc(64 * 4).unwrap();
-    let cfg = LaunchConfig {
-        grid: [1, 1, 1],
-        block: [64, 1, 1],
-        dynamic_shared_bytes: 0,
-    };
-    prog.launch(&mem, "divergent_shfl", &cfg, &out.to_le_bytes())
-        .result
-        .unwrap();
-    let v: Vec<i32> = words(&download(&mem, out, 256), i32::from_le_bytes);
+    let v: Vec<i32> = one_block("divergent_shfl", 64, 64 * 4, 64);
     for (t, x) in v.iter().enumerate() {
         assert_eq!(*x, if t < 32 { 1 } else { 321 }, "thread {t}");
     }
@@ -89,18 +78,7 @@ fn shuffles_at_divergent_call_sites() {
 
 #[test]
 fn shared_memory_atomics() {
-    let mem = DeviceMemory::new(1 << 24);
-    let prog = Program::load(include_str!("fixtures/misc.ptx"), &mem).unwrap();
-    let out = mem.alloc(16 * 8).unwrap();
-    let cfg = LaunchConfig {
-        grid: [1, 1, 1],
-        block: [128, 1, 1],
-        dynamic_shared_bytes: 0,
-    };
-    prog.launch(&mem, "shared_atomics", &cfg, &out.to_le_bytes())
-        .result
-        .unwrap();
-    let v: Vec<u64> = words(&download(&mem, out, 13 * 8), u64::from_le_bytes);
+    let v: Vec<u64> = one_block("shared_atomics", 128, 16 * 8, 13);
     assert_eq!(v[0], 8128, "add");
     assert_eq!(v[1] as i64, -50, "min");
     assert_eq!(v[2], 381, "max");

@@ -3,56 +3,31 @@
 
 mod common;
 
-use common::{download, int_ops_inputs, launch, upload, words, FLOAT_OPS_X, FLOAT_OPS_Y};
-use cumux_ptx::*;
+use common::{int_ops_inputs, linear, Device, Scalar, FLOAT_OPS_X, FLOAT_OPS_Y};
 
-const OPS: &str = include_str!("fixtures/ops.ptx");
-
-struct Dev {
-    mem: DeviceMemory,
-    prog: Program,
+/// `fixtures/ops.ptx` on its own device memory.
+fn ops() -> Device {
+    Device::load("ops.ptx", include_str!("fixtures/ops.ptx"), 1 << 28)
 }
 
-impl Dev {
-    fn new() -> Dev {
-        let mem = DeviceMemory::new(1 << 28);
-        let prog = Program::load(OPS, &mem).unwrap();
-        Dev { mem, prog }
-    }
-    fn upload<T: Copy>(&self, v: &[T], to_bytes: impl Fn(T) -> [u8; 4]) -> u64 {
-        upload(&self.mem, &common::le_bytes(v, to_bytes))
-    }
-    fn download(&self, p: u64, n: usize) -> Vec<u32> {
-        words(&download(&self.mem, p, n * 4), u32::from_le_bytes)
-    }
-    fn run(&self, name: &str, threads: u32, args: &[&[u8]]) -> LaunchReport {
-        let r = launch(
-            &self.prog,
-            &self.mem,
-            name,
-            [1, 1, 1],
-            [threads, 1, 1],
-            0,
-            args,
-        );
-        r.result.clone().unwrap();
-        r
-    }
+/// Runs `name(a, b, out)` as one block, a thread per element of `a` and
+/// `b`: the `per_thread` result words of each thread in turn.
+fn binary_kernel<T: Scalar>(name: &str, a: &[T], b: &[T], per_thread: usize) -> Vec<u32> {
+    let dev = ops();
+    let n = a.len();
+    let (da, db, dout) = (dev.upload(a), dev.upload(b), dev.alloc(n * per_thread * 4));
+    dev.launch(name, linear(1, n), &[&da, &db, &dout]);
+    dev.download(dout, n * per_thread)
 }
 
 #[test]
 fn warp_ops_with_partial_masks() {
-    let d = Dev::new();
+    let dev = ops();
     let n = 64usize;
     let v: Vec<i32> = (0..n as i32).map(|i| (i * 37 + 11) % 101 - 20).collect();
-    let din = d.upload(&v, |x: i32| x.to_le_bytes());
-    let dout = d.mem.alloc((n * 12 * 4) as u64).unwrap();
-    d.run(
-        "warp_ops",
-        n as u32,
-        &[&din.to_le_bytes(), &dout.to_le_bytes()],
-    );
-    let out = d.download(dout, n * 12);
+    let (din, dout) = (dev.upload(&v), dev.alloc(n * 12 * 4));
+    dev.launch("warp_ops", linear(1, n), &[&din, &dout]);
+    let out: Vec<u32> = dev.download(dout, n * 12);
     let odd_count = v.iter().filter(|x| *x & 1 != 0).count() as u32;
     for t in 0..n {
         let base = t / 32 * 32;
@@ -106,18 +81,9 @@ fn prmt(x: u32, y: u32, s: u32) -> u32 {
 
 #[test]
 fn integer_ops() {
-    let d = Dev::new();
     let n = 96usize;
     let (a, b) = int_ops_inputs(n);
-    let da = d.upload(&a, |x: u32| x.to_le_bytes());
-    let db = d.upload(&b, |x: u32| x.to_le_bytes());
-    let dout = d.mem.alloc((n * 16 * 4) as u64).unwrap();
-    d.run(
-        "int_ops",
-        n as u32,
-        &[&da.to_le_bytes(), &db.to_le_bytes(), &dout.to_le_bytes()],
-    );
-    let out = d.download(dout, n * 16);
+    let out = binary_kernel("int_ops", &a, &b, 16);
     for t in 0..n {
         let (x, y) = (a[t], b[t]);
         let (sx, sy) = (x as i32, y as i32);
@@ -187,18 +153,9 @@ fn same(a: u32, b: f32) -> bool {
 
 #[test]
 fn float_rounding_modes_and_halves() {
-    let d = Dev::new();
     let (xs, ys) = (FLOAT_OPS_X, FLOAT_OPS_Y);
     let n = xs.len();
-    let da = d.upload(&xs, |x: f32| x.to_le_bytes());
-    let db = d.upload(&ys, |x: f32| x.to_le_bytes());
-    let dout = d.mem.alloc((n * 20 * 4) as u64).unwrap();
-    d.run(
-        "float_ops",
-        n as u32,
-        &[&da.to_le_bytes(), &db.to_le_bytes(), &dout.to_le_bytes()],
-    );
-    let out = d.download(dout, n * 20);
+    let out = binary_kernel("float_ops", &xs, &ys, 20);
     for t in 0..n {
         let (x, y) = (xs[t], ys[t]);
         let o = &out[20 * t..20 * t + 20];
@@ -274,19 +231,14 @@ fn float_rounding_modes_and_halves() {
 
 #[test]
 fn printf_formats() {
-    let d = Dev::new();
-    let s = d.mem.alloc(16).unwrap();
-    d.mem.write(s, b"hello\0").unwrap();
-    let r = d.run(
+    let dev = ops();
+    let s = dev.alloc(16);
+    dev.mem.write(s, b"hello\0").unwrap();
+    let pi = std::f64::consts::PI;
+    let r = dev.launch(
         "fmt",
-        1,
-        &[
-            &42i32.to_le_bytes(),
-            &0xBEEFu32.to_le_bytes(),
-            &(-1_234_567_890_123i64).to_le_bytes(),
-            &std::f64::consts::PI.to_le_bytes(),
-            &s.to_le_bytes(),
-        ],
+        linear(1, 1),
+        &[&42i32, &0xBEEFu32, &(-1_234_567_890_123i64), &pi, &s],
     );
     let text = String::from_utf8(r.stdout).unwrap();
     assert_eq!(
@@ -298,34 +250,12 @@ fn printf_formats() {
 
 #[test]
 fn directed_rounding_f64_and_f32() {
-    let d = Dev::new();
+    let dev = ops();
     let ins = [1.0f64, 3.0, 2.0, 2f64.powi(-60), 1.0 + 2f64.powi(-30)];
-    let din = d.mem.alloc(40).unwrap();
-    d.mem
-        .write(
-            din,
-            &ins.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<_>>(),
-        )
-        .unwrap();
-    let fin = d.upload(&[2.0f32, 3.0], |x: f32| x.to_le_bytes());
-    let dout = d.mem.alloc(12 * 8).unwrap();
-    let fout = d.mem.alloc(5 * 4).unwrap();
-    d.run(
-        "directed",
-        1,
-        &[
-            &din.to_le_bytes(),
-            &dout.to_le_bytes(),
-            &fin.to_le_bytes(),
-            &fout.to_le_bytes(),
-        ],
-    );
-    let mut b = vec![0u8; 96];
-    d.mem.read(dout, &mut b).unwrap();
-    let out: Vec<u64> = b
-        .chunks(8)
-        .map(|c| u64::from_le_bytes(c.try_into().unwrap()))
-        .collect();
+    let (din, fin) = (dev.upload(&ins), dev.upload(&[2.0f32, 3.0]));
+    let (dout, fout) = (dev.alloc(12 * 8), dev.alloc(5 * 4));
+    dev.launch("directed", linear(1, 1), &[&din, &dout, &fin, &fout]);
+    let out: Vec<u64> = dev.download(dout, 12);
     let third = 0x3FD5_5555_5555_5555u64; // rn(1/3), below the exact value
     let sqrt2 = 0x3FF6_A09E_667F_3BCDu64; // rn(sqrt 2), above the exact value
     let p2 = (1.0 + 2f64.powi(-29)).to_bits(); // rn((1+2^-30)^2), below exact
@@ -352,7 +282,7 @@ fn directed_rounding_f64_and_f32() {
             f64::from_bits(w)
         );
     }
-    let f = d.download(fout, 5);
+    let f: Vec<u32> = dev.download(fout, 5);
     assert_eq!(
         f,
         vec![

@@ -2,28 +2,17 @@
 
 mod common;
 
-use cumux_ptx::*;
+use common::{config, Device};
 use half::{bf16, f16};
 
-fn launch(prog: &Program, mem: &DeviceMemory, name: &str, grid: [u32; 3], args: &[Vec<u8>]) {
-    let args: Vec<&[u8]> = args.iter().map(|a| a.as_slice()).collect();
-    common::launch(prog, mem, name, grid, [32, 1, 1], 0, &args)
-        .result
-        .unwrap();
+/// `fixtures/wmma.ptx` on its own device memory.
+fn wmma() -> Device {
+    Device::load("wmma.ptx", include_str!("fixtures/wmma.ptx"), 1 << 24)
 }
 
-fn upload(mem: &DeviceMemory, bytes: Vec<u8>) -> u64 {
-    common::upload(mem, &bytes)
-}
-
-/// The f16 (or bf16) bytes of `values`.
-fn halves<H>(values: &[f32], from_f32: impl Fn(f32) -> H, to_le: impl Fn(H) -> [u8; 2]) -> Vec<u8> {
-    common::le_bytes(values, |x| to_le(from_f32(x)))
-}
-
-/// The f32 values at `p`.
-fn read_f32(mem: &DeviceMemory, p: u64, n: usize) -> Vec<f32> {
-    common::words(&common::download(mem, p, n * 4), f32::from_le_bytes)
+/// The bits of `values` as f16 (or bf16) by `to_bits`.
+fn halves(values: &[f32], to_bits: impl Fn(f32) -> u16) -> Vec<u16> {
+    values.iter().map(|&x| to_bits(x)).collect()
 }
 
 fn small(i: usize) -> f32 {
@@ -32,22 +21,17 @@ fn small(i: usize) -> f32 {
 
 #[test]
 fn wmma_f16_gemm_with_f32_accumulator() {
-    let mem = DeviceMemory::new(1 << 24);
-    let prog = Program::load(include_str!("fixtures/wmma.ptx"), &mem).unwrap();
+    let dev = wmma();
     let n = 32usize;
     let a: Vec<f32> = (0..n * n).map(small).collect(); // row-major A
     let bt: Vec<f32> = (0..n * n).map(|i| small(i * 5 + 1)).collect(); // B[k][j] = bt[j*n+k]
-    let da = upload(&mem, halves(&a, f16::from_f32, f16::to_le_bytes));
-    let db = upload(&mem, halves(&bt, f16::from_f32, f16::to_le_bytes));
-    let dc = mem.alloc((n * n * 4) as u64).unwrap();
-    let args = [
-        da.to_le_bytes().to_vec(),
-        db.to_le_bytes().to_vec(),
-        dc.to_le_bytes().to_vec(),
-        (n as i32).to_le_bytes().to_vec(),
-    ];
-    launch(&prog, &mem, "wmma_gemm", [2, 2, 1], &args);
-    let c: Vec<f32> = read_f32(&mem, dc, n * n);
+    let f16_bits = |x| f16::from_f32(x).to_bits();
+    let da = dev.upload(&halves(&a, f16_bits));
+    let db = dev.upload(&halves(&bt, f16_bits));
+    let dc = dev.alloc(n * n * 4);
+    let cfg = config([2, 2, 1], [32, 1, 1], 0);
+    dev.launch("wmma_gemm", cfg, &[&da, &db, &dc, &(n as i32)]);
+    let c: Vec<f32> = dev.download(dc, n * n);
     for i in 0..n {
         for j in 0..n {
             let want: f32 = 2.0 * (0..n).map(|k| a[i * n + k] * bt[j * n + k]).sum::<f32>();
@@ -58,18 +42,17 @@ fn wmma_f16_gemm_with_f32_accumulator() {
 
 #[test]
 fn wmma_bf16_column_major() {
-    let mem = DeviceMemory::new(1 << 24);
-    let prog = Program::load(include_str!("fixtures/wmma.ptx"), &mem).unwrap();
+    let dev = wmma();
     let a: Vec<f32> = (0..256).map(small).collect(); // column-major: A[r][c] = a[c*16+r]
     let b: Vec<f32> = (0..256).map(|i| small(i + 4)).collect(); // row-major
     let cin: Vec<f32> = (0..256).map(|i| i as f32).collect(); // column-major
-    let da = upload(&mem, halves(&a, bf16::from_f32, bf16::to_le_bytes));
-    let db = upload(&mem, halves(&b, bf16::from_f32, bf16::to_le_bytes));
-    let dcin = upload(&mem, cin.iter().flat_map(|x| x.to_le_bytes()).collect());
-    let dc = mem.alloc(256 * 4).unwrap();
-    let args = [da, db, dcin, dc].map(|p| p.to_le_bytes().to_vec());
-    launch(&prog, &mem, "wmma_bf16", [1, 1, 1], &args);
-    let c: Vec<f32> = read_f32(&mem, dc, 256);
+    let bf16_bits = |x| bf16::from_f32(x).to_bits();
+    let da = dev.upload(&halves(&a, bf16_bits));
+    let db = dev.upload(&halves(&b, bf16_bits));
+    let (dcin, dc) = (dev.upload(&cin), dev.alloc(256 * 4));
+    let cfg = config([1, 1, 1], [32, 1, 1], 0);
+    dev.launch("wmma_bf16", cfg, &[&da, &db, &dcin, &dc]);
+    let c: Vec<f32> = dev.download(dc, 256);
     for r in 0..16 {
         for col in 0..16 {
             let want = cin[col * 16 + r]
@@ -83,18 +66,24 @@ fn wmma_bf16_column_major() {
 
 #[test]
 fn wmma_f16_accumulator() {
-    let mem = DeviceMemory::new(1 << 24);
-    let prog = Program::load(include_str!("fixtures/wmma.ptx"), &mem).unwrap();
+    let dev = wmma();
     let a: Vec<f32> = (0..256).map(small).collect();
     let b: Vec<f32> = (0..256).map(|i| small(i + 2)).collect();
-    let da = upload(&mem, halves(&a, f16::from_f32, f16::to_le_bytes));
-    let db = upload(&mem, halves(&b, f16::from_f32, f16::to_le_bytes));
-    let dc = mem.alloc(512).unwrap();
-    let args = [da, db, dc].map(|p| p.to_le_bytes().to_vec());
-    launch(&prog, &mem, "wmma_half_acc", [1, 1, 1], &args);
-    let c: Vec<f32> = common::download(&mem, dc, 512)
-        .chunks(2)
-        .map(|b| f16::from_le_bytes(b.try_into().unwrap()).to_f32())
+    let f16_bits = |x| f16::from_f32(x).to_bits();
+    let (da, db) = (
+        dev.upload(&halves(&a, f16_bits)),
+        dev.upload(&halves(&b, f16_bits)),
+    );
+    let dc = dev.alloc(512);
+    dev.launch(
+        "wmma_half_acc",
+        config([1, 1, 1], [32, 1, 1], 0),
+        &[&da, &db, &dc],
+    );
+    let c: Vec<f32> = dev
+        .download::<u16>(dc, 256)
+        .into_iter()
+        .map(|bits| f16::from_bits(bits).to_f32())
         .collect();
     for r in 0..16 {
         for col in 0..16 {

@@ -27,25 +27,20 @@ trait Ulp: Copy + PartialOrd {
     fn down(self) -> Self;
 }
 
-impl Ulp for f32 {
-    const ZERO: f32 = 0.0;
-    fn up(self) -> f32 {
-        self.next_up()
-    }
-    fn down(self) -> f32 {
-        self.next_down()
-    }
+macro_rules! ulp {
+    ($($float:ty),*) => {$(
+        impl Ulp for $float {
+            const ZERO: $float = 0.0;
+            fn up(self) -> $float {
+                self.next_up()
+            }
+            fn down(self) -> $float {
+                self.next_down()
+            }
+        }
+    )*};
 }
-
-impl Ulp for f64 {
-    const ZERO: f64 = 0.0;
-    fn up(self) -> f64 {
-        self.next_up()
-    }
-    fn down(self) -> f64 {
-        self.next_down()
-    }
-}
+ulp!(f32, f64);
 
 /// Moves `r`, the round-to-nearest result of an exact value, to the result
 /// of the directed mode `rnd`, given how `r` compares with the exact value.

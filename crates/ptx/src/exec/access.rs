@@ -17,11 +17,34 @@ impl<'a> Geo<'a> {
     }
 }
 
+/// One access of a thread's instruction: `size` bytes at `addr` in space
+/// `sp`; `line` names the instruction in fault messages.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Access {
+    pub sp: Sp,
+    pub addr: u64,
+    pub size: u32,
+    pub line: u32,
+}
+
 impl Block {
-    /// Host pointer for `size` bytes at `addr` in space `sp` (already checked).
+    /// Host pointer for access `at` (checked), to write it (`WRITE`) or to
+    /// read it.
+    #[inline(always)]
+    pub(super) fn ptr<const WRITE: bool>(
+        &mut self,
+        g: &Geo<'_>,
+        local: &mut Vec<u64>,
+        at: Access,
+    ) -> Result<*mut u8, Fault> {
+        self.checked_ptr(g, local, at.sp, at.addr, at.size, WRITE, at.line)
+    }
+
+    /// [`Block::ptr`] of `size` bytes at `addr` in space `sp`, made by the
+    /// instruction at `line`.
     #[allow(clippy::too_many_arguments)]
     #[inline]
-    pub(super) fn ptr(
+    fn checked_ptr(
         &mut self,
         g: &Geo<'_>,
         local: &mut Vec<u64>,
@@ -82,36 +105,32 @@ impl Block {
         }
     }
 
-    #[allow(clippy::too_many_arguments)]
+    /// Reads access `at`.
+    #[inline(always)]
     pub(super) fn load(
         &mut self,
         g: &Geo<'_>,
         local: &mut Vec<u64>,
-        sp: Sp,
-        addr: u64,
-        size: u32,
-        line: u32,
+        at: Access,
     ) -> Result<u64, Fault> {
-        let p = self.ptr(g, local, sp, addr, size, false, line)?;
+        let p = self.ptr::<false>(g, local, at)?;
         // SAFETY: `ptr` checked bounds and alignment against a live buffer (device
         // allocation under the launch's read lock, or this block's/thread's own memory).
-        Ok(unsafe { atomic_load(p, size) })
+        Ok(unsafe { atomic_load(p, at.size) })
     }
 
-    #[allow(clippy::too_many_arguments)]
+    /// Writes `v` by access `at`.
+    #[inline(always)]
     pub(super) fn store(
         &mut self,
         g: &Geo<'_>,
         local: &mut Vec<u64>,
-        sp: Sp,
-        addr: u64,
-        size: u32,
+        at: Access,
         v: u64,
-        line: u32,
     ) -> Result<(), Fault> {
-        let p = self.ptr(g, local, sp, addr, size, true, line)?;
+        let p = self.ptr::<true>(g, local, at)?;
         // SAFETY: as in `load`.
-        unsafe { atomic_store(p, size, v) };
+        unsafe { atomic_store(p, at.size, v) };
         Ok(())
     }
 
@@ -123,9 +142,13 @@ impl Block {
     ) -> Option<Vec<u8>> {
         let mut s = Vec::new();
         for k in 0..65536u64 {
-            let c = self
-                .load(g, local, Sp::Generic, addr.wrapping_add(k), 1, 0)
-                .ok()? as u8;
+            let at = Access {
+                sp: Sp::Generic,
+                addr: addr.wrapping_add(k),
+                size: 1,
+                line: 0,
+            };
+            let c = self.load(g, local, at).ok()? as u8;
             if c == 0 {
                 return Some(s);
             }

@@ -22,8 +22,8 @@ pub(super) fn step(op: &Op, regs: &mut [u64], rbase: u32, lbase: u32) {
             let v = r!(*a) & mask;
             wr(regs, rbase, *d, v);
         }
-        Op::Int { op, t, d, a, b: bb } => {
-            let v = int_bin(*op, *t, r!(*a), r!(*bb));
+        Op::Int { op, t, d, a, b } => {
+            let v = int_bin(*op, *t, r!(*a), r!(*b));
             wr(regs, rbase, *d, v);
         }
         Op::Float {
@@ -31,12 +31,10 @@ pub(super) fn step(op: &Op, regs: &mut [u64], rbase: u32, lbase: u32) {
             t,
             d,
             a,
-            b: bb,
-            rnd,
-            ftz,
-            sat,
+            b,
+            mode,
         } => {
-            let v = float_bin(*op, *t, r!(*a), r!(*bb), *rnd, *ftz, *sat);
+            let v = float_bin(*op, *t, r!(*a), r!(*b), mode.rnd, mode.ftz, mode.sat);
             let v = if *op == FOp::Copysign {
                 v
             } else {
@@ -44,20 +42,12 @@ pub(super) fn step(op: &Op, regs: &mut [u64], rbase: u32, lbase: u32) {
             };
             wr(regs, rbase, *d, v);
         }
-        Op::Un {
-            op,
-            t,
-            d,
-            a,
-            rnd,
-            ftz,
-            sat,
-        } => {
-            let v = match (op, t, rnd) {
+        Op::Un { op, t, d, a, mode } => {
+            let v = match (op, t, mode.rnd) {
                 (UnOp::Sqrt | UnOp::Rcp, Ty::F32 | Ty::F64, Rnd::Rz | Rnd::Rm | Rnd::Rp) => {
-                    directed_unary(*op, *t, r!(*a), *rnd, *ftz)
+                    directed_unary(*op, *t, r!(*a), mode.rnd, mode.ftz)
                 }
-                _ => un_op(*op, *t, r!(*a), *ftz, *sat),
+                _ => un_op(*op, *t, r!(*a), mode.ftz, mode.sat),
             };
             let v = if t.is_float() && !matches!(op, UnOp::FNeg | UnOp::FAbs) {
                 canon_nan(v, *t)
@@ -71,13 +61,20 @@ pub(super) fn step(op: &Op, regs: &mut [u64], rbase: u32, lbase: u32) {
             t,
             d,
             a,
-            b: bb,
+            b,
             c,
-            rnd,
-            ftz,
-            sat,
+            mode,
         } => {
-            let v = tern(*op, *t, r!(*a), r!(*bb), r!(*c), *rnd, *ftz, *sat);
+            let v = tern(
+                *op,
+                *t,
+                r!(*a),
+                r!(*b),
+                r!(*c),
+                mode.rnd,
+                mode.ftz,
+                mode.sat,
+            );
             let v = if *op == TernOp::Fma {
                 canon_nan(v, *t)
             } else {
@@ -85,39 +82,20 @@ pub(super) fn step(op: &Op, regs: &mut [u64], rbase: u32, lbase: u32) {
             };
             wr(regs, rbase, *d, v);
         }
-        Op::Bfi {
-            t,
-            d,
-            a,
-            b: bb,
-            c,
-            e,
-        } => {
-            let v = bfi(*t, r!(*a), r!(*bb), r!(*c), r!(*e));
+        Op::Bfi { t, d, a, b, c, e } => {
+            let v = bfi(*t, r!(*a), r!(*b), r!(*c), r!(*e));
             wr(regs, rbase, *d, v);
         }
-        Op::Prmt {
-            d,
-            a,
-            b: bb,
-            c,
-            mode,
-        } => {
-            let v = prmt(r!(*a), r!(*bb), r!(*c), *mode);
+        Op::Prmt { d, a, b, c, mode } => {
+            let v = prmt(r!(*a), r!(*b), r!(*c), *mode);
             wr(regs, rbase, *d, v);
         }
         Op::Relu { d, t } => {
             let v = relu(r!(Src::Reg(*d)), *t);
             wr(regs, rbase, *d, v);
         }
-        Op::Lop3 {
-            d,
-            a,
-            b: bb,
-            c,
-            lut,
-        } => {
-            let v = lop3(r!(*a), r!(*bb), r!(*c), *lut);
+        Op::Lop3 { d, a, b, c, lut } => {
+            let v = lop3(r!(*a), r!(*b), r!(*c), *lut);
             wr(regs, rbase, *d, v);
         }
         Op::Setp {
@@ -126,13 +104,13 @@ pub(super) fn step(op: &Op, regs: &mut [u64], rbase: u32, lbase: u32) {
             d,
             d2,
             a,
-            b: bb,
+            b,
             bop,
             c,
             cneg,
             ftz: _,
         } => {
-            let p = compare(*cmp, *t, r!(*a), r!(*bb));
+            let p = compare(*cmp, *t, r!(*a), r!(*b));
             let cv = (r!(*c) & 1 != 0) != *cneg;
             let f = |x: bool| match bop {
                 BoolOp::None => x,
@@ -151,9 +129,9 @@ pub(super) fn step(op: &Op, regs: &mut [u64], rbase: u32, lbase: u32) {
             dt,
             d,
             a,
-            b: bb,
+            b,
         } => {
-            let p = compare(*cmp, *t, r!(*a), r!(*bb));
+            let p = compare(*cmp, *t, r!(*a), r!(*b));
             let v = if dt.is_float() {
                 if p {
                     to_fbits(1.0, *dt)
@@ -171,26 +149,14 @@ pub(super) fn step(op: &Op, regs: &mut [u64], rbase: u32, lbase: u32) {
             let v = testp(*kind, *t, r!(*a));
             wr(regs, rbase, *d, v as u64);
         }
-        Op::Cvt {
-            d,
-            a,
-            dt,
-            st,
-            rnd,
-            sat,
-            ftz,
-        } => {
-            let v = cvt(r!(*a), *dt, *st, *rnd, *sat, *ftz);
+        Op::Cvt { d, a, dt, st, mode } => {
+            let v = cvt(r!(*a), *dt, *st, mode.rnd, mode.sat, mode.ftz);
             let v = if dt.is_float() { canon_nan(v, *dt) } else { v };
             wr(regs, rbase, *d, v);
         }
         Op::Pack { d, parts, bits } => {
             let mut v = 0u64;
-            let m = if *bits >= 64 {
-                u64::MAX
-            } else {
-                (1u64 << bits) - 1
-            };
+            let m = low_bits(*bits);
             for (k, p) in parts.iter().enumerate() {
                 let sh = (k as u32).saturating_mul(*bits);
                 if sh < 64 {
@@ -201,11 +167,7 @@ pub(super) fn step(op: &Op, regs: &mut [u64], rbase: u32, lbase: u32) {
         }
         Op::Unpack { ds, a, bits } => {
             let v = r!(*a);
-            let m = if *bits >= 64 {
-                u64::MAX
-            } else {
-                (1u64 << bits) - 1
-            };
+            let m = low_bits(*bits);
             for (k, d) in ds.iter().enumerate() {
                 let sh = (k as u32).saturating_mul(*bits);
                 let part = if sh < 64 { (v >> sh) & m } else { 0 };
@@ -217,19 +179,29 @@ pub(super) fn step(op: &Op, regs: &mut [u64], rbase: u32, lbase: u32) {
             t,
             d,
             a,
-            b: bb,
+            b,
             c,
             cin,
             cout,
             cc,
         } => {
             let flag = *cin && r!(Src::Reg(*cc)) & 1 != 0;
-            let (v, carry) = carry(*kind, *t, r!(*a), r!(*bb), r!(*c), flag);
+            let (v, carry) = carry(*kind, *t, r!(*a), r!(*b), r!(*c), flag);
             wr(regs, rbase, *d, v);
             if *cout {
                 wr(regs, rbase, *cc, carry as u64);
             }
         }
         _ => debug_assert!(false, "{op:?} is not a register-only op"),
+    }
+}
+
+/// A mask of the low `bits` bits (all 64 from 64 up).
+#[inline(always)]
+fn low_bits(bits: u32) -> u64 {
+    if bits >= 64 {
+        u64::MAX
+    } else {
+        (1u64 << bits) - 1
     }
 }

@@ -24,13 +24,13 @@ impl Worker {
 
     /// Runs block `block_id` of the grid to its end.
     pub(super) fn run_block(&mut self, g: &Geo<'_>, block_id: u64) -> Result<(), Fault> {
-        let [gx, gy, _] = g.nctaid;
+        let [gx, gy, _] = g.config.grid;
         let ctaid = [
             (block_id % gx as u64) as u32,
             ((block_id / gx as u64) % gy as u64) as u32,
             (block_id / (gx as u64 * gy as u64)) as u32,
         ];
-        let n = g.ntid.iter().product::<u32>() as usize;
+        let n = g.config.block.iter().product::<u32>() as usize;
         let kf = &g.prog.funcs[g.kernel as usize];
         let b = &mut self.block;
         b.ctaid = ctaid;

@@ -2,7 +2,7 @@
 //! stack limits, indirect targets), `ret` (return values back to the caller)
 //! and device `printf`, the one external function the interpreter provides.
 
-use super::access::{local_copy, local_get, local_put};
+use super::access::{local_copy, local_get, local_put, Access};
 use super::limits::{LOCAL_LIMIT, LOCAL_WINDOW, MAX_CALL_DEPTH, PRINTF_LIMIT};
 use super::state::{rd, wr, Block, Frame, Geo, Thread};
 use crate::ir::{ArgLoc, CallInfo, Func, Inst, Op, Sp, Src, FUNC_WIN};
@@ -197,8 +197,13 @@ pub(super) fn printf(
         |off, size| {
             let mut c = cell.borrow_mut();
             let (blk, loc) = &mut *c;
-            blk.load(g, loc, Sp::Generic, aptr.wrapping_add(off), size, 0)
-                .ok()
+            let at = Access {
+                sp: Sp::Generic,
+                addr: aptr.wrapping_add(off),
+                size,
+                line: 0,
+            };
+            blk.load(g, loc, at).ok()
         },
         |p| {
             let mut c = cell.borrow_mut();

@@ -71,9 +71,7 @@ impl Executable {
             mem: &view,
             params: &pwords,
             params_len: params.len() as u64,
-            ntid: cfg.block,
-            nctaid: cfg.grid,
-            dyn_bytes: cfg.dynamic_shared_bytes,
+            config: *cfg,
             shared_bytes,
             start_ns,
             kernel,
@@ -91,7 +89,7 @@ impl Executable {
 /// Runs every block of the grid on host workers, each taking the next block
 /// until all ran or one faulted; the fault of the lowest block wins.
 fn run_grid(g: &Geo<'_>) -> LaunchReport {
-    let total: u64 = g.nctaid.iter().map(|&v| v as u64).product();
+    let total: u64 = g.config.grid.iter().map(|&v| v as u64).product();
     let next = AtomicU64::new(0);
     let abort = AtomicBool::new(false);
     let instructions = AtomicU64::new(0);

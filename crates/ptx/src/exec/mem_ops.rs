@@ -1,7 +1,7 @@
 //! Memory ops of one thread: `ld`, `st` (scalar and vector), `atom`/`red`,
 //! `cp.async` (done at once), and the address-space ops `cvta`/`isspacep`.
 
-use super::access::{in_window, window_base};
+use super::access::{in_window, window_base, Access};
 use super::state::{Block, Geo, Thread};
 use crate::alu::{atom_apply, sext};
 use crate::ir::{Op, Sp, NONE};
@@ -19,20 +19,18 @@ pub(super) fn step(
 ) -> Result<(), Fault> {
     match op {
         Op::Ld {
-            sp,
+            addr,
             size,
             n,
             ds,
-            addr,
-            off,
             sext: se,
         } => {
             debug_assert!((1..=4).contains(n), "ld of {n} elements");
-            let a = th.get(*addr).wrapping_add(*off as u64);
+            let a = th.address(addr);
             check_vector_alignment(a, *size, *n, "load", line)?;
             for (k, d) in ds.iter().enumerate().take(*n as usize) {
-                let ea = a.wrapping_add((k as u64) * *size as u64);
-                let mut v = b.load(g, &mut th.local, *sp, ea, *size, line)?;
+                let at = vector_element(addr.sp, a, *size, k, line);
+                let mut v = b.load(g, &mut th.local, at)?;
                 if *se {
                     v = sext(v, size * 8) as u64;
                 }
@@ -40,39 +38,40 @@ pub(super) fn step(
             }
         }
         Op::St {
-            sp,
+            addr,
             size,
             n,
             vals,
-            addr,
-            off,
         } => {
             debug_assert!((1..=4).contains(n), "st of {n} elements");
-            let a = th.get(*addr).wrapping_add(*off as u64);
+            let a = th.address(addr);
             check_vector_alignment(a, *size, *n, "store", line)?;
             let mut vs = [0u64; 4];
             for (v, s) in vs.iter_mut().zip(vals).take(*n as usize) {
                 *v = th.get(*s);
             }
             for (k, v) in vs.iter().enumerate().take(*n as usize) {
-                let ea = a.wrapping_add((k as u64) * *size as u64);
-                b.store(g, &mut th.local, *sp, ea, *size, *v, line)?;
+                let at = vector_element(addr.sp, a, *size, k, line);
+                b.store(g, &mut th.local, at, *v)?;
             }
         }
         Op::Atom {
-            sp,
+            addr,
             op,
             t,
             d,
-            addr,
-            off,
             b: bb,
             c,
         } => {
-            let a = th.get(*addr).wrapping_add(*off as u64);
             let (bv, cv) = (th.get(*bb), th.get(*c));
             let size = t.bytes();
-            let p = b.ptr(g, &mut th.local, *sp, a, size, true, line)?;
+            let at = Access {
+                sp: addr.sp,
+                addr: th.address(addr),
+                size,
+                line,
+            };
+            let p = b.ptr::<true>(g, &mut th.local, at)?;
             let (op, t) = (*op, *t);
             // SAFETY: `ptr` checked bounds and alignment (size 2, 4 or 8) of a live buffer.
             let old = unsafe { atomic_rmw(p, size, |o| atom_apply(op, t, o, bv, cv)) };
@@ -116,18 +115,35 @@ pub(super) fn step(
             let da = th.get(*dst).wrapping_add(*doff as u64);
             let sa = th.get(*src).wrapping_add(*soff as u64);
             let n = (th.get(*src_size) as u32).min(*size);
+            let byte = |sp, addr| Access {
+                sp,
+                addr,
+                size: 1,
+                line,
+            };
             for k in 0..*size as u64 {
                 let v = if (k as u32) < n {
-                    b.load(g, &mut th.local, Sp::Generic, sa.wrapping_add(k), 1, line)?
+                    b.load(g, &mut th.local, byte(Sp::Generic, sa.wrapping_add(k)))?
                 } else {
                     0
                 };
-                b.store(g, &mut th.local, Sp::Shared, da.wrapping_add(k), 1, v, line)?;
+                b.store(g, &mut th.local, byte(Sp::Shared, da.wrapping_add(k)), v)?;
             }
         }
         _ => debug_assert!(false, "{op:?} is not a memory op"),
     }
     Ok(())
+}
+
+/// Element `k` of a vector of `size`-byte elements at `base` in space `sp`.
+#[inline(always)]
+fn vector_element(sp: Sp, base: u64, size: u32, k: usize, line: u32) -> Access {
+    Access {
+        sp,
+        addr: base.wrapping_add((k as u64) * size as u64),
+        size,
+        line,
+    }
 }
 
 /// A vector access must be aligned to its whole size (at most 16 bytes).

@@ -2,7 +2,8 @@
 //! (`Block`), each thread's registers, local memory and call frames
 //! (`Thread`), and register reads and writes relative to a frame.
 
-use crate::ir::{Module, Op, Src};
+use crate::ir::{Address, Module, Op, Src};
+use crate::launch::LaunchConfig;
 use crate::memory::MemView;
 
 /// Where a thread stands between runs.
@@ -81,6 +82,12 @@ impl Thread {
         rd(&self.regs, self.rbase, self.lbase, s)
     }
 
+    /// The address an instruction's memory operand names.
+    #[inline]
+    pub(super) fn address(&self, a: &Address) -> u64 {
+        self.get(a.base).wrapping_add(a.off as u64)
+    }
+
     /// Writes register `d` of the current frame.
     #[inline]
     pub(super) fn set(&mut self, d: u32, v: u64) {
@@ -94,9 +101,8 @@ pub(super) struct Geo<'a> {
     pub mem: &'a MemView<'a>,
     pub params: &'a [u64],
     pub params_len: u64,
-    pub ntid: [u32; 3],
-    pub nctaid: [u32; 3],
-    pub dyn_bytes: u32,
+    /// Grid (`%nctaid`), block (`%ntid`) and dynamic shared memory.
+    pub config: LaunchConfig,
     pub shared_bytes: u64,
     pub start_ns: u64,
     pub kernel: u32,

@@ -3,9 +3,10 @@
 //! layouts) and `wmma.mma` (our fragment layout: lane l holds elements
 //! l*8 .. l*8+8 of a tile).
 
+use super::access::Access;
 use super::state::{op_at, Block, Geo, Thread};
 use crate::alu::{fval, to_fbits};
-use crate::ir::{Op, Src, Ty};
+use crate::ir::{MmaOperands, Op, Src, Ty};
 use crate::launch::Fault;
 
 /// f16/bf16 elements sit two to a register, wider ones one.
@@ -71,42 +72,29 @@ pub(super) fn wmma_load_store(
     lane: u32,
     line: u32,
 ) -> Result<(), Fault> {
-    let (Op::WmmaLoad {
-        ety,
-        row,
-        sp,
-        addr,
-        off,
-        stride,
-        ..
-    }
-    | Op::WmmaStore {
-        ety,
-        row,
-        sp,
-        addr,
-        off,
-        stride,
-        ..
-    }) = op
-    else {
+    let (Op::WmmaLoad { tile, .. } | Op::WmmaStore { tile, .. }) = op else {
         debug_assert!(false, "{op:?} is not a wmma load or store");
         return Ok(());
     };
-    let base = th.get(*addr).wrapping_add(*off as u64);
-    let stride = th.get(*stride) & 0xffff_ffff;
-    let es = ety.bytes();
+    let base = th.address(&tile.addr);
+    let stride = th.get(tile.stride) & 0xffff_ffff;
+    let es = tile.ety.bytes();
+    // element `slot` of this lane's fragment
+    let at = |slot| Access {
+        sp: tile.addr.sp,
+        addr: tile_elem_addr(base, stride, tile.row, lane, slot, es),
+        size: es,
+        line,
+    };
     match op {
         Op::WmmaLoad { ds, .. } => {
-            let per_reg = elems_per_reg(*ety);
+            let per_reg = elems_per_reg(tile.ety);
             // a failing element ends its register; the last fault is reported
             let mut res = Ok(());
             for (j, d) in ds.iter().enumerate() {
                 let mut v = 0u64;
                 for h in 0..per_reg {
-                    let slot = (j * per_reg + h) % 8;
-                    let a = tile_elem_addr(base, stride, *row, lane, slot, es);
-                    match b.load(g, &mut th.local, *sp, a, es, line) {
+                    match b.load(g, &mut th.local, at((j * per_reg + h) % 8)) {
                         Ok(x) => v |= x << (16 * h),
                         Err(e) => {
                             res = Err(e);
@@ -120,11 +108,10 @@ pub(super) fn wmma_load_store(
         }
         Op::WmmaStore { vals, .. } => {
             for slot in 0..8usize {
-                let Some(v) = frag_bits(th, vals, *ety, slot) else {
+                let Some(v) = frag_bits(th, vals, tile.ety, slot) else {
                     break;
                 };
-                let a = tile_elem_addr(base, stride, *row, lane, slot, es);
-                b.store(g, &mut th.local, *sp, a, es, v, line)?;
+                b.store(g, &mut th.local, at(slot), v)?;
             }
             Ok(())
         }
@@ -142,8 +129,9 @@ pub(super) fn ldmatrix(
 ) -> Result<(), Fault> {
     let prog = g.prog;
     // shape and space of the first lane's instruction, as on the GPU
-    let Some(&Op::Ldmatrix { num, trans, sp, .. }) =
-        lanes.first().and_then(|&l| op_at(prog, &threads[lo + l]))
+    let Some(&Op::Ldmatrix {
+        num, trans, addr, ..
+    }) = lanes.first().and_then(|&l| op_at(prog, &threads[lo + l]))
     else {
         return Ok(());
     };
@@ -152,8 +140,8 @@ pub(super) fn ldmatrix(
     let mut rows = [0u64; 32];
     for &lane in lanes {
         let th = &threads[lo + lane];
-        if let Some(Op::Ldmatrix { addr, off, .. }) = op_at(prog, th) {
-            rows[lane] = th.get(*addr).wrapping_add(*off as u64);
+        if let Some(Op::Ldmatrix { addr, .. }) = op_at(prog, th) {
+            rows[lane] = th.address(addr);
         }
     }
     let mut scratch = Vec::new();
@@ -167,8 +155,13 @@ pub(super) fn ldmatrix(
                 } else {
                     (lane / 4, (lane % 4) * 2 + h as usize)
                 };
-                let a = rows[j * 8 + row].wrapping_add(2 * col as u64);
-                let x = block.load(g, &mut scratch, sp, a, 2, 0)?;
+                let at = Access {
+                    sp: addr.sp,
+                    addr: rows[j * 8 + row].wrapping_add(2 * col as u64),
+                    size: 2,
+                    line: 0,
+                };
+                let x = block.load(g, &mut scratch, at)?;
                 v |= x << (16 * h);
             }
             *reg = v;
@@ -192,18 +185,15 @@ pub(super) fn mma(g: &Geo<'_>, threads: &mut [Thread], lo: usize, lanes: &[usize
     let mut kdim = 16;
     for &lane in lanes {
         let th = &threads[lo + lane];
-        let Some(Op::Mma {
-            k,
-            ab,
-            cty,
-            a,
-            b,
-            c,
-            ..
-        }) = op_at(prog, th)
-        else {
+        let Some(Op::Mma { k, mma }) = op_at(prog, th) else {
             continue;
         };
+        let MmaOperands {
+            ab,
+            cty,
+            src: [a, b, c],
+            ..
+        } = &**mma;
         kdim = *k as usize;
         let (gi, ti) = (lane >> 2, lane & 3);
         let na = if kdim == 16 { 8 } else { 4 };
@@ -224,7 +214,7 @@ pub(super) fn mma(g: &Geo<'_>, threads: &mut [Thread], lo: usize, lanes: &[usize
     tile_mma(&ma, &mb, &mc, &mut md, 8, kdim);
     for &lane in lanes {
         let th = &mut threads[lo + lane];
-        let Some(Op::Mma { dty, d, .. }) = op_at(prog, th) else {
+        let Some(Op::Mma { mma, .. }) = op_at(prog, th) else {
             continue;
         };
         let (gi, ti) = (lane >> 2, lane & 3);
@@ -236,8 +226,8 @@ pub(super) fn mma(g: &Geo<'_>, threads: &mut [Thread], lo: usize, lanes: &[usize
             }
         };
         // the four result elements fill at most four registers
-        for (j, r) in d.iter().enumerate().take(4) {
-            th.set(*r, frag_reg(*dty, j, elem));
+        for (j, r) in mma.d.iter().enumerate().take(4) {
+            th.set(*r, frag_reg(mma.dty, j, elem));
         }
     }
 }
@@ -251,15 +241,13 @@ pub(super) fn wmma_mma(g: &Geo<'_>, threads: &mut [Thread], lo: usize, lanes: &[
     let mut mc = [0f32; 256];
     for &lane in lanes {
         let th = &threads[lo + lane];
-        if let Some(Op::WmmaMma {
-            ab, cty, a, b, c, ..
-        }) = op_at(prog, th)
-        {
+        if let Some(Op::WmmaMma { mma }) = op_at(prog, th) {
+            let [a, b, c] = &mma.src;
             for slot in 0..8 {
                 let e = lane * 8 + slot;
-                ma[e] = frag_elem(th, a, *ab, slot);
-                mb[e] = frag_elem(th, b, *ab, slot);
-                mc[e] = frag_elem(th, c, *cty, slot);
+                ma[e] = frag_elem(th, a, mma.ab, slot);
+                mb[e] = frag_elem(th, b, mma.ab, slot);
+                mc[e] = frag_elem(th, c, mma.cty, slot);
             }
         }
     }
@@ -267,11 +255,11 @@ pub(super) fn wmma_mma(g: &Geo<'_>, threads: &mut [Thread], lo: usize, lanes: &[
     tile_mma(&ma, &mb, &mc, &mut md, 16, 16);
     for &lane in lanes {
         let th = &mut threads[lo + lane];
-        let Some(Op::WmmaMma { dty, d, .. }) = op_at(prog, th) else {
+        let Some(Op::WmmaMma { mma }) = op_at(prog, th) else {
             continue;
         };
-        for (j, reg) in d.iter().enumerate() {
-            th.set(*reg, frag_reg(*dty, j, |slot| md[lane * 8 + slot % 8]));
+        for (j, reg) in mma.d.iter().enumerate() {
+            th.set(*reg, frag_reg(mma.dty, j, |slot| md[lane * 8 + slot % 8]));
         }
     }
 }

@@ -18,7 +18,7 @@ pub(super) fn run_thread<const SINGLE_STEP: bool>(
     lin: u32,
 ) -> Result<Stop, Fault> {
     let funcs = &g.prog.funcs;
-    let tid = lin_to_tid(lin, g.ntid);
+    let tid = lin_to_tid(lin, g.config.block);
     let mut func = &funcs[th.func as usize];
     let mut pc = th.pc;
     let mut count: u64 = 0;
@@ -29,6 +29,16 @@ pub(super) fn run_thread<const SINGLE_STEP: bool>(
                 break Err(e);
             }
         };
+    }
+    // the thread waits at a collective until `barrier` or `warp` resolves it
+    macro_rules! wait_at {
+        ($status:expr) => {{
+            th.pc = pc;
+            th.status = $status;
+            th.clock = th.clock.wrapping_add(count);
+            b.instructions += count;
+            return Ok(Stop::Collective);
+        }};
     }
     let result = loop {
         if SINGLE_STEP && count >= 1 {
@@ -128,27 +138,16 @@ pub(super) fn run_thread<const SINGLE_STEP: bool>(
             op @ (Op::WmmaLoad { .. } | Op::WmmaStore { .. }) => {
                 fail_on_err!(tensor::wmma_load_store(g, b, th, op, lin % 32, inst.line))
             }
-            op @ (Op::Bar { .. }
-            | Op::WmmaMma { .. }
-            | Op::Mma { .. }
-            | Op::Ldmatrix { .. }
-            | Op::Activemask { .. }
-            | Op::WarpSync { .. }
-            | Op::Shfl { .. }
-            | Op::Vote { .. }
-            | Op::Match { .. }
-            | Op::Redux { .. }) => {
-                // wait here until the collective is resolved
-                th.pc = pc;
-                th.status = if matches!(op, Op::Bar { .. }) {
-                    Status::AtBar
-                } else {
-                    Status::AtWarp
-                };
-                th.clock = th.clock.wrapping_add(count);
-                b.instructions += count;
-                return Ok(Stop::Collective);
-            }
+            Op::Bar { .. } => wait_at!(Status::AtBar),
+            Op::WmmaMma { .. } => wait_at!(Status::AtWarp),
+            Op::Mma { .. } => wait_at!(Status::AtWarp),
+            Op::Ldmatrix { .. } => wait_at!(Status::AtWarp),
+            Op::Activemask { .. } => wait_at!(Status::AtWarp),
+            Op::WarpSync { .. } => wait_at!(Status::AtWarp),
+            Op::Shfl { .. } => wait_at!(Status::AtWarp),
+            Op::Vote { .. } => wait_at!(Status::AtWarp),
+            Op::Match { .. } => wait_at!(Status::AtWarp),
+            Op::Redux { .. } => wait_at!(Status::AtWarp),
             Op::Nop => {}
         }
         pc += 1;

@@ -2,17 +2,15 @@
 //! one-, two- and three-operand ops, carries, bit fields, `prmt`, `lop3`, `cvt`.
 
 use super::context::FuncLower;
-use super::modifiers::rnd_of;
+use super::modifiers::float_mode;
 use crate::ast::{self, Operand};
-use crate::ir::{CarryKind, FOp, IntOp, Op, Rnd, Src, TernOp, Ty, UnOp};
+use crate::ir::{CarryKind, FOp, IntOp, Op, Src, TernOp, Ty, UnOp};
 use crate::module_info::LoadError;
 
 impl FuncLower<'_> {
     /// `mov`, and `mov` of a vector destination (unpacking one value).
     pub(super) fn lower_mov(&mut self, i: &ast::Instruction) -> Result<(), LoadError> {
-        let m = &i.modifiers;
-        let o = self.ops(i, 2)?;
-        let t = self.need_ty(m)?;
+        let (o, t) = self.typed_ops(i, 2)?;
         match (&o[0], &o[1]) {
             (Operand::Vector(ds), src) => {
                 let a = self.src(src, t)?;
@@ -40,15 +38,12 @@ impl FuncLower<'_> {
     /// `add.cc`, `addc`, `sub.cc`, `subc`, `mad.cc`, `madc`: integer ops
     /// through the hidden carry register.
     pub(super) fn lower_carry(&mut self, i: &ast::Instruction) -> Result<(), LoadError> {
-        let m = &i.modifiers;
-        let has = |s: &str| m.iter().any(|x| x == s);
         let is_mad = i.opcode.starts_with("mad");
-        let o = self.ops(i, if is_mad { 4 } else { 3 })?;
-        let t = self.need_ty(m)?;
+        let (o, t) = self.typed_ops(i, if is_mad { 4 } else { 3 })?;
         let kind = match i.opcode.as_str() {
             "add" | "addc" => CarryKind::Add,
             "sub" | "subc" => CarryKind::Sub,
-            _ if has("hi") => CarryKind::MadHi,
+            _ if i.has("hi") => CarryKind::MadHi,
             _ => CarryKind::MadLo,
         };
         let cc = match self.cc {
@@ -59,9 +54,7 @@ impl FuncLower<'_> {
                 r
             }
         };
-        let d = self.dst(&o[0])?;
-        let a = self.src(&o[1], t)?;
-        let b = self.src(&o[2], t)?;
+        let (d, [a, b]) = self.dst_srcs(o, [t, t])?;
         let c = if is_mad {
             self.src(&o[3], t)?
         } else {
@@ -75,7 +68,7 @@ impl FuncLower<'_> {
             b,
             c,
             cin: i.opcode.ends_with('c'),
-            cout: has("cc"),
+            cout: i.has("cc"),
             cc,
         });
         Ok(())
@@ -83,20 +76,14 @@ impl FuncLower<'_> {
 
     /// Two-operand arithmetic and logic (`add` … `bmsk`), integer or float.
     pub(super) fn lower_binary(&mut self, i: &ast::Instruction) -> Result<(), LoadError> {
-        let m = &i.modifiers;
-        let has = |s: &str| m.iter().any(|x| x == s);
-        let ftz = has("ftz");
-        let sat = has("sat") || has("satfinite");
-        let o = self.ops(i, 3)?;
-        let t = self.need_ty(m)?;
-        let d = self.dst(&o[0])?;
+        let mode = float_mode(i, &["approx", "full"]);
+        let (o, t) = self.typed_ops(i, 3)?;
         let bt = if matches!(i.opcode.as_str(), "shl" | "shr") {
             Ty::U32
         } else {
             t
         };
-        let a = self.src(&o[1], t)?;
-        let b = self.src(&o[2], bt)?;
+        let (d, [a, b]) = self.dst_srcs(o, [t, bt])?;
         if t.is_float() {
             let op = match i.opcode.as_str() {
                 "add" => FOp::Add,
@@ -108,31 +95,24 @@ impl FuncLower<'_> {
                 "copysign" => FOp::Copysign,
                 other => return self.unsupported(format!("{other} on floats")),
             };
-            let rnd = if has("approx") || has("full") {
-                Rnd::Default
-            } else {
-                rnd_of(m)
-            };
             self.emit(Op::Float {
                 op,
                 t,
                 d,
                 a,
                 b,
-                rnd,
-                ftz,
-                sat,
+                mode,
             });
         } else {
-            let op = match (i.opcode.as_str(), sat) {
+            let op = match (i.opcode.as_str(), mode.sat) {
                 ("add", false) => IntOp::Add,
                 ("add", true) => IntOp::AddSat,
                 ("sub", false) => IntOp::Sub,
                 ("sub", true) => IntOp::SubSat,
-                ("mul", _) if has("hi") => IntOp::MulHi,
-                ("mul", _) if has("wide") => IntOp::MulWide,
+                ("mul", _) if i.has("hi") => IntOp::MulHi,
+                ("mul", _) if i.has("wide") => IntOp::MulWide,
                 ("mul", _) => IntOp::MulLo,
-                ("mul24", _) if has("hi") => return self.unsupported("mul24.hi"),
+                ("mul24", _) if i.has("hi") => return self.unsupported("mul24.hi"),
                 ("mul24", _) => IntOp::Mul24Lo,
                 ("div", _) => IntOp::Div,
                 ("rem", _) => IntOp::Rem,
@@ -153,14 +133,9 @@ impl FuncLower<'_> {
 
     /// One-operand ops (`not` … `tanh`), integer or float.
     pub(super) fn lower_unary(&mut self, i: &ast::Instruction) -> Result<(), LoadError> {
-        let m = &i.modifiers;
-        let has = |s: &str| m.iter().any(|x| x == s);
-        let ftz = has("ftz");
-        let sat = has("sat") || has("satfinite");
-        let o = self.ops(i, 2)?;
-        let t = self.need_ty(m)?;
-        let d = self.dst(&o[0])?;
-        let a = self.src(&o[1], t)?;
+        let mode = float_mode(i, &["approx"]);
+        let (o, t) = self.typed_ops(i, 2)?;
+        let (d, [a]) = self.dst_srcs(o, [t])?;
         let op = match (i.opcode.as_str(), t.is_float()) {
             ("not", _) => UnOp::Not,
             ("cnot", _) => UnOp::Cnot,
@@ -171,7 +146,7 @@ impl FuncLower<'_> {
             ("popc", _) => UnOp::Popc,
             ("clz", _) => UnOp::Clz,
             ("brev", _) => UnOp::Brev,
-            ("bfind", _) if has("shiftamt") => UnOp::BfindShift,
+            ("bfind", _) if i.has("shiftamt") => UnOp::BfindShift,
             ("bfind", _) => UnOp::Bfind,
             ("sqrt", _) => UnOp::Sqrt,
             ("rsqrt", _) => UnOp::Rsqrt,
@@ -183,20 +158,7 @@ impl FuncLower<'_> {
             ("tanh", _) => UnOp::Tanh,
             (other, _) => return self.unsupported(other.to_string()),
         };
-        let rnd = if has("approx") {
-            Rnd::Default
-        } else {
-            rnd_of(m)
-        };
-        self.emit(Op::Un {
-            op,
-            t,
-            d,
-            a,
-            rnd,
-            ftz,
-            sat,
-        });
+        self.emit(Op::Un { op, t, d, a, mode });
         Ok(())
     }
 
@@ -204,16 +166,13 @@ impl FuncLower<'_> {
     /// `dp4a`/`dp2a`, `mad24`.
     pub(super) fn lower_ternary(&mut self, i: &ast::Instruction) -> Result<(), LoadError> {
         let m = &i.modifiers;
-        let has = |s: &str| m.iter().any(|x| x == s);
-        let ftz = has("ftz");
-        let sat = has("sat") || has("satfinite");
-        let o = self.ops(i, 4)?;
-        let t = self.need_ty(m)?;
+        let mode = float_mode(i, &[]);
+        let (o, t) = self.typed_ops(i, 4)?;
         let opname = i.opcode.as_str();
         let (op, at, ct) = match opname {
             "mad" if t.is_float() => (TernOp::Fma, t, t),
-            "mad" if has("hi") => (TernOp::MadHi, t, t),
-            "mad" if has("wide") => {
+            "mad" if i.has("hi") => (TernOp::MadHi, t, t),
+            "mad" if i.has("wide") => {
                 let wide = match t {
                     Ty::S32 => Ty::S64,
                     Ty::U32 => Ty::U64,
@@ -233,16 +192,16 @@ impl FuncLower<'_> {
                 let at = m.iter().find_map(|x| Ty::parse(x)).unwrap_or(Ty::B32);
                 (TernOp::Slct, at, ct)
             }
-            "shf" if has("l") => (TernOp::Shfl, Ty::B32, Ty::U32),
+            "shf" if i.has("l") => (TernOp::Shfl, Ty::B32, Ty::U32),
             "shf" => (TernOp::Shfr, Ty::B32, Ty::U32),
             "dp4a" => (TernOp::Dp4a, t, t),
-            "dp2a" if has("hi") => (TernOp::Dp2aHi, t, t),
+            "dp2a" if i.has("hi") => (TernOp::Dp2aHi, t, t),
             "dp2a" => (TernOp::Dp2aLo, t, t),
             _ => return self.unsupported(opname.to_string()),
         };
         // shf: mode .wrap/.clamp
         let t2 = if opname == "shf" {
-            if has("clamp") {
+            if i.has("clamp") {
                 Ty::U8
             } else {
                 Ty::U16
@@ -264,11 +223,7 @@ impl FuncLower<'_> {
         } else {
             at
         };
-        let d = self.dst(&o[0])?;
-        let a = self.src(&o[1], at)?;
-        let b = self.src(&o[2], at)?;
-        let c = self.src(&o[3], ct)?;
-        let rnd = rnd_of(m);
+        let (d, [a, b, c]) = self.dst_srcs(o, [at, at, ct])?;
         self.emit(Op::Tern {
             op,
             t: t2,
@@ -276,40 +231,27 @@ impl FuncLower<'_> {
             a,
             b,
             c,
-            rnd,
-            ftz,
-            sat,
+            mode,
         });
         Ok(())
     }
 
     /// `bfi`: bit-field insert.
     pub(super) fn lower_bfi(&mut self, i: &ast::Instruction) -> Result<(), LoadError> {
-        let m = &i.modifiers;
-        let o = self.ops(i, 5)?;
-        let t = self.need_ty(m)?;
-        let d = self.dst(&o[0])?;
-        let a = self.src(&o[1], t)?;
-        let b = self.src(&o[2], t)?;
-        let c = self.src(&o[3], Ty::U32)?;
-        let e = self.src(&o[4], Ty::U32)?;
+        let (o, t) = self.typed_ops(i, 5)?;
+        let (d, [a, b, c, e]) = self.dst_srcs(o, [t, t, Ty::U32, Ty::U32])?;
         self.emit(Op::Bfi { t, d, a, b, c, e });
         Ok(())
     }
 
     /// `prmt`: byte permute (default selector or a named mode).
     pub(super) fn lower_prmt(&mut self, i: &ast::Instruction) -> Result<(), LoadError> {
-        let m = &i.modifiers;
-        let has = |s: &str| m.iter().any(|x| x == s);
         let o = self.ops(i, 4)?;
         let mode = ["f4e", "b4e", "rc8", "ecl", "ecr", "rc16"]
             .iter()
-            .position(|x| has(x))
+            .position(|x| i.has(x))
             .map_or(0, |p| p as u8 + 1);
-        let d = self.dst(&o[0])?;
-        let a = self.src(&o[1], Ty::B32)?;
-        let b = self.src(&o[2], Ty::B32)?;
-        let c = self.src(&o[3], Ty::B32)?;
+        let (d, [a, b, c]) = self.dst_srcs(o, [Ty::B32; 3])?;
         self.emit(Op::Prmt { d, a, b, c, mode });
         Ok(())
     }
@@ -317,10 +259,7 @@ impl FuncLower<'_> {
     /// `lop3`: any three-input logic function by its lookup table.
     pub(super) fn lower_lop3(&mut self, i: &ast::Instruction) -> Result<(), LoadError> {
         let o = self.ops(i, 5)?;
-        let d = self.dst(&o[0])?;
-        let a = self.src(&o[1], Ty::B32)?;
-        let b = self.src(&o[2], Ty::B32)?;
-        let c = self.src(&o[3], Ty::B32)?;
+        let (d, [a, b, c]) = self.dst_srcs(o, [Ty::B32; 3])?;
         let lut = match &o[4] {
             Operand::Int(v) => *v as u8,
             _ => return self.unsupported("lop3 with non-immediate table"),
@@ -332,39 +271,28 @@ impl FuncLower<'_> {
     /// `cvt`, including the packing `cvt.rn.f16x2.f32 d, a, b`.
     pub(super) fn lower_cvt(&mut self, i: &ast::Instruction) -> Result<(), LoadError> {
         let m = &i.modifiers;
-        let has = |s: &str| m.iter().any(|x| x == s);
-        let ftz = has("ftz");
-        let sat = has("sat") || has("satfinite");
+        let mode = float_mode(i, &[]);
         let o = self.ops(i, 2)?;
         let tys: Vec<Ty> = m.iter().filter_map(|x| Ty::parse(x)).collect();
         if tys.len() != 2 {
-            if has("f16x2") || has("bf16x2") {
+            if i.has("f16x2") || i.has("bf16x2") {
                 // cvt.rn.f16x2.f32 d, a, b
                 let o = self.ops(i, 3)?;
-                let dt = if has("f16x2") { Ty::F16 } else { Ty::BF16 };
+                let dt = if i.has("f16x2") { Ty::F16 } else { Ty::BF16 };
                 let d = self.dst(&o[0])?;
                 let hi = self.src(&o[1], Ty::F32)?;
                 let lo = self.src(&o[2], Ty::F32)?;
                 let t1 = self.new_reg()?;
                 let t2 = self.new_reg()?;
-                self.emit(Op::Cvt {
-                    d: t1,
-                    a: hi,
-                    dt,
-                    st: Ty::F32,
-                    rnd: rnd_of(m),
-                    sat,
-                    ftz,
-                });
-                self.emit(Op::Cvt {
-                    d: t2,
-                    a: lo,
-                    dt,
-                    st: Ty::F32,
-                    rnd: rnd_of(m),
-                    sat,
-                    ftz,
-                });
+                for (d, a) in [(t1, hi), (t2, lo)] {
+                    self.emit(Op::Cvt {
+                        d,
+                        a,
+                        dt,
+                        st: Ty::F32,
+                        mode,
+                    });
+                }
                 self.emit(Op::Pack {
                     d,
                     parts: vec![Src::Reg(t2), Src::Reg(t1)],
@@ -374,16 +302,13 @@ impl FuncLower<'_> {
             }
             return self.unsupported("cvt form");
         }
-        let d = self.dst(&o[0])?;
-        let a = self.src(&o[1], tys[1])?;
+        let (d, [a]) = self.dst_srcs(o, [tys[1]])?;
         self.emit(Op::Cvt {
             d,
             a,
             dt: tys[0],
             st: tys[1],
-            rnd: rnd_of(m),
-            sat,
-            ftz,
+            mode,
         });
         Ok(())
     }

@@ -11,10 +11,8 @@ impl FuncLower<'_> {
     /// `setp`, with its optional boolean combination and second destination.
     pub(super) fn lower_setp(&mut self, i: &ast::Instruction) -> Result<(), LoadError> {
         let m = &i.modifiers;
-        let has = |s: &str| m.iter().any(|x| x == s);
-        let ftz = has("ftz");
-        let o = self.ops(i, 3)?;
-        let t = self.need_ty(m)?;
+        let ftz = i.has("ftz");
+        let (o, t) = self.typed_ops(i, 3)?;
         let cmp = m
             .iter()
             .find_map(|x| cmp_of(x))
@@ -63,9 +61,7 @@ impl FuncLower<'_> {
             .iter()
             .find_map(|x| cmp_of(x))
             .ok_or_else(|| invalid(self.line, "set needs a comparison"))?;
-        let d = self.dst(&o[0])?;
-        let a = self.src(&o[1], tys[1])?;
-        let b = self.src(&o[2], tys[1])?;
+        let (d, [a, b]) = self.dst_srcs(o, [tys[1], tys[1]])?;
         self.emit(Op::Set {
             cmp,
             t: tys[1],
@@ -80,8 +76,7 @@ impl FuncLower<'_> {
     /// `testp`: float class tests.
     pub(super) fn lower_testp(&mut self, i: &ast::Instruction) -> Result<(), LoadError> {
         let m = &i.modifiers;
-        let o = self.ops(i, 2)?;
-        let t = self.need_ty(m)?;
+        let (o, t) = self.typed_ops(i, 2)?;
         let classes = [
             ("finite", 0),
             ("infinite", 1),
@@ -91,8 +86,7 @@ impl FuncLower<'_> {
         ];
         // subnormal otherwise
         let kind = first_present(m, &classes).unwrap_or(5);
-        let d = self.dst(&o[0])?;
-        let a = self.src(&o[1], t)?;
+        let (d, [a]) = self.dst_srcs(o, [t])?;
         self.emit(Op::Testp { d, a, t, kind });
         Ok(())
     }

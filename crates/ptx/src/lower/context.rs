@@ -7,7 +7,7 @@ use super::layout::{align_up, float_bits};
 use super::special::special_register;
 use super::symbols::{Binding, Sym};
 use crate::ast::{self, Operand};
-use crate::ir::{Inst, Op, Sp, Src, Ty, FUNC_WIN, MAX_FRAME_BYTES, MAX_REGS, NONE};
+use crate::ir::{Address, Inst, Op, Sp, Src, Ty, FUNC_WIN, MAX_FRAME_BYTES, MAX_REGS, NONE};
 use crate::module_info::LoadError;
 use std::collections::HashMap;
 
@@ -177,25 +177,26 @@ impl<'a> FuncLower<'a> {
         })
     }
 
-    /// `[addr]` operand -> (space, base, offset).
-    pub(super) fn address(&mut self, o: &Operand, sp: Sp) -> Result<(Sp, Src, i64), LoadError> {
+    /// An `[addr]` operand in space `sp` (a frame symbol's `.param` is local).
+    pub(super) fn address(&mut self, o: &Operand, sp: Sp) -> Result<Address, LoadError> {
         let Operand::Address { base, offset } = o else {
             return Err(invalid(self.line, "expected an address operand"));
         };
-        let Some(base) = base else {
-            return Ok((sp, Src::Imm(*offset as u64), 0));
+        let (sp, base, off) = match base {
+            None => (sp, Src::Imm(*offset as u64), 0),
+            Some(base) => match self.lookup(base) {
+                Some(Binding::Reg(r, _)) => (sp, Src::Reg(r), *offset),
+                Some(Binding::Sym(s)) => {
+                    let sp = match (s, sp) {
+                        (Sym::Frame(..), Sp::Param) => Sp::Local,
+                        (_, sp) => sp,
+                    };
+                    (sp, self.sym_value(s, 0)?, *offset)
+                }
+                None => return Err(invalid(self.line, format!("unknown address base `{base}`"))),
+            },
         };
-        match self.lookup(base) {
-            Some(Binding::Reg(r, _)) => Ok((sp, Src::Reg(r), *offset)),
-            Some(Binding::Sym(s)) => {
-                let sp = match (s, sp) {
-                    (Sym::Frame(..), Sp::Param) => Sp::Local,
-                    (_, sp) => sp,
-                };
-                Ok((sp, self.sym_value(s, 0)?, *offset))
-            }
-            None => Err(invalid(self.line, format!("unknown address base `{base}`"))),
-        }
+        Ok(Address { sp, base, off })
     }
 
     pub(super) fn ty_of(&self, mods: &[String]) -> Option<Ty> {
@@ -219,6 +220,39 @@ impl<'a> FuncLower<'a> {
             ));
         }
         Ok(&i.operands)
+    }
+
+    /// The operands of `i` (at least `n`) and the type it names.
+    pub(super) fn typed_ops<'o>(
+        &self,
+        i: &'o ast::Instruction,
+        n: usize,
+    ) -> Result<(&'o [Operand], Ty), LoadError> {
+        let o = self.ops(i, n)?;
+        Ok((o, self.need_ty(&i.modifiers)?))
+    }
+
+    /// The destination `o[0]` and the sources `o[1..=N]`, read as `tys`.
+    pub(super) fn dst_srcs<const N: usize>(
+        &mut self,
+        o: &[Operand],
+        tys: [Ty; N],
+    ) -> Result<(u32, [Src; N]), LoadError> {
+        let d = self.dst(&o[0])?;
+        Ok((d, self.srcs(&o[1..], tys)?))
+    }
+
+    /// The sources `o[..N]`, read as `tys`.
+    pub(super) fn srcs<const N: usize>(
+        &mut self,
+        o: &[Operand],
+        tys: [Ty; N],
+    ) -> Result<[Src; N], LoadError> {
+        let mut srcs = [Src::Imm(0); N];
+        for (k, (s, t)) in srcs.iter_mut().zip(tys).enumerate() {
+            *s = self.src(&o[k], t)?;
+        }
+        Ok(srcs)
     }
 
     pub(super) fn dsts(&mut self, o: &Operand) -> Result<([u32; 4], u8), LoadError> {

@@ -34,13 +34,12 @@ impl FuncLower<'_> {
     /// `bar`/`barrier` (`sync`, `arrive`, `red`) other than `bar.warp.sync`.
     pub(super) fn lower_barrier(&mut self, i: &ast::Instruction) -> Result<(), LoadError> {
         let m = &i.modifiers;
-        let has = |s: &str| m.iter().any(|x| x == s);
-        let red = if has("red") {
+        let red = if i.has("red") {
             first_present(m, &[("popc", BarRed::Popc), ("and", BarRed::And)]).unwrap_or(BarRed::Or)
         } else {
             BarRed::None
         };
-        let wait = !has("arrive");
+        let wait = !i.has("arrive");
         let o = &i.operands;
         let (d, rest) = if red != BarRed::None {
             let o = self.ops(i, 3)?;

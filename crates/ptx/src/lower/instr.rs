@@ -12,7 +12,7 @@ use crate::module_info::LoadError;
 impl FuncLower<'_> {
     /// Lowers instruction `i`; its guard applies to its main (last) op.
     pub(super) fn instr(&mut self, i: &ast::Instruction) -> Result<(), LoadError> {
-        if i.modifiers.iter().any(|m| m == "relu") {
+        if i.has("relu") {
             // `.relu`: the result clamped at zero (NaN stays NaN), as a second op
             let mut plain = i.clone();
             plain.modifiers.retain(|m| m != "relu");
@@ -63,15 +63,14 @@ impl FuncLower<'_> {
 
     /// Lowers `i` by its opcode, without guard or `.relu`.
     fn instr_body(&mut self, i: &ast::Instruction) -> Result<(), LoadError> {
-        let has = |s: &str| i.modifiers.iter().any(|x| x == s);
-        if has("volatile") {
+        if i.has("volatile") {
             self.uses_volatile = true;
         }
         match i.opcode.as_str() {
             // arithmetic and logic
             "mov" => self.lower_mov(i),
             "add" | "sub" | "mad" | "addc" | "subc" | "madc"
-                if has("cc") || i.opcode.ends_with('c') =>
+                if i.has("cc") || i.opcode.ends_with('c') =>
             {
                 self.lower_carry(i)
             }
@@ -95,7 +94,7 @@ impl FuncLower<'_> {
             "st" => self.lower_st(i),
             "cvta" => self.lower_cvta(i),
             "isspacep" => self.lower_isspacep(i),
-            "cp" if has("async") => self.lower_cp_async(i),
+            "cp" if i.has("async") => self.lower_cp_async(i),
             "atom" | "red" => self.lower_atom(i),
             "membar" | "fence" | "prefetch" | "prefetchu" | "nanosleep" | "pmevent"
             | "griddepcontrol" | "discard" | "applypriority" | "createpolicy" | "mbarrier_nop" => {
@@ -120,7 +119,7 @@ impl FuncLower<'_> {
                 Ok(())
             }
             "call" => self.lower_call(i),
-            "bar" | "barrier" if has("warp") => self.lower_bar_warp_sync(i),
+            "bar" | "barrier" if i.has("warp") => self.lower_bar_warp_sync(i),
             "bar" | "barrier" => self.lower_barrier(i),
             // warp collectives
             "shfl" => self.lower_shfl(i),

@@ -12,22 +12,17 @@ impl FuncLower<'_> {
     /// `ld`/`ldu`, scalar or vector.
     pub(super) fn lower_ld(&mut self, i: &ast::Instruction) -> Result<(), LoadError> {
         let m = &i.modifiers;
-        let o = self.ops(i, 2)?;
-        let t = self.need_ty(m)?;
-        let sp = sp_of(m).unwrap_or(Sp::Generic);
-        let (sp, addr, off) = self.address(&o[1], sp)?;
+        let (o, t) = self.typed_ops(i, 2)?;
+        let addr = self.address(&o[1], sp_of(m).unwrap_or(Sp::Generic))?;
         if t == Ty::B128 {
             return self.unsupported("128-bit load");
         }
         let (ds, n) = self.dsts(&o[0])?;
-        let size = t.bytes();
         self.emit(Op::Ld {
-            sp,
-            size,
+            addr,
+            size: t.bytes(),
             n,
             ds,
-            addr,
-            off,
             sext: t.signed(),
         });
         Ok(())
@@ -36,10 +31,8 @@ impl FuncLower<'_> {
     /// `st`, scalar or vector.
     pub(super) fn lower_st(&mut self, i: &ast::Instruction) -> Result<(), LoadError> {
         let m = &i.modifiers;
-        let o = self.ops(i, 2)?;
-        let t = self.need_ty(m)?;
-        let sp = sp_of(m).unwrap_or(Sp::Generic);
-        let (sp, addr, off) = self.address(&o[0], sp)?;
+        let (o, t) = self.typed_ops(i, 2)?;
+        let addr = self.address(&o[0], sp_of(m).unwrap_or(Sp::Generic))?;
         let mut vals = [Src::Imm(0); 4];
         let n = match &o[1] {
             Operand::Vector(items) => {
@@ -60,12 +53,10 @@ impl FuncLower<'_> {
             return self.unsupported("128-bit store");
         }
         self.emit(Op::St {
-            sp,
+            addr,
             size: t.bytes(),
             n,
             vals,
-            addr,
-            off,
         });
         Ok(())
     }
@@ -73,12 +64,10 @@ impl FuncLower<'_> {
     /// `cvta`: between a space's own addresses and generic ones.
     pub(super) fn lower_cvta(&mut self, i: &ast::Instruction) -> Result<(), LoadError> {
         let m = &i.modifiers;
-        let has = |s: &str| m.iter().any(|x| x == s);
         let o = self.ops(i, 2)?;
-        let to = has("to");
+        let to = i.has("to");
         let sp = sp_of(m).unwrap_or(Sp::Global);
-        let d = self.dst(&o[0])?;
-        let a = self.src(&o[1], Ty::U64)?;
+        let (d, [a]) = self.dst_srcs(o, [Ty::U64])?;
         self.emit(Op::Cvta {
             d,
             a,
@@ -93,36 +82,35 @@ impl FuncLower<'_> {
         let m = &i.modifiers;
         let o = self.ops(i, 2)?;
         let sp = sp_of(m).unwrap_or(Sp::Global);
-        let d = self.dst(&o[0])?;
-        let a = self.src(&o[1], Ty::U64)?;
+        let (d, [a]) = self.dst_srcs(o, [Ty::U64])?;
         self.emit(Op::Isspacep { d, a, sp });
         Ok(())
     }
 
     /// `cp.async` (done at once) and its group commits and waits (no-ops).
     pub(super) fn lower_cp_async(&mut self, i: &ast::Instruction) -> Result<(), LoadError> {
-        let m = &i.modifiers;
-        let has = |s: &str| m.iter().any(|x| x == s);
-        if has("commit_group") || has("wait_group") || has("wait_all") {
+        if i.has("commit_group") || i.has("wait_group") || i.has("wait_all") {
             self.emit(Op::Nop);
             return Ok(());
         }
-        if has("bulk") || has("mbarrier") {
+        if i.has("bulk") || i.has("mbarrier") {
             return self.unsupported("cp.async.bulk / mbarrier forms");
         }
         let o = self.ops(i, 3)?;
-        let (_, dst, doff) = self.address(&o[0], Sp::Shared)?;
-        let (_, src, soff) = self.address(&o[1], Sp::Global)?;
+        // the copy reads generic addresses and writes shared ones, whatever
+        // space the operands name
+        let dst = self.address(&o[0], Sp::Shared)?;
+        let src = self.address(&o[1], Sp::Global)?;
         let size = match &o[2] {
             Operand::Int(v) if matches!(*v, 4 | 8 | 16) => *v as u32,
             _ => return Err(invalid(self.line, "cp.async size must be 4, 8 or 16")),
         };
         let src_size = self.src_or(o.get(3), Ty::U32, size as u64)?;
         self.emit(Op::CpAsync {
-            dst,
-            doff,
-            src,
-            soff,
+            dst: dst.base,
+            doff: dst.off,
+            src: src.base,
+            soff: src.off,
             size,
             src_size,
         });
@@ -132,10 +120,8 @@ impl FuncLower<'_> {
     /// `atom` and `red`.
     pub(super) fn lower_atom(&mut self, i: &ast::Instruction) -> Result<(), LoadError> {
         let m = &i.modifiers;
-        let has = |s: &str| m.iter().any(|x| x == s);
         let is_red = i.opcode == "red";
-        let o = self.ops(i, if is_red { 2 } else { 3 })?;
-        let t = self.need_ty(m)?;
+        let (o, t) = self.typed_ops(i, if is_red { 2 } else { 3 })?;
         let sp = sp_of(m).unwrap_or(Sp::Generic);
         let op = m
             .iter()
@@ -155,7 +141,7 @@ impl FuncLower<'_> {
                 })
             })
             .ok_or_else(|| invalid(self.line, "atom needs an operation"))?;
-        if has("v2") || has("v4") || has("v8") {
+        if i.has("v2") || i.has("v4") || i.has("v8") {
             return self.unsupported("vector atomics");
         }
         if t.is_float()
@@ -174,16 +160,14 @@ impl FuncLower<'_> {
         } else {
             (self.dst(&o[0])?, &o[1..])
         };
-        let (sp, addr, off) = self.address(&rest[0], sp)?;
+        let addr = self.address(&rest[0], sp)?;
         let b = self.src(&rest[1], t)?;
         let c = self.src_or(rest.get(2), t, 0)?;
         self.emit(Op::Atom {
-            sp,
+            addr,
             op,
             t,
             d,
-            addr,
-            off,
             b,
             c,
         });

@@ -1,6 +1,7 @@
 //! PTX dot-modifiers to IR enums: comparison, rounding mode, state space.
 
-use crate::ir::{Cmp, Rnd, Sp};
+use crate::ast;
+use crate::ir::{Cmp, FloatMode, Rnd, Sp};
 
 /// The comparison a modifier names.
 pub(super) fn cmp_of(s: &str) -> Option<Cmp> {
@@ -45,6 +46,22 @@ pub(super) fn rnd_of(mods: &[String]) -> Rnd {
             })
         })
         .unwrap_or(Rnd::Default)
+}
+
+/// The float modifiers of `i`: the rounding it names (the default where it
+/// names one of `approximate`, such as `.approx`), `.ftz`, and `.sat` or
+/// `.satfinite`.
+pub(super) fn float_mode(i: &ast::Instruction, approximate: &[&str]) -> FloatMode {
+    let rnd = if approximate.iter().any(|a| i.has(a)) {
+        Rnd::Default
+    } else {
+        rnd_of(&i.modifiers)
+    };
+    FloatMode {
+        rnd,
+        ftz: i.has("ftz"),
+        sat: i.has("sat") || i.has("satfinite"),
+    }
 }
 
 /// The state space among the modifiers (the first named); `.const` is

@@ -164,8 +164,9 @@ pub(crate) fn lower_module(
                 off = off.saturating_add(size);
             }
             let max_threads = f
+                .tuning
                 .maxntid
-                .or(f.reqntid)
+                .or(f.tuning.reqntid)
                 .map(|d| {
                     d.iter()
                         .fold(1u64, |a, b| a.saturating_mul(*b as u64))
@@ -189,7 +190,7 @@ pub(crate) fn lower_module(
                     static_shared_bytes: (module_shared + func_shared[i]) as u32,
                     local_bytes: func.frame_bytes,
                     max_threads_per_block: max_threads,
-                    reqntid: f.reqntid,
+                    reqntid: f.tuning.reqntid,
                     ptx_version: m.version,
                     target_sm,
                     num_regs: func.nregs.min(255),

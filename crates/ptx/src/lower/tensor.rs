@@ -5,7 +5,7 @@ use super::context::FuncLower;
 use super::error::invalid;
 use super::modifiers::{first_present, sp_of};
 use crate::ast::{self, Operand};
-use crate::ir::{Op, Sp, Src, Ty};
+use crate::ir::{MmaOperands, Op, Sp, Src, Ty, WmmaTile};
 use crate::module_info::LoadError;
 
 /// The registers of a vector operand.
@@ -22,16 +22,18 @@ fn wmma_fragment(o: &Operand) -> Option<&Vec<Operand>> {
 }
 
 impl FuncLower<'_> {
-    /// The `d, a, b, c` fragments of an `mma`-like op: register vectors as
-    /// `fragment` accepts them, the sources read as `.b32` before `d`.
-    fn mma_fragments(
+    /// The operands of an `mma`-like op of element types `(dty, ab, cty)`:
+    /// its `d, a, b, c` fragments are register vectors as `fragment` accepts
+    /// them, the sources read as `.b32` before `d`.
+    fn mma_operands(
         &mut self,
         o: &[Operand],
+        (dty, ab, cty): (Ty, Ty, Ty),
         fragment: fn(&Operand) -> Option<&Vec<Operand>>,
         what: &str,
-    ) -> Result<(Vec<u32>, [Vec<Src>; 3]), LoadError> {
-        let mut srcs: [Vec<Src>; 3] = Default::default();
-        for (s, op) in srcs.iter_mut().zip(&o[1..4]) {
+    ) -> Result<MmaOperands, LoadError> {
+        let mut src: [Vec<Src>; 3] = Default::default();
+        for (s, op) in src.iter_mut().zip(&o[1..4]) {
             let Some(items) = fragment(op) else {
                 return Err(invalid(self.line, format!("{what} needs register vectors")));
             };
@@ -43,14 +45,19 @@ impl FuncLower<'_> {
                 format!("{what} needs a destination vector"),
             ));
         };
-        Ok((self.dst_list(ditems)?, srcs))
+        Ok(MmaOperands {
+            ab,
+            cty,
+            dty,
+            d: self.dst_list(ditems)?,
+            src,
+        })
     }
 
     /// `wmma.load`, `wmma.store` and `wmma.mma` of m16n16k16 tiles.
     pub(super) fn lower_wmma(&mut self, i: &ast::Instruction) -> Result<(), LoadError> {
         let m = &i.modifiers;
-        let has = |s: &str| m.iter().any(|x| x == s);
-        if !has("m16n16k16") {
+        if !i.has("m16n16k16") {
             return self.unsupported("wmma shape other than m16n16k16");
         }
         let tys: Vec<Ty> = m.iter().filter_map(|x| Ty::parse(x)).collect();
@@ -58,11 +65,9 @@ impl FuncLower<'_> {
         if tys.is_empty() || !tys.iter().all(ok) {
             return self.unsupported("wmma element type");
         }
-        let sp = sp_of(m).unwrap_or(Sp::Generic);
-        let row = has("row");
-        if has("load") || has("store") {
+        if i.has("load") || i.has("store") {
             let o = self.ops(i, 2)?;
-            let (vec_op, addr_op) = if has("load") {
+            let (vec_op, addr_op) = if i.has("load") {
                 (&o[0], &o[1])
             } else {
                 (&o[1], &o[0])
@@ -70,64 +75,47 @@ impl FuncLower<'_> {
             let Some(items) = wmma_fragment(vec_op) else {
                 return Err(invalid(self.line, "wmma needs a register vector"));
             };
-            let (sp, addr, off) = self.address(addr_op, sp)?;
-            let stride = self.src_or(o.get(2), Ty::U32, 16)?;
-            let ety = tys[tys.len() - 1];
-            if has("load") {
-                let ds = self.dst_list(items)?;
-                self.emit(Op::WmmaLoad {
-                    ety,
-                    row,
-                    ds,
-                    sp,
-                    addr,
-                    off,
-                    stride,
-                });
+            let tile = WmmaTile {
+                ety: tys[tys.len() - 1],
+                row: i.has("row"),
+                addr: self.address(addr_op, sp_of(m).unwrap_or(Sp::Generic))?,
+                stride: self.src_or(o.get(2), Ty::U32, 16)?,
+            };
+            let op = if i.has("load") {
+                Op::WmmaLoad {
+                    tile,
+                    ds: self.dst_list(items)?,
+                }
             } else {
-                let vals = self.src_list(items, Ty::B32)?;
-                self.emit(Op::WmmaStore {
-                    ety,
-                    row,
-                    vals,
-                    sp,
-                    addr,
-                    off,
-                    stride,
-                });
-            }
+                Op::WmmaStore {
+                    tile,
+                    vals: self.src_list(items, Ty::B32)?,
+                }
+            };
+            self.emit(op);
             return Ok(());
         }
-        if !has("mma") {
+        if !i.has("mma") {
             return self.unsupported("wmma form");
         }
         let o = self.ops(i, 4)?;
-        let (dty, ab, cty) = match tys.as_slice() {
+        let types = match tys.as_slice() {
             [d, c] => (*d, Ty::F16, *c),
             [d, a, _, c] => (*d, *a, *c),
             _ => return self.unsupported("wmma.mma types"),
         };
-        let (d, [a, b, c]) = self.mma_fragments(o, wmma_fragment, "wmma.mma")?;
-        self.emit(Op::WmmaMma {
-            ab,
-            cty,
-            dty,
-            d,
-            a,
-            b,
-            c,
-        });
+        let mma = self.mma_operands(o, types, wmma_fragment, "wmma.mma")?;
+        self.emit(Op::WmmaMma { mma: Box::new(mma) });
         Ok(())
     }
 
     /// `mma.sync` m16n8k16 / m16n8k8, f16/bf16 inputs, `.row.col`.
     pub(super) fn lower_mma(&mut self, i: &ast::Instruction) -> Result<(), LoadError> {
         let m = &i.modifiers;
-        let has = |s: &str| m.iter().any(|x| x == s);
         let Some(k) = first_present(m, &[("m16n8k16", 16), ("m16n8k8", 8)]) else {
             return self.unsupported("mma shape other than m16n8k16 / m16n8k8");
         };
-        if !(has("row") && has("col")) {
+        if !(i.has("row") && i.has("col")) {
             return self.unsupported("mma layout other than .row.col");
         }
         let tys: Vec<Ty> = m.iter().filter_map(|x| Ty::parse(x)).collect();
@@ -142,16 +130,10 @@ impl FuncLower<'_> {
             return self.unsupported("mma accumulator type");
         }
         let o = self.ops(i, 4)?;
-        let (d, [a, b, c]) = self.mma_fragments(o, any_vector, "mma")?;
+        let mma = self.mma_operands(o, (dty, ab, cty), any_vector, "mma")?;
         self.emit(Op::Mma {
             k,
-            ab,
-            cty,
-            dty,
-            d,
-            a,
-            b,
-            c,
+            mma: Box::new(mma),
         });
         Ok(())
     }
@@ -159,8 +141,7 @@ impl FuncLower<'_> {
     /// `ldmatrix.m8n8.x{1,2,4}[.trans].b16`.
     pub(super) fn lower_ldmatrix(&mut self, i: &ast::Instruction) -> Result<(), LoadError> {
         let m = &i.modifiers;
-        let has = |s: &str| m.iter().any(|x| x == s);
-        if !has("m8n8") || !has("b16") {
+        if !i.has("m8n8") || !i.has("b16") {
             return self.unsupported("ldmatrix shape other than m8n8.b16");
         }
         let num = first_present(m, &[("x4", 4), ("x2", 2)]).unwrap_or(1);
@@ -172,15 +153,12 @@ impl FuncLower<'_> {
             return Err(invalid(self.line, "ldmatrix vector size does not match .x"));
         }
         let ds = self.dst_list(items)?;
-        let sp = sp_of(m).unwrap_or(Sp::Generic);
-        let (sp, addr, off) = self.address(&o[1], sp)?;
+        let addr = self.address(&o[1], sp_of(m).unwrap_or(Sp::Generic))?;
         self.emit(Op::Ldmatrix {
             num: num as u8,
-            trans: has("trans"),
+            trans: i.has("trans"),
             ds,
-            sp,
             addr,
-            off,
         });
         Ok(())
     }

@@ -73,13 +73,17 @@ impl Parser {
             self.err(&format!("expected `{c}`"))
         }
     }
-    /// A comma-separated, possibly empty, operand list up to and including
-    /// `close`.
-    fn operands_until(&mut self, close: char) -> PResult<Vec<Operand>> {
+    /// A comma-separated, possibly empty, list of `item`s up to and
+    /// including `close`.
+    fn list_until<T>(
+        &mut self,
+        close: char,
+        mut item: impl FnMut(&mut Self) -> PResult<T>,
+    ) -> PResult<Vec<T>> {
         let mut items = Vec::new();
         if !self.is_punct(close) {
             loop {
-                items.push(self.operand()?);
+                items.push(item(self)?);
                 if !self.eat_punct(',') {
                     break;
                 }
@@ -342,16 +346,7 @@ impl Parser {
             if self.depth > MAX_DEPTH {
                 return self.err("initializer nested too deeply");
             }
-            let mut items = Vec::new();
-            if !self.is_punct('}') {
-                loop {
-                    items.push(self.initializer()?);
-                    if !self.eat_punct(',') {
-                        break;
-                    }
-                }
-            }
-            self.expect_punct('}')?;
+            let items = self.list_until('}', Self::initializer)?;
             self.depth -= 1;
             return Ok(Initializer::List(items));
         }
@@ -455,17 +450,13 @@ impl Parser {
         if !is_entry && self.is_punct('(') {
             returns = self.param_list()?;
         }
-        let name = self.ident("function name")?;
         let mut f = Function {
-            name,
+            name: self.ident("function name")?,
             is_entry,
             linkage,
             returns,
             params: Vec::new(),
-            maxntid: None,
-            reqntid: None,
-            minnctapersm: None,
-            maxnreg: None,
+            tuning: Tuning::default(),
             body: None,
             line,
         };
@@ -478,10 +469,10 @@ impl Parser {
                 Tok::Directive(d) => {
                     self.pos += 1;
                     match d.as_str() {
-                        "maxntid" => f.maxntid = Some(self.dims3()?),
-                        "reqntid" => f.reqntid = Some(self.dims3()?),
-                        "minnctapersm" => f.minnctapersm = Some(self.u32_val("count")?),
-                        "maxnreg" => f.maxnreg = Some(self.u32_val("count")?),
+                        "maxntid" => f.tuning.maxntid = Some(self.dims3()?),
+                        "reqntid" => f.tuning.reqntid = Some(self.dims3()?),
+                        "minnctapersm" => f.tuning.minnctapersm = Some(self.u32_val("count")?),
+                        "maxnreg" => f.tuning.maxnreg = Some(self.u32_val("count")?),
                         "maxclusterrank" => {
                             self.u32_val("count")?;
                         }
@@ -672,11 +663,11 @@ impl Parser {
             }
             Tok::Punct('{') => {
                 self.pos += 1;
-                Ok(Operand::Vector(self.operands_until('}')?))
+                Ok(Operand::Vector(self.list_until('}', Self::operand)?))
             }
             Tok::Punct('(') => {
                 self.pos += 1;
-                Ok(Operand::List(self.operands_until(')')?))
+                Ok(Operand::List(self.list_until(')', Self::operand)?))
             }
             Tok::Punct('!') => {
                 self.pos += 1;

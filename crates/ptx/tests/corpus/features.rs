@@ -8,7 +8,7 @@ use std::collections::BTreeSet;
 
 #[test]
 fn device_function() {
-    let module = Module::load("device_function");
+    let module = corpus("device_function");
     let (n, block) = (100usize, 64usize);
     let input: Vec<i32> = (0..n as i32).map(|i| i * i - 50).collect();
     let din = module.upload(&input);
@@ -19,16 +19,8 @@ fn device_function() {
     );
     module.launch(
         "device_function",
-        grid1(n.div_ceil(block)),
-        block1(block),
-        0,
-        &[
-            Arg::Ptr(din),
-            Arg::Ptr(dmixed),
-            Arg::Ptr(dfacts),
-            Arg::Ptr(dfibs),
-            Arg::I32(n as i32),
-        ],
+        linear(n.div_ceil(block), block),
+        &[&din, &dmixed, &dfacts, &dfibs, &(n as i32)],
     );
     let mixed: Vec<i32> = module.download(dmixed, n);
     let facts: Vec<u64> = module.download(dfacts, n);
@@ -51,7 +43,7 @@ fn device_function() {
 
 #[test]
 fn dynamic_shared() {
-    let module = Module::load("dynamic_shared");
+    let module = corpus("dynamic_shared");
     let block = 64;
     let n = block * 5;
     let input: Vec<i32> = (0..n as i32).map(|i| i * 3 - 1000).collect();
@@ -59,15 +51,8 @@ fn dynamic_shared() {
     let (drev, dscaled) = (module.alloc(n * 4), module.alloc(n * 4));
     module.launch(
         "dynamic_shared",
-        grid1(n / block),
-        block1(block),
-        block * 8,
-        &[
-            Arg::Ptr(din),
-            Arg::Ptr(drev),
-            Arg::Ptr(dscaled),
-            Arg::I32(n as i32),
-        ],
+        config([(n / block) as u32, 1, 1], [block as u32, 1, 1], block * 8),
+        &[&din, &drev, &dscaled, &(n as i32)],
     );
     let reversed: Vec<i32> = module.download(drev, n);
     let scaled: Vec<f32> = module.download(dscaled, n);
@@ -80,14 +65,8 @@ fn dynamic_shared() {
 
 #[test]
 fn printf_kernel() {
-    let module = Module::load("printf_kernel");
-    let report = module.launch(
-        "printf_kernel",
-        grid1(2),
-        block1(64),
-        0,
-        &[Arg::I32(7), Arg::F32(1.25)],
-    );
+    let module = corpus("printf_kernel");
+    let report = module.launch("printf_kernel", linear(2, 64), &[&7i32, &1.25f32]);
     let text = String::from_utf8(report.stdout).expect("printf output is UTF-8");
     let lines: BTreeSet<&str> = text.lines().collect();
     let want: BTreeSet<&str> = [
@@ -102,27 +81,15 @@ fn printf_kernel() {
 
 #[test]
 fn out_of_bounds_faults_then_memory_stays_usable() {
-    let module = Module::load("out_of_bounds");
+    let module = corpus("out_of_bounds");
     let data = module.alloc(256 * 4);
-    let report = module.try_launch(
-        "out_of_bounds",
-        grid1(1),
-        block1(32),
-        0,
-        &[Arg::Ptr(data), Arg::U64(1 << 40)],
-    );
+    let report = module.try_launch("out_of_bounds", linear(1, 32), &[&data, &(1u64 << 40)]);
     match &report.result {
         Err(fault @ Fault::IllegalAddress { .. }) => assert_eq!(fault.cu_code(), 700),
         other => panic!("expected an illegal-address fault, got {other:?}"),
     }
     // The same memory and module run the next launch normally.
-    module.launch(
-        "out_of_bounds",
-        grid1(1),
-        block1(32),
-        0,
-        &[Arg::Ptr(data), Arg::U64(0)],
-    );
+    module.launch("out_of_bounds", linear(1, 32), &[&data, &0u64]);
     let values: Vec<i32> = module.download(data, 32);
     assert_eq!(values, (0..32).collect::<Vec<i32>>());
     let other = module.upload(&[5i32, 6, 7]);
@@ -131,7 +98,7 @@ fn out_of_bounds_faults_then_memory_stays_usable() {
 
 #[test]
 fn constant_and_device_globals() {
-    let module = Module::load("constant_and_device_globals");
+    let module = corpus("constant_and_device_globals");
     let coefficients = [3i32, -1, 2, 0, -1, 0, 0, 1];
     let offsets = [100i32, -200, 300, -400];
     assert_eq!(
@@ -152,10 +119,8 @@ fn constant_and_device_globals() {
     let (dx, dout) = (module.upload(&x), module.alloc(n * 4));
     module.launch(
         "polynomial",
-        grid1(n.div_ceil(128)),
-        block1(128),
-        0,
-        &[Arg::Ptr(dx), Arg::Ptr(dout), Arg::I32(n as i32)],
+        linear(n.div_ceil(128), 128),
+        &[&dx, &dout, &(n as i32)],
     );
     let out: Vec<i32> = module.download(dout, n);
     let mut negatives = 0u32;
@@ -176,7 +141,7 @@ fn constant_and_device_globals() {
 
 #[test]
 fn warp_vote() {
-    let module = Module::load("warp_vote");
+    let module = corpus("warp_vote");
     const WORDS: usize = 9;
     let warps = 8;
     let n = warps * 32;
@@ -190,13 +155,7 @@ fn warp_vote() {
         })
         .collect();
     let (dvalues, dout) = (module.upload(&values), module.alloc(WORDS * n * 4));
-    module.launch(
-        "warp_vote",
-        grid1(2),
-        block1(128),
-        0,
-        &[Arg::Ptr(dvalues), Arg::Ptr(dout)],
-    );
+    module.launch("warp_vote", linear(2, 128), &[&dvalues, &dout]);
     let out: Vec<u32> = module.download(dout, WORDS * n);
     for w in 0..warps {
         let v = &values[w * 32..(w + 1) * 32];
@@ -237,7 +196,7 @@ fn warp_vote() {
 
 #[test]
 fn atomics_all() {
-    let module = Module::load("atomics_all");
+    let module = corpus("atomics_all");
     let n = 1024usize;
     let mut rng = Rng(8);
     let values: Vec<i32> = (0..n).map(|_| rng.range_i32(-2048, 2047)).collect();
@@ -259,15 +218,8 @@ fn atomics_all() {
     let dexch = module.alloc(n * 4);
     module.launch(
         "atomics_all",
-        grid1(n / 256),
-        block1(256),
-        0,
-        &[
-            Arg::Ptr(results),
-            Arg::Ptr(dvalues),
-            Arg::Ptr(dexch),
-            Arg::I32(n as i32),
-        ],
+        linear(n / 256, 256),
+        &[&results, &dvalues, &dexch, &(n as i32)],
     );
     let got: Vec<u8> = module.download(results, 112);
     let exch_old: Vec<i32> = module.download(dexch, n);
@@ -319,13 +271,13 @@ fn atomics_all() {
 
 #[test]
 fn grid_3d() {
-    let module = Module::load("grid_3d");
+    let module = corpus("grid_3d");
     const WORDS: usize = 7;
     let (grid, block) = ([3u32, 4, 5], [8u32, 4, 2]);
     let (width, height, depth) = (grid[0] * block[0], grid[1] * block[1], grid[2] * block[2]);
     let cells = (width * height * depth) as usize;
     let dcells = module.alloc(cells * WORDS * 4);
-    module.launch("grid_3d", grid, block, 0, &[Arg::Ptr(dcells)]);
+    module.launch("grid_3d", config(grid, block, 0), &[&dcells]);
     let out: Vec<u32> = module.download(dcells, cells * WORDS);
     let pack = |v: [u32; 3]| v[0] | v[1] << 8 | v[2] << 16;
     for z in 0..depth {
@@ -364,7 +316,7 @@ fn every_corpus_program_runs_here() {
         let path = entry.expect("directory entry").path();
         if path.extension().is_some_and(|ext| ext == "cu") {
             let stem = path.file_stem().unwrap().to_string_lossy().into_owned();
-            if !this_file.contains(&format!("Module::load(\"{stem}\")")) {
+            if !this_file.contains(&format!("corpus(\"{stem}\")")) {
                 missing.push(stem);
             }
         }

@@ -6,17 +6,15 @@ use crate::harness::*;
 
 #[test]
 fn vector_add() {
-    let module = Module::load("vector_add");
+    let module = corpus("vector_add");
     let n = 10_007;
     let a: Vec<f32> = (0..n).map(|i| i as f32 * 0.5).collect();
     let b: Vec<f32> = (0..n).map(|i| 1.0 / (i + 1) as f32).collect();
     let (da, db, dc) = (module.upload(&a), module.upload(&b), module.alloc(n * 4));
     let report = module.launch(
         "vector_add",
-        grid1(n.div_ceil(256)),
-        block1(256),
-        0,
-        &[Arg::Ptr(da), Arg::Ptr(db), Arg::Ptr(dc), Arg::I32(n as i32)],
+        linear(n.div_ceil(256), 256),
+        &[&da, &db, &dc, &(n as i32)],
     );
     assert!(report.instructions > n as u64);
     let c: Vec<f32> = module.download(dc, n);
@@ -27,25 +25,14 @@ fn vector_add() {
 
 #[test]
 fn saxpy() {
-    let module = Module::load("saxpy");
+    let module = corpus("saxpy");
     let n = 1 << 16;
     let alpha = 2.5f32;
     let mut rng = Rng(1);
-    let x: Vec<f32> = (0..n).map(|_| rng.uniform(-0.5, 0.5) as f32).collect();
+    let x = rng.uniform_f32s(n, -0.5, 0.5);
     let y: Vec<f32> = (0..n).map(|i| (i % 1000) as f32 * 0.001).collect();
     let (dx, dy) = (module.upload(&x), module.upload(&y));
-    module.launch(
-        "saxpy",
-        grid1(32),
-        block1(256),
-        0,
-        &[
-            Arg::I32(n as i32),
-            Arg::F32(alpha),
-            Arg::Ptr(dx),
-            Arg::Ptr(dy),
-        ],
-    );
+    module.launch("saxpy", linear(32, 256), &[&(n as i32), &alpha, &dx, &dy]);
     let out: Vec<f32> = module.download(dy, n);
     for i in 0..n {
         let want = alpha.mul_add(x[i], y[i]);
@@ -55,11 +42,11 @@ fn saxpy() {
 
 #[test]
 fn matmul_tiled() {
-    let module = Module::load("matmul_tiled");
+    let module = corpus("matmul_tiled");
     let (m, n, k) = (70usize, 50usize, 40usize);
     let mut rng = Rng(2);
-    let a: Vec<f32> = (0..m * k).map(|_| rng.uniform(-1.0, 1.0) as f32).collect();
-    let b: Vec<f32> = (0..k * n).map(|_| rng.uniform(-1.0, 1.0) as f32).collect();
+    let a = rng.uniform_f32s(m * k, -1.0, 1.0);
+    let b = rng.uniform_f32s(k * n, -1.0, 1.0);
     let (da, db, dc) = (
         module.upload(&a),
         module.upload(&b),
@@ -67,17 +54,12 @@ fn matmul_tiled() {
     );
     module.launch(
         "matmul_tiled",
-        [n.div_ceil(16) as u32, m.div_ceil(16) as u32, 1],
-        [16, 16, 1],
-        0,
-        &[
-            Arg::Ptr(da),
-            Arg::Ptr(db),
-            Arg::Ptr(dc),
-            Arg::I32(m as i32),
-            Arg::I32(n as i32),
-            Arg::I32(k as i32),
-        ],
+        config(
+            [n.div_ceil(16) as u32, m.div_ceil(16) as u32, 1],
+            [16, 16, 1],
+            0,
+        ),
+        &[&da, &db, &dc, &(m as i32), &(n as i32), &(k as i32)],
     );
     let c: Vec<f32> = module.download(dc, m * n);
     for row in 0..m {
@@ -92,25 +74,19 @@ fn matmul_tiled() {
 
 #[test]
 fn reduce_shfl() {
-    let module = Module::load("reduce_shfl");
+    let module = corpus("reduce_shfl");
     let n: usize = 50_001;
     let mut rng = Rng(3);
     let data: Vec<i32> = (0..n).map(|_| rng.range_i32(-1000, 1000)).collect();
     let (din, dtotal) = (module.upload(&data), module.alloc(8));
-    module.launch(
-        "reduce_shfl",
-        grid1(8),
-        block1(256),
-        0,
-        &[Arg::Ptr(din), Arg::Ptr(dtotal), Arg::I32(n as i32)],
-    );
+    module.launch("reduce_shfl", linear(8, 256), &[&din, &dtotal, &(n as i32)]);
     let total = module.download::<u64>(dtotal, 1)[0] as i64;
     assert_eq!(total, data.iter().map(|&v| i64::from(v)).sum::<i64>());
 }
 
 #[test]
 fn histogram() {
-    let module = Module::load("histogram");
+    let module = corpus("histogram");
     let n: usize = 40_000;
     let mut rng = Rng(4);
     let data: Vec<u8> = (0..n)
@@ -120,13 +96,7 @@ fn histogram() {
         })
         .collect();
     let (ddata, dbins) = (module.upload(&data), module.alloc(256 * 4));
-    module.launch(
-        "histogram",
-        grid1(10),
-        block1(192),
-        0,
-        &[Arg::Ptr(ddata), Arg::I32(n as i32), Arg::Ptr(dbins)],
-    );
+    module.launch("histogram", linear(10, 192), &[&ddata, &(n as i32), &dbins]);
     let mut want = vec![0u32; 256];
     for &byte in &data {
         want[byte as usize] += 1;
@@ -136,7 +106,7 @@ fn histogram() {
 
 #[test]
 fn prefix_scan() {
-    let module = Module::load("prefix_scan");
+    let module = corpus("prefix_scan");
     let n: usize = 5000;
     let block = 256;
     let blocks = n.div_ceil(block);
@@ -147,34 +117,18 @@ fn prefix_scan() {
     let dscanned = module.alloc(blocks * 4);
     module.launch(
         "scan_blocks",
-        grid1(blocks),
-        block1(block),
-        0,
-        &[
-            Arg::Ptr(din),
-            Arg::Ptr(dout),
-            Arg::Ptr(dsums),
-            Arg::I32(n as i32),
-        ],
+        linear(blocks, block),
+        &[&din, &dout, &dsums, &(n as i32)],
     );
     module.launch(
         "scan_blocks",
-        grid1(1),
-        block1(block),
-        0,
-        &[
-            Arg::Ptr(dsums),
-            Arg::Ptr(dscanned),
-            Arg::Ptr(0),
-            Arg::I32(blocks as i32),
-        ],
+        linear(1, block),
+        &[&dsums, &dscanned, &0u64, &(blocks as i32)],
     );
     module.launch(
         "add_block_offsets",
-        grid1(blocks),
-        block1(block),
-        0,
-        &[Arg::Ptr(dout), Arg::Ptr(dscanned), Arg::I32(n as i32)],
+        linear(blocks, block),
+        &[&dout, &dscanned, &(n as i32)],
     );
     let out: Vec<i32> = module.download(dout, n);
     let want: Vec<i32> = input
@@ -189,21 +143,18 @@ fn prefix_scan() {
 
 #[test]
 fn transpose() {
-    let module = Module::load("transpose");
+    let module = corpus("transpose");
     let (rows, cols) = (70usize, 100usize);
     let input: Vec<f32> = (0..rows * cols).map(|i| i as f32).collect();
     let (din, dout) = (module.upload(&input), module.alloc(rows * cols * 4));
     module.launch(
         "transpose",
-        [cols.div_ceil(32) as u32, rows.div_ceil(32) as u32, 1],
-        [32, 8, 1],
-        0,
-        &[
-            Arg::Ptr(din),
-            Arg::Ptr(dout),
-            Arg::I32(rows as i32),
-            Arg::I32(cols as i32),
-        ],
+        config(
+            [cols.div_ceil(32) as u32, rows.div_ceil(32) as u32, 1],
+            [32, 8, 1],
+            0,
+        ),
+        &[&din, &dout, &(rows as i32), &(cols as i32)],
     );
     let out: Vec<f32> = module.download(dout, rows * cols);
     for r in 0..rows {
@@ -215,7 +166,7 @@ fn transpose() {
 
 #[test]
 fn nbody() {
-    let module = Module::load("nbody");
+    let module = corpus("nbody");
     let n = 256;
     let dt = 0.001f32;
     let mut rng = Rng(5);
@@ -232,14 +183,9 @@ fn nbody() {
         vel.push(0.0f32);
     }
     let (dpos, dvel) = (module.upload(&pos), module.upload(&vel));
-    let args = [
-        Arg::Ptr(dpos),
-        Arg::Ptr(dvel),
-        Arg::I32(n as i32),
-        Arg::F32(dt),
-    ];
-    module.launch("body_forces", grid1(n / 128), block1(128), 0, &args);
-    module.launch("integrate", grid1(n / 128), block1(128), 0, &args);
+    let args: [&dyn KernelArg; 4] = [&dpos, &dvel, &(n as i32), &dt];
+    module.launch("body_forces", linear(n / 128, 128), &args);
+    module.launch("integrate", linear(n / 128, 128), &args);
     let got_pos: Vec<f32> = module.download(dpos, 4 * n);
     let got_vel: Vec<f32> = module.download(dvel, 4 * n);
 
@@ -268,7 +214,7 @@ fn nbody() {
 
 #[test]
 fn bitonic_sort() {
-    let module = Module::load("bitonic_sort");
+    let module = corpus("bitonic_sort");
     const CHUNK: u32 = 1024; // fixed in bitonic_sort.cu
     let n = 4 * CHUNK; // two merge sizes above a chunk: global and shared stages
     let mut rng = Rng(6);
@@ -278,10 +224,8 @@ fn bitonic_sort() {
     let shared = |first: u32, last: u32| {
         module.launch(
             "bitonic_shared",
-            grid1(chunks),
-            block1(CHUNK as usize / 2),
-            0,
-            &[Arg::Ptr(dkeys), Arg::U32(first), Arg::U32(last)],
+            linear(chunks, CHUNK as usize / 2),
+            &[&dkeys, &first, &last],
         );
     };
     shared(2, CHUNK);
@@ -291,10 +235,8 @@ fn bitonic_sort() {
         while stride >= CHUNK {
             module.launch(
                 "bitonic_global",
-                grid1((n / 256) as usize),
-                block1(256),
-                0,
-                &[Arg::Ptr(dkeys), Arg::U32(size), Arg::U32(stride)],
+                linear((n / 256) as usize, 256),
+                &[&dkeys, &size, &stride],
             );
             stride /= 2;
         }

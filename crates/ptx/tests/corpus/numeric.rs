@@ -3,6 +3,11 @@
 
 use crate::harness::*;
 
+/// Results per thread of `half_precision.cu`.
+const HALF_RESULTS: usize = 18;
+/// Results per thread of `math_funcs.cu`, one per function.
+const FUNCS: usize = 20;
+
 fn normal_cdf(d: f64) -> f64 {
     let (a1, a2, a3, a4, a5) = (
         0.319_381_53,
@@ -24,13 +29,13 @@ fn normal_cdf(d: f64) -> f64 {
 
 #[test]
 fn black_scholes() {
-    let module = Module::load("black_scholes");
+    let module = corpus("black_scholes");
     let n = 500;
     let (rate, volatility) = (0.02f32, 0.30f32);
     let mut rng = Rng(7);
-    let spot: Vec<f32> = (0..n).map(|_| rng.uniform(5.0, 30.0) as f32).collect();
-    let strike: Vec<f32> = (0..n).map(|_| rng.uniform(1.0, 100.0) as f32).collect();
-    let years: Vec<f32> = (0..n).map(|_| rng.uniform(0.25, 10.0) as f32).collect();
+    let spot = rng.uniform_f32s(n, 5.0, 30.0);
+    let strike = rng.uniform_f32s(n, 1.0, 100.0);
+    let years = rng.uniform_f32s(n, 0.25, 10.0);
     let (dcall, dput) = (module.alloc(n * 4), module.alloc(n * 4));
     let (dspot, dstrike, dyears) = (
         module.upload(&spot),
@@ -39,18 +44,16 @@ fn black_scholes() {
     );
     module.launch(
         "black_scholes",
-        grid1(n.div_ceil(128)),
-        block1(128),
-        0,
+        linear(n.div_ceil(128), 128),
         &[
-            Arg::Ptr(dcall),
-            Arg::Ptr(dput),
-            Arg::Ptr(dspot),
-            Arg::Ptr(dstrike),
-            Arg::Ptr(dyears),
-            Arg::F32(rate),
-            Arg::F32(volatility),
-            Arg::I32(n as i32),
+            &dcall,
+            &dput,
+            &dspot,
+            &dstrike,
+            &dyears,
+            &rate,
+            &volatility,
+            &(n as i32),
         ],
     );
     let call: Vec<f32> = module.download(dcall, n);
@@ -123,34 +126,23 @@ fn ulp_distance16(x: u16, y: u16) -> u32 {
 #[test]
 fn half_precision() {
     use half::{bf16, f16};
-    let module = Module::load("half_precision");
-    const RESULTS: usize = 18;
+    let module = corpus("half_precision");
     let n = 2048;
     let mut rng = Rng(9);
-    let mut a: Vec<f32> = (0..n).map(|_| rng.uniform(-8.0, 8.0) as f32).collect();
-    let b: Vec<f32> = (0..n).map(|_| rng.uniform(-4.0, 4.0) as f32).collect();
-    let c: Vec<f32> = (0..n).map(|_| rng.uniform(-16.0, 16.0) as f32).collect();
+    let [mut a, b, c] =
+        [(-8.0, 8.0), (-4.0, 4.0), (-16.0, 16.0)].map(|(lo, hi)| rng.uniform_f32s(n, lo, hi));
     a[0] = 65504.0;
     a[1] = 1e-6;
     a[2] = 70000.0;
     a[3] = -1e-9;
     let (da, db, dc) = (module.upload(&a), module.upload(&b), module.upload(&c));
-    let (dout, dints) = (module.alloc(RESULTS * n * 2), module.alloc(2 * n * 4));
+    let (dout, dints) = (module.alloc(HALF_RESULTS * n * 2), module.alloc(2 * n * 4));
     module.launch(
         "half_precision",
-        grid1(n / 128),
-        block1(128),
-        0,
-        &[
-            Arg::Ptr(da),
-            Arg::Ptr(db),
-            Arg::Ptr(dc),
-            Arg::Ptr(dout),
-            Arg::Ptr(dints),
-            Arg::I32(n as i32),
-        ],
+        linear(n / 128, 128),
+        &[&da, &db, &dc, &dout, &dints, &(n as i32)],
     );
-    let out: Vec<u16> = module.download(dout, RESULTS * n);
+    let out: Vec<u16> = module.download(dout, HALF_RESULTS * n);
     let ints: Vec<i32> = module.download(dints, 2 * n);
     let h = |v: f64| f16::from_f64(v).to_bits();
     let bfb = |v: f32| bf16::from_f32(v).to_bits();
@@ -167,7 +159,7 @@ fn half_precision() {
             bf16::from_f32(c[i]),
         );
         let (fa, fb, fc) = (ba.to_f32(), bb.to_f32(), bc.to_f32());
-        let want: [u16; RESULTS] = [
+        let want: [u16; HALF_RESULTS] = [
             ha.to_bits(),
             f16_directed(a[i], 'z'),
             f16_directed(a[i], 'd'),
@@ -188,7 +180,7 @@ fn half_precision() {
             bfb(fa * 3.0),
         ];
         for (k, &expected) in want.iter().enumerate() {
-            let got = out[RESULTS * i + k];
+            let got = out[HALF_RESULTS * i + k];
             let allowed = if k == 7 { 1 } else { 0 };
             assert!(
                 ulp_distance16(got, expected) <= allowed,
@@ -239,32 +231,25 @@ fn ulp_of(v: f64) -> f64 {
 
 #[test]
 fn math_funcs() {
-    let module = Module::load("math_funcs");
-    const FUNCS: usize = 20;
+    let module = corpus("math_funcs");
     let n = 2048;
     let mut rng = Rng(10);
     let pi = std::f64::consts::PI;
-    let mut x: Vec<f32> = (0..n).map(|_| rng.uniform(-100.0, 100.0) as f32).collect();
+    let mut x = rng.uniform_f32s(n, -100.0, 100.0);
     let mut p: Vec<f32> = (0..n)
         .map(|_| 10f64.powf(rng.uniform(-30.0, 30.0)) as f32)
         .collect();
-    let t: Vec<f32> = (0..n).map(|_| rng.uniform(-pi, pi) as f32).collect();
-    let y: Vec<f32> = (0..n).map(|_| rng.uniform(-80.0, 80.0) as f32).collect();
-    let q: Vec<f32> = (0..n).map(|_| rng.uniform(0.1, 10.0) as f32).collect();
+    let t = rng.uniform_f32s(n, -pi, pi);
+    let y = rng.uniform_f32s(n, -80.0, 80.0);
+    let q = rng.uniform_f32s(n, 0.1, 10.0);
     x[..6].copy_from_slice(&[1e5, -3.0e7, 1e20, 1e38, 0.0, -0.0]);
     p[..4].copy_from_slice(&[1.0, 2.0, 0.5, 1e-38]);
     let inputs = [&x, &p, &t, &y, &q].map(|values| module.upload(values));
     let dout = module.alloc(FUNCS * n * 4);
     module.launch(
         "math_funcs",
-        grid1(n / 128),
-        block1(128),
-        0,
-        &[
-            Arg::Bytes(to_bytes(&inputs)),
-            Arg::Ptr(dout),
-            Arg::I32(n as i32),
-        ],
+        linear(n / 128, 128),
+        &[&to_bytes(&inputs), &dout, &(n as i32)],
     );
     let out: Vec<f32> = module.download(dout, FUNCS * n);
     let names = [
