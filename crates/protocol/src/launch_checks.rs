@@ -47,10 +47,11 @@ pub struct LaunchLimits {
 impl LaunchLimits {
     /// The limits of a device whose attributes are `attributes` (number, value).
     pub fn of(attributes: &[(u32, i32)]) -> Self {
+        // A value of 0 or less is no limit the device gave: the default holds.
         let attr = |id: u32, default: i32| {
             attributes
                 .iter()
-                .find(|(a, _)| *a == id)
+                .find(|(a, v)| *a == id && *v > 0)
                 .map_or(default, |(_, v)| *v)
         };
         let dims = |first: u32, defaults: [i32; 3]| {
@@ -187,7 +188,8 @@ mod tests {
         assert_eq!(limits.grid, [1 << 30, MAX_GRID_DIM[1], MAX_GRID_DIM[2]]);
         assert_eq!(limits.block, MAX_BLOCK_DIM);
         assert_eq!(limits.max_cluster_blocks, MAX_CLUSTER_BLOCKS);
-        let none = LaunchLimits::of(&[]);
+        let none = LaunchLimits::of(&[(2, 0), (97, -1)]);
+        assert_eq!(none.block, MAX_BLOCK_DIM, "0 is no limit given");
         assert_eq!(none.shared_per_block_optin, SHARED_PER_BLOCK_OPTIN);
         assert_eq!(none.max_cluster_blocks, 0);
     }
