@@ -11,6 +11,9 @@ use super::{MemFill, StreamWork};
 
 /// `CU_STREAM_NON_BLOCKING`: the stream does not synchronize with the default stream.
 pub const NON_BLOCKING: u32 = 0x1;
+/// Device printf a stream order holds for its next waiting call, at most.
+pub const MAX_STDOUT_BYTES: usize = 16 << 20;
+
 /// `CU_EVENT_DISABLE_TIMING`: the event is an ordering point only.
 pub const EVENT_DISABLE_TIMING: u32 = 0x2;
 
@@ -66,5 +69,27 @@ pub fn elapsed_ms(start: Instant, end: Instant) -> f32 {
         ((end - start).as_secs_f64() * 1e3) as f32
     } else {
         -((start - end).as_secs_f64() * 1e3) as f32
+    }
+}
+
+/// Appends `bytes` of device printf to `out`, keeping `out` within
+/// [`MAX_STDOUT_BYTES`]; false when some of them were dropped.
+pub fn append_printf(out: &mut Vec<u8>, bytes: &[u8]) -> bool {
+    let room = MAX_STDOUT_BYTES.saturating_sub(out.len());
+    out.extend_from_slice(&bytes[..bytes.len().min(room)]);
+    bytes.len() <= room
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn printf_past_the_cap_is_dropped_and_said_so() {
+        let mut out = vec![b'x'; MAX_STDOUT_BYTES - 2];
+        assert!(append_printf(&mut out, b"ab"));
+        assert!(!append_printf(&mut out, b"c"));
+        assert_eq!(out.len(), MAX_STDOUT_BYTES);
+        assert!(out.ends_with(b"ab"));
     }
 }

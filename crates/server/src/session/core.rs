@@ -5,10 +5,11 @@ use std::sync::{Arc, Mutex};
 
 use cumux_protocol::{codes, CuError, Handle};
 
+use crate::device::ordering::append_printf;
 use crate::status::SessionStats;
 
 /// Printf output a session may hold before further output is dropped.
-pub const MAX_STDOUT_BYTES: usize = 16 << 20;
+pub use crate::device::ordering::MAX_STDOUT_BYTES;
 
 pub(super) use crate::locking::lock;
 
@@ -66,15 +67,12 @@ impl SessionCore {
     }
 
     pub fn append_stdout(&self, bytes: &[u8]) {
-        let mut out = lock(&self.stdout);
-        let room = MAX_STDOUT_BYTES.saturating_sub(out.len());
-        if bytes.len() > room {
+        if !append_printf(&mut lock(&self.stdout), bytes) {
             tracing::warn!(
                 session = self.id,
                 "device printf output over {MAX_STDOUT_BYTES} bytes dropped"
             );
         }
-        out.extend_from_slice(&bytes[..bytes.len().min(room)]);
     }
 
     pub fn take_stdout(&self) -> Vec<u8> {

@@ -160,7 +160,9 @@ impl Session {
         let on = stream.unwrap_or(DEFAULT_STREAM);
         // Under a gate, copies and memsets are scheduled as launches are.
         let gated = self.gate.is_some() && self.signals.is_some();
-        if stream.is_none() && !gated && self.signals.is_none() {
+        // Without signals (so without the gate's either) it is the stream
+        // order's to run now.
+        if stream.is_none() && self.signals.is_none() {
             let outcome = self.ordered()?.run_now(on, work);
             return self.waited(outcome);
         }

@@ -5,4 +5,4 @@
 mod ordered;
 mod workers;
 
-pub use ordered::{LaunchMeter, ThreadedStreams, MAX_QUEUED_BYTES, MAX_STDOUT_BYTES};
+pub use ordered::{LaunchMeter, ThreadedStreams, MAX_QUEUED_BYTES};

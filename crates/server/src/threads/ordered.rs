@@ -13,8 +13,8 @@ use cumux_protocol::{codes, CuError, DevicePtr, Handle, DEFAULT_STREAM};
 
 use super::workers::{Position, Streams, Work};
 use crate::device::ordering::{
-    elapsed_ms, launches_only, no_signal_area, not_a_launch, store_signal, unknown,
-    EVENT_DISABLE_TIMING,
+    append_printf, elapsed_ms, launches_only, no_signal_area, not_a_launch, store_signal, unknown,
+    EVENT_DISABLE_TIMING, MAX_STDOUT_BYTES,
 };
 use crate::device::signals::SignalArea;
 use crate::device::{
@@ -26,8 +26,6 @@ use crate::locking::lock;
 /// Payload bytes (async copies, launch parameters) the streams may hold in their
 /// queues; past it, queueing more first waits for the streams to drain.
 pub const MAX_QUEUED_BYTES: u64 = 1 << 30;
-/// Printf output held for the next waiting call before further output is dropped.
-pub const MAX_STDOUT_BYTES: usize = 16 << 20;
 
 /// Told the device time of every launch the streams run, in nanoseconds.
 pub type LaunchMeter = Box<dyn Fn(u64) + Send + Sync>;
@@ -62,12 +60,9 @@ impl Shared {
     }
 
     fn append_stdout(&self, bytes: &[u8]) {
-        let mut out = lock(&self.stdout);
-        let room = MAX_STDOUT_BYTES.saturating_sub(out.len());
-        if bytes.len() > room {
+        if !append_printf(&mut lock(&self.stdout), bytes) {
             tracing::warn!("device printf output over {MAX_STDOUT_BYTES} bytes dropped");
         }
-        out.extend_from_slice(&bytes[..bytes.len().min(room)]);
     }
 
     /// Runs one launch, timing it for the meter.
