@@ -9,9 +9,12 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use cumux_protocol::codes;
-use cumux_protocol::DEFAULT_STREAM;
+use cumux_protocol::{
+    codes, Call, ClientRole, Hello, ReplyBody, DEFAULT_STREAM, MAGIC, PROTOCOL_VERSION,
+};
 use cumux_server::device::{KernelLaunch, LaunchGeometry, StreamWork, SyncTarget};
+use cumux_server::session::Session;
+use cumux_server::tenants::TenantSettings;
 use cumux_server::worker::device::{cuda_worker_devices, Sharing};
 use cumux_testkit::fake_gpu::{f32_bytes, f32s, fake_libcuda, fixture_fatbin, scale_params};
 
@@ -127,7 +130,7 @@ fn cuda_contexts_live_in_workers() {
     let secret = vec![0x5au8; 4096];
     let p = first.mem_alloc(4096).unwrap();
     first.mem_write(p, &secret).unwrap();
-    first.mem_free(p).unwrap();
+    first.mem_free(p, 4096).unwrap();
     let q = second.mem_alloc(4096).unwrap();
     assert_eq!(q, p, "the fake gives the freed block out again");
     let mut seen = vec![1u8; 4096];
@@ -136,10 +139,35 @@ fn cuda_contexts_live_in_workers() {
         seen.iter().all(|&b| b == 0),
         "another session's bytes were left in freed memory"
     );
-    // A session's end scrubs what it still held, too.
-    let r = second.mem_alloc(256).unwrap();
-    second.mem_write(r, &[0x77; 256]).unwrap();
     drop(second);
+    // A session's end frees, and so scrubs, what it still held: the session
+    // hands each allocation's size to the context, which keeps no table.
+    let server = cumux_server::Server::new(shared.clone());
+    let hello = Hello {
+        magic: MAGIC,
+        version: PROTOCOL_VERSION,
+        pid: std::process::id(),
+        role: ClientRole::Driver,
+        program: "leaves-memory".into(),
+        tenant: None,
+        shm: false,
+    };
+    let tenant = Some(("t".to_string(), TenantSettings::default()));
+    let mut session = Session::open(Arc::clone(&server), &hello, tenant).unwrap();
+    let r = match session.handle(Call::MemAlloc {
+        device: 0,
+        bytes: 256,
+    }) {
+        Some(Ok(ReplyBody::Ptr(r))) => r,
+        other => panic!("{other:?}"),
+    };
+    let written = session.handle(Call::MemcpyHtoD {
+        dst: r,
+        data: vec![0x77; 256],
+        stream: None,
+    });
+    assert!(matches!(written, Some(Ok(_))), "{written:?}");
+    session.close();
     let s = first.mem_alloc(256).unwrap();
     assert_eq!(s, r, "the fake gives the freed block out again");
     let mut left = vec![1u8; 256];
@@ -175,6 +203,7 @@ fn cuda_contexts_live_in_workers() {
     assert_eq!(String::from_utf8_lossy(&out1.stdout), "scale printed n=3\n");
     drop(third);
     drop(first);
+    drop(server);
     drop(shared);
     wait_until("every worker to exit", || children().is_empty());
     let _ = std::fs::remove_file(fake);

@@ -9,6 +9,7 @@ use std::net::TcpStream;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
+use std::sync::{Mutex, MutexGuard};
 
 use cumux_protocol::hop_trace::{self, Hop};
 use cumux_protocol::shm::{self, Endpoint, ShmArea, Side};
@@ -167,6 +168,45 @@ fn offered_area(address: &ServerAddress) -> Option<(ShmArea, OwnedFd)> {
     ShmArea::create(shm::DEFAULT_LAYOUT)
         .inspect_err(|e| tracing::debug!("no shared memory ({e}); calls go over the socket"))
         .ok()
+}
+
+/// The connection behind its lock, which a call holds for one message (and
+/// its reply, when it waits for one): how every call reaches the server.
+pub struct Link(Mutex<Connection>);
+
+impl Link {
+    pub fn new(conn: Connection) -> Self {
+        Link(Mutex::new(conn))
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Connection> {
+        self.0
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Sends a call; waits for its reply unless it is fire-and-forget.
+    pub fn call(&self, call: Call) -> CuResult<ReplyBody> {
+        self.lock().call(call)
+    }
+
+    /// Sends a call whose byte buffer, left empty in `call`, is `bytes`
+    /// (through shared memory it is copied once, straight into the bulk ring).
+    pub fn call_with_bytes(&self, call: Call, bytes: &[u8]) -> CuResult<ReplyBody> {
+        self.lock().call_with_bytes(call, bytes)
+    }
+
+    /// Registers pinned host memory: `call` is a `HostRegister`, `fd` its
+    /// memfd, which follows the call on the socket.
+    pub fn register_host(&self, call: Call, fd: BorrowedFd<'_>) -> CuResult<ReplyBody> {
+        self.lock().register_host(call, fd)
+    }
+
+    /// Makes a call answered with exactly `out.len()` bytes of data, received
+    /// into `out` (through shared memory straight from the bulk ring).
+    pub fn call_into(&self, call: Call, out: &mut [u8]) -> CuResult<()> {
+        self.lock().call_into(call, out)
+    }
 }
 
 /// What the server said at connect.

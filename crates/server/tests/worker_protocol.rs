@@ -112,7 +112,7 @@ fn every_call_round_trips_and_printf_comes_through_the_stdout_stream() {
         ctx.mem_fill(b, &[1, 2, 3], 1).unwrap_err().code,
         codes::INVALID_VALUE
     );
-    ctx.mem_free(b).unwrap();
+    ctx.mem_free(b, 4096).unwrap();
 
     // A module that prints: its lines come back with the launch.
     let (module, kernel, mut params) = load_corpus_kernel(&ctx, "printf_kernel");
@@ -137,7 +137,7 @@ fn every_call_round_trips_and_printf_comes_through_the_stdout_stream() {
     ctx.module_unload(module.id);
     let gone = ctx.launch(&one_block(module.id, kernel, 1, &params));
     assert_eq!(gone.result.unwrap_err().code, codes::INVALID_HANDLE);
-    ctx.mem_free(a).unwrap();
+    ctx.mem_free(a, 4096).unwrap();
 }
 
 #[test]
@@ -471,7 +471,7 @@ fn session_connections_need_the_token_and_share_the_context() {
         read_frame(&mut impostor, &mut buf).is_err(),
         "a connection without the token was served"
     );
-    second.mem_free(p).unwrap();
+    second.mem_free(p, 256).unwrap();
 }
 
 /// Where `ctx`'s worker takes further connections, asked anew.

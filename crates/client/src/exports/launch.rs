@@ -130,7 +130,7 @@ fn launch(
     drop(st);
     crate::managed::push(c, push)?;
     match call {
-        Some(call) => c.call(call).map(|_| ()),
+        Some(call) => c.link.call(call).map(|_| ()),
         None => Ok(()),
     }
 }

@@ -21,13 +21,14 @@ use super::handles::FIRST_MINTED;
 use super::objects::State;
 use super::window::reserve_device_window;
 use crate::errors::*;
-use crate::transport::Connection;
+use crate::transport::{Connection, Link};
 
 /// The state, locked.
 pub type StateGuard<'a> = MutexGuard<'a, State>;
 
 pub struct Client {
-    conn: Mutex<Connection>,
+    /// How calls reach the server (`transport::Link`).
+    pub link: Link,
     state: Mutex<State>,
     /// Signalled when a stream's host functions have all run and when a
     /// lazy library has been loaded.
@@ -66,7 +67,7 @@ pub fn init() -> CuResult<&'static Client> {
                 session.devices.len()
             );
             let client = Arc::new(Client {
-                conn: Mutex::new(conn),
+                link: Link::new(conn),
                 state: Mutex::new(State::default()),
                 changed: Condvar::new(),
                 next_handle: AtomicUsize::new(FIRST_MINTED),
@@ -129,13 +130,13 @@ impl Client {
     /// Stream-ordered calls are checked for capture under the state lock
     /// first (`State::capture_call`).
     pub fn call(&self, call: Call) -> CuResult<ReplyBody> {
-        lock(&self.conn).call(call)
+        self.link.call(call)
     }
 
     /// Sends a call whose byte buffer, left empty in `call`, is `bytes`
     /// (through shared memory it is copied once, straight into the bulk ring).
     pub fn call_with_bytes(&self, call: Call, bytes: &[u8]) -> CuResult<ReplyBody> {
-        lock(&self.conn).call_with_bytes(call, bytes)
+        self.link.call_with_bytes(call, bytes)
     }
 
     /// Registers pinned host memory: `call` is a `HostRegister`, `fd` its
@@ -145,13 +146,13 @@ impl Client {
         call: Call,
         fd: std::os::fd::BorrowedFd<'_>,
     ) -> CuResult<ReplyBody> {
-        lock(&self.conn).register_host(call, fd)
+        self.link.register_host(call, fd)
     }
 
     /// Makes a call answered with exactly `out.len()` bytes of data, received
     /// into `out` (through shared memory straight from the bulk ring).
     pub fn call_into(&self, call: Call, out: &mut [u8]) -> CuResult<()> {
-        lock(&self.conn).call_into(call, out)
+        self.link.call_into(call, out)
     }
 
     /// A call answered with a handle.

@@ -237,7 +237,7 @@ impl DeviceContext for CpuContext {
         result
     }
 
-    fn mem_free(&self, ptr: DevicePtr) -> Result<(), CuError> {
+    fn mem_free(&self, ptr: DevicePtr, _bytes: u64) -> Result<(), CuError> {
         let result = self.mem.free(ptr).map_err(mem_err);
         self.settle();
         result

@@ -1,14 +1,9 @@
 //! Device memory accounting the backends share: the bytes all of a device's
 //! contexts hold ([`release`] never takes the count below zero), and one
-//! context's allocations within that count ([`ContextMemory`]).
+//! context's part of that count ([`ContextMemory`]), given back at its end.
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
-
-use cumux_protocol::DevicePtr;
-
-use crate::locking::lock;
+use std::sync::Arc;
 
 /// Takes `bytes` off `used`, stopping at zero.
 pub fn release(used: &AtomicU64, bytes: u64) {
@@ -17,11 +12,13 @@ pub fn release(used: &AtomicU64, bytes: u64) {
     });
 }
 
-/// One context's allocations (base → bytes), each counted in its device's
-/// bytes in use, and what else the context charges there (modules' globals).
+/// One context's bytes within its device's count: a counter, not a table.
+/// The session is the one that knows each allocation's size (it passes it to
+/// `DeviceContext::mem_free`); the context only counts, and at its drop gives
+/// back whatever it still holds.
 pub struct ContextMemory {
     used: Arc<AtomicU64>,
-    allocations: Mutex<HashMap<DevicePtr, u64>>,
+    held: AtomicU64,
 }
 
 impl ContextMemory {
@@ -29,7 +26,7 @@ impl ContextMemory {
     pub fn new(used: Arc<AtomicU64>) -> Self {
         ContextMemory {
             used,
-            allocations: Mutex::new(HashMap::new()),
+            held: AtomicU64::new(0),
         }
     }
 
@@ -38,35 +35,61 @@ impl ContextMemory {
         &self.used
     }
 
-    /// `bytes` were allocated at `ptr`.
-    pub fn allocated(&self, ptr: DevicePtr, bytes: u64) {
-        lock(&self.allocations).insert(ptr, bytes);
-        self.charge(bytes);
+    /// The bytes this context holds now.
+    pub fn held(&self) -> u64 {
+        self.held.load(Ordering::Acquire)
     }
 
-    /// `ptr` was freed: its bytes, if it was this context's, go back.
-    pub fn freed(&self, ptr: DevicePtr) {
-        if let Some(bytes) = lock(&self.allocations).remove(&ptr) {
-            release(&self.used, bytes);
-        }
-    }
-
-    /// Counts `bytes` that belong to no allocation (a module's globals).
+    /// Counts `bytes` the context took (an allocation, a module's globals).
     pub fn charge(&self, bytes: u64) {
+        self.held.fetch_add(bytes, Ordering::AcqRel);
         self.used.fetch_add(bytes, Ordering::AcqRel);
     }
 
-    /// Gives back bytes counted by [`ContextMemory::charge`].
+    /// Gives back `bytes` counted by [`ContextMemory::charge`]: never more
+    /// than the context holds, so a wrong size cannot take another
+    /// context's bytes off the device's count.
     pub fn release(&self, bytes: u64) {
-        release(&self.used, bytes);
+        let mut taken = 0;
+        let _ = self
+            .held
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |h| {
+                taken = bytes.min(h);
+                Some(h - taken)
+            });
+        release(&self.used, taken);
     }
+}
 
-    /// At the context's end: forgets every allocation and gives back their
-    /// bytes and `charged` more at once; the allocations it held.
-    pub fn release_all(&self, charged: u64) -> Vec<(DevicePtr, u64)> {
-        let allocations: Vec<(DevicePtr, u64)> = lock(&self.allocations).drain().collect();
-        let total = allocations.iter().map(|(_, b)| b).sum::<u64>() + charged;
-        release(&self.used, total);
-        allocations
+impl Drop for ContextMemory {
+    fn drop(&mut self) {
+        release(&self.used, *self.held.get_mut());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_context_gives_back_what_it_holds_and_no_more() {
+        let used = Arc::new(AtomicU64::new(0));
+        let other = ContextMemory::new(Arc::clone(&used));
+        other.charge(100);
+        let one = ContextMemory::new(Arc::clone(&used));
+        one.charge(40);
+        one.charge(2);
+        assert_eq!(used.load(Ordering::Acquire), 142);
+        one.release(40);
+        assert_eq!(one.held(), 2);
+        // A size larger than it holds takes only its own bytes back.
+        one.release(1_000);
+        assert_eq!(one.held(), 0);
+        assert_eq!(used.load(Ordering::Acquire), 100);
+        one.charge(7);
+        drop(one);
+        assert_eq!(used.load(Ordering::Acquire), 100);
+        drop(other);
+        assert_eq!(used.load(Ordering::Acquire), 0);
     }
 }

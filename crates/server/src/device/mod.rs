@@ -169,7 +169,9 @@ pub trait Device: Send + Sync {
 /// on a bad pointer.
 pub trait DeviceContext: Send + Sync {
     fn mem_alloc(&self, bytes: u64) -> Result<DevicePtr, CuError>;
-    fn mem_free(&self, ptr: DevicePtr) -> Result<(), CuError>;
+    /// Frees the allocation at `ptr`, of `bytes` (the size the session
+    /// recorded at its allocation: backends count, they keep no table).
+    fn mem_free(&self, ptr: DevicePtr, bytes: u64) -> Result<(), CuError>;
     fn mem_read(&self, src: DevicePtr, buf: &mut [u8]) -> Result<(), CuError>;
     fn mem_write(&self, dst: DevicePtr, data: &[u8]) -> Result<(), CuError>;
     fn mem_copy(&self, dst: DevicePtr, src: DevicePtr, bytes: u64) -> Result<(), CuError>;

@@ -210,7 +210,7 @@ impl DeviceContext for ModelMemory {
         Ok(ptr)
     }
 
-    fn mem_free(&self, ptr: DevicePtr) -> Result<(), CuError> {
+    fn mem_free(&self, ptr: DevicePtr, _bytes: u64) -> Result<(), CuError> {
         let mut state = self.lock();
         let block = state
             .allocations
@@ -300,7 +300,7 @@ impl DeviceContext for ModelMemory {
             state.module_globals.remove(&module).unwrap_or_default()
         };
         for ptr in globals {
-            let _ = self.mem_free(ptr);
+            let _ = self.mem_free(ptr, 0);
         }
     }
 

@@ -51,7 +51,7 @@ impl Session {
         stats.mem_used.fetch_sub(size, Ordering::Relaxed);
         stats.allocations.fetch_sub(1, Ordering::Relaxed);
         self.release(size);
-        self.ctx.mem_free(ptr)?;
+        self.ctx.mem_free(ptr, size)?;
         Ok(ReplyBody::Unit)
     }
 

@@ -4,13 +4,13 @@
 //! and its clean-up. Each child module holds one part of the calls' work.
 
 mod core;
-mod launch_checks;
-mod launches;
+mod graphs;
 mod memory;
 mod modules;
-mod ordered;
 mod signalling;
 mod streams;
+mod submit;
+mod waits;
 
 use std::cell::Cell;
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -567,7 +567,7 @@ impl Session {
             self.drop_module(m);
         }
         for (ptr, size) in std::mem::take(&mut self.allocations) {
-            if let Err(e) = self.ctx.mem_free(ptr) {
+            if let Err(e) = self.ctx.mem_free(ptr, size) {
                 tracing::error!(session = self.id(), %e, "freeing {ptr:#x} at teardown failed");
             }
             self.release(size);

@@ -502,16 +502,16 @@ impl DeviceContext for WorkerContext {
     fn mem_alloc(&self, bytes: u64) -> Result<DevicePtr, CuError> {
         match self.call(&WorkerRequest::MemAlloc { bytes }, &[], None)? {
             WorkerValue::Ptr(ptr) => {
-                self.memory.allocated(ptr, bytes);
+                self.memory.charge(bytes);
                 Ok(ptr)
             }
             other => Err(unexpected(&other)),
         }
     }
 
-    fn mem_free(&self, ptr: DevicePtr) -> Result<(), CuError> {
-        self.unit(&WorkerRequest::MemFree { ptr }, &[])?;
-        self.memory.freed(ptr);
+    fn mem_free(&self, ptr: DevicePtr, bytes: u64) -> Result<(), CuError> {
+        self.unit(&WorkerRequest::MemFree { ptr, bytes }, &[])?;
+        self.memory.release(bytes);
         Ok(())
     }
 
@@ -756,8 +756,6 @@ impl StreamOrdered for WorkerContext {
 
 impl Drop for WorkerContext {
     fn drop(&mut self) {
-        let globals: u64 = lock(&self.modules).drain().map(|(_, (_, b))| b).sum();
-        self.memory.release_all(globals);
         // Closing the socket tells the worker to tear its context down and exit.
         if let Some(conn) = lock(&self.conn).take() {
             let _ = conn.link.socket().shutdown(std::net::Shutdown::Both);

@@ -323,7 +323,9 @@ impl Served<'_, '_> {
             WorkerRequest::MemAlloc { bytes } => {
                 guarded(kind, || value(ctx.mem_alloc(bytes).map(WorkerValue::Ptr)))
             }
-            WorkerRequest::MemFree { ptr } => guarded(kind, || unit(ctx.mem_free(ptr))),
+            WorkerRequest::MemFree { ptr, bytes } => {
+                guarded(kind, || unit(ctx.mem_free(ptr, bytes)))
+            }
             WorkerRequest::MemRead { src, len } => guarded(kind, || {
                 read_into(len, |buf| LaunchOutcome {
                     stdout: Vec::new(),

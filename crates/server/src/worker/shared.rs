@@ -103,8 +103,6 @@ struct ViewState {
     behind_default: HashSet<Handle>,
     /// Internal events made so far (one per blocking stream, one for the default).
     internal_events: HashSet<Handle>,
-    /// The session's allocations: base → bytes.
-    allocations: HashMap<DevicePtr, u64>,
     /// The session's modules, with their globals (base, bytes).
     modules: HashMap<ModuleId, Vec<(DevicePtr, u64)>>,
     /// The priority of the session's own default stream.
@@ -310,27 +308,22 @@ impl SharedView {
 
 impl DeviceContext for SharedView {
     fn mem_alloc(&self, bytes: u64) -> Result<DevicePtr, CuError> {
-        let ptr = self.conn.mem_alloc(bytes)?;
-        lock(&self.state).allocations.insert(ptr, bytes);
-        Ok(ptr)
+        self.conn.mem_alloc(bytes)
     }
 
-    fn mem_free(&self, ptr: DevicePtr) -> Result<(), CuError> {
-        let bytes = lock(&self.state).allocations.get(&ptr).copied();
-        if let Some(bytes) = bytes {
-            // Nothing of the session's may write it after the scrub (cuMemFree
-            // waits for the device anyway; a closing session's work may run).
-            let streams = self.streams_of(&lock(&self.state), SyncTarget::Context);
-            for stream in streams {
-                let waited = self.conn.synchronize(stream);
-                self.route.deliver(waited.stdout, &self.inbox);
-                waited.result?;
-            }
-            self.scrub(ptr, bytes)?;
+    /// The session frees each of its allocations here, at the latest at its
+    /// end (`Session`'s teardown), so the shared context keeps none of them.
+    fn mem_free(&self, ptr: DevicePtr, bytes: u64) -> Result<(), CuError> {
+        // Nothing of the session's may write it after the scrub (cuMemFree
+        // waits for the device anyway; a closing session's work may run).
+        let streams = self.streams_of(&lock(&self.state), SyncTarget::Context);
+        for stream in streams {
+            let waited = self.conn.synchronize(stream);
+            self.route.deliver(waited.stdout, &self.inbox);
+            waited.result?;
         }
-        self.conn.mem_free(ptr)?;
-        lock(&self.state).allocations.remove(&ptr);
-        Ok(())
+        self.scrub(ptr, bytes)?;
+        self.conn.mem_free(ptr, bytes)
     }
 
     fn mem_read(&self, src: DevicePtr, buf: &mut [u8]) -> Result<(), CuError> {
@@ -535,12 +528,6 @@ impl Drop for SharedView {
         let _ = self.synchronize_all(&state);
         for (m, globals) in state.modules {
             self.unload(m, &globals);
-        }
-        for (p, bytes) in state.allocations {
-            let freed = self.scrub(p, bytes).and_then(|()| self.conn.mem_free(p));
-            if let Err(e) = freed {
-                tracing::warn!("shared context: freeing {p:#x} failed: {e}");
-            }
         }
         for s in state.streams.keys() {
             let _ = self.conn.stream_destroy(self.name(*s));

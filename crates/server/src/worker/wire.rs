@@ -31,6 +31,7 @@ pub enum WorkerRequest {
     },
     MemFree {
         ptr: DevicePtr,
+        bytes: u64,
     },
     /// Answered by [`WorkerValue::Bytes`] and one raw frame of `len` bytes.
     MemRead {

@@ -249,13 +249,13 @@ impl CudaContext {
 impl DeviceContext for CudaContext {
     fn mem_alloc(&self, bytes: u64) -> Result<DevicePtr, CuError> {
         let ptr = self.ctx()?.mem_alloc(bytes).map_err(cu_err)?;
-        self.memory.allocated(ptr, bytes);
+        self.memory.charge(bytes);
         Ok(ptr)
     }
 
-    fn mem_free(&self, ptr: DevicePtr) -> Result<(), CuError> {
+    fn mem_free(&self, ptr: DevicePtr, bytes: u64) -> Result<(), CuError> {
         self.ctx()?.mem_free(ptr).map_err(cu_err)?;
-        self.memory.freed(ptr);
+        self.memory.release(bytes);
         Ok(())
     }
 
@@ -438,8 +438,6 @@ impl DeviceContext for CudaContext {
 impl Drop for CudaContext {
     fn drop(&mut self) {
         let modules: Vec<CudaModule> = lock(&self.modules).drain().map(|(_, m)| m).collect();
-        let globals = modules.iter().map(|m| m.globals_bytes).sum();
-        let allocations = self.memory.release_all(globals);
         let mut streams: Vec<Arc<Stream>> = lock(&self.streams).drain().map(|(_, s)| s).collect();
         let ordered = std::mem::take(&mut *lock(&self.ordered));
         streams.extend(ordered.streams.into_values());
@@ -457,15 +455,10 @@ impl Drop for CudaContext {
             }
             drop(pins);
             drop(modules);
-            if let Some(ctx) = ctx {
-                if ctx.is_primary() {
-                    // A shared context outlives the session: free what it held.
-                    for (ptr, _) in &allocations {
-                        let _ = ctx.mem_free(*ptr);
-                    }
-                }
-                drop(ctx);
-            }
+            // In a shared (primary) context the session freed its
+            // allocations before its end (`Session`'s teardown); its
+            // bytes leave the device's count with `memory`.
+            drop(ctx);
         };
         match self.capture() {
             Some(capture) => drop(capture.window(teardown)),

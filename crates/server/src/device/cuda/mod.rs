@@ -378,7 +378,7 @@ mod tests {
 
         ctx.module_unload(loaded.id);
         assert_eq!(device.mem_used(), 32);
-        ctx.mem_free(b).unwrap();
+        ctx.mem_free(b, 16).unwrap();
         assert_eq!(device.mem_used(), 16);
         drop(ctx);
         assert_eq!(device.mem_used(), 0);
@@ -392,7 +392,7 @@ mod tests {
         let two = shared.create_context().unwrap();
         let p = one.mem_alloc(8).unwrap();
         two.mem_alloc(8).unwrap();
-        one.mem_free(p).unwrap();
+        one.mem_free(p, 8).unwrap();
         drop(two);
         assert_eq!(shared.mem_used(), 0);
     }

@@ -1,49 +1,20 @@
-//! A session's launches: each checked against its kernel and the device at
-//! the call, then queued on its stream; graphs of launches, checked once and
-//! run as one piece of work.
+//! A session's graphs of launches: each launch checked once at the graph's
+//! creation, the graph run as one piece of work (a device that keeps stream
+//! order makes it one graph of its own).
 
 use std::sync::atomic::Ordering;
 
-use cumux_protocol::hop_trace::{self, Hop};
-use cumux_protocol::{codes, CuError, GraphLaunch, Handle, ReplyBody};
+use cumux_protocol::{codes, GraphLaunch, Handle, ReplyBody};
 
 use super::core::{err, invalid_handle};
-use super::launch_checks::check_launch;
 use super::{CallResult, Session};
-use crate::device::{KernelLaunch, StreamWork};
+use crate::device::StreamWork;
 
 /// Graphs a session may hold, and launches a graph may have.
 const MAX_GRAPHS: usize = 4096;
 const MAX_GRAPH_LAUNCHES: usize = 1 << 16;
 
 impl Session {
-    pub(super) fn launch(&mut self, stream: Handle, launch: GraphLaunch) -> CallResult {
-        self.check_stream(stream)?;
-        let checked = self.checked_launch(launch)?;
-        hop_trace::mark(Hop::Step, "checked");
-        self.submit_launch(stream, checked)
-    }
-
-    /// A launch checked against its kernel and the device's limits.
-    pub(super) fn checked_launch(&self, launch: GraphLaunch) -> Result<KernelLaunch, CuError> {
-        let f = self
-            .functions
-            .get(&launch.function)
-            .ok_or_else(|| invalid_handle("function", launch.function))?;
-        check_launch(&self.limits, f.module, f.index, &f.desc, launch)
-    }
-
-    /// Queues a checked launch on `stream`.
-    pub(super) fn submit_launch(&mut self, stream: Handle, launch: KernelLaunch) -> CallResult {
-        // The count is exact; the device time is measured only where the
-        // server's own threads run the kernel (`launch_meter`).
-        self.core.stats.launches.fetch_add(1, Ordering::Relaxed);
-        if let Some(hold) = &self.account {
-            hold.account().record_launch(0);
-        }
-        self.launch_work(stream, StreamWork::Launch(launch))
-    }
-
     /// Checks every launch now, as a launch is checked, and keeps them; a
     /// device that keeps stream order makes them one graph of its own.
     pub(super) fn graph_create(&mut self, launches: Vec<GraphLaunch>) -> CallResult {

@@ -1,15 +1,19 @@
-//! How a session's work reaches its one stream order: queued unwaited, or
-//! first let go by the scheduling gate with a completion signal behind it; and
-//! how waiting calls are answered, from the signals where they can say.
+//! How a session's stream work reaches its one stream order. A launch is
+//! checked against its kernel and the device's limits (the rules of
+//! `cumux_protocol::launch_checks`, which the client applies at the call too),
+//! then, like copies and ordering work, queued unwaited, or first let go by the
+//! scheduling gate with a completion signal behind it.
+
+use std::sync::atomic::Ordering;
 
 use cumux_protocol::hop_trace::{self, Hop};
-use cumux_protocol::{codes, Handle, ReplyBody, DEFAULT_STREAM};
+use cumux_protocol::launch_checks::{check_params, LaunchLimits};
+use cumux_protocol::{CuError, GraphLaunch, Handle, ReplyBody, DEFAULT_STREAM};
 
-use super::core::err;
-use super::signalling::{flush_signals, SIGNAL_EACH_FROM_NS, SIGNAL_EVERY, SIGNAL_SPIN};
+use super::core::invalid_handle;
+use super::signalling::{flush_signals, SIGNAL_EACH_FROM_NS, SIGNAL_EVERY};
 use super::{stream_order, CallResult, Session};
-use crate::device::signals::ERROR_SLOT;
-use crate::device::{LaunchOutcome, StreamWork, SyncTarget};
+use crate::device::{KernelDesc, KernelLaunch, LaunchGeometry, ModuleId, StreamWork, SyncTarget};
 use crate::gate::{kernel_id_of, Admission};
 
 impl Session {
@@ -22,20 +26,31 @@ impl Session {
         }
     }
 
-    /// The result of a call that waited on the device: its printf output is
-    /// kept for the reply, its failure recorded (fatal ones poison the session).
-    pub(super) fn waited(&self, outcome: LaunchOutcome) -> CallResult {
-        self.core.append_stdout(&outcome.stdout);
-        if let Err(e) = outcome.result {
-            // A failed context signals nothing more: its launches leave the gate now.
-            if codes::is_fatal(e.code) {
-                if let Some(gate) = &self.gate {
-                    gate.forget_in_flight();
-                }
-            }
-            self.core.fail(e);
+    pub(super) fn launch(&mut self, stream: Handle, launch: GraphLaunch) -> CallResult {
+        self.check_stream(stream)?;
+        let checked = self.checked_launch(launch)?;
+        hop_trace::mark(Hop::Step, "checked");
+        self.submit_launch(stream, checked)
+    }
+
+    /// A launch checked against its kernel and the device's limits.
+    pub(super) fn checked_launch(&self, launch: GraphLaunch) -> Result<KernelLaunch, CuError> {
+        let f = self
+            .functions
+            .get(&launch.function)
+            .ok_or_else(|| invalid_handle("function", launch.function))?;
+        check_launch(&self.limits, f.module, f.index, &f.desc, launch)
+    }
+
+    /// Queues a checked launch on `stream`.
+    pub(super) fn submit_launch(&mut self, stream: Handle, launch: KernelLaunch) -> CallResult {
+        // The count is exact; the device time is measured only where the
+        // server's own threads run the kernel (`launch_meter`).
+        self.core.stats.launches.fetch_add(1, Ordering::Relaxed);
+        if let Some(hold) = &self.account {
+            hold.account().record_launch(0);
         }
-        self.sync_result()
+        self.launch_work(stream, StreamWork::Launch(launch))
     }
 
     /// Queues a launch (or a graph). Under a gate it first waits for the
@@ -142,18 +157,6 @@ impl Session {
         }
     }
 
-    /// A stream or event query against the device.
-    pub(super) fn query(&self, target: SyncTarget, busy: &str) -> CallResult {
-        match self.ordered()?.query(target) {
-            Ok(true) => self.sync_result(),
-            Ok(false) => Err(err(codes::NOT_READY, busy)),
-            Err(e) => {
-                self.core.fail(e);
-                self.sync_result()
-            }
-        }
-    }
-
     /// Queues a copy or memset: on `stream` without waiting, or (`None`) on the
     /// default stream, waiting for it as a synchronous call does.
     pub(super) fn submit(&mut self, stream: Option<Handle>, work: StreamWork) -> CallResult {
@@ -202,74 +205,38 @@ impl Session {
         self.enqueue(stream, work);
         Ok(ReplyBody::Unit)
     }
+}
 
-    /// Waits for `target` (a stream or all the session's work), answered from the
-    /// completion signals where they can say, else by the device.
-    pub(super) fn synchronize(&mut self, target: SyncTarget) -> CallResult {
-        if let Some(result) = self.signalled_sync(target) {
-            return result;
-        }
-        let outcome = self.ordered()?.synchronize(target);
-        self.enqueue_failed.set(false);
-        self.waited(outcome)
-    }
-
-    /// Answers a synchronize from the session's completion signals, without
-    /// the worker, when they can say (every launch of the streams waited for
-    /// is covered by a signal queued after all their other work), they come
-    /// within `signal_wait`, and nothing failed to queue since the worker was
-    /// last asked (the session's own failures, or the worker's error counter):
-    /// two hand-offs fewer for a short kernel's wait. `None`: ask the worker.
-    fn signalled_sync(&mut self, target: SyncTarget) -> Option<CallResult> {
-        if self.enqueue_failed.get() || self.signal_wait.is_zero() {
-            return None;
-        }
-        // Under a gate every waiting call has flushed them already.
-        if self.gate.is_none() {
-            self.flush_signals();
-        }
-        let signals = self.signals.as_ref()?;
-        let wanted = match target {
-            SyncTarget::Stream(DEFAULT_STREAM) | SyncTarget::Context => signals.all_settled()?,
-            SyncTarget::Stream(stream) => vec![signals.settled(stream)?],
-            SyncTarget::Event(_) => return None,
-        };
-        if wanted.is_empty() {
-            return None;
-        }
-        let area = signals.area();
-        let errors = area.load(ERROR_SLOT);
-        if errors != self.worker_errors_seen.get() {
-            self.worker_errors_seen.set(errors);
-            return None;
-        }
-        let started = std::time::Instant::now();
-        while !wanted.iter().all(|&(slot, value)| area.load(slot) >= value) {
-            let waited = started.elapsed();
-            if waited >= self.signal_wait {
-                return None;
-            }
-            // Past a short spin, let the worker have this core if it needs it.
-            match waited < SIGNAL_SPIN {
-                true => std::hint::spin_loop(),
-                false => std::thread::yield_now(),
-            }
-        }
-        if area.load(ERROR_SLOT) != errors {
-            return None;
-        }
-        Some(self.sync_result())
-    }
-
-    /// Waits for all of the session's stream work (before a free or an unload).
-    pub(super) fn drain_all(&mut self) {
-        if let Ok(ordered) = self.ordered() {
-            let outcome = ordered.synchronize(SyncTarget::Context);
-            self.queued_since_sync.set(outcome.result.is_err());
-            self.core.append_stdout(&outcome.stdout);
-            if let Err(e) = outcome.result {
-                self.core.fail(e);
-            }
-        }
-    }
+/// Checks `launch` of kernel `desc` (index `kernel` of device module `module`)
+/// against the kernel and the device's `limits`.
+fn check_launch(
+    limits: &LaunchLimits,
+    module: ModuleId,
+    kernel: usize,
+    desc: &KernelDesc,
+    launch: GraphLaunch,
+) -> Result<KernelLaunch, CuError> {
+    let GraphLaunch {
+        function: _,
+        grid,
+        block,
+        shared_bytes,
+        params,
+        attributes,
+    } = launch;
+    limits.check_shape(grid, block, &desc.attrs)?;
+    limits.check_shared(shared_bytes, &desc.attrs)?;
+    check_params(&desc.name, &desc.params, params.len())?;
+    limits.check_attributes(&attributes, grid)?;
+    Ok(KernelLaunch {
+        module,
+        kernel,
+        geometry: LaunchGeometry {
+            grid,
+            block,
+            dynamic_shared_bytes: shared_bytes,
+            attributes,
+        },
+        params,
+    })
 }

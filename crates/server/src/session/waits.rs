@@ -1,0 +1,111 @@
+//! How a session's waiting calls are answered: from the completion signals
+//! where they can say, else by the device; and what a wait's outcome leaves
+//! (printf for the reply, a failure recorded).
+
+use cumux_protocol::{codes, DEFAULT_STREAM};
+
+use super::core::err;
+use super::signalling::SIGNAL_SPIN;
+use super::{CallResult, Session};
+use crate::device::signals::ERROR_SLOT;
+use crate::device::{LaunchOutcome, SyncTarget};
+
+impl Session {
+    /// The result of a call that waited on the device: its printf output is
+    /// kept for the reply, its failure recorded (fatal ones poison the session).
+    pub(super) fn waited(&self, outcome: LaunchOutcome) -> CallResult {
+        self.core.append_stdout(&outcome.stdout);
+        if let Err(e) = outcome.result {
+            // A failed context signals nothing more: its launches leave the gate now.
+            if codes::is_fatal(e.code) {
+                if let Some(gate) = &self.gate {
+                    gate.forget_in_flight();
+                }
+            }
+            self.core.fail(e);
+        }
+        self.sync_result()
+    }
+
+    /// A stream or event query against the device.
+    pub(super) fn query(&self, target: SyncTarget, busy: &str) -> CallResult {
+        match self.ordered()?.query(target) {
+            Ok(true) => self.sync_result(),
+            Ok(false) => Err(err(codes::NOT_READY, busy)),
+            Err(e) => {
+                self.core.fail(e);
+                self.sync_result()
+            }
+        }
+    }
+
+    /// Waits for `target` (a stream or all the session's work), answered from the
+    /// completion signals where they can say, else by the device.
+    pub(super) fn synchronize(&mut self, target: SyncTarget) -> CallResult {
+        if let Some(result) = self.signalled_sync(target) {
+            return result;
+        }
+        let outcome = self.ordered()?.synchronize(target);
+        self.enqueue_failed.set(false);
+        self.waited(outcome)
+    }
+
+    /// Answers a synchronize from the session's completion signals, without
+    /// the worker, when they can say (every launch of the streams waited for
+    /// is covered by a signal queued after all their other work), they come
+    /// within `signal_wait`, and nothing failed to queue since the worker was
+    /// last asked (the session's own failures, or the worker's error counter):
+    /// two hand-offs fewer for a short kernel's wait. `None`: ask the worker.
+    fn signalled_sync(&mut self, target: SyncTarget) -> Option<CallResult> {
+        if self.enqueue_failed.get() || self.signal_wait.is_zero() {
+            return None;
+        }
+        // Under a gate every waiting call has flushed them already.
+        if self.gate.is_none() {
+            self.flush_signals();
+        }
+        let signals = self.signals.as_ref()?;
+        let wanted = match target {
+            SyncTarget::Stream(DEFAULT_STREAM) | SyncTarget::Context => signals.all_settled()?,
+            SyncTarget::Stream(stream) => vec![signals.settled(stream)?],
+            SyncTarget::Event(_) => return None,
+        };
+        if wanted.is_empty() {
+            return None;
+        }
+        let area = signals.area();
+        let errors = area.load(ERROR_SLOT);
+        if errors != self.worker_errors_seen.get() {
+            self.worker_errors_seen.set(errors);
+            return None;
+        }
+        let started = std::time::Instant::now();
+        while !wanted.iter().all(|&(slot, value)| area.load(slot) >= value) {
+            let waited = started.elapsed();
+            if waited >= self.signal_wait {
+                return None;
+            }
+            // Past a short spin, let the worker have this core if it needs it.
+            match waited < SIGNAL_SPIN {
+                true => std::hint::spin_loop(),
+                false => std::thread::yield_now(),
+            }
+        }
+        if area.load(ERROR_SLOT) != errors {
+            return None;
+        }
+        Some(self.sync_result())
+    }
+
+    /// Waits for all of the session's stream work (before a free or an unload).
+    pub(super) fn drain_all(&mut self) {
+        if let Ok(ordered) = self.ordered() {
+            let outcome = ordered.synchronize(SyncTarget::Context);
+            self.queued_since_sync.set(outcome.result.is_err());
+            self.core.append_stdout(&outcome.stdout);
+            if let Err(e) = outcome.result {
+                self.core.fail(e);
+            }
+        }
+    }
+}
