@@ -1,11 +1,13 @@
 //! `cumux serve --config FILE`: a TOML file with the server settings (`device`,
 //! `listen`, `memory`, `launch_budget`, `policy`; command-line flags win), per-device
-//! tables (`[devices.N]`: a device's own `policy`) and the tenant table (quotas,
-//! weights, classes, devices, uids), and the byte-size syntax (`512M`, `16GiB`).
+//! tables (`[devices.N]`: a device's own `policy`), the tenant table (quotas,
+//! weights, classes, devices, uids), the session limits (`[limits]`), and the
+//! byte-size syntax (`512M`, `16GiB`).
 
 use std::collections::BTreeMap;
 
 use anyhow::{bail, Context, Result};
+use cumux_server::admission::SessionLimits;
 use cumux_server::gate::parse_policy;
 use cumux_server::tenants::{TenantClass, TenantPolicy, TenantSettings};
 use cumux_server::Policy;
@@ -162,6 +164,8 @@ struct RawConfig {
     defaults: RawTenant,
     #[serde(default)]
     tenants: BTreeMap<String, RawTenant>,
+    #[serde(default)]
+    limits: RawLimits,
     /// Each `[devices.N]` table as written; read into [`RawDevice`] one by one,
     /// so an error names its device.
     #[serde(default)]
@@ -170,6 +174,28 @@ struct RawConfig {
 
 fn yes() -> bool {
     true
+}
+
+/// `[limits]`: the most sessions the server holds, in all and per holder.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawLimits {
+    sessions: Option<u32>,
+    sessions_per_peer: Option<u32>,
+    sessions_per_uid: Option<u32>,
+    sessions_per_tenant: Option<u32>,
+}
+
+impl RawLimits {
+    fn limits(&self) -> SessionLimits {
+        let base = SessionLimits::default();
+        SessionLimits {
+            total: self.sessions.unwrap_or(base.total),
+            per_peer: self.sessions_per_peer.unwrap_or(base.per_peer),
+            per_uid: self.sessions_per_uid.unwrap_or(base.per_uid),
+            per_tenant: self.sessions_per_tenant.unwrap_or(base.per_tenant),
+        }
+    }
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -240,6 +266,7 @@ pub fn parse(text: &str) -> Result<FileConfig> {
         allow_unknown: raw.allow_unknown,
         defaults: raw.defaults.settings("[defaults]")?,
         tenants,
+        limits: raw.limits.limits(),
     };
     policy.validate().map_err(anyhow::Error::msg)?;
     if let Some(name) = &raw.policy {

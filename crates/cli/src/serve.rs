@@ -24,6 +24,22 @@ pub struct ServeOptions {
     /// [devices.N] tables), and the tenant table.
     #[arg(long)]
     pub config: Option<PathBuf>,
+    /// Listen on a TCP address other hosts can reach, although TCP has no
+    /// authentication yet: any host that reaches the port can claim any
+    /// tenant that no `uids` list binds. Needed for `--listen tcp:` on a
+    /// non-loopback address.
+    #[arg(long)]
+    pub insecure: bool,
+}
+
+/// Whether every address `host_port` names is a loopback one.
+fn loopback_only(host_port: &str) -> Result<bool> {
+    use std::net::ToSocketAddrs;
+    let addresses: Vec<_> = host_port
+        .to_socket_addrs()
+        .with_context(|| format!("cannot resolve {host_port}"))?
+        .collect();
+    Ok(!addresses.is_empty() && addresses.iter().all(|a| a.ip().is_loopback()))
 }
 
 /// Whether this machine shows an NVIDIA GPU to the kernel.
@@ -112,6 +128,16 @@ pub fn serve(options: ServeOptions) -> Result<()> {
         Some(text) => Address::parse(&text).map_err(anyhow::Error::msg)?,
         None => Address::default_unix(),
     };
+    if let Address::Tcp(host_port) = &address {
+        if !options.insecure && !loopback_only(host_port)? {
+            bail!(
+                "--listen {address}: TCP has no authentication yet, so any host that reaches \
+                 the port could claim any tenant no `uids` list binds; listen on a loopback \
+                 address (tcp:127.0.0.1:PORT) or the unix socket, or pass --insecure to \
+                 accept that"
+            );
+        }
+    }
     // Every device's policy unless its `[devices.N]` table gives its own.
     let default_policy_name = settings.policy.unwrap_or_else(|| "fifo".into());
     let default_policy =

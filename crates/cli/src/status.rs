@@ -69,7 +69,11 @@ pub fn render(status: &ServerStatus, address: &Address) -> String {
             d.policy
         );
     }
-    out += "\n";
+    let l = &status.limits;
+    out += &format!(
+        "\nconnections {} of {}; at most {} per peer, {} per uid, {} per tenant\n\n",
+        l.taken, l.sessions, l.per_peer, l.per_uid, l.per_tenant
+    );
     if !status.tenants.is_empty() {
         out += &format!(
             "{:<16} {:>8} {:>24} {:>6} {:<16} {:>9} {:>12}\n",
@@ -126,7 +130,7 @@ pub fn render(status: &ServerStatus, address: &Address) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use cumux_protocol::{DeviceStatus, SessionStatus, TenantStatus};
+    use cumux_protocol::{DeviceStatus, LimitsStatus, SessionStatus, TenantStatus};
 
     #[test]
     fn table_names_devices_and_sessions() {
@@ -164,6 +168,13 @@ mod tests {
                 launches: 10,
                 gpu_time_ms: 1234.5,
             }],
+            limits: LimitsStatus {
+                taken: 2,
+                sessions: 512,
+                per_peer: 64,
+                per_uid: 256,
+                per_tenant: 256,
+            },
         };
         let table = render(&status, &Address::Unix("/tmp/s.sock".into()));
         assert!(table.contains("3.0 MiB / 1.0 GiB"), "{table}");
@@ -173,6 +184,11 @@ mod tests {
             "{table}"
         );
         assert!(table.contains("1.5 KiB / 1.0 GiB"), "{table}");
+        assert!(
+            table
+                .contains("connections 2 of 512; at most 64 per peer, 256 per uid, 256 per tenant"),
+            "{table}"
+        );
         assert!(table.contains("fair"), "{table}");
         assert!(table.contains("1234.5 ms"), "{table}");
         assert!(table.contains("ms shm"), "{table}");

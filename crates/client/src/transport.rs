@@ -229,7 +229,8 @@ impl Connection {
             dead: false,
         };
         let area = offered_area(&address);
-        let program = std::env::args().next().unwrap_or_default();
+        let argv0 = std::env::args().next().unwrap_or_default();
+        let program = proto::cut_to(&argv0, proto::MAX_PROGRAM_BYTES).to_string();
         let hello = Hello {
             magic: proto::MAGIC,
             version: proto::PROTOCOL_VERSION,

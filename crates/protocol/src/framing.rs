@@ -13,8 +13,8 @@ pub const MAX_CHUNK_BYTES: usize = 64 << 20;
 pub enum FrameError {
     #[error("connection closed")]
     Closed,
-    #[error("frame of {0} bytes exceeds the limit of {MAX_FRAME_BYTES}")]
-    TooLarge(usize),
+    #[error("frame of {len} bytes exceeds the limit of {limit}")]
+    TooLarge { len: usize, limit: usize },
     #[error("i/o error: {0}")]
     Io(#[from] io::Error),
 }
@@ -25,7 +25,10 @@ const COALESCE_BYTES: usize = 64 << 10;
 /// Writes one frame: header and payload in a single write where it is small.
 pub fn write_frame(w: &mut impl Write, payload: &[u8]) -> Result<(), FrameError> {
     if payload.len() > MAX_FRAME_BYTES {
-        return Err(FrameError::TooLarge(payload.len()));
+        return Err(FrameError::TooLarge {
+            len: payload.len(),
+            limit: MAX_FRAME_BYTES,
+        });
     }
     let header = (payload.len() as u32).to_le_bytes();
     if payload.len() > COALESCE_BYTES {
@@ -44,6 +47,15 @@ pub fn write_frame(w: &mut impl Write, payload: &[u8]) -> Result<(), FrameError>
 /// Reads one frame into `buf` (reused between calls). A clean EOF before the
 /// header is `Closed`; EOF inside a frame is an I/O error.
 pub fn read_frame(r: &mut impl Read, buf: &mut Vec<u8>) -> Result<(), FrameError> {
+    read_frame_within(r, buf, MAX_FRAME_BYTES)
+}
+
+/// [`read_frame`] of a frame that may have at most `limit` bytes (a hello).
+pub fn read_frame_within(
+    r: &mut impl Read,
+    buf: &mut Vec<u8>,
+    limit: usize,
+) -> Result<(), FrameError> {
     let mut header = [0u8; 4];
     let mut got = 0;
     while got < 4 {
@@ -56,8 +68,8 @@ pub fn read_frame(r: &mut impl Read, buf: &mut Vec<u8>) -> Result<(), FrameError
         }
     }
     let len = u32::from_le_bytes(header) as usize;
-    if len > MAX_FRAME_BYTES {
-        return Err(FrameError::TooLarge(len));
+    if len > limit {
+        return Err(FrameError::TooLarge { len, limit });
     }
     // Grow with the bytes that actually arrive, so a header that merely claims
     // a large frame costs the reader nothing.
@@ -93,8 +105,21 @@ mod tests {
         let huge = ((MAX_FRAME_BYTES + 1) as u32).to_le_bytes();
         assert!(matches!(
             read_frame(&mut &huge[..], &mut buf),
-            Err(FrameError::TooLarge(_))
+            Err(FrameError::TooLarge { .. })
         ));
+        let mut hello = Vec::new();
+        write_frame(&mut hello, &[7u8; 100]).unwrap();
+        match read_frame_within(&mut &hello[..], &mut buf, 99) {
+            Err(
+                e @ FrameError::TooLarge {
+                    len: 100,
+                    limit: 99,
+                },
+            ) => {
+                assert_eq!(e.to_string(), "frame of 100 bytes exceeds the limit of 99")
+            }
+            other => panic!("{other:?}"),
+        }
         let truncated = [5u8, 0, 0, 0, b'a'];
         assert!(matches!(
             read_frame(&mut &truncated[..], &mut buf),

@@ -9,7 +9,7 @@ pub mod messages;
 pub mod pinned;
 pub mod shm;
 
-pub use framing::{read_frame, write_frame, FrameError, MAX_FRAME_BYTES};
+pub use framing::{read_frame, read_frame_within, write_frame, FrameError, MAX_FRAME_BYTES};
 pub use messages::*;
 
 /// Bumped whenever a message type changes shape. Client and server must agree.

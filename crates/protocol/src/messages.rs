@@ -15,6 +15,10 @@ pub const DEFAULT_STREAM: Handle = 0;
 /// Sent first by every client.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Hello {
+    /// First of every hello of every version, with `version`; a hello's frame
+    /// has at most [`MAX_HELLO_BYTES`], its `program` at most
+    /// [`MAX_PROGRAM_BYTES`] (a longer one is cut by the client, refused by
+    /// the server).
     pub magic: u32,
     pub version: u32,
     pub pid: u32,
@@ -27,6 +31,20 @@ pub struct Hello {
     /// The client holds a shared-memory area ([`crate::shm`]) and, if the
     /// welcome accepts it, sends it next in a [`ShmAttach`] (unix sockets only).
     pub shm: bool,
+}
+
+/// The largest hello frame a server reads.
+pub const MAX_HELLO_BYTES: usize = 4 << 10;
+/// The longest program name a hello may carry (bytes).
+pub const MAX_PROGRAM_BYTES: usize = 256;
+
+/// `text` cut to at most `max` bytes, at a character boundary.
+pub fn cut_to(text: &str, max: usize) -> &str {
+    let mut end = text.len().min(max);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
 }
 
 /// Sent by the client right after a welcome that accepted shared memory, with
@@ -450,6 +468,18 @@ pub struct ServerStatus {
     pub sessions: Vec<SessionStatus>,
     /// Tenants with live sessions. Only the CLI decodes `ServerStatus`.
     pub tenants: Vec<TenantStatus>,
+    pub limits: LimitsStatus,
+}
+
+/// The server's session limits, and the seats its connections hold now.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LimitsStatus {
+    /// Connections (sessions, and those waiting for their hello) now.
+    pub taken: u32,
+    pub sessions: u32,
+    pub per_peer: u32,
+    pub per_uid: u32,
+    pub per_tenant: u32,
 }
 
 /// One tenant's use of the server, over all its sessions.

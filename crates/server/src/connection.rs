@@ -14,10 +14,12 @@ use std::time::Duration;
 use cumux_protocol::hop_trace::{self, Hop};
 use cumux_protocol::shm::{self, Endpoint, ShmArea, ShmError, Side};
 use cumux_protocol::{
-    codes, decode, encode, pinned, read_frame, write_frame, Call, ClientRole, CuError, FrameError,
-    Hello, HelloReply, Reply, Request, ShmAttach, ShmAttached, MAGIC, PROTOCOL_VERSION,
+    codes, decode, encode, pinned, read_frame, read_frame_within, write_frame, Call, ClientRole,
+    CuError, FrameError, Hello, HelloReply, Reply, Request, ShmAttach, ShmAttached, MAGIC,
+    MAX_HELLO_BYTES, MAX_PROGRAM_BYTES, PROTOCOL_VERSION,
 };
 
+use crate::admission::{log_refusal, Peer, Seat};
 use crate::session::Session;
 use crate::Server;
 
@@ -42,6 +44,44 @@ impl Socket {
         match self {
             Socket::Unix(s) => s.set_read_timeout(timeout),
             Socket::Tcp(s) => s.set_read_timeout(timeout),
+        }
+    }
+
+    fn set_write_timeout(&self, timeout: Option<Duration>) -> std::io::Result<()> {
+        match self {
+            Socket::Unix(s) => s.set_write_timeout(timeout),
+            Socket::Tcp(s) => s.set_write_timeout(timeout),
+        }
+    }
+
+    fn shut_writing(&self) {
+        let _ = match self {
+            Socket::Unix(s) => s.shutdown(std::net::Shutdown::Write),
+            Socket::Tcp(s) => s.shutdown(std::net::Shutdown::Write),
+        };
+    }
+
+    /// Reads and drops what the peer sent, without waiting.
+    pub fn drain(&self) {
+        let mut sink = [0u8; 4096];
+        let fd = match self {
+            Socket::Unix(s) => s.as_raw_fd(),
+            Socket::Tcp(s) => s.as_raw_fd(),
+        };
+        loop {
+            // SAFETY: `sink` is valid for writes of its length; the descriptor
+            // belongs to this socket, alive for the call.
+            let got = unsafe {
+                libc::recv(
+                    fd,
+                    sink.as_mut_ptr().cast(),
+                    sink.len(),
+                    libc::MSG_DONTWAIT,
+                )
+            };
+            if got <= 0 {
+                return;
+            }
         }
     }
 
@@ -88,9 +128,48 @@ pub enum Ending {
 }
 
 /// Serves one connection until it ends; the session's resources are all
-/// released before this returns. `peer_uid` is the uid of the process at the
-/// other end, where the transport can tell (unix sockets).
-pub fn serve_connection(server: Arc<Server>, peer_uid: Option<u32>, socket: Socket) -> Ending {
+/// released before this returns, and then its `seat`. `peer_uid` is the uid of
+/// the process at the other end, where the transport can tell (unix sockets).
+/// Every refusal leaves a (rate-limited) log line.
+pub fn serve_connection(
+    server: Arc<Server>,
+    peer_uid: Option<u32>,
+    socket: Socket,
+    mut seat: Seat,
+) -> Ending {
+    let ending = serve_seated(server, peer_uid, socket, &mut seat);
+    match &ending {
+        Ending::Rejected(reason) => log_refusal(seat.peer(), peer_uid, reason),
+        Ending::Broken(why) if why.starts_with(NO_HELLO) => log_refusal(seat.peer(), peer_uid, why),
+        _ => {}
+    }
+    ending
+}
+
+/// Tells a connection that will not be served why, without waiting for its
+/// hello (a client reads the refusal where it expects the answer to it), and
+/// logs the refusal. The socket is left half-closed: its owner closes it a
+/// little later, so that a TCP peer reads the refusal before the close.
+pub fn refuse(socket: &mut Socket, peer: &Peer, peer_uid: Option<u32>, reason: &str) {
+    log_refusal(peer, peer_uid, reason);
+    if socket.set_write_timeout(Some(REFUSAL_WRITE_TIMEOUT)).is_ok() {
+        let _ = send(socket, &reject(reason.to_string()));
+    }
+    socket.shut_writing();
+}
+
+/// How long sending a refusal may take.
+const REFUSAL_WRITE_TIMEOUT: Duration = Duration::from_millis(100);
+
+/// How a broken handshake's reason starts.
+const NO_HELLO: &str = "no hello";
+
+fn serve_seated(
+    server: Arc<Server>,
+    peer_uid: Option<u32>,
+    socket: Socket,
+    seat: &mut Seat,
+) -> Ending {
     // A peer that connects and says nothing must not hold a thread for ever.
     if let Err(e) = socket.set_read_timeout(Some(HELLO_TIMEOUT)) {
         return Ending::Broken(format!("cannot set the handshake timeout: {e}"));
@@ -114,12 +193,17 @@ pub fn serve_connection(server: Arc<Server>, peer_uid: Option<u32>, socket: Sock
         ClientRole::Driver => match server.tenants().admit(hello.tenant.as_deref(), peer_uid) {
             Ok(tenant) => Some(tenant),
             Err(reason) => {
-                tracing::warn!(pid = hello.pid, ?peer_uid, "connection refused: {reason}");
                 let _ = send(&mut writer, &reject(reason.clone()));
                 return Ending::Rejected(reason);
             }
         },
     };
+    if let Some((name, _)) = &tenant {
+        if let Err(reason) = seat.join_tenant(name) {
+            let _ = send(&mut writer, &reject(reason.clone()));
+            return Ending::Rejected(reason);
+        }
+    }
     let devices = match &tenant {
         Some((_, settings)) => server
             .devices_for(settings)
@@ -465,7 +549,15 @@ enum Handshake {
 }
 
 fn read_hello(reader: &mut impl Read, buf: &mut Vec<u8>) -> Result<Hello, Handshake> {
-    read_frame(reader, buf).map_err(|e| Handshake::Broken(format!("no hello: {e}")))?;
+    match read_frame_within(reader, buf, MAX_HELLO_BYTES) {
+        Ok(()) => {}
+        Err(e @ FrameError::TooLarge { .. }) => {
+            return Err(Handshake::Reject(format!("a hello too large: {e}")))
+        }
+        // A connection closed at once (a probe of the port) is no refusal.
+        Err(FrameError::Closed) => return Err(Handshake::Broken("closed before its hello".into())),
+        Err(e) => return Err(Handshake::Broken(format!("{NO_HELLO}: {e}"))),
+    }
     // Magic and version lead every hello of every version: read them first, so a
     // client of another version is told so even if the rest has changed shape.
     let (magic, version): (u32, u32) =
@@ -480,11 +572,18 @@ fn read_hello(reader: &mut impl Read, buf: &mut Vec<u8>) -> Result<Hello, Handsh
             "protocol version mismatch: the client speaks version {version}, this server speaks version {PROTOCOL_VERSION}"
         )));
     }
-    decode(buf).map_err(|e| {
+    let hello: Hello = decode(buf).map_err(|e| {
         Handshake::Reject(format!(
             "malformed hello for protocol version {PROTOCOL_VERSION}: {e}"
         ))
-    })
+    })?;
+    if hello.program.len() > MAX_PROGRAM_BYTES {
+        return Err(Handshake::Reject(format!(
+            "a program name of {} bytes: at most {MAX_PROGRAM_BYTES}",
+            hello.program.len()
+        )));
+    }
+    Ok(hello)
 }
 
 fn reject(reason: String) -> HelloReply {

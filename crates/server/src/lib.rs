@@ -10,6 +10,7 @@
 //! connection is and keeps each tenant's memory account; [`gate`] holds launches
 //! back until the device's scheduler (`fair`, `priority`) lets them go.
 
+pub mod admission;
 pub mod connection;
 pub mod device;
 pub mod gate;
@@ -43,6 +44,8 @@ pub struct Server {
     started: Instant,
     next_session: AtomicU64,
     tenants: TenantPolicy,
+    /// What the connections hold against the session limits.
+    seats: Arc<admission::Seats>,
     accounts: Arc<Accounts>,
     /// Each device's scheduling policy, in device order.
     policies: Vec<Policy>,
@@ -110,6 +113,7 @@ impl Server {
         Arc::new(Server {
             policies,
             gates,
+            seats: admission::Seats::new(tenants.limits),
             tenants,
             accounts: Arc::new(Accounts::default()),
             name: format!("cumux {}", env!("CARGO_PKG_VERSION")),
@@ -175,6 +179,10 @@ impl Server {
             .and_then(|i| self.gates[i].as_ref())
     }
 
+    pub fn seats(&self) -> &Arc<admission::Seats> {
+        &self.seats
+    }
+
     pub fn tenants(&self) -> &TenantPolicy {
         &self.tenants
     }
@@ -206,5 +214,6 @@ pub fn server_status(server: &Server) -> ServerStatus {
         gates: &server.gates,
         registry: &server.registry,
         accounts: &server.accounts,
+        seats: &server.seats,
     })
 }

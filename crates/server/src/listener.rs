@@ -9,11 +9,14 @@ use std::os::fd::AsRawFd;
 use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
+use std::collections::VecDeque;
+use std::sync::mpsc::{sync_channel, RecvTimeoutError, SyncSender, TrySendError};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
+use crate::admission::{log_refusal, Peer};
 pub use crate::connection::HELLO_TIMEOUT;
-use crate::connection::{serve_connection, Socket};
+use crate::connection::{refuse, serve_connection, Socket};
 use crate::Server;
 
 /// Where a server listens and clients connect.
@@ -156,41 +159,122 @@ impl BoundListener {
         }
     }
 
-    /// Accepts connections forever, one thread each.
+    /// Accepts connections forever, one thread each while the session limits
+    /// allow; past them, a connection is told why by the one refusing thread
+    /// and closed (or, while that thread is behind, closed at once).
     pub fn serve(self, server: Arc<Server>) -> io::Result<()> {
+        let refusals = spawn_refuser()?;
         let mut accepted: u64 = 0;
         loop {
+            let (socket, peer, uid) = match self.accept() {
+                Ok(accepted) => accepted,
+                Err(e) => {
+                    // Out of descriptors: say so, back off, keep serving.
+                    tracing::error!("cannot accept a connection: {e}");
+                    std::thread::sleep(Duration::from_millis(50));
+                    continue;
+                }
+            };
+            let seat = match server.seats().take(peer.clone(), uid) {
+                Ok(seat) => seat,
+                Err(reason) => {
+                    if let Err(TrySendError::Full((_, peer, uid, reason))) =
+                        refusals.try_send((socket, peer, uid, reason))
+                    {
+                        log_refusal(&peer, uid, &format!("{reason} (closed unanswered)"));
+                    }
+                    continue;
+                }
+            };
             accepted += 1;
             let name = format!("cumux-conn{accepted}");
             let server = Arc::clone(&server);
-            let spawned = match &self {
-                BoundListener::Unix(listener, _) => match listener.accept() {
-                    Ok((stream, _)) => {
-                        let uid = peer_uid(&stream);
-                        spawn_connection(name, server, uid, Socket::Unix(stream))
-                    }
-                    Err(e) => Err(e),
-                },
-                BoundListener::Tcp(listener) => match listener.accept() {
-                    Ok((stream, peer)) => {
-                        tracing::debug!(%peer, "tcp connection");
-                        let _ = stream.set_nodelay(true);
-                        spawn_connection(name, server, None, Socket::Tcp(stream))
-                    }
-                    Err(e) => Err(e),
-                },
-            };
+            let spawned = std::thread::Builder::new()
+                .name(name)
+                .spawn(move || serve_connection(server, uid, socket, seat));
             if let Err(e) = spawned {
-                // Out of descriptors or threads: say so, back off, keep serving.
-                tracing::error!("cannot accept a connection: {e}");
+                // Out of threads: say so, back off, keep serving.
+                tracing::error!("cannot start a connection's thread: {e}");
                 std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+    }
+
+    /// The next connection, with who is at its other end.
+    fn accept(&self) -> io::Result<(Socket, Peer, Option<u32>)> {
+        match self {
+            BoundListener::Unix(listener, _) => {
+                let (stream, _) = listener.accept()?;
+                let (peer, uid) = match peer_credentials(&stream) {
+                    Some(cred) => (Peer::Process(cred.pid as u32), Some(cred.uid)),
+                    None => (Peer::Unknown, None),
+                };
+                Ok((Socket::Unix(stream), peer, uid))
+            }
+            BoundListener::Tcp(listener) => {
+                let (stream, address) = listener.accept()?;
+                tracing::debug!(%address, "tcp connection");
+                let _ = stream.set_nodelay(true);
+                Ok((Socket::Tcp(stream), Peer::Tcp(address.ip()), None))
             }
         }
     }
 }
 
+/// A connection to turn away: its socket, its peer, and why.
+type Refusal = (Socket, Peer, Option<u32>, String);
+
+/// Connections waiting for the refusing thread; more are closed unanswered.
+const REFUSALS_QUEUED: usize = 64;
+/// How long a refused connection stays half-open, so that its peer reads the
+/// refusal before the close; and the most kept so at once.
+const REFUSED_LINGER: Duration = Duration::from_millis(500);
+const REFUSED_KEPT: usize = 256;
+
+/// The one thread that tells connections past the limits why: it answers at
+/// once, waiting for no hello, so a silent connection cannot hold it up.
+fn spawn_refuser() -> io::Result<SyncSender<Refusal>> {
+    let (send, receive) = sync_channel::<Refusal>(REFUSALS_QUEUED);
+    std::thread::Builder::new()
+        .name("cumux-refuser".into())
+        .spawn(move || {
+            let mut lingering: VecDeque<(Instant, Socket)> = VecDeque::new();
+            loop {
+                let wait = lingering.front().map_or(Duration::from_secs(3600), |(at, _)| {
+                    (*at + REFUSED_LINGER).saturating_duration_since(Instant::now())
+                });
+                match receive.recv_timeout(wait) {
+                    Ok((mut socket, peer, uid, reason)) => {
+                        refuse(&mut socket, &peer, uid, &reason);
+                        if lingering.len() >= REFUSED_KEPT {
+                            lingering.pop_front();
+                        }
+                        lingering.push_back((Instant::now(), socket));
+                    }
+                    Err(RecvTimeoutError::Timeout) => {}
+                    Err(RecvTimeoutError::Disconnected) => return,
+                }
+                while let Some((at, socket)) = lingering.front() {
+                    if at.elapsed() < REFUSED_LINGER {
+                        break;
+                    }
+                    // What the peer sent is read first: a TCP close with
+                    // unread bytes resets the connection, refusal and all.
+                    socket.drain();
+                    lingering.pop_front();
+                }
+            }
+        })?;
+    Ok(send)
+}
+
 /// The uid of the process at the other end of a unix socket (`SO_PEERCRED`).
 pub fn peer_uid(stream: &UnixStream) -> Option<u32> {
+    peer_credentials(stream).map(|cred| cred.uid)
+}
+
+/// The process, uid and gid at the other end of a unix socket (`SO_PEERCRED`).
+fn peer_credentials(stream: &UnixStream) -> Option<libc::ucred> {
     let mut cred = libc::ucred {
         pid: 0,
         uid: 0,
@@ -208,19 +292,7 @@ pub fn peer_uid(stream: &UnixStream) -> Option<u32> {
             &mut len,
         )
     };
-    (rc == 0 && len as usize == std::mem::size_of::<libc::ucred>()).then_some(cred.uid)
-}
-
-fn spawn_connection(
-    name: String,
-    server: Arc<Server>,
-    peer_uid: Option<u32>,
-    socket: Socket,
-) -> io::Result<()> {
-    std::thread::Builder::new().name(name).spawn(move || {
-        serve_connection(server, peer_uid, socket);
-    })?;
-    Ok(())
+    (rc == 0 && len as usize == std::mem::size_of::<libc::ucred>()).then_some(cred)
 }
 
 impl Drop for BoundListener {

@@ -7,9 +7,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use cumux_protocol::{DeviceStatus, ServerStatus, SessionStatus, TenantStatus, PROTOCOL_VERSION};
+use cumux_protocol::{
+    DeviceStatus, LimitsStatus, ServerStatus, SessionStatus, TenantStatus, PROTOCOL_VERSION,
+};
 use cumux_scheduler::Policy;
 
+use crate::admission::Seats;
 use crate::device::Device;
 use crate::gate::{policy_name, DeviceGate};
 use crate::locking::lock;
@@ -98,6 +101,7 @@ pub struct ServerView<'a> {
     pub gates: &'a [Option<Arc<DeviceGate>>],
     pub registry: &'a Registry,
     pub accounts: &'a Accounts,
+    pub seats: &'a Seats,
 }
 
 /// A snapshot of the server for `cumux status`.
@@ -165,5 +169,15 @@ pub fn snapshot(server: ServerView<'_>) -> ServerStatus {
                     / 1e6,
             })
             .collect(),
+        limits: {
+            let limits = server.seats.limits();
+            LimitsStatus {
+                taken: server.seats.taken(),
+                sessions: limits.total,
+                per_peer: limits.per_peer,
+                per_uid: limits.per_uid,
+                per_tenant: limits.per_tenant,
+            }
+        },
     }
 }

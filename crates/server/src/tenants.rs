@@ -8,8 +8,11 @@
 //! `default`. A configured tenant with a `uids` list can only be claimed by a
 //! connection whose peer uid is in that list; over TCP the peer has no uid, so
 //! such a tenant cannot be claimed there at all. A tenant without `uids` is open
-//! to anyone: list `uids` for every tenant whose quota matters, and set
-//! `allow_unknown = false` so that unlisted names are turned away.
+//! to anyone: list `uids` for every tenant whose quota matters. On a server
+//! whose table lists tenants, every unlisted name (and `default`) is the one
+//! tenant `anonymous`, with the `[defaults]` settings, so made-up names share
+//! one quota and one weight; set `allow_unknown = false` to turn them away. A
+//! server with no table lets every name stand for itself.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -17,10 +20,15 @@ use std::sync::{Arc, Mutex};
 
 use serde::Deserialize;
 
+use crate::admission::SessionLimits;
 use crate::locking::lock;
 
 /// The tenant name of a connection that claims none and matches no `uids`.
 pub const DEFAULT_TENANT: &str = "default";
+/// The one tenant every name the table does not list becomes, on a server
+/// whose table lists tenants: made-up names share its quota and its weight,
+/// so they cannot inflate anyone's share.
+pub const ANONYMOUS_TENANT: &str = "anonymous";
 /// Longest tenant name accepted (bytes).
 pub const MAX_TENANT_NAME: usize = 64;
 
@@ -74,6 +82,8 @@ pub struct TenantPolicy {
     /// Settings of tenants the table does not list.
     pub defaults: TenantSettings,
     pub tenants: BTreeMap<String, TenantSettings>,
+    /// How many sessions the server holds, in all and per holder.
+    pub limits: SessionLimits,
 }
 
 impl Default for TenantPolicy {
@@ -82,6 +92,7 @@ impl Default for TenantPolicy {
             allow_unknown: true,
             defaults: TenantSettings::default(),
             tenants: BTreeMap::new(),
+            limits: SessionLimits::default(),
         }
     }
 }
@@ -89,6 +100,12 @@ impl Default for TenantPolicy {
 impl TenantPolicy {
     /// Checks values a config file could get wrong.
     pub fn validate(&self) -> Result<(), String> {
+        self.limits.validate()?;
+        if self.tenants.contains_key(ANONYMOUS_TENANT) {
+            return Err(format!(
+                "tenant {ANONYMOUS_TENANT:?} is the name unlisted tenants share: set its quota and weight in [defaults]"
+            ));
+        }
         for (name, s) in std::iter::once(("defaults", &self.defaults))
             .chain(self.tenants.iter().map(|(n, s)| (n.as_str(), s)))
         {
@@ -131,9 +148,11 @@ impl TenantPolicy {
                 })
                 .map_or_else(|| DEFAULT_TENANT.to_string(), |(n, _)| n.clone()),
         };
-        let settings = match self.tenants.get(&name) {
-            Some(settings) => settings,
-            None if self.allow_unknown => &self.defaults,
+        let (name, settings) = match self.tenants.get(&name) {
+            Some(settings) => (name, settings),
+            // With no table every name stands for itself (one team's server).
+            None if self.allow_unknown && self.tenants.is_empty() => (name, &self.defaults),
+            None if self.allow_unknown => (ANONYMOUS_TENANT.to_string(), &self.defaults),
             None => {
                 return Err(format!(
                     "unknown tenant {name:?}: this server admits only the tenants its config lists (allow_unknown = false)"
@@ -334,6 +353,26 @@ mod tests {
         let open = TenantPolicy::default();
         assert_eq!(open.admit(None, None).unwrap().0, DEFAULT_TENANT);
         assert_eq!(open.admit(Some("x"), None).unwrap().1.weight, 1);
+    }
+
+    #[test]
+    fn unlisted_names_share_one_anonymous_tenant_where_a_table_lists_tenants() {
+        let mut p = policy();
+        p.allow_unknown = true;
+        p.defaults.memory_quota = Some(4 << 20);
+        for claimed in [Some("mallory"), Some("eve"), None] {
+            let (name, settings) = p.admit(claimed, Some(7)).unwrap();
+            assert_eq!(name, ANONYMOUS_TENANT, "{claimed:?}");
+            assert_eq!(settings.memory_quota, Some(4 << 20));
+        }
+        assert_eq!(p.admit(Some("open"), None).unwrap().0, "open");
+        // No table: one team's server, where names stand for themselves.
+        let open = TenantPolicy::default();
+        assert_eq!(open.admit(Some("eve"), None).unwrap().0, "eve");
+        // The shared name cannot be configured as a tenant of its own.
+        p.tenants
+            .insert(ANONYMOUS_TENANT.into(), TenantSettings::default());
+        assert!(p.validate().unwrap_err().contains("[defaults]"));
     }
 
     #[test]

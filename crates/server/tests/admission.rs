@@ -1,0 +1,201 @@
+//! Hostile admission, over a real unix socket on the model device: session
+//! floods held at the limits with a reason that names them, made-up tenant
+//! names that cannot inflate a quota, and hellos whose fields are too large.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::io::Write;
+
+use common::*;
+use cumux_protocol::*;
+use cumux_server::admission::SessionLimits;
+use cumux_server::tenants::{TenantPolicy, TenantSettings, ANONYMOUS_TENANT};
+
+fn rejected(reply: HelloReply) -> String {
+    match reply {
+        HelloReply::Rejected { reason, .. } => reason,
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+}
+
+fn limited(limits: SessionLimits) -> TenantPolicy {
+    TenantPolicy {
+        limits,
+        ..TenantPolicy::default()
+    }
+}
+
+#[test]
+fn a_session_flood_stops_at_the_limit_and_the_others_carry_on() {
+    let h = Harness::start_with(
+        "flood",
+        limited(SessionLimits {
+            total: 6,
+            per_peer: 4,
+            ..SessionLimits::default()
+        }),
+        1,
+    );
+    // This test process is one peer: its fifth session is refused by name.
+    let mut held: Vec<Client> = (0..4).map(|_| h.client()).collect();
+    let reason = rejected(hello_as(&h.socket, Some("team-a")));
+    assert!(
+        reason.contains("holds 4 sessions, the most one peer may"),
+        "{reason}"
+    );
+    // Connections that never say hello are refused at once, each told why
+    // (one thread answers them all), and hold up nobody after them.
+    let mut silent: Vec<_> = (0..50).map(|_| raw_connect(&h.socket)).collect();
+    assert!(rejected(hello_as(&h.socket, None)).contains("the most one peer may"));
+    for (reader, _) in &mut silent {
+        let mut buf = Vec::new();
+        read_frame(reader, &mut buf).unwrap();
+        assert!(rejected(decode(&buf).unwrap()).contains("the most one peer may"));
+    }
+    // Every session held still works.
+    for c in &mut held {
+        let p = c.alloc(64);
+        c.write(p, &[7; 64]);
+        assert_eq!(c.read(p, 64).unwrap(), vec![7; 64]);
+    }
+    drop(silent);
+    // A seat given back is a seat taken again.
+    drop(held.pop());
+    h.eventually("the seat to come back", || h.server.seats().taken() == 3);
+    held.push(h.client());
+    let status = h.server.seats().limits();
+    assert_eq!((status.total, status.per_peer), (6, 4));
+    drop(held);
+    h.all_released();
+    h.eventually("every seat to come back", || h.server.seats().taken() == 0);
+}
+
+#[test]
+fn the_total_limit_names_itself() {
+    let h = Harness::start_with(
+        "capacity",
+        limited(SessionLimits {
+            total: 2,
+            ..SessionLimits::default()
+        }),
+        1,
+    );
+    let _a = h.client();
+    let _b = h.client();
+    assert_eq!(
+        rejected(hello_as(&h.socket, None)),
+        "server at capacity: 2 sessions (the limit `sessions`)"
+    );
+}
+
+#[test]
+fn a_tenant_holds_at_most_its_share_of_sessions() {
+    let h = Harness::start_with(
+        "per-tenant",
+        limited(SessionLimits {
+            per_tenant: 2,
+            ..SessionLimits::default()
+        }),
+        1,
+    );
+    let _a = Client::connect(&h.socket, "a", Some("busy"));
+    let _b = Client::connect(&h.socket, "b", Some("busy"));
+    let reason = rejected(hello_as(&h.socket, Some("busy")));
+    assert!(
+        reason.contains("tenant \"busy\" holds 2 sessions"),
+        "{reason}"
+    );
+    let _other = Client::connect(&h.socket, "c", Some("calm"));
+}
+
+#[test]
+fn made_up_tenant_names_share_one_anonymous_quota() {
+    let small = TenantSettings {
+        memory_quota: Some(64 << 20),
+        ..TenantSettings::default()
+    };
+    let policy = TenantPolicy {
+        defaults: TenantSettings {
+            memory_quota: Some(256 << 20),
+            ..TenantSettings::default()
+        },
+        tenants: BTreeMap::from([("small".to_string(), small)]),
+        ..TenantPolicy::default()
+    };
+    // The model device has 1 GiB: four made-up names at 256 MiB each would
+    // fill it if each had a quota of its own.
+    let h = Harness::start_with("anonymous", policy, 1);
+    let mut made_up: Vec<Client> = ["mallory", "eve", "trudy", "oscar"]
+        .into_iter()
+        .map(|name| Client::connect(&h.socket, name, Some(name)))
+        .collect();
+    let alloc = |c: &mut Client| {
+        c.code(Call::MemAlloc {
+            device: 0,
+            bytes: 200 << 20,
+        })
+    };
+    assert_eq!(
+        alloc(&mut made_up[0]),
+        codes::SUCCESS,
+        "the anonymous quota is there to use"
+    );
+    for c in &mut made_up[1..] {
+        assert_eq!(
+            alloc(c),
+            codes::OUT_OF_MEMORY,
+            "one anonymous quota for every made-up name"
+        );
+    }
+    let status = h.server.accounts().all();
+    let names: Vec<&str> = status.iter().map(|a| a.name.as_str()).collect();
+    assert_eq!(names, vec![ANONYMOUS_TENANT]);
+    // The configured tenant gets its whole quota.
+    let mut small = Client::connect(&h.socket, "small", Some("small"));
+    let whole = Call::MemAlloc {
+        device: 0,
+        bytes: 64 << 20,
+    };
+    assert_eq!(small.code(whole), codes::SUCCESS);
+}
+
+#[test]
+fn hello_fields_are_bounded() {
+    let h = Harness::start("hello-bounds");
+    let mut long = hello(PROTOCOL_VERSION, MAGIC);
+    long.program = "p".repeat(MAX_PROGRAM_BYTES + 1);
+    let reason = rejected(handshake(&h.socket, &long));
+    assert_eq!(
+        reason,
+        format!(
+            "a program name of {} bytes: at most {MAX_PROGRAM_BYTES}",
+            MAX_PROGRAM_BYTES + 1
+        )
+    );
+    // A 10 MiB hello is refused from its header; its bytes are never read.
+    let (mut reader, mut writer) = raw_connect(&h.socket);
+    let huge = 10u32 << 20;
+    writer.write_all(&huge.to_le_bytes()).unwrap();
+    let _ = writer.write_all(&[0u8; 4096]);
+    let mut buf = Vec::new();
+    read_frame(&mut reader, &mut buf).unwrap();
+    let reason = rejected(decode(&buf).unwrap());
+    assert!(
+        reason.contains(&format!(
+            "frame of {huge} bytes exceeds the limit of {MAX_HELLO_BYTES}"
+        )),
+        "{reason}"
+    );
+    // Status stays small and works for everyone.
+    let mut c = h.client();
+    assert!(c.alloc(16) != 0);
+    match c.call(Call::ServerStatus).unwrap() {
+        ReplyBody::Status(s) => {
+            assert_eq!(s.sessions.len(), 1);
+            assert_eq!(s.limits.taken, 1);
+            assert_eq!(s.limits.sessions, SessionLimits::default().total);
+        }
+        other => panic!("{other:?}"),
+    }
+}
