@@ -26,10 +26,12 @@ pub struct ServerSettings {
     /// Device memory of the CPU device, e.g. 4G (default: a quarter of RAM, at most 16 GiB).
     #[arg(long, value_parser = memory_arg)]
     pub memory: Option<u64>,
-    /// Instructions one thread block of a launch may execute on the CPU device
-    /// before the launch fails with CUDA_ERROR_LAUNCH_TIMEOUT (702), like the
-    /// driver's watchdog; it stops a kernel that never ends (default
-    /// 20000000000, minutes of interpretation; 0 = unlimited).
+    /// Instructions one launch may execute on the CPU device, all its thread
+    /// blocks together, before it fails with CUDA_ERROR_LAUNCH_TIMEOUT (702),
+    /// like the driver's watchdog; it stops a kernel that never ends, however
+    /// many blocks it has (default 20000000000, minutes of interpretation;
+    /// 0 = unlimited). A single block past it fails at that instruction, a
+    /// grid at its next check (every 65536 instructions of a block).
     #[arg(long)]
     pub launch_budget: Option<u64>,
     /// How each device shares its time among tenants: fifo (default: no scheduler,

@@ -24,7 +24,7 @@ pub struct WorkerOptions {
     pub ordinal: u32,
     #[arg(long, value_parser = crate::config::memory_arg)]
     pub memory: Option<u64>,
-    /// Per-block instruction budget of a CPU device launch (0 = unlimited).
+    /// Instruction budget of a CPU device launch, its blocks together (0 = unlimited).
     #[arg(long)]
     pub launch_budget: Option<u64>,
     /// Hex nonce of the stdout markers.

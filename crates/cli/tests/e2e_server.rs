@@ -1,9 +1,10 @@
 //! The server and CLI end to end: a faulting program does not hurt the server or
 //! the next program, two programs share it, a killed server makes a looping
 //! program fail instead of hang, `cumux status --json` shows live sessions (and
-//! whether they talk through shared memory or the socket) and their clean-up,
-//! and `cumux run` / `cumux serve` behave at their edges (a config's
-//! `[devices.N]` policy among them).
+//! whether they talk through shared memory or the socket) and their clean-up, a
+//! killed program's endless kernel is cancelled at once, and `cumux run` /
+//! `cumux serve` behave at their edges (a config's `[devices.N]` policy among
+//! them).
 
 mod common;
 
@@ -84,6 +85,64 @@ fn status_shows_a_running_session_and_its_clean_up() {
         status["sessions"].as_array().unwrap().is_empty()
             && status["devices"][0]["used_mem"].as_u64() == Some(0)
     });
+}
+
+/// The state letters of the server's threads named `prefix…`.
+fn thread_states(server: &ServerProc, prefix: &str) -> Vec<char> {
+    let tasks = format!("/proc/{}/task", server.child.id());
+    let Ok(entries) = std::fs::read_dir(tasks) else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter(|task| {
+            std::fs::read_to_string(task.path().join("comm")).is_ok_and(|c| c.starts_with(prefix))
+        })
+        .filter_map(|task| {
+            let stat = std::fs::read_to_string(task.path().join("stat")).ok()?;
+            let rest = &stat[stat.rfind(')')? + 1..];
+            rest.split_whitespace().next()?.chars().next()
+        })
+        .collect()
+}
+
+/// A program killed while its kernel never ends on the in-process CPU device
+/// (whose default budget allows minutes): the teardown cancels the running
+/// kernel instead of waiting for it, so the session, its memory and its
+/// stream threads are gone within seconds, and the next program runs.
+#[test]
+fn a_killed_programs_endless_kernel_is_cancelled_and_its_session_freed_at_once() {
+    let server = ServerProc::spawn(
+        TempDir::new("cancel-endless"),
+        &["--device", "cpu", "--memory", "2G"].map(String::from),
+        &[],
+    );
+    let hold = server.command(&test_program("endless_kernel"), &["hold"]);
+    let (child, _lines) = server.start_until(hold, "launched", STARTED);
+    let session = session_of(&server.status_json(), "endless_kernel");
+    // Its stream thread runs the kernel (a one-block grid runs on it).
+    let threads = format!("cumux-s{}-", session["session"]);
+    poll("the kernel never ran", Duration::from_secs(30), || {
+        thread_states(&server, &threads)
+            .contains(&'R')
+            .then_some(())
+    });
+    kill_program(&session);
+    poll(
+        "the killed session held on past 5 s",
+        Duration::from_secs(5),
+        || {
+            let status = server.status_json();
+            (status["sessions"].as_array().unwrap().is_empty()
+                && status["devices"][0]["used_mem"].as_u64() == Some(0)
+                && thread_states(&server, &threads).is_empty())
+            .then_some(())
+        },
+    );
+    let out = wait_bounded(child, Duration::from_secs(60));
+    assert_eq!(out.code(), Some(128 + 9), "{}", out.describe());
+    let out = server.run(&corpus_program("vector_add"), &[], LIMIT);
+    assert_pass(&out, "vector_add");
 }
 
 #[test]

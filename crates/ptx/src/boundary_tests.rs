@@ -5,7 +5,7 @@
 
 use crate::exec::Executable;
 use crate::ir::{Address, ArgLoc, CallInfo, Func, Inst, Module, Op, Sp, Src, NONE};
-use crate::launch::{Fault, LaunchConfig};
+use crate::launch::{Fault, LaunchConfig, LaunchLimits};
 use crate::lower::hand_off;
 use crate::memory::{DeviceMemory, DEVICE_VA_BASE};
 
@@ -79,7 +79,11 @@ fn launch(m: Module, mem: &DeviceMemory) -> Result<(), Fault> {
         block: [1, 1, 1],
         dynamic_shared_bytes: 0,
     };
-    Executable::new(m).launch(mem, 0, &cfg, &[], 1 << 20).result
+    let limits = LaunchLimits {
+        per_block: 1 << 20,
+        ..LaunchLimits::NONE
+    };
+    Executable::new(m).launch(mem, 0, &cfg, &[], &limits).result
 }
 
 /// Each way of breaking the contract (what, what the check says, how),

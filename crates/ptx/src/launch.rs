@@ -3,6 +3,7 @@
 
 use crate::module_info::KernelInfo;
 use std::fmt;
+use std::sync::atomic::AtomicBool;
 
 /// Largest static shared memory per block (bytes).
 pub const MAX_STATIC_SHARED: u32 = 48 * 1024;
@@ -16,6 +17,36 @@ pub struct LaunchConfig {
     pub block: [u32; 3],
     pub dynamic_shared_bytes: u32,
 }
+
+/// What may stop a launch before its end. The interpreter checks them at
+/// every backward branch and call of a block once it ran
+/// [`LAUNCH_CHECK_INTERVAL`] more instructions, and between blocks.
+#[derive(Debug, Clone, Copy)]
+pub struct LaunchLimits<'a> {
+    /// Instructions one block may execute; the block that runs past it fails
+    /// the launch with [`Fault::Timeout`] at that instruction.
+    pub per_block: u64,
+    /// Instructions all blocks together may execute; past it the launch fails
+    /// with [`Fault::Timeout`] at the next check (a launch fails exactly when
+    /// its blocks executed more in total).
+    pub per_launch: u64,
+    /// Once set, from any thread, the launch stops at its next check with
+    /// [`Fault::Cancelled`].
+    pub cancel: Option<&'a AtomicBool>,
+}
+
+impl LaunchLimits<'_> {
+    /// No budget and no cancel flag: the launch runs to its end.
+    pub const NONE: LaunchLimits<'static> = LaunchLimits {
+        per_block: u64::MAX,
+        per_launch: u64::MAX,
+        cancel: None,
+    };
+}
+
+/// Instructions a block runs between two checks of the per-launch budget and
+/// the cancel flag (well under a millisecond of interpretation).
+pub const LAUNCH_CHECK_INTERVAL: u64 = 1 << 16;
 
 /// A fault during a launch, mirroring the driver's errors.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -35,9 +66,12 @@ pub enum Fault {
     UnknownKernel(String),
     OutOfResources(String),
     Failed(String),
-    /// A block ran past the instruction budget of `launch_limited` (code 702,
-    /// like the driver's watchdog timeout).
+    /// A block, or the launch as a whole, ran past its instruction budget
+    /// ([`LaunchLimits`]; code 702, like the driver's watchdog timeout).
     Timeout(String),
+    /// The launch's cancel flag was set ([`LaunchLimits::cancel`]): it stopped
+    /// at its next check (code 719, as a launch whose context went away).
+    Cancelled(String),
 }
 
 impl Fault {
@@ -52,6 +86,7 @@ impl Fault {
             Fault::OutOfResources(_) => 701,
             Fault::Failed(_) => 719,
             Fault::Timeout(_) => 702,
+            Fault::Cancelled(_) => 719,
         }
     }
 }
@@ -72,6 +107,7 @@ impl fmt::Display for Fault {
             Fault::OutOfResources(s) => ("too many resources requested for launch", None, s),
             Fault::Failed(s) => ("unspecified launch failure", None, s),
             Fault::Timeout(s) => ("the launch timed out", None, s),
+            Fault::Cancelled(s) => ("the launch was cancelled", None, s),
         };
         match addr {
             Some(addr) => write!(f, "{what} {addr:#x}: {detail}"),

@@ -20,7 +20,8 @@ mod validate;
 
 pub use exec::{LOCAL_WINDOW, PARAM_WINDOW, SHARED_WINDOW};
 pub use launch::{
-    check_config, Fault, LaunchConfig, LaunchReport, MAX_SHARED_OPTIN, MAX_STATIC_SHARED,
+    check_config, Fault, LaunchConfig, LaunchLimits, LaunchReport, LAUNCH_CHECK_INTERVAL,
+    MAX_SHARED_OPTIN, MAX_STATIC_SHARED,
 };
 pub use memory::{DeviceMemory, MemError, DEVICE_VA_BASE, DEVICE_VA_END};
 pub use module_info::{GlobalVar, KernelInfo, LoadError, ParamLayout, Space};

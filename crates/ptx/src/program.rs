@@ -1,7 +1,7 @@
 //! A loaded module: parse and lower on load, launch kernels on the
 //! interpreter, free the module's globals on unload.
 
-use crate::launch::{check_config, Fault, LaunchConfig, LaunchReport};
+use crate::launch::{check_config, Fault, LaunchConfig, LaunchLimits, LaunchReport};
 use crate::memory::DeviceMemory;
 use crate::module_info::{GlobalVar, KernelInfo, LoadError};
 use crate::{ast, exec, lower, parser};
@@ -62,7 +62,7 @@ impl Program {
         cfg: &LaunchConfig,
         params: &[u8],
     ) -> LaunchReport {
-        self.launch_limited(mem, kernel, cfg, params, u64::MAX)
+        self.launch_with(mem, kernel, cfg, params, &LaunchLimits::NONE)
     }
 
     /// Like [`Program::launch`], but a block that executes more than
@@ -76,14 +76,31 @@ impl Program {
         params: &[u8],
         max_instructions_per_block: u64,
     ) -> LaunchReport {
+        let limits = LaunchLimits {
+            per_block: max_instructions_per_block,
+            ..LaunchLimits::NONE
+        };
+        self.launch_with(mem, kernel, cfg, params, &limits)
+    }
+
+    /// Like [`Program::launch`], stopped early by `limits`: a block or the
+    /// whole launch over its instruction budget (`Timeout`, code 702), or the
+    /// cancel flag set from another thread (`Cancelled`).
+    pub fn launch_with(
+        &self,
+        mem: &DeviceMemory,
+        kernel: &str,
+        cfg: &LaunchConfig,
+        params: &[u8],
+        limits: &LaunchLimits<'_>,
+    ) -> LaunchReport {
         let Some(k) = self.kernels.iter().position(|k| k.name == kernel) else {
             return LaunchReport::failed(Fault::UnknownKernel(kernel.to_string()));
         };
         if let Err(f) = check_config(&self.kernels[k], cfg, params.len()) {
             return LaunchReport::failed(f);
         }
-        self.code
-            .launch(mem, k, cfg, params, max_instructions_per_block)
+        self.code.launch(mem, k, cfg, params, limits)
     }
 
     /// Frees the module's globals.

@@ -5,6 +5,7 @@
 use super::access::{local_copy, local_get, local_put, Access};
 use super::limits::{LOCAL_LIMIT, LOCAL_WINDOW, MAX_CALL_DEPTH, PRINTF_LIMIT};
 use super::state::{rd, wr, Block, Frame, Geo, Thread};
+use super::watch;
 use crate::ir::{ArgLoc, CallInfo, Func, Inst, Op, Sp, Src, FUNC_WIN};
 use crate::launch::Fault;
 use crate::printf;
@@ -14,7 +15,7 @@ use crate::printf;
 #[allow(clippy::too_many_arguments)]
 pub(super) fn call(
     g: &Geo<'_>,
-    b: &Block,
+    b: &mut Block,
     th: &mut Thread,
     info: &CallInfo,
     caller: &Func,
@@ -50,8 +51,8 @@ pub(super) fn call(
         );
         return Err(Fault::Failed("call to unknown function".into()));
     };
-    if b.instructions.wrapping_add(count) > g.budget {
-        return Err(budget_exceeded(g, line));
+    if b.instructions.wrapping_add(count) > b.check_at {
+        watch::checkpoint(g, b, count, line)?;
     }
     if th.frames.len() >= MAX_CALL_DEPTH {
         return Err(Fault::IllegalAddress {
@@ -155,14 +156,6 @@ pub(super) fn ret(g: &Geo<'_>, th: &mut Thread, callee: &Func) -> Option<u32> {
     th.rbase = fr.rbase;
     th.lbase = fr.lbase;
     Some(fr.call_pc + 1)
-}
-
-/// The fault of a block that ran past its instruction budget.
-pub(super) fn budget_exceeded(g: &Geo<'_>, line: u32) -> Fault {
-    Fault::Timeout(format!(
-        "instruction limit of {} per block exceeded at line {line}",
-        g.budget
-    ))
 }
 
 /// `vprintf(fmt, args)`: formats into the block's output (bounded like the

@@ -1,14 +1,16 @@
 //! The launch driver: checks the block's resources and the program, then
 //! runs the grid's blocks on host worker threads (`CUMUX_PTX_THREADS` caps
 //! them), keeps the first fault in block order and the printf output of
-//! every block in block order.
+//! every block in block order; a block checks the launch's limits (`watch`)
+//! before it starts and at its end.
 
 use super::access::bytes_of;
 use super::block::Worker;
 use super::limits::{BLOCK_MEMORY_LIMIT, PRINTF_LIMIT};
 use super::state::Geo;
+use super::watch;
 use crate::ir::Module;
-use crate::launch::{Fault, LaunchConfig, LaunchReport};
+use crate::launch::{Fault, LaunchConfig, LaunchLimits, LaunchReport};
 use crate::memory::DeviceMemory;
 use crate::validate::{check_module, Malformed};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -39,7 +41,7 @@ impl Executable {
         k: usize,
         cfg: &LaunchConfig,
         params: &[u8],
-        budget: u64,
+        limits: &LaunchLimits<'_>,
     ) -> LaunchReport {
         // the interpreter's side of the boundary: it runs well-formed modules only
         if let Err(e) = self.checked.get_or_init(|| check_module(&self.ir)) {
@@ -66,6 +68,7 @@ impl Executable {
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_nanos() as u64)
             .unwrap_or(0);
+        let executed = AtomicU64::new(0);
         let g = Geo {
             prog,
             mem: &view,
@@ -75,7 +78,10 @@ impl Executable {
             shared_bytes,
             start_ns,
             kernel,
-            budget,
+            budget: limits.per_block,
+            launch_budget: limits.per_launch,
+            executed: &executed,
+            cancel: limits.cancel,
             lockstep: prog.funcs.iter().enumerate().any(|(i, f)| {
                 f.uses_volatile && (i as u32 == kernel || !prog.kernels.contains(&(i as u32)))
             }),
@@ -92,7 +98,6 @@ fn run_grid(g: &Geo<'_>) -> LaunchReport {
     let total: u64 = g.config.grid.iter().map(|&v| v as u64).product();
     let next = AtomicU64::new(0);
     let abort = AtomicBool::new(false);
-    let instructions = AtomicU64::new(0);
     let fault: Mutex<Option<(u64, Fault)>> = Mutex::new(None);
     let outputs: Mutex<Vec<(u64, Vec<u8>)>> = Mutex::new(Vec::new());
     let workers = std::env::var("CUMUX_PTX_THREADS")
@@ -114,9 +119,13 @@ fn run_grid(g: &Geo<'_>) -> LaunchReport {
             if id >= total {
                 break;
             }
+            if let Some(cancelled) = watch::cancelled(g) {
+                record_fault(&fault, id, cancelled);
+                abort.store(true, Ordering::Relaxed);
+                break;
+            }
             w.block.out.clear();
-            let before = w.block.instructions;
-            w.block.instructions = 0;
+            watch::start_block(g, &mut w.block);
             let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| w.run_block(g, id)));
             let r = match r {
                 Ok(r) => r,
@@ -133,20 +142,17 @@ fn run_grid(g: &Geo<'_>) -> LaunchReport {
                     )))
                 }
             };
-            w.block.instructions += before;
+            // counted whatever the block's result; its own fault comes first
+            let r = r.and(watch::end_block(g, &mut w.block));
             if !w.block.out.is_empty() {
                 outs.push((id, std::mem::take(&mut w.block.out)));
             }
             if let Err(e) = r {
-                let mut f = fault.lock().unwrap_or_else(|e| e.into_inner());
-                if f.as_ref().is_none_or(|(b, _)| id < *b) {
-                    *f = Some((id, e));
-                }
+                record_fault(&fault, id, e);
                 abort.store(true, Ordering::Relaxed);
                 break;
             }
         }
-        instructions.fetch_add(w.block.instructions, Ordering::Relaxed);
         outputs
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -177,7 +183,15 @@ fn run_grid(g: &Geo<'_>) -> LaunchReport {
     };
     LaunchReport {
         stdout,
-        instructions: instructions.load(Ordering::Relaxed),
+        instructions: g.executed.load(Ordering::Relaxed),
         result,
+    }
+}
+
+/// Keeps `e`, the fault of block `id`, if no lower block faulted.
+fn record_fault(fault: &Mutex<Option<(u64, Fault)>>, id: u64, e: Fault) {
+    let mut f = fault.lock().unwrap_or_else(|e| e.into_inner());
+    if f.as_ref().is_none_or(|(b, _)| id < *b) {
+        *f = Some((id, e));
     }
 }

@@ -1,7 +1,8 @@
 //! The interpreter: runs one launch of a lowered kernel. Blocks run in
 //! parallel on host threads (`grid`); inside a block (`block`), threads run
 //! one at a time (`thread`) up to the next collective (`barrier`, `warp`,
-//! `tensor`), which is resolved exactly.
+//! `tensor`), which is resolved exactly; `watch` stops a launch over its
+//! instruction budgets or cancelled.
 
 mod access;
 mod arith;
@@ -16,6 +17,7 @@ mod state;
 mod tensor;
 mod thread;
 mod warp;
+mod watch;
 
 pub(crate) use grid::Executable;
 pub use limits::{LOCAL_WINDOW, PARAM_WINDOW, SHARED_WINDOW};

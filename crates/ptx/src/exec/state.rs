@@ -5,6 +5,7 @@
 use crate::ir::{Address, Module, Op, Src};
 use crate::launch::LaunchConfig;
 use crate::memory::MemView;
+use std::sync::atomic::{AtomicBool, AtomicU64};
 
 /// Where a thread stands between runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -108,6 +109,13 @@ pub(super) struct Geo<'a> {
     pub kernel: u32,
     /// Instructions a block may execute before the launch fails.
     pub budget: u64,
+    /// Instructions all blocks together may execute before the launch fails.
+    pub launch_budget: u64,
+    /// Instructions the launch's blocks executed, as far as counted (each
+    /// block adds its own at its checks and its end).
+    pub executed: &'a AtomicU64,
+    /// Once set, the launch stops at its next check.
+    pub cancel: Option<&'a AtomicBool>,
     /// Bytes of registers plus local memory one thread may use (call stack).
     pub stack_limit: usize,
     /// Run the lanes of a warp in lockstep (module uses volatile accesses).
@@ -124,7 +132,13 @@ pub(super) struct Block {
     pub cache: (u64, u64, usize),
     /// Threads that arrived (without waiting) at each barrier.
     pub arrivals: [u32; 16],
+    /// Instructions this block executed so far.
     pub instructions: u64,
+    /// Of those, the ones already added to [`Geo::executed`].
+    pub counted: u64,
+    /// At a backward branch or call past this many instructions the block
+    /// checks its budgets and the cancel flag (`watch`).
+    pub check_at: u64,
     /// Lanes of each warp that have not exited.
     pub warp_live: Vec<u32>,
 }
@@ -139,6 +153,8 @@ impl Block {
             cache: (0, 0, 0),
             arrivals: [0; 16],
             instructions: 0,
+            counted: 0,
+            check_at: 0,
             warp_live: Vec::new(),
         }
     }

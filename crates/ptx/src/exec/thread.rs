@@ -3,9 +3,9 @@
 //! thread reaches a collective, exits, faults or uses up its step.
 
 use super::barrier;
-use super::calls::{self, budget_exceeded};
+use super::calls;
 use super::state::{lin_to_tid, rd, Block, Geo, Status, Stop, Thread};
-use super::{arith, mem_ops, special, tensor};
+use super::{arith, mem_ops, special, tensor, watch};
 use crate::ir::{Op, Src, NONE};
 use crate::launch::Fault;
 
@@ -92,8 +92,8 @@ pub(super) fn run_thread<const SINGLE_STEP: bool>(
                 th.set(*d, v);
             }
             Op::Bra { target } => {
-                if *target <= pc && b.instructions.wrapping_add(count) > g.budget {
-                    break Err(budget_exceeded(g, inst.line));
+                if *target <= pc && b.instructions.wrapping_add(count) > b.check_at {
+                    fail_on_err!(watch::checkpoint(g, b, count, inst.line));
                 }
                 pc = *target;
                 continue;

@@ -6,8 +6,8 @@ use std::sync::Arc;
 use super::Device;
 
 /// The CPU reference device with `capacity` bytes of memory, if this build has
-/// it. A block of a launch that executes more than `launch_budget` instructions
-/// fails it with CUDA_ERROR_LAUNCH_TIMEOUT (702); 0 means no limit.
+/// it. A launch that executes more than `launch_budget` instructions, its
+/// blocks together, fails with CUDA_ERROR_LAUNCH_TIMEOUT (702); 0 means no limit.
 pub fn cpu_device(capacity: u64, launch_budget: u64) -> Result<Arc<dyn Device>, String> {
     #[cfg(feature = "cpu")]
     return Ok(Arc::new(super::cpu::CpuDevice::with_launch_budget(

@@ -5,12 +5,12 @@
 
 use std::collections::HashMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use cumux_fatbin::{Classified, ImageKind};
 use cumux_protocol::{codes, CuError, DeviceInfo, DevicePtr, FunctionAttrs, ParamInfo};
-use cumux_ptx::{DeviceMemory, LaunchConfig, MemError, Program, Space};
+use cumux_ptx::{DeviceMemory, LaunchConfig, LaunchLimits, MemError, Program, Space};
 
 use super::attributes::{cpu_device_attributes, AttributeInputs, SHARED_PER_BLOCK};
 use super::memory_use;
@@ -27,8 +27,9 @@ use crate::locking::lock;
 pub struct CpuDevice {
     info: DeviceInfo,
     budget: Arc<Budget>,
-    /// Instructions one block may execute before its launch fails with
-    /// CUDA_ERROR_LAUNCH_TIMEOUT (702), like the driver's watchdog.
+    /// Instructions a launch may execute, its blocks together (and so any
+    /// one block), before it fails with CUDA_ERROR_LAUNCH_TIMEOUT (702), like
+    /// the driver's watchdog.
     launch_budget: u64,
 }
 
@@ -59,6 +60,8 @@ impl Budget {
 pub struct CpuContext {
     mem: DeviceMemory,
     launch_budget: u64,
+    /// Set when the session ends: its running launch stops at its next check.
+    cancelled: AtomicBool,
     budget: Arc<Budget>,
     /// What this context has charged to the budget.
     charged: AtomicU64,
@@ -83,9 +86,10 @@ impl CpuDevice {
         Self::with_launch_budget(capacity, DEFAULT_LAUNCH_BUDGET)
     }
 
-    /// Like [`CpuDevice::new`], but a block of a launch that executes more
-    /// than `launch_budget` instructions fails it with CUDA_ERROR_LAUNCH_TIMEOUT
-    /// (702) instead of running forever; 0 means no limit.
+    /// Like [`CpuDevice::new`], but a launch that executes more than
+    /// `launch_budget` instructions, its blocks together, fails with
+    /// CUDA_ERROR_LAUNCH_TIMEOUT (702) instead of running forever; a single
+    /// block past it fails at that very instruction. 0 means no limit.
     pub fn with_launch_budget(capacity: u64, launch_budget: u64) -> Self {
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         let pci = [0, 0xc0, 0];
@@ -203,6 +207,7 @@ impl Device for CpuDevice {
         Ok(Arc::new(CpuContext {
             mem: DeviceMemory::new(self.budget.capacity),
             launch_budget: self.launch_budget,
+            cancelled: AtomicBool::new(false),
             budget: Arc::clone(&self.budget),
             charged: AtomicU64::new(0),
             modules: Mutex::new(Modules {
@@ -360,14 +365,22 @@ impl DeviceContext for CpuContext {
             block: geometry.block,
             dynamic_shared_bytes: geometry.dynamic_shared_bytes,
         };
-        let params = &launch.params;
-        let report = program.launch_limited(&self.mem, &name, &config, params, self.launch_budget);
+        let limits = LaunchLimits {
+            per_block: self.launch_budget,
+            per_launch: self.launch_budget,
+            cancel: Some(&self.cancelled),
+        };
+        let report = program.launch_with(&self.mem, &name, &config, &launch.params, &limits);
         LaunchOutcome {
             stdout: report.stdout,
             result: report
                 .result
                 .map_err(|fault| CuError::new(fault.cu_code(), format!("{name}: {fault}"))),
         }
+    }
+
+    fn cancel_launches(&self) {
+        self.cancelled.store(true, Ordering::Relaxed);
     }
 }
 

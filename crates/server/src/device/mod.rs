@@ -183,6 +183,11 @@ pub trait DeviceContext: Send + Sync {
     fn module_unload(&self, module: ModuleId);
     /// Runs a launch to completion.
     fn launch(&self, launch: &KernelLaunch) -> LaunchOutcome;
+    /// At the session's end, before its stream threads are joined: a launch
+    /// running now stops at its next check and later ones fail at once, so
+    /// nothing waits for a kernel nobody will read (the CPU device; other
+    /// contexts' kernels end with their worker process, or finish).
+    fn cancel_launches(&self) {}
     /// Encodes a tensor-memory-access descriptor for this context's memory
     /// (`cuTensorMapEncode*`); the session has checked the address.
     fn tensor_map_encode(&self, request: &TensorMapRequest) -> Result<Vec<u8>, CuError> {
@@ -335,7 +340,9 @@ pub trait StreamOrdered: Send + Sync {
         false
     }
     /// At the session's end: work queued and not started is dropped, running
-    /// work finishes, before this returns; waits return at once from then on.
+    /// work finishes (a launch on a context that can stop one stops:
+    /// [`DeviceContext::cancel_launches`]), before this returns; waits return
+    /// at once from then on.
     fn cancel_queued(&self) {}
     /// Readies an area for [`StreamWork::SignalTo`] work (a GPU registers it).
     fn prepare_signals(&self, area: &Arc<signals::SignalArea>) -> Result<(), CuError> {
@@ -344,6 +351,7 @@ pub trait StreamOrdered: Send + Sync {
     }
 }
 
-/// The default per-block instruction budget of a launch on the CPU device
-/// (`cumux serve --launch-budget`): minutes of interpretation.
+/// The default instruction budget of a launch on the CPU device, of its
+/// blocks together and so of any one block (`cumux serve --launch-budget`):
+/// minutes of interpretation.
 pub const DEFAULT_LAUNCH_BUDGET: u64 = 20_000_000_000;

@@ -534,6 +534,9 @@ impl StreamOrdered for ThreadedStreams {
 
     fn cancel_queued(&self) {
         self.shared.cancelled.store(true, Ordering::Relaxed);
+        // A kernel running on a stream thread stops, so the join below does
+        // not wait for it.
+        self.shared.ctx.cancel_launches();
         lock(&self.streams).shutdown();
     }
 }

@@ -74,7 +74,7 @@ impl WorkerStdout<'_> {
 }
 
 /// The device a worker process serves: `cpu` (with `memory` bytes and a
-/// per-block `launch_budget` of instructions, 0 for none) or `cuda` (GPU
+/// `launch_budget` of instructions per launch, 0 for none) or `cuda` (GPU
 /// `ordinal`, its context created in this process, printf left on fd 1).
 pub fn local_device(
     kind: &str,

@@ -1,0 +1,84 @@
+//! What stops a launch before its end: the per-block and per-launch
+//! instruction budgets and the cancel flag. A block checks them at a backward
+//! branch or call once it ran `LAUNCH_CHECK_INTERVAL` more instructions, and
+//! again at its end, adding what it ran to the launch's count.
+
+use std::sync::atomic::Ordering;
+
+use super::state::{Block, Geo};
+use crate::launch::{Fault, LAUNCH_CHECK_INTERVAL};
+
+/// Readies `b`'s count for a new block of the launch.
+pub(super) fn start_block(g: &Geo<'_>, b: &mut Block) {
+    b.instructions = 0;
+    b.counted = 0;
+    b.check_at = next_check(g, 0);
+}
+
+/// The check of a block whose count, with the `count` instructions of the
+/// running thread not yet added, passed `b.check_at` at a backward branch or
+/// call on `line`: a fault ends the launch, else the next check is set.
+#[cold]
+#[inline(never)]
+pub(super) fn checkpoint(g: &Geo<'_>, b: &mut Block, count: u64, line: u32) -> Result<(), Fault> {
+    let done = b.instructions.wrapping_add(count);
+    if done > g.budget {
+        return Err(Fault::Timeout(format!(
+            "instruction limit of {} per block exceeded at line {line}",
+            g.budget
+        )));
+    }
+    let ctaid = b.ctaid;
+    launch_check(g, b, done, || format!("at line {line} of block {ctaid:?}"))?;
+    b.check_at = next_check(g, done);
+    Ok(())
+}
+
+/// At the end of a block, whatever its result: adds the rest of its count to
+/// the launch's and says whether the launch may go on.
+pub(super) fn end_block(g: &Geo<'_>, b: &mut Block) -> Result<(), Fault> {
+    let ctaid = b.ctaid;
+    launch_check(g, b, b.instructions, || format!("by block {ctaid:?}"))
+}
+
+/// Before a block starts: whether the launch was cancelled.
+pub(super) fn cancelled(g: &Geo<'_>) -> Option<Fault> {
+    is_cancelled(g).then(|| Fault::Cancelled("before a block started".into()))
+}
+
+fn is_cancelled(g: &Geo<'_>) -> bool {
+    g.cancel.is_some_and(|c| c.load(Ordering::Relaxed))
+}
+
+/// Adds the block's instructions up to `done` to the launch's count, then
+/// checks the launch's budget and the cancel flag; `place` says where.
+fn launch_check(
+    g: &Geo<'_>,
+    b: &mut Block,
+    done: u64,
+    place: impl FnOnce() -> String,
+) -> Result<(), Fault> {
+    let added = done.wrapping_sub(b.counted);
+    b.counted = done;
+    let total = g
+        .executed
+        .fetch_add(added, Ordering::Relaxed)
+        .saturating_add(added);
+    if total > g.launch_budget {
+        return Err(Fault::Timeout(format!(
+            "instruction limit of {} per launch exceeded {}",
+            g.launch_budget,
+            place()
+        )));
+    }
+    if is_cancelled(g) {
+        return Err(Fault::Cancelled(format!("stopped {}", place())));
+    }
+    Ok(())
+}
+
+/// The count past which a block that ran `done` instructions checks next:
+/// no later than its own budget.
+fn next_check(g: &Geo<'_>, done: u64) -> u64 {
+    done.saturating_add(LAUNCH_CHECK_INTERVAL).min(g.budget)
+}
