@@ -71,14 +71,8 @@ impl Socket {
         loop {
             // SAFETY: `sink` is valid for writes of its length; the descriptor
             // belongs to this socket, alive for the call.
-            let got = unsafe {
-                libc::recv(
-                    fd,
-                    sink.as_mut_ptr().cast(),
-                    sink.len(),
-                    libc::MSG_DONTWAIT,
-                )
-            };
+            let got =
+                unsafe { libc::recv(fd, sink.as_mut_ptr().cast(), sink.len(), libc::MSG_DONTWAIT) };
             if got <= 0 {
                 return;
             }
@@ -152,7 +146,10 @@ pub fn serve_connection(
 /// little later, so that a TCP peer reads the refusal before the close.
 pub fn refuse(socket: &mut Socket, peer: &Peer, peer_uid: Option<u32>, reason: &str) {
     log_refusal(peer, peer_uid, reason);
-    if socket.set_write_timeout(Some(REFUSAL_WRITE_TIMEOUT)).is_ok() {
+    if socket
+        .set_write_timeout(Some(REFUSAL_WRITE_TIMEOUT))
+        .is_ok()
+    {
         let _ = send(socket, &reject(reason.to_string()));
     }
     socket.shut_writing();

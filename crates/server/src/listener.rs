@@ -2,6 +2,7 @@
 //! binding (with stale-socket removal) and the accept loop that gives every
 //! connection a thread of its own.
 
+use std::collections::VecDeque;
 use std::fmt;
 use std::io;
 use std::net::TcpListener;
@@ -9,7 +10,6 @@ use std::os::fd::AsRawFd;
 use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
-use std::collections::VecDeque;
 use std::sync::mpsc::{sync_channel, RecvTimeoutError, SyncSender, TrySendError};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -240,9 +240,11 @@ fn spawn_refuser() -> io::Result<SyncSender<Refusal>> {
         .spawn(move || {
             let mut lingering: VecDeque<(Instant, Socket)> = VecDeque::new();
             loop {
-                let wait = lingering.front().map_or(Duration::from_secs(3600), |(at, _)| {
-                    (*at + REFUSED_LINGER).saturating_duration_since(Instant::now())
-                });
+                let wait = lingering
+                    .front()
+                    .map_or(Duration::from_secs(3600), |(at, _)| {
+                        (*at + REFUSED_LINGER).saturating_duration_since(Instant::now())
+                    });
                 match receive.recv_timeout(wait) {
                     Ok((mut socket, peer, uid, reason)) => {
                         refuse(&mut socket, &peer, uid, &reason);
