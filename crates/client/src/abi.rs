@@ -6,6 +6,7 @@ use std::ffi::{c_char, c_void, CStr};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use crate::errors::{self, *};
+use crate::{logging, teardown};
 
 /// The driver version cumux reports: CUDA 13.0.
 pub const DRIVER_VERSION: i32 = 13000;
@@ -13,8 +14,9 @@ pub const DRIVER_VERSION: i32 = 13000;
 /// Runs an exported function's body: converts its `Result` into a `CUresult`
 /// and keeps any panic from unwinding across the C ABI.
 pub(crate) fn guard(name: &'static str, body: impl FnOnce() -> CuResult<()>) -> CUresult {
-    logging_init();
-    thread_storage_alive();
+    logging::init();
+    // Makes this thread's teardown marker at its first call.
+    teardown::thread_ending();
     match catch_unwind(AssertUnwindSafe(body)) {
         Ok(Ok(())) => {
             tracing::trace!("{name} -> CUDA_SUCCESS");
@@ -29,56 +31,6 @@ pub(crate) fn guard(name: &'static str, body: impl FnOnce() -> CuResult<()>) -> 
             CUDA_ERROR_UNKNOWN
         }
     }
-}
-
-/// Whether this thread's thread-local storage is still there. `exit`
-/// destroys it before it runs `atexit` handlers, and the CUDA runtime's
-/// handler unloads its modules through the driver then; the logger formats
-/// in thread-local storage, so an event logged there panicked, outside
-/// `guard`'s catch when `guard` itself logged, and aborted the program.
-/// `guard` touches this on every call, so it exists (and is torn down) on
-/// every thread that calls the driver.
-fn thread_storage_alive() -> bool {
-    struct Alive;
-    impl Drop for Alive {
-        fn drop(&mut self) {}
-    }
-    thread_local!(static ALIVE: Alive = const { Alive });
-    ALIVE.try_with(|_| ()).is_ok()
-}
-
-/// Drops every event once this thread's storage is torn down (see
-/// [`thread_storage_alive`]).
-struct SkipWhenStorageGone;
-
-impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for SkipWhenStorageGone {
-    fn event_enabled(
-        &self,
-        _event: &tracing::Event<'_>,
-        _ctx: tracing_subscriber::layer::Context<'_, S>,
-    ) -> bool {
-        thread_storage_alive()
-    }
-}
-
-/// Installs the stderr logger once; the level comes from `CUMUX_LOG` (default warn).
-pub(crate) fn logging_init() {
-    use tracing_subscriber::layer::SubscriberExt;
-    use tracing_subscriber::util::SubscriberInitExt;
-    static ONCE: std::sync::Once = std::sync::Once::new();
-    ONCE.call_once(|| {
-        let filter = std::env::var("CUMUX_LOG").unwrap_or_else(|_| "warn".into());
-        let filter = tracing_subscriber::EnvFilter::try_new(&filter)
-            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
-        let _ = tracing_subscriber::fmt()
-            .with_env_filter(filter)
-            .with_writer(std::io::stderr)
-            .with_target(false)
-            .with_ansi(false)
-            .finish()
-            .with(SkipWhenStorageGone)
-            .try_init();
-    });
 }
 
 /// Writes `value` through an out-pointer the program passed.
@@ -177,7 +129,7 @@ mod tests {
         struct CallsOnDrop;
         impl Drop for CallsOnDrop {
             fn drop(&mut self) {
-                assert!(!thread_storage_alive());
+                assert!(teardown::thread_ending());
                 let r = guard("late", || panic!("logged at error level"));
                 assert_eq!(r, CUDA_ERROR_UNKNOWN);
             }
@@ -185,13 +137,45 @@ mod tests {
         thread_local!(static LATE: CallsOnDrop = const { CallsOnDrop });
         std::thread::spawn(|| {
             // Registered first, so destroyed last: after the logger's
-            // buffer and `thread_storage_alive`'s marker.
+            // buffer and the teardown marker.
             LATE.with(|_| ());
             let r = guard("early", || panic!("logged at error level"));
             assert_eq!(r, CUDA_ERROR_UNKNOWN);
-            assert!(thread_storage_alive());
+            assert!(!teardown::thread_ending());
         })
         .join()
         .unwrap();
+    }
+
+    /// A thread-local made between a thread's first driver call and its
+    /// first logged event is torn down after the logger's buffer but before
+    /// the marker of that first call; a driver call from its destructor that
+    /// logs must not reach the torn-down buffer.
+    #[test]
+    fn calls_that_log_while_the_thread_ends_do_not_abort() {
+        static RESULT: std::sync::Mutex<Option<CUresult>> = std::sync::Mutex::new(None);
+        struct LogsOnDrop;
+        impl Drop for LogsOnDrop {
+            fn drop(&mut self) {
+                let r = guard("late", || {
+                    tracing::warn!("logged while the thread ends");
+                    Err(CUDA_ERROR_DEINITIALIZED)
+                });
+                *RESULT.lock().unwrap() = Some(r);
+            }
+        }
+        thread_local!(static BETWEEN: LogsOnDrop = const { LogsOnDrop });
+        std::thread::spawn(|| {
+            assert_eq!(guard("first", || Ok(())), CUDA_SUCCESS);
+            BETWEEN.with(|_| ());
+            let r = guard("logs", || {
+                tracing::warn!("the thread's first event");
+                Ok(())
+            });
+            assert_eq!(r, CUDA_SUCCESS);
+        })
+        .join()
+        .unwrap();
+        assert_eq!(*RESULT.lock().unwrap(), Some(CUDA_ERROR_DEINITIALIZED));
     }
 }

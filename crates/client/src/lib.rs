@@ -5,7 +5,9 @@
 //!
 //! Map, from the program down: `exports/` is the C ABI (one file per API
 //! area; each export is checked against its header signature in
-//! `cumux-cuda-bindings`), over `abi` (the panic guard and argument helpers).
+//! `cumux-cuda-bindings`), over `abi` (the panic guard and argument helpers),
+//! `logging` (the stderr logger) and `teardown` (whether the calling
+//! thread's thread-locals are gone: it, or the program, is ending).
 //! The exports work on `state`: the `Client` (connection, devices) and its
 //! one lock over everything that changes (`State`). Feature modules sit on
 //! `state`, never the other way round: `host_fn` (host functions in stream
@@ -34,11 +36,13 @@ pub mod graph;
 pub mod host_fn;
 pub mod integrity;
 pub mod link;
+pub mod logging;
 pub mod managed;
 pub mod mapped;
 pub mod occupancy;
 pub mod pinned;
 pub mod staging;
 pub mod state;
+pub mod teardown;
 pub mod tools_context;
 pub mod transport;

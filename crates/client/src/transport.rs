@@ -19,6 +19,7 @@ use cumux_protocol::{
 };
 
 use crate::errors::*;
+use crate::teardown;
 
 /// Where the server listens.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -334,7 +335,11 @@ impl Connection {
     }
 
     fn lost(&mut self, why: impl std::fmt::Display) -> CUresult {
-        if !self.dead {
+        // A thread being torn down (the program is ending) only finds the
+        // server gone; every later call fails with the code anyway.
+        if !self.dead && teardown::thread_ending() {
+            tracing::debug!("connection to the cumux server lost while the thread ends: {why}");
+        } else if !self.dead {
             tracing::error!("connection to the cumux server lost: {why}");
         }
         self.dead = true;

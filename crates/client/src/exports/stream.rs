@@ -283,6 +283,8 @@ driver_fn! {
 
     fn cuThreadExchangeStreamCaptureMode(mode: *mut u32) {
         thread_local! {
+            // Plain data needs no destructor, so this is never torn down and
+            // `with` cannot fail, even in a call made while the thread ends.
             static MODE: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
         }
         let wanted = *read_in(mode)?;
