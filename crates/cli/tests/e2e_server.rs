@@ -112,12 +112,21 @@ fn thread_states(server: &ServerProc, prefix: &str) -> Vec<char> {
 /// stream threads are gone within seconds, and the next program runs.
 #[test]
 fn a_killed_programs_endless_kernel_is_cancelled_and_its_session_freed_at_once() {
+    for mode in ["hold", "wait-killed"] {
+        killed_mid_kernel(mode);
+    }
+}
+
+/// `endless_kernel MODE` killed while its kernel runs: `hold` sleeps, so the
+/// connection's thread notices at its next read; `wait-killed` is in a
+/// synchronize, so the server's hang-up watcher must cancel the kernel.
+fn killed_mid_kernel(mode: &str) {
     let server = ServerProc::spawn(
-        TempDir::new("cancel-endless"),
+        TempDir::new(&format!("cancel-endless-{mode}")),
         &["--device", "cpu", "--memory", "2G"].map(String::from),
         &[],
     );
-    let hold = server.command(&test_program("endless_kernel"), &["hold"]);
+    let hold = server.command(&test_program("endless_kernel"), &[mode]);
     let (child, _lines) = server.start_until(hold, "launched", STARTED);
     let session = session_of(&server.status_json(), "endless_kernel");
     // Its stream thread runs the kernel (a one-block grid runs on it).
@@ -129,7 +138,7 @@ fn a_killed_programs_endless_kernel_is_cancelled_and_its_session_freed_at_once()
     });
     kill_program(&session);
     poll(
-        "the killed session held on past 5 s",
+        &format!("the killed session ({mode}) held on past 5 s"),
         Duration::from_secs(5),
         || {
             let status = server.status_json();
@@ -138,6 +147,45 @@ fn a_killed_programs_endless_kernel_is_cancelled_and_its_session_freed_at_once()
                 && thread_states(&server, &threads).is_empty())
             .then_some(())
         },
+    );
+    let out = wait_bounded(child, Duration::from_secs(60));
+    assert_eq!(out.code(), Some(128 + 9), "{}", out.describe());
+    let out = server.run(&corpus_program("vector_add"), &[], LIMIT);
+    assert_pass(&out, "vector_add");
+}
+
+/// The same through a worker process (the path GPUs take): a client killed
+/// in a synchronize on a kernel that never ends has its worker stopped at
+/// once, and its session is gone.
+#[test]
+fn a_killed_programs_worker_is_stopped_while_it_waits() {
+    let server = ServerProc::spawn(
+        TempDir::new("cancel-endless-worker"),
+        &["--device", "worker-cpu", "--memory", "2G"].map(String::from),
+        &[],
+    );
+    let wait = server.command(&test_program("endless_kernel"), &["wait-killed"]);
+    let (child, _lines) = server.start_until(wait, "launched", STARTED);
+    let session = session_of(&server.status_json(), "endless_kernel");
+    // Into its synchronize.
+    std::thread::sleep(Duration::from_millis(300));
+    let workers_before = server.children().len();
+    assert!(workers_before >= 1, "no worker");
+    kill_program(&session);
+    poll(
+        "the killed session held on past 5 s",
+        Duration::from_secs(5),
+        || {
+            let status = server.status_json();
+            (status["sessions"].as_array().unwrap().is_empty()
+                && status["devices"][0]["used_mem"].as_u64() == Some(0))
+            .then_some(())
+        },
+    );
+    let log = server.log();
+    assert!(
+        log.contains("stopping the worker of a client that hung up"),
+        "{log}"
     );
     let out = wait_bounded(child, Duration::from_secs(60));
     assert_eq!(out.code(), Some(128 + 9), "{}", out.describe());

@@ -47,6 +47,13 @@ impl Socket {
         }
     }
 
+    fn fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        match self {
+            Socket::Unix(s) => s.as_fd(),
+            Socket::Tcp(s) => s.as_fd(),
+        }
+    }
+
     fn set_write_timeout(&self, timeout: Option<Duration>) -> std::io::Result<()> {
         match self {
             Socket::Unix(s) => s.set_write_timeout(timeout),
@@ -244,6 +251,14 @@ fn serve_seated(
     if !offer_shm {
         record(writer.transport());
     }
+    // A client that hangs up while a call waits for its work (a synchronize
+    // on a kernel that never ends) has that work cancelled at once.
+    let hangup = server.hangups().and_then(|hangups| {
+        hangups
+            .watch(writer.fd(), session.canceller())
+            .map_err(|e| tracing::warn!(session = id, "cannot watch for a hang-up: {e}"))
+            .ok()
+    });
     let ending = match send(&mut writer, &welcome) {
         Ok(()) => {
             let shared = match (&writer, offer_shm) {
@@ -278,6 +293,7 @@ fn serve_seated(
         }
         Err(e) => Ending::Broken(e),
     };
+    drop(hangup);
     let (launches, gpu_ms) = session.totals();
     let zero_copy_bytes = session.zero_copy_bytes();
     let closing = std::time::Instant::now();

@@ -14,6 +14,7 @@ pub mod admission;
 pub mod connection;
 pub mod device;
 pub mod gate;
+pub mod hangups;
 pub mod host_regions;
 pub mod listener;
 mod locking;
@@ -46,6 +47,10 @@ pub struct Server {
     tenants: TenantPolicy,
     /// What the connections hold against the session limits.
     seats: Arc<admission::Seats>,
+    /// Watches connections for their client hanging up; `None` where the
+    /// system would not give an epoll set (then a hang-up is seen only when
+    /// the connection's thread next reads).
+    hangups: Option<Arc<hangups::Hangups>>,
     accounts: Arc<Accounts>,
     /// Each device's scheduling policy, in device order.
     policies: Vec<Policy>,
@@ -114,6 +119,9 @@ impl Server {
             policies,
             gates,
             seats: admission::Seats::new(tenants.limits),
+            hangups: hangups::Hangups::new()
+                .map_err(|e| tracing::error!("no hang-up watcher: {e}"))
+                .ok(),
             tenants,
             accounts: Arc::new(Accounts::default()),
             name: format!("cumux {}", env!("CARGO_PKG_VERSION")),
@@ -177,6 +185,10 @@ impl Server {
             .iter()
             .position(|d| Arc::ptr_eq(d, device))
             .and_then(|i| self.gates[i].as_ref())
+    }
+
+    pub fn hangups(&self) -> Option<&Arc<hangups::Hangups>> {
+        self.hangups.as_ref()
     }
 
     pub fn seats(&self) -> &Arc<admission::Seats> {

@@ -3,6 +3,8 @@
 //   endless_kernel wait: launches it and synchronizes; passes when the wait fails
 //                        with cudaErrorLaunchTimeout and later calls fail too.
 //   endless_kernel hold: launches it, prints "launched" and sleeps until killed.
+//   endless_kernel wait-killed: launches it, prints "launched" and waits for it
+//                        (a synchronize that ends only when it is killed).
 #include <cstdio>
 #include <cstring>
 #include <unistd.h>
@@ -28,10 +30,15 @@ int main(int argc, char** argv) {
         printf("endless_kernel: FAIL: launch: %s\n", cudaGetErrorName(launched));
         return 1;
     }
-    if (strcmp(mode, "hold") == 0) {
+    if (strcmp(mode, "hold") == 0 || strcmp(mode, "wait-killed") == 0) {
         printf("launched\n");
         fflush(stdout);
-        for (;;) sleep(1);
+        if (strcmp(mode, "hold") == 0) {
+            for (;;) sleep(1);
+        }
+        cudaError_t waited = cudaDeviceSynchronize();
+        printf("endless_kernel: FAIL: the wait ended: %s\n", cudaGetErrorName(waited));
+        return 1;
     }
     cudaError_t waited = cudaDeviceSynchronize();
     printf("synchronize: %s (%d)\n", cudaGetErrorName(waited), (int)waited);

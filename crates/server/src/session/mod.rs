@@ -360,6 +360,21 @@ impl Session {
         stream_order(&self.threads, &self.ctx)
     }
 
+    /// What to do when the client is gone while a call may still wait for its
+    /// work (run from another thread): the gate drops what the session has
+    /// queued there and the context stops its launches (the CPU device's at
+    /// its next check; an isolated worker is stopped).
+    pub fn canceller(&self) -> impl FnOnce() + Send + 'static {
+        let (ctx, gate, id) = (Arc::clone(&self.ctx), self.gate.clone(), self.id());
+        move || {
+            tracing::info!(session = id, "the client hung up: cancelling its work");
+            if let Some(gate) = gate {
+                gate.cancel_queued();
+            }
+            ctx.cancel_launches();
+        }
+    }
+
     /// Executes one call. Fire-and-forget calls return `None`: their failures are
     /// sticky and come back from the next synchronizing call.
     pub fn handle(&mut self, call: Call) -> Option<CallResult> {

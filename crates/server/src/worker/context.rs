@@ -499,6 +499,23 @@ fn unexpected(value: &WorkerValue) -> CuError {
 }
 
 impl DeviceContext for WorkerContext {
+    /// Stops the worker this context started (an isolated session's), so
+    /// that a kernel nobody waits for any more holds no GPU; every later call
+    /// fails. A further connection to a shared worker stops nothing.
+    fn cancel_launches(&self) {
+        lock(&self.sticky).get_or_insert(CuError::new(
+            codes::LAUNCH_FAILED,
+            "the session's client is gone; its worker was stopped",
+        ));
+        if let Some(child) = lock(&self.child).as_mut() {
+            tracing::info!(
+                pid = child.id(),
+                "stopping the worker of a client that hung up"
+            );
+            let _ = child.kill();
+        }
+    }
+
     fn mem_alloc(&self, bytes: u64) -> Result<DevicePtr, CuError> {
         match self.call(&WorkerRequest::MemAlloc { bytes }, &[], None)? {
             WorkerValue::Ptr(ptr) => {
