@@ -55,7 +55,8 @@ pub fn connect(address: &Address, role: ClientRole, program: &str) -> Result<Con
         pid: std::process::id(),
         role,
         program: program.to_string(),
-        tenant: None,
+        // A status shows this tenant's sessions to a client that may be it.
+        tenant: std::env::var("CUMUX_TENANT").ok(),
         shm: false,
     };
     conn.send(&hello)?;

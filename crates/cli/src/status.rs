@@ -94,6 +94,15 @@ pub fn render(status: &ServerStatus, address: &Address) -> String {
         }
         out += "\n";
     }
+    if status.shown != "all" {
+        out += &format!(
+            "(showing the sessions of {}: everyone's only to the server's own uid and root)\n",
+            match status.shown.strip_prefix("tenant ") {
+                Some(name) => format!("tenant {name}"),
+                None => "no tenant".into(),
+            }
+        );
+    }
     if status.sessions.is_empty() {
         out += "no sessions\n";
         return out;
@@ -168,6 +177,7 @@ mod tests {
                 launches: 10,
                 gpu_time_ms: 1234.5,
             }],
+            shown: "all".into(),
             limits: LimitsStatus {
                 taken: 2,
                 sessions: 512,

@@ -469,6 +469,9 @@ pub struct ServerStatus {
     /// Tenants with live sessions. Only the CLI decodes `ServerStatus`.
     pub tenants: Vec<TenantStatus>,
     pub limits: LimitsStatus,
+    /// Whose sessions and tenants the status shows: `all` (to the server's
+    /// own uid and root), `tenant NAME` (to that tenant), or `none`.
+    pub shown: String,
 }
 
 /// The server's session limits, and the seats its connections hold now.

@@ -21,6 +21,7 @@ use cumux_protocol::{
 
 use crate::admission::{log_refusal, Peer, Seat};
 use crate::session::Session;
+use crate::status::StatusScope;
 use crate::Server;
 
 /// How long a new connection may take to send its hello (and its shared area).
@@ -217,6 +218,7 @@ fn serve_seated(
         None => server.device_infos(),
     };
     let tenant_name = tenant.as_ref().map(|t| t.0.clone());
+    let scope = status_scope(&server, &hello, peer_uid, tenant_name.as_deref());
     let mut session = match Session::open(Arc::clone(&server), &hello, tenant) {
         Ok(session) => session,
         Err(e) => {
@@ -224,6 +226,7 @@ fn serve_seated(
             return Ending::Rejected(e.to_string());
         }
     };
+    session.set_status_scope(scope);
     // Shared memory only over a unix socket, whose far end is on this host.
     let offer_shm = hello.shm && matches!(writer, Socket::Unix(_));
     let welcome = HelloReply::Welcome {
@@ -322,6 +325,32 @@ fn serve_seated(
         ),
     }
     ending
+}
+
+/// Whose sessions a connection's status calls show: everyone's to the
+/// server's own uid and to root (on the unix socket, where the uid is
+/// known); else the tenant it is (a driver) or claims and may be (status).
+fn status_scope(
+    server: &Server,
+    hello: &Hello,
+    peer_uid: Option<u32>,
+    tenant: Option<&str>,
+) -> StatusScope {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let own_uid = unsafe { libc::geteuid() };
+    if peer_uid.is_some_and(|uid| uid == own_uid || uid == 0) {
+        return StatusScope::Everything;
+    }
+    let tenant = match (tenant, &hello.role) {
+        (Some(name), _) => Some(name.to_string()),
+        (None, ClientRole::Status) => server
+            .tenants()
+            .admit(hello.tenant.as_deref(), peer_uid)
+            .ok()
+            .map(|(name, _)| name),
+        (None, ClientRole::Driver) => None,
+    };
+    tenant.map_or(StatusScope::Devices, StatusScope::Tenant)
 }
 
 /// Receives the client's shared area (a [`ShmAttach`] frame with its memfd) and

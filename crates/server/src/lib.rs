@@ -217,7 +217,7 @@ impl Server {
 }
 
 /// A snapshot of `server` for `cumux status`.
-pub fn server_status(server: &Server) -> ServerStatus {
+pub fn server_status(server: &Server, scope: &status::StatusScope) -> ServerStatus {
     status::snapshot(status::ServerView {
         name: &server.name,
         uptime: server.uptime(),
@@ -227,5 +227,6 @@ pub fn server_status(server: &Server) -> ServerStatus {
         registry: &server.registry,
         accounts: &server.accounts,
         seats: &server.seats,
+        scope,
     })
 }

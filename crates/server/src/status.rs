@@ -91,6 +91,35 @@ impl Registry {
 }
 
 /// What a status snapshot reads of the server.
+/// Whose sessions and tenants a status shows.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StatusScope {
+    /// Everyone's: the server's own uid, or root, on the unix socket.
+    Everything,
+    /// One tenant's own.
+    Tenant(String),
+    /// Devices and limits only.
+    Devices,
+}
+
+impl StatusScope {
+    fn shows(&self, tenant: &str) -> bool {
+        match self {
+            StatusScope::Everything => true,
+            StatusScope::Tenant(own) => own == tenant,
+            StatusScope::Devices => false,
+        }
+    }
+
+    fn describe(&self) -> String {
+        match self {
+            StatusScope::Everything => "all".into(),
+            StatusScope::Tenant(name) => format!("tenant {name}"),
+            StatusScope::Devices => "none".into(),
+        }
+    }
+}
+
 pub struct ServerView<'a> {
     pub name: &'a str,
     pub uptime: Duration,
@@ -102,6 +131,7 @@ pub struct ServerView<'a> {
     pub registry: &'a Registry,
     pub accounts: &'a Accounts,
     pub seats: &'a Seats,
+    pub scope: &'a StatusScope,
 }
 
 /// A snapshot of the server for `cumux status`.
@@ -133,6 +163,7 @@ pub fn snapshot(server: ServerView<'_>) -> ServerStatus {
             .registry
             .entries()
             .iter()
+            .filter(|e| server.scope.shows(&e.tenant))
             .map(|e| SessionStatus {
                 session: e.session,
                 pid: e.pid,
@@ -149,6 +180,7 @@ pub fn snapshot(server: ServerView<'_>) -> ServerStatus {
             .accounts
             .all()
             .iter()
+            .filter(|a| server.scope.shows(&a.name))
             .map(|a| TenantStatus {
                 name: a.name.clone(),
                 sessions: a.sessions(),
@@ -169,6 +201,7 @@ pub fn snapshot(server: ServerView<'_>) -> ServerStatus {
                     / 1e6,
             })
             .collect(),
+        shown: server.scope.describe(),
         limits: {
             let limits = server.seats.limits();
             LimitsStatus {

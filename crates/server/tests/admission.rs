@@ -199,3 +199,70 @@ fn hello_fields_are_bounded() {
         other => panic!("{other:?}"),
     }
 }
+
+/// A TCP connection to `address` that said `hello`: its stream.
+fn tcp_session(address: &str, role: ClientRole, tenant: Option<&str>) -> std::net::TcpStream {
+    let mut s = std::net::TcpStream::connect(address).unwrap();
+    s.set_read_timeout(Some(std::time::Duration::from_secs(20)))
+        .unwrap();
+    let mut h = hello(PROTOCOL_VERSION, MAGIC);
+    h.role = role;
+    h.tenant = tenant.map(str::to_string);
+    write_frame(&mut s, &encode(&h).unwrap()).unwrap();
+    let mut buf = Vec::new();
+    read_frame(&mut s, &mut buf).unwrap();
+    match decode::<HelloReply>(&buf).unwrap() {
+        HelloReply::Welcome { .. } => s,
+        other => panic!("{other:?}"),
+    }
+}
+
+fn tcp_status(s: &mut std::net::TcpStream) -> ServerStatus {
+    let request = Request {
+        seq: 1,
+        call: Call::ServerStatus,
+    };
+    write_frame(s, &encode(&request).unwrap()).unwrap();
+    let mut buf = Vec::new();
+    read_frame(s, &mut buf).unwrap();
+    match decode::<Reply>(&buf).unwrap().result {
+        Ok(ReplyBody::Status(status)) => status,
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn status_shows_other_tenants_sessions_only_to_the_servers_uid() {
+    let h = Harness::start("status-scope");
+    let bound =
+        cumux_server::listener::bind(&cumux_server::Address::Tcp("127.0.0.1:0".into())).unwrap();
+    let address = match bound.address() {
+        cumux_server::Address::Tcp(a) => a,
+        other => panic!("{other}"),
+    };
+    let serving = std::sync::Arc::clone(&h.server);
+    std::thread::spawn(move || bound.serve(serving));
+    // Two tenants' sessions, over TCP (no uid: nobody is the server's uid).
+    let mut alice = tcp_session(&address, ClientRole::Driver, Some("alice"));
+    let _bob = tcp_session(&address, ClientRole::Driver, Some("bob"));
+    let own = tcp_status(&mut alice);
+    assert_eq!(own.shown, "tenant alice");
+    let tenants: Vec<&str> = own.sessions.iter().map(|s| s.tenant.as_str()).collect();
+    assert_eq!(tenants, vec!["alice"]);
+    assert!(own.tenants.iter().all(|t| t.name == "alice"));
+    // A status client that names no tenant is `default`, which has none here.
+    let mut nobody = tcp_session(&address, ClientRole::Status, None);
+    let devices_only = tcp_status(&mut nobody);
+    assert_eq!(devices_only.shown, "tenant default");
+    assert!(devices_only.sessions.is_empty() && devices_only.tenants.is_empty());
+    assert_eq!(devices_only.devices.len(), 1);
+    // The server's own uid, on the unix socket, sees everyone.
+    let mut admin = h.client();
+    match admin.call(Call::ServerStatus).unwrap() {
+        ReplyBody::Status(all) => {
+            assert_eq!(all.shown, "all");
+            assert_eq!(all.sessions.len(), 3, "{:?}", all.sessions);
+        }
+        other => panic!("{other:?}"),
+    }
+}

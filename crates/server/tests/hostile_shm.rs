@@ -436,7 +436,8 @@ fn status_says_which_clients_use_shared_memory() {
     let shm_client = Client::connect_with(&h.socket, "over-shm", None, true);
     let socket_client = Client::connect_with(&h.socket, "over-socket", None, false);
     assert!(shm_client.uses_shm() && !socket_client.uses_shm());
-    let status = cumux_server::server_status(&h.server);
+    let status =
+        cumux_server::server_status(&h.server, &cumux_server::status::StatusScope::Everything);
     let transport_of = |program: &str| {
         status
             .sessions

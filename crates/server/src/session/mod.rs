@@ -29,7 +29,7 @@ use crate::device::{
 use crate::gate::{GateSession, SchedStreams};
 use crate::host_regions::HostRegions;
 use crate::server_status;
-use crate::status::{SessionEntry, SessionStats};
+use crate::status::{SessionEntry, SessionStats, StatusScope};
 use crate::tenants::{AccountHold, TenantClass, TenantSettings};
 use crate::threads::{LaunchMeter, ThreadedStreams};
 use crate::Server;
@@ -129,6 +129,8 @@ pub struct Session {
     host: HostRegions,
     /// The memfd that came with the call being handled (`HostRegister`).
     incoming_fd: Option<Result<OwnedFd, String>>,
+    /// Whose sessions and tenants this client's status calls show.
+    status_scope: StatusScope,
 }
 
 /// Tells the session's statistics and its tenant's account the device time of
@@ -243,6 +245,12 @@ impl Session {
             (None, Some(own)) => own,
             (None, None) => return Err(err(codes::UNKNOWN, "no stream order")),
         };
+        // A driver sees its own tenant in status until the connection says
+        // it may see more (`Session::set_status_scope`).
+        let status_scope = match &tenant {
+            Some((name, _)) => StatusScope::Tenant(name.clone()),
+            None => StatusScope::Devices,
+        };
         let forced_priority = match (&gate, &tenant) {
             (Some(g), Some((_, settings)))
                 if matches!(g.gate().policy(), cumux_scheduler::Policy::Priority(_)) =>
@@ -317,6 +325,7 @@ impl Session {
             watched,
             host: HostRegions::default(),
             incoming_fd: None,
+            status_scope,
         })
     }
 
@@ -360,6 +369,11 @@ impl Session {
         stream_order(&self.threads, &self.ctx)
     }
 
+    /// Whose sessions and tenants this client's status calls show.
+    pub fn set_status_scope(&mut self, scope: StatusScope) {
+        self.status_scope = scope;
+    }
+
     /// What to do when the client is gone while a call may still wait for its
     /// work (run from another thread): the gate drops what the session has
     /// queued there and the context stops its launches (the CPU device's at
@@ -379,7 +393,10 @@ impl Session {
     /// sticky and come back from the next synchronizing call.
     pub fn handle(&mut self, call: Call) -> Option<CallResult> {
         if matches!(call, Call::ServerStatus) {
-            return Some(Ok(ReplyBody::Status(server_status(&self.server))));
+            return Some(Ok(ReplyBody::Status(server_status(
+                &self.server,
+                &self.status_scope,
+            ))));
         }
         if self.account.is_none() {
             // A status connection passed no tenant check: it may only ask for status.
@@ -494,7 +511,10 @@ impl Session {
             Call::EventDestroy { event } => self.event_destroy(event),
             Call::ContextSynchronize => self.context_synchronize(),
             Call::TensorMapEncode { request } => self.tensor_map_encode(request),
-            Call::ServerStatus => Ok(ReplyBody::Status(server_status(&self.server))),
+            Call::ServerStatus => Ok(ReplyBody::Status(server_status(
+                &self.server,
+                &self.status_scope,
+            ))),
             Call::HostRegister { base, bytes } => {
                 let fd = self
                     .incoming_fd
