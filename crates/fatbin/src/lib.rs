@@ -120,9 +120,11 @@ pub fn fatbin_size(bytes_at: &[u8]) -> Result<usize, FatbinError> {
     }
     let header = read_u16(bytes_at, 6)? as u64;
     let body = read_u64(bytes_at, 8)?;
+    // At least the header itself, so that reading fat binaries back to back
+    // always moves on.
     let total = header
         .checked_add(body)
-        .filter(|t| *t <= MAX_IMAGE_BYTES)
+        .filter(|t| (HEADER_BYTES as u64..=MAX_IMAGE_BYTES).contains(t))
         .ok_or(FatbinError::BadSize(body))?;
     Ok(total as usize)
 }
@@ -360,6 +362,18 @@ mod tests {
         assert!(images(short).is_err());
         assert!(images(&[]).is_err());
         assert_eq!(classify(b"garbage"), Classified::Unknown);
+    }
+
+    /// A header that claims fewer bytes than itself is an error, not a fat
+    /// binary read again and again at the same place (found by cumux-fuzz).
+    #[test]
+    fn a_header_claiming_no_bytes_is_an_error() {
+        let mut bytes = FATBIN_MAGIC.to_le_bytes().to_vec();
+        bytes.extend_from_slice(&[1, 0, 0, 0]);
+        bytes.extend_from_slice(&0u64.to_le_bytes());
+        bytes.extend_from_slice(&bytes.clone());
+        assert_eq!(fatbin_size(&bytes), Err(FatbinError::BadSize(0)));
+        assert_eq!(images(&bytes), Err(FatbinError::BadSize(0)));
     }
 
     /// Deterministic mutations of real fat binaries: never a panic.
