@@ -75,7 +75,11 @@ fn check_parse(data: &[u8], features: &mut Features) {
             features.add(("parsed", module.items.len().min(8)));
             features.add(("version", module.version));
         }
-        Err(e) => features.add_message("parse error", &e.message),
+        Err(e) => {
+            features.add_message("parse error", &e.message);
+            // How far into the text it got, by powers of two of lines.
+            features.add(("depth", e.line.checked_ilog2()));
+        }
     }
 }
 

@@ -139,6 +139,7 @@ fn check(data: &[u8], features: &mut Features) {
     let mut known = Known::default();
     // What ran, for the message of a failed check.
     let mut trace = Vec::new();
+    let mut previous = "open";
     for _ in 0..MAX_CALLS {
         if u.is_empty() {
             break;
@@ -155,14 +156,17 @@ fn check(data: &[u8], features: &mut Features) {
         }
         let kind: &'static str = (&call).into();
         let result = session.handle(call.clone());
+        let code = match &result {
+            Some(Ok(_)) => codes::SUCCESS,
+            Some(Err(e)) => e.code,
+            None => u32::MAX,
+        };
+        // Pairs of calls too, so orders of calls count, not only calls.
+        features.add((previous, kind, code));
+        previous = kind;
         let mut told = format!("{call:?} -> {result:?}");
         told.truncate(200);
         trace.push(told);
-        match &result {
-            Some(Ok(_)) => features.add((kind, codes::SUCCESS)),
-            Some(Err(e)) => features.add((kind, e.code)),
-            None => features.add((kind, "queued")),
-        }
         if let Some(result) = &result {
             known.learn(&call, result);
         }
