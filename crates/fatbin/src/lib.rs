@@ -120,9 +120,11 @@ pub fn fatbin_size(bytes_at: &[u8]) -> Result<usize, FatbinError> {
     }
     let header = read_u16(bytes_at, 6)? as u64;
     let body = read_u64(bytes_at, 8)?;
+    // At least the header itself, so that reading fat binaries back to back
+    // always moves on.
     let total = header
         .checked_add(body)
-        .filter(|t| *t <= MAX_IMAGE_BYTES)
+        .filter(|t| (HEADER_BYTES as u64..=MAX_IMAGE_BYTES).contains(t))
         .ok_or(FatbinError::BadSize(body))?;
     Ok(total as usize)
 }
@@ -261,7 +263,10 @@ pub fn elf_size(bytes_at: &[u8]) -> Result<usize, FatbinError> {
     let phnum = read_u16(bytes_at, 0x38)? as u64;
     let shentsize = read_u16(bytes_at, 0x3a)? as u64;
     let shnum = read_u16(bytes_at, 0x3c)? as u64;
-    let end = (shoff + shentsize * shnum).max(phoff + phentsize * phnum);
+    // Offsets near u64::MAX saturate, and are refused below like any other too large.
+    let end = shoff
+        .saturating_add(shentsize * shnum)
+        .max(phoff.saturating_add(phentsize * phnum));
     if end > MAX_IMAGE_BYTES {
         return Err(FatbinError::BadSize(end));
     }
@@ -360,6 +365,35 @@ mod tests {
         assert!(images(short).is_err());
         assert!(images(&[]).is_err());
         assert_eq!(classify(b"garbage"), Classified::Unknown);
+    }
+
+    /// A header that claims fewer bytes than itself is an error, not a fat
+    /// binary read again and again at the same place (found by cumux-fuzz).
+    #[test]
+    fn a_header_claiming_no_bytes_is_an_error() {
+        let mut bytes = FATBIN_MAGIC.to_le_bytes().to_vec();
+        bytes.extend_from_slice(&[1, 0, 0, 0]);
+        bytes.extend_from_slice(&0u64.to_le_bytes());
+        bytes.extend_from_slice(&bytes.clone());
+        assert_eq!(fatbin_size(&bytes), Err(FatbinError::BadSize(0)));
+        assert_eq!(images(&bytes), Err(FatbinError::BadSize(0)));
+    }
+
+    /// Section or program header offsets near u64::MAX are an error, not an
+    /// overflow (found by cumux-fuzz).
+    #[test]
+    fn header_offsets_near_the_top_are_an_error() {
+        let mut elf = vec![0u8; 64];
+        elf[..4].copy_from_slice(&0x464c_457fu32.to_le_bytes());
+        elf[0x28..0x30].copy_from_slice(&u64::MAX.to_le_bytes());
+        elf[0x3a..0x3c].copy_from_slice(&64u16.to_le_bytes());
+        elf[0x3c..0x3e].copy_from_slice(&2u16.to_le_bytes());
+        assert_eq!(elf_size(&elf), Err(FatbinError::BadSize(u64::MAX)));
+        elf[0x28..0x30].copy_from_slice(&0u64.to_le_bytes());
+        elf[0x20..0x28].copy_from_slice(&(u64::MAX - 8).to_le_bytes());
+        elf[0x36..0x38].copy_from_slice(&56u16.to_le_bytes());
+        elf[0x38..0x3a].copy_from_slice(&1u16.to_le_bytes());
+        assert_eq!(elf_size(&elf), Err(FatbinError::BadSize(u64::MAX)));
     }
 
     /// Deterministic mutations of real fat binaries: never a panic.

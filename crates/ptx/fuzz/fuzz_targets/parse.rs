@@ -1,10 +1,9 @@
-//! Fuzz target: the PTX parser must return Ok or Err, never panic.
+//! Fuzz target: the PTX parser must return Ok or Err, never panic (the
+//! `ptx_parse` target of crates/fuzz).
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
-    if let Ok(text) = std::str::from_utf8(data) {
-        let _ = cumux_ptx::parse(text);
-    }
+    cumux_fuzz::targets::ptx::PARSE.check_once(data);
 });

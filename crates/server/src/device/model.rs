@@ -266,11 +266,24 @@ impl DeviceContext for ModelMemory {
             .filter(|k| !k.is_empty())
             .map(|k| Self::kernel_desc(k).ok_or_else(bad))
             .collect::<Result<Vec<_>, _>>()?;
-        let mut globals = Vec::new();
-        for entry in global_list.split(',').filter(|g| !g.is_empty()) {
-            let (name, size) = entry.split_once(':').ok_or_else(bad)?;
-            let size: u64 = size.parse().map_err(|_| bad())?;
-            let ptr = self.mem_alloc(size)?;
+        // The whole list is read before anything is allocated, and a failed
+        // allocation gives back the ones before it: a refused image holds no memory.
+        let sizes = global_list
+            .split(',')
+            .filter(|g| !g.is_empty())
+            .map(|entry| {
+                let (name, size) = entry.split_once(':')?;
+                Some((name, size.parse::<u64>().ok()?))
+            })
+            .collect::<Option<Vec<_>>>()
+            .ok_or_else(bad)?;
+        let mut globals: Vec<GlobalDesc> = Vec::new();
+        for (name, size) in sizes {
+            let ptr = self.mem_alloc(size).inspect_err(|_| {
+                for g in &globals {
+                    let _ = self.mem_free(g.ptr, g.size);
+                }
+            })?;
             globals.push(GlobalDesc {
                 name: name.to_string(),
                 ptr,
