@@ -57,6 +57,7 @@ pub fn connect(address: &Address, role: ClientRole, program: &str) -> Result<Con
         program: program.to_string(),
         // A status shows this tenant's sessions to a client that may be it.
         tenant: std::env::var("CUMUX_TENANT").ok(),
+        token: std::env::var("CUMUX_TOKEN").ok(),
         shm: false,
     };
     conn.send(&hello)?;

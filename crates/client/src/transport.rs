@@ -239,6 +239,7 @@ impl Connection {
             role: ClientRole::Driver,
             program,
             tenant: std::env::var("CUMUX_TENANT").ok(),
+            token: std::env::var("CUMUX_TOKEN").ok(),
             shm: area.is_some(),
         };
         let bytes = proto::encode(&hello).map_err(|e| e.to_string())?;
