@@ -30,7 +30,7 @@ SECS=${SECS:-300}
 TENANTS=${TENANTS:-8}
 KILL_EVERY=${KILL_EVERY:-20}
 SEGMENT=${SEGMENT:-all}
-SERVE_ARGS=${SERVE_ARGS:---sharing shared --policy fair}
+SERVE_ARGS=${SERVE_ARGS---sharing shared --policy fair}
 STATE=${STATE:-/tmp/cumux-soak}
 DEVICE=${DEVICE:-cuda}
 PYTORCH=${PYTORCH:-1}
@@ -105,7 +105,11 @@ tenant() { # tenant I: runs programs until the stop file appears
     done
     echo "$i $runs $fails $killed" >"$STATE/t$i.result"
 }
-for i in $(seq "$TENANTS"); do tenant "$i" & done
+tenant_pids=()
+for i in $(seq "$TENANTS"); do
+    tenant "$i" &
+    tenant_pids+=($!)
+done
 kills=0
 next_kill=$(($(date +%s) + KILL_EVERY))
 next_sample=0
@@ -130,7 +134,8 @@ while [ "$(date +%s)" -lt "$end" ]; do
     sleep 1
 done
 touch "$STATE/stop"
-wait
+# The tenants only: the server is a child of the segment that started it.
+wait "${tenant_pids[@]}"
 alive=yes
 kill -0 "$SERVER" 2>/dev/null || alive=NO
 settled=no
