@@ -11,6 +11,7 @@ mod signalling;
 mod streams;
 mod submit;
 mod vmm;
+mod vmm_tables;
 mod waits;
 
 use std::cell::Cell;
@@ -103,7 +104,7 @@ pub struct Session {
     /// Module globals of this session: base → size.
     globals: BTreeMap<DevicePtr, u64>,
     /// Reservations, physical allocations and mappings (`cuMemMap` …).
-    vmm: vmm::VmmTables,
+    vmm: vmm_tables::VmmTables,
     modules: HashMap<Handle, ModuleEntry>,
     functions: HashMap<Handle, FunctionEntry>,
     /// The device's launch limits, looked up once (every launch is checked against them).
@@ -311,7 +312,7 @@ impl Session {
             next_handle: FIRST_HANDLE,
             allocations: BTreeMap::new(),
             globals: BTreeMap::new(),
-            vmm: vmm::VmmTables::default(),
+            vmm: vmm_tables::VmmTables::default(),
             modules: HashMap::new(),
             functions: HashMap::new(),
             limits,

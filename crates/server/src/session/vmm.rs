@@ -3,7 +3,6 @@
 //! call checked as NVIDIA's driver checks it, physical bytes charged to the
 //! tenant, everything given back at the session's end.
 
-use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::Ordering;
 
 use cumux_protocol::vmm::{
@@ -13,6 +12,7 @@ use cumux_protocol::vmm::{
 use cumux_protocol::{codes, CuError, DevicePtr, Handle, ReplyBody};
 
 use super::core::err;
+use super::vmm_tables::{Mapping, Physical};
 use super::{CallResult, Session};
 use crate::device::VmmOp;
 
@@ -20,133 +20,6 @@ use crate::device::VmmOp;
 const MAX_RESERVATIONS: usize = 16 << 10;
 /// Mappings one session may hold at once.
 const MAX_MAPPINGS: usize = 256 << 10;
-
-/// A physical allocation (`cuMemCreate`).
-struct Physical {
-    size: u64,
-    /// The backend's id for it.
-    backend: u64,
-    /// The program's references: its `cuMemCreate` and each
-    /// `cuMemRetainAllocationHandle`; each `cuMemRelease` drops one. At 0 the
-    /// handle is gone for the program, though its memory lives while mapped.
-    refs: u32,
-    /// Its mappings: the memory is freed when there are none and no reference.
-    mappings: u32,
-    handle_types: u64,
-}
-
-/// A mapping of a whole physical allocation's first `size` bytes.
-struct Mapping {
-    size: u64,
-    handle: Handle,
-    /// The session device's `CU_MEM_ACCESS_FLAGS_PROT_*` (none at first).
-    access: u64,
-}
-
-/// A session's virtual memory tables.
-#[derive(Default)]
-pub(super) struct VmmTables {
-    /// The backend's minimum granularity, asked once.
-    granularity: Option<u64>,
-    /// base → size, as reserved.
-    reservations: BTreeMap<DevicePtr, u64>,
-    physical: HashMap<Handle, Physical>,
-    mappings: BTreeMap<DevicePtr, Mapping>,
-}
-
-impl VmmTables {
-    /// The mapping holding `ptr`: (base, mapping).
-    fn mapping_of(&self, ptr: DevicePtr) -> Option<(DevicePtr, &Mapping)> {
-        let (&base, m) = self.mappings.range(..=ptr).next_back()?;
-        (ptr - base < m.size).then_some((base, m))
-    }
-
-    /// The mappings that cover `[ptr, ptr + size)` side by side, the first
-    /// starting at `ptr` and the last ending at its end: their bases.
-    fn whole_mappings(&self, ptr: DevicePtr, size: u64) -> Option<Vec<DevicePtr>> {
-        let end = ptr.checked_add(size)?;
-        let mut bases = Vec::new();
-        let mut at = ptr;
-        while at < end {
-            let m = self.mappings.get(&at)?;
-            bases.push(at);
-            at = at.checked_add(m.size)?;
-        }
-        (size > 0 && at == end).then_some(bases)
-    }
-
-    /// The mappings inside `[ptr, ptr + size)`, a range inside one
-    /// reservation that cuts no mapping: their bases.
-    fn mappings_within(&self, ptr: DevicePtr, size: u64) -> Option<Vec<DevicePtr>> {
-        let end = ptr.checked_add(size)?;
-        if size == 0 || !self.reserved(ptr, size) {
-            return None;
-        }
-        if self.mapping_of(ptr).is_some_and(|(base, _)| base < ptr) {
-            return None;
-        }
-        let mut bases = Vec::new();
-        for (&base, m) in self.mappings.range(ptr..end) {
-            if base.checked_add(m.size)? > end {
-                return None;
-            }
-            bases.push(base);
-        }
-        Some(bases)
-    }
-
-    /// Whether `[ptr, ptr + bytes)` lies in mappings side by side whose
-    /// access includes `need` (bytes 0: `ptr` in an accessible mapping).
-    fn covers(&self, ptr: DevicePtr, bytes: u64, need: u64) -> bool {
-        let Some(end) = ptr.checked_add(bytes.max(1)) else {
-            return false;
-        };
-        let Some((mut base, mut m)) = self.mapping_of(ptr) else {
-            return false;
-        };
-        loop {
-            if m.access & need != need {
-                return false;
-            }
-            let next = base + m.size;
-            if next >= end {
-                return true;
-            }
-            match self.mappings.get(&next) {
-                Some(following) => (base, m) = (next, following),
-                None => return false,
-            }
-        }
-    }
-
-    /// Whether `[ptr, ptr + size)` lies inside one reservation.
-    fn reserved(&self, ptr: DevicePtr, size: u64) -> bool {
-        self.reservations
-            .range(..=ptr)
-            .next_back()
-            .is_some_and(|(base, len)| ptr - base < *len && size <= len - (ptr - base))
-    }
-
-    /// Whether any mapping meets `[ptr, ptr + size)`.
-    fn mapped_in(&self, ptr: DevicePtr, size: u64) -> bool {
-        let end = ptr.saturating_add(size);
-        self.mapping_of(ptr).is_some() || self.mappings.range(ptr..end).next().is_some()
-    }
-
-    /// The physical allocation `handle` names for the program (one it holds
-    /// a reference to).
-    fn held(&mut self, handle: Handle) -> Result<&mut Physical, CuError> {
-        self.physical
-            .get_mut(&handle)
-            .filter(|p| p.refs > 0)
-            .ok_or_else(|| {
-                err(
-                    codes::INVALID_VALUE,
-                    format!("{handle:#x} is not a memory handle of this session"),
-                )
-            })
-    }
-}
 
 fn invalid(detail: impl Into<String>) -> CuError {
     err(codes::INVALID_VALUE, detail)
