@@ -8,9 +8,11 @@ mod memfd;
 pub mod messages;
 pub mod pinned;
 pub mod shm;
+pub mod vmm;
 
 pub use framing::{read_frame, read_frame_within, write_frame, FrameError, MAX_FRAME_BYTES};
 pub use messages::*;
+pub use vmm::{VmmCall, VmmProperties};
 
 /// Bumped whenever a message type changes shape. Client and server must agree.
 pub const PROTOCOL_VERSION: u32 = 5;

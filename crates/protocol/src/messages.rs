@@ -271,6 +271,9 @@ pub enum Call {
     GraphDestroy {
         graph: Handle,
     },
+    /// Virtual memory management: reservations, physical allocations and
+    /// their mappings (`crate::vmm`).
+    Vmm(crate::vmm::VmmCall),
 }
 
 /// One launch of a [`Call::GraphCreate`]: a [`Call::Launch`] without its stream.
@@ -362,6 +365,10 @@ pub enum ReplyBody {
     Status(ServerStatus),
     /// A `CUtensorMap`: 128 opaque bytes.
     TensorMap(#[serde(with = "serde_bytes")] Vec<u8>),
+    /// A number a [`crate::vmm::VmmCall`] asks for (a granularity, access flags).
+    Value(u64),
+    /// A physical allocation's properties ([`crate::vmm::VmmCall::Properties`]).
+    VmmProperties(crate::vmm::VmmProperties),
 }
 
 /// A `cuLaunchKernelEx` attribute that changes how a kernel runs.
