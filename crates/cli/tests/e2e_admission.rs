@@ -32,6 +32,7 @@ fn hello(magic: u32, version: u32, tenant: Option<&str>) -> Hello {
         program: "e2e-admission".into(),
         tenant: tenant.map(str::to_string),
         shm: false,
+        visible_devices: None,
     }
 }
 

@@ -151,6 +151,7 @@ fn cuda_contexts_live_in_workers() {
         program: "leaves-memory".into(),
         tenant: None,
         shm: false,
+        visible_devices: None,
     };
     let tenant = Some(("t".to_string(), TenantSettings::default()));
     let mut session = Session::open(Arc::clone(&server), &hello, tenant).unwrap();

@@ -104,6 +104,7 @@ fn hello() -> Hello {
         program: "cumux-fuzz".into(),
         tenant: Some("fuzz".into()),
         shm: false,
+        visible_devices: None,
     }
 }
 

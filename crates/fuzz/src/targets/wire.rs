@@ -128,6 +128,7 @@ fn seeds() -> Vec<Vec<u8>> {
         program: "fuzz".into(),
         tenant: Some("team".into()),
         shm: true,
+        visible_devices: None,
     };
     out.push(encode(&hello).expect("a hello encodes"));
     out

@@ -265,6 +265,7 @@ pub fn hello(version: u32, magic: u32) -> Hello {
         program: "test-program".into(),
         tenant: Some("team-a".into()),
         shm: false,
+        visible_devices: None,
     }
 }
 
