@@ -325,3 +325,45 @@ pub fn serve(options: ServeOptions) -> Result<()> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cumux_server::tenants::TenantSettings;
+
+    #[test]
+    fn quotas_past_a_devices_memory_are_named_with_both_sizes() {
+        let mut tenants = TenantPolicy::default();
+        let quota = |q: u64, devices: Option<Vec<u32>>| TenantSettings {
+            memory_quota: Some(q),
+            devices,
+            ..TenantSettings::default()
+        };
+        tenants
+            .tenants
+            .insert("alice".into(), quota(100 << 30, None));
+        tenants.tenants.insert("bob".into(), quota(512 << 20, None));
+        tenants
+            .tenants
+            .insert("carol".into(), quota(8 << 30, Some(vec![1])));
+        tenants.defaults = quota(2 << 30, None);
+        let warnings = quota_warnings(&tenants, &[1 << 30, 16 << 30]);
+        assert_eq!(
+            warnings,
+            [
+                "[defaults]: memory_quota 2.0 GiB is more than the memory of device 0 (1.0 GiB); \
+                 there it can use at most the device's memory",
+                "tenant \"alice\": memory_quota 100.0 GiB is more than the memory of device 0 \
+                 (1.0 GiB), device 1 (16.0 GiB); there it can use at most the device's memory",
+            ]
+        );
+    }
+
+    #[test]
+    fn groups_by_number_or_name() {
+        assert_eq!(group_id("4321").unwrap(), 4321);
+        assert_eq!(group_id("root").unwrap(), 0);
+        let e = group_id("cumux-no-such-group").unwrap_err();
+        assert!(format!("{e:#}").contains("no group"), "{e:#}");
+    }
+}

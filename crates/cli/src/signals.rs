@@ -32,11 +32,13 @@ fn lock(target: &Mutex<Target>) -> MutexGuard<'_, Target> {
 /// foreground process group, the program included, so it is not sent twice;
 /// nor is one the program sent itself.
 pub fn passes_on(origin: &Origin, child: i32) -> bool {
-    origin.cause != Cause::Kernel
-        && origin
-            .process
-            .as_ref()
-            .is_none_or(|sender| sender.pid != child)
+    let sender = origin.process.as_ref().map(|p| p.pid);
+    passes_on_from(origin.cause == Cause::Kernel, sender, child)
+}
+
+/// [`passes_on`] for a signal the kernel sent (or not), from `sender`.
+fn passes_on_from(from_kernel: bool, sender: Option<i32>, child: i32) -> bool {
+    !from_kernel && sender != Some(child)
 }
 
 /// While alive, catches [`FORWARDED`] signals and sends each to the program
@@ -159,4 +161,20 @@ pub fn on_stop_signals(on_signal: impl Fn(u32, i32) + Send + 'static) -> io::Res
             }
         })?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn signals_the_program_got_already_are_not_sent_twice() {
+        // kill(1) from another process: passed on.
+        assert!(passes_on_from(false, Some(4242), 7));
+        assert!(passes_on_from(false, None, 7));
+        // A terminal's Ctrl-C (the kernel, to the whole group): not again.
+        assert!(!passes_on_from(true, None, 7));
+        // The program signalling cumux run: not back to it.
+        assert!(!passes_on_from(false, Some(7), 7));
+    }
 }
