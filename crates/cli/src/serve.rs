@@ -366,4 +366,32 @@ mod tests {
         let e = group_id("cumux-no-such-group").unwrap_err();
         assert!(format!("{e:#}").contains("no group"), "{e:#}");
     }
+
+    #[test]
+    fn the_packaged_service_and_config_are_ones_serve_takes() {
+        let config = config::parse(include_str!("../../../packaging/cumux.toml")).unwrap();
+        assert_eq!(config.settings.socket_mode, Some(0o660));
+        assert_eq!(config.settings.socket_group.as_deref(), Some("cumux"));
+        let unit = include_str!("../../../packaging/cumux.service");
+        let exec = unit
+            .lines()
+            .find_map(|l| l.strip_prefix("ExecStart="))
+            .expect("the unit has an ExecStart");
+        let mut words = exec.split_whitespace();
+        assert!(words.next().unwrap().ends_with("/cumux"));
+        assert_eq!(words.next(), Some("serve"));
+        #[derive(clap::Parser)]
+        struct Serve {
+            #[command(flatten)]
+            options: ServeOptions,
+        }
+        let parsed = <Serve as clap::Parser>::try_parse_from(
+            std::iter::once("serve").chain(words),
+        )
+        .unwrap();
+        assert!(parsed.options.config.is_some());
+        for line in ["Type=notify", "KillMode=mixed", "RuntimeDirectoryMode=0750"] {
+            assert!(unit.lines().any(|l| l == line), "{line}");
+        }
+    }
 }
