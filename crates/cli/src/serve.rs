@@ -385,10 +385,8 @@ mod tests {
             #[command(flatten)]
             options: ServeOptions,
         }
-        let parsed = <Serve as clap::Parser>::try_parse_from(
-            std::iter::once("serve").chain(words),
-        )
-        .unwrap();
+        let parsed =
+            <Serve as clap::Parser>::try_parse_from(std::iter::once("serve").chain(words)).unwrap();
         assert!(parsed.options.config.is_some());
         for line in ["Type=notify", "KillMode=mixed", "RuntimeDirectoryMode=0750"] {
             assert!(unit.lines().any(|l| l == line), "{line}");

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use cumux_protocol::{
-    decode, encode, read_frame, write_frame, ClientRole, Hello, HelloReply, MAGIC, PROTOCOL_VERSION,
+    decode, encode, read_frame, write_frame, Hello, HelloReply, MAGIC, PROTOCOL_VERSION,
 };
 
 /// The program name the raw sessions of these tests give.
@@ -32,16 +32,16 @@ fn socket_path(server: &ServerProc) -> PathBuf {
 fn hello(server: &ServerProc) -> (HelloReply, UnixStream) {
     let mut s = UnixStream::connect(socket_path(server)).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-    let hello = Hello {
-        magic: MAGIC,
-        version: PROTOCOL_VERSION,
-        pid: std::process::id(),
-        role: ClientRole::Driver,
-        program: PROGRAM.into(),
-        tenant: None,
-        shm: false,
-        visible_devices: None,
-    };
+    // Written as JSON: optional fields the hello gains later stay `None`.
+    let hello: Hello = serde_json::from_value(serde_json::json!({
+        "magic": MAGIC,
+        "version": PROTOCOL_VERSION,
+        "pid": std::process::id(),
+        "role": "Driver",
+        "program": PROGRAM,
+        "shm": false,
+    }))
+    .unwrap();
     write_frame(&mut s, &encode(&hello).unwrap()).unwrap();
     let mut buf = Vec::new();
     read_frame(&mut s, &mut buf).unwrap();

@@ -194,6 +194,7 @@ fn serve_seated(
         }
     };
     let tenant = match hello.role {
+        ClientRole::Preflight => return preflight(&server, &hello, peer_uid, seat, &mut writer),
         ClientRole::Status => None,
         ClientRole::Driver => match server.tenants().admit(hello.tenant.as_deref(), peer_uid) {
             Ok(tenant) => Some(tenant),
@@ -202,7 +203,6 @@ fn serve_seated(
                 return Ending::Rejected(reason);
             }
         },
-        ClientRole::Preflight => return preflight(&server, &hello, peer_uid, seat, &mut writer),
     };
     if let Some((name, _)) = &tenant {
         if let Err(reason) = seat.join_tenant(name) {
