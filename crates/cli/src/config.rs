@@ -265,6 +265,9 @@ struct RawConfig {
     tenants: BTreeMap<String, RawTenant>,
     #[serde(default)]
     limits: RawLimits,
+    /// Lets a `cumux status` with this token (`CUMUX_TOKEN`) see every tenant.
+    admin_token: Option<String>,
+    admin_token_file: Option<std::path::PathBuf>,
     /// Each `[devices.N]` table as written; read into [`RawDevice`] one by one,
     /// so an error names its device.
     #[serde(default)]
@@ -305,6 +308,26 @@ struct RawTenant {
     class: Option<TenantClass>,
     devices: Option<Vec<u32>>,
     uids: Option<Vec<u32>>,
+    token: Option<String>,
+    /// A file whose first line is the token (a secret kept out of the config).
+    token_file: Option<std::path::PathBuf>,
+}
+
+/// A token given in the config or in a file of its own.
+fn token_of(
+    what: &str,
+    token: Option<String>,
+    file: Option<std::path::PathBuf>,
+) -> Result<Option<String>> {
+    match (token, file) {
+        (Some(_), Some(_)) => bail!("{what}: token and token_file both given"),
+        (token, None) => Ok(token),
+        (None, Some(path)) => {
+            let text = std::fs::read_to_string(&path)
+                .with_context(|| format!("{what}: cannot read token_file {}", path.display()))?;
+            Ok(Some(text.lines().next().unwrap_or("").trim().to_string()))
+        }
+    }
 }
 
 impl RawTenant {
@@ -320,6 +343,7 @@ impl RawTenant {
             class: self.class.unwrap_or(base.class),
             devices: self.devices,
             uids: self.uids,
+            token: token_of(what, self.token, self.token_file)?,
         })
     }
 }
@@ -366,6 +390,7 @@ pub fn parse(text: &str) -> Result<FileConfig> {
         defaults: raw.defaults.settings("[defaults]")?,
         tenants,
         limits: raw.limits.limits(),
+        admin_token: token_of("admin_token", raw.admin_token, raw.admin_token_file)?,
     };
     policy.validate().map_err(anyhow::Error::msg)?;
     if let Some(name) = &raw.policy {
@@ -597,6 +622,46 @@ uids = [1000, 1001]
         assert!(parse("[tenants.x]\nweight = 0\n").is_err());
         assert!(parse("[tenants.x]\nclass = \"urgent\"\n").is_err());
         assert!(parse("[tenants.x]\nquota = 5\n").is_err());
+    }
+
+    #[test]
+    fn tokens_limits_and_their_errors() {
+        let dir = cumux_testkit::TempDir::new("config-tokens");
+        let file = dir.0.join("bob.token");
+        std::fs::write(&file, "bob-token-from-a-file\n").unwrap();
+        let text = format!(
+            "admin_token = \"admin-token-0123456789\"\n[limits]\nsessions = 9\n\
+             [tenants.bob]\ntoken_file = \"{}\"\n[tenants.eve]\ntoken = \"eve-token-0123456789\"\n",
+            file.display()
+        );
+        let config = parse(&text).unwrap();
+        let tenants = &config.tenants;
+        assert_eq!(
+            tenants.tenants["bob"].token.as_deref(),
+            Some("bob-token-from-a-file")
+        );
+        assert_eq!(
+            tenants.tenants["eve"].token.as_deref(),
+            Some("eve-token-0123456789")
+        );
+        assert!(tenants.is_admin_token(Some("admin-token-0123456789")));
+        assert_eq!(tenants.limits.total, 9);
+        let short = parse("[tenants.x]\ntoken = \"short\"\n").unwrap_err();
+        assert!(
+            format!("{short:#}").contains("16 to 256 bytes"),
+            "{short:#}"
+        );
+        let both = parse(&format!(
+            "[tenants.x]\ntoken = \"0123456789abcdef\"\ntoken_file = \"{}\"\n",
+            file.display()
+        ))
+        .unwrap_err();
+        assert!(format!("{both:#}").contains("both given"), "{both:#}");
+        let zero = parse("[limits]\nsessions_per_peer = 0\n").unwrap_err();
+        assert!(
+            format!("{zero:#}").contains("sessions_per_peer"),
+            "{zero:#}"
+        );
     }
 
     #[test]

@@ -97,6 +97,7 @@ pub fn connect_as(
         program: program.to_string(),
         // A status shows this tenant's sessions to a client that may be it.
         tenant: std::env::var("CUMUX_TENANT").ok(),
+        token: std::env::var("CUMUX_TOKEN").ok(),
         shm: false,
         visible_devices: None,
     };

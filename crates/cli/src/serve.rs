@@ -33,10 +33,9 @@ pub struct ServeOptions {
     /// [devices.N] tables), and the tenant table.
     #[arg(long)]
     pub config: Option<PathBuf>,
-    /// Listen on a TCP address other hosts can reach, although TCP has no
-    /// authentication yet: any host that reaches the port can claim any
-    /// tenant that no `uids` list binds. Needed for `--listen tcp:` on a
-    /// non-loopback address.
+    /// Listen on a TCP address other hosts can reach, although TCP is not
+    /// encrypted yet: tenants' tokens and data cross the network in the
+    /// clear. Needed for `--listen tcp:` on a non-loopback address.
     #[arg(long)]
     pub insecure: bool,
     /// How log lines are written: text (plain unless stderr is a terminal)
@@ -213,10 +212,9 @@ pub fn serve(options: ServeOptions) -> Result<()> {
     if let Address::Tcp(host_port) = &address {
         if !options.insecure && !loopback_only(host_port)? {
             bail!(
-                "--listen {address}: TCP has no authentication yet, so any host that reaches \
-                 the port could claim any tenant no `uids` list binds; listen on a loopback \
-                 address (tcp:127.0.0.1:PORT) or the unix socket, or pass --insecure to \
-                 accept that"
+                "--listen {address}: TCP is not encrypted yet, so tenants' tokens and data \
+                 would cross the network in the clear; listen on a loopback address \
+                 (tcp:127.0.0.1:PORT) or the unix socket, or pass --insecure to accept that"
             );
         }
     }

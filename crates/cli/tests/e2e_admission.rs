@@ -31,6 +31,7 @@ fn hello(magic: u32, version: u32, tenant: Option<&str>) -> Hello {
         role: ClientRole::Driver,
         program: "e2e-admission".into(),
         tenant: tenant.map(str::to_string),
+        token: None,
         shm: false,
         visible_devices: None,
     }

@@ -150,6 +150,7 @@ fn cuda_contexts_live_in_workers() {
         role: ClientRole::Driver,
         program: "leaves-memory".into(),
         tenant: None,
+        token: None,
         shm: false,
         visible_devices: None,
     };

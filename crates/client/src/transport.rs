@@ -253,6 +253,7 @@ impl Connection {
             role: ClientRole::Driver,
             program,
             tenant: std::env::var("CUMUX_TENANT").ok(),
+            token: std::env::var("CUMUX_TOKEN").ok(),
             shm: area.is_some(),
             visible_devices: visible_devices(),
         };

@@ -28,6 +28,9 @@ pub struct Hello {
     pub program: String,
     /// Tenant asked for with `cumux run --tenant NAME`.
     pub tenant: Option<String>,
+    /// A tenant's (or the server's admin) token (`CUMUX_TOKEN`): over TCP the
+    /// only proof of who a client is. At most [`MAX_TOKEN_BYTES`].
+    pub token: Option<String>,
     /// The client holds a shared-memory area ([`crate::shm`]) and, if the
     /// welcome accepts it, sends it next in a [`ShmAttach`] (unix sockets only).
     pub shm: bool,
@@ -41,6 +44,8 @@ pub struct Hello {
 pub const MAX_HELLO_BYTES: usize = 4 << 10;
 /// The longest program name a hello may carry (bytes).
 pub const MAX_PROGRAM_BYTES: usize = 256;
+/// The longest token a hello may carry (bytes).
+pub const MAX_TOKEN_BYTES: usize = 256;
 
 /// `text` cut to at most `max` bytes, at a character boundary.
 pub fn cut_to(text: &str, max: usize) -> &str {

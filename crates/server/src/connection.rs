@@ -16,7 +16,7 @@ use cumux_protocol::shm::{self, Endpoint, ShmArea, ShmError, Side};
 use cumux_protocol::{
     codes, decode, encode, pinned, read_frame, read_frame_within, write_frame, Call, ClientRole,
     CuError, FrameError, Hello, HelloReply, Reply, Request, ShmAttach, ShmAttached, MAGIC,
-    MAX_HELLO_BYTES, MAX_PROGRAM_BYTES, PROTOCOL_VERSION,
+    MAX_HELLO_BYTES, MAX_PROGRAM_BYTES, MAX_TOKEN_BYTES, PROTOCOL_VERSION,
 };
 
 use crate::admission::{log_refusal, Peer, Seat};
@@ -196,13 +196,18 @@ fn serve_seated(
     let tenant = match hello.role {
         ClientRole::Preflight => return preflight(&server, &hello, peer_uid, seat, &mut writer),
         ClientRole::Status => None,
-        ClientRole::Driver => match server.tenants().admit(hello.tenant.as_deref(), peer_uid) {
-            Ok(tenant) => Some(tenant),
-            Err(reason) => {
-                let _ = send(&mut writer, &reject(reason.clone()));
-                return Ending::Rejected(reason);
+        ClientRole::Driver => {
+            match server
+                .tenants()
+                .admit(hello.tenant.as_deref(), peer_uid, hello.token.as_deref())
+            {
+                Ok(tenant) => Some(tenant),
+                Err(reason) => {
+                    let _ = send(&mut writer, &reject(reason.clone()));
+                    return Ending::Rejected(reason);
+                }
             }
-        },
+        }
     };
     if let Some((name, _)) = &tenant {
         if let Err(reason) = seat.join_tenant(name) {
@@ -342,7 +347,7 @@ fn preflight(
 ) -> Ending {
     let admitted = server
         .tenants()
-        .admit(hello.tenant.as_deref(), peer_uid)
+        .admit(hello.tenant.as_deref(), peer_uid, hello.token.as_deref())
         .and_then(|(name, settings)| {
             seat.join_tenant(&name)?;
             let (devices, _) = server.devices_seen(&settings, hello.visible_devices.as_deref());
@@ -372,7 +377,8 @@ fn preflight(
 
 /// Whose sessions a connection's status calls show: everyone's to the
 /// server's own uid and to root (on the unix socket, where the uid is
-/// known); else the tenant it is (a driver) or claims and may be (status).
+/// known) and to the admin token; else the tenant it is (a driver) or
+/// claims and may be (status).
 fn status_scope(
     server: &Server,
     hello: &Hello,
@@ -381,14 +387,16 @@ fn status_scope(
 ) -> StatusScope {
     // SAFETY: geteuid has no preconditions and cannot fail.
     let own_uid = unsafe { libc::geteuid() };
-    if peer_uid.is_some_and(|uid| uid == own_uid || uid == 0) {
+    if peer_uid.is_some_and(|uid| uid == own_uid || uid == 0)
+        || server.tenants().is_admin_token(hello.token.as_deref())
+    {
         return StatusScope::Everything;
     }
     let tenant = match (tenant, &hello.role) {
         (Some(name), _) => Some(name.to_string()),
         (None, ClientRole::Status) => server
             .tenants()
-            .admit(hello.tenant.as_deref(), peer_uid)
+            .admit(hello.tenant.as_deref(), peer_uid, hello.token.as_deref())
             .ok()
             .map(|(name, _)| name),
         (None, ClientRole::Driver | ClientRole::Preflight) => None,
@@ -662,6 +670,15 @@ fn read_hello(reader: &mut impl Read, buf: &mut Vec<u8>) -> Result<Hello, Handsh
             "malformed hello for protocol version {PROTOCOL_VERSION}: {e}"
         ))
     })?;
+    if hello
+        .token
+        .as_ref()
+        .is_some_and(|t| t.len() > MAX_TOKEN_BYTES)
+    {
+        return Err(Handshake::Reject(format!(
+            "a token of more than {MAX_TOKEN_BYTES} bytes"
+        )));
+    }
     if hello.program.len() > MAX_PROGRAM_BYTES {
         return Err(Handshake::Reject(format!(
             "a program name of {} bytes: at most {MAX_PROGRAM_BYTES}",

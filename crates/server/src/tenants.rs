@@ -31,6 +31,15 @@ pub const DEFAULT_TENANT: &str = "default";
 pub const ANONYMOUS_TENANT: &str = "anonymous";
 /// Longest tenant name accepted (bytes).
 pub const MAX_TENANT_NAME: usize = 64;
+/// Shortest token a config may give (bytes): a guessable token is no proof.
+pub const MIN_TOKEN_BYTES: usize = 16;
+
+/// Whether `given` is `secret`, in time that does not depend on where they
+/// differ.
+fn same_secret(given: &str, secret: &str) -> bool {
+    use subtle::ConstantTimeEq;
+    given.len() == secret.len() && bool::from(given.as_bytes().ct_eq(secret.as_bytes()))
+}
 
 /// How the scheduler treats a tenant's work.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
@@ -54,6 +63,10 @@ pub struct TenantSettings {
     pub devices: Option<Vec<u32>>,
     /// Peer uids allowed to act as this tenant; `None`: anyone.
     pub uids: Option<Vec<u32>>,
+    /// The secret that proves a client is this tenant (`CUMUX_TOKEN`), the
+    /// only proof over TCP. A tenant with one cannot be claimed without it
+    /// (unless its `uids` list the peer).
+    pub token: Option<String>,
 }
 
 impl Default for TenantSettings {
@@ -64,6 +77,7 @@ impl Default for TenantSettings {
             class: TenantClass::Batch,
             devices: None,
             uids: None,
+            token: None,
         }
     }
 }
@@ -84,6 +98,8 @@ pub struct TenantPolicy {
     pub tenants: BTreeMap<String, TenantSettings>,
     /// How many sessions the server holds, in all and per holder.
     pub limits: SessionLimits,
+    /// The token that lets a `cumux status` see every tenant's sessions.
+    pub admin_token: Option<String>,
 }
 
 impl Default for TenantPolicy {
@@ -93,6 +109,7 @@ impl Default for TenantPolicy {
             defaults: TenantSettings::default(),
             tenants: BTreeMap::new(),
             limits: SessionLimits::default(),
+            admin_token: None,
         }
     }
 }
@@ -118,12 +135,105 @@ impl TenantPolicy {
                 ));
             }
         }
+        let tokens = self
+            .tenants
+            .iter()
+            .filter_map(|(name, s)| s.token.as_deref().map(|t| (name.as_str(), t)))
+            .chain(self.admin_token.as_deref().map(|t| ("admin_token", t)))
+            .chain(self.defaults.token.as_deref().map(|t| ("defaults", t)));
+        let mut seen: Vec<&str> = Vec::new();
+        for (name, token) in tokens {
+            if name == "defaults" {
+                return Err("[defaults] cannot have a token: a token names one tenant".into());
+            }
+            if token.len() < MIN_TOKEN_BYTES || token.len() > cumux_protocol::MAX_TOKEN_BYTES {
+                return Err(format!(
+                    "{name}: a token must have {MIN_TOKEN_BYTES} to {} bytes",
+                    cumux_protocol::MAX_TOKEN_BYTES
+                ));
+            }
+            if seen.contains(&token) {
+                return Err(format!("{name}: its token is another's too"));
+            }
+            seen.push(token);
+        }
         Ok(())
     }
 
+    /// Whether `token` is the admin token (`cumux status` then shows all).
+    pub fn is_admin_token(&self, token: Option<&str>) -> bool {
+        matches!((token, &self.admin_token), (Some(t), Some(admin)) if same_secret(t, admin))
+    }
+
     /// Decides who a connection is: its tenant name and settings, or why it
-    /// is turned away. `peer_uid` is `None` where the transport has no uid (TCP).
+    /// is turned away. `peer_uid` is `None` where the transport has no uid
+    /// (TCP): there only a `token` names a configured tenant.
     pub fn admit(
+        &self,
+        claimed: Option<&str>,
+        peer_uid: Option<u32>,
+        token: Option<&str>,
+    ) -> Result<(String, TenantSettings), String> {
+        if let Some(token) = token {
+            return self.admit_by_token(claimed, token);
+        }
+        let (name, settings) = self.admit_unproven(claimed, peer_uid)?;
+        if let Some(uids) = &settings.uids {
+            match peer_uid {
+                Some(uid) if uids.contains(&uid) => return Ok((name, settings)),
+                Some(uid) => {
+                    return Err(format!(
+                        "tenant {name:?} is not open to uid {uid}: the config lets only uids {uids:?} act as it"
+                    ))
+                }
+                None => {
+                    return Err(format!(
+                        "tenant {name:?} is bound to uids {uids:?}, which a TCP connection cannot prove; connect over the unix socket or give its token (CUMUX_TOKEN)"
+                    ))
+                }
+            }
+        }
+        if settings.token.is_some() {
+            return Err(format!("tenant {name:?} needs its token: set CUMUX_TOKEN"));
+        }
+        // Over TCP a name proves nothing: where the table lists tenants, a
+        // client without a token is the anonymous tenant.
+        let listed = self.tenants.contains_key(&name);
+        if peer_uid.is_none() && listed {
+            return match self.allow_unknown {
+                true => Ok((ANONYMOUS_TENANT.to_string(), self.defaults.clone())),
+                false => Err(format!(
+                    "tenant {name:?} over TCP needs its token (CUMUX_TOKEN): a name proves nothing there"
+                )),
+            };
+        }
+        Ok((name, settings))
+    }
+
+    /// The tenant whose token is `token`.
+    fn admit_by_token(
+        &self,
+        claimed: Option<&str>,
+        token: &str,
+    ) -> Result<(String, TenantSettings), String> {
+        let found = self
+            .tenants
+            .iter()
+            .find(|(_, s)| s.token.as_deref().is_some_and(|t| same_secret(token, t)));
+        match (found, claimed) {
+            (Some((name, _)), Some(claimed)) if claimed != name => {
+                Err(format!("the token given is not tenant {claimed:?}'s"))
+            }
+            (Some((name, settings)), _) => Ok((name.clone(), settings.clone())),
+            // The admin token names no tenant (it only widens `cumux status`):
+            // its holder is admitted as a client with no proof at all.
+            (None, _) if self.is_admin_token(Some(token)) => self.admit(claimed, None, None),
+            (None, _) => Err("the token given is not one this server knows".into()),
+        }
+    }
+
+    /// The tenant a connection names or is, before any proof is asked.
+    fn admit_unproven(
         &self,
         claimed: Option<&str>,
         peer_uid: Option<u32>,
@@ -159,21 +269,6 @@ impl TenantPolicy {
                 ))
             }
         };
-        if let Some(uids) = &settings.uids {
-            match peer_uid {
-                Some(uid) if uids.contains(&uid) => {}
-                Some(uid) => {
-                    return Err(format!(
-                        "tenant {name:?} is not open to uid {uid}: the config lets only uids {uids:?} act as it"
-                    ))
-                }
-                None => {
-                    return Err(format!(
-                        "tenant {name:?} is bound to uids {uids:?}, which a TCP connection cannot prove; connect over the unix socket"
-                    ))
-                }
-            }
-        }
         Ok((name, settings.clone()))
     }
 }
@@ -340,19 +435,25 @@ mod tests {
     #[test]
     fn names_are_checked_against_uids() {
         let p = policy();
-        assert_eq!(p.admit(Some("alice"), Some(1000)).unwrap().0, "alice");
-        assert!(p.admit(Some("alice"), Some(1001)).is_err());
-        assert!(p.admit(Some("alice"), None).is_err());
-        assert_eq!(p.admit(None, Some(1000)).unwrap().0, "alice");
-        assert_eq!(p.admit(Some("open"), None).unwrap().0, "open");
-        let unknown = p.admit(Some("mallory"), Some(1000)).unwrap_err();
+        assert_eq!(p.admit(Some("alice"), Some(1000), None).unwrap().0, "alice");
+        assert!(p.admit(Some("alice"), Some(1001), None).is_err());
+        assert!(p.admit(Some("alice"), None, None).is_err());
+        assert_eq!(p.admit(None, Some(1000), None).unwrap().0, "alice");
+        assert_eq!(p.admit(Some("open"), Some(5), None).unwrap().0, "open");
+        // Over TCP a listed name without its token proves nothing.
+        let tcp = p.admit(Some("open"), None, None).unwrap_err();
+        assert!(tcp.contains("needs its token"), "{tcp}");
+        let unknown = p.admit(Some("mallory"), Some(1000), None).unwrap_err();
         assert!(unknown.contains("allow_unknown = false"), "{unknown}");
-        assert!(p.admit(None, Some(7)).is_err(), "default is not listed");
-        assert!(p.admit(Some(""), None).is_err());
-        assert!(p.admit(Some("a\nb"), None).is_err());
+        assert!(
+            p.admit(None, Some(7), None).is_err(),
+            "default is not listed"
+        );
+        assert!(p.admit(Some(""), None, None).is_err());
+        assert!(p.admit(Some("a\nb"), None, None).is_err());
         let open = TenantPolicy::default();
-        assert_eq!(open.admit(None, None).unwrap().0, DEFAULT_TENANT);
-        assert_eq!(open.admit(Some("x"), None).unwrap().1.weight, 1);
+        assert_eq!(open.admit(None, None, None).unwrap().0, DEFAULT_TENANT);
+        assert_eq!(open.admit(Some("x"), None, None).unwrap().1.weight, 1);
     }
 
     #[test]
@@ -361,18 +462,60 @@ mod tests {
         p.allow_unknown = true;
         p.defaults.memory_quota = Some(4 << 20);
         for claimed in [Some("mallory"), Some("eve"), None] {
-            let (name, settings) = p.admit(claimed, Some(7)).unwrap();
+            let (name, settings) = p.admit(claimed, Some(7), None).unwrap();
             assert_eq!(name, ANONYMOUS_TENANT, "{claimed:?}");
             assert_eq!(settings.memory_quota, Some(4 << 20));
         }
-        assert_eq!(p.admit(Some("open"), None).unwrap().0, "open");
+        assert_eq!(p.admit(Some("open"), Some(5), None).unwrap().0, "open");
+        assert_eq!(
+            p.admit(Some("open"), None, None).unwrap().0,
+            ANONYMOUS_TENANT,
+            "over TCP, without a token"
+        );
         // No table: one team's server, where names stand for themselves.
         let open = TenantPolicy::default();
-        assert_eq!(open.admit(Some("eve"), None).unwrap().0, "eve");
+        assert_eq!(open.admit(Some("eve"), None, None).unwrap().0, "eve");
         // The shared name cannot be configured as a tenant of its own.
         p.tenants
             .insert(ANONYMOUS_TENANT.into(), TenantSettings::default());
         assert!(p.validate().unwrap_err().contains("[defaults]"));
+    }
+
+    #[test]
+    fn a_token_names_its_tenant_and_nothing_else_does_over_tcp() {
+        let mut p = policy();
+        let secret = "s3cret-token-of-bob";
+        p.tenants.insert(
+            "bob".into(),
+            TenantSettings {
+                token: Some(secret.into()),
+                ..TenantSettings::default()
+            },
+        );
+        p.admin_token = Some("the-admin-token-0001".into());
+        p.validate().unwrap();
+        assert_eq!(p.admit(None, None, Some(secret)).unwrap().0, "bob");
+        assert_eq!(p.admit(Some("bob"), None, Some(secret)).unwrap().0, "bob");
+        let other = p.admit(Some("alice"), None, Some(secret)).unwrap_err();
+        assert!(other.contains("not tenant \"alice\"'s"), "{other}");
+        let wrong = p
+            .admit(Some("bob"), None, Some("s3cret-token-of-bo_"))
+            .unwrap_err();
+        assert_eq!(wrong, "the token given is not one this server knows");
+        // Without it, not even on the unix socket.
+        let bare = p.admit(Some("bob"), Some(1000), None).unwrap_err();
+        assert!(bare.contains("needs its token"), "{bare}");
+        // The admin token widens status only; it is no tenant's.
+        assert!(p.is_admin_token(Some("the-admin-token-0001")));
+        assert!(!p.is_admin_token(Some(secret)) && !p.is_admin_token(None));
+        assert!(p
+            .admit(Some("bob"), None, Some("the-admin-token-0001"))
+            .is_err());
+        // Weak or shared tokens are config errors.
+        p.admin_token = Some("short".into());
+        assert!(p.validate().unwrap_err().contains("16 to 256 bytes"));
+        p.admin_token = Some(secret.into());
+        assert!(p.validate().unwrap_err().contains("another's too"));
     }
 
     #[test]

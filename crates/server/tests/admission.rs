@@ -200,21 +200,45 @@ fn hello_fields_are_bounded() {
     }
 }
 
-/// A TCP connection to `address` that said `hello`: its stream.
-fn tcp_session(address: &str, role: ClientRole, tenant: Option<&str>) -> std::net::TcpStream {
+/// A TCP connection to `address` that said `hello` (with `token`): its
+/// stream, or the server's reason for turning it away.
+fn tcp_hello(
+    address: &str,
+    role: ClientRole,
+    tenant: Option<&str>,
+    token: Option<&str>,
+) -> Result<std::net::TcpStream, String> {
     let mut s = std::net::TcpStream::connect(address).unwrap();
     s.set_read_timeout(Some(std::time::Duration::from_secs(20)))
         .unwrap();
     let mut h = hello(PROTOCOL_VERSION, MAGIC);
     h.role = role;
     h.tenant = tenant.map(str::to_string);
+    h.token = token.map(str::to_string);
     write_frame(&mut s, &encode(&h).unwrap()).unwrap();
     let mut buf = Vec::new();
     read_frame(&mut s, &mut buf).unwrap();
     match decode::<HelloReply>(&buf).unwrap() {
-        HelloReply::Welcome { .. } => s,
-        other => panic!("{other:?}"),
+        HelloReply::Welcome { .. } => Ok(s),
+        HelloReply::Rejected { reason, .. } => Err(reason),
     }
+}
+
+fn tcp_session(address: &str, role: ClientRole, tenant: Option<&str>) -> std::net::TcpStream {
+    tcp_hello(address, role, tenant, None).unwrap()
+}
+
+/// Serves `h`'s server on a loopback TCP port too; the address.
+fn serve_tcp(h: &Harness) -> String {
+    let bound =
+        cumux_server::listener::bind(&cumux_server::Address::Tcp("127.0.0.1:0".into())).unwrap();
+    let address = match bound.address() {
+        cumux_server::Address::Tcp(a) => a,
+        other => panic!("{other}"),
+    };
+    let serving = std::sync::Arc::clone(&h.server);
+    std::thread::spawn(move || bound.serve(serving));
+    address
 }
 
 fn tcp_status(s: &mut std::net::TcpStream) -> ServerStatus {
@@ -265,4 +289,47 @@ fn status_shows_other_tenants_sessions_only_to_the_servers_uid() {
         }
         other => panic!("{other:?}"),
     }
+}
+
+#[test]
+fn over_tcp_only_a_token_names_a_configured_tenant() {
+    const BOB: &str = "bob-secret-token-123";
+    const ADMIN: &str = "admin-secret-token-9";
+    let policy = TenantPolicy {
+        tenants: BTreeMap::from([
+            (
+                "bob".to_string(),
+                TenantSettings {
+                    token: Some(BOB.into()),
+                    memory_quota: Some(64 << 20),
+                    ..TenantSettings::default()
+                },
+            ),
+            ("carol".to_string(), TenantSettings::default()),
+        ]),
+        admin_token: Some(ADMIN.into()),
+        ..TenantPolicy::default()
+    };
+    let h = Harness::start_with("tokens", policy, 1);
+    let address = serve_tcp(&h);
+    let mut bob = tcp_hello(&address, ClientRole::Driver, None, Some(BOB)).unwrap();
+    assert_eq!(tcp_status(&mut bob).shown, "tenant bob");
+    let bare = tcp_hello(&address, ClientRole::Driver, Some("bob"), None).unwrap_err();
+    assert!(bare.contains("needs its token"), "{bare}");
+    let wrong = tcp_hello(
+        &address,
+        ClientRole::Driver,
+        None,
+        Some("bob-secret-token-124"),
+    )
+    .unwrap_err();
+    assert_eq!(wrong, "the token given is not one this server knows");
+    // A listed name without a token is the anonymous tenant over TCP.
+    let mut carol = tcp_session(&address, ClientRole::Driver, Some("carol"));
+    assert_eq!(tcp_status(&mut carol).shown, "tenant anonymous");
+    // The admin token sees everyone, over TCP too.
+    let mut admin = tcp_hello(&address, ClientRole::Status, None, Some(ADMIN)).unwrap();
+    let all = tcp_status(&mut admin);
+    assert_eq!(all.shown, "all");
+    assert_eq!(all.sessions.len(), 2, "{:?}", all.sessions);
 }

@@ -79,13 +79,13 @@ fn check(data: &[u8], features: &mut Features) {
         .chain(["", "default", "x\u{7}"])
     {
         for uid in [None, Some(0), Some(1000)] {
-            let admitted = config.tenants.admit(Some(name), uid);
+            let admitted = config.tenants.admit(Some(name), uid, None);
             features.add(("admit", admitted.is_ok()));
         }
     }
     features.add((
         "admit by uid",
-        config.tenants.admit(None, Some(1000)).is_ok(),
+        config.tenants.admit(None, Some(1000), None).is_ok(),
     ));
 }
 

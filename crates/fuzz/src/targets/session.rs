@@ -103,6 +103,7 @@ fn hello() -> Hello {
         role: ClientRole::Driver,
         program: "cumux-fuzz".into(),
         tenant: Some("fuzz".into()),
+        token: None,
         shm: false,
         visible_devices: None,
     }

@@ -127,6 +127,7 @@ fn seeds() -> Vec<Vec<u8>> {
         role: cumux_protocol::ClientRole::Driver,
         program: "fuzz".into(),
         tenant: Some("team".into()),
+        token: None,
         shm: true,
         visible_devices: None,
     };

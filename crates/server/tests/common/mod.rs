@@ -264,6 +264,7 @@ pub fn hello(version: u32, magic: u32) -> Hello {
         role: ClientRole::Driver,
         program: "test-program".into(),
         tenant: Some("team-a".into()),
+        token: None,
         shm: false,
         visible_devices: None,
     }
