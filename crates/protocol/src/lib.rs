@@ -14,7 +14,7 @@ pub use framing::{read_frame, read_frame_within, write_frame, FrameError, MAX_FR
 pub use messages::*;
 
 /// Bumped whenever a message type changes shape. Client and server must agree.
-pub const PROTOCOL_VERSION: u32 = 5;
+pub const PROTOCOL_VERSION: u32 = 6;
 
 /// First bytes of every handshake, so a stray connection is recognised at once.
 pub const MAGIC: u32 = 0x43_4d_55_58; // "CMUX"
