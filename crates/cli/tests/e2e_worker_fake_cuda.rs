@@ -156,6 +156,7 @@ fn cuda_contexts_live_in_workers() {
         tenant: None,
         token: None,
         shm: false,
+        visible_devices: None,
     };
     let tenant = Some(("t".to_string(), TenantSettings::default()));
     let mut session = Session::open(Arc::clone(&server), &hello, tenant).unwrap();
@@ -336,7 +337,9 @@ fn virtual_memory_in_workers(
         role: ClientRole::Driver,
         program: "leaves-mappings".into(),
         tenant: None,
+        token: None,
         shm: false,
+        visible_devices: None,
     };
     let tenant = Some(("t".to_string(), TenantSettings::default()));
     let mut session = Session::open(Arc::clone(server), &hello, tenant).unwrap();

@@ -34,6 +34,10 @@ pub struct Hello {
     /// The client holds a shared-memory area ([`crate::shm`]) and, if the
     /// welcome accepts it, sends it next in a [`ShmAttach`] (unix sockets only).
     pub shm: bool,
+    /// The program's `CUDA_VISIBLE_DEVICES`, as written (at most
+    /// [`crate::visible_devices::MAX_TEXT_BYTES`]): the server shows it
+    /// those of its tenant's devices, in that order.
+    pub visible_devices: Option<String>,
 }
 
 /// The largest hello frame a server reads.
@@ -70,6 +74,11 @@ pub struct ShmAttached {
 pub enum ClientRole {
     Driver,
     Status,
+    /// `cumux run` asking, before it starts a program, whether a driver with
+    /// this hello would be let in: the server answers with the welcome such a
+    /// driver would get (session 0, the tenant's devices) or with the
+    /// refusal, and closes; no session opens.
+    Preflight,
 }
 
 /// The server's answer to `Hello`.

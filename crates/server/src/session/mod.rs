@@ -176,17 +176,18 @@ impl Session {
     ) -> Result<Self, CuError> {
         let (device, account) = match &tenant {
             Some((name, settings)) => {
-                let (device, _) =
-                    server
-                        .devices_for(settings)
-                        .into_iter()
-                        .next()
-                        .ok_or_else(|| {
-                            err(
-                                codes::NO_DEVICE,
-                                format!("tenant {name:?} may use no device of this server"),
-                            )
-                        })?;
+                let visible = hello.visible_devices.as_deref();
+                let (seen, stopped) = server.devices_seen(settings, visible);
+                let (device, _) = seen.into_iter().next().ok_or_else(|| {
+                    let why = match visible {
+                        Some(text) => format!(
+                            "CUDA_VISIBLE_DEVICES={text:?} shows tenant {name:?} none of its devices{}",
+                            stopped.map_or_else(String::new, |why| format!(": {why}"))
+                        ),
+                        None => format!("tenant {name:?} may use no device of this server"),
+                    };
+                    err(codes::NO_DEVICE, why)
+                })?;
                 (device, Some(server.accounts().join(name, settings)))
             }
             None => (
