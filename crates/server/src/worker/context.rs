@@ -788,6 +788,9 @@ impl StreamOrdered for WorkerContext {
 
 impl Drop for WorkerContext {
     fn drop(&mut self) {
+        // The text of markers this connection never took would stay in a
+        // shared worker's tap for the worker's life.
+        drop(self.take_printed());
         // Closing the socket tells the worker to tear its context down and exit.
         if let Some(conn) = lock(&self.conn).take() {
             let _ = conn.link.socket().shutdown(std::net::Shutdown::Both);
