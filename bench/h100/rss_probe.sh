@@ -4,7 +4,8 @@
 # takes ROUNDS rounds of (a) PyTorch sessions (pytorch_tenants.py work 1 2),
 # (b) CUDA corpus programs, (c) corpus programs killed mid-run; the server's RSS
 # and threads after each round. Run once more with MALLOC_ARENA_MAX=2 to tell
-# allocator arenas from a leak. Writes $OUT/rss-probe.txt.
+# allocator arenas from a leak (ARENAS=0 leaves that run out). Writes
+# $OUT/rss-probe.txt, and each server's log to $W (printed at the end).
 #
 #   OUT=/some/dir bench/h100/rss_probe.sh
 set -u
@@ -61,9 +62,11 @@ probe() { # probe LABEL ENV...
         done
         sample "round $r after 10 killed"
     done
+    "$KIT/cumux" status --server "unix:$W/s.sock" >>"$REPORT" 2>&1
     kill "$server"
     wait "$server" 2>/dev/null
+    cp "$W/server-$label.log" "$OUT/" 2>/dev/null
 }
-probe plain
-probe arenas2 MALLOC_ARENA_MAX=2
+probe plain CUMUX_LOG=${CUMUX_LOG:-info}
+[ "${ARENAS:-1}" = 1 ] && probe arenas2 MALLOC_ARENA_MAX=2
 say done

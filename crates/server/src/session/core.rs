@@ -17,6 +17,16 @@ pub(super) fn err(code: u32, detail: impl Into<String>) -> CuError {
     CuError::new(code, detail)
 }
 
+/// Logs a device call that failed while a session let go of what it held:
+/// an error, unless the context itself is gone (a fatal code: its memory
+/// went with it, as after a hang-up stopped its worker), then a debug line.
+pub(super) fn release_failed(session: u64, what: std::fmt::Arguments<'_>, e: &CuError) {
+    match codes::is_fatal(e.code) {
+        true => tracing::debug!(session, %e, "{what} failed with its context gone"),
+        false => tracing::error!(session, %e, "{what} failed"),
+    }
+}
+
 pub(super) fn invalid_handle(what: &str, h: Handle) -> CuError {
     err(
         codes::INVALID_HANDLE,

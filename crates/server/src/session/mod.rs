@@ -22,7 +22,7 @@ use std::sync::Arc;
 
 use cumux_protocol::{codes, Call, CuError, DevicePtr, GraphLaunch, Handle, Hello, ReplyBody};
 
-use self::core::{err, SessionCore};
+use self::core::{err, release_failed, SessionCore};
 use self::signalling::{attach_signals, SIGNAL_EVERY, SIGNAL_WAIT_MIN};
 use crate::device::signals::StreamSignals;
 use crate::device::{
@@ -610,7 +610,7 @@ impl Session {
         }
         for (ptr, size) in std::mem::take(&mut self.allocations) {
             if let Err(e) = self.ctx.mem_free(ptr, size) {
-                tracing::error!(session = self.id(), %e, "freeing {ptr:#x} at teardown failed");
+                release_failed(self.id(), format_args!("freeing {ptr:#x} at teardown"), &e);
             }
             self.release(size);
         }

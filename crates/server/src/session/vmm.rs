@@ -11,7 +11,7 @@ use cumux_protocol::vmm::{
 };
 use cumux_protocol::{codes, CuError, DevicePtr, Handle, ReplyBody};
 
-use super::core::err;
+use super::core::{err, release_failed};
 use super::vmm_tables::{Mapping, Physical};
 use super::{CallResult, Session};
 use crate::device::VmmOp;
@@ -230,7 +230,11 @@ impl Session {
             size: p.size,
         };
         if let Err(e) = self.ctx.vmm(&op) {
-            tracing::error!(session = self.id(), %e, "freeing physical memory {handle:#x} failed");
+            release_failed(
+                self.id(),
+                format_args!("freeing physical memory {handle:#x}"),
+                &e,
+            );
         }
         self.release(p.size);
         let stats = &self.core.stats;
@@ -314,7 +318,7 @@ impl Session {
             size: m.size,
         };
         if let Err(e) = self.ctx.vmm(&op) {
-            tracing::error!(session = self.id(), %e, "unmapping {base:#x} failed");
+            release_failed(self.id(), format_args!("unmapping {base:#x}"), &e);
         }
         if let Some(p) = self.vmm.physical.get_mut(&m.handle) {
             p.mappings = p.mappings.saturating_sub(1);
@@ -373,7 +377,7 @@ impl Session {
         }
         for (ptr, size) in std::mem::take(&mut self.vmm.reservations) {
             if let Err(e) = self.ctx.vmm(&VmmOp::FreeReservation { ptr, size }) {
-                tracing::error!(session = self.id(), %e, "freeing reservation {ptr:#x} failed");
+                release_failed(self.id(), format_args!("freeing reservation {ptr:#x}"), &e);
             }
         }
     }
