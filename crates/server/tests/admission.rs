@@ -258,14 +258,7 @@ fn tcp_status(s: &mut std::net::TcpStream) -> ServerStatus {
 #[test]
 fn status_shows_other_tenants_sessions_only_to_the_servers_uid() {
     let h = Harness::start("status-scope");
-    let bound =
-        cumux_server::listener::bind(&cumux_server::Address::Tcp("127.0.0.1:0".into())).unwrap();
-    let address = match bound.address() {
-        cumux_server::Address::Tcp(a) => a,
-        other => panic!("{other}"),
-    };
-    let serving = std::sync::Arc::clone(&h.server);
-    std::thread::spawn(move || bound.serve(serving));
+    let address = serve_tcp(&h);
     // Two tenants' sessions, over TCP (no uid: nobody is the server's uid).
     let mut alice = tcp_session(&address, ClientRole::Driver, Some("alice"));
     let _bob = tcp_session(&address, ClientRole::Driver, Some("bob"));
