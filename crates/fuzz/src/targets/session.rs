@@ -105,7 +105,6 @@ fn hello() -> Hello {
         tenant: Some("fuzz".into()),
         token: None,
         shm: false,
-        visible_devices: None,
     }
 }
 

@@ -129,7 +129,6 @@ fn seeds() -> Vec<Vec<u8>> {
         tenant: Some("team".into()),
         token: None,
         shm: true,
-        visible_devices: None,
     };
     out.push(encode(&hello).expect("a hello encodes"));
     out

@@ -266,7 +266,6 @@ pub fn hello(version: u32, magic: u32) -> Hello {
         tenant: Some("team-a".into()),
         token: None,
         shm: false,
-        visible_devices: None,
     }
 }
 
