@@ -428,6 +428,14 @@ mod tests {
     };
 
     #[test]
+    fn a_panic_in_the_standard_library_names_its_caller() {
+        let big = std::hint::black_box([u64::MAX, 2]);
+        let panic = panics::capture(|| big.iter().product::<u64>()).unwrap_err();
+        assert!(panic.location.starts_with("/rustc/"), "{panic:?}");
+        assert!(panic.location.contains("src/engine.rs:"), "{panic:?}");
+    }
+
+    #[test]
     fn a_crash_is_found_saved_and_replayed() {
         let dir = std::env::temp_dir().join(format!("cumux-fuzz-engine-{}", std::process::id()));
         let options = RunOptions {
