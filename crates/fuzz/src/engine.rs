@@ -88,6 +88,9 @@ pub struct Run<'t> {
     options: RunOptions,
     rand: Rand,
     pool: Vec<Vec<u8>>,
+    /// The first inputs of the pool, which a full pool never replaces: the
+    /// seeds and corpus files (the well-formed inputs mutations start from).
+    protected: usize,
     seen: HashSet<u64>,
     features: Features,
     crashes: HashMap<String, Crash>,
@@ -161,6 +164,7 @@ impl<'t> Run<'t> {
             rand: Rand::seeded(options.seed),
             options,
             pool: Vec::new(),
+            protected: 0,
             seen: HashSet::new(),
             features: Features::default(),
             crashes: HashMap::new(),
@@ -183,6 +187,7 @@ impl<'t> Run<'t> {
         if self.pool.is_empty() {
             self.pool.push(Vec::new());
         }
+        self.protected = self.pool.len().min(MAX_POOL / 2);
         let deadline = started + self.options.duration;
         let mut next_report = self.options.progress.map(|p| started + p);
         while Instant::now() < deadline && self.options.max_execs.is_none_or(|m| self.execs < m) {
@@ -259,7 +264,7 @@ impl<'t> Run<'t> {
         if self.pool.len() < MAX_POOL {
             self.pool.push(input);
         } else {
-            let at = self.rand.below(MAX_POOL);
+            let at = self.protected + self.rand.below(MAX_POOL - self.protected);
             self.pool[at] = input;
         }
     }
@@ -426,6 +431,14 @@ mod tests {
         dictionary: &[b"om"],
         max_len: 16,
     };
+
+    #[test]
+    fn a_panic_in_the_standard_library_names_its_caller() {
+        let big = std::hint::black_box([u64::MAX, 2]);
+        let panic = panics::capture(|| big.iter().product::<u64>()).unwrap_err();
+        assert!(panic.location.starts_with("/rustc/"), "{panic:?}");
+        assert!(panic.location.contains("src/engine.rs:"), "{panic:?}");
+    }
 
     #[test]
     fn a_crash_is_found_saved_and_replayed() {

@@ -6,6 +6,9 @@
 use std::collections::hash_map::DefaultHasher;
 use std::hash::{Hash, Hasher};
 
+/// How many features the messages of one tag can give.
+pub const MESSAGE_BUCKETS: u64 = 256;
+
 /// The features one check saw, in the order it saw them.
 #[derive(Debug, Default, Clone)]
 pub struct Features {
@@ -21,9 +24,14 @@ impl Features {
     }
 
     /// Records an error or a message by its shape only (see [`shape`]), so
-    /// inputs that fail the same way count once whatever numbers they carry.
+    /// inputs that fail the same way count once whatever numbers they carry;
+    /// shapes fall into [`MESSAGE_BUCKETS`] buckets per tag, as messages that
+    /// name what the input wrote (an identifier) would otherwise count anew
+    /// for every mutation.
     pub fn add_message(&mut self, tag: &str, message: &str) {
-        self.add((tag, shape(message)));
+        let mut hasher = DefaultHasher::new();
+        shape(message).hash(&mut hasher);
+        self.add((tag, hasher.finish() % MESSAGE_BUCKETS));
     }
 
     pub fn clear(&mut self) {

@@ -62,11 +62,33 @@ fn describe(info: &PanicHookInfo<'_>) -> PanicRecord {
         .map(|s| s.to_string())
         .or_else(|| info.payload().downcast_ref::<String>().cloned())
         .unwrap_or_else(|| "(a panic without a message)".into());
-    let location = info
+    let mut location = info
         .location()
         .map(|l| format!("{}:{}:{}", l.file(), l.line(), l.column()))
         .unwrap_or_else(|| "(unknown location)".into());
+    // A panic inside the standard library (an overflowing `product`, an
+    // `unwrap`) is told apart by the workspace code that called it.
+    if location.starts_with("/rustc/") {
+        if let Some(caller) = workspace_caller() {
+            location = format!("{location} (from {caller})");
+        }
+    }
     PanicRecord { location, message }
+}
+
+/// The innermost frame of the stack in this workspace's crates (not the
+/// standard library, not a registry crate), outside this file.
+fn workspace_caller() -> Option<String> {
+    let trace = std::backtrace::Backtrace::force_capture().to_string();
+    trace
+        .lines()
+        .filter_map(|line| line.trim().strip_prefix("at "))
+        .find(|at| {
+            !at.starts_with("/rustc/")
+                && !at.contains("/.cargo/registry/")
+                && !at.contains("src/panics.rs:")
+        })
+        .map(str::to_string)
 }
 
 /// Runs `f` with this thread's panics recorded instead of printed; the panic,

@@ -133,7 +133,11 @@ impl LaunchLimits {
             let LaunchAttribute::ClusterDim(dims) = a else {
                 continue;
             };
-            let blocks = dims.iter().map(|d| u64::from(*d)).product::<u64>();
+            // Saturating: three u32s can overflow a u64, and a wrapped
+            // product could look like no cluster at all.
+            let blocks = dims
+                .iter()
+                .fold(1u64, |n, d| n.saturating_mul(u64::from(*d)));
             if blocks <= 1 && !dims.contains(&0) {
                 continue;
             }
@@ -244,6 +248,14 @@ mod tests {
             .check_attributes(&cluster([3, 1, 1]), [4, 1, 1])
             .unwrap_err();
         assert_eq!(e.code, CLUSTER_SIZE_ERROR);
+        // Dimensions whose product is past u64 are refused, not an overflow
+        // (found by cumux-fuzz), nor wrapped to a product that passes.
+        for dims in [[u32::MAX; 3], [1 << 31, 1 << 31, 4]] {
+            let e = limits
+                .check_attributes(&cluster(dims), [4, 1, 1])
+                .unwrap_err();
+            assert_eq!(e.code, CLUSTER_SIZE_ERROR);
+        }
         let e = LaunchLimits::of(&[])
             .check_attributes(&cluster([2, 1, 1]), [4, 1, 1])
             .unwrap_err();

@@ -36,6 +36,10 @@ struct Args {
     /// Print a JSON line of each target's figures at the end.
     #[arg(long)]
     json: bool,
+    /// Check this file once with the one target named, panics shown as they
+    /// come (set RUST_BACKTRACE=1 for the stack): to debug a saved crash.
+    #[arg(long)]
+    replay: Option<std::path::PathBuf>,
 }
 
 fn main() -> ExitCode {
@@ -56,6 +60,22 @@ fn main() -> ExitCode {
         }
         chosen
     };
+    if let Some(path) = &args.replay {
+        let [target] = chosen[..] else {
+            eprintln!("--replay takes one target");
+            return ExitCode::from(2);
+        };
+        let input = match std::fs::read(path) {
+            Ok(input) => input,
+            Err(e) => {
+                eprintln!("cannot read {}: {e}", path.display());
+                return ExitCode::from(2);
+            }
+        };
+        target.check_once(&input);
+        println!("{}: {} passes", target.name, path.display());
+        return ExitCode::SUCCESS;
+    }
     let secs = args
         .secs
         .or_else(|| env_number("CUMUX_FUZZ_SECS"))

@@ -71,10 +71,7 @@ fn check_parse(data: &[u8], features: &mut Features) {
     // Mutations break UTF-8 often; the text is what matters.
     let text = String::from_utf8_lossy(data);
     match cumux_ptx::parse(&text) {
-        Ok(module) => {
-            features.add(("parsed", module.items.len().min(8)));
-            features.add(("version", module.version));
-        }
+        Ok(module) => features.add(("parsed", module.items.len().min(8))),
         Err(e) => {
             features.add_message("parse error", &e.message);
             // How far into the text it got, by powers of two of lines.

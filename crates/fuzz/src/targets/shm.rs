@@ -134,7 +134,7 @@ fn check(data: &[u8], features: &mut Features) {
                 let word = client.area().word64(OFF_POS);
                 let at = word.load(Ordering::Relaxed);
                 for (i, chunk) in bytes.chunks(1).enumerate() {
-                    let ring_at = (at as usize + i) % LAYOUT.request_ring as usize;
+                    let ring_at = (at.wrapping_add(i as u64) % LAYOUT.request_ring as u64) as usize;
                     poke(client.area(), HEADER_BYTES + ring_at, chunk);
                 }
                 word.store(at.wrapping_add(bytes.len() as u64), Ordering::Release);
