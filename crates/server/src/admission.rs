@@ -55,6 +55,17 @@ impl SessionLimits {
     }
 }
 
+/// The server's own user id (the owner of `/proc/self`), looked up once.
+pub fn own_uid() -> u32 {
+    static UID: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    *UID.get_or_init(|| {
+        use std::os::unix::fs::MetadataExt;
+        std::fs::metadata("/proc/self")
+            .map(|m| m.uid())
+            .unwrap_or(0)
+    })
+}
+
 /// Who is at the other end of a connection, as far as the transport tells.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum Peer {

@@ -70,21 +70,16 @@ impl Socket {
     }
 
     /// Reads and drops what the peer sent, without waiting.
-    pub fn drain(&self) {
-        let mut sink = [0u8; 4096];
-        let fd = match self {
-            Socket::Unix(s) => s.as_raw_fd(),
-            Socket::Tcp(s) => s.as_raw_fd(),
+    pub fn drain(&mut self) {
+        let nonblocking = match self {
+            Socket::Unix(s) => s.set_nonblocking(true),
+            Socket::Tcp(s) => s.set_nonblocking(true),
         };
-        loop {
-            // SAFETY: `sink` is valid for writes of its length; the descriptor
-            // belongs to this socket, alive for the call.
-            let got =
-                unsafe { libc::recv(fd, sink.as_mut_ptr().cast(), sink.len(), libc::MSG_DONTWAIT) };
-            if got <= 0 {
-                return;
-            }
+        if nonblocking.is_err() {
+            return;
         }
+        let mut sink = [0u8; 4096];
+        while matches!(self.read(&mut sink), Ok(n) if n > 0) {}
     }
 
     /// How calls travel when they stay on this socket, for status.
@@ -342,8 +337,7 @@ fn status_scope(
     peer_uid: Option<u32>,
     tenant: Option<&str>,
 ) -> StatusScope {
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    let own_uid = unsafe { libc::geteuid() };
+    let own_uid = crate::admission::own_uid();
     if peer_uid.is_some_and(|uid| uid == own_uid || uid == 0)
         || server.tenants().is_admin_token(hello.token.as_deref())
     {

@@ -14,7 +14,7 @@ use std::sync::mpsc::{sync_channel, RecvTimeoutError, SyncSender, TrySendError};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::admission::{log_refusal, Peer};
+use crate::admission::{log_refusal, own_uid, Peer};
 pub use crate::connection::HELLO_TIMEOUT;
 use crate::connection::{refuse, serve_connection, Socket};
 use crate::Server;
@@ -53,7 +53,7 @@ impl Address {
     pub fn default_unix() -> Self {
         let dir = match std::env::var_os("XDG_RUNTIME_DIR").filter(|d| !d.is_empty()) {
             Some(runtime) => PathBuf::from(runtime).join("cumux"),
-            None => PathBuf::from(format!("/tmp/cumux-{}", current_uid())),
+            None => PathBuf::from(format!("/tmp/cumux-{}", own_uid())),
         };
         Address::Unix(dir.join("cumux.sock"))
     }
@@ -74,13 +74,6 @@ impl fmt::Display for Address {
             Address::Tcp(hostport) => write!(f, "tcp:{hostport}"),
         }
     }
-}
-
-/// The real user id of this process (the owner of `/proc/self`).
-fn current_uid() -> u32 {
-    std::fs::metadata("/proc/self")
-        .map(|m| m.uid())
-        .unwrap_or(0)
 }
 
 /// A bound, not yet serving, listener.
@@ -114,13 +107,13 @@ pub fn bind(address: &Address) -> io::Result<BoundListener> {
 /// in a shared /tmp, where anybody could have made it first).
 fn check_private_dir(dir: &Path) -> io::Result<()> {
     let meta = std::fs::symlink_metadata(dir)?;
-    if !meta.is_dir() || meta.uid() != current_uid() || meta.mode() & 0o077 != 0 {
+    if !meta.is_dir() || meta.uid() != own_uid() || meta.mode() & 0o077 != 0 {
         return Err(io::Error::new(
             io::ErrorKind::PermissionDenied,
             format!(
                 "{} must be a folder owned by uid {} with mode 0700; remove it or use --listen",
                 dir.display(),
-                current_uid()
+                own_uid()
             ),
         ));
     }
@@ -256,14 +249,15 @@ fn spawn_refuser() -> io::Result<SyncSender<Refusal>> {
                     Err(RecvTimeoutError::Timeout) => {}
                     Err(RecvTimeoutError::Disconnected) => return,
                 }
-                while let Some((at, socket)) = lingering.front() {
-                    if at.elapsed() < REFUSED_LINGER {
-                        break;
-                    }
+                while lingering
+                    .front()
+                    .is_some_and(|(at, _)| at.elapsed() >= REFUSED_LINGER)
+                {
                     // What the peer sent is read first: a TCP close with
                     // unread bytes resets the connection, refusal and all.
-                    socket.drain();
-                    lingering.pop_front();
+                    if let Some((_, mut socket)) = lingering.pop_front() {
+                        socket.drain();
+                    }
                 }
             }
         })?;

@@ -135,17 +135,16 @@ impl TenantPolicy {
                 ));
             }
         }
+        if self.defaults.token.is_some() {
+            return Err("[defaults] cannot have a token: a token names one tenant".into());
+        }
         let tokens = self
             .tenants
             .iter()
             .filter_map(|(name, s)| s.token.as_deref().map(|t| (name.as_str(), t)))
-            .chain(self.admin_token.as_deref().map(|t| ("admin_token", t)))
-            .chain(self.defaults.token.as_deref().map(|t| ("defaults", t)));
+            .chain(self.admin_token.as_deref().map(|t| ("admin_token", t)));
         let mut seen: Vec<&str> = Vec::new();
         for (name, token) in tokens {
-            if name == "defaults" {
-                return Err("[defaults] cannot have a token: a token names one tenant".into());
-            }
             if token.len() < MIN_TOKEN_BYTES || token.len() > cumux_protocol::MAX_TOKEN_BYTES {
                 return Err(format!(
                     "{name}: a token must have {MIN_TOKEN_BYTES} to {} bytes",
