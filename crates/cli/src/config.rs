@@ -1,8 +1,9 @@
 //! `cumux serve --config FILE`: a TOML file with the server settings (`device`,
 //! `listen`, `memory`, `launch_budget`, `policy`; command-line flags win), per-device
 //! tables (`[devices.N]`: a device's own `policy`), the tenant table (quotas,
-//! weights, classes, devices, uids), the session limits (`[limits]`), and the
-//! byte-size syntax (`512M`, `16GiB`).
+//! weights, classes, devices, uids), the session limits (`[limits]`), the
+//! socket's access (`socket_mode`, `socket_group`), and the byte-size syntax
+//! (`512M`, `16GiB`, `1.5G`).
 
 use std::collections::BTreeMap;
 
@@ -53,6 +54,22 @@ pub struct ServerSettings {
     /// far above the longest kernel a tenant may run.
     #[arg(long, value_parser = timeout_arg)]
     pub kernel_timeout: Option<std::time::Duration>,
+    /// On SIGTERM or SIGINT, how long sessions already running may go on
+    /// (new connections are refused meanwhile) before the server exits
+    /// anyway, e.g. 30s (the default), 5m, 0s (stop at once). A second
+    /// signal stops it at once.
+    #[arg(long, value_parser = drain_arg)]
+    pub drain_timeout: Option<std::time::Duration>,
+    /// The unix socket's permission bits, in octal (e.g. 0660 for a group of
+    /// users), set after it is bound. Default: as the umask leaves them (only
+    /// the owner can connect). Its folder must let them reach it: the
+    /// default folder is private (0700).
+    #[arg(long, value_parser = socket_mode_arg)]
+    pub socket_mode: Option<u32>,
+    /// The group (name or number) the unix socket is given after it is bound,
+    /// so that with --socket-mode 0660 its members can connect.
+    #[arg(long)]
+    pub socket_group: Option<String>,
 }
 
 impl ServerSettings {
@@ -66,6 +83,9 @@ impl ServerSettings {
             policy: self.policy.or(fallback.policy),
             sharing: self.sharing.or(fallback.sharing),
             kernel_timeout: self.kernel_timeout.or(fallback.kernel_timeout),
+            drain_timeout: self.drain_timeout.or(fallback.drain_timeout),
+            socket_mode: self.socket_mode.or(fallback.socket_mode),
+            socket_group: self.socket_group.or(fallback.socket_group),
         }
     }
 }
@@ -78,6 +98,16 @@ pub fn memory_arg(text: &str) -> Result<u64, String> {
 /// A timeout on the command line ([`parse_duration`]).
 fn timeout_arg(text: &str) -> Result<std::time::Duration, String> {
     parse_duration(text).map_err(|e| format!("{e:#}"))
+}
+
+/// A drain timeout on the command line ([`parse_drain_timeout`]).
+fn drain_arg(text: &str) -> Result<std::time::Duration, String> {
+    parse_drain_timeout(text).map_err(|e| format!("{e:#}"))
+}
+
+/// A socket mode on the command line ([`parse_socket_mode`]).
+fn socket_mode_arg(text: &str) -> Result<u32, String> {
+    parse_socket_mode(text).map_err(|e| format!("{e:#}"))
 }
 
 /// Settings a config file may give.
@@ -133,11 +163,49 @@ impl DeviceTables {
 }
 
 /// A byte count written as an integer or as a string with a unit (`"4G"`).
-#[derive(Debug, Clone, Deserialize)]
-#[serde(untagged)]
+#[derive(Debug, Clone)]
 enum Bytes {
     Count(u64),
     Text(String),
+}
+
+impl<'de> Deserialize<'de> for Bytes {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_any(BytesVisitor)
+    }
+}
+
+/// Reads a [`Bytes`], saying what is wrong with a negative or fractional number.
+struct BytesVisitor;
+
+impl serde::de::Visitor<'_> for BytesVisitor {
+    type Value = Bytes;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str(
+            "a byte count: a whole number of bytes, or a string such as \"512M\" or \"1.5G\"",
+        )
+    }
+
+    fn visit_u64<E: serde::de::Error>(self, n: u64) -> Result<Bytes, E> {
+        Ok(Bytes::Count(n))
+    }
+
+    fn visit_i64<E: serde::de::Error>(self, n: i64) -> Result<Bytes, E> {
+        u64::try_from(n)
+            .map(Bytes::Count)
+            .map_err(|_| E::custom(format!("{n} bytes: a byte count cannot be negative")))
+    }
+
+    fn visit_f64<E: serde::de::Error>(self, n: f64) -> Result<Bytes, E> {
+        Err(E::custom(format!(
+            "{n}: a byte count is a whole number of bytes; write fractions with a unit, as a string (\"1.5G\")"
+        )))
+    }
+
+    fn visit_str<E: serde::de::Error>(self, text: &str) -> Result<Bytes, E> {
+        Ok(Bytes::Text(text.to_string()))
+    }
 }
 
 impl Bytes {
@@ -145,6 +213,32 @@ impl Bytes {
         match self {
             Bytes::Count(n) => Ok(*n),
             Bytes::Text(t) => parse_bytes(t),
+        }
+    }
+}
+
+/// A socket mode written as a string of octal digits (`"0660"`) or as a
+/// TOML octal integer (`0o660`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(
+    untagged,
+    expecting = "a socket mode: a string of octal digits such as \"0660\""
+)]
+enum Mode {
+    Bits(i64),
+    Text(String),
+}
+
+impl Mode {
+    fn get(&self) -> Result<u32> {
+        match self {
+            Mode::Text(t) => parse_socket_mode(t),
+            Mode::Bits(n) => match u32::try_from(*n) {
+                Ok(bits) if bits <= 0o777 => check_socket_mode(bits),
+                _ => bail!(
+                    "{n} is not a mode: write it in octal, as a string (\"0660\") or as 0o660"
+                ),
+            },
         }
     }
 }
@@ -160,6 +254,9 @@ struct RawConfig {
     policy: Option<String>,
     sharing: Option<String>,
     kernel_timeout: Option<String>,
+    drain_timeout: Option<String>,
+    socket_mode: Option<Mode>,
+    socket_group: Option<String>,
     #[serde(default = "yes")]
     allow_unknown: bool,
     #[serde(default)]
@@ -326,6 +423,18 @@ pub fn parse(text: &str) -> Result<FileConfig> {
         listen: raw.listen,
         memory: raw.memory.map(|m| m.get()).transpose().context("memory")?,
         launch_budget: raw.launch_budget,
+        drain_timeout: raw
+            .drain_timeout
+            .as_deref()
+            .map(parse_drain_timeout)
+            .transpose()
+            .context("drain_timeout")?,
+        socket_mode: raw
+            .socket_mode
+            .map(|m| m.get())
+            .transpose()
+            .context("socket_mode")?,
+        socket_group: raw.socket_group,
     };
     Ok(FileConfig {
         settings,
@@ -344,25 +453,76 @@ pub fn parse_duration(text: &str) -> Result<std::time::Duration> {
     Ok(d)
 }
 
-/// Parses `1073741824`, `512M`, `512MiB`, `16G`, `16GiB`, `64K` (powers of 1024).
+/// Parses a drain timeout (`30s`, `2m`); zero stops at once.
+pub fn parse_drain_timeout(text: &str) -> Result<std::time::Duration> {
+    humantime::parse_duration(text.trim())
+        .with_context(|| format!("{text:?} is not a duration (e.g. 30s, 2m, 0s)"))
+}
+
+/// Parses a socket mode in octal (`0660`, `660`, `0o660`): permission bits
+/// only, and the owner keeps read and write.
+pub fn parse_socket_mode(text: &str) -> Result<u32> {
+    let t = text.trim();
+    let digits = t.strip_prefix("0o").unwrap_or(t);
+    let bits = u32::from_str_radix(digits, 8)
+        .ok()
+        .filter(|b| *b <= 0o777 && !digits.is_empty())
+        .with_context(|| {
+            format!("{text:?} is not a socket mode: octal permission bits such as 0660 or 0600")
+        })?;
+    check_socket_mode(bits)
+}
+
+fn check_socket_mode(bits: u32) -> Result<u32> {
+    if bits & 0o600 != 0o600 {
+        bail!("mode {bits:04o} takes reading or writing from the socket's owner, the server itself: keep 0o600 in it (e.g. 0660)");
+    }
+    Ok(bits)
+}
+
+/// Parses `1073741824`, `512M`, `512MiB`, `16G`, `16GiB`, `64K`, `1.5G`
+/// (powers of 1024, in any case; `MB` means `MiB`). A fraction must come to a
+/// whole number of bytes.
 pub fn parse_bytes(text: &str) -> Result<u64> {
     let t = text.trim();
-    let digits = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
-    let (number, unit) = t.split_at(digits);
-    let number: u64 = number
-        .parse()
-        .with_context(|| format!("{text:?} is not a byte count"))?;
-    let shift = match unit.trim().to_ascii_lowercase().as_str() {
+    if t.starts_with('-') {
+        bail!("{text:?}: a byte count cannot be negative");
+    }
+    let end = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (number, unit) = t.split_at(end);
+    let unit = unit.trim();
+    let shift: u32 = match unit.to_ascii_lowercase().as_str() {
         "" | "b" => 0,
         "k" | "kb" | "kib" => 10,
         "m" | "mb" | "mib" => 20,
         "g" | "gb" | "gib" => 30,
         "t" | "tb" | "tib" => 40,
-        other => bail!("unknown unit {other:?} in {text:?}"),
+        _ => bail!(
+            "{text:?}: unknown unit {unit:?}; use B, K, M, G or T (powers of 1024; KiB, MB, MiB … mean the same)"
+        ),
     };
-    number
-        .checked_mul(1u64 << shift)
-        .with_context(|| format!("{text:?} is too large"))
+    let not_a_count = || format!("{text:?} is not a byte count (e.g. 4096, 512M, 1.5G)");
+    let (whole, fraction) = number.split_once('.').unwrap_or((number, ""));
+    if (whole.is_empty() && fraction.is_empty()) || fraction.contains('.') || fraction.len() > 18 {
+        bail!("{}", not_a_count());
+    }
+    let whole: u64 = match whole {
+        "" => 0,
+        digits => digits.parse().with_context(not_a_count)?,
+    };
+    let unit_bytes = 1u128 << shift;
+    let mut bytes = u128::from(whole) * unit_bytes;
+    if !fraction.is_empty() {
+        let scale = 10u128.pow(fraction.len() as u32);
+        let parts = fraction.parse::<u128>().with_context(not_a_count)? * unit_bytes;
+        if !parts.is_multiple_of(scale) {
+            bail!("{text:?} is not a whole number of bytes");
+        }
+        bytes += parts / scale;
+    }
+    u64::try_from(bytes).with_context(|| format!("{text:?} is too large"))
 }
 
 #[cfg(test)]
@@ -569,5 +729,95 @@ policy = "fifo"
         // The global policy is still checked by name too.
         let e = error("policy = \"lottery\"\n[devices.0]\npolicy = \"fair\"\n");
         assert!(e.contains("policy") && e.contains("lottery"), "{e}");
+    }
+
+    #[test]
+    fn byte_counts_take_fractions_and_say_what_is_wrong() {
+        assert_eq!(parse_bytes("1.5G").unwrap(), 3 << 29);
+        assert_eq!(parse_bytes("0.5 MiB").unwrap(), 512 << 10);
+        assert_eq!(parse_bytes(".25K").unwrap(), 256);
+        assert_eq!(parse_bytes("2.0g").unwrap(), 2 << 30);
+        let error = |text: &str| format!("{:#}", parse_bytes(text).unwrap_err());
+        let e = error("1.5Q");
+        assert!(
+            e.contains("unknown unit \"Q\"") && e.contains("K, M, G"),
+            "{e}"
+        );
+        assert!(
+            error("-5").contains("cannot be negative"),
+            "{}",
+            error("-5")
+        );
+        assert!(error("0.1K").contains("whole number of bytes"));
+        assert!(error("1.2.3G").contains("not a byte count"));
+        assert!(error("G").contains("not a byte count"));
+        assert!(error("99999999999T").contains("too large"));
+        // In the file: a negative or fractional number says so, with the key's line.
+        let e = format!(
+            "{:#}",
+            parse("[tenants.alice]\nmemory_quota = -5\n").unwrap_err()
+        );
+        assert!(
+            e.contains("cannot be negative")
+                && e.contains("memory_quota")
+                && !e.contains("untagged"),
+            "{e}"
+        );
+        let e = format!("{:#}", parse("memory = 1.5\n").unwrap_err());
+        assert!(
+            e.contains("whole number of bytes") && e.contains("\"1.5G\""),
+            "{e}"
+        );
+        let e = format!(
+            "{:#}",
+            parse("[defaults]\nmemory_quota = \"1.5X\"\n").unwrap_err()
+        );
+        assert!(
+            e.contains("[defaults]: memory_quota") && e.contains("unknown unit"),
+            "{e}"
+        );
+        assert_eq!(
+            parse("[tenants.bob]\nmemory_quota = \"1.5G\"\n")
+                .unwrap()
+                .tenants
+                .tenants["bob"]
+                .memory_quota,
+            Some(3 << 29)
+        );
+    }
+
+    #[test]
+    fn socket_access_and_drain_timeout() {
+        let c =
+            parse("socket_mode = \"0660\"\nsocket_group = \"cumux\"\ndrain_timeout = \"45s\"\n")
+                .unwrap();
+        assert_eq!(c.settings.socket_mode, Some(0o660));
+        assert_eq!(c.settings.socket_group.as_deref(), Some("cumux"));
+        assert_eq!(
+            c.settings.drain_timeout,
+            Some(std::time::Duration::from_secs(45))
+        );
+        assert_eq!(
+            parse("socket_mode = 0o600").unwrap().settings.socket_mode,
+            Some(0o600)
+        );
+        assert_eq!(
+            parse("drain_timeout = \"0s\"")
+                .unwrap()
+                .settings
+                .drain_timeout,
+            Some(std::time::Duration::ZERO)
+        );
+        for (bad, why) in [
+            ("socket_mode = 660", "octal"),
+            ("socket_mode = \"0999\"", "not a socket mode"),
+            ("socket_mode = \"4770\"", "not a socket mode"),
+            ("socket_mode = \"0060\"", "owner"),
+            ("drain_timeout = \"soon\"", "drain_timeout"),
+        ] {
+            let e = format!("{:#}", parse(bad).unwrap_err());
+            assert!(e.contains(why), "{bad}: {e}");
+        }
+        assert_eq!(parse_socket_mode("0o640").unwrap(), 0o640);
     }
 }

@@ -4,8 +4,10 @@
 
 pub mod config;
 pub mod logging;
+pub mod notify;
 pub mod probe;
 pub mod run;
 pub mod serve;
+pub mod signals;
 pub mod status;
 pub mod worker;

@@ -4,6 +4,7 @@ use std::ffi::OsString;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use cumux_cli::logging::LogFormat;
 use cumux_cli::{logging, run, serve, status, worker};
 use cumux_server::Address;
 
@@ -42,15 +43,36 @@ enum Command {
         /// Print JSON instead of a table.
         #[arg(long)]
         json: bool,
+        /// Wait until the server answers, at most this long (e.g. 10s;
+        /// 30s when given without a value), instead of failing at once.
+        #[arg(long, value_name = "TIMEOUT", num_args = 0..=1,
+              default_missing_value = "30s", value_parser = wait_arg)]
+        wait: Option<std::time::Duration>,
     },
     /// Serve one device context to the server that started this process (internal).
     #[command(hide = true)]
     Worker(worker::WorkerOptions),
 }
 
+/// A `--wait` timeout: a duration, zero allowed.
+fn wait_arg(text: &str) -> Result<std::time::Duration, String> {
+    cumux_cli::config::parse_drain_timeout(text).map_err(|e| format!("{e:#}"))
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    logging::init();
+    let log_format = match &cli.command {
+        Command::Serve(options) => match options.log_format {
+            Some(format) => {
+                // Before any thread: the workers it starts log the same way.
+                std::env::set_var(logging::FORMAT_ENV, format.name());
+                format
+            }
+            None => LogFormat::from_env(),
+        },
+        _ => LogFormat::from_env(),
+    };
+    logging::init(log_format);
     let result = match cli.command {
         Command::Serve(options) => serve::serve(options).map(|()| 0),
         Command::Run {
@@ -59,17 +81,24 @@ fn main() -> ExitCode {
             mut command,
         } => {
             let program = command.remove(0);
-            run::run(run::RunOptions {
+            let ran = run::run(run::RunOptions {
                 server,
                 tenant,
                 program,
                 args: command,
-            })
+            });
+            match ran {
+                Ok(code) => Ok(code),
+                Err(e) => {
+                    eprintln!("cumux run: {e}");
+                    return ExitCode::from(u8::try_from(e.code).unwrap_or(1));
+                }
+            }
         }
-        Command::Status { server, json } => server
+        Command::Status { server, json, wait } => server
             .map_or_else(Address::from_env_or_default, |s| Address::parse(&s))
             .map_err(anyhow::Error::msg)
-            .and_then(|address| status::status(&address, json))
+            .and_then(|address| status::status(&address, json, wait))
             .map(|()| 0),
         Command::Worker(options) => worker::worker(options).map(|()| 0),
     };

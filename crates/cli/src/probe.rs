@@ -1,6 +1,6 @@
 //! A minimal protocol client for the CLI itself: connect to a server, shake
 //! hands, make one call. Used by `cumux status` and by `cumux run` to check that
-//! a server answers before starting the program.
+//! a server answers, and would let the program in, before starting it.
 
 use std::io::{BufReader, Read, Write};
 use std::net::TcpStream;
@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context, Result};
 use cumux_protocol::{
-    decode, encode, read_frame, write_frame, Call, ClientRole, Hello, HelloReply, Reply, ReplyBody,
-    Request, ServerStatus, MAGIC, PROTOCOL_VERSION,
+    decode, encode, read_frame, refusal_text, write_frame, Call, ClientRole, DeviceInfo, Hello,
+    HelloReply, Reply, ReplyBody, Request, ServerStatus, MAGIC, PROTOCOL_VERSION,
 };
 use cumux_server::Address;
 
@@ -22,23 +22,62 @@ pub struct Connection {
     buf: Vec<u8>,
     pub session: u64,
     pub server: String,
+    /// The devices the welcome described.
+    pub devices: Vec<DeviceInfo>,
 }
 
-/// Connects to `address` and introduces itself with `role`.
+/// Why a connection could not be made.
+#[derive(Debug)]
+pub enum ProbeError {
+    /// Nothing listens at the address (or it cannot be reached).
+    Unreachable(String),
+    /// The server answered the hello with a refusal; the text says who was
+    /// refused and keeps the server's reason verbatim.
+    Refused(String),
+    /// The server answered, but not as a cumux server should.
+    Broken(anyhow::Error),
+}
+
+impl std::fmt::Display for ProbeError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ProbeError::Unreachable(why) | ProbeError::Refused(why) => f.write_str(why),
+            ProbeError::Broken(e) => write!(f, "{e:#}"),
+        }
+    }
+}
+
+impl std::error::Error for ProbeError {}
+
+/// Connects to `address` and introduces itself with `role`, as the tenant
+/// `CUMUX_TENANT` names, if any.
 pub fn connect(address: &Address, role: ClientRole, program: &str) -> Result<Connection> {
+    Ok(connect_as(address, role, program, None)?)
+}
+
+/// Connects to `address` and introduces itself with `role`, as `tenant` (else
+/// the tenant `CUMUX_TENANT` names, if any).
+pub fn connect_as(
+    address: &Address,
+    role: ClientRole,
+    program: &str,
+    tenant: Option<&str>,
+) -> Result<Connection, ProbeError> {
+    let unreachable = |e: std::io::Error| {
+        ProbeError::Unreachable(format!("no cumux server answers at {address}: {e}"))
+    };
+    let broken = |e: std::io::Error| ProbeError::Broken(e.into());
     let timeout = Some(Duration::from_secs(30));
     let (reader, writer): (Box<dyn Read + Send>, Box<dyn Write + Send>) = match address {
         Address::Unix(path) => {
-            let s = UnixStream::connect(path)
-                .with_context(|| format!("no cumux server answers at {address}"))?;
-            s.set_read_timeout(timeout)?;
-            (Box::new(s.try_clone()?), Box::new(s))
+            let s = UnixStream::connect(path).map_err(unreachable)?;
+            s.set_read_timeout(timeout).map_err(broken)?;
+            (Box::new(s.try_clone().map_err(broken)?), Box::new(s))
         }
         Address::Tcp(hostport) => {
-            let s = TcpStream::connect(hostport.as_str())
-                .with_context(|| format!("no cumux server answers at {address}"))?;
-            s.set_read_timeout(timeout)?;
-            (Box::new(s.try_clone()?), Box::new(s))
+            let s = TcpStream::connect(hostport.as_str()).map_err(unreachable)?;
+            s.set_read_timeout(timeout).map_err(broken)?;
+            (Box::new(s.try_clone().map_err(broken)?), Box::new(s))
         }
     };
     let mut conn = Connection {
@@ -48,8 +87,9 @@ pub fn connect(address: &Address, role: ClientRole, program: &str) -> Result<Con
         buf: Vec::new(),
         session: 0,
         server: String::new(),
+        devices: Vec::new(),
     };
-    let hello = Hello {
+    let mut hello = Hello {
         magic: MAGIC,
         version: PROTOCOL_VERSION,
         pid: std::process::id(),
@@ -59,20 +99,33 @@ pub fn connect(address: &Address, role: ClientRole, program: &str) -> Result<Con
         tenant: std::env::var("CUMUX_TENANT").ok(),
         token: std::env::var("CUMUX_TOKEN").ok(),
         shm: false,
+        visible_devices: None,
     };
-    conn.send(&hello)?;
-    match conn.receive::<HelloReply>()? {
+    if let Some(name) = tenant {
+        hello.tenant = Some(name.to_string());
+    }
+    conn.send(&hello).map_err(ProbeError::Broken)?;
+    match conn.receive::<HelloReply>().map_err(ProbeError::Broken)? {
         HelloReply::Welcome {
-            server, session, ..
+            server,
+            session,
+            devices,
+            ..
         } => {
             conn.server = server;
             conn.session = session;
+            conn.devices = devices;
             Ok(conn)
         }
         HelloReply::Rejected {
             server_version,
             reason,
-        } => bail!("the server (protocol version {server_version}) refused us: {reason}"),
+        } => Err(ProbeError::Refused(refusal_text(
+            &address.to_string(),
+            server_version,
+            hello.tenant.as_deref(),
+            &reason,
+        ))),
     }
 }
 

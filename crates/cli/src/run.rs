@@ -1,20 +1,40 @@
-//! `cumux run`: starts an unmodified program with cumux's client driver as its
-//! `libcuda.so.1` (through a private folder of symlinks put first on
-//! `LD_LIBRARY_PATH`), pointed at a server, and hands back its exit status.
+//! `cumux run`: checks that a server answers and would let the program in,
+//! then starts it with cumux's client driver as its `libcuda.so.1` (links in a
+//! private temporary folder put first on `LD_LIBRARY_PATH`), passes on the
+//! signals sent to stop it, and hands back its exit status.
 
-use std::ffi::OsString;
+use std::ffi::{OsStr, OsString};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use anyhow::{bail, Context, Result};
-use cumux_protocol::ClientRole;
+use cumux_protocol::{visible_devices, ClientRole};
 use cumux_server::Address;
 
-use crate::probe;
+use crate::probe::{self, ProbeError};
+use crate::signals::Forwarder;
 
 /// File name of the client driver cargo builds next to the `cumux` binary.
 pub const DRIVER_FILE: &str = "libcumux_client.so";
+
+/// `cumux run`'s own exit codes; any other is the program's (128 + N: it
+/// was killed by signal N).
+pub mod exit {
+    /// No server answers at the address (`EX_UNAVAILABLE`).
+    pub const NO_SERVER: i32 = 69;
+    /// The server refused the program's tenant, or is full or shutting
+    /// down (`EX_NOPERM`).
+    pub const REFUSED: i32 = 77;
+    /// `cumux run` itself failed: a bad `--server`, no client driver, no
+    /// temporary folder (as `env` does).
+    pub const FAILED: i32 = 125;
+    /// The program exists but cannot be executed (as shells do).
+    pub const CANNOT_EXECUTE: i32 = 126;
+    /// No such program (as shells do).
+    pub const NOT_FOUND: i32 = 127;
+}
 
 #[derive(Debug, Clone)]
 pub struct RunOptions {
@@ -24,61 +44,187 @@ pub struct RunOptions {
     pub args: Vec<OsString>,
 }
 
-/// The client driver this `cumux` was built with: `$CUMUX_DRIVER`, else
-/// `libcumux_client.so` beside the executable (`target/<profile>/`).
-pub fn find_driver() -> Result<PathBuf> {
+/// Why `cumux run` did not run the program to its end: what to tell the
+/// user, and the exit code.
+#[derive(Debug)]
+pub struct RunError {
+    pub code: i32,
+    pub message: String,
+}
+
+impl RunError {
+    fn new(code: i32, message: impl Into<String>) -> Self {
+        RunError {
+            code,
+            message: message.into(),
+        }
+    }
+}
+
+impl std::fmt::Display for RunError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for RunError {}
+
+/// Where an installed client driver may lie, for a `cumux` in `exe_dir`:
+/// beside it (a cargo build), then `../lib/cumux/` and `../lib/` (an install
+/// into a prefix such as `/usr/local`).
+pub fn driver_candidates(exe_dir: &Path) -> Vec<PathBuf> {
+    let mut candidates = vec![exe_dir.join(DRIVER_FILE)];
+    if let Some(prefix) = exe_dir.parent() {
+        candidates.push(prefix.join("lib/cumux").join(DRIVER_FILE));
+        candidates.push(prefix.join("lib").join(DRIVER_FILE));
+    }
+    candidates
+}
+
+/// The client driver this `cumux` runs programs with: `$CUMUX_DRIVER`, else
+/// the first of [`driver_candidates`] that exists.
+pub fn find_driver() -> Result<PathBuf, String> {
     if let Some(path) = std::env::var_os("CUMUX_DRIVER").filter(|p| !p.is_empty()) {
         let path = PathBuf::from(path);
         if !path.is_file() {
-            bail!("CUMUX_DRIVER={} does not exist", path.display());
+            return Err(format!(
+                "CUMUX_DRIVER={} is not a file: point it at libcumux_client.so",
+                path.display()
+            ));
         }
         return Ok(path);
     }
-    let exe = std::env::current_exe().context("cannot locate the cumux executable")?;
-    let dir = exe.parent().context("the cumux executable has no folder")?;
-    let driver = dir.join(DRIVER_FILE);
-    if !driver.is_file() {
-        bail!(
-            "the cumux client driver {} is missing: build it with `cargo build` \
-             (or `cargo build --release`) in the cumux checkout",
-            driver.display()
-        );
+    let exe =
+        std::env::current_exe().map_err(|e| format!("cannot locate the cumux executable: {e}"))?;
+    let dir = exe.parent().ok_or("the cumux executable has no folder")?;
+    let candidates = driver_candidates(dir);
+    if let Some(found) = candidates.iter().find(|c| c.is_file()) {
+        return Ok(found.clone());
     }
-    Ok(driver)
+    let looked: Vec<String> = candidates.iter().map(|c| c.display().to_string()).collect();
+    Err(format!(
+        "cannot find cumux's client driver ({DRIVER_FILE}); looked at {}. Set \
+         CUMUX_DRIVER=/path/to/{DRIVER_FILE}, or install it beside cumux or in \
+         <prefix>/lib/cumux/ (in a cumux checkout, `cargo build` builds it beside \
+         target/<profile>/cumux)",
+        looked.join(", ")
+    ))
 }
 
-/// A folder holding `libcuda.so.1` and `libcuda.so`, both links to the driver;
-/// removed when dropped.
-struct DriverDir(PathBuf);
-
-impl DriverDir {
-    fn new(driver: &Path) -> Result<Self> {
-        let driver = driver
-            .canonicalize()
-            .context("cannot resolve the driver's path")?;
-        let base = std::env::temp_dir();
-        let mut n = 0u32;
-        let dir = loop {
-            let candidate = base.join(format!("cumux-run-{}-{n}", std::process::id()));
-            match std::fs::create_dir(&candidate) {
-                Ok(()) => break candidate,
-                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && n < 1000 => n += 1,
-                Err(e) => return Err(e).context("cannot make the driver folder"),
+/// Finds `program` as `execvp` would (a name with a `/` as it is, else on
+/// `PATH`), so a missing or unrunnable one is reported as shells do, before
+/// a server is asked anything.
+pub fn locate(program: &OsStr, path_var: Option<&OsStr>) -> Result<PathBuf, RunError> {
+    let shown = Path::new(program).display();
+    if program.is_empty() {
+        return Err(RunError::new(exit::NOT_FOUND, "an empty program name"));
+    }
+    let candidates: Vec<PathBuf> = if program.as_bytes().contains(&b'/') {
+        vec![PathBuf::from(program)]
+    } else {
+        let path = path_var.unwrap_or(OsStr::new("/usr/local/bin:/usr/bin:/bin"));
+        std::env::split_paths(path)
+            .map(|d| d.join(program))
+            .collect()
+    };
+    let mut unrunnable = None;
+    for candidate in &candidates {
+        match std::fs::metadata(candidate) {
+            Ok(meta) if meta.is_file() && meta.permissions().mode() & 0o111 != 0 => {
+                return Ok(candidate.clone())
             }
-        };
-        let made = DriverDir(dir);
-        for name in ["libcuda.so.1", "libcuda.so"] {
-            std::os::unix::fs::symlink(&driver, made.0.join(name))
-                .with_context(|| format!("cannot link {name} in {}", made.0.display()))?;
+            Ok(meta) if meta.is_dir() => {
+                unrunnable.get_or_insert(format!("{}: is a folder", candidate.display()));
+            }
+            Ok(_) => {
+                unrunnable.get_or_insert(format!(
+                    "{}: permission denied (not executable)",
+                    candidate.display()
+                ));
+            }
+            Err(_) => {}
         }
-        Ok(made)
+    }
+    match unrunnable {
+        Some(why) => Err(RunError::new(exit::CANNOT_EXECUTE, why)),
+        None if candidates.len() == 1 && program.as_bytes().contains(&b'/') => Err(RunError::new(
+            exit::NOT_FOUND,
+            format!("{shown}: no such file"),
+        )),
+        None => Err(RunError::new(
+            exit::NOT_FOUND,
+            format!("{shown}: command not found (searched PATH)"),
+        )),
     }
 }
 
-impl Drop for DriverDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
+/// Asks the server whether the program would be let in; warns when its
+/// `CUDA_VISIBLE_DEVICES` leaves it fewer devices than it lists.
+fn preflight(address: &Address, tenant: Option<&str>, program: &str) -> Result<(), RunError> {
+    let not_started = format!("{program} was not started");
+    let conn = match probe::connect_as(address, ClientRole::Preflight, "cumux run", tenant) {
+        Ok(conn) => conn,
+        Err(ProbeError::Unreachable(why)) => {
+            return Err(RunError::new(
+                exit::NO_SERVER,
+                format!(
+                    "{why}\nStart one with `cumux serve`, or name a running one with --server \
+                     or CUMUX_SERVER; {not_started}."
+                ),
+            ))
+        }
+        Err(ProbeError::Refused(why)) => {
+            return Err(RunError::new(
+                exit::REFUSED,
+                format!(
+                    "{why}\n{not_started}. (--tenant or CUMUX_TENANT names the tenant; the \
+                     server's config lists those it admits.)"
+                ),
+            ))
+        }
+        Err(ProbeError::Broken(e)) => {
+            return Err(RunError::new(
+                exit::NO_SERVER,
+                format!("the server at {address} did not answer as a cumux server does: {e:#}; {not_started}"),
+            ))
+        }
+    };
+    if let Ok(text) = std::env::var("CUDA_VISIBLE_DEVICES") {
+        let uuids: Vec<[u8; 16]> = conn.devices.iter().map(|d| d.uuid).collect();
+        let selection = visible_devices::select(&text, &uuids);
+        if let Some(why) = &selection.stopped {
+            eprintln!(
+                "cumux run: warning: CUDA_VISIBLE_DEVICES={text:?}: {why}; as with NVIDIA's \
+                 driver the list ends there, and {program} sees {} of the {} device(s) the server \
+                 offers",
+                selection.chosen.len(),
+                uuids.len()
+            );
+        }
     }
+    Ok(())
+}
+
+/// A private folder holding `libcuda.so.1` and `libcuda.so`, both links to
+/// the driver; removed when dropped.
+fn driver_folder(driver: &Path) -> Result<tempfile::TempDir, String> {
+    let driver = driver
+        .canonicalize()
+        .map_err(|e| format!("cannot resolve {}: {e}", driver.display()))?;
+    let dir = tempfile::Builder::new()
+        .prefix("cumux-run-")
+        .tempdir()
+        .map_err(|e| {
+            format!(
+                "cannot make a folder in {}: {e}",
+                std::env::temp_dir().display()
+            )
+        })?;
+    for name in ["libcuda.so.1", "libcuda.so"] {
+        std::os::unix::fs::symlink(&driver, dir.path().join(name))
+            .map_err(|e| format!("cannot link {name} in {}: {e}", dir.path().display()))?;
+    }
+    Ok(dir)
 }
 
 /// Makes the program get SIGTERM if `cumux run` dies first (killed, say), so
@@ -102,22 +248,35 @@ fn die_with_parent(command: &mut Command) {
     }
 }
 
-/// Runs the program; returns the exit code `cumux run` should exit with
-/// (the program's, or 128 + signal).
-pub fn run(options: RunOptions) -> Result<i32> {
-    let driver = find_driver()?;
-    let address = match &options.server {
-        Some(text) => Address::parse(text).map_err(anyhow::Error::msg)?,
-        None => Address::from_env_or_default().map_err(anyhow::Error::msg)?,
-    };
-    if let Err(e) = probe::connect(&address, ClientRole::Status, "cumux run") {
-        eprintln!(
-            "cumux run: warning: {e:#}; starting {} anyway (it will see the CUDA errors)",
-            Path::new(&options.program).display()
-        );
+/// The exit code of a finished program: its own, or 128 + the signal that
+/// killed it.
+fn exit_code(status: std::process::ExitStatus) -> i32 {
+    match (status.code(), status.signal()) {
+        (Some(code), _) => code,
+        (None, Some(signal)) => 128 + signal,
+        (None, None) => 1,
     }
-    let dir = DriverDir::new(&driver)?;
-    let mut library_path = OsString::from(dir.0.as_os_str());
+}
+
+/// Runs the program; returns the exit code `cumux run` should exit with
+/// (the program's, or 128 + signal), or why it did not run it.
+pub fn run(options: RunOptions) -> Result<i32, RunError> {
+    let failed = |message: String| RunError::new(exit::FAILED, message);
+    let address = match &options.server {
+        Some(text) => Address::parse(text).map_err(|e| failed(format!("--server: {e}")))?,
+        None => Address::from_env_or_default().map_err(|e| failed(format!("CUMUX_SERVER: {e}")))?,
+    };
+    let driver = find_driver().map_err(failed)?;
+    let shown = Path::new(&options.program).display().to_string();
+    locate(&options.program, std::env::var_os("PATH").as_deref())?;
+    preflight(&address, options.tenant.as_deref(), &shown)?;
+    // From here on the signals that stop a program are the program's.
+    let forwarder = Forwarder::start().map_err(|e| failed(format!("cannot watch signals: {e}")))?;
+    let dir = driver_folder(&driver).map_err(failed)?;
+    if let Some(signal) = forwarder.arrived_early() {
+        return Ok(128 + signal);
+    }
+    let mut library_path = OsString::from(dir.path().as_os_str());
     if let Some(old) = std::env::var_os("LD_LIBRARY_PATH").filter(|p| !p.is_empty()) {
         library_path.push(":");
         library_path.push(old);
@@ -131,13 +290,63 @@ pub fn run(options: RunOptions) -> Result<i32> {
         command.env("CUMUX_TENANT", tenant);
     }
     die_with_parent(&mut command);
-    let status = command
-        .status()
-        .with_context(|| format!("cannot start {}", Path::new(&options.program).display()))?;
+    let mut child = command.spawn().map_err(|e| {
+        let code = match e.kind() {
+            std::io::ErrorKind::NotFound => exit::NOT_FOUND,
+            _ => exit::CANNOT_EXECUTE,
+        };
+        RunError::new(code, format!("cannot start {shown}: {e}"))
+    })?;
+    let status = forwarder
+        .wait_for(&mut child)
+        .map_err(|e| failed(format!("cannot wait for {shown}: {e}")))?;
     drop(dir);
-    Ok(match (status.code(), status.signal()) {
-        (Some(code), _) => code,
-        (None, Some(signal)) => 128 + signal,
-        (None, None) => 1,
-    })
+    Ok(exit_code(status))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn programs_are_found_as_shells_find_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let script = dir.path().join("prog");
+        std::fs::write(&script, "#!/bin/sh\n").unwrap();
+        let plain = dir.path().join("plain");
+        std::fs::write(&plain, "").unwrap();
+        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let path = std::env::join_paths([Path::new("/nonexistent"), dir.path()]).unwrap();
+        assert_eq!(locate(OsStr::new("prog"), Some(&path)).unwrap(), script);
+        assert_eq!(locate(script.as_os_str(), None).unwrap(), script);
+        let code = |name: &OsStr| locate(name, Some(&path)).unwrap_err().code;
+        assert_eq!(code(OsStr::new("nope")), exit::NOT_FOUND);
+        assert_eq!(code(dir.path().join("nope").as_os_str()), exit::NOT_FOUND);
+        assert_eq!(code(OsStr::new("")), exit::NOT_FOUND);
+        assert_eq!(code(OsStr::new("plain")), exit::CANNOT_EXECUTE);
+        assert_eq!(code(plain.as_os_str()), exit::CANNOT_EXECUTE);
+        assert_eq!(code(dir.path().as_os_str()), exit::CANNOT_EXECUTE);
+        let e = locate(OsStr::new("nope"), Some(&path)).unwrap_err();
+        assert!(e.message.contains("command not found"), "{e}");
+    }
+
+    #[test]
+    fn an_installed_cumux_looks_beside_itself_then_in_lib() {
+        let found = driver_candidates(Path::new("/usr/local/bin"));
+        assert_eq!(
+            found,
+            [
+                PathBuf::from("/usr/local/bin/libcumux_client.so"),
+                PathBuf::from("/usr/local/lib/cumux/libcumux_client.so"),
+                PathBuf::from("/usr/local/lib/libcumux_client.so"),
+            ]
+        );
+    }
+
+    #[test]
+    fn exit_codes_follow_the_program() {
+        use std::process::ExitStatus;
+        assert_eq!(exit_code(ExitStatus::from_raw(7 << 8)), 7);
+        assert_eq!(exit_code(ExitStatus::from_raw(libc::SIGINT)), 130);
+    }
 }

@@ -1,4 +1,6 @@
-//! `cumux serve`: picks the devices, binds the address and serves forever.
+//! `cumux serve`: picks the devices, binds the address (then the socket's mode
+//! and group), tells a service manager it is ready, and serves until SIGTERM
+//! or SIGINT, then drains: running sessions may finish, new ones are refused.
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -9,11 +11,18 @@ use anyhow::{bail, Context, Result};
 use cumux_server::device::backends::{cpu_device, default_memory_bytes};
 use cumux_server::device::model::ModelDevice;
 use cumux_server::device::DEFAULT_LAUNCH_BUDGET;
+use cumux_server::shutdown::Shutdown;
+use cumux_server::tenants::TenantPolicy;
 use cumux_server::worker::device::{cpu_worker_device, cuda_worker_devices, Sharing};
 use cumux_server::{listener, Address, Device, Server};
 
 use crate::config::{self, ServerSettings};
+use crate::logging::LogFormat;
 use crate::status::human_bytes;
+use crate::{notify, signals};
+
+/// How long running sessions may go on after SIGTERM or SIGINT, by default.
+pub const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// What `cumux serve` was asked for (flags win over the config file).
 #[derive(Debug, Default, Clone, clap::Args)]
@@ -29,6 +38,10 @@ pub struct ServeOptions {
     /// clear. Needed for `--listen tcp:` on a non-loopback address.
     #[arg(long)]
     pub insecure: bool,
+    /// How log lines are written: text (plain unless stderr is a terminal)
+    /// or json (one object per line). Default: $CUMUX_LOG_FORMAT, else text.
+    #[arg(long, value_enum)]
+    pub log_format: Option<LogFormat>,
 }
 
 /// Whether every address `host_port` names is a loopback one.
@@ -39,6 +52,75 @@ fn loopback_only(host_port: &str) -> Result<bool> {
         .with_context(|| format!("cannot resolve {host_port}"))?
         .collect();
     Ok(!addresses.is_empty() && addresses.iter().all(|a| a.ip().is_loopback()))
+}
+
+/// A warning for each tenant whose memory quota is more than the memory of a
+/// device it may use (there it gets at most the device's memory): `devices`
+/// are each device's total memory, in server order.
+pub fn quota_warnings(tenants: &TenantPolicy, devices: &[u64]) -> Vec<String> {
+    let defaults = ("[defaults]".to_string(), &tenants.defaults);
+    let listed = tenants
+        .tenants
+        .iter()
+        .map(|(n, s)| (format!("tenant {n:?}"), s));
+    std::iter::once(defaults)
+        .chain(listed)
+        .filter_map(|(who, settings)| {
+            let quota = settings.memory_quota?;
+            let smaller: Vec<String> = devices
+                .iter()
+                .enumerate()
+                .filter(|&(i, &total)| settings.allows_device(i as u32) && quota > total)
+                .map(|(i, &total)| format!("device {i} ({})", human_bytes(total)))
+                .collect();
+            (!smaller.is_empty()).then(|| {
+                format!(
+                    "{who}: memory_quota {} is more than the memory of {}; there it can use \
+                     at most the device's memory",
+                    human_bytes(quota),
+                    smaller.join(", ")
+                )
+            })
+        })
+        .collect()
+}
+
+/// The group id `group` names: a number, or a group name.
+pub fn group_id(group: &str) -> Result<u32> {
+    if let Ok(gid) = group.parse::<u32>() {
+        return Ok(gid);
+    }
+    let name = std::ffi::CString::new(group).context("a group name with a NUL byte")?;
+    let mut entry: libc::group = unsafe_zeroed_group();
+    let mut buf = vec![0 as libc::c_char; 16 << 10];
+    let mut found: *mut libc::group = std::ptr::null_mut();
+    // SAFETY: every pointer is valid for the call: `name` is NUL-terminated,
+    // `entry` and `found` are writable, `buf` is writable for its length.
+    let rc = unsafe {
+        libc::getgrnam_r(
+            name.as_ptr(),
+            &mut entry,
+            buf.as_mut_ptr(),
+            buf.len(),
+            &mut found,
+        )
+    };
+    if rc != 0 {
+        bail!(
+            "cannot look up group {group:?}: {}",
+            std::io::Error::from_raw_os_error(rc)
+        );
+    }
+    if found.is_null() {
+        bail!("no group {group:?} on this host (socket_group)");
+    }
+    Ok(entry.gr_gid)
+}
+
+fn unsafe_zeroed_group() -> libc::group {
+    // SAFETY: `group` is a plain C struct of an id and pointers; all-zero
+    // (null pointers) is a valid value, filled in by getgrnam_r.
+    unsafe { std::mem::zeroed() }
 }
 
 /// Whether this machine shows an NVIDIA GPU to the kernel.
@@ -164,6 +246,10 @@ pub fn serve(options: ServeOptions) -> Result<()> {
             "the config has a [devices.{ordinal}] table, but this server has no device {ordinal}"
         );
     }
+    let totals: Vec<u64> = devices.iter().map(|d| d.mem_total()).collect();
+    for warning in quota_warnings(&file.tenants, &totals) {
+        tracing::warn!("{warning}");
+    }
     let policies = file.devices.policies(default_policy, devices.len())?;
     // Workers and their contexts start now, not while tenants run.
     std::thread::scope(|scope| {
@@ -171,8 +257,39 @@ pub fn serve(options: ServeOptions) -> Result<()> {
             scope.spawn(|| device.warm_up());
         }
     });
+    let socket_gid = settings
+        .socket_group
+        .as_deref()
+        .map(group_id)
+        .transpose()
+        .context("socket_group")?;
+    // From here on SIGTERM and SIGINT drain the server (a second stops it).
+    let shutdown = Shutdown::new().context("cannot make the shutdown handle")?;
+    let pull = shutdown.clone();
+    signals::on_stop_signals(move |count, signal| {
+        let name = if signal == libc::SIGINT {
+            "SIGINT"
+        } else {
+            "SIGTERM"
+        };
+        if count == 1 {
+            tracing::info!("{name}: draining; another SIGTERM or SIGINT stops at once");
+            notify::tell("STOPPING=1\nSTATUS=draining");
+        } else {
+            tracing::warn!("{name} again: stopping now");
+        }
+        pull.request();
+    })
+    .context("cannot watch SIGTERM and SIGINT")?;
+    let drain_timeout = settings.drain_timeout.unwrap_or(DEFAULT_DRAIN_TIMEOUT);
     let server = Server::with_policies(devices, file.tenants, policies);
     let bound = listener::bind(&address).with_context(|| format!("cannot listen on {address}"))?;
+    let access = bound
+        .set_access(settings.socket_mode, socket_gid)
+        .with_context(|| format!("cannot set the access of {address}"))?;
+    if let Some(warning) = access {
+        tracing::warn!("{warning}");
+    }
     let mut line = format!("cumux serve: listening on {}", bound.address());
     for (i, (d, policy)) in server.devices().iter().zip(server.policies()).enumerate() {
         let info = d.info();
@@ -193,5 +310,84 @@ pub fn serve(options: ServeOptions) -> Result<()> {
     println!("{line}");
     let _ = std::io::stdout().flush();
     tracing::info!("{line}");
-    bound.serve(server).context("the accept loop failed")
+    notify::tell(&format!("READY=1\nSTATUS=listening on {}", bound.address()));
+    let drained = bound
+        .serve_until(Arc::clone(&server), &shutdown, drain_timeout)
+        .context("the accept loop failed")?;
+    // `bound` is gone: the socket file with it.
+    let summary = format!("cumux serve: {}", drained.summary());
+    if drained.open == 0 {
+        tracing::info!("{summary}");
+    } else {
+        tracing::warn!("{summary}");
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cumux_server::tenants::TenantSettings;
+
+    #[test]
+    fn quotas_past_a_devices_memory_are_named_with_both_sizes() {
+        let mut tenants = TenantPolicy::default();
+        let quota = |q: u64, devices: Option<Vec<u32>>| TenantSettings {
+            memory_quota: Some(q),
+            devices,
+            ..TenantSettings::default()
+        };
+        tenants
+            .tenants
+            .insert("alice".into(), quota(100 << 30, None));
+        tenants.tenants.insert("bob".into(), quota(512 << 20, None));
+        tenants
+            .tenants
+            .insert("carol".into(), quota(8 << 30, Some(vec![1])));
+        tenants.defaults = quota(2 << 30, None);
+        let warnings = quota_warnings(&tenants, &[1 << 30, 16 << 30]);
+        assert_eq!(
+            warnings,
+            [
+                "[defaults]: memory_quota 2.0 GiB is more than the memory of device 0 (1.0 GiB); \
+                 there it can use at most the device's memory",
+                "tenant \"alice\": memory_quota 100.0 GiB is more than the memory of device 0 \
+                 (1.0 GiB), device 1 (16.0 GiB); there it can use at most the device's memory",
+            ]
+        );
+    }
+
+    #[test]
+    fn groups_by_number_or_name() {
+        assert_eq!(group_id("4321").unwrap(), 4321);
+        assert_eq!(group_id("root").unwrap(), 0);
+        let e = group_id("cumux-no-such-group").unwrap_err();
+        assert!(format!("{e:#}").contains("no group"), "{e:#}");
+    }
+
+    #[test]
+    fn the_packaged_service_and_config_are_ones_serve_takes() {
+        let config = config::parse(include_str!("../../../packaging/cumux.toml")).unwrap();
+        assert_eq!(config.settings.socket_mode, Some(0o660));
+        assert_eq!(config.settings.socket_group.as_deref(), Some("cumux"));
+        let unit = include_str!("../../../packaging/cumux.service");
+        let exec = unit
+            .lines()
+            .find_map(|l| l.strip_prefix("ExecStart="))
+            .expect("the unit has an ExecStart");
+        let mut words = exec.split_whitespace();
+        assert!(words.next().unwrap().ends_with("/cumux"));
+        assert_eq!(words.next(), Some("serve"));
+        #[derive(clap::Parser)]
+        struct Serve {
+            #[command(flatten)]
+            options: ServeOptions,
+        }
+        let parsed =
+            <Serve as clap::Parser>::try_parse_from(std::iter::once("serve").chain(words)).unwrap();
+        assert!(parsed.options.config.is_some());
+        for line in ["Type=notify", "KillMode=mixed", "RuntimeDirectoryMode=0750"] {
+            assert!(unit.lines().any(|l| l == line), "{line}");
+        }
+    }
 }

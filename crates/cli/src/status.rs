@@ -1,13 +1,40 @@
-//! `cumux status`: asks a server for its state and prints it as a table or JSON.
+//! `cumux status`: asks a server for its state (waiting for it to answer, with
+//! `--wait`) and prints it as a table or JSON.
 
-use anyhow::Result;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Result};
 use cumux_protocol::{ClientRole, ServerStatus};
 use cumux_server::Address;
 
-use crate::probe;
+use crate::probe::{self, Connection, ProbeError};
 
-pub fn status(address: &Address, json: bool) -> Result<()> {
-    let mut conn = probe::connect(address, ClientRole::Status, "cumux status")?;
+/// How often `--wait` tries again.
+const RETRY: Duration = Duration::from_millis(50);
+
+/// Connects as a status client; with `wait`, tries again while no server
+/// answers, for at most that long. A server that answers with a refusal ends
+/// the wait.
+pub fn connect_waiting(address: &Address, wait: Option<Duration>) -> Result<Connection> {
+    let deadline = wait.map(|w| Instant::now() + w);
+    loop {
+        match probe::connect_as(address, ClientRole::Status, "cumux status", None) {
+            Ok(conn) => return Ok(conn),
+            Err(ProbeError::Unreachable(why)) => match deadline {
+                Some(deadline) if Instant::now() < deadline => std::thread::sleep(RETRY),
+                Some(_) => bail!(
+                    "{why} (waited {})",
+                    humantime::format_duration(wait.unwrap_or_default())
+                ),
+                None => bail!("{why}"),
+            },
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+pub fn status(address: &Address, json: bool, wait: Option<Duration>) -> Result<()> {
+    let mut conn = connect_waiting(address, wait)?;
     let status = conn.status()?;
     if json {
         println!("{}", serde_json::to_string_pretty(&status)?);

@@ -1,7 +1,8 @@
 //! `cumux worker` (hidden): serves one device context to the server that
 //! started it, over the socket on its fd 0; its fd 1 stays free for device
 //! printf, which the server reads. Exits when the socket closes, or when the
-//! server dies (even while a kernel that never ends holds its threads).
+//! server dies (even while a kernel that never ends holds its threads); a
+//! terminal's Ctrl-C is the server's to act on, not the worker's.
 
 use std::os::fd::AsFd;
 use std::os::unix::net::UnixStream;
@@ -67,6 +68,14 @@ fn exit_with_parent() {
 
 pub fn worker(options: WorkerOptions) -> Result<()> {
     exit_with_parent();
+    // A terminal's Ctrl-C reaches the whole process group; the server decides
+    // when its workers stop (it drains first), so the worker lets it pass.
+    if let Err(e) = signal_hook::flag::register(
+        signal_hook::consts::SIGINT,
+        std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false)),
+    ) {
+        tracing::warn!("cannot set SIGINT aside: {e}");
+    }
     let nonce = nonce_from_hex(&options.nonce)
         .ok_or_else(|| anyhow!("--nonce takes 32 hex digits, not {:?}", options.nonce))?;
     let socket = std::io::stdin()

@@ -33,6 +33,7 @@ fn hello(magic: u32, version: u32, tenant: Option<&str>) -> Hello {
         tenant: tenant.map(str::to_string),
         token: None,
         shm: false,
+        visible_devices: None,
     }
 }
 

@@ -186,6 +186,16 @@ fn driver_api_program() {
 
 /// Misused calls answer with the codes NVIDIA's driver gives (the program
 /// holds the codes measured on an H100).
+/// Virtual memory management, the expandable-segments way: handles mapped
+/// side by side in a reservation, kernels, copies and memsets across them.
+#[test]
+fn virtual_memory_mapped_side_by_side() {
+    let program = linked_to_client_driver("vmm");
+    let server = ServerProc::start("vmm");
+    let out = run_passes(&server, &program);
+    assert!(out.stderr.is_empty(), "{}", out.describe());
+}
+
 #[test]
 fn error_codes_match_nvidia() {
     let program = linked_to_client_driver("error_codes");

@@ -234,14 +234,21 @@ fn a_killed_server_makes_the_program_fail_not_hang() {
 
 #[test]
 fn run_passes_exit_codes_signals_and_environment_through() {
-    // No server: `cumux run` warns and still runs the program.
-    let dir = TempDir::new("run-edges");
-    let nowhere = format!("unix:{}", dir.0.join("none.sock").display());
+    // No server: `cumux status` fails saying so (`cumux run` too: e2e_run).
+    let server = ServerProc::start("run-edges");
+    let nowhere = format!("unix:{}", server.dir.0.join("none.sock").display());
     let run = |script: &str| {
-        ensure_driver();
         let child = Command::new(CUMUX)
             .args([
-                "run", "--server", &nowhere, "--tenant", "team-x", "--", "sh", "-c", script,
+                "run",
+                "--server",
+                &server.address,
+                "--tenant",
+                "team-x",
+                "--",
+                "sh",
+                "-c",
+                script,
             ])
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -257,12 +264,11 @@ fn run_passes_exit_codes_signals_and_environment_through() {
     assert!(String::from_utf8_lossy(&status.stderr).contains("no cumux server answers"));
     let out = run("exit 7");
     assert_eq!(out.code(), Some(7), "{}", out.describe());
-    assert!(out.stderr.contains("warning"), "{}", out.describe());
     let out = run("kill -9 $$");
     assert_eq!(out.code(), Some(128 + 9), "{}", out.describe());
     let out = run("echo $CUMUX_SERVER; echo $CUMUX_TENANT; d=${LD_LIBRARY_PATH%%:*}; readlink $d/libcuda.so.1; readlink $d/libcuda.so");
     let lines: Vec<&str> = out.stdout.lines().collect();
-    assert_eq!(lines[0], nowhere);
+    assert_eq!(lines[0], server.address);
     assert_eq!(lines[1], "team-x");
     assert!(lines[2].ends_with("libcumux_client.so"), "{lines:?}");
     assert_eq!(lines[2], lines[3]);
@@ -270,12 +276,10 @@ fn run_passes_exit_codes_signals_and_environment_through() {
 
 #[test]
 fn killing_cumux_run_ends_the_program() {
-    let dir = TempDir::new("orphan");
-    let nowhere = format!("unix:{}", dir.0.join("none.sock").display());
-    let pidfile = dir.0.join("pid");
-    ensure_driver();
+    let server = ServerProc::start("orphan");
+    let pidfile = server.dir.0.join("pid");
     let mut run = Command::new(CUMUX)
-        .args(["run", "--server", &nowhere, "--", "sh", "-c"])
+        .args(["run", "--server", &server.address, "--", "sh", "-c"])
         .arg(format!("echo $$ > {}; exec sleep 120", pidfile.display()))
         .stdout(Stdio::null())
         .stderr(Stdio::null())
@@ -300,12 +304,15 @@ fn killing_cumux_run_ends_the_program() {
 
 #[test]
 fn a_program_without_a_server_sees_the_cuda_error() {
+    // `cumux run` would not start it (e2e_run): start it with the driver directly.
     let dir = TempDir::new("no-server");
     let nowhere = format!("unix:{}", dir.0.join("none.sock").display());
     ensure_driver();
-    let child = Command::new(CUMUX)
-        .args(["run", "--server", &nowhere, "--"])
-        .arg(corpus_program("vector_add"))
+    let driver = std::path::Path::new(CUMUX).with_file_name("libcumux_client.so");
+    let folder = linked_folder("no-server-driver", "libcuda.so.1", &driver);
+    let child = Command::new(corpus_program("vector_add"))
+        .env("LD_LIBRARY_PATH", &folder)
+        .env("CUMUX_SERVER", &nowhere)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()

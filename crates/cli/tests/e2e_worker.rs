@@ -258,6 +258,30 @@ fn shared_mode_runs_tenants_in_one_context() {
     assert!(server.alive());
 }
 
+/// Virtual memory in workers, in both sharing modes: two programs at once
+/// map physical memory side by side and run kernels across it; everything
+/// goes back at their end.
+#[test]
+fn virtual_memory_in_workers_in_both_sharing_modes() {
+    let link = format!("-L{}", driver_link_folder("cumux-link").display());
+    let program = cumux_testkit::compile_program(driver_source("vmm"), &[&link, "-lcuda"]);
+    for sharing in ["isolated", "shared"] {
+        let server = WorkerServer::start_sharing(&format!("vmm-{sharing}"), false, sharing);
+        let children: Vec<_> = (0..2)
+            .map(|_| {
+                server
+                    .command(&program, &[])
+                    .spawn()
+                    .expect("cumux run starts")
+            })
+            .collect();
+        for child in children {
+            passes(&wait_bounded(child, LIMIT), &server);
+        }
+        server.wait_memory_back();
+    }
+}
+
 /// A fault in `shared` mode fails the context it happened in; the server
 /// stays up and the next session gets a fresh context.
 #[test]

@@ -9,10 +9,14 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use cumux_protocol::vmm::ACCESS_READWRITE;
+use cumux_protocol::VmmCall;
 use cumux_protocol::{
     codes, Call, ClientRole, Hello, ReplyBody, DEFAULT_STREAM, MAGIC, PROTOCOL_VERSION,
 };
-use cumux_server::device::{KernelLaunch, LaunchGeometry, StreamWork, SyncTarget};
+use cumux_server::device::{
+    DeviceContext, KernelLaunch, LaunchGeometry, StreamWork, SyncTarget, VmmOp,
+};
 use cumux_server::session::Session;
 use cumux_server::tenants::TenantSettings;
 use cumux_server::worker::device::{cuda_worker_devices, Sharing};
@@ -152,6 +156,7 @@ fn cuda_contexts_live_in_workers() {
         tenant: None,
         token: None,
         shm: false,
+        visible_devices: None,
     };
     let tenant = Some(("t".to_string(), TenantSettings::default()));
     let mut session = Session::open(Arc::clone(&server), &hello, tenant).unwrap();
@@ -204,8 +209,179 @@ fn cuda_contexts_live_in_workers() {
     assert_eq!(String::from_utf8_lossy(&out1.stdout), "scale printed n=3\n");
     drop(third);
     drop(first);
+    virtual_memory_in_workers(&device, &shared[0], &server);
     drop(server);
     drop(shared);
     wait_until("every worker to exit", || children().is_empty());
     let _ = std::fs::remove_file(fake);
+}
+
+/// The granularity of the fake GPU.
+const GRANULE: u64 = 2 << 20;
+
+/// A reservation of `granules` in `ctx`, with physical allocation
+/// `physical` mapped, writable, from its start: the reservation.
+fn mapped(ctx: &dyn DeviceContext, granules: u64, physical: u64) -> u64 {
+    let size = granules * GRANULE;
+    let base = ctx.vmm(&VmmOp::Reserve { size, alignment: 0 }).unwrap();
+    let map = VmmOp::Map {
+        ptr: base,
+        size: GRANULE,
+        physical,
+    };
+    ctx.vmm(&map).unwrap();
+    let access = VmmOp::SetAccess {
+        ptr: base,
+        size: GRANULE,
+        flags: ACCESS_READWRITE,
+    };
+    ctx.vmm(&access).unwrap();
+    base
+}
+
+/// Virtual memory in workers, on the driver's own addresses: physical
+/// allocations mapped side by side read as one range and a kernel runs
+/// across them; in `shared` mode, physical memory a session gives back (by
+/// a release, or at its end) is scrubbed first, as the fake hands it out
+/// again as it is.
+fn virtual_memory_in_workers(
+    isolated: &Arc<dyn cumux_server::Device>,
+    shared: &Arc<dyn cumux_server::Device>,
+    server: &Arc<cumux_server::Server>,
+) {
+    let ctx = isolated.create_context().unwrap();
+    let granularity = ctx.vmm(&VmmOp::Granularity { recommended: false });
+    assert_eq!(granularity, Ok(GRANULE));
+    let a = ctx.vmm(&VmmOp::Create { size: GRANULE }).unwrap();
+    let b = ctx.vmm(&VmmOp::Create { size: GRANULE }).unwrap();
+    assert_eq!(isolated.mem_used(), 2 * GRANULE);
+    let base = mapped(ctx.as_ref(), 4, a);
+    let second = VmmOp::Map {
+        ptr: base + GRANULE,
+        size: GRANULE,
+        physical: b,
+    };
+    ctx.vmm(&second).unwrap();
+    let access = VmmOp::SetAccess {
+        ptr: base + GRANULE,
+        size: GRANULE,
+        flags: ACCESS_READWRITE,
+    };
+    ctx.vmm(&access).unwrap();
+    let edge = base + GRANULE - 8;
+    ctx.mem_write(edge, &f32_bytes(&[1.0, 2.0, 3.0, 4.0]))
+        .unwrap();
+    let module = ctx.module_load(&fixture_fatbin()).unwrap();
+    assert_eq!(ctx.launch(&scale(module.id, edge, 4)).result, Ok(()));
+    let mut back = vec![0u8; 16];
+    ctx.mem_read(edge, &mut back).unwrap();
+    assert_eq!(f32s(&back), [3.0, 6.0, 9.0, 12.0]);
+    let unmap = VmmOp::Unmap {
+        ptr: base,
+        size: 2 * GRANULE,
+    };
+    for op in [
+        unmap,
+        VmmOp::Release {
+            physical: a,
+            size: GRANULE,
+        },
+        VmmOp::Release {
+            physical: b,
+            size: GRANULE,
+        },
+        VmmOp::FreeReservation {
+            ptr: base,
+            size: 4 * GRANULE,
+        },
+    ] {
+        ctx.vmm(&op).unwrap();
+    }
+    ctx.module_unload(module.id);
+    assert_eq!(isolated.mem_used(), 0);
+    drop(ctx);
+
+    // A release in one shared session, a create in another: no bytes pass.
+    let (one, two) = (
+        shared.create_context().unwrap(),
+        shared.create_context().unwrap(),
+    );
+    let p = one.vmm(&VmmOp::Create { size: GRANULE }).unwrap();
+    let at = mapped(one.as_ref(), 2, p);
+    one.mem_write(at, &[0x5a; 4096]).unwrap();
+    let unmap = VmmOp::Unmap {
+        ptr: at,
+        size: GRANULE,
+    };
+    one.vmm(&unmap).unwrap();
+    let release = VmmOp::Release {
+        physical: p,
+        size: GRANULE,
+    };
+    one.vmm(&release).unwrap();
+    let q = two.vmm(&VmmOp::Create { size: GRANULE }).unwrap();
+    assert_eq!(q, p, "the fake gives the physical memory out again");
+    let seen_at = mapped(two.as_ref(), 2, q);
+    let mut seen = vec![1u8; 4096];
+    two.mem_read(seen_at, &mut seen).unwrap();
+    assert!(seen.iter().all(|&b| b == 0), "another session's bytes");
+    two.mem_write(seen_at, &[0x6b; 4096]).unwrap();
+    drop(two);
+
+    // A session that ends with a live mapping gives everything back, scrubbed.
+    let used = shared.mem_used();
+    let hello = Hello {
+        magic: MAGIC,
+        version: PROTOCOL_VERSION,
+        pid: std::process::id(),
+        role: ClientRole::Driver,
+        program: "leaves-mappings".into(),
+        tenant: None,
+        token: None,
+        shm: false,
+        visible_devices: None,
+    };
+    let tenant = Some(("t".to_string(), TenantSettings::default()));
+    let mut session = Session::open(Arc::clone(server), &hello, tenant).unwrap();
+    let mut call = |call: VmmCall| session.handle(Call::Vmm(call)).unwrap().unwrap();
+    let ReplyBody::Ptr(base) = call(VmmCall::Reserve {
+        size: 2 * GRANULE,
+        alignment: 0,
+        hint: 0,
+    }) else {
+        panic!("no reservation")
+    };
+    let ReplyBody::Handle(handle) = call(VmmCall::Create {
+        device: 0,
+        size: GRANULE,
+        handle_types: 0,
+    }) else {
+        panic!("no physical memory")
+    };
+    call(VmmCall::Map {
+        ptr: base,
+        size: GRANULE,
+        offset: 0,
+        handle,
+    });
+    call(VmmCall::SetAccess {
+        ptr: base,
+        size: GRANULE,
+        device: 0,
+        flags: ACCESS_READWRITE,
+    });
+    let written = session.handle(Call::MemcpyHtoD {
+        dst: base,
+        data: vec![0x77; 256],
+        stream: None,
+    });
+    assert!(matches!(written, Some(Ok(_))), "{written:?}");
+    assert_eq!(shared.mem_used(), used + GRANULE);
+    session.close();
+    assert_eq!(shared.mem_used(), used);
+    let r = one.vmm(&VmmOp::Create { size: GRANULE }).unwrap();
+    let left_at = mapped(one.as_ref(), 2, r);
+    let mut left = vec![1u8; 256];
+    one.mem_read(left_at, &mut left).unwrap();
+    assert!(left.iter().all(|&b| b == 0), "{left:?}");
 }

@@ -66,6 +66,20 @@ pub fn server_address() -> Result<ServerAddress, String> {
     ))))
 }
 
+/// `CUDA_VISIBLE_DEVICES` for the hello (the server applies it), cut to
+/// what a hello carries.
+fn visible_devices() -> Option<String> {
+    let text = std::env::var("CUDA_VISIBLE_DEVICES").ok()?;
+    let cut = proto::visible_devices::cut(&text);
+    if cut.len() < text.len() {
+        tracing::warn!(
+            "CUDA_VISIBLE_DEVICES is longer than {} bytes: only its first entries count",
+            proto::visible_devices::MAX_TEXT_BYTES
+        );
+    }
+    Some(cut.to_string())
+}
+
 /// The socket under a connection.
 enum Socket {
     Unix(UnixStream),
@@ -241,6 +255,7 @@ impl Connection {
             tenant: std::env::var("CUMUX_TENANT").ok(),
             token: std::env::var("CUMUX_TOKEN").ok(),
             shm: area.is_some(),
+            visible_devices: visible_devices(),
         };
         let bytes = proto::encode(&hello).map_err(|e| e.to_string())?;
         proto::write_frame(&mut NoSigPipe(&conn.stream), &bytes)
@@ -282,9 +297,11 @@ impl Connection {
             HelloReply::Rejected {
                 server_version,
                 reason,
-            } => Err(format!(
-                "server (protocol {server_version}) rejected client (protocol {}): {reason}",
-                proto::PROTOCOL_VERSION
+            } => Err(proto::refusal_text(
+                &address.to_string(),
+                server_version,
+                hello.tenant.as_deref(),
+                &reason,
             )),
         }
     }

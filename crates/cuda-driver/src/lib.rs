@@ -6,7 +6,8 @@
 //! [`driver`] loads the library and owns devices and contexts; [`objects`] has
 //! streams, events, pinned buffers, modules and functions; [`image`] checks and
 //! reads module images before the driver sees them; [`capture`] catches device
-//! `printf`, which the driver writes to the process's stdout.
+//! `printf`, which the driver writes to the process's stdout; [`vmm`] has
+//! reservations, physical allocations and their mappings.
 
 pub mod capture;
 pub mod driver;
@@ -15,6 +16,7 @@ pub mod image;
 pub mod objects;
 pub mod sys;
 pub mod tensor_map;
+pub mod vmm;
 
 pub use driver::{
     Context, DeviceId, Driver, MemsetValue, CUMUX_CLIENT_MARKERS, LIBCUDA_SONAME,

@@ -115,6 +115,46 @@ pub const CU_MEMHOSTREGISTER_DEVICEMAP: c_uint = 0x2;
 /// `CU_CTX_SCHED_BLOCKING_SYNC`: a synchronizing thread sleeps instead of spinning.
 pub const CU_CTX_SCHED_BLOCKING_SYNC: c_uint = 0x4;
 
+/// `CUmemLocation`: where memory is (`CU_MEM_LOCATION_TYPE_DEVICE` and an ordinal).
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy)]
+pub struct CUmemLocation {
+    pub kind: c_uint,
+    pub id: c_int,
+}
+
+/// `CUmemAllocationProp` (32 bytes): what `cuMemCreate` makes.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct CUmemAllocationProp {
+    pub kind: c_uint,
+    pub requested_handle_types: c_uint,
+    pub location: CUmemLocation,
+    pub win32_handle_meta_data: *mut c_void,
+    pub compression_type: u8,
+    pub gpu_direct_rdma_capable: u8,
+    pub usage: u16,
+    pub reserved: [u8; 4],
+}
+
+/// `CUmemAccessDesc` (12 bytes): a location's access to a mapped range.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct CUmemAccessDesc {
+    pub location: CUmemLocation,
+    pub flags: c_uint,
+}
+
+/// `CUmemGenericAllocationHandle`.
+pub type CUmemGenericAllocationHandle = u64;
+/// `CU_MEM_ALLOCATION_TYPE_PINNED`.
+pub const CU_MEM_ALLOCATION_TYPE_PINNED: c_uint = 1;
+/// `CU_MEM_LOCATION_TYPE_DEVICE`.
+pub const CU_MEM_LOCATION_TYPE_DEVICE: c_uint = 1;
+/// `CU_MEM_ALLOC_GRANULARITY_MINIMUM` / `_RECOMMENDED`.
+pub const CU_MEM_ALLOC_GRANULARITY_MINIMUM: c_uint = 0;
+pub const CU_MEM_ALLOC_GRANULARITY_RECOMMENDED: c_uint = 1;
+
 /// Declares [`Api`]: one optional fn pointer per entry point, resolved from the
 /// first name in its list that the library exports.
 macro_rules! driver_api {
@@ -243,6 +283,14 @@ driver_api! {
     cuGraphLaunch ["cuGraphLaunch"] (CUgraphExec, CUstream);
     cuGraphExecDestroy ["cuGraphExecDestroy"] (CUgraphExec);
     cuGraphDestroy ["cuGraphDestroy"] (CUgraph);
+    cuMemGetAllocationGranularity ["cuMemGetAllocationGranularity"] (*mut usize, *const CUmemAllocationProp, c_uint);
+    cuMemAddressReserve ["cuMemAddressReserve"] (*mut CUdeviceptr, usize, usize, CUdeviceptr, u64);
+    cuMemAddressFree ["cuMemAddressFree"] (CUdeviceptr, usize);
+    cuMemCreate ["cuMemCreate"] (*mut CUmemGenericAllocationHandle, usize, *const CUmemAllocationProp, u64);
+    cuMemRelease ["cuMemRelease"] (CUmemGenericAllocationHandle);
+    cuMemMap ["cuMemMap"] (CUdeviceptr, usize, usize, CUmemGenericAllocationHandle, u64);
+    cuMemUnmap ["cuMemUnmap"] (CUdeviceptr, usize);
+    cuMemSetAccess ["cuMemSetAccess"] (CUdeviceptr, usize, *const CUmemAccessDesc, usize);
     cuLaunchKernelEx ["cuLaunchKernelEx"] (*const CUlaunchConfig, CUfunction, *mut Ptr, *mut Ptr);
     cuLaunchKernel ["cuLaunchKernel"] (
         CUfunction, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, CUstream,

@@ -3,12 +3,15 @@
  * kernels run on the host at launch. -DFAKE_NO_DEVICE makes cuInit fail as on a
  * machine without GPUs; -DFAKE_CUMUX adds cumux's client marker symbol;
  * -DFAKE_QUIET keeps the fake device printf off stdout. */
+#define _GNU_SOURCE /* memfd_create */
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 typedef int CUresult;
 typedef int CUdevice;
@@ -362,4 +365,135 @@ CUresult cuStreamWriteValue64_v2(void *s, CUdeviceptr addr, unsigned long long v
     if ((s != &stream_token && s) || flags) return 400;
     *(volatile unsigned long long *)(uintptr_t)addr = value;
     return 0;
+}
+
+/* Virtual memory. A reservation is host address space (PROT_NONE), a
+ * physical allocation a memfd, a mapping that memfd mapped over part of a
+ * reservation, so mappings side by side read as one range and one allocation
+ * may be mapped twice; access is mprotect. Granularity 2 MiB. As the
+ * allocator above, a released allocation no mapping uses goes to the next
+ * cuMemCreate of its size as it is, bytes and all. */
+#define FAKE_GRANULARITY ((size_t)2 << 20)
+typedef struct { int type; int id; } fake_location;
+typedef struct { int type; int handle_types; fake_location location; void *win32; unsigned char flags[8]; } fake_prop;
+typedef struct { fake_location location; int flags; } fake_access;
+struct fake_physical { int fd; size_t size; int released; int mappings; };
+#define FAKE_MAPPINGS 64
+static struct { uintptr_t at; size_t size; struct fake_physical *ph; } fake_maps[FAKE_MAPPINGS];
+static struct fake_physical *kept_physical[KEPT_BLOCKS];
+static long live_physical, live_reservations;
+static pthread_mutex_t vmm_lock = PTHREAD_MUTEX_INITIALIZER;
+
+CUresult cuMemGetAllocationGranularity(size_t *g, const fake_prop *prop, int option) {
+    if (!g || !prop || prop->type != 1 || option < 0 || option > 1) return 1;
+    *g = FAKE_GRANULARITY;
+    return 0;
+}
+CUresult cuMemAddressReserve(CUdeviceptr *p, size_t size, size_t align, CUdeviceptr hint,
+                             unsigned long long flags) {
+    (void)align; (void)hint;
+    if (!p || !size || size % FAKE_GRANULARITY || flags) return 1;
+    size_t len = size + FAKE_GRANULARITY;
+    char *m = mmap(NULL, len, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (m == MAP_FAILED) return 2;
+    uintptr_t start = ((uintptr_t)m + FAKE_GRANULARITY - 1) & ~(FAKE_GRANULARITY - 1);
+    if (start > (uintptr_t)m) munmap(m, start - (uintptr_t)m);
+    munmap((void *)(start + size), (uintptr_t)m + len - (start + size));
+    *p = start;
+    live_reservations++;
+    return 0;
+}
+CUresult cuMemAddressFree(CUdeviceptr p, size_t size) {
+    if (!p || !size || munmap((void *)(uintptr_t)p, size)) return 1;
+    live_reservations--;
+    return 0;
+}
+long fake_live_reservations(void) { return live_reservations; }
+CUresult cuMemCreate(unsigned long long *h, size_t size, const fake_prop *prop, unsigned long long flags) {
+    if (!h || !prop || !size || size % FAKE_GRANULARITY || flags) return 1;
+    if (prop->type != 1 || prop->location.type != 1 || prop->location.id != 0) return 101;
+    struct fake_physical *ph = NULL;
+    pthread_mutex_lock(&vmm_lock);
+    for (int i = 0; i < KEPT_BLOCKS && !ph; i++)
+        if (kept_physical[i] && kept_physical[i]->size == size) {
+            ph = kept_physical[i];
+            kept_physical[i] = NULL;
+        }
+    pthread_mutex_unlock(&vmm_lock);
+    if (!ph) {
+        int fd = memfd_create("fake-vmm", 0);
+        if (fd < 0) return 2;
+        if (ftruncate(fd, (off_t)size)) { close(fd); return 2; }
+        ph = calloc(1, sizeof *ph);
+        if (!ph) { close(fd); return 2; }
+        ph->fd = fd;
+        ph->size = size;
+    }
+    ph->released = 0;
+    live_physical++;
+    *h = (unsigned long long)(uintptr_t)ph;
+    return 0;
+}
+/* Frees (or keeps) a released allocation once nothing maps it; vmm_lock held. */
+static void fake_settle(struct fake_physical *ph) {
+    if (!ph->released || ph->mappings) return;
+    for (int i = 0; i < KEPT_BLOCKS; i++)
+        if (!kept_physical[i]) { kept_physical[i] = ph; return; }
+    close(ph->fd);
+    free(ph);
+}
+CUresult cuMemRelease(unsigned long long h) {
+    struct fake_physical *ph = (struct fake_physical *)(uintptr_t)h;
+    if (!ph || ph->released) return 1;
+    pthread_mutex_lock(&vmm_lock);
+    ph->released = 1;
+    live_physical--;
+    fake_settle(ph);
+    pthread_mutex_unlock(&vmm_lock);
+    return 0;
+}
+long fake_live_physical(void) { return live_physical; }
+CUresult cuMemMap(CUdeviceptr p, size_t size, size_t offset, unsigned long long h, unsigned long long flags) {
+    struct fake_physical *ph = (struct fake_physical *)(uintptr_t)h;
+    if (!p || !ph || !size || p % FAKE_GRANULARITY || size % FAKE_GRANULARITY || flags) return 1;
+    if (offset || size > ph->size) return 801;
+    pthread_mutex_lock(&vmm_lock);
+    int slot = -1;
+    for (int i = 0; i < FAKE_MAPPINGS; i++) {
+        if (fake_maps[i].ph && fake_maps[i].at < p + size && p < fake_maps[i].at + fake_maps[i].size) {
+            pthread_mutex_unlock(&vmm_lock);
+            return 1;
+        }
+        if (!fake_maps[i].ph && slot < 0) slot = i;
+    }
+    void *m = slot < 0 ? MAP_FAILED
+        : mmap((void *)(uintptr_t)p, size, PROT_NONE, MAP_SHARED | MAP_FIXED, ph->fd, 0);
+    if (m == MAP_FAILED) { pthread_mutex_unlock(&vmm_lock); return 2; }
+    fake_maps[slot].at = p;
+    fake_maps[slot].size = size;
+    fake_maps[slot].ph = ph;
+    ph->mappings++;
+    pthread_mutex_unlock(&vmm_lock);
+    return 0;
+}
+CUresult cuMemUnmap(CUdeviceptr p, size_t size) {
+    if (!p || !size) return 1;
+    pthread_mutex_lock(&vmm_lock);
+    for (int i = 0; i < FAKE_MAPPINGS; i++) {
+        if (!fake_maps[i].ph || fake_maps[i].at < p || fake_maps[i].at >= p + size) continue;
+        struct fake_physical *ph = fake_maps[i].ph;
+        /* The range stays reserved. */
+        mmap((void *)fake_maps[i].at, fake_maps[i].size, PROT_NONE,
+             MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
+        fake_maps[i].ph = NULL;
+        ph->mappings--;
+        fake_settle(ph);
+    }
+    pthread_mutex_unlock(&vmm_lock);
+    return 0;
+}
+CUresult cuMemSetAccess(CUdeviceptr p, size_t size, const fake_access *desc, size_t count) {
+    if (!p || !size || !desc || !count) return 1;
+    int prot = desc[0].flags == 3 ? PROT_READ | PROT_WRITE : desc[0].flags == 1 ? PROT_READ : PROT_NONE;
+    return mprotect((void *)(uintptr_t)p, size, prot) ? 1 : 0;
 }

@@ -8,12 +8,15 @@ mod memfd;
 pub mod messages;
 pub mod pinned;
 pub mod shm;
+pub mod visible_devices;
+pub mod vmm;
 
 pub use framing::{read_frame, read_frame_within, write_frame, FrameError, MAX_FRAME_BYTES};
 pub use messages::*;
+pub use vmm::{VmmCall, VmmProperties};
 
 /// Bumped whenever a message type changes shape. Client and server must agree.
-pub const PROTOCOL_VERSION: u32 = 5;
+pub const PROTOCOL_VERSION: u32 = 6;
 
 /// First bytes of every handshake, so a stray connection is recognised at once.
 pub const MAGIC: u32 = 0x43_4d_55_58; // "CMUX"
@@ -26,4 +29,50 @@ pub fn encode<T: serde::Serialize>(msg: &T) -> Result<Vec<u8>, postcard::Error> 
 /// Decodes wire bytes into a message; malformed input is an error, never a panic.
 pub fn decode<'a, T: serde::Deserialize<'a>>(bytes: &'a [u8]) -> Result<T, postcard::Error> {
     postcard::from_bytes(bytes)
+}
+
+/// What a client says when the server at `address` answers its hello with a
+/// refusal: who was refused (`tenant`, the one it asked for, if any) and the
+/// server's `reason`, verbatim; a server of another protocol version is named
+/// as such.
+pub fn refusal_text(
+    address: &str,
+    server_version: u32,
+    tenant: Option<&str>,
+    reason: &str,
+) -> String {
+    if server_version != PROTOCOL_VERSION {
+        return format!(
+            "the cumux server at {address} speaks protocol version {server_version} and refused \
+             this client of version {PROTOCOL_VERSION} (use a cumux and a client driver of one \
+             build): {reason}"
+        );
+    }
+    match tenant {
+        Some(name) => format!("the cumux server at {address} refused tenant {name:?}: {reason}"),
+        None => format!("the cumux server at {address} refused the connection: {reason}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refusals_read_as_refusals() {
+        let text = refusal_text(
+            "unix:/s",
+            PROTOCOL_VERSION,
+            Some("x"),
+            "unknown tenant \"x\"",
+        );
+        assert_eq!(
+            text,
+            "the cumux server at unix:/s refused tenant \"x\": unknown tenant \"x\""
+        );
+        let text = refusal_text("unix:/s", PROTOCOL_VERSION, None, "too many sessions");
+        assert!(text.ends_with("refused the connection: too many sessions"));
+        let text = refusal_text("tcp:h:1", PROTOCOL_VERSION + 1, Some("x"), "mismatch");
+        assert!(text.contains("protocol version") && text.ends_with(": mismatch"));
+    }
 }

@@ -34,6 +34,10 @@ pub struct Hello {
     /// The client holds a shared-memory area ([`crate::shm`]) and, if the
     /// welcome accepts it, sends it next in a [`ShmAttach`] (unix sockets only).
     pub shm: bool,
+    /// The program's `CUDA_VISIBLE_DEVICES`, as written (at most
+    /// [`crate::visible_devices::MAX_TEXT_BYTES`]): the server shows it
+    /// those of its tenant's devices, in that order.
+    pub visible_devices: Option<String>,
 }
 
 /// The largest hello frame a server reads.
@@ -70,6 +74,11 @@ pub struct ShmAttached {
 pub enum ClientRole {
     Driver,
     Status,
+    /// `cumux run` asking, before it starts a program, whether a driver with
+    /// this hello would be let in: the server answers with the welcome such a
+    /// driver would get (session 0, the tenant's devices) or with the
+    /// refusal, and closes; no session opens.
+    Preflight,
 }
 
 /// The server's answer to `Hello`.
@@ -271,6 +280,9 @@ pub enum Call {
     GraphDestroy {
         graph: Handle,
     },
+    /// Virtual memory management: reservations, physical allocations and
+    /// their mappings (`crate::vmm`).
+    Vmm(crate::vmm::VmmCall),
 }
 
 /// One launch of a [`Call::GraphCreate`]: a [`Call::Launch`] without its stream.
@@ -362,6 +374,10 @@ pub enum ReplyBody {
     Status(ServerStatus),
     /// A `CUtensorMap`: 128 opaque bytes.
     TensorMap(#[serde(with = "serde_bytes")] Vec<u8>),
+    /// A number a [`crate::vmm::VmmCall`] asks for (a granularity, access flags).
+    Value(u64),
+    /// A physical allocation's properties ([`crate::vmm::VmmCall::Properties`]).
+    VmmProperties(crate::vmm::VmmProperties),
 }
 
 /// A `cuLaunchKernelEx` attribute that changes how a kernel runs.

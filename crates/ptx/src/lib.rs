@@ -23,7 +23,7 @@ pub use launch::{
     check_config, Fault, LaunchConfig, LaunchLimits, LaunchReport, LAUNCH_CHECK_INTERVAL,
     MAX_SHARED_OPTIN, MAX_STATIC_SHARED,
 };
-pub use memory::{DeviceMemory, MemError, DEVICE_VA_BASE, DEVICE_VA_END};
+pub use memory::{DeviceMemory, MemError, DEVICE_VA_BASE, DEVICE_VA_END, VMM_GRANULARITY};
 pub use module_info::{GlobalVar, KernelInfo, LoadError, ParamLayout, Space};
 pub use parser::{parse, ParseError};
 pub use program::Program;

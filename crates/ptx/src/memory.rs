@@ -2,10 +2,13 @@
 //! host-backed, accessed by host copies and by kernels through aligned atomics.
 //! Launches hold a read lock for their whole run so `free` never races a kernel;
 //! `alloc` never waits for a launch (new blocks park in a side table until then).
+//! Virtual memory management: physical allocations mapped into reserved ranges,
+//! side by side, so host copies may span contiguous blocks.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::sync::atomic::{AtomicU16, AtomicU32, AtomicU64, AtomicU8, Ordering};
+use std::sync::Arc;
 use std::sync::{Mutex, RwLock, RwLockReadGuard};
 
 /// First device address; all allocations lie above it.
@@ -15,6 +18,9 @@ pub const DEVICE_VA_END: u64 = 0x3000_0000_0000;
 const ALLOC_ALIGN: u64 = 256;
 /// Unmapped gap kept after each allocation so small overruns fault.
 const GUARD_GAP: u64 = 4096;
+/// The granularity of reservations, physical allocations and mappings
+/// (`cuMemGetAllocationGranularity`): 2 MiB, as on NVIDIA's GPUs.
+pub const VMM_GRANULARITY: u64 = 2 << 20;
 
 /// Errors of the memory API.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -50,34 +56,75 @@ impl fmt::Display for MemError {
 
 impl std::error::Error for MemError {}
 
-/// Host backing of one allocation: 8-byte aligned, zero-filled.
-pub(crate) struct Block {
+/// Host bytes: 16-byte aligned, zero-filled, freed at drop.
+struct Backing {
     ptr: *mut u8,
-    size: u64,
     layout: std::alloc::Layout,
 }
 
-// SAFETY: the buffer is plain bytes owned by this Block; all concurrent access
-// goes through atomics or through host copies ordered by the caller.
-unsafe impl Send for Block {}
+// SAFETY: the buffer is plain bytes owned by this Backing; all concurrent
+// access goes through atomics or through host copies ordered by the caller.
+unsafe impl Send for Backing {}
 // SAFETY: see above; shared access never creates `&mut` to the bytes.
-unsafe impl Sync for Block {}
+unsafe impl Sync for Backing {}
 
-impl Drop for Block {
+impl Backing {
+    /// `bytes` (> 0) zero-filled bytes, rounded up to `round`.
+    fn zeroed(bytes: u64, round: u64) -> Result<Backing, MemError> {
+        let rounded = bytes.checked_add(round - 1).ok_or(MemError::OutOfMemory)? & !(round - 1);
+        let size = usize::try_from(rounded).map_err(|_| MemError::OutOfMemory)?;
+        let layout =
+            std::alloc::Layout::from_size_align(size, 16).map_err(|_| MemError::OutOfMemory)?;
+        // SAFETY: layout has non-zero size (bytes > 0).
+        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+        if ptr.is_null() {
+            return Err(MemError::OutOfMemory);
+        }
+        Ok(Backing { ptr, layout })
+    }
+
+    fn bytes(&self) -> u64 {
+        self.layout.size() as u64
+    }
+}
+
+impl Drop for Backing {
     fn drop(&mut self) {
         // SAFETY: ptr was returned by alloc_zeroed with this exact layout.
         unsafe { std::alloc::dealloc(self.ptr, self.layout) }
     }
 }
 
+/// Who owns a block's bytes.
+enum Owner {
+    /// An allocation: the block's own.
+    Own(Backing),
+    /// A mapping of a physical allocation, which lives on while mapped.
+    Mapped { _physical: Arc<Backing> },
+}
+
+/// One addressable range: its host bytes and their owner.
+pub(crate) struct Block {
+    ptr: *mut u8,
+    size: u64,
+    owner: Owner,
+}
+
+// SAFETY: `ptr` points into the bytes `owner` keeps alive (see Backing).
+unsafe impl Send for Block {}
+// SAFETY: as for Send.
+unsafe impl Sync for Block {}
+
 type Blocks = BTreeMap<u64, Block>;
 
-/// Address assignment, accounting, and blocks allocated while the main table
-/// was locked by a launch.
+/// Address assignment, accounting, blocks allocated while the main table
+/// was locked by a launch, and physical allocations by id.
 struct AllocState {
     next: u64,
     used: u64,
     pending: Blocks,
+    physical: HashMap<u64, Arc<Backing>>,
+    next_physical: u64,
 }
 
 /// The device's global memory. `Sync + Send`; every method takes `&self`.
@@ -95,6 +142,16 @@ fn lookup(blocks: &Blocks, addr: u64, len: u64) -> Option<(u64, u64, *mut u8)> {
     } else {
         None
     }
+}
+
+/// Whether any block of `blocks` meets `[addr, addr + len)`.
+fn overlaps(blocks: &Blocks, addr: u64, len: u64) -> bool {
+    let end = addr.saturating_add(len);
+    let before = blocks
+        .range(..addr)
+        .next_back()
+        .is_some_and(|(base, b)| base.saturating_add(b.size.max(1)) > addr);
+    before || blocks.range(addr..end).next().is_some()
 }
 
 impl fmt::Debug for DeviceMemory {
@@ -135,6 +192,8 @@ impl DeviceMemory {
                 next: DEVICE_VA_BASE,
                 used: 0,
                 pending: BTreeMap::new(),
+                physical: HashMap::new(),
+                next_physical: 1,
             }),
             capacity: capacity_bytes,
         }
@@ -157,9 +216,8 @@ impl DeviceMemory {
             return Err(MemError::InvalidSize);
         }
         let rounded = bytes
-            .checked_add(ALLOC_ALIGN - 1)
-            .ok_or(MemError::OutOfMemory)?
-            & !(ALLOC_ALIGN - 1);
+            .checked_next_multiple_of(ALLOC_ALIGN)
+            .ok_or(MemError::OutOfMemory)?;
         let mut s = self.state();
         if s.used.saturating_add(rounded) > self.capacity {
             return Err(MemError::OutOfMemory);
@@ -172,22 +230,21 @@ impl DeviceMemory {
         if next > DEVICE_VA_END {
             return Err(MemError::OutOfMemory);
         }
-        let size_usize = usize::try_from(rounded).map_err(|_| MemError::OutOfMemory)?;
-        let layout = std::alloc::Layout::from_size_align(size_usize, 16)
-            .map_err(|_| MemError::OutOfMemory)?;
-        // SAFETY: layout has non-zero size (bytes > 0).
-        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
-        if ptr.is_null() {
-            return Err(MemError::OutOfMemory);
-        }
-        let block = Block {
-            ptr,
-            size: bytes,
-            layout,
-        };
+        let backing = Backing::zeroed(bytes, ALLOC_ALIGN)?;
         s.next = next;
-        s.used += rounded;
-        // Insert now unless a launch holds the table; then park it until later.
+        s.used += backing.bytes();
+        let block = Block {
+            ptr: backing.ptr,
+            size: bytes,
+            owner: Owner::Own(backing),
+        };
+        self.insert(&mut s, addr, block);
+        Ok(addr)
+    }
+
+    /// Inserts `block` at `addr` now unless a launch holds the table; then
+    /// parks it until later.
+    fn insert(&self, s: &mut AllocState, addr: u64, block: Block) {
         match self.space.try_write() {
             Ok(mut blocks) => {
                 blocks.append(&mut s.pending);
@@ -197,7 +254,6 @@ impl DeviceMemory {
                 s.pending.insert(addr, block);
             }
         }
-        Ok(addr)
     }
 
     /// Frees the allocation that starts at `ptr`; waits for running launches.
@@ -205,9 +261,116 @@ impl DeviceMemory {
         let mut blocks = self.space.write().unwrap_or_else(|e| e.into_inner());
         let mut s = self.state();
         blocks.append(&mut s.pending);
-        let b = blocks.remove(&ptr).ok_or(MemError::InvalidAddress(ptr))?;
-        s.used = s.used.saturating_sub(b.layout.size() as u64);
+        match blocks.get(&ptr).map(|b| &b.owner) {
+            Some(Owner::Own(_)) => {}
+            _ => return Err(MemError::InvalidAddress(ptr)),
+        }
+        if let Some(Block {
+            owner: Owner::Own(backing),
+            ..
+        }) = blocks.remove(&ptr)
+        {
+            s.used = s.used.saturating_sub(backing.bytes());
+        }
         Ok(())
+    }
+
+    /// Reserves `size` bytes of addresses (rounded up to [`VMM_GRANULARITY`]),
+    /// aligned to `alignment` (a power of two, or 0) and to the granularity,
+    /// for [`DeviceMemory::map`]. Addresses are never handed out twice, so
+    /// giving a reservation back needs nothing here.
+    pub fn reserve(&self, size: u64, alignment: u64) -> Result<u64, MemError> {
+        if size == 0 || (alignment != 0 && !alignment.is_power_of_two()) {
+            return Err(MemError::InvalidSize);
+        }
+        let align = alignment.max(VMM_GRANULARITY);
+        let mut s = self.state();
+        let addr = s
+            .next
+            .checked_next_multiple_of(align)
+            .ok_or(MemError::OutOfMemory)?;
+        let next = size
+            .checked_next_multiple_of(VMM_GRANULARITY)
+            .and_then(|r| addr.checked_add(r))
+            .and_then(|v| v.checked_add(GUARD_GAP))
+            .ok_or(MemError::OutOfMemory)?;
+        if next > DEVICE_VA_END {
+            return Err(MemError::OutOfMemory);
+        }
+        s.next = next;
+        Ok(addr)
+    }
+
+    /// A physical allocation of `bytes` (> 0) zero-filled bytes, not yet
+    /// addressable: its id, for [`DeviceMemory::map`].
+    pub fn create_physical(&self, bytes: u64) -> Result<u64, MemError> {
+        if bytes == 0 {
+            return Err(MemError::InvalidSize);
+        }
+        let mut s = self.state();
+        let rounded = bytes
+            .checked_next_multiple_of(ALLOC_ALIGN)
+            .ok_or(MemError::OutOfMemory)?;
+        if s.used.saturating_add(rounded) > self.capacity {
+            return Err(MemError::OutOfMemory);
+        }
+        let backing = Backing::zeroed(bytes, ALLOC_ALIGN)?;
+        s.used += backing.bytes();
+        let id = s.next_physical;
+        s.next_physical += 1;
+        s.physical.insert(id, Arc::new(backing));
+        Ok(id)
+    }
+
+    /// Gives a physical allocation back: its bytes go once no mapping holds them.
+    pub fn release_physical(&self, id: u64) -> Result<(), MemError> {
+        let mut s = self.state();
+        let backing = s.physical.remove(&id).ok_or(MemError::InvalidAddress(id))?;
+        s.used = s.used.saturating_sub(backing.bytes());
+        Ok(())
+    }
+
+    /// Makes the first `size` bytes of physical allocation `id` addressable at
+    /// `[addr, addr + size)`, which no block may meet. The same allocation
+    /// may be mapped at several places: they alias.
+    pub fn map(&self, addr: u64, size: u64, id: u64) -> Result<(), MemError> {
+        let end = addr.checked_add(size).ok_or(MemError::InvalidSize)?;
+        if size == 0 || addr < DEVICE_VA_BASE || end > DEVICE_VA_END {
+            return Err(MemError::OutOfRange { addr, len: size });
+        }
+        // The table's read lock before the state's, as `free` takes them.
+        let taken = overlaps(&self.view().guard, addr, size);
+        let mut s = self.state();
+        if taken || overlaps(&s.pending, addr, size) {
+            return Err(MemError::OutOfRange { addr, len: size });
+        }
+        let backing = s.physical.get(&id).ok_or(MemError::InvalidAddress(id))?;
+        if size > backing.bytes() {
+            return Err(MemError::InvalidSize);
+        }
+        let block = Block {
+            ptr: backing.ptr,
+            size,
+            owner: Owner::Mapped {
+                _physical: Arc::clone(backing),
+            },
+        };
+        self.insert(&mut s, addr, block);
+        Ok(())
+    }
+
+    /// Removes the mapping at `addr`; waits for running launches.
+    pub fn unmap(&self, addr: u64) -> Result<(), MemError> {
+        let mut blocks = self.space.write().unwrap_or_else(|e| e.into_inner());
+        let mut s = self.state();
+        blocks.append(&mut s.pending);
+        match blocks.get(&addr).map(|b| &b.owner) {
+            Some(Owner::Mapped { .. }) => {
+                blocks.remove(&addr);
+                Ok(())
+            }
+            _ => Err(MemError::InvalidAddress(addr)),
+        }
     }
 
     /// `(base, size)` of the allocation containing `ptr`.
@@ -225,17 +388,50 @@ impl DeviceMemory {
         Ok(p.wrapping_add((addr - base) as usize))
     }
 
+    /// The host spans of `[addr, addr + len)` over blocks that follow each
+    /// other with no gap (mappings side by side in a reservation): (host
+    /// pointer, offset in the range, bytes) each. All or nothing.
+    fn spans(
+        v: &MemView<'_>,
+        addr: u64,
+        len: u64,
+    ) -> Result<Vec<(*mut u8, usize, usize)>, MemError> {
+        let mut out = Vec::new();
+        let mut done = 0u64;
+        while done < len {
+            let at = addr + done;
+            let (base, size, p) = v.resolve(at, 1).ok_or(MemError::OutOfRange { addr, len })?;
+            let n = (size - (at - base)).min(len - done);
+            out.push((
+                p.wrapping_add((at - base) as usize),
+                done as usize,
+                n as usize,
+            ));
+            done += n;
+        }
+        Ok(out)
+    }
+
     /// Copies host bytes into device memory.
     pub fn write(&self, dst: u64, data: &[u8]) -> Result<(), MemError> {
         if data.is_empty() {
             return Ok(());
         }
         let v = self.view();
-        let p = Self::host_ptr(&v, dst, data.len() as u64)?;
-        // SAFETY: [p, p+len) lies inside a live allocation (checked by resolve) that
-        // cannot be freed while we hold the read lock; kernels racing on the same
-        // bytes get unspecified values, as on a GPU.
-        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), p, data.len()) };
+        let len = data.len() as u64;
+        if let Ok(p) = Self::host_ptr(&v, dst, len) {
+            // SAFETY: [p, p+len) lies inside a live allocation (checked by resolve) that
+            // cannot be freed while we hold the read lock; kernels racing on the same
+            // bytes get unspecified values, as on a GPU.
+            unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), p, data.len()) };
+            return Ok(());
+        }
+        for (p, at, n) in Self::spans(&v, dst, len)? {
+            // SAFETY: [p, p+n) lies inside a live block (checked by resolve) that
+            // cannot be freed while we hold the read lock; kernels racing on the
+            // same bytes get unspecified values, as on a GPU.
+            unsafe { std::ptr::copy_nonoverlapping(data[at..].as_ptr(), p, n) };
+        }
         Ok(())
     }
 
@@ -245,9 +441,16 @@ impl DeviceMemory {
             return Ok(());
         }
         let v = self.view();
-        let p = Self::host_ptr(&v, src, out.len() as u64)?;
-        // SAFETY: range checked against a live allocation held by the read lock.
-        unsafe { std::ptr::copy_nonoverlapping(p, out.as_mut_ptr(), out.len()) };
+        let len = out.len() as u64;
+        if let Ok(p) = Self::host_ptr(&v, src, len) {
+            // SAFETY: range checked against a live allocation held by the read lock.
+            unsafe { std::ptr::copy_nonoverlapping(p, out.as_mut_ptr(), out.len()) };
+            return Ok(());
+        }
+        for (p, at, n) in Self::spans(&v, src, len)? {
+            // SAFETY: range checked against a live block held by the read lock.
+            unsafe { std::ptr::copy_nonoverlapping(p, out[at..].as_mut_ptr(), n) };
+        }
         Ok(())
     }
 
@@ -257,10 +460,23 @@ impl DeviceMemory {
             return Ok(());
         }
         let v = self.view();
-        let d = Self::host_ptr(&v, dst, len)?;
-        let s = Self::host_ptr(&v, src, len)?;
-        // SAFETY: both ranges checked inside live allocations; `copy` allows overlap.
-        unsafe { std::ptr::copy(s, d, len as usize) };
+        if let (Ok(d), Ok(s)) = (Self::host_ptr(&v, dst, len), Self::host_ptr(&v, src, len)) {
+            // SAFETY: both ranges checked inside live blocks; `copy` allows overlap.
+            unsafe { std::ptr::copy(s, d, len as usize) };
+            return Ok(());
+        }
+        // Across mappings side by side: through a buffer, which also keeps
+        // overlapping ranges right.
+        let (from, to) = (Self::spans(&v, src, len)?, Self::spans(&v, dst, len)?);
+        let mut buf = vec![0u8; usize::try_from(len).map_err(|_| MemError::InvalidSize)?];
+        for (p, at, n) in from {
+            // SAFETY: each span lies inside a live block held by the read lock.
+            unsafe { std::ptr::copy_nonoverlapping(p, buf[at..].as_mut_ptr(), n) };
+        }
+        for (p, at, n) in to {
+            // SAFETY: as above.
+            unsafe { std::ptr::copy_nonoverlapping(buf[at..].as_ptr(), p, n) };
+        }
         Ok(())
     }
 
@@ -276,14 +492,24 @@ impl DeviceMemory {
             return Ok(());
         }
         let v = self.view();
-        let d = Self::host_ptr(&v, dst, len)?;
-        // SAFETY: the whole range was checked inside one live allocation.
-        let bytes = unsafe { std::slice::from_raw_parts_mut(d, len as usize) };
-        if pattern.len() == 1 {
-            bytes.fill(pattern[0]);
-        } else {
-            for chunk in bytes.chunks_exact_mut(pattern.len()) {
-                chunk.copy_from_slice(pattern);
+        if let Ok(d) = Self::host_ptr(&v, dst, len) {
+            // SAFETY: the whole range was checked inside one live allocation.
+            let bytes = unsafe { std::slice::from_raw_parts_mut(d, len as usize) };
+            if pattern.len() == 1 {
+                bytes.fill(pattern[0]);
+            } else {
+                for chunk in bytes.chunks_exact_mut(pattern.len()) {
+                    chunk.copy_from_slice(pattern);
+                }
+            }
+            return Ok(());
+        }
+        for (p, at, n) in Self::spans(&v, dst, len)? {
+            // SAFETY: the span was checked inside one live block.
+            let bytes = unsafe { std::slice::from_raw_parts_mut(p, n) };
+            // A span may start anywhere in the pattern.
+            for (i, b) in bytes.iter_mut().enumerate() {
+                *b = pattern[(at + i) % pattern.len()];
             }
         }
         Ok(())
@@ -424,5 +650,57 @@ mod tests {
         drop(view);
         m.free(b).unwrap();
         m.free(a).unwrap();
+    }
+
+    #[test]
+    fn mappings_side_by_side_read_and_write_as_one_range() {
+        const G: u64 = VMM_GRANULARITY;
+        let m = DeviceMemory::new(8 * G);
+        let plain = m.alloc(100).unwrap();
+        let base = m.reserve(4 * G, 0).unwrap();
+        assert!(base.is_multiple_of(G) && base > plain);
+        let (a, b) = (m.create_physical(G).unwrap(), m.create_physical(G).unwrap());
+        assert_eq!(m.used(), 256 + 2 * G);
+        m.map(base, G, a).unwrap();
+        m.map(base + G, G, b).unwrap();
+        // A mapping may not meet another, nor an allocation.
+        assert!(m.map(base + G, G, a).is_err());
+        assert!(m.map(plain, G, a).is_err());
+        assert_eq!(m.map(base + 2 * G, 2 * G, a), Err(MemError::InvalidSize));
+        // Host copies across the boundary, all or nothing.
+        let edge = base + G - 3;
+        m.write(edge, b"abcdef").unwrap();
+        let mut buf = [0u8; 6];
+        m.read(edge, &mut buf).unwrap();
+        assert_eq!(&buf, b"abcdef");
+        m.copy(edge + 1, edge, 6).unwrap();
+        m.read(edge, &mut buf).unwrap();
+        assert_eq!(&buf, b"aabcde");
+        m.fill(base + G - 4, &[1, 2, 3, 4], 2).unwrap();
+        let mut filled = [0u8; 8];
+        m.read(base + G - 4, &mut filled).unwrap();
+        assert_eq!(filled, [1, 2, 3, 4, 1, 2, 3, 4]);
+        assert!(m.write(base + 2 * G - 2, b"past").is_err());
+        m.read(base + 2 * G - 2, &mut buf[..2]).unwrap();
+        assert_eq!(&buf[..2], &[0, 0]);
+        // The same physical memory at a second place aliases the first.
+        m.map(base + 3 * G, G, a).unwrap();
+        m.read(base + 4 * G - 3, &mut buf[..3]).unwrap();
+        assert_eq!(&buf[..3], &[2, 3, 4]);
+        assert_eq!(m.free(base), Err(MemError::InvalidAddress(base)));
+        // Released while mapped: the bytes live until the last mapping goes.
+        m.release_physical(a).unwrap();
+        m.read(base, &mut buf[..1]).unwrap();
+        for at in [base, base + G, base + 3 * G] {
+            m.unmap(at).unwrap();
+        }
+        assert_eq!(m.unmap(base), Err(MemError::InvalidAddress(base)));
+        assert!(m.read(base, &mut buf[..1]).is_err());
+        m.release_physical(b).unwrap();
+        assert_eq!(m.release_physical(b), Err(MemError::InvalidAddress(b)));
+        m.free(plain).unwrap();
+        assert_eq!(m.used(), 0);
+        assert_eq!(m.create_physical(9 * G), Err(MemError::OutOfMemory));
+        assert_eq!(m.reserve(G, 3), Err(MemError::InvalidSize));
     }
 }

@@ -189,6 +189,7 @@ fn serve_seated(
         }
     };
     let tenant = match hello.role {
+        ClientRole::Preflight => return preflight(&server, &hello, peer_uid, seat, &mut writer),
         ClientRole::Status => None,
         ClientRole::Driver => {
             match server
@@ -211,7 +212,8 @@ fn serve_seated(
     }
     let devices = match &tenant {
         Some((_, settings)) => server
-            .devices_for(settings)
+            .devices_seen(settings, hello.visible_devices.as_deref())
+            .0
             .into_iter()
             .map(|(_, info)| info)
             .collect(),
@@ -327,6 +329,47 @@ fn serve_seated(
     ending
 }
 
+/// Answers `cumux run`'s question before it starts a program: would a driver
+/// with this hello be let in? The same checks as a driver's handshake (the
+/// tenant, its session limit, a device to run on), then the welcome it would
+/// get, with every device of its tenant, or the refusal; no session opens.
+fn preflight(
+    server: &Server,
+    hello: &Hello,
+    peer_uid: Option<u32>,
+    seat: &mut Seat,
+    writer: &mut Socket,
+) -> Ending {
+    let admitted = server
+        .tenants()
+        .admit(hello.tenant.as_deref(), peer_uid, hello.token.as_deref())
+        .and_then(|(name, settings)| {
+            seat.join_tenant(&name)?;
+            let (devices, _) = server.devices_seen(&settings, hello.visible_devices.as_deref());
+            if devices.is_empty() {
+                return Err(format!("tenant {name:?} may use no device of this server"));
+            }
+            Ok(devices)
+        });
+    match admitted {
+        Ok(devices) => {
+            let welcome = HelloReply::Welcome {
+                version: PROTOCOL_VERSION,
+                server: server.name().to_string(),
+                session: 0,
+                devices: devices.into_iter().map(|(_, info)| info).collect(),
+                shm: false,
+            };
+            let _ = send(writer, &welcome);
+            Ending::Closed
+        }
+        Err(reason) => {
+            let _ = send(writer, &reject(reason.clone()));
+            Ending::Rejected(reason)
+        }
+    }
+}
+
 /// Whose sessions a connection's status calls show: everyone's to the
 /// server's own uid and to root (on the unix socket, where the uid is
 /// known) and to the admin token; else the tenant it is (a driver) or
@@ -350,7 +393,7 @@ fn status_scope(
             .admit(hello.tenant.as_deref(), peer_uid, hello.token.as_deref())
             .ok()
             .map(|(name, _)| name),
-        (None, ClientRole::Driver) => None,
+        (None, ClientRole::Driver | ClientRole::Preflight) => None,
     };
     tenant.map_or(StatusScope::Devices, StatusScope::Tenant)
 }

@@ -8,7 +8,8 @@
 //! [`worker`] runs contexts in `cumux worker` processes (both sides of that
 //! link); [`status`] keeps the registry of sessions; [`tenants`] says who a
 //! connection is and keeps each tenant's memory account; [`gate`] holds launches
-//! back until the device's scheduler (`fair`, `priority`) lets them go.
+//! back until the device's scheduler (`fair`, `priority`) lets them go;
+//! [`shutdown`] drains the listener when the server is asked to stop.
 
 pub mod admission;
 pub mod connection;
@@ -19,6 +20,7 @@ pub mod host_regions;
 pub mod listener;
 mod locking;
 pub mod session;
+pub mod shutdown;
 pub mod status;
 pub mod tenants;
 pub mod threads;
@@ -36,6 +38,9 @@ pub use cumux_scheduler::Policy;
 pub use device::Device;
 use gate::DeviceGate;
 pub use listener::{Address, BoundListener};
+
+/// A device a session may use, with what its handshake says of it.
+pub type SeenDevice = (Arc<dyn Device>, DeviceInfo);
 
 /// Everything sessions share: the devices, the registry, the clock.
 pub struct Server {
@@ -172,6 +177,37 @@ impl Server {
                 (Arc::clone(d), info)
             })
             .collect()
+    }
+
+    /// The devices a tenant's program sees: [`Server::devices_for`], narrowed
+    /// and ordered by the program's `CUDA_VISIBLE_DEVICES` (`visible`, as
+    /// NVIDIA's driver reads it) and renumbered from 0; the first is its
+    /// session's device. Also why the list ended early, if it did.
+    pub fn devices_seen(
+        &self,
+        settings: &TenantSettings,
+        visible: Option<&str>,
+    ) -> (Vec<SeenDevice>, Option<String>) {
+        let offered = self.devices_for(settings);
+        let Some(text) = visible else {
+            return (offered, None);
+        };
+        let uuids: Vec<[u8; 16]> = offered.iter().map(|(_, info)| info.uuid).collect();
+        let selection = cumux_protocol::visible_devices::select(text, &uuids);
+        let seen = selection
+            .chosen
+            .iter()
+            .enumerate()
+            .map(|(seen, &index)| {
+                let (device, info) = &offered[index];
+                let info = DeviceInfo {
+                    ordinal: seen as u32,
+                    ..info.clone()
+                };
+                (Arc::clone(device), info)
+            })
+            .collect();
+        (seen, selection.stopped)
     }
 
     /// Each device's scheduling policy, in device order.

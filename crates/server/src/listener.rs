@@ -1,13 +1,14 @@
 //! Server addresses (`unix:PATH`, `tcp:HOST:PORT`), the default socket path,
-//! binding (with stale-socket removal) and the accept loop that gives every
-//! connection a thread of its own.
+//! binding (with stale-socket removal, then the socket's mode and group) and
+//! the accept loop that gives every connection a thread of its own, until a
+//! shutdown drains it.
 
 use std::collections::VecDeque;
 use std::fmt;
 use std::io;
 use std::net::TcpListener;
 use std::os::fd::AsRawFd;
-use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt};
+use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{sync_channel, RecvTimeoutError, SyncSender, TrySendError};
@@ -17,6 +18,7 @@ use std::time::{Duration, Instant};
 use crate::admission::{log_refusal, own_uid, Peer};
 pub use crate::connection::HELLO_TIMEOUT;
 use crate::connection::{refuse, serve_connection, Socket};
+use crate::shutdown::{wait_for, DrainEnd, Drained, Shutdown, Woken, SHUTTING_DOWN};
 use crate::Server;
 
 /// Where a server listens and clients connect.
@@ -152,15 +154,100 @@ impl BoundListener {
         }
     }
 
+    /// Gives a unix socket `mode` (permission bits) and group `gid`, if set.
+    /// Returns a warning when the mode opens it to others whom its private
+    /// folder keeps out.
+    pub fn set_access(&self, mode: Option<u32>, gid: Option<u32>) -> io::Result<Option<String>> {
+        let BoundListener::Unix(_, path) = self else {
+            return match (mode, gid) {
+                (None, None) => Ok(None),
+                _ => Err(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    "socket_mode and socket_group apply to a unix socket, not to TCP",
+                )),
+            };
+        };
+        if let Some(gid) = gid {
+            std::os::unix::fs::chown(path, None, Some(gid))?;
+        }
+        let Some(mode) = mode else {
+            return Ok(None);
+        };
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))?;
+        let dir = path.parent().filter(|d| !d.as_os_str().is_empty());
+        let dir_mode = match dir {
+            Some(dir) => std::fs::metadata(dir)?.mode(),
+            None => std::fs::metadata(".")?.mode(),
+        };
+        Ok((mode & 0o066 != 0 && dir_mode & 0o011 == 0).then(|| {
+            format!(
+                "socket mode {mode:04o} opens {} to others, but its folder (mode {:04o}) \
+                 lets nobody else reach it; listen in a folder the group can enter (e.g. \
+                 /run/cumux, mode 0750)",
+                path.display(),
+                dir_mode & 0o7777
+            )
+        }))
+    }
+
     /// Accepts connections forever, one thread each while the session limits
     /// allow; past them, a connection is told why by the one refusing thread
     /// and closed (or, while that thread is behind, closed at once).
     pub fn serve(self, server: Arc<Server>) -> io::Result<()> {
+        let never = Shutdown::new()?;
+        self.serve_until(server, &never, Duration::MAX).map(|_| ())
+    }
+
+    /// Serves as [`BoundListener::serve`] until `shutdown` is pulled, then
+    /// drains: every new connection is refused ([`SHUTTING_DOWN`]) while
+    /// those open may finish, for at most `grace` (a second pull ends it at
+    /// once). Returns what was left; the socket file goes when `self` drops.
+    pub fn serve_until(
+        self,
+        server: Arc<Server>,
+        shutdown: &Shutdown,
+        grace: Duration,
+    ) -> io::Result<Drained> {
         let refusals = spawn_refuser()?;
+        // `poll` says when to accept; a connection gone by then must not block.
+        self.set_nonblocking()?;
         let mut accepted: u64 = 0;
+        let mut draining: Option<Instant> = None;
         loop {
+            if let Some(began) = draining {
+                let end = match (shutdown.requests(), server.seats().taken()) {
+                    (2.., _) => Some(DrainEnd::Stopped),
+                    (_, 0) => Some(DrainEnd::Finished),
+                    _ if began.elapsed() >= grace => Some(DrainEnd::TimedOut),
+                    _ => None,
+                };
+                if let Some(end) = end {
+                    return Ok(Drained {
+                        end,
+                        waited: began.elapsed(),
+                        open: server.seats().taken(),
+                        sessions: server.registry().entries(),
+                    });
+                }
+            } else if shutdown.requests() > 0 {
+                tracing::info!(
+                    open = server.seats().taken(),
+                    "draining: new connections are refused; those open may finish for {}",
+                    seconds(grace)
+                );
+                draining = Some(Instant::now());
+                continue;
+            }
+            // While draining, look again at least every DRAIN_CHECK.
+            let timeout =
+                draining.map(|began| grace.saturating_sub(began.elapsed()).min(DRAIN_CHECK));
+            match wait_for(self.raw_fd(), shutdown, timeout)? {
+                Woken::Connection => {}
+                Woken::Shutdown | Woken::Timeout => continue,
+            }
             let (socket, peer, uid) = match self.accept() {
                 Ok(accepted) => accepted,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
                 Err(e) => {
                     // Out of descriptors: say so, back off, keep serving.
                     tracing::error!("cannot accept a connection: {e}");
@@ -168,7 +255,11 @@ impl BoundListener {
                     continue;
                 }
             };
-            let seat = match server.seats().take(peer.clone(), uid) {
+            let seat = match draining {
+                Some(_) => Err(SHUTTING_DOWN.to_string()),
+                None => server.seats().take(peer.clone(), uid),
+            };
+            let seat = match seat {
                 Ok(seat) => seat,
                 Err(reason) => {
                     if let Err(TrySendError::Full((_, peer, uid, reason))) =
@@ -193,6 +284,20 @@ impl BoundListener {
         }
     }
 
+    fn set_nonblocking(&self) -> io::Result<()> {
+        match self {
+            BoundListener::Unix(listener, _) => listener.set_nonblocking(true),
+            BoundListener::Tcp(listener) => listener.set_nonblocking(true),
+        }
+    }
+
+    fn raw_fd(&self) -> std::os::fd::RawFd {
+        match self {
+            BoundListener::Unix(listener, _) => listener.as_raw_fd(),
+            BoundListener::Tcp(listener) => listener.as_raw_fd(),
+        }
+    }
+
     /// The next connection, with who is at its other end.
     fn accept(&self) -> io::Result<(Socket, Peer, Option<u32>)> {
         match self {
@@ -212,6 +317,14 @@ impl BoundListener {
             }
         }
     }
+}
+
+/// How often a drain looks whether every connection has closed.
+const DRAIN_CHECK: Duration = Duration::from_millis(50);
+
+/// `30.0 s`, `2.5 s`.
+fn seconds(d: Duration) -> String {
+    format!("{:.1} s", d.as_secs_f64())
 }
 
 /// A connection to turn away: its socket, its peer, and why.

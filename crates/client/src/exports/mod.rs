@@ -96,6 +96,7 @@ mod stream;
 mod symbols;
 mod sync;
 mod tensor_map;
+mod vmm;
 
 pub use context::*;
 pub use copy::*;
@@ -112,3 +113,4 @@ pub use proc_address::*;
 pub use stream::*;
 pub use symbols::*;
 pub use tensor_map::*;
+pub use vmm::*;

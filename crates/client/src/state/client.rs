@@ -57,6 +57,11 @@ pub fn init() -> CuResult<&'static Client> {
     if let Some(c) = CLIENT.get() {
         return Ok(c);
     }
+    // An empty list hides every device, as with NVIDIA's driver (no server asked).
+    if std::env::var("CUDA_VISIBLE_DEVICES").is_ok_and(|v| v.trim().is_empty()) {
+        tracing::debug!("cuInit: CUDA_VISIBLE_DEVICES is empty: no device");
+        return Err(CUDA_ERROR_NO_DEVICE);
+    }
     reserve_device_window();
     match Connection::connect() {
         Ok((conn, session)) => {

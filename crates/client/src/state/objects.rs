@@ -198,6 +198,9 @@ pub struct State {
     pub allocations: BTreeMap<u64, u64>,
     /// Managed allocations (also in `allocations`).
     pub managed: BTreeMap<u64, Managed>,
+    /// Mapped virtual memory (`cuMemMap`): base → size of each mapping.
+    /// Device memory as allocations are.
+    pub mappings: BTreeMap<u64, u64>,
     pub host: BTreeMap<usize, HostRegion>,
     /// Context-local storage of the runtime (dark API): (ctx, key) → value.
     pub ctx_storage: HashMap<(usize, usize), usize>,
@@ -225,10 +228,14 @@ pub struct State {
 }
 
 impl State {
-    /// The allocation containing `ptr`: (base, size).
+    /// The allocation (or mapping of virtual memory) containing `ptr`:
+    /// (base, size).
     pub fn allocation_of(&self, ptr: u64) -> Option<(u64, u64)> {
-        let (&base, &size) = self.allocations.range(..=ptr).next_back()?;
-        (ptr < base + size.max(1)).then_some((base, size))
+        let within = |(&base, &size): (&u64, &u64)| {
+            (ptr < base.saturating_add(size.max(1))).then_some((base, size))
+        };
+        let allocated = self.allocations.range(..=ptr).next_back().and_then(within);
+        allocated.or_else(|| self.mappings.range(..=ptr).next_back().and_then(within))
     }
 
     pub fn host_region_of(&self, ptr: usize) -> Option<(usize, &HostRegion)> {

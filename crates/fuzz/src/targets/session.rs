@@ -105,6 +105,7 @@ fn hello() -> Hello {
         tenant: Some("fuzz".into()),
         token: None,
         shm: false,
+        visible_devices: None,
     }
 }
 

@@ -129,6 +129,7 @@ fn seeds() -> Vec<Vec<u8>> {
         tenant: Some("team".into()),
         token: None,
         shm: true,
+        visible_devices: None,
     };
     out.push(encode(&hello).expect("a hello encodes"));
     out

@@ -109,7 +109,7 @@ fn value(attr: u32, inputs: AttributeInputs) -> i32 {
         98 => 0, // flush remote writes
         99 => 1, // host register
         100 | 101 => 0,
-        102 => 0,       // virtual memory management
+        102 => 1,       // virtual memory management (cuMemCreate, cuMemMap …)
         103..=105 => 0, // shareable handle kinds
         106 => 16,      // blocks per SM
         107 => 0,       // compression

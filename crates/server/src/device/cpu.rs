@@ -16,7 +16,7 @@ use super::attributes::{cpu_device_attributes, AttributeInputs, SHARED_PER_BLOCK
 use super::memory_use;
 use super::{
     Device, DeviceContext, GlobalDesc, KernelDesc, KernelLaunch, LaunchOutcome, LoadedModule,
-    ModuleId,
+    ModuleId, VmmOp,
 };
 use crate::locking::lock;
 
@@ -381,6 +381,44 @@ impl DeviceContext for CpuContext {
 
     fn cancel_launches(&self) {
         self.cancelled.store(true, Ordering::Relaxed);
+    }
+
+    /// Emulated in the context's own address space: a reservation is a range
+    /// of it, physical memory is host memory, and mappings of it sit side by
+    /// side, so kernels and copies run across them. Access is not enforced
+    /// by the device (the session refuses copies without it; a kernel may
+    /// still touch a mapping whose access was never set).
+    fn vmm(&self, op: &VmmOp) -> Result<u64, CuError> {
+        let result = match *op {
+            VmmOp::Granularity { .. } => Ok(cumux_ptx::VMM_GRANULARITY),
+            VmmOp::Reserve { size, alignment } => self.mem.reserve(size, alignment),
+            // Addresses are never handed out twice: nothing to give back.
+            VmmOp::FreeReservation { .. } | VmmOp::SetAccess { .. } => Ok(0),
+            VmmOp::Create { size } => {
+                if !self.budget.reserve(size) {
+                    return Err(CuError::new(
+                        codes::OUT_OF_MEMORY,
+                        format!("cannot allocate {size} bytes: device memory is full"),
+                    ));
+                }
+                let made = self.mem.create_physical(size);
+                self.budget.release(size);
+                self.settle();
+                made
+            }
+            VmmOp::Release { physical, .. } => {
+                let freed = self.mem.release_physical(physical).map(|()| 0);
+                self.settle();
+                freed
+            }
+            VmmOp::Map {
+                ptr,
+                size,
+                physical,
+            } => self.mem.map(ptr, size, physical).map(|()| 0),
+            VmmOp::Unmap { ptr, .. } => self.mem.unmap(ptr).map(|()| 0),
+        };
+        result.map_err(mem_err)
     }
 }
 

@@ -106,6 +106,44 @@ pub struct MemFill {
     pub height: u64,
 }
 
+/// The granularity the emulating backends (CPU and model devices) give
+/// reservations, physical allocations and mappings: 2 MiB, as NVIDIA's GPUs.
+pub const VMM_GRANULARITY: u64 = 2 << 20;
+
+/// One virtual memory operation on a context ([`DeviceContext::vmm`]). The
+/// session has checked it against its own tables (its reservations, its
+/// physical allocations, alignment to the granularity, no mapping over
+/// another); a backend still fails cleanly on a bad one. `physical` is the
+/// backend's own id, which [`VmmOp::Create`] returned.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum VmmOp {
+    /// The minimum (or recommended) granularity of pinned device memory.
+    Granularity { recommended: bool },
+    /// Reserves `size` bytes of addresses aligned to `alignment` (0: the
+    /// granularity): their start.
+    Reserve { size: u64, alignment: u64 },
+    /// Gives back a reservation with no mapping left in it.
+    FreeReservation { ptr: DevicePtr, size: u64 },
+    /// A physical allocation of `size` bytes: its id.
+    Create { size: u64 },
+    /// Frees a physical allocation that no mapping uses any more.
+    Release { physical: u64, size: u64 },
+    /// Maps the first `size` bytes of `physical` at `ptr`, in a reservation.
+    Map {
+        ptr: DevicePtr,
+        size: u64,
+        physical: u64,
+    },
+    /// Removes the mapping at `ptr` (one whole mapping).
+    Unmap { ptr: DevicePtr, size: u64 },
+    /// The device's access (`CU_MEM_ACCESS_FLAGS_PROT_*`) to mapped memory.
+    SetAccess {
+        ptr: DevicePtr,
+        size: u64,
+        flags: u64,
+    },
+}
+
 /// A client's pinned host memory as [`DeviceContext::host_register`] takes it.
 #[derive(Clone, Copy)]
 pub struct HostRegion<'a> {
@@ -213,6 +251,17 @@ pub trait DeviceContext: Send + Sync {
     /// Forgets `region`; the caller has waited for the work that used it.
     fn host_unregister(&self, region: Handle) {
         let _ = region;
+    }
+    /// Runs one virtual memory operation: its number (a granularity, an
+    /// address, a physical id), else 0. The session frees what it made here
+    /// at its end, as its allocations (mappings first, then physical memory,
+    /// then reservations).
+    fn vmm(&self, op: &VmmOp) -> Result<u64, CuError> {
+        let _ = op;
+        Err(CuError::new(
+            cumux_protocol::codes::NOT_SUPPORTED,
+            "this device has no virtual memory management",
+        ))
     }
 }
 

@@ -19,7 +19,7 @@ use cumux_protocol::{codes, CuError, DeviceInfo, DevicePtr, FunctionAttrs, Param
 use super::attributes::{cpu_device_attributes, AttributeInputs};
 use super::{
     Device, DeviceContext, GlobalDesc, KernelDesc, KernelLaunch, LaunchOutcome, LoadedModule,
-    ModuleId,
+    ModuleId, VmmOp, VMM_GRANULARITY,
 };
 use crate::locking::{lock, wait};
 
@@ -77,6 +77,12 @@ struct State {
     modules: HashMap<ModuleId, Vec<String>>,
     module_globals: HashMap<ModuleId, Vec<DevicePtr>>,
     next_module: ModuleId,
+    /// Physical allocations not mapped now, by id ([`VmmOp::Create`]).
+    physical: HashMap<u64, Vec<u8>>,
+    /// Mapped physical allocations: their bytes sit in `allocations` at the
+    /// mapping's address, which names the id here.
+    mapped: HashMap<DevicePtr, u64>,
+    next_physical: u64,
 }
 
 impl State {
@@ -86,6 +92,120 @@ impl State {
         let offset = ptr - base;
         let end = offset.checked_add(len)?;
         (end <= block.len() as u64).then_some((block, offset as usize))
+    }
+
+    /// The blocks holding `[ptr, ptr+len)`, side by side (mappings next to
+    /// each other): (base, offset in the block, bytes) each.
+    fn spans(&self, ptr: DevicePtr, len: u64) -> Option<Vec<(DevicePtr, usize, usize)>> {
+        let mut out = Vec::new();
+        let mut done = 0u64;
+        while done < len {
+            let at = ptr.checked_add(done)?;
+            let (base, block) = self.allocations.range(..=at).next_back()?;
+            let offset = at - base;
+            let n = (block.len() as u64)
+                .checked_sub(offset)
+                .filter(|n| *n > 0)?;
+            let n = n.min(len - done);
+            out.push((*base, offset as usize, n as usize));
+            done += n;
+        }
+        Some(out)
+    }
+
+    /// A virtual memory operation, emulated: a physical allocation's bytes
+    /// move into the address space where it is mapped and out again. One
+    /// mapping of a whole physical allocation at a time (what XLA and
+    /// PyTorch's expandable segments do); anything else is not supported.
+    fn vmm(&mut self, op: &VmmOp, capacity: u64) -> Result<u64, CuError> {
+        let invalid =
+            |why: &str| CuError::new(codes::INVALID_VALUE, format!("model device: {why}"));
+        match *op {
+            VmmOp::Granularity { .. } => Ok(VMM_GRANULARITY),
+            VmmOp::Reserve { size, alignment } => {
+                let align = alignment.max(VMM_GRANULARITY);
+                let start = self.next.checked_next_multiple_of(align);
+                let end = size
+                    .checked_next_multiple_of(VMM_GRANULARITY)
+                    .zip(start)
+                    .and_then(|(size, start)| start.checked_add(size));
+                let (Some(start), Some(end)) = (start, end) else {
+                    return Err(CuError::new(
+                        codes::OUT_OF_MEMORY,
+                        "model device: no addresses left",
+                    ));
+                };
+                self.next = end;
+                Ok(start)
+            }
+            VmmOp::FreeReservation { .. } | VmmOp::SetAccess { .. } => Ok(0),
+            VmmOp::Create { size } => {
+                let len = usize::try_from(size)
+                    .ok()
+                    .filter(|_| size > 0 && self.used.saturating_add(size) <= capacity);
+                let len = len.ok_or_else(|| {
+                    CuError::new(codes::OUT_OF_MEMORY, "model device: out of memory")
+                })?;
+                let id = self.next_physical;
+                self.next_physical += 1;
+                self.used += size;
+                self.physical.insert(id, vec![0; len]);
+                Ok(id)
+            }
+            VmmOp::Release { physical, .. } => {
+                let bytes = self
+                    .physical
+                    .remove(&physical)
+                    .ok_or_else(|| invalid("not an unmapped physical allocation"))?;
+                self.used -= bytes.len() as u64;
+                Ok(0)
+            }
+            VmmOp::Map {
+                ptr,
+                size,
+                physical,
+            } => {
+                if self.mapped.values().any(|id| *id == physical) {
+                    return Err(CuError::new(
+                        codes::NOT_SUPPORTED,
+                        "model device: a physical allocation is mapped at one place at a time",
+                    ));
+                }
+                let whole = self.physical.get(&physical).map(|b| b.len() as u64);
+                match whole {
+                    None => return Err(invalid("no such physical allocation")),
+                    Some(len) if len != size => {
+                        return Err(CuError::new(
+                            codes::NOT_SUPPORTED,
+                            "model device: only whole physical allocations are mapped",
+                        ))
+                    }
+                    Some(_) => {}
+                }
+                if self.spans(ptr, 1).is_some()
+                    || self
+                        .allocations
+                        .range(ptr..ptr.saturating_add(size))
+                        .next()
+                        .is_some()
+                {
+                    return Err(invalid("the range is taken"));
+                }
+                let bytes = self.physical.remove(&physical).unwrap_or_default();
+                self.allocations.insert(ptr, bytes);
+                self.mapped.insert(ptr, physical);
+                Ok(0)
+            }
+            VmmOp::Unmap { ptr, .. } => {
+                let physical = self
+                    .mapped
+                    .remove(&ptr)
+                    .ok_or_else(|| invalid("not a mapping"))?;
+                let bytes = self.allocations.remove(&ptr).unwrap_or_default();
+                self.physical.insert(physical, bytes);
+                Ok(0)
+            }
+        }
     }
 }
 
@@ -212,6 +332,12 @@ impl DeviceContext for ModelMemory {
 
     fn mem_free(&self, ptr: DevicePtr, _bytes: u64) -> Result<(), CuError> {
         let mut state = self.lock();
+        if state.mapped.contains_key(&ptr) {
+            return Err(CuError::new(
+                codes::INVALID_VALUE,
+                "model device: a mapping, not an allocation",
+            ));
+        }
         let block = state
             .allocations
             .remove(&ptr)
@@ -221,20 +347,32 @@ impl DeviceContext for ModelMemory {
     }
 
     fn mem_read(&self, src: DevicePtr, buf: &mut [u8]) -> Result<(), CuError> {
-        let mut state = self.lock();
-        let (block, at) = state
-            .locate(src, buf.len() as u64)
+        let state = self.lock();
+        let spans = state
+            .spans(src, buf.len() as u64)
             .ok_or_else(|| illegal(src))?;
-        buf.copy_from_slice(&block[at..at + buf.len()]);
+        let mut done = 0;
+        for (base, at, n) in spans {
+            if let Some(block) = state.allocations.get(&base) {
+                buf[done..done + n].copy_from_slice(&block[at..at + n]);
+            }
+            done += n;
+        }
         Ok(())
     }
 
     fn mem_write(&self, dst: DevicePtr, data: &[u8]) -> Result<(), CuError> {
         let mut state = self.lock();
-        let (block, at) = state
-            .locate(dst, data.len() as u64)
+        let spans = state
+            .spans(dst, data.len() as u64)
             .ok_or_else(|| illegal(dst))?;
-        block[at..at + data.len()].copy_from_slice(data);
+        let mut done = 0;
+        for (base, at, n) in spans {
+            if let Some(block) = state.allocations.get_mut(&base) {
+                block[at..at + n].copy_from_slice(&data[done..done + n]);
+            }
+            done += n;
+        }
         Ok(())
     }
 
@@ -315,6 +453,10 @@ impl DeviceContext for ModelMemory {
         for ptr in globals {
             let _ = self.mem_free(ptr, 0);
         }
+    }
+
+    fn vmm(&self, op: &VmmOp) -> Result<u64, CuError> {
+        self.lock().vmm(op, self.capacity)
     }
 
     fn launch(&self, launch: &KernelLaunch) -> LaunchOutcome {

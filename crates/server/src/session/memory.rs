@@ -110,7 +110,7 @@ impl Session {
                 format!("a copy of {bytes} bytes exceeds one chunk"),
             ));
         }
-        self.check_range(src, bytes)?;
+        self.check_source(src, bytes)?;
         let mut buf = vec![0u8; bytes as usize];
         let outcome = self.ordered()?.read(stream, src, &mut buf);
         self.waited(outcome)?;
@@ -125,7 +125,7 @@ impl Session {
         stream: Option<Handle>,
     ) -> CallResult {
         self.check_optional_stream(stream)?;
-        self.check_range(src, bytes)?;
+        self.check_source(src, bytes)?;
         self.check_range(dst, bytes)?;
         if bytes == 0 {
             return Ok(ReplyBody::Unit);
@@ -194,7 +194,10 @@ impl Session {
     ) -> CallResult {
         self.check_optional_stream(stream)?;
         let host = self.host.span(region, offset, bytes)?;
-        self.check_range(device, bytes)?;
+        match to_device {
+            true => self.check_range(device, bytes)?,
+            false => self.check_source(device, bytes)?,
+        }
         if bytes == 0 {
             return Ok(ReplyBody::Unit);
         }
@@ -224,26 +227,40 @@ impl Session {
                 format!("a tensor map of rank {rank} with too few dimensions"),
             ));
         }
-        self.check_range(request.global_address, 1)?;
+        self.check_source(request.global_address, 1)?;
         let bytes = self.ctx.tensor_map_encode(&request)?;
         Ok(ReplyBody::TensorMap(bytes))
     }
 
-    /// The session allocation or module global holding `ptr`: (base, size).
+    /// The session allocation, module global or mapping holding `ptr`:
+    /// (base, size).
     pub(super) fn containing(&self, ptr: DevicePtr) -> Option<(DevicePtr, u64)> {
         [&self.allocations, &self.globals]
             .into_iter()
             .filter_map(|table| table.range(..=ptr).next_back())
             .map(|(b, s)| (*b, *s))
             .find(|(base, size)| ptr - base < *size)
+            .or_else(|| self.vmm_mapping_of(ptr))
     }
 
-    /// Checks that `[ptr, ptr+bytes)` lies inside one of this session's allocations.
+    /// Checks that `[ptr, ptr+bytes)` lies inside one of this session's
+    /// allocations, or in mapped memory it may write.
     pub(super) fn check_range(&self, ptr: DevicePtr, bytes: u64) -> Result<(), CuError> {
-        let inside = self
-            .containing(ptr)
-            .is_some_and(|(base, size)| ptr - base <= size && bytes <= size - (ptr - base));
-        if inside {
+        self.check_access(ptr, bytes, true)
+    }
+
+    /// [`Session::check_range`] for memory that is only read: mapped memory
+    /// may be read-only.
+    pub(super) fn check_source(&self, ptr: DevicePtr, bytes: u64) -> Result<(), CuError> {
+        self.check_access(ptr, bytes, false)
+    }
+
+    fn check_access(&self, ptr: DevicePtr, bytes: u64, writes: bool) -> Result<(), CuError> {
+        let allocated = [&self.allocations, &self.globals]
+            .into_iter()
+            .filter_map(|table| table.range(..=ptr).next_back())
+            .any(|(base, size)| ptr - base < *size && bytes <= size - (ptr - base));
+        if allocated || self.vmm_accessible(ptr, bytes, writes) {
             Ok(())
         } else {
             Err(err(

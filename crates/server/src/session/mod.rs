@@ -10,6 +10,8 @@ mod modules;
 mod signalling;
 mod streams;
 mod submit;
+mod vmm;
+mod vmm_tables;
 mod waits;
 
 use std::cell::Cell;
@@ -101,6 +103,8 @@ pub struct Session {
     allocations: BTreeMap<DevicePtr, u64>,
     /// Module globals of this session: base → size.
     globals: BTreeMap<DevicePtr, u64>,
+    /// Reservations, physical allocations and mappings (`cuMemMap` …).
+    vmm: vmm_tables::VmmTables,
     modules: HashMap<Handle, ModuleEntry>,
     functions: HashMap<Handle, FunctionEntry>,
     /// The device's launch limits, looked up once (every launch is checked against them).
@@ -172,17 +176,18 @@ impl Session {
     ) -> Result<Self, CuError> {
         let (device, account) = match &tenant {
             Some((name, settings)) => {
-                let (device, _) =
-                    server
-                        .devices_for(settings)
-                        .into_iter()
-                        .next()
-                        .ok_or_else(|| {
-                            err(
-                                codes::NO_DEVICE,
-                                format!("tenant {name:?} may use no device of this server"),
-                            )
-                        })?;
+                let visible = hello.visible_devices.as_deref();
+                let (seen, stopped) = server.devices_seen(settings, visible);
+                let (device, _) = seen.into_iter().next().ok_or_else(|| {
+                    let why = match visible {
+                        Some(text) => format!(
+                            "CUDA_VISIBLE_DEVICES={text:?} shows tenant {name:?} none of its devices{}",
+                            stopped.map_or_else(String::new, |why| format!(": {why}"))
+                        ),
+                        None => format!("tenant {name:?} may use no device of this server"),
+                    };
+                    err(codes::NO_DEVICE, why)
+                })?;
                 (device, Some(server.accounts().join(name, settings)))
             }
             None => (
@@ -308,6 +313,7 @@ impl Session {
             next_handle: FIRST_HANDLE,
             allocations: BTreeMap::new(),
             globals: BTreeMap::new(),
+            vmm: vmm_tables::VmmTables::default(),
             modules: HashMap::new(),
             functions: HashMap::new(),
             limits,
@@ -544,6 +550,7 @@ impl Session {
                 bytes,
                 stream,
             } => self.memcpy_host(src, region, offset, bytes, stream, false),
+            Call::Vmm(call) => self.vmm_call(call),
         }
     }
 
@@ -610,6 +617,7 @@ impl Session {
         for (_, bytes) in std::mem::take(&mut self.module_bytes) {
             self.release(bytes);
         }
+        self.vmm_teardown();
         self.core.stats.mem_used.store(0, Ordering::Relaxed);
         self.core.stats.allocations.store(0, Ordering::Relaxed);
         // Ends this session's hold on the tenant's account.

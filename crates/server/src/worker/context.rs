@@ -33,7 +33,7 @@ use crate::device::ordering::not_a_launch;
 use crate::device::signals::SignalArea;
 use crate::device::{
     DeviceContext, HostRegion, KernelLaunch, LaunchOutcome, LoadedModule, ModuleId, StreamOrdered,
-    StreamWork, SyncTarget,
+    StreamWork, SyncTarget, VmmOp,
 };
 use crate::locking::lock;
 
@@ -632,6 +632,21 @@ impl DeviceContext for WorkerContext {
         if let Err(e) = self.unit(&WorkerRequest::HostUnregister { region }, &[]) {
             tracing::debug!(region, "worker host unregister: {e}");
         }
+    }
+
+    /// Runs in the worker's context: a GPU's reservations and mappings are
+    /// its driver's, so the addresses the client sees are the device's own.
+    fn vmm(&self, op: &VmmOp) -> Result<u64, CuError> {
+        let value = match self.call(&WorkerRequest::Vmm(op.clone()), &[], None)? {
+            WorkerValue::Number(v) => v,
+            other => return Err(unexpected(&other)),
+        };
+        match *op {
+            VmmOp::Create { size } => self.memory.charge(size),
+            VmmOp::Release { size, .. } => self.memory.release(size),
+            _ => {}
+        }
+        Ok(value)
     }
 }
 

@@ -371,6 +371,9 @@ impl Served<'_, '_> {
             WorkerRequest::TensorMapEncode { request } => guarded(kind, || {
                 value(ctx.tensor_map_encode(&request).map(WorkerValue::TensorMap))
             }),
+            WorkerRequest::Vmm(op) => {
+                guarded(kind, || value(ctx.vmm(&op).map(WorkerValue::Number)))
+            }
             // Calls on the context: streams, events and graphs.
             WorkerRequest::StreamCreate {
                 stream,

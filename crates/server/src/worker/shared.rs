@@ -34,7 +34,7 @@ use super::context::WorkerContext;
 use crate::device::ordering::{EVENT_DISABLE_TIMING, NON_BLOCKING};
 use crate::device::{
     DeviceContext, HostRegion, KernelLaunch, LaunchOutcome, LoadedModule, ModuleId, StreamOrdered,
-    StreamWork, SyncTarget,
+    StreamWork, SyncTarget, VmmOp,
 };
 use crate::locking::lock;
 
@@ -229,6 +229,39 @@ impl SharedView {
         self.conn.mem_fill(ptr, &[0], bytes)
     }
 
+    /// Zeroes a physical allocation that no mapping uses any more: mapped
+    /// for the moment in a reservation of its own.
+    fn scrub_physical(&self, physical: u64, size: u64) -> Result<(), CuError> {
+        let ptr = self.conn.vmm(&VmmOp::Reserve { size, alignment: 0 })?;
+        let map = VmmOp::Map {
+            ptr,
+            size,
+            physical,
+        };
+        let mapped = self.conn.vmm(&map);
+        let zeroed = mapped.clone().and_then(|_| {
+            let flags = cumux_protocol::vmm::ACCESS_READWRITE;
+            self.conn.vmm(&VmmOp::SetAccess { ptr, size, flags })?;
+            self.scrub(ptr, size)
+        });
+        if mapped.is_ok() {
+            self.conn.vmm(&VmmOp::Unmap { ptr, size })?;
+        }
+        self.conn.vmm(&VmmOp::FreeReservation { ptr, size })?;
+        zeroed
+    }
+
+    /// Waits for the work of the session's own streams.
+    fn wait_own_streams(&self) -> Result<(), CuError> {
+        let streams = self.streams_of(&lock(&self.state), SyncTarget::Context);
+        for stream in streams {
+            let waited = self.conn.synchronize(stream);
+            self.route.deliver(waited.stdout, &self.inbox);
+            waited.result?;
+        }
+        Ok(())
+    }
+
     fn name(&self, h: Handle) -> Handle {
         let h = if h == DEFAULT_STREAM { DEFAULT_SLOT } else { h };
         (self.tag << TAG_SHIFT) | (h & ((1 << TAG_SHIFT) - 1))
@@ -316,12 +349,7 @@ impl DeviceContext for SharedView {
     fn mem_free(&self, ptr: DevicePtr, bytes: u64) -> Result<(), CuError> {
         // Nothing of the session's may write it after the scrub (cuMemFree
         // waits for the device anyway; a closing session's work may run).
-        let streams = self.streams_of(&lock(&self.state), SyncTarget::Context);
-        for stream in streams {
-            let waited = self.conn.synchronize(stream);
-            self.route.deliver(waited.stdout, &self.inbox);
-            waited.result?;
-        }
+        self.wait_own_streams()?;
         self.scrub(ptr, bytes)?;
         self.conn.mem_free(ptr, bytes)
     }
@@ -384,6 +412,22 @@ impl DeviceContext for SharedView {
 
     fn host_unregister(&self, region: Handle) {
         self.conn.host_unregister(region)
+    }
+
+    /// In the shared context, as the session checked it; the session frees
+    /// all of it at its end. Unmapping waits for the session's streams, and
+    /// physical memory is zeroed before it goes back, as freed allocations.
+    fn vmm(&self, op: &VmmOp) -> Result<u64, CuError> {
+        match *op {
+            VmmOp::Unmap { .. } => self.wait_own_streams()?,
+            VmmOp::Release { physical, size } => {
+                if let Err(e) = self.scrub_physical(physical, size) {
+                    tracing::warn!("shared context: scrubbing physical memory failed: {e}");
+                }
+            }
+            _ => {}
+        }
+        self.conn.vmm(op)
     }
 
     fn stream_ordered(&self) -> Option<&dyn StreamOrdered> {

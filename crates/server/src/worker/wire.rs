@@ -14,7 +14,7 @@ use cumux_protocol::{codes, CuError, DevicePtr, Handle, TensorMapRequest};
 use serde::{Deserialize, Serialize};
 
 use crate::device::host_span::HostSpan;
-use crate::device::{KernelLaunch, LoadedModule, MemFill, ModuleId, StreamWork, SyncTarget};
+use crate::device::{KernelLaunch, LoadedModule, MemFill, ModuleId, StreamWork, SyncTarget, VmmOp};
 
 /// Bytes that start a stdout marker; the nonce and a little-endian u64 follow.
 pub const MARKER_PREFIX: &[u8] = b"\0\x1bcumux-worker-mark\x1b";
@@ -113,6 +113,9 @@ pub enum WorkerRequest {
     TensorMapEncode {
         request: TensorMapRequest,
     },
+    /// A virtual memory operation on the context, checked by the session;
+    /// answered by [`WorkerValue::Number`].
+    Vmm(VmmOp),
     /// Asks the worker to take further connections to its context, each
     /// served on a thread of its own (`shared` mode); answered by
     /// [`WorkerValue::Sessions`]. Only on the worker's own connection.
@@ -195,6 +198,9 @@ pub enum WorkerValue {
     Done(bool),
     Ms(f32),
     TensorMap(#[serde(with = "serde_bytes")] Vec<u8>),
+    /// What a [`WorkerRequest::Vmm`] gives: an address, a physical
+    /// allocation's id, a granularity, or 0.
+    Number(u64),
     /// Where further connections come in, and the token they open with.
     Sessions {
         path: String,
@@ -432,6 +438,11 @@ mod tests {
             WorkerRequest::MemRead { src: 1, len: 2 },
             WorkerRequest::ModuleLoad { parts: 3 },
             WorkerRequest::Launch(launch()),
+            WorkerRequest::Vmm(VmmOp::Map {
+                ptr: 1 << 40,
+                size: 2 << 20,
+                physical: 3,
+            }),
         ];
         for r in requests {
             let back: WorkerRequest = decode(&encode(&r).unwrap()).unwrap();

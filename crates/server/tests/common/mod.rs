@@ -266,6 +266,7 @@ pub fn hello(version: u32, magic: u32) -> Hello {
         tenant: Some("team-a".into()),
         token: None,
         shm: false,
+        visible_devices: None,
     }
 }
 

@@ -22,7 +22,7 @@ use super::convert::{cu_err, fill_of, function_attrs, launch_attr, memset, param
 use crate::device::memory_use::ContextMemory;
 use crate::device::{
     DeviceContext, GlobalDesc, HostRegion, KernelDesc, KernelLaunch, LaunchOutcome, LoadedModule,
-    ModuleId, StreamOrdered,
+    ModuleId, StreamOrdered, VmmOp,
 };
 use crate::locking::lock;
 
@@ -432,6 +432,40 @@ impl DeviceContext for CudaContext {
             .tensor_map_encode(&shape, &tile)
             .map(|bytes| bytes.to_vec())
             .map_err(cu_err)
+    }
+
+    /// The driver's own virtual memory: the addresses the session hands the
+    /// client are the device's, which kernels dereference.
+    fn vmm(&self, op: &VmmOp) -> Result<u64, CuError> {
+        let ctx = self.ctx()?;
+        let done = match *op {
+            VmmOp::Granularity { recommended } => ctx.vmm_granularity(recommended),
+            VmmOp::Reserve { size, alignment } => ctx.vmm_reserve(size, alignment),
+            VmmOp::FreeReservation { ptr, size } => ctx.vmm_address_free(ptr, size).map(|()| 0),
+            VmmOp::Create { size } => {
+                let handle = ctx.vmm_create(size).map_err(cu_err)?;
+                self.memory.charge(size);
+                Ok(handle)
+            }
+            VmmOp::Release { physical, size } => {
+                ctx.vmm_release(physical).map_err(cu_err)?;
+                self.memory.release(size);
+                Ok(0)
+            }
+            VmmOp::Map {
+                ptr,
+                size,
+                physical,
+            } => ctx.vmm_map(ptr, size, physical).map(|()| 0),
+            VmmOp::Unmap { ptr, size } => ctx.vmm_unmap(ptr, size).map(|()| 0),
+            VmmOp::SetAccess { ptr, size, flags } => {
+                let flags = u32::try_from(flags).map_err(|_| {
+                    CuError::new(codes::INVALID_VALUE, format!("access flags {flags:#x}"))
+                })?;
+                ctx.vmm_set_access(ptr, size, flags).map(|()| 0)
+            }
+        };
+        done.map_err(cu_err)
     }
 }
 

@@ -1,0 +1,118 @@
+//! Virtual memory management on a [`Context`]'s device: address reservations,
+//! physical allocations (`cuMemCreate`), their mappings and the device's
+//! access to them. The caller keeps the tables; these are the driver's calls.
+
+use crate::driver::{cu, to_usize, Context};
+use crate::error::CudaError;
+use crate::sys::*;
+
+impl Context {
+    /// Pinned memory on this context's device, as `cuMemCreate` and
+    /// `cuMemGetAllocationGranularity` take it.
+    fn pinned_here(&self) -> CUmemAllocationProp {
+        CUmemAllocationProp {
+            kind: CU_MEM_ALLOCATION_TYPE_PINNED,
+            requested_handle_types: 0,
+            location: CUmemLocation {
+                kind: CU_MEM_LOCATION_TYPE_DEVICE,
+                id: self.device().ordinal(),
+            },
+            win32_handle_meta_data: std::ptr::null_mut(),
+            compression_type: 0,
+            gpu_direct_rdma_capable: 0,
+            usage: 0,
+            reserved: [0; 4],
+        }
+    }
+
+    /// The minimum (or recommended) granularity of pinned device memory.
+    pub fn vmm_granularity(&self, recommended: bool) -> Result<u64, CudaError> {
+        self.make_current()?;
+        let prop = self.pinned_here();
+        let option = match recommended {
+            true => CU_MEM_ALLOC_GRANULARITY_RECOMMENDED,
+            false => CU_MEM_ALLOC_GRANULARITY_MINIMUM,
+        };
+        let mut granularity = 0usize;
+        // SAFETY: an out-pointer and a properties struct that outlive the call.
+        unsafe {
+            cu!(
+                self.driver,
+                cuMemGetAllocationGranularity(&mut granularity, &prop, option)
+            )?
+        };
+        Ok(granularity as u64)
+    }
+
+    /// Reserves `size` bytes of device addresses aligned to `alignment`
+    /// (0: the driver's default): their start.
+    pub fn vmm_reserve(&self, size: u64, alignment: u64) -> Result<u64, CudaError> {
+        self.make_current()?;
+        let mut ptr: CUdeviceptr = 0;
+        let (size, alignment) = (to_usize(size)?, to_usize(alignment)?);
+        // SAFETY: `ptr` is a valid out-pointer.
+        unsafe {
+            cu!(
+                self.driver,
+                cuMemAddressReserve(&mut ptr, size, alignment, 0, 0)
+            )?
+        };
+        Ok(ptr)
+    }
+
+    /// Gives back a whole reservation.
+    pub fn vmm_address_free(&self, ptr: u64, size: u64) -> Result<(), CudaError> {
+        self.make_current()?;
+        let size = to_usize(size)?;
+        // SAFETY: addresses only; the driver checks them.
+        unsafe { cu!(self.driver, cuMemAddressFree(ptr, size)) }
+    }
+
+    /// A physical allocation of `size` bytes on this context's device: its
+    /// handle (shareable with no other process).
+    pub fn vmm_create(&self, size: u64) -> Result<u64, CudaError> {
+        self.make_current()?;
+        let prop = self.pinned_here();
+        let mut handle: CUmemGenericAllocationHandle = 0;
+        let size = to_usize(size)?;
+        // SAFETY: an out-pointer and a properties struct that outlive the call.
+        unsafe { cu!(self.driver, cuMemCreate(&mut handle, size, &prop, 0))? };
+        Ok(handle)
+    }
+
+    /// Drops the reference `cuMemCreate` gave: the memory goes once unmapped.
+    pub fn vmm_release(&self, handle: u64) -> Result<(), CudaError> {
+        self.make_current()?;
+        // SAFETY: a handle value; the driver checks it.
+        unsafe { cu!(self.driver, cuMemRelease(handle)) }
+    }
+
+    /// Maps the first `size` bytes of `handle` at `ptr`, in a reservation.
+    pub fn vmm_map(&self, ptr: u64, size: u64, handle: u64) -> Result<(), CudaError> {
+        self.make_current()?;
+        let size = to_usize(size)?;
+        // SAFETY: addresses and a handle value; the driver checks them.
+        unsafe { cu!(self.driver, cuMemMap(ptr, size, 0, handle, 0)) }
+    }
+
+    /// Unmaps `[ptr, ptr + size)` (whole mappings).
+    pub fn vmm_unmap(&self, ptr: u64, size: u64) -> Result<(), CudaError> {
+        self.make_current()?;
+        let size = to_usize(size)?;
+        // SAFETY: addresses only; the driver checks them.
+        unsafe { cu!(self.driver, cuMemUnmap(ptr, size)) }
+    }
+
+    /// Sets this context's device's access (`CU_MEM_ACCESS_FLAGS_PROT_*`)
+    /// to the mapped `[ptr, ptr + size)`.
+    pub fn vmm_set_access(&self, ptr: u64, size: u64, flags: u32) -> Result<(), CudaError> {
+        self.make_current()?;
+        let desc = CUmemAccessDesc {
+            location: self.pinned_here().location,
+            flags,
+        };
+        let size = to_usize(size)?;
+        // SAFETY: one descriptor that outlives the call.
+        unsafe { cu!(self.driver, cuMemSetAccess(ptr, size, &desc, 1)) }
+    }
+}
