@@ -42,6 +42,9 @@ programs_pass! {
     host_callbacks_run_in_stream_order: "host_callback" on "hostfn";
     threads_with_their_own_streams: "threads" on "threads";
     launch_limits_are_checked_at_the_call: "launch_limits" on "limits";
+    /// A program that launches without synchronizing is held near the device:
+    /// without a bound its queue ran thousands of launches deep.
+    launches_are_held_near_the_device: "launch_window" on "window";
 }
 
 /// A driver-API program of tests/cuda/driver linked against the client driver
@@ -194,6 +197,15 @@ fn virtual_memory_mapped_side_by_side() {
     let server = ServerProc::start("vmm");
     let out = run_passes(&server, &program);
     assert!(out.stderr.is_empty(), "{}", out.describe());
+}
+
+/// Pinned host memory where device memory goes (unified addressing): the
+/// copies XLA makes to read its results.
+#[test]
+fn pinned_host_memory_as_a_device_pointer() {
+    let program = linked_to_client_driver("uva_pinned");
+    let server = ServerProc::start("uva");
+    run_passes(&server, &program);
 }
 
 #[test]

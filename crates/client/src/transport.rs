@@ -156,6 +156,8 @@ pub struct Connection {
     /// The shared area calls travel through, once the server took it.
     shm: Option<Endpoint>,
     seq: u64,
+    /// Calls sent unanswered since the last answered one (see [`proto::FENCE_EVERY`]).
+    unanswered: u32,
     buf: Vec<u8>,
     dead: bool,
 }
@@ -240,6 +242,7 @@ impl Connection {
             stream,
             shm: None,
             seq: 0,
+            unanswered: 0,
             buf: Vec::new(),
             dead: false,
         };
@@ -433,8 +436,16 @@ impl Connection {
         hop_trace::mark(Hop::ClientSend, kind);
         self.send(seq, call, bytes)?;
         if forget {
+            self.unanswered += 1;
+            if self.unanswered >= proto::FENCE_EVERY {
+                // Waits until the server has taken every call so far: a program
+                // that never synchronizes is held as NVIDIA's driver holds it.
+                self.unanswered = 0;
+                self.call_with(Call::Fence, None)?;
+            }
             return Ok(ReplyBody::Unit);
         }
+        self.unanswered = 0;
         loop {
             let reply = self.next_reply()?;
             if let Some(result) = self.answer(seq, reply) {
@@ -813,7 +824,65 @@ mod tests {
         assert!(!conn.uses_shm());
         assert_eq!(conn.call(Call::ContextSynchronize), Ok(ReplyBody::Unit));
         server.join().unwrap();
+        std::fs::remove_file(&sock).unwrap();
+
+        // Unanswered calls are fenced every FENCE_EVERY: the client waits for
+        // the server to have taken them before it sends more.
+        let every = proto::FENCE_EVERY as usize;
+        let server = fence_server(&sock, 2 * every + 10);
+        let (mut conn, _) = Connection::connect().unwrap();
+        for _ in 0..2 * every + 10 {
+            let launch = Call::Launch {
+                function: 1,
+                grid: [1, 1, 1],
+                block: [1, 1, 1],
+                shared_bytes: 0,
+                stream: 0,
+                params: Vec::new(),
+                attributes: Vec::new(),
+            };
+            assert_eq!(conn.call(launch), Ok(ReplyBody::Unit));
+        }
+        assert_eq!(server.join().unwrap(), [every, 2 * every + 1]);
         std::env::remove_var("CUMUX_TRANSPORT");
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A one-connection fake server on the socket that takes `launches`
+    /// unanswered calls and answers the fences among them: where each fence
+    /// came, by the index of the call.
+    fn fence_server(
+        path: &std::path::Path,
+        launches: usize,
+    ) -> std::thread::JoinHandle<Vec<usize>> {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let fake = fake(path, move |mut s, _| {
+            let welcome = welcome(proto::PROTOCOL_VERSION);
+            proto::write_frame(&mut s, &proto::encode(&welcome).unwrap()).unwrap();
+            let (mut buf, mut fences, mut taken) = (Vec::new(), Vec::new(), 0);
+            let mut index = 0;
+            while taken < launches {
+                proto::read_frame(&mut s, &mut buf).unwrap();
+                let req: Request = proto::decode(&buf).unwrap();
+                if req.call.is_fire_and_forget() {
+                    taken += 1;
+                } else {
+                    assert!(matches!(req.call, Call::Fence), "{:?}", req.call);
+                    fences.push(index);
+                    let reply = Reply {
+                        seq: req.seq,
+                        result: Ok(ReplyBody::Unit),
+                        stdout: Vec::new(),
+                    };
+                    proto::write_frame(&mut s, &proto::encode(&reply).unwrap()).unwrap();
+                }
+                index += 1;
+            }
+            tx.send(fences).unwrap();
+        });
+        std::thread::spawn(move || {
+            fake.join().unwrap();
+            rx.recv().unwrap()
+        })
     }
 }

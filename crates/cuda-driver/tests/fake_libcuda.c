@@ -2,7 +2,9 @@
  * one fake GPU with known answers, whose memory is host memory and whose two
  * kernels run on the host at launch. -DFAKE_NO_DEVICE makes cuInit fail as on a
  * machine without GPUs; -DFAKE_CUMUX adds cumux's client marker symbol;
- * -DFAKE_QUIET keeps the fake device printf off stdout. */
+ * -DFAKE_QUIET keeps the fake device printf off stdout. FAKE_KERNEL_US in the
+ * environment makes every kernel take that many microseconds, as a GPU slower
+ * than the launches would. */
 #define _GNU_SOURCE /* memfd_create */
 #include <stddef.h>
 #include <stdint.h>
@@ -10,6 +12,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -309,6 +312,15 @@ CUresult cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned
         memcpy(&a, buf, 8); memcpy(&s, buf + 8, 4); memcpy(&n, buf + 12, 4);
         for (int i = 0; i < n && (unsigned)i < threads; i++) a[i] *= s + (float)g_val[0];
         pending_print = n;
+    }
+    static long kernel_us = -1;
+    if (kernel_us < 0) {
+        const char *us = getenv("FAKE_KERNEL_US");
+        kernel_us = us ? atol(us) : 0;
+    }
+    if (kernel_us > 0) {
+        struct timespec t = { kernel_us / 1000000, (kernel_us % 1000000) * 1000 };
+        nanosleep(&t, NULL);
     }
     return 0;
 }

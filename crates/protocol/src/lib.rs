@@ -16,7 +16,12 @@ pub use messages::*;
 pub use vmm::{VmmCall, VmmProperties};
 
 /// Bumped whenever a message type changes shape. Client and server must agree.
-pub const PROTOCOL_VERSION: u32 = 6;
+pub const PROTOCOL_VERSION: u32 = 7;
+
+/// Unanswered calls (launches, async copies, event records) a client sends
+/// before a [`Call::Fence`]: what it may have in flight beyond the launches the
+/// server lets a session queue on its device.
+pub const FENCE_EVERY: u32 = 256;
 
 /// First bytes of every handshake, so a stray connection is recognised at once.
 pub const MAGIC: u32 = 0x43_4d_55_58; // "CMUX"

@@ -283,6 +283,11 @@ pub enum Call {
     /// Virtual memory management: reservations, physical allocations and
     /// their mappings (`crate::vmm`).
     Vmm(crate::vmm::VmmCall),
+    /// Answered (`Unit`) once every earlier call of the session is handled.
+    /// The client sends one after every [`crate::FENCE_EVERY`] unanswered
+    /// calls, so it never runs further ahead of the server than that, and the
+    /// server holds a session's launches near its device.
+    Fence,
 }
 
 /// One launch of a [`Call::GraphCreate`]: a [`Call::Launch`] without its stream.

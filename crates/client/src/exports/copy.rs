@@ -161,6 +161,10 @@ pub(crate) fn htod(
     if src.is_empty() {
         return Ok(());
     }
+    if pinned_host(&st, dst) {
+        drop(st);
+        return unified(c, dst, src.as_ptr() as u64, src.len(), stream);
+    }
     let (host, len) = (src.as_ptr() as usize, src.len());
     let op = GraphOp::HtoD {
         dst,
@@ -203,6 +207,14 @@ pub(crate) fn send_htod(
     Ok(())
 }
 
+/// Whether `p`, passed where device memory goes, is the program's pinned host
+/// memory instead (NVIDIA's driver takes either, its addresses being unified:
+/// XLA reads 8-byte results from pinned buffers with `cuMemcpyDtoHAsync`).
+/// Such a copy is [`unified`]'s, made on the host.
+fn pinned_host(st: &State, p: u64) -> bool {
+    !st.is_device_memory(p) && st.host_region_of(p as usize).is_some()
+}
+
 /// Device to host; `st` from [`ready`].
 pub(crate) fn dtoh(
     c: &Client,
@@ -211,6 +223,10 @@ pub(crate) fn dtoh(
     src: u64,
     stream: Option<Handle>,
 ) -> CuResult<()> {
+    if pinned_host(&st, src) {
+        drop(st);
+        return unified(c, dst.as_mut_ptr() as u64, src, dst.len(), stream);
+    }
     let (host, len) = (dst.as_mut_ptr() as usize, dst.len());
     let op = GraphOp::DtoH {
         dst: host,
@@ -265,6 +281,10 @@ fn dtod(
 ) -> CuResult<()> {
     if bytes == 0 {
         return Ok(());
+    }
+    if pinned_host(&st, dst) || pinned_host(&st, src) {
+        drop(st);
+        return unified(c, dst, src, bytes, stream);
     }
     let (mut st, begun) = begin(c, st, stream)?;
     let call = st.capture_call(Call::MemcpyDtoD {

@@ -369,7 +369,10 @@ pub fn call(u: &mut Unstructured, known: &Known, images: Images) -> Result<Call>
             },
         },
         28 => Call::ContextSynchronize,
-        29 => Call::ServerStatus,
+        29 => match u.arbitrary()? {
+            true => Call::ServerStatus,
+            false => Call::Fence,
+        },
         30 => Call::HostRegister {
             base: u.arbitrary()?,
             bytes: u.int_in_range(0..=1 << 16)?,

@@ -13,6 +13,7 @@ mod submit;
 mod vmm;
 mod vmm_tables;
 mod waits;
+pub mod window;
 
 use std::cell::Cell;
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -129,6 +130,9 @@ pub struct Session {
     /// Whether a kernel watchdog reads the session's signals for progress: its
     /// streams are then signalled every [`SIGNAL_EVERY`] launches under `fifo` too.
     watched: bool,
+    /// Set when the client hangs up ([`Session::canceller`]): a launch held
+    /// back by the launch window stops waiting.
+    hung_up: Arc<std::sync::atomic::AtomicBool>,
     /// The client's pinned host regions.
     host: HostRegions,
     /// The memfd that came with the call being handled (`HostRegister`).
@@ -329,6 +333,7 @@ impl Session {
             signal_wait,
             latency_critical,
             watched,
+            hung_up: Arc::default(),
             host: HostRegions::default(),
             incoming_fd: None,
             status_scope,
@@ -386,8 +391,10 @@ impl Session {
     /// its next check; an isolated worker is stopped).
     pub fn canceller(&self) -> impl FnOnce() + Send + 'static {
         let (ctx, gate, id) = (Arc::clone(&self.ctx), self.gate.clone(), self.id());
+        let hung_up = Arc::clone(&self.hung_up);
         move || {
             tracing::info!(session = id, "the client hung up: cancelling its work");
+            hung_up.store(true, std::sync::atomic::Ordering::Relaxed);
             if let Some(gate) = gate {
                 gate.cancel_queued();
             }
@@ -521,6 +528,8 @@ impl Session {
                 &self.server,
                 &self.status_scope,
             ))),
+            // Calls are handled in order: every earlier one is done.
+            Call::Fence => Ok(ReplyBody::Unit),
             Call::HostRegister { base, bytes } => {
                 let fd = self
                     .incoming_fd

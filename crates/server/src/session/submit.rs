@@ -12,6 +12,7 @@ use cumux_protocol::{CuError, GraphLaunch, Handle, ReplyBody, DEFAULT_STREAM};
 
 use super::core::invalid_handle;
 use super::signalling::{flush_signals, SIGNAL_EACH_FROM_NS, SIGNAL_EVERY};
+use super::window::WINDOW_SIGNAL_EVERY;
 use super::{stream_order, CallResult, Session};
 use crate::device::{KernelDesc, KernelLaunch, LaunchGeometry, ModuleId, StreamWork, SyncTarget};
 use crate::gate::{kernel_id_of, Admission};
@@ -64,18 +65,23 @@ impl Session {
             return Ok(ReplyBody::Unit);
         }
         self.enqueue(stream, work);
-        // Covered by a signal when the session next synchronizes (or, for
-        // the watchdog's sake, after every few launches).
+        // Covered by a signal every few launches (for the watchdog's sake
+        // every SIGNAL_EVERY), the rest when the session next synchronizes.
         let Some(signals) = &mut self.signals else {
             return Ok(ReplyBody::Unit);
         };
-        if signals.launch(stream).is_none() {
+        let Some((slot, value)) = signals.launch(stream) else {
             signals.note_work(stream);
-        } else if self.watched {
-            if let Some((slot, value)) = signals.due(stream, SIGNAL_EVERY) {
-                self.enqueue(stream, StreamWork::Signal { slot, value });
-            }
+            return Ok(ReplyBody::Unit);
+        };
+        let every = match self.watched {
+            true => SIGNAL_EVERY,
+            false => WINDOW_SIGNAL_EVERY,
+        };
+        if let Some((slot, value)) = signals.due(stream, every) {
+            self.enqueue(stream, StreamWork::Signal { slot, value });
         }
+        self.hold_to_window(stream, slot, value);
         Ok(ReplyBody::Unit)
     }
 

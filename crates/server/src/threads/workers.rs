@@ -13,8 +13,10 @@ use cumux_protocol::{Handle, DEFAULT_STREAM};
 use crate::device::ordering::NON_BLOCKING;
 use crate::locking::{lock, wait};
 
-/// Jobs a stream may hold before the session (and so its client) waits.
-pub const QUEUE_BOUND: usize = 4096;
+/// Jobs a stream may hold before the session (and so its client) waits: about
+/// where NVIDIA's driver blocks a launch, as a session's launch window does on a
+/// device in another process (`session::window`).
+pub const QUEUE_BOUND: usize = 1024;
 
 const WORKER_STACK_BYTES: usize = 16 << 20;
 

@@ -1,0 +1,88 @@
+//! The launch window on a GPU behind a worker (the fake libcuda, its kernels
+//! made slow with `FAKE_KERNEL_US`): a session that launches without
+//! synchronizing is held once `MAX_PENDING_LAUNCHES` of its stream are
+//! unfinished, instead of queueing as deep as the rings let it.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use cumux_protocol::{Call, ClientRole, Hello, ReplyBody, DEFAULT_STREAM, MAGIC, PROTOCOL_VERSION};
+use cumux_server::session::window::{MAX_PENDING_LAUNCHES, WINDOW_SIGNAL_EVERY};
+use cumux_server::session::Session;
+use cumux_server::tenants::TenantSettings;
+use cumux_server::worker::device::{cuda_worker_devices, Sharing};
+use cumux_testkit::fake_gpu::{fake_libcuda, fixture_fatbin, scale_params};
+
+const CUMUX: &str = env!("CARGO_BIN_EXE_cumux");
+/// How long each fake kernel takes.
+const KERNEL: Duration = Duration::from_millis(2);
+/// Launches past the window: each waits for one kernel at least.
+const PAST_WINDOW: u64 = 300;
+
+#[test]
+fn launches_without_a_synchronize_wait_for_the_device() {
+    let Some(fake) = fake_libcuda("window", true) else {
+        eprintln!("no C compiler: skipping");
+        return;
+    };
+    // The only test of this binary: the environment is ours to set.
+    std::env::set_var("CUMUX_REAL_LIBCUDA", &fake);
+    std::env::set_var("FAKE_KERNEL_US", KERNEL.as_micros().to_string());
+    std::env::set_var("CUMUX_WORKER_SPARES", "0");
+    let devices = cuda_worker_devices(PathBuf::from(CUMUX), Sharing::Isolated, None).unwrap();
+    let server = cumux_server::Server::new(devices);
+    let hello = Hello {
+        magic: MAGIC,
+        version: PROTOCOL_VERSION,
+        pid: std::process::id(),
+        role: ClientRole::Driver,
+        program: "never-synchronizes".into(),
+        tenant: None,
+        token: None,
+        shm: false,
+        visible_devices: None,
+    };
+    let tenant = Some(("t".to_string(), TenantSettings::default()));
+    let mut session = Session::open(Arc::clone(&server), &hello, tenant).unwrap();
+    let mut call = |call: Call| session.handle(call).unwrap();
+    let loaded = call(Call::ModuleLoad {
+        image: fixture_fatbin(),
+    });
+    let Ok(ReplyBody::Module(module)) = loaded else {
+        panic!("the fixture did not load: {loaded:?}")
+    };
+    let scale = module.functions.iter().find(|f| f.name == "scale").unwrap();
+    let Ok(ReplyBody::Ptr(buf)) = call(Call::MemAlloc {
+        device: 0,
+        bytes: 64,
+    }) else {
+        panic!("no allocation")
+    };
+    let launches = MAX_PENDING_LAUNCHES + WINDOW_SIGNAL_EVERY + PAST_WINDOW;
+    let started = Instant::now();
+    for _ in 0..launches {
+        let launch = Call::Launch {
+            function: scale.handle,
+            grid: [1, 1, 1],
+            block: [1, 1, 1],
+            shared_bytes: 0,
+            stream: DEFAULT_STREAM,
+            params: scale_params(buf, 1.0, 0),
+            attributes: Vec::new(),
+        };
+        assert!(session.handle(launch).is_none(), "a launch is unanswered");
+    }
+    let launching = started.elapsed();
+    // Unheld, the launches only fill the worker's ring (milliseconds); held,
+    // each past the window waited for a kernel to finish.
+    let least = KERNEL * PAST_WINDOW as u32;
+    assert!(
+        launching >= least,
+        "{launches} launches of {KERNEL:?} kernels returned in {launching:?}: nothing held them"
+    );
+    assert_eq!(
+        session.handle(Call::ContextSynchronize),
+        Some(Ok(ReplyBody::Unit))
+    );
+}
