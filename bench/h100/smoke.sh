@@ -114,6 +114,9 @@ driver_programs=(
     "cluster_launch;cluster_launch.cu;-arch=sm_90;"
     "driver_api;driver_api.cu;-lcuda;$ROOT/crates/fatbin/tests/fixtures/zstd.fatbin"
     "rdc_program;rdc_program.cu;-rdc=true $DRIVER_DIR/rdc_helper.cu;"
+    "launch_window;launch_window.cu;;"
+    "uva_pinned;uva_pinned.cu;-lcuda;"
+    "vmm;vmm.cu;-lcuda;"
 )
 declare -A program_args
 if [ -z "$PROGRAMS" ] || [ "${DRIVER_PROGRAMS:-1}" = 1 ]; then
