@@ -135,6 +135,77 @@ impl Drop for HostMapping {
     }
 }
 
+/// A second `MAP_SHARED` mapping of a region's memfd, at the address the
+/// client has it: a device that reaches host memory by its address (a GPU's
+/// unified addressing) then reaches the region where the client's kernels
+/// look for it. Only where nothing is mapped there already in this process.
+pub struct FixedMapping {
+    at: usize,
+    len: usize,
+}
+
+impl FixedMapping {
+    /// Maps `len` bytes of `fd` at `at`; an error where `at` is not page
+    /// aligned, outside user space, or where anything is mapped in the way.
+    pub fn map(fd: BorrowedFd<'_>, len: u64, at: u64) -> io::Result<FixedMapping> {
+        // SAFETY: sysconf has no preconditions.
+        let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as u64;
+        let end = at.checked_add(len).filter(|&e| e <= USER_SPACE_END);
+        if len == 0 || at == 0 || !at.is_multiple_of(page) || end.is_none() {
+            return Err(io::Error::other(format!(
+                "no mapping of {len} bytes at {at:#x}"
+            )));
+        }
+        let (at, len) = (at as usize, len as usize);
+        // SAFETY: MAP_FIXED_NOREPLACE maps only where nothing is mapped (the
+        // kernel refuses otherwise), so no mapping of this process is replaced;
+        // `fd` is a memfd the caller checked to hold `len` bytes, sealed against
+        // shrinking, so the pages never fault.
+        let p = unsafe {
+            libc::mmap(
+                at as *mut libc::c_void,
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED | libc::MAP_FIXED_NOREPLACE,
+                std::os::fd::AsRawFd::as_raw_fd(&fd),
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        if p as usize != at {
+            // A kernel without MAP_FIXED_NOREPLACE takes the address as a hint.
+            // SAFETY: `p` is the mapping of `len` bytes just made.
+            unsafe { libc::munmap(p, len) };
+            return Err(io::Error::other(format!("{at:#x} is taken")));
+        }
+        Ok(FixedMapping { at, len })
+    }
+
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.at as *mut u8
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+impl Drop for FixedMapping {
+    fn drop(&mut self) {
+        // SAFETY: the mapping `map` made, unmapped once.
+        unsafe { libc::munmap(self.at as *mut libc::c_void, self.len) };
+    }
+}
+
+/// The end of user space on x86-64 and aarch64 (47-bit addresses).
+const USER_SPACE_END: u64 = 1 << 47;
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -154,6 +225,32 @@ mod tests {
         assert!(b.bytes(8190, 3).is_none());
         assert!(b.bytes(u64::MAX, 2).is_none());
         assert!(b.contains(0, 8192));
+    }
+
+    #[test]
+    fn a_fixed_mapping_lands_where_asked_and_nowhere_taken() {
+        let fd = create_memfd(8192).unwrap();
+        let a = HostMapping::map(fd.as_fd(), 8192).unwrap();
+        // SAFETY: nothing else uses the range.
+        unsafe { a.bytes_mut(0, 4).unwrap() }.copy_from_slice(&[9, 8, 7, 6]);
+        // A free address: one the kernel just gave out and took back.
+        let free = HostMapping::map(fd.as_fd(), 8192).unwrap();
+        let at = free.as_ptr() as u64;
+        drop(free);
+        let fixed = FixedMapping::map(fd.as_fd(), 8192, at).unwrap();
+        assert_eq!(fixed.as_ptr() as u64, at);
+        // SAFETY: the fixed mapping holds 8192 bytes at `at`.
+        let seen = unsafe { std::slice::from_raw_parts(fixed.as_ptr(), 4) };
+        assert_eq!(seen, &[9, 8, 7, 6]);
+        // Where something is mapped, and at odd or absurd addresses: refused.
+        assert!(FixedMapping::map(fd.as_fd(), 8192, at).is_err());
+        assert!(FixedMapping::map(fd.as_fd(), 8192, a.as_ptr() as u64).is_err());
+        assert!(FixedMapping::map(fd.as_fd(), 8192, at + 1).is_err());
+        assert!(FixedMapping::map(fd.as_fd(), 8192, 0).is_err());
+        assert!(FixedMapping::map(fd.as_fd(), 8192, u64::MAX - 4095).is_err());
+        drop(fixed);
+        // Unmapped at its drop: the address is free again.
+        assert!(FixedMapping::map(fd.as_fd(), 8192, at).is_ok());
     }
 
     #[test]

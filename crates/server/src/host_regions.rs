@@ -7,7 +7,7 @@
 //! collide; a session resolves only ids of its own table, so a client cannot
 //! name another session's region.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -29,7 +29,7 @@ fn invalid(detail: impl Into<String>) -> CuError {
 }
 
 struct Region {
-    /// The client's address of the region, for logs.
+    /// The client's address of the region.
     base: u64,
     mapping: Arc<HostMapping>,
 }
@@ -38,6 +38,9 @@ struct Region {
 #[derive(Default)]
 pub struct HostRegions {
     regions: HashMap<Handle, Region>,
+    /// The regions the device reaches at the client's address: base → bytes.
+    /// Device work may name them there as it names device memory.
+    reached: BTreeMap<u64, u64>,
 }
 
 impl HostRegions {
@@ -59,17 +62,24 @@ impl HostRegions {
         }
         let mapping = map_region(fd.as_fd(), bytes)?;
         let region = NEXT_REGION.fetch_add(1, Ordering::Relaxed);
-        ctx.host_register(HostRegion {
+        // A region overlapping one the device reaches already is not reached
+        // again: the client cannot have two regions at one address.
+        let reached = ctx.host_register(HostRegion {
             id: region,
             mapping: &mapping,
             fd: fd.as_fd(),
-        })?;
+            client_base: base,
+        })? && self.reached_range(base).is_none();
         tracing::debug!(
             region,
             base = format_args!("{base:#x}"),
             bytes,
+            reached,
             "host region registered"
         );
+        if reached {
+            self.reached.insert(base, bytes);
+        }
         self.regions.insert(region, Region { base, mapping });
         Ok(region)
     }
@@ -101,6 +111,9 @@ impl HostRegions {
             .remove(&region)
             .ok_or_else(|| invalid(format!("{region} is no host region of this session")))?;
         ctx.host_unregister(region);
+        if self.reached.get(&r.base) == Some(&(r.mapping.len() as u64)) {
+            self.reached.remove(&r.base);
+        }
         tracing::debug!(
             region,
             base = format_args!("{:#x}", r.base),
@@ -109,11 +122,19 @@ impl HostRegions {
         Ok(())
     }
 
+    /// The region the device reaches at the client's address that holds
+    /// `ptr`: (base, bytes).
+    pub fn reached_range(&self, ptr: u64) -> Option<(u64, u64)> {
+        let (&base, &bytes) = self.reached.range(..=ptr).next_back()?;
+        (ptr - base < bytes).then_some((base, bytes))
+    }
+
     /// Drops every region (at the session's end).
     pub fn clear(&mut self, ctx: &dyn DeviceContext) {
         for (region, _) in self.regions.drain() {
             ctx.host_unregister(region);
         }
+        self.reached.clear();
     }
 
     pub fn is_empty(&self) -> bool {

@@ -504,6 +504,7 @@ fn pinned_regions_travel_to_the_worker_and_go_with_its_connection() {
         id,
         mapping: &map,
         fd: fd.as_fd(),
+        client_base: map.as_ptr() as u64,
     };
     ctx.host_register(region(7)).unwrap();
     assert_eq!(live_mappings(), before + 1, "the worker maps it");

@@ -153,6 +153,9 @@ pub struct HostRegion<'a> {
     pub mapping: &'a Arc<HostMapping>,
     /// Its memfd, for a context in another process.
     pub fd: BorrowedFd<'a>,
+    /// Where the client has it: a context that maps it there too lets
+    /// kernels, memsets and copies reach it by the client's own pointers.
+    pub client_base: u64,
 }
 
 /// What one launch did.
@@ -242,11 +245,13 @@ pub trait DeviceContext: Send + Sync {
         None
     }
     /// Takes a client's pinned host memory. Copies name the region in
-    /// [`StreamWork::HostToDevice`] and [`StreamWork::DeviceToHost`]. A
-    /// context in this process needs nothing.
-    fn host_register(&self, region: HostRegion<'_>) -> Result<(), CuError> {
+    /// [`StreamWork::HostToDevice`] and [`StreamWork::DeviceToHost`]. Whether
+    /// the device also reaches it at the client's address (as a GPU with
+    /// unified addressing does pinned memory), so that device work may name
+    /// it there. A context in this process needs nothing, and reaches none.
+    fn host_register(&self, region: HostRegion<'_>) -> Result<bool, CuError> {
         let _ = region;
-        Ok(())
+        Ok(false)
     }
     /// Forgets `region`; the caller has waited for the work that used it.
     fn host_unregister(&self, region: Handle) {

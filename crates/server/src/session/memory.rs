@@ -232,8 +232,8 @@ impl Session {
         Ok(ReplyBody::TensorMap(bytes))
     }
 
-    /// The session allocation, module global or mapping holding `ptr`:
-    /// (base, size).
+    /// The session allocation, module global, mapping or pinned host region
+    /// the device reaches at the client's address holding `ptr`: (base, size).
     pub(super) fn containing(&self, ptr: DevicePtr) -> Option<(DevicePtr, u64)> {
         [&self.allocations, &self.globals]
             .into_iter()
@@ -241,6 +241,7 @@ impl Session {
             .map(|(b, s)| (*b, *s))
             .find(|(base, size)| ptr - base < *size)
             .or_else(|| self.vmm_mapping_of(ptr))
+            .or_else(|| self.host.reached_range(ptr))
     }
 
     /// Checks that `[ptr, ptr+bytes)` lies inside one of this session's
@@ -260,7 +261,11 @@ impl Session {
             .into_iter()
             .filter_map(|table| table.range(..=ptr).next_back())
             .any(|(base, size)| ptr - base < *size && bytes <= size - (ptr - base));
-        if allocated || self.vmm_accessible(ptr, bytes, writes) {
+        let pinned = self
+            .host
+            .reached_range(ptr)
+            .is_some_and(|(base, size)| bytes <= size - (ptr - base));
+        if allocated || pinned || self.vmm_accessible(ptr, bytes, writes) {
             Ok(())
         } else {
             Err(err(

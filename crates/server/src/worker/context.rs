@@ -617,13 +617,14 @@ impl DeviceContext for WorkerContext {
         }
     }
 
-    fn host_register(&self, region: HostRegion<'_>) -> Result<(), CuError> {
+    fn host_register(&self, region: HostRegion<'_>) -> Result<bool, CuError> {
         let request = WorkerRequest::HostRegister {
             region: region.id,
             bytes: region.mapping.len() as u64,
+            client_base: region.client_base,
         };
         match self.call_passing(&request, Some(region.fd), &[], None)? {
-            WorkerValue::Unit => Ok(()),
+            WorkerValue::Number(reached) => Ok(reached != 0),
             other => Err(unexpected(&other)),
         }
     }

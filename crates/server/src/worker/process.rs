@@ -296,13 +296,17 @@ impl Served<'_, '_> {
                 let result = conn.attach_signals(ordered, Path::new(&path));
                 return conn.reply(result);
             }
-            WorkerRequest::HostRegister { region, bytes } => {
+            WorkerRequest::HostRegister {
+                region,
+                bytes,
+                client_base,
+            } => {
                 let fd = conn.link.take_fd();
-                let result = self.regions.insert(ctx, region, bytes, fd);
+                let result = self.regions.insert(ctx, region, bytes, client_base, fd);
                 if result.is_ok() {
                     conn.regions.push(region);
                 }
-                return conn.reply(result.map(|()| WorkerValue::Unit));
+                return conn.reply(result.map(|reached| WorkerValue::Number(reached.into())));
             }
             WorkerRequest::HostUnregister { region } => {
                 conn.regions.retain(|r| *r != region);

@@ -24,14 +24,16 @@ impl WorkerRegions {
         lock(&self.regions)
     }
 
-    /// Maps the memfd the server forwarded as `region` and registers it with `ctx`.
+    /// Maps the memfd the server forwarded as `region` and registers it with
+    /// `ctx`; whether the device reaches it at `client_base` too.
     pub fn insert(
         &self,
         ctx: &dyn DeviceContext,
         region: Handle,
         bytes: u64,
+        client_base: u64,
         fd: Option<OwnedFd>,
-    ) -> Result<(), CuError> {
+    ) -> Result<bool, CuError> {
         let fd =
             fd.ok_or_else(|| CuError::new(codes::INVALID_VALUE, "no memfd came with the region"))?;
         let mapping = map_region(fd.as_fd(), bytes)?;
@@ -41,13 +43,14 @@ impl WorkerRegions {
                 format!("host region {region} exists"),
             ));
         }
-        ctx.host_register(HostRegion {
+        let reached = ctx.host_register(HostRegion {
             id: region,
             mapping: &mapping,
             fd: fd.as_fd(),
+            client_base,
         })?;
         self.lock().insert(region, mapping);
-        Ok(())
+        Ok(reached)
     }
 
     pub fn remove(&self, ctx: &dyn DeviceContext, region: Handle) {

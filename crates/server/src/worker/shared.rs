@@ -406,7 +406,7 @@ impl DeviceContext for SharedView {
         self.conn.tensor_map_encode(request)
     }
 
-    fn host_register(&self, region: HostRegion<'_>) -> Result<(), CuError> {
+    fn host_register(&self, region: HostRegion<'_>) -> Result<bool, CuError> {
         self.conn.host_register(region)
     }
 

@@ -126,10 +126,12 @@ pub enum WorkerRequest {
         path: String,
     },
     /// Maps a client's pinned host region, whose memfd comes with this
-    /// request (`SCM_RIGHTS`), and registers it with the context.
+    /// request (`SCM_RIGHTS`), and registers it with the context; answered
+    /// by `Number(1)` where the device reaches it at `client_base`, else 0.
     HostRegister {
         region: Handle,
         bytes: u64,
+        client_base: u64,
     },
     /// Forgets a region (the server has waited for the work that used it).
     HostUnregister {

@@ -4,6 +4,7 @@
 //! Its stream order of its own is in [`super::ordered`].
 
 use std::collections::HashMap;
+use std::os::fd::BorrowedFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::ThreadId;
@@ -15,8 +16,10 @@ use cumux_cuda_driver::{
     Stream,
 };
 use cumux_protocol::hop_trace::{self, Hop};
-use cumux_protocol::pinned::HostMapping;
+use cumux_protocol::pinned::{FixedMapping, HostMapping};
 use cumux_protocol::{codes, CuError, DevicePtr, Handle, TensorMapLayout, TensorMapRequest};
+
+use cumux_cuda_driver::sys::CU_MEMHOSTREGISTER_DEVICEMAP;
 
 use super::convert::{cu_err, fill_of, function_attrs, launch_attr, memset, param_infos};
 use crate::device::memory_use::ContextMemory;
@@ -76,9 +79,8 @@ pub(super) struct OrderedState {
     pub(super) events: HashMap<Handle, Arc<Event>>,
     /// The first failure of queued work, for the next waiting call.
     pub(super) pending: Option<CuError>,
-    /// Pinned host regions: the worker's mapping, page-locked where the
-    /// driver allowed it (else copies from it are staged, still correct).
-    pins: HashMap<Handle, (Option<HostRegistration>, Arc<HostMapping>)>,
+    /// Pinned host regions (see [`Pin`]).
+    pins: HashMap<Handle, Pin>,
     /// Graphs of launches, captured once ([`StreamOrdered::graph_create`]).
     pub(super) graphs: HashMap<Handle, Arc<GraphExec>>,
 }
@@ -357,11 +359,12 @@ impl DeviceContext for CudaContext {
         Some(self)
     }
 
-    fn host_register(&self, region: HostRegion<'_>) -> Result<(), CuError> {
+    fn host_register(&self, region: HostRegion<'_>) -> Result<bool, CuError> {
         let HostRegion {
             id: region,
             mapping,
-            fd: _,
+            fd,
+            client_base,
         } = region;
         let ctx = self.ctx()?;
         // SAFETY: the mapping is kept next to the registration, which is
@@ -370,10 +373,17 @@ impl DeviceContext for CudaContext {
         let pinned = pinned
             .inspect_err(|e| tracing::debug!(region, "cuda: host region left pageable: {e}"))
             .ok();
-        lock(&self.ordered)
-            .pins
-            .insert(region, (pinned, Arc::clone(mapping)));
-        Ok(())
+        let at_client = pinned
+            .as_ref()
+            .and_then(|_| reach_at(ctx, fd, mapping.len(), client_base, region));
+        let reached = at_client.is_some();
+        let pin = Pin {
+            _registration: pinned,
+            _mapping: Arc::clone(mapping),
+            _at_client: at_client,
+        };
+        lock(&self.ordered).pins.insert(region, pin);
+        Ok(reached)
     }
 
     fn host_unregister(&self, region: Handle) {
@@ -497,6 +507,71 @@ impl Drop for CudaContext {
         match self.capture() {
             Some(capture) => drop(capture.window(teardown)),
             None => teardown(),
+        }
+    }
+}
+
+/// A pinned host region: the worker's mapping, page-locked where the driver
+/// allowed it (else copies from it are staged, still correct), and where it
+/// could be, its second mapping at the client's address. The registration
+/// goes before the mapping (fields drop in order).
+struct Pin {
+    _registration: Option<HostRegistration>,
+    _mapping: Arc<HostMapping>,
+    _at_client: Option<AtClient>,
+}
+
+/// A pinned region mapped and registered a second time at the client's
+/// address, so the GPU reaches it by the client's own pointers (unified
+/// addressing). The registration goes before the mapping (fields drop in order).
+pub(super) struct AtClient {
+    _registration: HostRegistration,
+    _mapping: FixedMapping,
+}
+
+/// Maps `fd` (`len` bytes) at `client_base` and registers it there, where that
+/// address is free in this process and the GPU names the memory by it; `None`
+/// otherwise (the region then serves copies only).
+fn reach_at(
+    ctx: &Arc<cu::Context>,
+    fd: BorrowedFd<'_>,
+    len: usize,
+    client_base: u64,
+    region: Handle,
+) -> Option<AtClient> {
+    let unreached = |why: String| {
+        tracing::debug!(
+            region,
+            "cuda: host region not at the client's address: {why}"
+        );
+    };
+    let mapping = FixedMapping::map(fd, len as u64, client_base)
+        .inspect_err(|e| unreached(e.to_string()))
+        .ok()?;
+    // SAFETY: the mapping lives beside the registration in `AtClient` and is
+    // dropped after it; the context's work is waited for before either goes.
+    let registration = unsafe {
+        HostRegistration::new(
+            ctx,
+            mapping.as_ptr(),
+            mapping.len(),
+            CU_MEMHOSTREGISTER_DEVICEMAP,
+        )
+    }
+    .inspect_err(|e| unreached(e.to_string()))
+    .ok()?;
+    match registration.device_ptr() {
+        Ok(p) if p == client_base => Some(AtClient {
+            _registration: registration,
+            _mapping: mapping,
+        }),
+        Ok(p) => {
+            unreached(format!("the device names it {p:#x}"));
+            None
+        }
+        Err(e) => {
+            unreached(e.to_string());
+            None
         }
     }
 }

@@ -1,0 +1,131 @@
+//! Pinned host memory the device reaches at the client's own address, on a
+//! GPU behind a worker (the fake libcuda): a memset, a kernel and a copy name
+//! the client's pointer, as a program on unified addressing does (XLA's
+//! redzone checker writes its result into pinned memory so), and the client
+//! sees what they wrote. Outside the region, or once it is gone, the same
+//! calls are refused.
+
+use std::os::fd::AsFd;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use cumux_protocol::pinned::{create_memfd, HostMapping};
+use cumux_protocol::{
+    codes, Call, ClientRole, Hello, ReplyBody, DEFAULT_STREAM, MAGIC, PROTOCOL_VERSION,
+};
+use cumux_server::session::Session;
+use cumux_server::tenants::TenantSettings;
+use cumux_server::worker::device::{cuda_worker_devices, Sharing};
+use cumux_testkit::fake_gpu::{f32_bytes, f32s, fake_libcuda, fixture_fatbin, scale_params};
+
+const CUMUX: &str = env!("CARGO_BIN_EXE_cumux");
+const BYTES: u64 = 4096;
+
+fn memset(dst: u64, value: u32, count: u64) -> Call {
+    Call::Memset {
+        dst,
+        value,
+        elem_bytes: 1,
+        count,
+        pitch: count,
+        height: 1,
+        stream: None,
+    }
+}
+
+fn refused(result: Option<Result<ReplyBody, cumux_protocol::CuError>>) -> bool {
+    matches!(result, Some(Err(e)) if e.code == codes::INVALID_VALUE)
+}
+
+#[test]
+fn device_work_reaches_pinned_memory_at_the_clients_address() {
+    let Some(fake) = fake_libcuda("zero-copy", true) else {
+        eprintln!("no C compiler: skipping");
+        return;
+    };
+    // The only test of this binary: the environment is ours to set.
+    std::env::set_var("CUMUX_REAL_LIBCUDA", &fake);
+    std::env::set_var("CUMUX_WORKER_SPARES", "0");
+    let devices = cuda_worker_devices(PathBuf::from(CUMUX), Sharing::Isolated, None).unwrap();
+    let server = cumux_server::Server::new(devices);
+    let hello = Hello {
+        magic: MAGIC,
+        version: PROTOCOL_VERSION,
+        pid: std::process::id(),
+        role: ClientRole::Driver,
+        program: "zero-copy".into(),
+        tenant: None,
+        token: None,
+        shm: false,
+        visible_devices: None,
+    };
+    let tenant = Some(("t".to_string(), TenantSettings::default()));
+    let mut session = Session::open(Arc::clone(&server), &hello, tenant).unwrap();
+
+    // The client's pinned memory: a memfd mapped here, registered at its address.
+    let fd = create_memfd(BYTES).unwrap();
+    let mine = HostMapping::map(fd.as_fd(), BYTES).unwrap();
+    let base = mine.as_ptr() as u64;
+    session.give_fd(Ok(fd.try_clone().unwrap()));
+    let registered = session.handle(Call::HostRegister { base, bytes: BYTES });
+    let Some(Ok(ReplyBody::Handle(region))) = registered else {
+        panic!("not registered: {registered:?}")
+    };
+    let bytes = |offset: u64, len: u64| {
+        // SAFETY: the test's own mapping, read while no device work runs.
+        unsafe { mine.bytes_mut(offset, len) }.unwrap().to_vec()
+    };
+
+    // A memset by the client's pointer lands in the client's pages.
+    assert_eq!(
+        session.handle(memset(base + 64, 0x5a, 16)),
+        Some(Ok(ReplyBody::Unit))
+    );
+    assert_eq!(bytes(64, 16), [0x5a; 16]);
+
+    // A kernel given the pointer writes there.
+    // SAFETY: as above.
+    unsafe { mine.bytes_mut(0, 16) }
+        .unwrap()
+        .copy_from_slice(&f32_bytes(&[1.0, 2.0, 3.0, 4.0]));
+    let loaded = session.handle(Call::ModuleLoad {
+        image: fixture_fatbin(),
+    });
+    let Some(Ok(ReplyBody::Module(module))) = loaded else {
+        panic!("the fixture did not load: {loaded:?}")
+    };
+    let scale = module.functions.iter().find(|f| f.name == "scale").unwrap();
+    let launch = Call::Launch {
+        function: scale.handle,
+        grid: [1, 1, 1],
+        block: [4, 1, 1],
+        shared_bytes: 0,
+        stream: DEFAULT_STREAM,
+        params: scale_params(base, 2.0, 4),
+        attributes: Vec::new(),
+    };
+    assert!(session.handle(launch).is_none());
+    assert_eq!(
+        session.handle(Call::ContextSynchronize),
+        Some(Ok(ReplyBody::Unit))
+    );
+    // The fixture's `scale` adds its global (1) to the factor.
+    assert_eq!(f32s(&bytes(0, 16)), [3.0, 6.0, 9.0, 12.0]);
+
+    // A copy from the pointer reads the client's bytes.
+    let read = session.handle(Call::MemcpyDtoH {
+        src: base + 64,
+        bytes: 16,
+        stream: None,
+    });
+    assert_eq!(read, Some(Ok(ReplyBody::Data(vec![0x5a; 16]))));
+
+    // Past the region's end, or once it is gone: refused, the pages untouched.
+    assert!(refused(session.handle(memset(base + BYTES - 8, 1, 16))));
+    assert_eq!(
+        session.handle(Call::HostUnregister { region }),
+        Some(Ok(ReplyBody::Unit))
+    );
+    assert!(refused(session.handle(memset(base + 64, 0, 16))));
+    assert_eq!(bytes(64, 16), [0x5a; 16]);
+}
