@@ -116,6 +116,7 @@ driver_programs=(
     "rdc_program;rdc_program.cu;-rdc=true $DRIVER_DIR/rdc_helper.cu;"
     "launch_window;launch_window.cu;;"
     "uva_pinned;uva_pinned.cu;-lcuda;"
+    "zero_copy_kernel;zero_copy_kernel.cu;;"
     "vmm;vmm.cu;-lcuda;"
 )
 declare -A program_args

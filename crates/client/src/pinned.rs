@@ -4,7 +4,10 @@
 //!
 //! The server (and the worker behind it) map the same pages: a copy between
 //! device memory and such a buffer travels as (region, offset, length), and a
-//! device-to-host copy lands in the program's buffer directly. Where the
+//! device-to-host copy lands in the program's buffer directly. A worker that
+//! can map the pages at the program's own address too lets kernels, memsets
+//! and copies reach the buffer by the program's pointer, as unified
+//! addressing does natively (`cumux_protocol::pinned::FixedMapping`). Where the
 //! memfd cannot be made or the server refuses it (a TCP link, the socket
 //! transport, an old server), the buffer is plain memory and copies carry
 //! their bytes, as before. `CUMUX_PINNED=off` keeps every buffer plain.
@@ -15,9 +18,6 @@ use cumux_protocol::pinned::{create_memfd, HostMapping};
 use cumux_protocol::{Call, ReplyBody};
 
 use crate::state::{Client, PinnedMemory};
-
-/// Buffers smaller than this stay plain: their copies are small anyway.
-pub const MIN_BYTES: usize = 64 << 10;
 
 /// Set to `off` to keep pinned buffers plain and large pageable copies
 /// unstaged ([`crate::staging`]): every copy carries its bytes (for comparisons).
@@ -30,8 +30,11 @@ pub fn enabled() -> bool {
     std::env::var(PINNED_ENV).map_or(true, |v| !matches!(v.trim(), "off" | "0"))
 }
 
+/// Every buffer, however small, is shared: the device reaches it at the
+/// program's address where the server can map it there (XLA's kernels write
+/// 8-byte results into pinned buffers), which plain memory never is.
 fn wanted(bytes: usize) -> bool {
-    bytes >= MIN_BYTES && enabled()
+    bytes > 0 && enabled()
 }
 
 /// A buffer of `bytes` the server registered, or `None` (why, at debug
