@@ -117,6 +117,7 @@ driver_programs=(
     "launch_window;launch_window.cu;;"
     "uva_pinned;uva_pinned.cu;-lcuda;"
     "zero_copy_kernel;zero_copy_kernel.cu;;"
+    "graph_nodes;graph_nodes.cu;;"
     "vmm;vmm.cu;-lcuda;"
 )
 declare -A program_args

@@ -45,6 +45,8 @@ programs_pass! {
     /// A program that launches without synchronizing is held near the device:
     /// without a bound its queue ran thousands of launches deep.
     launches_are_held_near_the_device: "launch_window" on "window";
+    /// Memset, kernel, empty and memcpy nodes with their edges, as XLA builds graphs.
+    graphs_built_node_by_node: "graph_nodes" on "graphnodes";
 }
 
 /// A driver-API program of tests/cuda/driver linked against the client driver

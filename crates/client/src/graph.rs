@@ -3,7 +3,8 @@
 //! A graph of kernel launches alone goes to the server whole at instantiation
 //! and each launch of it is one call; any other is replayed into a stream
 //! call by call (host memory of copies is read and written at replay, as graph
-//! memcpy nodes do). Graphs built node by node are not supported.
+//! memcpy nodes do). A graph built node by node (`exports::graph_nodes`) is
+//! recorded the same way, its nodes in the order they were added.
 
 use std::sync::Arc;
 
@@ -27,6 +28,8 @@ pub enum GraphOp {
         len: usize,
     },
     HostFn(Arc<dyn Fn(CUresult) + Send + Sync>),
+    /// A node that only orders others (`cuGraphAddEmptyNode`).
+    Empty,
 }
 
 pub type Recording = Arc<Vec<GraphOp>>;
@@ -69,7 +72,11 @@ pub fn as_launch(op: &GraphOp) -> Option<GraphLaunch> {
 /// A recording of kernel launches alone, as the launches of one server-side
 /// graph (`Call::GraphCreate`); `None` if it records anything else.
 pub fn launches_only(recording: &[GraphOp]) -> Option<Vec<GraphLaunch>> {
-    recording.iter().map(as_launch).collect()
+    recording
+        .iter()
+        .filter(|op| !matches!(op, GraphOp::Empty))
+        .map(as_launch)
+        .collect()
 }
 
 /// A recorded call retargeted at `to`.

@@ -45,6 +45,7 @@ fn add_graph(c: &Client, st: &mut State, ops: Vec<GraphOp>) -> usize {
 fn remove_graph(c: &Client, graph: usize) -> CuResult<()> {
     let mut st = c.lock();
     st.graphs.remove(&graph).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    st.graph_edges.remove(&graph);
     for n in st.graph_nodes.remove(&graph).unwrap_or_default() {
         st.nodes.remove(&n);
         st.kernel_node_args.remove(&n);
@@ -76,16 +77,29 @@ fn list_out(list: &[usize], array: *mut *mut c_void, count: *mut usize) -> CuRes
     out(count, room.min(list.len()))
 }
 
-/// A node's graph, index and the graph's nodes. Captured graphs are chains:
-/// each op depends on the one recorded before it.
-fn node_place(c: &Client, node: *mut c_void) -> CuResult<(usize, Vec<usize>)> {
+/// A graph's edges (from, to): those its nodes were added with, else (a
+/// captured graph) the chain of its recording, each op after the one before.
+pub(super) fn edges_of(st: &State, graph: usize) -> CuResult<Vec<(usize, usize)>> {
+    let nodes = st.graph_nodes.get(&graph).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    Ok(match st.graph_edges.get(&graph) {
+        Some(edges) => edges.clone(),
+        None => nodes.windows(2).map(|w| (w[0], w[1])).collect(),
+    })
+}
+
+/// The nodes `node` depends on (`upstream`) or that depend on it.
+fn neighbours(c: &Client, node: *mut c_void, upstream: bool) -> CuResult<Vec<usize>> {
     let st = c.lock();
-    let &(graph, index) = st
-        .nodes
-        .get(&handle(node))
-        .ok_or(CUDA_ERROR_INVALID_VALUE)?;
-    let nodes = st.graph_nodes.get(&graph).cloned().unwrap_or_default();
-    Ok((index, nodes))
+    let node = handle(node);
+    let &(graph, _) = st.nodes.get(&node).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    let edges = edges_of(&st, graph)?;
+    Ok(edges
+        .into_iter()
+        .filter_map(|(from, to)| match upstream {
+            true => (to == node).then_some(from),
+            false => (from == node).then_some(to),
+        })
+        .collect())
 }
 
 /// `CUgraphNodeType` of a recorded op.
@@ -96,6 +110,7 @@ fn node_type(op: &GraphOp) -> u32 {
         GraphOp::Call(cumux_protocol::Call::MemcpyDtoD { .. }) => 1,
         GraphOp::Call(cumux_protocol::Call::Memset { .. }) => 2,
         GraphOp::HostFn(_) => 3,
+        GraphOp::Empty => 5,
         GraphOp::Call(cumux_protocol::Call::StreamWaitEvent { .. }) => 6,
         GraphOp::Call(cumux_protocol::Call::EventRecord { .. }) => 7,
         GraphOp::Call(_) => 5,
@@ -179,25 +194,25 @@ const DEFAULT_EDGE: CUgraphEdgeData = CUgraphEdgeData {
     reserved: [0; 5],
 };
 
-/// Edges of a chain: node i → node i+1 (edge data, when asked, all zero:
-/// the default edge type).
+/// A graph's edges into the caller's arrays (edge data, when asked, all
+/// zero: the default edge type).
 fn edges_out(
-    nodes: &[usize],
+    graph: *mut c_void,
     from: *mut *mut c_void,
     to: *mut *mut c_void,
     data: *mut CUgraphEdgeData,
     count: *mut usize,
 ) -> CuResult<()> {
-    let edges = nodes.len().saturating_sub(1);
+    let list = edges_of(&client()?.lock(), handle(graph))?;
+    let edges = list.len();
     if from.is_null() || to.is_null() {
         return out(count, edges);
     }
     let room = *read_in(count)?;
     for i in 0..room {
-        let (f, t) = if i < edges {
-            (to_ptr(nodes[i]), to_ptr(nodes[i + 1]))
-        } else {
-            (std::ptr::null_mut(), std::ptr::null_mut())
+        let (f, t) = match list.get(i) {
+            Some(&(f, t)) => (to_ptr(f), to_ptr(t)),
+            None => (std::ptr::null_mut(), std::ptr::null_mut()),
         };
         out(from.wrapping_add(i), f)?;
         out(to.wrapping_add(i), t)?;
@@ -314,6 +329,7 @@ fn replay(
                 let f = Arc::clone(f);
                 crate::host_fn::enqueue(c, stream, Box::new(move |status| f(status)))?
             }
+            GraphOp::Empty => {}
         }
     }
     Ok(())
@@ -357,12 +373,15 @@ driver_fn! {
     }
 
     fn cuGraphGetRootNodes(graph: *mut c_void, nodes: *mut *mut c_void, count: *mut usize) {
-        let all = graph_nodes(client()?, graph)?;
-        list_out(&all[..all.len().min(1)], nodes, count)
+        let c = client()?;
+        let all = graph_nodes(c, graph)?;
+        let edges = edges_of(&c.lock(), handle(graph))?;
+        let roots: Vec<usize> = all.into_iter().filter(|n| edges.iter().all(|e| e.1 != *n)).collect();
+        list_out(&roots, nodes, count)
     }
 
     fn cuGraphGetEdges(graph: *mut c_void, from: *mut *mut c_void, to: *mut *mut c_void, count: *mut usize) {
-        edges_out(&graph_nodes(client()?, graph)?, from, to, std::ptr::null_mut(), count)
+        edges_out(graph, from, to, std::ptr::null_mut(), count)
     }
 
     fn cuGraphGetEdges_v2(
@@ -372,31 +391,27 @@ driver_fn! {
         data: *mut CUgraphEdgeData,
         count: *mut usize
     ) {
-        edges_out(&graph_nodes(client()?, graph)?, from, to, data, count)
+        edges_out(graph, from, to, data, count)
     }
 
     fn cuGraphNodeGetDependencies(node: *mut c_void, deps: *mut *mut c_void, count: *mut usize) {
-        let (i, nodes) = node_place(client()?, node)?;
-        list_out(&nodes[i.saturating_sub(1)..i], deps, count)
+        list_out(&neighbours(client()?, node, true)?, deps, count)
     }
 
     fn cuGraphNodeGetDependentNodes(node: *mut c_void, deps: *mut *mut c_void, count: *mut usize) {
-        let (i, nodes) = node_place(client()?, node)?;
-        list_out(nodes.get(i + 1..(i + 2).min(nodes.len())).unwrap_or(&[]), deps, count)
+        list_out(&neighbours(client()?, node, false)?, deps, count)
     }
 
     fn cuGraphNodeGetDependencies_v2(node: *mut c_void, deps: *mut *mut c_void, data: *mut CUgraphEdgeData, count: *mut usize) {
-        let (i, nodes) = node_place(client()?, node)?;
-        let list = &nodes[i.saturating_sub(1)..i];
+        let list = neighbours(client()?, node, true)?;
         zero_edge_data(data, count)?;
-        list_out(list, deps, count)
+        list_out(&list, deps, count)
     }
 
     fn cuGraphNodeGetDependentNodes_v2(node: *mut c_void, deps: *mut *mut c_void, data: *mut CUgraphEdgeData, count: *mut usize) {
-        let (i, nodes) = node_place(client()?, node)?;
-        let list = nodes.get(i + 1..(i + 2).min(nodes.len())).unwrap_or(&[]);
+        let list = neighbours(client()?, node, false)?;
         zero_edge_data(data, count)?;
-        list_out(list, deps, count)
+        list_out(&list, deps, count)
     }
 
     fn cuGraphNodeGetType(node: *mut c_void, kind: *mut CUgraphNodeType) {

@@ -22,7 +22,7 @@ const CU_LAUNCH_PARAM_BUFFER_SIZE: usize = 2;
 
 /// Packs the arguments: from `kernelParams` (one pointer per parameter) or
 /// from `extra`'s ready-made buffer.
-fn pack_params(
+pub(crate) fn pack_params(
     params: &[cumux_protocol::ParamInfo],
     kernel_params: *mut *mut c_void,
     extra: *mut *mut c_void,

@@ -218,6 +218,9 @@ pub struct State {
     pub graph_nodes: HashMap<usize, Vec<usize>>,
     /// Node → (graph, index of its op in the recording).
     pub nodes: HashMap<usize, (usize, usize)>,
+    /// The edges (from, to) of graphs built node by node; a captured graph
+    /// has none here, being a chain in its recording's order.
+    pub graph_edges: HashMap<usize, Vec<(usize, usize)>>,
     /// Argument storage handed out by `cuGraphKernelNodeGetParams`: node →
     /// (argument bytes, one pointer per argument into them). Lives as long
     /// as the graph, as the driver's does.

@@ -1,0 +1,290 @@
+//! CUDA graphs built node by node (`cuGraphAdd*Node`, `cuGraphAddDependencies`):
+//! each node is one op of the graph's recording (`crate::graph`), and a launch
+//! runs them in the order they were added, which every dependency agrees with.
+
+use std::ffi::c_void;
+use std::sync::Arc;
+
+use cumux_cuda_bindings::{consts::*, types::*};
+use cumux_protocol::{Call, DEFAULT_STREAM};
+
+use super::graph::edges_of;
+use super::launch::pack_params;
+use super::*;
+use crate::graph::GraphOp;
+use crate::state::{client, handles, Client, State};
+
+/// `n` node handles from the program's array `list`.
+fn node_list(list: *const *mut c_void, n: usize) -> CuResult<Vec<usize>> {
+    if n == 0 {
+        return Ok(Vec::new());
+    }
+    let width = std::mem::size_of::<usize>();
+    let bytes = host_bytes(
+        list.cast(),
+        n.checked_mul(width).ok_or(CUDA_ERROR_INVALID_VALUE)?,
+    )?;
+    Ok(bytes
+        .chunks_exact(width)
+        .map(|w| {
+            let mut word = [0u8; std::mem::size_of::<usize>()];
+            word.copy_from_slice(w);
+            usize::from_ne_bytes(word)
+        })
+        .collect())
+}
+
+/// Appends `op` to `graph` as a node after `deps` (nodes of that graph): the
+/// new node's handle, written to `node_out`.
+fn add_node(
+    c: &Client,
+    node_out: *mut *mut c_void,
+    graph: *mut c_void,
+    deps: *const *mut c_void,
+    n: usize,
+    op: GraphOp,
+) -> CuResult<()> {
+    non_null(node_out)?;
+    let deps = node_list(deps, n)?;
+    let g = handle(graph);
+    let mut st = c.lock();
+    let mut edges = edges_of(&st, g)?;
+    if deps.iter().any(|d| st.nodes.get(d).map(|p| p.0) != Some(g)) {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let node = c.mint();
+    let ops = Arc::make_mut(st.graphs.get_mut(&g).ok_or(CUDA_ERROR_INVALID_VALUE)?);
+    ops.push(op);
+    let index = ops.len() - 1;
+    st.nodes.insert(node, (g, index));
+    st.graph_nodes.entry(g).or_default().push(node);
+    edges.extend(deps.iter().map(|&d| (d, node)));
+    st.graph_edges.insert(g, edges);
+    drop(st);
+    out(node_out, to_ptr(node))
+}
+
+/// A kernel node's launch, its arguments packed now as a launch packs them.
+#[allow(clippy::too_many_arguments)]
+fn kernel_op(
+    c: &Client,
+    func: *mut c_void,
+    grid: [u32; 3],
+    block: [u32; 3],
+    shared: u32,
+    kernel_params: *mut *mut c_void,
+    extra: *mut *mut c_void,
+) -> CuResult<GraphOp> {
+    let function = handles::wire_or_invalid(func)?;
+    let st = c.lock();
+    let params = pack_params(&st.function(function)?.params, kernel_params, extra)?;
+    Ok(GraphOp::Call(Call::Launch {
+        function,
+        grid,
+        block,
+        shared_bytes: shared,
+        stream: DEFAULT_STREAM,
+        params,
+        attributes: Vec::new(),
+    }))
+}
+
+/// A memset node's op: 1, 2 or 4-byte elements, rows `pitch` bytes apart.
+fn memset_op(p: &CUDA_MEMSET_NODE_PARAMS) -> CuResult<GraphOp> {
+    if !matches!(p.elementSize, 1 | 2 | 4) || p.width == 0 || p.height == 0 {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let row = p
+        .width
+        .checked_mul(p.elementSize as usize)
+        .ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    let pitch = match p.height {
+        1 => row,
+        _ if p.pitch < row => return Err(CUDA_ERROR_INVALID_VALUE),
+        _ => p.pitch,
+    };
+    Ok(GraphOp::Call(Call::Memset {
+        dst: p.dst,
+        value: p.value,
+        elem_bytes: p.elementSize as u8,
+        count: p.width as u64,
+        pitch: pitch as u64,
+        height: p.height as u64,
+        stream: Some(DEFAULT_STREAM),
+    }))
+}
+
+/// One side of a memcpy node: (address, whether it is device memory).
+fn copy_side(st: &State, kind: u32, host: usize, device: u64) -> CuResult<(u64, bool)> {
+    match kind {
+        CU_MEMORYTYPE_HOST => Ok((host as u64, false)),
+        CU_MEMORYTYPE_DEVICE => Ok((device, true)),
+        CU_MEMORYTYPE_UNIFIED => Ok((device, st.is_device_memory(device))),
+        _ => Err(CUDA_ERROR_NOT_SUPPORTED),
+    }
+}
+
+/// A memcpy node's op. Only contiguous copies (one row, no offsets, no
+/// arrays) are taken; any other answers `CUDA_ERROR_NOT_SUPPORTED`.
+fn memcpy_op(st: &State, p: &CUDA_MEMCPY3D) -> CuResult<GraphOp> {
+    let offsets = [
+        p.srcXInBytes,
+        p.srcY,
+        p.srcZ,
+        p.srcLOD,
+        p.dstXInBytes,
+        p.dstY,
+        p.dstZ,
+        p.dstLOD,
+    ];
+    if offsets.iter().any(|&o| o != 0) || p.Height > 1 || p.Depth > 1 {
+        tracing::debug!("a graph memcpy node of more than one row is not supported");
+        return Err(CUDA_ERROR_NOT_SUPPORTED);
+    }
+    let len = p.WidthInBytes;
+    let (src, src_device) = copy_side(st, p.srcMemoryType, p.srcHost as usize, p.srcDevice)?;
+    let (dst, dst_device) = copy_side(st, p.dstMemoryType, p.dstHost as usize, p.dstDevice)?;
+    Ok(match (dst_device, src_device) {
+        (true, true) => GraphOp::Call(Call::MemcpyDtoD {
+            dst,
+            src,
+            bytes: len as u64,
+            stream: Some(DEFAULT_STREAM),
+        }),
+        (true, false) => GraphOp::HtoD {
+            dst,
+            src: src as usize,
+            len,
+        },
+        (false, true) => GraphOp::DtoH {
+            dst: dst as usize,
+            src,
+            len,
+        },
+        (false, false) => return Err(CUDA_ERROR_NOT_SUPPORTED),
+    })
+}
+
+/// Adds edges `from[i]` → `to[i]`; an edge against the order the nodes were
+/// added in answers `CUDA_ERROR_NOT_SUPPORTED` (cumux runs them in that order).
+fn add_dependencies(
+    graph: *mut c_void,
+    from: *const *mut c_void,
+    to: *const *mut c_void,
+    n: usize,
+) -> CuResult<()> {
+    let (from, to) = (node_list(from, n)?, node_list(to, n)?);
+    let c = client()?;
+    let g = handle(graph);
+    let mut st = c.lock();
+    let mut edges = edges_of(&st, g)?;
+    for (&f, &t) in from.iter().zip(&to) {
+        let place = |n: usize| st.nodes.get(&n).filter(|p| p.0 == g).map(|p| p.1);
+        let (Some(fi), Some(ti)) = (place(f), place(t)) else {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        };
+        if fi >= ti {
+            tracing::debug!("a graph edge to a node added before its source is not supported");
+            return Err(CUDA_ERROR_NOT_SUPPORTED);
+        }
+        edges.push((f, t));
+    }
+    st.graph_edges.insert(g, edges);
+    Ok(())
+}
+
+driver_fn! {
+    fn cuGraphAddKernelNode(
+        node: *mut *mut c_void,
+        graph: *mut c_void,
+        deps: *const *mut c_void,
+        n: usize,
+        p: *const CUDA_KERNEL_NODE_PARAMS_v1
+    ) {
+        let c = client()?;
+        let p = read_in(p)?;
+        let op = kernel_op(
+            c,
+            p.func.cast(),
+            [p.gridDimX, p.gridDimY, p.gridDimZ],
+            [p.blockDimX, p.blockDimY, p.blockDimZ],
+            p.sharedMemBytes,
+            p.kernelParams,
+            p.extra,
+        )?;
+        add_node(c, node, graph, deps, n, op)
+    }
+
+    fn cuGraphAddKernelNode_v2(
+        node: *mut *mut c_void,
+        graph: *mut c_void,
+        deps: *const *mut c_void,
+        n: usize,
+        p: *const CUDA_KERNEL_NODE_PARAMS
+    ) {
+        let c = client()?;
+        let p = read_in(p)?;
+        // cumux's CUkernel and CUfunction handles are one and the same.
+        let func = if p.func.is_null() { p.kern.cast() } else { p.func.cast() };
+        let op = kernel_op(
+            c,
+            func,
+            [p.gridDimX, p.gridDimY, p.gridDimZ],
+            [p.blockDimX, p.blockDimY, p.blockDimZ],
+            p.sharedMemBytes,
+            p.kernelParams,
+            p.extra,
+        )?;
+        add_node(c, node, graph, deps, n, op)
+    }
+
+    fn cuGraphAddMemsetNode(
+        node: *mut *mut c_void,
+        graph: *mut c_void,
+        deps: *const *mut c_void,
+        n: usize,
+        p: *const CUDA_MEMSET_NODE_PARAMS,
+        _ctx: *mut c_void
+    ) {
+        let op = memset_op(read_in(p)?)?;
+        add_node(client()?, node, graph, deps, n, op)
+    }
+
+    fn cuGraphAddMemcpyNode(
+        node: *mut *mut c_void,
+        graph: *mut c_void,
+        deps: *const *mut c_void,
+        n: usize,
+        p: *const CUDA_MEMCPY3D,
+        _ctx: *mut c_void
+    ) {
+        let c = client()?;
+        let op = memcpy_op(&c.lock(), read_in(p)?)?;
+        add_node(c, node, graph, deps, n, op)
+    }
+
+    fn cuGraphAddEmptyNode(node: *mut *mut c_void, graph: *mut c_void, deps: *const *mut c_void, n: usize) {
+        add_node(client()?, node, graph, deps, n, GraphOp::Empty)
+    }
+
+    fn cuGraphAddDependencies(graph: *mut c_void, from: *const *mut c_void, to: *const *mut c_void, n: usize) {
+        add_dependencies(graph, from, to, n)
+    }
+
+    fn cuGraphAddDependencies_v2(
+        graph: *mut c_void,
+        from: *const *mut c_void,
+        to: *const *mut c_void,
+        data: *const CUgraphEdgeData,
+        n: usize
+    ) {
+        if !data.is_null() {
+            let bytes = host_bytes(data.cast(), n * std::mem::size_of::<CUgraphEdgeData>())?;
+            if bytes.iter().any(|&b| b != 0) {
+                // Programmatic and port edges order nothing more than a plain one here.
+                return Err(CUDA_ERROR_NOT_SUPPORTED);
+            }
+        }
+        add_dependencies(graph, from, to, n)
+    }
+}
