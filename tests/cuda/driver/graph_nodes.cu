@@ -1,6 +1,7 @@
 // A CUDA graph built node by node, as XLA's command buffers build theirs:
 // memset, kernel, empty and memcpy nodes with dependencies (one added after
-// its nodes), its edges and roots read back, launched twice. Prints PASS.
+// its nodes; one kernel by the generic cudaGraphAddNode), its edges and roots
+// read back, launched twice. Prints PASS.
 #include <cstdio>
 #include <cuda_runtime.h>
 
@@ -48,8 +49,14 @@ int main() {
   k.kernelParams = args;
   CHECK(cudaGraphAddKernelNode(&inc, graph, &set_a, 1, &k));
   CHECK(cudaGraphAddEmptyNode(&gap, graph, &inc, 1));
-  k.func = (void *)twice;
-  CHECK(cudaGraphAddKernelNode(&dbl, graph, &gap, 1, &k));
+  // The generic call, as XLA adds its kernel nodes.
+  cudaGraphNodeParams generic = {};
+  generic.type = cudaGraphNodeTypeKernel;
+  generic.kernel.func = (void *)twice;
+  generic.kernel.gridDim = k.gridDim;
+  generic.kernel.blockDim = k.blockDim;
+  generic.kernel.kernelParams = args;
+  CHECK(cudaGraphAddNode(&dbl, graph, &gap, nullptr, 1, &generic));
   CHECK(cudaGraphAddMemcpyNode1D(&copy, graph, &dbl, 1, out, a, sizeof(out), cudaMemcpyDeviceToHost));
   // An edge added once both ends exist.
   CHECK(cudaGraphAddDependencies(graph, &set_b, &dbl, nullptr, 1));

@@ -193,7 +193,92 @@ fn add_dependencies(
     Ok(())
 }
 
+/// Bytes from the start of a `CUgraphNodeParams` to its union of parameters
+/// (after the node type and three reserved ints).
+const NODE_PARAMS_UNION: usize = 16;
+/// Bytes from the start of a `CUDA_MEMCPY_NODE_PARAMS` to its `CUDA_MEMCPY3D`
+/// (after its flags, a reserved int and the copy's context).
+const MEMCPY_NODE_COPY: usize = 16;
+
+/// The op of a `CUgraphNodeParams` (`cuGraphAddNode`): kernel, memset,
+/// memcpy and empty nodes; any other type answers `CUDA_ERROR_NOT_SUPPORTED`.
+fn node_params_op(c: &Client, params: *mut c_void) -> CuResult<GraphOp> {
+    non_null(params)?;
+    let kind = *read_in(params.cast::<u32>())?;
+    let union = params.cast::<u8>().wrapping_add(NODE_PARAMS_UNION);
+    match kind {
+        CU_GRAPH_NODE_TYPE_KERNEL => {
+            // `CUDA_KERNEL_NODE_PARAMS_v3` has the layout of the v2 structure.
+            let p = read_in(union.cast::<CUDA_KERNEL_NODE_PARAMS>())?;
+            let func = if p.func.is_null() {
+                p.kern.cast()
+            } else {
+                p.func.cast()
+            };
+            kernel_op(
+                c,
+                func,
+                [p.gridDimX, p.gridDimY, p.gridDimZ],
+                [p.blockDimX, p.blockDimY, p.blockDimZ],
+                p.sharedMemBytes,
+                p.kernelParams,
+                p.extra,
+            )
+        }
+        // `CUDA_MEMSET_NODE_PARAMS_v2` is the v1 structure and a context.
+        CU_GRAPH_NODE_TYPE_MEMSET => memset_op(read_in(union.cast::<CUDA_MEMSET_NODE_PARAMS>())?),
+        CU_GRAPH_NODE_TYPE_MEMCPY => {
+            let copy = union.wrapping_add(MEMCPY_NODE_COPY).cast::<CUDA_MEMCPY3D>();
+            memcpy_op(&c.lock(), read_in(copy)?)
+        }
+        CU_GRAPH_NODE_TYPE_EMPTY => Ok(GraphOp::Empty),
+        other => {
+            tracing::debug!("graph nodes of type {other} are not supported");
+            Err(CUDA_ERROR_NOT_SUPPORTED)
+        }
+    }
+}
+
+/// `cuGraphAddNode_v2`/`_v3` edge data: only default edges.
+fn default_edges(data: *const CUgraphEdgeData, n: usize) -> CuResult<()> {
+    if data.is_null() || n == 0 {
+        return Ok(());
+    }
+    let bytes = host_bytes(data.cast(), n * std::mem::size_of::<CUgraphEdgeData>())?;
+    match bytes.iter().all(|&b| b == 0) {
+        true => Ok(()),
+        // Programmatic and port edges order nothing more than a plain one here.
+        false => Err(CUDA_ERROR_NOT_SUPPORTED),
+    }
+}
+
 driver_fn! {
+    fn cuGraphAddNode(
+        node: *mut *mut c_void,
+        graph: *mut c_void,
+        deps: *const *mut c_void,
+        n: usize,
+        params: *mut c_void
+    ) {
+        let c = client()?;
+        let op = node_params_op(c, params)?;
+        add_node(c, node, graph, deps, n, op)
+    }
+
+    fn cuGraphAddNode_v2 | cuGraphAddNode_v3 (
+        node: *mut *mut c_void,
+        graph: *mut c_void,
+        deps: *const *mut c_void,
+        data: *const CUgraphEdgeData,
+        n: usize,
+        params: *mut c_void
+    ) {
+        default_edges(data, n)?;
+        let c = client()?;
+        let op = node_params_op(c, params)?;
+        add_node(c, node, graph, deps, n, op)
+    }
+
     fn cuGraphAddKernelNode(
         node: *mut *mut c_void,
         graph: *mut c_void,
@@ -278,13 +363,7 @@ driver_fn! {
         data: *const CUgraphEdgeData,
         n: usize
     ) {
-        if !data.is_null() {
-            let bytes = host_bytes(data.cast(), n * std::mem::size_of::<CUgraphEdgeData>())?;
-            if bytes.iter().any(|&b| b != 0) {
-                // Programmatic and port edges order nothing more than a plain one here.
-                return Err(CUDA_ERROR_NOT_SUPPORTED);
-            }
-        }
+        default_edges(data, n)?;
         add_dependencies(graph, from, to, n)
     }
 }
