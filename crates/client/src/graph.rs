@@ -30,6 +30,9 @@ pub enum GraphOp {
     HostFn(Arc<dyn Fn(CUresult) + Send + Sync>),
     /// A node that only orders others (`cuGraphAddEmptyNode`).
     Empty,
+    /// A child graph's ops, run in their order where the node stands
+    /// (`cuGraphAddChildGraphNode`; the child is copied when added).
+    Child(Recording),
 }
 
 pub type Recording = Arc<Vec<GraphOp>>;
@@ -72,11 +75,15 @@ pub fn as_launch(op: &GraphOp) -> Option<GraphLaunch> {
 /// A recording of kernel launches alone, as the launches of one server-side
 /// graph (`Call::GraphCreate`); `None` if it records anything else.
 pub fn launches_only(recording: &[GraphOp]) -> Option<Vec<GraphLaunch>> {
-    recording
-        .iter()
-        .filter(|op| !matches!(op, GraphOp::Empty))
-        .map(as_launch)
-        .collect()
+    let mut launches = Vec::new();
+    for op in recording {
+        match op {
+            GraphOp::Empty => {}
+            GraphOp::Child(child) => launches.extend(launches_only(child)?),
+            op => launches.push(as_launch(op)?),
+        }
+    }
+    Some(launches)
 }
 
 /// A recorded call retargeted at `to`.

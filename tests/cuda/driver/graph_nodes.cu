@@ -1,7 +1,7 @@
 // A CUDA graph built node by node, as XLA's command buffers build theirs:
-// memset, kernel, empty and memcpy nodes with dependencies (one added after
-// its nodes; one kernel by the generic cudaGraphAddNode), its edges and roots
-// read back, launched twice. Prints PASS.
+// memset, kernel, empty, child-graph, memcpy and event nodes with
+// dependencies (one added after its nodes; one kernel by the generic
+// cudaGraphAddNode), its edges and roots read back, launched twice. Prints PASS.
 #include <cstdio>
 #include <cuda_runtime.h>
 
@@ -32,7 +32,7 @@ int main() {
   clear.elementSize = 4;
   clear.width = n;
   clear.height = 1;
-  cudaGraphNode_t set_a, set_b, inc, gap, dbl, copy;
+  cudaGraphNode_t set_a, set_b, inc, gap, sub, dbl, copy, rec, wait;
   CHECK(cudaGraphAddMemsetNode(&set_a, graph, nullptr, 0, &clear));
   cudaMemsetParams sevens = clear;
   sevens.dst = b;
@@ -49,6 +49,12 @@ int main() {
   k.kernelParams = args;
   CHECK(cudaGraphAddKernelNode(&inc, graph, &set_a, 1, &k));
   CHECK(cudaGraphAddEmptyNode(&gap, graph, &inc, 1));
+  // A child graph of one more increment.
+  cudaGraph_t child;
+  CHECK(cudaGraphCreate(&child, 0));
+  cudaGraphNode_t child_inc;
+  CHECK(cudaGraphAddKernelNode(&child_inc, child, nullptr, 0, &k));
+  CHECK(cudaGraphAddChildGraphNode(&sub, graph, &gap, 1, child));
   // The generic call, as XLA adds its kernel nodes.
   cudaGraphNodeParams generic = {};
   generic.type = cudaGraphNodeTypeKernel;
@@ -56,8 +62,12 @@ int main() {
   generic.kernel.gridDim = k.gridDim;
   generic.kernel.blockDim = k.blockDim;
   generic.kernel.kernelParams = args;
-  CHECK(cudaGraphAddNode(&dbl, graph, &gap, nullptr, 1, &generic));
+  CHECK(cudaGraphAddNode(&dbl, graph, &sub, nullptr, 1, &generic));
   CHECK(cudaGraphAddMemcpyNode1D(&copy, graph, &dbl, 1, out, a, sizeof(out), cudaMemcpyDeviceToHost));
+  cudaEvent_t done;
+  CHECK(cudaEventCreate(&done));
+  CHECK(cudaGraphAddEventRecordNode(&rec, graph, &copy, 1, done));
+  CHECK(cudaGraphAddEventWaitNode(&wait, graph, &rec, 1, done));
   // An edge added once both ends exist.
   CHECK(cudaGraphAddDependencies(graph, &set_b, &dbl, nullptr, 1));
 
@@ -65,14 +75,19 @@ int main() {
   CHECK(cudaGraphGetEdges(graph, nullptr, nullptr, nullptr, &edges));
   CHECK(cudaGraphGetRootNodes(graph, nullptr, &roots));
   CHECK(cudaGraphNodeGetDependencies(dbl, nullptr, nullptr, &deps));
-  if (edges != 5 || roots != 2 || deps != 2) {
-    printf("FAIL: %zu edges (5), %zu roots (2), %zu dependencies of the doubling (2)\n", edges, roots, deps);
+  if (edges != 8 || roots != 2 || deps != 2) {
+    printf("FAIL: %zu edges (8), %zu roots (2), %zu dependencies of the doubling (2)\n", edges, roots, deps);
     return 1;
   }
   cudaGraphNodeType type;
   CHECK(cudaGraphNodeGetType(gap, &type));
   if (type != cudaGraphNodeTypeEmpty) {
     printf("FAIL: the empty node has type %d\n", (int)type);
+    return 1;
+  }
+  CHECK(cudaGraphNodeGetType(sub, &type));
+  if (type != cudaGraphNodeTypeGraph) {
+    printf("FAIL: the child graph node has type %d\n", (int)type);
     return 1;
   }
 
@@ -84,9 +99,10 @@ int main() {
     for (int i = 0; i < n; i++) out[i] = -1;
     CHECK(cudaGraphLaunch(exec, s));
     CHECK(cudaStreamSynchronize(s));
+    CHECK(cudaEventQuery(done));
     for (int i = 0; i < n; i++) {
-      if (out[i] != 2) {
-        printf("FAIL round %d: out[%d] = %d, expected 2\n", round, i, out[i]);
+      if (out[i] != 4) {
+        printf("FAIL round %d: out[%d] = %d, expected 4\n", round, i, out[i]);
         return 1;
       }
     }
@@ -101,6 +117,7 @@ int main() {
   }
   CHECK(cudaGraphExecDestroy(exec));
   CHECK(cudaGraphDestroy(graph));
+  CHECK(cudaGraphDestroy(child));
   printf("PASS\n");
   return 0;
 }

@@ -110,6 +110,7 @@ fn node_type(op: &GraphOp) -> u32 {
         GraphOp::Call(cumux_protocol::Call::MemcpyDtoD { .. }) => 1,
         GraphOp::Call(cumux_protocol::Call::Memset { .. }) => 2,
         GraphOp::HostFn(_) => 3,
+        GraphOp::Child(_) => 4,
         GraphOp::Empty => 5,
         GraphOp::Call(cumux_protocol::Call::StreamWaitEvent { .. }) => 6,
         GraphOp::Call(cumux_protocol::Call::EventRecord { .. }) => 7,
@@ -330,6 +331,7 @@ fn replay(
                 crate::host_fn::enqueue(c, stream, Box::new(move |status| f(status)))?
             }
             GraphOp::Empty => {}
+            GraphOp::Child(child) => replay(c, c.lock(), Vec::new(), child, stream)?,
         }
     }
     Ok(())

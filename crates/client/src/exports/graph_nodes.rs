@@ -89,6 +89,32 @@ fn kernel_op(
     }))
 }
 
+/// A child graph node's op: the child's ops as they are now.
+fn child_op(c: &Client, child: *mut c_void) -> CuResult<GraphOp> {
+    let st = c.lock();
+    let ops = st
+        .graphs
+        .get(&handle(child))
+        .ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    Ok(GraphOp::Child(Arc::new(ops.as_ref().clone())))
+}
+
+/// An event record (or wait) node's op.
+fn event_op(c: &Client, event: *mut c_void, record: bool) -> CuResult<GraphOp> {
+    let event = handles::wire_or_invalid(event)?;
+    c.lock().check_event(event)?;
+    Ok(GraphOp::Call(match record {
+        true => Call::EventRecord {
+            event,
+            stream: DEFAULT_STREAM,
+        },
+        false => Call::StreamWaitEvent {
+            stream: DEFAULT_STREAM,
+            event,
+        },
+    }))
+}
+
 /// A memset node's op: 1, 2 or 4-byte elements, rows `pitch` bytes apart.
 fn memset_op(p: &CUDA_MEMSET_NODE_PARAMS) -> CuResult<GraphOp> {
     if !matches!(p.elementSize, 1 | 2 | 4) || p.width == 0 || p.height == 0 {
@@ -232,8 +258,22 @@ fn node_params_op(c: &Client, params: *mut c_void) -> CuResult<GraphOp> {
             memcpy_op(&c.lock(), read_in(copy)?)
         }
         CU_GRAPH_NODE_TYPE_EMPTY => Ok(GraphOp::Empty),
+        CU_GRAPH_NODE_TYPE_GRAPH => child_op(c, *read_in(union.cast::<*mut c_void>())?),
+        CU_GRAPH_NODE_TYPE_EVENT_RECORD | CU_GRAPH_NODE_TYPE_WAIT_EVENT => event_op(
+            c,
+            *read_in(union.cast::<*mut c_void>())?,
+            kind == CU_GRAPH_NODE_TYPE_EVENT_RECORD,
+        ),
         other => {
-            tracing::debug!("graph nodes of type {other} are not supported");
+            // Said once per type on stderr, as an unimplemented entry point is.
+            static SAID: std::sync::Mutex<Vec<u32>> = std::sync::Mutex::new(Vec::new());
+            let mut said = SAID.lock().unwrap_or_else(|p| p.into_inner());
+            if !said.contains(&other) {
+                said.push(other);
+                crate::errors::report_not_implemented(&format!(
+                    "cuGraphAddNode of node type {other}"
+                ));
+            }
             Err(CUDA_ERROR_NOT_SUPPORTED)
         }
     }
@@ -350,6 +390,42 @@ driver_fn! {
 
     fn cuGraphAddEmptyNode(node: *mut *mut c_void, graph: *mut c_void, deps: *const *mut c_void, n: usize) {
         add_node(client()?, node, graph, deps, n, GraphOp::Empty)
+    }
+
+    fn cuGraphAddChildGraphNode(
+        node: *mut *mut c_void,
+        graph: *mut c_void,
+        deps: *const *mut c_void,
+        n: usize,
+        child: *mut c_void
+    ) {
+        let c = client()?;
+        let op = child_op(c, child)?;
+        add_node(c, node, graph, deps, n, op)
+    }
+
+    fn cuGraphAddEventRecordNode(
+        node: *mut *mut c_void,
+        graph: *mut c_void,
+        deps: *const *mut c_void,
+        n: usize,
+        event: *mut c_void
+    ) {
+        let c = client()?;
+        let op = event_op(c, event, true)?;
+        add_node(c, node, graph, deps, n, op)
+    }
+
+    fn cuGraphAddEventWaitNode(
+        node: *mut *mut c_void,
+        graph: *mut c_void,
+        deps: *const *mut c_void,
+        n: usize,
+        event: *mut c_void
+    ) {
+        let c = client()?;
+        let op = event_op(c, event, false)?;
+        add_node(c, node, graph, deps, n, op)
     }
 
     fn cuGraphAddDependencies(graph: *mut c_void, from: *const *mut c_void, to: *const *mut c_void, n: usize) {
