@@ -70,6 +70,11 @@ pub struct ServerSettings {
     /// so that with --socket-mode 0660 its members can connect.
     #[arg(long)]
     pub socket_group: Option<String>,
+    /// Serve Prometheus metrics on this TCP address (HOST:PORT; port 0 picks
+    /// one), at /metrics: devices, tenants (counters for the server's life)
+    /// and sessions. A non-loopback address needs --insecure.
+    #[arg(long)]
+    pub metrics: Option<String>,
 }
 
 impl ServerSettings {
@@ -86,6 +91,7 @@ impl ServerSettings {
             drain_timeout: self.drain_timeout.or(fallback.drain_timeout),
             socket_mode: self.socket_mode.or(fallback.socket_mode),
             socket_group: self.socket_group.or(fallback.socket_group),
+            metrics: self.metrics.or(fallback.metrics),
         }
     }
 }
@@ -257,6 +263,7 @@ struct RawConfig {
     drain_timeout: Option<String>,
     socket_mode: Option<Mode>,
     socket_group: Option<String>,
+    metrics: Option<String>,
     #[serde(default = "yes")]
     allow_unknown: bool,
     #[serde(default)]
@@ -435,6 +442,7 @@ pub fn parse(text: &str) -> Result<FileConfig> {
             .transpose()
             .context("socket_mode")?,
         socket_group: raw.socket_group,
+        metrics: raw.metrics,
     };
     Ok(FileConfig {
         settings,

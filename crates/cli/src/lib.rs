@@ -4,6 +4,7 @@
 
 pub mod config;
 pub mod logging;
+pub mod metrics_http;
 pub mod notify;
 pub mod probe;
 pub mod run;

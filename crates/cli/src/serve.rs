@@ -196,6 +196,23 @@ fn choose_devices(
     }
 }
 
+/// Binds `at` for `/metrics` and serves it from a thread of its own; the
+/// address bound (port 0 picks one).
+fn serve_metrics(at: &str, insecure: bool, server: &Arc<Server>) -> Result<std::net::SocketAddr> {
+    if !insecure && !loopback_only(at)? {
+        bail!(
+            "--metrics {at}: the metrics name tenants and programs, and anyone who reaches \
+             the address can read them; use a loopback address (127.0.0.1:PORT) behind \
+             a scraper on this host, or pass --insecure to accept that"
+        );
+    }
+    let listener =
+        std::net::TcpListener::bind(at).with_context(|| format!("cannot serve metrics on {at}"))?;
+    let bound = listener.local_addr()?;
+    crate::metrics_http::start(listener, Arc::clone(server))?;
+    Ok(bound)
+}
+
 pub fn serve(options: ServeOptions) -> Result<()> {
     let file = match &options.config {
         Some(path) => config::read(path)?,
@@ -290,6 +307,10 @@ pub fn serve(options: ServeOptions) -> Result<()> {
     if let Some(warning) = access {
         tracing::warn!("{warning}");
     }
+    let metrics = match settings.metrics.as_deref() {
+        Some(at) => Some(serve_metrics(at, options.insecure, &server)?),
+        None => None,
+    };
     let mut line = format!("cumux serve: listening on {}", bound.address());
     for (i, (d, policy)) in server.devices().iter().zip(server.policies()).enumerate() {
         let info = d.info();
@@ -306,6 +327,9 @@ pub fn serve(options: ServeOptions) -> Result<()> {
         server.devices().iter().any(|d| d.info().backend == "cuda") || kind == "worker-cpu";
     if let (Some(t), true) = (kernel_timeout, watched) {
         line += &format!("; kernel timeout {}", humantime::format_duration(t));
+    }
+    if let Some(at) = metrics {
+        line += &format!("; metrics on http://{at}/metrics");
     }
     println!("{line}");
     let _ = std::io::stdout().flush();

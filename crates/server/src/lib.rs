@@ -19,6 +19,7 @@ pub mod hangups;
 pub mod host_regions;
 pub mod listener;
 mod locking;
+pub mod metrics;
 pub mod session;
 pub mod shutdown;
 pub mod status;

@@ -272,6 +272,23 @@ impl TenantPolicy {
     }
 }
 
+/// One tenant's counters for the server's whole life (its accounts come
+/// and go with its sessions): what `/metrics` shows, never going down.
+#[derive(Debug, Default)]
+pub struct TenantCounters {
+    pub sessions_opened: AtomicU64,
+    pub launches: AtomicU64,
+    pub gpu_time_ns: AtomicU64,
+    /// Allocations refused because they would take the tenant past its quota.
+    pub quota_refusals: AtomicU64,
+}
+
+/// Tenant names whose counters are kept apart; past them (a server without a
+/// tenant table sees whatever names clients give), the rest share one entry.
+pub const MAX_COUNTED_TENANTS: usize = 1024;
+/// The shared entry's name.
+pub const OTHER_TENANTS: &str = "(other tenants)";
+
 /// One tenant's live usage, shared by all its sessions.
 #[derive(Debug)]
 pub struct TenantAccount {
@@ -281,6 +298,7 @@ pub struct TenantAccount {
     sessions: AtomicU64,
     launches: AtomicU64,
     gpu_time_ns: AtomicU64,
+    counters: Arc<TenantCounters>,
 }
 
 impl TenantAccount {
@@ -288,11 +306,14 @@ impl TenantAccount {
     pub fn record_launch(&self, ns: u64) {
         self.launches.fetch_add(1, Ordering::Relaxed);
         self.gpu_time_ns.fetch_add(ns, Ordering::Relaxed);
+        self.counters.launches.fetch_add(1, Ordering::Relaxed);
+        self.counters.gpu_time_ns.fetch_add(ns, Ordering::Relaxed);
     }
 
     /// Adds `ns` of measured device time (launches counted apart).
     pub fn record_gpu_time(&self, ns: u64) {
         self.gpu_time_ns.fetch_add(ns, Ordering::Relaxed);
+        self.counters.gpu_time_ns.fetch_add(ns, Ordering::Relaxed);
     }
 
     /// Launches run by the tenant's sessions since its account was opened.
@@ -317,11 +338,16 @@ impl TenantAccount {
     /// would take the tenant past it.
     pub fn reserve(&self, bytes: u64) -> bool {
         let quota = self.settings.memory_quota.unwrap_or(u64::MAX);
-        self.mem_used
+        let held = self
+            .mem_used
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
                 used.checked_add(bytes).filter(|total| *total <= quota)
             })
-            .is_ok()
+            .is_ok();
+        if !held {
+            self.counters.quota_refusals.fetch_add(1, Ordering::Relaxed);
+        }
+        held
     }
 
     /// Gives back bytes held by [`reserve`](Self::reserve).
@@ -353,6 +379,8 @@ impl TenantAccount {
 #[derive(Debug, Default)]
 pub struct Accounts {
     accounts: Mutex<BTreeMap<String, Arc<TenantAccount>>>,
+    /// Every tenant's counters since the server started (see [`TenantCounters`]).
+    counters: Mutex<BTreeMap<String, Arc<TenantCounters>>>,
 }
 
 /// A session's hold on its tenant's account; dropping it ends the hold.
@@ -386,6 +414,8 @@ impl Accounts {
     /// The account of `name` (made with `settings` if it has none), held by one
     /// more session.
     pub fn join(self: &Arc<Self>, name: &str, settings: &TenantSettings) -> AccountHold {
+        let counters = self.counters_of(name);
+        counters.sessions_opened.fetch_add(1, Ordering::Relaxed);
         let mut map = self.lock();
         let account = Arc::clone(map.entry(name.to_string()).or_insert_with(|| {
             Arc::new(TenantAccount {
@@ -395,6 +425,7 @@ impl Accounts {
                 sessions: AtomicU64::new(0),
                 launches: AtomicU64::new(0),
                 gpu_time_ns: AtomicU64::new(0),
+                counters,
             })
         }));
         account.sessions.fetch_add(1, Ordering::AcqRel);
@@ -407,6 +438,28 @@ impl Accounts {
     /// Every account, by name.
     pub fn all(&self) -> Vec<Arc<TenantAccount>> {
         self.lock().values().cloned().collect()
+    }
+
+    /// `name`'s counters, made at its first session (past
+    /// [`MAX_COUNTED_TENANTS`] names, the shared [`OTHER_TENANTS`] ones).
+    fn counters_of(&self, name: &str) -> Arc<TenantCounters> {
+        let mut map = lock(&self.counters);
+        if let Some(c) = map.get(name) {
+            return Arc::clone(c);
+        }
+        let key = match map.len() < MAX_COUNTED_TENANTS {
+            true => name,
+            false => OTHER_TENANTS,
+        };
+        Arc::clone(map.entry(key.to_string()).or_default())
+    }
+
+    /// Every tenant's counters since the server started, by name.
+    pub fn counters(&self) -> Vec<(String, Arc<TenantCounters>)> {
+        lock(&self.counters)
+            .iter()
+            .map(|(n, c)| (n.clone(), Arc::clone(c)))
+            .collect()
     }
 }
 

@@ -1,0 +1,125 @@
+//! `cumux serve --metrics`: Prometheus text over real HTTP, with device
+//! figures under dcgm-exporter's names and tenant counters that outlive the
+//! tenant's sessions; a reachable address needs --insecure.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::Duration;
+
+use common::{corpus_program, serve_command, wait_bounded, ServerProc, TempDir};
+
+/// The address the server's log says it serves metrics on.
+fn metrics_address(server: &ServerProc) -> String {
+    let log = server.log();
+    let at = log
+        .split("metrics on http://")
+        .nth(1)
+        .and_then(|rest| rest.split("/metrics").next())
+        .unwrap_or_else(|| panic!("no metrics address in the log:\n{log}"));
+    at.to_string()
+}
+
+/// `GET /metrics` over HTTP/1.1: (status line, headers, body).
+fn scrape(at: &str) -> (String, String, String) {
+    let mut stream = TcpStream::connect(at).expect("the metrics port answers");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    write!(
+        stream,
+        "GET /metrics HTTP/1.1\r\nHost: {at}\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut reply = String::new();
+    stream.read_to_string(&mut reply).unwrap();
+    let (head, body) = reply.split_once("\r\n\r\n").expect("an HTTP reply");
+    let (status, headers) = head.split_once("\r\n").unwrap_or((head, ""));
+    (status.to_string(), headers.to_lowercase(), body.to_string())
+}
+
+/// The value of the sample `name{labels}` (labels exactly as written).
+fn sample(body: &str, series: &str) -> Option<f64> {
+    body.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+#[test]
+fn metrics_count_tenants_past_their_sessions() {
+    let args: Vec<String> = [
+        "--device",
+        "cpu",
+        "--memory",
+        "2G",
+        "--metrics",
+        "127.0.0.1:0",
+    ]
+    .map(String::from)
+    .to_vec();
+    let server = ServerProc::spawn(TempDir::new("metrics"), &args, &[]);
+    let at = metrics_address(&server);
+
+    let (status, headers, body) = scrape(&at);
+    assert!(status.contains("200"), "{status}");
+    assert!(
+        headers.contains("content-type: text/plain; version=0.0.4"),
+        "{headers}"
+    );
+    let total = sample(
+        &body,
+        "cumux_device_memory_total_bytes{backend=\"cpu\",device=\"0\"}",
+    );
+    assert_eq!(total, Some(2147483648.0), "{body}");
+    assert!(body.contains("DCGM_FI_DEV_FB_USED{gpu=\"0\""), "{body}");
+
+    // Two sessions of one tenant, both over before the scrape.
+    for _ in 0..2 {
+        let child = server
+            .command_as("metered", &corpus_program("vector_add"), &[])
+            .spawn()
+            .unwrap();
+        let out = wait_bounded(child, Duration::from_secs(120));
+        assert_eq!(out.code(), Some(0), "{}", out.describe());
+    }
+    // The sessions end on the server once their clients are gone.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let body = loop {
+        let (_, _, body) = scrape(&at);
+        let live = sample(&body, "cumux_tenant_sessions{tenant=\"metered\"}");
+        if live.is_none() || std::time::Instant::now() > deadline {
+            break body;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let of = |name: &str| sample(&body, &format!("{name}{{tenant=\"metered\"}}"));
+    assert_eq!(of("cumux_tenant_sessions_total"), Some(2.0), "{body}");
+    let launches = of("cumux_tenant_launches_total").unwrap_or(0.0);
+    assert!(launches >= 2.0, "launches {launches}:\n{body}");
+    assert_eq!(of("cumux_tenant_quota_refusals_total"), Some(0.0), "{body}");
+    // The tenant has no live session, so no live figures.
+    assert_eq!(of("cumux_tenant_sessions"), None, "{body}");
+
+    // Other paths are not found; the server serves on.
+    let mut stream = TcpStream::connect(&at).unwrap();
+    write!(
+        stream,
+        "GET /other HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut reply = String::new();
+    stream.read_to_string(&mut reply).unwrap();
+    assert!(reply.starts_with("HTTP/1.1 404"), "{reply}");
+}
+
+#[test]
+fn metrics_on_a_reachable_address_need_insecure() {
+    let out = serve_command(&["--device", "cpu", "--metrics", "0.0.0.0:0"])
+        .stderr(std::process::Stdio::piped())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("--insecure"), "{stderr}");
+}

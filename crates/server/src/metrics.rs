@@ -1,0 +1,213 @@
+//! Prometheus metrics of the server (`cumux serve --metrics ADDR`): devices,
+//! tenants and sessions, in the text format. Names follow dcgm-exporter's
+//! where one fits (`DCGM_FI_DEV_FB_USED`), else `cumux_*`; tenant counters
+//! run for the server's whole life, past their tenant's last session.
+
+use std::sync::atomic::Ordering;
+
+use prometheus::core::Collector;
+use prometheus::{CounterVec, Encoder, Gauge, GaugeVec, Opts, Registry, TextEncoder};
+
+use crate::status::StatusScope;
+use crate::{server_status, Server};
+
+const MIB: f64 = (1u64 << 20) as f64;
+
+/// A gauge (or counter) family with `labels`, registered in `registry`.
+fn family<C: Collector + Clone + 'static>(
+    registry: &Registry,
+    make: impl FnOnce(Opts, &[&str]) -> prometheus::Result<C>,
+    name: &str,
+    help: &str,
+    labels: &[&str],
+) -> prometheus::Result<C> {
+    let family = make(Opts::new(name, help), labels)?;
+    registry.register(Box::new(family.clone()))?;
+    Ok(family)
+}
+
+fn gauges(r: &Registry, name: &str, help: &str, labels: &[&str]) -> prometheus::Result<GaugeVec> {
+    family(r, GaugeVec::new, name, help, labels)
+}
+
+fn counters(
+    r: &Registry,
+    name: &str,
+    help: &str,
+    labels: &[&str],
+) -> prometheus::Result<CounterVec> {
+    family(r, CounterVec::new, name, help, labels)
+}
+
+/// The server's metrics now, in Prometheus' text format.
+pub fn render(server: &Server) -> prometheus::Result<String> {
+    let r = Registry::new();
+    let status = server_status(server, &StatusScope::Everything);
+
+    let uptime = Gauge::with_opts(Opts::new(
+        "cumux_uptime_seconds",
+        "Seconds since the server started",
+    ))?;
+    r.register(Box::new(uptime.clone()))?;
+    uptime.set(status.uptime_s);
+    let connections = gauges(
+        &r,
+        "cumux_connections",
+        "Connections the server holds now, and its limit",
+        &["kind"],
+    )?;
+    connections
+        .with_label_values(&["open"])
+        .set(f64::from(status.limits.taken));
+    connections
+        .with_label_values(&["limit"])
+        .set(f64::from(status.limits.sessions));
+
+    let fb_used = gauges(
+        &r,
+        "DCGM_FI_DEV_FB_USED",
+        "Device memory used (MiB), as dcgm-exporter names it",
+        &["gpu", "modelName"],
+    )?;
+    let fb_free = gauges(
+        &r,
+        "DCGM_FI_DEV_FB_FREE",
+        "Device memory free (MiB), as dcgm-exporter names it",
+        &["gpu", "modelName"],
+    )?;
+    let total = gauges(
+        &r,
+        "cumux_device_memory_total_bytes",
+        "Device memory cumux shares out",
+        &["device", "backend"],
+    )?;
+    let used = gauges(
+        &r,
+        "cumux_device_memory_used_bytes",
+        "Device memory held by sessions",
+        &["device", "backend"],
+    )?;
+    let signalled = counters(
+        &r,
+        "cumux_device_signalled_launches_total",
+        "Launches the scheduler saw finish by their completion signal",
+        &["device"],
+    )?;
+    for d in &status.devices {
+        let gpu = d.ordinal.to_string();
+        fb_used
+            .with_label_values(&[&gpu, &d.name])
+            .set(d.used_mem as f64 / MIB);
+        fb_free
+            .with_label_values(&[&gpu, &d.name])
+            .set(d.total_mem.saturating_sub(d.used_mem) as f64 / MIB);
+        total
+            .with_label_values(&[&gpu, &d.backend])
+            .set(d.total_mem as f64);
+        used.with_label_values(&[&gpu, &d.backend])
+            .set(d.used_mem as f64);
+        signalled
+            .with_label_values(&[&gpu])
+            .inc_by(d.signalled_launches as f64);
+    }
+
+    let live = gauges(
+        &r,
+        "cumux_tenant_sessions",
+        "Live sessions of the tenant",
+        &["tenant"],
+    )?;
+    let mem = gauges(
+        &r,
+        "cumux_tenant_memory_used_bytes",
+        "Device memory the tenant holds",
+        &["tenant"],
+    )?;
+    let quota = gauges(
+        &r,
+        "cumux_tenant_memory_quota_bytes",
+        "The tenant's memory quota (absent: none)",
+        &["tenant"],
+    )?;
+    let charged = gauges(&r, "cumux_tenant_charged_gpu_seconds", "Device time the scheduler has charged the tenant while it has sessions (fair and priority)", &["tenant"])?;
+    for t in &status.tenants {
+        live.with_label_values(&[&t.name]).set(t.sessions as f64);
+        mem.with_label_values(&[&t.name]).set(t.mem_used as f64);
+        if let Some(q) = t.memory_quota {
+            quota.with_label_values(&[&t.name]).set(q as f64);
+        }
+        let charged_ns: u64 = server
+            .gates
+            .iter()
+            .flatten()
+            .filter_map(|g| g.charged_ns(&t.name))
+            .sum();
+        charged
+            .with_label_values(&[&t.name])
+            .set(charged_ns as f64 / 1e9);
+    }
+    let opened = counters(
+        &r,
+        "cumux_tenant_sessions_total",
+        "Sessions the tenant opened",
+        &["tenant"],
+    )?;
+    let launches = counters(
+        &r,
+        "cumux_tenant_launches_total",
+        "Kernel launches of the tenant",
+        &["tenant"],
+    )?;
+    let gpu = counters(
+        &r,
+        "cumux_tenant_gpu_seconds_total",
+        "Measured device time of the tenant's launches, where server threads run them",
+        &["tenant"],
+    )?;
+    let refusals = counters(
+        &r,
+        "cumux_tenant_quota_refusals_total",
+        "Allocations refused at the tenant's quota",
+        &["tenant"],
+    )?;
+    for (name, c) in server.accounts().counters() {
+        let load = |v: &std::sync::atomic::AtomicU64| v.load(Ordering::Relaxed) as f64;
+        opened
+            .with_label_values(&[&name])
+            .inc_by(load(&c.sessions_opened));
+        launches
+            .with_label_values(&[&name])
+            .inc_by(load(&c.launches));
+        gpu.with_label_values(&[&name])
+            .inc_by(load(&c.gpu_time_ns) / 1e9);
+        refusals
+            .with_label_values(&[&name])
+            .inc_by(load(&c.quota_refusals));
+    }
+
+    let labels = ["session", "tenant", "program"];
+    let s_mem = gauges(
+        &r,
+        "cumux_session_memory_used_bytes",
+        "Device memory the session holds",
+        &labels,
+    )?;
+    let s_launches = counters(
+        &r,
+        "cumux_session_launches_total",
+        "Kernel launches of the session",
+        &labels,
+    )?;
+    for s in &status.sessions {
+        let values = [s.session.to_string(), s.tenant.clone(), s.program.clone()];
+        let values: Vec<&str> = values.iter().map(String::as_str).collect();
+        s_mem.with_label_values(&values).set(s.mem_used as f64);
+        s_launches
+            .with_label_values(&values)
+            .inc_by(s.launches as f64);
+    }
+
+    let mut text = Vec::new();
+    TextEncoder::new().encode(&r.gather(), &mut text)?;
+    String::from_utf8(text).map_err(|e| prometheus::Error::Msg(e.to_string()))
+}
