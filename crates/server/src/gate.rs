@@ -236,6 +236,10 @@ struct GateState {
     /// allocates nothing.
     seen: Vec<((usize, u32), u64)>,
     watcher_started: bool,
+    /// The charge of tenants that left the gate, by name (see
+    /// [`DeviceGate::charged_total_ns`]; past [`crate::tenants::MAX_COUNTED_TENANTS`]
+    /// names the rest share one entry).
+    retired: HashMap<String, Nanos>,
 }
 
 impl GateState {
@@ -349,6 +353,7 @@ impl DeviceGate {
                 signalled: 0,
                 seen: Vec::new(),
                 watcher_started: false,
+                retired: HashMap::new(),
             }),
             changed: Condvar::new(),
             clock,
@@ -378,6 +383,13 @@ impl DeviceGate {
         let state = self.lock();
         let id = state.tenants.get(name)?.id;
         state.scheduler.tenant_stats(id).map(|t| t.gpu_time_ns)
+    }
+
+    /// The GPU time the gate has charged `name` over the server's life: what
+    /// its earlier registrations were charged, and its present one's.
+    pub fn charged_total_ns(&self, name: &str) -> Nanos {
+        let live = self.charged_ns(name).unwrap_or(0);
+        live.saturating_add(self.lock().retired.get(name).copied().unwrap_or(0))
     }
 
     /// Launches completed by their signal so far (see [`GateSession::watch`]).
@@ -696,9 +708,20 @@ impl Drop for GateSession {
         if member.sessions > 0 {
             return;
         }
+        let charged = state
+            .scheduler
+            .tenant_stats(self.tenant)
+            .map_or(0, |t| t.gpu_time_ns);
         match state.scheduler.unregister_tenant(self.tenant) {
             Ok(()) => {
                 state.tenants.remove(&self.tenant_name);
+                let known = state.retired.contains_key(&self.tenant_name);
+                let key = match known || state.retired.len() < crate::tenants::MAX_COUNTED_TENANTS {
+                    true => self.tenant_name.clone(),
+                    false => crate::tenants::OTHER_TENANTS.to_string(),
+                };
+                let total = state.retired.entry(key).or_insert(0);
+                *total = total.saturating_add(charged);
             }
             // Work of the session still in flight (a stream worker that could not be
             // joined): the tenant stays registered, with no session, and is reused.
@@ -929,6 +952,16 @@ mod tests {
         let light_time = light.tenant_stats().unwrap().gpu_time_ns;
         assert_eq!(light_time, 2 * ms);
         assert_eq!(heavy.tenant_stats().unwrap().gpu_time_ns, 20 * ms);
+        // Once light's last session leaves, its charge stays in the gate's
+        // total for the server's life; a new session of it adds to it.
+        drop(light);
+        assert_eq!(gate.charged_ns("light"), None);
+        assert_eq!(gate.charged_total_ns("light"), 2 * ms);
+        let again = device.member("light", TenantClass::Batch, 3);
+        device.launch(&again, "l", 0, ms, None).join().unwrap();
+        assert_eq!(gate.charged_ns("light"), Some(ms));
+        assert_eq!(gate.charged_total_ns("light"), 3 * ms);
+        assert_eq!(gate.charged_total_ns("heavy"), 20 * ms);
     }
 
     #[test]

@@ -161,7 +161,7 @@ pub fn render(server: &Server) -> prometheus::Result<String> {
     let gpu = counters(
         &r,
         "cumux_tenant_gpu_seconds_total",
-        "Measured device time of the tenant's launches, where server threads run them",
+        "Device time of the tenant's launches: charged by the scheduler under fair and priority, measured by the server's threads under fifo",
         &["tenant"],
     )?;
     let refusals = counters(
@@ -170,6 +170,10 @@ pub fn render(server: &Server) -> prometheus::Result<String> {
         "Allocations refused at the tenant's quota",
         &["tenant"],
     )?;
+    let charged = |name: &str| -> f64 {
+        let gates = server.gates.iter().flatten();
+        gates.map(|g| g.charged_total_ns(name)).sum::<u64>() as f64
+    };
     for (name, c) in server.accounts().counters() {
         let load = |v: &std::sync::atomic::AtomicU64| v.load(Ordering::Relaxed) as f64;
         opened
@@ -179,7 +183,7 @@ pub fn render(server: &Server) -> prometheus::Result<String> {
             .with_label_values(&[&name])
             .inc_by(load(&c.launches));
         gpu.with_label_values(&[&name])
-            .inc_by(load(&c.gpu_time_ns) / 1e9);
+            .inc_by((load(&c.gpu_time_ns) + charged(&name)) / 1e9);
         refusals
             .with_label_values(&[&name])
             .inc_by(load(&c.quota_refusals));

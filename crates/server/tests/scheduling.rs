@@ -180,6 +180,18 @@ fn fair_evens_out_a_flooding_tenant_and_fifo_does_not() {
     let (flood_ms, loop_ms) = (flood.gpu_time_ms, closed.gpu_time_ms);
     eprintln!("status under fair: flood {flood_ms:.0} ms, loop {loop_ms:.0} ms of GPU time");
     assert!(flood_ms > 100.0 && loop_ms > 100.0, "{:?}", status.tenants);
+    // A tenant's time is its sessions', counted once (the gate's charge, not
+    // that and the threads' own timing besides).
+    let sessions_ms: f64 = status
+        .sessions
+        .iter()
+        .filter(|s| s.tenant == "loop")
+        .map(|s| s.gpu_time_ms)
+        .sum();
+    assert!(
+        loop_ms < 1.5 * sessions_ms && loop_ms > 0.5 * sessions_ms,
+        "the loop tenant's {loop_ms:.1} ms against its sessions' {sessions_ms:.1} ms"
+    );
 }
 
 #[test]

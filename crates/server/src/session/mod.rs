@@ -141,11 +141,18 @@ pub struct Session {
     status_scope: StatusScope,
 }
 
-/// Tells the session's statistics and its tenant's account the device time of
-/// each launch that the server's own stream threads time.
-fn launch_meter(stats: &Arc<SessionStats>, account: Option<&AccountHold>) -> LaunchMeter {
+/// Tells the session's statistics, and its tenant's account where no gate
+/// charges the tenant for the launch already (`gated`), the device time of each
+/// launch that the server's own stream threads time.
+fn launch_meter(
+    stats: &Arc<SessionStats>,
+    account: Option<&AccountHold>,
+    gated: bool,
+) -> LaunchMeter {
     let stats = Arc::clone(stats);
-    let account = account.map(|hold| Arc::clone(hold.account()));
+    let account = account
+        .filter(|_| !gated)
+        .map(|hold| Arc::clone(hold.account()));
     Box::new(move |ns| {
         stats.gpu_time_ns.fetch_add(ns, Ordering::Relaxed);
         if let Some(account) = &account {
@@ -239,7 +246,7 @@ impl Session {
             Some(_) if gate.is_none() || signals.is_some() => None,
             _ => {
                 // These threads ask the gate themselves before each piece of work.
-                let meter = launch_meter(&stats, account.as_ref());
+                let meter = launch_meter(&stats, account.as_ref(), gate.is_some());
                 signals = None;
                 Some(ThreadedStreams::new(
                     Arc::clone(&ctx),
