@@ -3,18 +3,13 @@
 //! synchronizing is held once `MAX_PENDING_LAUNCHES` of its stream are
 //! unfinished, instead of queueing as deep as the rings let it.
 
-use std::path::PathBuf;
-use std::sync::Arc;
+mod common;
+
 use std::time::{Duration, Instant};
 
-use cumux_protocol::{Call, ClientRole, Hello, ReplyBody, DEFAULT_STREAM, MAGIC, PROTOCOL_VERSION};
+use cumux_protocol::{Call, ReplyBody, DEFAULT_STREAM};
 use cumux_server::session::window::{MAX_PENDING_LAUNCHES, WINDOW_SIGNAL_EVERY};
-use cumux_server::session::Session;
-use cumux_server::tenants::TenantSettings;
-use cumux_server::worker::device::{cuda_worker_devices, Sharing};
-use cumux_testkit::fake_gpu::{fake_libcuda, fixture_fatbin, scale_params};
-
-const CUMUX: &str = env!("CARGO_BIN_EXE_cumux");
+use cumux_testkit::fake_gpu::{fixture_fatbin, scale_params};
 /// How long each fake kernel takes.
 const KERNEL: Duration = Duration::from_millis(2);
 /// Launches past the window: each waits for one kernel at least.
@@ -22,29 +17,12 @@ const PAST_WINDOW: u64 = 300;
 
 #[test]
 fn launches_without_a_synchronize_wait_for_the_device() {
-    let Some(fake) = fake_libcuda("window", true) else {
-        eprintln!("no C compiler: skipping");
+    // FAKE_KERNEL_US before the first worker starts: it inherits it.
+    std::env::set_var("FAKE_KERNEL_US", KERNEL.as_micros().to_string());
+    let Some(server) = common::fake_gpu_server("window") else {
         return;
     };
-    // The only test of this binary: the environment is ours to set.
-    std::env::set_var("CUMUX_REAL_LIBCUDA", &fake);
-    std::env::set_var("FAKE_KERNEL_US", KERNEL.as_micros().to_string());
-    std::env::set_var("CUMUX_WORKER_SPARES", "0");
-    let devices = cuda_worker_devices(PathBuf::from(CUMUX), Sharing::Isolated, None).unwrap();
-    let server = cumux_server::Server::new(devices);
-    let hello = Hello {
-        magic: MAGIC,
-        version: PROTOCOL_VERSION,
-        pid: std::process::id(),
-        role: ClientRole::Driver,
-        program: "never-synchronizes".into(),
-        tenant: None,
-        token: None,
-        shm: false,
-        visible_devices: None,
-    };
-    let tenant = Some(("t".to_string(), TenantSettings::default()));
-    let mut session = Session::open(Arc::clone(&server), &hello, tenant).unwrap();
+    let mut session = common::driver_session(&server, "never-synchronizes");
     let mut call = |call: Call| session.handle(call).unwrap();
     let loaded = call(Call::ModuleLoad {
         image: fixture_fatbin(),

@@ -5,20 +5,13 @@
 //! sees what they wrote. Outside the region, or once it is gone, the same
 //! calls are refused.
 
+mod common;
+
 use std::os::fd::AsFd;
-use std::path::PathBuf;
-use std::sync::Arc;
 
 use cumux_protocol::pinned::{create_memfd, HostMapping};
-use cumux_protocol::{
-    codes, Call, ClientRole, Hello, ReplyBody, DEFAULT_STREAM, MAGIC, PROTOCOL_VERSION,
-};
-use cumux_server::session::Session;
-use cumux_server::tenants::TenantSettings;
-use cumux_server::worker::device::{cuda_worker_devices, Sharing};
-use cumux_testkit::fake_gpu::{f32_bytes, f32s, fake_libcuda, fixture_fatbin, scale_params};
-
-const CUMUX: &str = env!("CARGO_BIN_EXE_cumux");
+use cumux_protocol::{codes, Call, ReplyBody, DEFAULT_STREAM};
+use cumux_testkit::fake_gpu::{f32_bytes, f32s, fixture_fatbin, scale_params};
 const BYTES: u64 = 4096;
 
 fn memset(dst: u64, value: u32, count: u64) -> Call {
@@ -39,28 +32,10 @@ fn refused(result: Option<Result<ReplyBody, cumux_protocol::CuError>>) -> bool {
 
 #[test]
 fn device_work_reaches_pinned_memory_at_the_clients_address() {
-    let Some(fake) = fake_libcuda("zero-copy", true) else {
-        eprintln!("no C compiler: skipping");
+    let Some(server) = common::fake_gpu_server("zero-copy") else {
         return;
     };
-    // The only test of this binary: the environment is ours to set.
-    std::env::set_var("CUMUX_REAL_LIBCUDA", &fake);
-    std::env::set_var("CUMUX_WORKER_SPARES", "0");
-    let devices = cuda_worker_devices(PathBuf::from(CUMUX), Sharing::Isolated, None).unwrap();
-    let server = cumux_server::Server::new(devices);
-    let hello = Hello {
-        magic: MAGIC,
-        version: PROTOCOL_VERSION,
-        pid: std::process::id(),
-        role: ClientRole::Driver,
-        program: "zero-copy".into(),
-        tenant: None,
-        token: None,
-        shm: false,
-        visible_devices: None,
-    };
-    let tenant = Some(("t".to_string(), TenantSettings::default()));
-    let mut session = Session::open(Arc::clone(&server), &hello, tenant).unwrap();
+    let mut session = common::driver_session(&server, "zero-copy");
 
     // The client's pinned memory: a memfd mapped here, registered at its address.
     let fd = create_memfd(BYTES).unwrap();

@@ -515,3 +515,45 @@ pub fn wait_for_line(
         }
     }
 }
+
+/// A server over the fake GPU of `cumux-cuda-driver`'s tests in worker
+/// processes (one per session, no spare), for sessions opened in the test's
+/// own process; `None` (said on stderr) without a C compiler. It sets the
+/// process's environment: only for a test binary of one test.
+pub fn fake_gpu_server(tag: &str) -> Option<std::sync::Arc<cumux_server::Server>> {
+    use cumux_server::worker::device::{cuda_worker_devices, Sharing};
+    let Some(fake) = cumux_testkit::fake_gpu::fake_libcuda(tag, true) else {
+        eprintln!("no C compiler: skipping");
+        return None;
+    };
+    std::env::set_var("CUMUX_REAL_LIBCUDA", &fake);
+    std::env::set_var("CUMUX_WORKER_SPARES", "0");
+    let devices =
+        cuda_worker_devices(PathBuf::from(CUMUX), Sharing::Isolated, None).expect("the fake GPU");
+    Some(cumux_server::Server::new(devices))
+}
+
+/// A session of tenant `t` for `program`, opened in the test's own process.
+pub fn driver_session(
+    server: &std::sync::Arc<cumux_server::Server>,
+    program: &str,
+) -> cumux_server::session::Session {
+    use cumux_protocol::{ClientRole, Hello, MAGIC, PROTOCOL_VERSION};
+    let hello = Hello {
+        magic: MAGIC,
+        version: PROTOCOL_VERSION,
+        pid: std::process::id(),
+        role: ClientRole::Driver,
+        program: program.into(),
+        tenant: None,
+        token: None,
+        shm: false,
+        visible_devices: None,
+    };
+    let tenant = Some((
+        "t".to_string(),
+        cumux_server::tenants::TenantSettings::default(),
+    ));
+    cumux_server::session::Session::open(std::sync::Arc::clone(server), &hello, tenant)
+        .expect("a session")
+}

@@ -115,6 +115,31 @@ fn event_op(c: &Client, event: *mut c_void, record: bool) -> CuResult<GraphOp> {
     }))
 }
 
+/// [`kernel_op`] of a `CUDA_KERNEL_NODE_PARAMS` of either version, launching `$func`.
+macro_rules! kernel_node_op {
+    ($c:expr, $p:expr, $func:expr) => {
+        kernel_op(
+            $c,
+            $func,
+            [$p.gridDimX, $p.gridDimY, $p.gridDimZ],
+            [$p.blockDimX, $p.blockDimY, $p.blockDimZ],
+            $p.sharedMemBytes,
+            $p.kernelParams,
+            $p.extra,
+        )
+    };
+}
+
+/// A kernel node's op from the v2 (or v3) parameters: their function, else
+/// their kernel (cumux's CUkernel and CUfunction handles are one and the same).
+fn kernel_op_v2(c: &Client, p: &CUDA_KERNEL_NODE_PARAMS) -> CuResult<GraphOp> {
+    let func = match p.func.is_null() {
+        true => p.kern.cast(),
+        false => p.func.cast(),
+    };
+    kernel_node_op!(c, p, func)
+}
+
 /// A memset node's op: 1, 2 or 4-byte elements, rows `pitch` bytes apart.
 fn memset_op(p: &CUDA_MEMSET_NODE_PARAMS) -> CuResult<GraphOp> {
     if !matches!(p.elementSize, 1 | 2 | 4) || p.width == 0 || p.height == 0 {
@@ -233,23 +258,9 @@ fn node_params_op(c: &Client, params: *mut c_void) -> CuResult<GraphOp> {
     let kind = *read_in(params.cast::<u32>())?;
     let union = params.cast::<u8>().wrapping_add(NODE_PARAMS_UNION);
     match kind {
+        // `CUDA_KERNEL_NODE_PARAMS_v3` has the layout of the v2 structure.
         CU_GRAPH_NODE_TYPE_KERNEL => {
-            // `CUDA_KERNEL_NODE_PARAMS_v3` has the layout of the v2 structure.
-            let p = read_in(union.cast::<CUDA_KERNEL_NODE_PARAMS>())?;
-            let func = if p.func.is_null() {
-                p.kern.cast()
-            } else {
-                p.func.cast()
-            };
-            kernel_op(
-                c,
-                func,
-                [p.gridDimX, p.gridDimY, p.gridDimZ],
-                [p.blockDimX, p.blockDimY, p.blockDimZ],
-                p.sharedMemBytes,
-                p.kernelParams,
-                p.extra,
-            )
+            kernel_op_v2(c, read_in(union.cast::<CUDA_KERNEL_NODE_PARAMS>())?)
         }
         // `CUDA_MEMSET_NODE_PARAMS_v2` is the v1 structure and a context.
         CU_GRAPH_NODE_TYPE_MEMSET => memset_op(read_in(union.cast::<CUDA_MEMSET_NODE_PARAMS>())?),
@@ -328,15 +339,7 @@ driver_fn! {
     ) {
         let c = client()?;
         let p = read_in(p)?;
-        let op = kernel_op(
-            c,
-            p.func.cast(),
-            [p.gridDimX, p.gridDimY, p.gridDimZ],
-            [p.blockDimX, p.blockDimY, p.blockDimZ],
-            p.sharedMemBytes,
-            p.kernelParams,
-            p.extra,
-        )?;
+        let op = kernel_node_op!(c, p, p.func.cast())?;
         add_node(c, node, graph, deps, n, op)
     }
 
@@ -348,18 +351,7 @@ driver_fn! {
         p: *const CUDA_KERNEL_NODE_PARAMS
     ) {
         let c = client()?;
-        let p = read_in(p)?;
-        // cumux's CUkernel and CUfunction handles are one and the same.
-        let func = if p.func.is_null() { p.kern.cast() } else { p.func.cast() };
-        let op = kernel_op(
-            c,
-            func,
-            [p.gridDimX, p.gridDimY, p.gridDimZ],
-            [p.blockDimX, p.blockDimY, p.blockDimZ],
-            p.sharedMemBytes,
-            p.kernelParams,
-            p.extra,
-        )?;
+        let op = kernel_op_v2(c, read_in(p)?)?;
         add_node(c, node, graph, deps, n, op)
     }
 
