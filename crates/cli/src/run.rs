@@ -205,8 +205,22 @@ fn preflight(address: &Address, tenant: Option<&str>, program: &str) -> Result<(
     Ok(())
 }
 
+/// cumux's NVML (`crates/nvml`), whose file lies beside the client driver.
+pub const NVML_FILE: &str = "libcumux_nvml.so";
+
+/// The NVML the program gets in front of NVIDIA's: `$CUMUX_NVML` (`off`: none),
+/// else cumux's beside the client driver, if there.
+fn find_nvml(driver: &Path) -> Option<PathBuf> {
+    match std::env::var_os("CUMUX_NVML").filter(|p| !p.is_empty()) {
+        Some(v) if v == "off" => None,
+        Some(path) => Some(PathBuf::from(path)),
+        None => Some(driver.with_file_name(NVML_FILE)).filter(|p| p.is_file()),
+    }
+}
+
 /// A private folder holding `libcuda.so.1` and `libcuda.so`, both links to
-/// the driver; removed when dropped.
+/// the driver, and `libnvidia-ml.so.1` and `libnvidia-ml.so` to cumux's NVML
+/// where there is one; removed when dropped.
 fn driver_folder(driver: &Path) -> Result<tempfile::TempDir, String> {
     let driver = driver
         .canonicalize()
@@ -220,9 +234,23 @@ fn driver_folder(driver: &Path) -> Result<tempfile::TempDir, String> {
                 std::env::temp_dir().display()
             )
         })?;
+    let link = |target: &Path, name: &str| {
+        std::os::unix::fs::symlink(target, dir.path().join(name))
+            .map_err(|e| format!("cannot link {name} in {}: {e}", dir.path().display()))
+    };
     for name in ["libcuda.so.1", "libcuda.so"] {
-        std::os::unix::fs::symlink(&driver, dir.path().join(name))
-            .map_err(|e| format!("cannot link {name} in {}: {e}", dir.path().display()))?;
+        link(&driver, name)?;
+    }
+    match find_nvml(&driver) {
+        Some(nvml) => {
+            for name in ["libnvidia-ml.so.1", "libnvidia-ml.so"] {
+                link(&nvml, name)?;
+            }
+        }
+        None => tracing::debug!(
+            "no cumux NVML beside {}: programs see NVIDIA's",
+            driver.display()
+        ),
     }
     Ok(dir)
 }

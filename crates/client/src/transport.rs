@@ -8,9 +8,9 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
-use std::path::PathBuf;
 use std::sync::{Mutex, MutexGuard};
 
+pub use cumux_protocol::address::{server_address, ServerAddress};
 use cumux_protocol::hop_trace::{self, Hop};
 use cumux_protocol::shm::{self, Endpoint, ShmArea, Side};
 use cumux_protocol::{
@@ -20,51 +20,6 @@ use cumux_protocol::{
 
 use crate::errors::*;
 use crate::teardown;
-
-/// Where the server listens.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ServerAddress {
-    Unix(PathBuf),
-    /// `HOST:PORT`.
-    Tcp(String),
-}
-
-impl std::fmt::Display for ServerAddress {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            ServerAddress::Unix(p) => write!(f, "unix:{}", p.display()),
-            ServerAddress::Tcp(a) => write!(f, "tcp:{a}"),
-        }
-    }
-}
-
-/// `CUMUX_SERVER` (`unix:PATH` or `tcp:HOST:PORT`), else the per-user socket.
-pub fn server_address() -> Result<ServerAddress, String> {
-    if let Ok(addr) = std::env::var("CUMUX_SERVER") {
-        if let Some(p) = addr.strip_prefix("unix:") {
-            return Ok(ServerAddress::Unix(PathBuf::from(p)));
-        }
-        if let Some(a) = addr.strip_prefix("tcp:") {
-            return Ok(ServerAddress::Tcp(a.to_string()));
-        }
-        if addr.starts_with('/') {
-            return Ok(ServerAddress::Unix(PathBuf::from(addr)));
-        }
-        return Err(format!(
-            "CUMUX_SERVER={addr}: expected unix:PATH or tcp:HOST:PORT"
-        ));
-    }
-    if let Some(dir) = std::env::var_os("XDG_RUNTIME_DIR") {
-        return Ok(ServerAddress::Unix(
-            PathBuf::from(dir).join("cumux").join("cumux.sock"),
-        ));
-    }
-    // SAFETY: getuid has no preconditions.
-    let uid = unsafe { libc::getuid() };
-    Ok(ServerAddress::Unix(PathBuf::from(format!(
-        "/tmp/cumux-{uid}/cumux.sock"
-    ))))
-}
 
 /// `CUDA_VISIBLE_DEVICES` for the hello (the server applies it), cut to
 /// what a hello carries.

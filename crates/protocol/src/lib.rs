@@ -1,6 +1,7 @@
 //! The cumux wire protocol: message types, framing and the version handshake.
 //! Client driver and server share exactly these types; nothing else crosses the wire.
 
+pub mod address;
 pub mod framing;
 pub mod hop_trace;
 pub mod launch_checks;
@@ -16,7 +17,7 @@ pub use messages::*;
 pub use vmm::{VmmCall, VmmProperties};
 
 /// Bumped whenever a message type changes shape. Client and server must agree.
-pub const PROTOCOL_VERSION: u32 = 7;
+pub const PROTOCOL_VERSION: u32 = 8;
 
 /// Unanswered calls (launches, async copies, event records) a client sends
 /// before a [`Call::Fence`]: what it may have in flight beyond the launches the

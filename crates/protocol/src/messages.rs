@@ -535,6 +535,8 @@ pub struct TenantStatus {
 pub struct DeviceStatus {
     pub ordinal: u32,
     pub name: String,
+    /// The device's UUID, as its programs see it (`cuDeviceGetUuid`).
+    pub uuid: [u8; 16],
     pub backend: String,
     pub total_mem: u64,
     pub used_mem: u64,
@@ -551,6 +553,8 @@ pub struct SessionStatus {
     pub pid: u32,
     pub program: String,
     pub tenant: String,
+    /// The server's ordinal of the session's device.
+    pub device: u32,
     pub mem_used: u64,
     pub allocations: u64,
     pub launches: u64,

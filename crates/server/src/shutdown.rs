@@ -232,6 +232,7 @@ mod tests {
                 pid: 99,
                 program: "./train".into(),
                 tenant: "alice".into(),
+                device: 0,
                 stats: Default::default(),
             })],
         };

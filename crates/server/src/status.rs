@@ -36,6 +36,8 @@ pub struct SessionEntry {
     pub pid: u32,
     pub program: String,
     pub tenant: String,
+    /// The server's ordinal of the session's device.
+    pub device: u32,
     pub stats: Arc<SessionStats>,
 }
 
@@ -151,6 +153,7 @@ pub fn snapshot(server: ServerView<'_>) -> ServerStatus {
                 DeviceStatus {
                     ordinal: info.ordinal,
                     name: info.name.clone(),
+                    uuid: info.uuid,
                     backend: info.backend.clone(),
                     total_mem: d.mem_total(),
                     used_mem: d.mem_used(),
@@ -169,6 +172,7 @@ pub fn snapshot(server: ServerView<'_>) -> ServerStatus {
                 pid: e.pid,
                 program: e.program.clone(),
                 tenant: e.tenant.clone(),
+                device: e.device,
                 mem_used: e.stats.mem_used.load(Ordering::Relaxed),
                 allocations: e.stats.allocations.load(Ordering::Relaxed),
                 launches: e.stats.launches.load(Ordering::Relaxed),

@@ -22,12 +22,13 @@ pub fn ensure_driver() {
     static BUILD: Once = Once::new();
     BUILD.call_once(|| {
         let driver = Path::new(CUMUX).with_file_name("libcumux_client.so");
-        if driver.is_file() {
+        let nvml = Path::new(CUMUX).with_file_name("libcumux_nvml.so");
+        if driver.is_file() && nvml.is_file() {
             return;
         }
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
         let mut build = Command::new(cargo);
-        build.args(["build", "-p", "cumux-client"]);
+        build.args(["build", "-p", "cumux-client", "-p", "cumux-nvml"]);
         if Path::new(CUMUX).parent().and_then(Path::file_name) == Some("release".as_ref()) {
             build.arg("--release");
         }

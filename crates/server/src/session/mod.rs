@@ -229,6 +229,7 @@ impl Session {
                 tenant: tenant
                     .as_ref()
                     .map_or_else(|| crate::tenants::DEFAULT_TENANT.into(), |t| t.0.clone()),
+                device: device.info().ordinal,
                 stats: Arc::clone(&stats),
             })
         });
