@@ -208,13 +208,16 @@ fn preflight(address: &Address, tenant: Option<&str>, program: &str) -> Result<(
 /// cumux's NVML (`crates/nvml`), whose file lies beside the client driver.
 pub const NVML_FILE: &str = "libcumux_nvml.so";
 
-/// The NVML the program gets in front of NVIDIA's: `$CUMUX_NVML` (`off`: none),
-/// else cumux's beside the client driver, if there.
+/// The NVML the program gets in front of NVIDIA's, where `$CUMUX_NVML` asks
+/// for one: `on` (cumux's, beside the client driver) or a path. Off by
+/// default until it has run under PyTorch on a GPU: PyTorch requires NVML
+/// entry points this one does not have yet.
 fn find_nvml(driver: &Path) -> Option<PathBuf> {
     match std::env::var_os("CUMUX_NVML").filter(|p| !p.is_empty()) {
+        Some(v) if v == "on" => Some(driver.with_file_name(NVML_FILE)),
         Some(v) if v == "off" => None,
         Some(path) => Some(PathBuf::from(path)),
-        None => Some(driver.with_file_name(NVML_FILE)).filter(|p| p.is_file()),
+        None => None,
     }
 }
 
@@ -247,10 +250,7 @@ fn driver_folder(driver: &Path) -> Result<tempfile::TempDir, String> {
                 link(&nvml, name)?;
             }
         }
-        None => tracing::debug!(
-            "no cumux NVML beside {}: programs see NVIDIA's",
-            driver.display()
-        ),
+        None => tracing::debug!("CUMUX_NVML is not on: programs see NVIDIA's NVML"),
     }
     Ok(dir)
 }

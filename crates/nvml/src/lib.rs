@@ -18,6 +18,7 @@ pub const NVML_SUCCESS: NvmlReturn = 0;
 pub const NVML_ERROR_UNINITIALIZED: NvmlReturn = 1;
 pub const NVML_ERROR_INVALID_ARGUMENT: NvmlReturn = 2;
 pub const NVML_ERROR_NOT_SUPPORTED: NvmlReturn = 3;
+pub const NVML_ERROR_NOT_FOUND: NvmlReturn = 6;
 pub const NVML_ERROR_INSUFFICIENT_SIZE: NvmlReturn = 7;
 pub const NVML_ERROR_DRIVER_NOT_LOADED: NvmlReturn = 9;
 pub const NVML_ERROR_GPU_IS_LOST: NvmlReturn = 15;
@@ -188,6 +189,7 @@ pub extern "C" fn nvmlErrorString(result: NvmlReturn) -> *const c_char {
         NVML_ERROR_UNINITIALIZED => c"Uninitialized",
         NVML_ERROR_INVALID_ARGUMENT => c"Invalid Argument",
         NVML_ERROR_NOT_SUPPORTED => c"Not Supported",
+        NVML_ERROR_NOT_FOUND => c"Not Found",
         NVML_ERROR_INSUFFICIENT_SIZE => c"Insufficient Size",
         NVML_ERROR_DRIVER_NOT_LOADED => c"Driver Not Loaded",
         NVML_ERROR_GPU_IS_LOST => c"GPU is lost",
@@ -250,6 +252,81 @@ pub extern "C" fn nvmlDeviceGetHandleByIndex(
     handle: *mut *mut c_void,
 ) -> NvmlReturn {
     nvmlDeviceGetHandleByIndex_v2(index, handle)
+}
+
+/// `DOMAIN:BUS:DEVICE.FUNCTION` in hex (`0000:65:00.0`, or without the
+/// domain) as (domain, bus, device).
+fn parse_pci(text: &str) -> Option<[u32; 3]> {
+    let (rest, _function) = text.rsplit_once('.')?;
+    let parts: Vec<&str> = rest.split(':').collect();
+    let hex = |s: &str| u32::from_str_radix(s, 16).ok();
+    match parts[..] {
+        [domain, bus, device] => Some([hex(domain)?, hex(bus)?, hex(device)?]),
+        [bus, device] => Some([0, hex(bus)?, hex(device)?]),
+        _ => None,
+    }
+}
+
+/// The handle of the tenant's device at a PCI bus id; `NVML_ERROR_NOT_FOUND`
+/// for a device it does not see.
+fn handle_by_pci(bus_id: *const c_char, handle: *mut *mut c_void) -> Result<(), NvmlReturn> {
+    if bus_id.is_null() {
+        return Err(NVML_ERROR_INVALID_ARGUMENT);
+    }
+    // SAFETY: non-null, and NVML's contract makes it a NUL-terminated string.
+    let text = unsafe { CStr::from_ptr(bus_id) }.to_string_lossy();
+    let pci = parse_pci(text.trim()).ok_or(NVML_ERROR_INVALID_ARGUMENT)?;
+    let nvml = state();
+    if nvml.inits == 0 {
+        return Err(NVML_ERROR_UNINITIALIZED);
+    }
+    let index = nvml
+        .devices
+        .iter()
+        .position(|d| d.pci == pci)
+        .ok_or(NVML_ERROR_NOT_FOUND)?;
+    out(handle, (index + 1) as *mut c_void)
+}
+
+#[no_mangle]
+pub extern "C" fn nvmlDeviceGetHandleByPciBusId_v2(
+    bus_id: *const c_char,
+    handle: *mut *mut c_void,
+) -> NvmlReturn {
+    guard(|| handle_by_pci(bus_id, handle))
+}
+
+#[no_mangle]
+pub extern "C" fn nvmlDeviceGetHandleByPciBusId(
+    bus_id: *const c_char,
+    handle: *mut *mut c_void,
+) -> NvmlReturn {
+    guard(|| handle_by_pci(bus_id, handle))
+}
+
+/// NVLink queries: a tenant's device has no links it may see.
+#[no_mangle]
+pub extern "C" fn nvmlDeviceGetNvLinkRemotePciInfo_v2(
+    handle: *mut c_void,
+    _link: c_uint,
+    _pci: *mut c_void,
+) -> NvmlReturn {
+    guard(|| {
+        device(handle)?;
+        Err(NVML_ERROR_NOT_SUPPORTED)
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn nvmlDeviceGetNvLinkRemoteDeviceType(
+    handle: *mut c_void,
+    _link: c_uint,
+    _kind: *mut c_uint,
+) -> NvmlReturn {
+    guard(|| {
+        device(handle)?;
+        Err(NVML_ERROR_NOT_SUPPORTED)
+    })
 }
 
 #[no_mangle]
@@ -393,6 +470,15 @@ mod tests {
     fn uuids_are_written_as_nvml_writes_them() {
         let uuid: [u8; 16] = std::array::from_fn(|i| i as u8);
         assert_eq!(uuid_text(&uuid), "GPU-00010203-0405-0607-0809-0a0b0c0d0e0f");
+    }
+
+    #[test]
+    fn pci_bus_ids_parse_as_nvml_writes_them() {
+        assert_eq!(parse_pci("00000000:65:00.0"), Some([0, 0x65, 0]));
+        assert_eq!(parse_pci("0001:B3:1F.0"), Some([1, 0xb3, 0x1f]));
+        assert_eq!(parse_pci("65:00.0"), Some([0, 0x65, 0]));
+        assert_eq!(parse_pci("nonsense"), None);
+        assert_eq!(parse_pci("1:2:3:4.0"), None);
     }
 
     #[test]
