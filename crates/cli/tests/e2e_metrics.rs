@@ -98,8 +98,36 @@ fn metrics_count_tenants_past_their_sessions() {
     let launches = of("cumux_tenant_launches_total").unwrap_or(0.0);
     assert!(launches >= 2.0, "launches {launches}:\n{body}");
     assert_eq!(of("cumux_tenant_quota_refusals_total"), Some(0.0), "{body}");
+    assert_eq!(of("cumux_tenant_faults_total"), Some(0.0), "{body}");
+    assert!(
+        of("cumux_tenant_queue_delay_seconds_total").is_some(),
+        "{body}"
+    );
+    assert!(
+        of("cumux_tenant_throttled_seconds_total").is_some(),
+        "{body}"
+    );
     // The tenant has no live session, so no live figures.
     assert_eq!(of("cumux_tenant_sessions"), None, "{body}");
+
+    // A kernel that faults counts once for its tenant, past its session.
+    let child = server
+        .command_as("faulty", &corpus_program("out_of_bounds"), &[])
+        .spawn()
+        .unwrap();
+    let out = wait_bounded(child, Duration::from_secs(120));
+    // The program expects its illegal address, and says so.
+    assert!(out.stdout.contains("IllegalAddress"), "{}", out.describe());
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let faults = loop {
+        let (_, _, body) = scrape(&at);
+        let faults = sample(&body, "cumux_tenant_faults_total{tenant=\"faulty\"}");
+        if faults == Some(1.0) || std::time::Instant::now() > deadline {
+            break faults;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(faults, Some(1.0));
 
     // Other paths are not found; the server serves on.
     let mut stream = TcpStream::connect(&at).unwrap();

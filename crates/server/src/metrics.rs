@@ -170,6 +170,24 @@ pub fn render(server: &Server) -> prometheus::Result<String> {
         "Allocations refused at the tenant's quota",
         &["tenant"],
     )?;
+    let faults = counters(
+        &r,
+        "cumux_tenant_faults_total",
+        "Sessions of the tenant whose context a fatal device error made unusable",
+        &["tenant"],
+    )?;
+    let queued = counters(
+        &r,
+        "cumux_tenant_queue_delay_seconds_total",
+        "Time the tenant's launches waited for the scheduler to let them go",
+        &["tenant"],
+    )?;
+    let throttled = counters(
+        &r,
+        "cumux_tenant_throttled_seconds_total",
+        "Time the tenant's launches waited because their stream had the most it may have unfinished",
+        &["tenant"],
+    )?;
     let charged = |name: &str| -> f64 {
         let gates = server.gates.iter().flatten();
         gates.map(|g| g.charged_total_ns(name)).sum::<u64>() as f64
@@ -187,6 +205,13 @@ pub fn render(server: &Server) -> prometheus::Result<String> {
         refusals
             .with_label_values(&[&name])
             .inc_by(load(&c.quota_refusals));
+        faults.with_label_values(&[&name]).inc_by(load(&c.faults));
+        queued
+            .with_label_values(&[&name])
+            .inc_by(load(&c.gate_wait_ns) / 1e9);
+        throttled
+            .with_label_values(&[&name])
+            .inc_by(load(&c.window_wait_ns) / 1e9);
     }
 
     let labels = ["session", "tenant", "program"];

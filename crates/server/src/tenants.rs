@@ -281,6 +281,13 @@ pub struct TenantCounters {
     pub gpu_time_ns: AtomicU64,
     /// Allocations refused because they would take the tenant past its quota.
     pub quota_refusals: AtomicU64,
+    /// Sessions whose context a fatal device error made unusable.
+    pub faults: AtomicU64,
+    /// Time launches waited for the scheduling gate to let them go.
+    pub gate_wait_ns: AtomicU64,
+    /// Time launches waited because their stream had the most it may have
+    /// unfinished (the launch window).
+    pub window_wait_ns: AtomicU64,
 }
 
 /// Tenant names whose counters are kept apart; past them (a server without a
@@ -328,6 +335,11 @@ impl TenantAccount {
 
     pub fn mem_used(&self) -> u64 {
         self.mem_used.load(Ordering::Acquire)
+    }
+
+    /// The tenant's counters for the server's life.
+    pub fn counters(&self) -> &Arc<TenantCounters> {
+        &self.counters
     }
 
     pub fn sessions(&self) -> u64 {

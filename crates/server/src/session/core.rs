@@ -1,12 +1,14 @@
 //! [`SessionCore`]: a session's sticky and fatal errors and its printf output,
 //! and the small error helpers every part of the session uses.
 
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
 use cumux_protocol::{codes, CuError, Handle};
 
 use crate::device::ordering::append_printf;
 use crate::status::SessionStats;
+use crate::tenants::TenantCounters;
 
 /// Printf output a session may hold before further output is dropped.
 pub use crate::device::ordering::MAX_STDOUT_BYTES;
@@ -43,16 +45,19 @@ pub struct SessionCore {
     sticky: Mutex<Option<CuError>>,
     stdout: Mutex<Vec<u8>>,
     pub stats: Arc<SessionStats>,
+    /// The tenant's counters: a fatal fault counts there once per session.
+    counters: Option<Arc<TenantCounters>>,
 }
 
 impl SessionCore {
-    pub fn new(id: u64, stats: Arc<SessionStats>) -> Self {
+    pub fn new(id: u64, stats: Arc<SessionStats>, counters: Option<Arc<TenantCounters>>) -> Self {
         SessionCore {
             id,
             fatal: Mutex::new(None),
             sticky: Mutex::new(None),
             stdout: Mutex::new(Vec::new()),
             stats,
+            counters,
         }
     }
 
@@ -64,7 +69,11 @@ impl SessionCore {
     pub fn fail(&self, err: CuError) {
         if codes::is_fatal(err.code) {
             tracing::warn!(session = self.id, %err, "fatal device error: the context is now unusable");
-            lock(&self.fatal).get_or_insert(err);
+            let mut fatal = lock(&self.fatal);
+            if let (None, Some(counters)) = (&*fatal, &self.counters) {
+                counters.faults.fetch_add(1, Ordering::Relaxed);
+            }
+            fatal.get_or_insert(err);
         } else {
             tracing::debug!(session = self.id, %err, "stream-ordered call failed");
             lock(&self.sticky).get_or_insert(err);

@@ -316,7 +316,11 @@ impl Session {
             device,
             ctx,
             threads,
-            core: SessionCore::new(id, stats),
+            core: SessionCore::new(
+                id,
+                stats,
+                account.as_ref().map(|h| Arc::clone(h.account().counters())),
+            ),
             entry,
             account,
             module_bytes: HashMap::new(),

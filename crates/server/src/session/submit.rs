@@ -122,9 +122,15 @@ impl Session {
             work.take().map(queue);
         }
         // While it waits, what the session already queued must be able to finish.
+        let asked = std::time::Instant::now();
         let admitted = gate.admit(sched_stream, kernel_id, None, || {
             flush_signals(ordered, signals)
         });
+        if let Some(hold) = &self.account {
+            let waited = asked.elapsed().as_nanos() as u64;
+            let counters = hold.account().counters();
+            counters.gate_wait_ns.fetch_add(waited, Ordering::Relaxed);
+        }
         hop_trace::mark(Hop::Step, "admitted");
         match (admitted, signals.launch(stream)) {
             // The session ended while the launch waited: it is skipped (unless

@@ -28,6 +28,20 @@ const STALL_CHECK: Duration = Duration::from_millis(100);
 /// between looks.
 const WAIT_SLEEP: Duration = Duration::from_micros(100);
 
+/// Adds the wait that began at `.1` to the tenant's window wait when dropped
+/// (whichever way the wait ends).
+struct WaitCounted<'a>(&'a Session, Instant);
+
+impl Drop for WaitCounted<'_> {
+    fn drop(&mut self) {
+        if let Some(hold) = &self.0.account {
+            let waited = self.1.elapsed().as_nanos() as u64;
+            let counters = hold.account().counters();
+            counters.window_wait_ns.fetch_add(waited, Ordering::Relaxed);
+        }
+    }
+}
+
 impl Session {
     /// Waits until the launch numbered `value` on `stream` (signal `slot`) is at
     /// most [`MAX_PENDING_LAUNCHES`] ahead of the stream's last finished launch.
@@ -46,6 +60,7 @@ impl Session {
         }
         let errors = area.load(ERROR_SLOT);
         let started = Instant::now();
+        let _counted = WaitCounted(self, started);
         let mut progress_at = started;
         loop {
             let done = area.load(slot);
