@@ -301,7 +301,7 @@ pub extern "C" fn nvmlDeviceGetHandleByPciBusId(
     bus_id: *const c_char,
     handle: *mut *mut c_void,
 ) -> NvmlReturn {
-    guard(|| handle_by_pci(bus_id, handle))
+    nvmlDeviceGetHandleByPciBusId_v2(bus_id, handle)
 }
 
 /// NVLink queries: a tenant's device has no links it may see.
@@ -450,7 +450,7 @@ pub extern "C" fn nvmlDeviceGetComputeRunningProcesses_v2(
     count: *mut c_uint,
     infos: *mut NvmlProcessInfo,
 ) -> NvmlReturn {
-    guard(|| processes(handle, count, infos))
+    nvmlDeviceGetComputeRunningProcesses_v3(handle, count, infos)
 }
 
 #[no_mangle]
@@ -459,7 +459,7 @@ pub extern "C" fn nvmlDeviceGetComputeRunningProcesses(
     count: *mut c_uint,
     infos: *mut NvmlProcessInfo,
 ) -> NvmlReturn {
-    guard(|| processes(handle, count, infos))
+    nvmlDeviceGetComputeRunningProcesses_v3(handle, count, infos)
 }
 
 #[cfg(test)]
