@@ -11,4 +11,5 @@ pub mod run;
 pub mod serve;
 pub mod signals;
 pub mod status;
+pub mod tenant;
 pub mod worker;

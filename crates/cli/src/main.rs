@@ -49,6 +49,16 @@ enum Command {
               default_missing_value = "30s", value_parser = wait_arg)]
         wait: Option<std::time::Duration>,
     },
+    /// List, change or remove a tenant while the server runs (admins only:
+    /// the server's own user or root on its unix socket, or its admin token
+    /// in CUMUX_TOKEN).
+    Tenant {
+        /// The server to change (default: $CUMUX_SERVER, else the default socket).
+        #[arg(long)]
+        server: Option<String>,
+        #[command(subcommand)]
+        command: cumux_cli::tenant::TenantCommand,
+    },
     /// Serve one device context to the server that started this process (internal).
     #[command(hide = true)]
     Worker(worker::WorkerOptions),
@@ -99,6 +109,11 @@ fn main() -> ExitCode {
             .map_or_else(Address::from_env_or_default, |s| Address::parse(&s))
             .map_err(anyhow::Error::msg)
             .and_then(|address| status::status(&address, json, wait))
+            .map(|()| 0),
+        Command::Tenant { server, command } => server
+            .map_or_else(Address::from_env_or_default, |s| Address::parse(&s))
+            .map_err(anyhow::Error::msg)
+            .and_then(|address| cumux_cli::tenant::tenant(&address, command))
             .map(|()| 0),
         Command::Worker(options) => worker::worker(options).map(|()| 0),
     };

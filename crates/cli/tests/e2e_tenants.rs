@@ -171,3 +171,45 @@ fn a_program_cannot_use_another_tenants_pointer() {
         done.describe()
     );
 }
+
+/// `cumux tenant put|remove` on the running server, by its own user.
+fn tenant_command(server: &ServerProc, args: &[&str]) -> std::process::Output {
+    std::process::Command::new(CUMUX)
+        .args(["tenant", "--server", &server.address])
+        .args(args)
+        .output()
+        .expect("cumux tenant runs")
+}
+
+#[test]
+fn an_admin_lists_and_removes_tenants_while_the_server_runs() {
+    let server = ServerProc::start_with_config("tenants-live", Some(&config()));
+    let probe = tenant_program("quota_probe");
+    let run_as = |tenant: &str| {
+        let child = server.command_as(tenant, &probe, &[]).spawn().unwrap();
+        wait_bounded(child, LIMIT)
+    };
+    // Not listed: turned away.
+    assert_ne!(run_as("pod-1").code(), Some(0));
+    let put = tenant_command(&server, &["put", "pod-1", "--memory-quota", "16M"]);
+    assert!(put.status.success(), "{put:?}");
+    let out = run_as("pod-1");
+    assert_eq!(out.code(), Some(0), "{}", out.describe());
+    assert_eq!(field(&out.stdout, "total"), 16 << 20, "{}", out.stdout);
+    // A changed entry holds for the next session.
+    let put = tenant_command(&server, &["put", "pod-1", "--memory-quota", "4M"]);
+    assert!(put.status.success(), "{put:?}");
+    assert_eq!(field(&run_as("pod-1").stdout, "total"), 4 << 20);
+    // A mistaken entry is refused, saying why, and changes nothing.
+    let bad = tenant_command(&server, &["put", "pod-1", "--weight", "0"]);
+    assert!(!bad.status.success());
+    let said = String::from_utf8_lossy(&bad.stderr);
+    assert!(said.contains("weight must be at least 1"), "{said}");
+    assert_eq!(field(&run_as("pod-1").stdout, "total"), 4 << 20);
+    // Removed: turned away again.
+    let removed = tenant_command(&server, &["remove", "pod-1"]);
+    assert!(removed.status.success(), "{removed:?}");
+    assert_ne!(run_as("pod-1").code(), Some(0));
+    let again = tenant_command(&server, &["remove", "pod-1"]);
+    assert!(!again.status.success());
+}

@@ -283,6 +283,17 @@ pub enum Call {
     /// Virtual memory management: reservations, physical allocations and
     /// their mappings (`crate::vmm`).
     Vmm(crate::vmm::VmmCall),
+    /// Lists a tenant, or changes its entry, while the server runs: for an
+    /// admin (the server's own uid or root on the unix socket, or the admin
+    /// token) only.
+    TenantPut {
+        name: String,
+        spec: TenantSpec,
+    },
+    /// Takes a tenant off the table (admins only); its sessions run on.
+    TenantRemove {
+        name: String,
+    },
     /// Answered (`Unit`) once every earlier call of the session is handled.
     /// The client sends one after every [`crate::FENCE_EVERY`] unanswered
     /// calls, so it never runs further ahead of the server than that, and the
@@ -563,6 +574,23 @@ pub struct SessionStatus {
     pub transport: String,
 }
 
+/// A tenant's entry as `Call::TenantPut` gives it (the config file's keys).
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct TenantSpec {
+    /// Bytes of device memory; `None`: as much as the device has.
+    pub memory_quota: Option<u64>,
+    /// Share of device time under `fair` (at least 1).
+    pub weight: u32,
+    /// `latency-critical`, else batch.
+    pub latency_critical: bool,
+    /// Server device ordinals it may use; `None`: all.
+    pub devices: Option<Vec<u32>>,
+    /// Peer uids that may act as it; `None`: anyone.
+    pub uids: Option<Vec<u32>>,
+    /// The secret that names it (`CUMUX_TOKEN`).
+    pub token: Option<String>,
+}
+
 /// `CUresult` codes the protocol itself produces.
 pub mod codes {
     pub const SUCCESS: u32 = 0;
@@ -584,6 +612,7 @@ pub mod codes {
     pub const LAUNCH_TIMEOUT: u32 = 702;
     pub const MISALIGNED_ADDRESS: u32 = 716;
     pub const LAUNCH_FAILED: u32 = 719;
+    pub const NOT_PERMITTED: u32 = 800;
     pub const NOT_SUPPORTED: u32 = 801;
     pub const UNKNOWN: u32 = 999;
 

@@ -50,7 +50,9 @@ pub struct Server {
     registry: status::Registry,
     started: Instant,
     next_session: AtomicU64,
-    tenants: TenantPolicy,
+    /// The tenant table; an admin may change it while the server runs
+    /// ([`Server::put_tenant`]): a hello reads the table as it is then.
+    tenants: std::sync::RwLock<Arc<TenantPolicy>>,
     /// What the connections hold against the session limits.
     seats: Arc<admission::Seats>,
     /// Watches connections for their client hanging up; `None` where the
@@ -128,7 +130,7 @@ impl Server {
             hangups: hangups::Hangups::new()
                 .map_err(|e| tracing::error!("no hang-up watcher: {e}"))
                 .ok(),
-            tenants,
+            tenants: std::sync::RwLock::new(Arc::new(tenants)),
             accounts: Arc::new(Accounts::default()),
             name: format!("cumux {}", env!("CARGO_PKG_VERSION")),
             devices,
@@ -232,8 +234,50 @@ impl Server {
         &self.seats
     }
 
-    pub fn tenants(&self) -> &TenantPolicy {
-        &self.tenants
+    /// The tenant table now.
+    pub fn tenants(&self) -> Arc<TenantPolicy> {
+        Arc::clone(&self.tenants.read().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    /// Lists tenant `name` with `settings` (replacing its entry, if any) while
+    /// the server runs. Its memory quota holds for its open sessions too (past
+    /// it, allocations are refused; memory held stays); the rest of the entry
+    /// (weight, class, devices) for sessions that open from now on. A table this would make
+    /// invalid (a weak or reused token, a reserved name) stays as it was.
+    pub fn put_tenant(&self, name: &str, settings: TenantSettings) -> Result<(), String> {
+        if name.chars().any(char::is_control) {
+            return Err(format!("tenant name {name:?} has a control character"));
+        }
+        let quota = settings.memory_quota;
+        self.change_tenants(|t| {
+            t.tenants.insert(name.to_string(), settings);
+            Ok(())
+        })?;
+        // The quota is the tenant's, across its sessions: it holds for those
+        // open too.
+        self.accounts.set_quota(name, quota);
+        Ok(())
+    }
+
+    /// Takes tenant `name` off the table: its open sessions run on; new
+    /// hellos naming it are admitted as an unlisted name would be.
+    pub fn remove_tenant(&self, name: &str) -> Result<(), String> {
+        self.change_tenants(|t| match t.tenants.remove(name) {
+            Some(_) => Ok(()),
+            None => Err(format!("no tenant {name:?} is listed")),
+        })
+    }
+
+    fn change_tenants(
+        &self,
+        change: impl FnOnce(&mut TenantPolicy) -> Result<(), String>,
+    ) -> Result<(), String> {
+        let mut table = self.tenants.write().unwrap_or_else(|p| p.into_inner());
+        let mut next = TenantPolicy::clone(&table);
+        change(&mut next)?;
+        next.validate()?;
+        *table = Arc::new(next);
+        Ok(())
     }
 
     pub fn accounts(&self) -> &Arc<Accounts> {

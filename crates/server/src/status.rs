@@ -189,7 +189,7 @@ pub fn snapshot(server: ServerView<'_>) -> ServerStatus {
                 name: a.name.clone(),
                 sessions: a.sessions(),
                 mem_used: a.mem_used(),
-                memory_quota: a.settings.memory_quota,
+                memory_quota: a.memory_quota(),
                 weight: a.settings.weight,
                 class: match a.settings.class {
                     TenantClass::LatencyCritical => "latency-critical",

@@ -301,6 +301,9 @@ pub const OTHER_TENANTS: &str = "(other tenants)";
 pub struct TenantAccount {
     pub name: String,
     pub settings: TenantSettings,
+    /// The memory quota now (`u64::MAX`: none): the table's, which an admin
+    /// may change while the tenant has sessions ([`Accounts::set_quota`]).
+    quota: AtomicU64,
     mem_used: AtomicU64,
     sessions: AtomicU64,
     launches: AtomicU64,
@@ -337,6 +340,11 @@ impl TenantAccount {
         self.mem_used.load(Ordering::Acquire)
     }
 
+    /// The memory quota now; `None`: none.
+    pub fn memory_quota(&self) -> Option<u64> {
+        Some(self.quota.load(Ordering::Acquire)).filter(|&q| q != u64::MAX)
+    }
+
     /// The tenant's counters for the server's life.
     pub fn counters(&self) -> &Arc<TenantCounters> {
         &self.counters
@@ -349,7 +357,7 @@ impl TenantAccount {
     /// Holds `bytes` against the quota: false, and nothing held, when they
     /// would take the tenant past it.
     pub fn reserve(&self, bytes: u64) -> bool {
-        let quota = self.settings.memory_quota.unwrap_or(u64::MAX);
+        let quota = self.quota.load(Ordering::Acquire);
         let held = self
             .mem_used
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
@@ -380,7 +388,7 @@ impl TenantAccount {
     /// The memory the tenant sees on a device of `total` bytes with `free`
     /// bytes free: its share min(quota, total), and what is left of it.
     pub fn mem_info(&self, total: u64, free: u64) -> (u64, u64) {
-        let share = self.settings.memory_quota.map_or(total, |q| q.min(total));
+        let share = self.memory_quota().map_or(total, |q| q.min(total));
         (share.saturating_sub(self.mem_used()).min(free), share)
     }
 }
@@ -437,13 +445,28 @@ impl Accounts {
                 sessions: AtomicU64::new(0),
                 launches: AtomicU64::new(0),
                 gpu_time_ns: AtomicU64::new(0),
+                quota: AtomicU64::new(settings.memory_quota.unwrap_or(u64::MAX)),
                 counters,
             })
         }));
+        // A session joining a live account brings the table's quota as it is now.
+        account
+            .quota
+            .store(settings.memory_quota.unwrap_or(u64::MAX), Ordering::Release);
         account.sessions.fetch_add(1, Ordering::AcqRel);
         AccountHold {
             account,
             accounts: Arc::clone(self),
+        }
+    }
+
+    /// Gives a live account of `name` the quota `quota` (an admin changed the
+    /// table): allocations past it are refused from now on; memory held stays.
+    pub fn set_quota(&self, name: &str, quota: Option<u64>) {
+        if let Some(account) = self.lock().get(name) {
+            account
+                .quota
+                .store(quota.unwrap_or(u64::MAX), Ordering::Release);
         }
     }
 

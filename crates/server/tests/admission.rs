@@ -242,17 +242,19 @@ fn serve_tcp(h: &Harness) -> String {
 }
 
 fn tcp_status(s: &mut std::net::TcpStream) -> ServerStatus {
-    let request = Request {
-        seq: 1,
-        call: Call::ServerStatus,
-    };
-    write_frame(s, &encode(&request).unwrap()).unwrap();
-    let mut buf = Vec::new();
-    read_frame(s, &mut buf).unwrap();
-    match decode::<Reply>(&buf).unwrap().result {
+    match tcp_call(s, Call::ServerStatus) {
         Ok(ReplyBody::Status(status)) => status,
         other => panic!("{other:?}"),
     }
+}
+
+/// One call over a TCP connection that said hello; its answer.
+fn tcp_call(s: &mut std::net::TcpStream, call: Call) -> Result<ReplyBody, cumux_protocol::CuError> {
+    let request = Request { seq: 1, call };
+    write_frame(s, &encode(&request).unwrap()).unwrap();
+    let mut buf = Vec::new();
+    read_frame(s, &mut buf).unwrap();
+    decode::<Reply>(&buf).unwrap().result
 }
 
 #[test]
@@ -325,4 +327,59 @@ fn over_tcp_only_a_token_names_a_configured_tenant() {
     let all = tcp_status(&mut admin);
     assert_eq!(all.shown, "all");
     assert_eq!(all.sessions.len(), 2, "{:?}", all.sessions);
+
+    // Only an admin changes the table while the server runs.
+    const DAVE: &str = "dave-secret-token-42";
+    let dave = |token: &str| TenantSpec {
+        memory_quota: Some(32 << 20),
+        weight: 2,
+        token: Some(token.into()),
+        ..TenantSpec::default()
+    };
+    let put = |name: &str, spec| Call::TenantPut {
+        name: name.into(),
+        spec,
+    };
+    let refused = tcp_call(&mut bob, put("dave", dave(DAVE))).unwrap_err();
+    assert_eq!(refused.code, codes::NOT_PERMITTED, "{refused:?}");
+    let gone = tcp_hello(&address, ClientRole::Driver, None, Some(DAVE)).unwrap_err();
+    assert_eq!(gone, "the token given is not one this server knows");
+    // A table the change would make invalid stays as it was.
+    let weak = tcp_call(&mut admin, put("dave", dave("short"))).unwrap_err();
+    assert!(weak.detail.contains("token must have"), "{weak:?}");
+    let reused = tcp_call(&mut admin, put("dave", dave(BOB))).unwrap_err();
+    assert!(reused.detail.contains("another's"), "{reused:?}");
+    assert_eq!(
+        tcp_call(&mut admin, put("dave", dave(DAVE))),
+        Ok(ReplyBody::Unit)
+    );
+    let mut dave_session = tcp_hello(&address, ClientRole::Driver, None, Some(DAVE)).unwrap();
+    assert_eq!(tcp_status(&mut dave_session).shown, "tenant dave");
+    let info = tcp_call(&mut dave_session, Call::MemGetInfo { device: 0 });
+    assert!(
+        matches!(info, Ok(ReplyBody::MemInfo { total, .. }) if total == 32 << 20),
+        "{info:?}"
+    );
+    // A changed quota holds for the session already open.
+    let smaller = TenantSpec {
+        memory_quota: Some(16 << 20),
+        ..dave(DAVE)
+    };
+    assert_eq!(
+        tcp_call(&mut admin, put("dave", smaller)),
+        Ok(ReplyBody::Unit)
+    );
+    let info = tcp_call(&mut dave_session, Call::MemGetInfo { device: 0 });
+    assert!(
+        matches!(info, Ok(ReplyBody::MemInfo { total, .. }) if total == 16 << 20),
+        "{info:?}"
+    );
+    let remove = |name: &str| Call::TenantRemove { name: name.into() };
+    assert_eq!(tcp_call(&mut admin, remove("dave")), Ok(ReplyBody::Unit));
+    let gone = tcp_hello(&address, ClientRole::Driver, None, Some(DAVE)).unwrap_err();
+    assert_eq!(gone, "the token given is not one this server knows");
+    let again = tcp_call(&mut admin, remove("dave")).unwrap_err();
+    assert!(again.detail.contains("no tenant"), "{again:?}");
+    // The session that began as dave runs on.
+    assert!(tcp_call(&mut dave_session, Call::MemGetInfo { device: 0 }).is_ok());
 }

@@ -369,9 +369,23 @@ pub fn call(u: &mut Unstructured, known: &Known, images: Images) -> Result<Call>
             },
         },
         28 => Call::ContextSynchronize,
-        29 => match u.arbitrary()? {
-            true => Call::ServerStatus,
-            false => Call::Fence,
+        29 => match u.int_in_range(0u8..=3)? {
+            0 => Call::ServerStatus,
+            1 => Call::Fence,
+            2 => Call::TenantPut {
+                name: u.arbitrary()?,
+                spec: cumux_protocol::TenantSpec {
+                    memory_quota: u.arbitrary()?,
+                    weight: u.arbitrary()?,
+                    latency_critical: u.arbitrary()?,
+                    devices: u.arbitrary()?,
+                    uids: u.arbitrary()?,
+                    token: u.arbitrary()?,
+                },
+            },
+            _ => Call::TenantRemove {
+                name: u.arbitrary()?,
+            },
         },
         30 => Call::HostRegister {
             base: u.arbitrary()?,

@@ -70,7 +70,7 @@ impl Session {
             format!(
                 "{bytes} bytes would take tenant {:?} past its quota of {} bytes ({} in use)",
                 account.name,
-                account.settings.memory_quota.unwrap_or(u64::MAX),
+                account.memory_quota().unwrap_or(u64::MAX),
                 account.mem_used()
             ),
         ))

@@ -392,6 +392,62 @@ impl Session {
         stream_order(&self.threads, &self.ctx)
     }
 
+    /// The calls about the server rather than the session (a status
+    /// connection may make them): their answer; `None` for any other call.
+    fn server_call(&self, call: &Call) -> Option<CallResult> {
+        Some(match call {
+            Call::ServerStatus => Ok(ReplyBody::Status(server_status(
+                &self.server,
+                &self.status_scope,
+            ))),
+            Call::TenantPut { name, spec } => self.tenant_put(name, spec.clone()),
+            Call::TenantRemove { name } => self.admin().and_then(|()| {
+                self.server
+                    .remove_tenant(name)
+                    .map(|()| ReplyBody::Unit)
+                    .map_err(|e| err(codes::INVALID_VALUE, e))
+            }),
+            _ => return None,
+        })
+    }
+
+    /// Whether this connection is an admin's (it sees every tenant: the
+    /// server's own uid, root, or the admin token).
+    fn admin(&self) -> Result<(), CuError> {
+        match self.status_scope {
+            StatusScope::Everything => Ok(()),
+            _ => Err(err(
+                codes::NOT_PERMITTED,
+                "changing tenants needs an admin: the server's own user or root on its unix socket, or its admin_token",
+            )),
+        }
+    }
+
+    /// `Call::TenantPut`: lists or changes a tenant (admins only).
+    fn tenant_put(&self, name: &str, spec: cumux_protocol::TenantSpec) -> CallResult {
+        self.admin()?;
+        let settings = crate::tenants::TenantSettings {
+            memory_quota: spec.memory_quota,
+            weight: spec.weight,
+            class: match spec.latency_critical {
+                true => TenantClass::LatencyCritical,
+                false => TenantClass::Batch,
+            },
+            devices: spec.devices,
+            uids: spec.uids,
+            token: spec.token,
+        };
+        self.server
+            .put_tenant(name, settings)
+            .map_err(|e| err(codes::INVALID_VALUE, e))?;
+        tracing::info!(
+            session = self.id(),
+            tenant = name,
+            "tenant listed by an admin"
+        );
+        Ok(ReplyBody::Unit)
+    }
+
     /// Whose sessions and tenants this client's status calls show.
     pub fn set_status_scope(&mut self, scope: StatusScope) {
         self.status_scope = scope;
@@ -417,11 +473,8 @@ impl Session {
     /// Executes one call. Fire-and-forget calls return `None`: their failures are
     /// sticky and come back from the next synchronizing call.
     pub fn handle(&mut self, call: Call) -> Option<CallResult> {
-        if matches!(call, Call::ServerStatus) {
-            return Some(Ok(ReplyBody::Status(server_status(
-                &self.server,
-                &self.status_scope,
-            ))));
+        if let Some(answer) = self.server_call(&call) {
+            return Some(answer);
         }
         if self.account.is_none() {
             // A status connection passed no tenant check: it may only ask for status.
@@ -536,10 +589,10 @@ impl Session {
             Call::EventDestroy { event } => self.event_destroy(event),
             Call::ContextSynchronize => self.context_synchronize(),
             Call::TensorMapEncode { request } => self.tensor_map_encode(request),
-            Call::ServerStatus => Ok(ReplyBody::Status(server_status(
-                &self.server,
-                &self.status_scope,
-            ))),
+            call @ (Call::ServerStatus | Call::TenantPut { .. } | Call::TenantRemove { .. }) => {
+                self.server_call(&call)
+                    .unwrap_or_else(|| Err(err(codes::UNKNOWN, "a server call the session took")))
+            }
             // Calls are handled in order: every earlier one is done.
             Call::Fence => Ok(ReplyBody::Unit),
             Call::HostRegister { base, bytes } => {
