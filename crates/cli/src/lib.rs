@@ -3,6 +3,7 @@
 //! Each subcommand lives in its own module; `main.rs` only parses arguments.
 
 pub mod config;
+pub mod device_plugin;
 pub mod logging;
 pub mod metrics_http;
 pub mod notify;

@@ -59,6 +59,9 @@ enum Command {
         #[command(subcommand)]
         command: cumux_cli::tenant::TenantCommand,
     },
+    /// The kubelet's device plugin: offers this node's GPU memory to pods
+    /// and lists a cumux tenant for each container given some.
+    DevicePlugin(cumux_cli::device_plugin::PluginOptions),
     /// Serve one device context to the server that started this process (internal).
     #[command(hide = true)]
     Worker(worker::WorkerOptions),
@@ -115,6 +118,7 @@ fn main() -> ExitCode {
             .map_err(anyhow::Error::msg)
             .and_then(|address| cumux_cli::tenant::tenant(&address, command))
             .map(|()| 0),
+        Command::DevicePlugin(options) => cumux_cli::device_plugin::run(options).map(|()| 0),
         Command::Worker(options) => worker::worker(options).map(|()| 0),
     };
     match result {
