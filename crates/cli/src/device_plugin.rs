@@ -289,8 +289,9 @@ fn prefer(available: &[String], must: &[String], size: usize) -> Vec<String> {
     chosen
 }
 
-/// Connects a gRPC client to the unix socket `path`.
-async fn unix_channel(path: PathBuf) -> Result<tonic::transport::Channel> {
+/// Connects a gRPC client to the unix socket `path` (the kubelet's, or a
+/// plugin's).
+pub async fn unix_channel(path: PathBuf) -> Result<tonic::transport::Channel> {
     let connector = tower::service_fn(move |_: tonic::transport::Uri| {
         let path = path.clone();
         async move {

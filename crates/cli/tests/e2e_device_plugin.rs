@@ -11,6 +11,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use common::{tenant_program, wait_bounded, ServerProc, TempDir, CUMUX};
+use cumux_cli::device_plugin::unix_channel;
 use cumux_cli::device_plugin::v1beta1::device_plugin_client::DevicePluginClient;
 use cumux_cli::device_plugin::v1beta1::registration_server::{Registration, RegistrationServer};
 use cumux_cli::device_plugin::v1beta1::*;
@@ -38,22 +39,6 @@ impl Drop for Plugin {
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
-}
-
-/// A gRPC channel to the unix socket `path`.
-async fn channel(path: std::path::PathBuf) -> tonic::transport::Channel {
-    let connector = tower::service_fn(move |_: tonic::transport::Uri| {
-        let path = path.clone();
-        async move {
-            let stream = tokio::net::UnixStream::connect(path).await?;
-            Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(stream))
-        }
-    });
-    tonic::transport::Endpoint::try_from("http://[::]:50051")
-        .unwrap()
-        .connect_with_connector(connector)
-        .await
-        .expect("the plugin's socket answers")
 }
 
 #[test]
@@ -102,7 +87,11 @@ fn a_pod_gets_a_tenant_with_its_share() {
         assert_eq!(request.endpoint, "cumux.sock");
         assert_eq!(request.resource_name, "cumux.io/gpu-memory");
 
-        let mut client = DevicePluginClient::new(channel(kubelet_dir.0.join("cumux.sock")).await);
+        let plugin_socket = kubelet_dir.0.join("cumux.sock");
+        let channel = unix_channel(plugin_socket)
+            .await
+            .expect("the plugin answers");
+        let mut client = DevicePluginClient::new(channel);
         // 2 GiB of the CPU device in 512 MiB units, all healthy.
         let mut devices = client.list_and_watch(Empty {}).await.unwrap().into_inner();
         let first = devices.message().await.unwrap().expect("a device list");
