@@ -4,6 +4,7 @@
 
 pub mod config;
 pub mod device_plugin;
+pub mod install;
 pub mod logging;
 pub mod metrics_http;
 pub mod notify;

@@ -62,6 +62,9 @@ enum Command {
     /// The kubelet's device plugin: offers this node's GPU memory to pods
     /// and lists a cumux tenant for each container given some.
     DevicePlugin(cumux_cli::device_plugin::PluginOptions),
+    /// Install this cumux and its client driver into a prefix (and, with
+    /// --system, make every program on the host use the driver).
+    Install(cumux_cli::install::InstallOptions),
     /// Serve one device context to the server that started this process (internal).
     #[command(hide = true)]
     Worker(worker::WorkerOptions),
@@ -119,6 +122,7 @@ fn main() -> ExitCode {
             .and_then(|address| cumux_cli::tenant::tenant(&address, command))
             .map(|()| 0),
         Command::DevicePlugin(options) => cumux_cli::device_plugin::run(options).map(|()| 0),
+        Command::Install(options) => cumux_cli::install::install(options).map(|()| 0),
         Command::Worker(options) => worker::worker(options).map(|()| 0),
     };
     match result {
