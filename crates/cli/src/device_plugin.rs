@@ -3,7 +3,8 @@
 //! GiB by default); for each container it is given units of, it lists a
 //! tenant on the cumux server (`Call::TenantPut`: a quota of those units on
 //! those GPUs, a fresh token) and hands the container the token, the server's
-//! socket and the client driver.
+//! socket and the client driver. A tenant whose units no pod holds any more
+//! (the kubelet's pod-resources API says) is taken off the table.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::hash::{Hash, Hasher};
@@ -24,6 +25,11 @@ use crate::probe;
 /// The API, generated from `proto/deviceplugin.proto`.
 pub mod v1beta1 {
     tonic::include_proto!("v1beta1");
+}
+
+/// The kubelet's pod-resources API, generated from `proto/podresources.proto`.
+pub mod podresources {
+    tonic::include_proto!("v1");
 }
 
 use v1beta1::device_plugin_server::{DevicePlugin, DevicePluginServer};
@@ -63,6 +69,18 @@ pub struct PluginOptions {
     /// Where containers find the server's socket folder.
     #[arg(long, default_value = "/run/cumux")]
     pub container_socket_dir: PathBuf,
+    /// The kubelet's pod-resources socket, which says which units pods hold.
+    #[arg(long, default_value = "/var/lib/kubelet/pod-resources/kubelet.sock")]
+    pub pod_resources: PathBuf,
+    /// How often tenants whose units no pod holds are taken off the table
+    /// (one at least this old); 0 keeps them.
+    #[arg(long, default_value = "30s", value_parser = interval_arg)]
+    pub gc_interval: std::time::Duration,
+}
+
+/// A collection interval on the command line (zero allowed: off).
+fn interval_arg(text: &str) -> Result<std::time::Duration, String> {
+    crate::config::parse_drain_timeout(text).map_err(|e| format!("{e:#}"))
 }
 
 /// One unit of the resource: `gpu<ordinal>-<index>`.
@@ -97,6 +115,8 @@ struct Plugin {
     address: Address,
     options: PluginOptions,
     units: Vec<String>,
+    /// The tenants it listed: name → (their units, when).
+    listed: std::sync::Mutex<BTreeMap<String, (BTreeSet<String>, std::time::Instant)>>,
 }
 
 impl Plugin {
@@ -139,6 +159,8 @@ impl Plugin {
             units = ids.len(),
             "listed a container's tenant"
         );
+        self.listed_lock()
+            .insert(name.clone(), (ids.clone(), std::time::Instant::now()));
         let (server, mounts) = self.server_for_containers();
         let mut envs = BTreeMap::from([
             ("CUMUX_TENANT".to_string(), name),
@@ -158,6 +180,42 @@ impl Plugin {
             mounts,
             ..ContainerAllocateResponse::default()
         })
+    }
+
+    fn listed_lock(
+        &self,
+    ) -> std::sync::MutexGuard<'_, BTreeMap<String, (BTreeSet<String>, std::time::Instant)>> {
+        self.listed.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Takes off the table the tenants it listed at least `age` ago whose
+    /// units no pod holds (`held`, this resource's units of every pod).
+    fn forget_unheld(&self, held: &BTreeSet<String>, age: std::time::Duration) {
+        let stale: Vec<String> = self
+            .listed_lock()
+            .iter()
+            .filter(|(_, (ids, when))| when.elapsed() >= age && ids.is_disjoint(held))
+            .map(|(name, _)| name.clone())
+            .collect();
+        for name in stale {
+            let removed = probe::connect_as(
+                &self.address,
+                ClientRole::Status,
+                "cumux device-plugin",
+                None,
+            )
+            .map_err(anyhow::Error::from)
+            .and_then(|mut c| c.call(Call::TenantRemove { name: name.clone() }));
+            match removed {
+                Ok(_) => {
+                    tracing::info!(tenant = name, "no pod holds its units: taken off the table");
+                    self.listed_lock().remove(&name);
+                }
+                Err(e) => {
+                    tracing::warn!(tenant = name, "cannot take the tenant off the table: {e:#}")
+                }
+            }
+        }
     }
 
     /// The server's address as a container sees it, and the mount that
@@ -304,6 +362,48 @@ pub async fn unix_channel(path: PathBuf) -> Result<tonic::transport::Channel> {
         .await?)
 }
 
+/// Every `every`, asks the kubelet which units of `resource` pods hold, and
+/// takes off the table the tenants listed at least `every` ago that hold
+/// none; the kubelet unreachable, it keeps everything.
+async fn collect(
+    plugin: Arc<Plugin>,
+    socket: PathBuf,
+    resource: String,
+    every: std::time::Duration,
+) {
+    use podresources::pod_resources_lister_client::PodResourcesListerClient;
+    let mut ticks = tokio::time::interval(every);
+    loop {
+        ticks.tick().await;
+        let listed = async {
+            let mut client = PodResourcesListerClient::new(unix_channel(socket.clone()).await?);
+            let pods = client
+                .list(podresources::ListPodResourcesRequest {})
+                .await?
+                .into_inner();
+            anyhow::Ok(pods)
+        }
+        .await;
+        let pods = match listed {
+            Ok(pods) => pods,
+            Err(e) => {
+                tracing::warn!("cannot ask the kubelet which units pods hold: {e:#}");
+                continue;
+            }
+        };
+        let held: BTreeSet<String> = pods
+            .pod_resources
+            .iter()
+            .flat_map(|p| &p.containers)
+            .flat_map(|c| &c.devices)
+            .filter(|d| d.resource_name == resource)
+            .flat_map(|d| d.device_ids.iter().cloned())
+            .collect();
+        let plugin = Arc::clone(&plugin);
+        let _ = tokio::task::spawn_blocking(move || plugin.forget_unheld(&held, every)).await;
+    }
+}
+
 /// The units a server offers: `unit` bytes at a time of each device's memory.
 fn units_of(address: &Address, unit: u64) -> Result<Vec<String>> {
     if unit == 0 {
@@ -337,11 +437,15 @@ pub fn run(options: PluginOptions) -> Result<()> {
     let kubelet = options.kubelet_dir.join(KUBELET_SOCKET);
     let resource = options.resource.clone();
     let count = units.len();
+    let gc = options.gc_interval;
+    let pod_resources = options.pod_resources.clone();
     let plugin = Arc::new(Plugin {
         address,
         options,
         units,
+        listed: Default::default(),
     });
+    let collector = Arc::clone(&plugin);
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -355,6 +459,9 @@ pub fn run(options: PluginOptions) -> Result<()> {
             .add_service(DevicePluginServer::new(plugin))
             .serve_with_incoming(incoming);
         let serving = tokio::spawn(serving);
+        if !gc.is_zero() {
+            tokio::spawn(collect(collector, pod_resources, resource.clone(), gc));
+        }
         let mut kubelet_client = RegistrationClient::new(
             unix_channel(kubelet.clone())
                 .await

@@ -11,10 +11,18 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use common::{tenant_program, wait_bounded, ServerProc, TempDir, CUMUX};
+use cumux_cli::device_plugin::podresources::pod_resources_lister_server::{
+    PodResourcesLister, PodResourcesListerServer,
+};
+use cumux_cli::device_plugin::podresources::{
+    ContainerDevices, ContainerResources, ListPodResourcesRequest, ListPodResourcesResponse,
+    PodResources,
+};
 use cumux_cli::device_plugin::unix_channel;
 use cumux_cli::device_plugin::v1beta1::device_plugin_client::DevicePluginClient;
 use cumux_cli::device_plugin::v1beta1::registration_server::{Registration, RegistrationServer};
 use cumux_cli::device_plugin::v1beta1::*;
+use std::sync::{Arc, Mutex};
 use tokio::sync::mpsc;
 
 /// The kubelet's registration service: hands each request to the test.
@@ -28,6 +36,34 @@ impl Registration for Kubelet {
     ) -> Result<tonic::Response<Empty>, tonic::Status> {
         let _ = self.0.send(request.into_inner());
         Ok(tonic::Response::new(Empty {}))
+    }
+}
+
+/// The kubelet's pod-resources service: the pods the test says there are.
+#[derive(Clone, Default)]
+struct Pods(Arc<Mutex<Vec<String>>>);
+
+#[tonic::async_trait]
+impl PodResourcesLister for Pods {
+    async fn list(
+        &self,
+        _: tonic::Request<ListPodResourcesRequest>,
+    ) -> Result<tonic::Response<ListPodResourcesResponse>, tonic::Status> {
+        let ids = self.0.lock().unwrap().clone();
+        let pod = PodResources {
+            name: "trainer".into(),
+            namespace: "default".into(),
+            containers: vec![ContainerResources {
+                name: "main".into(),
+                devices: vec![ContainerDevices {
+                    resource_name: "cumux.io/gpu-memory".into(),
+                    device_ids: ids,
+                }],
+            }],
+        };
+        Ok(tonic::Response::new(ListPodResourcesResponse {
+            pod_resources: vec![pod],
+        }))
     }
 }
 
@@ -60,6 +96,18 @@ fn a_pod_gets_a_tenant_with_its_share() {
             .add_service(RegistrationServer::new(Kubelet(tx)))
             .serve_with_incoming(tokio_stream::wrappers::UnixListenerStream::new(listener)),
     );
+    let pods = Pods::default();
+    let pods_socket = kubelet_dir.0.join("pod-resources.sock");
+    let listener = runtime
+        .block_on(async { tokio::net::UnixListener::bind(&pods_socket) })
+        .unwrap();
+    runtime.spawn(
+        tonic::transport::Server::builder()
+            .add_service(PodResourcesListerServer::new(pods.clone()))
+            .serve_with_incoming(tokio_stream::wrappers::UnixListenerStream::new(listener)),
+    );
+    // The pod that will be given units 2 and 3.
+    *pods.0.lock().unwrap() = vec!["gpu0-2".into(), "gpu0-3".into()];
 
     let plugin = Plugin(
         Command::new(CUMUX)
@@ -72,7 +120,14 @@ fn a_pod_gets_a_tenant_with_its_share() {
             ])
             .arg("--kubelet-dir")
             .arg(&kubelet_dir.0)
-            .args(["--driver-dir", "/opt/cumux-driver"])
+            .args([
+                "--driver-dir",
+                "/opt/cumux-driver",
+                "--gc-interval",
+                "300ms",
+            ])
+            .arg("--pod-resources")
+            .arg(&pods_socket)
             .stdout(Stdio::null())
             .spawn()
             .expect("cumux device-plugin starts"),
@@ -153,6 +208,27 @@ fn a_pod_gets_a_tenant_with_its_share() {
             .and_then(|v| v.split_whitespace().next())
             .and_then(|v| v.parse::<u64>().ok());
         assert_eq!(total, Some(1 << 30), "{}", out.stdout);
+
+        // The pod ends: its tenant goes, and its token with it.
+        pods.0.lock().unwrap().clear();
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            let child = server
+                .command(&probe, &[])
+                .env("CUMUX_TOKEN", &token)
+                .spawn()
+                .unwrap();
+            let out = wait_bounded(child, Duration::from_secs(300));
+            if out.code() != Some(0) {
+                assert!(out.stderr.contains("token"), "{}", out.describe());
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the tenant outlived its pod"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
     });
     drop(plugin);
 }
