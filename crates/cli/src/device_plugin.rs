@@ -145,15 +145,10 @@ impl Plugin {
             name: name.clone(),
             spec,
         };
-        probe::connect_as(
-            &self.address,
-            ClientRole::Status,
-            "cumux device-plugin",
-            None,
-        )
-        .map_err(|e| Status::unavailable(e.to_string()))?
-        .call(put)
-        .map_err(|e| Status::failed_precondition(format!("the cumux server refused: {e:#}")))?;
+        admin_connection(&self.address)
+            .map_err(|e| Status::unavailable(e.to_string()))?
+            .call(put)
+            .map_err(|e| Status::failed_precondition(format!("the cumux server refused: {e:#}")))?;
         tracing::info!(
             tenant = name,
             units = ids.len(),
@@ -198,14 +193,9 @@ impl Plugin {
             .map(|(name, _)| name.clone())
             .collect();
         for name in stale {
-            let removed = probe::connect_as(
-                &self.address,
-                ClientRole::Status,
-                "cumux device-plugin",
-                None,
-            )
-            .map_err(anyhow::Error::from)
-            .and_then(|mut c| c.call(Call::TenantRemove { name: name.clone() }));
+            let removed = admin_connection(&self.address)
+                .map_err(anyhow::Error::from)
+                .and_then(|mut c| c.call(Call::TenantRemove { name: name.clone() }));
             match removed {
                 Ok(_) => {
                     tracing::info!(tenant = name, "no pod holds its units: taken off the table");
@@ -404,13 +394,18 @@ async fn collect(
     }
 }
 
+/// A connection to the cumux server as the plugin (its admin, where it runs
+/// as the server's user or root).
+fn admin_connection(address: &Address) -> Result<probe::Connection, probe::ProbeError> {
+    probe::connect_as(address, ClientRole::Status, "cumux device-plugin", None)
+}
+
 /// The units a server offers: `unit` bytes at a time of each device's memory.
 fn units_of(address: &Address, unit: u64) -> Result<Vec<String>> {
     if unit == 0 {
         bail!("--unit must be more than 0 bytes");
     }
-    let status =
-        probe::connect_as(address, ClientRole::Status, "cumux device-plugin", None)?.status()?;
+    let status = admin_connection(address)?.status()?;
     if status.shown != "all" {
         bail!(
             "the cumux server at {address} does not take this plugin for an admin: run it as \

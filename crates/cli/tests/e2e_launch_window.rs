@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use cumux_protocol::{Call, ReplyBody, DEFAULT_STREAM};
 use cumux_server::session::window::{MAX_PENDING_LAUNCHES, WINDOW_SIGNAL_EVERY};
-use cumux_testkit::fake_gpu::{fixture_fatbin, scale_params};
+use cumux_testkit::fake_gpu::scale_params;
 /// How long each fake kernel takes.
 const KERNEL: Duration = Duration::from_millis(2);
 /// Launches past the window: each waits for one kernel at least.
@@ -23,15 +23,8 @@ fn launches_without_a_synchronize_wait_for_the_device() {
         return;
     };
     let mut session = common::driver_session(&server, "never-synchronizes");
-    let mut call = |call: Call| session.handle(call).unwrap();
-    let loaded = call(Call::ModuleLoad {
-        image: fixture_fatbin(),
-    });
-    let Ok(ReplyBody::Module(module)) = loaded else {
-        panic!("the fixture did not load: {loaded:?}")
-    };
-    let scale = module.functions.iter().find(|f| f.name == "scale").unwrap();
-    let Ok(ReplyBody::Ptr(buf)) = call(Call::MemAlloc {
+    let scale = common::fixture_scale(&mut session);
+    let Some(Ok(ReplyBody::Ptr(buf))) = session.handle(Call::MemAlloc {
         device: 0,
         bytes: 64,
     }) else {
@@ -41,7 +34,7 @@ fn launches_without_a_synchronize_wait_for_the_device() {
     let started = Instant::now();
     for _ in 0..launches {
         let launch = Call::Launch {
-            function: scale.handle,
+            function: scale,
             grid: [1, 1, 1],
             block: [1, 1, 1],
             shared_bytes: 0,

@@ -11,7 +11,7 @@ use std::os::fd::AsFd;
 
 use cumux_protocol::pinned::{create_memfd, HostMapping};
 use cumux_protocol::{codes, Call, ReplyBody, DEFAULT_STREAM};
-use cumux_testkit::fake_gpu::{f32_bytes, f32s, fixture_fatbin, scale_params};
+use cumux_testkit::fake_gpu::{f32_bytes, f32s, scale_params};
 const BYTES: u64 = 4096;
 
 fn memset(dst: u64, value: u32, count: u64) -> Call {
@@ -63,15 +63,9 @@ fn device_work_reaches_pinned_memory_at_the_clients_address() {
     unsafe { mine.bytes_mut(0, 16) }
         .unwrap()
         .copy_from_slice(&f32_bytes(&[1.0, 2.0, 3.0, 4.0]));
-    let loaded = session.handle(Call::ModuleLoad {
-        image: fixture_fatbin(),
-    });
-    let Some(Ok(ReplyBody::Module(module))) = loaded else {
-        panic!("the fixture did not load: {loaded:?}")
-    };
-    let scale = module.functions.iter().find(|f| f.name == "scale").unwrap();
+    let scale = common::fixture_scale(&mut session);
     let launch = Call::Launch {
-        function: scale.handle,
+        function: scale,
         grid: [1, 1, 1],
         block: [4, 1, 1],
         shared_bytes: 0,

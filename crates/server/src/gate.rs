@@ -20,7 +20,7 @@ use cumux_scheduler::{
 use crate::device::signals::SignalArea;
 use crate::device::StreamWork;
 use crate::locking::{lock, wait_timeout};
-use crate::tenants::{TenantClass, TenantSettings};
+use crate::tenants::{counted_key, TenantClass, TenantSettings};
 
 /// The scheduler's names for copies and memsets, by kind (launches are named by
 /// module and kernel, far below these): each kind's cost is learnt apart.
@@ -237,8 +237,7 @@ struct GateState {
     seen: Vec<((usize, u32), u64)>,
     watcher_started: bool,
     /// The charge of tenants that left the gate, by name (see
-    /// [`DeviceGate::charged_total_ns`]; past [`crate::tenants::MAX_COUNTED_TENANTS`]
-    /// names the rest share one entry).
+    /// [`DeviceGate::charged_total_ns`]; kept under [`counted_key`]).
     retired: HashMap<String, Nanos>,
 }
 
@@ -716,11 +715,8 @@ impl Drop for GateSession {
             Ok(()) => {
                 state.tenants.remove(&self.tenant_name);
                 let known = state.retired.contains_key(&self.tenant_name);
-                let key = match known || state.retired.len() < crate::tenants::MAX_COUNTED_TENANTS {
-                    true => self.tenant_name.clone(),
-                    false => crate::tenants::OTHER_TENANTS.to_string(),
-                };
-                let total = state.retired.entry(key).or_insert(0);
+                let key = counted_key(&self.tenant_name, known, state.retired.len());
+                let total = state.retired.entry(key.to_string()).or_insert(0);
                 *total = total.saturating_add(charged);
             }
             // Work of the session still in flight (a stream worker that could not be

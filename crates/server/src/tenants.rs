@@ -296,6 +296,16 @@ pub const MAX_COUNTED_TENANTS: usize = 1024;
 /// The shared entry's name.
 pub const OTHER_TENANTS: &str = "(other tenants)";
 
+/// The key a table of per-tenant figures for the server's life keeps `name`
+/// under: its own where the table has it (`known`) or has room (it holds
+/// `kept` names), else the shared [`OTHER_TENANTS`].
+pub fn counted_key(name: &str, known: bool, kept: usize) -> &str {
+    match known || kept < MAX_COUNTED_TENANTS {
+        true => name,
+        false => OTHER_TENANTS,
+    }
+}
+
 /// One tenant's live usage, shared by all its sessions.
 #[derive(Debug)]
 pub struct TenantAccount {
@@ -482,10 +492,7 @@ impl Accounts {
         if let Some(c) = map.get(name) {
             return Arc::clone(c);
         }
-        let key = match map.len() < MAX_COUNTED_TENANTS {
-            true => name,
-            false => OTHER_TENANTS,
-        };
+        let key = counted_key(name, false, map.len());
         Arc::clone(map.entry(key.to_string()).or_default())
     }
 

@@ -558,3 +558,17 @@ pub fn driver_session(
     cumux_server::session::Session::open(std::sync::Arc::clone(server), &hello, tenant)
         .expect("a session")
 }
+
+/// Loads the fake GPU's fixture image (`cumux_testkit::fake_gpu::fixture_fatbin`)
+/// in `session`: the handle of its `scale` kernel.
+pub fn fixture_scale(session: &mut cumux_server::session::Session) -> cumux_protocol::Handle {
+    use cumux_protocol::{Call, ReplyBody};
+    let loaded = session.handle(Call::ModuleLoad {
+        image: cumux_testkit::fake_gpu::fixture_fatbin(),
+    });
+    let Some(Ok(ReplyBody::Module(module))) = loaded else {
+        panic!("the fixture did not load: {loaded:?}")
+    };
+    let scale = module.functions.iter().find(|f| f.name == "scale");
+    scale.expect("the fixture's scale kernel").handle
+}
