@@ -35,6 +35,11 @@ pub struct ServerSettings {
     /// grid at its next check (every 65536 instructions of a block).
     #[arg(long)]
     pub launch_budget: Option<u64>,
+    /// How many CPU devices to serve (cpu and worker-cpu; default 1), each
+    /// with --memory of its own: a program can use several, as on a
+    /// multi-GPU machine (at most 16).
+    #[arg(long)]
+    pub cpu_devices: Option<u32>,
     /// How each device shares its time among tenants: fifo (default: no scheduler,
     /// launches go in arrival order), fair (weighted shares of device time) or
     /// priority (latency-critical tenants first). It sets every device's policy
@@ -85,6 +90,7 @@ impl ServerSettings {
             listen: self.listen.or(fallback.listen),
             memory: self.memory.or(fallback.memory),
             launch_budget: self.launch_budget.or(fallback.launch_budget),
+            cpu_devices: self.cpu_devices.or(fallback.cpu_devices),
             policy: self.policy.or(fallback.policy),
             sharing: self.sharing.or(fallback.sharing),
             kernel_timeout: self.kernel_timeout.or(fallback.kernel_timeout),
@@ -257,6 +263,7 @@ struct RawConfig {
     listen: Option<String>,
     memory: Option<Bytes>,
     launch_budget: Option<u64>,
+    cpu_devices: Option<u32>,
     policy: Option<String>,
     sharing: Option<String>,
     kernel_timeout: Option<String>,
@@ -430,6 +437,7 @@ pub fn parse(text: &str) -> Result<FileConfig> {
         listen: raw.listen,
         memory: raw.memory.map(|m| m.get()).transpose().context("memory")?,
         launch_budget: raw.launch_budget,
+        cpu_devices: raw.cpu_devices,
         drain_timeout: raw
             .drain_timeout
             .as_deref()

@@ -100,6 +100,7 @@ pub fn connect_as(
         token: std::env::var("CUMUX_TOKEN").ok(),
         shm: false,
         visible_devices: None,
+        join: None,
     };
     if let Some(name) = tenant {
         hello.tenant = Some(name.to_string());

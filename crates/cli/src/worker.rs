@@ -11,7 +11,7 @@ use anyhow::{anyhow, Context, Result};
 use cumux_server::device::backends::default_memory_bytes;
 use cumux_server::device::DEFAULT_LAUNCH_BUDGET;
 use cumux_server::worker::process::{
-    image_print_detector, local_device, serve_worker, WorkerStdout,
+    image_print_detector, local_device, serve_worker_beside, WorkerStdout,
 };
 use cumux_server::worker::wire::nonce_from_hex;
 
@@ -85,13 +85,12 @@ pub fn worker(options: WorkerOptions) -> Result<()> {
     let conn = UnixStream::from(socket);
     // Its log lines share the server's stderr: name the worker in each.
     let _span = tracing::info_span!("worker", pid = std::process::id()).entered();
-    let device = local_device(
-        &options.device,
-        options.ordinal,
-        options.memory.unwrap_or_else(default_memory_bytes),
-        options.launch_budget.unwrap_or(DEFAULT_LAUNCH_BUDGET),
-    )
-    .map_err(anyhow::Error::msg)?;
+    let memory = options.memory.unwrap_or_else(default_memory_bytes);
+    let launch_budget = options.launch_budget.unwrap_or(DEFAULT_LAUNCH_BUDGET);
+    let device = local_device(&options.device, options.ordinal, memory, launch_budget)
+        .map_err(anyhow::Error::msg)?;
+    // A program's contexts on its other devices join this process.
+    let open_other = |n| local_device(&options.device, n, memory, launch_budget);
     let mut out = std::io::stdout();
     let mut stdout = WorkerStdout {
         out: &mut out,
@@ -99,5 +98,6 @@ pub fn worker(options: WorkerOptions) -> Result<()> {
         nonce,
         image_may_print: &image_print_detector(&options.device),
     };
-    serve_worker(&*device, conn, &mut stdout).context("the server connection failed")
+    serve_worker_beside(&*device, &open_other, conn, &mut stdout)
+        .context("the server connection failed")
 }

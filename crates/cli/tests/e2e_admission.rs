@@ -34,6 +34,7 @@ fn hello(magic: u32, version: u32, tenant: Option<&str>) -> Hello {
         token: None,
         shm: false,
         visible_devices: None,
+        join: None,
     }
 }
 

@@ -157,6 +157,7 @@ fn cuda_contexts_live_in_workers() {
         token: None,
         shm: false,
         visible_devices: None,
+        join: None,
     };
     let tenant = Some(("t".to_string(), TenantSettings::default()));
     let mut session = Session::open(Arc::clone(&server), &hello, tenant).unwrap();
@@ -340,6 +341,7 @@ fn virtual_memory_in_workers(
         token: None,
         shm: false,
         visible_devices: None,
+        join: None,
     };
     let tenant = Some(("t".to_string(), TenantSettings::default()));
     let mut session = Session::open(Arc::clone(server), &hello, tenant).unwrap();

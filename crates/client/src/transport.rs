@@ -214,6 +214,7 @@ impl Connection {
             token: std::env::var("CUMUX_TOKEN").ok(),
             shm: area.is_some(),
             visible_devices: visible_devices(),
+            join: None,
         };
         let bytes = proto::encode(&hello).map_err(|e| e.to_string())?;
         proto::write_frame(&mut NoSigPipe(&conn.stream), &bytes)
@@ -634,6 +635,7 @@ mod tests {
                 session: 1,
                 devices: Vec::new(),
                 shm: true,
+                group: 0,
             };
             proto::write_frame(&mut s, &proto::encode(&welcome).unwrap()).unwrap();
             let mut header = [0u8; 4];

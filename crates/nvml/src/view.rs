@@ -60,6 +60,7 @@ fn hello(role: ClientRole) -> Result<(Box<dyn Stream>, HelloReply), String> {
         token: std::env::var("CUMUX_TOKEN").ok(),
         shm: false,
         visible_devices: std::env::var("CUDA_VISIBLE_DEVICES").ok(),
+        join: None,
     };
     let reply: HelloReply = exchange(&mut stream, &hello)?;
     Ok((stream, reply))

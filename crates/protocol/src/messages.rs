@@ -12,6 +12,23 @@ pub type Handle = u64;
 /// The default (legacy/null) stream of the session.
 pub const DEFAULT_STREAM: Handle = 0;
 
+/// Where a session's handles start: the session for a program's device `n`
+/// (its [`Join::device`]; 0 for the first connection) issues them upward from
+/// `first_handle(n)`, well clear of 0 (the default stream) and CUDA's special
+/// stream values 1 and 2, so a program's handles of two devices never meet
+/// and the client tells a handle's device by [`device_of_handle`].
+pub const fn first_handle(device: u32) -> Handle {
+    0x100 + ((device as Handle) << HANDLE_DEVICE_SHIFT)
+}
+
+/// Handles of one session stay below `1 << HANDLE_DEVICE_SHIFT` past their first.
+pub const HANDLE_DEVICE_SHIFT: u32 = 36;
+
+/// The program's device whose session issued `handle`.
+pub const fn device_of_handle(handle: Handle) -> u32 {
+    (handle >> HANDLE_DEVICE_SHIFT) as u32
+}
+
 /// Sent first by every client.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Hello {
@@ -38,6 +55,22 @@ pub struct Hello {
     /// [`crate::visible_devices::MAX_TEXT_BYTES`]): the server shows it
     /// those of its tenant's devices, in that order.
     pub visible_devices: Option<String>,
+    /// A further connection of a program already connected, for another of
+    /// its devices; `None`: the program's first connection, on its first
+    /// device.
+    pub join: Option<Join>,
+}
+
+/// What a program's further connection says: which of its devices it is for,
+/// and the group its first welcome gave it (a program is one group: its
+/// contexts share one address space, so its pointers of two devices never
+/// alias and its devices reach each other's memory where the hardware can).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Join {
+    /// The key of the first welcome ([`HelloReply::Welcome`]'s `group`).
+    pub group: u64,
+    /// The device, numbered as the program sees them (`devices` of the welcome).
+    pub device: u32,
 }
 
 /// The largest hello frame a server reads.
@@ -91,6 +124,9 @@ pub enum HelloReply {
         devices: Vec<DeviceInfo>,
         /// The server takes the client's shared-memory area: a [`ShmAttach`] follows.
         shm: bool,
+        /// The key a further connection of the same program names in its
+        /// [`Join`]; 0 where none may join (status, preflight).
+        group: u64,
     },
     Rejected {
         server_version: u32,

@@ -23,7 +23,10 @@ pub use launch::{
     check_config, Fault, LaunchConfig, LaunchLimits, LaunchReport, LAUNCH_CHECK_INTERVAL,
     MAX_SHARED_OPTIN, MAX_STATIC_SHARED,
 };
-pub use memory::{DeviceMemory, MemError, DEVICE_VA_BASE, DEVICE_VA_END, VMM_GRANULARITY};
+pub use memory::{
+    DeviceMemory, MemError, DEVICE_VA_BASE, DEVICE_VA_END, DEVICE_WINDOW_BYTES, MAX_WINDOWS,
+    VMM_GRANULARITY,
+};
 pub use module_info::{GlobalVar, KernelInfo, LoadError, ParamLayout, Space};
 pub use parser::{parse, ParseError};
 pub use program::Program;

@@ -15,6 +15,12 @@ use std::sync::{Mutex, RwLock, RwLockReadGuard};
 pub const DEVICE_VA_BASE: u64 = 0x2000_0000_0000;
 /// End of the device window (exclusive).
 pub const DEVICE_VA_END: u64 = 0x3000_0000_0000;
+/// The part of the window each device numbered on one server takes: device
+/// `n` hands out addresses in `[DEVICE_VA_BASE + n * DEVICE_WINDOW_BYTES, …)`,
+/// so one program's pointers of two devices never alias (16 devices fit).
+pub const DEVICE_WINDOW_BYTES: u64 = 1 << 40;
+/// How many devices' windows fit in the device window.
+pub const MAX_WINDOWS: u32 = ((DEVICE_VA_END - DEVICE_VA_BASE) / DEVICE_WINDOW_BYTES) as u32;
 const ALLOC_ALIGN: u64 = 256;
 /// Unmapped gap kept after each allocation so small overruns fault.
 const GUARD_GAP: u64 = 4096;
@@ -132,6 +138,8 @@ pub struct DeviceMemory {
     space: RwLock<Blocks>,
     state: Mutex<AllocState>,
     capacity: u64,
+    /// The addresses this memory hands out: `[window.0, window.1)`.
+    window: (u64, u64),
 }
 
 fn lookup(blocks: &Blocks, addr: u64, len: u64) -> Option<(u64, u64, *mut u8)> {
@@ -184,12 +192,27 @@ impl MemView<'_> {
 }
 
 impl DeviceMemory {
-    /// Creates an empty memory of `capacity_bytes`.
+    /// Creates an empty memory of `capacity_bytes`, its addresses anywhere in
+    /// the device window.
     pub fn new(capacity_bytes: u64) -> Self {
+        Self::in_window(capacity_bytes, DEVICE_VA_BASE, DEVICE_VA_END)
+    }
+
+    /// Creates an empty memory of `capacity_bytes` for device `number` of a
+    /// server: its addresses in that device's part of the window
+    /// ([`DEVICE_WINDOW_BYTES`]); `None` past [`MAX_WINDOWS`].
+    pub fn numbered(capacity_bytes: u64, number: u32) -> Option<Self> {
+        let base = DEVICE_VA_BASE + u64::from(number) * DEVICE_WINDOW_BYTES;
+        (number < MAX_WINDOWS)
+            .then(|| Self::in_window(capacity_bytes, base, base + DEVICE_WINDOW_BYTES))
+    }
+
+    fn in_window(capacity_bytes: u64, base: u64, end: u64) -> Self {
         DeviceMemory {
+            window: (base, end),
             space: RwLock::new(BTreeMap::new()),
             state: Mutex::new(AllocState {
-                next: DEVICE_VA_BASE,
+                next: base,
                 used: 0,
                 pending: BTreeMap::new(),
                 physical: HashMap::new(),
@@ -227,7 +250,7 @@ impl DeviceMemory {
             .checked_add(rounded)
             .and_then(|v| v.checked_add(GUARD_GAP))
             .ok_or(MemError::OutOfMemory)?;
-        if next > DEVICE_VA_END {
+        if next > self.window.1 {
             return Err(MemError::OutOfMemory);
         }
         let backing = Backing::zeroed(bytes, ALLOC_ALIGN)?;
@@ -294,7 +317,7 @@ impl DeviceMemory {
             .and_then(|r| addr.checked_add(r))
             .and_then(|v| v.checked_add(GUARD_GAP))
             .ok_or(MemError::OutOfMemory)?;
-        if next > DEVICE_VA_END {
+        if next > self.window.1 {
             return Err(MemError::OutOfMemory);
         }
         s.next = next;
@@ -335,7 +358,7 @@ impl DeviceMemory {
     /// may be mapped at several places: they alias.
     pub fn map(&self, addr: u64, size: u64, id: u64) -> Result<(), MemError> {
         let end = addr.checked_add(size).ok_or(MemError::InvalidSize)?;
-        if size == 0 || addr < DEVICE_VA_BASE || end > DEVICE_VA_END {
+        if size == 0 || addr < self.window.0 || end > self.window.1 {
             return Err(MemError::OutOfRange { addr, len: size });
         }
         // The table's read lock before the state's, as `free` takes them.
@@ -600,6 +623,22 @@ pub(crate) unsafe fn atomic_rmw(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn numbered_devices_hand_out_addresses_in_windows_of_their_own() {
+        let zero = DeviceMemory::numbered(1 << 20, 0).unwrap();
+        let two = DeviceMemory::numbered(8 << 20, 2).unwrap();
+        let a = zero.alloc(64).unwrap();
+        let b = two.alloc(64).unwrap();
+        assert!((DEVICE_VA_BASE..DEVICE_VA_BASE + DEVICE_WINDOW_BYTES).contains(&a));
+        assert_eq!(b, DEVICE_VA_BASE + 2 * DEVICE_WINDOW_BYTES);
+        // Device 2 maps nothing in device 0's window, and there are 16 windows.
+        let reserved = zero.reserve(VMM_GRANULARITY, 0).unwrap();
+        let id = two.create_physical(VMM_GRANULARITY).unwrap();
+        assert!(two.map(reserved, VMM_GRANULARITY, id).is_err());
+        assert!(DeviceMemory::numbered(1, MAX_WINDOWS - 1).is_some());
+        assert!(DeviceMemory::numbered(1, MAX_WINDOWS).is_none());
+    }
 
     #[test]
     fn alloc_free_read_write() {

@@ -237,6 +237,7 @@ fn serve_seated(
         session: session.id(),
         devices,
         shm: offer_shm,
+        group: session.group_key(),
     };
     tracing::info!(
         session = session.id(),
@@ -359,6 +360,7 @@ fn preflight(
                 session: 0,
                 devices: devices.into_iter().map(|(_, info)| info).collect(),
                 shm: false,
+                group: 0,
             };
             let _ = send(writer, &welcome);
             Ending::Closed

@@ -15,6 +15,7 @@ pub mod admission;
 pub mod connection;
 pub mod device;
 pub mod gate;
+pub mod groups;
 pub mod hangups;
 pub mod host_regions;
 pub mod listener;
@@ -64,6 +65,8 @@ pub struct Server {
     policies: Vec<Policy>,
     /// One per device, in device order; `None` under `fifo`, which needs no gate.
     gates: Vec<Option<Arc<DeviceGate>>>,
+    /// Programs' groups of sessions, one per program across its devices.
+    groups: groups::Groups,
 }
 
 impl Server {
@@ -126,6 +129,7 @@ impl Server {
         Arc::new(Server {
             policies,
             gates,
+            groups: groups::Groups::default(),
             seats: admission::Seats::new(tenants.limits),
             hangups: hangups::Hangups::new()
                 .map_err(|e| tracing::error!("no hang-up watcher: {e}"))
@@ -290,6 +294,10 @@ impl Server {
 
     pub fn uptime(&self) -> Duration {
         self.started.elapsed()
+    }
+
+    pub fn groups(&self) -> &groups::Groups {
+        &self.groups
     }
 
     fn next_session_id(&self) -> u64 {

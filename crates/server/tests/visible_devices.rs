@@ -25,6 +25,7 @@ fn greet(h: &Harness, hello: &Hello) -> (HelloReply, BufReader<UnixStream>, Unix
 fn seeing(visible: &str) -> Hello {
     Hello {
         visible_devices: Some(visible.into()),
+        join: None,
         ..hello(PROTOCOL_VERSION, MAGIC)
     }
 }

@@ -550,6 +550,7 @@ pub fn driver_session(
         token: None,
         shm: false,
         visible_devices: None,
+        join: None,
     };
     let tenant = Some((
         "t".to_string(),

@@ -106,6 +106,7 @@ fn hello() -> Hello {
         token: None,
         shm: false,
         visible_devices: None,
+        join: None,
     }
 }
 

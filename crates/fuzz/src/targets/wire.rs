@@ -130,6 +130,7 @@ fn seeds() -> Vec<Vec<u8>> {
         token: None,
         shm: true,
         visible_devices: None,
+        join: None,
     };
     out.push(encode(&hello).expect("a hello encodes"));
     out

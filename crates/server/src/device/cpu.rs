@@ -31,6 +31,9 @@ pub struct CpuDevice {
     /// one block), before it fails with CUDA_ERROR_LAUNCH_TIMEOUT (702), like
     /// the driver's watchdog.
     launch_budget: u64,
+    /// Its number among the CPU devices of one server: its addresses lie in
+    /// a window of its own (`DeviceMemory::numbered`).
+    number: u32,
 }
 
 pub use super::DEFAULT_LAUNCH_BUDGET;
@@ -91,7 +94,6 @@ impl CpuDevice {
     /// CUDA_ERROR_LAUNCH_TIMEOUT (702) instead of running forever; a single
     /// block past it fails at that very instruction. 0 means no limit.
     pub fn with_launch_budget(capacity: u64, launch_budget: u64) -> Self {
-        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         let pci = [0, 0xc0, 0];
         let host = std::fs::read_to_string("/etc/hostname").unwrap_or_default();
         CpuDevice {
@@ -102,7 +104,7 @@ impl CpuDevice {
                 pci,
                 total_mem: capacity,
                 attributes: cpu_device_attributes(AttributeInputs {
-                    multiprocessors: i32::try_from(cores).unwrap_or(i32::MAX),
+                    multiprocessors: host_cores(),
                     pci,
                 }),
                 backend: "cpu".into(),
@@ -116,7 +118,31 @@ impl CpuDevice {
             } else {
                 launch_budget
             },
+            number: 0,
         }
+    }
+
+    /// The same device as device `number` of several on one server: that
+    /// ordinal, a PCI bus and UUID of its own, and its addresses in a window
+    /// of its own, so a program's pointers of two devices never alias. At
+    /// most `ptx::MAX_WINDOWS` devices.
+    pub fn numbered(mut self, number: u32) -> Result<Self, String> {
+        if number >= cumux_ptx::MAX_WINDOWS {
+            return Err(format!(
+                "at most {} CPU devices fit in the device address window",
+                cumux_ptx::MAX_WINDOWS
+            ));
+        }
+        let pci = [0, 0xc0 + number, 0];
+        self.info.ordinal = number;
+        self.info.pci = pci;
+        self.info.uuid[15] ^= number as u8;
+        self.info.attributes = cpu_device_attributes(AttributeInputs {
+            multiprocessors: host_cores(),
+            pci,
+        });
+        self.number = number;
+        Ok(self)
     }
 }
 
@@ -139,6 +165,12 @@ impl CpuContext {
 }
 
 /// A stable uuid per host, marked as cumux's (version nibble 8, "custom").
+/// One multiprocessor per host core.
+fn host_cores() -> i32 {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    i32::try_from(cores).unwrap_or(i32::MAX)
+}
+
 fn device_uuid(host: &str) -> [u8; 16] {
     let mut uuid = *b"cumux-cpu-device";
     for (i, b) in host.bytes().enumerate() {
@@ -204,8 +236,10 @@ impl Device for CpuDevice {
     }
 
     fn create_context(&self) -> Result<Arc<dyn DeviceContext>, CuError> {
+        let mem = DeviceMemory::numbered(self.budget.capacity, self.number)
+            .ok_or_else(|| CuError::new(codes::INVALID_DEVICE, "no address window"))?;
         Ok(Arc::new(CpuContext {
-            mem: DeviceMemory::new(self.budget.capacity),
+            mem,
             launch_budget: self.launch_budget,
             cancelled: AtomicBool::new(false),
             budget: Arc::clone(&self.budget),

@@ -191,11 +191,35 @@ pub trait Device: Send + Sync {
     }
     /// A new context for one session. Dropping it releases whatever it still holds.
     fn create_context(&self) -> Result<Arc<dyn DeviceContext>, CuError>;
+    /// A new context for one session of a program that may use several
+    /// devices, kept with the program's other contexts (`group`) where the
+    /// backend needs them together: a GPU's in one process, so that one
+    /// address space holds them all. By default, a context of its own.
+    fn create_context_in(&self, group: &ContextGroup) -> Result<Arc<dyn DeviceContext>, CuError> {
+        let _ = group;
+        self.create_context()
+    }
     /// Gets ready, before any session comes, what sessions will need (worker
     /// processes and their contexts), so that none starts while tenants run:
     /// creating a CUDA context stalls the kernels of the GPU's other contexts.
     /// Blocks until done; a failure is only logged (the first session meets it).
     fn warm_up(&self) {}
+}
+
+/// One program's contexts on the devices of a server: what a backend keeps to
+/// hold them together ([`Device::create_context_in`]), its own to choose.
+#[derive(Default)]
+pub struct ContextGroup {
+    slot: std::sync::OnceLock<Arc<dyn std::any::Any + Send + Sync>>,
+}
+
+impl ContextGroup {
+    /// What the backend keeps here, made by `init` the first time; `None` if
+    /// another backend's kind is kept already.
+    pub fn kept<T: Send + Sync + 'static>(&self, init: impl FnOnce() -> Arc<T>) -> Option<Arc<T>> {
+        let any = self.slot.get_or_init(|| init());
+        Arc::clone(any).downcast::<T>().ok()
+    }
 }
 
 /// One session's share of a device: memory, modules and launches.

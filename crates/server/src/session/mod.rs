@@ -40,10 +40,10 @@ use cumux_protocol::launch_checks::LaunchLimits;
 
 pub use self::core::MAX_STDOUT_BYTES;
 
-/// The first handle a session issues: well clear of 0 (the default stream)
-/// and CUDA's special stream values 1 and 2, so a confused client gets
+/// The first handle a program's first session issues
+/// ([`cumux_protocol::first_handle`]): a confused client gets
 /// CUDA_ERROR_INVALID_HANDLE rather than somebody's stream.
-pub const FIRST_HANDLE: Handle = 0x100;
+pub const FIRST_HANDLE: Handle = cumux_protocol::first_handle(0);
 /// Streams one session may have at once (besides the default one).
 pub const MAX_STREAMS: usize = 512;
 /// `1` keeps stream order in the server (a thread per stream) even where the
@@ -100,6 +100,10 @@ pub struct Session {
     /// synchronize that succeeded: if not, the next one has nothing to wait for.
     queued_since_sync: Cell<bool>,
     next_handle: Handle,
+    /// The device this session is for, numbered as its program sees them.
+    index: u32,
+    /// The program's group (driver sessions).
+    group: Option<Arc<crate::groups::ProgramGroup>>,
     /// Allocations made by this session: base → size.
     allocations: BTreeMap<DevicePtr, u64>,
     /// Module globals of this session: base → size.
@@ -185,21 +189,36 @@ impl Session {
         hello: &Hello,
         tenant: Option<(String, TenantSettings)>,
     ) -> Result<Self, CuError> {
-        let (device, account) = match &tenant {
+        // The program's first connection is for its first device; a further
+        // one names the device it is for and the program's group.
+        let index = hello.join.map_or(0, |join| join.device);
+        let (device, account, group) = match &tenant {
             Some((name, settings)) => {
                 let visible = hello.visible_devices.as_deref();
                 let (seen, stopped) = server.devices_seen(settings, visible);
-                let (device, _) = seen.into_iter().next().ok_or_else(|| {
+                let count = seen.len();
+                let (device, _) = seen.into_iter().nth(index as usize).ok_or_else(|| {
                     let why = match visible {
+                        _ if count > 0 => format!(
+                            "device {index} of a program that sees {count} (tenant {name:?})"
+                        ),
                         Some(text) => format!(
                             "CUDA_VISIBLE_DEVICES={text:?} shows tenant {name:?} none of its devices{}",
                             stopped.map_or_else(String::new, |why| format!(": {why}"))
                         ),
                         None => format!("tenant {name:?} may use no device of this server"),
                     };
-                    err(codes::NO_DEVICE, why)
+                    let code = if count > 0 { codes::INVALID_DEVICE } else { codes::NO_DEVICE };
+                    err(code, why)
                 })?;
-                (device, Some(server.accounts().join(name, settings)))
+                let group = match hello.join {
+                    Some(join) => server
+                        .groups()
+                        .join(join.group, name)
+                        .map_err(|why| err(codes::INVALID_VALUE, why))?,
+                    None => server.groups().open(name),
+                };
+                (device, Some(server.accounts().join(name, settings)), Some(group))
             }
             None => (
                 server
@@ -208,9 +227,13 @@ impl Session {
                     .cloned()
                     .ok_or_else(|| err(codes::NO_DEVICE, "the server has no device"))?,
                 None,
+                None,
             ),
         };
-        let ctx = device.create_context()?;
+        let ctx = match &group {
+            Some(group) => device.create_context_in(&group.contexts)?,
+            None => device.create_context()?,
+        };
         let id = server.next_session_id();
         let gate = match (&tenant, server.gate_of(&device)) {
             (Some((name, settings)), Some(gate)) => {
@@ -326,7 +349,9 @@ impl Session {
             module_bytes: HashMap::new(),
             streams: HashSet::new(),
             events: HashMap::new(),
-            next_handle: FIRST_HANDLE,
+            next_handle: cumux_protocol::first_handle(index),
+            index,
+            group,
             allocations: BTreeMap::new(),
             globals: BTreeMap::new(),
             vmm: vmm_tables::VmmTables::default(),
@@ -360,6 +385,11 @@ impl Session {
 
     pub fn id(&self) -> u64 {
         self.core.id
+    }
+
+    /// The key of the session's program group (0 for status queries).
+    pub fn group_key(&self) -> u64 {
+        self.group.as_ref().map_or(0, |g| g.key())
     }
 
     /// Launches run so far and the device time they took, in ms.
@@ -635,7 +665,7 @@ impl Session {
     }
 
     fn check_device(&self, device: u32) -> Result<(), CuError> {
-        if device == 0 {
+        if device == self.index {
             Ok(())
         } else {
             Err(err(

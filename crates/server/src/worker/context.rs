@@ -21,6 +21,7 @@ use cumux_protocol::{
     codes, decode, encode, write_frame, CuError, DevicePtr, Handle, TensorMapRequest,
 };
 
+use super::colocation::{Colocation, Host};
 use super::link::{io_err, Connection};
 use super::spawn::{reap, reap_in_background, reset_by_killing, Launcher, Spawned, READY_WAIT};
 use super::stdout_tap::StdoutTap;
@@ -65,6 +66,9 @@ pub struct WorkerContext {
     deferred: Mutex<Option<CuError>>,
     /// Where further connections to this worker's context come in, once asked.
     sessions: Mutex<Option<(PathBuf, [u8; NONCE_BYTES])>>,
+    /// The program's group this context joins, and its device's ordinal
+    /// there ([`Colocation`]); `None`: a process of its own.
+    member: Option<(Arc<Colocation>, u32)>,
 }
 
 impl WorkerContext {
@@ -74,8 +78,20 @@ impl WorkerContext {
         used: Arc<AtomicU64>,
         next_module: Arc<AtomicU64>,
     ) -> WorkerContext {
-        let sticky = Arc::new(Mutex::new(None));
-        let child = Arc::new(Mutex::new(None));
+        let fate = (Arc::default(), Arc::default());
+        WorkerContext::sharing_fate(launcher, used, next_module, fate, None)
+    }
+
+    /// A context whose fault and worker process are `fate`'s (shared with
+    /// the other members of `member`'s group, if any).
+    fn sharing_fate(
+        launcher: Option<Arc<Launcher>>,
+        used: Arc<AtomicU64>,
+        next_module: Arc<AtomicU64>,
+        fate: (Arc<Mutex<Option<CuError>>>, Arc<Mutex<Option<Child>>>),
+        member: Option<(Arc<Colocation>, u32)>,
+    ) -> WorkerContext {
+        let (sticky, child) = fate;
         let watch = launcher
             .as_ref()
             .and_then(|l| l.watchdog())
@@ -94,7 +110,35 @@ impl WorkerContext {
             modules: Mutex::new(HashMap::new()),
             deferred: Mutex::new(None),
             sessions: Mutex::new(None),
+            member,
         }
+    }
+
+    /// A context of a program's group on device `ordinal`: at its first call
+    /// it joins the group's host process with a context of its own there, or,
+    /// with no live host, starts a worker (from `launcher`) and hosts the group.
+    pub fn member(
+        launcher: Arc<Launcher>,
+        used: Arc<AtomicU64>,
+        next_module: Arc<AtomicU64>,
+        group: Arc<Colocation>,
+        ordinal: u32,
+    ) -> WorkerContext {
+        let fate = (Arc::clone(&group.sticky), Arc::clone(&group.child));
+        let member = Some((group, ordinal));
+        WorkerContext::sharing_fate(Some(launcher), used, next_module, fate, member)
+    }
+
+    /// What a group's later members need to join this context's process:
+    /// its sessions socket (opened now if need be), printf stream and fate.
+    pub fn as_host(&self) -> Result<Host, CuError> {
+        let (path, token) = self.sessions_socket()?;
+        Ok(Host {
+            path,
+            token,
+            tap: Arc::clone(&lock(&self.tap)),
+            sticky: Arc::clone(&self.sticky),
+        })
     }
 
     /// A context over a worker already running: `conn` is its socket, `stdout`
@@ -165,10 +209,40 @@ impl WorkerContext {
         self.connection(&mut slot).map(|_| ())
     }
 
+    /// Starts this context: a group member joins its group's live host, or
+    /// starts a worker of its own and becomes the host; any other context
+    /// starts a worker ([`WorkerContext::start_own`]).
+    fn start(&self) -> Result<Connection, CuError> {
+        let Some((group, ordinal)) = &self.member else {
+            return self.start_own();
+        };
+        let mut host = group.starting();
+        if let Some(live) = host.as_ref().filter(|h| lock(&h.sticky).is_none()) {
+            *lock(&self.tap) = Arc::clone(&live.tap);
+            lock(&self.markers).clear();
+            return join(&live.path, &live.token, Some(*ordinal));
+        }
+        let mut conn = self.start_own()?;
+        let request = WorkerRequest::OpenSessions;
+        conn.link.send_message(&request).map_err(worker_err)?;
+        let (path, token) = match self.receive(&mut conn).map_err(worker_err)?.result? {
+            WorkerValue::Sessions { path, token } => (PathBuf::from(path), token),
+            other => return Err(unexpected(&other)),
+        };
+        *lock(&self.sessions) = Some((path.clone(), token));
+        *host = Some(Host {
+            path,
+            token,
+            tap: Arc::clone(&lock(&self.tap)),
+            sticky: Arc::clone(&self.sticky),
+        });
+        Ok(conn)
+    }
+
     /// Starts the worker of a context made by [`WorkerContext::new`].
     /// A spare that fails to attach (it died idle) is replaced by a fresh
     /// worker once; a new spare starts warming up either way.
-    fn start(&self) -> Result<Connection, CuError> {
+    fn start_own(&self) -> Result<Connection, CuError> {
         let Some(launcher) = &self.launcher else {
             return Err(CuError::new(
                 codes::INVALID_CONTEXT,
@@ -243,28 +317,8 @@ impl WorkerContext {
     /// death ends both) and printf stream; its memory and modules are its own
     /// to track.
     pub fn open_connection(&self) -> Result<WorkerContext, CuError> {
-        let known = lock(&self.sessions).clone();
-        let (path, token) = match known {
-            Some(found) => found,
-            None => match self.call(&WorkerRequest::OpenSessions, &[], None)? {
-                WorkerValue::Sessions { path, token } => {
-                    let found = (PathBuf::from(path), token);
-                    *lock(&self.sessions) = Some(found.clone());
-                    found
-                }
-                other => return Err(unexpected(&other)),
-            },
-        };
-        let fail = |e: io::Error| {
-            CuError::new(
-                codes::UNKNOWN,
-                format!("cannot connect to the shared worker: {e}"),
-            )
-        };
-        let mut stream = UnixStream::connect(&path).map_err(fail)?;
-        write_frame(&mut stream, &token).map_err(|e| fail(io_err(e)))?;
-        let mut conn = Connection::new(stream)?;
-        conn.offer_shm().map_err(fail)?;
+        let (path, token) = self.sessions_socket()?;
+        let conn = join(&path, &token, None)?;
         Ok(WorkerContext {
             conn: Mutex::new(Some(conn)),
             launcher: None,
@@ -279,7 +333,24 @@ impl WorkerContext {
             modules: Mutex::new(HashMap::new()),
             deferred: Mutex::new(None),
             sessions: Mutex::new(None),
+            member: None,
         })
+    }
+
+    /// The worker's socket for further connections and their token, asked
+    /// of the worker the first time.
+    fn sessions_socket(&self) -> Result<(PathBuf, [u8; NONCE_BYTES]), CuError> {
+        if let Some(found) = lock(&self.sessions).clone() {
+            return Ok(found);
+        }
+        match self.call(&WorkerRequest::OpenSessions, &[], None)? {
+            WorkerValue::Sessions { path, token } => {
+                let found = (PathBuf::from(path), token);
+                *lock(&self.sessions) = Some(found.clone());
+                Ok(found)
+            }
+            other => Err(unexpected(&other)),
+        }
     }
 
     /// Records that the worker is gone; the error every later call gets.
@@ -796,8 +867,48 @@ impl Drop for WorkerContext {
         if let Some(conn) = lock(&self.conn).take() {
             let _ = conn.link.socket().shutdown(std::net::Shutdown::Both);
         }
-        if let Some(child) = lock(&self.child).take() {
-            reap_in_background(child);
+        // A group's process is reaped with the group (`Colocation`).
+        if self.member.is_none() {
+            if let Some(child) = lock(&self.child).take() {
+                reap_in_background(child);
+            }
         }
     }
+}
+
+/// A further connection to the worker process whose sessions socket is
+/// `path`: the same context as its first connection (`own: None`) or a
+/// context of its own on device `own`. Waits until the worker says it is ready.
+fn join(
+    path: &Path,
+    token: &[u8; NONCE_BYTES],
+    own: Option<u32>,
+) -> Result<Connection, CuError> {
+    let fail = |e: io::Error| {
+        CuError::new(
+            codes::UNKNOWN,
+            format!("cannot connect to the worker at {}: {e}", path.display()),
+        )
+    };
+    let mut stream = UnixStream::connect(path).map_err(fail)?;
+    write_frame(&mut stream, token).map_err(|e| fail(io_err(e)))?;
+    let asked = encode(&own).map_err(|e| fail(io_err(e)))?;
+    write_frame(&mut stream, &asked).map_err(|e| fail(io_err(e)))?;
+    let mut conn = Connection::new(stream)?;
+    let _ = conn.link.socket().set_read_timeout(Some(READY_WAIT));
+    let ready = conn.link.recv_frame(&mut conn.buf).map_err(io_err);
+    let _ = conn.link.socket().set_read_timeout(None);
+    ready.map_err(fail)?;
+    match decode::<WorkerReply>(&conn.buf).map_err(|e| fail(io_err(e)))?.result {
+        Ok(WorkerValue::Ready) => {}
+        Ok(other) => return Err(unexpected(&other)),
+        Err(e) => return Err(e),
+    }
+    conn.offer_shm().map_err(fail)?;
+    Ok(conn)
+}
+
+/// A worker's socket failing while a context starts.
+fn worker_err(e: io::Error) -> CuError {
+    CuError::new(codes::UNKNOWN, format!("the worker failed as it started: {e}"))
 }

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use cumux_protocol::{CuError, DeviceInfo};
+use cumux_protocol::{codes, CuError, DeviceInfo};
 
 use super::context::WorkerContext;
 #[cfg(any(feature = "cpu", feature = "cuda"))]
@@ -19,7 +19,8 @@ use super::spawn::{Launcher, WorkerCommand, READY_WAIT};
 use super::watchdog::Watchdog;
 #[cfg(feature = "cuda")]
 use crate::device::cuda::CudaDevice;
-use crate::device::{Device, DeviceContext};
+use super::colocation::Colocation;
+use crate::device::{ContextGroup, Device, DeviceContext};
 use crate::locking::lock;
 
 /// How a worker device gives sessions their contexts.
@@ -104,6 +105,15 @@ impl WorkerDevice {
         self
     }
 
+    /// A session's view of the shared context, and that context.
+    fn shared_view(&self) -> Result<(Arc<dyn DeviceContext>, Arc<WorkerContext>), CuError> {
+        let tag = self.next_view.fetch_add(1, Ordering::Relaxed);
+        let (primary, route) = self.shared_context();
+        let conn = primary.open_connection()?;
+        let view = SharedView::new(Arc::clone(&primary), conn, tag, route, self.may_print);
+        Ok((Arc::new(view), primary))
+    }
+
     /// The shared context and its printf route, started anew if there is none
     /// or it died.
     fn shared_context(&self) -> (Arc<WorkerContext>, Arc<PrintRoute>) {
@@ -140,21 +150,37 @@ impl Device for WorkerDevice {
     /// touches the device (a `cumux status` query) costs no process.
     fn create_context(&self) -> Result<Arc<dyn DeviceContext>, CuError> {
         if self.sharing == Sharing::Shared {
-            let tag = self.next_view.fetch_add(1, Ordering::Relaxed);
-            let (primary, route) = self.shared_context();
-            let conn = primary.open_connection()?;
-            return Ok(Arc::new(SharedView::new(
-                primary,
-                conn,
-                tag,
-                route,
-                self.may_print,
-            )));
+            return Ok(self.shared_view()?.0);
         }
         Ok(Arc::new(WorkerContext::new(
             Some(Arc::clone(&self.launcher)),
             Arc::clone(&self.used),
             Arc::clone(&self.next_module),
+        )))
+    }
+
+    /// A context kept with the program's others in one process: in shared
+    /// mode the first is a view of this device's shared context, whose
+    /// process then hosts the program's contexts on other devices; in
+    /// isolated mode, whichever starts first hosts the rest ([`Colocation`]).
+    fn create_context_in(&self, group: &ContextGroup) -> Result<Arc<dyn DeviceContext>, CuError> {
+        let colocation = group.kept(Colocation::new).ok_or_else(|| {
+            CuError::new(codes::INVALID_DEVICE, "the program's devices are of different kinds")
+        })?;
+        if self.sharing == Sharing::Shared {
+            let mut host = colocation.starting();
+            if host.is_none() {
+                let (view, primary) = self.shared_view()?;
+                *host = Some(primary.as_host()?);
+                return Ok(view);
+            }
+        }
+        Ok(Arc::new(WorkerContext::member(
+            Arc::clone(&self.launcher),
+            Arc::clone(&self.used),
+            Arc::clone(&self.next_module),
+            colocation,
+            self.info.ordinal,
         )))
     }
 
@@ -181,25 +207,29 @@ impl Device for WorkerDevice {
     }
 }
 
-/// The CPU reference device served by workers (for tests of this machinery).
+/// CPU reference device `number` served by workers (for tests of this machinery).
 #[cfg(feature = "cpu")]
 pub fn cpu_worker_device(
     program: PathBuf,
+    number: u32,
     memory: u64,
     launch_budget: u64,
     sharing: Sharing,
     kernel_timeout: Option<Duration>,
-) -> Arc<dyn Device> {
-    let info = crate::device::cpu::CpuDevice::new(memory).info().clone();
-    let mut command = WorkerCommand::cumux(program, "cpu", 0, Some(memory));
+) -> Result<Arc<dyn Device>, String> {
+    let info = crate::device::cpu::CpuDevice::new(memory)
+        .numbered(number)?
+        .info()
+        .clone();
+    let mut command = WorkerCommand::cumux(program, "cpu", number, Some(memory));
     command.args.push("--launch-budget".into());
     command.args.push(launch_budget.to_string().into());
-    Arc::new(
+    Ok(Arc::new(
         WorkerDevice::new(info, command)
             .with_sharing(sharing)
             .with_kernel_timeout(kernel_timeout)
             .with_print_detector(image_print_detector("cpu")),
-    )
+    ))
 }
 
 /// Every GPU of the system's CUDA driver, each served by workers that

@@ -23,10 +23,12 @@
 //!
 //! Map: [`device`] is the [`crate::device::Device`] sessions see; [`context`]
 //! one context (or one connection to a shared one) in a worker; [`shared`] a
-//! session's view of a `shared`-mode context; [`watchdog`] resets contexts whose
+//! session's view of a `shared`-mode context; [`colocation`] keeps one program's
+//! contexts on several devices in one process; [`watchdog`] resets contexts whose
 //! kernels never end; [`process`] is the worker process's own loop, with
 //! [`regions`] its table of pinned host regions.
 
+pub mod colocation;
 pub mod context;
 pub mod device;
 pub mod link;

@@ -24,7 +24,7 @@ use super::wire::{
     marker_bytes, new_nonce, nonce_to_hex, WorkerReply, WorkerRequest, WorkerValue,
     MAX_IMAGE_PARTS, NONCE_BYTES,
 };
-use crate::device::backends::cpu_device;
+use crate::device::backends::numbered_cpu_device;
 #[cfg(feature = "cuda")]
 use crate::device::cuda::CudaDevice;
 use crate::device::serial::SerialStreams;
@@ -83,7 +83,7 @@ pub fn local_device(
     launch_budget: u64,
 ) -> Result<Arc<dyn Device>, String> {
     match kind {
-        "cpu" => cpu_device(memory, launch_budget),
+        "cpu" => numbered_cpu_device(ordinal, memory, launch_budget),
         #[cfg(feature = "cuda")]
         "cuda" => {
             let driver = cumux_cuda_driver::Driver::load().map_err(|e| e.to_string())?;
@@ -96,12 +96,28 @@ pub fn local_device(
     }
 }
 
+/// Opens device `n` of the worker's kind, for a further connection that asks
+/// for a context of its own there ([`serve_worker_beside`]).
+pub type DeviceOpener<'a> = &'a (dyn Fn(u32) -> Result<Arc<dyn Device>, String> + Sync);
+
 /// Serves one context of `device` over `conn` until the socket closes.
 /// Returns an error only when the connection itself fails. On request
 /// ([`WorkerRequest::OpenSessions`]) it also serves further connections to
 /// the same context, each on a thread of its own (`shared` mode).
 pub fn serve_worker(
     device: &dyn Device,
+    conn: UnixStream,
+    stdout: &mut WorkerStdout<'_>,
+) -> io::Result<()> {
+    serve_worker_beside(device, &|n| Err(format!("this worker opens no device {n}")), conn, stdout)
+}
+
+/// [`serve_worker`], where a further connection may also ask for a context of
+/// its own on another device, which `open` opens: one program's contexts on
+/// several devices then live in one process, one address space.
+pub fn serve_worker_beside(
+    device: &dyn Device,
+    open: DeviceOpener<'_>,
     conn: UnixStream,
     stdout: &mut WorkerStdout<'_>,
 ) -> io::Result<()> {
@@ -115,6 +131,7 @@ pub fn serve_worker(
     link.send_message(&WorkerReply::unmarked(Ok(WorkerValue::Ready)))?;
     let served = Served {
         ctx,
+        open,
         stdout: Mutex::new(stdout),
         seq: AtomicU64::new(0),
         may_print: AtomicBool::new(false),
@@ -122,7 +139,8 @@ pub fn serve_worker(
         regions: WorkerRegions::default(),
     };
     std::thread::scope(|scope| {
-        let result = served.serve(scope, link, true);
+        let ctx = Arc::clone(&served.ctx);
+        let result = served.serve(scope, link, true, ctx);
         served.close_sessions();
         result
     })
@@ -132,6 +150,8 @@ pub fn serve_worker(
 /// marker sequence and the listener for further connections.
 struct Served<'a, 'b> {
     ctx: Arc<dyn DeviceContext>,
+    /// Opens the other devices further connections ask for.
+    open: DeviceOpener<'a>,
     stdout: Mutex<&'a mut WorkerStdout<'b>>,
     seq: AtomicU64,
     may_print: AtomicBool,
@@ -189,15 +209,29 @@ impl Served<'_, '_> {
                     let mut first = Vec::new();
                     let mut r = &conn;
                     let opened = read_frame(&mut r, &mut first).is_ok() && first[..] == token[..];
+                    let mut asked = Vec::new();
+                    let own = match opened && read_frame(&mut r, &mut asked).is_ok() {
+                        true => decode::<Option<u32>>(&asked).ok(),
+                        false => None,
+                    };
                     let _ = conn.set_read_timeout(None);
-                    if !opened {
+                    let Some(own) = own else {
                         tracing::warn!("worker: a session connection without the token; closed");
                         return;
-                    }
-                    let Ok(link) = Link::new(conn, spin_time()) else {
+                    };
+                    let Ok(mut link) = Link::new(conn, spin_time()) else {
                         return;
                     };
-                    if let Err(e) = self.serve(scope, link, false) {
+                    let ctx = match own {
+                        None => Ok(Arc::clone(&self.ctx)),
+                        Some(n) => self.own_context(n),
+                    };
+                    let ready = ctx.as_ref().map(|_| WorkerValue::Ready).map_err(Clone::clone);
+                    if link.send_message(&WorkerReply::unmarked(ready)).is_err() {
+                        return;
+                    }
+                    let Ok(ctx) = ctx else { return };
+                    if let Err(e) = self.serve(scope, link, false, ctx) {
                         tracing::debug!("worker: a session connection ended: {e}");
                     }
                 });
@@ -215,6 +249,16 @@ impl Served<'_, '_> {
         })
     }
 
+    /// A context of a connection's own on device `n` of this worker's kind.
+    fn own_context(&self, n: u32) -> Result<Arc<dyn DeviceContext>, CuError> {
+        let opened = catch_unwind(AssertUnwindSafe(|| {
+            (self.open)(n)
+                .map_err(|e| CuError::new(codes::INVALID_DEVICE, e))
+                .and_then(|device| device.create_context())
+        }));
+        opened.unwrap_or_else(|_| Err(CuError::new(codes::UNKNOWN, "context creation panicked")))
+    }
+
     /// Stops taking connections (the accept loop ends at the next one).
     fn close_sessions(&self) {
         if let Some(l) = lock(&self.sessions).take() {
@@ -224,20 +268,27 @@ impl Served<'_, '_> {
         }
     }
 
-    /// Serves one connection's requests until it closes.
-    fn serve<'s>(&'s self, scope: &'s Scope<'s, '_>, link: Link, main: bool) -> io::Result<()> {
+    /// Serves one connection's requests on `ctx` until it closes.
+    fn serve<'s>(
+        &'s self,
+        scope: &'s Scope<'s, '_>,
+        link: Link,
+        main: bool,
+        ctx: Arc<dyn DeviceContext>,
+    ) -> io::Result<()> {
         // Stream semantics: the context's own, else work runs as it arrives
         // (one set of streams and events per connection).
         let serial;
-        let ordered: &dyn StreamOrdered = match self.ctx.stream_ordered() {
+        let ordered: &dyn StreamOrdered = match ctx.stream_ordered() {
             Some(ordered) => ordered,
             None => {
-                serial = SerialStreams::new(Arc::clone(&self.ctx));
+                serial = SerialStreams::new(Arc::clone(&ctx));
                 &serial
             }
         };
         let mut conn = Connection {
             served: self,
+            ctx: Arc::clone(&ctx),
             link,
             main,
             signals: None,
@@ -278,7 +329,8 @@ impl Served<'_, '_> {
         ordered: &dyn StreamOrdered,
         request: WorkerRequest,
     ) -> io::Result<()> {
-        let ctx = &*self.ctx;
+        let conn_ctx = Arc::clone(&conn.ctx);
+        let ctx = &*conn_ctx;
         let kind: &'static str = (&request).into();
         let flushes = request.may_flush_printf();
         let answer = match request {
@@ -455,6 +507,8 @@ impl Served<'_, '_> {
 /// may go without unregistering them) and its receive buffers.
 struct Connection<'s, 'a, 'b> {
     served: &'s Served<'a, 'b>,
+    /// The context it serves: the worker's, or one of its own on another device.
+    ctx: Arc<dyn DeviceContext>,
     link: Link,
     /// The worker's own connection (the one made at spawn).
     main: bool,
@@ -540,7 +594,7 @@ impl Connection<'_, '_, '_> {
 impl Drop for Connection<'_, '_, '_> {
     fn drop(&mut self) {
         for region in self.regions.drain(..) {
-            self.served.regions.remove(&*self.served.ctx, region);
+            self.served.regions.remove(&*self.ctx, region);
         }
     }
 }

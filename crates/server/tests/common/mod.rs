@@ -267,6 +267,7 @@ pub fn hello(version: u32, magic: u32) -> Hello {
         token: None,
         shm: false,
         visible_devices: None,
+        join: None,
     }
 }
 
