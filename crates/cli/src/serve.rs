@@ -8,9 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
-use cumux_server::device::backends::{
-    default_memory_bytes, numbered_cpu_device, MAX_CPU_DEVICES,
-};
+use cumux_server::device::backends::{default_memory_bytes, numbered_cpu_device, MAX_CPU_DEVICES};
 use cumux_server::device::model::ModelDevice;
 use cumux_server::device::DEFAULT_LAUNCH_BUDGET;
 use cumux_server::shutdown::Shutdown;
@@ -174,9 +172,7 @@ fn choose_devices(choice: &DeviceChoice) -> Result<Vec<Arc<dyn Device>>> {
             tracing::warn!("--kernel-timeout applies to devices served by workers (GPUs, worker-cpu); the CPU device stops a kernel by its --launch-budget");
         }
         (0..*cpu_devices)
-            .map(|n| {
-                numbered_cpu_device(n, memory, launch_budget).map_err(anyhow::Error::msg)
-            })
+            .map(|n| numbered_cpu_device(n, memory, launch_budget).map_err(anyhow::Error::msg))
             .collect()
     };
     match kind.as_str() {
@@ -188,8 +184,15 @@ fn choose_devices(choice: &DeviceChoice) -> Result<Vec<Arc<dyn Device>>> {
             let exe = std::env::current_exe().context("cannot find the cumux executable")?;
             (0..*cpu_devices)
                 .map(|n| {
-                    cpu_worker_device(exe.clone(), n, memory, launch_budget, sharing, kernel_timeout)
-                        .map_err(anyhow::Error::msg)
+                    cpu_worker_device(
+                        exe.clone(),
+                        n,
+                        memory,
+                        launch_budget,
+                        sharing,
+                        kernel_timeout,
+                    )
+                    .map_err(anyhow::Error::msg)
                 })
                 .collect()
         }

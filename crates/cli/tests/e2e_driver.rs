@@ -432,3 +432,108 @@ fn cuda12_runtime_program() {
     let out = run_passes(&server, &exe);
     assert!(out.stdout.contains("runtime: 12"), "{}", out.describe());
 }
+
+/// A server of two CPU devices (`--cpu-devices 2`), each with memory of its own.
+fn two_device_server(tag: &str, extra: &[&str]) -> ServerProc {
+    let dir = TempDir::new(tag);
+    let mut args: Vec<String> = [
+        "--device",
+        &e2e_device(),
+        "--cpu-devices",
+        "2",
+        "--memory",
+        "1G",
+    ]
+    .map(String::from)
+    .to_vec();
+    args.extend(extra.iter().map(|a| a.to_string()));
+    ServerProc::spawn(dir, &args, &[])
+}
+
+/// One program on two devices: each device is a session of the program's
+/// own, its pointers in a range of its own; copies between the devices, one
+/// after an event of the other device, land; `CUDA_VISIBLE_DEVICES` reorders
+/// them. Through workers, the program's contexts share one worker process.
+#[test]
+fn one_program_uses_two_devices() {
+    let program = driver_program("two_devices");
+    let mut modes: Vec<&[&str]> = vec![&[]];
+    if e2e_device() == "worker-cpu" {
+        modes.push(&["--sharing", "shared"]);
+    }
+    for extra in modes {
+        let server = two_device_server("two-devices", extra);
+        let out = run_passes(&server, &program);
+        assert_eq!(
+            value(&out.stdout, "can_access_peer"),
+            Some("0"),
+            "{}",
+            out.stdout
+        );
+        let status = server.status_json();
+        assert_eq!(status["devices"].as_array().map(Vec::len), Some(2));
+        if e2e_device() == "worker-cpu" {
+            assert!(
+                server.log().contains("joins its program's worker process"),
+                "{extra:?}: {}",
+                server.log()
+            );
+        }
+        // The devices in the other order: the program's device 0 is the server's 1.
+        let mut run = server.command(&program, &[]);
+        run.env("CUDA_VISIBLE_DEVICES", "1,0");
+        let out = wait_bounded(run.spawn().unwrap(), LIMIT);
+        out.assert_passed();
+    }
+}
+
+/// A program's further connection must name its program's group, and be
+/// of its tenant: a made-up key, or one of another program, opens nothing.
+#[test]
+fn a_device_session_joins_only_its_own_programs_group() {
+    use cumux_protocol::{
+        decode, encode, read_frame, write_frame, ClientRole, Hello, HelloReply, Join, MAGIC,
+        PROTOCOL_VERSION,
+    };
+    let server = two_device_server("two-devices-join", &[]);
+    let path = server.address.trim_start_matches("unix:").to_string();
+    let hello = |join: Option<Join>| {
+        let mut s = std::os::unix::net::UnixStream::connect(&path).unwrap();
+        let hello = Hello {
+            magic: MAGIC,
+            version: PROTOCOL_VERSION,
+            pid: std::process::id(),
+            role: ClientRole::Driver,
+            program: "join-test".into(),
+            tenant: None,
+            token: None,
+            shm: false,
+            visible_devices: None,
+            join,
+        };
+        write_frame(&mut s, &encode(&hello).unwrap()).unwrap();
+        let mut buf = Vec::new();
+        read_frame(&mut s, &mut buf).unwrap();
+        (decode::<HelloReply>(&buf).unwrap(), s)
+    };
+    let (first, _keep) = hello(None);
+    let HelloReply::Welcome { group, .. } = first else {
+        panic!("{first:?}")
+    };
+    assert_ne!(group, 0);
+    let (second, _keep2) = hello(Some(Join { group, device: 1 }));
+    assert!(matches!(second, HelloReply::Welcome { .. }), "{second:?}");
+    for bad in [
+        Join {
+            group: group ^ 0x55,
+            device: 1,
+        },
+        Join { group, device: 2 },
+    ] {
+        let (reply, _) = hello(Some(bad));
+        assert!(
+            matches!(reply, HelloReply::Rejected { .. }),
+            "{bad:?}: {reply:?}"
+        );
+    }
+}

@@ -22,9 +22,15 @@ pub fn enqueue(
     stream: Handle,
     run: Box<dyn FnOnce(CUresult) + Send>,
 ) -> CuResult<()> {
-    let event = client.call_for_handle(Call::EventCreate {
+    // The event is made on the stream's device, whose session records it.
+    let device = client.device_for(0, Some(stream));
+    let create = Call::EventCreate {
         flags: CU_EVENT_DISABLE_TIMING,
-    })?;
+    };
+    let event = match client.call_on(device, create)? {
+        cumux_protocol::ReplyBody::Handle(h) => h,
+        _ => return Err(CUDA_ERROR_UNKNOWN),
+    };
     client.call(Call::EventRecord { event, stream })?;
     let mut s = client.lock();
     let q = s.host_fns.entry(stream).or_default();

@@ -41,6 +41,7 @@ pub mod managed;
 pub mod mapped;
 pub mod occupancy;
 pub mod pinned;
+pub mod routing;
 pub mod staging;
 pub mod state;
 pub mod teardown;

@@ -24,15 +24,18 @@ fn page_range(ptr: u64, size: u64) -> (u64, usize) {
 
 /// Allocates `bytes` on `device` and maps host memory at the same address.
 pub fn alloc(c: &Client, device: u32, bytes: usize) -> CuResult<u64> {
-    let ptr = match c.call(Call::MemAlloc {
+    let ptr = match c.call_on(
         device,
-        bytes: bytes as u64,
-    })? {
+        Call::MemAlloc {
+            device,
+            bytes: bytes as u64,
+        },
+    )? {
         ReplyBody::Ptr(p) => p,
         _ => return Err(CUDA_ERROR_UNKNOWN),
     };
     if !is_device_ptr(ptr) || !device_window_reserved() {
-        let _ = c.call(Call::MemFree { ptr });
+        let _ = c.call_on(device, Call::MemFree { ptr });
         tracing::warn!("managed memory needs the device address window reserved in this process");
         return Err(CUDA_ERROR_NOT_SUPPORTED);
     }
@@ -51,9 +54,10 @@ pub fn alloc(c: &Client, device: u32, bytes: usize) -> CuResult<u64> {
         )
     };
     if p == libc::MAP_FAILED {
-        let _ = c.call(Call::MemFree { ptr });
+        let _ = c.call_on(device, Call::MemFree { ptr });
         return Err(CUDA_ERROR_OUT_OF_MEMORY);
     }
+    c.placements().place(ptr, bytes as u64, device);
     let mut s = c.lock();
     s.allocations.insert(ptr, bytes as u64);
     let managed = Managed {

@@ -56,8 +56,15 @@ pub fn alloc(c: &Client, bytes: usize) -> Option<PinnedMemory> {
         base: mapping.as_ptr() as u64,
         bytes: len,
     };
-    match c.register_host(call, fd.as_fd()) {
-        Ok(ReplyBody::Handle(region)) => Some(PinnedMemory { region, mapping }),
+    // The current device's session takes it; the program's sessions on its
+    // other devices may name it too (the server shares it among them).
+    let device = crate::state::current_device();
+    match c.register_host(device, call, fd.as_fd()) {
+        Ok(ReplyBody::Handle(region)) => Some(PinnedMemory {
+            region,
+            device,
+            mapping,
+        }),
         Ok(_) => None,
         Err(e) => {
             tracing::debug!("pinned memory stays plain: the server did not take it ({e})");
@@ -69,9 +76,10 @@ pub fn alloc(c: &Client, bytes: usize) -> Option<PinnedMemory> {
 /// Unregisters a buffer (the server waits for work that may use it) and
 /// unmaps it.
 pub fn free(c: &Client, memory: PinnedMemory) {
-    if let Err(e) = c.call(Call::HostUnregister {
+    let call = Call::HostUnregister {
         region: memory.region,
-    }) {
+    };
+    if let Err(e) = c.call_on(memory.device, call) {
         tracing::debug!(region = memory.region, "unregistering pinned memory: {e}");
     }
     drop(memory);

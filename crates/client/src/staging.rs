@@ -12,8 +12,8 @@
 //! memory keep the old route: their bytes are taken at the call.
 //!
 //! The buffer lives in the state (`State::staging`), lent to one copy at a
-//! time (`State::borrow_staging`); a copy that finds it lent takes the old
-//! route too.
+//! time (`State::borrow_staging`); a copy that finds it lent, or made for
+//! another of the program's devices, takes the old route too.
 
 use std::os::fd::AsFd;
 
@@ -31,11 +31,11 @@ pub const SLOT_BYTES: usize = 4 << 20;
 
 /// The buffer a loan gives: made now if nobody made it yet. `None` when it
 /// cannot be had (`CUMUX_PINNED=off`, or the server would not take it).
-pub fn buffer(c: &Client, loan: StagingLoan) -> Option<StagingBuffer> {
+pub fn buffer(c: &Client, loan: StagingLoan, device: u32) -> Option<StagingBuffer> {
     match loan {
         StagingLoan::Ready(buffer) => Some(buffer),
         StagingLoan::ToMake if !crate::pinned::enabled() => None,
-        StagingLoan::ToMake => setup(c)
+        StagingLoan::ToMake => setup(c, device)
             .map_err(|e| {
                 tracing::debug!("no staging buffer ({e}); large pageable copies carry their bytes");
             })
@@ -43,7 +43,7 @@ pub fn buffer(c: &Client, loan: StagingLoan) -> Option<StagingBuffer> {
     }
 }
 
-fn setup(c: &Client) -> CuResult<StagingBuffer> {
+fn setup(c: &Client, device: u32) -> CuResult<StagingBuffer> {
     let len = (2 * SLOT_BYTES) as u64;
     let fd = create_memfd(len).map_err(|_| CUDA_ERROR_OUT_OF_MEMORY)?;
     let mapping = HostMapping::map(fd.as_fd(), len).map_err(|_| CUDA_ERROR_OUT_OF_MEMORY)?;
@@ -51,17 +51,22 @@ fn setup(c: &Client) -> CuResult<StagingBuffer> {
         base: mapping.as_ptr() as u64,
         bytes: len,
     };
-    let region = match c.register_host(call, fd.as_fd())? {
+    let region = match c.register_host(device, call, fd.as_fd())? {
         ReplyBody::Handle(h) => h,
         _ => return Err(CUDA_ERROR_UNKNOWN),
     };
     let mut events = [0; 2];
     for e in &mut events {
-        *e = c.call_for_handle(Call::EventCreate {
+        let create = Call::EventCreate {
             flags: CU_EVENT_DISABLE_TIMING,
-        })?;
+        };
+        *e = match c.call_on(device, create)? {
+            ReplyBody::Handle(h) => h,
+            _ => return Err(CUDA_ERROR_UNKNOWN),
+        };
     }
     Ok(StagingBuffer {
+        device,
         region,
         mapping,
         events,
@@ -74,19 +79,25 @@ fn slot(i: usize) -> u64 {
 
 /// Queues a copy through slot `i % 2` and records the slot's event after it.
 fn post(c: &Client, b: &StagingBuffer, call: Call, i: usize) -> CuResult<()> {
-    c.call(call)?;
-    c.call(Call::EventRecord {
-        event: b.events[i % 2],
-        stream: DEFAULT_STREAM,
-    })?;
+    c.call_on(b.device, call)?;
+    c.call_on(
+        b.device,
+        Call::EventRecord {
+            event: b.events[i % 2],
+            stream: DEFAULT_STREAM,
+        },
+    )?;
     Ok(())
 }
 
 /// Waits until slot `i % 2`'s latest copy is done.
 fn wait(c: &Client, b: &StagingBuffer, i: usize) -> CuResult<()> {
-    c.call(Call::EventSynchronize {
-        event: b.events[i % 2],
-    })
+    c.call_on(
+        b.device,
+        Call::EventSynchronize {
+            event: b.events[i % 2],
+        },
+    )
     .map(|_| ())
 }
 
@@ -110,9 +121,12 @@ pub fn htod(c: &Client, b: &StagingBuffer, dst: u64, src: &[u8]) -> CuResult<()>
         };
         post(c, b, call, i)?;
     }
-    c.call(Call::StreamSynchronize {
-        stream: DEFAULT_STREAM,
-    })
+    c.call_on(
+        b.device,
+        Call::StreamSynchronize {
+            stream: DEFAULT_STREAM,
+        },
+    )
     .map(|_| ())
 }
 

@@ -186,10 +186,14 @@ pub struct Session {
     pub server: String,
     pub session: u64,
     pub devices: Vec<DeviceInfo>,
+    /// The program's group key (`Join::group`).
+    pub group: u64,
 }
 
 impl Connection {
-    pub fn connect() -> Result<(Connection, Session), String> {
+    /// Opens a session: the program's first (`join: None`, on its first
+    /// device) or one for another of its devices.
+    pub fn connect(join: Option<proto::Join>) -> Result<(Connection, Session), String> {
         let address = server_address()?;
         let stream = Socket::connect(&address)
             .map_err(|e| format!("cannot reach the cumux server at {address}: {e}"))?;
@@ -214,7 +218,7 @@ impl Connection {
             token: std::env::var("CUMUX_TOKEN").ok(),
             shm: area.is_some(),
             visible_devices: visible_devices(),
-            join: None,
+            join,
         };
         let bytes = proto::encode(&hello).map_err(|e| e.to_string())?;
         proto::write_frame(&mut NoSigPipe(&conn.stream), &bytes)
@@ -228,6 +232,7 @@ impl Connection {
                 session,
                 devices,
                 shm,
+                group,
             } => {
                 if version != proto::PROTOCOL_VERSION {
                     return Err(format!(
@@ -250,6 +255,7 @@ impl Connection {
                         server,
                         session,
                         devices,
+                        group,
                     },
                 ))
             }
@@ -679,6 +685,7 @@ mod tests {
             session: 1,
             devices: Vec::new(),
             shm: false,
+            group: 0,
         }
     }
 
@@ -693,7 +700,7 @@ mod tests {
         std::env::set_var("CUMUX_SERVER", format!("unix:{}", sock.display()));
 
         // Nobody listening.
-        let err = Connection::connect().err().unwrap();
+        let err = Connection::connect(None).err().unwrap();
         assert!(err.contains("cannot reach the cumux server"), "{err}");
 
         // A rejection names both versions.
@@ -705,7 +712,7 @@ mod tests {
             },
             0,
         );
-        let err = Connection::connect().err().unwrap();
+        let err = Connection::connect(None).err().unwrap();
         assert!(
             err.contains("99") && err.contains(&proto::PROTOCOL_VERSION.to_string()),
             "{err}"
@@ -715,7 +722,7 @@ mod tests {
 
         // A server of another version, even one that says welcome.
         let server = fake_server(&sock, welcome(proto::PROTOCOL_VERSION + 1), 0);
-        let err = Connection::connect().err().unwrap();
+        let err = Connection::connect(None).err().unwrap();
         assert!(err.contains("mismatch"), "{err}");
         server.join().unwrap();
         std::fs::remove_file(&sock).unwrap();
@@ -723,7 +730,7 @@ mod tests {
         // One answered call, then the server goes away: every later call
         // fails at once.
         let server = fake_server(&sock, welcome(proto::PROTOCOL_VERSION), 1);
-        let (mut conn, session) = Connection::connect().unwrap();
+        let (mut conn, session) = Connection::connect(None).unwrap();
         assert_eq!(session.server, "fake");
         assert_eq!(conn.call(Call::ContextSynchronize), Ok(ReplyBody::Unit));
         server.join().unwrap();
@@ -740,7 +747,7 @@ mod tests {
         // Through shared memory: a large buffer goes out and comes back, then
         // the server dies without a word and calls fail instead of hanging.
         let server = fake_shm_server(&sock, 2);
-        let (mut conn, session) = Connection::connect().unwrap();
+        let (mut conn, session) = Connection::connect(None).unwrap();
         assert_eq!(session.server, "fake-shm");
         assert!(conn.uses_shm());
         let data: Vec<u8> = (0..100_000u32).map(|i| (i * 7) as u8).collect();
@@ -777,7 +784,7 @@ mod tests {
         // CUMUX_TRANSPORT=socket keeps calls on the socket.
         std::env::set_var("CUMUX_TRANSPORT", "socket");
         let server = fake_server(&sock, welcome(proto::PROTOCOL_VERSION), 1);
-        let (mut conn, _) = Connection::connect().unwrap();
+        let (mut conn, _) = Connection::connect(None).unwrap();
         assert!(!conn.uses_shm());
         assert_eq!(conn.call(Call::ContextSynchronize), Ok(ReplyBody::Unit));
         server.join().unwrap();
@@ -787,7 +794,7 @@ mod tests {
         // the server to have taken them before it sends more.
         let every = proto::FENCE_EVERY as usize;
         let server = fence_server(&sock, 2 * every + 10);
-        let (mut conn, _) = Connection::connect().unwrap();
+        let (mut conn, _) = Connection::connect(None).unwrap();
         for _ in 0..2 * every + 10 {
             let launch = Call::Launch {
                 function: 1,

@@ -7,6 +7,9 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
 
+use cumux_protocol::pinned::HostMapping;
+use cumux_protocol::Handle;
+
 use crate::device::ContextGroup;
 use crate::locking::lock;
 use crate::worker::wire::new_nonce;
@@ -17,12 +20,31 @@ pub struct ProgramGroup {
     tenant: String,
     /// What the devices keep to hold the program's contexts together.
     pub contexts: ContextGroup,
+    /// The pinned host regions the program registered with any of its
+    /// sessions: a copy on another of its devices may name them (its
+    /// contexts share one process, where the region is mapped).
+    regions: Mutex<HashMap<Handle, Arc<HostMapping>>>,
 }
 
 impl ProgramGroup {
     /// The key the program's further connections name.
     pub fn key(&self) -> u64 {
         self.key
+    }
+
+    /// Lets the program's other sessions name `region`.
+    pub fn publish_region(&self, region: Handle, mapping: Arc<HostMapping>) {
+        lock(&self.regions).insert(region, mapping);
+    }
+
+    /// `region` is gone.
+    pub fn withdraw_region(&self, region: Handle) {
+        lock(&self.regions).remove(&region);
+    }
+
+    /// The mapping of a region one of the program's sessions registered.
+    pub fn region(&self, region: Handle) -> Option<Arc<HostMapping>> {
+        lock(&self.regions).get(&region).cloned()
     }
 }
 
@@ -48,6 +70,7 @@ impl Groups {
             key,
             tenant: tenant.to_string(),
             contexts: ContextGroup::default(),
+            regions: Mutex::default(),
         });
         live.insert(key, Arc::downgrade(&group));
         group

@@ -34,6 +34,27 @@ struct Region {
     mapping: Arc<HostMapping>,
 }
 
+/// `[offset, offset + bytes)` of `region`, mapped by `mapping`, checked.
+pub fn span_of(
+    region: Handle,
+    mapping: &Arc<HostMapping>,
+    offset: u64,
+    bytes: u64,
+) -> Result<HostSpan, CuError> {
+    if !mapping.contains(offset, bytes) {
+        return Err(invalid(format!(
+            "[{offset}, +{bytes}) is outside host region {region} of {} bytes",
+            mapping.len()
+        )));
+    }
+    Ok(HostSpan {
+        region,
+        offset,
+        bytes,
+        mapping: Some(Arc::clone(mapping)),
+    })
+}
+
 /// One session's registered regions.
 #[derive(Default)]
 pub struct HostRegions {
@@ -90,18 +111,7 @@ impl HostRegions {
             .regions
             .get(&region)
             .ok_or_else(|| invalid(format!("{region} is no host region of this session")))?;
-        if !r.mapping.contains(offset, bytes) {
-            return Err(invalid(format!(
-                "[{offset}, +{bytes}) is outside host region {region} of {} bytes",
-                r.mapping.len()
-            )));
-        }
-        Ok(HostSpan {
-            region,
-            offset,
-            bytes,
-            mapping: Some(Arc::clone(&r.mapping)),
-        })
+        span_of(region, &r.mapping, offset, bytes)
     }
 
     /// Drops `region` (the caller has waited for work that may use it).
@@ -129,12 +139,20 @@ impl HostRegions {
         (ptr - base < bytes).then_some((base, bytes))
     }
 
-    /// Drops every region (at the session's end).
-    pub fn clear(&mut self, ctx: &dyn DeviceContext) {
+    /// The mapping of this session's `region`.
+    pub fn mapping(&self, region: Handle) -> Option<Arc<HostMapping>> {
+        self.regions.get(&region).map(|r| Arc::clone(&r.mapping))
+    }
+
+    /// Drops every region (at the session's end); their ids.
+    pub fn clear(&mut self, ctx: &dyn DeviceContext) -> Vec<Handle> {
+        let mut gone = Vec::with_capacity(self.regions.len());
         for (region, _) in self.regions.drain() {
             ctx.host_unregister(region);
+            gone.push(region);
         }
         self.reached.clear();
+        gone
     }
 
     pub fn is_empty(&self) -> bool {

@@ -29,7 +29,7 @@ fn limit_value(limit: u32) -> CuResult<usize> {
 fn new_context(flags: u32, dev: i32) -> CuResult<usize> {
     let c = client()?;
     c.device(dev)?;
-    let h = c.mint();
+    let h = state::handles::context(c.mint(), dev as u32);
     c.lock().contexts.insert(
         h,
         Context {
@@ -45,19 +45,24 @@ fn new_context(flags: u32, dev: i32) -> CuResult<usize> {
 /// Waits for every stream, host functions included.
 fn synchronize() -> CuResult<()> {
     let c = client()?;
-    let (mut streams, after) = {
+    let (mut streams, after, device) = {
         let st = c.lock();
-        st.context_device()?;
-        let streams: Vec<u64> = st.streams.keys().copied().collect();
-        (streams, AfterSync::context(&st))
+        let device = st.context_device()?;
+        let streams: Vec<u64> = st
+            .streams
+            .keys()
+            .copied()
+            .filter(|s| cumux_protocol::device_of_handle(*s) == device)
+            .collect();
+        (streams, AfterSync::context(&st), device)
     };
     // Poll every stream first, leaving the connection free in between (see
     // `poll_until_ready`).
     streams.push(cumux_protocol::DEFAULT_STREAM);
     for stream in streams {
-        poll_until_ready(c, || Call::StreamQuery { stream })?;
+        poll_until_ready(c, device, || Call::StreamQuery { stream })?;
     }
-    c.call(Call::ContextSynchronize)?;
+    c.call_on(device, Call::ContextSynchronize)?;
     after.finish(c)
 }
 
@@ -103,7 +108,7 @@ driver_fn! {
     fn cuDevicePrimaryCtxReset | cuDevicePrimaryCtxReset_v2 (dev: i32) {
         let c = client()?;
         c.device(dev)?;
-        c.call(Call::ContextSynchronize)?;
+        c.call_on(dev as u32, Call::ContextSynchronize)?;
         if let Some(p) = c.lock().primary.get_mut(&(dev as u32)) {
             p.refs = 0;
             p.flags = 0;
@@ -158,9 +163,30 @@ driver_fn! {
                 None => None,
             }
         };
-        removed.ok_or(CUDA_ERROR_INVALID_CONTEXT)?;
+        let device = removed.ok_or(CUDA_ERROR_INVALID_CONTEXT)?.device;
         state::forget_context(h);
-        c.call(Call::ContextSynchronize).map(|_| ())
+        c.call_on(device, Call::ContextSynchronize).map(|_| ())
+    }
+
+    // Each device of a program is a session of its own, so no context
+    // reaches another's memory: `cuDeviceCanAccessPeer` says 0, and peer
+    // access is refused as a driver refuses it between such devices.
+    fn cuCtxEnablePeerAccess(peer: *mut c_void, flags: u32) {
+        let current = state::current_context().ok_or(CUDA_ERROR_INVALID_CONTEXT)?;
+        check_context(handle(peer))?;
+        if flags != 0 {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        if handle(peer) == current {
+            return Err(CUDA_ERROR_INVALID_DEVICE);
+        }
+        Err(CUDA_ERROR_PEER_ACCESS_UNSUPPORTED)
+    }
+
+    fn cuCtxDisablePeerAccess(peer: *mut c_void) {
+        state::current_context().ok_or(CUDA_ERROR_INVALID_CONTEXT)?;
+        check_context(handle(peer))?;
+        Err(CUDA_ERROR_PEER_ACCESS_NOT_ENABLED)
     }
 
     fn cuCtxPushCurrent_v2(ctx: *mut c_void) {

@@ -60,17 +60,18 @@ pub(crate) type Pinned = Option<(Handle, u64)>;
 
 /// The route of a copy's host side.
 enum Route {
-    /// Through the client's staging buffer (a large synchronous pageable copy).
-    Staged(StagingLoan),
+    /// Through the client's staging buffer (a large synchronous pageable
+    /// copy), on the copy's device.
+    Staged(StagingLoan, u32),
     /// From or into a pinned buffer, else with the bytes on the wire.
     Direct(Pinned),
 }
 
-fn route(st: &mut State, host: usize, len: usize, stream: Option<Handle>) -> Route {
+fn route(st: &mut State, host: usize, len: usize, stream: Option<Handle>, device: u32) -> Route {
     let pinned = st.pinned_span(host, len);
     if pinned.is_none() && stream.is_none() && len >= crate::staging::MIN_BYTES {
-        if let Some(loan) = st.borrow_staging() {
-            return Route::Staged(loan);
+        if let Some(loan) = st.borrow_staging(device) {
+            return Route::Staged(loan, device);
         }
     }
     Route::Direct(pinned)
@@ -80,10 +81,11 @@ fn route(st: &mut State, host: usize, len: usize, stream: Option<Handle>) -> Rou
 /// when it cannot be had (the copy then carries its bytes).
 fn staged(
     c: &Client,
+    device: u32,
     loan: StagingLoan,
     copy: impl FnOnce(&StagingBuffer) -> CuResult<()>,
 ) -> Option<CuResult<()>> {
-    let buffer = crate::staging::buffer(c, loan);
+    let buffer = crate::staging::buffer(c, loan, device);
     let result = buffer.as_ref().map(copy);
     c.lock().return_staging(buffer);
     result
@@ -101,16 +103,20 @@ fn prepare(
     len: usize,
     stream: Option<Handle>,
 ) -> CuResult<Option<(Route, AfterSync)>> {
+    let device = match &op {
+        GraphOp::HtoD { dst: on, .. } | GraphOp::DtoH { src: on, .. } => c.device_for(*on, stream),
+        _ => crate::state::current_device(),
+    };
     if let Some(s) = stream {
         if st.capture(s, op).is_none() {
             return Ok(None);
         }
     }
     let (mut st, begun) = begin(c, st, stream)?;
-    let route = route(&mut st, host, len, stream);
+    let route = route(&mut st, host, len, stream, device);
     drop(st);
     if let Err(e) = crate::managed::push(c, begun.push) {
-        if let Route::Staged(loan) = route {
+        if let Route::Staged(loan, _) = route {
             c.lock().unborrow_staging(loan);
         }
         return Err(e);
@@ -141,7 +147,7 @@ fn carry(
         return Ok(());
     };
     match route {
-        Route::Staged(loan) => match staged(c, loan, |b| copy(Via::Staging(b))) {
+        Route::Staged(loan, device) => match staged(c, device, loan, |b| copy(Via::Staging(b))) {
             Some(done) => done?,
             None => copy(Via::Direct(None))?,
         },
@@ -286,6 +292,12 @@ fn dtod(
         drop(st);
         return unified(c, dst, src, bytes, stream);
     }
+    let placements = c.placements();
+    if let (Some(from), Some(to)) = (placements.device_of(src), placements.device_of(dst)) {
+        if from != to {
+            return peer_copy(c, st, dst, src, bytes, stream);
+        }
+    }
     let (mut st, begun) = begin(c, st, stream)?;
     let call = st.capture_call(Call::MemcpyDtoD {
         dst,
@@ -299,6 +311,33 @@ fn dtod(
         c.call(call)?;
     }
     begun.after.finish(c)
+}
+
+/// A copy between two of the program's devices: read from the source's
+/// session, written through the destination's (each device is a session of
+/// its own), after the work queued so far on `stream`; so it waits as a
+/// synchronous copy does. Not in a captured stream.
+fn peer_copy(
+    c: &Client,
+    st: StateGuard<'_>,
+    dst: u64,
+    src: u64,
+    bytes: usize,
+    stream: Option<Handle>,
+) -> CuResult<()> {
+    if stream.is_some_and(|s| st.capturing(s)) {
+        return Err(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+    }
+    drop(st);
+    if let Some(s) = stream {
+        c.call_on(
+            c.device_for(dst, Some(s)),
+            Call::StreamSynchronize { stream: s },
+        )?;
+    }
+    let mut staged = vec![0u8; bytes];
+    dtoh(c, ready(c, None)?, &mut staged, src, None)?;
+    htod(c, ready(c, stream)?, dst, &staged, stream)
 }
 
 /// `cuMemcpy`: the direction follows from the pointers.

@@ -202,6 +202,9 @@ driver_fn! {
 
     fn cuKernelGetFunction(f: *mut *mut c_void, kernel: *mut c_void) {
         check_function(kernel)?;
-        out(f, kernel)
+        let kernel = handles::wire_or_invalid(kernel)?;
+        let device = crate::state::current_device();
+        let function = super::module::kernel_on(client()?, kernel, device)?;
+        out(f, handles::to_program(function))
     }
 }

@@ -92,8 +92,14 @@ fn launch(
     extra: *mut *mut c_void,
     mut attributes: Vec<LaunchAttribute>,
 ) -> CuResult<()> {
-    let function = handles::wire_or_invalid(f)?;
     let stream = handles::stream(stream);
+    // A library's kernel runs in the current context (or its stream's):
+    // that device's copy of it.
+    let device = match &stream {
+        Ok(s) => c.device_for(0, Some(*s)),
+        Err(_) => crate::state::current_device(),
+    };
+    let function = super::module::kernel_on(client()?, handles::wire_or_invalid(f)?, device)?;
     let mut st = c.lock();
     let func = st.function(function)?;
     let (attrs, settings) = (func.attrs, func.settings);
@@ -129,8 +135,15 @@ fn launch(
     });
     drop(st);
     crate::managed::push(c, push)?;
+    // The function's device runs it; a stream of another device is not its.
+    let device = cumux_protocol::device_of_handle(function);
+    if stream != cumux_protocol::DEFAULT_STREAM
+        && cumux_protocol::device_of_handle(stream) != device
+    {
+        return Err(CUDA_ERROR_INVALID_HANDLE);
+    }
     match call {
-        Some(call) => c.link.call(call).map(|_| ()),
+        Some(call) => c.link(device)?.call(call).map(|_| ()),
         None => Ok(()),
     }
 }

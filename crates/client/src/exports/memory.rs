@@ -27,6 +27,7 @@ fn alloc(c: &Client, st: StateGuard<'_>, bytes: usize) -> CuResult<u64> {
         bytes: bytes as u64,
     })? {
         ReplyBody::Ptr(p) => {
+            c.placements().place(p, bytes as u64, device);
             c.lock().allocations.insert(p, bytes as u64);
             Ok(p)
         }
@@ -48,6 +49,7 @@ fn free(c: &Client, ptr: u64) -> CuResult<()> {
         crate::managed::unmap(ptr, m);
     }
     c.call(Call::MemFree { ptr })?;
+    c.placements().remove(ptr);
     c.lock().allocations.remove(&ptr);
     Ok(())
 }
@@ -97,7 +99,11 @@ fn pointer_facts(c: &Client, st: &mut State, ptr: u64) -> Option<PointerFacts> {
         .host_region_of(ptr as usize)
         .map(|(b, r)| (b as u64, r.size as u64));
     let range = device.or(host)?;
-    let ordinal = st.current_device();
+    // Device memory is its device's; host memory the current context's.
+    let ordinal = c
+        .placements()
+        .device_of(ptr)
+        .unwrap_or_else(|| st.current_device());
     let context = st.primary_context(ordinal, || c.mint());
     let managed = device.is_some() && st.managed.contains_key(&range.0);
     Some(PointerFacts {

@@ -12,7 +12,7 @@ use cumux_protocol::Handle;
 
 use super::*;
 use crate::state::handles::to_program;
-use crate::state::{client, Client, Library, State, StateGuard};
+use crate::state::{client, Client, Library, LibrarySource, State, StateGuard};
 
 fn read_raw(p: *const c_void, len: usize) -> CuResult<Vec<u8>> {
     Ok(host_bytes(p, len)?.to_vec())
@@ -100,10 +100,15 @@ fn load_module(c: &Client, image: impl FnOnce() -> CuResult<Vec<u8>>) -> CuResul
 /// NVIDIA's lazy loader has it: the load succeeds, and asking it for a
 /// kernel, global or module fails with `CUDA_ERROR_NO_BINARY_FOR_GPU`.
 fn load_library(c: &Client, h: usize, image: Vec<u8>) -> CuResult<()> {
+    let device = c.lock().current_device();
+    load_library_on(c, h, image, device)
+}
+
+/// Loads library `h` on `device` (see [`load_library`]).
+fn load_library_on(c: &Client, h: usize, image: Vec<u8>, device: u32) -> CuResult<()> {
     // Told from the fat binary's headers when it can be, so the image (cuBLAS
     // ships over 500 MB of them) never crosses to the server. Not for an
     // `-rdc` program, whose cubin-only fat binary is replaced by its PTX.
-    let device = c.lock().current_device();
     let dev = device as i32;
     let sm = if c.on_cpu(device) {
         None
@@ -122,7 +127,10 @@ fn load_library(c: &Client, h: usize, image: Vec<u8>) -> CuResult<()> {
     };
     match loaded {
         Err(CUDA_ERROR_NO_BINARY_FOR_GPU) => {
-            c.lock().libraries.insert(h, Library::Codeless);
+            let mut st = c.lock();
+            if !matches!(st.libraries.get(&h), Some(Library::Loaded(_))) {
+                st.libraries.insert(h, Library::Codeless);
+            }
             tracing::debug!("library {h:#x} has no code for this GPU: loaded without it");
             Ok(())
         }
@@ -144,12 +152,70 @@ fn library_from(c: &Client, code: *const c_void) -> CuResult<usize> {
             let lazy = Library::Lazy {
                 image_at: code as usize,
             };
-            c.lock().libraries.insert(h, lazy);
+            let mut st = c.lock();
+            st.libraries.insert(h, lazy);
+            let source = LibrarySource::Mapped(code as usize);
+            st.library_sources.insert(h, source);
             return Ok(h);
         }
     }
-    load_library(c, h, image_from_pointer(code)?)?;
+    let image = image_from_pointer(code)?;
+    let source = LibrarySource::Bytes(std::sync::Arc::new(image.clone()));
+    c.lock().library_sources.insert(h, source);
+    load_library(c, h, image)?;
     Ok(h)
+}
+
+/// The function a launch on `device` runs for `f`: `f` itself if it is of
+/// that device; else, for a kernel of a library (which runs in the current
+/// context, whatever context it was got in), the same kernel of the
+/// library's module on `device`, loaded there now if need be. A function of
+/// a module loaded in another context is not this device's.
+pub(crate) fn kernel_on(c: &'static Client, f: Handle, device: u32) -> CuResult<Handle> {
+    if cumux_protocol::device_of_handle(f) == device {
+        return Ok(f);
+    }
+    let (library, name) = {
+        let st = c.lock();
+        let function = st.function(f)?;
+        let module = st
+            .modules
+            .get(&function.module)
+            .ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+        let library = module.library.ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+        (library, function.name.clone())
+    };
+    let module = library_module(c, library, device)?;
+    let st = c.lock();
+    st.modules
+        .get(&module)
+        .ok_or(CUDA_ERROR_INVALID_HANDLE)?
+        .functions
+        .iter()
+        .copied()
+        .find(|g| st.functions.get(g).is_some_and(|x| x.name == name))
+        .ok_or(CUDA_ERROR_NOT_FOUND)
+}
+
+/// Library `library`'s server module on `device`, loaded there now if it is
+/// not (a library is loaded, lazily, on the device current at the time).
+fn library_module(c: &'static Client, library: usize, device: u32) -> CuResult<Handle> {
+    let (known, source) = {
+        let st = loaded(c, to_ptr(library))?;
+        let known = st.library_module_on(library, device);
+        (known, st.library_sources.get(&library).cloned())
+    };
+    if let Some(module) = known {
+        return Ok(module);
+    }
+    let image = match source.ok_or(CUDA_ERROR_INVALID_HANDLE)? {
+        LibrarySource::Mapped(at) => image_from_pointer(at as *const c_void)?,
+        LibrarySource::Bytes(bytes) => bytes.to_vec(),
+    };
+    load_library_on(c, library, image, device)?;
+    c.lock()
+        .library_module_on(library, device)
+        .ok_or(CUDA_ERROR_NO_BINARY_FOR_GPU)
 }
 
 /// Whether modules load lazily: unless `CUDA_MODULE_LOADING=EAGER`, as with
@@ -278,7 +344,10 @@ library_loaders! {
     fn cuLibraryLoadFromFile(library: *mut *mut c_void, path: *const c_char) {
         let c = client()?;
         let h = c.mint();
-        load_library(c, h, load_file(path)?)?;
+        let image = load_file(path)?;
+        let source = LibrarySource::Bytes(std::sync::Arc::new(image.clone()));
+        c.lock().library_sources.insert(h, source);
+        load_library(c, h, image)?;
         out(library, to_ptr(h))
     }
 }
@@ -346,7 +415,10 @@ driver_fn! {
 
     fn cuLibraryGetGlobal(dptr: *mut u64, bytes: *mut usize, library: *mut c_void, name: *const c_char) {
         let c = client()?;
-        let (p, s) = find_global(&*with_code(c, library)?, handle(library), c_str(name)?)?;
+        drop(with_code(c, library)?);
+        // The current context's global, as the driver answers.
+        let module = library_module(c, handle(library), crate::state::current_device())?;
+        let (p, s) = find_global(&c.lock(), to_program(module) as usize, c_str(name)?)?;
         out_opt(dptr, p);
         out_opt(bytes, s as usize);
         Ok(())

@@ -120,7 +120,7 @@ driver_fn! {
         }
         let after = AfterSync::stream(&st, stream);
         drop(st);
-        poll_until_ready(c, || Call::StreamQuery { stream })?;
+        poll_until_ready(c, c.device_for(0, Some(stream)), || Call::StreamQuery { stream })?;
         c.call(Call::StreamSynchronize { stream })?;
         after.finish(c)
     }
@@ -139,6 +139,19 @@ driver_fn! {
         let stream = handles::stream(s)?;
         let mut st = c.ready_stream(c.lock(), stream)?;
         let event = known_event(&st, e)?;
+        // An event of another device: each device is a session of its own,
+        // so the wait happens here, before anything later reaches the stream.
+        let event_device = cumux_protocol::device_of_handle(event);
+        if event_device != c.device_for(0, Some(stream)) {
+            if st.capturing(stream) {
+                return Err(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+            }
+            drop(st);
+            poll_until_ready(c, event_device, || Call::EventQuery { event })?;
+            return c
+                .call_on(event_device, Call::EventSynchronize { event })
+                .map(|_| ());
+        }
         let call = st.capture_call(Call::StreamWaitEvent { stream, event });
         drop(st);
         match call {
@@ -168,16 +181,16 @@ driver_fn! {
     }
 
     fn cuStreamGetCtx | cuStreamGetCtx_ptsz (s: *mut c_void, ctx: *mut *mut c_void) {
-        let (c, mut st, _) = known_stream(s)?;
-        let device = st.current_device();
+        let (c, mut st, stream) = known_stream(s)?;
+        let device = c.device_for(0, Some(stream));
         let primary = st.primary_context(device, || c.mint());
         drop(st);
         out(ctx, to_ptr(primary))
     }
 
     fn cuStreamGetCtx_v2 | cuStreamGetCtx_v2_ptsz (s: *mut c_void, ctx: *mut *mut c_void, green: *mut *mut c_void) {
-        let (c, mut st, _) = known_stream(s)?;
-        let device = st.current_device();
+        let (c, mut st, stream) = known_stream(s)?;
+        let device = c.device_for(0, Some(stream));
         let primary = st.primary_context(device, || c.mint());
         drop(st);
         out_opt(green, std::ptr::null_mut());
@@ -185,8 +198,8 @@ driver_fn! {
     }
 
     fn cuStreamGetDevice | cuStreamGetDevice_ptsz (s: *mut c_void, dev: *mut i32) {
-        let (_, st, _) = known_stream(s)?;
-        let device = st.current_device();
+        let (c, st, stream) = known_stream(s)?;
+        let device = c.device_for(0, Some(stream));
         drop(st);
         out(dev, device as i32)
     }
@@ -222,7 +235,8 @@ driver_fn! {
             let st = c.lock();
             (known_event(&st, e)?, AfterSync::managed(&st))
         };
-        poll_until_ready(c, || Call::EventQuery { event })?;
+        let device = cumux_protocol::device_of_handle(event);
+        poll_until_ready(c, device, || Call::EventQuery { event })?;
         c.call(Call::EventSynchronize { event })?;
         after.finish(c)
     }

@@ -43,7 +43,7 @@ const POLL_SLEEP_MAX: std::time::Duration = std::time::Duration::from_micros(100
 /// one, which it also clears) hands it back for the wait to return. A
 /// process with a single thread has nobody to hold up: it waits blocking,
 /// in one round trip.
-pub(crate) fn poll_until_ready(c: &Client, query: impl Fn() -> Call) -> CuResult<()> {
+pub(crate) fn poll_until_ready(c: &Client, device: u32, query: impl Fn() -> Call) -> CuResult<()> {
     if process_threads() == Some(1) {
         return Ok(());
     }
@@ -52,7 +52,7 @@ pub(crate) fn poll_until_ready(c: &Client, query: impl Fn() -> Call) -> CuResult
     let started = std::time::Instant::now();
     let mut pause = std::time::Duration::from_micros(20);
     loop {
-        match c.call(query()) {
+        match c.call_on(device, query()) {
             Err(CUDA_ERROR_NOT_READY) if started.elapsed() < POLL_AWAKE => std::thread::yield_now(),
             Err(CUDA_ERROR_NOT_READY) => {
                 std::thread::sleep(pause);

@@ -177,6 +177,7 @@ driver_fn! {
         }
         let size = size as u64;
         vmm(c, VmmCall::Map { ptr, size, offset: offset as u64, handle })?;
+        c.placements().place(ptr, size, cumux_protocol::device_of_handle(handle));
         c.lock().mappings.insert(ptr, size);
         Ok(())
     }
@@ -188,6 +189,7 @@ driver_fn! {
         let gone: Vec<u64> = st.mappings.range(ptr..ptr.saturating_add(size as u64)).map(|(b, _)| *b).collect();
         for base in gone {
             st.mappings.remove(&base);
+            c.placements().remove(base);
         }
         Ok(())
     }

@@ -11,24 +11,43 @@
 //! waiting for the synchronisation. Waiting for a stream's host functions or
 //! a lazy library releases it (`Client::wait`).
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 
 use cumux_protocol::launch_checks::LaunchLimits;
-use cumux_protocol::{Call, DeviceInfo, Handle, ReplyBody};
+use cumux_protocol::{Call, DeviceInfo, Handle, Join, ReplyBody};
 
 use super::handles::FIRST_MINTED;
 use super::objects::State;
+use super::placements::Placements;
 use super::window::reserve_device_window;
 use crate::errors::*;
+use crate::routing::device_of_call;
 use crate::transport::{Connection, Link};
+
+/// The connection for one of the program's devices: a session of its own on
+/// the server, opened when the device is first used (the first device's at
+/// `cuInit`).
+#[derive(Default)]
+struct DeviceLink {
+    link: OnceLock<Link>,
+    /// Whether device work went through it: pinned buffers are registered
+    /// only with sessions in use, so an idle session starts no context.
+    used: AtomicBool,
+}
 
 /// The state, locked.
 pub type StateGuard<'a> = MutexGuard<'a, State>;
 
 pub struct Client {
-    /// How calls reach the server (`transport::Link`).
-    pub link: Link,
+    /// How calls reach the server: one link per device (`transport::Link`).
+    links: Vec<DeviceLink>,
+    /// Held while a link opens.
+    opening: Mutex<()>,
+    /// The key of the program's group, which the links after the first name.
+    group: u64,
+    /// Which device each allocation is on, for calls named by a pointer.
+    placements: Placements,
     state: Mutex<State>,
     /// Signalled when a stream's host functions have all run and when a
     /// lazy library has been loaded.
@@ -63,7 +82,7 @@ pub fn init() -> CuResult<&'static Client> {
         return Err(CUDA_ERROR_NO_DEVICE);
     }
     reserve_device_window();
-    match Connection::connect() {
+    match Connection::connect(None) {
         Ok((conn, session)) => {
             tracing::info!(
                 "connected to {} (session {}, {} devices)",
@@ -71,8 +90,19 @@ pub fn init() -> CuResult<&'static Client> {
                 session.session,
                 session.devices.len()
             );
+            let links: Vec<DeviceLink> = session
+                .devices
+                .iter()
+                .map(|_| DeviceLink::default())
+                .collect();
+            if let Some(first) = links.first() {
+                let _ = first.link.set(Link::new(conn));
+            }
             let client = Arc::new(Client {
-                link: Link::new(conn),
+                links,
+                opening: Mutex::new(()),
+                group: session.group,
+                placements: Placements::default(),
                 state: Mutex::new(State::default()),
                 changed: Condvar::new(),
                 next_handle: AtomicUsize::new(FIRST_MINTED),
@@ -131,33 +161,96 @@ impl Client {
         Ok(s)
     }
 
-    /// Sends a call; waits for its reply unless it is fire-and-forget.
-    /// Stream-ordered calls are checked for capture under the state lock
-    /// first (`State::capture_call`).
+    /// The link of device `device`, opened now if it is not yet: a session
+    /// of the program's group on that device.
+    pub fn link(&self, device: u32) -> CuResult<&Link> {
+        let slot = self
+            .links
+            .get(device as usize)
+            .ok_or(CUDA_ERROR_INVALID_DEVICE)?;
+        slot.used.store(true, Ordering::Relaxed);
+        if let Some(link) = slot.link.get() {
+            return Ok(link);
+        }
+        let _opening = lock(&self.opening);
+        if let Some(link) = slot.link.get() {
+            return Ok(link);
+        }
+        let join = Join {
+            group: self.group,
+            device,
+        };
+        let (conn, session) = Connection::connect(Some(join)).map_err(|e| {
+            tracing::warn!("cannot open a session for device {device}: {e}");
+            CUDA_ERROR_DEVICE_UNAVAILABLE
+        })?;
+        tracing::debug!(
+            device,
+            session = session.session,
+            "session opened for another device"
+        );
+        Ok(slot.link.get_or_init(|| Link::new(conn)))
+    }
+
+    /// The devices whose links carried device work, in order.
+    pub fn used_devices(&self) -> Vec<u32> {
+        (0..self.links.len() as u32)
+            .filter(|&d| self.links[d as usize].used.load(Ordering::Relaxed))
+            .collect()
+    }
+
+    /// The device a call is for (`crate::routing`).
+    fn route(&self, call: &Call) -> u32 {
+        device_of_call(call, &self.placements)
+    }
+
+    /// Sends a call to the session of the device it is for; waits for its
+    /// reply unless it is fire-and-forget.
     pub fn call(&self, call: Call) -> CuResult<ReplyBody> {
-        self.link.call(call)
+        self.call_on(self.route(&call), call)
+    }
+
+    /// Sends a call to device `device`'s session.
+    pub fn call_on(&self, device: u32, call: Call) -> CuResult<ReplyBody> {
+        self.link(device)?.call(call)
     }
 
     /// Sends a call whose byte buffer, left empty in `call`, is `bytes`
     /// (through shared memory it is copied once, straight into the bulk ring).
     pub fn call_with_bytes(&self, call: Call, bytes: &[u8]) -> CuResult<ReplyBody> {
-        self.link.call_with_bytes(call, bytes)
+        self.link(self.route(&call))?.call_with_bytes(call, bytes)
     }
 
-    /// Registers pinned host memory: `call` is a `HostRegister`, `fd` its
-    /// memfd, which follows the call on the socket.
+    /// Registers pinned host memory with device `device`'s session: `call`
+    /// is a `HostRegister`, `fd` its memfd, which follows the call on the socket.
     pub fn register_host(
         &self,
+        device: u32,
         call: Call,
         fd: std::os::fd::BorrowedFd<'_>,
     ) -> CuResult<ReplyBody> {
-        self.link.register_host(call, fd)
+        self.link(device)?.register_host(call, fd)
     }
 
     /// Makes a call answered with exactly `out.len()` bytes of data, received
     /// into `out` (through shared memory straight from the bulk ring).
     pub fn call_into(&self, call: Call, out: &mut [u8]) -> CuResult<()> {
-        self.link.call_into(call, out)
+        self.link(self.route(&call))?.call_into(call, out)
+    }
+
+    /// The device of a call on `stream` (if not the default stream) or else
+    /// about device memory at `ptr`, else the current context's.
+    pub fn device_for(&self, ptr: u64, stream: Option<Handle>) -> u32 {
+        stream
+            .filter(|&s| s != cumux_protocol::DEFAULT_STREAM)
+            .map(cumux_protocol::device_of_handle)
+            .or_else(|| self.placements.device_of(ptr))
+            .unwrap_or_else(super::current::current_device)
+    }
+
+    /// Which device each allocation is on.
+    pub fn placements(&self) -> &Placements {
+        &self.placements
     }
 
     /// A call answered with a handle.
@@ -223,9 +316,12 @@ impl Client {
         } else {
             image
         };
-        let info = match self.call(Call::ModuleLoad {
-            image: image.clone(),
-        }) {
+        let info = match self.call_on(
+            device,
+            Call::ModuleLoad {
+                image: image.clone(),
+            },
+        ) {
             Ok(ReplyBody::Module(info)) => info,
             Ok(_) => return Err(CUDA_ERROR_UNKNOWN),
             // A fat binary of an `-rdc` program holds only the cubin nvlink
@@ -237,7 +333,7 @@ impl Client {
                     return Err(CUDA_ERROR_NO_BINARY_FOR_GPU);
                 }
                 tracing::debug!("no cubin for this GPU: loading the program's relocatable PTX");
-                match self.call(Call::ModuleLoad { image: linked })? {
+                match self.call_on(device, Call::ModuleLoad { image: linked })? {
                     ReplyBody::Module(info) => info,
                     _ => return Err(CUDA_ERROR_UNKNOWN),
                 }
@@ -245,14 +341,17 @@ impl Client {
             Err(e) => return Err(e),
         };
         let module = info.module;
+        for global in &info.globals {
+            self.placements.place(global.ptr, global.size, device);
+        }
         self.lock().add_module(info, library);
         Ok(module)
     }
 
     /// Unloads a module or library by the program's handle.
     pub fn unload_module(&self, program: usize) -> CuResult<()> {
-        let wire = self.lock().remove_module(program)?;
-        if let Some(module) = wire {
+        let wires = self.lock().remove_module(program)?;
+        for module in wires {
             self.call(Call::ModuleUnload { module })?;
         }
         Ok(())

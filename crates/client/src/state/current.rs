@@ -20,6 +20,12 @@ pub fn current_context() -> Option<usize> {
     CURRENT.with(Cell::get)
 }
 
+/// The device of this thread's current context (its handle says it,
+/// `handles::device_of_context`); device 0 when none is current.
+pub fn current_device() -> u32 {
+    current_context().map_or(0, super::handles::device_of_context)
+}
+
 /// Replaces the top (`None` pops it).
 pub fn set_current_context(ctx: Option<usize>) {
     match ctx {

@@ -19,6 +19,21 @@ const WIRE_TAG: usize = 1 << 48;
 /// The first handle the client mints; each next one is 0x10 further.
 pub const FIRST_MINTED: usize = 0x10_0000;
 
+/// Where a context's handle keeps its device: contexts are minted handles
+/// with the device's number above this bit, so the calling thread's current
+/// device is known without the state lock (`current::current_device`).
+const CONTEXT_DEVICE_SHIFT: u32 = 40;
+
+/// The handle of a context on `device`, from a freshly minted handle.
+pub fn context(minted: usize, device: u32) -> usize {
+    minted | (device as usize) << CONTEXT_DEVICE_SHIFT
+}
+
+/// The device a context's handle names (see [`context`]).
+pub fn device_of_context(ctx: usize) -> u32 {
+    ((ctx & !WIRE_TAG) >> CONTEXT_DEVICE_SHIFT) as u32 & 0xff
+}
+
 /// `CU_STREAM_LEGACY` and `CU_STREAM_PER_THREAD`: special stream handles.
 pub const STREAM_LEGACY: usize = 1;
 pub const STREAM_PER_THREAD: usize = 2;
@@ -53,6 +68,16 @@ pub fn stream(program: *mut c_void) -> CuResult<Handle> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_contexts_handle_names_its_device() {
+        for device in [0, 1, 7] {
+            let ctx = context(FIRST_MINTED + 0x30, device);
+            assert_eq!(ctx % 16, 0);
+            assert_eq!(device_of_context(ctx), device);
+            assert_eq!(wire(ctx as *mut c_void), None);
+        }
+    }
 
     #[test]
     fn server_handles_go_to_the_program_and_back() {

@@ -65,6 +65,15 @@ pub enum Library {
     Loaded(Handle),
 }
 
+/// Where a library's image lies, for loading it on another device.
+#[derive(Clone)]
+pub enum LibrarySource {
+    /// In a file the program mapped, at this address (read again when needed).
+    Mapped(usize),
+    /// A copy of the image the program gave (it may free its own).
+    Bytes(std::sync::Arc<Vec<u8>>),
+}
+
 /// A function (or kernel) of a loaded module, keyed by its server handle.
 pub struct Function {
     pub module: Handle,
@@ -122,6 +131,8 @@ pub struct HostRegion {
 /// A pinned buffer the server knows: its region and the program's mapping.
 pub struct PinnedMemory {
     pub region: Handle,
+    /// The device whose session registered it.
+    pub device: u32,
     pub mapping: HostMapping,
 }
 
@@ -158,6 +169,9 @@ pub struct HostFnQueue {
 /// two slots of `SLOT_BYTES`, and an event per slot recorded after its
 /// latest copy.
 pub struct StagingBuffer {
+    /// The device whose session registered it and made its events: copies
+    /// of that device use it.
+    pub device: u32,
     pub region: Handle,
     pub mapping: HostMapping,
     pub events: [Handle; 2],
@@ -191,6 +205,12 @@ pub struct State {
     pub primary: HashMap<u32, PrimaryContext>,
     pub modules: HashMap<Handle, Module>,
     pub libraries: HashMap<usize, Library>,
+    /// Where each library's image is, to load it on another device.
+    pub library_sources: HashMap<usize, LibrarySource>,
+    /// A library's modules on devices besides the one it first loaded on:
+    /// (library, device) → server module. A kernel of a library is launched
+    /// in the current context, so each device gets the library's module.
+    pub library_copies: HashMap<(usize, u32), Handle>,
     pub functions: HashMap<Handle, Function>,
     pub streams: HashMap<Handle, Stream>,
     pub events: HashMap<Handle, Event>,
@@ -287,7 +307,7 @@ impl State {
         if let Some(p) = self.primary.get(&device) {
             return p.handle;
         }
-        let handle = mint();
+        let handle = handles::context(mint(), device);
         let context = Context {
             device,
             primary: true,
@@ -356,7 +376,17 @@ impl State {
     /// library it was loaded for as loaded).
     pub fn add_module(&mut self, info: ModuleInfo, library: Option<usize>) {
         if let Some(library) = library {
-            self.libraries.insert(library, Library::Loaded(info.module));
+            let device = cumux_protocol::device_of_handle(info.module);
+            match self.libraries.get(&library) {
+                Some(Library::Loaded(first))
+                    if cumux_protocol::device_of_handle(*first) != device =>
+                {
+                    self.library_copies.insert((library, device), info.module);
+                }
+                _ => {
+                    self.libraries.insert(library, Library::Loaded(info.module));
+                }
+            }
         }
         let mut functions = Vec::with_capacity(info.functions.len());
         for f in info.functions {
@@ -378,25 +408,43 @@ impl State {
         self.modules.insert(info.module, module);
     }
 
+    /// The server module of library `library` on `device`, if loaded there.
+    pub fn library_module_on(&self, library: usize, device: u32) -> Option<Handle> {
+        match self.libraries.get(&library) {
+            Some(Library::Loaded(first)) if cumux_protocol::device_of_handle(*first) == device => {
+                Some(*first)
+            }
+            Some(Library::Loaded(_)) => self.library_copies.get(&(library, device)).copied(),
+            _ => None,
+        }
+    }
+
     /// Forgets a module or library (by the program's handle) and its
-    /// functions: the server module to unload, if there is one.
-    pub fn remove_module(&mut self, program: usize) -> CuResult<Option<Handle>> {
-        let wire = match handles::wire(program as *mut c_void) {
-            Some(wire) => wire,
+    /// functions: the server modules to unload (a library's on each device).
+    pub fn remove_module(&mut self, program: usize) -> CuResult<Vec<Handle>> {
+        let mut wires = match handles::wire(program as *mut c_void) {
+            Some(wire) => vec![wire],
             None => match self.libraries.remove(&program) {
-                Some(Library::Loaded(wire)) => wire,
-                Some(_) => return Ok(None),
+                Some(Library::Loaded(wire)) => vec![wire],
+                Some(_) => Vec::new(),
                 None => return Err(CUDA_ERROR_INVALID_HANDLE),
             },
         };
-        let m = self
-            .modules
-            .remove(&wire)
-            .ok_or(CUDA_ERROR_INVALID_HANDLE)?;
-        for f in &m.functions {
-            self.functions.remove(f);
+        self.library_sources.remove(&program);
+        self.library_copies.retain(|(library, _), wire| {
+            let copy = *library == program;
+            if copy {
+                wires.push(*wire);
+            }
+            !copy
+        });
+        for wire in &wires {
+            let m = self.modules.remove(wire).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+            for f in &m.functions {
+                self.functions.remove(f);
+            }
         }
-        Ok(Some(wire))
+        Ok(wires)
     }
 
     /// Whether `stream` is being captured into a graph.
@@ -463,11 +511,16 @@ impl State {
             .collect()
     }
 
-    /// Lends the staging buffer to one copy: `None` while another copy has
-    /// it or where there is none.
-    pub fn borrow_staging(&mut self) -> Option<StagingLoan> {
+    /// Lends the staging buffer to one copy on `device`: `None` while
+    /// another copy has it, where there is none, or where it is another
+    /// device's.
+    pub fn borrow_staging(&mut self, device: u32) -> Option<StagingLoan> {
         match std::mem::replace(&mut self.staging, StagingSlot::Lent) {
             StagingSlot::Untried => Some(StagingLoan::ToMake),
+            StagingSlot::Ready(buffer) if buffer.device != device => {
+                self.staging = StagingSlot::Ready(buffer);
+                None
+            }
             StagingSlot::Ready(buffer) => Some(StagingLoan::Ready(buffer)),
             other => {
                 self.staging = other;

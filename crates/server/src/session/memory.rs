@@ -193,7 +193,16 @@ impl Session {
         to_device: bool,
     ) -> CallResult {
         self.check_optional_stream(stream)?;
-        let host = self.host.span(region, offset, bytes)?;
+        // A region of the program's session on another device is mapped in
+        // the process this session's context shares with it.
+        let host = match (self.host.span(region, offset, bytes), &self.group) {
+            (Ok(span), _) => span,
+            (Err(e), Some(group)) => match group.region(region) {
+                Some(mapping) => crate::host_regions::span_of(region, &mapping, offset, bytes)?,
+                None => return Err(e),
+            },
+            (Err(e), None) => return Err(e),
+        };
         match to_device {
             true => self.check_range(device, bytes)?,
             false => self.check_source(device, bytes)?,

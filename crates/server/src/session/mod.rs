@@ -218,7 +218,11 @@ impl Session {
                         .map_err(|why| err(codes::INVALID_VALUE, why))?,
                     None => server.groups().open(name),
                 };
-                (device, Some(server.accounts().join(name, settings)), Some(group))
+                (
+                    device,
+                    Some(server.accounts().join(name, settings)),
+                    Some(group),
+                )
             }
             None => (
                 server
@@ -631,6 +635,9 @@ impl Session {
                     .take()
                     .unwrap_or_else(|| Err("none came with the call".into()));
                 let region = self.host.register(self.ctx.as_ref(), base, bytes, fd)?;
+                if let (Some(group), Some(mapping)) = (&self.group, self.host.mapping(region)) {
+                    group.publish_region(region, mapping);
+                }
                 Ok(ReplyBody::Handle(region))
             }
             Call::HostUnregister { region } => {
@@ -638,6 +645,9 @@ impl Session {
                 // Like cuMemFreeHost: work that may still use it finishes first.
                 self.drain_all();
                 self.host.unregister(self.ctx.as_ref(), region)?;
+                if let Some(group) = &self.group {
+                    group.withdraw_region(region);
+                }
                 Ok(ReplyBody::Unit)
             }
             Call::MemcpyHtoDHost {
@@ -705,7 +715,11 @@ impl Session {
         if !self.host.is_empty() {
             // Copies into the client's pinned regions end before they go.
             self.drain_all();
-            self.host.clear(self.ctx.as_ref());
+            for region in self.host.clear(self.ctx.as_ref()) {
+                if let Some(group) = &self.group {
+                    group.withdraw_region(region);
+                }
+            }
         }
         let modules: Vec<ModuleEntry> = self.modules.drain().map(|(_, m)| m).collect();
         let (n_modules, n_allocs) = (modules.len(), self.allocations.len());

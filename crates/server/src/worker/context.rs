@@ -220,9 +220,15 @@ impl WorkerContext {
         if let Some(live) = host.as_ref().filter(|h| lock(&h.sticky).is_none()) {
             *lock(&self.tap) = Arc::clone(&live.tap);
             lock(&self.markers).clear();
-            return join(&live.path, &live.token, Some(*ordinal));
+            let joined = join(&live.path, &live.token, Some(*ordinal))?;
+            tracing::info!(
+                ordinal,
+                "a context joins its program's worker process (one address space for its devices)"
+            );
+            return Ok(joined);
         }
         let mut conn = self.start_own()?;
+        tracing::debug!(ordinal, pid = ?self.pid(), "a program's first context hosts its others");
         let request = WorkerRequest::OpenSessions;
         conn.link.send_message(&request).map_err(worker_err)?;
         let (path, token) = match self.receive(&mut conn).map_err(worker_err)?.result? {
@@ -879,11 +885,7 @@ impl Drop for WorkerContext {
 /// A further connection to the worker process whose sessions socket is
 /// `path`: the same context as its first connection (`own: None`) or a
 /// context of its own on device `own`. Waits until the worker says it is ready.
-fn join(
-    path: &Path,
-    token: &[u8; NONCE_BYTES],
-    own: Option<u32>,
-) -> Result<Connection, CuError> {
+fn join(path: &Path, token: &[u8; NONCE_BYTES], own: Option<u32>) -> Result<Connection, CuError> {
     let fail = |e: io::Error| {
         CuError::new(
             codes::UNKNOWN,
@@ -899,7 +901,10 @@ fn join(
     let ready = conn.link.recv_frame(&mut conn.buf).map_err(io_err);
     let _ = conn.link.socket().set_read_timeout(None);
     ready.map_err(fail)?;
-    match decode::<WorkerReply>(&conn.buf).map_err(|e| fail(io_err(e)))?.result {
+    match decode::<WorkerReply>(&conn.buf)
+        .map_err(|e| fail(io_err(e)))?
+        .result
+    {
         Ok(WorkerValue::Ready) => {}
         Ok(other) => return Err(unexpected(&other)),
         Err(e) => return Err(e),
@@ -910,5 +915,8 @@ fn join(
 
 /// A worker's socket failing while a context starts.
 fn worker_err(e: io::Error) -> CuError {
-    CuError::new(codes::UNKNOWN, format!("the worker failed as it started: {e}"))
+    CuError::new(
+        codes::UNKNOWN,
+        format!("the worker failed as it started: {e}"),
+    )
 }

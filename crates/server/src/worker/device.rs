@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use cumux_protocol::{codes, CuError, DeviceInfo};
 
+use super::colocation::Colocation;
 use super::context::WorkerContext;
 #[cfg(any(feature = "cpu", feature = "cuda"))]
 use super::process::image_print_detector;
@@ -19,7 +20,6 @@ use super::spawn::{Launcher, WorkerCommand, READY_WAIT};
 use super::watchdog::Watchdog;
 #[cfg(feature = "cuda")]
 use crate::device::cuda::CudaDevice;
-use super::colocation::Colocation;
 use crate::device::{ContextGroup, Device, DeviceContext};
 use crate::locking::lock;
 
@@ -165,7 +165,10 @@ impl Device for WorkerDevice {
     /// isolated mode, whichever starts first hosts the rest ([`Colocation`]).
     fn create_context_in(&self, group: &ContextGroup) -> Result<Arc<dyn DeviceContext>, CuError> {
         let colocation = group.kept(Colocation::new).ok_or_else(|| {
-            CuError::new(codes::INVALID_DEVICE, "the program's devices are of different kinds")
+            CuError::new(
+                codes::INVALID_DEVICE,
+                "the program's devices are of different kinds",
+            )
         })?;
         if self.sharing == Sharing::Shared {
             let mut host = colocation.starting();

@@ -109,7 +109,12 @@ pub fn serve_worker(
     conn: UnixStream,
     stdout: &mut WorkerStdout<'_>,
 ) -> io::Result<()> {
-    serve_worker_beside(device, &|n| Err(format!("this worker opens no device {n}")), conn, stdout)
+    serve_worker_beside(
+        device,
+        &|n| Err(format!("this worker opens no device {n}")),
+        conn,
+        stdout,
+    )
 }
 
 /// [`serve_worker`], where a further connection may also ask for a context of
@@ -226,7 +231,10 @@ impl Served<'_, '_> {
                         None => Ok(Arc::clone(&self.ctx)),
                         Some(n) => self.own_context(n),
                     };
-                    let ready = ctx.as_ref().map(|_| WorkerValue::Ready).map_err(Clone::clone);
+                    let ready = ctx
+                        .as_ref()
+                        .map(|_| WorkerValue::Ready)
+                        .map_err(Clone::clone);
                     if link.send_message(&WorkerReply::unmarked(ready)).is_err() {
                         return;
                     }
