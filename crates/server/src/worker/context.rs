@@ -38,6 +38,10 @@ use crate::device::{
 };
 use crate::locking::lock;
 
+/// What ends a context, shared by the contexts of one worker process: the
+/// fault or death kept for every later call, and the process itself.
+type Fate = (Arc<Mutex<Option<CuError>>>, Arc<Mutex<Option<Child>>>);
+
 /// One session's context in a worker process.
 pub struct WorkerContext {
     /// The connection to the worker; `None` until the first call starts it.
@@ -88,7 +92,7 @@ impl WorkerContext {
         launcher: Option<Arc<Launcher>>,
         used: Arc<AtomicU64>,
         next_module: Arc<AtomicU64>,
-        fate: (Arc<Mutex<Option<CuError>>>, Arc<Mutex<Option<Child>>>),
+        fate: Fate,
         member: Option<(Arc<Colocation>, u32)>,
     ) -> WorkerContext {
         let (sticky, child) = fate;

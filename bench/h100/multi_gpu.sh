@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# Two GPUs through cumux, natively and through `cumux run` in the same run:
+# tests/cuda/driver/two_devices.cu (isolated and shared), one PyTorch
+# process on both GPUs (bench/h100/multi_gpu.py), and 2-rank PyTorch DDP over
+# NCCL under torchrun (bench/h100/ddp.py), with which GPUs each rank's
+# contexts took (nvidia-smi) while it ran. Writes $OUT/multi_gpu.txt and
+# the runs' logs to $OUT/multi_gpu-logs.tar.gz.
+#
+#   OUT=/some/dir bench/h100/multi_gpu.sh
+# Optional: KIT=, LIMIT= (seconds per run, default 240).
+set -u
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+KIT=${KIT:-$ROOT/device-kit}
+OUT=${OUT:-/tmp/cumux-multi-gpu}
+LIMIT=${LIMIT:-240}
+mkdir -p "$OUT"
+W=$(mktemp -d /tmp/cumux-multi-gpu.XXXXXX)
+# shellcheck source=bench/h100/lib.sh
+. "$ROOT/bench/h100/lib.sh"
+REPORT=$OUT/multi_gpu.txt
+say() { echo "$*" | tee -a "$REPORT"; }
+say "multi_gpu $(date -u +%FT%TZ) kit $(cat "$KIT/COMMIT" 2>/dev/null)"
+nvidia-smi --query-gpu=index,name,driver_version --format=csv,noheader | tee -a "$REPORT"
+nvidia-smi topo -m >>"$REPORT" 2>&1
+
+nvcc -o "$W/two_devices" "$ROOT/tests/cuda/driver/two_devices.cu" >"$W/nvcc.log" 2>&1 || say "nvcc failed"
+
+start_server() { # SHARING
+    rm -f "$W/s.sock"
+    "$KIT/cumux" serve --device cuda --sharing "$1" --listen "unix:$W/s.sock" >"$W/server-$1.log" 2>&1 &
+    server=$!
+    for _ in $(seq 300); do [ -S "$W/s.sock" ] && break; sleep 0.1; done
+}
+stop_server() { kill "$server"; wait "$server" 2>/dev/null; }
+
+# side NAME CMD...: one line: exit code, seconds, the last PASS/FAIL/error line.
+side() {
+    local name=$1 start=$SECONDS rc
+    shift
+    timeout "$LIMIT" "$@" >"$W/$name.log" 2>&1
+    rc=$?
+    say "$name: rc=$rc in $((SECONDS - start)) s: $(grep -E 'PASS|FAIL|SKIP|Error|error' "$W/$name.log" | tail -1)"
+}
+losses() { grep -E '^step [0-9]+ loss' "$W/$1.log" | md5sum | cut -c1-12; }
+RUN=("$KIT/cumux" run --server "unix:$W/s.sock" --)
+
+side two-native "$W/two_devices"
+grep can_access_peer "$W/two-native.log" | sed 's/^/  native /' | tee -a "$REPORT"
+for sharing in isolated shared; do
+    start_server "$sharing"
+    side "two-cumux-$sharing" "${RUN[@]}" "$W/two_devices"
+    grep can_access_peer "$W/two-cumux-$sharing.log" | sed 's/^/  cumux /' | tee -a "$REPORT"
+    stop_server
+done
+
+side torch-native python3 "$ROOT/bench/h100/multi_gpu.py"
+start_server isolated
+side torch-cumux "${RUN[@]}" python3 "$ROOT/bench/h100/multi_gpu.py"
+say "  losses native $(losses torch-native) cumux $(losses torch-cumux)"
+
+DDP=(torchrun --standalone --nproc_per_node=2 "$ROOT/bench/h100/ddp.py")
+NCCL_DEBUG=INFO side ddp-native "${DDP[@]}"
+( sleep 25; nvidia-smi --query-compute-apps=pid,gpu_uuid,used_memory --format=csv >"$W/ddp-apps.txt" 2>&1 ) &
+NCCL_DEBUG=INFO CUMUX_LOG=info side ddp-cumux "${RUN[@]}" "${DDP[@]}"
+say "  losses native $(losses ddp-native) cumux $(losses ddp-cumux)"
+grep -h allreduce_busbw "$W/ddp-native.log" "$W/ddp-cumux.log" | sed 's/^/  /' | tee -a "$REPORT"
+grep -E 'NCCL (WARN|INFO) (Channel|.*via|Using network|.*transport)' "$W/ddp-cumux.log" | head -8 >>"$REPORT"
+grep -E -- '-> CUDA_ERROR|not supported|WARN' "$W/ddp-cumux.log" | sort | uniq -c | sort -rn | head -20 >>"$REPORT"
+stop_server
+cp "$W"/server-*.log "$W"/*.txt "$W"/*.log "$OUT/" 2>/dev/null
+tar -C "$W" -czf "$OUT/multi_gpu-logs.tar.gz" . 2>/dev/null
+rm -f "$OUT"/*.log
+say done
