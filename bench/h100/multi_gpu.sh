@@ -61,10 +61,11 @@ say "  losses native $(losses torch-native) cumux $(losses torch-cumux)"
 DDP=(torchrun --standalone --nproc_per_node=2 "$ROOT/bench/h100/ddp.py")
 NCCL_DEBUG=INFO side ddp-native "${DDP[@]}"
 ( sleep 25; nvidia-smi --query-compute-apps=pid,gpu_uuid,used_memory --format=csv >"$W/ddp-apps.txt" 2>&1 ) &
-NCCL_DEBUG=INFO CUMUX_LOG=info side ddp-cumux "${RUN[@]}" "${DDP[@]}"
+NCCL_DEBUG=INFO CUMUX_LOG=info,cumux_client=debug side ddp-cumux "${RUN[@]}" "${DDP[@]}"
 say "  losses native $(losses ddp-native) cumux $(losses ddp-cumux)"
 grep -h allreduce_busbw "$W/ddp-native.log" "$W/ddp-cumux.log" | sed 's/^/  /' | tee -a "$REPORT"
-grep -E 'NCCL (WARN|INFO) (Channel|.*via|Using network|.*transport)' "$W/ddp-cumux.log" | head -8 >>"$REPORT"
+grep -E 'via P2P|via SHM|via NET|NCCL WARN' "$W/ddp-cumux.log" | head -6 >>"$REPORT"
+grep -E 'first used by' "$W/ddp-cumux.log" | head -8 >>"$REPORT"
 grep -E -- '-> CUDA_ERROR|not supported|WARN' "$W/ddp-cumux.log" | sort | uniq -c | sort -rn | head -20 >>"$REPORT"
 stop_server
 cp "$W"/server-*.log "$W"/*.txt "$W"/*.log "$OUT/" 2>/dev/null

@@ -37,6 +37,7 @@ pub fn device_of_call(call: &Call, placements: &Placements) -> u32 {
         | Call::EventDestroy { event }
         | Call::EventElapsed { start: event, .. } => handle(*event),
         Call::HostUnregister { region } => handle(*region),
+        Call::IpcGetMemHandle { ptr: p } | Call::IpcCloseMemHandle { ptr: p } => ptr(*p),
         Call::GraphCreate { launches } => launches.first().and_then(|l| handle(l.function)),
         Call::GraphLaunch { graph, .. } | Call::GraphDestroy { graph } => handle(*graph),
         Call::Vmm(vmm) => match vmm {
@@ -54,7 +55,8 @@ pub fn device_of_call(call: &Call, placements: &Placements) -> u32 {
         | Call::StreamCreate { .. }
         | Call::EventCreate { .. }
         | Call::ContextSynchronize
-        | Call::HostRegister { .. } => None,
+        | Call::HostRegister { .. }
+        | Call::IpcOpenMemHandle { .. } => None,
         // Not a program's calls; the first device's session answers them.
         Call::ServerStatus | Call::TenantPut { .. } | Call::TenantRemove { .. } | Call::Fence => {
             Some(0)

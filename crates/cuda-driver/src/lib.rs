@@ -13,6 +13,7 @@ pub mod capture;
 pub mod driver;
 pub mod error;
 pub mod image;
+pub mod ipc;
 pub mod objects;
 pub mod sys;
 pub mod tensor_map;

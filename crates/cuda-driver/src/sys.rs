@@ -37,6 +37,16 @@ opaque_handles! {
 /// `CU_STREAM_CAPTURE_MODE_THREAD_LOCAL`: only this thread's unsafe calls end a capture.
 pub const CU_STREAM_CAPTURE_MODE_THREAD_LOCAL: c_uint = 1;
 
+/// `CUipcMemHandle`: 64 opaque bytes, passed by value.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct CUipcMemHandle {
+    pub reserved: [u8; 64],
+}
+
+/// `CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS`.
+pub const CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS: c_uint = 1;
+
 /// `CUuuid`: 16 bytes.
 #[repr(C)]
 #[derive(Debug, Default, Clone, Copy)]
@@ -284,6 +294,9 @@ driver_api! {
     cuGraphExecDestroy ["cuGraphExecDestroy"] (CUgraphExec);
     cuGraphDestroy ["cuGraphDestroy"] (CUgraph);
     cuMemGetAllocationGranularity ["cuMemGetAllocationGranularity"] (*mut usize, *const CUmemAllocationProp, c_uint);
+    cuIpcGetMemHandle ["cuIpcGetMemHandle"] (*mut CUipcMemHandle, CUdeviceptr);
+    cuIpcOpenMemHandle ["cuIpcOpenMemHandle_v2"] (*mut CUdeviceptr, CUipcMemHandle, c_uint);
+    cuIpcCloseMemHandle ["cuIpcCloseMemHandle"] (CUdeviceptr);
     cuMemAddressReserve ["cuMemAddressReserve"] (*mut CUdeviceptr, usize, usize, CUdeviceptr, u64);
     cuMemAddressFree ["cuMemAddressFree"] (CUdeviceptr, usize);
     cuMemCreate ["cuMemCreate"] (*mut CUmemGenericAllocationHandle, usize, *const CUmemAllocationProp, u64);

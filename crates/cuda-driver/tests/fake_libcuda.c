@@ -130,6 +130,62 @@ CUresult cuMemFree_v2(CUdeviceptr p) {
     return 0;
 }
 long fake_live_allocations(void) { return live_allocations; }
+
+/* IPC handles: the handle names the exporter's block, its size and process.
+ * Another process "opens" it as a fresh block of that size (its bytes are not
+ * shared: a fake GPU has no memory two processes reach), as many as
+ * IPC_OPENED at once; the exporting process itself cannot open it, as with
+ * the real driver. */
+typedef struct { char reserved[64]; } CUipcMemHandle;
+#define IPC_OPENED 16
+static CUdeviceptr ipc_opened[IPC_OPENED];
+CUresult cuIpcGetMemHandle(CUipcMemHandle *h, CUdeviceptr p) {
+    if (!h || !p) return 1;
+    size_t size = *(size_t *)((char *)(uintptr_t)p - 16);
+    uint32_t pid = (uint32_t)getpid();
+    memset(h, 0, sizeof *h);
+    memcpy(h->reserved, "fakeipc!", 8);
+    memcpy(h->reserved + 8, &size, 8);
+    memcpy(h->reserved + 16, &p, 8);
+    memcpy(h->reserved + 24, &pid, 4);
+    return 0;
+}
+CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *out, CUipcMemHandle h, unsigned flags) {
+    (void)flags;
+    size_t size;
+    uint32_t pid;
+    if (memcmp(h.reserved, "fakeipc!", 8) != 0) return 1;
+    memcpy(&size, h.reserved + 8, 8);
+    memcpy(&pid, h.reserved + 24, 4);
+    if (pid == (uint32_t)getpid()) return 201;
+    for (int i = 0; i < IPC_OPENED; i++) {
+        if (!ipc_opened[i]) {
+            CUresult r = cuMemAlloc_v2(out, size);
+            if (r == 0) ipc_opened[i] = *out;
+            return r;
+        }
+    }
+    return 2;
+}
+CUresult cuIpcCloseMemHandle(CUdeviceptr p) {
+    for (int i = 0; i < IPC_OPENED; i++) {
+        if (p && ipc_opened[i] == p) {
+            ipc_opened[i] = 0;
+            return cuMemFree_v2(p);
+        }
+    }
+    return 1;
+}
+CUresult cuMemGetAddressRange_v2(CUdeviceptr *base, size_t *size, CUdeviceptr p) {
+    for (int i = 0; i < IPC_OPENED; i++) {
+        if (p && ipc_opened[i] == p) {
+            if (base) *base = p;
+            if (size) *size = *(size_t *)((char *)(uintptr_t)p - 16);
+            return 0;
+        }
+    }
+    return 1;
+}
 CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total) {
     *free_bytes = (size_t)70 << 30;
     *total = (size_t)80 << 30;

@@ -335,7 +335,27 @@ pub enum Call {
     /// calls, so it never runs further ahead of the server than that, and the
     /// server holds a session's launches near its device.
     Fence,
+    /// `cuIpcGetMemHandle`: a handle to the allocation holding `ptr` that
+    /// another program of the same tenant may open; answered by `Data` of
+    /// [`IPC_HANDLE_BYTES`].
+    IpcGetMemHandle {
+        ptr: DevicePtr,
+    },
+    /// `cuIpcOpenMemHandle`: maps the allocation `handle` names (another
+    /// program's, of this tenant) into this session; answered by `Range`.
+    IpcOpenMemHandle {
+        #[serde(with = "serde_bytes")]
+        handle: Vec<u8>,
+        flags: u32,
+    },
+    /// `cuIpcCloseMemHandle` of memory opened at `ptr`.
+    IpcCloseMemHandle {
+        ptr: DevicePtr,
+    },
 }
+
+/// Bytes of a `CUipcMemHandle`.
+pub const IPC_HANDLE_BYTES: usize = 64;
 
 /// One launch of a [`Call::GraphCreate`]: a [`Call::Launch`] without its stream.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -18,6 +18,7 @@ pub mod gate;
 pub mod groups;
 pub mod hangups;
 pub mod host_regions;
+pub mod ipc;
 pub mod listener;
 mod locking;
 pub mod metrics;
@@ -67,6 +68,8 @@ pub struct Server {
     gates: Vec<Option<Arc<DeviceGate>>>,
     /// Programs' groups of sessions, one per program across its devices.
     groups: groups::Groups,
+    /// The memory handles sessions gave out (`cuIpcGetMemHandle`).
+    ipc: ipc::IpcHandles,
 }
 
 impl Server {
@@ -130,6 +133,7 @@ impl Server {
             policies,
             gates,
             groups: groups::Groups::default(),
+            ipc: ipc::IpcHandles::default(),
             seats: admission::Seats::new(tenants.limits),
             hangups: hangups::Hangups::new()
                 .map_err(|e| tracing::error!("no hang-up watcher: {e}"))
@@ -298,6 +302,10 @@ impl Server {
 
     pub fn groups(&self) -> &groups::Groups {
         &self.groups
+    }
+
+    pub fn ipc(&self) -> &ipc::IpcHandles {
+        &self.ipc
     }
 
     fn next_session_id(&self) -> u64 {

@@ -168,7 +168,9 @@ impl Client {
             .links
             .get(device as usize)
             .ok_or(CUDA_ERROR_INVALID_DEVICE)?;
-        slot.used.store(true, Ordering::Relaxed);
+        if !slot.used.swap(true, Ordering::Relaxed) {
+            tracing::debug!(device, "the program's first call for device {device}");
+        }
         if let Some(link) = slot.link.get() {
             return Ok(link);
         }
@@ -212,6 +214,15 @@ impl Client {
 
     /// Sends a call to device `device`'s session.
     pub fn call_on(&self, device: u32, call: Call) -> CuResult<ReplyBody> {
+        if tracing::enabled!(tracing::Level::DEBUG)
+            && !self
+                .links
+                .get(device as usize)
+                .is_some_and(|l| l.used.load(Ordering::Relaxed))
+        {
+            let kind: &'static str = (&call).into();
+            tracing::debug!(device, "device {device} is first used by {kind}");
+        }
         self.link(device)?.call(call)
     }
 

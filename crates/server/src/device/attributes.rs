@@ -1,5 +1,6 @@
 //! The `CUdevice_attribute` values a CPU-side device reports: every attribute of
-//! CUDA 13.0's `cuda.h` (1 ..= 147), shaped like a compute-capability-7.5 GPU.
+//! CUDA 13.0's `cuda.h` (1 ..= 147), shaped like a compute-capability-7.5 GPU;
+//! and what a GPU's own values become through cumux ([`as_served`]).
 
 /// The last attribute number CUDA 13.0 defines
 /// (`CU_DEVICE_ATTRIBUTE_ONLY_PARTIAL_HOST_NATIVE_ATOMIC_SUPPORTED`).
@@ -12,6 +13,46 @@ pub const SHARED_PER_BLOCK: i32 = 48 << 10;
 /// Shared memory a block may use after opting in (sm_75: 64 KiB; we offer 99 KiB),
 /// and the block and grid limits: the launch checks' own defaults.
 pub use cumux_protocol::launch_checks::{MAX_BLOCK_DIM, MAX_GRID_DIM, SHARED_PER_BLOCK_OPTIN};
+
+/// Capabilities a GPU has that a program does not get through cumux, so a
+/// program told of them would choose a path that then fails: GPUDirect RDMA
+/// (a NIC cannot reach device memory through the client), shareable handles
+/// of physical memory and IPC events (not exported yet), multicast objects,
+/// host NUMA virtual memory, and managed memory the device and the host use
+/// concurrently or through the host's page tables (cumux keeps managed memory
+/// coherent at synchronization points only). NCCL, for one, moves data with
+/// `cudaIpc*` handles when told the first two are absent.
+const NOT_SERVED: [u32; 18] = [
+    88,  // PAGEABLE_MEMORY_ACCESS
+    89,  // CONCURRENT_MANAGED_ACCESS
+    100, // PAGEABLE_MEMORY_ACCESS_USES_HOST_PAGE_TABLES
+    101, // DIRECT_MANAGED_MEM_ACCESS_FROM_HOST
+    103, // HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED
+    104, // HANDLE_TYPE_WIN32_HANDLE_SUPPORTED
+    105, // HANDLE_TYPE_WIN32_KMT_HANDLE_SUPPORTED
+    110, // GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED
+    116, // GPU_DIRECT_RDMA_SUPPORTED
+    117, // GPU_DIRECT_RDMA_FLUSH_WRITES_OPTIONS
+    118, // GPU_DIRECT_RDMA_WRITES_ORDERING
+    119, // MEMPOOL_SUPPORTED_HANDLE_TYPES
+    125, // IPC_EVENT_SUPPORTED
+    128, // HANDLE_TYPE_FABRIC_SUPPORTED
+    132, // MULTICAST_SUPPORTED
+    141, // HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED
+    143, // HOST_NUMA_MULTINODE_IPC_SUPPORTED
+    161, // GPU_DIRECT_RDMA_WITH_LOCALIZED_MEMORY_SUPPORTED
+];
+
+/// A GPU's attributes as a program sees the GPU through cumux: its own
+/// values, but 0 for the capabilities cumux does not give ([`NOT_SERVED`]).
+pub fn as_served(mut attributes: Vec<(u32, i32)>) -> Vec<(u32, i32)> {
+    for (attr, value) in &mut attributes {
+        if NOT_SERVED.contains(attr) {
+            *value = 0;
+        }
+    }
+    attributes
+}
 
 /// What the table depends on.
 #[derive(Debug, Clone, Copy)]
@@ -145,6 +186,17 @@ fn value(attr: u32, inputs: AttributeInputs) -> i32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn capabilities_cumux_does_not_give_read_as_absent() {
+        let gpu: Vec<(u32, i32)> = (1..=LAST_ATTRIBUTE).map(|a| (a, 1)).collect();
+        let served = as_served(gpu);
+        let value = |attr: u32| served.iter().find(|(a, _)| *a == attr).map(|(_, v)| *v);
+        assert_eq!(value(110), Some(0), "GPUDirect RDMA with VMM");
+        assert_eq!(value(89), Some(0), "concurrent managed access");
+        assert_eq!(value(102), Some(1), "virtual memory management is served");
+        assert_eq!(value(1), Some(1));
+    }
 
     #[test]
     fn every_attribute_has_a_value() {

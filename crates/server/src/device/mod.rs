@@ -292,6 +292,30 @@ pub trait DeviceContext: Send + Sync {
             "this device has no virtual memory management",
         ))
     }
+    /// Memory handles between processes (`cuIpc*MemHandle`): a handle for the
+    /// allocation at `base`, which another context may open.
+    fn ipc_export(&self, base: DevicePtr) -> Result<Vec<u8>, CuError> {
+        let _ = base;
+        Err(no_ipc())
+    }
+    /// Opens a handle [`DeviceContext::ipc_export`] gave (another context's):
+    /// the allocation's base here and its size.
+    fn ipc_open(&self, handle: &[u8], flags: u32) -> Result<(DevicePtr, u64), CuError> {
+        let _ = (handle, flags);
+        Err(no_ipc())
+    }
+    /// Closes memory opened at `base`.
+    fn ipc_close(&self, base: DevicePtr) -> Result<(), CuError> {
+        let _ = base;
+        Err(no_ipc())
+    }
+}
+
+fn no_ipc() -> CuError {
+    CuError::new(
+        cumux_protocol::codes::NOT_SUPPORTED,
+        "this device shares no memory between processes (cuIpc*MemHandle)",
+    )
 }
 
 /// Stream-ordered work for [`StreamOrdered::enqueue`]. It lives in one

@@ -244,7 +244,7 @@ impl Session {
     /// The session allocation, module global, mapping or pinned host region
     /// the device reaches at the client's address holding `ptr`: (base, size).
     pub(super) fn containing(&self, ptr: DevicePtr) -> Option<(DevicePtr, u64)> {
-        [&self.allocations, &self.globals]
+        [&self.allocations, &self.globals, &self.ipc_opened]
             .into_iter()
             .filter_map(|table| table.range(..=ptr).next_back())
             .map(|(b, s)| (*b, *s))
@@ -266,7 +266,7 @@ impl Session {
     }
 
     fn check_access(&self, ptr: DevicePtr, bytes: u64, writes: bool) -> Result<(), CuError> {
-        let allocated = [&self.allocations, &self.globals]
+        let allocated = [&self.allocations, &self.globals, &self.ipc_opened]
             .into_iter()
             .filter_map(|table| table.range(..=ptr).next_back())
             .any(|(base, size)| ptr - base < *size && bytes <= size - (ptr - base));

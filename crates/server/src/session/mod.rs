@@ -5,6 +5,7 @@
 
 mod core;
 mod graphs;
+mod ipc;
 mod memory;
 mod modules;
 mod signalling;
@@ -108,6 +109,9 @@ pub struct Session {
     allocations: BTreeMap<DevicePtr, u64>,
     /// Module globals of this session: base → size.
     globals: BTreeMap<DevicePtr, u64>,
+    /// Other programs' allocations this session opened (`cuIpcOpenMemHandle`):
+    /// base → size. Its calls may name them; its tenant is not charged.
+    ipc_opened: BTreeMap<DevicePtr, u64>,
     /// Reservations, physical allocations and mappings (`cuMemMap` …).
     vmm: vmm_tables::VmmTables,
     modules: HashMap<Handle, ModuleEntry>,
@@ -357,6 +361,7 @@ impl Session {
             index,
             group,
             allocations: BTreeMap::new(),
+            ipc_opened: BTreeMap::new(),
             globals: BTreeMap::new(),
             vmm: vmm_tables::VmmTables::default(),
             modules: HashMap::new(),
@@ -665,6 +670,9 @@ impl Session {
                 stream,
             } => self.memcpy_host(src, region, offset, bytes, stream, false),
             Call::Vmm(call) => self.vmm_call(call),
+            Call::IpcGetMemHandle { ptr } => self.ipc_get(ptr),
+            Call::IpcOpenMemHandle { handle, flags } => self.ipc_open(handle, flags),
+            Call::IpcCloseMemHandle { ptr } => self.ipc_close(ptr),
         }
     }
 
@@ -712,6 +720,7 @@ impl Session {
         if self.watched {
             self.flush_signals();
         }
+        self.ipc_end();
         if !self.host.is_empty() {
             // Copies into the client's pinned regions end before they go.
             self.drain_all();

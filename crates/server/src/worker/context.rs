@@ -730,6 +730,29 @@ impl DeviceContext for WorkerContext {
         }
         Ok(value)
     }
+
+    fn ipc_export(&self, base: DevicePtr) -> Result<Vec<u8>, CuError> {
+        match self.call(&WorkerRequest::IpcExport { base }, &[], None)? {
+            WorkerValue::IpcHandle(handle) => Ok(handle),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    fn ipc_open(&self, handle: &[u8], flags: u32) -> Result<(DevicePtr, u64), CuError> {
+        let request = WorkerRequest::IpcOpen {
+            handle: handle.to_vec(),
+            flags,
+        };
+        match self.call(&request, &[], None)? {
+            WorkerValue::Range { base, size } => Ok((base, size)),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    fn ipc_close(&self, base: DevicePtr) -> Result<(), CuError> {
+        self.call(&WorkerRequest::IpcClose { base }, &[], None)
+            .map(|_| ())
+    }
 }
 
 impl StreamOrdered for WorkerContext {

@@ -438,6 +438,16 @@ impl Served<'_, '_> {
             WorkerRequest::Vmm(op) => {
                 guarded(kind, || value(ctx.vmm(&op).map(WorkerValue::Number)))
             }
+            WorkerRequest::IpcExport { base } => guarded(kind, || {
+                value(ctx.ipc_export(base).map(WorkerValue::IpcHandle))
+            }),
+            WorkerRequest::IpcOpen { handle, flags } => guarded(kind, || {
+                value(
+                    ctx.ipc_open(&handle, flags)
+                        .map(|(base, size)| WorkerValue::Range { base, size }),
+                )
+            }),
+            WorkerRequest::IpcClose { base } => guarded(kind, || unit(ctx.ipc_close(base))),
             // Calls on the context: streams, events and graphs.
             WorkerRequest::StreamCreate {
                 stream,

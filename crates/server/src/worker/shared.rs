@@ -414,6 +414,21 @@ impl DeviceContext for SharedView {
         self.conn.host_unregister(region)
     }
 
+    /// In the shared context: the handle names the session's allocation,
+    /// which the session checked.
+    fn ipc_export(&self, base: DevicePtr) -> Result<Vec<u8>, CuError> {
+        self.conn.ipc_export(base)
+    }
+
+    fn ipc_open(&self, handle: &[u8], flags: u32) -> Result<(DevicePtr, u64), CuError> {
+        self.conn.ipc_open(handle, flags)
+    }
+
+    fn ipc_close(&self, base: DevicePtr) -> Result<(), CuError> {
+        self.wait_own_streams()?;
+        self.conn.ipc_close(base)
+    }
+
     /// In the shared context, as the session checked it; the session frees
     /// all of it at its end. Unmapping waits for the session's streams, and
     /// physical memory is zeroed before it goes back, as freed allocations.

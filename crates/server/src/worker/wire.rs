@@ -116,6 +116,21 @@ pub enum WorkerRequest {
     /// A virtual memory operation on the context, checked by the session;
     /// answered by [`WorkerValue::Number`].
     Vmm(VmmOp),
+    /// `DeviceContext::ipc_export` of the allocation at `base`; answered by
+    /// [`WorkerValue::IpcHandle`].
+    IpcExport {
+        base: DevicePtr,
+    },
+    /// `DeviceContext::ipc_open`; answered by [`WorkerValue::Range`].
+    IpcOpen {
+        #[serde(with = "serde_bytes")]
+        handle: Vec<u8>,
+        flags: u32,
+    },
+    /// `DeviceContext::ipc_close`.
+    IpcClose {
+        base: DevicePtr,
+    },
     /// Asks the worker to take further connections to its context, each
     /// served on a thread of its own (`shared` mode); answered by
     /// [`WorkerValue::Sessions`]. Only on the worker's own connection.
@@ -166,6 +181,8 @@ impl WorkerRequest {
                 | WorkerRequest::Query { .. }
                 | WorkerRequest::Elapsed { .. }
                 | WorkerRequest::TensorMapEncode { .. }
+                | WorkerRequest::IpcExport { .. }
+                | WorkerRequest::IpcOpen { .. }
         )
     }
 }
@@ -203,6 +220,13 @@ pub enum WorkerValue {
     /// What a [`WorkerRequest::Vmm`] gives: an address, a physical
     /// allocation's id, a granularity, or 0.
     Number(u64),
+    /// A memory handle another process may open.
+    IpcHandle(#[serde(with = "serde_bytes")] Vec<u8>),
+    /// An allocation: its base and size.
+    Range {
+        base: DevicePtr,
+        size: u64,
+    },
     /// Where further connections come in, and the token they open with.
     Sessions {
         path: String,

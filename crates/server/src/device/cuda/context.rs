@@ -444,6 +444,34 @@ impl DeviceContext for CudaContext {
             .map_err(cu_err)
     }
 
+    /// The driver's own handles: the other process opens the allocation
+    /// itself, so data moves device to device, never through the server.
+    fn ipc_export(&self, base: DevicePtr) -> Result<Vec<u8>, CuError> {
+        let ctx = self.ctx()?;
+        ctx.ipc_get_mem_handle(base)
+            .map(|h| h.to_vec())
+            .map_err(cu_err)
+    }
+
+    fn ipc_open(&self, handle: &[u8], _flags: u32) -> Result<(DevicePtr, u64), CuError> {
+        let handle: [u8; 64] = handle
+            .try_into()
+            .map_err(|_| CuError::new(codes::INVALID_VALUE, "an IPC handle is 64 bytes"))?;
+        let ctx = self.ctx()?;
+        let base = ctx.ipc_open_mem_handle(handle).map_err(cu_err)?;
+        match ctx.address_range(base) {
+            Ok((_, size)) => Ok((base, size)),
+            Err(e) => {
+                let _ = ctx.ipc_close_mem_handle(base);
+                Err(cu_err(e))
+            }
+        }
+    }
+
+    fn ipc_close(&self, base: DevicePtr) -> Result<(), CuError> {
+        self.ctx()?.ipc_close_mem_handle(base).map_err(cu_err)
+    }
+
     /// The driver's own virtual memory: the addresses the session hands the
     /// client are the device's, which kernels dereference.
     fn vmm(&self, op: &VmmOp) -> Result<u64, CuError> {

@@ -129,7 +129,7 @@ impl CudaDevice {
             uuid: driver.device_uuid(dev)?,
             pci: driver.device_pci(dev)?,
             total_mem: driver.device_total_mem(dev)?,
-            attributes: driver.device_attributes(dev)?,
+            attributes: crate::device::attributes::as_served(driver.device_attributes(dev)?),
             backend: "cuda".into(),
         };
         Ok(CudaDevice {

@@ -1,0 +1,111 @@
+//! Device memory shared between programs (`cuIpc*MemHandle`) through workers
+//! on the fake GPU: a handle one program's session gives out opens in another
+//! program's session of the same tenant, whose calls may then name that
+//! memory until it closes it; a forged handle, another tenant's session, and
+//! a handle whose exporter has gone open nothing.
+
+mod common;
+
+use cumux_protocol::{codes, Call, ClientRole, Hello, ReplyBody, MAGIC, PROTOCOL_VERSION};
+use cumux_server::session::Session;
+use cumux_server::tenants::TenantSettings;
+
+fn memset(dst: u64, count: u64) -> Call {
+    Call::Memset {
+        dst,
+        value: 7,
+        elem_bytes: 1,
+        count,
+        pitch: count,
+        height: 1,
+        stream: None,
+    }
+}
+
+fn refused(result: Option<Result<ReplyBody, cumux_protocol::CuError>>) -> bool {
+    matches!(result, Some(Err(e)) if e.code == codes::INVALID_VALUE)
+}
+
+/// A session of `tenant`.
+fn session_of(server: &std::sync::Arc<cumux_server::Server>, tenant: &str) -> Session {
+    let hello = Hello {
+        magic: MAGIC,
+        version: PROTOCOL_VERSION,
+        pid: std::process::id(),
+        role: ClientRole::Driver,
+        program: "ipc".into(),
+        tenant: Some(tenant.into()),
+        token: None,
+        shm: false,
+        visible_devices: None,
+        join: None,
+    };
+    let settings = Some((tenant.to_string(), TenantSettings::default()));
+    Session::open(std::sync::Arc::clone(server), &hello, settings).expect("a session")
+}
+
+#[test]
+fn a_memory_handle_opens_in_another_program_of_its_tenant_only() {
+    let Some(server) = common::fake_gpu_server("ipc") else {
+        return;
+    };
+    let mut exporter = common::driver_session(&server, "exporter");
+    let mut opener = common::driver_session(&server, "opener");
+    let mut stranger = session_of(&server, "u");
+
+    let Some(Ok(ReplyBody::Ptr(ptr))) = exporter.handle(Call::MemAlloc {
+        device: 0,
+        bytes: 4096,
+    }) else {
+        panic!("no allocation")
+    };
+    // Not this session's memory: no handle.
+    assert!(refused(
+        exporter.handle(Call::IpcGetMemHandle { ptr: ptr + 8192 })
+    ));
+    let got = exporter.handle(Call::IpcGetMemHandle { ptr: ptr + 128 });
+    let Some(Ok(ReplyBody::Data(handle))) = got else {
+        panic!("no handle: {got:?}")
+    };
+    assert_eq!(handle.len(), 64);
+
+    // Another tenant, a forged handle, a short one: nothing opens.
+    let open = |handle: Vec<u8>| Call::IpcOpenMemHandle { handle, flags: 1 };
+    assert!(refused(stranger.handle(open(handle.clone()))));
+    let mut forged = handle.clone();
+    forged[20] ^= 0x40;
+    assert!(refused(opener.handle(open(forged))));
+    assert!(refused(opener.handle(open(handle[..32].to_vec()))));
+
+    // The same tenant's other program opens it, and may name it until it closes it.
+    let opened = opener.handle(open(handle.clone()));
+    let Some(Ok(ReplyBody::Range { base, size })) = opened else {
+        panic!("not opened: {opened:?}")
+    };
+    assert_eq!(size, 4096);
+    assert_eq!(opener.handle(memset(base, 4096)), Some(Ok(ReplyBody::Unit)));
+    assert!(refused(opener.handle(memset(base, 4097))), "past its end");
+    assert_eq!(
+        opener.handle(Call::IpcCloseMemHandle { ptr: base }),
+        Some(Ok(ReplyBody::Unit))
+    );
+    assert!(refused(opener.handle(memset(base, 16))), "closed");
+    assert!(refused(
+        opener.handle(Call::IpcCloseMemHandle { ptr: base })
+    ));
+    // Not a free of the opener's own.
+    let again = opener.handle(open(handle.clone()));
+    let Some(Ok(ReplyBody::Range { base, .. })) = again else {
+        panic!("not opened again: {again:?}")
+    };
+    assert!(refused(opener.handle(Call::MemFree { ptr: base })));
+    // The opener ends with it open: its worker closes it.
+    opener.close();
+
+    // Once the exporting session is gone, its handles open nothing.
+    exporter.close();
+    let mut late = common::driver_session(&server, "late");
+    assert!(refused(late.handle(open(handle))));
+    late.close();
+    stranger.close();
+}

@@ -1,0 +1,91 @@
+//! A session's side of memory shared between processes: handles to its
+//! allocations (`cuIpcGetMemHandle`), and other programs' allocations it
+//! opened (`cuIpcOpenMemHandle`), which its calls may then name like its own.
+
+use cumux_protocol::{codes, DevicePtr, ReplyBody, IPC_HANDLE_BYTES};
+
+use super::core::err;
+use super::{CallResult, Session};
+
+impl Session {
+    /// The tenant of a driver session; status queries share no memory.
+    fn ipc_tenant(&self) -> Result<String, cumux_protocol::CuError> {
+        self.entry
+            .as_ref()
+            .map(|e| e.tenant.clone())
+            .ok_or_else(|| {
+                err(
+                    codes::NOT_PERMITTED,
+                    "only a program's session shares memory",
+                )
+            })
+    }
+
+    /// A handle to the allocation holding `ptr`.
+    pub(super) fn ipc_get(&mut self, ptr: DevicePtr) -> CallResult {
+        let tenant = self.ipc_tenant()?;
+        let base = self
+            .allocations
+            .range(..=ptr)
+            .next_back()
+            .filter(|(base, size)| ptr - **base < **size)
+            .map(|(base, _)| *base)
+            .ok_or_else(|| {
+                err(
+                    codes::INVALID_VALUE,
+                    format!("{ptr:#x} is not in an allocation of this session"),
+                )
+            })?;
+        let handle = self.ctx.ipc_export(base)?;
+        self.server.ipc().issue(&handle, &tenant, self.id());
+        Ok(ReplyBody::Data(handle))
+    }
+
+    /// Opens another program's allocation by a handle this server issued to
+    /// a session of this tenant.
+    pub(super) fn ipc_open(&mut self, handle: Vec<u8>, flags: u32) -> CallResult {
+        let tenant = self.ipc_tenant()?;
+        if handle.len() != IPC_HANDLE_BYTES {
+            return Err(err(codes::INVALID_VALUE, "an IPC handle is 64 bytes"));
+        }
+        if !self.server.ipc().may_open(&handle, &tenant) {
+            return Err(err(
+                codes::INVALID_VALUE,
+                "not a memory handle a program of this tenant gave out on this server",
+            ));
+        }
+        let (base, size) = self.ctx.ipc_open(&handle, flags)?;
+        self.ipc_opened.insert(base, size);
+        Ok(ReplyBody::Range { base, size })
+    }
+
+    /// Closes memory opened at `base` (its work done first, as the driver waits).
+    pub(super) fn ipc_close(&mut self, base: DevicePtr) -> CallResult {
+        if !self.ipc_opened.contains_key(&base) {
+            return Err(err(
+                codes::INVALID_VALUE,
+                format!("{base:#x} is no memory this session opened"),
+            ));
+        }
+        self.drain_all();
+        self.ipc_opened.remove(&base);
+        self.ctx.ipc_close(base)?;
+        Ok(ReplyBody::Unit)
+    }
+
+    /// At the session's end: closes what it opened, withdraws what it gave out.
+    pub(super) fn ipc_end(&mut self) {
+        if !self.ipc_opened.is_empty() {
+            self.drain_all();
+        }
+        for (base, _) in std::mem::take(&mut self.ipc_opened) {
+            if let Err(e) = self.ctx.ipc_close(base) {
+                tracing::debug!(
+                    session = self.id(),
+                    "closing opened memory at {base:#x}: {e}"
+                );
+            }
+        }
+        self.server.ipc().withdraw(self.id());
+    }
+}
