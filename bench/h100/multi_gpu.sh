@@ -7,7 +7,8 @@
 # the runs' logs to $OUT/multi_gpu-logs.tar.gz.
 #
 #   OUT=/some/dir bench/h100/multi_gpu.sh
-# Optional: KIT=, LIMIT= (seconds per run, default 240).
+# Optional: KIT=, LIMIT= (seconds per run, default 240), ONLY=ddp (the DDP
+# runs alone).
 set -u
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 KIT=${KIT:-$ROOT/device-kit}
@@ -44,6 +45,7 @@ side() {
 losses() { grep -E '^step [0-9]+ loss' "$W/$1.log" | md5sum | cut -c1-12; }
 RUN=("$KIT/cumux" run --server "unix:$W/s.sock" --)
 
+if [ "${ONLY:-all}" != ddp ]; then
 side two-native "$W/two_devices"
 grep can_access_peer "$W/two-native.log" | sed 's/^/  native /' | tee -a "$REPORT"
 for sharing in isolated shared; do
@@ -57,6 +59,9 @@ side torch-native python3 "$ROOT/bench/h100/multi_gpu.py"
 start_server isolated
 side torch-cumux "${RUN[@]}" python3 "$ROOT/bench/h100/multi_gpu.py"
 say "  losses native $(losses torch-native) cumux $(losses torch-cumux)"
+else
+start_server isolated
+fi
 
 DDP=(torchrun --standalone --nproc_per_node=2 "$ROOT/bench/h100/ddp.py")
 NCCL_DEBUG=INFO side ddp-native "${DDP[@]}"

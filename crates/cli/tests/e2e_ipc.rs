@@ -1,12 +1,16 @@
-//! Device memory shared between programs (`cuIpc*MemHandle`) through workers
-//! on the fake GPU: a handle one program's session gives out opens in another
-//! program's session of the same tenant, whose calls may then name that
-//! memory until it closes it; a forged handle, another tenant's session, and
-//! a handle whose exporter has gone open nothing.
+//! Device memory shared between programs through workers on the fake GPU.
+//! `cuIpc*MemHandle`: a handle one program's session gives out opens in
+//! another program's session of the same tenant, whose calls may then name
+//! that memory until it closes it; a forged handle, another tenant's session,
+//! and a handle whose exporter has gone open nothing. Shareable physical
+//! memory (`cuMemExportToShareableHandle`): the descriptor the worker exports
+//! comes back with the reply, and another session imports it and reads what
+//! the exporter wrote (the fake's physical memory is a memfd).
 
 mod common;
 
-use cumux_protocol::{codes, Call, ClientRole, Hello, ReplyBody, MAGIC, PROTOCOL_VERSION};
+use cumux_protocol::vmm::{ACCESS_READWRITE, HANDLE_TYPE_POSIX_FD};
+use cumux_protocol::{codes, Call, ClientRole, Hello, ReplyBody, VmmCall, MAGIC, PROTOCOL_VERSION};
 use cumux_server::session::Session;
 use cumux_server::tenants::TenantSettings;
 
@@ -108,4 +112,97 @@ fn a_memory_handle_opens_in_another_program_of_its_tenant_only() {
     assert!(refused(late.handle(open(handle))));
     late.close();
     stranger.close();
+    shareable_physical_memory_moves_between_sessions(&server);
+}
+
+/// Maps all of `handle` (`size` bytes) at a fresh reservation of `session`.
+fn map_whole(session: &mut Session, handle: u64, size: u64) -> u64 {
+    let reserved = session.handle(Call::Vmm(VmmCall::Reserve {
+        size,
+        alignment: 0,
+        hint: 0,
+    }));
+    let Some(Ok(ReplyBody::Ptr(base))) = reserved else {
+        panic!("no reservation: {reserved:?}")
+    };
+    let map = VmmCall::Map {
+        ptr: base,
+        size,
+        offset: 0,
+        handle,
+    };
+    assert_eq!(session.handle(Call::Vmm(map)), Some(Ok(ReplyBody::Unit)));
+    let access = VmmCall::SetAccess {
+        ptr: base,
+        size,
+        device: 0,
+        flags: ACCESS_READWRITE,
+    };
+    assert_eq!(session.handle(Call::Vmm(access)), Some(Ok(ReplyBody::Unit)));
+    base
+}
+
+fn shareable_physical_memory_moves_between_sessions(server: &std::sync::Arc<cumux_server::Server>) {
+    let mut exporter = common::driver_session(server, "vmm-exporter");
+    let mut importer = common::driver_session(server, "vmm-importer");
+    let granule = match exporter.handle(Call::Vmm(VmmCall::Granularity {
+        device: 0,
+        recommended: false,
+    })) {
+        Some(Ok(ReplyBody::Value(g))) => g,
+        other => panic!("no granularity: {other:?}"),
+    };
+    let create = |handle_types| {
+        Call::Vmm(VmmCall::Create {
+            device: 0,
+            size: granule,
+            handle_types,
+        })
+    };
+    let Some(Ok(ReplyBody::Handle(private))) = exporter.handle(create(0)) else {
+        panic!("no private allocation")
+    };
+    let export = |handle| Call::Vmm(VmmCall::Export { handle });
+    assert!(
+        refused(exporter.handle(export(private))),
+        "not made shareable"
+    );
+    assert!(exporter.take_outgoing_fd().is_none());
+    let Some(Ok(ReplyBody::Handle(shared))) = exporter.handle(create(HANDLE_TYPE_POSIX_FD)) else {
+        panic!("no shareable allocation")
+    };
+    let at = map_whole(&mut exporter, shared, granule);
+    assert_eq!(exporter.handle(memset(at, 64)), Some(Ok(ReplyBody::Unit)));
+    assert_eq!(exporter.handle(export(shared)), Some(Ok(ReplyBody::Unit)));
+    let fd = exporter
+        .take_outgoing_fd()
+        .expect("the descriptor comes with the reply");
+
+    // No descriptor, or one that is not exported memory: nothing imported.
+    assert!(refused(importer.handle(Call::Vmm(VmmCall::Import))));
+    let null = std::fs::File::open("/dev/null").unwrap();
+    importer.give_fd(Ok(null.into()));
+    assert!(matches!(
+        importer.handle(Call::Vmm(VmmCall::Import)),
+        Some(Err(_))
+    ));
+
+    importer.give_fd(Ok(fd));
+    let imported = importer.handle(Call::Vmm(VmmCall::Import));
+    let Some(Ok(ReplyBody::Handle(handle))) = imported else {
+        panic!("not imported: {imported:?}")
+    };
+    let there = map_whole(&mut importer, handle, granule);
+    let read = importer.handle(Call::MemcpyDtoH {
+        src: there,
+        bytes: 64,
+        stream: None,
+    });
+    assert_eq!(
+        read,
+        Some(Ok(ReplyBody::Data(vec![7; 64]))),
+        "the exporter's bytes"
+    );
+    importer.close();
+    exporter.close();
 }

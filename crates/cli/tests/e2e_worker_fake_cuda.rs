@@ -253,8 +253,18 @@ fn virtual_memory_in_workers(
     let ctx = isolated.create_context().unwrap();
     let granularity = ctx.vmm(&VmmOp::Granularity { recommended: false });
     assert_eq!(granularity, Ok(GRANULE));
-    let a = ctx.vmm(&VmmOp::Create { size: GRANULE }).unwrap();
-    let b = ctx.vmm(&VmmOp::Create { size: GRANULE }).unwrap();
+    let a = ctx
+        .vmm(&VmmOp::Create {
+            size: GRANULE,
+            shareable: false,
+        })
+        .unwrap();
+    let b = ctx
+        .vmm(&VmmOp::Create {
+            size: GRANULE,
+            shareable: false,
+        })
+        .unwrap();
     assert_eq!(isolated.mem_used(), 2 * GRANULE);
     let base = mapped(ctx.as_ref(), 4, a);
     let second = VmmOp::Map {
@@ -307,7 +317,12 @@ fn virtual_memory_in_workers(
         shared.create_context().unwrap(),
         shared.create_context().unwrap(),
     );
-    let p = one.vmm(&VmmOp::Create { size: GRANULE }).unwrap();
+    let p = one
+        .vmm(&VmmOp::Create {
+            size: GRANULE,
+            shareable: false,
+        })
+        .unwrap();
     let at = mapped(one.as_ref(), 2, p);
     one.mem_write(at, &[0x5a; 4096]).unwrap();
     let unmap = VmmOp::Unmap {
@@ -320,7 +335,12 @@ fn virtual_memory_in_workers(
         size: GRANULE,
     };
     one.vmm(&release).unwrap();
-    let q = two.vmm(&VmmOp::Create { size: GRANULE }).unwrap();
+    let q = two
+        .vmm(&VmmOp::Create {
+            size: GRANULE,
+            shareable: false,
+        })
+        .unwrap();
     assert_eq!(q, p, "the fake gives the physical memory out again");
     let seen_at = mapped(two.as_ref(), 2, q);
     let mut seen = vec![1u8; 4096];
@@ -381,7 +401,12 @@ fn virtual_memory_in_workers(
     assert_eq!(shared.mem_used(), used + GRANULE);
     session.close();
     assert_eq!(shared.mem_used(), used);
-    let r = one.vmm(&VmmOp::Create { size: GRANULE }).unwrap();
+    let r = one
+        .vmm(&VmmOp::Create {
+            size: GRANULE,
+            shareable: false,
+        })
+        .unwrap();
     let left_at = mapped(one.as_ref(), 2, r);
     let mut left = vec![1u8; 256];
     one.mem_read(left_at, &mut left).unwrap();

@@ -42,14 +42,16 @@ pub fn device_of_call(call: &Call, placements: &Placements) -> u32 {
         Call::GraphLaunch { graph, .. } | Call::GraphDestroy { graph } => handle(*graph),
         Call::Vmm(vmm) => match vmm {
             VmmCall::Granularity { device, .. } | VmmCall::Create { device, .. } => Some(*device),
-            VmmCall::Release { handle: h } | VmmCall::Properties { handle: h } => handle(*h),
+            VmmCall::Release { handle: h }
+            | VmmCall::Properties { handle: h }
+            | VmmCall::Export { handle: h } => handle(*h),
             VmmCall::Map { handle: h, .. } => handle(*h),
             VmmCall::Free { ptr: p, .. }
             | VmmCall::Unmap { ptr: p, .. }
             | VmmCall::SetAccess { ptr: p, .. }
             | VmmCall::GetAccess { ptr: p, .. }
             | VmmCall::Retain { ptr: p } => ptr(*p),
-            VmmCall::Reserve { .. } => None,
+            VmmCall::Reserve { .. } | VmmCall::Import => None,
         },
         Call::ModuleLoad { .. }
         | Call::StreamCreate { .. }

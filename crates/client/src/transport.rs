@@ -168,10 +168,15 @@ impl Link {
         self.lock().call_with_bytes(call, bytes)
     }
 
-    /// Registers pinned host memory: `call` is a `HostRegister`, `fd` its
-    /// memfd, which follows the call on the socket.
-    pub fn register_host(&self, call: Call, fd: BorrowedFd<'_>) -> CuResult<ReplyBody> {
-        self.lock().register_host(call, fd)
+    /// A call that carries a descriptor (`Call::carries_fd`): `fd`
+    /// follows it on the socket.
+    pub fn call_with_fd(&self, call: Call, fd: BorrowedFd<'_>) -> CuResult<ReplyBody> {
+        self.lock().call_with_fd(call, fd)
+    }
+
+    /// A call whose successful reply brings a descriptor (`Call::returns_fd`).
+    pub fn call_for_fd(&self, call: Call) -> CuResult<(ReplyBody, OwnedFd)> {
+        self.lock().call_for_fd(call)
     }
 
     /// Makes a call answered with exactly `out.len()` bytes of data, received
@@ -421,9 +426,10 @@ impl Connection {
         }
     }
 
-    /// A `HostRegister` call, then its memfd on the socket (`SCM_RIGHTS`):
-    /// shared memory only, where the socket carries nothing else.
-    pub fn register_host(&mut self, call: Call, fd: BorrowedFd<'_>) -> CuResult<ReplyBody> {
+    /// A call that carries a descriptor (`Call::carries_fd`), which follows
+    /// it on the socket (`SCM_RIGHTS`): shared memory only, where the socket
+    /// carries nothing else.
+    pub fn call_with_fd(&mut self, call: Call, fd: BorrowedFd<'_>) -> CuResult<ReplyBody> {
         if self.dead {
             return Err(CUDA_ERROR_DEVICE_UNAVAILABLE);
         }
@@ -445,6 +451,28 @@ impl Connection {
             if let Some(result) = self.answer(seq, reply) {
                 return result;
             }
+        }
+    }
+
+    /// A call whose successful reply brings a descriptor (`Call::returns_fd`),
+    /// which follows it on the socket: shared memory only.
+    pub fn call_for_fd(&mut self, call: Call) -> CuResult<(ReplyBody, OwnedFd)> {
+        if !matches!(self.stream, Socket::Unix(_)) || self.shm.is_none() {
+            return Err(CUDA_ERROR_NOT_SUPPORTED);
+        }
+        let body = self.call(call)?;
+        let Socket::Unix(unix) = &self.stream else {
+            return Err(CUDA_ERROR_NOT_SUPPORTED);
+        };
+        let mut tag = [0u8; 1];
+        let mut fds = Vec::new();
+        let _ = unix.set_read_timeout(Some(std::time::Duration::from_secs(10)));
+        let got = shm::recv_with_fds(unix.as_fd(), &mut tag, 0, &mut fds);
+        let _ = unix.set_read_timeout(None);
+        match got {
+            Ok(1) if tag[0] == pinned::FD_TAG && fds.len() == 1 => Ok((body, fds.remove(0))),
+            Ok(_) => Err(CUDA_ERROR_UNKNOWN),
+            Err(e) => Err(self.lost(e)),
         }
     }
 

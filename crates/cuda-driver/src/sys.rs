@@ -44,6 +44,9 @@ pub struct CUipcMemHandle {
     pub reserved: [u8; 64],
 }
 
+/// `CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR`.
+pub const CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR: c_uint = 1;
+
 /// `CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS`.
 pub const CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS: c_uint = 1;
 
@@ -297,6 +300,8 @@ driver_api! {
     cuIpcGetMemHandle ["cuIpcGetMemHandle"] (*mut CUipcMemHandle, CUdeviceptr);
     cuIpcOpenMemHandle ["cuIpcOpenMemHandle_v2"] (*mut CUdeviceptr, CUipcMemHandle, c_uint);
     cuIpcCloseMemHandle ["cuIpcCloseMemHandle"] (CUdeviceptr);
+    cuMemExportToShareableHandle ["cuMemExportToShareableHandle"] (Ptr, CUmemGenericAllocationHandle, c_uint, u64);
+    cuMemImportFromShareableHandle ["cuMemImportFromShareableHandle"] (*mut CUmemGenericAllocationHandle, Ptr, c_uint);
     cuMemAddressReserve ["cuMemAddressReserve"] (*mut CUdeviceptr, usize, usize, CUdeviceptr, u64);
     cuMemAddressFree ["cuMemAddressFree"] (CUdeviceptr, usize);
     cuMemCreate ["cuMemCreate"] (*mut CUmemGenericAllocationHandle, usize, *const CUmemAllocationProp, u64);

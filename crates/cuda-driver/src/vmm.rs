@@ -70,13 +70,57 @@ impl Context {
 
     /// A physical allocation of `size` bytes on this context's device: its
     /// handle (shareable with no other process).
-    pub fn vmm_create(&self, size: u64) -> Result<u64, CudaError> {
+    pub fn vmm_create(&self, size: u64, shareable: bool) -> Result<u64, CudaError> {
         self.make_current()?;
-        let prop = self.pinned_here();
+        let mut prop = self.pinned_here();
+        if shareable {
+            prop.requested_handle_types = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+        }
         let mut handle: CUmemGenericAllocationHandle = 0;
         let size = to_usize(size)?;
         // SAFETY: an out-pointer and a properties struct that outlive the call.
         unsafe { cu!(self.driver, cuMemCreate(&mut handle, size, &prop, 0))? };
+        Ok(handle)
+    }
+
+    /// A file descriptor for physical allocation `handle` (made shareable),
+    /// which another process imports ([`Context::vmm_import`]).
+    pub fn vmm_export(&self, handle: u64) -> Result<std::os::fd::OwnedFd, CudaError> {
+        self.make_current()?;
+        let mut fd: std::ffi::c_int = -1;
+        // SAFETY: `fd` is a valid out-pointer for the descriptor type asked.
+        unsafe {
+            cu!(
+                self.driver,
+                cuMemExportToShareableHandle(
+                    (&mut fd as *mut std::ffi::c_int).cast(),
+                    handle,
+                    CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+                    0
+                )
+            )?
+        };
+        // SAFETY: the driver gave this process a descriptor of its own.
+        Ok(unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) })
+    }
+
+    /// The physical allocation another process exported as `fd`: a handle here.
+    pub fn vmm_import(&self, fd: std::os::fd::BorrowedFd<'_>) -> Result<u64, CudaError> {
+        self.make_current()?;
+        let mut handle: CUmemGenericAllocationHandle = 0;
+        let raw = std::os::fd::AsRawFd::as_raw_fd(&fd) as usize;
+        // SAFETY: an out-pointer; the descriptor, passed as the driver takes
+        // it (its number in the pointer), stays open for the call.
+        unsafe {
+            cu!(
+                self.driver,
+                cuMemImportFromShareableHandle(
+                    &mut handle,
+                    raw as *mut std::ffi::c_void,
+                    CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+                )
+            )?
+        };
         Ok(handle)
     }
 

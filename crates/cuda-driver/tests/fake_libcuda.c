@@ -14,6 +14,7 @@
 #include <string.h>
 #include <time.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 typedef int CUresult;
@@ -445,7 +446,7 @@ CUresult cuStreamWriteValue64_v2(void *s, CUdeviceptr addr, unsigned long long v
 typedef struct { int type; int id; } fake_location;
 typedef struct { int type; int handle_types; fake_location location; void *win32; unsigned char flags[8]; } fake_prop;
 typedef struct { fake_location location; int flags; } fake_access;
-struct fake_physical { int fd; size_t size; int released; int mappings; };
+struct fake_physical { int fd; size_t size; int released; int mappings; int shareable; };
 #define FAKE_MAPPINGS 64
 static struct { uintptr_t at; size_t size; struct fake_physical *ph; } fake_maps[FAKE_MAPPINGS];
 static struct fake_physical *kept_physical[KEPT_BLOCKS];
@@ -498,14 +499,42 @@ CUresult cuMemCreate(unsigned long long *h, size_t size, const fake_prop *prop, 
         ph->size = size;
     }
     ph->released = 0;
+    ph->shareable = prop->handle_types & 1;
     live_physical++;
+    *h = (unsigned long long)(uintptr_t)ph;
+    return 0;
+}
+/* A physical allocation's memfd is its shareable descriptor: another process
+ * importing it maps the same pages. */
+CUresult cuMemExportToShareableHandle(void *out, unsigned long long h, int type, unsigned long long flags) {
+    struct fake_physical *ph = (struct fake_physical *)(uintptr_t)h;
+    if (!out || !ph || ph->released || type != 1 || flags) return 1;
+    if (!ph->shareable) return 1;
+    int fd = dup(ph->fd);
+    if (fd < 0) return 2;
+    *(int *)out = fd;
+    return 0;
+}
+CUresult cuMemImportFromShareableHandle(unsigned long long *h, void *os_handle, int type) {
+    int fd = (int)(intptr_t)os_handle;
+    struct stat st;
+    if (!h || type != 1 || fd < 0 || fstat(fd, &st) || st.st_size <= 0) return 1;
+    struct fake_physical *ph = calloc(1, sizeof *ph);
+    if (!ph) return 2;
+    ph->fd = dup(fd);
+    ph->size = (size_t)st.st_size;
+    ph->shareable = 1;
+    pthread_mutex_lock(&vmm_lock);
+    live_physical++;
+    pthread_mutex_unlock(&vmm_lock);
     *h = (unsigned long long)(uintptr_t)ph;
     return 0;
 }
 /* Frees (or keeps) a released allocation once nothing maps it; vmm_lock held. */
 static void fake_settle(struct fake_physical *ph) {
     if (!ph->released || ph->mappings) return;
-    for (int i = 0; i < KEPT_BLOCKS; i++)
+    /* Shared pages go with their last user, never to another allocation. */
+    for (int i = 0; i < KEPT_BLOCKS && !ph->shareable; i++)
         if (!kept_physical[i]) { kept_physical[i] = ph; return; }
     close(ph->fd);
     free(ph);

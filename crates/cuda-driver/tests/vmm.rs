@@ -1,6 +1,7 @@
 //! Virtual memory through the fake driver (tests/fake_libcuda.c): a
 //! reservation, physical allocations mapped side by side and read as one
-//! range, one allocation mapped twice, everything given back.
+//! range, one allocation mapped twice, one exported as a descriptor and
+//! imported again, everything given back.
 
 mod common;
 
@@ -18,7 +19,10 @@ fn physical_memory_mapped_side_by_side_reads_as_one_range() {
     assert_eq!(ctx.vmm_granularity(true).unwrap(), g);
     let base = ctx.vmm_reserve(4 * g, 0).unwrap();
     assert_eq!(base % g, 0);
-    let (a, b) = (ctx.vmm_create(g).unwrap(), ctx.vmm_create(g).unwrap());
+    let (a, b) = (
+        ctx.vmm_create(g, false).unwrap(),
+        ctx.vmm_create(g, true).unwrap(),
+    );
     ctx.vmm_map(base, g, a).unwrap();
     ctx.vmm_map(base + g, g, b).unwrap();
     ctx.vmm_set_access(base, 2 * g, 3).unwrap();
@@ -39,6 +43,22 @@ fn physical_memory_mapped_side_by_side_reads_as_one_range() {
         .0
         .unwrap();
     assert_eq!(&alias, b"1234");
+    // The shareable allocation leaves as a descriptor and comes back as
+    // another handle to the same bytes; the other one is not shareable.
+    assert!(ctx.vmm_export(a).is_err());
+    let fd = ctx.vmm_export(b).unwrap();
+    let imported = ctx.vmm_import(std::os::fd::AsFd::as_fd(&fd)).unwrap();
+    ctx.vmm_map(base + 2 * g, g, imported).unwrap();
+    ctx.vmm_set_access(base + 2 * g, g, 3).unwrap();
+    let mut shared = [0u8; 4];
+    stream
+        .copy_dtoh_sync(&mut shared, base + 2 * g, None)
+        .0
+        .unwrap();
+    let mut first = [0u8; 4];
+    stream.copy_dtoh_sync(&mut first, base + g, None).0.unwrap();
+    assert_eq!(shared, first);
+    ctx.vmm_release(imported).unwrap();
     // Released while mapped, unmapped, the reservation freed.
     ctx.vmm_release(a).unwrap();
     ctx.vmm_release(b).unwrap();

@@ -376,6 +376,19 @@ pub struct GraphLaunch {
 pub const SLOW_CALL_US: u128 = 250;
 
 impl Call {
+    /// Whether a file descriptor follows the call on the socket.
+    pub fn carries_fd(&self) -> bool {
+        matches!(
+            self,
+            Call::HostRegister { .. } | Call::Vmm(crate::vmm::VmmCall::Import)
+        )
+    }
+
+    /// Whether a file descriptor follows a successful reply on the socket.
+    pub fn returns_fd(&self) -> bool {
+        matches!(self, Call::Vmm(crate::vmm::VmmCall::Export { .. }))
+    }
+
     /// Stream-ordered calls are fire-and-forget: the server sends no reply.
     pub fn is_fire_and_forget(&self) -> bool {
         match self {

@@ -76,6 +76,14 @@ pub enum VmmCall {
     Retain { ptr: DevicePtr },
     /// `cuMemGetAllocationPropertiesFromHandle`: answered by `VmmProperties`.
     Properties { handle: Handle },
+    /// `cuMemExportToShareableHandle` as a file descriptor: answered by
+    /// `Unit`, the descriptor following on the socket (`SCM_RIGHTS`, after a
+    /// [`crate::pinned::FD_TAG`] byte). It is the device driver's own, so
+    /// the process it is passed to imports the very memory.
+    Export { handle: Handle },
+    /// `cuMemImportFromShareableHandle` of the descriptor that follows the
+    /// call on the socket: answered by `Handle`.
+    Import,
 }
 
 /// What `cuMemGetAllocationPropertiesFromHandle` reports of a physical

@@ -14,9 +14,9 @@ use std::time::Duration;
 use cumux_protocol::hop_trace::{self, Hop};
 use cumux_protocol::shm::{self, Endpoint, ShmArea, ShmError, Side};
 use cumux_protocol::{
-    codes, decode, encode, pinned, read_frame, read_frame_within, write_frame, Call, ClientRole,
-    CuError, FrameError, Hello, HelloReply, Reply, Request, ShmAttach, ShmAttached, MAGIC,
-    MAX_HELLO_BYTES, MAX_PROGRAM_BYTES, MAX_TOKEN_BYTES, PROTOCOL_VERSION,
+    codes, decode, encode, pinned, read_frame, read_frame_within, write_frame, ClientRole, CuError,
+    FrameError, Hello, HelloReply, Reply, Request, ShmAttach, ShmAttached, MAGIC, MAX_HELLO_BYTES,
+    MAX_PROGRAM_BYTES, MAX_TOKEN_BYTES, PROTOCOL_VERSION,
 };
 
 use crate::admission::{log_refusal, Peer, Seat};
@@ -471,10 +471,16 @@ trait Wire {
     fn receive(&mut self) -> Result<Request, Ending>;
     /// Sends a reply; a failure ends the connection.
     fn reply(&mut self, reply: Reply) -> Result<(), String>;
-    /// The memfd a client sends right after a `HostRegister` call (shared
-    /// memory only: on the socket, calls travel as frames).
+    /// The descriptor a client sends right after a call that carries one
+    /// (`Call::carries_fd`; shared memory only: on the socket, calls travel
+    /// as frames).
     fn receive_fd(&mut self) -> Result<OwnedFd, String> {
-        Err("pinned host regions need the shared-memory transport".into())
+        Err("passing a descriptor needs the shared-memory transport".into())
+    }
+    /// Sends a descriptor after the reply that says it comes (`Call::returns_fd`).
+    fn send_fd(&mut self, fd: OwnedFd) -> Result<(), String> {
+        drop(fd);
+        Err("passing a descriptor needs the shared-memory transport".into())
     }
 }
 
@@ -574,6 +580,11 @@ impl Wire for ShmWire {
         }
     }
 
+    fn send_fd(&mut self, fd: OwnedFd) -> Result<(), String> {
+        shm::send_with_fd(&self.socket, &[pinned::FD_TAG], fd.as_fd())
+            .map_err(|e| format!("cannot send a descriptor: {e}"))
+    }
+
     fn reply(&mut self, mut reply: Reply) -> Result<(), String> {
         let bulk = shm::take_reply_bulk(&mut reply);
         let bytes = encode(&reply).map_err(|e| format!("cannot encode a reply: {e}"))?;
@@ -594,7 +605,7 @@ fn request_loop(session: &mut Session, wire: &mut impl Wire) -> Ending {
         let kind: &'static str = (&request.call).into();
         hop_trace::mark(Hop::ServerReceive, kind);
         let started = std::time::Instant::now();
-        if let Call::HostRegister { .. } = request.call {
+        if request.call.carries_fd() {
             session.give_fd(wire.receive_fd());
         }
         let result = match catch_unwind(AssertUnwindSafe(|| session.handle(request.call))) {
@@ -622,6 +633,11 @@ fn request_loop(session: &mut Session, wire: &mut impl Wire) -> Ending {
             };
             if let Err(e) = wire.reply(reply) {
                 return Ending::Broken(e);
+            }
+            if let Some(fd) = session.take_outgoing_fd() {
+                if let Err(e) = wire.send_fd(fd) {
+                    return Ending::Broken(e);
+                }
             }
         }
         hop_trace::mark(Hop::ServerReply, kind);

@@ -71,11 +71,11 @@ pub(crate) fn pack_params(
         }
     }
     let size = size.ok_or(CUDA_ERROR_INVALID_VALUE)?;
-    if size < total {
-        return Err(CUDA_ERROR_INVALID_VALUE);
-    }
+    // A buffer shorter than the parameters leaves the rest zero, as the
+    // driver takes it (NCCL passes only the part of its 4 KiB argument
+    // structure a launch uses).
     let mut buf = host_bytes(buffer as *const c_void, size)?.to_vec();
-    buf.truncate(total.max(size));
+    buf.resize(total.max(size), 0);
     Ok(buf)
 }
 

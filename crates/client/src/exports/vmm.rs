@@ -6,10 +6,11 @@
 //! processes is not supported yet.
 
 use std::ffi::c_void;
+use std::os::fd::{BorrowedFd, IntoRawFd};
 use std::sync::Once;
 
 use cumux_cuda_bindings::{consts::*, types::*};
-use cumux_protocol::vmm::{is_access_flags, HOST_PAGE};
+use cumux_protocol::vmm::{is_access_flags, HANDLE_TYPE_POSIX_FD, HOST_PAGE};
 use cumux_protocol::{Call, ReplyBody, VmmCall};
 
 use super::*;
@@ -125,9 +126,17 @@ driver_fn! {
         if prop.kind != CU_MEM_ALLOCATION_TYPE_PINNED {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
+        if matches!(
+            prop.location.kind,
+            CU_MEM_LOCATION_TYPE_HOST | CU_MEM_LOCATION_TYPE_HOST_NUMA
+        ) {
+            static HOST: Once = Once::new();
+            not_supported(&HOST, "virtual memory on the host")?;
+        }
         // NVIDIA's driver answers for any location, even a device it does
-        // not have (measured): the first device's granularity.
-        let device = device_at(c, prop.location).unwrap_or(0);
+        // not have (measured): a device's granularity (the current one's, so
+        // that no other device's session wakes for it).
+        let device = device_at(c, prop.location).unwrap_or_else(|_| crate::state::current_device());
         let recommended = match option {
             CU_MEM_ALLOC_GRANULARITY_MINIMUM => false,
             CU_MEM_ALLOC_GRANULARITY_RECOMMENDED => true,
@@ -267,15 +276,31 @@ driver_fn! {
         if allowed & u64::from(handle_type) == 0 {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
-        not_supported(&SAID, "sharing physical memory with another process (cuMemExportToShareableHandle)")
+        if u64::from(handle_type) != HANDLE_TYPE_POSIX_FD {
+            return not_supported(&SAID, "shareable handles other than file descriptors");
+        }
+        // The driver's own descriptor, from the worker through the server:
+        // the process it is passed to imports the very memory.
+        let (_, fd) = c.call_for_fd(Call::Vmm(VmmCall::Export { handle }))?;
+        out(shareable.cast::<i32>(), fd.into_raw_fd())
     }
 
     fn cuMemImportFromShareableHandle(handle: *mut CUmemGenericAllocationHandle, os_handle: *mut c_void, handle_type: CUmemAllocationHandleType) {
         static SAID: Once = Once::new();
-        client()?;
+        let c = client()?;
         non_null(handle)?;
-        tracing::debug!("cuMemImportFromShareableHandle({os_handle:?}, type {handle_type})");
-        not_supported(&SAID, "physical memory of another process (cuMemImportFromShareableHandle)")
+        if u64::from(handle_type) != HANDLE_TYPE_POSIX_FD {
+            return not_supported(&SAID, "shareable handles other than file descriptors");
+        }
+        let raw = i32::try_from(os_handle as usize).map_err(|_| CUDA_ERROR_INVALID_VALUE)?;
+        if raw < 0 {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        // SAFETY: the program passes a descriptor it holds, open for the call.
+        let fd = unsafe { BorrowedFd::borrow_raw(raw) };
+        let device = c.lock().context_device()?;
+        let reply = c.call_with_fd_on(device, Call::Vmm(VmmCall::Import), fd)?;
+        out(handle, reply_value(reply)?)
     }
 }
 

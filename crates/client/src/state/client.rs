@@ -240,7 +240,24 @@ impl Client {
         call: Call,
         fd: std::os::fd::BorrowedFd<'_>,
     ) -> CuResult<ReplyBody> {
-        self.link(device)?.register_host(call, fd)
+        self.link(device)?.call_with_fd(call, fd)
+    }
+
+    /// A call that carries a descriptor (`Call::carries_fd`) to device
+    /// `device`'s session.
+    pub fn call_with_fd_on(
+        &self,
+        device: u32,
+        call: Call,
+        fd: std::os::fd::BorrowedFd<'_>,
+    ) -> CuResult<ReplyBody> {
+        self.link(device)?.call_with_fd(call, fd)
+    }
+
+    /// A call whose reply brings a descriptor (`Call::returns_fd`), to the
+    /// session of the device it is for.
+    pub fn call_for_fd(&self, call: Call) -> CuResult<(ReplyBody, std::os::fd::OwnedFd)> {
+        self.link(self.route(&call))?.call_for_fd(call)
     }
 
     /// Makes a call answered with exactly `out.len()` bytes of data, received

@@ -17,17 +17,16 @@ pub use cumux_protocol::launch_checks::{MAX_BLOCK_DIM, MAX_GRID_DIM, SHARED_PER_
 /// Capabilities a GPU has that a program does not get through cumux, so a
 /// program told of them would choose a path that then fails: GPUDirect RDMA
 /// (a NIC cannot reach device memory through the client), shareable handles
-/// of physical memory and IPC events (not exported yet), multicast objects,
+/// other than file descriptors, memory pools' and IPC events (not exported
+/// yet), multicast objects,
 /// host NUMA virtual memory, and managed memory the device and the host use
 /// concurrently or through the host's page tables (cumux keeps managed memory
-/// coherent at synchronization points only). NCCL, for one, moves data with
-/// `cudaIpc*` handles when told the first two are absent.
-const NOT_SERVED: [u32; 18] = [
+/// coherent at synchronization points only).
+const NOT_SERVED: [u32; 17] = [
     88,  // PAGEABLE_MEMORY_ACCESS
     89,  // CONCURRENT_MANAGED_ACCESS
     100, // PAGEABLE_MEMORY_ACCESS_USES_HOST_PAGE_TABLES
     101, // DIRECT_MANAGED_MEM_ACCESS_FROM_HOST
-    103, // HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED
     104, // HANDLE_TYPE_WIN32_HANDLE_SUPPORTED
     105, // HANDLE_TYPE_WIN32_KMT_HANDLE_SUPPORTED
     110, // GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED

@@ -428,7 +428,7 @@ impl DeviceContext for CpuContext {
             VmmOp::Reserve { size, alignment } => self.mem.reserve(size, alignment),
             // Addresses are never handed out twice: nothing to give back.
             VmmOp::FreeReservation { .. } | VmmOp::SetAccess { .. } => Ok(0),
-            VmmOp::Create { size } => {
+            VmmOp::Create { size, .. } => {
                 if !self.budget.reserve(size) {
                     return Err(CuError::new(
                         codes::OUT_OF_MEMORY,

@@ -17,7 +17,7 @@ pub mod serial;
 pub mod signals;
 pub mod spin;
 
-use std::os::fd::BorrowedFd;
+use std::os::fd::{BorrowedFd, OwnedFd};
 use std::sync::Arc;
 
 use cumux_protocol::pinned::HostMapping;
@@ -124,8 +124,9 @@ pub enum VmmOp {
     Reserve { size: u64, alignment: u64 },
     /// Gives back a reservation with no mapping left in it.
     FreeReservation { ptr: DevicePtr, size: u64 },
-    /// A physical allocation of `size` bytes: its id.
-    Create { size: u64 },
+    /// A physical allocation of `size` bytes: its id. `shareable`: one
+    /// [`DeviceContext::vmm_export`] can give as a file descriptor.
+    Create { size: u64, shareable: bool },
     /// Frees a physical allocation that no mapping uses any more.
     Release { physical: u64, size: u64 },
     /// Maps the first `size` bytes of `physical` at `ptr`, in a reservation.
@@ -292,6 +293,17 @@ pub trait DeviceContext: Send + Sync {
             "this device has no virtual memory management",
         ))
     }
+    /// A physical allocation made `shareable` as a file descriptor another
+    /// process imports ([`DeviceContext::vmm_import`]): the driver's own.
+    fn vmm_export(&self, physical: u64) -> Result<OwnedFd, CuError> {
+        let _ = physical;
+        Err(no_sharing())
+    }
+    /// Imports a physical allocation another process exported: its id here.
+    fn vmm_import(&self, fd: BorrowedFd<'_>) -> Result<u64, CuError> {
+        let _ = fd;
+        Err(no_sharing())
+    }
     /// Memory handles between processes (`cuIpc*MemHandle`): a handle for the
     /// allocation at `base`, which another context may open.
     fn ipc_export(&self, base: DevicePtr) -> Result<Vec<u8>, CuError> {
@@ -309,6 +321,13 @@ pub trait DeviceContext: Send + Sync {
         let _ = base;
         Err(no_ipc())
     }
+}
+
+fn no_sharing() -> CuError {
+    CuError::new(
+        cumux_protocol::codes::NOT_SUPPORTED,
+        "this device shares no physical memory between processes",
+    )
 }
 
 fn no_ipc() -> CuError {

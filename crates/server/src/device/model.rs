@@ -139,7 +139,7 @@ impl State {
                 Ok(start)
             }
             VmmOp::FreeReservation { .. } | VmmOp::SetAccess { .. } => Ok(0),
-            VmmOp::Create { size } => {
+            VmmOp::Create { size, .. } => {
                 let len = usize::try_from(size)
                     .ok()
                     .filter(|_| size > 0 && self.used.saturating_add(size) <= capacity);

@@ -145,6 +145,9 @@ pub struct Session {
     host: HostRegions,
     /// The memfd that came with the call being handled (`HostRegister`).
     incoming_fd: Option<Result<OwnedFd, String>>,
+    /// The descriptor the reply to the call being handled carries
+    /// (`VmmCall::Export`).
+    outgoing_fd: Option<OwnedFd>,
     /// Whose sessions and tenants this client's status calls show.
     status_scope: StatusScope,
 }
@@ -382,6 +385,7 @@ impl Session {
             hung_up: Arc::default(),
             host: HostRegions::default(),
             incoming_fd: None,
+            outgoing_fd: None,
             status_scope,
         })
     }
@@ -419,6 +423,11 @@ impl Session {
     /// a `HostRegister`.
     pub fn give_fd(&mut self, fd: Result<OwnedFd, String>) {
         self.incoming_fd = Some(fd);
+    }
+
+    /// The descriptor the last call's reply carries, if it succeeded with one.
+    pub fn take_outgoing_fd(&mut self) -> Option<OwnedFd> {
+        self.outgoing_fd.take()
     }
 
     /// Device printf output gathered since the last call, for the next reply.

@@ -89,13 +89,53 @@ impl Session {
                 Ok(ReplyBody::Handle(handle))
             }
             VmmCall::Properties { handle } => {
-                let physical = self.vmm.held(handle)?;
+                let handle_types = self.vmm.held(handle)?.handle_types;
                 Ok(ReplyBody::VmmProperties(VmmProperties {
-                    device: 0,
-                    handle_types: physical.handle_types,
+                    device: self.index,
+                    handle_types,
                 }))
             }
+            VmmCall::Export { handle } => self.vmm_export(handle),
+            VmmCall::Import => self.vmm_import(),
         }
+    }
+
+    /// The file descriptor of `handle`'s memory, made shareable as one: it
+    /// goes back to the client with the reply (`Session::take_outgoing_fd`).
+    fn vmm_export(&mut self, handle: Handle) -> CallResult {
+        let physical = self.vmm.held(handle)?;
+        if physical.handle_types & HANDLE_TYPE_POSIX_FD == 0 {
+            return Err(invalid(format!(
+                "{handle:#x} was not made shareable as a file descriptor"
+            )));
+        }
+        let backend = physical.backend;
+        self.outgoing_fd = Some(self.ctx.vmm_export(backend)?);
+        Ok(ReplyBody::Unit)
+    }
+
+    /// Imports the physical memory whose file descriptor came with the call
+    /// (another program exported it): a handle of this session, whose memory
+    /// is the exporter's, so this tenant is not charged for it.
+    fn vmm_import(&mut self) -> CallResult {
+        let fd = self
+            .incoming_fd
+            .take()
+            .unwrap_or_else(|| Err("none came with the call".into()))
+            .map_err(|why| invalid(format!("no file descriptor to import: {why}")))?;
+        let backend = self.ctx.vmm_import(std::os::fd::AsFd::as_fd(&fd))?;
+        let handle = self.mint_handle();
+        let physical = Physical {
+            // The driver knows the size, and checks each mapping against it.
+            size: u64::MAX,
+            backend,
+            refs: 1,
+            mappings: 0,
+            handle_types: HANDLE_TYPE_POSIX_FD,
+            imported: true,
+        };
+        self.vmm.physical.insert(handle, physical);
+        Ok(ReplyBody::Handle(handle))
     }
 
     /// The backend's minimum granularity: sizes, addresses and offsets of
@@ -189,7 +229,8 @@ impl Session {
             ));
         }
         self.reserve(size)?;
-        let backend = match self.ctx.vmm(&VmmOp::Create { size }) {
+        let shareable = handle_types & HANDLE_TYPE_POSIX_FD != 0;
+        let backend = match self.ctx.vmm(&VmmOp::Create { size, shareable }) {
             Ok(id) => id,
             Err(e) => {
                 self.release(size);
@@ -203,6 +244,7 @@ impl Session {
             refs: 1,
             mappings: 0,
             handle_types,
+            imported: false,
         };
         self.vmm.physical.insert(handle, physical);
         let stats = &self.core.stats;
@@ -227,7 +269,8 @@ impl Session {
         };
         let op = VmmOp::Release {
             physical: p.backend,
-            size: p.size,
+            // An import's memory was never counted as this device's use here.
+            size: if p.imported { 0 } else { p.size },
         };
         if let Err(e) = self.ctx.vmm(&op) {
             release_failed(
@@ -235,6 +278,9 @@ impl Session {
                 format_args!("freeing physical memory {handle:#x}"),
                 &e,
             );
+        }
+        if p.imported {
+            return;
         }
         self.release(p.size);
         let stats = &self.core.stats;

@@ -20,6 +20,9 @@ pub(super) struct Physical {
     /// Its mappings: the memory is freed when there are none and no reference.
     pub(super) mappings: u32,
     pub(super) handle_types: u64,
+    /// Imported from another program (`cuMemImportFromShareableHandle`):
+    /// its memory is the exporter's, and its size the driver's to check.
+    pub(super) imported: bool,
 }
 
 /// A mapping of a whole physical allocation's first `size` bytes.

@@ -394,6 +394,30 @@ impl WorkerContext {
         self.call_passing(request, None, frames, back)
     }
 
+    /// A round trip whose successful reply brings a descriptor along.
+    fn call_for_fd(
+        &self,
+        request: &WorkerRequest,
+    ) -> Result<(WorkerValue, Option<std::os::fd::OwnedFd>), CuError> {
+        if let Some(e) = self.sticky() {
+            return Err(e);
+        }
+        let mut slot = lock(&self.conn);
+        let conn = self.connection(&mut slot)?;
+        let exchanged = (|| -> io::Result<(WorkerReply, Option<std::os::fd::OwnedFd>)> {
+            conn.link.send_message(request)?;
+            let reply = self.receive(conn)?;
+            let fd = match &reply.result {
+                Ok(_) => conn.link.take_fd(),
+                Err(_) => None,
+            };
+            Ok((reply, fd))
+        })();
+        drop(slot);
+        let (reply, fd) = exchanged.map_err(|e| self.died(&e))?;
+        Ok((reply.result?, fd))
+    }
+
     /// [`WorkerContext::call`], with `fd` sent along with the request (`SCM_RIGHTS`).
     fn call_passing(
         &self,
@@ -724,11 +748,30 @@ impl DeviceContext for WorkerContext {
             other => return Err(unexpected(&other)),
         };
         match *op {
-            VmmOp::Create { size } => self.memory.charge(size),
+            VmmOp::Create { size, .. } => self.memory.charge(size),
             VmmOp::Release { size, .. } => self.memory.release(size),
             _ => {}
         }
         Ok(value)
+    }
+
+    fn vmm_export(&self, physical: u64) -> Result<std::os::fd::OwnedFd, CuError> {
+        let request = WorkerRequest::VmmExport { physical };
+        match self.call_for_fd(&request)? {
+            (WorkerValue::Unit, Some(fd)) => Ok(fd),
+            (WorkerValue::Unit, None) => Err(CuError::new(
+                codes::UNKNOWN,
+                "the worker exported no descriptor",
+            )),
+            (other, _) => Err(unexpected(&other)),
+        }
+    }
+
+    fn vmm_import(&self, fd: BorrowedFd<'_>) -> Result<u64, CuError> {
+        match self.call_passing(&WorkerRequest::VmmImport, Some(fd), &[], None)? {
+            WorkerValue::Number(physical) => Ok(physical),
+            other => Err(unexpected(&other)),
+        }
     }
 
     fn ipc_export(&self, base: DevicePtr) -> Result<Vec<u8>, CuError> {

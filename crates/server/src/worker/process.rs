@@ -438,6 +438,29 @@ impl Served<'_, '_> {
             WorkerRequest::Vmm(op) => {
                 guarded(kind, || value(ctx.vmm(&op).map(WorkerValue::Number)))
             }
+            WorkerRequest::VmmExport { physical } => {
+                let exported = catch_unwind(AssertUnwindSafe(|| ctx.vmm_export(physical)))
+                    .unwrap_or_else(|_| Err(CuError::new(codes::UNKNOWN, "export panicked")));
+                return match exported {
+                    Ok(fd) => {
+                        let reply = WorkerReply::unmarked(Ok(WorkerValue::Unit));
+                        let bytes = cumux_protocol::encode(&reply).map_err(io_err)?;
+                        conn.link
+                            .send_frame_with_fd(&bytes, std::os::fd::AsFd::as_fd(&fd))
+                    }
+                    Err(e) => conn.reply(Err(e)),
+                };
+            }
+            WorkerRequest::VmmImport => {
+                let imported = match conn.link.take_fd() {
+                    Some(fd) => catch_unwind(AssertUnwindSafe(|| {
+                        ctx.vmm_import(std::os::fd::AsFd::as_fd(&fd))
+                    }))
+                    .unwrap_or_else(|_| Err(CuError::new(codes::UNKNOWN, "import panicked"))),
+                    None => Err(CuError::new(codes::INVALID_VALUE, "no descriptor came")),
+                };
+                return conn.reply(imported.map(WorkerValue::Number));
+            }
             WorkerRequest::IpcExport { base } => guarded(kind, || {
                 value(ctx.ipc_export(base).map(WorkerValue::IpcHandle))
             }),

@@ -414,6 +414,14 @@ impl DeviceContext for SharedView {
         self.conn.host_unregister(region)
     }
 
+    fn vmm_export(&self, physical: u64) -> Result<std::os::fd::OwnedFd, CuError> {
+        self.conn.vmm_export(physical)
+    }
+
+    fn vmm_import(&self, fd: std::os::fd::BorrowedFd<'_>) -> Result<u64, CuError> {
+        self.conn.vmm_import(fd)
+    }
+
     /// In the shared context: the handle names the session's allocation,
     /// which the session checked.
     fn ipc_export(&self, base: DevicePtr) -> Result<Vec<u8>, CuError> {

@@ -116,6 +116,14 @@ pub enum WorkerRequest {
     /// A virtual memory operation on the context, checked by the session;
     /// answered by [`WorkerValue::Number`].
     Vmm(VmmOp),
+    /// `DeviceContext::vmm_export` of physical allocation `physical`:
+    /// answered by [`WorkerValue::Unit`], the descriptor attached.
+    VmmExport {
+        physical: u64,
+    },
+    /// `DeviceContext::vmm_import` of the descriptor that comes with the
+    /// request (`SCM_RIGHTS`): answered by [`WorkerValue::Number`].
+    VmmImport,
     /// `DeviceContext::ipc_export` of the allocation at `base`; answered by
     /// [`WorkerValue::IpcHandle`].
     IpcExport {
@@ -182,6 +190,8 @@ impl WorkerRequest {
                 | WorkerRequest::Elapsed { .. }
                 | WorkerRequest::TensorMapEncode { .. }
                 | WorkerRequest::IpcExport { .. }
+                | WorkerRequest::VmmExport { .. }
+                | WorkerRequest::VmmImport
                 | WorkerRequest::IpcOpen { .. }
         )
     }

@@ -444,6 +444,14 @@ impl DeviceContext for CudaContext {
             .map_err(cu_err)
     }
 
+    fn vmm_export(&self, physical: u64) -> Result<std::os::fd::OwnedFd, CuError> {
+        self.ctx()?.vmm_export(physical).map_err(cu_err)
+    }
+
+    fn vmm_import(&self, fd: std::os::fd::BorrowedFd<'_>) -> Result<u64, CuError> {
+        self.ctx()?.vmm_import(fd).map_err(cu_err)
+    }
+
     /// The driver's own handles: the other process opens the allocation
     /// itself, so data moves device to device, never through the server.
     fn ipc_export(&self, base: DevicePtr) -> Result<Vec<u8>, CuError> {
@@ -480,8 +488,8 @@ impl DeviceContext for CudaContext {
             VmmOp::Granularity { recommended } => ctx.vmm_granularity(recommended),
             VmmOp::Reserve { size, alignment } => ctx.vmm_reserve(size, alignment),
             VmmOp::FreeReservation { ptr, size } => ctx.vmm_address_free(ptr, size).map(|()| 0),
-            VmmOp::Create { size } => {
-                let handle = ctx.vmm_create(size).map_err(cu_err)?;
+            VmmOp::Create { size, shareable } => {
+                let handle = ctx.vmm_create(size, shareable).map_err(cu_err)?;
                 self.memory.charge(size);
                 Ok(handle)
             }
