@@ -1,0 +1,183 @@
+#!/usr/bin/env bash
+# Issue 19's scale run on every GPU of the machine, natively and through cumux
+# in the same run; adapts to the number of GPUs it finds (N):
+# - NCCL: PyTorch DDP across all N GPUs (bench/h100/ddp.py under torchrun):
+#   losses equal to native, step time and all-reduce bus bandwidth ratios;
+# - many tenants: 2 per GPU (a 2 ms batch tenant and a 50 µs latency tenant,
+#   bench/cuda/tenant_bench.cu), all 2N at once, under `fair` (Jain's index
+#   over every tenant's share of its speed alone) and `priority` (the latency
+#   tenants' p99), each against the same mix on one GPU;
+# - server: its CPU time and peak memory while the tenants run.
+# Not run: the remote pool (cumux has none yet) and `cumux drain` (no
+# migration yet): the JSON says so. Writes $OUT/scale.txt and
+# $OUT/DATE-GPU-scale.json.
+#
+#   OUT=/some/dir bench/h100/scale.sh
+# Optional: KIT=, NVCC=, SECS= (seconds per tenant run, default 4).
+set -u
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+KIT=${KIT:-$ROOT/device-kit}
+OUT=${OUT:-/tmp/cumux-scale}
+NVCC=${NVCC:-nvcc}
+SECS=${SECS:-4}
+mkdir -p "$OUT/runs"
+W=$(mktemp -d /tmp/cumux-scale.XXXXXX)
+# shellcheck source=bench/h100/lib.sh
+. "$ROOT/bench/h100/lib.sh"
+REPORT=$OUT/scale.txt
+say() { echo "$*" | tee -a "$REPORT"; }
+N=$(nvidia-smi -L | wc -l)
+GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
+DRIVER=$(nvidia-smi --query-gpu=driver_version --format=csv,noheader | head -1)
+say "scale $(date -u +%FT%TZ) kit $(cat "$KIT/COMMIT" 2>/dev/null): $N x $GPU, driver $DRIVER"
+"$NVCC" -O2 -arch=sm_90 -o "$W/tenant_bench" "$ROOT/bench/cuda/tenant_bench.cu" >"$W/nvcc.log" 2>&1 || say "nvcc failed"
+metric() { awk -v k="$2" '$1 == "metric" && $2 == k { print $3 }' "$1" | tail -1; }
+value() { grep -h "^$2:" "$1" | tail -1 | awk '{ print $2 }'; }
+
+server=
+start_server() { # POLICY
+    rm -f "$W/s.sock"
+    printf '[tenants.lc]\nclass = "latency-critical"\n' >"$W/tenants.toml"
+    "$KIT/cumux" serve --device cuda --sharing shared --policy "$1" --config "$W/tenants.toml" \
+        --listen "unix:$W/s.sock" >"$OUT/runs/server-$1.log" 2>&1 &
+    server=$!
+    for _ in $(seq 300); do [ -S "$W/s.sock" ] && break; sleep 0.1; done
+}
+stop_server() { kill "$server" 2>/dev/null; wait "$server" 2>/dev/null; }
+# Samples the server's CPU seconds and RSS every 0.5 s into FILE until stopped.
+sample_server() {
+    while kill -0 "$server" 2>/dev/null; do
+        ps -o rss=,times= -p "$server" >>"$1" 2>/dev/null
+        sleep 0.5
+    done
+}
+
+# --- NCCL: DDP across every GPU ---
+DDP=(torchrun --standalone --nproc_per_node="$N" "$ROOT/bench/h100/ddp.py")
+timeout 300 "${DDP[@]}" >"$OUT/runs/ddp-native.log" 2>&1
+start_server fifo
+timeout 300 "$KIT/cumux" run --server "unix:$W/s.sock" -- "${DDP[@]}" >"$OUT/runs/ddp-cumux.log" 2>&1
+stop_server
+for side in native cumux; do
+    say "ddp $side: $(grep -c '^step [0-9]* loss' "$OUT/runs/ddp-$side.log") steps, step_ms $(value "$OUT/runs/ddp-$side.log" step_ms), busbw $(value "$OUT/runs/ddp-$side.log" allreduce_busbw_gbs) GB/s, $(grep -E 'ddp: PASS' -c "$OUT/runs/ddp-$side.log") PASS"
+done
+same=$(diff <(grep '^step [0-9]* loss' "$OUT/runs/ddp-native.log") <(grep '^step [0-9]* loss' "$OUT/runs/ddp-cumux.log") >/dev/null && echo yes || echo no)
+say "ddp losses equal: $same"
+
+# --- many tenants: 2 per GPU ---
+"$W/tenant_bench" calibrate 2000 >"$OUT/runs/cal2000.txt" 2>&1
+"$W/tenant_bench" calibrate 50 >"$OUT/runs/cal50.txt" 2>&1
+I2000=$(metric "$OUT/runs/cal2000.txt" iters)
+I50=$(metric "$OUT/runs/cal50.txt" iters)
+CUDA_VISIBLE_DEVICES=0 "$W/tenant_bench" throughput "$I2000" "$SECS" >"$OUT/runs/alone-batch.txt" 2>&1
+CUDA_VISIBLE_DEVICES=0 "$W/tenant_bench" latency "$I50" "$SECS" >"$OUT/runs/alone-lc.txt" 2>&1
+# mix POLICY GPUS: on each of the first GPUS GPUs, a batch tenant and a latency tenant.
+mix() {
+    local policy=$1 gpus=$2 pids=() g
+    for g in $(seq 0 $((gpus - 1))); do
+        CUDA_VISIBLE_DEVICES=$g timeout $((SECS + 60)) "$KIT/cumux" run --server "unix:$W/s.sock" --tenant "batch$g" -- \
+            "$W/tenant_bench" throughput "$I2000" "$SECS" >"$OUT/runs/$policy-$gpus-batch$g.txt" 2>&1 &
+        pids+=($!)
+        CUDA_VISIBLE_DEVICES=$g timeout $((SECS + 60)) "$KIT/cumux" run --server "unix:$W/s.sock" --tenant lc -- \
+            "$W/tenant_bench" latency "$I50" "$SECS" >"$OUT/runs/$policy-$gpus-lc$g.txt" 2>&1 &
+        pids+=($!)
+    done
+    wait "${pids[@]}"
+}
+for policy in fair priority; do
+    start_server "$policy"
+    sample_server "$OUT/runs/server-samples-$policy.txt" &
+    sampler=$!
+    mix "$policy" 1
+    mix "$policy" "$N"
+    stop_server
+    wait "$sampler" 2>/dev/null
+done
+
+python3 - "$OUT" "$N" "$GPU" "$DRIVER" "$(cat "$KIT/COMMIT" 2>/dev/null)" <<'PY' | tee -a "$REPORT"
+import datetime, glob, json, re, sys
+out, n, gpu, driver, commit = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]
+runs = f"{out}/runs"
+
+def metric(path, key):
+    try:
+        for line in open(path, errors="replace"):
+            p = line.split()
+            if len(p) == 4 and p[0] == "metric" and p[1] == key:
+                return float(p[2])
+    except OSError:
+        pass
+    return None
+
+def value(path, key):
+    try:
+        for line in open(path, errors="replace"):
+            if line.startswith(key + ":"):
+                return float(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return None
+
+def ratio(a, b):
+    return a / b if a is not None and b else None
+
+alone_batch = metric(f"{runs}/alone-batch.txt", "kernels_per_s")
+alone_lc = {k: metric(f"{runs}/alone-lc.txt", k) for k in ("p50_us", "p99_us")}
+figures = {}
+lines = []
+for side in ("native", "cumux"):
+    figures[f"ddp_step_ms_{side}"] = value(f"{runs}/ddp-{side}.log", "step_ms")
+    figures[f"ddp_busbw_gbs_{side}"] = value(f"{runs}/ddp-{side}.log", "allreduce_busbw_gbs")
+figures["ddp_step_ratio"] = ratio(figures["ddp_step_ms_native"], figures["ddp_step_ms_cumux"])
+figures["ddp_busbw_ratio"] = ratio(figures["ddp_busbw_gbs_cumux"], figures["ddp_busbw_gbs_native"])
+for policy in ("fair", "priority"):
+    for gpus in (1, n):
+        shares, p99s = [], []
+        for g in range(gpus):
+            rate = metric(f"{runs}/{policy}-{gpus}-batch{g}.txt", "kernels_per_s")
+            shares.append(ratio(rate, alone_batch))
+            p99s.append(metric(f"{runs}/{policy}-{gpus}-lc{g}.txt", "p99_us"))
+            lc_rate = metric(f"{runs}/{policy}-{gpus}-lc{g}.txt", "samples")
+        ok = [s for s in shares if s is not None]
+        jain = sum(ok) ** 2 / (len(ok) * sum(s * s for s in ok)) if ok and len(ok) == len(shares) else None
+        worst = max((p for p in p99s if p is not None), default=None)
+        figures[f"{policy}_{gpus}gpu_batch_share_min"] = min(ok) if ok else None
+        figures[f"{policy}_{gpus}gpu_jain_batch"] = jain
+        figures[f"{policy}_{gpus}gpu_lc_p99_us_max"] = worst
+        lines.append(f"{policy} on {gpus} GPU(s): batch shares {['%.3f' % s if s is not None else 'failed' for s in shares]}"
+                     f", Jain {jain if jain is None else round(jain, 3)}, latency p99 max {worst} µs"
+                     f" (alone natively p99 {alone_lc['p99_us']})")
+    figures[f"{policy}_lc_p99_ratio_n_to_1"] = ratio(figures[f"{policy}_{n}gpu_lc_p99_us_max"], figures[f"{policy}_1gpu_lc_p99_us_max"])
+for policy in ("fair", "priority"):
+    rss, cpu = [], []
+    try:
+        for line in open(f"{runs}/server-samples-{policy}.txt"):
+            parts = line.split()
+            if len(parts) == 2:
+                rss.append(int(parts[0]))
+                t = [int(x) for x in re.split("[-:]", parts[1])]
+                cpu.append(sum(v * m for v, m in zip(reversed(t), (1, 60, 3600, 86400))))
+    except OSError:
+        pass
+    figures[f"server_peak_rss_mib_{policy}"] = max(rss) / 1024 if rss else None
+    figures[f"server_cpu_s_{policy}"] = (cpu[-1] - cpu[0]) if len(cpu) > 1 else None
+    lines.append(f"server under {policy}: peak RSS {figures[f'server_peak_rss_mib_{policy}']} MiB, CPU {figures[f'server_cpu_s_{policy}']} s")
+result = {
+    "suite": "scale",
+    "date": datetime.date.today().isoformat(),
+    "gpu": gpu, "gpus": n, "driver": driver, "commit": commit,
+    "figures": figures,
+    "not_run": {
+        "pool": "cumux has no remote pool yet (issue 24)",
+        "drain": "cumux drain needs live migration, not built yet (issue 17)",
+    },
+}
+slug = re.sub(r"[^a-z0-9]+", "", gpu.lower().replace("nvidia", "").split()[0]) if gpu else "gpu"
+path = f"{out}/{result['date']}-{slug}x{n}-scale.json"
+json.dump(result, open(path, "w"), indent=1)
+for line in lines:
+    print(line)
+print("wrote", path)
+PY
+tar -C "$OUT" -czf "$OUT/scale-runs.tar.gz" runs 2>/dev/null && rm -rf "$OUT/runs"
+say done
