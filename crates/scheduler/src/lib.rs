@@ -153,7 +153,10 @@ pub enum Policy {
     ///   `max(own, least virtual time of the active tenants)`: idle time banks no credit;
     /// - a ready item may go only if its tenant's virtual time is at most the least
     ///   virtual time among active tenants plus `threshold_ns`; tenants within the bound
-    ///   run freely, the one too far ahead is held until the others catch up or go idle;
+    ///   run freely, the one too far ahead is held until the others catch up or go idle.
+    ///   A tenant idle within its grace counts only while the device has work in flight:
+    ///   with nothing in flight, the least virtual time among tenants with work queued
+    ///   or in flight sets the bound, so a light tenant's pauses never idle the device;
     /// - among the items that may go, the tenant with the least virtual time first, then
     ///   arrival order.
     ///

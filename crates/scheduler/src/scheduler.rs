@@ -350,9 +350,15 @@ impl Scheduler {
         let chosen = match self.config.policy {
             Policy::Fifo => self.candidates().min_by_key(|c| c.seq),
             Policy::Fair(fair) => {
-                let min = self
-                    .min_active_vtime(now, None)
-                    .expect("a tenant with queued work is active");
+                // A tenant idle within its grace holds the others back only
+                // while the device has work: with nothing in flight, only
+                // tenants with work of their own do, so a light tenant's
+                // pauses never leave the device idle (work-conserving).
+                let min = match self.in_flight.is_empty() {
+                    true => self.min_busy_vtime(),
+                    false => self.min_active_vtime(now, None),
+                }
+                .expect("a tenant with queued work is active");
                 let limit = min + u128::from(fair.threshold_ns) * VT_SCALE;
                 self.candidates()
                     .filter(|c| c.vtime <= limit)
@@ -670,6 +676,15 @@ impl Scheduler {
             Activity::IdleSince(since) => now - since <= self.config.idle_grace_ns,
             Activity::Dormant => false,
         }
+    }
+
+    /// The least virtual time among tenants with work queued or in flight.
+    fn min_busy_vtime(&self) -> Option<u128> {
+        self.tenants
+            .values()
+            .filter(|t| t.activity == Activity::Busy)
+            .map(|t| t.vtime)
+            .min()
     }
 
     fn min_active_vtime(&self, now: Nanos, except: Option<TenantId>) -> Option<u128> {
