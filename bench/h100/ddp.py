@@ -53,6 +53,7 @@ def main():
     if rank == 0:
         later = sorted(step_times[5:])
         print(f"step_ms: {later[len(later) // 2] * 1e3:.2f}", flush=True)
+        print("step_times_ms:", " ".join(f"{t * 1e3:.2f}" for t in step_times), flush=True)
         print(f"allreduce_busbw_gbs: {busbw:.1f}", flush=True)
         print("ddp: PASS", flush=True)
     dist.destroy_process_group()
