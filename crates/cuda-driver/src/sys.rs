@@ -123,6 +123,9 @@ pub const CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES: c_int = 8;
 pub const CU_STREAM_NON_BLOCKING: c_uint = 0x1;
 /// `CU_EVENT_DISABLE_TIMING`.
 pub const CU_EVENT_DISABLE_TIMING: c_uint = 0x2;
+/// `CU_MEMHOSTREGISTER_PORTABLE`: registered host memory every context of the
+/// process counts as pinned (and, with `DEVICEMAP`, reaches).
+pub const CU_MEMHOSTREGISTER_PORTABLE: c_uint = 0x1;
 /// `CU_MEMHOSTREGISTER_DEVICEMAP`: registered host memory the device can address.
 pub const CU_MEMHOSTREGISTER_DEVICEMAP: c_uint = 0x2;
 /// `CU_CTX_SCHED_BLOCKING_SYNC`: a synchronizing thread sleeps instead of spinning.

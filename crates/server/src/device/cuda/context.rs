@@ -19,7 +19,7 @@ use cumux_protocol::hop_trace::{self, Hop};
 use cumux_protocol::pinned::{FixedMapping, HostMapping};
 use cumux_protocol::{codes, CuError, DevicePtr, Handle, TensorMapLayout, TensorMapRequest};
 
-use cumux_cuda_driver::sys::CU_MEMHOSTREGISTER_DEVICEMAP;
+use cumux_cuda_driver::sys::{CU_MEMHOSTREGISTER_DEVICEMAP, CU_MEMHOSTREGISTER_PORTABLE};
 
 use super::convert::{cu_err, fill_of, function_attrs, launch_attr, memset, param_infos};
 use crate::device::memory_use::ContextMemory;
@@ -369,7 +369,11 @@ impl DeviceContext for CudaContext {
         let ctx = self.ctx()?;
         // SAFETY: the mapping is kept next to the registration, which is
         // dropped (after the context's work) before the mapping is.
-        let pinned = unsafe { HostRegistration::new(ctx, mapping.as_ptr(), mapping.len(), 0) };
+        // Portable: a program's contexts on its other devices share this
+        // process (`worker::colocation`), and its copies may name the region.
+        let pinned = unsafe {
+            HostRegistration::new(ctx, mapping.as_ptr(), mapping.len(), CU_MEMHOSTREGISTER_PORTABLE)
+        };
         let pinned = pinned
             .inspect_err(|e| tracing::debug!(region, "cuda: host region left pageable: {e}"))
             .ok();
@@ -591,7 +595,7 @@ fn reach_at(
             ctx,
             mapping.as_ptr(),
             mapping.len(),
-            CU_MEMHOSTREGISTER_DEVICEMAP,
+            CU_MEMHOSTREGISTER_DEVICEMAP | CU_MEMHOSTREGISTER_PORTABLE,
         )
     }
     .inspect_err(|e| unreached(e.to_string()))
