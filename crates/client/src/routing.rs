@@ -58,7 +58,8 @@ pub fn device_of_call(call: &Call, placements: &Placements) -> u32 {
         | Call::EventCreate { .. }
         | Call::ContextSynchronize
         | Call::HostRegister { .. }
-        | Call::IpcOpenMemHandle { .. } => None,
+        | Call::IpcOpenMemHandle { .. }
+        | Call::PeerAccess { .. } => None,
         // Not a program's calls; the first device's session answers them.
         Call::ServerStatus | Call::TenantPut { .. } | Call::TenantRemove { .. } | Call::Fence => {
             Some(0)

@@ -271,6 +271,32 @@ impl Driver {
         Ok(v)
     }
 
+    /// What `dev` may do with `peer`'s memory: `cuDeviceGetP2PAttribute`'s
+    /// performance rank, access, native atomics and array access (1 ..= 4),
+    /// all 0 where it has no access (`cuDeviceCanAccessPeer`).
+    pub fn peer_attributes(&self, dev: DeviceId, peer: DeviceId) -> Result<[i32; 4], CudaError> {
+        let mut can: c_int = 0;
+        // SAFETY: `can` is a valid out-pointer.
+        unsafe { cu!(self, cuDeviceCanAccessPeer(&mut can, dev.0, peer.0))? };
+        let mut out = [0; 4];
+        if can == 0 {
+            return Ok(out);
+        }
+        for (i, v) in out.iter_mut().enumerate() {
+            let mut value: c_int = 0;
+            // SAFETY: as above; the attribute numbers are the header's 1 ..= 4.
+            let got = unsafe {
+                cu!(
+                    self,
+                    cuDeviceGetP2PAttribute(&mut value, i as c_int + 1, dev.0, peer.0)
+                )
+            };
+            *v = got.map_or(0, |()| value);
+        }
+        out[1] = 1;
+        Ok(out)
+    }
+
     /// Every attribute 1 ..= [`MAX_DEVICE_ATTRIBUTE`] the driver knows, in order;
     /// numbers it rejects as invalid (unknown or retired) are left out.
     pub fn device_attributes(&self, dev: DeviceId) -> Result<Vec<(u32, i32)>, CudaError> {

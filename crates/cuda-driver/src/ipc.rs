@@ -1,7 +1,7 @@
 //! Device memory shared between processes (`cuIpc*MemHandle`): a handle for
 //! an allocation of one process's context, opened in another's, which then
 //! reaches the same memory directly (across NVLink or PCIe where the devices
-//! differ).
+//! differ); and peer access between two contexts of one process.
 
 use crate::driver::{cu, Context};
 use crate::error::CudaError;
@@ -32,6 +32,24 @@ impl Context {
             )?
         };
         Ok(base)
+    }
+
+    /// Lets kernels of this context reach `peer`'s memory (a context of
+    /// this process on another device); already enabled is no error.
+    pub fn enable_peer_access(&self, peer: &Context) -> Result<(), CudaError> {
+        self.make_current()?;
+        // SAFETY: `peer.raw` is a live context of this process.
+        match unsafe { cu!(self.driver(), cuCtxEnablePeerAccess(peer.raw, 0)) } {
+            Err(e) if e.code == CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED => Ok(()),
+            other => other,
+        }
+    }
+
+    /// Takes back [`Context::enable_peer_access`].
+    pub fn disable_peer_access(&self, peer: &Context) -> Result<(), CudaError> {
+        self.make_current()?;
+        // SAFETY: `peer.raw` is a live context of this process.
+        unsafe { cu!(self.driver(), cuCtxDisablePeerAccess(peer.raw)) }
     }
 
     /// Closes memory [`Context::ipc_open_mem_handle`] opened at `base`.

@@ -68,6 +68,7 @@ pub const CUDA_ERROR_INVALID_CONTEXT: CUresult = 201;
 pub const CUDA_ERROR_NO_BINARY_FOR_GPU: CUresult = 209;
 pub const CUDA_ERROR_INVALID_PTX: CUresult = 218;
 pub const CUDA_ERROR_INVALID_HANDLE: CUresult = 400;
+pub const CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED: CUresult = 704;
 pub const CUDA_ERROR_NOT_FOUND: CUresult = 500;
 pub const CUDA_ERROR_NOT_READY: CUresult = 600;
 pub const CUDA_ERROR_ILLEGAL_ADDRESS: CUresult = 700;
@@ -225,6 +226,10 @@ driver_api! {
     cuDeviceGetUuid ["cuDeviceGetUuid_v2", "cuDeviceGetUuid"] (*mut CUuuid, CUdevice);
     cuDeviceTotalMem ["cuDeviceTotalMem_v2"] (*mut usize, CUdevice);
     cuDeviceGetAttribute ["cuDeviceGetAttribute"] (*mut c_int, c_int, CUdevice);
+    cuDeviceCanAccessPeer ["cuDeviceCanAccessPeer"] (*mut c_int, CUdevice, CUdevice);
+    cuDeviceGetP2PAttribute ["cuDeviceGetP2PAttribute"] (*mut c_int, c_int, CUdevice, CUdevice);
+    cuCtxEnablePeerAccess ["cuCtxEnablePeerAccess"] (CUcontext, c_uint);
+    cuCtxDisablePeerAccess ["cuCtxDisablePeerAccess"] (CUcontext);
 
     cuDevicePrimaryCtxRetain ["cuDevicePrimaryCtxRetain"] (*mut CUcontext, CUdevice);
     cuDevicePrimaryCtxRelease ["cuDevicePrimaryCtxRelease_v2", "cuDevicePrimaryCtxRelease"] (CUdevice);

@@ -147,6 +147,10 @@ pub struct DeviceInfo {
     pub attributes: Vec<(u32, i32)>,
     /// Which backend serves it: "cpu" or "cuda".
     pub backend: String,
+    /// The devices whose memory its kernels may reach (peer access), by
+    /// server ordinal, each with `cuDeviceGetP2PAttribute`'s values 1 ..= 4
+    /// (performance rank, access, native atomics, array access).
+    pub peers: Vec<(u32, [i32; 4])>,
 }
 
 /// One call from a client. `seq` increases by one per call on a connection.
@@ -351,6 +355,13 @@ pub enum Call {
     /// `cuIpcCloseMemHandle` of memory opened at `ptr`.
     IpcCloseMemHandle {
         ptr: DevicePtr,
+    },
+    /// `cuCtxEnablePeerAccess` (`enable`) or `cuCtxDisablePeerAccess`: this
+    /// session's context and the program's session on device `peer` (its
+    /// numbering of its devices).
+    PeerAccess {
+        peer: u32,
+        enable: bool,
     },
 }
 
@@ -671,12 +682,15 @@ pub mod codes {
     pub const INVALID_IMAGE: u32 = 200;
     pub const INVALID_CONTEXT: u32 = 201;
     pub const NO_BINARY_FOR_GPU: u32 = 209;
+    pub const PEER_ACCESS_UNSUPPORTED: u32 = 217;
     pub const INVALID_PTX: u32 = 218;
     pub const INVALID_SOURCE: u32 = 300;
     pub const NOT_FOUND: u32 = 500;
     pub const INVALID_HANDLE: u32 = 400;
     pub const NOT_READY: u32 = 600;
     pub const ILLEGAL_ADDRESS: u32 = 700;
+    pub const PEER_ACCESS_ALREADY_ENABLED: u32 = 704;
+    pub const PEER_ACCESS_NOT_ENABLED: u32 = 705;
     pub const LAUNCH_OUT_OF_RESOURCES: u32 = 701;
     pub const LAUNCH_TIMEOUT: u32 = 702;
     pub const MISALIGNED_ADDRESS: u32 = 716;

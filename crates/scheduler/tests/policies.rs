@@ -687,7 +687,13 @@ fn fair_lets_a_busy_tenant_use_what_a_light_tenant_leaves() {
         TenantSpec::closed_loop(50 * US).think(950 * US),
     ];
     for device in [SERIAL, SATURATING] {
-        let report = fair_on(device, "busy next to light", tenants.clone(), 9, (10 * MS, 210 * MS));
+        let report = fair_on(
+            device,
+            "busy next to light",
+            tenants.clone(),
+            9,
+            (10 * MS, 210 * MS),
+        );
         let window = report.window_ns as f64;
         let busy = report.tenants[0].gpu_time_ns / window;
         assert!(busy >= 0.85, "the busy tenant got {busy:.3} of the device");
@@ -695,7 +701,11 @@ fn fair_lets_a_busy_tenant_use_what_a_light_tenant_leaves() {
         // The light tenant's kernels still run once the kernel before them
         // ends (no kernel is preempted: `priority` is for doing better).
         let light = &report.tenants[1];
-        assert!(light.completed >= 60, "the light tenant ran {}", light.completed);
+        assert!(
+            light.completed >= 60,
+            "the light tenant ran {}",
+            light.completed
+        );
         assert!(light.p99_ns <= 4 * MS, "p99 {}", light.p99_ns);
     }
 }

@@ -20,6 +20,8 @@ pub struct ProgramGroup {
     tenant: String,
     /// What the devices keep to hold the program's contexts together.
     pub contexts: ContextGroup,
+    /// The program's contexts, by the device each is for (its numbering).
+    members: Mutex<HashMap<u32, std::sync::Weak<dyn crate::device::DeviceContext>>>,
     /// The pinned host regions the program registered with any of its
     /// sessions: a copy on another of its devices may name them (its
     /// contexts share one process, where the region is mapped).
@@ -30,6 +32,18 @@ impl ProgramGroup {
     /// The key the program's further connections name.
     pub fn key(&self) -> u64 {
         self.key
+    }
+
+    /// Records the program's context for its device `device`.
+    pub fn add_member(&self, device: u32, ctx: &Arc<dyn crate::device::DeviceContext>) {
+        lock(&self.members).insert(device, Arc::downgrade(ctx));
+    }
+
+    /// The program's context for its device `device`, while its session lives.
+    pub fn member(&self, device: u32) -> Option<Arc<dyn crate::device::DeviceContext>> {
+        lock(&self.members)
+            .get(&device)
+            .and_then(std::sync::Weak::upgrade)
     }
 
     /// Lets the program's other sessions name `region`.
@@ -71,6 +85,7 @@ impl Groups {
             tenant: tenant.to_string(),
             contexts: ContextGroup::default(),
             regions: Mutex::default(),
+            members: Mutex::default(),
         });
         live.insert(key, Arc::downgrade(&group));
         group

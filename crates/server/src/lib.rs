@@ -201,7 +201,7 @@ impl Server {
     ) -> (Vec<SeenDevice>, Option<String>) {
         let offered = self.devices_for(settings);
         let Some(text) = visible else {
-            return (offered, None);
+            return (self.peers_as_seen(offered), None);
         };
         let uuids: Vec<[u8; 16]> = offered.iter().map(|(_, info)| info.uuid).collect();
         let selection = cumux_protocol::visible_devices::select(text, &uuids);
@@ -218,7 +218,31 @@ impl Server {
                 (Arc::clone(device), info)
             })
             .collect();
-        (seen, selection.stopped)
+        (self.peers_as_seen(seen), selection.stopped)
+    }
+
+    /// `seen` with each device's peers numbered as the program sees its
+    /// devices, those it does not see left out.
+    fn peers_as_seen(&self, mut seen: Vec<SeenDevice>) -> Vec<SeenDevice> {
+        let server_ordinal = |d: &Arc<dyn Device>| {
+            self.devices
+                .iter()
+                .position(|s| Arc::ptr_eq(s, d))
+                .map(|i| i as u32)
+        };
+        let ordinals: Vec<Option<u32>> = seen.iter().map(|(d, _)| server_ordinal(d)).collect();
+        for (device, info) in &mut seen {
+            info.peers = device
+                .info()
+                .peers
+                .iter()
+                .filter_map(|(ordinal, attrs)| {
+                    let index = ordinals.iter().position(|o| *o == Some(*ordinal))?;
+                    Some((index as u32, *attrs))
+                })
+                .collect();
+        }
+        seen
     }
 
     /// Each device's scheduling policy, in device order.

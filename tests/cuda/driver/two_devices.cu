@@ -2,9 +2,10 @@
 // streams on each; pointers of the two never alias and say their device;
 // copies between them (cudaMemcpyPeer, cudaMemcpy by unified address, and
 // cudaMemcpyPeerAsync ordered after an event of the other device); each
-// device synchronizes alone. Prints the devices' peer access as
-// "can_access_peer: N" and PASS; with fewer than two devices it prints
-// "SKIP: one device" and exits 0.
+// device synchronizes alone; peer access, where the devices have it, lets a
+// kernel of one read the other's memory. Prints the devices' peer access as
+// "can_access_peer: N", "peer_access: used|unsupported" and PASS; with fewer
+// than two devices it prints "SKIP: one device" and exits 0.
 #include <cstdio>
 #include <cuda_runtime.h>
 
@@ -15,6 +16,12 @@ static const int N = 1 << 16;
 __global__ void fill(int *p, int value, int n) {
   int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i < n) p[i] = value + i;
+}
+
+// Reads another device's memory directly (peer access).
+__global__ void copy_from(int *dst, const int *src, int n) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) dst[i] = src[i];
 }
 
 __global__ void add(int *p, int value, int n) {
@@ -81,6 +88,34 @@ int main() {
   int can = -1;
   CHECK(cudaDeviceCanAccessPeer(&can, 0, 1));
   printf("can_access_peer: %d\n", can);
+  // Peer access where the devices have it, refused as the driver refuses it
+  // where they do not.
+  CHECK(cudaSetDevice(0));
+  cudaError_t enabled = cudaDeviceEnablePeerAccess(1, 0);
+  if (can) {
+    CHECK(enabled);
+    if (cudaDeviceEnablePeerAccess(1, 0) != cudaErrorPeerAccessAlreadyEnabled) {
+      printf("FAIL: peer access enabled twice\n");
+      return 1;
+    }
+    cudaGetLastError();
+    CHECK(cudaSetDevice(1));
+    CHECK(cudaDeviceSynchronize());
+    CHECK(cudaSetDevice(0));
+    static int peer_read[N];
+    copy_from<<<blocks, 256>>>(b[0], a[1], N);
+    CHECK(cudaGetLastError());
+    CHECK(cudaMemcpy(peer_read, b[0], bytes, cudaMemcpyDeviceToHost));
+    if (expect(peer_read, 2000, "a kernel reading the peer's memory")) return 1;
+    CHECK(cudaDeviceDisablePeerAccess(1));
+    printf("peer_access: used\n");
+  } else if (enabled != cudaErrorPeerAccessUnsupported) {
+    printf("FAIL: peer access without it said %s\n", cudaGetErrorString(enabled));
+    return 1;
+  } else {
+    cudaGetLastError();
+    printf("peer_access: unsupported\n");
+  }
 
   static int host[N];
   // Each device synchronizes alone, and its memory holds what its kernel wrote.

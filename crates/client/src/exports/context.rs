@@ -74,6 +74,56 @@ fn check_context(ctx: usize) -> CuResult<()> {
     }
 }
 
+/// `cuCtxEnablePeerAccess` (`Some(flags)`) or `cuCtxDisablePeerAccess`
+/// (`None`) from the current context to `peer`.
+fn peer_access(peer: *mut c_void, enable: Option<u32>) -> CuResult<()> {
+    let c = client()?;
+    let current = state::current_context().ok_or(CUDA_ERROR_INVALID_CONTEXT)?;
+    let (mine, theirs) = {
+        let st = c.lock();
+        let device_of = |h: usize| st.contexts.get(&h).map(|cx| cx.device);
+        let mine = device_of(current).ok_or(CUDA_ERROR_INVALID_CONTEXT)?;
+        let theirs = device_of(handle(peer)).ok_or(CUDA_ERROR_INVALID_CONTEXT)?;
+        (mine, theirs)
+    };
+    if enable.is_some_and(|flags| flags != 0) {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    if mine == theirs {
+        return Err(CUDA_ERROR_INVALID_DEVICE);
+    }
+    let mut can = 0;
+    // SAFETY: `can` is a valid out-pointer for the call.
+    let asked =
+        unsafe { super::device::cuDeviceCanAccessPeer(&mut can, mine as i32, theirs as i32) };
+    if asked != CUDA_SUCCESS {
+        return Err(asked);
+    }
+    if can == 0 {
+        return Err(CUDA_ERROR_PEER_ACCESS_UNSUPPORTED);
+    }
+    let pair = (mine, theirs);
+    let enabled = c.lock().peer_access.contains(&pair);
+    match (enable.is_some(), enabled) {
+        (true, true) => return Err(CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED),
+        (false, false) => return Err(CUDA_ERROR_PEER_ACCESS_NOT_ENABLED),
+        _ => {}
+    }
+    // The peer's session must be open for the server to find its context.
+    c.link(theirs)?;
+    let call = Call::PeerAccess {
+        peer: theirs,
+        enable: enable.is_some(),
+    };
+    c.call_on(mine, call)?;
+    let mut st = c.lock();
+    match enable {
+        Some(_) => st.peer_access.insert(pair),
+        None => st.peer_access.remove(&pair),
+    };
+    Ok(())
+}
+
 fn current_or(ctx: *mut c_void) -> CuResult<usize> {
     match handle(ctx) {
         0 => state::current_context().ok_or(CUDA_ERROR_INVALID_CONTEXT),
@@ -168,25 +218,14 @@ driver_fn! {
         c.call_on(device, Call::ContextSynchronize).map(|_| ())
     }
 
-    // Each device of a program is a session of its own, so no context
-    // reaches another's memory: `cuDeviceCanAccessPeer` says 0, and peer
-    // access is refused as a driver refuses it between such devices.
+    // Peer access where the server's GPUs have it (`DeviceInfo::peers`): the
+    // program's contexts share one worker process, which enables it.
     fn cuCtxEnablePeerAccess(peer: *mut c_void, flags: u32) {
-        let current = state::current_context().ok_or(CUDA_ERROR_INVALID_CONTEXT)?;
-        check_context(handle(peer))?;
-        if flags != 0 {
-            return Err(CUDA_ERROR_INVALID_VALUE);
-        }
-        if handle(peer) == current {
-            return Err(CUDA_ERROR_INVALID_DEVICE);
-        }
-        Err(CUDA_ERROR_PEER_ACCESS_UNSUPPORTED)
+        peer_access(peer, Some(flags))
     }
 
     fn cuCtxDisablePeerAccess(peer: *mut c_void) {
-        state::current_context().ok_or(CUDA_ERROR_INVALID_CONTEXT)?;
-        check_context(handle(peer))?;
-        Err(CUDA_ERROR_PEER_ACCESS_NOT_ENABLED)
+        peer_access(peer, None)
     }
 
     fn cuCtxPushCurrent_v2(ctx: *mut c_void) {

@@ -30,6 +30,22 @@ fn pci_bus_id(c: &crate::state::Client, dev: i32) -> CuResult<String> {
     ))
 }
 
+/// `CU_DEVICE_P2P_ATTRIBUTE_ACCESS_SUPPORTED`.
+const P2P_ACCESS_SUPPORTED: u32 = 2;
+
+/// `cuDeviceGetP2PAttribute`'s value `attr` (1 ..= 4) for `dev` reaching
+/// `peer`'s memory, as the server measured it on its GPUs (`DeviceInfo::peers`).
+fn peer_attribute(c: &crate::state::Client, dev: i32, peer: i32, attr: u32) -> CuResult<i32> {
+    c.device(peer)?;
+    let found = c
+        .device(dev)?
+        .peers
+        .iter()
+        .find(|(p, _)| *p as i32 == peer)
+        .map(|(_, attrs)| attrs[attr as usize - 1]);
+    Ok(found.unwrap_or(0))
+}
+
 driver_fn! {
     fn cuDeviceGetCount(count: *mut i32) {
         match client() {
@@ -99,16 +115,15 @@ driver_fn! {
 
     fn cuDeviceCanAccessPeer(can: *mut i32, dev: i32, peer: i32) {
         let c = client()?;
-        c.device(dev)?;
-        c.device(peer)?;
-        out(can, 0)
+        out(can, peer_attribute(c, dev, peer, P2P_ACCESS_SUPPORTED)?)
     }
 
-    fn cuDeviceGetP2PAttribute(value: *mut i32, _attr: u32, src: i32, dst: i32) {
+    fn cuDeviceGetP2PAttribute(value: *mut i32, attr: u32, src: i32, dst: i32) {
         let c = client()?;
-        c.device(src)?;
-        c.device(dst)?;
-        out(value, 0)
+        if !(1..=4).contains(&attr) || src == dst {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        out(value, peer_attribute(c, src, dst, attr)?)
     }
 
     fn cuDeviceGetTexture1DLinearMaxWidth(width: *mut usize, _format: u32, _channels: u32, dev: i32) {

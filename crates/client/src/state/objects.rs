@@ -202,6 +202,8 @@ pub enum StagingLoan {
 #[derive(Default)]
 pub struct State {
     pub contexts: HashMap<usize, Context>,
+    /// (device, peer device) pairs with peer access enabled.
+    pub peer_access: std::collections::HashSet<(u32, u32)>,
     pub primary: HashMap<u32, PrimaryContext>,
     pub modules: HashMap<Handle, Module>,
     pub libraries: HashMap<usize, Library>,

@@ -108,6 +108,7 @@ impl CpuDevice {
                     pci,
                 }),
                 backend: "cpu".into(),
+                peers: Vec::new(),
             },
             budget: Arc::new(Budget {
                 capacity,
@@ -259,6 +260,10 @@ impl Drop for CpuContext {
 }
 
 impl DeviceContext for CpuContext {
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+
     fn mem_alloc(&self, bytes: u64) -> Result<DevicePtr, CuError> {
         let oom = || {
             CuError::new(

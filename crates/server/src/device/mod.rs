@@ -304,6 +304,19 @@ pub trait DeviceContext: Send + Sync {
         let _ = fd;
         Err(no_sharing())
     }
+    /// The context as `Any`, so a backend can tell its own contexts among
+    /// others (peer access needs the peer's own handle).
+    fn as_any(&self) -> &dyn std::any::Any;
+    /// Lets this context's kernels reach `peer`'s memory (`enable`), or no
+    /// longer: `peer` is a context of the same program on another device,
+    /// in the same process (`Device::create_context_in`).
+    fn peer_access(&self, peer: &dyn DeviceContext, enable: bool) -> Result<(), CuError> {
+        let _ = (peer, enable);
+        Err(CuError::new(
+            cumux_protocol::codes::PEER_ACCESS_UNSUPPORTED,
+            "this device reaches no other device's memory",
+        ))
+    }
     /// Memory handles between processes (`cuIpc*MemHandle`): a handle for the
     /// allocation at `base`, which another context may open.
     fn ipc_export(&self, base: DevicePtr) -> Result<Vec<u8>, CuError> {

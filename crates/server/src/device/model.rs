@@ -241,6 +241,7 @@ impl ModelDevice {
                     pci,
                 }),
                 backend: "model".into(),
+                peers: Vec::new(),
             },
             shared: Arc::new(ModelMemory {
                 capacity,
@@ -316,6 +317,10 @@ impl Device for ModelDevice {
 }
 
 impl DeviceContext for ModelMemory {
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+
     fn mem_alloc(&self, bytes: u64) -> Result<DevicePtr, CuError> {
         let mut state = self.lock();
         let oom = || CuError::new(codes::OUT_OF_MEMORY, "model device: out of memory");

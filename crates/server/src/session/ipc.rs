@@ -1,6 +1,7 @@
-//! A session's side of memory shared between processes: handles to its
-//! allocations (`cuIpcGetMemHandle`), and other programs' allocations it
-//! opened (`cuIpcOpenMemHandle`), which its calls may then name like its own.
+//! A session's side of memory shared beyond its context: handles to its
+//! allocations (`cuIpcGetMemHandle`), other programs' allocations it opened
+//! (`cuIpcOpenMemHandle`), which its calls may then name like its own, and
+//! peer access to the program's context on another device.
 
 use cumux_protocol::{codes, DevicePtr, ReplyBody, IPC_HANDLE_BYTES};
 
@@ -70,6 +71,30 @@ impl Session {
         self.drain_all();
         self.ipc_opened.remove(&base);
         self.ctx.ipc_close(base)?;
+        Ok(ReplyBody::Unit)
+    }
+
+    /// Peer access between this session's context and the program's context
+    /// on its device `peer` (which the program opened a session for).
+    pub(super) fn peer_access(&mut self, peer: u32, enable: bool) -> CallResult {
+        self.ipc_tenant()?;
+        if peer == self.index {
+            return Err(err(
+                codes::INVALID_DEVICE,
+                "peer access to the context's own device",
+            ));
+        }
+        let peer_ctx = self
+            .group
+            .as_ref()
+            .and_then(|g| g.member(peer))
+            .ok_or_else(|| {
+                err(
+                    codes::INVALID_CONTEXT,
+                    format!("the program has no context on its device {peer}"),
+                )
+            })?;
+        self.ctx.peer_access(&*peer_ctx, enable)?;
         Ok(ReplyBody::Unit)
     }
 

@@ -242,7 +242,11 @@ impl Session {
             ),
         };
         let ctx = match &group {
-            Some(group) => device.create_context_in(&group.contexts)?,
+            Some(group) => {
+                let ctx = device.create_context_in(&group.contexts)?;
+                group.add_member(index, &ctx);
+                ctx
+            }
             None => device.create_context()?,
         };
         let id = server.next_session_id();
@@ -682,6 +686,7 @@ impl Session {
             Call::IpcGetMemHandle { ptr } => self.ipc_get(ptr),
             Call::IpcOpenMemHandle { handle, flags } => self.ipc_open(handle, flags),
             Call::IpcCloseMemHandle { ptr } => self.ipc_close(ptr),
+            Call::PeerAccess { peer, enable } => self.peer_access(peer, enable),
         }
     }
 

@@ -604,6 +604,10 @@ fn unexpected(value: &WorkerValue) -> CuError {
 }
 
 impl DeviceContext for WorkerContext {
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+
     /// Stops the worker this context started (an isolated session's), so
     /// that a kernel nobody waits for any more holds no GPU; every later call
     /// fails. A further connection to a shared worker stops nothing.
@@ -753,6 +757,33 @@ impl DeviceContext for WorkerContext {
             _ => {}
         }
         Ok(value)
+    }
+
+    /// The peer is the program's context on another device, in this
+    /// context's worker process (`Colocation`): the worker enables it
+    /// between the two, by the peer's number there.
+    fn peer_access(&self, peer: &dyn DeviceContext, enable: bool) -> Result<(), CuError> {
+        let any = peer.as_any();
+        let peer = any
+            .downcast_ref::<WorkerContext>()
+            .or_else(|| {
+                any.downcast_ref::<super::shared::SharedView>()
+                    .map(|v| v.connection())
+            })
+            .ok_or_else(|| CuError::new(codes::INVALID_CONTEXT, "the peer is not in a worker"))?;
+        let peer_id = match peer.call(&WorkerRequest::ContextId, &[], None)? {
+            WorkerValue::Number(id) => id,
+            other => return Err(unexpected(&other)),
+        };
+        self.call(
+            &WorkerRequest::PeerAccess {
+                peer: peer_id,
+                enable,
+            },
+            &[],
+            None,
+        )
+        .map(|_| ())
     }
 
     fn vmm_export(&self, physical: u64) -> Result<std::os::fd::OwnedFd, CuError> {

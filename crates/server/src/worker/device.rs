@@ -210,6 +210,28 @@ impl Device for WorkerDevice {
     }
 }
 
+/// The GPUs whose memory GPU `ordinal`'s kernels may reach, of `count`,
+/// with their peer attributes; a query that fails counts as no access.
+#[cfg(feature = "cuda")]
+fn peers_of(
+    driver: &Arc<cumux_cuda_driver::Driver>,
+    ordinal: u32,
+    count: u32,
+) -> Vec<(u32, [i32; 4])> {
+    let Ok(dev) = driver.device(ordinal) else {
+        return Vec::new();
+    };
+    (0..count)
+        .filter(|&peer| peer != ordinal)
+        .filter_map(|peer| {
+            let attrs = driver
+                .peer_attributes(dev, driver.device(peer).ok()?)
+                .ok()?;
+            (attrs[1] != 0).then_some((peer, attrs))
+        })
+        .collect()
+}
+
 /// CPU reference device `number` served by workers (for tests of this machinery).
 #[cfg(feature = "cpu")]
 pub fn cpu_worker_device(
@@ -255,7 +277,8 @@ pub fn cuda_worker_devices(
     let mut out: Vec<Arc<dyn Device>> = Vec::new();
     for ordinal in 0..count {
         let device = CudaDevice::per_session(&driver, ordinal).map_err(|e| e.to_string())?;
-        let info = device.info().clone();
+        let mut info = device.info().clone();
+        info.peers = peers_of(&driver, ordinal, count);
         tracing::info!(ordinal, name = %info.name, memory = info.total_mem, ?sharing, "cuda: GPU, served by worker processes");
         out.push(Arc::new(
             WorkerDevice::new(

@@ -4,12 +4,13 @@
 //! (`Served::dispatch`) answers every request; calls that may flush device
 //! printf write a marker on fd 1 after it.
 
+use std::collections::HashMap;
 use std::io::{self, Write};
 use std::os::unix::net::UnixStream;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 use std::thread::Scope;
 use std::time::{Duration, Instant};
 
@@ -142,6 +143,8 @@ pub fn serve_worker_beside(
         may_print: AtomicBool::new(false),
         sessions: Mutex::new(None),
         regions: WorkerRegions::default(),
+        contexts: Mutex::new(HashMap::new()),
+        next_context: AtomicU64::new(1),
     };
     std::thread::scope(|scope| {
         let ctx = Arc::clone(&served.ctx);
@@ -163,6 +166,10 @@ struct Served<'a, 'b> {
     sessions: Mutex<Option<SessionListener>>,
     /// Pinned host regions of every connection.
     regions: WorkerRegions,
+    /// Each connection's context by its number ([`WorkerRequest::ContextId`]),
+    /// for peer access between a program's contexts.
+    contexts: Mutex<HashMap<u64, Weak<dyn DeviceContext>>>,
+    next_context: AtomicU64,
 }
 
 /// Where further connections to a worker's context come in: a socket in a
@@ -294,8 +301,12 @@ impl Served<'_, '_> {
                 &serial
             }
         };
+        let context_id = self.next_context.fetch_add(1, Ordering::Relaxed);
+        lock(&self.contexts).insert(context_id, Arc::downgrade(&ctx));
+        let _forget = Forget(&self.contexts, context_id);
         let mut conn = Connection {
             served: self,
+            context_id,
             ctx: Arc::clone(&ctx),
             link,
             main,
@@ -438,6 +449,17 @@ impl Served<'_, '_> {
             WorkerRequest::Vmm(op) => {
                 guarded(kind, || value(ctx.vmm(&op).map(WorkerValue::Number)))
             }
+            WorkerRequest::ContextId => {
+                return conn.reply(Ok(WorkerValue::Number(conn.context_id)));
+            }
+            WorkerRequest::PeerAccess { peer, enable } => {
+                let found = lock(&self.contexts).get(&peer).and_then(Weak::upgrade);
+                let Some(peer) = found else {
+                    let e = CuError::new(codes::INVALID_CONTEXT, "no such context in this worker");
+                    return conn.reply(Err(e));
+                };
+                guarded(kind, || unit(ctx.peer_access(&*peer, enable)))
+            }
             WorkerRequest::VmmExport { physical } => {
                 let exported = catch_unwind(AssertUnwindSafe(|| ctx.vmm_export(physical)))
                     .unwrap_or_else(|_| Err(CuError::new(codes::UNKNOWN, "export panicked")));
@@ -548,6 +570,8 @@ impl Served<'_, '_> {
 /// may go without unregistering them) and its receive buffers.
 struct Connection<'s, 'a, 'b> {
     served: &'s Served<'a, 'b>,
+    /// Its context's number ([`Served::contexts`]).
+    context_id: u64,
     /// The context it serves: the worker's, or one of its own on another device.
     ctx: Arc<dyn DeviceContext>,
     link: Link,
@@ -637,6 +661,15 @@ impl Drop for Connection<'_, '_, '_> {
         for region in self.regions.drain(..) {
             self.served.regions.remove(&*self.ctx, region);
         }
+    }
+}
+
+/// Takes a connection's context out of [`Served::contexts`] when it ends.
+struct Forget<'a>(&'a Mutex<HashMap<u64, Weak<dyn DeviceContext>>>, u64);
+
+impl Drop for Forget<'_> {
+    fn drop(&mut self) {
+        lock(self.0).remove(&self.1);
     }
 }
 

@@ -340,6 +340,10 @@ impl SharedView {
 }
 
 impl DeviceContext for SharedView {
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+
     fn mem_alloc(&self, bytes: u64) -> Result<DevicePtr, CuError> {
         self.conn.mem_alloc(bytes)
     }
@@ -416,6 +420,10 @@ impl DeviceContext for SharedView {
 
     fn vmm_export(&self, physical: u64) -> Result<std::os::fd::OwnedFd, CuError> {
         self.conn.vmm_export(physical)
+    }
+
+    fn peer_access(&self, peer: &dyn DeviceContext, enable: bool) -> Result<(), CuError> {
+        self.conn.peer_access(peer, enable)
     }
 
     fn vmm_import(&self, fd: std::os::fd::BorrowedFd<'_>) -> Result<u64, CuError> {
@@ -612,6 +620,11 @@ impl Drop for SharedView {
 }
 
 impl SharedView {
+    /// The view's own connection to the shared context.
+    pub fn connection(&self) -> &WorkerContext {
+        &self.conn
+    }
+
     fn synchronize_all(&self, state: &ViewState) -> Result<(), CuError> {
         for t in self.streams_of(state, SyncTarget::Context) {
             let waited = self.conn.synchronize(t);

@@ -116,6 +116,15 @@ pub enum WorkerRequest {
     /// A virtual memory operation on the context, checked by the session;
     /// answered by [`WorkerValue::Number`].
     Vmm(VmmOp),
+    /// This connection's context's number in the worker: answered by
+    /// [`WorkerValue::Number`] (another connection names it for peer access).
+    ContextId,
+    /// `DeviceContext::peer_access` of this connection's context to the
+    /// context numbered `peer` in this worker.
+    PeerAccess {
+        peer: u64,
+        enable: bool,
+    },
     /// `DeviceContext::vmm_export` of physical allocation `physical`:
     /// answered by [`WorkerValue::Unit`], the descriptor attached.
     VmmExport {
@@ -192,6 +201,8 @@ impl WorkerRequest {
                 | WorkerRequest::IpcExport { .. }
                 | WorkerRequest::VmmExport { .. }
                 | WorkerRequest::VmmImport
+                | WorkerRequest::ContextId
+                | WorkerRequest::PeerAccess { .. }
                 | WorkerRequest::IpcOpen { .. }
         )
     }

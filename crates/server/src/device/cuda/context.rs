@@ -249,6 +249,10 @@ impl CudaContext {
 }
 
 impl DeviceContext for CudaContext {
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+
     fn mem_alloc(&self, bytes: u64) -> Result<DevicePtr, CuError> {
         let ptr = self.ctx()?.mem_alloc(bytes).map_err(cu_err)?;
         self.memory.charge(bytes);
@@ -372,7 +376,12 @@ impl DeviceContext for CudaContext {
         // Portable: a program's contexts on its other devices share this
         // process (`worker::colocation`), and its copies may name the region.
         let pinned = unsafe {
-            HostRegistration::new(ctx, mapping.as_ptr(), mapping.len(), CU_MEMHOSTREGISTER_PORTABLE)
+            HostRegistration::new(
+                ctx,
+                mapping.as_ptr(),
+                mapping.len(),
+                CU_MEMHOSTREGISTER_PORTABLE,
+            )
         };
         let pinned = pinned
             .inspect_err(|e| tracing::debug!(region, "cuda: host region left pageable: {e}"))
@@ -446,6 +455,22 @@ impl DeviceContext for CudaContext {
             .tensor_map_encode(&shape, &tile)
             .map(|bytes| bytes.to_vec())
             .map_err(cu_err)
+    }
+
+    /// Both contexts are this process's: the driver's own peer access.
+    fn peer_access(&self, peer: &dyn DeviceContext, enable: bool) -> Result<(), CuError> {
+        let peer = peer.as_any().downcast_ref::<CudaContext>().ok_or_else(|| {
+            CuError::new(
+                codes::INVALID_CONTEXT,
+                "the peer is not a GPU context of this process",
+            )
+        })?;
+        let (mine, theirs) = (self.ctx()?, peer.ctx()?);
+        let done = match enable {
+            true => mine.enable_peer_access(theirs),
+            false => mine.disable_peer_access(theirs),
+        };
+        done.map_err(cu_err)
     }
 
     fn vmm_export(&self, physical: u64) -> Result<std::os::fd::OwnedFd, CuError> {

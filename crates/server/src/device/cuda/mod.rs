@@ -131,6 +131,7 @@ impl CudaDevice {
             total_mem: driver.device_total_mem(dev)?,
             attributes: crate::device::attributes::as_served(driver.device_attributes(dev)?),
             backend: "cuda".into(),
+            peers: Vec::new(),
         };
         Ok(CudaDevice {
             driver: Arc::clone(driver),
