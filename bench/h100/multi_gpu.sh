@@ -47,11 +47,11 @@ RUN=("$KIT/cumux" run --server "unix:$W/s.sock" --)
 
 if [ "${ONLY:-all}" != ddp ]; then
 side two-native "$W/two_devices"
-grep can_access_peer "$W/two-native.log" | sed 's/^/  native /' | tee -a "$REPORT"
+grep -E "can_access_peer|peer_access" "$W/two-native.log" | sed 's/^/  native /' | tee -a "$REPORT"
 for sharing in isolated shared; do
     start_server "$sharing"
     side "two-cumux-$sharing" "${RUN[@]}" "$W/two_devices"
-    grep can_access_peer "$W/two-cumux-$sharing.log" | sed 's/^/  cumux /' | tee -a "$REPORT"
+    grep -E "can_access_peer|peer_access" "$W/two-cumux-$sharing.log" | sed 's/^/  cumux /' | tee -a "$REPORT"
     stop_server
 done
 
