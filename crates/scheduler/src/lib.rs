@@ -154,9 +154,10 @@ pub enum Policy {
     /// - a ready item may go only if its tenant's virtual time is at most the least
     ///   virtual time among active tenants plus `threshold_ns`; tenants within the bound
     ///   run freely, the one too far ahead is held until the others catch up or go idle.
-    ///   A tenant idle within its grace counts only while the device has work in flight:
-    ///   with nothing in flight, the least virtual time among tenants with work queued
-    ///   or in flight sets the bound, so a light tenant's pauses never idle the device;
+    ///   A tenant idle within its grace counts as active only if its pauses (between
+    ///   going idle and submitting again, on average) are at most half the grace: a
+    ///   closed loop's round trip keeps its place, a tenant that pauses longer never
+    ///   leaves the device idle for it;
     /// - among the items that may go, the tenant with the least virtual time first, then
     ///   arrival order.
     ///
@@ -221,9 +222,10 @@ pub struct SchedulerConfig {
     pub stream_depth: u32,
     /// How the time of running items is charged among them.
     pub charging: Charging,
-    /// A tenant with nothing queued or in flight still counts as active for this long.
-    /// Covers the synchronisation round trip of a closed-loop program, so a tenant that
-    /// launches, waits and launches again keeps its place instead of losing it each time.
+    /// A tenant with nothing queued or in flight still counts as active for this long,
+    /// if its pauses are short (at most half of it, on average). Covers the
+    /// synchronisation round trip of a closed-loop program, so a tenant that launches,
+    /// waits and launches again keeps its place instead of losing it each time.
     pub idle_grace_ns: Nanos,
     /// Cost charged at dispatch when nothing is known about an item.
     pub default_cost_ns: Nanos,

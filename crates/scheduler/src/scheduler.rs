@@ -56,6 +56,9 @@ struct Tenant {
     /// for its items in flight.
     vtime: u128,
     activity: Activity,
+    /// Its pause between going idle and submitting again, on average
+    /// (`None` before its first): whether its idle grace holds others back.
+    pause_ns: Option<Nanos>,
     streams: BTreeMap<StreamId, Stream>,
     queued: u32,
     in_flight: u32,
@@ -197,6 +200,7 @@ impl Scheduler {
                 config,
                 vtime: 0,
                 activity: Activity::Dormant,
+                pause_ns: None,
                 streams: BTreeMap::new(),
                 queued: 0,
                 in_flight: 0,
@@ -307,6 +311,12 @@ impl Scheduler {
         if let Some(floor) = floor {
             state.vtime = state.vtime.max(floor);
         }
+        if let Activity::IdleSince(since) = state.activity {
+            // Its pauses between finishing and asking again, on average
+            // (a long sleep counts as a long pause, no more).
+            let pause = (now - since).min(4 * self.config.idle_grace_ns);
+            state.pause_ns = Some(state.pause_ns.map_or(pause, |p| (3 * p + pause) / 4));
+        }
         state.activity = Activity::Busy;
         let depth = self.config.stream_depth as usize;
         let stream = state.streams.entry(item.stream).or_insert_with(|| Stream {
@@ -350,15 +360,9 @@ impl Scheduler {
         let chosen = match self.config.policy {
             Policy::Fifo => self.candidates().min_by_key(|c| c.seq),
             Policy::Fair(fair) => {
-                // A tenant idle within its grace holds the others back only
-                // while the device has work: with nothing in flight, only
-                // tenants with work of their own do, so a light tenant's
-                // pauses never leave the device idle (work-conserving).
-                let min = match self.in_flight.is_empty() {
-                    true => self.min_busy_vtime(),
-                    false => self.min_active_vtime(now, None),
-                }
-                .expect("a tenant with queued work is active");
+                let min = self
+                    .min_active_vtime(now, None)
+                    .expect("a tenant with queued work is active");
                 let limit = min + u128::from(fair.threshold_ns) * VT_SCALE;
                 self.candidates()
                     .filter(|c| c.vtime <= limit)
@@ -670,21 +674,19 @@ impl Scheduler {
             })
     }
 
+    /// Busy, or idle within the grace after a tenant whose pauses are
+    /// short: a closed loop's synchronization round trip keeps its place, a
+    /// tenant that pauses longer (half the grace, on average) does not hold
+    /// the others back while it waits, so the device never idles for it.
     fn is_active(&self, tenant: &Tenant, now: Nanos) -> bool {
+        let grace = self.config.idle_grace_ns;
         match tenant.activity {
             Activity::Busy => true,
-            Activity::IdleSince(since) => now - since <= self.config.idle_grace_ns,
+            Activity::IdleSince(since) => {
+                now - since <= grace && tenant.pause_ns.is_none_or(|p| p <= grace / 2)
+            }
             Activity::Dormant => false,
         }
-    }
-
-    /// The least virtual time among tenants with work queued or in flight.
-    fn min_busy_vtime(&self) -> Option<u128> {
-        self.tenants
-            .values()
-            .filter(|t| t.activity == Activity::Busy)
-            .map(|t| t.vtime)
-            .min()
     }
 
     fn min_active_vtime(&self, now: Nanos, except: Option<TenantId>) -> Option<u128> {

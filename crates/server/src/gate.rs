@@ -919,7 +919,7 @@ mod tests {
     fn fair_holds_the_tenant_that_is_too_far_ahead() {
         let fair = Policy::Fair(FairConfig::default());
         let device = FakeDevice::new(scheduler_config(fair, 1));
-        let gate = &device.gate;
+        let (clock, gate) = (&device.clock, &device.gate);
         let heavy = device.member("heavy", TenantClass::Batch, 1);
         let light = device.member("light", TenantClass::Batch, 2);
         let ms = 1_000_000;
@@ -939,9 +939,10 @@ mod tests {
         // heavy is now 10 ms of GPU time ahead of light (more than the 2 ms threshold):
         // its second item waits for light's.
         l1.join().unwrap();
-        // light has nothing more: with nothing in flight, its idle grace
-        // holds nobody, and heavy runs on at once (the device never idles
-        // for a tenant's pause).
+        assert_eq!(device.log(), ["l", "h", "l"]);
+        // light, idle, keeps its place for the idle grace; then heavy runs on alone.
+        assert_eq!(gate.queued(), 1);
+        clock.fetch_add(IDLE_GRACE_NS + 1, Ordering::SeqCst);
         h2.join().unwrap();
         assert_eq!(device.log(), ["l", "h", "l", "h"]);
         let light_time = light.tenant_stats().unwrap().gpu_time_ns;

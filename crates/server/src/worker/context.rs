@@ -70,6 +70,10 @@ pub struct WorkerContext {
     deferred: Mutex<Option<CuError>>,
     /// Where further connections to this worker's context come in, once asked.
     sessions: Mutex<Option<(PathBuf, [u8; NONCE_BYTES])>>,
+    /// A signal area to attach once the worker starts: a link to it that
+    /// keeps it while the session unlinks its own name
+    /// (`StreamOrdered::attach_signals` before the first call).
+    pending_signals: Mutex<Option<PathBuf>>,
     /// The program's group this context joins, and its device's ordinal
     /// there ([`Colocation`]); `None`: a process of its own.
     member: Option<(Arc<Colocation>, u32)>,
@@ -114,6 +118,7 @@ impl WorkerContext {
             modules: Mutex::new(HashMap::new()),
             deferred: Mutex::new(None),
             sessions: Mutex::new(None),
+            pending_signals: Mutex::new(None),
             member,
         }
     }
@@ -343,6 +348,7 @@ impl WorkerContext {
             modules: Mutex::new(HashMap::new()),
             deferred: Mutex::new(None),
             sessions: Mutex::new(None),
+            pending_signals: Mutex::new(None),
             member: None,
         })
     }
@@ -486,7 +492,7 @@ impl WorkerContext {
         slot: &'a mut Option<Connection>,
     ) -> Result<&'a mut Connection, CuError> {
         if slot.is_none() {
-            match self.start() {
+            match self.start().and_then(|conn| self.attach_pending(conn)) {
                 Ok(conn) => *slot = Some(conn),
                 Err(e) => {
                     tracing::warn!("a session's worker did not start: {e}");
@@ -497,6 +503,25 @@ impl WorkerContext {
         }
         slot.as_mut()
             .ok_or_else(|| CuError::new(codes::INVALID_CONTEXT, "no worker"))
+    }
+
+    /// Attaches the signal area the session gave before the worker started.
+    fn attach_pending(&self, mut conn: Connection) -> Result<Connection, CuError> {
+        let Some(link) = lock(&self.pending_signals).take() else {
+            return Ok(conn);
+        };
+        let request = WorkerRequest::AttachSignals {
+            path: link.display().to_string(),
+        };
+        let exchanged = conn
+            .link
+            .send_message(&request)
+            .and_then(|()| self.receive(&mut conn));
+        let _ = std::fs::remove_file(&link);
+        match exchanged.map_err(worker_err)?.result {
+            Ok(_) => Ok(conn),
+            Err(e) => Err(e),
+        }
     }
 
     /// Sends a request the worker does not answer, and its raw frames. A
@@ -949,10 +974,21 @@ impl StreamOrdered for WorkerContext {
         let path = path.to_str().ok_or_else(|| {
             CuError::new(codes::INVALID_VALUE, "a signal area path that is not UTF-8")
         })?;
-        let request = WorkerRequest::AttachSignals {
-            path: path.to_string(),
-        };
-        self.unit(&request, &[])?;
+        // A worker not started yet attaches it with its start (its first
+        // call): a session that never uses its device starts no process.
+        let started = lock(&self.conn).is_some();
+        if started {
+            let request = WorkerRequest::AttachSignals {
+                path: path.to_string(),
+            };
+            self.unit(&request, &[])?;
+        } else {
+            let link = PathBuf::from(format!("{path}.cumux-pending"));
+            std::fs::hard_link(path, &link).map_err(|e| {
+                CuError::new(codes::UNKNOWN, format!("cannot keep the signal area: {e}"))
+            })?;
+            *lock(&self.pending_signals) = Some(link);
+        }
         if let Some(watch) = &self.watch {
             let area = SignalArea::open(Path::new(path))?;
             *lock(&self.area_watch) = Some(watch.add_area(area));
@@ -970,6 +1006,9 @@ impl Drop for WorkerContext {
         // The text of markers this connection never took would stay in a
         // shared worker's tap for the worker's life.
         drop(self.take_printed());
+        if let Some(link) = lock(&self.pending_signals).take() {
+            let _ = std::fs::remove_file(link);
+        }
         // Closing the socket tells the worker to tear its context down and exit.
         if let Some(conn) = lock(&self.conn).take() {
             let _ = conn.link.socket().shutdown(std::net::Shutdown::Both);
