@@ -59,7 +59,14 @@ DDP=(torchrun --standalone --nproc_per_node="$N" "$ROOT/bench/h100/ddp.py")
 start_server fifo
 for round in 1 2; do
     timeout 300 "${DDP[@]}" >"$OUT/runs/ddp-native.log" 2>&1
+    # Which GPUs each process's contexts took, every 2 s while it runs.
+    ( for _ in $(seq 15); do
+        nvidia-smi --query-compute-apps=pid,gpu_bus_id,used_memory --format=csv,noheader
+        echo --; sleep 2
+      done >"$OUT/runs/ddp-apps-round$round.txt" 2>&1 ) &
+    apps=$!
     timeout 300 "$KIT/cumux" run --server "unix:$W/s.sock" -- "${DDP[@]}" >"$OUT/runs/ddp-cumux.log" 2>&1
+    kill "$apps" 2>/dev/null
     for side in native cumux; do
         cp "$OUT/runs/ddp-$side.log" "$OUT/runs/ddp-$side-round$round.log"
         say "ddp round $round $side: $(grep -h '^step_times_ms' "$OUT/runs/ddp-$side.log")"
@@ -69,6 +76,8 @@ stop_server
 for side in native cumux; do
     say "ddp $side: $(grep -c '^step [0-9]* loss' "$OUT/runs/ddp-$side.log") steps, step_ms $(value "$OUT/runs/ddp-$side.log" step_ms), busbw $(value "$OUT/runs/ddp-$side.log" allreduce_busbw_gbs) GB/s, $(grep -E 'ddp: PASS' -c "$OUT/runs/ddp-$side.log") PASS"
 done
+# The most GPUs any one process held a context on, over the samples.
+say "ddp cumux: most GPUs one worker process held contexts on: $(awk -F', ' '$1 != "--" { n[$1]++ } $1 == "--" { for (p in n) if (n[p] > m) m = n[p]; delete n } END { print m + 0 }' "$OUT/runs/ddp-apps-round2.txt")"
 same=$(diff <(grep '^step [0-9]* loss' "$OUT/runs/ddp-native.log") <(grep '^step [0-9]* loss' "$OUT/runs/ddp-cumux.log") >/dev/null && echo yes || echo no)
 say "ddp losses equal: $same"
 
