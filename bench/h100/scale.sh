@@ -58,7 +58,13 @@ DDP=(torchrun --standalone --nproc_per_node="$N" "$ROOT/bench/h100/ddp.py")
 # warms the machine), both rounds' step times are in the runs.
 start_server fifo
 for round in 1 2; do
+    ( for _ in $(seq 10); do
+        nvidia-smi --query-compute-apps=pid,gpu_bus_id,used_memory --format=csv,noheader
+        echo --; sleep 2
+      done >"$OUT/runs/ddp-native-apps-round$round.txt" 2>&1 ) &
+    apps=$!
     timeout 300 "${DDP[@]}" >"$OUT/runs/ddp-native.log" 2>&1
+    kill "$apps" 2>/dev/null
     # Which GPUs each process's contexts took, every 2 s while it runs.
     ( for _ in $(seq 15); do
         nvidia-smi --query-compute-apps=pid,gpu_bus_id,used_memory --format=csv,noheader
@@ -77,6 +83,8 @@ for side in native cumux; do
     say "ddp $side: $(grep -c '^step [0-9]* loss' "$OUT/runs/ddp-$side.log") steps, step_ms $(value "$OUT/runs/ddp-$side.log" step_ms), busbw $(value "$OUT/runs/ddp-$side.log" allreduce_busbw_gbs) GB/s, $(grep -E 'ddp: PASS' -c "$OUT/runs/ddp-$side.log") PASS"
 done
 # The most GPUs any one process held a context on, over the samples.
+most() { awk -F', ' '$1 != "--" { n[$1]++ } $1 == "--" { for (p in n) if (n[p] > m) m = n[p]; delete n } END { print m + 0 }' "$1"; }
+say "ddp native: most GPUs one process held contexts on: $(most "$OUT/runs/ddp-native-apps-round2.txt")"
 say "ddp cumux: most GPUs one worker process held contexts on: $(awk -F', ' '$1 != "--" { n[$1]++ } $1 == "--" { for (p in n) if (n[p] > m) m = n[p]; delete n } END { print m + 0 }' "$OUT/runs/ddp-apps-round2.txt")"
 same=$(diff <(grep '^step [0-9]* loss' "$OUT/runs/ddp-native.log") <(grep '^step [0-9]* loss' "$OUT/runs/ddp-cumux.log") >/dev/null && echo yes || echo no)
 say "ddp losses equal: $same"

@@ -155,8 +155,8 @@ pub enum Policy {
     ///   virtual time among active tenants plus `threshold_ns`; tenants within the bound
     ///   run freely, the one too far ahead is held until the others catch up or go idle.
     ///   A tenant idle within its grace counts as active only if its pauses (between
-    ///   going idle and submitting again, on average) are at most half the grace: a
-    ///   closed loop's round trip keeps its place, a tenant that pauses longer never
+    ///   going idle and submitting again, on average) are at most `anticipate_pause_ns`:
+    ///   a closed loop's round trip keeps its place, a tenant that pauses longer never
     ///   leaves the device idle for it;
     /// - among the items that may go, the tenant with the least virtual time first, then
     ///   arrival order.
@@ -223,10 +223,15 @@ pub struct SchedulerConfig {
     /// How the time of running items is charged among them.
     pub charging: Charging,
     /// A tenant with nothing queued or in flight still counts as active for this long,
-    /// if its pauses are short (at most half of it, on average). Covers the
-    /// synchronisation round trip of a closed-loop program, so a tenant that launches,
-    /// waits and launches again keeps its place instead of losing it each time.
+    /// if its pauses are short (`anticipate_pause_ns`). Covers the synchronisation
+    /// round trip of a closed-loop program, so a tenant that launches, waits and
+    /// launches again keeps its place instead of losing it each time.
     pub idle_grace_ns: Nanos,
+    /// The longest pause (between going idle and submitting again, on average) of a
+    /// tenant whose idle grace holds others back: a round trip is far shorter; a
+    /// tenant that sleeps between kernels (a latency probe, a service) pauses longer,
+    /// and the device does not idle for it.
+    pub anticipate_pause_ns: Nanos,
     /// Cost charged at dispatch when nothing is known about an item.
     pub default_cost_ns: Nanos,
     pub limits: Limits,
@@ -241,6 +246,7 @@ impl SchedulerConfig {
             stream_depth: 1,
             charging: Charging::Shared,
             idle_grace_ns: 1_000_000,
+            anticipate_pause_ns: 500_000,
             default_cost_ns: 10_000,
             limits: Limits::default(),
         }

@@ -676,14 +676,15 @@ impl Scheduler {
 
     /// Busy, or idle within the grace after a tenant whose pauses are
     /// short: a closed loop's synchronization round trip keeps its place, a
-    /// tenant that pauses longer (half the grace, on average) does not hold
-    /// the others back while it waits, so the device never idles for it.
+    /// tenant that pauses longer (`anticipate_pause_ns`, on average) does not
+    /// hold the others back while it waits, so the device never idles for it.
     fn is_active(&self, tenant: &Tenant, now: Nanos) -> bool {
         let grace = self.config.idle_grace_ns;
+        let short = self.config.anticipate_pause_ns;
         match tenant.activity {
             Activity::Busy => true,
             Activity::IdleSince(since) => {
-                now - since <= grace && tenant.pause_ns.is_none_or(|p| p <= grace / 2)
+                now - since <= grace && tenant.pause_ns.is_none_or(|p| p <= short)
             }
             Activity::Dormant => false,
         }
