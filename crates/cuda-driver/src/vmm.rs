@@ -2,27 +2,56 @@
 //! physical allocations (`cuMemCreate`), their mappings and the device's
 //! access to them. The caller keeps the tables; these are the driver's calls.
 
-use crate::driver::{cu, to_usize, Context};
+use crate::driver::{cu, to_usize, Context, DeviceId, Driver};
 use crate::error::CudaError;
 use crate::sys::*;
 
-impl Context {
-    /// Pinned memory on this context's device, as `cuMemCreate` and
-    /// `cuMemGetAllocationGranularity` take it.
-    fn pinned_here(&self) -> CUmemAllocationProp {
-        CUmemAllocationProp {
-            kind: CU_MEM_ALLOCATION_TYPE_PINNED,
-            requested_handle_types: 0,
-            location: CUmemLocation {
-                kind: CU_MEM_LOCATION_TYPE_DEVICE,
-                id: self.device().ordinal(),
-            },
-            win32_handle_meta_data: std::ptr::null_mut(),
-            compression_type: 0,
-            gpu_direct_rdma_capable: 0,
-            usage: 0,
-            reserved: [0; 4],
+/// Pinned memory on device `ordinal`, as `cuMemCreate` and
+/// `cuMemGetAllocationGranularity` take it.
+fn pinned_on(ordinal: std::ffi::c_int) -> CUmemAllocationProp {
+    CUmemAllocationProp {
+        kind: CU_MEM_ALLOCATION_TYPE_PINNED,
+        requested_handle_types: 0,
+        location: CUmemLocation {
+            kind: CU_MEM_LOCATION_TYPE_DEVICE,
+            id: ordinal,
+        },
+        win32_handle_meta_data: std::ptr::null_mut(),
+        compression_type: 0,
+        gpu_direct_rdma_capable: 0,
+        usage: 0,
+        reserved: [0; 4],
+    }
+}
+
+impl Driver {
+    /// The (minimum, recommended) granularity of pinned memory on `dev`,
+    /// asked without a context.
+    pub fn vmm_granularity(&self, dev: DeviceId) -> Result<(u64, u64), CudaError> {
+        let prop = pinned_on(dev.ordinal());
+        let mut out = [0u64; 2];
+        for (slot, option) in out.iter_mut().zip([
+            CU_MEM_ALLOC_GRANULARITY_MINIMUM,
+            CU_MEM_ALLOC_GRANULARITY_RECOMMENDED,
+        ]) {
+            let mut granularity = 0usize;
+            // SAFETY: an out-pointer and a properties struct that outlive the call.
+            unsafe {
+                cu!(
+                    self,
+                    cuMemGetAllocationGranularity(&mut granularity, &prop, option)
+                )?
+            };
+            *slot = granularity as u64;
         }
+        Ok((out[0], out[1]))
+    }
+}
+
+impl Context {
+    /// Pinned memory on this context's device.
+    fn pinned_here(&self) -> CUmemAllocationProp {
+        pinned_on(self.device().ordinal())
     }
 
     /// The minimum (or recommended) granularity of pinned device memory.

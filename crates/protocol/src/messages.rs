@@ -151,6 +151,11 @@ pub struct DeviceInfo {
     /// server ordinal, each with `cuDeviceGetP2PAttribute`'s values 1 ..= 4
     /// (performance rank, access, native atomics, array access).
     pub peers: Vec<(u32, [i32; 4])>,
+    /// (minimum, recommended) granularity of its pinned memory for virtual
+    /// memory management, where the server could ask the driver without a
+    /// context: the client answers `cuMemGetAllocationGranularity` with it,
+    /// so a query about a device starts no context there.
+    pub vmm_granularity: Option<(u64, u64)>,
 }
 
 /// One call from a client. `seq` increases by one per call on a connection.

@@ -142,6 +142,11 @@ driver_fn! {
             CU_MEM_ALLOC_GRANULARITY_RECOMMENDED => true,
             _ => return Err(CUDA_ERROR_INVALID_VALUE),
         };
+        // Known from the handshake: no session wakes for the question (NCCL
+        // asks it of every GPU).
+        if let Some((minimum, preferred)) = c.device(device as i32)?.vmm_granularity {
+            return out(granularity, if recommended { preferred } else { minimum } as usize);
+        }
         let value = reply_value(vmm(c, VmmCall::Granularity { device, recommended })?)?;
         out(granularity, value as usize)
     }

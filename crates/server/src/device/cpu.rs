@@ -109,6 +109,7 @@ impl CpuDevice {
                 }),
                 backend: "cpu".into(),
                 peers: Vec::new(),
+                vmm_granularity: Some((cumux_ptx::VMM_GRANULARITY, cumux_ptx::VMM_GRANULARITY)),
             },
             budget: Arc::new(Budget {
                 capacity,

@@ -242,6 +242,7 @@ impl ModelDevice {
                 }),
                 backend: "model".into(),
                 peers: Vec::new(),
+                vmm_granularity: None,
             },
             shared: Arc::new(ModelMemory {
                 capacity,

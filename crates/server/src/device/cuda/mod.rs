@@ -132,6 +132,7 @@ impl CudaDevice {
             attributes: crate::device::attributes::as_served(driver.device_attributes(dev)?),
             backend: "cuda".into(),
             peers: Vec::new(),
+            vmm_granularity: driver.vmm_granularity(dev).ok(),
         };
         Ok(CudaDevice {
             driver: Arc::clone(driver),
