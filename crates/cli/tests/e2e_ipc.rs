@@ -10,25 +10,9 @@
 mod common;
 
 use cumux_protocol::vmm::{ACCESS_READWRITE, HANDLE_TYPE_POSIX_FD};
-use cumux_protocol::{codes, Call, ClientRole, Hello, ReplyBody, VmmCall, MAGIC, PROTOCOL_VERSION};
+use cumux_protocol::{Call, ClientRole, Hello, ReplyBody, VmmCall, MAGIC, PROTOCOL_VERSION};
 use cumux_server::session::Session;
 use cumux_server::tenants::TenantSettings;
-
-fn memset(dst: u64, count: u64) -> Call {
-    Call::Memset {
-        dst,
-        value: 7,
-        elem_bytes: 1,
-        count,
-        pitch: count,
-        height: 1,
-        stream: None,
-    }
-}
-
-fn refused(result: Option<Result<ReplyBody, cumux_protocol::CuError>>) -> bool {
-    matches!(result, Some(Err(e)) if e.code == codes::INVALID_VALUE)
-}
 
 /// A session of `tenant`.
 fn session_of(server: &std::sync::Arc<cumux_server::Server>, tenant: &str) -> Session {
@@ -64,7 +48,7 @@ fn a_memory_handle_opens_in_another_program_of_its_tenant_only() {
         panic!("no allocation")
     };
     // Not this session's memory: no handle.
-    assert!(refused(
+    assert!(common::refused(
         exporter.handle(Call::IpcGetMemHandle { ptr: ptr + 8192 })
     ));
     let got = exporter.handle(Call::IpcGetMemHandle { ptr: ptr + 128 });
@@ -75,11 +59,11 @@ fn a_memory_handle_opens_in_another_program_of_its_tenant_only() {
 
     // Another tenant, a forged handle, a short one: nothing opens.
     let open = |handle: Vec<u8>| Call::IpcOpenMemHandle { handle, flags: 1 };
-    assert!(refused(stranger.handle(open(handle.clone()))));
+    assert!(common::refused(stranger.handle(open(handle.clone()))));
     let mut forged = handle.clone();
     forged[20] ^= 0x40;
-    assert!(refused(opener.handle(open(forged))));
-    assert!(refused(opener.handle(open(handle[..32].to_vec()))));
+    assert!(common::refused(opener.handle(open(forged))));
+    assert!(common::refused(opener.handle(open(handle[..32].to_vec()))));
 
     // The same tenant's other program opens it, and may name it until it closes it.
     let opened = opener.handle(open(handle.clone()));
@@ -87,14 +71,23 @@ fn a_memory_handle_opens_in_another_program_of_its_tenant_only() {
         panic!("not opened: {opened:?}")
     };
     assert_eq!(size, 4096);
-    assert_eq!(opener.handle(memset(base, 4096)), Some(Ok(ReplyBody::Unit)));
-    assert!(refused(opener.handle(memset(base, 4097))), "past its end");
+    assert_eq!(
+        opener.handle(common::memset_call(base, 7, 4096)),
+        Some(Ok(ReplyBody::Unit))
+    );
+    assert!(
+        common::refused(opener.handle(common::memset_call(base, 7, 4097))),
+        "past its end"
+    );
     assert_eq!(
         opener.handle(Call::IpcCloseMemHandle { ptr: base }),
         Some(Ok(ReplyBody::Unit))
     );
-    assert!(refused(opener.handle(memset(base, 16))), "closed");
-    assert!(refused(
+    assert!(
+        common::refused(opener.handle(common::memset_call(base, 7, 16))),
+        "closed"
+    );
+    assert!(common::refused(
         opener.handle(Call::IpcCloseMemHandle { ptr: base })
     ));
     // Not a free of the opener's own.
@@ -102,14 +95,14 @@ fn a_memory_handle_opens_in_another_program_of_its_tenant_only() {
     let Some(Ok(ReplyBody::Range { base, .. })) = again else {
         panic!("not opened again: {again:?}")
     };
-    assert!(refused(opener.handle(Call::MemFree { ptr: base })));
+    assert!(common::refused(opener.handle(Call::MemFree { ptr: base })));
     // The opener ends with it open: its worker closes it.
     opener.close();
 
     // Once the exporting session is gone, its handles open nothing.
     exporter.close();
     let mut late = common::driver_session(&server, "late");
-    assert!(refused(late.handle(open(handle))));
+    assert!(common::refused(late.handle(open(handle))));
     late.close();
     stranger.close();
     shareable_physical_memory_moves_between_sessions(&server);
@@ -164,7 +157,7 @@ fn shareable_physical_memory_moves_between_sessions(server: &std::sync::Arc<cumu
     };
     let export = |handle| Call::Vmm(VmmCall::Export { handle });
     assert!(
-        refused(exporter.handle(export(private))),
+        common::refused(exporter.handle(export(private))),
         "not made shareable"
     );
     assert!(exporter.take_outgoing_fd().is_none());
@@ -172,14 +165,17 @@ fn shareable_physical_memory_moves_between_sessions(server: &std::sync::Arc<cumu
         panic!("no shareable allocation")
     };
     let at = map_whole(&mut exporter, shared, granule);
-    assert_eq!(exporter.handle(memset(at, 64)), Some(Ok(ReplyBody::Unit)));
+    assert_eq!(
+        exporter.handle(common::memset_call(at, 7, 64)),
+        Some(Ok(ReplyBody::Unit))
+    );
     assert_eq!(exporter.handle(export(shared)), Some(Ok(ReplyBody::Unit)));
     let fd = exporter
         .take_outgoing_fd()
         .expect("the descriptor comes with the reply");
 
     // No descriptor, or one that is not exported memory: nothing imported.
-    assert!(refused(importer.handle(Call::Vmm(VmmCall::Import))));
+    assert!(common::refused(importer.handle(Call::Vmm(VmmCall::Import))));
     let null = std::fs::File::open("/dev/null").unwrap();
     importer.give_fd(Ok(null.into()));
     assert!(matches!(

@@ -10,25 +10,9 @@ mod common;
 use std::os::fd::AsFd;
 
 use cumux_protocol::pinned::{create_memfd, HostMapping};
-use cumux_protocol::{codes, Call, ReplyBody, DEFAULT_STREAM};
+use cumux_protocol::{Call, ReplyBody, DEFAULT_STREAM};
 use cumux_testkit::fake_gpu::{f32_bytes, f32s, scale_params};
 const BYTES: u64 = 4096;
-
-fn memset(dst: u64, value: u32, count: u64) -> Call {
-    Call::Memset {
-        dst,
-        value,
-        elem_bytes: 1,
-        count,
-        pitch: count,
-        height: 1,
-        stream: None,
-    }
-}
-
-fn refused(result: Option<Result<ReplyBody, cumux_protocol::CuError>>) -> bool {
-    matches!(result, Some(Err(e)) if e.code == codes::INVALID_VALUE)
-}
 
 #[test]
 fn device_work_reaches_pinned_memory_at_the_clients_address() {
@@ -53,7 +37,7 @@ fn device_work_reaches_pinned_memory_at_the_clients_address() {
 
     // A memset by the client's pointer lands in the client's pages.
     assert_eq!(
-        session.handle(memset(base + 64, 0x5a, 16)),
+        session.handle(common::memset_call(base + 64, 0x5a, 16)),
         Some(Ok(ReplyBody::Unit))
     );
     assert_eq!(bytes(64, 16), [0x5a; 16]);
@@ -90,11 +74,19 @@ fn device_work_reaches_pinned_memory_at_the_clients_address() {
     assert_eq!(read, Some(Ok(ReplyBody::Data(vec![0x5a; 16]))));
 
     // Past the region's end, or once it is gone: refused, the pages untouched.
-    assert!(refused(session.handle(memset(base + BYTES - 8, 1, 16))));
+    assert!(common::refused(session.handle(common::memset_call(
+        base + BYTES - 8,
+        1,
+        16
+    ))));
     assert_eq!(
         session.handle(Call::HostUnregister { region }),
         Some(Ok(ReplyBody::Unit))
     );
-    assert!(refused(session.handle(memset(base + 64, 0, 16))));
+    assert!(common::refused(session.handle(common::memset_call(
+        base + 64,
+        0,
+        16
+    ))));
     assert_eq!(bytes(64, 16), [0x5a; 16]);
 }

@@ -573,3 +573,21 @@ pub fn fixture_scale(session: &mut cumux_server::session::Session) -> cumux_prot
     let scale = module.functions.iter().find(|f| f.name == "scale");
     scale.expect("the fixture's scale kernel").handle
 }
+
+/// A synchronous one-row memset of `count` bytes of `value` at `dst`.
+pub fn memset_call(dst: u64, value: u32, count: u64) -> cumux_protocol::Call {
+    cumux_protocol::Call::Memset {
+        dst,
+        value,
+        elem_bytes: 1,
+        count,
+        pitch: count,
+        height: 1,
+        stream: None,
+    }
+}
+
+/// Whether a session's answer is the refusal of a bad argument.
+pub fn refused(result: Option<Result<cumux_protocol::ReplyBody, cumux_protocol::CuError>>) -> bool {
+    matches!(result, Some(Err(e)) if e.code == cumux_protocol::codes::INVALID_VALUE)
+}
