@@ -139,3 +139,31 @@ fn a_preflight_is_answered_without_a_session() {
         h.server.seats().taken() == 0
     });
 }
+
+/// A device's peers are numbered as the program sees its devices, and a peer
+/// it does not see is left out.
+#[test]
+fn peers_are_numbered_as_the_program_sees_its_devices() {
+    use cumux_server::device::model::ModelDevice;
+    use std::sync::Arc;
+    let link = [0, 1, 1, 0];
+    let devices: Vec<Arc<dyn cumux_server::device::Device>> = vec![
+        Arc::new(ModelDevice::new(1 << 20).with_peers(vec![(1, link), (2, link)])),
+        Arc::new(ModelDevice::new(1 << 20).with_peers(vec![(0, link)])),
+        Arc::new(ModelDevice::new(1 << 20).with_peers(vec![(0, link)])),
+    ];
+    let server = cumux_server::Server::new(devices);
+    let (seen, _) = server.devices_seen(&TenantSettings::default(), Some("2,0"));
+    let peers: Vec<Vec<u32>> = seen
+        .iter()
+        .map(|(_, info)| info.peers.iter().map(|(p, _)| *p).collect())
+        .collect();
+    // The program's 0 is server 2 (reaches server 0, its 1); its 1 is server
+    // 0 (reaches servers 1 and 2: only 2, its 0, is seen).
+    assert_eq!(peers, [vec![1], vec![0]]);
+    let (all, _) = server.devices_seen(&TenantSettings::default(), None);
+    assert_eq!(
+        all[0].1.peers.iter().map(|(p, _)| *p).collect::<Vec<_>>(),
+        [1, 2]
+    );
+}

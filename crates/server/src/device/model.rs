@@ -227,6 +227,13 @@ impl ModelDevice {
         Self::build(capacity, true)
     }
 
+    /// The same model, said to reach `peers`' memory (server ordinals, with
+    /// their peer attributes), as a GPU of an NVLink machine is.
+    pub fn with_peers(mut self, peers: Vec<(u32, [i32; 4])>) -> Self {
+        self.info.peers = peers;
+        self
+    }
+
     fn build(capacity: u64, serial: bool) -> Self {
         let pci = [0, 0x42, 0];
         ModelDevice {
