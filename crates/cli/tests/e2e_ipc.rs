@@ -106,6 +106,75 @@ fn a_memory_handle_opens_in_another_program_of_its_tenant_only() {
     late.close();
     stranger.close();
     shareable_physical_memory_moves_between_sessions(&server);
+    events_are_shared_between_programs_of_one_tenant(&server);
+}
+
+fn events_are_shared_between_programs_of_one_tenant(server: &std::sync::Arc<cumux_server::Server>) {
+    let mut exporter = common::driver_session(server, "event-exporter");
+    let mut opener = common::driver_session(server, "event-opener");
+    let mut stranger = session_of(server, "u");
+    let create = |flags| Call::EventCreate { flags };
+    let Some(Ok(ReplyBody::Handle(timed))) = exporter.handle(create(0)) else {
+        panic!("no event")
+    };
+    // Only an event made interprocess and without timing has a handle.
+    let get = |event| Call::IpcGetEventHandle { event };
+    assert!(common::refused(exporter.handle(get(timed))));
+    let Some(Ok(ReplyBody::Handle(shared))) = exporter.handle(create(0x2 | 0x4)) else {
+        panic!("no interprocess event")
+    };
+    let record = Call::EventRecord {
+        event: shared,
+        stream: cumux_protocol::DEFAULT_STREAM,
+    };
+    assert!(exporter.handle(record).is_none());
+    let got = exporter.handle(get(shared));
+    let Some(Ok(ReplyBody::Data(handle))) = got else {
+        panic!("no handle: {got:?}")
+    };
+    let open = |handle: Vec<u8>| Call::IpcOpenEventHandle { handle };
+    assert!(
+        common::refused(stranger.handle(open(handle.clone()))),
+        "another tenant"
+    );
+    let mut forged = handle.clone();
+    forged[9] ^= 1;
+    assert!(common::refused(opener.handle(open(forged))));
+    // A memory handle's bytes do not open as an event.
+    let Some(Ok(ReplyBody::Ptr(ptr))) = exporter.handle(Call::MemAlloc {
+        device: 0,
+        bytes: 256,
+    }) else {
+        panic!("no allocation")
+    };
+    let Some(Ok(ReplyBody::Data(memory))) = exporter.handle(Call::IpcGetMemHandle { ptr }) else {
+        panic!("no memory handle")
+    };
+    assert!(common::refused(opener.handle(open(memory))));
+    let opened = opener.handle(open(handle.clone()));
+    let Some(Ok(ReplyBody::Handle(event))) = opened else {
+        panic!("not opened: {opened:?}")
+    };
+    let wait = Call::StreamWaitEvent {
+        stream: cumux_protocol::DEFAULT_STREAM,
+        event,
+    };
+    assert!(opener.handle(wait).is_none());
+    assert_eq!(
+        opener.handle(Call::EventSynchronize { event }),
+        Some(Ok(ReplyBody::Unit))
+    );
+    assert_eq!(
+        opener.handle(Call::EventDestroy { event }),
+        Some(Ok(ReplyBody::Unit))
+    );
+    exporter.close();
+    assert!(
+        common::refused(opener.handle(open(handle))),
+        "its exporter is gone"
+    );
+    opener.close();
+    stranger.close();
 }
 
 /// Maps all of `handle` (`size` bytes) at a fresh reservation of `session`.

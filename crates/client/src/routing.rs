@@ -38,6 +38,7 @@ pub fn device_of_call(call: &Call, placements: &Placements) -> u32 {
         | Call::EventElapsed { start: event, .. } => handle(*event),
         Call::HostUnregister { region } => handle(*region),
         Call::IpcGetMemHandle { ptr: p } | Call::IpcCloseMemHandle { ptr: p } => ptr(*p),
+        Call::IpcGetEventHandle { event } => handle(*event),
         Call::GraphCreate { launches } => launches.first().and_then(|l| handle(l.function)),
         Call::GraphLaunch { graph, .. } | Call::GraphDestroy { graph } => handle(*graph),
         Call::Vmm(vmm) => match vmm {
@@ -59,6 +60,7 @@ pub fn device_of_call(call: &Call, placements: &Placements) -> u32 {
         | Call::ContextSynchronize
         | Call::HostRegister { .. }
         | Call::IpcOpenMemHandle { .. }
+        | Call::IpcOpenEventHandle { .. }
         | Call::PeerAccess { .. } => None,
         // Not a program's calls; the first device's session answers them.
         Call::ServerStatus | Call::TenantPut { .. } | Call::TenantRemove { .. } | Call::Fence => {

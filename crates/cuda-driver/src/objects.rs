@@ -339,6 +339,30 @@ impl Event {
         })
     }
 
+    /// The driver's handle for this event (made `CU_EVENT_INTERPROCESS`),
+    /// which another process opens ([`Event::open_ipc`]); 64 bytes.
+    pub fn ipc_handle(&self) -> Result<[u8; 64], CudaError> {
+        self.ctx.make_current()?;
+        let mut handle = CUipcMemHandle { reserved: [0; 64] };
+        // SAFETY: `handle` is a valid out-pointer, `raw` is live.
+        unsafe { cu!(self.ctx.driver, cuIpcGetEventHandle(&mut handle, self.raw))? };
+        Ok(handle.reserved)
+    }
+
+    /// Another process's event, by its handle: waits on it wait for that
+    /// process's work; destroying it closes it.
+    pub fn open_ipc(ctx: &Arc<Context>, handle: [u8; 64]) -> Result<Event, CudaError> {
+        ctx.make_current()?;
+        let mut raw: CUevent = std::ptr::null_mut();
+        let handle = CUipcMemHandle { reserved: handle };
+        // SAFETY: `raw` is a valid out-pointer; the handle is bytes the driver checks.
+        unsafe { cu!(ctx.driver, cuIpcOpenEventHandle(&mut raw, handle))? };
+        Ok(Event {
+            ctx: Arc::clone(ctx),
+            raw,
+        })
+    }
+
     pub fn record(&self, stream: &Stream) -> Result<(), CudaError> {
         self.ctx.make_current()?;
         // SAFETY: both handles are live.

@@ -305,6 +305,8 @@ driver_api! {
     cuGraphExecDestroy ["cuGraphExecDestroy"] (CUgraphExec);
     cuGraphDestroy ["cuGraphDestroy"] (CUgraph);
     cuMemGetAllocationGranularity ["cuMemGetAllocationGranularity"] (*mut usize, *const CUmemAllocationProp, c_uint);
+    cuIpcGetEventHandle ["cuIpcGetEventHandle"] (*mut CUipcMemHandle, CUevent);
+    cuIpcOpenEventHandle ["cuIpcOpenEventHandle"] (*mut CUevent, CUipcMemHandle);
     cuIpcGetMemHandle ["cuIpcGetMemHandle"] (*mut CUipcMemHandle, CUdeviceptr);
     cuIpcOpenMemHandle ["cuIpcOpenMemHandle_v2"] (*mut CUdeviceptr, CUipcMemHandle, c_uint);
     cuIpcCloseMemHandle ["cuIpcCloseMemHandle"] (CUdeviceptr);

@@ -267,6 +267,20 @@ CUresult cuEventQuery(void *e) { (void)e; return 0; }
 CUresult cuEventSynchronize(void *e) { (void)e; flush_prints(); return 0; }
 CUresult cuEventElapsedTime(float *ms, void *a, void *b) { (void)a; (void)b; *ms = 1.5f; return 0; }
 CUresult cuEventDestroy_v2(void *e) { (void)e; return 0; }
+/* An event's IPC handle names the fake's one event; another process opens it
+ * as that event (every fake event is always done). */
+CUresult cuIpcGetEventHandle(void *h, void *e) {
+    if (!h || !e) return 1;
+    memset(h, 0, 64);
+    memcpy(h, "fakeevt!", 8);
+    return 0;
+}
+typedef struct { char reserved[64]; } fake_ipc_event_handle;
+CUresult cuIpcOpenEventHandle(void **e, fake_ipc_event_handle h) {
+    if (!e || memcmp(h.reserved, "fakeevt!", 8) != 0) return 1;
+    *e = &event_token;
+    return 0;
+}
 
 /* Every module holds the kernels of crates/fatbin/tests/fixtures/k.cu:
  * add(const float*, const float*, float*, int) and scale(float*, float, int),

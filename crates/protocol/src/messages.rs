@@ -361,6 +361,17 @@ pub enum Call {
     IpcCloseMemHandle {
         ptr: DevicePtr,
     },
+    /// `cuIpcGetEventHandle` of an event made interprocess: answered by
+    /// `Data` of [`IPC_HANDLE_BYTES`].
+    IpcGetEventHandle {
+        event: Handle,
+    },
+    /// `cuIpcOpenEventHandle` of another program's event (of this tenant):
+    /// answered by `Handle`, an event of this session.
+    IpcOpenEventHandle {
+        #[serde(with = "serde_bytes")]
+        handle: Vec<u8>,
+    },
     /// `cuCtxEnablePeerAccess` (`enable`) or `cuCtxDisablePeerAccess`: this
     /// session's context and the program's session on device `peer` (its
     /// numbering of its devices).

@@ -1,4 +1,5 @@
-//! The memory handles (`cuIpcGetMemHandle`) this server's sessions gave out:
+//! The memory and event handles (`cuIpcGetMemHandle`, `cuIpcGetEventHandle`)
+//! this server's sessions gave out:
 //! a session opens only a handle the server issued to a session of its own
 //! tenant, so a handle guessed, forged or taken from another tenant opens
 //! nothing. The handle bytes are the device driver's own.
@@ -7,6 +8,20 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 
 use crate::locking::lock;
+
+/// What a handle names: device memory or an event.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum IpcKind {
+    Memory,
+    Event,
+}
+
+fn key(kind: IpcKind, handle: &[u8]) -> Vec<u8> {
+    let mut key = Vec::with_capacity(handle.len() + 1);
+    key.push(kind as u8);
+    key.extend_from_slice(handle);
+    key
+}
 
 /// Who exported a handle.
 struct Export {
@@ -21,19 +36,19 @@ pub struct IpcHandles {
 }
 
 impl IpcHandles {
-    /// Records that `session` of `tenant` gave out `handle`.
-    pub fn issue(&self, handle: &[u8], tenant: &str, session: u64) {
+    /// Records that `session` of `tenant` gave out `handle` of `kind`.
+    pub fn issue(&self, kind: IpcKind, handle: &[u8], tenant: &str, session: u64) {
         let export = Export {
             tenant: tenant.to_string(),
             session,
         };
-        lock(&self.issued).insert(handle.to_vec(), export);
+        lock(&self.issued).insert(key(kind, handle), export);
     }
 
-    /// Whether a session of `tenant` may open `handle`.
-    pub fn may_open(&self, handle: &[u8], tenant: &str) -> bool {
+    /// Whether a session of `tenant` may open `handle` as one of `kind`.
+    pub fn may_open(&self, kind: IpcKind, handle: &[u8], tenant: &str) -> bool {
         lock(&self.issued)
-            .get(handle)
+            .get(&key(kind, handle))
             .is_some_and(|e| e.tenant == tenant)
     }
 
@@ -49,12 +64,17 @@ mod tests {
 
     #[test]
     fn only_the_issuing_tenant_opens_a_handle_while_its_session_lives() {
+        use IpcKind::{Event, Memory};
         let handles = IpcHandles::default();
-        handles.issue(&[7; 64], "alice", 3);
-        assert!(handles.may_open(&[7; 64], "alice"));
-        assert!(!handles.may_open(&[7; 64], "bob"));
-        assert!(!handles.may_open(&[8; 64], "alice"));
+        handles.issue(Memory, &[7; 64], "alice", 3);
+        assert!(handles.may_open(Memory, &[7; 64], "alice"));
+        assert!(
+            !handles.may_open(Event, &[7; 64], "alice"),
+            "not an event's"
+        );
+        assert!(!handles.may_open(Memory, &[7; 64], "bob"));
+        assert!(!handles.may_open(Memory, &[8; 64], "alice"));
         handles.withdraw(3);
-        assert!(!handles.may_open(&[7; 64], "alice"));
+        assert!(!handles.may_open(Memory, &[7; 64], "alice"));
     }
 }

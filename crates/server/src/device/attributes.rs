@@ -17,12 +17,12 @@ pub use cumux_protocol::launch_checks::{MAX_BLOCK_DIM, MAX_GRID_DIM, SHARED_PER_
 /// Capabilities a GPU has that a program does not get through cumux, so a
 /// program told of them would choose a path that then fails: GPUDirect RDMA
 /// (a NIC cannot reach device memory through the client), shareable handles
-/// other than file descriptors, memory pools' and IPC events (not exported
-/// yet), multicast objects,
+/// other than file descriptors, memory pools' (not exported yet), multicast
+/// objects,
 /// host NUMA virtual memory, and managed memory the device and the host use
 /// concurrently or through the host's page tables (cumux keeps managed memory
 /// coherent at synchronization points only).
-const NOT_SERVED: [u32; 17] = [
+const NOT_SERVED: [u32; 16] = [
     88,  // PAGEABLE_MEMORY_ACCESS
     89,  // CONCURRENT_MANAGED_ACCESS
     100, // PAGEABLE_MEMORY_ACCESS_USES_HOST_PAGE_TABLES
@@ -34,7 +34,6 @@ const NOT_SERVED: [u32; 17] = [
     117, // GPU_DIRECT_RDMA_FLUSH_WRITES_OPTIONS
     118, // GPU_DIRECT_RDMA_WRITES_ORDERING
     119, // MEMPOOL_SUPPORTED_HANDLE_TYPES
-    125, // IPC_EVENT_SUPPORTED
     128, // HANDLE_TYPE_FABRIC_SUPPORTED
     132, // MULTICAST_SUPPORTED
     141, // HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED

@@ -426,6 +426,23 @@ pub trait StreamOrdered: Send + Sync {
     /// `flags` are `CU_EVENT_*`.
     fn event_create(&self, event: Handle, flags: u32) -> Result<(), CuError>;
     fn event_destroy(&self, event: Handle) -> Result<(), CuError>;
+    /// The driver's handle of `event` (made interprocess), which another
+    /// process opens as an event of its own ([`StreamOrdered::event_open_ipc`]).
+    fn event_ipc_handle(&self, event: Handle) -> Result<Vec<u8>, CuError> {
+        let _ = event;
+        Err(CuError::new(
+            cumux_protocol::codes::NOT_SUPPORTED,
+            "this device shares no events between processes",
+        ))
+    }
+    /// Opens another process's event by its `handle` as `event` here.
+    fn event_open_ipc(&self, event: Handle, handle: &[u8]) -> Result<(), CuError> {
+        let _ = (event, handle);
+        Err(CuError::new(
+            cumux_protocol::codes::NOT_SUPPORTED,
+            "this device shares no events between processes",
+        ))
+    }
     /// Queues `work` on `stream` and returns without waiting for it; false when
     /// it failed at once (the failure is kept for the next waiting call).
     fn enqueue(&self, stream: Handle, work: StreamWork) -> bool;

@@ -3,10 +3,15 @@
 //! (`cuIpcOpenMemHandle`), which its calls may then name like its own, and
 //! peer access to the program's context on another device.
 
-use cumux_protocol::{codes, DevicePtr, ReplyBody, IPC_HANDLE_BYTES};
+use cumux_protocol::{codes, DevicePtr, Handle, ReplyBody, IPC_HANDLE_BYTES};
 
 use super::core::err;
 use super::{CallResult, Session};
+use crate::ipc::IpcKind;
+
+/// `CU_EVENT_DISABLE_TIMING | CU_EVENT_INTERPROCESS`: what an event shared
+/// between processes must be made with.
+const EVENT_IPC_FLAGS: u32 = 0x2 | 0x4;
 
 impl Session {
     /// The tenant of a driver session; status queries share no memory.
@@ -38,7 +43,9 @@ impl Session {
                 )
             })?;
         let handle = self.ctx.ipc_export(base)?;
-        self.server.ipc().issue(&handle, &tenant, self.id());
+        self.server
+            .ipc()
+            .issue(IpcKind::Memory, &handle, &tenant, self.id());
         Ok(ReplyBody::Data(handle))
     }
 
@@ -49,7 +56,11 @@ impl Session {
         if handle.len() != IPC_HANDLE_BYTES {
             return Err(err(codes::INVALID_VALUE, "an IPC handle is 64 bytes"));
         }
-        if !self.server.ipc().may_open(&handle, &tenant) {
+        if !self
+            .server
+            .ipc()
+            .may_open(IpcKind::Memory, &handle, &tenant)
+        {
             return Err(err(
                 codes::INVALID_VALUE,
                 "not a memory handle a program of this tenant gave out on this server",
@@ -72,6 +83,46 @@ impl Session {
         self.ipc_opened.remove(&base);
         self.ctx.ipc_close(base)?;
         Ok(ReplyBody::Unit)
+    }
+
+    /// A handle to `event`, made interprocess and without timing, as the
+    /// driver requires.
+    pub(super) fn ipc_get_event(&mut self, event: Handle) -> CallResult {
+        let tenant = self.ipc_tenant()?;
+        let flags = *self
+            .events
+            .get(&event)
+            .ok_or_else(|| err(codes::INVALID_HANDLE, format!("unknown event {event:#x}")))?;
+        if flags & EVENT_IPC_FLAGS != EVENT_IPC_FLAGS {
+            return Err(err(
+                codes::INVALID_VALUE,
+                "an event shared between processes is made interprocess and without timing",
+            ));
+        }
+        let handle = self.ordered()?.event_ipc_handle(event)?;
+        self.server
+            .ipc()
+            .issue(IpcKind::Event, &handle, &tenant, self.id());
+        Ok(ReplyBody::Data(handle))
+    }
+
+    /// Opens another program's event (of this tenant) as an event of this
+    /// session: waiting for it waits for that program's work.
+    pub(super) fn ipc_open_event(&mut self, handle: Vec<u8>) -> CallResult {
+        let tenant = self.ipc_tenant()?;
+        if handle.len() != IPC_HANDLE_BYTES {
+            return Err(err(codes::INVALID_VALUE, "an IPC handle is 64 bytes"));
+        }
+        if !self.server.ipc().may_open(IpcKind::Event, &handle, &tenant) {
+            return Err(err(
+                codes::INVALID_VALUE,
+                "not an event handle a program of this tenant gave out on this server",
+            ));
+        }
+        let event = self.mint_handle();
+        self.ordered()?.event_open_ipc(event, &handle)?;
+        self.events.insert(event, EVENT_IPC_FLAGS);
+        Ok(ReplyBody::Handle(event))
     }
 
     /// Peer access between this session's context and the program's context

@@ -687,6 +687,8 @@ impl Session {
             Call::IpcOpenMemHandle { handle, flags } => self.ipc_open(handle, flags),
             Call::IpcCloseMemHandle { ptr } => self.ipc_close(ptr),
             Call::PeerAccess { peer, enable } => self.peer_access(peer, enable),
+            Call::IpcGetEventHandle { event } => self.ipc_get_event(event),
+            Call::IpcOpenEventHandle { handle } => self.ipc_open_event(handle),
         }
     }
 

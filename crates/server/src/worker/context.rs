@@ -876,6 +876,21 @@ impl StreamOrdered for WorkerContext {
         self.unit(&WorkerRequest::EventDestroy { event }, &[])
     }
 
+    fn event_ipc_handle(&self, event: Handle) -> Result<Vec<u8>, CuError> {
+        match self.call(&WorkerRequest::EventIpcHandle { event }, &[], None)? {
+            WorkerValue::IpcHandle(handle) => Ok(handle),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    fn event_open_ipc(&self, event: Handle, handle: &[u8]) -> Result<(), CuError> {
+        let request = WorkerRequest::EventOpenIpc {
+            event,
+            handle: handle.to_vec(),
+        };
+        self.unit(&request, &[])
+    }
+
     fn graph_create(&self, graph: Handle, launches: Vec<StreamWork>) -> Result<(), CuError> {
         let local = launches
             .into_iter()

@@ -510,6 +510,12 @@ impl Served<'_, '_> {
             WorkerRequest::EventDestroy { event } => {
                 guarded(kind, || unit(ordered.event_destroy(event)))
             }
+            WorkerRequest::EventIpcHandle { event } => guarded(kind, || {
+                value(ordered.event_ipc_handle(event).map(WorkerValue::IpcHandle))
+            }),
+            WorkerRequest::EventOpenIpc { event, handle } => {
+                guarded(kind, || unit(ordered.event_open_ipc(event, &handle)))
+            }
             WorkerRequest::GraphCreate { graph, launches } => guarded(kind, || {
                 unit(ordered.graph_create(graph, launches.into_iter().map(Into::into).collect()))
             }),

@@ -497,6 +497,16 @@ impl StreamOrdered for SharedView {
         Ok(())
     }
 
+    fn event_ipc_handle(&self, event: Handle) -> Result<Vec<u8>, CuError> {
+        self.conn.event_ipc_handle(self.name(event))
+    }
+
+    fn event_open_ipc(&self, event: Handle, handle: &[u8]) -> Result<(), CuError> {
+        self.conn.event_open_ipc(self.name(event), handle)?;
+        lock(&self.state).events.insert(event);
+        Ok(())
+    }
+
     fn attach_signals(&self, path: &std::path::Path) -> Result<(), CuError> {
         self.conn.attach_signals(path)
     }

@@ -116,6 +116,16 @@ pub enum WorkerRequest {
     /// A virtual memory operation on the context, checked by the session;
     /// answered by [`WorkerValue::Number`].
     Vmm(VmmOp),
+    /// `StreamOrdered::event_ipc_handle`: answered by [`WorkerValue::IpcHandle`].
+    EventIpcHandle {
+        event: Handle,
+    },
+    /// `StreamOrdered::event_open_ipc`.
+    EventOpenIpc {
+        event: Handle,
+        #[serde(with = "serde_bytes")]
+        handle: Vec<u8>,
+    },
     /// This connection's context's number in the worker: answered by
     /// [`WorkerValue::Number`] (another connection names it for peer access).
     ContextId,
@@ -202,6 +212,8 @@ impl WorkerRequest {
                 | WorkerRequest::VmmExport { .. }
                 | WorkerRequest::VmmImport
                 | WorkerRequest::ContextId
+                | WorkerRequest::EventIpcHandle { .. }
+                | WorkerRequest::EventOpenIpc { .. }
                 | WorkerRequest::PeerAccess { .. }
                 | WorkerRequest::IpcOpen { .. }
         )

@@ -146,6 +146,23 @@ impl StreamOrdered for CudaContext {
         Ok(())
     }
 
+    fn event_ipc_handle(&self, event: Handle) -> Result<Vec<u8>, CuError> {
+        let found = lock(&self.ordered).events.get(&event).cloned();
+        let event = found.ok_or_else(|| {
+            CuError::new(codes::INVALID_HANDLE, format!("unknown event {event:#x}"))
+        })?;
+        event.ipc_handle().map(|h| h.to_vec()).map_err(cu_err)
+    }
+
+    fn event_open_ipc(&self, event: Handle, handle: &[u8]) -> Result<(), CuError> {
+        let handle: [u8; 64] = handle
+            .try_into()
+            .map_err(|_| CuError::new(codes::INVALID_VALUE, "an IPC handle is 64 bytes"))?;
+        let opened = Arc::new(Event::open_ipc(self.ctx()?, handle).map_err(cu_err)?);
+        lock(&self.ordered).events.insert(event, opened);
+        Ok(())
+    }
+
     fn event_destroy(&self, event: Handle) -> Result<(), CuError> {
         match lock(&self.ordered).events.remove(&event) {
             Some(_) => Ok(()),
