@@ -307,6 +307,11 @@ pub trait DeviceContext: Send + Sync {
     /// The context as `Any`, so a backend can tell its own contexts among
     /// others (peer access needs the peer's own handle).
     fn as_any(&self) -> &dyn std::any::Any;
+    /// What stands for this context when another names it as a peer: the
+    /// context itself, or the connection a view of a shared context wraps.
+    fn peer_any(&self) -> &dyn std::any::Any {
+        self.as_any()
+    }
     /// Lets this context's kernels reach `peer`'s memory (`enable`), or no
     /// longer: `peer` is a context of the same program on another device,
     /// in the same process (`Device::create_context_in`).

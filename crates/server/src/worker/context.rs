@@ -788,13 +788,9 @@ impl DeviceContext for WorkerContext {
     /// context's worker process (`Colocation`): the worker enables it
     /// between the two, by the peer's number there.
     fn peer_access(&self, peer: &dyn DeviceContext, enable: bool) -> Result<(), CuError> {
-        let any = peer.as_any();
-        let peer = any
+        let peer = peer
+            .peer_any()
             .downcast_ref::<WorkerContext>()
-            .or_else(|| {
-                any.downcast_ref::<super::shared::SharedView>()
-                    .map(|v| v.connection())
-            })
             .ok_or_else(|| CuError::new(codes::INVALID_CONTEXT, "the peer is not in a worker"))?;
         let peer_id = match peer.call(&WorkerRequest::ContextId, &[], None)? {
             WorkerValue::Number(id) => id,

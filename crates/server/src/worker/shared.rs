@@ -426,6 +426,10 @@ impl DeviceContext for SharedView {
         self.conn.peer_access(peer, enable)
     }
 
+    fn peer_any(&self) -> &dyn std::any::Any {
+        self.conn.as_any()
+    }
+
     fn vmm_import(&self, fd: std::os::fd::BorrowedFd<'_>) -> Result<u64, CuError> {
         self.conn.vmm_import(fd)
     }
@@ -630,11 +634,6 @@ impl Drop for SharedView {
 }
 
 impl SharedView {
-    /// The view's own connection to the shared context.
-    pub fn connection(&self) -> &WorkerContext {
-        &self.conn
-    }
-
     fn synchronize_all(&self, state: &ViewState) -> Result<(), CuError> {
         for t in self.streams_of(state, SyncTarget::Context) {
             let waited = self.conn.synchronize(t);
