@@ -139,50 +139,33 @@ fn cuda_devices(
     cuda_worker_devices(exe, sharing, kernel_timeout)
 }
 
-/// What `cumux serve` serves: the kind of device, how many CPU devices, each
-/// one's memory and launch budget, how GPUs share contexts, and the watchdog.
-struct DeviceChoice {
-    kind: String,
+fn choose_devices(
+    kind: &str,
     cpu_devices: u32,
     memory: u64,
     launch_budget: u64,
     sharing: Sharing,
     kernel_timeout: Option<Duration>,
-}
-
-fn choose_devices(choice: &DeviceChoice) -> Result<Vec<Arc<dyn Device>>> {
-    let DeviceChoice {
-        kind,
-        cpu_devices,
-        memory,
-        launch_budget,
-        sharing,
-        kernel_timeout,
-    } = choice;
-    let (memory, launch_budget, sharing, kernel_timeout) =
-        (*memory, *launch_budget, *sharing, *kernel_timeout);
-    if *cpu_devices == 0 || *cpu_devices > MAX_CPU_DEVICES {
-        bail!(
-            "--cpu-devices {cpu_devices}: serve 1 to {} CPU devices",
-            MAX_CPU_DEVICES
-        );
+) -> Result<Vec<Arc<dyn Device>>> {
+    if cpu_devices == 0 || cpu_devices > MAX_CPU_DEVICES {
+        bail!("--cpu-devices {cpu_devices}: serve 1 to {MAX_CPU_DEVICES} CPU devices");
     }
     let cpu = || -> Result<Vec<Arc<dyn Device>>> {
         if kernel_timeout.is_some() {
             tracing::warn!("--kernel-timeout applies to devices served by workers (GPUs, worker-cpu); the CPU device stops a kernel by its --launch-budget");
         }
-        (0..*cpu_devices)
+        (0..cpu_devices)
             .map(|n| numbered_cpu_device(n, memory, launch_budget).map_err(anyhow::Error::msg))
             .collect()
     };
-    match kind.as_str() {
+    match kind {
         "cpu" => cpu(),
         // The model device of the server's tests: no kernels of real programs.
         "model" => Ok(vec![Arc::new(ModelDevice::new(memory))]),
         // The CPU device in worker processes: the cuda backend's machinery, testable without a GPU.
         "worker-cpu" => {
             let exe = std::env::current_exe().context("cannot find the cumux executable")?;
-            (0..*cpu_devices)
+            (0..cpu_devices)
                 .map(|n| {
                     cpu_worker_device(
                         exe.clone(),
@@ -272,14 +255,15 @@ pub fn serve(options: ServeOptions) -> Result<()> {
         bail!("--sharing shared applies to GPUs (and worker-cpu); the {kind} device gives each session its own context");
     }
     let kernel_timeout = settings.kernel_timeout;
-    let devices = choose_devices(&DeviceChoice {
-        kind: kind.clone(),
-        cpu_devices: settings.cpu_devices.unwrap_or(1),
+    let cpu_devices = settings.cpu_devices.unwrap_or(1);
+    let devices = choose_devices(
+        &kind,
+        cpu_devices,
         memory,
         launch_budget,
         sharing,
         kernel_timeout,
-    })?;
+    )?;
     for (name, t) in &file.tenants.tenants {
         if let Some(bad) = t
             .devices

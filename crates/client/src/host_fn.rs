@@ -27,10 +27,7 @@ pub fn enqueue(
     let create = Call::EventCreate {
         flags: CU_EVENT_DISABLE_TIMING,
     };
-    let event = match client.call_on(device, create)? {
-        cumux_protocol::ReplyBody::Handle(h) => h,
-        _ => return Err(CUDA_ERROR_UNKNOWN),
-    };
+    let event = client.call_for_handle_on(device, create)?;
     client.call(Call::EventRecord { event, stream })?;
     let mut s = client.lock();
     let q = s.host_fns.entry(stream).or_default();

@@ -59,7 +59,7 @@ pub fn alloc(c: &Client, bytes: usize) -> Option<PinnedMemory> {
     // The current device's session takes it; the program's sessions on its
     // other devices may name it too (the server shares it among them).
     let device = crate::state::current_device();
-    match c.register_host(device, call, fd.as_fd()) {
+    match c.call_with_fd_on(device, call, fd.as_fd()) {
         Ok(ReplyBody::Handle(region)) => Some(PinnedMemory {
             region,
             device,

@@ -8,21 +8,31 @@ use cumux_protocol::{device_of_handle, Call, Handle, VmmCall, DEFAULT_STREAM};
 
 use crate::state::{current_device, Placements};
 
+/// The device of work on `stream` (unless the default stream, the current
+/// context's) touching device memory at `ptr`: the stream's, else the
+/// allocation's; `None` where neither says.
+pub fn device_of_access(placements: &Placements, ptr: u64, stream: Option<Handle>) -> Option<u32> {
+    stream
+        .filter(|&s| s != DEFAULT_STREAM)
+        .map(device_of_handle)
+        .or_else(|| placements.device_of(ptr))
+}
+
 /// The device `call` is for.
 pub fn device_of_call(call: &Call, placements: &Placements) -> u32 {
     let handle = |h: Handle| Some(device_of_handle(h));
     let stream = |s: Handle| (s != DEFAULT_STREAM).then(|| device_of_handle(s));
-    let on_stream = |s: &Option<Handle>| s.and_then(stream);
     let ptr = |p: u64| placements.device_of(p);
+    let access = |p: u64, s: &Option<Handle>| device_of_access(placements, p, *s);
     let found = match call {
         Call::MemAlloc { device, .. } | Call::MemGetInfo { device } => Some(*device),
         Call::MemFree { ptr: p } | Call::MemAddressRange { ptr: p } => ptr(*p),
         Call::MemcpyHtoD { dst, stream: s, .. }
         | Call::MemcpyHtoDHost { dst, stream: s, .. }
         | Call::Memset { dst, stream: s, .. }
-        | Call::MemcpyDtoD { dst, stream: s, .. } => on_stream(s).or_else(|| ptr(*dst)),
+        | Call::MemcpyDtoD { dst, stream: s, .. } => access(*dst, s),
         Call::MemcpyDtoH { src, stream: s, .. } | Call::MemcpyDtoHHost { src, stream: s, .. } => {
-            on_stream(s).or_else(|| ptr(*src))
+            access(*src, s)
         }
         Call::ModuleUnload { module } => handle(*module),
         Call::Launch { function, .. } => handle(*function),

@@ -51,7 +51,7 @@ fn setup(c: &Client, device: u32) -> CuResult<StagingBuffer> {
         base: mapping.as_ptr() as u64,
         bytes: len,
     };
-    let region = match c.register_host(device, call, fd.as_fd())? {
+    let region = match c.call_with_fd_on(device, call, fd.as_fd())? {
         ReplyBody::Handle(h) => h,
         _ => return Err(CUDA_ERROR_UNKNOWN),
     };
@@ -60,10 +60,7 @@ fn setup(c: &Client, device: u32) -> CuResult<StagingBuffer> {
         let create = Call::EventCreate {
             flags: CU_EVENT_DISABLE_TIMING,
         };
-        *e = match c.call_on(device, create)? {
-            ReplyBody::Handle(h) => h,
-            _ => return Err(CUDA_ERROR_UNKNOWN),
-        };
+        *e = c.call_for_handle_on(device, create)?;
     }
     Ok(StagingBuffer {
         device,

@@ -28,23 +28,25 @@ impl Driver {
     /// The (minimum, recommended) granularity of pinned memory on `dev`,
     /// asked without a context.
     pub fn vmm_granularity(&self, dev: DeviceId) -> Result<(u64, u64), CudaError> {
+        Ok((self.granularity(dev, false)?, self.granularity(dev, true)?))
+    }
+
+    /// The minimum (or recommended) granularity of pinned memory on `dev`.
+    fn granularity(&self, dev: DeviceId, recommended: bool) -> Result<u64, CudaError> {
         let prop = pinned_on(dev.ordinal());
-        let mut out = [0u64; 2];
-        for (slot, option) in out.iter_mut().zip([
-            CU_MEM_ALLOC_GRANULARITY_MINIMUM,
-            CU_MEM_ALLOC_GRANULARITY_RECOMMENDED,
-        ]) {
-            let mut granularity = 0usize;
-            // SAFETY: an out-pointer and a properties struct that outlive the call.
-            unsafe {
-                cu!(
-                    self,
-                    cuMemGetAllocationGranularity(&mut granularity, &prop, option)
-                )?
-            };
-            *slot = granularity as u64;
-        }
-        Ok((out[0], out[1]))
+        let option = match recommended {
+            true => CU_MEM_ALLOC_GRANULARITY_RECOMMENDED,
+            false => CU_MEM_ALLOC_GRANULARITY_MINIMUM,
+        };
+        let mut granularity = 0usize;
+        // SAFETY: an out-pointer and a properties struct that outlive the call.
+        unsafe {
+            cu!(
+                self,
+                cuMemGetAllocationGranularity(&mut granularity, &prop, option)
+            )?
+        };
+        Ok(granularity as u64)
     }
 }
 
@@ -57,20 +59,7 @@ impl Context {
     /// The minimum (or recommended) granularity of pinned device memory.
     pub fn vmm_granularity(&self, recommended: bool) -> Result<u64, CudaError> {
         self.make_current()?;
-        let prop = self.pinned_here();
-        let option = match recommended {
-            true => CU_MEM_ALLOC_GRANULARITY_RECOMMENDED,
-            false => CU_MEM_ALLOC_GRANULARITY_MINIMUM,
-        };
-        let mut granularity = 0usize;
-        // SAFETY: an out-pointer and a properties struct that outlive the call.
-        unsafe {
-            cu!(
-                self.driver,
-                cuMemGetAllocationGranularity(&mut granularity, &prop, option)
-            )?
-        };
-        Ok(granularity as u64)
+        self.driver.granularity(self.device(), recommended)
     }
 
     /// Reserves `size` bytes of device addresses aligned to `alignment`

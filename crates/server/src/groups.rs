@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex, Weak};
 use cumux_protocol::pinned::HostMapping;
 use cumux_protocol::Handle;
 
-use crate::device::ContextGroup;
+use crate::device::{ContextGroup, DeviceContext};
 use crate::locking::lock;
 use crate::worker::wire::new_nonce;
 
@@ -21,7 +21,7 @@ pub struct ProgramGroup {
     /// What the devices keep to hold the program's contexts together.
     pub contexts: ContextGroup,
     /// The program's contexts, by the device each is for (its numbering).
-    members: Mutex<HashMap<u32, std::sync::Weak<dyn crate::device::DeviceContext>>>,
+    members: Mutex<HashMap<u32, Weak<dyn DeviceContext>>>,
     /// The pinned host regions the program registered with any of its
     /// sessions: a copy on another of its devices may name them (its
     /// contexts share one process, where the region is mapped).
@@ -35,15 +35,13 @@ impl ProgramGroup {
     }
 
     /// Records the program's context for its device `device`.
-    pub fn add_member(&self, device: u32, ctx: &Arc<dyn crate::device::DeviceContext>) {
+    pub fn add_member(&self, device: u32, ctx: &Arc<dyn DeviceContext>) {
         lock(&self.members).insert(device, Arc::downgrade(ctx));
     }
 
     /// The program's context for its device `device`, while its session lives.
-    pub fn member(&self, device: u32) -> Option<Arc<dyn crate::device::DeviceContext>> {
-        lock(&self.members)
-            .get(&device)
-            .and_then(std::sync::Weak::upgrade)
+    pub fn member(&self, device: u32) -> Option<Arc<dyn DeviceContext>> {
+        lock(&self.members).get(&device).and_then(Weak::upgrade)
     }
 
     /// Lets the program's other sessions name `region`.

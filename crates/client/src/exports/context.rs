@@ -92,14 +92,8 @@ fn peer_access(peer: *mut c_void, enable: Option<u32>) -> CuResult<()> {
     if mine == theirs {
         return Err(CUDA_ERROR_INVALID_DEVICE);
     }
-    let mut can = 0;
-    // SAFETY: `can` is a valid out-pointer for the call.
-    let asked =
-        unsafe { super::device::cuDeviceCanAccessPeer(&mut can, mine as i32, theirs as i32) };
-    if asked != CUDA_SUCCESS {
-        return Err(asked);
-    }
-    if can == 0 {
+    let access = super::device::P2P_ACCESS_SUPPORTED;
+    if super::device::peer_attribute(c, mine as i32, theirs as i32, access)? == 0 {
         return Err(CUDA_ERROR_PEER_ACCESS_UNSUPPORTED);
     }
     let pair = (mine, theirs);
@@ -110,7 +104,7 @@ fn peer_access(peer: *mut c_void, enable: Option<u32>) -> CuResult<()> {
         _ => {}
     }
     // The peer's session must be open for the server to find its context.
-    c.link(theirs)?;
+    c.link(theirs, "PeerAccess")?;
     let call = Call::PeerAccess {
         peer: theirs,
         enable: enable.is_some(),

@@ -31,11 +31,16 @@ fn pci_bus_id(c: &crate::state::Client, dev: i32) -> CuResult<String> {
 }
 
 /// `CU_DEVICE_P2P_ATTRIBUTE_ACCESS_SUPPORTED`.
-const P2P_ACCESS_SUPPORTED: u32 = 2;
+pub(super) const P2P_ACCESS_SUPPORTED: u32 = 2;
 
 /// `cuDeviceGetP2PAttribute`'s value `attr` (1 ..= 4) for `dev` reaching
 /// `peer`'s memory, as the server measured it on its GPUs (`DeviceInfo::peers`).
-fn peer_attribute(c: &crate::state::Client, dev: i32, peer: i32, attr: u32) -> CuResult<i32> {
+pub(super) fn peer_attribute(
+    c: &crate::state::Client,
+    dev: i32,
+    peer: i32,
+    attr: u32,
+) -> CuResult<i32> {
     c.device(peer)?;
     let found = c
         .device(dev)?

@@ -68,10 +68,7 @@ driver_fn! {
         let device = c.lock().context_device()?;
         let bytes = handle.reserved.map(|b| b as u8);
         let call = Call::IpcOpenEventHandle { handle: bytes.to_vec() };
-        let opened = match c.call_on(device, call)? {
-            ReplyBody::Handle(h) => h,
-            _ => return Err(CUDA_ERROR_UNKNOWN),
-        };
+        let opened = c.call_for_handle_on(device, call)?;
         c.lock().events.insert(opened, Event { flags: EVENT_IPC_FLAGS });
         out(event, handles::to_program(opened))
     }

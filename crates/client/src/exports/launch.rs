@@ -143,7 +143,7 @@ fn launch(
         return Err(CUDA_ERROR_INVALID_HANDLE);
     }
     match call {
-        Some(call) => c.link(device)?.call(call).map(|_| ()),
+        Some(call) => c.call_on(device, call).map(|_| ()),
         None => Ok(()),
     }
 }

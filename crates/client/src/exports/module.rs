@@ -160,10 +160,19 @@ fn library_from(c: &Client, code: *const c_void) -> CuResult<usize> {
         }
     }
     let image = image_from_pointer(code)?;
-    let source = LibrarySource::Bytes(std::sync::Arc::new(image.clone()));
-    c.lock().library_sources.insert(h, source);
+    keep_image(c, h, &image);
     load_library(c, h, image)?;
     Ok(h)
+}
+
+/// Keeps a copy of library `h`'s `image` (the program may free its own) to
+/// load it on another device later; only a program that sees several
+/// devices needs it.
+fn keep_image(c: &Client, h: usize, image: &[u8]) {
+    if c.devices.len() > 1 {
+        let source = LibrarySource::Bytes(std::sync::Arc::new(image.to_vec()));
+        c.lock().library_sources.insert(h, source);
+    }
 }
 
 /// The function a launch on `device` runs for `f`: `f` itself if it is of
@@ -186,15 +195,8 @@ pub(crate) fn kernel_on(c: &'static Client, f: Handle, device: u32) -> CuResult<
         (library, function.name.clone())
     };
     let module = library_module(c, library, device)?;
-    let st = c.lock();
-    st.modules
-        .get(&module)
-        .ok_or(CUDA_ERROR_INVALID_HANDLE)?
-        .functions
-        .iter()
-        .copied()
-        .find(|g| st.functions.get(g).is_some_and(|x| x.name == name))
-        .ok_or(CUDA_ERROR_NOT_FOUND)
+    let name = name.to_str().map_err(|_| CUDA_ERROR_NOT_FOUND)?;
+    find_function(&c.lock(), to_program(module) as usize, name)
 }
 
 /// Library `library`'s server module on `device`, loaded there now if it is
@@ -345,8 +347,7 @@ library_loaders! {
         let c = client()?;
         let h = c.mint();
         let image = load_file(path)?;
-        let source = LibrarySource::Bytes(std::sync::Arc::new(image.clone()));
-        c.lock().library_sources.insert(h, source);
+        keep_image(c, h, &image);
         load_library(c, h, image)?;
         out(library, to_ptr(h))
     }

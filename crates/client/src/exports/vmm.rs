@@ -70,20 +70,25 @@ fn device_at(c: &Client, location: MemLocation) -> CuResult<u32> {
     }
 }
 
+/// Virtual memory on the host is not given yet: says so (once) and refuses.
+fn refuse_host(location: MemLocation) -> CuResult<()> {
+    static HOST: Once = Once::new();
+    match location.kind {
+        CU_MEM_LOCATION_TYPE_HOST | CU_MEM_LOCATION_TYPE_HOST_NUMA => {
+            not_supported(&HOST, "virtual memory on the host")
+        }
+        _ => Ok(()),
+    }
+}
+
 /// The device and shareable handle types of pinned device memory's
 /// properties, as `cuMemCreate` and `cuMemGetAllocationGranularity` take them.
 fn pinned_device_memory(c: &Client, prop: *const c_void) -> CuResult<(u32, u64)> {
-    static HOST: Once = Once::new();
     let prop = read_in(prop.cast::<AllocationProp>())?;
     if prop.kind != CU_MEM_ALLOCATION_TYPE_PINNED {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
-    if matches!(
-        prop.location.kind,
-        CU_MEM_LOCATION_TYPE_HOST | CU_MEM_LOCATION_TYPE_HOST_NUMA
-    ) {
-        not_supported(&HOST, "virtual memory on the host")?;
-    }
+    refuse_host(prop.location)?;
     let device = device_at(c, prop.location)?;
     Ok((device, u64::from(prop.requested_handle_types)))
 }
@@ -126,13 +131,7 @@ driver_fn! {
         if prop.kind != CU_MEM_ALLOCATION_TYPE_PINNED {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
-        if matches!(
-            prop.location.kind,
-            CU_MEM_LOCATION_TYPE_HOST | CU_MEM_LOCATION_TYPE_HOST_NUMA
-        ) {
-            static HOST: Once = Once::new();
-            not_supported(&HOST, "virtual memory on the host")?;
-        }
+        refuse_host(prop.location)?;
         // NVIDIA's driver answers for any location, even a device it does
         // not have (measured): a device's granularity (the current one's, so
         // that no other device's session wakes for it).

@@ -17,12 +17,13 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 use cumux_protocol::launch_checks::LaunchLimits;
 use cumux_protocol::{Call, DeviceInfo, Handle, Join, ReplyBody};
 
+use super::current::current_device;
 use super::handles::FIRST_MINTED;
 use super::objects::State;
 use super::placements::Placements;
 use super::window::reserve_device_window;
 use crate::errors::*;
-use crate::routing::device_of_call;
+use crate::routing::{device_of_access, device_of_call};
 use crate::transport::{Connection, Link};
 
 /// The connection for one of the program's devices: a session of its own on
@@ -31,8 +32,7 @@ use crate::transport::{Connection, Link};
 #[derive(Default)]
 struct DeviceLink {
     link: OnceLock<Link>,
-    /// Whether device work went through it: pinned buffers are registered
-    /// only with sessions in use, so an idle session starts no context.
+    /// Whether a call went to it yet (its first is logged).
     used: AtomicBool,
 }
 
@@ -65,6 +65,14 @@ static INIT_LOCK: Mutex<()> = Mutex::new(());
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// The handle a reply names.
+fn handle_of(reply: ReplyBody) -> CuResult<Handle> {
+    match reply {
+        ReplyBody::Handle(h) => Ok(h),
+        _ => Err(CUDA_ERROR_UNKNOWN),
+    }
 }
 
 /// Connects to the server once; later calls return the same client.
@@ -162,14 +170,15 @@ impl Client {
     }
 
     /// The link of device `device`, opened now if it is not yet: a session
-    /// of the program's group on that device.
-    pub fn link(&self, device: u32) -> CuResult<&Link> {
+    /// of the program's group on that device. `kind` names the call it is
+    /// for, in the log line of the device's first use.
+    pub fn link(&self, device: u32, kind: &'static str) -> CuResult<&Link> {
         let slot = self
             .links
             .get(device as usize)
             .ok_or(CUDA_ERROR_INVALID_DEVICE)?;
         if !slot.used.swap(true, Ordering::Relaxed) {
-            tracing::debug!(device, "the program's first call for device {device}");
+            tracing::debug!(device, "device {device} is first used by {kind}");
         }
         if let Some(link) = slot.link.get() {
             return Ok(link);
@@ -194,86 +203,55 @@ impl Client {
         Ok(slot.link.get_or_init(|| Link::new(conn)))
     }
 
-    /// The devices whose links carried device work, in order.
-    pub fn used_devices(&self) -> Vec<u32> {
-        (0..self.links.len() as u32)
-            .filter(|&d| self.links[d as usize].used.load(Ordering::Relaxed))
-            .collect()
-    }
-
-    /// The device a call is for (`crate::routing`).
-    fn route(&self, call: &Call) -> u32 {
-        device_of_call(call, &self.placements)
+    /// The link of the device `call` is for (`crate::routing`).
+    fn route(&self, call: &Call) -> CuResult<&Link> {
+        self.link(device_of_call(call, &self.placements), call.into())
     }
 
     /// Sends a call to the session of the device it is for; waits for its
     /// reply unless it is fire-and-forget.
     pub fn call(&self, call: Call) -> CuResult<ReplyBody> {
-        self.call_on(self.route(&call), call)
+        self.route(&call)?.call(call)
     }
 
     /// Sends a call to device `device`'s session.
     pub fn call_on(&self, device: u32, call: Call) -> CuResult<ReplyBody> {
-        if tracing::enabled!(tracing::Level::DEBUG)
-            && !self
-                .links
-                .get(device as usize)
-                .is_some_and(|l| l.used.load(Ordering::Relaxed))
-        {
-            let kind: &'static str = (&call).into();
-            tracing::debug!(device, "device {device} is first used by {kind}");
-        }
-        self.link(device)?.call(call)
+        self.link(device, (&call).into())?.call(call)
     }
 
     /// Sends a call whose byte buffer, left empty in `call`, is `bytes`
     /// (through shared memory it is copied once, straight into the bulk ring).
     pub fn call_with_bytes(&self, call: Call, bytes: &[u8]) -> CuResult<ReplyBody> {
-        self.link(self.route(&call))?.call_with_bytes(call, bytes)
+        self.route(&call)?.call_with_bytes(call, bytes)
     }
 
-    /// Registers pinned host memory with device `device`'s session: `call`
-    /// is a `HostRegister`, `fd` its memfd, which follows the call on the socket.
-    pub fn register_host(
-        &self,
-        device: u32,
-        call: Call,
-        fd: std::os::fd::BorrowedFd<'_>,
-    ) -> CuResult<ReplyBody> {
-        self.link(device)?.call_with_fd(call, fd)
-    }
-
-    /// A call that carries a descriptor (`Call::carries_fd`) to device
-    /// `device`'s session.
+    /// A call that carries a descriptor (`Call::carries_fd`: a pinned
+    /// region's memfd, an imported allocation's) to device `device`'s session.
     pub fn call_with_fd_on(
         &self,
         device: u32,
         call: Call,
         fd: std::os::fd::BorrowedFd<'_>,
     ) -> CuResult<ReplyBody> {
-        self.link(device)?.call_with_fd(call, fd)
+        self.link(device, (&call).into())?.call_with_fd(call, fd)
     }
 
     /// A call whose reply brings a descriptor (`Call::returns_fd`), to the
     /// session of the device it is for.
     pub fn call_for_fd(&self, call: Call) -> CuResult<(ReplyBody, std::os::fd::OwnedFd)> {
-        self.link(self.route(&call))?.call_for_fd(call)
+        self.route(&call)?.call_for_fd(call)
     }
 
     /// Makes a call answered with exactly `out.len()` bytes of data, received
     /// into `out` (through shared memory straight from the bulk ring).
     pub fn call_into(&self, call: Call, out: &mut [u8]) -> CuResult<()> {
-        self.link(self.route(&call))?.call_into(call, out)
+        self.route(&call)?.call_into(call, out)
     }
 
     /// The device of a call on `stream` (if not the default stream) or else
     /// about device memory at `ptr`, else the current context's.
     pub fn device_for(&self, ptr: u64, stream: Option<Handle>) -> u32 {
-        stream
-            .filter(|&s| s != cumux_protocol::DEFAULT_STREAM)
-            .map(cumux_protocol::device_of_handle)
-            .or_else(|| self.placements.device_of(ptr))
-            .unwrap_or_else(super::current::current_device)
+        device_of_access(&self.placements, ptr, stream).unwrap_or_else(current_device)
     }
 
     /// Which device each allocation is on.
@@ -283,10 +261,12 @@ impl Client {
 
     /// A call answered with a handle.
     pub fn call_for_handle(&self, call: Call) -> CuResult<Handle> {
-        match self.call(call)? {
-            ReplyBody::Handle(h) => Ok(h),
-            _ => Err(CUDA_ERROR_UNKNOWN),
-        }
+        handle_of(self.call(call)?)
+    }
+
+    /// A call to device `device`'s session answered with a handle.
+    pub fn call_for_handle_on(&self, device: u32, call: Call) -> CuResult<Handle> {
+        handle_of(self.call_on(device, call)?)
     }
 
     /// A fresh handle for an object only the client keeps: never 0, 1 or 2

@@ -8,15 +8,10 @@ use super::Device;
 /// How many CPU devices one server can number (each an address window of its own).
 pub const MAX_CPU_DEVICES: u32 = cumux_ptx::MAX_WINDOWS;
 
-/// The CPU reference device with `capacity` bytes of memory, if this build has
-/// it. A launch that executes more than `launch_budget` instructions, its
-/// blocks together, fails with CUDA_ERROR_LAUNCH_TIMEOUT (702); 0 means no limit.
-pub fn cpu_device(capacity: u64, launch_budget: u64) -> Result<Arc<dyn Device>, String> {
-    numbered_cpu_device(0, capacity, launch_budget)
-}
-
-/// CPU reference device `number` of several on one server (each with
-/// `capacity` bytes), its addresses in a window of its own.
+/// CPU reference device `number` of a server (each with `capacity` bytes), if
+/// this build has it, its addresses in a window of its own. A launch that
+/// executes more than `launch_budget` instructions, its blocks together,
+/// fails with CUDA_ERROR_LAUNCH_TIMEOUT (702); 0 means no limit.
 pub fn numbered_cpu_device(
     number: u32,
     capacity: u64,

@@ -27,6 +27,26 @@ impl Session {
             })
     }
 
+    /// Whether this session may open `handle` as one of `kind`: one this
+    /// server issued to a session of its tenant.
+    fn check_openable(&self, kind: IpcKind, handle: &[u8]) -> Result<(), cumux_protocol::CuError> {
+        let tenant = self.ipc_tenant()?;
+        if handle.len() != IPC_HANDLE_BYTES {
+            return Err(err(codes::INVALID_VALUE, "an IPC handle is 64 bytes"));
+        }
+        if !self.server.ipc().may_open(kind, handle, &tenant) {
+            let what = match kind {
+                IpcKind::Memory => "a memory",
+                IpcKind::Event => "an event",
+            };
+            return Err(err(
+                codes::INVALID_VALUE,
+                format!("not {what} handle a program of this tenant gave out on this server"),
+            ));
+        }
+        Ok(())
+    }
+
     /// A handle to the allocation holding `ptr`.
     pub(super) fn ipc_get(&mut self, ptr: DevicePtr) -> CallResult {
         let tenant = self.ipc_tenant()?;
@@ -52,20 +72,7 @@ impl Session {
     /// Opens another program's allocation by a handle this server issued to
     /// a session of this tenant.
     pub(super) fn ipc_open(&mut self, handle: Vec<u8>, flags: u32) -> CallResult {
-        let tenant = self.ipc_tenant()?;
-        if handle.len() != IPC_HANDLE_BYTES {
-            return Err(err(codes::INVALID_VALUE, "an IPC handle is 64 bytes"));
-        }
-        if !self
-            .server
-            .ipc()
-            .may_open(IpcKind::Memory, &handle, &tenant)
-        {
-            return Err(err(
-                codes::INVALID_VALUE,
-                "not a memory handle a program of this tenant gave out on this server",
-            ));
-        }
+        self.check_openable(IpcKind::Memory, &handle)?;
         let (base, size) = self.ctx.ipc_open(&handle, flags)?;
         self.ipc_opened.insert(base, size);
         Ok(ReplyBody::Range { base, size })
@@ -109,16 +116,7 @@ impl Session {
     /// Opens another program's event (of this tenant) as an event of this
     /// session: waiting for it waits for that program's work.
     pub(super) fn ipc_open_event(&mut self, handle: Vec<u8>) -> CallResult {
-        let tenant = self.ipc_tenant()?;
-        if handle.len() != IPC_HANDLE_BYTES {
-            return Err(err(codes::INVALID_VALUE, "an IPC handle is 64 bytes"));
-        }
-        if !self.server.ipc().may_open(IpcKind::Event, &handle, &tenant) {
-            return Err(err(
-                codes::INVALID_VALUE,
-                "not an event handle a program of this tenant gave out on this server",
-            ));
-        }
+        self.check_openable(IpcKind::Event, &handle)?;
         let event = self.mint_handle();
         self.ordered()?.event_open_ipc(event, &handle)?;
         self.events.insert(event, EVENT_IPC_FLAGS);

@@ -429,6 +429,13 @@ impl Session {
         self.incoming_fd = Some(fd);
     }
 
+    /// The descriptor that came with the call being handled, or why none did.
+    fn take_incoming_fd(&mut self) -> Result<OwnedFd, String> {
+        self.incoming_fd
+            .take()
+            .unwrap_or_else(|| Err("none came with the call".into()))
+    }
+
     /// The descriptor the last call's reply carries, if it succeeded with one.
     pub fn take_outgoing_fd(&mut self) -> Option<OwnedFd> {
         self.outgoing_fd.take()
@@ -648,10 +655,7 @@ impl Session {
             // Calls are handled in order: every earlier one is done.
             Call::Fence => Ok(ReplyBody::Unit),
             Call::HostRegister { base, bytes } => {
-                let fd = self
-                    .incoming_fd
-                    .take()
-                    .unwrap_or_else(|| Err("none came with the call".into()));
+                let fd = self.take_incoming_fd();
                 let region = self.host.register(self.ctx.as_ref(), base, bytes, fd)?;
                 if let (Some(group), Some(mapping)) = (&self.group, self.host.mapping(region)) {
                     group.publish_region(region, mapping);

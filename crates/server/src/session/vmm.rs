@@ -119,9 +119,7 @@ impl Session {
     /// is the exporter's, so this tenant is not charged for it.
     fn vmm_import(&mut self) -> CallResult {
         let fd = self
-            .incoming_fd
-            .take()
-            .unwrap_or_else(|| Err("none came with the call".into()))
+            .take_incoming_fd()
             .map_err(|why| invalid(format!("no file descriptor to import: {why}")))?;
         let backend = self.ctx.vmm_import(std::os::fd::AsFd::as_fd(&fd))?;
         let handle = self.mint_handle();

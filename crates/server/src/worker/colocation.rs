@@ -48,19 +48,6 @@ impl Colocation {
         Arc::new(Colocation::default())
     }
 
-    /// The host, if one started and has not died.
-    pub fn live_host(&self) -> Option<Host> {
-        lock(&self.host)
-            .clone()
-            .filter(|h| lock(&h.sticky).is_none())
-    }
-
-    /// Makes `host` the group's host (the first member started, or one that
-    /// replaced a dead host).
-    pub fn set_host(&self, host: Host) {
-        *lock(&self.host) = Some(host);
-    }
-
     /// Holds the group's host choice while a member starts, so two members
     /// starting at once do not both start a process.
     pub fn starting(&self) -> std::sync::MutexGuard<'_, Option<Host>> {

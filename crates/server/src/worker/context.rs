@@ -142,12 +142,17 @@ impl WorkerContext {
     /// its sessions socket (opened now if need be), printf stream and fate.
     pub fn as_host(&self) -> Result<Host, CuError> {
         let (path, token) = self.sessions_socket()?;
-        Ok(Host {
+        Ok(self.host_at(path, token))
+    }
+
+    /// This context's process as a group's host, its sessions socket `path`.
+    fn host_at(&self, path: PathBuf, token: [u8; NONCE_BYTES]) -> Host {
+        Host {
             path,
             token,
             tap: Arc::clone(&lock(&self.tap)),
             sticky: Arc::clone(&self.sticky),
-        })
+        }
     }
 
     /// A context over a worker already running: `conn` is its socket, `stdout`
@@ -238,19 +243,12 @@ impl WorkerContext {
         }
         let mut conn = self.start_own()?;
         tracing::debug!(ordinal, pid = ?self.pid(), "a program's first context hosts its others");
-        let request = WorkerRequest::OpenSessions;
-        conn.link.send_message(&request).map_err(worker_err)?;
-        let (path, token) = match self.receive(&mut conn).map_err(worker_err)?.result? {
+        let (path, token) = match self.exchange(&mut conn, &WorkerRequest::OpenSessions)? {
             WorkerValue::Sessions { path, token } => (PathBuf::from(path), token),
             other => return Err(unexpected(&other)),
         };
         *lock(&self.sessions) = Some((path.clone(), token));
-        *host = Some(Host {
-            path,
-            token,
-            tap: Arc::clone(&lock(&self.tap)),
-            sticky: Arc::clone(&self.sticky),
-        });
+        *host = Some(self.host_at(path, token));
         Ok(conn)
     }
 
@@ -513,15 +511,20 @@ impl WorkerContext {
         let request = WorkerRequest::AttachSignals {
             path: link.display().to_string(),
         };
-        let exchanged = conn
-            .link
-            .send_message(&request)
-            .and_then(|()| self.receive(&mut conn));
+        let attached = self.exchange(&mut conn, &request);
         let _ = std::fs::remove_file(&link);
-        match exchanged.map_err(worker_err)?.result {
-            Ok(_) => Ok(conn),
-            Err(e) => Err(e),
-        }
+        attached.map(|_| conn)
+    }
+
+    /// One round trip on `conn` while it starts (before it is this context's
+    /// connection, so `call` cannot take it).
+    fn exchange(
+        &self,
+        conn: &mut Connection,
+        request: &WorkerRequest,
+    ) -> Result<WorkerValue, CuError> {
+        conn.link.send_message(request).map_err(worker_err)?;
+        self.receive(conn).map_err(worker_err)?.result
     }
 
     /// Sends a request the worker does not answer, and its raw frames. A
