@@ -3,8 +3,9 @@
 # tests/cuda/driver/two_devices.cu (isolated and shared), one PyTorch
 # process on both GPUs (bench/h100/multi_gpu.py), and 2-rank PyTorch DDP over
 # NCCL under torchrun (bench/h100/ddp.py), with which GPUs each rank's
-# contexts took (nvidia-smi) while it ran. Writes $OUT/multi_gpu.txt and
-# the runs' logs to $OUT/multi_gpu-logs.tar.gz.
+# contexts took (nvidia-smi) while it ran. Writes $OUT/multi_gpu.txt,
+# $OUT/DATE-GPUx2-multi-gpu.json and the runs' logs to
+# $OUT/multi_gpu-logs.tar.gz.
 #
 #   OUT=/some/dir bench/h100/multi_gpu.sh
 # Optional: KIT=, LIMIT= (seconds per run, default 240), ONLY=ddp (the DDP
@@ -73,6 +74,48 @@ grep -E 'via P2P|via SHM|via NET|NCCL WARN' "$W/ddp-cumux.log" | head -6 >>"$REP
 grep -E 'first used by' "$W/ddp-cumux.log" | head -8 >>"$REPORT"
 grep -E -- '-> CUDA_ERROR|not supported|WARN' "$W/ddp-cumux.log" | sort | uniq -c | sort -rn | head -20 >>"$REPORT"
 stop_server
+# The results file (bench/README.md's shape): what both sides measured.
+python3 - "$W" "$OUT" "$(cat "$KIT/COMMIT" 2>/dev/null)" <<'PY'
+import datetime, hashlib, json, re, subprocess, sys
+w, out, commit = sys.argv[1:]
+
+def text(name):
+    try:
+        return open(f"{w}/{name}.log", errors="replace").read()
+    except OSError:
+        return ""
+
+def number(name, key):
+    m = re.search(rf"^{key}:\s*([0-9.]+)", text(name), re.M)
+    return float(m.group(1)) if m else None
+
+def losses(name):
+    lines = [l for l in text(name).splitlines() if re.match(r"step \d+ loss", l)]
+    return hashlib.md5("\n".join(lines).encode()).hexdigest() if lines else None
+
+def figure(name, unit, better, native, cumux):
+    ratio = cumux / native if native and cumux is not None else None
+    return {"name": name, "unit": unit, "better": better, "native": native, "cumux": cumux, "ratio": ratio}
+
+def same(a, b):
+    return None if a is None or b is None else float(a == b)
+
+gpu, driver = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True).stdout.splitlines()[0].split(", ")
+metrics = [
+    figure("ddp_allreduce_busbw_gbs", "GB/s", "higher",
+           number("ddp-native", "allreduce_busbw_gbs"), number("ddp-cumux", "allreduce_busbw_gbs")),
+    figure("ddp_losses_equal", "bool", "higher", 1.0, same(losses("ddp-native"), losses("ddp-cumux"))),
+    figure("torch_two_gpus_losses_equal", "bool", "higher", 1.0,
+           same(losses("torch-native"), losses("torch-cumux"))),
+    figure("can_access_peer", "bool", "higher",
+           number("two-native", "can_access_peer"), number("two-cumux-isolated", "can_access_peer")),
+]
+result = {"suite": "multi-gpu", "date": datetime.date.today().isoformat(), "gpu": gpu, "gpus": 2,
+          "driver": driver, "cuda": "13.0", "commit": commit, "metrics": metrics}
+slug = re.sub(r"[^a-z0-9]+", "", gpu.lower().replace("nvidia", "").split()[0])
+json.dump(result, open(f"{out}/{result['date']}-{slug}x2-multi-gpu.json", "w"), indent=1)
+PY
 cp "$W"/server-*.log "$W"/*.txt "$W"/*.log "$OUT/" 2>/dev/null
 tar -C "$W" -czf "$OUT/multi_gpu-logs.tar.gz" . 2>/dev/null
 rm -f "$OUT"/*.log

@@ -147,32 +147,35 @@ def ratio(a, b):
     return a / b if a is not None and b else None
 
 alone_batch = metric(f"{runs}/alone-batch.txt", "kernels_per_s")
-alone_lc = {k: metric(f"{runs}/alone-lc.txt", k) for k in ("p50_us", "p99_us")}
-figures = {}
-lines = []
-for side in ("native", "cumux"):
-    figures[f"ddp_step_ms_{side}"] = value(f"{runs}/ddp-{side}.log", "step_ms")
-    figures[f"ddp_busbw_gbs_{side}"] = value(f"{runs}/ddp-{side}.log", "allreduce_busbw_gbs")
-figures["ddp_step_ratio"] = ratio(figures["ddp_step_ms_native"], figures["ddp_step_ms_cumux"])
-figures["ddp_busbw_ratio"] = ratio(figures["ddp_busbw_gbs_cumux"], figures["ddp_busbw_gbs_native"])
+alone_p99 = metric(f"{runs}/alone-lc.txt", "p99_us")
+metrics, lines = [], []
+
+def figure(name, unit, better, native, cumux):
+    """One metric in the results' shape: ratio is cumux / native."""
+    metrics.append({"name": name, "unit": unit, "better": better, "native": native,
+                    "cumux": cumux, "ratio": ratio(cumux, native)})
+
+ddp = {side: f"{runs}/ddp-{side}.log" for side in ("native", "cumux")}
+figure("ddp_step_ms", "ms", "lower", value(ddp["native"], "step_ms"), value(ddp["cumux"], "step_ms"))
+figure("ddp_allreduce_busbw_gbs", "GB/s", "higher",
+       value(ddp["native"], "allreduce_busbw_gbs"), value(ddp["cumux"], "allreduce_busbw_gbs"))
 for policy in ("fair", "priority"):
     for gpus in (1, n):
-        shares, p99s = [], []
-        for g in range(gpus):
-            rate = metric(f"{runs}/{policy}-{gpus}-batch{g}.txt", "kernels_per_s")
-            shares.append(ratio(rate, alone_batch))
-            p99s.append(metric(f"{runs}/{policy}-{gpus}-lc{g}.txt", "p99_us"))
-            lc_rate = metric(f"{runs}/{policy}-{gpus}-lc{g}.txt", "samples")
+        rates = [metric(f"{runs}/{policy}-{gpus}-batch{g}.txt", "kernels_per_s") for g in range(gpus)]
+        p99s = [metric(f"{runs}/{policy}-{gpus}-lc{g}.txt", "p99_us") for g in range(gpus)]
+        shares = [ratio(r, alone_batch) for r in rates]
         ok = [s for s in shares if s is not None]
         jain = sum(ok) ** 2 / (len(ok) * sum(s * s for s in ok)) if ok and len(ok) == len(shares) else None
+        slowest = min((r for r in rates if r is not None), default=None)
         worst = max((p for p in p99s if p is not None), default=None)
-        figures[f"{policy}_{gpus}gpu_batch_share_min"] = min(ok) if ok else None
-        figures[f"{policy}_{gpus}gpu_jain_batch"] = jain
-        figures[f"{policy}_{gpus}gpu_lc_p99_us_max"] = worst
+        # The batch tenants' speed against running alone natively (the slowest
+        # of them), the latency tenants' p99 against alone natively (the worst).
+        figure(f"{policy}_{gpus}gpu_batch_kernels_per_s", "1/s", "higher", alone_batch, slowest)
+        figure(f"{policy}_{gpus}gpu_lc_p99_us", "us", "lower", alone_p99, worst)
+        figure(f"{policy}_{gpus}gpu_batch_jain", "index", "higher", None, jain)
         lines.append(f"{policy} on {gpus} GPU(s): batch shares {['%.3f' % s if s is not None else 'failed' for s in shares]}"
                      f", Jain {jain if jain is None else round(jain, 3)}, latency p99 max {worst} µs"
-                     f" (alone natively p99 {alone_lc['p99_us']})")
-    figures[f"{policy}_lc_p99_ratio_n_to_1"] = ratio(figures[f"{policy}_{n}gpu_lc_p99_us_max"], figures[f"{policy}_1gpu_lc_p99_us_max"])
+                     f" (alone natively p99 {alone_p99})")
 for policy in ("fair", "priority"):
     rss, cpu = [], []
     try:
@@ -184,14 +187,16 @@ for policy in ("fair", "priority"):
                 cpu.append(sum(v * m for v, m in zip(reversed(t), (1, 60, 3600, 86400))))
     except OSError:
         pass
-    figures[f"server_peak_rss_mib_{policy}"] = max(rss) / 1024 if rss else None
-    figures[f"server_cpu_s_{policy}"] = (cpu[-1] - cpu[0]) if len(cpu) > 1 else None
-    lines.append(f"server under {policy}: peak RSS {figures[f'server_peak_rss_mib_{policy}']} MiB, CPU {figures[f'server_cpu_s_{policy}']} s")
+    peak = max(rss) / 1024 if rss else None
+    cpu_s = (cpu[-1] - cpu[0]) if len(cpu) > 1 else None
+    figure(f"server_peak_rss_mib_{policy}", "MiB", "lower", None, peak)
+    figure(f"server_cpu_s_{policy}", "s", "lower", None, cpu_s)
+    lines.append(f"server under {policy}: peak RSS {peak} MiB, CPU {cpu_s} s")
 result = {
     "suite": "scale",
     "date": datetime.date.today().isoformat(),
-    "gpu": gpu, "gpus": n, "driver": driver, "commit": commit,
-    "figures": figures,
+    "gpu": gpu, "gpus": n, "driver": driver, "cuda": "13.0", "commit": commit,
+    "metrics": metrics,
     "not_run": {
         "pool": "cumux has no remote pool yet (issue 24)",
         "drain": "cumux drain needs live migration, not built yet (issue 17)",
