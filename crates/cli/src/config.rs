@@ -2,7 +2,8 @@
 //! `listen`, `memory`, `launch_budget`, `policy`; command-line flags win), per-device
 //! tables (`[devices.N]`: a device's own `policy`), the tenant table (quotas,
 //! weights, classes, devices, uids), the session limits (`[limits]`), the
-//! socket's access (`socket_mode`, `socket_group`), and the byte-size syntax
+//! socket's access (`socket_mode`, `socket_group`), TLS on TCP (`tls_cert`,
+//! `tls_key`, `tls_client_ca`), and the byte-size syntax
 //! (`512M`, `16GiB`, `1.5G`).
 
 use std::collections::BTreeMap;
@@ -80,6 +81,19 @@ pub struct ServerSettings {
     /// and sessions. A non-loopback address needs --insecure.
     #[arg(long)]
     pub metrics: Option<String>,
+    /// The certificate chain (PEM) a TCP listener shows; with --tls-key its
+    /// TCP clients must speak TLS. A non-loopback TCP address given neither
+    /// gets a self-signed pair, made once in $XDG_STATE_HOME/cumux (else
+    /// ~/.local/state/cumux) and reused; its fingerprint is printed at start.
+    #[arg(long)]
+    pub tls_cert: Option<std::path::PathBuf>,
+    /// The private key (PEM) of --tls-cert.
+    #[arg(long)]
+    pub tls_key: Option<std::path::PathBuf>,
+    /// Mutual TLS: TCP clients must show a certificate this CA (PEM) signed
+    /// (CUMUX_TLS_CERT and CUMUX_TLS_KEY on the client).
+    #[arg(long)]
+    pub tls_client_ca: Option<std::path::PathBuf>,
 }
 
 impl ServerSettings {
@@ -98,6 +112,9 @@ impl ServerSettings {
             socket_mode: self.socket_mode.or(fallback.socket_mode),
             socket_group: self.socket_group.or(fallback.socket_group),
             metrics: self.metrics.or(fallback.metrics),
+            tls_cert: self.tls_cert.or(fallback.tls_cert),
+            tls_key: self.tls_key.or(fallback.tls_key),
+            tls_client_ca: self.tls_client_ca.or(fallback.tls_client_ca),
         }
     }
 }
@@ -271,6 +288,9 @@ struct RawConfig {
     socket_mode: Option<Mode>,
     socket_group: Option<String>,
     metrics: Option<String>,
+    tls_cert: Option<std::path::PathBuf>,
+    tls_key: Option<std::path::PathBuf>,
+    tls_client_ca: Option<std::path::PathBuf>,
     #[serde(default = "yes")]
     allow_unknown: bool,
     #[serde(default)]
@@ -451,6 +471,9 @@ pub fn parse(text: &str) -> Result<FileConfig> {
             .context("socket_mode")?,
         socket_group: raw.socket_group,
         metrics: raw.metrics,
+        tls_cert: raw.tls_cert,
+        tls_key: raw.tls_key,
+        tls_client_ca: raw.tls_client_ca,
     };
     Ok(FileConfig {
         settings,

@@ -10,6 +10,7 @@ pub mod metrics_http;
 pub mod notify;
 pub mod probe;
 pub mod run;
+pub mod self_signed;
 pub mod serve;
 pub mod signals;
 pub mod status;

@@ -2,12 +2,11 @@
 //! hands, make one call. Used by `cumux status` and by `cumux run` to check that
 //! a server answers, and would let the program in, before starting it.
 
-use std::io::{BufReader, Read, Write};
-use std::net::TcpStream;
-use std::os::unix::net::UnixStream;
 use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context, Result};
+use cumux_protocol::address::ServerAddress;
+use cumux_protocol::stream::{ConnectError, Stream};
 use cumux_protocol::{
     decode, encode, read_frame, refusal_text, write_frame, Call, ClientRole, DeviceInfo, Hello,
     HelloReply, Reply, ReplyBody, Request, ServerStatus, MAGIC, PROTOCOL_VERSION,
@@ -16,8 +15,7 @@ use cumux_server::Address;
 
 /// A handshaken connection to a server.
 pub struct Connection {
-    reader: BufReader<Box<dyn Read + Send>>,
-    writer: Box<dyn Write + Send>,
+    stream: Stream,
     seq: u64,
     buf: Vec<u8>,
     pub session: u64,
@@ -34,6 +32,8 @@ pub enum ProbeError {
     /// The server answered the hello with a refusal; the text says who was
     /// refused and keeps the server's reason verbatim.
     Refused(String),
+    /// The connection could not be secured as the TLS settings ask.
+    Insecure(String),
     /// The server answered, but not as a cumux server should.
     Broken(anyhow::Error),
 }
@@ -41,7 +41,9 @@ pub enum ProbeError {
 impl std::fmt::Display for ProbeError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            ProbeError::Unreachable(why) | ProbeError::Refused(why) => f.write_str(why),
+            ProbeError::Unreachable(why) | ProbeError::Refused(why) | ProbeError::Insecure(why) => {
+                f.write_str(why)
+            }
             ProbeError::Broken(e) => write!(f, "{e:#}"),
         }
     }
@@ -63,26 +65,21 @@ pub fn connect_as(
     program: &str,
     tenant: Option<&str>,
 ) -> Result<Connection, ProbeError> {
-    let unreachable = |e: std::io::Error| {
-        ProbeError::Unreachable(format!("no cumux server answers at {address}: {e}"))
+    let target = match address {
+        Address::Unix(path) => ServerAddress::Unix(path.clone()),
+        Address::Tcp(host_port) => ServerAddress::Tcp(host_port.clone()),
     };
-    let broken = |e: std::io::Error| ProbeError::Broken(e.into());
-    let timeout = Some(Duration::from_secs(30));
-    let (reader, writer): (Box<dyn Read + Send>, Box<dyn Write + Send>) = match address {
-        Address::Unix(path) => {
-            let s = UnixStream::connect(path).map_err(unreachable)?;
-            s.set_read_timeout(timeout).map_err(broken)?;
-            (Box::new(s.try_clone().map_err(broken)?), Box::new(s))
+    let stream = Stream::connect(&target).map_err(|e| match e {
+        ConnectError::Unreachable(e) => {
+            ProbeError::Unreachable(format!("no cumux server answers at {address}: {e}"))
         }
-        Address::Tcp(hostport) => {
-            let s = TcpStream::connect(hostport.as_str()).map_err(unreachable)?;
-            s.set_read_timeout(timeout).map_err(broken)?;
-            (Box::new(s.try_clone().map_err(broken)?), Box::new(s))
-        }
-    };
+        ConnectError::Tls(why) => ProbeError::Insecure(why),
+    })?;
+    stream
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .map_err(|e| ProbeError::Broken(e.into()))?;
     let mut conn = Connection {
-        reader: BufReader::new(reader),
-        writer,
+        stream,
         seq: 0,
         buf: Vec::new(),
         session: 0,
@@ -133,13 +130,12 @@ pub fn connect_as(
 impl Connection {
     fn send<T: serde::Serialize>(&mut self, msg: &T) -> Result<()> {
         let bytes = encode(msg).map_err(|e| anyhow!("encode: {e}"))?;
-        write_frame(&mut self.writer, &bytes)?;
-        self.writer.flush()?;
+        write_frame(&mut self.stream, &bytes)?;
         Ok(())
     }
 
     fn receive<T: for<'a> serde::Deserialize<'a>>(&mut self) -> Result<T> {
-        read_frame(&mut self.reader, &mut self.buf).context("the server closed the connection")?;
+        read_frame(&mut self.stream, &mut self.buf).context("the server closed the connection")?;
         decode(&self.buf).map_err(|e| anyhow!("undecodable answer from the server: {e}"))
     }
 

@@ -182,6 +182,9 @@ fn preflight(address: &Address, tenant: Option<&str>, program: &str) -> Result<(
                 ),
             ))
         }
+        Err(ProbeError::Insecure(why)) => {
+            return Err(RunError::new(exit::REFUSED, format!("{why}\n{not_started}.")))
+        }
         Err(ProbeError::Broken(e)) => {
             return Err(RunError::new(
                 exit::NO_SERVER,

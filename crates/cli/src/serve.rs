@@ -13,13 +13,14 @@ use cumux_server::device::model::ModelDevice;
 use cumux_server::device::DEFAULT_LAUNCH_BUDGET;
 use cumux_server::shutdown::Shutdown;
 use cumux_server::tenants::TenantPolicy;
+use cumux_server::tls::ServerTls;
 use cumux_server::worker::device::{cpu_worker_device, cuda_worker_devices, Sharing};
 use cumux_server::{listener, Address, Device, Server};
 
 use crate::config::{self, ServerSettings};
 use crate::logging::LogFormat;
 use crate::status::human_bytes;
-use crate::{notify, signals};
+use crate::{notify, self_signed, signals};
 
 /// How long running sessions may go on after SIGTERM or SIGINT, by default.
 pub const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
@@ -33,9 +34,8 @@ pub struct ServeOptions {
     /// [devices.N] tables), and the tenant table.
     #[arg(long)]
     pub config: Option<PathBuf>,
-    /// Listen on a TCP address other hosts can reach, although TCP is not
-    /// encrypted yet: tenants' tokens and data cross the network in the
-    /// clear. Needed for `--listen tcp:` on a non-loopback address.
+    /// Serve plain TCP (no TLS) on an address other hosts can reach, and
+    /// metrics there: tenants' tokens and data cross the network in the clear.
     #[arg(long)]
     pub insecure: bool,
     /// How log lines are written: text (plain unless stderr is a terminal)
@@ -223,12 +223,58 @@ fn serve_metrics(at: &str, insecure: bool, server: &Arc<Server>) -> Result<std::
     Ok(bound)
 }
 
+/// The TLS a listener at `address` speaks: the configured certificate, else
+/// on a non-loopback TCP address a self-signed one (plain TCP there only with
+/// `--insecure`); loopback TCP and unix sockets are plain unless configured.
+fn listener_tls(
+    address: &Address,
+    settings: &ServerSettings,
+    insecure: bool,
+) -> Result<Option<ServerTls>> {
+    let load = |cert: &std::path::Path, key: &std::path::Path| {
+        ServerTls::load(cert, key, settings.tls_client_ca.as_deref()).map_err(anyhow::Error::msg)
+    };
+    let host_port = match address {
+        Address::Tcp(host_port) => host_port,
+        Address::Unix(_) => {
+            if settings.tls_cert.is_some() || settings.tls_key.is_some() {
+                bail!("--listen {address}: TLS applies to a TCP address, not to a unix socket");
+            }
+            return Ok(None);
+        }
+    };
+    match (&settings.tls_cert, &settings.tls_key) {
+        (Some(cert), Some(key)) => return load(cert, key).map(Some),
+        (None, None) => {}
+        _ => bail!("tls_cert and tls_key go together"),
+    }
+    if settings.tls_client_ca.is_some() {
+        bail!("tls_client_ca needs tls_cert and tls_key");
+    }
+    if loopback_only(host_port)? {
+        return Ok(None);
+    }
+    if insecure {
+        tracing::warn!(
+            "--listen {address} --insecure: plain TCP, so tenants' tokens and data cross \
+             the network in the clear"
+        );
+        return Ok(None);
+    }
+    let (cert, key) = self_signed::ensure(
+        &self_signed::state_dir()?,
+        &self_signed::names_for(host_port),
+    )?;
+    load(&cert, &key).map(Some)
+}
+
 pub fn serve(options: ServeOptions) -> Result<()> {
     let file = match &options.config {
         Some(path) => config::read(path)?,
         None => config::FileConfig::default(),
     };
     let settings = options.settings.or(file.settings);
+    let tls_settings = settings.clone();
     let kind = settings.device.unwrap_or_else(|| "auto".into());
     let memory = settings.memory.unwrap_or_else(default_memory_bytes);
     let launch_budget = settings.launch_budget.unwrap_or(DEFAULT_LAUNCH_BUDGET);
@@ -236,15 +282,7 @@ pub fn serve(options: ServeOptions) -> Result<()> {
         Some(text) => Address::parse(&text).map_err(anyhow::Error::msg)?,
         None => Address::default_unix(),
     };
-    if let Address::Tcp(host_port) = &address {
-        if !options.insecure && !loopback_only(host_port)? {
-            bail!(
-                "--listen {address}: TCP is not encrypted yet, so tenants' tokens and data \
-                 would cross the network in the clear; listen on a loopback address \
-                 (tcp:127.0.0.1:PORT) or the unix socket, or pass --insecure to accept that"
-            );
-        }
-    }
+    let tls = listener_tls(&address, &tls_settings, options.insecure)?;
     // Every device's policy unless its `[devices.N]` table gives its own.
     let default_policy_name = settings.policy.unwrap_or_else(|| "fifo".into());
     let default_policy =
@@ -318,7 +356,11 @@ pub fn serve(options: ServeOptions) -> Result<()> {
     .context("cannot watch SIGTERM and SIGINT")?;
     let drain_timeout = settings.drain_timeout.unwrap_or(DEFAULT_DRAIN_TIMEOUT);
     let server = Server::with_policies(devices, file.tenants, policies);
-    let bound = listener::bind(&address).with_context(|| format!("cannot listen on {address}"))?;
+    let mut bound =
+        listener::bind(&address).with_context(|| format!("cannot listen on {address}"))?;
+    if let Some(tls) = tls {
+        bound = bound.with_tls(tls)?;
+    }
     let access = bound
         .set_access(settings.socket_mode, socket_gid)
         .with_context(|| format!("cannot set the access of {address}"))?;
@@ -330,6 +372,9 @@ pub fn serve(options: ServeOptions) -> Result<()> {
         None => None,
     };
     let mut line = format!("cumux serve: listening on {}", bound.address());
+    if let Some(tls) = bound.tls() {
+        line += &format!(" (TLS, certificate {})", tls.fingerprint());
+    }
     for (i, (d, policy)) in server.devices().iter().zip(server.policies()).enumerate() {
         let info = d.info();
         line += &format!(

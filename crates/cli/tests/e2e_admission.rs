@@ -1,13 +1,11 @@
 //! Admission end to end, with the `cumux` binary: refused connections leave a
 //! rate-limited log line naming the peer and the reason, a program past a
-//! session limit fails saying which limit, the limits show in `cumux status`,
-//! and a TCP listener other hosts can reach needs `--insecure`.
+//! session limit fails saying which limit, and the limits show in `cumux status`.
 
 mod common;
 
 use std::io::Write;
 use std::os::unix::net::UnixStream;
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use common::*;
@@ -157,32 +155,4 @@ fn a_program_past_a_session_limit_is_told_which() {
     assert!(status["limits"]["taken"].as_u64().unwrap() >= 1);
     let table = server.status_table();
     assert!(table.contains("of 40; at most 64 per peer"), "{table}");
-}
-
-#[test]
-fn a_tcp_listener_other_hosts_can_reach_needs_insecure() {
-    let refused = Command::new(env!("CARGO_BIN_EXE_cumux"))
-        .args(["serve", "--device", "cpu", "--memory", "64M"])
-        .args(["--listen", "tcp:0.0.0.0:0"])
-        .output()
-        .unwrap();
-    assert!(!refused.status.success());
-    let why = String::from_utf8_lossy(&refused.stderr);
-    assert!(
-        why.contains("--insecure") && why.contains("loopback"),
-        "{why}"
-    );
-    for extra in [&["--insecure"][..], &[][..]] {
-        let listen = match extra.is_empty() {
-            true => "tcp:127.0.0.1:0",
-            false => "tcp:0.0.0.0:0",
-        };
-        let mut serve = serve_command(&["--device", "cpu", "--memory", "64M", "--listen", listen]);
-        serve.args(extra).stderr(Stdio::null());
-        let mut child = serve.spawn().unwrap();
-        let line = listening_line(&lines_of(child.stdout.take().unwrap()));
-        assert!(line.contains("listening on"), "{line}");
-        let _ = child.kill();
-        let _ = child.wait();
-    }
 }

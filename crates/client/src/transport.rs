@@ -1,18 +1,17 @@
 //! The connection to the cumux server: the handshake, then requests and
 //! replies through a shared-memory area (unix sockets, by default) or over the
-//! socket itself (TCP, `CUMUX_TRANSPORT=socket`, or when the area cannot be set
-//! up). A failed call on the link marks the connection dead, and every later
+//! socket itself (TCP, with TLS where `CUMUX_TLS_*` ask, `CUMUX_TRANSPORT=socket`,
+//! or when the area cannot be set up). A failed call on the link marks the connection dead, and every later
 //! call fails fast with `CUDA_ERROR_DEVICE_UNAVAILABLE`.
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
-use std::os::unix::net::UnixStream;
+use std::io::Write;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::{Mutex, MutexGuard};
 
 pub use cumux_protocol::address::{server_address, ServerAddress};
 use cumux_protocol::hop_trace::{self, Hop};
 use cumux_protocol::shm::{self, Endpoint, ShmArea, Side};
+use cumux_protocol::stream::{ConnectError, Stream};
 use cumux_protocol::{
     self as proto, pinned, Call, ClientRole, DeviceInfo, Hello, HelloReply, Reply, ReplyBody,
     Request, ShmAttach, ShmAttached,
@@ -35,79 +34,8 @@ fn visible_devices() -> Option<String> {
     Some(cut.to_string())
 }
 
-/// The socket under a connection.
-enum Socket {
-    Unix(UnixStream),
-    Tcp(TcpStream),
-}
-
-impl Socket {
-    fn connect(addr: &ServerAddress) -> std::io::Result<Socket> {
-        Ok(match addr {
-            ServerAddress::Unix(p) => Socket::Unix(UnixStream::connect(p)?),
-            ServerAddress::Tcp(a) => {
-                let s = TcpStream::connect(a.as_str())?;
-                // Calls are small and latency-bound.
-                s.set_nodelay(true)?;
-                Socket::Tcp(s)
-            }
-        })
-    }
-
-    fn fd(&self) -> RawFd {
-        match self {
-            Socket::Unix(s) => s.as_raw_fd(),
-            Socket::Tcp(s) => s.as_raw_fd(),
-        }
-    }
-
-    fn shutdown(&self) {
-        let _ = match self {
-            Socket::Unix(s) => s.shutdown(std::net::Shutdown::Both),
-            Socket::Tcp(s) => s.shutdown(std::net::Shutdown::Both),
-        };
-    }
-}
-
-impl Read for Socket {
-    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        match self {
-            Socket::Unix(s) => s.read(buf),
-            Socket::Tcp(s) => s.read(buf),
-        }
-    }
-}
-
-/// Writes to the socket with `MSG_NOSIGNAL`: a server that went away must
-/// turn into an error, not a SIGPIPE that kills the program.
-struct NoSigPipe<'a>(&'a Socket);
-
-impl Write for NoSigPipe<'_> {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        // SAFETY: sending from an initialised buffer of the given length on
-        // a socket this connection owns.
-        let n = unsafe {
-            libc::send(
-                self.0.fd(),
-                buf.as_ptr().cast(),
-                buf.len(),
-                libc::MSG_NOSIGNAL,
-            )
-        };
-        if n < 0 {
-            Err(std::io::Error::last_os_error())
-        } else {
-            Ok(n as usize)
-        }
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
 pub struct Connection {
-    stream: Socket,
+    stream: Stream,
     /// The shared area calls travel through, once the server took it.
     shm: Option<Endpoint>,
     seq: u64,
@@ -200,8 +128,12 @@ impl Connection {
     /// device) or one for another of its devices.
     pub fn connect(join: Option<proto::Join>) -> Result<(Connection, Session), String> {
         let address = server_address()?;
-        let stream = Socket::connect(&address)
-            .map_err(|e| format!("cannot reach the cumux server at {address}: {e}"))?;
+        let stream = Stream::connect(&address).map_err(|e| match e {
+            ConnectError::Unreachable(e) => {
+                format!("cannot reach the cumux server at {address}: {e}")
+            }
+            ConnectError::Tls(why) => why,
+        })?;
         let mut conn = Connection {
             stream,
             shm: None,
@@ -226,8 +158,7 @@ impl Connection {
             join,
         };
         let bytes = proto::encode(&hello).map_err(|e| e.to_string())?;
-        proto::write_frame(&mut NoSigPipe(&conn.stream), &bytes)
-            .map_err(|e| format!("handshake: {e}"))?;
+        proto::write_frame(&mut conn.stream, &bytes).map_err(|e| format!("handshake: {e}"))?;
         proto::read_frame(&mut conn.stream, &mut conn.buf)
             .map_err(|e| format!("handshake: {e}"))?;
         match proto::decode::<HelloReply>(&conn.buf).map_err(|e| format!("handshake: {e}"))? {
@@ -281,11 +212,11 @@ impl Connection {
     /// broken socket is an error.
     fn attach(&mut self, area: (ShmArea, OwnedFd)) -> Result<(), String> {
         let (area, fd) = area;
-        let unix = match &self.stream {
-            Socket::Unix(unix) => unix
+        let unix = match self.stream.unix() {
+            Some(unix) => unix
                 .try_clone()
                 .map_err(|e| format!("cannot clone the socket: {e}"))?,
-            Socket::Tcp(_) => return Err("shared memory over a TCP connection".into()),
+            None => return Err("shared memory over a TCP connection".into()),
         };
         let attach = proto::encode(&ShmAttach {
             layout: area.layout(),
@@ -369,7 +300,7 @@ impl Connection {
                 }
                 let msg =
                     proto::encode(&Request { seq, call }).map_err(|_| CUDA_ERROR_INVALID_VALUE)?;
-                if let Err(e) = proto::write_frame(&mut NoSigPipe(&self.stream), &msg) {
+                if let Err(e) = proto::write_frame(&mut self.stream, &msg) {
                     return Err(self.lost(e));
                 }
             }
@@ -433,15 +364,15 @@ impl Connection {
         if self.dead {
             return Err(CUDA_ERROR_DEVICE_UNAVAILABLE);
         }
-        if !matches!(self.stream, Socket::Unix(_)) || self.shm.is_none() {
+        if self.stream.unix().is_none() || self.shm.is_none() {
             return Err(CUDA_ERROR_NOT_SUPPORTED);
         }
         self.seq += 1;
         let seq = self.seq;
         self.send(seq, call, None)?;
-        let sent = match &self.stream {
-            Socket::Unix(unix) => shm::send_with_fd(unix, &[pinned::FD_TAG], fd),
-            Socket::Tcp(_) => Err(std::io::Error::other("not a unix socket")),
+        let sent = match self.stream.unix() {
+            Some(unix) => shm::send_with_fd(unix, &[pinned::FD_TAG], fd),
+            None => Err(std::io::Error::other("not a unix socket")),
         };
         if let Err(e) = sent {
             return Err(self.lost(e));
@@ -457,11 +388,11 @@ impl Connection {
     /// A call whose successful reply brings a descriptor (`Call::returns_fd`),
     /// which follows it on the socket: shared memory only.
     pub fn call_for_fd(&mut self, call: Call) -> CuResult<(ReplyBody, OwnedFd)> {
-        if !matches!(self.stream, Socket::Unix(_)) || self.shm.is_none() {
+        if self.stream.unix().is_none() || self.shm.is_none() {
             return Err(CUDA_ERROR_NOT_SUPPORTED);
         }
         let body = self.call(call)?;
-        let Socket::Unix(unix) = &self.stream else {
+        let Some(unix) = self.stream.unix() else {
             return Err(CUDA_ERROR_NOT_SUPPORTED);
         };
         let mut tag = [0u8; 1];
@@ -614,6 +545,7 @@ fn write_program_stdout(bytes: &[u8]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::io::Read;
     use std::os::unix::net::UnixListener;
 
     /// Listens at `path`; in a thread, takes one connection and its hello

@@ -2,12 +2,10 @@
 //! driver of this tenant would get (a preflight hello), and its own memory
 //! and processes on each (a status scoped to the tenant).
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
-use std::os::unix::net::UnixStream;
 use std::time::Duration;
 
-use cumux_protocol::address::{server_address, ServerAddress};
+use cumux_protocol::address::server_address;
+use cumux_protocol::stream::{ConnectError, Stream};
 use cumux_protocol::{
     decode, encode, read_frame, write_frame, Call, ClientRole, DeviceInfo, Hello, HelloReply,
     Reply, ReplyBody, Request, ServerStatus, MAGIC, PROTOCOL_VERSION,
@@ -24,27 +22,16 @@ pub struct Usage {
     pub processes: Vec<(u32, u64)>,
 }
 
-trait Stream: Read + Write {}
-impl<T: Read + Write> Stream for T {}
-
 /// A connection that said hello as `role`, with the server's answer.
-fn hello(role: ClientRole) -> Result<(Box<dyn Stream>, HelloReply), String> {
+fn hello(role: ClientRole) -> Result<(Stream, HelloReply), String> {
     let address = server_address()?;
-    let unreachable = |e: std::io::Error| format!("no cumux server answers at {address}: {e}");
-    let mut stream: Box<dyn Stream> = match &address {
-        ServerAddress::Unix(path) => {
-            let s = UnixStream::connect(path).map_err(unreachable)?;
-            s.set_read_timeout(Some(TIMEOUT))
-                .map_err(|e| e.to_string())?;
-            Box::new(s)
-        }
-        ServerAddress::Tcp(at) => {
-            let s = TcpStream::connect(at.as_str()).map_err(unreachable)?;
-            s.set_read_timeout(Some(TIMEOUT))
-                .map_err(|e| e.to_string())?;
-            Box::new(s)
-        }
-    };
+    let mut stream = Stream::connect(&address).map_err(|e| match e {
+        ConnectError::Unreachable(e) => format!("no cumux server answers at {address}: {e}"),
+        ConnectError::Tls(why) => why,
+    })?;
+    stream
+        .set_read_timeout(Some(TIMEOUT))
+        .map_err(|e| e.to_string())?;
     let hello = Hello {
         magic: MAGIC,
         version: PROTOCOL_VERSION,
@@ -67,7 +54,7 @@ fn hello(role: ClientRole) -> Result<(Box<dyn Stream>, HelloReply), String> {
 }
 
 fn exchange<T: serde::Serialize, R: serde::de::DeserializeOwned>(
-    stream: &mut Box<dyn Stream>,
+    stream: &mut Stream,
     message: &T,
 ) -> Result<R, String> {
     let bytes = encode(message).map_err(|e| e.to_string())?;

@@ -35,12 +35,15 @@ pub fn write_frame(w: &mut impl Write, payload: &[u8]) -> Result<(), FrameError>
         // Copying a bulk payload costs more than a second write.
         w.write_all(&header)?;
         w.write_all(payload)?;
+        w.flush()?;
         return Ok(());
     }
     let mut buf = Vec::with_capacity(4 + payload.len());
     buf.extend_from_slice(&header);
     buf.extend_from_slice(payload);
     w.write_all(&buf)?;
+    // A TLS stream sends what it holds (elsewhere flushing is free).
+    w.flush()?;
     Ok(())
 }
 

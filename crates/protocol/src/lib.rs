@@ -9,6 +9,8 @@ mod memfd;
 pub mod messages;
 pub mod pinned;
 pub mod shm;
+pub mod stream;
+pub mod tls;
 pub mod visible_devices;
 pub mod vmm;
 

@@ -108,14 +108,98 @@ fn count_down<K: std::hash::Hash + Eq>(map: &mut HashMap<K, u32>, key: &K) {
 pub struct Seats {
     limits: SessionLimits,
     counts: Mutex<Counts>,
+    failures: Mutex<HashMap<Claimant, Failures>>,
 }
+
+/// Who failed to authenticate: a TCP address, else a uid (a unix socket's
+/// processes come and go; their user stays).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+enum Claimant {
+    Address(IpAddr),
+    Uid(Option<u32>),
+}
+
+impl Claimant {
+    fn of(peer: &Peer, uid: Option<u32>) -> Claimant {
+        match peer {
+            Peer::Tcp(ip) => Claimant::Address(*ip),
+            _ => Claimant::Uid(uid),
+        }
+    }
+}
+
+/// Failed authentications of one claimant in the current window.
+#[derive(Debug, Clone, Copy)]
+struct Failures {
+    since: Instant,
+    count: u32,
+}
+
+/// Failed authentications one claimant may have within [`FAILURE_WINDOW`];
+/// past them its hellos are refused unchecked until the window ends.
+pub const MAX_FAILURES: u32 = 5;
+pub const FAILURE_WINDOW: Duration = Duration::from_secs(30);
+/// Claimants remembered at most (the oldest windows go first).
+const FAILURES_KEPT: usize = 4096;
 
 impl Seats {
     pub fn new(limits: SessionLimits) -> Arc<Self> {
         Arc::new(Seats {
             limits,
             counts: Mutex::new(Counts::default()),
+            failures: Mutex::new(HashMap::new()),
         })
+    }
+
+    /// Whether `peer` (of `uid`) may try to authenticate now, or why not.
+    pub fn may_authenticate(&self, peer: &Peer, uid: Option<u32>) -> Result<(), String> {
+        let mut failures = lock(&self.failures);
+        let claimant = Claimant::of(peer, uid);
+        let Some(f) = failures.get(&claimant).copied() else {
+            return Ok(());
+        };
+        let waited = f.since.elapsed();
+        if waited >= FAILURE_WINDOW {
+            failures.remove(&claimant);
+            return Ok(());
+        }
+        if f.count < MAX_FAILURES {
+            return Ok(());
+        }
+        Err(format!(
+            "too many failed authentications from {peer}: {} in {} s; try again in {} s",
+            f.count,
+            FAILURE_WINDOW.as_secs(),
+            (FAILURE_WINDOW - waited).as_secs() + 1
+        ))
+    }
+
+    /// Counts a failed authentication of `peer` (of `uid`).
+    pub fn failed_authentication(&self, peer: &Peer, uid: Option<u32>) {
+        let mut failures = lock(&self.failures);
+        if failures.len() >= FAILURES_KEPT {
+            failures.retain(|_, f| f.since.elapsed() < FAILURE_WINDOW);
+            if failures.len() >= FAILURES_KEPT {
+                if let Some(oldest) = failures
+                    .iter()
+                    .min_by_key(|(_, f)| f.since)
+                    .map(|(k, _)| k.clone())
+                {
+                    failures.remove(&oldest);
+                }
+            }
+        }
+        let entry = failures.entry(Claimant::of(peer, uid)).or_insert(Failures {
+            since: Instant::now(),
+            count: 0,
+        });
+        if entry.since.elapsed() >= FAILURE_WINDOW {
+            *entry = Failures {
+                since: Instant::now(),
+                count: 0,
+            };
+        }
+        entry.count += 1;
     }
 
     pub fn limits(&self) -> SessionLimits {

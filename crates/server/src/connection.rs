@@ -22,6 +22,7 @@ use cumux_protocol::{
 use crate::admission::{log_refusal, Peer, Seat};
 use crate::session::Session;
 use crate::status::StatusScope;
+use crate::tls::{ServerTls, TlsStream, HANDSHAKE_RECORD};
 use crate::Server;
 
 /// How long a new connection may take to send its hello (and its shared area).
@@ -31,6 +32,7 @@ pub const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 pub enum Socket {
     Unix(UnixStream),
     Tcp(TcpStream),
+    Tls(TlsStream),
 }
 
 impl Socket {
@@ -38,42 +40,57 @@ impl Socket {
         Ok(match self {
             Socket::Unix(s) => Socket::Unix(s.try_clone()?),
             Socket::Tcp(s) => Socket::Tcp(s.try_clone()?),
+            Socket::Tls(s) => Socket::Tls(s.clone()),
         })
     }
 
-    fn set_read_timeout(&self, timeout: Option<Duration>) -> std::io::Result<()> {
+    /// The TCP socket underneath, for its options.
+    fn tcp(&self) -> Option<&TcpStream> {
         match self {
-            Socket::Unix(s) => s.set_read_timeout(timeout),
-            Socket::Tcp(s) => s.set_read_timeout(timeout),
+            Socket::Unix(_) => None,
+            Socket::Tcp(s) => Some(s),
+            Socket::Tls(s) => Some(s.tcp()),
+        }
+    }
+
+    fn set_read_timeout(&self, timeout: Option<Duration>) -> std::io::Result<()> {
+        match (self, self.tcp()) {
+            (Socket::Unix(s), _) => s.set_read_timeout(timeout),
+            (_, Some(tcp)) => tcp.set_read_timeout(timeout),
+            (_, None) => Ok(()),
         }
     }
 
     fn fd(&self) -> std::os::fd::BorrowedFd<'_> {
-        match self {
-            Socket::Unix(s) => s.as_fd(),
-            Socket::Tcp(s) => s.as_fd(),
+        match (self, self.tcp()) {
+            (Socket::Unix(s), _) => s.as_fd(),
+            (_, Some(tcp)) => tcp.as_fd(),
+            (_, None) => unreachable!("a TCP socket has its TCP stream"),
         }
     }
 
     fn set_write_timeout(&self, timeout: Option<Duration>) -> std::io::Result<()> {
-        match self {
-            Socket::Unix(s) => s.set_write_timeout(timeout),
-            Socket::Tcp(s) => s.set_write_timeout(timeout),
+        match (self, self.tcp()) {
+            (Socket::Unix(s), _) => s.set_write_timeout(timeout),
+            (_, Some(tcp)) => tcp.set_write_timeout(timeout),
+            (_, None) => Ok(()),
         }
     }
 
     fn shut_writing(&self) {
-        let _ = match self {
-            Socket::Unix(s) => s.shutdown(std::net::Shutdown::Write),
-            Socket::Tcp(s) => s.shutdown(std::net::Shutdown::Write),
+        let _ = match (self, self.tcp()) {
+            (Socket::Unix(s), _) => s.shutdown(std::net::Shutdown::Write),
+            (_, Some(tcp)) => tcp.shutdown(std::net::Shutdown::Write),
+            (_, None) => Ok(()),
         };
     }
 
     /// Reads and drops what the peer sent, without waiting.
     pub fn drain(&mut self) {
-        let nonblocking = match self {
-            Socket::Unix(s) => s.set_nonblocking(true),
-            Socket::Tcp(s) => s.set_nonblocking(true),
+        let nonblocking = match (&*self, self.tcp()) {
+            (Socket::Unix(s), _) => s.set_nonblocking(true),
+            (_, Some(tcp)) => tcp.set_nonblocking(true),
+            (_, None) => return,
         };
         if nonblocking.is_err() {
             return;
@@ -87,6 +104,40 @@ impl Socket {
         match self {
             Socket::Unix(_) => "unix",
             Socket::Tcp(_) => "tcp",
+            Socket::Tls(_) => "tls",
+        }
+    }
+
+    /// A TCP connection in TLS where `tls` is given and the client starts a
+    /// handshake. `Err`: the connection ends. A plain client where TLS is
+    /// wanted comes back as it is, with the refusal to send it after its hello.
+    fn secure(self, tls: Option<&ServerTls>) -> Result<(Socket, Option<String>), Ending> {
+        let Socket::Tcp(tcp) = self else {
+            return Ok((self, None));
+        };
+        let mut first = [0u8; 1];
+        let starts_tls = match tcp.peek(&mut first) {
+            Ok(0) => return Err(Ending::Closed),
+            Ok(_) => first[0] == HANDSHAKE_RECORD,
+            Err(e) => return Err(Ending::Broken(format!("{NO_HELLO}: {e}"))),
+        };
+        match (tls, starts_tls) {
+            (Some(tls), true) => match tls.accept(tcp, HELLO_TIMEOUT) {
+                Ok(stream) => Ok((Socket::Tls(stream), None)),
+                Err(why) => Err(Ending::Broken(format!("{NO_HELLO}: {why}"))),
+            },
+            (Some(_), false) => Ok((
+                Socket::Tcp(tcp),
+                Some(
+                    "this server takes TCP clients over TLS only: set CUMUX_TLS_FINGERPRINT \
+                     (the fingerprint `cumux serve` prints) or CUMUX_TLS_CA"
+                        .to_string(),
+                ),
+            )),
+            (None, true) => Err(Ending::Broken(format!(
+                "{NO_HELLO}: a TLS handshake, but this server listens on plain TCP"
+            ))),
+            (None, false) => Ok((Socket::Tcp(tcp), None)),
         }
     }
 }
@@ -96,6 +147,7 @@ impl Read for Socket {
         match self {
             Socket::Unix(s) => s.read(buf),
             Socket::Tcp(s) => s.read(buf),
+            Socket::Tls(s) => s.read(buf),
         }
     }
 }
@@ -105,11 +157,15 @@ impl Write for Socket {
         match self {
             Socket::Unix(s) => s.write(buf),
             Socket::Tcp(s) => s.write(buf),
+            Socket::Tls(s) => s.write(buf),
         }
     }
 
     fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
+        match self {
+            Socket::Tls(s) => s.flush(),
+            _ => Ok(()),
+        }
     }
 }
 
@@ -132,9 +188,10 @@ pub fn serve_connection(
     server: Arc<Server>,
     peer_uid: Option<u32>,
     socket: Socket,
+    tls: Option<&ServerTls>,
     mut seat: Seat,
 ) -> Ending {
-    let ending = serve_seated(server, peer_uid, socket, &mut seat);
+    let ending = serve_seated(server, peer_uid, socket, tls, &mut seat);
     match &ending {
         Ending::Rejected(reason) => log_refusal(seat.peer(), peer_uid, reason),
         Ending::Broken(why) if why.starts_with(NO_HELLO) => log_refusal(seat.peer(), peer_uid, why),
@@ -168,12 +225,17 @@ fn serve_seated(
     server: Arc<Server>,
     peer_uid: Option<u32>,
     socket: Socket,
+    tls: Option<&ServerTls>,
     seat: &mut Seat,
 ) -> Ending {
     // A peer that connects and says nothing must not hold a thread for ever.
     if let Err(e) = socket.set_read_timeout(Some(HELLO_TIMEOUT)) {
         return Ending::Broken(format!("cannot set the handshake timeout: {e}"));
     }
+    let (socket, plain_refused) = match socket.secure(tls) {
+        Ok(secured) => secured,
+        Err(ending) => return ending,
+    };
     let mut reader = match socket.try_clone() {
         Ok(clone) => BufReader::with_capacity(256 << 10, clone),
         Err(e) => return Ending::Broken(format!("cannot clone the socket: {e}")),
@@ -188,21 +250,20 @@ fn serve_seated(
             return Ending::Rejected(reason);
         }
     };
+    if let Some(reason) = plain_refused {
+        let _ = send(&mut writer, &reject(reason.clone()));
+        return Ending::Rejected(reason);
+    }
     let tenant = match hello.role {
         ClientRole::Preflight => return preflight(&server, &hello, peer_uid, seat, &mut writer),
         ClientRole::Status => None,
-        ClientRole::Driver => {
-            match server
-                .tenants()
-                .admit(hello.tenant.as_deref(), peer_uid, hello.token.as_deref())
-            {
-                Ok(tenant) => Some(tenant),
-                Err(reason) => {
-                    let _ = send(&mut writer, &reject(reason.clone()));
-                    return Ending::Rejected(reason);
-                }
+        ClientRole::Driver => match admit(&server, &hello, peer_uid, seat.peer()) {
+            Ok(tenant) => Some(tenant),
+            Err(reason) => {
+                let _ = send(&mut writer, &reject(reason.clone()));
+                return Ending::Rejected(reason);
             }
-        }
+        },
     };
     if let Some((name, _)) = &tenant {
         if let Err(reason) = seat.join_tenant(name) {
@@ -330,6 +391,28 @@ fn serve_seated(
     ending
 }
 
+/// The tenant a driver's or preflight's hello names. A peer whose tokens
+/// keep failing is refused for a while without a look at its token.
+fn admit(
+    server: &Server,
+    hello: &Hello,
+    peer_uid: Option<u32>,
+    peer: &Peer,
+) -> Result<(String, crate::tenants::TenantSettings), String> {
+    let seats = server.seats();
+    if hello.token.is_some() {
+        seats.may_authenticate(peer, peer_uid)?;
+    }
+    server
+        .tenants()
+        .admit(hello.tenant.as_deref(), peer_uid, hello.token.as_deref())
+        .inspect_err(|_| {
+            if hello.token.is_some() {
+                seats.failed_authentication(peer, peer_uid);
+            }
+        })
+}
+
 /// Answers `cumux run`'s question before it starts a program: would a driver
 /// with this hello be let in? The same checks as a driver's handshake (the
 /// tenant, its session limit, a device to run on), then the welcome it would
@@ -341,17 +424,14 @@ fn preflight(
     seat: &mut Seat,
     writer: &mut Socket,
 ) -> Ending {
-    let admitted = server
-        .tenants()
-        .admit(hello.tenant.as_deref(), peer_uid, hello.token.as_deref())
-        .and_then(|(name, settings)| {
-            seat.join_tenant(&name)?;
-            let (devices, _) = server.devices_seen(&settings, hello.visible_devices.as_deref());
-            if devices.is_empty() {
-                return Err(format!("tenant {name:?} may use no device of this server"));
-            }
-            Ok(devices)
-        });
+    let admitted = admit(server, hello, peer_uid, seat.peer()).and_then(|(name, settings)| {
+        seat.join_tenant(&name)?;
+        let (devices, _) = server.devices_seen(&settings, hello.visible_devices.as_deref());
+        if devices.is_empty() {
+            return Err(format!("tenant {name:?} may use no device of this server"));
+        }
+        Ok(devices)
+    });
     match admitted {
         Ok(devices) => {
             let welcome = HelloReply::Welcome {

@@ -27,6 +27,7 @@ pub mod shutdown;
 pub mod status;
 pub mod tenants;
 pub mod threads;
+pub mod tls;
 pub mod worker;
 
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -19,6 +19,7 @@ use crate::admission::{log_refusal, own_uid, Peer};
 pub use crate::connection::HELLO_TIMEOUT;
 use crate::connection::{refuse, serve_connection, Socket};
 use crate::shutdown::{wait_for, DrainEnd, Drained, Shutdown, Woken, SHUTTING_DOWN};
+use crate::tls::ServerTls;
 use crate::Server;
 
 /// Where a server listens and clients connect.
@@ -81,7 +82,8 @@ impl fmt::Display for Address {
 /// A bound, not yet serving, listener.
 pub enum BoundListener {
     Unix(UnixListener, PathBuf),
-    Tcp(TcpListener),
+    /// With the TLS its clients must speak, if any.
+    Tcp(TcpListener, Option<Arc<ServerTls>>),
 }
 
 /// Binds `address`. For a unix socket the folder is made (mode 0700) and a
@@ -101,7 +103,10 @@ pub fn bind(address: &Address) -> io::Result<BoundListener> {
             remove_stale_socket(path)?;
             Ok(BoundListener::Unix(UnixListener::bind(path)?, path.clone()))
         }
-        Address::Tcp(hostport) => Ok(BoundListener::Tcp(TcpListener::bind(hostport.as_str())?)),
+        Address::Tcp(hostport) => Ok(BoundListener::Tcp(
+            TcpListener::bind(hostport.as_str())?,
+            None,
+        )),
     }
 }
 
@@ -143,11 +148,34 @@ fn remove_stale_socket(path: &Path) -> io::Result<()> {
 }
 
 impl BoundListener {
+    /// A TCP listener whose clients must speak TLS with `tls` (a unix
+    /// socket's clients are on this host: `tls` is refused there).
+    pub fn with_tls(mut self, tls: ServerTls) -> io::Result<Self> {
+        match &mut self {
+            BoundListener::Tcp(_, slot) => {
+                *slot = Some(Arc::new(tls));
+                Ok(self)
+            }
+            BoundListener::Unix(..) => Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "TLS applies to a TCP address, not to a unix socket",
+            )),
+        }
+    }
+
+    /// The TLS a TCP listener speaks.
+    pub fn tls(&self) -> Option<&ServerTls> {
+        match self {
+            BoundListener::Tcp(_, tls) => tls.as_deref(),
+            BoundListener::Unix(..) => None,
+        }
+    }
+
     /// The address clients should use.
     pub fn address(&self) -> Address {
         match self {
             BoundListener::Unix(_, path) => Address::Unix(path.clone()),
-            BoundListener::Tcp(l) => match l.local_addr() {
+            BoundListener::Tcp(l, _) => match l.local_addr() {
                 Ok(a) => Address::Tcp(a.to_string()),
                 Err(_) => Address::Tcp("?".into()),
             },
@@ -273,9 +301,13 @@ impl BoundListener {
             accepted += 1;
             let name = format!("cumux-conn{accepted}");
             let server = Arc::clone(&server);
+            let tls = match &self {
+                BoundListener::Tcp(_, tls) => tls.clone(),
+                BoundListener::Unix(..) => None,
+            };
             let spawned = std::thread::Builder::new()
                 .name(name)
-                .spawn(move || serve_connection(server, uid, socket, seat));
+                .spawn(move || serve_connection(server, uid, socket, tls.as_deref(), seat));
             if let Err(e) = spawned {
                 // Out of threads: say so, back off, keep serving.
                 tracing::error!("cannot start a connection's thread: {e}");
@@ -287,14 +319,14 @@ impl BoundListener {
     fn set_nonblocking(&self) -> io::Result<()> {
         match self {
             BoundListener::Unix(listener, _) => listener.set_nonblocking(true),
-            BoundListener::Tcp(listener) => listener.set_nonblocking(true),
+            BoundListener::Tcp(listener, _) => listener.set_nonblocking(true),
         }
     }
 
     fn raw_fd(&self) -> std::os::fd::RawFd {
         match self {
             BoundListener::Unix(listener, _) => listener.as_raw_fd(),
-            BoundListener::Tcp(listener) => listener.as_raw_fd(),
+            BoundListener::Tcp(listener, _) => listener.as_raw_fd(),
         }
     }
 
@@ -309,7 +341,7 @@ impl BoundListener {
                 };
                 Ok((Socket::Unix(stream), peer, uid))
             }
-            BoundListener::Tcp(listener) => {
+            BoundListener::Tcp(listener, _) => {
                 let (stream, address) = listener.accept()?;
                 tracing::debug!(%address, "tcp connection");
                 let _ = stream.set_nodelay(true);

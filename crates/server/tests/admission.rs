@@ -383,3 +383,35 @@ fn over_tcp_only_a_token_names_a_configured_tenant() {
     // The session that began as dave runs on.
     assert!(tcp_call(&mut dave_session, Call::MemGetInfo { device: 0 }).is_ok());
 }
+
+#[test]
+fn a_peer_whose_tokens_keep_failing_is_held_off() {
+    const DAVE: &str = "dave-secret-token-42";
+    let policy = TenantPolicy {
+        tenants: BTreeMap::from([(
+            "dave".to_string(),
+            TenantSettings {
+                token: Some(DAVE.into()),
+                ..TenantSettings::default()
+            },
+        )]),
+        ..TenantPolicy::default()
+    };
+    let h = Harness::start_with("auth-failures", policy, 1);
+    let address = serve_tcp(&h);
+    for attempt in 0..cumux_server::admission::MAX_FAILURES {
+        let guess = format!("dave-secret-token-{attempt:02}x");
+        let refused = tcp_hello(&address, ClientRole::Driver, None, Some(&guess)).unwrap_err();
+        assert_eq!(refused, "the token given is not one this server knows");
+    }
+    // The right token too is refused now, unchecked, with when to try again.
+    let held = tcp_hello(&address, ClientRole::Driver, None, Some(DAVE)).unwrap_err();
+    assert!(
+        held.contains("too many failed authentications from tcp 127.0.0.1")
+            && held.contains("try again in"),
+        "{held}"
+    );
+    // Others (here the server's own uid on the unix socket) are not held off.
+    let mut own = h.client();
+    assert!(own.call(Call::ServerStatus).is_ok());
+}

@@ -1,0 +1,413 @@
+//! TLS on TCP end to end, with the `cumux` binary and a real program: a
+//! pinned fingerprint or a CA lets it in; a wrong pin, an expired certificate,
+//! a plain client to a TLS server and the reverse, a missing client
+//! certificate under mutual TLS and a wrong token each fail with a clear
+//! error and leave the server serving; a reachable address gets TLS by default.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use common::*;
+use rcgen::{date_time_ymd, BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
+
+const LIMIT: Duration = Duration::from_secs(120);
+
+/// PEM files of a certificate and its key, and the certificate's DER.
+struct Pair {
+    cert: PathBuf,
+    key: PathBuf,
+    der: Vec<u8>,
+}
+
+fn write_pair(dir: &Path, name: &str, pem: String, key: &KeyPair, der: &[u8]) -> Pair {
+    let cert = dir.join(format!("{name}-cert.pem"));
+    let key_path = dir.join(format!("{name}-key.pem"));
+    std::fs::write(&cert, pem).unwrap();
+    std::fs::write(&key_path, key.serialize_pem()).unwrap();
+    Pair {
+        cert,
+        key: key_path,
+        der: der.to_vec(),
+    }
+}
+
+/// Parameters for a server certificate of 127.0.0.1, expired if asked.
+fn server_params(expired: bool) -> CertificateParams {
+    let mut params = CertificateParams::new(vec!["127.0.0.1".into(), "localhost".into()]).unwrap();
+    if expired {
+        params.not_before = date_time_ymd(2019, 1, 1);
+        params.not_after = date_time_ymd(2020, 1, 1);
+    }
+    params
+}
+
+fn self_signed(dir: &Path, name: &str, expired: bool) -> Pair {
+    let key = KeyPair::generate().unwrap();
+    let cert = server_params(expired).self_signed(&key).unwrap();
+    write_pair(dir, name, cert.pem(), &key, cert.der())
+}
+
+/// A CA (its certificate file) and a certificate for `names` it signed.
+fn ca_and_signed(dir: &Path, names: &[&str], expired: bool) -> (PathBuf, Pair) {
+    let ca_key = KeyPair::generate().unwrap();
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let ca = CertifiedIssuer::self_signed(ca_params, ca_key).unwrap();
+    let ca_file = dir.join(format!("ca-{}.pem", names.join("-")));
+    std::fs::write(&ca_file, ca.pem()).unwrap();
+    let key = KeyPair::generate().unwrap();
+    let mut params =
+        CertificateParams::new(names.iter().map(|n| n.to_string()).collect::<Vec<_>>()).unwrap();
+    if expired {
+        params.not_before = date_time_ymd(2019, 1, 1);
+        params.not_after = date_time_ymd(2020, 1, 1);
+    }
+    let cert = params.signed_by(&key, &ca).unwrap();
+    let pair = write_pair(dir, &names.join("-"), cert.pem(), &key, cert.der());
+    (ca_file, pair)
+}
+
+/// A `cumux serve` on a TCP address; its address, and the certificate
+/// fingerprint its listening line gives (if it speaks TLS).
+struct TcpServer {
+    child: Child,
+    address: String,
+    fingerprint: Option<String>,
+    log: PathBuf,
+}
+
+impl TcpServer {
+    fn start(dir: &Path, listen: &str, args: &[&str], envs: &[(&str, &str)]) -> TcpServer {
+        ensure_driver();
+        let log = dir.join(format!("server-{}.log", args.len()));
+        let mut serve = serve_command(&["--device", "cpu", "--memory", "256M", "--listen", listen]);
+        serve
+            .args(args)
+            .envs(envs.iter().copied())
+            .stderr(std::fs::File::create(&log).unwrap());
+        let mut child = serve.spawn().unwrap();
+        let line = listening_line(&lines_of(child.stdout.take().unwrap()));
+        let fingerprint = line
+            .split_whitespace()
+            .find(|w| w.starts_with("sha256:"))
+            .map(|w| w.trim_end_matches([')', ';']).to_string());
+        TcpServer {
+            address: tcp_address_in(&line),
+            child,
+            fingerprint,
+            log,
+        }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// `cumux run` of vector_add against this server with `envs`.
+    fn run(&self, envs: &[(&str, &str)], options: &[&str]) -> RunOutput {
+        let mut run = run_command_at(&self.address, options, &corpus_program("vector_add"), &[]);
+        run.env_remove("CUMUX_TLS_FINGERPRINT")
+            .env_remove("CUMUX_TLS_CA")
+            .envs(envs.iter().copied());
+        wait_bounded(run.spawn().unwrap(), LIMIT)
+    }
+
+    fn assert_pass(&self, out: &RunOutput) {
+        assert!(
+            out.code() == Some(0) && out.stdout.contains("vector_add: PASS"),
+            "{}\n--- server log\n{}",
+            out.describe(),
+            self.log()
+        );
+    }
+
+    fn assert_refused(&mut self, out: &RunOutput, says: &[&str]) {
+        assert_ne!(out.code(), Some(0), "{}", out.describe());
+        for words in says {
+            assert!(
+                out.stderr.contains(words),
+                "expected {words:?} in\n{}",
+                out.describe()
+            );
+        }
+        assert!(
+            matches!(self.child.try_wait(), Ok(None)),
+            "the server died: {}",
+            self.log()
+        );
+    }
+}
+
+impl Drop for TcpServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn a_pinned_fingerprint_lets_a_program_in_and_a_wrong_one_does_not() {
+    let dir = TempDir::new("tls-pin");
+    let pair = self_signed(&dir.0, "server", false);
+    let other = self_signed(&dir.0, "other", false);
+    let (cert, key) = (
+        pair.cert.display().to_string(),
+        pair.key.display().to_string(),
+    );
+    let mut server = TcpServer::start(
+        &dir.0,
+        "tcp:127.0.0.1:0",
+        &["--tls-cert", &cert, "--tls-key", &key],
+        &[],
+    );
+    let printed = server
+        .fingerprint
+        .clone()
+        .expect("the line gives the fingerprint");
+    assert_eq!(printed, cumux_protocol::tls::fingerprint(&pair.der));
+    server.assert_pass(&server.run(&[("CUMUX_TLS_FINGERPRINT", &printed)], &[]));
+    let wrong = cumux_protocol::tls::fingerprint(&other.der);
+    let out = server.run(&[("CUMUX_TLS_FINGERPRINT", &wrong)], &[]);
+    server.assert_refused(&out, &["not the one CUMUX_TLS_FINGERPRINT pins"]);
+    // `cumux status` speaks TLS too.
+    let status = Command::new(env!("CARGO_BIN_EXE_cumux"))
+        .args(["status", "--server", &server.address])
+        .env("CUMUX_TLS_FINGERPRINT", &printed)
+        .output()
+        .unwrap();
+    assert!(status.status.success(), "{status:?}");
+    assert!(
+        String::from_utf8_lossy(&status.stdout).contains(&server.address),
+        "{status:?}"
+    );
+    server.assert_pass(&server.run(&[("CUMUX_TLS_FINGERPRINT", &printed)], &[]));
+}
+
+#[test]
+fn a_ca_vouches_for_the_server_by_its_name() {
+    let dir = TempDir::new("tls-ca");
+    let (ca, pair) = ca_and_signed(&dir.0, &["127.0.0.1", "localhost"], false);
+    let (cert, key) = (
+        pair.cert.display().to_string(),
+        pair.key.display().to_string(),
+    );
+    let mut server = TcpServer::start(
+        &dir.0,
+        "tcp:127.0.0.1:0",
+        &["--tls-cert", &cert, "--tls-key", &key],
+        &[],
+    );
+    let ca = ca.display().to_string();
+    server.assert_pass(&server.run(&[("CUMUX_TLS_CA", &ca)], &[]));
+    // A CA that did not sign it.
+    let (stranger, _) = ca_and_signed(&dir.0, &["elsewhere"], false);
+    let out = server.run(&[("CUMUX_TLS_CA", &stranger.display().to_string())], &[]);
+    server.assert_refused(
+        &out,
+        &[
+            "TLS handshake",
+            "not issued by a CA that CUMUX_TLS_CA trusts",
+        ],
+    );
+}
+
+#[test]
+fn an_expired_certificate_is_refused_by_pin_and_by_ca() {
+    let dir = TempDir::new("tls-expired");
+    let pinned = self_signed(&dir.0, "old", true);
+    let (cert, key) = (
+        pinned.cert.display().to_string(),
+        pinned.key.display().to_string(),
+    );
+    let mut server = TcpServer::start(
+        &dir.0,
+        "tcp:127.0.0.1:0",
+        &["--tls-cert", &cert, "--tls-key", &key],
+        &[],
+    );
+    let print = cumux_protocol::tls::fingerprint(&pinned.der);
+    let out = server.run(&[("CUMUX_TLS_FINGERPRINT", &print)], &[]);
+    server.assert_refused(&out, &["TLS handshake", "certificate has expired"]);
+
+    let (ca, signed) = ca_and_signed(&dir.0, &["127.0.0.1"], true);
+    let (cert, key) = (
+        signed.cert.display().to_string(),
+        signed.key.display().to_string(),
+    );
+    let mut by_ca = TcpServer::start(
+        &dir.0,
+        "tcp:127.0.0.1:0",
+        &["--tls-cert", &cert, "--tls-key", &key, "--policy", "fifo"],
+        &[],
+    );
+    let out = by_ca.run(&[("CUMUX_TLS_CA", &ca.display().to_string())], &[]);
+    by_ca.assert_refused(&out, &["TLS handshake", "certificate has expired"]);
+}
+
+#[test]
+fn plain_and_tls_clients_meeting_the_other_kind_of_server_are_told_why() {
+    let dir = TempDir::new("tls-mismatch");
+    let pair = self_signed(&dir.0, "server", false);
+    let (cert, key) = (
+        pair.cert.display().to_string(),
+        pair.key.display().to_string(),
+    );
+    let mut tls = TcpServer::start(
+        &dir.0,
+        "tcp:127.0.0.1:0",
+        &["--tls-cert", &cert, "--tls-key", &key],
+        &[],
+    );
+    let out = tls.run(&[], &[]);
+    tls.assert_refused(&out, &["TLS only", "CUMUX_TLS_FINGERPRINT"]);
+    let print = tls.fingerprint.clone().unwrap();
+    tls.assert_pass(&tls.run(&[("CUMUX_TLS_FINGERPRINT", &print)], &[]));
+    assert!(tls.log().contains("TLS only"), "{}", tls.log());
+
+    let mut plain = TcpServer::start(&dir.0, "tcp:127.0.0.1:0", &["--policy", "fifo"], &[]);
+    assert!(plain.fingerprint.is_none());
+    let out = plain.run(&[("CUMUX_TLS_FINGERPRINT", &print)], &[]);
+    plain.assert_refused(&out, &["TLS handshake", "does it listen with TLS"]);
+    assert!(
+        plain.log().contains("this server listens on plain TCP"),
+        "{}",
+        plain.log()
+    );
+    plain.assert_pass(&plain.run(&[], &[]));
+}
+
+#[test]
+fn mutual_tls_wants_a_certificate_its_ca_signed() {
+    let dir = TempDir::new("tls-mutual");
+    let pair = self_signed(&dir.0, "server", false);
+    let (client_ca, client) = ca_and_signed(&dir.0, &["client"], false);
+    let (cert, key) = (
+        pair.cert.display().to_string(),
+        pair.key.display().to_string(),
+    );
+    let mut server = TcpServer::start(
+        &dir.0,
+        "tcp:127.0.0.1:0",
+        &[
+            "--tls-cert",
+            &cert,
+            "--tls-key",
+            &key,
+            "--tls-client-ca",
+            &client_ca.display().to_string(),
+        ],
+        &[],
+    );
+    let print = server.fingerprint.clone().unwrap();
+    let out = server.run(&[("CUMUX_TLS_FINGERPRINT", &print)], &[]);
+    server.assert_refused(&out, &["CertificateRequired"]);
+    let (client_cert, client_key) = (
+        client.cert.display().to_string(),
+        client.key.display().to_string(),
+    );
+    server.assert_pass(&server.run(
+        &[
+            ("CUMUX_TLS_FINGERPRINT", &print),
+            ("CUMUX_TLS_CERT", &client_cert),
+            ("CUMUX_TLS_KEY", &client_key),
+        ],
+        &[],
+    ));
+}
+
+#[test]
+fn over_tls_a_wrong_token_is_refused_and_the_right_one_names_the_tenant() {
+    let dir = TempDir::new("tls-token");
+    let pair = self_signed(&dir.0, "server", false);
+    let config = config_file(
+        &dir,
+        "[tenants.alice]\nmemory_quota = \"64M\"\ntoken = \"alice-token-0123456789abcdef\"\n",
+    );
+    let (cert, key) = (
+        pair.cert.display().to_string(),
+        pair.key.display().to_string(),
+    );
+    let mut server = TcpServer::start(
+        &dir.0,
+        "tcp:127.0.0.1:0",
+        &[
+            "--tls-cert",
+            &cert,
+            "--tls-key",
+            &key,
+            "--config",
+            &config.display().to_string(),
+        ],
+        &[],
+    );
+    let print = server.fingerprint.clone().unwrap();
+    let out = server.run(
+        &[
+            ("CUMUX_TLS_FINGERPRINT", &print),
+            ("CUMUX_TOKEN", "not-the-token-0123456789abcdef"),
+        ],
+        &[],
+    );
+    server.assert_refused(&out, &["token"]);
+    assert!(
+        !server.log().contains("not-the-token"),
+        "a token was logged"
+    );
+    server.assert_pass(&server.run(
+        &[
+            ("CUMUX_TLS_FINGERPRINT", &print),
+            ("CUMUX_TOKEN", "alice-token-0123456789abcdef"),
+        ],
+        &[],
+    ));
+}
+
+#[test]
+fn a_reachable_address_gets_a_self_signed_certificate_unless_insecure() {
+    let dir = TempDir::new("tls-default");
+    let state = dir.0.join("state");
+    let state_env = state.display().to_string();
+    let envs = [("XDG_STATE_HOME", state_env.as_str())];
+    let first = TcpServer::start(&dir.0, "tcp:0.0.0.0:0", &[], &envs);
+    let print = first.fingerprint.clone().expect("TLS by default");
+    assert!(state.join("cumux/server-key.pem").exists());
+    let port = first.address.rsplit(':').next().unwrap().to_string();
+    let local = format!("tcp:127.0.0.1:{port}");
+    let mut run = run_command_at(&local, &[], &corpus_program("vector_add"), &[]);
+    run.env("CUMUX_TLS_FINGERPRINT", &print);
+    first.assert_pass(&wait_bounded(run.spawn().unwrap(), LIMIT));
+    drop(first);
+    // The pair is kept: a restart shows the same certificate.
+    let again = TcpServer::start(&dir.0, "tcp:0.0.0.0:0", &["--policy", "fifo"], &envs);
+    assert_eq!(again.fingerprint.as_deref(), Some(print.as_str()));
+    drop(again);
+    let plain = TcpServer::start(&dir.0, "tcp:0.0.0.0:0", &["--insecure"], &envs);
+    assert!(plain.fingerprint.is_none());
+    assert!(plain.log().contains("in the clear"), "{}", plain.log());
+}
+
+#[test]
+fn plain_tcp_to_another_host_needs_the_clients_consent() {
+    ensure_driver();
+    // Nothing is sent: the client refuses before it connects.
+    let mut run = run_command_at(
+        "tcp:192.0.2.1:7000",
+        &[],
+        &corpus_program("vector_add"),
+        &[],
+    );
+    run.env_remove("CUMUX_TLS_FINGERPRINT")
+        .env_remove("CUMUX_TLS_CA")
+        .env_remove("CUMUX_INSECURE")
+        .stdin(Stdio::null());
+    let out = wait_bounded(run.spawn().unwrap(), Duration::from_secs(30));
+    assert_ne!(out.code(), Some(0));
+    assert!(
+        out.stderr.contains("CUMUX_INSECURE=1") && out.stderr.contains("plain TCP"),
+        "{}",
+        out.describe()
+    );
+}
