@@ -41,6 +41,12 @@ pub struct ServerSettings {
     /// multi-GPU machine (at most 16).
     #[arg(long)]
     pub cpu_devices: Option<u32>,
+    /// The address window (0-15) of this server's first CPU device, and its
+    /// number: a program using the CPU devices of several servers needs
+    /// them in different windows, so that their pointers never alias
+    /// (default 0).
+    #[arg(long)]
+    pub cpu_window: Option<u32>,
     /// How each device shares its time among tenants: fifo (default: no scheduler,
     /// launches go in arrival order), fair (weighted shares of device time) or
     /// priority (latency-critical tenants first). It sets every device's policy
@@ -105,6 +111,7 @@ impl ServerSettings {
             memory: self.memory.or(fallback.memory),
             launch_budget: self.launch_budget.or(fallback.launch_budget),
             cpu_devices: self.cpu_devices.or(fallback.cpu_devices),
+            cpu_window: self.cpu_window.or(fallback.cpu_window),
             policy: self.policy.or(fallback.policy),
             sharing: self.sharing.or(fallback.sharing),
             kernel_timeout: self.kernel_timeout.or(fallback.kernel_timeout),
@@ -281,6 +288,7 @@ struct RawConfig {
     memory: Option<Bytes>,
     launch_budget: Option<u64>,
     cpu_devices: Option<u32>,
+    cpu_window: Option<u32>,
     policy: Option<String>,
     sharing: Option<String>,
     kernel_timeout: Option<String>,
@@ -458,6 +466,7 @@ pub fn parse(text: &str) -> Result<FileConfig> {
         memory: raw.memory.map(|m| m.get()).transpose().context("memory")?,
         launch_budget: raw.launch_budget,
         cpu_devices: raw.cpu_devices,
+        cpu_window: raw.cpu_window,
         drain_timeout: raw
             .drain_timeout
             .as_deref()

@@ -25,7 +25,7 @@ enum Command {
     Serve(serve::ServeOptions),
     /// Run an unmodified CUDA program on cumux.
     Run {
-        /// The server to use: unix:PATH or tcp:HOST:PORT (default: $CUMUX_SERVER, else the default socket).
+        /// The server to use: unix:PATH or tcp:HOST:PORT; several, comma-separated, give the program the devices of each, one server after another (default: $CUMUX_SERVER, else the default socket).
         #[arg(long)]
         server: Option<String>,
         /// The tenant the program runs as.

@@ -289,18 +289,34 @@ fn exit_code(status: std::process::ExitStatus) -> i32 {
     }
 }
 
+/// `CUMUX_SERVER` for the program: the addresses, comma-separated.
+fn server_list(addresses: &[Address]) -> String {
+    addresses
+        .iter()
+        .map(|a| a.to_string())
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
 /// Runs the program; returns the exit code `cumux run` should exit with
 /// (the program's, or 128 + signal), or why it did not run it.
 pub fn run(options: RunOptions) -> Result<i32, RunError> {
     let failed = |message: String| RunError::new(exit::FAILED, message);
-    let address = match &options.server {
-        Some(text) => Address::parse(text).map_err(|e| failed(format!("--server: {e}")))?,
-        None => Address::from_env_or_default().map_err(|e| failed(format!("CUMUX_SERVER: {e}")))?,
+    let addresses = match &options.server {
+        Some(text) => Address::parse_list(text).map_err(|e| failed(format!("--server: {e}")))?,
+        None => match std::env::var("CUMUX_SERVER") {
+            Ok(text) if !text.is_empty() => {
+                Address::parse_list(&text).map_err(|e| failed(format!("CUMUX_SERVER: {e}")))?
+            }
+            _ => vec![Address::default_unix()],
+        },
     };
     let driver = find_driver().map_err(failed)?;
     let shown = Path::new(&options.program).display().to_string();
     locate(&options.program, std::env::var_os("PATH").as_deref())?;
-    preflight(&address, options.tenant.as_deref(), &shown)?;
+    for address in &addresses {
+        preflight(address, options.tenant.as_deref(), &shown)?;
+    }
     // From here on the signals that stop a program are the program's.
     let forwarder = Forwarder::start().map_err(|e| failed(format!("cannot watch signals: {e}")))?;
     let dir = driver_folder(&driver).map_err(failed)?;
@@ -316,7 +332,7 @@ pub fn run(options: RunOptions) -> Result<i32, RunError> {
     command
         .args(&options.args)
         .env("LD_LIBRARY_PATH", library_path)
-        .env("CUMUX_SERVER", address.to_string());
+        .env("CUMUX_SERVER", server_list(&addresses));
     if let Some(tenant) = &options.tenant {
         command.env("CUMUX_TENANT", tenant);
     }

@@ -142,6 +142,7 @@ fn cuda_devices(
 fn choose_devices(
     kind: &str,
     cpu_devices: u32,
+    cpu_window: u32,
     memory: u64,
     launch_budget: u64,
     sharing: Sharing,
@@ -150,11 +151,19 @@ fn choose_devices(
     if cpu_devices == 0 || cpu_devices > MAX_CPU_DEVICES {
         bail!("--cpu-devices {cpu_devices}: serve 1 to {MAX_CPU_DEVICES} CPU devices");
     }
+    if cpu_window + cpu_devices > MAX_CPU_DEVICES {
+        bail!(
+            "--cpu-window {cpu_window} with {cpu_devices} CPU device(s): the windows are 0 to {}",
+            MAX_CPU_DEVICES - 1
+        );
+    }
+    let numbers = cpu_window..cpu_window + cpu_devices;
     let cpu = || -> Result<Vec<Arc<dyn Device>>> {
         if kernel_timeout.is_some() {
             tracing::warn!("--kernel-timeout applies to devices served by workers (GPUs, worker-cpu); the CPU device stops a kernel by its --launch-budget");
         }
-        (0..cpu_devices)
+        numbers
+            .clone()
             .map(|n| numbered_cpu_device(n, memory, launch_budget).map_err(anyhow::Error::msg))
             .collect()
     };
@@ -165,7 +174,8 @@ fn choose_devices(
         // The CPU device in worker processes: the cuda backend's machinery, testable without a GPU.
         "worker-cpu" => {
             let exe = std::env::current_exe().context("cannot find the cumux executable")?;
-            (0..cpu_devices)
+            numbers
+                .clone()
                 .map(|n| {
                     cpu_worker_device(
                         exe.clone(),
@@ -297,6 +307,7 @@ pub fn serve(options: ServeOptions) -> Result<()> {
     let devices = choose_devices(
         &kind,
         cpu_devices,
+        settings.cpu_window.unwrap_or(0),
         memory,
         launch_budget,
         sharing,

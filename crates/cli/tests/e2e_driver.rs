@@ -521,14 +521,23 @@ fn a_device_session_joins_only_its_own_programs_group() {
         panic!("{first:?}")
     };
     assert_ne!(group, 0);
-    let (second, _keep2) = hello(Some(Join { group, device: 1 }));
+    let (second, _keep2) = hello(Some(Join {
+        group,
+        device: 1,
+        ordinal: 1,
+    }));
     assert!(matches!(second, HelloReply::Welcome { .. }), "{second:?}");
     for bad in [
         Join {
             group: group ^ 0x55,
             device: 1,
+            ordinal: 1,
         },
-        Join { group, device: 2 },
+        Join {
+            group,
+            device: 2,
+            ordinal: 2,
+        },
     ] {
         let (reply, _) = hello(Some(bad));
         assert!(

@@ -39,6 +39,10 @@ pub fn alloc(c: &Client, device: u32, bytes: usize) -> CuResult<u64> {
         tracing::warn!("managed memory needs the device address window reserved in this process");
         return Err(CUDA_ERROR_NOT_SUPPORTED);
     }
+    if let Err(e) = c.place(ptr, bytes as u64, device) {
+        let _ = c.call_on(device, Call::MemFree { ptr });
+        return Err(e);
+    }
     let (start, len) = page_range(ptr, bytes as u64);
     // SAFETY: the range lies inside the device window this process reserved
     // (PROT_NONE); MAP_FIXED replaces that reservation with readable,
@@ -55,9 +59,9 @@ pub fn alloc(c: &Client, device: u32, bytes: usize) -> CuResult<u64> {
     };
     if p == libc::MAP_FAILED {
         let _ = c.call_on(device, Call::MemFree { ptr });
+        c.placements().remove(ptr);
         return Err(CUDA_ERROR_OUT_OF_MEMORY);
     }
-    c.placements().place(ptr, bytes as u64, device);
     let mut s = c.lock();
     s.allocations.insert(ptr, bytes as u64);
     let managed = Managed {

@@ -88,7 +88,7 @@ mod tests {
     #[test]
     fn handles_pointers_and_named_devices_choose_the_session() {
         let placements = Placements::default();
-        placements.place(0x7000_0000, 1 << 20, 1);
+        placements.place(0x7000_0000, 1 << 20, 1).unwrap();
         let on_one = first_handle(1) + 5;
         let launch = Call::Launch {
             function: on_one,

@@ -124,10 +124,27 @@ pub struct Session {
 }
 
 impl Connection {
-    /// Opens a session: the program's first (`join: None`, on its first
-    /// device) or one for another of its devices.
-    pub fn connect(join: Option<proto::Join>) -> Result<(Connection, Session), String> {
-        let address = server_address()?;
+    /// Opens a session at `address`: the program's first (`join: None`, on
+    /// its first device) or one for another of its devices.
+    pub fn connect(
+        address: &ServerAddress,
+        join: Option<proto::Join>,
+    ) -> Result<(Connection, Session), String> {
+        Connection::hello(address, ClientRole::Driver, join)
+    }
+
+    /// The devices a program of this tenant would see at `address`, asked
+    /// without opening a session there (a preflight hello).
+    pub fn devices_at(address: &ServerAddress) -> Result<Session, String> {
+        Connection::hello(address, ClientRole::Preflight, None).map(|(_, session)| session)
+    }
+
+    fn hello(
+        address: &ServerAddress,
+        role: ClientRole,
+        join: Option<proto::Join>,
+    ) -> Result<(Connection, Session), String> {
+        let address = address.clone();
         let stream = Stream::connect(&address).map_err(|e| match e {
             ConnectError::Unreachable(e) => {
                 format!("cannot reach the cumux server at {address}: {e}")
@@ -142,14 +159,17 @@ impl Connection {
             buf: Vec::new(),
             dead: false,
         };
-        let area = offered_area(&address);
+        let area = match role {
+            ClientRole::Driver => offered_area(&address),
+            _ => None,
+        };
         let argv0 = std::env::args().next().unwrap_or_default();
         let program = proto::cut_to(&argv0, proto::MAX_PROGRAM_BYTES).to_string();
         let hello = Hello {
             magic: proto::MAGIC,
             version: proto::PROTOCOL_VERSION,
             pid: std::process::id(),
-            role: ClientRole::Driver,
+            role,
             program,
             tenant: std::env::var("CUMUX_TENANT").ok(),
             token: std::env::var("CUMUX_TOKEN").ok(),
@@ -649,7 +669,7 @@ mod tests {
         }
     }
 
-    /// One test drives the three cases in turn: `CUMUX_SERVER` is process-wide.
+    /// One test drives the three cases in turn, on one socket path.
     #[test]
     fn handshake_versions_and_a_lost_connection() {
         let dir =
@@ -657,10 +677,10 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         let sock = dir.join("s.sock");
-        std::env::set_var("CUMUX_SERVER", format!("unix:{}", sock.display()));
+        let address = ServerAddress::Unix(sock.clone());
 
         // Nobody listening.
-        let err = Connection::connect(None).err().unwrap();
+        let err = Connection::connect(&address, None).err().unwrap();
         assert!(err.contains("cannot reach the cumux server"), "{err}");
 
         // A rejection names both versions.
@@ -672,7 +692,7 @@ mod tests {
             },
             0,
         );
-        let err = Connection::connect(None).err().unwrap();
+        let err = Connection::connect(&address, None).err().unwrap();
         assert!(
             err.contains("99") && err.contains(&proto::PROTOCOL_VERSION.to_string()),
             "{err}"
@@ -682,7 +702,7 @@ mod tests {
 
         // A server of another version, even one that says welcome.
         let server = fake_server(&sock, welcome(proto::PROTOCOL_VERSION + 1), 0);
-        let err = Connection::connect(None).err().unwrap();
+        let err = Connection::connect(&address, None).err().unwrap();
         assert!(err.contains("mismatch"), "{err}");
         server.join().unwrap();
         std::fs::remove_file(&sock).unwrap();
@@ -690,7 +710,7 @@ mod tests {
         // One answered call, then the server goes away: every later call
         // fails at once.
         let server = fake_server(&sock, welcome(proto::PROTOCOL_VERSION), 1);
-        let (mut conn, session) = Connection::connect(None).unwrap();
+        let (mut conn, session) = Connection::connect(&address, None).unwrap();
         assert_eq!(session.server, "fake");
         assert_eq!(conn.call(Call::ContextSynchronize), Ok(ReplyBody::Unit));
         server.join().unwrap();
@@ -707,7 +727,7 @@ mod tests {
         // Through shared memory: a large buffer goes out and comes back, then
         // the server dies without a word and calls fail instead of hanging.
         let server = fake_shm_server(&sock, 2);
-        let (mut conn, session) = Connection::connect(None).unwrap();
+        let (mut conn, session) = Connection::connect(&address, None).unwrap();
         assert_eq!(session.server, "fake-shm");
         assert!(conn.uses_shm());
         let data: Vec<u8> = (0..100_000u32).map(|i| (i * 7) as u8).collect();
@@ -744,7 +764,7 @@ mod tests {
         // CUMUX_TRANSPORT=socket keeps calls on the socket.
         std::env::set_var("CUMUX_TRANSPORT", "socket");
         let server = fake_server(&sock, welcome(proto::PROTOCOL_VERSION), 1);
-        let (mut conn, _) = Connection::connect(None).unwrap();
+        let (mut conn, _) = Connection::connect(&address, None).unwrap();
         assert!(!conn.uses_shm());
         assert_eq!(conn.call(Call::ContextSynchronize), Ok(ReplyBody::Unit));
         server.join().unwrap();
@@ -754,7 +774,7 @@ mod tests {
         // the server to have taken them before it sends more.
         let every = proto::FENCE_EVERY as usize;
         let server = fence_server(&sock, 2 * every + 10);
-        let (mut conn, _) = Connection::connect(None).unwrap();
+        let (mut conn, _) = Connection::connect(&address, None).unwrap();
         for _ in 0..2 * every + 10 {
             let launch = Call::Launch {
                 function: 1,

@@ -1,5 +1,6 @@
 //! Where a cumux server listens, as its clients find it: `CUMUX_SERVER`
-//! (`unix:PATH` or `tcp:HOST:PORT`), else the per-user socket.
+//! (`unix:PATH` or `tcp:HOST:PORT`; several, comma-separated, for a program
+//! that uses the devices of several servers), else the per-user socket.
 
 use std::path::PathBuf;
 
@@ -20,21 +21,45 @@ impl std::fmt::Display for ServerAddress {
     }
 }
 
-/// `CUMUX_SERVER` (`unix:PATH` or `tcp:HOST:PORT`), else the per-user socket.
+/// One address as `CUMUX_SERVER` writes it.
+fn parse(addr: &str) -> Result<ServerAddress, String> {
+    let addr = addr.trim();
+    if let Some(p) = addr.strip_prefix("unix:") {
+        return Ok(ServerAddress::Unix(PathBuf::from(p)));
+    }
+    if let Some(a) = addr.strip_prefix("tcp:") {
+        return Ok(ServerAddress::Tcp(a.to_string()));
+    }
+    if addr.starts_with('/') {
+        return Ok(ServerAddress::Unix(PathBuf::from(addr)));
+    }
+    Err(format!(
+        "CUMUX_SERVER={addr}: expected unix:PATH or tcp:HOST:PORT"
+    ))
+}
+
+/// Every server `CUMUX_SERVER` lists (comma-separated), in its order, else
+/// the per-user socket.
+pub fn server_addresses() -> Result<Vec<ServerAddress>, String> {
+    match std::env::var("CUMUX_SERVER") {
+        Ok(list) => {
+            let addresses = list.split(',').map(parse).collect::<Result<Vec<_>, _>>()?;
+            for (i, a) in addresses.iter().enumerate() {
+                if addresses[..i].contains(a) {
+                    return Err(format!("CUMUX_SERVER lists {a} twice"));
+                }
+            }
+            Ok(addresses)
+        }
+        Err(_) => server_address().map(|a| vec![a]),
+    }
+}
+
+/// `CUMUX_SERVER` (`unix:PATH` or `tcp:HOST:PORT`; the first, if it lists
+/// several), else the per-user socket.
 pub fn server_address() -> Result<ServerAddress, String> {
-    if let Ok(addr) = std::env::var("CUMUX_SERVER") {
-        if let Some(p) = addr.strip_prefix("unix:") {
-            return Ok(ServerAddress::Unix(PathBuf::from(p)));
-        }
-        if let Some(a) = addr.strip_prefix("tcp:") {
-            return Ok(ServerAddress::Tcp(a.to_string()));
-        }
-        if addr.starts_with('/') {
-            return Ok(ServerAddress::Unix(PathBuf::from(addr)));
-        }
-        return Err(format!(
-            "CUMUX_SERVER={addr}: expected unix:PATH or tcp:HOST:PORT"
-        ));
+    if let Ok(list) = std::env::var("CUMUX_SERVER") {
+        return parse(list.split(',').next().unwrap_or_default());
     }
     if let Some(dir) = std::env::var_os("XDG_RUNTIME_DIR") {
         return Ok(ServerAddress::Unix(

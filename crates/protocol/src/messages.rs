@@ -62,16 +62,26 @@ pub struct Hello {
 }
 
 /// What a program's further connection says: which of its devices it is for,
-/// and the group its first welcome gave it (a program is one group: its
-/// contexts share one address space, so its pointers of two devices never
-/// alias and its devices reach each other's memory where the hardware can).
+/// and the group its first welcome on this server gave it (a program is one
+/// group per server: its contexts there share one address space, so its
+/// pointers of two devices never alias and its devices reach each other's
+/// memory where the hardware can).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Join {
-    /// The key of the first welcome ([`HelloReply::Welcome`]'s `group`).
+    /// The key of the program's first welcome from this server
+    /// ([`HelloReply::Welcome`]'s `group`); [`NEW_GROUP`] where this is its
+    /// first connection to this server but not to every server (a program
+    /// on several servers).
     pub group: u64,
-    /// The device, numbered as the program sees them (`devices` of the welcome).
+    /// The device, numbered as this server's welcome lists them.
     pub device: u32,
+    /// The same device as the program numbers its devices (every server's
+    /// together): the session's handles and device numbers in calls.
+    pub ordinal: u32,
 }
+
+/// [`Join::group`] of a program's first connection to one of its servers.
+pub const NEW_GROUP: u64 = 0;
 
 /// The largest hello frame a server reads.
 pub const MAX_HELLO_BYTES: usize = 4 << 10;

@@ -52,6 +52,20 @@ impl Address {
         }
     }
 
+    /// A comma-separated list of addresses (the servers of a program that
+    /// uses the devices of several), each named once.
+    pub fn parse_list(text: &str) -> Result<Vec<Self>, String> {
+        let mut list: Vec<Address> = Vec::new();
+        for part in text.split(',') {
+            let address = Address::parse(part.trim())?;
+            if list.contains(&address) {
+                return Err(format!("{address} is listed twice"));
+            }
+            list.push(address);
+        }
+        Ok(list)
+    }
+
     /// `$XDG_RUNTIME_DIR/cumux/cumux.sock`, else `/tmp/cumux-$UID/cumux.sock`.
     pub fn default_unix() -> Self {
         let dir = match std::env::var_os("XDG_RUNTIME_DIR").filter(|d| !d.is_empty()) {

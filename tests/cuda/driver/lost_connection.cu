@@ -1,13 +1,16 @@
 // Keeps working until the server goes away (the test kills it after
 // "started"); every call after that must fail promptly, never hang or crash.
-// Prints PASS.
+// Works on the device its first argument names (default 0). Prints PASS.
 #include <cstdio>
+#include <cstdlib>
 #include <ctime>
 #include <cuda_runtime.h>
 
 __global__ void touch(int *p) { p[threadIdx.x] += 1; }
 
-int main() {
+int main(int argc, char **argv) {
+  int device = argc > 1 ? atoi(argv[1]) : 0;
+  if (cudaSetDevice(device) != cudaSuccess) { printf("FAIL set device %d\n", device); return 1; }
   int *d;
   if (cudaMalloc(&d, 1024) != cudaSuccess) { printf("FAIL malloc\n"); return 1; }
   printf("started\n");

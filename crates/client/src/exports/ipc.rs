@@ -43,7 +43,7 @@ driver_fn! {
             ReplyBody::Range { base, size } => (base, size),
             _ => return Err(CUDA_ERROR_UNKNOWN),
         };
-        c.placements().place(base, size, device);
+        c.place(base, size, device)?;
         c.lock().allocations.insert(base, size);
         out(pdptr, base)
     }

@@ -22,18 +22,50 @@ fn alloc(c: &Client, st: StateGuard<'_>, bytes: usize) -> CuResult<u64> {
     }
     let device = st.context_device()?;
     drop(st);
-    match c.call(Call::MemAlloc {
-        device,
-        bytes: bytes as u64,
-    })? {
-        ReplyBody::Ptr(p) => {
-            c.placements().place(p, bytes as u64, device);
-            c.lock().allocations.insert(p, bytes as u64);
-            Ok(p)
+    // Devices of two servers may hand out the same addresses: an allocation
+    // that overlaps another device's is held while another is asked for.
+    let mut clashing = Vec::new();
+    let placed = loop {
+        let call = Call::MemAlloc {
+            device,
+            bytes: bytes as u64,
+        };
+        let p = match c.call_on(device, call) {
+            Ok(ReplyBody::Ptr(p)) => p,
+            Ok(_) => break Err(CUDA_ERROR_UNKNOWN),
+            Err(e) => break Err(e),
+        };
+        match c.placements().place(p, bytes as u64, device) {
+            Ok(()) => break Ok(p),
+            Err(other) if clashing.len() < CLASH_RETRIES => {
+                tracing::warn!(
+                    "device {device} gave {p:#x}, where device {other} (another server's) has \
+                     memory; asking again"
+                );
+                clashing.push(p);
+            }
+            Err(other) => {
+                tracing::error!(
+                    "device {device}'s allocations keep overlapping device {other}'s: their \
+                     servers hand out the same addresses (CPU devices: give each server its own \
+                     --cpu-window); refusing the allocation"
+                );
+                clashing.push(p);
+                break Err(CUDA_ERROR_OUT_OF_MEMORY);
+            }
         }
-        _ => Err(CUDA_ERROR_UNKNOWN),
+    };
+    for p in clashing {
+        let _ = c.call_on(device, Call::MemFree { ptr: p });
     }
+    let p = placed?;
+    c.lock().allocations.insert(p, bytes as u64);
+    Ok(p)
 }
+
+/// Allocations of a device that overlap another device's, held while
+/// another is asked for, before an allocation is refused.
+const CLASH_RETRIES: usize = 4;
 
 /// Frees device memory (managed memory's host pages too).
 fn free(c: &Client, ptr: u64) -> CuResult<()> {

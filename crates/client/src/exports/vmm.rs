@@ -190,7 +190,7 @@ driver_fn! {
         }
         let size = size as u64;
         vmm(c, VmmCall::Map { ptr, size, offset: offset as u64, handle })?;
-        c.placements().place(ptr, size, cumux_protocol::device_of_handle(handle));
+        c.place(ptr, size, cumux_protocol::device_of_handle(handle))?;
         c.lock().mappings.insert(ptr, size);
         Ok(())
     }

@@ -11,11 +11,12 @@
 //! waiting for the synchronisation. Waiting for a stream's host functions or
 //! a lazy library releases it (`Client::wait`).
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 
+use cumux_protocol::address::{server_addresses, ServerAddress};
 use cumux_protocol::launch_checks::LaunchLimits;
-use cumux_protocol::{Call, DeviceInfo, Handle, Join, ReplyBody};
+use cumux_protocol::{Call, DeviceInfo, Handle, Join, ReplyBody, NEW_GROUP};
 
 use super::current::current_device;
 use super::handles::FIRST_MINTED;
@@ -27,13 +28,24 @@ use crate::routing::{device_of_access, device_of_call};
 use crate::transport::{Connection, Link};
 
 /// The connection for one of the program's devices: a session of its own on
-/// the server, opened when the device is first used (the first device's at
+/// its server, opened when the device is first used (the first device's at
 /// `cuInit`).
-#[derive(Default)]
 struct DeviceLink {
     link: OnceLock<Link>,
     /// Whether a call went to it yet (its first is logged).
     used: AtomicBool,
+    /// Its server (in `Client::servers`) and its number there.
+    server: usize,
+    local: u32,
+}
+
+/// One of the servers whose devices the program uses (`CUMUX_SERVER` lists
+/// them; their devices follow one another in the program's numbering).
+struct ServerLink {
+    address: ServerAddress,
+    /// The program's group there: the key of its first welcome from this
+    /// server, [`NEW_GROUP`] until then.
+    group: AtomicU64,
 }
 
 /// The state, locked.
@@ -42,10 +54,9 @@ pub type StateGuard<'a> = MutexGuard<'a, State>;
 pub struct Client {
     /// How calls reach the server: one link per device (`transport::Link`).
     links: Vec<DeviceLink>,
+    servers: Vec<ServerLink>,
     /// Held while a link opens.
     opening: Mutex<()>,
-    /// The key of the program's group, which the links after the first name.
-    group: u64,
     /// Which device each allocation is on, for calls named by a pointer.
     placements: Placements,
     state: Mutex<State>,
@@ -90,40 +101,9 @@ pub fn init() -> CuResult<&'static Client> {
         return Err(CUDA_ERROR_NO_DEVICE);
     }
     reserve_device_window();
-    match Connection::connect(None) {
-        Ok((conn, session)) => {
-            tracing::info!(
-                "connected to {} (session {}, {} devices)",
-                session.server,
-                session.session,
-                session.devices.len()
-            );
-            let links: Vec<DeviceLink> = session
-                .devices
-                .iter()
-                .map(|_| DeviceLink::default())
-                .collect();
-            if let Some(first) = links.first() {
-                let _ = first.link.set(Link::new(conn));
-            }
-            let client = Arc::new(Client {
-                links,
-                opening: Mutex::new(()),
-                group: session.group,
-                placements: Placements::default(),
-                state: Mutex::new(State::default()),
-                changed: Condvar::new(),
-                next_handle: AtomicUsize::new(FIRST_MINTED),
-                server: session.server,
-                session: session.session,
-                launch_limits: session
-                    .devices
-                    .iter()
-                    .map(|d| LaunchLimits::of(&d.attributes))
-                    .collect(),
-                devices: session.devices,
-            });
-            let _ = CLIENT.set(client);
+    match connect_all() {
+        Ok(client) => {
+            let _ = CLIENT.set(Arc::new(client));
             Ok(CLIENT.get().expect("just set"))
         }
         Err(e) => {
@@ -131,6 +111,85 @@ pub fn init() -> CuResult<&'static Client> {
             Err(CUDA_ERROR_NO_DEVICE)
         }
     }
+}
+
+/// The program's first session (on the first server's first device), and
+/// the devices of every server it lists, numbered one server after another.
+fn connect_all() -> Result<Client, String> {
+    let addresses = server_addresses()?;
+    if addresses.len() > 1 && std::env::var("CUDA_VISIBLE_DEVICES").is_ok() {
+        return Err(format!(
+            "CUDA_VISIBLE_DEVICES with several servers ({}) is not supported: each \
+             server's tenant settings choose its devices",
+            addresses.len()
+        ));
+    }
+    let (conn, first) = Connection::connect(&addresses[0], None)?;
+    tracing::info!(
+        "connected to {} (session {}, {} devices)",
+        first.server,
+        first.session,
+        first.devices.len()
+    );
+    let mut devices = Vec::new();
+    let mut links = Vec::new();
+    let mut servers = Vec::new();
+    for (at, address) in addresses.iter().enumerate() {
+        let (listed, group) = match at {
+            0 => (first.devices.clone(), first.group),
+            _ => (Connection::devices_at(address)?.devices, NEW_GROUP),
+        };
+        if listed.is_empty() {
+            return Err(format!("the server at {address} offers no device"));
+        }
+        let offset = devices.len() as u32;
+        for (local, mut info) in listed.into_iter().enumerate() {
+            // Peers are numbered as the server lists its devices.
+            for peer in &mut info.peers {
+                peer.0 += offset;
+            }
+            devices.push(info);
+            links.push(DeviceLink {
+                link: OnceLock::new(),
+                used: AtomicBool::new(false),
+                server: at,
+                local: local as u32,
+            });
+        }
+        servers.push(ServerLink {
+            address: address.clone(),
+            group: AtomicU64::new(group),
+        });
+    }
+    if addresses.len() > 1 {
+        tracing::info!(
+            "{} devices on {} servers: {}",
+            devices.len(),
+            addresses.len(),
+            addresses
+                .iter()
+                .map(|a| a.to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
+    let _ = links[0].link.set(Link::new(conn));
+    Ok(Client {
+        links,
+        servers,
+        opening: Mutex::new(()),
+        placements: Placements::default(),
+        state: Mutex::new(State::default()),
+        changed: Condvar::new(),
+        next_handle: AtomicUsize::new(FIRST_MINTED),
+        server: first.server,
+        session: first.session,
+        launch_limits: devices
+            .iter()
+            .map(|d| LaunchLimits::of(&d.attributes))
+            .collect(),
+        devices,
+    })
 }
 
 /// The client, once `cuInit` has succeeded.
@@ -187,17 +246,23 @@ impl Client {
         if let Some(link) = slot.link.get() {
             return Ok(link);
         }
+        let server = &self.servers[slot.server];
         let join = Join {
-            group: self.group,
-            device,
+            group: server.group.load(Ordering::Acquire),
+            device: slot.local,
+            ordinal: device,
         };
-        let (conn, session) = Connection::connect(Some(join)).map_err(|e| {
+        let (conn, session) = Connection::connect(&server.address, Some(join)).map_err(|e| {
             tracing::warn!("cannot open a session for device {device}: {e}");
             CUDA_ERROR_DEVICE_UNAVAILABLE
         })?;
+        if join.group == NEW_GROUP {
+            server.group.store(session.group, Ordering::Release);
+        }
         tracing::debug!(
             device,
             session = session.session,
+            server = %server.address,
             "session opened for another device"
         );
         Ok(slot.link.get_or_init(|| Link::new(conn)))
@@ -252,6 +317,20 @@ impl Client {
     /// about device memory at `ptr`, else the current context's.
     pub fn device_for(&self, ptr: u64, stream: Option<Handle>) -> u32 {
         device_of_access(&self.placements, ptr, stream).unwrap_or_else(current_device)
+    }
+
+    /// Records memory of device `device` at `[base, base + size)`; refused
+    /// where it overlaps another device's (see [`Placements::place`]), as
+    /// calls naming it could not be routed.
+    pub fn place(&self, base: u64, size: u64, device: u32) -> CuResult<()> {
+        self.placements.place(base, size, device).map_err(|other| {
+            tracing::error!(
+                "device {device}'s memory at {base:#x} overlaps device {other}'s: their \
+                 servers hand out the same addresses (CPU devices: give each server its own \
+                 --cpu-window)"
+            );
+            CUDA_ERROR_OUT_OF_MEMORY
+        })
     }
 
     /// Which device each allocation is on.
@@ -350,7 +429,7 @@ impl Client {
         };
         let module = info.module;
         for global in &info.globals {
-            self.placements.place(global.ptr, global.size, device);
+            self.place(global.ptr, global.size, device)?;
         }
         self.lock().add_module(info, library);
         Ok(module)

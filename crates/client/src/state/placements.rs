@@ -13,10 +13,23 @@ pub struct Placements {
 }
 
 impl Placements {
-    /// Records `[base, base + size)` as device `device`'s.
-    pub fn place(&self, base: u64, size: u64, device: u32) {
+    /// Records `[base, base + size)` as device `device`'s. Where it
+    /// overlaps an allocation of another device (devices of two servers,
+    /// whose addresses nothing keeps apart), it is not recorded: `Err` names
+    /// that device.
+    pub fn place(&self, base: u64, size: u64, device: u32) -> Result<(), u32> {
+        let size = size.max(1);
         let mut map = self.by_base.write().unwrap_or_else(|p| p.into_inner());
-        map.insert(base, (size.max(1), device));
+        let before = map
+            .range(..=base)
+            .next_back()
+            .filter(|(&b, &(s, _))| base - b < s);
+        let after = map.range(base..).next().filter(|(&b, _)| b - base < size);
+        if let Some((_, &(_, other))) = before.or(after).filter(|(_, &(_, d))| d != device) {
+            return Err(other);
+        }
+        map.insert(base, (size, device));
+        Ok(())
     }
 
     /// Forgets the allocation at `base`.
@@ -40,8 +53,8 @@ mod tests {
     #[test]
     fn a_pointer_finds_the_device_of_its_allocation() {
         let p = Placements::default();
-        p.place(0x1000, 0x100, 0);
-        p.place(0x2000, 0x100, 1);
+        p.place(0x1000, 0x100, 0).unwrap();
+        p.place(0x2000, 0x100, 1).unwrap();
         assert_eq!(p.device_of(0x1000), Some(0));
         assert_eq!(p.device_of(0x10ff), Some(0));
         assert_eq!(p.device_of(0x1100), None);
@@ -49,5 +62,18 @@ mod tests {
         p.remove(0x2000);
         assert_eq!(p.device_of(0x2080), None);
         assert_eq!(p.device_of(0x10), None);
+    }
+
+    #[test]
+    fn an_allocation_overlapping_another_devices_is_not_recorded() {
+        let p = Placements::default();
+        p.place(0x1000, 0x100, 0).unwrap();
+        assert_eq!(p.place(0x1080, 0x100, 1), Err(0));
+        assert_eq!(p.place(0x0f80, 0x100, 1), Err(0));
+        assert_eq!(p.place(0x1000, 0x10, 1), Err(0));
+        assert_eq!(p.device_of(0x1080), Some(0));
+        p.place(0x1100, 0x100, 1).unwrap();
+        // The same device's memory again (a mapping of it) is recorded.
+        p.place(0x1000, 0x100, 0).unwrap();
     }
 }

@@ -101,7 +101,8 @@ pub struct Session {
     /// synchronize that succeeded: if not, the next one has nothing to wait for.
     queued_since_sync: Cell<bool>,
     next_handle: Handle,
-    /// The device this session is for, numbered as its program sees them.
+    /// The device this session is for, numbered as its program numbers its
+    /// devices (of every server): its handles and calls name it so.
     index: u32,
     /// The program's group (driver sessions).
     group: Option<Arc<crate::groups::ProgramGroup>>,
@@ -197,17 +198,20 @@ impl Session {
         tenant: Option<(String, TenantSettings)>,
     ) -> Result<Self, CuError> {
         // The program's first connection is for its first device; a further
-        // one names the device it is for and the program's group.
-        let index = hello.join.map_or(0, |join| join.device);
+        // one names the device it is for (as this server numbers them, and
+        // as the program does) and the program's group here.
+        let (local, index) = hello
+            .join
+            .map_or((0, 0), |join| (join.device, join.ordinal));
         let (device, account, group) = match &tenant {
             Some((name, settings)) => {
                 let visible = hello.visible_devices.as_deref();
                 let (seen, stopped) = server.devices_seen(settings, visible);
                 let count = seen.len();
-                let (device, _) = seen.into_iter().nth(index as usize).ok_or_else(|| {
+                let (device, _) = seen.into_iter().nth(local as usize).ok_or_else(|| {
                     let why = match visible {
                         _ if count > 0 => format!(
-                            "device {index} of a program that sees {count} (tenant {name:?})"
+                            "device {local} of a program that sees {count} here (tenant {name:?})"
                         ),
                         Some(text) => format!(
                             "CUDA_VISIBLE_DEVICES={text:?} shows tenant {name:?} none of its devices{}",
@@ -219,11 +223,11 @@ impl Session {
                     err(code, why)
                 })?;
                 let group = match hello.join {
-                    Some(join) => server
+                    Some(join) if join.group != cumux_protocol::NEW_GROUP => server
                         .groups()
                         .join(join.group, name)
                         .map_err(|why| err(codes::INVALID_VALUE, why))?,
-                    None => server.groups().open(name),
+                    _ => server.groups().open(name),
                 };
                 (
                     device,

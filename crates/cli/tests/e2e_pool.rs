@@ -1,0 +1,131 @@
+//! Programs on the devices of several servers at once (`CUMUX_SERVER=a,b`):
+//! the devices of each, numbered one server after another, used together as
+//! two GPUs of one machine are; a server killed mid-run fails its programs
+//! within seconds and leaves the other server and its programs unharmed.
+
+mod common;
+
+use std::process::Child;
+use std::time::{Duration, Instant};
+
+use common::*;
+
+const LIMIT: Duration = Duration::from_secs(180);
+
+/// A `cumux serve` of one device (in address window `window`) on a unix
+/// socket.
+fn unix_server(tag: &str, window: u32) -> ServerProc {
+    let window = window.to_string();
+    let args: Vec<String> = [
+        "--device",
+        &e2e_device(),
+        "--memory",
+        "1G",
+        "--cpu-window",
+        &window,
+    ]
+    .map(String::from)
+    .to_vec();
+    ServerProc::spawn(TempDir::new(tag), &args, &[])
+}
+
+/// A `cumux serve` of one device in window 1 on a loopback TCP port; the
+/// child and its address.
+fn tcp_server(dir: &TempDir) -> (Child, String) {
+    let log = std::fs::File::create(dir.0.join("tcp-server.log")).unwrap();
+    let mut serve = serve_command(&[
+        "--device",
+        &e2e_device(),
+        "--memory",
+        "1G",
+        "--cpu-window",
+        "1",
+        "--listen",
+        "tcp:127.0.0.1:0",
+    ]);
+    serve.stderr(log);
+    let mut child = serve.spawn().unwrap();
+    let address = tcp_address(&lines_of(child.stdout.take().unwrap()));
+    (child, address)
+}
+
+#[test]
+fn one_program_uses_the_devices_of_two_servers() {
+    let first = unix_server("pool-a", 0);
+    let second = unix_server("pool-b", 1);
+    let both = format!("{},{}", first.address, second.address);
+    let program = driver_program("two_devices");
+    let mut run = run_command_at(&both, &[], &program, &[]);
+    let out = wait_bounded(run.spawn().unwrap(), LIMIT);
+    assert!(
+        out.code() == Some(0) && out.stdout.contains("PASS"),
+        "{}\n--- first server\n{}\n--- second server\n{}",
+        out.describe(),
+        first.log(),
+        second.log()
+    );
+    // Devices of two servers reach each other only through the client.
+    assert!(out.stdout.contains("can_access_peer: 0"), "{}", out.stdout);
+    for server in [&first, &second] {
+        assert!(
+            server.log().contains("two_devices"),
+            "a session on each server: {}",
+            server.log()
+        );
+    }
+}
+
+#[test]
+fn the_same_address_twice_is_refused() {
+    let server = unix_server("pool-twice", 0);
+    let twice = format!("{0},{0}", server.address);
+    let mut run = run_command_at(&twice, &[], &driver_program("two_devices"), &[]);
+    let out = wait_bounded(run.spawn().unwrap(), LIMIT);
+    assert_ne!(out.code(), Some(0));
+    assert!(out.stderr.contains("listed twice"), "{}", out.describe());
+}
+
+#[test]
+fn a_killed_server_fails_its_programs_within_seconds_and_spares_the_other() {
+    let first = unix_server("pool-kill-a", 0);
+    let dir = TempDir::new("pool-kill-b");
+    let (mut second, tcp) = tcp_server(&dir);
+    let both = format!("{},{}", first.address, tcp);
+    let program = driver_program("lost_connection");
+    // One program works on the second server's device, another on the first's.
+    let (on_second, second_lines) = first.start_until(
+        run_command_at(&both, &[], &program, &["1"]),
+        "started",
+        LIMIT,
+    );
+    let (mut on_first, first_lines) =
+        first.start_until(first.command(&program, &["0"]), "started", LIMIT);
+    let killed = Instant::now();
+    let _ = second.kill();
+    let _ = second.wait();
+    let out = wait_bounded(on_second, Duration::from_secs(30));
+    let took = killed.elapsed();
+    let rest: Vec<String> = second_lines.try_iter().collect();
+    assert!(
+        out.code() == Some(0) && rest.iter().any(|l| l == "PASS"),
+        "{rest:?}\n{}",
+        out.describe()
+    );
+    assert!(took < Duration::from_secs(5), "errors only after {took:?}");
+    // The first server and its program carry on until it goes.
+    std::thread::sleep(Duration::from_millis(300));
+    let mut first = first;
+    assert!(first.alive());
+    assert!(
+        on_first.try_wait().unwrap().is_none(),
+        "the first server's program ended with the second server"
+    );
+    first.kill();
+    let out = wait_bounded(on_first, Duration::from_secs(30));
+    let rest: Vec<String> = first_lines.try_iter().collect();
+    assert!(
+        rest.iter().any(|l| l == "PASS"),
+        "{rest:?}\n{}",
+        out.describe()
+    );
+}
