@@ -411,3 +411,37 @@ fn plain_tcp_to_another_host_needs_the_clients_consent() {
         out.describe()
     );
 }
+
+#[test]
+fn a_program_crosses_a_slow_lossy_link_over_tls() {
+    use cumux_testkit::netem::{Link, Relay};
+    let dir = TempDir::new("tls-netem");
+    let pair = self_signed(&dir.0, "server", false);
+    let (cert, key) = (
+        pair.cert.display().to_string(),
+        pair.key.display().to_string(),
+    );
+    let server = TcpServer::start(
+        &dir.0,
+        "tcp:127.0.0.1:0",
+        &["--tls-cert", &cert, "--tls-key", &key],
+        &[],
+    );
+    let link = Link {
+        rtt: Duration::from_millis(10),
+        jitter: Duration::from_millis(2),
+        bandwidth: Some(100 << 20),
+        loss: 0.01,
+    };
+    let relay = Relay::start(server.address.trim_start_matches("tcp:"), link).unwrap();
+    let print = server.fingerprint.clone().unwrap();
+    let mut run = run_command_at(
+        &format!("tcp:{}", relay.address()),
+        &[],
+        &corpus_program("vector_add"),
+        &[],
+    );
+    run.env("CUMUX_TLS_FINGERPRINT", &print);
+    server.assert_pass(&wait_bounded(run.spawn().unwrap(), LIMIT));
+    assert!(relay.relayed() > 0);
+}

@@ -9,6 +9,7 @@ use std::process::Command;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 pub mod fake_gpu;
+pub mod netem;
 
 /// The root of the cargo workspace (the folder holding the root `Cargo.toml`).
 pub fn workspace_root() -> PathBuf {

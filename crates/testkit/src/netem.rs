@@ -1,0 +1,283 @@
+//! A network emulator for tests and benchmarks: a TCP relay on loopback that
+//! delays each direction (with jitter), limits its bandwidth, and loses
+//! segments the way TCP shows a loss to its reader (a late retransmission).
+
+use std::io::{self, Read, Write};
+use std::net::{Shutdown, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc::{channel, Receiver, Sender};
+use std::sync::{Arc, Mutex};
+use std::thread;
+use std::time::{Duration, Instant};
+
+/// What the link between client and server is like.
+#[derive(Debug, Clone, Copy)]
+pub struct Link {
+    /// Round-trip time: each direction delays by half of it.
+    pub rtt: Duration,
+    /// Each chunk's delay varies by up to this much (never reordering).
+    pub jitter: Duration,
+    /// Bytes per second in each direction; `None`: unlimited.
+    pub bandwidth: Option<u64>,
+    /// The share of chunks lost once, each arriving a retransmission
+    /// timeout ([`RETRANSMIT`]) late, with all behind it.
+    pub loss: f64,
+}
+
+impl Link {
+    /// A link with this round trip and nothing else in the way.
+    pub fn with_rtt(rtt: Duration) -> Self {
+        Link {
+            rtt,
+            jitter: Duration::ZERO,
+            bandwidth: None,
+            loss: 0.0,
+        }
+    }
+
+    /// Bandwidth in gigabits per second.
+    pub fn gbit(mut self, gbit_per_s: f64) -> Self {
+        self.bandwidth = Some((gbit_per_s * 1e9 / 8.0) as u64);
+        self
+    }
+}
+
+/// How late a lost segment arrives: Linux's minimum retransmission timeout.
+pub const RETRANSMIT: Duration = Duration::from_millis(200);
+
+/// The most a chunk read at once carries (one TCP window's worth).
+const CHUNK: usize = 64 << 10;
+
+/// A running relay: connections to [`Relay::address`] reach `target` through
+/// the emulated link. Dropped, it stops accepting and cuts its connections.
+pub struct Relay {
+    address: String,
+    stop: Arc<AtomicBool>,
+    connections: Arc<Mutex<Vec<TcpStream>>>,
+    /// Bytes relayed, both directions together.
+    relayed: Arc<AtomicU64>,
+}
+
+impl Relay {
+    /// Starts relaying to `target` (`HOST:PORT`) over `link`.
+    pub fn start(target: &str, link: Link) -> io::Result<Relay> {
+        let listener = TcpListener::bind("127.0.0.1:0")?;
+        let address = listener.local_addr()?.to_string();
+        listener.set_nonblocking(true)?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let connections = Arc::new(Mutex::new(Vec::new()));
+        let relayed = Arc::new(AtomicU64::new(0));
+        let (target, accepting) = (target.to_string(), Arc::clone(&stop));
+        let (held, counted) = (Arc::clone(&connections), Arc::clone(&relayed));
+        thread::Builder::new()
+            .name("netem-accept".into())
+            .spawn(move || {
+                while !accepting.load(Ordering::Relaxed) {
+                    match listener.accept() {
+                        Ok((client, _)) => {
+                            if let Err(e) = connect(client, &target, link, &held, &counted) {
+                                eprintln!("netem: cannot reach {target}: {e}");
+                            }
+                        }
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                            thread::sleep(Duration::from_millis(5))
+                        }
+                        Err(e) => eprintln!("netem: accept: {e}"),
+                    }
+                }
+            })?;
+        Ok(Relay {
+            address,
+            stop,
+            connections,
+            relayed,
+        })
+    }
+
+    /// `HOST:PORT` to connect to instead of the target.
+    pub fn address(&self) -> &str {
+        &self.address
+    }
+
+    /// Bytes relayed so far, both directions.
+    pub fn relayed(&self) -> u64 {
+        self.relayed.load(Ordering::Relaxed)
+    }
+
+    /// Cuts every connection now (as a failed link the peers see close).
+    pub fn cut(&self) {
+        for s in self
+            .connections
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .drain(..)
+        {
+            let _ = s.shutdown(Shutdown::Both);
+        }
+    }
+}
+
+impl Drop for Relay {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        self.cut();
+    }
+}
+
+/// Relays one accepted connection to `target`, a pair of threads each way.
+fn connect(
+    client: TcpStream,
+    target: &str,
+    link: Link,
+    held: &Mutex<Vec<TcpStream>>,
+    relayed: &Arc<AtomicU64>,
+) -> io::Result<()> {
+    client.set_nonblocking(false)?;
+    let server = TcpStream::connect(target)?;
+    for s in [&client, &server] {
+        s.set_nodelay(true)?;
+    }
+    {
+        let mut held = held.lock().unwrap_or_else(|p| p.into_inner());
+        held.push(client.try_clone()?);
+        held.push(server.try_clone()?);
+    }
+    direction(client.try_clone()?, server.try_clone()?, link, relayed)?;
+    direction(server, client, link, relayed)
+}
+
+/// `from` → `to` over `link`: a reader stamping each chunk with when it may
+/// leave, a writer sending it then.
+fn direction(
+    from: TcpStream,
+    to: TcpStream,
+    link: Link,
+    relayed: &Arc<AtomicU64>,
+) -> io::Result<()> {
+    let (send, receive) = channel::<(Instant, Vec<u8>)>();
+    thread::Builder::new()
+        .name("netem-read".into())
+        .spawn(move || read_side(from, link, send))?;
+    let relayed = Arc::clone(relayed);
+    thread::Builder::new()
+        .name("netem-write".into())
+        .spawn(move || write_side(to, receive, &relayed))?;
+    Ok(())
+}
+
+fn read_side(mut from: TcpStream, link: Link, send: Sender<(Instant, Vec<u8>)>) {
+    let one_way = link.rtt / 2;
+    let mut rng = fastrand::Rng::new();
+    // When the link is free again (bandwidth), and the last chunk's due time
+    // (jitter never reorders a stream).
+    let mut free_at = Instant::now();
+    let mut last_due = Instant::now();
+    let mut buf = vec![0u8; CHUNK];
+    loop {
+        let n = match from.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        let now = Instant::now();
+        let start = free_at.max(now);
+        let serialized = match link.bandwidth {
+            Some(rate) if rate > 0 => Duration::from_secs_f64(n as f64 / rate as f64),
+            _ => Duration::ZERO,
+        };
+        free_at = start + serialized;
+        let jitter = link.jitter.mul_f64(rng.f64());
+        let lost = link.loss > 0.0 && rng.f64() < link.loss;
+        let mut due = free_at + one_way + jitter;
+        if lost {
+            due += RETRANSMIT;
+        }
+        due = due.max(last_due);
+        last_due = due;
+        if send.send((due, buf[..n].to_vec())).is_err() {
+            break;
+        }
+    }
+}
+
+fn write_side(mut to: TcpStream, receive: Receiver<(Instant, Vec<u8>)>, relayed: &AtomicU64) {
+    for (due, bytes) in receive {
+        let wait = due.saturating_duration_since(Instant::now());
+        if !wait.is_zero() {
+            thread::sleep(wait);
+        }
+        if to.write_all(&bytes).is_err() {
+            break;
+        }
+        relayed.fetch_add(bytes.len() as u64, Ordering::Relaxed);
+    }
+    let _ = to.shutdown(Shutdown::Write);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An echo server on loopback; its address.
+    fn echo() -> String {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let address = listener.local_addr().unwrap().to_string();
+        thread::spawn(move || {
+            for s in listener.incoming() {
+                let Ok(mut s) = s else { return };
+                thread::spawn(move || {
+                    let mut r = s.try_clone().unwrap();
+                    let _ = io::copy(&mut r, &mut s);
+                });
+            }
+        });
+        address
+    }
+
+    #[test]
+    fn a_round_trip_takes_the_links_rtt() {
+        let relay = Relay::start(&echo(), Link::with_rtt(Duration::from_millis(40))).unwrap();
+        let mut s = TcpStream::connect(relay.address()).unwrap();
+        s.set_nodelay(true).unwrap();
+        let mut got = [0u8; 5];
+        let started = Instant::now();
+        s.write_all(b"hello").unwrap();
+        s.read_exact(&mut got).unwrap();
+        let took = started.elapsed();
+        assert_eq!(&got, b"hello");
+        // Out and back through the relay: the RTT.
+        assert!(took >= Duration::from_millis(40), "{took:?}");
+        assert!(took < Duration::from_millis(500), "{took:?}");
+    }
+
+    #[test]
+    fn a_bandwidth_limit_paces_a_transfer() {
+        // 8 Mbit/s: 256 KiB takes 0.26 s each way (the echo overlaps them).
+        let link = Link::with_rtt(Duration::ZERO).gbit(0.008);
+        let relay = Relay::start(&echo(), link).unwrap();
+        let mut s = TcpStream::connect(relay.address()).unwrap();
+        let data = vec![7u8; 256 << 10];
+        let started = Instant::now();
+        let mut writer = s.try_clone().unwrap();
+        let sent = data.clone();
+        let w = thread::spawn(move || writer.write_all(&sent).unwrap());
+        let mut back = vec![0u8; data.len()];
+        s.read_exact(&mut back).unwrap();
+        w.join().unwrap();
+        let took = started.elapsed();
+        assert_eq!(back, data);
+        assert!(took >= Duration::from_millis(250), "{took:?}");
+        assert!(relay.relayed() >= 2 * data.len() as u64);
+    }
+
+    #[test]
+    fn a_cut_link_closes_both_ends() {
+        let relay = Relay::start(&echo(), Link::with_rtt(Duration::ZERO)).unwrap();
+        let mut s = TcpStream::connect(relay.address()).unwrap();
+        s.write_all(b"x").unwrap();
+        let mut one = [0u8; 1];
+        s.read_exact(&mut one).unwrap();
+        relay.cut();
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        assert!(matches!(s.read(&mut one), Ok(0) | Err(_)));
+    }
+}
