@@ -1,0 +1,331 @@
+//! A lane: one tenant's server-side session on one device, owned by a thread
+//! of its own that runs the lane's jobs (loads, unloads, invocations) one at
+//! a time from a bounded queue. The session is an ordinary one (quotas, the
+//! gate, fault handling); after a fatal fault or a cancel it is rebuilt with
+//! every module of the lane loaded again.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use cumux_protocol::launch_checks::LaunchLimits;
+use cumux_protocol::{Call, ClientRole, CuError, Hello, ModuleInfo, ReplyBody};
+use cumux_server::session::Session;
+use cumux_server::tenants::TenantSettings;
+use cumux_server::{Device, Server};
+
+use crate::failure::Failure;
+
+/// Jobs one lane may hold queued; past it a request is told the lane is busy.
+pub const MAX_QUEUED: usize = 64;
+
+/// A job: runs on the lane's thread with its state.
+type Job = Box<dyn FnOnce(&mut LaneState) + Send>;
+/// What stops the lane's running work from another thread.
+type Canceller = Box<dyn FnOnce() + Send>;
+
+/// A module of one function, loaded in the lane's session (or to be).
+struct Loaded {
+    image: Arc<Vec<u8>>,
+    info: Option<ModuleInfo>,
+}
+
+/// The state a lane's thread owns.
+pub struct LaneState {
+    server: Arc<Server>,
+    tenant: (String, TenantSettings),
+    /// The device's position among the tenant's devices.
+    position: usize,
+    session: Option<Session>,
+    modules: BTreeMap<String, Loaded>,
+    pub limits: LaunchLimits,
+    cancel: Arc<Mutex<Option<Canceller>>>,
+    poisoned: Arc<AtomicBool>,
+}
+
+/// One tenant's queue of work on one device.
+pub struct Lane {
+    jobs: SyncSender<Job>,
+    cancel: Arc<Mutex<Option<Canceller>>>,
+    poisoned: Arc<AtomicBool>,
+    /// Where the lane runs, for messages.
+    pub device_name: String,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+impl Lane {
+    /// Starts the lane of `tenant` on `device` (one of the tenant's).
+    pub fn start(
+        server: Arc<Server>,
+        tenant: (String, TenantSettings),
+        device: &Arc<dyn Device>,
+    ) -> Result<Lane, Failure> {
+        let position = server
+            .devices_for(&tenant.1)
+            .iter()
+            .position(|(d, _)| Arc::ptr_eq(d, device))
+            .ok_or_else(|| {
+                Failure::Forbidden(format!("tenant {:?} may not use that device", tenant.0))
+            })?;
+        let limits = LaunchLimits::of(&device.info().attributes);
+        let (jobs, queue) = sync_channel::<Job>(MAX_QUEUED);
+        let cancel = Arc::new(Mutex::new(None));
+        let poisoned = Arc::new(AtomicBool::new(false));
+        let device_name = format!("{} ({})", device.info().name, device.info().backend);
+        let state = LaneState {
+            server,
+            tenant: tenant.clone(),
+            position,
+            session: None,
+            modules: BTreeMap::new(),
+            limits,
+            cancel: Arc::clone(&cancel),
+            poisoned: Arc::clone(&poisoned),
+        };
+        std::thread::Builder::new()
+            .name(format!("cumux-fn-{}", tenant.0))
+            .spawn(move || serve(state, queue))
+            .map_err(|e| Failure::Internal(format!("cannot start the tenant's lane: {e}")))?;
+        Ok(Lane {
+            jobs,
+            cancel,
+            poisoned,
+            device_name,
+        })
+    }
+
+    /// Runs `job` on the lane and waits for its answer until `deadline`; past
+    /// it the lane's running work is cancelled (the session is rebuilt before
+    /// the next job) and the answer is a [`Failure::Deadline`].
+    pub fn run<T: Send + 'static>(
+        &self,
+        deadline: Instant,
+        job: impl FnOnce(&mut LaneState) -> Result<T, Failure> + Send + 'static,
+    ) -> Result<T, Failure> {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let boxed: Job = Box::new(move |state: &mut LaneState| {
+            let result = match Instant::now() < deadline {
+                true => job(state),
+                false => Err(Failure::Deadline("the deadline passed while queued".into())),
+            };
+            let _ = tx.send(result);
+        });
+        match self.jobs.try_send(boxed) {
+            Ok(()) => {}
+            Err(TrySendError::Full(_)) => {
+                return Err(Failure::Busy(format!(
+                    "{MAX_QUEUED} requests are already queued for this tenant's device; retry later"
+                )))
+            }
+            Err(TrySendError::Disconnected(_)) => {
+                return Err(Failure::Internal("the tenant's lane has stopped".into()))
+            }
+        }
+        let wait = deadline.saturating_duration_since(Instant::now());
+        match rx.recv_timeout(wait) {
+            Ok(result) => result,
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                self.poisoned.store(true, Ordering::SeqCst);
+                if let Some(cancel) = lock(&self.cancel).take() {
+                    cancel();
+                }
+                Err(Failure::Deadline(
+                    "the invocation ran past its deadline; its work was cancelled".into(),
+                ))
+            }
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => Err(Failure::Internal(
+                "the tenant's lane dropped the request".into(),
+            )),
+        }
+    }
+}
+
+/// The lane's thread: one job at a time until every sender is gone.
+fn serve(mut state: LaneState, queue: Receiver<Job>) {
+    while let Ok(job) = queue.recv() {
+        let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job(&mut state)));
+        if ran.is_err() {
+            tracing::error!(tenant = %state.tenant.0, "a function job panicked; rebuilding the lane's session");
+            state.poisoned.store(true, Ordering::SeqCst);
+        }
+    }
+    state.close();
+}
+
+/// A device error of `during`.
+pub fn device(during: impl Into<String>, error: CuError) -> Failure {
+    Failure::Device {
+        during: during.into(),
+        error,
+    }
+}
+
+impl LaneState {
+    /// The lane's session: opened (and every module loaded) if there is none,
+    /// or if the last one met a fatal fault or a cancel.
+    fn session(&mut self) -> Result<&mut Session, Failure> {
+        let broken = self.poisoned.swap(false, Ordering::SeqCst);
+        if broken {
+            if let Some(old) = self.session.take() {
+                tracing::info!(tenant = %self.tenant.0, session = old.id(), "rebuilding a function lane's session");
+                old.close();
+            }
+            for loaded in self.modules.values_mut() {
+                loaded.info = None;
+            }
+        }
+        if self.session.is_none() {
+            let hello = Hello {
+                magic: cumux_protocol::MAGIC,
+                version: cumux_protocol::PROTOCOL_VERSION,
+                pid: std::process::id(),
+                role: ClientRole::Driver,
+                program: format!("cumux-functions ({})", self.tenant.0),
+                tenant: Some(self.tenant.0.clone()),
+                token: None,
+                shm: false,
+                visible_devices: Some(self.position.to_string()),
+                join: None,
+            };
+            let session =
+                Session::open(Arc::clone(&self.server), &hello, Some(self.tenant.clone()))
+                    .map_err(|e| device("opening the tenant's session", e))?;
+            *lock(&self.cancel) = Some(Box::new(session.canceller()));
+            self.session = Some(session);
+            for loaded in self.modules.values_mut() {
+                loaded.info = None;
+            }
+        }
+        let names: Vec<String> = self
+            .modules
+            .iter()
+            .filter(|(_, l)| l.info.is_none())
+            .map(|(n, _)| n.clone())
+            .collect();
+        for name in names {
+            let image = match self.modules.get(&name) {
+                Some(l) => Arc::clone(&l.image),
+                None => continue,
+            };
+            let info = self
+                .load_image(&image)
+                .map_err(|e| device(format!("loading the module of function {name:?} again"), e))?;
+            if let Some(l) = self.modules.get_mut(&name) {
+                l.info = Some(info);
+            }
+        }
+        self.session
+            .as_mut()
+            .ok_or_else(|| Failure::Internal("no session".into()))
+    }
+
+    fn load_image(&mut self, image: &[u8]) -> Result<ModuleInfo, CuError> {
+        let reply = self.raw_call(Call::ModuleLoad {
+            image: image.to_vec(),
+        })?;
+        match reply {
+            ReplyBody::Module(info) => Ok(info),
+            other => Err(CuError::new(
+                cumux_protocol::codes::UNKNOWN,
+                format!("a module load answered {other:?}"),
+            )),
+        }
+    }
+
+    /// One call on the session as it is (no rebuild); a fire-and-forget call
+    /// answers `Unit` (its failure comes at the next synchronize).
+    fn raw_call(&mut self, call: Call) -> Result<ReplyBody, CuError> {
+        let session = self
+            .session
+            .as_mut()
+            .ok_or_else(|| CuError::new(cumux_protocol::codes::INVALID_CONTEXT, "no session"))?;
+        let result = session.handle(call).unwrap_or(Ok(ReplyBody::Unit));
+        if let Err(e) = &result {
+            if cumux_protocol::codes::is_fatal(e.code) {
+                self.poisoned.store(true, Ordering::SeqCst);
+            }
+        }
+        result
+    }
+
+    /// One call on the lane's session (opened or rebuilt first if need be).
+    pub fn call(&mut self, call: Call) -> Result<ReplyBody, CuError> {
+        self.session().map_err(|f| match f {
+            Failure::Device { error, .. } => error,
+            other => CuError::new(cumux_protocol::codes::UNKNOWN, other.to_string()),
+        })?;
+        self.raw_call(call)
+    }
+
+    /// Loads `image` in the lane's session, not yet as any function's
+    /// module (see [`LaneState::commit`]); a module the device refuses is a
+    /// bad request.
+    pub fn load_candidate(&mut self, image: &[u8]) -> Result<ModuleInfo, Failure> {
+        self.session()?;
+        self.load_image(image).map_err(|e| {
+            Failure::BadRequest(format!(
+                "module: the device cannot load it: {}: {}",
+                crate::failure::cuda_error_name(e.code),
+                e.detail
+            ))
+        })
+    }
+
+    /// Makes a module [`LaneState::load_candidate`] loaded function `name`'s;
+    /// the module it replaces is unloaded.
+    pub fn commit(&mut self, name: &str, image: Arc<Vec<u8>>, info: ModuleInfo) {
+        let loaded = Loaded {
+            image,
+            info: Some(info),
+        };
+        if let Some(Loaded {
+            info: Some(old), ..
+        }) = self.modules.insert(name.to_string(), loaded)
+        {
+            let _ = self.raw_call(Call::ModuleUnload { module: old.module });
+        }
+    }
+
+    /// Unloads a candidate module whose checks failed.
+    pub fn unload_module(&mut self, module: u64) {
+        let _ = self.raw_call(Call::ModuleUnload { module });
+    }
+
+    /// Forgets function `name`'s module (unloading it); the session closes
+    /// when the lane has no module left.
+    pub fn remove(&mut self, name: &str) {
+        if let Some(Loaded {
+            info: Some(info), ..
+        }) = self.modules.remove(name)
+        {
+            let _ = self.raw_call(Call::ModuleUnload {
+                module: info.module,
+            });
+        }
+        if self.modules.is_empty() {
+            self.close();
+        }
+    }
+
+    /// The module of function `name` as loaded now (the session first made
+    /// whole).
+    pub fn module(&mut self, name: &str) -> Result<ModuleInfo, Failure> {
+        self.session()?;
+        self.modules
+            .get(name)
+            .and_then(|l| l.info.clone())
+            .ok_or_else(|| Failure::Internal(format!("function {name:?} has no module loaded")))
+    }
+
+    fn close(&mut self) {
+        *lock(&self.cancel) = None;
+        if let Some(session) = self.session.take() {
+            session.close();
+        }
+    }
+}
