@@ -80,6 +80,17 @@ pub struct ServerSettings {
     /// and sessions. A non-loopback address needs --insecure.
     #[arg(long)]
     pub metrics: Option<String>,
+    /// Serve the functions API on this TCP address (HOST:PORT; port 0 picks
+    /// one), at /v1/functions: tenants register a module and a plan, then
+    /// invoke it over HTTP with their token. A non-loopback address needs
+    /// --insecure.
+    #[arg(long)]
+    pub functions: Option<String>,
+    /// The largest request body the functions API takes (a module and its
+    /// plan, or an invocation's inputs), e.g. 64M (default 256 MiB); over
+    /// it a request gets 413.
+    #[arg(long, value_parser = memory_arg)]
+    pub functions_max_body: Option<u64>,
 }
 
 impl ServerSettings {
@@ -98,6 +109,8 @@ impl ServerSettings {
             socket_mode: self.socket_mode.or(fallback.socket_mode),
             socket_group: self.socket_group.or(fallback.socket_group),
             metrics: self.metrics.or(fallback.metrics),
+            functions: self.functions.or(fallback.functions),
+            functions_max_body: self.functions_max_body.or(fallback.functions_max_body),
         }
     }
 }
@@ -271,6 +284,8 @@ struct RawConfig {
     socket_mode: Option<Mode>,
     socket_group: Option<String>,
     metrics: Option<String>,
+    functions: Option<String>,
+    functions_max_body: Option<Bytes>,
     #[serde(default = "yes")]
     allow_unknown: bool,
     #[serde(default)]
@@ -451,6 +466,12 @@ pub fn parse(text: &str) -> Result<FileConfig> {
             .context("socket_mode")?,
         socket_group: raw.socket_group,
         metrics: raw.metrics,
+        functions: raw.functions,
+        functions_max_body: raw
+            .functions_max_body
+            .map(|m| m.get())
+            .transpose()
+            .context("functions_max_body")?,
     };
     Ok(FileConfig {
         settings,

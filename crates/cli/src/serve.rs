@@ -223,6 +223,33 @@ fn serve_metrics(at: &str, insecure: bool, server: &Arc<Server>) -> Result<std::
     Ok(bound)
 }
 
+/// Binds `at` for the functions API and serves it from a thread of its own;
+/// the address bound (port 0 picks one).
+fn serve_functions(
+    at: &str,
+    insecure: bool,
+    server: &Arc<Server>,
+    max_body: Option<u64>,
+) -> Result<std::net::SocketAddr> {
+    if !insecure && !loopback_only(at)? {
+        bail!(
+            "--functions {at}: the functions API is plain HTTP, so tenants' tokens and data \
+             would cross the network in the clear; use a loopback address (127.0.0.1:PORT) \
+             behind a TLS proxy on this host, or pass --insecure to accept that"
+        );
+    }
+    let mut limits = cumux_functions::Limits::default();
+    if let Some(bytes) = max_body {
+        limits.max_body_bytes = usize::try_from(bytes).context("--functions-max-body")?;
+    }
+    let listener = std::net::TcpListener::bind(at)
+        .with_context(|| format!("cannot serve functions on {at}"))?;
+    let bound = listener.local_addr()?;
+    let functions = Arc::new(cumux_functions::Functions::new(Arc::clone(server), limits));
+    crate::functions_http::start(listener, functions)?;
+    Ok(bound)
+}
+
 pub fn serve(options: ServeOptions) -> Result<()> {
     let file = match &options.config {
         Some(path) => config::read(path)?,
@@ -329,6 +356,15 @@ pub fn serve(options: ServeOptions) -> Result<()> {
         Some(at) => Some(serve_metrics(at, options.insecure, &server)?),
         None => None,
     };
+    let functions = match settings.functions.as_deref() {
+        Some(at) => Some(serve_functions(
+            at,
+            options.insecure,
+            &server,
+            settings.functions_max_body,
+        )?),
+        None => None,
+    };
     let mut line = format!("cumux serve: listening on {}", bound.address());
     for (i, (d, policy)) in server.devices().iter().zip(server.policies()).enumerate() {
         let info = d.info();
@@ -348,6 +384,9 @@ pub fn serve(options: ServeOptions) -> Result<()> {
     }
     if let Some(at) = metrics {
         line += &format!("; metrics on http://{at}/metrics");
+    }
+    if let Some(at) = functions {
+        line += &format!("; functions on http://{at}/v1/functions");
     }
     println!("{line}");
     let _ = std::io::stdout().flush();

@@ -33,7 +33,7 @@ pub enum Failure {
 pub fn cuda_error_name(code: u32) -> String {
     cumux_cuda_bindings::errors::ERRORS
         .iter()
-        .find(|(c, _, _)| *c as u32 == code)
+        .find(|(c, _, _)| *c == code)
         .map_or_else(
             || format!("CUresult {code}"),
             |(_, name, _)| name.to_string_lossy().into_owned(),

@@ -9,10 +9,10 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use cumux_protocol::framing::MAX_CHUNK_BYTES;
-use cumux_protocol::{Call, CuError, ModuleInfo, ReplyBody, DEFAULT_STREAM};
+use cumux_protocol::{Call, ModuleInfo, ReplyBody, DEFAULT_STREAM};
 
 use crate::failure::Failure;
-use crate::lane::{device, LaneState};
+use crate::lane::{device, Buffer, LaneState};
 use crate::plan::eval::Env;
 use crate::plan::expr::Value;
 use crate::plan::link::{check_geometry, MAX_CALL_DEPTH};
@@ -49,18 +49,9 @@ struct Frame<'a> {
 struct Runner<'a> {
     state: &'a mut LaneState,
     inv: &'a Invocation,
-    allocated: Vec<u64>,
+    /// Buffers taken from the lane's pool.
+    allocated: Vec<Buffer>,
     launches: u64,
-}
-
-fn expect_ptr(reply: ReplyBody) -> Result<u64, CuError> {
-    match reply {
-        ReplyBody::Ptr(p) => Ok(p),
-        other => Err(CuError::new(
-            cumux_protocol::codes::UNKNOWN,
-            format!("an allocation answered {other:?}"),
-        )),
-    }
 }
 
 impl Runner<'_> {
@@ -68,41 +59,37 @@ impl Runner<'_> {
         self.state.call(call).map_err(|e| device(during, e))
     }
 
-    /// A buffer of `bytes`, zeroed unless `fill` gives its whole contents.
+    /// A buffer of `bytes` from the lane's pool: `fill` copied in and the
+    /// rest of the buffer zeroed, or all of it zeroed, before any kernel runs.
     fn buffer(&mut self, path: &str, bytes: u64, fill: Option<&[u8]>) -> Result<u64, Failure> {
-        let during = format!("{path}: allocating {bytes} bytes");
-        let reply = self.call(
-            &during,
-            Call::MemAlloc {
-                device: 0,
-                bytes: bytes.max(1),
-            },
-        )?;
-        let ptr = expect_ptr(reply).map_err(|e| device(&during, e))?;
-        self.allocated.push(ptr);
-        match fill {
-            Some(data) => {
-                for (i, chunk) in data.chunks(MAX_CHUNK_BYTES).enumerate() {
-                    let call = Call::MemcpyHtoD {
-                        dst: ptr + (i * MAX_CHUNK_BYTES) as u64,
-                        data: chunk.to_vec(),
-                        stream: None,
-                    };
-                    self.call(&format!("{path}: copying the input in"), call)?;
-                }
-            }
-            None => {
-                let call = Call::Memset {
-                    dst: ptr,
-                    value: 0,
-                    elem_bytes: 1,
-                    count: bytes.max(1),
-                    pitch: bytes.max(1),
-                    height: 1,
-                    stream: None,
-                };
-                self.call(&format!("{path}: zeroing"), call)?;
-            }
+        let class = LaneState::size_class(bytes);
+        let buffer = self
+            .state
+            .take_buffer(class)
+            .map_err(|e| device(format!("{path}: allocating {bytes} bytes"), e))?;
+        self.allocated.push(buffer);
+        let ptr = buffer.ptr;
+        let data = fill.unwrap_or_default();
+        for (i, chunk) in data.chunks(MAX_CHUNK_BYTES).enumerate() {
+            let call = Call::MemcpyHtoD {
+                dst: ptr + (i * MAX_CHUNK_BYTES) as u64,
+                data: chunk.to_vec(),
+                stream: None,
+            };
+            self.call(&format!("{path}: copying the input in"), call)?;
+        }
+        let rest = class - data.len() as u64;
+        if rest > 0 {
+            let call = Call::Memset {
+                dst: ptr + data.len() as u64,
+                value: 0,
+                elem_bytes: 1,
+                count: rest,
+                pitch: rest,
+                height: 1,
+                stream: None,
+            };
+            self.call(&format!("{path}: zeroing"), call)?;
         }
         Ok(ptr)
     }
@@ -303,9 +290,13 @@ pub fn run(state: &mut LaneState, inv: &Invocation) -> Result<BTreeMap<String, T
         launches: 0,
     };
     let result = run_in(&mut runner, env, module);
-    for ptr in std::mem::take(&mut runner.allocated) {
-        // After a fatal fault the session is rebuilt, which frees them anyway.
-        let _ = runner.state.call(Call::MemFree { ptr });
+    if result.is_err() {
+        // Work queued before the failure ends now, and its errors with it:
+        // none may surface in the next invocation.
+        let _ = runner.state.call(Call::ContextSynchronize);
+    }
+    for buffer in std::mem::take(&mut runner.allocated) {
+        runner.state.give_back(buffer);
     }
     result
 }

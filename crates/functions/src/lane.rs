@@ -21,6 +21,12 @@ use crate::failure::Failure;
 /// Jobs one lane may hold queued; past it a request is told the lane is busy.
 pub const MAX_QUEUED: usize = 64;
 
+/// Bytes of free buffers a lane keeps for later invocations (they count
+/// against the tenant's quota; an allocation over it empties the pool first).
+pub const MAX_POOL_BYTES: u64 = 256 << 20;
+/// The smallest buffer the pool hands out.
+const MIN_BUFFER: u64 = 256;
+
 /// A job: runs on the lane's thread with its state.
 type Job = Box<dyn FnOnce(&mut LaneState) + Send>;
 /// What stops the lane's running work from another thread.
@@ -32,6 +38,15 @@ struct Loaded {
     info: Option<ModuleInfo>,
 }
 
+/// A buffer of the lane's session: its address, size class, and the session
+/// it belongs to.
+#[derive(Debug, Clone, Copy)]
+pub struct Buffer {
+    pub ptr: u64,
+    pub class: u64,
+    generation: u64,
+}
+
 /// The state a lane's thread owns.
 pub struct LaneState {
     server: Arc<Server>,
@@ -40,6 +55,14 @@ pub struct LaneState {
     position: usize,
     session: Option<Session>,
     modules: BTreeMap<String, Loaded>,
+    /// Free buffers of the session by size class (a power of two): what an
+    /// invocation gets back is not cleared, so every taker zeroes or fully
+    /// overwrites what it takes.
+    pool: BTreeMap<u64, Vec<u64>>,
+    pool_bytes: u64,
+    /// How many sessions the lane has opened: a buffer is given back only to
+    /// the session it came from.
+    generation: u64,
     pub limits: LaunchLimits,
     cancel: Arc<Mutex<Option<Canceller>>>,
     poisoned: Arc<AtomicBool>,
@@ -83,6 +106,9 @@ impl Lane {
             position,
             session: None,
             modules: BTreeMap::new(),
+            pool: BTreeMap::new(),
+            pool_bytes: 0,
+            generation: 0,
             limits,
             cancel: Arc::clone(&cancel),
             poisoned: Arc::clone(&poisoned),
@@ -175,6 +201,8 @@ impl LaneState {
                 tracing::info!(tenant = %self.tenant.0, session = old.id(), "rebuilding a function lane's session");
                 old.close();
             }
+            self.pool.clear();
+            self.pool_bytes = 0;
             for loaded in self.modules.values_mut() {
                 loaded.info = None;
             }
@@ -197,6 +225,9 @@ impl LaneState {
                     .map_err(|e| device("opening the tenant's session", e))?;
             *lock(&self.cancel) = Some(Box::new(session.canceller()));
             self.session = Some(session);
+            self.generation += 1;
+            self.pool.clear();
+            self.pool_bytes = 0;
             for loaded in self.modules.values_mut() {
                 loaded.info = None;
             }
@@ -322,7 +353,85 @@ impl LaneState {
             .ok_or_else(|| Failure::Internal(format!("function {name:?} has no module loaded")))
     }
 
+    /// The size class of a buffer of `bytes`.
+    pub fn size_class(bytes: u64) -> u64 {
+        bytes
+            .max(MIN_BUFFER)
+            .checked_next_power_of_two()
+            .unwrap_or(bytes)
+    }
+
+    /// A buffer of size class `class` ([`LaneState::size_class`]): one the
+    /// pool holds (with whatever the last invocation left in it), else a new
+    /// allocation; over the quota the pool is emptied and it is tried again.
+    pub fn take_buffer(&mut self, class: u64) -> Result<Buffer, CuError> {
+        // A broken session is rebuilt first: its pool went with it.
+        self.session().map_err(|f| match f {
+            Failure::Device { error, .. } => error,
+            other => CuError::new(cumux_protocol::codes::UNKNOWN, other.to_string()),
+        })?;
+        let generation = self.generation;
+        if let Some(ptr) = self.pool.get_mut(&class).and_then(Vec::pop) {
+            self.pool_bytes -= class;
+            return Ok(Buffer {
+                ptr,
+                class,
+                generation,
+            });
+        }
+        let alloc = Call::MemAlloc {
+            device: 0,
+            bytes: class,
+        };
+        let reply = match self.call(alloc.clone()) {
+            Err(e) if e.code == cumux_protocol::codes::OUT_OF_MEMORY && self.pool_bytes > 0 => {
+                self.drain_pool();
+                self.call(alloc)?
+            }
+            other => other?,
+        };
+        match reply {
+            ReplyBody::Ptr(ptr) => Ok(Buffer {
+                ptr,
+                class,
+                generation: self.generation,
+            }),
+            other => Err(CuError::new(
+                cumux_protocol::codes::UNKNOWN,
+                format!("an allocation answered {other:?}"),
+            )),
+        }
+    }
+
+    /// Gives a buffer back to the pool (freed if the pool is full, or if the
+    /// session it came from is gone).
+    pub fn give_back(&mut self, buffer: Buffer) {
+        let Buffer {
+            ptr,
+            class,
+            generation,
+        } = buffer;
+        if self.poisoned.load(Ordering::SeqCst) || generation != self.generation {
+            return; // the session it came from is (or will be) gone, and its memory with it
+        }
+        if self.pool_bytes + class <= MAX_POOL_BYTES {
+            self.pool.entry(class).or_default().push(ptr);
+            self.pool_bytes += class;
+        } else {
+            let _ = self.raw_call(Call::MemFree { ptr });
+        }
+    }
+
+    fn drain_pool(&mut self) {
+        for ptr in std::mem::take(&mut self.pool).into_values().flatten() {
+            let _ = self.raw_call(Call::MemFree { ptr });
+        }
+        self.pool_bytes = 0;
+    }
+
     fn close(&mut self) {
+        self.pool.clear();
+        self.pool_bytes = 0;
         *lock(&self.cancel) = None;
         if let Some(session) = self.session.take() {
             session.close();

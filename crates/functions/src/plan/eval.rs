@@ -77,10 +77,12 @@ impl Env {
             let want = count(env.eval(&path, e)?, 0, MAX_ELEMENTS)
                 .map_err(|why| format!("{path}: {why}"))?;
             match b.kind {
-                BufferKind::Input if want != env.elements[i] => return Err(format!(
+                BufferKind::Input if want != env.elements[i] => {
+                    return Err(format!(
                     "{path}: size mismatch: input {:?} has {} elements, the plan says {e} = {want}",
                     b.name, env.elements[i]
-                )),
+                ))
+                }
                 BufferKind::Input => {}
                 _ => env.elements[i] = want,
             }

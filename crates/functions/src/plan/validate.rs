@@ -80,7 +80,7 @@ pub struct Call {
 
 #[derive(Debug, Clone, PartialEq)]
 pub enum Step {
-    Launch(Launch),
+    Launch(Box<Launch>),
     Loop {
         path: String,
         times: Expr,
@@ -237,7 +237,9 @@ impl Checker<'_> {
                 ("bind", doc.bind.is_some()),
                 ("params", doc.params.is_some()),
             ])?;
-            return self.launch(path, kernel, doc).map(Step::Launch);
+            return self
+                .launch(path, kernel, doc)
+                .map(|l| Step::Launch(Box::new(l)));
         }
         if let Some(inner) = &doc.launches {
             stray(&[

@@ -1,0 +1,537 @@
+//! Serverless GPU functions end to end: a real `cumux serve --device cpu
+//! --functions` process and real HTTP requests (HTTP/1.1 and HTTP/2) with
+//! hand-written PTX kernels: register, invoke, compose, bad plans refused at
+//! their place, 413/401/403, a faulting kernel failing only its invocation,
+//! scratch read as zeros, the `cumux fn` commands and the OpenAPI document.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use common::{config_file, lines_of, listening_line, TempDir, CUMUX};
+use cumux_cli::fn_client::{FnClient, Reply};
+use serde_json::{json, Value};
+
+const ALICE: &str = "alice-token-0123456789abcdef";
+const BOB: &str = "bob-token-0123456789abcdef00";
+
+fn ptx() -> String {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/functions/kernels.ptx");
+    std::fs::read_to_string(path).expect("the test kernels")
+}
+
+/// A `cumux serve --device cpu --functions 127.0.0.1:0` child with tenants
+/// alice and bob; killed at drop.
+struct FnServer {
+    child: Child,
+    url: String,
+    dir: TempDir,
+}
+
+impl FnServer {
+    fn start(extra: &[&str]) -> FnServer {
+        let dir = TempDir::new("functions");
+        let config = config_file(
+            &dir,
+            &format!("[tenants.alice]\ntoken = \"{ALICE}\"\n[tenants.bob]\ntoken = \"{BOB}\"\n"),
+        );
+        let log = std::fs::File::create(dir.0.join("server.log")).unwrap();
+        let mut child = Command::new(CUMUX)
+            .args([
+                "serve",
+                "--device",
+                "cpu",
+                "--memory",
+                "1G",
+                "--functions",
+                "127.0.0.1:0",
+            ])
+            .arg("--config")
+            .arg(&config)
+            .arg("--listen")
+            .arg(format!("unix:{}", dir.0.join("s.sock").display()))
+            .args(extra)
+            .stdout(Stdio::piped())
+            .stderr(log)
+            .spawn()
+            .expect("cumux serve starts");
+        let line = listening_line(&lines_of(child.stdout.take().unwrap()));
+        let url = line
+            .split("functions on ")
+            .nth(1)
+            .and_then(|rest| rest.split("/v1/functions").next())
+            .unwrap_or_else(|| panic!("no functions address in {line:?}"))
+            .to_string();
+        FnServer { child, url, dir }
+    }
+
+    fn client(&self, token: Option<&str>) -> FnClient {
+        FnClient::new(&self.url, token, false).unwrap()
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.0.join("server.log")).unwrap_or_default()
+    }
+}
+
+impl Drop for FnServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// vadd then scale in place: c = (a + b) * k.
+fn vadd_plan() -> Value {
+    json!({
+        "inputs": [{"name": "a", "dtype": "f32"}, {"name": "b", "dtype": "f32", "elements": "a"}],
+        "params": [{"name": "k", "dtype": "f32", "default": 1}],
+        "outputs": [{"name": "c", "dtype": "f32", "elements": "a"}],
+        "launches": [
+            {"kernel": "vadd", "grid": "cdiv(a, 64)", "block": 64,
+             "args": [{"buffer": "a"}, {"buffer": "b"}, {"buffer": "c"}, {"u32": "a"}]},
+            {"kernel": "scale", "grid": "cdiv(a, 64)", "block": [64],
+             "args": [{"buffer": "c"}, {"buffer": "c"}, {"f32": "k"}, {"u32": "a"}]}
+        ]
+    })
+}
+
+fn register(client: &FnClient, name: &str, plan: Value) -> Reply {
+    let body = json!({ "plan": plan, "module": ptx() });
+    client
+        .json("PUT", &format!("/v1/functions/{name}?device=cpu"), &body)
+        .unwrap()
+}
+
+fn invoke(client: &FnClient, name: &str, body: Value) -> Reply {
+    client
+        .json("POST", &format!("/v1/functions/{name}/invoke"), &body)
+        .unwrap()
+}
+
+fn floats(reply: &Reply, output: &str) -> Vec<f64> {
+    assert_eq!(
+        reply.status,
+        200,
+        "{}",
+        String::from_utf8_lossy(&reply.body)
+    );
+    let json = reply.json();
+    json["outputs"][output]["data"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no output {output} in {json}"))
+        .iter()
+        .map(|v| v.as_f64().unwrap())
+        .collect()
+}
+
+fn error(reply: &Reply, status: u16) -> String {
+    let json = reply.json();
+    assert_eq!(reply.status, status, "{json}");
+    json["error"].as_str().unwrap_or_default().to_string()
+}
+
+#[test]
+fn register_invoke_and_compose_give_right_results() {
+    let server = FnServer::start(&[]);
+    let alice = server.client(Some(ALICE));
+    let r = register(&alice, "vadd", vadd_plan());
+    assert_eq!(r.status, 200, "{}\n{}", r.json(), server.log());
+    assert_eq!(r.json()["backend"], "cpu");
+
+    // JSON in, JSON out; the parameter's default, then a value.
+    let a: Vec<f32> = (0..100).map(|i| i as f32).collect();
+    let b: Vec<f32> = (0..100).map(|i| (2 * i) as f32).collect();
+    let out = floats(
+        &invoke(&alice, "vadd", json!({"inputs": {"a": a, "b": b}})),
+        "c",
+    );
+    assert_eq!(out, (0..100).map(|i| (3 * i) as f64).collect::<Vec<_>>());
+    let out = floats(
+        &invoke(
+            &alice,
+            "vadd",
+            json!({"inputs": {"a": a, "b": b}, "params": {"k": 0.5}}),
+        ),
+        "c",
+    );
+    assert_eq!(out[10], 15.0);
+
+    // safetensors in and out, over HTTP/2 too.
+    for http2 in [false, true] {
+        let client = FnClient::new(&server.url, Some(ALICE), http2).unwrap();
+        let bytes = |v: &[f32]| v.iter().flat_map(|f| f.to_le_bytes()).collect::<Vec<u8>>();
+        let (ab, bb) = (bytes(&a), bytes(&b));
+        let views = vec![
+            (
+                "a",
+                safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![100], &ab)
+                    .unwrap(),
+            ),
+            (
+                "b",
+                safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![100], &bb)
+                    .unwrap(),
+            ),
+        ];
+        let meta = std::collections::HashMap::from([("k".to_string(), "2".to_string())]);
+        let body = safetensors::serialize(views, Some(meta)).unwrap();
+        let reply = client
+            .request(
+                "POST",
+                "/v1/functions/vadd/invoke",
+                Some("application/x-safetensors"),
+                None,
+                body,
+            )
+            .unwrap();
+        assert_eq!(
+            reply.status,
+            200,
+            "{}",
+            String::from_utf8_lossy(&reply.body)
+        );
+        assert_eq!(reply.content_type, "application/x-safetensors");
+        let st = safetensors::SafeTensors::deserialize(&reply.body).unwrap();
+        let c = st.tensor("c").unwrap();
+        let c: Vec<f32> = c
+            .data()
+            .chunks(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect();
+        assert_eq!(c[7], 42.0, "http2 {http2}");
+    }
+
+    // A composition: vadd into a scratch buffer on the device, then scale
+    // it into the output: out = (x + y) * k * m.
+    let compose = json!({
+        "inputs": [{"name": "x", "dtype": "f32"}, {"name": "y", "dtype": "f32"}],
+        "params": [{"name": "m", "dtype": "f32"}],
+        "outputs": [{"name": "out", "dtype": "f32", "elements": "x"}],
+        "scratch": [{"name": "sum", "dtype": "f32", "elements": "x"}],
+        "launches": [
+            {"call": "vadd", "bind": {"a": "x", "b": "y", "c": "sum"}, "params": {"k": "m * 2"}},
+            {"repeat": 2, "launches": [
+                {"kernel": "scale", "grid": "cdiv(x, 32)", "block": 32,
+                 "args": [{"buffer": "sum"}, {"buffer": "out"}, {"f32": "m"}, {"u32": "x"}]}
+            ]}
+        ]
+    });
+    let r = register(&alice, "pipeline", compose);
+    assert_eq!(r.status, 200, "{}", r.json());
+    let out = floats(
+        &invoke(
+            &alice,
+            "pipeline",
+            json!({"inputs": {"x": [1, 2, 3], "y": [10, 20, 30]}, "params": {"m": 3}}),
+        ),
+        "out",
+    );
+    assert_eq!(out, [11.0 * 6.0 * 3.0, 22.0 * 18.0, 33.0 * 18.0]);
+
+    let list = alice
+        .request("GET", "/v1/functions", None, None, Vec::new())
+        .unwrap();
+    let names: Vec<String> = list.json()["functions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["name"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(names, ["pipeline", "vadd"]);
+    // A function another calls stays until its caller goes.
+    let r = alice
+        .request("DELETE", "/v1/functions/vadd", None, None, Vec::new())
+        .unwrap();
+    assert!(error(&r, 409).contains("\"pipeline\" calls \"vadd\""));
+    for name in ["pipeline", "vadd"] {
+        let r = alice
+            .request(
+                "DELETE",
+                &format!("/v1/functions/{name}"),
+                None,
+                None,
+                Vec::new(),
+            )
+            .unwrap();
+        assert_eq!(r.status, 200, "{}", r.json());
+    }
+    let r = invoke(&alice, "vadd", json!({}));
+    assert_eq!(r.status, 404);
+}
+
+#[test]
+fn bad_plans_are_refused_with_their_place() {
+    let server = FnServer::start(&[]);
+    let alice = server.client(Some(ALICE));
+    let with = |edit: &dyn Fn(&mut Value)| {
+        let mut plan = vadd_plan();
+        edit(&mut plan);
+        error(&register(&alice, "bad", plan), 400)
+    };
+    assert_eq!(
+        with(&|p| p["launches"][1]["args"][1] = json!({"buffer": "tmp"})),
+        "launches[1].args[1]: unknown buffer \"tmp\""
+    );
+    assert_eq!(
+        with(&|p| p["launches"][0]["args"][3] = json!({"f64": "a"})),
+        "launches[0].args[3]: size mismatch: a f64 scalar is 8 bytes, parameter 3 of kernel \"vadd\" has 4"
+    );
+    assert_eq!(
+        with(&|p| {
+            p["launches"][1]["args"].as_array_mut().unwrap().pop();
+        }),
+        "launches[1].args: 3 arguments for kernel \"scale\", which takes 4"
+    );
+    let grid = with(&|p| p["launches"][0]["grid"] = json!([1, 70000]));
+    assert!(
+        grid.starts_with("launches[0].grid[1]: 70000 is not within the device's 1..="),
+        "{grid}"
+    );
+    let block = with(&|p| p["launches"][1]["block"] = json!(4096));
+    assert!(
+        block.starts_with("launches[1].block[0]: 4096 is not within"),
+        "{block}"
+    );
+    assert_eq!(
+        with(&|p| p["launches"][0]["kernel"] = json!("vsub")),
+        "launches[0].kernel: the module has no kernel \"vsub\" (it has vadd, scale, fill, copy, oob)"
+    );
+    assert_eq!(
+        with(&|p| p["outputs"][0]["elements"] = json!("a +")),
+        "outputs[0].elements: unexpected end"
+    );
+    let field = with(&|p| p["launches"][0]["grdi"] = json!(1));
+    assert!(
+        field.starts_with("launches[0].grdi: unknown field `grdi`"),
+        "{field}"
+    );
+    // A bad module, and an input whose size the plan contradicts.
+    let r = alice
+        .json(
+            "PUT",
+            "/v1/functions/bad?device=cpu",
+            &json!({"plan": vadd_plan(), "module": "not ptx"}),
+        )
+        .unwrap();
+    assert!(error(&r, 400).starts_with("module: the device cannot load it"));
+    assert_eq!(register(&alice, "vadd", vadd_plan()).status, 200);
+    let r = invoke(
+        &alice,
+        "vadd",
+        json!({"inputs": {"a": [1, 2, 3], "b": [1, 2]}}),
+    );
+    assert_eq!(
+        error(&r, 400),
+        "inputs[1].elements: size mismatch: input \"b\" has 2 elements, the plan says a = 3"
+    );
+    let r = invoke(
+        &alice,
+        "vadd",
+        json!({"inputs": {"a": [1], "b": [1]}, "params": {"q": 1}}),
+    );
+    assert_eq!(
+        error(&r, 400),
+        "params.q: the function has no parameter \"q\""
+    );
+    // Nothing was registered by the refusals.
+    let list = alice
+        .request("GET", "/v1/functions", None, None, Vec::new())
+        .unwrap();
+    assert_eq!(list.json()["functions"].as_array().map(Vec::len), Some(1));
+}
+
+#[test]
+fn limits_tokens_and_tenants() {
+    let server = FnServer::start(&["--functions-max-body", "64K"]);
+    let alice = server.client(Some(ALICE));
+    assert_eq!(register(&alice, "vadd", vadd_plan()).status, 200);
+
+    // Oversize input: 413.
+    let big: Vec<f32> = vec![1.0; 20_000];
+    let r = invoke(&alice, "vadd", json!({"inputs": {"a": big, "b": big}}));
+    assert!(error(&r, 413).contains("over this server's limit of 65536 bytes"));
+
+    // No token, an unknown one: 401.
+    let r = invoke(&server.client(None), "vadd", json!({}));
+    assert!(error(&r, 401).contains("Authorization: Bearer"));
+    let r = invoke(
+        &server.client(Some("no-such-token-0123456789")),
+        "vadd",
+        json!({}),
+    );
+    assert_eq!(r.status, 401);
+
+    // Another tenant's function: 403 to invoke, replace, describe or remove.
+    let bob = server.client(Some(BOB));
+    let r = invoke(&bob, "vadd", json!({"inputs": {"a": [1], "b": [2]}}));
+    assert_eq!(error(&r, 403), "function \"vadd\" is another tenant's");
+    assert_eq!(register(&bob, "vadd", vadd_plan()).status, 403);
+    for method in ["GET", "DELETE"] {
+        let r = bob
+            .request(method, "/v1/functions/vadd", None, None, Vec::new())
+            .unwrap();
+        assert_eq!(r.status, 403, "{method}");
+    }
+    let list = bob
+        .request("GET", "/v1/functions", None, None, Vec::new())
+        .unwrap();
+    assert_eq!(list.json(), json!({"functions": []}));
+    // Alice's still works.
+    let out = floats(
+        &invoke(&alice, "vadd", json!({"inputs": {"a": [1], "b": [2]}})),
+        "c",
+    );
+    assert_eq!(out, [3.0]);
+}
+
+#[test]
+fn a_fault_fails_one_invocation_and_the_next_works() {
+    let server = FnServer::start(&[]);
+    let alice = server.client(Some(ALICE));
+    assert_eq!(register(&alice, "vadd", vadd_plan()).status, 200);
+    let boom = json!({
+        "outputs": [{"name": "x", "dtype": "f32", "elements": 4}],
+        "launches": [{"kernel": "oob", "grid": 1, "block": 1, "args": [{"buffer": "x"}]}]
+    });
+    assert_eq!(register(&alice, "boom", boom).status, 200);
+    for _ in 0..2 {
+        let r = invoke(&alice, "boom", json!({}));
+        assert_eq!(r.status, 500, "{}", r.json());
+        assert_eq!(
+            r.json()["cuda_error"],
+            "CUDA_ERROR_ILLEGAL_ADDRESS",
+            "{}",
+            r.json()
+        );
+        assert_eq!(r.json()["code"], 700);
+        let out = floats(
+            &invoke(
+                &alice,
+                "vadd",
+                json!({"inputs": {"a": [1, 2], "b": [3, 4]}}),
+            ),
+            "c",
+        );
+        assert_eq!(out, [4.0, 6.0], "{}", server.log());
+    }
+}
+
+#[test]
+fn scratch_is_read_as_zeros() {
+    let server = FnServer::start(&[]);
+    let alice = server.client(Some(ALICE));
+    // Copies its scratch out before anything wrote it, then dirties all of
+    // it: a later invocation given the same memory (the scratch is the only
+    // buffer of its size, so the lane's pool gives it the same one) would
+    // see the 7s.
+    let leak = json!({
+        "params": [{"name": "n", "dtype": "u32"}],
+        "outputs": [{"name": "seen", "dtype": "f32", "elements": "n"}],
+        "scratch": [{"name": "t", "dtype": "f32", "elements": "n * 4"}],
+        "launches": [
+            {"kernel": "copy", "grid": "cdiv(n, 64)", "block": 64,
+             "args": [{"buffer": "t"}, {"buffer": "seen"}, {"u32": "n"}]},
+            {"kernel": "fill", "grid": "cdiv(n * 4, 64)", "block": 64,
+             "args": [{"buffer": "t"}, {"f32": 7}, {"u32": "n * 4"}]}
+        ]
+    });
+    let r = register(&alice, "leak", leak);
+    assert_eq!(r.status, 200, "{}", r.json());
+    for _ in 0..3 {
+        let out = floats(
+            &invoke(&alice, "leak", json!({"params": {"n": 1000}})),
+            "seen",
+        );
+        assert_eq!(out.len(), 1000);
+        assert!(out.iter().all(|v| *v == 0.0), "{out:?}");
+    }
+}
+
+#[test]
+fn the_cli_registers_lists_invokes_and_removes() {
+    let server = FnServer::start(&[]);
+    let dir = TempDir::new("fn-cli");
+    let module = dir.0.join("kernels.ptx");
+    std::fs::write(&module, ptx()).unwrap();
+    let plan = dir.0.join("plan.json");
+    std::fs::write(&plan, vadd_plan().to_string()).unwrap();
+    let cumux = |args: &[&str]| {
+        let out = Command::new(CUMUX)
+            .arg("fn")
+            .args(args)
+            .env("CUMUX_FUNCTIONS_URL", &server.url)
+            .env("CUMUX_TOKEN", ALICE)
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (code, _, err) = cumux(&[
+        "register",
+        "vadd",
+        "--module",
+        module.to_str().unwrap(),
+        "--plan",
+        plan.to_str().unwrap(),
+        "--device",
+        "cpu",
+    ]);
+    assert_eq!(code, Some(0), "{err}");
+    let (code, out, _) = cumux(&["list"]);
+    assert_eq!(code, Some(0));
+    assert!(out.contains("\"name\": \"vadd\""), "{out}");
+    let (code, out, err) = cumux(&[
+        "invoke",
+        "vadd",
+        "--json",
+        r#"{"inputs": {"a": [1, 2], "b": [5, 5]}, "params": {"k": 2}}"#,
+    ]);
+    assert_eq!(code, Some(0), "{err}");
+    let reply: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(reply["outputs"]["c"]["data"], json!([12.0, 14.0]));
+    let (code, _, err) = cumux(&[
+        "invoke",
+        "vadd",
+        "--json",
+        r#"{"inputs": {"a": [1], "b": [1, 2]}}"#,
+    ]);
+    assert_eq!(code, Some(1));
+    assert!(
+        err.contains("HTTP 400: inputs[1].elements: size mismatch"),
+        "{err}"
+    );
+    let (code, _, err) = cumux(&["rm", "vadd"]);
+    assert_eq!(code, Some(0), "{err}");
+    let (_, out, _) = cumux(&["list"]);
+    let listed: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(listed, json!({"functions": []}));
+}
+
+#[test]
+fn the_openapi_document_is_served_and_unknown_paths_are_404() {
+    let server = FnServer::start(&[]);
+    let anyone = server.client(None);
+    let r = anyone
+        .request("GET", "/v1/openapi.json", None, None, Vec::new())
+        .unwrap();
+    assert_eq!(r.status, 200);
+    let doc = r.json();
+    assert_eq!(doc["openapi"], "3.1.0");
+    let paths: BTreeMap<String, Value> = serde_json::from_value(doc["paths"].clone()).unwrap();
+    assert!(
+        paths.contains_key("/v1/functions/{name}/invoke"),
+        "{paths:?}"
+    );
+    let r = anyone
+        .request("GET", "/v2/nothing", None, None, Vec::new())
+        .unwrap();
+    assert_eq!(r.status, 404);
+    let _ = Duration::ZERO;
+}
