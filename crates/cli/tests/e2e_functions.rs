@@ -2,7 +2,7 @@
 //! --functions` process and real HTTP requests (HTTP/1.1 and HTTP/2) with
 //! hand-written PTX kernels: register, invoke, compose, bad plans refused at
 //! their place, 413/401/403, a faulting kernel failing only its invocation,
-//! scratch read as zeros, the `cumux fn` commands and the OpenAPI document.
+//! scratch read as zeros, a deadline, the `cumux fn` commands and the OpenAPI document.
 
 mod common;
 
@@ -17,6 +17,8 @@ use serde_json::{json, Value};
 
 const ALICE: &str = "alice-token-0123456789abcdef";
 const BOB: &str = "bob-token-0123456789abcdef00";
+/// A tenant with a 1 MiB memory quota.
+const CAROL: &str = "carol-token-0123456789abcdef";
 
 fn ptx() -> String {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/functions/kernels.ptx");
@@ -36,7 +38,10 @@ impl FnServer {
         let dir = TempDir::new("functions");
         let config = config_file(
             &dir,
-            &format!("[tenants.alice]\ntoken = \"{ALICE}\"\n[tenants.bob]\ntoken = \"{BOB}\"\n"),
+            &format!(
+                "[tenants.alice]\ntoken = \"{ALICE}\"\n[tenants.bob]\ntoken = \"{BOB}\"\n\
+                 [tenants.carol]\ntoken = \"{CAROL}\"\nmemory_quota = \"1M\"\n"
+            ),
         );
         let log = std::fs::File::create(dir.0.join("server.log")).unwrap();
         let mut child = Command::new(CUMUX)
@@ -298,7 +303,7 @@ fn bad_plans_are_refused_with_their_place() {
     );
     assert_eq!(
         with(&|p| p["launches"][0]["kernel"] = json!("vsub")),
-        "launches[0].kernel: the module has no kernel \"vsub\" (it has vadd, scale, fill, copy, oob)"
+        "launches[0].kernel: the module has no kernel \"vsub\" (it has vadd, scale, fill, copy, oob, spin)"
     );
     assert_eq!(
         with(&|p| p["outputs"][0]["elements"] = json!("a +")),
@@ -418,6 +423,41 @@ fn a_fault_fails_one_invocation_and_the_next_works() {
         );
         assert_eq!(out, [4.0, 6.0], "{}", server.log());
     }
+}
+
+#[test]
+fn a_kernel_past_its_deadline_gets_504_and_the_lane_serves_on() {
+    let server = FnServer::start(&[]);
+    let alice = server.client(Some(ALICE));
+    assert_eq!(register(&alice, "vadd", vadd_plan()).status, 200);
+    let spin = json!({
+        "outputs": [{"name": "x", "dtype": "f32", "elements": 1}],
+        "launches": [{"kernel": "spin", "grid": 1, "block": 1, "args": [{"buffer": "x"}]}]
+    });
+    assert_eq!(register(&alice, "spin", spin).status, 200);
+    let started = std::time::Instant::now();
+    let r = alice
+        .json(
+            "POST",
+            "/v1/functions/spin/invoke?deadline_ms=300",
+            &json!({}),
+        )
+        .unwrap();
+    assert!(error(&r, 504).contains("deadline"));
+    assert!(started.elapsed() < Duration::from_secs(10));
+    let out = floats(
+        &invoke(&alice, "vadd", json!({"inputs": {"a": [1], "b": [1]}})),
+        "c",
+    );
+    assert_eq!(out, [2.0], "{}", server.log());
+    let r = alice
+        .json(
+            "POST",
+            "/v1/functions/vadd/invoke?deadline_ms=soon",
+            &json!({}),
+        )
+        .unwrap();
+    assert!(error(&r, 400).starts_with("deadline_ms: \"soon\""));
 }
 
 #[test]
