@@ -350,7 +350,7 @@ impl LaneState {
         self.modules
             .get(name)
             .and_then(|l| l.info.clone())
-            .ok_or_else(|| Failure::Internal(format!("function {name:?} has no module loaded")))
+            .ok_or_else(|| Failure::NotFound(format!("function {name:?} was removed")))
     }
 
     /// The size class of a buffer of `bytes`.
@@ -414,7 +414,19 @@ impl LaneState {
         if self.poisoned.load(Ordering::SeqCst) || generation != self.generation {
             return; // the session it came from is (or will be) gone, and its memory with it
         }
-        if self.pool_bytes + class <= MAX_POOL_BYTES {
+        // Zeroed on its way back too, so that no pooled buffer holds data an
+        // out-of-bounds read of a later invocation could find.
+        let zero = Call::Memset {
+            dst: ptr,
+            value: 0,
+            elem_bytes: 1,
+            count: class,
+            pitch: class,
+            height: 1,
+            stream: None,
+        };
+        let zeroed = self.raw_call(zero).is_ok();
+        if zeroed && self.pool_bytes + class <= MAX_POOL_BYTES {
             self.pool.entry(class).or_default().push(ptr);
             self.pool_bytes += class;
         } else {
