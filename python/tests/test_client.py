@@ -14,7 +14,7 @@ import pytest
 import cumux
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-PTX = (ROOT / "crates/cli/tests/functions/kernels.ptx").read_text()
+PTX = (ROOT / "tests/functions/kernels.ptx").read_text()
 TOKEN = "py-tenant-token-0123456789"
 
 VADD = {

@@ -7,11 +7,10 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use common::{config_file, lines_of, listening_line, TempDir, CUMUX};
+use common::{config_file, e2e_device, lines_of, listening_line, TempDir, CUMUX};
 use cumux_cli::fn_client::{FnClient, Reply};
 use serde_json::{json, Value};
 
@@ -21,12 +20,13 @@ const BOB: &str = "bob-token-0123456789abcdef00";
 const CAROL: &str = "carol-token-0123456789abcdef";
 
 fn ptx() -> String {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/functions/kernels.ptx");
+    let path = cumux_testkit::workspace_root().join("tests/functions/kernels.ptx");
     std::fs::read_to_string(path).expect("the test kernels")
 }
 
-/// A `cumux serve --device cpu --functions 127.0.0.1:0` child with tenants
-/// alice and bob; killed at drop.
+/// A `cumux serve --device cpu --functions 127.0.0.1:0` child (the device
+/// `CUMUX_E2E_DEVICE` names: `worker-cpu` runs the lanes' sessions in worker
+/// processes, the GPU path) with tenants alice, bob and carol; killed at drop.
 struct FnServer {
     child: Child,
     url: String,
