@@ -45,15 +45,8 @@ impl FnServer {
         );
         let log = std::fs::File::create(dir.0.join("server.log")).unwrap();
         let mut child = Command::new(CUMUX)
-            .args([
-                "serve",
-                "--device",
-                "cpu",
-                "--memory",
-                "1G",
-                "--functions",
-                "127.0.0.1:0",
-            ])
+            .args(["serve", "--device", &e2e_device(), "--memory", "1G"])
+            .args(["--functions", "127.0.0.1:0"])
             .arg("--config")
             .arg(&config)
             .arg("--listen")
