@@ -307,6 +307,27 @@ fn bad_plans_are_refused_with_their_place() {
         field.starts_with("launches[0].grdi: unknown field `grdi`"),
         "{field}"
     );
+    // Placement and query parameters the server cannot honour.
+    let body = json!({"plan": vadd_plan(), "module": ptx()});
+    let r = alice
+        .json("PUT", "/v1/functions/bad?device=gpu", &body)
+        .unwrap();
+    assert_eq!(
+        error(&r, 400),
+        "device: this server serves the tenant no GPU"
+    );
+    let r = alice
+        .json("PUT", "/v1/functions/bad?device=tpu", &body)
+        .unwrap();
+    assert_eq!(error(&r, 400), "device: \"tpu\" is not auto, gpu or cpu");
+    let r = alice
+        .json("PUT", "/v1/functions/bad?devise=cpu", &body)
+        .unwrap();
+    assert!(error(&r, 400).starts_with("query: unknown parameter \"devise\""));
+    let r = alice
+        .json("PUT", "/v1/functions/no%20spaces", &body)
+        .unwrap();
+    assert!(error(&r, 400).starts_with("name: \"no spaces\" is not a function name"));
     // A bad module, and an input whose size the plan contradicts.
     let r = alice
         .json(
@@ -540,6 +561,44 @@ fn the_cli_registers_lists_invokes_and_removes() {
         err.contains("HTTP 400: inputs[1].elements: size mismatch"),
         "{err}"
     );
+    // A fat binary (nvcc's, with PTX in it) goes as base64.
+    let fatbin =
+        cumux_testkit::workspace_root().join("crates/fatbin/tests/fixtures/default.fatbin");
+    let scale = dir.0.join("scale.json");
+    let plan = json!({
+        "inputs": [{"name": "x", "dtype": "f32"}],
+        "params": [{"name": "k", "dtype": "f32"}],
+        "outputs": [{"name": "y", "dtype": "f32", "elements": "x"}],
+        "launches": [
+            {"call": "vadd", "bind": {"a": "x", "b": "x", "c": "y"}},
+            {"kernel": "scale", "grid": "cdiv(x, 32)", "block": 32,
+             "args": [{"buffer": "y"}, {"f32": "k"}, {"i32": "x"}]}
+        ]
+    });
+    std::fs::write(&scale, plan.to_string()).unwrap();
+    let (code, out, err) = cumux(&[
+        "register",
+        "twice",
+        "--module",
+        fatbin.to_str().unwrap(),
+        "--plan",
+        scale.to_str().unwrap(),
+        "--device",
+        "cpu",
+    ]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(out.contains("\"scale\""), "{out}");
+    let (code, out, err) = cumux(&[
+        "invoke",
+        "twice",
+        "--json",
+        r#"{"inputs": {"x": [1, 2, 3]}, "params": {"k": 10}}"#,
+    ]);
+    assert_eq!(code, Some(0), "{err}");
+    let reply: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(reply["outputs"]["y"]["data"], json!([20.0, 40.0, 60.0]));
+    let (code, _, err) = cumux(&["rm", "twice"]);
+    assert_eq!(code, Some(0), "{err}");
     let (code, _, err) = cumux(&["rm", "vadd"]);
     assert_eq!(code, Some(0), "{err}");
     let (_, out, _) = cumux(&["list"]);
