@@ -296,7 +296,7 @@ fn bad_plans_are_refused_with_their_place() {
     );
     assert_eq!(
         with(&|p| p["launches"][0]["kernel"] = json!("vsub")),
-        "launches[0].kernel: the module has no kernel \"vsub\" (it has vadd, scale, fill, copy, oob, spin)"
+        "launches[0].kernel: the module has no kernel \"vsub\" (it has vadd, scale, fill, copy, oob, spin, busy)"
     );
     assert_eq!(
         with(&|p| p["outputs"][0]["elements"] = json!("a +")),

@@ -298,6 +298,7 @@ pub fn run(state: &mut LaneState, inv: &Invocation) -> Result<BTreeMap<String, T
     for buffer in std::mem::take(&mut runner.allocated) {
         runner.state.give_back(buffer);
     }
+    runner.state.drain_stdout();
     result
 }
 

@@ -125,20 +125,29 @@ impl Lane {
         })
     }
 
-    /// Runs `job` on the lane and waits for its answer until `deadline`; past
-    /// it the lane's running work is cancelled (the session is rebuilt before
-    /// the next job) and the answer is a [`Failure::Deadline`].
+    /// Runs `job` on the lane and waits for its answer until `deadline`. Past
+    /// it, a job still queued never runs, and a running one has the lane's
+    /// work cancelled (the session is rebuilt before the lane goes on); the
+    /// answer is then a [`Failure::Deadline`].
     pub fn run<T: Send + 'static>(
         &self,
         deadline: Instant,
         job: impl FnOnce(&mut LaneState) -> Result<T, Failure> + Send + 'static,
     ) -> Result<T, Failure> {
         let (tx, rx) = std::sync::mpsc::channel();
+        let progress = Arc::new(Mutex::new(Progress::Queued));
+        let seen = Arc::clone(&progress);
         let boxed: Job = Box::new(move |state: &mut LaneState| {
-            let result = match Instant::now() < deadline {
-                true => job(state),
-                false => Err(Failure::Deadline("the deadline passed while queued".into())),
-            };
+            {
+                let mut p = lock(&seen);
+                if *p == Progress::Abandoned || Instant::now() >= deadline {
+                    *p = Progress::Abandoned;
+                    return;
+                }
+                *p = Progress::Running;
+            }
+            let result = job(state);
+            *lock(&seen) = Progress::Done;
             let _ = tx.send(result);
         });
         match self.jobs.try_send(boxed) {
@@ -154,8 +163,26 @@ impl Lane {
         }
         let wait = deadline.saturating_duration_since(Instant::now());
         match rx.recv_timeout(wait) {
-            Ok(result) => result,
-            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+            Ok(result) => return result,
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                // A job dropped unrun: abandoned at its deadline, or the lane stopped.
+                return Err(match *lock(&progress) {
+                    Progress::Abandoned => {
+                        Failure::Deadline("the deadline passed while queued".into())
+                    }
+                    _ => Failure::Internal("the tenant's lane dropped the request".into()),
+                });
+            }
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+        }
+        let mut p = lock(&progress);
+        match *p {
+            Progress::Queued | Progress::Abandoned => {
+                *p = Progress::Abandoned;
+                Err(Failure::Deadline("the deadline passed while queued".into()))
+            }
+            // Under the job's lock: the lane cannot have moved on to another.
+            Progress::Running => {
                 self.poisoned.store(true, Ordering::SeqCst);
                 if let Some(cancel) = lock(&self.cancel).take() {
                     cancel();
@@ -164,11 +191,26 @@ impl Lane {
                     "the invocation ran past its deadline; its work was cancelled".into(),
                 ))
             }
-            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => Err(Failure::Internal(
-                "the tenant's lane dropped the request".into(),
-            )),
+            Progress::Done => {
+                drop(p);
+                rx.recv().unwrap_or_else(|_| {
+                    Err(Failure::Internal(
+                        "the tenant's lane dropped the answer".into(),
+                    ))
+                })
+            }
         }
     }
+}
+
+/// Where a job is, as its lane and its waiter see it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Progress {
+    Queued,
+    Running,
+    Done,
+    /// Its waiter gave up before it ran: it never will.
+    Abandoned,
 }
 
 /// The lane's thread: one job at a time until every sender is gone.
@@ -340,6 +382,17 @@ impl LaneState {
         }
         if self.modules.is_empty() {
             self.close();
+        }
+    }
+
+    /// Device printf output the session gathered since last asked (kept out
+    /// of every answer; logged at debug level).
+    pub fn drain_stdout(&mut self) {
+        if let Some(session) = &self.session {
+            let out = session.take_stdout();
+            if !out.is_empty() {
+                tracing::debug!(tenant = %self.tenant.0, "device printf: {}", String::from_utf8_lossy(&out));
+            }
         }
     }
 

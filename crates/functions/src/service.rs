@@ -266,6 +266,16 @@ impl Functions {
             state.commit(&fname, image, info);
             Ok(names)
         })?;
+        // Another tenant may have taken the name meanwhile: the first stays.
+        let taken = lock(&self.registry)
+            .get(name)
+            .is_some_and(|e| e.owner != tenant.0);
+        if taken {
+            self.unload_on(tenant, device, name);
+            return Err(Failure::Forbidden(format!(
+                "function {name:?} is another tenant's"
+            )));
+        }
         if let Some(old) = previous_device.filter(|d| *d != device) {
             self.unload_on(tenant, old, name);
         }

@@ -151,3 +151,35 @@ fn a_full_lane_turns_the_surplus_away() {
     assert!(busy >= 1, "{failures:?}");
     assert_eq!(busy + late, failures.len(), "{failures:?}");
 }
+
+#[test]
+fn a_queued_invocations_deadline_leaves_the_running_one_alone() {
+    let (_server, f) = service();
+    let t = tenant(&f, "a");
+    let busy = json!({
+        "params": [{"name": "n", "dtype": "u32"}],
+        "outputs": [{"name": "x", "dtype": "f32", "elements": 1}],
+        "launches": [{"kernel": "busy", "grid": 1, "block": 1, "args": [{"buffer": "x"}, {"u32": "n"}]}]
+    });
+    f.register(&t, "busy", Placement::Cpu, ptx(), busy).unwrap();
+    let request = |n: u32| Request {
+        tensors: Default::default(),
+        params: [("n".to_string(), json!(n))].into(),
+    };
+    // How long one run of n turns takes here, to make the first outlast the
+    // second's deadline.
+    let started = std::time::Instant::now();
+    f.invoke(&t, "busy", request(1_000_000), None).unwrap();
+    let per_million = started.elapsed().max(Duration::from_micros(100));
+    let turns = (1_000_000.0 * 0.6 / per_million.as_secs_f64()).min(4e9) as u32;
+    let long = {
+        let (f, t) = (Arc::clone(&f), t.clone());
+        std::thread::spawn(move || f.invoke(&t, "busy", request(turns), None))
+    };
+    std::thread::sleep(Duration::from_millis(50));
+    let short = f.invoke(&t, "busy", request(turns), Some(Duration::from_millis(150)));
+    assert!(matches!(short, Err(Failure::Deadline(_))), "{short:?}");
+    let out = long.join().unwrap().unwrap();
+    let x = f32::from_le_bytes(out["x"].data[..4].try_into().unwrap());
+    assert_eq!(x, turns as f32);
+}
