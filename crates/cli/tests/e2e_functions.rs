@@ -220,6 +220,15 @@ fn register_invoke_and_compose_give_right_results() {
     });
     let r = register(&alice, "pipeline", compose);
     assert_eq!(r.status, 200, "{}", r.json());
+    let described = alice
+        .request("GET", "/v1/functions/pipeline", None, None, Vec::new())
+        .unwrap();
+    assert_eq!(described.status, 200);
+    assert_eq!(
+        described.json()["inputs"],
+        json!([{"name": "x", "dtype": "f32"}, {"name": "y", "dtype": "f32"}])
+    );
+    assert_eq!(described.json()["plan"]["launches"][0]["call"], "vadd");
     let out = floats(
         &invoke(
             &alice,
@@ -561,6 +570,41 @@ fn the_cli_registers_lists_invokes_and_removes() {
         err.contains("HTTP 400: inputs[1].elements: size mismatch"),
         "{err}"
     );
+    // safetensors in a file, outputs to a file.
+    let a: Vec<u8> = [1f32, 2.0].iter().flat_map(|f| f.to_le_bytes()).collect();
+    let views = vec![
+        (
+            "a",
+            safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![2], &a).unwrap(),
+        ),
+        (
+            "b",
+            safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![2], &a).unwrap(),
+        ),
+    ];
+    let meta = std::collections::HashMap::from([("k".to_string(), "3".to_string())]);
+    let data = dir.0.join("in.safetensors");
+    std::fs::write(&data, safetensors::serialize(views, Some(meta)).unwrap()).unwrap();
+    let out_file = dir.0.join("out.safetensors");
+    let (code, _, err) = cumux(&[
+        "invoke",
+        "vadd",
+        "--data",
+        data.to_str().unwrap(),
+        "--out",
+        out_file.to_str().unwrap(),
+    ]);
+    assert_eq!(code, Some(0), "{err}");
+    let bytes = std::fs::read(&out_file).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let c: Vec<f32> = st
+        .tensor("c")
+        .unwrap()
+        .data()
+        .chunks(4)
+        .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+        .collect();
+    assert_eq!(c, [6.0, 12.0]);
     // A fat binary (nvcc's, with PTX in it) goes as base64.
     let fatbin =
         cumux_testkit::workspace_root().join("crates/fatbin/tests/fixtures/default.fatbin");
