@@ -206,9 +206,14 @@ fn choose_devices(
     }
 }
 
-/// Binds `at` for `/metrics` and serves it from a thread of its own; the
-/// address bound (port 0 picks one).
-fn serve_metrics(at: &str, insecure: bool, server: &Arc<Server>) -> Result<std::net::SocketAddr> {
+/// Binds `at` for `/metrics` (with the metrics of `functions`, if served)
+/// and serves it from a thread of its own; the address bound (port 0 picks one).
+fn serve_metrics(
+    at: &str,
+    insecure: bool,
+    server: &Arc<Server>,
+    functions: Option<Arc<cumux_functions::Functions>>,
+) -> Result<std::net::SocketAddr> {
     if !insecure && !loopback_only(at)? {
         bail!(
             "--metrics {at}: the metrics name tenants and programs, and anyone who reaches \
@@ -219,7 +224,7 @@ fn serve_metrics(at: &str, insecure: bool, server: &Arc<Server>) -> Result<std::
     let listener =
         std::net::TcpListener::bind(at).with_context(|| format!("cannot serve metrics on {at}"))?;
     let bound = listener.local_addr()?;
-    crate::metrics_http::start(listener, Arc::clone(server))?;
+    crate::metrics_http::start(listener, Arc::clone(server), functions)?;
     Ok(bound)
 }
 
@@ -230,7 +235,7 @@ fn serve_functions(
     insecure: bool,
     server: &Arc<Server>,
     max_body: Option<u64>,
-) -> Result<std::net::SocketAddr> {
+) -> Result<(std::net::SocketAddr, Arc<cumux_functions::Functions>)> {
     if !insecure && !loopback_only(at)? {
         bail!(
             "--functions {at}: the functions API is plain HTTP, so tenants' tokens and data \
@@ -246,8 +251,8 @@ fn serve_functions(
         .with_context(|| format!("cannot serve functions on {at}"))?;
     let bound = listener.local_addr()?;
     let functions = Arc::new(cumux_functions::Functions::new(Arc::clone(server), limits));
-    crate::functions_http::start(listener, functions)?;
-    Ok(bound)
+    crate::functions_http::start(listener, Arc::clone(&functions))?;
+    Ok((bound, functions))
 }
 
 pub fn serve(options: ServeOptions) -> Result<()> {
@@ -352,16 +357,21 @@ pub fn serve(options: ServeOptions) -> Result<()> {
     if let Some(warning) = access {
         tracing::warn!("{warning}");
     }
-    let metrics = match settings.metrics.as_deref() {
-        Some(at) => Some(serve_metrics(at, options.insecure, &server)?),
-        None => None,
-    };
     let functions = match settings.functions.as_deref() {
         Some(at) => Some(serve_functions(
             at,
             options.insecure,
             &server,
             settings.functions_max_body,
+        )?),
+        None => None,
+    };
+    let metrics = match settings.metrics.as_deref() {
+        Some(at) => Some(serve_metrics(
+            at,
+            options.insecure,
+            &server,
+            functions.as_ref().map(|(_, f)| Arc::clone(f)),
         )?),
         None => None,
     };
@@ -385,7 +395,7 @@ pub fn serve(options: ServeOptions) -> Result<()> {
     if let Some(at) = metrics {
         line += &format!("; metrics on http://{at}/metrics");
     }
-    if let Some(at) = functions {
+    if let Some((at, _)) = &functions {
         line += &format!("; functions on http://{at}/v1/functions");
     }
     println!("{line}");

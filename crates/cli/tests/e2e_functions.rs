@@ -30,6 +30,8 @@ fn ptx() -> String {
 struct FnServer {
     child: Child,
     url: String,
+    /// The line it printed once it listened.
+    line: String,
     dir: TempDir,
 }
 
@@ -63,7 +65,12 @@ impl FnServer {
             .and_then(|rest| rest.split("/v1/functions").next())
             .unwrap_or_else(|| panic!("no functions address in {line:?}"))
             .to_string();
-        FnServer { child, url, dir }
+        FnServer {
+            child,
+            url,
+            line,
+            dir,
+        }
     }
 
     fn client(&self, token: Option<&str>) -> FnClient {
@@ -418,7 +425,7 @@ fn limits_tokens_and_tenants() {
 
 #[test]
 fn a_fault_fails_one_invocation_and_the_next_works() {
-    let server = FnServer::start(&[]);
+    let server = FnServer::start(&["--metrics", "127.0.0.1:0"]);
     let alice = server.client(Some(ALICE));
     assert_eq!(register(&alice, "vadd", vadd_plan()).status, 200);
     let boom = json!({
@@ -446,6 +453,33 @@ fn a_fault_fails_one_invocation_and_the_next_works() {
         );
         assert_eq!(out, [4.0, 6.0], "{}", server.log());
     }
+    // /metrics counts each function's invocations by status.
+    let at = server
+        .line
+        .split("metrics on http://")
+        .nth(1)
+        .and_then(|rest| rest.split("/metrics").next())
+        .unwrap_or_else(|| panic!("no metrics address in {:?}", server.line));
+    let scraper = FnClient::new(&format!("http://{at}"), None, false).unwrap();
+    let text = String::from_utf8(
+        scraper
+            .request("GET", "/metrics", None, None, Vec::new())
+            .unwrap()
+            .body,
+    )
+    .unwrap();
+    for series in [
+        "cumux_function_invocations_total{function=\"boom\",status=\"500\",tenant=\"alice\"} 2",
+        "cumux_function_invocations_total{function=\"vadd\",status=\"200\",tenant=\"alice\"} 2",
+        "cumux_functions{tenant=\"alice\"} 2",
+    ] {
+        assert!(text.contains(series), "{series}\n{text}");
+    }
+    // The lane's session is the tenant's, in the server's own figures.
+    assert!(
+        text.contains("cumux_tenant_launches_total{tenant=\"alice\"}"),
+        "{text}"
+    );
 }
 
 #[test]

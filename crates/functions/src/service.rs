@@ -80,6 +80,7 @@ pub struct Functions {
     pub limits: Limits,
     registry: Mutex<BTreeMap<String, Entry>>,
     lanes: Mutex<HashMap<(String, usize), Arc<Lane>>>,
+    stats: crate::metrics::Stats,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -107,6 +108,7 @@ impl Functions {
             limits,
             registry: Mutex::new(BTreeMap::new()),
             lanes: Mutex::new(HashMap::new()),
+            stats: crate::metrics::Stats::default(),
         }
     }
 
@@ -357,6 +359,7 @@ impl Functions {
             }
         })??;
         lock(&self.registry).remove(name);
+        self.stats.forget(&tenant.0, name);
         self.unload_on(tenant, device, name);
         tracing::info!(tenant = %tenant.0, function = name, "function removed");
         Ok(())
@@ -420,7 +423,22 @@ impl Functions {
             params,
             deadline: Instant::now() + wait,
         };
-        let lane = self.lane(tenant, device)?;
-        lane.run(inv.deadline, move |state| invoke::run(state, &inv))
+        let started = Instant::now();
+        let result = self
+            .lane(tenant, device)
+            .and_then(|lane| lane.run(inv.deadline, move |state| invoke::run(state, &inv)));
+        let status = result.as_ref().err().map_or(200, Failure::status);
+        self.stats
+            .record(&tenant.0, name, status, started.elapsed());
+        result
+    }
+
+    /// The functions' metrics, in Prometheus' text format.
+    pub fn metrics(&self) -> prometheus::Result<String> {
+        let mut registered = BTreeMap::new();
+        for e in lock(&self.registry).values() {
+            *registered.entry(e.owner.clone()).or_insert(0) += 1;
+        }
+        self.stats.render(&registered)
     }
 }
