@@ -56,10 +56,11 @@ class Client:
         _, reply = self._request(method, path, body, "application/json" if body else None)
         return json.loads(reply)
 
-    def register(self, name, module, plan, device=None):
+    def register(self, name, module, plan, device=None, invokers=()):
         """Registers (or replaces) function `name`: `module` is PTX text (str)
-        or a cubin or fat binary (bytes); `plan` a dict. Its description."""
-        doc = {"plan": plan}
+        or a cubin or fat binary (bytes); `plan` a dict; `invokers` other
+        tenants that may invoke it. Its description."""
+        doc = {"plan": plan, "invokers": list(invokers)}
         if isinstance(module, str):
             doc["module"] = module
         else:

@@ -39,6 +39,10 @@ pub enum FnCommand {
         /// Where to load it: auto (a GPU if the tenant has one), gpu or cpu.
         #[arg(long)]
         device: Option<String>,
+        /// Another tenant that may invoke it (repeatable); it runs in that
+        /// tenant's own session, on its quota.
+        #[arg(long = "invoker")]
+        invokers: Vec<String>,
     },
     /// Invoke a function; prints its outputs as JSON (or writes them with --out).
     Invoke {
@@ -96,12 +100,13 @@ pub fn run(options: FnOptions) -> Result<()> {
             module,
             plan,
             device,
+            invokers,
         } => {
             let image = std::fs::read(&module).with_context(|| format!("{}", module.display()))?;
             let plan_text = std::fs::read(&plan).with_context(|| format!("{}", plan.display()))?;
             let plan: serde_json::Value = serde_json::from_slice(&plan_text)
                 .with_context(|| format!("{} is not JSON", plan.display()))?;
-            let mut body = serde_json::json!({ "plan": plan });
+            let mut body = serde_json::json!({ "plan": plan, "invokers": invokers });
             match String::from_utf8(image) {
                 Ok(text) if !text.contains('\0') => body["module"] = text.into(),
                 Ok(text) => {

@@ -174,7 +174,8 @@ async fn remove(
 }
 
 /// `PUT /v1/functions/{name}`: `{"plan": {...}, "module": PTX}` or
-/// `{"plan": {...}, "module_base64": BYTES}` (cubin, fat binary).
+/// `{"plan": {...}, "module_base64": BYTES}` (cubin, fat binary), and
+/// optionally `"invokers": [TENANT, …]`, the other tenants that may invoke it.
 async fn register(
     State(f): State<Arc<Functions>>,
     Path(name): Path<String>,
@@ -187,26 +188,26 @@ async fn register(
         .and_then(|()| Placement::parse(q.get("device").map(String::as_str)))
         .and_then(|placement| Ok((placement, body(raw, limit)?)))
         .and_then(|(placement, bytes)| Ok((placement, registration(&bytes)?)));
-    let (placement, (module, plan)) = match parsed {
+    let (placement, (module, plan, invokers)) = match parsed {
         Ok(p) => p,
         Err(e) => return refuse(&e),
     };
-    answer(
-        blocking(f, &headers, move |f, t| {
-            f.register(t, &name, placement, module, plan)
-        })
-        .await,
-    )
+    let registered = blocking(f, &headers, move |f, t| {
+        f.register(t, &name, placement, module, plan, invokers)
+    });
+    answer(registered.await)
 }
 
-/// The module and plan of a registration body.
-fn registration(bytes: &[u8]) -> Result<(Vec<u8>, Json_), Failure> {
+/// The module, plan and other invokers of a registration body.
+fn registration(bytes: &[u8]) -> Result<(Vec<u8>, Json_, Vec<String>), Failure> {
     #[derive(serde::Deserialize)]
     #[serde(deny_unknown_fields)]
     struct Doc {
         plan: Json_,
         module: Option<String>,
         module_base64: Option<String>,
+        #[serde(default)]
+        invokers: Vec<String>,
     }
     let doc: Doc = serde_json::from_slice(bytes).map_err(|e| {
         Failure::BadRequest(format!(
@@ -224,7 +225,7 @@ fn registration(bytes: &[u8]) -> Result<(Vec<u8>, Json_), Failure> {
             ))
         }
     };
-    Ok((module, doc.plan))
+    Ok((module, doc.plan, doc.invokers))
 }
 
 /// Whether a media type names the binary tensor form.

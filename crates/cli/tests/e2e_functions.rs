@@ -424,6 +424,86 @@ fn limits_tokens_and_tenants() {
 }
 
 #[test]
+fn a_function_shared_with_a_tenant_runs_in_that_tenants_own_session() {
+    let server = FnServer::start(&[]);
+    let (alice, bob, carol) = (
+        server.client(Some(ALICE)),
+        server.client(Some(BOB)),
+        server.client(Some(CAROL)),
+    );
+    let share = |plan: Value| {
+        let body = json!({ "plan": plan, "module": ptx(), "invokers": ["bob"] });
+        alice
+            .json("PUT", "/v1/functions/vadd?device=cpu", &body)
+            .unwrap()
+    };
+    assert_eq!(share(vadd_plan()).status, 200);
+    let run = |client: &FnClient| {
+        invoke(
+            client,
+            "vadd",
+            json!({"inputs": {"a": [1, 2], "b": [3, 4]}}),
+        )
+    };
+    assert_eq!(floats(&run(&bob), "c"), [4.0, 6.0]);
+    assert_eq!(
+        error(&run(&carol), 403),
+        "function \"vadd\" is another tenant's"
+    );
+    // Bob sees it, and may not replace or remove it.
+    let listed = bob
+        .request("GET", "/v1/functions", None, None, Vec::new())
+        .unwrap();
+    assert_eq!(listed.json()["functions"][0]["tenant"], "alice");
+    assert_eq!(register(&bob, "vadd", vadd_plan()).status, 403);
+    let r = bob
+        .request("DELETE", "/v1/functions/vadd", None, None, Vec::new())
+        .unwrap();
+    assert_eq!(r.status, 403);
+    // Registered again, bob's lane loads the new module and runs the new plan.
+    let mut doubled = vadd_plan();
+    doubled["params"][0]["default"] = json!(2);
+    assert_eq!(share(doubled).status, 200);
+    assert_eq!(floats(&run(&bob), "c"), [8.0, 12.0]);
+    // It ran in bob's own session (his tenant's figures), not alice's.
+    let sessions = String::from_utf8(
+        Command::new(CUMUX)
+            .args(["status", "--json", "--server"])
+            .arg(format!("unix:{}", server.dir.0.join("s.sock").display()))
+            .output()
+            .unwrap()
+            .stdout,
+    )
+    .unwrap();
+    let status: Value = serde_json::from_str(&sessions).unwrap();
+    let mut programs: Vec<(String, String)> = status["sessions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| {
+            (
+                s["tenant"].as_str().unwrap().into(),
+                s["program"].as_str().unwrap().into(),
+            )
+        })
+        .collect();
+    programs.sort();
+    assert_eq!(
+        programs,
+        [
+            ("alice".to_string(), "cumux-functions (alice)".to_string()),
+            ("bob".to_string(), "cumux-functions (bob)".to_string())
+        ]
+    );
+    // Removed, it is gone for bob too.
+    let r = alice
+        .request("DELETE", "/v1/functions/vadd", None, None, Vec::new())
+        .unwrap();
+    assert_eq!(r.status, 200);
+    assert_eq!(run(&bob).status, 404);
+}
+
+#[test]
 fn a_fault_fails_one_invocation_and_the_next_works() {
     let server = FnServer::start(&["--metrics", "127.0.0.1:0"]);
     let alice = server.client(Some(ALICE));

@@ -30,6 +30,9 @@ pub struct Invocation {
     pub plan: Arc<Plan>,
     /// The plans of every function it calls, directly or not, by name.
     pub callees: HashMap<String, Arc<Plan>>,
+    /// The module (registration version and image) of it and of every
+    /// function it calls, by name.
+    pub modules: HashMap<String, (u64, Arc<Vec<u8>>)>,
     pub inputs: BTreeMap<String, Tensor>,
     pub params: BTreeMap<String, Value>,
     pub deadline: Instant,
@@ -239,7 +242,7 @@ impl Runner<'_> {
                 }
             }
         }
-        let module = self.state.module(&call.function)?;
+        let module = module_of(self.state, self.inv, &call.function)?;
         let frame = Frame {
             prefix: format!("{}{path} → {:?}: ", caller.prefix, call.function),
             plan,
@@ -249,6 +252,15 @@ impl Runner<'_> {
         };
         self.steps(&frame, &plan.steps, depth)
     }
+}
+
+/// The module of function `name` of the invocation, loaded in the lane.
+fn module_of(state: &mut LaneState, inv: &Invocation, name: &str) -> Result<ModuleInfo, Failure> {
+    let (version, image) = inv
+        .modules
+        .get(name)
+        .ok_or_else(|| Failure::NotFound(format!("function {name:?} is gone")))?;
+    state.module(name, *version, image)
 }
 
 fn at_function(frame: &Frame<'_>, text: String) -> String {
@@ -282,7 +294,7 @@ pub fn run(state: &mut LaneState, inv: &Invocation) -> Result<BTreeMap<String, T
         .map(|(n, t)| (n.clone(), t.elements()))
         .collect();
     let env = Env::new(plan, &sizes, &inv.params).map_err(Failure::BadRequest)?;
-    let module = state.module(&inv.function)?;
+    let module = module_of(state, inv, &inv.function)?;
     let mut runner = Runner {
         state,
         inv,

@@ -35,6 +35,8 @@ type Canceller = Box<dyn FnOnce() + Send>;
 /// A module of one function, loaded in the lane's session (or to be).
 struct Loaded {
     image: Arc<Vec<u8>>,
+    /// The registration it is of (a function registered again is loaded again).
+    version: u64,
     info: Option<ModuleInfo>,
 }
 
@@ -351,9 +353,10 @@ impl LaneState {
 
     /// Makes a module [`LaneState::load_candidate`] loaded function `name`'s;
     /// the module it replaces is unloaded.
-    pub fn commit(&mut self, name: &str, image: Arc<Vec<u8>>, info: ModuleInfo) {
+    pub fn commit(&mut self, name: &str, image: Arc<Vec<u8>>, version: u64, info: ModuleInfo) {
         let loaded = Loaded {
             image,
+            version,
             info: Some(info),
         };
         if let Some(Loaded {
@@ -396,14 +399,32 @@ impl LaneState {
         }
     }
 
-    /// The module of function `name` as loaded now (the session first made
-    /// whole).
-    pub fn module(&mut self, name: &str) -> Result<ModuleInfo, Failure> {
+    /// The module of registration `version` of function `name` (its
+    /// `image`), loaded in this lane's session now if it is not yet (a lane
+    /// of a tenant the owner shares the function with, or after the owner
+    /// registered it again).
+    pub fn module(
+        &mut self,
+        name: &str,
+        version: u64,
+        image: &Arc<Vec<u8>>,
+    ) -> Result<ModuleInfo, Failure> {
         self.session()?;
-        self.modules
-            .get(name)
-            .and_then(|l| l.info.clone())
-            .ok_or_else(|| Failure::NotFound(format!("function {name:?} was removed")))
+        if let Some(Loaded {
+            version: v,
+            info: Some(info),
+            ..
+        }) = self.modules.get(name)
+        {
+            if *v == version {
+                return Ok(info.clone());
+            }
+        }
+        let info = self
+            .load_image(image)
+            .map_err(|e| device(format!("loading the module of function {name:?}"), e))?;
+        self.commit(name, Arc::clone(image), version, info.clone());
+        Ok(info)
     }
 
     /// The size class of a buffer of `bytes`.

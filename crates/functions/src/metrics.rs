@@ -38,9 +38,9 @@ impl Stats {
         entry.seconds += took.as_secs_f64();
     }
 
-    /// Forgets a removed function's counters.
-    pub fn forget(&self, tenant: &str, function: &str) {
-        lock(&self.counts).remove(&(tenant.to_string(), function.to_string()));
+    /// Forgets a removed function's counters (of every tenant that invoked it).
+    pub fn forget(&self, function: &str) {
+        lock(&self.counts).retain(|(_, f), _| f != function);
     }
 
     /// The metrics now, with `registered` functions per tenant.
@@ -113,7 +113,7 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("cumux_functions{tenant=\"a\"} 1"), "{text}");
-        stats.forget("a", "f");
+        stats.forget("f");
         assert!(!stats
             .render(&registered)
             .unwrap()

@@ -21,6 +21,8 @@ use crate::tensors::{self, Request, Tensor};
 pub const MAX_FUNCTIONS_PER_TENANT: usize = 256;
 /// Longest function name (bytes).
 pub const MAX_FUNCTION_NAME: usize = 64;
+/// Most tenants a function may be shared with.
+pub const MAX_INVOKERS: usize = 64;
 
 /// Where a function's module is loaded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -72,6 +74,19 @@ struct Entry {
     plan: Arc<Plan>,
     doc: Json,
     kernels: Vec<String>,
+    image: Arc<Vec<u8>>,
+    /// Which registration this is (server-wide, rising): a lane holding an
+    /// older one's module loads this one.
+    version: u64,
+    /// Other tenants that may invoke it (each in its own lane: its quota,
+    /// its share of the device).
+    invokers: Vec<String>,
+}
+
+impl Entry {
+    fn may_invoke(&self, tenant: &str) -> bool {
+        self.owner == tenant || self.invokers.iter().any(|t| t == tenant)
+    }
 }
 
 /// Every registered function and the lanes that run them.
@@ -81,6 +96,7 @@ pub struct Functions {
     registry: Mutex<BTreeMap<String, Entry>>,
     lanes: Mutex<HashMap<(String, usize), Arc<Lane>>>,
     stats: crate::metrics::Stats,
+    versions: std::sync::atomic::AtomicU64,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -109,6 +125,7 @@ impl Functions {
             registry: Mutex::new(BTreeMap::new()),
             lanes: Mutex::new(HashMap::new()),
             stats: crate::metrics::Stats::default(),
+            versions: std::sync::atomic::AtomicU64::new(1),
         }
     }
 
@@ -171,11 +188,31 @@ impl Functions {
         name: &str,
         f: impl FnOnce(&Entry, &BTreeMap<String, Entry>) -> T,
     ) -> Result<T, Failure> {
+        self.entry(name, |e| e.owner == tenant, f)
+    }
+
+    /// The entry `name`, if `tenant` may invoke it (its owner, or one it is
+    /// shared with).
+    fn invocable<T>(
+        &self,
+        tenant: &str,
+        name: &str,
+        f: impl FnOnce(&Entry, &BTreeMap<String, Entry>) -> T,
+    ) -> Result<T, Failure> {
+        self.entry(name, |e| e.may_invoke(tenant), f)
+    }
+
+    fn entry<T>(
+        &self,
+        name: &str,
+        allowed: impl FnOnce(&Entry) -> bool,
+        f: impl FnOnce(&Entry, &BTreeMap<String, Entry>) -> T,
+    ) -> Result<T, Failure> {
         let registry = lock(&self.registry);
         let entry = registry
             .get(name)
             .ok_or_else(|| Failure::NotFound(format!("no function {name:?}")))?;
-        if entry.owner != tenant {
+        if !allowed(entry) {
             return Err(Failure::Forbidden(format!(
                 "function {name:?} is another tenant's"
             )));
@@ -186,6 +223,7 @@ impl Functions {
     /// Registers (or replaces) function `name` of `tenant`: the module loaded
     /// on the device, the plan checked against its kernels and the functions
     /// it calls. A description of it.
+    /// `invokers` are the other tenants that may invoke it.
     pub fn register(
         &self,
         tenant: &(String, TenantSettings),
@@ -193,8 +231,23 @@ impl Functions {
         placement: Placement,
         module: Vec<u8>,
         plan_doc: Json,
+        invokers: Vec<String>,
     ) -> Result<Json, Failure> {
         check_function_name(name)?;
+        if invokers.len() > MAX_INVOKERS {
+            return Err(Failure::BadRequest(format!(
+                "invokers: at most {MAX_INVOKERS} tenants"
+            )));
+        }
+        if let Some((i, bad)) = invokers.iter().enumerate().find(|(_, t)| {
+            t.is_empty()
+                || t.len() > cumux_server::tenants::MAX_TENANT_NAME
+                || t.chars().any(char::is_control)
+        }) {
+            return Err(Failure::BadRequest(format!(
+                "invokers[{i}]: {bad:?} is not a tenant name"
+            )));
+        }
         let plan_bytes = serde_json::to_vec(&plan_doc)
             .map_err(|e| Failure::Internal(format!("the plan: {e}")))?;
         let plan = Arc::new(crate::plan::parse(&plan_bytes).map_err(Failure::BadRequest)?);
@@ -254,6 +307,10 @@ impl Functions {
         }
         let lane = self.lane(tenant, device)?;
         let image = Arc::new(module);
+        let kept_image = Arc::clone(&image);
+        let version = self
+            .versions
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let checked_plan = Arc::clone(&plan);
         let fname = name.to_string();
         let deadline = Instant::now() + self.limits.max_deadline;
@@ -265,7 +322,7 @@ impl Functions {
                 state.unload_module(info.module);
                 return Err(Failure::BadRequest(why));
             }
-            state.commit(&fname, image, info);
+            state.commit(&fname, image, version, info);
             Ok(names)
         })?;
         // Another tenant may have taken the name meanwhile: the first stays.
@@ -290,6 +347,9 @@ impl Functions {
                 plan,
                 doc: plan_doc,
                 kernels,
+                image: kept_image,
+                version,
+                invokers,
             },
         );
         tracing::info!(tenant = %tenant.0, function = name, device, "function registered");
@@ -322,6 +382,7 @@ impl Functions {
             "backend": device.map(|i| i.backend.to_string()),
             "device_name": device.map(|i| i.name.clone()),
             "kernels": e.kernels,
+            "invokers": e.invokers,
             "inputs": buffers(BufferKind::Input),
             "outputs": buffers(BufferKind::Output),
             "params": e.plan.params.iter().map(|p| json!({"name": p.name, "dtype": p.dtype.name()})).collect::<Vec<_>>(),
@@ -334,15 +395,15 @@ impl Functions {
         let registry = lock(&self.registry);
         let list: Vec<Json> = registry
             .iter()
-            .filter(|(_, e)| e.owner == tenant)
+            .filter(|(_, e)| e.may_invoke(tenant))
             .map(|(n, e)| self.describe_entry(n, e))
             .collect();
         json!({ "functions": list })
     }
 
-    /// Function `name`, described.
+    /// Function `name`, described (to its owner and those it is shared with).
     pub fn describe(&self, tenant: &str, name: &str) -> Result<Json, Failure> {
-        self.owned(tenant, name, |e, _| self.describe_entry(name, e))
+        self.invocable(tenant, name, |e, _| self.describe_entry(name, e))
     }
 
     /// Removes function `name` (refused while another function calls it).
@@ -359,20 +420,33 @@ impl Functions {
             }
         })??;
         lock(&self.registry).remove(name);
-        self.stats.forget(&tenant.0, name);
-        self.unload_on(tenant, device, name);
+        self.stats.forget(name);
+        // Every lane on its device may hold it (those of tenants it was shared with).
+        let lanes: Vec<Arc<Lane>> = lock(&self.lanes)
+            .iter()
+            .filter(|((_, d), _)| *d == device)
+            .map(|(_, lane)| Arc::clone(lane))
+            .collect();
+        for lane in lanes {
+            let fname = name.to_string();
+            let deadline = Instant::now() + self.limits.max_deadline;
+            let _ = lane.run(deadline, move |state| {
+                state.remove(&fname);
+                Ok(())
+            });
+        }
         tracing::info!(tenant = %tenant.0, function = name, "function removed");
         Ok(())
     }
 
-    /// The dtype of input `input` of function `name` (for JSON bodies that
-    /// give bare lists), if `tenant` owns it.
+    /// The dtype of each input of function `name` (for JSON bodies that give
+    /// bare lists), if `tenant` may invoke it.
     pub fn input_dtypes(
         &self,
         tenant: &str,
         name: &str,
     ) -> Result<HashMap<String, DType>, Failure> {
-        self.owned(tenant, name, |e, _| {
+        self.invocable(tenant, name, |e, _| {
             e.plan
                 .of_kind(BufferKind::Input)
                 .map(|(_, b)| (b.name.clone(), b.dtype))
@@ -389,8 +463,10 @@ impl Functions {
         request: Request,
         deadline: Option<Duration>,
     ) -> Result<BTreeMap<String, Tensor>, Failure> {
-        let (plan, device, callees) = self.owned(&tenant.0, name, |e, registry| {
+        let (plan, device, callees, modules) = self.invocable(&tenant.0, name, |e, registry| {
             let mut callees = HashMap::new();
+            let mut modules =
+                HashMap::from([(name.to_string(), (e.version, Arc::clone(&e.image)))]);
             let mut todo: Vec<Arc<Plan>> = vec![Arc::clone(&e.plan)];
             while let Some(p) = todo.pop() {
                 for call in p.calls() {
@@ -399,15 +475,20 @@ impl Functions {
                     {
                         continue;
                     }
+                    // A shared function's callees are its owner's, run as the invoker.
                     if let Some(callee) =
                         registry.get(&call.function).filter(|c| c.owner == e.owner)
                     {
                         callees.insert(call.function.clone(), Arc::clone(&callee.plan));
+                        modules.insert(
+                            call.function.clone(),
+                            (callee.version, Arc::clone(&callee.image)),
+                        );
                         todo.push(Arc::clone(&callee.plan));
                     }
                 }
             }
-            (Arc::clone(&e.plan), e.device, callees)
+            (Arc::clone(&e.plan), e.device, callees, modules)
         })?;
         let dtype_of = |n: &str| plan.params.iter().find(|p| p.name == n).map(|p| p.dtype);
         let params =
@@ -419,6 +500,7 @@ impl Functions {
             function: name.to_string(),
             plan,
             callees,
+            modules,
             inputs: request.tensors,
             params,
             deadline: Instant::now() + wait,

@@ -62,16 +62,30 @@ fn vadd() -> serde_json::Value {
 fn tenants_invoke_side_by_side_through_their_own_sessions() {
     let (server, f) = service();
     for name in ["a", "b"] {
-        f.register(&tenant(&f, name), "vadd", Placement::Cpu, ptx(), vadd())
-            .map(|_| ())
-            .or_else(|e| match (name, e) {
-                // Function names are the server's: b cannot take a's.
-                ("b", Failure::Forbidden(_)) => f
-                    .register(&tenant(&f, "b"), "vadd_b", Placement::Cpu, ptx(), vadd())
-                    .map(|_| ()),
-                (_, e) => Err(e),
-            })
-            .unwrap();
+        f.register(
+            &tenant(&f, name),
+            "vadd",
+            Placement::Cpu,
+            ptx(),
+            vadd(),
+            vec![],
+        )
+        .map(|_| ())
+        .or_else(|e| match (name, e) {
+            // Function names are the server's: b cannot take a's.
+            ("b", Failure::Forbidden(_)) => f
+                .register(
+                    &tenant(&f, "b"),
+                    "vadd_b",
+                    Placement::Cpu,
+                    ptx(),
+                    vadd(),
+                    vec![],
+                )
+                .map(|_| ()),
+            (_, e) => Err(e),
+        })
+        .unwrap();
     }
     let threads: Vec<_> = (0..8)
         .map(|i| {
@@ -122,7 +136,7 @@ fn a_full_lane_turns_the_surplus_away() {
         "outputs": [{"name": "x", "dtype": "f32", "elements": 1}],
         "launches": [{"kernel": "spin", "grid": 1, "block": 1, "args": [{"buffer": "x"}]}]
     });
-    f.register(&t, "spin", Placement::Auto, ptx(), spin)
+    f.register(&t, "spin", Placement::Auto, ptx(), spin, vec![])
         .unwrap();
     let threads: Vec<_> = (0..cumux_functions::lane::MAX_QUEUED + 8)
         .map(|_| {
@@ -161,7 +175,8 @@ fn a_queued_invocations_deadline_leaves_the_running_one_alone() {
         "outputs": [{"name": "x", "dtype": "f32", "elements": 1}],
         "launches": [{"kernel": "busy", "grid": 1, "block": 1, "args": [{"buffer": "x"}, {"u32": "n"}]}]
     });
-    f.register(&t, "busy", Placement::Cpu, ptx(), busy).unwrap();
+    f.register(&t, "busy", Placement::Cpu, ptx(), busy, vec![])
+        .unwrap();
     let request = |n: u32| Request {
         tensors: Default::default(),
         params: [("n".to_string(), json!(n))].into(),
