@@ -23,6 +23,8 @@ use crate::tensors::Tensor;
 
 /// Most launches one invocation may issue, loops and calls included.
 pub const MAX_LAUNCHES: u64 = 1 << 20;
+/// Most steps (launches, loop turns, calls) one invocation may take.
+pub const MAX_STEPS_RUN: u64 = 1 << 22;
 
 /// What an invocation runs, with what.
 pub struct Invocation {
@@ -55,6 +57,8 @@ struct Runner<'a> {
     /// Buffers taken from the lane's pool.
     allocated: Vec<Buffer>,
     launches: u64,
+    /// Steps taken so far (see [`MAX_STEPS_RUN`]).
+    steps_run: u64,
 }
 
 impl Runner<'_> {
@@ -120,6 +124,13 @@ impl Runner<'_> {
                 return Err(Failure::Deadline(
                     "the invocation ran past its deadline".into(),
                 ));
+            }
+            self.steps_run += 1;
+            if self.steps_run > MAX_STEPS_RUN {
+                return Err(Failure::BadRequest(at_function(
+                    frame,
+                    format!("more than {MAX_STEPS_RUN} steps in one invocation"),
+                )));
             }
             match step {
                 Step::Launch(launch) => {
@@ -300,6 +311,7 @@ pub fn run(state: &mut LaneState, inv: &Invocation) -> Result<BTreeMap<String, T
         inv,
         allocated: Vec::new(),
         launches: 0,
+        steps_run: 0,
     };
     let result = run_in(&mut runner, env, module);
     if result.is_err() {

@@ -265,6 +265,9 @@ impl Checker<'_> {
                 let value = value.map_err(|why| format!("{path}.repeat: {why}"))?;
                 count(value, 0, MAX_REPEAT).map_err(|why| format!("{path}.repeat: {why}"))?;
             }
+            if inner.is_empty() {
+                return Err(format!("{path}.launches: a loop needs at least one step"));
+            }
             let steps = self.steps(&format!("{path}.launches"), inner, depth + 1)?;
             return Ok(Step::Loop {
                 path: path.to_string(),
@@ -532,6 +535,10 @@ mod tests {
         assert!(bad(r#""block": [32], "#, "").starts_with("launches[1].launches[0].block: missing"));
         assert!(bad(r#""kernel": "scale", "#, "")
             .starts_with("launches[1].launches[0]: a step is one of"));
+        assert_eq!(
+            checked(r#"{"launches": [{"repeat": 2, "launches": []}]}"#).unwrap_err(),
+            "launches[0].launches: a loop needs at least one step"
+        );
         assert_eq!(
             bad(
                 r#""kernel": "vadd", "#,
