@@ -135,6 +135,7 @@ async fn blocking<T: Send + 'static>(
 ) -> Result<T, Failure> {
     let token = token(headers);
     tokio::task::spawn_blocking(move || {
+        let _serving = functions.begin()?;
         let tenant = functions.authenticate(token.as_deref())?;
         work(&functions, &tenant)
     })

@@ -4,7 +4,7 @@
 
 use std::io::Write;
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
@@ -333,6 +333,9 @@ pub fn serve(options: ServeOptions) -> Result<()> {
     // From here on SIGTERM and SIGINT drain the server (a second stops it).
     let shutdown = Shutdown::new().context("cannot make the shutdown handle")?;
     let pull = shutdown.clone();
+    // The functions API, once it serves: it stops taking requests too.
+    let functions_slot: Arc<OnceLock<Arc<cumux_functions::Functions>>> = Arc::default();
+    let functions_stop = Arc::clone(&functions_slot);
     signals::on_stop_signals(move |count, signal| {
         let name = if signal == libc::SIGINT {
             "SIGINT"
@@ -344,6 +347,9 @@ pub fn serve(options: ServeOptions) -> Result<()> {
             notify::tell("STOPPING=1\nSTATUS=draining");
         } else {
             tracing::warn!("{name} again: stopping now");
+        }
+        if let Some(functions) = functions_stop.get() {
+            functions.stop_taking(count > 1);
         }
         pull.request();
     })
@@ -366,6 +372,9 @@ pub fn serve(options: ServeOptions) -> Result<()> {
         )?),
         None => None,
     };
+    if let Some((_, f)) = &functions {
+        let _ = functions_slot.set(Arc::clone(f));
+    }
     let metrics = match settings.metrics.as_deref() {
         Some(at) => Some(serve_metrics(
             at,
@@ -406,6 +415,13 @@ pub fn serve(options: ServeOptions) -> Result<()> {
         .serve_until(Arc::clone(&server), &shutdown, drain_timeout)
         .context("the accept loop failed")?;
     // `bound` is gone: the socket file with it.
+    // Function requests in flight may finish too, within the same grace.
+    if let Some((_, f)) = &functions {
+        match f.wait_idle(drain_timeout) {
+            0 => {}
+            left => tracing::warn!("cumux serve: {left} function requests still running at exit"),
+        }
+    }
     let summary = format!("cumux serve: {}", drained.summary());
     if drained.open == 0 {
         tracing::info!("{summary}");

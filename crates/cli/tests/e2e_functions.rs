@@ -598,6 +598,65 @@ fn a_kernel_past_its_deadline_gets_504_and_the_lane_serves_on() {
 }
 
 #[test]
+fn sigterm_refuses_new_requests_and_lets_running_ones_finish() {
+    let mut server = FnServer::start(&[]);
+    let alice = server.client(Some(ALICE));
+    let busy = json!({
+        "params": [{"name": "n", "dtype": "u32"}],
+        "outputs": [{"name": "x", "dtype": "f32", "elements": 1}],
+        "launches": [{"kernel": "busy", "grid": 1, "block": 1, "args": [{"buffer": "x"}, {"u32": "n"}]}]
+    });
+    assert_eq!(register(&alice, "busy", busy).status, 200);
+    // How long a million turns take here (the fastest of three runs), for a
+    // run of about 3 s: it must outlast the signal and the refused request.
+    let per_million = (0..3)
+        .map(|_| {
+            let started = std::time::Instant::now();
+            let r = invoke(&alice, "busy", json!({"params": {"n": 2_000_000}}));
+            assert_eq!(r.status, 200);
+            started.elapsed().as_secs_f64() / 2.0
+        })
+        .fold(f64::INFINITY, f64::min)
+        .max(1e-4);
+    let turns = (3.0 / per_million * 1e6).min(4e9) as u64;
+    let url = server.url.clone();
+    let running = std::thread::spawn(move || {
+        let alice = FnClient::new(&url, Some(ALICE), false).unwrap();
+        invoke(&alice, "busy", json!({"params": {"n": turns}}))
+    });
+    std::thread::sleep(Duration::from_millis(150));
+    let killed = Command::new("kill")
+        .args(["-TERM", &server.child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    std::thread::sleep(Duration::from_millis(150));
+    let r = alice
+        .request("GET", "/v1/functions", None, None, Vec::new())
+        .unwrap_or_else(|e| panic!("{e:#}\n{}", server.log()));
+    assert!(error(&r, 503).contains("shutting down"), "{}", server.log());
+    let done = running.join().unwrap();
+    assert_eq!(
+        floats(&done, "x"),
+        [turns as f32 as f64],
+        "{}",
+        server.log()
+    );
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(status) = server.child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the server did not exit"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(status.success(), "{status}\n{}", server.log());
+}
+
+#[test]
 fn scratch_is_read_as_zeros() {
     let server = FnServer::start(&[]);
     let alice = server.client(Some(ALICE));

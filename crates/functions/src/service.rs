@@ -4,7 +4,8 @@
 //! calls these from a blocking thread.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use cumux_server::tenants::TenantSettings;
@@ -97,6 +98,26 @@ pub struct Functions {
     lanes: Mutex<HashMap<(String, usize), Arc<Lane>>>,
     stats: crate::metrics::Stats,
     versions: std::sync::atomic::AtomicU64,
+    drain: Drain,
+}
+
+/// The service's stop: once the server drains, new requests are refused and
+/// those in flight may finish.
+#[derive(Debug, Default)]
+struct Drain {
+    taking: AtomicBool,
+    at_once: AtomicBool,
+    since: OnceLock<Instant>,
+    in_flight: AtomicUsize,
+}
+
+/// A request being served (see [`Functions::begin`]); done at drop.
+pub struct InFlight<'a>(&'a Functions);
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.drain.in_flight.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -126,6 +147,46 @@ impl Functions {
             lanes: Mutex::new(HashMap::new()),
             stats: crate::metrics::Stats::default(),
             versions: std::sync::atomic::AtomicU64::new(1),
+            drain: Drain {
+                taking: AtomicBool::new(true),
+                ..Drain::default()
+            },
+        }
+    }
+
+    /// Starts serving a request, unless the server is shutting down.
+    pub fn begin(&self) -> Result<InFlight<'_>, Failure> {
+        self.drain.in_flight.fetch_add(1, Ordering::SeqCst);
+        let guard = InFlight(self);
+        match self.drain.taking.load(Ordering::SeqCst) {
+            true => Ok(guard),
+            false => Err(Failure::Busy(
+                "the server is shutting down: it takes no new requests".into(),
+            )),
+        }
+    }
+
+    /// Takes no new requests from now on; `at_once`: nor waits for those in
+    /// flight ([`Functions::wait_idle`]).
+    pub fn stop_taking(&self, at_once: bool) {
+        let _ = self.drain.since.set(Instant::now());
+        self.drain.taking.store(false, Ordering::SeqCst);
+        if at_once {
+            self.drain.at_once.store(true, Ordering::SeqCst);
+        }
+    }
+
+    /// Waits until no request is in flight, at most `grace` after
+    /// [`Functions::stop_taking`] (or a second stop): how many still are.
+    pub fn wait_idle(&self, grace: Duration) -> usize {
+        self.stop_taking(false);
+        let since = *self.drain.since.get_or_init(Instant::now);
+        loop {
+            let left = self.drain.in_flight.load(Ordering::SeqCst);
+            if left == 0 || self.drain.at_once.load(Ordering::SeqCst) || since.elapsed() >= grace {
+                return left;
+            }
+            std::thread::sleep(Duration::from_millis(10));
         }
     }
 
