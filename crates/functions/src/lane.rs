@@ -21,8 +21,9 @@ use crate::failure::Failure;
 /// Jobs one lane may hold queued; past it a request is told the lane is busy.
 pub const MAX_QUEUED: usize = 64;
 
-/// Bytes of free buffers a lane keeps for later invocations (they count
-/// against the tenant's quota; an allocation over it empties the pool first).
+/// Bytes of free buffers a lane keeps for later invocations, at most (and at
+/// most a quarter of the tenant's memory quota: they count against it; an
+/// allocation of the lane over the quota empties the pool first).
 pub const MAX_POOL_BYTES: u64 = 256 << 20;
 /// The smallest buffer the pool hands out.
 const MIN_BUFFER: u64 = 256;
@@ -500,7 +501,12 @@ impl LaneState {
             stream: None,
         };
         let zeroed = self.raw_call(zero).is_ok();
-        if zeroed && self.pool_bytes + class <= MAX_POOL_BYTES {
+        let limit = self
+            .tenant
+            .1
+            .memory_quota
+            .map_or(MAX_POOL_BYTES, |quota| MAX_POOL_BYTES.min(quota / 4));
+        if zeroed && self.pool_bytes + class <= limit {
             self.pool.entry(class).or_default().push(ptr);
             self.pool_bytes += class;
         } else {
