@@ -100,6 +100,17 @@ pub struct ServerSettings {
     /// (CUMUX_TLS_CERT and CUMUX_TLS_KEY on the client).
     #[arg(long)]
     pub tls_client_ca: Option<std::path::PathBuf>,
+    /// Serve the functions API on this TCP address (HOST:PORT; port 0 picks
+    /// one), at /v1/functions: tenants register a module and a plan, then
+    /// invoke it over HTTP with their token. A non-loopback address needs
+    /// --insecure.
+    #[arg(long)]
+    pub functions: Option<String>,
+    /// The largest request body the functions API takes (a module and its
+    /// plan, or an invocation's inputs), e.g. 64M (default 256 MiB); over
+    /// it a request gets 413.
+    #[arg(long, value_parser = memory_arg)]
+    pub functions_max_body: Option<u64>,
 }
 
 impl ServerSettings {
@@ -122,6 +133,8 @@ impl ServerSettings {
             tls_cert: self.tls_cert.or(fallback.tls_cert),
             tls_key: self.tls_key.or(fallback.tls_key),
             tls_client_ca: self.tls_client_ca.or(fallback.tls_client_ca),
+            functions: self.functions.or(fallback.functions),
+            functions_max_body: self.functions_max_body.or(fallback.functions_max_body),
         }
     }
 }
@@ -299,6 +312,8 @@ struct RawConfig {
     tls_cert: Option<std::path::PathBuf>,
     tls_key: Option<std::path::PathBuf>,
     tls_client_ca: Option<std::path::PathBuf>,
+    functions: Option<String>,
+    functions_max_body: Option<Bytes>,
     #[serde(default = "yes")]
     allow_unknown: bool,
     #[serde(default)]
@@ -483,6 +498,12 @@ pub fn parse(text: &str) -> Result<FileConfig> {
         tls_cert: raw.tls_cert,
         tls_key: raw.tls_key,
         tls_client_ca: raw.tls_client_ca,
+        functions: raw.functions,
+        functions_max_body: raw
+            .functions_max_body
+            .map(|m| m.get())
+            .transpose()
+            .context("functions_max_body")?,
     };
     Ok(FileConfig {
         settings,

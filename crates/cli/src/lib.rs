@@ -4,6 +4,9 @@
 
 pub mod config;
 pub mod device_plugin;
+pub mod fn_client;
+pub mod fn_cmd;
+pub mod functions_http;
 pub mod install;
 pub mod logging;
 pub mod metrics_http;

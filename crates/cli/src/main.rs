@@ -23,6 +23,9 @@ struct Cli {
 enum Command {
     /// Run the server that owns the devices.
     Serve(serve::ServeOptions),
+    /// Register, invoke, list or remove serverless GPU functions (the
+    /// functions API of `cumux serve --functions`).
+    Fn(cumux_cli::fn_cmd::FnOptions),
     /// Run an unmodified CUDA program on cumux.
     Run {
         /// The server to use: unix:PATH or tcp:HOST:PORT; several, comma-separated, give the program the devices of each, one server after another (default: $CUMUX_SERVER, else the default socket).
@@ -123,6 +126,7 @@ fn main() -> ExitCode {
             .map(|()| 0),
         Command::DevicePlugin(options) => cumux_cli::device_plugin::run(options).map(|()| 0),
         Command::Install(options) => cumux_cli::install::install(options).map(|()| 0),
+        Command::Fn(options) => cumux_cli::fn_cmd::run(options).map(|()| 0),
         Command::Worker(options) => worker::worker(options).map(|()| 0),
     };
     match result {

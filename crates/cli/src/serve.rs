@@ -4,7 +4,7 @@
 
 use std::io::Write;
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
@@ -216,9 +216,14 @@ fn choose_devices(
     }
 }
 
-/// Binds `at` for `/metrics` and serves it from a thread of its own; the
-/// address bound (port 0 picks one).
-fn serve_metrics(at: &str, insecure: bool, server: &Arc<Server>) -> Result<std::net::SocketAddr> {
+/// Binds `at` for `/metrics` (with the metrics of `functions`, if served)
+/// and serves it from a thread of its own; the address bound (port 0 picks one).
+fn serve_metrics(
+    at: &str,
+    insecure: bool,
+    server: &Arc<Server>,
+    functions: Option<Arc<cumux_functions::Functions>>,
+) -> Result<std::net::SocketAddr> {
     if !insecure && !loopback_only(at)? {
         bail!(
             "--metrics {at}: the metrics name tenants and programs, and anyone who reaches \
@@ -229,7 +234,7 @@ fn serve_metrics(at: &str, insecure: bool, server: &Arc<Server>) -> Result<std::
     let listener =
         std::net::TcpListener::bind(at).with_context(|| format!("cannot serve metrics on {at}"))?;
     let bound = listener.local_addr()?;
-    crate::metrics_http::start(listener, Arc::clone(server))?;
+    crate::metrics_http::start(listener, Arc::clone(server), functions)?;
     Ok(bound)
 }
 
@@ -276,6 +281,33 @@ fn listener_tls(
         &self_signed::names_for(host_port),
     )?;
     load(&cert, &key).map(Some)
+}
+
+/// Binds `at` for the functions API and serves it from a thread of its own;
+/// the address bound (port 0 picks one).
+fn serve_functions(
+    at: &str,
+    insecure: bool,
+    server: &Arc<Server>,
+    max_body: Option<u64>,
+) -> Result<(std::net::SocketAddr, Arc<cumux_functions::Functions>)> {
+    if !insecure && !loopback_only(at)? {
+        bail!(
+            "--functions {at}: the functions API is plain HTTP, so tenants' tokens and data \
+             would cross the network in the clear; use a loopback address (127.0.0.1:PORT) \
+             behind a TLS proxy on this host, or pass --insecure to accept that"
+        );
+    }
+    let mut limits = cumux_functions::Limits::default();
+    if let Some(bytes) = max_body {
+        limits.max_body_bytes = usize::try_from(bytes).context("--functions-max-body")?;
+    }
+    let listener = std::net::TcpListener::bind(at)
+        .with_context(|| format!("cannot serve functions on {at}"))?;
+    let bound = listener.local_addr()?;
+    let functions = Arc::new(cumux_functions::Functions::new(Arc::clone(server), limits));
+    crate::functions_http::start(listener, Arc::clone(&functions))?;
+    Ok((bound, functions))
 }
 
 pub fn serve(options: ServeOptions) -> Result<()> {
@@ -350,6 +382,9 @@ pub fn serve(options: ServeOptions) -> Result<()> {
     // From here on SIGTERM and SIGINT drain the server (a second stops it).
     let shutdown = Shutdown::new().context("cannot make the shutdown handle")?;
     let pull = shutdown.clone();
+    // The functions API, once it serves: it stops taking requests too.
+    let functions_slot: Arc<OnceLock<Arc<cumux_functions::Functions>>> = Arc::default();
+    let functions_stop = Arc::clone(&functions_slot);
     signals::on_stop_signals(move |count, signal| {
         let name = if signal == libc::SIGINT {
             "SIGINT"
@@ -361,6 +396,9 @@ pub fn serve(options: ServeOptions) -> Result<()> {
             notify::tell("STOPPING=1\nSTATUS=draining");
         } else {
             tracing::warn!("{name} again: stopping now");
+        }
+        if let Some(functions) = functions_stop.get() {
+            functions.stop_taking(count > 1);
         }
         pull.request();
     })
@@ -378,8 +416,25 @@ pub fn serve(options: ServeOptions) -> Result<()> {
     if let Some(warning) = access {
         tracing::warn!("{warning}");
     }
+    let functions = match settings.functions.as_deref() {
+        Some(at) => Some(serve_functions(
+            at,
+            options.insecure,
+            &server,
+            settings.functions_max_body,
+        )?),
+        None => None,
+    };
+    if let Some((_, f)) = &functions {
+        let _ = functions_slot.set(Arc::clone(f));
+    }
     let metrics = match settings.metrics.as_deref() {
-        Some(at) => Some(serve_metrics(at, options.insecure, &server)?),
+        Some(at) => Some(serve_metrics(
+            at,
+            options.insecure,
+            &server,
+            functions.as_ref().map(|(_, f)| Arc::clone(f)),
+        )?),
         None => None,
     };
     let mut line = format!("cumux serve: listening on {}", bound.address());
@@ -405,6 +460,9 @@ pub fn serve(options: ServeOptions) -> Result<()> {
     if let Some(at) = metrics {
         line += &format!("; metrics on http://{at}/metrics");
     }
+    if let Some((at, _)) = &functions {
+        line += &format!("; functions on http://{at}/v1/functions");
+    }
     println!("{line}");
     let _ = std::io::stdout().flush();
     tracing::info!("{line}");
@@ -413,6 +471,13 @@ pub fn serve(options: ServeOptions) -> Result<()> {
         .serve_until(Arc::clone(&server), &shutdown, drain_timeout)
         .context("the accept loop failed")?;
     // `bound` is gone: the socket file with it.
+    // Function requests in flight may finish too, within the same grace.
+    if let Some((_, f)) = &functions {
+        match f.wait_idle(drain_timeout) {
+            0 => {}
+            left => tracing::warn!("cumux serve: {left} function requests still running at exit"),
+        }
+    }
     let summary = format!("cumux serve: {}", drained.summary());
     if drained.open == 0 {
         tracing::info!("{summary}");

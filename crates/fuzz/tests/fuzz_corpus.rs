@@ -53,6 +53,11 @@ fn config() {
 }
 
 #[test]
+fn plan() {
+    replays_cleanly("plan");
+}
+
+#[test]
 fn every_target_has_a_test_here() {
     let names: Vec<&str> = targets::all().iter().map(|t| t.name).collect();
     assert_eq!(
@@ -64,7 +69,8 @@ fn every_target_has_a_test_here() {
             "ptx_parse",
             "ptx_run",
             "fatbin",
-            "config"
+            "config",
+            "plan"
         ]
     );
 }

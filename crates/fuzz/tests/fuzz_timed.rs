@@ -80,3 +80,8 @@ fn fatbin() {
 fn config() {
     fuzz_briefly("config");
 }
+
+#[test]
+fn plan() {
+    fuzz_briefly("plan");
+}

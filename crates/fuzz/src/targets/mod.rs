@@ -5,6 +5,7 @@
 pub mod calls;
 pub mod config;
 pub mod fatbin;
+pub mod plan;
 pub mod ptx;
 pub mod session;
 pub mod shm;
@@ -13,7 +14,7 @@ pub mod wire;
 use crate::engine::Target;
 
 /// Every target, in the order the runner takes them.
-pub fn all() -> [&'static Target; 7] {
+pub fn all() -> [&'static Target; 8] {
     [
         &wire::TARGET,
         &shm::TARGET,
@@ -22,6 +23,7 @@ pub fn all() -> [&'static Target; 7] {
         &ptx::RUN,
         &fatbin::TARGET,
         &config::TARGET,
+        &plan::TARGET,
     ]
 }
 

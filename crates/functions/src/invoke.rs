@@ -1,0 +1,372 @@
+//! One invocation, run on its tenant's lane: buffers allocated in the lane's
+//! session (inputs copied in whole, outputs and scratch zeroed, so no kernel
+//! reads another invocation's data), the plan's steps issued as the session's
+//! own calls (calls of other functions on the same buffers), one synchronize,
+//! the outputs read back, and every buffer freed whatever happened.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::Instant;
+
+use cumux_protocol::framing::MAX_CHUNK_BYTES;
+use cumux_protocol::{Call, ModuleInfo, ReplyBody, DEFAULT_STREAM};
+
+use crate::failure::Failure;
+use crate::lane::{device, Buffer, LaneState};
+use crate::plan::eval::Env;
+use crate::plan::expr::Value;
+use crate::plan::link::{check_geometry, MAX_CALL_DEPTH};
+use crate::plan::validate::Step;
+use crate::plan::validate::{Call as PlanCall, MAX_REPEAT};
+use crate::plan::{BufferKind, Plan};
+use crate::tensors::Tensor;
+
+/// Most launches one invocation may issue, loops and calls included.
+pub const MAX_LAUNCHES: u64 = 1 << 20;
+/// Most steps (launches, loop turns, calls) one invocation may take.
+pub const MAX_STEPS_RUN: u64 = 1 << 22;
+
+/// What an invocation runs, with what.
+pub struct Invocation {
+    pub function: String,
+    pub plan: Arc<Plan>,
+    /// The plans of every function it calls, directly or not, by name.
+    pub callees: HashMap<String, Arc<Plan>>,
+    /// The module (registration version and image) of it and of every
+    /// function it calls, by name.
+    pub modules: HashMap<String, (u64, Arc<Vec<u8>>)>,
+    pub inputs: BTreeMap<String, Tensor>,
+    pub params: BTreeMap<String, Value>,
+    pub deadline: Instant,
+}
+
+/// A function being run: its plan, names' values, buffers' addresses, module.
+struct Frame<'a> {
+    /// What places in this plan start with: empty for the invoked function,
+    /// `launches[1] → "inner": ` for a function it calls.
+    prefix: String,
+    plan: &'a Plan,
+    env: Env,
+    addresses: Vec<u64>,
+    module: ModuleInfo,
+}
+
+struct Runner<'a> {
+    state: &'a mut LaneState,
+    inv: &'a Invocation,
+    /// Buffers taken from the lane's pool.
+    allocated: Vec<Buffer>,
+    launches: u64,
+    /// Steps taken so far (see [`MAX_STEPS_RUN`]).
+    steps_run: u64,
+}
+
+impl Runner<'_> {
+    fn call(&mut self, during: &str, call: Call) -> Result<ReplyBody, Failure> {
+        self.state.call(call).map_err(|e| device(during, e))
+    }
+
+    /// A buffer of `bytes` from the lane's pool: `fill` copied in and the
+    /// rest of the buffer zeroed, or all of it zeroed, before any kernel runs.
+    fn buffer(&mut self, path: &str, bytes: u64, fill: Option<&[u8]>) -> Result<u64, Failure> {
+        let class = LaneState::size_class(bytes);
+        let buffer = self
+            .state
+            .take_buffer(class)
+            .map_err(|e| device(format!("{path}: allocating {bytes} bytes"), e))?;
+        self.allocated.push(buffer);
+        let ptr = buffer.ptr;
+        let data = fill.unwrap_or_default();
+        for (i, chunk) in data.chunks(MAX_CHUNK_BYTES).enumerate() {
+            let call = Call::MemcpyHtoD {
+                dst: ptr + (i * MAX_CHUNK_BYTES) as u64,
+                data: chunk.to_vec(),
+                stream: None,
+            };
+            self.call(&format!("{path}: copying the input in"), call)?;
+        }
+        let rest = class - data.len() as u64;
+        if rest > 0 {
+            let call = Call::Memset {
+                dst: ptr + data.len() as u64,
+                value: 0,
+                elem_bytes: 1,
+                count: rest,
+                pitch: rest,
+                height: 1,
+                stream: None,
+            };
+            self.call(&format!("{path}: zeroing"), call)?;
+        }
+        Ok(ptr)
+    }
+
+    fn read(&mut self, path: &str, ptr: u64, bytes: u64) -> Result<Vec<u8>, Failure> {
+        let mut out = Vec::with_capacity(bytes as usize);
+        while (out.len() as u64) < bytes {
+            let n = (bytes - out.len() as u64).min(MAX_CHUNK_BYTES as u64);
+            let call = Call::MemcpyDtoH {
+                src: ptr + out.len() as u64,
+                bytes: n,
+                stream: None,
+            };
+            match self.call(&format!("{path}: copying the output out"), call)? {
+                ReplyBody::Data(d) => out.extend(d),
+                other => return Err(Failure::Internal(format!("a copy answered {other:?}"))),
+            }
+        }
+        Ok(out)
+    }
+
+    fn steps(&mut self, frame: &Frame<'_>, steps: &[Step], depth: usize) -> Result<(), Failure> {
+        for step in steps {
+            if Instant::now() >= self.inv.deadline {
+                return Err(Failure::Deadline(
+                    "the invocation ran past its deadline".into(),
+                ));
+            }
+            self.steps_run += 1;
+            if self.steps_run > MAX_STEPS_RUN {
+                return Err(Failure::BadRequest(at_function(
+                    frame,
+                    format!("more than {MAX_STEPS_RUN} steps in one invocation"),
+                )));
+            }
+            match step {
+                Step::Launch(launch) => {
+                    self.launches += 1;
+                    if self.launches > MAX_LAUNCHES {
+                        return Err(Failure::BadRequest(format!(
+                            "{}: more than {MAX_LAUNCHES} launches in one invocation",
+                            launch.path
+                        )));
+                    }
+                    let at = |e: String| Failure::BadRequest(at_function(frame, e));
+                    let kernel = frame
+                        .module
+                        .functions
+                        .iter()
+                        .find(|k| k.name == launch.kernel)
+                        .ok_or_else(|| {
+                            at(format!(
+                                "{}.kernel: no kernel {:?}",
+                                launch.path, launch.kernel
+                            ))
+                        })?;
+                    let (grid, block, shared) = frame.env.shape(launch).map_err(at)?;
+                    check_geometry(launch, grid, block, shared, kernel, &self.state.limits)
+                        .map_err(at)?;
+                    let params = frame
+                        .env
+                        .pack(launch, &frame.addresses, kernel)
+                        .map_err(at)?;
+                    let call = Call::Launch {
+                        function: kernel.handle,
+                        grid: grid.map(|d| d as u32),
+                        block: block.map(|d| d as u32),
+                        shared_bytes: shared as u32,
+                        stream: DEFAULT_STREAM,
+                        params,
+                        attributes: Vec::new(),
+                    };
+                    let during = at_function(
+                        frame,
+                        format!("{} (kernel {:?})", launch.path, launch.kernel),
+                    );
+                    self.call(&during, call)?;
+                }
+                Step::Loop { path, times, steps } => {
+                    let n = frame
+                        .env
+                        .count(&format!("{path}.repeat"), times, 0, MAX_REPEAT)
+                        .map_err(|e| Failure::BadRequest(at_function(frame, e)))?;
+                    for _ in 0..n {
+                        self.steps(frame, steps, depth)?;
+                    }
+                }
+                Step::Call(call) => self.call_function(frame, call, depth + 1)?,
+            }
+        }
+        Ok(())
+    }
+
+    fn call_function(
+        &mut self,
+        caller: &Frame<'_>,
+        call: &PlanCall,
+        depth: usize,
+    ) -> Result<(), Failure> {
+        let path = &call.path;
+        let bad = |e: String| Failure::BadRequest(at_function(caller, format!("{path}: {e}")));
+        if depth > MAX_CALL_DEPTH {
+            return Err(bad(format!("calls nest more than {MAX_CALL_DEPTH} deep")));
+        }
+        let plan = self
+            .inv
+            .callees
+            .get(&call.function)
+            .ok_or_else(|| bad(format!("function {:?} is gone", call.function)))?;
+        let mut inputs = BTreeMap::new();
+        for (_, b) in plan.of_kind(BufferKind::Input) {
+            let (_, ours) = call
+                .bind
+                .iter()
+                .find(|(n, _)| n == &b.name)
+                .ok_or_else(|| {
+                    bad(format!(
+                        "input {:?} of {:?} is not bound",
+                        b.name, call.function
+                    ))
+                })?;
+            inputs.insert(b.name.clone(), caller.env.elements[*ours]);
+        }
+        let mut params = BTreeMap::new();
+        for (name, e) in &call.params {
+            let value = caller
+                .env
+                .eval(&format!("{path}.params.{name}"), e)
+                .map_err(|e| Failure::BadRequest(at_function(caller, e)))?;
+            params.insert(name.clone(), value);
+        }
+        let env = Env::new(plan, &inputs, &params)
+            .map_err(|e| bad(format!("in {:?}: {e}", call.function)))?;
+        let mut addresses = vec![0u64; plan.buffers.len()];
+        for (i, b) in plan.buffers.iter().enumerate() {
+            match call.bind.iter().find(|(n, _)| n == &b.name) {
+                Some((_, ours)) => {
+                    if env.elements[i] > caller.env.elements[*ours] {
+                        return Err(bad(format!(
+                            "{:?} sizes {:?} at {} elements, buffer {:?} has {}",
+                            call.function,
+                            b.name,
+                            env.elements[i],
+                            caller.plan.buffers[*ours].name,
+                            caller.env.elements[*ours]
+                        )));
+                    }
+                    addresses[i] = caller.addresses[*ours];
+                }
+                None => {
+                    let bytes = byte_size(env.elements[i], b.dtype.size())
+                        .map_err(|e| bad(format!("{}: {e}", b.path)))?;
+                    addresses[i] = self.buffer(&format!("{path} {}", b.path), bytes, None)?;
+                }
+            }
+        }
+        let module = module_of(self.state, self.inv, &call.function)?;
+        let frame = Frame {
+            prefix: format!("{}{path} → {:?}: ", caller.prefix, call.function),
+            plan,
+            env,
+            addresses,
+            module,
+        };
+        self.steps(&frame, &plan.steps, depth)
+    }
+}
+
+/// The module of function `name` of the invocation, loaded in the lane.
+fn module_of(state: &mut LaneState, inv: &Invocation, name: &str) -> Result<ModuleInfo, Failure> {
+    let (version, image) = inv
+        .modules
+        .get(name)
+        .ok_or_else(|| Failure::NotFound(format!("function {name:?} is gone")))?;
+    state.module(name, *version, image)
+}
+
+fn at_function(frame: &Frame<'_>, text: String) -> String {
+    format!("{}{text}", frame.prefix)
+}
+
+fn byte_size(elements: u64, size: u64) -> Result<u64, String> {
+    elements
+        .checked_mul(size)
+        .ok_or_else(|| format!("{elements} elements of {size} bytes overflow"))
+}
+
+/// Runs `inv` on the lane: its outputs by name.
+pub fn run(state: &mut LaneState, inv: &Invocation) -> Result<BTreeMap<String, Tensor>, Failure> {
+    let plan = &inv.plan;
+    for (_, b) in plan.of_kind(BufferKind::Input) {
+        if let Some(t) = inv.inputs.get(&b.name) {
+            if t.dtype != b.dtype {
+                return Err(Failure::BadRequest(format!(
+                    "inputs.{}: dtype {}, the function takes {}",
+                    b.name,
+                    t.dtype.name(),
+                    b.dtype.name()
+                )));
+            }
+        }
+    }
+    let sizes: BTreeMap<String, u64> = inv
+        .inputs
+        .iter()
+        .map(|(n, t)| (n.clone(), t.elements()))
+        .collect();
+    let env = Env::new(plan, &sizes, &inv.params).map_err(Failure::BadRequest)?;
+    let module = module_of(state, inv, &inv.function)?;
+    let mut runner = Runner {
+        state,
+        inv,
+        allocated: Vec::new(),
+        launches: 0,
+        steps_run: 0,
+    };
+    let result = run_in(&mut runner, env, module);
+    if result.is_err() {
+        // Work queued before the failure ends now, and its errors with it:
+        // none may surface in the next invocation.
+        let _ = runner.state.call(Call::ContextSynchronize);
+    }
+    for buffer in std::mem::take(&mut runner.allocated) {
+        runner.state.give_back(buffer);
+    }
+    runner.state.drain_stdout();
+    result
+}
+
+fn run_in(
+    runner: &mut Runner<'_>,
+    env: Env,
+    module: ModuleInfo,
+) -> Result<BTreeMap<String, Tensor>, Failure> {
+    let inv = runner.inv;
+    let plan = &inv.plan;
+    let mut addresses = vec![0u64; plan.buffers.len()];
+    for (i, b) in plan.buffers.iter().enumerate() {
+        let bytes = byte_size(env.elements[i], b.dtype.size())
+            .map_err(|e| Failure::BadRequest(format!("{}: {e}", b.path)))?;
+        let fill = match b.kind {
+            BufferKind::Input => inv.inputs.get(&b.name).map(|t| t.data.as_slice()),
+            _ => None,
+        };
+        addresses[i] = runner.buffer(&b.path, bytes, fill)?;
+    }
+    let frame = Frame {
+        prefix: String::new(),
+        plan,
+        env,
+        addresses,
+        module,
+    };
+    runner.steps(&frame, &plan.steps, 0)?;
+    runner.call(
+        &format!("function {:?}", inv.function),
+        Call::ContextSynchronize,
+    )?;
+    let mut outputs = BTreeMap::new();
+    for (i, b) in plan.of_kind(BufferKind::Output) {
+        let bytes = frame.env.elements[i] * b.dtype.size();
+        let data = runner.read(&b.path, frame.addresses[i], bytes)?;
+        outputs.insert(
+            b.name.clone(),
+            Tensor {
+                dtype: b.dtype,
+                shape: vec![frame.env.elements[i]],
+                data,
+            },
+        );
+    }
+    Ok(outputs)
+}

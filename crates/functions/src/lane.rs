@@ -1,0 +1,532 @@
+//! A lane: one tenant's server-side session on one device, owned by a thread
+//! of its own that runs the lane's jobs (loads, unloads, invocations) one at
+//! a time from a bounded queue. The session is an ordinary one (quotas, the
+//! gate, fault handling); after a fatal fault or a cancel it is rebuilt with
+//! every module of the lane loaded again.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use cumux_protocol::launch_checks::LaunchLimits;
+use cumux_protocol::{Call, ClientRole, CuError, Hello, ModuleInfo, ReplyBody};
+use cumux_server::session::Session;
+use cumux_server::tenants::TenantSettings;
+use cumux_server::{Device, Server};
+
+use crate::failure::Failure;
+
+/// Jobs one lane may hold queued; past it a request is told the lane is busy.
+pub const MAX_QUEUED: usize = 64;
+
+/// Bytes of free buffers a lane keeps for later invocations, at most (and at
+/// most a quarter of the tenant's memory quota: they count against it; an
+/// allocation of the lane over the quota empties the pool first).
+pub const MAX_POOL_BYTES: u64 = 256 << 20;
+/// The smallest buffer the pool hands out.
+const MIN_BUFFER: u64 = 256;
+
+/// A job: runs on the lane's thread with its state.
+type Job = Box<dyn FnOnce(&mut LaneState) + Send>;
+/// What stops the lane's running work from another thread.
+type Canceller = Box<dyn FnOnce() + Send>;
+
+/// A module of one function, loaded in the lane's session (or to be).
+struct Loaded {
+    image: Arc<Vec<u8>>,
+    /// The registration it is of (a function registered again is loaded again).
+    version: u64,
+    info: Option<ModuleInfo>,
+}
+
+/// A buffer of the lane's session: its address, size class, and the session
+/// it belongs to.
+#[derive(Debug, Clone, Copy)]
+pub struct Buffer {
+    pub ptr: u64,
+    pub class: u64,
+    generation: u64,
+}
+
+/// The state a lane's thread owns.
+pub struct LaneState {
+    server: Arc<Server>,
+    tenant: (String, TenantSettings),
+    /// The device's position among the tenant's devices.
+    position: usize,
+    session: Option<Session>,
+    modules: BTreeMap<String, Loaded>,
+    /// Free buffers of the session by size class (a power of two): what an
+    /// invocation gets back is not cleared, so every taker zeroes or fully
+    /// overwrites what it takes.
+    pool: BTreeMap<u64, Vec<u64>>,
+    pool_bytes: u64,
+    /// How many sessions the lane has opened: a buffer is given back only to
+    /// the session it came from.
+    generation: u64,
+    pub limits: LaunchLimits,
+    cancel: Arc<Mutex<Option<Canceller>>>,
+    poisoned: Arc<AtomicBool>,
+}
+
+/// One tenant's queue of work on one device.
+pub struct Lane {
+    jobs: SyncSender<Job>,
+    cancel: Arc<Mutex<Option<Canceller>>>,
+    poisoned: Arc<AtomicBool>,
+    /// Where the lane runs, for messages.
+    pub device_name: String,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+impl Lane {
+    /// Starts the lane of `tenant` on `device` (one of the tenant's).
+    pub fn start(
+        server: Arc<Server>,
+        tenant: (String, TenantSettings),
+        device: &Arc<dyn Device>,
+    ) -> Result<Lane, Failure> {
+        let position = server
+            .devices_for(&tenant.1)
+            .iter()
+            .position(|(d, _)| Arc::ptr_eq(d, device))
+            .ok_or_else(|| {
+                Failure::Forbidden(format!("tenant {:?} may not use that device", tenant.0))
+            })?;
+        let limits = LaunchLimits::of(&device.info().attributes);
+        let (jobs, queue) = sync_channel::<Job>(MAX_QUEUED);
+        let cancel = Arc::new(Mutex::new(None));
+        let poisoned = Arc::new(AtomicBool::new(false));
+        let device_name = format!("{} ({})", device.info().name, device.info().backend);
+        let state = LaneState {
+            server,
+            tenant: tenant.clone(),
+            position,
+            session: None,
+            modules: BTreeMap::new(),
+            pool: BTreeMap::new(),
+            pool_bytes: 0,
+            generation: 0,
+            limits,
+            cancel: Arc::clone(&cancel),
+            poisoned: Arc::clone(&poisoned),
+        };
+        std::thread::Builder::new()
+            .name(format!("cumux-fn-{}", tenant.0))
+            .spawn(move || serve(state, queue))
+            .map_err(|e| Failure::Internal(format!("cannot start the tenant's lane: {e}")))?;
+        Ok(Lane {
+            jobs,
+            cancel,
+            poisoned,
+            device_name,
+        })
+    }
+
+    /// Runs `job` on the lane and waits for its answer until `deadline`. Past
+    /// it, a job still queued never runs, and a running one has the lane's
+    /// work cancelled (the session is rebuilt before the lane goes on); the
+    /// answer is then a [`Failure::Deadline`].
+    pub fn run<T: Send + 'static>(
+        &self,
+        deadline: Instant,
+        job: impl FnOnce(&mut LaneState) -> Result<T, Failure> + Send + 'static,
+    ) -> Result<T, Failure> {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let progress = Arc::new(Mutex::new(Progress::Queued));
+        let seen = Arc::clone(&progress);
+        let boxed: Job = Box::new(move |state: &mut LaneState| {
+            {
+                let mut p = lock(&seen);
+                if *p == Progress::Abandoned || Instant::now() >= deadline {
+                    *p = Progress::Abandoned;
+                    return;
+                }
+                *p = Progress::Running;
+            }
+            let result = job(state);
+            *lock(&seen) = Progress::Done;
+            let _ = tx.send(result);
+        });
+        match self.jobs.try_send(boxed) {
+            Ok(()) => {}
+            Err(TrySendError::Full(_)) => {
+                return Err(Failure::Busy(format!(
+                    "{MAX_QUEUED} requests are already queued for this tenant's device; retry later"
+                )))
+            }
+            Err(TrySendError::Disconnected(_)) => {
+                return Err(Failure::Internal("the tenant's lane has stopped".into()))
+            }
+        }
+        let wait = deadline.saturating_duration_since(Instant::now());
+        match rx.recv_timeout(wait) {
+            Ok(result) => return result,
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                // A job dropped unrun: abandoned at its deadline, or the lane stopped.
+                return Err(match *lock(&progress) {
+                    Progress::Abandoned => {
+                        Failure::Deadline("the deadline passed while queued".into())
+                    }
+                    _ => Failure::Internal("the tenant's lane dropped the request".into()),
+                });
+            }
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+        }
+        let mut p = lock(&progress);
+        match *p {
+            Progress::Queued | Progress::Abandoned => {
+                *p = Progress::Abandoned;
+                Err(Failure::Deadline("the deadline passed while queued".into()))
+            }
+            // Under the job's lock: the lane cannot have moved on to another.
+            Progress::Running => {
+                self.poisoned.store(true, Ordering::SeqCst);
+                if let Some(cancel) = lock(&self.cancel).take() {
+                    cancel();
+                }
+                Err(Failure::Deadline(
+                    "the invocation ran past its deadline; its work was cancelled".into(),
+                ))
+            }
+            Progress::Done => {
+                drop(p);
+                rx.recv().unwrap_or_else(|_| {
+                    Err(Failure::Internal(
+                        "the tenant's lane dropped the answer".into(),
+                    ))
+                })
+            }
+        }
+    }
+}
+
+/// Where a job is, as its lane and its waiter see it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Progress {
+    Queued,
+    Running,
+    Done,
+    /// Its waiter gave up before it ran: it never will.
+    Abandoned,
+}
+
+/// The lane's thread: one job at a time until every sender is gone.
+fn serve(mut state: LaneState, queue: Receiver<Job>) {
+    while let Ok(job) = queue.recv() {
+        let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job(&mut state)));
+        if ran.is_err() {
+            tracing::error!(tenant = %state.tenant.0, "a function job panicked; rebuilding the lane's session");
+            state.poisoned.store(true, Ordering::SeqCst);
+        }
+    }
+    state.close();
+}
+
+/// A device error of `during`.
+pub fn device(during: impl Into<String>, error: CuError) -> Failure {
+    Failure::Device {
+        during: during.into(),
+        error,
+    }
+}
+
+impl LaneState {
+    /// The lane's session: opened (and every module loaded) if there is none,
+    /// or if the last one met a fatal fault or a cancel.
+    fn session(&mut self) -> Result<&mut Session, Failure> {
+        let broken = self.poisoned.swap(false, Ordering::SeqCst);
+        if broken {
+            if let Some(old) = self.session.take() {
+                tracing::info!(tenant = %self.tenant.0, session = old.id(), "rebuilding a function lane's session");
+                old.close();
+            }
+            self.pool.clear();
+            self.pool_bytes = 0;
+            for loaded in self.modules.values_mut() {
+                loaded.info = None;
+            }
+        }
+        if self.session.is_none() {
+            let hello = Hello {
+                magic: cumux_protocol::MAGIC,
+                version: cumux_protocol::PROTOCOL_VERSION,
+                pid: std::process::id(),
+                role: ClientRole::Driver,
+                program: format!("cumux-functions ({})", self.tenant.0),
+                tenant: Some(self.tenant.0.clone()),
+                token: None,
+                shm: false,
+                visible_devices: Some(self.position.to_string()),
+                join: None,
+            };
+            let session =
+                Session::open(Arc::clone(&self.server), &hello, Some(self.tenant.clone()))
+                    .map_err(|e| device("opening the tenant's session", e))?;
+            *lock(&self.cancel) = Some(Box::new(session.canceller()));
+            self.session = Some(session);
+            self.generation += 1;
+            self.pool.clear();
+            self.pool_bytes = 0;
+            for loaded in self.modules.values_mut() {
+                loaded.info = None;
+            }
+        }
+        let names: Vec<String> = self
+            .modules
+            .iter()
+            .filter(|(_, l)| l.info.is_none())
+            .map(|(n, _)| n.clone())
+            .collect();
+        for name in names {
+            let image = match self.modules.get(&name) {
+                Some(l) => Arc::clone(&l.image),
+                None => continue,
+            };
+            let info = self
+                .load_image(&image)
+                .map_err(|e| device(format!("loading the module of function {name:?} again"), e))?;
+            if let Some(l) = self.modules.get_mut(&name) {
+                l.info = Some(info);
+            }
+        }
+        self.session
+            .as_mut()
+            .ok_or_else(|| Failure::Internal("no session".into()))
+    }
+
+    fn load_image(&mut self, image: &[u8]) -> Result<ModuleInfo, CuError> {
+        let reply = self.raw_call(Call::ModuleLoad {
+            image: image.to_vec(),
+        })?;
+        match reply {
+            ReplyBody::Module(info) => Ok(info),
+            other => Err(CuError::new(
+                cumux_protocol::codes::UNKNOWN,
+                format!("a module load answered {other:?}"),
+            )),
+        }
+    }
+
+    /// One call on the session as it is (no rebuild); a fire-and-forget call
+    /// answers `Unit` (its failure comes at the next synchronize).
+    fn raw_call(&mut self, call: Call) -> Result<ReplyBody, CuError> {
+        let session = self
+            .session
+            .as_mut()
+            .ok_or_else(|| CuError::new(cumux_protocol::codes::INVALID_CONTEXT, "no session"))?;
+        let result = session.handle(call).unwrap_or(Ok(ReplyBody::Unit));
+        if let Err(e) = &result {
+            if cumux_protocol::codes::is_fatal(e.code) {
+                self.poisoned.store(true, Ordering::SeqCst);
+            }
+        }
+        result
+    }
+
+    /// One call on the lane's session (opened or rebuilt first if need be).
+    pub fn call(&mut self, call: Call) -> Result<ReplyBody, CuError> {
+        self.session().map_err(|f| match f {
+            Failure::Device { error, .. } => error,
+            other => CuError::new(cumux_protocol::codes::UNKNOWN, other.to_string()),
+        })?;
+        self.raw_call(call)
+    }
+
+    /// Loads `image` in the lane's session, not yet as any function's
+    /// module (see [`LaneState::commit`]); a module the device refuses is a
+    /// bad request.
+    pub fn load_candidate(&mut self, image: &[u8]) -> Result<ModuleInfo, Failure> {
+        self.session()?;
+        self.load_image(image).map_err(|e| {
+            Failure::BadRequest(format!(
+                "module: the device cannot load it: {}: {}",
+                crate::failure::cuda_error_name(e.code),
+                e.detail
+            ))
+        })
+    }
+
+    /// Makes a module [`LaneState::load_candidate`] loaded function `name`'s;
+    /// the module it replaces is unloaded.
+    pub fn commit(&mut self, name: &str, image: Arc<Vec<u8>>, version: u64, info: ModuleInfo) {
+        let loaded = Loaded {
+            image,
+            version,
+            info: Some(info),
+        };
+        if let Some(Loaded {
+            info: Some(old), ..
+        }) = self.modules.insert(name.to_string(), loaded)
+        {
+            let _ = self.raw_call(Call::ModuleUnload { module: old.module });
+        }
+    }
+
+    /// Unloads a candidate module whose checks failed.
+    pub fn unload_module(&mut self, module: u64) {
+        let _ = self.raw_call(Call::ModuleUnload { module });
+    }
+
+    /// Forgets function `name`'s module (unloading it); the session closes
+    /// when the lane has no module left.
+    pub fn remove(&mut self, name: &str) {
+        if let Some(Loaded {
+            info: Some(info), ..
+        }) = self.modules.remove(name)
+        {
+            let _ = self.raw_call(Call::ModuleUnload {
+                module: info.module,
+            });
+        }
+        if self.modules.is_empty() {
+            self.close();
+        }
+    }
+
+    /// Device printf output the session gathered since last asked (kept out
+    /// of every answer; logged at debug level).
+    pub fn drain_stdout(&mut self) {
+        if let Some(session) = &self.session {
+            let out = session.take_stdout();
+            if !out.is_empty() {
+                tracing::debug!(tenant = %self.tenant.0, "device printf: {}", String::from_utf8_lossy(&out));
+            }
+        }
+    }
+
+    /// The module of registration `version` of function `name` (its
+    /// `image`), loaded in this lane's session now if it is not yet (a lane
+    /// of a tenant the owner shares the function with, or after the owner
+    /// registered it again).
+    pub fn module(
+        &mut self,
+        name: &str,
+        version: u64,
+        image: &Arc<Vec<u8>>,
+    ) -> Result<ModuleInfo, Failure> {
+        self.session()?;
+        if let Some(Loaded {
+            version: v,
+            info: Some(info),
+            ..
+        }) = self.modules.get(name)
+        {
+            if *v == version {
+                return Ok(info.clone());
+            }
+        }
+        let info = self
+            .load_image(image)
+            .map_err(|e| device(format!("loading the module of function {name:?}"), e))?;
+        self.commit(name, Arc::clone(image), version, info.clone());
+        Ok(info)
+    }
+
+    /// The size class of a buffer of `bytes`.
+    pub fn size_class(bytes: u64) -> u64 {
+        bytes
+            .max(MIN_BUFFER)
+            .checked_next_power_of_two()
+            .unwrap_or(bytes)
+    }
+
+    /// A buffer of size class `class` ([`LaneState::size_class`]): one the
+    /// pool holds (with whatever the last invocation left in it), else a new
+    /// allocation; over the quota the pool is emptied and it is tried again.
+    pub fn take_buffer(&mut self, class: u64) -> Result<Buffer, CuError> {
+        // A broken session is rebuilt first: its pool went with it.
+        self.session().map_err(|f| match f {
+            Failure::Device { error, .. } => error,
+            other => CuError::new(cumux_protocol::codes::UNKNOWN, other.to_string()),
+        })?;
+        let generation = self.generation;
+        if let Some(ptr) = self.pool.get_mut(&class).and_then(Vec::pop) {
+            self.pool_bytes -= class;
+            return Ok(Buffer {
+                ptr,
+                class,
+                generation,
+            });
+        }
+        let alloc = Call::MemAlloc {
+            device: 0,
+            bytes: class,
+        };
+        let reply = match self.call(alloc.clone()) {
+            Err(e) if e.code == cumux_protocol::codes::OUT_OF_MEMORY && self.pool_bytes > 0 => {
+                self.drain_pool();
+                self.call(alloc)?
+            }
+            other => other?,
+        };
+        match reply {
+            ReplyBody::Ptr(ptr) => Ok(Buffer {
+                ptr,
+                class,
+                generation: self.generation,
+            }),
+            other => Err(CuError::new(
+                cumux_protocol::codes::UNKNOWN,
+                format!("an allocation answered {other:?}"),
+            )),
+        }
+    }
+
+    /// Gives a buffer back to the pool (freed if the pool is full, or if the
+    /// session it came from is gone).
+    pub fn give_back(&mut self, buffer: Buffer) {
+        let Buffer {
+            ptr,
+            class,
+            generation,
+        } = buffer;
+        if self.poisoned.load(Ordering::SeqCst) || generation != self.generation {
+            return; // the session it came from is (or will be) gone, and its memory with it
+        }
+        // Zeroed on its way back too, so that no pooled buffer holds data an
+        // out-of-bounds read of a later invocation could find.
+        let zero = Call::Memset {
+            dst: ptr,
+            value: 0,
+            elem_bytes: 1,
+            count: class,
+            pitch: class,
+            height: 1,
+            stream: None,
+        };
+        let zeroed = self.raw_call(zero).is_ok();
+        let limit = self
+            .tenant
+            .1
+            .memory_quota
+            .map_or(MAX_POOL_BYTES, |quota| MAX_POOL_BYTES.min(quota / 4));
+        if zeroed && self.pool_bytes + class <= limit {
+            self.pool.entry(class).or_default().push(ptr);
+            self.pool_bytes += class;
+        } else {
+            let _ = self.raw_call(Call::MemFree { ptr });
+        }
+    }
+
+    fn drain_pool(&mut self) {
+        for ptr in std::mem::take(&mut self.pool).into_values().flatten() {
+            let _ = self.raw_call(Call::MemFree { ptr });
+        }
+        self.pool_bytes = 0;
+    }
+
+    fn close(&mut self) {
+        self.pool.clear();
+        self.pool_bytes = 0;
+        *lock(&self.cancel) = None;
+        if let Some(session) = self.session.take() {
+            session.close();
+        }
+    }
+}

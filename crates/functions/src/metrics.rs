@@ -1,0 +1,122 @@
+//! Prometheus metrics of the functions (`cumux serve --metrics` with
+//! `--functions`): each function's invocations by HTTP status and the time
+//! they took, and each tenant's registered functions, in the text format.
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use prometheus::{CounterVec, Encoder, GaugeVec, Opts, Registry, TextEncoder};
+
+/// One function's invocations so far.
+#[derive(Debug, Default, Clone)]
+struct Counts {
+    /// Invocations by the HTTP status they got.
+    by_status: BTreeMap<u16, u64>,
+    seconds: f64,
+}
+
+/// Invocation counters by (tenant, function), for the functions registered
+/// now (a removed function's go with it).
+#[derive(Debug, Default)]
+pub struct Stats {
+    counts: Mutex<BTreeMap<(String, String), Counts>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+impl Stats {
+    /// Counts one invocation of `function` of `tenant` that got `status`.
+    pub fn record(&self, tenant: &str, function: &str, status: u16, took: Duration) {
+        let mut counts = lock(&self.counts);
+        let entry = counts
+            .entry((tenant.to_string(), function.to_string()))
+            .or_default();
+        *entry.by_status.entry(status).or_default() += 1;
+        entry.seconds += took.as_secs_f64();
+    }
+
+    /// Forgets a removed function's counters (of every tenant that invoked it).
+    pub fn forget(&self, function: &str) {
+        lock(&self.counts).retain(|(_, f), _| f != function);
+    }
+
+    /// The metrics now, with `registered` functions per tenant.
+    pub fn render(&self, registered: &BTreeMap<String, usize>) -> prometheus::Result<String> {
+        let r = Registry::new();
+        let invocations = CounterVec::new(
+            Opts::new(
+                "cumux_function_invocations_total",
+                "Invocations of a function, by the HTTP status they got",
+            ),
+            &["tenant", "function", "status"],
+        )?;
+        r.register(Box::new(invocations.clone()))?;
+        let seconds = CounterVec::new(
+            Opts::new(
+                "cumux_function_invocation_seconds_total",
+                "Seconds a function's invocations took, queueing included",
+            ),
+            &["tenant", "function"],
+        )?;
+        r.register(Box::new(seconds.clone()))?;
+        let functions = GaugeVec::new(
+            Opts::new("cumux_functions", "Functions a tenant has registered"),
+            &["tenant"],
+        )?;
+        r.register(Box::new(functions.clone()))?;
+        for ((tenant, function), counts) in lock(&self.counts).iter() {
+            for (status, n) in &counts.by_status {
+                invocations
+                    .with_label_values(&[tenant.as_str(), function, &status.to_string()])
+                    .inc_by(*n as f64);
+            }
+            seconds
+                .with_label_values(&[tenant.as_str(), function])
+                .inc_by(counts.seconds);
+        }
+        for (tenant, n) in registered {
+            functions
+                .with_label_values(&[tenant.as_str()])
+                .set(*n as f64);
+        }
+        let mut out = Vec::new();
+        TextEncoder::new().encode(&r.gather(), &mut out)?;
+        String::from_utf8(out).map_err(|e| prometheus::Error::Msg(e.to_string()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn invocations_are_counted_by_status_until_forgotten() {
+        let stats = Stats::default();
+        stats.record("a", "f", 200, Duration::from_millis(500));
+        stats.record("a", "f", 200, Duration::from_millis(250));
+        stats.record("a", "f", 500, Duration::ZERO);
+        let registered = BTreeMap::from([("a".to_string(), 1)]);
+        let text = stats.render(&registered).unwrap();
+        assert!(
+            text.contains(
+                "cumux_function_invocations_total{function=\"f\",status=\"200\",tenant=\"a\"} 2"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "cumux_function_invocation_seconds_total{function=\"f\",tenant=\"a\"} 0.75"
+            ),
+            "{text}"
+        );
+        assert!(text.contains("cumux_functions{tenant=\"a\"} 1"), "{text}");
+        stats.forget("f");
+        assert!(!stats
+            .render(&registered)
+            .unwrap()
+            .contains("function=\"f\""));
+    }
+}

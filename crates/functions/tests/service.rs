@@ -1,0 +1,205 @@
+//! `Functions` without HTTP, on an in-process CPU device under the `fair`
+//! policy: invocations are ordinary server sessions (status, the gate, the
+//! tenant's counters), tenants run side by side with right results, and a
+//! lane's bounded queue turns the surplus away.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use cumux_functions::tensors::{Request, Tensor};
+use cumux_functions::{Failure, Functions, Limits, Placement};
+use cumux_server::device::backends::numbered_cpu_device;
+use cumux_server::status::StatusScope;
+use cumux_server::tenants::{TenantPolicy, TenantSettings};
+use cumux_server::Server;
+use serde_json::json;
+
+fn ptx() -> Vec<u8> {
+    let root =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/functions/kernels.ptx");
+    std::fs::read(root).expect("the test kernels")
+}
+
+fn service() -> (Arc<Server>, Arc<Functions>) {
+    let device = numbered_cpu_device(0, 256 << 20, 0).unwrap();
+    let mut tenants = TenantPolicy::default();
+    for name in ["a", "b"] {
+        let settings = TenantSettings {
+            token: Some(format!("{name}-token-0123456789abcdef")),
+            ..TenantSettings::default()
+        };
+        tenants.tenants.insert(name.into(), settings);
+    }
+    let policy = cumux_server::gate::parse_policy("fair").unwrap();
+    let server = Server::with_policy(vec![device], tenants, policy);
+    let functions = Arc::new(Functions::new(Arc::clone(&server), Limits::default()));
+    (server, functions)
+}
+
+fn tenant(f: &Functions, name: &str) -> (String, TenantSettings) {
+    f.authenticate(Some(&format!("{name}-token-0123456789abcdef")))
+        .unwrap()
+}
+
+fn floats(values: &[f32]) -> Tensor {
+    Tensor {
+        dtype: cumux_functions::plan::DType::F32,
+        shape: vec![values.len() as u64],
+        data: values.iter().flat_map(|v| v.to_le_bytes()).collect(),
+    }
+}
+
+fn vadd() -> serde_json::Value {
+    json!({
+        "inputs": [{"name": "a", "dtype": "f32"}, {"name": "b", "dtype": "f32", "elements": "a"}],
+        "outputs": [{"name": "c", "dtype": "f32", "elements": "a"}],
+        "launches": [{"kernel": "vadd", "grid": "cdiv(a, 32)", "block": 32,
+                      "args": [{"buffer": "a"}, {"buffer": "b"}, {"buffer": "c"}, {"u32": "a"}]}]
+    })
+}
+
+#[test]
+fn tenants_invoke_side_by_side_through_their_own_sessions() {
+    let (server, f) = service();
+    for name in ["a", "b"] {
+        f.register(
+            &tenant(&f, name),
+            "vadd",
+            Placement::Cpu,
+            ptx(),
+            vadd(),
+            vec![],
+        )
+        .map(|_| ())
+        .or_else(|e| match (name, e) {
+            // Function names are the server's: b cannot take a's.
+            ("b", Failure::Forbidden(_)) => f
+                .register(
+                    &tenant(&f, "b"),
+                    "vadd_b",
+                    Placement::Cpu,
+                    ptx(),
+                    vadd(),
+                    vec![],
+                )
+                .map(|_| ()),
+            (_, e) => Err(e),
+        })
+        .unwrap();
+    }
+    let threads: Vec<_> = (0..8)
+        .map(|i| {
+            let f = Arc::clone(&f);
+            std::thread::spawn(move || {
+                let (who, name) = if i % 2 == 0 {
+                    ("a", "vadd")
+                } else {
+                    ("b", "vadd_b")
+                };
+                let t = tenant(&f, who);
+                for round in 0..5 {
+                    let n = 50 + i * 10 + round;
+                    let a: Vec<f32> = (0..n).map(|x| x as f32).collect();
+                    let b: Vec<f32> = (0..n).map(|x| (x * i) as f32).collect();
+                    let request = Request {
+                        tensors: [("a".to_string(), floats(&a)), ("b".to_string(), floats(&b))]
+                            .into(),
+                        params: Default::default(),
+                    };
+                    let out = f.invoke(&t, name, request, None).unwrap();
+                    let c = &out["c"];
+                    assert_eq!(c.shape, [n as u64]);
+                    let last = f32::from_le_bytes(c.data[c.data.len() - 4..].try_into().unwrap());
+                    assert_eq!(last, ((n - 1) * (i + 1)) as f32);
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    // Each tenant's lane is a session of the server, counted as any other.
+    let status = cumux_server::server_status(&server, &StatusScope::Everything);
+    let mut programs: Vec<&str> = status.sessions.iter().map(|s| s.program.as_str()).collect();
+    programs.sort();
+    assert_eq!(programs, ["cumux-functions (a)", "cumux-functions (b)"]);
+    for s in &status.sessions {
+        assert_eq!(s.launches, 20, "{s:?}");
+    }
+}
+
+#[test]
+fn a_full_lane_turns_the_surplus_away() {
+    let (_server, f) = service();
+    let t = tenant(&f, "a");
+    let spin = json!({
+        "outputs": [{"name": "x", "dtype": "f32", "elements": 1}],
+        "launches": [{"kernel": "spin", "grid": 1, "block": 1, "args": [{"buffer": "x"}]}]
+    });
+    f.register(&t, "spin", Placement::Auto, ptx(), spin, vec![])
+        .unwrap();
+    let threads: Vec<_> = (0..cumux_functions::lane::MAX_QUEUED + 8)
+        .map(|_| {
+            let f = Arc::clone(&f);
+            let t = t.clone();
+            std::thread::spawn(move || {
+                f.invoke(
+                    &t,
+                    "spin",
+                    Request::default(),
+                    Some(Duration::from_millis(1500)),
+                )
+                .unwrap_err()
+            })
+        })
+        .collect();
+    let failures: Vec<Failure> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+    let busy = failures
+        .iter()
+        .filter(|e| matches!(e, Failure::Busy(_)))
+        .count();
+    let late = failures
+        .iter()
+        .filter(|e| matches!(e, Failure::Deadline(_)))
+        .count();
+    assert!(busy >= 1, "{failures:?}");
+    assert_eq!(busy + late, failures.len(), "{failures:?}");
+}
+
+#[test]
+fn a_queued_invocations_deadline_leaves_the_running_one_alone() {
+    let (_server, f) = service();
+    let t = tenant(&f, "a");
+    let busy = json!({
+        "params": [{"name": "n", "dtype": "u32"}],
+        "outputs": [{"name": "x", "dtype": "f32", "elements": 1}],
+        "launches": [{"kernel": "busy", "grid": 1, "block": 1, "args": [{"buffer": "x"}, {"u32": "n"}]}]
+    });
+    f.register(&t, "busy", Placement::Cpu, ptx(), busy, vec![])
+        .unwrap();
+    let request = |n: u32| Request {
+        tensors: Default::default(),
+        params: [("n".to_string(), json!(n))].into(),
+    };
+    // How long a million turns take here (the fastest of three runs), to
+    // make the first run (about 1.5 s) outlast the second's deadline.
+    let per_million = (0..3)
+        .map(|_| {
+            let started = std::time::Instant::now();
+            f.invoke(&t, "busy", request(2_000_000), None).unwrap();
+            started.elapsed().as_secs_f64() / 2.0
+        })
+        .fold(f64::INFINITY, f64::min)
+        .max(1e-4);
+    let turns = (1.5 / per_million * 1e6).min(4e9) as u32;
+    let long = {
+        let (f, t) = (Arc::clone(&f), t.clone());
+        std::thread::spawn(move || f.invoke(&t, "busy", request(turns), None))
+    };
+    std::thread::sleep(Duration::from_millis(50));
+    let short = f.invoke(&t, "busy", request(turns), Some(Duration::from_millis(150)));
+    assert!(matches!(short, Err(Failure::Deadline(_))), "{short:?}");
+    let out = long.join().unwrap().unwrap();
+    let x = f32::from_le_bytes(out["x"].data[..4].try_into().unwrap());
+    assert_eq!(x, turns as f32);
+}
