@@ -160,7 +160,12 @@ pub fn locate(program: &OsStr, path_var: Option<&OsStr>) -> Result<PathBuf, RunE
 
 /// Asks the server whether the program would be let in; warns when its
 /// `CUDA_VISIBLE_DEVICES` leaves it fewer devices than it lists.
-fn preflight(address: &Address, tenant: Option<&str>, program: &str) -> Result<(), RunError> {
+fn preflight(
+    address: &Address,
+    tenant: Option<&str>,
+    program: &str,
+    one_of_several: bool,
+) -> Result<(), RunError> {
     let not_started = format!("{program} was not started");
     let conn = match probe::connect_as(address, ClientRole::Preflight, "cumux run", tenant) {
         Ok(conn) => conn,
@@ -192,7 +197,8 @@ fn preflight(address: &Address, tenant: Option<&str>, program: &str) -> Result<(
             ))
         }
     };
-    if let Ok(text) = std::env::var("CUDA_VISIBLE_DEVICES") {
+    // With several servers the client applies the list to all their devices.
+    if let (Ok(text), false) = (std::env::var("CUDA_VISIBLE_DEVICES"), one_of_several) {
         let uuids: Vec<[u8; 16]> = conn.devices.iter().map(|d| d.uuid).collect();
         let selection = visible_devices::select(&text, &uuids);
         if let Some(why) = &selection.stopped {
@@ -315,7 +321,12 @@ pub fn run(options: RunOptions) -> Result<i32, RunError> {
     let shown = Path::new(&options.program).display().to_string();
     locate(&options.program, std::env::var_os("PATH").as_deref())?;
     for address in &addresses {
-        preflight(address, options.tenant.as_deref(), &shown)?;
+        preflight(
+            address,
+            options.tenant.as_deref(),
+            &shown,
+            addresses.len() > 1,
+        )?;
     }
     // From here on the signals that stop a program are the program's.
     let forwarder = Forwarder::start().map_err(|e| failed(format!("cannot watch signals: {e}")))?;

@@ -73,6 +73,22 @@ fn one_program_uses_the_devices_of_two_servers() {
             server.log()
         );
     }
+    // CUDA_VISIBLE_DEVICES orders the devices of both servers together:
+    // here the program's device 0 is the second server's.
+    let mut run = run_command_at(&both, &[], &program, &[]);
+    run.env("CUDA_VISIBLE_DEVICES", "1,0");
+    let out = wait_bounded(run.spawn().unwrap(), LIMIT);
+    out.assert_passed();
+    let mut run = run_command_at(&both, &[], &driver_program("device_query"), &[]);
+    run.env("CUDA_VISIBLE_DEVICES", "1");
+    let out = wait_bounded(run.spawn().unwrap(), LIMIT);
+    out.assert_passed();
+    assert!(
+        second.log().matches("device_query").count() >= 1 && !first.log().contains("device_query"),
+        "device_query should run on the second server alone:\n{}\n---\n{}",
+        first.log(),
+        second.log()
+    );
 }
 
 #[test]

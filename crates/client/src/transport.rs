@@ -22,7 +22,7 @@ use crate::teardown;
 
 /// `CUDA_VISIBLE_DEVICES` for the hello (the server applies it), cut to
 /// what a hello carries.
-fn visible_devices() -> Option<String> {
+pub fn visible_devices() -> Option<String> {
     let text = std::env::var("CUDA_VISIBLE_DEVICES").ok()?;
     let cut = proto::visible_devices::cut(&text);
     if cut.len() < text.len() {
@@ -126,23 +126,27 @@ pub struct Session {
 impl Connection {
     /// Opens a session at `address`: the program's first (`join: None`, on
     /// its first device) or one for another of its devices.
+    /// `visible` is the hello's `CUDA_VISIBLE_DEVICES` (which of the
+    /// tenant's devices there the program sees, in its order).
     pub fn connect(
         address: &ServerAddress,
         join: Option<proto::Join>,
+        visible: Option<String>,
     ) -> Result<(Connection, Session), String> {
-        Connection::hello(address, ClientRole::Driver, join)
+        Connection::hello(address, ClientRole::Driver, join, visible)
     }
 
-    /// The devices a program of this tenant would see at `address`, asked
+    /// Every device a program of this tenant may use at `address`, asked
     /// without opening a session there (a preflight hello).
     pub fn devices_at(address: &ServerAddress) -> Result<Session, String> {
-        Connection::hello(address, ClientRole::Preflight, None).map(|(_, session)| session)
+        Connection::hello(address, ClientRole::Preflight, None, None).map(|(_, session)| session)
     }
 
     fn hello(
         address: &ServerAddress,
         role: ClientRole,
         join: Option<proto::Join>,
+        visible: Option<String>,
     ) -> Result<(Connection, Session), String> {
         let address = address.clone();
         let stream = Stream::connect(&address).map_err(|e| match e {
@@ -174,7 +178,7 @@ impl Connection {
             tenant: std::env::var("CUMUX_TENANT").ok(),
             token: std::env::var("CUMUX_TOKEN").ok(),
             shm: area.is_some(),
-            visible_devices: visible_devices(),
+            visible_devices: visible,
             join,
         };
         let bytes = proto::encode(&hello).map_err(|e| e.to_string())?;
@@ -680,7 +684,7 @@ mod tests {
         let address = ServerAddress::Unix(sock.clone());
 
         // Nobody listening.
-        let err = Connection::connect(&address, None).err().unwrap();
+        let err = Connection::connect(&address, None, None).err().unwrap();
         assert!(err.contains("cannot reach the cumux server"), "{err}");
 
         // A rejection names both versions.
@@ -692,7 +696,7 @@ mod tests {
             },
             0,
         );
-        let err = Connection::connect(&address, None).err().unwrap();
+        let err = Connection::connect(&address, None, None).err().unwrap();
         assert!(
             err.contains("99") && err.contains(&proto::PROTOCOL_VERSION.to_string()),
             "{err}"
@@ -702,7 +706,7 @@ mod tests {
 
         // A server of another version, even one that says welcome.
         let server = fake_server(&sock, welcome(proto::PROTOCOL_VERSION + 1), 0);
-        let err = Connection::connect(&address, None).err().unwrap();
+        let err = Connection::connect(&address, None, None).err().unwrap();
         assert!(err.contains("mismatch"), "{err}");
         server.join().unwrap();
         std::fs::remove_file(&sock).unwrap();
@@ -710,7 +714,7 @@ mod tests {
         // One answered call, then the server goes away: every later call
         // fails at once.
         let server = fake_server(&sock, welcome(proto::PROTOCOL_VERSION), 1);
-        let (mut conn, session) = Connection::connect(&address, None).unwrap();
+        let (mut conn, session) = Connection::connect(&address, None, None).unwrap();
         assert_eq!(session.server, "fake");
         assert_eq!(conn.call(Call::ContextSynchronize), Ok(ReplyBody::Unit));
         server.join().unwrap();
@@ -727,7 +731,7 @@ mod tests {
         // Through shared memory: a large buffer goes out and comes back, then
         // the server dies without a word and calls fail instead of hanging.
         let server = fake_shm_server(&sock, 2);
-        let (mut conn, session) = Connection::connect(&address, None).unwrap();
+        let (mut conn, session) = Connection::connect(&address, None, None).unwrap();
         assert_eq!(session.server, "fake-shm");
         assert!(conn.uses_shm());
         let data: Vec<u8> = (0..100_000u32).map(|i| (i * 7) as u8).collect();
@@ -764,7 +768,7 @@ mod tests {
         // CUMUX_TRANSPORT=socket keeps calls on the socket.
         std::env::set_var("CUMUX_TRANSPORT", "socket");
         let server = fake_server(&sock, welcome(proto::PROTOCOL_VERSION), 1);
-        let (mut conn, _) = Connection::connect(&address, None).unwrap();
+        let (mut conn, _) = Connection::connect(&address, None, None).unwrap();
         assert!(!conn.uses_shm());
         assert_eq!(conn.call(Call::ContextSynchronize), Ok(ReplyBody::Unit));
         server.join().unwrap();
@@ -774,7 +778,7 @@ mod tests {
         // the server to have taken them before it sends more.
         let every = proto::FENCE_EVERY as usize;
         let server = fence_server(&sock, 2 * every + 10);
-        let (mut conn, _) = Connection::connect(&address, None).unwrap();
+        let (mut conn, _) = Connection::connect(&address, None, None).unwrap();
         for _ in 0..2 * every + 10 {
             let launch = Call::Launch {
                 function: 1,
