@@ -11,6 +11,7 @@ pub mod install;
 pub mod logging;
 pub mod metrics_http;
 pub mod notify;
+pub mod pool;
 pub mod probe;
 pub mod run;
 pub mod self_signed;

@@ -145,3 +145,70 @@ fn a_killed_server_fails_its_programs_within_seconds_and_spares_the_other() {
         out.describe()
     );
 }
+
+/// A `cumux serve` of `count` CPU devices from address window `window`.
+fn server_of(tag: &str, count: u32, window: u32) -> ServerProc {
+    let (count, window) = (count.to_string(), window.to_string());
+    let args: Vec<String> = [
+        "--device",
+        &e2e_device(),
+        "--memory",
+        "1G",
+        "--cpu-devices",
+        &count,
+        "--cpu-window",
+        &window,
+    ]
+    .map(String::from)
+    .to_vec();
+    ServerProc::spawn(TempDir::new(tag), &args, &[])
+}
+
+#[test]
+fn a_pool_places_a_program_on_the_fewest_servers_that_fit() {
+    let small = server_of("pool-small", 1, 0);
+    let large = server_of("pool-large", 2, 1);
+    let dir = TempDir::new("pool-file");
+    let file = dir.0.join("pool.toml");
+    std::fs::write(
+        &file,
+        format!(
+            "[[servers]]\naddress = \"{}\"\n\n[[servers]]\naddress = \"{}\"\n",
+            small.address, large.address
+        ),
+    )
+    .unwrap();
+    let pool = file.display().to_string();
+    let run = |options: &[&str], program: &str| {
+        let mut command = std::process::Command::new(CUMUX);
+        command
+            .args(["run", "--pool", &pool])
+            .args(options)
+            .arg("--")
+            .arg(driver_program(program))
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped());
+        wait_bounded(command.spawn().unwrap(), LIMIT)
+    };
+    // Two devices fit on the larger server alone.
+    let out = run(&["--gpus", "2", "--memory", "512M"], "two_devices");
+    out.assert_passed();
+    let placed = format!("placed on {}:", large.address);
+    assert!(out.stderr.contains(&placed), "{}", out.describe());
+    assert!(!out.stderr.contains(&small.address), "{}", out.describe());
+    // Three take both servers.
+    let out = run(&["--gpus", "3"], "device_query");
+    out.assert_passed();
+    assert!(out.stdout.contains("device_count: 3"), "{}", out.describe());
+    // Four do not fit anywhere: nothing starts, and the answer says why.
+    let out = run(&["--gpus", "4"], "device_query");
+    assert_eq!(out.code(), Some(69), "{}", out.describe());
+    assert!(
+        out.stderr.contains("the pool has 3 device(s)") && out.stderr.contains("not started"),
+        "{}",
+        out.describe()
+    );
+    let out = run(&["--gpus", "1", "--memory", "2G"], "device_query");
+    assert_eq!(out.code(), Some(69), "{}", out.describe());
+}
