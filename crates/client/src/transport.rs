@@ -318,13 +318,19 @@ impl Connection {
                 }
             }
             (None, bytes) => {
-                if let Some(b) = bytes {
-                    shm::put_call_bulk(&mut call, b.to_vec())
-                        .map_err(|_| CUDA_ERROR_INVALID_VALUE)?;
-                }
+                // The bytes go in a bulk frame of their own, written from
+                // where they lie.
+                let owned;
+                let bulk: &[u8] = match bytes {
+                    Some(b) => b,
+                    None => {
+                        owned = shm::take_call_bulk(&mut call);
+                        &owned
+                    }
+                };
                 let msg =
                     proto::encode(&Request { seq, call }).map_err(|_| CUDA_ERROR_INVALID_VALUE)?;
-                if let Err(e) = proto::write_frame(&mut self.stream, &msg) {
+                if let Err(e) = proto::write_message(&mut self.stream, &msg, bulk) {
                     return Err(self.lost(e));
                 }
             }
@@ -437,6 +443,12 @@ impl Connection {
         if self.dead {
             return Err(CUDA_ERROR_DEVICE_UNAVAILABLE);
         }
+        if self.shm.is_none() && !call.is_fire_and_forget() {
+            self.seq += 1;
+            let seq = self.seq;
+            self.send(seq, call, None)?;
+            return self.receive_from_socket_into(seq, out);
+        }
         if self.shm.is_none() || call.is_fire_and_forget() {
             return match self.call(call)? {
                 ReplyBody::Data(d) if d.len() == out.len() => {
@@ -496,6 +508,47 @@ impl Connection {
         }
     }
 
+    /// [`Transport::call_into`] on the socket: `seq`'s answer, its bulk
+    /// frame read straight into `out`.
+    fn receive_from_socket_into(&mut self, seq: u64, out: &mut [u8]) -> CuResult<()> {
+        loop {
+            let bulk_len = match proto::read_message(&mut self.stream, &mut self.buf) {
+                Ok(len) => len,
+                Err(e) => return Err(self.lost(e)),
+            };
+            let mut reply: Reply = match proto::decode(&self.buf) {
+                Ok(r) => r,
+                Err(e) => return Err(self.lost(format!("malformed reply: {e}"))),
+            };
+            let direct = reply.seq == seq
+                && bulk_len == Some(out.len())
+                && matches!(&reply.result, Ok(ReplyBody::Data(d)) if d.is_empty());
+            if direct {
+                if let Err(e) = std::io::Read::read_exact(&mut self.stream, out) {
+                    return Err(self.lost(e));
+                }
+            } else if let Some(len) = bulk_len {
+                let bulk = match proto::read_bulk(&mut self.stream, len) {
+                    Ok(bulk) => bulk,
+                    Err(e) => return Err(self.lost(e)),
+                };
+                if let Err(e) = shm::put_reply_bulk(&mut reply, bulk) {
+                    return Err(self.lost(e));
+                }
+            }
+            match self.answer(seq, reply) {
+                None => continue,
+                Some(Err(e)) => return Err(e),
+                Some(Ok(ReplyBody::Data(d))) if direct && d.is_empty() => return Ok(()),
+                Some(Ok(ReplyBody::Data(d))) if d.len() == out.len() => {
+                    out.copy_from_slice(&d);
+                    return Ok(());
+                }
+                Some(Ok(_)) => return Err(CUDA_ERROR_UNKNOWN),
+            }
+        }
+    }
+
     /// What a reply says for call `seq`: `None` for a stray reply (skipped).
     /// Its device `printf` output goes to the program's stdout either way.
     fn answer(&mut self, seq: u64, reply: Reply) -> Option<CuResult<ReplyBody>> {
@@ -520,11 +573,24 @@ impl Connection {
     /// Receives the next reply.
     fn next_reply(&mut self) -> CuResult<Reply> {
         let Some(ep) = self.shm.as_mut() else {
-            if let Err(e) = proto::read_frame(&mut self.stream, &mut self.buf) {
-                return Err(self.lost(e));
+            let bulk_len = match proto::read_message(&mut self.stream, &mut self.buf) {
+                Ok(len) => len,
+                Err(e) => return Err(self.lost(e)),
+            };
+            let mut reply: Reply = match proto::decode(&self.buf) {
+                Ok(r) => r,
+                Err(e) => return Err(self.lost(format!("malformed reply: {e}"))),
+            };
+            if let Some(len) = bulk_len {
+                let bulk = match proto::read_bulk(&mut self.stream, len) {
+                    Ok(bulk) => bulk,
+                    Err(e) => return Err(self.lost(e)),
+                };
+                if let Err(e) = shm::put_reply_bulk(&mut reply, bulk) {
+                    return Err(self.lost(e));
+                }
             }
-            return proto::decode(&self.buf)
-                .map_err(|e| self.lost(format!("malformed reply: {e}")));
+            return Ok(reply);
         };
         let mut bulk = Vec::new();
         if let Err(e) = ep.recv(&mut self.buf, &mut bulk) {
