@@ -445,3 +445,46 @@ fn a_program_crosses_a_slow_lossy_link_over_tls() {
     server.assert_pass(&wait_bounded(run.spawn().unwrap(), LIMIT));
     assert!(relay.relayed() > 0);
 }
+
+#[test]
+fn large_copies_arrive_whole_over_tcp_and_tls() {
+    // bench/cuda/microbench checks every byte it copies back (exit 3 if not):
+    // 16 MiB each way is two pipelined chunks on a socket.
+    let microbench = cumux_testkit::compile_program(
+        cumux_testkit::workspace_root().join("bench/cuda/microbench.cu"),
+        &[],
+    );
+    let dir = TempDir::new("tls-copies");
+    let pair = self_signed(&dir.0, "server", false);
+    let (cert, key) = (
+        pair.cert.display().to_string(),
+        pair.key.display().to_string(),
+    );
+    let tls = TcpServer::start(
+        &dir.0,
+        "tcp:127.0.0.1:0",
+        &["--tls-cert", &cert, "--tls-key", &key],
+        &[],
+    );
+    let plain = TcpServer::start(&dir.0, "tcp:127.0.0.1:0", &["--policy", "fifo"], &[]);
+    let print = tls.fingerprint.clone().unwrap();
+    for (server, envs) in [
+        (&tls, vec![("CUMUX_TLS_FINGERPRINT", print.as_str())]),
+        (&plain, vec![]),
+    ] {
+        let mut run = run_command_at(
+            &server.address,
+            &[],
+            &microbench,
+            &["bandwidth", "0.1", &(32u64 << 20).to_string()],
+        );
+        run.envs(envs);
+        let out = wait_bounded(run.spawn().unwrap(), LIMIT);
+        assert!(
+            out.code() == Some(0) && out.stdout.contains("dtoh_pageable_16m_gbps"),
+            "{}\n--- server log\n{}",
+            out.describe(),
+            server.log()
+        );
+    }
+}

@@ -112,6 +112,42 @@ impl Link {
     pub fn call_into(&self, call: Call, out: &mut [u8]) -> CuResult<()> {
         self.lock().call_into(call, out)
     }
+
+    /// How large copies on this link are cut ([`chunk_bytes`]).
+    pub fn chunk_bytes(&self) -> usize {
+        self.lock().chunks()
+    }
+
+    /// The calls `call(i, chunk)` makes for the chunks of `bytes`, each with
+    /// its chunk as its byte buffer, all answered (see [`Connection::chunks`]).
+    pub fn calls_with_chunks(
+        &self,
+        bytes: &[u8],
+        call: impl Fn(usize, &[u8]) -> Call,
+    ) -> CuResult<()> {
+        self.lock().calls_with_chunks(bytes, call)
+    }
+
+    /// The calls `call(i, chunk)` makes for the chunks of `out`, each
+    /// answered with its chunk's bytes, received into it.
+    pub fn calls_into_chunks(
+        &self,
+        out: &mut [u8],
+        call: impl Fn(usize, &[u8]) -> Call,
+    ) -> CuResult<()> {
+        self.lock().calls_into_chunks(out, call)
+    }
+}
+
+/// Bytes of one chunk of a large copy: through shared memory the bulk ring
+/// takes a frame's most; on a socket smaller chunks, sent back to back,
+/// keep the copies on both ends in cache and overlap them with the network.
+pub fn chunk_bytes(socket: bool) -> usize {
+    if socket {
+        8 << 20
+    } else {
+        proto::framing::MAX_CHUNK_BYTES
+    }
 }
 
 /// What the server said at connect.
@@ -506,6 +542,92 @@ impl Connection {
                 Some(Ok(_)) => return Err(CUDA_ERROR_UNKNOWN),
             }
         }
+    }
+
+    /// How large copies are cut ([`chunk_bytes`]).
+    fn chunks(&self) -> usize {
+        chunk_bytes(self.shm.is_none())
+    }
+
+    /// [`Link::calls_with_chunks`]: through shared memory one call after
+    /// another; on a socket every chunk is sent before the answers are read,
+    /// so that the round trips overlap (a remote server's RTT is paid once).
+    pub fn calls_with_chunks(
+        &mut self,
+        bytes: &[u8],
+        call: impl Fn(usize, &[u8]) -> Call,
+    ) -> CuResult<()> {
+        let size = self.chunks();
+        if self.shm.is_some() {
+            for (i, chunk) in bytes.chunks(size).enumerate() {
+                self.call_with_bytes(call(i, chunk), chunk)?;
+            }
+            return Ok(());
+        }
+        if self.dead {
+            return Err(CUDA_ERROR_DEVICE_UNAVAILABLE);
+        }
+        let first = self.seq + 1;
+        for (i, chunk) in bytes.chunks(size).enumerate() {
+            self.seq += 1;
+            let seq = self.seq;
+            self.send(seq, call(i, chunk), Some(chunk))?;
+        }
+        self.answers(first)
+    }
+
+    /// [`Link::calls_into_chunks`]: the requests all leave first on a socket
+    /// (they are small), then each answer lands in its chunk.
+    pub fn calls_into_chunks(
+        &mut self,
+        out: &mut [u8],
+        call: impl Fn(usize, &[u8]) -> Call,
+    ) -> CuResult<()> {
+        let size = self.chunks();
+        if self.shm.is_some() {
+            for (i, chunk) in out.chunks_mut(size).enumerate() {
+                let c = call(i, chunk);
+                self.call_into(c, chunk)?;
+            }
+            return Ok(());
+        }
+        if self.dead {
+            return Err(CUDA_ERROR_DEVICE_UNAVAILABLE);
+        }
+        let first = self.seq + 1;
+        for (i, chunk) in out.chunks(size).enumerate() {
+            self.seq += 1;
+            let seq = self.seq;
+            self.send(seq, call(i, chunk), None)?;
+        }
+        let mut failed = None;
+        for (i, chunk) in out.chunks_mut(size).enumerate() {
+            let seq = first + i as u64;
+            match self.receive_from_socket_into(seq, chunk) {
+                Ok(()) => {}
+                Err(e) if self.dead => return Err(e),
+                Err(e) => failed = failed.or(Some(e)),
+            }
+        }
+        failed.map_or(Ok(()), Err)
+    }
+
+    /// Reads the answers of calls `first..=self.seq`, in order; the first
+    /// failure, once all are read.
+    fn answers(&mut self, first: u64) -> CuResult<()> {
+        let mut failed = None;
+        for seq in first..=self.seq {
+            loop {
+                let reply = self.next_reply()?;
+                if let Some(result) = self.answer(seq, reply) {
+                    if let Err(e) = result {
+                        failed = failed.or(Some(e));
+                    }
+                    break;
+                }
+            }
+        }
+        failed.map_or(Ok(()), Err)
     }
 
     /// [`Transport::call_into`] on the socket: `seq`'s answer, its bulk
