@@ -488,3 +488,39 @@ fn large_copies_arrive_whole_over_tcp_and_tls() {
         );
     }
 }
+
+#[test]
+fn stream_ordered_programs_run_over_tcp_and_tls() {
+    // Copies on streams are unanswered calls: on a socket they go as they
+    // are, never waiting for an answer that does not come.
+    let dir = TempDir::new("tls-streams");
+    let pair = self_signed(&dir.0, "server", false);
+    let (cert, key) = (
+        pair.cert.display().to_string(),
+        pair.key.display().to_string(),
+    );
+    let tls = TcpServer::start(
+        &dir.0,
+        "tcp:127.0.0.1:0",
+        &["--tls-cert", &cert, "--tls-key", &key],
+        &[],
+    );
+    let plain = TcpServer::start(&dir.0, "tcp:127.0.0.1:0", &["--policy", "fifo"], &[]);
+    let print = tls.fingerprint.clone().unwrap();
+    for program in ["pinned_copies", "pinned_memory", "host_callback", "threads"] {
+        for (server, envs) in [
+            (&tls, vec![("CUMUX_TLS_FINGERPRINT", print.as_str())]),
+            (&plain, vec![]),
+        ] {
+            let mut run = run_command_at(&server.address, &[], &driver_program(program), &[]);
+            run.envs(envs);
+            let out = wait_bounded(run.spawn().unwrap(), LIMIT);
+            assert!(
+                out.code() == Some(0) && out.stdout.contains("PASS"),
+                "{program}: {}\n--- server log\n{}",
+                out.describe(),
+                server.log()
+            );
+        }
+    }
+}

@@ -558,7 +558,12 @@ impl Connection {
         call: impl Fn(usize, &[u8]) -> Call,
     ) -> CuResult<()> {
         let size = self.chunks();
-        if self.shm.is_some() {
+        // Unanswered calls (a copy on a stream) go one after another anyway.
+        let forget = bytes
+            .chunks(size)
+            .next()
+            .is_some_and(|chunk| call(0, chunk).is_fire_and_forget());
+        if self.shm.is_some() || forget {
             for (i, chunk) in bytes.chunks(size).enumerate() {
                 self.call_with_bytes(call(i, chunk), chunk)?;
             }
@@ -584,7 +589,11 @@ impl Connection {
         call: impl Fn(usize, &[u8]) -> Call,
     ) -> CuResult<()> {
         let size = self.chunks();
-        if self.shm.is_some() {
+        let forget = out
+            .chunks(size)
+            .next()
+            .is_some_and(|chunk| call(0, chunk).is_fire_and_forget());
+        if self.shm.is_some() || forget {
             for (i, chunk) in out.chunks_mut(size).enumerate() {
                 let c = call(i, chunk);
                 self.call_into(c, chunk)?;
