@@ -7,6 +7,7 @@ pub mod device_plugin;
 pub mod fn_client;
 pub mod fn_cmd;
 pub mod functions_http;
+pub mod https;
 pub mod install;
 pub mod logging;
 pub mod metrics_http;

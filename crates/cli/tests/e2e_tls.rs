@@ -75,6 +75,8 @@ fn ca_and_signed(dir: &Path, names: &[&str], expired: bool) -> (PathBuf, Pair) {
 struct TcpServer {
     child: Child,
     address: String,
+    /// The line it printed once it listened.
+    line: String,
     fingerprint: Option<String>,
     log: PathBuf,
 }
@@ -96,6 +98,7 @@ impl TcpServer {
             .map(|w| w.trim_end_matches([')', ';']).to_string());
         TcpServer {
             address: tcp_address_in(&line),
+            line: line.clone(),
             child,
             fingerprint,
             log,
@@ -523,4 +526,107 @@ fn stream_ordered_programs_run_over_tcp_and_tls() {
             );
         }
     }
+}
+
+/// `GET path` over HTTPS to `at` (`HOST:PORT`), trusting the certificate
+/// `print` pins: the status line and the body.
+fn https_get(at: &str, print: &str, path: &str) -> Result<String, String> {
+    use std::io::{Read, Write};
+    let pin = cumux_protocol::tls::parse_fingerprint(print).unwrap();
+    let config =
+        cumux_protocol::tls::client_config(cumux_protocol::tls::Trust::Pinned(vec![pin]), None)
+            .unwrap();
+    let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+    let conn = rustls::ClientConnection::new(config, name).unwrap();
+    let tcp = std::net::TcpStream::connect(at).unwrap();
+    tcp.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let mut tls = rustls::StreamOwned::new(conn, tcp);
+    let request = format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
+    tls.write_all(request.as_bytes())
+        .map_err(|e| e.to_string())?;
+    let mut answer = Vec::new();
+    match tls.read_to_end(&mut answer) {
+        Ok(_) => {}
+        // Some servers close without close_notify once they answered.
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof && !answer.is_empty() => {}
+        Err(e) => return Err(e.to_string()),
+    }
+    Ok(String::from_utf8_lossy(&answer).to_string())
+}
+
+#[test]
+fn the_functions_api_speaks_https_with_the_servers_certificate() {
+    let dir = TempDir::new("tls-functions");
+    let pair = self_signed(&dir.0, "server", false);
+    let (cert, key) = (
+        pair.cert.display().to_string(),
+        pair.key.display().to_string(),
+    );
+    let config = config_file(
+        &dir,
+        "[tenants.alice]\ntoken = \"alice-token-0123456789abcdef\"\n",
+    );
+    let server = TcpServer::start(
+        &dir.0,
+        "tcp:127.0.0.1:0",
+        &[
+            "--tls-cert",
+            &cert,
+            "--tls-key",
+            &key,
+            "--functions",
+            "127.0.0.1:0",
+            "--config",
+            &config.display().to_string(),
+        ],
+        &[],
+    );
+    let line = &server.line;
+    let at = line
+        .split("functions on https://")
+        .nth(1)
+        .and_then(|rest| rest.split('/').next())
+        .unwrap_or_else(|| panic!("no https functions address in: {line}"))
+        .to_string();
+    let print = server.fingerprint.clone().unwrap();
+    let answer = https_get(&at, &print, "/v1/openapi.json").unwrap();
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert!(answer.contains("\"openapi\""), "{answer}");
+    // Plain HTTP to it gets no answer a client could take for one.
+    use std::io::{Read, Write};
+    let mut plain = std::net::TcpStream::connect(&at).unwrap();
+    plain
+        .set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    plain
+        .write_all(b"GET /v1/openapi.json HTTP/1.1\r\nHost: x\r\n\r\n")
+        .unwrap();
+    let mut got = Vec::new();
+    let _ = plain.read_to_end(&mut got);
+    assert!(!String::from_utf8_lossy(&got).contains("openapi"));
+    // `cumux fn` speaks HTTPS, trusting the pinned certificate only.
+    let url = format!("https://{at}");
+    let list = |print: Option<&str>| {
+        let mut fn_list = Command::new(env!("CARGO_BIN_EXE_cumux"));
+        fn_list
+            .args(["fn", "--url", &url, "list"])
+            .env("CUMUX_TOKEN", "alice-token-0123456789abcdef")
+            .env_remove("CUMUX_TLS_FINGERPRINT")
+            .env_remove("CUMUX_TLS_CA");
+        if let Some(print) = print {
+            fn_list.env("CUMUX_TLS_FINGERPRINT", print);
+        }
+        fn_list.output().unwrap()
+    };
+    let listed = list(Some(&print));
+    assert!(listed.status.success(), "{listed:?}");
+    let untrusted = list(None);
+    assert!(!untrusted.status.success());
+    assert!(
+        String::from_utf8_lossy(&untrusted.stderr).contains("CUMUX_TLS_FINGERPRINT"),
+        "{untrusted:?}"
+    );
+    let other = self_signed(&dir.0, "other", false);
+    let wrong = list(Some(&cumux_protocol::tls::fingerprint(&other.der)));
+    assert!(!wrong.status.success(), "{wrong:?}");
 }
