@@ -362,8 +362,12 @@ driver_fn! {
         out(module, load_module(client()?, || image_from_pointer(image))?)
     }
 
-    fn cuModuleLoadDataEx(module: *mut *mut c_void, image: *const c_void, _n: u32, _opts: *mut CUjit_option, _vals: *mut *mut c_void) {
-        out(module, load_module(client()?, || image_from_pointer(image))?)
+    fn cuModuleLoadDataEx(module: *mut *mut c_void, image: *const c_void, n: u32, opts: *mut CUjit_option, vals: *mut *mut c_void) {
+        crate::transport::take_last_error_message();
+        let loaded = load_module(client()?, || image_from_pointer(image));
+        let log = crate::transport::take_last_error_message();
+        crate::jit_log::fill(n, opts, vals, &log);
+        out(module, loaded?)
     }
 
     fn cuModuleUnload | cuLibraryUnload (module: *mut c_void) {
