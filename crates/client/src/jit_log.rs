@@ -12,7 +12,7 @@ const MAX_OPTIONS: usize = 64;
 /// Writes `error` into the program's error log buffer (and nothing into its
 /// info log), each NUL-terminated and cut to its buffer's size, and the bytes
 /// written (without the NUL) into the size options, as the driver reports them.
-pub fn fill(n: u32, opts: *const CUjit_option, vals: *mut *mut c_void, error: &str) {
+pub(crate) fn fill(n: u32, opts: *const CUjit_option, vals: *mut *mut c_void, error: &str) {
     let n = n as usize;
     if n == 0 || n > MAX_OPTIONS || opts.is_null() || vals.is_null() {
         return;
