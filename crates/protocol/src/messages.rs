@@ -709,6 +709,7 @@ pub mod codes {
     pub const PEER_ACCESS_NOT_ENABLED: u32 = 705;
     pub const LAUNCH_OUT_OF_RESOURCES: u32 = 701;
     pub const LAUNCH_TIMEOUT: u32 = 702;
+    pub const ASSERT: u32 = 710;
     pub const MISALIGNED_ADDRESS: u32 = 716;
     pub const LAUNCH_FAILED: u32 = 719;
     pub const NOT_PERMITTED: u32 = 800;
@@ -717,7 +718,7 @@ pub mod codes {
 
     /// Codes after which CUDA's context is unusable: every later call fails with them.
     pub fn is_fatal(code: u32) -> bool {
-        matches!(code, ILLEGAL_ADDRESS | LAUNCH_TIMEOUT | 714..=719)
+        matches!(code, ILLEGAL_ADDRESS | LAUNCH_TIMEOUT | ASSERT | 714..=719)
     }
 }
 
