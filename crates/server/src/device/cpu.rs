@@ -12,7 +12,9 @@ use cumux_fatbin::{Classified, ImageKind};
 use cumux_protocol::{codes, CuError, DeviceInfo, DevicePtr, FunctionAttrs, ParamInfo};
 use cumux_ptx::{DeviceMemory, LaunchConfig, LaunchLimits, MemError, Program, Space};
 
-use super::attributes::{cpu_device_attributes, AttributeInputs, SHARED_PER_BLOCK};
+use super::attributes::{
+    cpu_device_attributes, AttributeInputs, COMPUTE_CAPABILITY, SHARED_PER_BLOCK,
+};
 use super::memory_use;
 use super::{
     Device, DeviceContext, GlobalDesc, KernelDesc, KernelLaunch, LaunchOutcome, LoadedModule,
@@ -182,7 +184,10 @@ fn device_uuid(host: &str) -> [u8; 16] {
     uuid
 }
 
-/// The PTX text inside a module image, or the error the driver would give.
+/// The PTX text inside a module image, or the error the driver would give. Of
+/// a fat binary's PTX, the one the device's compute capability runs, as the
+/// driver picks it (else the lowest newer one, whose features the
+/// interpreter handles).
 pub fn ptx_of_image(image: &[u8]) -> Result<String, CuError> {
     match cumux_fatbin::classify(image) {
         Classified::Fatbin => {
@@ -200,7 +205,8 @@ pub fn ptx_of_image(image: &[u8]) -> Result<String, CuError> {
                     ),
                 ));
             }
-            cumux_fatbin::best_ptx(image).ok_or_else(|| {
+            let (major, minor) = COMPUTE_CAPABILITY;
+            cumux_fatbin::ptx_for(image, (major * 10 + minor) as u32).ok_or_else(|| {
                 CuError::new(codes::INVALID_PTX, "the fat binary's PTX is not UTF-8")
             })
         }
@@ -410,7 +416,11 @@ impl DeviceContext for CpuContext {
             per_launch: self.launch_budget,
             cancel: Some(&self.cancelled),
         };
-        let report = program.launch_with(&self.mem, &name, &config, &launch.params, &limits);
+        let report = if geometry.cooperative() {
+            program.launch_cooperative(&self.mem, &name, &config, &launch.params, &limits)
+        } else {
+            program.launch_with(&self.mem, &name, &config, &launch.params, &limits)
+        };
         LaunchOutcome {
             stdout: report.stdout,
             result: report

@@ -81,6 +81,14 @@ impl LaunchGeometry {
             _ => None,
         })
     }
+
+    /// Whether the launch is cooperative (`cuLaunchCooperativeKernel`, or
+    /// the attribute set): its blocks all run at once and may sync the grid.
+    pub fn cooperative(&self) -> bool {
+        self.attributes
+            .iter()
+            .any(|a| matches!(a, LaunchAttribute::Cooperative(v) if *v != 0))
+    }
 }
 
 /// One launch of `kernel` (an index into the module's kernels) with its
