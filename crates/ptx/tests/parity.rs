@@ -185,8 +185,14 @@ fn device_malloc_free_new_and_delete() {
     let n = blocks * threads;
     let sums = dev.alloc(n * 4);
     let was_null = dev.alloc(4);
+    let big_fits = dev.alloc(4);
+    dev.mem.set_heap_limit(16 << 20).unwrap();
     for _ in 0..3 {
-        dev.launch("_Z5listsPiS_", linear(blocks, threads), &[&sums, &was_null]);
+        dev.launch(
+            "_Z5listsPiS_S_",
+            linear(blocks, threads),
+            &[&sums, &was_null, &big_fits],
+        );
     }
     let got: Vec<i32> = dev.download(sums, n);
     for (i, g) in got.iter().enumerate() {
@@ -198,6 +204,8 @@ fn device_malloc_free_new_and_delete() {
         vec![1],
         "malloc past the heap"
     );
+    let fits: Vec<i32> = dev.download(big_fits, 1);
+    assert_eq!(fits, vec![1], "12 MiB of a 16 MiB heap");
     // the heap's size is fixed once a kernel used it
     assert!(dev.mem.set_heap_limit(1 << 20).is_err());
 }

@@ -308,9 +308,14 @@ driver_fn! {
     fn cuCtxSetLimit(limit: u32, value: usize) {
         let c = client()?;
         limit_value(limit)?;
+        let ctx = current_or(std::ptr::null_mut())?;
+        let device = c.lock().contexts.get(&ctx).ok_or(CUDA_ERROR_INVALID_CONTEXT)?.device;
+        // the device applies the malloc heap's size itself
+        if limit == cumux_cuda_bindings::consts::CU_LIMIT_MALLOC_HEAP_SIZE {
+            c.call_on(device, Call::SetLimit { limit, value: value as u64 })?;
+        }
         let mut st = c.lock();
-        let ctx = st.contexts.get_mut(&current_or(std::ptr::null_mut())?).ok_or(CUDA_ERROR_INVALID_CONTEXT)?;
-        ctx.limits.insert(limit, value);
+        st.contexts.get_mut(&ctx).ok_or(CUDA_ERROR_INVALID_CONTEXT)?.limits.insert(limit, value);
         Ok(())
     }
 

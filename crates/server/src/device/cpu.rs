@@ -184,6 +184,9 @@ fn device_uuid(host: &str) -> [u8; 16] {
     uuid
 }
 
+/// `CU_LIMIT_MALLOC_HEAP_SIZE`.
+const MALLOC_HEAP_LIMIT: u32 = 2;
+
 /// The PTX text inside a module image, or the error the driver would give. Of
 /// a fat binary's PTX, the one the device's compute capability runs, as the
 /// driver picks it (else the lowest newer one, whose features the
@@ -386,6 +389,20 @@ impl DeviceContext for CpuContext {
             None => {}
         }
         self.settle();
+    }
+
+    /// The malloc heap's size (`CU_LIMIT_MALLOC_HEAP_SIZE`), refused once a
+    /// kernel of this context used the heap, as the driver refuses it.
+    fn set_limit(&self, limit: u32, value: u64) -> Result<(), CuError> {
+        if limit != MALLOC_HEAP_LIMIT {
+            return Ok(());
+        }
+        self.mem.set_heap_limit(value).map_err(|_| {
+            CuError::new(
+                codes::INVALID_VALUE,
+                "the malloc heap's size cannot change once a kernel used the heap",
+            )
+        })
     }
 
     fn launch(&self, launch: &KernelLaunch) -> LaunchOutcome {
