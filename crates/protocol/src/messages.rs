@@ -232,12 +232,6 @@ pub enum Call {
         /// `cuLaunchKernelEx` attributes the device must honour.
         attributes: Vec<LaunchAttribute>,
     },
-    /// `cuCtxSetLimit` of a limit the device itself applies (the device-side
-    /// `malloc` heap); answered with `Unit`.
-    SetLimit {
-        limit: u32,
-        value: u64,
-    },
     /// Encodes a tensor-memory-access descriptor (`cuTensorMapEncode*`) for
     /// memory of this session; answered by [`ReplyBody::TensorMap`].
     TensorMapEncode {
@@ -384,6 +378,12 @@ pub enum Call {
     PeerAccess {
         peer: u32,
         enable: bool,
+    },
+    /// `cuCtxSetLimit` of a limit the device itself applies (the device-side
+    /// `malloc` heap); answered with `Unit`.
+    SetLimit {
+        limit: u32,
+        value: u64,
     },
 }
 
