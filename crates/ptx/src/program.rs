@@ -100,7 +100,7 @@ impl Program {
     /// Like [`Program::launch_with`], as a cooperative launch
     /// (`cuLaunchCooperativeKernel`): every block runs at once and
     /// `cooperative_groups::this_grid().sync()` waits for the whole grid.
-    /// More than 1,024 blocks fail with code 720.
+    /// More than 1,024 blocks or 65,536 threads fail with code 720.
     pub fn launch_cooperative(
         &self,
         mem: &DeviceMemory,

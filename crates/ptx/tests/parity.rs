@@ -121,12 +121,13 @@ fn grid_sync_in_a_cooperative_launch() {
     // launched plainly, the grid has no workspace: the sync traps, as on a GPU
     let plain = dev.try_launch(kernel, cfg, &[&data, &sums, &(n as i32)]);
     assert_eq!(plain.result.unwrap_err().cu_code(), 719);
-    // more blocks than run at once
-    let big = linear(2048, 32);
-    let r = dev
-        .program
-        .launch_cooperative(&dev.mem, kernel, &big, &params, &LaunchLimits::NONE);
-    assert_eq!(r.result.unwrap_err().cu_code(), 720);
+    // more blocks, or threads, than run at once
+    for big in [linear(2048, 32), linear(128, 1024)] {
+        let r =
+            dev.program
+                .launch_cooperative(&dev.mem, kernel, &big, &params, &LaunchLimits::NONE);
+        assert_eq!(r.result.unwrap_err().cu_code(), 720, "{big:?}");
+    }
 }
 
 /// `cp.async` forms nvcc's headers do not emit but hand-written PTX does: an

@@ -6,7 +6,10 @@
 
 use super::access::bytes_of;
 use super::block::Worker;
-use super::limits::{BLOCK_MEMORY_LIMIT, MAX_COOPERATIVE_BLOCKS, PRINTF_LIMIT, RESERVED_SMEM};
+use super::limits::{
+    BLOCK_MEMORY_LIMIT, COOPERATIVE_MEMORY_LIMIT, MAX_COOPERATIVE_BLOCKS, MAX_COOPERATIVE_THREADS,
+    PRINTF_LIMIT, RESERVED_SMEM,
+};
 use super::state::Geo;
 use super::watch;
 use crate::ir::{Module, Op, SReg};
@@ -72,10 +75,11 @@ impl Executable {
             return self.launch_in(mem, k, cfg, params, limits, 0);
         }
         let blocks: u64 = cfg.grid.iter().map(|&v| v as u64).product();
-        if blocks > MAX_COOPERATIVE_BLOCKS {
+        let threads = blocks * cfg.block.iter().map(|&v| v as u64).product::<u64>();
+        if blocks > MAX_COOPERATIVE_BLOCKS || threads > MAX_COOPERATIVE_THREADS {
             return LaunchReport::failed(Fault::CooperativeTooLarge(format!(
-                "{blocks} blocks in a cooperative launch; at most {MAX_COOPERATIVE_BLOCKS} \
-                 run at once"
+                "{blocks} blocks of {threads} threads in all in a cooperative launch; at most \
+                 {MAX_COOPERATIVE_BLOCKS} blocks and {MAX_COOPERATIVE_THREADS} threads run at once"
             )));
         }
         // the driver's grid workspace: { u32 size, u32 barrier }
@@ -116,9 +120,16 @@ impl Executable {
         let threads: u64 = cfg.block.iter().map(|&v| v as u64).product();
         let f = &prog.funcs[kernel as usize];
         let per_thread = f.nregs as u64 * 8 + f.frame_bytes as u64;
-        if per_thread.saturating_mul(threads) > BLOCK_MEMORY_LIMIT as u64 {
+        // a cooperative launch's blocks are all resident: they share one budget
+        let (resident, memory) = if grid_workspace != 0 {
+            let blocks: u64 = cfg.grid.iter().map(|&v| v as u64).product();
+            (threads * blocks, COOPERATIVE_MEMORY_LIMIT)
+        } else {
+            (threads, BLOCK_MEMORY_LIMIT)
+        };
+        if per_thread.saturating_mul(resident) > memory as u64 {
             return LaunchReport::failed(Fault::OutOfResources(format!(
-                "{threads} threads with {per_thread} bytes of registers and local memory each"
+                "{resident} threads with {per_thread} bytes of registers and local memory each"
             )));
         }
         let mut shared_bytes = prog.dyn_shared_base as u64 + cfg.dynamic_shared_bytes as u64;
@@ -163,8 +174,11 @@ impl Executable {
             lockstep: prog.funcs.iter().enumerate().any(|(i, f)| {
                 f.uses_volatile && (i as u32 == kernel || !prog.kernels.contains(&(i as u32)))
             }),
-            stack_limit: (BLOCK_MEMORY_LIMIT / cfg.block.iter().product::<u32>().max(1) as usize)
-                .max(1 << 20),
+            stack_limit: if grid_workspace != 0 {
+                memory / resident.max(1) as usize
+            } else {
+                (memory / threads.max(1) as usize).max(1 << 20)
+            },
         };
         run_grid(&g)
     }

@@ -21,3 +21,9 @@ pub(super) const BLOCK_MEMORY_LIMIT: usize = 256 << 20;
 pub(super) const RESERVED_SMEM: u64 = 1024;
 /// Blocks of a cooperative launch, which all run at once (a host thread each).
 pub(super) const MAX_COOPERATIVE_BLOCKS: u64 = 1024;
+/// Threads of a cooperative launch, all blocks together.
+pub(super) const MAX_COOPERATIVE_THREADS: u64 = 65536;
+/// Registers plus local memory of all threads of a cooperative launch, whose
+/// blocks are all resident at once (each thread's call stack is bounded by
+/// its share: at least 16 KiB).
+pub(super) const COOPERATIVE_MEMORY_LIMIT: usize = 1 << 30;
