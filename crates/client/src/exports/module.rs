@@ -475,9 +475,14 @@ driver_fn! {
 
     fn cuLinkComplete(state: *mut c_void, image: *mut *mut c_void, size: *mut usize) {
         let c = client()?;
+        // a fat binary input gives the PTX the current device's capability runs
+        let dev = c.lock().current_device() as i32;
+        let major = c.attribute(dev, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?;
+        let minor = c.attribute(dev, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?;
+        let sm = (major * 10 + minor) as u32;
         let mut st = c.lock();
         let link = st.links.get_mut(&handle(state)).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
-        link.output = crate::link::link(&link.inputs)?;
+        link.output = crate::link::link(&link.inputs, sm)?;
         out_opt(size, link.output.len());
         out(image, link.output.as_mut_ptr().cast())
     }
