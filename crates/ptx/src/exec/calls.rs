@@ -170,16 +170,8 @@ pub(super) fn printf(
     line: u32,
 ) -> Result<(), Fault> {
     let (rbase, lbase) = (th.rbase, th.lbase);
-    let get = |th: &mut Thread, l: &ArgLoc| -> u64 {
-        match *l {
-            ArgLoc::Frame { off, size } => {
-                local_get(&mut th.local, lbase + off, size.min(8)).unwrap_or(0)
-            }
-            ArgLoc::Val { src, .. } => rd(&th.regs, rbase, lbase, src),
-        }
-    };
-    let fptr = get(th, fmt);
-    let aptr = get(th, args);
+    let fptr = arg_value(th, fmt);
+    let aptr = arg_value(th, args);
     let Some(fmt_bytes) = b.cstring(g, &mut th.local, fptr) else {
         return Err(g.fault_addr(fptr, "printf format read", line));
     };
@@ -234,19 +226,7 @@ pub(super) fn assert_fail(
     tid: [u32; 3],
     line: u32,
 ) -> Fault {
-    let (rbase, lbase) = (th.rbase, th.lbase);
-    let mut value = |l: &ArgLoc| match *l {
-        ArgLoc::Frame { off, size } => {
-            local_get(&mut th.local, lbase + off, size.min(8)).unwrap_or(0)
-        }
-        ArgLoc::Val { src, .. } => rd(&th.regs, rbase, lbase, src),
-    };
-    let [message, file, at_line, function] = [
-        value(&args[0]),
-        value(&args[1]),
-        value(&args[2]),
-        value(&args[3]),
-    ];
+    let [message, file, at_line, function] = args.map(|a| arg_value(th, &a));
     let mut text = |p: u64| {
         b.cstring(g, &mut th.local, p)
             .map(|s| String::from_utf8_lossy(&s).into_owned())
@@ -284,8 +264,8 @@ pub(super) fn malloc(g: &Geo<'_>, th: &mut Thread, size: &ArgLoc, ret: Option<&A
     }
 }
 
-/// Device `free(ptr)`: a pointer the heap did not hand out faults, as the
-/// driver's heap check does.
+/// Device `free(ptr)`: a pointer the heap did not hand out (or already took
+/// back) faults rather than corrupting the heap.
 pub(super) fn free(g: &Geo<'_>, th: &mut Thread, ptr: &ArgLoc, line: u32) -> Result<(), Fault> {
     let p = arg_value(th, ptr);
     if g.memory.heap_free(p) {
