@@ -55,3 +55,40 @@ pub(crate) fn fill(n: u32, opts: *const CUjit_option, vals: *mut *mut c_void, er
         vals[s] = bytes.len() as *mut c_void;
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_error_log_is_cut_to_its_buffer_and_its_length_reported() {
+        let mut error = [0x7fu8; 8];
+        let mut info = [0x7fu8; 4];
+        let opts = [
+            CU_JIT_ERROR_LOG_BUFFER,
+            CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES,
+            CU_JIT_INFO_LOG_BUFFER,
+            CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES,
+        ];
+        let mut vals: [*mut c_void; 4] = [
+            error.as_mut_ptr().cast(),
+            error.len() as *mut c_void,
+            info.as_mut_ptr().cast(),
+            info.len() as *mut c_void,
+        ];
+        fill(
+            4,
+            opts.as_ptr(),
+            vals.as_mut_ptr(),
+            "line 6: unknown instruction",
+        );
+        assert_eq!(&error, b"line 6:\0");
+        assert_eq!(vals[1] as usize, 7);
+        assert_eq!(info[0], 0);
+        assert_eq!(vals[3] as usize, 0);
+        // no options, or a count past any CUDA defines: nothing is touched
+        fill(0, opts.as_ptr(), vals.as_mut_ptr(), "x");
+        fill(1000, opts.as_ptr(), vals.as_mut_ptr(), "x");
+        assert_eq!(&error, b"line 6:\0");
+    }
+}

@@ -1,9 +1,9 @@
-// The corpus programs' CHECK: a CUDA runtime call that fails prints where
+// The parity programs' CHECK: a CUDA runtime call that fails prints where
 // and why on stderr and ends the program with exit status 2. Each program of
 // this folder includes it ("check.h", found beside the source, so nvcc needs
 // no include path).
-#ifndef CUMUX_CORPUS_CHECK_H
-#define CUMUX_CORPUS_CHECK_H
+#ifndef CUMUX_PARITY_CHECK_H
+#define CUMUX_PARITY_CHECK_H
 
 #define CHECK(call)                                                           \
     do {                                                                      \
