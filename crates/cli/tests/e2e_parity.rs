@@ -102,3 +102,26 @@ fn device_malloc_and_new() {
 fn indirect_calls_virtual_functions_and_recursion() {
     passes("indirect_calls", &[]);
 }
+
+/// Every corpus program built with compute_90 PTX alone (newer than the
+/// device's 7.5): the device runs that PTX, and what it uses.
+#[test]
+fn corpus_programs_built_for_sm90_only_run() {
+    let server = ServerProc::start("corpus90");
+    let flags = ["-gencode", "arch=compute_90,code=compute_90"];
+    let mut names: Vec<String> = std::fs::read_dir(cumux_testkit::corpus_dir())
+        .unwrap()
+        .filter_map(|e| {
+            let path = e.unwrap().path();
+            let cu = path.extension().is_some_and(|x| x == "cu");
+            cu.then(|| path.file_stem().unwrap().to_string_lossy().into_owned())
+        })
+        .collect();
+    names.sort();
+    assert!(names.len() >= 20, "corpus programs: {names:?}");
+    for name in names {
+        let program = cumux_testkit::compile_program(cumux_testkit::corpus_source(&name), &flags);
+        let out = server.run(&program, &[], LIMIT);
+        server.assert_pass(&out, &name);
+    }
+}
