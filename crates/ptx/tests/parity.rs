@@ -260,3 +260,21 @@ fn indirect_calls_virtual_functions_and_deep_recursion() {
         );
     }
 }
+
+#[test]
+fn bulk_copies_are_refused_not_left_undone() {
+    for form in [
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%r1], [%rd1], 16, [%r1];",
+        "cp.async.mbarrier.arrive.noinc.shared.b64 [%r1];",
+    ] {
+        let ptx = format!(
+            ".version 8.0\n.target sm_90\n.address_size 64\n\
+             .visible .entry k(.param .u64 p)\n{{\n.reg .b64 %rd<4>;\n.reg .b32 %r<4>;\n\
+             .shared .align 16 .b8 s[64];\nld.param.u64 %rd1, [p];\nmov.u32 %r1, s;\n\
+             {form}\nret;\n}}\n"
+        );
+        let mem = cumux_ptx::DeviceMemory::new(1 << 20);
+        let err = Program::load(&ptx, &mem).unwrap_err();
+        assert_eq!(err.cu_code(), 218, "{form}: {err}");
+    }
+}
