@@ -20,6 +20,17 @@ use cumux_protocol::{
 use crate::errors::*;
 use crate::teardown;
 
+thread_local! {
+    /// What the server said of the last call of this thread that failed.
+    static LAST_ERROR: std::cell::RefCell<String> = const { std::cell::RefCell::new(String::new()) };
+}
+
+/// Takes the server's message for the last failed call of the calling
+/// thread (a JIT error log's text), empty when none.
+pub fn take_last_error_message() -> String {
+    LAST_ERROR.try_with(|last| last.take()).unwrap_or_default()
+}
+
 /// `CUDA_VISIBLE_DEVICES` for the hello (the server applies it), cut to
 /// what a hello carries.
 pub fn visible_devices() -> Option<String> {
@@ -693,6 +704,7 @@ impl Connection {
         }
         Some(reply.result.map_err(|e| {
             tracing::debug!("server: {e}");
+            let _ = LAST_ERROR.try_with(|last| last.replace(e.detail.clone()));
             if e.code == 0 {
                 CUDA_ERROR_UNKNOWN
             } else {

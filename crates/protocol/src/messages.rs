@@ -389,6 +389,12 @@ pub enum Call {
         peer: u32,
         enable: bool,
     },
+    /// `cuCtxSetLimit` of a limit the device itself applies (the device-side
+    /// `malloc` heap); answered with `Unit`.
+    SetLimit {
+        limit: u32,
+        value: u64,
+    },
 }
 
 /// Bytes of a `CUipcMemHandle`.
@@ -719,6 +725,7 @@ pub mod codes {
     pub const PEER_ACCESS_NOT_ENABLED: u32 = 705;
     pub const LAUNCH_OUT_OF_RESOURCES: u32 = 701;
     pub const LAUNCH_TIMEOUT: u32 = 702;
+    pub const ASSERT: u32 = 710;
     pub const MISALIGNED_ADDRESS: u32 = 716;
     pub const LAUNCH_FAILED: u32 = 719;
     pub const NOT_PERMITTED: u32 = 800;
@@ -727,7 +734,7 @@ pub mod codes {
 
     /// Codes after which CUDA's context is unusable: every later call fails with them.
     pub fn is_fatal(code: u32) -> bool {
-        matches!(code, ILLEGAL_ADDRESS | LAUNCH_TIMEOUT | 714..=719)
+        matches!(code, ILLEGAL_ADDRESS | LAUNCH_TIMEOUT | ASSERT | 714..=719)
     }
 }
 
