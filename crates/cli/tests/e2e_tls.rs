@@ -127,15 +127,6 @@ impl TcpServer {
         );
     }
 
-    fn assert_pass_named(&self, out: &RunOutput, name: &str) {
-        assert!(
-            out.code() == Some(0) && out.stdout.contains(&format!("{name}: PASS")),
-            "{}\n--- server log\n{}",
-            out.describe(),
-            self.log()
-        );
-    }
-
     fn assert_refused(&mut self, out: &RunOutput, says: &[&str]) {
         assert_ne!(out.code(), Some(0), "{}", out.describe());
         for words in says {
