@@ -1,6 +1,7 @@
 //! `cumux run --pool FILE --gpus N --memory SIZE`: asks every server of a pool
-//! file which devices the tenant may use and how loaded they are, and places
-//! the program on the fewest servers whose devices fit, least loaded first.
+//! file which devices the tenant may use and how loaded they are (sessions,
+//! then memory in use), and places the program on the fewest servers whose
+//! devices fit, least loaded first.
 
 use std::path::Path;
 
@@ -82,6 +83,15 @@ pub struct Offer {
     pub free: u64,
     /// The share of the device's memory in use, by anyone.
     pub load: f64,
+    /// Sessions on it now, anyone's.
+    pub sessions: u32,
+}
+
+impl Offer {
+    /// How busy it is: its sessions first, then its memory in use.
+    fn busy(&self) -> f64 {
+        f64::from(self.sessions) + self.load
+    }
 }
 
 /// Where a program goes: its servers and, in its order, its devices' uuids.
@@ -107,7 +117,7 @@ pub fn choose(offers: &[Offer], gpus: usize, memory: u64) -> Result<Vec<Offer>, 
         ));
     }
     fn by_load(mut devices: Vec<&Offer>) -> Vec<&Offer> {
-        devices.sort_by(|a, b| a.load.total_cmp(&b.load));
+        devices.sort_by(|a, b| a.busy().total_cmp(&b.busy()));
         devices
     }
     let servers: std::collections::BTreeSet<usize> = fitting.iter().map(|o| o.server).collect();
@@ -116,7 +126,7 @@ pub fn choose(offers: &[Offer], gpus: usize, memory: u64) -> Result<Vec<Offer>, 
         .iter()
         .map(|&s| {
             let own = by_load(fitting.iter().copied().filter(|o| o.server == s).collect());
-            let load = own.iter().map(|o| o.load).sum::<f64>() / own.len() as f64;
+            let load = own.iter().map(|o| o.busy()).sum::<f64>() / own.len() as f64;
             (load, s, own)
         })
         .collect();
@@ -190,18 +200,20 @@ fn offers_of(server: usize, address: &Address, tenant: Option<&str>) -> Result<V
         .iter()
         .map(|d| {
             let whole = status.devices.iter().find(|s| s.uuid == d.uuid);
-            let (free, load) = match whole {
+            let (free, load, sessions) = match whole {
                 Some(s) => (
                     d.total_mem.min(s.total_mem.saturating_sub(s.used_mem)),
                     s.used_mem as f64 / s.total_mem.max(1) as f64,
+                    s.sessions,
                 ),
-                None => (d.total_mem, 0.0),
+                None => (d.total_mem, 0.0, 0),
             };
             Offer {
                 server,
                 uuid: d.uuid,
                 free,
                 load,
+                sessions,
             }
         })
         .collect())
@@ -222,6 +234,7 @@ mod tests {
             uuid: [n; 16],
             free: free_gib << 30,
             load,
+            sessions: 0,
         }
     }
 
@@ -239,6 +252,15 @@ mod tests {
         // Only server 0's devices are too small for 50 GiB; server 1 fits.
         let big = choose(&offers, 2, 50 << 30).unwrap();
         assert!(big.iter().all(|o| o.server == 1));
+    }
+
+    #[test]
+    fn sessions_count_before_memory() {
+        let mut busy = offer(0, 1, 40, 0.0);
+        busy.sessions = 2;
+        let idle = offer(1, 2, 40, 0.3);
+        let one = choose(&[busy, idle], 1, 0).unwrap();
+        assert_eq!(one[0].uuid[0], 2);
     }
 
     #[test]

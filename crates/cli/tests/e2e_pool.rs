@@ -212,3 +212,49 @@ fn a_pool_places_a_program_on_the_fewest_servers_that_fit() {
     let out = run(&["--gpus", "1", "--memory", "2G"], "device_query");
     assert_eq!(out.code(), Some(69), "{}", out.describe());
 }
+
+#[test]
+fn a_pool_spreads_programs_over_its_least_busy_servers() {
+    let first = server_of("pool-spread-a", 1, 0);
+    let second = server_of("pool-spread-b", 1, 1);
+    let dir = TempDir::new("pool-spread");
+    let file = dir.0.join("pool.toml");
+    std::fs::write(
+        &file,
+        format!(
+            "[[servers]]\naddress = \"{}\"\n\n[[servers]]\naddress = \"{}\"\n",
+            first.address, second.address
+        ),
+    )
+    .unwrap();
+    let program = test_program("loop_launches");
+    let start = || {
+        let mut command = std::process::Command::new(CUMUX);
+        command
+            .args(["run", "--pool", &file.display().to_string(), "--"])
+            .arg(&program)
+            .arg("60")
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped());
+        let mut child = command.spawn().unwrap();
+        let lines = lines_of(child.stdout.take().unwrap());
+        wait_for_line(&lines, "started", LIMIT).unwrap();
+        child
+    };
+    // Each program, once running, holds a session: the next goes elsewhere.
+    let mut one = start();
+    let mut two = start();
+    let on = |server: &ServerProc| server.log().matches("loop_launches").count();
+    let placed = (on(&first), on(&second));
+    for child in [&mut one, &mut two] {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    assert!(
+        placed.0 >= 1 && placed.1 >= 1,
+        "both on one server: {placed:?}\n{}\n---\n{}",
+        first.log(),
+        second.log()
+    );
+}

@@ -668,6 +668,8 @@ pub struct DeviceStatus {
     /// Launches its scheduler saw finish by their completion signal (queued on the
     /// device rather than run one by one); 0 under `fifo`.
     pub signalled_launches: u64,
+    /// Programs' sessions on it now, every tenant's (a count, no names).
+    pub sessions: u32,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
