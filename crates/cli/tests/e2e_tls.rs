@@ -34,6 +34,26 @@ fn write_pair(dir: &Path, name: &str, pem: String, key: &KeyPair, der: &[u8]) ->
     }
 }
 
+impl Pair {
+    /// `cumux serve`'s flags showing this certificate.
+    fn serve_args(&self) -> Vec<String> {
+        vec![
+            "--tls-cert".into(),
+            self.cert.display().to_string(),
+            "--tls-key".into(),
+            self.key.display().to_string(),
+        ]
+    }
+}
+
+/// A TLS server on loopback showing `pair`, with `extra` flags.
+fn tls_server(dir: &Path, pair: &Pair, extra: &[&str]) -> TcpServer {
+    let mut args = pair.serve_args();
+    args.extend(extra.iter().map(|a| a.to_string()));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    TcpServer::start(dir, "tcp:127.0.0.1:0", &args, &[])
+}
+
 /// Parameters for a server certificate of 127.0.0.1, expired if asked.
 fn server_params(expired: bool) -> CertificateParams {
     let mut params = CertificateParams::new(vec!["127.0.0.1".into(), "localhost".into()]).unwrap();
@@ -156,16 +176,7 @@ fn a_pinned_fingerprint_lets_a_program_in_and_a_wrong_one_does_not() {
     let dir = TempDir::new("tls-pin");
     let pair = self_signed(&dir.0, "server", false);
     let other = self_signed(&dir.0, "other", false);
-    let (cert, key) = (
-        pair.cert.display().to_string(),
-        pair.key.display().to_string(),
-    );
-    let mut server = TcpServer::start(
-        &dir.0,
-        "tcp:127.0.0.1:0",
-        &["--tls-cert", &cert, "--tls-key", &key],
-        &[],
-    );
+    let mut server = tls_server(&dir.0, &pair, &[]);
     let printed = server
         .fingerprint
         .clone()
@@ -193,16 +204,7 @@ fn a_pinned_fingerprint_lets_a_program_in_and_a_wrong_one_does_not() {
 fn a_ca_vouches_for_the_server_by_its_name() {
     let dir = TempDir::new("tls-ca");
     let (ca, pair) = ca_and_signed(&dir.0, &["127.0.0.1", "localhost"], false);
-    let (cert, key) = (
-        pair.cert.display().to_string(),
-        pair.key.display().to_string(),
-    );
-    let mut server = TcpServer::start(
-        &dir.0,
-        "tcp:127.0.0.1:0",
-        &["--tls-cert", &cert, "--tls-key", &key],
-        &[],
-    );
+    let mut server = tls_server(&dir.0, &pair, &[]);
     let ca = ca.display().to_string();
     server.assert_pass(&server.run(&[("CUMUX_TLS_CA", &ca)], &[]));
     // A CA that did not sign it.
@@ -221,31 +223,13 @@ fn a_ca_vouches_for_the_server_by_its_name() {
 fn an_expired_certificate_is_refused_by_pin_and_by_ca() {
     let dir = TempDir::new("tls-expired");
     let pinned = self_signed(&dir.0, "old", true);
-    let (cert, key) = (
-        pinned.cert.display().to_string(),
-        pinned.key.display().to_string(),
-    );
-    let mut server = TcpServer::start(
-        &dir.0,
-        "tcp:127.0.0.1:0",
-        &["--tls-cert", &cert, "--tls-key", &key],
-        &[],
-    );
+    let mut server = tls_server(&dir.0, &pinned, &[]);
     let print = cumux_protocol::tls::fingerprint(&pinned.der);
     let out = server.run(&[("CUMUX_TLS_FINGERPRINT", &print)], &[]);
     server.assert_refused(&out, &["TLS handshake", "certificate has expired"]);
 
     let (ca, signed) = ca_and_signed(&dir.0, &["127.0.0.1"], true);
-    let (cert, key) = (
-        signed.cert.display().to_string(),
-        signed.key.display().to_string(),
-    );
-    let mut by_ca = TcpServer::start(
-        &dir.0,
-        "tcp:127.0.0.1:0",
-        &["--tls-cert", &cert, "--tls-key", &key, "--policy", "fifo"],
-        &[],
-    );
+    let mut by_ca = tls_server(&dir.0, &signed, &["--policy", "fifo"]);
     let out = by_ca.run(&[("CUMUX_TLS_CA", &ca.display().to_string())], &[]);
     by_ca.assert_refused(&out, &["TLS handshake", "certificate has expired"]);
 }
@@ -254,16 +238,7 @@ fn an_expired_certificate_is_refused_by_pin_and_by_ca() {
 fn plain_and_tls_clients_meeting_the_other_kind_of_server_are_told_why() {
     let dir = TempDir::new("tls-mismatch");
     let pair = self_signed(&dir.0, "server", false);
-    let (cert, key) = (
-        pair.cert.display().to_string(),
-        pair.key.display().to_string(),
-    );
-    let mut tls = TcpServer::start(
-        &dir.0,
-        "tcp:127.0.0.1:0",
-        &["--tls-cert", &cert, "--tls-key", &key],
-        &[],
-    );
+    let mut tls = tls_server(&dir.0, &pair, &[]);
     let out = tls.run(&[], &[]);
     tls.assert_refused(&out, &["TLS only", "CUMUX_TLS_FINGERPRINT"]);
     let print = tls.fingerprint.clone().unwrap();
@@ -287,22 +262,10 @@ fn mutual_tls_wants_a_certificate_its_ca_signed() {
     let dir = TempDir::new("tls-mutual");
     let pair = self_signed(&dir.0, "server", false);
     let (client_ca, client) = ca_and_signed(&dir.0, &["client"], false);
-    let (cert, key) = (
-        pair.cert.display().to_string(),
-        pair.key.display().to_string(),
-    );
-    let mut server = TcpServer::start(
+    let mut server = tls_server(
         &dir.0,
-        "tcp:127.0.0.1:0",
-        &[
-            "--tls-cert",
-            &cert,
-            "--tls-key",
-            &key,
-            "--tls-client-ca",
-            &client_ca.display().to_string(),
-        ],
-        &[],
+        &pair,
+        &["--tls-client-ca", &client_ca.display().to_string()],
     );
     let print = server.fingerprint.clone().unwrap();
     let out = server.run(&[("CUMUX_TLS_FINGERPRINT", &print)], &[]);
@@ -329,23 +292,7 @@ fn over_tls_a_wrong_token_is_refused_and_the_right_one_names_the_tenant() {
         &dir,
         "[tenants.alice]\nmemory_quota = \"64M\"\ntoken = \"alice-token-0123456789abcdef\"\n",
     );
-    let (cert, key) = (
-        pair.cert.display().to_string(),
-        pair.key.display().to_string(),
-    );
-    let mut server = TcpServer::start(
-        &dir.0,
-        "tcp:127.0.0.1:0",
-        &[
-            "--tls-cert",
-            &cert,
-            "--tls-key",
-            &key,
-            "--config",
-            &config.display().to_string(),
-        ],
-        &[],
-    );
+    let mut server = tls_server(&dir.0, &pair, &["--config", &config.display().to_string()]);
     let print = server.fingerprint.clone().unwrap();
     let out = server.run(
         &[
@@ -420,16 +367,7 @@ fn a_program_crosses_a_slow_lossy_link_over_tls() {
     use cumux_testkit::netem::{Link, Relay};
     let dir = TempDir::new("tls-netem");
     let pair = self_signed(&dir.0, "server", false);
-    let (cert, key) = (
-        pair.cert.display().to_string(),
-        pair.key.display().to_string(),
-    );
-    let server = TcpServer::start(
-        &dir.0,
-        "tcp:127.0.0.1:0",
-        &["--tls-cert", &cert, "--tls-key", &key],
-        &[],
-    );
+    let server = tls_server(&dir.0, &pair, &[]);
     let link = Link {
         rtt: Duration::from_millis(10),
         jitter: Duration::from_millis(2),
@@ -459,16 +397,7 @@ fn large_copies_arrive_whole_over_tcp_and_tls() {
     );
     let dir = TempDir::new("tls-copies");
     let pair = self_signed(&dir.0, "server", false);
-    let (cert, key) = (
-        pair.cert.display().to_string(),
-        pair.key.display().to_string(),
-    );
-    let tls = TcpServer::start(
-        &dir.0,
-        "tcp:127.0.0.1:0",
-        &["--tls-cert", &cert, "--tls-key", &key],
-        &[],
-    );
+    let tls = tls_server(&dir.0, &pair, &[]);
     let plain = TcpServer::start(&dir.0, "tcp:127.0.0.1:0", &["--policy", "fifo"], &[]);
     let print = tls.fingerprint.clone().unwrap();
     for (server, envs) in [
@@ -498,16 +427,7 @@ fn stream_ordered_programs_run_over_tcp_and_tls() {
     // are, never waiting for an answer that does not come.
     let dir = TempDir::new("tls-streams");
     let pair = self_signed(&dir.0, "server", false);
-    let (cert, key) = (
-        pair.cert.display().to_string(),
-        pair.key.display().to_string(),
-    );
-    let tls = TcpServer::start(
-        &dir.0,
-        "tcp:127.0.0.1:0",
-        &["--tls-cert", &cert, "--tls-key", &key],
-        &[],
-    );
+    let tls = tls_server(&dir.0, &pair, &[]);
     let plain = TcpServer::start(&dir.0, "tcp:127.0.0.1:0", &["--policy", "fifo"], &[]);
     let print = tls.fingerprint.clone().unwrap();
     for program in ["pinned_copies", "pinned_memory", "host_callback", "threads"] {
@@ -558,28 +478,19 @@ fn https_get(at: &str, print: &str, path: &str) -> Result<String, String> {
 fn the_functions_api_speaks_https_with_the_servers_certificate() {
     let dir = TempDir::new("tls-functions");
     let pair = self_signed(&dir.0, "server", false);
-    let (cert, key) = (
-        pair.cert.display().to_string(),
-        pair.key.display().to_string(),
-    );
     let config = config_file(
         &dir,
         "[tenants.alice]\ntoken = \"alice-token-0123456789abcdef\"\n",
     );
-    let server = TcpServer::start(
+    let server = tls_server(
         &dir.0,
-        "tcp:127.0.0.1:0",
+        &pair,
         &[
-            "--tls-cert",
-            &cert,
-            "--tls-key",
-            &key,
             "--functions",
             "127.0.0.1:0",
             "--config",
             &config.display().to_string(),
         ],
-        &[],
     );
     let line = &server.line;
     let at = line

@@ -542,17 +542,30 @@ impl Connection {
             if let Err(e) = received {
                 return Err(self.lost(e));
             }
-            match self.answer(seq, reply) {
-                None => continue,
-                Some(Err(e)) => return Err(e),
-                Some(Ok(ReplyBody::Data(d))) if direct && d.is_empty() => return Ok(()),
-                Some(Ok(ReplyBody::Data(d))) if d.len() == out.len() => {
-                    out.copy_from_slice(&d);
-                    return Ok(());
-                }
-                Some(Ok(_)) => return Err(CUDA_ERROR_UNKNOWN),
+            if let Some(result) = self.landed(seq, reply, direct, out) {
+                return result;
             }
         }
+    }
+
+    /// What `seq`'s answer to a call answered into `out` says (its bytes
+    /// already there where `direct`): `None` for a stray reply.
+    fn landed(
+        &mut self,
+        seq: u64,
+        reply: Reply,
+        direct: bool,
+        out: &mut [u8],
+    ) -> Option<CuResult<()>> {
+        Some(match self.answer(seq, reply)? {
+            Err(e) => Err(e),
+            Ok(ReplyBody::Data(d)) if direct && d.is_empty() => Ok(()),
+            Ok(ReplyBody::Data(d)) if d.len() == out.len() => {
+                out.copy_from_slice(&d);
+                Ok(())
+            }
+            Ok(_) => Err(CUDA_ERROR_UNKNOWN),
+        })
     }
 
     /// How large copies are cut ([`chunk_bytes`]).
@@ -654,40 +667,46 @@ impl Connection {
     /// frame read straight into `out`.
     fn receive_from_socket_into(&mut self, seq: u64, out: &mut [u8]) -> CuResult<()> {
         loop {
-            let bulk_len = match proto::read_message(&mut self.stream, &mut self.buf) {
-                Ok(len) => len,
-                Err(e) => return Err(self.lost(e)),
-            };
-            let mut reply: Reply = match proto::decode(&self.buf) {
-                Ok(r) => r,
-                Err(e) => return Err(self.lost(format!("malformed reply: {e}"))),
-            };
-            let direct = reply.seq == seq
-                && bulk_len == Some(out.len())
-                && matches!(&reply.result, Ok(ReplyBody::Data(d)) if d.is_empty());
-            if direct {
-                if let Err(e) = std::io::Read::read_exact(&mut self.stream, out) {
-                    return Err(self.lost(e));
-                }
-            } else if let Some(len) = bulk_len {
-                let bulk = match proto::read_bulk(&mut self.stream, len) {
-                    Ok(bulk) => bulk,
-                    Err(e) => return Err(self.lost(e)),
+            let (reply, direct) = self.socket_reply(Some((seq, &mut *out)))?;
+            if let Some(result) = self.landed(seq, reply, direct, out) {
+                return result;
+            }
+        }
+    }
+
+    /// The next reply on the socket, its bulk frame put back into it; or,
+    /// where it is `into`'s call's data of exactly the length of its buffer,
+    /// read into that buffer instead (then `true`).
+    fn socket_reply(&mut self, into: Option<(u64, &mut [u8])>) -> CuResult<(Reply, bool)> {
+        let bulk_len = match proto::read_message(&mut self.stream, &mut self.buf) {
+            Ok(len) => len,
+            Err(e) => return Err(self.lost(e)),
+        };
+        let mut reply: Reply = match proto::decode(&self.buf) {
+            Ok(r) => r,
+            Err(e) => return Err(self.lost(format!("malformed reply: {e}"))),
+        };
+        let Some(len) = bulk_len else {
+            return Ok((reply, false));
+        };
+        let received = match into {
+            Some((seq, out))
+                if reply.seq == seq
+                    && len == out.len()
+                    && matches!(&reply.result, Ok(ReplyBody::Data(d)) if d.is_empty()) =>
+            {
+                return match std::io::Read::read_exact(&mut self.stream, out) {
+                    Ok(()) => Ok((reply, true)),
+                    Err(e) => Err(self.lost(e)),
                 };
-                if let Err(e) = shm::put_reply_bulk(&mut reply, bulk) {
-                    return Err(self.lost(e));
-                }
             }
-            match self.answer(seq, reply) {
-                None => continue,
-                Some(Err(e)) => return Err(e),
-                Some(Ok(ReplyBody::Data(d))) if direct && d.is_empty() => return Ok(()),
-                Some(Ok(ReplyBody::Data(d))) if d.len() == out.len() => {
-                    out.copy_from_slice(&d);
-                    return Ok(());
-                }
-                Some(Ok(_)) => return Err(CUDA_ERROR_UNKNOWN),
-            }
+            _ => proto::read_bulk(&mut self.stream, len)
+                .map_err(|e| e.to_string())
+                .and_then(|bulk| shm::put_reply_bulk(&mut reply, bulk).map_err(|e| e.to_string())),
+        };
+        match received {
+            Ok(()) => Ok((reply, false)),
+            Err(e) => Err(self.lost(e)),
         }
     }
 
@@ -716,24 +735,7 @@ impl Connection {
     /// Receives the next reply.
     fn next_reply(&mut self) -> CuResult<Reply> {
         let Some(ep) = self.shm.as_mut() else {
-            let bulk_len = match proto::read_message(&mut self.stream, &mut self.buf) {
-                Ok(len) => len,
-                Err(e) => return Err(self.lost(e)),
-            };
-            let mut reply: Reply = match proto::decode(&self.buf) {
-                Ok(r) => r,
-                Err(e) => return Err(self.lost(format!("malformed reply: {e}"))),
-            };
-            if let Some(len) = bulk_len {
-                let bulk = match proto::read_bulk(&mut self.stream, len) {
-                    Ok(bulk) => bulk,
-                    Err(e) => return Err(self.lost(e)),
-                };
-                if let Err(e) = shm::put_reply_bulk(&mut reply, bulk) {
-                    return Err(self.lost(e));
-                }
-            }
-            return Ok(reply);
+            return self.socket_reply(None).map(|(reply, _)| reply);
         };
         let mut bulk = Vec::new();
         if let Err(e) = ep.recv(&mut self.buf, &mut bulk) {

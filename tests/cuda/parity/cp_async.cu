@@ -9,7 +9,7 @@
 #include <cstdio>
 #include <cstdlib>
 
-#include "check.h"
+#include "../corpus/check.h"
 
 namespace cg = cooperative_groups;
 

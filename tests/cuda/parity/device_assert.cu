@@ -5,7 +5,7 @@
 #include <cstdio>
 #include <cstdlib>
 
-#include "check.h"
+#include "../corpus/check.h"
 
 __global__ void checked(int* data)
 {

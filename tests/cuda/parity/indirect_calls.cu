@@ -4,7 +4,7 @@
 #include <cstdio>
 #include <cstdlib>
 
-#include "check.h"
+#include "../corpus/check.h"
 
 typedef int (*binop)(int, int);
 __device__ __noinline__ int add(int a, int b) { return a + b; }

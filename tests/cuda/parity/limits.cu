@@ -4,7 +4,7 @@
 #include <cstdio>
 #include <cstdlib>
 
-#include "check.h"
+#include "../corpus/check.h"
 
 __global__ void hello(int v) { printf("limits kernel %d\n", v); }
 

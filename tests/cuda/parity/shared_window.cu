@@ -6,7 +6,7 @@
 #include <cstdio>
 #include <cstdlib>
 
-#include "check.h"
+#include "../corpus/check.h"
 
 __global__ void wrap(int* out)
 {
