@@ -1,7 +1,11 @@
 """The HTTP client: one method per endpoint of /v1/functions."""
 
 import base64
+import hashlib
+import http.client
 import json
+import os
+import ssl
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -24,13 +28,82 @@ class FunctionError(Exception):
         self.cuda_error = cuda_error
 
 
-class Client:
-    """A client of one server's functions API, as the tenant `token` names."""
+def _pins(text):
+    """SHA-256 fingerprints as `cumux serve` prints them (`sha256:AB:CD:…`;
+    several comma-separated; prefix, colons and case optional)."""
+    pins = []
+    for one in text.split(","):
+        hexa = one.strip()
+        if hexa.lower().startswith("sha256:"):
+            hexa = hexa[7:]
+        hexa = hexa.replace(":", "").lower()
+        if len(hexa) != 64:
+            raise ValueError(f"{one!r} is not a SHA-256 fingerprint")
+        pins.append(bytes.fromhex(hexa))
+    return pins
 
-    def __init__(self, url, token, timeout=600.0):
+
+class _PinnedConnection(http.client.HTTPSConnection):
+    """HTTPS to a server whose certificate is one of `pins`, whatever name
+    it gives (the pin names the server)."""
+
+    pins = ()
+
+    def connect(self):
+        super().connect()
+        der = self.sock.getpeercert(binary_form=True)
+        if hashlib.sha256(der).digest() not in self.pins:
+            self.sock.close()
+            raise ssl.SSLError(
+                "the server's certificate is not the one CUMUX_TLS_FINGERPRINT pins")
+
+
+class _PinnedHandler(urllib.request.HTTPSHandler):
+    def __init__(self, pins):
+        context = ssl.create_default_context()
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+        super().__init__(context=context)
+        self._pins = pins
+        self._context = context
+
+    def https_open(self, req):
+        pins = self._pins
+
+        class Connection(_PinnedConnection):
+            pass
+
+        Connection.pins = pins
+        return self.do_open(Connection, req, context=self._context)
+
+
+class Client:
+    """A client of one server's functions API, as the tenant `token` names.
+    Over https it trusts the certificate `fingerprint` pins (as `cumux serve`
+    prints it) or one the CA in the PEM file `ca` signed; by default what
+    CUMUX_TLS_FINGERPRINT or CUMUX_TLS_CA say."""
+
+    def __init__(self, url, token, timeout=600.0, fingerprint=None, ca=None):
         self.url = url.rstrip("/")
         self.token = token
         self.timeout = timeout
+        fingerprint = fingerprint or os.environ.get("CUMUX_TLS_FINGERPRINT") or None
+        ca = ca or os.environ.get("CUMUX_TLS_CA") or None
+        if self.url.startswith("https://"):
+            if fingerprint:
+                handler = _PinnedHandler(_pins(fingerprint))
+            elif ca:
+                handler = urllib.request.HTTPSHandler(
+                    context=ssl.create_default_context(cafile=ca))
+            else:
+                raise ValueError(
+                    f"{url}: give fingerprint= (or CUMUX_TLS_FINGERPRINT) or ca= "
+                    "(or CUMUX_TLS_CA) to trust the server")
+            self._opener = urllib.request.build_opener(handler)
+        elif self.url.startswith("http://"):
+            self._opener = urllib.request.build_opener()
+        else:
+            raise ValueError(f"{url}: expected http:// or https://")
 
     def _request(self, method, path, body=None, content_type=None, accept=None):
         request = urllib.request.Request(self.url + path, data=body, method=method)
@@ -41,7 +114,7 @@ class Client:
         if accept:
             request.add_header("Accept", accept)
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout) as reply:
+            with self._opener.open(request, timeout=self.timeout) as reply:
                 return reply.headers.get("Content-Type", ""), reply.read()
         except urllib.error.HTTPError as e:
             text = e.read()

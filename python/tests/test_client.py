@@ -65,3 +65,32 @@ def test_errors_carry_status_and_place(server):
     with pytest.raises(cumux.FunctionError) as e:
         cumux.Client(server, None).list()
     assert e.value.status == 401
+
+
+def test_https_trusts_the_pinned_certificate_only(tmp_path):
+    binary = os.environ.get("CUMUX_BIN", str(ROOT / "target/debug/cumux"))
+    config = tmp_path / "cumux.toml"
+    config.write_text(f'[tenants.py]\ntoken = "{TOKEN}"\n')
+    # A reachable address gets the server's self-signed certificate.
+    env = dict(os.environ, XDG_STATE_HOME=str(tmp_path / "state"))
+    proc = subprocess.Popen(
+        [binary, "serve", "--device", "cpu", "--memory", "1G", "--config", str(config),
+         "--listen", f"unix:{tmp_path}/s.sock", "--functions", "0.0.0.0:0"],
+        stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        line = proc.stdout.readline()
+        found = re.search(r"functions on https://[^:]+:(\d+)/\S* \(certificate (sha256:[0-9A-F:]+)\)",
+                          line)
+        assert found, line
+        url = f"https://127.0.0.1:{found.group(1)}"
+        c = cumux.Client(url, TOKEN, fingerprint=found.group(2))
+        assert c.list() == []
+        wrong = "sha256:" + ":".join(["00"] * 32)
+        with pytest.raises(Exception) as e:
+            cumux.Client(url, TOKEN, fingerprint=wrong).list()
+        assert "pins" in str(e.value)
+        with pytest.raises(ValueError):
+            cumux.Client(url, TOKEN, fingerprint=None, ca=None)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
