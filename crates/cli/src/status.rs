@@ -83,17 +83,18 @@ pub fn render(status: &ServerStatus, address: &Address) -> String {
         status.server, status.version, status.uptime_s
     );
     out += &format!(
-        "{:<7} {:<30} {:<8} {:>24} {:<8}\n",
-        "DEVICE", "NAME", "BACKEND", "USED / TOTAL", "POLICY"
+        "{:<7} {:<30} {:<8} {:>24} {:<8} {:>8}\n",
+        "DEVICE", "NAME", "BACKEND", "USED / TOTAL", "POLICY", "SESSIONS"
     );
     for d in &status.devices {
         out += &format!(
-            "{:<7} {:<30} {:<8} {:>24} {:<8}\n",
+            "{:<7} {:<30} {:<8} {:>24} {:<8} {:>8}\n",
             d.ordinal,
             clip(&d.name, 30),
             d.backend,
             format!("{} / {}", human_bytes(d.used_mem), human_bytes(d.total_mem)),
-            d.policy
+            d.policy,
+            d.sessions
         );
     }
     let l = &status.limits;
@@ -218,6 +219,10 @@ mod tests {
         };
         let table = render(&status, &Address::Unix("/tmp/s.sock".into()));
         assert!(table.contains("3.0 MiB / 1.0 GiB"), "{table}");
+        assert!(
+            table.contains("SESSIONS") && table.contains("fair            1"),
+            "{table}"
+        );
         assert!(table.contains("a_program_with_a_lo…"), "{table}");
         assert!(
             table.contains("alice") && table.contains("1.5 KiB") && table.contains("1.2 ms"),
