@@ -22,6 +22,7 @@ pub mod ipc;
 pub mod listener;
 mod locking;
 pub mod metrics;
+pub mod moves;
 pub mod session;
 pub mod shutdown;
 pub mod status;
@@ -71,6 +72,8 @@ pub struct Server {
     groups: groups::Groups,
     /// The memory handles sessions gave out (`cuIpcGetMemHandle`).
     ipc: ipc::IpcHandles,
+    /// Orders to move, checkpoint or restore sessions, waiting for them.
+    orders: moves::Orders,
 }
 
 impl Server {
@@ -135,6 +138,7 @@ impl Server {
             gates,
             groups: groups::Groups::default(),
             ipc: ipc::IpcHandles::default(),
+            orders: moves::Orders::default(),
             seats: admission::Seats::new(tenants.limits),
             hangups: hangups::Hangups::new()
                 .map_err(|e| tracing::error!("no hang-up watcher: {e}"))
@@ -331,6 +335,10 @@ impl Server {
 
     pub fn ipc(&self) -> &ipc::IpcHandles {
         &self.ipc
+    }
+
+    pub fn orders(&self) -> &moves::Orders {
+        &self.orders
     }
 
     fn next_session_id(&self) -> u64 {

@@ -12,6 +12,7 @@ pub mod cuda;
 pub mod host_span;
 pub mod memory_use;
 pub mod model;
+pub mod movable;
 pub mod ordering;
 pub mod serial;
 pub mod signals;
@@ -205,6 +206,11 @@ pub trait Device: Send + Sync {
     /// creating a CUDA context stalls the kernels of the GPU's other contexts.
     /// Blocks until done; a failure is only logged (the first session meets it).
     fn warm_up(&self) {}
+    /// Contexts in a given address window, for sessions moved here; `None`
+    /// where the backend cannot place memory (issue 17).
+    fn movable(&self) -> Option<&dyn movable::MovableDevice> {
+        None
+    }
 }
 
 /// One program's contexts on the devices of a server: what a backend keeps to
@@ -307,6 +313,11 @@ pub trait DeviceContext: Send + Sync {
     /// The context as `Any`, so a backend can tell its own contexts among
     /// others (peer access needs the peer's own handle).
     fn as_any(&self) -> &dyn std::any::Any;
+    /// How the context's memory is laid out again elsewhere when its session
+    /// moves; `None` where it cannot be (issue 17).
+    fn movable(&self) -> Option<&dyn movable::MovableContext> {
+        None
+    }
     /// What stands for this context when another names it as a peer: the
     /// context itself, or the connection a view of a shared context wraps.
     fn peer_any(&self) -> &dyn std::any::Any {
