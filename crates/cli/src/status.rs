@@ -159,6 +159,9 @@ pub fn render(status: &ServerStatus, address: &Address) -> String {
             s.gpu_time_ms,
             s.transport
         );
+        if let Some(moving) = &s.moving {
+            out += &format!("{:<8} {moving}\n", "");
+        }
     }
     out
 }
@@ -195,6 +198,7 @@ mod tests {
                 launches: 10,
                 gpu_time_ms: 1.25,
                 transport: "shm".into(),
+                moving: None,
             }],
             tenants: vec![TenantStatus {
                 name: "alice".into(),

@@ -700,6 +700,9 @@ pub struct SessionStatus {
     pub gpu_time_ms: f64,
     /// How the session's calls travel: `shm`, `unix` (socket) or `tcp`.
     pub transport: String,
+    /// What an admin's move, checkpoint or restore of it is at, while one is
+    /// under way (protocol 15).
+    pub moving: Option<String>,
 }
 
 /// A tenant's entry as `Call::TenantPut` gives it (the config file's keys).

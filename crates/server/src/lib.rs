@@ -358,5 +358,6 @@ pub fn server_status(server: &Server, scope: &status::StatusScope) -> ServerStat
         accounts: &server.accounts,
         seats: &server.seats,
         scope,
+        orders: &server.orders,
     })
 }

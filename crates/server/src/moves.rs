@@ -23,6 +23,16 @@ pub enum Action {
     Restore(Vec<u8>),
 }
 
+impl Action {
+    fn describe(&self) -> String {
+        match self {
+            Action::MoveTo(device) => format!("move to device {device}"),
+            Action::Checkpoint => "checkpoint".into(),
+            Action::Restore(_) => "restore".into(),
+        }
+    }
+}
+
 /// An order and where its answer goes: what the session says it did (a
 /// checkpoint's bytes, or a line), or why it did nothing.
 pub struct Order {
@@ -36,6 +46,8 @@ pub struct Orders {
     /// Whether any order waits: the check every call makes.
     any: AtomicBool,
     waiting: Mutex<HashMap<u64, Order>>,
+    /// What each session with an order is at, for `cumux status`.
+    notes: Mutex<HashMap<u64, String>>,
 }
 
 impl Orders {
@@ -53,6 +65,10 @@ impl Orders {
                 format!("session {session} has an order waiting already"),
             ));
         }
+        self.note(
+            session,
+            format!("{}: waiting for its next call", action.describe()),
+        );
         waiting.insert(session, Order { action, answer });
         self.any.store(true, Ordering::Release);
         Ok(receiver)
@@ -66,7 +82,28 @@ impl Orders {
         let mut waiting = lock(&self.waiting);
         let order = waiting.remove(&session);
         self.any.store(!waiting.is_empty(), Ordering::Release);
+        if let Some(order) = &order {
+            self.note(
+                session,
+                format!("{}: draining its work", order.action.describe()),
+            );
+        }
         order
+    }
+
+    /// Says what `session`'s order is at (shown by `cumux status`).
+    pub fn note(&self, session: u64, note: String) {
+        lock(&self.notes).insert(session, note);
+    }
+
+    /// What `session`'s order is at, while it has one.
+    pub fn noted(&self, session: u64) -> Option<String> {
+        lock(&self.notes).get(&session).cloned()
+    }
+
+    /// `session`'s order is done (or withdrawn).
+    pub fn done(&self, session: u64) {
+        lock(&self.notes).remove(&session);
     }
 
     /// Whether `session` has an order waiting (not yet taken).
@@ -92,6 +129,7 @@ impl Orders {
             let mut waiting = lock(&self.waiting);
             if waiting.remove(&session).is_some() {
                 self.any.store(!waiting.is_empty(), Ordering::Release);
+                self.done(session);
                 return Err(CuError::new(
                     codes::NOT_READY,
                     format!(
@@ -112,6 +150,7 @@ impl Orders {
             waiting.remove(&session);
             self.any.store(!waiting.is_empty(), Ordering::Release);
         }
+        self.done(session);
     }
 }
 
@@ -130,10 +169,18 @@ mod tests {
     fn an_order_is_taken_once_and_withdrawn_when_nobody_takes_it() {
         let orders = Orders::default();
         let answer = orders.post(7, Action::MoveTo(1)).unwrap();
+        assert!(orders
+            .noted(7)
+            .unwrap()
+            .contains("waiting for its next call"));
         assert!(orders.post(7, Action::Checkpoint).is_err());
         assert!(orders.take(8).is_none());
         let order = orders.take(7).unwrap();
         assert_eq!(order.action, Action::MoveTo(1));
+        assert!(orders
+            .noted(7)
+            .unwrap()
+            .contains("move to device 1: draining"));
         assert!(orders.take(7).is_none());
         order.answer.send(Ok(b"moved".to_vec())).unwrap();
         let said = orders.wait(7, &answer, Duration::from_secs(1)).unwrap();
@@ -145,5 +192,6 @@ mod tests {
             .unwrap_err();
         assert!(e.detail.contains("made no call"), "{e:?}");
         assert!(!orders.is_waiting(9));
+        assert!(orders.noted(9).is_none());
     }
 }

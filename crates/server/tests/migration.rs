@@ -261,3 +261,108 @@ fn a_session_holding_virtual_memory_is_refused_with_the_reason_and_runs_on() {
         .unwrap_err();
     assert!(e.detail.contains("no driver session"), "{e:?}");
 }
+
+fn handle(reply: Result<ReplyBody, CuError>) -> Handle {
+    match reply.unwrap() {
+        ReplyBody::Handle(h) => h,
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn a_checkpoint_brings_a_sessions_state_back_and_a_foreign_image_is_refused() {
+    let (server, socket, _dir) = two_cpu_devices("checkpoint");
+    let mut c = Client::connect(&socket, "checkpointed", None);
+    let add = load(&mut c, "vector_add");
+    let p = c.alloc(64);
+    c.write(p, b"first");
+    let kept = handle(c.call(Call::StreamCreate {
+        flags: 1,
+        priority: 0,
+    }));
+    let (session, _) = session_of(&server, "checkpointed");
+    let image = match order(
+        &socket,
+        &mut c,
+        Call::SessionCheckpoint {
+            session,
+            wait_ms: 5_000,
+        },
+    ) {
+        Ok(ReplyBody::Data(image)) => image,
+        other => panic!("{other:?}"),
+    };
+    let used = server.devices()[0].mem_used();
+    // Later changes: new bytes, an allocation, a stream.
+    c.write(p, b"later");
+    let q = c.alloc(1 << 20);
+    let later = handle(c.call(Call::StreamCreate {
+        flags: 1,
+        priority: 0,
+    }));
+    // A foreign image is refused and changes nothing.
+    let restore = |image: Vec<u8>| Call::SessionRestore {
+        session,
+        image,
+        wait_ms: 5_000,
+    };
+    let e = order(&socket, &mut c, restore(b"garbage".to_vec())).unwrap_err();
+    assert!(e.detail.contains("not a session image"), "{e:?}");
+    assert_eq!(&c.read(p, 5).unwrap(), b"later");
+    let e = order(&socket, &mut c, restore(image[..image.len() - 9].to_vec())).unwrap_err();
+    assert_eq!(e.code, codes::INVALID_VALUE, "{e:?}");
+    // The checkpoint's state comes back: its bytes and handles, not the later ones.
+    let said = order(&socket, &mut c, restore(image.clone())).unwrap();
+    assert!(matches!(said, ReplyBody::Data(_)), "{said:?}");
+    assert_eq!(&c.read(p, 5).unwrap(), b"first");
+    assert_eq!(c.code(Call::MemFree { ptr: q }), codes::INVALID_VALUE);
+    assert_eq!(
+        c.code(Call::StreamSynchronize { stream: later }),
+        codes::INVALID_HANDLE
+    );
+    assert_eq!(
+        c.code(Call::StreamSynchronize { stream: kept }),
+        codes::SUCCESS
+    );
+    assert_eq!(server.devices()[0].mem_used(), used);
+    // Its functions still launch.
+    let f = add
+        .functions
+        .iter()
+        .find(|f| f.name.contains("vector_add"))
+        .unwrap();
+    let n = 16i32;
+    let values = [
+        p.to_le_bytes().to_vec(),
+        p.to_le_bytes().to_vec(),
+        p.to_le_bytes().to_vec(),
+        n.to_le_bytes().to_vec(),
+    ];
+    c.write(p, &floats(&[1.5; 16]));
+    c.post(launch_call_on(
+        f.handle,
+        [1, 1, 1],
+        [32, 1, 1],
+        kept,
+        params(&f.params, &values),
+        Vec::new(),
+    ));
+    assert_eq!(
+        c.code(Call::StreamSynchronize { stream: kept }),
+        codes::SUCCESS
+    );
+    assert_eq!(c.read(p, 64).unwrap(), floats(&[3.0; 16]));
+    // A session's image fits only its program's device of the same number.
+    let mut other = Client::connect(&socket, "other", None);
+    other.alloc(16);
+    let (other_session, _) = session_of(&server, "other");
+    let mut decoded = cumux_server::session::image::SessionImage::decode(&image).unwrap();
+    decoded.next_handle = decoded.streams[0].handle;
+    let call = Call::SessionRestore {
+        session: other_session,
+        image: decoded.encode().unwrap(),
+        wait_ms: 5_000,
+    };
+    let e = order(&socket, &mut other, call).unwrap_err();
+    assert!(e.detail.contains("out of place"), "{e:?}");
+}

@@ -51,6 +51,7 @@ impl Session {
                 e.detail
             );
         }
+        self.server.orders().done(self.id());
         // The admin may have stopped waiting; the session carries on either way.
         let _ = order.answer.send(answer);
     }
@@ -154,7 +155,11 @@ impl Session {
             )));
         }
         self.drain_all();
-        let held = self.image()?.charged_bytes();
+        let held = self
+            .allocations
+            .values()
+            .chain(self.module_bytes.values())
+            .fold(0u64, |sum, b| sum.saturating_add(*b));
         let wanted = image.charged_bytes();
         if wanted > held {
             self.reserve(wanted - held)?;
@@ -280,9 +285,17 @@ impl Session {
         let placed = ctx
             .movable()
             .ok_or_else(|| refused("the target context cannot place memory"))?;
+        let total = image.charged_bytes();
+        let mut done = 0u64;
         for a in &image.allocations {
             placed.alloc_at(a.ptr, a.bytes.len() as u64)?;
             ctx.mem_write(a.ptr, &a.bytes)?;
+            done += a.bytes.len() as u64;
+            let note = format!(
+                "rebuilding on device {}: {done} of {total} bytes",
+                device.info().ordinal
+            );
+            self.server.orders().note(self.id(), note);
         }
         let mut loaded = HashMap::with_capacity(image.modules.len());
         for m in &image.modules {
