@@ -287,7 +287,7 @@ impl DeviceMemory {
         let end = addr
             .checked_add(rounded)
             .ok_or(MemError::OutOfRange { addr, len: bytes })?;
-        if addr % ALLOC_ALIGN != 0 || addr < self.window.0 || end > self.window.1 {
+        if !addr.is_multiple_of(ALLOC_ALIGN) || addr < self.window.0 || end > self.window.1 {
             return Err(MemError::OutOfRange { addr, len: bytes });
         }
         // The table first, then the state, as `free` takes them.

@@ -14,10 +14,9 @@ use cumux_ptx::{DeviceMemory, LaunchConfig, LaunchLimits, MemError, Program, Spa
 
 use super::attributes::{cpu_device_attributes, AttributeInputs, SHARED_PER_BLOCK};
 use super::memory_use;
-use super::movable::{MovableContext, MovableDevice};
 use super::{
     Device, DeviceContext, GlobalDesc, KernelDesc, KernelLaunch, LaunchOutcome, LoadedModule,
-    ModuleId, VmmOp,
+    ModuleId, MovableContext, MovableDevice, VmmOp,
 };
 use crate::locking::lock;
 

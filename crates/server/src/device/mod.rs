@@ -12,7 +12,6 @@ pub mod cuda;
 pub mod host_span;
 pub mod memory_use;
 pub mod model;
-pub mod movable;
 pub mod ordering;
 pub mod serial;
 pub mod signals;
@@ -208,7 +207,7 @@ pub trait Device: Send + Sync {
     fn warm_up(&self) {}
     /// Contexts in a given address window, for sessions moved here; `None`
     /// where the backend cannot place memory (issue 17).
-    fn movable(&self) -> Option<&dyn movable::MovableDevice> {
+    fn movable(&self) -> Option<&dyn MovableDevice> {
         None
     }
 }
@@ -315,7 +314,7 @@ pub trait DeviceContext: Send + Sync {
     fn as_any(&self) -> &dyn std::any::Any;
     /// How the context's memory is laid out again elsewhere when its session
     /// moves; `None` where it cannot be (issue 17).
-    fn movable(&self) -> Option<&dyn movable::MovableContext> {
+    fn movable(&self) -> Option<&dyn MovableContext> {
         None
     }
     /// What stands for this context when another names it as a peer: the
@@ -522,3 +521,31 @@ pub trait StreamOrdered: Send + Sync {
 /// blocks together and so of any one block (`cumux serve --launch-budget`):
 /// minutes of interpretation.
 pub const DEFAULT_LAUNCH_BUDGET: u64 = 20_000_000_000;
+
+// Moving a session's state to another context (issue 17): allocations and
+// module globals placed at the addresses the program holds, in the address
+// window the session started in.
+
+/// A context whose memory can be laid out again elsewhere at the same
+/// addresses. Only a backend whose addresses it chooses itself (the CPU
+/// device) offers it; a GPU's are the driver's.
+pub trait MovableContext: Send + Sync {
+    /// The address window the context hands out addresses in: a context
+    /// made for the moved session on another device takes the same one.
+    fn window(&self) -> u32;
+    /// Allocates `bytes` at `ptr` (zero-filled).
+    fn alloc_at(&self, ptr: DevicePtr, bytes: u64) -> Result<(), CuError>;
+    /// The device memory loading `module` allocated, in the order it did.
+    fn module_blocks(&self, module: ModuleId) -> Vec<DevicePtr>;
+    /// Loads `image` so that its loading allocates exactly `blocks`, in
+    /// order (its globals where the source context had them); a load that
+    /// allocates otherwise fails and leaves nothing behind.
+    fn module_load_at(&self, image: &[u8], blocks: &[DevicePtr]) -> Result<LoadedModule, CuError>;
+}
+
+/// A device that can make a context in a given address window.
+pub trait MovableDevice {
+    /// A new context whose addresses lie in `window` (another device's, the
+    /// one a moved session's program holds pointers in).
+    fn create_context_in_window(&self, window: u32) -> Result<Arc<dyn DeviceContext>, CuError>;
+}
