@@ -512,6 +512,15 @@ fn launch_of(
 /// An image whose handles repeat, or lie at or past its next handle, is refused.
 fn check_handles(image: &SessionImage) -> Result<(), CuError> {
     let first = cumux_protocol::first_handle(image.index);
+    if cumux_protocol::device_of_handle(image.next_handle) != image.index {
+        return Err(err(
+            codes::INVALID_VALUE,
+            format!(
+                "the image's next handle {:#x} is another device's",
+                image.next_handle
+            ),
+        ));
+    }
     let mut seen = HashSet::new();
     let handles = image
         .modules
