@@ -126,7 +126,8 @@ fn a_session_moves_between_two_cpu_devices_with_its_handles_and_bytes() {
             (n as i32).to_le_bytes().to_vec(),
         ],
     );
-    // c += a once, then c += b on each device it visits, back and forth.
+    // c += a once, then c += b twice (a launch, a graph) on each device it
+    // visits, back and forth.
     let first = params(
         &f.params,
         &[
@@ -144,6 +145,23 @@ fn a_session_moves_between_two_cpu_devices_with_its_handles_and_bytes() {
         first,
         Vec::new(),
     ));
+    let graph = GraphLaunch {
+        function: f.handle,
+        grid: [16, 1, 1],
+        block: [256, 1, 1],
+        shared_bytes: 0,
+        params: launch.clone(),
+        attributes: Vec::new(),
+    };
+    let graph = match c
+        .call(Call::GraphCreate {
+            launches: vec![graph],
+        })
+        .unwrap()
+    {
+        ReplyBody::Handle(h) => h,
+        other => panic!("{other:?}"),
+    };
     for round in 1..=4u32 {
         let to = round % 2;
         let said = order(
@@ -175,9 +193,10 @@ fn a_session_moves_between_two_cpu_devices_with_its_handles_and_bytes() {
             launch.clone(),
             Vec::new(),
         ));
+        c.post(Call::GraphLaunch { graph, stream });
         c.post(Call::EventRecord { event, stream });
         assert_eq!(c.code(Call::EventSynchronize { event }), codes::SUCCESS);
-        let expected: Vec<f32> = (0..n).map(|i| i as f32 + round as f32).collect();
+        let expected: Vec<f32> = (0..n).map(|i| i as f32 + 2.0 * round as f32).collect();
         assert_eq!(
             c.read(pc, bytes).unwrap(),
             floats(&expected),
@@ -365,4 +384,43 @@ fn a_checkpoint_brings_a_sessions_state_back_and_a_foreign_image_is_refused() {
     };
     let e = order(&socket, &mut other, call).unwrap_err();
     assert!(e.detail.contains("out of place"), "{e:?}");
+}
+
+#[test]
+fn pinned_host_regions_stay_registered_across_a_move() {
+    use cumux_protocol::pinned::{create_memfd, HostMapping, FD_TAG};
+    use std::os::fd::AsFd;
+    let (server, socket, _dir) = two_cpu_devices("migrate-pinned");
+    let mut c = Client::connect_with(&socket, "pinned-program", None, true);
+    assert!(c.uses_shm());
+    const LEN: u64 = 64 << 10;
+    let fd = create_memfd(LEN).unwrap();
+    let map = HostMapping::map(fd.as_fd(), LEN).unwrap();
+    let region = c
+        .register_host(map.as_ptr() as u64, LEN, Some(fd.as_fd()), FD_TAG)
+        .unwrap();
+    let p = c.alloc(LEN);
+    let (session, _) = session_of(&server, "pinned-program");
+    for (round, to) in [(1u8, 1u32), (2, 0)] {
+        order(
+            &socket,
+            &mut c,
+            Call::SessionMove {
+                session,
+                device: to,
+                wait_ms: 5_000,
+            },
+        )
+        .unwrap();
+        c.write(p, &vec![round; LEN as usize]);
+        let copy = Call::MemcpyDtoHHost {
+            src: p,
+            region,
+            offset: 0,
+            bytes: LEN,
+            stream: None,
+        };
+        assert_eq!(c.code(copy), codes::SUCCESS);
+        assert_eq!(map.bytes(0, LEN).unwrap(), &vec![round; LEN as usize][..]);
+    }
 }
