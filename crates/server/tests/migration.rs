@@ -424,3 +424,31 @@ fn pinned_host_regions_stay_registered_across_a_move() {
         assert_eq!(map.bytes(0, LEN).unwrap(), &vec![round; LEN as usize][..]);
     }
 }
+
+#[test]
+fn an_order_for_a_session_that_ends_first_says_so() {
+    let (server, socket, _dir) = two_cpu_devices("migrate-gone");
+    let c = Client::connect(&socket, "leaving", None);
+    let (session, _) = session_of(&server, "leaving");
+    let mut admin = Client::connect(&socket, "admin", None);
+    let asking = std::thread::spawn(move || {
+        admin.call(Call::SessionMove {
+            session,
+            device: 1,
+            wait_ms: 10_000,
+        })
+    });
+    eventually("the order to wait", || server.orders().is_waiting(session));
+    // A second order for the same session is refused while the first waits.
+    let mut other = Client::connect(&socket, "admin-2", None);
+    let e = other
+        .call(Call::SessionCheckpoint {
+            session,
+            wait_ms: 10,
+        })
+        .unwrap_err();
+    assert!(e.detail.contains("has an order waiting already"), "{e:?}");
+    drop(c);
+    let e = asking.join().unwrap().unwrap_err();
+    assert!(e.detail.contains("ended before"), "{e:?}");
+}
