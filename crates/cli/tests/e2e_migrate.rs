@@ -85,6 +85,20 @@ fn a_running_program_moves_between_two_cpu_devices_many_times_and_passes() {
         .as_u64()
         .unwrap()
         .to_string();
+    // No such session, no such device: clear refusals.
+    let out = cumux(&server, &["migrate", "987654", "--to", "1"]);
+    assert!(!out.status.success(), "{}", text(&out));
+    assert!(
+        text(&out).contains("no driver session 987654"),
+        "{}",
+        text(&out)
+    );
+    let out = cumux(&server, &["drain", "5"]);
+    assert!(
+        text(&out).contains("the server has no device 5"),
+        "{}",
+        text(&out)
+    );
     if e2e_device() == "worker-cpu" {
         // Sessions in worker processes do not move yet: refused, with the reason.
         let out = cumux(&server, &["migrate", &session, "--to", "1"]);
