@@ -8,8 +8,9 @@
 #   over every tenant's share of its speed alone) and `priority` (the latency
 #   tenants' p99), each against the same mix on one GPU;
 # - server: its CPU time and peak memory while the tenants run.
-# Not run: the remote pool (cumux has none yet) and `cumux drain` (no
-# migration yet): the JSON says so. Writes $OUT/scale.txt and
+# The remote pool has a script of its own (bench/h100/pool.sh: a server per
+# GPU behind the network emulator); `cumux drain` is not run (no migration
+# yet): the JSON says so. Writes $OUT/scale.txt and
 # $OUT/DATE-GPU-scale.json.
 #
 #   OUT=/some/dir bench/h100/scale.sh
@@ -198,7 +199,7 @@ result = {
     "gpu": gpu, "gpus": n, "driver": driver, "cuda": "13.0", "commit": commit,
     "metrics": metrics,
     "not_run": {
-        "pool": "cumux has no remote pool yet (issue 24)",
+        "pool": "run by bench/h100/pool.sh (its own JSON)",
         "drain": "cumux drain needs live migration, not built yet (issue 17)",
     },
 }

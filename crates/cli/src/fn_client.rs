@@ -1,6 +1,7 @@
 //! A small HTTP client of the functions API (hyper's, on a one-thread tokio
 //! runtime): one request at a time, a bearer token on each, HTTP/1.1 or
-//! HTTP/2 with prior knowledge. `cumux fn` and the tests use it.
+//! HTTP/2 with prior knowledge; HTTPS trusting what `CUMUX_TLS_FINGERPRINT`
+//! or `CUMUX_TLS_CA` says. `cumux fn` and the tests use it.
 
 use std::time::Duration;
 
@@ -8,6 +9,7 @@ use anyhow::{bail, Context, Result};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Bytes;
 use hyper::Request;
+use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
@@ -35,25 +37,60 @@ pub struct FnClient {
     base: String,
     token: Option<String>,
     runtime: tokio::runtime::Runtime,
-    client: Client<HttpConnector, Full<Bytes>>,
+    client: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
     pub timeout: Duration,
 }
 
 impl FnClient {
-    /// A client of the server at `url` (`http://HOST:PORT`), sending `token`;
-    /// `http2` speaks HTTP/2 with prior knowledge instead of HTTP/1.1.
+    /// A client of the server at `url` (`http://HOST:PORT` or `https://…`),
+    /// sending `token`; `http2` speaks HTTP/2 with prior knowledge instead of
+    /// HTTP/1.1 (over HTTPS, ALPN chooses).
     pub fn new(url: &str, token: Option<&str>, http2: bool) -> Result<FnClient> {
         let base = url.trim_end_matches('/').to_string();
-        if !base.starts_with("http://") {
-            bail!("{url}: the functions API is served over http://");
-        }
+        let tls = match (base.starts_with("https://"), base.starts_with("http://")) {
+            (true, _) => {
+                let config = cumux_protocol::tls::client_config_from_env()
+                    .map_err(anyhow::Error::msg)?
+                    .with_context(|| {
+                        format!(
+                            "{url}: set {} (the fingerprint `cumux serve` prints) or {} to \
+                             trust the server",
+                            cumux_protocol::tls::FINGERPRINT_VAR,
+                            cumux_protocol::tls::CA_VAR
+                        )
+                    })?;
+                Some((*config).clone())
+            }
+            (false, true) => None,
+            _ => bail!("{url}: the functions API is served over http:// or https://"),
+        };
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
             .context("the HTTP client's runtime")?;
+        let connector = match tls {
+            Some(config) => hyper_rustls::HttpsConnectorBuilder::new()
+                .with_tls_config(config)
+                .https_only()
+                .enable_http1()
+                .enable_http2()
+                .build(),
+            None => hyper_rustls::HttpsConnectorBuilder::new()
+                .with_tls_config(
+                    rustls::ClientConfig::builder_with_provider(cumux_protocol::tls::provider())
+                        .with_safe_default_protocol_versions()
+                        .context("TLS")?
+                        .with_root_certificates(rustls::RootCertStore::empty())
+                        .with_no_client_auth(),
+                )
+                .https_or_http()
+                .enable_http1()
+                .enable_http2()
+                .build(),
+        };
         let client = Client::builder(TokioExecutor::new())
             .http2_only(http2)
-            .build_http();
+            .build(connector);
         Ok(FnClient {
             base,
             token: token.map(str::to_string),

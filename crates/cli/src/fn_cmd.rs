@@ -15,7 +15,7 @@ pub const TOKEN_ENV: &str = "CUMUX_TOKEN";
 
 #[derive(Debug, clap::Args)]
 pub struct FnOptions {
-    /// The functions API: http://HOST:PORT (default: $CUMUX_FUNCTIONS_URL).
+    /// The functions API: http://HOST:PORT, or https://HOST:PORT trusting what CUMUX_TLS_FINGERPRINT or CUMUX_TLS_CA says (default: $CUMUX_FUNCTIONS_URL).
     #[arg(long)]
     pub url: Option<String>,
     /// The tenant's token (default: $CUMUX_TOKEN).

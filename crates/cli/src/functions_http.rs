@@ -28,9 +28,13 @@ const MAX_BLOCKING_THREADS: usize = 64;
 
 type Params = Query<HashMap<String, String>>;
 
-/// Serves the functions API of `functions` on `listener` from a thread of
-/// its own, for the life of the process.
-pub fn start(listener: TcpListener, functions: Arc<Functions>) -> Result<()> {
+/// Serves the functions API of `functions` on `listener` (HTTPS with `tls`)
+/// from a thread of its own, for the life of the process.
+pub fn start(
+    listener: TcpListener,
+    functions: Arc<Functions>,
+    tls: Option<Arc<rustls::ServerConfig>>,
+) -> Result<()> {
     listener
         .set_nonblocking(true)
         .context("the functions listener")?;
@@ -46,7 +50,13 @@ pub fn start(listener: TcpListener, functions: Arc<Functions>) -> Result<()> {
         .spawn(move || {
             let served = runtime.block_on(async move {
                 let listener = tokio::net::TcpListener::from_std(listener)?;
-                axum::serve(listener, app).await
+                match tls {
+                    Some(config) => {
+                        let listener = crate::https::TlsListener::new(listener, &config)?;
+                        axum::serve(listener, app).await
+                    }
+                    None => axum::serve(listener, app).await,
+                }
             });
             if let Err(e) = served {
                 tracing::error!("the functions server stopped: {e}");

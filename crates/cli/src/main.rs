@@ -34,6 +34,18 @@ enum Command {
         /// The tenant the program runs as.
         #[arg(long)]
         tenant: Option<String>,
+        /// A pool file (TOML: [[servers]] with an address and, for TLS, a
+        /// fingerprint): the program goes to the fewest servers whose
+        /// devices fit, least loaded first, and cumux run says where.
+        #[arg(long, conflicts_with = "server")]
+        pool: Option<std::path::PathBuf>,
+        /// How many devices the program gets from the pool (default 1).
+        #[arg(long, requires = "pool")]
+        gpus: Option<u32>,
+        /// Memory free for the tenant on each device it gets from the pool
+        /// (e.g. 20G).
+        #[arg(long, requires = "pool", value_parser = cumux_cli::pool::memory_arg)]
+        memory: Option<u64>,
         /// The program and its arguments.
         #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
         command: Vec<OsString>,
@@ -155,11 +167,17 @@ fn main() -> ExitCode {
         Command::Run {
             server,
             tenant,
+            pool,
+            gpus,
+            memory,
             mut command,
         } => {
             let program = command.remove(0);
             let ran = run::run(run::RunOptions {
                 server,
+                pool,
+                gpus,
+                memory,
                 tenant,
                 program,
                 args: command,

@@ -13,6 +13,8 @@ use std::process::Command;
 use cumux_protocol::{visible_devices, ClientRole};
 use cumux_server::Address;
 
+use crate::pool;
+
 use crate::probe::{self, ProbeError};
 use crate::signals::Forwarder;
 
@@ -39,6 +41,11 @@ pub mod exit {
 #[derive(Debug, Clone)]
 pub struct RunOptions {
     pub server: Option<String>,
+    /// A pool file: the program goes where `gpus` devices with `memory`
+    /// free each are (see [`crate::pool`]).
+    pub pool: Option<std::path::PathBuf>,
+    pub gpus: Option<u32>,
+    pub memory: Option<u64>,
     pub tenant: Option<String>,
     pub program: OsString,
     pub args: Vec<OsString>,
@@ -160,7 +167,12 @@ pub fn locate(program: &OsStr, path_var: Option<&OsStr>) -> Result<PathBuf, RunE
 
 /// Asks the server whether the program would be let in; warns when its
 /// `CUDA_VISIBLE_DEVICES` leaves it fewer devices than it lists.
-fn preflight(address: &Address, tenant: Option<&str>, program: &str) -> Result<(), RunError> {
+fn preflight(
+    address: &Address,
+    tenant: Option<&str>,
+    program: &str,
+    one_of_several: bool,
+) -> Result<(), RunError> {
     let not_started = format!("{program} was not started");
     let conn = match probe::connect_as(address, ClientRole::Preflight, "cumux run", tenant) {
         Ok(conn) => conn,
@@ -192,7 +204,8 @@ fn preflight(address: &Address, tenant: Option<&str>, program: &str) -> Result<(
             ))
         }
     };
-    if let Ok(text) = std::env::var("CUDA_VISIBLE_DEVICES") {
+    // With several servers the client applies the list to all their devices.
+    if let (Ok(text), false) = (std::env::var("CUDA_VISIBLE_DEVICES"), one_of_several) {
         let uuids: Vec<[u8; 16]> = conn.devices.iter().map(|d| d.uuid).collect();
         let selection = visible_devices::select(&text, &uuids);
         if let Some(why) = &selection.stopped {
@@ -289,6 +302,54 @@ fn exit_code(status: std::process::ExitStatus) -> i32 {
     }
 }
 
+/// The servers `--server` (else `CUMUX_SERVER`, else the default socket) names.
+fn servers_named(server: Option<&str>) -> Result<Vec<Address>, RunError> {
+    let failed = |message: String| RunError::new(exit::FAILED, message);
+    match server {
+        Some(text) => Address::parse_list(text).map_err(|e| failed(format!("--server: {e}"))),
+        None => match std::env::var("CUMUX_SERVER") {
+            Ok(text) if !text.is_empty() => {
+                Address::parse_list(&text).map_err(|e| failed(format!("CUMUX_SERVER: {e}")))
+            }
+            _ => Ok(vec![Address::default_unix()]),
+        },
+    }
+}
+
+/// Where `--pool` puts the program. The pool's fingerprints join
+/// `CUMUX_TLS_FINGERPRINT`, for the questions asked here and for the program.
+fn place_in_pool(path: &Path, options: &RunOptions) -> Result<pool::Placement, RunError> {
+    let failed = |message: String| RunError::new(exit::FAILED, message);
+    if options.server.is_some() {
+        return Err(failed("--pool and --server: give one or the other".into()));
+    }
+    let pool = pool::read(path).map_err(|e| failed(format!("{e:#}")))?;
+    if !pool.fingerprints.is_empty() {
+        let mut prints = pool.fingerprints.clone();
+        if let Ok(own) = std::env::var(cumux_protocol::tls::FINGERPRINT_VAR) {
+            prints.insert(0, own);
+        }
+        // `cumux run` has no other thread yet.
+        std::env::set_var(cumux_protocol::tls::FINGERPRINT_VAR, prints.join(","));
+    }
+    let gpus = options.gpus.unwrap_or(1).max(1) as usize;
+    pool::place(
+        &pool,
+        options.tenant.as_deref(),
+        gpus,
+        options.memory.unwrap_or(0),
+    )
+    .map_err(|e| {
+        RunError::new(
+            exit::NO_SERVER,
+            format!(
+                "--pool {}: {e:#}; the program was not started",
+                path.display()
+            ),
+        )
+    })
+}
+
 /// `CUMUX_SERVER` for the program: the addresses, comma-separated.
 fn server_list(addresses: &[Address]) -> String {
     addresses
@@ -302,20 +363,29 @@ fn server_list(addresses: &[Address]) -> String {
 /// (the program's, or 128 + signal), or why it did not run it.
 pub fn run(options: RunOptions) -> Result<i32, RunError> {
     let failed = |message: String| RunError::new(exit::FAILED, message);
-    let addresses = match &options.server {
-        Some(text) => Address::parse_list(text).map_err(|e| failed(format!("--server: {e}")))?,
-        None => match std::env::var("CUMUX_SERVER") {
-            Ok(text) if !text.is_empty() => {
-                Address::parse_list(&text).map_err(|e| failed(format!("CUMUX_SERVER: {e}")))?
-            }
-            _ => vec![Address::default_unix()],
-        },
+    let (addresses, placed) = match &options.pool {
+        Some(path) => {
+            let placement = place_in_pool(path, &options)?;
+            eprintln!("cumux run: placed on {}", placement.described);
+            (placement.servers, Some(placement.visible))
+        }
+        None if options.gpus.is_some() || options.memory.is_some() => {
+            return Err(failed(
+                "--gpus and --memory choose devices of a --pool".into(),
+            ))
+        }
+        None => (servers_named(options.server.as_deref())?, None),
     };
     let driver = find_driver().map_err(failed)?;
     let shown = Path::new(&options.program).display().to_string();
     locate(&options.program, std::env::var_os("PATH").as_deref())?;
     for address in &addresses {
-        preflight(address, options.tenant.as_deref(), &shown)?;
+        preflight(
+            address,
+            options.tenant.as_deref(),
+            &shown,
+            addresses.len() > 1 || placed.is_some(),
+        )?;
     }
     // From here on the signals that stop a program are the program's.
     let forwarder = Forwarder::start().map_err(|e| failed(format!("cannot watch signals: {e}")))?;
@@ -335,6 +405,9 @@ pub fn run(options: RunOptions) -> Result<i32, RunError> {
         .env("CUMUX_SERVER", server_list(&addresses));
     if let Some(tenant) = &options.tenant {
         command.env("CUMUX_TENANT", tenant);
+    }
+    if let Some(visible) = placed {
+        command.env("CUDA_VISIBLE_DEVICES", visible);
     }
     die_with_parent(&mut command);
     let mut child = command.spawn().map_err(|e| {

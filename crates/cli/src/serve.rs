@@ -251,12 +251,9 @@ fn listener_tls(
     };
     let host_port = match address {
         Address::Tcp(host_port) => host_port,
-        Address::Unix(_) => {
-            if settings.tls_cert.is_some() || settings.tls_key.is_some() {
-                bail!("--listen {address}: TLS applies to a TCP address, not to a unix socket");
-            }
-            return Ok(None);
-        }
+        // Its clients are on this host; tls_cert is for TCP listeners (the
+        // functions API's too).
+        Address::Unix(_) => return Ok(None),
     };
     match (&settings.tls_cert, &settings.tls_key) {
         (Some(cert), Some(key)) => return load(cert, key).map(Some),
@@ -287,17 +284,10 @@ fn listener_tls(
 /// the address bound (port 0 picks one).
 fn serve_functions(
     at: &str,
-    insecure: bool,
+    tls: Option<ServerTls>,
     server: &Arc<Server>,
     max_body: Option<u64>,
 ) -> Result<(std::net::SocketAddr, Arc<cumux_functions::Functions>)> {
-    if !insecure && !loopback_only(at)? {
-        bail!(
-            "--functions {at}: the functions API is plain HTTP, so tenants' tokens and data \
-             would cross the network in the clear; use a loopback address (127.0.0.1:PORT) \
-             behind a TLS proxy on this host, or pass --insecure to accept that"
-        );
-    }
     let mut limits = cumux_functions::Limits::default();
     if let Some(bytes) = max_body {
         limits.max_body_bytes = usize::try_from(bytes).context("--functions-max-body")?;
@@ -306,7 +296,8 @@ fn serve_functions(
         .with_context(|| format!("cannot serve functions on {at}"))?;
     let bound = listener.local_addr()?;
     let functions = Arc::new(cumux_functions::Functions::new(Arc::clone(server), limits));
-    crate::functions_http::start(listener, Arc::clone(&functions))?;
+    let tls = tls.map(|t| Arc::clone(t.config()));
+    crate::functions_http::start(listener, Arc::clone(&functions), tls)?;
     Ok((bound, functions))
 }
 
@@ -416,13 +407,24 @@ pub fn serve(options: ServeOptions) -> Result<()> {
     if let Some(warning) = access {
         tracing::warn!("{warning}");
     }
+    // The functions API speaks HTTPS as the TCP listener speaks TLS.
+    let mut functions_tls = None;
     let functions = match settings.functions.as_deref() {
-        Some(at) => Some(serve_functions(
-            at,
-            options.insecure,
-            &server,
-            settings.functions_max_body,
-        )?),
+        Some(at) => {
+            let tls = listener_tls(
+                &Address::Tcp(at.to_string()),
+                &tls_settings,
+                options.insecure,
+            )
+            .context("--functions")?;
+            functions_tls = tls.as_ref().map(|t| t.fingerprint().to_string());
+            Some(serve_functions(
+                at,
+                tls,
+                &server,
+                settings.functions_max_body,
+            )?)
+        }
         None => None,
     };
     if let Some((_, f)) = &functions {
@@ -461,7 +463,12 @@ pub fn serve(options: ServeOptions) -> Result<()> {
         line += &format!("; metrics on http://{at}/metrics");
     }
     if let Some((at, _)) = &functions {
-        line += &format!("; functions on http://{at}/v1/functions");
+        match &functions_tls {
+            Some(print) => {
+                line += &format!("; functions on https://{at}/v1/functions (certificate {print})")
+            }
+            None => line += &format!("; functions on http://{at}/v1/functions"),
+        }
     }
     println!("{line}");
     let _ = std::io::stdout().flush();

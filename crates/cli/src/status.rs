@@ -186,6 +186,7 @@ mod tests {
                 used_mem: 3 << 20,
                 policy: "fair".into(),
                 signalled_launches: 12,
+                sessions: 1,
             }],
             sessions: vec![SessionStatus {
                 session: 4,

@@ -73,6 +73,22 @@ fn one_program_uses_the_devices_of_two_servers() {
             server.log()
         );
     }
+    // CUDA_VISIBLE_DEVICES orders the devices of both servers together:
+    // here the program's device 0 is the second server's.
+    let mut run = run_command_at(&both, &[], &program, &[]);
+    run.env("CUDA_VISIBLE_DEVICES", "1,0");
+    let out = wait_bounded(run.spawn().unwrap(), LIMIT);
+    out.assert_passed();
+    let mut run = run_command_at(&both, &[], &driver_program("device_query"), &[]);
+    run.env("CUDA_VISIBLE_DEVICES", "1");
+    let out = wait_bounded(run.spawn().unwrap(), LIMIT);
+    out.assert_passed();
+    assert!(
+        second.log().matches("device_query").count() >= 1 && !first.log().contains("device_query"),
+        "device_query should run on the second server alone:\n{}\n---\n{}",
+        first.log(),
+        second.log()
+    );
 }
 
 #[test]
@@ -127,5 +143,118 @@ fn a_killed_server_fails_its_programs_within_seconds_and_spares_the_other() {
         rest.iter().any(|l| l == "PASS"),
         "{rest:?}\n{}",
         out.describe()
+    );
+}
+
+/// A `cumux serve` of `count` CPU devices from address window `window`.
+fn server_of(tag: &str, count: u32, window: u32) -> ServerProc {
+    let (count, window) = (count.to_string(), window.to_string());
+    let args: Vec<String> = [
+        "--device",
+        &e2e_device(),
+        "--memory",
+        "1G",
+        "--cpu-devices",
+        &count,
+        "--cpu-window",
+        &window,
+    ]
+    .map(String::from)
+    .to_vec();
+    ServerProc::spawn(TempDir::new(tag), &args, &[])
+}
+
+#[test]
+fn a_pool_places_a_program_on_the_fewest_servers_that_fit() {
+    let small = server_of("pool-small", 1, 0);
+    let large = server_of("pool-large", 2, 1);
+    let dir = TempDir::new("pool-file");
+    let file = dir.0.join("pool.toml");
+    std::fs::write(
+        &file,
+        format!(
+            "[[servers]]\naddress = \"{}\"\n\n[[servers]]\naddress = \"{}\"\n",
+            small.address, large.address
+        ),
+    )
+    .unwrap();
+    let pool = file.display().to_string();
+    let run = |options: &[&str], program: &str| {
+        let mut command = std::process::Command::new(CUMUX);
+        command
+            .args(["run", "--pool", &pool])
+            .args(options)
+            .arg("--")
+            .arg(driver_program(program))
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped());
+        wait_bounded(command.spawn().unwrap(), LIMIT)
+    };
+    // Two devices fit on the larger server alone.
+    let out = run(&["--gpus", "2", "--memory", "512M"], "two_devices");
+    out.assert_passed();
+    let placed = format!("placed on {}:", large.address);
+    assert!(out.stderr.contains(&placed), "{}", out.describe());
+    assert!(!out.stderr.contains(&small.address), "{}", out.describe());
+    // Three take both servers.
+    let out = run(&["--gpus", "3"], "device_query");
+    out.assert_passed();
+    assert!(out.stdout.contains("device_count: 3"), "{}", out.describe());
+    // Four do not fit anywhere: nothing starts, and the answer says why.
+    let out = run(&["--gpus", "4"], "device_query");
+    assert_eq!(out.code(), Some(69), "{}", out.describe());
+    assert!(
+        out.stderr.contains("the pool has 3 device(s)") && out.stderr.contains("not started"),
+        "{}",
+        out.describe()
+    );
+    let out = run(&["--gpus", "1", "--memory", "2G"], "device_query");
+    assert_eq!(out.code(), Some(69), "{}", out.describe());
+}
+
+#[test]
+fn a_pool_spreads_programs_over_its_least_busy_servers() {
+    let first = server_of("pool-spread-a", 1, 0);
+    let second = server_of("pool-spread-b", 1, 1);
+    let dir = TempDir::new("pool-spread");
+    let file = dir.0.join("pool.toml");
+    std::fs::write(
+        &file,
+        format!(
+            "[[servers]]\naddress = \"{}\"\n\n[[servers]]\naddress = \"{}\"\n",
+            first.address, second.address
+        ),
+    )
+    .unwrap();
+    let program = test_program("loop_launches");
+    let start = || {
+        let mut command = std::process::Command::new(CUMUX);
+        command
+            .args(["run", "--pool", &file.display().to_string(), "--"])
+            .arg(&program)
+            .arg("60")
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped());
+        let mut child = command.spawn().unwrap();
+        let lines = lines_of(child.stdout.take().unwrap());
+        wait_for_line(&lines, "started", LIMIT).unwrap();
+        child
+    };
+    // Each program, once running, holds a session: the next goes elsewhere.
+    let mut one = start();
+    let mut two = start();
+    let on = |server: &ServerProc| server.log().matches("loop_launches").count();
+    let placed = (on(&first), on(&second));
+    for child in [&mut one, &mut two] {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    assert!(
+        placed.0 >= 1 && placed.1 >= 1,
+        "both on one server: {placed:?}\n{}\n---\n{}",
+        first.log(),
+        second.log()
     );
 }

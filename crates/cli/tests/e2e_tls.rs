@@ -34,6 +34,26 @@ fn write_pair(dir: &Path, name: &str, pem: String, key: &KeyPair, der: &[u8]) ->
     }
 }
 
+impl Pair {
+    /// `cumux serve`'s flags showing this certificate.
+    fn serve_args(&self) -> Vec<String> {
+        vec![
+            "--tls-cert".into(),
+            self.cert.display().to_string(),
+            "--tls-key".into(),
+            self.key.display().to_string(),
+        ]
+    }
+}
+
+/// A TLS server on loopback showing `pair`, with `extra` flags.
+fn tls_server(dir: &Path, pair: &Pair, extra: &[&str]) -> TcpServer {
+    let mut args = pair.serve_args();
+    args.extend(extra.iter().map(|a| a.to_string()));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    TcpServer::start(dir, "tcp:127.0.0.1:0", &args, &[])
+}
+
 /// Parameters for a server certificate of 127.0.0.1, expired if asked.
 fn server_params(expired: bool) -> CertificateParams {
     let mut params = CertificateParams::new(vec!["127.0.0.1".into(), "localhost".into()]).unwrap();
@@ -75,6 +95,8 @@ fn ca_and_signed(dir: &Path, names: &[&str], expired: bool) -> (PathBuf, Pair) {
 struct TcpServer {
     child: Child,
     address: String,
+    /// The line it printed once it listened.
+    line: String,
     fingerprint: Option<String>,
     log: PathBuf,
 }
@@ -96,6 +118,7 @@ impl TcpServer {
             .map(|w| w.trim_end_matches([')', ';']).to_string());
         TcpServer {
             address: tcp_address_in(&line),
+            line: line.clone(),
             child,
             fingerprint,
             log,
@@ -153,16 +176,7 @@ fn a_pinned_fingerprint_lets_a_program_in_and_a_wrong_one_does_not() {
     let dir = TempDir::new("tls-pin");
     let pair = self_signed(&dir.0, "server", false);
     let other = self_signed(&dir.0, "other", false);
-    let (cert, key) = (
-        pair.cert.display().to_string(),
-        pair.key.display().to_string(),
-    );
-    let mut server = TcpServer::start(
-        &dir.0,
-        "tcp:127.0.0.1:0",
-        &["--tls-cert", &cert, "--tls-key", &key],
-        &[],
-    );
+    let mut server = tls_server(&dir.0, &pair, &[]);
     let printed = server
         .fingerprint
         .clone()
@@ -190,16 +204,7 @@ fn a_pinned_fingerprint_lets_a_program_in_and_a_wrong_one_does_not() {
 fn a_ca_vouches_for_the_server_by_its_name() {
     let dir = TempDir::new("tls-ca");
     let (ca, pair) = ca_and_signed(&dir.0, &["127.0.0.1", "localhost"], false);
-    let (cert, key) = (
-        pair.cert.display().to_string(),
-        pair.key.display().to_string(),
-    );
-    let mut server = TcpServer::start(
-        &dir.0,
-        "tcp:127.0.0.1:0",
-        &["--tls-cert", &cert, "--tls-key", &key],
-        &[],
-    );
+    let mut server = tls_server(&dir.0, &pair, &[]);
     let ca = ca.display().to_string();
     server.assert_pass(&server.run(&[("CUMUX_TLS_CA", &ca)], &[]));
     // A CA that did not sign it.
@@ -218,31 +223,13 @@ fn a_ca_vouches_for_the_server_by_its_name() {
 fn an_expired_certificate_is_refused_by_pin_and_by_ca() {
     let dir = TempDir::new("tls-expired");
     let pinned = self_signed(&dir.0, "old", true);
-    let (cert, key) = (
-        pinned.cert.display().to_string(),
-        pinned.key.display().to_string(),
-    );
-    let mut server = TcpServer::start(
-        &dir.0,
-        "tcp:127.0.0.1:0",
-        &["--tls-cert", &cert, "--tls-key", &key],
-        &[],
-    );
+    let mut server = tls_server(&dir.0, &pinned, &[]);
     let print = cumux_protocol::tls::fingerprint(&pinned.der);
     let out = server.run(&[("CUMUX_TLS_FINGERPRINT", &print)], &[]);
     server.assert_refused(&out, &["TLS handshake", "certificate has expired"]);
 
     let (ca, signed) = ca_and_signed(&dir.0, &["127.0.0.1"], true);
-    let (cert, key) = (
-        signed.cert.display().to_string(),
-        signed.key.display().to_string(),
-    );
-    let mut by_ca = TcpServer::start(
-        &dir.0,
-        "tcp:127.0.0.1:0",
-        &["--tls-cert", &cert, "--tls-key", &key, "--policy", "fifo"],
-        &[],
-    );
+    let mut by_ca = tls_server(&dir.0, &signed, &["--policy", "fifo"]);
     let out = by_ca.run(&[("CUMUX_TLS_CA", &ca.display().to_string())], &[]);
     by_ca.assert_refused(&out, &["TLS handshake", "certificate has expired"]);
 }
@@ -251,16 +238,7 @@ fn an_expired_certificate_is_refused_by_pin_and_by_ca() {
 fn plain_and_tls_clients_meeting_the_other_kind_of_server_are_told_why() {
     let dir = TempDir::new("tls-mismatch");
     let pair = self_signed(&dir.0, "server", false);
-    let (cert, key) = (
-        pair.cert.display().to_string(),
-        pair.key.display().to_string(),
-    );
-    let mut tls = TcpServer::start(
-        &dir.0,
-        "tcp:127.0.0.1:0",
-        &["--tls-cert", &cert, "--tls-key", &key],
-        &[],
-    );
+    let mut tls = tls_server(&dir.0, &pair, &[]);
     let out = tls.run(&[], &[]);
     tls.assert_refused(&out, &["TLS only", "CUMUX_TLS_FINGERPRINT"]);
     let print = tls.fingerprint.clone().unwrap();
@@ -284,22 +262,10 @@ fn mutual_tls_wants_a_certificate_its_ca_signed() {
     let dir = TempDir::new("tls-mutual");
     let pair = self_signed(&dir.0, "server", false);
     let (client_ca, client) = ca_and_signed(&dir.0, &["client"], false);
-    let (cert, key) = (
-        pair.cert.display().to_string(),
-        pair.key.display().to_string(),
-    );
-    let mut server = TcpServer::start(
+    let mut server = tls_server(
         &dir.0,
-        "tcp:127.0.0.1:0",
-        &[
-            "--tls-cert",
-            &cert,
-            "--tls-key",
-            &key,
-            "--tls-client-ca",
-            &client_ca.display().to_string(),
-        ],
-        &[],
+        &pair,
+        &["--tls-client-ca", &client_ca.display().to_string()],
     );
     let print = server.fingerprint.clone().unwrap();
     let out = server.run(&[("CUMUX_TLS_FINGERPRINT", &print)], &[]);
@@ -326,23 +292,7 @@ fn over_tls_a_wrong_token_is_refused_and_the_right_one_names_the_tenant() {
         &dir,
         "[tenants.alice]\nmemory_quota = \"64M\"\ntoken = \"alice-token-0123456789abcdef\"\n",
     );
-    let (cert, key) = (
-        pair.cert.display().to_string(),
-        pair.key.display().to_string(),
-    );
-    let mut server = TcpServer::start(
-        &dir.0,
-        "tcp:127.0.0.1:0",
-        &[
-            "--tls-cert",
-            &cert,
-            "--tls-key",
-            &key,
-            "--config",
-            &config.display().to_string(),
-        ],
-        &[],
-    );
+    let mut server = tls_server(&dir.0, &pair, &["--config", &config.display().to_string()]);
     let print = server.fingerprint.clone().unwrap();
     let out = server.run(
         &[
@@ -417,16 +367,7 @@ fn a_program_crosses_a_slow_lossy_link_over_tls() {
     use cumux_testkit::netem::{Link, Relay};
     let dir = TempDir::new("tls-netem");
     let pair = self_signed(&dir.0, "server", false);
-    let (cert, key) = (
-        pair.cert.display().to_string(),
-        pair.key.display().to_string(),
-    );
-    let server = TcpServer::start(
-        &dir.0,
-        "tcp:127.0.0.1:0",
-        &["--tls-cert", &cert, "--tls-key", &key],
-        &[],
-    );
+    let server = tls_server(&dir.0, &pair, &[]);
     let link = Link {
         rtt: Duration::from_millis(10),
         jitter: Duration::from_millis(2),
@@ -444,4 +385,159 @@ fn a_program_crosses_a_slow_lossy_link_over_tls() {
     run.env("CUMUX_TLS_FINGERPRINT", &print);
     server.assert_pass(&wait_bounded(run.spawn().unwrap(), LIMIT));
     assert!(relay.relayed() > 0);
+}
+
+#[test]
+fn large_copies_arrive_whole_over_tcp_and_tls() {
+    // bench/cuda/microbench checks every byte it copies back (exit 3 if not):
+    // 16 MiB each way is two pipelined chunks on a socket.
+    let microbench = cumux_testkit::compile_program(
+        cumux_testkit::workspace_root().join("bench/cuda/microbench.cu"),
+        &[],
+    );
+    let dir = TempDir::new("tls-copies");
+    let pair = self_signed(&dir.0, "server", false);
+    let tls = tls_server(&dir.0, &pair, &[]);
+    let plain = TcpServer::start(&dir.0, "tcp:127.0.0.1:0", &["--policy", "fifo"], &[]);
+    let print = tls.fingerprint.clone().unwrap();
+    for (server, envs) in [
+        (&tls, vec![("CUMUX_TLS_FINGERPRINT", print.as_str())]),
+        (&plain, vec![]),
+    ] {
+        let mut run = run_command_at(
+            &server.address,
+            &[],
+            &microbench,
+            &["bandwidth", "0.1", &(32u64 << 20).to_string()],
+        );
+        run.envs(envs);
+        let out = wait_bounded(run.spawn().unwrap(), LIMIT);
+        assert!(
+            out.code() == Some(0) && out.stdout.contains("dtoh_pageable_16m_gbps"),
+            "{}\n--- server log\n{}",
+            out.describe(),
+            server.log()
+        );
+    }
+}
+
+#[test]
+fn stream_ordered_programs_run_over_tcp_and_tls() {
+    // Copies on streams are unanswered calls: on a socket they go as they
+    // are, never waiting for an answer that does not come.
+    let dir = TempDir::new("tls-streams");
+    let pair = self_signed(&dir.0, "server", false);
+    let tls = tls_server(&dir.0, &pair, &[]);
+    let plain = TcpServer::start(&dir.0, "tcp:127.0.0.1:0", &["--policy", "fifo"], &[]);
+    let print = tls.fingerprint.clone().unwrap();
+    for program in ["pinned_copies", "pinned_memory", "host_callback", "threads"] {
+        for (server, envs) in [
+            (&tls, vec![("CUMUX_TLS_FINGERPRINT", print.as_str())]),
+            (&plain, vec![]),
+        ] {
+            let mut run = run_command_at(&server.address, &[], &driver_program(program), &[]);
+            run.envs(envs);
+            let out = wait_bounded(run.spawn().unwrap(), LIMIT);
+            assert!(
+                out.code() == Some(0) && out.stdout.contains("PASS"),
+                "{program}: {}\n--- server log\n{}",
+                out.describe(),
+                server.log()
+            );
+        }
+    }
+}
+
+/// `GET path` over HTTPS to `at` (`HOST:PORT`), trusting the certificate
+/// `print` pins: the status line and the body.
+fn https_get(at: &str, print: &str, path: &str) -> Result<String, String> {
+    use std::io::{Read, Write};
+    let pin = cumux_protocol::tls::parse_fingerprint(print).unwrap();
+    let config =
+        cumux_protocol::tls::client_config(cumux_protocol::tls::Trust::Pinned(vec![pin]), None)
+            .unwrap();
+    let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+    let conn = rustls::ClientConnection::new(config, name).unwrap();
+    let tcp = std::net::TcpStream::connect(at).unwrap();
+    tcp.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let mut tls = rustls::StreamOwned::new(conn, tcp);
+    let request = format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
+    tls.write_all(request.as_bytes())
+        .map_err(|e| e.to_string())?;
+    let mut answer = Vec::new();
+    match tls.read_to_end(&mut answer) {
+        Ok(_) => {}
+        // Some servers close without close_notify once they answered.
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof && !answer.is_empty() => {}
+        Err(e) => return Err(e.to_string()),
+    }
+    Ok(String::from_utf8_lossy(&answer).to_string())
+}
+
+#[test]
+fn the_functions_api_speaks_https_with_the_servers_certificate() {
+    let dir = TempDir::new("tls-functions");
+    let pair = self_signed(&dir.0, "server", false);
+    let config = config_file(
+        &dir,
+        "[tenants.alice]\ntoken = \"alice-token-0123456789abcdef\"\n",
+    );
+    let server = tls_server(
+        &dir.0,
+        &pair,
+        &[
+            "--functions",
+            "127.0.0.1:0",
+            "--config",
+            &config.display().to_string(),
+        ],
+    );
+    let line = &server.line;
+    let at = line
+        .split("functions on https://")
+        .nth(1)
+        .and_then(|rest| rest.split('/').next())
+        .unwrap_or_else(|| panic!("no https functions address in: {line}"))
+        .to_string();
+    let print = server.fingerprint.clone().unwrap();
+    let answer = https_get(&at, &print, "/v1/openapi.json").unwrap();
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert!(answer.contains("\"openapi\""), "{answer}");
+    // Plain HTTP to it gets no answer a client could take for one.
+    use std::io::{Read, Write};
+    let mut plain = std::net::TcpStream::connect(&at).unwrap();
+    plain
+        .set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    plain
+        .write_all(b"GET /v1/openapi.json HTTP/1.1\r\nHost: x\r\n\r\n")
+        .unwrap();
+    let mut got = Vec::new();
+    let _ = plain.read_to_end(&mut got);
+    assert!(!String::from_utf8_lossy(&got).contains("openapi"));
+    // `cumux fn` speaks HTTPS, trusting the pinned certificate only.
+    let url = format!("https://{at}");
+    let list = |print: Option<&str>| {
+        let mut fn_list = Command::new(env!("CARGO_BIN_EXE_cumux"));
+        fn_list
+            .args(["fn", "--url", &url, "list"])
+            .env("CUMUX_TOKEN", "alice-token-0123456789abcdef")
+            .env_remove("CUMUX_TLS_FINGERPRINT")
+            .env_remove("CUMUX_TLS_CA");
+        if let Some(print) = print {
+            fn_list.env("CUMUX_TLS_FINGERPRINT", print);
+        }
+        fn_list.output().unwrap()
+    };
+    let listed = list(Some(&print));
+    assert!(listed.status.success(), "{listed:?}");
+    let untrusted = list(None);
+    assert!(!untrusted.status.success());
+    assert!(
+        String::from_utf8_lossy(&untrusted.stderr).contains("CUMUX_TLS_FINGERPRINT"),
+        "{untrusted:?}"
+    );
+    let other = self_signed(&dir.0, "other", false);
+    let wrong = list(Some(&cumux_protocol::tls::fingerprint(&other.der)));
+    assert!(!wrong.status.success(), "{wrong:?}");
 }

@@ -35,6 +35,7 @@ pub mod exports;
 pub mod graph;
 pub mod host_fn;
 pub mod integrity;
+pub mod jit_log;
 pub mod link;
 pub mod logging;
 pub mod managed;

@@ -1,6 +1,6 @@
 //! JIT linking (`cuLink*`) for the CPU device, which runs PTX: every input is
-//! reduced to PTX text (PTX as given, the best PTX of a fat binary) and the
-//! texts are merged into one module. A declaration `.extern` in one input and
+//! reduced to PTX text (PTX as given; of a fat binary, the PTX the device's
+//! compute capability runs) and the texts are merged into one module. A declaration `.extern` in one input and
 //! defined in another is dropped, and defining inputs are placed before the
 //! inputs that use them. A single input of any kind passes through untouched.
 
@@ -20,13 +20,15 @@ pub struct LinkState {
     pub output: Vec<u8>,
 }
 
-fn as_ptx(kind: u32, bytes: &[u8]) -> CuResult<String> {
+/// Input `bytes` of `kind` as PTX text; of a fat binary, the PTX a device of
+/// compute capability `sm` runs.
+fn as_ptx(kind: u32, bytes: &[u8], sm: u32) -> CuResult<String> {
     match kind {
         INPUT_PTX => {
             let end = bytes.iter().position(|b| *b == 0).unwrap_or(bytes.len());
             String::from_utf8(bytes[..end].to_vec()).map_err(|_| CUDA_ERROR_INVALID_PTX)
         }
-        INPUT_FATBINARY => cumux_fatbin::best_ptx(bytes).ok_or(CUDA_ERROR_NO_BINARY_FOR_GPU),
+        INPUT_FATBINARY => cumux_fatbin::ptx_for(bytes, sm).ok_or(CUDA_ERROR_NO_BINARY_FOR_GPU),
         _ => {
             tracing::warn!(
                 "cuLink: input of type {kind} (cubin/object/library) cannot be linked for the CPU device"
@@ -216,14 +218,14 @@ pub fn merge_ptx(modules: &[String]) -> String {
 
 /// Links the inputs into one image (a PTX text with a trailing NUL, or the
 /// single input as it was).
-pub fn link(inputs: &[(u32, Vec<u8>)]) -> CuResult<Vec<u8>> {
+pub fn link(inputs: &[(u32, Vec<u8>)], sm: u32) -> CuResult<Vec<u8>> {
     match inputs {
         [] => Err(CUDA_ERROR_INVALID_VALUE),
         [(kind, bytes)] if *kind == INPUT_CUBIN || *kind == INPUT_FATBINARY => Ok(bytes.clone()),
         _ => {
             let texts = inputs
                 .iter()
-                .map(|(k, b)| as_ptx(*k, b))
+                .map(|(k, b)| as_ptx(*k, b, sm))
                 .collect::<CuResult<Vec<_>>>()?;
             let mut merged = merge_ptx(&texts).into_bytes();
             merged.push(0);
@@ -487,9 +489,12 @@ mod tests {
     #[test]
     fn single_inputs_pass_through() {
         let fatbin = vec![1u8, 2, 3];
-        assert_eq!(link(&[(INPUT_FATBINARY, fatbin.clone())]).unwrap(), fatbin);
-        assert!(link(&[]).is_err());
-        let ptx = link(&[(INPUT_PTX, DEFINER.as_bytes().to_vec())]).unwrap();
+        assert_eq!(
+            link(&[(INPUT_FATBINARY, fatbin.clone())], 75).unwrap(),
+            fatbin
+        );
+        assert!(link(&[], 75).is_err());
+        let ptx = link(&[(INPUT_PTX, DEFINER.as_bytes().to_vec())], 75).unwrap();
         assert_eq!(ptx.last(), Some(&0));
     }
 }

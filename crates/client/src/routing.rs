@@ -65,6 +65,7 @@ pub fn device_of_call(call: &Call, placements: &Placements) -> u32 {
             VmmCall::Reserve { .. } | VmmCall::Import => None,
         },
         Call::ModuleLoad { .. }
+        | Call::SetLimit { .. }
         | Call::StreamCreate { .. }
         | Call::EventCreate { .. }
         | Call::ContextSynchronize

@@ -20,9 +20,20 @@ use cumux_protocol::{
 use crate::errors::*;
 use crate::teardown;
 
+thread_local! {
+    /// What the server said of the last call of this thread that failed.
+    static LAST_ERROR: std::cell::RefCell<String> = const { std::cell::RefCell::new(String::new()) };
+}
+
+/// Takes the server's message for the last failed call of the calling
+/// thread (a JIT error log's text), empty when none.
+pub fn take_last_error_message() -> String {
+    LAST_ERROR.try_with(|last| last.take()).unwrap_or_default()
+}
+
 /// `CUDA_VISIBLE_DEVICES` for the hello (the server applies it), cut to
 /// what a hello carries.
-fn visible_devices() -> Option<String> {
+pub fn visible_devices() -> Option<String> {
     let text = std::env::var("CUDA_VISIBLE_DEVICES").ok()?;
     let cut = proto::visible_devices::cut(&text);
     if cut.len() < text.len() {
@@ -112,6 +123,42 @@ impl Link {
     pub fn call_into(&self, call: Call, out: &mut [u8]) -> CuResult<()> {
         self.lock().call_into(call, out)
     }
+
+    /// How large copies on this link are cut ([`chunk_bytes`]).
+    pub fn chunk_bytes(&self) -> usize {
+        self.lock().chunks()
+    }
+
+    /// The calls `call(i, chunk)` makes for the chunks of `bytes`, each with
+    /// its chunk as its byte buffer, all answered (see [`Connection::chunks`]).
+    pub fn calls_with_chunks(
+        &self,
+        bytes: &[u8],
+        call: impl Fn(usize, &[u8]) -> Call,
+    ) -> CuResult<()> {
+        self.lock().calls_with_chunks(bytes, call)
+    }
+
+    /// The calls `call(i, chunk)` makes for the chunks of `out`, each
+    /// answered with its chunk's bytes, received into it.
+    pub fn calls_into_chunks(
+        &self,
+        out: &mut [u8],
+        call: impl Fn(usize, &[u8]) -> Call,
+    ) -> CuResult<()> {
+        self.lock().calls_into_chunks(out, call)
+    }
+}
+
+/// Bytes of one chunk of a large copy: through shared memory the bulk ring
+/// takes a frame's most; on a socket smaller chunks, sent back to back,
+/// keep the copies on both ends in cache and overlap them with the network.
+pub fn chunk_bytes(socket: bool) -> usize {
+    if socket {
+        8 << 20
+    } else {
+        proto::framing::MAX_CHUNK_BYTES
+    }
 }
 
 /// What the server said at connect.
@@ -126,23 +173,27 @@ pub struct Session {
 impl Connection {
     /// Opens a session at `address`: the program's first (`join: None`, on
     /// its first device) or one for another of its devices.
+    /// `visible` is the hello's `CUDA_VISIBLE_DEVICES` (which of the
+    /// tenant's devices there the program sees, in its order).
     pub fn connect(
         address: &ServerAddress,
         join: Option<proto::Join>,
+        visible: Option<String>,
     ) -> Result<(Connection, Session), String> {
-        Connection::hello(address, ClientRole::Driver, join)
+        Connection::hello(address, ClientRole::Driver, join, visible)
     }
 
-    /// The devices a program of this tenant would see at `address`, asked
+    /// Every device a program of this tenant may use at `address`, asked
     /// without opening a session there (a preflight hello).
     pub fn devices_at(address: &ServerAddress) -> Result<Session, String> {
-        Connection::hello(address, ClientRole::Preflight, None).map(|(_, session)| session)
+        Connection::hello(address, ClientRole::Preflight, None, None).map(|(_, session)| session)
     }
 
     fn hello(
         address: &ServerAddress,
         role: ClientRole,
         join: Option<proto::Join>,
+        visible: Option<String>,
     ) -> Result<(Connection, Session), String> {
         let address = address.clone();
         let stream = Stream::connect(&address).map_err(|e| match e {
@@ -174,7 +225,7 @@ impl Connection {
             tenant: std::env::var("CUMUX_TENANT").ok(),
             token: std::env::var("CUMUX_TOKEN").ok(),
             shm: area.is_some(),
-            visible_devices: visible_devices(),
+            visible_devices: visible,
             join,
         };
         let bytes = proto::encode(&hello).map_err(|e| e.to_string())?;
@@ -314,13 +365,19 @@ impl Connection {
                 }
             }
             (None, bytes) => {
-                if let Some(b) = bytes {
-                    shm::put_call_bulk(&mut call, b.to_vec())
-                        .map_err(|_| CUDA_ERROR_INVALID_VALUE)?;
-                }
+                // The bytes go in a bulk frame of their own, written from
+                // where they lie.
+                let owned;
+                let bulk: &[u8] = match bytes {
+                    Some(b) => b,
+                    None => {
+                        owned = shm::take_call_bulk(&mut call);
+                        &owned
+                    }
+                };
                 let msg =
                     proto::encode(&Request { seq, call }).map_err(|_| CUDA_ERROR_INVALID_VALUE)?;
-                if let Err(e) = proto::write_frame(&mut self.stream, &msg) {
+                if let Err(e) = proto::write_message(&mut self.stream, &msg, bulk) {
                     return Err(self.lost(e));
                 }
             }
@@ -433,6 +490,12 @@ impl Connection {
         if self.dead {
             return Err(CUDA_ERROR_DEVICE_UNAVAILABLE);
         }
+        if self.shm.is_none() && !call.is_fire_and_forget() {
+            self.seq += 1;
+            let seq = self.seq;
+            self.send(seq, call, None)?;
+            return self.receive_from_socket_into(seq, out);
+        }
         if self.shm.is_none() || call.is_fire_and_forget() {
             return match self.call(call)? {
                 ReplyBody::Data(d) if d.len() == out.len() => {
@@ -479,16 +542,171 @@ impl Connection {
             if let Err(e) = received {
                 return Err(self.lost(e));
             }
-            match self.answer(seq, reply) {
-                None => continue,
-                Some(Err(e)) => return Err(e),
-                Some(Ok(ReplyBody::Data(d))) if direct && d.is_empty() => return Ok(()),
-                Some(Ok(ReplyBody::Data(d))) if d.len() == out.len() => {
-                    out.copy_from_slice(&d);
-                    return Ok(());
-                }
-                Some(Ok(_)) => return Err(CUDA_ERROR_UNKNOWN),
+            if let Some(result) = self.landed(seq, reply, direct, out) {
+                return result;
             }
+        }
+    }
+
+    /// What `seq`'s answer to a call answered into `out` says (its bytes
+    /// already there where `direct`): `None` for a stray reply.
+    fn landed(
+        &mut self,
+        seq: u64,
+        reply: Reply,
+        direct: bool,
+        out: &mut [u8],
+    ) -> Option<CuResult<()>> {
+        Some(match self.answer(seq, reply)? {
+            Err(e) => Err(e),
+            Ok(ReplyBody::Data(d)) if direct && d.is_empty() => Ok(()),
+            Ok(ReplyBody::Data(d)) if d.len() == out.len() => {
+                out.copy_from_slice(&d);
+                Ok(())
+            }
+            Ok(_) => Err(CUDA_ERROR_UNKNOWN),
+        })
+    }
+
+    /// How large copies are cut ([`chunk_bytes`]).
+    fn chunks(&self) -> usize {
+        chunk_bytes(self.shm.is_none())
+    }
+
+    /// [`Link::calls_with_chunks`]: through shared memory one call after
+    /// another; on a socket every chunk is sent before the answers are read,
+    /// so that the round trips overlap (a remote server's RTT is paid once).
+    pub fn calls_with_chunks(
+        &mut self,
+        bytes: &[u8],
+        call: impl Fn(usize, &[u8]) -> Call,
+    ) -> CuResult<()> {
+        let size = self.chunks();
+        // Unanswered calls (a copy on a stream) go one after another anyway.
+        let forget = bytes
+            .chunks(size)
+            .next()
+            .is_some_and(|chunk| call(0, chunk).is_fire_and_forget());
+        if self.shm.is_some() || forget {
+            for (i, chunk) in bytes.chunks(size).enumerate() {
+                self.call_with_bytes(call(i, chunk), chunk)?;
+            }
+            return Ok(());
+        }
+        if self.dead {
+            return Err(CUDA_ERROR_DEVICE_UNAVAILABLE);
+        }
+        let first = self.seq + 1;
+        for (i, chunk) in bytes.chunks(size).enumerate() {
+            self.seq += 1;
+            let seq = self.seq;
+            self.send(seq, call(i, chunk), Some(chunk))?;
+        }
+        self.answers(first)
+    }
+
+    /// [`Link::calls_into_chunks`]: the requests all leave first on a socket
+    /// (they are small), then each answer lands in its chunk.
+    pub fn calls_into_chunks(
+        &mut self,
+        out: &mut [u8],
+        call: impl Fn(usize, &[u8]) -> Call,
+    ) -> CuResult<()> {
+        let size = self.chunks();
+        let forget = out
+            .chunks(size)
+            .next()
+            .is_some_and(|chunk| call(0, chunk).is_fire_and_forget());
+        if self.shm.is_some() || forget {
+            for (i, chunk) in out.chunks_mut(size).enumerate() {
+                let c = call(i, chunk);
+                self.call_into(c, chunk)?;
+            }
+            return Ok(());
+        }
+        if self.dead {
+            return Err(CUDA_ERROR_DEVICE_UNAVAILABLE);
+        }
+        let first = self.seq + 1;
+        for (i, chunk) in out.chunks(size).enumerate() {
+            self.seq += 1;
+            let seq = self.seq;
+            self.send(seq, call(i, chunk), None)?;
+        }
+        let mut failed = None;
+        for (i, chunk) in out.chunks_mut(size).enumerate() {
+            let seq = first + i as u64;
+            match self.receive_from_socket_into(seq, chunk) {
+                Ok(()) => {}
+                Err(e) if self.dead => return Err(e),
+                Err(e) => failed = failed.or(Some(e)),
+            }
+        }
+        failed.map_or(Ok(()), Err)
+    }
+
+    /// Reads the answers of calls `first..=self.seq`, in order; the first
+    /// failure, once all are read.
+    fn answers(&mut self, first: u64) -> CuResult<()> {
+        let mut failed = None;
+        for seq in first..=self.seq {
+            loop {
+                let reply = self.next_reply()?;
+                if let Some(result) = self.answer(seq, reply) {
+                    if let Err(e) = result {
+                        failed = failed.or(Some(e));
+                    }
+                    break;
+                }
+            }
+        }
+        failed.map_or(Ok(()), Err)
+    }
+
+    /// [`Transport::call_into`] on the socket: `seq`'s answer, its bulk
+    /// frame read straight into `out`.
+    fn receive_from_socket_into(&mut self, seq: u64, out: &mut [u8]) -> CuResult<()> {
+        loop {
+            let (reply, direct) = self.socket_reply(Some((seq, &mut *out)))?;
+            if let Some(result) = self.landed(seq, reply, direct, out) {
+                return result;
+            }
+        }
+    }
+
+    /// The next reply on the socket, its bulk frame put back into it; or,
+    /// where it is `into`'s call's data of exactly the length of its buffer,
+    /// read into that buffer instead (then `true`).
+    fn socket_reply(&mut self, into: Option<(u64, &mut [u8])>) -> CuResult<(Reply, bool)> {
+        let bulk_len = match proto::read_message(&mut self.stream, &mut self.buf) {
+            Ok(len) => len,
+            Err(e) => return Err(self.lost(e)),
+        };
+        let mut reply: Reply = match proto::decode(&self.buf) {
+            Ok(r) => r,
+            Err(e) => return Err(self.lost(format!("malformed reply: {e}"))),
+        };
+        let Some(len) = bulk_len else {
+            return Ok((reply, false));
+        };
+        let received = match into {
+            Some((seq, out))
+                if reply.seq == seq
+                    && len == out.len()
+                    && matches!(&reply.result, Ok(ReplyBody::Data(d)) if d.is_empty()) =>
+            {
+                return match std::io::Read::read_exact(&mut self.stream, out) {
+                    Ok(()) => Ok((reply, true)),
+                    Err(e) => Err(self.lost(e)),
+                };
+            }
+            _ => proto::read_bulk(&mut self.stream, len)
+                .map_err(|e| e.to_string())
+                .and_then(|bulk| shm::put_reply_bulk(&mut reply, bulk).map_err(|e| e.to_string())),
+        };
+        match received {
+            Ok(()) => Ok((reply, false)),
+            Err(e) => Err(self.lost(e)),
         }
     }
 
@@ -505,6 +723,7 @@ impl Connection {
         }
         Some(reply.result.map_err(|e| {
             tracing::debug!("server: {e}");
+            let _ = LAST_ERROR.try_with(|last| last.replace(e.detail.clone()));
             if e.code == 0 {
                 CUDA_ERROR_UNKNOWN
             } else {
@@ -516,11 +735,7 @@ impl Connection {
     /// Receives the next reply.
     fn next_reply(&mut self) -> CuResult<Reply> {
         let Some(ep) = self.shm.as_mut() else {
-            if let Err(e) = proto::read_frame(&mut self.stream, &mut self.buf) {
-                return Err(self.lost(e));
-            }
-            return proto::decode(&self.buf)
-                .map_err(|e| self.lost(format!("malformed reply: {e}")));
+            return self.socket_reply(None).map(|(reply, _)| reply);
         };
         let mut bulk = Vec::new();
         if let Err(e) = ep.recv(&mut self.buf, &mut bulk) {
@@ -680,7 +895,7 @@ mod tests {
         let address = ServerAddress::Unix(sock.clone());
 
         // Nobody listening.
-        let err = Connection::connect(&address, None).err().unwrap();
+        let err = Connection::connect(&address, None, None).err().unwrap();
         assert!(err.contains("cannot reach the cumux server"), "{err}");
 
         // A rejection names both versions.
@@ -692,7 +907,7 @@ mod tests {
             },
             0,
         );
-        let err = Connection::connect(&address, None).err().unwrap();
+        let err = Connection::connect(&address, None, None).err().unwrap();
         assert!(
             err.contains("99") && err.contains(&proto::PROTOCOL_VERSION.to_string()),
             "{err}"
@@ -702,7 +917,7 @@ mod tests {
 
         // A server of another version, even one that says welcome.
         let server = fake_server(&sock, welcome(proto::PROTOCOL_VERSION + 1), 0);
-        let err = Connection::connect(&address, None).err().unwrap();
+        let err = Connection::connect(&address, None, None).err().unwrap();
         assert!(err.contains("mismatch"), "{err}");
         server.join().unwrap();
         std::fs::remove_file(&sock).unwrap();
@@ -710,7 +925,7 @@ mod tests {
         // One answered call, then the server goes away: every later call
         // fails at once.
         let server = fake_server(&sock, welcome(proto::PROTOCOL_VERSION), 1);
-        let (mut conn, session) = Connection::connect(&address, None).unwrap();
+        let (mut conn, session) = Connection::connect(&address, None, None).unwrap();
         assert_eq!(session.server, "fake");
         assert_eq!(conn.call(Call::ContextSynchronize), Ok(ReplyBody::Unit));
         server.join().unwrap();
@@ -727,7 +942,7 @@ mod tests {
         // Through shared memory: a large buffer goes out and comes back, then
         // the server dies without a word and calls fail instead of hanging.
         let server = fake_shm_server(&sock, 2);
-        let (mut conn, session) = Connection::connect(&address, None).unwrap();
+        let (mut conn, session) = Connection::connect(&address, None, None).unwrap();
         assert_eq!(session.server, "fake-shm");
         assert!(conn.uses_shm());
         let data: Vec<u8> = (0..100_000u32).map(|i| (i * 7) as u8).collect();
@@ -764,7 +979,7 @@ mod tests {
         // CUMUX_TRANSPORT=socket keeps calls on the socket.
         std::env::set_var("CUMUX_TRANSPORT", "socket");
         let server = fake_server(&sock, welcome(proto::PROTOCOL_VERSION), 1);
-        let (mut conn, _) = Connection::connect(&address, None).unwrap();
+        let (mut conn, _) = Connection::connect(&address, None, None).unwrap();
         assert!(!conn.uses_shm());
         assert_eq!(conn.call(Call::ContextSynchronize), Ok(ReplyBody::Unit));
         server.join().unwrap();
@@ -774,7 +989,7 @@ mod tests {
         // the server to have taken them before it sends more.
         let every = proto::FENCE_EVERY as usize;
         let server = fence_server(&sock, 2 * every + 10);
-        let (mut conn, _) = Connection::connect(&address, None).unwrap();
+        let (mut conn, _) = Connection::connect(&address, None, None).unwrap();
         for _ in 0..2 * every + 10 {
             let launch = Call::Launch {
                 function: 1,

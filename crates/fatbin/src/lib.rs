@@ -251,6 +251,29 @@ pub fn best_ptx(fatbin: &[u8]) -> Option<String> {
         .and_then(|i| String::from_utf8(i.data).ok())
 }
 
+/// The PTX a device of compute capability `sm` (75 for 7.5) runs, as text:
+/// the highest architecture at or below `sm`, as NVIDIA's driver picks it;
+/// failing that, the lowest above it (its caller must then handle what that
+/// PTX uses).
+pub fn ptx_for(fatbin: &[u8], sm: u32) -> Option<String> {
+    let ptx: Vec<Image> = images(fatbin)
+        .ok()?
+        .into_iter()
+        .filter(|i| i.kind == ImageKind::Ptx)
+        .collect();
+    let fits = ptx
+        .iter()
+        .filter(|i| i.sm <= sm)
+        .max_by_key(|i| (i.sm, i.version));
+    let newer = || {
+        ptx.iter()
+            .filter(|i| i.sm > sm)
+            .min_by_key(|i| (i.sm, i.version))
+    };
+    fits.or_else(newer)
+        .and_then(|i| String::from_utf8(i.data.clone()).ok())
+}
+
 /// Size of an ELF image from its header (section headers come last in the
 /// files nvcc writes), so a cubin passed by pointer alone can be copied.
 pub fn elf_size(bytes_at: &[u8]) -> Result<usize, FatbinError> {
@@ -353,6 +376,16 @@ mod tests {
         assert!(images
             .iter()
             .any(|i| i.kind == ImageKind::Cubin && i.sm == 86));
+    }
+
+    #[test]
+    fn ptx_for_takes_the_highest_a_capability_runs_else_the_lowest_newer() {
+        let bytes = fixture("multi.fatbin");
+        assert!(ptx_for(&bytes, 75).unwrap().contains(".target sm_75"));
+        assert!(ptx_for(&bytes, 79).unwrap().contains(".target sm_75"));
+        assert!(ptx_for(&bytes, 90).unwrap().contains(".target sm_80"));
+        assert!(ptx_for(&bytes, 70).unwrap().contains(".target sm_75"));
+        assert!(ptx_for(b"not a fat binary", 75).is_none());
     }
 
     #[test]

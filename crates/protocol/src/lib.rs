@@ -14,12 +14,15 @@ pub mod tls;
 pub mod visible_devices;
 pub mod vmm;
 
-pub use framing::{read_frame, read_frame_within, write_frame, FrameError, MAX_FRAME_BYTES};
+pub use framing::{
+    read_bulk, read_frame, read_frame_within, read_message, write_frame, write_message, FrameError,
+    MAX_FRAME_BYTES,
+};
 pub use messages::*;
 pub use vmm::{VmmCall, VmmProperties};
 
 /// Bumped whenever a message type changes shape. Client and server must agree.
-pub const PROTOCOL_VERSION: u32 = 15;
+pub const PROTOCOL_VERSION: u32 = 17;
 
 /// Unanswered calls (launches, async copies, event records) a client sends
 /// before a [`Call::Fence`]: what it may have in flight beyond the launches the

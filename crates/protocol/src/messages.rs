@@ -351,7 +351,7 @@ pub enum Call {
     },
     /// Moves a driver session to the server's device `device` (admins
     /// only), at the session's next call within `wait_ms`; answered once it
-    /// moved, or with why it did not (protocol 15).
+    /// moved, or with why it did not (protocol 17).
     SessionMove {
         session: u64,
         device: u32,
@@ -410,6 +410,12 @@ pub enum Call {
     PeerAccess {
         peer: u32,
         enable: bool,
+    },
+    /// `cuCtxSetLimit` of a limit the device itself applies (the device-side
+    /// `malloc` heap); answered with `Unit`.
+    SetLimit {
+        limit: u32,
+        value: u64,
     },
 }
 
@@ -684,6 +690,8 @@ pub struct DeviceStatus {
     /// Launches its scheduler saw finish by their completion signal (queued on the
     /// device rather than run one by one); 0 under `fifo`.
     pub signalled_launches: u64,
+    /// Programs' sessions on it now, every tenant's (a count, no names).
+    pub sessions: u32,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -701,7 +709,7 @@ pub struct SessionStatus {
     /// How the session's calls travel: `shm`, `unix` (socket) or `tcp`.
     pub transport: String,
     /// What an admin's move, checkpoint or restore of it is at, while one is
-    /// under way (protocol 15).
+    /// under way (protocol 17).
     pub moving: Option<String>,
 }
 
@@ -744,6 +752,7 @@ pub mod codes {
     pub const PEER_ACCESS_NOT_ENABLED: u32 = 705;
     pub const LAUNCH_OUT_OF_RESOURCES: u32 = 701;
     pub const LAUNCH_TIMEOUT: u32 = 702;
+    pub const ASSERT: u32 = 710;
     pub const MISALIGNED_ADDRESS: u32 = 716;
     pub const LAUNCH_FAILED: u32 = 719;
     pub const NOT_PERMITTED: u32 = 800;
@@ -752,7 +761,7 @@ pub mod codes {
 
     /// Codes after which CUDA's context is unusable: every later call fails with them.
     pub fn is_fatal(code: u32) -> bool {
-        matches!(code, ILLEGAL_ADDRESS | LAUNCH_TIMEOUT | 714..=719)
+        matches!(code, ILLEGAL_ADDRESS | LAUNCH_TIMEOUT | ASSERT | 714..=719)
     }
 }
 

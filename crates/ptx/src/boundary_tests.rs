@@ -83,7 +83,9 @@ fn launch(m: Module, mem: &DeviceMemory) -> Result<(), Fault> {
         per_block: 1 << 20,
         ..LaunchLimits::NONE
     };
-    Executable::new(m).launch(mem, 0, &cfg, &[], &limits).result
+    Executable::new(m)
+        .launch(mem, 0, &cfg, &[], &limits, false)
+        .result
 }
 
 /// Each way of breaking the contract (what, what the check says, how),

@@ -309,6 +309,12 @@ pub(crate) enum SReg {
     LanemaskGe,
     DynSmem,
     TotalSmem,
+    /// `%reserved_smem_offset_begin`, `_end`, `_cap`, `_0`, `_1`: the
+    /// block's reserved shared memory (sm_80+), in that order.
+    ReservedSmem(u8),
+    /// `%envreg<n>`: 1 and 2 hold the high and low half of a cooperative
+    /// launch's grid workspace (0 otherwise); the others read 0.
+    Envreg(u8),
     Zero,
 }
 
@@ -544,6 +550,19 @@ pub(crate) enum Op {
     Ret,
     Exit,
     Trap(String),
+    /// `__assertfail(message, file, line, function, char_size)`: the four
+    /// first arguments, printed like the driver's assertion line before the
+    /// launch fails with CUDA_ERROR_ASSERT.
+    AssertFail(Box<[ArgLoc; 4]>),
+    /// Device `malloc(size)`: a block of the context's heap, or NULL.
+    Malloc {
+        size: ArgLoc,
+        ret: Option<ArgLoc>,
+    },
+    /// Device `free(ptr)`.
+    Free {
+        ptr: ArgLoc,
+    },
     Bar {
         id: Src,
         count: Src,

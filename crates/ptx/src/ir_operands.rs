@@ -51,6 +51,8 @@ impl Op {
                 arg(fmt, &mut f);
                 arg(args, &mut f)
             }
+            Op::AssertFail(args) => args.iter().for_each(|a| arg(a, &mut f)),
+            Op::Malloc { size: a, .. } | Op::Free { ptr: a } => arg(a, &mut f),
             Op::Bar { id, count, p, .. } => read!(id, count, p),
             Op::WarpSync { mask } => read!(mask),
             Op::Shfl { a, b, c, mask, .. } => read!(a, b, c, mask),
@@ -122,7 +124,7 @@ impl Op {
                     ret(r, &mut f)
                 }
             }
-            Op::Printf { ret: Some(r), .. } => ret(r, &mut f),
+            Op::Printf { ret: Some(r), .. } | Op::Malloc { ret: Some(r), .. } => ret(r, &mut f),
             Op::Carry { d, cout, cc, .. } => {
                 f(*d);
                 if *cout {
@@ -131,10 +133,13 @@ impl Op {
             }
             Op::St { .. }
             | Op::Printf { ret: None, .. }
+            | Op::Malloc { ret: None, .. }
+            | Op::Free { .. }
             | Op::Bra { .. }
             | Op::Ret
             | Op::Exit
             | Op::Trap(_)
+            | Op::AssertFail(_)
             | Op::WarpSync { .. }
             | Op::CpAsync { .. }
             | Op::WmmaStore { .. }

@@ -62,6 +62,10 @@ pub enum Fault {
     Trap {
         detail: String,
     },
+    /// A device-side `assert` failed (code 710, CUDA_ERROR_ASSERT).
+    Assert {
+        detail: String,
+    },
     InvalidConfig(String),
     UnknownKernel(String),
     OutOfResources(String),
@@ -69,6 +73,9 @@ pub enum Fault {
     /// A block, or the launch as a whole, ran past its instruction budget
     /// ([`LaunchLimits`]; code 702, like the driver's watchdog timeout).
     Timeout(String),
+    /// A cooperative launch of more blocks than can run at once (code 720,
+    /// CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE).
+    CooperativeTooLarge(String),
     /// The launch's cancel flag was set ([`LaunchLimits::cancel`]): it stopped
     /// at its next check (code 719, as a launch whose context went away).
     Cancelled(String),
@@ -81,12 +88,14 @@ impl Fault {
             Fault::IllegalAddress { .. } => 700,
             Fault::MisalignedAddress { .. } => 716,
             Fault::Trap { .. } => 719,
+            Fault::Assert { .. } => 710,
             Fault::InvalidConfig(_) => 1,
             Fault::UnknownKernel(_) => 500,
             Fault::OutOfResources(_) => 701,
             Fault::Failed(_) => 719,
             Fault::Timeout(_) => 702,
             Fault::Cancelled(_) => 719,
+            Fault::CooperativeTooLarge(_) => 720,
         }
     }
 }
@@ -102,12 +111,14 @@ impl fmt::Display for Fault {
             ),
             Fault::MisalignedAddress { addr, detail } => ("misaligned address", Some(addr), detail),
             Fault::Trap { detail } => ("unspecified launch failure (trap)", None, detail),
+            Fault::Assert { detail } => ("device-side assert triggered", None, detail),
             Fault::InvalidConfig(s) => ("invalid launch configuration", None, s),
             Fault::UnknownKernel(s) => ("kernel not found", None, s),
             Fault::OutOfResources(s) => ("too many resources requested for launch", None, s),
             Fault::Failed(s) => ("unspecified launch failure", None, s),
             Fault::Timeout(s) => ("the launch timed out", None, s),
             Fault::Cancelled(s) => ("the launch was cancelled", None, s),
+            Fault::CooperativeTooLarge(s) => ("cooperative launch too large", None, s),
         };
         match addr {
             Some(addr) => write!(f, "{what} {addr:#x}: {detail}"),

@@ -7,6 +7,7 @@ pub mod ast;
 #[cfg(test)]
 mod boundary_tests;
 mod exec;
+mod heap;
 mod ir;
 mod ir_operands;
 mod launch;
@@ -19,6 +20,7 @@ mod program;
 mod validate;
 
 pub use exec::{LOCAL_WINDOW, PARAM_WINDOW, SHARED_WINDOW};
+pub use heap::DEFAULT_HEAP_BYTES;
 pub use launch::{
     check_config, Fault, LaunchConfig, LaunchLimits, LaunchReport, LAUNCH_CHECK_INTERVAL,
     MAX_SHARED_OPTIN, MAX_STATIC_SHARED,

@@ -11,6 +11,8 @@ use std::sync::atomic::{AtomicU16, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 use std::sync::{Mutex, RwLock, RwLockReadGuard};
 
+use crate::heap::{Heap, HeapSlot};
+
 /// First device address; all allocations lie above it.
 pub const DEVICE_VA_BASE: u64 = 0x2000_0000_0000;
 /// End of the device window (exclusive).
@@ -140,6 +142,8 @@ struct AllocState {
 pub struct DeviceMemory {
     space: RwLock<Blocks>,
     state: Mutex<AllocState>,
+    /// The heap of device-side `malloc`, made at the first launch that needs it.
+    heap: Mutex<HeapSlot>,
     capacity: u64,
     /// The addresses this memory hands out: `[window.0, window.1)`.
     window: (u64, u64),
@@ -223,6 +227,58 @@ impl DeviceMemory {
                 placements: VecDeque::new(),
             }),
             capacity: capacity_bytes,
+            heap: Mutex::new(HeapSlot::default()),
+        }
+    }
+
+    /// The size of the device-side `malloc` heap (`CU_LIMIT_MALLOC_HEAP_SIZE`).
+    pub fn heap_limit(&self) -> u64 {
+        self.heap.lock().unwrap_or_else(|e| e.into_inner()).limit
+    }
+
+    /// Whether a kernel made the device-side `malloc` heap.
+    pub fn heap_in_use(&self) -> bool {
+        self.heap
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .heap
+            .is_some()
+    }
+
+    /// Sets the heap's size; refused (`InvalidSize`) once a kernel that calls
+    /// `malloc` ran, as the driver refuses it.
+    pub fn set_heap_limit(&self, bytes: u64) -> Result<(), MemError> {
+        let mut slot = self.heap.lock().unwrap_or_else(|e| e.into_inner());
+        if slot.heap.is_some() {
+            return Err(MemError::InvalidSize);
+        }
+        slot.limit = bytes;
+        Ok(())
+    }
+
+    /// Makes the heap (one allocation of its limit) if it is not there yet.
+    pub(crate) fn ensure_heap(&self) -> Result<(), MemError> {
+        let mut slot = self.heap.lock().unwrap_or_else(|e| e.into_inner());
+        if slot.heap.is_none() {
+            let bytes = slot.limit.max(ALLOC_ALIGN);
+            let base = self.alloc(bytes)?;
+            slot.heap = Some(Heap::new(base, bytes));
+        }
+        Ok(())
+    }
+
+    /// Device `malloc(bytes)`: a block of the heap, or 0 (NULL).
+    pub(crate) fn heap_malloc(&self, bytes: u64) -> u64 {
+        let mut slot = self.heap.lock().unwrap_or_else(|e| e.into_inner());
+        slot.heap.as_mut().map_or(0, |h| h.malloc(bytes))
+    }
+
+    /// Device `free(ptr)`: false for a pointer the heap did not hand out.
+    pub(crate) fn heap_free(&self, ptr: u64) -> bool {
+        let mut slot = self.heap.lock().unwrap_or_else(|e| e.into_inner());
+        match slot.heap.as_mut() {
+            Some(h) => h.free(ptr).is_ok(),
+            None => ptr == 0,
         }
     }
 

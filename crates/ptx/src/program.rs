@@ -100,13 +100,40 @@ impl Program {
         params: &[u8],
         limits: &LaunchLimits<'_>,
     ) -> LaunchReport {
+        self.run(mem, kernel, cfg, params, limits, false)
+    }
+
+    /// Like [`Program::launch_with`], as a cooperative launch
+    /// (`cuLaunchCooperativeKernel`): every block runs at once and
+    /// `cooperative_groups::this_grid().sync()` waits for the whole grid.
+    /// More than 1,024 blocks or 65,536 threads fail with code 720.
+    pub fn launch_cooperative(
+        &self,
+        mem: &DeviceMemory,
+        kernel: &str,
+        cfg: &LaunchConfig,
+        params: &[u8],
+        limits: &LaunchLimits<'_>,
+    ) -> LaunchReport {
+        self.run(mem, kernel, cfg, params, limits, true)
+    }
+
+    fn run(
+        &self,
+        mem: &DeviceMemory,
+        kernel: &str,
+        cfg: &LaunchConfig,
+        params: &[u8],
+        limits: &LaunchLimits<'_>,
+        cooperative: bool,
+    ) -> LaunchReport {
         let Some(k) = self.kernels.iter().position(|k| k.name == kernel) else {
             return LaunchReport::failed(Fault::UnknownKernel(kernel.to_string()));
         };
         if let Err(f) = check_config(&self.kernels[k], cfg, params.len()) {
             return LaunchReport::failed(f);
         }
-        self.code.launch(mem, k, cfg, params, limits)
+        self.code.launch(mem, k, cfg, params, limits, cooperative)
     }
 
     /// Frees the module's globals.

@@ -59,6 +59,10 @@ struct Tenant {
     /// Its pause between going idle and submitting again, on average
     /// (`None` before its first): whether its idle grace holds others back.
     pause_ns: Option<Nanos>,
+    /// How long its work items run, on average: a tenant that pauses less
+    /// than its items run is a closed loop, however slow its round trips
+    /// (a loaded host).
+    run_ns: Option<Nanos>,
     streams: BTreeMap<StreamId, Stream>,
     queued: u32,
     in_flight: u32,
@@ -201,6 +205,7 @@ impl Scheduler {
                 vtime: 0,
                 activity: Activity::Dormant,
                 pause_ns: None,
+                run_ns: None,
                 streams: BTreeMap::new(),
                 queued: 0,
                 in_flight: 0,
@@ -423,6 +428,7 @@ impl Scheduler {
             .tenants
             .get_mut(&done.tenant)
             .expect("a tenant with work in flight stays registered");
+        state.run_ns = Some(state.run_ns.map_or(measured, |r| (3 * r + measured) / 4));
         let weight = u128::from(state.config.weight);
         assert!(
             state.vtime >= done.charged_vt,
@@ -676,11 +682,15 @@ impl Scheduler {
 
     /// Busy, or idle within the grace after a tenant whose pauses are
     /// short: a closed loop's synchronization round trip keeps its place, a
-    /// tenant that pauses longer (`anticipate_pause_ns`, on average) does not
-    /// hold the others back while it waits, so the device never idles for it.
+    /// tenant that pauses longer (on average, than `anticipate_pause_ns` and
+    /// than twice its items run) does not hold the others back while it
+    /// waits, so the device never idles for it.
     fn is_active(&self, tenant: &Tenant, now: Nanos) -> bool {
         let grace = self.config.idle_grace_ns;
-        let short = self.config.anticipate_pause_ns;
+        let short = self
+            .config
+            .anticipate_pause_ns
+            .max(2 * tenant.run_ns.unwrap_or(0));
         match tenant.activity {
             Activity::Busy => true,
             Activity::IdleSince(since) => {

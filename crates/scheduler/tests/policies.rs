@@ -675,6 +675,37 @@ fn fair_on_an_in_order_gpu_evens_out_big_and_small_kernels() {
 }
 
 #[test]
+fn fair_keeps_a_closed_loops_place_across_slow_round_trips() {
+    // A closed loop of 1 ms kernels whose round trips take 1.5 ms (a loaded
+    // host, a remote client) next to a flood of 10 ms kernels, with the
+    // server's 5 ms idle grace: pausing less than twice its kernels run, it
+    // is still a closed loop and keeps its share (the device waits while it
+    // turns round, as for any closed loop). By the pause alone (over 500 µs)
+    // the flood got 0.93.
+    let tenants = vec![
+        TenantSpec::closed_loop(10 * MS).streams(4, 4),
+        TenantSpec::closed_loop(MS).think(1500 * US),
+    ];
+    let mut scheduler = SchedulerConfig::new(fair(), SERIAL.slots);
+    scheduler.idle_grace_ns = 5 * MS;
+    let report = sim::run(&SimConfig {
+        scheduler,
+        device: SERIAL,
+        tenants,
+        seed: 5,
+        horizon_ns: 1050 * MS,
+        measure_from_ns: 50 * MS,
+    });
+    show("flood vs slow loop", &report);
+    let (flood, closed) = (report.tenants[0].gpu_time_ns, report.tenants[1].gpu_time_ns);
+    let share = flood / (flood + closed);
+    assert!(
+        (0.35..=0.65).contains(&share),
+        "the flood got {share:.2} of what both ran"
+    );
+}
+
+#[test]
 fn fair_lets_a_busy_tenant_use_what_a_light_tenant_leaves() {
     // A tenant of back-to-back 2 ms kernels next to one that runs a 50 µs kernel
     // every millisecond (5 % of the device), as tenant_bench's mix on the H100

@@ -14,9 +14,9 @@ use std::time::Duration;
 use cumux_protocol::hop_trace::{self, Hop};
 use cumux_protocol::shm::{self, Endpoint, ShmArea, ShmError, Side};
 use cumux_protocol::{
-    codes, decode, encode, pinned, read_frame, read_frame_within, write_frame, ClientRole, CuError,
-    FrameError, Hello, HelloReply, Reply, Request, ShmAttach, ShmAttached, MAGIC, MAX_HELLO_BYTES,
-    MAX_PROGRAM_BYTES, MAX_TOKEN_BYTES, PROTOCOL_VERSION,
+    codes, decode, encode, pinned, read_bulk, read_frame_within, read_message, write_frame,
+    write_message, ClientRole, CuError, FrameError, Hello, HelloReply, Reply, Request, ShmAttach,
+    ShmAttached, MAGIC, MAX_HELLO_BYTES, MAX_PROGRAM_BYTES, MAX_TOKEN_BYTES, PROTOCOL_VERSION,
 };
 
 use crate::admission::{log_refusal, Peer, Seat};
@@ -573,21 +573,30 @@ struct SocketWire<R, W> {
 
 impl<R: Read, W: Write> Wire for SocketWire<R, W> {
     fn receive(&mut self) -> Result<Request, Ending> {
-        match read_frame(&mut self.reader, &mut self.buf) {
-            Ok(()) => {}
+        let bulk_len = match read_message(&mut self.reader, &mut self.buf) {
+            Ok(bulk_len) => bulk_len,
             Err(FrameError::Closed) => return Err(Ending::Closed),
             Err(e) => return Err(Ending::Broken(format!("bad frame: {e}"))),
-        }
-        decode(&self.buf).map_err(|e| {
+        };
+        let mut request: Request = decode(&self.buf).map_err(|e| {
             Ending::Broken(format!(
                 "undecodable request ({} bytes): {e}",
                 self.buf.len()
             ))
-        })
+        })?;
+        if let Some(len) = bulk_len {
+            let bulk = read_bulk(&mut self.reader, len)
+                .map_err(|e| Ending::Broken(format!("bad bulk frame: {e}")))?;
+            shm::put_call_bulk(&mut request.call, bulk).map_err(shm_ending)?;
+        }
+        Ok(request)
     }
 
-    fn reply(&mut self, reply: Reply) -> Result<(), String> {
-        send(&mut self.writer, &reply)
+    fn reply(&mut self, mut reply: Reply) -> Result<(), String> {
+        // A copy's data goes from where it lies, not through the encoder.
+        let bulk = shm::take_reply_bulk(&mut reply);
+        let bytes = encode(&reply).map_err(|e| format!("cannot encode a reply: {e}"))?;
+        write_message(&mut self.writer, &bytes, &bulk).map_err(|e| format!("cannot send: {e}"))
     }
 }
 

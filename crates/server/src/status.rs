@@ -142,6 +142,7 @@ pub struct ServerView<'a> {
 /// A snapshot of the server for `cumux status`.
 pub fn snapshot(server: ServerView<'_>) -> ServerStatus {
     let gates = || server.gates.iter().flatten();
+    let entries = server.registry.entries();
     ServerStatus {
         server: server.name.to_string(),
         version: PROTOCOL_VERSION,
@@ -162,6 +163,7 @@ pub fn snapshot(server: ServerView<'_>) -> ServerStatus {
                     used_mem: d.mem_used(),
                     policy: policy_name(policy).into(),
                     signalled_launches: gate.as_ref().map_or(0, |g| g.signalled()),
+                    sessions: entries.iter().filter(|e| e.device == info.ordinal).count() as u32,
                 }
             })
             .collect(),

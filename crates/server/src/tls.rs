@@ -58,6 +58,11 @@ impl ServerTls {
         })
     }
 
+    /// The rustls configuration (for the server's HTTP APIs too).
+    pub fn config(&self) -> &Arc<ServerConfig> {
+        &self.config
+    }
+
     /// `sha256:…` of the certificate shown, which clients pin.
     pub fn fingerprint(&self) -> &str {
         &self.fingerprint

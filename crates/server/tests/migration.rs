@@ -452,3 +452,70 @@ fn an_order_for_a_session_that_ends_first_says_so() {
     let e = asking.join().unwrap().unwrap_err();
     assert!(e.detail.contains("ended before"), "{e:?}");
 }
+
+#[test]
+fn the_malloc_heap_limit_moves_and_a_used_heap_is_refused() {
+    let (server, socket, _dir) = two_cpu_devices("migrate-heap");
+    let mut c = Client::connect(&socket, "heap-program", None);
+    let source = cumux_testkit::workspace_root().join("tests/cuda/parity/device_malloc.cu");
+    let ptx = cumux_testkit::compile_ptx(source);
+    let module = match c
+        .call(Call::ModuleLoad {
+            image: ptx.into_bytes(),
+        })
+        .unwrap()
+    {
+        ReplyBody::Module(m) => m,
+        other => panic!("{other:?}"),
+    };
+    let f = module
+        .functions
+        .iter()
+        .find(|f| f.name.contains("lists"))
+        .unwrap()
+        .clone();
+    let set = Call::SetLimit {
+        limit: 2,
+        value: 16 << 20,
+    };
+    assert_eq!(c.code(set), codes::SUCCESS);
+    let (session, _) = session_of(&server, "heap-program");
+    // The heap is not made yet: the session moves, its limit with it.
+    order(
+        &socket,
+        &mut c,
+        Call::SessionMove {
+            session,
+            device: 1,
+            wait_ms: 5_000,
+        },
+    )
+    .unwrap();
+    let (sums, null, big) = (c.alloc(64 * 4), c.alloc(4), c.alloc(4));
+    let values = [sums, null, big].map(|p| p.to_le_bytes().to_vec());
+    c.post(launch_call(
+        f.handle,
+        [1, 1, 1],
+        [64, 1, 1],
+        params(&f.params, &values),
+    ));
+    assert_eq!(c.code(Call::ContextSynchronize), codes::SUCCESS);
+    assert_eq!(
+        c.read(big, 4).unwrap(),
+        1u32.to_le_bytes(),
+        "12 MiB fit the 16 MiB heap"
+    );
+    // Its kernels used the heap: refused, with the reason.
+    let e = order(
+        &socket,
+        &mut c,
+        Call::SessionMove {
+            session,
+            device: 0,
+            wait_ms: 5_000,
+        },
+    )
+    .unwrap_err();
+    assert!(e.detail.contains("malloc heap"), "{e:?}");
+    assert_eq!(session_of(&server, "heap-program").1, 1);
+}

@@ -59,9 +59,15 @@ pub struct Relay {
 }
 
 impl Relay {
-    /// Starts relaying to `target` (`HOST:PORT`) over `link`.
+    /// Starts relaying to `target` (`HOST:PORT`) over `link`, on a free
+    /// loopback port.
     pub fn start(target: &str, link: Link) -> io::Result<Relay> {
-        let listener = TcpListener::bind("127.0.0.1:0")?;
+        Relay::start_at("127.0.0.1:0", target, link)
+    }
+
+    /// Starts relaying to `target` over `link`, listening at `listen`.
+    pub fn start_at(listen: &str, target: &str, link: Link) -> io::Result<Relay> {
+        let listener = TcpListener::bind(listen)?;
         let address = listener.local_addr()?.to_string();
         listener.set_nonblocking(true)?;
         let stop = Arc::new(AtomicBool::new(false));

@@ -36,6 +36,7 @@ fn new_context(flags: u32, dev: i32) -> CuResult<usize> {
             device: dev as u32,
             primary: false,
             flags,
+            limits: Default::default(),
         },
     );
     state::push_context(h);
@@ -297,13 +298,25 @@ driver_fn! {
     }
 
     fn cuCtxGetLimit(value: *mut usize, limit: u32) {
-        client()?;
-        out(value, limit_value(limit)?)
+        let c = client()?;
+        let default = limit_value(limit)?;
+        let st = c.lock();
+        let ctx = st.contexts.get(&current_or(std::ptr::null_mut())?).ok_or(CUDA_ERROR_INVALID_CONTEXT)?;
+        out(value, ctx.limits.get(&limit).copied().unwrap_or(default))
     }
 
-    fn cuCtxSetLimit(limit: u32, _value: usize) {
-        client()?;
-        limit_value(limit).map(|_| ())
+    fn cuCtxSetLimit(limit: u32, value: usize) {
+        let c = client()?;
+        limit_value(limit)?;
+        let ctx = current_or(std::ptr::null_mut())?;
+        let device = c.lock().contexts.get(&ctx).ok_or(CUDA_ERROR_INVALID_CONTEXT)?.device;
+        // the device applies the malloc heap's size itself
+        if limit == cumux_cuda_bindings::consts::CU_LIMIT_MALLOC_HEAP_SIZE {
+            c.call_on(device, Call::SetLimit { limit, value: value as u64 })?;
+        }
+        let mut st = c.lock();
+        st.contexts.get_mut(&ctx).ok_or(CUDA_ERROR_INVALID_CONTEXT)?.limits.insert(limit, value);
+        Ok(())
     }
 
     fn cuCtxGetCacheConfig(config: *mut u32) {

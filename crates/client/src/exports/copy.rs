@@ -8,7 +8,6 @@
 use std::ffi::c_void;
 
 use cumux_cuda_bindings::{consts::*, types::*};
-use cumux_protocol::framing::MAX_CHUNK_BYTES;
 use cumux_protocol::{Call, Handle, DEFAULT_STREAM};
 
 use super::sync::AfterSync;
@@ -202,15 +201,13 @@ pub(crate) fn send_htod(
         };
         return c.call(call).map(drop);
     }
-    for (i, chunk) in src.chunks(MAX_CHUNK_BYTES).enumerate() {
-        let call = Call::MemcpyHtoD {
-            dst: dst + (i * MAX_CHUNK_BYTES) as u64,
-            data: Vec::new(),
-            stream,
-        };
-        c.call_with_bytes(call, chunk)?;
-    }
-    Ok(())
+    let link = c.link(c.device_for(dst, stream), "MemcpyHtoD")?;
+    let size = link.chunk_bytes();
+    link.calls_with_chunks(src, |i, _| Call::MemcpyHtoD {
+        dst: dst + (i * size) as u64,
+        data: Vec::new(),
+        stream,
+    })
 }
 
 /// Whether `p`, passed where device memory goes, is the program's pinned host
@@ -265,15 +262,13 @@ pub(crate) fn send_dtoh(
         };
         return c.call(call).map(drop);
     }
-    for (i, chunk) in dst.chunks_mut(MAX_CHUNK_BYTES).enumerate() {
-        let call = Call::MemcpyDtoH {
-            src: src + (i * MAX_CHUNK_BYTES) as u64,
-            bytes: chunk.len() as u64,
-            stream,
-        };
-        c.call_into(call, chunk)?;
-    }
-    Ok(())
+    let link = c.link(c.device_for(src, stream), "MemcpyDtoH")?;
+    let size = link.chunk_bytes();
+    link.calls_into_chunks(dst, |i, chunk| Call::MemcpyDtoH {
+        src: src + (i * size) as u64,
+        bytes: chunk.len() as u64,
+        stream,
+    })
 }
 
 /// Device to device; `st` from [`ready`].

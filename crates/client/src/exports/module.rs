@@ -362,8 +362,12 @@ driver_fn! {
         out(module, load_module(client()?, || image_from_pointer(image))?)
     }
 
-    fn cuModuleLoadDataEx(module: *mut *mut c_void, image: *const c_void, _n: u32, _opts: *mut CUjit_option, _vals: *mut *mut c_void) {
-        out(module, load_module(client()?, || image_from_pointer(image))?)
+    fn cuModuleLoadDataEx(module: *mut *mut c_void, image: *const c_void, n: u32, opts: *mut CUjit_option, vals: *mut *mut c_void) {
+        crate::transport::take_last_error_message();
+        let loaded = load_module(client()?, || image_from_pointer(image));
+        let log = crate::transport::take_last_error_message();
+        crate::jit_log::fill(n, opts, vals, &log);
+        out(module, loaded?)
     }
 
     fn cuModuleUnload | cuLibraryUnload (module: *mut c_void) {
@@ -471,9 +475,14 @@ driver_fn! {
 
     fn cuLinkComplete(state: *mut c_void, image: *mut *mut c_void, size: *mut usize) {
         let c = client()?;
+        // a fat binary input gives the PTX the current device's capability runs
+        let dev = c.lock().current_device() as i32;
+        let major = c.attribute(dev, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?;
+        let minor = c.attribute(dev, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?;
+        let sm = (major * 10 + minor) as u32;
         let mut st = c.lock();
         let link = st.links.get_mut(&handle(state)).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
-        link.output = crate::link::link(&link.inputs)?;
+        link.output = crate::link::link(&link.inputs, sm)?;
         out_opt(size, link.output.len());
         out(image, link.output.as_mut_ptr().cast())
     }

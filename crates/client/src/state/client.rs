@@ -25,7 +25,7 @@ use super::placements::Placements;
 use super::window::reserve_device_window;
 use crate::errors::*;
 use crate::routing::{device_of_access, device_of_call};
-use crate::transport::{Connection, Link};
+use crate::transport::{visible_devices, Connection, Link, Session};
 
 /// The connection for one of the program's devices: a session of its own on
 /// its server, opened when the device is first used (the first device's at
@@ -46,6 +46,9 @@ struct ServerLink {
     /// The program's group there: the key of its first welcome from this
     /// server, [`NEW_GROUP`] until then.
     group: AtomicU64,
+    /// Which of the tenant's devices there the program sees, in its order
+    /// (every hello there says so).
+    visible: Option<String>,
 }
 
 /// The state, locked.
@@ -113,83 +116,153 @@ pub fn init() -> CuResult<&'static Client> {
     }
 }
 
-/// The program's first session (on the first server's first device), and
-/// the devices of every server it lists, numbered one server after another.
+/// The program's first session and the devices it may use: one server's
+/// (which applies `CUDA_VISIBLE_DEVICES` itself), or those of every server
+/// `CUMUX_SERVER` lists, numbered one server after another unless
+/// `CUDA_VISIBLE_DEVICES` (applied here to them all) orders them otherwise.
 fn connect_all() -> Result<Client, String> {
     let addresses = server_addresses()?;
-    if addresses.len() > 1 && std::env::var("CUDA_VISIBLE_DEVICES").is_ok() {
-        return Err(format!(
-            "CUDA_VISIBLE_DEVICES with several servers ({}) is not supported: each \
-             server's tenant settings choose its devices",
-            addresses.len()
-        ));
+    if addresses.len() == 1 {
+        let (conn, first) = Connection::connect(&addresses[0], None, visible_devices())?;
+        let count = first.devices.len() as u32;
+        let servers = vec![ServerLink {
+            address: addresses[0].clone(),
+            group: AtomicU64::new(first.group),
+            visible: visible_devices(),
+        }];
+        let devices = first.devices.clone();
+        let places = (0..count).map(|local| (0, local)).collect();
+        return Ok(Client::new(conn, first, servers, devices, places));
     }
-    let (conn, first) = Connection::connect(&addresses[0], None)?;
-    tracing::info!(
-        "connected to {} (session {}, {} devices)",
-        first.server,
-        first.session,
-        first.devices.len()
-    );
-    let mut devices = Vec::new();
-    let mut links = Vec::new();
-    let mut servers = Vec::new();
+    // Every server's devices, then the program's choice among them.
+    let mut offered = Vec::new();
     for (at, address) in addresses.iter().enumerate() {
-        let (listed, group) = match at {
-            0 => (first.devices.clone(), first.group),
-            _ => (Connection::devices_at(address)?.devices, NEW_GROUP),
-        };
+        let listed = Connection::devices_at(address)?.devices;
         if listed.is_empty() {
             return Err(format!("the server at {address} offers no device"));
         }
-        let offset = devices.len() as u32;
-        for (local, mut info) in listed.into_iter().enumerate() {
-            // Peers are numbered as the server lists its devices.
-            for peer in &mut info.peers {
-                peer.0 += offset;
-            }
-            devices.push(info);
-            links.push(DeviceLink {
-                link: OnceLock::new(),
-                used: AtomicBool::new(false),
-                server: at,
-                local: local as u32,
-            });
-        }
-        servers.push(ServerLink {
-            address: address.clone(),
-            group: AtomicU64::new(group),
-        });
-    }
-    if addresses.len() > 1 {
-        tracing::info!(
-            "{} devices on {} servers: {}",
-            devices.len(),
-            addresses.len(),
-            addresses
-                .iter()
-                .map(|a| a.to_string())
-                .collect::<Vec<_>>()
-                .join(", ")
+        offered.extend(
+            listed
+                .into_iter()
+                .enumerate()
+                .map(|(i, d)| (at, i as u32, d)),
         );
     }
-    let _ = links[0].link.set(Link::new(conn));
-    Ok(Client {
-        links,
-        servers,
-        opening: Mutex::new(()),
-        placements: Placements::default(),
-        state: Mutex::new(State::default()),
-        changed: Condvar::new(),
-        next_handle: AtomicUsize::new(FIRST_MINTED),
-        server: first.server,
-        session: first.session,
-        launch_limits: devices
+    let chosen: Vec<usize> = match std::env::var("CUDA_VISIBLE_DEVICES") {
+        Ok(text) => {
+            let uuids: Vec<[u8; 16]> = offered.iter().map(|(_, _, d)| d.uuid).collect();
+            let selection = cumux_protocol::visible_devices::select(&text, &uuids);
+            if let Some(why) = &selection.stopped {
+                tracing::warn!("CUDA_VISIBLE_DEVICES={text:?}: {why}; the list ends there");
+            }
+            selection.chosen
+        }
+        Err(_) => (0..offered.len()).collect(),
+    };
+    if chosen.is_empty() {
+        return Err("CUDA_VISIBLE_DEVICES shows none of the servers' devices".into());
+    }
+    // Each server sees its chosen devices, in the program's order.
+    let mut per_server: Vec<Vec<u32>> = vec![Vec::new(); addresses.len()];
+    let mut places = Vec::new();
+    let mut devices = Vec::new();
+    for &i in &chosen {
+        let (at, number, info) = &offered[i];
+        places.push((*at, per_server[*at].len() as u32));
+        per_server[*at].push(*number);
+        devices.push(info.clone());
+    }
+    let servers: Vec<ServerLink> = addresses
+        .iter()
+        .zip(&per_server)
+        .map(|(address, numbers)| ServerLink {
+            address: address.clone(),
+            group: AtomicU64::new(NEW_GROUP),
+            visible: Some(
+                numbers
+                    .iter()
+                    .map(|n| n.to_string())
+                    .collect::<Vec<_>>()
+                    .join(","),
+            ),
+        })
+        .collect();
+    // Peers, numbered by each server among its devices, are renumbered as
+    // the program numbers them; devices of two servers are never peers.
+    for (ordinal, info) in devices.iter_mut().enumerate() {
+        let (at, _) = places[ordinal];
+        let server_numbers = &per_server[at];
+        info.peers = info
+            .peers
             .iter()
-            .map(|d| LaunchLimits::of(&d.attributes))
-            .collect(),
-        devices,
-    })
+            .filter_map(|&(peer, attributes)| {
+                let local = server_numbers.iter().position(|n| *n == peer)?;
+                let program = places.iter().position(|p| *p == (at, local as u32))?;
+                Some((program as u32, attributes))
+            })
+            .collect();
+    }
+    let (at, _) = places[0];
+    let server = &servers[at];
+    let (conn, first) = Connection::connect(&server.address, None, server.visible.clone())?;
+    server.group.store(first.group, Ordering::Release);
+    tracing::info!(
+        "{} devices on {} servers: {}",
+        devices.len(),
+        addresses.len(),
+        addresses
+            .iter()
+            .map(|a| a.to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    Ok(Client::new(conn, first, servers, devices, places))
+}
+
+impl Client {
+    /// A client whose device 0 is `conn`'s session (`first`), and whose
+    /// devices are `devices`, each at `places` (its server, its number among
+    /// the devices it sees there).
+    fn new(
+        conn: Connection,
+        first: Session,
+        servers: Vec<ServerLink>,
+        devices: Vec<DeviceInfo>,
+        places: Vec<(usize, u32)>,
+    ) -> Client {
+        tracing::info!(
+            "connected to {} (session {}, {} devices)",
+            first.server,
+            first.session,
+            devices.len()
+        );
+        let links: Vec<DeviceLink> = places
+            .into_iter()
+            .map(|(server, local)| DeviceLink {
+                link: OnceLock::new(),
+                used: AtomicBool::new(false),
+                server,
+                local,
+            })
+            .collect();
+        let _ = links[0].link.set(Link::new(conn));
+        Client {
+            links,
+            servers,
+            opening: Mutex::new(()),
+            placements: Placements::default(),
+            state: Mutex::new(State::default()),
+            changed: Condvar::new(),
+            next_handle: AtomicUsize::new(FIRST_MINTED),
+            server: first.server,
+            session: first.session,
+            launch_limits: devices
+                .iter()
+                .map(|d| LaunchLimits::of(&d.attributes))
+                .collect(),
+            devices,
+        }
+    }
 }
 
 /// The client, once `cuInit` has succeeded.
@@ -252,10 +325,13 @@ impl Client {
             device: slot.local,
             ordinal: device,
         };
-        let (conn, session) = Connection::connect(&server.address, Some(join)).map_err(|e| {
-            tracing::warn!("cannot open a session for device {device}: {e}");
-            CUDA_ERROR_DEVICE_UNAVAILABLE
-        })?;
+        let (conn, session) =
+            Connection::connect(&server.address, Some(join), server.visible.clone()).map_err(
+                |e| {
+                    tracing::warn!("cannot open a session for device {device}: {e}");
+                    CUDA_ERROR_DEVICE_UNAVAILABLE
+                },
+            )?;
         if join.group == NEW_GROUP {
             server.group.store(session.group, Ordering::Release);
         }

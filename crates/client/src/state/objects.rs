@@ -23,6 +23,9 @@ pub struct Context {
     pub device: u32,
     pub primary: bool,
     pub flags: u32,
+    /// The `CU_LIMIT_*` values set on it (`cuCtxSetLimit`); a limit never set
+    /// reads as its default.
+    pub limits: HashMap<u32, usize>,
 }
 
 pub struct PrimaryContext {
@@ -314,6 +317,7 @@ impl State {
             device,
             primary: true,
             flags: 0,
+            limits: HashMap::new(),
         };
         self.contexts.insert(handle, context);
         let primary = PrimaryContext {

@@ -84,12 +84,17 @@ impl Block {
                     None => Err(g.fault_addr(addr, what, line)),
                 }
             }
-            Sp::Shared => match end {
-                Some(e) if e <= g.shared_bytes => {
+            Sp::Shared => {
+                // shared-window addresses are 32 bits wide, as on a GPU: the
+                // high bits of a 64-bit address are ignored and 32-bit
+                // arithmetic wraps
+                let addr = addr as u32 as u64;
+                if addr + size as u64 <= g.shared_bytes {
                     Ok((self.shared.as_mut_ptr() as *mut u8).wrapping_add(addr as usize))
+                } else {
+                    Err(g.fault_addr(SHARED_WINDOW + addr, what, line))
                 }
-                _ => Err(g.fault_addr(SHARED_WINDOW.wrapping_add(addr), what, line)),
-            },
+            }
             Sp::Local => match end {
                 Some(e) if e <= local.len() as u64 * 8 => {
                     Ok((local.as_mut_ptr() as *mut u8).wrapping_add(addr as usize))

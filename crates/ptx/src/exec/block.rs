@@ -89,8 +89,11 @@ impl Worker {
             if self.threads.iter().all(|t| t.status == Status::Exited) {
                 return Ok(());
             }
+            // a thread that yielded in a long loop runs again next round
+            let yielded = self.threads.iter().any(|t| t.status == Status::Ready);
             let progressed = resolve_barriers(g, &mut self.threads, &mut self.block)
-                || resolve_warps(g, &mut self.threads, &mut self.block, true)?;
+                || resolve_warps(g, &mut self.threads, &mut self.block, true)?
+                || yielded;
             if !progressed {
                 return Err(self.deadlock(g, ctaid));
             }

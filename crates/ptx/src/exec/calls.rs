@@ -170,16 +170,8 @@ pub(super) fn printf(
     line: u32,
 ) -> Result<(), Fault> {
     let (rbase, lbase) = (th.rbase, th.lbase);
-    let get = |th: &mut Thread, l: &ArgLoc| -> u64 {
-        match *l {
-            ArgLoc::Frame { off, size } => {
-                local_get(&mut th.local, lbase + off, size.min(8)).unwrap_or(0)
-            }
-            ArgLoc::Val { src, .. } => rd(&th.regs, rbase, lbase, src),
-        }
-    };
-    let fptr = get(th, fmt);
-    let aptr = get(th, args);
+    let fptr = arg_value(th, fmt);
+    let aptr = arg_value(th, args);
     let Some(fmt_bytes) = b.cstring(g, &mut th.local, fptr) else {
         return Err(g.fault_addr(fptr, "printf format read", line));
     };
@@ -221,4 +213,77 @@ pub(super) fn printf(
         }
     }
     Ok(())
+}
+
+/// `__assertfail(message, file, line, function, …)` of thread `tid`: the
+/// driver's assertion line goes to the block's output (like its printf), and
+/// the launch fails with CUDA_ERROR_ASSERT.
+pub(super) fn assert_fail(
+    g: &Geo<'_>,
+    b: &mut Block,
+    th: &mut Thread,
+    args: &[ArgLoc; 4],
+    tid: [u32; 3],
+    line: u32,
+) -> Fault {
+    let [message, file, at_line, function] = args.map(|a| arg_value(th, &a));
+    let mut text = |p: u64| {
+        b.cstring(g, &mut th.local, p)
+            .map(|s| String::from_utf8_lossy(&s).into_owned())
+            .unwrap_or_else(|| "?".into())
+    };
+    let (message, file, function) = (text(message), text(file), text(function));
+    let [bx, by, bz] = b.ctaid;
+    let [tx, ty, tz] = tid;
+    let report = format!(
+        "{file}:{}: {function}: block: [{bx},{by},{bz}], thread: [{tx},{ty},{tz}] \
+         Assertion `{message}` failed.\n",
+        at_line as u32
+    );
+    if b.out.len() + report.len() <= PRINTF_LIMIT {
+        b.out.extend_from_slice(report.as_bytes());
+    }
+    Fault::Assert {
+        detail: format!("{} at line {line}", report.trim_end()),
+    }
+}
+
+/// Device `malloc(size)`: a block of the context's heap (NULL when it is
+/// full), its address stored where `ret` names.
+pub(super) fn malloc(g: &Geo<'_>, th: &mut Thread, size: &ArgLoc, ret: Option<&ArgLoc>) {
+    let bytes = arg_value(th, size);
+    let ptr = g.memory.heap_malloc(bytes);
+    match ret {
+        Some(&ArgLoc::Frame { off, size }) => {
+            local_put(&mut th.local, th.lbase + off, ptr, size);
+        }
+        Some(&ArgLoc::Val {
+            src: Src::Reg(d), ..
+        }) => th.set(d, ptr),
+        _ => {}
+    }
+}
+
+/// Device `free(ptr)`: a pointer the heap did not hand out (or already took
+/// back) faults rather than corrupting the heap.
+pub(super) fn free(g: &Geo<'_>, th: &mut Thread, ptr: &ArgLoc, line: u32) -> Result<(), Fault> {
+    let p = arg_value(th, ptr);
+    if g.memory.heap_free(p) {
+        Ok(())
+    } else {
+        Err(Fault::IllegalAddress {
+            addr: p,
+            detail: format!("free of {p:#x}, not a block of the device heap, at line {line}"),
+        })
+    }
+}
+
+/// The value of call argument `l` in the current frame.
+fn arg_value(th: &mut Thread, l: &ArgLoc) -> u64 {
+    match *l {
+        ArgLoc::Frame { off, size } => {
+            local_get(&mut th.local, th.lbase + off, size.min(8)).unwrap_or(0)
+        }
+        ArgLoc::Val { src, .. } => th.get(src),
+    }
 }

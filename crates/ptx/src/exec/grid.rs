@@ -6,10 +6,13 @@
 
 use super::access::bytes_of;
 use super::block::Worker;
-use super::limits::{BLOCK_MEMORY_LIMIT, PRINTF_LIMIT};
+use super::limits::{
+    BLOCK_MEMORY_LIMIT, COOPERATIVE_MEMORY_LIMIT, MAX_COOPERATIVE_BLOCKS, MAX_COOPERATIVE_THREADS,
+    PRINTF_LIMIT, RESERVED_SMEM,
+};
 use super::state::Geo;
 use super::watch;
-use crate::ir::Module;
+use crate::ir::{Module, Op, SReg};
 use crate::launch::{Fault, LaunchConfig, LaunchLimits, LaunchReport};
 use crate::memory::DeviceMemory;
 use crate::validate::{check_module, Malformed};
@@ -23,18 +26,42 @@ pub(crate) struct Executable {
     /// The interpreter's own check of `ir`, made at its first launch (the
     /// module never changes after that).
     checked: OnceLock<Result<(), Malformed>>,
+    /// Whether the module reads `%reserved_smem_offset_*` (its blocks then
+    /// get reserved shared memory).
+    reserved_smem: bool,
+    /// Whether the module calls `malloc`/`free` (its launches need the heap).
+    uses_heap: bool,
 }
 
 impl Executable {
     pub(crate) fn new(ir: Module) -> Executable {
+        let uses = |wanted: fn(&Op) -> bool| {
+            ir.funcs
+                .iter()
+                .any(|f| f.code.iter().any(|i| wanted(&i.op)))
+        };
+        let reserved_smem = uses(|op| {
+            matches!(
+                op,
+                Op::Special {
+                    r: SReg::ReservedSmem(_),
+                    ..
+                }
+            )
+        });
+        let uses_heap = uses(|op| matches!(op, Op::Malloc { .. } | Op::Free { .. }));
         Executable {
             ir,
             checked: OnceLock::new(),
+            reserved_smem,
+            uses_heap,
         }
     }
 
     /// Runs kernel `k` (a configuration already checked against the
-    /// kernel's limits) over all blocks.
+    /// kernel's limits) over all blocks. A `cooperative` launch runs every
+    /// block at once, each on a host thread of its own, with a grid
+    /// workspace for `this_grid().sync()`.
     pub(crate) fn launch(
         &self,
         mem: &DeviceMemory,
@@ -42,6 +69,44 @@ impl Executable {
         cfg: &LaunchConfig,
         params: &[u8],
         limits: &LaunchLimits<'_>,
+        cooperative: bool,
+    ) -> LaunchReport {
+        if !cooperative {
+            return self.launch_in(mem, k, cfg, params, limits, 0);
+        }
+        let blocks: u64 = cfg.grid.iter().map(|&v| v as u64).product();
+        let threads = blocks * cfg.block.iter().map(|&v| v as u64).product::<u64>();
+        if blocks > MAX_COOPERATIVE_BLOCKS || threads > MAX_COOPERATIVE_THREADS {
+            return LaunchReport::failed(Fault::CooperativeTooLarge(format!(
+                "{blocks} blocks of {threads} threads in all in a cooperative launch; at most \
+                 {MAX_COOPERATIVE_BLOCKS} blocks and {MAX_COOPERATIVE_THREADS} threads run at once"
+            )));
+        }
+        // the driver's grid workspace: { u32 size, u32 barrier }
+        let workspace = match mem.alloc(8) {
+            Ok(w) => w,
+            Err(e) => {
+                return LaunchReport::failed(Fault::OutOfResources(format!(
+                    "no grid workspace: {e}"
+                )))
+            }
+        };
+        let _ = mem.write(workspace, &8u32.to_le_bytes());
+        let report = self.launch_in(mem, k, cfg, params, limits, workspace);
+        let _ = mem.free(workspace);
+        report
+    }
+
+    /// [`Executable::launch`] with the grid workspace at `grid_workspace`
+    /// (0: not a cooperative launch).
+    fn launch_in(
+        &self,
+        mem: &DeviceMemory,
+        k: usize,
+        cfg: &LaunchConfig,
+        params: &[u8],
+        limits: &LaunchLimits<'_>,
+        grid_workspace: u64,
     ) -> LaunchReport {
         // the interpreter's side of the boundary: it runs well-formed modules only
         if let Err(e) = self.checked.get_or_init(|| check_module(&self.ir)) {
@@ -55,12 +120,31 @@ impl Executable {
         let threads: u64 = cfg.block.iter().map(|&v| v as u64).product();
         let f = &prog.funcs[kernel as usize];
         let per_thread = f.nregs as u64 * 8 + f.frame_bytes as u64;
-        if per_thread.saturating_mul(threads) > BLOCK_MEMORY_LIMIT as u64 {
+        // a cooperative launch's blocks are all resident: they share one budget
+        let (resident, memory) = if grid_workspace != 0 {
+            let blocks: u64 = cfg.grid.iter().map(|&v| v as u64).product();
+            (threads * blocks, COOPERATIVE_MEMORY_LIMIT)
+        } else {
+            (threads, BLOCK_MEMORY_LIMIT)
+        };
+        if per_thread.saturating_mul(resident) > memory as u64 {
             return LaunchReport::failed(Fault::OutOfResources(format!(
-                "{threads} threads with {per_thread} bytes of registers and local memory each"
+                "{resident} threads with {per_thread} bytes of registers and local memory each"
             )));
         }
-        let shared_bytes = prog.dyn_shared_base as u64 + cfg.dynamic_shared_bytes as u64;
+        let mut shared_bytes = prog.dyn_shared_base as u64 + cfg.dynamic_shared_bytes as u64;
+        let reserved_smem = shared_bytes.next_multiple_of(16);
+        if self.reserved_smem {
+            shared_bytes = reserved_smem + RESERVED_SMEM;
+        }
+        if self.uses_heap {
+            if let Err(e) = mem.ensure_heap() {
+                return LaunchReport::failed(Fault::OutOfResources(format!(
+                    "no room for the device heap of {} bytes: {e}",
+                    mem.heap_limit()
+                )));
+            }
+        }
         let view = mem.view();
         let mut pwords = vec![0u64; params.len().div_ceil(8)];
         bytes_of(&mut pwords)[..params.len()].copy_from_slice(params);
@@ -69,24 +153,32 @@ impl Executable {
             .map(|d| d.as_nanos() as u64)
             .unwrap_or(0);
         let executed = AtomicU64::new(0);
+        let abort = AtomicBool::new(false);
         let g = Geo {
             prog,
             mem: &view,
+            memory: mem,
             params: &pwords,
             params_len: params.len() as u64,
             config: *cfg,
             shared_bytes,
+            reserved_smem,
             start_ns,
             kernel,
             budget: limits.per_block,
             launch_budget: limits.per_launch,
             executed: &executed,
             cancel: limits.cancel,
+            abort: &abort,
+            grid_workspace,
             lockstep: prog.funcs.iter().enumerate().any(|(i, f)| {
                 f.uses_volatile && (i as u32 == kernel || !prog.kernels.contains(&(i as u32)))
             }),
-            stack_limit: (BLOCK_MEMORY_LIMIT / cfg.block.iter().product::<u32>().max(1) as usize)
-                .max(1 << 20),
+            stack_limit: if grid_workspace != 0 {
+                memory / resident.max(1) as usize
+            } else {
+                (memory / threads.max(1) as usize).max(1 << 20)
+            },
         };
         run_grid(&g)
     }
@@ -97,7 +189,7 @@ impl Executable {
 fn run_grid(g: &Geo<'_>) -> LaunchReport {
     let total: u64 = g.config.grid.iter().map(|&v| v as u64).product();
     let next = AtomicU64::new(0);
-    let abort = AtomicBool::new(false);
+    let abort = g.abort;
     let fault: Mutex<Option<(u64, Fault)>> = Mutex::new(None);
     let outputs: Mutex<Vec<(u64, Vec<u8>)>> = Mutex::new(Vec::new());
     let workers = std::env::var("CUMUX_PTX_THREADS")
@@ -105,9 +197,15 @@ fn run_grid(g: &Geo<'_>) -> LaunchReport {
         .and_then(|v| v.parse::<usize>().ok())
         .filter(|&n| n > 0)
         .or_else(|| std::thread::available_parallelism().map(|n| n.get()).ok())
-        .unwrap_or(1)
-        .min(total.max(1) as usize)
-        .max(1);
+        .unwrap_or(1);
+    // a cooperative launch's blocks wait for each other: all run at once
+    let workers = if g.grid_workspace != 0 {
+        total as usize
+    } else {
+        workers
+    }
+    .min(total.max(1) as usize)
+    .max(1);
     let work = |smid: u32| {
         let mut w = Worker::new(smid);
         let mut outs = Vec::new();
@@ -148,7 +246,11 @@ fn run_grid(g: &Geo<'_>) -> LaunchReport {
                 outs.push((id, std::mem::take(&mut w.block.out)));
             }
             if let Err(e) = r {
-                record_fault(&fault, id, e);
+                // a block stopped because another faulted leaves that fault
+                let stopped = abort.load(Ordering::Relaxed) && matches!(e, Fault::Cancelled(_));
+                if !stopped {
+                    record_fault(&fault, id, e);
+                }
                 abort.store(true, Ordering::Relaxed);
                 break;
             }

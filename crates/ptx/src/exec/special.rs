@@ -1,6 +1,7 @@
 //! Special registers (`%tid`, `%laneid`, `%clock64`, `%lanemask_*` …) as the
 //! interpreter reports them for one thread.
 
+use super::limits::RESERVED_SMEM;
 use super::state::{Block, Geo};
 use crate::ir::SReg;
 
@@ -29,6 +30,18 @@ pub(super) fn special(g: &Geo<'_>, b: &Block, clock: u64, tid: [u32; 3], lin: u3
         SReg::LanemaskGe => !((1u64 << lane) - 1) & 0xffff_ffff,
         SReg::DynSmem => g.config.dynamic_shared_bytes as u64,
         SReg::TotalSmem => g.shared_bytes,
-        SReg::Zero => 0,
+        SReg::ReservedSmem(k) => {
+            let (begin, half) = (g.reserved_smem, RESERVED_SMEM / 2);
+            [
+                begin,
+                begin + RESERVED_SMEM,
+                RESERVED_SMEM,
+                begin,
+                begin + half,
+            ][k as usize % 5]
+        }
+        SReg::Envreg(1) => g.grid_workspace >> 32,
+        SReg::Envreg(2) => g.grid_workspace & 0xffff_ffff,
+        SReg::Envreg(_) | SReg::Zero => 0,
     }
 }

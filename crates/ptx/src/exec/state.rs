@@ -4,7 +4,7 @@
 
 use crate::ir::{Address, Module, Op, Src};
 use crate::launch::LaunchConfig;
-use crate::memory::MemView;
+use crate::memory::{DeviceMemory, MemView};
 use std::sync::atomic::{AtomicBool, AtomicU64};
 
 /// Where a thread stands between runs.
@@ -100,11 +100,16 @@ impl Thread {
 pub(super) struct Geo<'a> {
     pub prog: &'a Module,
     pub mem: &'a MemView<'a>,
+    /// The memory itself (its device heap, for `malloc`/`free`).
+    pub memory: &'a DeviceMemory,
     pub params: &'a [u64],
     pub params_len: u64,
     /// Grid (`%nctaid`), block (`%ntid`) and dynamic shared memory.
     pub config: LaunchConfig,
     pub shared_bytes: u64,
+    /// Where the block's reserved shared memory starts (at `shared_bytes`
+    /// when the module reads no `%reserved_smem_offset_*`).
+    pub reserved_smem: u64,
     pub start_ns: u64,
     pub kernel: u32,
     /// Instructions a block may execute before the launch fails.
@@ -116,6 +121,12 @@ pub(super) struct Geo<'a> {
     pub executed: &'a AtomicU64,
     /// Once set, the launch stops at its next check.
     pub cancel: Option<&'a AtomicBool>,
+    /// Set once a block faulted: the others stop at their next check (in a
+    /// cooperative launch they may be waiting for the faulted one).
+    pub abort: &'a AtomicBool,
+    /// The device address of a cooperative launch's grid workspace (what
+    /// `cooperative_groups::this_grid().sync()` counts in), else 0.
+    pub grid_workspace: u64,
     /// Bytes of registers plus local memory one thread may use (call stack).
     pub stack_limit: usize,
     /// Run the lanes of a warp in lockstep (module uses volatile accesses).

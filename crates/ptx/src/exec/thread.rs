@@ -94,6 +94,10 @@ pub(super) fn run_thread<const SINGLE_STEP: bool>(
             Op::Bra { target } => {
                 if *target <= pc && b.instructions.wrapping_add(count) > b.check_at {
                     fail_on_err!(watch::checkpoint(g, b, count, inst.line));
+                    // a long loop lets the block's other threads run: it may
+                    // wait for what one of them writes (a spin on memory)
+                    pc = *target;
+                    break Ok(Stop::Yield);
                 }
                 pc = *target;
                 continue;
@@ -131,6 +135,11 @@ pub(super) fn run_thread<const SINGLE_STEP: bool>(
                         inst.line, b.ctaid
                     ),
                 });
+            }
+            Op::Malloc { size, ret } => calls::malloc(g, th, size, ret.as_ref()),
+            Op::Free { ptr } => fail_on_err!(calls::free(g, th, ptr, inst.line)),
+            Op::AssertFail(args) => {
+                break Err(calls::assert_fail(g, b, th, args, tid, inst.line));
             }
             Op::Bar {
                 wait: false, id, ..

@@ -74,6 +74,12 @@ fn launch_check(
     if is_cancelled(g) {
         return Err(Fault::Cancelled(format!("stopped {}", place())));
     }
+    if g.abort.load(Ordering::Relaxed) {
+        return Err(Fault::Cancelled(format!(
+            "stopped {} after another block faulted",
+            place()
+        )));
+    }
     Ok(())
 }
 

@@ -96,7 +96,24 @@ impl FuncLower<'_> {
         })
     }
 
-    /// `call`: direct or indirect, `vprintf`, or `__assertfail` (a trap).
+    /// `__assertfail(message, file, line, function, char_size)`: its four
+    /// first arguments kept for the assertion line (a call with fewer is a trap).
+    fn lower_assert_fail(&mut self, args: &[Operand]) -> Result<(), LoadError> {
+        if args.len() < 4 {
+            self.emit(Op::Trap("device-side assertion failed".into()));
+            return Ok(());
+        }
+        let locs = [
+            self.arg_loc(&args[0], 8)?,
+            self.arg_loc(&args[1], 8)?,
+            self.arg_loc(&args[2], 4)?,
+            self.arg_loc(&args[3], 8)?,
+        ];
+        self.emit(Op::AssertFail(Box::new(locs)));
+        Ok(())
+    }
+
+    /// `call`: direct or indirect, `vprintf`, or `__assertfail`.
     pub(super) fn lower_call(&mut self, i: &ast::Instruction) -> Result<(), LoadError> {
         let o = &i.operands;
         let (rets, rest): (&[Operand], &[Operand]) = match o.first() {
@@ -150,7 +167,21 @@ impl FuncLower<'_> {
             .ok_or_else(|| invalid(self.line, "bad function index"))?;
         if callee.body.is_none() {
             if callee.name == "__assertfail" || callee.name == "__assert_fail" {
-                self.emit(Op::Trap("device-side assertion failed".into()));
+                return self.lower_assert_fail(args);
+            }
+            if let ("malloc" | "free", [a]) = (callee.name.as_str(), args) {
+                let is_free = callee.name == "free";
+                let a = self.arg_loc(a, 8)?;
+                let op = if is_free {
+                    Op::Free { ptr: a }
+                } else {
+                    let ret = match rets.first() {
+                        Some(r) => Some(self.arg_loc(r, 8)?),
+                        None => None,
+                    };
+                    Op::Malloc { size: a, ret }
+                };
+                self.emit(op);
                 return Ok(());
             }
             return self.unsupported(format!("call to external function `{}`", callee.name));

@@ -4,6 +4,7 @@
 use super::context::FuncLower;
 use super::error::invalid;
 use super::modifiers::sp_of;
+use super::symbols::Binding;
 use crate::ast::{self, Operand};
 use crate::ir::{AtomOp, Op, Sp, Src, Ty, NONE};
 use crate::module_info::LoadError;
@@ -105,7 +106,14 @@ impl FuncLower<'_> {
             Operand::Int(v) if matches!(*v, 4 | 8 | 16) => *v as u32,
             _ => return Err(invalid(self.line, "cp.async size must be 4, 8 or 16")),
         };
-        let src_size = self.src_or(o.get(3), Ty::U32, size as u64)?;
+        // optional: a source size (or an ignore-source predicate), then a
+        // cache policy when `.L2::cache_hint` is named
+        let hinted = i.modifiers.iter().any(|m| m.ends_with("cache_hint"));
+        let extra = &o[3..o.len() - usize::from(hinted && o.len() > 3)];
+        let src_size = match extra.first() {
+            Some(x) if self.is_predicate(x) => self.ignore_source(x, size)?,
+            x => self.src_or(x, Ty::U32, size as u64)?,
+        };
         self.emit(Op::CpAsync {
             dst: dst.base,
             doff: dst.off,
@@ -115,6 +123,40 @@ impl FuncLower<'_> {
             src_size,
         });
         Ok(())
+    }
+
+    /// Whether operand `o` names a predicate register (or its negation).
+    fn is_predicate(&self, o: &Operand) -> bool {
+        let name = match o {
+            Operand::Name(n) | Operand::Not(n) => n,
+            _ => return false,
+        };
+        matches!(self.lookup(name), Some(Binding::Reg(_, Ty::Pred)))
+    }
+
+    /// The source size of a `cp.async` whose `ignore-src` predicate is `o`:
+    /// 0 bytes (all zeros) when it holds, else all `size` bytes.
+    fn ignore_source(&mut self, o: &Operand, size: u32) -> Result<Src, LoadError> {
+        let (p, negated) = self.pred_src(o)?;
+        let Src::Reg(p) = p else {
+            return Err(invalid(
+                self.line,
+                "cp.async ignore-src must be a predicate register",
+            ));
+        };
+        let d = self.new_reg()?;
+        for (value, guard_neg) in [(0, negated), (size as u64, !negated)] {
+            self.emit(Op::Mov {
+                d,
+                a: Src::Imm(value),
+                mask: u64::MAX,
+            });
+            if let Some(inst) = self.code.last_mut() {
+                inst.guard = p;
+                inst.guard_neg = guard_neg;
+            }
+        }
+        Ok(Src::Reg(d))
     }
 
     /// `atom` and `red`.

@@ -1,5 +1,6 @@
 //! Special register names (`%tid.x`, `%laneid`, `%clock64`, `%lanemask_lt` …)
-//! to the IR's `SReg`; cluster registers read as a cluster of one block.
+//! to the IR's `SReg`; cluster registers read as a cluster of one block, the
+//! reserved shared memory registers name a region after the dynamic one.
 
 use crate::ir::SReg;
 
@@ -45,6 +46,13 @@ pub(super) fn special_register(name: &str) -> Option<SReg> {
         "%total_smem_size" => SReg::TotalSmem,
         "%cluster_ctarank" | "%is_explicit_cluster" => SReg::Zero,
         "%cluster_nctarank" => SReg::Ntid(9),
+        "%reserved_smem_offset_begin" => SReg::ReservedSmem(0),
+        "%reserved_smem_offset_end" => SReg::ReservedSmem(1),
+        "%reserved_smem_offset_cap" => SReg::ReservedSmem(2),
+        "%reserved_smem_offset_0" => SReg::ReservedSmem(3),
+        "%reserved_smem_offset_1" => SReg::ReservedSmem(4),
+        "%envreg1" => SReg::Envreg(1),
+        "%envreg2" => SReg::Envreg(2),
         _ if name.starts_with("%envreg") || name.starts_with("%pm") => SReg::Zero,
         _ => return None,
     })

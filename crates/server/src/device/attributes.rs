@@ -6,6 +6,11 @@
 /// (`CU_DEVICE_ATTRIBUTE_ONLY_PARTIAL_HOST_NATIVE_ATOMIC_SUPPORTED`).
 pub const LAST_ATTRIBUTE: u32 = 147;
 
+/// The compute capability a CPU-side device reports (major, minor): the
+/// interpreter runs the PTX of this architecture and below; a fat binary
+/// with only newer PTX runs its lowest (`cpu::ptx_of_image`).
+pub const COMPUTE_CAPABILITY: (i32, i32) = (7, 5);
+
 /// Threads per block, as on every GPU since Fermi.
 pub const MAX_THREADS_PER_BLOCK: i32 = 1024;
 /// Static shared memory a block may use without opting in.
@@ -125,15 +130,15 @@ fn value(attr: u32, inputs: AttributeInputs) -> i32 {
         70 | 71 => 131072, // texture 2D linear
         72 => 2 << 20,     // texture 2D linear pitch
         73 | 74 => 32768,  // texture 2D mipmapped
-        75 => 7,           // compute capability major
-        76 => 5,           // compute capability minor
-        77 => 32768,       // texture 1D mipmapped
-        78 => 1,           // stream priorities
-        79 | 80 => 1,      // L1 caching of globals / locals
-        81 => 64 << 10,    // shared memory per SM
-        82 => 65536,       // registers per SM
-        83 => 1,           // managed memory
-        84 => 0,           // multi-GPU board
+        75 => COMPUTE_CAPABILITY.0,
+        76 => COMPUTE_CAPABILITY.1,
+        77 => 32768,    // texture 1D mipmapped
+        78 => 1,        // stream priorities
+        79 | 80 => 1,   // L1 caching of globals / locals
+        81 => 64 << 10, // shared memory per SM
+        82 => 65536,    // registers per SM
+        83 => 1,        // managed memory
+        84 => 0,        // multi-GPU board
         85 => 0,
         86 => 0,      // host native atomics
         87 => 32,     // single/double perf ratio

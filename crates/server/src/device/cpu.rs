@@ -12,7 +12,9 @@ use cumux_fatbin::{Classified, ImageKind};
 use cumux_protocol::{codes, CuError, DeviceInfo, DevicePtr, FunctionAttrs, ParamInfo};
 use cumux_ptx::{DeviceMemory, LaunchConfig, LaunchLimits, MemError, Program, Space};
 
-use super::attributes::{cpu_device_attributes, AttributeInputs, SHARED_PER_BLOCK};
+use super::attributes::{
+    cpu_device_attributes, AttributeInputs, COMPUTE_CAPABILITY, SHARED_PER_BLOCK,
+};
 use super::memory_use;
 use super::{
     Device, DeviceContext, GlobalDesc, KernelDesc, KernelLaunch, LaunchOutcome, LoadedModule,
@@ -184,7 +186,18 @@ fn device_uuid(host: &str) -> [u8; 16] {
     uuid
 }
 
-/// The PTX text inside a module image, or the error the driver would give.
+/// `CU_LIMIT_MALLOC_HEAP_SIZE`.
+const MALLOC_HEAP_LIMIT: u32 = 2;
+
+/// The largest malloc heap a context may ask for: the heap is host memory
+/// outside the tenant's allocations (charged to the device's budget once a
+/// kernel made it), so it stays bounded, like a launch's own memory.
+pub const MAX_MALLOC_HEAP: u64 = 1 << 30;
+
+/// The PTX text inside a module image, or the error the driver would give. Of
+/// a fat binary's PTX, the one the device's compute capability runs, as the
+/// driver picks it (else the lowest newer one, whose features the
+/// interpreter handles).
 pub fn ptx_of_image(image: &[u8]) -> Result<String, CuError> {
     match cumux_fatbin::classify(image) {
         Classified::Fatbin => {
@@ -202,7 +215,8 @@ pub fn ptx_of_image(image: &[u8]) -> Result<String, CuError> {
                     ),
                 ));
             }
-            cumux_fatbin::best_ptx(image).ok_or_else(|| {
+            let (major, minor) = COMPUTE_CAPABILITY;
+            cumux_fatbin::ptx_for(image, (major * 10 + minor) as u32).ok_or_else(|| {
                 CuError::new(codes::INVALID_PTX, "the fat binary's PTX is not UTF-8")
             })
         }
@@ -351,6 +365,27 @@ impl DeviceContext for CpuContext {
         self.settle();
     }
 
+    /// The malloc heap's size (`CU_LIMIT_MALLOC_HEAP_SIZE`), refused once a
+    /// kernel of this context used the heap, as the driver refuses it, and
+    /// past [`MAX_MALLOC_HEAP`].
+    fn set_limit(&self, limit: u32, value: u64) -> Result<(), CuError> {
+        if limit != MALLOC_HEAP_LIMIT {
+            return Ok(());
+        }
+        if value > MAX_MALLOC_HEAP {
+            return Err(CuError::new(
+                codes::INVALID_VALUE,
+                format!("the CPU device's malloc heap is at most {MAX_MALLOC_HEAP} bytes"),
+            ));
+        }
+        self.mem.set_heap_limit(value).map_err(|_| {
+            CuError::new(
+                codes::INVALID_VALUE,
+                "the malloc heap's size cannot change once a kernel used the heap",
+            )
+        })
+    }
+
     fn launch(&self, launch: &KernelLaunch) -> LaunchOutcome {
         self.run(launch)
     }
@@ -395,6 +430,18 @@ impl MovableContext for CpuContext {
 
     fn module_load_at(&self, image: &[u8], blocks: &[DevicePtr]) -> Result<LoadedModule, CuError> {
         self.load_placed(image, Some(blocks))
+    }
+
+    /// The malloc heap's blocks are the program's (pointers to them live in
+    /// its memory) and no image carries them yet.
+    fn unmovable(&self) -> Option<String> {
+        self.mem
+            .heap_in_use()
+            .then(|| "its kernels used the device malloc heap (malloc or new in a kernel)".into())
+    }
+
+    fn limits(&self) -> Vec<(u32, u64)> {
+        vec![(MALLOC_HEAP_LIMIT, self.mem.heap_limit())]
     }
 }
 
@@ -511,7 +558,13 @@ impl CpuContext {
             per_launch: self.launch_budget,
             cancel: Some(&self.cancelled),
         };
-        let report = program.launch_with(&self.mem, &name, &config, &launch.params, &limits);
+        let report = if geometry.cooperative() {
+            program.launch_cooperative(&self.mem, &name, &config, &launch.params, &limits)
+        } else {
+            program.launch_with(&self.mem, &name, &config, &launch.params, &limits)
+        };
+        // a launch may have made the malloc heap
+        self.settle();
         LaunchOutcome {
             stdout: report.stdout,
             result: report
@@ -575,5 +628,18 @@ mod tests {
         );
         let ptx = ptx_of_image(b"//\n.version 9.0\n.target sm_75\n\0\0").unwrap();
         assert!(ptx.ends_with("sm_75\n"));
+    }
+
+    #[test]
+    fn the_malloc_heap_limit_is_kept_up_to_its_bound() {
+        let device = CpuDevice::new(1 << 30);
+        let ctx = device.create_context().unwrap();
+        ctx.set_limit(MALLOC_HEAP_LIMIT, 16 << 20).unwrap();
+        let cpu = ctx.as_any().downcast_ref::<CpuContext>().unwrap();
+        assert_eq!(cpu.mem.heap_limit(), 16 << 20);
+        let too_big = ctx.set_limit(MALLOC_HEAP_LIMIT, MAX_MALLOC_HEAP + 1);
+        assert_eq!(too_big.unwrap_err().code, codes::INVALID_VALUE);
+        // other limits are the client's to keep
+        ctx.set_limit(0, 1 << 40).unwrap();
     }
 }

@@ -81,6 +81,14 @@ impl LaunchGeometry {
             _ => None,
         })
     }
+
+    /// Whether the launch is cooperative (`cuLaunchCooperativeKernel`, or
+    /// the attribute set): its blocks all run at once and may sync the grid.
+    pub fn cooperative(&self) -> bool {
+        self.attributes
+            .iter()
+            .any(|a| matches!(a, LaunchAttribute::Cooperative(v) if *v != 0))
+    }
 }
 
 /// One launch of `kernel` (an index into the module's kernels) with its
@@ -261,6 +269,15 @@ pub trait DeviceContext: Send + Sync {
     fn cancel_launches(&self) {}
     /// Encodes a tensor-memory-access descriptor for this context's memory
     /// (`cuTensorMapEncode*`); the session has checked the address.
+    /// `cuCtxSetLimit` of `limit` (a `CU_LIMIT_*`) to `value`, for the limits
+    /// the device applies itself. A device that applies none keeps its own
+    /// (a GPU worker's context keeps the driver's defaults; the client still
+    /// reads back what the program set).
+    fn set_limit(&self, limit: u32, value: u64) -> Result<(), CuError> {
+        let _ = (limit, value);
+        Ok(())
+    }
+
     fn tensor_map_encode(&self, request: &TensorMapRequest) -> Result<Vec<u8>, CuError> {
         let _ = request;
         Err(CuError::new(
@@ -541,6 +558,16 @@ pub trait MovableContext: Send + Sync {
     /// order (its globals where the source context had them); a load that
     /// allocates otherwise fails and leaves nothing behind.
     fn module_load_at(&self, image: &[u8], blocks: &[DevicePtr]) -> Result<LoadedModule, CuError>;
+    /// Why the context's state cannot be taken as it is, if it cannot
+    /// (state of the backend's own that an image does not carry).
+    fn unmovable(&self) -> Option<String> {
+        None
+    }
+    /// The limits (`CUlimit`, value) the context keeps, to set again on the
+    /// target ([`DeviceContext::set_limit`]).
+    fn limits(&self) -> Vec<(u32, u64)> {
+        Vec::new()
+    }
 }
 
 /// A device that can make a context in a given address window.

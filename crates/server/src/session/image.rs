@@ -26,6 +26,8 @@ pub struct SessionImage {
     /// Events and their `CU_EVENT_*` flags (their recorded times do not move).
     pub events: Vec<(Handle, u32)>,
     pub graphs: Vec<GraphImage>,
+    /// The context's limits (`CUlimit`, value), as `cuCtxSetLimit` set them.
+    pub limits: Vec<(u32, u64)>,
 }
 
 /// Device memory at `ptr`: its bytes.
@@ -151,6 +153,7 @@ mod tests {
             }],
             events: vec![(6, 2)],
             graphs: Vec::new(),
+            limits: vec![(2, 8 << 20)],
         };
         let bytes = image.encode().unwrap();
         assert_eq!(SessionImage::decode(&bytes).unwrap(), image);

@@ -737,6 +737,10 @@ impl Session {
             Call::EventDestroy { event } => self.event_destroy(event),
             Call::ContextSynchronize => self.context_synchronize(),
             Call::TensorMapEncode { request } => self.tensor_map_encode(request),
+            Call::SetLimit { limit, value } => {
+                self.ctx.set_limit(limit, value)?;
+                Ok(ReplyBody::Unit)
+            }
             call @ (Call::ServerStatus
             | Call::TenantPut { .. }
             | Call::TenantRemove { .. }

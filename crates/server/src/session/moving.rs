@@ -74,6 +74,9 @@ impl Session {
         if !self.vmm.is_empty() {
             return Some("it holds virtual memory (cuMemCreate, cuMemMap)".into());
         }
+        if let Some(why) = self.ctx.movable().and_then(|m| m.unmovable()) {
+            return Some(why);
+        }
         if let Some(fatal) = self.core.fatal() {
             return Some(format!("it failed: {}", fatal.detail));
         }
@@ -271,6 +274,7 @@ impl Session {
             streams,
             events,
             graphs,
+            limits: self.ctx.movable().map(|m| m.limits()).unwrap_or_default(),
         })
     }
 
@@ -285,6 +289,9 @@ impl Session {
         let placed = ctx
             .movable()
             .ok_or_else(|| refused("the target context cannot place memory"))?;
+        for &(limit, value) in &image.limits {
+            ctx.set_limit(limit, value)?;
+        }
         let total = image.charged_bytes();
         let mut done = 0u64;
         for a in &image.allocations {

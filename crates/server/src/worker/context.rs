@@ -744,6 +744,10 @@ impl DeviceContext for WorkerContext {
         Some(self)
     }
 
+    fn set_limit(&self, limit: u32, value: u64) -> Result<(), CuError> {
+        self.unit(&WorkerRequest::SetLimit { limit, value }, &[])
+    }
+
     fn tensor_map_encode(&self, request: &TensorMapRequest) -> Result<Vec<u8>, CuError> {
         let request = WorkerRequest::TensorMapEncode {
             request: request.clone(),

@@ -443,6 +443,9 @@ impl Served<'_, '_> {
                 unit(Ok(()))
             }),
             WorkerRequest::Launch(launch) => guarded(kind, || waited(ctx.launch(&launch))),
+            WorkerRequest::SetLimit { limit, value } => {
+                guarded(kind, || unit(ctx.set_limit(limit, value)))
+            }
             WorkerRequest::TensorMapEncode { request } => guarded(kind, || {
                 value(ctx.tensor_map_encode(&request).map(WorkerValue::TensorMap))
             }),

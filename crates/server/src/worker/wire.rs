@@ -109,6 +109,11 @@ pub enum WorkerRequest {
         start: Handle,
         end: Handle,
     },
+    /// `DeviceContext::set_limit`; answered by `Unit`.
+    SetLimit {
+        limit: u32,
+        value: u64,
+    },
     /// Answered by [`WorkerValue::TensorMap`].
     TensorMapEncode {
         request: TensorMapRequest,
@@ -208,6 +213,7 @@ impl WorkerRequest {
                 | WorkerRequest::Query { .. }
                 | WorkerRequest::Elapsed { .. }
                 | WorkerRequest::TensorMapEncode { .. }
+                | WorkerRequest::SetLimit { .. }
                 | WorkerRequest::IpcExport { .. }
                 | WorkerRequest::VmmExport { .. }
                 | WorkerRequest::VmmImport
