@@ -529,6 +529,16 @@ impl Session {
         let answer = orders.post(session, action)?;
         let patience = std::time::Duration::from_millis(wait_ms.min(MAX_ORDER_WAIT_MS));
         let said = orders.wait(session, &answer, patience)?;
+        if said.len() > cumux_protocol::MAX_FRAME_BYTES {
+            return Err(err(
+                codes::NOT_SUPPORTED,
+                format!(
+                    "session {session}'s checkpoint is {} bytes, past the {} one reply may                      carry (checkpoints streamed in pieces are not built yet)",
+                    said.len(),
+                    cumux_protocol::MAX_FRAME_BYTES
+                ),
+            ));
+        }
         // A checkpoint's image, or the line saying what was done.
         Ok(ReplyBody::Data(said))
     }
