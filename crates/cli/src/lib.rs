@@ -2,6 +2,7 @@
 //! program on cumux's client driver, `status` shows what a server is doing.
 //! Each subcommand lives in its own module; `main.rs` only parses arguments.
 
+pub mod checkpoint_file;
 pub mod config;
 pub mod device_plugin;
 pub mod fn_client;
@@ -11,6 +12,7 @@ pub mod https;
 pub mod install;
 pub mod logging;
 pub mod metrics_http;
+pub mod mobility;
 pub mod notify;
 pub mod pool;
 pub mod probe;

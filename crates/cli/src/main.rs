@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use cumux_cli::logging::LogFormat;
-use cumux_cli::{logging, run, serve, status, worker};
+use cumux_cli::{logging, mobility, run, serve, status, worker};
 use cumux_server::Address;
 
 #[derive(Parser)]
@@ -74,6 +74,44 @@ enum Command {
         #[command(subcommand)]
         command: cumux_cli::tenant::TenantCommand,
     },
+    /// Move a running session to another device of its server (admins only),
+    /// at its next call; its program sees a pause.
+    Migrate {
+        /// The session (`cumux status` lists them).
+        session: u64,
+        /// The server's ordinal of the device to move it to.
+        #[arg(long)]
+        to: u32,
+        #[command(flatten)]
+        admin: AdminOptions,
+    },
+    /// Move every session off a device (admins only).
+    Drain {
+        /// The server's ordinal of the device to empty.
+        device: u32,
+        /// Where its sessions go (default: the other device with the most
+        /// memory free).
+        #[arg(long)]
+        to: Option<u32>,
+        #[command(flatten)]
+        admin: AdminOptions,
+    },
+    /// Write a running session's state to a file (admins only).
+    Checkpoint {
+        session: u64,
+        file: std::path::PathBuf,
+        #[command(flatten)]
+        admin: AdminOptions,
+    },
+    /// Replace a running session's state by a checkpoint's (admins only).
+    Restore {
+        file: std::path::PathBuf,
+        /// The session to restore into.
+        #[arg(long)]
+        session: u64,
+        #[command(flatten)]
+        admin: AdminOptions,
+    },
     /// The kubelet's device plugin: offers this node's GPU memory to pods
     /// and lists a cumux tenant for each container given some.
     DevicePlugin(cumux_cli::device_plugin::PluginOptions),
@@ -83,6 +121,26 @@ enum Command {
     /// Serve one device context to the server that started this process (internal).
     #[command(hide = true)]
     Worker(worker::WorkerOptions),
+}
+
+/// Where an admin's command goes, and how long it waits for the session.
+#[derive(clap::Args)]
+struct AdminOptions {
+    /// The server (default: $CUMUX_SERVER, else the default socket).
+    #[arg(long)]
+    server: Option<String>,
+    /// How long to wait for the session's next call, when the move happens.
+    #[arg(long, default_value = "30s", value_parser = wait_arg)]
+    wait: std::time::Duration,
+}
+
+impl AdminOptions {
+    fn address(&self) -> anyhow::Result<Address> {
+        self.server
+            .as_deref()
+            .map_or_else(Address::from_env_or_default, Address::parse)
+            .map_err(anyhow::Error::msg)
+    }
 }
 
 /// A `--wait` timeout: a duration, zero allowed.
@@ -141,6 +199,30 @@ fn main() -> ExitCode {
             .map_or_else(Address::from_env_or_default, |s| Address::parse(&s))
             .map_err(anyhow::Error::msg)
             .and_then(|address| cumux_cli::tenant::tenant(&address, command))
+            .map(|()| 0),
+        Command::Migrate { session, to, admin } => admin
+            .address()
+            .and_then(|a| mobility::migrate(&a, session, to, admin.wait))
+            .map(|()| 0),
+        Command::Drain { device, to, admin } => admin
+            .address()
+            .and_then(|a| mobility::drain(&a, device, to, admin.wait))
+            .map(|()| 0),
+        Command::Checkpoint {
+            session,
+            file,
+            admin,
+        } => admin
+            .address()
+            .and_then(|a| mobility::checkpoint(&a, session, &file, admin.wait))
+            .map(|()| 0),
+        Command::Restore {
+            file,
+            session,
+            admin,
+        } => admin
+            .address()
+            .and_then(|a| mobility::restore(&a, &file, session, admin.wait))
             .map(|()| 0),
         Command::DevicePlugin(options) => cumux_cli::device_plugin::run(options).map(|()| 0),
         Command::Install(options) => cumux_cli::install::install(options).map(|()| 0),

@@ -160,6 +160,9 @@ pub fn render(status: &ServerStatus, address: &Address) -> String {
             s.gpu_time_ms,
             s.transport
         );
+        if let Some(moving) = &s.moving {
+            out += &format!("{:<8} {moving}\n", "");
+        }
     }
     out
 }
@@ -197,6 +200,7 @@ mod tests {
                 launches: 10,
                 gpu_time_ms: 1.25,
                 transport: "shm".into(),
+                moving: Some("move to device 1: rebuilding on device 1: 4096 of 8192 bytes".into()),
             }],
             tenants: vec![TenantStatus {
                 name: "alice".into(),
@@ -237,6 +241,10 @@ mod tests {
         assert!(table.contains("fair"), "{table}");
         assert!(table.contains("1234.5 ms"), "{table}");
         assert!(table.contains("ms shm"), "{table}");
+        assert!(
+            table.contains("\n         move to device 1: rebuilding"),
+            "{table}"
+        );
         assert_eq!(human_bytes(512), "512 B");
     }
 }

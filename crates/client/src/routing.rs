@@ -74,9 +74,13 @@ pub fn device_of_call(call: &Call, placements: &Placements) -> u32 {
         | Call::IpcOpenEventHandle { .. }
         | Call::PeerAccess { .. } => None,
         // Not a program's calls; the first device's session answers them.
-        Call::ServerStatus | Call::TenantPut { .. } | Call::TenantRemove { .. } | Call::Fence => {
-            Some(0)
-        }
+        Call::ServerStatus
+        | Call::TenantPut { .. }
+        | Call::TenantRemove { .. }
+        | Call::SessionMove { .. }
+        | Call::SessionCheckpoint { .. }
+        | Call::SessionRestore { .. }
+        | Call::Fence => Some(0),
     };
     found.unwrap_or_else(current_device)
 }

@@ -349,6 +349,28 @@ pub enum Call {
     TenantRemove {
         name: String,
     },
+    /// Moves a driver session to the server's device `device` (admins
+    /// only), at the session's next call within `wait_ms`; answered once it
+    /// moved, or with why it did not (protocol 17).
+    SessionMove {
+        session: u64,
+        device: u32,
+        wait_ms: u64,
+    },
+    /// A checkpoint of a driver session, taken at its next call within
+    /// `wait_ms` (admins only): answered by `Data`, the session's image.
+    SessionCheckpoint {
+        session: u64,
+        wait_ms: u64,
+    },
+    /// Replaces a driver session's state by a checkpoint's image (admins
+    /// only), at its next call within `wait_ms`.
+    SessionRestore {
+        session: u64,
+        #[serde(with = "serde_bytes")]
+        image: Vec<u8>,
+        wait_ms: u64,
+    },
     /// Answered (`Unit`) once every earlier call of the session is handled.
     /// The client sends one after every [`crate::FENCE_EVERY`] unanswered
     /// calls, so it never runs further ahead of the server than that, and the
@@ -686,6 +708,9 @@ pub struct SessionStatus {
     pub gpu_time_ms: f64,
     /// How the session's calls travel: `shm`, `unix` (socket) or `tcp`.
     pub transport: String,
+    /// What an admin's move, checkpoint or restore of it is at, while one is
+    /// under way (protocol 17).
+    pub moving: Option<String>,
 }
 
 /// A tenant's entry as `Call::TenantPut` gives it (the config file's keys).

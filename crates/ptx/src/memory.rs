@@ -5,7 +5,7 @@
 //! Virtual memory management: physical allocations mapped into reserved ranges,
 //! side by side, so host copies may span contiguous blocks.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::fmt;
 use std::sync::atomic::{AtomicU16, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
@@ -133,6 +133,9 @@ struct AllocState {
     pending: Blocks,
     physical: HashMap<u64, Arc<Backing>>,
     next_physical: u64,
+    /// Addresses the next allocations must take, in order
+    /// ([`DeviceMemory::place_next`]).
+    placements: VecDeque<u64>,
 }
 
 /// The device's global memory. `Sync + Send`; every method takes `&self`.
@@ -221,6 +224,7 @@ impl DeviceMemory {
                 pending: BTreeMap::new(),
                 physical: HashMap::new(),
                 next_physical: 1,
+                placements: VecDeque::new(),
             }),
             capacity: capacity_bytes,
             heap: Mutex::new(HeapSlot::default()),
@@ -230,6 +234,15 @@ impl DeviceMemory {
     /// The size of the device-side `malloc` heap (`CU_LIMIT_MALLOC_HEAP_SIZE`).
     pub fn heap_limit(&self) -> u64 {
         self.heap.lock().unwrap_or_else(|e| e.into_inner()).limit
+    }
+
+    /// Whether a kernel made the device-side `malloc` heap.
+    pub fn heap_in_use(&self) -> bool {
+        self.heap
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .heap
+            .is_some()
     }
 
     /// Sets the heap's size; refused (`InvalidSize`) once a kernel that calls
@@ -289,6 +302,10 @@ impl DeviceMemory {
             .checked_next_multiple_of(ALLOC_ALIGN)
             .ok_or(MemError::OutOfMemory)?;
         let mut s = self.state();
+        if let Some(addr) = s.placements.pop_front() {
+            drop(s);
+            return self.alloc_at(addr, bytes).map(|()| addr);
+        }
         if s.used.saturating_add(rounded) > self.capacity {
             return Err(MemError::OutOfMemory);
         }
@@ -310,6 +327,60 @@ impl DeviceMemory {
         };
         self.insert(&mut s, addr, block);
         Ok(addr)
+    }
+
+    /// Allocates `bytes` zero-filled bytes at `addr` (256-byte aligned, in
+    /// this memory's window, over no other block), as a moved session's
+    /// allocations come back where its program holds them; later
+    /// allocations go above it. Waits for running launches.
+    pub fn alloc_at(&self, addr: u64, bytes: u64) -> Result<(), MemError> {
+        if bytes == 0 {
+            return Err(MemError::InvalidSize);
+        }
+        let rounded = bytes
+            .checked_next_multiple_of(ALLOC_ALIGN)
+            .ok_or(MemError::OutOfMemory)?;
+        let end = addr
+            .checked_add(rounded)
+            .ok_or(MemError::OutOfRange { addr, len: bytes })?;
+        if !addr.is_multiple_of(ALLOC_ALIGN) || addr < self.window.0 || end > self.window.1 {
+            return Err(MemError::OutOfRange { addr, len: bytes });
+        }
+        // The table first, then the state, as `free` takes them.
+        let mut blocks = self.space.write().unwrap_or_else(|e| e.into_inner());
+        let mut s = self.state();
+        blocks.append(&mut s.pending);
+        if overlaps(&blocks, addr, rounded) {
+            return Err(MemError::OutOfRange { addr, len: bytes });
+        }
+        if s.used.saturating_add(rounded) > self.capacity {
+            return Err(MemError::OutOfMemory);
+        }
+        let backing = Backing::zeroed(bytes, ALLOC_ALIGN)?;
+        s.used += backing.bytes();
+        s.next = s.next.max(end.saturating_add(GUARD_GAP));
+        let block = Block {
+            ptr: backing.ptr,
+            size: bytes,
+            owner: Owner::Own(backing),
+        };
+        blocks.insert(addr, block);
+        Ok(())
+    }
+
+    /// Makes the next allocations ([`DeviceMemory::alloc`]) take `addrs`, in
+    /// order (a module's globals loaded again where they were); an empty list
+    /// ends it. Returns how many of the previous list were not taken.
+    pub fn place_next(&self, addrs: &[u64]) -> usize {
+        let mut s = self.state();
+        let left = s.placements.len();
+        s.placements = addrs.iter().copied().collect();
+        left
+    }
+
+    /// The first and last-plus-one address this memory hands out.
+    pub fn window(&self) -> (u64, u64) {
+        self.window
     }
 
     /// Inserts `block` at `addr` now unless a launch holds the table; then
@@ -670,6 +741,32 @@ pub(crate) unsafe fn atomic_rmw(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn allocations_come_back_at_their_addresses_and_placements_in_order() {
+        let source = DeviceMemory::numbered(1 << 20, 1).unwrap();
+        let a = source.alloc(100).unwrap();
+        let b = source.alloc(300).unwrap();
+        // Another memory of the same window takes them where they were, and
+        // later allocations go above them.
+        let target = DeviceMemory::numbered(1 << 20, 1).unwrap();
+        target.alloc_at(b, 300).unwrap();
+        target.alloc_at(a, 100).unwrap();
+        assert!(target.alloc(1).unwrap() > b);
+        // Not over another block, not outside the window, not misaligned.
+        assert!(target.alloc_at(a, 16).is_err());
+        assert!(target.alloc_at(b + 256, 16).is_err());
+        assert!(target.alloc_at(a + 8, 16).is_err());
+        assert!(target.alloc_at(DEVICE_VA_BASE, 16).is_err());
+        // Placed allocations take the listed addresses, then the bump goes on.
+        let c = b + (1 << 16);
+        assert_eq!(target.place_next(&[c]), 0);
+        assert_eq!(target.alloc(64).unwrap(), c);
+        assert!(target.alloc(64).unwrap() > c);
+        assert_eq!(target.place_next(&[c, c + 4096]), 0);
+        assert!(target.alloc(64).is_err(), "taken already");
+        assert_eq!(target.place_next(&[]), 1);
+    }
 
     #[test]
     fn numbered_devices_hand_out_addresses_in_windows_of_their_own() {

@@ -49,6 +49,12 @@ impl Program {
         &self.kernels
     }
 
+    /// The device memory loading the module allocated, in the order it did
+    /// (`DeviceMemory::place_next` puts it there again).
+    pub fn allocations(&self) -> &[u64] {
+        &self.allocations
+    }
+
     /// The module's `.global` and `.const` variables.
     pub fn globals(&self) -> &[GlobalVar] {
         &self.globals

@@ -40,6 +40,14 @@ impl ProgramGroup {
     }
 
     /// The program's context for its device `device`, while its session lives.
+    /// How many of the program's contexts are alive.
+    pub fn member_count(&self) -> usize {
+        lock(&self.members)
+            .values()
+            .filter(|m| m.strong_count() > 0)
+            .count()
+    }
+
     pub fn member(&self, device: u32) -> Option<Arc<dyn DeviceContext>> {
         lock(&self.members).get(&device).and_then(Weak::upgrade)
     }

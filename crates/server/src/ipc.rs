@@ -53,6 +53,11 @@ impl IpcHandles {
     }
 
     /// Forgets the handles `session` gave out (it ended, and its memory with it).
+    /// Whether `session` gave out a handle that is still valid.
+    pub fn issued_by(&self, session: u64) -> bool {
+        lock(&self.issued).values().any(|e| e.session == session)
+    }
+
     pub fn withdraw(&self, session: u64) {
         lock(&self.issued).retain(|_, e| e.session != session);
     }

@@ -22,6 +22,7 @@ pub mod ipc;
 pub mod listener;
 mod locking;
 pub mod metrics;
+pub mod moves;
 pub mod session;
 pub mod shutdown;
 pub mod status;
@@ -71,6 +72,8 @@ pub struct Server {
     groups: groups::Groups,
     /// The memory handles sessions gave out (`cuIpcGetMemHandle`).
     ipc: ipc::IpcHandles,
+    /// Orders to move, checkpoint or restore sessions, waiting for them.
+    orders: moves::Orders,
 }
 
 impl Server {
@@ -135,6 +138,7 @@ impl Server {
             gates,
             groups: groups::Groups::default(),
             ipc: ipc::IpcHandles::default(),
+            orders: moves::Orders::default(),
             seats: admission::Seats::new(tenants.limits),
             hangups: hangups::Hangups::new()
                 .map_err(|e| tracing::error!("no hang-up watcher: {e}"))
@@ -333,6 +337,10 @@ impl Server {
         &self.ipc
     }
 
+    pub fn orders(&self) -> &moves::Orders {
+        &self.orders
+    }
+
     fn next_session_id(&self) -> u64 {
         self.next_session.fetch_add(1, Ordering::Relaxed)
     }
@@ -350,5 +358,6 @@ pub fn server_status(server: &Server, scope: &status::StatusScope) -> ServerStat
         accounts: &server.accounts,
         seats: &server.seats,
         scope,
+        orders: &server.orders,
     })
 }

@@ -16,6 +16,7 @@ use crate::admission::Seats;
 use crate::device::Device;
 use crate::gate::{policy_name, DeviceGate};
 use crate::locking::lock;
+use crate::moves::Orders;
 use crate::tenants::{Accounts, TenantClass};
 
 /// Counters a session's threads update as work runs.
@@ -134,6 +135,8 @@ pub struct ServerView<'a> {
     pub accounts: &'a Accounts,
     pub seats: &'a Seats,
     pub scope: &'a StatusScope,
+    /// Admins' orders under way (moves, checkpoints, restores).
+    pub orders: &'a Orders,
 }
 
 /// A snapshot of the server for `cumux status`.
@@ -180,6 +183,7 @@ pub fn snapshot(server: ServerView<'_>) -> ServerStatus {
                 launches: e.stats.launches.load(Ordering::Relaxed),
                 gpu_time_ms: e.stats.gpu_time_ns.load(Ordering::Relaxed) as f64 / 1e6,
                 transport: server.registry.transport(e.session).to_string(),
+                moving: server.orders.noted(e.session),
             })
             .collect(),
         tenants: server

@@ -369,8 +369,22 @@ pub fn call(u: &mut Unstructured, known: &Known, images: Images) -> Result<Call>
             },
         },
         28 => Call::ContextSynchronize,
-        29 => match u.int_in_range(0u8..=3)? {
+        29 => match u.int_in_range(0u8..=6)? {
             0 => Call::ServerStatus,
+            4 => Call::SessionMove {
+                session: u.int_in_range(0..=4)?,
+                device: u.int_in_range(0..=2)?,
+                wait_ms: u.int_in_range(0..=5)?,
+            },
+            5 => Call::SessionCheckpoint {
+                session: u.int_in_range(0..=4)?,
+                wait_ms: u.int_in_range(0..=5)?,
+            },
+            6 => Call::SessionRestore {
+                session: u.int_in_range(0..=4)?,
+                image: u.arbitrary()?,
+                wait_ms: u.int_in_range(0..=5)?,
+            },
             1 => Call::Fence,
             2 => Call::TenantPut {
                 name: u.arbitrary()?,

@@ -18,7 +18,7 @@ use super::attributes::{
 use super::memory_use;
 use super::{
     Device, DeviceContext, GlobalDesc, KernelDesc, KernelLaunch, LaunchOutcome, LoadedModule,
-    ModuleId, VmmOp,
+    ModuleId, MovableContext, MovableDevice, VmmOp,
 };
 use crate::locking::lock;
 
@@ -64,6 +64,8 @@ impl Budget {
 /// One session's address space and modules on the CPU device.
 pub struct CpuContext {
     mem: DeviceMemory,
+    /// The address window of `mem` (`DeviceMemory::numbered`).
+    window: u32,
     launch_budget: u64,
     /// Set when the session ends: its running launch stops at its next check.
     cancelled: AtomicBool,
@@ -252,10 +254,30 @@ impl Device for CpuDevice {
     }
 
     fn create_context(&self) -> Result<Arc<dyn DeviceContext>, CuError> {
-        let mem = DeviceMemory::numbered(self.budget.capacity, self.number)
+        self.context_in_window(self.number)
+    }
+
+    fn movable(&self) -> Option<&dyn MovableDevice> {
+        Some(self)
+    }
+}
+
+impl MovableDevice for CpuDevice {
+    /// A context has an address space of its own, so one in another
+    /// device's window aliases nobody: the window only keeps one program's
+    /// devices apart, and a moved session's program is on one device.
+    fn create_context_in_window(&self, window: u32) -> Result<Arc<dyn DeviceContext>, CuError> {
+        self.context_in_window(window)
+    }
+}
+
+impl CpuDevice {
+    fn context_in_window(&self, window: u32) -> Result<Arc<dyn DeviceContext>, CuError> {
+        let mem = DeviceMemory::numbered(self.budget.capacity, window)
             .ok_or_else(|| CuError::new(codes::INVALID_DEVICE, "no address window"))?;
         Ok(Arc::new(CpuContext {
             mem,
+            window,
             launch_budget: self.launch_budget,
             cancelled: AtomicBool::new(false),
             budget: Arc::clone(&self.budget),
@@ -277,6 +299,10 @@ impl Drop for CpuContext {
 impl DeviceContext for CpuContext {
     fn as_any(&self) -> &dyn std::any::Any {
         self
+    }
+
+    fn movable(&self) -> Option<&dyn MovableContext> {
+        Some(self)
     }
 
     fn mem_alloc(&self, bytes: u64) -> Result<DevicePtr, CuError> {
@@ -319,8 +345,133 @@ impl DeviceContext for CpuContext {
     }
 
     fn module_load(&self, image: &[u8]) -> Result<LoadedModule, CuError> {
+        self.load_placed(image, None)
+    }
+
+    fn module_unload(&self, module: ModuleId) {
+        let program = lock(&self.modules).loaded.remove(&module);
+        match program.map(Arc::try_unwrap) {
+            Some(Ok(program)) => program.unload(&self.mem),
+            // A launch still holds it (the session syncs before unloading, so
+            // this is a bug): free the globals; the code goes with the last Arc.
+            Some(Err(shared)) => {
+                tracing::error!(module, "module unloaded while a launch holds it");
+                for g in shared.globals() {
+                    let _ = self.mem.free(g.ptr);
+                }
+            }
+            None => {}
+        }
+        self.settle();
+    }
+
+    /// The malloc heap's size (`CU_LIMIT_MALLOC_HEAP_SIZE`), refused once a
+    /// kernel of this context used the heap, as the driver refuses it, and
+    /// past [`MAX_MALLOC_HEAP`].
+    fn set_limit(&self, limit: u32, value: u64) -> Result<(), CuError> {
+        if limit != MALLOC_HEAP_LIMIT {
+            return Ok(());
+        }
+        if value > MAX_MALLOC_HEAP {
+            return Err(CuError::new(
+                codes::INVALID_VALUE,
+                format!("the CPU device's malloc heap is at most {MAX_MALLOC_HEAP} bytes"),
+            ));
+        }
+        self.mem.set_heap_limit(value).map_err(|_| {
+            CuError::new(
+                codes::INVALID_VALUE,
+                "the malloc heap's size cannot change once a kernel used the heap",
+            )
+        })
+    }
+
+    fn launch(&self, launch: &KernelLaunch) -> LaunchOutcome {
+        self.run(launch)
+    }
+
+    fn cancel_launches(&self) {
+        self.cancelled.store(true, Ordering::Relaxed);
+    }
+
+    /// Emulated in the context's own address space: a reservation is a range
+    /// of it, physical memory is host memory, and mappings of it sit side by
+    /// side, so kernels and copies run across them. Access is not enforced
+    /// by the device (the session refuses copies without it; a kernel may
+    /// still touch a mapping whose access was never set).
+    fn vmm(&self, op: &VmmOp) -> Result<u64, CuError> {
+        self.vmm_op(op)
+    }
+}
+
+impl MovableContext for CpuContext {
+    fn window(&self) -> u32 {
+        self.window
+    }
+
+    fn alloc_at(&self, ptr: DevicePtr, bytes: u64) -> Result<(), CuError> {
+        if !self.budget.reserve(bytes) {
+            return Err(CuError::new(
+                codes::OUT_OF_MEMORY,
+                format!("cannot allocate {bytes} bytes at {ptr:#x}: device memory is full"),
+            ));
+        }
+        let result = self.mem.alloc_at(ptr, bytes).map_err(mem_err);
+        self.budget.release(bytes);
+        self.settle();
+        result
+    }
+
+    fn module_blocks(&self, module: ModuleId) -> Vec<DevicePtr> {
+        self.program(module)
+            .map(|p| p.allocations().to_vec())
+            .unwrap_or_default()
+    }
+
+    fn module_load_at(&self, image: &[u8], blocks: &[DevicePtr]) -> Result<LoadedModule, CuError> {
+        self.load_placed(image, Some(blocks))
+    }
+
+    /// The malloc heap's blocks are the program's (pointers to them live in
+    /// its memory) and no image carries them yet.
+    fn unmovable(&self) -> Option<String> {
+        self.mem
+            .heap_in_use()
+            .then(|| "its kernels used the device malloc heap (malloc or new in a kernel)".into())
+    }
+
+    fn limits(&self) -> Vec<(u32, u64)> {
+        vec![(MALLOC_HEAP_LIMIT, self.mem.heap_limit())]
+    }
+}
+
+impl CpuContext {
+    /// Loads `image`; with `blocks`, its loading must allocate exactly those
+    /// addresses, in order.
+    fn load_placed(
+        &self,
+        image: &[u8],
+        blocks: Option<&[DevicePtr]>,
+    ) -> Result<LoadedModule, CuError> {
         let ptx = ptx_of_image(image)?;
+        if let Some(blocks) = blocks {
+            self.mem.place_next(blocks);
+        }
         let loaded = catch_unwind(AssertUnwindSafe(|| Program::load(&ptx, &self.mem)));
+        let unplaced = blocks.map(|_| self.mem.place_next(&[]));
+        let loaded = match (loaded, blocks, unplaced) {
+            (Ok(Ok(program)), Some(blocks), Some(left))
+                if left != 0 || program.allocations() != blocks =>
+            {
+                program.unload(&self.mem);
+                self.settle();
+                return Err(CuError::new(
+                    codes::INVALID_IMAGE,
+                    "the module's globals did not come back where they were",
+                ));
+            }
+            (loaded, ..) => loaded,
+        };
         self.settle();
         let program = loaded
             .map_err(|_| CuError::new(codes::INVALID_PTX, "the PTX loader crashed on this module"))?
@@ -379,45 +530,7 @@ impl DeviceContext for CpuContext {
         })
     }
 
-    fn module_unload(&self, module: ModuleId) {
-        let program = lock(&self.modules).loaded.remove(&module);
-        match program.map(Arc::try_unwrap) {
-            Some(Ok(program)) => program.unload(&self.mem),
-            // A launch still holds it (the session syncs before unloading, so
-            // this is a bug): free the globals; the code goes with the last Arc.
-            Some(Err(shared)) => {
-                tracing::error!(module, "module unloaded while a launch holds it");
-                for g in shared.globals() {
-                    let _ = self.mem.free(g.ptr);
-                }
-            }
-            None => {}
-        }
-        self.settle();
-    }
-
-    /// The malloc heap's size (`CU_LIMIT_MALLOC_HEAP_SIZE`), refused once a
-    /// kernel of this context used the heap, as the driver refuses it, and
-    /// past [`MAX_MALLOC_HEAP`].
-    fn set_limit(&self, limit: u32, value: u64) -> Result<(), CuError> {
-        if limit != MALLOC_HEAP_LIMIT {
-            return Ok(());
-        }
-        if value > MAX_MALLOC_HEAP {
-            return Err(CuError::new(
-                codes::INVALID_VALUE,
-                format!("the CPU device's malloc heap is at most {MAX_MALLOC_HEAP} bytes"),
-            ));
-        }
-        self.mem.set_heap_limit(value).map_err(|_| {
-            CuError::new(
-                codes::INVALID_VALUE,
-                "the malloc heap's size cannot change once a kernel used the heap",
-            )
-        })
-    }
-
-    fn launch(&self, launch: &KernelLaunch) -> LaunchOutcome {
+    fn run(&self, launch: &KernelLaunch) -> LaunchOutcome {
         let Some(program) = self.program(launch.module) else {
             return LaunchOutcome::failed(CuError::new(codes::INVALID_HANDLE, "module not loaded"));
         };
@@ -460,16 +573,7 @@ impl DeviceContext for CpuContext {
         }
     }
 
-    fn cancel_launches(&self) {
-        self.cancelled.store(true, Ordering::Relaxed);
-    }
-
-    /// Emulated in the context's own address space: a reservation is a range
-    /// of it, physical memory is host memory, and mappings of it sit side by
-    /// side, so kernels and copies run across them. Access is not enforced
-    /// by the device (the session refuses copies without it; a kernel may
-    /// still touch a mapping whose access was never set).
-    fn vmm(&self, op: &VmmOp) -> Result<u64, CuError> {
+    fn vmm_op(&self, op: &VmmOp) -> Result<u64, CuError> {
         let result = match *op {
             VmmOp::Granularity { .. } => Ok(cumux_ptx::VMM_GRANULARITY),
             VmmOp::Reserve { size, alignment } => self.mem.reserve(size, alignment),

@@ -213,6 +213,11 @@ pub trait Device: Send + Sync {
     /// creating a CUDA context stalls the kernels of the GPU's other contexts.
     /// Blocks until done; a failure is only logged (the first session meets it).
     fn warm_up(&self) {}
+    /// Contexts in a given address window, for sessions moved here; `None`
+    /// where the backend cannot place memory (issue 17).
+    fn movable(&self) -> Option<&dyn MovableDevice> {
+        None
+    }
 }
 
 /// One program's contexts on the devices of a server: what a backend keeps to
@@ -324,6 +329,11 @@ pub trait DeviceContext: Send + Sync {
     /// The context as `Any`, so a backend can tell its own contexts among
     /// others (peer access needs the peer's own handle).
     fn as_any(&self) -> &dyn std::any::Any;
+    /// How the context's memory is laid out again elsewhere when its session
+    /// moves; `None` where it cannot be (issue 17).
+    fn movable(&self) -> Option<&dyn MovableContext> {
+        None
+    }
     /// What stands for this context when another names it as a peer: the
     /// context itself, or the connection a view of a shared context wraps.
     fn peer_any(&self) -> &dyn std::any::Any {
@@ -528,3 +538,41 @@ pub trait StreamOrdered: Send + Sync {
 /// blocks together and so of any one block (`cumux serve --launch-budget`):
 /// minutes of interpretation.
 pub const DEFAULT_LAUNCH_BUDGET: u64 = 20_000_000_000;
+
+// Moving a session's state to another context (issue 17): allocations and
+// module globals placed at the addresses the program holds, in the address
+// window the session started in.
+
+/// A context whose memory can be laid out again elsewhere at the same
+/// addresses. Only a backend whose addresses it chooses itself (the CPU
+/// device) offers it; a GPU's are the driver's.
+pub trait MovableContext: Send + Sync {
+    /// The address window the context hands out addresses in: a context
+    /// made for the moved session on another device takes the same one.
+    fn window(&self) -> u32;
+    /// Allocates `bytes` at `ptr` (zero-filled).
+    fn alloc_at(&self, ptr: DevicePtr, bytes: u64) -> Result<(), CuError>;
+    /// The device memory loading `module` allocated, in the order it did.
+    fn module_blocks(&self, module: ModuleId) -> Vec<DevicePtr>;
+    /// Loads `image` so that its loading allocates exactly `blocks`, in
+    /// order (its globals where the source context had them); a load that
+    /// allocates otherwise fails and leaves nothing behind.
+    fn module_load_at(&self, image: &[u8], blocks: &[DevicePtr]) -> Result<LoadedModule, CuError>;
+    /// Why the context's state cannot be taken as it is, if it cannot
+    /// (state of the backend's own that an image does not carry).
+    fn unmovable(&self) -> Option<String> {
+        None
+    }
+    /// The limits (`CUlimit`, value) the context keeps, to set again on the
+    /// target ([`DeviceContext::set_limit`]).
+    fn limits(&self) -> Vec<(u32, u64)> {
+        Vec::new()
+    }
+}
+
+/// A device that can make a context in a given address window.
+pub trait MovableDevice {
+    /// A new context whose addresses lie in `window` (another device's, the
+    /// one a moved session's program holds pointers in).
+    fn create_context_in_window(&self, window: u32) -> Result<Arc<dyn DeviceContext>, CuError>;
+}

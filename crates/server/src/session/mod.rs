@@ -5,9 +5,11 @@
 
 mod core;
 mod graphs;
+pub mod image;
 mod ipc;
 mod memory;
 mod modules;
+mod moving;
 mod signalling;
 mod streams;
 mod submit;
@@ -17,7 +19,7 @@ mod waits;
 pub mod window;
 
 use std::cell::Cell;
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 use std::os::fd::OwnedFd;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -32,6 +34,7 @@ use crate::device::{
 };
 use crate::gate::{GateSession, SchedStreams};
 use crate::host_regions::HostRegions;
+use crate::moves::Action;
 use crate::server_status;
 use crate::status::{SessionEntry, SessionStats, StatusScope};
 use crate::tenants::{AccountHold, TenantClass, TenantSettings};
@@ -51,6 +54,9 @@ pub const MAX_STREAMS: usize = 512;
 /// device keeps it itself: for comparisons.
 pub const STREAM_THREADS_ENV: &str = "CUMUX_STREAM_THREADS";
 
+/// The longest an admin's order waits for its session's next call.
+const MAX_ORDER_WAIT_MS: u64 = 60_000;
+
 /// The most urgent stream priority (the device clamps it to its own range).
 const HIGHEST_PRIORITY: i32 = -1000;
 
@@ -60,7 +66,12 @@ struct ModuleEntry {
     id: ModuleId,
     functions: Vec<Handle>,
     globals: Vec<DevicePtr>,
+    /// The image it was loaded from, to load it again where the session moves.
+    image: Arc<Vec<u8>>,
 }
+
+/// What a hang-up cancels: the session's context and gate of the moment.
+type CancelTarget = Arc<std::sync::Mutex<(Arc<dyn DeviceContext>, Option<Arc<GateSession>>)>>;
 
 struct FunctionEntry {
     module: ModuleId,
@@ -84,8 +95,8 @@ pub struct Session {
     account: Option<AccountHold>,
     /// Bytes of module globals charged to the tenant, by module handle.
     module_bytes: HashMap<Handle, u64>,
-    /// The session's streams, besides the default one.
-    streams: HashSet<Handle>,
+    /// The session's streams, besides the default one: their flags and priority.
+    streams: HashMap<Handle, (u32, i32)>,
     /// The session's events and their `CU_EVENT_*` flags.
     events: HashMap<Handle, u32>,
     /// Whether queuing failed at once since the device was last asked to
@@ -151,6 +162,10 @@ pub struct Session {
     outgoing_fd: Option<OwnedFd>,
     /// Whose sessions and tenants this client's status calls show.
     status_scope: StatusScope,
+    /// The tenant's name and settings (`None` for status queries).
+    tenant: Option<(String, TenantSettings)>,
+    /// What a hang-up cancels ([`Session::canceller`]); a move changes it.
+    cancel_target: CancelTarget,
 }
 
 /// Tells the session's statistics, and its tenant's account where no gate
@@ -353,6 +368,7 @@ impl Session {
         if let Some(entry) = &entry {
             server.registry().insert(Arc::clone(entry));
         }
+        let cancel_target = Arc::new(std::sync::Mutex::new((Arc::clone(&ctx), gate.clone())));
         Ok(Session {
             server,
             device,
@@ -366,7 +382,7 @@ impl Session {
             entry,
             account,
             module_bytes: HashMap::new(),
-            streams: HashSet::new(),
+            streams: HashMap::new(),
             events: HashMap::new(),
             next_handle: cumux_protocol::first_handle(index),
             index,
@@ -395,6 +411,8 @@ impl Session {
             incoming_fd: None,
             outgoing_fd: None,
             status_scope,
+            cancel_target,
+            tenant,
         })
     }
 
@@ -470,8 +488,59 @@ impl Session {
                     .map(|()| ReplyBody::Unit)
                     .map_err(|e| err(codes::INVALID_VALUE, e))
             }),
+            Call::SessionMove {
+                session,
+                device,
+                wait_ms,
+            } => self.order(*session, Action::MoveTo(*device), *wait_ms),
+            Call::SessionCheckpoint { session, wait_ms } => {
+                self.order(*session, Action::Checkpoint, *wait_ms)
+            }
+            Call::SessionRestore {
+                session,
+                image,
+                wait_ms,
+            } => self.order(*session, Action::Restore(image.clone()), *wait_ms),
             _ => return None,
         })
+    }
+
+    /// `Call::SessionMove`, `SessionCheckpoint`, `SessionRestore` (admins
+    /// only): the order left for the session, which carries it out at its
+    /// next call; waits up to `wait_ms` (at most a minute) for that.
+    fn order(&self, session: u64, action: Action, wait_ms: u64) -> CallResult {
+        self.admin()?;
+        if session == self.id() {
+            return Err(err(codes::INVALID_VALUE, "a session cannot order itself"));
+        }
+        let known = self
+            .server
+            .registry()
+            .entries()
+            .iter()
+            .any(|e| e.session == session);
+        if !known {
+            return Err(err(
+                codes::INVALID_VALUE,
+                format!("no driver session {session} on this server"),
+            ));
+        }
+        let orders = self.server.orders();
+        let answer = orders.post(session, action)?;
+        let patience = std::time::Duration::from_millis(wait_ms.min(MAX_ORDER_WAIT_MS));
+        let said = orders.wait(session, &answer, patience)?;
+        if said.len() > cumux_protocol::MAX_FRAME_BYTES {
+            return Err(err(
+                codes::NOT_SUPPORTED,
+                format!(
+                    "session {session}'s checkpoint is {} bytes, past the {} one reply may                      carry (checkpoints streamed in pieces are not built yet)",
+                    said.len(),
+                    cumux_protocol::MAX_FRAME_BYTES
+                ),
+            ));
+        }
+        // A checkpoint's image, or the line saying what was done.
+        Ok(ReplyBody::Data(said))
     }
 
     /// Whether this connection is an admin's (it sees every tenant: the
@@ -521,15 +590,37 @@ impl Session {
     /// queued there and the context stops its launches (the CPU device's at
     /// its next check; an isolated worker is stopped).
     pub fn canceller(&self) -> impl FnOnce() + Send + 'static {
-        let (ctx, gate, id) = (Arc::clone(&self.ctx), self.gate.clone(), self.id());
+        let (target, id) = (Arc::clone(&self.cancel_target), self.id());
         let hung_up = Arc::clone(&self.hung_up);
         move || {
             tracing::info!(session = id, "the client hung up: cancelling its work");
             hung_up.store(true, std::sync::atomic::Ordering::Relaxed);
+            let (ctx, gate) = crate::locking::lock(&target).clone();
             if let Some(gate) = gate {
                 gate.cancel_queued();
             }
             ctx.cancel_launches();
+        }
+    }
+
+    /// Points the canceller at the session's context and gate of now.
+    fn set_cancel_target(&self) {
+        *crate::locking::lock(&self.cancel_target) = (Arc::clone(&self.ctx), self.gate.clone());
+    }
+
+    /// Lists the session again in status, on its device of now.
+    fn reregister(&mut self) {
+        if let Some(entry) = &self.entry {
+            let moved = Arc::new(SessionEntry {
+                session: entry.session,
+                pid: entry.pid,
+                program: entry.program.clone(),
+                tenant: entry.tenant.clone(),
+                device: self.device.info().ordinal,
+                stats: Arc::clone(&entry.stats),
+            });
+            self.server.registry().insert(Arc::clone(&moved));
+            self.entry = Some(moved);
         }
     }
 
@@ -546,6 +637,10 @@ impl Session {
                 "a status connection may only ask for the server's status",
             );
             return (!call.is_fire_and_forget()).then_some(Err(refused));
+        }
+        if self.entry.is_some() {
+            // An admin's order (move, checkpoint, restore) waits for this point.
+            self.take_order();
         }
         let fire_and_forget = call.is_fire_and_forget();
         if !fire_and_forget && self.gate.is_some() {
@@ -615,7 +710,7 @@ impl Session {
                 };
                 self.memset(fill, stream)
             }
-            Call::ModuleLoad { image } => self.module_load(&image),
+            Call::ModuleLoad { image } => self.module_load(image),
             Call::ModuleUnload { module } => self.module_unload(module),
             Call::Launch {
                 function,
@@ -656,10 +751,14 @@ impl Session {
                 self.ctx.set_limit(limit, value)?;
                 Ok(ReplyBody::Unit)
             }
-            call @ (Call::ServerStatus | Call::TenantPut { .. } | Call::TenantRemove { .. }) => {
-                self.server_call(&call)
-                    .unwrap_or_else(|| Err(err(codes::UNKNOWN, "a server call the session took")))
-            }
+            call @ (Call::ServerStatus
+            | Call::TenantPut { .. }
+            | Call::TenantRemove { .. }
+            | Call::SessionMove { .. }
+            | Call::SessionCheckpoint { .. }
+            | Call::SessionRestore { .. }) => self
+                .server_call(&call)
+                .unwrap_or_else(|| Err(err(codes::UNKNOWN, "a server call the session took"))),
             // Calls are handled in order: every earlier one is done.
             Call::Fence => Ok(ReplyBody::Unit),
             Call::HostRegister { base, bytes } => {
@@ -779,6 +878,7 @@ impl Session {
         self.account = None;
         if let Some(entry) = &self.entry {
             self.server.registry().remove(entry.session);
+            self.server.orders().forget(entry.session);
         }
         tracing::debug!(
             session = self.id(),

@@ -8,8 +8,8 @@ use super::core::invalid_handle;
 use super::{CallResult, FunctionEntry, ModuleEntry, Session};
 
 impl Session {
-    pub(super) fn module_load(&mut self, image: &[u8]) -> CallResult {
-        let loaded = self.ctx.module_load(image)?;
+    pub(super) fn module_load(&mut self, image: Vec<u8>) -> CallResult {
+        let loaded = self.ctx.module_load(&image)?;
         // Module globals are device memory too: they count against the quota.
         let global_bytes = loaded
             .globals
@@ -54,6 +54,7 @@ impl Session {
                 id: loaded.id,
                 functions,
                 globals: loaded.globals.iter().map(|g| g.ptr).collect(),
+                image: std::sync::Arc::new(image),
             },
         );
         tracing::debug!(

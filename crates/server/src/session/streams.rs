@@ -13,7 +13,7 @@ const EVENT_DISABLE_TIMING: u32 = 0x2;
 
 impl Session {
     pub(super) fn check_stream(&self, stream: Handle) -> Result<(), CuError> {
-        if stream == DEFAULT_STREAM || self.streams.contains(&stream) {
+        if stream == DEFAULT_STREAM || self.streams.contains_key(&stream) {
             Ok(())
         } else {
             Err(invalid_handle("stream", stream))
@@ -49,12 +49,12 @@ impl Session {
         let handle = self.mint_handle();
         let priority = self.forced_priority.unwrap_or(priority);
         self.ordered()?.stream_create(handle, flags, priority)?;
-        self.streams.insert(handle);
+        self.streams.insert(handle, (flags, priority));
         Ok(ReplyBody::Handle(handle))
     }
 
     pub(super) fn stream_destroy(&mut self, stream: Handle) -> CallResult {
-        if !self.streams.remove(&stream) {
+        if self.streams.remove(&stream).is_none() {
             return Err(invalid_handle("stream", stream));
         }
         self.sched_streams.forget(stream);

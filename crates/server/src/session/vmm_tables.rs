@@ -45,6 +45,13 @@ pub(super) struct VmmTables {
 }
 
 impl VmmTables {
+    /// Whether the session holds no reservation or physical allocation.
+    pub(super) fn is_empty(&self) -> bool {
+        self.reservations.is_empty() && self.physical.is_empty() && self.mappings.is_empty()
+    }
+}
+
+impl VmmTables {
     /// The mapping holding `ptr`: (base, mapping).
     pub(super) fn mapping_of(&self, ptr: DevicePtr) -> Option<(DevicePtr, &Mapping)> {
         let (&base, m) = self.mappings.range(..=ptr).next_back()?;

@@ -1,0 +1,141 @@
+//! `cumux migrate`, `cumux drain`, `cumux checkpoint` and `cumux restore`:
+//! an admin moves a running session to another device, every session off a
+//! device, or a session's state to a file and back (issue 17).
+
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use cumux_protocol::{Call, ClientRole, ReplyBody};
+use cumux_server::Address;
+
+use crate::checkpoint_file;
+use crate::probe;
+
+/// How long each order waits, by default, for its session's next call.
+pub const DEFAULT_WAIT: Duration = Duration::from_secs(30);
+
+fn admin(address: &Address, what: &str) -> Result<probe::Connection> {
+    probe::connect_as(address, ClientRole::Status, what, None)
+        .with_context(|| format!("cannot reach the server at {address}"))
+}
+
+fn wait_ms(wait: Duration) -> u64 {
+    u64::try_from(wait.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// What the server said it did.
+fn said(reply: ReplyBody) -> String {
+    match reply {
+        ReplyBody::Data(line) => String::from_utf8_lossy(&line).into_owned(),
+        other => format!("{other:?}"),
+    }
+}
+
+/// `cumux migrate SESSION --to DEVICE`: prints what the server did.
+pub fn migrate(address: &Address, session: u64, device: u32, wait: Duration) -> Result<()> {
+    let mut conn = admin(address, "cumux migrate")?;
+    let call = Call::SessionMove {
+        session,
+        device,
+        wait_ms: wait_ms(wait),
+    };
+    let reply = conn.call(call)?;
+    println!("{}", said(reply));
+    Ok(())
+}
+
+/// `cumux drain DEVICE [--to DEVICE]`: every session of `device` moved to
+/// `to`, else to the other device with the most memory free. Fails, after
+/// trying them all, if any session stayed.
+pub fn drain(address: &Address, device: u32, to: Option<u32>, wait: Duration) -> Result<()> {
+    let mut conn = admin(address, "cumux drain")?;
+    let status = conn.status()?;
+    if status.shown != "all" {
+        bail!(
+            "draining a device needs an admin: the server's own user or root, or its admin token"
+        );
+    }
+    if !status.devices.iter().any(|d| d.ordinal == device) {
+        bail!("the server has no device {device}");
+    }
+    let target = match to {
+        Some(to) => to,
+        None => status
+            .devices
+            .iter()
+            .filter(|d| d.ordinal != device)
+            .max_by_key(|d| d.total_mem.saturating_sub(d.used_mem))
+            .map(|d| d.ordinal)
+            .context("the server has no other device to move sessions to")?,
+    };
+    let sessions: Vec<u64> = status
+        .sessions
+        .iter()
+        .filter(|s| s.device == device)
+        .map(|s| s.session)
+        .collect();
+    let mut stayed = Vec::new();
+    for session in &sessions {
+        let call = Call::SessionMove {
+            session: *session,
+            device: target,
+            wait_ms: wait_ms(wait),
+        };
+        match conn.call(call) {
+            Ok(reply) => println!("{}", said(reply)),
+            Err(e) => {
+                eprintln!("session {session}: {e:#}");
+                stayed.push(*session);
+            }
+        }
+    }
+    if !stayed.is_empty() {
+        bail!(
+            "{} of {} sessions stayed on device {device}: {stayed:?}",
+            stayed.len(),
+            sessions.len()
+        );
+    }
+    println!(
+        "device {device} drained: {} sessions moved to device {target}",
+        sessions.len()
+    );
+    Ok(())
+}
+
+/// `cumux checkpoint SESSION FILE`: the session's state, taken at its next
+/// call, written to `file` (checksummed, compressed).
+pub fn checkpoint(address: &Address, session: u64, file: &Path, wait: Duration) -> Result<()> {
+    let mut conn = admin(address, "cumux checkpoint")?;
+    let call = Call::SessionCheckpoint {
+        session,
+        wait_ms: wait_ms(wait),
+    };
+    let image = match conn.call(call)? {
+        ReplyBody::Data(image) => image,
+        other => bail!("unexpected answer to a checkpoint: {other:?}"),
+    };
+    let written = checkpoint_file::write(file, &image)?;
+    println!(
+        "session {session} checkpointed to {}: {} bytes of state, {written} in the file",
+        file.display(),
+        image.len()
+    );
+    Ok(())
+}
+
+/// `cumux restore FILE --session SESSION`: the session's state replaced by
+/// the checkpoint's, at its next call.
+pub fn restore(address: &Address, file: &Path, session: u64, wait: Duration) -> Result<()> {
+    let image = checkpoint_file::read(file)?;
+    let mut conn = admin(address, "cumux restore")?;
+    let call = Call::SessionRestore {
+        session,
+        image,
+        wait_ms: wait_ms(wait),
+    };
+    let reply = conn.call(call)?;
+    println!("{}", said(reply));
+    Ok(())
+}

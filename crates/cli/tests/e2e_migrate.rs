@@ -1,0 +1,205 @@
+//! Live migration end to end (issue 17): `tests/cuda/driver/migrate_loop.cu`,
+//! unmodified, moved between the two CPU devices of `cumux serve
+//! --cpu-devices 2` many times mid-run by `cumux migrate` and `cumux drain`,
+//! checking its results all along; checkpoints written by `cumux checkpoint`,
+//! and a corrupt or truncated one refused by `cumux restore`.
+
+mod common;
+
+use std::process::{Command, Output};
+use std::sync::mpsc::Receiver;
+use std::time::{Duration, Instant};
+
+use common::{driver_program, e2e_device, session_of, ServerProc, TempDir, CUMUX};
+
+const LIMIT: Duration = Duration::from_secs(180);
+
+fn two_device_server(tag: &str) -> ServerProc {
+    let args = [
+        "--device",
+        &e2e_device(),
+        "--cpu-devices",
+        "2",
+        "--memory",
+        "1G",
+    ];
+    ServerProc::spawn(TempDir::new(tag), &args.map(String::from), &[])
+}
+
+/// `cumux ARGS --server <server>`.
+fn cumux(server: &ServerProc, args: &[&str]) -> Output {
+    Command::new(CUMUX)
+        .args(args)
+        .args(["--server", &server.address])
+        .output()
+        .expect("cumux runs")
+}
+
+fn text(out: &Output) -> String {
+    format!(
+        "exit {:?}\n--- stdout\n{}--- stderr\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+/// Waits for the program's next `progress` line: it got on with its work.
+fn progressed(lines: &Receiver<String>, server: &ServerProc) {
+    let deadline = Instant::now() + LIMIT;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match lines.recv_timeout(left) {
+            Ok(line) if line.starts_with("progress") => return,
+            Ok(line) if line.starts_with("FAIL") => panic!("{line}\n{}", server.log()),
+            Ok(_) => {}
+            Err(e) => panic!("no progress ({e}); server log:\n{}", server.log()),
+        }
+    }
+}
+
+/// The rest of the program's stdout, until it ends.
+fn rest(lines: &Receiver<String>) -> Vec<String> {
+    let deadline = Instant::now() + LIMIT;
+    let mut seen = Vec::new();
+    while let Ok(line) = lines.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+        seen.push(line);
+    }
+    seen
+}
+
+fn device_of(server: &ServerProc) -> u64 {
+    session_of(&server.status_json(), "migrate_loop")["device"]
+        .as_u64()
+        .unwrap()
+}
+
+#[test]
+fn a_running_program_moves_between_two_cpu_devices_many_times_and_passes() {
+    let server = two_device_server("migrate");
+    let stop = server.dir.0.join("stop");
+    let program = driver_program("migrate_loop");
+    let run = server.command(&program, &[stop.to_str().unwrap()]);
+    let (mut child, lines) = server.start_until(run, "progress 10", LIMIT);
+    let session = session_of(&server.status_json(), "migrate_loop")["session"]
+        .as_u64()
+        .unwrap()
+        .to_string();
+    // No such session, no such device: clear refusals.
+    let out = cumux(&server, &["migrate", "987654", "--to", "1"]);
+    assert!(!out.status.success(), "{}", text(&out));
+    assert!(
+        text(&out).contains("no driver session 987654"),
+        "{}",
+        text(&out)
+    );
+    let out = cumux(&server, &["drain", "5"]);
+    assert!(
+        text(&out).contains("the server has no device 5"),
+        "{}",
+        text(&out)
+    );
+    if e2e_device() == "worker-cpu" {
+        // Sessions in worker processes do not move yet: refused, with the reason.
+        let out = cumux(&server, &["migrate", &session, "--to", "1"]);
+        assert!(!out.status.success(), "{}", text(&out));
+        assert!(text(&out).contains("worker process"), "{}", text(&out));
+    } else {
+        for round in 1..=6u64 {
+            let to = (round % 2).to_string();
+            let out = cumux(&server, &["migrate", &session, "--to", &to]);
+            assert!(
+                out.status.success(),
+                "round {round}: {}\n{}",
+                text(&out),
+                server.log()
+            );
+            assert!(
+                text(&out).contains(&format!("to device {to}")),
+                "{}",
+                text(&out)
+            );
+            assert_eq!(device_of(&server), round % 2);
+            progressed(&lines, &server);
+        }
+        // Draining device 0 moves it to the only other one.
+        let out = cumux(&server, &["drain", "0"]);
+        assert!(out.status.success(), "{}", text(&out));
+        assert!(
+            text(&out).contains("device 0 drained: 1 sessions"),
+            "{}",
+            text(&out)
+        );
+        assert_eq!(device_of(&server), 1);
+        progressed(&lines, &server);
+    }
+    std::fs::write(&stop, b"").unwrap();
+    let tail = rest(&lines);
+    let status = child.wait().unwrap();
+    assert!(
+        status.success() && tail.iter().any(|l| l == "PASS"),
+        "{status:?} {tail:?}\n{}",
+        server.log()
+    );
+}
+
+#[test]
+fn a_checkpoint_is_written_and_a_corrupt_or_truncated_one_is_refused() {
+    let server = two_device_server("checkpoint");
+    let stop = server.dir.0.join("stop");
+    let program = driver_program("migrate_loop");
+    let run = server.command(&program, &[stop.to_str().unwrap()]);
+    let (mut child, lines) = server.start_until(run, "progress 10", LIMIT);
+    let session = session_of(&server.status_json(), "migrate_loop")["session"]
+        .as_u64()
+        .unwrap()
+        .to_string();
+    let file = server.dir.0.join("loop.ckpt");
+    let out = cumux(&server, &["checkpoint", &session, file.to_str().unwrap()]);
+    if e2e_device() == "worker-cpu" {
+        assert!(text(&out).contains("worker process"), "{}", text(&out));
+    } else {
+        assert!(out.status.success(), "{}\n{}", text(&out), server.log());
+        let bytes = std::fs::read(&file).unwrap();
+        assert!(bytes.starts_with(b"CUMUXCKP"));
+        // Truncated, or with a byte changed: refused before the server hears of it.
+        let bad = server.dir.0.join("bad.ckpt");
+        for (what, broken) in [
+            ("truncated", bytes[..bytes.len() - 100].to_vec()),
+            ("corrupt", {
+                let mut b = bytes.clone();
+                b[bytes.len() / 2] ^= 0x40;
+                b
+            }),
+        ] {
+            std::fs::write(&bad, broken).unwrap();
+            let out = cumux(
+                &server,
+                &["restore", bad.to_str().unwrap(), "--session", &session],
+            );
+            assert!(!out.status.success(), "{what}: {}", text(&out));
+            assert!(
+                text(&out).contains("checksum does not match"),
+                "{what}: {}",
+                text(&out)
+            );
+        }
+        std::fs::write(&bad, b"not a checkpoint at all").unwrap();
+        let out = cumux(
+            &server,
+            &["restore", bad.to_str().unwrap(), "--session", &session],
+        );
+        assert!(
+            text(&out).contains("not a cumux checkpoint"),
+            "{}",
+            text(&out)
+        );
+        progressed(&lines, &server);
+    }
+    std::fs::write(&stop, b"").unwrap();
+    let tail = rest(&lines);
+    assert!(
+        child.wait().unwrap().success() && tail.iter().any(|l| l == "PASS"),
+        "{tail:?}"
+    );
+}

@@ -1,0 +1,197 @@
+//! Orders to move, checkpoint or restore a session (issue 17), from an
+//! admin's connection to the session's own thread, which carries them out at
+//! its next call: the clean point where none of its calls is half done.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{sync_channel, Receiver, RecvTimeoutError, SyncSender};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use cumux_protocol::{codes, CuError};
+
+use crate::locking::lock;
+
+/// What a session is asked to do with its state.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Action {
+    /// Move to the server's device of this ordinal.
+    MoveTo(u32),
+    /// Answer its state as a checkpoint (the session's image, encoded).
+    Checkpoint,
+    /// Replace its state by this checkpoint's.
+    Restore(Vec<u8>),
+}
+
+impl Action {
+    fn describe(&self) -> String {
+        match self {
+            Action::MoveTo(device) => format!("move to device {device}"),
+            Action::Checkpoint => "checkpoint".into(),
+            Action::Restore(_) => "restore".into(),
+        }
+    }
+}
+
+/// An order and where its answer goes: what the session says it did (a
+/// checkpoint's bytes, or a line), or why it did nothing.
+pub struct Order {
+    pub action: Action,
+    pub answer: SyncSender<Result<Vec<u8>, CuError>>,
+}
+
+/// The orders waiting for their sessions' next call.
+#[derive(Default)]
+pub struct Orders {
+    /// Whether any order waits: the check every call makes.
+    any: AtomicBool,
+    waiting: Mutex<HashMap<u64, Order>>,
+    /// What each session with an order is at, for `cumux status`.
+    notes: Mutex<HashMap<u64, String>>,
+}
+
+impl Orders {
+    /// Gives `session` `action` to do; refused if it has one waiting already.
+    pub fn post(
+        &self,
+        session: u64,
+        action: Action,
+    ) -> Result<Receiver<Result<Vec<u8>, CuError>>, CuError> {
+        let (answer, receiver) = sync_channel(1);
+        let mut waiting = lock(&self.waiting);
+        if waiting.contains_key(&session) {
+            return Err(CuError::new(
+                codes::NOT_READY,
+                format!("session {session} has an order waiting already"),
+            ));
+        }
+        self.note(
+            session,
+            format!("{}: waiting for its next call", action.describe()),
+        );
+        waiting.insert(session, Order { action, answer });
+        self.any.store(true, Ordering::Release);
+        Ok(receiver)
+    }
+
+    /// The order waiting for `session`, taken: the session carries it out.
+    pub fn take(&self, session: u64) -> Option<Order> {
+        if !self.any.load(Ordering::Acquire) {
+            return None;
+        }
+        let mut waiting = lock(&self.waiting);
+        let order = waiting.remove(&session);
+        self.any.store(!waiting.is_empty(), Ordering::Release);
+        if let Some(order) = &order {
+            self.note(
+                session,
+                format!("{}: draining its work", order.action.describe()),
+            );
+        }
+        order
+    }
+
+    /// Says what `session`'s order is at (shown by `cumux status`).
+    pub fn note(&self, session: u64, note: String) {
+        lock(&self.notes).insert(session, note);
+    }
+
+    /// What `session`'s order is at, while it has one.
+    pub fn noted(&self, session: u64) -> Option<String> {
+        lock(&self.notes).get(&session).cloned()
+    }
+
+    /// `session`'s order is done (or withdrawn).
+    pub fn done(&self, session: u64) {
+        lock(&self.notes).remove(&session);
+    }
+
+    /// Whether `session` has an order waiting (not yet taken).
+    pub fn is_waiting(&self, session: u64) -> bool {
+        self.any.load(Ordering::Acquire) && lock(&self.waiting).contains_key(&session)
+    }
+
+    /// Waits up to `patience` for `session` to take and carry out its order;
+    /// one not taken by then is withdrawn. One taken is waited for to its end
+    /// (a session carries an order out in bounded time).
+    pub fn wait(
+        &self,
+        session: u64,
+        receiver: &Receiver<Result<Vec<u8>, CuError>>,
+        patience: Duration,
+    ) -> Result<Vec<u8>, CuError> {
+        match receiver.recv_timeout(patience) {
+            Ok(answer) => return answer,
+            Err(RecvTimeoutError::Disconnected) => return Err(gone(session)),
+            Err(RecvTimeoutError::Timeout) => {}
+        }
+        {
+            let mut waiting = lock(&self.waiting);
+            if waiting.remove(&session).is_some() {
+                self.any.store(!waiting.is_empty(), Ordering::Release);
+                self.done(session);
+                return Err(CuError::new(
+                    codes::NOT_READY,
+                    format!(
+                        "session {session} made no call within {:.0?}, so it was left as it is \
+                         (a session is moved between two of its calls)",
+                        patience
+                    ),
+                ));
+            }
+        }
+        receiver.recv().unwrap_or_else(|_| Err(gone(session)))
+    }
+
+    /// Drops the order of a session that ended before taking it.
+    pub fn forget(&self, session: u64) {
+        if self.any.load(Ordering::Acquire) {
+            let mut waiting = lock(&self.waiting);
+            waiting.remove(&session);
+            self.any.store(!waiting.is_empty(), Ordering::Release);
+        }
+        self.done(session);
+    }
+}
+
+fn gone(session: u64) -> CuError {
+    CuError::new(
+        codes::INVALID_VALUE,
+        format!("session {session} ended before it carried out the order"),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_order_is_taken_once_and_withdrawn_when_nobody_takes_it() {
+        let orders = Orders::default();
+        let answer = orders.post(7, Action::MoveTo(1)).unwrap();
+        assert!(orders
+            .noted(7)
+            .unwrap()
+            .contains("waiting for its next call"));
+        assert!(orders.post(7, Action::Checkpoint).is_err());
+        assert!(orders.take(8).is_none());
+        let order = orders.take(7).unwrap();
+        assert_eq!(order.action, Action::MoveTo(1));
+        assert!(orders
+            .noted(7)
+            .unwrap()
+            .contains("move to device 1: draining"));
+        assert!(orders.take(7).is_none());
+        order.answer.send(Ok(b"moved".to_vec())).unwrap();
+        let said = orders.wait(7, &answer, Duration::from_secs(1)).unwrap();
+        assert_eq!(said, b"moved");
+        // Nobody takes it: withdrawn, with the reason.
+        let answer = orders.post(9, Action::MoveTo(0)).unwrap();
+        let e = orders
+            .wait(9, &answer, Duration::from_millis(20))
+            .unwrap_err();
+        assert!(e.detail.contains("made no call"), "{e:?}");
+        assert!(!orders.is_waiting(9));
+        assert!(orders.noted(9).is_none());
+    }
+}

@@ -1,0 +1,169 @@
+//! A session's state as data (issue 17): its memory with the bytes at their
+//! addresses, its modules as their images with the handles its client knows,
+//! its streams, events and graphs; encoded for checkpoints.
+
+use cumux_protocol::{codes, CuError, DevicePtr, Handle};
+use serde::{Deserialize, Serialize};
+
+use crate::device::LaunchGeometry;
+
+/// The layout of [`SessionImage`]; an image of another is refused.
+pub const IMAGE_FORMAT: u32 = 1;
+
+/// What a session holds, taken while none of its work runs.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SessionImage {
+    pub format: u32,
+    /// The program's number of the session's device: its handles say it.
+    pub index: u32,
+    /// The address window its pointers lie in.
+    pub window: u32,
+    /// The next handle the session issues.
+    pub next_handle: Handle,
+    pub allocations: Vec<Bytes>,
+    pub modules: Vec<ModuleImage>,
+    pub streams: Vec<StreamImage>,
+    /// Events and their `CU_EVENT_*` flags (their recorded times do not move).
+    pub events: Vec<(Handle, u32)>,
+    pub graphs: Vec<GraphImage>,
+    /// The context's limits (`CUlimit`, value), as `cuCtxSetLimit` set them.
+    pub limits: Vec<(u32, u64)>,
+}
+
+/// Device memory at `ptr`: its bytes.
+#[derive(Clone, PartialEq, Serialize, Deserialize)]
+pub struct Bytes {
+    pub ptr: DevicePtr,
+    #[serde(with = "serde_bytes")]
+    pub bytes: Vec<u8>,
+}
+
+impl std::fmt::Debug for Bytes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} bytes at {:#x}", self.bytes.len(), self.ptr)
+    }
+}
+
+/// A loaded module: its image, what its loading allocated (in order), its
+/// functions' handles (kernel by kernel) and its globals' bytes.
+#[derive(Clone, PartialEq, Serialize, Deserialize)]
+pub struct ModuleImage {
+    pub handle: Handle,
+    #[serde(with = "serde_bytes")]
+    pub image: Vec<u8>,
+    pub blocks: Vec<DevicePtr>,
+    pub functions: Vec<Handle>,
+    pub globals: Vec<Bytes>,
+    /// Bytes of globals charged to the tenant.
+    pub charged: u64,
+}
+
+impl std::fmt::Debug for ModuleImage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ModuleImage")
+            .field("handle", &self.handle)
+            .field("image_bytes", &self.image.len())
+            .field("functions", &self.functions)
+            .field("globals", &self.globals)
+            .finish()
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StreamImage {
+    pub handle: Handle,
+    pub flags: u32,
+    pub priority: i32,
+}
+
+/// A graph of launches, each naming its kernel by module handle and index.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GraphImage {
+    pub handle: Handle,
+    pub launches: Vec<LaunchImage>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LaunchImage {
+    pub module: Handle,
+    pub kernel: u64,
+    pub geometry: LaunchGeometry,
+    #[serde(with = "serde_bytes")]
+    pub params: Vec<u8>,
+}
+
+impl SessionImage {
+    /// Bytes of device memory the image holds, as the tenant is charged.
+    pub fn charged_bytes(&self) -> u64 {
+        let allocations = self
+            .allocations
+            .iter()
+            .fold(0u64, |sum, a| sum.saturating_add(a.bytes.len() as u64));
+        self.modules
+            .iter()
+            .fold(allocations, |sum, m| sum.saturating_add(m.charged))
+    }
+
+    pub fn encode(&self) -> Result<Vec<u8>, CuError> {
+        postcard::to_stdvec(self)
+            .map_err(|e| CuError::new(codes::UNKNOWN, format!("cannot encode the image: {e}")))
+    }
+
+    /// Reads an image, refusing one of another layout.
+    pub fn decode(bytes: &[u8]) -> Result<Self, CuError> {
+        let image: SessionImage = postcard::from_bytes(bytes).map_err(|e| {
+            CuError::new(
+                codes::INVALID_VALUE,
+                format!("not a session image of this cumux: {e}"),
+            )
+        })?;
+        if image.format != IMAGE_FORMAT {
+            return Err(CuError::new(
+                codes::INVALID_VALUE,
+                format!(
+                    "a session image of format {}, this server reads {IMAGE_FORMAT}",
+                    image.format
+                ),
+            ));
+        }
+        Ok(image)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_image_reads_back_and_garbage_or_another_format_is_refused() {
+        let image = SessionImage {
+            format: IMAGE_FORMAT,
+            index: 0,
+            window: 1,
+            next_handle: 9,
+            allocations: vec![Bytes {
+                ptr: 0x2000_0000_0000,
+                bytes: vec![1, 2, 3],
+            }],
+            modules: Vec::new(),
+            streams: vec![StreamImage {
+                handle: 5,
+                flags: 1,
+                priority: 0,
+            }],
+            events: vec![(6, 2)],
+            graphs: Vec::new(),
+            limits: vec![(2, 8 << 20)],
+        };
+        let bytes = image.encode().unwrap();
+        assert_eq!(SessionImage::decode(&bytes).unwrap(), image);
+        assert_eq!(image.charged_bytes(), 3);
+        assert!(SessionImage::decode(&bytes[..bytes.len() / 2]).is_err());
+        let other = SessionImage {
+            format: IMAGE_FORMAT + 1,
+            ..image
+        };
+        let e = SessionImage::decode(&other.encode().unwrap()).unwrap_err();
+        assert!(e.detail.contains("format"), "{e:?}");
+    }
+}

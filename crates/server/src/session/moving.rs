@@ -1,0 +1,548 @@
+//! Moving a session (issue 17): an admin's order carried out between two of
+//! its calls — its work drained, its state taken as a [`SessionImage`] and
+//! rebuilt on a fresh context (another device's, or from a checkpoint) with
+//! every handle and pointer its client holds; then the old context goes.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
+
+use cumux_protocol::{codes, CuError, DevicePtr, Handle};
+
+use super::core::{err, release_failed};
+use super::image::{Bytes, GraphImage, LaunchImage, ModuleImage, SessionImage, StreamImage};
+use super::{launch_meter, FunctionEntry, ModuleEntry, Session};
+use crate::device::{Device, DeviceContext, KernelLaunch, LoadedModule, StreamOrdered, StreamWork};
+use crate::gate::{GateSession, SchedStreams};
+use crate::moves::Action;
+use crate::threads::ThreadedStreams;
+
+/// A session's state rebuilt on a new context, not yet the session's.
+struct Rebuilt {
+    device: Arc<dyn Device>,
+    ctx: Arc<dyn DeviceContext>,
+    threads: ThreadedStreams,
+    gate: Option<Arc<GateSession>>,
+    /// Each module handle's loading on the new context.
+    loaded: HashMap<Handle, LoadedModule>,
+}
+
+fn refused(why: impl Into<String>) -> CuError {
+    err(codes::NOT_SUPPORTED, why)
+}
+
+impl Session {
+    /// Carries out the order an admin left for this session, if any: at the
+    /// start of a call, when none of its calls is half done.
+    pub(super) fn take_order(&mut self) {
+        let Some(order) = self.server.orders().take(self.id()) else {
+            return;
+        };
+        let answer = match order.action {
+            Action::MoveTo(device) => self.move_to(device).map(String::into_bytes),
+            Action::Checkpoint => self
+                .quiesced_image("checkpointed")
+                .and_then(|image| image.encode()),
+            Action::Restore(bytes) => self.restore(&bytes).map(String::into_bytes),
+        };
+        if let Err(e) = &answer {
+            tracing::warn!(
+                session = self.id(),
+                "an admin's order was refused: {}",
+                e.detail
+            );
+        }
+        self.server.orders().done(self.id());
+        // The admin may have stopped waiting; the session carries on either way.
+        let _ = order.answer.send(answer);
+    }
+
+    /// Why this session cannot move or be checkpointed now, if it cannot.
+    fn why_unmovable(&self) -> Option<String> {
+        if self.ctx.movable().is_none() || self.threads.is_none() {
+            return Some(
+                "it runs in a worker process (a GPU or worker-cpu device): moving it is not \
+                 implemented yet"
+                    .into(),
+            );
+        }
+        if self.group.as_ref().is_some_and(|g| g.member_count() > 1) {
+            return Some("it is one of several devices of its program".into());
+        }
+        if !self.ipc_opened.is_empty() || self.server.ipc().issued_by(self.id()) {
+            return Some("it shares memory or events with another program (IPC handles)".into());
+        }
+        if !self.vmm.is_empty() {
+            return Some("it holds virtual memory (cuMemCreate, cuMemMap)".into());
+        }
+        if let Some(why) = self.ctx.movable().and_then(|m| m.unmovable()) {
+            return Some(why);
+        }
+        if let Some(fatal) = self.core.fatal() {
+            return Some(format!("it failed: {}", fatal.detail));
+        }
+        None
+    }
+
+    /// The session's state once its work has drained.
+    fn quiesced_image(&mut self, what: &str) -> Result<SessionImage, CuError> {
+        if let Some(why) = self.why_unmovable() {
+            return Err(refused(format!(
+                "session {} cannot be {what}: {why}",
+                self.id()
+            )));
+        }
+        self.drain_all();
+        self.image()
+    }
+
+    /// `Action::MoveTo`: the session on the server's device `ordinal`.
+    fn move_to(&mut self, ordinal: u32) -> Result<String, CuError> {
+        let from = self.device.info().ordinal;
+        let target = self
+            .server
+            .devices()
+            .get(ordinal as usize)
+            .cloned()
+            .ok_or_else(|| {
+                err(
+                    codes::INVALID_DEVICE,
+                    format!("the server has no device {ordinal}"),
+                )
+            })?;
+        if Arc::ptr_eq(&target, &self.device) {
+            return Err(err(
+                codes::INVALID_VALUE,
+                format!("session {} is on device {ordinal} already", self.id()),
+            ));
+        }
+        if let Some((name, settings)) = &self.tenant {
+            let allowed = settings
+                .devices
+                .as_ref()
+                .is_none_or(|d| d.contains(&ordinal));
+            if !allowed {
+                return Err(refused(format!(
+                    "tenant {name:?} may not use device {ordinal}"
+                )));
+            }
+        }
+        let image = self.quiesced_image("moved")?;
+        let started = std::time::Instant::now();
+        let rebuilt = self.rebuild(target, &image)?;
+        self.adopt(rebuilt, image);
+        let line = format!(
+            "session {} moved from device {from} to device {ordinal} in {:.1?}",
+            self.id(),
+            started.elapsed()
+        );
+        tracing::info!("{line}");
+        Ok(line)
+    }
+
+    /// `Action::Restore`: the session's state replaced by a checkpoint's.
+    fn restore(&mut self, bytes: &[u8]) -> Result<String, CuError> {
+        let image = SessionImage::decode(bytes)?;
+        if image.index != self.index {
+            return Err(err(
+                codes::INVALID_VALUE,
+                format!(
+                    "the checkpoint is of its program's device {}, this session is its device {}",
+                    image.index, self.index
+                ),
+            ));
+        }
+        if let Some(why) = self.why_unmovable() {
+            return Err(refused(format!(
+                "session {} cannot be restored: {why}",
+                self.id()
+            )));
+        }
+        self.drain_all();
+        let held = self
+            .allocations
+            .values()
+            .chain(self.module_bytes.values())
+            .fold(0u64, |sum, b| sum.saturating_add(*b));
+        let wanted = image.charged_bytes();
+        if wanted > held {
+            self.reserve(wanted - held)?;
+        }
+        let device = Arc::clone(&self.device);
+        match self.rebuild(device, &image) {
+            Ok(rebuilt) => {
+                if held > wanted {
+                    self.release(held - wanted);
+                }
+                let memory = image.allocations.len();
+                self.adopt(rebuilt, image);
+                Ok(format!(
+                    "session {} restored: {memory} allocations",
+                    self.id()
+                ))
+            }
+            Err(e) => {
+                if wanted > held {
+                    self.release(wanted - held);
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// The session's state as data; its work has drained.
+    fn image(&self) -> Result<SessionImage, CuError> {
+        let window = self
+            .ctx
+            .movable()
+            .map(|m| m.window())
+            .ok_or_else(|| refused("the context cannot be moved"))?;
+        let read = |ptr: DevicePtr, size: u64| -> Result<Bytes, CuError> {
+            let len = usize::try_from(size)
+                .map_err(|_| err(codes::OUT_OF_MEMORY, "an allocation past the address space"))?;
+            let mut bytes = vec![0; len];
+            self.ctx.mem_read(ptr, &mut bytes)?;
+            Ok(Bytes { ptr, bytes })
+        };
+        let allocations = self
+            .allocations
+            .iter()
+            .map(|(&ptr, &size)| read(ptr, size))
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut modules = Vec::with_capacity(self.modules.len());
+        for (&handle, entry) in &self.modules {
+            let globals = entry
+                .globals
+                .iter()
+                .filter_map(|ptr| self.globals.get(ptr).map(|size| (*ptr, *size)))
+                .map(|(ptr, size)| read(ptr, size))
+                .collect::<Result<Vec<_>, _>>()?;
+            let blocks = self
+                .ctx
+                .movable()
+                .map(|m| m.module_blocks(entry.id))
+                .unwrap_or_default();
+            modules.push(ModuleImage {
+                handle,
+                image: entry.image.to_vec(),
+                blocks,
+                functions: entry.functions.clone(),
+                globals,
+                charged: self.module_bytes.get(&handle).copied().unwrap_or(0),
+            });
+        }
+        modules.sort_by_key(|m| m.handle);
+        let module_of: HashMap<u64, Handle> =
+            self.modules.iter().map(|(h, m)| (m.id, *h)).collect();
+        let mut graphs = Vec::with_capacity(self.graphs.len());
+        for (&handle, launches) in &self.graphs {
+            let launches = launches
+                .iter()
+                .map(|l| {
+                    let module = module_of
+                        .get(&l.module)
+                        .copied()
+                        .ok_or_else(|| err(codes::UNKNOWN, "a graph of an unloaded module"))?;
+                    Ok(LaunchImage {
+                        module,
+                        kernel: l.kernel as u64,
+                        geometry: l.geometry.clone(),
+                        params: l.params.clone(),
+                    })
+                })
+                .collect::<Result<Vec<_>, CuError>>()?;
+            graphs.push(GraphImage { handle, launches });
+        }
+        let mut streams: Vec<StreamImage> = self
+            .streams
+            .iter()
+            .map(|(&handle, &(flags, priority))| StreamImage {
+                handle,
+                flags,
+                priority,
+            })
+            .collect();
+        streams.sort_by_key(|s| s.handle);
+        let mut events: Vec<(Handle, u32)> = self.events.iter().map(|(h, f)| (*h, *f)).collect();
+        events.sort_unstable();
+        Ok(SessionImage {
+            format: super::image::IMAGE_FORMAT,
+            index: self.index,
+            window,
+            next_handle: self.next_handle,
+            allocations,
+            modules,
+            streams,
+            events,
+            graphs,
+            limits: self.ctx.movable().map(|m| m.limits()).unwrap_or_default(),
+        })
+    }
+
+    /// `image` on a fresh context of `device`, beside the session's own: on
+    /// any failure the new context goes and the session is as it was.
+    fn rebuild(&self, device: Arc<dyn Device>, image: &SessionImage) -> Result<Rebuilt, CuError> {
+        check_handles(image)?;
+        let ctx = device
+            .movable()
+            .ok_or_else(|| refused("the target device cannot take a moved session"))?
+            .create_context_in_window(image.window)?;
+        let placed = ctx
+            .movable()
+            .ok_or_else(|| refused("the target context cannot place memory"))?;
+        for &(limit, value) in &image.limits {
+            ctx.set_limit(limit, value)?;
+        }
+        let total = image.charged_bytes();
+        let mut done = 0u64;
+        for a in &image.allocations {
+            placed.alloc_at(a.ptr, a.bytes.len() as u64)?;
+            ctx.mem_write(a.ptr, &a.bytes)?;
+            done += a.bytes.len() as u64;
+            let note = format!(
+                "rebuilding on device {}: {done} of {total} bytes",
+                device.info().ordinal
+            );
+            self.server.orders().note(self.id(), note);
+        }
+        let mut loaded = HashMap::with_capacity(image.modules.len());
+        for m in &image.modules {
+            let module = placed.module_load_at(&m.image, &m.blocks)?;
+            if module.kernels.len() != m.functions.len() {
+                return Err(err(
+                    codes::INVALID_IMAGE,
+                    format!(
+                        "module {} has {} kernels now",
+                        m.handle,
+                        module.kernels.len()
+                    ),
+                ));
+            }
+            for g in &m.globals {
+                if !module
+                    .globals
+                    .iter()
+                    .any(|d| d.ptr == g.ptr && d.size == g.bytes.len() as u64)
+                {
+                    return Err(err(
+                        codes::INVALID_IMAGE,
+                        format!("module {}: no global at {:#x}", m.handle, g.ptr),
+                    ));
+                }
+                ctx.mem_write(g.ptr, &g.bytes)?;
+            }
+            loaded.insert(m.handle, module);
+        }
+        let (gate, gated) = match (&self.tenant, self.server.gate_of(&device)) {
+            (Some((name, settings)), Some(gate)) => {
+                let session = gate
+                    .join(name, settings, self.id())
+                    .map_err(|e| err(codes::OUT_OF_MEMORY, format!("scheduler: {e}")))?;
+                (Some(Arc::new(session)), true)
+            }
+            _ => (None, false),
+        };
+        let meter = launch_meter(&self.core.stats, self.account.as_ref(), gated);
+        let threads = ThreadedStreams::new(Arc::clone(&ctx), self.id(), Some(meter), gate.clone())?;
+        if let Some(priority) = self.forced_priority {
+            threads.set_own_stream_priority(priority);
+        }
+        for s in &image.streams {
+            threads.stream_create(s.handle, s.flags, s.priority)?;
+        }
+        for &(event, flags) in &image.events {
+            threads.event_create(event, flags)?;
+        }
+        for g in &image.graphs {
+            let works = g
+                .launches
+                .iter()
+                .map(|l| launch_of(&loaded, l).map(StreamWork::Launch))
+                .collect::<Result<Vec<_>, _>>()?;
+            threads.graph_create(g.handle, works)?;
+        }
+        Ok(Rebuilt {
+            device,
+            ctx,
+            threads,
+            gate,
+            loaded,
+        })
+    }
+
+    /// Makes `rebuilt` (made from `image`) the session's, and lets the old
+    /// context go with everything in it.
+    fn adopt(&mut self, rebuilt: Rebuilt, image: SessionImage) {
+        let Rebuilt {
+            device,
+            ctx,
+            threads,
+            gate,
+            mut loaded,
+        } = rebuilt;
+        // The old stream order first: nothing is queued, its threads end.
+        if let Some(old) = self.gate.take() {
+            old.cancel_queued();
+            old.forget_in_flight();
+        }
+        if let Some(old) = self.threads.take() {
+            old.cancel_queued();
+            drop(old);
+        }
+        let old_ctx = std::mem::replace(&mut self.ctx, ctx);
+        for (_, entry) in self.modules.drain() {
+            old_ctx.module_unload(entry.id);
+        }
+        for (&ptr, &size) in &self.allocations {
+            if let Err(e) = old_ctx.mem_free(ptr, size) {
+                release_failed(self.id(), format_args!("freeing {ptr:#x} after a move"), &e);
+            }
+        }
+        drop(old_ctx);
+        self.threads = Some(threads);
+        self.gate = gate;
+        self.sched_streams = SchedStreams::default();
+        self.limits = cumux_protocol::launch_checks::LaunchLimits::of(&device.info().attributes);
+        self.device = device;
+        if let Some(group) = &self.group {
+            group.add_member(self.index, &self.ctx);
+        }
+        self.set_cancel_target();
+        // The tables, as the image says.
+        self.allocations = image
+            .allocations
+            .iter()
+            .map(|a| (a.ptr, a.bytes.len() as u64))
+            .collect::<BTreeMap<_, _>>();
+        self.globals.clear();
+        self.functions.clear();
+        self.module_bytes.clear();
+        for m in image.modules {
+            let Some(module) = loaded.remove(&m.handle) else {
+                continue;
+            };
+            for g in &module.globals {
+                if g.size > 0 {
+                    self.globals.insert(g.ptr, g.size);
+                }
+            }
+            for ((index, desc), &handle) in module.kernels.into_iter().enumerate().zip(&m.functions)
+            {
+                let entry = FunctionEntry {
+                    module: module.id,
+                    index,
+                    desc,
+                };
+                self.functions.insert(handle, entry);
+            }
+            if m.charged > 0 {
+                self.module_bytes.insert(m.handle, m.charged);
+            }
+            let entry = ModuleEntry {
+                id: module.id,
+                functions: m.functions,
+                globals: module.globals.iter().map(|g| g.ptr).collect(),
+                image: Arc::new(m.image),
+            };
+            self.modules.insert(m.handle, entry);
+        }
+        let module_ids: HashMap<Handle, u64> =
+            self.modules.iter().map(|(h, m)| (*h, m.id)).collect();
+        self.graphs = image
+            .graphs
+            .into_iter()
+            .map(|g| {
+                let launches = g
+                    .launches
+                    .into_iter()
+                    .filter_map(|l| {
+                        Some(KernelLaunch {
+                            module: *module_ids.get(&l.module)?,
+                            kernel: usize::try_from(l.kernel).ok()?,
+                            geometry: l.geometry,
+                            params: l.params,
+                        })
+                    })
+                    .collect();
+                (g.handle, launches)
+            })
+            .collect();
+        self.streams = image
+            .streams
+            .iter()
+            .map(|s| (s.handle, (s.flags, s.priority)))
+            .collect();
+        self.events = image.events.into_iter().collect();
+        self.next_handle = image.next_handle;
+        let stats = &self.core.stats;
+        let used = self.allocations.values().sum::<u64>();
+        stats
+            .mem_used
+            .store(used, std::sync::atomic::Ordering::Relaxed);
+        let count = self.allocations.len() as u64;
+        stats
+            .allocations
+            .store(count, std::sync::atomic::Ordering::Relaxed);
+        self.queued_since_sync.set(false);
+        self.enqueue_failed.set(false);
+        self.reregister();
+    }
+}
+
+/// The launch `l` names, on the modules loaded again.
+fn launch_of(
+    loaded: &HashMap<Handle, LoadedModule>,
+    l: &LaunchImage,
+) -> Result<KernelLaunch, CuError> {
+    let module = loaded.get(&l.module).ok_or_else(|| {
+        err(
+            codes::INVALID_IMAGE,
+            format!("a graph names module {}", l.module),
+        )
+    })?;
+    let kernel = usize::try_from(l.kernel)
+        .ok()
+        .filter(|k| *k < module.kernels.len())
+        .ok_or_else(|| {
+            err(
+                codes::INVALID_IMAGE,
+                "a graph names a kernel its module lacks",
+            )
+        })?;
+    Ok(KernelLaunch {
+        module: module.id,
+        kernel,
+        geometry: l.geometry.clone(),
+        params: l.params.clone(),
+    })
+}
+
+/// An image whose handles repeat, or lie at or past its next handle, is refused.
+fn check_handles(image: &SessionImage) -> Result<(), CuError> {
+    let first = cumux_protocol::first_handle(image.index);
+    if cumux_protocol::device_of_handle(image.next_handle) != image.index {
+        return Err(err(
+            codes::INVALID_VALUE,
+            format!(
+                "the image's next handle {:#x} is another device's",
+                image.next_handle
+            ),
+        ));
+    }
+    let mut seen = HashSet::new();
+    let handles = image
+        .modules
+        .iter()
+        .flat_map(|m| std::iter::once(m.handle).chain(m.functions.iter().copied()))
+        .chain(image.streams.iter().map(|s| s.handle))
+        .chain(image.events.iter().map(|e| e.0))
+        .chain(image.graphs.iter().map(|g| g.handle));
+    for handle in handles {
+        if handle < first || handle >= image.next_handle || !seen.insert(handle) {
+            return Err(err(
+                codes::INVALID_VALUE,
+                format!("the image's handle {handle} is out of place"),
+            ));
+        }
+    }
+    Ok(())
+}
