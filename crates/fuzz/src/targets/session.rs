@@ -167,8 +167,11 @@ fn check(data: &[u8], features: &mut Features) {
         // Pairs of calls too, so orders of calls count, not only calls.
         features.add((previous, kind, code));
         previous = kind;
-        let mut told = format!("{call:?} -> {result:?}");
-        told.truncate(200);
+        // At most 200 characters (the call's text may hold any).
+        let told: String = format!("{call:?} -> {result:?}")
+            .chars()
+            .take(200)
+            .collect();
         trace.push(told);
         if let Some(result) = &result {
             known.learn(&call, result);

@@ -9,8 +9,8 @@ use std::mem::discriminant;
 use arbitrary::Unstructured;
 use cumux_protocol::shm::{put_call_bulk, take_call_bulk};
 use cumux_protocol::{
-    decode, encode, read_frame, write_frame, Hello, HelloReply, Reply, Request, ShmAttach,
-    ShmAttached,
+    decode, encode, read_bulk, read_frame, read_message, write_frame, write_message, Hello,
+    HelloReply, Reply, Request, ShmAttach, ShmAttached,
 };
 
 use super::calls::{self, Known};
@@ -52,6 +52,24 @@ fn check(data: &[u8], features: &mut Features) {
         }
     }
     features.add(("frames", frames.min(4)));
+    // And as a socket's messages, each perhaps with a bulk frame after it.
+    let mut stream = data;
+    let mut messages = 0u32;
+    while let Ok(bulk) = read_message(&mut stream, &mut buf) {
+        messages += 1;
+        let mut request = decode::<Request>(&buf);
+        if let Some(len) = bulk {
+            let Ok(bytes) = read_bulk(&mut stream, len) else {
+                features.add(("bulk", "cut"));
+                break;
+            };
+            if let Ok(r) = request.as_mut() {
+                features.add(("bulk put", put_call_bulk(&mut r.call, bytes).is_ok()));
+            }
+        }
+        features.add(("message", request.is_ok()));
+    }
+    features.add(("messages", messages.min(4)));
 }
 
 /// Every message type a server or a client decodes.
@@ -97,8 +115,20 @@ fn round_trip(request: Request, features: &mut Features) {
     features.add(("bulk", !bulk.is_empty()));
     let inline = encode(&split).expect("the rest encodes");
     let mut back: Request = decode(&inline).expect("and decodes");
-    put_call_bulk(&mut back.call, bulk).expect("the bulk goes back");
+    put_call_bulk(&mut back.call, bulk.clone()).expect("the bulk goes back");
     assert_eq!(back, request, "the bulk split loses nothing");
+    // As the socket carries it: the message, then its bulk in a frame of its own.
+    let mut wire = Vec::new();
+    write_message(&mut wire, &inline, &bulk).expect("a message is written");
+    let mut reader = &wire[..];
+    let len = read_message(&mut reader, &mut buf).expect("and read back");
+    assert_eq!(buf, inline);
+    let mut again: Request = decode(&buf).expect("and decodes");
+    if let Some(len) = len {
+        let bytes = read_bulk(&mut reader, len).expect("its bulk follows");
+        put_call_bulk(&mut again.call, bytes).expect("and goes back");
+    }
+    assert_eq!(again, request, "the socket's bulk frame loses nothing");
 }
 
 /// Encoded requests of every kind, raw and framed, and a hello.
