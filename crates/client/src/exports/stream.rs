@@ -120,8 +120,10 @@ driver_fn! {
         }
         let after = AfterSync::stream(&st, stream);
         drop(st);
-        poll_until_ready(c, c.device_for(0, Some(stream)), || Call::StreamQuery { stream })?;
-        c.call(Call::StreamSynchronize { stream })?;
+        // A stream found finished by a poll was synchronized with it.
+        if !poll_until_ready(c, c.device_for(0, Some(stream)), || Call::StreamQuery { stream })? {
+            c.call(Call::StreamSynchronize { stream })?;
+        }
         after.finish(c)
     }
 

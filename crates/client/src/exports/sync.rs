@@ -42,10 +42,15 @@ const POLL_SLEEP_MAX: std::time::Duration = std::time::Duration::from_micros(100
 /// follows then returns at once. A query that reports an error (a sticky
 /// one, which it also clears) hands it back for the wait to return. A
 /// process with a single thread has nobody to hold up: it waits blocking,
-/// in one round trip.
-pub(crate) fn poll_until_ready(c: &Client, device: u32, query: impl Fn() -> Call) -> CuResult<()> {
+/// in one round trip. `Ok(true)`: a query said ready (a stream's then also
+/// did what its synchronize would, on the server); `Ok(false)`: no poll.
+pub(crate) fn poll_until_ready(
+    c: &Client,
+    device: u32,
+    query: impl Fn() -> Call,
+) -> CuResult<bool> {
     if process_threads() == Some(1) {
-        return Ok(());
+        return Ok(false);
     }
     // Polls back to back at first (each a round trip of a few µs): a sleep
     // lasts 50 µs or more however short it is asked to be (timer slack).
@@ -59,7 +64,7 @@ pub(crate) fn poll_until_ready(c: &Client, device: u32, query: impl Fn() -> Call
                 pause = (pause * 2).min(POLL_SLEEP_MAX);
             }
             Err(e) => return Err(e),
-            Ok(_) => return Ok(()),
+            Ok(_) => return Ok(true),
         }
     }
 }

@@ -30,6 +30,14 @@ impl Session {
     /// A stream or event query against the device.
     pub(super) fn query(&self, target: SyncTarget, busy: &str) -> CallResult {
         match self.ordered()?.query(target) {
+            // A finished stream's query does what its synchronize would (its
+            // kernels' printf output and errors, gathered from the device),
+            // so a client that polled need not synchronize after it.
+            Ok(true) if matches!(target, SyncTarget::Stream(_)) => {
+                let outcome = self.ordered()?.synchronize(target);
+                self.enqueue_failed.set(false);
+                self.waited(outcome)
+            }
             Ok(true) => self.sync_result(),
             Ok(false) => Err(err(codes::NOT_READY, busy)),
             Err(e) => {
