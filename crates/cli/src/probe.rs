@@ -142,17 +142,8 @@ impl Connection {
     /// A reply, with the bulk bytes a large `Data` answer (a checkpoint)
     /// sends in a frame of their own after it.
     fn receive_reply(&mut self) -> Result<Reply> {
-        let bulk = cumux_protocol::read_message(&mut self.stream, &mut self.buf)
-            .context("the server closed the connection")?;
-        let mut reply: Reply =
-            decode(&self.buf).map_err(|e| anyhow!("undecodable answer from the server: {e}"))?;
-        if let Some(len) = bulk {
-            let bytes = cumux_protocol::read_bulk(&mut self.stream, len)
-                .context("the server closed the connection in a reply's data")?;
-            cumux_protocol::shm::put_reply_bulk(&mut reply, bytes)
-                .map_err(|e| anyhow!("a reply's data does not fit it: {e}"))?;
-        }
-        Ok(reply)
+        cumux_protocol::read_reply(&mut self.stream, &mut self.buf)
+            .map_err(|e| anyhow!("the server's answer: {e}"))
     }
 
     /// Makes one replied call.

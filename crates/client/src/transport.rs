@@ -124,42 +124,32 @@ impl Link {
         self.lock().call_into(call, out)
     }
 
-    /// How large copies on this link are cut ([`chunk_bytes`]).
-    pub fn chunk_bytes(&self) -> usize {
-        self.lock().chunks()
-    }
-
-    /// The calls `call(i, chunk)` makes for the chunks of `bytes`, each with
-    /// its chunk as its byte buffer, all answered (see [`Connection::chunks`]).
+    /// The calls `call(offset, chunk)` makes for the chunks of `bytes` (each
+    /// at its byte offset), each with its chunk as its byte buffer, all
+    /// answered (see [`Connection::calls_with_chunks`]).
     pub fn calls_with_chunks(
         &self,
         bytes: &[u8],
-        call: impl Fn(usize, &[u8]) -> Call,
+        call: impl Fn(u64, &[u8]) -> Call,
     ) -> CuResult<()> {
         self.lock().calls_with_chunks(bytes, call)
     }
 
-    /// The calls `call(i, chunk)` makes for the chunks of `out`, each
+    /// The calls `call(offset, chunk)` makes for the chunks of `out`, each
     /// answered with its chunk's bytes, received into it.
     pub fn calls_into_chunks(
         &self,
         out: &mut [u8],
-        call: impl Fn(usize, &[u8]) -> Call,
+        call: impl Fn(u64, &[u8]) -> Call,
     ) -> CuResult<()> {
         self.lock().calls_into_chunks(out, call)
     }
 }
 
-/// Bytes of one chunk of a large copy: through shared memory the bulk ring
-/// takes a frame's most; on a socket smaller chunks, sent back to back,
-/// keep the copies on both ends in cache and overlap them with the network.
-pub fn chunk_bytes(socket: bool) -> usize {
-    if socket {
-        8 << 20
-    } else {
-        proto::framing::MAX_CHUNK_BYTES
-    }
-}
+/// Bytes of one chunk of a large copy on a socket: smaller than the bulk
+/// ring's frames, so that chunks sent back to back keep the copies on both
+/// ends in cache and overlap them with the network.
+const SOCKET_CHUNK_BYTES: usize = 8 << 20;
 
 /// What the server said at connect.
 pub struct Session {
@@ -485,18 +475,13 @@ impl Connection {
     }
 
     /// A call answered with `Data` of exactly `out.len()` bytes (`MemcpyDtoH`),
-    /// received into `out`: through shared memory straight from the bulk ring.
+    /// received into `out`: straight from the bulk ring through shared
+    /// memory, straight from the bulk frame on a socket.
     pub fn call_into(&mut self, call: Call, out: &mut [u8]) -> CuResult<()> {
         if self.dead {
             return Err(CUDA_ERROR_DEVICE_UNAVAILABLE);
         }
-        if self.shm.is_none() && !call.is_fire_and_forget() {
-            self.seq += 1;
-            let seq = self.seq;
-            self.send(seq, call, None)?;
-            return self.receive_from_socket_into(seq, out);
-        }
-        if self.shm.is_none() || call.is_fire_and_forget() {
+        if call.is_fire_and_forget() {
             return match self.call(call)? {
                 ReplyBody::Data(d) if d.len() == out.len() => {
                     out.copy_from_slice(&d);
@@ -510,12 +495,16 @@ impl Connection {
         let kind: &'static str = (&call).into();
         hop_trace::mark(Hop::ClientSend, kind);
         self.send(seq, call, None)?;
-        let result = self.receive_into(seq, out);
+        let result = match self.shm {
+            Some(_) => self.receive_into(seq, out),
+            None => self.receive_from_socket_into(seq, out),
+        };
         hop_trace::mark(Hop::ClientAnswer, kind);
         result
     }
 
-    /// The rest of [`Transport::call_into`]: `seq`'s answer, its bytes into `out`.
+    /// The rest of [`Connection::call_into`] through shared memory: `seq`'s
+    /// answer, its bytes into `out`.
     fn receive_into(&mut self, seq: u64, out: &mut [u8]) -> CuResult<()> {
         loop {
             let Some(ep) = self.shm.as_mut() else {
@@ -568,9 +557,13 @@ impl Connection {
         })
     }
 
-    /// How large copies are cut ([`chunk_bytes`]).
+    /// How large copies are cut: a frame's most through shared memory,
+    /// [`SOCKET_CHUNK_BYTES`] on a socket.
     fn chunks(&self) -> usize {
-        chunk_bytes(self.shm.is_none())
+        match self.shm {
+            Some(_) => proto::framing::MAX_CHUNK_BYTES,
+            None => SOCKET_CHUNK_BYTES,
+        }
     }
 
     /// [`Link::calls_with_chunks`]: through shared memory one call after
@@ -579,17 +572,18 @@ impl Connection {
     pub fn calls_with_chunks(
         &mut self,
         bytes: &[u8],
-        call: impl Fn(usize, &[u8]) -> Call,
+        call: impl Fn(u64, &[u8]) -> Call,
     ) -> CuResult<()> {
         let size = self.chunks();
         // Unanswered calls (a copy on a stream) go one after another anyway.
+        let at = |i: usize| (i * size) as u64;
         let forget = bytes
             .chunks(size)
             .next()
             .is_some_and(|chunk| call(0, chunk).is_fire_and_forget());
         if self.shm.is_some() || forget {
             for (i, chunk) in bytes.chunks(size).enumerate() {
-                self.call_with_bytes(call(i, chunk), chunk)?;
+                self.call_with_bytes(call(at(i), chunk), chunk)?;
             }
             return Ok(());
         }
@@ -600,7 +594,7 @@ impl Connection {
         for (i, chunk) in bytes.chunks(size).enumerate() {
             self.seq += 1;
             let seq = self.seq;
-            self.send(seq, call(i, chunk), Some(chunk))?;
+            self.send(seq, call(at(i), chunk), Some(chunk))?;
         }
         self.answers(first)
     }
@@ -610,16 +604,17 @@ impl Connection {
     pub fn calls_into_chunks(
         &mut self,
         out: &mut [u8],
-        call: impl Fn(usize, &[u8]) -> Call,
+        call: impl Fn(u64, &[u8]) -> Call,
     ) -> CuResult<()> {
         let size = self.chunks();
+        let at = |i: usize| (i * size) as u64;
         let forget = out
             .chunks(size)
             .next()
             .is_some_and(|chunk| call(0, chunk).is_fire_and_forget());
         if self.shm.is_some() || forget {
             for (i, chunk) in out.chunks_mut(size).enumerate() {
-                let c = call(i, chunk);
+                let c = call(at(i), chunk);
                 self.call_into(c, chunk)?;
             }
             return Ok(());
@@ -631,7 +626,7 @@ impl Connection {
         for (i, chunk) in out.chunks(size).enumerate() {
             self.seq += 1;
             let seq = self.seq;
-            self.send(seq, call(i, chunk), None)?;
+            self.send(seq, call(at(i), chunk), None)?;
         }
         let mut failed = None;
         for (i, chunk) in out.chunks_mut(size).enumerate() {
@@ -663,7 +658,7 @@ impl Connection {
         failed.map_or(Ok(()), Err)
     }
 
-    /// [`Transport::call_into`] on the socket: `seq`'s answer, its bulk
+    /// [`Connection::call_into`] on the socket: `seq`'s answer, its bulk
     /// frame read straight into `out`.
     fn receive_from_socket_into(&mut self, seq: u64, out: &mut [u8]) -> CuResult<()> {
         loop {

@@ -42,6 +42,20 @@ pub fn decode<'a, T: serde::Deserialize<'a>>(bytes: &'a [u8]) -> Result<T, postc
     postcard::from_bytes(bytes)
 }
 
+/// Reads a reply as a socket carries it ([`write_message`]): the message,
+/// then its data in a bulk frame of its own if one follows. The error says
+/// what went wrong, for the reader's own message.
+pub fn read_reply(r: &mut impl std::io::Read, buf: &mut Vec<u8>) -> Result<Reply, String> {
+    let bulk = read_message(r, buf).map_err(|e| format!("no reply: {e}"))?;
+    let mut reply: Reply = decode(buf).map_err(|e| format!("an undecodable reply: {e}"))?;
+    if let Some(len) = bulk {
+        let data = read_bulk(r, len).map_err(|e| format!("no reply data: {e}"))?;
+        shm::put_reply_bulk(&mut reply, data)
+            .map_err(|e| format!("reply data that does not fit the reply: {e}"))?;
+    }
+    Ok(reply)
+}
+
 /// What a client says when the server at `address` answers its hello with a
 /// refusal: who was refused (`tenant`, the one it asked for, if any) and the
 /// server's `reason`, verbatim; a server of another protocol version is named

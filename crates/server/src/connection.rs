@@ -28,6 +28,12 @@ use crate::Server;
 /// How long a new connection may take to send its hello (and its shared area).
 pub const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// A [`Socket`]'s operating-system socket.
+enum RawSocket<'a> {
+    Unix(&'a UnixStream),
+    Tcp(&'a TcpStream),
+}
+
 /// The socket a client connected on.
 pub enum Socket {
     Unix(UnixStream),
@@ -44,53 +50,48 @@ impl Socket {
         })
     }
 
-    /// The TCP socket underneath, for its options.
-    fn tcp(&self) -> Option<&TcpStream> {
+    /// The socket underneath (a TLS connection's TCP one), for its options.
+    fn raw(&self) -> RawSocket<'_> {
         match self {
-            Socket::Unix(_) => None,
-            Socket::Tcp(s) => Some(s),
-            Socket::Tls(s) => Some(s.tcp()),
+            Socket::Unix(s) => RawSocket::Unix(s),
+            Socket::Tcp(s) => RawSocket::Tcp(s),
+            Socket::Tls(s) => RawSocket::Tcp(s.tcp()),
         }
     }
 
     fn set_read_timeout(&self, timeout: Option<Duration>) -> std::io::Result<()> {
-        match (self, self.tcp()) {
-            (Socket::Unix(s), _) => s.set_read_timeout(timeout),
-            (_, Some(tcp)) => tcp.set_read_timeout(timeout),
-            (_, None) => Ok(()),
+        match self.raw() {
+            RawSocket::Unix(s) => s.set_read_timeout(timeout),
+            RawSocket::Tcp(s) => s.set_read_timeout(timeout),
         }
     }
 
     fn fd(&self) -> std::os::fd::BorrowedFd<'_> {
-        match (self, self.tcp()) {
-            (Socket::Unix(s), _) => s.as_fd(),
-            (_, Some(tcp)) => tcp.as_fd(),
-            (_, None) => unreachable!("a TCP socket has its TCP stream"),
+        match self.raw() {
+            RawSocket::Unix(s) => s.as_fd(),
+            RawSocket::Tcp(s) => s.as_fd(),
         }
     }
 
     fn set_write_timeout(&self, timeout: Option<Duration>) -> std::io::Result<()> {
-        match (self, self.tcp()) {
-            (Socket::Unix(s), _) => s.set_write_timeout(timeout),
-            (_, Some(tcp)) => tcp.set_write_timeout(timeout),
-            (_, None) => Ok(()),
+        match self.raw() {
+            RawSocket::Unix(s) => s.set_write_timeout(timeout),
+            RawSocket::Tcp(s) => s.set_write_timeout(timeout),
         }
     }
 
     fn shut_writing(&self) {
-        let _ = match (self, self.tcp()) {
-            (Socket::Unix(s), _) => s.shutdown(std::net::Shutdown::Write),
-            (_, Some(tcp)) => tcp.shutdown(std::net::Shutdown::Write),
-            (_, None) => Ok(()),
+        let _ = match self.raw() {
+            RawSocket::Unix(s) => s.shutdown(std::net::Shutdown::Write),
+            RawSocket::Tcp(s) => s.shutdown(std::net::Shutdown::Write),
         };
     }
 
     /// Reads and drops what the peer sent, without waiting.
     pub fn drain(&mut self) {
-        let nonblocking = match (&*self, self.tcp()) {
-            (Socket::Unix(s), _) => s.set_nonblocking(true),
-            (_, Some(tcp)) => tcp.set_nonblocking(true),
-            (_, None) => return,
+        let nonblocking = match self.raw() {
+            RawSocket::Unix(s) => s.set_nonblocking(true),
+            RawSocket::Tcp(s) => s.set_nonblocking(true),
         };
         if nonblocking.is_err() {
             return;

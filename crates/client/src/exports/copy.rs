@@ -202,9 +202,8 @@ pub(crate) fn send_htod(
         return c.call(call).map(drop);
     }
     let link = c.link(c.device_for(dst, stream), "MemcpyHtoD")?;
-    let size = link.chunk_bytes();
-    link.calls_with_chunks(src, |i, _| Call::MemcpyHtoD {
-        dst: dst + (i * size) as u64,
+    link.calls_with_chunks(src, |offset, _| Call::MemcpyHtoD {
+        dst: dst + offset,
         data: Vec::new(),
         stream,
     })
@@ -263,9 +262,8 @@ pub(crate) fn send_dtoh(
         return c.call(call).map(drop);
     }
     let link = c.link(c.device_for(src, stream), "MemcpyDtoH")?;
-    let size = link.chunk_bytes();
-    link.calls_into_chunks(dst, |i, chunk| Call::MemcpyDtoH {
-        src: src + (i * size) as u64,
+    link.calls_into_chunks(dst, |offset, chunk| Call::MemcpyDtoH {
+        src: src + offset,
         bytes: chunk.len() as u64,
         stream,
     })

@@ -123,12 +123,13 @@ pub fn init() -> CuResult<&'static Client> {
 fn connect_all() -> Result<Client, String> {
     let addresses = server_addresses()?;
     if addresses.len() == 1 {
-        let (conn, first) = Connection::connect(&addresses[0], None, visible_devices())?;
+        let visible = visible_devices();
+        let (conn, first) = Connection::connect(&addresses[0], None, visible.clone())?;
         let count = first.devices.len() as u32;
         let servers = vec![ServerLink {
             address: addresses[0].clone(),
             group: AtomicU64::new(first.group),
-            visible: visible_devices(),
+            visible,
         }];
         let devices = first.devices.clone();
         let places = (0..count).map(|local| (0, local)).collect();

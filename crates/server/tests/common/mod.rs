@@ -382,13 +382,7 @@ impl Client {
             return reply;
         }
         // Data comes in a bulk frame of its own, as the server sends it.
-        let bulk_len = read_message(&mut self.reader, &mut self.buf).expect("the server answers");
-        let mut reply: Reply = decode(&self.buf).unwrap();
-        if let Some(len) = bulk_len {
-            let bulk = read_bulk(&mut self.reader, len).expect("the bulk frame follows");
-            shm::put_reply_bulk(&mut reply, bulk).unwrap();
-        }
-        reply
+        read_reply(&mut self.reader, &mut self.buf).expect("the server answers")
     }
 
     /// Registers `bytes` of pinned host memory at `base`: the call, then
