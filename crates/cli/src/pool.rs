@@ -102,6 +102,8 @@ pub struct Placement {
     pub visible: String,
     /// What to tell the user.
     pub described: String,
+    /// The servers that could not be asked, and why.
+    pub left_out: Vec<String>,
 }
 
 /// `gpus` devices with at least `memory` free each, from `offers`: on one
@@ -187,6 +189,7 @@ pub fn place(pool: &Pool, tenant: Option<&str>, gpus: usize, memory: u64) -> Res
         servers: servers.iter().map(|&s| pool.servers[s].clone()).collect(),
         visible: visible.join(","),
         described,
+        left_out: skipped,
     })
 }
 

@@ -367,6 +367,9 @@ pub fn run(options: RunOptions) -> Result<i32, RunError> {
         Some(path) => {
             let placement = place_in_pool(path, &options)?;
             eprintln!("cumux run: placed on {}", placement.described);
+            for server in &placement.left_out {
+                eprintln!("cumux run: warning: the pool's server {server} was left out");
+            }
             (placement.servers, Some(placement.visible))
         }
         None if options.gpus.is_some() || options.memory.is_some() => {

@@ -315,6 +315,13 @@ pub fn serve(options: ServeOptions) -> Result<()> {
         Some(text) => Address::parse(&text).map_err(anyhow::Error::msg)?,
         None => Address::default_unix(),
     };
+    let uses_tls_cert = matches!(address, Address::Tcp(_)) || settings.functions.is_some();
+    if tls_settings.tls_cert.is_some() && !uses_tls_cert {
+        bail!(
+            "tls_cert: nothing here speaks TLS with it: it is for a TCP listener \
+             (--listen tcp:HOST:PORT) or the functions API (--functions)"
+        );
+    }
     let tls = listener_tls(&address, &tls_settings, options.insecure)?;
     // Every device's policy unless its `[devices.N]` table gives its own.
     let default_policy_name = settings.policy.unwrap_or_else(|| "fifo".into());

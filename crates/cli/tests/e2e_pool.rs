@@ -211,6 +211,24 @@ fn a_pool_places_a_program_on_the_fewest_servers_that_fit() {
     );
     let out = run(&["--gpus", "1", "--memory", "2G"], "device_query");
     assert_eq!(out.code(), Some(69), "{}", out.describe());
+    // A server of the pool that does not answer is left out, and said so.
+    let gone = dir.0.join("gone.sock");
+    std::fs::write(
+        &file,
+        format!(
+            "[[servers]]\naddress = \"unix:{}\"\n\n[[servers]]\naddress = \"{}\"\n",
+            gone.display(),
+            large.address
+        ),
+    )
+    .unwrap();
+    let out = run(&["--gpus", "1"], "device_query");
+    out.assert_passed();
+    assert!(
+        out.stderr.contains("was left out") && out.stderr.contains("gone.sock"),
+        "{}",
+        out.describe()
+    );
 }
 
 #[test]

@@ -541,3 +541,21 @@ fn the_functions_api_speaks_https_with_the_servers_certificate() {
     let wrong = list(Some(&cumux_protocol::tls::fingerprint(&other.der)));
     assert!(!wrong.status.success(), "{wrong:?}");
 }
+
+#[test]
+fn a_certificate_nothing_would_use_is_refused() {
+    let dir = TempDir::new("tls-unused");
+    let pair = self_signed(&dir.0, "server", false);
+    let socket = dir.0.join("s.sock");
+    let mut args = pair.serve_args();
+    args.extend(["--device", "cpu", "--memory", "64M", "--listen"].map(String::from));
+    args.push(format!("unix:{}", socket.display()));
+    let out = Command::new(env!("CARGO_BIN_EXE_cumux"))
+        .arg("serve")
+        .args(&args)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let why = String::from_utf8_lossy(&out.stderr);
+    assert!(why.contains("nothing here speaks TLS"), "{why}");
+}
