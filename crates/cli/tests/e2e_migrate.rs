@@ -99,12 +99,7 @@ fn a_running_program_moves_between_two_cpu_devices_many_times_and_passes() {
         "{}",
         text(&out)
     );
-    if e2e_device() == "worker-cpu" {
-        // Sessions in worker processes do not move yet: refused, with the reason.
-        let out = cumux(&server, &["migrate", &session, "--to", "1"]);
-        assert!(!out.status.success(), "{}", text(&out));
-        assert!(text(&out).contains("worker process"), "{}", text(&out));
-    } else {
+    {
         for round in 1..=6u64 {
             let to = (round % 2).to_string();
             let out = cumux(&server, &["migrate", &session, "--to", &to]);
@@ -156,9 +151,7 @@ fn a_checkpoint_is_written_and_a_corrupt_or_truncated_one_is_refused() {
         .to_string();
     let file = server.dir.0.join("loop.ckpt");
     let out = cumux(&server, &["checkpoint", &session, file.to_str().unwrap()]);
-    if e2e_device() == "worker-cpu" {
-        assert!(text(&out).contains("worker process"), "{}", text(&out));
-    } else {
+    {
         assert!(out.status.success(), "{}\n{}", text(&out), server.log());
         let bytes = std::fs::read(&file).unwrap();
         assert!(bytes.starts_with(b"CUMUXCKP"));

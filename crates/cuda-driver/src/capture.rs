@@ -250,7 +250,13 @@ fn strip_markers(bytes: &[u8]) -> Vec<u8> {
 /// launch of theirs, and a failed assert still reaches the client as
 /// `CUDA_ERROR_ASSERT`; only its message stays on the server's stdout.
 pub fn image_may_print(image: &[u8]) -> bool {
-    let hit = |b: &[u8]| find(b, b"vprintf").is_some();
+    image_mentions(image, b"vprintf")
+}
+
+/// Whether any code of `image` (each of a fat binary's, unpacked) names
+/// `word`; an image of unknown layout is taken to.
+pub fn image_mentions(image: &[u8], word: &[u8]) -> bool {
+    let hit = |b: &[u8]| find(b, word).is_some();
     match cumux_fatbin::classify(image) {
         cumux_fatbin::Classified::Fatbin => match cumux_fatbin::images(image) {
             Ok(images) => images.iter().any(|i| hit(&i.data)),

@@ -78,6 +78,18 @@ impl Context {
         Ok(ptr)
     }
 
+    /// Reserves `size` bytes of device addresses asking for them at `addr`:
+    /// the start the driver gave, which the caller compares (the address is
+    /// a hint the driver may pass over).
+    pub fn vmm_reserve_at(&self, size: u64, addr: u64) -> Result<u64, CudaError> {
+        self.make_current()?;
+        let mut ptr: CUdeviceptr = 0;
+        let size = to_usize(size)?;
+        // SAFETY: `ptr` is a valid out-pointer; the hint is an address only.
+        unsafe { cu!(self.driver, cuMemAddressReserve(&mut ptr, size, 0, addr, 0))? };
+        Ok(ptr)
+    }
+
     /// Gives back a whole reservation.
     pub fn vmm_address_free(&self, ptr: u64, size: u64) -> Result<(), CudaError> {
         self.make_current()?;

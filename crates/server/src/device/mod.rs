@@ -544,14 +544,22 @@ pub const DEFAULT_LAUNCH_BUDGET: u64 = 20_000_000_000;
 // window the session started in.
 
 /// A context whose memory can be laid out again elsewhere at the same
-/// addresses. Only a backend whose addresses it chooses itself (the CPU
-/// device) offers it; a GPU's are the driver's.
+/// addresses: the CPU device (its addresses its own), a GPU (reserving the
+/// addresses with the driver's virtual memory calls) and a worker process's
+/// context (asking its worker).
 pub trait MovableContext: Send + Sync {
     /// The address window the context hands out addresses in: a context
     /// made for the moved session on another device takes the same one.
     fn window(&self) -> u32;
     /// Allocates `bytes` at `ptr` (zero-filled).
     fn alloc_at(&self, ptr: DevicePtr, bytes: u64) -> Result<(), CuError>;
+    /// Allocates each `(ptr, bytes)` at its address (zero-filled), at once
+    /// where the backend places memory in larger pieces than allocations.
+    fn place_all(&self, allocations: &[(DevicePtr, u64)]) -> Result<(), CuError> {
+        allocations
+            .iter()
+            .try_for_each(|&(ptr, bytes)| self.alloc_at(ptr, bytes))
+    }
     /// The device memory loading `module` allocated, in the order it did.
     fn module_blocks(&self, module: ModuleId) -> Vec<DevicePtr>;
     /// Loads `image` so that its loading allocates exactly `blocks`, in

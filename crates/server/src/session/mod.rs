@@ -10,6 +10,7 @@ mod ipc;
 mod memory;
 mod modules;
 mod moving;
+mod order;
 mod signalling;
 mod streams;
 mod submit;
@@ -27,7 +28,7 @@ use std::sync::Arc;
 use cumux_protocol::{codes, Call, CuError, DevicePtr, GraphLaunch, Handle, Hello, ReplyBody};
 
 use self::core::{err, release_failed, SessionCore};
-use self::signalling::{attach_signals, SIGNAL_EVERY, SIGNAL_WAIT_MIN};
+use self::signalling::SIGNAL_EVERY;
 use crate::device::signals::StreamSignals;
 use crate::device::{
     Device, DeviceContext, KernelDesc, KernelLaunch, MemFill, ModuleId, StreamOrdered,
@@ -290,41 +291,6 @@ impl Session {
                 stats: Arc::clone(&stats),
             })
         });
-        // The session's one stream order: the context's own, with completion
-        // signals that tell the gate when work is done and answer synchronizes;
-        // else (no order of its own, or no signals under a gate) threads of the
-        // server's own over the context.
-        let forced_threads = std::env::var(STREAM_THREADS_ENV).is_ok_and(|v| v.trim() == "1");
-        let own = ctx.stream_ordered().filter(|_| !forced_threads);
-        let mut signals = match own {
-            Some(ordered) if entry.is_some() => attach_signals(ordered, id),
-            _ => None,
-        };
-        let threads = match own {
-            Some(_) if gate.is_none() || signals.is_some() => None,
-            _ => {
-                // These threads ask the gate themselves before each piece of work.
-                let meter = launch_meter(&stats, account.as_ref(), gate.is_some());
-                signals = None;
-                Some(ThreadedStreams::new(
-                    Arc::clone(&ctx),
-                    id,
-                    Some(meter),
-                    gate.clone(),
-                )?)
-            }
-        };
-        let ordered: &dyn StreamOrdered = match (&threads, own) {
-            (Some(threads), _) => threads,
-            (None, Some(own)) => own,
-            (None, None) => return Err(err(codes::UNKNOWN, "no stream order")),
-        };
-        // A driver sees its own tenant in status until the connection says
-        // it may see more (`Session::set_status_scope`).
-        let status_scope = match &tenant {
-            Some((name, _)) => StatusScope::Tenant(name.clone()),
-            None => StatusScope::Devices,
-        };
         let forced_priority = match (&gate, &tenant) {
             (Some(g), Some((_, settings)))
                 if matches!(g.gate().policy(), cumux_scheduler::Policy::Priority(_)) =>
@@ -336,12 +302,29 @@ impl Session {
             }
             _ => None,
         };
-        if let Some(priority) = forced_priority {
-            ordered.set_own_stream_priority(priority);
-        }
         let latency_critical = tenant
             .as_ref()
             .is_some_and(|(_, s)| s.class == TenantClass::LatencyCritical);
+        let order::Order {
+            threads,
+            signals,
+            watched,
+            signal_wait,
+        } = order::stream_order(
+            &ctx,
+            id,
+            entry.is_some(),
+            gate.as_ref(),
+            || launch_meter(&stats, account.as_ref(), gate.is_some()),
+            forced_priority,
+            latency_critical,
+        )?;
+        // A driver sees its own tenant in status until the connection says
+        // it may see more (`Session::set_status_scope`).
+        let status_scope = match &tenant {
+            Some((name, _)) => StatusScope::Tenant(name.clone()),
+            None => StatusScope::Devices,
+        };
         // Under `fair` every launch is signalled: a completion seen late bills its
         // tenant for the kernels that ran meanwhile (`Charging::Oldest`), which
         // starved tenants of 5 µs kernels on the H100.
@@ -352,17 +335,6 @@ impl Session {
             1
         } else {
             SIGNAL_EVERY
-        };
-        // A latency-critical tenant's calls find the worker awake.
-        if latency_critical {
-            ordered.keep_hot(crate::device::spin::hot_spin_time());
-        }
-        let watched = ordered.watched();
-        // The server's own threads answer a synchronize at once; signals only
-        // spare a round trip to a device in another process.
-        let signal_wait = match threads {
-            Some(_) => std::time::Duration::ZERO,
-            None => crate::device::spin::answer_spin_time().max(SIGNAL_WAIT_MIN),
         };
         let limits = LaunchLimits::of(&device.info().attributes);
         if let Some(entry) = &entry {

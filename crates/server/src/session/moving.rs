@@ -10,17 +10,17 @@ use cumux_protocol::{codes, CuError, DevicePtr, Handle};
 
 use super::core::{err, release_failed};
 use super::image::{Bytes, GraphImage, LaunchImage, ModuleImage, SessionImage, StreamImage};
+use super::order::{stream_order, Order};
 use super::{launch_meter, FunctionEntry, ModuleEntry, Session};
 use crate::device::{Device, DeviceContext, KernelLaunch, LoadedModule, StreamOrdered, StreamWork};
 use crate::gate::{GateSession, SchedStreams};
 use crate::moves::Action;
-use crate::threads::ThreadedStreams;
 
 /// A session's state rebuilt on a new context, not yet the session's.
 struct Rebuilt {
     device: Arc<dyn Device>,
     ctx: Arc<dyn DeviceContext>,
-    threads: ThreadedStreams,
+    order: Order,
     gate: Option<Arc<GateSession>>,
     /// Each module handle's loading on the new context.
     loaded: HashMap<Handle, LoadedModule>,
@@ -58,10 +58,17 @@ impl Session {
 
     /// Why this session cannot move or be checkpointed now, if it cannot.
     fn why_unmovable(&self) -> Option<String> {
-        if self.ctx.movable().is_none() || self.threads.is_none() {
+        if self.ctx.movable().is_none() {
             return Some(
-                "it runs in a worker process (a GPU or worker-cpu device): moving it is not \
-                 implemented yet"
+                "its context cannot be laid out again elsewhere (a context shared by several \
+                 sessions)"
+                    .into(),
+            );
+        }
+        if self.threads.is_none() && !self.host.is_empty() {
+            return Some(
+                "it registered pinned host memory with its worker process (cuMemHostAlloc, \
+                 cuMemHostRegister)"
                     .into(),
             );
         }
@@ -293,9 +300,14 @@ impl Session {
             ctx.set_limit(limit, value)?;
         }
         let total = image.charged_bytes();
+        let places: Vec<(DevicePtr, u64)> = image
+            .allocations
+            .iter()
+            .map(|a| (a.ptr, a.bytes.len() as u64))
+            .collect();
+        placed.place_all(&places)?;
         let mut done = 0u64;
         for a in &image.allocations {
-            placed.alloc_at(a.ptr, a.bytes.len() as u64)?;
             ctx.mem_write(a.ptr, &a.bytes)?;
             done += a.bytes.len() as u64;
             let note = format!(
@@ -323,10 +335,11 @@ impl Session {
                     .iter()
                     .any(|d| d.ptr == g.ptr && d.size == g.bytes.len() as u64)
                 {
-                    return Err(err(
-                        codes::INVALID_IMAGE,
-                        format!("module {}: no global at {:#x}", m.handle, g.ptr),
-                    ));
+                    return Err(refused(format!(
+                        "module {}'s global at {:#x} is elsewhere on the target (its driver \
+                         placed the module's memory): the program may hold that address",
+                        m.handle, g.ptr
+                    )));
                 }
                 ctx.mem_write(g.ptr, &g.bytes)?;
             }
@@ -341,16 +354,25 @@ impl Session {
             }
             _ => (None, false),
         };
-        let meter = launch_meter(&self.core.stats, self.account.as_ref(), gated);
-        let threads = ThreadedStreams::new(Arc::clone(&ctx), self.id(), Some(meter), gate.clone())?;
-        if let Some(priority) = self.forced_priority {
-            threads.set_own_stream_priority(priority);
-        }
+        let order = stream_order(
+            &ctx,
+            self.id(),
+            self.entry.is_some(),
+            gate.as_ref(),
+            || launch_meter(&self.core.stats, self.account.as_ref(), gated),
+            self.forced_priority,
+            self.latency_critical,
+        )?;
+        let ordered: &dyn StreamOrdered = match (&order.threads, ctx.stream_ordered()) {
+            (Some(threads), _) => threads,
+            (None, Some(own)) => own,
+            (None, None) => return Err(err(codes::UNKNOWN, "no stream order")),
+        };
         for s in &image.streams {
-            threads.stream_create(s.handle, s.flags, s.priority)?;
+            ordered.stream_create(s.handle, s.flags, s.priority)?;
         }
         for &(event, flags) in &image.events {
-            threads.event_create(event, flags)?;
+            ordered.event_create(event, flags)?;
         }
         for g in &image.graphs {
             let works = g
@@ -358,12 +380,12 @@ impl Session {
                 .iter()
                 .map(|l| launch_of(&loaded, l).map(StreamWork::Launch))
                 .collect::<Result<Vec<_>, _>>()?;
-            threads.graph_create(g.handle, works)?;
+            ordered.graph_create(g.handle, works)?;
         }
         Ok(Rebuilt {
             device,
             ctx,
-            threads,
+            order,
             gate,
             loaded,
         })
@@ -375,7 +397,7 @@ impl Session {
         let Rebuilt {
             device,
             ctx,
-            threads,
+            order,
             gate,
             mut loaded,
         } = rebuilt;
@@ -398,7 +420,11 @@ impl Session {
             }
         }
         drop(old_ctx);
-        self.threads = Some(threads);
+        self.threads = order.threads;
+        self.signals = order.signals;
+        self.watched = order.watched;
+        self.signal_wait = order.signal_wait;
+        self.worker_errors_seen.set(0);
         self.gate = gate;
         self.sched_streams = SchedStreams::default();
         self.limits = cumux_protocol::launch_checks::LaunchLimits::of(&device.info().attributes);

@@ -389,7 +389,7 @@ impl WorkerContext {
 
     /// One round trip: the request, its raw frames, the reply and any bytes
     /// read back into `back`.
-    fn call(
+    pub(super) fn call(
         &self,
         request: &WorkerRequest,
         frames: &[&[u8]],
@@ -616,7 +616,7 @@ impl WorkerContext {
         Ok(())
     }
 
-    fn unit(&self, request: &WorkerRequest, frames: &[&[u8]]) -> Result<(), CuError> {
+    pub(super) fn unit(&self, request: &WorkerRequest, frames: &[&[u8]]) -> Result<(), CuError> {
         match self.call(request, frames, None)? {
             WorkerValue::Unit => Ok(()),
             other => Err(unexpected(&other)),
@@ -624,11 +624,58 @@ impl WorkerContext {
     }
 }
 
-fn unexpected(value: &WorkerValue) -> CuError {
+pub(super) fn unexpected(value: &WorkerValue) -> CuError {
     CuError::new(
         codes::UNKNOWN,
         format!("unexpected answer from the worker: {value:?}"),
     )
+}
+
+impl WorkerContext {
+    /// Loads `image` in the worker (its memory at `blocks`, if given): the
+    /// module under a device-wide id.
+    pub(super) fn load_module(
+        &self,
+        image: &[u8],
+        blocks: Option<&[DevicePtr]>,
+    ) -> Result<LoadedModule, CuError> {
+        let parts: Vec<&[u8]> = image.chunks(MAX_CHUNK_BYTES).collect();
+        let count = u32::try_from(parts.len())
+            .ok()
+            .filter(|n| *n <= MAX_IMAGE_PARTS)
+            .ok_or_else(|| {
+                CuError::new(
+                    codes::INVALID_IMAGE,
+                    format!("an image of {} bytes", image.len()),
+                )
+            })?;
+        let request = match blocks {
+            None => WorkerRequest::ModuleLoad { parts: count },
+            Some(blocks) => WorkerRequest::ModuleLoadAt {
+                parts: count,
+                blocks: blocks.to_vec(),
+            },
+        };
+        let module = match self.call(&request, &parts, None)? {
+            WorkerValue::Module(m) => m,
+            other => return Err(unexpected(&other)),
+        };
+        let globals_bytes: u64 = module.globals.iter().map(|g| g.size).sum();
+        self.memory.charge(globals_bytes);
+        let id = self.next_module.fetch_add(1, Ordering::Relaxed);
+        lock(&self.modules).insert(id, (module.id, globals_bytes));
+        Ok(LoadedModule { id, ..module })
+    }
+
+    /// The worker's id of the device-wide module `module`.
+    pub(super) fn local_module(&self, module: ModuleId) -> Option<ModuleId> {
+        lock(&self.modules).get(&module).map(|m| m.0)
+    }
+
+    /// Counts `bytes` placed in the worker as this context's.
+    pub(super) fn charge(&self, bytes: u64) {
+        self.memory.charge(bytes);
+    }
 }
 
 impl DeviceContext for WorkerContext {
@@ -699,25 +746,7 @@ impl DeviceContext for WorkerContext {
     }
 
     fn module_load(&self, image: &[u8]) -> Result<LoadedModule, CuError> {
-        let parts: Vec<&[u8]> = image.chunks(MAX_CHUNK_BYTES).collect();
-        let count = u32::try_from(parts.len())
-            .ok()
-            .filter(|n| *n <= MAX_IMAGE_PARTS)
-            .ok_or_else(|| {
-                CuError::new(
-                    codes::INVALID_IMAGE,
-                    format!("an image of {} bytes", image.len()),
-                )
-            })?;
-        let module = match self.call(&WorkerRequest::ModuleLoad { parts: count }, &parts, None)? {
-            WorkerValue::Module(m) => m,
-            other => return Err(unexpected(&other)),
-        };
-        let globals_bytes: u64 = module.globals.iter().map(|g| g.size).sum();
-        self.memory.charge(globals_bytes);
-        let id = self.next_module.fetch_add(1, Ordering::Relaxed);
-        lock(&self.modules).insert(id, (module.id, globals_bytes));
-        Ok(LoadedModule { id, ..module })
+        self.load_module(image, None)
     }
 
     fn module_unload(&self, module: ModuleId) {
@@ -741,6 +770,10 @@ impl DeviceContext for WorkerContext {
     }
 
     fn stream_ordered(&self) -> Option<&dyn StreamOrdered> {
+        Some(self)
+    }
+
+    fn movable(&self) -> Option<&dyn crate::device::MovableContext> {
         Some(self)
     }
 

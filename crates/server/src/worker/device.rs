@@ -20,7 +20,7 @@ use super::spawn::{Launcher, WorkerCommand, READY_WAIT};
 use super::watchdog::Watchdog;
 #[cfg(feature = "cuda")]
 use crate::device::cuda::CudaDevice;
-use crate::device::{ContextGroup, Device, DeviceContext};
+use crate::device::{ContextGroup, Device, DeviceContext, MovableContext, MovableDevice};
 use crate::locking::lock;
 
 /// How a worker device gives sessions their contexts.
@@ -187,6 +187,12 @@ impl Device for WorkerDevice {
         )))
     }
 
+    /// Isolated sessions move here, each into a worker of its own; a shared
+    /// context's sessions do not (its process holds every tenant's memory).
+    fn movable(&self) -> Option<&dyn MovableDevice> {
+        (self.sharing == Sharing::Isolated).then_some(self as &dyn MovableDevice)
+    }
+
     /// Shared: the shared context's worker, then the spare; isolated: the spare
     /// the first session will take. Measured on the H100: a spare creating its
     /// context while a tenant ran stretched that tenant's 50 µs kernels to
@@ -291,4 +297,29 @@ pub fn cuda_worker_devices(
         ));
     }
     Ok(out)
+}
+
+impl MovableDevice for WorkerDevice {
+    /// A context in a worker of its own, whose device hands out addresses
+    /// in `window` (a GPU's are all window 0; a CPU worker's, its ordinal).
+    fn create_context_in_window(&self, window: u32) -> Result<Arc<dyn DeviceContext>, CuError> {
+        let ctx = WorkerContext::new(
+            Some(Arc::clone(&self.launcher)),
+            Arc::clone(&self.used),
+            Arc::clone(&self.next_module),
+        );
+        ctx.take_window(window).map_err(|e| {
+            CuError::new(
+                e.code,
+                format!(
+                    "device {} cannot take the session's addresses: {}",
+                    self.info.ordinal, e.detail
+                ),
+            )
+        })?;
+        if let Some(why) = ctx.unmovable() {
+            return Err(CuError::new(codes::NOT_SUPPORTED, why));
+        }
+        Ok(Arc::new(ctx))
+    }
 }

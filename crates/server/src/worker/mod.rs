@@ -32,6 +32,7 @@ pub mod colocation;
 pub mod context;
 pub mod device;
 pub mod link;
+pub mod movable;
 pub mod process;
 pub mod regions;
 pub mod shared;

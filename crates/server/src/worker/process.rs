@@ -31,7 +31,9 @@ use crate::device::cuda::CudaDevice;
 use crate::device::serial::SerialStreams;
 use crate::device::signals::SignalArea;
 use crate::device::spin::spin_time;
-use crate::device::{Device, DeviceContext, LaunchOutcome, StreamOrdered, StreamWork};
+use crate::device::{
+    Device, DeviceContext, LaunchOutcome, MovableContext, StreamOrdered, StreamWork,
+};
 use crate::locking::lock;
 
 /// Where a worker's device printf and markers go (its fd 1), and how C stdio
@@ -291,23 +293,13 @@ impl Served<'_, '_> {
         main: bool,
         ctx: Arc<dyn DeviceContext>,
     ) -> io::Result<()> {
-        // Stream semantics: the context's own, else work runs as it arrives
-        // (one set of streams and events per connection).
-        let serial;
-        let ordered: &dyn StreamOrdered = match ctx.stream_ordered() {
-            Some(ordered) => ordered,
-            None => {
-                serial = SerialStreams::new(Arc::clone(&ctx));
-                &serial
-            }
-        };
         let context_id = self.next_context.fetch_add(1, Ordering::Relaxed);
         lock(&self.contexts).insert(context_id, Arc::downgrade(&ctx));
         let _forget = Forget(&self.contexts, context_id);
         let mut conn = Connection {
             served: self,
             context_id,
-            ctx: Arc::clone(&ctx),
+            ctx,
             link,
             main,
             signals: None,
@@ -316,9 +308,39 @@ impl Served<'_, '_> {
             data: Vec::new(),
         };
         loop {
+            // Stream semantics: the context's own, else work runs as it
+            // arrives (one set of streams and events per connection).
+            let ctx = Arc::clone(&conn.ctx);
+            let serial;
+            let ordered: &dyn StreamOrdered = match ctx.stream_ordered() {
+                Some(ordered) => ordered,
+                None => {
+                    serial = SerialStreams::new(Arc::clone(&ctx));
+                    &serial
+                }
+            };
+            match self.serve_requests(scope, &mut conn, ordered)? {
+                Some(next) => {
+                    lock(&self.contexts).insert(context_id, Arc::downgrade(&next));
+                    conn.ctx = next;
+                }
+                None => return Ok(()),
+            }
+        }
+    }
+
+    /// Serves `conn`'s requests on `ordered` until it closes (`None`) or
+    /// asks for a context in another window (that context).
+    fn serve_requests<'s>(
+        &'s self,
+        scope: &'s Scope<'s, '_>,
+        conn: &mut Connection<'s, '_, '_>,
+        ordered: &dyn StreamOrdered,
+    ) -> io::Result<Option<Arc<dyn DeviceContext>>> {
+        loop {
             match conn.link.recv_frame(&mut conn.frame) {
                 Ok(()) => {}
-                Err(FrameError::Closed) => return Ok(()),
+                Err(FrameError::Closed) => return Ok(None),
                 Err(e) => return Err(io_err(e)),
             }
             let request = match decode::<WorkerRequest>(&conn.frame) {
@@ -333,8 +355,56 @@ impl Served<'_, '_> {
                     continue;
                 }
             };
-            self.dispatch(scope, &mut conn, ordered, request)?;
+            if let WorkerRequest::Window { window } = request {
+                match self.in_window(&conn.ctx, window) {
+                    Ok(None) => conn.reply(Ok(WorkerValue::Unit))?,
+                    Ok(Some(next)) => {
+                        conn.reply(Ok(WorkerValue::Unit))?;
+                        return Ok(Some(next));
+                    }
+                    Err(e) => conn.reply(Err(e))?,
+                }
+                continue;
+            }
+            self.dispatch(scope, conn, ordered, request)?;
         }
+    }
+
+    /// A context like `ctx` handing out addresses in `window`: `None` if
+    /// `ctx` does; else a fresh one of the device numbered `window` (a CPU
+    /// device's number is its window).
+    fn in_window(
+        &self,
+        ctx: &Arc<dyn DeviceContext>,
+        window: u32,
+    ) -> Result<Option<Arc<dyn DeviceContext>>, CuError> {
+        let here = movable(&**ctx)?.window();
+        if here == window {
+            return Ok(None);
+        }
+        let device = (self.open)(window).map_err(|e| CuError::new(codes::INVALID_DEVICE, e))?;
+        let fresh = device.create_context()?;
+        match fresh.movable().map(|m| m.window()) {
+            Some(w) if w == window => Ok(Some(fresh)),
+            _ => Err(CuError::new(
+                codes::NOT_SUPPORTED,
+                format!("this worker hands out addresses in window {here}, not {window}"),
+            )),
+        }
+    }
+
+    /// Reads a module image of `parts` raw frames into `conn.data`, noting
+    /// whether it can print.
+    fn receive_image(&self, conn: &mut Connection<'_, '_, '_>, parts: u32) -> io::Result<()> {
+        conn.data.clear();
+        for _ in 0..parts {
+            conn.link.recv_frame(&mut conn.frame).map_err(io_err)?;
+            conn.data.extend_from_slice(&conn.frame);
+        }
+        if (lock(&self.stdout).image_may_print)(&conn.data) {
+            self.may_print.store(true, Ordering::Release);
+        }
+        Ok(())
     }
 
     /// Serves one request of `conn`: the one place each kind is handled.
@@ -420,24 +490,47 @@ impl Served<'_, '_> {
                 pattern,
                 count,
             } => guarded(kind, || unit(ctx.mem_fill(dst, &pattern, count))),
-            WorkerRequest::ModuleLoad { parts } if parts > MAX_IMAGE_PARTS => {
+            WorkerRequest::ModuleLoad { parts } | WorkerRequest::ModuleLoadAt { parts, .. }
+                if parts > MAX_IMAGE_PARTS =>
+            {
                 let e = CuError::new(codes::INVALID_IMAGE, format!("an image in {parts} parts"));
                 return conn.reply(Err(e));
             }
             WorkerRequest::ModuleLoad { parts } => {
-                conn.data.clear();
-                for _ in 0..parts {
-                    conn.link.recv_frame(&mut conn.frame).map_err(io_err)?;
-                    conn.data.extend_from_slice(&conn.frame);
-                }
-                if (lock(&self.stdout).image_may_print)(&conn.data) {
-                    self.may_print.store(true, Ordering::Release);
-                }
+                self.receive_image(conn, parts)?;
                 let image = &conn.data;
                 guarded(kind, || {
                     value(ctx.module_load(image).map(WorkerValue::Module))
                 })
             }
+            WorkerRequest::ModuleLoadAt { parts, blocks } => {
+                self.receive_image(conn, parts)?;
+                let image = &conn.data;
+                guarded(kind, || {
+                    value(
+                        movable(ctx)
+                            .and_then(|m| m.module_load_at(image, &blocks))
+                            .map(WorkerValue::Module),
+                    )
+                })
+            }
+            WorkerRequest::Place { allocations } => guarded(kind, || {
+                unit(movable(ctx).and_then(|m| m.place_all(&allocations)))
+            }),
+            // Taken by `serve_requests` before it gets here.
+            WorkerRequest::Window { .. } => {
+                return conn.reply(Err(CuError::new(codes::UNKNOWN, "a window out of place")))
+            }
+            WorkerRequest::MoveFacts => guarded(kind, || {
+                value(movable(ctx).map(|m| WorkerValue::MoveFacts {
+                    window: m.window(),
+                    limits: m.limits(),
+                    unmovable: m.unmovable(),
+                }))
+            }),
+            WorkerRequest::ModuleBlocks { module } => guarded(kind, || {
+                value(movable(ctx).map(|m| WorkerValue::Ptrs(m.module_blocks(module))))
+            }),
             WorkerRequest::ModuleUnload { module } => guarded(kind, || {
                 ctx.module_unload(module);
                 unit(Ok(()))
@@ -696,6 +789,16 @@ fn value(result: Result<WorkerValue, CuError>) -> Answer {
         printed: Vec::new(),
         bytes: None,
     }
+}
+
+/// The context as a [`MovableContext`], else why not.
+fn movable(ctx: &dyn DeviceContext) -> Result<&dyn MovableContext, CuError> {
+    ctx.movable().ok_or_else(|| {
+        CuError::new(
+            codes::NOT_SUPPORTED,
+            "this worker's device cannot place memory at given addresses",
+        )
+    })
 }
 
 fn unit(result: Result<(), CuError>) -> Answer {

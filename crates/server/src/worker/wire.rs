@@ -59,6 +59,30 @@ pub enum WorkerRequest {
     ModuleUnload {
         module: ModuleId,
     },
+    // A moved session's state (issue 17: `MovableContext`).
+    /// Places each (address, bytes) allocation where it was.
+    Place {
+        allocations: Vec<(DevicePtr, u64)>,
+    },
+    /// Answered by [`WorkerValue::MoveFacts`].
+    MoveFacts,
+    /// A context's first request when it is made for a moved session: its
+    /// addresses in `window` (the connection's context is replaced by one of
+    /// the worker's device in that window, where it is another).
+    Window {
+        window: u32,
+    },
+    /// Answered by [`WorkerValue::Ptrs`]: the memory module `module`'s
+    /// loading allocated, in order.
+    ModuleBlocks {
+        module: ModuleId,
+    },
+    /// A module load placing its memory at `blocks`; followed by `parts`
+    /// raw frames, as [`WorkerRequest::ModuleLoad`].
+    ModuleLoadAt {
+        parts: u32,
+        blocks: Vec<DevicePtr>,
+    },
     Launch(KernelLaunch),
     // Stream-ordered calls (`StreamOrdered`); the handles are the session's.
     StreamCreate {
@@ -222,6 +246,9 @@ impl WorkerRequest {
                 | WorkerRequest::EventOpenIpc { .. }
                 | WorkerRequest::PeerAccess { .. }
                 | WorkerRequest::IpcOpen { .. }
+                | WorkerRequest::MoveFacts
+                | WorkerRequest::Window { .. }
+                | WorkerRequest::ModuleBlocks { .. }
         )
     }
 }
@@ -266,6 +293,14 @@ pub enum WorkerValue {
         base: DevicePtr,
         size: u64,
     },
+    /// What a moved context keeps: its address window, its limits, and
+    /// why it cannot move, if it cannot.
+    MoveFacts {
+        window: u32,
+        limits: Vec<(u32, u64)>,
+        unmovable: Option<String>,
+    },
+    Ptrs(Vec<DevicePtr>),
     /// Where further connections come in, and the token they open with.
     Sessions {
         path: String,

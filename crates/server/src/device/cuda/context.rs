@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::ThreadId;
 
-use cumux_cuda_driver::capture::{image_may_print, StdoutCapture};
+use cumux_cuda_driver::capture::{image_may_print, image_mentions, StdoutCapture};
 use cumux_cuda_driver::sys::CU_STREAM_NON_BLOCKING;
 use cumux_cuda_driver::{
     self as cu, CudaError, Event, Function, GraphExec, HostRegistration, LaunchConfig, Module,
@@ -22,10 +22,11 @@ use cumux_protocol::{codes, CuError, DevicePtr, Handle, TensorMapLayout, TensorM
 use cumux_cuda_driver::sys::{CU_MEMHOSTREGISTER_DEVICEMAP, CU_MEMHOSTREGISTER_PORTABLE};
 
 use super::convert::{cu_err, fill_of, function_attrs, launch_attr, memset, param_infos};
+use super::placed::Placed;
 use crate::device::memory_use::ContextMemory;
 use crate::device::{
     DeviceContext, GlobalDesc, HostRegion, KernelDesc, KernelLaunch, LaunchOutcome, LoadedModule,
-    ModuleId, StreamOrdered, VmmOp,
+    ModuleId, MovableContext, StreamOrdered, VmmOp,
 };
 use crate::locking::lock;
 
@@ -70,6 +71,11 @@ pub struct CudaContext {
     pending_stdout: Mutex<Vec<u8>>,
     /// The session's own streams and events ([`StreamOrdered`]).
     pub(super) ordered: Mutex<OrderedState>,
+    /// Memory placed at a moved session's addresses ([`MovableContext`]).
+    placed: Mutex<Placed>,
+    /// A module that may call the device-side `malloc` was loaded: its heap's
+    /// blocks would not move with the session.
+    mallocs: AtomicBool,
 }
 
 /// The streams and events of a [`CudaContext`] used as [`StreamOrdered`].
@@ -107,6 +113,8 @@ impl CudaContext {
             prints,
             pending_stdout: Mutex::new(Vec::new()),
             ordered: Mutex::new(OrderedState::default()),
+            placed: Mutex::new(Placed::default()),
+            mallocs: AtomicBool::new(false),
         }
     }
 
@@ -260,7 +268,17 @@ impl DeviceContext for CudaContext {
     }
 
     fn mem_free(&self, ptr: DevicePtr, bytes: u64) -> Result<(), CuError> {
-        self.ctx()?.mem_free(ptr).map_err(cu_err)?;
+        let ctx = self.ctx()?;
+        let mut placed = lock(&self.placed);
+        if placed.holds(ptr) {
+            // Work that may use it ends first, as `cuMemFree` waits for it.
+            ctx.synchronize().map_err(cu_err)?;
+            placed.free(ctx, ptr);
+            self.memory.release(bytes);
+            return Ok(());
+        }
+        drop(placed);
+        ctx.mem_free(ptr).map_err(cu_err)?;
         self.memory.release(bytes);
         Ok(())
     }
@@ -296,6 +314,9 @@ impl DeviceContext for CudaContext {
         let ctx = self.ctx()?;
         if self.capture.is_some() && image_may_print(image) {
             self.prints.store(true, Ordering::Release);
+        }
+        if image_mentions(image, b"malloc") {
+            self.mallocs.store(true, Ordering::Release);
         }
         let module = self
             .flushing(|| Module::load(ctx, image, self.sm))
@@ -360,6 +381,10 @@ impl DeviceContext for CudaContext {
     }
 
     fn stream_ordered(&self) -> Option<&dyn StreamOrdered> {
+        Some(self)
+    }
+
+    fn movable(&self) -> Option<&dyn MovableContext> {
         Some(self)
     }
 
@@ -544,6 +569,50 @@ impl DeviceContext for CudaContext {
     }
 }
 
+/// A GPU context takes a moved session's memory at its addresses
+/// ([`Placed`]); its modules load where the driver puts them, so a session
+/// whose module globals land elsewhere is refused by the session's check.
+impl MovableContext for CudaContext {
+    fn window(&self) -> u32 {
+        0
+    }
+
+    fn alloc_at(&self, ptr: DevicePtr, bytes: u64) -> Result<(), CuError> {
+        self.place_all(&[(ptr, bytes)])
+    }
+
+    fn place_all(&self, allocations: &[(DevicePtr, u64)]) -> Result<(), CuError> {
+        let ctx = self.ctx()?;
+        lock(&self.placed).place(ctx, allocations)?;
+        self.memory.charge(
+            allocations
+                .iter()
+                .fold(0u64, |sum, a| sum.saturating_add(a.1)),
+        );
+        Ok(())
+    }
+
+    fn module_blocks(&self, _module: ModuleId) -> Vec<DevicePtr> {
+        Vec::new()
+    }
+
+    fn module_load_at(&self, image: &[u8], blocks: &[DevicePtr]) -> Result<LoadedModule, CuError> {
+        if !blocks.is_empty() {
+            return Err(CuError::new(
+                codes::NOT_SUPPORTED,
+                "a GPU places a module's memory itself",
+            ));
+        }
+        self.module_load(image)
+    }
+
+    fn unmovable(&self) -> Option<String> {
+        self.mallocs.load(Ordering::Acquire).then(|| {
+            "a module of it may call the device-side malloc, whose heap does not move".into()
+        })
+    }
+}
+
 impl Drop for CudaContext {
     fn drop(&mut self) {
         let modules: Vec<CudaModule> = lock(&self.modules).drain().map(|(_, m)| m).collect();
@@ -553,6 +622,7 @@ impl Drop for CudaContext {
         let events = ordered.events;
         let pins = ordered.pins;
         let ctx = self.ctx.take();
+        let mut placed = std::mem::take(&mut *lock(&self.placed));
         // Destroying a context flushes its printf buffer; the session is gone,
         // so whatever is captured is dropped rather than reaching our stdout.
         let teardown = move || {
@@ -564,6 +634,9 @@ impl Drop for CudaContext {
             }
             drop(pins);
             drop(modules);
+            if let Some(ctx) = &ctx {
+                placed.release_all(ctx);
+            }
             // In a shared (primary) context the session freed its
             // allocations before its end (`Session`'s teardown); its
             // bytes leave the device's count with `memory`.

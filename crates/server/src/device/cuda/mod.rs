@@ -17,6 +17,7 @@
 pub mod context;
 pub mod convert;
 pub mod ordered;
+pub mod placed;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};

@@ -1,0 +1,313 @@
+//! Device memory placed at addresses a moved session's program already holds
+//! (issue 17): address ranges reserved where the source process had them
+//! (`cuMemAddressReserve` at a hint, which the driver honours only where the
+//! range is free here), physical memory created and mapped into them.
+//!
+//! Allocations that shared a page of the driver's granularity in the source
+//! share one chunk here; a chunk goes once its last allocation is freed, a
+//! reservation once its last chunk is. Ranges are first asked in 1 GiB
+//! windows around them, then exactly: in a probe on the H100 the driver put
+//! 64 MiB and larger ranges where asked and passed over the hints of 2-4 MiB
+//! ones.
+
+use std::collections::{BTreeMap, HashMap};
+
+use cumux_cuda_driver as cu;
+use cumux_protocol::{codes, CuError, DevicePtr};
+
+use super::convert::cu_err;
+
+/// The window a placed range is first asked in.
+const WINDOW: u64 = 1 << 30;
+
+/// `CU_MEM_ACCESS_FLAGS_PROT_READWRITE`.
+const READ_WRITE: u32 = 3;
+
+struct Chunk {
+    size: u64,
+    physical: u64,
+    /// Placed allocations inside it.
+    live: u32,
+}
+
+/// The memory of one context placed at given addresses.
+#[derive(Default)]
+pub struct Placed {
+    /// Reservations: start → size.
+    windows: BTreeMap<u64, u64>,
+    /// Mapped physical memory: start → chunk.
+    chunks: BTreeMap<u64, Chunk>,
+    /// Each placed allocation's chunk, and its size.
+    allocations: HashMap<DevicePtr, (u64, u64)>,
+}
+
+fn down(x: u64, to: u64) -> u64 {
+    x & !(to - 1)
+}
+
+fn up(x: u64, to: u64) -> Option<u64> {
+    Some(x.checked_add(to - 1)? & !(to - 1))
+}
+
+/// Sorted ranges merged where they overlap (or touch, with `touching`).
+fn merged(mut ranges: Vec<(u64, u64)>, touching: bool) -> Vec<(u64, u64)> {
+    ranges.sort_unstable();
+    let mut out: Vec<(u64, u64)> = Vec::with_capacity(ranges.len());
+    for (lo, hi) in ranges {
+        match out.last_mut() {
+            Some(last) if lo < last.1 || (touching && lo == last.1) => last.1 = last.1.max(hi),
+            _ => out.push((lo, hi)),
+        }
+    }
+    out
+}
+
+fn overlaps(map: &BTreeMap<u64, u64>, lo: u64, hi: u64) -> bool {
+    map.range(..hi)
+        .next_back()
+        .is_some_and(|(&s, &len)| s + len > lo)
+}
+
+fn taken(lo: u64, hi: u64, got: u64) -> CuError {
+    CuError::new(
+        codes::OUT_OF_MEMORY,
+        format!(
+            "the addresses [{lo:#x}, {hi:#x}) are taken in the target's process (its driver \
+             offered {got:#x}): the session cannot keep its pointers there"
+        ),
+    )
+}
+
+impl Placed {
+    /// Whether `ptr` is a placed allocation's start.
+    pub fn holds(&self, ptr: DevicePtr) -> bool {
+        self.allocations.contains_key(&ptr)
+    }
+
+    /// Places every allocation `(ptr, bytes)` at its address, zero-filled;
+    /// on failure nothing of this call stays.
+    pub fn place(
+        &mut self,
+        ctx: &cu::Context,
+        allocations: &[(DevicePtr, u64)],
+    ) -> Result<(), CuError> {
+        let granularity = ctx.vmm_granularity(false).map_err(cu_err)?.max(1);
+        if !granularity.is_power_of_two() {
+            return Err(CuError::new(
+                codes::UNKNOWN,
+                format!("granularity {granularity}"),
+            ));
+        }
+        let mut pages = Vec::with_capacity(allocations.len());
+        for &(ptr, bytes) in allocations {
+            if self.allocations.contains_key(&ptr) {
+                return Err(CuError::new(
+                    codes::INVALID_VALUE,
+                    format!("{ptr:#x} is placed already"),
+                ));
+            }
+            let end = ptr
+                .checked_add(bytes.max(1))
+                .and_then(|end| up(end, granularity))
+                .ok_or_else(|| {
+                    CuError::new(codes::INVALID_VALUE, "an allocation past the address space")
+                })?;
+            pages.push((down(ptr, granularity), end));
+        }
+        let chunks = merged(pages, false);
+        for &(lo, hi) in &chunks {
+            let clash = self
+                .chunks
+                .range(..hi)
+                .next_back()
+                .is_some_and(|(&s, c)| s + c.size > lo);
+            if clash {
+                return Err(CuError::new(
+                    codes::INVALID_VALUE,
+                    format!("[{lo:#x}, {hi:#x}) overlaps memory placed already"),
+                ));
+            }
+        }
+        let mut made = Placed::default();
+        let result = made
+            .reserve(ctx, &chunks, &self.windows)
+            .and_then(|()| made.map(ctx, &chunks));
+        if let Err(e) = result {
+            made.release_all(ctx);
+            return Err(e);
+        }
+        for &(ptr, bytes) in allocations {
+            if let Some((&start, c)) = made.chunks.range_mut(..=ptr).next_back() {
+                c.live += 1;
+                self.allocations.insert(ptr, (start, bytes));
+            }
+        }
+        self.windows.append(&mut made.windows);
+        self.chunks.append(&mut made.chunks);
+        Ok(())
+    }
+
+    /// Reserves addresses covering `chunks`, none overlapping `existing`
+    /// reservations (of which chunks inside need none).
+    fn reserve(
+        &mut self,
+        ctx: &cu::Context,
+        chunks: &[(u64, u64)],
+        existing: &BTreeMap<u64, u64>,
+    ) -> Result<(), CuError> {
+        let inside = |lo: u64, hi: u64| {
+            existing
+                .range(..=lo)
+                .next_back()
+                .is_some_and(|(&s, &len)| hi <= s + len)
+        };
+        let needed: Vec<(u64, u64)> = chunks
+            .iter()
+            .copied()
+            .filter(|&(lo, hi)| !inside(lo, hi))
+            .collect();
+        let windows = merged(
+            needed
+                .iter()
+                .filter_map(|&(lo, hi)| Some((down(lo, WINDOW), up(hi, WINDOW)?)))
+                .collect(),
+            true,
+        );
+        for (lo, hi) in windows {
+            let within: Vec<(u64, u64)> = needed
+                .iter()
+                .copied()
+                .filter(|&(l, h)| l >= lo && h <= hi)
+                .collect();
+            if !overlaps(existing, lo, hi) && self.try_reserve(ctx, lo, hi)?.is_none() {
+                continue;
+            }
+            for (l, h) in within {
+                if let Some(got) = self.try_reserve(ctx, l, h)? {
+                    return Err(taken(l, h, got));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Reserves `[lo, hi)`: `None` if it came where asked, else where the
+    /// driver offered it (given back).
+    fn try_reserve(&mut self, ctx: &cu::Context, lo: u64, hi: u64) -> Result<Option<u64>, CuError> {
+        let got = match ctx.vmm_reserve_at(hi - lo, lo) {
+            Ok(got) => got,
+            Err(e) => {
+                tracing::debug!("reserving [{lo:#x}, {hi:#x}): {e}");
+                return Ok(Some(0));
+            }
+        };
+        if got == lo {
+            self.windows.insert(lo, hi - lo);
+            return Ok(None);
+        }
+        if let Err(e) = ctx.vmm_address_free(got, hi - lo) {
+            tracing::warn!("giving back a reservation at {got:#x}: {e}");
+        }
+        Ok(Some(got))
+    }
+
+    /// Physical memory for each chunk, mapped, readable and writable, zeroed.
+    fn map(&mut self, ctx: &cu::Context, chunks: &[(u64, u64)]) -> Result<(), CuError> {
+        for &(lo, hi) in chunks {
+            let size = hi - lo;
+            let physical = ctx.vmm_create(size, false).map_err(cu_err)?;
+            if let Err(e) = ctx.vmm_map(lo, size, physical) {
+                let _ = ctx.vmm_release(physical);
+                return Err(cu_err(e));
+            }
+            self.chunks.insert(
+                lo,
+                Chunk {
+                    size,
+                    physical,
+                    live: 0,
+                },
+            );
+            ctx.vmm_set_access(lo, size, READ_WRITE).map_err(cu_err)?;
+            ctx.memset(lo, cu::MemsetValue::D8(0), size)
+                .map_err(cu_err)?;
+        }
+        Ok(())
+    }
+
+    /// Frees the placed allocation at `ptr`: its size, or `None` if `ptr`
+    /// is no placed allocation (the driver's own, then).
+    pub fn free(&mut self, ctx: &cu::Context, ptr: DevicePtr) -> Option<u64> {
+        let (chunk, bytes) = self.allocations.remove(&ptr)?;
+        let last = match self.chunks.get_mut(&chunk) {
+            Some(c) => {
+                c.live = c.live.saturating_sub(1);
+                c.live == 0
+            }
+            None => false,
+        };
+        if last {
+            if let Some(c) = self.chunks.remove(&chunk) {
+                self.unmap(ctx, chunk, &c);
+            }
+            let window = self
+                .windows
+                .range(..=chunk)
+                .next_back()
+                .map(|(&s, &len)| (s, len));
+            if let Some((start, len)) = window {
+                if !self.chunks.range(start..start + len).any(|_| true) {
+                    self.windows.remove(&start);
+                    if let Err(e) = ctx.vmm_address_free(start, len) {
+                        tracing::warn!("giving back the reservation at {start:#x}: {e}");
+                    }
+                }
+            }
+        }
+        Some(bytes)
+    }
+
+    fn unmap(&self, ctx: &cu::Context, start: u64, c: &Chunk) {
+        if let Err(e) = ctx.vmm_unmap(start, c.size) {
+            tracing::warn!("unmapping placed memory at {start:#x}: {e}");
+        }
+        if let Err(e) = ctx.vmm_release(c.physical) {
+            tracing::warn!("releasing placed memory at {start:#x}: {e}");
+        }
+    }
+
+    /// Unmaps and frees everything (the context is going).
+    pub fn release_all(&mut self, ctx: &cu::Context) {
+        for (start, c) in std::mem::take(&mut self.chunks) {
+            self.unmap(ctx, start, &c);
+        }
+        for (start, len) in std::mem::take(&mut self.windows) {
+            if let Err(e) = ctx.vmm_address_free(start, len) {
+                tracing::warn!("giving back the reservation at {start:#x}: {e}");
+            }
+        }
+        self.allocations.clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ranges_merge_where_they_overlap() {
+        assert_eq!(
+            merged(vec![(4, 6), (0, 2), (1, 3)], false),
+            vec![(0, 3), (4, 6)]
+        );
+        assert_eq!(merged(vec![(0, 2), (2, 4)], false), vec![(0, 2), (2, 4)]);
+        assert_eq!(merged(vec![(0, 2), (2, 4)], true), vec![(0, 4)]);
+    }
+
+    #[test]
+    fn rounding_keeps_to_the_granularity() {
+        assert_eq!(down(0x7f05_b7e0_0200, 2 << 20), 0x7f05_b7e0_0000);
+        assert_eq!(up(0x7f05_b7e0_0200, 2 << 20), Some(0x7f05_b800_0000));
+        assert_eq!(up(u64::MAX - 3, 2 << 20), None);
+    }
+}
