@@ -133,12 +133,15 @@ impl Session {
                 )));
             }
         }
-        let image = self.quiesced_image("moved")?;
         let started = std::time::Instant::now();
+        let image = self.quiesced_image("moved")?;
+        let taken = started.elapsed();
+        let bytes = image.charged_bytes();
         let rebuilt = self.rebuild(target, &image)?;
         self.adopt(rebuilt, image);
         let line = format!(
-            "session {} moved from device {from} to device {ordinal} in {:.1?}",
+            "session {} moved from device {from} to device {ordinal} in {:.1?} ({bytes} bytes; \
+             drained and read in {taken:.1?})",
             self.id(),
             started.elapsed()
         );
