@@ -32,7 +32,15 @@ struct Region {
     /// The client's address of the region.
     base: u64,
     mapping: Arc<HostMapping>,
+    /// The client's memfd, to register the region again with another
+    /// context when the session moves; kept for the first
+    /// [`KEPT_DESCRIPTORS`] regions only, so that no client holds many of
+    /// the server's descriptors.
+    fd: Option<OwnedFd>,
 }
+
+/// Regions of a session whose memfd is kept open for a move.
+pub const KEPT_DESCRIPTORS: usize = 64;
 
 /// `[offset, offset + bytes)` of `region`, mapped by `mapping`, checked.
 pub fn span_of(
@@ -101,8 +109,49 @@ impl HostRegions {
         if reached {
             self.reached.insert(base, bytes);
         }
-        self.regions.insert(region, Region { base, mapping });
+        let kept = self.regions.values().filter(|r| r.fd.is_some()).count();
+        let fd = (kept < KEPT_DESCRIPTORS).then_some(fd);
+        self.regions.insert(region, Region { base, mapping, fd });
         Ok(region)
+    }
+
+    /// Registers every region with `ctx` as it was with the session's
+    /// context (a moved session's new one): each reached, or not, as before.
+    pub fn register_again(&self, ctx: &dyn DeviceContext) -> Result<(), CuError> {
+        for (&id, r) in &self.regions {
+            let fd = r.fd.as_ref().ok_or_else(|| {
+                CuError::new(
+                    codes::NOT_SUPPORTED,
+                    format!(
+                        "the session holds more than {KEPT_DESCRIPTORS} pinned host regions: \
+                         region {id} cannot be registered again"
+                    ),
+                )
+            })?;
+            let reached = ctx.host_register(HostRegion {
+                id,
+                mapping: &r.mapping,
+                fd: fd.as_fd(),
+                client_base: r.base,
+            })?;
+            let was = self.reached.get(&r.base) == Some(&(r.mapping.len() as u64));
+            if reached != was {
+                return Err(CuError::new(
+                    codes::NOT_SUPPORTED,
+                    format!(
+                        "host region {id} at {:#x} is {} by the target device at the program's \
+                         address",
+                        r.base,
+                        if reached {
+                            "now reached"
+                        } else {
+                            "no longer reached"
+                        }
+                    ),
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// `[offset, offset + bytes)` of this session's `region`, checked.

@@ -560,6 +560,14 @@ pub trait MovableContext: Send + Sync {
             .iter()
             .try_for_each(|&(ptr, bytes)| self.alloc_at(ptr, bytes))
     }
+    /// Keeps `[ptr, ptr + bytes)` of each range unused here (reserved, not
+    /// mapped): addresses a program still holds for memory now elsewhere,
+    /// which must fault rather than reach memory allocated later. A backend
+    /// that places module memory itself never needs it.
+    fn hold(&self, ranges: &[(DevicePtr, u64)]) -> Result<(), CuError> {
+        let _ = ranges;
+        Ok(())
+    }
     /// The device memory loading `module` allocated, in the order it did.
     fn module_blocks(&self, module: ModuleId) -> Vec<DevicePtr>;
     /// Loads `image` so that its loading allocates exactly `blocks`, in

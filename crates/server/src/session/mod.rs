@@ -3,6 +3,7 @@
 //! of its calls through one stream order, its sticky errors and printf output,
 //! and its clean-up. Each child module holds one part of the calls' work.
 
+mod aliases;
 mod core;
 mod graphs;
 pub mod image;
@@ -89,6 +90,8 @@ pub struct Session {
     /// Stream order over `ctx` where the context keeps none of its own (the
     /// in-process CPU device) or cannot signal completions to a gate.
     threads: Option<ThreadedStreams>,
+    /// Module globals a move put elsewhere: the program's addresses of them.
+    aliases: aliases::Aliases,
     core: SessionCore,
     entry: Option<Arc<SessionEntry>>,
     /// The tenant's memory account; `None` for status queries, which may make
@@ -346,6 +349,7 @@ impl Session {
             device,
             ctx,
             threads,
+            aliases: aliases::Aliases::default(),
             core: SessionCore::new(
                 id,
                 stats,
@@ -614,6 +618,10 @@ impl Session {
             // An admin's order (move, checkpoint, restore) waits for this point.
             self.take_order();
         }
+        let call = match self.aliases.is_empty() {
+            true => call,
+            false => self.aliases.call(call),
+        };
         let fire_and_forget = call.is_fire_and_forget();
         if !fire_and_forget && self.gate.is_some() {
             // Whatever this call waits for, the gate must see the launches finish.

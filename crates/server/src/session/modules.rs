@@ -98,6 +98,7 @@ impl Session {
         }
         for g in &entry.globals {
             self.globals.remove(g);
+            self.aliases.forget_current(*g);
         }
         // Graphs of its kernels go with it: launching one later would run
         // kernels the device no longer has.

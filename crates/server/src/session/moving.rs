@@ -8,11 +8,14 @@ use std::sync::Arc;
 
 use cumux_protocol::{codes, CuError, DevicePtr, Handle};
 
+use super::aliases::Aliases;
 use super::core::{err, release_failed};
 use super::image::{Bytes, GraphImage, LaunchImage, ModuleImage, SessionImage, StreamImage};
 use super::order::{stream_order, Order};
 use super::{launch_meter, FunctionEntry, ModuleEntry, Session};
-use crate::device::{Device, DeviceContext, KernelLaunch, LoadedModule, StreamOrdered, StreamWork};
+use crate::device::{
+    Device, DeviceContext, KernelLaunch, LoadedModule, MovableContext, StreamOrdered, StreamWork,
+};
 use crate::gate::{GateSession, SchedStreams};
 use crate::moves::Action;
 
@@ -24,6 +27,10 @@ struct Rebuilt {
     gate: Option<Arc<GateSession>>,
     /// Each module handle's loading on the new context.
     loaded: HashMap<Handle, LoadedModule>,
+    /// Globals put elsewhere on the new context, from their old addresses.
+    moved: Aliases,
+    /// The session's aliases once it has moved.
+    aliases: Aliases,
 }
 
 fn refused(why: impl Into<String>) -> CuError {
@@ -62,13 +69,6 @@ impl Session {
             return Some(
                 "its context cannot be laid out again elsewhere (a context shared by several \
                  sessions)"
-                    .into(),
-            );
-        }
-        if self.threads.is_none() && !self.host.is_empty() {
-            return Some(
-                "it registered pinned host memory with its worker process (cuMemHostAlloc, \
-                 cuMemHostRegister)"
                     .into(),
             );
         }
@@ -302,6 +302,8 @@ impl Session {
         for &(limit, value) in &image.limits {
             ctx.set_limit(limit, value)?;
         }
+        // Pinned host memory the program registered, as the old context had it.
+        self.host.register_again(&*ctx)?;
         let total = image.charged_bytes();
         let places: Vec<(DevicePtr, u64)> = image
             .allocations
@@ -320,6 +322,10 @@ impl Session {
             self.server.orders().note(self.id(), note);
         }
         let mut loaded = HashMap::with_capacity(image.modules.len());
+        // Globals the target's driver put elsewhere: from where they were
+        // (`moved`), and from the program's addresses (`aliases`).
+        let mut moved = Aliases::default();
+        let mut aliases = self.aliases.clone();
         for m in &image.modules {
             let module = placed.module_load_at(&m.image, &m.blocks)?;
             if module.kernels.len() != m.functions.len() {
@@ -332,22 +338,28 @@ impl Session {
                     ),
                 ));
             }
-            for g in &m.globals {
-                if !module
-                    .globals
+            let fresh: Vec<_> = module.globals.iter().filter(|g| g.size > 0).collect();
+            let same_shape = fresh.len() == m.globals.len()
+                && fresh
                     .iter()
-                    .any(|d| d.ptr == g.ptr && d.size == g.bytes.len() as u64)
-                {
-                    return Err(refused(format!(
-                        "module {}'s global at {:#x} is elsewhere on the target (its driver \
-                         placed the module's memory): the program may hold that address",
-                        m.handle, g.ptr
-                    )));
+                    .zip(&m.globals)
+                    .all(|(new, old)| new.size == old.bytes.len() as u64);
+            if !same_shape {
+                return Err(err(
+                    codes::INVALID_IMAGE,
+                    format!("module {}'s globals are not those it had", m.handle),
+                ));
+            }
+            for (new, old) in fresh.into_iter().zip(&m.globals) {
+                ctx.mem_write(new.ptr, &old.bytes)?;
+                if new.ptr != old.ptr {
+                    moved.moved(old.ptr, new.size, new.ptr);
+                    aliases.moved(old.ptr, new.size, new.ptr);
                 }
-                ctx.mem_write(g.ptr, &g.bytes)?;
             }
             loaded.insert(m.handle, module);
         }
+        self.hold_aliases(placed, &aliases, image, &loaded)?;
         let (gate, gated) = match (&self.tenant, self.server.gate_of(&device)) {
             (Some((name, settings)), Some(gate)) => {
                 let session = gate
@@ -381,7 +393,7 @@ impl Session {
             let works = g
                 .launches
                 .iter()
-                .map(|l| launch_of(&loaded, l).map(StreamWork::Launch))
+                .map(|l| launch_of(&loaded, l, &moved).map(StreamWork::Launch))
                 .collect::<Result<Vec<_>, _>>()?;
             ordered.graph_create(g.handle, works)?;
         }
@@ -391,7 +403,46 @@ impl Session {
             order,
             gate,
             loaded,
+            moved,
+            aliases,
         })
+    }
+
+    /// Keeps the program's addresses of globals now elsewhere unused on the
+    /// new context (reserved, so they fault rather than reach memory
+    /// allocated later), refusing the move where one of them is taken.
+    fn hold_aliases(
+        &self,
+        placed: &dyn MovableContext,
+        aliases: &Aliases,
+        image: &SessionImage,
+        loaded: &HashMap<Handle, LoadedModule>,
+    ) -> Result<(), CuError> {
+        let ranges: Vec<(DevicePtr, u64)> = aliases.program_ranges().collect();
+        if ranges.is_empty() {
+            return Ok(());
+        }
+        let taken = image
+            .allocations
+            .iter()
+            .map(|a| (a.ptr, a.bytes.len() as u64))
+            .chain(
+                loaded
+                    .values()
+                    .flat_map(|m| m.globals.iter().map(|g| (g.ptr, g.size))),
+            );
+        for (base, size) in taken {
+            if let Some(&(p, b)) = ranges
+                .iter()
+                .find(|&&(p, b)| p < base.saturating_add(size) && base < p.saturating_add(b))
+            {
+                return Err(refused(format!(
+                    "the program's address {p:#x} of a global ({b} bytes) that the target's \
+                     driver put elsewhere is in use there"
+                )));
+            }
+        }
+        placed.hold(&ranges)
     }
 
     /// Makes `rebuilt` (made from `image`) the session's, and lets the old
@@ -403,7 +454,10 @@ impl Session {
             order,
             gate,
             mut loaded,
+            moved,
+            aliases,
         } = rebuilt;
+        self.aliases = aliases;
         // The old stream order first: nothing is queued, its threads end.
         if let Some(old) = self.gate.take() {
             old.cancel_queued();
@@ -484,11 +538,13 @@ impl Session {
                     .launches
                     .into_iter()
                     .filter_map(|l| {
+                        let mut params = l.params;
+                        moved.params(&mut params);
                         Some(KernelLaunch {
                             module: *module_ids.get(&l.module)?,
                             kernel: usize::try_from(l.kernel).ok()?,
                             geometry: l.geometry,
-                            params: l.params,
+                            params,
                         })
                     })
                     .collect();
@@ -517,10 +573,12 @@ impl Session {
     }
 }
 
-/// The launch `l` names, on the modules loaded again.
+/// The launch `l` names, on the modules loaded again, its parameters'
+/// addresses of `moved` globals turned into their new ones.
 fn launch_of(
     loaded: &HashMap<Handle, LoadedModule>,
     l: &LaunchImage,
+    moved: &Aliases,
 ) -> Result<KernelLaunch, CuError> {
     let module = loaded.get(&l.module).ok_or_else(|| {
         err(
@@ -537,11 +595,13 @@ fn launch_of(
                 "a graph names a kernel its module lacks",
             )
         })?;
+    let mut params = l.params.clone();
+    moved.params(&mut params);
     Ok(KernelLaunch {
         module: module.id,
         kernel,
         geometry: l.geometry.clone(),
-        params: l.params.clone(),
+        params,
     })
 }
 

@@ -54,6 +54,13 @@ impl MovableContext for WorkerContext {
         Ok(())
     }
 
+    fn hold(&self, ranges: &[(DevicePtr, u64)]) -> Result<(), CuError> {
+        let request = WorkerRequest::Hold {
+            ranges: ranges.to_vec(),
+        };
+        self.unit(&request, &[])
+    }
+
     fn module_blocks(&self, module: ModuleId) -> Vec<DevicePtr> {
         let Some(local) = self.local_module(module) else {
             return Vec::new();

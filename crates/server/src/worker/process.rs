@@ -521,6 +521,9 @@ impl Served<'_, '_> {
             WorkerRequest::Window { .. } => {
                 return conn.reply(Err(CuError::new(codes::UNKNOWN, "a window out of place")))
             }
+            WorkerRequest::Hold { ranges } => {
+                guarded(kind, || unit(movable(ctx).and_then(|m| m.hold(&ranges))))
+            }
             WorkerRequest::MoveFacts => guarded(kind, || {
                 value(movable(ctx).map(|m| WorkerValue::MoveFacts {
                     window: m.window(),

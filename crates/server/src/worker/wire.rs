@@ -64,6 +64,10 @@ pub enum WorkerRequest {
     Place {
         allocations: Vec<(DevicePtr, u64)>,
     },
+    /// Keeps each (address, bytes) range unused ([`MovableContext::hold`]).
+    Hold {
+        ranges: Vec<(DevicePtr, u64)>,
+    },
     /// Answered by [`WorkerValue::MoveFacts`].
     MoveFacts,
     /// A context's first request when it is made for a moved session: its

@@ -592,6 +592,10 @@ impl MovableContext for CudaContext {
         Ok(())
     }
 
+    fn hold(&self, ranges: &[(DevicePtr, u64)]) -> Result<(), CuError> {
+        lock(&self.placed).hold(self.ctx()?, ranges)
+    }
+
     fn module_blocks(&self, _module: ModuleId) -> Vec<DevicePtr> {
         Vec::new()
     }

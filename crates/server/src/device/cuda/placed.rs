@@ -39,6 +39,8 @@ pub struct Placed {
     chunks: BTreeMap<u64, Chunk>,
     /// Each placed allocation's chunk, and its size.
     allocations: HashMap<DevicePtr, (u64, u64)>,
+    /// Ranges kept unused ([`Placed::hold`]): their reservations stay.
+    held: Vec<(u64, u64)>,
 }
 
 fn down(x: u64, to: u64) -> u64 {
@@ -144,6 +146,32 @@ impl Placed {
         }
         self.windows.append(&mut made.windows);
         self.chunks.append(&mut made.chunks);
+        Ok(())
+    }
+
+    /// Keeps each `(ptr, bytes)` range reserved and unmapped (unless it
+    /// lies in memory placed already), for as long as the context lives.
+    pub fn hold(&mut self, ctx: &cu::Context, ranges: &[(DevicePtr, u64)]) -> Result<(), CuError> {
+        let granularity = ctx.vmm_granularity(false).map_err(cu_err)?.max(1);
+        let pages = merged(
+            ranges
+                .iter()
+                .filter_map(|&(ptr, bytes)| {
+                    Some((
+                        down(ptr, granularity),
+                        up(ptr.checked_add(bytes.max(1))?, granularity)?,
+                    ))
+                })
+                .collect(),
+            false,
+        );
+        let mut made = Placed::default();
+        if let Err(e) = made.reserve(ctx, &pages, &self.windows) {
+            made.release_all(ctx);
+            return Err(e);
+        }
+        self.windows.append(&mut made.windows);
+        self.held.extend(pages);
         Ok(())
     }
 
@@ -256,7 +284,11 @@ impl Placed {
                 .next_back()
                 .map(|(&s, &len)| (s, len));
             if let Some((start, len)) = window {
-                if !self.chunks.range(start..start + len).any(|_| true) {
+                let held = self
+                    .held
+                    .iter()
+                    .any(|&(lo, _)| lo >= start && lo < start + len);
+                if !held && !self.chunks.range(start..start + len).any(|_| true) {
                     self.windows.remove(&start);
                     if let Err(e) = ctx.vmm_address_free(start, len) {
                         tracing::warn!("giving back the reservation at {start:#x}: {e}");
@@ -287,6 +319,7 @@ impl Placed {
             }
         }
         self.allocations.clear();
+        self.held.clear();
     }
 }
 
