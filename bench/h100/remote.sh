@@ -32,8 +32,8 @@
 # GBIT= (100), SLOW_GBIT= (10; empty: skip), STEPS= (30), WARMUP= (5),
 # STEPS_SLOW= / WARMUP_SLOW= (10 / 2, at RTTs over 5 ms), BATCH= (8), CTX= (1024),
 # TLS_ROUNDS= (2), BW= (1; 0 skips the copies), BW_MAX= (bytes, 268435456),
-# BUDGET= (seconds after which no new run starts, 480), HARD= (seconds by
-# which every run has ended, 560), RUN_LIMIT= (seconds one run may take, 300),
+# BUDGET= (seconds after which no new run starts, 450), HARD= (seconds by
+# which every run has ended, 540), RUN_LIMIT= (seconds one run may take, 300),
 # CUMUX_REAL_LIBCUDA=.
 set -u
 START=$(date +%s)
@@ -55,8 +55,8 @@ BATCH=${BATCH:-8}
 CTX=${CTX:-1024}
 TLS_ROUNDS=${TLS_ROUNDS:-2}
 BW=${BW:-1}
-BUDGET=${BUDGET:-480}
-HARD=${HARD:-560}
+BUDGET=${BUDGET:-450}
+HARD=${HARD:-540}
 RUN_LIMIT=${RUN_LIMIT:-300}
 if [ -z "${NVCC:-}" ]; then
     NVCC=nvcc
@@ -165,16 +165,20 @@ start_server plain tcp:127.0.0.1:0 || { note "the plain-TCP server did not start
 
 relay_pid=
 relay_at=
-start_relay() { # PORT RTT_MS GBIT
-    "$KIT/cumux-netem" --to "127.0.0.1:$1" --rtt "${2}ms" --gbit "$3" >"$W/relay.out" 2>&1 &
+relays=0
+start_relay() { # PORT RTT_MS GBIT; a file of its own, never a stale line of the last one
+    relays=$((relays + 1))
+    local out=$W/relay$relays.out
+    "$KIT/cumux-netem" --to "127.0.0.1:$1" --rtt "${2}ms" --gbit "$3" >"$out" 2>&1 &
     relay_pid=$!
     pids+=("$relay_pid")
     relay_at=
     for _ in $(seq 100); do
-        relay_at=$(awk '/listening/ { print $4 }' "$W/relay.out" 2>/dev/null)
+        relay_at=$(awk '/listening/ { print $4 }' "$out" 2>/dev/null)
         [ -n "$relay_at" ] && break
         sleep 0.05
     done
+    [ -n "$relay_at" ] || note "cumux-netem did not start: $(cat "$out")"
     [ -n "$relay_at" ]
 }
 stop_relay() { [ -n "$relay_pid" ] && kill "$relay_pid" 2>/dev/null; wait "$relay_pid" 2>/dev/null; relay_pid=; }
@@ -195,7 +199,7 @@ run_step() {
         local port=$PORT_tls print=$PRINT_tls
         [ "$transport" = plain ] && { port=$PORT_plain; print=; }
         if ! start_relay "$port" "$rtt" "$gbit"; then
-            note "$name: cumux-netem did not start: $(cat "$W/relay.out")"; stop_relay; return
+            note "$name: no relay"; stop_relay; return
         fi
         trace=$W/hop-$name
         CUMUX_HOP_TRACE=$trace CUMUX_TLS_FINGERPRINT=$print timeout "$limit" \

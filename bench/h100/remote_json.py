@@ -16,7 +16,32 @@ import statistics
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from hop_trace import load  # noqa: E402
+from hop_trace import HOPS  # noqa: E402
+from hop_trace import load as load_slowly  # noqa: E402
+
+
+def load(directory):
+    """{pid: [(t, tid, hop name, call name)]} of a hop-trace folder, as
+    hop_trace.load gives it; with numpy, without a Python loop over the
+    files' million empty records."""
+    try:
+        import numpy as np
+    except ImportError:
+        return load_slowly(directory)
+    record = np.dtype([("t", "<u8"), ("tid", "<u4"), ("hop", "u1"), ("name", "S19")])
+    out = {}
+    for name in os.listdir(directory):
+        if not name.endswith(".hop"):
+            continue
+        data = np.fromfile(os.path.join(directory, name), dtype=record)
+        if len(data) == 0 or data[0].tobytes()[:8] != b"CUMUXHOP":
+            continue
+        used = data[1:][data[1:]["t"] != 0]
+        used = used[np.argsort(used["t"], kind="stable")]
+        out[int(name.split(".")[0])] = [
+            (int(r["t"]), int(r["tid"]), HOPS.get(int(r["hop"]), str(r["hop"])),
+             r["name"].split(b"\0")[0].decode(errors="replace")) for r in used]
+    return out
 
 manifest, path, date, gpu, driver, cuda, commit, program = sys.argv[1:9]
 PHASES = [("import", "start", "imported"), ("cuda_init", "imported", "cuda_ready"),
