@@ -204,7 +204,7 @@ fi
 backend=cupy
 if [ "$DEVICE" != cuda ]; then
     backend=numpy
-    note "DEVICE=$DEVICE: the FastAPI server computes with numpy on the CPU (plumbing only, no comparison)"
+    [ ${#FA_PY[@]} -gt 0 ] && note "DEVICE=$DEVICE: the FastAPI server computes with numpy on the CPU (plumbing only, no comparison)"
 elif [ ${#FA_PY[@]} -gt 0 ] && ! python3 -c 'import cupy' 2>/dev/null; then
     note "FastAPI comparison skipped: python3 cannot import cupy"
     FA_PY=()
