@@ -146,7 +146,8 @@ extra=()
 [ "$DEVICE" = cpu ] && extra=(--memory 2G)
 "$KIT/cumux" serve --device "$DEVICE" "${extra[@]}" --functions 127.0.0.1:0 --config "$W/cumux.toml" \
     --listen "unix:$W/s.sock" >"$W/server.out" 2>"$RUNS/server.log" &
-pids+=($!)
+server_pid=$!
+pids+=("$server_pid")
 for _ in $(seq 600); do grep -q listening "$W/server.out" 2>/dev/null && break; sleep 0.1; done
 line=$(head -1 "$W/server.out")
 URL=$(echo "$line" | grep -o 'functions on http://[^/]*' | awk '{ print $3 }')
@@ -183,7 +184,9 @@ for c in $CLIENTS; do load cumux vadd "$c" 127.0.0.1 "$PORT" /v1/functions/vadd/
 for b in $BATCHES; do load cumux "mlp_b$b" 1 127.0.0.1 "$PORT" /v1/functions/mlp/invoke "$W/mlp_b$b.st" "$TOKEN"; done
 last_batch=$(echo "$BATCHES" | awk '{ print $NF }')
 load cumux "mlp_b$last_batch" 16 127.0.0.1 "$PORT" /v1/functions/mlp/invoke "$W/mlp_b$last_batch.st" "$TOKEN"
-cp "$RUNS/server.log" "$RUNS/server-before-fastapi.log"
+# The cumux server stops before the other is measured: nothing of it runs beside.
+kill "$server_pid" 2>/dev/null
+for _ in $(seq 100); do kill -0 "$server_pid" 2>/dev/null || break; sleep 0.1; done
 
 # --- FastAPI + CuPy ---
 say ""
