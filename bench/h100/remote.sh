@@ -123,7 +123,7 @@ else
     fi
     PROGRAM=cuda_step
     # shellcheck disable=SC2086 # NVCC_FLAGS is a list of words
-    if ! "$NVCC" $NVCC_FLAGS -O2 -o "$W/remote_step" "$ROOT/bench/h100/remote_step.cu" >"$W/nvcc.log" 2>&1; then
+    if ! "$NVCC" $NVCC_FLAGS -O2 -arch=sm_90 -o "$W/remote_step" "$ROOT/bench/h100/remote_step.cu" >"$W/nvcc.log" 2>&1; then
         say "FATAL: nvcc failed for remote_step.cu: $(tail -3 "$W/nvcc.log")"; exit 1
     fi
     step_cmd() { echo "$W/remote_step" "$1" "$2"; }
@@ -131,7 +131,7 @@ fi
 HAVE_MICRO=0
 if [ "$BW" = 1 ]; then
     # shellcheck disable=SC2086
-    if "$NVCC" $NVCC_FLAGS -O2 -o "$W/microbench" "$ROOT/bench/cuda/microbench.cu" >"$W/nvcc-micro.log" 2>&1; then
+    if "$NVCC" $NVCC_FLAGS -O2 -arch=sm_90 -o "$W/microbench" "$ROOT/bench/cuda/microbench.cu" >"$W/nvcc-micro.log" 2>&1; then
         HAVE_MICRO=1
     else
         note "nvcc failed for microbench.cu ($(tail -1 "$W/nvcc-micro.log")): no copy figures"
