@@ -7,10 +7,12 @@
 #   bench/cuda/tenant_bench.cu), all 2N at once, under `fair` (Jain's index
 #   over every tenant's share of its speed alone) and `priority` (the latency
 #   tenants' p99), each against the same mix on one GPU;
-# - server: its CPU time and peak memory while the tenants run.
+# - server: its CPU time and peak memory while the tenants run;
+# - drain: `cumux drain 0` while 2 deterministic training runs per GPU go on
+#   (an isolated server): the sessions moved, their pauses, every run's
+#   losses against a native run's.
 # The remote pool has a script of its own (bench/h100/pool.sh: a server per
-# GPU behind the network emulator); `cumux drain` is not run (no migration
-# yet): the JSON says so. Writes $OUT/scale.txt and
+# GPU behind the network emulator). Writes $OUT/scale.txt and
 # $OUT/DATE-GPU-scale.json.
 #
 #   OUT=/some/dir bench/h100/scale.sh
@@ -120,6 +122,46 @@ for policy in fair priority; do
     wait "$sampler" 2>/dev/null
 done
 
+# --- drain: GPU 0 emptied while 2 training runs per GPU go on ---
+# An isolated server (a worker per session: sessions move); every run is the
+# same deterministic training (bench/h100/migrate_train.py), so each one's
+# losses must equal one native run's.
+TRAIN=(python3 "$ROOT/bench/h100/migrate_train.py" --steps "${DRAIN_STEPS:-300}")
+"${TRAIN[@]}" >"$OUT/runs/drain-native.txt" 2>&1
+rm -f "$W/d.sock"
+"$KIT/cumux" serve --device cuda --listen "unix:$W/d.sock" >"$OUT/runs/server-drain.log" 2>&1 &
+server=$!
+for _ in $(seq 300); do [ -S "$W/d.sock" ] && break; sleep 0.1; done
+sample_server "$OUT/runs/server-samples-drain.txt" &
+sampler=$!
+runs=()
+for g in $(seq 0 $((N - 1))); do
+    for k in 1 2; do
+        CUDA_VISIBLE_DEVICES=$g timeout 600 "$KIT/cumux" run --server "unix:$W/d.sock" -- "${TRAIN[@]}" \
+            >"$OUT/runs/drain-gpu$g-$k.txt" 2>&1 &
+        runs+=($!)
+    done
+done
+for f in "$OUT"/runs/drain-gpu*-*.txt; do
+    for _ in $(seq 1200); do grep -q '^ready' "$f" 2>/dev/null && break; sleep 0.1; done
+done
+sleep 1
+"$KIT/cumux" drain 0 --server "unix:$W/d.sock" >"$OUT/runs/drain.txt" 2>&1
+wait "${runs[@]}"
+stop_server
+wait "$sampler" 2>/dev/null
+drain_passed=0; drain_same=0
+for f in "$OUT"/runs/drain-gpu*-*.txt; do
+    grep -q '^PASS' "$f" && drain_passed=$((drain_passed + 1))
+    diff <(grep '^step [0-9]* loss' "$OUT/runs/drain-native.txt") <(grep '^step [0-9]* loss' "$f") >/dev/null &&
+        drain_same=$((drain_same + 1))
+done
+grep -h 'moved from device' "$OUT/runs/server-drain.log" | sed 's/.*INFO [^:]*: //' >"$OUT/runs/drain-moves.txt"
+say "drain of GPU 0: $(head -3 "$OUT/runs/drain.txt" | tr '\n' ' ')"
+say "drain: $(grep -c . "$OUT/runs/drain-moves.txt") sessions moved; $drain_passed of $((2 * N)) runs passed, $drain_same with losses equal to native"
+sed 's/^/  /' "$OUT/runs/drain-moves.txt" | tee -a "$REPORT"
+echo "$drain_passed $drain_same $((2 * N))" >"$OUT/runs/drain-counts.txt"
+
 python3 - "$OUT" "$N" "$GPU" "$DRIVER" "$(cat "$KIT/COMMIT" 2>/dev/null)" <<'PY' | tee -a "$REPORT"
 import datetime, glob, json, re, sys
 out, n, gpu, driver, commit = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]
@@ -193,6 +235,27 @@ for policy in ("fair", "priority"):
     figure(f"server_peak_rss_mib_{policy}", "MiB", "lower", None, peak)
     figure(f"server_cpu_s_{policy}", "s", "lower", None, cpu_s)
     lines.append(f"server under {policy}: peak RSS {peak} MiB, CPU {cpu_s} s")
+moves = []
+try:
+    for line in open(f"{runs}/drain-moves.txt"):
+        m = re.search(r"in ([0-9.]+)(ms|s|µs) \(([0-9]+) bytes", line)
+        if m:
+            scale = {"ms": 1, "s": 1000, "µs": 0.001}[m.group(2)]
+            moves.append((float(m.group(1)) * scale, int(m.group(3))))
+except OSError:
+    pass
+try:
+    passed, same, total = (int(x) for x in open(f"{runs}/drain-counts.txt").read().split())
+except (OSError, ValueError):
+    passed = same = total = None
+pauses = sorted(p for p, _ in moves)
+figure("drain_sessions_moved", "sessions", "higher", 2, len(moves))
+figure("drain_runs_passed", "runs", "higher", total, passed)
+figure("drain_runs_losses_equal_native", "runs", "higher", total, same)
+figure("drain_pause_ms_max", "ms", "lower", None, pauses[-1] if pauses else None)
+figure("drain_pause_ms_min", "ms", "lower", None, pauses[0] if pauses else None)
+figure("drain_moved_bytes_max", "bytes", "lower", None, max((b for _, b in moves), default=None))
+lines.append(f"drain: {len(moves)} sessions moved, pauses {pauses} ms; runs passed {passed}/{total}, losses equal to native {same}/{total}")
 result = {
     "suite": "scale",
     "date": datetime.date.today().isoformat(),
@@ -200,7 +263,6 @@ result = {
     "metrics": metrics,
     "not_run": {
         "pool": "run by bench/h100/pool.sh (its own JSON)",
-        "drain": "cumux drain needs live migration, not built yet (issue 17)",
     },
 }
 slug = re.sub(r"[^a-z0-9]+", "", gpu.lower().replace("nvidia", "").split()[0]) if gpu else "gpu"

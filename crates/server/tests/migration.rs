@@ -519,3 +519,96 @@ fn the_malloc_heap_limit_moves_and_a_used_heap_is_refused() {
     assert!(e.detail.contains("malloc heap"), "{e:?}");
     assert_eq!(session_of(&server, "heap-program").1, 1);
 }
+
+#[test]
+fn modules_loaded_and_unloaded_while_the_target_is_made_ready_are_as_the_program_left_them() {
+    let (server, socket, _dir) = two_cpu_devices("migrate-prepare");
+    let mut c = Client::connect(&socket, "prepared-program", None);
+    let add = load(&mut c, "vector_add");
+    let gone = load(&mut c, "constant_and_device_globals");
+    let (session, _) = session_of(&server, "prepared-program");
+    let mut admin = Client::connect(&socket, "admin", None);
+    let asking = std::thread::spawn(move || {
+        admin.call(Call::SessionMove {
+            session,
+            device: 1,
+            wait_ms: 5_000,
+        })
+    });
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !server.orders().is_waiting(session) {
+        assert!(Instant::now() < deadline, "the order never came");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    // This call takes the order: device 1 is made ready while the program
+    // goes on loading one module and unloading another.
+    assert_eq!(c.code(Call::Fence), codes::SUCCESS);
+    let saxpy = load(&mut c, "saxpy");
+    assert_eq!(
+        c.code(Call::ModuleUnload {
+            module: gone.module
+        }),
+        codes::SUCCESS
+    );
+    while !asking.is_finished() {
+        assert!(Instant::now() < deadline, "the move never ended");
+        assert_eq!(c.code(Call::Fence), codes::SUCCESS);
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let said = asking.join().unwrap().unwrap();
+    let ReplyBody::Data(line) = said else {
+        panic!("{said:?}")
+    };
+    assert!(String::from_utf8_lossy(&line).contains("moved"), "{line:?}");
+    assert_eq!(session_of(&server, "prepared-program").1, 1);
+    // Both loaded modules run on device 1; the unloaded one stays gone.
+    let n = 1024usize;
+    let bytes = 4 * n as u64;
+    let (x, y) = (c.alloc(bytes), c.alloc(bytes));
+    c.write(x, &floats(&vec![2.0; n]));
+    c.write(y, &floats(&vec![1.0; n]));
+    let f = &saxpy.functions[0];
+    let p = params(
+        &f.params,
+        &[
+            (n as i32).to_le_bytes().to_vec(),
+            3.0f32.to_le_bytes().to_vec(),
+            x.to_le_bytes().to_vec(),
+            y.to_le_bytes().to_vec(),
+        ],
+    );
+    c.post(launch_call_on(
+        f.handle,
+        [4, 1, 1],
+        [256, 1, 1],
+        DEFAULT_STREAM,
+        p,
+        Vec::new(),
+    ));
+    let f = &add.functions[0];
+    let p = params(
+        &f.params,
+        &[
+            y.to_le_bytes().to_vec(),
+            x.to_le_bytes().to_vec(),
+            y.to_le_bytes().to_vec(),
+            (n as i32).to_le_bytes().to_vec(),
+        ],
+    );
+    c.post(launch_call_on(
+        f.handle,
+        [4, 1, 1],
+        [256, 1, 1],
+        DEFAULT_STREAM,
+        p,
+        Vec::new(),
+    ));
+    assert_eq!(c.code(Call::ContextSynchronize), codes::SUCCESS);
+    assert_eq!(c.read(y, bytes).unwrap(), floats(&vec![9.0; n]));
+    assert_eq!(
+        c.code(Call::ModuleUnload {
+            module: gone.module
+        }),
+        codes::INVALID_HANDLE
+    );
+}

@@ -12,6 +12,7 @@ mod memory;
 mod modules;
 mod moving;
 mod order;
+mod preparing;
 mod signalling;
 mod streams;
 mod submit;
@@ -92,6 +93,8 @@ pub struct Session {
     threads: Option<ThreadedStreams>,
     /// Module globals a move put elsewhere: the program's addresses of them.
     aliases: aliases::Aliases,
+    /// A move whose target is being made ready while the session runs on.
+    preparing: Option<preparing::Preparing>,
     core: SessionCore,
     entry: Option<Arc<SessionEntry>>,
     /// The tenant's memory account; `None` for status queries, which may make
@@ -350,6 +353,7 @@ impl Session {
             ctx,
             threads,
             aliases: aliases::Aliases::default(),
+            preparing: None,
             core: SessionCore::new(
                 id,
                 stats,

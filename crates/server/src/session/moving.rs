@@ -12,12 +12,13 @@ use super::aliases::Aliases;
 use super::core::{err, release_failed};
 use super::image::{Bytes, GraphImage, LaunchImage, ModuleImage, SessionImage, StreamImage};
 use super::order::{stream_order, Order};
+use super::preparing::{Prepared, Preparing};
 use super::{launch_meter, FunctionEntry, ModuleEntry, Session};
 use crate::device::{
     Device, DeviceContext, KernelLaunch, LoadedModule, MovableContext, StreamOrdered, StreamWork,
 };
 use crate::gate::{GateSession, SchedStreams};
-use crate::moves::Action;
+use crate::moves::{Action, Order as AdminOrder};
 
 /// A session's state rebuilt on a new context, not yet the session's.
 struct Rebuilt {
@@ -41,16 +42,41 @@ impl Session {
     /// Carries out the order an admin left for this session, if any: at the
     /// start of a call, when none of its calls is half done.
     pub(super) fn take_order(&mut self) {
+        if self.preparing.as_ref().is_some_and(|p| p.is_ready()) {
+            if let Some(preparing) = self.preparing.take() {
+                let (order, ordinal, target, prepared) = preparing.finish();
+                let answer = self.finish_move(ordinal, target, prepared);
+                self.answer(order, answer.map(String::into_bytes));
+            }
+        }
         let Some(order) = self.server.orders().take(self.id()) else {
             return;
         };
-        let answer = match order.action {
-            Action::MoveTo(device) => self.move_to(device).map(String::into_bytes),
+        if self.preparing.is_some() {
+            let busy = err(
+                codes::NOT_READY,
+                format!("session {} is being moved already", self.id()),
+            );
+            // The move under way keeps the session's status note.
+            let _ = order.answer.send(Err(busy));
+            return;
+        }
+        let answer = match &order.action {
+            &Action::MoveTo(device) => match self.move_target(device) {
+                // The target is made ready first: answered when the move is done.
+                Ok(target) => return self.preparing_order(order, device, target),
+                Err(e) => Err(e),
+            },
             Action::Checkpoint => self
                 .quiesced_image("checkpointed")
                 .and_then(|image| image.encode()),
-            Action::Restore(bytes) => self.restore(&bytes).map(String::into_bytes),
+            Action::Restore(bytes) => self.restore(bytes).map(String::into_bytes),
         };
+        self.answer(order, answer);
+    }
+
+    /// Answers an admin's order.
+    fn answer(&mut self, order: AdminOrder, answer: Result<Vec<u8>, CuError>) {
         if let Err(e) = &answer {
             tracing::warn!(
                 session = self.id(),
@@ -102,9 +128,9 @@ impl Session {
         self.image()
     }
 
-    /// `Action::MoveTo`: the session on the server's device `ordinal`.
-    fn move_to(&mut self, ordinal: u32) -> Result<String, CuError> {
-        let from = self.device.info().ordinal;
+    /// `Action::MoveTo`, first half: the server's device `ordinal`, which
+    /// this session may move to.
+    fn move_target(&self, ordinal: u32) -> Result<Arc<dyn Device>, CuError> {
         let target = self
             .server
             .devices()
@@ -133,15 +159,71 @@ impl Session {
                 )));
             }
         }
+        if let Some(why) = self.why_unmovable() {
+            return Err(refused(format!(
+                "session {} cannot be moved: {why}",
+                self.id()
+            )));
+        }
+        Ok(target)
+    }
+
+    /// Starts making device `ordinal` ready for this session's move.
+    fn preparing_order(&mut self, order: AdminOrder, ordinal: u32, target: Arc<dyn Device>) {
+        let window = self.ctx.movable().map_or(0, |m| m.window());
+        let modules = self
+            .modules
+            .iter()
+            .map(|(&handle, entry)| {
+                let blocks = self
+                    .ctx
+                    .movable()
+                    .map(|m| m.module_blocks(entry.id))
+                    .unwrap_or_default();
+                (handle, Arc::clone(&entry.image), blocks)
+            })
+            .collect();
+        match Preparing::start(order, ordinal, target, window, modules) {
+            Ok(preparing) => {
+                let note = format!("move to device {ordinal}: making the target ready");
+                self.server.orders().note(self.id(), note);
+                self.preparing = Some(preparing);
+            }
+            Err((order, e)) => self.answer(order, Err(e)),
+        }
+    }
+
+    /// `Action::MoveTo`, second half: the session moved to `target` (device
+    /// `ordinal`), onto the context made ready for it if that worked, else a
+    /// fresh one.
+    fn finish_move(
+        &mut self,
+        ordinal: u32,
+        target: Arc<dyn Device>,
+        prepared: Result<Prepared, CuError>,
+    ) -> Result<String, CuError> {
+        let from = self.device.info().ordinal;
         let started = std::time::Instant::now();
         let image = self.quiesced_image("moved")?;
         let taken = started.elapsed();
         let bytes = image.charged_bytes();
-        let rebuilt = self.rebuild(target, &image)?;
+        let ready = match prepared {
+            Ok(ref p) => format!("target made ready beforehand in {:.1?}", p.took),
+            Err(ref e) => format!("target not made ready beforehand: {}", e.detail),
+        };
+        let rebuilt = match prepared {
+            Ok(p) => self
+                .rebuild(Arc::clone(&target), &image, Some(p))
+                .or_else(|e| {
+                    tracing::info!("the move's prepared target failed ({}); again", e.detail);
+                    self.rebuild(target, &image, None)
+                })?,
+            Err(_) => self.rebuild(target, &image, None)?,
+        };
         self.adopt(rebuilt, image);
         let line = format!(
             "session {} moved from device {from} to device {ordinal} in {:.1?} ({bytes} bytes; \
-             drained and read in {taken:.1?})",
+             drained and read in {taken:.1?}; {ready})",
             self.id(),
             started.elapsed()
         );
@@ -178,7 +260,7 @@ impl Session {
             self.reserve(wanted - held)?;
         }
         let device = Arc::clone(&self.device);
-        match self.rebuild(device, &image) {
+        match self.rebuild(device, &image, None) {
             Ok(rebuilt) => {
                 if held > wanted {
                     self.release(held - wanted);
@@ -290,12 +372,23 @@ impl Session {
 
     /// `image` on a fresh context of `device`, beside the session's own: on
     /// any failure the new context goes and the session is as it was.
-    fn rebuild(&self, device: Arc<dyn Device>, image: &SessionImage) -> Result<Rebuilt, CuError> {
+    fn rebuild(
+        &self,
+        device: Arc<dyn Device>,
+        image: &SessionImage,
+        prepared: Option<Prepared>,
+    ) -> Result<Rebuilt, CuError> {
         check_handles(image)?;
-        let ctx = device
-            .movable()
-            .ok_or_else(|| refused("the target device cannot take a moved session"))?
-            .create_context_in_window(image.window)?;
+        let (ctx, mut ready) = match prepared {
+            Some(p) => (p.ctx, p.loaded),
+            None => (
+                device
+                    .movable()
+                    .ok_or_else(|| refused("the target device cannot take a moved session"))?
+                    .create_context_in_window(image.window)?,
+                HashMap::new(),
+            ),
+        };
         let placed = ctx
             .movable()
             .ok_or_else(|| refused("the target context cannot place memory"))?;
@@ -327,7 +420,10 @@ impl Session {
         let mut moved = Aliases::default();
         let mut aliases = self.aliases.clone();
         for m in &image.modules {
-            let module = placed.module_load_at(&m.image, &m.blocks)?;
+            let module = match ready.remove(&m.handle) {
+                Some(module) => module,
+                None => placed.module_load_at(&m.image, &m.blocks)?,
+            };
             if module.kernels.len() != m.functions.len() {
                 return Err(err(
                     codes::INVALID_IMAGE,
@@ -358,6 +454,10 @@ impl Session {
                 }
             }
             loaded.insert(m.handle, module);
+        }
+        // Modules made ready for the move and unloaded since.
+        for (_, module) in ready {
+            ctx.module_unload(module.id);
         }
         self.hold_aliases(placed, &aliases, image, &loaded)?;
         let (gate, gated) = match (&self.tenant, self.server.gate_of(&device)) {
