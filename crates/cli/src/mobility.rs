@@ -1,6 +1,6 @@
 //! `cumux migrate`, `cumux drain`, `cumux checkpoint` and `cumux restore`:
-//! an admin moves a running session to another device, every session off a
-//! device, or a session's state to a file and back (issue 17).
+//! an admin moves a running session to another device or server, every
+//! session off a device, or a session's state to a file and back (issue 17).
 
 use std::path::Path;
 use std::time::Duration;
@@ -32,8 +32,84 @@ fn said(reply: ReplyBody) -> String {
     }
 }
 
-/// `cumux migrate SESSION --to DEVICE`: prints what the server did.
-pub fn migrate(address: &Address, session: u64, device: u32, wait: Duration) -> Result<()> {
+/// Where `cumux migrate --to` sends a session.
+pub enum Destination {
+    /// A device of its server, by ordinal.
+    Device(u32),
+    /// Another server (`unix:PATH` or `tcp:HOST:PORT`).
+    Server(Address),
+}
+
+impl Destination {
+    pub fn parse(text: &str) -> Result<Destination> {
+        if let Ok(device) = text.trim().parse::<u32>() {
+            return Ok(Destination::Device(device));
+        }
+        Address::parse(text)
+            .map(Destination::Server)
+            .map_err(|e| anyhow::anyhow!("--to {text}: a device number, or a server: {e}"))
+    }
+}
+
+/// `cumux migrate SESSION --to DEVICE|SERVER`: prints what was done.
+pub fn migrate(address: &Address, session: u64, to: &Destination, wait: Duration) -> Result<()> {
+    match to {
+        Destination::Device(device) => migrate_to_device(address, session, *device, wait),
+        Destination::Server(target) => migrate_to_server(address, session, target, wait),
+    }
+}
+
+/// The session held at its next call, its image parked on `target`, then
+/// its held call answered "moved there": its client (run with
+/// CUMUX_RESUME=1) reconnects there and sends the call again. A target that
+/// does not take it leaves it carrying on where it was.
+fn migrate_to_server(
+    address: &Address,
+    session: u64,
+    target: &Address,
+    wait: Duration,
+) -> Result<()> {
+    // Both servers first: an unreachable target leaves the session alone.
+    let mut source = admin(address, "cumux migrate")?;
+    let mut there = admin(target, "cumux migrate")?;
+    let started = std::time::Instant::now();
+    let call = Call::SessionCheckpoint {
+        session,
+        wait_ms: wait_ms(wait),
+        hold: true,
+    };
+    let image = match source.call(call)? {
+        ReplyBody::Data(image) => image,
+        other => bail!("unexpected answer to a checkpoint: {other:?}"),
+    };
+    let bytes = image.len();
+    if let Err(e) = there.call(Call::SessionPark { image }) {
+        let release = Call::SessionRelease {
+            session,
+            moved_to: None,
+        };
+        let carried_on = source.call(release).is_ok();
+        bail!(
+            "the server at {target} did not take session {session}{}: {e:#}",
+            match carried_on {
+                true => " (it carries on where it was)",
+                false => "",
+            }
+        );
+    }
+    let release = Call::SessionRelease {
+        session,
+        moved_to: Some(target.to_string()),
+    };
+    source.call(release)?;
+    println!(
+        "session {session} moved to the server at {target}: {bytes} bytes of state in {:.1?}",
+        started.elapsed()
+    );
+    Ok(())
+}
+
+fn migrate_to_device(address: &Address, session: u64, device: u32, wait: Duration) -> Result<()> {
     let mut conn = admin(address, "cumux migrate")?;
     let call = Call::SessionMove {
         session,
@@ -104,24 +180,51 @@ pub fn drain(address: &Address, device: u32, to: Option<u32>, wait: Duration) ->
     Ok(())
 }
 
-/// `cumux checkpoint SESSION FILE`: the session's state, taken at its next
-/// call, written to `file` (checksummed, compressed).
-pub fn checkpoint(address: &Address, session: u64, file: &Path, wait: Duration) -> Result<()> {
+/// `cumux checkpoint SESSION FILE [--hold]`: the session's state, taken at
+/// its next call, written to `file` (checksummed, compressed). With `hold`
+/// that call is held unanswered, so that `cumux serve --restore FILE` can
+/// resume the program after the server restarts.
+pub fn checkpoint(
+    address: &Address,
+    session: u64,
+    file: &Path,
+    hold: bool,
+    wait: Duration,
+) -> Result<()> {
     let mut conn = admin(address, "cumux checkpoint")?;
     let call = Call::SessionCheckpoint {
         session,
         wait_ms: wait_ms(wait),
+        hold,
     };
     let image = match conn.call(call)? {
         ReplyBody::Data(image) => image,
         other => bail!("unexpected answer to a checkpoint: {other:?}"),
     };
-    let written = checkpoint_file::write(file, &image)?;
+    let written = match checkpoint_file::write(file, &image) {
+        Ok(written) => written,
+        Err(e) if hold => {
+            let release = Call::SessionRelease {
+                session,
+                moved_to: None,
+            };
+            let _ = conn.call(release);
+            return Err(e.context(format!("session {session} was released: it carries on")));
+        }
+        Err(e) => return Err(e),
+    };
     println!(
         "session {session} checkpointed to {}: {} bytes of state, {written} in the file",
         file.display(),
         image.len()
     );
+    if hold {
+        println!(
+            "its program waits at the call the checkpoint was taken at; restart the server \
+             with `cumux serve --restore {}` and it resumes there",
+            file.display()
+        );
+    }
     Ok(())
 }
 

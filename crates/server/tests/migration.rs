@@ -306,6 +306,7 @@ fn a_checkpoint_brings_a_sessions_state_back_and_a_foreign_image_is_refused() {
         Call::SessionCheckpoint {
             session,
             wait_ms: 5_000,
+            hold: false,
         },
     ) {
         Ok(ReplyBody::Data(image)) => image,
@@ -445,6 +446,7 @@ fn an_order_for_a_session_that_ends_first_says_so() {
         .call(Call::SessionCheckpoint {
             session,
             wait_ms: 10,
+            hold: false,
         })
         .unwrap_err();
     assert!(e.detail.contains("has an order waiting already"), "{e:?}");
@@ -518,4 +520,50 @@ fn the_malloc_heap_limit_moves_and_a_used_heap_is_refused() {
     .unwrap_err();
     assert!(e.detail.contains("malloc heap"), "{e:?}");
     assert_eq!(session_of(&server, "heap-program").1, 1);
+}
+
+#[test]
+fn a_hold_needs_a_client_that_can_resume_and_parking_needs_a_held_image() {
+    let (server, socket, _dir) = two_cpu_devices("hold-refused");
+    let mut c = Client::connect(&socket, "held", None);
+    let p = c.alloc(64);
+    c.write(p, b"state");
+    let (session, _) = session_of(&server, "held");
+    // Its client offered no resume (CUMUX_RESUME): nothing could resume it.
+    let hold = Call::SessionCheckpoint {
+        session,
+        wait_ms: 5_000,
+        hold: true,
+    };
+    let e = order(&socket, &mut c, hold).unwrap_err();
+    assert!(e.detail.contains("CUMUX_RESUME=1"), "{e:?}");
+    assert_eq!(&c.read(p, 5).unwrap(), b"state");
+    let mut admin = Client::connect(&socket, "admin", None);
+    let release = Call::SessionRelease {
+        session,
+        moved_to: Some("unix:/nowhere".into()),
+    };
+    let e = admin.call(release).unwrap_err();
+    assert!(e.detail.contains("is not held"), "{e:?}");
+    // A checkpoint without the hold, or garbage, is not parked.
+    let plain = Call::SessionCheckpoint {
+        session,
+        wait_ms: 5_000,
+        hold: false,
+    };
+    let image = match order(&socket, &mut c, plain) {
+        Ok(ReplyBody::Data(image)) => image,
+        other => panic!("{other:?}"),
+    };
+    let e = admin.call(Call::SessionPark { image }).unwrap_err();
+    assert!(e.detail.contains("without --hold"), "{e:?}");
+    let e = admin
+        .call(Call::SessionPark {
+            image: b"garbage".to_vec(),
+        })
+        .unwrap_err();
+    assert!(e.detail.contains("not a session image"), "{e:?}");
+    // The session runs on.
+    c.write(p, b"later");
+    assert_eq!(&c.read(p, 5).unwrap(), b"later");
 }

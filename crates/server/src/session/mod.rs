@@ -10,6 +10,7 @@ mod ipc;
 mod memory;
 mod modules;
 mod moving;
+mod resuming;
 mod signalling;
 mod streams;
 mod submit;
@@ -153,6 +154,13 @@ pub struct Session {
     /// Set when the client hangs up ([`Session::canceller`]): a launch held
     /// back by the launch window stops waiting.
     hung_up: Arc<std::sync::atomic::AtomicBool>,
+    /// The key its client resumes it by (`Hello::resume`); 0: its client
+    /// cannot resume.
+    resume_key: u64,
+    /// The `seq` of the call being handled (the connection sets it).
+    seq: u64,
+    /// Set when the session ends after the call's reply (it moved away).
+    leaving: bool,
     /// The client's pinned host regions.
     host: HostRegions,
     /// The memfd that came with the call being handled (`HostRegister`).
@@ -407,6 +415,9 @@ impl Session {
             latency_critical,
             watched,
             hung_up: Arc::default(),
+            resume_key: Session::resume_key_for(hello, id),
+            seq: 0,
+            leaving: false,
             host: HostRegions::default(),
             incoming_fd: None,
             outgoing_fd: None,
@@ -493,9 +504,23 @@ impl Session {
                 device,
                 wait_ms,
             } => self.order(*session, Action::MoveTo(*device), *wait_ms),
-            Call::SessionCheckpoint { session, wait_ms } => {
-                self.order(*session, Action::Checkpoint, *wait_ms)
+            Call::SessionCheckpoint {
+                session,
+                wait_ms,
+                hold,
+            } => {
+                let action = match hold {
+                    true => Action::Hold,
+                    false => Action::Checkpoint,
+                };
+                self.order(*session, action, *wait_ms)
             }
+            Call::SessionPark { image } => self.admin().and_then(|()| {
+                Session::park(&self.server, image.clone()).map(|line| ReplyBody::Data(line.into()))
+            }),
+            Call::SessionRelease { session, moved_to } => self
+                .admin()
+                .and_then(|()| self.release_held(*session, moved_to.clone())),
             Call::SessionRestore {
                 session,
                 image,
@@ -526,10 +551,15 @@ impl Session {
             ));
         }
         let orders = self.server.orders();
+        let held = action == Action::Hold;
         let answer = orders.post(session, action)?;
         let patience = std::time::Duration::from_millis(wait_ms.min(MAX_ORDER_WAIT_MS));
         let said = orders.wait(session, &answer, patience)?;
         if said.len() > cumux_protocol::MAX_FRAME_BYTES {
+            if held {
+                // Nobody gets the image: the session carries on.
+                let _ = orders.release(session, crate::moves::Release::CarryOn);
+            }
             return Err(err(
                 codes::NOT_SUPPORTED,
                 format!(
@@ -541,6 +571,21 @@ impl Session {
         }
         // A checkpoint's image, or the line saying what was done.
         Ok(ReplyBody::Data(said))
+    }
+
+    /// `Call::SessionRelease` (admins only): a held session carries on, or
+    /// answers that it moved to `moved_to` and ends.
+    fn release_held(&self, session: u64, moved_to: Option<String>) -> CallResult {
+        let how = match &moved_to {
+            Some(address) => crate::moves::Release::MovedTo(address.clone()),
+            None => crate::moves::Release::CarryOn,
+        };
+        self.server.orders().release(session, how)?;
+        let line = match moved_to {
+            Some(address) => format!("session {session} released: its program goes to {address}"),
+            None => format!("session {session} released: it carries on here"),
+        };
+        Ok(ReplyBody::Data(line.into_bytes()))
     }
 
     /// Whether this connection is an admin's (it sees every tenant: the
@@ -640,7 +685,9 @@ impl Session {
         }
         if self.entry.is_some() {
             // An admin's order (move, checkpoint, restore) waits for this point.
-            self.take_order();
+            if let Some(answer) = self.take_order() {
+                return Some(answer);
+            }
         }
         let fire_and_forget = call.is_fire_and_forget();
         if !fire_and_forget && self.gate.is_some() {
@@ -756,6 +803,8 @@ impl Session {
             | Call::TenantRemove { .. }
             | Call::SessionMove { .. }
             | Call::SessionCheckpoint { .. }
+            | Call::SessionPark { .. }
+            | Call::SessionRelease { .. }
             | Call::SessionRestore { .. }) => self
                 .server_call(&call)
                 .unwrap_or_else(|| Err(err(codes::UNKNOWN, "a server call the session took"))),

@@ -33,11 +33,12 @@ fn refused(why: impl Into<String>) -> CuError {
 impl Session {
     /// Carries out the order an admin left for this session, if any: at the
     /// start of a call, when none of its calls is half done.
-    pub(super) fn take_order(&mut self) {
-        let Some(order) = self.server.orders().take(self.id()) else {
-            return;
-        };
+    /// An answer comes back where the order settles the call itself (a
+    /// held session that moved away).
+    pub(super) fn take_order(&mut self) -> Option<super::CallResult> {
+        let order = self.server.orders().take(self.id())?;
         let answer = match order.action {
+            Action::Hold => return self.hold(order),
             Action::MoveTo(device) => self.move_to(device).map(String::into_bytes),
             Action::Checkpoint => self
                 .quiesced_image("checkpointed")
@@ -54,6 +55,7 @@ impl Session {
         self.server.orders().done(self.id());
         // The admin may have stopped waiting; the session carries on either way.
         let _ = order.answer.send(answer);
+        None
     }
 
     /// Why this session cannot move or be checkpointed now, if it cannot.
@@ -84,7 +86,7 @@ impl Session {
     }
 
     /// The session's state once its work has drained.
-    fn quiesced_image(&mut self, what: &str) -> Result<SessionImage, CuError> {
+    pub(super) fn quiesced_image(&mut self, what: &str) -> Result<SessionImage, CuError> {
         if let Some(why) = self.why_unmovable() {
             return Err(refused(format!(
                 "session {} cannot be {what}: {why}",
@@ -141,7 +143,11 @@ impl Session {
 
     /// `Action::Restore`: the session's state replaced by a checkpoint's.
     fn restore(&mut self, bytes: &[u8]) -> Result<String, CuError> {
-        let image = SessionImage::decode(bytes)?;
+        self.restore_image(SessionImage::decode(bytes)?)
+    }
+
+    /// The session's state replaced by `image`'s.
+    pub(super) fn restore_image(&mut self, image: SessionImage) -> Result<String, CuError> {
         if image.index != self.index {
             return Err(err(
                 codes::INVALID_VALUE,
@@ -275,6 +281,7 @@ impl Session {
             events,
             graphs,
             limits: self.ctx.movable().map(|m| m.limits()).unwrap_or_default(),
+            resume: None,
         })
     }
 
