@@ -89,9 +89,18 @@ fn start_loop(
     server: &ServerProc,
     stop: &std::path::Path,
 ) -> (std::process::Child, Receiver<String>) {
+    start_loop_over(server, stop, "shm")
+}
+
+/// The same, its calls going `transport` (`shm` or `socket`).
+fn start_loop_over(
+    server: &ServerProc,
+    stop: &std::path::Path,
+    transport: &str,
+) -> (std::process::Child, Receiver<String>) {
     let program = driver_program("migrate_loop");
     let mut run = server.command(&program, &[stop.to_str().unwrap()]);
-    run.env("CUMUX_RESUME", "1");
+    run.env("CUMUX_RESUME", "1").env("CUMUX_TRANSPORT", transport);
     server.start_until(run, "progress 10", LIMIT)
 }
 
@@ -133,7 +142,8 @@ fn a_checkpoint_survives_a_server_restart() {
     }
     let mut server = cpu_server(TempDir::new("resume"), &[]);
     let stop = server.dir.0.join("stop");
-    let (mut child, lines) = start_loop(&server, &stop);
+    // On the socket here; the moves between servers go through shared memory.
+    let (mut child, lines) = start_loop_over(&server, &stop, "socket");
     let session = session_id(&server);
     let file = server.dir.0.join("held.ckpt");
     let out = cumux(
