@@ -100,7 +100,8 @@ fn start_loop_over(
 ) -> (std::process::Child, Receiver<String>) {
     let program = driver_program("migrate_loop");
     let mut run = server.command(&program, &[stop.to_str().unwrap()]);
-    run.env("CUMUX_RESUME", "1").env("CUMUX_TRANSPORT", transport);
+    run.env("CUMUX_RESUME", "1")
+        .env("CUMUX_TRANSPORT", transport);
     server.start_until(run, "progress 10", LIMIT)
 }
 
