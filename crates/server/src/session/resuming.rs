@@ -3,7 +3,10 @@
 //! rebuilt into the session the program's client opens there to send that call again.
 
 use std::hash::{BuildHasher, Hasher};
+use std::sync::atomic::Ordering;
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use cumux_protocol::{codes, CuError, Hello, ReplyBody};
 
@@ -12,6 +15,9 @@ use super::image::{ResumePoint, SessionImage};
 use super::{CallResult, Session};
 use crate::moves::{Order, Parked, Release, HOLD_LIMIT};
 use crate::Server;
+
+/// How often a held session looks whether its client hung up.
+const HOLD_CHECK: Duration = Duration::from_millis(250);
 
 impl Session {
     /// The resume key of a session opened by `hello`: the one it names, a
@@ -101,22 +107,39 @@ impl Session {
             seq = self.seq,
             "checkpointed; its call is held"
         );
-        let how = released.recv_timeout(HOLD_LIMIT);
+        let how = self.held_until_released(&released);
         orders.unhold(id);
         orders.done(id);
         match how {
-            Ok(Release::MovedTo(address)) => {
+            Some(Release::MovedTo(address)) => {
                 tracing::info!(session = id, %address, "moved to another server");
                 self.leaving = true;
                 Some(Ok(ReplyBody::Moved { address }))
             }
-            Ok(Release::CarryOn) => None,
-            Err(_) => {
+            Some(Release::CarryOn) | None => None,
+        }
+    }
+
+    /// How a held session goes on: as released, or (`None`) on with its
+    /// call, once its client hung up or [`HOLD_LIMIT`] passed.
+    fn held_until_released(&self, released: &Receiver<Release>) -> Option<Release> {
+        let deadline = Instant::now() + HOLD_LIMIT;
+        loop {
+            match released.recv_timeout(HOLD_CHECK) {
+                Ok(how) => return Some(how),
+                Err(RecvTimeoutError::Disconnected) => return None,
+                Err(RecvTimeoutError::Timeout) => {}
+            }
+            if self.hung_up.load(Ordering::Relaxed) {
+                tracing::info!(session = self.id(), "its client hung up while held");
+                return None;
+            }
+            if Instant::now() >= deadline {
                 tracing::warn!(
-                    session = id,
+                    session = self.id(),
                     "held for {HOLD_LIMIT:?} without a release: it carries on"
                 );
-                None
+                return None;
             }
         }
     }
