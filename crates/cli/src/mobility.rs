@@ -6,7 +6,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
-use cumux_protocol::{Call, ClientRole, ReplyBody};
+use cumux_protocol::{Call, ClientRole, ReplyBody, IMAGE_PIECE_BYTES};
 use cumux_server::Address;
 
 use crate::checkpoint_file;
@@ -22,6 +22,44 @@ fn admin(address: &Address, what: &str) -> Result<probe::Connection> {
 
 fn wait_ms(wait: Duration) -> u64 {
     u64::try_from(wait.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// A checkpoint's image as the server answered it: whole, or staged on the
+/// connection and read in pieces.
+fn image_of(conn: &mut probe::Connection, reply: ReplyBody) -> Result<Vec<u8>> {
+    let bytes = match reply {
+        ReplyBody::Data(image) => return Ok(image),
+        ReplyBody::ImageStaged { bytes } => bytes,
+        other => bail!("unexpected answer to a checkpoint: {other:?}"),
+    };
+    let mut image = Vec::with_capacity(usize::try_from(bytes)?);
+    while (image.len() as u64) < bytes {
+        let offset = image.len() as u64;
+        let piece = (bytes - offset).min(IMAGE_PIECE_BYTES as u64);
+        match conn.call(Call::ImageRead {
+            offset,
+            bytes: piece,
+        })? {
+            ReplyBody::Data(d) if d.len() as u64 == piece => image.extend_from_slice(&d),
+            other => bail!("unexpected answer to an image read: {other:?}"),
+        }
+    }
+    Ok(image)
+}
+
+/// `image` for a restore or park on `conn`: itself where one call carries
+/// it, else staged there in pieces first, and then the call names none.
+fn sent_image(conn: &mut probe::Connection, image: Vec<u8>) -> Result<Vec<u8>> {
+    if image.len() <= IMAGE_PIECE_BYTES {
+        return Ok(image);
+    }
+    for (i, piece) in image.chunks(IMAGE_PIECE_BYTES).enumerate() {
+        conn.call(Call::ImageWrite {
+            offset: (i * IMAGE_PIECE_BYTES) as u64,
+            data: piece.to_vec(),
+        })?;
+    }
+    Ok(Vec::new())
 }
 
 /// What the server said it did.
@@ -78,12 +116,14 @@ fn migrate_to_server(
         wait_ms: wait_ms(wait),
         hold: true,
     };
-    let image = match source.call(call)? {
-        ReplyBody::Data(image) => image,
-        other => bail!("unexpected answer to a checkpoint: {other:?}"),
-    };
-    let bytes = image.len();
-    if let Err(e) = there.call(Call::SessionPark { image }) {
+    let reply = source.call(call)?;
+    let mut bytes = 0;
+    let parked = image_of(&mut source, reply).and_then(|image| {
+        bytes = image.len();
+        let image = sent_image(&mut there, image)?;
+        there.call(Call::SessionPark { image })
+    });
+    if let Err(e) = parked {
         let release = Call::SessionRelease {
             session,
             moved_to: None,
@@ -197,11 +237,13 @@ pub fn checkpoint(
         wait_ms: wait_ms(wait),
         hold,
     };
-    let image = match conn.call(call)? {
-        ReplyBody::Data(image) => image,
-        other => bail!("unexpected answer to a checkpoint: {other:?}"),
-    };
-    let written = match checkpoint_file::write(file, &image) {
+    let reply = conn.call(call)?;
+    let mut image = Vec::new();
+    let written = image_of(&mut conn, reply).and_then(|got| {
+        image = got;
+        checkpoint_file::write(file, &image)
+    });
+    let written = match written {
         Ok(written) => written,
         Err(e) if hold => {
             let release = Call::SessionRelease {
@@ -233,6 +275,7 @@ pub fn checkpoint(
 pub fn restore(address: &Address, file: &Path, session: u64, wait: Duration) -> Result<()> {
     let image = checkpoint_file::read(file)?;
     let mut conn = admin(address, "cumux restore")?;
+    let image = sent_image(&mut conn, image)?;
     let call = Call::SessionRestore {
         session,
         image,

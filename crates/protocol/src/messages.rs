@@ -3,6 +3,10 @@
 
 use serde::{Deserialize, Serialize};
 
+/// Bytes of a session image one `Data` reply or [`Call::ImageWrite`] carries
+/// at most: a larger image travels in pieces.
+pub const IMAGE_PIECE_BYTES: usize = 32 << 20;
+
 /// A device pointer in the server's device address space.
 pub type DevicePtr = u64;
 
@@ -386,6 +390,22 @@ pub enum Call {
         #[serde(with = "serde_bytes")]
         image: Vec<u8>,
     },
+    /// A piece of the session image this connection's last checkpoint
+    /// staged ([`ReplyBody::ImageStaged`]): `bytes` from `offset`, answered
+    /// by `Data` (admins only).
+    ImageRead {
+        offset: u64,
+        bytes: u64,
+    },
+    /// Appends a piece, at `offset` (the bytes staged so far), to the image
+    /// this connection stages for its next `SessionRestore` or `SessionPark`
+    /// with an empty image (admins only): images larger than a frame travel
+    /// so.
+    ImageWrite {
+        offset: u64,
+        #[serde(with = "serde_bytes")]
+        data: Vec<u8>,
+    },
     /// Ends the hold of a session checkpointed with `hold` (admins only):
     /// `moved_to: None`, it carries on with the held call; `Some(address)`,
     /// its held call is answered with [`ReplyBody::Moved`] and it ends.
@@ -558,6 +578,11 @@ pub enum ReplyBody {
     Value(u64),
     /// A physical allocation's properties ([`crate::vmm::VmmCall::Properties`]).
     VmmProperties(crate::vmm::VmmProperties),
+    /// A checkpoint's image too large for one reply, staged on the
+    /// connection: read it with [`Call::ImageRead`].
+    ImageStaged {
+        bytes: u64,
+    },
     /// The session moved to the server at `address` (a reply to whatever
     /// call it was held at): its client reconnects there with its resume key
     /// and sends again every call from this reply's `seq` on.

@@ -567,3 +567,100 @@ fn a_hold_needs_a_client_that_can_resume_and_parking_needs_a_held_image() {
     c.write(p, b"later");
     assert_eq!(&c.read(p, 5).unwrap(), b"later");
 }
+
+/// `call` from `admin` while `program` keeps calling (orders are carried out
+/// at the program's next call); the admin comes back with the answer.
+fn order_from(
+    mut admin: Client,
+    program: &mut Client,
+    call: Call,
+) -> (Client, Result<ReplyBody, CuError>) {
+    let asking = std::thread::spawn(move || {
+        let answer = admin.call(call);
+        (admin, answer)
+    });
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !asking.is_finished() {
+        assert!(Instant::now() < deadline, "the order was never answered");
+        assert_eq!(program.code(Call::Fence), codes::SUCCESS);
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    asking.join().unwrap()
+}
+
+#[test]
+fn a_checkpoint_larger_than_a_frame_travels_in_pieces() {
+    let (server, socket, _dir) = two_cpu_devices("big-checkpoint");
+    let mut c = Client::connect(&socket, "big", None);
+    let size: u64 = 96 << 20;
+    assert!(size > MAX_FRAME_BYTES as u64);
+    let p = c.alloc(size);
+    c.write(p, b"head");
+    c.write(p + size - 4, b"tail");
+    let (session, _) = session_of(&server, "big");
+    let admin = Client::connect(&socket, "admin", None);
+    let checkpoint = Call::SessionCheckpoint {
+        session,
+        wait_ms: 5_000,
+        hold: false,
+    };
+    let (mut admin, answer) = order_from(admin, &mut c, checkpoint);
+    let bytes = match answer {
+        Ok(ReplyBody::ImageStaged { bytes }) => bytes,
+        other => panic!("{other:?}"),
+    };
+    assert!(bytes > size, "{bytes}");
+    let mut image = Vec::new();
+    while (image.len() as u64) < bytes {
+        let offset = image.len() as u64;
+        let piece = (bytes - offset).min(IMAGE_PIECE_BYTES as u64);
+        match admin.call(Call::ImageRead {
+            offset,
+            bytes: piece,
+        }) {
+            Ok(ReplyBody::Data(d)) => image.extend_from_slice(&d),
+            other => panic!("{other:?}"),
+        }
+    }
+    // Read to its end, the staged image is gone.
+    let e = admin
+        .call(Call::ImageRead {
+            offset: 0,
+            bytes: 1,
+        })
+        .unwrap_err();
+    assert!(e.detail.contains("staged image of 0"), "{e:?}");
+    c.write(p, b"HEAD");
+    // Pieces go in order.
+    let e = admin
+        .call(Call::ImageWrite {
+            offset: 5,
+            data: vec![1; 8],
+        })
+        .unwrap_err();
+    assert!(e.detail.contains("in order"), "{e:?}");
+    for (i, piece) in image.chunks(IMAGE_PIECE_BYTES).enumerate() {
+        let write = Call::ImageWrite {
+            offset: (i * IMAGE_PIECE_BYTES) as u64,
+            data: piece.to_vec(),
+        };
+        assert_eq!(admin.call(write), Ok(ReplyBody::Unit));
+    }
+    let restore = Call::SessionRestore {
+        session,
+        image: Vec::new(),
+        wait_ms: 5_000,
+    };
+    let (mut admin, answer) = order_from(admin, &mut c, restore);
+    assert!(matches!(answer, Ok(ReplyBody::Data(_))), "{answer:?}");
+    assert_eq!(&c.read(p, 4).unwrap(), b"head");
+    assert_eq!(&c.read(p + size - 4, 4).unwrap(), b"tail");
+    // Nothing staged any more: an empty image is refused.
+    let restore = Call::SessionRestore {
+        session,
+        image: Vec::new(),
+        wait_ms: 5_000,
+    };
+    let e = admin.call(restore).unwrap_err();
+    assert!(e.detail.contains("none staged"), "{e:?}");
+}

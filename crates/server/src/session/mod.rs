@@ -12,6 +12,7 @@ mod modules;
 mod moving;
 mod resuming;
 mod signalling;
+mod staged;
 mod streams;
 mod submit;
 mod vmm;
@@ -161,6 +162,10 @@ pub struct Session {
     seq: u64,
     /// Set when the session ends after the call's reply (it moved away).
     leaving: bool,
+    /// An admin connection's checkpoint image, read in pieces (`staged`).
+    staged_out: std::cell::RefCell<Vec<u8>>,
+    /// An image an admin connection writes in pieces (`staged`).
+    staged_in: std::cell::RefCell<Vec<u8>>,
     /// The client's pinned host regions.
     host: HostRegions,
     /// The memfd that came with the call being handled (`HostRegister`).
@@ -418,6 +423,8 @@ impl Session {
             resume_key: Session::resume_key_for(hello, id),
             seq: 0,
             leaving: false,
+            staged_out: Default::default(),
+            staged_in: Default::default(),
             host: HostRegions::default(),
             incoming_fd: None,
             outgoing_fd: None,
@@ -516,8 +523,15 @@ impl Session {
                 self.order(*session, action, *wait_ms)
             }
             Call::SessionPark { image } => self.admin().and_then(|()| {
-                Session::park(&self.server, image.clone()).map(|line| ReplyBody::Data(line.into()))
+                let image = self.image_or_staged(image)?;
+                Session::park(&self.server, image).map(|line| ReplyBody::Data(line.into()))
             }),
+            Call::ImageRead { offset, bytes } => {
+                self.admin().and_then(|()| self.image_read(*offset, *bytes))
+            }
+            Call::ImageWrite { offset, data } => {
+                self.admin().and_then(|()| self.image_write(*offset, data))
+            }
             Call::SessionRelease { session, moved_to } => self
                 .admin()
                 .and_then(|()| self.release_held(*session, moved_to.clone())),
@@ -525,7 +539,10 @@ impl Session {
                 session,
                 image,
                 wait_ms,
-            } => self.order(*session, Action::Restore(image.clone()), *wait_ms),
+            } => self.admin().and_then(|()| {
+                let image = self.image_or_staged(image)?;
+                self.order(*session, Action::Restore(image), *wait_ms)
+            }),
             _ => return None,
         })
     }
@@ -551,26 +568,12 @@ impl Session {
             ));
         }
         let orders = self.server.orders();
-        let held = action == Action::Hold;
         let answer = orders.post(session, action)?;
         let patience = std::time::Duration::from_millis(wait_ms.min(MAX_ORDER_WAIT_MS));
         let said = orders.wait(session, &answer, patience)?;
-        if said.len() > cumux_protocol::MAX_FRAME_BYTES {
-            if held {
-                // Nobody gets the image: the session carries on.
-                let _ = orders.release(session, crate::moves::Release::CarryOn);
-            }
-            return Err(err(
-                codes::NOT_SUPPORTED,
-                format!(
-                    "session {session}'s checkpoint is {} bytes, past the {} one reply may                      carry (checkpoints streamed in pieces are not built yet)",
-                    said.len(),
-                    cumux_protocol::MAX_FRAME_BYTES
-                ),
-            ));
-        }
-        // A checkpoint's image, or the line saying what was done.
-        Ok(ReplyBody::Data(said))
+        // A checkpoint's image (in pieces, when large), or the line saying
+        // what was done.
+        Ok(self.answer_of(said))
     }
 
     /// `Call::SessionRelease` (admins only): a held session carries on, or
@@ -805,6 +808,8 @@ impl Session {
             | Call::SessionCheckpoint { .. }
             | Call::SessionPark { .. }
             | Call::SessionRelease { .. }
+            | Call::ImageRead { .. }
+            | Call::ImageWrite { .. }
             | Call::SessionRestore { .. }) => self
                 .server_call(&call)
                 .unwrap_or_else(|| Err(err(codes::UNKNOWN, "a server call the session took"))),
