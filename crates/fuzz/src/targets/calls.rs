@@ -369,7 +369,7 @@ pub fn call(u: &mut Unstructured, known: &Known, images: Images) -> Result<Call>
             },
         },
         28 => Call::ContextSynchronize,
-        29 => match u.int_in_range(0u8..=8)? {
+        29 => match u.int_in_range(0u8..=10)? {
             0 => Call::ServerStatus,
             4 => Call::SessionMove {
                 session: u.int_in_range(0..=4)?,
@@ -387,6 +387,14 @@ pub fn call(u: &mut Unstructured, known: &Known, images: Images) -> Result<Call>
             8 => Call::SessionRelease {
                 session: u.int_in_range(0..=4)?,
                 moved_to: u.arbitrary()?,
+            },
+            9 => Call::ImageRead {
+                offset: u.int_in_range(0..=64)?,
+                bytes: u.int_in_range(0..=64)?,
+            },
+            10 => Call::ImageWrite {
+                offset: u.int_in_range(0..=64)?,
+                data: u.arbitrary()?,
             },
             6 => Call::SessionRestore {
                 session: u.int_in_range(0..=4)?,
