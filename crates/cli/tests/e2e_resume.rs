@@ -98,8 +98,17 @@ fn start_loop_over(
     stop: &std::path::Path,
     transport: &str,
 ) -> (std::process::Child, Receiver<String>) {
+    start_loop_with(server, &[stop.to_str().unwrap()], transport)
+}
+
+/// migrate_loop with `args`, resumable, its calls going `transport`.
+fn start_loop_with(
+    server: &ServerProc,
+    args: &[&str],
+    transport: &str,
+) -> (std::process::Child, Receiver<String>) {
     let program = driver_program("migrate_loop");
-    let mut run = server.command(&program, &[stop.to_str().unwrap()]);
+    let mut run = server.command(&program, args);
     run.env("CUMUX_RESUME", "1")
         .env("CUMUX_TRANSPORT", transport);
     server.start_until(run, "progress 10", LIMIT)
@@ -289,6 +298,40 @@ fn a_running_program_moves_between_two_servers_many_times_and_passes() {
             assert!(started.elapsed() < LIMIT, "it stayed at the old server");
             std::thread::sleep(Duration::from_millis(50));
         }
+    }
+    std::fs::write(&stop, b"").unwrap();
+    let tail = rest(&lines);
+    let status = child.wait().unwrap();
+    assert!(
+        status.success() && tail.iter().any(|l| l == "PASS"),
+        "{status:?} {tail:?}\n{}",
+        logs()
+    );
+}
+
+#[test]
+fn a_program_larger_than_a_frame_moves_between_servers_in_pieces() {
+    if e2e_device() == "worker-cpu" {
+        return;
+    }
+    let servers = [
+        cpu_server(TempDir::new("move-big-a"), &[]),
+        cpu_server(TempDir::new("move-big-b"), &[]),
+    ];
+    let stop = servers[0].dir.0.join("stop");
+    // 96 MiB more than the loop's own: past the 80 MiB frame limit.
+    let (mut child, lines) = start_loop_with(&servers[0], &[stop.to_str().unwrap(), "96"], "shm");
+    let logs = || format!("--- a\n{}--- b\n{}", servers[0].log(), servers[1].log());
+    for round in 0..2usize {
+        let (from, to) = (&servers[round % 2], &servers[(round + 1) % 2]);
+        let out = cumux(from, &["migrate", &session_id(from), "--to", &to.address]);
+        assert!(
+            out.status.success(),
+            "round {round}: {}\n{}",
+            text(&out),
+            logs()
+        );
+        progressed(&lines, &logs);
     }
     std::fs::write(&stop, b"").unwrap();
     let tail = rest(&lines);
