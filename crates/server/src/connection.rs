@@ -753,6 +753,7 @@ fn request_loop(session: &mut Session, wire: &mut impl Wire) -> Ending {
             }
         }
         if session.leaving() {
+            session.vacate();
             return moved_away(wire);
         }
         hop_trace::mark(Hop::ServerReply, kind);

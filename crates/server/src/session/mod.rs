@@ -885,6 +885,13 @@ impl Session {
     /// Tears the session down: queued work is skipped, running work finishes,
     /// then every module and allocation of the session is released.
     pub fn close(mut self) {
+        self.vacate();
+    }
+
+    /// Frees everything the session holds, before its connection ends (a
+    /// session that moved to another server); [`Session::close`] after it
+    /// finds nothing left.
+    pub fn vacate(&mut self) {
         // Launches waiting at the gate are dropped, so they hold nobody up; the
         // tenant leaves the scheduler once the session's workers have stopped.
         if let Some(gate) = &self.gate {
