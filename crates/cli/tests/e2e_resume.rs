@@ -181,6 +181,10 @@ fn a_checkpoint_survives_a_server_restart() {
     );
     assert!(out.status.success(), "{}\n{}", text(&out), server.log());
     assert!(text(&out).contains("--restore"), "{}", text(&out));
+    // Status says it is held, at which call.
+    let held = session_of(&server.status_json(), "migrate_loop");
+    let moving = held["moving"].as_str().unwrap_or_default().to_string();
+    assert!(moving.starts_with("held at call"), "{held}");
     // A checkpoint without the hold cannot be resumed: refused at start.
     let plain = server.dir.0.join("plain.ckpt");
     let other = cpu_server(TempDir::new("resume-other"), &[]);

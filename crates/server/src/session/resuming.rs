@@ -91,17 +91,21 @@ impl Session {
         let image = self.held_image();
         let encoded = image.and_then(|image| image.encode());
         let released = encoded.is_ok().then(|| orders.hold(id));
-        if let Err(e) = &encoded {
-            tracing::warn!(session = id, "an admin's order was refused: {}", e.detail);
+        match &encoded {
+            // Said before the admin hears of it: status shows it held at once.
+            Ok(_) => orders.note(id, format!("held at call {} (checkpointed)", self.seq)),
+            Err(e) => {
+                tracing::warn!(session = id, "an admin's order was refused: {}", e.detail);
+                orders.done(id);
+            }
         }
-        orders.done(id);
         if order.answer.send(encoded).is_err() {
             // Nobody took the image: nothing to hold for.
             orders.unhold(id);
+            orders.done(id);
             return None;
         }
         let released = released?;
-        orders.note(id, format!("held at call {} (checkpointed)", self.seq));
         tracing::info!(
             session = id,
             seq = self.seq,
@@ -158,7 +162,7 @@ impl Session {
                 "its client cannot resume it elsewhere (run the program with CUMUX_RESUME=1)",
             );
         }
-        if !self.host.is_empty() {
+        if !self.host.is_empty() || self.incoming_fd.is_some() {
             return refuse("it shares pinned host memory with this server (cuMemHostAlloc)");
         }
         let mut image = self.quiesced_image("held")?;
