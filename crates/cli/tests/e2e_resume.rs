@@ -313,14 +313,14 @@ fn a_running_program_moves_between_two_servers_many_times_and_passes() {
             "{}",
             text(&out)
         );
-        progressed(&lines, &logs);
-        // It runs there now, and nothing of it is left where it was.
-        session_id(to);
+        // It runs there now (once it reads where it went), and nothing of it
+        // is left where it was; then it gets on with its work.
         let started = Instant::now();
-        while running_there(from) {
-            assert!(started.elapsed() < LIMIT, "it stayed at the old server");
-            std::thread::sleep(Duration::from_millis(50));
+        while running_there(from) || !running_there(to) {
+            assert!(started.elapsed() < LIMIT, "it did not move: {}", logs());
+            std::thread::sleep(Duration::from_millis(20));
         }
+        progressed(&lines, &logs);
     }
     std::fs::write(&stop, b"").unwrap();
     let tail = rest(&lines);
@@ -354,6 +354,11 @@ fn a_program_larger_than_a_frame_moves_between_servers_in_pieces() {
             text(&out),
             logs()
         );
+        let started = Instant::now();
+        while running_there(from) || !running_there(to) {
+            assert!(started.elapsed() < LIMIT, "it did not move: {}", logs());
+            std::thread::sleep(Duration::from_millis(20));
+        }
         progressed(&lines, &logs);
     }
     std::fs::write(&stop, b"").unwrap();
