@@ -23,11 +23,39 @@ fn cpu_server(dir: TempDir, extra: &[&str]) -> ServerProc {
     ServerProc::spawn(dir, &args, &[])
 }
 
+/// The admin token of [`tcp_cpu_server`]: over TCP only a token makes an admin.
+const ADMIN_TOKEN: &str = "resume-admin-token-0123456789abcdef";
+
+/// A CPU-device server on loopback TCP, its log in `dir`.
+fn tcp_cpu_server(dir: TempDir) -> ServerProc {
+    let log = std::fs::File::create(dir.0.join("server.log")).unwrap();
+    let config = common::config_file(&dir, &format!("admin_token = \"{ADMIN_TOKEN}\"\n"));
+    let mut serve = common::serve_command(&[
+        "--device",
+        "cpu",
+        "--memory",
+        "1G",
+        "--listen",
+        "tcp:127.0.0.1:0",
+        "--config",
+        config.to_str().unwrap(),
+    ]);
+    serve.stderr(log);
+    let mut child = serve.spawn().unwrap();
+    let address = common::tcp_address(&common::lines_of(child.stdout.take().unwrap()));
+    ServerProc {
+        child,
+        address,
+        dir,
+    }
+}
+
 /// `cumux ARGS --server <server>`.
 fn cumux(server: &ServerProc, args: &[&str]) -> Output {
     Command::new(CUMUX)
         .args(args)
         .args(["--server", &server.address])
+        .env("CUMUX_TOKEN", ADMIN_TOKEN)
         .output()
         .expect("cumux runs")
 }
@@ -285,21 +313,29 @@ fn a_running_program_moves_between_two_servers_many_times_and_passes() {
     if e2e_device() == "worker-cpu" {
         return;
     }
+    // Two on unix sockets, one on TCP: the program's calls go through
+    // shared memory, then the socket.
     let servers = [
         cpu_server(TempDir::new("move-a"), &[]),
         cpu_server(TempDir::new("move-b"), &[]),
+        tcp_cpu_server(TempDir::new("move-c")),
     ];
     let stop = servers[0].dir.0.join("stop");
     let (mut child, lines) = start_loop(&servers[0], &stop);
-    let logs = || format!("--- a\n{}--- b\n{}", servers[0].log(), servers[1].log());
+    let logs = || {
+        let each = servers
+            .iter()
+            .map(|s| format!("--- {}\n{}", s.address, s.log()));
+        each.collect::<String>()
+    };
     // An unreachable server: refused, the program carries on where it was.
     let session = session_id(&servers[0]);
     let nowhere = format!("unix:{}", servers[0].dir.0.join("nobody.sock").display());
     let out = cumux(&servers[0], &["migrate", &session, "--to", &nowhere]);
     assert!(!out.status.success(), "{}", text(&out));
     progressed(&lines, &logs);
-    for round in 0..6usize {
-        let (from, to) = (&servers[round % 2], &servers[(round + 1) % 2]);
+    for round in 0..7usize {
+        let (from, to) = (&servers[round % 3], &servers[(round + 1) % 3]);
         let session = session_id(from);
         let out = cumux(from, &["migrate", &session, "--to", &to.address]);
         assert!(
