@@ -22,7 +22,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Run the server that owns the devices.
-    Serve(serve::ServeOptions),
+    Serve(Box<serve::ServeOptions>),
     /// Register, invoke, list or remove serverless GPU functions (the
     /// functions API of `cumux serve --functions`).
     Fn(cumux_cli::fn_cmd::FnOptions),
@@ -74,14 +74,16 @@ enum Command {
         #[command(subcommand)]
         command: cumux_cli::tenant::TenantCommand,
     },
-    /// Move a running session to another device of its server (admins only),
-    /// at its next call; its program sees a pause.
+    /// Move a running session to another device of its server, or to another
+    /// server (admins only, of both), at its next call; its program sees a
+    /// pause. To another server its program must run with CUMUX_RESUME=1.
     Migrate {
         /// The session (`cumux status` lists them).
         session: u64,
-        /// The server's ordinal of the device to move it to.
+        /// The server's ordinal of the device to move it to, or another
+        /// server's address (unix:PATH or tcp:HOST:PORT).
         #[arg(long)]
-        to: u32,
+        to: String,
         #[command(flatten)]
         admin: AdminOptions,
     },
@@ -100,6 +102,11 @@ enum Command {
     Checkpoint {
         session: u64,
         file: std::path::PathBuf,
+        /// Hold the call the checkpoint is taken at unanswered (until the
+        /// server stops, at most 10 minutes), so that `cumux serve --restore
+        /// FILE` resumes the program (run with CUMUX_RESUME=1) after a restart.
+        #[arg(long)]
+        hold: bool,
         #[command(flatten)]
         admin: AdminOptions,
     },
@@ -163,7 +170,7 @@ fn main() -> ExitCode {
     };
     logging::init(log_format);
     let result = match cli.command {
-        Command::Serve(options) => serve::serve(options).map(|()| 0),
+        Command::Serve(options) => serve::serve(*options).map(|()| 0),
         Command::Run {
             server,
             tenant,
@@ -202,7 +209,10 @@ fn main() -> ExitCode {
             .map(|()| 0),
         Command::Migrate { session, to, admin } => admin
             .address()
-            .and_then(|a| mobility::migrate(&a, session, to, admin.wait))
+            .and_then(|a| {
+                let to = mobility::Destination::parse(&to)?;
+                mobility::migrate(&a, session, &to, admin.wait)
+            })
             .map(|()| 0),
         Command::Drain { device, to, admin } => admin
             .address()
@@ -211,10 +221,11 @@ fn main() -> ExitCode {
         Command::Checkpoint {
             session,
             file,
+            hold,
             admin,
         } => admin
             .address()
-            .and_then(|a| mobility::checkpoint(&a, session, &file, admin.wait))
+            .and_then(|a| mobility::checkpoint(&a, session, &file, hold, admin.wait))
             .map(|()| 0),
         Command::Restore {
             file,

@@ -98,6 +98,7 @@ pub fn connect_as(
         shm: false,
         visible_devices: None,
         join: None,
+        resume: None,
     };
     if let Some(name) = tenant {
         hello.tenant = Some(name.to_string());

@@ -42,6 +42,11 @@ pub struct ServeOptions {
     /// or json (one object per line). Default: $CUMUX_LOG_FORMAT, else text.
     #[arg(long, value_enum)]
     pub log_format: Option<LogFormat>,
+    /// Checkpoints taken with `cumux checkpoint --hold` (on this or another
+    /// server, before it stopped): each waits for its program to reconnect
+    /// (CUMUX_RESUME=1) and resume its session here.
+    #[arg(long, value_name = "FILE", num_args = 1..)]
+    pub restore: Vec<PathBuf>,
 }
 
 /// Whether every address `host_port` names is a loopback one.
@@ -302,6 +307,12 @@ fn serve_functions(
 }
 
 pub fn serve(options: ServeOptions) -> Result<()> {
+    // Read before anything starts: a bad file is told at once.
+    let restores = options
+        .restore
+        .iter()
+        .map(|path| crate::checkpoint_file::read(path).map(|image| (path, image)))
+        .collect::<Result<Vec<_>>>()?;
     let file = match &options.config {
         Some(path) => config::read(path)?,
         None => config::FileConfig::default(),
@@ -403,6 +414,10 @@ pub fn serve(options: ServeOptions) -> Result<()> {
     .context("cannot watch SIGTERM and SIGINT")?;
     let drain_timeout = settings.drain_timeout.unwrap_or(DEFAULT_DRAIN_TIMEOUT);
     let server = Server::with_policies(devices, file.tenants, policies);
+    for (path, image) in restores {
+        cumux_server::session::Session::park(&server, image)
+            .map_err(|e| anyhow::anyhow!("{} is refused: {}", path.display(), e.detail))?;
+    }
     let mut bound =
         listener::bind(&address).with_context(|| format!("cannot listen on {address}"))?;
     if let Some(tls) = tls {

@@ -33,6 +33,7 @@ fn hello(magic: u32, version: u32, tenant: Option<&str>) -> Hello {
         shm: false,
         visible_devices: None,
         join: None,
+        resume: None,
     }
 }
 

@@ -158,6 +158,7 @@ fn cuda_contexts_live_in_workers() {
         shm: false,
         visible_devices: None,
         join: None,
+        resume: None,
     };
     let tenant = Some(("t".to_string(), TenantSettings::default()));
     let mut session = Session::open(Arc::clone(&server), &hello, tenant).unwrap();
@@ -362,6 +363,7 @@ fn virtual_memory_in_workers(
         shm: false,
         visible_devices: None,
         join: None,
+        resume: None,
     };
     let tenant = Some(("t".to_string(), TenantSettings::default()));
     let mut session = Session::open(Arc::clone(server), &hello, tenant).unwrap();

@@ -42,6 +42,7 @@ pub mod managed;
 pub mod mapped;
 pub mod occupancy;
 pub mod pinned;
+pub mod resume;
 pub mod routing;
 pub mod staging;
 pub mod state;

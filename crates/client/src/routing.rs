@@ -80,6 +80,10 @@ pub fn device_of_call(call: &Call, placements: &Placements) -> u32 {
         | Call::SessionMove { .. }
         | Call::SessionCheckpoint { .. }
         | Call::SessionRestore { .. }
+        | Call::SessionPark { .. }
+        | Call::SessionRelease { .. }
+        | Call::ImageRead { .. }
+        | Call::ImageWrite { .. }
         | Call::Fence => Some(0),
     };
     found.unwrap_or_else(current_device)

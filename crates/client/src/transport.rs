@@ -18,6 +18,7 @@ use cumux_protocol::{
 };
 
 use crate::errors::*;
+use crate::resume::{self, Resume};
 use crate::teardown;
 
 thread_local! {
@@ -45,6 +46,14 @@ pub fn visible_devices() -> Option<String> {
     Some(cut.to_string())
 }
 
+/// Why a request could not be written.
+enum Sending {
+    /// It cannot be encoded.
+    Invalid,
+    /// The link is gone.
+    Lost(String),
+}
+
 pub struct Connection {
     stream: Stream,
     /// The shared area calls travel through, once the server took it.
@@ -54,6 +63,9 @@ pub struct Connection {
     unanswered: u32,
     buf: Vec<u8>,
     dead: bool,
+    /// How to resume the session elsewhere, where the program asked for it
+    /// (`CUMUX_RESUME=1`) and the server gave a resume key.
+    resume: Option<Resume>,
 }
 
 /// `CUMUX_TRANSPORT=socket` keeps calls on the socket; the default (or `shm`)
@@ -158,6 +170,10 @@ pub struct Session {
     pub devices: Vec<DeviceInfo>,
     /// The program's group key (`Join::group`).
     pub group: u64,
+    /// The session's resume key (0: none) and, for a resumed session, the
+    /// first call to send again.
+    pub resume: u64,
+    pub resume_from: u64,
 }
 
 impl Connection {
@@ -170,27 +186,51 @@ impl Connection {
         join: Option<proto::Join>,
         visible: Option<String>,
     ) -> Result<(Connection, Session), String> {
-        Connection::hello(address, ClientRole::Driver, join, visible)
+        // Only a program's first connection resumes: one of several devices
+        // cannot move anyway.
+        let resumable = join.is_none() && resume::wanted();
+        let offer = resumable.then_some(0);
+        let (mut conn, session) =
+            Connection::hello(address, ClientRole::Driver, join, visible.clone(), offer)
+                .map_err(|(why, _)| why)?;
+        if resumable {
+            if session.resume == 0 {
+                tracing::warn!(
+                    "{}=1, but the server at {address} gave no resume key: the program's \
+                     session cannot be resumed elsewhere",
+                    resume::ENV
+                );
+            } else {
+                conn.resume = Some(Resume::new(session.resume, address.clone(), join, visible));
+            }
+        }
+        Ok((conn, session))
     }
 
     /// Every device a program of this tenant may use at `address`, asked
     /// without opening a session there (a preflight hello).
     pub fn devices_at(address: &ServerAddress) -> Result<Session, String> {
-        Connection::hello(address, ClientRole::Preflight, None, None).map(|(_, session)| session)
+        Connection::hello(address, ClientRole::Preflight, None, None, None)
+            .map(|(_, session)| session)
+            .map_err(|(why, _)| why)
     }
 
+    /// A hello and its answer. `Err((why, again))`: `again` where trying
+    /// again later may succeed (nobody listens yet, or the link broke).
     fn hello(
         address: &ServerAddress,
         role: ClientRole,
         join: Option<proto::Join>,
         visible: Option<String>,
-    ) -> Result<(Connection, Session), String> {
+        resume: Option<u64>,
+    ) -> Result<(Connection, Session), (String, bool)> {
         let address = address.clone();
         let stream = Stream::connect(&address).map_err(|e| match e {
-            ConnectError::Unreachable(e) => {
-                format!("cannot reach the cumux server at {address}: {e}")
-            }
-            ConnectError::Tls(why) => why,
+            ConnectError::Unreachable(e) => (
+                format!("cannot reach the cumux server at {address}: {e}"),
+                true,
+            ),
+            ConnectError::Tls(why) => (why, false),
         })?;
         let mut conn = Connection {
             stream,
@@ -199,6 +239,7 @@ impl Connection {
             unanswered: 0,
             buf: Vec::new(),
             dead: false,
+            resume: None,
         };
         let area = match role {
             ClientRole::Driver => offered_area(&address),
@@ -217,28 +258,40 @@ impl Connection {
             shm: area.is_some(),
             visible_devices: visible,
             join,
+            resume,
         };
-        let bytes = proto::encode(&hello).map_err(|e| e.to_string())?;
-        proto::write_frame(&mut conn.stream, &bytes).map_err(|e| format!("handshake: {e}"))?;
-        proto::read_frame(&mut conn.stream, &mut conn.buf)
-            .map_err(|e| format!("handshake: {e}"))?;
-        match proto::decode::<HelloReply>(&conn.buf).map_err(|e| format!("handshake: {e}"))? {
+        let broken = |e: &dyn std::fmt::Display| (format!("handshake: {e}"), true);
+        let bytes = proto::encode(&hello).map_err(|e| (e.to_string(), false))?;
+        proto::write_frame(&mut conn.stream, &bytes).map_err(|e| broken(&e))?;
+        proto::read_frame(&mut conn.stream, &mut conn.buf).map_err(|e| broken(&e))?;
+        // A welcome of another version may have another shape: its variant
+        // and version lead it, so read them first.
+        if let Ok((0u32, version)) = proto::decode::<(u32, u32)>(&conn.buf) {
+            if version != proto::PROTOCOL_VERSION {
+                return Err((
+                    format!(
+                        "protocol version mismatch: client {}, server {version}",
+                        proto::PROTOCOL_VERSION
+                    ),
+                    false,
+                ));
+            }
+        }
+        let reply = proto::decode::<HelloReply>(&conn.buf)
+            .map_err(|e| (format!("handshake: {e}"), false))?;
+        match reply {
             HelloReply::Welcome {
-                version,
+                version: _,
                 server,
                 session,
                 devices,
                 shm,
                 group,
+                resume,
+                resume_from,
             } => {
-                if version != proto::PROTOCOL_VERSION {
-                    return Err(format!(
-                        "protocol version mismatch: client {}, server {version}",
-                        proto::PROTOCOL_VERSION
-                    ));
-                }
                 match (shm, area) {
-                    (true, Some(area)) => conn.attach(area)?,
+                    (true, Some(area)) => conn.attach(area).map_err(|why| (why, true))?,
                     (_, Some(_)) => {
                         tracing::debug!(
                             "the server takes no shared memory; calls go over the socket"
@@ -253,17 +306,22 @@ impl Connection {
                         session,
                         devices,
                         group,
+                        resume,
+                        resume_from,
                     },
                 ))
             }
             HelloReply::Rejected {
                 server_version,
                 reason,
-            } => Err(proto::refusal_text(
-                &address.to_string(),
-                server_version,
-                hello.tenant.as_deref(),
-                &reason,
+            } => Err((
+                proto::refusal_text(
+                    &address.to_string(),
+                    server_version,
+                    hello.tenant.as_deref(),
+                    &reason,
+                ),
+                false,
             )),
         }
     }
@@ -330,8 +388,26 @@ impl Connection {
     }
 
     /// Sends one request; `bytes`, when given, is the call's byte buffer (left
-    /// empty in `call`), sent from where it lies.
-    fn send(&mut self, seq: u64, mut call: Call, bytes: Option<&[u8]>) -> CuResult<()> {
+    /// empty in `call`), sent from where it lies. A resumable connection
+    /// keeps it until it is answered, and resumes where the link is lost.
+    fn send(&mut self, seq: u64, call: Call, bytes: Option<&[u8]>) -> CuResult<()> {
+        if let Some(resume) = self.resume.as_mut() {
+            let mut kept = call.clone();
+            if let Some(b) = bytes {
+                shm::put_call_bulk(&mut kept, b.to_vec()).map_err(|_| CUDA_ERROR_INVALID_VALUE)?;
+            }
+            resume.keep(seq, kept);
+        }
+        match self.transmit(seq, call, bytes) {
+            Ok(()) => Ok(()),
+            Err(Sending::Invalid) => Err(CUDA_ERROR_INVALID_VALUE),
+            // Resumed: the call was sent again with the others kept.
+            Err(Sending::Lost(why)) => self.recover(why),
+        }
+    }
+
+    /// Writes one request to the link.
+    fn transmit(&mut self, seq: u64, mut call: Call, bytes: Option<&[u8]>) -> Result<(), Sending> {
         match (self.shm.as_mut(), bytes) {
             (Some(ep), bytes) => {
                 // A large byte buffer goes through the bulk ring, not the encoder.
@@ -339,8 +415,7 @@ impl Connection {
                 let bulk: &[u8] = match bytes {
                     Some(b) if b.len() >= shm::BULK_THRESHOLD => b,
                     Some(b) => {
-                        shm::put_call_bulk(&mut call, b.to_vec())
-                            .map_err(|_| CUDA_ERROR_INVALID_VALUE)?;
+                        shm::put_call_bulk(&mut call, b.to_vec()).map_err(|_| Sending::Invalid)?;
                         &[]
                     }
                     None => {
@@ -348,11 +423,9 @@ impl Connection {
                         &owned
                     }
                 };
-                let msg =
-                    proto::encode(&Request { seq, call }).map_err(|_| CUDA_ERROR_INVALID_VALUE)?;
-                if let Err(e) = ep.send(&msg, bulk) {
-                    return Err(self.lost(e));
-                }
+                let msg = proto::encode(&Request { seq, call }).map_err(|_| Sending::Invalid)?;
+                ep.send(&msg, bulk)
+                    .map_err(|e| Sending::Lost(e.to_string()))?;
             }
             (None, bytes) => {
                 // The bytes go in a bulk frame of their own, written from
@@ -365,14 +438,116 @@ impl Connection {
                         &owned
                     }
                 };
-                let msg =
-                    proto::encode(&Request { seq, call }).map_err(|_| CUDA_ERROR_INVALID_VALUE)?;
-                if let Err(e) = proto::write_message(&mut self.stream, &msg, bulk) {
-                    return Err(self.lost(e));
-                }
+                let msg = proto::encode(&Request { seq, call }).map_err(|_| Sending::Invalid)?;
+                proto::write_message(&mut self.stream, &msg, bulk)
+                    .map_err(|e| Sending::Lost(e.to_string()))?;
             }
         }
         Ok(())
+    }
+
+    /// A lost link, resumed where the program asked for it: a new
+    /// connection to where its session is now, a hello with its resume key,
+    /// and every call kept from where the session resumes sent again. Tried
+    /// for [`resume::patience`]; else (or not resumable) the connection is dead.
+    fn recover(&mut self, why: impl std::fmt::Display) -> CuResult<()> {
+        let Some(resume) = self.resume.as_ref().filter(|_| !self.dead) else {
+            return Err(self.lost(why));
+        };
+        let address = resume.address.clone();
+        let patience = resume::patience();
+        tracing::warn!(
+            "lost the connection to the cumux server at {address} ({why}); reconnecting to \
+             resume the program's session, for up to {patience:?}"
+        );
+        self.shm = None;
+        self.stream.shutdown();
+        let deadline = std::time::Instant::now() + patience;
+        let mut tries = 0u32;
+        loop {
+            let Some(resume) = self.resume.as_ref() else {
+                return Err(self.lost("no way to resume"));
+            };
+            let (address, join, visible, key) = (
+                resume.address.clone(),
+                resume.join,
+                resume.visible.clone(),
+                resume.key,
+            );
+            let failure =
+                match Connection::hello(&address, ClientRole::Driver, join, visible, Some(key)) {
+                    Ok((fresh, session)) => match self.take_over(fresh, &session) {
+                        Ok(sent) => {
+                            tracing::warn!(
+                                "resumed the program's session on the cumux server at {address} \
+                             (session {}): {sent} calls sent again",
+                                session.session
+                            );
+                            return Ok(());
+                        }
+                        Err(failure) => failure,
+                    },
+                    Err(failure) => failure,
+                };
+            match failure {
+                (why, true) if std::time::Instant::now() < deadline => {
+                    tries += 1;
+                    if tries.is_multiple_of(50) {
+                        tracing::warn!(
+                            "no cumux server to resume at {address} yet ({why}); still trying"
+                        );
+                    }
+                    std::thread::sleep(std::time::Duration::from_millis(100));
+                }
+                (why, _) => {
+                    self.resume = None;
+                    return Err(self.lost(format!(
+                        "cannot resume the program's session at {address}: {why}"
+                    )));
+                }
+            }
+        }
+    }
+
+    /// Calls go over `fresh`'s link from now on, starting with those the
+    /// resumed session wants again: how many. `Err((why, again))` as for a hello.
+    fn take_over(&mut self, fresh: Connection, session: &Session) -> Result<usize, (String, bool)> {
+        self.stream = fresh.stream;
+        self.shm = fresh.shm;
+        let last = self.seq;
+        let again = match self.resume.as_ref() {
+            Some(resume) => resume
+                .from(session.resume_from, last)
+                .map_err(|why| (why, false))?,
+            None => return Err(("no way to resume".into(), false)),
+        };
+        let count = again.len();
+        for (seq, call) in again {
+            match self.transmit(seq, call, None) {
+                Ok(()) => {}
+                Err(Sending::Invalid) => {
+                    return Err(("a kept call cannot be encoded".into(), false))
+                }
+                Err(Sending::Lost(why)) => return Err((why, true)),
+            }
+        }
+        Ok(count)
+    }
+
+    /// Follows a session that moved to the server at `address`.
+    fn follow(&mut self, address: &str) -> CuResult<()> {
+        let parsed = proto::address::parse(address);
+        match (self.resume.as_mut(), parsed) {
+            (Some(resume), Ok(to)) => {
+                tracing::warn!("the program's session moved to the cumux server at {to}");
+                resume.address = to;
+                self.recover(format_args!("the session moved to {address}"))
+            }
+            (_, Err(why)) => Err(self.lost(format!("the session moved to {address}: {why}"))),
+            (None, _) => Err(self.lost(format!(
+                "the session moved to {address}, and this connection cannot resume it"
+            ))),
+        }
     }
 
     /// Sends a call; waits for its reply unless it is fire-and-forget (then
@@ -402,7 +577,8 @@ impl Connection {
         self.send(seq, call, bytes)?;
         if forget {
             self.unanswered += 1;
-            if self.unanswered >= proto::FENCE_EVERY {
+            let full = self.resume.as_ref().is_some_and(Resume::full);
+            if self.unanswered >= proto::FENCE_EVERY || full {
                 // Waits until the server has taken every call so far: a program
                 // that never synchronizes is held as NVIDIA's driver holds it.
                 self.unanswered = 0;
@@ -508,11 +684,15 @@ impl Connection {
     fn receive_into(&mut self, seq: u64, out: &mut [u8]) -> CuResult<()> {
         loop {
             let Some(ep) = self.shm.as_mut() else {
-                return Err(CUDA_ERROR_DEVICE_UNAVAILABLE);
+                // Resumed over a socket.
+                return self.receive_from_socket_into(seq, out);
             };
             let bulk_len = match ep.recv_message(&mut self.buf) {
                 Ok(n) => n,
-                Err(e) => return Err(self.lost(e)),
+                Err(e) => {
+                    self.recover(e)?;
+                    continue;
+                }
             };
             let mut reply: Reply = match proto::decode(&self.buf) {
                 Ok(r) => r,
@@ -529,7 +709,8 @@ impl Connection {
                     .and_then(|()| shm::put_reply_bulk(&mut reply, bulk))
             };
             if let Err(e) = received {
-                return Err(self.lost(e));
+                self.recover(e)?;
+                continue;
             }
             if let Some(result) = self.landed(seq, reply, direct, out) {
                 return result;
@@ -581,7 +762,8 @@ impl Connection {
             .chunks(size)
             .next()
             .is_some_and(|chunk| call(0, chunk).is_fire_and_forget());
-        if self.shm.is_some() || forget {
+        // A resumable connection has one answered call out at a time.
+        if self.shm.is_some() || forget || self.resume.is_some() {
             for (i, chunk) in bytes.chunks(size).enumerate() {
                 self.call_with_bytes(call(at(i), chunk), chunk)?;
             }
@@ -612,7 +794,7 @@ impl Connection {
             .chunks(size)
             .next()
             .is_some_and(|chunk| call(0, chunk).is_fire_and_forget());
-        if self.shm.is_some() || forget {
+        if self.shm.is_some() || forget || self.resume.is_some() {
             for (i, chunk) in out.chunks_mut(size).enumerate() {
                 let c = call(at(i), chunk);
                 self.call_into(c, chunk)?;
@@ -662,7 +844,17 @@ impl Connection {
     /// frame read straight into `out`.
     fn receive_from_socket_into(&mut self, seq: u64, out: &mut [u8]) -> CuResult<()> {
         loop {
-            let (reply, direct) = self.socket_reply(Some((seq, &mut *out)))?;
+            if self.shm.is_some() {
+                // Resumed through shared memory.
+                return self.receive_into(seq, out);
+            }
+            let (reply, direct) = match self.socket_reply(Some((seq, &mut *out))) {
+                Ok(got) => got,
+                Err(why) => {
+                    self.recover(why)?;
+                    continue;
+                }
+            };
             if let Some(result) = self.landed(seq, reply, direct, out) {
                 return result;
             }
@@ -672,36 +864,28 @@ impl Connection {
     /// The next reply on the socket, its bulk frame put back into it; or,
     /// where it is `into`'s call's data of exactly the length of its buffer,
     /// read into that buffer instead (then `true`).
-    fn socket_reply(&mut self, into: Option<(u64, &mut [u8])>) -> CuResult<(Reply, bool)> {
-        let bulk_len = match proto::read_message(&mut self.stream, &mut self.buf) {
-            Ok(len) => len,
-            Err(e) => return Err(self.lost(e)),
-        };
-        let mut reply: Reply = match proto::decode(&self.buf) {
-            Ok(r) => r,
-            Err(e) => return Err(self.lost(format!("malformed reply: {e}"))),
-        };
+    fn socket_reply(&mut self, into: Option<(u64, &mut [u8])>) -> Result<(Reply, bool), String> {
+        let bulk_len =
+            proto::read_message(&mut self.stream, &mut self.buf).map_err(|e| e.to_string())?;
+        let mut reply: Reply =
+            proto::decode(&self.buf).map_err(|e| format!("malformed reply: {e}"))?;
         let Some(len) = bulk_len else {
             return Ok((reply, false));
         };
-        let received = match into {
+        match into {
             Some((seq, out))
                 if reply.seq == seq
                     && len == out.len()
                     && matches!(&reply.result, Ok(ReplyBody::Data(d)) if d.is_empty()) =>
             {
-                return match std::io::Read::read_exact(&mut self.stream, out) {
-                    Ok(()) => Ok((reply, true)),
-                    Err(e) => Err(self.lost(e)),
-                };
+                std::io::Read::read_exact(&mut self.stream, out).map_err(|e| e.to_string())?;
+                Ok((reply, true))
             }
-            _ => proto::read_bulk(&mut self.stream, len)
-                .map_err(|e| e.to_string())
-                .and_then(|bulk| shm::put_reply_bulk(&mut reply, bulk).map_err(|e| e.to_string())),
-        };
-        match received {
-            Ok(()) => Ok((reply, false)),
-            Err(e) => Err(self.lost(e)),
+            _ => {
+                let bulk = proto::read_bulk(&mut self.stream, len).map_err(|e| e.to_string())?;
+                shm::put_reply_bulk(&mut reply, bulk).map_err(|e| e.to_string())?;
+                Ok((reply, false))
+            }
         }
     }
 
@@ -709,6 +893,13 @@ impl Connection {
     /// Its device `printf` output goes to the program's stdout either way.
     fn answer(&mut self, seq: u64, reply: Reply) -> Option<CuResult<ReplyBody>> {
         write_program_stdout(&reply.stdout);
+        if let Ok(ReplyBody::Moved { address }) = &reply.result {
+            // The session went to another server: the call is answered there.
+            return self.follow(&address.clone()).err().map(Err);
+        }
+        if let Some(resume) = self.resume.as_mut() {
+            resume.answered(reply.seq);
+        }
         if reply.seq != seq {
             tracing::warn!(
                 "reply for call {} while waiting for {seq}; skipped",
@@ -727,24 +918,28 @@ impl Connection {
         }))
     }
 
-    /// Receives the next reply.
+    /// Receives the next reply (on a resumed link, where the link was lost).
     fn next_reply(&mut self) -> CuResult<Reply> {
-        let Some(ep) = self.shm.as_mut() else {
-            return self.socket_reply(None).map(|(reply, _)| reply);
-        };
-        let mut bulk = Vec::new();
-        if let Err(e) = ep.recv(&mut self.buf, &mut bulk) {
-            return Err(self.lost(e));
+        loop {
+            let got = match self.shm.as_mut() {
+                None => self.socket_reply(None).map(|(reply, _)| reply),
+                Some(ep) => shm_reply(ep, &mut self.buf),
+            };
+            match got {
+                Ok(reply) => return Ok(reply),
+                Err(why) => self.recover(why)?,
+            }
         }
-        let mut reply: Reply = match proto::decode(&self.buf) {
-            Ok(r) => r,
-            Err(e) => return Err(self.lost(format!("malformed reply: {e}"))),
-        };
-        if let Err(e) = shm::put_reply_bulk(&mut reply, bulk) {
-            return Err(self.lost(e));
-        }
-        Ok(reply)
     }
+}
+
+/// The next reply through the shared area.
+fn shm_reply(ep: &mut Endpoint, buf: &mut Vec<u8>) -> Result<Reply, String> {
+    let mut bulk = Vec::new();
+    ep.recv(buf, &mut bulk).map_err(|e| e.to_string())?;
+    let mut reply: Reply = proto::decode(buf).map_err(|e| format!("malformed reply: {e}"))?;
+    shm::put_reply_bulk(&mut reply, bulk).map_err(|e| e.to_string())?;
+    Ok(reply)
 }
 
 extern "C" {
@@ -773,270 +968,4 @@ fn write_program_stdout(bytes: &[u8]) {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use std::io::Read;
-    use std::os::unix::net::UnixListener;
-
-    /// Listens at `path`; in a thread, takes one connection and its hello
-    /// and hands them to `serve`.
-    fn fake(
-        path: &std::path::Path,
-        serve: impl FnOnce(std::os::unix::net::UnixStream, Hello) + Send + 'static,
-    ) -> std::thread::JoinHandle<()> {
-        let listener = UnixListener::bind(path).unwrap();
-        std::thread::spawn(move || {
-            let (mut s, _) = listener.accept().unwrap();
-            let mut buf = Vec::new();
-            proto::read_frame(&mut s, &mut buf).unwrap();
-            let hello: Hello = proto::decode(&buf).unwrap();
-            assert_eq!(hello.magic, proto::MAGIC);
-            serve(s, hello);
-        })
-    }
-
-    /// A one-connection fake server: answers the hello with `reply`, then
-    /// answers `calls` requests with `Unit` and hangs up.
-    fn fake_server(
-        path: &std::path::Path,
-        reply: HelloReply,
-        calls: usize,
-    ) -> std::thread::JoinHandle<()> {
-        fake(path, move |mut s, _| {
-            let mut buf = Vec::new();
-            proto::write_frame(&mut s, &proto::encode(&reply).unwrap()).unwrap();
-            for _ in 0..calls {
-                proto::read_frame(&mut s, &mut buf).unwrap();
-                let req: Request = proto::decode(&buf).unwrap();
-                let reply = Reply {
-                    seq: req.seq,
-                    result: Ok(ReplyBody::Unit),
-                    stdout: Vec::new(),
-                };
-                proto::write_frame(&mut s, &proto::encode(&reply).unwrap()).unwrap();
-            }
-        })
-    }
-
-    /// A one-connection fake server that takes the client's shared area,
-    /// answers `calls` requests through it (echoing `MemcpyHtoD` data back as
-    /// `Data`), then dies without a word: no closed flag, only its socket goes.
-    fn fake_shm_server(path: &std::path::Path, calls: usize) -> std::thread::JoinHandle<()> {
-        fake(path, move |mut s, hello| {
-            let mut buf = Vec::new();
-            assert!(hello.shm, "a unix-socket client offers shared memory");
-            let welcome = HelloReply::Welcome {
-                version: proto::PROTOCOL_VERSION,
-                server: "fake-shm".into(),
-                session: 1,
-                devices: Vec::new(),
-                shm: true,
-                group: 0,
-            };
-            proto::write_frame(&mut s, &proto::encode(&welcome).unwrap()).unwrap();
-            let mut header = [0u8; 4];
-            let (got, fd) = shm::recv_with_fd(&s, &mut header).unwrap();
-            s.read_exact(&mut header[got..]).unwrap();
-            buf.resize(u32::from_le_bytes(header) as usize, 0);
-            s.read_exact(&mut buf).unwrap();
-            let attach: ShmAttach = proto::decode(&buf).unwrap();
-            let area = ShmArea::attach(fd.unwrap(), attach.layout).unwrap();
-            let answer = ShmAttached { result: Ok(()) };
-            proto::write_frame(&mut s, &proto::encode(&answer).unwrap()).unwrap();
-            let mut ep = Endpoint::new(area, Side::Server, None, shm::DEFAULT_SPIN);
-            let mut bulk = Vec::new();
-            for _ in 0..calls {
-                ep.recv(&mut buf, &mut bulk).unwrap();
-                let mut req: Request = proto::decode(&buf).unwrap();
-                shm::put_call_bulk(&mut req.call, std::mem::take(&mut bulk)).unwrap();
-                let body = match req.call {
-                    Call::MemcpyHtoD { data, .. } => ReplyBody::Data(data),
-                    Call::MemcpyDtoH { bytes, .. } => {
-                        ReplyBody::Data((0..bytes as u32).map(|i| (i * 7) as u8).collect())
-                    }
-                    _ => ReplyBody::Unit,
-                };
-                let mut reply = Reply {
-                    seq: req.seq,
-                    result: Ok(body),
-                    stdout: Vec::new(),
-                };
-                let out = shm::take_reply_bulk(&mut reply);
-                ep.send(&proto::encode(&reply).unwrap(), &out).unwrap();
-            }
-            std::mem::forget(ep);
-        })
-    }
-
-    fn welcome(version: u32) -> HelloReply {
-        HelloReply::Welcome {
-            version,
-            server: "fake".into(),
-            session: 1,
-            devices: Vec::new(),
-            shm: false,
-            group: 0,
-        }
-    }
-
-    /// One test drives the three cases in turn, on one socket path.
-    #[test]
-    fn handshake_versions_and_a_lost_connection() {
-        let dir =
-            std::env::temp_dir().join(format!("cumux-client-transport-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        let sock = dir.join("s.sock");
-        let address = ServerAddress::Unix(sock.clone());
-
-        // Nobody listening.
-        let err = Connection::connect(&address, None, None).err().unwrap();
-        assert!(err.contains("cannot reach the cumux server"), "{err}");
-
-        // A rejection names both versions.
-        let server = fake_server(
-            &sock,
-            HelloReply::Rejected {
-                server_version: 99,
-                reason: "too old".into(),
-            },
-            0,
-        );
-        let err = Connection::connect(&address, None, None).err().unwrap();
-        assert!(
-            err.contains("99") && err.contains(&proto::PROTOCOL_VERSION.to_string()),
-            "{err}"
-        );
-        server.join().unwrap();
-        std::fs::remove_file(&sock).unwrap();
-
-        // A server of another version, even one that says welcome.
-        let server = fake_server(&sock, welcome(proto::PROTOCOL_VERSION + 1), 0);
-        let err = Connection::connect(&address, None, None).err().unwrap();
-        assert!(err.contains("mismatch"), "{err}");
-        server.join().unwrap();
-        std::fs::remove_file(&sock).unwrap();
-
-        // One answered call, then the server goes away: every later call
-        // fails at once.
-        let server = fake_server(&sock, welcome(proto::PROTOCOL_VERSION), 1);
-        let (mut conn, session) = Connection::connect(&address, None, None).unwrap();
-        assert_eq!(session.server, "fake");
-        assert_eq!(conn.call(Call::ContextSynchronize), Ok(ReplyBody::Unit));
-        server.join().unwrap();
-        assert_eq!(
-            conn.call(Call::ContextSynchronize),
-            Err(CUDA_ERROR_DEVICE_UNAVAILABLE)
-        );
-        assert_eq!(
-            conn.call(Call::MemGetInfo { device: 0 }),
-            Err(CUDA_ERROR_DEVICE_UNAVAILABLE)
-        );
-        std::fs::remove_file(&sock).unwrap();
-
-        // Through shared memory: a large buffer goes out and comes back, then
-        // the server dies without a word and calls fail instead of hanging.
-        let server = fake_shm_server(&sock, 2);
-        let (mut conn, session) = Connection::connect(&address, None, None).unwrap();
-        assert_eq!(session.server, "fake-shm");
-        assert!(conn.uses_shm());
-        let data: Vec<u8> = (0..100_000u32).map(|i| (i * 7) as u8).collect();
-        let mut back = vec![0u8; data.len()];
-        let echo = Call::MemcpyHtoD {
-            dst: 0,
-            data: Vec::new(),
-            stream: None,
-        };
-        assert_eq!(
-            conn.call_with_bytes(echo, &data),
-            Ok(ReplyBody::Data(data.clone()))
-        );
-        let read = Call::MemcpyDtoH {
-            src: 0,
-            bytes: data.len() as u64,
-            stream: None,
-        };
-        assert_eq!(conn.call_into(read, &mut back), Ok(()));
-        assert!(back == data);
-        server.join().unwrap();
-        let started = std::time::Instant::now();
-        assert_eq!(
-            conn.call(Call::ContextSynchronize),
-            Err(CUDA_ERROR_DEVICE_UNAVAILABLE)
-        );
-        assert!(started.elapsed() < std::time::Duration::from_secs(5));
-        assert_eq!(
-            conn.call(Call::MemGetInfo { device: 0 }),
-            Err(CUDA_ERROR_DEVICE_UNAVAILABLE)
-        );
-        std::fs::remove_file(&sock).unwrap();
-
-        // CUMUX_TRANSPORT=socket keeps calls on the socket.
-        std::env::set_var("CUMUX_TRANSPORT", "socket");
-        let server = fake_server(&sock, welcome(proto::PROTOCOL_VERSION), 1);
-        let (mut conn, _) = Connection::connect(&address, None, None).unwrap();
-        assert!(!conn.uses_shm());
-        assert_eq!(conn.call(Call::ContextSynchronize), Ok(ReplyBody::Unit));
-        server.join().unwrap();
-        std::fs::remove_file(&sock).unwrap();
-
-        // Unanswered calls are fenced every FENCE_EVERY: the client waits for
-        // the server to have taken them before it sends more.
-        let every = proto::FENCE_EVERY as usize;
-        let server = fence_server(&sock, 2 * every + 10);
-        let (mut conn, _) = Connection::connect(&address, None, None).unwrap();
-        for _ in 0..2 * every + 10 {
-            let launch = Call::Launch {
-                function: 1,
-                grid: [1, 1, 1],
-                block: [1, 1, 1],
-                shared_bytes: 0,
-                stream: 0,
-                params: Vec::new(),
-                attributes: Vec::new(),
-            };
-            assert_eq!(conn.call(launch), Ok(ReplyBody::Unit));
-        }
-        assert_eq!(server.join().unwrap(), [every, 2 * every + 1]);
-        std::env::remove_var("CUMUX_TRANSPORT");
-        let _ = std::fs::remove_dir_all(&dir);
-    }
-
-    /// A one-connection fake server on the socket that takes `launches`
-    /// unanswered calls and answers the fences among them: where each fence
-    /// came, by the index of the call.
-    fn fence_server(
-        path: &std::path::Path,
-        launches: usize,
-    ) -> std::thread::JoinHandle<Vec<usize>> {
-        let (tx, rx) = std::sync::mpsc::channel();
-        let fake = fake(path, move |mut s, _| {
-            let welcome = welcome(proto::PROTOCOL_VERSION);
-            proto::write_frame(&mut s, &proto::encode(&welcome).unwrap()).unwrap();
-            let (mut buf, mut fences, mut taken) = (Vec::new(), Vec::new(), 0);
-            let mut index = 0;
-            while taken < launches {
-                proto::read_frame(&mut s, &mut buf).unwrap();
-                let req: Request = proto::decode(&buf).unwrap();
-                if req.call.is_fire_and_forget() {
-                    taken += 1;
-                } else {
-                    assert!(matches!(req.call, Call::Fence), "{:?}", req.call);
-                    fences.push(index);
-                    let reply = Reply {
-                        seq: req.seq,
-                        result: Ok(ReplyBody::Unit),
-                        stdout: Vec::new(),
-                    };
-                    proto::write_frame(&mut s, &proto::encode(&reply).unwrap()).unwrap();
-                }
-                index += 1;
-            }
-            tx.send(fences).unwrap();
-        });
-        std::thread::spawn(move || {
-            fake.join().unwrap();
-            rx.recv().unwrap()
-        })
-    }
-}
+mod tests;

@@ -264,6 +264,7 @@ impl LaneState {
                 shm: false,
                 visible_devices: Some(self.position.to_string()),
                 join: None,
+                resume: None,
             };
             let session =
                 Session::open(Arc::clone(&self.server), &hello, Some(self.tenant.clone()))

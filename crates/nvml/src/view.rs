@@ -48,6 +48,7 @@ fn hello(role: ClientRole) -> Result<(Stream, HelloReply), String> {
         shm: false,
         visible_devices: std::env::var("CUDA_VISIBLE_DEVICES").ok(),
         join: None,
+        resume: None,
     };
     let reply: HelloReply = exchange(&mut stream, &hello)?;
     Ok((stream, reply))

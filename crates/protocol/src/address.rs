@@ -22,7 +22,7 @@ impl std::fmt::Display for ServerAddress {
 }
 
 /// One address as `CUMUX_SERVER` writes it.
-fn parse(addr: &str) -> Result<ServerAddress, String> {
+pub fn parse(addr: &str) -> Result<ServerAddress, String> {
     let addr = addr.trim();
     if let Some(p) = addr.strip_prefix("unix:") {
         return Ok(ServerAddress::Unix(PathBuf::from(p)));

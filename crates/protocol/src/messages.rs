@@ -3,6 +3,10 @@
 
 use serde::{Deserialize, Serialize};
 
+/// Bytes of a session image one `Data` reply or [`Call::ImageWrite`] carries
+/// at most: a larger image travels in pieces.
+pub const IMAGE_PIECE_BYTES: usize = 32 << 20;
+
 /// A device pointer in the server's device address space.
 pub type DevicePtr = u64;
 
@@ -59,6 +63,12 @@ pub struct Hello {
     /// its devices; `None`: the program's first connection, on its first
     /// device.
     pub join: Option<Join>,
+    /// Whether, and as what, the program's session may be resumed after its
+    /// connection is lost (`CUMUX_RESUME=1`): `None`, it may not; `Some(0)`,
+    /// a new session whose client keeps its unanswered calls and can send
+    /// them again; `Some(key)`, the session parked under the resume key its
+    /// first welcome gave (protocol 18).
+    pub resume: Option<u64>,
 }
 
 /// What a program's further connection says: which of its devices it is for,
@@ -137,6 +147,12 @@ pub enum HelloReply {
         /// The key a further connection of the same program names in its
         /// [`Join`]; 0 where none may join (status, preflight).
         group: u64,
+        /// The session's resume key, for a client that offered to resume
+        /// ([`Hello::resume`]); 0: none.
+        resume: u64,
+        /// On a resumed session, the first call the client must send again
+        /// (every earlier one is in the state it resumes); 0 otherwise.
+        resume_from: u64,
     },
     Rejected {
         server_version: u32,
@@ -362,6 +378,40 @@ pub enum Call {
     SessionCheckpoint {
         session: u64,
         wait_ms: u64,
+        /// Hold the call the checkpoint was taken at unanswered (the image
+        /// records it), until [`Call::SessionRelease`] or the server stops:
+        /// the state of a session to resume elsewhere (protocol 18).
+        hold: bool,
+    },
+    /// Keeps a held checkpoint's image on this server under its resume key
+    /// (admins only), for its program's client to resume: answered by
+    /// `Data`, a line saying so.
+    SessionPark {
+        #[serde(with = "serde_bytes")]
+        image: Vec<u8>,
+    },
+    /// A piece of the session image this connection's last checkpoint
+    /// staged ([`ReplyBody::ImageStaged`]): `bytes` from `offset`, answered
+    /// by `Data` (admins only).
+    ImageRead {
+        offset: u64,
+        bytes: u64,
+    },
+    /// Appends a piece, at `offset` (the bytes staged so far), to the image
+    /// this connection stages for its next `SessionRestore` or `SessionPark`
+    /// with an empty image (admins only): images larger than a frame travel
+    /// so.
+    ImageWrite {
+        offset: u64,
+        #[serde(with = "serde_bytes")]
+        data: Vec<u8>,
+    },
+    /// Ends the hold of a session checkpointed with `hold` (admins only):
+    /// `moved_to: None`, it carries on with the held call; `Some(address)`,
+    /// its held call is answered with [`ReplyBody::Moved`] and it ends.
+    SessionRelease {
+        session: u64,
+        moved_to: Option<String>,
     },
     /// Replaces a driver session's state by a checkpoint's image (admins
     /// only), at its next call within `wait_ms`.
@@ -528,6 +578,17 @@ pub enum ReplyBody {
     Value(u64),
     /// A physical allocation's properties ([`crate::vmm::VmmCall::Properties`]).
     VmmProperties(crate::vmm::VmmProperties),
+    /// A checkpoint's image too large for one reply, staged on the
+    /// connection: read it with [`Call::ImageRead`].
+    ImageStaged {
+        bytes: u64,
+    },
+    /// The session moved to the server at `address` (a reply to whatever
+    /// call it was held at): its client reconnects there with its resume key
+    /// and sends again every call from this reply's `seq` on.
+    Moved {
+        address: String,
+    },
 }
 
 /// A `cuLaunchKernelEx` attribute that changes how a kernel runs.

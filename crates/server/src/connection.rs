@@ -291,6 +291,23 @@ fn serve_seated(
         }
     };
     session.set_status_scope(scope);
+    // A program resuming a checkpoint parked here under its key.
+    let resume_from = match hello.resume {
+        Some(key) if key != 0 && hello.role == ClientRole::Driver => {
+            match session.resume_parked() {
+                Ok(seq) => seq,
+                Err(e) => {
+                    let reason = format!("cannot resume the program's session: {}", e.detail);
+                    let _ = send(&mut writer, &reject(reason.clone()));
+                    if catch_unwind(AssertUnwindSafe(|| session.close())).is_err() {
+                        tracing::error!("session clean-up panicked");
+                    }
+                    return Ending::Rejected(reason);
+                }
+            }
+        }
+        _ => 0,
+    };
     // Shared memory only over a unix socket, whose far end is on this host.
     let offer_shm = hello.shm && matches!(writer, Socket::Unix(_));
     let welcome = HelloReply::Welcome {
@@ -300,6 +317,8 @@ fn serve_seated(
         devices,
         shm: offer_shm,
         group: session.group_key(),
+        resume: session.resume_key(),
+        resume_from,
     };
     tracing::info!(
         session = session.id(),
@@ -442,6 +461,8 @@ fn preflight(
                 devices: devices.into_iter().map(|(_, info)| info).collect(),
                 shm: false,
                 group: 0,
+                resume: 0,
+                resume_from: 0,
             };
             let _ = send(writer, &welcome);
             Ending::Closed
@@ -695,6 +716,7 @@ fn request_loop(session: &mut Session, wire: &mut impl Wire) -> Ending {
         let kind: &'static str = (&request.call).into();
         hop_trace::mark(Hop::ServerReceive, kind);
         let started = std::time::Instant::now();
+        session.set_seq(seq);
         if request.call.carries_fd() {
             session.give_fd(wire.receive_fd());
         }
@@ -730,12 +752,24 @@ fn request_loop(session: &mut Session, wire: &mut impl Wire) -> Ending {
                 }
             }
         }
+        if session.leaving() {
+            session.vacate();
+            return moved_away(wire);
+        }
         hop_trace::mark(Hop::ServerReply, kind);
         let us = started.elapsed().as_micros();
         if us > cumux_protocol::SLOW_CALL_US {
             tracing::debug!(target: "cumux::slow", session = session.id(), seq, us, kind, "server: slow call");
         }
     }
+}
+
+/// The connection of a session that moved to another server: its client
+/// reads where it went at its next wait for a reply, and may send calls till
+/// then, which go unread (it keeps them, to send again there).
+fn moved_away(wire: &mut impl Wire) -> Ending {
+    while wire.receive().is_ok() {}
+    Ending::Closed
 }
 
 enum Handshake {

@@ -21,6 +21,33 @@ pub enum Action {
     Checkpoint,
     /// Replace its state by this checkpoint's.
     Restore(Vec<u8>),
+    /// Answer its state as a checkpoint taken at the start of its call,
+    /// then hold that call until it is released ([`Orders::release`]).
+    Hold,
+}
+
+/// How a held session goes on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Release {
+    /// With its held call, as if nothing happened.
+    CarryOn,
+    /// Its held call answered "moved to this server address", and it ends.
+    MovedTo(String),
+}
+
+/// How long a session stays held at most, released or not: then it carries
+/// on (its checkpoint is only a checkpoint).
+pub const HOLD_LIMIT: Duration = Duration::from_secs(600);
+
+/// Images a server keeps for programs to resume, at most.
+pub const MAX_PARKED: usize = 1024;
+
+/// A held checkpoint kept for the program that will resume it.
+pub struct Parked {
+    /// The session image, encoded.
+    pub image: Vec<u8>,
+    /// Its tenant: only the same tenant's program takes it.
+    pub tenant: String,
 }
 
 impl Action {
@@ -29,6 +56,7 @@ impl Action {
             Action::MoveTo(device) => format!("move to device {device}"),
             Action::Checkpoint => "checkpoint".into(),
             Action::Restore(_) => "restore".into(),
+            Action::Hold => "checkpoint and hold".into(),
         }
     }
 }
@@ -48,6 +76,10 @@ pub struct Orders {
     waiting: Mutex<HashMap<u64, Order>>,
     /// What each session with an order is at, for `cumux status`.
     notes: Mutex<HashMap<u64, String>>,
+    /// Where to release each held session.
+    holds: Mutex<HashMap<u64, SyncSender<Release>>>,
+    /// Held checkpoints by resume key, for their programs to resume.
+    parked: Mutex<HashMap<u64, Parked>>,
 }
 
 impl Orders {
@@ -141,6 +173,48 @@ impl Orders {
             }
         }
         receiver.recv().unwrap_or_else(|_| Err(gone(session)))
+    }
+
+    /// `session` is held: what releases it comes through the receiver.
+    pub fn hold(&self, session: u64) -> Receiver<Release> {
+        let (release, receiver) = sync_channel(1);
+        lock(&self.holds).insert(session, release);
+        receiver
+    }
+
+    /// `session` is no longer held.
+    pub fn unhold(&self, session: u64) {
+        lock(&self.holds).remove(&session);
+    }
+
+    /// Releases a held session; refused if it is not held.
+    pub fn release(&self, session: u64, how: Release) -> Result<(), CuError> {
+        let held = lock(&self.holds).remove(&session);
+        match held.map(|release| release.send(how)) {
+            Some(Ok(())) => Ok(()),
+            _ => Err(CuError::new(
+                codes::INVALID_VALUE,
+                format!("session {session} is not held (cumux checkpoint --hold holds one)"),
+            )),
+        }
+    }
+
+    /// Keeps a held checkpoint under its resume `key`.
+    pub fn park(&self, key: u64, parked: Parked) -> Result<(), CuError> {
+        let mut all = lock(&self.parked);
+        if all.len() >= MAX_PARKED && !all.contains_key(&key) {
+            return Err(CuError::new(
+                codes::OUT_OF_MEMORY,
+                format!("the server keeps {MAX_PARKED} checkpoints to resume already"),
+            ));
+        }
+        all.insert(key, parked);
+        Ok(())
+    }
+
+    /// The checkpoint parked under `key`, taken (a program resumes it once).
+    pub fn unpark(&self, key: u64) -> Option<Parked> {
+        lock(&self.parked).remove(&key)
     }
 
     /// Drops the order of a session that ended before taking it.

@@ -306,6 +306,7 @@ fn a_checkpoint_brings_a_sessions_state_back_and_a_foreign_image_is_refused() {
         Call::SessionCheckpoint {
             session,
             wait_ms: 5_000,
+            hold: false,
         },
     ) {
         Ok(ReplyBody::Data(image)) => image,
@@ -445,6 +446,7 @@ fn an_order_for_a_session_that_ends_first_says_so() {
         .call(Call::SessionCheckpoint {
             session,
             wait_ms: 10,
+            hold: false,
         })
         .unwrap_err();
     assert!(e.detail.contains("has an order waiting already"), "{e:?}");
@@ -611,4 +613,147 @@ fn modules_loaded_and_unloaded_while_the_target_is_made_ready_are_as_the_program
         }),
         codes::INVALID_HANDLE
     );
+}
+
+#[test]
+fn a_hold_needs_a_client_that_can_resume_and_parking_needs_a_held_image() {
+    let (server, socket, _dir) = two_cpu_devices("hold-refused");
+    let mut c = Client::connect(&socket, "held", None);
+    let p = c.alloc(64);
+    c.write(p, b"state");
+    let (session, _) = session_of(&server, "held");
+    // Its client offered no resume (CUMUX_RESUME): nothing could resume it.
+    let hold = Call::SessionCheckpoint {
+        session,
+        wait_ms: 5_000,
+        hold: true,
+    };
+    let e = order(&socket, &mut c, hold).unwrap_err();
+    assert!(e.detail.contains("CUMUX_RESUME=1"), "{e:?}");
+    assert_eq!(&c.read(p, 5).unwrap(), b"state");
+    let mut admin = Client::connect(&socket, "admin", None);
+    let release = Call::SessionRelease {
+        session,
+        moved_to: Some("unix:/nowhere".into()),
+    };
+    let e = admin.call(release).unwrap_err();
+    assert!(e.detail.contains("is not held"), "{e:?}");
+    // A checkpoint without the hold, or garbage, is not parked.
+    let plain = Call::SessionCheckpoint {
+        session,
+        wait_ms: 5_000,
+        hold: false,
+    };
+    let image = match order(&socket, &mut c, plain) {
+        Ok(ReplyBody::Data(image)) => image,
+        other => panic!("{other:?}"),
+    };
+    let e = admin.call(Call::SessionPark { image }).unwrap_err();
+    assert!(e.detail.contains("without --hold"), "{e:?}");
+    let e = admin
+        .call(Call::SessionPark {
+            image: b"garbage".to_vec(),
+        })
+        .unwrap_err();
+    assert!(e.detail.contains("not a session image"), "{e:?}");
+    // The session runs on.
+    c.write(p, b"later");
+    assert_eq!(&c.read(p, 5).unwrap(), b"later");
+}
+
+/// `call` from `admin` while `program` keeps calling (orders are carried out
+/// at the program's next call); the admin comes back with the answer.
+fn order_from(
+    mut admin: Client,
+    program: &mut Client,
+    call: Call,
+) -> (Client, Result<ReplyBody, CuError>) {
+    let asking = std::thread::spawn(move || {
+        let answer = admin.call(call);
+        (admin, answer)
+    });
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !asking.is_finished() {
+        assert!(Instant::now() < deadline, "the order was never answered");
+        assert_eq!(program.code(Call::Fence), codes::SUCCESS);
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    asking.join().unwrap()
+}
+
+#[test]
+fn a_checkpoint_larger_than_a_frame_travels_in_pieces() {
+    let (server, socket, _dir) = two_cpu_devices("big-checkpoint");
+    let mut c = Client::connect(&socket, "big", None);
+    let size: u64 = 96 << 20;
+    assert!(size > MAX_FRAME_BYTES as u64);
+    let p = c.alloc(size);
+    c.write(p, b"head");
+    c.write(p + size - 4, b"tail");
+    let (session, _) = session_of(&server, "big");
+    let admin = Client::connect(&socket, "admin", None);
+    let checkpoint = Call::SessionCheckpoint {
+        session,
+        wait_ms: 5_000,
+        hold: false,
+    };
+    let (mut admin, answer) = order_from(admin, &mut c, checkpoint);
+    let bytes = match answer {
+        Ok(ReplyBody::ImageStaged { bytes }) => bytes,
+        other => panic!("{other:?}"),
+    };
+    assert!(bytes > size, "{bytes}");
+    let mut image = Vec::new();
+    while (image.len() as u64) < bytes {
+        let offset = image.len() as u64;
+        let piece = (bytes - offset).min(IMAGE_PIECE_BYTES as u64);
+        match admin.call(Call::ImageRead {
+            offset,
+            bytes: piece,
+        }) {
+            Ok(ReplyBody::Data(d)) => image.extend_from_slice(&d),
+            other => panic!("{other:?}"),
+        }
+    }
+    // Read to its end, the staged image is gone.
+    let e = admin
+        .call(Call::ImageRead {
+            offset: 0,
+            bytes: 1,
+        })
+        .unwrap_err();
+    assert!(e.detail.contains("staged image of 0"), "{e:?}");
+    c.write(p, b"HEAD");
+    // Pieces go in order.
+    let e = admin
+        .call(Call::ImageWrite {
+            offset: 5,
+            data: vec![1; 8],
+        })
+        .unwrap_err();
+    assert!(e.detail.contains("in order"), "{e:?}");
+    for (i, piece) in image.chunks(IMAGE_PIECE_BYTES).enumerate() {
+        let write = Call::ImageWrite {
+            offset: (i * IMAGE_PIECE_BYTES) as u64,
+            data: piece.to_vec(),
+        };
+        assert_eq!(admin.call(write), Ok(ReplyBody::Unit));
+    }
+    let restore = Call::SessionRestore {
+        session,
+        image: Vec::new(),
+        wait_ms: 5_000,
+    };
+    let (mut admin, answer) = order_from(admin, &mut c, restore);
+    assert!(matches!(answer, Ok(ReplyBody::Data(_))), "{answer:?}");
+    assert_eq!(&c.read(p, 4).unwrap(), b"head");
+    assert_eq!(&c.read(p + size - 4, 4).unwrap(), b"tail");
+    // Nothing staged any more: an empty image is refused.
+    let restore = Call::SessionRestore {
+        session,
+        image: Vec::new(),
+        wait_ms: 5_000,
+    };
+    let e = admin.call(restore).unwrap_err();
+    assert!(e.detail.contains("none staged"), "{e:?}");
 }

@@ -551,6 +551,7 @@ pub fn driver_session(
         shm: false,
         visible_devices: None,
         join: None,
+        resume: None,
     };
     let tenant = Some((
         "t".to_string(),

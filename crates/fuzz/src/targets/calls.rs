@@ -369,7 +369,7 @@ pub fn call(u: &mut Unstructured, known: &Known, images: Images) -> Result<Call>
             },
         },
         28 => Call::ContextSynchronize,
-        29 => match u.int_in_range(0u8..=6)? {
+        29 => match u.int_in_range(0u8..=10)? {
             0 => Call::ServerStatus,
             4 => Call::SessionMove {
                 session: u.int_in_range(0..=4)?,
@@ -379,6 +379,22 @@ pub fn call(u: &mut Unstructured, known: &Known, images: Images) -> Result<Call>
             5 => Call::SessionCheckpoint {
                 session: u.int_in_range(0..=4)?,
                 wait_ms: u.int_in_range(0..=5)?,
+                hold: u.arbitrary()?,
+            },
+            7 => Call::SessionPark {
+                image: u.arbitrary()?,
+            },
+            8 => Call::SessionRelease {
+                session: u.int_in_range(0..=4)?,
+                moved_to: u.arbitrary()?,
+            },
+            9 => Call::ImageRead {
+                offset: u.int_in_range(0..=64)?,
+                bytes: u.int_in_range(0..=64)?,
+            },
+            10 => Call::ImageWrite {
+                offset: u.int_in_range(0..=64)?,
+                data: u.arbitrary()?,
             },
             6 => Call::SessionRestore {
                 session: u.int_in_range(0..=4)?,

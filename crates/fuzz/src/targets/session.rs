@@ -107,6 +107,7 @@ fn hello() -> Hello {
         shm: false,
         visible_devices: None,
         join: None,
+        resume: None,
     }
 }
 

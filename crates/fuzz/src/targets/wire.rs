@@ -161,6 +161,7 @@ fn seeds() -> Vec<Vec<u8>> {
         shm: true,
         visible_devices: None,
         join: None,
+        resume: None,
     };
     out.push(encode(&hello).expect("a hello encodes"));
     out

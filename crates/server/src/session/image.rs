@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 use crate::device::LaunchGeometry;
 
 /// The layout of [`SessionImage`]; an image of another is refused.
-pub const IMAGE_FORMAT: u32 = 1;
+pub const IMAGE_FORMAT: u32 = 2;
 
 /// What a session holds, taken while none of its work runs.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -28,6 +28,22 @@ pub struct SessionImage {
     pub graphs: Vec<GraphImage>,
     /// The context's limits (`CUlimit`, value), as `cuCtxSetLimit` set them.
     pub limits: Vec<(u32, u64)>,
+    /// Where its program resumes, for an image taken with the call it was
+    /// taken at held (`cumux checkpoint --hold`); `None` for a rollback image.
+    pub resume: Option<ResumePoint>,
+}
+
+/// The call a held checkpoint was taken at, and whose program may resume it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ResumePoint {
+    /// The resume key the session's first welcome gave its client.
+    pub key: u64,
+    /// The held call: every earlier one is in the image, it and later ones
+    /// are not; the client sends them again.
+    pub seq: u64,
+    pub tenant: String,
+    /// The program's name, as its hello said.
+    pub program: String,
 }
 
 /// Device memory at `ptr`: its bytes.
@@ -154,6 +170,12 @@ mod tests {
             events: vec![(6, 2)],
             graphs: Vec::new(),
             limits: vec![(2, 8 << 20)],
+            resume: Some(ResumePoint {
+                key: 77,
+                seq: 12,
+                tenant: "t".into(),
+                program: "p".into(),
+            }),
         };
         let bytes = image.encode().unwrap();
         assert_eq!(SessionImage::decode(&bytes).unwrap(), image);

@@ -13,7 +13,9 @@ mod modules;
 mod moving;
 mod order;
 mod preparing;
+mod resuming;
 mod signalling;
+mod staged;
 mod streams;
 mod submit;
 mod vmm;
@@ -160,6 +162,17 @@ pub struct Session {
     /// Set when the client hangs up ([`Session::canceller`]): a launch held
     /// back by the launch window stops waiting.
     hung_up: Arc<std::sync::atomic::AtomicBool>,
+    /// The key its client resumes it by (`Hello::resume`); 0: its client
+    /// cannot resume.
+    resume_key: u64,
+    /// The `seq` of the call being handled (the connection sets it).
+    seq: u64,
+    /// Set when the session ends after the call's reply (it moved away).
+    leaving: bool,
+    /// An admin connection's checkpoint image, read in pieces (`staged`).
+    staged_out: std::cell::RefCell<Vec<u8>>,
+    /// An image an admin connection writes in pieces (`staged`).
+    staged_in: std::cell::RefCell<Vec<u8>>,
     /// The client's pinned host regions.
     host: HostRegions,
     /// The memfd that came with the call being handled (`HostRegister`).
@@ -387,6 +400,11 @@ impl Session {
             latency_critical,
             watched,
             hung_up: Arc::default(),
+            resume_key: Session::resume_key_for(hello, id),
+            seq: 0,
+            leaving: false,
+            staged_out: Default::default(),
+            staged_in: Default::default(),
             host: HostRegions::default(),
             incoming_fd: None,
             outgoing_fd: None,
@@ -473,14 +491,38 @@ impl Session {
                 device,
                 wait_ms,
             } => self.order(*session, Action::MoveTo(*device), *wait_ms),
-            Call::SessionCheckpoint { session, wait_ms } => {
-                self.order(*session, Action::Checkpoint, *wait_ms)
+            Call::SessionCheckpoint {
+                session,
+                wait_ms,
+                hold,
+            } => {
+                let action = match hold {
+                    true => Action::Hold,
+                    false => Action::Checkpoint,
+                };
+                self.order(*session, action, *wait_ms)
             }
+            Call::SessionPark { image } => self.admin().and_then(|()| {
+                let image = self.image_or_staged(image)?;
+                Session::park(&self.server, image).map(|line| ReplyBody::Data(line.into()))
+            }),
+            Call::ImageRead { offset, bytes } => {
+                self.admin().and_then(|()| self.image_read(*offset, *bytes))
+            }
+            Call::ImageWrite { offset, data } => {
+                self.admin().and_then(|()| self.image_write(*offset, data))
+            }
+            Call::SessionRelease { session, moved_to } => self
+                .admin()
+                .and_then(|()| self.release_held(*session, moved_to.clone())),
             Call::SessionRestore {
                 session,
                 image,
                 wait_ms,
-            } => self.order(*session, Action::Restore(image.clone()), *wait_ms),
+            } => self.admin().and_then(|()| {
+                let image = self.image_or_staged(image)?;
+                self.order(*session, Action::Restore(image), *wait_ms)
+            }),
             _ => return None,
         })
     }
@@ -509,18 +551,24 @@ impl Session {
         let answer = orders.post(session, action)?;
         let patience = std::time::Duration::from_millis(wait_ms.min(MAX_ORDER_WAIT_MS));
         let said = orders.wait(session, &answer, patience)?;
-        if said.len() > cumux_protocol::MAX_FRAME_BYTES {
-            return Err(err(
-                codes::NOT_SUPPORTED,
-                format!(
-                    "session {session}'s checkpoint is {} bytes, past the {} one reply may                      carry (checkpoints streamed in pieces are not built yet)",
-                    said.len(),
-                    cumux_protocol::MAX_FRAME_BYTES
-                ),
-            ));
-        }
-        // A checkpoint's image, or the line saying what was done.
-        Ok(ReplyBody::Data(said))
+        // A checkpoint's image (in pieces, when large), or the line saying
+        // what was done.
+        Ok(self.answer_of(said))
+    }
+
+    /// `Call::SessionRelease` (admins only): a held session carries on, or
+    /// answers that it moved to `moved_to` and ends.
+    fn release_held(&self, session: u64, moved_to: Option<String>) -> CallResult {
+        let how = match &moved_to {
+            Some(address) => crate::moves::Release::MovedTo(address.clone()),
+            None => crate::moves::Release::CarryOn,
+        };
+        self.server.orders().release(session, how)?;
+        let line = match moved_to {
+            Some(address) => format!("session {session} released: its program goes to {address}"),
+            None => format!("session {session} released: it carries on here"),
+        };
+        Ok(ReplyBody::Data(line.into_bytes()))
     }
 
     /// Whether this connection is an admin's (it sees every tenant: the
@@ -620,7 +668,9 @@ impl Session {
         }
         if self.entry.is_some() {
             // An admin's order (move, checkpoint, restore) waits for this point.
-            self.take_order();
+            if let Some(answer) = self.take_order() {
+                return Some(answer);
+            }
         }
         let call = match self.aliases.is_empty() {
             true => call,
@@ -740,6 +790,10 @@ impl Session {
             | Call::TenantRemove { .. }
             | Call::SessionMove { .. }
             | Call::SessionCheckpoint { .. }
+            | Call::SessionPark { .. }
+            | Call::SessionRelease { .. }
+            | Call::ImageRead { .. }
+            | Call::ImageWrite { .. }
             | Call::SessionRestore { .. }) => self
                 .server_call(&call)
                 .unwrap_or_else(|| Err(err(codes::UNKNOWN, "a server call the session took"))),
@@ -815,6 +869,13 @@ impl Session {
     /// Tears the session down: queued work is skipped, running work finishes,
     /// then every module and allocation of the session is released.
     pub fn close(mut self) {
+        self.vacate();
+    }
+
+    /// Frees everything the session holds, before its connection ends (a
+    /// session that moved to another server); [`Session::close`] after it
+    /// finds nothing left.
+    pub fn vacate(&mut self) {
         // Launches waiting at the gate are dropped, so they hold nobody up; the
         // tenant leaves the scheduler once the session's workers have stopped.
         if let Some(gate) = &self.gate {

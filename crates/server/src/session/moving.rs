@@ -41,7 +41,9 @@ fn refused(why: impl Into<String>) -> CuError {
 impl Session {
     /// Carries out the order an admin left for this session, if any: at the
     /// start of a call, when none of its calls is half done.
-    pub(super) fn take_order(&mut self) {
+    /// An answer comes back where the order settles the call itself (a
+    /// held session that moved away).
+    pub(super) fn take_order(&mut self) -> Option<super::CallResult> {
         if self.preparing.as_ref().is_some_and(|p| p.is_ready()) {
             if let Some(preparing) = self.preparing.take() {
                 let (order, ordinal, target, prepared) = preparing.finish();
@@ -49,9 +51,7 @@ impl Session {
                 self.answer(order, answer.map(String::into_bytes));
             }
         }
-        let Some(order) = self.server.orders().take(self.id()) else {
-            return;
-        };
+        let order = self.server.orders().take(self.id())?;
         if self.preparing.is_some() {
             let busy = err(
                 codes::NOT_READY,
@@ -59,20 +59,28 @@ impl Session {
             );
             // The move under way keeps the session's status note.
             let _ = order.answer.send(Err(busy));
-            return;
+            return None;
+        }
+        if matches!(order.action, Action::Hold) {
+            return self.hold(order);
         }
         let answer = match &order.action {
             &Action::MoveTo(device) => match self.move_target(device) {
                 // The target is made ready first: answered when the move is done.
-                Ok(target) => return self.preparing_order(order, device, target),
+                Ok(target) => {
+                    self.preparing_order(order, device, target);
+                    return None;
+                }
                 Err(e) => Err(e),
             },
+            Action::Hold => Err(err(codes::UNKNOWN, "a hold is answered by the hold itself")),
             Action::Checkpoint => self
                 .quiesced_image("checkpointed")
                 .and_then(|image| image.encode()),
             Action::Restore(bytes) => self.restore(bytes).map(String::into_bytes),
         };
         self.answer(order, answer);
+        None
     }
 
     /// Answers an admin's order.
@@ -117,7 +125,7 @@ impl Session {
     }
 
     /// The session's state once its work has drained.
-    fn quiesced_image(&mut self, what: &str) -> Result<SessionImage, CuError> {
+    pub(super) fn quiesced_image(&mut self, what: &str) -> Result<SessionImage, CuError> {
         if let Some(why) = self.why_unmovable() {
             return Err(refused(format!(
                 "session {} cannot be {what}: {why}",
@@ -233,7 +241,11 @@ impl Session {
 
     /// `Action::Restore`: the session's state replaced by a checkpoint's.
     fn restore(&mut self, bytes: &[u8]) -> Result<String, CuError> {
-        let image = SessionImage::decode(bytes)?;
+        self.restore_image(SessionImage::decode(bytes)?)
+    }
+
+    /// The session's state replaced by `image`'s.
+    pub(super) fn restore_image(&mut self, image: SessionImage) -> Result<String, CuError> {
         if image.index != self.index {
             return Err(err(
                 codes::INVALID_VALUE,
@@ -367,6 +379,7 @@ impl Session {
             events,
             graphs,
             limits: self.ctx.movable().map(|m| m.limits()).unwrap_or_default(),
+            resume: None,
         })
     }
 

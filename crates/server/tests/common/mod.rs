@@ -268,6 +268,7 @@ pub fn hello(version: u32, magic: u32) -> Hello {
         shm: false,
         visible_devices: None,
         join: None,
+        resume: None,
     }
 }
 
