@@ -191,18 +191,36 @@ pub fn drain(address: &Address, device: u32, to: Option<u32>, wait: Duration) ->
         .filter(|s| s.device == device)
         .map(|s| s.session)
         .collect();
+    // Every session at once, each on an admin connection of its own: a
+    // move's target is made ready while its program runs on, and a short
+    // program may end while another's move waits.
+    let moves: Vec<_> = sessions
+        .iter()
+        .map(|&session| {
+            let address = address.clone();
+            let call = Call::SessionMove {
+                session,
+                device: target,
+                wait_ms: wait_ms(wait),
+            };
+            let moved = std::thread::spawn(move || -> Result<String> {
+                let mut conn = admin(&address, "cumux drain")?;
+                Ok(said(conn.call(call)?))
+            });
+            (session, moved)
+        })
+        .collect();
     let mut stayed = Vec::new();
-    for session in &sessions {
-        let call = Call::SessionMove {
-            session: *session,
-            device: target,
-            wait_ms: wait_ms(wait),
-        };
-        match conn.call(call) {
-            Ok(reply) => println!("{}", said(reply)),
-            Err(e) => {
+    for (session, moved) in moves {
+        match moved.join() {
+            Ok(Ok(line)) => println!("{line}"),
+            Ok(Err(e)) => {
                 eprintln!("session {session}: {e:#}");
-                stayed.push(*session);
+                stayed.push(session);
+            }
+            Err(_) => {
+                eprintln!("session {session}: its move's thread failed");
+                stayed.push(session);
             }
         }
     }

@@ -12,7 +12,7 @@ use super::aliases::Aliases;
 use super::core::{err, release_failed};
 use super::image::{Bytes, GraphImage, LaunchImage, ModuleImage, SessionImage, StreamImage};
 use super::order::{stream_order, Order};
-use super::preparing::{Prepared, Preparing};
+use super::preparing::{ModuleToLoad, Prepared, Preparing, ROUNDS};
 use super::{launch_meter, FunctionEntry, ModuleEntry, Session};
 use crate::device::{
     Device, DeviceContext, KernelLaunch, LoadedModule, MovableContext, StreamOrdered, StreamWork,
@@ -22,6 +22,8 @@ use crate::moves::{Action, Order as AdminOrder};
 
 /// A session's state rebuilt on a new context, not yet the session's.
 struct Rebuilt {
+    /// How long its parts took, said in the move's line.
+    timings: String,
     device: Arc<dyn Device>,
     ctx: Arc<dyn DeviceContext>,
     order: Order,
@@ -46,9 +48,17 @@ impl Session {
     pub(super) fn take_order(&mut self) -> Option<super::CallResult> {
         if self.preparing.as_ref().is_some_and(|p| p.is_ready()) {
             if let Some(preparing) = self.preparing.take() {
-                let (order, ordinal, target, prepared) = preparing.finish();
-                let answer = self.finish_move(ordinal, target, prepared);
-                self.answer(order, answer.map(String::into_bytes));
+                let (order, ordinal, round, target, prepared) = preparing.finish();
+                match prepared {
+                    // Modules the program loaded meanwhile: another round.
+                    Ok(p) if round < ROUNDS && self.modules_to_load(Some(&p)).next().is_some() => {
+                        self.prepare_round(order, ordinal, target, Some((round, p)));
+                    }
+                    prepared => {
+                        let answer = self.finish_move(ordinal, target, prepared);
+                        self.answer(order, answer.map(String::into_bytes));
+                    }
+                }
             }
         }
         let order = self.server.orders().take(self.id())?;
@@ -178,10 +188,18 @@ impl Session {
 
     /// Starts making device `ordinal` ready for this session's move.
     fn preparing_order(&mut self, order: AdminOrder, ordinal: u32, target: Arc<dyn Device>) {
-        let window = self.ctx.movable().map_or(0, |m| m.window());
-        let modules = self
-            .modules
+        self.prepare_round(order, ordinal, target, None);
+    }
+
+    /// The modules of this session that `prepared` has not loaded (all,
+    /// without one), as the target loads them.
+    fn modules_to_load<'a>(
+        &'a self,
+        prepared: Option<&'a Prepared>,
+    ) -> impl Iterator<Item = ModuleToLoad> + 'a {
+        self.modules
             .iter()
+            .filter(move |(handle, _)| prepared.is_none_or(|p| !p.loaded.contains_key(handle)))
             .map(|(&handle, entry)| {
                 let blocks = self
                     .ctx
@@ -190,10 +208,27 @@ impl Session {
                     .unwrap_or_default();
                 (handle, Arc::clone(&entry.image), blocks)
             })
-            .collect();
-        match Preparing::start(order, ordinal, target, window, modules) {
+    }
+
+    /// Starts a round of making device `ordinal` ready: the context and
+    /// every module (`base`: none yet), else the modules `base` lacks.
+    fn prepare_round(
+        &mut self,
+        order: AdminOrder,
+        ordinal: u32,
+        target: Arc<dyn Device>,
+        base: Option<(u32, Prepared)>,
+    ) {
+        let window = self.ctx.movable().map_or(0, |m| m.window());
+        let modules: Vec<ModuleToLoad> =
+            self.modules_to_load(base.as_ref().map(|b| &b.1)).collect();
+        let count = modules.len();
+        match Preparing::start(order, ordinal, target, window, modules, base) {
             Ok(preparing) => {
-                let note = format!("move to device {ordinal}: making the target ready");
+                let note = format!(
+                    "move to device {ordinal}: making the target ready (round {}, {count} modules)",
+                    preparing.round
+                );
                 self.server.orders().note(self.id(), note);
                 self.preparing = Some(preparing);
             }
@@ -219,7 +254,7 @@ impl Session {
             Ok(ref p) => format!("target made ready beforehand in {:.1?}", p.took),
             Err(ref e) => format!("target not made ready beforehand: {}", e.detail),
         };
-        let rebuilt = match prepared {
+        let mut rebuilt = match prepared {
             Ok(p) => self
                 .rebuild(Arc::clone(&target), &image, Some(p))
                 .or_else(|e| {
@@ -228,10 +263,11 @@ impl Session {
                 })?,
             Err(_) => self.rebuild(target, &image, None)?,
         };
+        let timings = std::mem::take(&mut rebuilt.timings);
         self.adopt(rebuilt, image);
         let line = format!(
             "session {} moved from device {from} to device {ordinal} in {:.1?} ({bytes} bytes; \
-             drained and read in {taken:.1?}; {ready})",
+             drained and read in {taken:.1?}; {timings}; {ready})",
             self.id(),
             started.elapsed()
         );
@@ -416,6 +452,7 @@ impl Session {
             .iter()
             .map(|a| (a.ptr, a.bytes.len() as u64))
             .collect();
+        let placing = std::time::Instant::now();
         placed.place_all(&places)?;
         let mut done = 0u64;
         for a in &image.allocations {
@@ -427,6 +464,9 @@ impl Session {
             );
             self.server.orders().note(self.id(), note);
         }
+        let written = placing.elapsed();
+        let loading = std::time::Instant::now();
+        let mut loaded_now = 0usize;
         let mut loaded = HashMap::with_capacity(image.modules.len());
         // Globals the target's driver put elsewhere: from where they were
         // (`moved`), and from the program's addresses (`aliases`).
@@ -435,7 +475,10 @@ impl Session {
         for m in &image.modules {
             let module = match ready.remove(&m.handle) {
                 Some(module) => module,
-                None => placed.module_load_at(&m.image, &m.blocks)?,
+                None => {
+                    loaded_now += 1;
+                    placed.module_load_at(&m.image, &m.blocks)?
+                }
             };
             if module.kernels.len() != m.functions.len() {
                 return Err(err(
@@ -510,7 +553,14 @@ impl Session {
                 .collect::<Result<Vec<_>, _>>()?;
             ordered.graph_create(g.handle, works)?;
         }
+        let timings = format!(
+            "memory placed and written in {written:.1?}, {loaded_now} of {} modules loaded in \
+             {:.1?}",
+            image.modules.len(),
+            loading.elapsed()
+        );
         Ok(Rebuilt {
+            timings,
             device,
             ctx,
             order,
@@ -569,6 +619,7 @@ impl Session {
             mut loaded,
             moved,
             aliases,
+            ..
         } = rebuilt;
         self.aliases = aliases;
         // The old stream order first: nothing is queued, its threads end.

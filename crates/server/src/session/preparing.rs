@@ -24,33 +24,44 @@ pub(super) struct Prepared {
     pub took: Duration,
 }
 
+/// Rounds of loading a move's target takes at most: modules its program
+/// loaded while the last round ran are loaded in the next.
+pub(super) const ROUNDS: u32 = 3;
+
 /// A move whose target is being made ready.
 pub(super) struct Preparing {
     pub order: Order,
     pub ordinal: u32,
     pub target: Arc<dyn Device>,
+    /// This round's number, from 1.
+    pub round: u32,
     work: JoinHandle<Result<Prepared, CuError>>,
 }
 
 impl Preparing {
     /// Starts making a context of `target` in address `window` with
-    /// `modules` loaded, for `order`.
+    /// `modules` loaded, for `order`: on the one an earlier round made
+    /// (`base`), if any.
     pub fn start(
         order: Order,
         ordinal: u32,
         target: Arc<dyn Device>,
         window: u32,
         modules: Vec<ModuleToLoad>,
+        base: Option<(u32, Prepared)>,
     ) -> Result<Preparing, (Order, CuError)> {
         let device = Arc::clone(&target);
+        let round = base.as_ref().map_or(1, |b| b.0 + 1);
+        let base = base.map(|b| b.1);
         let spawned = std::thread::Builder::new()
             .name("cumux-move".into())
-            .spawn(move || prepare(&*device, window, modules));
+            .spawn(move || prepare(&*device, window, modules, base));
         match spawned {
             Ok(work) => Ok(Preparing {
                 order,
                 ordinal,
                 target,
+                round,
                 work,
             }),
             Err(e) => Err((
@@ -64,39 +75,48 @@ impl Preparing {
         self.work.is_finished()
     }
 
-    /// The order, and the target made ready (or why not).
-    pub fn finish(self) -> (Order, u32, Arc<dyn Device>, Result<Prepared, CuError>) {
+    /// The order, the round, and the target made ready (or why not).
+    pub fn finish(self) -> (Order, u32, u32, Arc<dyn Device>, Result<Prepared, CuError>) {
         let prepared = self.work.join().unwrap_or_else(|_| {
             Err(CuError::new(
                 codes::UNKNOWN,
                 "making the target ready panicked",
             ))
         });
-        (self.order, self.ordinal, self.target, prepared)
+        (self.order, self.ordinal, self.round, self.target, prepared)
     }
 }
 
+/// The target of a move made ready: a context of `target` in `window` (or
+/// the one `base` made) with `modules` loaded.
 fn prepare(
     target: &dyn Device,
     window: u32,
     modules: Vec<ModuleToLoad>,
+    base: Option<Prepared>,
 ) -> Result<Prepared, CuError> {
     let started = Instant::now();
     let refused = |what: &str| CuError::new(codes::NOT_SUPPORTED, what.to_string());
-    let ctx = target
-        .movable()
-        .ok_or_else(|| refused("the target device cannot take a moved session"))?
-        .create_context_in_window(window)?;
+    let (ctx, mut loaded, took) = match base {
+        Some(b) => (b.ctx, b.loaded, b.took),
+        None => (
+            target
+                .movable()
+                .ok_or_else(|| refused("the target device cannot take a moved session"))?
+                .create_context_in_window(window)?,
+            HashMap::with_capacity(modules.len()),
+            Duration::ZERO,
+        ),
+    };
     let placed = ctx
         .movable()
         .ok_or_else(|| refused("the target context cannot place memory"))?;
-    let mut loaded = HashMap::with_capacity(modules.len());
     for (handle, image, blocks) in modules {
         loaded.insert(handle, placed.module_load_at(&image, &blocks)?);
     }
     Ok(Prepared {
         ctx,
         loaded,
-        took: started.elapsed(),
+        took: took + started.elapsed(),
     })
 }
