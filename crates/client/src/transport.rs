@@ -61,6 +61,10 @@ pub struct Connection {
     seq: u64,
     /// Calls sent unanswered since the last answered one (see [`proto::FENCE_EVERY`]).
     unanswered: u32,
+    /// A fence sent on the socket whose answer is not read yet: the next
+    /// fence waits for it (so at most two windows of calls are unanswered),
+    /// and any call's wait passes over it.
+    fence_pending: Option<u64>,
     buf: Vec<u8>,
     dead: bool,
     /// How to resume the session elsewhere, where the program asked for it
@@ -237,6 +241,7 @@ impl Connection {
             shm: None,
             seq: 0,
             unanswered: 0,
+            fence_pending: None,
             buf: Vec::new(),
             dead: false,
             resume: None,
@@ -579,10 +584,16 @@ impl Connection {
             self.unanswered += 1;
             let full = self.resume.as_ref().is_some_and(Resume::full);
             if self.unanswered >= proto::FENCE_EVERY || full {
-                // Waits until the server has taken every call so far: a program
-                // that never synchronizes is held as NVIDIA's driver holds it.
+                // A program that never synchronizes is held as NVIDIA's driver
+                // holds it: until the server has taken every call so far; on
+                // a socket, up to the fence before this one, so that the
+                // link's round trip is not paid every window.
                 self.unanswered = 0;
-                self.call_with(Call::Fence, None)?;
+                if self.shm.is_some() || self.resume.is_some() {
+                    self.call_with(Call::Fence, None)?;
+                } else {
+                    self.pipelined_fence()?;
+                }
             }
             return Ok(ReplyBody::Unit);
         }
@@ -598,6 +609,29 @@ impl Connection {
                 return result;
             }
         }
+    }
+
+    /// Waits for the fence sent a window ago, if its answer is not in yet,
+    /// then sends one for the calls so far without waiting for it.
+    fn pipelined_fence(&mut self) -> CuResult<()> {
+        while let Some(pending) = self.fence_pending {
+            let reply = self.next_reply()?;
+            if reply.seq != pending {
+                tracing::warn!(
+                    "reply for call {} while waiting for fence {pending}",
+                    reply.seq
+                );
+            }
+            // A fence's failure is the session's sticky one: the next
+            // synchronizing call reports it.
+            let _ = self.answer(reply.seq, reply);
+        }
+        self.seq += 1;
+        let seq = self.seq;
+        hop_trace::mark(Hop::ClientSend, "Fence");
+        self.send(seq, Call::Fence, None)?;
+        self.fence_pending = Some(seq);
+        Ok(())
     }
 
     /// A call that carries a descriptor (`Call::carries_fd`), which follows
@@ -899,6 +933,13 @@ impl Connection {
         }
         if let Some(resume) = self.resume.as_mut() {
             resume.answered(reply.seq);
+        }
+        if self.fence_pending == Some(reply.seq) {
+            // The fence sent without waiting (`pipelined_fence`).
+            self.fence_pending = None;
+            if reply.seq != seq {
+                return None;
+            }
         }
         if reply.seq != seq {
             tracing::warn!(

@@ -228,6 +228,31 @@ fn handshake_versions_and_a_lost_connection() {
         assert_eq!(conn.call(launch), Ok(ReplyBody::Unit));
     }
     assert_eq!(server.join().unwrap(), [every, 2 * every + 1]);
+    std::fs::remove_file(&sock).unwrap();
+
+    // On a socket the client does not wait for a fence's answer: only the
+    // next fence waits for it. A server that answers each fence only after
+    // the next 10 calls would stall a client that waited at once.
+    let server = late_fence_server(&sock, 3 * every + 5, 10);
+    let (mut conn, _) = Connection::connect(&address, None, None).unwrap();
+    for _ in 0..3 * every + 5 {
+        let launch = Call::Launch {
+            function: 1,
+            grid: [1, 1, 1],
+            block: [1, 1, 1],
+            shared_bytes: 0,
+            stream: 0,
+            params: Vec::new(),
+            attributes: Vec::new(),
+        };
+        assert_eq!(conn.call(launch), Ok(ReplyBody::Unit));
+    }
+    // A call's own wait passes over the last fence's answer.
+    assert_eq!(conn.call(Call::ContextSynchronize), Ok(ReplyBody::Unit));
+    assert_eq!(
+        server.join().unwrap(),
+        [every, 2 * every + 1, 3 * every + 2]
+    );
     std::env::remove_var("CUMUX_TRANSPORT");
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -259,6 +284,76 @@ fn fence_server(path: &std::path::Path, launches: usize) -> std::thread::JoinHan
             }
             index += 1;
         }
+        tx.send(fences).unwrap();
+    });
+    std::thread::spawn(move || {
+        fake.join().unwrap();
+        rx.recv().unwrap()
+    })
+}
+
+/// A one-connection fake server on the socket that answers each fence only
+/// once `late` more calls have come (or a waiting call comes), then answers
+/// one waiting call and ends: where each fence came, by the index of the
+/// call, and `usize::MAX` for each time the client stalled waiting for one.
+fn late_fence_server(
+    path: &std::path::Path,
+    launches: usize,
+    late: usize,
+) -> std::thread::JoinHandle<Vec<usize>> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let fake = fake(path, move |mut s, _| {
+        let welcome = welcome(proto::PROTOCOL_VERSION);
+        proto::write_frame(&mut s, &proto::encode(&welcome).unwrap()).unwrap();
+        let answer = |s: &mut std::os::unix::net::UnixStream, seq: u64| {
+            let reply = Reply {
+                seq,
+                result: Ok(ReplyBody::Unit),
+                stdout: Vec::new(),
+            };
+            proto::write_frame(s, &proto::encode(&reply).unwrap()).unwrap();
+        };
+        let (mut buf, mut fences, mut held) = (Vec::new(), Vec::new(), Vec::new());
+        let mut index = 0;
+        // A client stuck on a held fence shows as a read that times out: the
+        // fences are answered then, and the stall is reported.
+        s.set_read_timeout(Some(std::time::Duration::from_secs(3)))
+            .unwrap();
+        loop {
+            if let Err(e) = proto::read_frame(&mut s, &mut buf) {
+                fences.push(usize::MAX);
+                assert!(
+                    !held.is_empty(),
+                    "the client stalled with no fence held: {e:?}"
+                );
+                for (seq, _) in held.drain(..) {
+                    answer(&mut s, seq);
+                }
+                continue;
+            }
+            let req: Request = proto::decode(&buf).unwrap();
+            match req.call {
+                Call::Fence => {
+                    fences.push(index);
+                    held.push((req.seq, index + late));
+                }
+                Call::ContextSynchronize => {
+                    for (seq, _) in held.drain(..) {
+                        answer(&mut s, seq);
+                    }
+                    answer(&mut s, req.seq);
+                    break;
+                }
+                _ => assert!(req.call.is_fire_and_forget(), "{:?}", req.call),
+            }
+            while held.first().is_some_and(|&(_, due)| due <= index) {
+                let (seq, _) = held.remove(0);
+                answer(&mut s, seq);
+            }
+            index += 1;
+        }
+        let stalls = fences.iter().filter(|&&f| f == usize::MAX).count();
+        assert_eq!(index, launches + fences.len() - stalls);
         tx.send(fences).unwrap();
     });
     std::thread::spawn(move || {
