@@ -72,6 +72,14 @@ pub struct Connection {
     resume: Option<Resume>,
 }
 
+/// Unanswered calls a client sends on a socket before a fence. The socket's
+/// own flow control already holds a client whose server is not reading (the
+/// server takes one call at a time, and stops at its launch window), so the
+/// fence here only bounds how far the client runs ahead of the server's
+/// answers: a larger window than shared memory's ring needs, so that a
+/// training step of a few hundred launches pays no round trip for it.
+pub(crate) const SOCKET_FENCE_EVERY: u32 = 16 * proto::FENCE_EVERY;
+
 /// `CUMUX_TRANSPORT=socket` keeps calls on the socket; the default (or `shm`)
 /// moves them to shared memory where the server is on a unix socket.
 fn shm_wanted(address: &ServerAddress) -> bool {
@@ -583,7 +591,11 @@ impl Connection {
         if forget {
             self.unanswered += 1;
             let full = self.resume.as_ref().is_some_and(Resume::full);
-            if self.unanswered >= proto::FENCE_EVERY || full {
+            let window = match self.shm.is_some() || self.resume.is_some() {
+                true => proto::FENCE_EVERY,
+                false => SOCKET_FENCE_EVERY,
+            };
+            if self.unanswered >= window || full {
                 // A program that never synchronizes is held as NVIDIA's driver
                 // holds it: until the server has taken every call so far; on
                 // a socket, up to the fence before this one, so that the

@@ -210,9 +210,9 @@ fn handshake_versions_and_a_lost_connection() {
     server.join().unwrap();
     std::fs::remove_file(&sock).unwrap();
 
-    // Unanswered calls are fenced every FENCE_EVERY: the client waits for
-    // the server to have taken them before it sends more.
-    let every = proto::FENCE_EVERY as usize;
+    // Unanswered calls are fenced every SOCKET_FENCE_EVERY on a socket: the
+    // client waits for the server to have taken them before it sends more.
+    let every = super::SOCKET_FENCE_EVERY as usize;
     let server = fence_server(&sock, 2 * every + 10);
     let (mut conn, _) = Connection::connect(&address, None, None).unwrap();
     for _ in 0..2 * every + 10 {
