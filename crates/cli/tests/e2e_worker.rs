@@ -445,6 +445,32 @@ fn idle_device_synchronizes_stay_in_the_server() {
     }
 }
 
+/// A context synchronize of a program with other threads polls each stream
+/// before it waits (leaving the connection to them), each poll a round trip:
+/// only the streams that had work since the last one, and the default
+/// stream. `ctx_sync_streams.cu` has 16 streams, works on one and
+/// synchronizes 10 times: at most 2 polls each (16 and more before).
+#[test]
+fn a_context_synchronize_polls_only_the_streams_that_had_work() {
+    let dir = TempDir::new("ctx-sync-trace");
+    let trace = dir.0.join("hops");
+    let server = WorkerServer::start_sharing("ctx-sync", false, "isolated");
+    let child = server
+        .command(&test_program("ctx_sync_streams"), &[])
+        .env("CUMUX_HOP_TRACE", &trace)
+        .spawn()
+        .expect("cumux run starts");
+    passes(&wait_bounded(child, LIMIT), &server);
+    // ClientSend is hop 1; polls that find work unfinished repeat.
+    let polls = hop_records(&trace, 1, "StreamQuery");
+    let syncs = hop_records(&trace, 1, "ContextSynchronize");
+    assert_eq!(syncs, 10, "{syncs} context synchronizes");
+    assert!(
+        polls >= 10 && polls <= 2 * 10 + 10,
+        "{polls} stream polls for 10 synchronizes"
+    );
+}
+
 /// The CUDA runtime registers every fat binary of a program at start; each is
 /// loaded on the server only when one of its kernels is first asked for. A
 /// program of two fat binaries that runs the kernel of one sends one module

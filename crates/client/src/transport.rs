@@ -61,6 +61,8 @@ pub struct Connection {
     seq: u64,
     /// Calls sent unanswered since the last answered one (see [`proto::FENCE_EVERY`]).
     unanswered: u32,
+    /// Streams with work sent since the last context synchronize.
+    touched: touched::Touched,
     /// A fence sent on the socket whose answer is not read yet: the next
     /// fence waits for it (so at most two windows of calls are unanswered),
     /// and any call's wait passes over it.
@@ -123,6 +125,12 @@ impl Link {
     /// Sends a call; waits for its reply unless it is fire-and-forget.
     pub fn call(&self, call: Call) -> CuResult<ReplyBody> {
         self.lock().call(call)
+    }
+
+    /// The streams this link sent work for since the last time they were
+    /// taken (a context synchronize polls those alone).
+    pub fn take_touched(&self) -> std::collections::HashSet<proto::Handle> {
+        self.lock().touched.take()
     }
 
     /// Sends a call whose byte buffer, left empty in `call`, is `bytes`
@@ -250,6 +258,7 @@ impl Connection {
             seq: 0,
             unanswered: 0,
             fence_pending: None,
+            touched: touched::Touched::default(),
             buf: Vec::new(),
             dead: false,
             resume: None,
@@ -581,6 +590,9 @@ impl Connection {
             return Err(CUDA_ERROR_DEVICE_UNAVAILABLE);
         }
         let forget = call.is_fire_and_forget();
+        if forget {
+            self.touched.note(&call);
+        }
         let kind: &'static str = (&call).into();
         // Timed only when the caller waits (see `proto::SLOW_CALL_US`).
         let started = (!forget).then(std::time::Instant::now);
@@ -1019,6 +1031,8 @@ fn write_program_stdout(bytes: &[u8]) {
         libc::fflush(out);
     }
 }
+
+mod touched;
 
 #[cfg(test)]
 mod tests;

@@ -57,8 +57,12 @@ fn synchronize() -> CuResult<()> {
             .collect();
         (streams, AfterSync::context(&st), device)
     };
-    // Poll every stream first, leaving the connection free in between (see
-    // `poll_until_ready`).
+    // Poll first every stream with work sent since the last context
+    // synchronize, leaving the connection free in between (see
+    // `poll_until_ready`); the synchronize itself then waits for all, so a
+    // stream passed over here is still waited for.
+    let touched = c.link(device, "ContextSynchronize")?.take_touched();
+    streams.retain(|s| touched.contains(s));
     streams.push(cumux_protocol::DEFAULT_STREAM);
     for stream in streams {
         poll_until_ready(c, device, || Call::StreamQuery { stream })?;
