@@ -455,6 +455,9 @@ impl DeviceContext for SharedView {
     fn vmm(&self, op: &VmmOp) -> Result<u64, CuError> {
         match *op {
             VmmOp::Unmap { .. } => self.wait_own_streams()?,
+            // An import's memory is its exporter's, who scrubs it (the
+            // session releases it with no size: it never counted it).
+            VmmOp::Release { size: 0, .. } => {}
             VmmOp::Release { physical, size } => {
                 if let Err(e) = self.scrub_physical(physical, size) {
                     tracing::warn!("shared context: scrubbing physical memory failed: {e}");
