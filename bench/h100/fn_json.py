@@ -14,6 +14,9 @@ import re
 import statistics
 import sys
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from results_json import fmt, write  # noqa: E402
+
 runs, path, date, gpu, driver, cuda, commit = sys.argv[1:8]
 
 
@@ -123,21 +126,7 @@ result = {"suite": "functions", "date": date, "gpu": gpu, "driver": driver, "cud
                       "FastAPI + uvicorn + CuPy doing the same work per request (fn_fastapi.py), "
                       "driven by the same client (fn_load.c)",
           "metrics": metrics}
-if notes:
-    result["notes"] = notes
-head = {k: v for k, v in result.items() if k not in ("metrics", "notes")}
-text = json.dumps(head, indent=1)[:-2] + ',\n "metrics": [\n'
-text += ",\n".join("  " + json.dumps(m) for m in metrics) + "\n ]"
-if notes:
-    text += ',\n "notes": ' + json.dumps(notes, indent=1).replace("\n", "\n ")
-text += "\n}\n"
-json.loads(text)
-with open(path, "w") as f:
-    f.write(text)
-
-
-def fmt(v):
-    return "-" if v is None else f"{v:.4g}"
+write(path, result, metrics, notes)
 
 
 print(f"{'metric':<34} {'unit':<5} {'native':>9} {'cumux':>9} {'ratio':>7} {'fastapi':>9} {'cumux/fastapi':>13}")

@@ -1,6 +1,35 @@
+# shellcheck shell=bash
 # Shared by the GPU machine's scripts (sourced): points cumux at the system's
 # NVIDIA libcuda.so.1 unless CUMUX_REAL_LIBCUDA already says which.
 if [ -z "${CUMUX_REAL_LIBCUDA:-}" ]; then
     real=$(ldconfig -p 2>/dev/null | awk '/libcuda\.so\.1 .*x86-64/ { print $NF; exit }')
     [ -n "$real" ] && export CUMUX_REAL_LIBCUDA=$real
 fi
+
+# Sets DATE, GPU, DRIVER, CUDA, SLUG (e.g. h100) and COMMIT (the kit's, else
+# the checkout's) for a results file; DEVICE other than cuda names the CPU
+# device instead of a GPU.
+describe_machine() {
+    DATE=$(date -u +%F)
+    if [ "${DEVICE:-cuda}" = cuda ]; then
+        GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
+        DRIVER=$(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null | head -1)
+        CUDA=$(nvidia-smi 2>/dev/null | grep -o 'CUDA Version: [0-9.]*' | awk '{ print $3 }')
+        SLUG=$(printf '%s\n' "$GPU" | tr ' ' '\n' | grep -m1 -E '^[A-Za-z]+[0-9]+' | tr '[:upper:]' '[:lower:]')
+    else
+        GPU="none (cumux $DEVICE device)"; DRIVER=none; CUDA=none; SLUG=$DEVICE
+    fi
+    SLUG=${SLUG:-gpu}
+    COMMIT=$(head -1 "$KIT/COMMIT" 2>/dev/null | tr -d '[:space:]')
+    [ -n "$COMMIT" ] || COMMIT=$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)
+    export DATE GPU DRIVER CUDA SLUG COMMIT
+}
+
+# Kills the processes in the array `pids` and removes the work folder $W:
+# the scripts' EXIT trap.
+stop_all() {
+    # shellcheck disable=SC2154 # the sourcing script's
+    for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done
+    wait 2>/dev/null
+    rm -rf "$W"
+}

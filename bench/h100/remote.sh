@@ -86,25 +86,8 @@ left() {
     echo "$l"
 }
 pids=()
-cleanup() {
-    for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done
-    wait 2>/dev/null
-    rm -rf "$W"
-}
-trap cleanup EXIT
-
-DATE=$(date -u +%F)
-if [ "$DEVICE" = cuda ]; then
-    GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
-    DRIVER=$(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null | head -1)
-    CUDA=$(nvidia-smi 2>/dev/null | grep -o 'CUDA Version: [0-9.]*' | awk '{ print $3 }')
-    SLUG=$(printf '%s\n' "$GPU" | tr ' ' '\n' | grep -m1 -E '^[A-Za-z]+[0-9]+' | tr '[:upper:]' '[:lower:]')
-else
-    GPU="none (cumux $DEVICE device)"; DRIVER=none; CUDA=none; SLUG=$DEVICE
-fi
-SLUG=${SLUG:-gpu}
-COMMIT=$(head -1 "$KIT/COMMIT" 2>/dev/null | tr -d '[:space:]')
-[ -n "$COMMIT" ] || COMMIT=$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)
+trap stop_all EXIT
+describe_machine
 say "cumux remote benchmarks (issue 24), $(date -u +%FT%TZ): ${GPU:-unknown GPU}, driver ${DRIVER:-?}; kit $KIT ($COMMIT)"
 say "RTTs ${RTTS} ms at $GBIT Gbit/s (and 0.5 ms at ${SLOW_GBIT:-none}); steps $STEPS (+$WARMUP warm-up), $STEPS_SLOW over 5 ms; TLS rounds $TLS_ROUNDS; budget ${BUDGET}s"
 for f in cumux libcumux_client.so cumux-netem; do

@@ -19,6 +19,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from hop_trace import HOPS  # noqa: E402
 from hop_trace import load as load_slowly  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from results_json import fmt, write  # noqa: E402
+
 
 def load(directory):
     """{pid: [(t, tid, hop name, call name)]} of a hop-trace folder, as
@@ -258,21 +261,7 @@ result = {"suite": "remote", "date": date, "gpu": gpu, "driver": driver, "cuda":
           "links": {("loopback" if g == "none" else f"rtt{r}ms_{g}g"): v
                     for (r, g), v in links.items()},
           "metrics": metrics}
-if notes:
-    result["notes"] = notes
-head = {k: v for k, v in result.items() if k not in ("metrics", "notes")}
-text = json.dumps(head, indent=1)[:-2] + ',\n "metrics": [\n'
-text += ",\n".join("  " + json.dumps(m) for m in metrics) + "\n ]"
-if notes:
-    text += ',\n "notes": ' + json.dumps(notes, indent=1).replace("\n", "\n ")
-text += "\n}\n"
-json.loads(text)
-with open(path, "w") as f:
-    f.write(text)
-
-
-def fmt(v):
-    return "-" if v is None else f"{v:.4g}"
+write(path, result, metrics, notes)
 
 
 print(f"{'metric':<48} {'unit':<11} {'native':>9} {'cumux':>9} {'ratio':>7}  more")

@@ -273,4 +273,4 @@ for line in lines:
 print("wrote", path)
 PY
 tar -C "$OUT" -czf "$OUT/scale-runs.tar.gz" runs 2>/dev/null && rm -rf "$OUT/runs"
-say done
+say "done"

@@ -216,16 +216,7 @@ fn handshake_versions_and_a_lost_connection() {
     let server = fence_server(&sock, 2 * every + 10);
     let (mut conn, _) = Connection::connect(&address, None, None).unwrap();
     for _ in 0..2 * every + 10 {
-        let launch = Call::Launch {
-            function: 1,
-            grid: [1, 1, 1],
-            block: [1, 1, 1],
-            shared_bytes: 0,
-            stream: 0,
-            params: Vec::new(),
-            attributes: Vec::new(),
-        };
-        assert_eq!(conn.call(launch), Ok(ReplyBody::Unit));
+        assert_eq!(conn.call(empty_launch()), Ok(ReplyBody::Unit));
     }
     assert_eq!(server.join().unwrap(), [every, 2 * every + 1]);
     std::fs::remove_file(&sock).unwrap();
@@ -236,16 +227,7 @@ fn handshake_versions_and_a_lost_connection() {
     let server = late_fence_server(&sock, 3 * every + 5, 10);
     let (mut conn, _) = Connection::connect(&address, None, None).unwrap();
     for _ in 0..3 * every + 5 {
-        let launch = Call::Launch {
-            function: 1,
-            grid: [1, 1, 1],
-            block: [1, 1, 1],
-            shared_bytes: 0,
-            stream: 0,
-            params: Vec::new(),
-            attributes: Vec::new(),
-        };
-        assert_eq!(conn.call(launch), Ok(ReplyBody::Unit));
+        assert_eq!(conn.call(empty_launch()), Ok(ReplyBody::Unit));
     }
     // A call's own wait passes over the last fence's answer.
     assert_eq!(conn.call(Call::ContextSynchronize), Ok(ReplyBody::Unit));
@@ -255,6 +237,19 @@ fn handshake_versions_and_a_lost_connection() {
     );
     std::env::remove_var("CUMUX_TRANSPORT");
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A launch of nothing on the default stream: an unanswered call.
+fn empty_launch() -> Call {
+    Call::Launch {
+        function: 1,
+        grid: [1, 1, 1],
+        block: [1, 1, 1],
+        shared_bytes: 0,
+        stream: 0,
+        params: Vec::new(),
+        attributes: Vec::new(),
+    }
 }
 
 /// A one-connection fake server on the socket that takes `launches`
