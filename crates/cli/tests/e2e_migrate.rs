@@ -7,10 +7,11 @@
 mod common;
 
 use std::process::{Command, Output};
-use std::sync::mpsc::Receiver;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use common::{driver_program, e2e_device, session_of, ServerProc, TempDir, CUMUX};
+use common::{
+    driver_program, e2e_device, progressed, rest, session_of, ServerProc, TempDir, CUMUX,
+};
 
 const LIMIT: Duration = Duration::from_secs(180);
 
@@ -42,30 +43,6 @@ fn text(out: &Output) -> String {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     )
-}
-
-/// Waits for the program's next `progress` line: it got on with its work.
-fn progressed(lines: &Receiver<String>, server: &ServerProc) {
-    let deadline = Instant::now() + LIMIT;
-    loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        match lines.recv_timeout(left) {
-            Ok(line) if line.starts_with("progress") => return,
-            Ok(line) if line.starts_with("FAIL") => panic!("{line}\n{}", server.log()),
-            Ok(_) => {}
-            Err(e) => panic!("no progress ({e}); server log:\n{}", server.log()),
-        }
-    }
-}
-
-/// The rest of the program's stdout, until it ends.
-fn rest(lines: &Receiver<String>) -> Vec<String> {
-    let deadline = Instant::now() + LIMIT;
-    let mut seen = Vec::new();
-    while let Ok(line) = lines.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
-        seen.push(line);
-    }
-    seen
 }
 
 fn device_of(server: &ServerProc) -> u64 {
@@ -115,7 +92,7 @@ fn a_running_program_moves_between_two_cpu_devices_many_times_and_passes() {
                 text(&out)
             );
             assert_eq!(device_of(&server), round % 2);
-            progressed(&lines, &server);
+            progressed(&lines, LIMIT, &|| server.log());
         }
         // Draining device 0 moves it to the only other one.
         let out = cumux(&server, &["drain", "0"]);
@@ -126,10 +103,10 @@ fn a_running_program_moves_between_two_cpu_devices_many_times_and_passes() {
             text(&out)
         );
         assert_eq!(device_of(&server), 1);
-        progressed(&lines, &server);
+        progressed(&lines, LIMIT, &|| server.log());
     }
     std::fs::write(&stop, b"").unwrap();
-    let tail = rest(&lines);
+    let tail = rest(&lines, LIMIT);
     let status = child.wait().unwrap();
     assert!(
         status.success() && tail.iter().any(|l| l == "PASS"),
@@ -187,10 +164,10 @@ fn a_checkpoint_is_written_and_a_corrupt_or_truncated_one_is_refused() {
             "{}",
             text(&out)
         );
-        progressed(&lines, &server);
+        progressed(&lines, LIMIT, &|| server.log());
     }
     std::fs::write(&stop, b"").unwrap();
-    let tail = rest(&lines);
+    let tail = rest(&lines, LIMIT);
     assert!(
         child.wait().unwrap().success() && tail.iter().any(|l| l == "PASS"),
         "{tail:?}"

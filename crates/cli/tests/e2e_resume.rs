@@ -11,7 +11,9 @@ use std::process::{Command, Output};
 use std::sync::mpsc::Receiver;
 use std::time::{Duration, Instant};
 
-use common::{driver_program, e2e_device, session_of, ServerProc, TempDir, CUMUX};
+use common::{
+    driver_program, e2e_device, progressed, rest, session_of, ServerProc, TempDir, CUMUX,
+};
 use cumux_protocol::{ClientRole, Hello, HelloReply, MAGIC, PROTOCOL_VERSION};
 
 const LIMIT: Duration = Duration::from_secs(180);
@@ -68,30 +70,6 @@ fn text(out: &Output) -> String {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     )
-}
-
-/// Waits for the program's next `progress` line.
-fn progressed(lines: &Receiver<String>, log: &dyn Fn() -> String) {
-    let deadline = Instant::now() + LIMIT;
-    loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        match lines.recv_timeout(left) {
-            Ok(line) if line.starts_with("progress") => return,
-            Ok(line) if line.starts_with("FAIL") => panic!("{line}\n{}", log()),
-            Ok(_) => {}
-            Err(e) => panic!("no progress ({e}); server log:\n{}", log()),
-        }
-    }
-}
-
-/// The rest of the program's stdout, until it ends.
-fn rest(lines: &Receiver<String>) -> Vec<String> {
-    let deadline = Instant::now() + LIMIT;
-    let mut seen = Vec::new();
-    while let Ok(line) = lines.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
-        seen.push(line);
-    }
-    seen
 }
 
 /// Whether `server` lists a session of migrate_loop.
@@ -238,10 +216,10 @@ fn a_checkpoint_survives_a_server_restart() {
     let file_arg = file.to_str().unwrap().to_string();
     let server = cpu_server(dir, &["--restore", &file_arg]);
     let log = || server.log();
-    progressed(&lines, &log);
-    progressed(&lines, &log);
+    progressed(&lines, LIMIT, &log);
+    progressed(&lines, LIMIT, &log);
     std::fs::write(&stop, b"").unwrap();
-    let tail = rest(&lines);
+    let tail = rest(&lines, LIMIT);
     let status = child.wait().unwrap();
     let mut stderr = String::new();
     if let Some(mut e) = child.stderr.take() {
@@ -306,7 +284,7 @@ fn a_running_program_moves_between_two_servers_many_times_and_passes() {
     let nowhere = format!("unix:{}", servers[0].dir.0.join("nobody.sock").display());
     let out = cumux(&servers[0], &["migrate", &session, "--to", &nowhere]);
     assert!(!out.status.success(), "{}", text(&out));
-    progressed(&lines, &logs);
+    progressed(&lines, LIMIT, &logs);
     for round in 0..7usize {
         let (from, to) = (&servers[round % 3], &servers[(round + 1) % 3]);
         let session = session_id(from);
@@ -329,10 +307,10 @@ fn a_running_program_moves_between_two_servers_many_times_and_passes() {
             assert!(started.elapsed() < LIMIT, "it did not move: {}", logs());
             std::thread::sleep(Duration::from_millis(20));
         }
-        progressed(&lines, &logs);
+        progressed(&lines, LIMIT, &logs);
     }
     std::fs::write(&stop, b"").unwrap();
-    let tail = rest(&lines);
+    let tail = rest(&lines, LIMIT);
     let status = child.wait().unwrap();
     assert!(
         status.success() && tail.iter().any(|l| l == "PASS"),
@@ -365,10 +343,10 @@ fn a_program_larger_than_a_frame_moves_between_servers_in_pieces() {
             assert!(started.elapsed() < LIMIT, "it did not move: {}", logs());
             std::thread::sleep(Duration::from_millis(20));
         }
-        progressed(&lines, &logs);
+        progressed(&lines, LIMIT, &logs);
     }
     std::fs::write(&stop, b"").unwrap();
-    let tail = rest(&lines);
+    let tail = rest(&lines, LIMIT);
     let status = child.wait().unwrap();
     assert!(
         status.success() && tail.iter().any(|l| l == "PASS"),

@@ -592,3 +592,33 @@ pub fn memset_call(dst: u64, value: u32, count: u64) -> cumux_protocol::Call {
 pub fn refused(result: Option<Result<cumux_protocol::ReplyBody, cumux_protocol::CuError>>) -> bool {
     matches!(result, Some(Err(e)) if e.code == cumux_protocol::codes::INVALID_VALUE)
 }
+
+/// Waits (at most `limit`) for the program's next `progress` line on
+/// `lines`: it got on with its work; a `FAIL` line, or none, fails the test
+/// with `log()` (the servers' logs).
+pub fn progressed(
+    lines: &std::sync::mpsc::Receiver<String>,
+    limit: Duration,
+    log: &dyn Fn() -> String,
+) {
+    let deadline = Instant::now() + limit;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match lines.recv_timeout(left) {
+            Ok(line) if line.starts_with("progress") => return,
+            Ok(line) if line.starts_with("FAIL") => panic!("{line}\n{}", log()),
+            Ok(_) => {}
+            Err(e) => panic!("no progress ({e}); server log:\n{}", log()),
+        }
+    }
+}
+
+/// The rest of the program's stdout on `lines`, until it ends (at most `limit`).
+pub fn rest(lines: &std::sync::mpsc::Receiver<String>, limit: Duration) -> Vec<String> {
+    let deadline = Instant::now() + limit;
+    let mut seen = Vec::new();
+    while let Ok(line) = lines.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+        seen.push(line);
+    }
+    seen
+}
