@@ -55,9 +55,7 @@ pub use self::core::MAX_STDOUT_BYTES;
 pub const FIRST_HANDLE: Handle = cumux_protocol::first_handle(0);
 /// Streams one session may have at once (besides the default one).
 pub const MAX_STREAMS: usize = 512;
-/// `1` keeps stream order in the server (a thread per stream) even where the
-/// device keeps it itself: for comparisons.
-pub const STREAM_THREADS_ENV: &str = "CUMUX_STREAM_THREADS";
+pub use self::order::STREAM_THREADS_ENV;
 
 /// The longest an admin's order waits for its session's next call.
 const MAX_ORDER_WAIT_MS: u64 = 60_000;

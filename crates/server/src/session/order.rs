@@ -7,11 +7,14 @@ use std::time::Duration;
 use cumux_protocol::{codes, CuError};
 
 use super::signalling::{attach_signals, SIGNAL_WAIT_MIN};
-use super::STREAM_THREADS_ENV;
 use crate::device::signals::StreamSignals;
 use crate::device::{DeviceContext, StreamOrdered};
 use crate::gate::GateSession;
 use crate::threads::{LaunchMeter, ThreadedStreams};
+
+/// `1` keeps stream order in the server (a thread per stream) even where the
+/// device keeps it itself: for comparisons.
+pub const STREAM_THREADS_ENV: &str = "CUMUX_STREAM_THREADS";
 
 /// A session's stream order over one context.
 pub(super) struct Order {
