@@ -50,9 +50,9 @@ enum Command {
         #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
         command: Vec<OsString>,
     },
-    /// Show a server's devices and sessions.
+    /// Show a server's devices and sessions (each server's, given several).
     Status {
-        /// The server to ask (default: $CUMUX_SERVER, else the default socket).
+        /// The server to ask: unix:PATH or tcp:HOST:PORT; several, comma-separated, are asked in turn (default: $CUMUX_SERVER, else the default socket).
         #[arg(long)]
         server: Option<String>,
         /// Print JSON instead of a table.
@@ -198,9 +198,11 @@ fn main() -> ExitCode {
             }
         }
         Command::Status { server, json, wait } => server
-            .map_or_else(Address::from_env_or_default, |s| Address::parse(&s))
+            .map_or_else(Address::list_from_env_or_default, |s| {
+                Address::parse_list(&s)
+            })
             .map_err(anyhow::Error::msg)
-            .and_then(|address| status::status(&address, json, wait))
+            .and_then(|addresses| status::status_of(&addresses, json, wait))
             .map(|()| 0),
         Command::Tenant { server, command } => server
             .map_or_else(Address::from_env_or_default, |s| Address::parse(&s))

@@ -33,6 +33,45 @@ pub fn connect_waiting(address: &Address, wait: Option<Duration>) -> Result<Conn
     }
 }
 
+/// `cumux status` of each server of `addresses` in turn (a JSON array of
+/// them with `--json`, where there are several); those that could not be
+/// asked are named at the end, and fail the command.
+pub fn status_of(addresses: &[Address], json: bool, wait: Option<Duration>) -> Result<()> {
+    if let [address] = addresses {
+        return status(address, json, wait);
+    }
+    let mut all = Vec::new();
+    let mut failed = Vec::new();
+    for (i, address) in addresses.iter().enumerate() {
+        let asked = connect_waiting(address, wait).and_then(|mut conn| conn.status());
+        match asked {
+            Ok(status) if json => all.push(status),
+            Ok(status) => {
+                if i > 0 {
+                    println!();
+                }
+                print!("{}", render(&status, address));
+            }
+            Err(e) => {
+                eprintln!("cumux status: {address}: {e:#}");
+                failed.push(address.to_string());
+            }
+        }
+    }
+    if json {
+        println!("{}", serde_json::to_string_pretty(&all)?);
+    }
+    if !failed.is_empty() {
+        bail!(
+            "{} of {} servers could not be asked: {}",
+            failed.len(),
+            addresses.len(),
+            failed.join(", ")
+        );
+    }
+    Ok(())
+}
+
 pub fn status(address: &Address, json: bool, wait: Option<Duration>) -> Result<()> {
     let mut conn = connect_waiting(address, wait)?;
     let status = conn.status()?;

@@ -276,3 +276,50 @@ fn a_pool_spreads_programs_over_its_least_busy_servers() {
         second.log()
     );
 }
+
+/// `cumux status` with several servers (`--server a,b` or `CUMUX_SERVER`)
+/// shows each (a JSON array with `--json`) and names one it could not ask;
+/// a command that changes one server is refused such a list, naming them.
+#[test]
+fn status_shows_every_server_of_a_list_and_admin_commands_want_one() {
+    let first = unix_server("status-a", 0);
+    let second = unix_server("status-b", 1);
+    let both = format!("{},{}", first.address, second.address);
+    let out = std::process::Command::new(CUMUX)
+        .args(["status", "--server", &both])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    assert!(
+        text.contains(&first.address) && text.contains(&second.address),
+        "{text}"
+    );
+    let out = std::process::Command::new(CUMUX)
+        .args(["status", "--json"])
+        .env("CUMUX_SERVER", &both)
+        .output()
+        .unwrap();
+    let all: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(all.as_array().map(Vec::len), Some(2), "{all}");
+    let gone = format!("{},unix:/nonexistent/cumux.sock", first.address);
+    let out = std::process::Command::new(CUMUX)
+        .args(["status", "--server", &gone])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains("1 of 2 servers could not be asked"), "{err}");
+    assert!(String::from_utf8_lossy(&out.stdout).contains(&first.address));
+    let out = std::process::Command::new(CUMUX)
+        .args(["tenant", "remove", "nobody"])
+        .env("CUMUX_SERVER", &both)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("names 2 servers") && err.contains("pass --server"),
+        "{err}"
+    );
+}

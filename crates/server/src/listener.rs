@@ -77,9 +77,26 @@ impl Address {
 
     /// `CUMUX_SERVER` if set, else the default socket.
     pub fn from_env_or_default() -> Result<Self, String> {
+        let mut list = Address::list_from_env_or_default()?;
+        match list.len() {
+            1 => Ok(list.remove(0)),
+            n => Err(format!(
+                "CUMUX_SERVER names {n} servers ({}); this command acts on one: pass --server \
+                 with the one you mean",
+                list.iter()
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )),
+        }
+    }
+
+    /// Every server `CUMUX_SERVER` names (comma-separated), else the default
+    /// socket.
+    pub fn list_from_env_or_default() -> Result<Vec<Self>, String> {
         match std::env::var("CUMUX_SERVER") {
-            Ok(text) if !text.is_empty() => Address::parse(&text),
-            _ => Ok(Address::default_unix()),
+            Ok(text) if !text.is_empty() => Address::parse_list(&text),
+            _ => Ok(vec![Address::default_unix()]),
         }
     }
 }
