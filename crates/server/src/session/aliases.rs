@@ -23,7 +23,7 @@ impl Aliases {
     /// Where the program's `ptr` is now.
     pub fn current(&self, ptr: DevicePtr) -> DevicePtr {
         match self.ranges.range(..=ptr).next_back() {
-            Some((&base, &(bytes, now))) if ptr - base < bytes => now + (ptr - base),
+            Some((&base, &(bytes, now))) if ptr - base < bytes => now.wrapping_add(ptr - base),
             _ => ptr,
         }
     }
