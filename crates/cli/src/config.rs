@@ -47,6 +47,11 @@ pub struct ServerSettings {
     /// (default 0).
     #[arg(long)]
     pub cpu_window: Option<u32>,
+    /// Host threads a CPU device runs a launch's blocks on, and the
+    /// multiprocessors it reports (default: one per host core; cpu and
+    /// worker-cpu devices only).
+    #[arg(long)]
+    pub threads: Option<u32>,
     /// How each device shares its time among tenants: fifo (default: no scheduler,
     /// launches go in arrival order), fair (weighted shares of device time) or
     /// priority (latency-critical tenants first). It sets every device's policy
@@ -123,6 +128,7 @@ impl ServerSettings {
             launch_budget: self.launch_budget.or(fallback.launch_budget),
             cpu_devices: self.cpu_devices.or(fallback.cpu_devices),
             cpu_window: self.cpu_window.or(fallback.cpu_window),
+            threads: self.threads.or(fallback.threads),
             policy: self.policy.or(fallback.policy),
             sharing: self.sharing.or(fallback.sharing),
             kernel_timeout: self.kernel_timeout.or(fallback.kernel_timeout),
@@ -302,6 +308,7 @@ struct RawConfig {
     launch_budget: Option<u64>,
     cpu_devices: Option<u32>,
     cpu_window: Option<u32>,
+    threads: Option<u32>,
     policy: Option<String>,
     sharing: Option<String>,
     kernel_timeout: Option<String>,
@@ -482,6 +489,7 @@ pub fn parse(text: &str) -> Result<FileConfig> {
         launch_budget: raw.launch_budget,
         cpu_devices: raw.cpu_devices,
         cpu_window: raw.cpu_window,
+        threads: raw.threads,
         drain_timeout: raw
             .drain_timeout
             .as_deref()

@@ -8,7 +8,9 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
-use cumux_server::device::backends::{default_memory_bytes, numbered_cpu_device, MAX_CPU_DEVICES};
+use cumux_server::device::backends::{
+    default_memory_bytes, numbered_cpu_device, CpuSpec, MAX_CPU_DEVICES,
+};
 use cumux_server::device::model::ModelDevice;
 use cumux_server::device::DEFAULT_LAUNCH_BUDGET;
 use cumux_server::shutdown::Shutdown;
@@ -148,8 +150,7 @@ fn choose_devices(
     kind: &str,
     cpu_devices: u32,
     cpu_window: u32,
-    memory: u64,
-    launch_budget: u64,
+    spec: &CpuSpec,
     sharing: Sharing,
     kernel_timeout: Option<Duration>,
 ) -> Result<Vec<Arc<dyn Device>>> {
@@ -169,28 +170,21 @@ fn choose_devices(
         }
         numbers
             .clone()
-            .map(|n| numbered_cpu_device(n, memory, launch_budget).map_err(anyhow::Error::msg))
+            .map(|n| numbered_cpu_device(n, spec).map_err(anyhow::Error::msg))
             .collect()
     };
     match kind {
         "cpu" => cpu(),
         // The model device of the server's tests: no kernels of real programs.
-        "model" => Ok(vec![Arc::new(ModelDevice::new(memory))]),
+        "model" => Ok(vec![Arc::new(ModelDevice::new(spec.memory))]),
         // The CPU device in worker processes: the cuda backend's machinery, testable without a GPU.
         "worker-cpu" => {
             let exe = std::env::current_exe().context("cannot find the cumux executable")?;
             numbers
                 .clone()
                 .map(|n| {
-                    cpu_worker_device(
-                        exe.clone(),
-                        n,
-                        memory,
-                        launch_budget,
-                        sharing,
-                        kernel_timeout,
-                    )
-                    .map_err(anyhow::Error::msg)
+                    cpu_worker_device(exe.clone(), n, spec, sharing, kernel_timeout)
+                        .map_err(anyhow::Error::msg)
                 })
                 .collect()
         }
@@ -345,12 +339,25 @@ pub fn serve(options: ServeOptions) -> Result<()> {
     }
     let kernel_timeout = settings.kernel_timeout;
     let cpu_devices = settings.cpu_devices.unwrap_or(1);
+    let threads = match settings.threads {
+        None => 0,
+        Some(0) => bail!("--threads 0: a CPU device needs at least one thread"),
+        Some(_) if !matches!(kind.as_str(), "cpu" | "worker-cpu") => bail!(
+            "--threads sets a CPU device's threads; the {kind} device has none to set \
+             (serve --device cpu or worker-cpu)"
+        ),
+        Some(n) => n as usize,
+    };
+    let cpu = CpuSpec {
+        memory,
+        launch_budget,
+        threads,
+    };
     let devices = choose_devices(
         &kind,
         cpu_devices,
         settings.cpu_window.unwrap_or(0),
-        memory,
-        launch_budget,
+        &cpu,
         sharing,
         kernel_timeout,
     )?;

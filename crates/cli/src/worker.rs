@@ -8,7 +8,7 @@ use std::os::fd::AsFd;
 use std::os::unix::net::UnixStream;
 
 use anyhow::{anyhow, Context, Result};
-use cumux_server::device::backends::default_memory_bytes;
+use cumux_server::device::backends::{default_memory_bytes, CpuSpec};
 use cumux_server::device::DEFAULT_LAUNCH_BUDGET;
 use cumux_server::worker::process::{
     image_print_detector, local_device, serve_worker_beside, WorkerStdout,
@@ -28,6 +28,9 @@ pub struct WorkerOptions {
     /// Instruction budget of a CPU device launch, its blocks together (0 = unlimited).
     #[arg(long)]
     pub launch_budget: Option<u64>,
+    /// Host threads a CPU device runs a launch's blocks on (0 = one per core).
+    #[arg(long, default_value_t = 0)]
+    pub threads: usize,
     /// Hex nonce of the stdout markers.
     #[arg(long)]
     pub nonce: String,
@@ -85,12 +88,15 @@ pub fn worker(options: WorkerOptions) -> Result<()> {
     let conn = UnixStream::from(socket);
     // Its log lines share the server's stderr: name the worker in each.
     let _span = tracing::info_span!("worker", pid = std::process::id()).entered();
-    let memory = options.memory.unwrap_or_else(default_memory_bytes);
-    let launch_budget = options.launch_budget.unwrap_or(DEFAULT_LAUNCH_BUDGET);
-    let device = local_device(&options.device, options.ordinal, memory, launch_budget)
-        .map_err(anyhow::Error::msg)?;
+    let cpu = CpuSpec {
+        memory: options.memory.unwrap_or_else(default_memory_bytes),
+        launch_budget: options.launch_budget.unwrap_or(DEFAULT_LAUNCH_BUDGET),
+        threads: options.threads,
+    };
+    let device =
+        local_device(&options.device, options.ordinal, &cpu).map_err(anyhow::Error::msg)?;
     // A program's contexts on its other devices join this process.
-    let open_other = |n| local_device(&options.device, n, memory, launch_budget);
+    let open_other = |n| local_device(&options.device, n, &cpu);
     let mut out = std::io::stdout();
     let mut stdout = WorkerStdout {
         out: &mut out,

@@ -9,7 +9,7 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use common::{
-    driver_program, driver_source, e2e_device, wait_bounded, RunOutput, ServerProc, TempDir,
+    driver_program, driver_source, e2e_device, wait_bounded, RunOutput, ServerProc, TempDir, CUMUX,
 };
 
 const LIMIT: Duration = Duration::from_secs(180);
@@ -87,6 +87,41 @@ fn device_query_matches_status() {
         status["devices"].as_array().map(Vec::len)
     );
     assert_eq!(value(&out.stdout, "driver_version"), Some("13000"));
+}
+
+/// `cumux serve --threads N` runs a CPU device's blocks on N host threads
+/// and says it has N multiprocessors; 0 threads, or a device with none to
+/// set, is refused at start.
+#[test]
+fn a_cpu_device_has_the_threads_it_is_given() {
+    let device = e2e_device();
+    let args = ["--device", &device, "--memory", "256M", "--threads", "3"].map(String::from);
+    let server = ServerProc::spawn(TempDir::new("threads"), &args, &[]);
+    let out = run_passes(&server, &driver_program("device_query"));
+    assert_eq!(
+        value(&out.stdout, "multiprocessors"),
+        Some("3"),
+        "{}",
+        out.stdout
+    );
+    let dir = TempDir::new("threads-refused");
+    let socket = format!("unix:{}", dir.0.join("s.sock").display());
+    for (bad, why) in [
+        (&["--threads", "0"][..], "at least one thread"),
+        (
+            &["--device", "model", "--threads", "2"][..],
+            "has none to set",
+        ),
+    ] {
+        let out = Command::new(CUMUX)
+            .args(["serve", "--listen", &socket])
+            .args(bad)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{bad:?} started");
+        assert!(err.contains(why), "{bad:?}: {err}");
+    }
 }
 
 /// Pinned buffers are shared with the server, and large synchronous copies

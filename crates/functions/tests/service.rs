@@ -21,7 +21,12 @@ fn ptx() -> Vec<u8> {
 }
 
 fn service() -> (Arc<Server>, Arc<Functions>) {
-    let device = numbered_cpu_device(0, 256 << 20, 0).unwrap();
+    let spec = cumux_server::device::backends::CpuSpec {
+        memory: 256 << 20,
+        launch_budget: 0,
+        threads: 0,
+    };
+    let device = numbered_cpu_device(0, &spec).unwrap();
     let mut tenants = TenantPolicy::default();
     for name in ["a", "b"] {
         let settings = TenantSettings {

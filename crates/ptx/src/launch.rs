@@ -33,6 +33,9 @@ pub struct LaunchLimits<'a> {
     /// Once set, from any thread, the launch stops at its next check with
     /// [`Fault::Cancelled`].
     pub cancel: Option<&'a AtomicBool>,
+    /// Host threads that run the launch's blocks; 0: `CUMUX_PTX_THREADS`,
+    /// else one per core (a cooperative launch runs all its blocks at once).
+    pub workers: usize,
 }
 
 impl LaunchLimits<'_> {
@@ -41,6 +44,7 @@ impl LaunchLimits<'_> {
         per_block: u64::MAX,
         per_launch: u64::MAX,
         cancel: None,
+        workers: 0,
     };
 }
 

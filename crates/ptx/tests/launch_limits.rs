@@ -118,6 +118,7 @@ fn many_blocks_each_within_the_block_budget_fail_over_the_launch_budget() {
         per_block: per_block * 2,
         per_launch,
         cancel: None,
+        workers: 0,
     };
     // The per-block budget alone lets every block run.
     let r = p.launch_with(&mem, "count", &grid, &params, &limited(u64::MAX));
@@ -148,9 +149,62 @@ fn the_block_budget_still_stops_a_block_at_its_own_limit() {
             per_block: 100_000,
             per_launch: 10_000_000,
             cancel: None,
+            workers: 0,
         },
     );
     let e = r.result.unwrap_err();
     assert_eq!(e.cu_code(), 702, "{e}");
     assert!(e.to_string().contains("per block"), "{e}");
+}
+
+/// `smid(out)`: each block writes the `%smid` it ran on to `out[block]`.
+const SMID_PTX: &str = r#"
+.version 8.0
+.target sm_75
+.address_size 64
+
+.visible .entry smid(.param .u64 out)
+{
+    .reg .b32 %r<3>;
+    .reg .b64 %rd<4>;
+    ld.param.u64 %rd1, [out];
+    mov.u32 %r1, %ctaid.x;
+    mov.u32 %r2, %smid;
+    mul.wide.u32 %rd2, %r1, 4;
+    add.u64 %rd3, %rd1, %rd2;
+    st.global.u32 [%rd3], %r2;
+    ret;
+}
+"#;
+
+#[test]
+fn a_launchs_blocks_run_on_the_workers_it_is_given() {
+    let mem = DeviceMemory::new(1 << 20);
+    let p = Program::load(SMID_PTX, &mem).expect("the test PTX loads");
+    let blocks = 64usize;
+    let out = mem.alloc(4 * blocks as u64).unwrap();
+    for workers in [1usize, 3] {
+        let limits = LaunchLimits {
+            workers,
+            ..LaunchLimits::NONE
+        };
+        let r = p.launch_with(
+            &mem,
+            "smid",
+            &linear(blocks, 1),
+            &out.to_le_bytes(),
+            &limits,
+        );
+        assert_eq!(r.result, Ok(()), "{workers} workers");
+        let mut bytes = vec![0u8; 4 * blocks];
+        mem.read(out, &mut bytes).unwrap();
+        let seen: Vec<u32> = bytes
+            .chunks_exact(4)
+            .map(|c| u32::from_le_bytes(c.try_into().unwrap()))
+            .collect();
+        assert!(
+            seen.iter().all(|&sm| (sm as usize) < workers),
+            "{workers} workers: blocks ran on {seen:?}"
+        );
+    }
 }

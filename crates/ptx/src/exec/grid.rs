@@ -155,6 +155,7 @@ impl Executable {
         let executed = AtomicU64::new(0);
         let abort = AtomicBool::new(false);
         let g = Geo {
+            workers: limits.workers,
             prog,
             mem: &view,
             memory: mem,
@@ -192,10 +193,14 @@ fn run_grid(g: &Geo<'_>) -> LaunchReport {
     let abort = g.abort;
     let fault: Mutex<Option<(u64, Fault)>> = Mutex::new(None);
     let outputs: Mutex<Vec<(u64, Vec<u8>)>> = Mutex::new(Vec::new());
-    let workers = std::env::var("CUMUX_PTX_THREADS")
-        .ok()
-        .and_then(|v| v.parse::<usize>().ok())
+    let workers = Some(g.workers)
         .filter(|&n| n > 0)
+        .or_else(|| {
+            std::env::var("CUMUX_PTX_THREADS")
+                .ok()
+                .and_then(|v| v.parse::<usize>().ok())
+                .filter(|&n| n > 0)
+        })
         .or_else(|| std::thread::available_parallelism().map(|n| n.get()).ok())
         .unwrap_or(1);
     // a cooperative launch's blocks wait for each other: all run at once

@@ -98,6 +98,8 @@ impl Thread {
 
 /// Launch-wide, read-only facts.
 pub(super) struct Geo<'a> {
+    /// Host threads for the blocks ([`crate::LaunchLimits::workers`]).
+    pub workers: usize,
     pub prog: &'a Module,
     pub mem: &'a MemView<'a>,
     /// The memory itself (its device heap, for `malloc`/`free`).

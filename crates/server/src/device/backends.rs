@@ -8,22 +8,31 @@ use super::Device;
 /// How many CPU devices one server can number (each an address window of its own).
 pub const MAX_CPU_DEVICES: u32 = cumux_ptx::MAX_WINDOWS;
 
-/// CPU reference device `number` of a server (each with `capacity` bytes), if
-/// this build has it, its addresses in a window of its own. A launch that
-/// executes more than `launch_budget` instructions, its blocks together,
-/// fails with CUDA_ERROR_LAUNCH_TIMEOUT (702); 0 means no limit.
-pub fn numbered_cpu_device(
-    number: u32,
-    capacity: u64,
-    launch_budget: u64,
-) -> Result<Arc<dyn Device>, String> {
+/// What a CPU reference device is made with.
+#[derive(Debug, Clone, Copy)]
+pub struct CpuSpec {
+    /// Bytes of device memory.
+    pub memory: u64,
+    /// Instructions a launch may execute, its blocks together, before it
+    /// fails with CUDA_ERROR_LAUNCH_TIMEOUT (702); 0 means no limit.
+    pub launch_budget: u64,
+    /// Host threads a launch's blocks run on, and the multiprocessors the
+    /// device reports; 0: one per host core.
+    pub threads: usize,
+}
+
+/// CPU reference device `number` of a server as `spec` says, if this build
+/// has it, its addresses in a window of its own.
+pub fn numbered_cpu_device(number: u32, spec: &CpuSpec) -> Result<Arc<dyn Device>, String> {
     #[cfg(feature = "cpu")]
     return Ok(Arc::new(
-        super::cpu::CpuDevice::with_launch_budget(capacity, launch_budget).numbered(number)?,
+        super::cpu::CpuDevice::with_launch_budget(spec.memory, spec.launch_budget)
+            .with_threads(spec.threads)
+            .numbered(number)?,
     ));
     #[cfg(not(feature = "cpu"))]
     return Err(format!(
-        "this build of cumux-server has no CPU device (feature `cpu`); cannot serve device {number} of {capacity} bytes (launch budget {launch_budget})"
+        "this build of cumux-server has no CPU device (feature `cpu`); cannot serve device {number} ({spec:?})"
     ));
 }
 

@@ -36,6 +36,9 @@ pub struct CpuDevice {
     /// Its number among the CPU devices of one server: its addresses lie in
     /// a window of its own (`DeviceMemory::numbered`).
     number: u32,
+    /// Host threads a launch's blocks run on (its multiprocessors); 0: one
+    /// per host core.
+    threads: usize,
 }
 
 pub use super::DEFAULT_LAUNCH_BUDGET;
@@ -67,6 +70,8 @@ pub struct CpuContext {
     /// The address window of `mem` (`DeviceMemory::numbered`).
     window: u32,
     launch_budget: u64,
+    /// Host threads a launch's blocks run on (0: one per host core).
+    threads: usize,
     /// Set when the session ends: its running launch stops at its next check.
     cancelled: AtomicBool,
     budget: Arc<Budget>,
@@ -125,6 +130,26 @@ impl CpuDevice {
                 launch_budget
             },
             number: 0,
+            threads: 0,
+        }
+    }
+
+    /// The same device running a launch's blocks on `threads` host threads
+    /// and saying it has that many multiprocessors (0: one per host core).
+    pub fn with_threads(mut self, threads: usize) -> Self {
+        self.threads = threads;
+        self.info.attributes = cpu_device_attributes(AttributeInputs {
+            multiprocessors: self.multiprocessors(),
+            pci: self.info.pci,
+        });
+        self
+    }
+
+    /// Its multiprocessors: its threads, else one per host core.
+    fn multiprocessors(&self) -> i32 {
+        match self.threads {
+            0 => host_cores(),
+            n => i32::try_from(n).unwrap_or(i32::MAX),
         }
     }
 
@@ -144,7 +169,7 @@ impl CpuDevice {
         self.info.pci = pci;
         self.info.uuid[15] ^= number as u8;
         self.info.attributes = cpu_device_attributes(AttributeInputs {
-            multiprocessors: host_cores(),
+            multiprocessors: self.multiprocessors(),
             pci,
         });
         self.number = number;
@@ -279,6 +304,7 @@ impl CpuDevice {
             mem,
             window,
             launch_budget: self.launch_budget,
+            threads: self.threads,
             cancelled: AtomicBool::new(false),
             budget: Arc::clone(&self.budget),
             charged: AtomicU64::new(0),
@@ -557,6 +583,7 @@ impl CpuContext {
             per_block: self.launch_budget,
             per_launch: self.launch_budget,
             cancel: Some(&self.cancelled),
+            workers: self.threads,
         };
         let report = if geometry.cooperative() {
             program.launch_cooperative(&self.mem, &name, &config, &launch.params, &limits)

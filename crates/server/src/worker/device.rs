@@ -243,18 +243,22 @@ fn peers_of(
 pub fn cpu_worker_device(
     program: PathBuf,
     number: u32,
-    memory: u64,
-    launch_budget: u64,
+    spec: &crate::device::backends::CpuSpec,
     sharing: Sharing,
     kernel_timeout: Option<Duration>,
 ) -> Result<Arc<dyn Device>, String> {
-    let info = crate::device::cpu::CpuDevice::new(memory)
+    let info = crate::device::cpu::CpuDevice::new(spec.memory)
+        .with_threads(spec.threads)
         .numbered(number)?
         .info()
         .clone();
-    let mut command = WorkerCommand::cumux(program, "cpu", number, Some(memory));
+    let mut command = WorkerCommand::cumux(program, "cpu", number, Some(spec.memory));
     command.args.push("--launch-budget".into());
-    command.args.push(launch_budget.to_string().into());
+    command.args.push(spec.launch_budget.to_string().into());
+    if spec.threads > 0 {
+        command.args.push("--threads".into());
+        command.args.push(spec.threads.to_string().into());
+    }
     Ok(Arc::new(
         WorkerDevice::new(info, command)
             .with_sharing(sharing)

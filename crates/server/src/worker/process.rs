@@ -25,7 +25,7 @@ use super::wire::{
     marker_bytes, new_nonce, nonce_to_hex, WorkerReply, WorkerRequest, WorkerValue,
     MAX_IMAGE_PARTS, NONCE_BYTES,
 };
-use crate::device::backends::numbered_cpu_device;
+use crate::device::backends::{numbered_cpu_device, CpuSpec};
 #[cfg(feature = "cuda")]
 use crate::device::cuda::CudaDevice;
 use crate::device::serial::SerialStreams;
@@ -76,17 +76,11 @@ impl WorkerStdout<'_> {
     }
 }
 
-/// The device a worker process serves: `cpu` (with `memory` bytes and a
-/// `launch_budget` of instructions per launch, 0 for none) or `cuda` (GPU
+/// The device a worker process serves: `cpu` (as `cpu` says) or `cuda` (GPU
 /// `ordinal`, its context created in this process, printf left on fd 1).
-pub fn local_device(
-    kind: &str,
-    ordinal: u32,
-    memory: u64,
-    launch_budget: u64,
-) -> Result<Arc<dyn Device>, String> {
+pub fn local_device(kind: &str, ordinal: u32, cpu: &CpuSpec) -> Result<Arc<dyn Device>, String> {
     match kind {
-        "cpu" => numbered_cpu_device(ordinal, memory, launch_budget),
+        "cpu" => numbered_cpu_device(ordinal, cpu),
         #[cfg(feature = "cuda")]
         "cuda" => {
             let driver = cumux_cuda_driver::Driver::load().map_err(|e| e.to_string())?;
