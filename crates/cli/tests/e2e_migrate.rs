@@ -10,7 +10,8 @@ use std::process::{Command, Output};
 use std::time::Duration;
 
 use common::{
-    driver_program, e2e_device, progressed, rest, session_of, ServerProc, TempDir, CUMUX,
+    driver_program, e2e_device, output_text, progressed, rest, session_of, ServerProc, TempDir,
+    CUMUX,
 };
 
 const LIMIT: Duration = Duration::from_secs(180);
@@ -36,15 +37,6 @@ fn cumux(server: &ServerProc, args: &[&str]) -> Output {
         .expect("cumux runs")
 }
 
-fn text(out: &Output) -> String {
-    format!(
-        "exit {:?}\n--- stdout\n{}--- stderr\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
-}
-
 fn device_of(server: &ServerProc) -> u64 {
     session_of(&server.status_json(), "migrate_loop")["device"]
         .as_u64()
@@ -64,17 +56,17 @@ fn a_running_program_moves_between_two_cpu_devices_many_times_and_passes() {
         .to_string();
     // No such session, no such device: clear refusals.
     let out = cumux(&server, &["migrate", "987654", "--to", "1"]);
-    assert!(!out.status.success(), "{}", text(&out));
+    assert!(!out.status.success(), "{}", output_text(&out));
     assert!(
-        text(&out).contains("no driver session 987654"),
+        output_text(&out).contains("no driver session 987654"),
         "{}",
-        text(&out)
+        output_text(&out)
     );
     let out = cumux(&server, &["drain", "5"]);
     assert!(
-        text(&out).contains("the server has no device 5"),
+        output_text(&out).contains("the server has no device 5"),
         "{}",
-        text(&out)
+        output_text(&out)
     );
     {
         for round in 1..=6u64 {
@@ -83,24 +75,24 @@ fn a_running_program_moves_between_two_cpu_devices_many_times_and_passes() {
             assert!(
                 out.status.success(),
                 "round {round}: {}\n{}",
-                text(&out),
+                output_text(&out),
                 server.log()
             );
             assert!(
-                text(&out).contains(&format!("to device {to}")),
+                output_text(&out).contains(&format!("to device {to}")),
                 "{}",
-                text(&out)
+                output_text(&out)
             );
             assert_eq!(device_of(&server), round % 2);
             progressed(&lines, LIMIT, &|| server.log());
         }
         // Draining device 0 moves it to the only other one.
         let out = cumux(&server, &["drain", "0"]);
-        assert!(out.status.success(), "{}", text(&out));
+        assert!(out.status.success(), "{}", output_text(&out));
         assert!(
-            text(&out).contains("device 0 drained: 1 sessions"),
+            output_text(&out).contains("device 0 drained: 1 sessions"),
             "{}",
-            text(&out)
+            output_text(&out)
         );
         assert_eq!(device_of(&server), 1);
         progressed(&lines, LIMIT, &|| server.log());
@@ -129,7 +121,12 @@ fn a_checkpoint_is_written_and_a_corrupt_or_truncated_one_is_refused() {
     let file = server.dir.0.join("loop.ckpt");
     let out = cumux(&server, &["checkpoint", &session, file.to_str().unwrap()]);
     {
-        assert!(out.status.success(), "{}\n{}", text(&out), server.log());
+        assert!(
+            out.status.success(),
+            "{}\n{}",
+            output_text(&out),
+            server.log()
+        );
         let bytes = std::fs::read(&file).unwrap();
         assert!(bytes.starts_with(b"CUMUXCKP"));
         // Truncated, or with a byte changed: refused before the server hears of it.
@@ -147,11 +144,11 @@ fn a_checkpoint_is_written_and_a_corrupt_or_truncated_one_is_refused() {
                 &server,
                 &["restore", bad.to_str().unwrap(), "--session", &session],
             );
-            assert!(!out.status.success(), "{what}: {}", text(&out));
+            assert!(!out.status.success(), "{what}: {}", output_text(&out));
             assert!(
-                text(&out).contains("checksum does not match"),
+                output_text(&out).contains("checksum does not match"),
                 "{what}: {}",
-                text(&out)
+                output_text(&out)
             );
         }
         std::fs::write(&bad, b"not a checkpoint at all").unwrap();
@@ -160,9 +157,9 @@ fn a_checkpoint_is_written_and_a_corrupt_or_truncated_one_is_refused() {
             &["restore", bad.to_str().unwrap(), "--session", &session],
         );
         assert!(
-            text(&out).contains("not a cumux checkpoint"),
+            output_text(&out).contains("not a cumux checkpoint"),
             "{}",
-            text(&out)
+            output_text(&out)
         );
         progressed(&lines, LIMIT, &|| server.log());
     }

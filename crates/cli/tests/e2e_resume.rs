@@ -12,7 +12,8 @@ use std::sync::mpsc::Receiver;
 use std::time::{Duration, Instant};
 
 use common::{
-    driver_program, e2e_device, progressed, rest, session_of, ServerProc, TempDir, CUMUX,
+    driver_program, e2e_device, output_text, progressed, rest, session_of, ServerProc, TempDir,
+    CUMUX,
 };
 use cumux_protocol::{ClientRole, Hello, HelloReply, MAGIC, PROTOCOL_VERSION};
 
@@ -61,15 +62,6 @@ fn cumux(server: &ServerProc, args: &[&str]) -> Output {
         .env("CUMUX_TOKEN", ADMIN_TOKEN)
         .output()
         .expect("cumux runs")
-}
-
-fn text(out: &Output) -> String {
-    format!(
-        "exit {:?}\n--- stdout\n{}--- stderr\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
 }
 
 /// Whether `server` lists a session of migrate_loop.
@@ -164,8 +156,17 @@ fn a_checkpoint_survives_a_server_restart() {
         &server,
         &["checkpoint", &session, file.to_str().unwrap(), "--hold"],
     );
-    assert!(out.status.success(), "{}\n{}", text(&out), server.log());
-    assert!(text(&out).contains("--restore"), "{}", text(&out));
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        output_text(&out),
+        server.log()
+    );
+    assert!(
+        output_text(&out).contains("--restore"),
+        "{}",
+        output_text(&out)
+    );
     // Status says it is held, at which call.
     let held = session_of(&server.status_json(), "migrate_loop");
     let moving = held["moving"].as_str().unwrap_or_default().to_string();
@@ -178,7 +179,7 @@ fn a_checkpoint_survives_a_server_restart() {
         &other,
         &["checkpoint", &session_id(&other), plain.to_str().unwrap()],
     );
-    assert!(out.status.success(), "{}", text(&out));
+    assert!(out.status.success(), "{}", output_text(&out));
     std::fs::write(other.dir.0.join("stop"), b"").unwrap();
     assert!(other_child.wait().unwrap().success());
     let socket = server.dir.0.join("refused.sock");
@@ -189,8 +190,12 @@ fn a_checkpoint_survives_a_server_restart() {
         .arg(&plain)
         .output()
         .unwrap();
-    assert!(!out.status.success(), "{}", text(&out));
-    assert!(text(&out).contains("without --hold"), "{}", text(&out));
+    assert!(!out.status.success(), "{}", output_text(&out));
+    assert!(
+        output_text(&out).contains("without --hold"),
+        "{}",
+        output_text(&out)
+    );
 
     // A third server holding the image answers only its own program.
     let image = cumux_cli::checkpoint_file::read(&file).unwrap();
@@ -283,7 +288,7 @@ fn a_running_program_moves_between_two_servers_many_times_and_passes() {
     let session = session_id(&servers[0]);
     let nowhere = format!("unix:{}", servers[0].dir.0.join("nobody.sock").display());
     let out = cumux(&servers[0], &["migrate", &session, "--to", &nowhere]);
-    assert!(!out.status.success(), "{}", text(&out));
+    assert!(!out.status.success(), "{}", output_text(&out));
     progressed(&lines, LIMIT, &logs);
     for round in 0..7usize {
         let (from, to) = (&servers[round % 3], &servers[(round + 1) % 3]);
@@ -292,13 +297,13 @@ fn a_running_program_moves_between_two_servers_many_times_and_passes() {
         assert!(
             out.status.success(),
             "round {round}: {}\n{}",
-            text(&out),
+            output_text(&out),
             logs()
         );
         assert!(
-            text(&out).contains("moved to the server at"),
+            output_text(&out).contains("moved to the server at"),
             "{}",
-            text(&out)
+            output_text(&out)
         );
         // It runs there now (once it reads where it went), and nothing of it
         // is left where it was; then it gets on with its work.
@@ -335,7 +340,7 @@ fn a_program_larger_than_a_frame_moves_between_servers_in_pieces() {
         assert!(
             out.status.success(),
             "round {round}: {}\n{}",
-            text(&out),
+            output_text(&out),
             logs()
         );
         let started = Instant::now();

@@ -622,3 +622,13 @@ pub fn rest(lines: &std::sync::mpsc::Receiver<String>, limit: Duration) -> Vec<S
     }
     seen
 }
+
+/// A finished command's exit status, stdout and stderr, for a failure message.
+pub fn output_text(out: &std::process::Output) -> String {
+    format!(
+        "exit {:?}\n--- stdout\n{}--- stderr\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}

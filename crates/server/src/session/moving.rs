@@ -78,7 +78,7 @@ impl Session {
             &Action::MoveTo(device) => match self.move_target(device) {
                 // The target is made ready first: answered when the move is done.
                 Ok(target) => {
-                    self.preparing_order(order, device, target);
+                    self.prepare_round(order, device, target, None);
                     return None;
                 }
                 Err(e) => Err(e),
@@ -184,11 +184,6 @@ impl Session {
             )));
         }
         Ok(target)
-    }
-
-    /// Starts making device `ordinal` ready for this session's move.
-    fn preparing_order(&mut self, order: AdminOrder, ordinal: u32, target: Arc<dyn Device>) {
-        self.prepare_round(order, ordinal, target, None);
     }
 
     /// The modules of this session that `prepared` has not loaded (all,

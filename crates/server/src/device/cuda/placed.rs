@@ -70,14 +70,39 @@ fn overlaps(map: &BTreeMap<u64, u64>, lo: u64, hi: u64) -> bool {
         .is_some_and(|(&s, &len)| s + len > lo)
 }
 
-fn taken(lo: u64, hi: u64, got: u64) -> CuError {
+fn taken(lo: u64, hi: u64, why: &str) -> CuError {
     CuError::new(
         codes::OUT_OF_MEMORY,
         format!(
-            "the addresses [{lo:#x}, {hi:#x}) are taken in the target's process (its driver \
-             offered {got:#x}): the session cannot keep its pointers there"
+            "the addresses [{lo:#x}, {hi:#x}) are taken in the target's process ({why}): the \
+             session cannot keep its pointers there"
         ),
     )
+}
+
+/// The pages of the driver's granularity that each `(ptr, bytes)` covers,
+/// merged where they overlap.
+fn pages(ctx: &cu::Context, ranges: &[(DevicePtr, u64)]) -> Result<Vec<(u64, u64)>, CuError> {
+    let granularity = ctx.vmm_granularity(false).map_err(cu_err)?.max(1);
+    if !granularity.is_power_of_two() {
+        return Err(CuError::new(
+            codes::UNKNOWN,
+            format!("granularity {granularity}"),
+        ));
+    }
+    let covered = ranges
+        .iter()
+        .map(|&(ptr, bytes)| {
+            let end = ptr
+                .checked_add(bytes.max(1))
+                .and_then(|end| up(end, granularity))
+                .ok_or_else(|| {
+                    CuError::new(codes::INVALID_VALUE, "an allocation past the address space")
+                })?;
+            Ok((down(ptr, granularity), end))
+        })
+        .collect::<Result<Vec<_>, CuError>>()?;
+    Ok(merged(covered, false))
 }
 
 impl Placed {
@@ -93,30 +118,16 @@ impl Placed {
         ctx: &cu::Context,
         allocations: &[(DevicePtr, u64)],
     ) -> Result<(), CuError> {
-        let granularity = ctx.vmm_granularity(false).map_err(cu_err)?.max(1);
-        if !granularity.is_power_of_two() {
+        if let Some(&(ptr, _)) = allocations
+            .iter()
+            .find(|(ptr, _)| self.allocations.contains_key(ptr))
+        {
             return Err(CuError::new(
-                codes::UNKNOWN,
-                format!("granularity {granularity}"),
+                codes::INVALID_VALUE,
+                format!("{ptr:#x} is placed already"),
             ));
         }
-        let mut pages = Vec::with_capacity(allocations.len());
-        for &(ptr, bytes) in allocations {
-            if self.allocations.contains_key(&ptr) {
-                return Err(CuError::new(
-                    codes::INVALID_VALUE,
-                    format!("{ptr:#x} is placed already"),
-                ));
-            }
-            let end = ptr
-                .checked_add(bytes.max(1))
-                .and_then(|end| up(end, granularity))
-                .ok_or_else(|| {
-                    CuError::new(codes::INVALID_VALUE, "an allocation past the address space")
-                })?;
-            pages.push((down(ptr, granularity), end));
-        }
-        let chunks = merged(pages, false);
+        let chunks = pages(ctx, allocations)?;
         for &(lo, hi) in &chunks {
             let clash = self
                 .chunks
@@ -152,19 +163,7 @@ impl Placed {
     /// Keeps each `(ptr, bytes)` range reserved and unmapped (unless it
     /// lies in memory placed already), for as long as the context lives.
     pub fn hold(&mut self, ctx: &cu::Context, ranges: &[(DevicePtr, u64)]) -> Result<(), CuError> {
-        let granularity = ctx.vmm_granularity(false).map_err(cu_err)?.max(1);
-        let pages = merged(
-            ranges
-                .iter()
-                .filter_map(|&(ptr, bytes)| {
-                    Some((
-                        down(ptr, granularity),
-                        up(ptr.checked_add(bytes.max(1))?, granularity)?,
-                    ))
-                })
-                .collect(),
-            false,
-        );
+        let pages = pages(ctx, ranges)?;
         let mut made = Placed::default();
         if let Err(e) = made.reserve(ctx, &pages, &self.windows) {
             made.release_all(ctx);
@@ -207,36 +206,29 @@ impl Placed {
                 .copied()
                 .filter(|&(l, h)| l >= lo && h <= hi)
                 .collect();
-            if !overlaps(existing, lo, hi) && self.try_reserve(ctx, lo, hi)?.is_none() {
+            if !overlaps(existing, lo, hi) && self.try_reserve(ctx, lo, hi).is_ok() {
                 continue;
             }
             for (l, h) in within {
-                if let Some(got) = self.try_reserve(ctx, l, h)? {
-                    return Err(taken(l, h, got));
-                }
+                self.try_reserve(ctx, l, h)
+                    .map_err(|why| taken(l, h, &why))?;
             }
         }
         Ok(())
     }
 
-    /// Reserves `[lo, hi)`: `None` if it came where asked, else where the
-    /// driver offered it (given back).
-    fn try_reserve(&mut self, ctx: &cu::Context, lo: u64, hi: u64) -> Result<Option<u64>, CuError> {
-        let got = match ctx.vmm_reserve_at(hi - lo, lo) {
-            Ok(got) => got,
-            Err(e) => {
-                tracing::debug!("reserving [{lo:#x}, {hi:#x}): {e}");
-                return Ok(Some(0));
-            }
-        };
+    /// Reserves `[lo, hi)` where asked, else says why not (the driver's
+    /// error, or where it offered the range instead: given back).
+    fn try_reserve(&mut self, ctx: &cu::Context, lo: u64, hi: u64) -> Result<(), String> {
+        let got = ctx.vmm_reserve_at(hi - lo, lo).map_err(|e| e.to_string())?;
         if got == lo {
             self.windows.insert(lo, hi - lo);
-            return Ok(None);
+            return Ok(());
         }
         if let Err(e) = ctx.vmm_address_free(got, hi - lo) {
             tracing::warn!("giving back a reservation at {got:#x}: {e}");
         }
-        Ok(Some(got))
+        Err(format!("its driver offered {got:#x}"))
     }
 
     /// Physical memory for each chunk, mapped, readable and writable, zeroed.
@@ -288,7 +280,7 @@ impl Placed {
                     .held
                     .iter()
                     .any(|&(lo, _)| lo >= start && lo < start + len);
-                if !held && !self.chunks.range(start..start + len).any(|_| true) {
+                if !held && self.chunks.range(start..start + len).next().is_none() {
                     self.windows.remove(&start);
                     if let Err(e) = ctx.vmm_address_free(start, len) {
                         tracing::warn!("giving back the reservation at {start:#x}: {e}");
