@@ -9,8 +9,8 @@
 #   OUT=/some/dir KIT=device-kit/main bench/h100/libs_probe.sh
 # Optional: LIMIT= (seconds per run, default 180), ONLY= (names of the runs to
 # do, default "libs jax expandable").
-# Writes $OUT/libs.txt (one line per run and check), $OUT/NAME-SIDE.log,
-# $OUT/export-NAME.txt (the native logging runs) and $OUT/cumux-NAME.errors
+# Writes $OUT/libs.txt (one line per run and check) and $OUT/libs-runs.tgz:
+# NAME-SIDE.log, export-NAME.txt (the native logging runs) and $OUT/cumux-NAME.errors
 # (calls that failed through cumux, and tables it refused).
 set -u
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -65,8 +65,8 @@ run() {
     grep -E '^check |PASS|FAIL|^loss|final loss|jit product|grad norm' "$OUT/$name-$side.log" | head -40 | sed 's/^/   /' | tee -a "$REPORT" >/dev/null
     if [ "$side" = cumux ]; then
         grep -E -- '-> CUDA_ERROR|server: CUresult|unknown table|not implemented|NOT_SUPPORTED|not supported|panick' \
-            "$OUT/$name-$side.log" | grep -v -E 'cuGetProcAddress|context_storage' |
-            sort | uniq -c | sort -rn | head -80 >"$OUT/cumux-$name.errors"
+            "$OUT/$name-$side.log" | grep -v -E 'cuGetProcAddress|context_storage|CUresult 600' |
+            sed -E 's/^[0-9TZ:.-]+ +//' | sort | uniq -c | sort -rn | head -80 >"$OUT/cumux-$name.errors"
         say "   errors: $(wc -l <"$OUT/cumux-$name.errors") distinct lines"
     fi
 }
@@ -83,5 +83,6 @@ for what in $ONLY; do
 done
 kill "$server" 2>/dev/null
 wait "$server" 2>/dev/null
-gzip -f "$OUT"/*.log 2>/dev/null
 say done
+# At most 8 files come back from the device machine: the report, and the rest in one archive.
+(cd "$OUT" && tar czf libs-runs.tgz --remove-files --exclude libs.txt --exclude libs-runs.tgz -- *)

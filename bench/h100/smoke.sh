@@ -118,7 +118,9 @@ driver_programs=(
     "uva_pinned;uva_pinned.cu;-lcuda;"
     "zero_copy_kernel;zero_copy_kernel.cu;;"
     "graph_nodes;graph_nodes.cu;;"
+    "graph_update;graph_update.cu;;"
     "vmm;vmm.cu;-lcuda;"
+    "private_tables;private_tables.cu;-lcuda;"
 )
 declare -A program_args
 if [ -z "$PROGRAMS" ] || [ "${DRIVER_PROGRAMS:-1}" = 1 ]; then

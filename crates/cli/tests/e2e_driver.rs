@@ -47,6 +47,9 @@ programs_pass! {
     launches_are_held_near_the_device: "launch_window" on "window";
     /// Memset, kernel, empty and memcpy nodes with their edges, as XLA builds graphs.
     graphs_built_node_by_node: "graph_nodes" on "graphnodes";
+    /// Node parameters set in graphs and their instantiations, and
+    /// `cudaGraphExecUpdate`, as XLA's command buffers use them.
+    graphs_updated_after_instantiation: "graph_update" on "graphupdate";
 }
 
 /// A driver-API program of tests/cuda/driver linked against the client driver
@@ -222,6 +225,22 @@ fn driver_api_program() {
         out.describe()
     );
     assert!(lines.contains(&"PASS"), "{}", out.describe());
+}
+
+/// The private tables cuFFT and cuSOLVER call: a module's functions found by
+/// visiting them (and launched), the context object and value cuSOLVER asks for.
+#[test]
+fn private_tables_of_the_math_libraries() {
+    let program = linked_to_client_driver("private_tables");
+    let server = ServerProc::start("privtables");
+    let out = run_passes(&server, &program);
+    for line in [
+        "tools module slot 7 on one kernel: answered 1, visited 1",
+        "tools module slot 7 on two kernels: answered 2, visited 2",
+        "tools context slot 51: an object; slot 39: 7",
+    ] {
+        assert!(out.stdout.contains(line), "{line}: {}", out.describe());
+    }
 }
 
 /// Misused calls answer with the codes NVIDIA's driver gives (the program

@@ -15,6 +15,7 @@
 //! | `f8cff951-2146-8b4e-b9e2-fb469e7c0dd9` | asks whether start-up may be bypassed: refused (not found) |
 //! | `d4082055-bde6-704b-8d34-ba123c66e1f2` | runtime/driver integrity check: slot 1 hashes; fixed answers for check versions ending in 0 and 1 |
 //! | `21318c60-9714-3248-8ca6-41ff7324c8f2` | tools context; asked for by the CUDA 13.5 runtime, which fails without it and calls none of its slots, and by cuBLASLt, whose GEMMs all return `CUBLAS_STATUS_NOT_SUPPORTED` unless slot 4 (context number) answers (see `crate::tools_context`) |
+//! | `6e163fbe-b958-444d-835c-e182aff1991e` | tools module: cuFFT finds each plan's kernel through slot 7, which visits a module's functions (see `crate::tools_module`) |
 //! | `69a28e9f-2449-8b47-b030-c5da330ea4e9` | asked once per process by PyTorch's CUDA 13 runtime, right after it first looks up context-local storage; refused (not found) |
 //! | `da9151d3-3ae6-cc41-a5c0-4f26d533e328` | asked by cuDNN 9 when it starts; refused (not found) |
 //! | `1734dc26-800d-4745-8726-c0f1e7dd8bca` | device layout, 16 slots: cuBLASLt 13 asks for it before its Hopper bf16/fp16 GEMMs and calls it without a null check (a refusal crashes the program). Read from its code: slot 4 hands out a byte array of the GPU's layout (one byte per pair of SMs; it counts the bytes per value) and slot 13 releases it; any error from slot 4 sends cuBLASLt to its fallback. NVIDIA's driver 580 itself answered slot 4 with error 3 in a plain program on the H100. Every slot answers not supported, logged. |
@@ -397,6 +398,7 @@ pub fn export_table(id: &[u8; 16]) -> Option<*const c_void> {
         INTEGRITY_ID => INTEGRITY.0.as_ptr().cast(),
         DEVICE_LAYOUT_ID => DEVICE_LAYOUT.0.as_ptr().cast(),
         crate::tools_context::TOOLS_CONTEXT_ID => crate::tools_context::table(),
+        crate::tools_module::TOOLS_MODULE_ID => crate::tools_module::table(),
         _ if KNOWN_REFUSED.contains(id) => {
             tracing::debug!(
                 "cuGetExportTable({}): refused (known, not needed)",
@@ -442,6 +444,7 @@ mod tests {
             INTEGRITY_ID,
             // The tools context table (`crate::tools_context`).
             crate::tools_context::TOOLS_CONTEXT_ID,
+            crate::tools_module::TOOLS_MODULE_ID,
         ] {
             let table = export_table(&id).expect("answered");
             assert!(!table.is_null());

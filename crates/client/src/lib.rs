@@ -48,4 +48,5 @@ pub mod staging;
 pub mod state;
 pub mod teardown;
 pub mod tools_context;
+pub mod tools_module;
 pub mod transport;

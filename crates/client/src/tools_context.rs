@@ -95,7 +95,7 @@ unsupported_slots! {
     slot36 = 36,
     slot37 = 37,
     slot38 = 38,
-    slot39 = 39,
+    slot39,
     slot40 = 40,
     slot41 = 41,
     slot42 = 42,
@@ -107,7 +107,7 @@ unsupported_slots! {
     slot48 = 48,
     slot49 = 49,
     slot50 = 50,
-    slot51 = 51,
+    slot51,
     slot52 = 52,
     slot53 = 53,
     slot54 = 54,
@@ -166,6 +166,52 @@ extern "C" fn slot4(ctx: *mut c_void, number: *mut u64) -> CUresult {
     CUDA_SUCCESS
 }
 
+/// What slot 51 hands out for a context: the words NVIDIA's driver 580 wrote
+/// for the H100's primary context (1, 0, 0, the context), then zeros.
+#[repr(C)]
+#[allow(dead_code)] // read by the library, through the pointer slot 51 hands out
+struct ContextObject([u64; 8]);
+
+/// Slot 51, called by cuSOLVER (`cusolverDn*getrs`, through `torch.linalg.solve`
+/// and `cupy.linalg.solve`) as `(context, 0, *mut object)`; it then passes the
+/// object to slot 39. Its meaning is not known; the driver's answer is
+/// reproduced: a pointer to an object of the context (one per context, kept for
+/// the process's life). Answering "not supported" failed every `getrs` with
+/// `CUSOLVER_STATUS_INTERNAL_ERROR`.
+extern "C" fn slot51(ctx: *mut c_void, reserved: u64, object: *mut *const c_void) -> CUresult {
+    tracing::debug!("dark API tools context slot 51 ({ctx:?}, {reserved:#x})");
+    if object.is_null() {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    static OBJECTS: std::sync::Mutex<Vec<(usize, &'static ContextObject)>> =
+        std::sync::Mutex::new(Vec::new());
+    let mut objects = OBJECTS.lock().unwrap_or_else(|p| p.into_inner());
+    let found = match objects.iter().find(|(c, _)| *c == ctx as usize) {
+        Some(&(_, o)) => o,
+        None => {
+            let o: &'static ContextObject =
+                Box::leak(Box::new(ContextObject([1, 0, ctx as u64, 0, 0, 0, 0, 0])));
+            objects.push((ctx as usize, o));
+            o
+        }
+    };
+    // SAFETY: checked non-null; the caller passes a pointer to fill.
+    unsafe { *object = (found as *const ContextObject).cast() };
+    CUDA_SUCCESS
+}
+
+/// Slot 39, called by cuSOLVER right after slot 51 as `(context, object, *mut u64)`:
+/// NVIDIA's driver 580 wrote 7 for the H100's primary context; cumux writes the same.
+extern "C" fn slot39(ctx: *mut c_void, object: *const c_void, value: *mut u64) -> CUresult {
+    tracing::debug!("dark API tools context slot 39 ({ctx:?}, {object:?})");
+    if object.is_null() || value.is_null() {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    // SAFETY: checked non-null; the caller passes a u64 to fill.
+    unsafe { *value = 7 };
+    CUDA_SUCCESS
+}
+
 /// The table `cuGetExportTable` hands out for [`TOOLS_CONTEXT_ID`].
 pub fn table() -> *const c_void {
     TABLE.0.as_ptr().cast()
@@ -187,6 +233,33 @@ mod tests {
         assert_eq!(f(), CUDA_ERROR_NOT_SUPPORTED);
         assert_eq!(TOOLS_CONTEXT_ID[0], 0x21);
         assert_eq!(TOOLS_CONTEXT_ID[15], 0xf2);
+    }
+
+    /// cuSOLVER's `getrs` fails unless slot 51 hands out an object that slot 39 reads.
+    #[test]
+    fn slots_51_and_39_answer_as_the_driver_did() {
+        let t = table() as *const usize;
+        // SAFETY: slots 51 and 39 of the static table hold `slot51` and `slot39`.
+        let (s51, s39): (
+            extern "C" fn(*mut c_void, u64, *mut *const c_void) -> CUresult,
+            extern "C" fn(*mut c_void, *const c_void, *mut u64) -> CUresult,
+        ) = unsafe {
+            (
+                std::mem::transmute(*t.add(51)),
+                std::mem::transmute(*t.add(39)),
+            )
+        };
+        let ctx = 0x1230 as *mut c_void;
+        let (mut a, mut b) = (std::ptr::null(), std::ptr::null());
+        assert_eq!(s51(ctx, 0, &mut a), CUDA_SUCCESS);
+        assert_eq!(s51(ctx, 0, &mut b), CUDA_SUCCESS);
+        assert!(!a.is_null());
+        assert_eq!(a, b, "one object per context");
+        assert_eq!(s51(ctx, 0, std::ptr::null_mut()), CUDA_ERROR_INVALID_VALUE);
+        let mut v = 0u64;
+        assert_eq!(s39(ctx, a, &mut v), CUDA_SUCCESS);
+        assert_eq!(v, 7);
+        assert_eq!(s39(ctx, std::ptr::null(), &mut v), CUDA_ERROR_INVALID_VALUE);
     }
 
     /// cuBLASLt fails every GEMM with `CUBLAS_STATUS_NOT_SUPPORTED` unless

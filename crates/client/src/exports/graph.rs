@@ -103,7 +103,7 @@ fn neighbours(c: &Client, node: *mut c_void, upstream: bool) -> CuResult<Vec<usi
 }
 
 /// `CUgraphNodeType` of a recorded op.
-fn node_type(op: &GraphOp) -> u32 {
+pub(super) fn node_type(op: &GraphOp) -> u32 {
     match op {
         GraphOp::Call(cumux_protocol::Call::Launch { .. }) => 0,
         GraphOp::HtoD { .. } | GraphOp::DtoH { .. } => 1,
@@ -245,22 +245,50 @@ fn instantiate(exec: *mut *mut c_void, graph: *mut c_void) -> CuResult<()> {
         .cloned()
         .ok_or(CUDA_ERROR_INVALID_VALUE)?;
     let h = c.mint();
-    if let Some(launches) = crate::graph::launches_only(&recording).filter(|_| server_graphs()) {
-        // Kept by the server as one graph (a CUDA graph on a GPU), launched by
-        // one call; a server that cannot leaves it to replay.
-        match c.call(Call::GraphCreate { launches }) {
-            Ok(ReplyBody::Handle(graph)) => {
-                let mut st = c.lock();
-                st.server_graphs.insert(h, graph);
-                st.graph_execs.insert(h, recording);
-                drop(st);
-                return out(exec, to_ptr(h));
-            }
-            other => tracing::debug!("graph {h:#x} replays launch by launch: {other:?}"),
+    let server_graph = server_graph_of(c, h, &recording);
+    let mut st = c.lock();
+    if let Some(server_graph) = server_graph {
+        st.server_graphs.insert(h, server_graph);
+    }
+    st.graph_execs.insert(h, recording);
+    st.exec_graphs.insert(h, handle(graph));
+    drop(st);
+    out(exec, to_ptr(h))
+}
+
+/// The server's graph for exec `h`'s recording, when it is launches alone:
+/// kept by the server as one graph (a CUDA graph on a GPU) and launched by
+/// one call. `None` (replay op by op) for any other, or a server that cannot.
+fn server_graph_of(c: &Client, h: usize, recording: &Recording) -> Option<Handle> {
+    let launches = crate::graph::launches_only(recording).filter(|_| server_graphs())?;
+    match c.call(Call::GraphCreate { launches }) {
+        Ok(ReplyBody::Handle(graph)) => Some(graph),
+        other => {
+            tracing::debug!("graph {h:#x} replays launch by launch: {other:?}");
+            None
         }
     }
-    c.lock().graph_execs.insert(h, recording);
-    out(exec, to_ptr(h))
+}
+
+/// Exec `h` runs `recording` from now on: its server graph, if it had one, is
+/// made again from it (the driver's updates take effect at the next launch).
+pub(super) fn reset_exec(c: &Client, h: usize, recording: Recording) -> CuResult<()> {
+    let old = {
+        let mut st = c.lock();
+        if !st.graph_execs.contains_key(&h) {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        st.graph_execs.insert(h, Arc::clone(&recording));
+        st.server_graphs.remove(&h)
+    };
+    let Some(old) = old else {
+        return Ok(());
+    };
+    c.call(Call::GraphDestroy { graph: old })?;
+    if let Some(graph) = server_graph_of(c, h, &recording) {
+        c.lock().server_graphs.insert(h, graph);
+    }
+    Ok(())
 }
 
 /// Whether graphs of launches go to the server whole (unless `CUMUX_GRAPHS=replay`).
@@ -474,6 +502,7 @@ driver_fn! {
         let graph = {
             let mut st = c.lock();
             st.graph_execs.remove(&handle(exec)).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+            st.exec_graphs.remove(&handle(exec));
             st.server_graphs.remove(&handle(exec))
         };
         match graph {

@@ -132,7 +132,7 @@ macro_rules! kernel_node_op {
 
 /// A kernel node's op from the v2 (or v3) parameters: their function, else
 /// their kernel (cumux's CUkernel and CUfunction handles are one and the same).
-fn kernel_op_v2(c: &Client, p: &CUDA_KERNEL_NODE_PARAMS) -> CuResult<GraphOp> {
+pub(super) fn kernel_op_v2(c: &Client, p: &CUDA_KERNEL_NODE_PARAMS) -> CuResult<GraphOp> {
     let func = match p.func.is_null() {
         true => p.kern.cast(),
         false => p.func.cast(),
@@ -141,7 +141,7 @@ fn kernel_op_v2(c: &Client, p: &CUDA_KERNEL_NODE_PARAMS) -> CuResult<GraphOp> {
 }
 
 /// A memset node's op: 1, 2 or 4-byte elements, rows `pitch` bytes apart.
-fn memset_op(p: &CUDA_MEMSET_NODE_PARAMS) -> CuResult<GraphOp> {
+pub(super) fn memset_op(p: &CUDA_MEMSET_NODE_PARAMS) -> CuResult<GraphOp> {
     if !matches!(p.elementSize, 1 | 2 | 4) || p.width == 0 || p.height == 0 {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
@@ -177,7 +177,7 @@ fn copy_side(st: &State, kind: u32, host: usize, device: u64) -> CuResult<(u64, 
 
 /// A memcpy node's op. Only contiguous copies (one row, no offsets, no
 /// arrays) are taken; any other answers `CUDA_ERROR_NOT_SUPPORTED`.
-fn memcpy_op(st: &State, p: &CUDA_MEMCPY3D) -> CuResult<GraphOp> {
+pub(super) fn memcpy_op(st: &State, p: &CUDA_MEMCPY3D) -> CuResult<GraphOp> {
     let offsets = [
         p.srcXInBytes,
         p.srcY,
@@ -253,7 +253,7 @@ const MEMCPY_NODE_COPY: usize = 16;
 
 /// The op of a `CUgraphNodeParams` (`cuGraphAddNode`): kernel, memset,
 /// memcpy and empty nodes; any other type answers `CUDA_ERROR_NOT_SUPPORTED`.
-fn node_params_op(c: &Client, params: *mut c_void) -> CuResult<GraphOp> {
+pub(super) fn node_params_op(c: &Client, params: *mut c_void) -> CuResult<GraphOp> {
     non_null(params)?;
     let kind = *read_in(params.cast::<u32>())?;
     let union = params.cast::<u8>().wrapping_add(NODE_PARAMS_UNION);
@@ -290,17 +290,33 @@ fn node_params_op(c: &Client, params: *mut c_void) -> CuResult<GraphOp> {
     }
 }
 
-/// `cuGraphAddNode_v2`/`_v3` edge data: only default edges.
-fn default_edges(data: *const CUgraphEdgeData, n: usize) -> CuResult<()> {
+/// `cuGraphAddNode_v2`/`_v3` edge data. Default and programmatic edges are
+/// taken, each as a full dependency: a programmatic edge only lets the next
+/// kernel start before the previous one ends (XLA adds them on Hopper), so
+/// running it after the previous one ends keeps every result (at the price of
+/// that overlap). Other edge types, or reserved bytes set, are refused.
+/// `CU_GRAPH_KERNEL_NODE_PORT_LAUNCH_ORDER`, the last of the header's ports
+/// (default 0, programmatic 1, launch order 2).
+const LAST_KERNEL_PORT: u8 = 2;
+
+fn edges_taken(data: *const CUgraphEdgeData, n: usize) -> CuResult<()> {
     if data.is_null() || n == 0 {
         return Ok(());
     }
     let bytes = host_bytes(data.cast(), n * std::mem::size_of::<CUgraphEdgeData>())?;
-    match bytes.iter().all(|&b| b == 0) {
-        true => Ok(()),
-        // Programmatic and port edges order nothing more than a plain one here.
-        false => Err(CUDA_ERROR_NOT_SUPPORTED),
+    for edge in bytes.chunks_exact(std::mem::size_of::<CUgraphEdgeData>()) {
+        let (ports, kind, reserved) = (&edge[..2], edge[2], &edge[3..]);
+        let ports_known = ports.iter().all(|&p| p <= LAST_KERNEL_PORT);
+        let kind_known = matches!(
+            kind as u32,
+            CU_GRAPH_DEPENDENCY_TYPE_DEFAULT | CU_GRAPH_DEPENDENCY_TYPE_PROGRAMMATIC
+        );
+        if !(ports_known && kind_known && reserved.iter().all(|&b| b == 0)) {
+            tracing::debug!("a graph edge of type {kind} (ports {ports:?}) is not supported");
+            return Err(CUDA_ERROR_NOT_SUPPORTED);
+        }
     }
+    Ok(())
 }
 
 driver_fn! {
@@ -324,7 +340,7 @@ driver_fn! {
         n: usize,
         params: *mut c_void
     ) {
-        default_edges(data, n)?;
+        edges_taken(data, n)?;
         let c = client()?;
         let op = node_params_op(c, params)?;
         add_node(c, node, graph, deps, n, op)
@@ -431,7 +447,7 @@ driver_fn! {
         data: *const CUgraphEdgeData,
         n: usize
     ) {
-        default_edges(data, n)?;
+        edges_taken(data, n)?;
         add_dependencies(graph, from, to, n)
     }
 }

@@ -288,7 +288,7 @@ fn with_code(c: &'static Client, library: *mut c_void) -> CuResult<StateGuard<'s
 }
 
 /// The program's handles of a module's functions (by the program's handle).
-fn module_functions(st: &State, module: usize) -> CuResult<Vec<*mut c_void>> {
+pub(crate) fn module_functions(st: &State, module: usize) -> CuResult<Vec<*mut c_void>> {
     Ok(st
         .module(module)?
         .functions

@@ -236,6 +236,8 @@ pub struct State {
     /// Captured graphs and their instantiations.
     pub graphs: HashMap<usize, Recording>,
     pub graph_execs: HashMap<usize, Recording>,
+    /// Exec → the graph it was instantiated from (whose nodes it updates).
+    pub exec_graphs: HashMap<usize, usize>,
     /// Instantiated graphs of launches alone that the server keeps as one
     /// graph (`Call::GraphCreate`): exec → the server's graph.
     pub server_graphs: HashMap<usize, Handle>,
