@@ -239,16 +239,12 @@ mod tests {
     #[test]
     fn slots_51_and_39_answer_as_the_driver_did() {
         let t = table() as *const usize;
+        type ObjectSlot = extern "C" fn(*mut c_void, u64, *mut *const c_void) -> CUresult;
+        type ValueSlot = extern "C" fn(*mut c_void, *const c_void, *mut u64) -> CUresult;
         // SAFETY: slots 51 and 39 of the static table hold `slot51` and `slot39`.
-        let (s51, s39): (
-            extern "C" fn(*mut c_void, u64, *mut *const c_void) -> CUresult,
-            extern "C" fn(*mut c_void, *const c_void, *mut u64) -> CUresult,
-        ) = unsafe {
-            (
-                std::mem::transmute(*t.add(51)),
-                std::mem::transmute(*t.add(39)),
-            )
-        };
+        let s51 = unsafe { std::mem::transmute::<usize, ObjectSlot>(*t.add(51)) };
+        // SAFETY: as above.
+        let s39 = unsafe { std::mem::transmute::<usize, ValueSlot>(*t.add(39)) };
         let ctx = 0x1230 as *mut c_void;
         let (mut a, mut b) = (std::ptr::null(), std::ptr::null());
         assert_eq!(s51(ctx, 0, &mut a), CUDA_SUCCESS);

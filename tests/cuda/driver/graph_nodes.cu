@@ -1,7 +1,8 @@
 // A CUDA graph built node by node, as XLA's command buffers build theirs:
 // memset, kernel, empty, child-graph, memcpy and event nodes with
 // dependencies (one added after its nodes; one kernel by the generic
-// cudaGraphAddNode), its edges and roots read back, launched twice. Prints PASS.
+// cudaGraphAddNode; one programmatic edge between kernels, as XLA adds on
+// Hopper), its edges and roots read back, launched twice. Prints PASS.
 #include <cstdio>
 #include <cuda_runtime.h>
 
@@ -16,6 +17,8 @@ __global__ void twice(int *v, int n) {
   int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i < n) v[i] *= 2;
 }
+
+__global__ void noop() {}
 
 int main() {
   const int n = 4096;
@@ -63,6 +66,18 @@ int main() {
   generic.kernel.blockDim = k.blockDim;
   generic.kernel.kernelParams = args;
   CHECK(cudaGraphAddNode(&dbl, graph, &sub, nullptr, 1, &generic));
+  // A kernel after the increment by a programmatic edge (it may start before
+  // the increment ends; it touches nothing).
+  cudaGraphNodeParams quiet = {};
+  quiet.type = cudaGraphNodeTypeKernel;
+  quiet.kernel.func = (void *)noop;
+  quiet.kernel.gridDim = dim3(1);
+  quiet.kernel.blockDim = dim3(1);
+  cudaGraphEdgeData early = {};
+  early.type = cudaGraphDependencyTypeProgrammatic;
+  early.from_port = cudaGraphKernelNodePortProgrammatic;
+  cudaGraphNode_t after_inc;
+  CHECK(cudaGraphAddNode(&after_inc, graph, &inc, &early, 1, &quiet));
   CHECK(cudaGraphAddMemcpyNode1D(&copy, graph, &dbl, 1, out, a, sizeof(out), cudaMemcpyDeviceToHost));
   cudaEvent_t done;
   CHECK(cudaEventCreate(&done));
@@ -75,8 +90,8 @@ int main() {
   CHECK(cudaGraphGetEdges(graph, nullptr, nullptr, nullptr, &edges));
   CHECK(cudaGraphGetRootNodes(graph, nullptr, &roots));
   CHECK(cudaGraphNodeGetDependencies(dbl, nullptr, nullptr, &deps));
-  if (edges != 8 || roots != 2 || deps != 2) {
-    printf("FAIL: %zu edges (8), %zu roots (2), %zu dependencies of the doubling (2)\n", edges, roots, deps);
+  if (edges != 9 || roots != 2 || deps != 2) {
+    printf("FAIL: %zu edges (9), %zu roots (2), %zu dependencies of the doubling (2)\n", edges, roots, deps);
     return 1;
   }
   cudaGraphNodeType type;

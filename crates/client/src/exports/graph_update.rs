@@ -24,7 +24,7 @@ fn place(c: &Client, node: *mut c_void) -> CuResult<(usize, usize)> {
 }
 
 /// `op` replaces the op at `index` of `ops` if it is of the same node type.
-fn replace(ops: &mut Vec<GraphOp>, index: usize, op: GraphOp) -> CuResult<()> {
+fn replace(ops: &mut [GraphOp], index: usize, op: GraphOp) -> CuResult<()> {
     let old = ops.get_mut(index).ok_or(CUDA_ERROR_INVALID_VALUE)?;
     if node_type(old) != node_type(&op) {
         return Err(CUDA_ERROR_INVALID_VALUE);
@@ -38,7 +38,7 @@ fn set_in_graph(c: &Client, node: *mut c_void, op: GraphOp) -> CuResult<()> {
     let (graph, index) = place(c, node)?;
     let mut st = c.lock();
     let ops = st.graphs.get_mut(&graph).ok_or(CUDA_ERROR_INVALID_VALUE)?;
-    replace(Arc::make_mut(ops), index, op)?;
+    replace(Arc::make_mut(ops).as_mut_slice(), index, op)?;
     // `cuGraphKernelNodeGetParams` hands out the new arguments from now on.
     st.kernel_node_args.remove(&handle(node));
     Ok(())
@@ -59,7 +59,7 @@ fn set_in_exec(c: &Client, exec: *mut c_void, node: *mut c_void, op: GraphOp) ->
             .cloned()
             .ok_or(CUDA_ERROR_INVALID_VALUE)?
     };
-    replace(Arc::make_mut(&mut recording), index, op)?;
+    replace(Arc::make_mut(&mut recording).as_mut_slice(), index, op)?;
     reset_exec(c, exec, recording)
 }
 
