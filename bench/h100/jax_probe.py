@@ -1,5 +1,6 @@
 """JAX through cumux, a first look: devices, a jitted product, a gradient and a
-few steps of a small regression trained by hand-written SGD. Prints one line
+few steps of a small regression trained by hand-written SGD, an FFT round
+trip and a linear solve (XLA's cuFFT and cuSOLVER calls). Prints one line
 per check and `jax_probe: PASS` when all agree with the expected values."""
 import sys
 
@@ -18,6 +19,16 @@ def main():
     print("jit product:", float(prod))
     grad = jax.grad(lambda w: ((x @ w) ** 2).mean())(jnp.ones((1024,), jnp.float32))
     print("grad norm:", float(jnp.linalg.norm(grad)))
+    # XLA's own calls into cuFFT and cuSOLVER.
+    sig = jnp.sin(jnp.arange(4096, dtype=jnp.float32) * 0.1)
+    spectrum = jnp.fft.rfft(sig)
+    back = jnp.fft.irfft(spectrum, n=4096)
+    fft_err = float(jnp.max(jnp.abs(back - sig)))
+    print("fft round trip error:", fft_err)
+    a = jax.random.normal(jax.random.PRNGKey(2), (64, 64)) + 64 * jnp.eye(64)
+    b = jax.random.normal(jax.random.PRNGKey(3), (64,))
+    solve_err = float(jnp.max(jnp.abs(a @ jnp.linalg.solve(a, b) - b)))
+    print("solve residual:", solve_err)
     key = jax.random.PRNGKey(0)
     true_w = jax.random.normal(key, (16,))
     data = jax.random.normal(jax.random.PRNGKey(1), (4096, 16))
@@ -32,7 +43,7 @@ def main():
     for _ in range(200):
         w, loss = step(w)
     print("final loss:", float(loss))
-    ok = float(loss) < 1e-3
+    ok = float(loss) < 1e-3 and fft_err < 1e-4 and solve_err < 1e-3
     print("jax_probe:", "PASS" if ok else "FAIL")
     return 0 if ok else 1
 

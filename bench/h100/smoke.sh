@@ -121,6 +121,7 @@ driver_programs=(
     "graph_update;graph_update.cu;;"
     "vmm;vmm.cu;-lcuda;"
     "private_tables;private_tables.cu;-lcuda;"
+    "stack_limit;stack_limit.cu;;"
 )
 declare -A program_args
 if [ -z "$PROGRAMS" ] || [ "${DRIVER_PROGRAMS:-1}" = 1 ]; then

@@ -102,6 +102,13 @@ fn cuda_contexts_live_in_workers() {
     ctx.mem_read(a, &mut back).unwrap();
     assert_eq!(f32s(&back), [3.0, 6.0, 9.0, 4.0]);
 
+    // Limits reach the driver (CU_LIMIT_STACK_SIZE = 0): a stack it cannot
+    // give is its refusal, one it can is set, a smaller one keeps the larger.
+    let e = ctx.set_limit(0, 1 << 30).unwrap_err();
+    assert_eq!(e.code, codes::OUT_OF_MEMORY, "{e}");
+    ctx.set_limit(0, 16 << 10).unwrap();
+    ctx.set_limit(0, 512).unwrap();
+
     // A second session has a worker of its own; killing it fails that
     // session only.
     let other = device.create_context().unwrap();

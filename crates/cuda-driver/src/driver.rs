@@ -458,6 +458,22 @@ impl Context {
         unsafe { cu!(self.driver, cuCtxSynchronize()) }
     }
 
+    /// The context's value of a `CUlimit` (`cuCtxGetLimit`).
+    pub fn limit(&self, limit: u32) -> Result<u64, CudaError> {
+        self.make_current()?;
+        let mut value = 0usize;
+        // SAFETY: `value` is a valid out-pointer.
+        unsafe { cu!(self.driver, cuCtxGetLimit(&mut value, limit))? };
+        Ok(value as u64)
+    }
+
+    /// Sets a `CUlimit` of the context (`cuCtxSetLimit`).
+    pub fn set_limit(&self, limit: u32, value: u64) -> Result<(), CudaError> {
+        self.make_current()?;
+        // SAFETY: plain values.
+        unsafe { cu!(self.driver, cuCtxSetLimit(limit, to_usize(value)?)) }
+    }
+
     // ---- memory ----
 
     pub fn mem_alloc(&self, bytes: u64) -> Result<u64, CudaError> {

@@ -240,6 +240,8 @@ driver_api! {
     cuCtxSetCurrent ["cuCtxSetCurrent"] (CUcontext);
     cuCtxGetCurrent ["cuCtxGetCurrent"] (*mut CUcontext);
     cuCtxSynchronize ["cuCtxSynchronize"] ();
+    cuCtxGetLimit ["cuCtxGetLimit"] (*mut usize, c_uint);
+    cuCtxSetLimit ["cuCtxSetLimit"] (c_uint, usize);
 
     cuStreamCreateWithPriority ["cuStreamCreateWithPriority"] (*mut CUstream, c_uint, c_int);
     cuStreamDestroy ["cuStreamDestroy_v2"] (CUstream);

@@ -83,6 +83,20 @@ CUresult cuCtxDestroy_v2(void *ctx) { return ctx == &dummy_context ? 0 : 400; }
 CUresult cuCtxSetCurrent(void *ctx) { return ctx == &dummy_context ? 0 : 201; }
 static void flush_prints(void);
 CUresult cuCtxSynchronize(void) { flush_prints(); return 0; }
+/* Context limits (CUlimit 0..6: stack, printf FIFO, malloc heap, ...), the
+ * driver's defaults; a stack of more than 1 MiB per thread is out of memory. */
+static size_t limits[7] = {1024, 1 << 20, 8 << 20, 2, 2048, 0, 0};
+CUresult cuCtxGetLimit(size_t *value, unsigned limit) {
+  if (limit >= 7 || !value) return 1;
+  *value = limits[limit];
+  return 0;
+}
+CUresult cuCtxSetLimit(unsigned limit, size_t value) {
+  if (limit >= 7) return 1;
+  if (limit == 0 && value > (1 << 20)) return 2;
+  limits[limit] = value;
+  return 0;
+}
 CUresult cuDevicePrimaryCtxRetain(void **ctx, CUdevice d) { (void)d; *ctx = &dummy_context; return 0; }
 CUresult cuDevicePrimaryCtxRelease_v2(CUdevice d) { (void)d; return 0; }
 

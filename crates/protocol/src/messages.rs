@@ -461,8 +461,8 @@ pub enum Call {
         peer: u32,
         enable: bool,
     },
-    /// `cuCtxSetLimit` of a limit the device itself applies (the device-side
-    /// `malloc` heap); answered with `Unit`.
+    /// `cuCtxSetLimit` (stack size, printf buffer, device `malloc` heap, ...),
+    /// applied by the device; answered with `Unit`.
     SetLimit {
         limit: u32,
         value: u64,

@@ -314,10 +314,9 @@ driver_fn! {
         limit_value(limit)?;
         let ctx = current_or(std::ptr::null_mut())?;
         let device = c.lock().contexts.get(&ctx).ok_or(CUDA_ERROR_INVALID_CONTEXT)?.device;
-        // the device applies the malloc heap's size itself
-        if limit == cumux_cuda_bindings::consts::CU_LIMIT_MALLOC_HEAP_SIZE {
-            c.call_on(device, Call::SetLimit { limit, value: value as u64 })?;
-        }
+        // The device applies every limit (stack, printf buffer, heap, ...):
+        // one kept only here would be success for something not done.
+        c.call_on(device, Call::SetLimit { limit, value: value as u64 })?;
         let mut st = c.lock();
         st.contexts.get_mut(&ctx).ok_or(CUDA_ERROR_INVALID_CONTEXT)?.limits.insert(limit, value);
         Ok(())

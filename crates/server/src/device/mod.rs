@@ -269,10 +269,9 @@ pub trait DeviceContext: Send + Sync {
     fn cancel_launches(&self) {}
     /// Encodes a tensor-memory-access descriptor for this context's memory
     /// (`cuTensorMapEncode*`); the session has checked the address.
-    /// `cuCtxSetLimit` of `limit` (a `CU_LIMIT_*`) to `value`, for the limits
-    /// the device applies itself. A device that applies none keeps its own
-    /// (a GPU worker's context keeps the driver's defaults; the client still
-    /// reads back what the program set).
+    /// `cuCtxSetLimit` of `limit` (a `CU_LIMIT_*`) to `value`. A GPU applies
+    /// every limit (growing only, see `cuda::context`); a device that has no
+    /// such limit takes it as met (the client reads back what was set).
     fn set_limit(&self, limit: u32, value: u64) -> Result<(), CuError> {
         let _ = (limit, value);
         Ok(())

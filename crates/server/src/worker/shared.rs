@@ -410,6 +410,10 @@ impl DeviceContext for SharedView {
         self.conn.tensor_map_encode(request)
     }
 
+    fn set_limit(&self, limit: u32, value: u64) -> Result<(), CuError> {
+        self.conn.set_limit(limit, value)
+    }
+
     fn host_register(&self, region: HostRegion<'_>) -> Result<bool, CuError> {
         self.conn.host_register(region)
     }

@@ -435,6 +435,21 @@ impl DeviceContext for CudaContext {
         drop(pin);
     }
 
+    /// Limits only grow: the context may be shared with other tenants, to
+    /// whom a smaller stack or printf buffer would be a failure; a program
+    /// that asked for less gets at least that (and reads back what it set).
+    /// The driver's refusals (a size it cannot give, a heap already used)
+    /// are the program's.
+    fn set_limit(&self, limit: u32, value: u64) -> Result<(), CuError> {
+        let ctx = self.ctx()?;
+        let current = ctx.limit(limit).map_err(cu_err)?;
+        if value <= current {
+            return Ok(());
+        }
+        self.flushing(|| ctx.set_limit(limit, value))
+            .map_err(cu_err)
+    }
+
     fn tensor_map_encode(&self, request: &TensorMapRequest) -> Result<Vec<u8>, CuError> {
         let shape = cu::TensorShape {
             data_type: request.data_type,
