@@ -119,6 +119,7 @@ driver_programs=(
     "zero_copy_kernel;zero_copy_kernel.cu;;"
     "graph_nodes;graph_nodes.cu;;"
     "graph_update;graph_update.cu;;"
+    "graph_memory;graph_memory.cu;;"
     "vmm;vmm.cu;-lcuda;"
     "private_tables;private_tables.cu;-lcuda;"
     "stack_limit;stack_limit.cu;;"

@@ -50,6 +50,8 @@ programs_pass! {
     /// Node parameters set in graphs and their instantiations, and
     /// `cudaGraphExecUpdate`, as XLA's command buffers use them.
     graphs_updated_after_instantiation: "graph_update" on "graphupdate";
+    /// Allocation, free and host nodes, explicit, generic and captured.
+    graphs_with_memory_and_host_nodes: "graph_memory" on "graphmemory";
 }
 
 /// A driver-API program of tests/cuda/driver linked against the client driver

@@ -33,6 +33,19 @@ pub enum GraphOp {
     /// A child graph's ops, run in their order where the node stands
     /// (`cuGraphAddChildGraphNode`; the child is copied when added).
     Child(Recording),
+    /// A memory allocation node: the memory was allocated when the node was
+    /// made (its address is fixed for the graph's life) and stays while the
+    /// graph or an instantiation of it holds it (`exports::graph_allocs`).
+    MemAlloc {
+        ptr: u64,
+        bytes: u64,
+    },
+    /// A memory free node: nothing at a launch for memory a graph allocated
+    /// (held until no graph holds it); memory allocated outside graphs is
+    /// freed there.
+    MemFree {
+        ptr: u64,
+    },
 }
 
 pub type Recording = Arc<Vec<GraphOp>>;
@@ -78,7 +91,7 @@ pub fn launches_only(recording: &[GraphOp]) -> Option<Vec<GraphLaunch>> {
     let mut launches = Vec::new();
     for op in recording {
         match op {
-            GraphOp::Empty => {}
+            GraphOp::Empty | GraphOp::MemAlloc { .. } => {}
             GraphOp::Child(child) => launches.extend(launches_only(child)?),
             op => launches.push(as_launch(op)?),
         }

@@ -9,6 +9,7 @@ use cumux_cuda_bindings::{consts::*, types::*};
 use cumux_protocol::{Call, Handle, ReplyBody, DEFAULT_STREAM};
 
 use super::copy::{send_dtoh, send_htod, Pinned};
+use super::graph_allocs;
 use super::*;
 use crate::graph::{retarget, GraphOp, Recording};
 use crate::state::handles::{self, to_program};
@@ -38,17 +39,28 @@ fn add_graph(c: &Client, st: &mut State, ops: Vec<GraphOp>) -> usize {
         st.nodes.insert(*n, (h, i));
     }
     st.graph_nodes.insert(h, nodes);
+    graph_allocs::hold(st, &ops);
     st.graphs.insert(h, Arc::new(ops));
     h
 }
 
 fn remove_graph(c: &Client, graph: usize) -> CuResult<()> {
     let mut st = c.lock();
-    st.graphs.remove(&graph).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    let ops = st.graphs.remove(&graph).ok_or(CUDA_ERROR_INVALID_VALUE)?;
     st.graph_edges.remove(&graph);
     for n in st.graph_nodes.remove(&graph).unwrap_or_default() {
         st.nodes.remove(&n);
         st.kernel_node_args.remove(&n);
+    }
+    let back = graph_allocs::release(&mut st, &ops);
+    drop(st);
+    give_back(c, back)
+}
+
+/// Frees graphs' memory that no graph holds any more.
+fn give_back(c: &Client, ptrs: Vec<u64>) -> CuResult<()> {
+    for ptr in ptrs {
+        super::memory::free(c, ptr)?;
     }
     Ok(())
 }
@@ -114,12 +126,14 @@ pub(super) fn node_type(op: &GraphOp) -> u32 {
         GraphOp::Empty => 5,
         GraphOp::Call(cumux_protocol::Call::StreamWaitEvent { .. }) => 6,
         GraphOp::Call(cumux_protocol::Call::EventRecord { .. }) => 7,
+        GraphOp::MemAlloc { .. } => 10,
+        GraphOp::MemFree { .. } => 11,
         GraphOp::Call(_) => 5,
     }
 }
 
 /// The op a node stands for.
-fn node_op(st: &State, node: *mut c_void) -> CuResult<&GraphOp> {
+pub(super) fn node_op(st: &State, node: *mut c_void) -> CuResult<&GraphOp> {
     let &(graph, index) = st
         .nodes
         .get(&handle(node))
@@ -250,6 +264,7 @@ fn instantiate(exec: *mut *mut c_void, graph: *mut c_void) -> CuResult<()> {
     if let Some(server_graph) = server_graph {
         st.server_graphs.insert(h, server_graph);
     }
+    graph_allocs::hold(&mut st, &recording);
     st.graph_execs.insert(h, recording);
     st.exec_graphs.insert(h, handle(graph));
     drop(st);
@@ -358,11 +373,22 @@ fn replay(
                 let f = Arc::clone(f);
                 crate::host_fn::enqueue(c, stream, Box::new(move |status| f(status)))?
             }
-            GraphOp::Empty => {}
+            GraphOp::Empty | GraphOp::MemAlloc { .. } => {}
+            GraphOp::MemFree { ptr } => free_at_replay(c, *ptr, stream)?,
             GraphOp::Child(child) => replay(c, c.lock(), Vec::new(), child, stream)?,
         }
     }
     Ok(())
+}
+
+/// A free node at a launch: a graph's memory stays held (see
+/// `graph_allocs`); other memory is freed once the stream's work before it is done.
+fn free_at_replay(c: &Client, ptr: u64, stream: Handle) -> CuResult<()> {
+    if c.lock().graph_allocs.contains_key(&ptr) {
+        return Ok(());
+    }
+    c.call(Call::StreamSynchronize { stream })?;
+    super::memory::free(c, ptr)
 }
 
 driver_fn! {
@@ -499,16 +525,16 @@ driver_fn! {
 
     fn cuGraphExecDestroy(exec: *mut c_void) {
         let c = client()?;
-        let graph = {
+        let (graph, back) = {
             let mut st = c.lock();
-            st.graph_execs.remove(&handle(exec)).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+            let ops = st.graph_execs.remove(&handle(exec)).ok_or(CUDA_ERROR_INVALID_VALUE)?;
             st.exec_graphs.remove(&handle(exec));
-            st.server_graphs.remove(&handle(exec))
+            (st.server_graphs.remove(&handle(exec)), graph_allocs::release(&mut st, &ops))
         };
-        match graph {
-            Some(graph) => c.call(Call::GraphDestroy { graph }).map(|_| ()),
-            None => Ok(()),
+        if let Some(graph) = graph {
+            c.call(Call::GraphDestroy { graph })?;
         }
+        give_back(c, back)
     }
 
     fn cuGraphUpload | cuGraphUpload_ptsz (exec: *mut c_void, s: *mut c_void) {

@@ -9,9 +9,12 @@ use cumux_cuda_bindings::{consts::*, types::*};
 use cumux_protocol::{Call, DEFAULT_STREAM};
 
 use super::graph::edges_of;
+use super::graph_allocs;
+use super::graph_memory::{alloc_node_op, free_node_op};
 use super::launch::pack_params;
 use super::*;
 use crate::graph::GraphOp;
+use crate::host_fn::UserData;
 use crate::state::{client, handles, Client, State};
 
 /// `n` node handles from the program's array `list`.
@@ -36,7 +39,7 @@ fn node_list(list: *const *mut c_void, n: usize) -> CuResult<Vec<usize>> {
 
 /// Appends `op` to `graph` as a node after `deps` (nodes of that graph): the
 /// new node's handle, written to `node_out`.
-fn add_node(
+pub(super) fn add_node(
     c: &Client,
     node_out: *mut *mut c_void,
     graph: *mut c_void,
@@ -53,6 +56,10 @@ fn add_node(
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
     let node = c.mint();
+    if !st.graphs.contains_key(&g) {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    graph_allocs::hold(&mut st, std::slice::from_ref(&op));
     let ops = Arc::make_mut(st.graphs.get_mut(&g).ok_or(CUDA_ERROR_INVALID_VALUE)?);
     ops.push(op);
     let index = ops.len() - 1;
@@ -216,6 +223,20 @@ pub(super) fn memcpy_op(st: &State, p: &CUDA_MEMCPY3D) -> CuResult<GraphOp> {
     })
 }
 
+/// A host node's op: the program's function with its argument, skipped
+/// after an error as stream host functions are.
+pub(super) fn host_op(p: &CUDA_HOST_NODE_PARAMS) -> CuResult<GraphOp> {
+    let func = p.fn_.ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    let data = UserData(p.userData);
+    Ok(GraphOp::HostFn(Arc::new(move |status| {
+        if status == CUDA_SUCCESS {
+            let data = &data;
+            // SAFETY: calling the program's host function with its own argument.
+            unsafe { func(data.0) }
+        }
+    })))
+}
+
 /// Adds edges `from[i]` → `to[i]`; an edge against the order the nodes were
 /// added in answers `CUDA_ERROR_NOT_SUPPORTED` (cumux runs them in that order).
 fn add_dependencies(
@@ -252,7 +273,8 @@ const NODE_PARAMS_UNION: usize = 16;
 const MEMCPY_NODE_COPY: usize = 16;
 
 /// The op of a `CUgraphNodeParams` (`cuGraphAddNode`): kernel, memset,
-/// memcpy and empty nodes; any other type answers `CUDA_ERROR_NOT_SUPPORTED`.
+/// memcpy, empty, child, event, host and memory nodes; any other type
+/// answers `CUDA_ERROR_NOT_SUPPORTED`.
 pub(super) fn node_params_op(c: &Client, params: *mut c_void) -> CuResult<GraphOp> {
     non_null(params)?;
     let kind = *read_in(params.cast::<u32>())?;
@@ -269,6 +291,10 @@ pub(super) fn node_params_op(c: &Client, params: *mut c_void) -> CuResult<GraphO
             memcpy_op(&c.lock(), read_in(copy)?)
         }
         CU_GRAPH_NODE_TYPE_EMPTY => Ok(GraphOp::Empty),
+        // `CUDA_HOST_NODE_PARAMS_v2` is the v1 structure.
+        CU_GRAPH_NODE_TYPE_HOST => host_op(read_in(union.cast::<CUDA_HOST_NODE_PARAMS>())?),
+        CU_GRAPH_NODE_TYPE_MEM_ALLOC => alloc_node_op(c, union.cast()),
+        CU_GRAPH_NODE_TYPE_MEM_FREE => free_node_op(c, *read_in(union.cast::<u64>())?),
         CU_GRAPH_NODE_TYPE_GRAPH => child_op(c, *read_in(union.cast::<*mut c_void>())?),
         CU_GRAPH_NODE_TYPE_EVENT_RECORD | CU_GRAPH_NODE_TYPE_WAIT_EVENT => event_op(
             c,
@@ -393,6 +419,41 @@ driver_fn! {
     ) {
         let c = client()?;
         let op = memcpy_op(&c.lock(), read_in(p)?)?;
+        add_node(c, node, graph, deps, n, op)
+    }
+
+    fn cuGraphAddHostNode(
+        node: *mut *mut c_void,
+        graph: *mut c_void,
+        deps: *const *mut c_void,
+        n: usize,
+        p: *const CUDA_HOST_NODE_PARAMS
+    ) {
+        let op = host_op(read_in(p)?)?;
+        add_node(client()?, node, graph, deps, n, op)
+    }
+
+    fn cuGraphAddMemAllocNode(
+        node: *mut *mut c_void,
+        graph: *mut c_void,
+        deps: *const *mut c_void,
+        n: usize,
+        p: *mut c_void
+    ) {
+        let c = client()?;
+        let op = alloc_node_op(c, p)?;
+        add_node(c, node, graph, deps, n, op)
+    }
+
+    fn cuGraphAddMemFreeNode(
+        node: *mut *mut c_void,
+        graph: *mut c_void,
+        deps: *const *mut c_void,
+        n: usize,
+        ptr: u64
+    ) {
+        let c = client()?;
+        let op = free_node_op(c, ptr)?;
         add_node(c, node, graph, deps, n, op)
     }
 

@@ -9,6 +9,7 @@ use cumux_protocol::{Call, ReplyBody};
 
 use super::copy::ready;
 use super::*;
+use crate::graph::GraphOp;
 use crate::state::handles;
 use crate::state::{client, Client, HostRegion, State, StateGuard};
 
@@ -16,7 +17,7 @@ const PITCH_ALIGN: usize = 512;
 
 /// Allocates device memory on the current context's device; `st` from
 /// `copy::ready` (the state lock is let go for the round trip).
-fn alloc(c: &Client, st: StateGuard<'_>, bytes: usize) -> CuResult<u64> {
+pub(super) fn alloc(c: &Client, st: StateGuard<'_>, bytes: usize) -> CuResult<u64> {
     if bytes == 0 {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
@@ -68,7 +69,7 @@ fn alloc(c: &Client, st: StateGuard<'_>, bytes: usize) -> CuResult<u64> {
 const CLASH_RETRIES: usize = 4;
 
 /// Frees device memory (managed memory's host pages too).
-fn free(c: &Client, ptr: u64) -> CuResult<()> {
+pub(super) fn free(c: &Client, ptr: u64) -> CuResult<()> {
     let managed = {
         let mut st = c.lock();
         st.context_device()?;
@@ -207,8 +208,32 @@ fn pointer_attribute(
 /// Allocates in stream order: on a stream known and past its host functions.
 fn alloc_async(dptr: *mut u64, bytes: usize, stream: *mut c_void) -> CuResult<()> {
     let c = client()?;
-    let st = ready(c, Some(handles::stream(stream)?))?;
-    out(dptr, alloc(c, st, bytes)?)
+    let stream = handles::stream(stream)?;
+    let st = ready(c, Some(stream))?;
+    let capturing = st.capturing(stream);
+    let ptr = alloc(c, st, bytes)?;
+    if capturing {
+        // Captured: the graph gets an allocation node owning the memory.
+        let mut st = c.lock();
+        super::graph_allocs::register(&mut st, ptr, bytes as u64);
+        st.capture(
+            stream,
+            GraphOp::MemAlloc {
+                ptr,
+                bytes: bytes as u64,
+            },
+        );
+    }
+    out(dptr, ptr)
+}
+
+/// The program frees device memory: a graph's memory that a graph still
+/// holds is kept until the last holder goes; any other is freed now.
+fn program_free(c: &Client, ptr: u64) -> CuResult<()> {
+    if super::graph_allocs::program_frees(&mut c.lock(), ptr) {
+        return Ok(());
+    }
+    free(c, ptr)
 }
 
 driver_fn! {
@@ -240,7 +265,7 @@ driver_fn! {
     }
 
     fn cuMemFree_v2(ptr: u64) {
-        free(client()?, ptr)
+        program_free(client()?, ptr)
     }
 
     fn cuMemGetInfo_v2(free_bytes: *mut usize, total: *mut usize) {
@@ -376,10 +401,15 @@ driver_fn! {
     fn cuMemFreeAsync | cuMemFreeAsync_ptsz (ptr: u64, stream: *mut c_void) {
         let c = client()?;
         let stream = handles::stream(stream)?;
-        drop(ready(c, Some(stream))?);
+        let mut st = ready(c, Some(stream))?;
+        // Captured: the graph gets a free node.
+        if st.capture(stream, GraphOp::MemFree { ptr }).is_none() {
+            return Ok(());
+        }
+        drop(st);
         // Work queued before the free may still use the memory.
         c.call(Call::StreamSynchronize { stream })?;
-        free(c, ptr)
+        program_free(c, ptr)
     }
 
     fn cuDeviceGetDefaultMemPool | cuDeviceGetMemPool (pool: *mut *mut c_void, dev: i32) {

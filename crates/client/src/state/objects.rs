@@ -159,6 +159,16 @@ pub struct HostCall {
 }
 
 /// A stream's host functions (`crate::host_fn`).
+/// Memory a graph's allocation node made: how many graphs and
+/// instantiations hold it, and whether it was freed (by the program, or by a
+/// free node of a graph): it goes back to the device when both are so.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GraphAlloc {
+    pub bytes: u64,
+    pub holders: u32,
+    pub freed: bool,
+}
+
 #[derive(Default)]
 pub struct HostFnQueue {
     pub calls: VecDeque<HostCall>,
@@ -236,6 +246,8 @@ pub struct State {
     /// Captured graphs and their instantiations.
     pub graphs: HashMap<usize, Recording>,
     pub graph_execs: HashMap<usize, Recording>,
+    /// Memory of graphs' allocation nodes, by address (`exports::graph_allocs`).
+    pub graph_allocs: HashMap<u64, GraphAlloc>,
     /// Exec → the graph it was instantiated from (whose nodes it updates).
     pub exec_graphs: HashMap<usize, usize>,
     /// Instantiated graphs of launches alone that the server keeps as one
