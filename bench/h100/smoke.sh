@@ -120,6 +120,7 @@ driver_programs=(
     "graph_nodes;graph_nodes.cu;;"
     "graph_update;graph_update.cu;;"
     "graph_memory;graph_memory.cu;;"
+    "graph_api;graph_api.cu;;"
     "vmm;vmm.cu;-lcuda;"
     "private_tables;private_tables.cu;-lcuda;"
     "stack_limit;stack_limit.cu;;"

@@ -52,6 +52,9 @@ programs_pass! {
     graphs_updated_after_instantiation: "graph_update" on "graphupdate";
     /// Allocation, free and host nodes, explicit, generic and captured.
     graphs_with_memory_and_host_nodes: "graph_memory" on "graphmemory";
+    /// Clones, parameters read back, event and host nodes changed, nodes
+    /// disabled, edges removed, DOT.
+    the_rest_of_the_graph_api: "graph_api" on "graphapi";
 }
 
 /// A driver-API program of tests/cuda/driver linked against the client driver

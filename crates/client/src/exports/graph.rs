@@ -32,7 +32,7 @@ fn begin(s: *mut c_void) -> CuResult<()> {
 }
 
 /// Registers a graph and mints one node handle per recorded op.
-fn add_graph(c: &Client, st: &mut State, ops: Vec<GraphOp>) -> usize {
+pub(super) fn add_graph(c: &Client, st: &mut State, ops: Vec<GraphOp>) -> usize {
     let h = c.mint();
     let nodes: Vec<usize> = (0..ops.len()).map(|_| c.mint()).collect();
     for (i, n) in nodes.iter().enumerate() {
@@ -48,6 +48,7 @@ fn remove_graph(c: &Client, graph: usize) -> CuResult<()> {
     let mut st = c.lock();
     let ops = st.graphs.remove(&graph).ok_or(CUDA_ERROR_INVALID_VALUE)?;
     st.graph_edges.remove(&graph);
+    st.graph_origins.remove(&graph);
     for n in st.graph_nodes.remove(&graph).unwrap_or_default() {
         st.nodes.remove(&n);
         st.kernel_node_args.remove(&n);
@@ -529,6 +530,7 @@ driver_fn! {
             let mut st = c.lock();
             let ops = st.graph_execs.remove(&handle(exec)).ok_or(CUDA_ERROR_INVALID_VALUE)?;
             st.exec_graphs.remove(&handle(exec));
+            st.disabled_nodes.retain(|&(e, _), _| e != handle(exec));
             (st.server_graphs.remove(&handle(exec)), graph_allocs::release(&mut st, &ops))
         };
         if let Some(graph) = graph {

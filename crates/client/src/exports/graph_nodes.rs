@@ -18,7 +18,7 @@ use crate::host_fn::UserData;
 use crate::state::{client, handles, Client, State};
 
 /// `n` node handles from the program's array `list`.
-fn node_list(list: *const *mut c_void, n: usize) -> CuResult<Vec<usize>> {
+pub(super) fn node_list(list: *const *mut c_void, n: usize) -> CuResult<Vec<usize>> {
     if n == 0 {
         return Ok(Vec::new());
     }
@@ -97,7 +97,7 @@ fn kernel_op(
 }
 
 /// A child graph node's op: the child's ops as they are now.
-fn child_op(c: &Client, child: *mut c_void) -> CuResult<GraphOp> {
+pub(super) fn child_op(c: &Client, child: *mut c_void) -> CuResult<GraphOp> {
     let st = c.lock();
     let ops = st
         .graphs
@@ -107,7 +107,7 @@ fn child_op(c: &Client, child: *mut c_void) -> CuResult<GraphOp> {
 }
 
 /// An event record (or wait) node's op.
-fn event_op(c: &Client, event: *mut c_void, record: bool) -> CuResult<GraphOp> {
+pub(super) fn event_op(c: &Client, event: *mut c_void, record: bool) -> CuResult<GraphOp> {
     let event = handles::wire_or_invalid(event)?;
     c.lock().check_event(event)?;
     Ok(GraphOp::Call(match record {

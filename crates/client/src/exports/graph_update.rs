@@ -15,7 +15,7 @@ use crate::graph::GraphOp;
 use crate::state::{client, Client};
 
 /// Where a node's op sits: (its graph, its index in the recording).
-fn place(c: &Client, node: *mut c_void) -> CuResult<(usize, usize)> {
+pub(super) fn place(c: &Client, node: *mut c_void) -> CuResult<(usize, usize)> {
     c.lock()
         .nodes
         .get(&handle(node))
@@ -34,7 +34,7 @@ fn replace(ops: &mut [GraphOp], index: usize, op: GraphOp) -> CuResult<()> {
 }
 
 /// A node of a graph gets new parameters (`op`).
-fn set_in_graph(c: &Client, node: *mut c_void, op: GraphOp) -> CuResult<()> {
+pub(super) fn set_in_graph(c: &Client, node: *mut c_void, op: GraphOp) -> CuResult<()> {
     let (graph, index) = place(c, node)?;
     let mut st = c.lock();
     let ops = st.graphs.get_mut(&graph).ok_or(CUDA_ERROR_INVALID_VALUE)?;
@@ -46,7 +46,12 @@ fn set_in_graph(c: &Client, node: *mut c_void, op: GraphOp) -> CuResult<()> {
 
 /// A node of the graph `exec` was instantiated from gets new parameters in
 /// `exec` alone.
-fn set_in_exec(c: &Client, exec: *mut c_void, node: *mut c_void, op: GraphOp) -> CuResult<()> {
+pub(super) fn set_in_exec(
+    c: &Client,
+    exec: *mut c_void,
+    node: *mut c_void,
+    op: GraphOp,
+) -> CuResult<()> {
     let (graph, index) = place(c, node)?;
     let exec = handle(exec);
     let mut recording = {

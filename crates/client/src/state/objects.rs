@@ -248,6 +248,10 @@ pub struct State {
     pub graph_execs: HashMap<usize, Recording>,
     /// Memory of graphs' allocation nodes, by address (`exports::graph_allocs`).
     pub graph_allocs: HashMap<u64, GraphAlloc>,
+    /// Clone → the graph it was cloned from (`cuGraphNodeFindInClone`).
+    pub graph_origins: HashMap<usize, usize>,
+    /// Disabled nodes of execs: (exec, node) → the op they had.
+    pub disabled_nodes: HashMap<(usize, usize), GraphOp>,
     /// Exec → the graph it was instantiated from (whose nodes it updates).
     pub exec_graphs: HashMap<usize, usize>,
     /// Instantiated graphs of launches alone that the server keeps as one
