@@ -8,7 +8,8 @@
 # $OUT/multi_gpu-logs.tar.gz.
 #
 #   OUT=/some/dir bench/h100/multi_gpu.sh
-# Optional: KIT=, LIMIT= (seconds per run, default 240), ONLY=ddp (the DDP
+# Optional: KIT=, LIMIT= (seconds per run, default 240), ONLY=frameworks (JAX
+# and torch.multiprocessing on both GPUs, bench/h100/multi_probe.py), ONLY=ddp (the DDP
 # runs alone).
 set -u
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -45,6 +46,24 @@ side() {
 }
 losses() { grep -E '^step [0-9]+ loss' "$W/$1.log" | md5sum | cut -c1-12; }
 RUN=("$KIT/cumux" run --server "unix:$W/s.sock" --)
+
+# Frameworks on both GPUs (bench/h100/multi_probe.py): JAX's pmap and psum
+# (XLA's NCCL), and a CUDA tensor handed to a child by torch.multiprocessing.
+if [ "${ONLY:-all}" = all ] || [ "${ONLY:-all}" = frameworks ]; then
+    for probe in jax share; do
+        side "$probe-native" python3 "$ROOT/bench/h100/multi_probe.py" "$probe"
+        for sharing in isolated shared; do
+            start_server "$sharing"
+            CUMUX_LOG=info,cumux_client=debug side "$probe-cumux-$sharing" "${RUN[@]}" python3 "$ROOT/bench/h100/multi_probe.py" "$probe"
+            grep -h '^check' "$W/$probe-cumux-$sharing.log" | sed 's/^/  /' | tee -a "$REPORT"
+            grep -E -- '-> CUDA_ERROR|not supported|not implemented|WARN|panick' "$W/$probe-cumux-$sharing.log" |
+                grep -v -E 'NOT_READY|cuGetProcAddress|context_storage|cuGetExportTable' | sed -E 's/^[0-9TZ:.-]+ +//' |
+                sort | uniq -c | sort -rn | head -12 >>"$REPORT"
+            stop_server
+        done
+    done
+    [ "${ONLY:-all}" = frameworks ] && { say done; exit 0; }
+fi
 
 if [ "${ONLY:-all}" != ddp ]; then
 side two-native "$W/two_devices"
