@@ -3,10 +3,14 @@
 // copies between them (cudaMemcpyPeer, cudaMemcpy by unified address, and
 // cudaMemcpyPeerAsync ordered after an event of the other device); each
 // device synchronizes alone; peer access, where the devices have it, lets a
-// kernel of one read the other's memory. Prints the devices' peer access as
+// kernel of one read the other's memory, and virtual memory made on one
+// device is given to the other by cuMemSetAccess (as XLA gives every peer
+// access to each device's memory), refused where the devices have no peer
+// access. Prints the devices' peer access as
 // "can_access_peer: N", "peer_access: used|unsupported" and PASS; with fewer
 // than two devices it prints "SKIP: one device" and exits 0.
 #include <cstdio>
+#include <cuda.h>
 #include <cuda_runtime.h>
 
 #include "check.h"
@@ -22,6 +26,95 @@ __global__ void fill(int *p, int value, int n) {
 __global__ void copy_from(int *dst, const int *src, int n) {
   int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i < n) dst[i] = src[i];
+}
+
+// The driver's entry point `name`, through the runtime (no -lcuda).
+template <typename F> static F driver(const char *name) {
+  void *fn = nullptr;
+  cudaDriverEntryPointQueryResult found;
+  if (cudaGetDriverEntryPointByVersion(name, &fn, 12000, cudaEnableDefault, &found) != cudaSuccess) return nullptr;
+  return (F)fn;
+}
+
+#define CU(x)                                                                 \
+  do {                                                                        \
+    CUresult r_ = (x);                                                        \
+    if (r_ != CUDA_SUCCESS) {                                                 \
+      printf("FAIL %s:%d %s -> %d\n", __FILE__, __LINE__, #x, (int)r_);        \
+      return 1;                                                               \
+    }                                                                         \
+  } while (0)
+
+__global__ void fill(int *p, int value, int n);
+
+// Memory made on device 1 and mapped there; device 0 given access to it by
+// cuMemSetAccess where it can reach device 1, refused where it cannot.
+static int vmm_across_devices(int can) {
+  auto create = driver<CUresult (*)(CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *, unsigned long long)>("cuMemCreate");
+  auto granularity = driver<CUresult (*)(size_t *, const CUmemAllocationProp *, CUmemAllocationGranularity_flags)>("cuMemGetAllocationGranularity");
+  auto reserve = driver<CUresult (*)(CUdeviceptr *, size_t, size_t, CUdeviceptr, unsigned long long)>("cuMemAddressReserve");
+  auto map = driver<CUresult (*)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long)>("cuMemMap");
+  auto set_access = driver<CUresult (*)(CUdeviceptr, size_t, const CUmemAccessDesc *, size_t)>("cuMemSetAccess");
+  auto get_access = driver<CUresult (*)(unsigned long long *, const CUmemLocation *, CUdeviceptr)>("cuMemGetAccess");
+  auto unmap = driver<CUresult (*)(CUdeviceptr, size_t)>("cuMemUnmap");
+  auto release = driver<CUresult (*)(CUmemGenericAllocationHandle)>("cuMemRelease");
+  auto address_free = driver<CUresult (*)(CUdeviceptr, size_t)>("cuMemAddressFree");
+  if (!create || !granularity || !reserve || !map || !set_access || !get_access || !unmap || !release || !address_free) {
+    printf("FAIL: a virtual memory entry point is missing\n");
+    return 1;
+  }
+  CHECK(cudaSetDevice(1));
+  CUmemAllocationProp prop = {};
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop.location.id = 1;
+  size_t size = 0;
+  CU(granularity(&size, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
+  CUmemGenericAllocationHandle h;
+  CU(create(&h, size, &prop, 0));
+  CUdeviceptr va = 0;
+  CU(reserve(&va, size, 0, 0, 0));
+  CU(map(va, size, 0, h, 0));
+  CUmemAccessDesc desc[2] = {};
+  for (int d = 0; d < 2; d++) {
+    desc[d].location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    desc[d].location.id = 1 - d;
+    desc[d].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  }
+  CU(set_access(va, size, desc, 1));
+  CUresult peer = set_access(va, size, desc, 2);
+  if (can) {
+    CU(peer);
+    unsigned long long flags = 0;
+    CU(get_access(&flags, &desc[1].location, va));
+    if (flags != CU_MEM_ACCESS_FLAGS_PROT_READWRITE) {
+      printf("FAIL: device 0's access reads %llu\n", flags);
+      return 1;
+    }
+    // Device 0 writes device 1's memory; device 1 reads it back.
+    int n = (int)(size / sizeof(int));
+    CHECK(cudaSetDevice(0));
+    fill<<<(n + 255) / 256, 256>>>((int *)va, 300, n);
+    CHECK(cudaDeviceSynchronize());
+    CHECK(cudaSetDevice(1));
+    int first[4];
+    CHECK(cudaMemcpy(first, (void *)va, sizeof(first), cudaMemcpyDeviceToHost));
+    if (first[0] != 300 || first[3] != 303) {
+      printf("FAIL: device 0 wrote %d %d into device 1's virtual memory\n", first[0], first[3]);
+      return 1;
+    }
+    printf("vmm_peer_access: used\n");
+  } else if (peer == CUDA_SUCCESS) {
+    printf("FAIL: access for a device that cannot reach the memory was granted\n");
+    return 1;
+  } else {
+    printf("vmm_peer_access: refused\n");
+  }
+  CU(unmap(va, size));
+  CU(release(h));
+  CU(address_free(va, size));
+  CHECK(cudaSetDevice(0));
+  return 0;
 }
 
 __global__ void add(int *p, int value, int n) {
@@ -116,6 +209,8 @@ int main() {
     cudaGetLastError();
     printf("peer_access: unsupported\n");
   }
+
+  if (vmm_across_devices(can)) return 1;
 
   static int host[N];
   // Each device synchronizes alone, and its memory holds what its kernel wrote.

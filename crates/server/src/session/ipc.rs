@@ -134,17 +134,26 @@ impl Session {
             ));
         }
         let peer_ctx = self
-            .group
-            .as_ref()
-            .and_then(|g| g.member(peer))
-            .ok_or_else(|| {
-                err(
-                    codes::INVALID_CONTEXT,
-                    format!("the program has no context on its device {peer}"),
-                )
-            })?;
+            .program_device(peer)
+            .map_err(|e| err(codes::INVALID_CONTEXT, e.detail))?;
         self.ctx.peer_access(&*peer_ctx, enable)?;
         Ok(ReplyBody::Unit)
+    }
+
+    /// The program's context on its device `device` (a session of its group).
+    pub(super) fn program_device(
+        &self,
+        device: u32,
+    ) -> Result<std::sync::Arc<dyn crate::device::DeviceContext>, cumux_protocol::CuError> {
+        self.group
+            .as_ref()
+            .and_then(|g| g.member(device))
+            .ok_or_else(|| {
+                err(
+                    codes::INVALID_DEVICE,
+                    format!("the program has no context on its device {device}"),
+                )
+            })
     }
 
     /// At the session's end: closes what it opened, withdraws what it gave out.

@@ -70,12 +70,14 @@ impl Session {
                 flags,
             } => self.vmm_set_access(ptr, size, device, flags),
             VmmCall::GetAccess { ptr, device } => {
-                self.check_device(device)?;
+                if device != self.index {
+                    self.program_device(device)?;
+                }
                 let (_, m) = self
                     .vmm
                     .mapping_of(ptr)
                     .ok_or_else(|| invalid(format!("{ptr:#x} is not mapped in this session")))?;
-                Ok(ReplyBody::Value(m.access))
+                Ok(ReplyBody::Value(m.access_of(self.index, device)))
             }
             VmmCall::Retain { ptr } => {
                 let (_, m) = self
@@ -326,6 +328,7 @@ impl Session {
             size,
             handle,
             access: ACCESS_NONE,
+            peer_access: Vec::new(),
         };
         self.vmm.mappings.insert(ptr, mapping);
         Ok(ReplyBody::Unit)
@@ -374,16 +377,34 @@ impl Session {
         if !is_access_flags(flags) {
             return Err(invalid(format!("access flags {flags:#x}")));
         }
-        self.check_device(device)?;
+        // Another device of the program (XLA gives every peer access to each
+        // device's memory): its context, in the same worker process, sets it.
+        let peer = match device == self.index {
+            true => None,
+            false => {
+                let reach = self.device.info().peers.iter().any(|(d, a)| *d == device && a[1] == 1);
+                if !reach {
+                    return Err(err(
+                        codes::INVALID_DEVICE,
+                        format!("device {device} cannot reach this device's memory"),
+                    ));
+                }
+                Some(self.program_device(device)?)
+            }
+        };
         let bases = self.vmm.whole_mappings(ptr, size).ok_or_else(|| {
             invalid(format!(
                 "[{ptr:#x}, +{size}) is not a fully mapped range of this session"
             ))
         })?;
-        self.ctx.vmm(&VmmOp::SetAccess { ptr, size, flags })?;
+        let op = VmmOp::SetAccess { ptr, size, flags };
+        match &peer {
+            None => self.ctx.vmm(&op)?,
+            Some(peer) => peer.vmm(&op)?,
+        };
         for base in bases {
             if let Some(m) = self.vmm.mappings.get_mut(&base) {
-                m.access = flags;
+                m.set_access(self.index, device, flags);
             }
         }
         Ok(ReplyBody::Unit)

@@ -31,6 +31,32 @@ pub(super) struct Mapping {
     pub(super) handle: Handle,
     /// The session device's `CU_MEM_ACCESS_FLAGS_PROT_*` (none at first).
     pub(super) access: u64,
+    /// The access the program's other devices were given (device → flags).
+    pub(super) peer_access: Vec<(u32, u64)>,
+}
+
+impl Mapping {
+    /// The access `device` has: the session's own, or a peer's as set.
+    pub(super) fn access_of(&self, own: u32, device: u32) -> u64 {
+        match device == own {
+            true => self.access,
+            false => self
+                .peer_access
+                .iter()
+                .find(|(d, _)| *d == device)
+                .map_or(0, |(_, f)| *f),
+        }
+    }
+
+    /// Records `flags` as `device`'s access.
+    pub(super) fn set_access(&mut self, own: u32, device: u32, flags: u64) {
+        if device == own {
+            self.access = flags;
+            return;
+        }
+        self.peer_access.retain(|(d, _)| *d != device);
+        self.peer_access.push((device, flags));
+    }
 }
 
 /// A session's virtual memory tables.

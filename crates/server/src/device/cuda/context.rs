@@ -22,6 +22,7 @@ use cumux_protocol::{codes, CuError, DevicePtr, Handle, TensorMapLayout, TensorM
 use cumux_cuda_driver::sys::{CU_MEMHOSTREGISTER_DEVICEMAP, CU_MEMHOSTREGISTER_PORTABLE};
 
 use super::convert::{cu_err, fill_of, function_attrs, launch_attr, memset, param_infos};
+use super::exported;
 use super::placed::Placed;
 use crate::device::memory_use::ContextMemory;
 use crate::device::{
@@ -279,6 +280,7 @@ impl DeviceContext for CudaContext {
         }
         drop(placed);
         ctx.mem_free(ptr).map_err(cu_err)?;
+        exported::forget_memory(ptr);
         self.memory.release(bytes);
         Ok(())
     }
@@ -525,15 +527,20 @@ impl DeviceContext for CudaContext {
     /// itself, so data moves device to device, never through the server.
     fn ipc_export(&self, base: DevicePtr) -> Result<Vec<u8>, CuError> {
         let ctx = self.ctx()?;
-        ctx.ipc_get_mem_handle(base)
-            .map(|h| h.to_vec())
-            .map_err(cu_err)
+        let handle = ctx.ipc_get_mem_handle(base).map_err(cu_err)?;
+        let (_, size) = ctx.address_range(base).map_err(cu_err)?;
+        exported::note_memory(handle, base, size);
+        Ok(handle.to_vec())
     }
 
     fn ipc_open(&self, handle: &[u8], _flags: u32) -> Result<(DevicePtr, u64), CuError> {
         let handle: [u8; 64] = handle
             .try_into()
             .map_err(|_| CuError::new(codes::INVALID_VALUE, "an IPC handle is 64 bytes"))?;
+        // Given out by this very process: the allocation itself.
+        if let Some(found) = exported::memory(&handle) {
+            return Ok(found);
+        }
         let ctx = self.ctx()?;
         let base = ctx.ipc_open_mem_handle(handle).map_err(cu_err)?;
         match ctx.address_range(base) {
@@ -546,6 +553,9 @@ impl DeviceContext for CudaContext {
     }
 
     fn ipc_close(&self, base: DevicePtr) -> Result<(), CuError> {
+        if exported::is_memory(base) {
+            return Ok(());
+        }
         self.ctx()?.ipc_close_mem_handle(base).map_err(cu_err)
     }
 

@@ -16,6 +16,7 @@
 
 pub mod context;
 pub mod convert;
+mod exported;
 pub mod ordered;
 pub mod placed;
 

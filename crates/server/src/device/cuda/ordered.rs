@@ -151,14 +151,20 @@ impl StreamOrdered for CudaContext {
         let event = found.ok_or_else(|| {
             CuError::new(codes::INVALID_HANDLE, format!("unknown event {event:#x}"))
         })?;
-        event.ipc_handle().map(|h| h.to_vec()).map_err(cu_err)
+        let handle = event.ipc_handle().map_err(cu_err)?;
+        super::exported::note_event(handle, &event);
+        Ok(handle.to_vec())
     }
 
     fn event_open_ipc(&self, event: Handle, handle: &[u8]) -> Result<(), CuError> {
         let handle: [u8; 64] = handle
             .try_into()
             .map_err(|_| CuError::new(codes::INVALID_VALUE, "an IPC handle is 64 bytes"))?;
-        let opened = Arc::new(Event::open_ipc(self.ctx()?, handle).map_err(cu_err)?);
+        // Given out by this very process: the event itself.
+        let opened = match super::exported::event(&handle) {
+            Some(event) => event,
+            None => Arc::new(Event::open_ipc(self.ctx()?, handle).map_err(cu_err)?),
+        };
         lock(&self.ordered).events.insert(event, opened);
         Ok(())
     }
