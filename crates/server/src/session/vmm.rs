@@ -382,7 +382,12 @@ impl Session {
         let peer = match device == self.index {
             true => None,
             false => {
-                let reach = self.device.info().peers.iter().any(|(d, a)| *d == device && a[1] == 1);
+                let reach = self
+                    .device
+                    .info()
+                    .peers
+                    .iter()
+                    .any(|(d, a)| *d == device && a[1] == 1);
                 if !reach {
                     return Err(err(
                         codes::INVALID_DEVICE,

@@ -187,6 +187,7 @@ mod tests {
                 size: G,
                 handle: 0x100 + i,
                 access,
+                peer_access: Vec::new(),
             };
             t.mappings.insert(0x1000_0000 + i * G, m);
         }
@@ -214,5 +215,16 @@ mod tests {
         assert_eq!(t.mappings_within(base, G / 2), None);
         assert_eq!(t.mappings_within(base, 9 * G), None);
         assert!(t.mapped_in(base + 2 * G, 2 * G) && !t.mapped_in(base + 4 * G, 4 * G));
+    }
+
+    #[test]
+    fn a_peer_s_access_is_its_own() {
+        let mut t = tables();
+        let m = t.mappings.get_mut(&0x1000_0000).unwrap();
+        assert_eq!(m.access_of(0, 1), 0, "a peer has none until given");
+        m.set_access(0, 1, 3);
+        m.set_access(0, 1, 1);
+        assert_eq!((m.access_of(0, 0), m.access_of(0, 1)), (3, 1));
+        assert_eq!(m.peer_access.len(), 1);
     }
 }
