@@ -4,11 +4,11 @@
 //! same tenant, join, so their contexts are kept together
 //! ([`crate::device::ContextGroup`]).
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, Weak};
 
 use cumux_protocol::pinned::HostMapping;
-use cumux_protocol::Handle;
+use cumux_protocol::{DevicePtr, Handle};
 
 use crate::device::{ContextGroup, DeviceContext};
 use crate::locking::lock;
@@ -26,6 +26,27 @@ pub struct ProgramGroup {
     /// sessions: a copy on another of its devices may name them (its
     /// contexts share one process, where the region is mapped).
     regions: Mutex<HashMap<Handle, Arc<HostMapping>>>,
+    /// The device memory and address reservations of its sessions: one
+    /// device's work may name another's memory (NCCL and XLA do), and map
+    /// into another's reservation, as in one process natively.
+    ranges: Mutex<ProgramRanges>,
+}
+
+/// Ranges of a program's sessions: base → (size, session id).
+#[derive(Default)]
+struct ProgramRanges {
+    memory: BTreeMap<DevicePtr, (u64, u64)>,
+    reserved: BTreeMap<DevicePtr, (u64, u64)>,
+}
+
+/// The range of `table` holding `[ptr, ptr + bytes)`: (base, size).
+fn holding(
+    table: &BTreeMap<DevicePtr, (u64, u64)>,
+    ptr: DevicePtr,
+    bytes: u64,
+) -> Option<(DevicePtr, u64)> {
+    let (base, (size, _)) = table.range(..=ptr).next_back()?;
+    (ptr - base < *size && bytes <= size - (ptr - base)).then_some((*base, *size))
 }
 
 impl ProgramGroup {
@@ -66,6 +87,46 @@ impl ProgramGroup {
     pub fn region(&self, region: Handle) -> Option<Arc<HostMapping>> {
         lock(&self.regions).get(&region).cloned()
     }
+
+    /// Session `session` holds device memory `[base, base + size)`
+    /// (`reservation`: an address reservation instead).
+    pub fn publish_range(&self, session: u64, base: DevicePtr, size: u64, reservation: bool) {
+        let mut ranges = lock(&self.ranges);
+        let table = if reservation {
+            &mut ranges.reserved
+        } else {
+            &mut ranges.memory
+        };
+        table.insert(base, (size, session));
+    }
+
+    /// The range at `base` is gone.
+    pub fn withdraw_range(&self, base: DevicePtr, reservation: bool) {
+        let mut ranges = lock(&self.ranges);
+        let table = if reservation {
+            &mut ranges.reserved
+        } else {
+            &mut ranges.memory
+        };
+        table.remove(&base);
+    }
+
+    /// Everything `session` published is gone (its end).
+    pub fn withdraw_session(&self, session: u64) {
+        let mut ranges = lock(&self.ranges);
+        ranges.memory.retain(|_, (_, s)| *s != session);
+        ranges.reserved.retain(|_, (_, s)| *s != session);
+    }
+
+    /// Whether `[ptr, ptr + bytes)` is memory of one of the program's sessions.
+    pub fn holds_memory(&self, ptr: DevicePtr, bytes: u64) -> bool {
+        holding(&lock(&self.ranges).memory, ptr, bytes).is_some()
+    }
+
+    /// The program's reservation holding `[ptr, ptr + size)`: (base, size).
+    pub fn reservation(&self, ptr: DevicePtr, size: u64) -> Option<(DevicePtr, u64)> {
+        holding(&lock(&self.ranges).reserved, ptr, size)
+    }
 }
 
 /// The server's live groups, by key; a group goes with its last session.
@@ -91,6 +152,7 @@ impl Groups {
             tenant: tenant.to_string(),
             contexts: ContextGroup::default(),
             regions: Mutex::default(),
+            ranges: Mutex::default(),
             members: Mutex::default(),
         });
         live.insert(key, Arc::downgrade(&group));
@@ -128,5 +190,25 @@ mod tests {
         drop((alice, joined));
         assert!(groups.join(key, "alice").is_err());
         assert_ne!(groups.open("alice").key(), groups.open("alice").key());
+    }
+
+    #[test]
+    fn a_program_s_ranges_are_seen_by_its_sessions_until_withdrawn() {
+        let groups = Groups::default();
+        let g = groups.open("alice");
+        g.publish_range(1, 0x10_000, 0x1000, false);
+        g.publish_range(2, 0x40_000, 0x8000, true);
+        assert!(g.holds_memory(0x10_800, 0x800));
+        assert!(!g.holds_memory(0x10_800, 0x801), "past its end");
+        assert_eq!(g.reservation(0x42_000, 0x2000), Some((0x40_000, 0x8000)));
+        assert_eq!(
+            g.reservation(0x10_000, 0x10),
+            None,
+            "memory is no reservation"
+        );
+        g.withdraw_range(0x10_000, false);
+        assert!(!g.holds_memory(0x10_000, 1));
+        g.withdraw_session(2);
+        assert_eq!(g.reservation(0x42_000, 0x2000), None);
     }
 }

@@ -31,6 +31,9 @@ impl Session {
             }
         };
         self.allocations.insert(ptr, bytes);
+        if let Some(group) = &self.group {
+            group.publish_range(self.id(), ptr, bytes, false);
+        }
         let stats = &self.core.stats;
         stats.mem_used.fetch_add(bytes, Ordering::Relaxed);
         stats.allocations.fetch_add(1, Ordering::Relaxed);
@@ -47,6 +50,9 @@ impl Session {
         // Like cuMemFree, wait for work that may still use it.
         self.drain_all();
         self.allocations.remove(&ptr);
+        if let Some(group) = &self.group {
+            group.withdraw_range(ptr, false);
+        }
         let stats = &self.core.stats;
         stats.mem_used.fetch_sub(size, Ordering::Relaxed);
         stats.allocations.fetch_sub(1, Ordering::Relaxed);
@@ -274,7 +280,14 @@ impl Session {
             .host
             .reached_range(ptr)
             .is_some_and(|(base, size)| bytes <= size - (ptr - base));
-        if allocated || pinned || self.vmm_accessible(ptr, bytes, writes) {
+        // Memory of the program on another of its devices: its contexts are
+        // in one process, where the driver reaches it (or refuses) as natively.
+        let program = || {
+            self.group
+                .as_ref()
+                .is_some_and(|g| g.holds_memory(ptr, bytes))
+        };
+        if allocated || pinned || self.vmm_accessible(ptr, bytes, writes) || program() {
             Ok(())
         } else {
             Err(err(

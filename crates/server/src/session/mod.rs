@@ -891,6 +891,9 @@ impl Session {
             self.flush_signals();
         }
         self.ipc_end();
+        if let Some(group) = &self.group {
+            group.withdraw_session(self.id());
+        }
         if !self.host.is_empty() {
             // Copies into the client's pinned regions end before they go.
             self.drain_all();

@@ -195,6 +195,9 @@ impl Session {
             ));
         }
         self.vmm.reservations.insert(ptr, size);
+        if let Some(group) = &self.group {
+            group.publish_range(self.id(), ptr, size, true);
+        }
         Ok(ReplyBody::Ptr(ptr))
     }
 
@@ -211,6 +214,9 @@ impl Session {
         }
         self.ctx.vmm(&VmmOp::FreeReservation { ptr, size })?;
         self.vmm.reservations.remove(&ptr);
+        if let Some(group) = &self.group {
+            group.withdraw_range(ptr, true);
+        }
         Ok(ReplyBody::Unit)
     }
 
@@ -304,9 +310,15 @@ impl Session {
             ));
         }
         if !self.vmm.reserved(ptr, size) {
-            return Err(invalid(format!(
-                "[{ptr:#x}, +{size}) is not inside an address reservation of this session"
-            )));
+            // The program's reservation on another of its devices (NCCL maps
+            // one device's memory where another reserved): taken as borrowed.
+            let borrowed = self.group.as_ref().and_then(|g| g.reservation(ptr, size));
+            let Some((base, len)) = borrowed else {
+                return Err(invalid(format!(
+                    "[{ptr:#x}, +{size}) is not inside an address reservation of this program"
+                )));
+            };
+            self.vmm.borrowed.insert(base, len);
         }
         if self.vmm.mapped_in(ptr, size) {
             return Err(invalid(format!("[{ptr:#x}, +{size}) is mapped already")));
@@ -331,6 +343,9 @@ impl Session {
             peer_access: Vec::new(),
         };
         self.vmm.mappings.insert(ptr, mapping);
+        if let Some(group) = &self.group {
+            group.publish_range(self.id(), ptr, size, false);
+        }
         Ok(ReplyBody::Unit)
     }
 
@@ -357,6 +372,9 @@ impl Session {
     /// Removes the mapping at `base`, freeing its physical memory if that
     /// was its last use.
     fn vmm_unmap_one(&mut self, base: DevicePtr) {
+        if let Some(group) = &self.group {
+            group.withdraw_range(base, false);
+        }
         let Some(m) = self.vmm.mappings.remove(&base) else {
             return;
         };

@@ -66,6 +66,9 @@ pub(super) struct VmmTables {
     pub(super) granularity: Option<u64>,
     /// base → size, as reserved.
     pub(super) reservations: BTreeMap<DevicePtr, u64>,
+    /// base → size: reservations of the program's other sessions this one
+    /// mapped into (never freed by this one).
+    pub(super) borrowed: BTreeMap<DevicePtr, u64>,
     pub(super) physical: HashMap<Handle, Physical>,
     pub(super) mappings: BTreeMap<DevicePtr, Mapping>,
 }
@@ -144,10 +147,14 @@ impl VmmTables {
 
     /// Whether `[ptr, ptr + size)` lies inside one reservation.
     pub(super) fn reserved(&self, ptr: DevicePtr, size: u64) -> bool {
-        self.reservations
-            .range(..=ptr)
-            .next_back()
-            .is_some_and(|(base, len)| ptr - base < *len && size <= len - (ptr - base))
+        [&self.reservations, &self.borrowed]
+            .into_iter()
+            .any(|table| {
+                table
+                    .range(..=ptr)
+                    .next_back()
+                    .is_some_and(|(base, len)| ptr - base < *len && size <= len - (ptr - base))
+            })
     }
 
     /// Whether any mapping meets `[ptr, ptr + size)`.
