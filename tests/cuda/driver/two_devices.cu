@@ -117,6 +117,14 @@ static int vmm_across_devices(int can) {
   return 0;
 }
 
+// Uses dynamic shared memory past the default 48 KiB.
+__global__ void big_shared(int *out, int words) {
+  extern __shared__ int tile[];
+  for (int i = threadIdx.x; i < words; i += blockDim.x) tile[i] = i;
+  __syncthreads();
+  if (threadIdx.x == 0) out[0] = tile[words - 1];
+}
+
 __global__ void add(int *p, int value, int n) {
   int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i < n) p[i] += value;
@@ -246,6 +254,31 @@ int main() {
   CHECK(cudaStreamSynchronize(s[1]));
   CHECK(cudaMemcpy(host, b[1], bytes, cudaMemcpyDeviceToHost));
   if (expect(host, 7000, "a copy after another device's event")) return 1;
+
+  // A kernel's attributes are its copy's on each device: shared memory past
+  // 48 KiB given on device 1 by cuKernelSetAttribute, device 0 current (as
+  // NCCL sets its kernels' on every device), then a launch there.
+  {
+    const int words = 16 * 1024;
+    auto kernel_set = driver<CUresult (*)(CUfunction_attribute, int, CUkernel, CUdevice)>("cuKernelSetAttribute");
+    cudaKernel_t k;
+    CHECK(cudaGetKernel(&k, big_shared));
+    CHECK(cudaSetDevice(0));
+    if (!kernel_set) {
+      printf("FAIL: no cuKernelSetAttribute\n");
+      return 1;
+    }
+    CU(kernel_set(CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, words * 4, (CUkernel)k, 1));
+    CHECK(cudaSetDevice(1));
+    big_shared<<<1, 128, words * 4>>>(b[1], words);
+    CHECK(cudaGetLastError());
+    int last = 0;
+    CHECK(cudaMemcpy(&last, b[1], sizeof(last), cudaMemcpyDeviceToHost));
+    if (last != words - 1) {
+      printf("FAIL: 64 KiB of shared memory on device 1 held %d\n", last);
+      return 1;
+    }
+  }
 
   // Memory information is each device's own.
   for (int d = 0; d < 2; d++) {

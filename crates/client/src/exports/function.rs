@@ -36,11 +36,34 @@ pub(crate) fn dynamic_shared_limit(
     Ok((per_block - attrs.shared_size_bytes).max(0))
 }
 
-fn function_attribute(c: &Client, f: *mut c_void, attr: CUfunction_attribute) -> CuResult<i32> {
+/// The copy of library kernel `f` on `device` (a library's kernel has one
+/// per device, each with its own attributes, as natively); a module's
+/// function is its own.
+fn on_device(c: &'static Client, f: *mut c_void, device: u32) -> CuResult<cumux_protocol::Handle> {
+    c.device(device as i32)?;
+    let f = handles::wire_or_invalid(f)?;
+    let from_library = {
+        let st = c.lock();
+        let module = st.function(f)?.module;
+        st.modules.get(&module).is_some_and(|m| m.library.is_some())
+    };
+    match from_library {
+        true => super::module::kernel_on(c, f, device),
+        false => Ok(f),
+    }
+}
+
+fn function_attribute(
+    c: &'static Client,
+    f: *mut c_void,
+    attr: CUfunction_attribute,
+    device: u32,
+) -> CuResult<i32> {
+    let f = on_device(c, f, device)?;
     let (attrs, settings, dev) = {
         let st = c.lock();
-        let func = st.function(handles::wire_or_invalid(f)?)?;
-        (func.attrs, func.settings, st.current_device() as i32)
+        let func = st.function(f)?;
+        (func.attrs, func.settings, device as i32)
     };
     Ok(match attr {
         CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK if attrs.max_threads_per_block > 0 => {
@@ -75,14 +98,15 @@ fn function_attribute(c: &Client, f: *mut c_void, attr: CUfunction_attribute) ->
 }
 
 fn set_function_attribute(
-    c: &Client,
+    c: &'static Client,
     f: *mut c_void,
     attr: CUfunction_attribute,
     value: i32,
+    device: u32,
 ) -> CuResult<()> {
-    let f = handles::wire_or_invalid(f)?;
+    let f = on_device(c, f, device)?;
     let mut st = c.lock();
-    let dev = st.current_device() as i32;
+    let dev = device as i32;
     let optin = c.attribute(dev, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)?;
     let func = st.function_mut(f)?;
     match attr {
@@ -156,19 +180,25 @@ fn name_of(f: *mut c_void) -> CuResult<*const c_char> {
 
 driver_fn! {
     fn cuFuncGetAttribute(value: *mut i32, attr: CUfunction_attribute, f: *mut c_void) {
-        out(value, function_attribute(client()?, f, attr)?)
+        let device = crate::state::current_device();
+        out(value, function_attribute(client()?, f, attr, device)?)
     }
 
-    fn cuKernelGetAttribute(value: *mut i32, attr: CUfunction_attribute, kernel: *mut c_void, _dev: i32) {
-        out(value, function_attribute(client()?, kernel, attr)?)
+    // A library kernel's attributes are its copy's on `dev` (NCCL sets the
+    // shared memory of its kernels on every device it launches them on).
+    fn cuKernelGetAttribute(value: *mut i32, attr: CUfunction_attribute, kernel: *mut c_void, dev: i32) {
+        let device = u32::try_from(dev).map_err(|_| CUDA_ERROR_INVALID_DEVICE)?;
+        out(value, function_attribute(client()?, kernel, attr, device)?)
     }
 
     fn cuFuncSetAttribute(f: *mut c_void, attr: CUfunction_attribute, value: i32) {
-        set_function_attribute(client()?, f, attr, value)
+        let device = crate::state::current_device();
+        set_function_attribute(client()?, f, attr, value, device)
     }
 
-    fn cuKernelSetAttribute(attr: CUfunction_attribute, value: i32, kernel: *mut c_void, _dev: i32) {
-        set_function_attribute(client()?, kernel, attr, value)
+    fn cuKernelSetAttribute(attr: CUfunction_attribute, value: i32, kernel: *mut c_void, dev: i32) {
+        let device = u32::try_from(dev).map_err(|_| CUDA_ERROR_INVALID_DEVICE)?;
+        set_function_attribute(client()?, kernel, attr, value, device)
     }
 
     fn cuFuncSetCacheConfig | cuFuncSetSharedMemConfig (f: *mut c_void, _config: u32) {
