@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# NVIDIA's public CUDA samples, natively and through `cumux run` (isolated):
+# the census of issue 23. The samples are fetched here, never committed: a
+# copy of NVIDIA/cuda-samples' Common/ and Samples/ (0, 1, 2, 3, 4, 6) in
+# SAMPLES (an ignored folder carried to the GPU machine). Each sample without
+# graphics or a library cumux's machine lacks is built with nvcc (-arch=sm_90,
+# its libraries by what it includes), run natively, and the ones that pass
+# natively run through cumux. Writes $OUT/samples.txt (a line per sample:
+# native and cumux exit codes, the last error lines of a cumux failure).
+#
+#   OUT=/some/dir KIT=device-kit/main SAMPLES=.samples bench/h100/samples.sh
+# Optional: ONLY= (sample names), JOBS= (parallel builds, 16), LIMIT= (seconds a run, 60),
+# DEADLINE= (seconds in all before the runs stop, 400).
+set -u
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+KIT=${KIT:-$ROOT/device-kit}
+SAMPLES=$(cd "${SAMPLES:-$ROOT/.samples}" && pwd)
+OUT=${OUT:-/tmp/cumux-samples}
+JOBS=${JOBS:-16}
+LIMIT=${LIMIT:-60}
+DEADLINE=${DEADLINE:-400}
+NVCC=${NVCC:-nvcc}
+mkdir -p "$OUT"
+W=$(mktemp -d /tmp/cumux-samples.XXXXXX)
+REPORT=$OUT/samples.txt
+say() { echo "$*" | tee -a "$REPORT"; }
+start=$SECONDS
+
+# The samples to build: name and folder, unless graphics or missing libraries.
+for dir in "$SAMPLES"/Samples/*/*/; do
+    name=$(basename "$dir")
+    [ -n "${ONLY:-}" ] && ! printf ' %s ' $ONLY | grep -qF " $name " && continue
+    ls "$dir"*.cu >/dev/null 2>&1 || continue
+    if grep -l -E '#include *[<"](GL/|GLFW|helper_gl|cuda_gl_interop|EGL|vulkan|d3d|nvscisync|cudla|NvInfer|nvjpeg|npp|cudaEGL|X11|nvml|omp\.h|mpi\.h|cuda_egl)' "$dir"*.cu "$dir"*.cpp "$dir"*.h "$dir"*.cuh >/dev/null 2>&1; then
+        continue
+    fi
+    libs=""
+    src=$(cat "$dir"*.cu "$dir"*.cpp 2>/dev/null)
+    grep -q -E '#include *<cuda\.h>|cuModule|cuCtx|cuLaunch|cuMem[A-Z]' <<<"$src" && libs+=" -lcuda"
+    grep -q 'cublas' <<<"$src" && libs+=" -lcublas -lcublasLt"
+    grep -q 'cufft' <<<"$src" && libs+=" -lcufft"
+    grep -q 'curand' <<<"$src" && libs+=" -lcurand"
+    grep -q 'cusolver' <<<"$src" && libs+=" -lcusolver"
+    grep -q 'cusparse' <<<"$src" && libs+=" -lcusparse"
+    grep -q 'nvrtc' <<<"$src" && libs+=" -lnvrtc"
+    grep -q 'nvJitLink' <<<"$src" && libs+=" -lnvJitLink"
+    # Dynamic parallelism: relocatable device code and the device runtime.
+    case $name in cdp*) libs+=" -rdc=true -lcudadevrt" ;; esac
+    echo "$name|$dir|$libs"
+done >"$W/list"
+say "samples: $(wc -l <"$W/list") to build ($(date -u +%FT%TZ)); gpu $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1); kit $(cat "$KIT/COMMIT" 2>/dev/null)"
+
+build() {
+    IFS='|' read -r name dir libs <<<"$1"
+    # shellcheck disable=SC2086 # library flags are words
+    timeout 240 "$NVCC" -O2 -w -std=c++17 -arch=sm_90 -I"$SAMPLES/Common" -I"$dir" -o "$dir/$name" \
+        "$dir"*.cu $(ls "$dir"*.cpp 2>/dev/null) $libs >"$dir/build.log" 2>&1 || echo "$name" >>"$2"
+}
+export -f build
+export NVCC SAMPLES
+: >"$W/build-failed"
+xargs -P "$JOBS" -I{} bash -c 'build "$@"' _ {} "$W/build-failed" <"$W/list"
+say "built in $((SECONDS - start)) s; build failures: $(wc -l <"$W/build-failed"): $(tr '\n' ' ' <"$W/build-failed")"
+
+"$KIT/cumux" serve --device cuda --listen "unix:$W/s.sock" >"$W/server.log" 2>&1 &
+server=$!
+for _ in $(seq 300); do [ -S "$W/s.sock" ] && break; sleep 0.1; done
+native_pass=0 cumux_pass=0 tried=0
+while IFS='|' read -r name dir _; do
+    [ -x "$dir/$name" ] || continue
+    if [ $((SECONDS - start)) -gt "$DEADLINE" ]; then say "deadline: stopped before $name"; break; fi
+    (cd "$dir" && timeout "$LIMIT" "./$name" >"$W/$name.native" 2>&1)
+    n=$?
+    if [ "$n" != 0 ]; then
+        say "$(printf '%-36s native %3s  (not run through cumux)' "$name" "$n")"
+        continue
+    fi
+    native_pass=$((native_pass + 1)); tried=$((tried + 1))
+    (cd "$dir" && timeout "$LIMIT" "$KIT/cumux" run --server "unix:$W/s.sock" -- "./$name" >"$W/$name.cumux" 2>&1)
+    c=$?
+    [ "$c" = 0 ] && cumux_pass=$((cumux_pass + 1))
+    why=""
+    [ "$c" != 0 ] && why=$(grep -v '^$' "$W/$name.cumux" | grep -i -E 'error|fail|cumux|not' | tail -2 | tr '\n' ' ' | cut -c1-220)
+    say "$(printf '%-36s native %3s  cumux %3s  %s' "$name" "$n" "$c" "$why")"
+done <"$W/list"
+say "natively passing: $native_pass; through cumux: $cumux_pass of $tried ($((SECONDS - start)) s)"
+kill "$server" 2>/dev/null
+wait "$server" 2>/dev/null
