@@ -13,7 +13,7 @@
 # DEADLINE= (seconds in all before the runs stop, 400).
 set -u
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
-KIT=${KIT:-$ROOT/device-kit}
+KIT=$(cd "${KIT:-$ROOT/device-kit}" && pwd)
 SAMPLES=$(cd "${SAMPLES:-$ROOT/.samples}" && pwd)
 OUT=${OUT:-/tmp/cumux-samples}
 JOBS=${JOBS:-16}
@@ -52,6 +52,7 @@ say "samples: $(wc -l <"$W/list") to build ($(date -u +%FT%TZ)); gpu $(nvidia-sm
 
 build() {
     IFS='|' read -r name dir libs <<<"$1"
+    [ -x "$dir/$name" ] && return 0
     # shellcheck disable=SC2086 # library flags are words
     timeout 240 "$NVCC" -O2 -w -std=c++17 -arch=sm_90 -I"$SAMPLES/Common" -I"$dir" -o "$dir/$name" \
         "$dir"*.cu $(ls "$dir"*.cpp 2>/dev/null) $libs >"$dir/build.log" 2>&1 || echo "$name" >>"$2"
