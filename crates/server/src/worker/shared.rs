@@ -28,9 +28,11 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
+use cumux_protocol::arrays::{CopyEnd, CopyExtent};
 use cumux_protocol::{CuError, DevicePtr, Handle, TensorMapRequest, DEFAULT_STREAM};
 
 use super::context::WorkerContext;
+use crate::device::arrays::ArrayOp;
 use crate::device::ordering::{EVENT_DISABLE_TIMING, NON_BLOCKING};
 use crate::device::{
     DeviceContext, HostRegion, KernelLaunch, LaunchOutcome, LoadedModule, ModuleId, StreamOrdered,
@@ -412,6 +414,23 @@ impl DeviceContext for SharedView {
 
     fn set_limit(&self, limit: u32, value: u64) -> Result<(), CuError> {
         self.conn.set_limit(limit, value)
+    }
+
+    /// The session's arrays and objects are its own in the shared context;
+    /// the session destroys them at its end.
+    fn array(&self, op: &ArrayOp) -> Result<u64, CuError> {
+        self.conn.array(op)
+    }
+
+    fn array_copy(
+        &self,
+        src: &CopyEnd,
+        dst: &CopyEnd,
+        extent: &CopyExtent,
+        from_host: &[u8],
+        to_host: &mut [u8],
+    ) -> Result<(), CuError> {
+        self.conn.array_copy(src, dst, extent, from_host, to_host)
     }
 
     fn host_register(&self, region: HostRegion<'_>) -> Result<bool, CuError> {

@@ -1,0 +1,423 @@
+//! CUDA arrays, mipmapped arrays, texture and surface objects (`cuArray*`,
+//! `cuMipmappedArray*`, `cuTexObject*`, `cuSurfObject*`), and copies where
+//! either end is an array (reached from `cuMemcpy2D`/`3D` in `copy`): arrays
+//! are server handles; texture and surface objects are the device driver's
+//! own values, which kernels take unchanged. The server checks everything.
+
+use std::ffi::c_void;
+
+use cumux_cuda_bindings::{consts::*, types::*};
+use cumux_protocol::arrays::{
+    ArrayCall, ArrayShape, CopyEnd, CopyExtent, Resource, TextureDesc, ViewDesc,
+};
+use cumux_protocol::framing::MAX_CHUNK_BYTES;
+use cumux_protocol::{device_of_handle, Call, Handle, ReplyBody, DEFAULT_STREAM};
+
+use super::*;
+use crate::state::{client, handles, Client};
+
+/// One end of a copy to or from an array, as the client sees it: host and
+/// device ends from their first byte (offsets applied), rows `pitch` bytes
+/// and layers `height` rows apart.
+#[derive(Clone, Copy)]
+pub(crate) enum End {
+    Host {
+        at: usize,
+        pitch: usize,
+        height: usize,
+    },
+    Device {
+        at: u64,
+        pitch: u64,
+        height: u64,
+    },
+    Array {
+        array: Handle,
+        x: u64,
+        y: u64,
+        z: u64,
+    },
+}
+
+fn call(c: &Client, call: ArrayCall) -> CuResult<ReplyBody> {
+    c.call(Call::Array(call))
+}
+
+fn handle_of(reply: ReplyBody) -> CuResult<Handle> {
+    match reply {
+        ReplyBody::Handle(h) => Ok(h),
+        _ => Err(CUDA_ERROR_UNKNOWN),
+    }
+}
+
+fn value_of(reply: ReplyBody) -> CuResult<u64> {
+    match reply {
+        ReplyBody::Value(v) => Ok(v),
+        _ => Err(CUDA_ERROR_UNKNOWN),
+    }
+}
+
+fn shape_3d(d: &CUDA_ARRAY3D_DESCRIPTOR) -> ArrayShape {
+    ArrayShape {
+        width: d.Width as u64,
+        height: d.Height as u64,
+        depth: d.Depth as u64,
+        format: d.Format,
+        channels: d.NumChannels,
+        flags: d.Flags,
+    }
+}
+
+fn describe(c: &Client, array: CUarray) -> CuResult<ArrayShape> {
+    let array = handles::wire_or_invalid(array)?;
+    match call(c, ArrayCall::Describe { array })? {
+        ReplyBody::Array(shape) => Ok(shape),
+        _ => Err(CUDA_ERROR_UNKNOWN),
+    }
+}
+
+fn create(c: &Client, out_handle: *mut CUarray, shape: ArrayShape) -> CuResult<()> {
+    non_null(out_handle)?;
+    c.lock().context_device()?;
+    let array = handle_of(call(c, ArrayCall::Create { shape })?)?;
+    out(out_handle, handles::to_program(array))
+}
+
+/// Boxes of a copy small enough for one call each, with the host's bytes:
+/// (first layer, layers, first row, rows).
+fn pieces(extent: CopyExtent) -> CuResult<Vec<(u64, u64, u64, u64)>> {
+    let limit = MAX_CHUNK_BYTES as u64;
+    let CopyExtent {
+        width_bytes: w,
+        height: h,
+        depth: d,
+    } = extent;
+    let layer = w.checked_mul(h).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    if w > limit {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    if layer.checked_mul(d).is_some_and(|all| all <= limit) {
+        return Ok(vec![(0, d, 0, h)]);
+    }
+    let mut pieces = Vec::new();
+    if layer <= limit {
+        let step = limit / layer;
+        let mut z = 0;
+        while z < d {
+            pieces.push((z, step.min(d - z), 0, h));
+            z += step;
+        }
+        return Ok(pieces);
+    }
+    let step = limit / w;
+    for z in 0..d {
+        let mut y = 0;
+        while y < h {
+            pieces.push((z, 1, y, step.min(h - y)));
+            y += step;
+        }
+    }
+    Ok(pieces)
+}
+
+/// The wire's end for the box of `piece` within `end`.
+fn wire_end(end: End, piece: (u64, u64, u64, u64)) -> CopyEnd {
+    let (z0, _, y0, _) = piece;
+    match end {
+        End::Host { .. } => CopyEnd::Host,
+        End::Device { at, pitch, height } => CopyEnd::Device {
+            ptr: at + (z0 * height + y0) * pitch,
+            pitch,
+            height,
+        },
+        End::Array { array, x, y, z } => CopyEnd::Array {
+            array,
+            x_bytes: x,
+            y: y + y0,
+            z: z + z0,
+        },
+    }
+}
+
+/// The host rows of `piece`: each one's first byte.
+fn host_rows(at: usize, pitch: usize, height: usize, piece: (u64, u64, u64, u64)) -> Vec<usize> {
+    let (z0, nz, y0, ny) = piece;
+    let mut rows = Vec::with_capacity((nz * ny) as usize);
+    for z in z0..z0 + nz {
+        for y in y0..y0 + ny {
+            rows.push(at + (z as usize * height + y as usize) * pitch);
+        }
+    }
+    rows
+}
+
+/// A copy where `src` or `dst` is an array: after the work queued on its
+/// stream, done when it returns (an asynchronous copy too, which CUDA
+/// allows); in pieces of at most one chunk where the host is an end.
+pub(crate) fn copy(
+    c: &Client,
+    src: End,
+    dst: End,
+    extent: CopyExtent,
+    stream: Option<Handle>,
+) -> CuResult<()> {
+    let queue = stream.unwrap_or(DEFAULT_STREAM);
+    let st = c.ready_stream(c.lock(), queue)?;
+    st.context_device()?;
+    if st.capturing(queue) {
+        return Err(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+    }
+    drop(st);
+    if extent.width_bytes == 0 || extent.height == 0 || extent.depth == 0 {
+        return Ok(());
+    }
+    let device = match (src, dst) {
+        (End::Array { array, .. }, _) | (_, End::Array { array, .. }) => device_of_handle(array),
+        _ => return Err(CUDA_ERROR_INVALID_VALUE),
+    };
+    let host = matches!(src, End::Host { .. }) || matches!(dst, End::Host { .. });
+    let whole = (0, extent.depth, 0, extent.height);
+    let pieces = if host { pieces(extent)? } else { vec![whole] };
+    let width = extent.width_bytes as usize;
+    for piece in pieces {
+        let piece_extent = CopyExtent {
+            width_bytes: extent.width_bytes,
+            height: piece.3,
+            depth: piece.1,
+        };
+        let mut data = Vec::new();
+        if let End::Host { at, pitch, height } = src {
+            data.reserve(width * (piece.1 * piece.3) as usize);
+            for row in host_rows(at, pitch, height, piece) {
+                data.extend_from_slice(host_bytes(row as *const c_void, width)?);
+            }
+        }
+        let call = Call::Array(ArrayCall::Copy {
+            src: wire_end(src, piece),
+            dst: wire_end(dst, piece),
+            extent: piece_extent,
+            stream,
+            data,
+        });
+        let reply = c.call_on(device, call)?;
+        if let End::Host { at, pitch, height } = dst {
+            let ReplyBody::Data(bytes) = reply else {
+                return Err(CUDA_ERROR_UNKNOWN);
+            };
+            let rows = host_rows(at, pitch, height, piece);
+            if bytes.len() != rows.len() * width {
+                return Err(CUDA_ERROR_UNKNOWN);
+            }
+            for (row, from) in rows.into_iter().zip(bytes.chunks_exact(width.max(1))) {
+                host_bytes_mut(row as *mut c_void, width)?.copy_from_slice(from);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `CUDA_RESOURCE_DESC`: its type, a 128-byte union of eight-byte words,
+/// and flags.
+#[repr(C)]
+struct ResourceDesc {
+    kind: u32,
+    words: [u64; 16],
+    flags: u32,
+}
+
+const _: () = assert!(std::mem::size_of::<ResourceDesc>() == 144);
+
+fn resource(desc: *const c_void) -> CuResult<Resource> {
+    let desc = read_in(desc.cast::<ResourceDesc>())?;
+    if desc.flags != 0 {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let w = desc.words;
+    let (format, channels) = (w[1] as u32, (w[1] >> 32) as u32);
+    Ok(match desc.kind {
+        CU_RESOURCE_TYPE_ARRAY => Resource::Array(handles::wire_or_invalid(w[0] as *mut c_void)?),
+        CU_RESOURCE_TYPE_MIPMAPPED_ARRAY => {
+            Resource::Mipmapped(handles::wire_or_invalid(w[0] as *mut c_void)?)
+        }
+        CU_RESOURCE_TYPE_LINEAR => Resource::Linear {
+            ptr: w[0],
+            format,
+            channels,
+            bytes: w[2],
+        },
+        CU_RESOURCE_TYPE_PITCH2D => Resource::Pitch2D {
+            ptr: w[0],
+            format,
+            channels,
+            width: w[2],
+            height: w[3],
+            pitch: w[4],
+        },
+        _ => return Err(CUDA_ERROR_INVALID_VALUE),
+    })
+}
+
+fn texture(t: &CUDA_TEXTURE_DESC) -> TextureDesc {
+    TextureDesc {
+        address_mode: t.addressMode,
+        filter_mode: t.filterMode,
+        flags: t.flags,
+        max_anisotropy: t.maxAnisotropy,
+        mipmap_filter_mode: t.mipmapFilterMode,
+        mipmap_level_bias: t.mipmapLevelBias,
+        min_mipmap_level_clamp: t.minMipmapLevelClamp,
+        max_mipmap_level_clamp: t.maxMipmapLevelClamp,
+        border_color: t.borderColor,
+    }
+}
+
+fn view(v: &CUDA_RESOURCE_VIEW_DESC) -> ViewDesc {
+    ViewDesc {
+        format: v.format,
+        width: v.width as u64,
+        height: v.height as u64,
+        depth: v.depth as u64,
+        first_mipmap_level: v.firstMipmapLevel,
+        last_mipmap_level: v.lastMipmapLevel,
+        first_layer: v.firstLayer,
+        last_layer: v.lastLayer,
+    }
+}
+
+driver_fn! {
+    fn cuArrayCreate_v2(handle: *mut CUarray, desc: *const CUDA_ARRAY_DESCRIPTOR) {
+        let d = read_in(desc)?;
+        let shape = ArrayShape {
+            width: d.Width as u64,
+            height: d.Height as u64,
+            depth: 0,
+            format: d.Format,
+            channels: d.NumChannels,
+            flags: 0,
+        };
+        create(client()?, handle, shape)
+    }
+
+    fn cuArray3DCreate_v2(handle: *mut CUarray, desc: *const CUDA_ARRAY3D_DESCRIPTOR) {
+        create(client()?, handle, shape_3d(read_in(desc)?))
+    }
+
+    fn cuArrayDestroy(array: CUarray) {
+        let c = client()?;
+        let array = handles::wire_or_invalid(array)?;
+        call(c, ArrayCall::Destroy { array }).map(drop)
+    }
+
+    fn cuArrayGetDescriptor_v2(desc: *mut CUDA_ARRAY_DESCRIPTOR, array: CUarray) {
+        non_null(desc)?;
+        let s = describe(client()?, array)?;
+        let d = CUDA_ARRAY_DESCRIPTOR {
+            Width: s.width as usize,
+            Height: s.height as usize,
+            Format: s.format,
+            NumChannels: s.channels,
+        };
+        out(desc, d)
+    }
+
+    fn cuArray3DGetDescriptor_v2(desc: *mut CUDA_ARRAY3D_DESCRIPTOR, array: CUarray) {
+        non_null(desc)?;
+        let s = describe(client()?, array)?;
+        let d = CUDA_ARRAY3D_DESCRIPTOR {
+            Width: s.width as usize,
+            Height: s.height as usize,
+            Depth: s.depth as usize,
+            Format: s.format,
+            NumChannels: s.channels,
+            Flags: s.flags,
+        };
+        out(desc, d)
+    }
+
+    fn cuMipmappedArrayCreate(handle: *mut CUmipmappedArray, desc: *const CUDA_ARRAY3D_DESCRIPTOR, levels: u32) {
+        let c = client()?;
+        non_null(handle)?;
+        let shape = shape_3d(read_in(desc)?);
+        c.lock().context_device()?;
+        let mipmap = handle_of(call(c, ArrayCall::CreateMipmapped { shape, levels })?)?;
+        out(handle, handles::to_program(mipmap))
+    }
+
+    fn cuMipmappedArrayGetLevel(level_array: *mut CUarray, mipmap: CUmipmappedArray, level: u32) {
+        let c = client()?;
+        non_null(level_array)?;
+        let mipmap = handles::wire_or_invalid(mipmap)?;
+        let array = handle_of(call(c, ArrayCall::Level { mipmap, level })?)?;
+        out(level_array, handles::to_program(array))
+    }
+
+    fn cuMipmappedArrayDestroy(mipmap: CUmipmappedArray) {
+        let c = client()?;
+        let mipmap = handles::wire_or_invalid(mipmap)?;
+        call(c, ArrayCall::DestroyMipmapped { mipmap }).map(drop)
+    }
+
+    fn cuTexObjectCreate(object: *mut CUtexObject, res: *const c_void, tex: *const CUDA_TEXTURE_DESC, res_view: *const CUDA_RESOURCE_VIEW_DESC) {
+        let c = client()?;
+        non_null(object)?;
+        let resource = resource(res)?;
+        let texture = texture(read_in(tex)?);
+        let view = match res_view.is_null() {
+            true => None,
+            false => Some(view(read_in(res_view)?)),
+        };
+        c.lock().context_device()?;
+        let value = value_of(call(c, ArrayCall::TextureCreate { resource, texture, view })?)?;
+        out(object, value)
+    }
+
+    fn cuTexObjectDestroy(object: CUtexObject) {
+        call(client()?, ArrayCall::TextureDestroy { texture: object }).map(drop)
+    }
+
+    fn cuSurfObjectCreate(object: *mut CUsurfObject, res: *const c_void) {
+        let c = client()?;
+        non_null(object)?;
+        let Resource::Array(array) = resource(res)? else {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        };
+        let value = value_of(call(c, ArrayCall::SurfaceCreate { array })?)?;
+        out(object, value)
+    }
+
+    fn cuSurfObjectDestroy(object: CUsurfObject) {
+        call(client()?, ArrayCall::SurfaceDestroy { surface: object }).map(drop)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn large_copies_go_in_pieces_that_cover_the_box() {
+        let chunk = MAX_CHUNK_BYTES as u64;
+        let small = CopyExtent {
+            width_bytes: 16,
+            height: 4,
+            depth: 2,
+        };
+        assert_eq!(pieces(small).unwrap(), vec![(0, 2, 0, 4)]);
+        let layers = CopyExtent {
+            width_bytes: 1024,
+            height: 1024,
+            depth: 200,
+        };
+        let p = pieces(layers).unwrap();
+        assert_eq!(p.iter().map(|p| p.1).sum::<u64>(), 200);
+        assert!(p.iter().all(|p| p.1 * 1024 * 1024 <= chunk));
+        let rows = CopyExtent {
+            width_bytes: 1 << 20,
+            height: 100,
+            depth: 2,
+        };
+        let p = pieces(rows).unwrap();
+        assert_eq!(p.iter().map(|p| p.3).sum::<u64>(), 200);
+        assert!(p.iter().all(|p| p.3 << 20 <= chunk));
+    }
+}
