@@ -207,6 +207,8 @@ fn arrays_on_a_device_without_them_are_refused_clearly() {
         l.starts_with("FAIL") && l.contains("cudaMallocArray") && l.contains("not supported")
     });
     assert!(refused, "{}", out.describe());
+    let said = "cumux: CUDA arrays, textures and surfaces: this device has no CUDA arrays";
+    assert!(out.stderr.contains(said), "{}", out.describe());
 }
 
 #[test]

@@ -39,8 +39,25 @@ pub(crate) enum End {
     },
 }
 
+/// An array call; where the device has no arrays, says once on stderr why
+/// (the server's words).
 fn call(c: &Client, call: ArrayCall) -> CuResult<ReplyBody> {
-    c.call(Call::Array(call))
+    refused_once(c.call(Call::Array(call)))
+}
+
+fn refused_once(reply: CuResult<ReplyBody>) -> CuResult<ReplyBody> {
+    static SAID: std::sync::Once = std::sync::Once::new();
+    if matches!(reply, Err(CUDA_ERROR_NOT_SUPPORTED)) {
+        let why = crate::transport::take_last_error_message();
+        SAID.call_once(|| {
+            use std::io::Write;
+            let _ = writeln!(
+                std::io::stderr(),
+                "cumux: CUDA arrays, textures and surfaces: {why} (CUDA_ERROR_NOT_SUPPORTED)"
+            );
+        });
+    }
+    reply
 }
 
 fn handle_of(reply: ReplyBody) -> CuResult<Handle> {
@@ -199,7 +216,7 @@ pub(crate) fn copy(
             stream,
             data,
         });
-        let reply = c.call_on(device, call)?;
+        let reply = refused_once(c.call_on(device, call))?;
         if let End::Host { at, pitch, height } = dst {
             let ReplyBody::Data(bytes) = reply else {
                 return Err(CUDA_ERROR_UNKNOWN);
