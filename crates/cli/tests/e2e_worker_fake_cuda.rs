@@ -618,6 +618,56 @@ fn arrays_in_workers(device: &Arc<dyn cumux_server::Device>) {
         panic!("no texture")
     };
 
+    // A mipmapped array's level is an array, the same one each time; it
+    // goes with its mipmapped array.
+    let Ok(ReplyBody::Handle(mipmap)) = call(ArrayCall::CreateMipmapped { shape, levels: 3 })
+    else {
+        panic!("no mipmapped array")
+    };
+    let e = call(ArrayCall::Level { mipmap, level: 3 }).unwrap_err();
+    assert_eq!(e.code, codes::INVALID_VALUE, "{e}");
+    let Ok(ReplyBody::Handle(level)) = call(ArrayCall::Level { mipmap, level: 1 }) else {
+        panic!("no level")
+    };
+    assert_eq!(
+        call(ArrayCall::Level { mipmap, level: 1 }),
+        Ok(ReplyBody::Handle(level))
+    );
+    let halved = ArrayShape {
+        width: 8,
+        height: 4,
+        ..shape
+    };
+    assert_eq!(
+        call(ArrayCall::Describe { array: level }),
+        Ok(ReplyBody::Array(halved))
+    );
+    let level_box = CopyExtent {
+        width_bytes: 32,
+        height: 4,
+        depth: 1,
+    };
+    let level_at = CopyEnd::Array {
+        array: level,
+        x_bytes: 0,
+        y: 0,
+        z: 0,
+    };
+    let in_level = copy(CopyEnd::Host, level_at, level_box, vec![7; 128]);
+    assert_eq!(call(in_level), Ok(ReplyBody::Unit));
+    assert_eq!(
+        call(copy(level_at, CopyEnd::Host, level_box, Vec::new())),
+        Ok(ReplyBody::Data(vec![7; 128]))
+    );
+    let e = call(ArrayCall::Destroy { array: level }).unwrap_err();
+    assert_eq!(e.code, codes::INVALID_VALUE, "{e}");
+    assert_eq!(
+        call(ArrayCall::DestroyMipmapped { mipmap }),
+        Ok(ReplyBody::Unit)
+    );
+    let e = call(ArrayCall::Describe { array: level }).unwrap_err();
+    assert_eq!(e.code, codes::INVALID_HANDLE, "{e}");
+
     // Destroyed, it is gone; what the session still holds goes at its end.
     assert_eq!(call(ArrayCall::Destroy { array }), Ok(ReplyBody::Unit));
     let e = call(ArrayCall::Describe { array }).unwrap_err();

@@ -753,3 +753,38 @@ CUresult cuTexObjectCreate(unsigned long long *o, const fake_resource *r, const 
 CUresult cuTexObjectDestroy(unsigned long long o) { return fake_object_destroy(o); }
 CUresult cuSurfObjectCreate(unsigned long long *o, const fake_resource *r) { return fake_object(o, r, 1); }
 CUresult cuSurfObjectDestroy(unsigned long long o) { return fake_object_destroy(o); }
+/* Mipmapped arrays: one fake array per level, each dimension halved. */
+#define FAKE_MIPMAP_MAGIC 0xb1bb1u
+struct fake_mipmap { unsigned magic, levels; void *level[16]; };
+CUresult cuMipmappedArrayCreate(void **out, const fake_array_desc *desc, unsigned levels) {
+    if (!out || !levels || levels > 16) return 1;
+    struct fake_mipmap *m = calloc(1, sizeof *m);
+    if (!m) return 2;
+    for (unsigned l = 0; l < levels; l++) {
+        fake_array_desc d = *desc;
+        d.w = d.w >> l ? d.w >> l : 1;
+        if (d.h) d.h = d.h >> l ? d.h >> l : 1;
+        if (d.d) d.d = d.d >> l ? d.d >> l : 1;
+        CUresult r = cuArray3DCreate_v2(&m->level[l], &d);
+        if (r) return r;
+    }
+    m->magic = FAKE_MIPMAP_MAGIC;
+    m->levels = levels;
+    *out = m;
+    return 0;
+}
+CUresult cuMipmappedArrayGetLevel(void **out, void *h, unsigned level) {
+    struct fake_mipmap *m = h;
+    if (!m || m->magic != FAKE_MIPMAP_MAGIC) return 400;
+    if (!out || level >= m->levels) return 1;
+    *out = m->level[level];
+    return 0;
+}
+CUresult cuMipmappedArrayDestroy(void *h) {
+    struct fake_mipmap *m = h;
+    if (!m || m->magic != FAKE_MIPMAP_MAGIC) return 400;
+    for (unsigned l = 0; l < m->levels; l++) cuArrayDestroy(m->level[l]);
+    m->magic = 0;
+    free(m);
+    return 0;
+}

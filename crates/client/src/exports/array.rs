@@ -301,7 +301,87 @@ fn view(v: &CUDA_RESOURCE_VIEW_DESC) -> ViewDesc {
     }
 }
 
+/// A one-dimensional copy of `bytes` where an end is an array (its byte
+/// offset into its first row).
+fn linear(
+    c: &Client,
+    src: End,
+    dst: End,
+    bytes: usize,
+    stream: *mut c_void,
+    is_async: bool,
+) -> CuResult<()> {
+    let stream = match is_async {
+        true => Some(handles::stream(stream)?),
+        false => None,
+    };
+    let extent = CopyExtent {
+        width_bytes: bytes as u64,
+        height: 1,
+        depth: 1,
+    };
+    copy(c, src, dst, extent, stream)
+}
+
+fn in_array(array: CUarray, offset: usize) -> CuResult<End> {
+    Ok(End::Array {
+        array: handles::wire_or_invalid(array)?,
+        x: offset as u64,
+        y: 0,
+        z: 0,
+    })
+}
+
+fn host_end(at: usize, bytes: usize) -> End {
+    End::Host {
+        at,
+        pitch: bytes,
+        height: 1,
+    }
+}
+
+fn device_end(at: u64, bytes: usize) -> End {
+    End::Device {
+        at,
+        pitch: bytes as u64,
+        height: 1,
+    }
+}
+
 driver_fn! {
+    fn cuMemcpyHtoA_v2 | cuMemcpyHtoA_v2_ptds (dst: CUarray, offset: usize, src: *const c_void, bytes: usize) {
+        let null = std::ptr::null_mut();
+        linear(client()?, host_end(src as usize, bytes), in_array(dst, offset)?, bytes, null, false)
+    }
+
+    fn cuMemcpyHtoAAsync_v2 | cuMemcpyHtoAAsync_v2_ptsz (dst: CUarray, offset: usize, src: *const c_void, bytes: usize, stream: CUstream) {
+        linear(client()?, host_end(src as usize, bytes), in_array(dst, offset)?, bytes, stream, true)
+    }
+
+    fn cuMemcpyAtoH_v2 | cuMemcpyAtoH_v2_ptds (dst: *mut c_void, src: CUarray, offset: usize, bytes: usize) {
+        let null = std::ptr::null_mut();
+        linear(client()?, in_array(src, offset)?, host_end(dst as usize, bytes), bytes, null, false)
+    }
+
+    fn cuMemcpyAtoHAsync_v2 | cuMemcpyAtoHAsync_v2_ptsz (dst: *mut c_void, src: CUarray, offset: usize, bytes: usize, stream: CUstream) {
+        linear(client()?, in_array(src, offset)?, host_end(dst as usize, bytes), bytes, stream, true)
+    }
+
+    fn cuMemcpyDtoA_v2 | cuMemcpyDtoA_v2_ptds (dst: CUarray, offset: usize, src: CUdeviceptr, bytes: usize) {
+        let null = std::ptr::null_mut();
+        linear(client()?, device_end(src, bytes), in_array(dst, offset)?, bytes, null, false)
+    }
+
+    fn cuMemcpyAtoD_v2 | cuMemcpyAtoD_v2_ptds (dst: CUdeviceptr, src: CUarray, offset: usize, bytes: usize) {
+        let null = std::ptr::null_mut();
+        linear(client()?, in_array(src, offset)?, device_end(dst, bytes), bytes, null, false)
+    }
+
+    fn cuMemcpyAtoA_v2 | cuMemcpyAtoA_v2_ptds (dst: CUarray, dst_offset: usize, src: CUarray, src_offset: usize, bytes: usize) {
+        let null = std::ptr::null_mut();
+        linear(client()?, in_array(src, src_offset)?, in_array(dst, dst_offset)?, bytes, null, false)
+    }
+
     fn cuArrayCreate_v2(handle: *mut CUarray, desc: *const CUDA_ARRAY_DESCRIPTOR) {
         let d = read_in(desc)?;
         let shape = ArrayShape {
