@@ -1,11 +1,12 @@
 //! CUDA arrays on a [`Context`]: arrays and mipmapped arrays, copies where
-//! either end is one (`cuMemcpy3D`), texture and surface objects. The
-//! caller keeps the tables; these are the driver's calls, each a raw handle.
+//! either end is one (on a [`Stream`], waited for), texture and surface
+//! objects. The caller keeps the tables; these are the driver's calls.
 
 use std::ffi::c_void;
 
 use crate::driver::{cu, to_usize, Context};
 use crate::error::CudaError;
+use crate::objects::Stream;
 use crate::sys::*;
 
 /// One end of a [`Context::copy_3d`].
@@ -154,59 +155,6 @@ impl Context {
         unsafe { cu!(self.driver, cuMipmappedArrayDestroy(handle(mipmap))) }
     }
 
-    /// `cuMemcpy3D` of `width_bytes` × `height` rows × `depth` layers from
-    /// `src` to `dst`, synchronous.
-    pub fn copy_3d(
-        &self,
-        mut src: CopyPlace<'_>,
-        mut dst: CopyPlace<'_>,
-        width_bytes: u64,
-        height: u64,
-        depth: u64,
-    ) -> Result<(), CudaError> {
-        let packed = width_bytes
-            .checked_mul(height)
-            .and_then(|b| b.checked_mul(depth))
-            .ok_or_else(|| invalid("a copy larger than the address space"))?;
-        if matches!(src, CopyPlace::HostOut(_)) || matches!(dst, CopyPlace::HostIn(_)) {
-            return Err(invalid("a host end the wrong way round"));
-        }
-        let s = end(&mut src, packed, width_bytes, height)?;
-        let d = end(&mut dst, packed, width_bytes, height)?;
-        let copy = CUDA_MEMCPY3D {
-            src_x_in_bytes: s.x,
-            src_y: s.y,
-            src_z: s.z,
-            src_lod: 0,
-            src_memory_type: s.memory_type,
-            src_host: s.host,
-            src_device: s.device,
-            src_array: s.array,
-            reserved0: std::ptr::null_mut(),
-            src_pitch: s.pitch,
-            src_height: s.height,
-            dst_x_in_bytes: d.x,
-            dst_y: d.y,
-            dst_z: d.z,
-            dst_lod: 0,
-            dst_memory_type: d.memory_type,
-            dst_host: d.host,
-            dst_device: d.device,
-            dst_array: d.array,
-            reserved1: std::ptr::null_mut(),
-            dst_pitch: d.pitch,
-            dst_height: d.height,
-            width_in_bytes: to_usize(width_bytes)?,
-            height: to_usize(height)?,
-            depth: to_usize(depth)?,
-        };
-        self.make_current()?;
-        // SAFETY: host ends point into slices borrowed for the call that
-        // hold the whole packed box (checked above); the driver checks the
-        // device ends and arrays.
-        unsafe { cu!(self.driver, cuMemcpy3D(&copy)) }
-    }
-
     /// `cuTexObjectCreate`: the texture object, as kernels take it.
     pub fn texture_create(
         &self,
@@ -253,5 +201,64 @@ impl Context {
         self.make_current()?;
         // SAFETY: the driver checks the object.
         unsafe { cu!(self.driver, cuSurfObjectDestroy(surface)) }
+    }
+}
+
+impl Stream {
+    /// `cuMemcpy3DAsync` of `width_bytes` × `height` rows × `depth` layers
+    /// from `src` to `dst` on this stream, after its earlier work; returns
+    /// once the stream has finished it (so the host ends' borrows end when
+    /// the driver is done with them).
+    pub fn copy_3d(
+        &self,
+        mut src: CopyPlace<'_>,
+        mut dst: CopyPlace<'_>,
+        width_bytes: u64,
+        height: u64,
+        depth: u64,
+    ) -> Result<(), CudaError> {
+        let packed = width_bytes
+            .checked_mul(height)
+            .and_then(|b| b.checked_mul(depth))
+            .ok_or_else(|| invalid("a copy larger than the address space"))?;
+        if matches!(src, CopyPlace::HostOut(_)) || matches!(dst, CopyPlace::HostIn(_)) {
+            return Err(invalid("a host end the wrong way round"));
+        }
+        let s = end(&mut src, packed, width_bytes, height)?;
+        let d = end(&mut dst, packed, width_bytes, height)?;
+        let copy = CUDA_MEMCPY3D {
+            src_x_in_bytes: s.x,
+            src_y: s.y,
+            src_z: s.z,
+            src_lod: 0,
+            src_memory_type: s.memory_type,
+            src_host: s.host,
+            src_device: s.device,
+            src_array: s.array,
+            reserved0: std::ptr::null_mut(),
+            src_pitch: s.pitch,
+            src_height: s.height,
+            dst_x_in_bytes: d.x,
+            dst_y: d.y,
+            dst_z: d.z,
+            dst_lod: 0,
+            dst_memory_type: d.memory_type,
+            dst_host: d.host,
+            dst_device: d.device,
+            dst_array: d.array,
+            reserved1: std::ptr::null_mut(),
+            dst_pitch: d.pitch,
+            dst_height: d.height,
+            width_in_bytes: to_usize(width_bytes)?,
+            height: to_usize(height)?,
+            depth: to_usize(depth)?,
+        };
+        let ctx = self.context();
+        ctx.make_current()?;
+        // SAFETY: host ends point into slices borrowed for the call that
+        // hold the whole packed box (checked above); the driver checks the
+        // device ends and arrays; the stream is live while `self` is.
+        unsafe { cu!(ctx.driver, cuMemcpy3DAsync(&copy, self.raw()))? };
+        self.synchronize()
     }
 }

@@ -428,7 +428,7 @@ driver_api! {
     cuMipmappedArrayCreate ["cuMipmappedArrayCreate"] (*mut Ptr, *const CUDA_ARRAY3D_DESCRIPTOR, c_uint);
     cuMipmappedArrayGetLevel ["cuMipmappedArrayGetLevel"] (*mut Ptr, Ptr, c_uint);
     cuMipmappedArrayDestroy ["cuMipmappedArrayDestroy"] (Ptr);
-    cuMemcpy3D ["cuMemcpy3D_v2"] (*const CUDA_MEMCPY3D);
+    cuMemcpy3DAsync ["cuMemcpy3DAsync_v2"] (*const CUDA_MEMCPY3D, CUstream);
     cuTexObjectCreate ["cuTexObjectCreate"] (
         *mut u64, *const CUDA_RESOURCE_DESC, *const CUDA_TEXTURE_DESC, *const CUDA_RESOURCE_VIEW_DESC
     );

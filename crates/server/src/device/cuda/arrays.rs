@@ -152,10 +152,10 @@ enum HostSide<'a> {
     Out(&'a mut [u8]),
 }
 
-/// Copies `extent` from `src` to `dst` on `ctx` (see
+/// Copies `extent` from `src` to `dst` on `stream`, waited for (see
 /// [`crate::device::DeviceContext::array_copy`]).
 pub fn copy(
-    ctx: &cu::Context,
+    stream: &cu::Stream,
     src: &CopyEnd,
     dst: &CopyEnd,
     extent: &CopyExtent,
@@ -164,6 +164,7 @@ pub fn copy(
 ) -> Result<(), CuError> {
     let from = place(src, HostSide::In(from_host));
     let to = place(dst, HostSide::Out(to_host));
-    ctx.copy_3d(from, to, extent.width_bytes, extent.height, extent.depth)
+    stream
+        .copy_3d(from, to, extent.width_bytes, extent.height, extent.depth)
         .map_err(cu_err)
 }

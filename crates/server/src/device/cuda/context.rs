@@ -608,7 +608,10 @@ impl DeviceContext for CudaContext {
         from_host: &[u8],
         to_host: &mut [u8],
     ) -> Result<(), CuError> {
-        arrays::copy(self.ctx()?, src, dst, extent, from_host, to_host)
+        // On the calling thread's stream, waited for: a kernel queued after
+        // it on another stream finds the copy done.
+        let stream = self.stream()?;
+        self.flushing(|| arrays::copy(&stream, src, dst, extent, from_host, to_host))
     }
 }
 
