@@ -60,13 +60,14 @@ impl ArrayShape {
     }
 
     /// The shape of mipmap level `level`: each dimension halved `level`
-    /// times, never below 1 (a dimension of 0 stays 0).
+    /// times, never below 1 (a dimension of 0 stays 0; the layers of a
+    /// layered or cubemap array stay as they are).
     pub fn level(&self, level: u32) -> ArrayShape {
         let halve = |d: u64| match d {
             0 => 0,
             d => (d >> level.min(63)).max(1),
         };
-        let layered = self.flags & ARRAY_LAYERED != 0;
+        let layered = self.flags & (ARRAY_LAYERED | ARRAY_CUBEMAP) != 0;
         ArrayShape {
             width: halve(self.width),
             height: halve(self.height),
@@ -81,7 +82,9 @@ impl ArrayShape {
 
     /// How many levels a full mipmap chain of this shape has.
     pub fn full_levels(&self) -> u32 {
-        let largest = self.width.max(self.height).max(self.depth).max(1);
+        let layered = self.flags & (ARRAY_LAYERED | ARRAY_CUBEMAP) != 0;
+        let depth = if layered { 0 } else { self.depth };
+        let largest = self.width.max(self.height).max(depth).max(1);
         64 - largest.leading_zeros()
     }
 }

@@ -81,7 +81,7 @@ int main() {
   cudaChannelFormatDesc fdesc = cudaCreateChannelDesc<float>();
   std::vector<float> host(W * H), back(W * H, -1.0f);
   for (int y = 0; y < H; y++)
-    for (int x = 0; x < W; x++) host[y * W + x] = x + 100.0f * y;
+    for (int x = 0; x < W; x++) host[y * W + x] = 16.0f * x + 1000.0f * y;  // exact in fp32
   float *d_out = nullptr;
   CHECK(cudaMalloc(&d_out, 64 * 64 * 4 * sizeof(float)));
 
@@ -123,7 +123,8 @@ int main() {
   for (int y = 0; y < H; y++)
     for (int x = 0; x < W - 1; x++) {
       float want = 0.5f * (host[y * W + x] + host[y * W + x + 1]);
-      EXPECT(fabsf(back[y * W + x] - want) < 0.02f, "linear texture at (%d, %d): %f, not %f", x, y,
+      // Neighbours differ by 16: a point sample would be 8 off.
+      EXPECT(fabsf(back[y * W + x] - want) < 0.5f, "linear texture at (%d, %d): %f, not %f", x, y,
              back[y * W + x], want);
     }
   CHECK(cudaDestroyTextureObject(tex_point));

@@ -86,7 +86,10 @@ fn shape_3d(d: &CUDA_ARRAY3D_DESCRIPTOR) -> ArrayShape {
 }
 
 fn describe(c: &Client, array: CUarray) -> CuResult<ArrayShape> {
-    let array = handles::wire_or_invalid(array)?;
+    describe_handle(c, handles::wire_or_invalid(array)?)
+}
+
+fn describe_handle(c: &Client, array: Handle) -> CuResult<ArrayShape> {
     match call(c, ArrayCall::Describe { array })? {
         ReplyBody::Array(shape) => Ok(shape),
         _ => Err(CUDA_ERROR_UNKNOWN),
@@ -301,8 +304,9 @@ fn view(v: &CUDA_RESOURCE_VIEW_DESC) -> ViewDesc {
     }
 }
 
-/// A one-dimensional copy of `bytes` where an end is an array (its byte
-/// offset into its first row).
+/// A one-dimensional copy of `bytes` where an end is an array, from a byte
+/// offset that counts through its rows (and layers) as they lie in order:
+/// split into boxes of whole rows and the parts of rows around them.
 fn linear(
     c: &Client,
     src: End,
@@ -315,12 +319,75 @@ fn linear(
         true => Some(handles::stream(stream)?),
         false => None,
     };
-    let extent = CopyExtent {
-        width_bytes: bytes as u64,
-        height: 1,
-        depth: 1,
+    let array = match (src, dst) {
+        (End::Array { array, x, .. }, other) | (other, End::Array { array, x, .. }) => {
+            Some((array, x, matches!(other, End::Array { .. })))
+        }
+        _ => None,
     };
-    copy(c, src, dst, extent, stream)
+    let Some((array, offset, both)) = array else {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    };
+    let shape = describe_handle(c, array)?;
+    let row = shape.row_bytes().ok_or(CUDA_ERROR_INVALID_VALUE)?.max(1);
+    let (rows, _) = shape.rows_and_layers();
+    let one_row = offset % row + bytes as u64 <= row;
+    if both || one_row {
+        // Array to array, or inside one row: one box.
+        let at = |end: End| match end {
+            End::Array { array, x, .. } => End::Array {
+                array,
+                x: x % row,
+                y: x / row % rows,
+                z: x / row / rows,
+            },
+            other => other,
+        };
+        let extent = CopyExtent {
+            width_bytes: bytes as u64,
+            height: 1,
+            depth: 1,
+        };
+        return copy(c, at(src), at(dst), extent, stream);
+    }
+    let (mut pos, mut done, mut left) = (offset, 0u64, bytes as u64);
+    while left > 0 {
+        let (x, y_all) = (pos % row, pos / row);
+        let (y, z) = (y_all % rows, y_all / rows);
+        let (width, height) = match x == 0 && left >= row {
+            true => (row, (left / row).min(rows - y)),
+            false => ((row - x).min(left), 1),
+        };
+        let in_array = End::Array { array, x, y, z };
+        let other = |end: End| match end {
+            End::Host { at, .. } => End::Host {
+                at: at + done as usize,
+                pitch: width as usize,
+                height: height as usize,
+            },
+            End::Device { at, .. } => End::Device {
+                at: at + done,
+                pitch: width,
+                height,
+            },
+            array_end => array_end,
+        };
+        let (from, to) = match src {
+            End::Array { .. } => (in_array, other(dst)),
+            _ => (other(src), in_array),
+        };
+        let extent = CopyExtent {
+            width_bytes: width,
+            height,
+            depth: 1,
+        };
+        copy(c, from, to, extent, stream)?;
+        let moved = width * height;
+        pos += moved;
+        done += moved;
+        left -= moved;
+    }
+    Ok(())
 }
 
 fn in_array(array: CUarray, offset: usize) -> CuResult<End> {
