@@ -17,6 +17,7 @@ use cumux_protocol::VmmCall;
 use cumux_protocol::{
     codes, Call, ClientRole, Hello, ReplyBody, DEFAULT_STREAM, MAGIC, PROTOCOL_VERSION,
 };
+use cumux_server::device::arrays::ArrayOp;
 use cumux_server::device::{
     DeviceContext, KernelLaunch, LaunchGeometry, StreamWork, SyncTarget, VmmOp,
 };
@@ -223,6 +224,7 @@ fn cuda_contexts_live_in_workers() {
     drop(first);
     virtual_memory_in_workers(&device, &shared[0], &server);
     arrays_in_workers(&device);
+    arrays_zeroed_when_shared(&shared[0]);
     drop(server);
     drop(shared);
     wait_until("every worker to exit", || children().is_empty());
@@ -674,4 +676,36 @@ fn arrays_in_workers(device: &Arc<dyn cumux_server::Device>) {
     assert_eq!(e.code, codes::INVALID_HANDLE, "{e}");
     session.close();
     assert_eq!(device.mem_used(), used);
+}
+
+/// In a `shared` context a new array is zeroed before its session sees it
+/// (the fake, as a GPU, leaves whatever lay there).
+fn arrays_zeroed_when_shared(shared: &Arc<dyn cumux_server::Device>) {
+    let ctx = shared.create_context().unwrap();
+    let shape = ArrayShape {
+        width: 16,
+        height: 8,
+        depth: 2,
+        format: 0x20,
+        channels: 1,
+        flags: 0,
+    };
+    let bytes = 64 << 10;
+    let array = ctx.array(&ArrayOp::Create { shape, bytes }).unwrap();
+    let at = CopyEnd::Array {
+        array,
+        x_bytes: 0,
+        y: 0,
+        z: 0,
+    };
+    let extent = CopyExtent {
+        width_bytes: 64,
+        height: 8,
+        depth: 2,
+    };
+    let mut seen = vec![1u8; 1024];
+    ctx.array_copy(&at, &CopyEnd::Host, &extent, &[], &mut seen)
+        .unwrap();
+    assert!(seen.iter().all(|&b| b == 0), "a new array kept old bytes");
+    ctx.array(&ArrayOp::Destroy { array, bytes }).unwrap();
 }

@@ -1,12 +1,61 @@
 //! A worker context's CUDA arrays: array operations and copies to and from
-//! arrays sent to the worker process, whose context runs them.
+//! arrays sent to the worker process, whose context runs them; and the
+//! zeroing of a new array in a context shared by several tenants.
 
-use cumux_protocol::arrays::{CopyEnd, CopyExtent};
-use cumux_protocol::CuError;
+use cumux_protocol::arrays::{ArrayShape, CopyEnd, CopyExtent};
+use cumux_protocol::framing::MAX_CHUNK_BYTES;
+use cumux_protocol::{codes, CuError};
 
 use super::context::{unexpected, WorkerContext};
 use super::wire::{WorkerRequest, WorkerValue};
 use crate::device::arrays::ArrayOp;
+use crate::device::DeviceContext;
+
+/// Zeroes array `array` (a backend id) of `shape` in `ctx`: the driver does
+/// not, and in a shared context another tenant's bytes may lie where it
+/// puts a new array.
+pub fn zero_array(ctx: &dyn DeviceContext, array: u64, shape: &ArrayShape) -> Result<(), CuError> {
+    let row = shape
+        .row_bytes()
+        .filter(|&r| r > 0 && r <= MAX_CHUNK_BYTES as u64)
+        .ok_or_else(|| CuError::new(codes::INVALID_VALUE, format!("an array of {shape:?}")))?;
+    let (rows, layers) = shape.rows_and_layers();
+    let rows_per_piece = (MAX_CHUNK_BYTES as u64 / row).clamp(1, rows);
+    let zeros = vec![0u8; (rows_per_piece * row) as usize];
+    for z in 0..layers {
+        let mut y = 0;
+        while y < rows {
+            let n = rows_per_piece.min(rows - y);
+            let at = CopyEnd::Array {
+                array,
+                x_bytes: 0,
+                y,
+                z,
+            };
+            let extent = CopyExtent {
+                width_bytes: row,
+                height: n,
+                depth: 1,
+            };
+            let bytes = &zeros[..(n * row) as usize];
+            ctx.array_copy(&CopyEnd::Host, &at, &extent, bytes, &mut [])?;
+            y += n;
+        }
+    }
+    Ok(())
+}
+
+/// Zeroes what `op` made (an array, or every level of a mipmapped array).
+pub fn zero_new(ctx: &dyn DeviceContext, op: &ArrayOp, id: u64) -> Result<(), CuError> {
+    match op {
+        ArrayOp::Create { shape, .. } => zero_array(ctx, id, shape),
+        ArrayOp::CreateMipmapped { shape, levels, .. } => (0..*levels).try_for_each(|level| {
+            let array = ctx.array(&ArrayOp::Level { mipmap: id, level })?;
+            zero_array(ctx, array, &shape.level(level))
+        }),
+        _ => Ok(()),
+    }
+}
 
 impl WorkerContext {
     /// [`crate::device::DeviceContext::array`] in the worker; the arrays'

@@ -31,6 +31,7 @@ use std::sync::{Arc, Mutex};
 use cumux_protocol::arrays::{CopyEnd, CopyExtent};
 use cumux_protocol::{CuError, DevicePtr, Handle, TensorMapRequest, DEFAULT_STREAM};
 
+use super::arrays::zero_new;
 use super::context::WorkerContext;
 use crate::device::arrays::ArrayOp;
 use crate::device::ordering::{EVENT_DISABLE_TIMING, NON_BLOCKING};
@@ -417,9 +418,22 @@ impl DeviceContext for SharedView {
     }
 
     /// The session's arrays and objects are its own in the shared context;
-    /// the session destroys them at its end.
+    /// the session destroys them at its end. A new array is zeroed before
+    /// the session sees it, as freed memory is scrubbed.
     fn array(&self, op: &ArrayOp) -> Result<u64, CuError> {
-        self.conn.array(op)
+        let id = self.conn.array(op)?;
+        if let Err(e) = zero_new(&self.conn, op, id) {
+            let undo = match *op {
+                ArrayOp::Create { bytes, .. } => ArrayOp::Destroy { array: id, bytes },
+                ArrayOp::CreateMipmapped { bytes, .. } => {
+                    ArrayOp::DestroyMipmapped { mipmap: id, bytes }
+                }
+                _ => return Err(e),
+            };
+            let _ = self.conn.array(&undo);
+            return Err(e);
+        }
+        Ok(id)
     }
 
     fn array_copy(
