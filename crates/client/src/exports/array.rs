@@ -236,6 +236,129 @@ pub(crate) fn copy(
     Ok(())
 }
 
+/// One end of a `cuMemcpy2D`/`3D` as its fields give it: memory type, host
+/// and device pointers, array, offsets (`x` in bytes), pitch and height
+/// (0: as wide or high as the copy).
+struct Fields {
+    kind: CUmemorytype,
+    host: usize,
+    device: u64,
+    array: CUarray,
+    x: usize,
+    y: usize,
+    z: usize,
+    pitch: usize,
+    height: usize,
+}
+
+/// The [`End`] the fields name, from its first byte.
+fn end_of(c: &Client, f: Fields, width: usize, rows: usize) -> CuResult<End> {
+    let pitch = if f.pitch == 0 { width } else { f.pitch };
+    let height = if f.height == 0 { rows } else { f.height };
+    let first = (f.z * height + f.y) * pitch + f.x;
+    let host = |at: usize| End::Host {
+        at: at + first,
+        pitch,
+        height,
+    };
+    let device = |at: u64| End::Device {
+        at: at + first as u64,
+        pitch: pitch as u64,
+        height: height as u64,
+    };
+    Ok(match f.kind {
+        CU_MEMORYTYPE_HOST => host(f.host),
+        CU_MEMORYTYPE_DEVICE => device(f.device),
+        CU_MEMORYTYPE_UNIFIED if c.lock().is_device_memory(f.device) => device(f.device),
+        CU_MEMORYTYPE_UNIFIED => host(f.device as usize),
+        CU_MEMORYTYPE_ARRAY => End::Array {
+            array: handles::wire_or_invalid(f.array)?,
+            x: f.x as u64,
+            y: f.y as u64,
+            z: f.z as u64,
+        },
+        _ => return Err(CUDA_ERROR_INVALID_VALUE),
+    })
+}
+
+/// `cuMemcpy2D` with an array end (from `copy`).
+pub(crate) fn memcpy_2d(c: &Client, p: &CUDA_MEMCPY2D, stream: Option<Handle>) -> CuResult<()> {
+    let (w, h) = (p.WidthInBytes, p.Height);
+    let src = Fields {
+        kind: p.srcMemoryType,
+        host: p.srcHost as usize,
+        device: p.srcDevice,
+        array: p.srcArray,
+        x: p.srcXInBytes,
+        y: p.srcY,
+        z: 0,
+        pitch: p.srcPitch,
+        height: 0,
+    };
+    let dst = Fields {
+        kind: p.dstMemoryType,
+        host: p.dstHost as usize,
+        device: p.dstDevice,
+        array: p.dstArray,
+        x: p.dstXInBytes,
+        y: p.dstY,
+        z: 0,
+        pitch: p.dstPitch,
+        height: 0,
+    };
+    let extent = CopyExtent {
+        width_bytes: w as u64,
+        height: h as u64,
+        depth: 1,
+    };
+    copy(
+        c,
+        end_of(c, src, w, h)?,
+        end_of(c, dst, w, h)?,
+        extent,
+        stream,
+    )
+}
+
+/// `cuMemcpy3D` with an array end (from `copy`).
+pub(crate) fn memcpy_3d(c: &Client, p: &CUDA_MEMCPY3D, stream: Option<Handle>) -> CuResult<()> {
+    let (w, h) = (p.WidthInBytes, p.Height);
+    let src = Fields {
+        kind: p.srcMemoryType,
+        host: p.srcHost as usize,
+        device: p.srcDevice,
+        array: p.srcArray,
+        x: p.srcXInBytes,
+        y: p.srcY,
+        z: p.srcZ,
+        pitch: p.srcPitch,
+        height: p.srcHeight,
+    };
+    let dst = Fields {
+        kind: p.dstMemoryType,
+        host: p.dstHost as usize,
+        device: p.dstDevice,
+        array: p.dstArray,
+        x: p.dstXInBytes,
+        y: p.dstY,
+        z: p.dstZ,
+        pitch: p.dstPitch,
+        height: p.dstHeight,
+    };
+    let extent = CopyExtent {
+        width_bytes: w as u64,
+        height: h as u64,
+        depth: p.Depth as u64,
+    };
+    copy(
+        c,
+        end_of(c, src, w, h)?,
+        end_of(c, dst, w, h)?,
+        extent,
+        stream,
+    )
+}
+
 /// `CUDA_RESOURCE_DESC`: its type, a 128-byte union of eight-byte words,
 /// and flags.
 #[repr(C)]

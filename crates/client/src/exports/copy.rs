@@ -3,15 +3,14 @@
 //! the managed memory to push and the route its host side takes (a pinned
 //! buffer, the staging buffer, or bytes on the wire), records the work when
 //! its stream is being captured, and lets the lock go before anything moves.
-//! 2-D and 3-D copies are split into rows here; those with an array end go
-//! to `array`.
+//! 2-D and 3-D copies are split into rows here; those with an array end are
+//! `array`'s.
 
 use std::ffi::c_void;
 
 use cumux_cuda_bindings::{consts::*, types::*};
 use cumux_protocol::{Call, Handle, DEFAULT_STREAM};
 
-use super::array::End;
 use super::sync::AfterSync;
 use super::*;
 use crate::graph::GraphOp;
@@ -419,60 +418,16 @@ fn memset(c: &Client, dst: u64, f: Fill, stream: *mut c_void, asynchronous: bool
 enum Side {
     Host(usize),
     Device(u64),
-    /// A CUDA array (the server's handle): such a copy is `array`'s.
-    Array(Handle),
 }
 
-fn side(
-    st: &State,
-    kind: CUmemorytype,
-    host: usize,
-    device: u64,
-    array: CUarray,
-) -> CuResult<Side> {
+fn side(st: &State, kind: CUmemorytype, host: usize, device: u64) -> CuResult<Side> {
     match kind {
         CU_MEMORYTYPE_HOST => Ok(Side::Host(host)),
         CU_MEMORYTYPE_DEVICE => Ok(Side::Device(device)),
         CU_MEMORYTYPE_UNIFIED if st.is_device_memory(device) => Ok(Side::Device(device)),
         CU_MEMORYTYPE_UNIFIED => Ok(Side::Host(device as usize)),
-        CU_MEMORYTYPE_ARRAY => Ok(Side::Array(handles::wire_or_invalid(array)?)),
         _ => Err(CUDA_ERROR_INVALID_VALUE),
     }
-}
-
-/// A copy with an array end: each end from its first byte, for `array::copy`.
-fn array_copy(
-    c: &Client,
-    sides: [(Side, Layout); 2],
-    extent: cumux_protocol::arrays::CopyExtent,
-    stream: Option<Handle>,
-) -> CuResult<()> {
-    let [src, dst] = sides.map(|(side, l)| {
-        let first = ((l.z * l.height + l.y) * l.pitch + l.x) as u64;
-        match side {
-            Side::Host(at) => End::Host {
-                at: at + first as usize,
-                pitch: l.pitch,
-                height: l.height,
-            },
-            Side::Device(at) => End::Device {
-                at: at + first,
-                pitch: l.pitch as u64,
-                height: l.height as u64,
-            },
-            Side::Array(array) => End::Array {
-                array,
-                x: l.x as u64,
-                y: l.y as u64,
-                z: l.z as u64,
-            },
-        }
-    });
-    super::array::copy(c, src, dst, extent, stream)
-}
-
-fn is_array(side: &Side) -> bool {
-    matches!(side, Side::Array(_))
 }
 
 /// Where one side of a strided copy starts (`x` bytes, `y` rows, `z`
@@ -524,7 +479,6 @@ fn copy_rows(
     }
     let queue = stream.unwrap_or(DEFAULT_STREAM);
     match (src, dst) {
-        (Side::Array(_), _) | (_, Side::Array(_)) => return Err(CUDA_ERROR_INVALID_VALUE),
         (Side::Host(s), Side::Device(d)) => {
             if st.capturing(queue) {
                 for &(so, dof) in rows {
@@ -642,43 +596,14 @@ fn or(value: usize, default: usize) -> usize {
 }
 
 fn copy_2d(c: &Client, p: &CUDA_MEMCPY2D, stream: Option<Handle>) -> CuResult<()> {
+    if p.srcMemoryType == CU_MEMORYTYPE_ARRAY || p.dstMemoryType == CU_MEMORYTYPE_ARRAY {
+        return super::array::memcpy_2d(c, p, stream);
+    }
     let st = ready(c, stream)?;
-    let src = side(
-        &st,
-        p.srcMemoryType,
-        p.srcHost as usize,
-        p.srcDevice,
-        p.srcArray,
-    )?;
-    let dst = side(
-        &st,
-        p.dstMemoryType,
-        p.dstHost as usize,
-        p.dstDevice,
-        p.dstArray,
-    )?;
+    let src = side(&st, p.srcMemoryType, p.srcHost as usize, p.srcDevice)?;
+    let dst = side(&st, p.dstMemoryType, p.dstHost as usize, p.dstDevice)?;
     let src_pitch = or(p.srcPitch, p.WidthInBytes);
     let dst_pitch = or(p.dstPitch, p.WidthInBytes);
-    if is_array(&src) || is_array(&dst) {
-        drop(st);
-        let layout = |x, y, pitch| Layout {
-            x,
-            y,
-            z: 0,
-            pitch,
-            height: p.Height,
-        };
-        let extent = cumux_protocol::arrays::CopyExtent {
-            width_bytes: p.WidthInBytes as u64,
-            height: p.Height as u64,
-            depth: 1,
-        };
-        let sides = [
-            (src, layout(p.srcXInBytes, p.srcY, src_pitch)),
-            (dst, layout(p.dstXInBytes, p.dstY, dst_pitch)),
-        ];
-        return array_copy(c, sides, extent, stream);
-    }
     if src_pitch < p.WidthInBytes + p.srcXInBytes || dst_pitch < p.WidthInBytes + p.dstXInBytes {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
@@ -699,21 +624,12 @@ fn copy_2d(c: &Client, p: &CUDA_MEMCPY2D, stream: Option<Handle>) -> CuResult<()
 }
 
 pub(crate) fn copy_3d(c: &Client, p: &CUDA_MEMCPY3D, stream: Option<Handle>) -> CuResult<()> {
+    if p.srcMemoryType == CU_MEMORYTYPE_ARRAY || p.dstMemoryType == CU_MEMORYTYPE_ARRAY {
+        return super::array::memcpy_3d(c, p, stream);
+    }
     let st = ready(c, stream)?;
-    let src = side(
-        &st,
-        p.srcMemoryType,
-        p.srcHost as usize,
-        p.srcDevice,
-        p.srcArray,
-    )?;
-    let dst = side(
-        &st,
-        p.dstMemoryType,
-        p.dstHost as usize,
-        p.dstDevice,
-        p.dstArray,
-    )?;
+    let src = side(&st, p.srcMemoryType, p.srcHost as usize, p.srcDevice)?;
+    let dst = side(&st, p.dstMemoryType, p.dstHost as usize, p.dstDevice)?;
     let src_layout = Layout {
         x: p.srcXInBytes,
         y: p.srcY,
@@ -728,15 +644,6 @@ pub(crate) fn copy_3d(c: &Client, p: &CUDA_MEMCPY3D, stream: Option<Handle>) -> 
         pitch: or(p.dstPitch, p.WidthInBytes),
         height: or(p.dstHeight, p.Height),
     };
-    if is_array(&src) || is_array(&dst) {
-        drop(st);
-        let extent = cumux_protocol::arrays::CopyExtent {
-            width_bytes: p.WidthInBytes as u64,
-            height: p.Height as u64,
-            depth: p.Depth as u64,
-        };
-        return array_copy(c, [(src, src_layout), (dst, dst_layout)], extent, stream);
-    }
     let rows = rows(src_layout, dst_layout, p.Height, p.Depth);
     copy_rows(c, st, src, dst, p.WidthInBytes, &rows, stream)
 }
