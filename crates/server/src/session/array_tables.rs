@@ -4,16 +4,18 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
-use cumux_protocol::arrays::ArrayShape;
+use cumux_protocol::arrays::{ArrayShape, ARRAY_CUBEMAP, ARRAY_LAYERED};
 use cumux_protocol::Handle;
 
 /// Arrays, mipmapped arrays and objects one session may hold at once.
 pub const MAX_ARRAY_OBJECTS: usize = 1 << 16;
 
-/// Rows of an array are charged as if padded to this many bytes, and every
-/// array as at least one such page: the driver lays arrays out in tiles,
-/// never smaller than the elements they hold.
+/// Arrays are charged as GPUs lay them out, in tiles, rounded up: rows
+/// padded to 512 bytes, a layer's rows to 32 (of a 2-D or 3-D array), a
+/// 3-D array's layers to 8 (not a layered array's), and 64 KiB at least.
 const ROW_ALIGN: u64 = 512;
+const ROWS_ALIGN: u64 = 32;
+const LAYERS_ALIGN: u64 = 8;
 const MIN_ARRAY_BYTES: u64 = 64 << 10;
 
 pub struct ArrayEntry {
@@ -67,6 +69,16 @@ pub fn charge_of(shape: &ArrayShape, levels: u32) -> Option<u64> {
         let s = shape.level(level);
         let row = s.row_bytes()?.checked_next_multiple_of(ROW_ALIGN)?;
         let (rows, layers) = s.rows_and_layers();
+        let rows = match rows {
+            1 => 1,
+            rows => rows.checked_next_multiple_of(ROWS_ALIGN)?,
+        };
+        let layered = s.flags & (ARRAY_LAYERED | ARRAY_CUBEMAP) != 0;
+        let layers = match layers {
+            1 => 1,
+            layers if layered => layers,
+            layers => layers.checked_next_multiple_of(LAYERS_ALIGN)?,
+        };
         total = total.checked_add(row.checked_mul(rows)?.checked_mul(layers)?)?;
     }
     Some(total.max(MIN_ARRAY_BYTES))
@@ -87,7 +99,7 @@ mod tests {
             flags: 0,
         };
         let one = charge_of(&shape, 1).unwrap();
-        assert_eq!(one, 4096 * 1000);
+        assert_eq!(one, 4096 * 1024);
         assert!(charge_of(&shape, 10).unwrap() > one);
         let tiny = ArrayShape {
             width: 4,
