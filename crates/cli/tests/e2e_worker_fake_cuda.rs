@@ -10,7 +10,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use cumux_protocol::arrays::{
-    ArrayCall, ArrayShape, CopyEnd, CopyExtent, Resource, TextureDesc, ARRAY_SURFACE_LDST,
+    ArrayCall, ArrayShape, CopyEnd, CopyExtent, Resource, TextureDesc, TextureMade,
+    ARRAY_SURFACE_LDST,
 };
 use cumux_protocol::vmm::ACCESS_READWRITE;
 use cumux_protocol::VmmCall;
@@ -611,14 +612,24 @@ fn arrays_in_workers(device: &Arc<dyn cumux_server::Device>) {
     let Ok(ReplyBody::Handle(surface_array)) = call(ArrayCall::Create { shape: ldst }) else {
         panic!("no array")
     };
-    let Ok(ReplyBody::Value(_surface)) = call(ArrayCall::SurfaceCreate {
+    let Ok(ReplyBody::Value(surface)) = call(ArrayCall::SurfaceCreate {
         array: surface_array,
     }) else {
         panic!("no surface")
     };
-    let Ok(ReplyBody::Value(_texture)) = call(create(Resource::Array(surface_array))) else {
+    let Ok(ReplyBody::Value(over_it)) = call(create(Resource::Array(surface_array))) else {
         panic!("no texture")
     };
+    // What each was made of reads back (`cuTexObjectGet*Desc`).
+    let made = TextureMade {
+        resource: Resource::Array(surface_array),
+        texture,
+        view: None,
+    };
+    let described = call(ArrayCall::TextureDescribe { texture: over_it });
+    assert_eq!(described, Ok(ReplyBody::Texture(made)));
+    let described = call(ArrayCall::SurfaceDescribe { surface });
+    assert_eq!(described, Ok(ReplyBody::Handle(surface_array)));
 
     // A mipmapped array's level is an array, the same one each time; it
     // goes with its mipmapped array.

@@ -84,7 +84,9 @@ pub fn device_of_call(call: &Call, placements: &Placements) -> u32 {
             ArrayCall::Create { .. }
             | ArrayCall::CreateMipmapped { .. }
             | ArrayCall::TextureDestroy { .. }
-            | ArrayCall::SurfaceDestroy { .. } => None,
+            | ArrayCall::SurfaceDestroy { .. }
+            | ArrayCall::TextureDescribe { .. }
+            | ArrayCall::SurfaceDescribe { .. } => None,
         },
         Call::ModuleLoad { .. }
         | Call::SetLimit { .. }

@@ -230,6 +230,20 @@ pub enum ArrayCall {
     SurfaceCreate { array: Handle },
     /// `cuSurfObjectDestroy`.
     SurfaceDestroy { surface: u64 },
+    /// What a texture object was made of (`cuTexObjectGet*Desc`): answered
+    /// by `Texture`.
+    TextureDescribe { texture: u64 },
+    /// The array under a surface object (`cuSurfObjectGetResourceDesc`):
+    /// answered by `Handle`.
+    SurfaceDescribe { surface: u64 },
+}
+
+/// What a texture object was made of, as its creator gave it.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct TextureMade {
+    pub resource: Resource,
+    pub texture: TextureDesc,
+    pub view: Option<ViewDesc>,
 }
 
 #[cfg(test)]

@@ -594,6 +594,8 @@ pub enum ReplyBody {
     },
     /// An array's descriptor ([`crate::arrays::ArrayCall::Describe`]).
     Array(crate::arrays::ArrayShape),
+    /// A texture object's descriptors ([`crate::arrays::ArrayCall::TextureDescribe`]).
+    Texture(crate::arrays::TextureMade),
 }
 
 /// A `cuLaunchKernelEx` attribute that changes how a kernel runs.

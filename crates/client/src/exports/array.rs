@@ -7,12 +7,11 @@
 use std::ffi::c_void;
 
 use cumux_cuda_bindings::{consts::*, types::*};
-use cumux_protocol::arrays::{
-    ArrayCall, ArrayShape, CopyEnd, CopyExtent, Resource, TextureDesc, ViewDesc,
-};
+use cumux_protocol::arrays::{ArrayCall, ArrayShape, CopyEnd, CopyExtent, Resource, TextureMade};
 use cumux_protocol::framing::MAX_CHUNK_BYTES;
 use cumux_protocol::{device_of_handle, Call, Handle, ReplyBody, DEFAULT_STREAM};
 
+use super::array_descs::{resource, resource_desc, texture, view, ResourceDesc};
 use super::*;
 use crate::state::{client, handles, Client};
 
@@ -359,71 +358,10 @@ pub(crate) fn memcpy_3d(c: &Client, p: &CUDA_MEMCPY3D, stream: Option<Handle>) -
     )
 }
 
-/// `CUDA_RESOURCE_DESC`: its type, a 128-byte union of eight-byte words,
-/// and flags.
-#[repr(C)]
-struct ResourceDesc {
-    kind: u32,
-    words: [u64; 16],
-    flags: u32,
-}
-
-const _: () = assert!(std::mem::size_of::<ResourceDesc>() == 144);
-
-fn resource(desc: *const c_void) -> CuResult<Resource> {
-    let desc = read_in(desc.cast::<ResourceDesc>())?;
-    if desc.flags != 0 {
-        return Err(CUDA_ERROR_INVALID_VALUE);
-    }
-    let w = desc.words;
-    let (format, channels) = (w[1] as u32, (w[1] >> 32) as u32);
-    Ok(match desc.kind {
-        CU_RESOURCE_TYPE_ARRAY => Resource::Array(handles::wire_or_invalid(w[0] as *mut c_void)?),
-        CU_RESOURCE_TYPE_MIPMAPPED_ARRAY => {
-            Resource::Mipmapped(handles::wire_or_invalid(w[0] as *mut c_void)?)
-        }
-        CU_RESOURCE_TYPE_LINEAR => Resource::Linear {
-            ptr: w[0],
-            format,
-            channels,
-            bytes: w[2],
-        },
-        CU_RESOURCE_TYPE_PITCH2D => Resource::Pitch2D {
-            ptr: w[0],
-            format,
-            channels,
-            width: w[2],
-            height: w[3],
-            pitch: w[4],
-        },
-        _ => return Err(CUDA_ERROR_INVALID_VALUE),
-    })
-}
-
-fn texture(t: &CUDA_TEXTURE_DESC) -> TextureDesc {
-    TextureDesc {
-        address_mode: t.addressMode,
-        filter_mode: t.filterMode,
-        flags: t.flags,
-        max_anisotropy: t.maxAnisotropy,
-        mipmap_filter_mode: t.mipmapFilterMode,
-        mipmap_level_bias: t.mipmapLevelBias,
-        min_mipmap_level_clamp: t.minMipmapLevelClamp,
-        max_mipmap_level_clamp: t.maxMipmapLevelClamp,
-        border_color: t.borderColor,
-    }
-}
-
-fn view(v: &CUDA_RESOURCE_VIEW_DESC) -> ViewDesc {
-    ViewDesc {
-        format: v.format,
-        width: v.width as u64,
-        height: v.height as u64,
-        depth: v.depth as u64,
-        first_mipmap_level: v.firstMipmapLevel,
-        last_mipmap_level: v.lastMipmapLevel,
-        first_layer: v.firstLayer,
-        last_layer: v.lastLayer,
+fn texture_made(c: &Client, texture: CUtexObject) -> CuResult<TextureMade> {
+    match call(c, ArrayCall::TextureDescribe { texture })? {
+        ReplyBody::Texture(made) => Ok(made),
+        _ => Err(CUDA_ERROR_UNKNOWN),
     }
 }
 
@@ -670,6 +608,54 @@ driver_fn! {
         };
         let value = value_of(call(c, ArrayCall::SurfaceCreate { array })?)?;
         out(object, value)
+    }
+
+    fn cuTexObjectGetResourceDesc(desc: *mut c_void, object: CUtexObject) {
+        non_null(desc)?;
+        let made = texture_made(client()?, object)?;
+        out(desc.cast::<ResourceDesc>(), resource_desc(&made.resource))
+    }
+
+    fn cuTexObjectGetTextureDesc(desc: *mut CUDA_TEXTURE_DESC, object: CUtexObject) {
+        non_null(desc)?;
+        let t = texture_made(client()?, object)?.texture;
+        let d = CUDA_TEXTURE_DESC {
+            addressMode: t.address_mode,
+            filterMode: t.filter_mode,
+            flags: t.flags,
+            maxAnisotropy: t.max_anisotropy,
+            mipmapFilterMode: t.mipmap_filter_mode,
+            mipmapLevelBias: t.mipmap_level_bias,
+            minMipmapLevelClamp: t.min_mipmap_level_clamp,
+            maxMipmapLevelClamp: t.max_mipmap_level_clamp,
+            borderColor: t.border_color,
+            reserved: [0; 12],
+        };
+        out(desc, d)
+    }
+
+    fn cuTexObjectGetResourceViewDesc(desc: *mut CUDA_RESOURCE_VIEW_DESC, object: CUtexObject) {
+        non_null(desc)?;
+        // A texture made without a view has none to give.
+        let v = texture_made(client()?, object)?.view.ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        let d = CUDA_RESOURCE_VIEW_DESC {
+            format: v.format,
+            width: v.width as usize,
+            height: v.height as usize,
+            depth: v.depth as usize,
+            firstMipmapLevel: v.first_mipmap_level,
+            lastMipmapLevel: v.last_mipmap_level,
+            firstLayer: v.first_layer,
+            lastLayer: v.last_layer,
+            reserved: [0; 16],
+        };
+        out(desc, d)
+    }
+
+    fn cuSurfObjectGetResourceDesc(desc: *mut c_void, object: CUsurfObject) {
+        non_null(desc)?;
+        let array = handle_of(call(client()?, ArrayCall::SurfaceDescribe { surface: object })?)?;
+        out(desc.cast::<ResourceDesc>(), resource_desc(&Resource::Array(array)))
     }
 
     fn cuSurfObjectDestroy(object: CUsurfObject) {

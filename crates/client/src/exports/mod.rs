@@ -80,6 +80,7 @@ macro_rules! driver_symbols {
 pub(crate) use driver_symbols;
 
 mod array;
+mod array_descs;
 mod context;
 mod copy;
 mod cuda13x;

@@ -2,9 +2,9 @@
 //! data: each array's shape, its backend id and the bytes charged for it;
 //! what the tenant is charged for an array, estimated from above.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 
-use cumux_protocol::arrays::{ArrayShape, ARRAY_CUBEMAP, ARRAY_LAYERED};
+use cumux_protocol::arrays::{ArrayShape, TextureMade, ARRAY_CUBEMAP, ARRAY_LAYERED};
 use cumux_protocol::Handle;
 
 /// Arrays, mipmapped arrays and objects one session may hold at once.
@@ -40,9 +40,10 @@ pub struct MipmapEntry {
 pub struct ArrayTables {
     pub arrays: HashMap<Handle, ArrayEntry>,
     pub mipmaps: HashMap<Handle, MipmapEntry>,
-    /// Texture and surface objects: the driver's values.
-    pub textures: HashSet<u64>,
-    pub surfaces: HashSet<u64>,
+    /// Texture objects (the driver's values) and what each was made of.
+    pub textures: HashMap<u64, TextureMade>,
+    /// Surface objects (the driver's values) and their arrays.
+    pub surfaces: HashMap<u64, Handle>,
 }
 
 impl ArrayTables {

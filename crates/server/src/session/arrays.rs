@@ -7,7 +7,8 @@
 use std::sync::atomic::Ordering;
 
 use cumux_protocol::arrays::{
-    channel_bytes, ArrayCall, ArrayShape, CopyEnd, CopyExtent, Resource, ARRAY_FLAGS_KNOWN,
+    channel_bytes, ArrayCall, ArrayShape, CopyEnd, CopyExtent, Resource, TextureMade,
+    ARRAY_FLAGS_KNOWN,
 };
 use cumux_protocol::framing::MAX_CHUNK_BYTES;
 use cumux_protocol::{codes, CuError, Handle, ReplyBody, DEFAULT_STREAM};
@@ -59,26 +60,45 @@ impl Session {
                 texture,
                 view,
             } => {
-                let resource = self.resource(resource)?;
-                self.object_create(ArrayOp::TextureCreate {
+                let made = TextureMade {
                     resource,
                     texture,
                     view,
-                })
+                };
+                let op = ArrayOp::TextureCreate {
+                    resource: self.resource(resource)?,
+                    texture,
+                    view,
+                };
+                self.room_for_one_more()?;
+                let object = self.ctx.array(&op)?;
+                self.arrays.textures.insert(object, made);
+                Ok(ReplyBody::Value(object))
             }
             ArrayCall::SurfaceCreate { array } => {
                 let backend = self.array_entry(array)?.backend;
-                self.object_create(ArrayOp::SurfaceCreate { array: backend })
+                self.room_for_one_more()?;
+                let object = self.ctx.array(&ArrayOp::SurfaceCreate { array: backend })?;
+                self.arrays.surfaces.insert(object, array);
+                Ok(ReplyBody::Value(object))
             }
+            ArrayCall::TextureDescribe { texture } => match self.arrays.textures.get(&texture) {
+                Some(made) => Ok(ReplyBody::Texture(*made)),
+                None => Err(unknown("a texture object", texture)),
+            },
+            ArrayCall::SurfaceDescribe { surface } => match self.arrays.surfaces.get(&surface) {
+                Some(&array) => Ok(ReplyBody::Handle(array)),
+                None => Err(unknown("a surface object", surface)),
+            },
             ArrayCall::TextureDestroy { texture } => {
-                if !self.arrays.textures.remove(&texture) {
+                if self.arrays.textures.remove(&texture).is_none() {
                     return Err(unknown("a texture object", texture));
                 }
                 self.ctx.array(&ArrayOp::TextureDestroy { texture })?;
                 Ok(ReplyBody::Unit)
             }
             ArrayCall::SurfaceDestroy { surface } => {
-                if !self.arrays.surfaces.remove(&surface) {
+                if self.arrays.surfaces.remove(&surface).is_none() {
                     return Err(unknown("a surface object", surface));
                 }
                 self.ctx.array(&ArrayOp::SurfaceDestroy { surface })?;
@@ -393,17 +413,6 @@ impl Session {
         })
     }
 
-    /// A texture or surface object: the driver's value, kept as the session's.
-    fn object_create(&mut self, op: ArrayOp) -> CallResult {
-        self.room_for_one_more()?;
-        let object = self.ctx.array(&op)?;
-        match op {
-            ArrayOp::SurfaceCreate { .. } => self.arrays.surfaces.insert(object),
-            _ => self.arrays.textures.insert(object),
-        };
-        Ok(ReplyBody::Value(object))
-    }
-
     /// Destroys every object and array the session still holds (at its end).
     pub(super) fn arrays_teardown(&mut self) {
         let tables = std::mem::take(&mut self.arrays);
@@ -411,13 +420,13 @@ impl Session {
         ops.extend(
             tables
                 .textures
-                .into_iter()
+                .into_keys()
                 .map(|texture| ArrayOp::TextureDestroy { texture }),
         );
         ops.extend(
             tables
                 .surfaces
-                .into_iter()
+                .into_keys()
                 .map(|surface| ArrayOp::SurfaceDestroy { surface }),
         );
         let mut bytes = Vec::new();
