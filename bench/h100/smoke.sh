@@ -124,6 +124,7 @@ driver_programs=(
     "vmm;vmm.cu;-lcuda;"
     "private_tables;private_tables.cu;-lcuda;"
     "stack_limit;stack_limit.cu;;"
+    "textures;textures.cu;;"
 )
 declare -A program_args
 if [ -z "$PROGRAMS" ] || [ "${DRIVER_PROGRAMS:-1}" = 1 ]; then

@@ -200,6 +200,22 @@ fn unimplemented_call_is_named_and_not_supported() {
     );
 }
 
+/// A program using CUDA arrays on a device that has none (the CPU device,
+/// in process or in a worker): its first array call fails with
+/// CUDA_ERROR_NOT_SUPPORTED, which the runtime reports; no crash.
+#[test]
+fn arrays_on_a_device_without_them_are_refused_clearly() {
+    let server = ServerProc::start("arrays");
+    let out = server.run(&driver_program("textures"), &[], LIMIT);
+    assert_eq!(out.code(), Some(1), "{}", out.describe());
+    let refused = out.stdout.lines().any(|l| {
+        l.starts_with("FAIL") && l.contains("cudaMallocArray") && l.contains("not supported")
+    });
+    assert!(refused, "{}", out.describe());
+    let said = "cumux: CUDA arrays, textures and surfaces: this device has no CUDA arrays";
+    assert!(out.stderr.contains(said), "{}", out.describe());
+}
+
 #[test]
 fn per_thread_default_stream_program() {
     let program = cumux_testkit::compile_program(

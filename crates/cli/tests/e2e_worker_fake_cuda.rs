@@ -9,11 +9,16 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use cumux_protocol::arrays::{
+    ArrayCall, ArrayShape, CopyEnd, CopyExtent, Resource, TextureDesc, TextureMade,
+    ARRAY_SURFACE_LDST,
+};
 use cumux_protocol::vmm::ACCESS_READWRITE;
 use cumux_protocol::VmmCall;
 use cumux_protocol::{
     codes, Call, ClientRole, Hello, ReplyBody, DEFAULT_STREAM, MAGIC, PROTOCOL_VERSION,
 };
+use cumux_server::device::arrays::ArrayOp;
 use cumux_server::device::{
     DeviceContext, KernelLaunch, LaunchGeometry, StreamWork, SyncTarget, VmmOp,
 };
@@ -219,6 +224,8 @@ fn cuda_contexts_live_in_workers() {
     drop(third);
     drop(first);
     virtual_memory_in_workers(&device, &shared[0], &server);
+    arrays_in_workers(&device);
+    arrays_zeroed_when_shared(&shared[0]);
     drop(server);
     drop(shared);
     wait_until("every worker to exit", || children().is_empty());
@@ -420,4 +427,296 @@ fn virtual_memory_in_workers(
     let mut left = vec![1u8; 256];
     one.mem_read(left_at, &mut left).unwrap();
     assert!(left.iter().all(|&b| b == 0), "{left:?}");
+}
+
+/// CUDA arrays through a session, in a worker over the fake's arrays (host
+/// memory with their descriptor): made, filled from the host, read back in
+/// part, copied to device memory; a forged handle, a box past the array and
+/// an array past the tenant's quota refused; texture and surface objects the
+/// session's own; the device's memory in use counted, and given back at the
+/// session's end.
+fn arrays_in_workers(device: &Arc<dyn cumux_server::Device>) {
+    let server = cumux_server::Server::new(vec![Arc::clone(device)]);
+    let hello = Hello {
+        magic: MAGIC,
+        version: PROTOCOL_VERSION,
+        pid: std::process::id(),
+        role: ClientRole::Driver,
+        program: "arrays".into(),
+        tenant: None,
+        token: None,
+        shm: false,
+        visible_devices: None,
+        join: None,
+        resume: None,
+    };
+    let settings = TenantSettings {
+        memory_quota: Some(1 << 20),
+        ..TenantSettings::default()
+    };
+    let mut session =
+        Session::open(Arc::clone(&server), &hello, Some(("a".into(), settings))).unwrap();
+    let mut call = |call: ArrayCall| session.handle(Call::Array(call)).unwrap();
+    let used = device.mem_used();
+    let shape = ArrayShape {
+        width: 16,
+        height: 8,
+        depth: 0,
+        format: 0x20,
+        channels: 1,
+        flags: 0,
+    };
+    let Ok(ReplyBody::Handle(array)) = call(ArrayCall::Create { shape }) else {
+        panic!("no array")
+    };
+    assert!(device.mem_used() > used, "an array counts as memory in use");
+    assert_eq!(
+        call(ArrayCall::Describe { array }),
+        Ok(ReplyBody::Array(shape))
+    );
+
+    // In from the host, and part of it back.
+    let values: Vec<f32> = (0..16 * 8).map(|i| i as f32).collect();
+    let whole = CopyExtent {
+        width_bytes: 64,
+        height: 8,
+        depth: 1,
+    };
+    let at = |x_bytes, y| CopyEnd::Array {
+        array,
+        x_bytes,
+        y,
+        z: 0,
+    };
+    let copy = |src, dst, extent, data| ArrayCall::Copy {
+        src,
+        dst,
+        extent,
+        stream: None,
+        data,
+    };
+    assert_eq!(
+        call(copy(CopyEnd::Host, at(0, 0), whole, f32_bytes(&values))),
+        Ok(ReplyBody::Unit)
+    );
+    let part = CopyExtent {
+        width_bytes: 16,
+        height: 3,
+        depth: 1,
+    };
+    let Ok(ReplyBody::Data(bytes)) = call(copy(at(8, 2), CopyEnd::Host, part, Vec::new())) else {
+        panic!("no bytes back")
+    };
+    let want: Vec<f32> = (2..5)
+        .flat_map(|y| (2..6).map(move |x| (y * 16 + x) as f32))
+        .collect();
+    assert_eq!(f32s(&bytes), want);
+
+    // Out to device memory, rows 128 bytes apart.
+    let Some(Ok(ReplyBody::Ptr(buf))) = session.handle(Call::MemAlloc {
+        device: 0,
+        bytes: 1024,
+    }) else {
+        panic!("no memory")
+    };
+    let mut call = |call: ArrayCall| session.handle(Call::Array(call)).unwrap();
+    let device_end = CopyEnd::Device {
+        ptr: buf,
+        pitch: 128,
+        height: 8,
+    };
+    assert_eq!(
+        call(copy(at(0, 0), device_end, whole, Vec::new())),
+        Ok(ReplyBody::Unit)
+    );
+    let past = CopyEnd::Device {
+        ptr: buf + 128,
+        pitch: 128,
+        height: 8,
+    };
+    let e = call(copy(at(0, 0), past, whole, Vec::new())).unwrap_err();
+    assert_eq!(
+        e.code,
+        codes::INVALID_VALUE,
+        "device memory past the allocation: {e}"
+    );
+
+    // Refusals: a forged handle, a box past the array, the quota.
+    let forged = CopyEnd::Array {
+        array: array + 1000,
+        x_bytes: 0,
+        y: 0,
+        z: 0,
+    };
+    let e = call(copy(CopyEnd::Host, forged, whole, f32_bytes(&values))).unwrap_err();
+    assert_eq!(e.code, codes::INVALID_HANDLE, "{e}");
+    let e = call(ArrayCall::Destroy {
+        array: array + 1000,
+    })
+    .unwrap_err();
+    assert_eq!(e.code, codes::INVALID_HANDLE, "{e}");
+    let e = call(copy(at(56, 0), CopyEnd::Host, part, Vec::new())).unwrap_err();
+    assert_eq!(e.code, codes::INVALID_VALUE, "{e}");
+    let big = ArrayShape {
+        width: 1024,
+        height: 1024,
+        ..shape
+    };
+    let e = call(ArrayCall::Create { shape: big }).unwrap_err();
+    assert_eq!(e.code, codes::OUT_OF_MEMORY, "{e}");
+
+    // Texture and surface objects: the driver's values, the session's own.
+    let texture = TextureDesc {
+        address_mode: [0; 3],
+        filter_mode: 0,
+        flags: 0,
+        max_anisotropy: 0,
+        mipmap_filter_mode: 0,
+        mipmap_level_bias: 0.0,
+        min_mipmap_level_clamp: 0.0,
+        max_mipmap_level_clamp: 0.0,
+        border_color: [0.0; 4],
+    };
+    let create = |resource| ArrayCall::TextureCreate {
+        resource,
+        texture,
+        view: None,
+    };
+    let Ok(ReplyBody::Value(tex)) = call(create(Resource::Array(array))) else {
+        panic!("no texture")
+    };
+    assert_eq!(
+        call(ArrayCall::TextureDestroy { texture: tex }),
+        Ok(ReplyBody::Unit)
+    );
+    let e = call(ArrayCall::TextureDestroy { texture: tex }).unwrap_err();
+    assert_eq!(e.code, codes::INVALID_HANDLE, "{e}");
+    let linear = Resource::Linear {
+        ptr: buf,
+        format: 0x20,
+        channels: 1,
+        bytes: 4096,
+    };
+    let e = call(create(linear)).unwrap_err();
+    assert_eq!(
+        e.code,
+        codes::INVALID_VALUE,
+        "memory past the allocation: {e}"
+    );
+    let e = call(ArrayCall::SurfaceCreate { array }).unwrap_err();
+    assert_eq!(e.code, codes::INVALID_VALUE, "no SURFACE_LDST: {e}");
+    let ldst = ArrayShape {
+        flags: ARRAY_SURFACE_LDST,
+        ..shape
+    };
+    let Ok(ReplyBody::Handle(surface_array)) = call(ArrayCall::Create { shape: ldst }) else {
+        panic!("no array")
+    };
+    let Ok(ReplyBody::Value(surface)) = call(ArrayCall::SurfaceCreate {
+        array: surface_array,
+    }) else {
+        panic!("no surface")
+    };
+    let Ok(ReplyBody::Value(over_it)) = call(create(Resource::Array(surface_array))) else {
+        panic!("no texture")
+    };
+    // What each was made of reads back (`cuTexObjectGet*Desc`).
+    let made = TextureMade {
+        resource: Resource::Array(surface_array),
+        texture,
+        view: None,
+    };
+    let described = call(ArrayCall::TextureDescribe { texture: over_it });
+    assert_eq!(described, Ok(ReplyBody::Texture(made)));
+    let described = call(ArrayCall::SurfaceDescribe { surface });
+    assert_eq!(described, Ok(ReplyBody::Handle(surface_array)));
+
+    // A mipmapped array's level is an array, the same one each time; it
+    // goes with its mipmapped array.
+    let Ok(ReplyBody::Handle(mipmap)) = call(ArrayCall::CreateMipmapped { shape, levels: 3 })
+    else {
+        panic!("no mipmapped array")
+    };
+    let e = call(ArrayCall::Level { mipmap, level: 3 }).unwrap_err();
+    assert_eq!(e.code, codes::INVALID_VALUE, "{e}");
+    let Ok(ReplyBody::Handle(level)) = call(ArrayCall::Level { mipmap, level: 1 }) else {
+        panic!("no level")
+    };
+    assert_eq!(
+        call(ArrayCall::Level { mipmap, level: 1 }),
+        Ok(ReplyBody::Handle(level))
+    );
+    let halved = ArrayShape {
+        width: 8,
+        height: 4,
+        ..shape
+    };
+    assert_eq!(
+        call(ArrayCall::Describe { array: level }),
+        Ok(ReplyBody::Array(halved))
+    );
+    let level_box = CopyExtent {
+        width_bytes: 32,
+        height: 4,
+        depth: 1,
+    };
+    let level_at = CopyEnd::Array {
+        array: level,
+        x_bytes: 0,
+        y: 0,
+        z: 0,
+    };
+    let in_level = copy(CopyEnd::Host, level_at, level_box, vec![7; 128]);
+    assert_eq!(call(in_level), Ok(ReplyBody::Unit));
+    assert_eq!(
+        call(copy(level_at, CopyEnd::Host, level_box, Vec::new())),
+        Ok(ReplyBody::Data(vec![7; 128]))
+    );
+    let e = call(ArrayCall::Destroy { array: level }).unwrap_err();
+    assert_eq!(e.code, codes::INVALID_VALUE, "{e}");
+    assert_eq!(
+        call(ArrayCall::DestroyMipmapped { mipmap }),
+        Ok(ReplyBody::Unit)
+    );
+    let e = call(ArrayCall::Describe { array: level }).unwrap_err();
+    assert_eq!(e.code, codes::INVALID_HANDLE, "{e}");
+
+    // Destroyed, it is gone; what the session still holds goes at its end.
+    assert_eq!(call(ArrayCall::Destroy { array }), Ok(ReplyBody::Unit));
+    let e = call(ArrayCall::Describe { array }).unwrap_err();
+    assert_eq!(e.code, codes::INVALID_HANDLE, "{e}");
+    session.close();
+    assert_eq!(device.mem_used(), used);
+}
+
+/// In a `shared` context a new array is zeroed before its session sees it
+/// (the fake, as a GPU, leaves whatever lay there).
+fn arrays_zeroed_when_shared(shared: &Arc<dyn cumux_server::Device>) {
+    let ctx = shared.create_context().unwrap();
+    let shape = ArrayShape {
+        width: 16,
+        height: 8,
+        depth: 2,
+        format: 0x20,
+        channels: 1,
+        flags: 0,
+    };
+    let bytes = 64 << 10;
+    let array = ctx.array(&ArrayOp::Create { shape, bytes }).unwrap();
+    let at = CopyEnd::Array {
+        array,
+        x_bytes: 0,
+        y: 0,
+        z: 0,
+    };
+    let extent = CopyExtent {
+        width_bytes: 64,
+        height: 8,
+        depth: 2,
+    };
+    let mut seen = vec![1u8; 1024];
+    ctx.array_copy(&at, &CopyEnd::Host, &extent, &[], &mut seen)
+        .unwrap();
+    assert!(seen.iter().all(|&b| b == 0), "a new array kept old bytes");
+    ctx.array(&ArrayOp::Destroy { array, bytes }).unwrap();
 }

@@ -4,7 +4,8 @@
 //! the device holding a pointer in it, else the device it names, else the
 //! calling thread's current context's.
 
-use cumux_protocol::{device_of_handle, Call, Handle, VmmCall, DEFAULT_STREAM};
+use cumux_protocol::arrays::{CopyEnd, Resource};
+use cumux_protocol::{device_of_handle, ArrayCall, Call, Handle, VmmCall, DEFAULT_STREAM};
 
 use crate::state::{current_device, Placements};
 
@@ -63,6 +64,29 @@ pub fn device_of_call(call: &Call, placements: &Placements) -> u32 {
             | VmmCall::GetAccess { ptr: p, .. }
             | VmmCall::Retain { ptr: p } => ptr(*p),
             VmmCall::Reserve { .. } | VmmCall::Import => None,
+        },
+        Call::Array(array) => match array {
+            ArrayCall::Destroy { array: h }
+            | ArrayCall::Describe { array: h }
+            | ArrayCall::SurfaceCreate { array: h }
+            | ArrayCall::DestroyMipmapped { mipmap: h }
+            | ArrayCall::Level { mipmap: h, .. } => handle(*h),
+            ArrayCall::Copy { src, dst, .. } => match (src, dst) {
+                (CopyEnd::Array { array: h, .. }, _) | (_, CopyEnd::Array { array: h, .. }) => {
+                    handle(*h)
+                }
+                _ => None,
+            },
+            ArrayCall::TextureCreate { resource, .. } => match resource {
+                Resource::Array(h) | Resource::Mipmapped(h) => handle(*h),
+                Resource::Linear { ptr: p, .. } | Resource::Pitch2D { ptr: p, .. } => ptr(*p),
+            },
+            ArrayCall::Create { .. }
+            | ArrayCall::CreateMipmapped { .. }
+            | ArrayCall::TextureDestroy { .. }
+            | ArrayCall::SurfaceDestroy { .. }
+            | ArrayCall::TextureDescribe { .. }
+            | ArrayCall::SurfaceDescribe { .. } => None,
         },
         Call::ModuleLoad { .. }
         | Call::SetLimit { .. }

@@ -7,8 +7,10 @@
 //! streams, events, pinned buffers, modules and functions; [`image`] checks and
 //! reads module images before the driver sees them; [`capture`] catches device
 //! `printf`, which the driver writes to the process's stdout; [`vmm`] has
-//! reservations, physical allocations and their mappings.
+//! reservations, physical allocations and their mappings; [`arrays`] has CUDA
+//! arrays, copies to and from them, texture and surface objects.
 
+pub mod arrays;
 pub mod capture;
 pub mod driver;
 pub mod error;
@@ -19,6 +21,7 @@ pub mod sys;
 pub mod tensor_map;
 pub mod vmm;
 
+pub use arrays::CopyPlace;
 pub use driver::{
     Context, DeviceId, Driver, MemsetValue, CUMUX_CLIENT_MARKERS, LIBCUDA_SONAME,
     MAX_DEVICE_ATTRIBUTE, REAL_LIBCUDA_ENV,

@@ -113,6 +113,11 @@ impl Stream {
         unsafe { self.copy_htod_async(dst, data) }
     }
 
+    /// The driver's handle, for this crate's other calls on the stream.
+    pub(crate) fn raw(&self) -> CUstream {
+        self.raw
+    }
+
     pub fn context(&self) -> &Arc<Context> {
         &self.ctx
     }

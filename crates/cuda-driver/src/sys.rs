@@ -172,6 +172,108 @@ pub const CU_MEM_LOCATION_TYPE_DEVICE: c_uint = 1;
 pub const CU_MEM_ALLOC_GRANULARITY_MINIMUM: c_uint = 0;
 pub const CU_MEM_ALLOC_GRANULARITY_RECOMMENDED: c_uint = 1;
 
+/// `CUDA_ARRAY3D_DESCRIPTOR` (40 bytes).
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy)]
+pub struct CUDA_ARRAY3D_DESCRIPTOR {
+    pub width: usize,
+    pub height: usize,
+    pub depth: usize,
+    pub format: c_uint,
+    pub num_channels: c_uint,
+    pub flags: c_uint,
+}
+
+/// `CUmemorytype` values of a copy's ends.
+pub const CU_MEMORYTYPE_HOST: c_uint = 1;
+pub const CU_MEMORYTYPE_DEVICE: c_uint = 2;
+pub const CU_MEMORYTYPE_ARRAY: c_uint = 3;
+
+/// `CUDA_MEMCPY3D` (200 bytes).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct CUDA_MEMCPY3D {
+    pub src_x_in_bytes: usize,
+    pub src_y: usize,
+    pub src_z: usize,
+    pub src_lod: usize,
+    pub src_memory_type: c_uint,
+    pub src_host: *const c_void,
+    pub src_device: CUdeviceptr,
+    pub src_array: *mut c_void,
+    pub reserved0: *mut c_void,
+    pub src_pitch: usize,
+    pub src_height: usize,
+    pub dst_x_in_bytes: usize,
+    pub dst_y: usize,
+    pub dst_z: usize,
+    pub dst_lod: usize,
+    pub dst_memory_type: c_uint,
+    pub dst_host: *mut c_void,
+    pub dst_device: CUdeviceptr,
+    pub dst_array: *mut c_void,
+    pub reserved1: *mut c_void,
+    pub dst_pitch: usize,
+    pub dst_height: usize,
+    pub width_in_bytes: usize,
+    pub height: usize,
+    pub depth: usize,
+}
+
+/// `CUresourcetype` values.
+pub const CU_RESOURCE_TYPE_ARRAY: c_uint = 0;
+pub const CU_RESOURCE_TYPE_MIPMAPPED_ARRAY: c_uint = 1;
+pub const CU_RESOURCE_TYPE_LINEAR: c_uint = 2;
+pub const CU_RESOURCE_TYPE_PITCH2D: c_uint = 3;
+
+/// `CUDA_RESOURCE_DESC` (144 bytes): the type, its union as eight-byte
+/// words (a handle or pointer first; format and channels share word 1),
+/// and flags.
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy)]
+pub struct CUDA_RESOURCE_DESC {
+    pub res_type: c_uint,
+    pub res: [u64; 16],
+    pub flags: c_uint,
+}
+
+/// `CUDA_TEXTURE_DESC` (104 bytes).
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy)]
+pub struct CUDA_TEXTURE_DESC {
+    pub address_mode: [c_uint; 3],
+    pub filter_mode: c_uint,
+    pub flags: c_uint,
+    pub max_anisotropy: c_uint,
+    pub mipmap_filter_mode: c_uint,
+    pub mipmap_level_bias: f32,
+    pub min_mipmap_level_clamp: f32,
+    pub max_mipmap_level_clamp: f32,
+    pub border_color: [f32; 4],
+    pub reserved: [c_int; 12],
+}
+
+/// `CUDA_RESOURCE_VIEW_DESC` (112 bytes).
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy)]
+pub struct CUDA_RESOURCE_VIEW_DESC {
+    pub format: c_uint,
+    pub width: usize,
+    pub height: usize,
+    pub depth: usize,
+    pub first_mipmap_level: c_uint,
+    pub last_mipmap_level: c_uint,
+    pub first_layer: c_uint,
+    pub last_layer: c_uint,
+    pub reserved: [c_uint; 16],
+}
+
+const _: () = assert!(std::mem::size_of::<CUDA_ARRAY3D_DESCRIPTOR>() == 40);
+const _: () = assert!(std::mem::size_of::<CUDA_MEMCPY3D>() == 200);
+const _: () = assert!(std::mem::size_of::<CUDA_RESOURCE_DESC>() == 144);
+const _: () = assert!(std::mem::size_of::<CUDA_TEXTURE_DESC>() == 104);
+const _: () = assert!(std::mem::size_of::<CUDA_RESOURCE_VIEW_DESC>() == 112);
+
 /// Declares [`Api`]: one optional fn pointer per entry point, resolved from the
 /// first name in its list that the library exports.
 macro_rules! driver_api {
@@ -321,6 +423,18 @@ driver_api! {
     cuMemMap ["cuMemMap"] (CUdeviceptr, usize, usize, CUmemGenericAllocationHandle, u64);
     cuMemUnmap ["cuMemUnmap"] (CUdeviceptr, usize);
     cuMemSetAccess ["cuMemSetAccess"] (CUdeviceptr, usize, *const CUmemAccessDesc, usize);
+    cuArray3DCreate ["cuArray3DCreate_v2"] (*mut Ptr, *const CUDA_ARRAY3D_DESCRIPTOR);
+    cuArrayDestroy ["cuArrayDestroy"] (Ptr);
+    cuMipmappedArrayCreate ["cuMipmappedArrayCreate"] (*mut Ptr, *const CUDA_ARRAY3D_DESCRIPTOR, c_uint);
+    cuMipmappedArrayGetLevel ["cuMipmappedArrayGetLevel"] (*mut Ptr, Ptr, c_uint);
+    cuMipmappedArrayDestroy ["cuMipmappedArrayDestroy"] (Ptr);
+    cuMemcpy3DAsync ["cuMemcpy3DAsync_v2"] (*const CUDA_MEMCPY3D, CUstream);
+    cuTexObjectCreate ["cuTexObjectCreate"] (
+        *mut u64, *const CUDA_RESOURCE_DESC, *const CUDA_TEXTURE_DESC, *const CUDA_RESOURCE_VIEW_DESC
+    );
+    cuTexObjectDestroy ["cuTexObjectDestroy"] (u64);
+    cuSurfObjectCreate ["cuSurfObjectCreate"] (*mut u64, *const CUDA_RESOURCE_DESC);
+    cuSurfObjectDestroy ["cuSurfObjectDestroy"] (u64);
     cuLaunchKernelEx ["cuLaunchKernelEx"] (*const CUlaunchConfig, CUfunction, *mut Ptr, *mut Ptr);
     cuLaunchKernel ["cuLaunchKernel"] (
         CUfunction, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, CUstream,

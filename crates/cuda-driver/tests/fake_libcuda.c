@@ -622,3 +622,171 @@ CUresult cuMemSetAccess(CUdeviceptr p, size_t size, const fake_access *desc, siz
     int prot = desc[0].flags == 3 ? PROT_READ | PROT_WRITE : desc[0].flags == 1 ? PROT_READ : PROT_NONE;
     return mprotect((void *)(uintptr_t)p, size, prot) ? 1 : 0;
 }
+
+/* CUDA arrays as host memory with their descriptor (elements packed, rows
+ * then layers), copies to and from them (cuMemcpy3D), and texture and
+ * surface objects as numbers over live arrays. */
+typedef struct { size_t w, h, d; unsigned format, channels, flags; } fake_array_desc;
+#define FAKE_ARRAY_MAGIC 0xa77a7u
+struct fake_array { unsigned magic; fake_array_desc desc; size_t row; unsigned char *data; };
+static size_t fake_channel_bytes(unsigned format) {
+    switch (format) {
+    case 0x01: case 0x08: return 1;
+    case 0x02: case 0x09: case 0x10: return 2;
+    case 0x03: case 0x0a: case 0x20: return 4;
+    default: return 0;
+    }
+}
+static size_t fake_rows(const fake_array_desc *d) { return d->h ? d->h : 1; }
+static size_t fake_layers(const fake_array_desc *d) { return d->d ? d->d : 1; }
+CUresult cuArray3DCreate_v2(void **out, const fake_array_desc *desc) {
+    size_t elem = fake_channel_bytes(desc->format) * desc->channels;
+    if (!out || !desc->w || !elem || (desc->channels != 1 && desc->channels != 2 && desc->channels != 4))
+        return 1;
+    struct fake_array *a = calloc(1, sizeof *a);
+    if (!a) return 2;
+    a->magic = FAKE_ARRAY_MAGIC;
+    a->desc = *desc;
+    a->row = desc->w * elem;
+    /* Not zeroed, as a GPU's new array is not: whatever lay there. */
+    a->data = malloc(fake_rows(desc) * fake_layers(desc) * a->row);
+    if (!a->data) { free(a); return 2; }
+    memset(a->data, 0xa5, fake_rows(desc) * fake_layers(desc) * a->row);
+    *out = a;
+    return 0;
+}
+static struct fake_array *fake_array_of(void *h) {
+    struct fake_array *a = h;
+    return a && a->magic == FAKE_ARRAY_MAGIC ? a : NULL;
+}
+CUresult cuArrayDestroy(void *h) {
+    struct fake_array *a = fake_array_of(h);
+    if (!a) return 400;
+    a->magic = 0;
+    free(a->data);
+    free(a);
+    return 0;
+}
+typedef struct {
+    size_t src_x, src_y, src_z, src_lod;
+    int src_type;
+    const void *src_host;
+    CUdeviceptr src_device;
+    void *src_array, *reserved0;
+    size_t src_pitch, src_height;
+    size_t dst_x, dst_y, dst_z, dst_lod;
+    int dst_type;
+    void *dst_host;
+    CUdeviceptr dst_device;
+    void *dst_array, *reserved1;
+    size_t dst_pitch, dst_height;
+    size_t width, height, depth;
+} fake_memcpy3d;
+/* The first byte of row (y, z) of one end, or NULL past an array's box. */
+static unsigned char *fake_row(int type, const void *host, CUdeviceptr device, void *array,
+                               size_t x, size_t y, size_t z, size_t pitch, size_t height,
+                               size_t width) {
+    switch (type) {
+    case 1: return (unsigned char *)host + (z * height + y) * pitch + x;
+    case 2: return (unsigned char *)(uintptr_t)device + (z * height + y) * pitch + x;
+    case 3: {
+        struct fake_array *a = fake_array_of(array);
+        if (!a || x + width > a->row || y >= fake_rows(&a->desc) || z >= fake_layers(&a->desc))
+            return NULL;
+        return a->data + (z * fake_rows(&a->desc) + y) * a->row + x;
+    }
+    default: return NULL;
+    }
+}
+CUresult cuMemcpy3D_v2(const fake_memcpy3d *c) {
+    if (!c) return 1;
+    size_t depth = c->depth ? c->depth : 1, height = c->height ? c->height : 1;
+    for (size_t z = 0; z < depth; z++)
+        for (size_t y = 0; y < height; y++) {
+            unsigned char *from = fake_row(c->src_type, c->src_host, c->src_device, c->src_array,
+                                           c->src_x, c->src_y + y, c->src_z + z, c->src_pitch,
+                                           c->src_height, c->width);
+            unsigned char *to = fake_row(c->dst_type, c->dst_host, c->dst_device, c->dst_array,
+                                         c->dst_x, c->dst_y + y, c->dst_z + z, c->dst_pitch,
+                                         c->dst_height, c->width);
+            if (!from || !to) return 1;
+            memmove(to, from, c->width);
+        }
+    return 0;
+}
+CUresult cuMemcpy3DAsync_v2(const fake_memcpy3d *c, void *s) { (void)s; return cuMemcpy3D_v2(c); }
+/* Objects: 0x7e00 + slot, over a live array (or any memory for linear ones). */
+#define FAKE_OBJECTS 64
+static int fake_objects[FAKE_OBJECTS];
+static pthread_mutex_t objects_lock = PTHREAD_MUTEX_INITIALIZER;
+typedef struct { unsigned type; unsigned long long words[16]; unsigned flags; } fake_resource;
+static CUresult fake_object(unsigned long long *out, const fake_resource *r, int surface) {
+    if (!out || !r || r->flags) return 1;
+    if (surface || r->type == 0) {
+        struct fake_array *a = fake_array_of((void *)(uintptr_t)r->words[0]);
+        if (r->type != 0 || !a) return 400;
+        if (surface && !(a->desc.flags & 0x02)) return 1;
+    } else if (r->type > 3) {
+        return 1;
+    }
+    pthread_mutex_lock(&objects_lock);
+    for (int i = 0; i < FAKE_OBJECTS; i++)
+        if (!fake_objects[i]) {
+            fake_objects[i] = 1;
+            pthread_mutex_unlock(&objects_lock);
+            *out = 0x7e00 + (unsigned long long)i;
+            return 0;
+        }
+    pthread_mutex_unlock(&objects_lock);
+    return 2;
+}
+static CUresult fake_object_destroy(unsigned long long o) {
+    if (o < 0x7e00 || o >= 0x7e00 + FAKE_OBJECTS) return 400;
+    pthread_mutex_lock(&objects_lock);
+    int live = fake_objects[o - 0x7e00];
+    fake_objects[o - 0x7e00] = 0;
+    pthread_mutex_unlock(&objects_lock);
+    return live ? 0 : 400;
+}
+CUresult cuTexObjectCreate(unsigned long long *o, const fake_resource *r, const void *tex, const void *view) {
+    (void)view;
+    return tex ? fake_object(o, r, 0) : 1;
+}
+CUresult cuTexObjectDestroy(unsigned long long o) { return fake_object_destroy(o); }
+CUresult cuSurfObjectCreate(unsigned long long *o, const fake_resource *r) { return fake_object(o, r, 1); }
+CUresult cuSurfObjectDestroy(unsigned long long o) { return fake_object_destroy(o); }
+/* Mipmapped arrays: one fake array per level, each dimension halved. */
+#define FAKE_MIPMAP_MAGIC 0xb1bb1u
+struct fake_mipmap { unsigned magic, levels; void *level[16]; };
+CUresult cuMipmappedArrayCreate(void **out, const fake_array_desc *desc, unsigned levels) {
+    if (!out || !levels || levels > 16) return 1;
+    struct fake_mipmap *m = calloc(1, sizeof *m);
+    if (!m) return 2;
+    for (unsigned l = 0; l < levels; l++) {
+        fake_array_desc d = *desc;
+        d.w = d.w >> l ? d.w >> l : 1;
+        if (d.h) d.h = d.h >> l ? d.h >> l : 1;
+        if (d.d) d.d = d.d >> l ? d.d >> l : 1;
+        CUresult r = cuArray3DCreate_v2(&m->level[l], &d);
+        if (r) return r;
+    }
+    m->magic = FAKE_MIPMAP_MAGIC;
+    m->levels = levels;
+    *out = m;
+    return 0;
+}
+CUresult cuMipmappedArrayGetLevel(void **out, void *h, unsigned level) {
+    struct fake_mipmap *m = h;
+    if (!m || m->magic != FAKE_MIPMAP_MAGIC) return 400;
+    if (!out || level >= m->levels) return 1;
+    *out = m->level[level];
+    return 0;
+}
+CUresult cuMipmappedArrayDestroy(void *h) {
+    struct fake_mipmap *m = h;
+    if (!m || m->magic != FAKE_MIPMAP_MAGIC) return 400;
+    for (unsigned l = 0; l < m->levels; l++) cuArrayDestroy(m->level[l]);
+    m->magic = 0;
+    free(m);
+    return 0;
+}

@@ -2,6 +2,7 @@
 //! Client driver and server share exactly these types; nothing else crosses the wire.
 
 pub mod address;
+pub mod arrays;
 pub mod framing;
 pub mod hop_trace;
 pub mod launch_checks;
@@ -14,6 +15,7 @@ pub mod tls;
 pub mod visible_devices;
 pub mod vmm;
 
+pub use arrays::ArrayCall;
 pub use framing::{
     read_bulk, read_frame, read_frame_within, read_message, write_frame, write_message, FrameError,
     MAX_FRAME_BYTES,
@@ -22,7 +24,7 @@ pub use messages::*;
 pub use vmm::{VmmCall, VmmProperties};
 
 /// Bumped whenever a message type changes shape. Client and server must agree.
-pub const PROTOCOL_VERSION: u32 = 18;
+pub const PROTOCOL_VERSION: u32 = 19;
 
 /// Unanswered calls (launches, async copies, event records) a client sends
 /// before a [`Call::Fence`]: what it may have in flight beyond the launches the

@@ -467,6 +467,9 @@ pub enum Call {
         limit: u32,
         value: u64,
     },
+    /// CUDA arrays, mipmapped arrays, texture and surface objects, and
+    /// copies to and from arrays (`crate::arrays`; protocol 19).
+    Array(crate::arrays::ArrayCall),
 }
 
 /// Bytes of a `CUipcMemHandle`.
@@ -589,6 +592,10 @@ pub enum ReplyBody {
     Moved {
         address: String,
     },
+    /// An array's descriptor ([`crate::arrays::ArrayCall::Describe`]).
+    Array(crate::arrays::ArrayShape),
+    /// A texture object's descriptors ([`crate::arrays::ArrayCall::TextureDescribe`]).
+    Texture(crate::arrays::TextureMade),
 }
 
 /// A `cuLaunchKernelEx` attribute that changes how a kernel runs.

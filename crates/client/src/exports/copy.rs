@@ -3,7 +3,8 @@
 //! the managed memory to push and the route its host side takes (a pinned
 //! buffer, the staging buffer, or bytes on the wire), records the work when
 //! its stream is being captured, and lets the lock go before anything moves.
-//! 2-D and 3-D copies are split into rows here.
+//! 2-D and 3-D copies are split into rows here; those with an array end are
+//! `array`'s.
 
 use std::ffi::c_void;
 
@@ -425,10 +426,6 @@ fn side(st: &State, kind: CUmemorytype, host: usize, device: u64) -> CuResult<Si
         CU_MEMORYTYPE_DEVICE => Ok(Side::Device(device)),
         CU_MEMORYTYPE_UNIFIED if st.is_device_memory(device) => Ok(Side::Device(device)),
         CU_MEMORYTYPE_UNIFIED => Ok(Side::Host(device as usize)),
-        CU_MEMORYTYPE_ARRAY => {
-            tracing::warn!("copies to or from CUDA arrays are not implemented");
-            Err(CUDA_ERROR_NOT_SUPPORTED)
-        }
         _ => Err(CUDA_ERROR_INVALID_VALUE),
     }
 }
@@ -599,6 +596,9 @@ fn or(value: usize, default: usize) -> usize {
 }
 
 fn copy_2d(c: &Client, p: &CUDA_MEMCPY2D, stream: Option<Handle>) -> CuResult<()> {
+    if p.srcMemoryType == CU_MEMORYTYPE_ARRAY || p.dstMemoryType == CU_MEMORYTYPE_ARRAY {
+        return super::array::memcpy_2d(c, p, stream);
+    }
     let st = ready(c, stream)?;
     let src = side(&st, p.srcMemoryType, p.srcHost as usize, p.srcDevice)?;
     let dst = side(&st, p.dstMemoryType, p.dstHost as usize, p.dstDevice)?;
@@ -624,6 +624,9 @@ fn copy_2d(c: &Client, p: &CUDA_MEMCPY2D, stream: Option<Handle>) -> CuResult<()
 }
 
 pub(crate) fn copy_3d(c: &Client, p: &CUDA_MEMCPY3D, stream: Option<Handle>) -> CuResult<()> {
+    if p.srcMemoryType == CU_MEMORYTYPE_ARRAY || p.dstMemoryType == CU_MEMORYTYPE_ARRAY {
+        return super::array::memcpy_3d(c, p, stream);
+    }
     let st = ready(c, stream)?;
     let src = side(&st, p.srcMemoryType, p.srcHost as usize, p.srcDevice)?;
     let dst = side(&st, p.dstMemoryType, p.dstHost as usize, p.dstDevice)?;

@@ -79,6 +79,8 @@ macro_rules! driver_symbols {
 }
 pub(crate) use driver_symbols;
 
+mod array;
+mod array_descs;
 mod context;
 mod copy;
 mod cuda13x;
@@ -104,6 +106,7 @@ mod sync;
 mod tensor_map;
 mod vmm;
 
+pub use array::*;
 pub use context::*;
 pub use copy::*;
 pub use cuda13x::*;

@@ -2,6 +2,7 @@
 //! the encoded message, and how they are put back on the other side.
 
 use super::layout::ShmError;
+use crate::arrays::ArrayCall;
 use crate::messages::{Call, Reply, ReplyBody};
 
 /// Byte buffers of at least this size travel in the bulk ring, not inside the message.
@@ -14,6 +15,7 @@ pub fn take_call_bulk(call: &mut Call) -> Vec<u8> {
         Call::MemcpyHtoD { data: b, .. }
         | Call::ModuleLoad { image: b }
         | Call::Launch { params: b, .. }
+        | Call::Array(ArrayCall::Copy { data: b, .. })
             if b.len() >= BULK_THRESHOLD =>
         {
             std::mem::take(b)
@@ -32,6 +34,7 @@ pub fn put_call_bulk(call: &mut Call, bulk: Vec<u8>) -> Result<(), ShmError> {
         Call::MemcpyHtoD { data: b, .. }
         | Call::ModuleLoad { image: b }
         | Call::Launch { params: b, .. }
+        | Call::Array(ArrayCall::Copy { data: b, .. })
             if b.is_empty() =>
         {
             *b = bulk;

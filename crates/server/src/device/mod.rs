@@ -3,6 +3,7 @@
 //! launches, all synchronous) and, for backends that order work on streams
 //! themselves, [`StreamOrdered`]; and the plain types that cross them.
 
+pub mod arrays;
 pub mod attributes;
 pub mod backends;
 #[cfg(feature = "cpu")]
@@ -20,6 +21,7 @@ pub mod spin;
 use std::os::fd::{BorrowedFd, OwnedFd};
 use std::sync::Arc;
 
+use cumux_protocol::arrays::{CopyEnd, CopyExtent};
 use cumux_protocol::pinned::HostMapping;
 use cumux_protocol::{
     CuError, DeviceInfo, DevicePtr, FunctionAttrs, Handle, LaunchAttribute, ParamInfo,
@@ -313,6 +315,26 @@ pub trait DeviceContext: Send + Sync {
             cumux_protocol::codes::NOT_SUPPORTED,
             "this device has no virtual memory management",
         ))
+    }
+    /// Runs one array operation ([`arrays::ArrayOp`]): the id of what it
+    /// made, else 0. The session destroys what it made here at its end.
+    fn array(&self, op: &arrays::ArrayOp) -> Result<u64, CuError> {
+        let _ = op;
+        Err(arrays::no_arrays())
+    }
+    /// Copies `extent` from `src` to `dst`, at least one an array (by its
+    /// backend id), synchronously; a host source's bytes are `from_host`, a
+    /// host destination's go to `to_host` (each the packed box).
+    fn array_copy(
+        &self,
+        src: &CopyEnd,
+        dst: &CopyEnd,
+        extent: &CopyExtent,
+        from_host: &[u8],
+        to_host: &mut [u8],
+    ) -> Result<(), CuError> {
+        let _ = (src, dst, extent, from_host, to_host);
+        Err(arrays::no_arrays())
     }
     /// A physical allocation made `shareable` as a file descriptor another
     /// process imports ([`DeviceContext::vmm_import`]): the driver's own.

@@ -4,6 +4,8 @@
 //! and its clean-up. Each child module holds one part of the calls' work.
 
 mod aliases;
+mod array_tables;
+mod arrays;
 mod core;
 mod graphs;
 pub mod image;
@@ -133,6 +135,8 @@ pub struct Session {
     ipc_opened: BTreeMap<DevicePtr, u64>,
     /// Reservations, physical allocations and mappings (`cuMemMap` …).
     vmm: vmm_tables::VmmTables,
+    /// CUDA arrays, mipmapped arrays, texture and surface objects.
+    arrays: array_tables::ArrayTables,
     modules: HashMap<Handle, ModuleEntry>,
     functions: HashMap<Handle, FunctionEntry>,
     /// The device's launch limits, looked up once (every launch is checked against them).
@@ -382,6 +386,7 @@ impl Session {
             ipc_opened: BTreeMap::new(),
             globals: BTreeMap::new(),
             vmm: vmm_tables::VmmTables::default(),
+            arrays: array_tables::ArrayTables::default(),
             modules: HashMap::new(),
             functions: HashMap::new(),
             limits,
@@ -830,6 +835,7 @@ impl Session {
                 stream,
             } => self.memcpy_host(src, region, offset, bytes, stream, false),
             Call::Vmm(call) => self.vmm_call(call),
+            Call::Array(call) => self.array_call(call),
             Call::IpcGetMemHandle { ptr } => self.ipc_get(ptr),
             Call::IpcOpenMemHandle { handle, flags } => self.ipc_open(handle, flags),
             Call::IpcCloseMemHandle { ptr } => self.ipc_close(ptr),
@@ -917,6 +923,7 @@ impl Session {
         for (_, bytes) in std::mem::take(&mut self.module_bytes) {
             self.release(bytes);
         }
+        self.arrays_teardown();
         self.vmm_teardown();
         self.core.stats.mem_used.store(0, Ordering::Relaxed);
         self.core.stats.allocations.store(0, Ordering::Relaxed);

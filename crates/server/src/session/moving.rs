@@ -125,6 +125,9 @@ impl Session {
         if !self.vmm.is_empty() {
             return Some("it holds virtual memory (cuMemCreate, cuMemMap)".into());
         }
+        if !self.arrays.is_empty() {
+            return Some("it holds CUDA arrays or texture or surface objects".into());
+        }
         if let Some(why) = self.ctx.movable().and_then(|m| m.unmovable()) {
             return Some(why);
         }

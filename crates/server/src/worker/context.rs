@@ -15,6 +15,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use cumux_protocol::arrays::{CopyEnd, CopyExtent};
 use cumux_protocol::framing::MAX_CHUNK_BYTES;
 use cumux_protocol::hop_trace::{self, Hop};
 use cumux_protocol::{
@@ -29,6 +30,7 @@ use super::watchdog::{AreaWatch, ContextWatch};
 use super::wire::{
     WireWork, WorkerReply, WorkerRequest, WorkerValue, MAX_IMAGE_PARTS, NONCE_BYTES,
 };
+use crate::device::arrays::ArrayOp;
 use crate::device::memory_use::ContextMemory;
 use crate::device::ordering::not_a_launch;
 use crate::device::signals::SignalArea;
@@ -62,7 +64,7 @@ pub struct WorkerContext {
     /// This connection's signal area, as the watchdog reads it.
     area_watch: Mutex<Option<Arc<AreaWatch>>>,
     /// This connection's allocations, in the device's bytes in use.
-    memory: ContextMemory,
+    pub(super) memory: ContextMemory,
     next_module: Arc<AtomicU64>,
     /// Device-wide module id → the worker's id and the bytes of its globals.
     modules: Mutex<HashMap<ModuleId, (ModuleId, u64)>>,
@@ -822,6 +824,21 @@ impl DeviceContext for WorkerContext {
             _ => {}
         }
         Ok(value)
+    }
+
+    fn array(&self, op: &ArrayOp) -> Result<u64, CuError> {
+        self.array_in_worker(op)
+    }
+
+    fn array_copy(
+        &self,
+        src: &CopyEnd,
+        dst: &CopyEnd,
+        extent: &CopyExtent,
+        from_host: &[u8],
+        to_host: &mut [u8],
+    ) -> Result<(), CuError> {
+        self.array_copy_in_worker(src, dst, extent, from_host, to_host)
     }
 
     /// The peer is the program's context on another device, in this

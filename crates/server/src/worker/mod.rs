@@ -26,8 +26,10 @@
 //! session's view of a `shared`-mode context; [`colocation`] keeps one program's
 //! contexts on several devices in one process; [`watchdog`] resets contexts whose
 //! kernels never end; [`process`] is the worker process's own loop, with
-//! [`regions`] its table of pinned host regions.
+//! [`regions`] its table of pinned host regions; [`arrays`] sends a context's
+//! CUDA array calls to its worker.
 
+pub mod arrays;
 pub mod colocation;
 pub mod context;
 pub mod device;

@@ -14,6 +14,7 @@ use std::sync::{Arc, Mutex, Weak};
 use std::thread::Scope;
 use std::time::{Duration, Instant};
 
+use cumux_protocol::arrays::CopyEnd;
 use cumux_protocol::framing::MAX_CHUNK_BYTES;
 use cumux_protocol::hop_trace::{self, Hop};
 use cumux_protocol::shm::ShmLayout;
@@ -541,6 +542,32 @@ impl Served<'_, '_> {
             }),
             WorkerRequest::Vmm(op) => {
                 guarded(kind, || value(ctx.vmm(&op).map(WorkerValue::Number)))
+            }
+            WorkerRequest::Array(op) => {
+                guarded(kind, || value(ctx.array(&op).map(WorkerValue::Number)))
+            }
+            WorkerRequest::ArrayCopy { src, dst, extent } => {
+                if src == CopyEnd::Host {
+                    conn.link.recv_frame(&mut conn.data).map_err(io_err)?;
+                }
+                let from: &[u8] = match src {
+                    CopyEnd::Host => &conn.data,
+                    _ => &[],
+                };
+                let copy = |to: &mut [u8]| ctx.array_copy(&src, &dst, &extent, from, to);
+                match (dst, extent.packed_bytes()) {
+                    (CopyEnd::Host, Some(len)) => guarded(kind, || {
+                        read_into(len, |buf| LaunchOutcome {
+                            stdout: Vec::new(),
+                            result: copy(buf),
+                        })
+                    }),
+                    (CopyEnd::Host, None) => {
+                        let e = CuError::new(codes::INVALID_VALUE, "a copy past u64");
+                        return conn.reply(Err(e));
+                    }
+                    _ => guarded(kind, || unit(copy(&mut []))),
+                }
             }
             WorkerRequest::ContextId => {
                 return conn.reply(Ok(WorkerValue::Number(conn.context_id)));

@@ -28,9 +28,12 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
+use cumux_protocol::arrays::{CopyEnd, CopyExtent};
 use cumux_protocol::{CuError, DevicePtr, Handle, TensorMapRequest, DEFAULT_STREAM};
 
+use super::arrays::zero_new;
 use super::context::WorkerContext;
+use crate::device::arrays::ArrayOp;
 use crate::device::ordering::{EVENT_DISABLE_TIMING, NON_BLOCKING};
 use crate::device::{
     DeviceContext, HostRegion, KernelLaunch, LaunchOutcome, LoadedModule, ModuleId, StreamOrdered,
@@ -412,6 +415,36 @@ impl DeviceContext for SharedView {
 
     fn set_limit(&self, limit: u32, value: u64) -> Result<(), CuError> {
         self.conn.set_limit(limit, value)
+    }
+
+    /// The session's arrays and objects are its own in the shared context;
+    /// the session destroys them at its end. A new array is zeroed before
+    /// the session sees it, as freed memory is scrubbed.
+    fn array(&self, op: &ArrayOp) -> Result<u64, CuError> {
+        let id = self.conn.array(op)?;
+        if let Err(e) = zero_new(&self.conn, op, id) {
+            let undo = match *op {
+                ArrayOp::Create { bytes, .. } => ArrayOp::Destroy { array: id, bytes },
+                ArrayOp::CreateMipmapped { bytes, .. } => {
+                    ArrayOp::DestroyMipmapped { mipmap: id, bytes }
+                }
+                _ => return Err(e),
+            };
+            let _ = self.conn.array(&undo);
+            return Err(e);
+        }
+        Ok(id)
+    }
+
+    fn array_copy(
+        &self,
+        src: &CopyEnd,
+        dst: &CopyEnd,
+        extent: &CopyExtent,
+        from_host: &[u8],
+        to_host: &mut [u8],
+    ) -> Result<(), CuError> {
+        self.conn.array_copy(src, dst, extent, from_host, to_host)
     }
 
     fn host_register(&self, region: HostRegion<'_>) -> Result<bool, CuError> {

@@ -9,10 +9,12 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use cumux_protocol::arrays::{CopyEnd, CopyExtent};
 use cumux_protocol::shm::ShmLayout;
 use cumux_protocol::{codes, CuError, DevicePtr, Handle, TensorMapRequest};
 use serde::{Deserialize, Serialize};
 
+use crate::device::arrays::ArrayOp;
 use crate::device::host_span::HostSpan;
 use crate::device::{KernelLaunch, LoadedModule, MemFill, ModuleId, StreamWork, SyncTarget, VmmOp};
 
@@ -149,6 +151,18 @@ pub enum WorkerRequest {
     /// A virtual memory operation on the context, checked by the session;
     /// answered by [`WorkerValue::Number`].
     Vmm(VmmOp),
+    /// An array operation on the context, checked by the session; answered
+    /// by [`WorkerValue::Number`].
+    Array(ArrayOp),
+    /// `DeviceContext::array_copy`: followed by one raw frame, the packed
+    /// box, where `src` is the host; where `dst` is, answered by
+    /// [`WorkerValue::Bytes`] and one raw frame of the box (at most
+    /// `MAX_CHUNK_BYTES`), else by `Unit`.
+    ArrayCopy {
+        src: CopyEnd,
+        dst: CopyEnd,
+        extent: CopyExtent,
+    },
     /// `StreamOrdered::event_ipc_handle`: answered by [`WorkerValue::IpcHandle`].
     EventIpcHandle {
         event: Handle,

@@ -15,15 +15,18 @@ use cumux_cuda_driver::{
     self as cu, CudaError, Event, Function, GraphExec, HostRegistration, LaunchConfig, Module,
     Stream,
 };
+use cumux_protocol::arrays::{CopyEnd, CopyExtent};
 use cumux_protocol::hop_trace::{self, Hop};
 use cumux_protocol::pinned::{FixedMapping, HostMapping};
 use cumux_protocol::{codes, CuError, DevicePtr, Handle, TensorMapLayout, TensorMapRequest};
 
 use cumux_cuda_driver::sys::{CU_MEMHOSTREGISTER_DEVICEMAP, CU_MEMHOSTREGISTER_PORTABLE};
 
+use super::arrays;
 use super::convert::{cu_err, fill_of, function_attrs, launch_attr, memset, param_infos};
 use super::exported;
 use super::placed::Placed;
+use crate::device::arrays::ArrayOp;
 use crate::device::memory_use::ContextMemory;
 use crate::device::{
     DeviceContext, GlobalDesc, HostRegion, KernelDesc, KernelLaunch, LaunchOutcome, LoadedModule,
@@ -591,6 +594,34 @@ impl DeviceContext for CudaContext {
             }
         };
         done.map_err(cu_err)
+    }
+
+    fn array(&self, op: &ArrayOp) -> Result<u64, CuError> {
+        let id = arrays::run(self.ctx()?, op)?;
+        match *op {
+            ArrayOp::Create { bytes, .. } | ArrayOp::CreateMipmapped { bytes, .. } => {
+                self.memory.charge(bytes)
+            }
+            ArrayOp::Destroy { bytes, .. } | ArrayOp::DestroyMipmapped { bytes, .. } => {
+                self.memory.release(bytes)
+            }
+            _ => {}
+        }
+        Ok(id)
+    }
+
+    fn array_copy(
+        &self,
+        src: &CopyEnd,
+        dst: &CopyEnd,
+        extent: &CopyExtent,
+        from_host: &[u8],
+        to_host: &mut [u8],
+    ) -> Result<(), CuError> {
+        // On the calling thread's stream, waited for: a kernel queued after
+        // it on another stream finds the copy done.
+        let stream = self.stream()?;
+        self.flushing(|| arrays::copy(&stream, src, dst, extent, from_host, to_host))
     }
 }
 

@@ -12,8 +12,10 @@
 //!
 //! Map: this file is the device ([`CudaDevice`]); [`context`] a session's
 //! context and its synchronous calls; [`ordered`] its streams, events and
-//! graphs; [`convert`] the conversions between the driver's types and cumux's.
+//! graphs; [`convert`] the conversions between the driver's types and cumux's;
+//! [`arrays`] CUDA arrays, texture and surface objects.
 
+pub mod arrays;
 pub mod context;
 pub mod convert;
 mod exported;
