@@ -1,0 +1,378 @@
+//! A launch of a compiled kernel: blocks spread over host workers as the
+//! interpreter spreads them; inside a block the threads run one after the
+//! other from their resume points up to the next barrier (thread-coarsened
+//! regions), with the interpreter's budgets, cancel flag and fault order.
+
+use super::compiled::CompiledKernel;
+use super::runtime::{Ctx, RET_EXIT, RET_FAULT};
+use crate::exec::BLOCK_MEMORY_LIMIT;
+use crate::ir::{Module, Op, SReg};
+use crate::launch::{Fault, LaunchConfig, LaunchLimits, LaunchReport, LAUNCH_CHECK_INTERVAL};
+use crate::memory::{DeviceMemory, MemView};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Mutex;
+
+/// Reserved shared memory of a block whose module reads
+/// `%reserved_smem_offset_*` (as the interpreter gives it).
+const RESERVED_SMEM: u64 = 1024;
+
+/// Launch-wide facts every worker reads.
+struct Grid<'a> {
+    kernel: &'a CompiledKernel,
+    mem: &'a MemView<'a>,
+    params: &'a [u64],
+    params_len: u64,
+    cfg: LaunchConfig,
+    shared_bytes: u64,
+    limits: &'a LaunchLimits<'a>,
+    executed: AtomicU64,
+    abort: AtomicBool,
+}
+
+/// Runs compiled kernel `kernel` of module `m` over the grid (a
+/// configuration already checked against the kernel's limits).
+pub(crate) fn launch(
+    kernel: &CompiledKernel,
+    m: &Module,
+    mem: &DeviceMemory,
+    cfg: &LaunchConfig,
+    params: &[u8],
+    limits: &LaunchLimits<'_>,
+) -> LaunchReport {
+    let threads: u64 = cfg.block.iter().map(|&v| v as u64).product();
+    let per_thread = kernel.nregs as u64 * 8 + kernel.frame_bytes as u64;
+    if per_thread.saturating_mul(threads) > BLOCK_MEMORY_LIMIT as u64 {
+        return LaunchReport::failed(Fault::OutOfResources(format!(
+            "{threads} threads with {per_thread} bytes of registers and local memory each"
+        )));
+    }
+    let uses =
+        |wanted: fn(&Op) -> bool| m.funcs.iter().any(|f| f.code.iter().any(|i| wanted(&i.op)));
+    let mut shared_bytes = m.dyn_shared_base as u64 + cfg.dynamic_shared_bytes as u64;
+    if uses(|op| {
+        matches!(
+            op,
+            Op::Special {
+                r: SReg::ReservedSmem(_),
+                ..
+            }
+        )
+    }) {
+        shared_bytes = shared_bytes.next_multiple_of(16) + RESERVED_SMEM;
+    }
+    if uses(|op| matches!(op, Op::Malloc { .. } | Op::Free { .. })) {
+        if let Err(e) = mem.ensure_heap() {
+            return LaunchReport::failed(Fault::OutOfResources(format!(
+                "no room for the device heap of {} bytes: {e}",
+                mem.heap_limit()
+            )));
+        }
+    }
+    let view = mem.view();
+    let mut pwords = vec![0u64; params.len().div_ceil(8)];
+    for (k, b) in params.iter().enumerate() {
+        pwords[k / 8] |= (*b as u64) << (8 * (k % 8));
+    }
+    let g = Grid {
+        kernel,
+        mem: &view,
+        params: &pwords,
+        params_len: params.len() as u64,
+        cfg: *cfg,
+        shared_bytes,
+        limits,
+        executed: AtomicU64::new(0),
+        abort: AtomicBool::new(false),
+    };
+    run_grid(&g)
+}
+
+/// Host workers of a launch, as the interpreter counts them.
+fn worker_count(limits: &LaunchLimits<'_>, blocks: u64) -> usize {
+    Some(limits.workers)
+        .filter(|&n| n > 0)
+        .or_else(|| {
+            std::env::var("CUMUX_PTX_THREADS")
+                .ok()
+                .and_then(|v| v.parse::<usize>().ok())
+                .filter(|&n| n > 0)
+        })
+        .or_else(|| std::thread::available_parallelism().map(|n| n.get()).ok())
+        .unwrap_or(1)
+        .min(blocks.max(1) as usize)
+        .max(1)
+}
+
+fn run_grid(g: &Grid<'_>) -> LaunchReport {
+    let total: u64 = g.cfg.grid.iter().map(|&v| v as u64).product();
+    let next = AtomicU64::new(0);
+    let fault: Mutex<Option<(u64, Fault)>> = Mutex::new(None);
+    let work = || {
+        let mut w = Worker::new(g);
+        loop {
+            if g.abort.load(Ordering::Relaxed) {
+                break;
+            }
+            let id = next.fetch_add(1, Ordering::Relaxed);
+            if id >= total {
+                break;
+            }
+            if cancelled(g) {
+                record_fault(
+                    &fault,
+                    id,
+                    Fault::Cancelled("before a block started".into()),
+                );
+                g.abort.store(true, Ordering::Relaxed);
+                break;
+            }
+            let r = w.run_block(g, id);
+            let ctaid = w.ctaid;
+            let done = w.instructions;
+            let r = r.and(w.launch_check(g, done, || format!("by block {ctaid:?}")));
+            if let Err(e) = r {
+                let stopped = g.abort.load(Ordering::Relaxed) && matches!(e, Fault::Cancelled(_));
+                if !stopped {
+                    record_fault(&fault, id, e);
+                }
+                g.abort.store(true, Ordering::Relaxed);
+                break;
+            }
+        }
+    };
+    let workers = worker_count(g.limits, total);
+    if workers == 1 {
+        work();
+    } else {
+        std::thread::scope(|s| {
+            for _ in 0..workers {
+                s.spawn(work);
+            }
+        });
+    }
+    let result = match fault.into_inner().unwrap_or_else(|e| e.into_inner()) {
+        Some((_, f)) => Err(f),
+        None => Ok(()),
+    };
+    LaunchReport {
+        stdout: Vec::new(),
+        instructions: g.executed.load(Ordering::Relaxed),
+        result,
+    }
+}
+
+fn cancelled(g: &Grid<'_>) -> bool {
+    g.limits.cancel.is_some_and(|c| c.load(Ordering::Relaxed))
+}
+
+/// Keeps `e`, the fault of block `id`, if no lower block faulted.
+fn record_fault(fault: &Mutex<Option<(u64, Fault)>>, id: u64, e: Fault) {
+    let mut f = fault.lock().unwrap_or_else(|e| e.into_inner());
+    if f.as_ref().is_none_or(|(b, _)| id < *b) {
+        *f = Some((id, e));
+    }
+}
+
+/// Thread states between regions.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum State {
+    Ready,
+    AtBarrier,
+    Exited,
+}
+
+/// One worker's buffers, reused block after block.
+struct Worker {
+    regs: Vec<u64>,
+    local: Vec<u64>,
+    shared: Vec<u64>,
+    resume: Vec<u32>,
+    state: Vec<State>,
+    ctaid: [u32; 3],
+    /// Instructions of the running block, and those already counted.
+    instructions: u64,
+    counted: u64,
+}
+
+impl Worker {
+    fn new(g: &Grid<'_>) -> Worker {
+        let n = g.cfg.block.iter().product::<u32>() as usize;
+        let local_words = (g.kernel.frame_bytes as usize).div_ceil(8);
+        Worker {
+            regs: vec![0; n * g.kernel.nregs as usize],
+            local: vec![0; n * local_words],
+            shared: vec![0; (g.shared_bytes as usize).div_ceil(8)],
+            resume: vec![0; n],
+            state: vec![State::Ready; n],
+            ctaid: [0; 3],
+            instructions: 0,
+            counted: 0,
+        }
+    }
+
+    /// Adds the block's instructions up to `done` to the launch's count and
+    /// checks the launch's budget, cancel flag and abort flag.
+    fn launch_check(
+        &mut self,
+        g: &Grid<'_>,
+        done: u64,
+        place: impl FnOnce() -> String,
+    ) -> Result<(), Fault> {
+        let added = done.wrapping_sub(self.counted);
+        self.counted = done;
+        let total = g
+            .executed
+            .fetch_add(added, Ordering::Relaxed)
+            .saturating_add(added);
+        if total > g.limits.per_launch {
+            return Err(Fault::Timeout(format!(
+                "instruction limit of {} per launch exceeded {}",
+                g.limits.per_launch,
+                place()
+            )));
+        }
+        if cancelled(g) {
+            return Err(Fault::Cancelled(format!("stopped {}", place())));
+        }
+        if g.abort.load(Ordering::Relaxed) {
+            return Err(Fault::Cancelled(format!(
+                "stopped {} after another block faulted",
+                place()
+            )));
+        }
+        Ok(())
+    }
+
+    fn next_check(g: &Grid<'_>, done: u64) -> u64 {
+        done.saturating_add(LAUNCH_CHECK_INTERVAL)
+            .min(g.limits.per_block)
+    }
+
+    /// Runs block `block_id`: every ready thread up to its next stop, round
+    /// after round; a barrier all live threads wait at lets them all go on.
+    fn run_block(&mut self, g: &Grid<'_>, block_id: u64) -> Result<(), Fault> {
+        let [gx, gy, _] = g.cfg.grid;
+        self.ctaid = [
+            (block_id % gx as u64) as u32,
+            ((block_id / gx as u64) % gy as u64) as u32,
+            (block_id / (gx as u64 * gy as u64)) as u32,
+        ];
+        self.instructions = 0;
+        self.counted = 0;
+        self.regs.fill(0);
+        self.local.fill(0);
+        self.shared.fill(0);
+        self.resume.fill(0);
+        self.state.fill(State::Ready);
+        let n = self.state.len();
+        let nregs = g.kernel.nregs as usize;
+        let local_words = (g.kernel.frame_bytes as usize).div_ceil(8);
+        let ntid = g.cfg.block;
+        let mut ctx = Ctx {
+            shared: self.shared.as_mut_ptr() as *mut u8,
+            shared_bytes: g.shared_bytes,
+            params: g.params.as_ptr() as *const u8,
+            params_len: g.params_len,
+            gbase: 0,
+            glen: 0,
+            gptr: std::ptr::null_mut(),
+            instructions: 0,
+            check_at: Self::next_check(g, 0),
+            local_bytes: g.kernel.frame_bytes as u64,
+            yield_line: 0,
+            ntid,
+            nctaid: g.cfg.grid,
+            ctaid: self.ctaid,
+            mem: g.mem,
+            fault: None,
+        };
+        let result = loop {
+            let mut failed = None;
+            for t in 0..n {
+                if self.state[t] != State::Ready {
+                    continue;
+                }
+                let lin = t as u32;
+                let tid = [
+                    lin % ntid[0].max(1),
+                    (lin / ntid[0].max(1)) % ntid[1].max(1),
+                    lin / (ntid[0].max(1) * ntid[1].max(1)),
+                ];
+                let regs = self.regs[t * nregs..].as_mut_ptr();
+                let local = self.local[t * local_words..].as_mut_ptr() as *mut u8;
+                // SAFETY: the compiled kernel gets this block's live context,
+                // the thread's `nregs` registers and `frame_bytes` of local
+                // memory (what it was compiled for), and a resume id it returned.
+                let r = unsafe {
+                    (g.kernel.entry)(
+                        &mut ctx,
+                        regs,
+                        local,
+                        lin,
+                        tid[0],
+                        tid[1],
+                        tid[2],
+                        self.resume[t],
+                    )
+                };
+                match r {
+                    RET_EXIT => self.state[t] = State::Exited,
+                    RET_FAULT => {
+                        failed = Some(ctx.fault.take().unwrap_or_else(|| {
+                            Fault::Failed("internal error: compiled code faulted".into())
+                        }));
+                        break;
+                    }
+                    r => {
+                        self.resume[t] = r >> 1;
+                        if r & 1 == 0 {
+                            self.state[t] = State::AtBarrier;
+                        } else if let Err(e) = self.checkpoint(g, &mut ctx) {
+                            failed = Some(e);
+                            break;
+                        }
+                    }
+                }
+            }
+            if let Some(f) = failed {
+                break Err(f);
+            }
+            let alive = self.state.iter().filter(|&&s| s != State::Exited).count();
+            if alive == 0 {
+                break Ok(());
+            }
+            let waiting = self
+                .state
+                .iter()
+                .filter(|&&s| s == State::AtBarrier)
+                .count();
+            if waiting == alive {
+                for s in self.state.iter_mut() {
+                    if *s == State::AtBarrier {
+                        *s = State::Ready;
+                    }
+                }
+            }
+        };
+        self.instructions = ctx.instructions;
+        result
+    }
+
+    /// The check of a thread that yielded at a backward branch past
+    /// `ctx.check_at`: the block's and launch's budgets and the cancel flag.
+    #[cold]
+    fn checkpoint(&mut self, g: &Grid<'_>, ctx: &mut Ctx<'_>) -> Result<(), Fault> {
+        let done = ctx.instructions;
+        let line = ctx.yield_line;
+        if done > g.limits.per_block {
+            return Err(Fault::Timeout(format!(
+                "instruction limit of {} per block exceeded at line {line}",
+                g.limits.per_block
+            )));
+        }
+        let ctaid = self.ctaid;
+        self.launch_check(g, done, || format!("at line {line} of block {ctaid:?}"))?;
+        ctx.check_at = Self::next_check(g, done);
+        Ok(())
+    }
+}

@@ -1,0 +1,273 @@
+//! What compiled kernel code sees at run time: the block's context (`Ctx`,
+//! read at fixed offsets by the generated code) and the helpers it calls for
+//! what it does not open-code: register ops evaluated by the interpreter's
+//! own `alu` step, and checked memory accesses on their slow path.
+
+use crate::exec::{run_register_op, LOCAL_WINDOW, PARAM_WINDOW, SHARED_WINDOW};
+use crate::ir::{Op, Sp};
+use crate::launch::Fault;
+use crate::memory::{atomic_load, atomic_store, MemView, DEVICE_VA_BASE};
+
+/// Size of each generic-address window of shared, local and param space.
+pub(super) const WINDOW_BYTES: u64 = 1 << 32;
+
+/// A compiled kernel region's return: the thread exited.
+pub(super) const RET_EXIT: u32 = u32::MAX;
+/// A compiled kernel region's return: the thread faulted (`Ctx::fault`).
+pub(super) const RET_FAULT: u32 = u32::MAX - 1;
+
+/// The compiled kernel: `(ctx, regs, local, lin, tid.x, tid.y, tid.z, resume)`
+/// runs one thread from resume point `resume` to its next barrier, yield,
+/// exit or fault; it returns `resume_point << 1 | yielded`, [`RET_EXIT`] or
+/// [`RET_FAULT`].
+pub(super) type KernelFn =
+    unsafe extern "C" fn(*mut Ctx<'_>, *mut u64, *mut u8, u32, u32, u32, u32, u32) -> u32;
+
+/// The running block as compiled code sees it. The fields up to `ctaid` are
+/// read and written by generated code at their `offset_of!` offsets.
+#[repr(C)]
+pub(super) struct Ctx<'a> {
+    pub shared: *mut u8,
+    pub shared_bytes: u64,
+    pub params: *const u8,
+    pub params_len: u64,
+    /// The last global allocation resolved: base, length, host pointer.
+    pub gbase: u64,
+    pub glen: u64,
+    pub gptr: *mut u8,
+    /// Instructions the block executed so far.
+    pub instructions: u64,
+    /// A backward branch past this many instructions yields (budget checks).
+    pub check_at: u64,
+    /// Bytes of each thread's local memory.
+    pub local_bytes: u64,
+    /// Source line of the backward branch that last yielded.
+    pub yield_line: u64,
+    pub ntid: [u32; 3],
+    pub nctaid: [u32; 3],
+    pub ctaid: [u32; 3],
+    /// Device memory of the launch.
+    pub mem: &'a MemView<'a>,
+    /// The fault a region returned [`RET_FAULT`] for.
+    pub fault: Option<Fault>,
+}
+
+/// Space codes passed to the memory helpers.
+pub(super) fn space_code(sp: Sp) -> u32 {
+    match sp {
+        Sp::Global => 0,
+        Sp::Shared => 1,
+        Sp::Local => 2,
+        Sp::Param => 3,
+        Sp::Generic => 4,
+    }
+}
+
+fn space_of(code: u32) -> Sp {
+    match code {
+        0 => Sp::Global,
+        1 => Sp::Shared,
+        2 => Sp::Local,
+        3 => Sp::Param,
+        _ => Sp::Generic,
+    }
+}
+
+/// Base of the generic-address window of `sp` (0 for global and generic).
+pub(super) fn window_base(sp: Sp) -> u64 {
+    match sp {
+        Sp::Shared => SHARED_WINDOW,
+        Sp::Local => LOCAL_WINDOW,
+        Sp::Param => PARAM_WINDOW,
+        Sp::Global | Sp::Generic => 0,
+    }
+}
+
+impl Ctx<'_> {
+    fn fault_addr(addr: u64, write: bool, line: u32) -> Fault {
+        let what = if write { "write" } else { "read" };
+        Fault::IllegalAddress {
+            addr,
+            detail: format!("{what} of address {addr:#x} at line {line}"),
+        }
+    }
+
+    /// Host pointer for `size` bytes at `addr` in `sp`, checked as the
+    /// interpreter checks it (same faults, same messages).
+    #[allow(clippy::too_many_arguments)]
+    fn checked_ptr(
+        &mut self,
+        local: *mut u8,
+        sp: Sp,
+        addr: u64,
+        size: u32,
+        write: bool,
+        line: u32,
+    ) -> Result<*mut u8, Fault> {
+        let align = size.min(16) as u64;
+        if addr & (align - 1) != 0 {
+            return Err(Fault::MisalignedAddress {
+                addr,
+                detail: format!("{size}-byte access at line {line}"),
+            });
+        }
+        let (sp, addr) = match sp {
+            Sp::Generic => match resolve_generic(addr) {
+                Some(resolved) => resolved,
+                None => return Err(Self::fault_addr(addr, write, line)),
+            },
+            s => (s, addr),
+        };
+        let end = addr.checked_add(size as u64);
+        match sp {
+            Sp::Global => match self.mem.resolve(addr, size as u64) {
+                Some((base, len, p)) => {
+                    self.gbase = base;
+                    self.glen = len;
+                    self.gptr = p;
+                    Ok(p.wrapping_add((addr - base) as usize))
+                }
+                None => Err(Self::fault_addr(addr, write, line)),
+            },
+            Sp::Shared => {
+                let addr = addr as u32 as u64;
+                if addr + size as u64 <= self.shared_bytes {
+                    Ok(self.shared.wrapping_add(addr as usize))
+                } else {
+                    Err(Self::fault_addr(SHARED_WINDOW + addr, write, line))
+                }
+            }
+            Sp::Local => match end {
+                Some(e) if e <= self.local_bytes => Ok(local.wrapping_add(addr as usize)),
+                _ => Err(Self::fault_addr(
+                    LOCAL_WINDOW.wrapping_add(addr),
+                    write,
+                    line,
+                )),
+            },
+            _ => match end {
+                Some(e) if e <= self.params_len && !write => {
+                    Ok((self.params as *mut u8).wrapping_add(addr as usize))
+                }
+                _ => Err(Self::fault_addr(
+                    PARAM_WINDOW.wrapping_add(addr),
+                    write,
+                    line,
+                )),
+            },
+        }
+    }
+}
+
+/// The space and in-space offset of a generic address.
+fn resolve_generic(addr: u64) -> Option<(Sp, u64)> {
+    let sp = if addr >= DEVICE_VA_BASE {
+        Sp::Global
+    } else if addr.wrapping_sub(SHARED_WINDOW) < WINDOW_BYTES {
+        Sp::Shared
+    } else if addr.wrapping_sub(LOCAL_WINDOW) < WINDOW_BYTES {
+        Sp::Local
+    } else if addr.wrapping_sub(PARAM_WINDOW) < WINDOW_BYTES {
+        Sp::Param
+    } else {
+        return None;
+    };
+    Some((sp, addr - window_base(sp)))
+}
+
+/// Evaluates the register-only op at `op` on the thread's register file
+/// `regs` (`nregs` slots), as the interpreter does.
+///
+/// # Safety
+/// `op` points to a live op and `regs` to `nregs` writable registers.
+pub(super) unsafe extern "C" fn rt_register_op(op: *const Op, regs: *mut u64, nregs: u64) {
+    // SAFETY: the compiled code passes an op its module owns and the
+    // thread's register file of `nregs` slots (the caller's contract).
+    let (op, regs) = unsafe { (&*op, std::slice::from_raw_parts_mut(regs, nregs as usize)) };
+    // the alu never panics on validated ops; a panic must not cross into compiled code
+    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        run_register_op(op, regs, 0, 0)
+    }));
+}
+
+/// Slow path of a load: `size` bytes at `addr` in space `sp` into `*out`;
+/// 0, or 1 with the fault kept in the context.
+///
+/// # Safety
+/// `ctx` is the live context of the running block, `local` the thread's
+/// local memory of `ctx.local_bytes` bytes, `out` writable.
+pub(super) unsafe extern "C" fn rt_load(
+    ctx: *mut Ctx<'_>,
+    local: *mut u8,
+    sp: u32,
+    addr: u64,
+    size: u32,
+    line: u32,
+    out: *mut u64,
+) -> u32 {
+    // SAFETY: the caller's contract: a live context, used by this thread only.
+    let ctx = unsafe { &mut *ctx };
+    match ctx.checked_ptr(local, space_of(sp), addr, size, false, line) {
+        Ok(p) => {
+            // SAFETY: `checked_ptr` checked bounds and alignment against a
+            // live buffer; `out` is the caller's slot.
+            unsafe { *out = atomic_load(p, size) };
+            0
+        }
+        Err(f) => {
+            ctx.fault = Some(f);
+            1
+        }
+    }
+}
+
+/// Slow path of a store of `val` (`size` bytes at `addr` in space `sp`); 0,
+/// or 1 with the fault kept in the context.
+///
+/// # Safety
+/// As [`rt_load`].
+pub(super) unsafe extern "C" fn rt_store(
+    ctx: *mut Ctx<'_>,
+    local: *mut u8,
+    sp: u32,
+    addr: u64,
+    size: u32,
+    line: u32,
+    val: u64,
+) -> u32 {
+    // SAFETY: the caller's contract: a live context, used by this thread only.
+    let ctx = unsafe { &mut *ctx };
+    match ctx.checked_ptr(local, space_of(sp), addr, size, true, line) {
+        Ok(p) => {
+            // SAFETY: `checked_ptr` checked bounds and alignment of a live buffer.
+            unsafe { atomic_store(p, size, val) };
+            0
+        }
+        Err(f) => {
+            ctx.fault = Some(f);
+            1
+        }
+    }
+}
+
+/// A vector access at `addr` not aligned to its `total` bytes: keeps the
+/// fault the interpreter gives; returns 1.
+///
+/// # Safety
+/// `ctx` is the live context of the running block.
+pub(super) unsafe extern "C" fn rt_misaligned_vector(
+    ctx: *mut Ctx<'_>,
+    addr: u64,
+    total: u32,
+    write: u32,
+    line: u32,
+) -> u32 {
+    // SAFETY: the caller's contract: a live context, used by this thread only.
+    let ctx = unsafe { &mut *ctx };
+    let what = if write != 0 { "store" } else { "load" };
+    ctx.fault = Some(Fault::MisalignedAddress {
+        addr,
+        detail: format!("{total}-byte vector {what} at line {line}"),
+    });
+    1
+}
