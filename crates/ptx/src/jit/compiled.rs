@@ -19,6 +19,8 @@ pub(crate) struct CompiledKernel {
     _ops: Box<[Op]>,
     pub(super) nregs: u32,
     pub(super) frame_bytes: u32,
+    /// Global and generic access sites (each caches its allocation).
+    pub(super) global_sites: u32,
 }
 
 /// The native code of a module: kernel `k` is `kernels[k]`, `Err` with
@@ -65,7 +67,10 @@ impl CompiledModule {
         }
         let mut flags = settings::builder();
         let isa = flags
-            .set("opt_level", "speed")
+            .set(
+                "opt_level",
+                &std::env::var("CUMUX_JIT_OPT").unwrap_or_else(|_| "none".into()),
+            )
             .map_err(|e| e.to_string())
             .and_then(|_| cranelift_native::builder().map_err(|e| e.to_string()))
             .and_then(|b| {
@@ -92,9 +97,10 @@ impl CompiledModule {
             let ops: Box<[Op]> = f.code.iter().map(|i| i.op.clone()).collect();
             let sig = kernel_signature(call_conv);
             let mut ctx = jit.make_context();
+            ctx.set_disasm(std::env::var_os("CUMUX_JIT_DUMP").is_some());
             ctx.func.signature = sig.clone();
             let fb = FunctionBuilder::new(&mut ctx.func, &mut fbctx);
-            Translator::translate(fb, jit.target_config(), f, &ops, &p);
+            let sites = Translator::translate(fb, jit.target_config(), f, &ops, &p);
             let id = jit
                 .declare_function(&format!("kernel{k}"), Linkage::Local, &sig)
                 .map_err(|e| e.to_string());
@@ -103,8 +109,13 @@ impl CompiledModule {
                     .map(|_| id)
                     .map_err(|e| format!("{e:?}"))
             });
+            if std::env::var_os("CUMUX_JIT_DUMP").is_some() {
+                if let Some(code) = ctx.compiled_code().and_then(|c| c.vcode.clone()) {
+                    eprintln!("{code}");
+                }
+            }
             jit.clear_context(&mut ctx);
-            pending.push(defined.map(|id| (id, ops, f.nregs, f.frame_bytes)));
+            pending.push(defined.map(|id| (id, ops, f.nregs, f.frame_bytes, sites)));
         }
         if let Err(e) = jit.finalize_definitions() {
             return none(format!("finalising code: {e}"));
@@ -112,7 +123,7 @@ impl CompiledModule {
         let kernels = pending
             .into_iter()
             .map(|r| {
-                r.map(|(id, ops, nregs, frame_bytes)| {
+                r.map(|(id, ops, nregs, frame_bytes, global_sites)| {
                     let p = jit.get_finalized_function(id);
                     // SAFETY: `p` is the finalised code of a function built with
                     // `kernel_signature`, which is `KernelFn`'s ABI.
@@ -122,6 +133,7 @@ impl CompiledModule {
                         _ops: ops,
                         nregs,
                         frame_bytes,
+                        global_sites,
                     }
                 })
             })

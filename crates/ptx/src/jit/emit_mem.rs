@@ -88,6 +88,11 @@ impl Translator<'_, '_> {
 
     /// The fast-path host pointer of `size` bytes at `addr` in `sp`, and
     /// whether it may be used (an I8 condition); `None`: always the slow path.
+    ///
+    /// One compare checks bounds and alignment together: the offset rotated
+    /// right by log2(`size`) is below `limit >> log2(size)` exactly when the
+    /// offset is aligned and `offset + size <= limit` (a misaligned offset
+    /// rotates its low bits to the top; every limit is far below 2^29).
     fn fast_pointer(
         &mut self,
         sp: Sp,
@@ -96,156 +101,203 @@ impl Translator<'_, '_> {
         write: bool,
     ) -> Option<(Value, Value)> {
         let flags = MemFlagsData::trusted();
-        let (ok, p) = match sp {
+        let fixed = flags.with_readonly();
+        let k = size.trailing_zeros() as i64;
+        let (offset, limit, base) = match sp {
             Sp::Shared => {
-                let a32 = self.fb.ins().band_imm_u(addr, 0xffff_ffff);
-                let end = self.fb.ins().iadd_imm_s(a32, size as i64);
+                // shared addresses are 32 bits wide: the low half, wrapped
+                let a32 = self.fb.ins().ireduce(I32, addr);
                 let lim = self
                     .fb
                     .ins()
-                    .load(I64, flags, self.ctx, ctx_off!(shared_bytes));
-                let ok = self.fb.ins().icmp(IntCC::UnsignedLessThanOrEqual, end, lim);
-                let base = self.fb.ins().load(I64, flags, self.ctx, ctx_off!(shared));
-                (ok, self.fb.ins().iadd(base, a32))
+                    .load(I64, fixed, self.ctx, ctx_off!(shared_bytes));
+                let lim = self.fb.ins().ushr_imm_u(lim, k);
+                let lim = self.fb.ins().ireduce(I32, lim);
+                let v = self.rotate(a32, k);
+                let ok = self.fb.ins().icmp(IntCC::UnsignedLessThan, v, lim);
+                let base = self.fb.ins().load(I64, fixed, self.ctx, ctx_off!(shared));
+                let off = self.fb.ins().uextend(I64, a32);
+                return Some((ok, self.fb.ins().iadd(base, off)));
             }
             Sp::Global | Sp::Generic => {
-                let gbase = self.fb.ins().load(I64, flags, self.ctx, ctx_off!(gbase));
-                let glen = self.fb.ins().load(I64, flags, self.ctx, ctx_off!(glen));
+                let cache = self.fb.ins().load(I64, fixed, self.ctx, ctx_off!(gcache));
+                let entry = self.fb.ins().iadd_imm_s(cache, self.site as i64 * 24);
+                let gbase = self.fb.ins().load(I64, flags, entry, 0);
+                let glen = self.fb.ins().load(I64, flags, entry, 8);
                 let off = self.fb.ins().isub(addr, gbase);
-                let above = self
-                    .fb
-                    .ins()
-                    .icmp(IntCC::UnsignedGreaterThanOrEqual, addr, gbase);
-                let ok = self.within(off, glen, size);
-                let ok = self.fb.ins().band(ok, above);
-                let base = self.fb.ins().load(I64, flags, self.ctx, ctx_off!(gptr));
-                (ok, self.fb.ins().iadd(base, off))
+                let base = self.fb.ins().load(I64, flags, entry, 16);
+                (off, glen, base)
             }
             Sp::Local => {
                 let lim = self
                     .fb
                     .ins()
-                    .load(I64, flags, self.ctx, ctx_off!(local_bytes));
-                let ok = self.within(addr, lim, size);
-                (ok, self.fb.ins().iadd(self.local, addr))
+                    .load(I64, fixed, self.ctx, ctx_off!(local_bytes));
+                (addr, lim, self.local)
             }
             Sp::Param if !write => {
                 let lim = self
                     .fb
                     .ins()
-                    .load(I64, flags, self.ctx, ctx_off!(params_len));
-                let ok = self.within(addr, lim, size);
-                let base = self.fb.ins().load(I64, flags, self.ctx, ctx_off!(params));
-                (ok, self.fb.ins().iadd(base, addr))
+                    .load(I64, fixed, self.ctx, ctx_off!(params_len));
+                let base = self.fb.ins().load(I64, fixed, self.ctx, ctx_off!(params));
+                (addr, lim, base)
             }
             Sp::Param => return None,
         };
-        let ok = if size > 1 {
-            let low = self.fb.ins().band_imm_u(addr, (size.min(16) - 1) as i64);
-            let aligned = self.fb.ins().icmp_imm_u(IntCC::Equal, low, 0);
-            self.fb.ins().band(ok, aligned)
-        } else {
-            ok
-        };
-        Some((ok, p))
+        let v = self.rotate(offset, k);
+        let lim = self.fb.ins().ushr_imm_u(limit, k);
+        let ok = self.fb.ins().icmp(IntCC::UnsignedLessThan, v, lim);
+        Some((ok, self.fb.ins().iadd(base, offset)))
     }
 
-    /// Whether `size` bytes at `off` lie inside `len` bytes (no overflow).
-    fn within(&mut self, off: Value, len: Value, size: u32) -> Value {
-        let inside = self.fb.ins().icmp(IntCC::UnsignedLessThan, off, len);
-        let room = self.fb.ins().isub(len, off);
-        let fits = self
-            .fb
-            .ins()
-            .icmp_imm_u(IntCC::UnsignedGreaterThanOrEqual, room, size as i64);
-        self.fb.ins().band(inside, fits)
+    /// `v` rotated right by `k` bits.
+    fn rotate(&mut self, v: Value, k: i64) -> Value {
+        if k == 0 {
+            v
+        } else {
+            self.fb.ins().rotr_imm_u(v, k)
+        }
+    }
+
+    /// Whether an access of `sp` that misses the fast path may still be
+    /// fine (a global allocation other than the last one resolved); a miss
+    /// in shared, local or parameter space always faults.
+    fn slow_may_succeed(sp: Sp) -> bool {
+        matches!(sp, Sp::Global | Sp::Generic)
     }
 
     fn load(&mut self, sp: Sp, addr: Value, size: u32, line: u32) -> Value {
-        let join = self.fb.create_block();
-        let v = self.fb.append_block_param(join, I64);
+        self.next_site(sp);
         let slow = self.fb.create_block();
         self.fb.set_cold_block(slow);
-        if let Some((ok, p)) = self.fast_pointer(sp, addr, size, false) {
-            let fast = self.fb.create_block();
-            self.fb.ins().brif(ok, fast, &[], slow, &[]);
-            self.fb.switch_to_block(fast);
-            let ty = Self::int_type(size);
-            let x = self.fb.ins().load(ty, MemFlagsData::trusted(), p, 0);
-            let x = if size < 8 {
-                self.fb.ins().uextend(I64, x)
-            } else {
-                x
-            };
-            self.jump_with(join, x);
-        } else {
-            self.fb.ins().jump(slow, &[]);
-        }
+        let fast = self.fb.create_block();
+        let fast_ptr = self.fast_pointer(sp, addr, size, false);
+        match fast_ptr {
+            Some((ok, _)) => self.fb.ins().brif(ok, fast, &[], slow, &[]),
+            None => self.fb.ins().jump(slow, &[]),
+        };
         self.fb.switch_to_block(slow);
         let mut sig = Signature::new(self.call_conv);
         sig.params
-            .extend([AbiParam::new(I64), AbiParam::new(I64), AbiParam::new(I32)]);
-        sig.params.push(AbiParam::new(I64));
+            .extend([AbiParam::new(I64), AbiParam::new(I32), AbiParam::new(I64)]);
+        sig.params.extend([AbiParam::new(I32), AbiParam::new(I64)]);
         sig.params
             .extend([AbiParam::new(I32), AbiParam::new(I32), AbiParam::new(I64)]);
         sig.returns.push(AbiParam::new(I32));
         let sig = self.fb.import_signature(sig);
         let f = self.imm(rt_load as *const () as usize as i64);
+        let site = self.fb.ins().iconst(I32, self.site as i64);
         let spc = self.fb.ins().iconst(I32, space_code(sp) as i64);
         let sz = self.fb.ins().iconst(I32, size as i64);
         let ln = self.fb.ins().iconst(I32, line as i64);
         let out = self.fb.ins().stack_addr(I64, self.slot, 0);
-        let call =
-            self.fb
-                .ins()
-                .call_indirect(sig, f, &[self.ctx, self.local, spc, addr, sz, ln, out]);
+        let call = self.fb.ins().call_indirect(
+            sig,
+            f,
+            &[self.ctx, site, self.local, spc, addr, sz, ln, out],
+        );
         let st = self.fb.inst_results(call)[0];
+        if !Self::slow_may_succeed(sp) {
+            self.fault_if(st);
+            // the helper faults whatever it is given here
+            self.jump_to_fault();
+            self.fb.switch_to_block(fast);
+            return match fast_ptr {
+                Some((_, p)) => self.fast_load(p, size),
+                None => self.imm(0),
+            };
+        }
+        let join = self.fb.create_block();
+        let v = self.fb.append_block_param(join, I64);
         self.fault_if(st);
         let x = self.fb.ins().stack_load(I64, I64, self.slot, 0);
         self.jump_with(join, x);
+        self.fb.switch_to_block(fast);
+        if let Some((_, p)) = fast_ptr {
+            let x = self.fast_load(p, size);
+            self.jump_with(join, x);
+        } else {
+            self.fb.ins().jump(join, &[]);
+        }
         self.fb.switch_to_block(join);
         v
     }
 
+    /// Gives a global or generic access its own site in the cache.
+    fn next_site(&mut self, sp: Sp) {
+        self.site = if Self::slow_may_succeed(sp) {
+            self.sites += 1;
+            self.sites - 1
+        } else {
+            u32::MAX
+        };
+    }
+
+    fn fast_load(&mut self, p: Value, size: u32) -> Value {
+        let x = self
+            .fb
+            .ins()
+            .load(Self::int_type(size), MemFlagsData::trusted(), p, 0);
+        if size < 8 {
+            self.fb.ins().uextend(I64, x)
+        } else {
+            x
+        }
+    }
+
     fn store(&mut self, sp: Sp, addr: Value, size: u32, val: Value, line: u32) {
-        let join = self.fb.create_block();
+        self.next_site(sp);
         let slow = self.fb.create_block();
         self.fb.set_cold_block(slow);
-        if let Some((ok, p)) = self.fast_pointer(sp, addr, size, true) {
-            let fast = self.fb.create_block();
-            self.fb.ins().brif(ok, fast, &[], slow, &[]);
-            self.fb.switch_to_block(fast);
+        let fast = self.fb.create_block();
+        let fast_ptr = self.fast_pointer(sp, addr, size, true);
+        match fast_ptr {
+            Some((ok, _)) => self.fb.ins().brif(ok, fast, &[], slow, &[]),
+            None => self.fb.ins().jump(slow, &[]),
+        };
+        self.fb.switch_to_block(slow);
+        let mut sig = Signature::new(self.call_conv);
+        sig.params
+            .extend([AbiParam::new(I64), AbiParam::new(I32), AbiParam::new(I64)]);
+        sig.params.extend([AbiParam::new(I32), AbiParam::new(I64)]);
+        sig.params
+            .extend([AbiParam::new(I32), AbiParam::new(I32), AbiParam::new(I64)]);
+        sig.returns.push(AbiParam::new(I32));
+        let sig = self.fb.import_signature(sig);
+        let f = self.imm(rt_store as *const () as usize as i64);
+        let site = self.fb.ins().iconst(I32, self.site as i64);
+        let spc = self.fb.ins().iconst(I32, space_code(sp) as i64);
+        let sz = self.fb.ins().iconst(I32, size as i64);
+        let ln = self.fb.ins().iconst(I32, line as i64);
+        let call = self.fb.ins().call_indirect(
+            sig,
+            f,
+            &[self.ctx, site, self.local, spc, addr, sz, ln, val],
+        );
+        let st = self.fb.inst_results(call)[0];
+        self.fault_if(st);
+        let join = if Self::slow_may_succeed(sp) {
+            let join = self.fb.create_block();
+            self.fb.ins().jump(join, &[]);
+            Some(join)
+        } else {
+            self.jump_to_fault();
+            None
+        };
+        self.fb.switch_to_block(fast);
+        if let Some((_, p)) = fast_ptr {
             let x = if size < 8 {
                 self.fb.ins().ireduce(Self::int_type(size), val)
             } else {
                 val
             };
             self.fb.ins().store(MemFlagsData::trusted(), x, p, 0);
-            self.fb.ins().jump(join, &[]);
-        } else {
-            self.fb.ins().jump(slow, &[]);
         }
-        self.fb.switch_to_block(slow);
-        let mut sig = Signature::new(self.call_conv);
-        sig.params
-            .extend([AbiParam::new(I64), AbiParam::new(I64), AbiParam::new(I32)]);
-        sig.params.push(AbiParam::new(I64));
-        sig.params
-            .extend([AbiParam::new(I32), AbiParam::new(I32), AbiParam::new(I64)]);
-        sig.returns.push(AbiParam::new(I32));
-        let sig = self.fb.import_signature(sig);
-        let f = self.imm(rt_store as *const () as usize as i64);
-        let spc = self.fb.ins().iconst(I32, space_code(sp) as i64);
-        let sz = self.fb.ins().iconst(I32, size as i64);
-        let ln = self.fb.ins().iconst(I32, line as i64);
-        let call =
-            self.fb
-                .ins()
-                .call_indirect(sig, f, &[self.ctx, self.local, spc, addr, sz, ln, val]);
-        let st = self.fb.inst_results(call)[0];
-        self.fault_if(st);
-        self.fb.ins().jump(join, &[]);
-        self.fb.switch_to_block(join);
+        if let Some(join) = join {
+            self.fb.ins().jump(join, &[]);
+            self.fb.switch_to_block(join);
+        }
     }
 }
 

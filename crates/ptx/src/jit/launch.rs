@@ -4,7 +4,7 @@
 //! regions), with the interpreter's budgets, cancel flag and fault order.
 
 use super::compiled::CompiledKernel;
-use super::runtime::{Ctx, RET_EXIT, RET_FAULT};
+use super::runtime::{Ctx, GlobalEntry, RET_EXIT, RET_FAULT};
 use crate::exec::BLOCK_MEMORY_LIMIT;
 use crate::ir::{Module, Op, SReg};
 use crate::launch::{Fault, LaunchConfig, LaunchLimits, LaunchReport, LAUNCH_CHECK_INTERVAL};
@@ -186,6 +186,9 @@ struct Worker {
     regs: Vec<u64>,
     local: Vec<u64>,
     shared: Vec<u64>,
+    /// The global allocation each access site resolved last (kept from
+    /// block to block: allocations stay while the launch runs).
+    gcache: Vec<GlobalEntry>,
     resume: Vec<u32>,
     state: Vec<State>,
     ctaid: [u32; 3],
@@ -202,6 +205,7 @@ impl Worker {
             regs: vec![0; n * g.kernel.nregs as usize],
             local: vec![0; n * local_words],
             shared: vec![0; (g.shared_bytes as usize).div_ceil(8)],
+            gcache: vec![GlobalEntry::EMPTY; g.kernel.global_sites as usize],
             resume: vec![0; n],
             state: vec![State::Ready; n],
             ctaid: [0; 3],
@@ -273,12 +277,11 @@ impl Worker {
             shared_bytes: g.shared_bytes,
             params: g.params.as_ptr() as *const u8,
             params_len: g.params_len,
-            gbase: 0,
-            glen: 0,
-            gptr: std::ptr::null_mut(),
+            gcache: self.gcache.as_mut_ptr(),
+            gsites: self.gcache.len() as u64,
             instructions: 0,
             check_at: Self::next_check(g, 0),
-            local_bytes: g.kernel.frame_bytes as u64,
+            local_bytes: (local_words * 8) as u64,
             yield_line: 0,
             ntid,
             nctaid: g.cfg.grid,

@@ -31,10 +31,10 @@ pub(super) struct Ctx<'a> {
     pub shared_bytes: u64,
     pub params: *const u8,
     pub params_len: u64,
-    /// The last global allocation resolved: base, length, host pointer.
-    pub gbase: u64,
-    pub glen: u64,
-    pub gptr: *mut u8,
+    /// The global allocation each global or generic access site resolved
+    /// last (`gsites` of them, the worker's).
+    pub gcache: *mut GlobalEntry,
+    pub gsites: u64,
     /// Instructions the block executed so far.
     pub instructions: u64,
     /// A backward branch past this many instructions yields (budget checks).
@@ -50,6 +50,24 @@ pub(super) struct Ctx<'a> {
     pub mem: &'a MemView<'a>,
     /// The fault a region returned [`RET_FAULT`] for.
     pub fault: Option<Fault>,
+}
+
+/// A global allocation as an access site's cache keeps it.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub(super) struct GlobalEntry {
+    pub base: u64,
+    pub len: u64,
+    pub ptr: *mut u8,
+}
+
+impl GlobalEntry {
+    /// No allocation: every access misses.
+    pub(super) const EMPTY: GlobalEntry = GlobalEntry {
+        base: 0,
+        len: 0,
+        ptr: std::ptr::null_mut(),
+    };
 }
 
 /// Space codes passed to the memory helpers.
@@ -93,10 +111,12 @@ impl Ctx<'_> {
     }
 
     /// Host pointer for `size` bytes at `addr` in `sp`, checked as the
-    /// interpreter checks it (same faults, same messages).
+    /// interpreter checks it (same faults, same messages); a global
+    /// allocation resolved goes to access site `site`'s cache.
     #[allow(clippy::too_many_arguments)]
     fn checked_ptr(
         &mut self,
+        site: u32,
         local: *mut u8,
         sp: Sp,
         addr: u64,
@@ -122,9 +142,14 @@ impl Ctx<'_> {
         match sp {
             Sp::Global => match self.mem.resolve(addr, size as u64) {
                 Some((base, len, p)) => {
-                    self.gbase = base;
-                    self.glen = len;
-                    self.gptr = p;
+                    // a cached base must keep the fast path's alignment check exact
+                    if (site as u64) < self.gsites && base % 16 == 0 {
+                        // SAFETY: `gcache` holds `gsites` entries of the running
+                        // worker, which only this thread touches.
+                        unsafe {
+                            *self.gcache.add(site as usize) = GlobalEntry { base, len, ptr: p }
+                        };
+                    }
                     Ok(p.wrapping_add((addr - base) as usize))
                 }
                 None => Err(Self::fault_addr(addr, write, line)),
@@ -190,14 +215,15 @@ pub(super) unsafe extern "C" fn rt_register_op(op: *const Op, regs: *mut u64, nr
     }));
 }
 
-/// Slow path of a load: `size` bytes at `addr` in space `sp` into `*out`;
-/// 0, or 1 with the fault kept in the context.
+/// Slow path of a load at access site `site`: `size` bytes at `addr` in
+/// space `sp` into `*out`; 0, or 1 with the fault kept in the context.
 ///
 /// # Safety
 /// `ctx` is the live context of the running block, `local` the thread's
 /// local memory of `ctx.local_bytes` bytes, `out` writable.
 pub(super) unsafe extern "C" fn rt_load(
     ctx: *mut Ctx<'_>,
+    site: u32,
     local: *mut u8,
     sp: u32,
     addr: u64,
@@ -207,7 +233,7 @@ pub(super) unsafe extern "C" fn rt_load(
 ) -> u32 {
     // SAFETY: the caller's contract: a live context, used by this thread only.
     let ctx = unsafe { &mut *ctx };
-    match ctx.checked_ptr(local, space_of(sp), addr, size, false, line) {
+    match ctx.checked_ptr(site, local, space_of(sp), addr, size, false, line) {
         Ok(p) => {
             // SAFETY: `checked_ptr` checked bounds and alignment against a
             // live buffer; `out` is the caller's slot.
@@ -228,6 +254,7 @@ pub(super) unsafe extern "C" fn rt_load(
 /// As [`rt_load`].
 pub(super) unsafe extern "C" fn rt_store(
     ctx: *mut Ctx<'_>,
+    site: u32,
     local: *mut u8,
     sp: u32,
     addr: u64,
@@ -237,7 +264,7 @@ pub(super) unsafe extern "C" fn rt_store(
 ) -> u32 {
     // SAFETY: the caller's contract: a live context, used by this thread only.
     let ctx = unsafe { &mut *ctx };
-    match ctx.checked_ptr(local, space_of(sp), addr, size, true, line) {
+    match ctx.checked_ptr(site, local, space_of(sp), addr, size, true, line) {
         Ok(p) => {
             // SAFETY: `checked_ptr` checked bounds and alignment of a live buffer.
             unsafe { atomic_store(p, size, val) };

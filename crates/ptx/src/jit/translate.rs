@@ -49,6 +49,9 @@ pub(super) struct Translator<'a, 'f> {
     /// Instructions of the current basic block after the one being
     /// emitted: counted on entry, taken back when that one faults.
     pub excess: i64,
+    /// The global-cache site of the access being emitted, and the sites so far.
+    pub site: u32,
+    pub sites: u32,
     /// An 8-byte stack slot the load helper writes into.
     pub slot: cranelift_codegen::ir::StackSlot,
 }
@@ -62,14 +65,15 @@ macro_rules! ctx_off {
 pub(super) use ctx_off;
 
 impl<'a, 'f> Translator<'a, 'f> {
-    /// Builds the whole function into `fb`'s function.
+    /// Builds the whole function into `fb`'s function; returns its number
+    /// of global-cache sites.
     pub(super) fn translate(
         mut fb: FunctionBuilder<'f>,
         target: TargetFrontendConfig,
         func: &'a Func,
         ops: &'a [Op],
         plan: &'a Plan,
-    ) {
+    ) -> u32 {
         let entry = fb.create_block();
         fb.append_block_params_for_function_params(entry);
         fb.switch_to_block(entry);
@@ -99,6 +103,8 @@ impl<'a, 'f> Translator<'a, 'f> {
             exit_block,
             fault_block,
             excess: 0,
+            site: u32::MAX,
+            sites: 0,
             slot,
         };
         let n =
@@ -138,7 +144,9 @@ impl<'a, 'f> Translator<'a, 'f> {
         t.fb.def_var(count, n);
         t.finish_with(RET_FAULT);
         t.fb.seal_all_blocks();
+        let sites = t.sites;
         t.fb.finalize(target);
+        sites
     }
 
     /// Stores the instruction count and returns `code`.
@@ -753,6 +761,14 @@ impl<'a, 'f> Translator<'a, 'f> {
             &[],
         );
         self.fb.switch_to_block(ok);
+    }
+
+    /// Jumps to the fault exit (the current block ends).
+    pub(super) fn jump_to_fault(&mut self) {
+        let excess = self.fb.ins().iconst(I64, self.excess);
+        self.fb
+            .ins()
+            .jump(self.fault_block, &[BlockArg::Value(excess)]);
     }
 
     /// A 64-bit constant.
