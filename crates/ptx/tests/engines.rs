@@ -22,7 +22,8 @@ struct Outcome {
 }
 
 /// Runs `kernel` of `ptx` on `engine` with deterministic arguments: each
-/// 8-byte parameter a buffer of random bytes, each other one `scalar`.
+/// 8-byte word of a parameter of 8 bytes or more a buffer of random bytes
+/// (pointers, and structs of pointers), each smaller one `scalar`.
 fn run(ptx: &str, kernel: &str, engine: Engine, cfg: &LaunchConfig, scalar: u32) -> Outcome {
     let mem = DeviceMemory::new(MEMORY_BYTES);
     let mut program = Program::load(ptx, &mem).expect("fixture loads");
