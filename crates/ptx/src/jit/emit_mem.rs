@@ -4,9 +4,9 @@
 //! slow path (`rt_load`/`rt_store`) that resolves, or faults as the
 //! interpreter does.
 
-use super::runtime::{rt_load, rt_misaligned_vector, rt_store, space_code, Ctx};
+use super::runtime::{rt_atom, rt_load, rt_misaligned_vector, rt_store, space_code, Ctx};
 use super::translate::{ctx_off, Translator};
-use crate::ir::{Address, Op, Sp};
+use crate::ir::{Address, Op, Sp, NONE};
 use cranelift_codegen::ir::condcodes::IntCC;
 use cranelift_codegen::ir::types::{I32, I64};
 use cranelift_codegen::ir::{AbiParam, InstBuilder, MemFlagsData, Signature, Value};
@@ -44,6 +44,33 @@ impl Translator<'_, '_> {
                 for (k, v) in vs.into_iter().enumerate() {
                     let a = self.fb.ins().iadd_imm_s(base, k as i64 * size as i64);
                     self.store(addr.sp, a, size, v, line);
+                }
+            }
+            Op::Atom { addr, d, b, c, .. } => {
+                self.next_site(addr.sp);
+                let a = self.address(&addr);
+                let (bv, cv) = (self.src(b), self.src(c));
+                let mut sig = Signature::new(self.call_conv);
+                sig.params.extend([AbiParam::new(I64), AbiParam::new(I32)]);
+                sig.params.extend([AbiParam::new(I64); 5]);
+                sig.params.extend([AbiParam::new(I32), AbiParam::new(I64)]);
+                sig.returns.push(AbiParam::new(I32));
+                let sig = self.fb.import_signature(sig);
+                let f = self.imm(rt_atom as *const () as usize as i64);
+                let site = self.fb.ins().iconst(I32, self.site as i64);
+                let opp = self.imm(op as *const Op as usize as i64);
+                let ln = self.fb.ins().iconst(I32, line as i64);
+                let out = self.fb.ins().stack_addr(I64, self.slot, 0);
+                let call = self.fb.ins().call_indirect(
+                    sig,
+                    f,
+                    &[self.ctx, site, self.local, opp, a, bv, cv, ln, out],
+                );
+                let st = self.fb.inst_results(call)[0];
+                self.fault_if(st);
+                if d != NONE {
+                    let v = self.fb.ins().stack_load(I64, I64, self.slot, 0);
+                    self.set(d, v);
                 }
             }
             _ => {}

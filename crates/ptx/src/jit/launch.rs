@@ -24,6 +24,8 @@ struct Grid<'a> {
     params_len: u64,
     cfg: LaunchConfig,
     shared_bytes: u64,
+    /// Where the block's reserved shared memory starts.
+    reserved_smem: u64,
     limits: &'a LaunchLimits<'a>,
     executed: AtomicU64,
     abort: AtomicBool,
@@ -49,6 +51,7 @@ pub(crate) fn launch(
     let uses =
         |wanted: fn(&Op) -> bool| m.funcs.iter().any(|f| f.code.iter().any(|i| wanted(&i.op)));
     let mut shared_bytes = m.dyn_shared_base as u64 + cfg.dynamic_shared_bytes as u64;
+    let reserved_smem = shared_bytes.next_multiple_of(16);
     if uses(|op| {
         matches!(
             op,
@@ -58,7 +61,7 @@ pub(crate) fn launch(
             }
         )
     }) {
-        shared_bytes = shared_bytes.next_multiple_of(16) + RESERVED_SMEM;
+        shared_bytes = reserved_smem + RESERVED_SMEM;
     }
     if uses(|op| matches!(op, Op::Malloc { .. } | Op::Free { .. })) {
         if let Err(e) = mem.ensure_heap() {
@@ -80,6 +83,7 @@ pub(crate) fn launch(
         params_len: params.len() as u64,
         cfg: *cfg,
         shared_bytes,
+        reserved_smem,
         limits,
         executed: AtomicU64::new(0),
         abort: AtomicBool::new(false),
@@ -107,8 +111,8 @@ fn run_grid(g: &Grid<'_>) -> LaunchReport {
     let total: u64 = g.cfg.grid.iter().map(|&v| v as u64).product();
     let next = AtomicU64::new(0);
     let fault: Mutex<Option<(u64, Fault)>> = Mutex::new(None);
-    let work = || {
-        let mut w = Worker::new(g);
+    let work = |smid: u32| {
+        let mut w = Worker::new(g, smid);
         loop {
             if g.abort.load(Ordering::Relaxed) {
                 break;
@@ -142,11 +146,11 @@ fn run_grid(g: &Grid<'_>) -> LaunchReport {
     };
     let workers = worker_count(g.limits, total);
     if workers == 1 {
-        work();
+        work(0);
     } else {
         std::thread::scope(|s| {
-            for _ in 0..workers {
-                s.spawn(work);
+            for k in 0..workers {
+                s.spawn(move || work(k as u32));
             }
         });
     }
@@ -192,13 +196,15 @@ struct Worker {
     resume: Vec<u32>,
     state: Vec<State>,
     ctaid: [u32; 3],
+    /// The worker's index (`%smid`).
+    smid: u32,
     /// Instructions of the running block, and those already counted.
     instructions: u64,
     counted: u64,
 }
 
 impl Worker {
-    fn new(g: &Grid<'_>) -> Worker {
+    fn new(g: &Grid<'_>, smid: u32) -> Worker {
         let n = g.cfg.block.iter().product::<u32>() as usize;
         let local_words = (g.kernel.frame_bytes as usize).div_ceil(8);
         Worker {
@@ -209,6 +215,7 @@ impl Worker {
             resume: vec![0; n],
             state: vec![State::Ready; n],
             ctaid: [0; 3],
+            smid,
             instructions: 0,
             counted: 0,
         }
@@ -286,6 +293,11 @@ impl Worker {
             ntid,
             nctaid: g.cfg.grid,
             ctaid: self.ctaid,
+            dyn_smem: g.cfg.dynamic_shared_bytes,
+            smid: self.smid,
+            nwarpid: (n as u32).div_ceil(32),
+            total_smem: g.shared_bytes,
+            reserved_smem: g.reserved_smem,
             mem: g.mem,
             fault: None,
         };

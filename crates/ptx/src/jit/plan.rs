@@ -56,7 +56,7 @@ pub(super) fn plan(m: &Module, k: usize) -> Result<Plan, String> {
                 }
                 leaders.push(pc + 1);
             }
-            Op::Ret | Op::Exit => leaders.push(pc + 1),
+            Op::Ret | Op::Exit | Op::Trap(_) => leaders.push(pc + 1),
             Op::Bar { .. } => {
                 leaders.push(pc + 1);
                 resumes.push(pc + 1);
@@ -98,6 +98,8 @@ fn supported(op: &Op, bar_id: &mut Option<u64>) -> Result<(), String> {
         | Op::Carry { .. }
         | Op::Cvta { .. }
         | Op::Isspacep { .. }
+        | Op::Atom { .. }
+        | Op::Trap(_)
         | Op::Bra { .. }
         | Op::Ret
         | Op::Exit
@@ -115,7 +117,21 @@ fn supported(op: &Op, bar_id: &mut Option<u64>) -> Result<(), String> {
             | SReg::Ctaid(_)
             | SReg::Nctaid(_)
             | SReg::Laneid
-            | SReg::Warpid => Ok(()),
+            | SReg::Warpid
+            | SReg::Nwarpid
+            | SReg::Smid
+            | SReg::Nsmid
+            | SReg::Gridid
+            | SReg::LanemaskEq
+            | SReg::LanemaskLt
+            | SReg::LanemaskLe
+            | SReg::LanemaskGt
+            | SReg::LanemaskGe
+            | SReg::DynSmem
+            | SReg::TotalSmem
+            | SReg::ReservedSmem(_)
+            | SReg::Envreg(_)
+            | SReg::Zero => Ok(()),
             r => Err(format!("special register {r:?}")),
         },
         Op::Bar {
@@ -189,7 +205,7 @@ fn liveness(f: &Func, starts: &[u32]) -> Vec<Vec<u32>> {
                     succs[b].push(block_at(target));
                     falls = guarded;
                 }
-                Op::Ret | Op::Exit => falls = guarded,
+                Op::Ret | Op::Exit | Op::Trap(_) => falls = guarded,
                 _ => {}
             }
         }

@@ -3,10 +3,11 @@
 //! what it does not open-code: register ops evaluated by the interpreter's
 //! own `alu` step, and checked memory accesses on their slow path.
 
+use crate::alu::atom_apply;
 use crate::exec::{run_register_op, LOCAL_WINDOW, PARAM_WINDOW, SHARED_WINDOW};
 use crate::ir::{Op, Sp};
 use crate::launch::Fault;
-use crate::memory::{atomic_load, atomic_store, MemView, DEVICE_VA_BASE};
+use crate::memory::{atomic_load, atomic_rmw, atomic_store, MemView, DEVICE_VA_BASE};
 
 /// Size of each generic-address window of shared, local and param space.
 pub(super) const WINDOW_BYTES: u64 = 1 << 32;
@@ -46,6 +47,14 @@ pub(super) struct Ctx<'a> {
     pub ntid: [u32; 3],
     pub nctaid: [u32; 3],
     pub ctaid: [u32; 3],
+    /// `%dynamic_smem_size`, `%smid` (the worker's index).
+    pub dyn_smem: u32,
+    pub smid: u32,
+    /// `%nwarpid`: the block's warps.
+    pub nwarpid: u32,
+    /// `%total_smem_size`, and where the block's reserved shared memory starts.
+    pub total_smem: u64,
+    pub reserved_smem: u64,
     /// Device memory of the launch.
     pub mem: &'a MemView<'a>,
     /// The fault a region returned [`RET_FAULT`] for.
@@ -275,6 +284,72 @@ pub(super) unsafe extern "C" fn rt_store(
             1
         }
     }
+}
+
+/// `atom` (op `op`, an `Op::Atom`) at `addr` with operands `b` and `c`; the
+/// old value into `*out`; 0, or 1 with the fault kept in the context.
+///
+/// # Safety
+/// As [`rt_load`]; `op` points to a live `Op::Atom`.
+#[allow(clippy::too_many_arguments)]
+pub(super) unsafe extern "C" fn rt_atom(
+    ctx: *mut Ctx<'_>,
+    site: u32,
+    local: *mut u8,
+    op: *const Op,
+    addr: u64,
+    b: u64,
+    c: u64,
+    line: u32,
+    out: *mut u64,
+) -> u32 {
+    // SAFETY: the caller's contract: a live context and op, used by this thread only.
+    let (ctx, op) = unsafe { (&mut *ctx, &*op) };
+    let Op::Atom {
+        addr: at, op, t, ..
+    } = *op
+    else {
+        ctx.fault = Some(Fault::Failed(
+            "internal error: atom helper on another op".into(),
+        ));
+        return 1;
+    };
+    let size = t.bytes();
+    match ctx.checked_ptr(site, local, at.sp, addr, size, true, line) {
+        Ok(p) => {
+            // SAFETY: `checked_ptr` checked bounds and alignment (size 2, 4
+            // or 8) of a live buffer; `out` is the caller's slot.
+            unsafe { *out = atomic_rmw(p, size, |o| atom_apply(op, t, o, b, c)) };
+            0
+        }
+        Err(f) => {
+            ctx.fault = Some(f);
+            1
+        }
+    }
+}
+
+/// `trap` (op `op`, an `Op::Trap`) on `line` by thread `lin`: keeps the
+/// interpreter's fault; returns 1.
+///
+/// # Safety
+/// `ctx` is the live context of the running block, `op` a live op.
+pub(super) unsafe extern "C" fn rt_trap(
+    ctx: *mut Ctx<'_>,
+    op: *const Op,
+    line: u32,
+    lin: u32,
+) -> u32 {
+    // SAFETY: the caller's contract: a live context and op, used by this thread only.
+    let (ctx, op) = unsafe { (&mut *ctx, &*op) };
+    let msg = match op {
+        Op::Trap(msg) => msg.as_str(),
+        _ => "trap",
+    };
+    ctx.fault = Some(Fault::Trap {
+        detail: format!("{msg} at line {line} (thread {lin}, block {:?})", ctx.ctaid),
+    });
+    1
 }
 
 /// A vector access at `addr` not aligned to its `total` bytes: keeps the

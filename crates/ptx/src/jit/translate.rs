@@ -5,7 +5,9 @@
 //! `alu` step (`rt_register_op`); memory ops live in `emit_mem`.
 
 use super::plan::Plan;
-use super::runtime::{rt_register_op, window_base, Ctx, RET_EXIT, RET_FAULT, WINDOW_BYTES};
+use super::runtime::{
+    rt_register_op, rt_trap, window_base, Ctx, RET_EXIT, RET_FAULT, WINDOW_BYTES,
+};
 use crate::ir::{BoolOp, Cmp, FOp, Func, Inst, IntOp, Op, Rnd, SReg, Sp, Src, TernOp, Ty, NONE};
 use crate::memory::DEVICE_VA_BASE;
 use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
@@ -281,6 +283,32 @@ impl<'a, 'f> Translator<'a, 'f> {
                 }
                 false
             }
+            Op::Trap(_) => {
+                let trap = self.fb.create_block();
+                match guard {
+                    Some(c) => {
+                        let next = self.next_block(pc);
+                        self.fb.ins().brif(c, trap, &[], next, &[]);
+                    }
+                    None => {
+                        self.fb.ins().jump(trap, &[]);
+                    }
+                }
+                self.fb.switch_to_block(trap);
+                let mut sig = Signature::new(self.call_conv);
+                sig.params.extend([AbiParam::new(I64), AbiParam::new(I64)]);
+                sig.params.extend([AbiParam::new(I32), AbiParam::new(I32)]);
+                sig.returns.push(AbiParam::new(I32));
+                let sig = self.fb.import_signature(sig);
+                let f = self.imm(rt_trap as *const () as usize as i64);
+                let op = self.imm(&self.ops[pc as usize] as *const Op as usize as i64);
+                let line = self.fb.ins().iconst(I32, inst.line as i64);
+                self.fb
+                    .ins()
+                    .call_indirect(sig, f, &[self.ctx, op, line, self.lin]);
+                self.jump_to_fault();
+                false
+            }
             Op::Bar { .. } => {
                 let wait = self.fb.create_block();
                 match guard {
@@ -551,7 +579,7 @@ impl<'a, 'f> Translator<'a, 'f> {
                 let v = self.special(r);
                 self.set(d, v);
             }
-            Op::Ld { .. } | Op::St { .. } => self.memory_op(op, line),
+            Op::Ld { .. } | Op::St { .. } | Op::Atom { .. } => self.memory_op(op, line),
             _ => self.helper_op(pc),
         }
     }
@@ -567,12 +595,59 @@ impl<'a, 'f> Translator<'a, 'f> {
                 let l = self.fb.ins().uextend(I64, self.lin);
                 self.fb.ins().band_imm_u(l, 31)
             }
-            _ => {
-                // Warpid (the only other one the plan takes)
+            SReg::Warpid => {
                 let l = self.fb.ins().uextend(I64, self.lin);
                 self.fb.ins().ushr_imm_u(l, 5)
             }
+            SReg::Nwarpid => self.ctx_u32(ctx_off!(nwarpid)),
+            SReg::Smid => self.ctx_u32(ctx_off!(smid)),
+            SReg::Nsmid => self.imm(132),
+            SReg::Gridid => self.imm(1),
+            SReg::DynSmem => self.ctx_u32(ctx_off!(dyn_smem)),
+            SReg::TotalSmem => self.ctx_u64(ctx_off!(total_smem)),
+            SReg::ReservedSmem(k) => {
+                let begin = self.ctx_u64(ctx_off!(reserved_smem));
+                match k % 5 {
+                    0 | 3 => begin,
+                    1 => self.fb.ins().iadd_imm_s(begin, 1024),
+                    2 => self.imm(1024),
+                    _ => self.fb.ins().iadd_imm_s(begin, 512),
+                }
+            }
+            SReg::LanemaskEq
+            | SReg::LanemaskLt
+            | SReg::LanemaskLe
+            | SReg::LanemaskGt
+            | SReg::LanemaskGe => {
+                let l = self.fb.ins().uextend(I64, self.lin);
+                let lane = self.fb.ins().band_imm_u(l, 31);
+                let one = self.imm(1);
+                let bit = self.fb.ins().ishl(one, lane);
+                let below = self.fb.ins().iadd_imm_s(bit, -1);
+                let upto = self.fb.ins().ishl_imm_u(bit, 1);
+                let upto = self.fb.ins().iadd_imm_s(upto, -1);
+                match r {
+                    SReg::LanemaskEq => bit,
+                    SReg::LanemaskLt => below,
+                    SReg::LanemaskLe => self.fb.ins().band_imm_u(upto, 0xffff_ffff),
+                    SReg::LanemaskGt => {
+                        let v = self.fb.ins().bnot(upto);
+                        self.fb.ins().band_imm_u(v, 0xffff_ffff)
+                    }
+                    _ => {
+                        let v = self.fb.ins().bnot(below);
+                        self.fb.ins().band_imm_u(v, 0xffff_ffff)
+                    }
+                }
+            }
+            // `%envreg*` read 0 outside a cooperative launch; `Zero`
+            _ => self.imm(0),
         }
+    }
+
+    fn ctx_u64(&mut self, off: i32) -> Value {
+        let fixed = MemFlagsData::trusted().with_readonly();
+        self.fb.ins().load(I64, fixed, self.ctx, off)
     }
 
     /// Register op `pc` through the interpreter's own step: its sources go
