@@ -51,7 +51,7 @@ fn on_engine(
             .compiled(&kernel.name)
             .expect("the compiler takes matmul_tiled");
         println!(
-            "compile (whole module)   {:>9.4} s",
+            "compile (the kernel)     {:>9.4} s",
             start.elapsed().as_secs_f64()
         );
     }

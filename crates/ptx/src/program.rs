@@ -7,7 +7,6 @@ use crate::launch::{check_config, Fault, LaunchConfig, LaunchLimits, LaunchRepor
 use crate::memory::DeviceMemory;
 use crate::module_info::{GlobalVar, KernelInfo, LoadError};
 use crate::{ast, exec, lower, parser};
-use std::sync::OnceLock;
 
 /// What runs a module's kernels.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -40,8 +39,8 @@ pub struct Program {
     globals: Vec<GlobalVar>,
     allocations: Vec<u64>,
     engine: Engine,
-    /// The module's native code, compiled at its first compiled launch.
-    compiled: OnceLock<CompiledModule>,
+    /// The module's native code, each kernel's compiled at its first launch.
+    compiled: CompiledModule,
 }
 
 impl Program {
@@ -57,12 +56,12 @@ impl Program {
         let mut allocated = Vec::new();
         match lower::lower_module(module, mem, &mut allocated) {
             Ok(l) => Ok(Program {
+                compiled: CompiledModule::new(l.ir.kernels.len()),
                 code: exec::Executable::new(l.ir),
                 kernels: l.kernels,
                 globals: l.globals,
                 allocations: allocated,
                 engine: Engine::from_env(),
-                compiled: OnceLock::new(),
             }),
             Err(e) => {
                 for a in allocated {
@@ -83,21 +82,16 @@ impl Program {
         self.engine
     }
 
-    /// Whether the compiler takes `kernel` (compiling the module if not
-    /// done yet); `Err` says why it runs on the interpreter.
+    /// Whether the compiler takes `kernel` (compiling it if not done yet);
+    /// `Err` says why it runs on the interpreter.
     pub fn compiled(&self, kernel: &str) -> Result<(), String> {
         let Some(k) = self.kernels.iter().position(|k| k.name == kernel) else {
             return Err(format!("no kernel {kernel}"));
         };
-        match &self.native().kernels[k] {
-            Ok(_) => Ok(()),
-            Err(why) => Err(why.clone()),
-        }
-    }
-
-    fn native(&self) -> &CompiledModule {
         self.compiled
-            .get_or_init(|| CompiledModule::compile(self.code.ir()))
+            .kernel(self.code.ir(), k)
+            .map(|_| ())
+            .map_err(str::to_string)
     }
 
     /// The module's kernels.
@@ -190,7 +184,7 @@ impl Program {
             return LaunchReport::failed(f);
         }
         if self.engine == Engine::Compiler && !cooperative {
-            if let Ok(native) = &self.native().kernels[k] {
+            if let Ok(native) = self.compiled.kernel(self.code.ir(), k) {
                 return jit::launch(native, self.code.ir(), mem, cfg, params, limits);
             }
         }
