@@ -134,15 +134,21 @@ impl Translator<'_, '_> {
             Sp::Shared => {
                 // shared addresses are 32 bits wide: the low half, wrapped
                 let a32 = self.fb.ins().ireduce(I32, addr);
-                let lim = self
-                    .fb
-                    .ins()
-                    .load(I64, fixed, self.ctx, ctx_off!(shared_bytes));
+                let (base, lim) = match self.shared_here {
+                    Some((base, bytes)) => (base, bytes),
+                    None => {
+                        let bytes =
+                            self.fb
+                                .ins()
+                                .load(I64, fixed, self.ctx, ctx_off!(shared_bytes));
+                        let base = self.fb.ins().load(I64, fixed, self.ctx, ctx_off!(shared));
+                        (base, bytes)
+                    }
+                };
                 let lim = self.fb.ins().ushr_imm_u(lim, k);
                 let lim = self.fb.ins().ireduce(I32, lim);
                 let v = self.rotate(a32, k);
                 let ok = self.fb.ins().icmp(IntCC::UnsignedLessThan, v, lim);
-                let base = self.fb.ins().load(I64, fixed, self.ctx, ctx_off!(shared));
                 let off = self.fb.ins().uextend(I64, a32);
                 return Some((ok, self.fb.ins().iadd(base, off)));
             }

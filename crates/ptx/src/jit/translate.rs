@@ -51,6 +51,9 @@ pub(super) struct Translator<'a, 'f> {
     /// Instructions of the current basic block after the one being
     /// emitted: counted on entry, taken back when that one faults.
     pub excess: i64,
+    /// The block's shared memory (host base, bytes), loaded at the start of
+    /// a basic block with shared accesses (it dominates them all).
+    pub shared_here: Option<(Value, Value)>,
     /// The global-cache site of the access being emitted, and the sites so far.
     pub site: u32,
     pub sites: u32,
@@ -105,6 +108,7 @@ impl<'a, 'f> Translator<'a, 'f> {
             exit_block,
             fault_block,
             excess: 0,
+            shared_here: None,
             site: u32::MAX,
             sites: 0,
             slot,
@@ -187,6 +191,21 @@ impl<'a, 'f> Translator<'a, 'f> {
         let n = self.fb.use_var(self.count);
         let n = self.fb.ins().iadd_imm_s(n, (end - start) as i64);
         self.fb.def_var(self.count, n);
+        let shared_accesses = (start..end)
+            .filter(|&pc| match self.ops[pc as usize] {
+                Op::Ld { addr, .. } | Op::St { addr, .. } => addr.sp == Sp::Shared,
+                _ => false,
+            })
+            .count();
+        self.shared_here = (shared_accesses > 1).then(|| {
+            let fixed = MemFlagsData::trusted().with_readonly();
+            let bytes = self
+                .fb
+                .ins()
+                .load(I64, fixed, self.ctx, ctx_off!(shared_bytes));
+            let base = self.fb.ins().load(I64, fixed, self.ctx, ctx_off!(shared));
+            (base, bytes)
+        });
         for pc in start..end {
             self.excess = (end - pc - 1) as i64;
             if !self.inst(pc) {
