@@ -210,3 +210,9 @@ fn bad_accesses_fault_like_the_interpreter() {
         assert_eq!(fault.cu_code(), code, "case {which}: {fault}");
     }
 }
+
+#[test]
+fn a_program_with_compiled_kernels_moves_between_threads() {
+    fn shared_across_threads<T: Send + Sync>() {}
+    shared_across_threads::<Program>();
+}
