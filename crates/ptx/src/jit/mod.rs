@@ -1,10 +1,11 @@
 //! The PTX compiler: kernels of the common class (`plan`) translated from the
-//! lowered IR to native code with Cranelift (`translate`, `emit_mem`), run as
-//! thread-coarsened blocks split at barriers (`launch`) over the helpers and
-//! context of `runtime`; `compiled` owns a module's code.
+//! lowered IR to native code with Cranelift (`translate`, `emit_ops`,
+//! `emit_mem`), run as thread-coarsened blocks split at barriers (`launch`)
+//! over the context and helpers of `runtime`; `compiled` owns the code.
 
 mod compiled;
 mod emit_mem;
+mod emit_ops;
 mod launch;
 mod plan;
 mod runtime;
