@@ -6,7 +6,9 @@
 
 use super::runtime::{rt_register_op, window_base, Ctx, WINDOW_BYTES};
 use super::translate::{ctx_off, Translator};
-use crate::ir::{BoolOp, Cmp, FOp, IntOp, Op, Rnd, SReg, Sp, Src, TernOp, Ty, NONE};
+use crate::ir::{
+    BoolOp, Cmp, FOp, FloatMode, IntOp, Op, Rnd, SReg, Sp, Src, TernOp, Ty, UnOp, NONE,
+};
 use crate::memory::DEVICE_VA_BASE;
 use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
 use cranelift_codegen::ir::types::{F32, F64, I32, I64};
@@ -185,6 +187,18 @@ impl Translator<'_, '_> {
                     self.set(d2, v2);
                 }
             }
+            Op::Un {
+                op: uop, t, d, a, ..
+            } if Self::un_native(uop, t) => {
+                let a = self.src(a);
+                let v = self.un_op(uop, t, a);
+                self.set(d, v);
+            }
+            Op::Cvt { d, a, dt, st, mode } if Self::cvt_native(dt, st, &mode) => {
+                let a = self.src(a);
+                let v = self.cvt(a, dt, st, mode.rnd);
+                self.set(d, v);
+            }
             Op::Cvta {
                 d,
                 a,
@@ -340,6 +354,7 @@ impl Translator<'_, '_> {
             IntOp::Add | IntOp::Sub | IntOp::MulLo | IntOp::And | IntOp::Or | IntOp::Xor => true,
             IntOp::Shl | IntOp::Shr => t != Ty::Pred,
             IntOp::MulWide => matches!(t.bits(), 16 | 32),
+            IntOp::Min | IntOp::Max => !t.is_float() && t != Ty::B128,
             _ => false,
         }
     }
@@ -384,6 +399,25 @@ impl Translator<'_, '_> {
                         .icmp_imm_u(IntCC::UnsignedGreaterThanOrEqual, n, bits as i64);
                 let zero = self.fb.ins().iconst(I64, 0);
                 return self.fb.ins().select(big, zero, v);
+            }
+            IntOp::Min | IntOp::Max => {
+                let (x, y) = if s {
+                    (self.sext(a, bits), self.sext(b, bits))
+                } else {
+                    (self.masked(a, mask), self.masked(b, mask))
+                };
+                let cc = if s {
+                    IntCC::SignedLessThan
+                } else {
+                    IntCC::UnsignedLessThan
+                };
+                let less = self.fb.ins().icmp(cc, x, y);
+                let v = if op == IntOp::Min {
+                    self.fb.ins().select(less, a, b)
+                } else {
+                    self.fb.ins().select(less, b, a)
+                };
+                return self.masked(v, mask);
             }
             _ => {
                 // MulWide of 16 or 32 bits: the product fits 64 bits
@@ -468,5 +502,123 @@ impl Translator<'_, '_> {
             _ => IntCC::UnsignedGreaterThanOrEqual,
         };
         self.fb.ins().icmp(cc, x, y)
+    }
+
+    fn un_native(op: UnOp, t: Ty) -> bool {
+        match op {
+            UnOp::Not | UnOp::Neg | UnOp::Abs => !t.is_float() && t != Ty::B128,
+            UnOp::FNeg | UnOp::FAbs => matches!(t, Ty::F32 | Ty::F64),
+            _ => false,
+        }
+    }
+
+    /// `op` of `a` as type `t`, as `alu::un_op` computes it (the negation
+    /// and absolute value of a float only touch its sign: no NaN canon).
+    fn un_op(&mut self, op: UnOp, t: Ty, a: Value) -> Value {
+        let mask = t.mask();
+        let v = match op {
+            UnOp::Not => self.fb.ins().bnot(a),
+            UnOp::Neg => self.fb.ins().ineg(a),
+            UnOp::Abs => {
+                let x = self.sext(a, t.bits());
+                self.fb.ins().iabs(x)
+            }
+            UnOp::FNeg => {
+                let sign = self.imm((1u64 << (t.bits() - 1)) as i64);
+                return self.fb.ins().bxor(a, sign);
+            }
+            _ => {
+                // FAbs
+                let rest = self.imm(!(1u64 << (t.bits() - 1)) as i64);
+                let v = self.fb.ins().band(a, rest);
+                return self.masked(v, mask);
+            }
+        };
+        self.masked(v, mask)
+    }
+
+    /// Whether `cvt` from `st` to `dt` with `mode` is open-coded: integer
+    /// widths, integers of 32 or 64 bits to f32/f64 to nearest, f32/f64 to
+    /// integers of 32 or 64 bits with an integer rounding, f32 and f64 to
+    /// each other to nearest; no `.sat`, no `.ftz`.
+    fn cvt_native(dt: Ty, st: Ty, mode: &FloatMode) -> bool {
+        if mode.sat || mode.ftz {
+            return false;
+        }
+        let int = |t: Ty| !t.is_float() && !matches!(t, Ty::Pred | Ty::B128);
+        let wide_int = |t: Ty| int(t) && t.bits() >= 32;
+        let float = |t: Ty| matches!(t, Ty::F32 | Ty::F64);
+        let nearest = matches!(mode.rnd, Rnd::Default | Rnd::Rn);
+        match (st, dt) {
+            (s, d) if int(s) && int(d) => true,
+            (s, d) if wide_int(s) && float(d) => nearest,
+            (s, d) if float(s) && wide_int(d) => {
+                matches!(mode.rnd, Rnd::Rni | Rnd::Rzi | Rnd::Rmi | Rnd::Rpi)
+            }
+            (Ty::F32, Ty::F64) => nearest,
+            (Ty::F64, Ty::F32) => nearest,
+            _ => false,
+        }
+    }
+
+    /// `cvt` of `a` from `st` to `dt` (a case `cvt_native` takes), as
+    /// `alu::cvt` computes it.
+    fn cvt(&mut self, a: Value, dt: Ty, st: Ty, rnd: Rnd) -> Value {
+        if !st.is_float() {
+            let v = if st.signed() {
+                self.sext(a, st.bits())
+            } else {
+                self.masked(a, st.mask())
+            };
+            if !dt.is_float() {
+                return self.masked(v, dt.mask());
+            }
+            // v holds the source exactly in 64 bits; one rounding to dt
+            let fty = if dt == Ty::F32 { F32 } else { F64 };
+            let f = if st.signed() {
+                self.fb.ins().fcvt_from_sint(fty, v)
+            } else {
+                self.fb.ins().fcvt_from_uint(fty, v)
+            };
+            return self.float_bits(f, dt);
+        }
+        let x = self.float_of(a, st);
+        if dt.is_float() {
+            let f = if dt == Ty::F64 {
+                self.fb.ins().fpromote(F64, x)
+            } else {
+                self.fb.ins().fdemote(F32, x)
+            };
+            return self.canon_bits(f, dt);
+        }
+        let r = match rnd {
+            Rnd::Rni => self.fb.ins().nearest(x),
+            Rnd::Rmi => self.fb.ins().floor(x),
+            Rnd::Rpi => self.fb.ins().ceil(x),
+            _ => x,
+        };
+        // NaN to 0, out of range saturated, toward zero: as the alu
+        let ity = if dt.bits() == 32 { I32 } else { I64 };
+        let v = if dt.signed() {
+            self.fb.ins().fcvt_to_sint_sat(ity, r)
+        } else {
+            self.fb.ins().fcvt_to_uint_sat(ity, r)
+        };
+        let v = if ity == I32 {
+            self.fb.ins().uextend(I64, v)
+        } else {
+            v
+        };
+        self.masked(v, dt.mask())
+    }
+
+    /// The register bits of float `f` of type `t` (a value that cannot be NaN).
+    fn float_bits(&mut self, f: Value, t: Ty) -> Value {
+        if t == Ty::F32 {
+            let w = self.fb.ins().bitcast(I32, MemFlagsData::new(), f);
+            self.fb.ins().uextend(I64, w)
+        } else {
+            self.fb.ins().bitcast(I64, MemFlagsData::new(), f)
+        }
     }
 }
