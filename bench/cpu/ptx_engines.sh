@@ -16,6 +16,7 @@ cargo build -q -p cumux-ptx --example ptx_engines
 run() {
     echo "# bench/cpu/ptx_engines.sh at $(git rev-parse --short HEAD), $(date -u +%Y-%m-%d)"
     echo "# $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(nproc) cores"
+    echo "# load average before the run: $(cut -d" " -f1-3 /proc/loadavg) (other builds share the machine)"
     cargo run -q -p cumux-ptx --example ptx_engines
 }
 if [ $# -ge 1 ]; then
