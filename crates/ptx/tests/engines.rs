@@ -39,21 +39,23 @@ fn run(ptx: &str, kernel: &str, engine: Engine, cfg: &LaunchConfig, scalar: u32)
     let mut buffers = Vec::new();
     for p in &info.params {
         let at = p.offset as usize;
-        if p.size == 8 {
-            let ptr = mem.alloc(BUFFER_BYTES as u64).expect("buffer");
-            // small floats and ints alike: random low bytes, zero high bytes
-            let bytes: Vec<u8> = (0..BUFFER_BYTES)
-                .map(|i| {
-                    if i % 4 == 3 {
-                        0x3f
-                    } else {
-                        rng.next_u64() as u8
-                    }
-                })
-                .collect();
-            mem.write(ptr, &bytes).expect("upload");
-            params[at..at + 8].copy_from_slice(&ptr.to_le_bytes());
-            buffers.push(ptr);
+        if p.size >= 8 {
+            for word in (at..at + p.size as usize).step_by(8) {
+                let ptr = mem.alloc(BUFFER_BYTES as u64).expect("buffer");
+                // by scalar: floats in [0.5, 2), any bits (NaNs, infinities,
+                // negatives), or small non-negative ints
+                let bytes: Vec<u8> = (0..BUFFER_BYTES)
+                    .map(|i| match (i % 4, scalar) {
+                        (3, 1) => 0x3f,
+                        (3, 1000) => 0,
+                        _ => rng.next_u64() as u8,
+                    })
+                    .collect();
+                mem.write(ptr, &bytes).expect("upload");
+                let end = (word + 8).min(at + p.size as usize);
+                params[word..end].copy_from_slice(&ptr.to_le_bytes()[..end - word]);
+                buffers.push(ptr);
+            }
         } else {
             let v = (scalar as u64).to_le_bytes();
             let n = (p.size as usize).min(8);
