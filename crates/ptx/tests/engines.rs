@@ -169,3 +169,163 @@ fn compiled_corpus_kernels_match_the_interpreter() {
     eprintln!("corpus: {taken} of {total} kernels compiled and matched");
     assert!(taken >= 10, "the compiler took only {taken} corpus kernels");
 }
+
+/// Groups of interchangeable PTX spellings: a mutant swaps one for another.
+const SWAPS: &[&[&str]] = &[
+    &[
+        ".lt.", ".le.", ".gt.", ".ge.", ".eq.", ".ne.", ".lo.", ".hi.", ".ls.", ".hs.", ".ltu.",
+        ".geu.", ".equ.", ".neu.", ".nan.", ".num.",
+    ],
+    &[
+        "add.", "sub.", "mul.lo.", "min.", "max.", "and.", "or.", "xor.", "div.", "rem.",
+    ],
+    &["shl.", "shr."],
+    &["mul.wide.", "mul.hi.", "mul.lo."],
+    &["mad.lo.", "mad.hi.", "mad.wide."],
+    &[".s32", ".u32", ".b32"],
+    &[".s64", ".u64", ".b64"],
+    &[".s16", ".u16", ".s8", ".u8"],
+    &[".rn.", ".rz.", ".rm.", ".rp.", ".rn.ftz.", ".rn.sat."],
+    &[".rni.", ".rzi.", ".rmi.", ".rpi."],
+    &[".f32", ".f64"],
+    &["neg.", "abs.", "not."],
+];
+
+/// Literals a mutant puts in place of another.
+const LITERALS: &[&str] = &[
+    "0",
+    "1",
+    "2",
+    "3",
+    "4",
+    "7",
+    "8",
+    "15",
+    "16",
+    "31",
+    "32",
+    "33",
+    "63",
+    "64",
+    "65",
+    "255",
+    "-1",
+    "-2",
+    "-33",
+    "4096",
+    "65535",
+    "2147483647",
+    "-2147483648",
+    "0f7FC00000",
+    "0f80000000",
+    "0f7F800000",
+    "0f3F800000",
+    "0d7FF8000000000000",
+];
+
+/// `text` with one instruction line changed: a spelling of `SWAPS` or a
+/// literal operand swapped for another.
+fn mutate(text: &str, rng: &mut cumux_testkit::Rng) -> String {
+    let mut lines: Vec<String> = text.lines().map(str::to_string).collect();
+    let candidates: Vec<usize> = lines
+        .iter()
+        .enumerate()
+        .filter(|(_, l)| {
+            let t = l.trim_start();
+            t.ends_with(';')
+                && !t.starts_with('.')
+                && !t.starts_with("//")
+                && !t.starts_with("ld.param")
+        })
+        .map(|(i, _)| i)
+        .collect();
+    if candidates.is_empty() {
+        return text.to_string();
+    }
+    let at = rng.pick(&candidates);
+    let line = lines[at].clone();
+    let mut options: Vec<(usize, usize, &str)> = Vec::new();
+    for group in SWAPS {
+        for from in group.iter() {
+            for (pos, _) in line.match_indices(from) {
+                let to = rng.pick(group);
+                options.push((pos, from.len(), to));
+            }
+        }
+    }
+    // literal operands: a token after ", " up to ',' or ';'
+    let mut start = 0;
+    while let Some(p) = line[start..].find(", ") {
+        let from = start + p + 2;
+        let end = line[from..]
+            .find([',', ';', ']', '}'])
+            .map_or(line.len(), |e| from + e);
+        let token = &line[from..end];
+        if token
+            .chars()
+            .next()
+            .is_some_and(|c| c.is_ascii_digit() || c == '-')
+        {
+            options.push((from, end - from, rng.pick(LITERALS)));
+        }
+        start = from;
+    }
+    if options.is_empty() {
+        return text.to_string();
+    }
+    let (pos, len, to) = options[rng.below(options.len() as u64) as usize];
+    lines[at] = format!("{}{}{}", &line[..pos], to, &line[pos + len..]);
+    lines.join("\n")
+}
+
+/// Mutants of the fixtures (one to three instruction lines changed each):
+/// every kernel of a mutant that loads and that the compiler takes runs on
+/// both engines; `PTX_ENGINE_MUTANTS` sets how many mutants (default 120).
+#[test]
+fn mutated_fixture_kernels_match_the_interpreter() {
+    let cases: u64 = std::env::var("PTX_ENGINE_MUTANTS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(120);
+    let dir = cumux_testkit::workspace_root().join("crates/ptx/tests/fixtures");
+    let sources: Vec<String> = ["ops.ptx", "basic.ptx", "misc.ptx", "compiler_cases.ptx"]
+        .iter()
+        .map(|f| std::fs::read_to_string(dir.join(f)).expect("fixture"))
+        .collect();
+    let mut rng = cumux_testkit::Rng(0x5eed_1234_abcd_0001);
+    let (mut loaded, mut compared) = (0, 0);
+    for case in 0..cases {
+        let mut text = sources[rng.below(sources.len() as u64) as usize].clone();
+        for _ in 0..1 + rng.below(3) {
+            text = mutate(&text, &mut rng);
+        }
+        let mem = DeviceMemory::new(MEMORY_BYTES);
+        let Ok(program) = Program::load(&text, &mem) else {
+            continue;
+        };
+        loaded += 1;
+        let cfg = config([2, 1, 1], [40, 1, 1], 64);
+        let scalar = [1u32, 100, 1000][case as usize % 3];
+        for k in program.kernels() {
+            if program.compiled(&k.name).is_err() || k.reqntid.is_some() {
+                continue;
+            }
+            let interp = run(&text, &k.name, Engine::Interpreter, &cfg, scalar);
+            let jit = run(&text, &k.name, Engine::Compiler, &cfg, scalar);
+            if interp != jit {
+                let path = std::env::temp_dir().join(format!("cumux-mutant-{case}.ptx"));
+                let _ = std::fs::write(&path, &text);
+                panic!(
+                    "mutant {case} (saved to {}): {} differs between the engines:\n{:?}\n{:?}",
+                    path.display(),
+                    k.name,
+                    interp.report,
+                    jit.report
+                );
+            }
+            compared += 1;
+        }
+    }
+    eprintln!("{cases} mutants: {loaded} loaded, {compared} kernel runs compared");
+    assert!(compared > 0, "no mutant ran");
+}
