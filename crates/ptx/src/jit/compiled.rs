@@ -17,8 +17,12 @@ use std::sync::OnceLock;
 /// One compiled kernel and the memory its code lives in.
 pub(crate) struct CompiledKernel {
     pub(super) entry: KernelFn,
-    /// The kernel's ops: the code passes pointers into them to its helpers.
-    _ops: Box<[Op]>,
+    /// The kernel's ops (the code passes pointers into them to its helpers;
+    /// warp collectives are resolved from them) and their source lines.
+    pub(super) ops: Box<[Op]>,
+    pub(super) lines: Box<[u32]>,
+    /// The pc each resume id goes on from.
+    pub(super) resumes: Box<[u32]>,
     pub(super) nregs: u32,
     pub(super) frame_bytes: u32,
     /// Global and generic access sites (each caches its allocation).
@@ -142,7 +146,9 @@ fn compile(m: &Module, k: usize) -> Result<CompiledKernel, String> {
     let entry = unsafe { std::mem::transmute::<*const u8, KernelFn>(code) };
     Ok(CompiledKernel {
         entry,
-        _ops: ops,
+        ops,
+        lines: f.code.iter().map(|i| i.line).collect(),
+        resumes: p.resumes.clone().into_boxed_slice(),
         nregs: f.nregs,
         frame_bytes: f.frame_bytes,
         global_sites,

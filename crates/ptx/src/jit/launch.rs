@@ -1,10 +1,12 @@
 //! A launch of a compiled kernel: blocks spread over host workers as the
 //! interpreter spreads them; inside a block the threads run one after the
-//! other from their resume points up to the next barrier (thread-coarsened
-//! regions), with the interpreter's budgets, cancel flag and fault order.
+//! other, warp by warp, from their resume points up to the next barrier or
+//! warp collective (thread-coarsened regions), with the interpreter's
+//! scheduling, budgets, cancel flag, deadlocks and fault order.
 
 use super::compiled::CompiledKernel;
-use super::runtime::{Ctx, GlobalEntry, RET_EXIT, RET_FAULT};
+use super::runtime::{Ctx, GlobalEntry, RET_EXIT, RET_FAULT, STOP_BARRIER, STOP_BITS, STOP_WARP};
+use super::warp::{resolve_warp, Lanes, State};
 use crate::exec::BLOCK_MEMORY_LIMIT;
 use crate::ir::{Module, Op, SReg};
 use crate::launch::{Fault, LaunchConfig, LaunchLimits, LaunchReport, LAUNCH_CHECK_INTERVAL};
@@ -177,14 +179,6 @@ fn record_fault(fault: &Mutex<Option<(u64, Fault)>>, id: u64, e: Fault) {
     }
 }
 
-/// Thread states between regions.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum State {
-    Ready,
-    AtBarrier,
-    Exited,
-}
-
 /// One worker's buffers, reused block after block.
 struct Worker {
     regs: Vec<u64>,
@@ -276,7 +270,6 @@ impl Worker {
         self.resume.fill(0);
         self.state.fill(State::Ready);
         let n = self.state.len();
-        let nregs = g.kernel.nregs as usize;
         let local_words = (g.kernel.frame_bytes as usize).div_ceil(8);
         let ntid = g.cfg.block;
         let mut ctx = Ctx {
@@ -301,76 +294,158 @@ impl Worker {
             mem: g.mem,
             fault: None,
         };
-        let result = loop {
-            let mut failed = None;
-            for t in 0..n {
-                if self.state[t] != State::Ready {
-                    continue;
-                }
-                let lin = t as u32;
-                let tid = [
-                    lin % ntid[0].max(1),
-                    (lin / ntid[0].max(1)) % ntid[1].max(1),
-                    lin / (ntid[0].max(1) * ntid[1].max(1)),
-                ];
-                let regs = self.regs[t * nregs..].as_mut_ptr();
-                let local = self.local[t * local_words..].as_mut_ptr() as *mut u8;
-                // SAFETY: the compiled kernel gets this block's live context,
-                // the thread's `nregs` registers and `frame_bytes` of local
-                // memory (what it was compiled for), and a resume id it returned.
-                let r = unsafe {
-                    (g.kernel.entry)(
-                        &mut ctx,
-                        regs,
-                        local,
-                        lin,
-                        tid[0],
-                        tid[1],
-                        tid[2],
-                        self.resume[t],
-                    )
-                };
-                match r {
-                    RET_EXIT => self.state[t] = State::Exited,
-                    RET_FAULT => {
-                        failed = Some(ctx.fault.take().unwrap_or_else(|| {
-                            Fault::Failed("internal error: compiled code faulted".into())
-                        }));
-                        break;
-                    }
-                    r => {
-                        self.resume[t] = r >> 1;
-                        if r & 1 == 0 {
-                            self.state[t] = State::AtBarrier;
-                        } else if let Err(e) = self.checkpoint(g, &mut ctx) {
-                            failed = Some(e);
-                            break;
+        // as the interpreter schedules: warp by warp, each warp's ready lanes
+        // in turn until none of its collectives can be resolved
+        let warps = n.div_ceil(32);
+        let result = 'block: loop {
+            for w in 0..warps {
+                loop {
+                    for t in w * 32..(w * 32 + 32).min(n) {
+                        if self.state[t] == State::Ready {
+                            if let Err(e) = self.run_thread(g, &mut ctx, t) {
+                                break 'block Err(e);
+                            }
                         }
                     }
+                    let mut lanes = Lanes {
+                        kernel: g.kernel,
+                        state: &mut self.state,
+                        regs: &mut self.regs,
+                        resume: &self.resume,
+                    };
+                    if !resolve_warp(&mut lanes, w, false) {
+                        break;
+                    }
                 }
-            }
-            if let Some(f) = failed {
-                break Err(f);
             }
             let alive = self.state.iter().filter(|&&s| s != State::Exited).count();
             if alive == 0 {
                 break Ok(());
             }
-            let waiting = self
-                .state
-                .iter()
-                .filter(|&&s| s == State::AtBarrier)
-                .count();
-            if waiting == alive {
-                for s in self.state.iter_mut() {
-                    if *s == State::AtBarrier {
-                        *s = State::Ready;
+            // a thread that yielded in a long loop runs again next round
+            let yielded = self.state.contains(&State::Ready);
+            let progressed = self.resolve_barrier(alive)
+                || {
+                    let mut lanes = Lanes {
+                        kernel: g.kernel,
+                        state: &mut self.state,
+                        regs: &mut self.regs,
+                        resume: &self.resume,
+                    };
+                    let mut any = false;
+                    for w in 0..warps {
+                        any |= resolve_warp(&mut lanes, w, true);
                     }
+                    any
                 }
+                || yielded;
+            if !progressed {
+                break Err(self.deadlock(g));
             }
         };
         self.instructions = ctx.instructions;
         result
+    }
+
+    /// Runs thread `t` of the block from its resume point to its next stop.
+    fn run_thread(&mut self, g: &Grid<'_>, ctx: &mut Ctx<'_>, t: usize) -> Result<(), Fault> {
+        let ntid = g.cfg.block;
+        let nregs = g.kernel.nregs as usize;
+        let local_words = (g.kernel.frame_bytes as usize).div_ceil(8);
+        let lin = t as u32;
+        let tid = [
+            lin % ntid[0].max(1),
+            (lin / ntid[0].max(1)) % ntid[1].max(1),
+            lin / (ntid[0].max(1) * ntid[1].max(1)),
+        ];
+        let regs = self.regs[t * nregs..].as_mut_ptr();
+        let local = self.local[t * local_words..].as_mut_ptr() as *mut u8;
+        // SAFETY: the compiled kernel gets this block's live context, the
+        // thread's `nregs` registers and `frame_bytes` of local memory (what
+        // it was compiled for), and a resume id it returned.
+        let r = unsafe {
+            (g.kernel.entry)(
+                ctx,
+                regs,
+                local,
+                lin,
+                tid[0],
+                tid[1],
+                tid[2],
+                self.resume[t],
+            )
+        };
+        match r {
+            RET_EXIT => self.state[t] = State::Exited,
+            RET_FAULT => {
+                return Err(ctx.fault.take().unwrap_or_else(|| {
+                    Fault::Failed("internal error: compiled code faulted".into())
+                }))
+            }
+            r => {
+                let id = r >> STOP_BITS;
+                self.resume[t] = id;
+                match r & ((1 << STOP_BITS) - 1) {
+                    STOP_BARRIER => self.state[t] = State::AtBarrier,
+                    STOP_WARP => {
+                        let pc = g.kernel.resumes.get(id as usize).copied().unwrap_or(1);
+                        self.state[t] = State::AtWarp(pc.saturating_sub(1));
+                    }
+                    _ => self.checkpoint(g, ctx)?,
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Lets every thread waiting at the barrier go on once all `alive`
+    /// threads wait there; whether it did.
+    fn resolve_barrier(&mut self, alive: usize) -> bool {
+        let waiting = self
+            .state
+            .iter()
+            .filter(|&&s| s == State::AtBarrier)
+            .count();
+        if waiting == 0 || waiting < alive {
+            return false;
+        }
+        for s in self.state.iter_mut() {
+            if *s == State::AtBarrier {
+                *s = State::Ready;
+            }
+        }
+        true
+    }
+
+    /// The fault of a block none of whose waiting threads can go on, as the
+    /// interpreter words it.
+    fn deadlock(&self, g: &Grid<'_>) -> Fault {
+        let waiting: Vec<usize> = self
+            .state
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| **s != State::Exited)
+            .map(|(i, _)| i)
+            .take(8)
+            .collect();
+        let pc_of = |t: usize| match self.state[t] {
+            State::AtWarp(pc) => Some(pc),
+            State::AtBarrier => g
+                .kernel
+                .resumes
+                .get(self.resume[t] as usize)
+                .map(|p| p.saturating_sub(1)),
+            _ => g.kernel.resumes.get(self.resume[t] as usize).copied(),
+        };
+        let line = waiting
+            .first()
+            .and_then(|&t| pc_of(t))
+            .and_then(|pc| g.kernel.lines.get(pc as usize).copied())
+            .unwrap_or(0);
+        Fault::Failed(format!(
+            "deadlock in block {:?}: threads {waiting:?} wait at a barrier or warp op (line {line}) that can never complete",
+            self.ctaid
+        ))
     }
 
     /// The check of a thread that yielded at a backward branch past

@@ -1,6 +1,7 @@
-//! Which kernels the compiler takes (every op of the common class, no calls,
-//! no warp collectives, only whole-block `bar.sync` of one id) and the shape
-//! of one it takes: basic blocks, resume points, registers live at each.
+//! Which kernels the compiler takes (every op of the common class and the
+//! warp collectives other than tensor ops; no calls, only whole-block
+//! `bar.sync` of one id) and the shape of one it takes: basic blocks, resume
+//! points, registers live at each.
 
 use crate::ir::{Func, Module, Op, SReg, Src, NONE};
 
@@ -9,10 +10,13 @@ pub(super) struct Plan {
     /// First pc of each basic block, ascending (block `b` ends where `b + 1` starts).
     pub starts: Vec<u32>,
     /// The pcs a thread resumes at, indexed by resume id: 0, the pc after
-    /// each barrier, each backward branch's target.
+    /// each barrier or warp collective, each backward branch's target.
     pub resumes: Vec<u32>,
     /// Registers live on entry to each basic block.
     pub live_in: Vec<Vec<u32>>,
+    /// Registers a `shfl` reads as its value: another lane may read them
+    /// whenever this one stands still, so every stop and exit stores them.
+    pub shuffled: Vec<u32>,
 }
 
 impl Plan {
@@ -57,7 +61,13 @@ pub(super) fn plan(m: &Module, k: usize) -> Result<Plan, String> {
                 leaders.push(pc + 1);
             }
             Op::Ret | Op::Exit | Op::Trap(_) => leaders.push(pc + 1),
-            Op::Bar { .. } => {
+            Op::Bar { .. }
+            | Op::Shfl { .. }
+            | Op::Vote { .. }
+            | Op::Match { .. }
+            | Op::Redux { .. }
+            | Op::WarpSync { .. }
+            | Op::Activemask { .. } => {
                 leaders.push(pc + 1);
                 resumes.push(pc + 1);
             }
@@ -70,10 +80,21 @@ pub(super) fn plan(m: &Module, k: usize) -> Result<Plan, String> {
         v.dedup();
     }
     let live_in = liveness(f, &leaders);
+    let mut shuffled: Vec<u32> = f
+        .code
+        .iter()
+        .filter_map(|i| match i.op {
+            Op::Shfl { a: Src::Reg(r), .. } => Some(r),
+            _ => None,
+        })
+        .collect();
+    shuffled.sort_unstable();
+    shuffled.dedup();
     Ok(Plan {
         starts: leaders,
         resumes,
         live_in,
+        shuffled,
     })
 }
 
@@ -100,6 +121,12 @@ fn supported(op: &Op, bar_id: &mut Option<u64>) -> Result<(), String> {
         | Op::Isspacep { .. }
         | Op::Atom { .. }
         | Op::Trap(_)
+        | Op::Shfl { .. }
+        | Op::Vote { .. }
+        | Op::Match { .. }
+        | Op::Redux { .. }
+        | Op::WarpSync { .. }
+        | Op::Activemask { .. }
         | Op::Bra { .. }
         | Op::Ret
         | Op::Exit

@@ -17,10 +17,20 @@ pub(super) const RET_EXIT: u32 = u32::MAX;
 /// A compiled kernel region's return: the thread faulted (`Ctx::fault`).
 pub(super) const RET_FAULT: u32 = u32::MAX - 1;
 
+/// Why a thread stopped short of its end: the low [`STOP_BITS`] bits of a
+/// region's return, above them the resume id it goes on from.
+pub(super) const STOP_BITS: u32 = 2;
+/// At a barrier.
+pub(super) const STOP_BARRIER: u32 = 0;
+/// At a backward branch past the block's next check (it stays ready).
+pub(super) const STOP_YIELD: u32 = 1;
+/// At a warp collective (the instruction before its resume point).
+pub(super) const STOP_WARP: u32 = 2;
+
 /// The compiled kernel: `(ctx, regs, local, lin, tid.x, tid.y, tid.z, resume)`
-/// runs one thread from resume point `resume` to its next barrier, yield,
-/// exit or fault; it returns `resume_point << 1 | yielded`, [`RET_EXIT`] or
-/// [`RET_FAULT`].
+/// runs one thread from resume point `resume` to its next barrier, warp
+/// collective, yield, exit or fault; it returns `resume_id << STOP_BITS |
+/// STOP_*`, [`RET_EXIT`] or [`RET_FAULT`].
 pub(super) type KernelFn =
     unsafe extern "C" fn(*mut Ctx<'_>, *mut u64, *mut u8, u32, u32, u32, u32, u32) -> u32;
 

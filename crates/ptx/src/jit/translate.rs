@@ -4,7 +4,9 @@
 //! guards and `trap`; register ops live in `emit_ops`, memory ops in `emit_mem`.
 
 use super::plan::Plan;
-use super::runtime::{rt_trap, Ctx, RET_EXIT, RET_FAULT};
+use super::runtime::{
+    rt_trap, Ctx, RET_EXIT, RET_FAULT, STOP_BARRIER, STOP_BITS, STOP_WARP, STOP_YIELD,
+};
 use crate::ir::{Func, Inst, Op, Sp, Src, NONE};
 use cranelift_codegen::ir::condcodes::IntCC;
 use cranelift_codegen::ir::types::{I32, I64};
@@ -126,7 +128,13 @@ impl<'a, 'f> Translator<'a, 'f> {
             t.fb.switch_to_block(rb);
             let pc = plan.resumes[k];
             let b = plan.block_at(pc);
-            for &r in &plan.live_in[b] {
+            // the registers live here, and the shuffled ones, which every
+            // stop and exit stores again
+            let mut loaded = plan.live_in[b].clone();
+            loaded.extend(&plan.shuffled);
+            loaded.sort_unstable();
+            loaded.dedup();
+            for &r in &loaded {
                 let v =
                     t.fb.ins()
                         .load(I64, MemFlagsData::trusted(), t.regs_ptr, (r * 8) as i32);
@@ -138,6 +146,12 @@ impl<'a, 'f> Translator<'a, 'f> {
             t.basic_block(b);
         }
         t.fb.switch_to_block(exit_block);
+        // an exited lane's shuffled values stay readable, as the interpreter's
+        for &r in &plan.shuffled {
+            let v = t.fb.use_var(t.regs[r as usize]);
+            t.fb.ins()
+                .store(MemFlagsData::trusted(), v, t.regs_ptr, (r * 8) as i32);
+        }
         t.finish_with(RET_EXIT);
         t.fb.switch_to_block(fault_block);
         let excess = t.fb.append_block_param(fault_block, I64);
@@ -162,17 +176,22 @@ impl<'a, 'f> Translator<'a, 'f> {
     }
 
     /// Stops the thread to resume at `pc` later: stores the registers live
-    /// there and returns its resume id (`yielded` in the low bit).
-    fn stop_at(&mut self, pc: u32, yielded: bool) {
+    /// there (and `also`, what a warp collective reads) and returns its
+    /// resume id with why it stopped (`STOP_*`) in the low bits.
+    fn stop_at(&mut self, pc: u32, why: u32, also: &[u32]) {
         let b = self.plan.block_at(pc);
-        for &r in &self.plan.live_in[b] {
+        let mut stored: Vec<u32> = self.plan.live_in[b].clone();
+        stored.extend(also.iter().chain(&self.plan.shuffled));
+        stored.sort_unstable();
+        stored.dedup();
+        for r in stored {
             let v = self.fb.use_var(self.regs[r as usize]);
             self.fb
                 .ins()
                 .store(MemFlagsData::trusted(), v, self.regs_ptr, (r * 8) as i32);
         }
         let id = self.plan.resume_id(pc);
-        self.finish_with(id << 1 | yielded as u32);
+        self.finish_with(id << STOP_BITS | why);
     }
 
     fn basic_block(&mut self, b: usize) {
@@ -280,7 +299,7 @@ impl<'a, 'f> Translator<'a, 'f> {
                         self.ctx,
                         ctx_off!(yield_line),
                     );
-                    self.stop_at(target, true);
+                    self.stop_at(target, STOP_YIELD, &[]);
                 } else {
                     self.fb.ins().jump(to, &[]);
                 }
@@ -324,7 +343,13 @@ impl<'a, 'f> Translator<'a, 'f> {
                 self.jump_to_fault();
                 false
             }
-            Op::Bar { .. } => {
+            Op::Bar { .. }
+            | Op::Shfl { .. }
+            | Op::Vote { .. }
+            | Op::Match { .. }
+            | Op::Redux { .. }
+            | Op::WarpSync { .. }
+            | Op::Activemask { .. } => {
                 let wait = self.fb.create_block();
                 match guard {
                     Some(c) => {
@@ -336,7 +361,18 @@ impl<'a, 'f> Translator<'a, 'f> {
                     }
                 }
                 self.fb.switch_to_block(wait);
-                self.stop_at(pc + 1, false);
+                if matches!(inst.op, Op::Bar { .. }) {
+                    self.stop_at(pc + 1, STOP_BARRIER, &[]);
+                } else {
+                    // the collective reads its operands from the register file
+                    let mut reads = Vec::new();
+                    inst.op.for_each_src(|s| {
+                        if let Src::Reg(r) = s {
+                            reads.push(r)
+                        }
+                    });
+                    self.stop_at(pc + 1, STOP_WARP, &reads);
+                }
                 false
             }
             _ => {
