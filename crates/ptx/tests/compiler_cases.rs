@@ -216,3 +216,49 @@ fn a_program_with_compiled_kernels_moves_between_threads() {
     fn shared_across_threads<T: Send + Sync>() {}
     shared_across_threads::<Program>();
 }
+
+#[test]
+fn a_warp_collective_no_lane_can_complete_is_the_interpreters_deadlock() {
+    let (report, _) = both(
+        "warp_deadlock",
+        config([1, 1, 1], [32, 1, 1], 0),
+        &words([]),
+        0,
+        &ONE_WORKER,
+    );
+    let fault = report.result.expect_err("the warp deadlocks");
+    assert!(fault.to_string().contains("deadlock"), "{fault}");
+}
+
+#[test]
+fn warp_collectives_in_divergent_code_match_the_interpreter() {
+    let (report, out) = both(
+        "warp_mix",
+        config([2, 1, 1], [64, 1, 1], 0),
+        &words([]),
+        0,
+        &ONE_WORKER,
+    );
+    report.result.expect("the kernel runs");
+    for t in 0..64usize {
+        let lane = (t % 32) as u32;
+        let [active, redux, matched, up] = [0, 1, 2, 3].map(|k| out[t * 4 + k]);
+        let odd = lane % 2 == 1;
+        assert_eq!(
+            active,
+            if odd { 0xaaaa_aaaa } else { 0x5555_5555 },
+            "thread {t}"
+        );
+        // the odd lanes of the warp: (32t/32 .. ) summed by their tids
+        let base = (t / 32 * 32) as u32;
+        let odd_sum: u32 = (0..32).filter(|l| l % 2 == 1).map(|l| base + l).sum();
+        assert_eq!(redux, if odd { odd_sum } else { 7 }, "thread {t}");
+        assert_eq!(matched, 0xf << (lane / 4 * 4), "thread {t}");
+        let want_up = if lane >= 3 {
+            t as u32 - 3 + 1
+        } else {
+            t as u32
+        };
+        assert_eq!(up, want_up, "thread {t}");
+    }
+}
