@@ -1,8 +1,6 @@
-//! The PTX engines side by side (issue 22): the corpus's 512×512 tiled
-//! matmul kernel on the interpreter and on the compiler, and the same
-//! product in plain Rust on all cores, in one run; prints times and ratios.
-//! Run with `bench/cpu/ptx_engines.sh` (or `cargo run -p cumux-ptx
-//! --example ptx_engines`); `CUMUX_BENCH_REPS` sets the repetitions.
+//! The PTX engines side by side (issue 22): the corpus's 512×512 tiled matmul
+//! on the interpreter, on the compiler and in plain Rust on all cores, in one
+//! run (`bench/cpu/ptx_engines.sh`; `CUMUX_BENCH_REPS` sets the repetitions).
 
 use cumux_ptx::{DeviceMemory, Engine, LaunchConfig, Program};
 use std::time::{Duration, Instant};

@@ -1,6 +1,6 @@
-//! The compiler's tricky cases (issue 22), each run on both engines with the
-//! same inputs: same memory, same fault, same instruction count, and the
-//! result the kernel means (`fixtures/compiler_cases.ptx`).
+//! The compiler's tricky cases (issue 22) on both engines with the same inputs:
+//! same memory, fault and instruction count, and the result the kernel means
+//! (`fixtures/compiler_cases.ptx`).
 
 mod common;
 

@@ -1,8 +1,6 @@
-//! The compiler against the interpreter (issue 22): every kernel of the CUDA
-//! corpus and of the saved PTX fixtures that the compiler takes runs on both
-//! engines with the same inputs, and must give the same memory, the same
-//! fault and the same instruction count; plus the compiler's tricky cases
-//! (barriers inside loops, divergent branches, out-of-bounds faults).
+//! The compiler against the interpreter (issue 22): every kernel of the corpus,
+//! the fixtures and mutants of the fixtures that the compiler takes, on both
+//! engines with the same inputs: same memory, fault and instruction count.
 
 mod common;
 

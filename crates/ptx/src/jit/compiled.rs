@@ -1,6 +1,6 @@
-//! A module's compiled kernels: each kernel the plan takes is translated and
-//! finalised into native code at its first launch, once; the code lives as
-//! long as the module. The host's code generator is made once per process.
+//! A module's compiled kernels: each kernel the plan takes is compiled at its
+//! first launch, once, and lives as long as the module; the host's code
+//! generator is made once per process.
 
 use super::plan::plan;
 use super::runtime::KernelFn;

@@ -1,8 +1,6 @@
-//! `ld` and `st` in compiled code: an open-coded fast path for an aligned
-//! access inside the block's shared memory, the thread's local memory, the
-//! parameter buffer or the global allocation resolved last, and the checked
-//! slow path (`rt_load`/`rt_store`) that resolves, or faults as the
-//! interpreter does.
+//! `ld`, `st` and `atom` in compiled code: an open-coded fast path for aligned
+//! accesses in shared, local, parameter memory or the global allocation the
+//! site resolved last; else the checked helpers, which fault as the interpreter.
 
 use super::runtime::{rt_atom, rt_load, rt_misaligned_vector, rt_store, space_code, Ctx};
 use super::translate::{ctx_off, Translator};

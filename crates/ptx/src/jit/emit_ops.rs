@@ -1,8 +1,6 @@
 //! Register ops in compiled code: the common ones open-coded with the
-//! interpreter's exact semantics (integer arithmetic and shifts, `fma`/add/
-//! mul/div of f32 and f64 with canonical NaNs, compares, `selp`, address
-//! spaces, special registers), every other one through the interpreter's own
-//! `alu` step (`rt_register_op`) on the thread's register file.
+//! interpreter's exact semantics (fused `fma`, canonical NaNs), every other
+//! one through the interpreter's own `alu` step on the thread's register file.
 
 use super::runtime::{rt_register_op, window_base, Ctx, WINDOW_BYTES};
 use super::translate::{ctx_off, Translator};

@@ -1,8 +1,6 @@
-//! A launch of a compiled kernel: blocks spread over host workers as the
-//! interpreter spreads them; inside a block the threads run one after the
-//! other, warp by warp, from their resume points up to the next barrier or
-//! warp collective (thread-coarsened regions), with the interpreter's
-//! scheduling, budgets, cancel flag, deadlocks and fault order.
+//! A launch of a compiled kernel: blocks over host workers, inside a block the
+//! threads run warp by warp from resume point to barrier or collective, with
+//! the interpreter's scheduling, budgets, cancel flag, deadlocks and faults.
 
 use super::compiled::CompiledKernel;
 use super::runtime::{Ctx, GlobalEntry, RET_EXIT, RET_FAULT, STOP_BARRIER, STOP_BITS, STOP_WARP};

@@ -1,8 +1,6 @@
-//! The PTX compiler: kernels of the common class (`plan`) translated from the
-//! lowered IR to native code with Cranelift (`translate`, `emit_ops`,
-//! `emit_mem`), run as thread-coarsened blocks split at barriers and warp
-//! collectives (`launch`, `warp`) over the context and helpers of `runtime`;
-//! `compiled` owns the code.
+//! The PTX compiler: kernels the `plan` takes go from the lowered IR to native
+//! code with Cranelift (`translate`, `emit_ops`, `emit_mem`) and run as thread
+//! loops split at barriers and collectives (`launch`, `warp`, `runtime`).
 
 mod compiled;
 mod emit_mem;

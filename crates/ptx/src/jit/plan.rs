@@ -1,7 +1,6 @@
-//! Which kernels the compiler takes (every op of the common class and the
-//! warp collectives other than tensor ops; no calls, only whole-block
-//! `bar.sync` of one id) and the shape of one it takes: basic blocks, resume
-//! points, registers live at each.
+//! Which kernels the compiler takes (no calls, printf, tensor ops, lockstep;
+//! whole-block `bar.sync` of one id) and the shape of one: basic blocks,
+//! resume points, the registers live at each.
 
 use crate::ir::{Func, Module, Op, SReg, Src, NONE};
 

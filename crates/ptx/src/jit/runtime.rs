@@ -1,7 +1,6 @@
-//! What compiled kernel code sees at run time: the block's context (`Ctx`,
-//! read at fixed offsets by the generated code) and the helpers it calls for
-//! what it does not open-code: register ops evaluated by the interpreter's
-//! own `alu` step, and checked memory accesses on their slow path.
+//! What compiled code sees at run time: the block's context (`Ctx`, read at
+//! fixed offsets) and the helpers it calls: the interpreter's `alu` step,
+//! checked memory accesses on their slow path, atomics, `trap`.
 
 use crate::alu::atom_apply;
 use crate::exec::{run_register_op, LOCAL_WINDOW, PARAM_WINDOW, SHARED_WINDOW};

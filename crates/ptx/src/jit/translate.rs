@@ -1,7 +1,6 @@
 //! One kernel to Cranelift IR: a dispatch on the resume point, registers as
-//! SSA variables loaded where a thread resumes and stored where it stops (a
-//! barrier, a yield at a backward branch), instruction counts, control flow,
-//! guards and `trap`; register ops live in `emit_ops`, memory ops in `emit_mem`.
+//! variables loaded where a thread resumes and stored where it stops, counts,
+//! control flow, guards and `trap`; ops live in `emit_ops` and `emit_mem`.
 
 use super::plan::Plan;
 use super::runtime::{

@@ -1,7 +1,6 @@
 //! Warp collectives of compiled kernels (`shfl`, `vote`, `match`, `redux`,
-//! `bar.warp.sync`, `activemask`): once every participant waits at one, it is
-//! resolved for all of them from their register files, as the interpreter's
-//! `exec/warp.rs` resolves it (same grouping, same results).
+//! `bar.warp.sync`, `activemask`), resolved from the waiting threads' register
+//! files with the grouping and results of the interpreter's `exec/warp.rs`.
 
 use super::compiled::CompiledKernel;
 use crate::alu::int_bin;
