@@ -2,6 +2,7 @@
 //! interpreter's exact semantics (fused `fma`, canonical NaNs), every other
 //! one through the interpreter's own `alu` step on the thread's register file.
 
+use super::printf::rt_printf;
 use super::runtime::{rt_register_op, window_base, Ctx, WINDOW_BYTES};
 use super::translate::{ctx_off, Translator};
 use crate::ir::{
@@ -238,6 +239,7 @@ impl Translator<'_, '_> {
                 self.set(d, v);
             }
             Op::Ld { .. } | Op::St { .. } | Op::Atom { .. } => self.memory_op(op, line),
+            Op::Printf { .. } => self.printf_op(pc, line),
             _ => self.helper_op(pc),
         }
     }
@@ -338,6 +340,49 @@ impl Translator<'_, '_> {
         self.fb
             .ins()
             .call_indirect(sig, callee, &[opp, self.regs_ptr, nregs]);
+        for d in dsts {
+            let v = self
+                .fb
+                .ins()
+                .load(I64, MemFlagsData::trusted(), self.regs_ptr, (d * 8) as i32);
+            self.set(d, v);
+        }
+    }
+
+    /// `printf` through its helper: the registers it reads go to the
+    /// thread's register file, its result comes back from it.
+    fn printf_op(&mut self, pc: u32, line: u32) {
+        let op = &self.ops[pc as usize];
+        let mut srcs = Vec::new();
+        op.for_each_src(|s| {
+            if let Src::Reg(r) = s {
+                srcs.push(r)
+            }
+        });
+        let mut dsts = Vec::new();
+        op.for_each_dst(|d| dsts.push(d));
+        for r in srcs {
+            let v = self.fb.use_var(self.regs[r as usize]);
+            self.fb
+                .ins()
+                .store(MemFlagsData::trusted(), v, self.regs_ptr, (r * 8) as i32);
+        }
+        let mut sig = Signature::new(self.call_conv);
+        sig.params.extend([AbiParam::new(I64); 5]);
+        sig.params.push(AbiParam::new(I32));
+        sig.returns.push(AbiParam::new(I32));
+        let sig = self.fb.import_signature(sig);
+        let callee = self.imm(rt_printf as *const () as usize as i64);
+        let opp = self.imm(op as *const Op as usize as i64);
+        let nregs = self.imm(self.func.nregs as i64);
+        let ln = self.fb.ins().iconst(I32, line as i64);
+        let call = self.fb.ins().call_indirect(
+            sig,
+            callee,
+            &[self.ctx, self.local, self.regs_ptr, nregs, opp, ln],
+        );
+        let st = self.fb.inst_results(call)[0];
+        self.fault_if(st);
         for d in dsts {
             let v = self
                 .fb

@@ -5,7 +5,7 @@
 use super::compiled::CompiledKernel;
 use super::runtime::{Ctx, GlobalEntry, RET_EXIT, RET_FAULT, STOP_BARRIER, STOP_BITS, STOP_WARP};
 use super::warp::{resolve_warp, Lanes, State};
-use crate::exec::BLOCK_MEMORY_LIMIT;
+use crate::exec::{BLOCK_MEMORY_LIMIT, PRINTF_LIMIT};
 use crate::ir::{Module, Op, SReg};
 use crate::launch::{Fault, LaunchConfig, LaunchLimits, LaunchReport, LAUNCH_CHECK_INTERVAL};
 use crate::memory::{DeviceMemory, MemView};
@@ -111,8 +111,10 @@ fn run_grid(g: &Grid<'_>) -> LaunchReport {
     let total: u64 = g.cfg.grid.iter().map(|&v| v as u64).product();
     let next = AtomicU64::new(0);
     let fault: Mutex<Option<(u64, Fault)>> = Mutex::new(None);
+    let outputs: Mutex<Vec<(u64, Vec<u8>)>> = Mutex::new(Vec::new());
     let work = |smid: u32| {
         let mut w = Worker::new(g, smid);
+        let mut outs = Vec::new();
         loop {
             if g.abort.load(Ordering::Relaxed) {
                 break;
@@ -130,7 +132,11 @@ fn run_grid(g: &Grid<'_>) -> LaunchReport {
                 g.abort.store(true, Ordering::Relaxed);
                 break;
             }
+            w.out.clear();
             let r = w.run_block(g, id);
+            if !w.out.is_empty() {
+                outs.push((id, std::mem::take(&mut w.out)));
+            }
             let ctaid = w.ctaid;
             let done = w.instructions;
             let r = r.and(w.launch_check(g, done, || format!("by block {ctaid:?}")));
@@ -143,6 +149,10 @@ fn run_grid(g: &Grid<'_>) -> LaunchReport {
                 break;
             }
         }
+        outputs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .extend(outs);
     };
     let workers = worker_count(g.limits, total);
     if workers == 1 {
@@ -154,12 +164,22 @@ fn run_grid(g: &Grid<'_>) -> LaunchReport {
             }
         });
     }
+    // block by block in block order, as the interpreter reports it
+    let mut outs = outputs.into_inner().unwrap_or_else(|e| e.into_inner());
+    outs.sort_by_key(|(id, _)| *id);
+    let mut stdout: Vec<u8> = Vec::new();
+    for (_, o) in outs {
+        if stdout.len() + o.len() > 8 * PRINTF_LIMIT {
+            break;
+        }
+        stdout.extend_from_slice(&o);
+    }
     let result = match fault.into_inner().unwrap_or_else(|e| e.into_inner()) {
         Some((_, f)) => Err(f),
         None => Ok(()),
     };
     LaunchReport {
-        stdout: Vec::new(),
+        stdout,
         instructions: g.executed.load(Ordering::Relaxed),
         result,
     }
@@ -190,6 +210,8 @@ struct Worker {
     ctaid: [u32; 3],
     /// The worker's index (`%smid`).
     smid: u32,
+    /// The running block's `printf` output.
+    out: Vec<u8>,
     /// Instructions of the running block, and those already counted.
     instructions: u64,
     counted: u64,
@@ -208,6 +230,7 @@ impl Worker {
             state: vec![State::Ready; n],
             ctaid: [0; 3],
             smid,
+            out: Vec::new(),
             instructions: 0,
             counted: 0,
         }
@@ -291,6 +314,7 @@ impl Worker {
             reserved_smem: g.reserved_smem,
             mem: g.mem,
             fault: None,
+            out: std::mem::take(&mut self.out),
         };
         // as the interpreter schedules: warp by warp, each warp's ready lanes
         // in turn until none of its collectives can be resolved
@@ -342,6 +366,7 @@ impl Worker {
             }
         };
         self.instructions = ctx.instructions;
+        self.out = std::mem::take(&mut ctx.out);
         result
     }
 

@@ -7,6 +7,7 @@ mod emit_mem;
 mod emit_ops;
 mod launch;
 mod plan;
+mod printf;
 mod runtime;
 mod translate;
 mod warp;

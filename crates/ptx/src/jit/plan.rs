@@ -1,4 +1,4 @@
-//! Which kernels the compiler takes (no calls, printf, tensor ops, lockstep;
+//! Which kernels the compiler takes (no calls, tensor ops, lockstep warps;
 //! whole-block `bar.sync` of one id) and the shape of one: basic blocks,
 //! resume points, the registers live at each.
 
@@ -119,6 +119,7 @@ fn supported(op: &Op, bar_id: &mut Option<u64>) -> Result<(), String> {
         | Op::Cvta { .. }
         | Op::Isspacep { .. }
         | Op::Atom { .. }
+        | Op::Printf { .. }
         | Op::Trap(_)
         | Op::Shfl { .. }
         | Op::Vote { .. }

@@ -68,6 +68,8 @@ pub(super) struct Ctx<'a> {
     pub mem: &'a MemView<'a>,
     /// The fault a region returned [`RET_FAULT`] for.
     pub fault: Option<Fault>,
+    /// The block's `printf` output so far.
+    pub out: Vec<u8>,
 }
 
 /// A global allocation as an access site's cache keeps it.
@@ -120,7 +122,7 @@ pub(super) fn window_base(sp: Sp) -> u64 {
 }
 
 impl Ctx<'_> {
-    fn fault_addr(addr: u64, write: bool, line: u32) -> Fault {
+    pub(super) fn fault_addr(addr: u64, write: bool, line: u32) -> Fault {
         let what = if write { "write" } else { "read" };
         Fault::IllegalAddress {
             addr,
@@ -132,7 +134,7 @@ impl Ctx<'_> {
     /// interpreter checks it (same faults, same messages); a global
     /// allocation resolved goes to access site `site`'s cache.
     #[allow(clippy::too_many_arguments)]
-    fn checked_ptr(
+    pub(super) fn checked_ptr(
         &mut self,
         site: u32,
         local: *mut u8,
