@@ -327,3 +327,23 @@ fn mutated_fixture_kernels_match_the_interpreter() {
     eprintln!("{cases} mutants: {loaded} loaded, {compared} kernel runs compared");
     assert!(compared > 0, "no mutant ran");
 }
+
+#[test]
+fn compiled_parity_kernels_match_the_interpreter() {
+    let dir = cumux_testkit::workspace_root().join("tests/cuda/parity");
+    let mut files: Vec<_> = std::fs::read_dir(&dir)
+        .expect("parity programs")
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "cu"))
+        .collect();
+    files.sort();
+    let (mut taken, mut total) = (0, 0);
+    for f in files {
+        let ptx = cumux_testkit::compile_ptx_with(&f, &["-arch=sm_80"]);
+        let (t, n) = differential(&f.display().to_string(), &ptx);
+        taken += t;
+        total += n;
+    }
+    eprintln!("parity: {taken} of {total} kernels compiled and matched");
+    assert!(taken > 0, "the compiler took no parity kernel");
+}

@@ -2,7 +2,7 @@
 //! interpreter's exact semantics (fused `fma`, canonical NaNs), every other
 //! one through the interpreter's own `alu` step on the thread's register file.
 
-use super::printf::rt_printf;
+use super::device_calls::rt_device_call;
 use super::runtime::{rt_register_op, window_base, Ctx, WINDOW_BYTES};
 use super::translate::{ctx_off, Translator};
 use crate::ir::{
@@ -239,7 +239,16 @@ impl Translator<'_, '_> {
                 self.set(d, v);
             }
             Op::Ld { .. } | Op::St { .. } | Op::Atom { .. } => self.memory_op(op, line),
-            Op::Printf { .. } => self.printf_op(pc, line),
+            Op::Printf { .. } | Op::Malloc { .. } | Op::Free { .. } | Op::CpAsync { .. } => {
+                self.device_call(pc, line)
+            }
+            Op::AssertFail(_) => {
+                self.device_call(pc, line);
+                // the helper always faults: what follows is never reached
+                self.jump_to_fault();
+                let dead = self.fb.create_block();
+                self.fb.switch_to_block(dead);
+            }
             _ => self.helper_op(pc),
         }
     }
@@ -349,9 +358,9 @@ impl Translator<'_, '_> {
         }
     }
 
-    /// `printf` through its helper: the registers it reads go to the
-    /// thread's register file, its result comes back from it.
-    fn printf_op(&mut self, pc: u32, line: u32) {
+    /// A device-library call through its helper: the registers it reads go
+    /// to the thread's register file, its result comes back from it.
+    fn device_call(&mut self, pc: u32, line: u32) {
         let op = &self.ops[pc as usize];
         let mut srcs = Vec::new();
         op.for_each_src(|s| {
@@ -369,17 +378,25 @@ impl Translator<'_, '_> {
         }
         let mut sig = Signature::new(self.call_conv);
         sig.params.extend([AbiParam::new(I64); 5]);
-        sig.params.push(AbiParam::new(I32));
+        sig.params.extend([AbiParam::new(I32); 2]);
         sig.returns.push(AbiParam::new(I32));
         let sig = self.fb.import_signature(sig);
-        let callee = self.imm(rt_printf as *const () as usize as i64);
+        let callee = self.imm(rt_device_call as *const () as usize as i64);
         let opp = self.imm(op as *const Op as usize as i64);
         let nregs = self.imm(self.func.nregs as i64);
         let ln = self.fb.ins().iconst(I32, line as i64);
         let call = self.fb.ins().call_indirect(
             sig,
             callee,
-            &[self.ctx, self.local, self.regs_ptr, nregs, opp, ln],
+            &[
+                self.ctx,
+                self.local,
+                self.regs_ptr,
+                nregs,
+                opp,
+                ln,
+                self.lin,
+            ],
         );
         let st = self.fb.inst_results(call)[0];
         self.fault_if(st);

@@ -20,6 +20,7 @@ const RESERVED_SMEM: u64 = 1024;
 struct Grid<'a> {
     kernel: &'a CompiledKernel,
     mem: &'a MemView<'a>,
+    memory: &'a DeviceMemory,
     params: &'a [u64],
     params_len: u64,
     cfg: LaunchConfig,
@@ -79,6 +80,7 @@ pub(crate) fn launch(
     let g = Grid {
         kernel,
         mem: &view,
+        memory: mem,
         params: &pwords,
         params_len: params.len() as u64,
         cfg: *cfg,
@@ -313,6 +315,7 @@ impl Worker {
             total_smem: g.shared_bytes,
             reserved_smem: g.reserved_smem,
             mem: g.mem,
+            memory: g.memory,
             fault: None,
             out: std::mem::take(&mut self.out),
         };

@@ -3,11 +3,11 @@
 //! loops split at barriers and collectives (`launch`, `warp`, `runtime`).
 
 mod compiled;
+mod device_calls;
 mod emit_mem;
 mod emit_ops;
 mod launch;
 mod plan;
-mod printf;
 mod runtime;
 mod translate;
 mod warp;

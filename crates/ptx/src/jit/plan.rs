@@ -120,6 +120,10 @@ fn supported(op: &Op, bar_id: &mut Option<u64>) -> Result<(), String> {
         | Op::Isspacep { .. }
         | Op::Atom { .. }
         | Op::Printf { .. }
+        | Op::AssertFail(_)
+        | Op::Malloc { .. }
+        | Op::Free { .. }
+        | Op::CpAsync { .. }
         | Op::Trap(_)
         | Op::Shfl { .. }
         | Op::Vote { .. }

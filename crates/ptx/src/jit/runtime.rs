@@ -6,7 +6,7 @@ use crate::alu::atom_apply;
 use crate::exec::{run_register_op, LOCAL_WINDOW, PARAM_WINDOW, SHARED_WINDOW};
 use crate::ir::{Op, Sp};
 use crate::launch::Fault;
-use crate::memory::{atomic_load, atomic_rmw, atomic_store, MemView, DEVICE_VA_BASE};
+use crate::memory::{atomic_load, atomic_rmw, atomic_store, DeviceMemory, MemView, DEVICE_VA_BASE};
 
 /// Size of each generic-address window of shared, local and param space.
 pub(super) const WINDOW_BYTES: u64 = 1 << 32;
@@ -64,8 +64,9 @@ pub(super) struct Ctx<'a> {
     /// `%total_smem_size`, and where the block's reserved shared memory starts.
     pub total_smem: u64,
     pub reserved_smem: u64,
-    /// Device memory of the launch.
+    /// Device memory of the launch, and the memory itself (its heap).
     pub mem: &'a MemView<'a>,
+    pub memory: &'a DeviceMemory,
     /// The fault a region returned [`RET_FAULT`] for.
     pub fault: Option<Fault>,
     /// The block's `printf` output so far.
