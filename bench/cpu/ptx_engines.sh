@@ -15,7 +15,7 @@ export CUMUX_CUDA_HOME
 cargo build -q -p cumux-ptx --example ptx_engines
 run() {
     echo "# bench/cpu/ptx_engines.sh at $(git rev-parse --short HEAD), $(date -u +%Y-%m-%d)"
-    echo "# $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(nproc) cores"
+    echo "# this machine, $(nproc) cores ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'))"
     echo "# load average before the run: $(cut -d" " -f1-3 /proc/loadavg) (other builds share the machine)"
     cargo run -q -p cumux-ptx --example ptx_engines
 }
