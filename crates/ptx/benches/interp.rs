@@ -7,13 +7,16 @@
 mod common;
 
 use common::{config, linear, pack_params, Device, KernelArg};
-use cumux_ptx::LaunchConfig;
+use cumux_ptx::{Engine, LaunchConfig};
 use std::time::{Duration, Instant};
 
-/// Corpus program `source` compiled to PTX and loaded on 64 MiB of memory.
+/// Corpus program `source` compiled to PTX and loaded on 64 MiB of memory,
+/// run on the interpreter whatever `CUMUX_PTX_ENGINE` says.
 fn corpus(source: &str) -> Device {
     let ptx = cumux_testkit::compile_ptx(cumux_testkit::corpus_source(source));
-    Device::load(source, &ptx, 64 << 20)
+    let mut dev = Device::load(source, &ptx, 64 << 20);
+    dev.program.set_engine(Engine::Interpreter);
+    dev
 }
 
 struct Measurement {

@@ -1,6 +1,7 @@
 //! cumux's CPU reference device: PTX text parsed (`parser` → [`ast`]), lowered
 //! (`lower` → `ir`, checked by `validate`) and run with CUDA semantics by the
-//! interpreter (`exec`, value semantics in `alu`); [`Program`] ties them together.
+//! interpreter (`exec`, value semantics in `alu`) or compiled to native code
+//! (`jit`); [`Program`] ties them together.
 
 mod alu;
 pub mod ast;
@@ -10,6 +11,7 @@ mod exec;
 mod heap;
 mod ir;
 mod ir_operands;
+mod jit;
 mod launch;
 mod lower;
 mod memory;
@@ -31,4 +33,4 @@ pub use memory::{
 };
 pub use module_info::{GlobalVar, KernelInfo, LoadError, ParamLayout, Space};
 pub use parser::{parse, ParseError};
-pub use program::Program;
+pub use program::{Engine, Program};

@@ -1,10 +1,33 @@
 //! A loaded module: parse and lower on load, launch kernels on the
-//! interpreter, free the module's globals on unload.
+//! compiler's native code where it takes the kernel, else on the
+//! interpreter; free the module's globals on unload.
 
+use crate::jit::{self, CompiledModule};
 use crate::launch::{check_config, Fault, LaunchConfig, LaunchLimits, LaunchReport};
 use crate::memory::DeviceMemory;
 use crate::module_info::{GlobalVar, KernelInfo, LoadError};
 use crate::{ast, exec, lower, parser};
+
+/// What runs a module's kernels.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Engine {
+    /// The interpreter, one thread at a time (the reference).
+    Interpreter,
+    /// Native code for each kernel the compiler takes (the interpreter for
+    /// the others).
+    Compiler,
+}
+
+impl Engine {
+    /// The engine `CUMUX_PTX_ENGINE` names (`interp` or `jit`); the
+    /// compiler when unset.
+    pub fn from_env() -> Engine {
+        match std::env::var("CUMUX_PTX_ENGINE").as_deref() {
+            Ok("interp") | Ok("interpreter") => Engine::Interpreter,
+            _ => Engine::Compiler,
+        }
+    }
+}
 
 /// A loaded PTX module.
 #[derive(Debug)]
@@ -15,6 +38,9 @@ pub struct Program {
     kernels: Vec<KernelInfo>,
     globals: Vec<GlobalVar>,
     allocations: Vec<u64>,
+    engine: Engine,
+    /// The module's native code, each kernel's compiled at its first launch.
+    compiled: CompiledModule,
 }
 
 impl Program {
@@ -30,10 +56,12 @@ impl Program {
         let mut allocated = Vec::new();
         match lower::lower_module(module, mem, &mut allocated) {
             Ok(l) => Ok(Program {
+                compiled: CompiledModule::new(l.ir.kernels.len()),
                 code: exec::Executable::new(l.ir),
                 kernels: l.kernels,
                 globals: l.globals,
                 allocations: allocated,
+                engine: Engine::from_env(),
             }),
             Err(e) => {
                 for a in allocated {
@@ -42,6 +70,28 @@ impl Program {
                 Err(e)
             }
         }
+    }
+
+    /// Runs later launches on `engine`.
+    pub fn set_engine(&mut self, engine: Engine) {
+        self.engine = engine;
+    }
+
+    /// The engine launches run on.
+    pub fn engine(&self) -> Engine {
+        self.engine
+    }
+
+    /// Whether the compiler takes `kernel` (compiling it if not done yet);
+    /// `Err` says why it runs on the interpreter.
+    pub fn compiled(&self, kernel: &str) -> Result<(), String> {
+        let Some(k) = self.kernels.iter().position(|k| k.name == kernel) else {
+            return Err(format!("no kernel {kernel}"));
+        };
+        self.compiled
+            .kernel(self.code.ir(), k)
+            .map(|_| ())
+            .map_err(str::to_string)
     }
 
     /// The module's kernels.
@@ -132,6 +182,11 @@ impl Program {
         };
         if let Err(f) = check_config(&self.kernels[k], cfg, params.len()) {
             return LaunchReport::failed(f);
+        }
+        if self.engine == Engine::Compiler && !cooperative {
+            if let Ok(native) = self.compiled.kernel(self.code.ir(), k) {
+                return jit::launch(native, self.code.ir(), mem, cfg, params, limits);
+            }
         }
         self.code.launch(mem, k, cfg, params, limits, cooperative)
     }

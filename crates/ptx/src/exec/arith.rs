@@ -11,7 +11,7 @@ use crate::ir::*;
 
 /// Runs one register-only op in the frame at `rbase`/`lbase`.
 #[inline(always)]
-pub(super) fn step(op: &Op, regs: &mut [u64], rbase: u32, lbase: u32) {
+pub(crate) fn step(op: &Op, regs: &mut [u64], rbase: u32, lbase: u32) {
     macro_rules! r {
         ($s:expr) => {
             rd(regs, rbase, lbase, $s)

@@ -58,6 +58,11 @@ impl Executable {
         }
     }
 
+    /// The lowered module.
+    pub(crate) fn ir(&self) -> &Module {
+        &self.ir
+    }
+
     /// Runs kernel `k` (a configuration already checked against the
     /// kernel's limits) over all blocks. A `cooperative` launch runs every
     /// block at once, each on a host thread of its own, with a grid

@@ -12,9 +12,9 @@ pub(super) const WINDOW_SIZE: u64 = 1 << 32;
 pub(super) const LOCAL_LIMIT: usize = 512 * 1024;
 pub(super) const MAX_CALL_DEPTH: usize = 4096;
 /// Device printf output kept per block and per launch (bytes).
-pub(super) const PRINTF_LIMIT: usize = 1 << 20;
+pub(crate) const PRINTF_LIMIT: usize = 1 << 20;
 /// Registers plus local memory of all threads of one block (bytes).
-pub(super) const BLOCK_MEMORY_LIMIT: usize = 256 << 20;
+pub(crate) const BLOCK_MEMORY_LIMIT: usize = 256 << 20;
 /// Reserved shared memory of a block whose module reads the
 /// `%reserved_smem_offset_*` registers (sm_80+: 1 KiB), placed after its
 /// dynamic shared memory; two halves for `_0` and `_1`.

@@ -19,5 +19,7 @@ mod thread;
 mod warp;
 mod watch;
 
+pub(crate) use arith::step as run_register_op;
 pub(crate) use grid::Executable;
+pub(crate) use limits::{BLOCK_MEMORY_LIMIT, PRINTF_LIMIT};
 pub use limits::{LOCAL_WINDOW, PARAM_WINDOW, SHARED_WINDOW};

@@ -1,0 +1,157 @@
+//! A module's compiled kernels: each kernel the plan takes is compiled at its
+//! first launch, once, and lives as long as the module; the host's code
+//! generator is made once per process.
+
+use super::plan::plan;
+use super::runtime::KernelFn;
+use super::translate::{kernel_signature, Translator};
+use crate::ir::{Module, Op};
+use crate::validate::check_module;
+use cranelift_codegen::isa::OwnedTargetIsa;
+use cranelift_codegen::settings::{self, Configurable};
+use cranelift_frontend::{FunctionBuilder, FunctionBuilderContext};
+use cranelift_jit::{JITBuilder, JITModule};
+use cranelift_module::{default_libcall_names, Linkage, Module as _};
+use std::sync::OnceLock;
+
+/// One compiled kernel and the memory its code lives in.
+pub(crate) struct CompiledKernel {
+    pub(super) entry: KernelFn,
+    /// The kernel's ops (the code passes pointers into them to its helpers;
+    /// warp collectives are resolved from them) and their source lines.
+    pub(super) ops: Box<[Op]>,
+    pub(super) lines: Box<[u32]>,
+    /// The pc each resume id goes on from.
+    pub(super) resumes: Box<[u32]>,
+    pub(super) nregs: u32,
+    pub(super) frame_bytes: u32,
+    /// Global and generic access sites (each caches its allocation).
+    pub(super) global_sites: u32,
+    code: Option<JITModule>,
+}
+
+// SAFETY: after `finalize_definitions` the JIT module is never touched again
+// until it is dropped; the finished code is immutable and may run on any
+// thread, and the kernel's ops are plain data.
+unsafe impl Send for CompiledKernel {}
+// SAFETY: as for `Send`: shared access only reads the entry point and sizes.
+unsafe impl Sync for CompiledKernel {}
+
+impl Drop for CompiledKernel {
+    fn drop(&mut self) {
+        if let Some(code) = self.code.take() {
+            // SAFETY: no launch runs this code: launches borrow the module
+            // that owns the kernel, which is being dropped.
+            unsafe { code.free_memory() };
+        }
+    }
+}
+
+/// The native code of a module's kernels, compiled on demand: kernel `k`
+/// is `kernels[k]`, `Err` with why when it stays on the interpreter.
+pub(crate) struct CompiledModule {
+    checked: OnceLock<Result<(), String>>,
+    kernels: Vec<OnceLock<Result<CompiledKernel, String>>>,
+}
+
+impl std::fmt::Debug for CompiledModule {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let done = self.kernels.iter().filter_map(|k| k.get()).count();
+        let taken = self
+            .kernels
+            .iter()
+            .filter_map(|k| k.get()?.as_ref().ok())
+            .count();
+        write!(
+            f,
+            "CompiledModule({taken} of {done} looked-at kernels compiled, {} in all)",
+            self.kernels.len()
+        )
+    }
+}
+
+impl CompiledModule {
+    /// Nothing compiled yet for the `kernels` kernels of a module.
+    pub(crate) fn new(kernels: usize) -> CompiledModule {
+        CompiledModule {
+            checked: OnceLock::new(),
+            kernels: (0..kernels).map(|_| OnceLock::new()).collect(),
+        }
+    }
+
+    /// Kernel `k` of `m` (the module this was made for), compiled at the
+    /// first call; `Err` says why it stays on the interpreter.
+    pub(crate) fn kernel(&self, m: &Module, k: usize) -> Result<&CompiledKernel, &str> {
+        let Some(slot) = self.kernels.get(k) else {
+            return Err("no such kernel");
+        };
+        let checked = self
+            .checked
+            .get_or_init(|| check_module(m).map_err(|e| format!("malformed module: {e}")));
+        if let Err(why) = checked {
+            return Err(why);
+        }
+        slot.get_or_init(|| compile(m, k))
+            .as_ref()
+            .map_err(|s| s.as_str())
+    }
+}
+
+/// The host's code generator, made once.
+fn host_isa() -> Result<&'static OwnedTargetIsa, String> {
+    static ISA: OnceLock<Result<OwnedTargetIsa, String>> = OnceLock::new();
+    ISA.get_or_init(|| {
+        let mut flags = settings::builder();
+        // PTX from nvcc is optimised already: code kept in its order keeps
+        // each value next to its use (the e-graph pass would sink the
+        // arithmetic of a long straight run below its loads, past every
+        // register)
+        flags.set("opt_level", "none").map_err(|e| e.to_string())?;
+        let isa = cranelift_native::builder().map_err(|e| e.to_string())?;
+        isa.finish(settings::Flags::new(flags))
+            .map_err(|e| e.to_string())
+    })
+    .as_ref()
+    .map_err(|e| format!("no native code generator: {e}"))
+}
+
+/// Compiles kernel `k` of `m`, or says why not.
+fn compile(m: &Module, k: usize) -> Result<CompiledKernel, String> {
+    let p = plan(m, k)?;
+    let isa = host_isa()?;
+    let mut jit = JITModule::new(JITBuilder::with_isa(isa.clone(), default_libcall_names()));
+    let f = &m.funcs[m.kernels[k] as usize];
+    let ops: Box<[Op]> = f.code.iter().map(|i| i.op.clone()).collect();
+    let sig = kernel_signature(isa.default_call_conv());
+    let mut ctx = jit.make_context();
+    ctx.func.signature = sig.clone();
+    let mut fbctx = FunctionBuilderContext::new();
+    let fb = FunctionBuilder::new(&mut ctx.func, &mut fbctx);
+    let global_sites = Translator::translate(fb, jit.target_config(), f, &ops, &p);
+    let id = jit
+        .declare_function("kernel", Linkage::Local, &sig)
+        .map_err(|e| e.to_string())?;
+    let defined = jit
+        .define_function(id, &mut ctx)
+        .map_err(|e| format!("code generation: {e:?}"))
+        .and_then(|_| jit.finalize_definitions().map_err(|e| e.to_string()));
+    if let Err(e) = defined {
+        // SAFETY: none of the module's code was handed out.
+        unsafe { jit.free_memory() };
+        return Err(e);
+    }
+    let code = jit.get_finalized_function(id);
+    // SAFETY: `code` is the finished code of a function built with
+    // `kernel_signature`, which is `KernelFn`'s ABI.
+    let entry = unsafe { std::mem::transmute::<*const u8, KernelFn>(code) };
+    Ok(CompiledKernel {
+        entry,
+        ops,
+        lines: f.code.iter().map(|i| i.line).collect(),
+        resumes: p.resumes.clone().into_boxed_slice(),
+        nregs: f.nregs,
+        frame_bytes: f.frame_bytes,
+        global_sites,
+        code: Some(jit),
+    })
+}

@@ -1,0 +1,336 @@
+//! `ld`, `st` and `atom` in compiled code: an open-coded fast path for aligned
+//! accesses in shared, local, parameter memory or the global allocation the
+//! site resolved last; else the checked helpers, which fault as the interpreter.
+
+use super::runtime::{rt_atom, rt_load, rt_misaligned_vector, rt_store, space_code, Ctx};
+use super::translate::{ctx_off, Translator};
+use crate::ir::{Address, Op, Sp, NONE};
+use cranelift_codegen::ir::condcodes::IntCC;
+use cranelift_codegen::ir::types::{I32, I64};
+use cranelift_codegen::ir::{AbiParam, InstBuilder, MemFlagsData, Signature, Value};
+use std::mem::offset_of;
+
+impl Translator<'_, '_> {
+    /// Emits memory op `op` (an `Ld` or `St`) of the instruction on `line`.
+    pub(super) fn memory_op(&mut self, op: &Op, line: u32) {
+        match *op {
+            Op::Ld {
+                addr,
+                size,
+                n,
+                ds,
+                sext,
+            } => {
+                let base = self.address(&addr);
+                self.vector_alignment(base, size, n, false, line);
+                for (k, d) in ds.iter().enumerate().take(n as usize) {
+                    let a = self.fb.ins().iadd_imm_s(base, k as i64 * size as i64);
+                    let v = self.load(addr.sp, a, size, line);
+                    let v = if sext { self.sext(v, size * 8) } else { v };
+                    self.set(*d, v);
+                }
+            }
+            Op::St {
+                n,
+                size,
+                vals,
+                addr,
+            } => {
+                let base = self.address(&addr);
+                self.vector_alignment(base, size, n, true, line);
+                let vs: Vec<Value> = vals.iter().take(n as usize).map(|&s| self.src(s)).collect();
+                for (k, v) in vs.into_iter().enumerate() {
+                    let a = self.fb.ins().iadd_imm_s(base, k as i64 * size as i64);
+                    self.store(addr.sp, a, size, v, line);
+                }
+            }
+            Op::Atom { addr, d, b, c, .. } => {
+                self.next_site(addr.sp);
+                let a = self.address(&addr);
+                let (bv, cv) = (self.src(b), self.src(c));
+                let mut sig = Signature::new(self.call_conv);
+                sig.params.extend([AbiParam::new(I64), AbiParam::new(I32)]);
+                sig.params.extend([AbiParam::new(I64); 5]);
+                sig.params.extend([AbiParam::new(I32), AbiParam::new(I64)]);
+                sig.returns.push(AbiParam::new(I32));
+                let sig = self.fb.import_signature(sig);
+                let f = self.imm(rt_atom as *const () as usize as i64);
+                let site = self.fb.ins().iconst(I32, self.site as i64);
+                let opp = self.imm(op as *const Op as usize as i64);
+                let ln = self.fb.ins().iconst(I32, line as i64);
+                let out = self.fb.ins().stack_addr(I64, self.slot, 0);
+                let call = self.fb.ins().call_indirect(
+                    sig,
+                    f,
+                    &[self.ctx, site, self.local, opp, a, bv, cv, ln, out],
+                );
+                let st = self.fb.inst_results(call)[0];
+                self.fault_if(st);
+                if d != NONE {
+                    let v = self.fb.ins().stack_load(I64, I64, self.slot, 0);
+                    self.set(d, v);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    fn address(&mut self, a: &Address) -> Value {
+        let b = self.src(a.base);
+        self.fb.ins().iadd_imm_s(b, a.off)
+    }
+
+    /// A vector access must be aligned to its whole size (at most 16 bytes).
+    fn vector_alignment(&mut self, addr: Value, size: u32, n: u8, write: bool, line: u32) {
+        let total = size * n as u32;
+        if total <= size {
+            return;
+        }
+        let low = self.fb.ins().band_imm_u(addr, (total.min(16) - 1) as i64);
+        let bad = self.fb.create_block();
+        let ok = self.fb.create_block();
+        self.fb.set_cold_block(bad);
+        self.fb.ins().brif(low, bad, &[], ok, &[]);
+        self.fb.switch_to_block(bad);
+        let mut sig = Signature::new(self.call_conv);
+        sig.params.extend([AbiParam::new(I64), AbiParam::new(I64)]);
+        sig.params.extend([AbiParam::new(I32); 3]);
+        sig.returns.push(AbiParam::new(I32));
+        let sig = self.fb.import_signature(sig);
+        let f = self.imm(rt_misaligned_vector as *const () as usize as i64);
+        let t = self.fb.ins().iconst(I32, total as i64);
+        let w = self.fb.ins().iconst(I32, write as i64);
+        let l = self.fb.ins().iconst(I32, line as i64);
+        let call = self
+            .fb
+            .ins()
+            .call_indirect(sig, f, &[self.ctx, addr, t, w, l]);
+        let st = self.fb.inst_results(call)[0];
+        self.fault_if(st);
+        self.fb.ins().jump(ok, &[]);
+        self.fb.switch_to_block(ok);
+    }
+
+    /// The fast-path host pointer of `size` bytes at `addr` in `sp`, and
+    /// whether it may be used (an I8 condition); `None`: always the slow path.
+    ///
+    /// One compare checks bounds and alignment together: the offset rotated
+    /// right by log2(`size`) is below `limit >> log2(size)` exactly when the
+    /// offset is aligned and `offset + size <= limit` (a misaligned offset
+    /// rotates its low bits to the top; every limit is far below 2^29).
+    fn fast_pointer(
+        &mut self,
+        sp: Sp,
+        addr: Value,
+        size: u32,
+        write: bool,
+    ) -> Option<(Value, Value)> {
+        let flags = MemFlagsData::trusted();
+        let fixed = flags.with_readonly();
+        let k = size.trailing_zeros() as i64;
+        let (offset, limit, base) = match sp {
+            Sp::Shared => {
+                // shared addresses are 32 bits wide: the low half, wrapped
+                let a32 = self.fb.ins().ireduce(I32, addr);
+                let (base, lim) = match self.shared_here {
+                    Some((base, bytes)) => (base, bytes),
+                    None => {
+                        let bytes =
+                            self.fb
+                                .ins()
+                                .load(I64, fixed, self.ctx, ctx_off!(shared_bytes));
+                        let base = self.fb.ins().load(I64, fixed, self.ctx, ctx_off!(shared));
+                        (base, bytes)
+                    }
+                };
+                let lim = self.fb.ins().ushr_imm_u(lim, k);
+                let lim = self.fb.ins().ireduce(I32, lim);
+                let v = self.rotate(a32, k);
+                let ok = self.fb.ins().icmp(IntCC::UnsignedLessThan, v, lim);
+                let off = self.fb.ins().uextend(I64, a32);
+                return Some((ok, self.fb.ins().iadd(base, off)));
+            }
+            Sp::Global | Sp::Generic => {
+                let cache = self.fb.ins().load(I64, fixed, self.ctx, ctx_off!(gcache));
+                let entry = self.fb.ins().iadd_imm_s(cache, self.site as i64 * 24);
+                let gbase = self.fb.ins().load(I64, flags, entry, 0);
+                let glen = self.fb.ins().load(I64, flags, entry, 8);
+                let off = self.fb.ins().isub(addr, gbase);
+                let base = self.fb.ins().load(I64, flags, entry, 16);
+                (off, glen, base)
+            }
+            Sp::Local => {
+                let lim = self
+                    .fb
+                    .ins()
+                    .load(I64, fixed, self.ctx, ctx_off!(local_bytes));
+                (addr, lim, self.local)
+            }
+            Sp::Param if !write => {
+                let lim = self
+                    .fb
+                    .ins()
+                    .load(I64, fixed, self.ctx, ctx_off!(params_len));
+                let base = self.fb.ins().load(I64, fixed, self.ctx, ctx_off!(params));
+                (addr, lim, base)
+            }
+            Sp::Param => return None,
+        };
+        let v = self.rotate(offset, k);
+        let lim = self.fb.ins().ushr_imm_u(limit, k);
+        let ok = self.fb.ins().icmp(IntCC::UnsignedLessThan, v, lim);
+        Some((ok, self.fb.ins().iadd(base, offset)))
+    }
+
+    /// `v` rotated right by `k` bits.
+    fn rotate(&mut self, v: Value, k: i64) -> Value {
+        if k == 0 {
+            v
+        } else {
+            self.fb.ins().rotr_imm_u(v, k)
+        }
+    }
+
+    /// Whether an access of `sp` that misses the fast path may still be
+    /// fine (a global allocation other than the last one resolved); a miss
+    /// in shared, local or parameter space always faults.
+    fn slow_may_succeed(sp: Sp) -> bool {
+        matches!(sp, Sp::Global | Sp::Generic)
+    }
+
+    fn load(&mut self, sp: Sp, addr: Value, size: u32, line: u32) -> Value {
+        self.next_site(sp);
+        let slow = self.fb.create_block();
+        self.fb.set_cold_block(slow);
+        let fast = self.fb.create_block();
+        let fast_ptr = self.fast_pointer(sp, addr, size, false);
+        match fast_ptr {
+            Some((ok, _)) => self.fb.ins().brif(ok, fast, &[], slow, &[]),
+            None => self.fb.ins().jump(slow, &[]),
+        };
+        self.fb.switch_to_block(slow);
+        let mut sig = Signature::new(self.call_conv);
+        sig.params
+            .extend([AbiParam::new(I64), AbiParam::new(I32), AbiParam::new(I64)]);
+        sig.params.extend([AbiParam::new(I32), AbiParam::new(I64)]);
+        sig.params
+            .extend([AbiParam::new(I32), AbiParam::new(I32), AbiParam::new(I64)]);
+        sig.returns.push(AbiParam::new(I32));
+        let sig = self.fb.import_signature(sig);
+        let f = self.imm(rt_load as *const () as usize as i64);
+        let site = self.fb.ins().iconst(I32, self.site as i64);
+        let spc = self.fb.ins().iconst(I32, space_code(sp) as i64);
+        let sz = self.fb.ins().iconst(I32, size as i64);
+        let ln = self.fb.ins().iconst(I32, line as i64);
+        let out = self.fb.ins().stack_addr(I64, self.slot, 0);
+        let call = self.fb.ins().call_indirect(
+            sig,
+            f,
+            &[self.ctx, site, self.local, spc, addr, sz, ln, out],
+        );
+        let st = self.fb.inst_results(call)[0];
+        if !Self::slow_may_succeed(sp) {
+            self.fault_if(st);
+            // the helper faults whatever it is given here
+            self.jump_to_fault();
+            self.fb.switch_to_block(fast);
+            return match fast_ptr {
+                Some((_, p)) => self.fast_load(p, size),
+                None => self.imm(0),
+            };
+        }
+        let join = self.fb.create_block();
+        let v = self.fb.append_block_param(join, I64);
+        self.fault_if(st);
+        let x = self.fb.ins().stack_load(I64, I64, self.slot, 0);
+        self.jump_with(join, x);
+        self.fb.switch_to_block(fast);
+        if let Some((_, p)) = fast_ptr {
+            let x = self.fast_load(p, size);
+            self.jump_with(join, x);
+        } else {
+            self.fb.ins().jump(join, &[]);
+        }
+        self.fb.switch_to_block(join);
+        v
+    }
+
+    /// Gives a global or generic access its own site in the cache.
+    fn next_site(&mut self, sp: Sp) {
+        self.site = if Self::slow_may_succeed(sp) {
+            self.sites += 1;
+            self.sites - 1
+        } else {
+            u32::MAX
+        };
+    }
+
+    fn fast_load(&mut self, p: Value, size: u32) -> Value {
+        let x = self
+            .fb
+            .ins()
+            .load(Self::int_type(size), MemFlagsData::trusted(), p, 0);
+        if size < 8 {
+            self.fb.ins().uextend(I64, x)
+        } else {
+            x
+        }
+    }
+
+    fn store(&mut self, sp: Sp, addr: Value, size: u32, val: Value, line: u32) {
+        self.next_site(sp);
+        let slow = self.fb.create_block();
+        self.fb.set_cold_block(slow);
+        let fast = self.fb.create_block();
+        let fast_ptr = self.fast_pointer(sp, addr, size, true);
+        match fast_ptr {
+            Some((ok, _)) => self.fb.ins().brif(ok, fast, &[], slow, &[]),
+            None => self.fb.ins().jump(slow, &[]),
+        };
+        self.fb.switch_to_block(slow);
+        let mut sig = Signature::new(self.call_conv);
+        sig.params
+            .extend([AbiParam::new(I64), AbiParam::new(I32), AbiParam::new(I64)]);
+        sig.params.extend([AbiParam::new(I32), AbiParam::new(I64)]);
+        sig.params
+            .extend([AbiParam::new(I32), AbiParam::new(I32), AbiParam::new(I64)]);
+        sig.returns.push(AbiParam::new(I32));
+        let sig = self.fb.import_signature(sig);
+        let f = self.imm(rt_store as *const () as usize as i64);
+        let site = self.fb.ins().iconst(I32, self.site as i64);
+        let spc = self.fb.ins().iconst(I32, space_code(sp) as i64);
+        let sz = self.fb.ins().iconst(I32, size as i64);
+        let ln = self.fb.ins().iconst(I32, line as i64);
+        let call = self.fb.ins().call_indirect(
+            sig,
+            f,
+            &[self.ctx, site, self.local, spc, addr, sz, ln, val],
+        );
+        let st = self.fb.inst_results(call)[0];
+        self.fault_if(st);
+        let join = if Self::slow_may_succeed(sp) {
+            let join = self.fb.create_block();
+            self.fb.ins().jump(join, &[]);
+            Some(join)
+        } else {
+            self.jump_to_fault();
+            None
+        };
+        self.fb.switch_to_block(fast);
+        if let Some((_, p)) = fast_ptr {
+            let x = if size < 8 {
+                self.fb.ins().ireduce(Self::int_type(size), val)
+            } else {
+                val
+            };
+            self.fb.ins().store(MemFlagsData::trusted(), x, p, 0);
+        }
+        if let Some(join) = join {
+            self.fb.ins().jump(join, &[]);
+            self.fb.switch_to_block(join);
+        }
+    }
+}
+
+/// The context's layout is what the generated code assumes.
+const _: () = assert!(offset_of!(Ctx<'static>, shared) == 0);

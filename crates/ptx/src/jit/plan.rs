@@ -1,0 +1,270 @@
+//! Which kernels the compiler takes (no calls, tensor ops, lockstep warps;
+//! whole-block `bar.sync` of one id) and the shape of one: basic blocks,
+//! resume points, the registers live at each.
+
+use crate::ir::{Func, Module, Op, SReg, Src, NONE};
+
+/// The compiler's view of one kernel.
+pub(super) struct Plan {
+    /// First pc of each basic block, ascending (block `b` ends where `b + 1` starts).
+    pub starts: Vec<u32>,
+    /// The pcs a thread resumes at, indexed by resume id: 0, the pc after
+    /// each barrier or warp collective, each backward branch's target.
+    pub resumes: Vec<u32>,
+    /// Registers live on entry to each basic block.
+    pub live_in: Vec<Vec<u32>>,
+    /// Registers a `shfl` reads as its value: another lane may read them
+    /// whenever this one stands still, so every stop and exit stores them.
+    pub shuffled: Vec<u32>,
+}
+
+impl Plan {
+    /// The basic block starting at `pc` (a leader).
+    pub(super) fn block_at(&self, pc: u32) -> usize {
+        self.starts.partition_point(|&s| s < pc)
+    }
+
+    /// The resume id of `pc` (a resume point).
+    pub(super) fn resume_id(&self, pc: u32) -> u32 {
+        self.resumes.partition_point(|&s| s < pc) as u32
+    }
+}
+
+/// Why kernel `k` of `m` stays on the interpreter, or its plan.
+pub(super) fn plan(m: &Module, k: usize) -> Result<Plan, String> {
+    let kernel = m.kernels[k];
+    // warp-synchronous code runs in lockstep on the interpreter
+    let lockstep =
+        m.funcs.iter().enumerate().any(|(i, f)| {
+            f.uses_volatile && (i as u32 == kernel || !m.kernels.contains(&(i as u32)))
+        });
+    if lockstep {
+        return Err("volatile accesses (lockstep warps)".into());
+    }
+    let f = &m.funcs[kernel as usize];
+    let mut bar_id = None;
+    for inst in &f.code {
+        supported(&inst.op, &mut bar_id).map_err(|why| format!("line {}: {why}", inst.line))?;
+    }
+    let n = f.code.len() as u32;
+    let mut leaders = vec![0u32];
+    let mut resumes = vec![0u32];
+    for (pc, inst) in f.code.iter().enumerate() {
+        let pc = pc as u32;
+        match inst.op {
+            Op::Bra { target } => {
+                leaders.push(target);
+                if target <= pc {
+                    resumes.push(target);
+                }
+                leaders.push(pc + 1);
+            }
+            Op::Ret | Op::Exit | Op::Trap(_) => leaders.push(pc + 1),
+            Op::Bar { .. }
+            | Op::Shfl { .. }
+            | Op::Vote { .. }
+            | Op::Match { .. }
+            | Op::Redux { .. }
+            | Op::WarpSync { .. }
+            | Op::Activemask { .. } => {
+                leaders.push(pc + 1);
+                resumes.push(pc + 1);
+            }
+            _ => {}
+        }
+    }
+    for v in [&mut leaders, &mut resumes] {
+        v.retain(|&p| p < n);
+        v.sort_unstable();
+        v.dedup();
+    }
+    let live_in = liveness(f, &leaders);
+    let mut shuffled: Vec<u32> = f
+        .code
+        .iter()
+        .filter_map(|i| match i.op {
+            Op::Shfl { a: Src::Reg(r), .. } => Some(r),
+            _ => None,
+        })
+        .collect();
+    shuffled.sort_unstable();
+    shuffled.dedup();
+    Ok(Plan {
+        starts: leaders,
+        resumes,
+        live_in,
+        shuffled,
+    })
+}
+
+/// Whether the compiler takes `op`; `bar_id` is the one barrier id seen so far.
+fn supported(op: &Op, bar_id: &mut Option<u64>) -> Result<(), String> {
+    match op {
+        Op::Mov { .. }
+        | Op::Int { .. }
+        | Op::Float { .. }
+        | Op::Un { .. }
+        | Op::Tern { .. }
+        | Op::Bfi { .. }
+        | Op::Relu { .. }
+        | Op::Prmt { .. }
+        | Op::Lop3 { .. }
+        | Op::Setp { .. }
+        | Op::Set { .. }
+        | Op::Testp { .. }
+        | Op::Cvt { .. }
+        | Op::Pack { .. }
+        | Op::Unpack { .. }
+        | Op::Carry { .. }
+        | Op::Cvta { .. }
+        | Op::Isspacep { .. }
+        | Op::Atom { .. }
+        | Op::Printf { .. }
+        | Op::AssertFail(_)
+        | Op::Malloc { .. }
+        | Op::Free { .. }
+        | Op::CpAsync { .. }
+        | Op::Trap(_)
+        | Op::Shfl { .. }
+        | Op::Vote { .. }
+        | Op::Match { .. }
+        | Op::Redux { .. }
+        | Op::WarpSync { .. }
+        | Op::Activemask { .. }
+        | Op::Bra { .. }
+        | Op::Ret
+        | Op::Exit
+        | Op::Nop => Ok(()),
+        Op::Ld { size, n, .. } | Op::St { size, n, .. } => {
+            if matches!(size, 1 | 2 | 4 | 8) && (1..=4).contains(n) {
+                Ok(())
+            } else {
+                Err(format!("{n} accesses of {size} bytes"))
+            }
+        }
+        Op::Special { r, .. } => match r {
+            SReg::Tid(_)
+            | SReg::Ntid(_)
+            | SReg::Ctaid(_)
+            | SReg::Nctaid(_)
+            | SReg::Laneid
+            | SReg::Warpid
+            | SReg::Nwarpid
+            | SReg::Smid
+            | SReg::Nsmid
+            | SReg::Gridid
+            | SReg::LanemaskEq
+            | SReg::LanemaskLt
+            | SReg::LanemaskLe
+            | SReg::LanemaskGt
+            | SReg::LanemaskGe
+            | SReg::DynSmem
+            | SReg::TotalSmem
+            | SReg::ReservedSmem(_)
+            | SReg::Envreg(_)
+            | SReg::Zero => Ok(()),
+            r => Err(format!("special register {r:?}")),
+        },
+        Op::Bar {
+            id: Src::Imm(id),
+            count: Src::Imm(u64::MAX),
+            wait: true,
+            red: crate::ir::BarRed::None,
+            d: NONE,
+            ..
+        } => match bar_id {
+            Some(seen) if *seen != id & 15 => Err("barriers of several ids".into()),
+            _ => {
+                *bar_id = Some(id & 15);
+                Ok(())
+            }
+        },
+        op => Err(format!("op {}", op_name(op))),
+    }
+}
+
+/// The variant name of `op`, for the reason a kernel stays interpreted.
+fn op_name(op: &Op) -> String {
+    let text = format!("{op:?}");
+    text.split([' ', '(', '{'])
+        .next()
+        .unwrap_or("?")
+        .to_string()
+}
+
+/// Registers live on entry to each basic block (guarded writes kill nothing).
+fn liveness(f: &Func, starts: &[u32]) -> Vec<Vec<u32>> {
+    let words = (f.nregs as usize).div_ceil(64);
+    let nb = starts.len();
+    let end_of = |b: usize| starts.get(b + 1).copied().unwrap_or(f.code.len() as u32);
+    let block_at = |pc: u32| starts.partition_point(|&s| s < pc);
+    let mut uses = vec![vec![0u64; words]; nb];
+    let mut defs = vec![vec![0u64; words]; nb];
+    let mut succs: Vec<Vec<usize>> = vec![Vec::new(); nb];
+    let set = |v: &mut Vec<u64>, r: u32| {
+        if let Some(w) = v.get_mut(r as usize / 64) {
+            *w |= 1 << (r % 64);
+        }
+    };
+    let has = |v: &[u64], r: u32| {
+        v.get(r as usize / 64)
+            .is_some_and(|w| w >> (r % 64) & 1 != 0)
+    };
+    for b in 0..nb {
+        let mut falls = true;
+        for pc in starts[b]..end_of(b) {
+            let inst = &f.code[pc as usize];
+            let mut read = |r: u32| {
+                if !has(&defs[b], r) {
+                    set(&mut uses[b], r)
+                }
+            };
+            if inst.guard != NONE {
+                read(inst.guard);
+            }
+            inst.op.for_each_src(|s| {
+                if let Src::Reg(r) = s {
+                    read(r)
+                }
+            });
+            if inst.guard == NONE {
+                inst.op.for_each_dst(|d| set(&mut defs[b], d));
+            }
+            let guarded = inst.guard != NONE;
+            match inst.op {
+                Op::Bra { target } => {
+                    succs[b].push(block_at(target));
+                    falls = guarded;
+                }
+                Op::Ret | Op::Exit | Op::Trap(_) => falls = guarded,
+                _ => {}
+            }
+        }
+        if falls && b + 1 < nb {
+            succs[b].push(b + 1);
+        }
+    }
+    let mut live = vec![vec![0u64; words]; nb];
+    let mut changed = true;
+    while changed {
+        changed = false;
+        for b in (0..nb).rev() {
+            let mut out = vec![0u64; words];
+            for &s in &succs[b] {
+                for (o, l) in out.iter_mut().zip(&live[s]) {
+                    *o |= l;
+                }
+            }
+            for w in 0..words {
+                let v = uses[b][w] | (out[w] & !defs[b][w]);
+                if v != live[b][w] {
+                    live[b][w] = v;
+                    changed = true;
+                }
+            }
+        }
+    }
+    live.iter()
+        .map(|l| (0..f.nregs).filter(|&r| has(l, r)).collect())
+        .collect()
+}

@@ -1,0 +1,387 @@
+//! What compiled code sees at run time: the block's context (`Ctx`, read at
+//! fixed offsets) and the helpers it calls: the interpreter's `alu` step,
+//! checked memory accesses on their slow path, atomics, `trap`.
+
+use crate::alu::atom_apply;
+use crate::exec::{run_register_op, LOCAL_WINDOW, PARAM_WINDOW, SHARED_WINDOW};
+use crate::ir::{Op, Sp};
+use crate::launch::Fault;
+use crate::memory::{atomic_load, atomic_rmw, atomic_store, DeviceMemory, MemView, DEVICE_VA_BASE};
+
+/// Size of each generic-address window of shared, local and param space.
+pub(super) const WINDOW_BYTES: u64 = 1 << 32;
+
+/// A compiled kernel region's return: the thread exited.
+pub(super) const RET_EXIT: u32 = u32::MAX;
+/// A compiled kernel region's return: the thread faulted (`Ctx::fault`).
+pub(super) const RET_FAULT: u32 = u32::MAX - 1;
+
+/// Why a thread stopped short of its end: the low [`STOP_BITS`] bits of a
+/// region's return, above them the resume id it goes on from.
+pub(super) const STOP_BITS: u32 = 2;
+/// At a barrier.
+pub(super) const STOP_BARRIER: u32 = 0;
+/// At a backward branch past the block's next check (it stays ready).
+pub(super) const STOP_YIELD: u32 = 1;
+/// At a warp collective (the instruction before its resume point).
+pub(super) const STOP_WARP: u32 = 2;
+
+/// The compiled kernel: `(ctx, regs, local, lin, tid.x, tid.y, tid.z, resume)`
+/// runs one thread from resume point `resume` to its next barrier, warp
+/// collective, yield, exit or fault; it returns `resume_id << STOP_BITS |
+/// STOP_*`, [`RET_EXIT`] or [`RET_FAULT`].
+pub(super) type KernelFn =
+    unsafe extern "C" fn(*mut Ctx<'_>, *mut u64, *mut u8, u32, u32, u32, u32, u32) -> u32;
+
+/// The running block as compiled code sees it. The fields up to `ctaid` are
+/// read and written by generated code at their `offset_of!` offsets.
+#[repr(C)]
+pub(super) struct Ctx<'a> {
+    pub shared: *mut u8,
+    pub shared_bytes: u64,
+    pub params: *const u8,
+    pub params_len: u64,
+    /// The global allocation each global or generic access site resolved
+    /// last (`gsites` of them, the worker's).
+    pub gcache: *mut GlobalEntry,
+    pub gsites: u64,
+    /// Instructions the block executed so far.
+    pub instructions: u64,
+    /// A backward branch past this many instructions yields (budget checks).
+    pub check_at: u64,
+    /// Bytes of each thread's local memory.
+    pub local_bytes: u64,
+    /// Source line of the backward branch that last yielded.
+    pub yield_line: u64,
+    pub ntid: [u32; 3],
+    pub nctaid: [u32; 3],
+    pub ctaid: [u32; 3],
+    /// `%dynamic_smem_size`, `%smid` (the worker's index).
+    pub dyn_smem: u32,
+    pub smid: u32,
+    /// `%nwarpid`: the block's warps.
+    pub nwarpid: u32,
+    /// `%total_smem_size`, and where the block's reserved shared memory starts.
+    pub total_smem: u64,
+    pub reserved_smem: u64,
+    /// Device memory of the launch, and the memory itself (its heap).
+    pub mem: &'a MemView<'a>,
+    pub memory: &'a DeviceMemory,
+    /// The fault a region returned [`RET_FAULT`] for.
+    pub fault: Option<Fault>,
+    /// The block's `printf` output so far.
+    pub out: Vec<u8>,
+}
+
+/// A global allocation as an access site's cache keeps it.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub(super) struct GlobalEntry {
+    pub base: u64,
+    pub len: u64,
+    pub ptr: *mut u8,
+}
+
+impl GlobalEntry {
+    /// No allocation: every access misses.
+    pub(super) const EMPTY: GlobalEntry = GlobalEntry {
+        base: 0,
+        len: 0,
+        ptr: std::ptr::null_mut(),
+    };
+}
+
+/// Space codes passed to the memory helpers.
+pub(super) fn space_code(sp: Sp) -> u32 {
+    match sp {
+        Sp::Global => 0,
+        Sp::Shared => 1,
+        Sp::Local => 2,
+        Sp::Param => 3,
+        Sp::Generic => 4,
+    }
+}
+
+fn space_of(code: u32) -> Sp {
+    match code {
+        0 => Sp::Global,
+        1 => Sp::Shared,
+        2 => Sp::Local,
+        3 => Sp::Param,
+        _ => Sp::Generic,
+    }
+}
+
+/// Base of the generic-address window of `sp` (0 for global and generic).
+pub(super) fn window_base(sp: Sp) -> u64 {
+    match sp {
+        Sp::Shared => SHARED_WINDOW,
+        Sp::Local => LOCAL_WINDOW,
+        Sp::Param => PARAM_WINDOW,
+        Sp::Global | Sp::Generic => 0,
+    }
+}
+
+impl Ctx<'_> {
+    pub(super) fn fault_addr(addr: u64, write: bool, line: u32) -> Fault {
+        let what = if write { "write" } else { "read" };
+        Fault::IllegalAddress {
+            addr,
+            detail: format!("{what} of address {addr:#x} at line {line}"),
+        }
+    }
+
+    /// Host pointer for `size` bytes at `addr` in `sp`, checked as the
+    /// interpreter checks it (same faults, same messages); a global
+    /// allocation resolved goes to access site `site`'s cache.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn checked_ptr(
+        &mut self,
+        site: u32,
+        local: *mut u8,
+        sp: Sp,
+        addr: u64,
+        size: u32,
+        write: bool,
+        line: u32,
+    ) -> Result<*mut u8, Fault> {
+        let align = size.min(16) as u64;
+        if addr & (align - 1) != 0 {
+            return Err(Fault::MisalignedAddress {
+                addr,
+                detail: format!("{size}-byte access at line {line}"),
+            });
+        }
+        let (sp, addr) = match sp {
+            Sp::Generic => match resolve_generic(addr) {
+                Some(resolved) => resolved,
+                None => return Err(Self::fault_addr(addr, write, line)),
+            },
+            s => (s, addr),
+        };
+        let end = addr.checked_add(size as u64);
+        match sp {
+            Sp::Global => match self.mem.resolve(addr, size as u64) {
+                Some((base, len, p)) => {
+                    // a cached base must keep the fast path's alignment check exact
+                    if (site as u64) < self.gsites && base % 16 == 0 {
+                        // SAFETY: `gcache` holds `gsites` entries of the running
+                        // worker, which only this thread touches.
+                        unsafe {
+                            *self.gcache.add(site as usize) = GlobalEntry { base, len, ptr: p }
+                        };
+                    }
+                    Ok(p.wrapping_add((addr - base) as usize))
+                }
+                None => Err(Self::fault_addr(addr, write, line)),
+            },
+            Sp::Shared => {
+                let addr = addr as u32 as u64;
+                if addr + size as u64 <= self.shared_bytes {
+                    Ok(self.shared.wrapping_add(addr as usize))
+                } else {
+                    Err(Self::fault_addr(SHARED_WINDOW + addr, write, line))
+                }
+            }
+            Sp::Local => match end {
+                Some(e) if e <= self.local_bytes => Ok(local.wrapping_add(addr as usize)),
+                _ => Err(Self::fault_addr(
+                    LOCAL_WINDOW.wrapping_add(addr),
+                    write,
+                    line,
+                )),
+            },
+            _ => match end {
+                Some(e) if e <= self.params_len && !write => {
+                    Ok((self.params as *mut u8).wrapping_add(addr as usize))
+                }
+                _ => Err(Self::fault_addr(
+                    PARAM_WINDOW.wrapping_add(addr),
+                    write,
+                    line,
+                )),
+            },
+        }
+    }
+}
+
+/// The space and in-space offset of a generic address.
+fn resolve_generic(addr: u64) -> Option<(Sp, u64)> {
+    let sp = if addr >= DEVICE_VA_BASE {
+        Sp::Global
+    } else if addr.wrapping_sub(SHARED_WINDOW) < WINDOW_BYTES {
+        Sp::Shared
+    } else if addr.wrapping_sub(LOCAL_WINDOW) < WINDOW_BYTES {
+        Sp::Local
+    } else if addr.wrapping_sub(PARAM_WINDOW) < WINDOW_BYTES {
+        Sp::Param
+    } else {
+        return None;
+    };
+    Some((sp, addr - window_base(sp)))
+}
+
+/// Evaluates the register-only op at `op` on the thread's register file
+/// `regs` (`nregs` slots), as the interpreter does.
+///
+/// # Safety
+/// `op` points to a live op and `regs` to `nregs` writable registers.
+pub(super) unsafe extern "C" fn rt_register_op(op: *const Op, regs: *mut u64, nregs: u64) {
+    // SAFETY: the compiled code passes an op its module owns and the
+    // thread's register file of `nregs` slots (the caller's contract).
+    let (op, regs) = unsafe { (&*op, std::slice::from_raw_parts_mut(regs, nregs as usize)) };
+    // the alu never panics on validated ops; a panic must not cross into compiled code
+    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        run_register_op(op, regs, 0, 0)
+    }));
+}
+
+/// Slow path of a load at access site `site`: `size` bytes at `addr` in
+/// space `sp` into `*out`; 0, or 1 with the fault kept in the context.
+///
+/// # Safety
+/// `ctx` is the live context of the running block, `local` the thread's
+/// local memory of `ctx.local_bytes` bytes, `out` writable.
+pub(super) unsafe extern "C" fn rt_load(
+    ctx: *mut Ctx<'_>,
+    site: u32,
+    local: *mut u8,
+    sp: u32,
+    addr: u64,
+    size: u32,
+    line: u32,
+    out: *mut u64,
+) -> u32 {
+    // SAFETY: the caller's contract: a live context, used by this thread only.
+    let ctx = unsafe { &mut *ctx };
+    match ctx.checked_ptr(site, local, space_of(sp), addr, size, false, line) {
+        Ok(p) => {
+            // SAFETY: `checked_ptr` checked bounds and alignment against a
+            // live buffer; `out` is the caller's slot.
+            unsafe { *out = atomic_load(p, size) };
+            0
+        }
+        Err(f) => {
+            ctx.fault = Some(f);
+            1
+        }
+    }
+}
+
+/// Slow path of a store of `val` (`size` bytes at `addr` in space `sp`); 0,
+/// or 1 with the fault kept in the context.
+///
+/// # Safety
+/// As [`rt_load`].
+pub(super) unsafe extern "C" fn rt_store(
+    ctx: *mut Ctx<'_>,
+    site: u32,
+    local: *mut u8,
+    sp: u32,
+    addr: u64,
+    size: u32,
+    line: u32,
+    val: u64,
+) -> u32 {
+    // SAFETY: the caller's contract: a live context, used by this thread only.
+    let ctx = unsafe { &mut *ctx };
+    match ctx.checked_ptr(site, local, space_of(sp), addr, size, true, line) {
+        Ok(p) => {
+            // SAFETY: `checked_ptr` checked bounds and alignment of a live buffer.
+            unsafe { atomic_store(p, size, val) };
+            0
+        }
+        Err(f) => {
+            ctx.fault = Some(f);
+            1
+        }
+    }
+}
+
+/// `atom` (op `op`, an `Op::Atom`) at `addr` with operands `b` and `c`; the
+/// old value into `*out`; 0, or 1 with the fault kept in the context.
+///
+/// # Safety
+/// As [`rt_load`]; `op` points to a live `Op::Atom`.
+#[allow(clippy::too_many_arguments)]
+pub(super) unsafe extern "C" fn rt_atom(
+    ctx: *mut Ctx<'_>,
+    site: u32,
+    local: *mut u8,
+    op: *const Op,
+    addr: u64,
+    b: u64,
+    c: u64,
+    line: u32,
+    out: *mut u64,
+) -> u32 {
+    // SAFETY: the caller's contract: a live context and op, used by this thread only.
+    let (ctx, op) = unsafe { (&mut *ctx, &*op) };
+    let Op::Atom {
+        addr: at, op, t, ..
+    } = *op
+    else {
+        ctx.fault = Some(Fault::Failed(
+            "internal error: atom helper on another op".into(),
+        ));
+        return 1;
+    };
+    let size = t.bytes();
+    match ctx.checked_ptr(site, local, at.sp, addr, size, true, line) {
+        Ok(p) => {
+            // SAFETY: `checked_ptr` checked bounds and alignment (size 2, 4
+            // or 8) of a live buffer; `out` is the caller's slot.
+            unsafe { *out = atomic_rmw(p, size, |o| atom_apply(op, t, o, b, c)) };
+            0
+        }
+        Err(f) => {
+            ctx.fault = Some(f);
+            1
+        }
+    }
+}
+
+/// `trap` (op `op`, an `Op::Trap`) on `line` by thread `lin`: keeps the
+/// interpreter's fault; returns 1.
+///
+/// # Safety
+/// `ctx` is the live context of the running block, `op` a live op.
+pub(super) unsafe extern "C" fn rt_trap(
+    ctx: *mut Ctx<'_>,
+    op: *const Op,
+    line: u32,
+    lin: u32,
+) -> u32 {
+    // SAFETY: the caller's contract: a live context and op, used by this thread only.
+    let (ctx, op) = unsafe { (&mut *ctx, &*op) };
+    let msg = match op {
+        Op::Trap(msg) => msg.as_str(),
+        _ => "trap",
+    };
+    ctx.fault = Some(Fault::Trap {
+        detail: format!("{msg} at line {line} (thread {lin}, block {:?})", ctx.ctaid),
+    });
+    1
+}
+
+/// A vector access at `addr` not aligned to its `total` bytes: keeps the
+/// fault the interpreter gives; returns 1.
+///
+/// # Safety
+/// `ctx` is the live context of the running block.
+pub(super) unsafe extern "C" fn rt_misaligned_vector(
+    ctx: *mut Ctx<'_>,
+    addr: u64,
+    total: u32,
+    write: u32,
+    line: u32,
+) -> u32 {
+    // SAFETY: the caller's contract: a live context, used by this thread only.
+    let ctx = unsafe { &mut *ctx };
+    let what = if write != 0 { "store" } else { "load" };
+    ctx.fault = Some(Fault::MisalignedAddress {
+        addr,
+        detail: format!("{total}-byte vector {what} at line {line}"),
+    });
+    1
+}

@@ -1,0 +1,457 @@
+//! One kernel to Cranelift IR: a dispatch on the resume point, registers as
+//! variables loaded where a thread resumes and stored where it stops, counts,
+//! control flow, guards and `trap`; ops live in `emit_ops` and `emit_mem`.
+
+use super::plan::Plan;
+use super::runtime::{
+    rt_trap, Ctx, RET_EXIT, RET_FAULT, STOP_BARRIER, STOP_BITS, STOP_WARP, STOP_YIELD,
+};
+use crate::ir::{Func, Inst, Op, Sp, Src, NONE};
+use cranelift_codegen::ir::condcodes::IntCC;
+use cranelift_codegen::ir::types::{I32, I64};
+use cranelift_codegen::ir::{
+    AbiParam, Block, BlockArg, InstBuilder, JumpTableData, MemFlagsData, Signature, StackSlotData,
+    StackSlotKind, Type, Value,
+};
+use cranelift_codegen::isa::{CallConv, TargetFrontendConfig};
+use cranelift_frontend::{FunctionBuilder, Variable};
+use std::mem::offset_of;
+
+/// The signature of a compiled kernel ([`super::runtime::KernelFn`]).
+pub(super) fn kernel_signature(call_conv: CallConv) -> Signature {
+    let mut sig = Signature::new(call_conv);
+    for t in [I64, I64, I64, I32, I32, I32, I32, I32] {
+        sig.params.push(AbiParam::new(t));
+    }
+    sig.returns.push(AbiParam::new(I32));
+    sig
+}
+
+/// The state of translating one kernel.
+pub(super) struct Translator<'a, 'f> {
+    pub fb: FunctionBuilder<'f>,
+    pub call_conv: CallConv,
+    pub func: &'a Func,
+    /// The kernel's ops, owned by the compiled kernel (helpers get pointers).
+    pub ops: &'a [Op],
+    pub plan: &'a Plan,
+    pub regs: Vec<Variable>,
+    pub count: Variable,
+    pub ctx: Value,
+    pub regs_ptr: Value,
+    pub local: Value,
+    pub lin: Value,
+    pub tid: [Value; 3],
+    pub blocks: Vec<Block>,
+    pub exit_block: Block,
+    pub fault_block: Block,
+    /// Instructions of the current basic block after the one being
+    /// emitted: counted on entry, taken back when that one faults.
+    pub excess: i64,
+    /// The block's shared memory (host base, bytes), loaded at the start of
+    /// a basic block with shared accesses (it dominates them all).
+    pub shared_here: Option<(Value, Value)>,
+    /// The global-cache site of the access being emitted, and the sites so far.
+    pub site: u32,
+    pub sites: u32,
+    /// An 8-byte stack slot the load helper writes into.
+    pub slot: cranelift_codegen::ir::StackSlot,
+}
+
+/// A field of [`Ctx`] at its offset.
+macro_rules! ctx_off {
+    ($field:ident) => {
+        offset_of!(Ctx<'static>, $field) as i32
+    };
+}
+pub(super) use ctx_off;
+
+impl<'a, 'f> Translator<'a, 'f> {
+    /// Builds the whole function into `fb`'s function; returns its number
+    /// of global-cache sites.
+    pub(super) fn translate(
+        mut fb: FunctionBuilder<'f>,
+        target: TargetFrontendConfig,
+        func: &'a Func,
+        ops: &'a [Op],
+        plan: &'a Plan,
+    ) -> u32 {
+        let entry = fb.create_block();
+        fb.append_block_params_for_function_params(entry);
+        fb.switch_to_block(entry);
+        let p = fb.block_params(entry).to_vec();
+        let regs: Vec<Variable> = (0..func.nregs).map(|_| fb.declare_var(I64)).collect();
+        let count = fb.declare_var(I64);
+        let blocks: Vec<Block> = plan.starts.iter().map(|_| fb.create_block()).collect();
+        let exit_block = fb.create_block();
+        let fault_block = fb.create_block();
+        let slot =
+            fb.create_sized_stack_slot(StackSlotData::new(StackSlotKind::ExplicitSlot, 8, 3));
+        let call_conv = target.default_call_conv;
+        let mut t = Translator {
+            fb,
+            call_conv,
+            func,
+            ops,
+            plan,
+            regs,
+            count,
+            ctx: p[0],
+            regs_ptr: p[1],
+            local: p[2],
+            lin: p[3],
+            tid: [p[4], p[5], p[6]],
+            blocks,
+            exit_block,
+            fault_block,
+            excess: 0,
+            shared_here: None,
+            site: u32::MAX,
+            sites: 0,
+            slot,
+        };
+        let n =
+            t.fb.ins()
+                .load(I64, MemFlagsData::trusted(), t.ctx, ctx_off!(instructions));
+        t.fb.def_var(count, n);
+        // dispatch on the resume point: load its live registers, go on there
+        let resume_blocks: Vec<Block> = plan.resumes.iter().map(|_| t.fb.create_block()).collect();
+        let calls: Vec<_> = resume_blocks
+            .iter()
+            .map(|&b| t.fb.func.dfg.block_call(b, &[]))
+            .collect();
+        let default = t.fb.func.dfg.block_call(exit_block, &[]);
+        let table = t.fb.create_jump_table(JumpTableData::new(default, &calls));
+        t.fb.ins().br_table(p[7], table);
+        for (k, &rb) in resume_blocks.iter().enumerate() {
+            t.fb.switch_to_block(rb);
+            let pc = plan.resumes[k];
+            let b = plan.block_at(pc);
+            // the registers live here, and the shuffled ones, which every
+            // stop and exit stores again
+            let mut loaded = plan.live_in[b].clone();
+            loaded.extend(&plan.shuffled);
+            loaded.sort_unstable();
+            loaded.dedup();
+            for &r in &loaded {
+                let v =
+                    t.fb.ins()
+                        .load(I64, MemFlagsData::trusted(), t.regs_ptr, (r * 8) as i32);
+                t.fb.def_var(t.regs[r as usize], v);
+            }
+            t.fb.ins().jump(t.blocks[b], &[]);
+        }
+        for b in 0..plan.starts.len() {
+            t.basic_block(b);
+        }
+        t.fb.switch_to_block(exit_block);
+        // an exited lane's shuffled values stay readable, as the interpreter's
+        for &r in &plan.shuffled {
+            let v = t.fb.use_var(t.regs[r as usize]);
+            t.fb.ins()
+                .store(MemFlagsData::trusted(), v, t.regs_ptr, (r * 8) as i32);
+        }
+        t.finish_with(RET_EXIT);
+        t.fb.switch_to_block(fault_block);
+        let excess = t.fb.append_block_param(fault_block, I64);
+        let n = t.fb.use_var(count);
+        let n = t.fb.ins().isub(n, excess);
+        t.fb.def_var(count, n);
+        t.finish_with(RET_FAULT);
+        t.fb.seal_all_blocks();
+        let sites = t.sites;
+        t.fb.finalize(target);
+        sites
+    }
+
+    /// Stores the instruction count and returns `code`.
+    fn finish_with(&mut self, code: u32) {
+        let n = self.fb.use_var(self.count);
+        self.fb
+            .ins()
+            .store(MemFlagsData::trusted(), n, self.ctx, ctx_off!(instructions));
+        let c = self.fb.ins().iconst(I32, code as i64);
+        self.fb.ins().return_(&[c]);
+    }
+
+    /// Stops the thread to resume at `pc` later: stores the registers live
+    /// there (and `also`, what a warp collective reads) and returns its
+    /// resume id with why it stopped (`STOP_*`) in the low bits.
+    fn stop_at(&mut self, pc: u32, why: u32, also: &[u32]) {
+        let b = self.plan.block_at(pc);
+        let mut stored: Vec<u32> = self.plan.live_in[b].clone();
+        stored.extend(also.iter().chain(&self.plan.shuffled));
+        stored.sort_unstable();
+        stored.dedup();
+        for r in stored {
+            let v = self.fb.use_var(self.regs[r as usize]);
+            self.fb
+                .ins()
+                .store(MemFlagsData::trusted(), v, self.regs_ptr, (r * 8) as i32);
+        }
+        let id = self.plan.resume_id(pc);
+        self.finish_with(id << STOP_BITS | why);
+    }
+
+    fn basic_block(&mut self, b: usize) {
+        self.fb.switch_to_block(self.blocks[b]);
+        let start = self.plan.starts[b];
+        let end = self
+            .plan
+            .starts
+            .get(b + 1)
+            .copied()
+            .unwrap_or(self.func.code.len() as u32);
+        let n = self.fb.use_var(self.count);
+        let n = self.fb.ins().iadd_imm_s(n, (end - start) as i64);
+        self.fb.def_var(self.count, n);
+        let shared_accesses = (start..end)
+            .filter(|&pc| match self.ops[pc as usize] {
+                Op::Ld { addr, .. } | Op::St { addr, .. } => addr.sp == Sp::Shared,
+                _ => false,
+            })
+            .count();
+        self.shared_here = (shared_accesses > 1).then(|| {
+            let fixed = MemFlagsData::trusted().with_readonly();
+            let bytes = self
+                .fb
+                .ins()
+                .load(I64, fixed, self.ctx, ctx_off!(shared_bytes));
+            let base = self.fb.ins().load(I64, fixed, self.ctx, ctx_off!(shared));
+            (base, bytes)
+        });
+        for pc in start..end {
+            self.excess = (end - pc - 1) as i64;
+            if !self.inst(pc) {
+                return;
+            }
+        }
+        match self.blocks.get(b + 1) {
+            Some(&next) => {
+                self.fb.ins().jump(next, &[]);
+            }
+            None => {
+                self.fb.ins().jump(self.exit_block, &[]);
+            }
+        }
+    }
+
+    /// The guard of `inst` as a 0/1 condition, if it has one.
+    fn guard(&mut self, inst: &Inst) -> Option<Value> {
+        if inst.guard == NONE {
+            return None;
+        }
+        let g = self.fb.use_var(self.regs[inst.guard as usize]);
+        let bit = self.fb.ins().band_imm_u(g, 1);
+        let cc = if inst.guard_neg {
+            IntCC::Equal
+        } else {
+            IntCC::NotEqual
+        };
+        Some(self.fb.ins().icmp_imm_u(cc, bit, 0))
+    }
+
+    /// The block after `pc` (the next basic block when `pc` ends one).
+    fn next_block(&self, pc: u32) -> Block {
+        self.blocks
+            .get(self.plan.block_at(pc + 1))
+            .copied()
+            .unwrap_or(self.exit_block)
+    }
+
+    /// Emits instruction `pc`; false once it ended the basic block.
+    fn inst(&mut self, pc: u32) -> bool {
+        let inst = &self.func.code[pc as usize];
+        let guard = self.guard(inst);
+        match inst.op {
+            Op::Bra { target } => {
+                let to = self.blocks[self.plan.block_at(target)];
+                let go = self.fb.create_block();
+                match guard {
+                    Some(c) => {
+                        let next = self.next_block(pc);
+                        self.fb.ins().brif(c, go, &[], next, &[]);
+                    }
+                    None => {
+                        self.fb.ins().jump(go, &[]);
+                    }
+                }
+                self.fb.switch_to_block(go);
+                if target <= pc {
+                    // a long loop yields so that the block's budgets are checked
+                    let n = self.fb.use_var(self.count);
+                    let at = self.fb.ins().load(
+                        I64,
+                        MemFlagsData::trusted(),
+                        self.ctx,
+                        ctx_off!(check_at),
+                    );
+                    let over = self.fb.ins().icmp(IntCC::UnsignedGreaterThan, n, at);
+                    let stop = self.fb.create_block();
+                    self.fb.set_cold_block(stop);
+                    self.fb.ins().brif(over, stop, &[], to, &[]);
+                    self.fb.switch_to_block(stop);
+                    let line = self.fb.ins().iconst(I64, inst.line as i64);
+                    self.fb.ins().store(
+                        MemFlagsData::trusted(),
+                        line,
+                        self.ctx,
+                        ctx_off!(yield_line),
+                    );
+                    self.stop_at(target, STOP_YIELD, &[]);
+                } else {
+                    self.fb.ins().jump(to, &[]);
+                }
+                false
+            }
+            Op::Ret | Op::Exit => {
+                match guard {
+                    Some(c) => {
+                        let next = self.next_block(pc);
+                        self.fb.ins().brif(c, self.exit_block, &[], next, &[]);
+                    }
+                    None => {
+                        self.fb.ins().jump(self.exit_block, &[]);
+                    }
+                }
+                false
+            }
+            Op::Trap(_) => {
+                let trap = self.fb.create_block();
+                match guard {
+                    Some(c) => {
+                        let next = self.next_block(pc);
+                        self.fb.ins().brif(c, trap, &[], next, &[]);
+                    }
+                    None => {
+                        self.fb.ins().jump(trap, &[]);
+                    }
+                }
+                self.fb.switch_to_block(trap);
+                let mut sig = Signature::new(self.call_conv);
+                sig.params.extend([AbiParam::new(I64), AbiParam::new(I64)]);
+                sig.params.extend([AbiParam::new(I32), AbiParam::new(I32)]);
+                sig.returns.push(AbiParam::new(I32));
+                let sig = self.fb.import_signature(sig);
+                let f = self.imm(rt_trap as *const () as usize as i64);
+                let op = self.imm(&self.ops[pc as usize] as *const Op as usize as i64);
+                let line = self.fb.ins().iconst(I32, inst.line as i64);
+                self.fb
+                    .ins()
+                    .call_indirect(sig, f, &[self.ctx, op, line, self.lin]);
+                self.jump_to_fault();
+                false
+            }
+            Op::Bar { .. }
+            | Op::Shfl { .. }
+            | Op::Vote { .. }
+            | Op::Match { .. }
+            | Op::Redux { .. }
+            | Op::WarpSync { .. }
+            | Op::Activemask { .. } => {
+                let wait = self.fb.create_block();
+                match guard {
+                    Some(c) => {
+                        let next = self.next_block(pc);
+                        self.fb.ins().brif(c, wait, &[], next, &[]);
+                    }
+                    None => {
+                        self.fb.ins().jump(wait, &[]);
+                    }
+                }
+                self.fb.switch_to_block(wait);
+                if matches!(inst.op, Op::Bar { .. }) {
+                    self.stop_at(pc + 1, STOP_BARRIER, &[]);
+                } else {
+                    // the collective reads its operands from the register file
+                    let mut reads = Vec::new();
+                    inst.op.for_each_src(|s| {
+                        if let Src::Reg(r) = s {
+                            reads.push(r)
+                        }
+                    });
+                    self.stop_at(pc + 1, STOP_WARP, &reads);
+                }
+                false
+            }
+            _ => {
+                let (on, cont) = match guard {
+                    Some(c) => {
+                        let on = self.fb.create_block();
+                        let cont = self.fb.create_block();
+                        self.fb.ins().brif(c, on, &[], cont, &[]);
+                        self.fb.switch_to_block(on);
+                        (Some(on), Some(cont))
+                    }
+                    None => (None, None),
+                };
+                self.op(pc);
+                if let (Some(_), Some(cont)) = (on, cont) {
+                    self.fb.ins().jump(cont, &[]);
+                    self.fb.switch_to_block(cont);
+                }
+                true
+            }
+        }
+    }
+
+    /// The value of `s` as 64 register bits.
+    pub(super) fn src(&mut self, s: Src) -> Value {
+        match s {
+            Src::Reg(r) => self.fb.use_var(self.regs[r as usize]),
+            Src::Imm(v) => self.fb.ins().iconst(I64, v as i64),
+            // a kernel's frame starts at local address 0
+            Src::Frame(o) => self.fb.ins().iconst(I64, o as i64),
+        }
+    }
+
+    pub(super) fn set(&mut self, d: u32, v: Value) {
+        self.fb.def_var(self.regs[d as usize], v);
+    }
+
+    /// `v` sign-extended from its low `bits`.
+    pub(super) fn sext(&mut self, v: Value, bits: u32) -> Value {
+        if bits >= 64 {
+            return v;
+        }
+        let s = self.fb.ins().ishl_imm_u(v, (64 - bits) as i64);
+        self.fb.ins().sshr_imm_u(s, (64 - bits) as i64)
+    }
+
+    /// Jumps to the fault exit when `failed` (an I32 status) is non-zero.
+    pub(super) fn fault_if(&mut self, failed: Value) {
+        let ok = self.fb.create_block();
+        let excess = self.fb.ins().iconst(I64, self.excess);
+        self.fb.ins().brif(
+            failed,
+            self.fault_block,
+            &[BlockArg::Value(excess)],
+            ok,
+            &[],
+        );
+        self.fb.switch_to_block(ok);
+    }
+
+    /// Jumps to the fault exit (the current block ends).
+    pub(super) fn jump_to_fault(&mut self) {
+        let excess = self.fb.ins().iconst(I64, self.excess);
+        self.fb
+            .ins()
+            .jump(self.fault_block, &[BlockArg::Value(excess)]);
+    }
+
+    /// A 64-bit constant.
+    pub(super) fn imm(&mut self, v: i64) -> Value {
+        self.fb.ins().iconst(I64, v)
+    }
+
+    /// A type of `bytes` bytes.
+    pub(super) fn int_type(bytes: u32) -> Type {
+        Type::int_with_byte_size(bytes as u16).unwrap_or(I64)
+    }
+
+    /// Jumps to `to` passing `v` (`emit_mem`'s joins).
+    pub(super) fn jump_with(&mut self, to: Block, v: Value) {
+        self.fb.ins().jump(to, &[BlockArg::Value(v)]);
+    }
+}
