@@ -81,7 +81,7 @@ impl Runner<'_> {
             let call = Call::MemcpyHtoD {
                 dst: ptr + (i * MAX_CHUNK_BYTES) as u64,
                 data: chunk.to_vec(),
-                stream: None,
+                stream: Some(DEFAULT_STREAM),
             };
             self.call(&format!("{path}: copying the input in"), call)?;
         }
@@ -94,7 +94,7 @@ impl Runner<'_> {
                 count: rest,
                 pitch: rest,
                 height: 1,
-                stream: None,
+                stream: Some(DEFAULT_STREAM),
             };
             self.call(&format!("{path}: zeroing"), call)?;
         }

@@ -17,6 +17,7 @@ use cumux_server::tenants::TenantSettings;
 use cumux_server::{Device, Server};
 
 use crate::failure::Failure;
+use crate::job::{self, Canceller, Pending};
 
 /// Jobs one lane may hold queued; past it a request is told the lane is busy.
 pub const MAX_QUEUED: usize = 64;
@@ -30,8 +31,6 @@ const MIN_BUFFER: u64 = 256;
 
 /// A job: runs on the lane's thread with its state.
 type Job = Box<dyn FnOnce(&mut LaneState) + Send>;
-/// What stops the lane's running work from another thread.
-type Canceller = Box<dyn FnOnce() + Send>;
 
 /// A module of one function, loaded in the lane's session (or to be).
 struct Loaded {
@@ -128,92 +127,44 @@ impl Lane {
         })
     }
 
-    /// Runs `job` on the lane and waits for its answer until `deadline`. Past
-    /// it, a job still queued never runs, and a running one has the lane's
-    /// work cancelled (the session is rebuilt before the lane goes on); the
-    /// answer is then a [`Failure::Deadline`].
+    /// Runs `job` on the lane and waits for its answer until `deadline` (see
+    /// [`Pending::wait`]).
     pub fn run<T: Send + 'static>(
         &self,
         deadline: Instant,
         job: impl FnOnce(&mut LaneState) -> Result<T, Failure> + Send + 'static,
     ) -> Result<T, Failure> {
-        let (tx, rx) = std::sync::mpsc::channel();
-        let progress = Arc::new(Mutex::new(Progress::Queued));
-        let seen = Arc::clone(&progress);
+        self.submit(deadline, job)?.wait()
+    }
+
+    /// Queues `job` on the lane: its answer, to wait for or poll. Past
+    /// `deadline` a job still queued never runs (see [`Pending::expire`]).
+    pub fn submit<T: Send + 'static>(
+        &self,
+        deadline: Instant,
+        job: impl FnOnce(&mut LaneState) -> Result<T, Failure> + Send + 'static,
+    ) -> Result<Pending<T>, Failure> {
+        let (mut ticket, pending) = job::pair(
+            deadline,
+            Arc::clone(&self.poisoned),
+            Arc::clone(&self.cancel),
+        );
         let boxed: Job = Box::new(move |state: &mut LaneState| {
-            {
-                let mut p = lock(&seen);
-                if *p == Progress::Abandoned || Instant::now() >= deadline {
-                    *p = Progress::Abandoned;
-                    return;
-                }
-                *p = Progress::Running;
+            if ticket.start() {
+                let answer = job(state);
+                ticket.answer(answer);
             }
-            let result = job(state);
-            *lock(&seen) = Progress::Done;
-            let _ = tx.send(result);
         });
         match self.jobs.try_send(boxed) {
-            Ok(()) => {}
-            Err(TrySendError::Full(_)) => {
-                return Err(Failure::Busy(format!(
-                    "{MAX_QUEUED} requests are already queued for this tenant's device; retry later"
-                )))
-            }
+            Ok(()) => Ok(pending),
+            Err(TrySendError::Full(_)) => Err(Failure::Busy(format!(
+                "{MAX_QUEUED} requests are already queued for this tenant's device; retry later"
+            ))),
             Err(TrySendError::Disconnected(_)) => {
-                return Err(Failure::Internal("the tenant's lane has stopped".into()))
-            }
-        }
-        let wait = deadline.saturating_duration_since(Instant::now());
-        match rx.recv_timeout(wait) {
-            Ok(result) => return result,
-            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
-                // A job dropped unrun: abandoned at its deadline, or the lane stopped.
-                return Err(match *lock(&progress) {
-                    Progress::Abandoned => {
-                        Failure::Deadline("the deadline passed while queued".into())
-                    }
-                    _ => Failure::Internal("the tenant's lane dropped the request".into()),
-                });
-            }
-            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
-        }
-        let mut p = lock(&progress);
-        match *p {
-            Progress::Queued | Progress::Abandoned => {
-                *p = Progress::Abandoned;
-                Err(Failure::Deadline("the deadline passed while queued".into()))
-            }
-            // Under the job's lock: the lane cannot have moved on to another.
-            Progress::Running => {
-                self.poisoned.store(true, Ordering::SeqCst);
-                if let Some(cancel) = lock(&self.cancel).take() {
-                    cancel();
-                }
-                Err(Failure::Deadline(
-                    "the invocation ran past its deadline; its work was cancelled".into(),
-                ))
-            }
-            Progress::Done => {
-                drop(p);
-                rx.recv().unwrap_or_else(|_| {
-                    Err(Failure::Internal(
-                        "the tenant's lane dropped the answer".into(),
-                    ))
-                })
+                Err(Failure::Internal("the tenant's lane has stopped".into()))
             }
         }
     }
-}
-
-/// Where a job is, as its lane and its waiter see it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Progress {
-    Queued,
-    Running,
-    Done,
-    /// Its waiter gave up before it ran: it never will.
-    Abandoned,
 }
 
 /// The lane's thread: one job at a time until every sender is gone.
@@ -499,7 +450,7 @@ impl LaneState {
             count: class,
             pitch: class,
             height: 1,
-            stream: None,
+            stream: Some(cumux_protocol::DEFAULT_STREAM),
         };
         let zeroed = self.raw_call(zero).is_ok();
         let limit = self
