@@ -40,12 +40,15 @@ struct Loaded {
     info: Option<ModuleInfo>,
 }
 
-/// A buffer of the lane's session: its address, size class, and the session
-/// it belongs to.
+/// A buffer of the lane's session: its address, size class, whether it is
+/// known to be all zeros, and the session it belongs to.
 #[derive(Debug, Clone, Copy)]
 pub struct Buffer {
     pub ptr: u64,
     pub class: u64,
+    /// A pooled buffer: zeroed on its way back (by the default stream's
+    /// order, before anything the taker queues). A new one may hold anything.
+    pub zeroed: bool,
     generation: u64,
 }
 
@@ -57,9 +60,8 @@ pub struct LaneState {
     position: usize,
     session: Option<Session>,
     modules: BTreeMap<String, Loaded>,
-    /// Free buffers of the session by size class (a power of two): what an
-    /// invocation gets back is not cleared, so every taker zeroes or fully
-    /// overwrites what it takes.
+    /// Free buffers of the session by size class (a power of two), each
+    /// zeroed on its way back (see [`LaneState::give_back`]).
     pool: BTreeMap<u64, Vec<u64>>,
     pool_bytes: u64,
     /// How many sessions the lane has opened: a buffer is given back only to
@@ -389,8 +391,8 @@ impl LaneState {
     }
 
     /// A buffer of size class `class` ([`LaneState::size_class`]): one the
-    /// pool holds (with whatever the last invocation left in it), else a new
-    /// allocation; over the quota the pool is emptied and it is tried again.
+    /// pool holds (all zeros), else a new allocation (not cleared); over the
+    /// quota the pool is emptied and it is tried again.
     pub fn take_buffer(&mut self, class: u64) -> Result<Buffer, CuError> {
         // A broken session is rebuilt first: its pool went with it.
         self.session().map_err(|f| match f {
@@ -403,6 +405,7 @@ impl LaneState {
             return Ok(Buffer {
                 ptr,
                 class,
+                zeroed: true,
                 generation,
             });
         }
@@ -421,6 +424,7 @@ impl LaneState {
             ReplyBody::Ptr(ptr) => Ok(Buffer {
                 ptr,
                 class,
+                zeroed: false,
                 generation: self.generation,
             }),
             other => Err(CuError::new(
@@ -437,12 +441,17 @@ impl LaneState {
             ptr,
             class,
             generation,
+            ..
         } = buffer;
         if self.poisoned.load(Ordering::SeqCst) || generation != self.generation {
             return; // the session it came from is (or will be) gone, and its memory with it
         }
-        // Zeroed on its way back too, so that no pooled buffer holds data an
-        // out-of-bounds read of a later invocation could find.
+        // Zeroed on its way back, so that no pooled buffer holds data an
+        // out-of-bounds read of a later invocation could find, and its next
+        // taker need not zero it. Queued on the default stream unwaited: what
+        // the next taker queues runs after it; a failure of it fails the
+        // session's next synchronizing call (a fatal one rebuilds the
+        // session, and its pool with it).
         let zero = Call::Memset {
             dst: ptr,
             value: 0,
@@ -466,7 +475,8 @@ impl LaneState {
         }
     }
 
-    fn drain_pool(&mut self) {
+    /// Frees every pooled buffer.
+    pub fn drain_pool(&mut self) {
         for ptr in std::mem::take(&mut self.pool).into_values().flatten() {
             let _ = self.raw_call(Call::MemFree { ptr });
         }
