@@ -3,7 +3,7 @@
 //! another invocation's data), the plan's steps issued as the session's own
 //! calls on the default stream (calls of other functions on the same
 //! buffers), the outputs read back once the work is done, and every buffer
-//! scrubbed and given back whatever happened.
+//! scrubbed and given back whatever happened (once the answer is out).
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -327,9 +327,8 @@ pub fn run(state: &mut LaneState, inv: &Invocation) -> Result<BTreeMap<String, T
         }
     }
     for buffer in std::mem::take(&mut runner.allocated) {
-        runner.state.give_back(buffer);
+        runner.state.give_back_later(buffer);
     }
-    runner.state.drain_stdout();
     result
 }
 

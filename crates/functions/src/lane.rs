@@ -64,6 +64,9 @@ pub struct LaneState {
     /// zeroed on its way back (see [`LaneState::give_back`]).
     pool: BTreeMap<u64, Vec<u64>>,
     pool_bytes: u64,
+    /// Buffers of the last job, to scrub and pool once its answer is out
+    /// (see [`LaneState::give_back_later`]).
+    later: Vec<Buffer>,
     /// How many sessions the lane has opened: a buffer is given back only to
     /// the session it came from.
     generation: u64,
@@ -112,6 +115,7 @@ impl Lane {
             modules: BTreeMap::new(),
             pool: BTreeMap::new(),
             pool_bytes: 0,
+            later: Vec::new(),
             generation: 0,
             limits,
             cancel: Arc::clone(&cancel),
@@ -172,7 +176,11 @@ impl Lane {
 /// The lane's thread: one job at a time until every sender is gone.
 fn serve(mut state: LaneState, queue: Receiver<Job>) {
     while let Ok(job) = queue.recv() {
-        let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job(&mut state)));
+        // The job answers its waiter first; what it left for later follows.
+        let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            job(&mut state);
+            state.tidy();
+        }));
         if ran.is_err() {
             tracing::error!(tenant = %state.tenant.0, "a function job panicked; rebuilding the lane's session");
             state.poisoned.store(true, Ordering::SeqCst);
@@ -345,7 +353,7 @@ impl LaneState {
 
     /// Device printf output the session gathered since last asked (kept out
     /// of every answer; logged at debug level).
-    pub fn drain_stdout(&mut self) {
+    fn drain_stdout(&mut self) {
         if let Some(session) = &self.session {
             let out = session.take_stdout();
             if !out.is_empty() {
@@ -473,6 +481,22 @@ impl LaneState {
         } else {
             let _ = self.raw_call(Call::MemFree { ptr });
         }
+    }
+
+    /// Gives `buffer` back ([`LaneState::give_back`]) once the running job
+    /// has answered, before the lane's next job: its scrub is off the
+    /// answer's path.
+    pub fn give_back_later(&mut self, buffer: Buffer) {
+        self.later.push(buffer);
+    }
+
+    /// What the last job left for after its answer: its buffers given back,
+    /// the device's printf output logged.
+    fn tidy(&mut self) {
+        for buffer in std::mem::take(&mut self.later) {
+            self.give_back(buffer);
+        }
+        self.drain_stdout();
     }
 
     /// Frees every pooled buffer.
