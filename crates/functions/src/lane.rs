@@ -1,19 +1,22 @@
 //! A lane: one tenant's server-side session on one device, owned by a thread
 //! of its own that runs the lane's jobs (loads, unloads, invocations) one at
-//! a time from a bounded queue. The session is an ordinary one (quotas, the
-//! gate, fault handling); after a fatal fault or a cancel it is rebuilt with
-//! every module of the lane loaded again.
+//! a time from a bounded queue (a latency-critical tenant's lane polls it a
+//! while before it sleeps, as the server's threads poll for such a session's
+//! next call). The session is an ordinary one (quotas, the gate, fault
+//! handling); after a fatal fault or a cancel it is rebuilt with every module
+//! of the lane loaded again.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
+use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TryRecvError, TrySendError};
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use cumux_protocol::launch_checks::LaunchLimits;
 use cumux_protocol::{Call, ClientRole, CuError, Hello, ModuleInfo, ReplyBody};
+use cumux_server::device::spin;
 use cumux_server::session::Session;
-use cumux_server::tenants::TenantSettings;
+use cumux_server::tenants::{TenantClass, TenantSettings};
 use cumux_server::{Device, Server};
 
 use crate::failure::Failure;
@@ -175,7 +178,14 @@ impl Lane {
 
 /// The lane's thread: one job at a time until every sender is gone.
 fn serve(mut state: LaneState, queue: Receiver<Job>) {
-    while let Ok(job) = queue.recv() {
+    // As the server's threads poll for a latency-critical session's next
+    // call (long on large hosts, briefly or never on small ones, where the
+    // poller would take the core the work needs); other tenants' lanes sleep.
+    let poll = match state.tenant.1.class {
+        TenantClass::LatencyCritical => spin::hot_spin_time(),
+        TenantClass::Batch => Duration::ZERO,
+    };
+    while let Some(job) = next_job(&queue, poll) {
         // The job answers its waiter first; what it left for later follows.
         let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             job(&mut state);
@@ -187,6 +197,24 @@ fn serve(mut state: LaneState, queue: Receiver<Job>) {
         }
     }
     state.close();
+}
+
+/// The lane's next job, polled for during `poll` before the lane sleeps: a
+/// job that comes that soon (the next request of a client that waits for
+/// each answer) costs no wake-up. `None` once every sender is gone.
+fn next_job(queue: &Receiver<Job>, poll: Duration) -> Option<Job> {
+    if !poll.is_zero() {
+        let until = Instant::now() + poll;
+        loop {
+            match queue.try_recv() {
+                Ok(job) => return Some(job),
+                Err(TryRecvError::Disconnected) => return None,
+                Err(TryRecvError::Empty) if Instant::now() >= until => break,
+                Err(TryRecvError::Empty) => std::hint::spin_loop(),
+            }
+        }
+    }
+    queue.recv().ok()
 }
 
 /// A device error of `during`.
@@ -514,5 +542,37 @@ impl LaneState {
         if let Some(session) = self.session.take() {
             session.close();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn job() -> Job {
+        Box::new(|_: &mut LaneState| {})
+    }
+
+    #[test]
+    fn a_polling_lane_takes_a_job_that_comes_during_its_poll_or_after_it() {
+        let (jobs, queue) = sync_channel::<Job>(MAX_QUEUED);
+        let poll = Duration::from_millis(50);
+        // Queued before: taken at once.
+        jobs.send(job()).unwrap();
+        assert!(next_job(&queue, poll).is_some());
+        // Sent during the poll, then after it (the lane asleep by then).
+        for delay in [Duration::from_millis(5), Duration::from_millis(120)] {
+            let sender = jobs.clone();
+            let sent = std::thread::spawn(move || {
+                std::thread::sleep(delay);
+                sender.send(job()).unwrap();
+            });
+            assert!(next_job(&queue, poll).is_some());
+            sent.join().unwrap();
+        }
+        // Every sender gone: the lane ends, polling or not.
+        drop(jobs);
+        assert!(next_job(&queue, poll).is_none());
+        assert!(next_job(&queue, Duration::ZERO).is_none());
     }
 }
