@@ -1,7 +1,8 @@
 //! The functions a server holds: who owns each, where its module is loaded,
 //! and the requests about them (register, list, describe, remove, invoke),
 //! each answered or refused with a [`Failure`]. Transport-free: the HTTP layer
-//! calls these from a blocking thread.
+//! calls these from a blocking thread, except an invocation's start and
+//! finish, which do not wait (its answer is awaited in between).
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
