@@ -3,7 +3,7 @@
 //! invoke functions (`cumux_functions`), each request as the tenant its
 //! bearer token names; the OpenAPI description at `/v1/openapi.json`.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::net::TcpListener;
 use std::sync::Arc;
 use std::time::Duration;
@@ -15,9 +15,11 @@ use axum::extract::{DefaultBodyLimit, Path, Query, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
+use axum::serve::ListenerExt as _;
 use axum::{Json, Router};
 use base64::Engine as _;
-use cumux_functions::tensors::{self, SAFETENSORS};
+use cumux_functions::service::Invoking;
+use cumux_functions::tensors::{self, Tensor, SAFETENSORS};
 use cumux_functions::{Failure, Functions, Placement};
 use serde_json::{json, Value as Json_};
 
@@ -25,6 +27,10 @@ use serde_json::{json, Value as Json_};
 pub const OPENAPI: &str = include_str!("functions_openapi.json");
 /// Threads that run requests' blocking work at once (beyond them, requests wait).
 const MAX_BLOCKING_THREADS: usize = 64;
+/// Invocation bodies up to this many bytes are read on the runtime's thread
+/// (a few microseconds); larger ones on a blocking thread, so that no other
+/// connection waits behind them.
+const INLINE_DECODE_BYTES: usize = 256 << 10;
 
 type Params = Query<HashMap<String, String>>;
 
@@ -55,7 +61,8 @@ pub fn start(
                         let listener = crate::https::TlsListener::new(listener, &config)?;
                         axum::serve(listener, app).await
                     }
-                    None => axum::serve(listener, app).await,
+                    // Answers go out whole, never held back for more.
+                    None => axum::serve(listener.tap_io(no_delay), app).await,
                 }
             });
             if let Err(e) = served {
@@ -64,6 +71,14 @@ pub fn start(
         })
         .context("the functions thread")?;
     Ok(())
+}
+
+/// Turns Nagle's algorithm off on a connection: an answer written in two
+/// parts must not wait for the client's acknowledgment of the first.
+fn no_delay(tcp: &mut tokio::net::TcpStream) {
+    if let Err(e) = tcp.set_nodelay(true) {
+        tracing::debug!("functions: cannot set TCP_NODELAY: {e}");
+    }
 }
 
 /// The API's routes.
@@ -239,6 +254,55 @@ fn registration(bytes: &[u8]) -> Result<(Vec<u8>, Json_, Vec<String>), Failure> 
     Ok((module, doc.plan, doc.invokers))
 }
 
+/// Runs an invocation as the request's tenant: its body read (on a blocking
+/// thread past [`INLINE_DECODE_BYTES`]), queued on the tenant's lane, and its
+/// answer awaited on the runtime until its deadline; no thread waits for it.
+async fn invocation(
+    f: Arc<Functions>,
+    headers: &HeaderMap,
+    name: String,
+    bytes: Bytes,
+    binary: bool,
+    deadline: Option<Duration>,
+) -> Result<BTreeMap<String, Tensor>, Failure> {
+    let _serving = f.begin()?;
+    let tenant = f.authenticate(token(headers).as_deref())?;
+    let request = if bytes.len() <= INLINE_DECODE_BYTES {
+        read_inputs(&f, &tenant.0, &name, &bytes, binary)?
+    } else {
+        let (f, tenant, name) = (Arc::clone(&f), tenant.0.clone(), name.clone());
+        tokio::task::spawn_blocking(move || read_inputs(&f, &tenant, &name, &bytes, binary))
+            .await
+            .map_err(|e| Failure::Internal(format!("the request's reader failed: {e}")))??
+    };
+    let Invoking { mut answer, record } = f.start_invoke(&tenant, &name, request, deadline)?;
+    let at = tokio::time::Instant::from_std(answer.deadline());
+    let result = match tokio::time::timeout_at(at, &mut answer).await {
+        Ok(result) => result,
+        Err(_) => answer.expire(),
+    };
+    f.finish_invoke(record, result)
+}
+
+/// The inputs of an invocation body of function `name` (safetensors, or JSON
+/// whose bare lists take the function's input types).
+fn read_inputs(
+    f: &Functions,
+    tenant: &str,
+    name: &str,
+    bytes: &[u8],
+    binary: bool,
+) -> Result<tensors::Request, Failure> {
+    match binary {
+        true => tensors::read_safetensors(bytes),
+        false => {
+            let dtypes = f.input_dtypes(tenant, name)?;
+            tensors::read_json(bytes, &|n| dtypes.get(n).copied())
+        }
+    }
+    .map_err(Failure::BadRequest)
+}
+
 /// Whether a media type names the binary tensor form.
 fn is_binary(media: &str) -> bool {
     let media = media.split(';').next().unwrap_or("").trim();
@@ -297,18 +361,7 @@ async fn invoke(
     }
     let accept = media(header::ACCEPT);
     let binary_out = accept.split(',').any(is_binary) || (binary_in && !accept.contains("json"));
-    let outputs = blocking(f, &headers, move |f, t| {
-        let request = match binary_in {
-            true => tensors::read_safetensors(&bytes),
-            false => {
-                let dtypes = f.input_dtypes(&t.0, &name)?;
-                tensors::read_json(&bytes, &|n| dtypes.get(n).copied())
-            }
-        }
-        .map_err(Failure::BadRequest)?;
-        f.invoke(t, &name, request, deadline)
-    })
-    .await;
+    let outputs = invocation(f, &headers, name, bytes, binary_in, deadline).await;
     let encoded = outputs.and_then(|out| match binary_out {
         true => tensors::write_safetensors(&out)
             .map(|b| ([(header::CONTENT_TYPE, SAFETENSORS)], b).into_response())

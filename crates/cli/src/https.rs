@@ -42,6 +42,10 @@ impl TlsListener {
                         continue;
                     }
                 };
+                // Answers go out whole, never held back for more.
+                if let Err(e) = tcp.set_nodelay(true) {
+                    tracing::debug!(%peer, "https: cannot set TCP_NODELAY: {e}");
+                }
                 let (acceptor, send) = (acceptor.clone(), send.clone());
                 tokio::spawn(async move {
                     match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {

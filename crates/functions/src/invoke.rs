@@ -1,8 +1,9 @@
-//! One invocation, run on its tenant's lane: buffers allocated in the lane's
-//! session (inputs copied in whole, outputs and scratch zeroed, so no kernel
-//! reads another invocation's data), the plan's steps issued as the session's
-//! own calls (calls of other functions on the same buffers), one synchronize,
-//! the outputs read back, and every buffer freed whatever happened.
+//! One invocation, run on its tenant's lane: buffers taken from the lane's
+//! pool (inputs copied in whole, every other byte zero, so no kernel reads
+//! another invocation's data), the plan's steps issued as the session's own
+//! calls on the default stream (calls of other functions on the same
+//! buffers), the outputs read back once the work is done, and every buffer
+//! scrubbed and given back whatever happened (once the answer is out).
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -66,8 +67,9 @@ impl Runner<'_> {
         self.state.call(call).map_err(|e| device(during, e))
     }
 
-    /// A buffer of `bytes` from the lane's pool: `fill` copied in and the
-    /// rest of the buffer zeroed, or all of it zeroed, before any kernel runs.
+    /// A buffer of `bytes` from the lane's pool: `fill` copied in, and the
+    /// rest of it zero, before any kernel runs (a pooled buffer was zeroed on
+    /// its way back; a new one is zeroed here).
     fn buffer(&mut self, path: &str, bytes: u64, fill: Option<&[u8]>) -> Result<u64, Failure> {
         let class = LaneState::size_class(bytes);
         let buffer = self
@@ -81,12 +83,12 @@ impl Runner<'_> {
             let call = Call::MemcpyHtoD {
                 dst: ptr + (i * MAX_CHUNK_BYTES) as u64,
                 data: chunk.to_vec(),
-                stream: None,
+                stream: Some(DEFAULT_STREAM),
             };
             self.call(&format!("{path}: copying the input in"), call)?;
         }
         let rest = class - data.len() as u64;
-        if rest > 0 {
+        if rest > 0 && !buffer.zeroed {
             let call = Call::Memset {
                 dst: ptr + data.len() as u64,
                 value: 0,
@@ -94,7 +96,7 @@ impl Runner<'_> {
                 count: rest,
                 pitch: rest,
                 height: 1,
-                stream: None,
+                stream: Some(DEFAULT_STREAM),
             };
             self.call(&format!("{path}: zeroing"), call)?;
         }
@@ -318,11 +320,15 @@ pub fn run(state: &mut LaneState, inv: &Invocation) -> Result<BTreeMap<String, T
         // Work queued before the failure ends now, and its errors with it:
         // none may surface in the next invocation.
         let _ = runner.state.call(Call::ContextSynchronize);
+        if matches!(result, Err(Failure::Device { .. })) {
+            // A failed scrub may be what failed (see `LaneState::give_back`):
+            // no pooled buffer is trusted to be zero any more.
+            runner.state.drain_pool();
+        }
     }
     for buffer in std::mem::take(&mut runner.allocated) {
-        runner.state.give_back(buffer);
+        runner.state.give_back_later(buffer);
     }
-    runner.state.drain_stdout();
     result
 }
 
@@ -351,14 +357,30 @@ fn run_in(
         module,
     };
     runner.steps(&frame, &plan.steps, 0)?;
-    runner.call(
-        &format!("function {:?}", inv.function),
-        Call::ContextSynchronize,
-    )?;
+    // The first output's read waits for the plan's work on the default
+    // stream and reports its failure, as a synchronize would: one round trip
+    // to the device fewer.
+    let function = format!("function {:?}", inv.function);
+    let first_read_waits = plan
+        .of_kind(BufferKind::Output)
+        .next()
+        .is_some_and(|(i, b)| frame.env.elements[i] * b.dtype.size() > 0);
+    if !first_read_waits {
+        runner.call(&function, Call::ContextSynchronize)?;
+    }
     let mut outputs = BTreeMap::new();
-    for (i, b) in plan.of_kind(BufferKind::Output) {
+    for (n, (i, b)) in plan.of_kind(BufferKind::Output).enumerate() {
         let bytes = frame.env.elements[i] * b.dtype.size();
-        let data = runner.read(&b.path, frame.addresses[i], bytes)?;
+        let data = match runner.read(&b.path, frame.addresses[i], bytes) {
+            // The plan's own failure, found by the read that waited for it.
+            Err(Failure::Device { error, .. }) if n == 0 && first_read_waits => {
+                return Err(Failure::Device {
+                    during: function,
+                    error,
+                })
+            }
+            read => read?,
+        };
         outputs.insert(
             b.name.clone(),
             Tensor {

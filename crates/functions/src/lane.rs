@@ -1,22 +1,26 @@
 //! A lane: one tenant's server-side session on one device, owned by a thread
 //! of its own that runs the lane's jobs (loads, unloads, invocations) one at
-//! a time from a bounded queue. The session is an ordinary one (quotas, the
-//! gate, fault handling); after a fatal fault or a cancel it is rebuilt with
-//! every module of the lane loaded again.
+//! a time from a bounded queue (a latency-critical tenant's lane polls it a
+//! while before it sleeps, as the server's threads poll for such a session's
+//! next call). The session is an ordinary one (quotas, the gate, fault
+//! handling); after a fatal fault or a cancel it is rebuilt with every module
+//! of the lane loaded again.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
+use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TryRecvError, TrySendError};
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use cumux_protocol::launch_checks::LaunchLimits;
 use cumux_protocol::{Call, ClientRole, CuError, Hello, ModuleInfo, ReplyBody};
+use cumux_server::device::spin;
 use cumux_server::session::Session;
-use cumux_server::tenants::TenantSettings;
+use cumux_server::tenants::{TenantClass, TenantSettings};
 use cumux_server::{Device, Server};
 
 use crate::failure::Failure;
+use crate::job::{self, Canceller, Pending};
 
 /// Jobs one lane may hold queued; past it a request is told the lane is busy.
 pub const MAX_QUEUED: usize = 64;
@@ -30,8 +34,6 @@ const MIN_BUFFER: u64 = 256;
 
 /// A job: runs on the lane's thread with its state.
 type Job = Box<dyn FnOnce(&mut LaneState) + Send>;
-/// What stops the lane's running work from another thread.
-type Canceller = Box<dyn FnOnce() + Send>;
 
 /// A module of one function, loaded in the lane's session (or to be).
 struct Loaded {
@@ -41,12 +43,15 @@ struct Loaded {
     info: Option<ModuleInfo>,
 }
 
-/// A buffer of the lane's session: its address, size class, and the session
-/// it belongs to.
+/// A buffer of the lane's session: its address, size class, whether it is
+/// known to be all zeros, and the session it belongs to.
 #[derive(Debug, Clone, Copy)]
 pub struct Buffer {
     pub ptr: u64,
     pub class: u64,
+    /// A pooled buffer: zeroed on its way back (by the default stream's
+    /// order, before anything the taker queues). A new one may hold anything.
+    pub zeroed: bool,
     generation: u64,
 }
 
@@ -58,11 +63,13 @@ pub struct LaneState {
     position: usize,
     session: Option<Session>,
     modules: BTreeMap<String, Loaded>,
-    /// Free buffers of the session by size class (a power of two): what an
-    /// invocation gets back is not cleared, so every taker zeroes or fully
-    /// overwrites what it takes.
+    /// Free buffers of the session by size class (a power of two), each
+    /// zeroed on its way back (see [`LaneState::give_back`]).
     pool: BTreeMap<u64, Vec<u64>>,
     pool_bytes: u64,
+    /// Buffers of the last job, to scrub and pool once its answer is out
+    /// (see [`LaneState::give_back_later`]).
+    later: Vec<Buffer>,
     /// How many sessions the lane has opened: a buffer is given back only to
     /// the session it came from.
     generation: u64,
@@ -111,6 +118,7 @@ impl Lane {
             modules: BTreeMap::new(),
             pool: BTreeMap::new(),
             pool_bytes: 0,
+            later: Vec::new(),
             generation: 0,
             limits,
             cancel: Arc::clone(&cancel),
@@ -128,104 +136,85 @@ impl Lane {
         })
     }
 
-    /// Runs `job` on the lane and waits for its answer until `deadline`. Past
-    /// it, a job still queued never runs, and a running one has the lane's
-    /// work cancelled (the session is rebuilt before the lane goes on); the
-    /// answer is then a [`Failure::Deadline`].
+    /// Runs `job` on the lane and waits for its answer until `deadline` (see
+    /// [`Pending::wait`]).
     pub fn run<T: Send + 'static>(
         &self,
         deadline: Instant,
         job: impl FnOnce(&mut LaneState) -> Result<T, Failure> + Send + 'static,
     ) -> Result<T, Failure> {
-        let (tx, rx) = std::sync::mpsc::channel();
-        let progress = Arc::new(Mutex::new(Progress::Queued));
-        let seen = Arc::clone(&progress);
+        self.submit(deadline, job)?.wait()
+    }
+
+    /// Queues `job` on the lane: its answer, to wait for or poll. Past
+    /// `deadline` a job still queued never runs (see [`Pending::expire`]).
+    pub fn submit<T: Send + 'static>(
+        &self,
+        deadline: Instant,
+        job: impl FnOnce(&mut LaneState) -> Result<T, Failure> + Send + 'static,
+    ) -> Result<Pending<T>, Failure> {
+        let (mut ticket, pending) = job::pair(
+            deadline,
+            Arc::clone(&self.poisoned),
+            Arc::clone(&self.cancel),
+        );
         let boxed: Job = Box::new(move |state: &mut LaneState| {
-            {
-                let mut p = lock(&seen);
-                if *p == Progress::Abandoned || Instant::now() >= deadline {
-                    *p = Progress::Abandoned;
-                    return;
-                }
-                *p = Progress::Running;
+            if ticket.start() {
+                let answer = job(state);
+                ticket.answer(answer);
             }
-            let result = job(state);
-            *lock(&seen) = Progress::Done;
-            let _ = tx.send(result);
         });
         match self.jobs.try_send(boxed) {
-            Ok(()) => {}
-            Err(TrySendError::Full(_)) => {
-                return Err(Failure::Busy(format!(
-                    "{MAX_QUEUED} requests are already queued for this tenant's device; retry later"
-                )))
-            }
+            Ok(()) => Ok(pending),
+            Err(TrySendError::Full(_)) => Err(Failure::Busy(format!(
+                "{MAX_QUEUED} requests are already queued for this tenant's device; retry later"
+            ))),
             Err(TrySendError::Disconnected(_)) => {
-                return Err(Failure::Internal("the tenant's lane has stopped".into()))
-            }
-        }
-        let wait = deadline.saturating_duration_since(Instant::now());
-        match rx.recv_timeout(wait) {
-            Ok(result) => return result,
-            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
-                // A job dropped unrun: abandoned at its deadline, or the lane stopped.
-                return Err(match *lock(&progress) {
-                    Progress::Abandoned => {
-                        Failure::Deadline("the deadline passed while queued".into())
-                    }
-                    _ => Failure::Internal("the tenant's lane dropped the request".into()),
-                });
-            }
-            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
-        }
-        let mut p = lock(&progress);
-        match *p {
-            Progress::Queued | Progress::Abandoned => {
-                *p = Progress::Abandoned;
-                Err(Failure::Deadline("the deadline passed while queued".into()))
-            }
-            // Under the job's lock: the lane cannot have moved on to another.
-            Progress::Running => {
-                self.poisoned.store(true, Ordering::SeqCst);
-                if let Some(cancel) = lock(&self.cancel).take() {
-                    cancel();
-                }
-                Err(Failure::Deadline(
-                    "the invocation ran past its deadline; its work was cancelled".into(),
-                ))
-            }
-            Progress::Done => {
-                drop(p);
-                rx.recv().unwrap_or_else(|_| {
-                    Err(Failure::Internal(
-                        "the tenant's lane dropped the answer".into(),
-                    ))
-                })
+                Err(Failure::Internal("the tenant's lane has stopped".into()))
             }
         }
     }
 }
 
-/// Where a job is, as its lane and its waiter see it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Progress {
-    Queued,
-    Running,
-    Done,
-    /// Its waiter gave up before it ran: it never will.
-    Abandoned,
-}
-
 /// The lane's thread: one job at a time until every sender is gone.
 fn serve(mut state: LaneState, queue: Receiver<Job>) {
-    while let Ok(job) = queue.recv() {
-        let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job(&mut state)));
+    // As the server's threads poll for a latency-critical session's next
+    // call (long on large hosts, briefly or never on small ones, where the
+    // poller would take the core the work needs); other tenants' lanes sleep.
+    let poll = match state.tenant.1.class {
+        TenantClass::LatencyCritical => spin::hot_spin_time(),
+        TenantClass::Batch => Duration::ZERO,
+    };
+    while let Some(job) = next_job(&queue, poll) {
+        // The job answers its waiter first; what it left for later follows.
+        let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            job(&mut state);
+            state.tidy();
+        }));
         if ran.is_err() {
             tracing::error!(tenant = %state.tenant.0, "a function job panicked; rebuilding the lane's session");
             state.poisoned.store(true, Ordering::SeqCst);
         }
     }
     state.close();
+}
+
+/// The lane's next job, polled for during `poll` before the lane sleeps: a
+/// job that comes that soon (the next request of a client that waits for
+/// each answer) costs no wake-up. `None` once every sender is gone.
+fn next_job(queue: &Receiver<Job>, poll: Duration) -> Option<Job> {
+    if !poll.is_zero() {
+        let until = Instant::now() + poll;
+        loop {
+            match queue.try_recv() {
+                Ok(job) => return Some(job),
+                Err(TryRecvError::Disconnected) => return None,
+                Err(TryRecvError::Empty) if Instant::now() >= until => break,
+                Err(TryRecvError::Empty) => std::hint::spin_loop(),
+            }
+        }
+    }
+    queue.recv().ok()
 }
 
 /// A device error of `during`.
@@ -392,7 +381,7 @@ impl LaneState {
 
     /// Device printf output the session gathered since last asked (kept out
     /// of every answer; logged at debug level).
-    pub fn drain_stdout(&mut self) {
+    fn drain_stdout(&mut self) {
         if let Some(session) = &self.session {
             let out = session.take_stdout();
             if !out.is_empty() {
@@ -438,8 +427,8 @@ impl LaneState {
     }
 
     /// A buffer of size class `class` ([`LaneState::size_class`]): one the
-    /// pool holds (with whatever the last invocation left in it), else a new
-    /// allocation; over the quota the pool is emptied and it is tried again.
+    /// pool holds (all zeros), else a new allocation (not cleared); over the
+    /// quota the pool is emptied and it is tried again.
     pub fn take_buffer(&mut self, class: u64) -> Result<Buffer, CuError> {
         // A broken session is rebuilt first: its pool went with it.
         self.session().map_err(|f| match f {
@@ -452,6 +441,7 @@ impl LaneState {
             return Ok(Buffer {
                 ptr,
                 class,
+                zeroed: true,
                 generation,
             });
         }
@@ -470,6 +460,7 @@ impl LaneState {
             ReplyBody::Ptr(ptr) => Ok(Buffer {
                 ptr,
                 class,
+                zeroed: false,
                 generation: self.generation,
             }),
             other => Err(CuError::new(
@@ -486,12 +477,17 @@ impl LaneState {
             ptr,
             class,
             generation,
+            ..
         } = buffer;
         if self.poisoned.load(Ordering::SeqCst) || generation != self.generation {
             return; // the session it came from is (or will be) gone, and its memory with it
         }
-        // Zeroed on its way back too, so that no pooled buffer holds data an
-        // out-of-bounds read of a later invocation could find.
+        // Zeroed on its way back, so that no pooled buffer holds data an
+        // out-of-bounds read of a later invocation could find, and its next
+        // taker need not zero it. Queued on the default stream unwaited: what
+        // the next taker queues runs after it; a failure of it fails the
+        // session's next synchronizing call (a fatal one rebuilds the
+        // session, and its pool with it).
         let zero = Call::Memset {
             dst: ptr,
             value: 0,
@@ -499,7 +495,7 @@ impl LaneState {
             count: class,
             pitch: class,
             height: 1,
-            stream: None,
+            stream: Some(cumux_protocol::DEFAULT_STREAM),
         };
         let zeroed = self.raw_call(zero).is_ok();
         let limit = self
@@ -515,7 +511,24 @@ impl LaneState {
         }
     }
 
-    fn drain_pool(&mut self) {
+    /// Gives `buffer` back ([`LaneState::give_back`]) once the running job
+    /// has answered, before the lane's next job: its scrub is off the
+    /// answer's path.
+    pub fn give_back_later(&mut self, buffer: Buffer) {
+        self.later.push(buffer);
+    }
+
+    /// What the last job left for after its answer: its buffers given back,
+    /// the device's printf output logged.
+    fn tidy(&mut self) {
+        for buffer in std::mem::take(&mut self.later) {
+            self.give_back(buffer);
+        }
+        self.drain_stdout();
+    }
+
+    /// Frees every pooled buffer.
+    pub fn drain_pool(&mut self) {
         for ptr in std::mem::take(&mut self.pool).into_values().flatten() {
             let _ = self.raw_call(Call::MemFree { ptr });
         }
@@ -529,5 +542,37 @@ impl LaneState {
         if let Some(session) = self.session.take() {
             session.close();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn job() -> Job {
+        Box::new(|_: &mut LaneState| {})
+    }
+
+    #[test]
+    fn a_polling_lane_takes_a_job_that_comes_during_its_poll_or_after_it() {
+        let (jobs, queue) = sync_channel::<Job>(MAX_QUEUED);
+        let poll = Duration::from_millis(50);
+        // Queued before: taken at once.
+        jobs.send(job()).unwrap();
+        assert!(next_job(&queue, poll).is_some());
+        // Sent during the poll, then after it (the lane asleep by then).
+        for delay in [Duration::from_millis(5), Duration::from_millis(120)] {
+            let sender = jobs.clone();
+            let sent = std::thread::spawn(move || {
+                std::thread::sleep(delay);
+                sender.send(job()).unwrap();
+            });
+            assert!(next_job(&queue, poll).is_some());
+            sent.join().unwrap();
+        }
+        // Every sender gone: the lane ends, polling or not.
+        drop(jobs);
+        assert!(next_job(&queue, poll).is_none());
+        assert!(next_job(&queue, Duration::ZERO).is_none());
     }
 }

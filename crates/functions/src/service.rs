@@ -1,7 +1,8 @@
 //! The functions a server holds: who owns each, where its module is loaded,
 //! and the requests about them (register, list, describe, remove, invoke),
 //! each answered or refused with a [`Failure`]. Transport-free: the HTTP layer
-//! calls these from a blocking thread.
+//! calls these from a blocking thread, except an invocation's start and
+//! finish, which do not wait (its answer is awaited in between).
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -14,6 +15,7 @@ use serde_json::{json, Value as Json};
 
 use crate::failure::Failure;
 use crate::invoke::{self, Invocation};
+use crate::job::Pending;
 use crate::lane::Lane;
 use crate::plan::{link, BufferKind, DType, Plan};
 use crate::tensors::{self, Request, Tensor};
@@ -109,6 +111,21 @@ struct Drain {
     at_once: AtomicBool,
     since: OnceLock<Instant>,
     in_flight: AtomicUsize,
+}
+
+/// An invocation queued on its lane ([`Functions::start_invoke`]).
+pub struct Invoking {
+    /// Its outputs, once the lane ran it.
+    pub answer: Pending<BTreeMap<String, Tensor>>,
+    /// What [`Functions::finish_invoke`] counts it by.
+    pub record: InvokeRecord,
+}
+
+/// Whose invocation of what, since when.
+pub struct InvokeRecord {
+    tenant: String,
+    function: String,
+    started: Instant,
 }
 
 /// A request being served (see [`Functions::begin`]); done at drop.
@@ -524,6 +541,23 @@ impl Functions {
         request: Request,
         deadline: Option<Duration>,
     ) -> Result<BTreeMap<String, Tensor>, Failure> {
+        let Invoking { answer, record } = self.start_invoke(tenant, name, request, deadline)?;
+        let result = answer.wait();
+        self.finish_invoke(record, result)
+    }
+
+    /// Queues an invocation of function `name` with `request` on its lane,
+    /// within `deadline` (capped at the service's longest), without waiting
+    /// for it: its answer comes through [`Invoking::answer`] (waited for, or
+    /// polled and expired at its deadline), then goes to
+    /// [`Functions::finish_invoke`].
+    pub fn start_invoke(
+        &self,
+        tenant: &(String, TenantSettings),
+        name: &str,
+        request: Request,
+        deadline: Option<Duration>,
+    ) -> Result<Invoking, Failure> {
         let (plan, device, callees, modules) = self.invocable(&tenant.0, name, |e, registry| {
             let mut callees = HashMap::new();
             let mut modules =
@@ -566,14 +600,37 @@ impl Functions {
             params,
             deadline: Instant::now() + wait,
         };
-        let started = Instant::now();
-        let result = self
+        let record = InvokeRecord {
+            tenant: tenant.0.clone(),
+            function: name.to_string(),
+            started: Instant::now(),
+        };
+        let queued = self
             .lane(tenant, device)
-            .and_then(|lane| lane.run(inv.deadline, move |state| invoke::run(state, &inv)));
-        let status = result.as_ref().err().map_or(200, Failure::status);
-        self.stats
-            .record(&tenant.0, name, status, started.elapsed());
+            .and_then(|lane| lane.submit(inv.deadline, move |state| invoke::run(state, &inv)));
+        match queued {
+            Ok(answer) => Ok(Invoking { answer, record }),
+            Err(failure) => {
+                self.count(&record, failure.status());
+                Err(failure)
+            }
+        }
+    }
+
+    /// Counts an invocation's answer: `result`, given back.
+    pub fn finish_invoke(
+        &self,
+        record: InvokeRecord,
+        result: Result<BTreeMap<String, Tensor>, Failure>,
+    ) -> Result<BTreeMap<String, Tensor>, Failure> {
+        self.count(&record, result.as_ref().err().map_or(200, Failure::status));
         result
+    }
+
+    fn count(&self, record: &InvokeRecord, status: u16) {
+        let took = record.started.elapsed();
+        self.stats
+            .record(&record.tenant, &record.function, status, took);
     }
 
     /// The functions' metrics, in Prometheus' text format.

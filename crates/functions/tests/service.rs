@@ -1,7 +1,8 @@
 //! `Functions` without HTTP, on an in-process CPU device under the `fair`
 //! policy: invocations are ordinary server sessions (status, the gate, the
-//! tenant's counters), tenants run side by side with right results, and a
-//! lane's bounded queue turns the surplus away.
+//! tenant's counters), tenants run side by side with right results, a
+//! lane's bounded queue turns the surplus away, and a buffer the lane pools
+//! shows no later invocation what an earlier one left in it.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -207,4 +208,67 @@ fn a_queued_invocations_deadline_leaves_the_running_one_alone() {
     let out = long.join().unwrap().unwrap();
     let x = f32::from_le_bytes(out["x"].data[..4].try_into().unwrap());
     assert_eq!(x, turns as f32);
+}
+
+/// The f32 values of output `name` of `out`.
+fn values(out: &std::collections::BTreeMap<String, Tensor>, name: &str) -> Vec<f32> {
+    out[name]
+        .data
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+        .collect()
+}
+
+#[test]
+fn a_pooled_buffer_comes_back_all_zeros() {
+    let (_server, f) = service();
+    let t = tenant(&f, "a");
+    // Fills every byte of an output of each size class and of a scratch
+    // buffer with 7s; the lane pools them when it is done.
+    let dirty = json!({
+        "outputs": [{"name": "big", "dtype": "f32", "elements": 1024},
+                    {"name": "small", "dtype": "f32", "elements": 64}],
+        "scratch": [{"name": "t", "dtype": "f32", "elements": 1024}],
+        "launches": [
+            {"kernel": "fill", "grid": 16, "block": 64, "args": [{"buffer": "big"}, {"f32": 7}, {"u32": 1024}]},
+            {"kernel": "fill", "grid": 1, "block": 64, "args": [{"buffer": "small"}, {"f32": 7}, {"u32": 64}]},
+            {"kernel": "fill", "grid": 16, "block": 64, "args": [{"buffer": "t"}, {"f32": 7}, {"u32": 1024}]}
+        ]
+    });
+    // Reads what it was given of the same classes without writing it: the
+    // input's allocation past its 8 values, a scratch buffer, and an output
+    // no kernel writes.
+    let peek = json!({
+        "inputs": [{"name": "a", "dtype": "f32"}],
+        "outputs": [{"name": "tail", "dtype": "f32", "elements": 64},
+                    {"name": "seen", "dtype": "f32", "elements": 1024},
+                    {"name": "untouched", "dtype": "f32", "elements": 1024}],
+        "scratch": [{"name": "t", "dtype": "f32", "elements": 1024}],
+        "launches": [
+            {"kernel": "copy", "grid": 1, "block": 64, "args": [{"buffer": "a"}, {"buffer": "tail"}, {"u32": 64}]},
+            {"kernel": "copy", "grid": 16, "block": 64, "args": [{"buffer": "t"}, {"buffer": "seen"}, {"u32": 1024}]}
+        ]
+    });
+    f.register(&t, "dirty", Placement::Cpu, ptx(), dirty, vec![])
+        .unwrap();
+    f.register(&t, "peek", Placement::Cpu, ptx(), peek, vec![])
+        .unwrap();
+    let input: Vec<f32> = (1..=8).map(|v| v as f32).collect();
+    for _ in 0..3 {
+        let out = f.invoke(&t, "dirty", Request::default(), None).unwrap();
+        assert!(values(&out, "big").iter().all(|v| *v == 7.0));
+        assert!(values(&out, "small").iter().all(|v| *v == 7.0));
+        let request = Request {
+            tensors: [("a".to_string(), floats(&input))].into(),
+            params: Default::default(),
+        };
+        let out = f.invoke(&t, "peek", request, None).unwrap();
+        let tail = values(&out, "tail");
+        assert_eq!(tail[..8], input[..], "{tail:?}");
+        assert!(tail[8..].iter().all(|v| *v == 0.0), "{tail:?}");
+        for name in ["seen", "untouched"] {
+            let seen = values(&out, name);
+            assert!(seen.iter().all(|v| *v == 0.0), "{name}: {seen:?}");
+        }
+    }
 }

@@ -1,0 +1,234 @@
+//! Where a lane's job and its waiter meet: the job's progress and answer,
+//! waited for by a blocking thread ([`Pending::wait`]) or polled as a future
+//! by an async task, so that an HTTP request needs no thread of its own.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::task::{Context, Poll, Waker};
+use std::time::Instant;
+
+use crate::failure::Failure;
+
+/// What stops the lane's running work from another thread.
+pub type Canceller = Box<dyn FnOnce() + Send>;
+
+/// Where a job is, as its lane and its waiter see it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Progress {
+    Queued,
+    Running,
+    Done,
+    /// Its waiter gave up before it ran: it never will.
+    Abandoned,
+    /// The lane dropped it, run or not, without an answer.
+    Lost,
+}
+
+struct State<T> {
+    progress: Progress,
+    answer: Option<Result<T, Failure>>,
+    waker: Option<Waker>,
+}
+
+struct Shared<T> {
+    state: Mutex<State<T>>,
+    changed: Condvar,
+}
+
+impl<T> Shared<T> {
+    fn lock(&self) -> MutexGuard<'_, State<T>> {
+        self.state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Tells the waiter, blocked or polling, that the state moved.
+    fn notify(&self, mut state: MutexGuard<'_, State<T>>) {
+        let waker = state.waker.take();
+        drop(state);
+        self.changed.notify_all();
+        if let Some(waker) = waker {
+            waker.wake();
+        }
+    }
+}
+
+/// The lane's side of a job: it starts the job, or finds it abandoned, and
+/// gives its answer. Dropped without an answer (the lane stopped, or the job
+/// panicked), it tells the waiter so.
+pub struct Ticket<T> {
+    shared: Arc<Shared<T>>,
+    deadline: Instant,
+    answered: bool,
+}
+
+/// The waiter's side of a job.
+pub struct Pending<T> {
+    shared: Arc<Shared<T>>,
+    deadline: Instant,
+    poisoned: Arc<AtomicBool>,
+    cancel: Arc<Mutex<Option<Canceller>>>,
+}
+
+/// A job's two sides: the ticket goes with the job to the lane; `poisoned`
+/// and `cancel` are the lane's, for a running job past its deadline.
+pub fn pair<T>(
+    deadline: Instant,
+    poisoned: Arc<AtomicBool>,
+    cancel: Arc<Mutex<Option<Canceller>>>,
+) -> (Ticket<T>, Pending<T>) {
+    let shared = Arc::new(Shared {
+        state: Mutex::new(State {
+            progress: Progress::Queued,
+            answer: None,
+            waker: None,
+        }),
+        changed: Condvar::new(),
+    });
+    let ticket = Ticket {
+        shared: Arc::clone(&shared),
+        deadline,
+        answered: false,
+    };
+    let pending = Pending {
+        shared,
+        deadline,
+        poisoned,
+        cancel,
+    };
+    (ticket, pending)
+}
+
+impl<T> Ticket<T> {
+    /// Whether the job may run: not if its waiter gave up or its deadline
+    /// passed while it was queued (it is abandoned then).
+    pub fn start(&mut self) -> bool {
+        let mut state = self.shared.lock();
+        if state.progress == Progress::Abandoned || Instant::now() >= self.deadline {
+            state.progress = Progress::Abandoned;
+            self.answered = true;
+            self.shared.notify(state);
+            return false;
+        }
+        state.progress = Progress::Running;
+        true
+    }
+
+    /// The job's answer.
+    pub fn answer(mut self, answer: Result<T, Failure>) {
+        let mut state = self.shared.lock();
+        state.progress = Progress::Done;
+        state.answer = Some(answer);
+        self.answered = true;
+        self.shared.notify(state);
+    }
+}
+
+impl<T> Drop for Ticket<T> {
+    fn drop(&mut self) {
+        if self.answered {
+            return;
+        }
+        let mut state = self.shared.lock();
+        if state.progress != Progress::Abandoned {
+            state.progress = Progress::Lost;
+        }
+        self.shared.notify(state);
+    }
+}
+
+impl<T> Pending<T> {
+    /// When the job's waiter gives up on it.
+    pub fn deadline(&self) -> Instant {
+        self.deadline
+    }
+
+    /// The answer, if the job has one or will never have one.
+    fn settled(state: &mut State<T>) -> Option<Result<T, Failure>> {
+        match state.progress {
+            Progress::Done => Some(state.answer.take().unwrap_or_else(|| {
+                Err(Failure::Internal(
+                    "the tenant's lane dropped the answer".into(),
+                ))
+            })),
+            Progress::Abandoned => Some(Err(Failure::Deadline(
+                "the deadline passed while queued".into(),
+            ))),
+            Progress::Lost => Some(Err(Failure::Internal(
+                "the tenant's lane dropped the request".into(),
+            ))),
+            Progress::Queued | Progress::Running => None,
+        }
+    }
+
+    /// Blocks until the job's answer, or until its deadline (then see
+    /// [`Pending::expire`]).
+    pub fn wait(self) -> Result<T, Failure> {
+        {
+            let mut state = self.shared.lock();
+            loop {
+                if let Some(answer) = Self::settled(&mut state) {
+                    return answer;
+                }
+                let left = self.deadline.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    break;
+                }
+                state = self
+                    .shared
+                    .changed
+                    .wait_timeout(state, left)
+                    .unwrap_or_else(|poisoned| poisoned.into_inner())
+                    .0;
+            }
+        }
+        self.expire()
+    }
+
+    /// The waiter's deadline passed: a job still queued never runs, and a
+    /// running one has the lane's work cancelled (the session is rebuilt
+    /// before the lane goes on); the answer is then a [`Failure::Deadline`].
+    /// A job that finished meanwhile gives its answer.
+    pub fn expire(&self) -> Result<T, Failure> {
+        let mut state = self.shared.lock();
+        if let Some(answer) = Self::settled(&mut state) {
+            return answer;
+        }
+        if state.progress == Progress::Queued {
+            state.progress = Progress::Abandoned;
+            return Err(Failure::Deadline("the deadline passed while queued".into()));
+        }
+        // Running, under the job's lock: the lane cannot have moved on to another.
+        self.poisoned.store(true, Ordering::SeqCst);
+        let cancel = self
+            .cancel
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .take();
+        if let Some(cancel) = cancel {
+            cancel();
+        }
+        Err(Failure::Deadline(
+            "the invocation ran past its deadline; its work was cancelled".into(),
+        ))
+    }
+}
+
+/// Polled, the answer once the job has one; the deadline is the poller's to
+/// keep (with [`Pending::expire`] when it passes).
+impl<T> Future for Pending<T> {
+    type Output = Result<T, Failure>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut state = self.shared.lock();
+        match Self::settled(&mut state) {
+            Some(answer) => Poll::Ready(answer),
+            None => {
+                state.waker = Some(cx.waker().clone());
+                Poll::Pending
+            }
+        }
+    }
+}
