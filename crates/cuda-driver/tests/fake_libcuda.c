@@ -199,7 +199,12 @@ CUresult cuMemGetAddressRange_v2(CUdeviceptr *base, size_t *size, CUdeviceptr p)
             return 0;
         }
     }
-    return 1;
+    /* Otherwise the start of an allocation of ours (its size in the header
+     * before it), as the driver answers for its own allocations. */
+    if (!p) return 1;
+    if (base) *base = p;
+    if (size) *size = *(size_t *)((char *)(uintptr_t)p - 16);
+    return 0;
 }
 CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total) {
     *free_bytes = (size_t)70 << 30;
