@@ -237,6 +237,28 @@ pub(super) fn host_op(p: &CUDA_HOST_NODE_PARAMS) -> CuResult<GraphOp> {
     })))
 }
 
+/// Applies `edit` to `graph`'s edges for each pair `from[i]` → `to[i]`
+/// (with the graph's handle and the state, to place the nodes), then keeps
+/// the edges; the first refusal changes nothing.
+pub(super) fn edit_edges(
+    graph: *mut c_void,
+    from: *const *mut c_void,
+    to: *const *mut c_void,
+    n: usize,
+    edit: impl Fn(&State, usize, &mut Vec<(usize, usize)>, (usize, usize)) -> CuResult<()>,
+) -> CuResult<()> {
+    let (from, to) = (node_list(from, n)?, node_list(to, n)?);
+    let c = client()?;
+    let g = handle(graph);
+    let mut st = c.lock();
+    let mut edges = edges_of(&st, g)?;
+    for edge in from.into_iter().zip(to) {
+        edit(&st, g, &mut edges, edge)?;
+    }
+    st.graph_edges.insert(g, edges);
+    Ok(())
+}
+
 /// Adds edges `from[i]` → `to[i]`; an edge against the order the nodes were
 /// added in answers `CUDA_ERROR_NOT_SUPPORTED` (cumux runs them in that order).
 fn add_dependencies(
@@ -245,12 +267,7 @@ fn add_dependencies(
     to: *const *mut c_void,
     n: usize,
 ) -> CuResult<()> {
-    let (from, to) = (node_list(from, n)?, node_list(to, n)?);
-    let c = client()?;
-    let g = handle(graph);
-    let mut st = c.lock();
-    let mut edges = edges_of(&st, g)?;
-    for (&f, &t) in from.iter().zip(&to) {
+    edit_edges(graph, from, to, n, |st, g, edges, (f, t)| {
         let place = |n: usize| st.nodes.get(&n).filter(|p| p.0 == g).map(|p| p.1);
         let (Some(fi), Some(ti)) = (place(f), place(t)) else {
             return Err(CUDA_ERROR_INVALID_VALUE);
@@ -260,9 +277,8 @@ fn add_dependencies(
             return Err(CUDA_ERROR_NOT_SUPPORTED);
         }
         edges.push((f, t));
-    }
-    st.graph_edges.insert(g, edges);
-    Ok(())
+        Ok(())
+    })
 }
 
 /// Bytes from the start of a `CUgraphNodeParams` to its union of parameters

@@ -10,7 +10,7 @@ use cumux_cuda_bindings::{consts::*, types::*};
 use cumux_protocol::Call;
 
 use super::graph::{add_graph, edges_of, node_op, node_type, reset_exec};
-use super::graph_nodes::{child_op, event_op, host_op, node_list};
+use super::graph_nodes::{child_op, edit_edges, event_op, host_op};
 use super::graph_update::{place, set_in_exec, set_in_graph};
 use super::*;
 use crate::graph::GraphOp;
@@ -284,18 +284,12 @@ fn remove_dependencies(
     to: *const *mut c_void,
     n: usize,
 ) -> CuResult<()> {
-    let (from, to) = (node_list(from, n)?, node_list(to, n)?);
-    let c = client()?;
-    let g = handle(graph);
-    let mut st = c.lock();
-    let mut edges = edges_of(&st, g)?;
-    for edge in from.into_iter().zip(to) {
+    edit_edges(graph, from, to, n, |_, _, edges, edge| {
         let at = edges
             .iter()
             .position(|&e| e == edge)
             .ok_or(CUDA_ERROR_INVALID_VALUE)?;
         edges.remove(at);
-    }
-    st.graph_edges.insert(g, edges);
-    Ok(())
+        Ok(())
+    })
 }
