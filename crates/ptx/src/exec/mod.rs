@@ -23,3 +23,4 @@ pub(crate) use arith::step as run_register_op;
 pub(crate) use grid::Executable;
 pub(crate) use limits::{BLOCK_MEMORY_LIMIT, PRINTF_LIMIT};
 pub use limits::{LOCAL_WINDOW, PARAM_WINDOW, SHARED_WINDOW};
+pub(crate) use warp::shfl_source;

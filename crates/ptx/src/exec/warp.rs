@@ -170,36 +170,7 @@ fn shfl(g: &Geo<'_>, threads: &mut [Thread], lo: usize, lanes: &[usize]) {
         else {
             continue;
         };
-        let bval = (th.get(*b) & 0x1f) as i64;
-        let cval = th.get(*c);
-        let segmask = ((cval >> 8) & 0x1f) as i64;
-        let clamp = (cval & 0x1f) as i64;
-        let lane_i = lane as i64;
-        let max_lane = (lane_i & segmask) | (clamp & !segmask);
-        let min_lane = lane_i & segmask;
-        let (j, p) = match mode {
-            ShflMode::Up => {
-                let j = lane_i - bval;
-                (j, j >= max_lane)
-            }
-            ShflMode::Down => {
-                let j = lane_i + bval;
-                (j, j <= max_lane)
-            }
-            ShflMode::Bfly => {
-                let j = lane_i ^ bval;
-                (j, j <= max_lane)
-            }
-            ShflMode::Idx => {
-                let j = min_lane | (bval & !segmask);
-                (j, j <= max_lane)
-            }
-        };
-        let src_lane = if p && (0..32).contains(&j) && lo + (j as usize) < n {
-            j as usize
-        } else {
-            lane
-        };
+        let (src_lane, p) = shfl_source(*mode, lane, th.get(*b), th.get(*c), lo, n);
         let src = &threads[lo + src_lane];
         // the source lane's value operand (of its own instruction)
         let a = match op_at(prog, src) {
@@ -313,5 +284,47 @@ fn redux(
         if let Some(Op::Redux { d, .. }) = op_at(prog, th) {
             th.set(*d, acc);
         }
+    }
+}
+
+/// `shfl.sync`'s source for `lane` of the warp starting at thread `lo` (of
+/// `n` threads): the lane whose value it reads (itself when out of range)
+/// and whether that lane was in range, from the lane operand `b` and the
+/// clamp/segment mask operand `c`, as PTX defines them.
+pub(crate) fn shfl_source(
+    mode: ShflMode,
+    lane: usize,
+    b: u64,
+    c: u64,
+    lo: usize,
+    n: usize,
+) -> (usize, bool) {
+    let bval = (b & 0x1f) as i64;
+    let segmask = ((c >> 8) & 0x1f) as i64;
+    let clamp = (c & 0x1f) as i64;
+    let lane_i = lane as i64;
+    let max_lane = (lane_i & segmask) | (clamp & !segmask);
+    let min_lane = lane_i & segmask;
+    let (j, p) = match mode {
+        ShflMode::Up => {
+            let j = lane_i - bval;
+            (j, j >= max_lane)
+        }
+        ShflMode::Down => {
+            let j = lane_i + bval;
+            (j, j <= max_lane)
+        }
+        ShflMode::Bfly => {
+            let j = lane_i ^ bval;
+            (j, j <= max_lane)
+        }
+        ShflMode::Idx => {
+            let j = min_lane | (bval & !segmask);
+            (j, j <= max_lane)
+        }
+    };
+    match p && (0..32).contains(&j) && lo + (j as usize) < n {
+        true => (j as usize, p),
+        false => (lane, p),
     }
 }

@@ -4,7 +4,8 @@
 
 use super::compiled::CompiledKernel;
 use crate::alu::int_bin;
-use crate::ir::{IntOp, Op, ReduxOp, ShflMode, Src, Ty, VoteMode, NONE};
+use crate::exec::shfl_source;
+use crate::ir::{IntOp, Op, ReduxOp, Src, Ty, VoteMode, NONE};
 
 /// Where a thread stands between regions.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -177,36 +178,14 @@ fn shfl(lanes: &mut Lanes<'_>, lo: usize, members: &[usize]) {
         else {
             continue;
         };
-        let bval = (lanes.get(lo + lane, b) & 0x1f) as i64;
-        let cval = lanes.get(lo + lane, c);
-        let segmask = ((cval >> 8) & 0x1f) as i64;
-        let clamp = (cval & 0x1f) as i64;
-        let lane_i = lane as i64;
-        let max_lane = (lane_i & segmask) | (clamp & !segmask);
-        let min_lane = lane_i & segmask;
-        let (j, p) = match mode {
-            ShflMode::Up => {
-                let j = lane_i - bval;
-                (j, j >= max_lane)
-            }
-            ShflMode::Down => {
-                let j = lane_i + bval;
-                (j, j <= max_lane)
-            }
-            ShflMode::Bfly => {
-                let j = lane_i ^ bval;
-                (j, j <= max_lane)
-            }
-            ShflMode::Idx => {
-                let j = min_lane | (bval & !segmask);
-                (j, j <= max_lane)
-            }
-        };
-        let src_lane = if p && (0..32).contains(&j) && lo + (j as usize) < n {
-            j as usize
-        } else {
-            lane
-        };
+        let (src_lane, p) = shfl_source(
+            mode,
+            lane,
+            lanes.get(lo + lane, b),
+            lanes.get(lo + lane, c),
+            lo,
+            n,
+        );
         // the source lane's value operand (of its own instruction)
         let src_a = match lanes.standing_op(lo + src_lane) {
             Some(Op::Shfl { a, .. }) => *a,
