@@ -6,9 +6,10 @@
 
 use super::access::bytes_of;
 use super::block::Worker;
+use super::blocks::{on_workers, BlockResults};
 use super::limits::{
     BLOCK_MEMORY_LIMIT, COOPERATIVE_MEMORY_LIMIT, MAX_COOPERATIVE_BLOCKS, MAX_COOPERATIVE_THREADS,
-    PRINTF_LIMIT, RESERVED_SMEM,
+    RESERVED_SMEM,
 };
 use super::state::Geo;
 use super::watch;
@@ -17,7 +18,7 @@ use crate::launch::{Fault, LaunchConfig, LaunchLimits, LaunchReport};
 use crate::memory::DeviceMemory;
 use crate::validate::{check_module, Malformed};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Mutex, OnceLock};
+use std::sync::OnceLock;
 
 /// A lowered module as the interpreter takes it.
 #[derive(Debug)]
@@ -196,8 +197,7 @@ fn run_grid(g: &Geo<'_>) -> LaunchReport {
     let total: u64 = g.config.grid.iter().map(|&v| v as u64).product();
     let next = AtomicU64::new(0);
     let abort = g.abort;
-    let fault: Mutex<Option<(u64, Fault)>> = Mutex::new(None);
-    let outputs: Mutex<Vec<(u64, Vec<u8>)>> = Mutex::new(Vec::new());
+    let results = BlockResults::default();
     let workers = Some(g.workers)
         .filter(|&n| n > 0)
         .or_else(|| {
@@ -228,7 +228,7 @@ fn run_grid(g: &Geo<'_>) -> LaunchReport {
                 break;
             }
             if let Some(cancelled) = watch::cancelled(g) {
-                record_fault(&fault, id, cancelled);
+                results.fault(id, cancelled);
                 abort.store(true, Ordering::Relaxed);
                 break;
             }
@@ -259,51 +259,14 @@ fn run_grid(g: &Geo<'_>) -> LaunchReport {
                 // a block stopped because another faulted leaves that fault
                 let stopped = abort.load(Ordering::Relaxed) && matches!(e, Fault::Cancelled(_));
                 if !stopped {
-                    record_fault(&fault, id, e);
+                    results.fault(id, e);
                 }
                 abort.store(true, Ordering::Relaxed);
                 break;
             }
         }
-        outputs
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .extend(outs);
+        results.outputs(outs);
     };
-    if workers == 1 {
-        work(0);
-    } else {
-        std::thread::scope(|s| {
-            for k in 0..workers {
-                let work = &work;
-                s.spawn(move || work(k as u32));
-            }
-        });
-    }
-    let mut outs = outputs.into_inner().unwrap_or_else(|e| e.into_inner());
-    outs.sort_by_key(|(id, _)| *id);
-    let mut stdout: Vec<u8> = Vec::new();
-    for (_, o) in outs {
-        if stdout.len() + o.len() > 8 * PRINTF_LIMIT {
-            break;
-        }
-        stdout.extend_from_slice(&o);
-    }
-    let result = match fault.into_inner().unwrap_or_else(|e| e.into_inner()) {
-        Some((_, f)) => Err(f),
-        None => Ok(()),
-    };
-    LaunchReport {
-        stdout,
-        instructions: g.executed.load(Ordering::Relaxed),
-        result,
-    }
-}
-
-/// Keeps `e`, the fault of block `id`, if no lower block faulted.
-fn record_fault(fault: &Mutex<Option<(u64, Fault)>>, id: u64, e: Fault) {
-    let mut f = fault.lock().unwrap_or_else(|e| e.into_inner());
-    if f.as_ref().is_none_or(|(b, _)| id < *b) {
-        *f = Some((id, e));
-    }
+    on_workers(workers, &work);
+    results.report(g.executed.load(Ordering::Relaxed))
 }

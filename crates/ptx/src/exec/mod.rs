@@ -8,6 +8,7 @@ mod access;
 mod arith;
 mod barrier;
 mod block;
+mod blocks;
 mod calls;
 mod grid;
 mod limits;
@@ -20,6 +21,7 @@ mod warp;
 mod watch;
 
 pub(crate) use arith::step as run_register_op;
+pub(crate) use blocks::{on_workers, BlockResults};
 pub(crate) use grid::Executable;
 pub(crate) use limits::{BLOCK_MEMORY_LIMIT, PRINTF_LIMIT};
 pub use limits::{LOCAL_WINDOW, PARAM_WINDOW, SHARED_WINDOW};

@@ -5,12 +5,11 @@
 use super::compiled::CompiledKernel;
 use super::runtime::{Ctx, GlobalEntry, RET_EXIT, RET_FAULT, STOP_BARRIER, STOP_BITS, STOP_WARP};
 use super::warp::{resolve_warp, Lanes, State};
-use crate::exec::{BLOCK_MEMORY_LIMIT, PRINTF_LIMIT};
+use crate::exec::{on_workers, BlockResults, BLOCK_MEMORY_LIMIT};
 use crate::ir::{Module, Op, SReg};
 use crate::launch::{Fault, LaunchConfig, LaunchLimits, LaunchReport, LAUNCH_CHECK_INTERVAL};
 use crate::memory::{DeviceMemory, MemView};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Mutex;
 
 /// Reserved shared memory of a block whose module reads
 /// `%reserved_smem_offset_*` (as the interpreter gives it).
@@ -112,8 +111,7 @@ fn worker_count(limits: &LaunchLimits<'_>, blocks: u64) -> usize {
 fn run_grid(g: &Grid<'_>) -> LaunchReport {
     let total: u64 = g.cfg.grid.iter().map(|&v| v as u64).product();
     let next = AtomicU64::new(0);
-    let fault: Mutex<Option<(u64, Fault)>> = Mutex::new(None);
-    let outputs: Mutex<Vec<(u64, Vec<u8>)>> = Mutex::new(Vec::new());
+    let results = BlockResults::default();
     let work = |smid: u32| {
         let mut w = Worker::new(g, smid);
         let mut outs = Vec::new();
@@ -126,11 +124,7 @@ fn run_grid(g: &Grid<'_>) -> LaunchReport {
                 break;
             }
             if cancelled(g) {
-                record_fault(
-                    &fault,
-                    id,
-                    Fault::Cancelled("before a block started".into()),
-                );
+                results.fault(id, Fault::Cancelled("before a block started".into()));
                 g.abort.store(true, Ordering::Relaxed);
                 break;
             }
@@ -145,58 +139,21 @@ fn run_grid(g: &Grid<'_>) -> LaunchReport {
             if let Err(e) = r {
                 let stopped = g.abort.load(Ordering::Relaxed) && matches!(e, Fault::Cancelled(_));
                 if !stopped {
-                    record_fault(&fault, id, e);
+                    results.fault(id, e);
                 }
                 g.abort.store(true, Ordering::Relaxed);
                 break;
             }
         }
-        outputs
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .extend(outs);
+        results.outputs(outs);
     };
     let workers = worker_count(g.limits, total);
-    if workers == 1 {
-        work(0);
-    } else {
-        std::thread::scope(|s| {
-            for k in 0..workers {
-                s.spawn(move || work(k as u32));
-            }
-        });
-    }
-    // block by block in block order, as the interpreter reports it
-    let mut outs = outputs.into_inner().unwrap_or_else(|e| e.into_inner());
-    outs.sort_by_key(|(id, _)| *id);
-    let mut stdout: Vec<u8> = Vec::new();
-    for (_, o) in outs {
-        if stdout.len() + o.len() > 8 * PRINTF_LIMIT {
-            break;
-        }
-        stdout.extend_from_slice(&o);
-    }
-    let result = match fault.into_inner().unwrap_or_else(|e| e.into_inner()) {
-        Some((_, f)) => Err(f),
-        None => Ok(()),
-    };
-    LaunchReport {
-        stdout,
-        instructions: g.executed.load(Ordering::Relaxed),
-        result,
-    }
+    on_workers(workers, &work);
+    results.report(g.executed.load(Ordering::Relaxed))
 }
 
 fn cancelled(g: &Grid<'_>) -> bool {
     g.limits.cancel.is_some_and(|c| c.load(Ordering::Relaxed))
-}
-
-/// Keeps `e`, the fault of block `id`, if no lower block faulted.
-fn record_fault(fault: &Mutex<Option<(u64, Fault)>>, id: u64, e: Fault) {
-    let mut f = fault.lock().unwrap_or_else(|e| e.into_inner());
-    if f.as_ref().is_none_or(|(b, _)| id < *b) {
-        *f = Some((id, e));
-    }
 }
 
 /// One worker's buffers, reused block after block.
