@@ -54,13 +54,7 @@ impl Block {
         write: bool,
         line: u32,
     ) -> Result<*mut u8, Fault> {
-        let align = size.min(16) as u64;
-        if addr & (align - 1) != 0 {
-            return Err(Fault::MisalignedAddress {
-                addr,
-                detail: format!("{size}-byte access at line {line}"),
-            });
-        }
+        check_alignment(addr, size, line)?;
         let what = if write { "write" } else { "read" };
         let (sp, addr) = match sp {
             Sp::Generic => match resolve_generic(addr) {
@@ -231,4 +225,17 @@ fn resolve_generic(addr: u64) -> Option<(Sp, u64)> {
         return None;
     };
     Some((sp, addr - window_base(sp)))
+}
+
+/// A `size`-byte access at `addr` (by the instruction at `line`) must be
+/// aligned to its size, up to 16 bytes, as on the device (error 716).
+pub(crate) fn check_alignment(addr: u64, size: u32, line: u32) -> Result<(), Fault> {
+    let align = size.min(16) as u64;
+    match addr & (align - 1) {
+        0 => Ok(()),
+        _ => Err(Fault::MisalignedAddress {
+            addr,
+            detail: format!("{size}-byte access at line {line}"),
+        }),
+    }
 }

@@ -20,6 +20,7 @@ mod thread;
 mod warp;
 mod watch;
 
+pub(crate) use access::check_alignment;
 pub(crate) use arith::step as run_register_op;
 pub(crate) use blocks::{on_workers, BlockResults};
 pub(crate) use grid::Executable;

@@ -3,7 +3,7 @@
 //! checked memory accesses on their slow path, atomics, `trap`.
 
 use crate::alu::atom_apply;
-use crate::exec::{run_register_op, LOCAL_WINDOW, PARAM_WINDOW, SHARED_WINDOW};
+use crate::exec::{check_alignment, run_register_op, LOCAL_WINDOW, PARAM_WINDOW, SHARED_WINDOW};
 use crate::ir::{Op, Sp};
 use crate::launch::Fault;
 use crate::memory::{atomic_load, atomic_rmw, atomic_store, DeviceMemory, MemView, DEVICE_VA_BASE};
@@ -145,13 +145,7 @@ impl Ctx<'_> {
         write: bool,
         line: u32,
     ) -> Result<*mut u8, Fault> {
-        let align = size.min(16) as u64;
-        if addr & (align - 1) != 0 {
-            return Err(Fault::MisalignedAddress {
-                addr,
-                detail: format!("{size}-byte access at line {line}"),
-            });
-        }
+        check_alignment(addr, size, line)?;
         let (sp, addr) = match sp {
             Sp::Generic => match resolve_generic(addr) {
                 Some(resolved) => resolved,
