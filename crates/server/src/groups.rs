@@ -118,9 +118,14 @@ impl ProgramGroup {
         ranges.reserved.retain(|_, (_, s)| *s != session);
     }
 
-    /// Whether `[ptr, ptr + bytes)` is memory of one of the program's sessions.
-    pub fn holds_memory(&self, ptr: DevicePtr, bytes: u64) -> bool {
-        holding(&lock(&self.ranges).memory, ptr, bytes).is_some()
+    /// Whether `[ptr, ptr + bytes)` is memory of one of the program's
+    /// sessions other than `asking` (whose own tables say what it may reach).
+    pub fn holds_memory(&self, asking: u64, ptr: DevicePtr, bytes: u64) -> bool {
+        let ranges = lock(&self.ranges);
+        let Some((base, _)) = holding(&ranges.memory, ptr, bytes) else {
+            return false;
+        };
+        ranges.memory.get(&base).is_some_and(|(_, s)| *s != asking)
     }
 
     /// The program's reservation holding `[ptr, ptr + size)`: (base, size).
@@ -198,8 +203,9 @@ mod tests {
         let g = groups.open("alice");
         g.publish_range(1, 0x10_000, 0x1000, false);
         g.publish_range(2, 0x40_000, 0x8000, true);
-        assert!(g.holds_memory(0x10_800, 0x800));
-        assert!(!g.holds_memory(0x10_800, 0x801), "past its end");
+        assert!(g.holds_memory(2, 0x10_800, 0x800));
+        assert!(!g.holds_memory(2, 0x10_800, 0x801), "past its end");
+        assert!(!g.holds_memory(1, 0x10_800, 0x800), "its own tables decide");
         assert_eq!(g.reservation(0x42_000, 0x2000), Some((0x40_000, 0x8000)));
         assert_eq!(
             g.reservation(0x10_000, 0x10),
@@ -207,7 +213,7 @@ mod tests {
             "memory is no reservation"
         );
         g.withdraw_range(0x10_000, false);
-        assert!(!g.holds_memory(0x10_000, 1));
+        assert!(!g.holds_memory(2, 0x10_000, 1));
         g.withdraw_session(2);
         assert_eq!(g.reservation(0x42_000, 0x2000), None);
     }

@@ -285,7 +285,7 @@ impl Session {
         let program = || {
             self.group
                 .as_ref()
-                .is_some_and(|g| g.holds_memory(ptr, bytes))
+                .is_some_and(|g| g.holds_memory(self.id(), ptr, bytes))
         };
         if allocated || pinned || self.vmm_accessible(ptr, bytes, writes) || program() {
             Ok(())
