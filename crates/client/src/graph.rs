@@ -40,6 +40,9 @@ pub enum GraphOp {
         ptr: u64,
         bytes: u64,
     },
+    /// A memcpy node of more than one contiguous row (pitched 2-D and 3-D
+    /// boxes, arrays), made at each launch as `cuMemcpy3DAsync` makes it.
+    Copy3D(Copy3D),
     /// A memory free node: nothing at a launch for memory a graph allocated
     /// (held until no graph holds it); memory allocated outside graphs is
     /// freed there.
@@ -49,6 +52,16 @@ pub enum GraphOp {
 }
 
 pub type Recording = Arc<Vec<GraphOp>>;
+
+/// A memcpy node's parameters as the program gave them.
+#[derive(Clone, Copy)]
+pub struct Copy3D(pub cumux_cuda_bindings::types::CUDA_MEMCPY3D);
+// SAFETY: the host addresses inside are the program's, kept as numbers and
+// read or written only at a launch, through the checked host-memory helpers,
+// as the driver does with a memcpy node's host memory.
+unsafe impl Send for Copy3D {}
+// SAFETY: as above; never written through a shared reference.
+unsafe impl Sync for Copy3D {}
 
 /// The stream a stream-ordered call is for (`None` for other calls).
 pub fn stream_of_call(call: &Call) -> Option<Handle> {

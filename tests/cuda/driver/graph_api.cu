@@ -2,11 +2,18 @@
 // its node found in the clone) and launched; memset and memcpy nodes' and
 // event nodes' parameters read back; an event node given another event; a
 // host node's function changed in an instantiation; a kernel node disabled
-// and enabled again; an edge removed; the graph printed in DOT. Prints PASS.
+// and enabled again; an edge removed; the graph printed in DOT; a memcpy node
+// of a 2-D box of a pitched buffer. Prints PASS.
 #include <cstdio>
 #include <cuda_runtime.h>
 
 #include "check.h"
+
+// Element (x, y) of a pitched 2-D buffer gets y * 1000 + x.
+__global__ void fill_2d(int *p, size_t pitch, int w, int h) {
+  int x = blockIdx.x * blockDim.x + threadIdx.x, y = blockIdx.y;
+  if (x < w && y < h) ((int *)((char *)p + y * pitch))[x] = y * 1000 + x;
+}
 
 __global__ void add_k(int *v, int n, int k) {
   int i = blockIdx.x * blockDim.x + threadIdx.x;
@@ -166,6 +173,44 @@ int main() {
     printf("FAIL the DOT file is empty or missing\n");
     return 1;
   }
+  // A memcpy node of a 2-D box: 5 rows of 7 elements from (3, 2) of a
+  // pitched buffer to a host array of rows of 8.
+  {
+    const int w = 64, h = 16, bw = 7, bh = 5;
+    int *p2;
+    size_t pitch;
+    CHECK(cudaMallocPitch((void **)&p2, &pitch, w * sizeof(int), h));
+    fill_2d<<<dim3(1, h), w>>>(p2, pitch, w, h);
+    CHECK(cudaDeviceSynchronize());
+    static int box[bh][8];
+    cudaMemcpy3DParms cp = {};
+    cp.srcPtr = make_cudaPitchedPtr(p2, pitch, w, h);
+    cp.srcPos = make_cudaPos(3 * sizeof(int), 2, 0);
+    cp.dstPtr = make_cudaPitchedPtr(box, 8 * sizeof(int), 8, bh);
+    cp.extent = make_cudaExtent(bw * sizeof(int), bh, 1);
+    cp.kind = cudaMemcpyDeviceToHost;
+    cudaGraph_t g2;
+    CHECK(cudaGraphCreate(&g2, 0));
+    cudaGraphNode_t copy2;
+    CHECK(cudaGraphAddMemcpyNode(&copy2, g2, nullptr, 0, &cp));
+    cudaGraphExec_t e2;
+    CHECK(cudaGraphInstantiate(&e2, g2, 0));
+    CHECK(cudaGraphLaunch(e2, s));
+    CHECK(cudaStreamSynchronize(s));
+    for (int y = 0; y < bh; y++) {
+      for (int x = 0; x < bw; x++) {
+        if (box[y][x] != (y + 2) * 1000 + x + 3) {
+          printf("FAIL 2-D memcpy node: box[%d][%d] = %d\n", y, x, box[y][x]);
+          return 1;
+        }
+      }
+    }
+    printf("2-D memcpy node: ok\n");
+    CHECK(cudaGraphExecDestroy(e2));
+    CHECK(cudaGraphDestroy(g2));
+    CHECK(cudaFree(p2));
+  }
+
   CHECK(cudaGraphExecDestroy(e));
   CHECK(cudaGraphExecDestroy(ce));
   CHECK(cudaGraphDestroy(cl));

@@ -119,7 +119,7 @@ fn neighbours(c: &Client, node: *mut c_void, upstream: bool) -> CuResult<Vec<usi
 pub(super) fn node_type(op: &GraphOp) -> u32 {
     match op {
         GraphOp::Call(cumux_protocol::Call::Launch { .. }) => 0,
-        GraphOp::HtoD { .. } | GraphOp::DtoH { .. } => 1,
+        GraphOp::HtoD { .. } | GraphOp::DtoH { .. } | GraphOp::Copy3D(_) => 1,
         GraphOp::Call(cumux_protocol::Call::MemcpyDtoD { .. }) => 1,
         GraphOp::Call(cumux_protocol::Call::Memset { .. }) => 2,
         GraphOp::HostFn(_) => 3,
@@ -375,6 +375,7 @@ fn replay(
                 crate::host_fn::enqueue(c, stream, Box::new(move |status| f(status)))?
             }
             GraphOp::Empty | GraphOp::MemAlloc { .. } => {}
+            GraphOp::Copy3D(p) => super::copy::copy_3d(c, &p.0, Some(stream))?,
             GraphOp::MemFree { ptr } => free_at_replay(c, *ptr, stream)?,
             GraphOp::Child(child) => replay(c, c.lock(), Vec::new(), child, stream)?,
         }

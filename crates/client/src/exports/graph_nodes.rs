@@ -13,7 +13,7 @@ use super::graph_allocs;
 use super::graph_memory::{alloc_node_op, free_node_op};
 use super::launch::pack_params;
 use super::*;
-use crate::graph::GraphOp;
+use crate::graph::{Copy3D, GraphOp};
 use crate::host_fn::UserData;
 use crate::state::{client, handles, Client, State};
 
@@ -182,8 +182,9 @@ fn copy_side(st: &State, kind: u32, host: usize, device: u64) -> CuResult<(u64, 
     }
 }
 
-/// A memcpy node's op. Only contiguous copies (one row, no offsets, no
-/// arrays) are taken; any other answers `CUDA_ERROR_NOT_SUPPORTED`.
+/// A memcpy node's op: one contiguous row as a copy call; a box of rows
+/// (offsets, pitches, depth) or an array end as the whole copy, made at
+/// each launch.
 pub(super) fn memcpy_op(st: &State, p: &CUDA_MEMCPY3D) -> CuResult<GraphOp> {
     let offsets = [
         p.srcXInBytes,
@@ -195,9 +196,10 @@ pub(super) fn memcpy_op(st: &State, p: &CUDA_MEMCPY3D) -> CuResult<GraphOp> {
         p.dstZ,
         p.dstLOD,
     ];
-    if offsets.iter().any(|&o| o != 0) || p.Height > 1 || p.Depth > 1 {
-        tracing::debug!("a graph memcpy node of more than one row is not supported");
-        return Err(CUDA_ERROR_NOT_SUPPORTED);
+    let array = p.srcMemoryType == CU_MEMORYTYPE_ARRAY || p.dstMemoryType == CU_MEMORYTYPE_ARRAY;
+    if array || offsets.iter().any(|&o| o != 0) || p.Height > 1 || p.Depth > 1 {
+        // Made at each launch as cuMemcpy3DAsync makes it (checked then).
+        return Ok(GraphOp::Copy3D(Copy3D(*p)));
     }
     let len = p.WidthInBytes;
     let (src, src_device) = copy_side(st, p.srcMemoryType, p.srcHost as usize, p.srcDevice)?;

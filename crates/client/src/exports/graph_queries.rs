@@ -51,6 +51,7 @@ fn clone_graph(c: &Client, original: usize) -> CuResult<usize> {
 /// A memcpy node's parameters, as `CUDA_MEMCPY3D` of one row.
 fn memcpy_params(op: &GraphOp) -> CuResult<CUDA_MEMCPY3D> {
     let (src, src_host, dst, dst_host, len) = match op {
+        GraphOp::Copy3D(p) => return Ok(p.0),
         GraphOp::HtoD { dst, src, len } => (0, *src, *dst, 0, *len),
         GraphOp::DtoH { dst, src, len } => (*src, 0, 0, *dst, *len),
         GraphOp::Call(Call::MemcpyDtoD {
