@@ -26,4 +26,5 @@ pub(crate) use blocks::{on_workers, BlockResults};
 pub(crate) use grid::Executable;
 pub(crate) use limits::{BLOCK_MEMORY_LIMIT, PRINTF_LIMIT};
 pub use limits::{LOCAL_WINDOW, PARAM_WINDOW, SHARED_WINDOW};
-pub(crate) use warp::shfl_source;
+pub(crate) use warp::{redux_fold, shfl_source};
+pub(crate) use watch::launch_progress;

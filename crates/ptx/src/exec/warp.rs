@@ -267,18 +267,7 @@ fn redux(
         Op::Redux { a, .. } => Some(th.get(*a) & 0xffff_ffff),
         _ => None,
     });
-    let t = if signed { Ty::S32 } else { Ty::U32 };
-    let mut acc = vals.first().copied().unwrap_or(0);
-    for &v in vals.iter().skip(1) {
-        acc = match op {
-            ReduxOp::Add => acc.wrapping_add(v) & 0xffff_ffff,
-            ReduxOp::Min => int_bin(IntOp::Min, t, acc, v),
-            ReduxOp::Max => int_bin(IntOp::Max, t, acc, v),
-            ReduxOp::And => acc & v,
-            ReduxOp::Or => acc | v,
-            ReduxOp::Xor => acc ^ v,
-        };
-    }
+    let acc = redux_fold(op, signed, &vals);
     for &lane in lanes {
         let th = &mut threads[lo + lane];
         if let Some(Op::Redux { d, .. }) = op_at(prog, th) {
@@ -327,4 +316,21 @@ pub(crate) fn shfl_source(
         true => (j as usize, p),
         false => (lane, p),
     }
+}
+
+/// `redux.sync`'s result: the lanes' 32-bit values reduced by `op`.
+pub(crate) fn redux_fold(op: ReduxOp, signed: bool, vals: &[u64]) -> u64 {
+    let t = if signed { Ty::S32 } else { Ty::U32 };
+    let mut acc = vals.first().copied().unwrap_or(0);
+    for &v in vals.iter().skip(1) {
+        acc = match op {
+            ReduxOp::Add => acc.wrapping_add(v) & 0xffff_ffff,
+            ReduxOp::Min => int_bin(IntOp::Min, t, acc, v),
+            ReduxOp::Max => int_bin(IntOp::Max, t, acc, v),
+            ReduxOp::And => acc & v,
+            ReduxOp::Or => acc | v,
+            ReduxOp::Xor => acc ^ v,
+        };
+    }
+    acc
 }

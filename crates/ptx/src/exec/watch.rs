@@ -3,7 +3,7 @@
 //! branch or call once it ran `LAUNCH_CHECK_INTERVAL` more instructions, and
 //! again at its end, adding what it ran to the launch's count.
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use super::state::{Block, Geo};
 use crate::launch::{Fault, LAUNCH_CHECK_INTERVAL};
@@ -58,23 +58,47 @@ fn launch_check(
     done: u64,
     place: impl FnOnce() -> String,
 ) -> Result<(), Fault> {
-    let added = done.wrapping_sub(b.counted);
-    b.counted = done;
-    let total = g
-        .executed
+    let cancelled = || is_cancelled(g);
+    let (executed, budget, abort) = (&g.executed, g.launch_budget, &g.abort);
+    launch_progress(
+        executed,
+        budget,
+        abort,
+        cancelled,
+        &mut b.counted,
+        done,
+        place,
+    )
+}
+
+/// Adds a block's instructions since its last check (`counted`, up to `done`)
+/// to the launch's count (`executed`) and says whether the launch goes on:
+/// not past its `budget`, not cancelled, no other block's fault (`abort`).
+/// The interpreter's and the compiler's blocks both check this way.
+pub(crate) fn launch_progress(
+    executed: &AtomicU64,
+    budget: u64,
+    abort: &AtomicBool,
+    cancelled: impl FnOnce() -> bool,
+    counted: &mut u64,
+    done: u64,
+    place: impl FnOnce() -> String,
+) -> Result<(), Fault> {
+    let added = done.wrapping_sub(*counted);
+    *counted = done;
+    let total = executed
         .fetch_add(added, Ordering::Relaxed)
         .saturating_add(added);
-    if total > g.launch_budget {
+    if total > budget {
         return Err(Fault::Timeout(format!(
-            "instruction limit of {} per launch exceeded {}",
-            g.launch_budget,
+            "instruction limit of {budget} per launch exceeded {}",
             place()
         )));
     }
-    if is_cancelled(g) {
+    if cancelled() {
         return Err(Fault::Cancelled(format!("stopped {}", place())));
     }
-    if g.abort.load(Ordering::Relaxed) {
+    if abort.load(Ordering::Relaxed) {
         return Err(Fault::Cancelled(format!(
             "stopped {} after another block faulted",
             place()

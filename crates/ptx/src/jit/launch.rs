@@ -5,7 +5,7 @@
 use super::compiled::CompiledKernel;
 use super::runtime::{Ctx, GlobalEntry, RET_EXIT, RET_FAULT, STOP_BARRIER, STOP_BITS, STOP_WARP};
 use super::warp::{resolve_warp, Lanes, State};
-use crate::exec::{on_workers, BlockResults, BLOCK_MEMORY_LIMIT};
+use crate::exec::{launch_progress, on_workers, BlockResults, BLOCK_MEMORY_LIMIT};
 use crate::ir::{Module, Op, SReg};
 use crate::launch::{Fault, LaunchConfig, LaunchLimits, LaunchReport, LAUNCH_CHECK_INTERVAL};
 use crate::memory::{DeviceMemory, MemView};
@@ -203,29 +203,17 @@ impl Worker {
         done: u64,
         place: impl FnOnce() -> String,
     ) -> Result<(), Fault> {
-        let added = done.wrapping_sub(self.counted);
-        self.counted = done;
-        let total = g
-            .executed
-            .fetch_add(added, Ordering::Relaxed)
-            .saturating_add(added);
-        if total > g.limits.per_launch {
-            return Err(Fault::Timeout(format!(
-                "instruction limit of {} per launch exceeded {}",
-                g.limits.per_launch,
-                place()
-            )));
-        }
-        if cancelled(g) {
-            return Err(Fault::Cancelled(format!("stopped {}", place())));
-        }
-        if g.abort.load(Ordering::Relaxed) {
-            return Err(Fault::Cancelled(format!(
-                "stopped {} after another block faulted",
-                place()
-            )));
-        }
-        Ok(())
+        let cancelled = || cancelled(g);
+        let (executed, budget) = (&g.executed, g.limits.per_launch);
+        launch_progress(
+            executed,
+            budget,
+            &g.abort,
+            cancelled,
+            &mut self.counted,
+            done,
+            place,
+        )
     }
 
     fn next_check(g: &Grid<'_>, done: u64) -> u64 {

@@ -3,9 +3,8 @@
 //! files with the grouping and results of the interpreter's `exec/warp.rs`.
 
 use super::compiled::CompiledKernel;
-use crate::alu::int_bin;
-use crate::exec::shfl_source;
-use crate::ir::{IntOp, Op, ReduxOp, Src, Ty, VoteMode, NONE};
+use crate::exec::{redux_fold, shfl_source};
+use crate::ir::{Op, ReduxOp, Src, VoteMode, NONE};
 
 /// Where a thread stands between regions.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -282,18 +281,7 @@ fn redux(lanes: &mut Lanes<'_>, lo: usize, members: &[usize], op: ReduxOp, signe
         Op::Redux { a, .. } => Some((a, 0xffff_ffff)),
         _ => None,
     });
-    let t = if signed { Ty::S32 } else { Ty::U32 };
-    let mut acc = vals.first().copied().unwrap_or(0);
-    for &v in vals.iter().skip(1) {
-        acc = match op {
-            ReduxOp::Add => acc.wrapping_add(v) & 0xffff_ffff,
-            ReduxOp::Min => int_bin(IntOp::Min, t, acc, v),
-            ReduxOp::Max => int_bin(IntOp::Max, t, acc, v),
-            ReduxOp::And => acc & v,
-            ReduxOp::Or => acc | v,
-            ReduxOp::Xor => acc ^ v,
-        };
-    }
+    let acc = redux_fold(op, signed, &vals);
     for &lane in members {
         if let Some((_, &Op::Redux { d, .. })) = lanes.op_of(lo + lane) {
             lanes.set(lo + lane, d, acc);
