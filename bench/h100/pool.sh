@@ -129,13 +129,16 @@ for i in $(seq 0 $((N - 1))); do
 done
 many_ok=$(cat "$OUT"/runs/placed*.txt | grep -cE 'PASS|passed')
 if [ "$DEVICE" = cuda ]; then
+    natives=()
     for i in $(seq 0 $((N - 1))); do
         for k in 1 2; do
             CUDA_VISIBLE_DEVICES=$i python3 "$ROOT/bench/h100/pool_step.py" "$((STEPS * 3))" \
                 >"$OUT/runs/native$i-$k.txt" 2>&1 &
+            natives+=($!)
         done
     done
-    wait
+    # Only these: the servers and relays run on until the end.
+    wait "${natives[@]}"
     median() { sort -n | awk '{ a[NR] = $1 } END { if (NR) print (NR % 2 ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2) }'; }
     many_native=$(for f in "$OUT"/runs/native*.txt; do value "$f" step_ms; done | median)
     many_cumux=$(for f in "$OUT"/runs/placed*.txt; do value "$f" step_ms; done | median)

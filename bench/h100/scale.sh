@@ -16,13 +16,16 @@
 # $OUT/DATE-GPU-scale.json.
 #
 #   OUT=/some/dir bench/h100/scale.sh
-# Optional: KIT=, NVCC=, SECS= (seconds per tenant run, default 4).
+# Optional: KIT=, NVCC=, SECS= (seconds per tenant run, default 4),
+# PARTS= (of "ddp tenants drain", all by default; the JSON names those left out).
 set -u
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 KIT=${KIT:-$ROOT/device-kit}
 OUT=${OUT:-/tmp/cumux-scale}
 NVCC=${NVCC:-nvcc}
 SECS=${SECS:-4}
+PARTS=${PARTS:-ddp tenants drain}
+part() { [[ " $PARTS " == *" $1 "* ]]; }
 mkdir -p "$OUT/runs"
 W=$(mktemp -d /tmp/cumux-scale.XXXXXX)
 # shellcheck source=bench/h100/lib.sh
@@ -56,6 +59,7 @@ sample_server() {
 }
 
 # --- NCCL: DDP across every GPU ---
+if part ddp; then
 DDP=(torchrun --standalone --nproc_per_node="$N" "$ROOT/bench/h100/ddp.py")
 # Two rounds, alternating; the figures are the second round's (the first
 # warms the machine), both rounds' step times are in the runs.
@@ -91,8 +95,10 @@ say "ddp native: most GPUs one process held contexts on: $(most "$OUT/runs/ddp-n
 say "ddp cumux: most GPUs one worker process held contexts on: $(awk -F', ' '$1 != "--" { n[$1]++ } $1 == "--" { for (p in n) if (n[p] > m) m = n[p]; delete n } END { print m + 0 }' "$OUT/runs/ddp-apps-round2.txt")"
 same=$(diff <(grep '^step [0-9]* loss' "$OUT/runs/ddp-native.log") <(grep '^step [0-9]* loss' "$OUT/runs/ddp-cumux.log") >/dev/null && echo yes || echo no)
 say "ddp losses equal: $same"
+fi
 
 # --- many tenants: 2 per GPU ---
+if part tenants; then
 "$W/tenant_bench" calibrate 2000 >"$OUT/runs/cal2000.txt" 2>&1
 "$W/tenant_bench" calibrate 50 >"$OUT/runs/cal50.txt" 2>&1
 I2000=$(metric "$OUT/runs/cal2000.txt" iters)
@@ -121,12 +127,16 @@ for policy in fair priority; do
     stop_server
     wait "$sampler" 2>/dev/null
 done
+fi
 
 # --- drain: GPU 0 emptied while 2 training runs per GPU go on ---
+if part drain; then
 # An isolated server (a worker per session: sessions move); every run is the
 # same deterministic training (bench/h100/migrate_train.py), so each one's
 # losses must equal one native run's.
-TRAIN=(python3 "$ROOT/bench/h100/migrate_train.py" --steps "${DRAIN_STEPS:-300}")
+# 1500 steps (about a minute): long enough that every session on GPU 0 is
+# still running when its move is carried out (300 let one end first).
+TRAIN=(python3 "$ROOT/bench/h100/migrate_train.py" --steps "${DRAIN_STEPS:-1500}")
 "${TRAIN[@]}" >"$OUT/runs/drain-native.txt" 2>&1
 rm -f "$W/d.sock"
 "$KIT/cumux" serve --device cuda --listen "unix:$W/d.sock" >"$OUT/runs/server-drain.log" 2>&1 &
@@ -161,10 +171,12 @@ say "drain of GPU 0: $(head -3 "$OUT/runs/drain.txt" | tr '\n' ' ')"
 say "drain: $(grep -c . "$OUT/runs/drain-moves.txt") sessions moved; $drain_passed of $((2 * N)) runs passed, $drain_same with losses equal to native"
 sed 's/^/  /' "$OUT/runs/drain-moves.txt" | tee -a "$REPORT"
 echo "$drain_passed $drain_same $((2 * N))" >"$OUT/runs/drain-counts.txt"
+fi
 
-python3 - "$OUT" "$N" "$GPU" "$DRIVER" "$(cat "$KIT/COMMIT" 2>/dev/null)" <<'PY' | tee -a "$REPORT"
+python3 - "$OUT" "$N" "$GPU" "$DRIVER" "$(cat "$KIT/COMMIT" 2>/dev/null)" "$PARTS" <<'PY' | tee -a "$REPORT"
 import datetime, glob, json, re, sys
 out, n, gpu, driver, commit = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]
+parts = sys.argv[6].split()
 runs = f"{out}/runs"
 
 def metric(path, key):
@@ -256,14 +268,25 @@ figure("drain_pause_ms_max", "ms", "lower", None, pauses[-1] if pauses else None
 figure("drain_pause_ms_min", "ms", "lower", None, pauses[0] if pauses else None)
 figure("drain_moved_bytes_max", "bytes", "lower", None, max((b for _, b in moves), default=None))
 lines.append(f"drain: {len(moves)} sessions moved, pauses {pauses} ms; runs passed {passed}/{total}, losses equal to native {same}/{total}")
+# Which part each figure and line is of; those of parts not run are left out.
+def part_of(text):
+    for prefix, name in (("ddp", "ddp"), ("fair", "tenants"), ("priority", "tenants"),
+                         ("server", "tenants"), ("drain", "drain")):
+        if text.startswith(prefix):
+            return name
+    return None
+metrics = [m for m in metrics if part_of(m["name"]) in parts]
+lines = [l for l in lines if part_of(l) in parts]
+not_run = {"pool": "run by bench/h100/pool.sh (its own JSON)"}
+for name in ("ddp", "tenants", "drain"):
+    if name not in parts:
+        not_run[name] = "left out of this run (PARTS)"
 result = {
     "suite": "scale",
     "date": datetime.date.today().isoformat(),
     "gpu": gpu, "gpus": n, "driver": driver, "cuda": "13.0", "commit": commit,
     "metrics": metrics,
-    "not_run": {
-        "pool": "run by bench/h100/pool.sh (its own JSON)",
-    },
+    "not_run": not_run,
 }
 slug = re.sub(r"[^a-z0-9]+", "", gpu.lower().replace("nvidia", "").split()[0]) if gpu else "gpu"
 path = f"{out}/{result['date']}-{slug}x{n}-scale.json"

@@ -1,7 +1,8 @@
 //! `cumux run --pool FILE --gpus N --memory SIZE`: asks every server of a pool
-//! file which devices the tenant may use and how loaded they are (sessions,
-//! then memory in use), and places the program on the fewest servers whose
-//! devices fit, least loaded first.
+//! file which devices the tenant may use and how loaded they are (sessions
+//! and programs placed there that have not connected yet, then memory in
+//! use), and places the program on the fewest servers whose devices fit,
+//! least loaded first.
 
 use std::path::Path;
 
@@ -83,7 +84,8 @@ pub struct Offer {
     pub free: u64,
     /// The share of the device's memory in use, by anyone.
     pub load: f64,
-    /// Sessions on it now, anyone's.
+    /// Sessions on it now, anyone's, and programs placed on it that have
+    /// not opened theirs yet.
     pub sessions: u32,
 }
 
@@ -100,6 +102,9 @@ pub struct Placement {
     pub servers: Vec<Address>,
     /// `CUDA_VISIBLE_DEVICES` for the program.
     pub visible: String,
+    /// Each server's share of `visible`, in `servers`' order: what
+    /// `cumux run` claims there while the program starts.
+    pub visible_per_server: Vec<String>,
     /// What to tell the user.
     pub described: String,
     /// The servers that could not be asked, and why.
@@ -173,21 +178,30 @@ pub fn place(pool: &Pool, tenant: Option<&str>, gpus: usize, memory: u64) -> Res
         }
     }
     let visible: Vec<String> = chosen.iter().map(|o| uuid_text(&o.uuid)).collect();
+    let on = |s: usize| chosen.iter().filter(move |o| o.server == s);
     let described = servers
         .iter()
         .map(|&s| {
-            let here: Vec<String> = chosen
-                .iter()
-                .filter(|o| o.server == s)
+            let here: Vec<String> = on(s)
                 .map(|o| format!("{} ({} free)", uuid_text(&o.uuid), human_bytes(o.free)))
                 .collect();
             format!("{}: {}", pool.servers[s], here.join(", "))
         })
         .collect::<Vec<_>>()
         .join("; ");
+    let visible_per_server = servers
+        .iter()
+        .map(|&s| {
+            on(s)
+                .map(|o| uuid_text(&o.uuid))
+                .collect::<Vec<_>>()
+                .join(",")
+        })
+        .collect();
     Ok(Placement {
         servers: servers.iter().map(|&s| pool.servers[s].clone()).collect(),
         visible: visible.join(","),
+        visible_per_server,
         described,
         left_out: skipped,
     })
@@ -207,7 +221,7 @@ fn offers_of(server: usize, address: &Address, tenant: Option<&str>) -> Result<V
                 Some(s) => (
                     d.total_mem.min(s.total_mem.saturating_sub(s.used_mem)),
                     s.used_mem as f64 / s.total_mem.max(1) as f64,
-                    s.sessions,
+                    s.sessions + s.claims,
                 ),
                 None => (d.total_mem, 0.0, 0),
             };

@@ -65,6 +65,36 @@ pub fn connect_as(
     program: &str,
     tenant: Option<&str>,
 ) -> Result<Connection, ProbeError> {
+    connect_hello(address, role, program, tenant, std::process::id(), None)
+}
+
+/// Holds the devices `visible` (a `CUDA_VISIBLE_DEVICES` of this server's
+/// devices) for the program `pid` that `cumux run --pool` placed there,
+/// until the connection returned is dropped ([`ClientRole::Claim`]).
+pub fn claim(
+    address: &Address,
+    tenant: Option<&str>,
+    pid: u32,
+    visible: &str,
+) -> Result<Connection, ProbeError> {
+    connect_hello(
+        address,
+        ClientRole::Claim,
+        "cumux run --pool",
+        tenant,
+        pid,
+        Some(visible.to_string()),
+    )
+}
+
+fn connect_hello(
+    address: &Address,
+    role: ClientRole,
+    program: &str,
+    tenant: Option<&str>,
+    pid: u32,
+    visible_devices: Option<String>,
+) -> Result<Connection, ProbeError> {
     let target = match address {
         Address::Unix(path) => ServerAddress::Unix(path.clone()),
         Address::Tcp(host_port) => ServerAddress::Tcp(host_port.clone()),
@@ -89,14 +119,14 @@ pub fn connect_as(
     let mut hello = Hello {
         magic: MAGIC,
         version: PROTOCOL_VERSION,
-        pid: std::process::id(),
+        pid,
         role,
         program: program.to_string(),
         // A status shows this tenant's sessions to a client that may be it.
         tenant: std::env::var("CUMUX_TENANT").ok(),
         token: std::env::var("CUMUX_TOKEN").ok(),
         shm: false,
-        visible_devices: None,
+        visible_devices,
         join: None,
         resume: None,
     };

@@ -359,6 +359,29 @@ fn server_list(addresses: &[Address]) -> String {
         .join(",")
 }
 
+/// Tells each server a program was placed on that it is starting (`pid`), so
+/// that placements made before it connects count it; held until dropped.
+/// A server that cannot be told is only warned about: the program runs.
+fn hold_placement(
+    claims: &[(Address, String)],
+    tenant: Option<&str>,
+    pid: u32,
+) -> Vec<probe::Connection> {
+    claims
+        .iter()
+        .filter_map(|(address, visible)| {
+            probe::claim(address, tenant, pid, visible)
+                .map_err(|e| {
+                    eprintln!(
+                        "cumux run: warning: {address} was not told of the placement (the next \
+                         placements may not count it): {e}"
+                    )
+                })
+                .ok()
+        })
+        .collect()
+}
+
 /// Runs the program; returns the exit code `cumux run` should exit with
 /// (the program's, or 128 + signal), or why it did not run it.
 pub fn run(options: RunOptions) -> Result<i32, RunError> {
@@ -370,7 +393,13 @@ pub fn run(options: RunOptions) -> Result<i32, RunError> {
             for server in &placement.left_out {
                 eprintln!("cumux run: warning: the pool's server {server} was left out");
             }
-            (placement.servers, Some(placement.visible))
+            let claims = placement
+                .servers
+                .iter()
+                .cloned()
+                .zip(placement.visible_per_server);
+            let claims: Vec<(Address, String)> = claims.collect();
+            (placement.servers, Some((placement.visible, claims)))
         }
         None if options.gpus.is_some() || options.memory.is_some() => {
             return Err(failed(
@@ -409,7 +438,7 @@ pub fn run(options: RunOptions) -> Result<i32, RunError> {
     if let Some(tenant) = &options.tenant {
         command.env("CUMUX_TENANT", tenant);
     }
-    if let Some(visible) = placed {
+    if let Some((visible, _)) = &placed {
         command.env("CUDA_VISIBLE_DEVICES", visible);
     }
     die_with_parent(&mut command);
@@ -420,6 +449,9 @@ pub fn run(options: RunOptions) -> Result<i32, RunError> {
         };
         RunError::new(code, format!("cannot start {shown}: {e}"))
     })?;
+    let _held = placed
+        .as_ref()
+        .map(|(_, claims)| hold_placement(claims, options.tenant.as_deref(), child.id()));
     let status = forwarder
         .wait_for(&mut child)
         .map_err(|e| failed(format!("cannot wait for {shown}: {e}")))?;

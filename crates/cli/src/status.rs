@@ -133,7 +133,10 @@ pub fn render(status: &ServerStatus, address: &Address) -> String {
             d.backend,
             format!("{} / {}", human_bytes(d.used_mem), human_bytes(d.total_mem)),
             d.policy,
-            d.sessions
+            match d.claims {
+                0 => d.sessions.to_string(),
+                n => format!("{} (+{n} starting)", d.sessions),
+            }
         );
     }
     let l = &status.limits;
@@ -227,6 +230,7 @@ mod tests {
                 policy: "fair".into(),
                 signalled_launches: 12,
                 sessions: 1,
+                claims: 0,
             }],
             sessions: vec![SessionStatus {
                 session: 4,

@@ -277,6 +277,86 @@ fn a_pool_spreads_programs_over_its_least_busy_servers() {
     );
 }
 
+/// A program placed by `--pool` counts on its server from the moment it is
+/// started, not only once it connects: a second program placed while the
+/// first is still starting (here a shell that waits before it runs the CUDA
+/// program) goes to the other server, and `cumux status` shows the first as
+/// starting there.
+#[test]
+fn a_program_still_starting_counts_for_the_next_placement() {
+    let first = server_of("pool-claim-a", 1, 0);
+    let second = server_of("pool-claim-b", 1, 1);
+    let dir = TempDir::new("pool-claim");
+    let file = dir.0.join("pool.toml");
+    std::fs::write(
+        &file,
+        format!(
+            "[[servers]]\naddress = \"{}\"\n\n[[servers]]\naddress = \"{}\"\n",
+            first.address, second.address
+        ),
+    )
+    .unwrap();
+    let program = test_program("loop_launches");
+    let slow_start = format!("sleep 3; exec {} 60", program.display());
+    let start = || {
+        let mut command = std::process::Command::new(CUMUX);
+        command
+            .args(["run", "--pool", &file.display().to_string(), "--"])
+            .args(["sh", "-c", &slow_start])
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped());
+        command.spawn().unwrap()
+    };
+    let starting = |server: &ServerProc| {
+        let out = std::process::Command::new(CUMUX)
+            .args(["status", "--json", "--server", &server.address])
+            .output()
+            .unwrap();
+        let status: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        status["devices"][0]["claims"].as_u64().unwrap_or(0)
+    };
+    let mut one = start();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while starting(&first) + starting(&second) == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "no server counts the starting program"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let mut two = start();
+    let mut lines = Vec::new();
+    for child in [&mut one, &mut two] {
+        let got = lines_of(child.stdout.take().unwrap());
+        lines.push(got);
+    }
+    for got in &lines {
+        wait_for_line(got, "started", LIMIT).unwrap();
+    }
+    let on = |server: &ServerProc| {
+        let log = server.log();
+        log.lines()
+            .filter(|l| l.contains("session opened") && l.contains("loop_launches"))
+            .count()
+    };
+    let placed = (on(&first), on(&second));
+    // Once both run, neither server counts a claim: their sessions count.
+    let claims = (starting(&first), starting(&second));
+    for child in [&mut one, &mut two] {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    assert_eq!(
+        placed,
+        (1, 1),
+        "both on one server\n{}\n---\n{}",
+        first.log(),
+        second.log()
+    );
+    assert_eq!(claims, (0, 0));
+}
+
 /// `cumux status` with several servers (`--server a,b` or `CUMUX_SERVER`)
 /// shows each (a JSON array with `--json`) and names one it could not ask;
 /// a command that changes one server is refused such a list, naming them.

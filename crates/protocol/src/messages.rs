@@ -132,6 +132,12 @@ pub enum ClientRole {
     /// driver would get (session 0, the tenant's devices) or with the
     /// refusal, and closes; no session opens.
     Preflight,
+    /// `cumux run --pool` holding the devices it placed a program on (the
+    /// hello's `visible_devices`; its `pid` is the program's) until the
+    /// program opens a session or `cumux run` ends: answered as a preflight,
+    /// the connection then stays open and carries nothing. Placements made
+    /// meanwhile count it ([`DeviceStatus::claims`]).
+    Claim,
 }
 
 /// The server's answer to `Hello`.
@@ -760,6 +766,8 @@ pub struct DeviceStatus {
     pub signalled_launches: u64,
     /// Programs' sessions on it now, every tenant's (a count, no names).
     pub sessions: u32,
+    /// Programs placed on it ([`ClientRole::Claim`]) that have no session yet.
+    pub claims: u32,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -257,6 +257,9 @@ fn serve_seated(
     }
     let tenant = match hello.role {
         ClientRole::Preflight => return preflight(&server, &hello, peer_uid, seat, &mut writer),
+        ClientRole::Claim => {
+            return hold_claim(&server, &hello, peer_uid, seat, &mut reader, &mut writer)
+        }
         ClientRole::Status => None,
         ClientRole::Driver => match admit(&server, &hello, peer_uid, seat.peer()) {
             Ok(tenant) => Some(tenant),
@@ -444,27 +447,9 @@ fn preflight(
     seat: &mut Seat,
     writer: &mut Socket,
 ) -> Ending {
-    let admitted = admit(server, hello, peer_uid, seat.peer()).and_then(|(name, settings)| {
-        seat.join_tenant(&name)?;
-        let (devices, _) = server.devices_seen(&settings, hello.visible_devices.as_deref());
-        if devices.is_empty() {
-            return Err(format!("tenant {name:?} may use no device of this server"));
-        }
-        Ok(devices)
-    });
-    match admitted {
+    match admitted_devices(server, hello, peer_uid, seat) {
         Ok(devices) => {
-            let welcome = HelloReply::Welcome {
-                version: PROTOCOL_VERSION,
-                server: server.name().to_string(),
-                session: 0,
-                devices: devices.into_iter().map(|(_, info)| info).collect(),
-                shm: false,
-                group: 0,
-                resume: 0,
-                resume_from: 0,
-            };
-            let _ = send(writer, &welcome);
+            let _ = send(writer, &preflight_welcome(server, devices));
             Ending::Closed
         }
         Err(reason) => {
@@ -472,6 +457,73 @@ fn preflight(
             Ending::Rejected(reason)
         }
     }
+}
+
+/// The devices a driver with `hello` would see here, or why it would be refused.
+fn admitted_devices(
+    server: &Server,
+    hello: &Hello,
+    peer_uid: Option<u32>,
+    seat: &mut Seat,
+) -> Result<Vec<crate::SeenDevice>, String> {
+    let (name, settings) = admit(server, hello, peer_uid, seat.peer())?;
+    seat.join_tenant(&name)?;
+    let (devices, _) = server.devices_seen(&settings, hello.visible_devices.as_deref());
+    if devices.is_empty() {
+        return Err(format!("tenant {name:?} may use no device of this server"));
+    }
+    Ok(devices)
+}
+
+fn preflight_welcome(server: &Server, devices: Vec<crate::SeenDevice>) -> HelloReply {
+    HelloReply::Welcome {
+        version: PROTOCOL_VERSION,
+        server: server.name().to_string(),
+        session: 0,
+        devices: devices.into_iter().map(|(_, info)| info).collect(),
+        shm: false,
+        group: 0,
+        resume: 0,
+        resume_from: 0,
+    }
+}
+
+/// A placement held (`ClientRole::Claim`): admitted as a preflight, then
+/// counted on its devices until the client closes the connection. The
+/// client sends nothing more; bytes from it end the claim.
+fn hold_claim(
+    server: &Server,
+    hello: &Hello,
+    peer_uid: Option<u32>,
+    seat: &mut Seat,
+    reader: &mut BufReader<Socket>,
+    writer: &mut Socket,
+) -> Ending {
+    let devices = match admitted_devices(server, hello, peer_uid, seat) {
+        Ok(devices) => devices,
+        Err(reason) => {
+            let _ = send(writer, &reject(reason.clone()));
+            return Ending::Rejected(reason);
+        }
+    };
+    let ordinals = devices.iter().map(|(d, _)| d.info().ordinal).collect();
+    if let Err(e) = writer.set_read_timeout(None) {
+        return Ending::Broken(format!("cannot clear the handshake timeout: {e}"));
+    }
+    let claim = server.registry().claim(hello.pid, ordinals);
+    let held = match send(writer, &preflight_welcome(server, devices)) {
+        Ok(()) => {
+            let mut byte = [0u8; 1];
+            match reader.read(&mut byte) {
+                Ok(0) => Ending::Closed,
+                Ok(_) => Ending::Broken("a claim's client sent bytes".into()),
+                Err(e) => Ending::Broken(format!("a claim's connection broke: {e}")),
+            }
+        }
+        Err(e) => Ending::Broken(format!("cannot answer a claim: {e}")),
+    };
+    server.registry().release(claim);
+    held
 }
 
 /// Whose sessions a connection's status calls show: everyone's to the
@@ -497,7 +549,7 @@ fn status_scope(
             .admit(hello.tenant.as_deref(), peer_uid, hello.token.as_deref())
             .ok()
             .map(|(name, _)| name),
-        (None, ClientRole::Driver | ClientRole::Preflight) => None,
+        (None, ClientRole::Driver | ClientRole::Preflight | ClientRole::Claim) => None,
     };
     tenant.map_or(StatusScope::Devices, StatusScope::Tenant)
 }

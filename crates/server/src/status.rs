@@ -48,6 +48,18 @@ pub struct Registry {
     sessions: Mutex<BTreeMap<u64, Arc<SessionEntry>>>,
     /// How each session's calls travel (`shm`, `unix`, `tcp`), set by its connection.
     transports: Mutex<BTreeMap<u64, &'static str>>,
+    /// Placements held by `cumux run --pool` (`ClientRole::Claim`), by id.
+    claims: Mutex<BTreeMap<u64, Claim>>,
+    next_claim: AtomicU64,
+}
+
+/// A program placed on some devices that may not have connected yet.
+#[derive(Debug, Clone)]
+struct Claim {
+    /// The program's pid, as its sessions' hellos will give it.
+    pid: u32,
+    /// Server ordinals of the devices it was placed on.
+    devices: Vec<u32>,
 }
 
 impl Registry {
@@ -74,6 +86,26 @@ impl Registry {
 
     fn transports_lock(&self) -> MutexGuard<'_, BTreeMap<u64, &'static str>> {
         lock(&self.transports)
+    }
+
+    /// Holds `devices` for the program `pid` until [`Registry::release`].
+    pub fn claim(&self, pid: u32, devices: Vec<u32>) -> u64 {
+        let id = self.next_claim.fetch_add(1, Ordering::Relaxed);
+        lock(&self.claims).insert(id, Claim { pid, devices });
+        id
+    }
+
+    pub fn release(&self, claim: u64) {
+        lock(&self.claims).remove(&claim);
+    }
+
+    /// Claims on device `ordinal` whose program has no session here now.
+    fn claims_waiting(&self, ordinal: u32, entries: &[Arc<SessionEntry>]) -> u32 {
+        lock(&self.claims)
+            .values()
+            .filter(|c| c.devices.contains(&ordinal))
+            .filter(|c| !entries.iter().any(|e| e.pid == c.pid))
+            .count() as u32
     }
 
     pub fn len(&self) -> usize {
@@ -164,6 +196,7 @@ pub fn snapshot(server: ServerView<'_>) -> ServerStatus {
                     policy: policy_name(policy).into(),
                     signalled_launches: gate.as_ref().map_or(0, |g| g.signalled()),
                     sessions: entries.iter().filter(|e| e.device == info.ordinal).count() as u32,
+                    claims: server.registry.claims_waiting(info.ordinal, &entries),
                 }
             })
             .collect(),
