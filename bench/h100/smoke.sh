@@ -125,6 +125,7 @@ driver_programs=(
     "private_tables;private_tables.cu;-lcuda;"
     "stack_limit;stack_limit.cu;;"
     "textures;textures.cu;;"
+    "managed_memory;managed_memory.cu;;"
 )
 declare -A program_args
 if [ -z "$PROGRAMS" ] || [ "${DRIVER_PROGRAMS:-1}" = 1 ]; then

@@ -26,7 +26,11 @@ fn device_work_reaches_pinned_memory_at_the_clients_address() {
     let mine = HostMapping::map(fd.as_fd(), BYTES).unwrap();
     let base = mine.as_ptr() as u64;
     session.give_fd(Ok(fd.try_clone().unwrap()));
-    let registered = session.handle(Call::HostRegister { base, bytes: BYTES });
+    let registered = session.handle(Call::HostRegister {
+        base,
+        bytes: BYTES,
+        reached: false,
+    });
     let Some(Ok(ReplyBody::Handle(region))) = registered else {
         panic!("not registered: {registered:?}")
     };
@@ -89,4 +93,27 @@ fn device_work_reaches_pinned_memory_at_the_clients_address() {
         16
     ))));
     assert_eq!(bytes(64, 16), [0x5a; 16]);
+
+    // Managed memory on a GPU is a region the device must reach by the
+    // client's address: where it does, such a region is taken too.
+    let fd = create_memfd(BYTES).unwrap();
+    let managed = HostMapping::map(fd.as_fd(), BYTES).unwrap();
+    let base = managed.as_ptr() as u64;
+    session.give_fd(Ok(fd.try_clone().unwrap()));
+    let registered = session.handle(Call::HostRegister {
+        base,
+        bytes: BYTES,
+        reached: true,
+    });
+    assert!(
+        matches!(registered, Some(Ok(ReplyBody::Handle(_)))),
+        "{registered:?}"
+    );
+    assert_eq!(
+        session.handle(common::memset_call(base + 8, 0x3c, 8)),
+        Some(Ok(ReplyBody::Unit))
+    );
+    // SAFETY: the test's own mapping, read while no device work runs.
+    let written = unsafe { managed.bytes_mut(8, 8) }.unwrap().to_vec();
+    assert_eq!(written, [0x3c; 8]);
 }

@@ -34,7 +34,12 @@ pub fn alloc(c: &Client, device: u32, bytes: usize) -> CuResult<u64> {
         ReplyBody::Ptr(p) => p,
         _ => return Err(CUDA_ERROR_UNKNOWN),
     };
-    if !is_device_ptr(ptr) || !device_window_reserved() {
+    if !is_device_ptr(ptr) {
+        // A GPU: its addresses are its driver's, not in this process's window.
+        let _ = c.call_on(device, Call::MemFree { ptr });
+        return reached(c, device, bytes);
+    }
+    if !device_window_reserved() {
         let _ = c.call_on(device, Call::MemFree { ptr });
         tracing::warn!("managed memory needs the device address window reserved in this process");
         return Err(CUDA_ERROR_NOT_SUPPORTED);
@@ -69,6 +74,27 @@ pub fn alloc(c: &Client, device: u32, bytes: usize) -> CuResult<u64> {
         host_newer: true,
     };
     s.managed.insert(ptr, managed);
+    Ok(ptr)
+}
+
+/// Managed memory on a GPU: shared host memory that the worker maps at the
+/// same address and the device reaches there over the bus, so host and
+/// device see one copy at every moment (as with concurrent managed access),
+/// at the link's speed for kernels. Refused where the device cannot reach it
+/// at that address.
+fn reached(c: &Client, device: u32, bytes: usize) -> CuResult<u64> {
+    let memory = crate::pinned::alloc_reached(c, bytes).map_err(|why| {
+        tracing::warn!("cuMemAllocManaged of {bytes} bytes: {why}");
+        CUDA_ERROR_NOT_SUPPORTED
+    })?;
+    let ptr = memory.ptr() as u64;
+    if let Err(e) = c.place(ptr, bytes as u64, device) {
+        crate::pinned::free(c, memory);
+        return Err(e);
+    }
+    let mut s = c.lock();
+    s.allocations.insert(ptr, bytes as u64);
+    s.managed_reached.insert(ptr, memory);
     Ok(ptr)
 }
 

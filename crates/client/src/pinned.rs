@@ -43,33 +43,40 @@ pub fn alloc(c: &Client, bytes: usize) -> Option<PinnedMemory> {
     if !wanted(bytes) {
         return None;
     }
-    let len = bytes.checked_next_multiple_of(PAGE)? as u64;
-    let made = create_memfd(len).and_then(|fd| Ok((HostMapping::map(fd.as_fd(), len)?, fd)));
-    let (mapping, fd) = match made {
-        Ok(made) => made,
-        Err(e) => {
-            tracing::debug!("pinned memory stays plain: no memfd ({e})");
-            return None;
-        }
-    };
+    register(c, bytes, false)
+        .map_err(|e| tracing::debug!("pinned memory stays plain: {e}"))
+        .ok()
+}
+
+/// A buffer of `bytes` that the current device reaches by the program's
+/// own address (managed memory on a GPU), or why there is none.
+pub fn alloc_reached(c: &Client, bytes: usize) -> Result<PinnedMemory, String> {
+    register(c, bytes, true)
+}
+
+fn register(c: &Client, bytes: usize, reached: bool) -> Result<PinnedMemory, String> {
+    let len = bytes
+        .checked_next_multiple_of(PAGE)
+        .ok_or("too large a buffer")? as u64;
+    let (mapping, fd) = create_memfd(len)
+        .and_then(|fd| Ok((HostMapping::map(fd.as_fd(), len)?, fd)))
+        .map_err(|e| format!("no memfd ({e})"))?;
     let call = Call::HostRegister {
         base: mapping.as_ptr() as u64,
         bytes: len,
+        reached,
     };
     // The current device's session takes it; the program's sessions on its
     // other devices may name it too (the server shares it among them).
     let device = crate::state::current_device();
     match c.call_with_fd_on(device, call, fd.as_fd()) {
-        Ok(ReplyBody::Handle(region)) => Some(PinnedMemory {
+        Ok(ReplyBody::Handle(region)) => Ok(PinnedMemory {
             region,
             device,
             mapping,
         }),
-        Ok(_) => None,
-        Err(e) => {
-            tracing::debug!("pinned memory stays plain: the server did not take it ({e})");
-            None
-        }
+        Ok(other) => Err(format!("the server answered {other:?}")),
+        Err(e) => Err(format!("the server did not take it ({e})")),
     }
 }
 

@@ -50,6 +50,7 @@ fn setup(c: &Client, device: u32) -> CuResult<StagingBuffer> {
     let call = Call::HostRegister {
         base: mapping.as_ptr() as u64,
         bytes: len,
+        reached: false,
     };
     let region = match c.call_with_fd_on(device, call, fd.as_fd())? {
         ReplyBody::Handle(h) => h,

@@ -316,10 +316,14 @@ pub enum Call {
     /// Registers `bytes` of pinned host memory at the client's address `base`:
     /// right after this call the client sends the region's sealed memfd on the
     /// socket (`SCM_RIGHTS`, with [`crate::pinned::FD_TAG`]). Answered by
-    /// [`ReplyBody::Handle`], the region (shared memory only).
+    /// [`ReplyBody::Handle`], the region (shared memory only). `reached`:
+    /// the program needs the device to reach the region by `base` itself
+    /// (managed memory on a GPU); where it cannot, the region is refused
+    /// (`CUDA_ERROR_NOT_SUPPORTED`) rather than kept for copies only.
     HostRegister {
         base: u64,
         bytes: u64,
+        reached: bool,
     },
     /// Unregisters a region once the session's work is done (`cuMemFreeHost`).
     HostUnregister {

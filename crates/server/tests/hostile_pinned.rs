@@ -181,6 +181,27 @@ fn bad_descriptors_are_refused_and_the_connection_serves_on() {
     settle(&h);
 }
 
+/// A region the device must reach by the client's address (managed memory
+/// on a GPU) is refused where it cannot, here the CPU device, and nothing of
+/// it stays: the same memory then registers for copies.
+#[test]
+fn a_region_the_device_cannot_reach_by_its_address_is_refused_when_asked() {
+    let (_one, h) = start("pinned-reached");
+    let before = live_mappings();
+    let (fd, map) = region_memory();
+    let mut c = shm_client(&h);
+    let base = map.as_ptr() as u64;
+    let refused = c.register_host_as(base, LEN, Some(fd.as_fd()), FD_TAG, true);
+    let err = refused.expect_err("the CPU device does not reach host memory by its address");
+    assert_eq!(err.code, codes::NOT_SUPPORTED, "{err:?}");
+    assert!(err.detail.contains("managed memory"), "{err:?}");
+    // Only the test's own mapping is left.
+    assert_eq!(live_mappings(), before + 1);
+    let region = register(&mut c, &fd, &map);
+    let dev = c.alloc(LEN);
+    assert_eq!(c.code(htod(dev, region, 0, LEN, None)), 0);
+}
+
 #[test]
 fn ranges_outside_a_region_or_an_allocation_are_refused() {
     let (_one, h) = start("pinned-ranges");

@@ -44,6 +44,29 @@ int main() {
   CHECK(cudaPointerGetAttributes(&attr, v + 5));
   if (attr.type != cudaMemoryTypeManaged) { printf("FAIL pointer type %d\n", attr.type); return 1; }
 
+  // Hints: a prefetch, advice and attaching to a stream leave the values as
+  // they were; outside managed memory they are refused.
+  int dev;
+  CHECK(cudaGetDevice(&dev));
+  cudaMemLocation here = {};
+  here.type = cudaMemLocationTypeDevice;
+  here.id = dev;
+  CHECK(cudaMemPrefetchAsync(v, N * sizeof(float), here, 0, s));
+  CHECK(cudaMemAdvise(v, N * sizeof(float), cudaMemAdviseSetReadMostly, here));
+  CHECK(cudaStreamAttachMemAsync(s, v, 0, cudaMemAttachGlobal));
+  scale<<<(N + 255) / 256, 256, 0, s>>>(v, N, 2.0f);
+  CHECK(cudaStreamSynchronize(s));
+  if (v[0] != 48.0f || v[10] != 60.0f) { printf("FAIL after hints %f %f\n", v[0], v[10]); return 1; }
+  if (cudaMemPrefetchAsync(d, 4 * sizeof(float), here, 0, s) != cudaErrorInvalidValue) {
+    printf("FAIL a prefetch of device memory was taken\n");
+    return 1;
+  }
+  if (cudaMemPrefetchAsync(v, (N + 1) * sizeof(float), here, 0, s) != cudaErrorInvalidValue) {
+    printf("FAIL a prefetch past the allocation was taken\n");
+    return 1;
+  }
+  cudaGetLastError();
+
   // A second allocation, freed and reallocated.
   int *w;
   CHECK(cudaMallocManaged(&w, 64 * sizeof(int)));

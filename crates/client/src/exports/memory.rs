@@ -76,6 +76,13 @@ pub(super) fn free(c: &Client, ptr: u64) -> CuResult<()> {
         if ptr == 0 {
             return Ok(());
         }
+        if let Some(memory) = st.managed_reached.remove(&ptr) {
+            st.allocations.remove(&ptr);
+            drop(st);
+            crate::pinned::free(c, memory);
+            c.placements().remove(ptr);
+            return Ok(());
+        }
         st.managed.remove(&ptr)
     };
     if let Some(m) = managed {
@@ -138,7 +145,8 @@ fn pointer_facts(c: &Client, st: &mut State, ptr: u64) -> Option<PointerFacts> {
         .device_of(ptr)
         .unwrap_or_else(|| st.current_device());
     let context = st.primary_context(ordinal, || c.mint());
-    let managed = device.is_some() && st.managed.contains_key(&range.0);
+    let managed = device.is_some()
+        && (st.managed.contains_key(&range.0) || st.managed_reached.contains_key(&range.0));
     Some(PointerFacts {
         ptr,
         range,

@@ -233,6 +233,10 @@ pub struct State {
     pub allocations: BTreeMap<u64, u64>,
     /// Managed allocations (also in `allocations`).
     pub managed: BTreeMap<u64, Managed>,
+    /// Managed memory on a GPU (`crate::managed`): shared host memory the
+    /// device reaches at the same address; base → the buffer. Also in
+    /// `allocations`; never pushed or pulled.
+    pub managed_reached: BTreeMap<u64, PinnedMemory>,
     /// Mapped virtual memory (`cuMemMap`): base → size of each mapping.
     /// Device memory as allocations are.
     pub mappings: BTreeMap<u64, u64>,

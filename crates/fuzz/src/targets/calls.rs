@@ -420,6 +420,7 @@ pub fn call(u: &mut Unstructured, known: &Known, images: Images) -> Result<Call>
         30 => Call::HostRegister {
             base: u.arbitrary()?,
             bytes: u.int_in_range(0..=1 << 16)?,
+            reached: u.arbitrary()?,
         },
         31 => Call::HostUnregister {
             region: handle(u, &known.regions.iter().map(|r| r.0).collect::<Vec<_>>())?,

@@ -802,9 +802,24 @@ impl Session {
                 .unwrap_or_else(|| Err(err(codes::UNKNOWN, "a server call the session took"))),
             // Calls are handled in order: every earlier one is done.
             Call::Fence => Ok(ReplyBody::Unit),
-            Call::HostRegister { base, bytes } => {
+            Call::HostRegister {
+                base,
+                bytes,
+                reached,
+            } => {
                 let fd = self.take_incoming_fd();
                 let region = self.host.register(self.ctx.as_ref(), base, bytes, fd)?;
+                if reached && self.host.reached_range(base) != Some((base, bytes)) {
+                    self.host.unregister(self.ctx.as_ref(), region)?;
+                    return Err(CuError::new(
+                        codes::NOT_SUPPORTED,
+                        format!(
+                            "managed memory: the device cannot reach host memory at the \
+                             program's address {base:#x} here (a CPU device, or the address is \
+                             taken in the worker)"
+                        ),
+                    ));
+                }
                 if let (Some(group), Some(mapping)) = (&self.group, self.host.mapping(region)) {
                     group.publish_region(region, mapping);
                 }

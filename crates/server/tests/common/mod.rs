@@ -396,7 +396,23 @@ impl Client {
         fd: Option<std::os::fd::BorrowedFd<'_>>,
         tag: u8,
     ) -> Result<Handle, CuError> {
-        let seq = self.send(Call::HostRegister { base, bytes });
+        self.register_host_as(base, bytes, fd, tag, false)
+    }
+
+    /// [`Client::register_host`], asking that the device reach it by `base`.
+    pub fn register_host_as(
+        &mut self,
+        base: u64,
+        bytes: u64,
+        fd: Option<std::os::fd::BorrowedFd<'_>>,
+        tag: u8,
+        reached: bool,
+    ) -> Result<Handle, CuError> {
+        let seq = self.send(Call::HostRegister {
+            base,
+            bytes,
+            reached,
+        });
         match fd {
             Some(fd) => shm::send_with_fd(&self.writer, &[tag], fd).unwrap(),
             None if tag == 0 => {}
