@@ -13,6 +13,11 @@ __global__ void fill(int *v, int n, int k) {
   if (i < n) v[i] = i + k;
 }
 
+__global__ void add(const int *in, int *out, int n, int k) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) out[i] = in[i] + k;
+}
+
 static const int n = 4096;
 static int host[n];
 static long long host_sum = 0;
@@ -156,6 +161,59 @@ int main() {
     }
     CHECK(cudaGraphExecDestroy(e));
     CHECK(cudaGraphDestroy(g));
+  }
+  // 4. Captured over two streams (NVIDIA's graphMemoryNodes sample): an
+  // input copied in, a kernel, its result copied out on a second stream while
+  // the input is freed and another buffer allocated, a second kernel, its
+  // result copied out; the streams and the graph destroyed before launches.
+  {
+    static int in[n], mid[n];
+    cudaStream_t s2;
+    CHECK(cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking));
+    cudaEvent_t first, second;
+    CHECK(cudaEventCreate(&first));
+    CHECK(cudaEventCreate(&second));
+    cudaGraph_t g;
+    CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+    int *d_in = nullptr, *d_mid = nullptr, *d_out = nullptr;
+    CHECK(cudaMallocAsync(&d_in, n * sizeof(int), s));
+    CHECK(cudaMallocAsync(&d_mid, n * sizeof(int), s));
+    CHECK(cudaMemcpyAsync(d_in, in, sizeof(in), cudaMemcpyHostToDevice, s));
+    add<<<(n + 255) / 256, 256, 0, s>>>(d_in, d_mid, n, 1);
+    CHECK(cudaEventRecord(first, s));
+    CHECK(cudaStreamWaitEvent(s2, first, 0));
+    CHECK(cudaMemcpyAsync(mid, d_mid, sizeof(mid), cudaMemcpyDeviceToHost, s2));
+    CHECK(cudaFreeAsync(d_in, s));
+    CHECK(cudaMallocAsync(&d_out, n * sizeof(int), s));
+    add<<<(n + 255) / 256, 256, 0, s>>>(d_mid, d_out, n, 2);
+    CHECK(cudaEventRecord(second, s));
+    CHECK(cudaMemcpyAsync(host, d_out, sizeof(host), cudaMemcpyDeviceToHost, s));
+    CHECK(cudaFreeAsync(d_out, s));
+    CHECK(cudaStreamWaitEvent(s2, second, 0));
+    CHECK(cudaFreeAsync(d_mid, s2));
+    CHECK(cudaEventRecord(first, s2));
+    CHECK(cudaStreamWaitEvent(s, first, 0));
+    CHECK(cudaStreamEndCapture(s, &g));
+    cudaGraphExec_t e;
+    CHECK(cudaGraphInstantiate(&e, g, 0));
+    CHECK(cudaStreamDestroy(s2));
+    CHECK(cudaGraphDestroy(g));
+    for (int round = 0; round < 2; round++) {
+      for (int i = 0; i < n; i++) in[i] = i + 10 * round;
+      for (int i = 0; i < n; i++) host[i] = mid[i] = -1;
+      CHECK(cudaGraphLaunch(e, s));
+      CHECK(cudaStreamSynchronize(s));
+      for (int i = 0; i < n; i++) {
+        if (mid[i] != i + 10 * round + 1) {
+          printf("FAIL two streams: mid[%d] = %d\n", i, mid[i]);
+          return 1;
+        }
+      }
+      if (check(10 * round + 3, "captured over two streams, free then allocate")) return 1;
+    }
+    CHECK(cudaGraphExecDestroy(e));
+    CHECK(cudaEventDestroy(first));
+    CHECK(cudaEventDestroy(second));
   }
   printf("PASS\n");
   return 0;

@@ -407,7 +407,11 @@ driver_fn! {
         let stream = handles::stream(s)?;
         let mut st = c.lock();
         st.check_stream(stream)?;
-        let ops = st.capture.remove(&stream).ok_or(CUDA_ERROR_ILLEGAL_STATE)?;
+        if !st.capture.contains_key(&stream) && st.capturing(stream) {
+            // A stream that joined a capture does not end it.
+            return Err(CUDA_ERROR_STREAM_CAPTURE_UNMATCHED);
+        }
+        let ops = st.end_capture(stream).ok_or(CUDA_ERROR_ILLEGAL_STATE)?;
         let h = add_graph(c, &mut st, ops);
         drop(st);
         out(graph, to_ptr(h))

@@ -247,6 +247,13 @@ pub struct State {
     pub links: HashMap<usize, LinkState>,
     /// Streams being captured and what they recorded.
     pub capture: HashMap<Handle, Vec<GraphOp>>,
+    /// Streams that joined another's capture (by waiting on an event it
+    /// recorded while capturing): stream → the capturing stream. Their work
+    /// is recorded there in the order issued, which respects every
+    /// dependency of the forked work.
+    pub capture_joined: HashMap<Handle, Handle>,
+    /// Events recorded while capturing: event → the capturing stream.
+    pub capture_events: HashMap<Handle, Handle>,
     /// Captured graphs and their instantiations.
     pub graphs: HashMap<usize, Recording>,
     pub graph_execs: HashMap<usize, Recording>,
@@ -477,12 +484,31 @@ impl State {
 
     /// Whether `stream` is being captured into a graph.
     pub fn capturing(&self, stream: Handle) -> bool {
-        self.capture.contains_key(&stream)
+        self.capture_origin(stream).is_some()
+    }
+
+    /// The capturing stream whose graph `stream`'s work goes to: itself, or
+    /// the one it joined.
+    fn capture_origin(&self, stream: Handle) -> Option<Handle> {
+        if self.capture.contains_key(&stream) {
+            return Some(stream);
+        }
+        let origin = *self.capture_joined.get(&stream)?;
+        self.capture.contains_key(&origin).then_some(origin)
+    }
+
+    /// Ends `origin`'s capture: what it recorded (joined streams' work too).
+    pub fn end_capture(&mut self, origin: Handle) -> Option<Vec<GraphOp>> {
+        let ops = self.capture.remove(&origin)?;
+        self.capture_joined.retain(|_, o| *o != origin);
+        self.capture_events.retain(|_, o| *o != origin);
+        Some(ops)
     }
 
     /// Records `op` if `stream` is being captured; gives it back otherwise.
     pub fn capture(&mut self, stream: Handle, op: GraphOp) -> Option<GraphOp> {
-        match self.capture.get_mut(&stream) {
+        let origin = self.capture_origin(stream).unwrap_or(stream);
+        match self.capture.get_mut(&origin) {
             Some(ops) => {
                 ops.push(op);
                 None
@@ -497,6 +523,22 @@ impl State {
         let Some(stream) = stream_of_call(&call) else {
             return Some(call);
         };
+        match call {
+            Call::EventRecord { event, stream } => {
+                if let Some(origin) = self.capture_origin(stream) {
+                    self.capture_events.insert(event, origin);
+                }
+            }
+            // Waiting on an event of a capture forks that capture onto this stream.
+            Call::StreamWaitEvent { stream, event } if !self.capturing(stream) => {
+                if let Some(&origin) = self.capture_events.get(&event) {
+                    if self.capture.contains_key(&origin) {
+                        self.capture_joined.insert(stream, origin);
+                    }
+                }
+            }
+            _ => {}
+        }
         match self.capture(stream, GraphOp::Call(call)) {
             Some(GraphOp::Call(call)) => Some(call),
             _ => None,
