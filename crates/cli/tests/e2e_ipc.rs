@@ -220,6 +220,7 @@ fn shareable_physical_memory_moves_between_sessions(server: &std::sync::Arc<cumu
             device: 0,
             size: granule,
             handle_types,
+            compressed: false,
         })
     };
     let Some(Ok(ReplyBody::Handle(private))) = exporter.handle(create(0)) else {

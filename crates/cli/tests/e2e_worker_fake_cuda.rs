@@ -272,12 +272,14 @@ fn virtual_memory_in_workers(
         .vmm(&VmmOp::Create {
             size: GRANULE,
             shareable: false,
+            compressed: false,
         })
         .unwrap();
     let b = ctx
         .vmm(&VmmOp::Create {
             size: GRANULE,
             shareable: false,
+            compressed: false,
         })
         .unwrap();
     assert_eq!(isolated.mem_used(), 2 * GRANULE);
@@ -336,6 +338,7 @@ fn virtual_memory_in_workers(
         .vmm(&VmmOp::Create {
             size: GRANULE,
             shareable: false,
+            compressed: false,
         })
         .unwrap();
     let at = mapped(one.as_ref(), 2, p);
@@ -354,6 +357,7 @@ fn virtual_memory_in_workers(
         .vmm(&VmmOp::Create {
             size: GRANULE,
             shareable: false,
+            compressed: false,
         })
         .unwrap();
     assert_eq!(q, p, "the fake gives the physical memory out again");
@@ -393,6 +397,7 @@ fn virtual_memory_in_workers(
         device: 0,
         size: GRANULE,
         handle_types: 0,
+        compressed: false,
     }) else {
         panic!("no physical memory")
     };
@@ -421,6 +426,7 @@ fn virtual_memory_in_workers(
         .vmm(&VmmOp::Create {
             size: GRANULE,
             shareable: false,
+            compressed: false,
         })
         .unwrap();
     let left_at = mapped(one.as_ref(), 2, r);

@@ -44,6 +44,9 @@ pub struct CUipcMemHandle {
     pub reserved: [u8; 64],
 }
 
+/// `CU_MEM_ALLOCATION_COMP_GENERIC`: compressible memory.
+pub const CU_MEM_ALLOCATION_COMP_GENERIC: u8 = 1;
+
 /// `CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR`.
 pub const CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR: c_uint = 1;
 
@@ -419,6 +422,7 @@ driver_api! {
     cuMemAddressReserve ["cuMemAddressReserve"] (*mut CUdeviceptr, usize, usize, CUdeviceptr, u64);
     cuMemAddressFree ["cuMemAddressFree"] (CUdeviceptr, usize);
     cuMemCreate ["cuMemCreate"] (*mut CUmemGenericAllocationHandle, usize, *const CUmemAllocationProp, u64);
+    cuMemGetAllocationPropertiesFromHandle ["cuMemGetAllocationPropertiesFromHandle"] (*mut CUmemAllocationProp, CUmemGenericAllocationHandle);
     cuMemRelease ["cuMemRelease"] (CUmemGenericAllocationHandle);
     cuMemMap ["cuMemMap"] (CUdeviceptr, usize, usize, CUmemGenericAllocationHandle, u64);
     cuMemUnmap ["cuMemUnmap"] (CUdeviceptr, usize);

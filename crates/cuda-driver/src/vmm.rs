@@ -100,17 +100,40 @@ impl Context {
 
     /// A physical allocation of `size` bytes on this context's device: its
     /// handle (shareable with no other process).
-    pub fn vmm_create(&self, size: u64, shareable: bool) -> Result<u64, CudaError> {
+    pub fn vmm_create(
+        &self,
+        size: u64,
+        shareable: bool,
+        compressed: bool,
+    ) -> Result<u64, CudaError> {
         self.make_current()?;
         let mut prop = self.pinned_here();
         if shareable {
             prop.requested_handle_types = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+        }
+        if compressed {
+            prop.compression_type = CU_MEM_ALLOCATION_COMP_GENERIC;
         }
         let mut handle: CUmemGenericAllocationHandle = 0;
         let size = to_usize(size)?;
         // SAFETY: an out-pointer and a properties struct that outlive the call.
         unsafe { cu!(self.driver, cuMemCreate(&mut handle, size, &prop, 0))? };
         Ok(handle)
+    }
+
+    /// Whether physical allocation `handle` is compressible: the driver may
+    /// not grant compression that was asked for.
+    pub fn vmm_compressed(&self, handle: u64) -> Result<bool, CudaError> {
+        self.make_current()?;
+        let mut prop = self.pinned_here();
+        // SAFETY: an out-pointer to a properties struct of the driver's layout.
+        unsafe {
+            cu!(
+                self.driver,
+                cuMemGetAllocationPropertiesFromHandle(&mut prop, handle)
+            )?
+        };
+        Ok(prop.compression_type == CU_MEM_ALLOCATION_COMP_GENERIC)
     }
 
     /// A file descriptor for physical allocation `handle` (made shareable),

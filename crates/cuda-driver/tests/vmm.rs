@@ -20,8 +20,8 @@ fn physical_memory_mapped_side_by_side_reads_as_one_range() {
     let base = ctx.vmm_reserve(4 * g, 0).unwrap();
     assert_eq!(base % g, 0);
     let (a, b) = (
-        ctx.vmm_create(g, false).unwrap(),
-        ctx.vmm_create(g, true).unwrap(),
+        ctx.vmm_create(g, false, false).unwrap(),
+        ctx.vmm_create(g, true, false).unwrap(),
     );
     ctx.vmm_map(base, g, a).unwrap();
     ctx.vmm_map(base + g, g, b).unwrap();

@@ -49,6 +49,10 @@ pub enum VmmCall {
         device: u32,
         size: u64,
         handle_types: u64,
+        /// Compressible memory asked for (`CU_MEM_ALLOCATION_COMP_GENERIC`):
+        /// the device grants it or not, as the driver does; the properties
+        /// say which.
+        compressed: bool,
     },
     /// `cuMemRelease`: drops one reference to a physical allocation.
     Release { handle: Handle },
@@ -87,9 +91,11 @@ pub enum VmmCall {
 }
 
 /// What `cuMemGetAllocationPropertiesFromHandle` reports of a physical
-/// allocation (pinned memory on a device, not compressed).
+/// allocation (pinned memory on a device).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct VmmProperties {
     pub device: u32,
     pub handle_types: u64,
+    /// Compressible, as asked and granted.
+    pub compressed: bool,
 }

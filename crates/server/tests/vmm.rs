@@ -42,6 +42,7 @@ fn try_create(c: &mut Client, size: u64) -> Result<Handle, u32> {
         device: 0,
         size,
         handle_types: HANDLE_TYPE_POSIX_FD,
+        compressed: false,
     };
     match vmm(c, call) {
         Ok(ReplyBody::Handle(h)) => Ok(h),
@@ -183,6 +184,7 @@ fn misaligned_and_malformed_calls_get_the_drivers_codes() {
         device,
         size,
         handle_types,
+        compressed: false,
     };
     assert_eq!(code(&mut c, create(0, G + 1, 0)), codes::INVALID_VALUE);
     assert_eq!(code(&mut c, create(0, 0, 0)), codes::INVALID_VALUE);

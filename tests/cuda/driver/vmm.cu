@@ -148,6 +148,23 @@ int main() {
     return 1;
   }
 
+  // Compressible memory: granted where the device says it compresses (the
+  // properties say so), never where it does not.
+  int compresses = 0;
+  CK(cuDeviceGetAttribute(&compresses, CU_DEVICE_ATTRIBUTE_GENERIC_COMPRESSION_SUPPORTED, dev));
+  CUmemAllocationProp compressible = prop;
+  compressible.allocFlags.compressionType = CU_MEM_ALLOCATION_COMP_GENERIC;
+  CUmemGenericAllocationHandle packed;
+  CK(cuMemCreate(&packed, seg, &compressible, 0));
+  CUmemAllocationProp packed_got = {};
+  CK(cuMemGetAllocationPropertiesFromHandle(&packed_got, packed));
+  if ((packed_got.allocFlags.compressionType == CU_MEM_ALLOCATION_COMP_GENERIC) != (compresses != 0)) {
+    printf("FAIL compression %d on a device that says %d\n", packed_got.allocFlags.compressionType, compresses);
+    return 1;
+  }
+  if (got.allocFlags.compressionType != CU_MEM_ALLOCATION_COMP_NONE) { printf("FAIL compressed unasked\n"); return 1; }
+  CK(cuMemRelease(packed));
+
   // Nothing goes while mapped, and no mapping is cut in two.
   EXPECT(cuMemAddressFree(base, 8 * seg), CUDA_ERROR_INVALID_VALUE);
   EXPECT(cuMemUnmap(base, seg / 2), CUDA_ERROR_INVALID_VALUE);

@@ -81,16 +81,25 @@ fn refuse_host(location: MemLocation) -> CuResult<()> {
     }
 }
 
-/// The device and shareable handle types of pinned device memory's
-/// properties, as `cuMemCreate` and `cuMemGetAllocationGranularity` take them.
-fn pinned_device_memory(c: &Client, prop: *const c_void) -> CuResult<(u32, u64)> {
+/// `CU_MEM_ALLOCATION_COMP_GENERIC`.
+const COMPRESSION_GENERIC: u8 = 1;
+
+/// The device, shareable handle types and compression of pinned device
+/// memory's properties, as `cuMemCreate` and `cuMemGetAllocationGranularity`
+/// take them.
+fn pinned_device_memory(c: &Client, prop: *const c_void) -> CuResult<(u32, u64, bool)> {
     let prop = read_in(prop.cast::<AllocationProp>())?;
     if prop.kind != CU_MEM_ALLOCATION_TYPE_PINNED {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
+    let compressed = match prop.compression_type {
+        0 => false,
+        COMPRESSION_GENERIC => true,
+        _ => return Err(CUDA_ERROR_INVALID_VALUE),
+    };
     refuse_host(prop.location)?;
     let device = device_at(c, prop.location)?;
-    Ok((device, u64::from(prop.requested_handle_types)))
+    Ok((device, u64::from(prop.requested_handle_types), compressed))
 }
 
 fn vmm(c: &Client, call: VmmCall) -> CuResult<ReplyBody> {
@@ -174,8 +183,8 @@ driver_fn! {
         if flags != 0 || size == 0 {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
-        let (device, handle_types) = pinned_device_memory(c, prop)?;
-        let call = VmmCall::Create { device, size: size as u64, handle_types };
+        let (device, handle_types, compressed) = pinned_device_memory(c, prop)?;
+        let call = VmmCall::Create { device, size: size as u64, handle_types, compressed };
         out(handle, reply_value(vmm(c, call)?)?)
     }
 
@@ -250,7 +259,7 @@ driver_fn! {
             requested_handle_types: found.handle_types as u32,
             location: MemLocation { kind: CU_MEM_LOCATION_TYPE_DEVICE, id: found.device as i32 },
             win32_handle_meta_data: std::ptr::null_mut(),
-            compression_type: 0,
+            compression_type: if found.compressed { COMPRESSION_GENERIC } else { 0 },
             gpu_direct_rdma_capable: 0,
             usage: 0,
             reserved: [0; 4],

@@ -135,8 +135,16 @@ pub enum VmmOp {
     /// Gives back a reservation with no mapping left in it.
     FreeReservation { ptr: DevicePtr, size: u64 },
     /// A physical allocation of `size` bytes: its id. `shareable`: one
-    /// [`DeviceContext::vmm_export`] can give as a file descriptor.
-    Create { size: u64, shareable: bool },
+    /// [`DeviceContext::vmm_export`] can give as a file descriptor;
+    /// `compressed`: compressible memory asked for, which a device may not
+    /// grant ([`VmmOp::Compressed`] says).
+    Create {
+        size: u64,
+        shareable: bool,
+        compressed: bool,
+    },
+    /// Whether physical allocation `physical` is compressible: 1 or 0.
+    Compressed { physical: u64 },
     /// Frees a physical allocation that no mapping uses any more.
     Release { physical: u64, size: u64 },
     /// Maps the first `size` bytes of `physical` at `ptr`, in a reservation.

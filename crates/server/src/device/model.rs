@@ -139,6 +139,7 @@ impl State {
                 Ok(start)
             }
             VmmOp::FreeReservation { .. } | VmmOp::SetAccess { .. } => Ok(0),
+            VmmOp::Compressed { .. } => Ok(0),
             VmmOp::Create { size, .. } => {
                 let len = usize::try_from(size)
                     .ok()

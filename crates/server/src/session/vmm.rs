@@ -49,7 +49,8 @@ impl Session {
                 device,
                 size,
                 handle_types,
-            } => self.vmm_create(device, size, handle_types),
+                compressed,
+            } => self.vmm_create(device, size, handle_types, compressed),
             VmmCall::Release { handle } => {
                 let physical = self.vmm.held(handle)?;
                 physical.refs -= 1;
@@ -91,10 +92,11 @@ impl Session {
                 Ok(ReplyBody::Handle(handle))
             }
             VmmCall::Properties { handle } => {
-                let handle_types = self.vmm.held(handle)?.handle_types;
+                let physical = self.vmm.held(handle)?;
                 Ok(ReplyBody::VmmProperties(VmmProperties {
                     device: self.index,
-                    handle_types,
+                    handle_types: physical.handle_types,
+                    compressed: physical.compressed,
                 }))
             }
             VmmCall::Export { handle } => self.vmm_export(handle),
@@ -132,6 +134,7 @@ impl Session {
             refs: 1,
             mappings: 0,
             handle_types: HANDLE_TYPE_POSIX_FD,
+            compressed: false,
             imported: true,
         };
         self.vmm.physical.insert(handle, physical);
@@ -220,7 +223,13 @@ impl Session {
         Ok(ReplyBody::Unit)
     }
 
-    fn vmm_create(&mut self, device: u32, size: u64, handle_types: u64) -> CallResult {
+    fn vmm_create(
+        &mut self,
+        device: u32,
+        size: u64,
+        handle_types: u64,
+        compressed: bool,
+    ) -> CallResult {
         self.check_device(device)?;
         let g = self.vmm_granularity()?;
         if size == 0 || !size.is_multiple_of(g) {
@@ -236,13 +245,24 @@ impl Session {
         }
         self.reserve(size)?;
         let shareable = handle_types & HANDLE_TYPE_POSIX_FD != 0;
-        let backend = match self.ctx.vmm(&VmmOp::Create { size, shareable }) {
+        let create = VmmOp::Create {
+            size,
+            shareable,
+            compressed,
+        };
+        let backend = match self.ctx.vmm(&create) {
             Ok(id) => id,
             Err(e) => {
                 self.release(size);
                 return Err(e);
             }
         };
+        // What the device granted, as the driver reports it.
+        let compressed = compressed
+            && self
+                .ctx
+                .vmm(&VmmOp::Compressed { physical: backend })
+                .is_ok_and(|c| c == 1);
         let handle = self.mint_handle();
         let physical = Physical {
             size,
@@ -250,6 +270,7 @@ impl Session {
             refs: 1,
             mappings: 0,
             handle_types,
+            compressed,
             imported: false,
         };
         self.vmm.physical.insert(handle, physical);

@@ -20,6 +20,8 @@ pub(super) struct Physical {
     /// Its mappings: the memory is freed when there are none and no reference.
     pub(super) mappings: u32,
     pub(super) handle_types: u64,
+    /// Compressible, as asked and as the device granted.
+    pub(super) compressed: bool,
     /// Imported from another program (`cuMemImportFromShareableHandle`):
     /// its memory is the exporter's, and its size the driver's to check.
     pub(super) imported: bool,

@@ -570,8 +570,14 @@ impl DeviceContext for CudaContext {
             VmmOp::Granularity { recommended } => ctx.vmm_granularity(recommended),
             VmmOp::Reserve { size, alignment } => ctx.vmm_reserve(size, alignment),
             VmmOp::FreeReservation { ptr, size } => ctx.vmm_address_free(ptr, size).map(|()| 0),
-            VmmOp::Create { size, shareable } => {
-                let handle = ctx.vmm_create(size, shareable).map_err(cu_err)?;
+            VmmOp::Create {
+                size,
+                shareable,
+                compressed,
+            } => {
+                let handle = ctx
+                    .vmm_create(size, shareable, compressed)
+                    .map_err(cu_err)?;
                 self.memory.charge(size);
                 Ok(handle)
             }
@@ -586,6 +592,7 @@ impl DeviceContext for CudaContext {
                 physical,
             } => ctx.vmm_map(ptr, size, physical).map(|()| 0),
             VmmOp::Unmap { ptr, size } => ctx.vmm_unmap(ptr, size).map(|()| 0),
+            VmmOp::Compressed { physical } => ctx.vmm_compressed(physical).map(u64::from),
             VmmOp::SetAccess { ptr, size, flags } => {
                 let flags = u32::try_from(flags).map_err(|_| {
                     CuError::new(codes::INVALID_VALUE, format!("access flags {flags:#x}"))

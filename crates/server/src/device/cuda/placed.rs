@@ -235,7 +235,7 @@ impl Placed {
     fn map(&mut self, ctx: &cu::Context, chunks: &[(u64, u64)]) -> Result<(), CuError> {
         for &(lo, hi) in chunks {
             let size = hi - lo;
-            let physical = ctx.vmm_create(size, false).map_err(cu_err)?;
+            let physical = ctx.vmm_create(size, false, false).map_err(cu_err)?;
             if let Err(e) = ctx.vmm_map(lo, size, physical) {
                 let _ = ctx.vmm_release(physical);
                 return Err(cu_err(e));
