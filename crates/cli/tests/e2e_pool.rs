@@ -343,6 +343,26 @@ fn a_program_still_starting_counts_for_the_next_placement() {
     let placed = (on(&first), on(&second));
     // Once both run, neither server counts a claim: their sessions count.
     let claims = (starting(&first), starting(&second));
+    // And the claim's connection is gone: a running program holds one seat
+    // (the other taken one is the status call asking).
+    let seats = |server: &ServerProc| {
+        let out = std::process::Command::new(CUMUX)
+            .args(["status", "--json", "--server", &server.address])
+            .output()
+            .unwrap();
+        let status: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        status["limits"]["taken"].as_u64().unwrap_or(u64::MAX)
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while seats(&first) > 2 || seats(&second) > 2 {
+        assert!(
+            Instant::now() < deadline,
+            "a claim still holds a seat: {} and {} taken",
+            seats(&first),
+            seats(&second)
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
     for child in [&mut one, &mut two] {
         let _ = child.kill();
         let _ = child.wait();

@@ -3,7 +3,7 @@
 //! and replies over a session. Malformed bytes — on the socket or in the shared
 //! area — close the connection (and its session) and never reach anything else.
 
-use std::io::{BufReader, Read, Write};
+use std::io::{BufReader, ErrorKind, Read, Write};
 use std::net::TcpStream;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
@@ -489,8 +489,10 @@ fn preflight_welcome(server: &Server, devices: Vec<crate::SeenDevice>) -> HelloR
 }
 
 /// A placement held (`ClientRole::Claim`): admitted as a preflight, then
-/// counted on its devices until the client closes the connection. The
-/// client sends nothing more; bytes from it end the claim.
+/// counted on its devices until the client closes the connection or the
+/// program opens a session (then the connection is closed, so that a
+/// running program holds one seat, not two). The client sends nothing
+/// more; bytes from it end the claim.
 fn hold_claim(
     server: &Server,
     hello: &Hello,
@@ -507,24 +509,32 @@ fn hold_claim(
         }
     };
     let ordinals = devices.iter().map(|(d, _)| d.info().ordinal).collect();
-    if let Err(e) = writer.set_read_timeout(None) {
-        return Ending::Broken(format!("cannot clear the handshake timeout: {e}"));
+    if let Err(e) = writer.set_read_timeout(Some(CLAIM_CHECK)) {
+        return Ending::Broken(format!("cannot set a claim's timeout: {e}"));
     }
     let claim = server.registry().claim(hello.pid, ordinals);
     let held = match send(writer, &preflight_welcome(server, devices)) {
-        Ok(()) => {
+        Ok(()) => loop {
             let mut byte = [0u8; 1];
             match reader.read(&mut byte) {
-                Ok(0) => Ending::Closed,
-                Ok(_) => Ending::Broken("a claim's client sent bytes".into()),
-                Err(e) => Ending::Broken(format!("a claim's connection broke: {e}")),
+                Ok(0) => break Ending::Closed,
+                Ok(_) => break Ending::Broken("a claim's client sent bytes".into()),
+                Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
+                    if server.registry().has_session_of(hello.pid) {
+                        break Ending::Closed;
+                    }
+                }
+                Err(e) => break Ending::Broken(format!("a claim's connection broke: {e}")),
             }
-        }
+        },
         Err(e) => Ending::Broken(format!("cannot answer a claim: {e}")),
     };
     server.registry().release(claim);
     held
 }
+
+/// How often a held claim looks for its program's session.
+const CLAIM_CHECK: Duration = Duration::from_millis(500);
 
 /// Whose sessions a connection's status calls show: everyone's to the
 /// server's own uid and to root (on the unix socket, where the uid is

@@ -99,6 +99,11 @@ impl Registry {
         lock(&self.claims).remove(&claim);
     }
 
+    /// Whether a program `pid` has a session here now.
+    pub fn has_session_of(&self, pid: u32) -> bool {
+        self.lock().values().any(|e| e.pid == pid)
+    }
+
     /// Claims on device `ordinal` whose program has no session here now.
     fn claims_waiting(&self, ordinal: u32, entries: &[Arc<SessionEntry>]) -> u32 {
         lock(&self.claims)
