@@ -55,6 +55,9 @@ programs_pass! {
     /// Clones, parameters read back, event and host nodes changed, nodes
     /// disabled, edges removed, DOT.
     the_rest_of_the_graph_api: "graph_api" on "graphapi";
+    /// If/else, while and switch nodes over body graphs, their handles set
+    /// by kernels (`cudaGraphSetConditional`).
+    conditional_graph_nodes: "graph_conditional" on "graphcond";
 }
 
 /// A driver-API program of tests/cuda/driver linked against the client driver

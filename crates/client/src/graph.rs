@@ -49,6 +49,22 @@ pub enum GraphOp {
     MemFree {
         ptr: u64,
     },
+    /// A conditional node (`CU_GRAPH_NODE_TYPE_CONDITIONAL`).
+    Conditional(Arc<Conditional>),
+}
+
+/// A conditional node: its handle is a device word that kernels set
+/// (`cudaGraphSetConditional`, `crate::conditional`), read where the node
+/// stands at each launch to run a body graph once (if), again and again
+/// (while) or the one it names (switch).
+#[derive(Debug)]
+pub struct Conditional {
+    /// The handle: the device address of the condition's word.
+    pub cell: u64,
+    /// `CU_GRAPH_COND_TYPE_IF`, `_WHILE` or `_SWITCH`.
+    pub kind: u32,
+    /// The program's handles of its body graphs, filled after the node is made.
+    pub bodies: Vec<usize>,
 }
 
 pub type Recording = Arc<Vec<GraphOp>>;
@@ -106,6 +122,7 @@ pub fn launches_only(recording: &[GraphOp]) -> Option<Vec<GraphLaunch>> {
         match op {
             GraphOp::Empty | GraphOp::MemAlloc { .. } => {}
             GraphOp::Child(child) => launches.extend(launches_only(child)?),
+            GraphOp::Conditional(_) => return None,
             op => launches.push(as_launch(op)?),
         }
     }

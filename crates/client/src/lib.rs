@@ -28,6 +28,7 @@
 //! synchronising call.
 
 pub mod abi;
+pub mod conditional;
 pub mod dark_api;
 pub mod entry_points;
 pub mod errors;

@@ -129,6 +129,7 @@ pub(super) fn node_type(op: &GraphOp) -> u32 {
         GraphOp::Call(cumux_protocol::Call::EventRecord { .. }) => 7,
         GraphOp::MemAlloc { .. } => 10,
         GraphOp::MemFree { .. } => 11,
+        GraphOp::Conditional(_) => 13,
         GraphOp::Call(_) => 5,
     }
 }
@@ -316,7 +317,7 @@ fn server_graphs() -> bool {
 /// Replays a recording into `stream` op by op (`st` from the launch, with
 /// `push` the managed memory to send first). Into a stream being captured,
 /// every op is recorded instead.
-fn replay(
+pub(super) fn replay(
     c: &'static Client,
     mut st: StateGuard<'static>,
     push: Vec<(u64, u64)>,
@@ -378,6 +379,7 @@ fn replay(
             GraphOp::Copy3D(p) => super::copy::copy_3d(c, &p.0, Some(stream))?,
             GraphOp::MemFree { ptr } => free_at_replay(c, *ptr, stream)?,
             GraphOp::Child(child) => replay(c, c.lock(), Vec::new(), child, stream)?,
+            GraphOp::Conditional(cond) => super::graph_conditional::run(c, cond, stream)?,
         }
     }
     Ok(())
@@ -564,6 +566,7 @@ driver_fn! {
         let stream = stream?;
         st = c.ready_stream(st, stream)?;
         let graph = st.server_graphs.get(&handle(exec)).copied();
+        let defaults = super::graph_conditional::defaults(&st, handle(exec));
         let push = st.managed_to_push();
         match graph {
             Some(graph) => {
@@ -571,7 +574,11 @@ driver_fn! {
                 crate::managed::push(c, push)?;
                 c.call(Call::GraphLaunch { graph, stream }).map(|_| ())
             }
-            None => replay(c, st, push, &recording, stream),
+            None => {
+                drop(st);
+                super::graph_conditional::assign(c, &defaults, stream)?;
+                replay(c, c.lock(), push, &recording, stream)
+            }
         }
     }
 }

@@ -291,7 +291,7 @@ const NODE_PARAMS_UNION: usize = 16;
 const MEMCPY_NODE_COPY: usize = 16;
 
 /// The op of a `CUgraphNodeParams` (`cuGraphAddNode`): kernel, memset,
-/// memcpy, empty, child, event, host and memory nodes; any other type
+/// memcpy, empty, child, event, host, memory and conditional nodes; any other type
 /// answers `CUDA_ERROR_NOT_SUPPORTED`.
 pub(super) fn node_params_op(c: &Client, params: *mut c_void) -> CuResult<GraphOp> {
     non_null(params)?;
@@ -314,6 +314,7 @@ pub(super) fn node_params_op(c: &Client, params: *mut c_void) -> CuResult<GraphO
         CU_GRAPH_NODE_TYPE_MEM_ALLOC => alloc_node_op(c, union.cast()),
         CU_GRAPH_NODE_TYPE_MEM_FREE => free_node_op(c, *read_in(union.cast::<u64>())?),
         CU_GRAPH_NODE_TYPE_GRAPH => child_op(c, *read_in(union.cast::<*mut c_void>())?),
+        CU_GRAPH_NODE_TYPE_CONDITIONAL => super::graph_conditional::conditional_op(c, union),
         CU_GRAPH_NODE_TYPE_EVENT_RECORD | CU_GRAPH_NODE_TYPE_WAIT_EVENT => event_op(
             c,
             *read_in(union.cast::<*mut c_void>())?,

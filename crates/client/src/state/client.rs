@@ -473,6 +473,7 @@ impl Client {
         image: Vec<u8>,
         library: Option<usize>,
     ) -> CuResult<Handle> {
+        let image = crate::conditional::resolve(image)?;
         // Only the CPU device needs PTX; a GPU runs the linked cubin.
         let on_cpu = self.on_cpu(device);
         let image = if on_cpu {

@@ -145,6 +145,15 @@ impl PinnedMemory {
     }
 }
 
+/// A conditional handle: the device word kernels set, and what a launch of
+/// its graph sets it to first (`CU_GRAPH_COND_ASSIGN_DEFAULT`).
+#[derive(Clone, Copy, Debug)]
+pub struct ConditionalHandle {
+    pub cell: u64,
+    pub default: u32,
+    pub assign_default: bool,
+}
+
 /// A managed allocation (`crate::managed`), also in `State::allocations`.
 pub struct Managed {
     pub size: u64,
@@ -263,6 +272,8 @@ pub struct State {
     pub graph_origins: HashMap<usize, usize>,
     /// Disabled nodes of execs: (exec, node) → the op they had.
     pub disabled_nodes: HashMap<(usize, usize), GraphOp>,
+    /// Conditional handles of each graph (`cuGraphConditionalHandleCreate`).
+    pub conditionals: HashMap<usize, Vec<ConditionalHandle>>,
     /// Exec → the graph it was instantiated from (whose nodes it updates).
     pub exec_graphs: HashMap<usize, usize>,
     /// Instantiated graphs of launches alone that the server keeps as one
