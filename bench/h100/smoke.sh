@@ -126,6 +126,7 @@ driver_programs=(
     "stack_limit;stack_limit.cu;;"
     "textures;textures.cu;;"
     "managed_memory;managed_memory.cu;;"
+    "graph_conditional;graph_conditional.cu;;"
 )
 declare -A program_args
 if [ -z "$PROGRAMS" ] || [ "${DRIVER_PROGRAMS:-1}" = 1 ]; then
