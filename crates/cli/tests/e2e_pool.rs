@@ -231,11 +231,12 @@ fn a_pool_places_a_program_on_the_fewest_servers_that_fit() {
     );
 }
 
-#[test]
-fn a_pool_spreads_programs_over_its_least_busy_servers() {
-    let first = server_of("pool-spread-a", 1, 0);
-    let second = server_of("pool-spread-b", 1, 1);
-    let dir = TempDir::new("pool-spread");
+/// Two one-device servers named `tag-a` and `tag-b` and a pool file of both
+/// (in `dir`).
+fn two_server_pool(tag: &str) -> (ServerProc, ServerProc, TempDir, std::path::PathBuf) {
+    let first = server_of(&format!("{tag}-a"), 1, 0);
+    let second = server_of(&format!("{tag}-b"), 1, 1);
+    let dir = TempDir::new(tag);
     let file = dir.0.join("pool.toml");
     std::fs::write(
         &file,
@@ -245,17 +246,27 @@ fn a_pool_spreads_programs_over_its_least_busy_servers() {
         ),
     )
     .unwrap();
+    (first, second, dir, file)
+}
+
+/// `cumux run --pool FILE -- ARGS…`, its output piped.
+fn run_in_pool(file: &std::path::Path, args: &[&std::ffi::OsStr]) -> Child {
+    let mut command = std::process::Command::new(CUMUX);
+    command
+        .args(["run", "--pool", &file.display().to_string(), "--"])
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    command.spawn().unwrap()
+}
+
+#[test]
+fn a_pool_spreads_programs_over_its_least_busy_servers() {
+    let (first, second, _dir, file) = two_server_pool("pool-spread");
     let program = test_program("loop_launches");
     let start = || {
-        let mut command = std::process::Command::new(CUMUX);
-        command
-            .args(["run", "--pool", &file.display().to_string(), "--"])
-            .arg(&program)
-            .arg("60")
-            .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped());
-        let mut child = command.spawn().unwrap();
+        let mut child = run_in_pool(&file, &[program.as_os_str(), "60".as_ref()]);
         let lines = lines_of(child.stdout.take().unwrap());
         wait_for_line(&lines, "started", LIMIT).unwrap();
         child
@@ -284,30 +295,10 @@ fn a_pool_spreads_programs_over_its_least_busy_servers() {
 /// starting there.
 #[test]
 fn a_program_still_starting_counts_for_the_next_placement() {
-    let first = server_of("pool-claim-a", 1, 0);
-    let second = server_of("pool-claim-b", 1, 1);
-    let dir = TempDir::new("pool-claim");
-    let file = dir.0.join("pool.toml");
-    std::fs::write(
-        &file,
-        format!(
-            "[[servers]]\naddress = \"{}\"\n\n[[servers]]\naddress = \"{}\"\n",
-            first.address, second.address
-        ),
-    )
-    .unwrap();
+    let (first, second, _dir, file) = two_server_pool("pool-claim");
     let program = test_program("loop_launches");
     let slow_start = format!("sleep 3; exec {} 60", program.display());
-    let start = || {
-        let mut command = std::process::Command::new(CUMUX);
-        command
-            .args(["run", "--pool", &file.display().to_string(), "--"])
-            .args(["sh", "-c", &slow_start])
-            .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped());
-        command.spawn().unwrap()
-    };
+    let start = || run_in_pool(&file, &["sh".as_ref(), "-c".as_ref(), slow_start.as_ref()]);
     let starting = |server: &ServerProc| {
         let out = std::process::Command::new(CUMUX)
             .args(["status", "--json", "--server", &server.address])
