@@ -34,6 +34,14 @@ __global__ void count_down(int *counter, int *passes, cudaGraphConditionalHandle
 
 __global__ void choose(const int *in, cudaGraphConditionalHandle h) { cudaGraphSetConditional(h, *in); }
 
+__global__ void positive(const int *v, cudaGraphConditionalHandle h) { cudaGraphSetConditional(h, *v > 0); }
+
+__global__ void step_down(int *v, int *passes, cudaGraphConditionalHandle h) {
+  *v -= 1;
+  *passes += 1;
+  cudaGraphSetConditional(h, *v > 0);
+}
+
 static cudaGraphNode_t kernel_node(cudaGraph_t g, const cudaGraphNode_t *deps, size_t n, void *fn, void **args) {
   cudaGraphNodeParams p = {cudaGraphNodeTypeKernel};
   p.kernel.func = fn;
@@ -157,6 +165,62 @@ int main() {
     printf("switch: ok\n");
     CHECK(cudaGraphExecDestroy(e));
     CHECK(cudaGraphDestroy(g));
+  }
+  // Built by stream capture, as NVIDIA's graphConditionalNodes sample does:
+  // the capture's graph asked for while capturing, a while node added to it
+  // by hand after a captured kernel, the capture's dependencies moved onto
+  // it, a kernel captured after it; the body captured into its graph.
+  {
+    cudaStream_t cs;
+    CHECK(cudaStreamCreate(&cs));
+    CHECK(cudaStreamBeginCapture(cs, cudaStreamCaptureModeGlobal));
+    cudaStreamCaptureStatus status;
+    cudaGraph_t g;
+    const cudaGraphNode_t *deps = NULL;
+    size_t ndeps = 0;
+    CHECK(cudaStreamGetCaptureInfo(cs, &status, NULL, &g, &deps, NULL, &ndeps));
+    if (status != cudaStreamCaptureStatusActive || g == NULL) { printf("FAIL no capture graph\n"); return 1; }
+    cudaGraphConditionalHandle h;
+    CHECK(cudaGraphConditionalHandleCreate(&h, g));
+    positive<<<1, 1, 0, cs>>>(counter, h);
+    CHECK(cudaStreamGetCaptureInfo(cs, &status, NULL, &g, &deps, NULL, &ndeps));
+    cudaGraphNodeParams p = {cudaGraphNodeTypeConditional};
+    p.conditional.handle = h;
+    p.conditional.type = cudaGraphCondTypeWhile;
+    p.conditional.size = 1;
+    cudaGraphNode_t loop;
+    CHECK(cudaGraphAddNode(&loop, g, deps, NULL, ndeps, &p));
+    cudaGraph_t body = p.conditional.phGraph_out[0];
+    CHECK(cudaStreamUpdateCaptureDependencies(cs, &loop, NULL, 1, cudaStreamSetCaptureDependencies));
+    add<<<1, 1, 0, cs>>>(out, 1);
+    cudaGraph_t captured;
+    CHECK(cudaStreamEndCapture(cs, &captured));
+    if (captured != g) { printf("FAIL the capture's graph changed\n"); return 1; }
+    cudaStream_t bs;
+    CHECK(cudaStreamCreate(&bs));
+    CHECK(cudaStreamBeginCaptureToGraph(bs, body, NULL, NULL, 0, cudaStreamCaptureModeGlobal));
+    step_down<<<1, 1, 0, bs>>>(counter, passes, h);
+    CHECK(cudaStreamEndCapture(bs, NULL));
+    cudaGraphExec_t e;
+    CHECK(cudaGraphInstantiate(&e, captured, 0));
+    for (int round = 0; round < 2; round++) {
+      int n = round == 0 ? 0 : 4;
+      put(counter, n);
+      put(passes, 0);
+      put(out, 0);
+      CHECK(cudaGraphLaunch(e, s));
+      CHECK(cudaStreamSynchronize(s));
+      if (get(passes) != n || get(counter) != 0 || get(out) != 1) {
+        printf("FAIL captured while round %d: %d passes, counter %d, out %d\n", round, get(passes), get(counter),
+               get(out));
+        return 1;
+      }
+    }
+    printf("captured while: ok\n");
+    CHECK(cudaGraphExecDestroy(e));
+    CHECK(cudaGraphDestroy(captured));
+    CHECK(cudaStreamDestroy(cs));
+    CHECK(cudaStreamDestroy(bs));
   }
   CHECK(cudaStreamDestroy(s));
   printf("PASS\n");

@@ -34,6 +34,12 @@ fn begin(s: *mut c_void) -> CuResult<()> {
 /// Registers a graph and mints one node handle per recorded op.
 pub(super) fn add_graph(c: &Client, st: &mut State, ops: Vec<GraphOp>) -> usize {
     let h = c.mint();
+    add_graph_as(c, st, h, ops);
+    h
+}
+
+/// Registers graph `h` (a handle minted already) with `ops`.
+fn add_graph_as(c: &Client, st: &mut State, h: usize, ops: Vec<GraphOp>) {
     let nodes: Vec<usize> = (0..ops.len()).map(|_| c.mint()).collect();
     for (i, n) in nodes.iter().enumerate() {
         st.nodes.insert(*n, (h, i));
@@ -41,7 +47,33 @@ pub(super) fn add_graph(c: &Client, st: &mut State, ops: Vec<GraphOp>) -> usize 
     st.graph_nodes.insert(h, nodes);
     graph_allocs::hold(st, &ops);
     st.graphs.insert(h, Arc::new(ops));
-    h
+}
+
+/// Appends `ops` to graph `g` in order, each a node of its own.
+fn append_ops(c: &Client, st: &mut State, g: usize, ops: Vec<GraphOp>) -> CuResult<()> {
+    graph_allocs::hold(st, &ops);
+    let graph = Arc::make_mut(st.graphs.get_mut(&g).ok_or(CUDA_ERROR_INVALID_VALUE)?);
+    let first = graph.len();
+    let count = ops.len();
+    graph.extend(ops);
+    for index in first..first + count {
+        let node = c.mint();
+        st.nodes.insert(node, (g, index));
+        st.graph_nodes.entry(g).or_default().push(node);
+    }
+    Ok(())
+}
+
+/// The graph of `stream`'s capture, made now if the program had not asked
+/// for it before: an empty graph until the capture ends.
+pub(super) fn capture_graph(c: &Client, st: &mut State, stream: Handle) -> CuResult<usize> {
+    let origin = st.capture_origin(stream).ok_or(CUDA_ERROR_ILLEGAL_STATE)?;
+    if let Some(&g) = st.capture_graph.get(&origin) {
+        return Ok(g);
+    }
+    let g = add_graph(c, st, Vec::new());
+    st.capture_graph.insert(origin, g);
+    Ok(g)
 }
 
 fn remove_graph(c: &Client, graph: usize) -> CuResult<()> {
@@ -414,9 +446,58 @@ driver_fn! {
             return Err(CUDA_ERROR_STREAM_CAPTURE_UNMATCHED);
         }
         let ops = st.end_capture(stream).ok_or(CUDA_ERROR_ILLEGAL_STATE)?;
-        let h = add_graph(c, &mut st, ops);
+        let into = st.capture_into.remove(&stream);
+        let h = match st.capture_graph.remove(&stream) {
+            Some(g) if into => {
+                append_ops(c, &mut st, g, ops)?;
+                g
+            }
+            // The graph the program was given while capturing: its nodes so
+            // far were recorded in the capture, and it is made whole now.
+            Some(g) => {
+                st.graphs.remove(&g);
+                for n in st.graph_nodes.remove(&g).unwrap_or_default() {
+                    st.nodes.remove(&n);
+                }
+                add_graph_as(c, &mut st, g, ops);
+                g
+            }
+            None => add_graph(c, &mut st, ops),
+        };
         drop(st);
-        out(graph, to_ptr(h))
+        out_opt(graph, to_ptr(h));
+        Ok(())
+    }
+
+    fn cuStreamBeginCaptureToGraph | cuStreamBeginCaptureToGraph_ptsz (
+        s: *mut c_void,
+        graph: *mut c_void,
+        deps: *const *mut c_void,
+        edges: *const CUgraphEdgeData,
+        n: usize,
+        _mode: u32
+    ) {
+        let c = client()?;
+        let g = handle(graph);
+        // The graph's nodes so far come before whatever is captured; the
+        // dependencies named are among them.
+        {
+            let st = c.lock();
+            if !st.graphs.contains_key(&g) || st.capture_graph.values().any(|&o| o == g) {
+                return Err(CUDA_ERROR_INVALID_VALUE);
+            }
+            let named = super::graph_nodes::node_list(deps, n)?;
+            if named.iter().any(|d| st.nodes.get(d).map(|p| p.0) != Some(g)) {
+                return Err(CUDA_ERROR_INVALID_VALUE);
+            }
+        }
+        super::graph_nodes::edges_taken(edges, n)?;
+        begin(s)?;
+        let stream = handles::stream(s)?;
+        let mut st = c.lock();
+        st.capture_graph.insert(stream, g);
+        st.capture_into.insert(stream);
+        Ok(())
     }
 
     fn cuGraphCreate(graph: *mut *mut c_void, flags: u32) {

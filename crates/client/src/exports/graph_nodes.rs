@@ -51,6 +51,23 @@ pub(super) fn add_node(
     let deps = node_list(deps, n)?;
     let g = handle(graph);
     let mut st = c.lock();
+    if let Some(stream) = st.capture_of_graph(g) {
+        // A node added to a capture's graph while it captures: recorded in
+        // the capture's order, after everything captured so far (which
+        // holds whatever it depends on).
+        if deps
+            .iter()
+            .any(|d| st.nodes.get(d).is_some_and(|p| p.0 != g))
+        {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        st.capture(stream, op);
+        let node = c.mint();
+        st.nodes.insert(node, (g, usize::MAX));
+        st.graph_nodes.entry(g).or_default().push(node);
+        drop(st);
+        return out(node_out, to_ptr(node));
+    }
     let mut edges = edges_of(&st, g)?;
     if deps.iter().any(|d| st.nodes.get(d).map(|p| p.0) != Some(g)) {
         return Err(CUDA_ERROR_INVALID_VALUE);
@@ -344,7 +361,7 @@ pub(super) fn node_params_op(c: &Client, params: *mut c_void) -> CuResult<GraphO
 /// (default 0, programmatic 1, launch order 2).
 const LAST_KERNEL_PORT: u8 = 2;
 
-fn edges_taken(data: *const CUgraphEdgeData, n: usize) -> CuResult<()> {
+pub(super) fn edges_taken(data: *const CUgraphEdgeData, n: usize) -> CuResult<()> {
     if data.is_null() || n == 0 {
         return Ok(());
     }

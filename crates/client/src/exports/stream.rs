@@ -29,6 +29,28 @@ fn known_stream(s: *mut c_void) -> CuResult<(&'static Client, StateGuard<'static
     Ok((c, st, stream))
 }
 
+/// Checks a `cuStreamUpdateCaptureDependencies`: a capturing stream, known
+/// nodes, flags add (0) or set (1).
+fn capture_dependencies(
+    s: *mut c_void,
+    deps: *mut CUgraphNode,
+    n: usize,
+    flags: u32,
+) -> CuResult<()> {
+    let (_, st, stream) = known_stream(s)?;
+    if !st.capturing(stream) {
+        return Err(CUDA_ERROR_ILLEGAL_STATE);
+    }
+    if flags > 1 {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let nodes = super::graph_nodes::node_list(deps.cast_const().cast(), n)?;
+    if nodes.iter().any(|node| !st.nodes.contains_key(node)) {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    Ok(())
+}
+
 /// The stream the program names and its `CUstreamCaptureStatus`.
 fn capture_status(s: *mut c_void) -> CuResult<(Handle, u32)> {
     let (_, st, stream) = known_stream(s)?;
@@ -258,8 +280,9 @@ driver_fn! {
         out(status, capture_status(s)?.1)
     }
 
-    // The newest form answers for all: the stream's id and capture status;
-    // no graph, dependencies or edges (captures are recorded on the client).
+    // The newest form answers for all: the stream's id, capture status and
+    // the capture's graph (`graph::capture_graph`); no dependencies or edges:
+    // what is captured next comes after everything captured before.
     fn cuStreamGetCaptureInfo_v3 | cuStreamGetCaptureInfo_v3_ptsz (
         s: *mut c_void,
         status: *mut u32,
@@ -271,7 +294,14 @@ driver_fn! {
     ) {
         let (stream, capture) = capture_status(s)?;
         out_opt(id, stream);
-        out_opt(graph, std::ptr::null_mut());
+        let captured_graph = match graph.is_null() || capture != CAPTURE_ACTIVE {
+            true => std::ptr::null_mut(),
+            false => {
+                let c = client()?;
+                to_ptr(super::graph::capture_graph(c, &mut c.lock(), stream)?)
+            }
+        };
+        out_opt(graph, captured_graph);
         out_opt(deps, std::ptr::null());
         out_opt(edges, std::ptr::null());
         out_opt(num_deps, 0);
@@ -295,6 +325,28 @@ driver_fn! {
         let none = std::ptr::null_mut();
         // SAFETY: as above, the rest not wanted.
         forwarded(unsafe { cuStreamGetCaptureInfo_v3(s, status, id, none, none.cast(), none.cast(), none.cast()) })
+    }
+
+    // Captured work runs in the order it was captured, after all that came
+    // before it: any dependencies named are kept by that order.
+    fn cuStreamUpdateCaptureDependencies | cuStreamUpdateCaptureDependencies_ptsz (
+        s: *mut c_void,
+        deps: *mut CUgraphNode,
+        n: usize,
+        flags: u32
+    ) {
+        capture_dependencies(s, deps, n, flags)
+    }
+
+    fn cuStreamUpdateCaptureDependencies_v2 | cuStreamUpdateCaptureDependencies_v2_ptsz (
+        s: *mut c_void,
+        deps: *mut CUgraphNode,
+        edges: *const CUgraphEdgeData,
+        n: usize,
+        flags: u32
+    ) {
+        super::graph_nodes::edges_taken(edges, n)?;
+        capture_dependencies(s, deps, n, flags)
     }
 
     fn cuThreadExchangeStreamCaptureMode(mode: *mut u32) {

@@ -263,6 +263,13 @@ pub struct State {
     pub capture_joined: HashMap<Handle, Handle>,
     /// Events recorded while capturing: event → the capturing stream.
     pub capture_events: HashMap<Handle, Handle>,
+    /// The graph a capture makes, where the program has asked for it
+    /// (`cuStreamGetCaptureInfo`) or named it (`cuStreamBeginCaptureToGraph`):
+    /// capturing stream → graph. Nodes the program adds to such a graph
+    /// while capturing are recorded in the capture's order.
+    pub capture_graph: HashMap<Handle, usize>,
+    /// Captures into a graph that exists already (`cuStreamBeginCaptureToGraph`).
+    pub capture_into: std::collections::HashSet<Handle>,
     /// Captured graphs and their instantiations.
     pub graphs: HashMap<usize, Recording>,
     pub graph_execs: HashMap<usize, Recording>,
@@ -500,12 +507,21 @@ impl State {
 
     /// The capturing stream whose graph `stream`'s work goes to: itself, or
     /// the one it joined.
-    fn capture_origin(&self, stream: Handle) -> Option<Handle> {
+    pub fn capture_origin(&self, stream: Handle) -> Option<Handle> {
         if self.capture.contains_key(&stream) {
             return Some(stream);
         }
         let origin = *self.capture_joined.get(&stream)?;
         self.capture.contains_key(&origin).then_some(origin)
+    }
+
+    /// The capture (its capturing stream) whose graph `graph` is, while the
+    /// graph is only a name for it (not one it adds to).
+    pub fn capture_of_graph(&self, graph: usize) -> Option<Handle> {
+        self.capture_graph
+            .iter()
+            .find(|(s, g)| **g == graph && !self.capture_into.contains(*s))
+            .map(|(s, _)| *s)
     }
 
     /// Ends `origin`'s capture: what it recorded (joined streams' work too).
