@@ -25,6 +25,8 @@ pub(crate) struct CompiledKernel {
     pub(super) resumes: Box<[u32]>,
     pub(super) nregs: u32,
     pub(super) frame_bytes: u32,
+    /// Whether it has warp collectives (else no thread ever waits at one).
+    pub(super) collectives: bool,
     /// Global and generic access sites (each caches its allocation).
     pub(super) global_sites: u32,
     code: Option<JITModule>,
@@ -131,6 +133,8 @@ fn compile(m: &Module, k: usize) -> Result<CompiledKernel, String> {
     let id = jit
         .declare_function("kernel", Linkage::Local, &sig)
         .map_err(|e| e.to_string())?;
+    let dump = std::env::var_os("CUMUX_JIT_DISASM").is_some();
+    ctx.set_disasm(dump);
     let defined = jit
         .define_function(id, &mut ctx)
         .map_err(|e| format!("code generation: {e:?}"))
@@ -140,11 +144,28 @@ fn compile(m: &Module, k: usize) -> Result<CompiledKernel, String> {
         unsafe { jit.free_memory() };
         return Err(e);
     }
+    if dump {
+        if let Some(c) = ctx.compiled_code() {
+            eprintln!("{}", c.vcode.as_deref().unwrap_or(""));
+        }
+    }
     let code = jit.get_finalized_function(id);
     // SAFETY: `code` is the finished code of a function built with
     // `kernel_signature`, which is `KernelFn`'s ABI.
     let entry = unsafe { std::mem::transmute::<*const u8, KernelFn>(code) };
+    let collectives = ops.iter().any(|op| {
+        matches!(
+            op,
+            Op::Shfl { .. }
+                | Op::Vote { .. }
+                | Op::Match { .. }
+                | Op::Redux { .. }
+                | Op::WarpSync { .. }
+                | Op::Activemask { .. }
+        )
+    });
     Ok(CompiledKernel {
+        collectives,
         entry,
         ops,
         lines: f.code.iter().map(|i| i.line).collect(),

@@ -166,6 +166,9 @@ struct Worker {
     gcache: Vec<GlobalEntry>,
     resume: Vec<u32>,
     state: Vec<State>,
+    /// Each thread's `%tid` (x, y, z, 0), and the stop code of its last run.
+    tids: Vec<[u32; 4]>,
+    codes: Vec<u32>,
     ctaid: [u32; 3],
     /// The worker's index (`%smid`).
     smid: u32,
@@ -187,6 +190,13 @@ impl Worker {
             gcache: vec![GlobalEntry::EMPTY; g.kernel.global_sites as usize],
             resume: vec![0; n],
             state: vec![State::Ready; n],
+            tids: (0..n as u32)
+                .map(|lin| {
+                    let [x, y, _] = g.cfg.block.map(|d| d.max(1));
+                    [lin % x, (lin / x) % y, lin / (x * y), 0]
+                })
+                .collect(),
+            codes: vec![0; n],
             ctaid: [0; 3],
             smid,
             out: Vec::new(),
@@ -268,14 +278,17 @@ impl Worker {
         // in turn until none of its collectives can be resolved
         let warps = n.div_ceil(32);
         let result = 'block: loop {
-            for w in 0..warps {
+            if !g.kernel.collectives {
+                // no thread waits at a collective: warp after warp is the
+                // block's threads in order
+                if let Err(e) = self.run_ready(g, &mut ctx, 0, n) {
+                    break 'block Err(e);
+                }
+            }
+            for w in (0..warps).filter(|_| g.kernel.collectives) {
                 loop {
-                    for t in w * 32..(w * 32 + 32).min(n) {
-                        if self.state[t] == State::Ready {
-                            if let Err(e) = self.run_thread(g, &mut ctx, t) {
-                                break 'block Err(e);
-                            }
-                        }
+                    if let Err(e) = self.run_ready(g, &mut ctx, w * 32, (w * 32 + 32).min(n)) {
+                        break 'block Err(e);
                     }
                     let mut lanes = Lanes {
                         kernel: g.kernel,
@@ -318,35 +331,53 @@ impl Worker {
         result
     }
 
-    /// Runs thread `t` of the block from its resume point to its next stop.
-    fn run_thread(&mut self, g: &Grid<'_>, ctx: &mut Ctx<'_>, t: usize) -> Result<(), Fault> {
-        let ntid = g.cfg.block;
-        let nregs = g.kernel.nregs as usize;
-        let local_words = (g.kernel.frame_bytes as usize).div_ceil(8);
-        let lin = t as u32;
-        let tid = [
-            lin % ntid[0].max(1),
-            (lin / ntid[0].max(1)) % ntid[1].max(1),
-            lin / (ntid[0].max(1) * ntid[1].max(1)),
-        ];
-        let regs = self.regs[t * nregs..].as_mut_ptr();
-        let local = self.local[t * local_words..].as_mut_ptr() as *mut u8;
-        // SAFETY: the compiled kernel gets this block's live context, the
-        // thread's `nregs` registers and `frame_bytes` of local memory (what
-        // it was compiled for), and a resume id it returned.
-        let r = unsafe {
-            (g.kernel.entry)(
-                ctx,
-                regs,
-                local,
-                lin,
-                tid[0],
-                tid[1],
-                tid[2],
-                self.resume[t],
-            )
-        };
-        match r {
+    /// Runs the ready threads of `lo..hi`, in order, each from its resume
+    /// point to its next stop.
+    fn run_ready(
+        &mut self,
+        g: &Grid<'_>,
+        ctx: &mut Ctx<'_>,
+        lo: usize,
+        hi: usize,
+    ) -> Result<(), Fault> {
+        let mut t = lo;
+        while t < hi {
+            if self.state[t] != State::Ready {
+                t += 1;
+                continue;
+            }
+            let end = (t..hi)
+                .find(|&k| self.state[k] != State::Ready)
+                .unwrap_or(hi);
+            // SAFETY: the compiled kernel gets this block's live context, the
+            // register files (`nregs` each) and local memories (`frame_bytes`
+            // rounded to words each) of all `n` threads, what it was compiled
+            // for, their `%tid`s and resume ids and a code slot each; it
+            // touches only threads `t..end`, all below `n`.
+            let stop = unsafe {
+                (g.kernel.entry)(
+                    ctx,
+                    self.regs.as_mut_ptr(),
+                    self.local.as_mut_ptr() as *mut u8,
+                    t as u32,
+                    end as u32,
+                    self.resume.as_ptr(),
+                    self.tids.as_ptr(),
+                    self.codes.as_mut_ptr(),
+                )
+            } as usize;
+            let stop = stop.clamp(t + 1, end);
+            for k in t..stop {
+                self.stopped(g, ctx, k)?;
+            }
+            t = stop;
+        }
+        Ok(())
+    }
+
+    /// Takes thread `t`'s stop code from its last run.
+    fn stopped(&mut self, g: &Grid<'_>, ctx: &mut Ctx<'_>, t: usize) -> Result<(), Fault> {
+        match self.codes[t] {
             RET_EXIT => self.state[t] = State::Exited,
             RET_FAULT => {
                 return Err(ctx.fault.take().unwrap_or_else(|| {

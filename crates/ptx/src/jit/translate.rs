@@ -20,7 +20,7 @@ use std::mem::offset_of;
 /// The signature of a compiled kernel ([`super::runtime::KernelFn`]).
 pub(super) fn kernel_signature(call_conv: CallConv) -> Signature {
     let mut sig = Signature::new(call_conv);
-    for t in [I64, I64, I64, I32, I32, I32, I32, I32] {
+    for t in [I64, I64, I64, I32, I32, I64, I64, I64] {
         sig.params.push(AbiParam::new(t));
     }
     sig.returns.push(AbiParam::new(I32));
@@ -43,6 +43,11 @@ pub(super) struct Translator<'a, 'f> {
     pub lin: Value,
     pub tid: [Value; 3],
     pub blocks: Vec<Block>,
+    /// The thread running (an I32), where its stop code goes, and the
+    /// block that goes on with the next thread of the range.
+    pub thread: Value,
+    pub codes: Value,
+    pub next_thread: Block,
     pub exit_block: Block,
     pub fault_block: Block,
     /// Instructions of the current basic block after the one being
@@ -80,8 +85,47 @@ impl<'a, 'f> Translator<'a, 'f> {
         fb.append_block_params_for_function_params(entry);
         fb.switch_to_block(entry);
         let p = fb.block_params(entry).to_vec();
+        let (ctx, regs_base, local_base, first, end) = (p[0], p[1], p[2], p[3], p[4]);
+        let (resume_ids, tids, codes) = (p[5], p[6], p[7]);
         let regs: Vec<Variable> = (0..func.nregs).map(|_| fb.declare_var(I64)).collect();
         let count = fb.declare_var(I64);
+        let n = fb
+            .ins()
+            .load(I64, MemFlagsData::trusted(), ctx, ctx_off!(instructions));
+        fb.def_var(count, n);
+        // the loop over the range's threads: each runs from its resume point
+        // to its next stop, its registers and local memory at fixed strides
+        let head = fb.create_block();
+        let thread = fb.append_block_param(head, I32);
+        let body = fb.create_block();
+        let done = fb.create_block();
+        let next_thread = fb.create_block();
+        fb.ins().jump(head, &[BlockArg::Value(first)]);
+        fb.switch_to_block(head);
+        let more = fb.ins().icmp(IntCC::UnsignedLessThan, thread, end);
+        fb.ins().brif(more, body, &[], done, &[]);
+        fb.switch_to_block(done);
+        let n = fb.use_var(count);
+        fb.ins()
+            .store(MemFlagsData::trusted(), n, ctx, ctx_off!(instructions));
+        fb.ins().return_(&[end]);
+        fb.switch_to_block(next_thread);
+        let following = fb.ins().iadd_imm_s(thread, 1);
+        fb.ins().jump(head, &[BlockArg::Value(following)]);
+        fb.switch_to_block(body);
+        let t64 = fb.ins().uextend(I64, thread);
+        let reg_off = fb.ins().imul_imm_s(t64, func.nregs as i64 * 8);
+        let regs_ptr = fb.ins().iadd(regs_base, reg_off);
+        let local_stride = (func.frame_bytes as u64).div_ceil(8) as i64 * 8;
+        let local_off = fb.ins().imul_imm_s(t64, local_stride);
+        let local = fb.ins().iadd(local_base, local_off);
+        let tid_off = fb.ins().ishl_imm_u(t64, 4);
+        let tid_at = fb.ins().iadd(tids, tid_off);
+        let fixed = MemFlagsData::trusted().with_readonly();
+        let tid = [0, 4, 8].map(|o| fb.ins().load(I32, fixed, tid_at, o));
+        let id_off = fb.ins().ishl_imm_u(t64, 2);
+        let id_at = fb.ins().iadd(resume_ids, id_off);
+        let resume = fb.ins().load(I32, MemFlagsData::trusted(), id_at, 0);
         let blocks: Vec<Block> = plan.starts.iter().map(|_| fb.create_block()).collect();
         let exit_block = fb.create_block();
         let fault_block = fb.create_block();
@@ -96,12 +140,15 @@ impl<'a, 'f> Translator<'a, 'f> {
             plan,
             regs,
             count,
-            ctx: p[0],
-            regs_ptr: p[1],
-            local: p[2],
-            lin: p[3],
-            tid: [p[4], p[5], p[6]],
+            ctx,
+            regs_ptr,
+            local,
+            lin: thread,
+            tid,
             blocks,
+            thread,
+            codes,
+            next_thread,
             exit_block,
             fault_block,
             excess: 0,
@@ -110,10 +157,6 @@ impl<'a, 'f> Translator<'a, 'f> {
             sites: 0,
             slot,
         };
-        let n =
-            t.fb.ins()
-                .load(I64, MemFlagsData::trusted(), t.ctx, ctx_off!(instructions));
-        t.fb.def_var(count, n);
         // dispatch on the resume point: load its live registers, go on there
         let resume_blocks: Vec<Block> = plan.resumes.iter().map(|_| t.fb.create_block()).collect();
         let calls: Vec<_> = resume_blocks
@@ -122,7 +165,7 @@ impl<'a, 'f> Translator<'a, 'f> {
             .collect();
         let default = t.fb.func.dfg.block_call(exit_block, &[]);
         let table = t.fb.create_jump_table(JumpTableData::new(default, &calls));
-        t.fb.ins().br_table(p[7], table);
+        t.fb.ins().br_table(resume, table);
         for (k, &rb) in resume_blocks.iter().enumerate() {
             t.fb.switch_to_block(rb);
             let pc = plan.resumes[k];
@@ -164,14 +207,27 @@ impl<'a, 'f> Translator<'a, 'f> {
         sites
     }
 
-    /// Stores the instruction count and returns `code`.
+    /// Ends the running thread with stop code `code`: a barrier, a warp
+    /// collective or an exit goes on with the next thread of the range; a
+    /// yield or a fault returns (the instruction count stored), the
+    /// threads up to this one done.
     fn finish_with(&mut self, code: u32) {
-        let n = self.fb.use_var(self.count);
-        self.fb
-            .ins()
-            .store(MemFlagsData::trusted(), n, self.ctx, ctx_off!(instructions));
         let c = self.fb.ins().iconst(I32, code as i64);
-        self.fb.ins().return_(&[c]);
+        let t64 = self.fb.ins().uextend(I64, self.thread);
+        let off = self.fb.ins().ishl_imm_u(t64, 2);
+        let at = self.fb.ins().iadd(self.codes, off);
+        self.fb.ins().store(MemFlagsData::trusted(), c, at, 0);
+        let returns = code == RET_FAULT || code & ((1 << STOP_BITS) - 1) == STOP_YIELD;
+        if returns {
+            let n = self.fb.use_var(self.count);
+            self.fb
+                .ins()
+                .store(MemFlagsData::trusted(), n, self.ctx, ctx_off!(instructions));
+            let done = self.fb.ins().iadd_imm_s(self.thread, 1);
+            self.fb.ins().return_(&[done]);
+        } else {
+            self.fb.ins().jump(self.next_thread, &[]);
+        }
     }
 
     /// Stops the thread to resume at `pc` later: stores the registers live
