@@ -9,6 +9,7 @@ mod emit_ops;
 mod launch;
 mod plan;
 mod runtime;
+mod shared_checks;
 mod translate;
 mod warp;
 

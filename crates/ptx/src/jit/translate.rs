@@ -61,6 +61,14 @@ pub(super) struct Translator<'a, 'f> {
     pub sites: u32,
     /// An 8-byte stack slot the load helper writes into.
     pub slot: cranelift_codegen::ir::StackSlot,
+    /// The float each value of float-op result bits came from (register
+    /// bits made by `canon_bits`), so a float op reading them skips the
+    /// moves between integer and float registers.
+    pub floats: std::collections::HashMap<(Value, bool), Value>,
+    /// The shared accesses the running copy of a basic block runs without
+    /// checks (its block's check passed), and the pc being emitted.
+    pub unchecked: Vec<u32>,
+    pub pc_now: u32,
 }
 
 /// A field of [`Ctx`] at its offset.
@@ -156,6 +164,9 @@ impl<'a, 'f> Translator<'a, 'f> {
             site: u32::MAX,
             sites: 0,
             slot,
+            floats: std::collections::HashMap::new(),
+            unchecked: Vec::new(),
+            pc_now: 0,
         };
         // dispatch on the resume point: load its live registers, go on there
         let resume_blocks: Vec<Block> = plan.resumes.iter().map(|_| t.fb.create_block()).collect();
@@ -276,8 +287,27 @@ impl<'a, 'f> Translator<'a, 'f> {
             let base = self.fb.ins().load(I64, fixed, self.ctx, ctx_off!(shared));
             (base, bytes)
         });
+        // where one check covers the block's shared accesses, a copy of it
+        // runs them unchecked; the other copy checks each as it comes
+        if let Some((pcs, ok)) = self.shared_block_check(start, end) {
+            let fast = self.fb.create_block();
+            let checked = self.fb.create_block();
+            self.fb.ins().brif(ok, fast, &[], checked, &[]);
+            self.fb.switch_to_block(fast);
+            self.unchecked = pcs;
+            self.emit_range(b, start, end);
+            self.unchecked.clear();
+            self.fb.switch_to_block(checked);
+        }
+        self.emit_range(b, start, end);
+    }
+
+    /// Emits `start..end`, basic block `b`'s instructions, and its fall
+    /// through to the next.
+    fn emit_range(&mut self, b: usize, start: u32, end: u32) {
         for pc in start..end {
             self.excess = (end - pc - 1) as i64;
+            self.pc_now = pc;
             if !self.inst(pc) {
                 return;
             }
