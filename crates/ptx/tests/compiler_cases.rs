@@ -262,3 +262,27 @@ fn warp_collectives_in_divergent_code_match_the_interpreter() {
         assert_eq!(up, want_up, "thread {t}");
     }
 }
+
+#[test]
+fn one_check_of_a_blocks_shared_accesses_keeps_each_accesss_fault() {
+    let cfg = config([1, 1, 1], [4, 1, 1], 0);
+    let (report, out) = both("shared_span", cfg, &words([]), 0, &ONE_WORKER);
+    report.result.expect("in bounds");
+    assert_eq!(out[..3], [8, 4, 8], "the last thread's values");
+    let (report, _) = both("shared_span", cfg, &words([]), 2, &ONE_WORKER);
+    assert_eq!(report.result.expect_err("misaligned").cu_code(), 716);
+    let (report, out) = both("shared_span", cfg, &words([]), 0xffff_fff0, &ONE_WORKER);
+    report.result.expect("wrapped 32-bit shared addresses stay in the window");
+    assert_eq!(out[..3], [8, 4, 8]);
+    // shifted past the end: once only the last access is out, thread 0
+    // faults there with the stores before it done
+    let mut last_only = 0;
+    for which in (8..4096).step_by(8) {
+        let (report, out) = both("shared_span", cfg, &words([]), which, &ONE_WORKER);
+        if let Err(fault) = report.result {
+            assert_eq!(fault.cu_code(), 700, "shift {which}: {fault}");
+            last_only += (out[..3] == [0, 1, 2]) as u32;
+        }
+    }
+    assert!(last_only > 0, "no shift faulted at the last access only");
+}
