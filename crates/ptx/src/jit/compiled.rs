@@ -1,18 +1,19 @@
 //! A module's compiled kernels: each kernel the plan takes is compiled at its
-//! first launch, once, and lives as long as the module; the host's code
-//! generator is made once per process.
+//! first launch, or found in the process's cache (`cache`), and kept while
+//! the module lives; the host's code generator is made once per process.
 
-use super::plan::plan;
+use super::cache::{cached, key_of};
+use super::plan::{plan, Plan};
 use super::runtime::KernelFn;
 use super::translate::{kernel_signature, Translator};
-use crate::ir::{Module, Op};
+use crate::ir::{Func, Module, Op};
 use crate::validate::check_module;
 use cranelift_codegen::isa::OwnedTargetIsa;
 use cranelift_codegen::settings::{self, Configurable};
 use cranelift_frontend::{FunctionBuilder, FunctionBuilderContext};
 use cranelift_jit::{JITBuilder, JITModule};
 use cranelift_module::{default_libcall_names, Linkage, Module as _};
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 
 /// One compiled kernel and the memory its code lives in.
 pub(crate) struct CompiledKernel {
@@ -53,7 +54,7 @@ impl Drop for CompiledKernel {
 /// is `kernels[k]`, `Err` with why when it stays on the interpreter.
 pub(crate) struct CompiledModule {
     checked: OnceLock<Result<(), String>>,
-    kernels: Vec<OnceLock<Result<CompiledKernel, String>>>,
+    kernels: Vec<OnceLock<Result<Arc<CompiledKernel>, String>>>,
 }
 
 impl std::fmt::Debug for CompiledModule {
@@ -93,9 +94,14 @@ impl CompiledModule {
         if let Err(why) = checked {
             return Err(why);
         }
-        slot.get_or_init(|| compile(m, k))
-            .as_ref()
-            .map_err(|s| s.as_str())
+        slot.get_or_init(|| {
+            let p = plan(m, k)?;
+            let f = &m.funcs[m.kernels[k] as usize];
+            cached(key_of(f), || compile(f, &p))
+        })
+        .as_ref()
+        .map(|k| &**k)
+        .map_err(|s| s.as_str())
     }
 }
 
@@ -117,19 +123,17 @@ fn host_isa() -> Result<&'static OwnedTargetIsa, String> {
     .map_err(|e| format!("no native code generator: {e}"))
 }
 
-/// Compiles kernel `k` of `m`, or says why not.
-fn compile(m: &Module, k: usize) -> Result<CompiledKernel, String> {
-    let p = plan(m, k)?;
+/// Compiles kernel `f` (a module's, whose plan is `p`), or says why not.
+fn compile(f: &Func, p: &Plan) -> Result<CompiledKernel, String> {
     let isa = host_isa()?;
     let mut jit = JITModule::new(JITBuilder::with_isa(isa.clone(), default_libcall_names()));
-    let f = &m.funcs[m.kernels[k] as usize];
     let ops: Box<[Op]> = f.code.iter().map(|i| i.op.clone()).collect();
     let sig = kernel_signature(isa.default_call_conv());
     let mut ctx = jit.make_context();
     ctx.func.signature = sig.clone();
     let mut fbctx = FunctionBuilderContext::new();
     let fb = FunctionBuilder::new(&mut ctx.func, &mut fbctx);
-    let global_sites = Translator::translate(fb, jit.target_config(), f, &ops, &p);
+    let global_sites = Translator::translate(fb, jit.target_config(), f, &ops, p);
     let id = jit
         .declare_function("kernel", Linkage::Local, &sig)
         .map_err(|e| e.to_string())?;

@@ -1,7 +1,8 @@
 //! The PTX compiler: kernels the `plan` takes go from the lowered IR to native
-//! code with Cranelift (`translate`, `emit_ops`, `emit_mem`) and run as thread
-//! loops split at barriers and collectives (`launch`, `warp`, `runtime`).
+//! code with Cranelift (`translate`, `emit_*`, `shared_checks`), cached per
+//! process (`cache`), run as thread loops split at barriers (`launch`, `warp`).
 
+mod cache;
 mod compiled;
 mod device_calls;
 mod emit_mem;
@@ -13,5 +14,6 @@ mod shared_checks;
 mod translate;
 mod warp;
 
+pub use cache::compilations;
 pub(crate) use compiled::CompiledModule;
 pub(crate) use launch::launch;
