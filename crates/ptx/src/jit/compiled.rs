@@ -28,6 +28,9 @@ pub(crate) struct CompiledKernel {
     pub(super) frame_bytes: u32,
     /// Whether it has warp collectives (else no thread ever waits at one).
     pub(super) collectives: bool,
+    /// Whether a thread's start reads no register from its file (which
+    /// then needs no clearing between blocks).
+    pub(super) fresh_start: bool,
     /// Global and generic access sites (each caches its allocation).
     pub(super) global_sites: u32,
     code: Option<JITModule>,
@@ -170,6 +173,7 @@ fn compile(f: &Func, p: &Plan) -> Result<CompiledKernel, String> {
     });
     Ok(CompiledKernel {
         collectives,
+        fresh_start: p.fresh_start,
         entry,
         ops,
         lines: f.code.iter().map(|i| i.line).collect(),

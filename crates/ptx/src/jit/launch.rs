@@ -242,7 +242,9 @@ impl Worker {
         ];
         self.instructions = 0;
         self.counted = 0;
-        self.regs.fill(0);
+        if !g.kernel.fresh_start {
+            self.regs.fill(0);
+        }
         self.local.fill(0);
         self.shared.fill(0);
         self.resume.fill(0);

@@ -16,6 +16,9 @@ pub(super) struct Plan {
     /// Registers a `shfl` reads as its value: another lane may read them
     /// whenever this one stands still, so every stop and exit stores them.
     pub shuffled: Vec<u32>,
+    /// No branch goes back to pc 0: resume id 0 is only a thread's start,
+    /// which reads its registers as 0 without the register file.
+    pub fresh_start: bool,
 }
 
 impl Plan {
@@ -89,7 +92,12 @@ pub(super) fn plan(m: &Module, k: usize) -> Result<Plan, String> {
         .collect();
     shuffled.sort_unstable();
     shuffled.dedup();
+    let fresh_start = !f
+        .code
+        .iter()
+        .any(|i| matches!(i.op, Op::Bra { target: 0 }));
     Ok(Plan {
+        fresh_start,
         starts: leaders,
         resumes,
         live_in,

@@ -188,9 +188,14 @@ impl<'a, 'f> Translator<'a, 'f> {
             loaded.sort_unstable();
             loaded.dedup();
             for &r in &loaded {
-                let v =
+                // a thread's start reads registers as 0 (the worker's file
+                // holds the block before's)
+                let v = if pc == 0 && plan.fresh_start {
+                    t.fb.ins().iconst(I64, 0)
+                } else {
                     t.fb.ins()
-                        .load(I64, MemFlagsData::trusted(), t.regs_ptr, (r * 8) as i32);
+                        .load(I64, MemFlagsData::trusted(), t.regs_ptr, (r * 8) as i32)
+                };
                 t.fb.def_var(t.regs[r as usize], v);
             }
             t.fb.ins().jump(t.blocks[b], &[]);
