@@ -286,3 +286,19 @@ fn one_check_of_a_blocks_shared_accesses_keeps_each_accesss_fault() {
     }
     assert!(last_only > 0, "no shift faulted at the last access only");
 }
+
+#[test]
+fn a_parameter_read_past_the_launchs_buffer_faults_where_the_interpreter_faults() {
+    // the compiled code loads its parameters before its thread loop; a read
+    // past them takes its own checked path, after the reads before it
+    let (report, out) = both(
+        "param_past",
+        config([1, 1, 1], [4, 1, 1], 0),
+        &words([]),
+        9,
+        &ONE_WORKER,
+    );
+    let fault = report.result.expect_err("a read past the parameters faults");
+    assert_eq!(fault.cu_code(), 700, "{fault}");
+    assert_eq!(out[..2], [9, 0], "the store before the bad read happened");
+}

@@ -33,6 +33,9 @@ pub(crate) struct CompiledKernel {
     pub(super) fresh_start: bool,
     /// Global and generic access sites (each caches its allocation).
     pub(super) global_sites: u32,
+    /// Parameter bytes the code reads before its thread loop (the launch
+    /// pads its parameters to at least this).
+    pub(super) param_extent: u64,
     code: Option<JITModule>,
 }
 
@@ -136,7 +139,7 @@ fn compile(f: &Func, p: &Plan) -> Result<CompiledKernel, String> {
     ctx.func.signature = sig.clone();
     let mut fbctx = FunctionBuilderContext::new();
     let fb = FunctionBuilder::new(&mut ctx.func, &mut fbctx);
-    let global_sites = Translator::translate(fb, jit.target_config(), f, &ops, p);
+    let (global_sites, param_extent) = Translator::translate(fb, jit.target_config(), f, &ops, p);
     let id = jit
         .declare_function("kernel", Linkage::Local, &sig)
         .map_err(|e| e.to_string())?;
@@ -181,6 +184,7 @@ fn compile(f: &Func, p: &Plan) -> Result<CompiledKernel, String> {
         nregs: f.nregs,
         frame_bytes: f.frame_bytes,
         global_sites,
+        param_extent,
         code: Some(jit),
     })
 }

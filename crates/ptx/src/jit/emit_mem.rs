@@ -4,7 +4,7 @@
 
 use super::runtime::{rt_atom, rt_load, rt_misaligned_vector, rt_store, space_code, Ctx};
 use super::translate::{ctx_off, Translator};
-use crate::ir::{Address, Op, Sp, NONE};
+use crate::ir::{Address, Op, Sp, Src, NONE};
 use cranelift_codegen::ir::condcodes::IntCC;
 use cranelift_codegen::ir::types::{I32, I64};
 use cranelift_codegen::ir::{AbiParam, InstBuilder, MemFlagsData, Signature, Value};
@@ -21,6 +21,25 @@ impl Translator<'_, '_> {
                 ds,
                 sext,
             } => {
+                if let Some((v, all_in)) = self.hoisted_param(&addr, size, n) {
+                    // every hoisted parameter is in: the value loaded before
+                    // the loop; else this load's own checked path
+                    let (fast, slow) = (self.fb.create_block(), self.fb.create_block());
+                    let join = self.fb.create_block();
+                    let out = self.fb.append_block_param(join, I64);
+                    self.fb.ins().brif(all_in, fast, &[], slow, &[]);
+                    self.fb.switch_to_block(slow);
+                    self.fb.set_cold_block(slow);
+                    let a = self.address(&addr);
+                    let x = self.load(addr.sp, a, size, line);
+                    self.jump_with(join, x);
+                    self.fb.switch_to_block(fast);
+                    self.jump_with(join, v);
+                    self.fb.switch_to_block(join);
+                    let v = if sext { self.sext(out, size * 8) } else { out };
+                    self.set(ds[0], v);
+                    return;
+                }
                 let base = self.address(&addr);
                 if !self.covered(addr.sp) {
                     self.vector_alignment(base, size, n, false, line);
@@ -209,6 +228,30 @@ impl Translator<'_, '_> {
     /// in shared, local or parameter space always faults.
     fn slow_may_succeed(sp: Sp) -> bool {
         matches!(sp, Sp::Global | Sp::Generic)
+    }
+
+    /// The value and the all-in condition of a parameter load hoisted
+    /// before the thread loop.
+    fn hoisted_param(
+        &self,
+        addr: &crate::ir::Address,
+        size: u32,
+        n: u8,
+    ) -> Option<(Value, Value)> {
+        let Src::Imm(b) = addr.base else {
+            return None;
+        };
+        if addr.sp != Sp::Param || n != 1 {
+            return None;
+        }
+        let at = b.wrapping_add(addr.off as u64);
+        let v = self
+            .params
+            .values
+            .iter()
+            .find(|(k, _)| *k == (at, size))?
+            .1;
+        Some((v, self.params.all_in?))
     }
 
     /// Whether the access being emitted, in `sp`, is one its block's

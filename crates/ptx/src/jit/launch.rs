@@ -72,7 +72,10 @@ pub(crate) fn launch(
         }
     }
     let view = mem.view();
-    let mut pwords = vec![0u64; params.len().div_ceil(8)];
+    // padded to what the code loads before its thread loop (it uses those
+    // values only when `params_len` covers them)
+    let words = params.len().max(kernel.param_extent as usize).div_ceil(8);
+    let mut pwords = vec![0u64; words];
     for (k, b) in params.iter().enumerate() {
         pwords[k / 8] |= (*b as u64) << (8 * (k % 8));
     }

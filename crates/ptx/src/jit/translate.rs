@@ -3,6 +3,7 @@
 //! control flow, guards and `trap`; ops live in `emit_ops` and `emit_mem`.
 
 use super::plan::Plan;
+use super::shared_checks::{hoist_params, HoistedParams};
 use super::runtime::{
     rt_trap, Ctx, RET_EXIT, RET_FAULT, STOP_BARRIER, STOP_BITS, STOP_WARP, STOP_YIELD,
 };
@@ -69,6 +70,8 @@ pub(super) struct Translator<'a, 'f> {
     /// checks (its block's check passed), and the pc being emitted.
     pub unchecked: Vec<u32>,
     pub pc_now: u32,
+    /// The parameters loaded before the thread loop.
+    pub params: HoistedParams,
 }
 
 /// A field of [`Ctx`] at its offset.
@@ -81,14 +84,14 @@ pub(super) use ctx_off;
 
 impl<'a, 'f> Translator<'a, 'f> {
     /// Builds the whole function into `fb`'s function; returns its number
-    /// of global-cache sites.
+    /// of global-cache sites and the parameter bytes its hoisted loads read.
     pub(super) fn translate(
         mut fb: FunctionBuilder<'f>,
         target: TargetFrontendConfig,
         func: &'a Func,
         ops: &'a [Op],
         plan: &'a Plan,
-    ) -> u32 {
+    ) -> (u32, u64) {
         let entry = fb.create_block();
         fb.append_block_params_for_function_params(entry);
         fb.switch_to_block(entry);
@@ -101,6 +104,7 @@ impl<'a, 'f> Translator<'a, 'f> {
             .ins()
             .load(I64, MemFlagsData::trusted(), ctx, ctx_off!(instructions));
         fb.def_var(count, n);
+        let params = hoist_params(&mut fb, ctx, ops);
         // the loop over the range's threads: each runs from its resume point
         // to its next stop, its registers and local memory at fixed strides
         let head = fb.create_block();
@@ -167,6 +171,7 @@ impl<'a, 'f> Translator<'a, 'f> {
             floats: std::collections::HashMap::new(),
             unchecked: Vec::new(),
             pc_now: 0,
+            params,
         };
         // dispatch on the resume point: load its live registers, go on there
         let resume_blocks: Vec<Block> = plan.resumes.iter().map(|_| t.fb.create_block()).collect();
@@ -218,7 +223,7 @@ impl<'a, 'f> Translator<'a, 'f> {
         t.fb.def_var(count, n);
         t.finish_with(RET_FAULT);
         t.fb.seal_all_blocks();
-        let sites = t.sites;
+        let sites = (t.sites, t.params.extent);
         t.fb.finalize(target);
         sites
     }
