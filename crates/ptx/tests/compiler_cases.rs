@@ -302,3 +302,24 @@ fn a_parameter_read_past_the_launchs_buffer_faults_where_the_interpreter_faults(
     assert_eq!(fault.cu_code(), 700, "{fault}");
     assert_eq!(out[..2], [9, 0], "the store before the bad read happened");
 }
+
+#[test]
+fn bar_red_reduces_the_blocks_predicates_on_the_compiler() {
+    for workers in [1, 2] {
+        let limits = LaunchLimits {
+            workers,
+            ..LaunchLimits::NONE
+        };
+        let (report, out) = both(
+            "bar_red",
+            config([2, 1, 1], [96, 1, 1], 0),
+            &words([]),
+            0,
+            &limits,
+        );
+        report.result.expect("the reductions run");
+        for t in 0..96 {
+            assert_eq!(out[t * 3..t * 3 + 3], [32, 0, 1], "thread {t}");
+        }
+    }
+}

@@ -1,5 +1,5 @@
 //! Which kernels the compiler takes (no calls, tensor ops, lockstep warps;
-//! whole-block `bar.sync` of one id) and the shape of one: basic blocks,
+//! whole-block `bar.sync`/`bar.red` of one id) and the shape of one: basic blocks,
 //! resume points, the registers live at each.
 
 use crate::ir::{Func, Module, Op, SReg, Src, NONE};
@@ -173,12 +173,11 @@ fn supported(op: &Op, bar_id: &mut Option<u64>) -> Result<(), String> {
             | SReg::Zero => Ok(()),
             r => Err(format!("special register {r:?}")),
         },
+        // `bar.sync` and `bar.red` of all the block's threads
         Op::Bar {
             id: Src::Imm(id),
             count: Src::Imm(u64::MAX),
             wait: true,
-            red: crate::ir::BarRed::None,
-            d: NONE,
             ..
         } => match bar_id {
             Some(seen) if *seen != id & 15 => Err("barriers of several ids".into()),

@@ -456,8 +456,13 @@ impl<'a, 'f> Translator<'a, 'f> {
                     }
                 }
                 self.fb.switch_to_block(wait);
-                if matches!(inst.op, Op::Bar { .. }) {
-                    self.stop_at(pc + 1, STOP_BARRIER, &[]);
+                if let Op::Bar { p, .. } = inst.op {
+                    // `bar.red` reduces the predicates the waiters stored
+                    let reads: Vec<u32> = match p {
+                        Src::Reg(r) => vec![r],
+                        _ => Vec::new(),
+                    };
+                    self.stop_at(pc + 1, STOP_BARRIER, &reads);
                 } else {
                     // the collective reads its operands from the register file
                     let mut reads = Vec::new();
