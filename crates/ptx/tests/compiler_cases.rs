@@ -272,7 +272,9 @@ fn one_check_of_a_blocks_shared_accesses_keeps_each_accesss_fault() {
     let (report, _) = both("shared_span", cfg, &words([]), 2, &ONE_WORKER);
     assert_eq!(report.result.expect_err("misaligned").cu_code(), 716);
     let (report, out) = both("shared_span", cfg, &words([]), 0xffff_fff0, &ONE_WORKER);
-    report.result.expect("wrapped 32-bit shared addresses stay in the window");
+    report
+        .result
+        .expect("wrapped 32-bit shared addresses stay in the window");
     assert_eq!(out[..3], [8, 4, 8]);
     // shifted past the end: once only the last access is out, thread 0
     // faults there with the stores before it done
@@ -298,7 +300,9 @@ fn a_parameter_read_past_the_launchs_buffer_faults_where_the_interpreter_faults(
         9,
         &ONE_WORKER,
     );
-    let fault = report.result.expect_err("a read past the parameters faults");
+    let fault = report
+        .result
+        .expect_err("a read past the parameters faults");
     assert_eq!(fault.cu_code(), 700, "{fault}");
     assert_eq!(out[..2], [9, 0], "the store before the bad read happened");
 }

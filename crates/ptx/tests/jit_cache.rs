@@ -16,7 +16,9 @@ fn tree_sum(mem: &DeviceMemory) -> u32 {
     let mut program = Program::load(&fixture(), mem).expect("fixture loads");
     program.set_engine(Engine::Compiler);
     program.compiled("tree").expect("the compiler takes tree");
-    let words: Vec<u8> = (0..256u32).flat_map(|i| (i * 3 + 1).to_le_bytes()).collect();
+    let words: Vec<u8> = (0..256u32)
+        .flat_map(|i| (i * 3 + 1).to_le_bytes())
+        .collect();
     let out = mem.alloc(1024).expect("out");
     let inp = mem.alloc(1024).expect("in");
     mem.write(inp, &words).expect("upload");
@@ -46,5 +48,9 @@ fn a_module_loaded_again_compiles_nothing_again() {
     assert_eq!(tree_sum(&first), want, "again, in the same memory");
     let other = DeviceMemory::new(16 << 20);
     assert_eq!(tree_sum(&other), want, "again, in another memory");
-    assert_eq!(compilations(), compiled, "the later loads found tree compiled");
+    assert_eq!(
+        compilations(),
+        compiled,
+        "the later loads found tree compiled"
+    );
 }

@@ -232,12 +232,7 @@ impl Translator<'_, '_> {
 
     /// The value and the all-in condition of a parameter load hoisted
     /// before the thread loop.
-    fn hoisted_param(
-        &self,
-        addr: &crate::ir::Address,
-        size: u32,
-        n: u8,
-    ) -> Option<(Value, Value)> {
+    fn hoisted_param(&self, addr: &crate::ir::Address, size: u32, n: u8) -> Option<(Value, Value)> {
         let Src::Imm(b) = addr.base else {
             return None;
         };
@@ -245,12 +240,7 @@ impl Translator<'_, '_> {
             return None;
         }
         let at = b.wrapping_add(addr.off as u64);
-        let v = self
-            .params
-            .values
-            .iter()
-            .find(|(k, _)| *k == (at, size))?
-            .1;
+        let v = self.params.values.iter().find(|(k, _)| *k == (at, size))?.1;
         Some((v, self.params.all_in?))
     }
 

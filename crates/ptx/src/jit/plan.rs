@@ -92,10 +92,7 @@ pub(super) fn plan(m: &Module, k: usize) -> Result<Plan, String> {
         .collect();
     shuffled.sort_unstable();
     shuffled.dedup();
-    let fresh_start = !f
-        .code
-        .iter()
-        .any(|i| matches!(i.op, Op::Bra { target: 0 }));
+    let fresh_start = !f.code.iter().any(|i| matches!(i.op, Op::Bra { target: 0 }));
     Ok(Plan {
         fresh_start,
         starts: leaders,

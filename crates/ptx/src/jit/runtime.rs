@@ -29,12 +29,12 @@ pub(super) const STOP_WARP: u32 = 2;
 /// The compiled kernel: `(ctx, regs, local, first, end, resume_ids, tids,
 /// codes)` runs threads `first..end` of the block one after the other, each
 /// from its resume point (`resume_ids[t]`) to its next barrier, warp
-/// collective, yield, exit or fault, with its registers at `regs + t * nregs
-/// * 8`, its local memory at `local + t * frame_words * 8` and its
-/// `%tid` at `tids + t * 16`. Thread `t`'s stop goes to `codes[t]`:
-/// `resume_id << STOP_BITS | STOP_*`, [`RET_EXIT`] or [`RET_FAULT`]. It
-/// returns the end of the threads it ran: `end`, or one past a thread that
-/// yielded or faulted.
+/// collective, yield, exit or fault. Thread `t`'s registers are the `nregs`
+/// words from `regs + 8 nregs t`, its local memory the frame's bytes
+/// (rounded to words) from `local + t` frames, its `%tid` at `tids + 16 t`.
+/// Its stop goes to `codes[t]`: `resume_id << STOP_BITS | STOP_*`,
+/// [`RET_EXIT`] or [`RET_FAULT`]. It returns the end of the threads it ran:
+/// `end`, or one past a thread that yielded or faulted.
 pub(super) type KernelFn = unsafe extern "C" fn(
     *mut Ctx<'_>,
     *mut u64,

@@ -109,7 +109,10 @@ impl Translator<'_, '_> {
             let lo32 = self.fb.ins().ireduce(I32, lo);
             let lo64 = self.fb.ins().uextend(I64, lo32);
             let end = self.fb.ins().iadd_imm_s(lo64, span);
-            let fits = self.fb.ins().icmp(IntCC::UnsignedLessThanOrEqual, end, bytes);
+            let fits = self
+                .fb
+                .ins()
+                .icmp(IntCC::UnsignedLessThanOrEqual, end, bytes);
             all = self.fb.ins().band(all, fits);
             for (rem, align) in g.aligns {
                 let at = if rem == 0 {
@@ -163,10 +166,7 @@ pub(super) fn hoist_params(
     let mut wanted: Vec<(u64, u32)> = Vec::new();
     for op in ops {
         if let Op::Ld {
-            addr,
-            size,
-            n: 1,
-            ..
+            addr, size, n: 1, ..
         } = *op
         {
             if let (Sp::Param, Src::Imm(b)) = (addr.sp, addr.base) {
