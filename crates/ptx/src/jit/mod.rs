@@ -1,19 +1,19 @@
 //! The PTX compiler: kernels the `plan` takes go from the lowered IR to native
-//! code with Cranelift (`translate`, `emit_*`, `shared_checks`), cached per
-//! process (`cache`), run as thread loops split at barriers (`launch`, `warp`).
+//! code with Cranelift (`translate`, `emit_*`, `params`, `shared_checks`), cached
+//! per process (`compiled`), run as thread loops split at barriers (`launch`).
 
-mod cache;
 mod compiled;
 mod device_calls;
 mod emit_mem;
 mod emit_ops;
 mod launch;
+mod params;
 mod plan;
 mod runtime;
 mod shared_checks;
 mod translate;
 mod warp;
 
-pub use cache::compilations;
+pub use compiled::compilations;
 pub(crate) use compiled::CompiledModule;
 pub(crate) use launch::launch;

@@ -2,11 +2,11 @@
 //! variables loaded where a thread resumes and stored where it stops, counts,
 //! control flow, guards and `trap`; ops live in `emit_ops` and `emit_mem`.
 
+use super::params::{hoist_params, HoistedParams};
 use super::plan::Plan;
 use super::runtime::{
     rt_trap, Ctx, RET_EXIT, RET_FAULT, STOP_BARRIER, STOP_BITS, STOP_WARP, STOP_YIELD,
 };
-use super::shared_checks::{hoist_params, HoistedParams};
 use crate::ir::{Func, Inst, Op, Sp, Src, NONE};
 use cranelift_codegen::ir::condcodes::IntCC;
 use cranelift_codegen::ir::types::{I32, I64};
