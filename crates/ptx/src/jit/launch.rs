@@ -180,6 +180,8 @@ struct Worker {
     /// Instructions of the running block, and those already counted.
     instructions: u64,
     counted: u64,
+    /// Threads of the running block that exited.
+    exited: usize,
 }
 
 impl Worker {
@@ -205,6 +207,7 @@ impl Worker {
             out: Vec::new(),
             instructions: 0,
             counted: 0,
+            exited: 0,
         }
     }
 
@@ -252,6 +255,7 @@ impl Worker {
         self.shared.fill(0);
         self.resume.fill(0);
         self.state.fill(State::Ready);
+        self.exited = 0;
         let n = self.state.len();
         let local_words = (g.kernel.frame_bytes as usize).div_ceil(8);
         let ntid = g.cfg.block;
@@ -306,7 +310,7 @@ impl Worker {
                     }
                 }
             }
-            let alive = self.state.iter().filter(|&&s| s != State::Exited).count();
+            let alive = self.state.len() - self.exited;
             if alive == 0 {
                 break Ok(());
             }
@@ -383,7 +387,10 @@ impl Worker {
     /// Takes thread `t`'s stop code from its last run.
     fn stopped(&mut self, g: &Grid<'_>, ctx: &mut Ctx<'_>, t: usize) -> Result<(), Fault> {
         match self.codes[t] {
-            RET_EXIT => self.state[t] = State::Exited,
+            RET_EXIT => {
+                self.state[t] = State::Exited;
+                self.exited += 1;
+            }
             RET_FAULT => {
                 return Err(ctx.fault.take().unwrap_or_else(|| {
                     Fault::Failed("internal error: compiled code faulted".into())
