@@ -29,6 +29,8 @@ pub(crate) struct CompiledKernel {
     pub(super) frame_bytes: u32,
     /// Whether it has warp collectives (else no thread ever waits at one).
     pub(super) collectives: bool,
+    /// Whether it has `bar.red` (else a barrier only lets its waiters go).
+    pub(super) bar_red: bool,
     /// Whether a thread's start reads no register from its file (which
     /// then needs no clearing between blocks).
     pub(super) fresh_start: bool,
@@ -175,8 +177,15 @@ fn compile(f: &Func, p: &Plan) -> Result<CompiledKernel, String> {
                 | Op::Activemask { .. }
         )
     });
+    let bar_red = ops.iter().any(|op| {
+        matches!(
+            op,
+            Op::Bar { red, .. } if *red != crate::ir::BarRed::None
+        )
+    });
     Ok(CompiledKernel {
         collectives,
+        bar_red,
         fresh_start: p.fresh_start,
         entry,
         ops,

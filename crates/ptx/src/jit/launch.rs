@@ -425,6 +425,14 @@ impl Worker {
         if waiting == 0 || waiting < alive {
             return false;
         }
+        if !g.kernel.bar_red {
+            for s in self.state.iter_mut() {
+                if *s == State::AtBarrier {
+                    *s = State::Ready;
+                }
+            }
+            return true;
+        }
         let nregs = g.kernel.nregs as usize;
         let bar_of = |w: &Worker, t: usize| {
             let pc = g.kernel.resumes.get(w.resume[t] as usize)?;
