@@ -202,6 +202,9 @@ fn compile(f: &Func, p: &Plan) -> Result<CompiledKernel, String> {
 /// Kernels the cache keeps at most; past it the oldest goes (modules using
 /// it keep their own reference).
 const CACHE_KERNELS: usize = 512;
+/// Bytes of keys (each a kernel's lowered code as text) the cache keeps at
+/// most, past which the oldest go too; a larger kernel is not kept.
+const CACHE_KEY_BYTES: usize = 64 << 20;
 
 /// Kernels compiled to native code in this process.
 static COMPILED: AtomicU64 = AtomicU64::new(0);
@@ -210,6 +213,7 @@ static COMPILED: AtomicU64 = AtomicU64::new(0);
 struct Cache {
     kernels: HashMap<String, Arc<CompiledKernel>>,
     order: VecDeque<String>,
+    key_bytes: usize,
 }
 
 fn cache() -> &'static Mutex<Cache> {
@@ -241,11 +245,17 @@ pub(super) fn cached(
     if let Some(k) = c.kernels.get(&key) {
         return Ok(k.clone());
     }
-    if c.order.len() >= CACHE_KERNELS {
-        if let Some(old) = c.order.pop_front() {
-            c.kernels.remove(&old);
-        }
+    if key.len() > CACHE_KEY_BYTES {
+        return Ok(kernel);
     }
+    while c.order.len() >= CACHE_KERNELS || c.key_bytes + key.len() > CACHE_KEY_BYTES {
+        let Some(old) = c.order.pop_front() else {
+            break;
+        };
+        c.key_bytes -= old.len();
+        c.kernels.remove(&old);
+    }
+    c.key_bytes += key.len();
     c.order.push_back(key.clone());
     c.kernels.insert(key, kernel.clone());
     Ok(kernel)
