@@ -327,3 +327,17 @@ fn bar_red_reduces_the_blocks_predicates_on_the_compiler() {
         }
     }
 }
+
+#[test]
+fn a_register_a_block_never_set_reads_0_after_a_barrier() {
+    // one worker runs block 0 (which sets the register) before the others
+    let (report, out) = both(
+        "stale",
+        config([3, 1, 1], [32, 1, 1], 0),
+        &words([]),
+        0,
+        &ONE_WORKER,
+    );
+    report.result.expect("the kernel runs");
+    assert_eq!(out[..3], [77, 0, 0]);
+}

@@ -4,6 +4,7 @@
 
 mod compiled;
 mod device_calls;
+mod dirty;
 mod emit_mem;
 mod emit_ops;
 mod launch;

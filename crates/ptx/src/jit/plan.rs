@@ -2,6 +2,7 @@
 //! whole-block `bar.sync`/`bar.red` of one id) and the shape of one: basic blocks,
 //! resume points, the registers live at each.
 
+use super::dirty::{dirty_in, RegSet};
 use crate::ir::{Func, Module, Op, SReg, Src, NONE};
 
 /// The compiler's view of one kernel.
@@ -19,6 +20,9 @@ pub(super) struct Plan {
     /// No branch goes back to pc 0: resume id 0 is only a thread's start,
     /// which reads its registers as 0 without the register file.
     pub fresh_start: bool,
+    /// Registers possibly changed since the thread resumed, on entry to
+    /// each basic block.
+    pub dirty_in: Vec<RegSet>,
 }
 
 impl Plan {
@@ -93,7 +97,9 @@ pub(super) fn plan(m: &Module, k: usize) -> Result<Plan, String> {
     shuffled.sort_unstable();
     shuffled.dedup();
     let fresh_start = !f.code.iter().any(|i| matches!(i.op, Op::Bra { target: 0 }));
+    let dirty_in = dirty_in(f, &leaders, fresh_start);
     Ok(Plan {
+        dirty_in,
         fresh_start,
         starts: leaders,
         resumes,

@@ -2,6 +2,7 @@
 //! variables loaded where a thread resumes and stored where it stops, counts,
 //! control flow, guards and `trap`; ops live in `emit_ops` and `emit_mem`.
 
+use super::dirty::{add_writes, holds};
 use super::params::{hoist_params, HoistedParams};
 use super::plan::Plan;
 use super::runtime::{
@@ -260,6 +261,16 @@ impl<'a, 'f> Translator<'a, 'f> {
         stored.extend(also.iter().chain(&self.plan.shuffled));
         stored.sort_unstable();
         stored.dedup();
+        // of those, the ones the thread may have changed since it resumed
+        let at = self.pc_now;
+        let k = self
+            .plan
+            .starts
+            .partition_point(|&s| s <= at)
+            .saturating_sub(1);
+        let mut dirty = self.plan.dirty_in[k].clone();
+        add_writes(self.func, self.plan.starts[k], at, &mut dirty);
+        stored.retain(|&r| holds(&dirty, r));
         for r in stored {
             let v = self.fb.use_var(self.regs[r as usize]);
             self.fb
