@@ -1,8 +1,8 @@
 #!/bin/sh
 # The CPU device's two PTX engines side by side (issue 22): runs
-# crates/ptx/examples/ptx_engines.rs, the corpus's 512x512 tiled matmul kernel
-# on the interpreter and on the compiler, and the same product in plain Rust on
-# every core, in one run, and prints the times and ratios (checking that both
+# crates/ptx/examples/ptx_engines.rs, the corpus's 512x512 tiled matmul and
+# 1M-element vector add kernels on the interpreter and on the compiler, and the
+# same in plain Rust on every core, in one run, and prints the times and ratios (checking that both
 # engines give the same bits and count the same instructions). With OUT, the
 # table also goes there, under a header naming the commit and the machine.
 # Needs NVIDIA's compiler (scripts/setup-nvcc puts it in .venv).

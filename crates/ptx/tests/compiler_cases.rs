@@ -262,3 +262,82 @@ fn warp_collectives_in_divergent_code_match_the_interpreter() {
         assert_eq!(up, want_up, "thread {t}");
     }
 }
+
+#[test]
+fn one_check_of_a_blocks_shared_accesses_keeps_each_accesss_fault() {
+    let cfg = config([1, 1, 1], [4, 1, 1], 0);
+    let (report, out) = both("shared_span", cfg, &words([]), 0, &ONE_WORKER);
+    report.result.expect("in bounds");
+    assert_eq!(out[..3], [8, 4, 8], "the last thread's values");
+    let (report, _) = both("shared_span", cfg, &words([]), 2, &ONE_WORKER);
+    assert_eq!(report.result.expect_err("misaligned").cu_code(), 716);
+    let (report, out) = both("shared_span", cfg, &words([]), 0xffff_fff0, &ONE_WORKER);
+    report
+        .result
+        .expect("wrapped 32-bit shared addresses stay in the window");
+    assert_eq!(out[..3], [8, 4, 8]);
+    // shifted past the end: once only the last access is out, thread 0
+    // faults there with the stores before it done
+    let mut last_only = 0;
+    for which in (8..4096).step_by(8) {
+        let (report, out) = both("shared_span", cfg, &words([]), which, &ONE_WORKER);
+        if let Err(fault) = report.result {
+            assert_eq!(fault.cu_code(), 700, "shift {which}: {fault}");
+            last_only += (out[..3] == [0, 1, 2]) as u32;
+        }
+    }
+    assert!(last_only > 0, "no shift faulted at the last access only");
+}
+
+#[test]
+fn a_parameter_read_past_the_launchs_buffer_faults_where_the_interpreter_faults() {
+    // the compiled code loads its parameters before its thread loop; a read
+    // past them takes its own checked path, after the reads before it
+    let (report, out) = both(
+        "param_past",
+        config([1, 1, 1], [4, 1, 1], 0),
+        &words([]),
+        9,
+        &ONE_WORKER,
+    );
+    let fault = report
+        .result
+        .expect_err("a read past the parameters faults");
+    assert_eq!(fault.cu_code(), 700, "{fault}");
+    assert_eq!(out[..2], [9, 0], "the store before the bad read happened");
+}
+
+#[test]
+fn bar_red_reduces_the_blocks_predicates_on_the_compiler() {
+    for workers in [1, 2] {
+        let limits = LaunchLimits {
+            workers,
+            ..LaunchLimits::NONE
+        };
+        let (report, out) = both(
+            "bar_red",
+            config([2, 1, 1], [96, 1, 1], 0),
+            &words([]),
+            0,
+            &limits,
+        );
+        report.result.expect("the reductions run");
+        for t in 0..96 {
+            assert_eq!(out[t * 3..t * 3 + 3], [32, 0, 1], "thread {t}");
+        }
+    }
+}
+
+#[test]
+fn a_register_a_block_never_set_reads_0_after_a_barrier() {
+    // one worker runs block 0 (which sets the register) before the others
+    let (report, out) = both(
+        "stale",
+        config([3, 1, 1], [32, 1, 1], 0),
+        &words([]),
+        0,
+        &ONE_WORKER,
+    );
+    report.result.expect("the kernel runs");
+    assert_eq!(out[..3], [77, 0, 0]);
+}

@@ -1,18 +1,20 @@
 //! A module's compiled kernels: each kernel the plan takes is compiled at its
-//! first launch, once, and lives as long as the module; the host's code
-//! generator is made once per process.
+//! first launch or found in the process's cache (keyed by the lowered kernel);
+//! the host's code generator is made once per process.
 
-use super::plan::plan;
+use super::plan::{plan, Plan};
 use super::runtime::KernelFn;
 use super::translate::{kernel_signature, Translator};
-use crate::ir::{Module, Op};
+use crate::ir::{Func, Module, Op};
 use crate::validate::check_module;
 use cranelift_codegen::isa::OwnedTargetIsa;
 use cranelift_codegen::settings::{self, Configurable};
 use cranelift_frontend::{FunctionBuilder, FunctionBuilderContext};
 use cranelift_jit::{JITBuilder, JITModule};
 use cranelift_module::{default_libcall_names, Linkage, Module as _};
-use std::sync::OnceLock;
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 
 /// One compiled kernel and the memory its code lives in.
 pub(crate) struct CompiledKernel {
@@ -25,8 +27,18 @@ pub(crate) struct CompiledKernel {
     pub(super) resumes: Box<[u32]>,
     pub(super) nregs: u32,
     pub(super) frame_bytes: u32,
+    /// Whether it has warp collectives (else no thread ever waits at one).
+    pub(super) collectives: bool,
+    /// Whether it has `bar.red` (else a barrier only lets its waiters go).
+    pub(super) bar_red: bool,
+    /// Whether a thread's start reads no register from its file (which
+    /// then needs no clearing between blocks).
+    pub(super) fresh_start: bool,
     /// Global and generic access sites (each caches its allocation).
     pub(super) global_sites: u32,
+    /// Parameter bytes the code reads before its thread loop (the launch
+    /// pads its parameters to at least this).
+    pub(super) param_extent: u64,
     code: Option<JITModule>,
 }
 
@@ -51,7 +63,7 @@ impl Drop for CompiledKernel {
 /// is `kernels[k]`, `Err` with why when it stays on the interpreter.
 pub(crate) struct CompiledModule {
     checked: OnceLock<Result<(), String>>,
-    kernels: Vec<OnceLock<Result<CompiledKernel, String>>>,
+    kernels: Vec<OnceLock<Result<Arc<CompiledKernel>, String>>>,
 }
 
 impl std::fmt::Debug for CompiledModule {
@@ -91,9 +103,14 @@ impl CompiledModule {
         if let Err(why) = checked {
             return Err(why);
         }
-        slot.get_or_init(|| compile(m, k))
-            .as_ref()
-            .map_err(|s| s.as_str())
+        slot.get_or_init(|| {
+            let p = plan(m, k)?;
+            let f = &m.funcs[m.kernels[k] as usize];
+            cached(key_of(f), || compile(f, &p))
+        })
+        .as_ref()
+        .map(|k| &**k)
+        .map_err(|s| s.as_str())
     }
 }
 
@@ -115,22 +132,22 @@ fn host_isa() -> Result<&'static OwnedTargetIsa, String> {
     .map_err(|e| format!("no native code generator: {e}"))
 }
 
-/// Compiles kernel `k` of `m`, or says why not.
-fn compile(m: &Module, k: usize) -> Result<CompiledKernel, String> {
-    let p = plan(m, k)?;
+/// Compiles kernel `f` (a module's, whose plan is `p`), or says why not.
+fn compile(f: &Func, p: &Plan) -> Result<CompiledKernel, String> {
     let isa = host_isa()?;
     let mut jit = JITModule::new(JITBuilder::with_isa(isa.clone(), default_libcall_names()));
-    let f = &m.funcs[m.kernels[k] as usize];
     let ops: Box<[Op]> = f.code.iter().map(|i| i.op.clone()).collect();
     let sig = kernel_signature(isa.default_call_conv());
     let mut ctx = jit.make_context();
     ctx.func.signature = sig.clone();
     let mut fbctx = FunctionBuilderContext::new();
     let fb = FunctionBuilder::new(&mut ctx.func, &mut fbctx);
-    let global_sites = Translator::translate(fb, jit.target_config(), f, &ops, &p);
+    let (global_sites, param_extent) = Translator::translate(fb, jit.target_config(), f, &ops, p);
     let id = jit
         .declare_function("kernel", Linkage::Local, &sig)
         .map_err(|e| e.to_string())?;
+    let dump = std::env::var_os("CUMUX_JIT_DISASM").is_some();
+    ctx.set_disasm(dump);
     let defined = jit
         .define_function(id, &mut ctx)
         .map_err(|e| format!("code generation: {e:?}"))
@@ -140,11 +157,36 @@ fn compile(m: &Module, k: usize) -> Result<CompiledKernel, String> {
         unsafe { jit.free_memory() };
         return Err(e);
     }
+    if dump {
+        if let Some(c) = ctx.compiled_code() {
+            eprintln!("{}", c.vcode.as_deref().unwrap_or(""));
+        }
+    }
     let code = jit.get_finalized_function(id);
     // SAFETY: `code` is the finished code of a function built with
     // `kernel_signature`, which is `KernelFn`'s ABI.
     let entry = unsafe { std::mem::transmute::<*const u8, KernelFn>(code) };
+    let collectives = ops.iter().any(|op| {
+        matches!(
+            op,
+            Op::Shfl { .. }
+                | Op::Vote { .. }
+                | Op::Match { .. }
+                | Op::Redux { .. }
+                | Op::WarpSync { .. }
+                | Op::Activemask { .. }
+        )
+    });
+    let bar_red = ops.iter().any(|op| {
+        matches!(
+            op,
+            Op::Bar { red, .. } if *red != crate::ir::BarRed::None
+        )
+    });
     Ok(CompiledKernel {
+        collectives,
+        bar_red,
+        fresh_start: p.fresh_start,
         entry,
         ops,
         lines: f.code.iter().map(|i| i.line).collect(),
@@ -152,6 +194,75 @@ fn compile(m: &Module, k: usize) -> Result<CompiledKernel, String> {
         nregs: f.nregs,
         frame_bytes: f.frame_bytes,
         global_sites,
+        param_extent,
         code: Some(jit),
     })
+}
+
+/// Kernels the cache keeps at most; past it the oldest goes (modules using
+/// it keep their own reference).
+const CACHE_KERNELS: usize = 512;
+/// Bytes of keys (each a kernel's lowered code as text) the cache keeps at
+/// most, past which the oldest go too; a larger kernel is not kept.
+const CACHE_KEY_BYTES: usize = 64 << 20;
+
+/// Kernels compiled to native code in this process.
+static COMPILED: AtomicU64 = AtomicU64::new(0);
+
+#[derive(Default)]
+struct Cache {
+    kernels: HashMap<String, Arc<CompiledKernel>>,
+    order: VecDeque<String>,
+    key_bytes: usize,
+}
+
+fn cache() -> &'static Mutex<Cache> {
+    static CACHE: OnceLock<Mutex<Cache>> = OnceLock::new();
+    CACHE.get_or_init(Mutex::default)
+}
+
+/// What a kernel's native code is made from: the whole lowered function
+/// (the compiler reads nothing else of the module once the plan takes it).
+pub(super) fn key_of(f: &Func) -> String {
+    format!("{f:?}")
+}
+
+/// The cached kernel compiled from `key`, else `compile`'s, kept for the
+/// next module with the same kernel.
+pub(super) fn cached(
+    key: String,
+    compile: impl FnOnce() -> Result<CompiledKernel, String>,
+) -> Result<Arc<CompiledKernel>, String> {
+    let lock = || cache().lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(k) = lock().kernels.get(&key) {
+        return Ok(k.clone());
+    }
+    // compiled outside the lock: two modules may compile one kernel at
+    // once, and the second keeps the first's
+    let kernel = Arc::new(compile()?);
+    COMPILED.fetch_add(1, Ordering::Relaxed);
+    let mut c = lock();
+    if let Some(k) = c.kernels.get(&key) {
+        return Ok(k.clone());
+    }
+    if key.len() > CACHE_KEY_BYTES {
+        return Ok(kernel);
+    }
+    while c.order.len() >= CACHE_KERNELS || c.key_bytes + key.len() > CACHE_KEY_BYTES {
+        let Some(old) = c.order.pop_front() else {
+            break;
+        };
+        c.key_bytes -= old.len();
+        c.kernels.remove(&old);
+    }
+    c.key_bytes += key.len();
+    c.order.push_back(key.clone());
+    c.kernels.insert(key, kernel.clone());
+    Ok(kernel)
+}
+
+/// Kernels compiled to native code in this process so far (a kernel found
+/// in the cache is not counted again).
+pub fn compilations() -> u64 {
+    COMPILED.load(Ordering::Relaxed)
 }

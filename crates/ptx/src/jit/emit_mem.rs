@@ -4,7 +4,7 @@
 
 use super::runtime::{rt_atom, rt_load, rt_misaligned_vector, rt_store, space_code, Ctx};
 use super::translate::{ctx_off, Translator};
-use crate::ir::{Address, Op, Sp, NONE};
+use crate::ir::{Address, Op, Sp, Src, NONE};
 use cranelift_codegen::ir::condcodes::IntCC;
 use cranelift_codegen::ir::types::{I32, I64};
 use cranelift_codegen::ir::{AbiParam, InstBuilder, MemFlagsData, Signature, Value};
@@ -21,10 +21,31 @@ impl Translator<'_, '_> {
                 ds,
                 sext,
             } => {
+                if let Some((v, all_in)) = self.hoisted_param(&addr, size, n) {
+                    // every hoisted parameter is in: the value loaded before
+                    // the loop; else this load's own checked path
+                    let (fast, slow) = (self.fb.create_block(), self.fb.create_block());
+                    let join = self.fb.create_block();
+                    let out = self.fb.append_block_param(join, I64);
+                    self.fb.ins().brif(all_in, fast, &[], slow, &[]);
+                    self.fb.switch_to_block(slow);
+                    self.fb.set_cold_block(slow);
+                    let a = self.address(&addr);
+                    let x = self.load(addr.sp, a, size, line);
+                    self.jump_with(join, x);
+                    self.fb.switch_to_block(fast);
+                    self.jump_with(join, v);
+                    self.fb.switch_to_block(join);
+                    let v = if sext { self.sext(out, size * 8) } else { out };
+                    self.set(ds[0], v);
+                    return;
+                }
                 let base = self.address(&addr);
-                self.vector_alignment(base, size, n, false, line);
+                if !self.covered(addr.sp) {
+                    self.vector_alignment(base, size, n, false, line);
+                }
                 for (k, d) in ds.iter().enumerate().take(n as usize) {
-                    let a = self.fb.ins().iadd_imm_s(base, k as i64 * size as i64);
+                    let a = self.add_imm(base, k as i64 * size as i64);
                     let v = self.load(addr.sp, a, size, line);
                     let v = if sext { self.sext(v, size * 8) } else { v };
                     self.set(*d, v);
@@ -37,10 +58,12 @@ impl Translator<'_, '_> {
                 addr,
             } => {
                 let base = self.address(&addr);
-                self.vector_alignment(base, size, n, true, line);
+                if !self.covered(addr.sp) {
+                    self.vector_alignment(base, size, n, true, line);
+                }
                 let vs: Vec<Value> = vals.iter().take(n as usize).map(|&s| self.src(s)).collect();
                 for (k, v) in vs.into_iter().enumerate() {
-                    let a = self.fb.ins().iadd_imm_s(base, k as i64 * size as i64);
+                    let a = self.add_imm(base, k as i64 * size as i64);
                     self.store(addr.sp, a, size, v, line);
                 }
             }
@@ -77,7 +100,16 @@ impl Translator<'_, '_> {
 
     fn address(&mut self, a: &Address) -> Value {
         let b = self.src(a.base);
-        self.fb.ins().iadd_imm_s(b, a.off)
+        self.add_imm(b, a.off)
+    }
+
+    /// `v + k` (no instruction for 0: code is not optimised after us).
+    fn add_imm(&mut self, v: Value, k: i64) -> Value {
+        if k == 0 {
+            v
+        } else {
+            self.fb.ins().iadd_imm_s(v, k)
+        }
     }
 
     /// A vector access must be aligned to its whole size (at most 16 bytes).
@@ -198,7 +230,31 @@ impl Translator<'_, '_> {
         matches!(sp, Sp::Global | Sp::Generic)
     }
 
+    /// The value and the all-in condition of a parameter load hoisted
+    /// before the thread loop.
+    fn hoisted_param(&self, addr: &crate::ir::Address, size: u32, n: u8) -> Option<(Value, Value)> {
+        let Src::Imm(b) = addr.base else {
+            return None;
+        };
+        if addr.sp != Sp::Param || n != 1 {
+            return None;
+        }
+        let at = b.wrapping_add(addr.off as u64);
+        let v = self.params.values.iter().find(|(k, _)| *k == (at, size))?.1;
+        Some((v, self.params.all_in?))
+    }
+
+    /// Whether the access being emitted, in `sp`, is one its block's
+    /// check covered.
+    fn covered(&self, sp: Sp) -> bool {
+        sp == Sp::Shared && self.unchecked.contains(&self.pc_now)
+    }
+
     fn load(&mut self, sp: Sp, addr: Value, size: u32, line: u32) -> Value {
+        if self.covered(sp) {
+            let p = self.shared_unchecked(addr);
+            return self.fast_load(p, size);
+        }
         self.next_site(sp);
         let slow = self.fb.create_block();
         self.fb.set_cold_block(slow);
@@ -266,18 +322,27 @@ impl Translator<'_, '_> {
     }
 
     fn fast_load(&mut self, p: Value, size: u32) -> Value {
-        let x = self
-            .fb
-            .ins()
-            .load(Self::int_type(size), MemFlagsData::trusted(), p, 0);
-        if size < 8 {
-            self.fb.ins().uextend(I64, x)
-        } else {
-            x
+        let flags = MemFlagsData::trusted();
+        // a zero-extending load: one move
+        match size {
+            1 => self.fb.ins().uload8(I64, flags, p, 0),
+            2 => self.fb.ins().uload16(I64, flags, p, 0),
+            4 => self.fb.ins().uload32(flags, p, 0),
+            _ => self.fb.ins().load(I64, flags, p, 0),
         }
     }
 
     fn store(&mut self, sp: Sp, addr: Value, size: u32, val: Value, line: u32) {
+        if self.covered(sp) {
+            let p = self.shared_unchecked(addr);
+            let x = if size < 8 {
+                self.fb.ins().ireduce(Self::int_type(size), val)
+            } else {
+                val
+            };
+            self.fb.ins().store(MemFlagsData::trusted(), x, p, 0);
+            return;
+        }
         self.next_site(sp);
         let slow = self.fb.create_block();
         self.fb.set_cold_block(slow);

@@ -10,16 +10,27 @@ use crate::ir::{
 };
 use crate::memory::DEVICE_VA_BASE;
 use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
-use cranelift_codegen::ir::types::{F32, F64, I32, I64};
+use cranelift_codegen::ir::types::{F32, F64, I16, I32, I64, I8};
 use cranelift_codegen::ir::{AbiParam, InstBuilder, MemFlagsData, Signature, Value};
 use std::mem::offset_of;
 
 impl Translator<'_, '_> {
     fn masked(&mut self, v: Value, mask: u64) -> Value {
-        if mask == u64::MAX {
-            v
-        } else {
-            self.fb.ins().band_imm_u(v, mask as i64)
+        // the low 8, 16 or 32 bits: a narrowing and a zero extension (one
+        // move), not an `and` with a constant from memory
+        let narrow = match mask {
+            u64::MAX => return v,
+            0xff => Some(I8),
+            0xffff => Some(I16),
+            0xffff_ffff => Some(I32),
+            _ => None,
+        };
+        match narrow {
+            Some(t) => {
+                let x = self.fb.ins().ireduce(t, v);
+                self.fb.ins().uextend(I64, x)
+            }
+            None => self.fb.ins().band_imm_u(v, mask as i64),
         }
     }
 
@@ -37,6 +48,9 @@ impl Translator<'_, '_> {
     }
 
     fn float_of(&mut self, v: Value, t: Ty) -> Value {
+        if let Some(&f) = self.floats.get(&(v, t == Ty::F32)) {
+            return f;
+        }
         if t == Ty::F32 {
             let w = self.fb.ins().ireduce(I32, v);
             self.fb.ins().bitcast(F32, MemFlagsData::new(), w)
@@ -48,14 +62,21 @@ impl Translator<'_, '_> {
     /// The register bits of float `f` of type `t`, NaN made canonical.
     fn canon_bits(&mut self, f: Value, t: Ty) -> Value {
         let nan = self.fb.ins().fcmp(FloatCC::Unordered, f, f);
-        let (bits, canon) = if t == Ty::F32 {
-            let w = self.fb.ins().bitcast(I32, MemFlagsData::new(), f);
-            (self.fb.ins().uextend(I64, w), 0x7fff_ffffi64)
+        let canon = if t == Ty::F32 {
+            self.fb.ins().f32const(f32::from_bits(0x7fff_ffff))
         } else {
-            (self.fb.ins().bitcast(I64, MemFlagsData::new(), f), i64::MAX)
+            self.fb.ins().f64const(f64::from_bits(i64::MAX as u64))
         };
-        let c = self.fb.ins().iconst(I64, canon);
-        self.fb.ins().select(nan, c, bits)
+        let f = self.fb.ins().select(nan, canon, f);
+        let bits = if t == Ty::F32 {
+            let w = self.fb.ins().bitcast(I32, MemFlagsData::new(), f);
+            self.fb.ins().uextend(I64, w)
+        } else {
+            self.fb.ins().bitcast(I64, MemFlagsData::new(), f)
+        };
+        // these bits are exactly `f`'s
+        self.floats.insert((bits, t == Ty::F32), f);
+        bits
     }
 
     /// Emits register or memory op `pc` (not control flow).

@@ -6,7 +6,7 @@ use super::compiled::CompiledKernel;
 use super::runtime::{Ctx, GlobalEntry, RET_EXIT, RET_FAULT, STOP_BARRIER, STOP_BITS, STOP_WARP};
 use super::warp::{resolve_warp, Lanes, State};
 use crate::exec::{launch_progress, on_workers, BlockResults, BLOCK_MEMORY_LIMIT};
-use crate::ir::{Module, Op, SReg};
+use crate::ir::{BarRed, Module, Op, SReg, Src, NONE};
 use crate::launch::{Fault, LaunchConfig, LaunchLimits, LaunchReport, LAUNCH_CHECK_INTERVAL};
 use crate::memory::{DeviceMemory, MemView};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -72,7 +72,10 @@ pub(crate) fn launch(
         }
     }
     let view = mem.view();
-    let mut pwords = vec![0u64; params.len().div_ceil(8)];
+    // padded to what the code loads before its thread loop (it uses those
+    // values only when `params_len` covers them)
+    let words = params.len().max(kernel.param_extent as usize).div_ceil(8);
+    let mut pwords = vec![0u64; words];
     for (k, b) in params.iter().enumerate() {
         pwords[k / 8] |= (*b as u64) << (8 * (k % 8));
     }
@@ -166,6 +169,9 @@ struct Worker {
     gcache: Vec<GlobalEntry>,
     resume: Vec<u32>,
     state: Vec<State>,
+    /// Each thread's `%tid` (x, y, z, 0), and the stop code of its last run.
+    tids: Vec<[u32; 4]>,
+    codes: Vec<u32>,
     ctaid: [u32; 3],
     /// The worker's index (`%smid`).
     smid: u32,
@@ -174,6 +180,8 @@ struct Worker {
     /// Instructions of the running block, and those already counted.
     instructions: u64,
     counted: u64,
+    /// Threads of the running block that exited.
+    exited: usize,
 }
 
 impl Worker {
@@ -187,11 +195,19 @@ impl Worker {
             gcache: vec![GlobalEntry::EMPTY; g.kernel.global_sites as usize],
             resume: vec![0; n],
             state: vec![State::Ready; n],
+            tids: (0..n as u32)
+                .map(|lin| {
+                    let [x, y, _] = g.cfg.block.map(|d| d.max(1));
+                    [lin % x, (lin / x) % y, lin / (x * y), 0]
+                })
+                .collect(),
+            codes: vec![0; n],
             ctaid: [0; 3],
             smid,
             out: Vec::new(),
             instructions: 0,
             counted: 0,
+            exited: 0,
         }
     }
 
@@ -232,11 +248,14 @@ impl Worker {
         ];
         self.instructions = 0;
         self.counted = 0;
-        self.regs.fill(0);
+        if !g.kernel.fresh_start {
+            self.regs.fill(0);
+        }
         self.local.fill(0);
         self.shared.fill(0);
         self.resume.fill(0);
         self.state.fill(State::Ready);
+        self.exited = 0;
         let n = self.state.len();
         let local_words = (g.kernel.frame_bytes as usize).div_ceil(8);
         let ntid = g.cfg.block;
@@ -268,14 +287,17 @@ impl Worker {
         // in turn until none of its collectives can be resolved
         let warps = n.div_ceil(32);
         let result = 'block: loop {
-            for w in 0..warps {
+            if !g.kernel.collectives {
+                // no thread waits at a collective: warp after warp is the
+                // block's threads in order
+                if let Err(e) = self.run_ready(g, &mut ctx, 0, n) {
+                    break 'block Err(e);
+                }
+            }
+            for w in (0..warps).filter(|_| g.kernel.collectives) {
                 loop {
-                    for t in w * 32..(w * 32 + 32).min(n) {
-                        if self.state[t] == State::Ready {
-                            if let Err(e) = self.run_thread(g, &mut ctx, t) {
-                                break 'block Err(e);
-                            }
-                        }
+                    if let Err(e) = self.run_ready(g, &mut ctx, w * 32, (w * 32 + 32).min(n)) {
+                        break 'block Err(e);
                     }
                     let mut lanes = Lanes {
                         kernel: g.kernel,
@@ -288,13 +310,13 @@ impl Worker {
                     }
                 }
             }
-            let alive = self.state.iter().filter(|&&s| s != State::Exited).count();
+            let alive = self.state.len() - self.exited;
             if alive == 0 {
                 break Ok(());
             }
             // a thread that yielded in a long loop runs again next round
             let yielded = self.state.contains(&State::Ready);
-            let progressed = self.resolve_barrier(alive)
+            let progressed = self.resolve_barrier(g, alive)
                 || {
                     let mut lanes = Lanes {
                         kernel: g.kernel,
@@ -318,36 +340,57 @@ impl Worker {
         result
     }
 
-    /// Runs thread `t` of the block from its resume point to its next stop.
-    fn run_thread(&mut self, g: &Grid<'_>, ctx: &mut Ctx<'_>, t: usize) -> Result<(), Fault> {
-        let ntid = g.cfg.block;
-        let nregs = g.kernel.nregs as usize;
-        let local_words = (g.kernel.frame_bytes as usize).div_ceil(8);
-        let lin = t as u32;
-        let tid = [
-            lin % ntid[0].max(1),
-            (lin / ntid[0].max(1)) % ntid[1].max(1),
-            lin / (ntid[0].max(1) * ntid[1].max(1)),
-        ];
-        let regs = self.regs[t * nregs..].as_mut_ptr();
-        let local = self.local[t * local_words..].as_mut_ptr() as *mut u8;
-        // SAFETY: the compiled kernel gets this block's live context, the
-        // thread's `nregs` registers and `frame_bytes` of local memory (what
-        // it was compiled for), and a resume id it returned.
-        let r = unsafe {
-            (g.kernel.entry)(
-                ctx,
-                regs,
-                local,
-                lin,
-                tid[0],
-                tid[1],
-                tid[2],
-                self.resume[t],
-            )
-        };
-        match r {
-            RET_EXIT => self.state[t] = State::Exited,
+    /// Runs the ready threads of `lo..hi`, in order, each from its resume
+    /// point to its next stop.
+    fn run_ready(
+        &mut self,
+        g: &Grid<'_>,
+        ctx: &mut Ctx<'_>,
+        lo: usize,
+        hi: usize,
+    ) -> Result<(), Fault> {
+        let mut t = lo;
+        while t < hi {
+            if self.state[t] != State::Ready {
+                t += 1;
+                continue;
+            }
+            let end = (t..hi)
+                .find(|&k| self.state[k] != State::Ready)
+                .unwrap_or(hi);
+            // SAFETY: the compiled kernel gets this block's live context, the
+            // register files (`nregs` each) and local memories (`frame_bytes`
+            // rounded to words each) of all `n` threads, what it was compiled
+            // for, their `%tid`s and resume ids and a code slot each; it
+            // touches only threads `t..end`, all below `n`.
+            let stop = unsafe {
+                (g.kernel.entry)(
+                    ctx,
+                    self.regs.as_mut_ptr(),
+                    self.local.as_mut_ptr() as *mut u8,
+                    t as u32,
+                    end as u32,
+                    self.resume.as_ptr(),
+                    self.tids.as_ptr(),
+                    self.codes.as_mut_ptr(),
+                )
+            } as usize;
+            let stop = stop.clamp(t + 1, end);
+            for k in t..stop {
+                self.stopped(g, ctx, k)?;
+            }
+            t = stop;
+        }
+        Ok(())
+    }
+
+    /// Takes thread `t`'s stop code from its last run.
+    fn stopped(&mut self, g: &Grid<'_>, ctx: &mut Ctx<'_>, t: usize) -> Result<(), Fault> {
+        match self.codes[t] {
+            RET_EXIT => {
+                self.state[t] = State::Exited;
+                self.exited += 1;
+            }
             RET_FAULT => {
                 return Err(ctx.fault.take().unwrap_or_else(|| {
                     Fault::Failed("internal error: compiled code faulted".into())
@@ -370,8 +413,10 @@ impl Worker {
     }
 
     /// Lets every thread waiting at the barrier go on once all `alive`
-    /// threads wait there; whether it did.
-    fn resolve_barrier(&mut self, alive: usize) -> bool {
+    /// threads wait there, with the interpreter's `bar.red` reduction of
+    /// their predicates (the mode of the last waiter's op) written to each
+    /// one's destination; whether it did.
+    fn resolve_barrier(&mut self, g: &Grid<'_>, alive: usize) -> bool {
         let waiting = self
             .state
             .iter()
@@ -380,10 +425,62 @@ impl Worker {
         if waiting == 0 || waiting < alive {
             return false;
         }
-        for s in self.state.iter_mut() {
-            if *s == State::AtBarrier {
-                *s = State::Ready;
+        if !g.kernel.bar_red {
+            for s in self.state.iter_mut() {
+                if *s == State::AtBarrier {
+                    *s = State::Ready;
+                }
             }
+            return true;
+        }
+        let nregs = g.kernel.nregs as usize;
+        let bar_of = |w: &Worker, t: usize| {
+            let pc = g.kernel.resumes.get(w.resume[t] as usize)?;
+            match g.kernel.ops.get(pc.checked_sub(1)? as usize)? {
+                &Op::Bar {
+                    red, d, p, pneg, ..
+                } => Some((red, d, p, pneg)),
+                _ => None,
+            }
+        };
+        let get = |w: &Worker, t: usize, s: Src| match s {
+            Src::Reg(r) => w.regs.get(t * nregs + r as usize).copied().unwrap_or(0),
+            Src::Imm(v) => v,
+            Src::Frame(o) => o as u64,
+        };
+        let waiters: Vec<usize> = (0..self.state.len())
+            .filter(|&t| self.state[t] == State::AtBarrier)
+            .collect();
+        let mut red = BarRed::None;
+        for &t in &waiters {
+            if let Some((r, ..)) = bar_of(self, t) {
+                red = r;
+            }
+        }
+        let (mut popc, mut all, mut any) = (0u64, true, false);
+        if red != BarRed::None {
+            for &t in &waiters {
+                if let Some((_, _, p, pneg)) = bar_of(self, t) {
+                    let v = (get(self, t, p) & 1 != 0) != pneg;
+                    popc += v as u64;
+                    all &= v;
+                    any |= v;
+                }
+            }
+        }
+        for &t in &waiters {
+            if let Some((_, d, ..)) = bar_of(self, t).filter(|b| b.1 != NONE) {
+                let v = match red {
+                    BarRed::Popc => popc,
+                    BarRed::And => all as u64,
+                    BarRed::Or => any as u64,
+                    BarRed::None => 0,
+                };
+                if let Some(slot) = self.regs.get_mut(t * nregs + d as usize) {
+                    *slot = v;
+                }
+            }
+            self.state[t] = State::Ready;
         }
         true
     }

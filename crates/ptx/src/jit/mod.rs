@@ -1,16 +1,20 @@
 //! The PTX compiler: kernels the `plan` takes go from the lowered IR to native
-//! code with Cranelift (`translate`, `emit_ops`, `emit_mem`) and run as thread
-//! loops split at barriers and collectives (`launch`, `warp`, `runtime`).
+//! code with Cranelift (`translate`, `emit_*`, `params`, `shared_checks`), cached
+//! per process (`compiled`), run as thread loops split at barriers (`launch`).
 
 mod compiled;
 mod device_calls;
+mod dirty;
 mod emit_mem;
 mod emit_ops;
 mod launch;
+mod params;
 mod plan;
 mod runtime;
+mod shared_checks;
 mod translate;
 mod warp;
 
+pub use compiled::compilations;
 pub(crate) use compiled::CompiledModule;
 pub(crate) use launch::launch;

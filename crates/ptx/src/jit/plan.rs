@@ -1,7 +1,8 @@
 //! Which kernels the compiler takes (no calls, tensor ops, lockstep warps;
-//! whole-block `bar.sync` of one id) and the shape of one: basic blocks,
+//! whole-block `bar.sync`/`bar.red` of one id) and the shape of one: basic blocks,
 //! resume points, the registers live at each.
 
+use super::dirty::{dirty_in, RegSet};
 use crate::ir::{Func, Module, Op, SReg, Src, NONE};
 
 /// The compiler's view of one kernel.
@@ -16,6 +17,12 @@ pub(super) struct Plan {
     /// Registers a `shfl` reads as its value: another lane may read them
     /// whenever this one stands still, so every stop and exit stores them.
     pub shuffled: Vec<u32>,
+    /// No branch goes back to pc 0: resume id 0 is only a thread's start,
+    /// which reads its registers as 0 without the register file.
+    pub fresh_start: bool,
+    /// Registers possibly changed since the thread resumed, on entry to
+    /// each basic block.
+    pub dirty_in: Vec<RegSet>,
 }
 
 impl Plan {
@@ -89,7 +96,11 @@ pub(super) fn plan(m: &Module, k: usize) -> Result<Plan, String> {
         .collect();
     shuffled.sort_unstable();
     shuffled.dedup();
+    let fresh_start = !f.code.iter().any(|i| matches!(i.op, Op::Bra { target: 0 }));
+    let dirty_in = dirty_in(f, &leaders, fresh_start);
     Ok(Plan {
+        dirty_in,
+        fresh_start,
         starts: leaders,
         resumes,
         live_in,
@@ -165,12 +176,11 @@ fn supported(op: &Op, bar_id: &mut Option<u64>) -> Result<(), String> {
             | SReg::Zero => Ok(()),
             r => Err(format!("special register {r:?}")),
         },
+        // `bar.sync` and `bar.red` of all the block's threads
         Op::Bar {
             id: Src::Imm(id),
             count: Src::Imm(u64::MAX),
             wait: true,
-            red: crate::ir::BarRed::None,
-            d: NONE,
             ..
         } => match bar_id {
             Some(seen) if *seen != id & 15 => Err("barriers of several ids".into()),

@@ -26,12 +26,25 @@ pub(super) const STOP_YIELD: u32 = 1;
 /// At a warp collective (the instruction before its resume point).
 pub(super) const STOP_WARP: u32 = 2;
 
-/// The compiled kernel: `(ctx, regs, local, lin, tid.x, tid.y, tid.z, resume)`
-/// runs one thread from resume point `resume` to its next barrier, warp
-/// collective, yield, exit or fault; it returns `resume_id << STOP_BITS |
-/// STOP_*`, [`RET_EXIT`] or [`RET_FAULT`].
-pub(super) type KernelFn =
-    unsafe extern "C" fn(*mut Ctx<'_>, *mut u64, *mut u8, u32, u32, u32, u32, u32) -> u32;
+/// The compiled kernel: `(ctx, regs, local, first, end, resume_ids, tids,
+/// codes)` runs threads `first..end` of the block one after the other, each
+/// from its resume point (`resume_ids[t]`) to its next barrier, warp
+/// collective, yield, exit or fault. Thread `t`'s registers are the `nregs`
+/// words from `regs + 8 nregs t`, its local memory the frame's bytes
+/// (rounded to words) from `local + t` frames, its `%tid` at `tids + 16 t`.
+/// Its stop goes to `codes[t]`: `resume_id << STOP_BITS | STOP_*`,
+/// [`RET_EXIT`] or [`RET_FAULT`]. It returns the end of the threads it ran:
+/// `end`, or one past a thread that yielded or faulted.
+pub(super) type KernelFn = unsafe extern "C" fn(
+    *mut Ctx<'_>,
+    *mut u64,
+    *mut u8,
+    u32,
+    u32,
+    *const u32,
+    *const [u32; 4],
+    *mut u32,
+) -> u32;
 
 /// The running block as compiled code sees it. The fields up to `ctaid` are
 /// read and written by generated code at their `offset_of!` offsets.

@@ -2,6 +2,8 @@
 //! variables loaded where a thread resumes and stored where it stops, counts,
 //! control flow, guards and `trap`; ops live in `emit_ops` and `emit_mem`.
 
+use super::dirty::{add_writes, holds};
+use super::params::{hoist_params, HoistedParams};
 use super::plan::Plan;
 use super::runtime::{
     rt_trap, Ctx, RET_EXIT, RET_FAULT, STOP_BARRIER, STOP_BITS, STOP_WARP, STOP_YIELD,
@@ -20,7 +22,7 @@ use std::mem::offset_of;
 /// The signature of a compiled kernel ([`super::runtime::KernelFn`]).
 pub(super) fn kernel_signature(call_conv: CallConv) -> Signature {
     let mut sig = Signature::new(call_conv);
-    for t in [I64, I64, I64, I32, I32, I32, I32, I32] {
+    for t in [I64, I64, I64, I32, I32, I64, I64, I64] {
         sig.params.push(AbiParam::new(t));
     }
     sig.returns.push(AbiParam::new(I32));
@@ -43,6 +45,11 @@ pub(super) struct Translator<'a, 'f> {
     pub lin: Value,
     pub tid: [Value; 3],
     pub blocks: Vec<Block>,
+    /// The thread running (an I32), where its stop code goes, and the
+    /// block that goes on with the next thread of the range.
+    pub thread: Value,
+    pub codes: Value,
+    pub next_thread: Block,
     pub exit_block: Block,
     pub fault_block: Block,
     /// Instructions of the current basic block after the one being
@@ -56,6 +63,16 @@ pub(super) struct Translator<'a, 'f> {
     pub sites: u32,
     /// An 8-byte stack slot the load helper writes into.
     pub slot: cranelift_codegen::ir::StackSlot,
+    /// The float each value of float-op result bits came from (register
+    /// bits made by `canon_bits`), so a float op reading them skips the
+    /// moves between integer and float registers.
+    pub floats: std::collections::HashMap<(Value, bool), Value>,
+    /// The shared accesses the running copy of a basic block runs without
+    /// checks (its block's check passed), and the pc being emitted.
+    pub unchecked: Vec<u32>,
+    pub pc_now: u32,
+    /// The parameters loaded before the thread loop.
+    pub params: HoistedParams,
 }
 
 /// A field of [`Ctx`] at its offset.
@@ -68,20 +85,60 @@ pub(super) use ctx_off;
 
 impl<'a, 'f> Translator<'a, 'f> {
     /// Builds the whole function into `fb`'s function; returns its number
-    /// of global-cache sites.
+    /// of global-cache sites and the parameter bytes its hoisted loads read.
     pub(super) fn translate(
         mut fb: FunctionBuilder<'f>,
         target: TargetFrontendConfig,
         func: &'a Func,
         ops: &'a [Op],
         plan: &'a Plan,
-    ) -> u32 {
+    ) -> (u32, u64) {
         let entry = fb.create_block();
         fb.append_block_params_for_function_params(entry);
         fb.switch_to_block(entry);
         let p = fb.block_params(entry).to_vec();
+        let (ctx, regs_base, local_base, first, end) = (p[0], p[1], p[2], p[3], p[4]);
+        let (resume_ids, tids, codes) = (p[5], p[6], p[7]);
         let regs: Vec<Variable> = (0..func.nregs).map(|_| fb.declare_var(I64)).collect();
         let count = fb.declare_var(I64);
+        let n = fb
+            .ins()
+            .load(I64, MemFlagsData::trusted(), ctx, ctx_off!(instructions));
+        fb.def_var(count, n);
+        let params = hoist_params(&mut fb, ctx, ops);
+        // the loop over the range's threads: each runs from its resume point
+        // to its next stop, its registers and local memory at fixed strides
+        let head = fb.create_block();
+        let thread = fb.append_block_param(head, I32);
+        let body = fb.create_block();
+        let done = fb.create_block();
+        let next_thread = fb.create_block();
+        fb.ins().jump(head, &[BlockArg::Value(first)]);
+        fb.switch_to_block(head);
+        let more = fb.ins().icmp(IntCC::UnsignedLessThan, thread, end);
+        fb.ins().brif(more, body, &[], done, &[]);
+        fb.switch_to_block(done);
+        let n = fb.use_var(count);
+        fb.ins()
+            .store(MemFlagsData::trusted(), n, ctx, ctx_off!(instructions));
+        fb.ins().return_(&[end]);
+        fb.switch_to_block(next_thread);
+        let following = fb.ins().iadd_imm_s(thread, 1);
+        fb.ins().jump(head, &[BlockArg::Value(following)]);
+        fb.switch_to_block(body);
+        let t64 = fb.ins().uextend(I64, thread);
+        let reg_off = fb.ins().imul_imm_s(t64, func.nregs as i64 * 8);
+        let regs_ptr = fb.ins().iadd(regs_base, reg_off);
+        let local_stride = (func.frame_bytes as u64).div_ceil(8) as i64 * 8;
+        let local_off = fb.ins().imul_imm_s(t64, local_stride);
+        let local = fb.ins().iadd(local_base, local_off);
+        let tid_off = fb.ins().ishl_imm_u(t64, 4);
+        let tid_at = fb.ins().iadd(tids, tid_off);
+        let fixed = MemFlagsData::trusted().with_readonly();
+        let tid = [0, 4, 8].map(|o| fb.ins().load(I32, fixed, tid_at, o));
+        let id_off = fb.ins().ishl_imm_u(t64, 2);
+        let id_at = fb.ins().iadd(resume_ids, id_off);
+        let resume = fb.ins().load(I32, MemFlagsData::trusted(), id_at, 0);
         let blocks: Vec<Block> = plan.starts.iter().map(|_| fb.create_block()).collect();
         let exit_block = fb.create_block();
         let fault_block = fb.create_block();
@@ -96,12 +153,15 @@ impl<'a, 'f> Translator<'a, 'f> {
             plan,
             regs,
             count,
-            ctx: p[0],
-            regs_ptr: p[1],
-            local: p[2],
-            lin: p[3],
-            tid: [p[4], p[5], p[6]],
+            ctx,
+            regs_ptr,
+            local,
+            lin: thread,
+            tid,
             blocks,
+            thread,
+            codes,
+            next_thread,
             exit_block,
             fault_block,
             excess: 0,
@@ -109,11 +169,11 @@ impl<'a, 'f> Translator<'a, 'f> {
             site: u32::MAX,
             sites: 0,
             slot,
+            floats: std::collections::HashMap::new(),
+            unchecked: Vec::new(),
+            pc_now: 0,
+            params,
         };
-        let n =
-            t.fb.ins()
-                .load(I64, MemFlagsData::trusted(), t.ctx, ctx_off!(instructions));
-        t.fb.def_var(count, n);
         // dispatch on the resume point: load its live registers, go on there
         let resume_blocks: Vec<Block> = plan.resumes.iter().map(|_| t.fb.create_block()).collect();
         let calls: Vec<_> = resume_blocks
@@ -122,7 +182,7 @@ impl<'a, 'f> Translator<'a, 'f> {
             .collect();
         let default = t.fb.func.dfg.block_call(exit_block, &[]);
         let table = t.fb.create_jump_table(JumpTableData::new(default, &calls));
-        t.fb.ins().br_table(p[7], table);
+        t.fb.ins().br_table(resume, table);
         for (k, &rb) in resume_blocks.iter().enumerate() {
             t.fb.switch_to_block(rb);
             let pc = plan.resumes[k];
@@ -134,9 +194,14 @@ impl<'a, 'f> Translator<'a, 'f> {
             loaded.sort_unstable();
             loaded.dedup();
             for &r in &loaded {
-                let v =
+                // a thread's start reads registers as 0 (the worker's file
+                // holds the block before's)
+                let v = if pc == 0 && plan.fresh_start {
+                    t.fb.ins().iconst(I64, 0)
+                } else {
                     t.fb.ins()
-                        .load(I64, MemFlagsData::trusted(), t.regs_ptr, (r * 8) as i32);
+                        .load(I64, MemFlagsData::trusted(), t.regs_ptr, (r * 8) as i32)
+                };
                 t.fb.def_var(t.regs[r as usize], v);
             }
             t.fb.ins().jump(t.blocks[b], &[]);
@@ -159,19 +224,32 @@ impl<'a, 'f> Translator<'a, 'f> {
         t.fb.def_var(count, n);
         t.finish_with(RET_FAULT);
         t.fb.seal_all_blocks();
-        let sites = t.sites;
+        let sites = (t.sites, t.params.extent);
         t.fb.finalize(target);
         sites
     }
 
-    /// Stores the instruction count and returns `code`.
+    /// Ends the running thread with stop code `code`: a barrier, a warp
+    /// collective or an exit goes on with the next thread of the range; a
+    /// yield or a fault returns (the instruction count stored), the
+    /// threads up to this one done.
     fn finish_with(&mut self, code: u32) {
-        let n = self.fb.use_var(self.count);
-        self.fb
-            .ins()
-            .store(MemFlagsData::trusted(), n, self.ctx, ctx_off!(instructions));
         let c = self.fb.ins().iconst(I32, code as i64);
-        self.fb.ins().return_(&[c]);
+        let t64 = self.fb.ins().uextend(I64, self.thread);
+        let off = self.fb.ins().ishl_imm_u(t64, 2);
+        let at = self.fb.ins().iadd(self.codes, off);
+        self.fb.ins().store(MemFlagsData::trusted(), c, at, 0);
+        let returns = code == RET_FAULT || code & ((1 << STOP_BITS) - 1) == STOP_YIELD;
+        if returns {
+            let n = self.fb.use_var(self.count);
+            self.fb
+                .ins()
+                .store(MemFlagsData::trusted(), n, self.ctx, ctx_off!(instructions));
+            let done = self.fb.ins().iadd_imm_s(self.thread, 1);
+            self.fb.ins().return_(&[done]);
+        } else {
+            self.fb.ins().jump(self.next_thread, &[]);
+        }
     }
 
     /// Stops the thread to resume at `pc` later: stores the registers live
@@ -183,6 +261,16 @@ impl<'a, 'f> Translator<'a, 'f> {
         stored.extend(also.iter().chain(&self.plan.shuffled));
         stored.sort_unstable();
         stored.dedup();
+        // of those, the ones the thread may have changed since it resumed
+        let at = self.pc_now;
+        let k = self
+            .plan
+            .starts
+            .partition_point(|&s| s <= at)
+            .saturating_sub(1);
+        let mut dirty = self.plan.dirty_in[k].clone();
+        add_writes(self.func, self.plan.starts[k], at, &mut dirty);
+        stored.retain(|&r| holds(&dirty, r));
         for r in stored {
             let v = self.fb.use_var(self.regs[r as usize]);
             self.fb
@@ -220,8 +308,27 @@ impl<'a, 'f> Translator<'a, 'f> {
             let base = self.fb.ins().load(I64, fixed, self.ctx, ctx_off!(shared));
             (base, bytes)
         });
+        // where one check covers the block's shared accesses, a copy of it
+        // runs them unchecked; the other copy checks each as it comes
+        if let Some((pcs, ok)) = self.shared_block_check(start, end) {
+            let fast = self.fb.create_block();
+            let checked = self.fb.create_block();
+            self.fb.ins().brif(ok, fast, &[], checked, &[]);
+            self.fb.switch_to_block(fast);
+            self.unchecked = pcs;
+            self.emit_range(b, start, end);
+            self.unchecked.clear();
+            self.fb.switch_to_block(checked);
+        }
+        self.emit_range(b, start, end);
+    }
+
+    /// Emits `start..end`, basic block `b`'s instructions, and its fall
+    /// through to the next.
+    fn emit_range(&mut self, b: usize, start: u32, end: u32) {
         for pc in start..end {
             self.excess = (end - pc - 1) as i64;
+            self.pc_now = pc;
             if !self.inst(pc) {
                 return;
             }
@@ -360,8 +467,13 @@ impl<'a, 'f> Translator<'a, 'f> {
                     }
                 }
                 self.fb.switch_to_block(wait);
-                if matches!(inst.op, Op::Bar { .. }) {
-                    self.stop_at(pc + 1, STOP_BARRIER, &[]);
+                if let Op::Bar { p, .. } = inst.op {
+                    // `bar.red` reduces the predicates the waiters stored
+                    let reads: Vec<u32> = match p {
+                        Src::Reg(r) => vec![r],
+                        _ => Vec::new(),
+                    };
+                    self.stop_at(pc + 1, STOP_BARRIER, &reads);
                 } else {
                     // the collective reads its operands from the register file
                     let mut reads = Vec::new();

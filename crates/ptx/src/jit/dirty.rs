@@ -1,0 +1,104 @@
+//! Which registers a thread may have changed since it last resumed: a stop
+//! stores back only those (the others hold in its register file already).
+
+use crate::ir::{Func, Op, NONE};
+
+/// A set of registers, one bit each.
+pub(super) type RegSet = Vec<u64>;
+
+fn add(set: &mut RegSet, r: u32) {
+    if let Some(w) = set.get_mut(r as usize / 64) {
+        *w |= 1 << (r % 64);
+    }
+}
+
+/// Whether `set` holds `r`.
+pub(super) fn holds(set: &RegSet, r: u32) -> bool {
+    set.get(r as usize / 64)
+        .is_some_and(|w| w >> (r % 64) & 1 != 0)
+}
+
+/// Whether `op` stops its thread when it runs (a barrier or warp
+/// collective: its result is written to the register file, not the code's).
+fn stops(op: &Op) -> bool {
+    matches!(
+        op,
+        Op::Bar { .. }
+            | Op::Shfl { .. }
+            | Op::Vote { .. }
+            | Op::Match { .. }
+            | Op::Redux { .. }
+            | Op::WarpSync { .. }
+            | Op::Activemask { .. }
+    )
+}
+
+/// The registers written by `f.code[from..to]` (guarded or not), added to `set`.
+pub(super) fn add_writes(f: &Func, from: u32, to: u32, set: &mut RegSet) {
+    for inst in &f.code[from as usize..to as usize] {
+        if !stops(&inst.op) {
+            inst.op.for_each_dst(|d| {
+                if d != NONE {
+                    add(set, d)
+                }
+            });
+        }
+    }
+}
+
+/// The registers possibly changed since the thread last resumed, on entry
+/// to each basic block (`starts`). A thread's start counts every register
+/// changed when `fresh_start` (the code starts them at 0, the file holds
+/// another block's); a resume point entered by the dispatch starts clean.
+pub(super) fn dirty_in(f: &Func, starts: &[u32], fresh_start: bool) -> Vec<RegSet> {
+    let words = (f.nregs as usize).div_ceil(64);
+    let nb = starts.len();
+    let end_of = |b: usize| starts.get(b + 1).copied().unwrap_or(f.code.len() as u32);
+    let block_at = |pc: u32| starts.partition_point(|&s| s < pc);
+    let mut succs: Vec<Vec<usize>> = vec![Vec::new(); nb];
+    let mut writes = vec![vec![0u64; words]; nb];
+    for b in 0..nb {
+        let (start, end) = (starts[b], end_of(b));
+        add_writes(f, start, end, &mut writes[b]);
+        let Some(last) = end.checked_sub(1).and_then(|pc| f.code.get(pc as usize)) else {
+            continue;
+        };
+        let guarded = last.guard != NONE;
+        let falls = match last.op {
+            Op::Bra { target } => {
+                succs[b].push(block_at(target));
+                guarded
+            }
+            Op::Ret | Op::Exit | Op::Trap(_) => guarded,
+            ref op if stops(op) => guarded,
+            _ => true,
+        };
+        if falls && b + 1 < nb {
+            succs[b].push(b + 1);
+        }
+    }
+    let mut dirty = vec![vec![0u64; words]; nb];
+    if fresh_start && nb > 0 {
+        dirty[0] = vec![u64::MAX; words];
+    }
+    let mut changed = true;
+    while changed {
+        changed = false;
+        for b in 0..nb {
+            let out: RegSet = dirty[b]
+                .iter()
+                .zip(&writes[b])
+                .map(|(d, w)| d | w)
+                .collect();
+            for &s in &succs[b] {
+                for (x, o) in dirty[s].iter_mut().zip(&out) {
+                    if *x | o != *x {
+                        *x |= o;
+                        changed = true;
+                    }
+                }
+            }
+        }
+    }
+    dirty
+}

@@ -1,0 +1,144 @@
+//! One check for a basic block's shared-memory accesses: where every `ld` and
+//! `st` of shared memory whose base register the block does not change is in
+//! bounds and aligned, a copy of the block runs them unchecked.
+
+use super::runtime::Ctx;
+use super::translate::{ctx_off, Translator};
+use crate::ir::{Op, Sp, Src, NONE};
+use cranelift_codegen::ir::condcodes::IntCC;
+use cranelift_codegen::ir::types::{I32, I64, I8};
+use cranelift_codegen::ir::{InstBuilder, MemFlagsData, Value};
+use std::mem::offset_of;
+
+/// The shared accesses of one base operand in a basic block: the lowest
+/// and highest offsets (and bytes at that end), the alignments they need.
+struct Group {
+    base: Src,
+    lo: i64,
+    hi: i64,
+    /// (offset modulo alignment, alignment) pairs every access needs.
+    aligns: Vec<(i64, i64)>,
+}
+
+/// The pcs of `ops[start..end]` whose shared accesses one check can cover
+/// (base operand unchanged before them in the block), grouped by base.
+fn groups(ops: &[Op], start: u32, end: u32) -> (Vec<u32>, Vec<Group>) {
+    let mut written: Vec<u32> = Vec::new();
+    let mut pcs = Vec::new();
+    let mut groups: Vec<Group> = Vec::new();
+    for pc in start..end {
+        let op = &ops[pc as usize];
+        let access = match *op {
+            Op::Ld { addr, size, n, .. } | Op::St { addr, size, n, .. }
+                if addr.sp == Sp::Shared =>
+            {
+                Some((addr, size, n))
+            }
+            _ => None,
+        };
+        if let Some((addr, size, n)) = access {
+            let unchanged = match addr.base {
+                Src::Reg(r) => !written.contains(&r),
+                Src::Imm(_) => true,
+                Src::Frame(_) => false,
+            };
+            let total = size as i64 * n as i64;
+            if unchanged && total > 0 {
+                pcs.push(pc);
+                // each element aligned to its size, a vector to its whole size
+                let mut needs = vec![(addr.off & (size as i64 - 1), size as i64)];
+                if n > 1 {
+                    let whole = total.min(16);
+                    needs.push((addr.off & (whole - 1), whole));
+                }
+                let g = match groups.iter().position(|g| g.base == addr.base) {
+                    Some(k) => &mut groups[k],
+                    None => {
+                        groups.push(Group {
+                            base: addr.base,
+                            lo: addr.off,
+                            hi: addr.off + total,
+                            aligns: Vec::new(),
+                        });
+                        groups.last_mut().expect("just pushed")
+                    }
+                };
+                g.lo = g.lo.min(addr.off);
+                g.hi = g.hi.max(addr.off + total);
+                for need in needs {
+                    if need.1 > 1 && !g.aligns.contains(&need) {
+                        g.aligns.push(need);
+                    }
+                }
+            }
+        }
+        op.for_each_dst(|d| {
+            if d != NONE {
+                written.push(d)
+            }
+        });
+    }
+    (pcs, groups)
+}
+
+impl Translator<'_, '_> {
+    /// For the basic block `start..end`: the shared accesses one check
+    /// covers and that check (an I8 condition: all of them in bounds and
+    /// aligned), if there are at least two; `shared_here` must be set.
+    pub(super) fn shared_block_check(&mut self, start: u32, end: u32) -> Option<(Vec<u32>, Value)> {
+        let (pcs, groups) = groups(self.ops, start, end);
+        if pcs.len() < 2 {
+            return None;
+        }
+        let (_, bytes) = self.shared_here?;
+        let mut all = self.fb.ins().iconst(I8, 1);
+        for g in groups {
+            // the span's offsets must not wrap the 32-bit window: its low
+            // end, wrapped, plus its length within the block's bytes
+            // (every access then is the low end plus its distance)
+            let span = g.hi - g.lo;
+            if !(0..1 << 31).contains(&span) {
+                return None;
+            }
+            let base = self.src(g.base);
+            let lo = if g.lo == 0 {
+                base
+            } else {
+                self.fb.ins().iadd_imm_s(base, g.lo)
+            };
+            let lo32 = self.fb.ins().ireduce(I32, lo);
+            let lo64 = self.fb.ins().uextend(I64, lo32);
+            let end = self.fb.ins().iadd_imm_s(lo64, span);
+            let fits = self
+                .fb
+                .ins()
+                .icmp(IntCC::UnsignedLessThanOrEqual, end, bytes);
+            all = self.fb.ins().band(all, fits);
+            for (rem, align) in g.aligns {
+                let at = if rem == 0 {
+                    base
+                } else {
+                    self.fb.ins().iadd_imm_s(base, rem)
+                };
+                let low = self.fb.ins().band_imm_u(at, align - 1);
+                let aligned = self.fb.ins().icmp_imm_u(IntCC::Equal, low, 0);
+                all = self.fb.ins().band(all, aligned);
+            }
+        }
+        Some((pcs, all))
+    }
+
+    /// The host pointer of a shared access the block's check covered.
+    pub(super) fn shared_unchecked(&mut self, addr: Value) -> Value {
+        let base = match self.shared_here {
+            Some((base, _)) => base,
+            None => {
+                let fixed = MemFlagsData::trusted().with_readonly();
+                self.fb.ins().load(I64, fixed, self.ctx, ctx_off!(shared))
+            }
+        };
+        let a32 = self.fb.ins().ireduce(I32, addr);
+        let off = self.fb.ins().uextend(I64, a32);
+        self.fb.ins().iadd(base, off)
+    }
+}
