@@ -29,6 +29,7 @@
 
 pub mod abi;
 pub mod conditional;
+pub mod conditions;
 pub mod dark_api;
 pub mod entry_points;
 pub mod errors;

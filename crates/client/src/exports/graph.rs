@@ -11,9 +11,9 @@ use cumux_protocol::{Call, Handle, ReplyBody, DEFAULT_STREAM};
 use super::copy::{send_dtoh, send_htod, Pinned};
 use super::graph_allocs;
 use super::*;
-use crate::graph::{retarget, GraphOp, Recording};
+use crate::graph::{retarget, Conditional, GraphOp, Recording};
 use crate::state::handles::{self, to_program};
-use crate::state::{client, Client, State, StateGuard};
+use crate::state::{client, Client, ConditionalHandle, State, StateGuard};
 
 fn begin(s: *mut c_void) -> CuResult<()> {
     let c = client()?;
@@ -411,10 +411,28 @@ pub(super) fn replay(
             GraphOp::Copy3D(p) => super::copy::copy_3d(c, &p.0, Some(stream))?,
             GraphOp::MemFree { ptr } => free_at_replay(c, *ptr, stream)?,
             GraphOp::Child(child) => replay(c, c.lock(), Vec::new(), child, stream)?,
-            GraphOp::Conditional(cond) => super::graph_conditional::run(c, cond, stream)?,
+            GraphOp::Conditional(cond) => run_conditional(c, cond, stream)?,
         }
     }
     Ok(())
+}
+
+/// A conditional node where it stands: its word read in stream order (each
+/// read waits for the stream's work before it, so such graphs run op by op
+/// from the client), the chosen body replayed, again for a while node.
+fn run_conditional(c: &'static Client, cond: &Conditional, stream: Handle) -> CuResult<()> {
+    loop {
+        let value = crate::conditions::read(c, cond.cell, stream)?;
+        let Some(i) = crate::conditions::chosen(cond, value) else {
+            return Ok(());
+        };
+        let body = c.lock().graphs.get(&cond.bodies[i]).cloned();
+        let body = body.ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        replay(c, c.lock(), Vec::new(), &body, stream)?;
+        if !crate::conditions::repeats(cond) {
+            return Ok(());
+        }
+    }
 }
 
 /// A free node at a launch: a graph's memory stays held (see
@@ -647,7 +665,11 @@ driver_fn! {
         let stream = stream?;
         st = c.ready_stream(st, stream)?;
         let graph = st.server_graphs.get(&handle(exec)).copied();
-        let defaults = super::graph_conditional::defaults(&st, handle(exec));
+        let defaults: Vec<ConditionalHandle> = st
+            .exec_graphs
+            .get(&handle(exec))
+            .and_then(|g| st.conditionals.get(g))
+            .map_or_else(Vec::new, |h| h.iter().filter(|h| h.assign_default).copied().collect());
         let push = st.managed_to_push();
         match graph {
             Some(graph) => {
@@ -657,7 +679,9 @@ driver_fn! {
             }
             None => {
                 drop(st);
-                super::graph_conditional::assign(c, &defaults, stream)?;
+                for h in &defaults {
+                    crate::conditions::set(c, h.cell, h.default, Some(stream))?;
+                }
                 replay(c, c.lock(), push, &recording, stream)
             }
         }
