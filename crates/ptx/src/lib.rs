@@ -8,6 +8,7 @@ pub mod ast;
 #[cfg(test)]
 mod boundary_tests;
 mod exec;
+pub mod fence;
 mod heap;
 mod ir;
 mod ir_operands;
