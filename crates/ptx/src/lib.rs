@@ -8,7 +8,6 @@ pub mod ast;
 #[cfg(test)]
 mod boundary_tests;
 mod exec;
-pub mod fence;
 mod heap;
 mod ir;
 mod ir_operands;

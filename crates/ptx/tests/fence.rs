@@ -1,11 +1,11 @@
-//! The fence pass (`cumux_ptx::fence`) end to end: rewritten fixtures and
+//! The fence pass (`cumux-ptx-fence`) end to end: rewritten fixtures and
 //! corpus kernels assemble with NVIDIA's ptxas, and on the interpreter fenced
 //! kernels give the same results in their partition and cannot leave it.
 
 mod common;
 
 use common::{linear, Device};
-use cumux_ptx::fence::{fence_ptx, Fence, FENCE_SYMBOL};
+use cumux_ptx_fence::{fence_ptx, Fence, FENCE_SYMBOL};
 use cumux_ptx::{DeviceMemory, Program};
 use std::path::{Path, PathBuf};
 use std::process::Command;

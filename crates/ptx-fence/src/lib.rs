@@ -103,6 +103,9 @@ pub struct Fenced {
     pub ptx: String,
     /// How many address operands were fenced.
     pub fenced: usize,
+    /// The module's `.global` variables: their addresses, once loaded, make
+    /// the window [`Fence::lo`]..[`Fence::hi`].
+    pub globals: Vec<String>,
 }
 
 /// Rewrites `src` so that every global access stays inside the fence.
@@ -159,7 +162,11 @@ pub fn fence_ptx(src: &str) -> Result<Fenced, FenceError> {
         at = end;
     }
     ptx += &src[at..];
-    Ok(Fenced { ptx, fenced })
+    Ok(Fenced {
+        ptx,
+        fenced,
+        globals: vars.global,
+    })
 }
 
 /// After the `.address_size` line (else `.target`): the fence's declaration.
