@@ -375,6 +375,8 @@ struct RawTenant {
     token: Option<String>,
     /// A file whose first line is the token (a secret kept out of the config).
     token_file: Option<std::path::PathBuf>,
+    /// `shared` mode runs the tenant's kernels unfenced.
+    trusted: Option<bool>,
 }
 
 /// A token given in the config or in a file of its own.
@@ -408,6 +410,7 @@ impl RawTenant {
             devices: self.devices,
             uids: self.uids,
             token: token_of(what, self.token, self.token_file)?,
+            trusted: self.trusted.unwrap_or(base.trusted),
         })
     }
 }

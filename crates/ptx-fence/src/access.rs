@@ -40,7 +40,6 @@ const SINGLE: &[&str] = &[
     "red",
     "prefetch",
     "prefetchu",
-    "wmma",
     "mbarrier",
     "applypriority",
     "discard",
@@ -76,10 +75,20 @@ pub fn targets(opcode: &str, brackets: usize, line: usize) -> Result<Vec<Target>
         let target = mods.iter().find_map(space_of).unwrap_or(Target::Generic);
         return Ok(vec![target]);
     }
-    if op == "cp" && !mods.contains(&"tensor") {
-        // `cp.async.ca.shared.global [dst], [src]`, `cp.async.bulk.dst.src`,
-        // `cp.reduce.async.bulk.dst.src`: the spaces name the operands in
-        // order; a trailing `[mbar]` is shared memory.
+    if op == "wmma" {
+        // A fragment spans rows `ldm` apart from its address: only shared
+        // memory's (which cannot reach another tenant) can stay.
+        let space = mods.iter().find_map(space_of);
+        return match space {
+            Some(Target::Other) => Ok(vec![Target::Other; brackets]),
+            _ => Err(refuse()),
+        };
+    }
+    if op == "cp" && !mods.iter().any(|m| m.contains("bulk")) {
+        // `cp.async.ca.shared.global [dst], [src], 16`: the spaces name the
+        // operands in order; a trailing `[mbar]` is shared memory. Bulk
+        // copies run a register's count of bytes past their address, which
+        // the fence cannot bound: refused.
         let spaces: Vec<Target> = mods.iter().filter_map(space_of).collect();
         let mut out: Vec<Target> = (0..brackets)
             .map(|i| spaces.get(i).copied().unwrap_or(Target::Other))

@@ -22,6 +22,9 @@ use scan::Piece;
 
 /// The module variable the pass adds; the loader fills it.
 pub const FENCE_SYMBOL: &str = "__cumux_fence";
+/// The widest access a fenced instruction makes (`discard.global.L2`),
+/// aligned to its size; the partition's alignment keeps it inside.
+pub const MAX_ACCESS: u64 = 128;
 /// Names the pass declares start so; a text that mentions it is refused.
 pub const RESERVED_PREFIX: &str = "__cumux_";
 
@@ -33,8 +36,11 @@ pub enum FenceError {
     /// Braces do not balance, or no `.target` line to put the fence after.
     Malformed,
     /// An instruction whose memory operands the pass cannot bound
-    /// (`cp.async.bulk.tensor`, `multimem`, …).
+    /// (`cp.async.bulk`, `wmma.load.global`, `multimem`, …).
     Unfenceable { line: usize, opcode: String },
+    /// The module calls device-side `malloc`, whose heap lies outside any
+    /// partition.
+    DeviceHeap,
 }
 
 impl std::fmt::Display for FenceError {
@@ -45,6 +51,10 @@ impl std::fmt::Display for FenceError {
             FenceError::Unfenceable { line, opcode } => {
                 write!(f, "line {line}: `{opcode}` cannot be fenced")
             }
+            FenceError::DeviceHeap => write!(
+                f,
+                "it calls device-side malloc, whose heap lies outside the tenant's partition"
+            ),
         }
     }
 }
@@ -92,7 +102,16 @@ impl Fence {
         meets(
             self.base,
             self.base.saturating_add(self.mask).saturating_add(1),
-        ) || meets(self.lo, self.hi.saturating_add(16))
+        ) || meets(self.lo, self.window_end())
+    }
+
+    /// Where an access that starts in the globals window may end: accesses
+    /// are aligned to their size, at most [`MAX_ACCESS`] bytes.
+    pub fn window_end(&self) -> u64 {
+        match self.hi.checked_next_multiple_of(MAX_ACCESS) {
+            Some(end) if self.hi > self.lo => end,
+            _ => self.hi,
+        }
     }
 }
 
@@ -115,6 +134,9 @@ pub fn fence_ptx(src: &str) -> Result<Fenced, FenceError> {
     }
     let pieces = scan::pieces(src).ok_or(FenceError::Malformed)?;
     let vars = Variables::of(src, &pieces);
+    if calls_malloc(src, &pieces) {
+        return Err(FenceError::DeviceHeap);
+    }
     let mut edits: Vec<(usize, usize, String)> = Vec::new();
     edits.push(declaration_point(src)?);
     let mut prologues: Vec<(usize, usize, String)> = Vec::new();
@@ -187,6 +209,24 @@ fn declaration_point(src: &str) -> Result<(usize, usize, String), FenceError> {
     let newline = if src[..at].ends_with('\n') { "" } else { "\n" };
     let text = format!("{newline}.const .align 16 .u64 {FENCE_SYMBOL}[4];\n");
     Ok((at, at, text))
+}
+
+/// Whether the module declares the device-side `malloc`.
+fn calls_malloc(src: &str, pieces: &[Piece]) -> bool {
+    pieces.iter().any(|piece| match *piece {
+        Piece::Statement {
+            start,
+            end,
+            depth: 0,
+        } => {
+            let code = scan::code(&src[start..end]);
+            code.contains(".func")
+                && code
+                    .split(|c: char| !c.is_ascii() || !scan::ident_byte(c as u8))
+                    .any(|t| t == "malloc")
+        }
+        _ => false,
+    })
 }
 
 /// The names of the module's and functions' variables, by space.

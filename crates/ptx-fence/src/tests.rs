@@ -66,3 +66,40 @@ fn fence_values_and_guards() {
     assert!(f.guards(0x5f0, 8));
     assert!(!f.guards(0x700, 32));
 }
+
+#[test]
+fn strided_bulk_and_heap_accesses_are_refused() {
+    let wmma = KERNEL.replace(
+        "st.f32 [%rd2], %f1;",
+        "wmma.load.a.sync.aligned.row.m16n16k16.global.f16 {%r1, %r2}, [%rd2], %r3;",
+    );
+    assert!(matches!(
+        fence_ptx(&wmma),
+        Err(FenceError::Unfenceable { .. })
+    ));
+    let shared_wmma = KERNEL.replace(
+        "st.f32 [%rd2], %f1;",
+        "wmma.load.a.sync.aligned.row.m16n16k16.shared.f16 {%r1, %r2}, [%rd2], %r3;",
+    );
+    assert_eq!(fence_ptx(&shared_wmma).unwrap().fenced, 1);
+    let bulk = KERNEL.replace(
+        "st.f32 [%rd2], %f1;",
+        "cp.async.bulk.global.shared::cta.bulk_group [%rd2], [%rd1], %r1;",
+    );
+    assert!(matches!(
+        fence_ptx(&bulk),
+        Err(FenceError::Unfenceable { .. })
+    ));
+    let heap = KERNEL.replace(
+        ".visible .entry",
+        ".extern .func  (.param .b64 func_retval0) malloc\n(\n\t.param .b64 malloc_param_0\n)\n;\n.visible .entry",
+    );
+    assert_eq!(fence_ptx(&heap).unwrap_err(), FenceError::DeviceHeap);
+}
+
+#[test]
+fn the_window_ends_at_the_widest_aligned_access() {
+    let f = Fence::new(1 << 30, 1 << 20, 0x1000, 0x1001).unwrap();
+    assert_eq!(f.window_end(), 0x1080);
+    assert_eq!(Fence::new(1 << 30, 1 << 20, 0, 0).unwrap().window_end(), 0);
+}

@@ -5,8 +5,8 @@
 mod common;
 
 use common::{linear, Device};
-use cumux_ptx_fence::{fence_ptx, Fence, FENCE_SYMBOL};
 use cumux_ptx::{DeviceMemory, Program};
+use cumux_ptx_fence::{fence_ptx, Fence, FenceError, FENCE_SYMBOL};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -77,7 +77,9 @@ fn fenced_corpus_assembles_with_ptxas_for_sm_90() {
     std::fs::create_dir_all(&dir).expect("temp dir");
     let mut failures = Vec::new();
     let mut fenced_total = 0;
-    for (name, text) in corpus(&home, &dir) {
+    let mut assembled = 0;
+    let inline = [("the inline kernels".to_string(), PEEK.to_string())];
+    for (name, text) in corpus(&home, &dir).into_iter().chain(inline) {
         let original = dir.join("original.ptx");
         std::fs::write(&original, &text).expect("write");
         if ptxas(&home, &original).is_err() {
@@ -86,6 +88,18 @@ fn fenced_corpus_assembles_with_ptxas_for_sm_90() {
         }
         let fenced = match fence_ptx(&text) {
             Ok(fenced) => fenced,
+            // What the pass refuses by design: strided fragments of global
+            // memory, bulk copies, the device heap.
+            Err(FenceError::Unfenceable { opcode, .. })
+                if opcode.starts_with("wmma.") || opcode.contains("bulk") =>
+            {
+                eprintln!("{name}: refused ({opcode})");
+                continue;
+            }
+            Err(FenceError::DeviceHeap) => {
+                eprintln!("{name}: refused (device malloc)");
+                continue;
+            }
             Err(err) => {
                 failures.push(format!("{name}: {err}"));
                 continue;
@@ -94,13 +108,18 @@ fn fenced_corpus_assembles_with_ptxas_for_sm_90() {
         fenced_total += fenced.fenced;
         let path = dir.join("fenced.ptx");
         std::fs::write(&path, &fenced.ptx).expect("write");
-        if let Err(err) = ptxas(&home, &path) {
-            failures.push(format!("{name}: {err}"));
+        match ptxas(&home, &path) {
+            Ok(()) => assembled += 1,
+            Err(err) => failures.push(format!("{name}: {err}")),
         }
     }
     let _ = std::fs::remove_dir_all(&dir);
     assert!(failures.is_empty(), "{failures:#?}");
     assert!(fenced_total > 100, "only {fenced_total} operands fenced");
+    assert!(
+        assembled >= 25,
+        "only {assembled} modules fenced and assembled"
+    );
 }
 
 /// A partition of `size` bytes aligned to its size, mapped on `mem`.
