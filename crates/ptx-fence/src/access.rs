@@ -1,7 +1,7 @@
 //! One instruction's memory operands: which state space each addresses, and
 //! the PTX that forces a global (or generic-and-global) address into the fence.
 
-use super::FenceError;
+use crate::error::FenceError;
 
 /// What one bracketed operand addresses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -15,7 +15,10 @@
 //! (unfilled) fence sends every access to address 0: it fails closed.
 
 mod access;
+mod error;
 mod scan;
+
+pub use error::{FenceError, RESERVED_PREFIX};
 
 use access::Target;
 use scan::Piece;
@@ -25,41 +28,6 @@ pub const FENCE_SYMBOL: &str = "__cumux_fence";
 /// The widest access a fenced instruction makes (`discard.global.L2`),
 /// aligned to its size; the partition's alignment keeps it inside.
 pub const MAX_ACCESS: u64 = 128;
-/// Names the pass declares start so; a text that mentions it is refused.
-pub const RESERVED_PREFIX: &str = "__cumux_";
-
-/// Why a module cannot be fenced.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum FenceError {
-    /// The text already uses names the pass reserves.
-    ReservedName,
-    /// Braces do not balance, or no `.target` line to put the fence after.
-    Malformed,
-    /// An instruction whose memory operands the pass cannot bound
-    /// (`cp.async.bulk`, `wmma.load.global`, `multimem`, …).
-    Unfenceable { line: usize, opcode: String },
-    /// The module calls device-side `malloc`, whose heap lies outside any
-    /// partition.
-    DeviceHeap,
-}
-
-impl std::fmt::Display for FenceError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            FenceError::ReservedName => write!(f, "PTX uses the reserved prefix {RESERVED_PREFIX}"),
-            FenceError::Malformed => write!(f, "PTX is malformed (braces or no .target)"),
-            FenceError::Unfenceable { line, opcode } => {
-                write!(f, "line {line}: `{opcode}` cannot be fenced")
-            }
-            FenceError::DeviceHeap => write!(
-                f,
-                "it calls device-side malloc, whose heap lies outside the tenant's partition"
-            ),
-        }
-    }
-}
-
-impl std::error::Error for FenceError {}
 
 /// The values of a module's fence variable.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -77,7 +45,7 @@ impl Fence {
     /// The fence for partition `[base, base + size)` and globals `[lo, hi)`;
     /// `None` unless `size` is a power of two and `base` a multiple of it.
     pub fn new(base: u64, size: u64, lo: u64, hi: u64) -> Option<Fence> {
-        (size.is_power_of_two() && base % size == 0 && lo <= hi).then_some(Fence {
+        (size.is_power_of_two() && base.is_multiple_of(size) && lo <= hi).then_some(Fence {
             base,
             mask: size - 1,
             lo,

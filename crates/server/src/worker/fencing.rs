@@ -140,7 +140,7 @@ impl Partition {
             size,
             alignment: size,
         })?;
-        if base % size != 0 {
+        if !base.is_multiple_of(size) {
             let _ = ctx.vmm(&VmmOp::FreeReservation { ptr: base, size });
             return Err(CuError::new(
                 codes::OUT_OF_MEMORY,
