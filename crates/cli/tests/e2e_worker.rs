@@ -286,7 +286,16 @@ fn virtual_memory_in_workers_in_both_sharing_modes() {
 /// stays up and the next session gets a fresh context.
 #[test]
 fn a_fault_in_shared_mode_costs_the_context_not_the_server() {
-    let mut server = WorkerServer::start_sharing("shared-fault", false, "shared");
+    // Trusted tenants' kernels are not fenced: out_of_bounds's far pointer
+    // would otherwise fold into its own partition, onto its own buffer.
+    let dir = TempDir::new("shared-fault-config");
+    let config = config_file(&dir, "[defaults]\ntrusted = true\n");
+    let config = config.display().to_string();
+    let mut server = WorkerServer::start_with(
+        "shared-fault",
+        false,
+        &["--sharing", "shared", "--config", &config],
+    );
     passes(&server.run(&corpus_program("saxpy")), &server);
     let first = workers(&server);
     assert_eq!(first.len(), 1, "{first:?}");
