@@ -58,7 +58,7 @@ pub fn pieces(src: &str) -> Option<Vec<Piece>> {
                 });
                 start = i + 1;
             }
-            b'{' if depth > 0 && !code(&src[start..i]).trim().is_empty() => {
+            b'{' if depth > 0 && !only_labels(&code(&src[start..i])) => {
                 // A vector operand `{%r1, %r2}` or an initializer, not a block.
                 let close = src[i..].find('}')?;
                 i += close;
@@ -124,4 +124,17 @@ pub fn code(text: &str) -> String {
         i += c.len_utf8();
     }
     out
+}
+
+/// Whether `code` is nothing but labels (`$L__BB0_31:`), as before a block.
+fn only_labels(code: &str) -> bool {
+    let mut rest = code.trim();
+    while !rest.is_empty() {
+        let name = rest.bytes().take_while(|b| ident_byte(*b)).count();
+        match rest[name..].trim_start().strip_prefix(':') {
+            Some(after) if name > 0 => rest = after.trim_start(),
+            _ => return false,
+        }
+    }
+    true
 }

@@ -103,3 +103,14 @@ fn the_window_ends_at_the_widest_aligned_access() {
     assert_eq!(f.window_end(), 0x1080);
     assert_eq!(Fence::new(1 << 30, 1 << 20, 0, 0).unwrap().window_end(), 0);
 }
+
+#[test]
+fn a_labelled_block_with_a_vector_operand_is_a_block() {
+    let text = KERNEL.replace(
+        "\tret;",
+        "$L__BB0_31:\n\t{ mov.b32 %f1, {0,%rs1};}\n\tst.global.f32 [%rd2], %f1;\n\tret;",
+    );
+    let out = fence_ptx(&text).expect("fences");
+    assert_eq!(out.fenced, 3);
+    assert!(out.ptx.contains("$L__BB0_31:\n\t{ mov.b32 %f1, {0,%rs1};}"));
+}

@@ -50,19 +50,25 @@ fn corpus(home: &Path, dir: &Path) -> Vec<(String, String)> {
         .filter(|p| p.extension().is_some_and(|e| e == "cu"))
         .collect();
     sources.sort();
-    for source in sources {
-        let out = dir.join(source.file_name().unwrap()).with_extension("ptx");
+    // nvcc's default architecture (what fat binaries carry unless told) and
+    // the H100's: their code differs (inline-asm blocks after labels, …).
+    for (source, arch) in sources
+        .iter()
+        .flat_map(|s| [(s, "-arch=sm_75"), (s, "-arch=sm_90")])
+    {
+        let stem = source.file_stem().unwrap().to_string_lossy();
+        let out = dir.join(format!("{stem}-{arch}.ptx"));
         let status = Command::new(home.join("bin/nvcc"))
-            .args(["-ptx", "-arch=sm_90", "-I"])
+            .args(["-ptx", arch, "-I"])
             .arg(&cuda)
             .arg("-o")
             .arg(&out)
-            .arg(&source)
+            .arg(source)
             .status()
             .expect("nvcc");
         assert!(status.success(), "nvcc {}", source.display());
         let text = std::fs::read_to_string(&out).expect("nvcc output");
-        texts.push((source.display().to_string(), text));
+        texts.push((format!("{} ({arch})", source.display()), text));
     }
     texts
 }
