@@ -128,3 +128,40 @@ fn a_trusted_tenants_kernel_is_not_fenced() {
         out.describe()
     );
 }
+
+#[test]
+fn the_corpus_passes_fenced_in_shared_mode() {
+    let server = server("fence-corpus");
+    let dir = cumux_testkit::workspace_root().join("tests/cuda/corpus");
+    let mut names: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .filter_map(|e| {
+            let path = e.unwrap().path();
+            let is_cu = path.extension().is_some_and(|x| x == "cu");
+            is_cu.then(|| path.file_stem().unwrap().to_string_lossy().into_owned())
+        })
+        // Its far pointer folds into its own partition instead of faulting.
+        .filter(|name| name != "out_of_bounds")
+        .collect();
+    names.sort();
+    assert!(names.len() >= 15, "{names:?}");
+    for name in names {
+        let program = corpus_program(&name);
+        let out = wait_bounded(
+            server.command_as("thief", &program, &[]).spawn().unwrap(),
+            LIMIT,
+        );
+        assert_eq!(
+            out.code(),
+            Some(0),
+            "{name}: {}\n--- server log\n{}",
+            out.describe(),
+            server.log()
+        );
+    }
+    assert!(
+        !server.log().contains("refused a module"),
+        "{}",
+        server.log()
+    );
+}
