@@ -24,7 +24,7 @@ pids=()
 . "$ROOT/bench/h100/lib.sh"
 trap stop_all EXIT
 describe_machine
-GENCODE=(-gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90)
+GENCODE=(-gencode "arch=compute_90,code=sm_90" -gencode "arch=compute_90,code=compute_90")
 progs=()
 for src in "$ROOT"/tests/cuda/corpus/*.cu; do
     name=$(basename "$src" .cu)
@@ -42,6 +42,29 @@ pids+=($!)
 for _ in $(seq 600); do [ -S "$W/s.sock" ] && break; sleep 0.1; done
 RAW=$OUT/fence.txt
 : >"$RAW"
+# Isolation first (tests/cuda/tenants/fence_probe.cu): a fenced tenant's kernel
+# aimed at another tenant's buffer must see none of it and leave it intact; a
+# cubin-only build must be refused with a log line naming the tenant.
+"$NVCC" -O2 "${GENCODE[@]}" -o "$W/fence_probe" "$ROOT/tests/cuda/tenants/fence_probe.cu" || exit 1
+"$NVCC" -O2 -gencode arch=compute_90,code=sm_90 -o "$W/fence_probe_cubin" "$ROOT/tests/cuda/tenants/fence_probe.cu" || exit 1
+# probe TENANT LABEL: an owner holds a secret, TENANT's program pokes it.
+probe() {
+    "$KIT/cumux" run --server "unix:$W/s.sock" --tenant owner -- "$W/fence_probe" own 10 >"$W/owner.txt" 2>&1 &
+    local owner=$!
+    for _ in $(seq 300); do grep -q holding "$W/owner.txt" 2>/dev/null && break; sleep 0.1; done
+    local ptr
+    ptr=$(awk '/^ptr / { print $2 }' "$W/owner.txt")
+    "$KIT/cumux" run --server "unix:$W/s.sock" --tenant "$1" -- "$W/fence_probe" poke "$ptr" >"$W/poke.txt" 2>&1
+    wait "$owner"
+    { echo "== $2"; cat "$W/poke.txt"; cat "$W/owner.txt"; } >>"$RAW"
+}
+probe fenced "fenced poke (expect kernel: cudaSuccess, secret: not seen, own: PASS)"
+probe fast "trusted poke, unfenced (expect secret: seen and the owner's secret changed)"
+"$KIT/cumux" run --server "unix:$W/s.sock" --tenant fenced -- "$W/fence_probe_cubin" poke 0x1000 >"$W/cubin.txt" 2>&1
+{
+    echo "== cubin-only module as a fenced tenant (expect an error, and a refusal in the log)"; cat "$W/cubin.txt"
+    grep 'refused a module' "$W/server.log" | tail -3
+} >>"$RAW"
 # run MODE PROGRAM ARGS…: one run, its wall seconds on stdout, its output in $W/last.
 run() {
     local mode=$1; shift
