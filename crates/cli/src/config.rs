@@ -698,8 +698,11 @@ uids = [1000, 1001]
         assert_eq!(alice.class, TenantClass::LatencyCritical);
         assert_eq!(alice.devices.as_deref(), Some(&[0][..]));
         assert_eq!(alice.uids.as_deref(), Some(&[1000, 1001][..]));
+        assert!(!alice.trusted, "tenants are fenced unless trusted");
         assert_eq!(t.tenants["batchjobs"], TenantSettings::default());
         assert!(parse("[tenants.x]\nweight = 0\n").is_err());
+        let trusted = parse("[tenants.x]\ntrusted = true\n").unwrap();
+        assert!(trusted.tenants.tenants["x"].trusted);
         assert!(parse("[tenants.x]\nclass = \"urgent\"\n").is_err());
         assert!(parse("[tenants.x]\nquota = 5\n").is_err());
     }
