@@ -129,8 +129,9 @@ pub fn prologue(symbol: &str) -> String {
 /// The instructions that leave the fenced form of address expression `expr`
 /// (`%rd4+8`, `sym`, `64`) in register `reg`: unchanged inside the module's
 /// globals window `[lo, hi)`, else `base | (addr & mask)`; for a generic
-/// address only where it is global.
-pub fn fence_code(expr: &str, reg: &str, target: Target) -> String {
+/// address only where it is global. `cvta`: the base is a variable of that
+/// space, taken as its generic address.
+pub fn fence_code(expr: &str, reg: &str, target: Target, cvta: Option<&str>) -> String {
     use names::*;
     let expr = expr.trim();
     let split = expr
@@ -139,14 +140,23 @@ pub fn fence_code(expr: &str, reg: &str, target: Target) -> String {
         .find(|&(_, c)| c == '+' || c == '-')
         .map(|(i, _)| i);
     let mut code = String::from("\n\t");
-    match split {
+    let (base, offset) = match split {
         Some(i) => {
-            let base = expr[..i].trim();
             let rest = expr[i..].trim();
-            let offset = rest.strip_prefix('+').unwrap_or(rest).trim();
-            code += &format!("add.s64 {reg}, {base}, {offset};\n\t");
+            (
+                expr[..i].trim(),
+                Some(rest.strip_prefix('+').unwrap_or(rest).trim()),
+            )
         }
-        None => code += &format!("mov.b64 {reg}, {expr};\n\t"),
+        None => (expr, None),
+    };
+    match (cvta, offset) {
+        (Some(space), _) => code += &format!("cvta.{space}.u64 {reg}, {base};\n\t"),
+        (None, Some(offset)) => code += &format!("add.s64 {reg}, {base}, {offset};\n\t"),
+        (None, None) => code += &format!("mov.b64 {reg}, {base};\n\t"),
+    }
+    if let (Some(_), Some(offset)) = (cvta, offset) {
+        code += &format!("add.s64 {reg}, {reg}, {offset};\n\t");
     }
     code += &format!(
         "setp.lt.u64 {OUTSIDE}, {reg}, {LO};\n\tsetp.ge.or.u64 {OUTSIDE}, {reg}, {HI}, {OUTSIDE};\n\t"

@@ -200,7 +200,8 @@ fn calls_malloc(src: &str, pieces: &[Piece]) -> bool {
 /// The names of the module's and functions' variables, by space.
 struct Variables {
     global: Vec<String>,
-    other: Vec<String>,
+    /// Shared, local, const and param variables, with their space.
+    other: Vec<(String, &'static str)>,
 }
 
 impl Variables {
@@ -221,10 +222,10 @@ impl Variables {
                 continue;
             }
             let global = tokens.contains(&".global");
-            let other = [".shared", ".local", ".const", ".param"]
-                .iter()
-                .any(|s| tokens.contains(s));
-            if !global && !other {
+            let other = ["shared", "local", "const", "param"]
+                .into_iter()
+                .find(|s| tokens.contains(&format!(".{s}").as_str()));
+            if !global && other.is_none() {
                 continue;
             }
             let decl = text.split('=').next().unwrap_or("");
@@ -239,12 +240,10 @@ impl Variables {
                 if name.is_empty() || name.starts_with('.') {
                     continue;
                 }
-                let list = if global {
-                    &mut vars.global
-                } else {
-                    &mut vars.other
-                };
-                list.push(name.to_string());
+                match other {
+                    Some(space) if !global => vars.other.push((name.to_string(), space)),
+                    _ => vars.global.push(name.to_string()),
+                }
             }
         }
         vars
@@ -312,10 +311,21 @@ fn fence_statement(
             });
         }
         let head = expr.trim().split(['+', '-']).next().unwrap_or("").trim();
-        let target = match target {
-            Target::Generic if vars.global.iter().any(|v| v == head) => Target::Global,
-            Target::Generic if vars.other.iter().any(|v| v == head) => Target::Other,
-            t => t,
+        let space = vars.other.iter().find(|(v, _)| v == head).map(|(_, s)| *s);
+        // A generic access through another space's variable: its generic
+        // address (`cvta`), fenced like any generic one, since an offset
+        // could carry it anywhere.
+        let (target, cvta) = match (target, space) {
+            (Target::Generic, _) if vars.global.iter().any(|v| v == head) => (Target::Global, None),
+            (Target::Generic, Some("param")) if expr.trim() != head => {
+                return Err(FenceError::Unfenceable {
+                    line,
+                    opcode: opcode.to_string(),
+                })
+            }
+            (Target::Generic, Some("param")) => (Target::Other, None),
+            (Target::Generic, Some(space)) => (Target::Generic, Some(space)),
+            (t, _) => (t, None),
         };
         if target == Target::Other {
             continue;
@@ -327,7 +337,7 @@ fn fence_statement(
                 opcode: opcode.to_string(),
             });
         }
-        code += &access::fence_code(expr, reg, target);
+        code += &access::fence_code(expr, reg, target, cvta);
         edits.push((open, close, reg.to_string()));
         used += 1;
     }

@@ -114,3 +114,23 @@ fn a_labelled_block_with_a_vector_operand_is_a_block() {
     assert_eq!(out.fenced, 3);
     assert!(out.ptx.contains("$L__BB0_31:\n\t{ mov.b32 %f1, {0,%rs1};}"));
 }
+
+#[test]
+fn generic_accesses_through_other_spaces_variables_are_fenced_by_their_generic_address() {
+    let text = KERNEL
+        .replace(
+            "\t.reg .f32 %f<2>;",
+            "\t.reg .f32 %f<2>;\n\t.shared .align 4 .b8 sh[64];",
+        )
+        .replace("st.f32 [%rd2], %f1;", "st.f32 [sh+0x40000000], %f1;");
+    let out = fence_ptx(&text).unwrap();
+    assert!(
+        out.ptx.contains("cvta.shared.u64 %__cumux_a0, sh;"),
+        "{}",
+        out.ptx
+    );
+    assert!(out
+        .ptx
+        .contains("add.s64 %__cumux_a0, %__cumux_a0, 0x40000000;"));
+    assert!(out.ptx.contains("st.f32 [%__cumux_a0], %f1;"));
+}
