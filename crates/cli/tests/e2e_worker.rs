@@ -525,7 +525,12 @@ fn libraries_load_at_their_first_use() {
 fn signalled_synchronizes_skip_the_worker_and_keep_errors() {
     let dir = TempDir::new("signalled-sync");
     let config = dir.0.join("cumux.toml");
-    std::fs::write(&config, "[tenants.lc]\nclass = \"latency-critical\"\n").unwrap();
+    // Trusted: out_of_bounds must fault, not fold into its own partition.
+    std::fs::write(
+        &config,
+        "[tenants.lc]\nclass = \"latency-critical\"\ntrusted = true\n",
+    )
+    .unwrap();
     for policy in ["priority", "fifo"] {
         let trace = dir.0.join(format!("hops-{policy}"));
         let server = WorkerServer::start_env(
