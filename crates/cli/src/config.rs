@@ -375,6 +375,8 @@ struct RawTenant {
     token: Option<String>,
     /// A file whose first line is the token (a secret kept out of the config).
     token_file: Option<std::path::PathBuf>,
+    /// `shared` mode runs the tenant's kernels unfenced.
+    trusted: Option<bool>,
 }
 
 /// A token given in the config or in a file of its own.
@@ -408,6 +410,7 @@ impl RawTenant {
             devices: self.devices,
             uids: self.uids,
             token: token_of(what, self.token, self.token_file)?,
+            trusted: self.trusted.unwrap_or(base.trusted),
         })
     }
 }
@@ -695,8 +698,11 @@ uids = [1000, 1001]
         assert_eq!(alice.class, TenantClass::LatencyCritical);
         assert_eq!(alice.devices.as_deref(), Some(&[0][..]));
         assert_eq!(alice.uids.as_deref(), Some(&[1000, 1001][..]));
+        assert!(!alice.trusted, "tenants are fenced unless trusted");
         assert_eq!(t.tenants["batchjobs"], TenantSettings::default());
         assert!(parse("[tenants.x]\nweight = 0\n").is_err());
+        let trusted = parse("[tenants.x]\ntrusted = true\n").unwrap();
+        assert!(trusted.tenants.tenants["x"].trusted);
         assert!(parse("[tenants.x]\nclass = \"urgent\"\n").is_err());
         assert!(parse("[tenants.x]\nquota = 5\n").is_err());
     }

@@ -286,7 +286,16 @@ fn virtual_memory_in_workers_in_both_sharing_modes() {
 /// stays up and the next session gets a fresh context.
 #[test]
 fn a_fault_in_shared_mode_costs_the_context_not_the_server() {
-    let mut server = WorkerServer::start_sharing("shared-fault", false, "shared");
+    // Trusted tenants' kernels are not fenced: out_of_bounds's far pointer
+    // would otherwise fold into its own partition, onto its own buffer.
+    let dir = TempDir::new("shared-fault-config");
+    let config = config_file(&dir, "[defaults]\ntrusted = true\n");
+    let config = config.display().to_string();
+    let mut server = WorkerServer::start_with(
+        "shared-fault",
+        false,
+        &["--sharing", "shared", "--config", &config],
+    );
     passes(&server.run(&corpus_program("saxpy")), &server);
     let first = workers(&server);
     assert_eq!(first.len(), 1, "{first:?}");
@@ -516,7 +525,12 @@ fn libraries_load_at_their_first_use() {
 fn signalled_synchronizes_skip_the_worker_and_keep_errors() {
     let dir = TempDir::new("signalled-sync");
     let config = dir.0.join("cumux.toml");
-    std::fs::write(&config, "[tenants.lc]\nclass = \"latency-critical\"\n").unwrap();
+    // Trusted: out_of_bounds must fault, not fold into its own partition.
+    std::fs::write(
+        &config,
+        "[tenants.lc]\nclass = \"latency-critical\"\ntrusted = true\n",
+    )
+    .unwrap();
     for policy in ["priority", "fifo"] {
         let trace = dir.0.join(format!("hops-{policy}"));
         let server = WorkerServer::start_env(

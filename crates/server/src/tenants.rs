@@ -67,6 +67,9 @@ pub struct TenantSettings {
     /// only proof over TCP. A tenant with one cannot be claimed without it
     /// (unless its `uids` list the peer).
     pub token: Option<String>,
+    /// In `shared` mode, whether the tenant's kernels run unfenced (and its
+    /// cubin-only modules load): it may then reach other tenants' memory.
+    pub trusted: bool,
 }
 
 impl Default for TenantSettings {
@@ -78,6 +81,7 @@ impl Default for TenantSettings {
             devices: None,
             uids: None,
             token: None,
+            trusted: false,
         }
     }
 }

@@ -358,6 +358,10 @@ pub trait DeviceContext: Send + Sync {
     /// The context as `Any`, so a backend can tell its own contexts among
     /// others (peer access needs the peer's own handle).
     fn as_any(&self) -> &dyn std::any::Any;
+
+    /// Tells the context whose session it serves: a `shared`-mode view fences
+    /// an untrusted tenant's kernels and memory ([`crate::worker::fencing`]).
+    fn set_tenant(&self, _tenant: &str, _trusted: bool) {}
     /// How the context's memory is laid out again elsewhere when its session
     /// moves; `None` where it cannot be (issue 17).
     fn movable(&self) -> Option<&dyn MovableContext> {

@@ -290,6 +290,9 @@ impl Session {
             }
             None => device.create_context()?,
         };
+        if let Some((name, settings)) = &tenant {
+            ctx.set_tenant(name, settings.trusted);
+        }
         let id = server.next_session_id();
         let gate = match (&tenant, server.gate_of(&device)) {
             (Some((name, settings)), Some(gate)) => {
@@ -599,6 +602,9 @@ impl Session {
             devices: spec.devices,
             uids: spec.uids,
             token: spec.token,
+            // The wire's tenant spec carries no trust: only the config file
+            // makes a tenant's kernels run unfenced.
+            trusted: false,
         };
         self.server
             .put_tenant(name, settings)

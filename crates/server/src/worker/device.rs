@@ -13,15 +13,20 @@ use cumux_protocol::{codes, CuError, DeviceInfo};
 
 use super::colocation::Colocation;
 use super::context::WorkerContext;
+use super::fencing::Claims;
 #[cfg(any(feature = "cpu", feature = "cuda"))]
 use super::process::image_print_detector;
-use super::shared::{PrintRoute, SharedView};
+use super::shared::{FenceSetup, PrintRoute, SharedView};
 use super::spawn::{Launcher, WorkerCommand, READY_WAIT};
 use super::watchdog::Watchdog;
 #[cfg(feature = "cuda")]
 use crate::device::cuda::CudaDevice;
 use crate::device::{ContextGroup, Device, DeviceContext, MovableContext, MovableDevice};
 use crate::locking::lock;
+
+/// The context of a `shared` device, the route of its device printf, and
+/// the address ranges its fenced sessions claim.
+type SharedContext = (Arc<WorkerContext>, Arc<PrintRoute>, Arc<Claims>);
 
 /// How a worker device gives sessions their contexts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -57,9 +62,9 @@ pub struct WorkerDevice {
     used: Arc<AtomicU64>,
     next_module: Arc<AtomicU64>,
     sharing: Sharing,
-    /// The context sessions share (`Shared`), replaced once it dies, and the
-    /// route of its device printf.
-    shared: Mutex<Option<(Arc<WorkerContext>, Arc<PrintRoute>)>>,
+    /// The context sessions share (`Shared`), replaced once it dies, the
+    /// route of its device printf, and its sessions' fenced ranges.
+    shared: Mutex<Option<SharedContext>>,
     next_view: AtomicU64,
     /// Whether a module image can print through the driver (which then
     /// writes it wherever the context's next wait flushes it).
@@ -108,18 +113,37 @@ impl WorkerDevice {
     /// A session's view of the shared context, and that context.
     fn shared_view(&self) -> Result<(Arc<dyn DeviceContext>, Arc<WorkerContext>), CuError> {
         let tag = self.next_view.fetch_add(1, Ordering::Relaxed);
-        let (primary, route) = self.shared_context();
+        let (primary, route, claims) = self.shared_context();
         let conn = primary.open_connection()?;
-        let view = SharedView::new(Arc::clone(&primary), conn, tag, route, self.may_print);
+        let attribute = |n: u32| {
+            let found = self.info.attributes.iter().find(|(a, _)| *a == n);
+            found.map_or(0, |(_, v)| (*v).max(0) as u32)
+        };
+        // CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR and _MINOR.
+        let setup = FenceSetup {
+            claims,
+            partition_bytes: self.info.total_mem,
+            sm: attribute(75) * 10 + attribute(76),
+        };
+        let view = SharedView::new(
+            Arc::clone(&primary),
+            conn,
+            tag,
+            route,
+            self.may_print,
+            setup,
+        );
         Ok((Arc::new(view), primary))
     }
 
     /// The shared context and its printf route, started anew if there is none
     /// or it died.
-    fn shared_context(&self) -> (Arc<WorkerContext>, Arc<PrintRoute>) {
+    fn shared_context(&self) -> SharedContext {
         let mut slot = lock(&self.shared);
         match &*slot {
-            Some((ctx, route)) if !ctx.is_dead() => (Arc::clone(ctx), Arc::clone(route)),
+            Some((ctx, route, claims)) if !ctx.is_dead() => {
+                (Arc::clone(ctx), Arc::clone(route), Arc::clone(claims))
+            }
             _ => {
                 if slot.is_some() {
                     tracing::warn!("the shared context died; new sessions get a fresh one");
@@ -130,8 +154,9 @@ impl WorkerDevice {
                     Arc::clone(&self.next_module),
                 ));
                 let route = Arc::new(PrintRoute::default());
-                *slot = Some((Arc::clone(&ctx), Arc::clone(&route)));
-                (ctx, route)
+                let claims = Arc::new(Claims::default());
+                *slot = Some((Arc::clone(&ctx), Arc::clone(&route), Arc::clone(&claims)));
+                (ctx, route, claims)
             }
         }
     }

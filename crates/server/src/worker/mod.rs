@@ -33,6 +33,7 @@ pub mod arrays;
 pub mod colocation;
 pub mod context;
 pub mod device;
+pub mod fencing;
 pub mod link;
 pub mod movable;
 pub mod process;

@@ -18,10 +18,12 @@
 //!   zeroed first, so the next allocation, another tenant's perhaps, finds
 //!   none of its bytes.
 //!
-//! What it cannot add: a kernel may read or write any address of the shared
-//! context, so tenants are protected from each other's API calls (the session
-//! checks every pointer and handle) but not from each other's kernels; and a
-//! fault poisons the context, failing every session on it (the device then
+//! - **Fences**: an untrusted session's memory lies in a partition of its own
+//!   and its kernels are loaded from fenced PTX ([`super::fencing`]), so a
+//!   kernel cannot reach another session's memory; a trusted tenant's
+//!   (`trusted = true`) are not, and may.
+//!
+//! What it cannot add: a fault poisons the context, failing every session on it (the device then
 //! starts a fresh context for new sessions). That is the trade-off against
 //! `isolated` mode (a context per session in a process of its own).
 
@@ -33,6 +35,7 @@ use cumux_protocol::{CuError, DevicePtr, Handle, TensorMapRequest, DEFAULT_STREA
 
 use super::arrays::zero_new;
 use super::context::WorkerContext;
+use super::fencing::{Claims, Partition};
 use crate::device::arrays::ArrayOp;
 use crate::device::ordering::{EVENT_DISABLE_TIMING, NON_BLOCKING};
 use crate::device::{
@@ -92,6 +95,26 @@ pub struct SharedView {
     inbox: Arc<Mutex<Vec<u8>>>,
     /// Whether a module image can print through the driver.
     may_print: fn(&[u8]) -> bool,
+    fencing: Mutex<Fencing>,
+    setup: FenceSetup,
+}
+
+/// What a view needs to fence its session: the context's claims, how large
+/// a partition is, and the compute capability whose PTX it loads.
+#[derive(Clone)]
+pub struct FenceSetup {
+    pub claims: Arc<Claims>,
+    pub partition_bytes: u64,
+    pub sm: u32,
+}
+
+/// Whether a view fences its session.
+enum Fencing {
+    /// Not decided until the first allocation or module: the tenant's name.
+    Pending(String),
+    /// A trusted tenant's: nothing fenced.
+    Trusted,
+    Fenced(Arc<Partition>),
 }
 
 #[derive(Default)]
@@ -127,6 +150,7 @@ impl SharedView {
         tag: u64,
         route: Arc<PrintRoute>,
         may_print: fn(&[u8]) -> bool,
+        setup: FenceSetup,
     ) -> Self {
         SharedView {
             _primary: primary,
@@ -137,6 +161,36 @@ impl SharedView {
             route,
             inbox: Arc::new(Mutex::new(Vec::new())),
             may_print,
+            fencing: Mutex::new(Fencing::Pending("unknown".into())),
+            setup,
+        }
+    }
+
+    /// The session's partition, reserved at its first need; `None` for a
+    /// trusted tenant.
+    fn partition(&self) -> Result<Option<Arc<Partition>>, CuError> {
+        let mut fencing = lock(&self.fencing);
+        let tenant = match &*fencing {
+            Fencing::Trusted => return Ok(None),
+            Fencing::Fenced(p) => return Ok(Some(Arc::clone(p))),
+            Fencing::Pending(tenant) => tenant.clone(),
+        };
+        let partition = Arc::new(Partition::reserve(
+            &self.conn,
+            &tenant,
+            self.tag,
+            self.setup.partition_bytes,
+            Arc::clone(&self.setup.claims),
+        )?);
+        *fencing = Fencing::Fenced(Arc::clone(&partition));
+        Ok(Some(partition))
+    }
+
+    /// The session's partition, if it has one by now.
+    fn fenced(&self) -> Option<Arc<Partition>> {
+        match &*lock(&self.fencing) {
+            Fencing::Fenced(p) => Some(Arc::clone(p)),
+            _ => None,
         }
     }
 
@@ -348,7 +402,21 @@ impl DeviceContext for SharedView {
     }
 
     fn mem_alloc(&self, bytes: u64) -> Result<DevicePtr, CuError> {
-        self.conn.mem_alloc(bytes)
+        match self.partition()? {
+            Some(p) => p.alloc(&self.conn, bytes),
+            None => self.conn.mem_alloc(bytes),
+        }
+    }
+
+    /// Fences a tenant's sessions unless it is trusted; decided once.
+    fn set_tenant(&self, tenant: &str, trusted: bool) {
+        let mut fencing = lock(&self.fencing);
+        if let Fencing::Pending(_) = &*fencing {
+            *fencing = match trusted {
+                true => Fencing::Trusted,
+                false => Fencing::Pending(tenant.to_string()),
+            };
+        }
     }
 
     /// The session frees each of its allocations here, at the latest at its
@@ -358,7 +426,10 @@ impl DeviceContext for SharedView {
         // waits for the device anyway; a closing session's work may run).
         self.wait_own_streams()?;
         self.scrub(ptr, bytes)?;
-        self.conn.mem_free(ptr, bytes)
+        match self.fenced() {
+            Some(p) if p.owns(ptr) => p.free(&self.conn, ptr),
+            _ => self.conn.mem_free(ptr, bytes),
+        }
     }
 
     fn mem_read(&self, src: DevicePtr, buf: &mut [u8]) -> Result<(), CuError> {
@@ -378,7 +449,10 @@ impl DeviceContext for SharedView {
     }
 
     fn module_load(&self, image: &[u8]) -> Result<LoadedModule, CuError> {
-        let module = self.conn.module_load(image)?;
+        let module = match self.partition()? {
+            Some(p) => p.module_load(&self.conn, image, self.setup.sm)?,
+            None => self.conn.module_load(image)?,
+        };
         let globals = module.globals.iter().map(|g| (g.ptr, g.size)).collect();
         let mut state = lock(&self.state);
         state.modules.insert(module.id, globals);
@@ -395,6 +469,9 @@ impl DeviceContext for SharedView {
             state.printing.remove(&module);
             state.modules.remove(&module)
         };
+        if let Some(p) = self.fenced() {
+            p.module_unloaded(module);
+        }
         if let Some(globals) = globals {
             self.unload(module, &globals);
         }
@@ -474,10 +551,12 @@ impl DeviceContext for SharedView {
     /// In the shared context: the handle names the session's allocation,
     /// which the session checked.
     fn ipc_export(&self, base: DevicePtr) -> Result<Vec<u8>, CuError> {
+        self.refuse_fenced("cuIpcGetMemHandle")?;
         self.conn.ipc_export(base)
     }
 
     fn ipc_open(&self, handle: &[u8], flags: u32) -> Result<(DevicePtr, u64), CuError> {
+        self.refuse_fenced("cuIpcOpenMemHandle")?;
         self.conn.ipc_open(handle, flags)
     }
 
@@ -490,6 +569,11 @@ impl DeviceContext for SharedView {
     /// all of it at its end. Unmapping waits for the session's streams, and
     /// physical memory is zeroed before it goes back, as freed allocations.
     fn vmm(&self, op: &VmmOp) -> Result<u64, CuError> {
+        if matches!(op, VmmOp::Reserve { .. } | VmmOp::FreeReservation { .. }) {
+            if let Some(answer) = self.partition()?.and_then(|p| p.reservation(op)) {
+                return answer;
+            }
+        }
         match *op {
             VmmOp::Unmap { .. } => self.wait_own_streams()?,
             // An import's memory is its exporter's, who scrubs it (the
@@ -670,10 +754,25 @@ impl Drop for SharedView {
         for e in state.internal_events {
             let _ = self.conn.event_destroy(e);
         }
+        if let Some(p) = self.fenced() {
+            p.release(&self.conn);
+        }
     }
 }
 
 impl SharedView {
+    /// Memory handles between programs: a fenced kernel could not reach
+    /// what another session's partition holds, so they are refused.
+    fn refuse_fenced(&self, what: &str) -> Result<(), CuError> {
+        match self.fenced() {
+            Some(_) => Err(CuError::new(
+                cumux_protocol::codes::NOT_SUPPORTED,
+                format!("{what}: a fenced session of a shared context cannot share memory with another program (trusted tenants can)"),
+            )),
+            None => Ok(()),
+        }
+    }
+
     fn synchronize_all(&self, state: &ViewState) -> Result<(), CuError> {
         for t in self.streams_of(state, SyncTarget::Context) {
             let waited = self.conn.synchronize(t);
