@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Fencing's overhead in `shared` mode (docs/mechanisms.md, "Fencing"): every
+# Fencing's overhead (`--sharing fenced`) (docs/mechanisms.md, "Fencing"): every
 # tests/cuda/corpus program and fence_kernels.cu (memory-bound kernels timed
 # with events), built with PTX, run natively, through `cumux serve --device
-# cuda --sharing shared` as a trusted tenant (unfenced) and as an untrusted
+# cuda --sharing fenced` as a trusted tenant (unfenced) and as an untrusted
 # one (fenced: its PTX rewritten, its memory in a partition). Figures: each
 # program's wall time (median of ROUNDS; the first fenced run pays the JIT of
 # the fenced PTX, which the driver's cache keeps after) and each kernel's
@@ -36,7 +36,7 @@ for src in "$ROOT"/tests/cuda/corpus/*.cu; do
 done
 "$NVCC" -O2 "${GENCODE[@]}" -o "$W/fence_kernels" "$ROOT/bench/h100/fence_kernels.cu" || exit 1
 printf 'allow_unknown = true\n[tenants.fast]\ntrusted = true\n[tenants.fenced]\n' >"$W/cfg.toml"
-"$KIT/cumux" serve --device cuda --sharing shared --config "$W/cfg.toml" \
+"$KIT/cumux" serve --device cuda --sharing fenced --config "$W/cfg.toml" \
     --listen "unix:$W/s.sock" >"$W/server.log" 2>&1 &
 pids+=($!)
 for _ in $(seq 600); do [ -S "$W/s.sock" ] && break; sleep 0.1; done
@@ -123,7 +123,7 @@ for mode, rs in ratios.items():
         print(f"geomean {mode} / native: {g:.4f} over {len(rs)} figures")
 result = {"suite": "fence", "date": "$DATE", "gpu": "$GPU", "driver": "$DRIVER",
           "cuda": "$CUDA", "commit": "$COMMIT"}
-notes = ["unfenced: tenant 'fast' (trusted = true); fenced: tenant 'fenced'; both --sharing shared",
+notes = ["unfenced: tenant 'fast' (trusted = true); fenced: tenant 'fenced'; both --sharing fenced",
          "wall: a program's whole run (median of $ROUNDS); kernel: ms per launch from events"]
 results_json.write(f"{sys.argv[2]}/$DATE-$SLUG-fence.json", result, metrics, notes)
 PY

@@ -60,8 +60,10 @@ pub struct ServerSettings {
     pub policy: Option<String>,
     /// How a GPU gives sessions contexts: isolated (default: a context per
     /// session, each in a process of its own; a fault stays with its
-    /// session) or shared (one context, each session on streams of its
-    /// own, kernels side by side; a fault fails every session on it).
+    /// session), shared (one context, each session on streams of its
+    /// own, kernels side by side; a fault fails every session on it), or
+    /// fenced (shared, and each tenant not marked trusted kept to a memory
+    /// partition of its own, its PTX rewritten; cubin-only modules refused).
     #[arg(long)]
     pub sharing: Option<String>,
     /// Resets a GPU context whose queued work makes no progress for this long

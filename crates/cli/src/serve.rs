@@ -334,7 +334,7 @@ pub fn serve(options: ServeOptions) -> Result<()> {
         cumux_server::gate::parse_policy(&default_policy_name).map_err(anyhow::Error::msg)?;
     let sharing_name = settings.sharing.unwrap_or_else(|| "isolated".into());
     let sharing = Sharing::parse(&sharing_name).map_err(anyhow::Error::msg)?;
-    if sharing == Sharing::Shared && !matches!(kind.as_str(), "auto" | "cuda" | "worker-cpu") {
+    if sharing.one_context() && !matches!(kind.as_str(), "auto" | "cuda" | "worker-cpu") {
         bail!("--sharing shared applies to GPUs (and worker-cpu); the {kind} device gives each session its own context");
     }
     let kernel_timeout = settings.kernel_timeout;

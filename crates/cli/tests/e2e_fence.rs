@@ -1,4 +1,4 @@
-//! Fencing in `shared` mode end to end: two tenants' programs in one shared
+//! Fencing (`--sharing fenced`) end to end: two tenants' programs in one shared
 //! CPU-worker context; a kernel aimed at the other tenant's buffer reads and
 //! writes only its own partition, unless its tenant is `trusted`.
 
@@ -12,6 +12,12 @@ use common::*;
 const LIMIT: Duration = Duration::from_secs(300);
 
 fn server(tag: &str) -> ServerProc {
+    server_sharing(tag, "fenced")
+}
+
+/// A worker-cpu server of one context (`sharing`: shared or fenced) with
+/// tenants owner, thief and insider (trusted).
+fn server_sharing(tag: &str, sharing: &str) -> ServerProc {
     let uid = std::fs::metadata("/proc/self").unwrap().uid();
     let config = format!(
         "allow_unknown = false\n[tenants.owner]\nuids = [{uid}]\n[tenants.thief]\nuids = [{uid}]\n\
@@ -25,7 +31,7 @@ fn server(tag: &str) -> ServerProc {
         "--memory",
         "1G",
         "--sharing",
-        "shared",
+        sharing,
         "--config",
     ]
     .map(String::from)
@@ -112,11 +118,20 @@ fn a_fenced_kernel_cannot_reach_another_tenants_buffer() {
 
 #[test]
 fn a_trusted_tenants_kernel_is_not_fenced() {
-    let server = server("fence-trusted");
+    trusted_or_plain_shared_reads_the_secret(server("fence-trusted"), "insider");
+}
+
+/// `--sharing shared` fences no one (fencing is `--sharing fenced`'s).
+#[test]
+fn plain_shared_mode_is_not_fenced() {
+    trusted_or_plain_shared_reads_the_secret(server_sharing("fence-plain", "shared"), "thief");
+}
+
+fn trusted_or_plain_shared_reads_the_secret(server: ServerProc, tenant: &str) {
     let program = tenant_program("fence_probe");
     let (mut owner, ptr, _lines) = start_owner(&server, &program);
     let insider = server
-        .command_as("insider", &program, &["poke", &ptr])
+        .command_as(tenant, &program, &["poke", &ptr])
         .spawn()
         .unwrap();
     let out = wait_bounded(insider, LIMIT);
@@ -130,7 +145,7 @@ fn a_trusted_tenants_kernel_is_not_fenced() {
 }
 
 #[test]
-fn the_corpus_passes_fenced_in_shared_mode() {
+fn the_corpus_passes_fenced() {
     let server = server("fence-corpus");
     let dir = cumux_testkit::workspace_root().join("tests/cuda/corpus");
     let mut names: Vec<String> = std::fs::read_dir(&dir)

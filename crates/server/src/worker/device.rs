@@ -39,18 +39,29 @@ pub enum Sharing {
     /// own ([`SharedView`]): kernels of different tenants run side by side;
     /// a fault fails every session of the context.
     Shared,
+    /// Shared, and every tenant not marked `trusted` fenced: its memory in a
+    /// partition of its own, its kernels loaded from PTX rewritten so that
+    /// every global access stays there (`worker::fencing`); cubin-only
+    /// modules refused. Not yet the default: its GPU side awaits a GPU run.
+    Fenced,
 }
 
 impl Sharing {
-    /// `isolated` or `shared`.
+    /// `isolated`, `shared` or `fenced`.
     pub fn parse(text: &str) -> Result<Sharing, String> {
         match text {
             "isolated" => Ok(Sharing::Isolated),
             "shared" => Ok(Sharing::Shared),
+            "fenced" => Ok(Sharing::Fenced),
             other => Err(format!(
-                "unknown sharing {other:?}: expected isolated or shared"
+                "unknown sharing {other:?}: expected isolated, shared or fenced"
             )),
         }
+    }
+
+    /// Whether every session shares one context (shared or fenced).
+    pub fn one_context(self) -> bool {
+        self != Sharing::Isolated
     }
 }
 
@@ -121,6 +132,7 @@ impl WorkerDevice {
         };
         // CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR and _MINOR.
         let setup = FenceSetup {
+            enabled: self.sharing == Sharing::Fenced,
             claims,
             partition_bytes: self.info.total_mem,
             sm: attribute(75) * 10 + attribute(76),
@@ -174,7 +186,7 @@ impl Device for WorkerDevice {
     /// The worker starts at the context's first call, so a session that never
     /// touches the device (a `cumux status` query) costs no process.
     fn create_context(&self) -> Result<Arc<dyn DeviceContext>, CuError> {
-        if self.sharing == Sharing::Shared {
+        if self.sharing.one_context() {
             return Ok(self.shared_view()?.0);
         }
         Ok(Arc::new(WorkerContext::new(
@@ -195,7 +207,7 @@ impl Device for WorkerDevice {
                 "the program's devices are of different kinds",
             )
         })?;
-        if self.sharing == Sharing::Shared {
+        if self.sharing.one_context() {
             let mut host = colocation.starting();
             if host.is_none() {
                 let (view, primary) = self.shared_view()?;
@@ -229,7 +241,7 @@ impl Device for WorkerDevice {
             ordinal,
             "starting the device's workers (each creates its context)"
         );
-        if self.sharing == Sharing::Shared {
+        if self.sharing.one_context() {
             if let Err(e) = self.shared_context().0.start_now() {
                 tracing::warn!(ordinal, "the shared worker did not start: {e}");
                 return;
