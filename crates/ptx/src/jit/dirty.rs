@@ -20,7 +20,7 @@ pub(super) fn holds(set: &RegSet, r: u32) -> bool {
 
 /// Whether `op` stops its thread when it runs (a barrier or warp
 /// collective: its result is written to the register file, not the code's).
-fn stops(op: &Op) -> bool {
+pub(super) fn stops(op: &Op) -> bool {
     matches!(
         op,
         Op::Bar { .. }

@@ -2,7 +2,7 @@
 //! whole-block `bar.sync`/`bar.red` of one id) and the shape of one: basic blocks,
 //! resume points, the registers live at each.
 
-use super::dirty::{dirty_in, RegSet};
+use super::dirty::{dirty_in, stops, RegSet};
 use crate::ir::{Func, Module, Op, SReg, Src, NONE};
 
 /// The compiler's view of one kernel.
@@ -67,13 +67,7 @@ pub(super) fn plan(m: &Module, k: usize) -> Result<Plan, String> {
                 leaders.push(pc + 1);
             }
             Op::Ret | Op::Exit | Op::Trap(_) => leaders.push(pc + 1),
-            Op::Bar { .. }
-            | Op::Shfl { .. }
-            | Op::Vote { .. }
-            | Op::Match { .. }
-            | Op::Redux { .. }
-            | Op::WarpSync { .. }
-            | Op::Activemask { .. } => {
+            ref op if stops(op) => {
                 leaders.push(pc + 1);
                 resumes.push(pc + 1);
             }

@@ -2,7 +2,7 @@
 //! variables loaded where a thread resumes and stored where it stops, counts,
 //! control flow, guards and `trap`; ops live in `emit_ops` and `emit_mem`.
 
-use super::dirty::{add_writes, holds};
+use super::dirty::{add_writes, holds, stops};
 use super::params::{hoist_params, HoistedParams};
 use super::plan::Plan;
 use super::runtime::{
@@ -449,13 +449,7 @@ impl<'a, 'f> Translator<'a, 'f> {
                 self.jump_to_fault();
                 false
             }
-            Op::Bar { .. }
-            | Op::Shfl { .. }
-            | Op::Vote { .. }
-            | Op::Match { .. }
-            | Op::Redux { .. }
-            | Op::WarpSync { .. }
-            | Op::Activemask { .. } => {
+            ref op if stops(op) => {
                 let wait = self.fb.create_block();
                 match guard {
                     Some(c) => {
