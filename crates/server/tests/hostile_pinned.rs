@@ -200,6 +200,11 @@ fn a_region_the_device_cannot_reach_by_its_address_is_refused_when_asked() {
     let region = register(&mut c, &fd, &map);
     let dev = c.alloc(LEN);
     assert_eq!(c.code(htod(dev, region, 0, LEN, None)), 0);
+    // The next test counts mappings: this session's region goes first.
+    drop(c);
+    h.eventually("the session's region to be unmapped", || {
+        live_mappings() == before + 1
+    });
 }
 
 #[test]
