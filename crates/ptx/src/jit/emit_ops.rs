@@ -340,10 +340,9 @@ impl Translator<'_, '_> {
         self.fb.ins().load(I64, fixed, self.ctx, off)
     }
 
-    /// Register op `pc` through the interpreter's own step: its sources go
-    /// to the thread's register file, its results come back from it.
-    fn helper_op(&mut self, pc: u32) {
-        let op = &self.ops[pc as usize];
+    /// Stores the registers `op` reads to the thread's register file, for a
+    /// helper that runs it there; the registers it writes, to reload after.
+    fn spill_sources(&mut self, op: &Op) -> Vec<u32> {
         let mut srcs = Vec::new();
         op.for_each_src(|s| {
             if let Src::Reg(r) = s {
@@ -358,6 +357,25 @@ impl Translator<'_, '_> {
                 .ins()
                 .store(MemFlagsData::trusted(), v, self.regs_ptr, (r * 8) as i32);
         }
+        dsts
+    }
+
+    /// Takes registers a helper wrote back from the thread's register file.
+    fn reload(&mut self, dsts: Vec<u32>) {
+        for d in dsts {
+            let v = self
+                .fb
+                .ins()
+                .load(I64, MemFlagsData::trusted(), self.regs_ptr, (d * 8) as i32);
+            self.set(d, v);
+        }
+    }
+
+    /// Register op `pc` through the interpreter's own step: its sources go
+    /// to the thread's register file, its results come back from it.
+    fn helper_op(&mut self, pc: u32) {
+        let op = &self.ops[pc as usize];
+        let dsts = self.spill_sources(op);
         let mut sig = Signature::new(self.call_conv);
         sig.params.extend([AbiParam::new(I64); 3]);
         let sig = self.fb.import_signature(sig);
@@ -370,33 +388,14 @@ impl Translator<'_, '_> {
         self.fb
             .ins()
             .call_indirect(sig, callee, &[opp, self.regs_ptr, nregs]);
-        for d in dsts {
-            let v = self
-                .fb
-                .ins()
-                .load(I64, MemFlagsData::trusted(), self.regs_ptr, (d * 8) as i32);
-            self.set(d, v);
-        }
+        self.reload(dsts);
     }
 
     /// A device-library call through its helper: the registers it reads go
     /// to the thread's register file, its result comes back from it.
     fn device_call(&mut self, pc: u32, line: u32) {
         let op = &self.ops[pc as usize];
-        let mut srcs = Vec::new();
-        op.for_each_src(|s| {
-            if let Src::Reg(r) = s {
-                srcs.push(r)
-            }
-        });
-        let mut dsts = Vec::new();
-        op.for_each_dst(|d| dsts.push(d));
-        for r in srcs {
-            let v = self.fb.use_var(self.regs[r as usize]);
-            self.fb
-                .ins()
-                .store(MemFlagsData::trusted(), v, self.regs_ptr, (r * 8) as i32);
-        }
+        let dsts = self.spill_sources(op);
         let mut sig = Signature::new(self.call_conv);
         sig.params.extend([AbiParam::new(I64); 5]);
         sig.params.extend([AbiParam::new(I32); 2]);
@@ -421,13 +420,7 @@ impl Translator<'_, '_> {
         );
         let st = self.fb.inst_results(call)[0];
         self.fault_if(st);
-        for d in dsts {
-            let v = self
-                .fb
-                .ins()
-                .load(I64, MemFlagsData::trusted(), self.regs_ptr, (d * 8) as i32);
-            self.set(d, v);
-        }
+        self.reload(dsts);
     }
 
     fn int_native(&self, op: IntOp, t: Ty) -> bool {
