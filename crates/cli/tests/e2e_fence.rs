@@ -5,7 +5,7 @@
 mod common;
 
 use std::os::unix::fs::MetadataExt;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::*;
 
@@ -54,38 +54,8 @@ fn start_owner(
         .command_as("owner", program, &["own", "8"])
         .spawn()
         .unwrap();
-    let lines = lines_of(owner.stdout.take().unwrap());
-    let mut ptr = None;
-    let started = Instant::now();
-    while started.elapsed() < Duration::from_secs(120) {
-        match lines.recv_timeout(Duration::from_secs(1)) {
-            Ok(line) if line.starts_with("ptr ") => ptr = Some(line[4..].to_string()),
-            Ok(line) if line == "holding" => break,
-            Ok(_) | Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
-            Err(_) => break,
-        }
-    }
-    let Some(ptr) = ptr else {
-        let _ = owner.kill();
-        panic!(
-            "the owner printed no pointer\n--- server log\n{}",
-            server.log()
-        );
-    };
+    let (ptr, lines) = owner_pointer(&mut owner, server);
     (owner, ptr, lines)
-}
-
-fn rest_of(lines: &std::sync::mpsc::Receiver<String>) -> String {
-    let mut rest = String::new();
-    let started = Instant::now();
-    while started.elapsed() < Duration::from_secs(60) {
-        match lines.recv_timeout(Duration::from_secs(1)) {
-            Ok(line) => rest += &format!("{line}\n"),
-            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
-            Err(_) => break,
-        }
-    }
-    rest
 }
 
 #[test]
@@ -106,7 +76,7 @@ fn a_fenced_kernel_cannot_reach_another_tenants_buffer() {
         out.describe(),
         server.log()
     );
-    let rest = rest_of(&lines);
+    let rest = rest(&lines, Duration::from_secs(60)).join("\n");
     let done = wait_bounded(owner, Duration::from_secs(60));
     assert!(
         done.code() == Some(0) && rest.contains("own: PASS"),

@@ -126,24 +126,7 @@ fn a_program_cannot_use_another_tenants_pointer() {
         .command_as("small", &program, &["own", "5"])
         .spawn()
         .unwrap();
-    let lines = lines_of(owner.stdout.take().unwrap());
-    let mut ptr = None;
-    let started = Instant::now();
-    while started.elapsed() < Duration::from_secs(120) {
-        match lines.recv_timeout(Duration::from_secs(1)) {
-            Ok(line) if line.starts_with("ptr ") => ptr = Some(line[4..].to_string()),
-            Ok(line) if line == "holding" => break,
-            Ok(_) | Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
-            Err(_) => break,
-        }
-    }
-    let Some(ptr) = ptr else {
-        let _ = owner.kill();
-        panic!(
-            "the owner printed no pointer\n--- server log\n{}",
-            server.log()
-        );
-    };
+    let (ptr, lines) = owner_pointer(&mut owner, &server);
     let thief = server
         .command_as("roomy", &program, &["steal", &ptr])
         .spawn()

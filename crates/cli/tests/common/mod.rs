@@ -632,3 +632,31 @@ pub fn output_text(out: &std::process::Output) -> String {
         String::from_utf8_lossy(&out.stderr)
     )
 }
+
+/// The pointer a tenant program's owner prints (`ptr 0x…`) before it says
+/// `holding`, and its remaining output lines; the owner killed and the
+/// test failed if it prints none within 2 minutes.
+pub fn owner_pointer(
+    owner: &mut Child,
+    server: &ServerProc,
+) -> (String, std::sync::mpsc::Receiver<String>) {
+    let lines = lines_of(owner.stdout.take().unwrap());
+    let mut ptr = None;
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_secs(120) {
+        match lines.recv_timeout(Duration::from_secs(1)) {
+            Ok(line) if line.starts_with("ptr ") => ptr = Some(line[4..].to_string()),
+            Ok(line) if line == "holding" => break,
+            Ok(_) | Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+            Err(_) => break,
+        }
+    }
+    let Some(ptr) = ptr else {
+        let _ = owner.kill();
+        panic!(
+            "the owner printed no pointer\n--- server log\n{}",
+            server.log()
+        );
+    };
+    (ptr, lines)
+}
