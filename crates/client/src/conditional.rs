@@ -68,11 +68,9 @@ pub fn resolve(image: Vec<u8>) -> CuResult<Vec<u8>> {
 /// Whether the bytes name the function anywhere (PTX text or an ELF's
 /// string table), or, once conditionals are used, a fat binary's PTX does.
 fn mentions(image: &[u8]) -> bool {
-    let name = SET_CONDITIONAL.as_bytes();
-    let plain = image
-        .windows(name.len())
-        .any(|w| w[0] == name[0] && w == name);
-    plain
+    // Every module load passes here, PyTorch's hundreds of MB among them:
+    // a vectorised search.
+    memchr::memmem::find(image, SET_CONDITIONAL.as_bytes()).is_some()
         || USED.load(Ordering::Relaxed)
             && cumux_fatbin::classify(image) == cumux_fatbin::Classified::Fatbin
             && cumux_fatbin::best_ptx(image).is_some_and(|p| p.contains(SET_CONDITIONAL))
