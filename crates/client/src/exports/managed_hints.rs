@@ -30,7 +30,7 @@ fn check_managed(ptr: u64, count: usize) -> CuResult<()> {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
     let (base, size) = st.allocation_of(ptr).ok_or(CUDA_ERROR_INVALID_VALUE)?;
-    let managed = st.managed.contains_key(&base) || st.managed_reached.contains_key(&base);
+    let managed = st.is_managed(base);
     let end = ptr
         .checked_add(count as u64)
         .ok_or(CUDA_ERROR_INVALID_VALUE)?;

@@ -145,8 +145,7 @@ fn pointer_facts(c: &Client, st: &mut State, ptr: u64) -> Option<PointerFacts> {
         .device_of(ptr)
         .unwrap_or_else(|| st.current_device());
     let context = st.primary_context(ordinal, || c.mint());
-    let managed = device.is_some()
-        && (st.managed.contains_key(&range.0) || st.managed_reached.contains_key(&range.0));
+    let managed = device.is_some() && st.is_managed(range.0);
     Some(PointerFacts {
         ptr,
         range,

@@ -501,6 +501,11 @@ impl State {
     }
 
     /// Whether `stream` is being captured into a graph.
+    /// Whether the allocation at `base` is managed memory (either kind).
+    pub fn is_managed(&self, base: u64) -> bool {
+        self.managed.contains_key(&base) || self.managed_reached.contains_key(&base)
+    }
+
     pub fn capturing(&self, stream: Handle) -> bool {
         self.capture_origin(stream).is_some()
     }
