@@ -299,14 +299,9 @@ fn a_program_still_starting_counts_for_the_next_placement() {
     let program = test_program("loop_launches");
     let slow_start = format!("sleep 3; exec {} 60", program.display());
     let start = || run_in_pool(&file, &["sh".as_ref(), "-c".as_ref(), slow_start.as_ref()]);
-    let starting = |server: &ServerProc| {
-        let out = std::process::Command::new(CUMUX)
-            .args(["status", "--json", "--server", &server.address])
-            .output()
-            .unwrap();
-        let status: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-        status["devices"][0]["claims"].as_u64().unwrap_or(0)
-    };
+    let status = |server: &ServerProc| status_json(&status_output(&server.address, &["--json"]));
+    let starting =
+        |server: &ServerProc| status(server)["devices"][0]["claims"].as_u64().unwrap_or(0);
     let mut one = start();
     let deadline = Instant::now() + Duration::from_secs(20);
     while starting(&first) + starting(&second) == 0 {
@@ -337,12 +332,9 @@ fn a_program_still_starting_counts_for_the_next_placement() {
     // And the claim's connection is gone: a running program holds one seat
     // (the other taken one is the status call asking).
     let seats = |server: &ServerProc| {
-        let out = std::process::Command::new(CUMUX)
-            .args(["status", "--json", "--server", &server.address])
-            .output()
-            .unwrap();
-        let status: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-        status["limits"]["taken"].as_u64().unwrap_or(u64::MAX)
+        status(server)["limits"]["taken"]
+            .as_u64()
+            .unwrap_or(u64::MAX)
     };
     let deadline = Instant::now() + Duration::from_secs(10);
     while seats(&first) > 2 || seats(&second) > 2 {
