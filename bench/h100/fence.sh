@@ -77,9 +77,9 @@ run() {
     esac
     local rc=$?
     t1=$(date +%s.%N)
-    echo "$mode $* rc=$rc $(echo "$t1 - $t0" | bc)" >>"$RAW"
+    echo "$mode $* rc=$rc $(awk "BEGIN { print $t1 - $t0 }")" >>"$RAW"
     [ $rc -eq 0 ] || { echo "FAILED: $mode $*" >>"$RAW"; sed 's/^/    /' "$W/last" >>"$RAW"; }
-    echo "$t1 - $t0" | bc
+    awk "BEGIN { print $t1 - $t0 }"
 }
 for name in "${progs[@]}"; do
     for mode in native unfenced fenced; do

@@ -5,6 +5,8 @@
 
 use std::ffi::c_void;
 
+use crate::graph::{stream_of_call, GraphOp};
+use cumux_cuda_bindings::consts::{CU_EVENT_RECORD_EXTERNAL, CU_EVENT_WAIT_EXTERNAL};
 use cumux_cuda_bindings::types::{CUgraphEdgeData, CUgraphNode};
 use cumux_protocol::{Call, Handle, ReplyBody};
 
@@ -92,21 +94,33 @@ fn elapsed(ms: *mut f32, start: *mut c_void, end: *mut c_void) -> CuResult<()> {
     }
 }
 
-/// Records an event in stream order (or into the stream's capture).
-fn record(e: *mut c_void, s: *mut c_void) -> CuResult<()> {
+/// Records an event in stream order, or into the stream's capture: there
+/// a node only with `CU_EVENT_RECORD_EXTERNAL` (`flags`), as the driver does.
+fn record(e: *mut c_void, s: *mut c_void, flags: u32) -> CuResult<()> {
     let c = client()?;
     let stream = handles::stream(s);
     let mut st = c.lock();
     let event = known_event(&st, e)?;
-    st = c.ready_stream(st, stream?)?;
-    let call = st.capture_call(Call::EventRecord {
-        event,
-        stream: stream?,
-    });
+    let stream = stream?;
+    st = c.ready_stream(st, stream)?;
+    let call = Call::EventRecord { event, stream };
+    let call = match flags & CU_EVENT_RECORD_EXTERNAL != 0 {
+        true => external_node(&mut st, call),
+        false => st.capture_call(call),
+    };
     drop(st);
     match call {
         Some(call) => c.call(call).map(|_| ()),
         None => Ok(()),
+    }
+}
+
+/// An event call the program marked external: in a capture it is a node
+/// of the graph (recorded or waited at each launch); elsewhere it is sent.
+fn external_node(st: &mut StateGuard<'_>, call: Call) -> Option<Call> {
+    match st.capture(stream_of_call(&call)?, GraphOp::Call(call)) {
+        Some(GraphOp::Call(call)) => Some(call),
+        _ => None,
     }
 }
 
@@ -158,7 +172,7 @@ driver_fn! {
         c.call(Call::StreamQuery { stream }).map(|_| ())
     }
 
-    fn cuStreamWaitEvent | cuStreamWaitEvent_ptsz (s: *mut c_void, e: *mut c_void, _flags: u32) {
+    fn cuStreamWaitEvent | cuStreamWaitEvent_ptsz (s: *mut c_void, e: *mut c_void, flags: u32) {
         let c = client()?;
         let stream = handles::stream(s)?;
         let mut st = c.ready_stream(c.lock(), stream)?;
@@ -176,7 +190,11 @@ driver_fn! {
                 .call_on(event_device, Call::EventSynchronize { event })
                 .map(|_| ());
         }
-        let call = st.capture_call(Call::StreamWaitEvent { stream, event });
+        let call = Call::StreamWaitEvent { stream, event };
+        let call = match flags & CU_EVENT_WAIT_EXTERNAL != 0 {
+            true => external_node(&mut st, call),
+            false => st.capture_call(call),
+        };
         drop(st);
         match call {
             Some(call) => c.call(call).map(|_| ()),
@@ -240,11 +258,11 @@ driver_fn! {
     }
 
     fn cuEventRecord | cuEventRecord_ptsz (e: *mut c_void, s: *mut c_void) {
-        record(e, s)
+        record(e, s, 0)
     }
 
-    fn cuEventRecordWithFlags | cuEventRecordWithFlags_ptsz (e: *mut c_void, s: *mut c_void, _flags: u32) {
-        record(e, s)
+    fn cuEventRecordWithFlags | cuEventRecordWithFlags_ptsz (e: *mut c_void, s: *mut c_void, flags: u32) {
+        record(e, s, flags)
     }
 
     fn cuEventQuery(e: *mut c_void) {

@@ -556,9 +556,19 @@ impl State {
             return Some(call);
         };
         match call {
+            // In a capture an event only orders the capture's streams (the
+            // replay runs them in issue order): it makes no node, so the
+            // graph never names it (programs destroy such events before
+            // launching). `record_external` makes the node the flag asks for.
             Call::EventRecord { event, stream } => {
                 if let Some(origin) = self.capture_origin(stream) {
                     self.capture_events.insert(event, origin);
+                    return None;
+                }
+            }
+            Call::StreamWaitEvent { stream, event } if self.capturing(stream) => {
+                if self.capture_events.get(&event) == self.capture_origin(stream).as_ref() {
+                    return None;
                 }
             }
             // Waiting on an event of a capture forks that capture onto this stream.
@@ -566,6 +576,7 @@ impl State {
                 if let Some(&origin) = self.capture_events.get(&event) {
                     if self.capture.contains_key(&origin) {
                         self.capture_joined.insert(stream, origin);
+                        return None;
                     }
                 }
             }
