@@ -566,10 +566,11 @@ impl State {
                     return None;
                 }
             }
-            Call::StreamWaitEvent { stream, event } if self.capturing(stream) => {
-                if self.capture_events.get(&event) == self.capture_origin(stream).as_ref() {
-                    return None;
-                }
+            Call::StreamWaitEvent { stream, event }
+                if self.capturing(stream)
+                    && self.capture_events.get(&event) == self.capture_origin(stream).as_ref() =>
+            {
+                return None;
             }
             // Waiting on an event of a capture forks that capture onto this stream.
             Call::StreamWaitEvent { stream, event } if !self.capturing(stream) => {
