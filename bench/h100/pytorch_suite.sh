@@ -13,14 +13,18 @@
 # GROUP_TIMEOUT= (seconds per process, default 240), GPU_SLUG= (default h100),
 # BENCH_ROUNDS= (default 3: the benchmarks run in this many alternating
 # native/cumux rounds, each in fresh processes; the median counts),
-# CUMUX_REAL_LIBCUDA= (default: the libcuda.so.1 ldconfig knows).
+# CUMUX_REAL_LIBCUDA= (default: the libcuda.so.1 ldconfig knows),
+# SERVE_ARGS= (more `cumux serve` arguments, e.g. "--sharing shared"),
+# SUITE= and SUITE_NAME= (another suite in the same line protocol and its
+# name in the files written: bench/h100/framework_suite.sh sets them).
 set -u
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 KIT=${KIT:-$ROOT/device-kit}
 OUT=${OUT:-/tmp/cumux-pytorch-suite}
 GROUP_TIMEOUT=${GROUP_TIMEOUT:-240}
 GPU_SLUG=${GPU_SLUG:-h100}
-SUITE=$ROOT/bench/h100/pytorch_suite.py
+SUITE=${SUITE:-$ROOT/bench/h100/pytorch_suite.py}
+SUITE_NAME=${SUITE_NAME:-pytorch}
 mkdir -p "$OUT"
 WORK=$(mktemp -d /tmp/cumux-pts.XXXXXX)
 SOCK=$WORK/s.sock
@@ -28,7 +32,8 @@ if [ -z "${CUMUX_REAL_LIBCUDA:-}" ]; then
     real=$(ldconfig -p 2>/dev/null | awk '/libcuda\.so\.1 .*x86-64/ { print $NF; exit }')
     [ -n "$real" ] && export CUMUX_REAL_LIBCUDA=$real
 fi
-"$KIT/cumux" serve --device cuda --listen "unix:$SOCK" >"$OUT/suite_server.log" 2>&1 &
+# shellcheck disable=SC2086 # SERVE_ARGS are words
+"$KIT/cumux" serve --device cuda ${SERVE_ARGS:-} --listen "unix:$SOCK" >"$OUT/suite_server.log" 2>&1 &
 server=$!
 for _ in $(seq 100); do [ -S "$SOCK" ] && break; sleep 0.1; done
 
@@ -57,9 +62,9 @@ for group in "${groups[@]}"; do
 done
 kill $server 2>/dev/null
 
-python3 - "$OUT" "$n" "$GPU_SLUG" "$(cat "$KIT/COMMIT" 2>/dev/null | head -1)" <<'PY'
+python3 - "$OUT" "$n" "$GPU_SLUG" "$(cat "$KIT/COMMIT" 2>/dev/null | head -1)" "$SUITE_NAME" "${SERVE_ARGS:-}" <<'PY'
 import datetime, glob, json, math, os, subprocess, sys
-out, groups, slug, commit = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+out, groups, slug, commit, name, serve_args = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5], sys.argv[6]
 
 def parse(path):
     found = {}
@@ -145,15 +150,15 @@ try:
 except ImportError:
     cuda, torch_version = "unknown", "unknown"
 date = datetime.date.today().isoformat()
-result = {"suite": "pytorch", "date": date, "gpu": smi("name"), "driver": smi("driver_version"),
+result = {"suite": name, "serve_args": serve_args, "date": date, "gpu": smi("name"), "driver": smi("driver_version"),
           "cuda": cuda, "torch": torch_version, "commit": commit, "metrics": metrics,
           "checks": {"passed": passed, "total": total}}
-with open(f"{out}/{date}-{slug}-pytorch.json", "w") as f:
+with open(f"{out}/{date}-{slug}-{name}.json", "w") as f:
     json.dump(result, f, indent=1)
-with open(f"{out}/pytorch-suite.txt", "w") as f:
-    f.write(f"PyTorch suite, {date}, {result['gpu']}, driver {result['driver']}, torch {torch_version}, kit {commit}\n")
+with open(f"{out}/{name}-suite.txt", "w") as f:
+    f.write(f"{name} suite{' (' + serve_args + ')' if serve_args else ''}, {date}, {result['gpu']}, driver {result['driver']}, torch {torch_version}, kit {commit}\n")
     for r in rows:
         f.write(f"{r[0]:<24} {r[1]:<6} {r[2]}\n")
     f.write(f"checks matching native: {passed}/{total}\n")
-print(open(f"{out}/pytorch-suite.txt").read())
+print(open(f"{out}/{name}-suite.txt").read())
 PY
