@@ -168,7 +168,8 @@ def cupy_pinned():
     s = cp.cuda.Stream(non_blocking=True)
     d = cp.empty(n, cp.float32)
     d.set(host, stream=s)
-    d *= 3
+    with s:
+        d *= 3
     d.get(stream=s, out=host)
     s.synchronize()
     values(host[:4], host[-1], host.sum(dtype=np.float64), rtol=1e-9)
@@ -176,6 +177,10 @@ def cupy_pinned():
 
 # numba-cuda: a kernel compiled by NVVM, loaded through the driver API.
 def numba_kernel():
+    # numba-cuda 0.30 still calls numpy's row_stack, which NumPy 2.4 removed
+    # (it fails natively the same way): the machine's versions, not cumux's.
+    if not hasattr(np, "row_stack"):
+        np.row_stack = np.vstack
     from numba import cuda
 
     @cuda.jit
