@@ -480,6 +480,42 @@ fn a_context_synchronize_polls_only_the_streams_that_had_work() {
     );
 }
 
+/// A stream whose copy to the host in its order was answered has no work
+/// left: `item_syncs.cu`'s waits after its 20 copies (stream and event
+/// synchronizes and queries, a second stream's wait on the event) are
+/// answered by the client (`transport::quiet`), none reaching the server; its
+/// last wait, behind new work, does. Over shared memory and over the socket.
+#[test]
+fn waits_after_a_copy_to_the_host_are_answered_by_the_client() {
+    let dir = TempDir::new("item-syncs-trace");
+    let server = WorkerServer::start_sharing("item-syncs", false, "isolated");
+    for transport in ["shm", "socket"] {
+        let trace = dir.0.join(transport);
+        let child = server
+            .command(&test_program("item_syncs"), &[])
+            .env("CUMUX_HOP_TRACE", &trace)
+            .env("CUMUX_TRANSPORT", transport)
+            .spawn()
+            .expect("cumux run starts");
+        passes(&wait_bounded(child, LIMIT), &server);
+        // ClientSend is hop 1.
+        let waits: usize = [
+            "StreamSynchronize",
+            "StreamQuery",
+            "EventSynchronize",
+            "EventQuery",
+            "QueryWithin",
+        ]
+        .iter()
+        .map(|name| hop_records(&trace, 1, name))
+        .sum();
+        assert!(
+            (1..=3).contains(&waits),
+            "{transport}: {waits} waits reached the server (the last one's alone should)"
+        );
+    }
+}
+
 /// The CUDA runtime registers every fat binary of a program at start; each is
 /// loaded on the server only when one of its kernels is first asked for. A
 /// program of two fat binaries that runs the kernel of one sends one module

@@ -26,6 +26,7 @@ pub fn device_of_call(call: &Call, placements: &Placements) -> u32 {
     let ptr = |p: u64| placements.device_of(p);
     let access = |p: u64, s: &Option<Handle>| device_of_access(placements, p, *s);
     let found = match call {
+        Call::QueryWithin { query, .. } => return device_of_call(query, placements),
         Call::MemAlloc { device, .. } | Call::MemGetInfo { device } => Some(*device),
         Call::MemFree { ptr: p } | Call::MemAddressRange { ptr: p } => ptr(*p),
         Call::MemcpyHtoD { dst, stream: s, .. }

@@ -63,6 +63,8 @@ pub struct Connection {
     unanswered: u32,
     /// Streams with work sent since the last context synchronize.
     touched: touched::Touched,
+    /// Streams known idle and events known reached, from calls and answers.
+    quiet: quiet::Quiet,
     /// A fence sent on the socket whose answer is not read yet: the next
     /// fence waits for it (so at most two windows of calls are unanswered),
     /// and any call's wait passes over it.
@@ -125,6 +127,23 @@ impl Link {
     /// Sends a call; waits for its reply unless it is fire-and-forget.
     pub fn call(&self, call: Call) -> CuResult<ReplyBody> {
         self.lock().call(call)
+    }
+
+    /// Whether `stream` is known to have no work left on the device (see
+    /// [`quiet::Quiet`]): its synchronize or query is answered here.
+    pub fn stream_idle(&self, stream: proto::Handle) -> bool {
+        self.lock().quiet.idle(stream)
+    }
+
+    /// Whether `event` is known to be reached (see [`quiet::Quiet`]).
+    pub fn event_reached(&self, event: proto::Handle) -> bool {
+        self.lock().quiet.reached(event)
+    }
+
+    /// Whether calls travel over a socket (a server across a network,
+    /// maybe) rather than through shared memory.
+    pub fn on_socket(&self) -> bool {
+        !self.lock().uses_shm()
     }
 
     /// The streams this link sent work for since the last time they were
@@ -259,6 +278,7 @@ impl Connection {
             unanswered: 0,
             fence_pending: None,
             touched: touched::Touched::default(),
+            quiet: quiet::Quiet::default(),
             buf: Vec::new(),
             dead: false,
             resume: None,
@@ -413,6 +433,7 @@ impl Connection {
     /// empty in `call`), sent from where it lies. A resumable connection
     /// keeps it until it is answered, and resumes where the link is lost.
     fn send(&mut self, seq: u64, call: Call, bytes: Option<&[u8]>) -> CuResult<()> {
+        self.quiet.sent(seq, &call);
         if let Some(resume) = self.resume.as_mut() {
             let mut kept = call.clone();
             if let Some(b) = bytes {
@@ -958,6 +979,7 @@ impl Connection {
         if let Some(resume) = self.resume.as_mut() {
             resume.answered(reply.seq);
         }
+        self.quiet.answered(reply.seq, reply.result.is_ok());
         if self.fence_pending == Some(reply.seq) {
             // The fence sent without waiting (`pipelined_fence`).
             self.fence_pending = None;
@@ -1032,6 +1054,7 @@ fn write_program_stdout(bytes: &[u8]) {
     }
 }
 
+mod quiet;
 mod touched;
 
 #[cfg(test)]

@@ -480,7 +480,20 @@ pub enum Call {
     /// CUDA arrays, mipmapped arrays, texture and surface objects, and
     /// copies to and from arrays (`crate::arrays`; protocol 19).
     Array(crate::arrays::ArrayCall),
+    /// `query` (a `StreamQuery` or `EventQuery`, nothing else) asked again by
+    /// the server while it says "not ready", for up to `within_us`
+    /// microseconds (at most [`MAX_QUERY_WITHIN_US`]), then answered as the
+    /// query: a client across a network polls without a round trip per poll
+    /// (protocol 21).
+    QueryWithin {
+        query: Box<Call>,
+        within_us: u32,
+    },
 }
+
+/// The longest a `Call::QueryWithin` holds its connection: the calls of the
+/// program's other threads on it wait behind it for at most this long.
+pub const MAX_QUERY_WITHIN_US: u32 = 200_000;
 
 /// Bytes of a `CUipcMemHandle`.
 pub const IPC_HANDLE_BYTES: usize = 64;

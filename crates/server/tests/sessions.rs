@@ -299,6 +299,52 @@ fn legacy_default_stream_waits_for_blocking_streams() {
 }
 
 #[test]
+fn a_query_within_asks_again_on_the_server_until_the_work_ends() {
+    let (_h, mut c, m) = loaded("within");
+    let s = c.stream(1);
+    let p = counter(&mut c, 1);
+    let within = |query: Call, within_us| Call::QueryWithin {
+        query: Box::new(query),
+        within_us,
+    };
+    c.launch(&m, "scale_add", s, scale_add(p, 2, 0, 100));
+    assert_eq!(c.code(Call::StreamQuery { stream: s }), codes::NOT_READY);
+    // One call, answered once the kernel is done (a plain query would
+    // have said "not ready" again).
+    assert_eq!(c.code(within(Call::StreamQuery { stream: s }, 190_000)), 0);
+    assert_eq!(u32_at(&c.read(p, 4).unwrap()), 2);
+    // Work that outlasts the budget: "not ready", as the query says; the
+    // budget is capped (MAX_QUERY_WITHIN_US), so the connection is held
+    // for at most that long whatever the client asks.
+    c.launch(&m, "scale_add", s, scale_add(p, 1, 1, 500));
+    let e = c.event(0);
+    c.post(Call::EventRecord {
+        event: e,
+        stream: s,
+    });
+    assert_eq!(
+        c.code(within(Call::EventQuery { event: e }, 1_000)),
+        codes::NOT_READY
+    );
+    let asked = std::time::Instant::now();
+    assert_eq!(
+        c.code(within(Call::EventQuery { event: e }, u32::MAX)),
+        codes::NOT_READY
+    );
+    assert!(asked.elapsed() < Duration::from_millis(450));
+    assert_eq!(c.code(Call::EventSynchronize { event: e }), 0);
+    // Only a query may be carried, and only a known stream's.
+    assert_eq!(
+        c.code(within(Call::ContextSynchronize, 1_000)),
+        codes::INVALID_VALUE
+    );
+    assert_ne!(
+        c.code(within(Call::StreamQuery { stream: 0xdead }, 1_000)),
+        0
+    );
+}
+
+#[test]
 fn stream_wait_event_orders_across_streams() {
     let (_h, mut c, m) = loaded("wait");
     let (a, b) = (c.stream(1), c.stream(1));

@@ -309,8 +309,14 @@ fn dtod(
 
 /// A copy between two of the program's devices: read from the source's
 /// session, written through the destination's (each device is a session of
-/// its own), after the work queued so far on `stream`; so it waits as a
-/// synchronous copy does. Not in a captured stream.
+/// its own; devices of two servers reach each other only through the
+/// program). The read waits for the work queued on `stream` before it: in
+/// that stream's order where it is the source device's (the copy then costs
+/// the read's round trip and the write's, and the stream is known idle
+/// after, so an event recorded behind the copy is reached without asking),
+/// else after synchronizing the stream. The write is answered before this
+/// returns, so whatever the program orders after the copy finds it done.
+/// Not in a captured stream.
 fn peer_copy(
     c: &Client,
     st: StateGuard<'_>,
@@ -323,15 +329,21 @@ fn peer_copy(
         return Err(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
     }
     drop(st);
-    if let Some(s) = stream {
-        c.call_on(
-            c.device_for(dst, Some(s)),
-            Call::StreamSynchronize { stream: s },
-        )?;
-    }
+    let source = c.device_for(src, None);
+    let read_on = match stream {
+        Some(s) if c.device_for(src, Some(s)) == source => Some(s),
+        Some(s) => {
+            c.call_on(
+                c.device_for(dst, Some(s)),
+                Call::StreamSynchronize { stream: s },
+            )?;
+            None
+        }
+        None => None,
+    };
     let mut staged = vec![0u8; bytes];
-    dtoh(c, ready(c, None)?, &mut staged, src, None)?;
-    htod(c, ready(c, stream)?, dst, &staged, stream)
+    dtoh(c, ready(c, read_on)?, &mut staged, src, read_on)?;
+    htod(c, ready(c, None)?, dst, &staged, None)
 }
 
 /// `cuMemcpy`: the direction follows from the pointers.

@@ -10,7 +10,7 @@ use cumux_cuda_bindings::consts::{CU_EVENT_RECORD_EXTERNAL, CU_EVENT_WAIT_EXTERN
 use cumux_cuda_bindings::types::{CUgraphEdgeData, CUgraphNode};
 use cumux_protocol::{Call, Handle, ReplyBody};
 
-use super::sync::{poll_until_ready, AfterSync};
+use super::sync::{known_idle, known_reached, poll_until_ready, AfterSync};
 use super::*;
 use crate::state::handles::{self, to_program};
 use crate::state::{client, Client, Event, StateGuard, Stream};
@@ -157,7 +157,10 @@ driver_fn! {
         let after = AfterSync::stream(&st, stream);
         drop(st);
         // A stream found finished by a poll was synchronized with it.
-        if !poll_until_ready(c, c.device_for(0, Some(stream)), || Call::StreamQuery { stream })? {
+        let device = c.device_for(0, Some(stream));
+        if !known_idle(c, device, stream)
+            && !poll_until_ready(c, device, || Call::StreamQuery { stream })?
+        {
             c.call(Call::StreamSynchronize { stream })?;
         }
         after.finish(c)
@@ -169,6 +172,9 @@ driver_fn! {
             return Err(CUDA_ERROR_NOT_READY);
         }
         drop(st);
+        if known_idle(c, c.device_for(0, Some(stream)), stream) {
+            return Ok(());
+        }
         c.call(Call::StreamQuery { stream }).map(|_| ())
     }
 
@@ -185,6 +191,9 @@ driver_fn! {
                 return Err(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
             }
             drop(st);
+            if known_reached(c, event) {
+                return Ok(());
+            }
             poll_until_ready(c, event_device, || Call::EventQuery { event })?;
             return c
                 .call_on(event_device, Call::EventSynchronize { event })
@@ -268,6 +277,9 @@ driver_fn! {
     fn cuEventQuery(e: *mut c_void) {
         let c = client()?;
         let event = known_event(&c.lock(), e)?;
+        if known_reached(c, event) {
+            return Ok(());
+        }
         c.call(Call::EventQuery { event }).map(|_| ())
     }
 
@@ -278,8 +290,10 @@ driver_fn! {
             (known_event(&st, e)?, AfterSync::managed(&st))
         };
         let device = cumux_protocol::device_of_handle(event);
-        poll_until_ready(c, device, || Call::EventQuery { event })?;
-        c.call(Call::EventSynchronize { event })?;
+        if !known_reached(c, event) {
+            poll_until_ready(c, device, || Call::EventQuery { event })?;
+            c.call(Call::EventSynchronize { event })?;
+        }
         after.finish(c)
     }
 

@@ -5,7 +5,7 @@
 use std::os::unix::fs::MetadataExt;
 use std::sync::Mutex;
 
-use cumux_protocol::{Call, Handle};
+use cumux_protocol::{Call, Handle, MAX_QUERY_WITHIN_US};
 
 use crate::errors::*;
 use crate::state::{Client, State};
@@ -52,9 +52,13 @@ pub(crate) fn poll_until_ready(
     if process_threads() == Some(1) {
         return Ok(false);
     }
+    let started = std::time::Instant::now();
+    if c.link(device, "StreamQuery")?.on_socket() {
+        return poll_within(c, device, query, started);
+    }
     // Polls back to back at first (each a round trip of a few µs): a sleep
     // lasts 50 µs or more however short it is asked to be (timer slack).
-    let started = std::time::Instant::now();
+
     let mut pause = std::time::Duration::from_micros(20);
     loop {
         match c.call_on(device, query()) {
@@ -67,6 +71,49 @@ pub(crate) fn poll_until_ready(
             Ok(_) => return Ok(true),
         }
     }
+}
+
+/// [`poll_until_ready`] over a socket, where a round trip may cross a
+/// network: each poll is a `QueryWithin` the server repeats for as long as
+/// the wait has lasted so far (1 ms at first, at most
+/// `MAX_QUERY_WITHIN_US`), so the wait overruns its work by about half a
+/// round trip, not by up to a round trip per poll, and holds the
+/// connection from the program's other threads for a bounded time.
+fn poll_within(
+    c: &Client,
+    device: u32,
+    query: impl Fn() -> Call,
+    started: std::time::Instant,
+) -> CuResult<bool> {
+    loop {
+        let waited = started
+            .elapsed()
+            .as_micros()
+            .min(MAX_QUERY_WITHIN_US as u128) as u32;
+        let call = Call::QueryWithin {
+            query: Box::new(query()),
+            within_us: waited.max(1_000),
+        };
+        match c.call_on(device, call) {
+            Err(CUDA_ERROR_NOT_READY) => {}
+            Err(e) => return Err(e),
+            Ok(_) => return Ok(true),
+        }
+    }
+}
+
+/// Whether `stream` of `device` is known to have no work left (answered by
+/// the link's record of calls and answers, `transport::quiet`): its
+/// synchronize or query needs no round trip.
+pub(crate) fn known_idle(c: &Client, device: u32, stream: Handle) -> bool {
+    c.link(device, "StreamQuery")
+        .is_ok_and(|link| link.stream_idle(stream))
+}
+
+/// Whether `event` is known to be reached (see [`known_idle`]).
+pub(crate) fn known_reached(c: &Client, event: Handle) -> bool {
+    c.link(cumux_protocol::device_of_handle(event), "EventQuery")
+        .is_ok_and(|link| link.event_reached(event))
 }
 
 /// Which host functions a synchronising call waits for once the device is done.

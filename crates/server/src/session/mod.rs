@@ -785,6 +785,7 @@ impl Session {
             Call::EventCreate { flags } => self.event_create(flags),
             Call::EventRecord { event, stream } => self.event_record(event, stream),
             Call::EventQuery { event } => self.event_query(event),
+            Call::QueryWithin { query, within_us } => self.query_within(&query, within_us),
             Call::EventSynchronize { event } => self.event_synchronize(event),
             Call::EventElapsed { start, end } => self.event_elapsed(start, end),
             Call::EventDestroy { event } => self.event_destroy(event),

@@ -1,0 +1,58 @@
+// item_syncs: a training loop's `loss.item()`, 20 times: a kernel, a 4-byte
+// copy to pageable memory in the stream's order, then a synchronize of the
+// stream and of an event recorded after the copy, a query of each, and a
+// second stream waiting on the event (a program of two threads, as PyTorch
+// is). The copy's answer leaves the stream idle, so none of the waits after
+// it needs the server. Prints PASS.
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <thread>
+#include <cuda_runtime.h>
+
+__global__ void bump(int *x) { *x += 1; }
+
+int main() {
+  std::atomic<bool> stop{false};
+  std::thread idle([&] {
+    while (!stop) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  });
+  cudaStream_t s, other;
+  cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+  cudaStreamCreateWithFlags(&other, cudaStreamNonBlocking);
+  cudaEvent_t done;
+  cudaEventCreateWithFlags(&done, cudaEventDisableTiming);
+  int *d;
+  cudaMalloc(&d, sizeof(int));
+  cudaMemset(d, 0, sizeof(int));
+  for (int i = 1; i <= 20; i++) {
+    bump<<<1, 1, 0, s>>>(d);
+    int h = 0;
+    cudaMemcpyAsync(&h, d, sizeof h, cudaMemcpyDeviceToHost, s);
+    cudaEventRecord(done, s);
+    if (cudaStreamSynchronize(s) != cudaSuccess || cudaEventSynchronize(done) != cudaSuccess ||
+        cudaStreamQuery(s) != cudaSuccess || cudaEventQuery(done) != cudaSuccess ||
+        cudaStreamWaitEvent(other, done, 0) != cudaSuccess ||
+        cudaStreamSynchronize(other) != cudaSuccess) {
+      printf("FAIL waits at %d\n", i);
+      return 1;
+    }
+    if (h != i) {
+      printf("FAIL read %d at %d\n", h, i);
+      return 1;
+    }
+  }
+  // Work after the copy: the waits go to the server again, and see it.
+  bump<<<1, 1, 0, s>>>(d);
+  cudaEventRecord(done, s);
+  int h = 0;
+  if (cudaEventSynchronize(done) != cudaSuccess ||
+      cudaMemcpy(&h, d, sizeof h, cudaMemcpyDeviceToHost) != cudaSuccess || h != 21) {
+    printf("FAIL the last bump: %d\n", h);
+    return 1;
+  }
+  stop = true;
+  idle.join();
+  printf("PASS\n");
+  return 0;
+}
