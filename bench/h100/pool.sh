@@ -14,11 +14,14 @@
 #
 #   OUT=/some/dir bench/h100/pool.sh
 # Optional: KIT= (cumux, libcumux_client.so, cumux-netem), NVCC=, DEVICE=,
-# N= (CPU mode), RTT=, GBIT=, STEPS=.
+# N= (CPU mode), RTT=, GBIT=, STEPS=, SPLIT_SIZES= (matmul_split's N, "2048
+# 4096 8192 16384"), PLACED=0 (skip the placed programs).
 set -u
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 KIT=${KIT:-$ROOT/device-kit}
 OUT=${OUT:-/tmp/cumux-pool}
+SPLIT_SIZES=${SPLIT_SIZES:-2048 4096 8192 16384}
+PLACED=${PLACED:-1}
 NVCC=${NVCC:-nvcc}
 DEVICE=${DEVICE:-cuda}
 RTT=${RTT:-0.5ms}
@@ -100,8 +103,32 @@ else
     say "one program on $N servers: PASS $one_ok ($(grep -h 'placed on' "$OUT/runs/one-cumux.txt"))"
 fi
 
+# --- activations crossing servers (pool_hops.cu), a matmul split over them (matmul_split.cu) ---
+hop_native=; hop_cumux=; split_rows=()
+if [ "$DEVICE" = cuda ]; then
+    "$NVCC" -O2 -arch=sm_90 -o "$W/pool_hops" "$ROOT/bench/h100/pool_hops.cu" &&
+        "$NVCC" -O2 -arch=sm_90 -o "$W/matmul_split" "$ROOT/bench/h100/matmul_split.cu" -lcublas ||
+        say "nvcc failed for pool_hops or matmul_split"
+    "$W/pool_hops" 30 >"$OUT/runs/hops-native.txt" 2>&1
+    "$KIT/cumux" run --pool "$W/pool.toml" --gpus "$N" -- "$W/pool_hops" 30 >"$OUT/runs/hops-cumux.txt" 2>&1
+    hop_native=$(value "$OUT/runs/hops-native.txt" hop_ms)
+    hop_cumux=$(value "$OUT/runs/hops-cumux.txt" hop_ms)
+    say "a 2 MiB activation from one GPU to the next (pool_hops, $N GPUs): $hop_native ms natively (peer copies), $hop_cumux ms across servers; $(grep -h 'pool_hops:' "$OUT/runs/hops-cumux.txt")"
+    CUDA_VISIBLE_DEVICES=0 "$W/matmul_split" "$SPLIT_SIZES" >"$OUT/runs/split-local1.txt" 2>&1
+    "$W/matmul_split" "$SPLIT_SIZES" >"$OUT/runs/split-native$N.txt" 2>&1
+    "$KIT/cumux" run --pool "$W/pool.toml" --gpus "$N" -- "$W/matmul_split" "$SPLIT_SIZES" >"$OUT/runs/split-pool.txt" 2>&1
+    for n in $SPLIT_SIZES; do
+        one=$(awk -v n="$n" '$1 == "n" && $2 == n { print $6 }' "$OUT/runs/split-local1.txt")
+        all=$(awk -v n="$n" '$1 == "n" && $2 == n { print $6 }' "$OUT/runs/split-native$N.txt")
+        pool=$(awk -v n="$n" '$1 == "n" && $2 == n { print $6 }' "$OUT/runs/split-pool.txt")
+        split_rows+=("$n ${one:-null} ${all:-null} ${pool:-null}")
+        say "matmul n=$n from host memory: 1 local GPU ${one:-?} ms, $N local GPUs ${all:-?} ms, $N GPUs of $N servers ${pool:-?} ms"
+    done
+    say "matmul results: $(grep -h 'matmul_split:' "$OUT/runs/split-local1.txt" "$OUT/runs/split-pool.txt" | tr '\n' ' ')"
+fi
+
 # --- 2N programs placed by the pool ---
-MANY=$((2 * N))
+MANY=$((PLACED ? 2 * N : 0))
 for j in $(seq 1 "$MANY"); do
     if [ "$DEVICE" = cuda ]; then
         "$KIT/cumux" run --pool "$W/pool.toml" --gpus 1 -- \
@@ -127,8 +154,8 @@ for i in $(seq 0 $((N - 1))); do
     [ "$c" -lt "$fewest" ] && fewest=$c
     say "server $i (tcp:$relay): $c of $MANY programs"
 done
-many_ok=$(cat "$OUT"/runs/placed*.txt | grep -cE 'PASS|passed')
-if [ "$DEVICE" = cuda ]; then
+many_ok=$(cat "$OUT"/runs/placed*.txt 2>/dev/null | grep -cE 'PASS|passed')
+if [ "$DEVICE" = cuda ] && [ "$MANY" -gt 0 ]; then
     natives=()
     for i in $(seq 0 $((N - 1))); do
         for k in 1 2; do
@@ -164,7 +191,8 @@ cat >"$OUT/$(date -u +%F)-$(echo "$GPU" | tr ' ' '_' | tr -cd 'A-Za-z0-9_-')-poo
     {"name": "placed_programs_step_ms", "unit": "ms", "better": "lower", "native": $(num "$many_native"), "cumux": $(num "$many_cumux"), "ratio": $(ratio "$many_native" "$many_cumux")},
     {"name": "placement_most_per_server", "unit": "programs", "better": "lower", "native": null, "cumux": $most, "ratio": null},
     {"name": "placement_fewest_per_server", "unit": "programs", "better": "higher", "native": null, "cumux": $fewest, "ratio": null},
-    {"name": "placed_programs_passed", "unit": "programs", "better": "higher", "native": $MANY, "cumux": $many_ok, "ratio": null}
+    {"name": "placed_programs_passed", "unit": "programs", "better": "higher", "native": $MANY, "cumux": $many_ok, "ratio": null},
+    {"name": "activation_hop_ms", "unit": "ms", "better": "lower", "native": $(num "$hop_native"), "cumux": $(num "$hop_cumux"), "ratio": $(ratio "$hop_native" "$hop_cumux")}$(for row in "${split_rows[@]}"; do set -- $row; printf ',\n    {"name": "matmul_%s_ms", "unit": "ms", "better": "lower", "native": %s, "native_all_local": %s, "cumux": %s, "ratio": %s, "note": "native: 1 local GPU; cumux: %s GPUs of %s servers"}' "$1" "$2" "$3" "$4" "$(ratio "${2/null/}" "${4/null/}")" "$N" "$N"; done)
   ]
 }
 JSON
