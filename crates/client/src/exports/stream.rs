@@ -88,7 +88,20 @@ fn elapsed(ms: *mut f32, start: *mut c_void, end: *mut c_void) -> CuResult<()> {
         let st = c.lock();
         (known_event(&st, start)?, known_event(&st, end)?)
     };
-    match c.call(Call::EventElapsed { start, end })? {
+    let answer = match c.call(Call::EventElapsed { start, end }) {
+        // The program's waits for these events may have been answered here
+        // (recorded behind no work: `transport::quiet`), before the device
+        // stamped them: it stamps them at once, so wait for that and ask again.
+        Err(CUDA_ERROR_NOT_READY) if known_reached(c, start) || known_reached(c, end) => {
+            for event in [start, end] {
+                let device = cumux_protocol::device_of_handle(event);
+                c.call_on(device, Call::EventSynchronize { event })?;
+            }
+            c.call(Call::EventElapsed { start, end })
+        }
+        answer => answer,
+    };
+    match answer? {
         ReplyBody::ElapsedMs(v) => out(ms, v),
         _ => Err(CUDA_ERROR_UNKNOWN),
     }
