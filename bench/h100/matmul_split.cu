@@ -19,14 +19,8 @@
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
-#define CHECK(x)                                                                      \
-  do {                                                                                \
-    cudaError_t e = (x);                                                              \
-    if (e != cudaSuccess) {                                                           \
-      printf("FAIL %s:%d %s -> %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e)); \
-      exit(1);                                                                        \
-    }                                                                                 \
-  } while (0)
+// CHECK: a failed runtime call prints FAIL with its error; main returns 1.
+#include "../../tests/cuda/driver/check.h"
 #define BLAS(x)                                                       \
   do {                                                                \
     cublasStatus_t s = (x);                                           \

@@ -18,14 +18,8 @@
 #include <thread>
 #include <vector>
 
-#define CHECK(x)                                                                          \
-  do {                                                                                    \
-    cudaError_t e = (x);                                                                  \
-    if (e != cudaSuccess) {                                                               \
-      printf("FAIL %s:%d %s -> %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e));     \
-      exit(1);                                                                            \
-    }                                                                                     \
-  } while (0)
+// CHECK: a failed runtime call prints FAIL with its error; main returns 1.
+#include "../../tests/cuda/driver/check.h"
 
 __global__ void add_one(float *x, int n) {
   int i = blockIdx.x * blockDim.x + threadIdx.x;

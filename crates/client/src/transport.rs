@@ -1055,6 +1055,8 @@ fn write_program_stdout(bytes: &[u8]) {
 }
 
 mod quiet;
+#[cfg(test)]
+mod test_calls;
 mod touched;
 
 #[cfg(test)]

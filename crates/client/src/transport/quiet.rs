@@ -126,18 +126,7 @@ impl Quiet {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn launch(stream: Handle) -> Call {
-        Call::Launch {
-            function: 1,
-            grid: [1, 1, 1],
-            block: [1, 1, 1],
-            shared_bytes: 0,
-            stream,
-            params: Vec::new(),
-            attributes: Vec::new(),
-        }
-    }
+    use crate::transport::test_calls::launch;
 
     #[test]
     fn a_stream_is_idle_once_a_wait_for_all_its_work_succeeded() {

@@ -48,18 +48,7 @@ impl Touched {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn launch(stream: Handle) -> Call {
-        Call::Launch {
-            function: 1,
-            grid: [1, 1, 1],
-            block: [1, 1, 1],
-            shared_bytes: 0,
-            stream,
-            params: Vec::new(),
-            attributes: Vec::new(),
-        }
-    }
+    use crate::transport::test_calls::launch;
 
     #[test]
     fn streams_with_work_are_noted_until_taken() {
