@@ -200,7 +200,7 @@ impl Link {
 /// Bytes of one chunk of a large copy on a socket: smaller than the bulk
 /// ring's frames, so that chunks sent back to back keep the copies on both
 /// ends in cache and overlap them with the network.
-const SOCKET_CHUNK_BYTES: usize = 8 << 20;
+pub(crate) const SOCKET_CHUNK_BYTES: usize = 8 << 20;
 
 /// What the server said at connect.
 pub struct Session {

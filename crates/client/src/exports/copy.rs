@@ -16,6 +16,7 @@ use super::*;
 use crate::graph::GraphOp;
 use crate::state::handles;
 use crate::state::{client, Client, StagingBuffer, StagingLoan, State, StateGuard};
+use crate::transport::SOCKET_CHUNK_BYTES;
 
 /// The state, locked, with `stream` (if any) known and its host functions
 /// run: where every copy and memset starts.
@@ -203,6 +204,22 @@ pub(crate) fn send_htod(
         return c.call(call).map(drop);
     }
     let link = c.link(c.device_for(dst, stream), "MemcpyHtoD")?;
+    if stream.is_none() && src.len() > SOCKET_CHUNK_BYTES && link.on_socket() {
+        // A synchronous copy of several chunks over a socket: they go in
+        // the default stream's order, unanswered, so the server hands each
+        // to the device while it reads the next; one synchronize of that
+        // stream then answers for them all (and for any that failed).
+        link.calls_with_chunks(src, |offset, _| Call::MemcpyHtoD {
+            dst: dst + offset,
+            data: Vec::new(),
+            stream: Some(DEFAULT_STREAM),
+        })?;
+        return link
+            .call(Call::StreamSynchronize {
+                stream: DEFAULT_STREAM,
+            })
+            .map(drop);
+    }
     link.calls_with_chunks(src, |offset, _| Call::MemcpyHtoD {
         dst: dst + offset,
         data: Vec::new(),
