@@ -482,9 +482,10 @@ fn a_context_synchronize_polls_only_the_streams_that_had_work() {
 
 /// A stream whose copy to the host in its order was answered has no work
 /// left: `item_syncs.cu`'s waits after its 20 copies (stream and event
-/// synchronizes and queries, a second stream's wait on the event) are
-/// answered by the client (`transport::quiet`), none reaching the server; its
-/// last wait, behind new work, does. Over shared memory and over the socket.
+/// synchronizes and queries, a second stream's wait on the event, device
+/// synchronizes) are answered by the client (`transport::quiet`), none
+/// reaching the server; its waits behind new work do. Over shared memory and
+/// over the socket.
 #[test]
 fn waits_after_a_copy_to_the_host_are_answered_by_the_client() {
     let dir = TempDir::new("item-syncs-trace");
@@ -509,9 +510,16 @@ fn waits_after_a_copy_to_the_host_are_answered_by_the_client() {
         .iter()
         .map(|name| hop_records(&trace, 1, name))
         .sum();
+        // Those of the last part: a wait behind new work, one for the
+        // timed events, and at most two more for their stamps.
         assert!(
-            (1..=3).contains(&waits),
-            "{transport}: {waits} waits reached the server (the last one's alone should)"
+            (2..=4).contains(&waits),
+            "{transport}: {waits} waits reached the server (2 to 4 of the last part should)"
+        );
+        let syncs = hop_records(&trace, 1, "ContextSynchronize");
+        assert_eq!(
+            syncs, 0,
+            "{transport}: {syncs} device synchronizes reached the server"
         );
     }
 }

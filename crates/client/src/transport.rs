@@ -135,6 +135,12 @@ impl Link {
         self.lock().quiet.idle(stream)
     }
 
+    /// Whether none of this link's streams may have work left (see
+    /// [`quiet::Quiet`]): a context synchronize is answered here.
+    pub fn all_idle(&self) -> bool {
+        self.lock().quiet.all_idle()
+    }
+
     /// Whether `event` is known to be reached (see [`quiet::Quiet`]).
     pub fn event_reached(&self, event: proto::Handle) -> bool {
         self.lock().quiet.reached(event)

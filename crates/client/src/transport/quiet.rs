@@ -14,8 +14,9 @@ use cumux_protocol::{Call, Handle, DEFAULT_STREAM};
 /// it here, exactly: over a network each is a round trip saved.
 #[derive(Debug, Default)]
 pub struct Quiet {
-    /// Streams that may have work outstanding. The default stream is busy
-    /// whenever any stream is (the legacy stream waits for the others).
+    /// Streams that may have work outstanding. The default stream counts
+    /// as busy whenever any stream is (the legacy stream waits for the
+    /// others), so it is idle only when this is empty.
     busy: HashSet<Handle>,
     reached: HashSet<Handle>,
     /// Calls sent and not answered yet whose success makes something idle or reached.
@@ -37,10 +38,18 @@ impl Quiet {
             Call::EventRecord { event, stream } => {
                 self.waiting
                     .retain(|_, s| !matches!(s, Settles::Event(e) if *e == event));
-                match self.busy.contains(&stream) {
-                    true => self.reached.remove(&event),
-                    false => self.reached.insert(event),
-                };
+                // On a blocking stream the record also waits for the
+                // default stream's work before it.
+                // A record behind work is work of its stream.
+                match self.idle(stream) && !self.busy.contains(&DEFAULT_STREAM) {
+                    true => {
+                        self.reached.insert(event);
+                    }
+                    false => {
+                        self.reached.remove(&event);
+                        self.work(stream);
+                    }
+                }
             }
             Call::StreamWaitEvent { stream, event } if !self.reached.contains(&event) => {
                 self.work(stream)
@@ -51,7 +60,14 @@ impl Quiet {
             | Call::MemcpyDtoD { stream, .. }
             | Call::Memset { stream, .. }
             | Call::MemcpyHtoDHost { stream, .. }
-            | Call::MemcpyDtoHHost { stream, .. } => self.work(stream.unwrap_or(DEFAULT_STREAM)),
+            | Call::MemcpyDtoHHost { stream, .. } => match stream {
+                Some(stream) => self.work(stream),
+                // Synchronous: answered once done, in the default stream's order.
+                None => {
+                    self.work(DEFAULT_STREAM);
+                    self.settles(seq, Settles::Stream(DEFAULT_STREAM));
+                }
+            },
             // Read in the stream's order and answered once read.
             Call::MemcpyDtoH { stream, .. } => {
                 self.settles(seq, Settles::Stream(stream.unwrap_or(DEFAULT_STREAM)))
@@ -99,7 +115,15 @@ impl Quiet {
 
     /// Whether `stream` has no work left on the device.
     pub fn idle(&self, stream: Handle) -> bool {
-        !self.busy.contains(&stream)
+        match stream {
+            DEFAULT_STREAM => self.busy.is_empty(),
+            _ => !self.busy.contains(&stream),
+        }
+    }
+
+    /// Whether no stream of the connection may have work left.
+    pub fn all_idle(&self) -> bool {
+        self.busy.is_empty()
     }
 
     /// Whether `event` is known to be reached.
@@ -109,10 +133,9 @@ impl Quiet {
 
     fn work(&mut self, stream: Handle) {
         self.busy.insert(stream);
-        self.busy.insert(DEFAULT_STREAM);
         // A waiting call sent before this work cannot vouch for it.
         self.waiting.retain(|_, s| match s {
-            Settles::Stream(s) => *s != stream && *s != DEFAULT_STREAM,
+            Settles::Stream(s) => *s != stream,
             Settles::Event(_) => true,
             Settles::Context => false,
         });
@@ -133,20 +156,19 @@ mod tests {
         let mut q = Quiet::default();
         assert!(q.idle(5), "a stream with no work");
         q.sent(1, &launch(5));
+        q.sent(2, &launch(7));
         assert!(!q.idle(5) && !q.idle(DEFAULT_STREAM) && q.idle(6));
-        q.sent(2, &Call::StreamQuery { stream: 5 });
-        q.answered(2, false);
+        q.sent(3, &Call::StreamQuery { stream: 5 });
+        q.answered(3, false);
         assert!(!q.idle(5), "a query that found work");
-        q.sent(3, &Call::StreamSynchronize { stream: 5 });
-        q.answered(3, true);
-        assert!(q.idle(5));
-        assert!(
-            !q.idle(DEFAULT_STREAM),
-            "the legacy stream waits for the others"
-        );
-        q.sent(4, &Call::ContextSynchronize);
+        q.sent(4, &Call::StreamSynchronize { stream: 5 });
         q.answered(4, true);
-        assert!(q.idle(DEFAULT_STREAM));
+        assert!(q.idle(5));
+        assert!(!q.idle(DEFAULT_STREAM), "the legacy stream waits for 7");
+        assert!(!q.all_idle());
+        q.sent(5, &Call::ContextSynchronize);
+        q.answered(5, true);
+        assert!(q.idle(DEFAULT_STREAM) && q.idle(7) && q.all_idle());
     }
 
     #[test]
@@ -167,6 +189,27 @@ mod tests {
     }
 
     #[test]
+    fn a_synchronous_copy_settles_the_default_stream_once_answered() {
+        let mut q = Quiet::default();
+        let memset = Call::Memset {
+            dst: 0x100,
+            value: 0,
+            elem_bytes: 1,
+            count: 4,
+            pitch: 4,
+            height: 1,
+            stream: None,
+        };
+        q.sent(1, &memset);
+        assert!(!q.all_idle());
+        q.answered(1, true);
+        assert!(q.all_idle());
+        q.sent(2, &memset);
+        q.answered(2, false);
+        assert!(!q.all_idle(), "a failed one vouches for nothing");
+    }
+
+    #[test]
     fn work_sent_before_an_answer_keeps_its_stream_busy() {
         // Calls of other threads may go out between a wait and its answer
         // (a socket's chunked copies): the answer vouches only for before.
@@ -180,44 +223,26 @@ mod tests {
 
     #[test]
     fn an_event_recorded_on_an_idle_stream_is_reached() {
+        let record = |event, stream| Call::EventRecord { event, stream };
+        let wait = |stream, event| Call::StreamWaitEvent { stream, event };
         let mut q = Quiet::default();
-        q.sent(
-            1,
-            &Call::EventRecord {
-                event: 9,
-                stream: 4,
-            },
-        );
+        q.sent(1, &record(9, 4));
         assert!(q.reached(9));
         q.sent(2, &launch(4));
-        q.sent(
-            3,
-            &Call::EventRecord {
-                event: 9,
-                stream: 4,
-            },
-        );
+        q.sent(3, &record(9, 4));
         assert!(!q.reached(9), "recorded again behind work");
         // Waiting on a reached event adds no work; on another one it does.
         q.sent(4, &Call::StreamSynchronize { stream: 4 });
         q.answered(4, true);
         q.sent(5, &Call::EventQuery { event: 9 });
         q.answered(5, true);
-        q.sent(
-            6,
-            &Call::StreamWaitEvent {
-                stream: 4,
-                event: 9,
-            },
-        );
+        q.sent(6, &wait(4, 9));
         assert!(q.idle(4));
-        q.sent(
-            7,
-            &Call::StreamWaitEvent {
-                stream: 4,
-                event: 8,
-            },
-        );
+        // Behind the default stream's work, a blocking stream's record waits.
+        q.sent(7, &launch(DEFAULT_STREAM));
+        q.sent(8, &record(9, 4));
+        assert!(!q.reached(9) && !q.idle(4));
+        q.sent(9, &wait(4, 8));
         assert!(!q.idle(4));
     }
 }
