@@ -130,20 +130,24 @@ impl Link {
     }
 
     /// Whether `stream` is known to have no work left on the device (see
-    /// [`quiet::Quiet`]): its synchronize or query is answered here.
+    /// [`quiet::Quiet`]): its synchronize or query is answered here. Never
+    /// on a lost connection, whose waits must fail.
     pub fn stream_idle(&self, stream: proto::Handle) -> bool {
-        self.lock().quiet.idle(stream)
+        let conn = self.lock();
+        !conn.dead && conn.quiet.idle(stream)
     }
 
     /// Whether none of this link's streams may have work left (see
     /// [`quiet::Quiet`]): a context synchronize is answered here.
     pub fn all_idle(&self) -> bool {
-        self.lock().quiet.all_idle()
+        let conn = self.lock();
+        !conn.dead && conn.quiet.all_idle()
     }
 
     /// Whether `event` is known to be reached (see [`quiet::Quiet`]).
     pub fn event_reached(&self, event: proto::Handle) -> bool {
-        self.lock().quiet.reached(event)
+        let conn = self.lock();
+        !conn.dead && conn.quiet.reached(event)
     }
 
     /// Whether calls travel over a socket (a server across a network,
