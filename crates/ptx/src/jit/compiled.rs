@@ -2,6 +2,7 @@
 //! first launch or found in the process's cache (keyed by the lowered kernel);
 //! the host's code generator is made once per process.
 
+use super::lanes::LANES;
 use super::plan::{plan, Plan};
 use super::runtime::KernelFn;
 use super::translate::{kernel_signature, Translator};
@@ -11,7 +12,7 @@ use cranelift_codegen::isa::OwnedTargetIsa;
 use cranelift_codegen::settings::{self, Configurable};
 use cranelift_frontend::{FunctionBuilder, FunctionBuilderContext};
 use cranelift_jit::{JITBuilder, JITModule};
-use cranelift_module::{default_libcall_names, Linkage, Module as _};
+use cranelift_module::{default_libcall_names, FuncId, Linkage, Module as _};
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -19,6 +20,9 @@ use std::sync::{Arc, Mutex, OnceLock};
 /// One compiled kernel and the memory its code lives in.
 pub(crate) struct CompiledKernel {
     pub(super) entry: KernelFn,
+    /// The lane kernel ([`super::lanes`]): the same signature, for
+    /// [`LANES`] threads from `first`, all at one resume point.
+    pub(super) lanes: Option<KernelFn>,
     /// The kernel's ops (the code passes pointers into them to its helpers;
     /// warp collectives are resolved from them) and their source lines.
     pub(super) ops: Box<[Op]>,
@@ -132,40 +136,74 @@ fn host_isa() -> Result<&'static OwnedTargetIsa, String> {
     .map_err(|e| format!("no native code generator: {e}"))
 }
 
+/// Defines kernel `f`'s code in `jit`, the thread loop (`width` 1) or the
+/// lane kernel; its id, global-cache sites and hoisted parameter extent.
+fn define(
+    jit: &mut JITModule,
+    f: &Func,
+    ops: &[Op],
+    p: &Plan,
+    width: u32,
+) -> Result<(FuncId, u32, u64), String> {
+    let sig = kernel_signature(jit.isa().default_call_conv());
+    let mut ctx = jit.make_context();
+    ctx.func.signature = sig.clone();
+    let mut fbctx = FunctionBuilderContext::new();
+    let fb = FunctionBuilder::new(&mut ctx.func, &mut fbctx);
+    let (sites, extent) = Translator::translate(fb, jit.target_config(), f, ops, p, width);
+    let name = if width == 1 { "kernel" } else { "lanes" };
+    let id = jit
+        .declare_function(name, Linkage::Local, &sig)
+        .map_err(|e| e.to_string())?;
+    let dump = std::env::var_os("CUMUX_JIT_DISASM").is_some();
+    ctx.set_disasm(dump);
+    jit.define_function(id, &mut ctx)
+        .map_err(|e| format!("code generation: {e:?}"))?;
+    if dump {
+        if let Some(c) = ctx.compiled_code() {
+            eprintln!("{name}:\n{}", c.vcode.as_deref().unwrap_or(""));
+        }
+    }
+    Ok((id, sites, extent))
+}
+
 /// Compiles kernel `f` (a module's, whose plan is `p`), or says why not.
 fn compile(f: &Func, p: &Plan) -> Result<CompiledKernel, String> {
     let isa = host_isa()?;
     let mut jit = JITModule::new(JITBuilder::with_isa(isa.clone(), default_libcall_names()));
     let ops: Box<[Op]> = f.code.iter().map(|i| i.op.clone()).collect();
-    let sig = kernel_signature(isa.default_call_conv());
-    let mut ctx = jit.make_context();
-    ctx.func.signature = sig.clone();
-    let mut fbctx = FunctionBuilderContext::new();
-    let fb = FunctionBuilder::new(&mut ctx.func, &mut fbctx);
-    let (global_sites, param_extent) = Translator::translate(fb, jit.target_config(), f, &ops, p);
-    let id = jit
-        .declare_function("kernel", Linkage::Local, &sig)
-        .map_err(|e| e.to_string())?;
-    let dump = std::env::var_os("CUMUX_JIT_DISASM").is_some();
-    ctx.set_disasm(dump);
-    let defined = jit
-        .define_function(id, &mut ctx)
-        .map_err(|e| format!("code generation: {e:?}"))
-        .and_then(|_| jit.finalize_definitions().map_err(|e| e.to_string()));
-    if let Err(e) = defined {
+    let widths: &[u32] = if p.lanes { &[1, LANES] } else { &[1] };
+    let mut ids = Vec::new();
+    let (mut global_sites, mut param_extent) = (0, 0);
+    for &width in widths {
+        let defined = define(&mut jit, f, &ops, p, width);
+        let (id, sites, extent) = match defined {
+            Ok(d) => d,
+            Err(e) => {
+                // SAFETY: none of the module's code was handed out.
+                unsafe { jit.free_memory() };
+                return Err(e);
+            }
+        };
+        ids.push(id);
+        // the kernels share the worker's cache of sites (a hint each
+        // access checks: a site another kernel filled only misses)
+        global_sites = global_sites.max(sites);
+        param_extent = param_extent.max(extent);
+    }
+    if let Err(e) = jit.finalize_definitions() {
         // SAFETY: none of the module's code was handed out.
         unsafe { jit.free_memory() };
-        return Err(e);
+        return Err(e.to_string());
     }
-    if dump {
-        if let Some(c) = ctx.compiled_code() {
-            eprintln!("{}", c.vcode.as_deref().unwrap_or(""));
-        }
-    }
-    let code = jit.get_finalized_function(id);
-    // SAFETY: `code` is the finished code of a function built with
-    // `kernel_signature`, which is `KernelFn`'s ABI.
-    let entry = unsafe { std::mem::transmute::<*const u8, KernelFn>(code) };
+    let mut entries = ids.into_iter().map(|id| {
+        let code = jit.get_finalized_function(id);
+        // SAFETY: `code` is the finished code of a function built with
+        // `kernel_signature`, which is `KernelFn`'s ABI.
+        unsafe { std::mem::transmute::<*const u8, KernelFn>(code) }
+    });
+    let entry = entries.next().ok_or("no kernel defined")?;
+    let lanes = entries.next();
     let collectives = ops.iter().any(|op| {
         matches!(
             op,
@@ -184,6 +222,7 @@ fn compile(f: &Func, p: &Plan) -> Result<CompiledKernel, String> {
         )
     });
     Ok(CompiledKernel {
+        lanes,
         collectives,
         bar_red,
         fresh_start: p.fresh_start,

@@ -2,7 +2,9 @@
 //! accesses in shared, local, parameter memory or the global allocation the
 //! site resolved last; else the checked helpers, which fault as the interpreter.
 
-use super::runtime::{rt_atom, rt_load, rt_misaligned_vector, rt_store, space_code, Ctx};
+use super::runtime::{
+    rt_atom, rt_load, rt_log_store, rt_misaligned_vector, rt_store, space_code, Ctx,
+};
 use super::translate::{ctx_off, Translator};
 use crate::ir::{Address, Op, Sp, Src, NONE};
 use cranelift_codegen::ir::condcodes::IntCC;
@@ -246,7 +248,7 @@ impl Translator<'_, '_> {
 
     /// Whether the access being emitted, in `sp`, is one its block's
     /// check covered.
-    fn covered(&self, sp: Sp) -> bool {
+    pub(super) fn covered(&self, sp: Sp) -> bool {
         sp == Sp::Shared && self.unchecked.contains(&self.pc_now)
     }
 
@@ -309,6 +311,18 @@ impl Translator<'_, '_> {
         }
         self.fb.switch_to_block(join);
         v
+    }
+
+    /// Logs the bytes a lane kernel's global store at host pointer `p`
+    /// overwrites (the block is undone if its lanes part).
+    fn log_store(&mut self, p: Value, size: u32) {
+        let mut sig = Signature::new(self.call_conv);
+        sig.params
+            .extend([AbiParam::new(I64), AbiParam::new(I64), AbiParam::new(I32)]);
+        let sig = self.fb.import_signature(sig);
+        let f = self.imm(rt_log_store as *const () as usize as i64);
+        let sz = self.fb.ins().iconst(I32, size as i64);
+        self.fb.ins().call_indirect(sig, f, &[self.ctx, p, sz]);
     }
 
     /// Gives a global or generic access its own site in the cache.
@@ -383,6 +397,9 @@ impl Translator<'_, '_> {
         };
         self.fb.switch_to_block(fast);
         if let Some((_, p)) = fast_ptr {
+            if self.width > 1 && Self::slow_may_succeed(sp) {
+                self.log_store(p, size);
+            }
             let x = if size < 8 {
                 self.fb.ins().ireduce(Self::int_type(size), val)
             } else {

@@ -182,7 +182,7 @@ impl Translator<'_, '_> {
                 c,
                 cneg,
                 ..
-            } if self.cmp_native(cmp, t) => {
+            } if cmp_native(cmp, t) => {
                 let (a, b) = (self.src(a), self.src(b));
                 let p = self.compare(cmp, t, a, b);
                 let cv = self.src(c);
@@ -352,7 +352,7 @@ impl Translator<'_, '_> {
         let mut dsts = Vec::new();
         op.for_each_dst(|d| dsts.push(d));
         for r in srcs {
-            let v = self.fb.use_var(self.regs[r as usize]);
+            let v = self.src(Src::Reg(r));
             self.fb
                 .ins()
                 .store(MemFlagsData::trusted(), v, self.regs_ptr, (r * 8) as i32);
@@ -510,28 +510,6 @@ impl Translator<'_, '_> {
             }
         };
         self.masked(v, mask)
-    }
-
-    fn cmp_native(&self, cmp: Cmp, t: Ty) -> bool {
-        match t {
-            Ty::F32 | Ty::F64 => true,
-            t if t.is_float() || t == Ty::Pred || t == Ty::B128 => false,
-            _ => matches!(
-                cmp,
-                Cmp::Eq
-                    | Cmp::Ne
-                    | Cmp::Lt
-                    | Cmp::Le
-                    | Cmp::Gt
-                    | Cmp::Ge
-                    | Cmp::Equ
-                    | Cmp::Neu
-                    | Cmp::Ltu
-                    | Cmp::Leu
-                    | Cmp::Gtu
-                    | Cmp::Geu
-            ),
-        }
     }
 
     /// `cmp` of `a` and `b` as type `t` (an I8 condition).
@@ -694,5 +672,28 @@ impl Translator<'_, '_> {
         } else {
             self.fb.ins().bitcast(I64, MemFlagsData::new(), f)
         }
+    }
+}
+
+/// Whether `setp` compares `cmp` of type `t` open-coded (to 0 or 1).
+pub(super) fn cmp_native(cmp: Cmp, t: Ty) -> bool {
+    match t {
+        Ty::F32 | Ty::F64 => true,
+        t if t.is_float() || t == Ty::Pred || t == Ty::B128 => false,
+        _ => matches!(
+            cmp,
+            Cmp::Eq
+                | Cmp::Ne
+                | Cmp::Lt
+                | Cmp::Le
+                | Cmp::Gt
+                | Cmp::Ge
+                | Cmp::Equ
+                | Cmp::Neu
+                | Cmp::Ltu
+                | Cmp::Leu
+                | Cmp::Gtu
+                | Cmp::Geu
+        ),
     }
 }

@@ -3,11 +3,15 @@
 //! the interpreter's scheduling, budgets, cancel flag, deadlocks and faults.
 
 use super::compiled::CompiledKernel;
-use super::runtime::{Ctx, GlobalEntry, RET_EXIT, RET_FAULT, STOP_BARRIER, STOP_BITS, STOP_WARP};
+use super::lanes::LANES;
+use super::runtime::{
+    Ctx, GlobalEntry, KernelFn, RET_EXIT, RET_FAULT, RET_PARTED, STOP_BARRIER, STOP_BITS, STOP_WARP,
+};
 use super::warp::{resolve_warp, Lanes, State};
 use crate::exec::{launch_progress, on_workers, BlockResults, BLOCK_MEMORY_LIMIT};
 use crate::ir::{BarRed, Module, Op, SReg, Src, NONE};
 use crate::launch::{Fault, LaunchConfig, LaunchLimits, LaunchReport, LAUNCH_CHECK_INTERVAL};
+use crate::memory::atomic_store;
 use crate::memory::{DeviceMemory, MemView};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
@@ -29,6 +33,9 @@ struct Grid<'a> {
     limits: &'a LaunchLimits<'a>,
     executed: AtomicU64,
     abort: AtomicBool,
+    /// A block's lanes parted: the launch's later blocks run on the thread
+    /// loop only.
+    lanes_off: AtomicBool,
 }
 
 /// Runs compiled kernel `kernel` of module `m` over the grid (a
@@ -91,6 +98,7 @@ pub(crate) fn launch(
         limits,
         executed: AtomicU64::new(0),
         abort: AtomicBool::new(false),
+        lanes_off: AtomicBool::new(false),
     };
     run_grid(&g)
 }
@@ -155,6 +163,11 @@ fn run_grid(g: &Grid<'_>) -> LaunchReport {
     results.report(g.executed.load(Ordering::Relaxed))
 }
 
+/// Why a block's lane kernel gave up (it runs again on the thread loop).
+fn parted() -> Fault {
+    Fault::Failed("the block's lanes parted".into())
+}
+
 fn cancelled(g: &Grid<'_>) -> bool {
     g.limits.cancel.is_some_and(|c| c.load(Ordering::Relaxed))
 }
@@ -182,6 +195,13 @@ struct Worker {
     counted: u64,
     /// Threads of the running block that exited.
     exited: usize,
+    /// The lane kernel's file of narrow registers (`Ctx::lane_file`,
+    /// two words a register and group).
+    lane_file: Vec<u64>,
+    /// Whether the running block runs its groups of threads through the
+    /// lane kernel, and the log of its stores (`Ctx::undo`).
+    lanes_now: bool,
+    undo: Vec<(*mut u8, u32, u64)>,
 }
 
 impl Worker {
@@ -208,6 +228,12 @@ impl Worker {
             instructions: 0,
             counted: 0,
             exited: 0,
+            lane_file: match g.kernel.lanes {
+                Some(_) => vec![0; n.div_ceil(LANES as usize) * g.kernel.nregs as usize * 2],
+                None => Vec::new(),
+            },
+            lanes_now: false,
+            undo: Vec::new(),
         }
     }
 
@@ -237,9 +263,42 @@ impl Worker {
             .min(g.limits.per_block)
     }
 
-    /// Runs block `block_id`: every ready thread up to its next stop, round
-    /// after round; a barrier all live threads wait at lets them all go on.
+    /// Runs block `block_id`, its groups of threads through the lane kernel
+    /// while the launch's lanes have not parted: where they part, or the
+    /// block fails, its stores are undone and it runs again on the thread
+    /// loop, which keeps the interpreter's order of threads (its faults,
+    /// counts and memory).
     fn run_block(&mut self, g: &Grid<'_>, block_id: u64) -> Result<(), Fault> {
+        if g.kernel.lanes.is_none() || g.lanes_off.load(Ordering::Relaxed) {
+            return self.run_block_once(g, block_id);
+        }
+        self.lanes_now = true;
+        let r = self.run_block_once(g, block_id);
+        self.lanes_now = false;
+        let log = std::mem::take(&mut self.undo);
+        if r.is_ok() {
+            self.undo = log;
+            self.undo.clear();
+            return r;
+        }
+        for &(p, size, old) in log.iter().rev() {
+            // SAFETY: each entry is a store of this block, checked when it
+            // ran, into memory that stays while the launch runs.
+            unsafe { atomic_store(p, size, old) };
+        }
+        self.undo = log;
+        self.undo.clear();
+        g.lanes_off.store(true, Ordering::Relaxed);
+        g.executed.fetch_sub(self.counted, Ordering::Relaxed);
+        self.counted = 0;
+        self.out.clear();
+        self.run_block_once(g, block_id)
+    }
+
+    /// Runs block `block_id` once: every ready thread up to its next stop,
+    /// round after round; a barrier all live threads wait at lets them all
+    /// go on.
+    fn run_block_once(&mut self, g: &Grid<'_>, block_id: u64) -> Result<(), Fault> {
         let [gx, gy, _] = g.cfg.grid;
         self.ctaid = [
             (block_id % gx as u64) as u32,
@@ -255,6 +314,10 @@ impl Worker {
         self.shared.fill(0);
         self.resume.fill(0);
         self.state.fill(State::Ready);
+        // every thread starts with zeros (or reads none), as does the lane file
+        if self.lanes_now && !g.kernel.fresh_start {
+            self.lane_file.fill(0);
+        }
         self.exited = 0;
         let n = self.state.len();
         let local_words = (g.kernel.frame_bytes as usize).div_ceil(8);
@@ -282,6 +345,8 @@ impl Worker {
             memory: g.memory,
             fault: None,
             out: std::mem::take(&mut self.out),
+            lane_file: self.lane_file.as_mut_ptr() as *mut u8,
+            undo: self.lanes_now.then(|| std::mem::take(&mut self.undo)),
         };
         // as the interpreter schedules: warp by warp, each warp's ready lanes
         // in turn until none of its collectives can be resolved
@@ -337,11 +402,15 @@ impl Worker {
         };
         self.instructions = ctx.instructions;
         self.out = std::mem::take(&mut ctx.out);
+        if let Some(log) = ctx.undo.take() {
+            self.undo = log;
+        }
         result
     }
 
     /// Runs the ready threads of `lo..hi`, in order, each from its resume
-    /// point to its next stop.
+    /// point to its next stop: a group of [`LANES`] ready at one resume
+    /// point through the lane kernel, the others through the thread loop.
     fn run_ready(
         &mut self,
         g: &Grid<'_>,
@@ -349,37 +418,104 @@ impl Worker {
         lo: usize,
         hi: usize,
     ) -> Result<(), Fault> {
+        let lanes = LANES as usize;
         let mut t = lo;
         while t < hi {
             if self.state[t] != State::Ready {
                 t += 1;
                 continue;
             }
+            let grouped = self.state.len() / lanes * lanes;
+            if let (Some(group), true) = (g.kernel.lanes.filter(|_| self.lanes_now), t < grouped) {
+                // a group's threads are ready together, at one resume point
+                if !t.is_multiple_of(lanes) || !self.in_step(t, hi) {
+                    return Err(parted());
+                }
+                self.run_lanes(g, ctx, group, t)?;
+                t += lanes;
+                continue;
+            }
             let end = (t..hi)
                 .find(|&k| self.state[k] != State::Ready)
                 .unwrap_or(hi);
-            // SAFETY: the compiled kernel gets this block's live context, the
-            // register files (`nregs` each) and local memories (`frame_bytes`
-            // rounded to words each) of all `n` threads, what it was compiled
-            // for, their `%tid`s and resume ids and a code slot each; it
-            // touches only threads `t..end`, all below `n`.
-            let stop = unsafe {
-                (g.kernel.entry)(
-                    ctx,
-                    self.regs.as_mut_ptr(),
-                    self.local.as_mut_ptr() as *mut u8,
-                    t as u32,
-                    end as u32,
-                    self.resume.as_ptr(),
-                    self.tids.as_ptr(),
-                    self.codes.as_mut_ptr(),
-                )
-            } as usize;
-            let stop = stop.clamp(t + 1, end);
-            for k in t..stop {
-                self.stopped(g, ctx, k)?;
-            }
-            t = stop;
+            t = self.run_single(g, ctx, t, end)?;
+        }
+        Ok(())
+    }
+
+    /// Runs threads `t..end` (all ready) through the thread loop, each to
+    /// its next stop; where the run ended (one past a yield or fault).
+    fn run_single(
+        &mut self,
+        g: &Grid<'_>,
+        ctx: &mut Ctx<'_>,
+        t: usize,
+        end: usize,
+    ) -> Result<usize, Fault> {
+        // SAFETY: the compiled kernel gets this block's live context, the
+        // register files (`nregs` each) and local memories (`frame_bytes`
+        // rounded to words each) of all `n` threads, what it was compiled
+        // for, their `%tid`s and resume ids and a code slot each; it
+        // touches only threads `t..end`, all below `n`.
+        let stop = unsafe {
+            (g.kernel.entry)(
+                ctx,
+                self.regs.as_mut_ptr(),
+                self.local.as_mut_ptr() as *mut u8,
+                t as u32,
+                end as u32,
+                self.resume.as_ptr(),
+                self.tids.as_ptr(),
+                self.codes.as_mut_ptr(),
+            )
+        } as usize;
+        let stop = stop.clamp(t + 1, end);
+        for k in t..stop {
+            self.stopped(g, ctx, k)?;
+        }
+        Ok(stop)
+    }
+
+    /// Whether the [`LANES`] threads from `t` are in `..hi`, all ready at
+    /// one resume point.
+    fn in_step(&self, t: usize, hi: usize) -> bool {
+        let group = t..t + LANES as usize;
+        group.end <= hi
+            && group
+                .clone()
+                .all(|k| self.state[k] == State::Ready && self.resume[k] == self.resume[t])
+    }
+
+    /// Runs the group of threads from `t` through the lane kernel `group`.
+    fn run_lanes(
+        &mut self,
+        g: &Grid<'_>,
+        ctx: &mut Ctx<'_>,
+        group: KernelFn,
+        t: usize,
+    ) -> Result<(), Fault> {
+        let end = t + LANES as usize;
+        // SAFETY: as for the thread loop in `run_single`; the lane kernel
+        // touches only threads `t..t + LANES`, all below `n` (`in_step`),
+        // and their group's vectors of the lane file (`nregs` of 16 bytes
+        // for each group of the block).
+        unsafe {
+            group(
+                ctx,
+                self.regs.as_mut_ptr(),
+                self.local.as_mut_ptr() as *mut u8,
+                t as u32,
+                end as u32,
+                self.resume.as_ptr(),
+                self.tids.as_ptr(),
+                self.codes.as_mut_ptr(),
+            )
+        };
+        if self.codes[t] == RET_PARTED {
+            return Err(parted());
+        }
+        for k in t..end {
+            self.stopped(g, ctx, k)?;
         }
         Ok(())
     }

@@ -23,6 +23,8 @@ pub(super) struct Plan {
     /// Registers possibly changed since the thread resumed, on entry to
     /// each basic block.
     pub dirty_in: Vec<RegSet>,
+    /// Whether a lane kernel is built too ([`super::lanes`]).
+    pub lanes: bool,
 }
 
 impl Plan {
@@ -56,6 +58,14 @@ pub(super) fn plan(m: &Module, k: usize) -> Result<Plan, String> {
     let n = f.code.len() as u32;
     let mut leaders = vec![0u32];
     let mut resumes = vec![0u32];
+    // lanes pay a call for each group and stop: they go where the thread
+    // loop stops at barriers anyway, in kernels without warp collectives
+    let lanes = !lanes_off()
+        && f.code.iter().any(|i| matches!(i.op, Op::Bar { .. }))
+        && !f
+            .code
+            .iter()
+            .any(|i| stops(&i.op) && !matches!(i.op, Op::Bar { .. }));
     for (pc, inst) in f.code.iter().enumerate() {
         let pc = pc as u32;
         match inst.op {
@@ -93,6 +103,7 @@ pub(super) fn plan(m: &Module, k: usize) -> Result<Plan, String> {
     let fresh_start = !f.code.iter().any(|i| matches!(i.op, Op::Bra { target: 0 }));
     let dirty_in = dirty_in(f, &leaders, fresh_start);
     Ok(Plan {
+        lanes,
         dirty_in,
         fresh_start,
         starts: leaders,
@@ -100,6 +111,28 @@ pub(super) fn plan(m: &Module, k: usize) -> Result<Plan, String> {
         live_in,
         shuffled,
     })
+}
+
+/// Whether `CUMUX_PTX_LANES=0` turns lane kernels off (read once).
+fn lanes_off() -> bool {
+    static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *OFF.get_or_init(|| std::env::var("CUMUX_PTX_LANES").is_ok_and(|v| v == "0"))
+}
+
+/// Whether lanes leave `op` to the thread loop, which runs it in thread
+/// order as the interpreter does: its output, heap blocks, atomics' old
+/// values and faults come in that order.
+pub(super) fn one_at_a_time(op: &Op) -> bool {
+    matches!(
+        op,
+        Op::Atom { .. }
+            | Op::Printf { .. }
+            | Op::AssertFail(_)
+            | Op::Malloc { .. }
+            | Op::Free { .. }
+            | Op::CpAsync { .. }
+            | Op::Trap(_)
+    )
 }
 
 /// Whether the compiler takes `op`; `bar_id` is the one barrier id seen so far.

@@ -3,6 +3,7 @@
 //! control flow, guards and `trap`; ops live in `emit_ops` and `emit_mem`.
 
 use super::dirty::{add_writes, holds, stops};
+use super::narrow::narrow_regs;
 use super::params::{hoist_params, HoistedParams};
 use super::plan::Plan;
 use super::runtime::{
@@ -10,7 +11,7 @@ use super::runtime::{
 };
 use crate::ir::{Func, Inst, Op, Sp, Src, NONE};
 use cranelift_codegen::ir::condcodes::IntCC;
-use cranelift_codegen::ir::types::{I32, I64};
+use cranelift_codegen::ir::types::{I32, I32X4, I64};
 use cranelift_codegen::ir::{
     AbiParam, Block, BlockArg, InstBuilder, JumpTableData, MemFlagsData, Signature, StackSlotData,
     StackSlotKind, Type, Value,
@@ -37,7 +38,23 @@ pub(super) struct Translator<'a, 'f> {
     /// The kernel's ops, owned by the compiled kernel (helpers get pointers).
     pub ops: &'a [Op],
     pub plan: &'a Plan,
+    /// Threads run in step by one call: 1 (the thread loop) or
+    /// [`super::lanes::LANES`] (the lane kernel).
+    pub width: u32,
+    /// The running lane's registers and thread values (`regs` to
+    /// `thread` below); the other lanes' registers wait in `lane_regs`.
+    pub lane: usize,
+    pub lane_regs: Vec<Vec<Variable>>,
+    pub lane_vals: Vec<LaneVals>,
+    /// The end of the basic block being emitted.
+    pub block_end: u32,
     pub regs: Vec<Variable>,
+    /// In the lane kernel, each narrow register's vector of every lane's
+    /// value (an I32X4; its `regs` entries unused).
+    pub vregs: Vec<Option<Variable>>,
+    /// The lane kernel's group's narrow registers between runs: a vector
+    /// of 16 bytes for each register (`Ctx::lane_file`, group `first / LANES`).
+    pub lane_file: Value,
     pub count: Variable,
     pub ctx: Value,
     pub regs_ptr: Value,
@@ -75,6 +92,48 @@ pub(super) struct Translator<'a, 'f> {
     pub params: HoistedParams,
 }
 
+/// One thread's values in compiled code: its index in the block (an I32),
+/// register file, local memory and `%tid`.
+#[derive(Clone, Copy)]
+pub(super) struct LaneVals {
+    pub thread: Value,
+    pub regs_ptr: Value,
+    pub local: Value,
+    pub tid: [Value; 3],
+}
+
+/// The values of thread `thread` (an I32): its register file at
+/// `regs_base + 8 nregs thread`, its local memory at `local_base + stride
+/// thread`, its `%tid` at `tids + 16 thread`.
+fn thread_values(
+    fb: &mut FunctionBuilder<'_>,
+    func: &Func,
+    thread: Value,
+    [regs_base, local_base, tids]: [Value; 3],
+) -> LaneVals {
+    let t64 = fb.ins().uextend(I64, thread);
+    let reg_off = fb.ins().imul_imm_s(t64, func.nregs as i64 * 8);
+    let regs_ptr = fb.ins().iadd(regs_base, reg_off);
+    let local_stride = (func.frame_bytes as u64).div_ceil(8) as i64 * 8;
+    let local_off = fb.ins().imul_imm_s(t64, local_stride);
+    let local = fb.ins().iadd(local_base, local_off);
+    let tid_off = fb.ins().ishl_imm_u(t64, 4);
+    let tid_at = fb.ins().iadd(tids, tid_off);
+    let fixed = MemFlagsData::trusted().with_readonly();
+    let tid = [0, 4, 8].map(|o| fb.ins().load(I32, fixed, tid_at, o));
+    LaneVals {
+        thread,
+        regs_ptr,
+        local,
+        tid,
+    }
+}
+
+/// Flags of the lane file's 16-byte accesses (lanes in memory order).
+pub(super) fn lanes_flags() -> MemFlagsData {
+    MemFlagsData::trusted().with_endianness(cranelift_codegen::ir::Endianness::Little)
+}
+
 /// A field of [`Ctx`] at its offset.
 macro_rules! ctx_off {
     ($field:ident) => {
@@ -84,14 +143,17 @@ macro_rules! ctx_off {
 pub(super) use ctx_off;
 
 impl<'a, 'f> Translator<'a, 'f> {
-    /// Builds the whole function into `fb`'s function; returns its number
-    /// of global-cache sites and the parameter bytes its hoisted loads read.
+    /// Builds the whole function into `fb`'s function, the thread loop
+    /// (`width` 1) or the lane kernel (`width` threads in step from
+    /// `first`, all at one resume point); returns its number of
+    /// global-cache sites and the parameter bytes its hoisted loads read.
     pub(super) fn translate(
         mut fb: FunctionBuilder<'f>,
         target: TargetFrontendConfig,
         func: &'a Func,
         ops: &'a [Op],
         plan: &'a Plan,
+        width: u32,
     ) -> (u32, u64) {
         let entry = fb.create_block();
         fb.append_block_params_for_function_params(entry);
@@ -99,7 +161,18 @@ impl<'a, 'f> Translator<'a, 'f> {
         let p = fb.block_params(entry).to_vec();
         let (ctx, regs_base, local_base, first, end) = (p[0], p[1], p[2], p[3], p[4]);
         let (resume_ids, tids, codes) = (p[5], p[6], p[7]);
-        let regs: Vec<Variable> = (0..func.nregs).map(|_| fb.declare_var(I64)).collect();
+        let mut lane_regs: Vec<Vec<Variable>> = (0..width)
+            .map(|_| (0..func.nregs).map(|_| fb.declare_var(I64)).collect())
+            .collect();
+        let regs = std::mem::take(&mut lane_regs[0]);
+        let vregs: Vec<Option<Variable>> = if width == 1 {
+            vec![None; func.nregs as usize]
+        } else {
+            narrow_regs(func)
+                .into_iter()
+                .map(|n| n.then(|| fb.declare_var(I32X4)))
+                .collect()
+        };
         let count = fb.declare_var(I64);
         let n = fb
             .ins()
@@ -108,37 +181,57 @@ impl<'a, 'f> Translator<'a, 'f> {
         let params = hoist_params(&mut fb, ctx, ops);
         // the loop over the range's threads: each runs from its resume point
         // to its next stop, its registers and local memory at fixed strides
-        let head = fb.create_block();
-        let thread = fb.append_block_param(head, I32);
-        let body = fb.create_block();
-        let done = fb.create_block();
+        // (the lane kernel has no loop: its one group returns at its stop)
         let next_thread = fb.create_block();
-        fb.ins().jump(head, &[BlockArg::Value(first)]);
-        fb.switch_to_block(head);
-        let more = fb.ins().icmp(IntCC::UnsignedLessThan, thread, end);
-        fb.ins().brif(more, body, &[], done, &[]);
-        fb.switch_to_block(done);
-        let n = fb.use_var(count);
-        fb.ins()
-            .store(MemFlagsData::trusted(), n, ctx, ctx_off!(instructions));
-        fb.ins().return_(&[end]);
-        fb.switch_to_block(next_thread);
-        let following = fb.ins().iadd_imm_s(thread, 1);
-        fb.ins().jump(head, &[BlockArg::Value(following)]);
-        fb.switch_to_block(body);
-        let t64 = fb.ins().uextend(I64, thread);
-        let reg_off = fb.ins().imul_imm_s(t64, func.nregs as i64 * 8);
-        let regs_ptr = fb.ins().iadd(regs_base, reg_off);
-        let local_stride = (func.frame_bytes as u64).div_ceil(8) as i64 * 8;
-        let local_off = fb.ins().imul_imm_s(t64, local_stride);
-        let local = fb.ins().iadd(local_base, local_off);
-        let tid_off = fb.ins().ishl_imm_u(t64, 4);
-        let tid_at = fb.ins().iadd(tids, tid_off);
-        let fixed = MemFlagsData::trusted().with_readonly();
-        let tid = [0, 4, 8].map(|o| fb.ins().load(I32, fixed, tid_at, o));
+        let bases = [regs_base, local_base, tids];
+        let (lane_vals, first_thread) = if width == 1 {
+            let head = fb.create_block();
+            let thread = fb.append_block_param(head, I32);
+            let body = fb.create_block();
+            let done = fb.create_block();
+            fb.ins().jump(head, &[BlockArg::Value(first)]);
+            fb.switch_to_block(head);
+            let more = fb.ins().icmp(IntCC::UnsignedLessThan, thread, end);
+            fb.ins().brif(more, body, &[], done, &[]);
+            fb.switch_to_block(done);
+            let n = fb.use_var(count);
+            fb.ins()
+                .store(MemFlagsData::trusted(), n, ctx, ctx_off!(instructions));
+            fb.ins().return_(&[end]);
+            fb.switch_to_block(next_thread);
+            let following = fb.ins().iadd_imm_s(thread, 1);
+            fb.ins().jump(head, &[BlockArg::Value(following)]);
+            fb.switch_to_block(body);
+            (vec![thread_values(&mut fb, func, thread, bases)], thread)
+        } else {
+            let vals = (0..width)
+                .map(|k| {
+                    let thread = fb.ins().iadd_imm_s(first, k as i64);
+                    thread_values(&mut fb, func, thread, bases)
+                })
+                .collect();
+            (vals, first)
+        };
+        let t64 = fb.ins().uextend(I64, first_thread);
         let id_off = fb.ins().ishl_imm_u(t64, 2);
         let id_at = fb.ins().iadd(resume_ids, id_off);
         let resume = fb.ins().load(I32, MemFlagsData::trusted(), id_at, 0);
+        let LaneVals {
+            thread,
+            regs_ptr,
+            local,
+            tid,
+        } = lane_vals[0];
+        let lane_file = if width == 1 {
+            regs_base
+        } else {
+            let file = fb
+                .ins()
+                .load(I64, MemFlagsData::trusted(), ctx, ctx_off!(lane_file));
+            let group = fb.ins().ushr_imm_u(t64, width.trailing_zeros() as i64);
+            let off = fb.ins().imul_imm_s(group, func.nregs as i64 * 16);
+            fb.ins().iadd(file, off)
+        };
         let blocks: Vec<Block> = plan.starts.iter().map(|_| fb.create_block()).collect();
         let exit_block = fb.create_block();
         let fault_block = fb.create_block();
@@ -151,7 +244,14 @@ impl<'a, 'f> Translator<'a, 'f> {
             func,
             ops,
             plan,
+            width,
+            lane: 0,
+            lane_regs,
+            lane_vals,
+            block_end: 0,
             regs,
+            vregs,
+            lane_file,
             count,
             ctx,
             regs_ptr,
@@ -194,6 +294,22 @@ impl<'a, 'f> Translator<'a, 'f> {
             loaded.sort_unstable();
             loaded.dedup();
             for &r in &loaded {
+                if let Some(v) = t.vregs[r as usize] {
+                    let x = if pc == 0 && plan.fresh_start {
+                        let zero = t.fb.ins().iconst(I32, 0);
+                        t.fb.ins().splat(I32X4, zero)
+                    } else {
+                        t.fb.ins()
+                            .load(I32X4, lanes_flags(), t.lane_file, (r * 16) as i32)
+                    };
+                    t.fb.def_var(v, x);
+                }
+            }
+            loaded.retain(|&r| t.vregs[r as usize].is_none());
+            for (lane, &r) in
+                (0..width as usize).flat_map(|lane| loaded.iter().map(move |r| (lane, r)))
+            {
+                t.set_lane(lane);
                 // a thread's start reads registers as 0 (the worker's file
                 // holds the block before's)
                 let v = if pc == 0 && plan.fresh_start {
@@ -202,7 +318,7 @@ impl<'a, 'f> Translator<'a, 'f> {
                     t.fb.ins()
                         .load(I64, MemFlagsData::trusted(), t.regs_ptr, (r * 8) as i32)
                 };
-                t.fb.def_var(t.regs[r as usize], v);
+                t.set(r, v);
             }
             t.fb.ins().jump(t.blocks[b], &[]);
         }
@@ -211,18 +327,21 @@ impl<'a, 'f> Translator<'a, 'f> {
         }
         t.fb.switch_to_block(exit_block);
         // an exited lane's shuffled values stay readable, as the interpreter's
-        for &r in &plan.shuffled {
-            let v = t.fb.use_var(t.regs[r as usize]);
-            t.fb.ins()
-                .store(MemFlagsData::trusted(), v, t.regs_ptr, (r * 8) as i32);
+        for lane in 0..width as usize {
+            t.set_lane(lane);
+            for &r in &plan.shuffled {
+                let v = t.src(Src::Reg(r));
+                t.fb.ins()
+                    .store(MemFlagsData::trusted(), v, t.regs_ptr, (r * 8) as i32);
+            }
         }
-        t.finish_with(RET_EXIT);
+        t.finish_all(RET_EXIT);
         t.fb.switch_to_block(fault_block);
         let excess = t.fb.append_block_param(fault_block, I64);
         let n = t.fb.use_var(count);
         let n = t.fb.ins().isub(n, excess);
         t.fb.def_var(count, n);
-        t.finish_with(RET_FAULT);
+        t.finish_all(RET_FAULT);
         t.fb.seal_all_blocks();
         let sites = (t.sites, t.params.extent);
         t.fb.finalize(target);
@@ -233,7 +352,7 @@ impl<'a, 'f> Translator<'a, 'f> {
     /// collective or an exit goes on with the next thread of the range; a
     /// yield or a fault returns (the instruction count stored), the
     /// threads up to this one done.
-    fn finish_with(&mut self, code: u32) {
+    pub(super) fn finish_with(&mut self, code: u32) {
         let c = self.fb.ins().iconst(I32, code as i64);
         let t64 = self.fb.ins().uextend(I64, self.thread);
         let off = self.fb.ins().ishl_imm_u(t64, 2);
@@ -255,7 +374,17 @@ impl<'a, 'f> Translator<'a, 'f> {
     /// Stops the thread to resume at `pc` later: stores the registers live
     /// there (and `also`, what a warp collective reads) and returns its
     /// resume id with why it stopped (`STOP_*`) in the low bits.
-    fn stop_at(&mut self, pc: u32, why: u32, also: &[u32]) {
+    pub(super) fn stop_at(&mut self, pc: u32, why: u32, also: &[u32]) {
+        self.store_live(pc, also);
+        let id = self.plan.resume_id(pc);
+        self.finish_all(id << STOP_BITS | why);
+    }
+
+    /// Stores each lane's registers live at `pc` (and `also`, and the
+    /// shuffled ones) that it may have changed since it resumed: narrow
+    /// ones of the lane kernel to its lane file (those in `also` to the
+    /// threads' files too, for the launch to read).
+    fn store_live(&mut self, pc: u32, also: &[u32]) {
         let b = self.plan.block_at(pc);
         let mut stored: Vec<u32> = self.plan.live_in[b].clone();
         stored.extend(also.iter().chain(&self.plan.shuffled));
@@ -271,14 +400,30 @@ impl<'a, 'f> Translator<'a, 'f> {
         let mut dirty = self.plan.dirty_in[k].clone();
         add_writes(self.func, self.plan.starts[k], at, &mut dirty);
         stored.retain(|&r| holds(&dirty, r));
-        for r in stored {
-            let v = self.fb.use_var(self.regs[r as usize]);
-            self.fb
-                .ins()
-                .store(MemFlagsData::trusted(), v, self.regs_ptr, (r * 8) as i32);
+        let mut to_threads = Vec::new();
+        for &r in &stored {
+            match self.vregs[r as usize] {
+                Some(var) => {
+                    let v = self.fb.use_var(var);
+                    self.fb
+                        .ins()
+                        .store(lanes_flags(), v, self.lane_file, (r * 16) as i32);
+                    if also.contains(&r) {
+                        to_threads.push(r);
+                    }
+                }
+                None => to_threads.push(r),
+            }
         }
-        let id = self.plan.resume_id(pc);
-        self.finish_with(id << STOP_BITS | why);
+        for lane in 0..self.width as usize {
+            self.set_lane(lane);
+            for &r in &to_threads {
+                let v = self.src(Src::Reg(r));
+                self.fb
+                    .ins()
+                    .store(MemFlagsData::trusted(), v, self.regs_ptr, (r * 8) as i32);
+            }
+        }
     }
 
     fn basic_block(&mut self, b: usize) {
@@ -291,7 +436,10 @@ impl<'a, 'f> Translator<'a, 'f> {
             .copied()
             .unwrap_or(self.func.code.len() as u32);
         let n = self.fb.use_var(self.count);
-        let n = self.fb.ins().iadd_imm_s(n, (end - start) as i64);
+        let n = self
+            .fb
+            .ins()
+            .iadd_imm_s(n, (end - start) as i64 * self.width as i64);
         self.fb.def_var(self.count, n);
         let shared_accesses = (start..end)
             .filter(|&pc| match self.ops[pc as usize] {
@@ -310,7 +458,7 @@ impl<'a, 'f> Translator<'a, 'f> {
         });
         // where one check covers the block's shared accesses, a copy of it
         // runs them unchecked; the other copy checks each as it comes
-        if let Some((pcs, ok)) = self.shared_block_check(start, end) {
+        if let Some((pcs, ok)) = self.lanes_shared_check(start, end) {
             let fast = self.fb.create_block();
             let checked = self.fb.create_block();
             self.fb.ins().brif(ok, fast, &[], checked, &[]);
@@ -326,10 +474,16 @@ impl<'a, 'f> Translator<'a, 'f> {
     /// Emits `start..end`, basic block `b`'s instructions, and its fall
     /// through to the next.
     fn emit_range(&mut self, b: usize, start: u32, end: u32) {
+        self.block_end = end;
         for pc in start..end {
             self.excess = (end - pc - 1) as i64;
             self.pc_now = pc;
-            if !self.inst(pc) {
+            let more = if self.width == 1 {
+                self.inst(pc)
+            } else {
+                self.lane_inst(pc)
+            };
+            if !more {
                 return;
             }
         }
@@ -344,11 +498,11 @@ impl<'a, 'f> Translator<'a, 'f> {
     }
 
     /// The guard of `inst` as a 0/1 condition, if it has one.
-    fn guard(&mut self, inst: &Inst) -> Option<Value> {
+    pub(super) fn guard(&mut self, inst: &Inst) -> Option<Value> {
         if inst.guard == NONE {
             return None;
         }
-        let g = self.fb.use_var(self.regs[inst.guard as usize]);
+        let g = self.src(Src::Reg(inst.guard));
         let bit = self.fb.ins().band_imm_u(g, 1);
         let cc = if inst.guard_neg {
             IntCC::Equal
@@ -359,7 +513,7 @@ impl<'a, 'f> Translator<'a, 'f> {
     }
 
     /// The block after `pc` (the next basic block when `pc` ends one).
-    fn next_block(&self, pc: u32) -> Block {
+    pub(super) fn next_block(&self, pc: u32) -> Block {
         self.blocks
             .get(self.plan.block_at(pc + 1))
             .copied()
@@ -372,7 +526,6 @@ impl<'a, 'f> Translator<'a, 'f> {
         let guard = self.guard(inst);
         match inst.op {
             Op::Bra { target } => {
-                let to = self.blocks[self.plan.block_at(target)];
                 let go = self.fb.create_block();
                 match guard {
                     Some(c) => {
@@ -384,31 +537,7 @@ impl<'a, 'f> Translator<'a, 'f> {
                     }
                 }
                 self.fb.switch_to_block(go);
-                if target <= pc {
-                    // a long loop yields so that the block's budgets are checked
-                    let n = self.fb.use_var(self.count);
-                    let at = self.fb.ins().load(
-                        I64,
-                        MemFlagsData::trusted(),
-                        self.ctx,
-                        ctx_off!(check_at),
-                    );
-                    let over = self.fb.ins().icmp(IntCC::UnsignedGreaterThan, n, at);
-                    let stop = self.fb.create_block();
-                    self.fb.set_cold_block(stop);
-                    self.fb.ins().brif(over, stop, &[], to, &[]);
-                    self.fb.switch_to_block(stop);
-                    let line = self.fb.ins().iconst(I64, inst.line as i64);
-                    self.fb.ins().store(
-                        MemFlagsData::trusted(),
-                        line,
-                        self.ctx,
-                        ctx_off!(yield_line),
-                    );
-                    self.stop_at(target, STOP_YIELD, &[]);
-                } else {
-                    self.fb.ins().jump(to, &[]);
-                }
+                self.branch_to(target, pc, inst.line);
                 false
             }
             Op::Ret | Op::Exit => {
@@ -501,10 +630,46 @@ impl<'a, 'f> Translator<'a, 'f> {
         }
     }
 
+    /// The taken way of a branch at `pc` to `target`: a backward one
+    /// yields when the block's count passed its next check.
+    pub(super) fn branch_to(&mut self, target: u32, pc: u32, line: u32) {
+        let to = self.blocks[self.plan.block_at(target)];
+        if target <= pc {
+            // a long loop yields so that the block's budgets are checked
+            let n = self.fb.use_var(self.count);
+            let at = self
+                .fb
+                .ins()
+                .load(I64, MemFlagsData::trusted(), self.ctx, ctx_off!(check_at));
+            let over = self.fb.ins().icmp(IntCC::UnsignedGreaterThan, n, at);
+            let stop = self.fb.create_block();
+            self.fb.set_cold_block(stop);
+            self.fb.ins().brif(over, stop, &[], to, &[]);
+            self.fb.switch_to_block(stop);
+            let line = self.fb.ins().iconst(I64, line as i64);
+            self.fb.ins().store(
+                MemFlagsData::trusted(),
+                line,
+                self.ctx,
+                ctx_off!(yield_line),
+            );
+            self.stop_at(target, STOP_YIELD, &[]);
+        } else {
+            self.fb.ins().jump(to, &[]);
+        }
+    }
+
     /// The value of `s` as 64 register bits.
     pub(super) fn src(&mut self, s: Src) -> Value {
         match s {
-            Src::Reg(r) => self.fb.use_var(self.regs[r as usize]),
+            Src::Reg(r) => match self.vregs[r as usize] {
+                Some(v) => {
+                    let all = self.fb.use_var(v);
+                    let x = self.fb.ins().extractlane(all, self.lane as u8);
+                    self.fb.ins().uextend(I64, x)
+                }
+                None => self.fb.use_var(self.regs[r as usize]),
+            },
             Src::Imm(v) => self.fb.ins().iconst(I64, v as i64),
             // a kernel's frame starts at local address 0
             Src::Frame(o) => self.fb.ins().iconst(I64, o as i64),
@@ -512,7 +677,16 @@ impl<'a, 'f> Translator<'a, 'f> {
     }
 
     pub(super) fn set(&mut self, d: u32, v: Value) {
-        self.fb.def_var(self.regs[d as usize], v);
+        match self.vregs[d as usize] {
+            Some(var) => {
+                // a narrow register: `v` is below 2^32
+                let all = self.fb.use_var(var);
+                let x = self.fb.ins().ireduce(I32, v);
+                let all = self.fb.ins().insertlane(all, x, self.lane as u8);
+                self.fb.def_var(var, all);
+            }
+            None => self.fb.def_var(self.regs[d as usize], v),
+        }
     }
 
     /// `v` sign-extended from its low `bits`.

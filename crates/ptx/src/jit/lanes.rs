@@ -1,0 +1,206 @@
+//! The lane kernel: [`LANES`] threads of a block run in step by one call, each
+//! op once per lane or once for all (`emit_vec`), control flow shared; where
+//! their guards part them, or at an op kept in thread order, it gives up.
+
+use super::plan::one_at_a_time;
+use super::runtime::{Ctx, RET_PARTED, STOP_BARRIER};
+use super::translate::{ctx_off, Translator};
+use crate::ir::{Op, Src};
+use cranelift_codegen::ir::types::{I32, I64, I8};
+use cranelift_codegen::ir::{InstBuilder, MemFlagsData, Value};
+use std::mem::offset_of;
+
+/// Threads a lane kernel runs in step (a group starts at a multiple of it).
+pub(crate) const LANES: u32 = 4;
+
+impl Translator<'_, '_> {
+    /// Makes lane `k` the running one: its registers in `regs`, its thread
+    /// values in `thread`, `regs_ptr`, `local`, `lin` and `tid`.
+    pub(super) fn set_lane(&mut self, k: usize) {
+        if k == self.lane {
+            return;
+        }
+        std::mem::swap(&mut self.regs, &mut self.lane_regs[self.lane]);
+        std::mem::swap(&mut self.regs, &mut self.lane_regs[k]);
+        self.lane = k;
+        let v = self.lane_vals[k];
+        self.thread = v.thread;
+        self.lin = v.thread;
+        self.regs_ptr = v.regs_ptr;
+        self.local = v.local;
+        self.tid = v.tid;
+    }
+
+    /// Ends the run with stop code `code` for every lane (the thread loop:
+    /// for its running thread).
+    pub(super) fn finish_all(&mut self, code: u32) {
+        if self.width == 1 {
+            self.finish_with(code);
+            return;
+        }
+        let codes = (0..self.width)
+            .map(|_| self.fb.ins().iconst(I32, code as i64))
+            .collect();
+        self.finish_lanes(codes);
+    }
+
+    /// Stores each lane's stop code (I32 values) and returns, the
+    /// instruction count stored.
+    fn finish_lanes(&mut self, codes: Vec<Value>) {
+        for (k, c) in codes.into_iter().enumerate() {
+            let t = self.lane_vals[k].thread;
+            let t64 = self.fb.ins().uextend(I64, t);
+            let off = self.fb.ins().ishl_imm_u(t64, 2);
+            let at = self.fb.ins().iadd(self.codes, off);
+            self.fb.ins().store(MemFlagsData::trusted(), c, at, 0);
+        }
+        let n = self.fb.use_var(self.count);
+        self.fb
+            .ins()
+            .store(MemFlagsData::trusted(), n, self.ctx, ctx_off!(instructions));
+        let t = self.lane_vals[0].thread;
+        let done = self.fb.ins().iadd_imm_s(t, self.width as i64);
+        self.fb.ins().return_(&[done]);
+    }
+
+    /// The check of basic block `start..end`'s shared accesses that lets
+    /// a copy run them unchecked: for the thread loop its running thread's,
+    /// for the lane kernel every lane's.
+    pub(super) fn lanes_shared_check(&mut self, start: u32, end: u32) -> Option<(Vec<u32>, Value)> {
+        let mut all: Option<(Vec<u32>, Value)> = None;
+        for k in 0..self.width as usize {
+            self.set_lane(k);
+            let (pcs, ok) = self.shared_block_check(start, end)?;
+            all = Some(match all {
+                Some((_, both)) => (pcs, self.fb.ins().band(both, ok)),
+                None => (pcs, ok),
+            });
+        }
+        all
+    }
+
+    /// Emits instruction `pc` for every lane; false once it ended the
+    /// basic block.
+    pub(super) fn lane_inst(&mut self, pc: u32) -> bool {
+        let inst = &self.func.code[pc as usize];
+        let width = self.width as usize;
+        let conds: Vec<Value> = (0..width)
+            .filter_map(|k| {
+                self.set_lane(k);
+                self.guard(inst)
+            })
+            .collect();
+        let agree = (!conds.is_empty()).then(|| {
+            let one = self.fb.ins().iconst(I8, 1);
+            let zero = self.fb.ins().iconst(I8, 0);
+            conds.iter().fold((one, zero), |(all, any), &c| {
+                (self.fb.ins().band(all, c), self.fb.ins().bor(any, c))
+            })
+        });
+        let next = self.next_block(pc);
+        match inst.op {
+            Op::Bra { target } => {
+                let go = self.fb.create_block();
+                match agree {
+                    Some((all, any)) => self.part_or(all, any, go, next),
+                    None => {
+                        self.fb.ins().jump(go, &[]);
+                    }
+                }
+                self.fb.switch_to_block(go);
+                self.branch_to(target, pc, inst.line);
+                false
+            }
+            Op::Ret | Op::Exit => {
+                let exit = self.exit_block;
+                match agree {
+                    Some((all, any)) => self.part_or(all, any, exit, next),
+                    None => {
+                        self.fb.ins().jump(exit, &[]);
+                    }
+                }
+                false
+            }
+            Op::Bar { p, .. } => {
+                let wait = self.fb.create_block();
+                match agree {
+                    Some((all, any)) => self.part_or(all, any, wait, next),
+                    None => {
+                        self.fb.ins().jump(wait, &[]);
+                    }
+                }
+                self.fb.switch_to_block(wait);
+                let reads: Vec<u32> = match p {
+                    Src::Reg(r) => vec![r],
+                    _ => Vec::new(),
+                };
+                self.stop_at(pc + 1, STOP_BARRIER, &reads);
+                false
+            }
+            ref op if one_at_a_time(op) => {
+                // (a leader: the first op of its basic block)
+                let ends = matches!(op, Op::Trap(_));
+                match agree {
+                    Some((_, any)) => {
+                        let alone = self.fb.create_block();
+                        let skip = if ends { next } else { self.fb.create_block() };
+                        self.fb.ins().brif(any, alone, &[], skip, &[]);
+                        self.fb.switch_to_block(alone);
+                        self.fb.set_cold_block(alone);
+                        self.finish_all(RET_PARTED);
+                        if ends {
+                            return false;
+                        }
+                        self.fb.switch_to_block(skip);
+                        true
+                    }
+                    None => {
+                        self.finish_all(RET_PARTED);
+                        false
+                    }
+                }
+            }
+            _ if self.vector_op(inst) => true,
+            _ => {
+                let lanes_after = |k: usize| (width - 1 - k) as i64;
+                let per_lane = (self.block_end - pc - 1) as i64 * width as i64;
+                for k in 0..width {
+                    self.set_lane(k);
+                    self.excess = per_lane + lanes_after(k);
+                    match conds.get(k) {
+                        Some(&c) => {
+                            let on = self.fb.create_block();
+                            let cont = self.fb.create_block();
+                            self.fb.ins().brif(c, on, &[], cont, &[]);
+                            self.fb.switch_to_block(on);
+                            self.op(pc);
+                            self.fb.ins().jump(cont, &[]);
+                            self.fb.switch_to_block(cont);
+                        }
+                        None => self.op(pc),
+                    }
+                }
+                true
+            }
+        }
+    }
+
+    /// Goes to `yes` when every lane's guard holds, to `no` when none
+    /// does; else the lanes part ([`RET_PARTED`]).
+    fn part_or(
+        &mut self,
+        all: Value,
+        any: Value,
+        yes: cranelift_codegen::ir::Block,
+        no: cranelift_codegen::ir::Block,
+    ) {
+        let mixed = self.fb.create_block();
+        let not_all = self.fb.create_block();
+        self.fb.ins().brif(all, yes, &[], not_all, &[]);
+        self.fb.switch_to_block(not_all);
+        self.fb.ins().brif(any, mixed, &[], no, &[]);
+        self.fb.switch_to_block(mixed);
+        self.fb.set_cold_block(mixed);
+        self.finish_all(RET_PARTED);
+    }
+}
