@@ -3,7 +3,7 @@
 //! their guards part them, or at an op kept in thread order, it gives up.
 
 use super::plan::one_at_a_time;
-use super::runtime::{Ctx, RET_PARTED, STOP_BARRIER};
+use super::runtime::{Ctx, RET_FAULT, RET_PARTED, STOP_BARRIER, STOP_BITS, STOP_YIELD};
 use super::translate::{ctx_off, Translator};
 use crate::ir::{Op, Src};
 use cranelift_codegen::ir::types::{I32, I64, I8};
@@ -38,21 +38,21 @@ impl Translator<'_, '_> {
             self.finish_with(code);
             return;
         }
-        let codes = (0..self.width)
-            .map(|_| self.fb.ins().iconst(I32, code as i64))
-            .collect();
-        self.finish_lanes(codes);
-    }
-
-    /// Stores each lane's stop code (I32 values) and returns, the
-    /// instruction count stored.
-    fn finish_lanes(&mut self, codes: Vec<Value>) {
-        for (k, c) in codes.into_iter().enumerate() {
+        // a barrier or an exit goes on with the next group; a yield, a
+        // fault or parted lanes return (the count stored), one past the group
+        let returns =
+            code == RET_FAULT || code == RET_PARTED || code & ((1 << STOP_BITS) - 1) == STOP_YIELD;
+        let c = self.fb.ins().iconst(I32, code as i64);
+        for k in 0..self.width as usize {
             let t = self.lane_vals[k].thread;
             let t64 = self.fb.ins().uextend(I64, t);
             let off = self.fb.ins().ishl_imm_u(t64, 2);
             let at = self.fb.ins().iadd(self.codes, off);
             self.fb.ins().store(MemFlagsData::trusted(), c, at, 0);
+        }
+        if !returns {
+            self.fb.ins().jump(self.next_thread, &[]);
+            return;
         }
         let n = self.fb.use_var(self.count);
         self.fb

@@ -163,6 +163,19 @@ fn run_grid(g: &Grid<'_>) -> LaunchReport {
     results.report(g.executed.load(Ordering::Relaxed))
 }
 
+/// Blocks of this process that ran through lane kernels, and that were
+/// undone and ran again on the thread loop.
+static LANE_BLOCKS: [AtomicU64; 2] = [AtomicU64::new(0), AtomicU64::new(0)];
+
+/// Blocks of compiled kernels this process ran through lane kernels so
+/// far, and blocks whose lanes parted (undone, run again thread by thread).
+pub fn lane_blocks() -> (u64, u64) {
+    (
+        LANE_BLOCKS[0].load(Ordering::Relaxed),
+        LANE_BLOCKS[1].load(Ordering::Relaxed),
+    )
+}
+
 /// Why a block's lane kernel gave up (it runs again on the thread loop).
 fn parted() -> Fault {
     Fault::Failed("the block's lanes parted".into())
@@ -269,7 +282,9 @@ impl Worker {
     /// loop, which keeps the interpreter's order of threads (its faults,
     /// counts and memory).
     fn run_block(&mut self, g: &Grid<'_>, block_id: u64) -> Result<(), Fault> {
-        if g.kernel.lanes.is_none() || g.lanes_off.load(Ordering::Relaxed) {
+        // (a block of whole groups only: the thread loop logs no stores)
+        let whole = self.state.len().is_multiple_of(LANES as usize);
+        if g.kernel.lanes.is_none() || !whole || g.lanes_off.load(Ordering::Relaxed) {
             return self.run_block_once(g, block_id);
         }
         self.lanes_now = true;
@@ -279,8 +294,10 @@ impl Worker {
         if r.is_ok() {
             self.undo = log;
             self.undo.clear();
+            LANE_BLOCKS[0].fetch_add(1, Ordering::Relaxed);
             return r;
         }
+        LANE_BLOCKS[1].fetch_add(1, Ordering::Relaxed);
         for &(p, size, old) in log.iter().rev() {
             // SAFETY: each entry is a store of this block, checked when it
             // ran, into memory that stays while the launch runs.
@@ -427,12 +444,16 @@ impl Worker {
             }
             let grouped = self.state.len() / lanes * lanes;
             if let (Some(group), true) = (g.kernel.lanes.filter(|_| self.lanes_now), t < grouped) {
-                // a group's threads are ready together, at one resume point
-                if !t.is_multiple_of(lanes) || !self.in_step(t, hi) {
+                // each group's threads are ready together, at one resume point
+                let end = (t..hi.min(grouped))
+                    .find(|&k| self.state[k] != State::Ready)
+                    .unwrap_or(hi.min(grouped));
+                let end = end / lanes * lanes;
+                let in_step = (t..end).step_by(lanes).all(|k| self.in_step(k, hi));
+                if !t.is_multiple_of(lanes) || end <= t || !in_step {
                     return Err(parted());
                 }
-                self.run_lanes(g, ctx, group, t)?;
-                t += lanes;
+                t = self.run_lanes(g, ctx, group, t, end)?;
                 continue;
             }
             let end = (t..hi)
@@ -486,20 +507,21 @@ impl Worker {
                 .all(|k| self.state[k] == State::Ready && self.resume[k] == self.resume[t])
     }
 
-    /// Runs the group of threads from `t` through the lane kernel `group`.
+    /// Runs the groups of threads `t..end` (whole groups, each in step)
+    /// through the lane kernel `group`; where the run ended.
     fn run_lanes(
         &mut self,
         g: &Grid<'_>,
         ctx: &mut Ctx<'_>,
         group: KernelFn,
         t: usize,
-    ) -> Result<(), Fault> {
-        let end = t + LANES as usize;
+        end: usize,
+    ) -> Result<usize, Fault> {
         // SAFETY: as for the thread loop in `run_single`; the lane kernel
-        // touches only threads `t..t + LANES`, all below `n` (`in_step`),
-        // and their group's vectors of the lane file (`nregs` of 16 bytes
-        // for each group of the block).
-        unsafe {
+        // touches only threads `t..end`, all below `n`, and their groups'
+        // vectors of the lane file (`nregs` of 16 bytes for each group of
+        // the block).
+        let stop = unsafe {
             group(
                 ctx,
                 self.regs.as_mut_ptr(),
@@ -510,14 +532,15 @@ impl Worker {
                 self.tids.as_ptr(),
                 self.codes.as_mut_ptr(),
             )
-        };
-        if self.codes[t] == RET_PARTED {
+        } as usize;
+        let stop = stop.clamp(t + LANES as usize, end);
+        if self.codes[stop - 1] == RET_PARTED {
             return Err(parted());
         }
-        for k in t..end {
+        for k in t..stop {
             self.stopped(g, ctx, k)?;
         }
-        Ok(())
+        Ok(stop)
     }
 
     /// Takes thread `t`'s stop code from its last run.

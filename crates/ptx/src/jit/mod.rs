@@ -21,4 +21,5 @@ mod warp;
 
 pub use compiled::compilations;
 pub(crate) use compiled::CompiledModule;
+pub use launch::lane_blocks;
 pub(crate) use launch::launch;

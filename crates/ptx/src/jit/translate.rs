@@ -181,37 +181,36 @@ impl<'a, 'f> Translator<'a, 'f> {
         let params = hoist_params(&mut fb, ctx, ops);
         // the loop over the range's threads: each runs from its resume point
         // to its next stop, its registers and local memory at fixed strides
-        // (the lane kernel has no loop: its one group returns at its stop)
+        // (the lane kernel's loop goes group by group, `width` threads a step)
         let next_thread = fb.create_block();
         let bases = [regs_base, local_base, tids];
-        let (lane_vals, first_thread) = if width == 1 {
-            let head = fb.create_block();
-            let thread = fb.append_block_param(head, I32);
-            let body = fb.create_block();
-            let done = fb.create_block();
-            fb.ins().jump(head, &[BlockArg::Value(first)]);
-            fb.switch_to_block(head);
-            let more = fb.ins().icmp(IntCC::UnsignedLessThan, thread, end);
-            fb.ins().brif(more, body, &[], done, &[]);
-            fb.switch_to_block(done);
-            let n = fb.use_var(count);
-            fb.ins()
-                .store(MemFlagsData::trusted(), n, ctx, ctx_off!(instructions));
-            fb.ins().return_(&[end]);
-            fb.switch_to_block(next_thread);
-            let following = fb.ins().iadd_imm_s(thread, 1);
-            fb.ins().jump(head, &[BlockArg::Value(following)]);
-            fb.switch_to_block(body);
-            (vec![thread_values(&mut fb, func, thread, bases)], thread)
-        } else {
-            let vals = (0..width)
-                .map(|k| {
-                    let thread = fb.ins().iadd_imm_s(first, k as i64);
-                    thread_values(&mut fb, func, thread, bases)
-                })
-                .collect();
-            (vals, first)
-        };
+        let head = fb.create_block();
+        let first_thread = fb.append_block_param(head, I32);
+        let body = fb.create_block();
+        let done = fb.create_block();
+        fb.ins().jump(head, &[BlockArg::Value(first)]);
+        fb.switch_to_block(head);
+        let more = fb.ins().icmp(IntCC::UnsignedLessThan, first_thread, end);
+        fb.ins().brif(more, body, &[], done, &[]);
+        fb.switch_to_block(done);
+        let n = fb.use_var(count);
+        fb.ins()
+            .store(MemFlagsData::trusted(), n, ctx, ctx_off!(instructions));
+        fb.ins().return_(&[end]);
+        fb.switch_to_block(next_thread);
+        let following = fb.ins().iadd_imm_s(first_thread, width as i64);
+        fb.ins().jump(head, &[BlockArg::Value(following)]);
+        fb.switch_to_block(body);
+        let lane_vals: Vec<LaneVals> = (0..width)
+            .map(|k| {
+                let thread = if k == 0 {
+                    first_thread
+                } else {
+                    fb.ins().iadd_imm_s(first_thread, k as i64)
+                };
+                thread_values(&mut fb, func, thread, bases)
+            })
+            .collect();
         let t64 = fb.ins().uextend(I64, first_thread);
         let id_off = fb.ins().ishl_imm_u(t64, 2);
         let id_at = fb.ins().iadd(resume_ids, id_off);
