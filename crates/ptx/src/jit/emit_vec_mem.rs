@@ -2,13 +2,79 @@
 //! where its block's check covered them: one vector access when the lanes'
 //! addresses are consecutive, one load when they are the same, else lane by lane.
 
+use super::shared_checks::groups;
 use super::translate::Translator;
 use crate::ir::{Address, Inst, Op, Sp, Src, NONE};
 use cranelift_codegen::ir::condcodes::IntCC;
-use cranelift_codegen::ir::types::{I32, I32X4, I64};
-use cranelift_codegen::ir::{BlockArg, ConstantData, Endianness, InstBuilder, MemFlagsData, Value};
+use cranelift_codegen::ir::types::{I32, I32X4, I64, I8};
+use cranelift_codegen::ir::{ConstantData, Endianness, InstBuilder, MemFlagsData, Value};
+
+/// The lanes' shared addresses from one base register of a basic block
+/// (which the block does not change), its accesses covered by the block's
+/// check: the host pointer of the first lane's lowest access, and whether
+/// the lanes' addresses are consecutive words, and all the same.
+pub(super) struct LaneBase {
+    base: Src,
+    lo: i64,
+    first: Value,
+    consecutive: Value,
+    equal: Value,
+}
 
 impl Translator<'_, '_> {
+    /// How the lanes' addresses lie for each base of the covered shared
+    /// accesses of block `start..end` (narrow bases only), computed once
+    /// at the block's start.
+    pub(super) fn shared_lane_bases(&mut self, start: u32, end: u32) -> Vec<LaneBase> {
+        let (_, groups) = groups(self.ops, start, end);
+        let mut out = Vec::new();
+        for g in groups {
+            let narrow = match g.base {
+                Src::Reg(r) => self.vregs[r as usize].is_some(),
+                _ => false,
+            };
+            if !narrow {
+                continue;
+            }
+            let addr = Address {
+                sp: Sp::Shared,
+                base: g.base,
+                off: g.lo,
+            };
+            let (_, low, (consecutive, equal)) = self.lane_addresses(&addr);
+            let first = self.shared_unchecked(low);
+            out.push(LaneBase {
+                base: g.base,
+                lo: g.lo,
+                first,
+                consecutive,
+                equal,
+            });
+        }
+        out
+    }
+
+    /// Whether every base of the block's [`LaneBase`]s has its lanes'
+    /// addresses consecutive or all the same (an I8 condition).
+    pub(super) fn lanes_regular(&mut self) -> Value {
+        let mut all = self.fb.ins().iconst(I8, 1);
+        for k in 0..self.lane_bases.len() {
+            let (c, e) = (self.lane_bases[k].consecutive, self.lane_bases[k].equal);
+            let either = self.fb.ins().bor(c, e);
+            all = self.fb.ins().band(all, either);
+        }
+        all
+    }
+
+    /// In the copy of a block its [`Self::lanes_regular`] check let run:
+    /// the host pointer of the first lane's access at `addr` and whether
+    /// the lanes' addresses are all the same (else consecutive).
+    fn regular_at(&mut self, addr: &Address) -> Option<(Value, Value)> {
+        let b = self.lane_bases.iter().find(|b| b.base == addr.base)?;
+        let (first, equal, d) = (b.first, b.equal, addr.off - b.lo);
+        Some((self.fb.ins().iadd_imm_s(first, d), equal))
+    }
+
     /// Emits `inst`, a covered unguarded 32-bit shared `ld` or `st` of
     /// narrow registers, for every lane; whether it did.
     pub(super) fn vector_shared(&mut self, inst: &Inst) -> bool {
@@ -33,40 +99,18 @@ impl Translator<'_, '_> {
                 ds,
                 sext: false,
             } if fits(self, &addr, size, n) && narrow(self, Src::Reg(ds[0])) => {
-                let (at, first, step) = self.lane_addresses(&addr);
                 let flags = MemFlagsData::trusted().with_endianness(Endianness::Little);
-                let p = self.shared_unchecked(first);
-                let (whole, same, each) = (
-                    self.fb.create_block(),
-                    self.fb.create_block(),
-                    self.fb.create_block(),
-                );
-                let join = self.fb.create_block();
-                let v = self.fb.append_block_param(join, I32X4);
-                let not_whole = self.fb.create_block();
-                let (consecutive, equal) = step;
-                self.fb.ins().brif(consecutive, whole, &[], not_whole, &[]);
-                self.fb.switch_to_block(whole);
-                let x = self.fb.ins().load(I32X4, flags, p, 0);
-                self.fb.ins().jump(join, &[BlockArg::Value(x)]);
-                self.fb.switch_to_block(not_whole);
-                self.fb.ins().brif(equal, same, &[], each, &[]);
-                self.fb.switch_to_block(same);
-                let x = self.fb.ins().load(I32, flags, p, 0);
-                let x = self.fb.ins().splat(I32X4, x);
-                self.fb.ins().jump(join, &[BlockArg::Value(x)]);
-                self.fb.switch_to_block(each);
-                let zero = self.fb.ins().iconst(I32, 0);
-                let mut x = self.fb.ins().splat(I32X4, zero);
-                for k in 0..self.width as u8 {
-                    let a = self.fb.ins().extractlane(at, k);
-                    let a = self.fb.ins().uextend(I64, a);
-                    let p = self.shared_unchecked(a);
-                    let e = self.fb.ins().load(I32, flags, p, 0);
-                    x = self.fb.ins().insertlane(x, e, k);
-                }
-                self.fb.ins().jump(join, &[BlockArg::Value(x)]);
-                self.fb.switch_to_block(join);
+                let v = match self.regular_at(&addr) {
+                    Some((p, equal)) => {
+                        // 16 bytes from the first lane's word (the block's
+                        // shared memory has 16 bytes to spare past its end)
+                        let whole = self.fb.ins().load(I32X4, flags, p, 0);
+                        let one = self.fb.ins().load(I32, flags, p, 0);
+                        let one = self.fb.ins().splat(I32X4, one);
+                        self.fb.ins().select(equal, one, whole)
+                    }
+                    None => self.gather(&addr),
+                };
                 let var = self.vregs[ds[0] as usize].expect("a narrow destination");
                 self.fb.def_var(var, v);
                 true
@@ -77,40 +121,69 @@ impl Translator<'_, '_> {
                 vals,
                 addr,
             } if fits(self, &addr, size, n) && narrow(self, vals[0]) => {
-                let (at, first, (consecutive, _)) = self.lane_addresses(&addr);
                 let flags = MemFlagsData::trusted().with_endianness(Endianness::Little);
                 let x = self.vsrc_pub(vals[0]);
-                let (whole, each) = (self.fb.create_block(), self.fb.create_block());
-                let join = self.fb.create_block();
-                self.fb.ins().brif(consecutive, whole, &[], each, &[]);
-                self.fb.switch_to_block(whole);
-                let p = self.shared_unchecked(first);
-                self.fb.ins().store(flags, x, p, 0);
-                self.fb.ins().jump(join, &[]);
-                self.fb.switch_to_block(each);
-                // lane after lane: where two meet, the later thread's value stays
-                for k in 0..self.width as u8 {
-                    let a = self.fb.ins().extractlane(at, k);
-                    let a = self.fb.ins().uextend(I64, a);
-                    let p = self.shared_unchecked(a);
-                    let e = self.fb.ins().extractlane(x, k);
-                    self.fb.ins().store(flags, e, p, 0);
+                match self.regular_at(&addr) {
+                    Some((p, equal)) => {
+                        let (same, whole) = (self.fb.create_block(), self.fb.create_block());
+                        let join = self.fb.create_block();
+                        self.fb.ins().brif(equal, same, &[], whole, &[]);
+                        self.fb.switch_to_block(same);
+                        // one word: the last lane's value stays, as the last thread's
+                        let e = self.fb.ins().extractlane(x, self.width as u8 - 1);
+                        self.fb.ins().store(flags, e, p, 0);
+                        self.fb.ins().jump(join, &[]);
+                        self.fb.switch_to_block(whole);
+                        self.fb.ins().store(flags, x, p, 0);
+                        self.fb.ins().jump(join, &[]);
+                        self.fb.switch_to_block(join);
+                    }
+                    None => {
+                        // lane after lane: where two meet, the later thread's value stays
+                        let at = self.lane_addrs(&addr);
+                        for k in 0..self.width as u8 {
+                            let a = self.fb.ins().extractlane(at, k);
+                            let a = self.fb.ins().uextend(I64, a);
+                            let p = self.shared_unchecked(a);
+                            let e = self.fb.ins().extractlane(x, k);
+                            self.fb.ins().store(flags, e, p, 0);
+                        }
+                    }
                 }
-                self.fb.ins().jump(join, &[]);
-                self.fb.switch_to_block(join);
                 true
             }
             _ => false,
         }
     }
 
-    /// The lanes' 32-bit addresses of `addr`, the first lane's (an I64),
-    /// and whether they are consecutive words, and all the same.
-    fn lane_addresses(&mut self, addr: &Address) -> (Value, Value, (Value, Value)) {
+    /// The lanes' 32-bit addresses of `addr` (an I32X4).
+    fn lane_addrs(&mut self, addr: &Address) -> Value {
         let base = self.vsrc_pub(addr.base);
         let off = self.fb.ins().iconst(I32, addr.off as u32 as i64);
         let off = self.fb.ins().splat(I32X4, off);
-        let at = self.fb.ins().iadd(base, off);
+        self.fb.ins().iadd(base, off)
+    }
+
+    /// The words at each lane's address of `addr`, lane by lane.
+    fn gather(&mut self, addr: &Address) -> Value {
+        let flags = MemFlagsData::trusted().with_endianness(Endianness::Little);
+        let at = self.lane_addrs(addr);
+        let zero = self.fb.ins().iconst(I32, 0);
+        let mut x = self.fb.ins().splat(I32X4, zero);
+        for k in 0..self.width as u8 {
+            let a = self.fb.ins().extractlane(at, k);
+            let a = self.fb.ins().uextend(I64, a);
+            let p = self.shared_unchecked(a);
+            let e = self.fb.ins().load(I32, flags, p, 0);
+            x = self.fb.ins().insertlane(x, e, k);
+        }
+        x
+    }
+
+    /// The lanes' 32-bit addresses of `addr`, the first lane's (an I64),
+    /// and whether they are consecutive words, and all the same.
+    fn lane_addresses(&mut self, addr: &Address) -> (Value, Value, (Value, Value)) {
+        let at = self.lane_addrs(addr);
         let first = self.fb.ins().extractlane(at, 0);
         let all_first = self.fb.ins().splat(I32X4, first);
         let words: Vec<u8> = [0u32, 4, 8, 12]

@@ -224,7 +224,9 @@ impl Worker {
         Worker {
             regs: vec![0; n * g.kernel.nregs as usize],
             local: vec![0; n * local_words],
-            shared: vec![0; (g.shared_bytes as usize).div_ceil(8)],
+            // 16 bytes to spare: a lane kernel's 16-byte load from a word
+            // near the end (whose other lanes it drops)
+            shared: vec![0; (g.shared_bytes as usize).div_ceil(8) + 2],
             gcache: vec![GlobalEntry::EMPTY; g.kernel.global_sites as usize],
             resume: vec![0; n],
             state: vec![State::Ready; n],
@@ -536,6 +538,15 @@ impl Worker {
         let stop = stop.clamp(t + LANES as usize, end);
         if self.codes[stop - 1] == RET_PARTED {
             return Err(parted());
+        }
+        // every group at one barrier, as a block in step mostly is
+        let code = self.codes[t];
+        let at_barrier =
+            code != RET_EXIT && code != RET_FAULT && code & ((1 << STOP_BITS) - 1) == STOP_BARRIER;
+        if at_barrier && self.codes[t..stop].iter().all(|&c| c == code) {
+            self.resume[t..stop].fill(code >> STOP_BITS);
+            self.state[t..stop].fill(State::AtBarrier);
+            return Ok(stop);
         }
         for k in t..stop {
             self.stopped(g, ctx, k)?;

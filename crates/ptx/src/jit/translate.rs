@@ -87,6 +87,9 @@ pub(super) struct Translator<'a, 'f> {
     /// The shared accesses the running copy of a basic block runs without
     /// checks (its block's check passed), and the pc being emitted.
     pub unchecked: Vec<u32>,
+    /// In the lane kernel's copy of a block whose shared accesses its check
+    /// covered: how the lanes' addresses from each base lie ([`LaneBase`]).
+    pub lane_bases: Vec<super::emit_vec_mem::LaneBase>,
     pub pc_now: u32,
     /// The parameters loaded before the thread loop.
     pub params: HoistedParams,
@@ -270,6 +273,7 @@ impl<'a, 'f> Translator<'a, 'f> {
             slot,
             floats: std::collections::HashMap::new(),
             unchecked: Vec::new(),
+            lane_bases: Vec::new(),
             pc_now: 0,
             params,
         };
@@ -457,14 +461,24 @@ impl<'a, 'f> Translator<'a, 'f> {
         });
         // where one check covers the block's shared accesses, a copy of it
         // runs them unchecked; the other copy checks each as it comes
+        // (and, in the lane kernel, where the lanes' addresses from each
+        // base are consecutive words or all the same)
         if let Some((pcs, ok)) = self.lanes_shared_check(start, end) {
             let fast = self.fb.create_block();
             let checked = self.fb.create_block();
+            let ok = if self.width > 1 {
+                self.lane_bases = self.shared_lane_bases(start, end);
+                let regular = self.lanes_regular();
+                self.fb.ins().band(ok, regular)
+            } else {
+                ok
+            };
             self.fb.ins().brif(ok, fast, &[], checked, &[]);
             self.fb.switch_to_block(fast);
             self.unchecked = pcs;
             self.emit_range(b, start, end);
             self.unchecked.clear();
+            self.lane_bases.clear();
             self.fb.switch_to_block(checked);
         }
         self.emit_range(b, start, end);
