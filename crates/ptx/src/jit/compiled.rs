@@ -2,6 +2,7 @@
 //! first launch or found in the process's cache (keyed by the lowered kernel);
 //! the host's code generator is made once per process.
 
+use super::inline::flatten;
 use super::lanes::LANES;
 use super::plan::{plan, Plan};
 use super::runtime::KernelFn;
@@ -108,9 +109,9 @@ impl CompiledModule {
             return Err(why);
         }
         slot.get_or_init(|| {
-            let p = plan(m, k)?;
-            let f = &m.funcs[m.kernels[k] as usize];
-            cached(key_of(f), || compile(f, &p))
+            let f = flatten(m, m.kernels[k])?;
+            let p = plan(m, k, &f)?;
+            cached(key_of(&f), || compile(&f, &p))
         })
         .as_ref()
         .map(|k| &**k)

@@ -163,7 +163,7 @@ impl Translator<'_, '_> {
             _ if self.vector_op(inst) => true,
             _ => {
                 let lanes_after = |k: usize| (width - 1 - k) as i64;
-                let per_lane = (self.block_end - pc - 1) as i64 * width as i64;
+                let per_lane = self.counted(pc + 1, self.block_end) as i64 * width as i64;
                 for k in 0..width {
                     self.set_lane(k);
                     self.excess = per_lane + lanes_after(k);

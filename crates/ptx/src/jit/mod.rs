@@ -9,6 +9,7 @@ mod emit_mem;
 mod emit_ops;
 mod emit_vec;
 mod emit_vec_mem;
+mod inline;
 mod lanes;
 mod launch;
 mod narrow;

@@ -39,8 +39,9 @@ impl Plan {
     }
 }
 
-/// Why kernel `k` of `m` stays on the interpreter, or its plan.
-pub(super) fn plan(m: &Module, k: usize) -> Result<Plan, String> {
+/// Why kernel `k` of `m` (`f`, its calls inlined) stays on the
+/// interpreter, or its plan.
+pub(super) fn plan(m: &Module, k: usize, f: &Func) -> Result<Plan, String> {
     let kernel = m.kernels[k];
     // warp-synchronous code runs in lockstep on the interpreter
     let lockstep =
@@ -50,7 +51,6 @@ pub(super) fn plan(m: &Module, k: usize) -> Result<Plan, String> {
     if lockstep {
         return Err("volatile accesses (lockstep warps)".into());
     }
-    let f = &m.funcs[kernel as usize];
     let mut bar_id = None;
     for inst in &f.code {
         supported(&inst.op, &mut bar_id).map_err(|why| format!("line {}: {why}", inst.line))?;

@@ -3,6 +3,7 @@
 //! control flow, guards and `trap`; ops live in `emit_ops` and `emit_mem`.
 
 use super::dirty::{add_writes, holds, stops};
+use super::inline::UNCOUNTED;
 use super::narrow::narrow_regs;
 use super::params::{hoist_params, HoistedParams};
 use super::plan::Plan;
@@ -439,10 +440,8 @@ impl<'a, 'f> Translator<'a, 'f> {
             .copied()
             .unwrap_or(self.func.code.len() as u32);
         let n = self.fb.use_var(self.count);
-        let n = self
-            .fb
-            .ins()
-            .iadd_imm_s(n, (end - start) as i64 * self.width as i64);
+        let here = self.counted(start, end) as i64 * self.width as i64;
+        let n = self.fb.ins().iadd_imm_s(n, here);
         self.fb.def_var(self.count, n);
         let shared_accesses = (start..end)
             .filter(|&pc| match self.ops[pc as usize] {
@@ -489,7 +488,7 @@ impl<'a, 'f> Translator<'a, 'f> {
     fn emit_range(&mut self, b: usize, start: u32, end: u32) {
         self.block_end = end;
         for pc in start..end {
-            self.excess = (end - pc - 1) as i64;
+            self.excess = self.counted(pc + 1, end) as i64;
             self.pc_now = pc;
             let more = if self.width == 1 {
                 self.inst(pc)
@@ -508,6 +507,15 @@ impl<'a, 'f> Translator<'a, 'f> {
                 self.fb.ins().jump(self.exit_block, &[]);
             }
         }
+    }
+
+    /// Instructions of `start..end` the interpreter counts (not those the
+    /// inliner added).
+    pub(super) fn counted(&self, start: u32, end: u32) -> u32 {
+        self.func.code[start as usize..end as usize]
+            .iter()
+            .filter(|i| i.line != UNCOUNTED)
+            .count() as u32
     }
 
     /// The guard of `inst` as a 0/1 condition, if it has one.
