@@ -174,3 +174,19 @@ fn a_fault_in_one_lane_counts_and_leaves_memory_as_the_interpreter() {
         }
     }
 }
+
+#[test]
+fn bar_arrive_and_barriers_with_counts_compile_and_resolve_as_interpreted() {
+    let mem = DeviceMemory::new(1 << 20);
+    let program = Program::load(&fixture(), &mem).expect("lanes.ptx loads");
+    program
+        .compiled("named_bars")
+        .expect("the compiler takes it");
+    let (report, out) = both("named_bars", config([2, 1, 1], [128, 1, 1], 0), &[], 0);
+    report.result.expect("the kernel runs");
+    for g in 0..256u32 {
+        let t = g % 128;
+        let want = if t < 64 { 7 } else { 2 * (3 * (t - 64) + 1) };
+        assert_eq!(out[g as usize], want + 1000, "thread {g}");
+    }
+}

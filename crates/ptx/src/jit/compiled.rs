@@ -7,7 +7,7 @@ use super::lanes::LANES;
 use super::plan::{plan, Plan};
 use super::runtime::KernelFn;
 use super::translate::{kernel_signature, Translator};
-use crate::ir::{Func, Module, Op};
+use crate::ir::{Func, Module, Op, Src};
 use crate::validate::check_module;
 use cranelift_codegen::isa::OwnedTargetIsa;
 use cranelift_codegen::settings::{self, Configurable};
@@ -34,8 +34,9 @@ pub(crate) struct CompiledKernel {
     pub(super) frame_bytes: u32,
     /// Whether it has warp collectives (else no thread ever waits at one).
     pub(super) collectives: bool,
-    /// Whether it has `bar.red` (else a barrier only lets its waiters go).
-    pub(super) bar_red: bool,
+    /// Whether every barrier waits for the whole block at one id, with no
+    /// `bar.arrive` or `bar.red` (a barrier then completes when all wait).
+    pub(super) plain_barriers: bool,
     /// Whether a thread's start reads no register from its file (which
     /// then needs no clearing between blocks).
     pub(super) fresh_start: bool,
@@ -222,10 +223,23 @@ fn compile(f: &Func, p: &Plan) -> Result<CompiledKernel, String> {
             Op::Bar { red, .. } if *red != crate::ir::BarRed::None
         )
     });
+    let mut ids = ops.iter().filter_map(|op| match op {
+        Op::Bar { id, .. } => Some(*id),
+        _ => None,
+    });
+    let first_id = ids.next();
+    let plain_barriers = !bar_red
+        && ids.all(|id| Some(id) == first_id)
+        && ops.iter().all(|op| match op {
+            Op::Bar {
+                wait, count, id, ..
+            } => *wait && *count == Src::Imm(u64::MAX) && matches!(id, Src::Imm(_)),
+            _ => true,
+        });
     Ok(CompiledKernel {
+        plain_barriers,
         lanes,
         collectives,
-        bar_red,
         fresh_start: p.fresh_start,
         entry,
         ops,

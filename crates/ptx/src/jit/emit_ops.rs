@@ -260,6 +260,19 @@ impl Translator<'_, '_> {
                 self.set(d, v);
             }
             Op::Ld { .. } | Op::St { .. } | Op::Atom { .. } => self.memory_op(op, line),
+            Op::Bar {
+                wait: false, id, ..
+            } => {
+                // `bar.arrive`: one more arrival at barrier `id & 15`
+                let id = self.src(id);
+                let slot = self.fb.ins().band_imm_u(id, 15);
+                let off = self.fb.ins().ishl_imm_u(slot, 2);
+                let at = self.fb.ins().iadd(self.ctx, off);
+                let flags = MemFlagsData::trusted();
+                let n = self.fb.ins().load(I32, flags, at, ctx_off!(arrivals));
+                let n = self.fb.ins().iadd_imm_s(n, 1);
+                self.fb.ins().store(flags, n, at, ctx_off!(arrivals));
+            }
             Op::Printf { .. } | Op::Malloc { .. } | Op::Free { .. } | Op::CpAsync { .. } => {
                 self.device_call(pc, line)
             }

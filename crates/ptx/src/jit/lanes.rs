@@ -121,7 +121,7 @@ impl Translator<'_, '_> {
                 }
                 false
             }
-            Op::Bar { p, .. } => {
+            Op::Bar { wait: true, .. } => {
                 let wait = self.fb.create_block();
                 match agree {
                     Some((all, any)) => self.part_or(all, any, wait, next),
@@ -130,10 +130,13 @@ impl Translator<'_, '_> {
                     }
                 }
                 self.fb.switch_to_block(wait);
-                let reads: Vec<u32> = match p {
-                    Src::Reg(r) => vec![r],
-                    _ => Vec::new(),
-                };
+                // the launch reads the barrier's id, count and predicate
+                let mut reads = Vec::new();
+                inst.op.for_each_src(|s| {
+                    if let Src::Reg(r) = s {
+                        reads.push(r)
+                    }
+                });
                 self.stop_at(pc + 1, STOP_BARRIER, &reads);
                 false
             }

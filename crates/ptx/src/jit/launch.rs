@@ -2,6 +2,7 @@
 //! threads run warp by warp from resume point to barrier or collective, with
 //! the interpreter's scheduling, budgets, cancel flag, deadlocks and faults.
 
+use super::barriers::Waiters;
 use super::compiled::CompiledKernel;
 use super::lanes::LANES;
 use super::runtime::{
@@ -9,7 +10,7 @@ use super::runtime::{
 };
 use super::warp::{resolve_warp, Lanes, State};
 use crate::exec::{launch_progress, on_workers, BlockResults, BLOCK_MEMORY_LIMIT};
-use crate::ir::{BarRed, Module, Op, SReg, Src, NONE};
+use crate::ir::{Module, Op, SReg};
 use crate::launch::{Fault, LaunchConfig, LaunchLimits, LaunchReport, LAUNCH_CHECK_INTERVAL};
 use crate::memory::atomic_store;
 use crate::memory::{DeviceMemory, MemView};
@@ -364,6 +365,7 @@ impl Worker {
             memory: g.memory,
             fault: None,
             out: std::mem::take(&mut self.out),
+            arrivals: [0; 16],
             lane_file: self.lane_file.as_mut_ptr() as *mut u8,
             undo: self.lanes_now.then(|| std::mem::take(&mut self.undo)),
         };
@@ -400,7 +402,14 @@ impl Worker {
             }
             // a thread that yielded in a long loop runs again next round
             let yielded = self.state.contains(&State::Ready);
-            let progressed = self.resolve_barrier(g, alive)
+            let mut waiters = Waiters {
+                kernel: g.kernel,
+                state: &mut self.state,
+                resume: &self.resume,
+                regs: &mut self.regs,
+                arrivals: &mut ctx.arrivals,
+            };
+            let progressed = waiters.resolve(alive)
                 || {
                     let mut lanes = Lanes {
                         kernel: g.kernel,
@@ -580,79 +589,6 @@ impl Worker {
             }
         }
         Ok(())
-    }
-
-    /// Lets every thread waiting at the barrier go on once all `alive`
-    /// threads wait there, with the interpreter's `bar.red` reduction of
-    /// their predicates (the mode of the last waiter's op) written to each
-    /// one's destination; whether it did.
-    fn resolve_barrier(&mut self, g: &Grid<'_>, alive: usize) -> bool {
-        let waiting = self
-            .state
-            .iter()
-            .filter(|&&s| s == State::AtBarrier)
-            .count();
-        if waiting == 0 || waiting < alive {
-            return false;
-        }
-        if !g.kernel.bar_red {
-            for s in self.state.iter_mut() {
-                if *s == State::AtBarrier {
-                    *s = State::Ready;
-                }
-            }
-            return true;
-        }
-        let nregs = g.kernel.nregs as usize;
-        let bar_of = |w: &Worker, t: usize| {
-            let pc = g.kernel.resumes.get(w.resume[t] as usize)?;
-            match g.kernel.ops.get(pc.checked_sub(1)? as usize)? {
-                &Op::Bar {
-                    red, d, p, pneg, ..
-                } => Some((red, d, p, pneg)),
-                _ => None,
-            }
-        };
-        let get = |w: &Worker, t: usize, s: Src| match s {
-            Src::Reg(r) => w.regs.get(t * nregs + r as usize).copied().unwrap_or(0),
-            Src::Imm(v) => v,
-            Src::Frame(o) => o as u64,
-        };
-        let waiters: Vec<usize> = (0..self.state.len())
-            .filter(|&t| self.state[t] == State::AtBarrier)
-            .collect();
-        let mut red = BarRed::None;
-        for &t in &waiters {
-            if let Some((r, ..)) = bar_of(self, t) {
-                red = r;
-            }
-        }
-        let (mut popc, mut all, mut any) = (0u64, true, false);
-        if red != BarRed::None {
-            for &t in &waiters {
-                if let Some((_, _, p, pneg)) = bar_of(self, t) {
-                    let v = (get(self, t, p) & 1 != 0) != pneg;
-                    popc += v as u64;
-                    all &= v;
-                    any |= v;
-                }
-            }
-        }
-        for &t in &waiters {
-            if let Some((_, d, ..)) = bar_of(self, t).filter(|b| b.1 != NONE) {
-                let v = match red {
-                    BarRed::Popc => popc,
-                    BarRed::And => all as u64,
-                    BarRed::Or => any as u64,
-                    BarRed::None => 0,
-                };
-                if let Some(slot) = self.regs.get_mut(t * nregs + d as usize) {
-                    *slot = v;
-                }
-            }
-            self.state[t] = State::Ready;
-        }
-        true
     }
 
     /// The fault of a block none of whose waiting threads can go on, as the

@@ -2,6 +2,7 @@
 //! code with Cranelift (`translate`, `emit_*`, `params`, `shared_checks`), cached
 //! per process (`compiled`), run as thread loops split at barriers (`launch`).
 
+mod barriers;
 mod compiled;
 mod device_calls;
 mod dirty;

@@ -1,6 +1,6 @@
-//! Which kernels the compiler takes (no calls, tensor ops, lockstep warps;
-//! whole-block `bar.sync`/`bar.red` of one id) and the shape of one: basic blocks,
-//! resume points, the registers live at each.
+//! Which kernels the compiler takes (no tensor ops, lockstep warps, indirect
+//! or recursive calls) and the shape of one: basic blocks, resume points, the
+//! registers live at each.
 
 use super::dirty::{dirty_in, stops, RegSet};
 use crate::ir::{Func, Module, Op, SReg, Src, NONE};
@@ -51,9 +51,8 @@ pub(super) fn plan(m: &Module, k: usize, f: &Func) -> Result<Plan, String> {
     if lockstep {
         return Err("volatile accesses (lockstep warps)".into());
     }
-    let mut bar_id = None;
     for inst in &f.code {
-        supported(&inst.op, &mut bar_id).map_err(|why| format!("line {}: {why}", inst.line))?;
+        supported(&inst.op).map_err(|why| format!("line {}: {why}", inst.line))?;
     }
     let n = f.code.len() as u32;
     let mut leaders = vec![0u32];
@@ -61,7 +60,9 @@ pub(super) fn plan(m: &Module, k: usize, f: &Func) -> Result<Plan, String> {
     // lanes pay a call for each group and stop: they go where the thread
     // loop stops at barriers anyway, in kernels without warp collectives
     let lanes = !lanes_off()
-        && f.code.iter().any(|i| matches!(i.op, Op::Bar { .. }))
+        && f.code
+            .iter()
+            .any(|i| matches!(i.op, Op::Bar { wait: true, .. }))
         && !f
             .code
             .iter()
@@ -135,8 +136,8 @@ pub(super) fn one_at_a_time(op: &Op) -> bool {
     )
 }
 
-/// Whether the compiler takes `op`; `bar_id` is the one barrier id seen so far.
-fn supported(op: &Op, bar_id: &mut Option<u64>) -> Result<(), String> {
+/// Whether the compiler takes `op`.
+fn supported(op: &Op) -> Result<(), String> {
     match op {
         Op::Mov { .. }
         | Op::Int { .. }
@@ -203,18 +204,11 @@ fn supported(op: &Op, bar_id: &mut Option<u64>) -> Result<(), String> {
             | SReg::Zero => Ok(()),
             r => Err(format!("special register {r:?}")),
         },
-        // `bar.sync` and `bar.red` of all the block's threads
-        Op::Bar {
-            id: Src::Imm(id),
-            count: Src::Imm(u64::MAX),
-            wait: true,
-            ..
-        } => match bar_id {
-            Some(seen) if *seen != id & 15 => Err("barriers of several ids".into()),
-            _ => {
-                *bar_id = Some(id & 15);
-                Ok(())
-            }
+        // `bar.sync`, `bar.red` and `bar.arrive` of any id and count (the
+        // launch resolves them as the interpreter does)
+        Op::Bar { id, count, .. } => match (id, count) {
+            (Src::Frame(_), _) | (_, Src::Frame(_)) => Err("a barrier of a frame address".into()),
+            _ => Ok(()),
         },
         op => Err(format!("op {}", op_name(op))),
     }

@@ -91,6 +91,9 @@ pub(super) struct Ctx<'a> {
     /// The lane kernel's narrow registers of each group of the block
     /// between its runs: `nregs` vectors of 16 bytes a group.
     pub lane_file: *mut u8,
+    /// `bar.arrive`s of each barrier id since it last completed (read and
+    /// written by generated code).
+    pub arrivals: [u32; 16],
     /// While the block runs lane kernels: each store's place, size and
     /// old bits, to undo the block when its lanes part.
     pub undo: Option<Vec<(*mut u8, u32, u64)>>,

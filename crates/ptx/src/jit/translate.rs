@@ -611,23 +611,19 @@ impl<'a, 'f> Translator<'a, 'f> {
                     }
                 }
                 self.fb.switch_to_block(wait);
-                if let Op::Bar { p, .. } = inst.op {
-                    // `bar.red` reduces the predicates the waiters stored
-                    let reads: Vec<u32> = match p {
-                        Src::Reg(r) => vec![r],
-                        _ => Vec::new(),
-                    };
-                    self.stop_at(pc + 1, STOP_BARRIER, &reads);
-                } else {
-                    // the collective reads its operands from the register file
-                    let mut reads = Vec::new();
-                    inst.op.for_each_src(|s| {
-                        if let Src::Reg(r) = s {
-                            reads.push(r)
-                        }
-                    });
-                    self.stop_at(pc + 1, STOP_WARP, &reads);
-                }
+                // the barrier (its id, count and `bar.red` predicate) or the
+                // collective reads its operands from the register file
+                let mut reads = Vec::new();
+                inst.op.for_each_src(|s| {
+                    if let Src::Reg(r) = s {
+                        reads.push(r)
+                    }
+                });
+                let why = match inst.op {
+                    Op::Bar { .. } => STOP_BARRIER,
+                    _ => STOP_WARP,
+                };
+                self.stop_at(pc + 1, why, &reads);
                 false
             }
             _ => {
