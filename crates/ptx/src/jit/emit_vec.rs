@@ -222,9 +222,16 @@ impl Translator<'_, '_> {
         self.vsrc(s)
     }
 
+    /// `v` in every lane; made once in the straight run of a basic block
+    /// being emitted (vector ops branch nowhere, so it dominates the rest).
     fn vsplat(&mut self, v: u32) -> Value {
+        if let Some(&(_, x)) = self.vconsts.iter().find(|c| c.0 == v) {
+            return x;
+        }
         let x = self.fb.ins().iconst(I32, v as i64);
-        self.fb.ins().splat(I32X4, x)
+        let x = self.fb.ins().splat(I32X4, x);
+        self.vconsts.push((v, x));
+        x
     }
 
     /// All ones in the lanes where predicate `s` is true (`neg`: false).

@@ -455,7 +455,16 @@ impl Worker {
             }
             let grouped = self.state.len() / lanes * lanes;
             if let (Some(group), true) = (g.kernel.lanes.filter(|_| self.lanes_now), t < grouped) {
-                // each group's threads are ready together, at one resume point
+                // each group's threads are ready together, at one resume
+                // point; mostly every thread of the block at one
+                let upto = hi.min(grouped);
+                let r = self.resume[t];
+                let all_ready = self.state[t..upto].iter().all(|&s| s == State::Ready)
+                    && self.resume[t..upto].iter().all(|&x| x == r);
+                if all_ready && t.is_multiple_of(lanes) && upto > t {
+                    t = self.run_lanes(g, ctx, group, t, upto)?;
+                    continue;
+                }
                 let end = (t..hi.min(grouped))
                     .find(|&k| self.state[k] != State::Ready)
                     .unwrap_or(hi.min(grouped));

@@ -91,6 +91,8 @@ pub(super) struct Translator<'a, 'f> {
     /// In the lane kernel's copy of a block whose shared accesses its check
     /// covered: how the lanes' addresses from each base lie ([`LaneBase`]).
     pub lane_bases: Vec<super::emit_vec_mem::LaneBase>,
+    /// Vector constants made so far in the basic block being emitted.
+    pub vconsts: Vec<(u32, Value)>,
     pub pc_now: u32,
     /// The parameters loaded before the thread loop.
     pub params: HoistedParams,
@@ -275,6 +277,7 @@ impl<'a, 'f> Translator<'a, 'f> {
             floats: std::collections::HashMap::new(),
             unchecked: Vec::new(),
             lane_bases: Vec::new(),
+            vconsts: Vec::new(),
             pc_now: 0,
             params,
         };
@@ -487,6 +490,7 @@ impl<'a, 'f> Translator<'a, 'f> {
     /// through to the next.
     fn emit_range(&mut self, b: usize, start: u32, end: u32) {
         self.block_end = end;
+        self.vconsts.clear();
         for pc in start..end {
             self.excess = self.counted(pc + 1, end) as i64;
             self.pc_now = pc;
