@@ -17,8 +17,11 @@ pub(super) struct LaneBase {
     base: Src,
     lo: i64,
     first: Value,
-    consecutive: Value,
-    equal: Value,
+    pub consecutive: Value,
+    pub equal: Value,
+    /// In a copy of the block made for one way the lanes lie: all the
+    /// same (`Some(true)`) or consecutive (`Some(false)`); `None`: either.
+    pub mode: Option<bool>,
 }
 
 impl Translator<'_, '_> {
@@ -49,6 +52,7 @@ impl Translator<'_, '_> {
                 first,
                 consecutive,
                 equal,
+                mode: None,
             });
         }
         out
@@ -66,13 +70,27 @@ impl Translator<'_, '_> {
         all
     }
 
+    /// Sets the block's bases to way `way` (bit `k`: base `k`'s lanes all
+    /// the same, else consecutive) and tells whether the lanes lie so.
+    pub(super) fn lanes_way(&mut self, way: u32) -> Value {
+        let mut all = self.fb.ins().iconst(I8, 1);
+        for k in 0..self.lane_bases.len() {
+            let same = way >> k & 1 != 0;
+            let b = &mut self.lane_bases[k];
+            b.mode = Some(same);
+            let holds = if same { b.equal } else { b.consecutive };
+            all = self.fb.ins().band(all, holds);
+        }
+        all
+    }
+
     /// In the copy of a block its [`Self::lanes_regular`] check let run:
     /// the host pointer of the first lane's access at `addr` and whether
     /// the lanes' addresses are all the same (else consecutive).
-    fn regular_at(&mut self, addr: &Address) -> Option<(Value, Value)> {
+    fn regular_at(&mut self, addr: &Address) -> Option<(Value, Value, Option<bool>)> {
         let b = self.lane_bases.iter().find(|b| b.base == addr.base)?;
-        let (first, equal, d) = (b.first, b.equal, addr.off - b.lo);
-        Some((self.fb.ins().iadd_imm_s(first, d), equal))
+        let (first, equal, mode, d) = (b.first, b.equal, b.mode, addr.off - b.lo);
+        Some((self.fb.ins().iadd_imm_s(first, d), equal, mode))
     }
 
     /// Emits `inst`, a covered unguarded 32-bit shared `ld` or `st` of
@@ -101,7 +119,12 @@ impl Translator<'_, '_> {
             } if fits(self, &addr, size, n) && narrow(self, Src::Reg(ds[0])) => {
                 let flags = MemFlagsData::trusted().with_endianness(Endianness::Little);
                 let v = match self.regular_at(&addr) {
-                    Some((p, equal)) => {
+                    Some((p, _, Some(false))) => self.fb.ins().load(I32X4, flags, p, 0),
+                    Some((p, _, Some(true))) => {
+                        let one = self.fb.ins().load(I32, flags, p, 0);
+                        self.fb.ins().splat(I32X4, one)
+                    }
+                    Some((p, equal, None)) => {
                         // 16 bytes from the first lane's word (the block's
                         // shared memory has 16 bytes to spare past its end)
                         let whole = self.fb.ins().load(I32X4, flags, p, 0);
@@ -124,7 +147,15 @@ impl Translator<'_, '_> {
                 let flags = MemFlagsData::trusted().with_endianness(Endianness::Little);
                 let x = self.vsrc_pub(vals[0]);
                 match self.regular_at(&addr) {
-                    Some((p, equal)) => {
+                    Some((p, _, Some(false))) => {
+                        self.fb.ins().store(flags, x, p, 0);
+                    }
+                    Some((p, _, Some(true))) => {
+                        // one word: the last lane's value stays, as the last thread's
+                        let e = self.fb.ins().extractlane(x, self.width as u8 - 1);
+                        self.fb.ins().store(flags, e, p, 0);
+                    }
+                    Some((p, equal, None)) => {
                         let (same, whole) = (self.fb.create_block(), self.fb.create_block());
                         let join = self.fb.create_block();
                         self.fb.ins().brif(equal, same, &[], whole, &[]);

@@ -478,7 +478,28 @@ impl<'a, 'f> Translator<'a, 'f> {
             self.fb.ins().brif(ok, fast, &[], checked, &[]);
             self.fb.switch_to_block(fast);
             self.unchecked = pcs;
-            self.emit_range(b, start, end);
+            // a copy for each way the lanes of (at most two) bases lie
+            let ways = match self.lane_bases.len() {
+                n @ 1..=2 => 1u32 << n,
+                _ => 1,
+            };
+            for way in 0..ways {
+                if ways > 1 {
+                    let this = self.lanes_way(way);
+                    let copy = self.fb.create_block();
+                    let other = self.fb.create_block();
+                    self.fb.ins().brif(this, copy, &[], other, &[]);
+                    self.fb.switch_to_block(copy);
+                    self.emit_range(b, start, end);
+                    self.fb.switch_to_block(other);
+                    continue;
+                }
+                self.emit_range(b, start, end);
+            }
+            if ways > 1 {
+                // (every way was tried: unreachable)
+                self.fb.ins().jump(checked, &[]);
+            }
             self.unchecked.clear();
             self.lane_bases.clear();
             self.fb.switch_to_block(checked);
