@@ -9,6 +9,8 @@ use crate::ir::{BarRed, Op, Src, NONE};
 /// The block's threads as a barrier sees them.
 pub(super) struct Waiters<'a> {
     pub kernel: &'a CompiledKernel,
+    /// Threads of `state` at a barrier.
+    pub waiting: &'a mut usize,
     pub state: &'a mut [State],
     pub resume: &'a [u32],
     pub regs: &'a mut [u64],
@@ -53,6 +55,7 @@ impl Waiters<'_> {
             }
             self.arrivals[id] = 0;
             self.release(&waiters[id], red[id]);
+            *self.waiting -= waiters[id].len();
             progressed = true;
         }
         progressed
@@ -61,19 +64,20 @@ impl Waiters<'_> {
     /// [`Self::resolve`] of a kernel whose barriers all wait for the whole
     /// block at one id, without arrivals or reductions.
     fn resolve_plain(&mut self, alive: usize) -> bool {
-        let waiting = self
-            .state
-            .iter()
-            .filter(|&&s| s == State::AtBarrier)
-            .count();
+        let waiting = *self.waiting;
         if waiting == 0 || waiting < alive {
             return false;
         }
-        for s in self.state.iter_mut() {
-            if *s == State::AtBarrier {
-                *s = State::Ready;
+        if waiting == self.state.len() {
+            self.state.fill(State::Ready);
+        } else {
+            for s in self.state.iter_mut() {
+                if *s == State::AtBarrier {
+                    *s = State::Ready;
+                }
             }
         }
+        *self.waiting = 0;
         true
     }
 

@@ -207,8 +207,9 @@ struct Worker {
     /// Instructions of the running block, and those already counted.
     instructions: u64,
     counted: u64,
-    /// Threads of the running block that exited.
+    /// Threads of the running block that exited, and that wait at a barrier.
     exited: usize,
+    waiting: usize,
     /// The lane kernel's file of narrow registers (`Ctx::lane_file`,
     /// two words a register and group).
     lane_file: Vec<u64>,
@@ -244,6 +245,7 @@ impl Worker {
             instructions: 0,
             counted: 0,
             exited: 0,
+            waiting: 0,
             lane_file: match g.kernel.lanes {
                 Some(_) => vec![0; n.div_ceil(LANES as usize) * g.kernel.nregs as usize * 2],
                 None => Vec::new(),
@@ -339,6 +341,7 @@ impl Worker {
             self.lane_file.fill(0);
         }
         self.exited = 0;
+        self.waiting = 0;
         let n = self.state.len();
         let local_words = (g.kernel.frame_bytes as usize).div_ceil(8);
         let ntid = g.cfg.block;
@@ -401,9 +404,11 @@ impl Worker {
                 break Ok(());
             }
             // a thread that yielded in a long loop runs again next round
-            let yielded = self.state.contains(&State::Ready);
+            // (none is ready when every live one waits at a barrier)
+            let yielded = self.waiting < alive && self.state.contains(&State::Ready);
             let mut waiters = Waiters {
                 kernel: g.kernel,
+                waiting: &mut self.waiting,
                 state: &mut self.state,
                 resume: &self.resume,
                 regs: &mut self.regs,
@@ -564,6 +569,7 @@ impl Worker {
         if at_barrier && self.codes[t..stop].iter().all(|&c| c == code) {
             self.resume[t..stop].fill(code >> STOP_BITS);
             self.state[t..stop].fill(State::AtBarrier);
+            self.waiting += stop - t;
             return Ok(stop);
         }
         for k in t..stop {
@@ -588,7 +594,10 @@ impl Worker {
                 let id = r >> STOP_BITS;
                 self.resume[t] = id;
                 match r & ((1 << STOP_BITS) - 1) {
-                    STOP_BARRIER => self.state[t] = State::AtBarrier,
+                    STOP_BARRIER => {
+                        self.state[t] = State::AtBarrier;
+                        self.waiting += 1;
+                    }
                     STOP_WARP => {
                         let pc = g.kernel.resumes.get(id as usize).copied().unwrap_or(1);
                         self.state[t] = State::AtWarp(pc.saturating_sub(1));
