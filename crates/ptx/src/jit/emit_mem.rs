@@ -84,10 +84,11 @@ impl Translator<'_, '_> {
                 let opp = self.imm(op as *const Op as usize as i64);
                 let ln = self.fb.ins().iconst(I32, line as i64);
                 let out = self.fb.ins().stack_addr(I64, self.slot, 0);
+                let local = self.local_at();
                 let call = self.fb.ins().call_indirect(
                     sig,
                     f,
-                    &[self.ctx, site, self.local, opp, a, bv, cv, ln, out],
+                    &[self.ctx, site, local, opp, a, bv, cv, ln, out],
                 );
                 let st = self.fb.inst_results(call)[0];
                 self.fault_if(st);
@@ -198,7 +199,7 @@ impl Translator<'_, '_> {
                     .fb
                     .ins()
                     .load(I64, fixed, self.ctx, ctx_off!(local_bytes));
-                (addr, lim, self.local)
+                (addr, lim, self.local_at())
             }
             Sp::Param if !write => {
                 let lim = self
@@ -281,11 +282,11 @@ impl Translator<'_, '_> {
         let sz = self.fb.ins().iconst(I32, size as i64);
         let ln = self.fb.ins().iconst(I32, line as i64);
         let out = self.fb.ins().stack_addr(I64, self.slot, 0);
-        let call = self.fb.ins().call_indirect(
-            sig,
-            f,
-            &[self.ctx, site, self.local, spc, addr, sz, ln, out],
-        );
+        let local = self.local_at();
+        let call =
+            self.fb
+                .ins()
+                .call_indirect(sig, f, &[self.ctx, site, local, spc, addr, sz, ln, out]);
         let st = self.fb.inst_results(call)[0];
         if !Self::slow_may_succeed(sp) {
             self.fault_if(st);
@@ -380,11 +381,11 @@ impl Translator<'_, '_> {
         let spc = self.fb.ins().iconst(I32, space_code(sp) as i64);
         let sz = self.fb.ins().iconst(I32, size as i64);
         let ln = self.fb.ins().iconst(I32, line as i64);
-        let call = self.fb.ins().call_indirect(
-            sig,
-            f,
-            &[self.ctx, site, self.local, spc, addr, sz, ln, val],
-        );
+        let local = self.local_at();
+        let call =
+            self.fb
+                .ins()
+                .call_indirect(sig, f, &[self.ctx, site, local, spc, addr, sz, ln, val]);
         let st = self.fb.inst_results(call)[0];
         self.fault_if(st);
         let join = if Self::slow_may_succeed(sp) {

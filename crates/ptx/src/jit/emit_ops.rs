@@ -289,17 +289,22 @@ impl Translator<'_, '_> {
 
     fn special(&mut self, r: SReg) -> Value {
         match r {
-            SReg::Tid(k) => self.fb.ins().uextend(I64, self.tid[k as usize % 3]),
+            SReg::Tid(k) => {
+                let t = self.tid_at(k as usize % 3);
+                self.fb.ins().uextend(I64, t)
+            }
             SReg::Ntid(9) => self.fb.ins().iconst(I64, 1),
             SReg::Ntid(k) => self.ctx_u32(ctx_off!(ntid) + 4 * (k as i32 % 3)),
             SReg::Ctaid(k) => self.ctx_u32(ctx_off!(ctaid) + 4 * (k as i32 % 3)),
             SReg::Nctaid(k) => self.ctx_u32(ctx_off!(nctaid) + 4 * (k as i32 % 3)),
             SReg::Laneid => {
-                let l = self.fb.ins().uextend(I64, self.lin);
+                let lin = self.lin_at();
+                let l = self.fb.ins().uextend(I64, lin);
                 self.fb.ins().band_imm_u(l, 31)
             }
             SReg::Warpid => {
-                let l = self.fb.ins().uextend(I64, self.lin);
+                let lin = self.lin_at();
+                let l = self.fb.ins().uextend(I64, lin);
                 self.fb.ins().ushr_imm_u(l, 5)
             }
             SReg::Nwarpid => self.ctx_u32(ctx_off!(nwarpid)),
@@ -322,7 +327,8 @@ impl Translator<'_, '_> {
             | SReg::LanemaskLe
             | SReg::LanemaskGt
             | SReg::LanemaskGe => {
-                let l = self.fb.ins().uextend(I64, self.lin);
+                let lin = self.lin_at();
+                let l = self.fb.ins().uextend(I64, lin);
                 let lane = self.fb.ins().band_imm_u(l, 31);
                 let one = self.imm(1);
                 let bit = self.fb.ins().ishl(one, lane);
@@ -364,22 +370,24 @@ impl Translator<'_, '_> {
         });
         let mut dsts = Vec::new();
         op.for_each_dst(|d| dsts.push(d));
+        let rp = self.regs_at();
         for r in srcs {
             let v = self.src(Src::Reg(r));
             self.fb
                 .ins()
-                .store(MemFlagsData::trusted(), v, self.regs_ptr, (r * 8) as i32);
+                .store(MemFlagsData::trusted(), v, rp, (r * 8) as i32);
         }
         dsts
     }
 
     /// Takes registers a helper wrote back from the thread's register file.
     fn reload(&mut self, dsts: Vec<u32>) {
+        let rp = self.regs_at();
         for d in dsts {
             let v = self
                 .fb
                 .ins()
-                .load(I64, MemFlagsData::trusted(), self.regs_ptr, (d * 8) as i32);
+                .load(I64, MemFlagsData::trusted(), rp, (d * 8) as i32);
             self.set(d, v);
         }
     }
@@ -398,9 +406,8 @@ impl Translator<'_, '_> {
             .iconst(I64, rt_register_op as *const () as usize as i64);
         let opp = self.fb.ins().iconst(I64, op as *const Op as usize as i64);
         let nregs = self.fb.ins().iconst(I64, self.func.nregs as i64);
-        self.fb
-            .ins()
-            .call_indirect(sig, callee, &[opp, self.regs_ptr, nregs]);
+        let rp = self.regs_at();
+        self.fb.ins().call_indirect(sig, callee, &[opp, rp, nregs]);
         self.reload(dsts);
     }
 
@@ -418,19 +425,11 @@ impl Translator<'_, '_> {
         let opp = self.imm(op as *const Op as usize as i64);
         let nregs = self.imm(self.func.nregs as i64);
         let ln = self.fb.ins().iconst(I32, line as i64);
-        let call = self.fb.ins().call_indirect(
-            sig,
-            callee,
-            &[
-                self.ctx,
-                self.local,
-                self.regs_ptr,
-                nregs,
-                opp,
-                ln,
-                self.lin,
-            ],
-        );
+        let (local, rp, lin) = (self.local_at(), self.regs_at(), self.lin_at());
+        let call =
+            self.fb
+                .ins()
+                .call_indirect(sig, callee, &[self.ctx, local, rp, nregs, opp, ln, lin]);
         let st = self.fb.inst_results(call)[0];
         self.fault_if(st);
         self.reload(dsts);

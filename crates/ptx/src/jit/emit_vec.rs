@@ -163,11 +163,14 @@ impl Translator<'_, '_> {
             }
             Op::Special { d, r } => match r {
                 SReg::Tid(k) => {
-                    let lanes: Vec<Value> = self
-                        .lane_vals
-                        .iter()
-                        .map(|v| v.tid[k as usize % 3])
+                    let lane = self.lane;
+                    let lanes: Vec<Value> = (0..self.width as usize)
+                        .map(|l| {
+                            self.set_lane(l);
+                            self.tid_at(k as usize % 3)
+                        })
                         .collect();
+                    self.set_lane(lane);
                     let mut v = self.fb.ins().splat(I32X4, lanes[0]);
                     for (i, &x) in lanes.iter().enumerate().skip(1) {
                         v = self.fb.ins().insertlane(v, x, i as u8);

@@ -14,8 +14,7 @@ use std::mem::offset_of;
 pub(crate) const LANES: u32 = 4;
 
 impl Translator<'_, '_> {
-    /// Makes lane `k` the running one: its registers in `regs`, its thread
-    /// values in `thread`, `regs_ptr`, `local`, `lin` and `tid`.
+    /// Makes lane `k` the running one: its registers in `regs`.
     pub(super) fn set_lane(&mut self, k: usize) {
         if k == self.lane {
             return;
@@ -23,12 +22,46 @@ impl Translator<'_, '_> {
         std::mem::swap(&mut self.regs, &mut self.lane_regs[self.lane]);
         std::mem::swap(&mut self.regs, &mut self.lane_regs[k]);
         self.lane = k;
-        let v = self.lane_vals[k];
-        self.thread = v.thread;
-        self.lin = v.thread;
-        self.regs_ptr = v.regs_ptr;
-        self.local = v.local;
-        self.tid = v.tid;
+    }
+
+    /// The running lane's register file (lane 0's, one register file on
+    /// for each lane after it).
+    pub(super) fn regs_at(&mut self) -> Value {
+        let step = self.func.nregs as i64 * 8;
+        self.lane_step(self.regs_ptr, step)
+    }
+
+    /// The running lane's local memory.
+    pub(super) fn local_at(&mut self) -> Value {
+        let step = (self.func.frame_bytes as u64).div_ceil(8) as i64 * 8;
+        self.lane_step(self.local, step)
+    }
+
+    /// The running lane's thread index (an I32).
+    pub(super) fn lin_at(&mut self) -> Value {
+        if self.lane == 0 {
+            return self.lin;
+        }
+        self.fb.ins().iadd_imm_s(self.lin, self.lane as i64)
+    }
+
+    /// The running lane's `%tid` component `k` (an I32).
+    pub(super) fn tid_at(&mut self, k: usize) -> Value {
+        if self.width == 1 {
+            return self.tid[k];
+        }
+        let fixed = MemFlagsData::trusted().with_readonly();
+        let off = (self.lane * 16 + k * 4) as i32;
+        self.fb.ins().load(I32, fixed, self.tid_ptr, off)
+    }
+
+    /// `v`, lane 0's, moved on by `step` bytes for each lane before the
+    /// running one.
+    fn lane_step(&mut self, v: Value, step: i64) -> Value {
+        if self.lane == 0 {
+            return v;
+        }
+        self.fb.ins().iadd_imm_s(v, step * self.lane as i64)
     }
 
     /// Ends the run with stop code `code` for every lane (the thread loop:
@@ -43,12 +76,11 @@ impl Translator<'_, '_> {
         let returns =
             code == RET_FAULT || code == RET_PARTED || code & ((1 << STOP_BITS) - 1) == STOP_YIELD;
         let c = self.fb.ins().iconst(I32, code as i64);
-        for k in 0..self.width as usize {
-            let t = self.lane_vals[k].thread;
-            let t64 = self.fb.ins().uextend(I64, t);
-            let off = self.fb.ins().ishl_imm_u(t64, 2);
-            let at = self.fb.ins().iadd(self.codes, off);
-            self.fb.ins().store(MemFlagsData::trusted(), c, at, 0);
+        let t64 = self.fb.ins().uextend(I64, self.thread);
+        let off = self.fb.ins().ishl_imm_u(t64, 2);
+        let at = self.fb.ins().iadd(self.codes, off);
+        for k in 0..self.width as i32 {
+            self.fb.ins().store(MemFlagsData::trusted(), c, at, 4 * k);
         }
         if !returns {
             self.fb.ins().jump(self.next_thread, &[]);
@@ -58,8 +90,7 @@ impl Translator<'_, '_> {
         self.fb
             .ins()
             .store(MemFlagsData::trusted(), n, self.ctx, ctx_off!(instructions));
-        let t = self.lane_vals[0].thread;
-        let done = self.fb.ins().iadd_imm_s(t, self.width as i64);
+        let done = self.fb.ins().iadd_imm_s(self.thread, self.width as i64);
         self.fb.ins().return_(&[done]);
     }
 

@@ -42,11 +42,13 @@ pub(super) struct Translator<'a, 'f> {
     /// Threads run in step by one call: 1 (the thread loop) or
     /// [`super::lanes::LANES`] (the lane kernel).
     pub width: u32,
-    /// The running lane's registers and thread values (`regs` to
-    /// `thread` below); the other lanes' registers wait in `lane_regs`.
+    /// The running lane's registers (`regs` below; the other lanes' wait
+    /// in `lane_regs`); its thread values come from lane 0's (`regs_at`,
+    /// `local_at`, `lin_at`, `tid_at`).
     pub lane: usize,
     pub lane_regs: Vec<Vec<Variable>>,
-    pub lane_vals: Vec<LaneVals>,
+    /// Where the running thread's (lane 0's) `%tid` is (x, y, z, 0).
+    pub tid_ptr: Value,
     /// The end of the basic block being emitted.
     pub block_end: u32,
     pub regs: Vec<Variable>,
@@ -110,13 +112,15 @@ pub(super) struct LaneVals {
 
 /// The values of thread `thread` (an I32): its register file at
 /// `regs_base + 8 nregs thread`, its local memory at `local_base + stride
-/// thread`, its `%tid` at `tids + 16 thread`.
+/// thread`, its `%tid` at `tids + 16 thread` (loaded when `load_tid`; its
+/// place as well).
 fn thread_values(
     fb: &mut FunctionBuilder<'_>,
     func: &Func,
     thread: Value,
     [regs_base, local_base, tids]: [Value; 3],
-) -> LaneVals {
+    load_tid: bool,
+) -> (LaneVals, Value) {
     let t64 = fb.ins().uextend(I64, thread);
     let reg_off = fb.ins().imul_imm_s(t64, func.nregs as i64 * 8);
     let regs_ptr = fb.ins().iadd(regs_base, reg_off);
@@ -126,13 +130,17 @@ fn thread_values(
     let tid_off = fb.ins().ishl_imm_u(t64, 4);
     let tid_at = fb.ins().iadd(tids, tid_off);
     let fixed = MemFlagsData::trusted().with_readonly();
-    let tid = [0, 4, 8].map(|o| fb.ins().load(I32, fixed, tid_at, o));
-    LaneVals {
+    let tid = [0, 4, 8].map(|o| match load_tid {
+        true => fb.ins().load(I32, fixed, tid_at, o),
+        false => thread,
+    });
+    let vals = LaneVals {
         thread,
         regs_ptr,
         local,
         tid,
-    }
+    };
+    (vals, tid_at)
 }
 
 /// Flags of the lane file's 16-byte accesses (lanes in memory order).
@@ -207,16 +215,8 @@ impl<'a, 'f> Translator<'a, 'f> {
         let following = fb.ins().iadd_imm_s(first_thread, width as i64);
         fb.ins().jump(head, &[BlockArg::Value(following)]);
         fb.switch_to_block(body);
-        let lane_vals: Vec<LaneVals> = (0..width)
-            .map(|k| {
-                let thread = if k == 0 {
-                    first_thread
-                } else {
-                    fb.ins().iadd_imm_s(first_thread, k as i64)
-                };
-                thread_values(&mut fb, func, thread, bases)
-            })
-            .collect();
+        // (the lane kernel works out each lane's from lane 0's where used)
+        let (vals, tid_ptr) = thread_values(&mut fb, func, first_thread, bases, width == 1);
         let t64 = fb.ins().uextend(I64, first_thread);
         let id_off = fb.ins().ishl_imm_u(t64, 2);
         let id_at = fb.ins().iadd(resume_ids, id_off);
@@ -226,7 +226,7 @@ impl<'a, 'f> Translator<'a, 'f> {
             regs_ptr,
             local,
             tid,
-        } = lane_vals[0];
+        } = vals;
         let lane_file = if width == 1 {
             regs_base
         } else {
@@ -252,7 +252,7 @@ impl<'a, 'f> Translator<'a, 'f> {
             width,
             lane: 0,
             lane_regs,
-            lane_vals,
+            tid_ptr,
             block_end: 0,
             regs,
             vregs,
@@ -313,19 +313,20 @@ impl<'a, 'f> Translator<'a, 'f> {
                 }
             }
             loaded.retain(|&r| t.vregs[r as usize].is_none());
-            for (lane, &r) in
-                (0..width as usize).flat_map(|lane| loaded.iter().map(move |r| (lane, r)))
-            {
+            for lane in 0..width as usize {
                 t.set_lane(lane);
-                // a thread's start reads registers as 0 (the worker's file
-                // holds the block before's)
-                let v = if pc == 0 && plan.fresh_start {
-                    t.fb.ins().iconst(I64, 0)
-                } else {
-                    t.fb.ins()
-                        .load(I64, MemFlagsData::trusted(), t.regs_ptr, (r * 8) as i32)
-                };
-                t.set(r, v);
+                let rp = t.regs_at();
+                for &r in &loaded {
+                    // a thread's start reads registers as 0 (the worker's
+                    // file holds the block before's)
+                    let v = if pc == 0 && plan.fresh_start {
+                        t.fb.ins().iconst(I64, 0)
+                    } else {
+                        t.fb.ins()
+                            .load(I64, MemFlagsData::trusted(), rp, (r * 8) as i32)
+                    };
+                    t.set(r, v);
+                }
             }
             t.fb.ins().jump(t.blocks[b], &[]);
         }
@@ -336,10 +337,11 @@ impl<'a, 'f> Translator<'a, 'f> {
         // an exited lane's shuffled values stay readable, as the interpreter's
         for lane in 0..width as usize {
             t.set_lane(lane);
+            let rp = t.regs_at();
             for &r in &plan.shuffled {
                 let v = t.src(Src::Reg(r));
                 t.fb.ins()
-                    .store(MemFlagsData::trusted(), v, t.regs_ptr, (r * 8) as i32);
+                    .store(MemFlagsData::trusted(), v, rp, (r * 8) as i32);
             }
         }
         t.finish_all(RET_EXIT);
@@ -424,11 +426,12 @@ impl<'a, 'f> Translator<'a, 'f> {
         }
         for lane in 0..self.width as usize {
             self.set_lane(lane);
+            let rp = self.regs_at();
             for &r in &to_threads {
                 let v = self.src(Src::Reg(r));
                 self.fb
                     .ins()
-                    .store(MemFlagsData::trusted(), v, self.regs_ptr, (r * 8) as i32);
+                    .store(MemFlagsData::trusted(), v, rp, (r * 8) as i32);
             }
         }
     }
@@ -618,9 +621,10 @@ impl<'a, 'f> Translator<'a, 'f> {
                 let f = self.imm(rt_trap as *const () as usize as i64);
                 let op = self.imm(&self.ops[pc as usize] as *const Op as usize as i64);
                 let line = self.fb.ins().iconst(I32, inst.line as i64);
+                let lin = self.lin_at();
                 self.fb
                     .ins()
-                    .call_indirect(sig, f, &[self.ctx, op, line, self.lin]);
+                    .call_indirect(sig, f, &[self.ctx, op, line, lin]);
                 self.jump_to_fault();
                 false
             }
