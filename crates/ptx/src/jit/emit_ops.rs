@@ -3,6 +3,7 @@
 //! one through the interpreter's own `alu` step on the thread's register file.
 
 use super::device_calls::rt_device_call;
+use super::narrow::cmp_native;
 use super::runtime::{rt_register_op, window_base, Ctx, WINDOW_BYTES};
 use super::translate::{ctx_off, Translator};
 use crate::ir::{
@@ -684,28 +685,5 @@ impl Translator<'_, '_> {
         } else {
             self.fb.ins().bitcast(I64, MemFlagsData::new(), f)
         }
-    }
-}
-
-/// Whether `setp` compares `cmp` of type `t` open-coded (to 0 or 1).
-pub(super) fn cmp_native(cmp: Cmp, t: Ty) -> bool {
-    match t {
-        Ty::F32 | Ty::F64 => true,
-        t if t.is_float() || t == Ty::Pred || t == Ty::B128 => false,
-        _ => matches!(
-            cmp,
-            Cmp::Eq
-                | Cmp::Ne
-                | Cmp::Lt
-                | Cmp::Le
-                | Cmp::Gt
-                | Cmp::Ge
-                | Cmp::Equ
-                | Cmp::Neu
-                | Cmp::Ltu
-                | Cmp::Leu
-                | Cmp::Gtu
-                | Cmp::Geu
-        ),
     }
 }

@@ -2,8 +2,7 @@
 //! lanes (32-bit integer and `f32` arithmetic, `setp`, `selp`, `%tid`), with
 //! the thread loop's exact results; any other op runs lane by lane.
 
-use super::emit_ops::cmp_native;
-use super::narrow::plain;
+use super::narrow::{cmp_native, plain};
 use super::runtime::Ctx;
 use super::translate::{ctx_off, Translator};
 use crate::ir::{BoolOp, Cmp, FOp, Inst, IntOp, Op, SReg, Src, TernOp, Ty, NONE};

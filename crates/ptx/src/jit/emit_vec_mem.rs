@@ -3,26 +3,11 @@
 //! addresses are consecutive, one load when they are the same, else lane by lane.
 
 use super::shared_checks::groups;
-use super::translate::Translator;
+use super::translate::{LaneBase, Translator};
 use crate::ir::{Address, Inst, Op, Sp, Src, NONE};
 use cranelift_codegen::ir::condcodes::IntCC;
 use cranelift_codegen::ir::types::{I32, I32X4, I64, I8};
 use cranelift_codegen::ir::{ConstantData, Endianness, InstBuilder, MemFlagsData, Value};
-
-/// The lanes' shared addresses from one base register of a basic block
-/// (which the block does not change), its accesses covered by the block's
-/// check: the host pointer of the first lane's lowest access, and whether
-/// the lanes' addresses are consecutive words, and all the same.
-pub(super) struct LaneBase {
-    base: Src,
-    lo: i64,
-    first: Value,
-    pub consecutive: Value,
-    pub equal: Value,
-    /// In a copy of the block made for one way the lanes lie: all the
-    /// same (`Some(true)`) or consecutive (`Some(false)`); `None`: either.
-    pub mode: Option<bool>,
-}
 
 impl Translator<'_, '_> {
     /// How the lanes' addresses lie for each base of the covered shared

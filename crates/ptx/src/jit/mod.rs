@@ -1,5 +1,5 @@
-//! The PTX compiler: kernels the `plan` takes go from the lowered IR to native
-//! code with Cranelift (`translate`, `emit_*`, `params`, `shared_checks`), cached
+//! The PTX compiler: kernels the `plan` takes (calls `inline`d) go from the
+//! lowered IR to native code with Cranelift (`translate`, `emit_*`, `lanes`), cached
 //! per process (`compiled`), run as thread loops split at barriers (`launch`).
 
 mod barriers;

@@ -1,7 +1,7 @@
 //! Which registers only ever hold 32-bit values (zero above): the lane kernel
 //! keeps each of them for all its lanes in one vector of 32-bit lanes.
 
-use crate::ir::{FOp, FloatMode, Func, IntOp, Op, Rnd, SReg, Src, TernOp, Ty, NONE};
+use crate::ir::{Cmp, FOp, FloatMode, Func, IntOp, Op, Rnd, SReg, Src, TernOp, Ty, NONE};
 
 /// Whether each register of `f` is narrow: every op that writes it leaves a
 /// value below 2^32 (as the compiled code computes it), so that 32 bits
@@ -87,12 +87,35 @@ fn writes_narrow(op: &Op, narrow: &[bool]) -> bool {
             mode,
             ..
         } => plain(&mode),
-        Op::Setp { cmp, t, .. } => super::emit_ops::cmp_native(cmp, t),
+        Op::Setp { cmp, t, .. } => cmp_native(cmp, t),
         Op::Ld { size, sext, .. } => size <= 4 && !sext,
         Op::Special { r, .. } => matches!(
             r,
             SReg::Tid(_) | SReg::Ntid(_) | SReg::Ctaid(_) | SReg::Nctaid(_)
         ),
         _ => false,
+    }
+}
+
+/// Whether `setp` compares `cmp` of type `t` open-coded (to 0 or 1).
+pub(super) fn cmp_native(cmp: Cmp, t: Ty) -> bool {
+    match t {
+        Ty::F32 | Ty::F64 => true,
+        t if t.is_float() || t == Ty::Pred || t == Ty::B128 => false,
+        _ => matches!(
+            cmp,
+            Cmp::Eq
+                | Cmp::Ne
+                | Cmp::Lt
+                | Cmp::Le
+                | Cmp::Gt
+                | Cmp::Ge
+                | Cmp::Equ
+                | Cmp::Neu
+                | Cmp::Ltu
+                | Cmp::Leu
+                | Cmp::Gtu
+                | Cmp::Geu
+        ),
     }
 }

@@ -40,7 +40,7 @@ pub(super) struct Translator<'a, 'f> {
     pub ops: &'a [Op],
     pub plan: &'a Plan,
     /// Threads run in step by one call: 1 (the thread loop) or
-    /// [`super::lanes::LANES`] (the lane kernel).
+    /// `lanes::LANES` (the lane kernel).
     pub width: u32,
     /// The running lane's registers (`regs` below; the other lanes' wait
     /// in `lane_regs`); its thread values come from lane 0's (`regs_at`,
@@ -92,12 +92,27 @@ pub(super) struct Translator<'a, 'f> {
     pub unchecked: Vec<u32>,
     /// In the lane kernel's copy of a block whose shared accesses its check
     /// covered: how the lanes' addresses from each base lie ([`LaneBase`]).
-    pub lane_bases: Vec<super::emit_vec_mem::LaneBase>,
+    pub lane_bases: Vec<LaneBase>,
     /// Vector constants made so far in the basic block being emitted.
     pub vconsts: Vec<(u32, Value)>,
     pub pc_now: u32,
     /// The parameters loaded before the thread loop.
     pub params: HoistedParams,
+}
+
+/// The lanes' shared addresses from one base register of a basic block
+/// (which the block does not change), its accesses covered by the block's
+/// check: the host pointer of the first lane's lowest access, and whether
+/// the lanes' addresses are consecutive words, and all the same.
+pub(super) struct LaneBase {
+    pub base: Src,
+    pub lo: i64,
+    pub first: Value,
+    pub consecutive: Value,
+    pub equal: Value,
+    /// In a copy of the block made for one way the lanes lie: all the
+    /// same (`Some(true)`) or consecutive (`Some(false)`); `None`: either.
+    pub mode: Option<bool>,
 }
 
 /// One thread's values in compiled code: its index in the block (an I32),
