@@ -516,9 +516,7 @@ impl Worker {
             )
         } as usize;
         let stop = stop.clamp(t + 1, end);
-        for k in t..stop {
-            self.stopped(g, ctx, k)?;
-        }
+        self.stops(g, ctx, t, stop)?;
         Ok(stop)
     }
 
@@ -562,20 +560,38 @@ impl Worker {
         if self.codes[stop - 1] == RET_PARTED {
             return Err(parted());
         }
-        // every group at one barrier, as a block in step mostly is
+        self.stops(g, ctx, t, stop)?;
+        Ok(stop)
+    }
+
+    /// Takes the stop codes of threads `t..stop`: in bulk where all exited
+    /// or all wait at one barrier (as a block mostly does), else one by one.
+    fn stops(
+        &mut self,
+        g: &Grid<'_>,
+        ctx: &mut Ctx<'_>,
+        t: usize,
+        stop: usize,
+    ) -> Result<(), Fault> {
         let code = self.codes[t];
+        let same = self.codes[t..stop].iter().all(|&c| c == code);
         let at_barrier =
             code != RET_EXIT && code != RET_FAULT && code & ((1 << STOP_BITS) - 1) == STOP_BARRIER;
-        if at_barrier && self.codes[t..stop].iter().all(|&c| c == code) {
+        if same && code == RET_EXIT {
+            self.state[t..stop].fill(State::Exited);
+            self.exited += stop - t;
+            return Ok(());
+        }
+        if same && at_barrier {
             self.resume[t..stop].fill(code >> STOP_BITS);
             self.state[t..stop].fill(State::AtBarrier);
             self.waiting += stop - t;
-            return Ok(stop);
+            return Ok(());
         }
         for k in t..stop {
             self.stopped(g, ctx, k)?;
         }
-        Ok(stop)
+        Ok(())
     }
 
     /// Takes thread `t`'s stop code from its last run.
