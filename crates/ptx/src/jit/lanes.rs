@@ -176,11 +176,11 @@ impl Translator<'_, '_> {
                 let ends = matches!(op, Op::Trap(_));
                 match agree {
                     Some((_, any)) => {
-                        let alone = self.fb.create_block();
+                        let parted = self.fb.create_block();
                         let skip = if ends { next } else { self.fb.create_block() };
-                        self.fb.ins().brif(any, alone, &[], skip, &[]);
-                        self.fb.switch_to_block(alone);
-                        self.fb.set_cold_block(alone);
+                        self.fb.ins().brif(any, parted, &[], skip, &[]);
+                        self.fb.switch_to_block(parted);
+                        self.fb.set_cold_block(parted);
                         self.finish_all(RET_PARTED);
                         if ends {
                             return false;
