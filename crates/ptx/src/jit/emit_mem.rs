@@ -153,7 +153,7 @@ impl Translator<'_, '_> {
     /// right by log2(`size`) is below `limit >> log2(size)` exactly when the
     /// offset is aligned and `offset + size <= limit` (a misaligned offset
     /// rotates its low bits to the top; every limit is far below 2^29).
-    fn fast_pointer(
+    pub(super) fn fast_pointer(
         &mut self,
         sp: Sp,
         addr: Value,
@@ -253,7 +253,7 @@ impl Translator<'_, '_> {
         sp == Sp::Shared && self.unchecked.contains(&self.pc_now)
     }
 
-    fn load(&mut self, sp: Sp, addr: Value, size: u32, line: u32) -> Value {
+    pub(super) fn load(&mut self, sp: Sp, addr: Value, size: u32, line: u32) -> Value {
         if self.covered(sp) {
             let p = self.shared_unchecked(addr);
             return self.fast_load(p, size);
@@ -326,8 +326,13 @@ impl Translator<'_, '_> {
         self.fb.ins().call_indirect(sig, f, &[self.ctx, p, sz]);
     }
 
-    /// Gives a global or generic access its own site in the cache.
-    fn next_site(&mut self, sp: Sp) {
+    /// Gives a global or generic access its own site in the cache (the
+    /// pinned one while `site_pin` holds one).
+    pub(super) fn next_site(&mut self, sp: Sp) {
+        if let Some(s) = self.site_pin {
+            self.site = s;
+            return;
+        }
         self.site = if Self::slow_may_succeed(sp) {
             self.sites += 1;
             self.sites - 1

@@ -194,7 +194,7 @@ impl Translator<'_, '_> {
                     }
                 }
             }
-            _ if self.vector_op(inst) => true,
+            _ if self.vector_global(inst) || self.vector_op(inst) => true,
             _ => {
                 let lanes_after = |k: usize| (width - 1 - k) as i64;
                 let per_lane = self.counted(pc + 1, self.block_end) as i64 * width as i64;

@@ -81,6 +81,9 @@ pub(super) struct Translator<'a, 'f> {
     /// The global-cache site of the access being emitted, and the sites so far.
     pub site: u32,
     pub sites: u32,
+    /// The site every access takes while set (a lane kernel's lanes of one
+    /// access share their vector access's site).
+    pub site_pin: Option<u32>,
     /// An 8-byte stack slot the load helper writes into.
     pub slot: cranelift_codegen::ir::StackSlot,
     /// The float each value of float-op result bits came from (register
@@ -288,6 +291,7 @@ impl<'a, 'f> Translator<'a, 'f> {
             shared_here: None,
             site: u32::MAX,
             sites: 0,
+            site_pin: None,
             slot,
             floats: std::collections::HashMap::new(),
             unchecked: Vec::new(),
