@@ -6,7 +6,7 @@ use super::inline::flatten;
 use super::lanes::LANES;
 use super::plan::{plan, Plan};
 use super::runtime::KernelFn;
-use super::translate::{kernel_signature, Translator};
+use super::translate::{kernel_signature, lane_slots, Translator};
 use crate::ir::{Func, Module, Op, Src};
 use crate::validate::check_module;
 use cranelift_codegen::isa::OwnedTargetIsa;
@@ -22,8 +22,10 @@ use std::sync::{Arc, Mutex, OnceLock};
 pub(crate) struct CompiledKernel {
     pub(super) entry: KernelFn,
     /// The lane kernel ([`super::lanes`]): the same signature, for
-    /// [`LANES`] threads from `first`, all at one resume point.
+    /// groups of [`LANES`] threads from `first`, each at one resume point,
+    /// and the 16-byte slots of each group's lane file.
     pub(super) lanes: Option<KernelFn>,
+    pub(super) lane_slots: u32,
     /// The kernel's ops (the code passes pointers into them to its helpers;
     /// warp collectives are resolved from them) and their source lines.
     pub(super) ops: Box<[Op]>,
@@ -239,6 +241,7 @@ fn compile(f: &Func, p: &Plan) -> Result<CompiledKernel, String> {
     Ok(CompiledKernel {
         plain_barriers,
         lanes,
+        lane_slots: lane_slots(f, p).1,
         collectives,
         fresh_start: p.fresh_start,
         entry,

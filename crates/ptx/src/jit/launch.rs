@@ -247,7 +247,7 @@ impl Worker {
             exited: 0,
             waiting: 0,
             lane_file: match g.kernel.lanes {
-                Some(_) => vec![0; n.div_ceil(LANES as usize) * g.kernel.nregs as usize * 2],
+                Some(_) => vec![0; n.div_ceil(LANES as usize) * g.kernel.lane_slots as usize * 2],
                 None => Vec::new(),
             },
             lanes_now: false,

@@ -56,8 +56,10 @@ pub(super) struct Translator<'a, 'f> {
     /// value (an I32X4; its `regs` entries unused).
     pub vregs: Vec<Option<Variable>>,
     /// The lane kernel's group's narrow registers between runs: a vector
-    /// of 16 bytes for each register (`Ctx::lane_file`, group `first / LANES`).
+    /// of 16 bytes for each register of `lane_slot` (`Ctx::lane_file`,
+    /// group `first / LANES`).
     pub lane_file: Value,
+    pub lane_slot: Vec<u32>,
     pub count: Variable,
     pub ctx: Value,
     pub regs_ptr: Value,
@@ -161,6 +163,42 @@ fn thread_values(
     (vals, tid_at)
 }
 
+/// The lane file's slot of each register that a stop may store or a
+/// resume load (live at a resume point, read by a barrier or shuffled;
+/// `u32::MAX` for the others), and how many slots a group has.
+pub(super) fn lane_slots(func: &Func, plan: &Plan) -> (Vec<u32>, u32) {
+    let mut kept = vec![false; func.nregs as usize];
+    for &pc in &plan.resumes {
+        for &r in &plan.live_in[plan.block_at(pc)] {
+            kept[r as usize] = true;
+        }
+    }
+    for inst in &func.code {
+        if stops(&inst.op) {
+            inst.op.for_each_src(|s| {
+                if let Src::Reg(r) = s {
+                    kept[r as usize] = true;
+                }
+            });
+        }
+    }
+    for &r in &plan.shuffled {
+        kept[r as usize] = true;
+    }
+    let mut n = 0;
+    let slots = kept
+        .iter()
+        .map(|&k| {
+            if !k {
+                return u32::MAX;
+            }
+            n += 1;
+            n - 1
+        })
+        .collect();
+    (slots, n)
+}
+
 /// Flags of the lane file's 16-byte accesses (lanes in memory order).
 pub(super) fn lanes_flags() -> MemFlagsData {
     MemFlagsData::trusted().with_endianness(cranelift_codegen::ir::Endianness::Little)
@@ -252,7 +290,9 @@ impl<'a, 'f> Translator<'a, 'f> {
                 .ins()
                 .load(I64, MemFlagsData::trusted(), ctx, ctx_off!(lane_file));
             let group = fb.ins().ushr_imm_u(t64, width.trailing_zeros() as i64);
-            let off = fb.ins().imul_imm_s(group, func.nregs as i64 * 16);
+            let off = fb
+                .ins()
+                .imul_imm_s(group, lane_slots(func, plan).1 as i64 * 16);
             fb.ins().iadd(file, off)
         };
         let blocks: Vec<Block> = plan.starts.iter().map(|_| fb.create_block()).collect();
@@ -275,6 +315,7 @@ impl<'a, 'f> Translator<'a, 'f> {
             regs,
             vregs,
             lane_file,
+            lane_slot: lane_slots(func, plan).0,
             count,
             ctx,
             regs_ptr,
@@ -325,8 +366,8 @@ impl<'a, 'f> Translator<'a, 'f> {
                         let zero = t.fb.ins().iconst(I32, 0);
                         t.fb.ins().splat(I32X4, zero)
                     } else {
-                        t.fb.ins()
-                            .load(I32X4, lanes_flags(), t.lane_file, (r * 16) as i32)
+                        let slot = t.slot_at(r);
+                        t.fb.ins().load(I32X4, lanes_flags(), t.lane_file, slot)
                     };
                     t.fb.def_var(v, x);
                 }
@@ -432,10 +473,9 @@ impl<'a, 'f> Translator<'a, 'f> {
         for &r in &stored {
             match self.vregs[r as usize] {
                 Some(var) => {
+                    let slot = self.slot_at(r);
                     let v = self.fb.use_var(var);
-                    self.fb
-                        .ins()
-                        .store(lanes_flags(), v, self.lane_file, (r * 16) as i32);
+                    self.fb.ins().store(lanes_flags(), v, self.lane_file, slot);
                     if also.contains(&r) {
                         to_threads.push(r);
                     }
@@ -563,6 +603,13 @@ impl<'a, 'f> Translator<'a, 'f> {
             .iter()
             .filter(|i| i.line != UNCOUNTED)
             .count() as u32
+    }
+
+    /// The byte offset of register `r`'s vector in the group's lane file.
+    pub(super) fn slot_at(&self, r: u32) -> i32 {
+        let slot = self.lane_slot[r as usize];
+        assert!(slot != u32::MAX, "register {r} has a lane file slot");
+        slot as i32 * 16
     }
 
     /// The guard of `inst` as a 0/1 condition, if it has one.
