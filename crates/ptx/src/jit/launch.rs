@@ -464,8 +464,13 @@ impl Worker {
                 // point; mostly every thread of the block at one
                 let upto = hi.min(grouped);
                 let r = self.resume[t];
-                let all_ready = self.state[t..upto].iter().all(|&s| s == State::Ready)
-                    && self.resume[t..upto].iter().all(|&x| x == r);
+                // (a group's threads always stop together: its first one
+                // speaks for it)
+                let all_ready = self.state[t..upto]
+                    .iter()
+                    .step_by(lanes)
+                    .all(|&s| s == State::Ready)
+                    && self.resume[t..upto].iter().step_by(lanes).all(|&x| x == r);
                 if all_ready && t.is_multiple_of(lanes) && upto > t {
                     t = self.run_lanes(g, ctx, group, t, upto)?;
                     continue;
@@ -516,7 +521,7 @@ impl Worker {
             )
         } as usize;
         let stop = stop.clamp(t + 1, end);
-        self.stops(g, ctx, t, stop)?;
+        self.stops(g, ctx, t, stop, 1)?;
         Ok(stop)
     }
 
@@ -560,21 +565,24 @@ impl Worker {
         if self.codes[stop - 1] == RET_PARTED {
             return Err(parted());
         }
-        self.stops(g, ctx, t, stop)?;
+        self.stops(g, ctx, t, stop, LANES as usize)?;
         Ok(stop)
     }
 
-    /// Takes the stop codes of threads `t..stop`: in bulk where all exited
-    /// or all wait at one barrier (as a block mostly does), else one by one.
+    /// Takes the stop codes of threads `t..stop`, which stop alike `step`
+    /// by `step`: in bulk where all exited or all wait at one barrier (as
+    /// a block mostly does), else one by one.
     fn stops(
         &mut self,
         g: &Grid<'_>,
         ctx: &mut Ctx<'_>,
         t: usize,
         stop: usize,
+        step: usize,
     ) -> Result<(), Fault> {
+        // (threads in step, `step` of them, all stop alike)
         let code = self.codes[t];
-        let same = self.codes[t..stop].iter().all(|&c| c == code);
+        let same = self.codes[t..stop].iter().step_by(step).all(|&c| c == code);
         let at_barrier =
             code != RET_EXIT && code != RET_FAULT && code & ((1 << STOP_BITS) - 1) == STOP_BARRIER;
         if same && code == RET_EXIT {
