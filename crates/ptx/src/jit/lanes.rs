@@ -5,8 +5,9 @@
 use super::plan::one_at_a_time;
 use super::runtime::{Ctx, RET_FAULT, RET_PARTED, STOP_BARRIER, STOP_BITS, STOP_YIELD};
 use super::translate::{ctx_off, Translator};
-use crate::ir::{Op, Src};
-use cranelift_codegen::ir::types::{I32, I64, I8};
+use crate::ir::{Inst, Op, Src, NONE};
+use cranelift_codegen::ir::condcodes::IntCC;
+use cranelift_codegen::ir::types::{I32, I32X4, I64, I8};
 use cranelift_codegen::ir::{InstBuilder, MemFlagsData, Value};
 use std::mem::offset_of;
 
@@ -115,19 +116,7 @@ impl Translator<'_, '_> {
     pub(super) fn lane_inst(&mut self, pc: u32) -> bool {
         let inst = &self.func.code[pc as usize];
         let width = self.width as usize;
-        let conds: Vec<Value> = (0..width)
-            .filter_map(|k| {
-                self.set_lane(k);
-                self.guard(inst)
-            })
-            .collect();
-        let agree = (!conds.is_empty()).then(|| {
-            let one = self.fb.ins().iconst(I8, 1);
-            let zero = self.fb.ins().iconst(I8, 0);
-            conds.iter().fold((one, zero), |(all, any), &c| {
-                (self.fb.ins().band(all, c), self.fb.ins().bor(any, c))
-            })
-        });
+        let agree = self.lanes_agree(inst);
         let next = self.next_block(pc);
         match inst.op {
             Op::Bra { target } => {
@@ -196,6 +185,7 @@ impl Translator<'_, '_> {
             }
             _ if self.vector_global(inst) || self.vector_op(inst) => true,
             _ => {
+                let conds = self.lane_guards(inst);
                 let lanes_after = |k: usize| (width - 1 - k) as i64;
                 let per_lane = self.counted(pc + 1, self.block_end) as i64 * width as i64;
                 for k in 0..width {
@@ -217,6 +207,51 @@ impl Translator<'_, '_> {
                 true
             }
         }
+    }
+
+    /// Whether `inst`'s guard holds in every lane, and in any (I8
+    /// conditions), if it has one: for control flow, which lanes share.
+    fn lanes_agree(&mut self, inst: &Inst) -> Option<(Value, Value)> {
+        if inst.guard == NONE {
+            return None;
+        }
+        if let Some(var) = self.vregs[inst.guard as usize] {
+            let v = self.fb.use_var(var);
+            let one = self.fb.ins().iconst(I32, 1);
+            let one = self.fb.ins().splat(I32X4, one);
+            let bit = self.fb.ins().band(v, one);
+            let cc = if inst.guard_neg {
+                IntCC::Equal
+            } else {
+                IntCC::NotEqual
+            };
+            // all ones in the lanes whose guard fails
+            let fails = self.fb.ins().icmp(cc, bit, one);
+            let none_fail = self.fb.ins().vany_true(fails);
+            let all = self.fb.ins().bxor_imm_u(none_fail, 1);
+            let all_fail = self.fb.ins().vall_true(fails);
+            let any = self.fb.ins().bxor_imm_u(all_fail, 1);
+            return Some((all, any));
+        }
+        let conds = self.lane_guards(inst);
+        let one = self.fb.ins().iconst(I8, 1);
+        let zero = self.fb.ins().iconst(I8, 0);
+        Some(conds.iter().fold((one, zero), |(all, any), &c| {
+            (self.fb.ins().band(all, c), self.fb.ins().bor(any, c))
+        }))
+    }
+
+    /// Each lane's guard of `inst` (none if it has none).
+    fn lane_guards(&mut self, inst: &Inst) -> Vec<Value> {
+        let lane = self.lane;
+        let conds = (0..self.width as usize)
+            .filter_map(|k| {
+                self.set_lane(k);
+                self.guard(inst)
+            })
+            .collect();
+        self.set_lane(lane);
+        conds
     }
 
     /// Goes to `yes` when every lane's guard holds, to `no` when none
