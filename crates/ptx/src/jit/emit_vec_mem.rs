@@ -104,7 +104,7 @@ impl Translator<'_, '_> {
                 ds,
                 sext: false,
             } if fits(self, &addr, size, n) && narrow(self, Src::Reg(ds[0])) => {
-                let flags = MemFlagsData::trusted().with_endianness(Endianness::Little);
+                let flags = unaligned();
                 let v = match self.regular_at(&addr) {
                     Some((p, _, Some(false))) => self.fb.ins().load(I32X4, flags, p, 0),
                     Some((p, _, Some(true))) => {
@@ -131,7 +131,7 @@ impl Translator<'_, '_> {
                 vals,
                 addr,
             } if fits(self, &addr, size, n) && narrow(self, vals[0]) => {
-                let flags = MemFlagsData::trusted().with_endianness(Endianness::Little);
+                let flags = unaligned();
                 let x = self.vsrc_pub(vals[0]);
                 match self.regular_at(&addr) {
                     Some((p, _, Some(false))) => {
@@ -184,7 +184,7 @@ impl Translator<'_, '_> {
 
     /// The words at each lane's address of `addr`, lane by lane.
     fn gather(&mut self, addr: &Address) -> Value {
-        let flags = MemFlagsData::trusted().with_endianness(Endianness::Little);
+        let flags = unaligned();
         let at = self.lane_addrs(addr);
         let zero = self.fb.ins().iconst(I32, 0);
         let mut x = self.fb.ins().splat(I32X4, zero);
@@ -280,7 +280,7 @@ impl Translator<'_, '_> {
         let v = self.fb.append_block_param(join, I32X4);
         self.fb.ins().brif(all, whole, &[], each, &[]);
         self.fb.switch_to_block(whole);
-        let flags = MemFlagsData::trusted().with_endianness(Endianness::Little);
+        let flags = unaligned();
         let x = self.fb.ins().load(I32X4, flags, p, 0);
         self.fb.ins().jump(join, &[BlockArg::Value(x)]);
         self.fb.switch_to_block(each);
@@ -302,4 +302,12 @@ impl Translator<'_, '_> {
         self.fb.def_var(var, v);
         true
     }
+}
+
+/// Flags of a lane kernel's vector access to shared or global memory: in
+/// bounds (checked), little-endian lanes, aligned only to a word.
+fn unaligned() -> MemFlagsData {
+    MemFlagsData::new()
+        .with_notrap()
+        .with_endianness(Endianness::Little)
 }
