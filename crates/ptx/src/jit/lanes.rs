@@ -161,7 +161,7 @@ impl Translator<'_, '_> {
                 false
             }
             ref op if one_at_a_time(op) => {
-                // (a leader: the first op of its basic block)
+                // the lanes give up where any would run it
                 let ends = matches!(op, Op::Trap(_));
                 match agree {
                     Some((_, any)) => {
