@@ -106,3 +106,69 @@ fn recursion_and_indirect_calls_stay_on_the_interpreter() {
         .expect_err("misc calls through a table");
     assert!(why.contains("indirect call"), "{why}");
 }
+
+/// A kernel that calls a `.func` in an endless loop.
+const SPIN: &str = r#"
+.version 8.5
+.target sm_75
+.address_size 64
+.func (.param .b32 r) step(.param .b32 a)
+{
+    .reg .b32 %r<3>;
+    ld.param.u32 %r1, [a];
+    add.s32 %r2, %r1, 1;
+    st.param.b32 [r], %r2;
+    ret;
+}
+.visible .entry spin(.param .u64 out)
+{
+    .reg .b32 %r<4>;
+    .reg .b64 %rd<2>;
+    ld.param.u64 %rd1, [out];
+    mov.u32 %r1, 0;
+$L:
+    {
+    .param .b32 a0;
+    .param .b32 r0;
+    st.param.b32 [a0], %r1;
+    call.uni (r0), step, (a0);
+    ld.param.b32 %r1, [r0];
+    }
+    st.global.u32 [%rd1], %r1;
+    bra $L;
+}
+"#;
+
+#[test]
+fn a_loop_of_calls_past_the_block_budget_times_out_at_the_interpreters_count() {
+    let run = |engine: Engine, per_block: u64| {
+        let mem = DeviceMemory::new(1 << 20);
+        let mut program = Program::load(SPIN, &mem).expect("spin loads");
+        program.set_engine(engine);
+        if engine == Engine::Compiler {
+            program.compiled("spin").expect("the compiler takes it");
+        }
+        let out = mem.alloc(64).expect("out");
+        let limits = LaunchLimits {
+            per_block,
+            workers: 1,
+            ..LaunchLimits::NONE
+        };
+        let report = program.launch_with(
+            &mem,
+            "spin",
+            &config([1, 1, 1], [8, 1, 1], 0),
+            &out.to_le_bytes(),
+            &limits,
+        );
+        let mut word = [0u8; 4];
+        mem.read(out, &mut word).expect("download");
+        (report, word)
+    };
+    for per_block in [1_000, 1_003, 250_000] {
+        let interp = run(Engine::Interpreter, per_block);
+        let jit = run(Engine::Compiler, per_block);
+        assert_eq!(interp, jit, "a budget of {per_block}");
+        assert!(interp.0.result.is_err(), "the loop never ends");
+    }
+}

@@ -2,7 +2,7 @@
 //! first launch or found in the process's cache (keyed by the lowered kernel);
 //! the host's code generator is made once per process.
 
-use super::inline::flatten;
+use super::inline::{flatten, CHECKS, UNCOUNTED};
 use super::lanes::LANES;
 use super::plan::{plan, Plan};
 use super::runtime::KernelFn;
@@ -246,7 +246,11 @@ fn compile(f: &Func, p: &Plan) -> Result<CompiledKernel, String> {
         fresh_start: p.fresh_start,
         entry,
         ops,
-        lines: f.code.iter().map(|i| i.line).collect(),
+        lines: f
+            .code
+            .iter()
+            .map(|i| i.line & !(UNCOUNTED | CHECKS))
+            .collect(),
         resumes: p.resumes.clone().into_boxed_slice(),
         nregs: f.nregs,
         frame_bytes: f.frame_bytes,

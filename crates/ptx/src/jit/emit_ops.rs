@@ -3,6 +3,7 @@
 //! one through the interpreter's own `alu` step on the thread's register file.
 
 use super::device_calls::rt_device_call;
+use super::inline::{CHECKS, UNCOUNTED};
 use super::narrow::cmp_native;
 use super::runtime::{rt_register_op, window_base, Ctx, WINDOW_BYTES};
 use super::translate::{ctx_off, Translator};
@@ -83,7 +84,7 @@ impl Translator<'_, '_> {
     /// Emits register or memory op `pc` (not control flow).
     pub(super) fn op(&mut self, pc: u32) {
         let op = &self.ops[pc as usize];
-        let line = self.func.code[pc as usize].line;
+        let line = self.func.code[pc as usize].line & !(UNCOUNTED | CHECKS);
         let plain =
             |m: &crate::ir::FloatMode| matches!(m.rnd, Rnd::Default | Rnd::Rn) && !m.ftz && !m.sat;
         match *op {

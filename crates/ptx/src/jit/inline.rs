@@ -6,9 +6,14 @@
 use crate::ir::{Address, ArgLoc, Func, Inst, Module, Op, Sp, Src, NONE};
 use std::borrow::Cow;
 
-/// The line of an instruction the inliner adds: not counted, and never the
-/// place of a fault (frame copies in bounds, moves, branches).
-pub(super) const UNCOUNTED: u32 = u32::MAX;
+/// A bit of an instruction's line: the inliner added it, the interpreter
+/// would not count it (its other bits are 0: frame copies in bounds,
+/// moves and branches are never the place of a fault).
+pub(super) const UNCOUNTED: u32 = 1 << 31;
+
+/// A bit of an instruction's line: a call's branch into its callee, where
+/// the interpreter checks the block's budget as at a backward branch.
+pub(super) const CHECKS: u32 = 1 << 30;
 
 /// Calls nested deeper than this stay on the interpreter.
 const MAX_DEPTH: usize = 16;
@@ -136,7 +141,7 @@ impl Inliner<'_> {
                         guard: NONE,
                         guard_neg: false,
                         op: Op::Bra { target: 0 },
-                        line: inst.line,
+                        line: inst.line | CHECKS,
                     });
                 }
                 op => {

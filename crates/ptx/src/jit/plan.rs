@@ -3,6 +3,7 @@
 //! registers live at each.
 
 use super::dirty::{dirty_in, stops, RegSet};
+use super::inline::{CHECKS, UNCOUNTED};
 use crate::ir::{Func, Module, Op, SReg, Src, NONE};
 
 /// The compiler's view of one kernel.
@@ -72,7 +73,8 @@ pub(super) fn plan(m: &Module, k: usize, f: &Func) -> Result<Plan, String> {
         match inst.op {
             Op::Bra { target } => {
                 leaders.push(target);
-                if target <= pc {
+                // where a budget check may stop the thread (`branch_to`)
+                if (target <= pc && inst.line & UNCOUNTED == 0) || inst.line & CHECKS != 0 {
                     resumes.push(target);
                 }
                 leaders.push(pc + 1);

@@ -3,7 +3,7 @@
 //! control flow, guards and `trap`; ops live in `emit_ops` and `emit_mem`.
 
 use super::dirty::{add_writes, holds, stops};
-use super::inline::UNCOUNTED;
+use super::inline::{CHECKS, UNCOUNTED};
 use super::narrow::narrow_regs;
 use super::params::{hoist_params, HoistedParams};
 use super::plan::Plan;
@@ -601,7 +601,7 @@ impl<'a, 'f> Translator<'a, 'f> {
     pub(super) fn counted(&self, start: u32, end: u32) -> u32 {
         self.func.code[start as usize..end as usize]
             .iter()
-            .filter(|i| i.line != UNCOUNTED)
+            .filter(|i| i.line & UNCOUNTED == 0)
             .count() as u32
     }
 
@@ -746,7 +746,11 @@ impl<'a, 'f> Translator<'a, 'f> {
     /// yields when the block's count passed its next check.
     pub(super) fn branch_to(&mut self, target: u32, pc: u32, line: u32) {
         let to = self.blocks[self.plan.block_at(target)];
-        if target <= pc {
+        // as the interpreter: a backward branch and a call check the
+        // block's budget (a branch the inliner added does not)
+        let checks = (target <= pc && line & UNCOUNTED == 0) || line & CHECKS != 0;
+        let line = line & !(UNCOUNTED | CHECKS);
+        if checks {
             // a long loop yields so that the block's budgets are checked
             let n = self.fb.use_var(self.count);
             let at = self
