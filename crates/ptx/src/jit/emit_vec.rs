@@ -31,6 +31,7 @@ impl Translator<'_, '_> {
             return true;
         }
         let int32 = |t: Ty| t.bits() == 32 && !t.is_float();
+        let mut raw = None;
         let results: Vec<(u32, Value)> = match inst.op {
             Op::Mov { d, a, mask } if mask >= u32::MAX as u64 => vec![(d, self.vsrc(a))],
             Op::Int { op, t, d, a, b } if int32(t) => {
@@ -102,6 +103,7 @@ impl Translator<'_, '_> {
             } if plain(&mode) => {
                 let (x, y, z) = (self.vfloat(a), self.vfloat(b), self.vfloat(c));
                 let r = self.fb.ins().fma(x, y, z);
+                raw = Some(r);
                 vec![(d, self.vcanon(r))]
             }
             Op::Float {
@@ -120,6 +122,7 @@ impl Translator<'_, '_> {
                     FOp::Mul => ins.fmul(x, y),
                     _ => ins.fdiv(x, y),
                 };
+                raw = Some(r);
                 vec![(d, self.vcanon(r))]
             }
             Op::Setp {
@@ -201,9 +204,20 @@ impl Translator<'_, '_> {
                 }
                 None => v,
             };
-            self.fb.def_var(var, v);
+            self.vdef(d, v, raw.filter(|_| on.is_none()));
         }
         true
+    }
+
+    /// Sets narrow register `d` to `v` (an I32X4) for every lane; `raw`:
+    /// the `f32` lanes `v` was made canonical from ([`Translator::vraw`]).
+    pub(super) fn vdef(&mut self, d: u32, v: Value, raw: Option<Value>) {
+        let var = self.vregs[d as usize].expect("a narrow destination");
+        self.fb.def_var(var, v);
+        self.vraw.retain(|x| x.0 != d);
+        if let Some(r) = raw {
+            self.vraw.push((d, r));
+        }
     }
 
     /// `s` for every lane (narrow): its vector, or an immediate's low 32
@@ -247,6 +261,11 @@ impl Translator<'_, '_> {
     }
 
     fn vfloat(&mut self, s: Src) -> Value {
+        if let Src::Reg(r) = s {
+            if let Some(&(_, raw)) = self.vraw.iter().find(|x| x.0 == r) {
+                return raw;
+            }
+        }
         let v = self.vsrc(s);
         self.fb.ins().bitcast(F32X4, lanes_flags(), v)
     }

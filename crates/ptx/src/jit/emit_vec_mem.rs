@@ -121,8 +121,7 @@ impl Translator<'_, '_> {
                     }
                     None => self.gather(&addr),
                 };
-                let var = self.vregs[ds[0] as usize].expect("a narrow destination");
-                self.fb.def_var(var, v);
+                self.vdef(ds[0], v, None);
                 true
             }
             Op::St {
@@ -236,9 +235,9 @@ impl Translator<'_, '_> {
         };
         let wide = matches!(addr.base, Src::Reg(r) if self.vregs[r as usize].is_none());
         let spaces = matches!(addr.sp, Sp::Global | Sp::Generic);
-        let Some(var) = self.vregs[ds[0] as usize] else {
+        if self.vregs[ds[0] as usize].is_none() {
             return false;
-        };
+        }
         if inst.guard != NONE || !wide || !spaces || self.width != 4 {
             return false;
         }
@@ -299,7 +298,7 @@ impl Translator<'_, '_> {
         self.set_lane(lane);
         self.fb.ins().jump(join, &[BlockArg::Value(x)]);
         self.fb.switch_to_block(join);
-        self.fb.def_var(var, v);
+        self.vdef(ds[0], v, None);
         true
     }
 }

@@ -100,6 +100,11 @@ pub(super) struct Translator<'a, 'f> {
     pub lane_bases: Vec<LaneBase>,
     /// Vector constants made so far in the basic block being emitted.
     pub vconsts: Vec<(u32, Value)>,
+    /// Narrow registers that an `f32` vector op of the straight run being
+    /// emitted wrote, with its result before NaNs were made canonical: a
+    /// later `f32` op reads that (NaN in, NaN out, made canonical at its
+    /// end), keeping the canonicalisation off chains of dependent ops.
+    pub vraw: Vec<(u32, Value)>,
     pub pc_now: u32,
     /// The parameters loaded before the thread loop.
     pub params: HoistedParams,
@@ -338,6 +343,7 @@ impl<'a, 'f> Translator<'a, 'f> {
             unchecked: Vec::new(),
             lane_bases: Vec::new(),
             vconsts: Vec::new(),
+            vraw: Vec::new(),
             pc_now: 0,
             params,
         };
@@ -574,6 +580,7 @@ impl<'a, 'f> Translator<'a, 'f> {
     fn emit_range(&mut self, b: usize, start: u32, end: u32) {
         self.block_end = end;
         self.vconsts.clear();
+        self.vraw.clear();
         for pc in start..end {
             self.excess = self.counted(pc + 1, end) as i64;
             self.pc_now = pc;
@@ -795,6 +802,7 @@ impl<'a, 'f> Translator<'a, 'f> {
     pub(super) fn set(&mut self, d: u32, v: Value) {
         match self.vregs[d as usize] {
             Some(var) => {
+                self.vraw.retain(|x| x.0 != d);
                 // a narrow register: `v` is below 2^32
                 let all = self.fb.use_var(var);
                 let x = self.fb.ins().ireduce(I32, v);
