@@ -23,7 +23,7 @@ mod validate;
 
 pub use exec::{LOCAL_WINDOW, PARAM_WINDOW, SHARED_WINDOW};
 pub use heap::DEFAULT_HEAP_BYTES;
-pub use jit::compilations;
+pub use jit::{compilations, lane_blocks};
 pub use launch::{
     check_config, Fault, LaunchConfig, LaunchLimits, LaunchReport, LAUNCH_CHECK_INTERVAL,
     MAX_SHARED_OPTIN, MAX_STATIC_SHARED,

@@ -2,16 +2,18 @@
 //! first launch or found in the process's cache (keyed by the lowered kernel);
 //! the host's code generator is made once per process.
 
+use super::inline::{flatten, CHECKS, UNCOUNTED};
+use super::lanes::LANES;
 use super::plan::{plan, Plan};
 use super::runtime::KernelFn;
-use super::translate::{kernel_signature, Translator};
-use crate::ir::{Func, Module, Op};
+use super::translate::{kernel_signature, lane_slots, Translator};
+use crate::ir::{Func, Module, Op, Src};
 use crate::validate::check_module;
 use cranelift_codegen::isa::OwnedTargetIsa;
 use cranelift_codegen::settings::{self, Configurable};
 use cranelift_frontend::{FunctionBuilder, FunctionBuilderContext};
 use cranelift_jit::{JITBuilder, JITModule};
-use cranelift_module::{default_libcall_names, Linkage, Module as _};
+use cranelift_module::{default_libcall_names, FuncId, Linkage, Module as _};
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -19,6 +21,11 @@ use std::sync::{Arc, Mutex, OnceLock};
 /// One compiled kernel and the memory its code lives in.
 pub(crate) struct CompiledKernel {
     pub(super) entry: KernelFn,
+    /// The lane kernel ([`super::lanes`]): the same signature, for
+    /// groups of [`LANES`] threads from `first`, each at one resume point,
+    /// and the 16-byte slots of each group's lane file.
+    pub(super) lanes: Option<KernelFn>,
+    pub(super) lane_slots: u32,
     /// The kernel's ops (the code passes pointers into them to its helpers;
     /// warp collectives are resolved from them) and their source lines.
     pub(super) ops: Box<[Op]>,
@@ -29,8 +36,9 @@ pub(crate) struct CompiledKernel {
     pub(super) frame_bytes: u32,
     /// Whether it has warp collectives (else no thread ever waits at one).
     pub(super) collectives: bool,
-    /// Whether it has `bar.red` (else a barrier only lets its waiters go).
-    pub(super) bar_red: bool,
+    /// Whether every barrier waits for the whole block at one id, with no
+    /// `bar.arrive` or `bar.red` (a barrier then completes when all wait).
+    pub(super) plain_barriers: bool,
     /// Whether a thread's start reads no register from its file (which
     /// then needs no clearing between blocks).
     pub(super) fresh_start: bool,
@@ -104,9 +112,9 @@ impl CompiledModule {
             return Err(why);
         }
         slot.get_or_init(|| {
-            let p = plan(m, k)?;
-            let f = &m.funcs[m.kernels[k] as usize];
-            cached(key_of(f), || compile(f, &p))
+            let f = flatten(m, m.kernels[k])?;
+            let p = plan(m, k, &f)?;
+            cached(key_of(&f), || compile(&f, &p))
         })
         .as_ref()
         .map(|k| &**k)
@@ -132,40 +140,74 @@ fn host_isa() -> Result<&'static OwnedTargetIsa, String> {
     .map_err(|e| format!("no native code generator: {e}"))
 }
 
+/// Defines kernel `f`'s code in `jit`, the thread loop (`width` 1) or the
+/// lane kernel; its id, global-cache sites and hoisted parameter extent.
+fn define(
+    jit: &mut JITModule,
+    f: &Func,
+    ops: &[Op],
+    p: &Plan,
+    width: u32,
+) -> Result<(FuncId, u32, u64), String> {
+    let sig = kernel_signature(jit.isa().default_call_conv());
+    let mut ctx = jit.make_context();
+    ctx.func.signature = sig.clone();
+    let mut fbctx = FunctionBuilderContext::new();
+    let fb = FunctionBuilder::new(&mut ctx.func, &mut fbctx);
+    let (sites, extent) = Translator::translate(fb, jit.target_config(), f, ops, p, width);
+    let name = if width == 1 { "kernel" } else { "lanes" };
+    let id = jit
+        .declare_function(name, Linkage::Local, &sig)
+        .map_err(|e| e.to_string())?;
+    let dump = std::env::var_os("CUMUX_JIT_DISASM").is_some();
+    ctx.set_disasm(dump);
+    jit.define_function(id, &mut ctx)
+        .map_err(|e| format!("code generation: {e:?}"))?;
+    if dump {
+        if let Some(c) = ctx.compiled_code() {
+            eprintln!("{name}:\n{}", c.vcode.as_deref().unwrap_or(""));
+        }
+    }
+    Ok((id, sites, extent))
+}
+
 /// Compiles kernel `f` (a module's, whose plan is `p`), or says why not.
 fn compile(f: &Func, p: &Plan) -> Result<CompiledKernel, String> {
     let isa = host_isa()?;
     let mut jit = JITModule::new(JITBuilder::with_isa(isa.clone(), default_libcall_names()));
     let ops: Box<[Op]> = f.code.iter().map(|i| i.op.clone()).collect();
-    let sig = kernel_signature(isa.default_call_conv());
-    let mut ctx = jit.make_context();
-    ctx.func.signature = sig.clone();
-    let mut fbctx = FunctionBuilderContext::new();
-    let fb = FunctionBuilder::new(&mut ctx.func, &mut fbctx);
-    let (global_sites, param_extent) = Translator::translate(fb, jit.target_config(), f, &ops, p);
-    let id = jit
-        .declare_function("kernel", Linkage::Local, &sig)
-        .map_err(|e| e.to_string())?;
-    let dump = std::env::var_os("CUMUX_JIT_DISASM").is_some();
-    ctx.set_disasm(dump);
-    let defined = jit
-        .define_function(id, &mut ctx)
-        .map_err(|e| format!("code generation: {e:?}"))
-        .and_then(|_| jit.finalize_definitions().map_err(|e| e.to_string()));
-    if let Err(e) = defined {
+    let widths: &[u32] = if p.lanes { &[1, LANES] } else { &[1] };
+    let mut ids = Vec::new();
+    let (mut global_sites, mut param_extent) = (0, 0);
+    for &width in widths {
+        let defined = define(&mut jit, f, &ops, p, width);
+        let (id, sites, extent) = match defined {
+            Ok(d) => d,
+            Err(e) => {
+                // SAFETY: none of the module's code was handed out.
+                unsafe { jit.free_memory() };
+                return Err(e);
+            }
+        };
+        ids.push(id);
+        // the kernels share the worker's cache of sites (a hint each
+        // access checks: a site another kernel filled only misses)
+        global_sites = global_sites.max(sites);
+        param_extent = param_extent.max(extent);
+    }
+    if let Err(e) = jit.finalize_definitions() {
         // SAFETY: none of the module's code was handed out.
         unsafe { jit.free_memory() };
-        return Err(e);
+        return Err(e.to_string());
     }
-    if dump {
-        if let Some(c) = ctx.compiled_code() {
-            eprintln!("{}", c.vcode.as_deref().unwrap_or(""));
-        }
-    }
-    let code = jit.get_finalized_function(id);
-    // SAFETY: `code` is the finished code of a function built with
-    // `kernel_signature`, which is `KernelFn`'s ABI.
-    let entry = unsafe { std::mem::transmute::<*const u8, KernelFn>(code) };
+    let mut entries = ids.into_iter().map(|id| {
+        let code = jit.get_finalized_function(id);
+        // SAFETY: `code` is the finished code of a function built with
+        // `kernel_signature`, which is `KernelFn`'s ABI.
+        unsafe { std::mem::transmute::<*const u8, KernelFn>(code) }
+    });
+    let entry = entries.next().ok_or("no kernel defined")?;
+    let lanes = entries.next();
     let collectives = ops.iter().any(|op| {
         matches!(
             op,
@@ -183,13 +225,32 @@ fn compile(f: &Func, p: &Plan) -> Result<CompiledKernel, String> {
             Op::Bar { red, .. } if *red != crate::ir::BarRed::None
         )
     });
+    let mut ids = ops.iter().filter_map(|op| match op {
+        Op::Bar { id, .. } => Some(*id),
+        _ => None,
+    });
+    let first_id = ids.next();
+    let plain_barriers = !bar_red
+        && ids.all(|id| Some(id) == first_id)
+        && ops.iter().all(|op| match op {
+            Op::Bar {
+                wait, count, id, ..
+            } => *wait && *count == Src::Imm(u64::MAX) && matches!(id, Src::Imm(_)),
+            _ => true,
+        });
     Ok(CompiledKernel {
+        plain_barriers,
+        lanes,
+        lane_slots: lane_slots(f, p).1,
         collectives,
-        bar_red,
         fresh_start: p.fresh_start,
         entry,
         ops,
-        lines: f.code.iter().map(|i| i.line).collect(),
+        lines: f
+            .code
+            .iter()
+            .map(|i| i.line & !(UNCOUNTED | CHECKS))
+            .collect(),
         resumes: p.resumes.clone().into_boxed_slice(),
         nregs: f.nregs,
         frame_bytes: f.frame_bytes,

@@ -18,12 +18,13 @@ pub(super) fn holds(set: &RegSet, r: u32) -> bool {
         .is_some_and(|w| w >> (r % 64) & 1 != 0)
 }
 
-/// Whether `op` stops its thread when it runs (a barrier or warp
-/// collective: its result is written to the register file, not the code's).
+/// Whether `op` stops its thread when it runs (a barrier it waits at or a
+/// warp collective: its result is written to the register file, not the
+/// code's).
 pub(super) fn stops(op: &Op) -> bool {
     matches!(
         op,
-        Op::Bar { .. }
+        Op::Bar { wait: true, .. }
             | Op::Shfl { .. }
             | Op::Vote { .. }
             | Op::Match { .. }

@@ -2,7 +2,9 @@
 //! accesses in shared, local, parameter memory or the global allocation the
 //! site resolved last; else the checked helpers, which fault as the interpreter.
 
-use super::runtime::{rt_atom, rt_load, rt_misaligned_vector, rt_store, space_code, Ctx};
+use super::runtime::{
+    rt_atom, rt_load, rt_log_store, rt_misaligned_vector, rt_store, space_code, Ctx,
+};
 use super::translate::{ctx_off, Translator};
 use crate::ir::{Address, Op, Sp, Src, NONE};
 use cranelift_codegen::ir::condcodes::IntCC;
@@ -82,10 +84,11 @@ impl Translator<'_, '_> {
                 let opp = self.imm(op as *const Op as usize as i64);
                 let ln = self.fb.ins().iconst(I32, line as i64);
                 let out = self.fb.ins().stack_addr(I64, self.slot, 0);
+                let local = self.local_at();
                 let call = self.fb.ins().call_indirect(
                     sig,
                     f,
-                    &[self.ctx, site, self.local, opp, a, bv, cv, ln, out],
+                    &[self.ctx, site, local, opp, a, bv, cv, ln, out],
                 );
                 let st = self.fb.inst_results(call)[0];
                 self.fault_if(st);
@@ -150,7 +153,7 @@ impl Translator<'_, '_> {
     /// right by log2(`size`) is below `limit >> log2(size)` exactly when the
     /// offset is aligned and `offset + size <= limit` (a misaligned offset
     /// rotates its low bits to the top; every limit is far below 2^29).
-    fn fast_pointer(
+    pub(super) fn fast_pointer(
         &mut self,
         sp: Sp,
         addr: Value,
@@ -196,7 +199,7 @@ impl Translator<'_, '_> {
                     .fb
                     .ins()
                     .load(I64, fixed, self.ctx, ctx_off!(local_bytes));
-                (addr, lim, self.local)
+                (addr, lim, self.local_at())
             }
             Sp::Param if !write => {
                 let lim = self
@@ -246,11 +249,11 @@ impl Translator<'_, '_> {
 
     /// Whether the access being emitted, in `sp`, is one its block's
     /// check covered.
-    fn covered(&self, sp: Sp) -> bool {
+    pub(super) fn covered(&self, sp: Sp) -> bool {
         sp == Sp::Shared && self.unchecked.contains(&self.pc_now)
     }
 
-    fn load(&mut self, sp: Sp, addr: Value, size: u32, line: u32) -> Value {
+    pub(super) fn load(&mut self, sp: Sp, addr: Value, size: u32, line: u32) -> Value {
         if self.covered(sp) {
             let p = self.shared_unchecked(addr);
             return self.fast_load(p, size);
@@ -279,11 +282,11 @@ impl Translator<'_, '_> {
         let sz = self.fb.ins().iconst(I32, size as i64);
         let ln = self.fb.ins().iconst(I32, line as i64);
         let out = self.fb.ins().stack_addr(I64, self.slot, 0);
-        let call = self.fb.ins().call_indirect(
-            sig,
-            f,
-            &[self.ctx, site, self.local, spc, addr, sz, ln, out],
-        );
+        let local = self.local_at();
+        let call =
+            self.fb
+                .ins()
+                .call_indirect(sig, f, &[self.ctx, site, local, spc, addr, sz, ln, out]);
         let st = self.fb.inst_results(call)[0];
         if !Self::slow_may_succeed(sp) {
             self.fault_if(st);
@@ -311,8 +314,25 @@ impl Translator<'_, '_> {
         v
     }
 
-    /// Gives a global or generic access its own site in the cache.
-    fn next_site(&mut self, sp: Sp) {
+    /// Logs the bytes a lane kernel's global store at host pointer `p`
+    /// overwrites (the block is undone if its lanes part).
+    fn log_store(&mut self, p: Value, size: u32) {
+        let mut sig = Signature::new(self.call_conv);
+        sig.params
+            .extend([AbiParam::new(I64), AbiParam::new(I64), AbiParam::new(I32)]);
+        let sig = self.fb.import_signature(sig);
+        let f = self.imm(rt_log_store as *const () as usize as i64);
+        let sz = self.fb.ins().iconst(I32, size as i64);
+        self.fb.ins().call_indirect(sig, f, &[self.ctx, p, sz]);
+    }
+
+    /// Gives a global or generic access its own site in the cache (the
+    /// pinned one while `site_pin` holds one).
+    pub(super) fn next_site(&mut self, sp: Sp) {
+        if let Some(s) = self.site_pin {
+            self.site = s;
+            return;
+        }
         self.site = if Self::slow_may_succeed(sp) {
             self.sites += 1;
             self.sites - 1
@@ -366,11 +386,11 @@ impl Translator<'_, '_> {
         let spc = self.fb.ins().iconst(I32, space_code(sp) as i64);
         let sz = self.fb.ins().iconst(I32, size as i64);
         let ln = self.fb.ins().iconst(I32, line as i64);
-        let call = self.fb.ins().call_indirect(
-            sig,
-            f,
-            &[self.ctx, site, self.local, spc, addr, sz, ln, val],
-        );
+        let local = self.local_at();
+        let call =
+            self.fb
+                .ins()
+                .call_indirect(sig, f, &[self.ctx, site, local, spc, addr, sz, ln, val]);
         let st = self.fb.inst_results(call)[0];
         self.fault_if(st);
         let join = if Self::slow_may_succeed(sp) {
@@ -383,6 +403,9 @@ impl Translator<'_, '_> {
         };
         self.fb.switch_to_block(fast);
         if let Some((_, p)) = fast_ptr {
+            if self.width > 1 && Self::slow_may_succeed(sp) {
+                self.log_store(p, size);
+            }
             let x = if size < 8 {
                 self.fb.ins().ireduce(Self::int_type(size), val)
             } else {

@@ -3,6 +3,8 @@
 //! one through the interpreter's own `alu` step on the thread's register file.
 
 use super::device_calls::rt_device_call;
+use super::inline::{CHECKS, UNCOUNTED};
+use super::narrow::cmp_native;
 use super::runtime::{rt_register_op, window_base, Ctx, WINDOW_BYTES};
 use super::translate::{ctx_off, Translator};
 use crate::ir::{
@@ -82,7 +84,7 @@ impl Translator<'_, '_> {
     /// Emits register or memory op `pc` (not control flow).
     pub(super) fn op(&mut self, pc: u32) {
         let op = &self.ops[pc as usize];
-        let line = self.func.code[pc as usize].line;
+        let line = self.func.code[pc as usize].line & !(UNCOUNTED | CHECKS);
         let plain =
             |m: &crate::ir::FloatMode| matches!(m.rnd, Rnd::Default | Rnd::Rn) && !m.ftz && !m.sat;
         match *op {
@@ -182,7 +184,7 @@ impl Translator<'_, '_> {
                 c,
                 cneg,
                 ..
-            } if self.cmp_native(cmp, t) => {
+            } if cmp_native(cmp, t) => {
                 let (a, b) = (self.src(a), self.src(b));
                 let p = self.compare(cmp, t, a, b);
                 let cv = self.src(c);
@@ -260,6 +262,19 @@ impl Translator<'_, '_> {
                 self.set(d, v);
             }
             Op::Ld { .. } | Op::St { .. } | Op::Atom { .. } => self.memory_op(op, line),
+            Op::Bar {
+                wait: false, id, ..
+            } => {
+                // `bar.arrive`: one more arrival at barrier `id & 15`
+                let id = self.src(id);
+                let slot = self.fb.ins().band_imm_u(id, 15);
+                let off = self.fb.ins().ishl_imm_u(slot, 2);
+                let at = self.fb.ins().iadd(self.ctx, off);
+                let flags = MemFlagsData::trusted();
+                let n = self.fb.ins().load(I32, flags, at, ctx_off!(arrivals));
+                let n = self.fb.ins().iadd_imm_s(n, 1);
+                self.fb.ins().store(flags, n, at, ctx_off!(arrivals));
+            }
             Op::Printf { .. } | Op::Malloc { .. } | Op::Free { .. } | Op::CpAsync { .. } => {
                 self.device_call(pc, line)
             }
@@ -276,17 +291,22 @@ impl Translator<'_, '_> {
 
     fn special(&mut self, r: SReg) -> Value {
         match r {
-            SReg::Tid(k) => self.fb.ins().uextend(I64, self.tid[k as usize % 3]),
+            SReg::Tid(k) => {
+                let t = self.tid_at(k as usize % 3);
+                self.fb.ins().uextend(I64, t)
+            }
             SReg::Ntid(9) => self.fb.ins().iconst(I64, 1),
             SReg::Ntid(k) => self.ctx_u32(ctx_off!(ntid) + 4 * (k as i32 % 3)),
             SReg::Ctaid(k) => self.ctx_u32(ctx_off!(ctaid) + 4 * (k as i32 % 3)),
             SReg::Nctaid(k) => self.ctx_u32(ctx_off!(nctaid) + 4 * (k as i32 % 3)),
             SReg::Laneid => {
-                let l = self.fb.ins().uextend(I64, self.lin);
+                let lin = self.lin_at();
+                let l = self.fb.ins().uextend(I64, lin);
                 self.fb.ins().band_imm_u(l, 31)
             }
             SReg::Warpid => {
-                let l = self.fb.ins().uextend(I64, self.lin);
+                let lin = self.lin_at();
+                let l = self.fb.ins().uextend(I64, lin);
                 self.fb.ins().ushr_imm_u(l, 5)
             }
             SReg::Nwarpid => self.ctx_u32(ctx_off!(nwarpid)),
@@ -309,7 +329,8 @@ impl Translator<'_, '_> {
             | SReg::LanemaskLe
             | SReg::LanemaskGt
             | SReg::LanemaskGe => {
-                let l = self.fb.ins().uextend(I64, self.lin);
+                let lin = self.lin_at();
+                let l = self.fb.ins().uextend(I64, lin);
                 let lane = self.fb.ins().band_imm_u(l, 31);
                 let one = self.imm(1);
                 let bit = self.fb.ins().ishl(one, lane);
@@ -351,22 +372,24 @@ impl Translator<'_, '_> {
         });
         let mut dsts = Vec::new();
         op.for_each_dst(|d| dsts.push(d));
+        let rp = self.regs_at();
         for r in srcs {
-            let v = self.fb.use_var(self.regs[r as usize]);
+            let v = self.src(Src::Reg(r));
             self.fb
                 .ins()
-                .store(MemFlagsData::trusted(), v, self.regs_ptr, (r * 8) as i32);
+                .store(MemFlagsData::trusted(), v, rp, (r * 8) as i32);
         }
         dsts
     }
 
     /// Takes registers a helper wrote back from the thread's register file.
     fn reload(&mut self, dsts: Vec<u32>) {
+        let rp = self.regs_at();
         for d in dsts {
             let v = self
                 .fb
                 .ins()
-                .load(I64, MemFlagsData::trusted(), self.regs_ptr, (d * 8) as i32);
+                .load(I64, MemFlagsData::trusted(), rp, (d * 8) as i32);
             self.set(d, v);
         }
     }
@@ -385,9 +408,8 @@ impl Translator<'_, '_> {
             .iconst(I64, rt_register_op as *const () as usize as i64);
         let opp = self.fb.ins().iconst(I64, op as *const Op as usize as i64);
         let nregs = self.fb.ins().iconst(I64, self.func.nregs as i64);
-        self.fb
-            .ins()
-            .call_indirect(sig, callee, &[opp, self.regs_ptr, nregs]);
+        let rp = self.regs_at();
+        self.fb.ins().call_indirect(sig, callee, &[opp, rp, nregs]);
         self.reload(dsts);
     }
 
@@ -405,19 +427,11 @@ impl Translator<'_, '_> {
         let opp = self.imm(op as *const Op as usize as i64);
         let nregs = self.imm(self.func.nregs as i64);
         let ln = self.fb.ins().iconst(I32, line as i64);
-        let call = self.fb.ins().call_indirect(
-            sig,
-            callee,
-            &[
-                self.ctx,
-                self.local,
-                self.regs_ptr,
-                nregs,
-                opp,
-                ln,
-                self.lin,
-            ],
-        );
+        let (local, rp, lin) = (self.local_at(), self.regs_at(), self.lin_at());
+        let call =
+            self.fb
+                .ins()
+                .call_indirect(sig, callee, &[self.ctx, local, rp, nregs, opp, ln, lin]);
         let st = self.fb.inst_results(call)[0];
         self.fault_if(st);
         self.reload(dsts);
@@ -510,28 +524,6 @@ impl Translator<'_, '_> {
             }
         };
         self.masked(v, mask)
-    }
-
-    fn cmp_native(&self, cmp: Cmp, t: Ty) -> bool {
-        match t {
-            Ty::F32 | Ty::F64 => true,
-            t if t.is_float() || t == Ty::Pred || t == Ty::B128 => false,
-            _ => matches!(
-                cmp,
-                Cmp::Eq
-                    | Cmp::Ne
-                    | Cmp::Lt
-                    | Cmp::Le
-                    | Cmp::Gt
-                    | Cmp::Ge
-                    | Cmp::Equ
-                    | Cmp::Neu
-                    | Cmp::Ltu
-                    | Cmp::Leu
-                    | Cmp::Gtu
-                    | Cmp::Geu
-            ),
-        }
     }
 
     /// `cmp` of `a` and `b` as type `t` (an I8 condition).

@@ -2,12 +2,17 @@
 //! threads run warp by warp from resume point to barrier or collective, with
 //! the interpreter's scheduling, budgets, cancel flag, deadlocks and faults.
 
+use super::barriers::Waiters;
 use super::compiled::CompiledKernel;
-use super::runtime::{Ctx, GlobalEntry, RET_EXIT, RET_FAULT, STOP_BARRIER, STOP_BITS, STOP_WARP};
+use super::lanes::LANES;
+use super::runtime::{
+    Ctx, GlobalEntry, KernelFn, RET_EXIT, RET_FAULT, RET_PARTED, STOP_BARRIER, STOP_BITS, STOP_WARP,
+};
 use super::warp::{resolve_warp, Lanes, State};
 use crate::exec::{launch_progress, on_workers, BlockResults, BLOCK_MEMORY_LIMIT};
-use crate::ir::{BarRed, Module, Op, SReg, Src, NONE};
+use crate::ir::{Module, Op, SReg};
 use crate::launch::{Fault, LaunchConfig, LaunchLimits, LaunchReport, LAUNCH_CHECK_INTERVAL};
+use crate::memory::atomic_store;
 use crate::memory::{DeviceMemory, MemView};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
@@ -29,6 +34,9 @@ struct Grid<'a> {
     limits: &'a LaunchLimits<'a>,
     executed: AtomicU64,
     abort: AtomicBool,
+    /// A block's lanes parted: the launch's later blocks run on the thread
+    /// loop only.
+    lanes_off: AtomicBool,
 }
 
 /// Runs compiled kernel `kernel` of module `m` over the grid (a
@@ -91,6 +99,7 @@ pub(crate) fn launch(
         limits,
         executed: AtomicU64::new(0),
         abort: AtomicBool::new(false),
+        lanes_off: AtomicBool::new(false),
     };
     run_grid(&g)
 }
@@ -155,6 +164,24 @@ fn run_grid(g: &Grid<'_>) -> LaunchReport {
     results.report(g.executed.load(Ordering::Relaxed))
 }
 
+/// Blocks of this process that ran through lane kernels, and that were
+/// undone and ran again on the thread loop.
+static LANE_BLOCKS: [AtomicU64; 2] = [AtomicU64::new(0), AtomicU64::new(0)];
+
+/// Blocks of compiled kernels this process ran through lane kernels so
+/// far, and blocks whose lanes parted (undone, run again thread by thread).
+pub fn lane_blocks() -> (u64, u64) {
+    (
+        LANE_BLOCKS[0].load(Ordering::Relaxed),
+        LANE_BLOCKS[1].load(Ordering::Relaxed),
+    )
+}
+
+/// Why a block's lane kernel gave up (it runs again on the thread loop).
+fn parted() -> Fault {
+    Fault::Failed("the block's lanes parted".into())
+}
+
 fn cancelled(g: &Grid<'_>) -> bool {
     g.limits.cancel.is_some_and(|c| c.load(Ordering::Relaxed))
 }
@@ -180,8 +207,16 @@ struct Worker {
     /// Instructions of the running block, and those already counted.
     instructions: u64,
     counted: u64,
-    /// Threads of the running block that exited.
+    /// Threads of the running block that exited, and that wait at a barrier.
     exited: usize,
+    waiting: usize,
+    /// The lane kernel's file of narrow registers (`Ctx::lane_file`,
+    /// two words a register and group).
+    lane_file: Vec<u64>,
+    /// Whether the running block runs its groups of threads through the
+    /// lane kernel, and the log of its stores (`Ctx::undo`).
+    lanes_now: bool,
+    undo: Vec<(*mut u8, u32, u64)>,
 }
 
 impl Worker {
@@ -191,7 +226,9 @@ impl Worker {
         Worker {
             regs: vec![0; n * g.kernel.nregs as usize],
             local: vec![0; n * local_words],
-            shared: vec![0; (g.shared_bytes as usize).div_ceil(8)],
+            // 16 bytes to spare: a lane kernel's 16-byte load from a word
+            // near the end (whose other lanes it drops)
+            shared: vec![0; (g.shared_bytes as usize).div_ceil(8) + 2],
             gcache: vec![GlobalEntry::EMPTY; g.kernel.global_sites as usize],
             resume: vec![0; n],
             state: vec![State::Ready; n],
@@ -208,6 +245,13 @@ impl Worker {
             instructions: 0,
             counted: 0,
             exited: 0,
+            waiting: 0,
+            lane_file: match g.kernel.lanes {
+                Some(_) => vec![0; n.div_ceil(LANES as usize) * g.kernel.lane_slots as usize * 2],
+                None => Vec::new(),
+            },
+            lanes_now: false,
+            undo: Vec::new(),
         }
     }
 
@@ -237,9 +281,46 @@ impl Worker {
             .min(g.limits.per_block)
     }
 
-    /// Runs block `block_id`: every ready thread up to its next stop, round
-    /// after round; a barrier all live threads wait at lets them all go on.
+    /// Runs block `block_id`, its groups of threads through the lane kernel
+    /// while the launch's lanes have not parted: where they part, or the
+    /// block fails, its stores are undone and it runs again on the thread
+    /// loop, which keeps the interpreter's order of threads (its faults,
+    /// counts and memory).
     fn run_block(&mut self, g: &Grid<'_>, block_id: u64) -> Result<(), Fault> {
+        // (a block of whole groups only: the thread loop logs no stores)
+        let whole = self.state.len().is_multiple_of(LANES as usize);
+        if g.kernel.lanes.is_none() || !whole || g.lanes_off.load(Ordering::Relaxed) {
+            return self.run_block_once(g, block_id);
+        }
+        self.lanes_now = true;
+        let r = self.run_block_once(g, block_id);
+        self.lanes_now = false;
+        let log = std::mem::take(&mut self.undo);
+        if r.is_ok() {
+            self.undo = log;
+            self.undo.clear();
+            LANE_BLOCKS[0].fetch_add(1, Ordering::Relaxed);
+            return r;
+        }
+        LANE_BLOCKS[1].fetch_add(1, Ordering::Relaxed);
+        for &(p, size, old) in log.iter().rev() {
+            // SAFETY: each entry is a store of this block, checked when it
+            // ran, into memory that stays while the launch runs.
+            unsafe { atomic_store(p, size, old) };
+        }
+        self.undo = log;
+        self.undo.clear();
+        g.lanes_off.store(true, Ordering::Relaxed);
+        g.executed.fetch_sub(self.counted, Ordering::Relaxed);
+        self.counted = 0;
+        self.out.clear();
+        self.run_block_once(g, block_id)
+    }
+
+    /// Runs block `block_id` once: every ready thread up to its next stop,
+    /// round after round; a barrier all live threads wait at lets them all
+    /// go on.
+    fn run_block_once(&mut self, g: &Grid<'_>, block_id: u64) -> Result<(), Fault> {
         let [gx, gy, _] = g.cfg.grid;
         self.ctaid = [
             (block_id % gx as u64) as u32,
@@ -255,7 +336,12 @@ impl Worker {
         self.shared.fill(0);
         self.resume.fill(0);
         self.state.fill(State::Ready);
+        // every thread starts with zeros (or reads none), as does the lane file
+        if self.lanes_now && !g.kernel.fresh_start {
+            self.lane_file.fill(0);
+        }
         self.exited = 0;
+        self.waiting = 0;
         let n = self.state.len();
         let local_words = (g.kernel.frame_bytes as usize).div_ceil(8);
         let ntid = g.cfg.block;
@@ -282,6 +368,9 @@ impl Worker {
             memory: g.memory,
             fault: None,
             out: std::mem::take(&mut self.out),
+            arrivals: [0; 16],
+            lane_file: self.lane_file.as_mut_ptr() as *mut u8,
+            undo: self.lanes_now.then(|| std::mem::take(&mut self.undo)),
         };
         // as the interpreter schedules: warp by warp, each warp's ready lanes
         // in turn until none of its collectives can be resolved
@@ -315,8 +404,17 @@ impl Worker {
                 break Ok(());
             }
             // a thread that yielded in a long loop runs again next round
-            let yielded = self.state.contains(&State::Ready);
-            let progressed = self.resolve_barrier(g, alive)
+            // (none is ready when every live one waits at a barrier)
+            let yielded = self.waiting < alive && self.state.contains(&State::Ready);
+            let mut waiters = Waiters {
+                kernel: g.kernel,
+                waiting: &mut self.waiting,
+                state: &mut self.state,
+                resume: &self.resume,
+                regs: &mut self.regs,
+                arrivals: &mut ctx.arrivals,
+            };
+            let progressed = waiters.resolve(alive)
                 || {
                     let mut lanes = Lanes {
                         kernel: g.kernel,
@@ -337,11 +435,15 @@ impl Worker {
         };
         self.instructions = ctx.instructions;
         self.out = std::mem::take(&mut ctx.out);
+        if let Some(log) = ctx.undo.take() {
+            self.undo = log;
+        }
         result
     }
 
     /// Runs the ready threads of `lo..hi`, in order, each from its resume
-    /// point to its next stop.
+    /// point to its next stop: a group of [`LANES`] ready at one resume
+    /// point through the lane kernel, the others through the thread loop.
     fn run_ready(
         &mut self,
         g: &Grid<'_>,
@@ -349,37 +451,153 @@ impl Worker {
         lo: usize,
         hi: usize,
     ) -> Result<(), Fault> {
+        let lanes = LANES as usize;
         let mut t = lo;
         while t < hi {
             if self.state[t] != State::Ready {
                 t += 1;
                 continue;
             }
+            let grouped = self.state.len() / lanes * lanes;
+            if let (Some(group), true) = (g.kernel.lanes.filter(|_| self.lanes_now), t < grouped) {
+                // each group's threads are ready together, at one resume
+                // point; mostly every thread of the block at one
+                let upto = hi.min(grouped);
+                let r = self.resume[t];
+                // (a group's threads always stop together: its first one
+                // speaks for it)
+                let all_ready = self.state[t..upto]
+                    .iter()
+                    .step_by(lanes)
+                    .all(|&s| s == State::Ready)
+                    && self.resume[t..upto].iter().step_by(lanes).all(|&x| x == r);
+                if all_ready && t.is_multiple_of(lanes) && upto > t {
+                    t = self.run_lanes(g, ctx, group, t, upto)?;
+                    continue;
+                }
+                let end = (t..hi.min(grouped))
+                    .find(|&k| self.state[k] != State::Ready)
+                    .unwrap_or(hi.min(grouped));
+                let end = end / lanes * lanes;
+                let in_step = (t..end).step_by(lanes).all(|k| self.in_step(k, hi));
+                if !t.is_multiple_of(lanes) || end <= t || !in_step {
+                    return Err(parted());
+                }
+                t = self.run_lanes(g, ctx, group, t, end)?;
+                continue;
+            }
             let end = (t..hi)
                 .find(|&k| self.state[k] != State::Ready)
                 .unwrap_or(hi);
-            // SAFETY: the compiled kernel gets this block's live context, the
-            // register files (`nregs` each) and local memories (`frame_bytes`
-            // rounded to words each) of all `n` threads, what it was compiled
-            // for, their `%tid`s and resume ids and a code slot each; it
-            // touches only threads `t..end`, all below `n`.
-            let stop = unsafe {
-                (g.kernel.entry)(
-                    ctx,
-                    self.regs.as_mut_ptr(),
-                    self.local.as_mut_ptr() as *mut u8,
-                    t as u32,
-                    end as u32,
-                    self.resume.as_ptr(),
-                    self.tids.as_ptr(),
-                    self.codes.as_mut_ptr(),
-                )
-            } as usize;
-            let stop = stop.clamp(t + 1, end);
-            for k in t..stop {
-                self.stopped(g, ctx, k)?;
-            }
-            t = stop;
+            t = self.run_single(g, ctx, t, end)?;
+        }
+        Ok(())
+    }
+
+    /// Runs threads `t..end` (all ready) through the thread loop, each to
+    /// its next stop; where the run ended (one past a yield or fault).
+    fn run_single(
+        &mut self,
+        g: &Grid<'_>,
+        ctx: &mut Ctx<'_>,
+        t: usize,
+        end: usize,
+    ) -> Result<usize, Fault> {
+        // SAFETY: the compiled kernel gets this block's live context, the
+        // register files (`nregs` each) and local memories (`frame_bytes`
+        // rounded to words each) of all `n` threads, what it was compiled
+        // for, their `%tid`s and resume ids and a code slot each; it
+        // touches only threads `t..end`, all below `n`.
+        let stop = unsafe {
+            (g.kernel.entry)(
+                ctx,
+                self.regs.as_mut_ptr(),
+                self.local.as_mut_ptr() as *mut u8,
+                t as u32,
+                end as u32,
+                self.resume.as_ptr(),
+                self.tids.as_ptr(),
+                self.codes.as_mut_ptr(),
+            )
+        } as usize;
+        let stop = stop.clamp(t + 1, end);
+        self.stops(g, ctx, t, stop, 1)?;
+        Ok(stop)
+    }
+
+    /// Whether the [`LANES`] threads from `t` are in `..hi`, all ready at
+    /// one resume point.
+    fn in_step(&self, t: usize, hi: usize) -> bool {
+        let group = t..t + LANES as usize;
+        group.end <= hi
+            && group
+                .clone()
+                .all(|k| self.state[k] == State::Ready && self.resume[k] == self.resume[t])
+    }
+
+    /// Runs the groups of threads `t..end` (whole groups, each in step)
+    /// through the lane kernel `group`; where the run ended.
+    fn run_lanes(
+        &mut self,
+        g: &Grid<'_>,
+        ctx: &mut Ctx<'_>,
+        group: KernelFn,
+        t: usize,
+        end: usize,
+    ) -> Result<usize, Fault> {
+        // SAFETY: as for the thread loop in `run_single`; the lane kernel
+        // touches only threads `t..end`, all below `n`, and their groups'
+        // vectors of the lane file (`nregs` of 16 bytes for each group of
+        // the block).
+        let stop = unsafe {
+            group(
+                ctx,
+                self.regs.as_mut_ptr(),
+                self.local.as_mut_ptr() as *mut u8,
+                t as u32,
+                end as u32,
+                self.resume.as_ptr(),
+                self.tids.as_ptr(),
+                self.codes.as_mut_ptr(),
+            )
+        } as usize;
+        let stop = stop.clamp(t + LANES as usize, end);
+        if self.codes[stop - 1] == RET_PARTED {
+            return Err(parted());
+        }
+        self.stops(g, ctx, t, stop, LANES as usize)?;
+        Ok(stop)
+    }
+
+    /// Takes the stop codes of threads `t..stop`, which stop alike `step`
+    /// by `step`: in bulk where all exited or all wait at one barrier (as
+    /// a block mostly does), else one by one.
+    fn stops(
+        &mut self,
+        g: &Grid<'_>,
+        ctx: &mut Ctx<'_>,
+        t: usize,
+        stop: usize,
+        step: usize,
+    ) -> Result<(), Fault> {
+        // (threads in step, `step` of them, all stop alike)
+        let code = self.codes[t];
+        let same = self.codes[t..stop].iter().step_by(step).all(|&c| c == code);
+        let at_barrier =
+            code != RET_EXIT && code != RET_FAULT && code & ((1 << STOP_BITS) - 1) == STOP_BARRIER;
+        if same && code == RET_EXIT {
+            self.state[t..stop].fill(State::Exited);
+            self.exited += stop - t;
+            return Ok(());
+        }
+        if same && at_barrier {
+            self.resume[t..stop].fill(code >> STOP_BITS);
+            self.state[t..stop].fill(State::AtBarrier);
+            self.waiting += stop - t;
+            return Ok(());
+        }
+        for k in t..stop {
+            self.stopped(g, ctx, k)?;
         }
         Ok(())
     }
@@ -400,7 +618,10 @@ impl Worker {
                 let id = r >> STOP_BITS;
                 self.resume[t] = id;
                 match r & ((1 << STOP_BITS) - 1) {
-                    STOP_BARRIER => self.state[t] = State::AtBarrier,
+                    STOP_BARRIER => {
+                        self.state[t] = State::AtBarrier;
+                        self.waiting += 1;
+                    }
                     STOP_WARP => {
                         let pc = g.kernel.resumes.get(id as usize).copied().unwrap_or(1);
                         self.state[t] = State::AtWarp(pc.saturating_sub(1));
@@ -410,79 +631,6 @@ impl Worker {
             }
         }
         Ok(())
-    }
-
-    /// Lets every thread waiting at the barrier go on once all `alive`
-    /// threads wait there, with the interpreter's `bar.red` reduction of
-    /// their predicates (the mode of the last waiter's op) written to each
-    /// one's destination; whether it did.
-    fn resolve_barrier(&mut self, g: &Grid<'_>, alive: usize) -> bool {
-        let waiting = self
-            .state
-            .iter()
-            .filter(|&&s| s == State::AtBarrier)
-            .count();
-        if waiting == 0 || waiting < alive {
-            return false;
-        }
-        if !g.kernel.bar_red {
-            for s in self.state.iter_mut() {
-                if *s == State::AtBarrier {
-                    *s = State::Ready;
-                }
-            }
-            return true;
-        }
-        let nregs = g.kernel.nregs as usize;
-        let bar_of = |w: &Worker, t: usize| {
-            let pc = g.kernel.resumes.get(w.resume[t] as usize)?;
-            match g.kernel.ops.get(pc.checked_sub(1)? as usize)? {
-                &Op::Bar {
-                    red, d, p, pneg, ..
-                } => Some((red, d, p, pneg)),
-                _ => None,
-            }
-        };
-        let get = |w: &Worker, t: usize, s: Src| match s {
-            Src::Reg(r) => w.regs.get(t * nregs + r as usize).copied().unwrap_or(0),
-            Src::Imm(v) => v,
-            Src::Frame(o) => o as u64,
-        };
-        let waiters: Vec<usize> = (0..self.state.len())
-            .filter(|&t| self.state[t] == State::AtBarrier)
-            .collect();
-        let mut red = BarRed::None;
-        for &t in &waiters {
-            if let Some((r, ..)) = bar_of(self, t) {
-                red = r;
-            }
-        }
-        let (mut popc, mut all, mut any) = (0u64, true, false);
-        if red != BarRed::None {
-            for &t in &waiters {
-                if let Some((_, _, p, pneg)) = bar_of(self, t) {
-                    let v = (get(self, t, p) & 1 != 0) != pneg;
-                    popc += v as u64;
-                    all &= v;
-                    any |= v;
-                }
-            }
-        }
-        for &t in &waiters {
-            if let Some((_, d, ..)) = bar_of(self, t).filter(|b| b.1 != NONE) {
-                let v = match red {
-                    BarRed::Popc => popc,
-                    BarRed::And => all as u64,
-                    BarRed::Or => any as u64,
-                    BarRed::None => 0,
-                };
-                if let Some(slot) = self.regs.get_mut(t * nregs + d as usize) {
-                    *slot = v;
-                }
-            }
-            self.state[t] = State::Ready;
-        }
-        true
     }
 
     /// The fault of a block none of whose waiting threads can go on, as the

@@ -1,13 +1,19 @@
-//! The PTX compiler: kernels the `plan` takes go from the lowered IR to native
-//! code with Cranelift (`translate`, `emit_*`, `params`, `shared_checks`), cached
+//! The PTX compiler: kernels the `plan` takes (calls `inline`d) go from the
+//! lowered IR to native code with Cranelift (`translate`, `emit_*`, `lanes`), cached
 //! per process (`compiled`), run as thread loops split at barriers (`launch`).
 
+mod barriers;
 mod compiled;
 mod device_calls;
 mod dirty;
 mod emit_mem;
 mod emit_ops;
+mod emit_vec;
+mod emit_vec_mem;
+mod inline;
+mod lanes;
 mod launch;
+mod narrow;
 mod params;
 mod plan;
 mod runtime;
@@ -17,4 +23,5 @@ mod warp;
 
 pub use compiled::compilations;
 pub(crate) use compiled::CompiledModule;
+pub use launch::lane_blocks;
 pub(crate) use launch::launch;

@@ -1,8 +1,9 @@
-//! Which kernels the compiler takes (no calls, tensor ops, lockstep warps;
-//! whole-block `bar.sync`/`bar.red` of one id) and the shape of one: basic blocks,
-//! resume points, the registers live at each.
+//! Which kernels the compiler takes (no tensor ops, lockstep warps, indirect
+//! or recursive calls) and the shape of one: basic blocks, resume points, the
+//! registers live at each.
 
 use super::dirty::{dirty_in, stops, RegSet};
+use super::inline::{CHECKS, UNCOUNTED};
 use crate::ir::{Func, Module, Op, SReg, Src, NONE};
 
 /// The compiler's view of one kernel.
@@ -23,6 +24,8 @@ pub(super) struct Plan {
     /// Registers possibly changed since the thread resumed, on entry to
     /// each basic block.
     pub dirty_in: Vec<RegSet>,
+    /// Whether a lane kernel is built too ([`super::lanes`]).
+    pub lanes: bool,
 }
 
 impl Plan {
@@ -37,8 +40,9 @@ impl Plan {
     }
 }
 
-/// Why kernel `k` of `m` stays on the interpreter, or its plan.
-pub(super) fn plan(m: &Module, k: usize) -> Result<Plan, String> {
+/// Why kernel `k` of `m` (`f`, its calls inlined) stays on the
+/// interpreter, or its plan.
+pub(super) fn plan(m: &Module, k: usize, f: &Func) -> Result<Plan, String> {
     let kernel = m.kernels[k];
     // warp-synchronous code runs in lockstep on the interpreter
     let lockstep =
@@ -48,20 +52,29 @@ pub(super) fn plan(m: &Module, k: usize) -> Result<Plan, String> {
     if lockstep {
         return Err("volatile accesses (lockstep warps)".into());
     }
-    let f = &m.funcs[kernel as usize];
-    let mut bar_id = None;
     for inst in &f.code {
-        supported(&inst.op, &mut bar_id).map_err(|why| format!("line {}: {why}", inst.line))?;
+        supported(&inst.op).map_err(|why| format!("line {}: {why}", inst.line))?;
     }
     let n = f.code.len() as u32;
     let mut leaders = vec![0u32];
     let mut resumes = vec![0u32];
+    // lanes pay a call for each group and stop: they go where the thread
+    // loop stops at barriers anyway, in kernels without warp collectives
+    let lanes = !lanes_off()
+        && f.code
+            .iter()
+            .any(|i| matches!(i.op, Op::Bar { wait: true, .. }))
+        && !f
+            .code
+            .iter()
+            .any(|i| stops(&i.op) && !matches!(i.op, Op::Bar { .. }));
     for (pc, inst) in f.code.iter().enumerate() {
         let pc = pc as u32;
         match inst.op {
             Op::Bra { target } => {
                 leaders.push(target);
-                if target <= pc {
+                // where a budget check may stop the thread (`branch_to`)
+                if (target <= pc && inst.line & UNCOUNTED == 0) || inst.line & CHECKS != 0 {
                     resumes.push(target);
                 }
                 leaders.push(pc + 1);
@@ -93,6 +106,7 @@ pub(super) fn plan(m: &Module, k: usize) -> Result<Plan, String> {
     let fresh_start = !f.code.iter().any(|i| matches!(i.op, Op::Bra { target: 0 }));
     let dirty_in = dirty_in(f, &leaders, fresh_start);
     Ok(Plan {
+        lanes,
         dirty_in,
         fresh_start,
         starts: leaders,
@@ -102,8 +116,30 @@ pub(super) fn plan(m: &Module, k: usize) -> Result<Plan, String> {
     })
 }
 
-/// Whether the compiler takes `op`; `bar_id` is the one barrier id seen so far.
-fn supported(op: &Op, bar_id: &mut Option<u64>) -> Result<(), String> {
+/// Whether `CUMUX_PTX_LANES=0` turns lane kernels off (read once).
+fn lanes_off() -> bool {
+    static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *OFF.get_or_init(|| std::env::var("CUMUX_PTX_LANES").is_ok_and(|v| v == "0"))
+}
+
+/// Whether lanes leave `op` to the thread loop, which runs it in thread
+/// order as the interpreter does: its output, heap blocks, atomics' old
+/// values and faults come in that order.
+pub(super) fn one_at_a_time(op: &Op) -> bool {
+    matches!(
+        op,
+        Op::Atom { .. }
+            | Op::Printf { .. }
+            | Op::AssertFail(_)
+            | Op::Malloc { .. }
+            | Op::Free { .. }
+            | Op::CpAsync { .. }
+            | Op::Trap(_)
+    )
+}
+
+/// Whether the compiler takes `op`.
+fn supported(op: &Op) -> Result<(), String> {
     match op {
         Op::Mov { .. }
         | Op::Int { .. }
@@ -170,18 +206,11 @@ fn supported(op: &Op, bar_id: &mut Option<u64>) -> Result<(), String> {
             | SReg::Zero => Ok(()),
             r => Err(format!("special register {r:?}")),
         },
-        // `bar.sync` and `bar.red` of all the block's threads
-        Op::Bar {
-            id: Src::Imm(id),
-            count: Src::Imm(u64::MAX),
-            wait: true,
-            ..
-        } => match bar_id {
-            Some(seen) if *seen != id & 15 => Err("barriers of several ids".into()),
-            _ => {
-                *bar_id = Some(id & 15);
-                Ok(())
-            }
+        // `bar.sync`, `bar.red` and `bar.arrive` of any id and count (the
+        // launch resolves them as the interpreter does)
+        Op::Bar { id, count, .. } => match (id, count) {
+            (Src::Frame(_), _) | (_, Src::Frame(_)) => Err("a barrier of a frame address".into()),
+            _ => Ok(()),
         },
         op => Err(format!("op {}", op_name(op))),
     }

@@ -16,6 +16,10 @@ pub(super) const RET_EXIT: u32 = u32::MAX;
 /// A compiled kernel region's return: the thread faulted (`Ctx::fault`).
 pub(super) const RET_FAULT: u32 = u32::MAX - 1;
 
+/// A lane kernel's return: its lanes part ways, or reach an op kept in
+/// thread order; the block is undone and runs again on the thread loop.
+pub(super) const RET_PARTED: u32 = u32::MAX - 2;
+
 /// Why a thread stopped short of its end: the low [`STOP_BITS`] bits of a
 /// region's return, above them the resume id it goes on from.
 pub(super) const STOP_BITS: u32 = 2;
@@ -84,6 +88,15 @@ pub(super) struct Ctx<'a> {
     pub fault: Option<Fault>,
     /// The block's `printf` output so far.
     pub out: Vec<u8>,
+    /// The lane kernel's narrow registers of each group of the block
+    /// between its runs: `nregs` vectors of 16 bytes a group.
+    pub lane_file: *mut u8,
+    /// `bar.arrive`s of each barrier id since it last completed (read and
+    /// written by generated code).
+    pub arrivals: [u32; 16],
+    /// While the block runs lane kernels: each store's place, size and
+    /// old bits, to undo the block when its lanes part.
+    pub undo: Option<Vec<(*mut u8, u32, u64)>>,
 }
 
 /// A global allocation as an access site's cache keeps it.
@@ -294,6 +307,7 @@ pub(super) unsafe extern "C" fn rt_store(
     let ctx = unsafe { &mut *ctx };
     match ctx.checked_ptr(site, local, space_of(sp), addr, size, true, line) {
         Ok(p) => {
+            ctx.log_store(p, size);
             // SAFETY: `checked_ptr` checked bounds and alignment of a live buffer.
             unsafe { atomic_store(p, size, val) };
             0
@@ -301,6 +315,28 @@ pub(super) unsafe extern "C" fn rt_store(
         Err(f) => {
             ctx.fault = Some(f);
             1
+        }
+    }
+}
+
+/// Logs the `size` bytes at `p` before a lane kernel's store there.
+///
+/// # Safety
+/// `ctx` is the running block's live context; `p` is aligned and in
+/// bounds of a live buffer (the store's fast path checked it).
+pub(super) unsafe extern "C" fn rt_log_store(ctx: *mut Ctx<'_>, p: *mut u8, size: u32) {
+    // SAFETY: the caller's contract: a live context, used by this thread only.
+    let ctx = unsafe { &mut *ctx };
+    ctx.log_store(p, size);
+}
+
+impl Ctx<'_> {
+    /// Keeps the old bits at `p` when the block's stores are logged.
+    fn log_store(&mut self, p: *mut u8, size: u32) {
+        if let Some(log) = &mut self.undo {
+            // SAFETY: the store about to happen checked `p` (aligned, in
+            // bounds, live).
+            log.push((p, size, unsafe { atomic_load(p, size) }));
         }
     }
 }

@@ -12,9 +12,9 @@ use std::mem::offset_of;
 
 /// The shared accesses of one base operand in a basic block: the lowest
 /// and highest offsets (and bytes at that end), the alignments they need.
-struct Group {
-    base: Src,
-    lo: i64,
+pub(super) struct Group {
+    pub base: Src,
+    pub lo: i64,
     hi: i64,
     /// (offset modulo alignment, alignment) pairs every access needs.
     aligns: Vec<(i64, i64)>,
@@ -22,7 +22,7 @@ struct Group {
 
 /// The pcs of `ops[start..end]` whose shared accesses one check can cover
 /// (base operand unchanged before them in the block), grouped by base.
-fn groups(ops: &[Op], start: u32, end: u32) -> (Vec<u32>, Vec<Group>) {
+pub(super) fn groups(ops: &[Op], start: u32, end: u32) -> (Vec<u32>, Vec<Group>) {
     let mut written: Vec<u32> = Vec::new();
     let mut pcs = Vec::new();
     let mut groups: Vec<Group> = Vec::new();

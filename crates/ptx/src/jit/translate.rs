@@ -3,6 +3,8 @@
 //! control flow, guards and `trap`; ops live in `emit_ops` and `emit_mem`.
 
 use super::dirty::{add_writes, holds, stops};
+use super::inline::{CHECKS, UNCOUNTED};
+use super::narrow::narrow_regs;
 use super::params::{hoist_params, HoistedParams};
 use super::plan::Plan;
 use super::runtime::{
@@ -10,7 +12,7 @@ use super::runtime::{
 };
 use crate::ir::{Func, Inst, Op, Sp, Src, NONE};
 use cranelift_codegen::ir::condcodes::IntCC;
-use cranelift_codegen::ir::types::{I32, I64};
+use cranelift_codegen::ir::types::{I32, I32X4, I64};
 use cranelift_codegen::ir::{
     AbiParam, Block, BlockArg, InstBuilder, JumpTableData, MemFlagsData, Signature, StackSlotData,
     StackSlotKind, Type, Value,
@@ -37,7 +39,27 @@ pub(super) struct Translator<'a, 'f> {
     /// The kernel's ops, owned by the compiled kernel (helpers get pointers).
     pub ops: &'a [Op],
     pub plan: &'a Plan,
+    /// Threads run in step by one call: 1 (the thread loop) or
+    /// `lanes::LANES` (the lane kernel).
+    pub width: u32,
+    /// The running lane's registers (`regs` below; the other lanes' wait
+    /// in `lane_regs`); its thread values come from lane 0's (`regs_at`,
+    /// `local_at`, `lin_at`, `tid_at`).
+    pub lane: usize,
+    pub lane_regs: Vec<Vec<Variable>>,
+    /// Where the running thread's (lane 0's) `%tid` is (x, y, z, 0).
+    pub tid_ptr: Value,
+    /// The end of the basic block being emitted.
+    pub block_end: u32,
     pub regs: Vec<Variable>,
+    /// In the lane kernel, each narrow register's vector of every lane's
+    /// value (an I32X4; its `regs` entries unused).
+    pub vregs: Vec<Option<Variable>>,
+    /// The lane kernel's group's narrow registers between runs: a vector
+    /// of 16 bytes for each register of `lane_slot` (`Ctx::lane_file`,
+    /// group `first / LANES`).
+    pub lane_file: Value,
+    pub lane_slot: Vec<u32>,
     pub count: Variable,
     pub ctx: Value,
     pub regs_ptr: Value,
@@ -61,6 +83,9 @@ pub(super) struct Translator<'a, 'f> {
     /// The global-cache site of the access being emitted, and the sites so far.
     pub site: u32,
     pub sites: u32,
+    /// The site every access takes while set (a lane kernel's lanes of one
+    /// access share their vector access's site).
+    pub site_pin: Option<u32>,
     /// An 8-byte stack slot the load helper writes into.
     pub slot: cranelift_codegen::ir::StackSlot,
     /// The float each value of float-op result bits came from (register
@@ -70,9 +95,118 @@ pub(super) struct Translator<'a, 'f> {
     /// The shared accesses the running copy of a basic block runs without
     /// checks (its block's check passed), and the pc being emitted.
     pub unchecked: Vec<u32>,
+    /// In the lane kernel's copy of a block whose shared accesses its check
+    /// covered: how the lanes' addresses from each base lie ([`LaneBase`]).
+    pub lane_bases: Vec<LaneBase>,
+    /// Vector constants made so far in the basic block being emitted.
+    pub vconsts: Vec<(u32, Value)>,
+    /// Narrow registers that an `f32` vector op of the straight run being
+    /// emitted wrote, with its result before NaNs were made canonical: a
+    /// later `f32` op reads that (NaN in, NaN out, made canonical at its
+    /// end), keeping the canonicalisation off chains of dependent ops.
+    pub vraw: Vec<(u32, Value)>,
     pub pc_now: u32,
     /// The parameters loaded before the thread loop.
     pub params: HoistedParams,
+}
+
+/// The lanes' shared addresses from one base register of a basic block
+/// (which the block does not change), its accesses covered by the block's
+/// check: the host pointer of the first lane's lowest access, and whether
+/// the lanes' addresses are consecutive words, and all the same.
+pub(super) struct LaneBase {
+    pub base: Src,
+    pub lo: i64,
+    pub first: Value,
+    pub consecutive: Value,
+    pub equal: Value,
+    /// In a copy of the block made for one way the lanes lie: all the
+    /// same (`Some(true)`) or consecutive (`Some(false)`); `None`: either.
+    pub mode: Option<bool>,
+}
+
+/// One thread's values in compiled code: its index in the block (an I32),
+/// register file, local memory and `%tid`.
+#[derive(Clone, Copy)]
+pub(super) struct LaneVals {
+    pub thread: Value,
+    pub regs_ptr: Value,
+    pub local: Value,
+    pub tid: [Value; 3],
+}
+
+/// The values of thread `thread` (an I32): its register file at
+/// `regs_base + 8 nregs thread`, its local memory at `local_base + stride
+/// thread`, its `%tid` at `tids + 16 thread` (loaded when `load_tid`; its
+/// place as well).
+fn thread_values(
+    fb: &mut FunctionBuilder<'_>,
+    func: &Func,
+    thread: Value,
+    [regs_base, local_base, tids]: [Value; 3],
+    load_tid: bool,
+) -> (LaneVals, Value) {
+    let t64 = fb.ins().uextend(I64, thread);
+    let reg_off = fb.ins().imul_imm_s(t64, func.nregs as i64 * 8);
+    let regs_ptr = fb.ins().iadd(regs_base, reg_off);
+    let local_stride = (func.frame_bytes as u64).div_ceil(8) as i64 * 8;
+    let local_off = fb.ins().imul_imm_s(t64, local_stride);
+    let local = fb.ins().iadd(local_base, local_off);
+    let tid_off = fb.ins().ishl_imm_u(t64, 4);
+    let tid_at = fb.ins().iadd(tids, tid_off);
+    let fixed = MemFlagsData::trusted().with_readonly();
+    let tid = [0, 4, 8].map(|o| match load_tid {
+        true => fb.ins().load(I32, fixed, tid_at, o),
+        false => thread,
+    });
+    let vals = LaneVals {
+        thread,
+        regs_ptr,
+        local,
+        tid,
+    };
+    (vals, tid_at)
+}
+
+/// The lane file's slot of each register that a stop may store or a
+/// resume load (live at a resume point, read by a barrier or shuffled;
+/// `u32::MAX` for the others), and how many slots a group has.
+pub(super) fn lane_slots(func: &Func, plan: &Plan) -> (Vec<u32>, u32) {
+    let mut kept = vec![false; func.nregs as usize];
+    for &pc in &plan.resumes {
+        for &r in &plan.live_in[plan.block_at(pc)] {
+            kept[r as usize] = true;
+        }
+    }
+    for inst in &func.code {
+        if stops(&inst.op) {
+            inst.op.for_each_src(|s| {
+                if let Src::Reg(r) = s {
+                    kept[r as usize] = true;
+                }
+            });
+        }
+    }
+    for &r in &plan.shuffled {
+        kept[r as usize] = true;
+    }
+    let mut n = 0;
+    let slots = kept
+        .iter()
+        .map(|&k| {
+            if !k {
+                return u32::MAX;
+            }
+            n += 1;
+            n - 1
+        })
+        .collect();
+    (slots, n)
+}
+
+/// Flags of the lane file's 16-byte accesses (lanes in memory order).
+pub(super) fn lanes_flags() -> MemFlagsData {
+    MemFlagsData::trusted().with_endianness(cranelift_codegen::ir::Endianness::Little)
 }
 
 /// A field of [`Ctx`] at its offset.
@@ -84,14 +218,17 @@ macro_rules! ctx_off {
 pub(super) use ctx_off;
 
 impl<'a, 'f> Translator<'a, 'f> {
-    /// Builds the whole function into `fb`'s function; returns its number
-    /// of global-cache sites and the parameter bytes its hoisted loads read.
+    /// Builds the whole function into `fb`'s function, the thread loop
+    /// (`width` 1) or the lane kernel (`width` threads in step from
+    /// `first`, all at one resume point); returns its number of
+    /// global-cache sites and the parameter bytes its hoisted loads read.
     pub(super) fn translate(
         mut fb: FunctionBuilder<'f>,
         target: TargetFrontendConfig,
         func: &'a Func,
         ops: &'a [Op],
         plan: &'a Plan,
+        width: u32,
     ) -> (u32, u64) {
         let entry = fb.create_block();
         fb.append_block_params_for_function_params(entry);
@@ -99,7 +236,18 @@ impl<'a, 'f> Translator<'a, 'f> {
         let p = fb.block_params(entry).to_vec();
         let (ctx, regs_base, local_base, first, end) = (p[0], p[1], p[2], p[3], p[4]);
         let (resume_ids, tids, codes) = (p[5], p[6], p[7]);
-        let regs: Vec<Variable> = (0..func.nregs).map(|_| fb.declare_var(I64)).collect();
+        let mut lane_regs: Vec<Vec<Variable>> = (0..width)
+            .map(|_| (0..func.nregs).map(|_| fb.declare_var(I64)).collect())
+            .collect();
+        let regs = std::mem::take(&mut lane_regs[0]);
+        let vregs: Vec<Option<Variable>> = if width == 1 {
+            vec![None; func.nregs as usize]
+        } else {
+            narrow_regs(func)
+                .into_iter()
+                .map(|n| n.then(|| fb.declare_var(I32X4)))
+                .collect()
+        };
         let count = fb.declare_var(I64);
         let n = fb
             .ins()
@@ -108,14 +256,16 @@ impl<'a, 'f> Translator<'a, 'f> {
         let params = hoist_params(&mut fb, ctx, ops);
         // the loop over the range's threads: each runs from its resume point
         // to its next stop, its registers and local memory at fixed strides
+        // (the lane kernel's loop goes group by group, `width` threads a step)
+        let next_thread = fb.create_block();
+        let bases = [regs_base, local_base, tids];
         let head = fb.create_block();
-        let thread = fb.append_block_param(head, I32);
+        let first_thread = fb.append_block_param(head, I32);
         let body = fb.create_block();
         let done = fb.create_block();
-        let next_thread = fb.create_block();
         fb.ins().jump(head, &[BlockArg::Value(first)]);
         fb.switch_to_block(head);
-        let more = fb.ins().icmp(IntCC::UnsignedLessThan, thread, end);
+        let more = fb.ins().icmp(IntCC::UnsignedLessThan, first_thread, end);
         fb.ins().brif(more, body, &[], done, &[]);
         fb.switch_to_block(done);
         let n = fb.use_var(count);
@@ -123,22 +273,33 @@ impl<'a, 'f> Translator<'a, 'f> {
             .store(MemFlagsData::trusted(), n, ctx, ctx_off!(instructions));
         fb.ins().return_(&[end]);
         fb.switch_to_block(next_thread);
-        let following = fb.ins().iadd_imm_s(thread, 1);
+        let following = fb.ins().iadd_imm_s(first_thread, width as i64);
         fb.ins().jump(head, &[BlockArg::Value(following)]);
         fb.switch_to_block(body);
-        let t64 = fb.ins().uextend(I64, thread);
-        let reg_off = fb.ins().imul_imm_s(t64, func.nregs as i64 * 8);
-        let regs_ptr = fb.ins().iadd(regs_base, reg_off);
-        let local_stride = (func.frame_bytes as u64).div_ceil(8) as i64 * 8;
-        let local_off = fb.ins().imul_imm_s(t64, local_stride);
-        let local = fb.ins().iadd(local_base, local_off);
-        let tid_off = fb.ins().ishl_imm_u(t64, 4);
-        let tid_at = fb.ins().iadd(tids, tid_off);
-        let fixed = MemFlagsData::trusted().with_readonly();
-        let tid = [0, 4, 8].map(|o| fb.ins().load(I32, fixed, tid_at, o));
+        // (the lane kernel works out each lane's from lane 0's where used)
+        let (vals, tid_ptr) = thread_values(&mut fb, func, first_thread, bases, width == 1);
+        let t64 = fb.ins().uextend(I64, first_thread);
         let id_off = fb.ins().ishl_imm_u(t64, 2);
         let id_at = fb.ins().iadd(resume_ids, id_off);
         let resume = fb.ins().load(I32, MemFlagsData::trusted(), id_at, 0);
+        let LaneVals {
+            thread,
+            regs_ptr,
+            local,
+            tid,
+        } = vals;
+        let lane_file = if width == 1 {
+            regs_base
+        } else {
+            let file = fb
+                .ins()
+                .load(I64, MemFlagsData::trusted(), ctx, ctx_off!(lane_file));
+            let group = fb.ins().ushr_imm_u(t64, width.trailing_zeros() as i64);
+            let off = fb
+                .ins()
+                .imul_imm_s(group, lane_slots(func, plan).1 as i64 * 16);
+            fb.ins().iadd(file, off)
+        };
         let blocks: Vec<Block> = plan.starts.iter().map(|_| fb.create_block()).collect();
         let exit_block = fb.create_block();
         let fault_block = fb.create_block();
@@ -151,7 +312,15 @@ impl<'a, 'f> Translator<'a, 'f> {
             func,
             ops,
             plan,
+            width,
+            lane: 0,
+            lane_regs,
+            tid_ptr,
+            block_end: 0,
             regs,
+            vregs,
+            lane_file,
+            lane_slot: lane_slots(func, plan).0,
             count,
             ctx,
             regs_ptr,
@@ -168,9 +337,13 @@ impl<'a, 'f> Translator<'a, 'f> {
             shared_here: None,
             site: u32::MAX,
             sites: 0,
+            site_pin: None,
             slot,
             floats: std::collections::HashMap::new(),
             unchecked: Vec::new(),
+            lane_bases: Vec::new(),
+            vconsts: Vec::new(),
+            vraw: Vec::new(),
             pc_now: 0,
             params,
         };
@@ -194,15 +367,32 @@ impl<'a, 'f> Translator<'a, 'f> {
             loaded.sort_unstable();
             loaded.dedup();
             for &r in &loaded {
-                // a thread's start reads registers as 0 (the worker's file
-                // holds the block before's)
-                let v = if pc == 0 && plan.fresh_start {
-                    t.fb.ins().iconst(I64, 0)
-                } else {
-                    t.fb.ins()
-                        .load(I64, MemFlagsData::trusted(), t.regs_ptr, (r * 8) as i32)
-                };
-                t.fb.def_var(t.regs[r as usize], v);
+                if let Some(v) = t.vregs[r as usize] {
+                    let x = if pc == 0 && plan.fresh_start {
+                        let zero = t.fb.ins().iconst(I32, 0);
+                        t.fb.ins().splat(I32X4, zero)
+                    } else {
+                        let slot = t.slot_at(r);
+                        t.fb.ins().load(I32X4, lanes_flags(), t.lane_file, slot)
+                    };
+                    t.fb.def_var(v, x);
+                }
+            }
+            loaded.retain(|&r| t.vregs[r as usize].is_none());
+            for lane in 0..width as usize {
+                t.set_lane(lane);
+                let rp = t.regs_at();
+                for &r in &loaded {
+                    // a thread's start reads registers as 0 (the worker's
+                    // file holds the block before's)
+                    let v = if pc == 0 && plan.fresh_start {
+                        t.fb.ins().iconst(I64, 0)
+                    } else {
+                        t.fb.ins()
+                            .load(I64, MemFlagsData::trusted(), rp, (r * 8) as i32)
+                    };
+                    t.set(r, v);
+                }
             }
             t.fb.ins().jump(t.blocks[b], &[]);
         }
@@ -211,18 +401,22 @@ impl<'a, 'f> Translator<'a, 'f> {
         }
         t.fb.switch_to_block(exit_block);
         // an exited lane's shuffled values stay readable, as the interpreter's
-        for &r in &plan.shuffled {
-            let v = t.fb.use_var(t.regs[r as usize]);
-            t.fb.ins()
-                .store(MemFlagsData::trusted(), v, t.regs_ptr, (r * 8) as i32);
+        for lane in 0..width as usize {
+            t.set_lane(lane);
+            let rp = t.regs_at();
+            for &r in &plan.shuffled {
+                let v = t.src(Src::Reg(r));
+                t.fb.ins()
+                    .store(MemFlagsData::trusted(), v, rp, (r * 8) as i32);
+            }
         }
-        t.finish_with(RET_EXIT);
+        t.finish_all(RET_EXIT);
         t.fb.switch_to_block(fault_block);
         let excess = t.fb.append_block_param(fault_block, I64);
         let n = t.fb.use_var(count);
         let n = t.fb.ins().isub(n, excess);
         t.fb.def_var(count, n);
-        t.finish_with(RET_FAULT);
+        t.finish_all(RET_FAULT);
         t.fb.seal_all_blocks();
         let sites = (t.sites, t.params.extent);
         t.fb.finalize(target);
@@ -233,7 +427,7 @@ impl<'a, 'f> Translator<'a, 'f> {
     /// collective or an exit goes on with the next thread of the range; a
     /// yield or a fault returns (the instruction count stored), the
     /// threads up to this one done.
-    fn finish_with(&mut self, code: u32) {
+    pub(super) fn finish_with(&mut self, code: u32) {
         let c = self.fb.ins().iconst(I32, code as i64);
         let t64 = self.fb.ins().uextend(I64, self.thread);
         let off = self.fb.ins().ishl_imm_u(t64, 2);
@@ -255,7 +449,17 @@ impl<'a, 'f> Translator<'a, 'f> {
     /// Stops the thread to resume at `pc` later: stores the registers live
     /// there (and `also`, what a warp collective reads) and returns its
     /// resume id with why it stopped (`STOP_*`) in the low bits.
-    fn stop_at(&mut self, pc: u32, why: u32, also: &[u32]) {
+    pub(super) fn stop_at(&mut self, pc: u32, why: u32, also: &[u32]) {
+        self.store_live(pc, also);
+        let id = self.plan.resume_id(pc);
+        self.finish_all(id << STOP_BITS | why);
+    }
+
+    /// Stores each lane's registers live at `pc` (and `also`, and the
+    /// shuffled ones) that it may have changed since it resumed: narrow
+    /// ones of the lane kernel to its lane file (those in `also` to the
+    /// threads' files too, for the launch to read).
+    fn store_live(&mut self, pc: u32, also: &[u32]) {
         let b = self.plan.block_at(pc);
         let mut stored: Vec<u32> = self.plan.live_in[b].clone();
         stored.extend(also.iter().chain(&self.plan.shuffled));
@@ -271,14 +475,30 @@ impl<'a, 'f> Translator<'a, 'f> {
         let mut dirty = self.plan.dirty_in[k].clone();
         add_writes(self.func, self.plan.starts[k], at, &mut dirty);
         stored.retain(|&r| holds(&dirty, r));
-        for r in stored {
-            let v = self.fb.use_var(self.regs[r as usize]);
-            self.fb
-                .ins()
-                .store(MemFlagsData::trusted(), v, self.regs_ptr, (r * 8) as i32);
+        let mut to_threads = Vec::new();
+        for &r in &stored {
+            match self.vregs[r as usize] {
+                Some(var) => {
+                    let slot = self.slot_at(r);
+                    let v = self.fb.use_var(var);
+                    self.fb.ins().store(lanes_flags(), v, self.lane_file, slot);
+                    if also.contains(&r) {
+                        to_threads.push(r);
+                    }
+                }
+                None => to_threads.push(r),
+            }
         }
-        let id = self.plan.resume_id(pc);
-        self.finish_with(id << STOP_BITS | why);
+        for lane in 0..self.width as usize {
+            self.set_lane(lane);
+            let rp = self.regs_at();
+            for &r in &to_threads {
+                let v = self.src(Src::Reg(r));
+                self.fb
+                    .ins()
+                    .store(MemFlagsData::trusted(), v, rp, (r * 8) as i32);
+            }
+        }
     }
 
     fn basic_block(&mut self, b: usize) {
@@ -291,7 +511,8 @@ impl<'a, 'f> Translator<'a, 'f> {
             .copied()
             .unwrap_or(self.func.code.len() as u32);
         let n = self.fb.use_var(self.count);
-        let n = self.fb.ins().iadd_imm_s(n, (end - start) as i64);
+        let here = self.counted(start, end) as i64 * self.width as i64;
+        let n = self.fb.ins().iadd_imm_s(n, here);
         self.fb.def_var(self.count, n);
         let shared_accesses = (start..end)
             .filter(|&pc| match self.ops[pc as usize] {
@@ -310,14 +531,45 @@ impl<'a, 'f> Translator<'a, 'f> {
         });
         // where one check covers the block's shared accesses, a copy of it
         // runs them unchecked; the other copy checks each as it comes
-        if let Some((pcs, ok)) = self.shared_block_check(start, end) {
+        // (and, in the lane kernel, where the lanes' addresses from each
+        // base are consecutive words or all the same)
+        if let Some((pcs, ok)) = self.lanes_shared_check(start, end) {
             let fast = self.fb.create_block();
             let checked = self.fb.create_block();
+            let ok = if self.width > 1 {
+                self.lane_bases = self.shared_lane_bases(start, end);
+                let regular = self.lanes_regular();
+                self.fb.ins().band(ok, regular)
+            } else {
+                ok
+            };
             self.fb.ins().brif(ok, fast, &[], checked, &[]);
             self.fb.switch_to_block(fast);
             self.unchecked = pcs;
-            self.emit_range(b, start, end);
+            // a copy for each way the lanes of (at most two) bases lie
+            let ways = match self.lane_bases.len() {
+                n @ 1..=2 => 1u32 << n,
+                _ => 1,
+            };
+            for way in 0..ways {
+                if ways > 1 {
+                    let this = self.lanes_way(way);
+                    let copy = self.fb.create_block();
+                    let other = self.fb.create_block();
+                    self.fb.ins().brif(this, copy, &[], other, &[]);
+                    self.fb.switch_to_block(copy);
+                    self.emit_range(b, start, end);
+                    self.fb.switch_to_block(other);
+                    continue;
+                }
+                self.emit_range(b, start, end);
+            }
+            if ways > 1 {
+                // (every way was tried: unreachable)
+                self.fb.ins().jump(checked, &[]);
+            }
             self.unchecked.clear();
+            self.lane_bases.clear();
             self.fb.switch_to_block(checked);
         }
         self.emit_range(b, start, end);
@@ -326,10 +578,18 @@ impl<'a, 'f> Translator<'a, 'f> {
     /// Emits `start..end`, basic block `b`'s instructions, and its fall
     /// through to the next.
     fn emit_range(&mut self, b: usize, start: u32, end: u32) {
+        self.block_end = end;
+        self.vconsts.clear();
+        self.vraw.clear();
         for pc in start..end {
-            self.excess = (end - pc - 1) as i64;
+            self.excess = self.counted(pc + 1, end) as i64;
             self.pc_now = pc;
-            if !self.inst(pc) {
+            let more = if self.width == 1 {
+                self.inst(pc)
+            } else {
+                self.lane_inst(pc)
+            };
+            if !more {
                 return;
             }
         }
@@ -343,12 +603,28 @@ impl<'a, 'f> Translator<'a, 'f> {
         }
     }
 
+    /// Instructions of `start..end` the interpreter counts (not those the
+    /// inliner added).
+    pub(super) fn counted(&self, start: u32, end: u32) -> u32 {
+        self.func.code[start as usize..end as usize]
+            .iter()
+            .filter(|i| i.line & UNCOUNTED == 0)
+            .count() as u32
+    }
+
+    /// The byte offset of register `r`'s vector in the group's lane file.
+    pub(super) fn slot_at(&self, r: u32) -> i32 {
+        let slot = self.lane_slot[r as usize];
+        assert!(slot != u32::MAX, "register {r} has a lane file slot");
+        slot as i32 * 16
+    }
+
     /// The guard of `inst` as a 0/1 condition, if it has one.
-    fn guard(&mut self, inst: &Inst) -> Option<Value> {
+    pub(super) fn guard(&mut self, inst: &Inst) -> Option<Value> {
         if inst.guard == NONE {
             return None;
         }
-        let g = self.fb.use_var(self.regs[inst.guard as usize]);
+        let g = self.src(Src::Reg(inst.guard));
         let bit = self.fb.ins().band_imm_u(g, 1);
         let cc = if inst.guard_neg {
             IntCC::Equal
@@ -359,7 +635,7 @@ impl<'a, 'f> Translator<'a, 'f> {
     }
 
     /// The block after `pc` (the next basic block when `pc` ends one).
-    fn next_block(&self, pc: u32) -> Block {
+    pub(super) fn next_block(&self, pc: u32) -> Block {
         self.blocks
             .get(self.plan.block_at(pc + 1))
             .copied()
@@ -372,7 +648,6 @@ impl<'a, 'f> Translator<'a, 'f> {
         let guard = self.guard(inst);
         match inst.op {
             Op::Bra { target } => {
-                let to = self.blocks[self.plan.block_at(target)];
                 let go = self.fb.create_block();
                 match guard {
                     Some(c) => {
@@ -384,31 +659,7 @@ impl<'a, 'f> Translator<'a, 'f> {
                     }
                 }
                 self.fb.switch_to_block(go);
-                if target <= pc {
-                    // a long loop yields so that the block's budgets are checked
-                    let n = self.fb.use_var(self.count);
-                    let at = self.fb.ins().load(
-                        I64,
-                        MemFlagsData::trusted(),
-                        self.ctx,
-                        ctx_off!(check_at),
-                    );
-                    let over = self.fb.ins().icmp(IntCC::UnsignedGreaterThan, n, at);
-                    let stop = self.fb.create_block();
-                    self.fb.set_cold_block(stop);
-                    self.fb.ins().brif(over, stop, &[], to, &[]);
-                    self.fb.switch_to_block(stop);
-                    let line = self.fb.ins().iconst(I64, inst.line as i64);
-                    self.fb.ins().store(
-                        MemFlagsData::trusted(),
-                        line,
-                        self.ctx,
-                        ctx_off!(yield_line),
-                    );
-                    self.stop_at(target, STOP_YIELD, &[]);
-                } else {
-                    self.fb.ins().jump(to, &[]);
-                }
+                self.branch_to(target, pc, inst.line);
                 false
             }
             Op::Ret | Op::Exit => {
@@ -443,9 +694,10 @@ impl<'a, 'f> Translator<'a, 'f> {
                 let f = self.imm(rt_trap as *const () as usize as i64);
                 let op = self.imm(&self.ops[pc as usize] as *const Op as usize as i64);
                 let line = self.fb.ins().iconst(I32, inst.line as i64);
+                let lin = self.lin_at();
                 self.fb
                     .ins()
-                    .call_indirect(sig, f, &[self.ctx, op, line, self.lin]);
+                    .call_indirect(sig, f, &[self.ctx, op, line, lin]);
                 self.jump_to_fault();
                 false
             }
@@ -461,23 +713,19 @@ impl<'a, 'f> Translator<'a, 'f> {
                     }
                 }
                 self.fb.switch_to_block(wait);
-                if let Op::Bar { p, .. } = inst.op {
-                    // `bar.red` reduces the predicates the waiters stored
-                    let reads: Vec<u32> = match p {
-                        Src::Reg(r) => vec![r],
-                        _ => Vec::new(),
-                    };
-                    self.stop_at(pc + 1, STOP_BARRIER, &reads);
-                } else {
-                    // the collective reads its operands from the register file
-                    let mut reads = Vec::new();
-                    inst.op.for_each_src(|s| {
-                        if let Src::Reg(r) = s {
-                            reads.push(r)
-                        }
-                    });
-                    self.stop_at(pc + 1, STOP_WARP, &reads);
-                }
+                // the barrier (its id, count and `bar.red` predicate) or the
+                // collective reads its operands from the register file
+                let mut reads = Vec::new();
+                inst.op.for_each_src(|s| {
+                    if let Src::Reg(r) = s {
+                        reads.push(r)
+                    }
+                });
+                let why = match inst.op {
+                    Op::Bar { .. } => STOP_BARRIER,
+                    _ => STOP_WARP,
+                };
+                self.stop_at(pc + 1, why, &reads);
                 false
             }
             _ => {
@@ -501,10 +749,50 @@ impl<'a, 'f> Translator<'a, 'f> {
         }
     }
 
+    /// The taken way of a branch at `pc` to `target`: a backward one
+    /// yields when the block's count passed its next check.
+    pub(super) fn branch_to(&mut self, target: u32, pc: u32, line: u32) {
+        let to = self.blocks[self.plan.block_at(target)];
+        // as the interpreter: a backward branch and a call check the
+        // block's budget (a branch the inliner added does not)
+        let checks = (target <= pc && line & UNCOUNTED == 0) || line & CHECKS != 0;
+        let line = line & !(UNCOUNTED | CHECKS);
+        if checks {
+            // a long loop yields so that the block's budgets are checked
+            let n = self.fb.use_var(self.count);
+            let at = self
+                .fb
+                .ins()
+                .load(I64, MemFlagsData::trusted(), self.ctx, ctx_off!(check_at));
+            let over = self.fb.ins().icmp(IntCC::UnsignedGreaterThan, n, at);
+            let stop = self.fb.create_block();
+            self.fb.set_cold_block(stop);
+            self.fb.ins().brif(over, stop, &[], to, &[]);
+            self.fb.switch_to_block(stop);
+            let line = self.fb.ins().iconst(I64, line as i64);
+            self.fb.ins().store(
+                MemFlagsData::trusted(),
+                line,
+                self.ctx,
+                ctx_off!(yield_line),
+            );
+            self.stop_at(target, STOP_YIELD, &[]);
+        } else {
+            self.fb.ins().jump(to, &[]);
+        }
+    }
+
     /// The value of `s` as 64 register bits.
     pub(super) fn src(&mut self, s: Src) -> Value {
         match s {
-            Src::Reg(r) => self.fb.use_var(self.regs[r as usize]),
+            Src::Reg(r) => match self.vregs[r as usize] {
+                Some(v) => {
+                    let all = self.fb.use_var(v);
+                    let x = self.fb.ins().extractlane(all, self.lane as u8);
+                    self.fb.ins().uextend(I64, x)
+                }
+                None => self.fb.use_var(self.regs[r as usize]),
+            },
             Src::Imm(v) => self.fb.ins().iconst(I64, v as i64),
             // a kernel's frame starts at local address 0
             Src::Frame(o) => self.fb.ins().iconst(I64, o as i64),
@@ -512,7 +800,17 @@ impl<'a, 'f> Translator<'a, 'f> {
     }
 
     pub(super) fn set(&mut self, d: u32, v: Value) {
-        self.fb.def_var(self.regs[d as usize], v);
+        match self.vregs[d as usize] {
+            Some(var) => {
+                self.vraw.retain(|x| x.0 != d);
+                // a narrow register: `v` is below 2^32
+                let all = self.fb.use_var(var);
+                let x = self.fb.ins().ireduce(I32, v);
+                let all = self.fb.ins().insertlane(all, x, self.lane as u8);
+                self.fb.def_var(var, all);
+            }
+            None => self.fb.def_var(self.regs[d as usize], v),
+        }
     }
 
     /// `v` sign-extended from its low `bits`.

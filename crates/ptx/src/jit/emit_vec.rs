@@ -1,0 +1,327 @@
+//! Register ops of the lane kernel on narrow registers, one vector op for all
+//! lanes (32-bit integer and `f32` arithmetic, `setp`, `selp`, `%tid`), with
+//! the thread loop's exact results; any other op runs lane by lane.
+
+use super::narrow::{cmp_native, plain};
+use super::runtime::Ctx;
+use super::translate::{ctx_off, Translator};
+use crate::ir::{BoolOp, Cmp, FOp, Inst, IntOp, Op, SReg, Src, TernOp, Ty, NONE};
+use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
+use cranelift_codegen::ir::types::{F32X4, I32, I32X4};
+use cranelift_codegen::ir::{Endianness, InstBuilder, MemFlagsData, Value};
+use std::mem::offset_of;
+
+impl Translator<'_, '_> {
+    /// Emits `inst` (at `pc`) as vector ops for every lane when its
+    /// registers are narrow and it has a vector form; whether it did.
+    pub(super) fn vector_op(&mut self, inst: &Inst) -> bool {
+        let narrow = |t: &Self, s: Src| match s {
+            Src::Reg(r) => t.vregs[r as usize].is_some(),
+            Src::Imm(_) => true,
+            Src::Frame(_) => false,
+        };
+        let mut fits = inst.guard == NONE || narrow(self, Src::Reg(inst.guard));
+        inst.op.for_each_src(|s| fits &= narrow(self, s));
+        inst.op
+            .for_each_dst(|d| fits &= d == NONE || narrow(self, Src::Reg(d)));
+        if !fits {
+            return false;
+        }
+        if self.vector_shared(inst) {
+            return true;
+        }
+        let int32 = |t: Ty| t.bits() == 32 && !t.is_float();
+        let mut raw = None;
+        let results: Vec<(u32, Value)> = match inst.op {
+            Op::Mov { d, a, mask } if mask >= u32::MAX as u64 => vec![(d, self.vsrc(a))],
+            Op::Int { op, t, d, a, b } if int32(t) => {
+                let x = self.vsrc(a);
+                let v = match (op, b) {
+                    (
+                        IntOp::Add
+                        | IntOp::Sub
+                        | IntOp::MulLo
+                        | IntOp::And
+                        | IntOp::Or
+                        | IntOp::Xor,
+                        _,
+                    ) => {
+                        let y = self.vsrc(b);
+                        let ins = self.fb.ins();
+                        match op {
+                            IntOp::Add => ins.iadd(x, y),
+                            IntOp::Sub => ins.isub(x, y),
+                            IntOp::MulLo => ins.imul(x, y),
+                            IntOp::And => ins.band(x, y),
+                            IntOp::Or => ins.bor(x, y),
+                            _ => ins.bxor(x, y),
+                        }
+                    }
+                    (IntOp::Shl, Src::Imm(n)) if n < 32 => self.fb.ins().ishl_imm_u(x, n as i64),
+                    (IntOp::Shr, Src::Imm(n)) if t.signed() => {
+                        self.fb.ins().sshr_imm_u(x, n.min(31) as i64)
+                    }
+                    (IntOp::Shr, Src::Imm(n)) if n < 32 => self.fb.ins().ushr_imm_u(x, n as i64),
+                    _ => return false,
+                };
+                vec![(d, v)]
+            }
+            Op::Tern {
+                op: TernOp::MadLo,
+                t,
+                d,
+                a,
+                b,
+                c,
+                ..
+            } if int32(t) => {
+                let (x, y, z) = (self.vsrc(a), self.vsrc(b), self.vsrc(c));
+                let p = self.fb.ins().imul(x, y);
+                vec![(d, self.fb.ins().iadd(p, z))]
+            }
+            Op::Tern {
+                op: TernOp::Selp,
+                t,
+                d,
+                a,
+                b,
+                c,
+                ..
+            } if t.bits() == 32 => {
+                let (x, y) = (self.vsrc(a), self.vsrc(b));
+                let on = self.vtrue(c, false);
+                vec![(d, self.fb.ins().bitselect(on, x, y))]
+            }
+            Op::Tern {
+                op: TernOp::Fma,
+                t: Ty::F32,
+                d,
+                a,
+                b,
+                c,
+                mode,
+            } if plain(&mode) => {
+                let (x, y, z) = (self.vfloat(a), self.vfloat(b), self.vfloat(c));
+                let r = self.fb.ins().fma(x, y, z);
+                raw = Some(r);
+                vec![(d, self.vcanon(r))]
+            }
+            Op::Float {
+                op,
+                t: Ty::F32,
+                d,
+                a,
+                b,
+                mode,
+            } if plain(&mode) && matches!(op, FOp::Add | FOp::Sub | FOp::Mul | FOp::Div) => {
+                let (x, y) = (self.vfloat(a), self.vfloat(b));
+                let ins = self.fb.ins();
+                let r = match op {
+                    FOp::Add => ins.fadd(x, y),
+                    FOp::Sub => ins.fsub(x, y),
+                    FOp::Mul => ins.fmul(x, y),
+                    _ => ins.fdiv(x, y),
+                };
+                raw = Some(r);
+                vec![(d, self.vcanon(r))]
+            }
+            Op::Setp {
+                cmp,
+                t,
+                d,
+                d2,
+                a,
+                b,
+                bop,
+                c,
+                cneg,
+                ..
+            } if cmp_native(cmp, t) && (int32(t) || t == Ty::F32) => {
+                let Some(p) = self.vcompare(cmp, t, a, b) else {
+                    return false;
+                };
+                // lanes of all ones or zeros, to 1 or 0
+                let p = self.fb.ins().ushr_imm_u(p, 31);
+                let cv = self.vsrc(c);
+                let one = self.vsplat(1);
+                let cv = self.fb.ins().band(cv, one);
+                let cv = if cneg {
+                    self.fb.ins().bxor(cv, one)
+                } else {
+                    cv
+                };
+                let combine = |t: &mut Self, x: Value| match bop {
+                    BoolOp::None => x,
+                    BoolOp::And => t.fb.ins().band(x, cv),
+                    BoolOp::Or => t.fb.ins().bor(x, cv),
+                    BoolOp::Xor => t.fb.ins().bxor(x, cv),
+                };
+                let mut out = vec![(d, combine(self, p))];
+                if d2 != NONE {
+                    let np = self.fb.ins().bxor(p, one);
+                    out.push((d2, combine(self, np)));
+                }
+                out
+            }
+            Op::Special { d, r } => match r {
+                SReg::Tid(k) => {
+                    let lane = self.lane;
+                    let lanes: Vec<Value> = (0..self.width as usize)
+                        .map(|l| {
+                            self.set_lane(l);
+                            self.tid_at(k as usize % 3)
+                        })
+                        .collect();
+                    self.set_lane(lane);
+                    let mut v = self.fb.ins().splat(I32X4, lanes[0]);
+                    for (i, &x) in lanes.iter().enumerate().skip(1) {
+                        v = self.fb.ins().insertlane(v, x, i as u8);
+                    }
+                    vec![(d, v)]
+                }
+                SReg::Ntid(k) | SReg::Ctaid(k) | SReg::Nctaid(k) if k < 3 => {
+                    let off = match r {
+                        SReg::Ntid(_) => ctx_off!(ntid),
+                        SReg::Ctaid(_) => ctx_off!(ctaid),
+                        _ => ctx_off!(nctaid),
+                    } + 4 * k as i32;
+                    let fixed = MemFlagsData::trusted().with_readonly();
+                    let x = self.fb.ins().load(I32, fixed, self.ctx, off);
+                    vec![(d, self.fb.ins().splat(I32X4, x))]
+                }
+                _ => return false,
+            },
+            _ => return false,
+        };
+        // a guarded op keeps the old value in the lanes whose guard fails
+        let on = (inst.guard != NONE).then(|| self.vtrue(Src::Reg(inst.guard), inst.guard_neg));
+        for (d, v) in results {
+            let var = self.vregs[d as usize].expect("a narrow destination");
+            let v = match on {
+                Some(on) => {
+                    let old = self.fb.use_var(var);
+                    self.fb.ins().bitselect(on, v, old)
+                }
+                None => v,
+            };
+            self.vdef(d, v, raw.filter(|_| on.is_none()));
+        }
+        true
+    }
+
+    /// Sets narrow register `d` to `v` (an I32X4) for every lane; `raw`:
+    /// the `f32` lanes `v` was made canonical from ([`Translator::vraw`]).
+    pub(super) fn vdef(&mut self, d: u32, v: Value, raw: Option<Value>) {
+        let var = self.vregs[d as usize].expect("a narrow destination");
+        self.fb.def_var(var, v);
+        self.vraw.retain(|x| x.0 != d);
+        if let Some(r) = raw {
+            self.vraw.push((d, r));
+        }
+    }
+
+    /// `s` for every lane (narrow): its vector, or an immediate's low 32
+    /// bits in each lane (the ops above read no more of it).
+    fn vsrc(&mut self, s: Src) -> Value {
+        match s {
+            Src::Reg(r) => {
+                let var = self.vregs[r as usize].expect("a narrow source");
+                self.fb.use_var(var)
+            }
+            Src::Imm(v) => self.vsplat(v as u32),
+            Src::Frame(o) => self.vsplat(o),
+        }
+    }
+
+    /// [`Self::vsrc`] for the other vector emitters.
+    pub(super) fn vsrc_pub(&mut self, s: Src) -> Value {
+        self.vsrc(s)
+    }
+
+    /// `v` in every lane; made once in the straight run of a basic block
+    /// being emitted (vector ops branch nowhere, so it dominates the rest).
+    fn vsplat(&mut self, v: u32) -> Value {
+        if let Some(&(_, x)) = self.vconsts.iter().find(|c| c.0 == v) {
+            return x;
+        }
+        let x = self.fb.ins().iconst(I32, v as i64);
+        let x = self.fb.ins().splat(I32X4, x);
+        self.vconsts.push((v, x));
+        x
+    }
+
+    /// All ones in the lanes where predicate `s` is true (`neg`: false).
+    fn vtrue(&mut self, s: Src, neg: bool) -> Value {
+        let v = self.vsrc(s);
+        let one = self.vsplat(1);
+        let bit = self.fb.ins().band(v, one);
+        let cc = if neg { IntCC::Equal } else { IntCC::NotEqual };
+        let zero = self.vsplat(0);
+        self.fb.ins().icmp(cc, bit, zero)
+    }
+
+    fn vfloat(&mut self, s: Src) -> Value {
+        if let Src::Reg(r) = s {
+            if let Some(&(_, raw)) = self.vraw.iter().find(|x| x.0 == r) {
+                return raw;
+            }
+        }
+        let v = self.vsrc(s);
+        self.fb.ins().bitcast(F32X4, lanes_flags(), v)
+    }
+
+    /// The bits of `f32` lanes `f`, each NaN made canonical.
+    fn vcanon(&mut self, f: Value) -> Value {
+        let nan = self.fb.ins().fcmp(FloatCC::Unordered, f, f);
+        let nan = self.fb.ins().bitcast(I32X4, lanes_flags(), nan);
+        let bits = self.fb.ins().bitcast(I32X4, lanes_flags(), f);
+        let canon = self.vsplat(0x7fff_ffff);
+        self.fb.ins().bitselect(nan, canon, bits)
+    }
+
+    /// `cmp` of `a` and `b` as 32-bit type `t` in every lane (all ones
+    /// where it holds), if it has a vector form.
+    fn vcompare(&mut self, cmp: Cmp, t: Ty, a: Src, b: Src) -> Option<Value> {
+        if t == Ty::F32 {
+            let cc = match cmp {
+                Cmp::Eq => FloatCC::Equal,
+                Cmp::Lt | Cmp::Lo => FloatCC::LessThan,
+                Cmp::Le | Cmp::Ls => FloatCC::LessThanOrEqual,
+                Cmp::Gt | Cmp::Hi => FloatCC::GreaterThan,
+                Cmp::Ge | Cmp::Hs => FloatCC::GreaterThanOrEqual,
+                Cmp::Neu => FloatCC::NotEqual,
+                Cmp::Ltu => FloatCC::UnorderedOrLessThan,
+                Cmp::Leu => FloatCC::UnorderedOrLessThanOrEqual,
+                Cmp::Gtu => FloatCC::UnorderedOrGreaterThan,
+                Cmp::Geu => FloatCC::UnorderedOrGreaterThanOrEqual,
+                Cmp::Num => FloatCC::Ordered,
+                Cmp::Nan => FloatCC::Unordered,
+                // no vector form
+                Cmp::Ne | Cmp::Equ => return None,
+            };
+            let (x, y) = (self.vfloat(a), self.vfloat(b));
+            let m = self.fb.ins().fcmp(cc, x, y);
+            return Some(self.fb.ins().bitcast(I32X4, lanes_flags(), m));
+        }
+        let s = t.signed();
+        let cc = match cmp {
+            Cmp::Eq | Cmp::Equ => IntCC::Equal,
+            Cmp::Ne | Cmp::Neu => IntCC::NotEqual,
+            Cmp::Lt | Cmp::Ltu if s => IntCC::SignedLessThan,
+            Cmp::Le | Cmp::Leu if s => IntCC::SignedLessThanOrEqual,
+            Cmp::Gt | Cmp::Gtu if s => IntCC::SignedGreaterThan,
+            Cmp::Ge | Cmp::Geu if s => IntCC::SignedGreaterThanOrEqual,
+            Cmp::Lt | Cmp::Ltu => IntCC::UnsignedLessThan,
+            Cmp::Le | Cmp::Leu => IntCC::UnsignedLessThanOrEqual,
+            Cmp::Gt | Cmp::Gtu => IntCC::UnsignedGreaterThan,
+            _ => IntCC::UnsignedGreaterThanOrEqual,
+        };
+        let (x, y) = (self.vsrc(a), self.vsrc(b));
+        Some(self.fb.ins().icmp(cc, x, y))
+    }
+}
+
+/// Flags of a bitcast between vector types (lane order as in memory).
+fn lanes_flags() -> MemFlagsData {
+    MemFlagsData::new().with_endianness(Endianness::Little)
+}

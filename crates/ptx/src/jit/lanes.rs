@@ -1,0 +1,275 @@
+//! The lane kernel: [`LANES`] threads of a block run in step by one call, each
+//! op once per lane or once for all (`emit_vec`), control flow shared; where
+//! their guards part them, or at an op kept in thread order, it gives up.
+
+use super::plan::one_at_a_time;
+use super::runtime::{Ctx, RET_FAULT, RET_PARTED, STOP_BARRIER, STOP_BITS, STOP_YIELD};
+use super::translate::{ctx_off, Translator};
+use crate::ir::{Inst, Op, Src, NONE};
+use cranelift_codegen::ir::condcodes::IntCC;
+use cranelift_codegen::ir::types::{I32, I32X4, I64, I8};
+use cranelift_codegen::ir::{InstBuilder, MemFlagsData, Value};
+use std::mem::offset_of;
+
+/// Threads a lane kernel runs in step (a group starts at a multiple of it).
+pub(crate) const LANES: u32 = 4;
+
+impl Translator<'_, '_> {
+    /// Makes lane `k` the running one: its registers in `regs`.
+    pub(super) fn set_lane(&mut self, k: usize) {
+        if k == self.lane {
+            return;
+        }
+        std::mem::swap(&mut self.regs, &mut self.lane_regs[self.lane]);
+        std::mem::swap(&mut self.regs, &mut self.lane_regs[k]);
+        self.lane = k;
+    }
+
+    /// The running lane's register file (lane 0's, one register file on
+    /// for each lane after it).
+    pub(super) fn regs_at(&mut self) -> Value {
+        let step = self.func.nregs as i64 * 8;
+        self.lane_step(self.regs_ptr, step)
+    }
+
+    /// The running lane's local memory.
+    pub(super) fn local_at(&mut self) -> Value {
+        let step = (self.func.frame_bytes as u64).div_ceil(8) as i64 * 8;
+        self.lane_step(self.local, step)
+    }
+
+    /// The running lane's thread index (an I32).
+    pub(super) fn lin_at(&mut self) -> Value {
+        if self.lane == 0 {
+            return self.lin;
+        }
+        self.fb.ins().iadd_imm_s(self.lin, self.lane as i64)
+    }
+
+    /// The running lane's `%tid` component `k` (an I32).
+    pub(super) fn tid_at(&mut self, k: usize) -> Value {
+        if self.width == 1 {
+            return self.tid[k];
+        }
+        let fixed = MemFlagsData::trusted().with_readonly();
+        let off = (self.lane * 16 + k * 4) as i32;
+        self.fb.ins().load(I32, fixed, self.tid_ptr, off)
+    }
+
+    /// `v`, lane 0's, moved on by `step` bytes for each lane before the
+    /// running one.
+    fn lane_step(&mut self, v: Value, step: i64) -> Value {
+        if self.lane == 0 {
+            return v;
+        }
+        self.fb.ins().iadd_imm_s(v, step * self.lane as i64)
+    }
+
+    /// Ends the run with stop code `code` for every lane (the thread loop:
+    /// for its running thread).
+    pub(super) fn finish_all(&mut self, code: u32) {
+        if self.width == 1 {
+            self.finish_with(code);
+            return;
+        }
+        // a barrier or an exit goes on with the next group; a yield, a
+        // fault or parted lanes return (the count stored), one past the group
+        let returns =
+            code == RET_FAULT || code == RET_PARTED || code & ((1 << STOP_BITS) - 1) == STOP_YIELD;
+        let c = self.fb.ins().iconst(I32, code as i64);
+        let t64 = self.fb.ins().uextend(I64, self.thread);
+        let off = self.fb.ins().ishl_imm_u(t64, 2);
+        let at = self.fb.ins().iadd(self.codes, off);
+        for k in 0..self.width as i32 {
+            self.fb.ins().store(MemFlagsData::trusted(), c, at, 4 * k);
+        }
+        if !returns {
+            self.fb.ins().jump(self.next_thread, &[]);
+            return;
+        }
+        let n = self.fb.use_var(self.count);
+        self.fb
+            .ins()
+            .store(MemFlagsData::trusted(), n, self.ctx, ctx_off!(instructions));
+        let done = self.fb.ins().iadd_imm_s(self.thread, self.width as i64);
+        self.fb.ins().return_(&[done]);
+    }
+
+    /// The check of basic block `start..end`'s shared accesses that lets
+    /// a copy run them unchecked: for the thread loop its running thread's,
+    /// for the lane kernel every lane's.
+    pub(super) fn lanes_shared_check(&mut self, start: u32, end: u32) -> Option<(Vec<u32>, Value)> {
+        let mut all: Option<(Vec<u32>, Value)> = None;
+        for k in 0..self.width as usize {
+            self.set_lane(k);
+            let (pcs, ok) = self.shared_block_check(start, end)?;
+            all = Some(match all {
+                Some((_, both)) => (pcs, self.fb.ins().band(both, ok)),
+                None => (pcs, ok),
+            });
+        }
+        all
+    }
+
+    /// Emits instruction `pc` for every lane; false once it ended the
+    /// basic block.
+    pub(super) fn lane_inst(&mut self, pc: u32) -> bool {
+        let inst = &self.func.code[pc as usize];
+        let width = self.width as usize;
+        let agree = self.lanes_agree(inst);
+        let next = self.next_block(pc);
+        match inst.op {
+            Op::Bra { target } => {
+                let go = self.fb.create_block();
+                match agree {
+                    Some((all, any)) => self.part_or(all, any, go, next),
+                    None => {
+                        self.fb.ins().jump(go, &[]);
+                    }
+                }
+                self.fb.switch_to_block(go);
+                self.branch_to(target, pc, inst.line);
+                false
+            }
+            Op::Ret | Op::Exit => {
+                let exit = self.exit_block;
+                match agree {
+                    Some((all, any)) => self.part_or(all, any, exit, next),
+                    None => {
+                        self.fb.ins().jump(exit, &[]);
+                    }
+                }
+                false
+            }
+            Op::Bar { wait: true, .. } => {
+                let wait = self.fb.create_block();
+                match agree {
+                    Some((all, any)) => self.part_or(all, any, wait, next),
+                    None => {
+                        self.fb.ins().jump(wait, &[]);
+                    }
+                }
+                self.fb.switch_to_block(wait);
+                // the launch reads the barrier's id, count and predicate
+                let mut reads = Vec::new();
+                inst.op.for_each_src(|s| {
+                    if let Src::Reg(r) = s {
+                        reads.push(r)
+                    }
+                });
+                self.stop_at(pc + 1, STOP_BARRIER, &reads);
+                false
+            }
+            ref op if one_at_a_time(op) => {
+                // the lanes give up where any would run it
+                let ends = matches!(op, Op::Trap(_));
+                match agree {
+                    Some((_, any)) => {
+                        let parted = self.fb.create_block();
+                        let skip = if ends { next } else { self.fb.create_block() };
+                        self.fb.ins().brif(any, parted, &[], skip, &[]);
+                        self.fb.switch_to_block(parted);
+                        self.fb.set_cold_block(parted);
+                        self.finish_all(RET_PARTED);
+                        if ends {
+                            return false;
+                        }
+                        self.fb.switch_to_block(skip);
+                        true
+                    }
+                    None => {
+                        self.finish_all(RET_PARTED);
+                        false
+                    }
+                }
+            }
+            _ if self.vector_global(inst) || self.vector_op(inst) => true,
+            _ => {
+                let conds = self.lane_guards(inst);
+                let lanes_after = |k: usize| (width - 1 - k) as i64;
+                let per_lane = self.counted(pc + 1, self.block_end) as i64 * width as i64;
+                for k in 0..width {
+                    self.set_lane(k);
+                    self.excess = per_lane + lanes_after(k);
+                    match conds.get(k) {
+                        Some(&c) => {
+                            let on = self.fb.create_block();
+                            let cont = self.fb.create_block();
+                            self.fb.ins().brif(c, on, &[], cont, &[]);
+                            self.fb.switch_to_block(on);
+                            self.op(pc);
+                            self.fb.ins().jump(cont, &[]);
+                            self.fb.switch_to_block(cont);
+                        }
+                        None => self.op(pc),
+                    }
+                }
+                true
+            }
+        }
+    }
+
+    /// Whether `inst`'s guard holds in every lane, and in any (I8
+    /// conditions), if it has one: for control flow, which lanes share.
+    fn lanes_agree(&mut self, inst: &Inst) -> Option<(Value, Value)> {
+        if inst.guard == NONE {
+            return None;
+        }
+        if let Some(var) = self.vregs[inst.guard as usize] {
+            let v = self.fb.use_var(var);
+            let one = self.fb.ins().iconst(I32, 1);
+            let one = self.fb.ins().splat(I32X4, one);
+            let bit = self.fb.ins().band(v, one);
+            let cc = if inst.guard_neg {
+                IntCC::Equal
+            } else {
+                IntCC::NotEqual
+            };
+            // all ones in the lanes whose guard fails
+            let fails = self.fb.ins().icmp(cc, bit, one);
+            let none_fail = self.fb.ins().vany_true(fails);
+            let all = self.fb.ins().bxor_imm_u(none_fail, 1);
+            let all_fail = self.fb.ins().vall_true(fails);
+            let any = self.fb.ins().bxor_imm_u(all_fail, 1);
+            return Some((all, any));
+        }
+        let conds = self.lane_guards(inst);
+        let one = self.fb.ins().iconst(I8, 1);
+        let zero = self.fb.ins().iconst(I8, 0);
+        Some(conds.iter().fold((one, zero), |(all, any), &c| {
+            (self.fb.ins().band(all, c), self.fb.ins().bor(any, c))
+        }))
+    }
+
+    /// Each lane's guard of `inst` (none if it has none).
+    fn lane_guards(&mut self, inst: &Inst) -> Vec<Value> {
+        let lane = self.lane;
+        let conds = (0..self.width as usize)
+            .filter_map(|k| {
+                self.set_lane(k);
+                self.guard(inst)
+            })
+            .collect();
+        self.set_lane(lane);
+        conds
+    }
+
+    /// Goes to `yes` when every lane's guard holds, to `no` when none
+    /// does; else the lanes part ([`RET_PARTED`]).
+    fn part_or(
+        &mut self,
+        all: Value,
+        any: Value,
+        yes: cranelift_codegen::ir::Block,
+        no: cranelift_codegen::ir::Block,
+    ) {
+        let mixed = self.fb.create_block();
+        let not_all = self.fb.create_block();
+        self.fb.ins().brif(all, yes, &[], not_all, &[]);
+        self.fb.switch_to_block(not_all);
+        self.fb.ins().brif(any, mixed, &[], no, &[]);
+        self.fb.switch_to_block(mixed);
+        self.fb.set_cold_block(mixed);
+        self.finish_all(RET_PARTED);
+    }
+}

@@ -1,0 +1,121 @@
+//! Which registers only ever hold 32-bit values (zero above): the lane kernel
+//! keeps each of them for all its lanes in one vector of 32-bit lanes.
+
+use crate::ir::{Cmp, FOp, FloatMode, Func, IntOp, Op, Rnd, SReg, Src, TernOp, Ty, NONE};
+
+/// Whether each register of `f` is narrow: every op that writes it leaves a
+/// value below 2^32 (as the compiled code computes it), so that 32 bits
+/// keep it whole. A thread starts with 0 in each, also narrow.
+pub(super) fn narrow_regs(f: &Func) -> Vec<bool> {
+    let mut narrow = vec![true; f.nregs as usize];
+    loop {
+        let mut changed = false;
+        for inst in &f.code {
+            let mut wide = Vec::new();
+            inst.op.for_each_dst(|d| {
+                if d != NONE
+                    && narrow.get(d as usize) == Some(&true)
+                    && !writes_narrow(&inst.op, &narrow)
+                {
+                    wide.push(d);
+                }
+            });
+            for d in wide {
+                narrow[d as usize] = false;
+                changed = true;
+            }
+        }
+        if !changed {
+            return narrow;
+        }
+    }
+}
+
+/// Whether a float op of `mode` runs open-coded (round to nearest, no
+/// flush, no saturation).
+pub(super) fn plain(mode: &FloatMode) -> bool {
+    matches!(mode.rnd, Rnd::Default | Rnd::Rn) && !mode.ftz && !mode.sat
+}
+
+/// Whether a 32-bit register op of type `t` (not a float).
+fn int32(t: Ty) -> bool {
+    t.bits() <= 32 && !t.is_float() && t != Ty::B128
+}
+
+/// Whether every register `op` writes gets a value below 2^32, given which
+/// registers are narrow so far.
+fn writes_narrow(op: &Op, narrow: &[bool]) -> bool {
+    let small = |s: Src| match s {
+        Src::Reg(r) => narrow.get(r as usize) == Some(&true),
+        Src::Imm(v) => v <= u32::MAX as u64,
+        Src::Frame(o) => (o as u64) <= u32::MAX as u64,
+    };
+    match *op {
+        Op::Mov { a, mask, .. } => mask <= u32::MAX as u64 || small(a),
+        Op::Int { op, t, .. } => match op {
+            IntOp::Add
+            | IntOp::Sub
+            | IntOp::MulLo
+            | IntOp::And
+            | IntOp::Or
+            | IntOp::Xor
+            | IntOp::Min
+            | IntOp::Max => int32(t),
+            IntOp::Shl | IntOp::Shr => int32(t) && t != Ty::Pred,
+            IntOp::MulWide => matches!(t.bits(), 16) && !t.is_float(),
+            _ => false,
+        },
+        Op::Tern {
+            op: TernOp::MadLo,
+            t,
+            ..
+        } => int32(t),
+        Op::Tern {
+            op: TernOp::Selp,
+            t,
+            ..
+        } => t.bits() <= 32,
+        Op::Tern {
+            op: TernOp::Fma,
+            t: Ty::F32,
+            mode,
+            ..
+        } => plain(&mode),
+        Op::Float {
+            op: FOp::Add | FOp::Sub | FOp::Mul | FOp::Div,
+            t: Ty::F32,
+            mode,
+            ..
+        } => plain(&mode),
+        Op::Setp { cmp, t, .. } => cmp_native(cmp, t),
+        Op::Ld { size, sext, .. } => size <= 4 && !sext,
+        Op::Special { r, .. } => matches!(
+            r,
+            SReg::Tid(_) | SReg::Ntid(_) | SReg::Ctaid(_) | SReg::Nctaid(_)
+        ),
+        _ => false,
+    }
+}
+
+/// Whether `setp` compares `cmp` of type `t` open-coded (to 0 or 1).
+pub(super) fn cmp_native(cmp: Cmp, t: Ty) -> bool {
+    match t {
+        Ty::F32 | Ty::F64 => true,
+        t if t.is_float() || t == Ty::Pred || t == Ty::B128 => false,
+        _ => matches!(
+            cmp,
+            Cmp::Eq
+                | Cmp::Ne
+                | Cmp::Lt
+                | Cmp::Le
+                | Cmp::Gt
+                | Cmp::Ge
+                | Cmp::Equ
+                | Cmp::Neu
+                | Cmp::Ltu
+                | Cmp::Leu
+                | Cmp::Gtu
+                | Cmp::Geu
+        ),
+    }
+}

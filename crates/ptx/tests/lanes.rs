@@ -1,0 +1,192 @@
+//! The compiler's lane kernel (issue 22) on both engines with the same inputs:
+//! same memory, fault and instruction count; blocks that run in step, and
+//! blocks whose lanes part and run again thread by thread (`fixtures/lanes.ptx`).
+
+mod common;
+
+use common::config;
+use cumux_ptx::{
+    lane_blocks, DeviceMemory, Engine, LaunchConfig, LaunchLimits, LaunchReport, Program,
+};
+
+const BUFFER_BYTES: usize = 64 << 10;
+
+fn fixture() -> String {
+    let path = cumux_testkit::workspace_root().join("crates/ptx/tests/fixtures/lanes.ptx");
+    std::fs::read_to_string(path).expect("lanes.ptx")
+}
+
+/// Runs `kernel` on `engine`: its 8-byte parameters buffers starting as
+/// `inputs` (in order), each 4-byte one `scalar`; the report and buffers.
+fn run_on(
+    engine: Engine,
+    kernel: &str,
+    cfg: LaunchConfig,
+    inputs: &[Vec<u8>],
+    scalar: u32,
+    workers: usize,
+) -> (LaunchReport, Vec<Vec<u8>>) {
+    let mem = DeviceMemory::new(16 << 20);
+    let mut program = Program::load(&fixture(), &mem).expect("fixture loads");
+    program.set_engine(engine);
+    let info = program
+        .kernels()
+        .iter()
+        .find(|k| k.name == kernel)
+        .expect("kernel")
+        .clone();
+    let mut params = vec![0u8; info.params_bytes() as usize];
+    let mut bufs = Vec::new();
+    for p in &info.params {
+        let at = p.offset as usize;
+        if p.size == 8 {
+            let buf = mem.alloc(BUFFER_BYTES as u64).expect("buffer");
+            let input = inputs.get(bufs.len()).cloned().unwrap_or_default();
+            mem.write(buf, &input).expect("upload");
+            params[at..at + 8].copy_from_slice(&buf.to_le_bytes());
+            bufs.push(buf);
+        } else {
+            params[at..at + 4].copy_from_slice(&scalar.to_le_bytes());
+        }
+    }
+    let limits = LaunchLimits {
+        workers,
+        ..LaunchLimits::NONE
+    };
+    let report = program.launch_with(&mem, kernel, &cfg, &params, &limits);
+    let outs = bufs
+        .iter()
+        .map(|&b| {
+            let mut out = vec![0u8; BUFFER_BYTES];
+            mem.read(b, &mut out).expect("download");
+            out
+        })
+        .collect();
+    (report, outs)
+}
+
+/// Both engines on the same launch, with one worker and two; they must
+/// agree. The compiler's report and first buffer as words.
+fn both(
+    kernel: &str,
+    cfg: LaunchConfig,
+    inputs: &[Vec<u8>],
+    scalar: u32,
+) -> (LaunchReport, Vec<u32>) {
+    let interp = run_on(Engine::Interpreter, kernel, cfg, inputs, scalar, 1);
+    let mut last = None;
+    for workers in [1, 2] {
+        let jit = run_on(Engine::Compiler, kernel, cfg, inputs, scalar, workers);
+        if workers == 1 {
+            assert_eq!(interp.0, jit.0, "{kernel}: the engines' reports differ");
+        } else {
+            assert_eq!(
+                interp.0.result, jit.0.result,
+                "{kernel}: two workers' result"
+            );
+        }
+        assert!(
+            interp.1 == jit.1,
+            "{kernel} ({workers} workers): the engines' memory differs"
+        );
+        last = Some(jit);
+    }
+    let (report, bufs) = last.expect("ran");
+    let words = bufs[0]
+        .chunks_exact(4)
+        .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect();
+    (report, words)
+}
+
+fn floats(values: impl IntoIterator<Item = f32>) -> Vec<u8> {
+    values.into_iter().flat_map(|v| v.to_le_bytes()).collect()
+}
+
+#[test]
+fn every_kind_of_op_runs_in_step_as_the_interpreter_runs_it() {
+    let (ran, _) = lane_blocks();
+    for (block, inputs) in [
+        (64, floats((0..1024).map(|i| i as f32 * 0.25 + 1.0))),
+        // negatives, zeros, NaNs and infinities among the inputs
+        (
+            128,
+            floats((0..1024).map(|i| match i % 7 {
+                0 => f32::NAN,
+                1 => f32::INFINITY,
+                2 => -0.0,
+                3 => -(i as f32),
+                _ => i as f32 / 3.0,
+            })),
+        ),
+    ] {
+        let (report, out) = both(
+            "lanes_mix",
+            config([3, 1, 1], [block, 1, 1], 0),
+            &[vec![], inputs],
+            0,
+        );
+        report.result.expect("the kernel runs");
+        assert!(out.iter().any(|&w| w != 0), "the kernel wrote its results");
+    }
+    let (ran_after, _) = lane_blocks();
+    assert!(
+        ran_after >= ran + 6,
+        "the blocks ran in step: {ran} then {ran_after}"
+    );
+}
+
+#[test]
+fn a_block_whose_lanes_part_is_undone_and_runs_thread_by_thread() {
+    let (_, undone) = lane_blocks();
+    let (report, out) = both("lanes_split", config([2, 1, 1], [64, 1, 1], 0), &[], 0);
+    report.result.expect("the kernel runs");
+    for (t, &got) in out[..128].iter().enumerate() {
+        let want = if t % 2 == 0 { 10 } else { 101 };
+        assert_eq!(got, want, "thread {t}: its 1 added once");
+    }
+    let (_, undone_after) = lane_blocks();
+    assert!(undone_after > undone, "a block's lanes parted");
+}
+
+#[test]
+fn atomics_hand_out_tickets_in_thread_order() {
+    let (report, out) = both("lanes_atomic", config([1, 1, 1], [32, 1, 1], 0), &[], 0);
+    report.result.expect("the kernel runs");
+    assert_eq!(out[0], 32, "every thread took a ticket");
+    for t in 0..32usize {
+        assert_eq!(out[16 + t], 1, "thread {t}'s word: 1 added once");
+        assert_eq!(out[48 + t], t as u32, "thread {t}'s ticket");
+    }
+}
+
+#[test]
+fn a_fault_in_one_lane_counts_and_leaves_memory_as_the_interpreter() {
+    for which in [0, 1, 5, 30, 99] {
+        let (report, out) = both("lanes_fault", config([1, 1, 1], [32, 1, 1], 0), &[], which);
+        if which < 32 {
+            report
+                .result
+                .expect_err("the read past shared memory faults");
+        } else {
+            report.result.expect("no thread reads past shared memory");
+            assert_eq!(out[..32], [1; 32]);
+        }
+    }
+}
+
+#[test]
+fn bar_arrive_and_barriers_with_counts_compile_and_resolve_as_interpreted() {
+    let mem = DeviceMemory::new(1 << 20);
+    let program = Program::load(&fixture(), &mem).expect("lanes.ptx loads");
+    program
+        .compiled("named_bars")
+        .expect("the compiler takes it");
+    let (report, out) = both("named_bars", config([2, 1, 1], [128, 1, 1], 0), &[], 0);
+    report.result.expect("the kernel runs");
+    for g in 0..256u32 {
+        let t = g % 128;
+        let want = if t < 64 { 7 } else { 2 * (3 * (t - 64) + 1) };
+        assert_eq!(out[g as usize], want + 1000, "thread {g}");
+    }
+}
