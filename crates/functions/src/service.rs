@@ -101,6 +101,10 @@ impl Entry {
     }
 }
 
+/// One tenant's lanes on one device, the first where its functions are
+/// registered.
+type Lanes = Vec<Arc<Lane>>;
+
 /// Every registered function and the lanes that run them.
 pub struct Functions {
     server: Arc<Server>,
@@ -109,7 +113,7 @@ pub struct Functions {
     /// Each tenant's lanes on each device; the first is where its functions
     /// are registered, the others load a module at their first invocation
     /// of it.
-    lanes: Mutex<HashMap<(String, usize), Vec<Arc<Lane>>>>,
+    lanes: Mutex<HashMap<(String, usize), Lanes>>,
     stats: crate::metrics::Stats,
     versions: std::sync::atomic::AtomicU64,
     drain: Drain,
