@@ -118,6 +118,10 @@ pub struct ServerSettings {
     /// it a request gets 413.
     #[arg(long, value_parser = memory_arg)]
     pub functions_max_body: Option<u64>,
+    /// Most of one tenant's invocations that run at once on one device, each
+    /// in a session of its own (1 to 64, default 4).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub functions_lanes: Option<u32>,
 }
 
 impl ServerSettings {
@@ -143,6 +147,7 @@ impl ServerSettings {
             tls_client_ca: self.tls_client_ca.or(fallback.tls_client_ca),
             functions: self.functions.or(fallback.functions),
             functions_max_body: self.functions_max_body.or(fallback.functions_max_body),
+            functions_lanes: self.functions_lanes.or(fallback.functions_lanes),
         }
     }
 }
@@ -323,6 +328,7 @@ struct RawConfig {
     tls_client_ca: Option<std::path::PathBuf>,
     functions: Option<String>,
     functions_max_body: Option<Bytes>,
+    functions_lanes: Option<u32>,
     #[serde(default = "yes")]
     allow_unknown: bool,
     #[serde(default)]
@@ -517,6 +523,12 @@ pub fn parse(text: &str) -> Result<FileConfig> {
             .map(|m| m.get())
             .transpose()
             .context("functions_max_body")?,
+        functions_lanes: match raw.functions_lanes {
+            Some(n) if !(1..=64).contains(&n) => {
+                anyhow::bail!("functions_lanes: {n} is not between 1 and 64")
+            }
+            n => n,
+        },
     };
     Ok(FileConfig {
         settings,

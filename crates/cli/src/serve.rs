@@ -286,8 +286,12 @@ fn serve_functions(
     tls: Option<ServerTls>,
     server: &Arc<Server>,
     max_body: Option<u64>,
+    lanes: Option<u32>,
 ) -> Result<(std::net::SocketAddr, Arc<cumux_functions::Functions>)> {
     let mut limits = cumux_functions::Limits::default();
+    if let Some(n) = lanes {
+        limits.lanes_per_device = n as usize;
+    }
     if let Some(bytes) = max_body {
         limits.max_body_bytes = usize::try_from(bytes).context("--functions-max-body")?;
     }
@@ -452,6 +456,7 @@ pub fn serve(options: ServeOptions) -> Result<()> {
                 tls,
                 &server,
                 settings.functions_max_body,
+                settings.functions_lanes,
             )?)
         }
         None => None,

@@ -2,7 +2,8 @@
 //! --functions` process and real HTTP requests (HTTP/1.1 and HTTP/2) with
 //! hand-written PTX kernels: register, invoke, compose, bad plans refused at
 //! their place, 413/401/403, a faulting kernel failing only its invocation,
-//! scratch read as zeros, a deadline, the `cumux fn` commands and the OpenAPI document.
+//! scratch read as zeros, a deadline, one tenant's invocations side by side,
+//! the `cumux fn` commands and the OpenAPI document.
 
 mod common;
 
@@ -595,6 +596,87 @@ fn a_kernel_past_its_deadline_gets_504_and_the_lane_serves_on() {
         )
         .unwrap();
     assert!(error(&r, 400).starts_with("deadline_ms: \"soon\""));
+}
+
+/// The server's `/metrics` text (it was started with `--metrics`).
+fn metrics(server: &FnServer) -> String {
+    let at = server
+        .line
+        .split("metrics on http://")
+        .nth(1)
+        .and_then(|rest| rest.split("/metrics").next())
+        .unwrap_or_else(|| panic!("no metrics address in {:?}", server.line));
+    let scraper = FnClient::new(&format!("http://{at}"), None, false).unwrap();
+    let reply = scraper
+        .request("GET", "/metrics", None, None, Vec::new())
+        .unwrap();
+    String::from_utf8(reply.body).unwrap()
+}
+
+/// With `lanes` lanes per device, alice's `spin` (a kernel that never ends,
+/// deadline a minute away) runs, then her `vadd` with a 3 s deadline: its
+/// reply.
+fn vadd_beside_a_spinning_kernel(lanes: &str) -> (Reply, FnServer) {
+    // No launch budget: the spin must outlast vadd's deadline.
+    let server = FnServer::start(&[
+        "--metrics",
+        "127.0.0.1:0",
+        "--functions-lanes",
+        lanes,
+        "--launch-budget",
+        "0",
+    ]);
+    let alice = server.client(Some(ALICE));
+    assert_eq!(register(&alice, "vadd", vadd_plan()).status, 200);
+    let spin = json!({
+        "outputs": [{"name": "x", "dtype": "f32", "elements": 1}],
+        "launches": [{"kernel": "spin", "grid": 1, "block": 1, "args": [{"buffer": "x"}]}]
+    });
+    assert_eq!(register(&alice, "spin", spin).status, 200);
+    let spinner = server.client(Some(ALICE));
+    // Never joined: the server is killed under it at the end.
+    std::thread::spawn(move || {
+        let _ = spinner.json(
+            "POST",
+            "/v1/functions/spin/invoke?deadline_ms=60000",
+            &json!({}),
+        );
+    });
+    // The spin is on a lane (queued or running) before vadd is sent.
+    let on_lane = "cumux_function_lane_jobs{tenant=\"alice\"} 1";
+    let mut waited = 0;
+    while !metrics(&server).contains(on_lane) {
+        assert!(
+            waited < 1000,
+            "the spin never reached a lane\n{}",
+            metrics(&server)
+        );
+        std::thread::sleep(Duration::from_millis(10));
+        waited += 1;
+    }
+    let reply = alice
+        .json(
+            "POST",
+            "/v1/functions/vadd/invoke?deadline_ms=3000",
+            &json!({"inputs": {"a": [1, 2], "b": [3, 4]}}),
+        )
+        .unwrap();
+    (reply, server)
+}
+
+#[test]
+fn a_tenants_invocations_run_side_by_side_on_its_lanes() {
+    // Two lanes: vadd runs on the second while spin holds the first.
+    let (reply, server) = vadd_beside_a_spinning_kernel("2");
+    assert_eq!(floats(&reply, "c"), [4.0, 6.0], "{}", server.log());
+    let text = metrics(&server);
+    assert!(
+        text.contains("cumux_function_lanes{tenant=\"alice\"} 2"),
+        "{text}"
+    );
+    // One lane: vadd waits behind spin until its own deadline.
+    let (reply, server) = vadd_beside_a_spinning_kernel("1");
+    assert!(error(&reply, 504).contains("queued"), "{}", server.log());
 }
 
 #[test]

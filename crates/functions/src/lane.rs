@@ -7,7 +7,7 @@
 //! of the lane loaded again.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TryRecvError, TrySendError};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -74,13 +74,18 @@ pub struct LaneState {
     /// the session it came from.
     generation: u64,
     pub limits: LaunchLimits,
+    /// Most bytes the pool keeps.
+    pool_limit: u64,
     cancel: Arc<Mutex<Option<Canceller>>>,
     poisoned: Arc<AtomicBool>,
 }
 
-/// One tenant's queue of work on one device.
+/// One tenant's queue of work on one device (a tenant may have several on a
+/// device, each with a session of its own: see `service`).
 pub struct Lane {
     jobs: SyncSender<Job>,
+    /// Jobs queued or running on the lane.
+    load: Arc<AtomicUsize>,
     cancel: Arc<Mutex<Option<Canceller>>>,
     poisoned: Arc<AtomicBool>,
     /// Where the lane runs, for messages.
@@ -92,11 +97,14 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl Lane {
-    /// Starts the lane of `tenant` on `device` (one of the tenant's).
+    /// Starts a lane of `tenant` on `device` (one of the tenant's), one of at
+    /// most `lanes` of the tenant there (their pools share
+    /// [`MAX_POOL_BYTES`]).
     pub fn start(
         server: Arc<Server>,
         tenant: (String, TenantSettings),
         device: &Arc<dyn Device>,
+        lanes: usize,
     ) -> Result<Lane, Failure> {
         let position = server
             .devices_for(&tenant.1)
@@ -110,6 +118,11 @@ impl Lane {
         let cancel = Arc::new(Mutex::new(None));
         let poisoned = Arc::new(AtomicBool::new(false));
         let device_name = format!("{} ({})", device.info().name, device.info().backend);
+        let pool_limit = tenant
+            .1
+            .memory_quota
+            .map_or(MAX_POOL_BYTES, |quota| MAX_POOL_BYTES.min(quota / 4))
+            / lanes.max(1) as u64;
         let state = LaneState {
             server,
             tenant: tenant.clone(),
@@ -121,6 +134,7 @@ impl Lane {
             later: Vec::new(),
             generation: 0,
             limits,
+            pool_limit,
             cancel: Arc::clone(&cancel),
             poisoned: Arc::clone(&poisoned),
         };
@@ -130,10 +144,16 @@ impl Lane {
             .map_err(|e| Failure::Internal(format!("cannot start the tenant's lane: {e}")))?;
         Ok(Lane {
             jobs,
+            load: Arc::new(AtomicUsize::new(0)),
             cancel,
             poisoned,
             device_name,
         })
+    }
+
+    /// Jobs queued or running on the lane now.
+    pub fn load(&self) -> usize {
+        self.load.load(Ordering::SeqCst)
     }
 
     /// Runs `job` on the lane and waits for its answer until `deadline` (see
@@ -158,9 +178,13 @@ impl Lane {
             Arc::clone(&self.poisoned),
             Arc::clone(&self.cancel),
         );
+        let busy = Busy::new(&self.load);
         let boxed: Job = Box::new(move |state: &mut LaneState| {
+            let busy = busy;
             if ticket.start() {
                 let answer = job(state);
+                // Idle before the waiter hears: its next request may come here.
+                drop(busy);
                 ticket.answer(answer);
             }
         });
@@ -173,6 +197,23 @@ impl Lane {
                 Err(Failure::Internal("the tenant's lane has stopped".into()))
             }
         }
+    }
+}
+
+/// A job counted in its lane's load from its submission until it ran or was
+/// dropped.
+struct Busy(Arc<AtomicUsize>);
+
+impl Busy {
+    fn new(load: &Arc<AtomicUsize>) -> Busy {
+        load.fetch_add(1, Ordering::SeqCst);
+        Busy(Arc::clone(load))
+    }
+}
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
@@ -498,12 +539,7 @@ impl LaneState {
             stream: Some(cumux_protocol::DEFAULT_STREAM),
         };
         let zeroed = self.raw_call(zero).is_ok();
-        let limit = self
-            .tenant
-            .1
-            .memory_quota
-            .map_or(MAX_POOL_BYTES, |quota| MAX_POOL_BYTES.min(quota / 4));
-        if zeroed && self.pool_bytes + class <= limit {
+        if zeroed && self.pool_bytes + class <= self.pool_limit {
             self.pool.entry(class).or_default().push(ptr);
             self.pool_bytes += class;
         } else {

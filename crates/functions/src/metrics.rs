@@ -43,8 +43,13 @@ impl Stats {
         lock(&self.counts).retain(|(_, f), _| f != function);
     }
 
-    /// The metrics now, with `registered` functions per tenant.
-    pub fn render(&self, registered: &BTreeMap<String, usize>) -> prometheus::Result<String> {
+    /// The metrics now, with `registered` functions per tenant, and its
+    /// `lanes` (lanes open, jobs queued or running on them) per tenant.
+    pub fn render(
+        &self,
+        registered: &BTreeMap<String, usize>,
+        lanes: &BTreeMap<String, (usize, usize)>,
+    ) -> prometheus::Result<String> {
         let r = Registry::new();
         let invocations = CounterVec::new(
             Opts::new(
@@ -67,6 +72,30 @@ impl Stats {
             &["tenant"],
         )?;
         r.register(Box::new(functions.clone()))?;
+        let lanes_open = GaugeVec::new(
+            Opts::new(
+                "cumux_function_lanes",
+                "Lanes (sessions running functions) a tenant has open, over its devices",
+            ),
+            &["tenant"],
+        )?;
+        r.register(Box::new(lanes_open.clone()))?;
+        let lane_jobs = GaugeVec::new(
+            Opts::new(
+                "cumux_function_lane_jobs",
+                "Jobs (invocations among them) queued or running on a tenant's lanes",
+            ),
+            &["tenant"],
+        )?;
+        r.register(Box::new(lane_jobs.clone()))?;
+        for (tenant, (open, jobs)) in lanes {
+            lanes_open
+                .with_label_values(&[tenant.as_str()])
+                .set(*open as f64);
+            lane_jobs
+                .with_label_values(&[tenant.as_str()])
+                .set(*jobs as f64);
+        }
         for ((tenant, function), counts) in lock(&self.counts).iter() {
             for (status, n) in &counts.by_status {
                 invocations
@@ -99,7 +128,8 @@ mod tests {
         stats.record("a", "f", 200, Duration::from_millis(250));
         stats.record("a", "f", 500, Duration::ZERO);
         let registered = BTreeMap::from([("a".to_string(), 1)]);
-        let text = stats.render(&registered).unwrap();
+        let lanes = BTreeMap::from([("a".to_string(), (2, 3))]);
+        let text = stats.render(&registered, &lanes).unwrap();
         assert!(
             text.contains(
                 "cumux_function_invocations_total{function=\"f\",status=\"200\",tenant=\"a\"} 2"
@@ -113,9 +143,17 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("cumux_functions{tenant=\"a\"} 1"), "{text}");
+        assert!(
+            text.contains("cumux_function_lanes{tenant=\"a\"} 2"),
+            "{text}"
+        );
+        assert!(
+            text.contains("cumux_function_lane_jobs{tenant=\"a\"} 3"),
+            "{text}"
+        );
         stats.forget("f");
         assert!(!stats
-            .render(&registered)
+            .render(&registered, &lanes)
             .unwrap()
             .contains("function=\"f\""));
     }

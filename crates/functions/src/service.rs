@@ -58,7 +58,15 @@ pub struct Limits {
     pub default_deadline: Duration,
     /// The longest deadline a request may ask for.
     pub max_deadline: Duration,
+    /// Most lanes (sessions) of one tenant on one device: up to this many of
+    /// its invocations there run at once.
+    pub lanes_per_device: usize,
 }
+
+/// [`Limits::lanes_per_device`] unless configured.
+pub const DEFAULT_LANES_PER_DEVICE: usize = 4;
+/// The most [`Limits::lanes_per_device`] may be.
+pub const MAX_LANES_PER_DEVICE: usize = 64;
 
 impl Default for Limits {
     fn default() -> Self {
@@ -66,6 +74,7 @@ impl Default for Limits {
             max_body_bytes: 256 << 20,
             default_deadline: Duration::from_secs(60),
             max_deadline: Duration::from_secs(600),
+            lanes_per_device: DEFAULT_LANES_PER_DEVICE,
         }
     }
 }
@@ -92,12 +101,19 @@ impl Entry {
     }
 }
 
+/// One tenant's lanes on one device, the first where its functions are
+/// registered.
+type Lanes = Vec<Arc<Lane>>;
+
 /// Every registered function and the lanes that run them.
 pub struct Functions {
     server: Arc<Server>,
     pub limits: Limits,
     registry: Mutex<BTreeMap<String, Entry>>,
-    lanes: Mutex<HashMap<(String, usize), Arc<Lane>>>,
+    /// Each tenant's lanes on each device; the first is where its functions
+    /// are registered, the others load a module at their first invocation
+    /// of it.
+    lanes: Mutex<HashMap<(String, usize), Lanes>>,
     stats: crate::metrics::Stats,
     versions: std::sync::atomic::AtomicU64,
     drain: Drain,
@@ -244,19 +260,73 @@ impl Functions {
             .ok_or_else(|| Failure::Internal("a device the server does not list".into()))
     }
 
-    fn lane(&self, tenant: &(String, TenantSettings), device: usize) -> Result<Arc<Lane>, Failure> {
-        let mut lanes = lock(&self.lanes);
-        if let Some(lane) = lanes.get(&(tenant.0.clone(), device)) {
-            return Ok(Arc::clone(lane));
-        }
+    /// Most lanes of one tenant on one device.
+    fn lanes_per_device(&self) -> usize {
+        self.limits.lanes_per_device.clamp(1, MAX_LANES_PER_DEVICE)
+    }
+
+    fn start_lane(
+        &self,
+        tenant: &(String, TenantSettings),
+        device: usize,
+    ) -> Result<Arc<Lane>, Failure> {
         let dev = self
             .server
             .devices()
             .get(device)
             .ok_or_else(|| Failure::Internal(format!("no device {device}")))?;
-        let lane = Arc::new(Lane::start(Arc::clone(&self.server), tenant.clone(), dev)?);
-        lanes.insert((tenant.0.clone(), device), Arc::clone(&lane));
+        let lanes = self.lanes_per_device();
+        Ok(Arc::new(Lane::start(
+            Arc::clone(&self.server),
+            tenant.clone(),
+            dev,
+            lanes,
+        )?))
+    }
+
+    /// The tenant's first lane on `device` (started if need be): where its
+    /// functions there are registered.
+    fn lane(&self, tenant: &(String, TenantSettings), device: usize) -> Result<Arc<Lane>, Failure> {
+        let mut lanes = lock(&self.lanes);
+        let group = lanes.entry((tenant.0.clone(), device)).or_default();
+        if let Some(lane) = group.first() {
+            return Ok(Arc::clone(lane));
+        }
+        let lane = self.start_lane(tenant, device)?;
+        group.push(Arc::clone(&lane));
         Ok(lane)
+    }
+
+    /// The lane an invocation runs on: an idle lane of the tenant's on
+    /// `device`, else a new one while it has fewer than
+    /// [`Limits::lanes_per_device`] there, else its least loaded.
+    fn invocation_lane(
+        &self,
+        tenant: &(String, TenantSettings),
+        device: usize,
+    ) -> Result<Arc<Lane>, Failure> {
+        let most = self.lanes_per_device();
+        let mut lanes = lock(&self.lanes);
+        let group = lanes.entry((tenant.0.clone(), device)).or_default();
+        let least = group.iter().min_by_key(|lane| lane.load()).cloned();
+        match least {
+            Some(lane) if lane.load() == 0 || group.len() >= most => Ok(lane),
+            least => match self.start_lane(tenant, device) {
+                Ok(lane) => {
+                    group.push(Arc::clone(&lane));
+                    Ok(lane)
+                }
+                Err(failure) => least.ok_or(failure),
+            },
+        }
+    }
+
+    /// Every lane of `tenant` on `device`.
+    fn lanes_of(&self, tenant: &str, device: usize) -> Vec<Arc<Lane>> {
+        lock(&self.lanes)
+            .get(&(tenant.to_string(), device))
+            .cloned()
+            .unwrap_or_default()
     }
 
     /// The entry `name`, if `tenant` owns it.
@@ -435,7 +505,7 @@ impl Functions {
     }
 
     fn unload_on(&self, tenant: &(String, TenantSettings), device: usize, name: &str) {
-        if let Ok(lane) = self.lane(tenant, device) {
+        for lane in self.lanes_of(&tenant.0, device) {
             let fname = name.to_string();
             let deadline = Instant::now() + self.limits.max_deadline;
             let _ = lane.run(deadline, move |state| {
@@ -503,7 +573,7 @@ impl Functions {
         let lanes: Vec<Arc<Lane>> = lock(&self.lanes)
             .iter()
             .filter(|((_, d), _)| *d == device)
-            .map(|(_, lane)| Arc::clone(lane))
+            .flat_map(|(_, group)| group.iter().cloned())
             .collect();
         for lane in lanes {
             let fname = name.to_string();
@@ -606,7 +676,7 @@ impl Functions {
             started: Instant::now(),
         };
         let queued = self
-            .lane(tenant, device)
+            .invocation_lane(tenant, device)
             .and_then(|lane| lane.submit(inv.deadline, move |state| invoke::run(state, &inv)));
         match queued {
             Ok(answer) => Ok(Invoking { answer, record }),
@@ -639,6 +709,12 @@ impl Functions {
         for e in lock(&self.registry).values() {
             *registered.entry(e.owner.clone()).or_insert(0) += 1;
         }
-        self.stats.render(&registered)
+        let mut lanes: BTreeMap<String, (usize, usize)> = BTreeMap::new();
+        for ((tenant, _), group) in lock(&self.lanes).iter() {
+            let entry = lanes.entry(tenant.clone()).or_default();
+            entry.0 += group.len();
+            entry.1 += group.iter().map(|lane| lane.load()).sum::<usize>();
+        }
+        self.stats.render(&registered, &lanes)
     }
 }

@@ -22,6 +22,11 @@ fn ptx() -> Vec<u8> {
 }
 
 fn service() -> (Arc<Server>, Arc<Functions>) {
+    service_with(Limits::default())
+}
+
+/// [`service`] with `limits`.
+fn service_with(limits: Limits) -> (Arc<Server>, Arc<Functions>) {
     let spec = cumux_server::device::backends::CpuSpec {
         memory: 256 << 20,
         launch_budget: 0,
@@ -38,7 +43,7 @@ fn service() -> (Arc<Server>, Arc<Functions>) {
     }
     let policy = cumux_server::gate::parse_policy("fair").unwrap();
     let server = Server::with_policy(vec![device], tenants, policy);
-    let functions = Arc::new(Functions::new(Arc::clone(&server), Limits::default()));
+    let functions = Arc::new(Functions::new(Arc::clone(&server), limits));
     (server, functions)
 }
 
@@ -124,19 +129,43 @@ fn tenants_invoke_side_by_side_through_their_own_sessions() {
     for t in threads {
         t.join().unwrap();
     }
-    // Each tenant's lane is a session of the server, counted as any other.
+    // Each tenant's lanes are sessions of the server, counted as any other:
+    // its four threads' 20 invocations ran on one to four of them.
     let status = cumux_server::server_status(&server, &StatusScope::Everything);
-    let mut programs: Vec<&str> = status.sessions.iter().map(|s| s.program.as_str()).collect();
-    programs.sort();
-    assert_eq!(programs, ["cumux-functions (a)", "cumux-functions (b)"]);
-    for s in &status.sessions {
-        assert_eq!(s.launches, 20, "{s:?}");
+    for who in ["a", "b"] {
+        let program = format!("cumux-functions ({who})");
+        let lanes: Vec<_> = status
+            .sessions
+            .iter()
+            .filter(|s| s.program == program)
+            .collect();
+        assert!(
+            (1..=cumux_functions::service::DEFAULT_LANES_PER_DEVICE).contains(&lanes.len()),
+            "{lanes:?}"
+        );
+        assert_eq!(
+            lanes.iter().map(|s| s.launches).sum::<u64>(),
+            20,
+            "{lanes:?}"
+        );
     }
+    assert_eq!(
+        status.sessions.len(),
+        status
+            .sessions
+            .iter()
+            .filter(|s| s.program.starts_with("cumux-functions ("))
+            .count()
+    );
 }
 
 #[test]
 fn a_full_lane_turns_the_surplus_away() {
-    let (_server, f) = service();
+    // One lane: every invocation queues behind the running one.
+    let (_server, f) = service_with(Limits {
+        lanes_per_device: 1,
+        ..Limits::default()
+    });
     let t = tenant(&f, "a");
     let spin = json!({
         "outputs": [{"name": "x", "dtype": "f32", "elements": 1}],
@@ -174,7 +203,11 @@ fn a_full_lane_turns_the_surplus_away() {
 
 #[test]
 fn a_queued_invocations_deadline_leaves_the_running_one_alone() {
-    let (_server, f) = service();
+    // One lane: every invocation queues behind the running one.
+    let (_server, f) = service_with(Limits {
+        lanes_per_device: 1,
+        ..Limits::default()
+    });
     let t = tenant(&f, "a");
     let busy = json!({
         "params": [{"name": "n", "dtype": "u32"}],
