@@ -28,7 +28,7 @@
 # Optional: KIT=, NVCC=, NVCC_FLAGS=, CC=, DEVICE=, SECS= (seconds per load
 # run, 5), WARM= (1), CLIENTS= ("1 16 64"), N= (vadd floats, 1024),
 # BATCHES= ("1 32"), ITERS= (native iterations, 5000), WHL= (.whl),
-# FN_MLP_DIMS= ("1024,1024,128"), CUMUX_REAL_LIBCUDA=.
+# FN_MLP_DIMS= ("1024,1024,128"), LANES= (`--functions-lanes`), CUMUX_REAL_LIBCUDA=.
 set -u
 START=$(date +%s)
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -127,6 +127,7 @@ load() {
 printf '[tenants.bench]\ntoken = "%s"\n' "$TOKEN" >"$W/cumux.toml"
 extra=()
 [ "$DEVICE" = cpu ] && extra=(--memory 2G)
+[ -n "${LANES:-}" ] && extra+=(--functions-lanes "$LANES")
 "$KIT/cumux" serve --device "$DEVICE" "${extra[@]}" --functions 127.0.0.1:0 --config "$W/cumux.toml" \
     --listen "unix:$W/s.sock" >"$W/server.out" 2>"$RUNS/server.log" &
 server_pid=$!

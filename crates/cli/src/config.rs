@@ -119,7 +119,7 @@ pub struct ServerSettings {
     #[arg(long, value_parser = memory_arg)]
     pub functions_max_body: Option<u64>,
     /// Most of one tenant's invocations that run at once on one device, each
-    /// in a session of its own (1 to 64, default 4).
+    /// in a session of its own (1 to 64, default 1).
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=64))]
     pub functions_lanes: Option<u32>,
 }
