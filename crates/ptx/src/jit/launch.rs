@@ -513,13 +513,24 @@ impl Worker {
         t: usize,
         end: usize,
     ) -> Result<usize, Fault> {
-        // SAFETY: the compiled kernel gets this block's live context, the
-        // register files (`nregs` each) and local memories (`frame_bytes`
-        // rounded to words each) of all `n` threads, what it was compiled
-        // for, their `%tid`s and resume ids and a code slot each; it
-        // touches only threads `t..end`, all below `n`.
+        let stop = self.call(g.kernel.entry, ctx, t, end);
+        let stop = stop.clamp(t + 1, end);
+        self.stops(g, ctx, t, stop, 1)?;
+        Ok(stop)
+    }
+
+    /// Calls compiled code `f` (the thread loop or the lane kernel) for
+    /// threads `t..end`; the thread its run stopped after, as it says.
+    fn call(&mut self, f: KernelFn, ctx: &mut Ctx<'_>, t: usize, end: usize) -> usize {
+        // SAFETY: `f` is the block's thread loop or its lane kernel, both
+        // compiled for this kernel: it gets this block's live context, the
+        // register files (`nregs` each, or for the lane kernel `nregs`
+        // vectors of 16 bytes per group) and local memories (`frame_bytes`
+        // rounded to words each) of all `n` threads, their `%tid`s and
+        // resume ids and a code slot each; it touches only threads
+        // `t..end`, all below `n`.
         let stop = unsafe {
-            (g.kernel.entry)(
+            f(
                 ctx,
                 self.regs.as_mut_ptr(),
                 self.local.as_mut_ptr() as *mut u8,
@@ -529,10 +540,8 @@ impl Worker {
                 self.tids.as_ptr(),
                 self.codes.as_mut_ptr(),
             )
-        } as usize;
-        let stop = stop.clamp(t + 1, end);
-        self.stops(g, ctx, t, stop, 1)?;
-        Ok(stop)
+        };
+        stop as usize
     }
 
     /// Whether the [`LANES`] threads from `t` are in `..hi`, all ready at
@@ -555,22 +564,7 @@ impl Worker {
         t: usize,
         end: usize,
     ) -> Result<usize, Fault> {
-        // SAFETY: as for the thread loop in `run_single`; the lane kernel
-        // touches only threads `t..end`, all below `n`, and their groups'
-        // vectors of the lane file (`nregs` of 16 bytes for each group of
-        // the block).
-        let stop = unsafe {
-            group(
-                ctx,
-                self.regs.as_mut_ptr(),
-                self.local.as_mut_ptr() as *mut u8,
-                t as u32,
-                end as u32,
-                self.resume.as_ptr(),
-                self.tids.as_ptr(),
-                self.codes.as_mut_ptr(),
-            )
-        } as usize;
+        let stop = self.call(group, ctx, t, end);
         let stop = stop.clamp(t + LANES as usize, end);
         if self.codes[stop - 1] == RET_PARTED {
             return Err(parted());
