@@ -5,7 +5,6 @@
 
 use std::ffi::c_void;
 
-use crate::graph::{stream_of_call, GraphOp};
 use cumux_cuda_bindings::consts::{CU_EVENT_RECORD_EXTERNAL, CU_EVENT_WAIT_EXTERNAL};
 use cumux_cuda_bindings::types::{CUgraphEdgeData, CUgraphNode};
 use cumux_protocol::{Call, Handle, ReplyBody};
@@ -116,24 +115,16 @@ fn record(e: *mut c_void, s: *mut c_void, flags: u32) -> CuResult<()> {
     let event = known_event(&st, e)?;
     let stream = stream?;
     st = c.ready_stream(st, stream)?;
+    // An external record is a node of a capture (recorded at each launch).
     let call = Call::EventRecord { event, stream };
     let call = match flags & CU_EVENT_RECORD_EXTERNAL != 0 {
-        true => external_node(&mut st, call),
+        true => st.capture_node(stream, call),
         false => st.capture_call(call),
     };
     drop(st);
     match call {
         Some(call) => c.call(call).map(|_| ()),
         None => Ok(()),
-    }
-}
-
-/// An event call the program marked external: in a capture it is a node
-/// of the graph (recorded or waited at each launch); elsewhere it is sent.
-fn external_node(st: &mut StateGuard<'_>, call: Call) -> Option<Call> {
-    match st.capture(stream_of_call(&call)?, GraphOp::Call(call)) {
-        Some(GraphOp::Call(call)) => Some(call),
-        _ => None,
     }
 }
 
@@ -214,7 +205,7 @@ driver_fn! {
         }
         let call = Call::StreamWaitEvent { stream, event };
         let call = match flags & CU_EVENT_WAIT_EXTERNAL != 0 {
-            true => external_node(&mut st, call),
+            true => st.capture_node(stream, call),
             false => st.capture_call(call),
         };
         drop(st);

@@ -583,6 +583,12 @@ impl State {
             }
             _ => {}
         }
+        self.capture_node(stream, call)
+    }
+
+    /// Records `call` as a node of `stream`'s capture if it is being
+    /// captured; gives it back to be sent otherwise.
+    pub fn capture_node(&mut self, stream: Handle, call: Call) -> Option<Call> {
         match self.capture(stream, GraphOp::Call(call)) {
             Some(GraphOp::Call(call)) => Some(call),
             _ => None,
