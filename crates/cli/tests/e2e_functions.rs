@@ -535,20 +535,7 @@ fn a_fault_fails_one_invocation_and_the_next_works() {
         assert_eq!(out, [4.0, 6.0], "{}", server.log());
     }
     // /metrics counts each function's invocations by status.
-    let at = server
-        .line
-        .split("metrics on http://")
-        .nth(1)
-        .and_then(|rest| rest.split("/metrics").next())
-        .unwrap_or_else(|| panic!("no metrics address in {:?}", server.line));
-    let scraper = FnClient::new(&format!("http://{at}"), None, false).unwrap();
-    let text = String::from_utf8(
-        scraper
-            .request("GET", "/metrics", None, None, Vec::new())
-            .unwrap()
-            .body,
-    )
-    .unwrap();
+    let text = metrics(&server);
     for series in [
         "cumux_function_invocations_total{function=\"boom\",status=\"500\",tenant=\"alice\"} 2",
         "cumux_function_invocations_total{function=\"vadd\",status=\"200\",tenant=\"alice\"} 2",
