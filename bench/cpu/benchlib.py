@@ -17,10 +17,12 @@ NVCC_ROOT = os.path.join(ROOT, ".venv/lib/python3.11/site-packages/nvidia/cu13")
 
 
 def build_microbench(out_dir):
+    """bench/cuda/microbench.cu built by NVCC= (else the nvcc in .venv)."""
     exe = os.path.join(out_dir, "microbench")
-    nvcc = os.path.join(NVCC_ROOT, "bin/nvcc")
+    nvcc = os.environ.get("NVCC") or os.path.join(NVCC_ROOT, "bin/nvcc")
+    libs = [] if os.environ.get("NVCC") else ["-L" + os.path.join(NVCC_ROOT, "lib")]
     subprocess.run(
-        [nvcc, "-O2", "-arch=sm_90", "-L" + os.path.join(NVCC_ROOT, "lib"), "-o", exe,
+        [nvcc, "-O2", "-arch=sm_90", *libs, "-o", exe,
          os.path.join(ROOT, "bench/cuda/microbench.cu")],
         check=True,
     )

@@ -2,7 +2,7 @@
 //! files), optionally the CA whose client certificates it requires (mutual
 //! TLS), and the handshake of one connection.
 
-use std::io::{Read, Write};
+use std::io::{ErrorKind, Read, Write};
 use std::net::TcpStream;
 use std::path::Path;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -84,48 +84,160 @@ impl ServerTls {
                 .complete_io(&mut stream.sock)
                 .map_err(|e| format!("TLS handshake failed: {e}"))?;
         }
-        let tcp = stream.sock.try_clone().map_err(|e| e.to_string())?;
+        let (mut connection, tcp) = stream.into_parts();
+        // Large writes are encrypted in large steps, each a lock and a write.
+        connection.set_buffer_limit(Some(WRITE_STEP));
         Ok(TlsStream {
-            stream: Arc::new(Mutex::new(stream)),
+            connection: Arc::new(Mutex::new(connection)),
             tcp: Arc::new(tcp),
+            sending: Arc::new(Mutex::new(())),
+            incoming: Vec::new(),
+            taken: 0,
+            outgoing: Vec::new(),
         })
     }
 }
 
-/// A TLS connection, shared by the reading and the writing half of the one
-/// thread that serves it (reads and writes never overlap).
-#[derive(Clone)]
+/// One TLS connection, read by one thread while another writes: the lock on
+/// the connection's state is held only to decrypt or encrypt, never while the
+/// socket blocks, so that a reader waiting for the next request never holds
+/// back a reply.
 pub struct TlsStream {
-    stream: Arc<Mutex<StreamOwned<ServerConnection, TcpStream>>>,
-    /// The same socket (a second descriptor): its options, its hang-ups.
+    connection: Arc<Mutex<ServerConnection>>,
     tcp: Arc<TcpStream>,
+    /// Held from taking encrypted bytes out of the connection to writing them,
+    /// so that records leave in the order they were made.
+    sending: Arc<Mutex<()>>,
+    /// Ciphertext read from the socket by this handle, from `taken` on not yet
+    /// handed to the connection.
+    incoming: Vec<u8>,
+    taken: usize,
+    /// This handle's buffer for encrypted bytes on their way out.
+    outgoing: Vec<u8>,
+}
+
+/// Ciphertext read from the socket at once, at most.
+const READ_AHEAD: usize = 256 << 10;
+
+/// Plaintext encrypted at once, at most.
+const WRITE_STEP: usize = 1 << 20;
+
+fn locked<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+fn tls_error(e: rustls::Error) -> std::io::Error {
+    std::io::Error::new(ErrorKind::InvalidData, e)
+}
+
+impl Clone for TlsStream {
+    /// Another handle on the same connection, with buffers of its own.
+    fn clone(&self) -> Self {
+        TlsStream {
+            connection: Arc::clone(&self.connection),
+            tcp: Arc::clone(&self.tcp),
+            sending: Arc::clone(&self.sending),
+            incoming: Vec::new(),
+            taken: 0,
+            outgoing: Vec::new(),
+        }
+    }
 }
 
 impl TlsStream {
-    fn lock(&self) -> MutexGuard<'_, StreamOwned<ServerConnection, TcpStream>> {
-        self.stream
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
-
     /// The TCP socket underneath.
     pub fn tcp(&self) -> &TcpStream {
         &self.tcp
+    }
+
+    /// Writes what the connection has to send (records, alerts, key updates).
+    fn send_pending(&mut self) -> std::io::Result<()> {
+        let _order = locked(&self.sending);
+        self.outgoing.clear();
+        {
+            let mut connection = locked(&self.connection);
+            while connection.wants_write() {
+                connection.write_tls(&mut self.outgoing)?;
+            }
+        }
+        (&*self.tcp).write_all(&self.outgoing)
     }
 }
 
 impl Read for TlsStream {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        self.lock().read(buf)
+        loop {
+            let wants_write = {
+                let mut connection = locked(&self.connection);
+                // Hand over ciphertext until there is plaintext to give.
+                while self.taken < self.incoming.len() && connection.wants_read() {
+                    let mut rest = &self.incoming[self.taken..];
+                    self.taken += connection.read_tls(&mut rest)?;
+                    connection.process_new_packets().map_err(tls_error)?;
+                }
+                match connection.reader().read(buf) {
+                    Err(e) if e.kind() == ErrorKind::WouldBlock => connection.wants_write(),
+                    got => {
+                        let wants_write = connection.wants_write();
+                        drop(connection);
+                        if wants_write {
+                            self.send_pending()?;
+                        }
+                        return got;
+                    }
+                }
+            };
+            if wants_write {
+                self.send_pending()?;
+            }
+            if self.taken < self.incoming.len() {
+                continue;
+            }
+            // More ciphertext, read without holding the connection.
+            self.incoming.resize(READ_AHEAD, 0);
+            self.taken = 0;
+            let n = loop {
+                match (&*self.tcp).read(&mut self.incoming) {
+                    Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+                    Err(e) => {
+                        self.incoming.clear();
+                        return Err(e);
+                    }
+                    Ok(n) => break n,
+                }
+            };
+            self.incoming.truncate(n);
+            if n == 0 {
+                // The peer closed: the connection says whether it said so first.
+                let mut connection = locked(&self.connection);
+                connection.read_tls(&mut &[][..])?;
+                connection.process_new_packets().map_err(tls_error)?;
+                return connection.reader().read(buf);
+            }
+        }
     }
 }
 
 impl Write for TlsStream {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.lock().write(buf)
+        let _order = locked(&self.sending);
+        self.outgoing.clear();
+        let n = {
+            let mut connection = locked(&self.connection);
+            let n = connection.writer().write(buf)?;
+            while connection.wants_write() {
+                connection.write_tls(&mut self.outgoing)?;
+            }
+            n
+        };
+        (&*self.tcp).write_all(&self.outgoing)?;
+        Ok(n)
     }
 
     fn flush(&mut self) -> std::io::Result<()> {
-        self.lock().flush()
+        // Every write leaves whole: nothing waits in a buffer.
+        Ok(())
     }
 }

@@ -14,10 +14,14 @@ use std::time::Duration;
 use cumux_protocol::hop_trace::{self, Hop};
 use cumux_protocol::shm::{self, Endpoint, ShmArea, ShmError, Side};
 use cumux_protocol::{
-    codes, decode, encode, pinned, read_bulk, read_frame_within, read_message, write_frame,
-    write_message, ClientRole, CuError, FrameError, Hello, HelloReply, Reply, Request, ShmAttach,
-    ShmAttached, MAGIC, MAX_HELLO_BYTES, MAX_PROGRAM_BYTES, MAX_TOKEN_BYTES, PROTOCOL_VERSION,
+    codes, decode, encode, pinned, read_frame_within, write_frame, ClientRole, CuError, FrameError,
+    Hello, HelloReply, Reply, Request, ShmAttach, ShmAttached, MAGIC, MAX_HELLO_BYTES,
+    MAX_PROGRAM_BYTES, MAX_TOKEN_BYTES, PROTOCOL_VERSION,
 };
+
+mod socket_wire;
+
+use socket_wire::SocketWire;
 
 use crate::admission::{log_refusal, Peer, Seat};
 use crate::session::Session;
@@ -78,6 +82,13 @@ impl Socket {
             RawSocket::Unix(s) => s.set_write_timeout(timeout),
             RawSocket::Tcp(s) => s.set_write_timeout(timeout),
         }
+    }
+
+    fn shut_reading(&self) {
+        let _ = match self.raw() {
+            RawSocket::Unix(s) => s.shutdown(std::net::Shutdown::Read),
+            RawSocket::Tcp(s) => s.shutdown(std::net::Shutdown::Read),
+        };
     }
 
     fn shut_writing(&self) {
@@ -369,14 +380,10 @@ fn serve_seated(
                         Some((endpoint, socket)) => {
                             request_loop(&mut session, &mut ShmWire::new(endpoint, socket))
                         }
-                        None => request_loop(
-                            &mut session,
-                            &mut SocketWire {
-                                reader,
-                                writer,
-                                buf,
-                            },
-                        ),
+                        None => match SocketWire::start(reader, writer, buf) {
+                            Ok(mut wire) => request_loop(&mut session, &mut wire),
+                            Err(why) => Ending::Broken(why),
+                        },
                     },
                 },
             }
@@ -645,42 +652,6 @@ trait Wire {
     fn send_fd(&mut self, fd: OwnedFd) -> Result<(), String> {
         drop(fd);
         Err("passing a descriptor needs the shared-memory transport".into())
-    }
-}
-
-/// Length-prefixed frames on the socket.
-struct SocketWire<R, W> {
-    reader: R,
-    writer: W,
-    buf: Vec<u8>,
-}
-
-impl<R: Read, W: Write> Wire for SocketWire<R, W> {
-    fn receive(&mut self) -> Result<Request, Ending> {
-        let bulk_len = match read_message(&mut self.reader, &mut self.buf) {
-            Ok(bulk_len) => bulk_len,
-            Err(FrameError::Closed) => return Err(Ending::Closed),
-            Err(e) => return Err(Ending::Broken(format!("bad frame: {e}"))),
-        };
-        let mut request: Request = decode(&self.buf).map_err(|e| {
-            Ending::Broken(format!(
-                "undecodable request ({} bytes): {e}",
-                self.buf.len()
-            ))
-        })?;
-        if let Some(len) = bulk_len {
-            let bulk = read_bulk(&mut self.reader, len)
-                .map_err(|e| Ending::Broken(format!("bad bulk frame: {e}")))?;
-            shm::put_call_bulk(&mut request.call, bulk).map_err(shm_ending)?;
-        }
-        Ok(request)
-    }
-
-    fn reply(&mut self, mut reply: Reply) -> Result<(), String> {
-        // A copy's data goes from where it lies, not through the encoder.
-        let bulk = shm::take_reply_bulk(&mut reply);
-        let bytes = encode(&reply).map_err(|e| format!("cannot encode a reply: {e}"))?;
-        write_message(&mut self.writer, &bytes, &bulk).map_err(|e| format!("cannot send: {e}"))
     }
 }
 
