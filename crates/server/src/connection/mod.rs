@@ -21,7 +21,7 @@ use cumux_protocol::{
 
 mod socket_wire;
 
-use socket_wire::SocketWire;
+use socket_wire::{SocketWire, Unread};
 
 use crate::admission::{log_refusal, Peer, Seat};
 use crate::session::Session;
@@ -380,9 +380,13 @@ fn serve_seated(
                         Some((endpoint, socket)) => {
                             request_loop(&mut session, &mut ShmWire::new(endpoint, socket))
                         }
-                        None => match SocketWire::start(reader, writer, buf) {
-                            Ok(mut wire) => request_loop(&mut session, &mut wire),
-                            Err(why) => Ending::Broken(why),
+                        None => match writer.try_clone() {
+                            Ok(shut) => {
+                                let shut_reading = move || shut.shut_reading();
+                                let mut wire = SocketWire::new(reader, writer, buf, shut_reading);
+                                request_loop(&mut session, &mut wire)
+                            }
+                            Err(e) => Ending::Broken(format!("cannot clone the socket: {e}")),
                         },
                     },
                 },
@@ -652,6 +656,19 @@ trait Wire {
     fn send_fd(&mut self, fd: OwnedFd) -> Result<(), String> {
         drop(fd);
         Err("passing a descriptor needs the shared-memory transport".into())
+    }
+}
+
+impl<R: Read + Send + 'static, W: Write + Send + 'static> Wire for SocketWire<R, W> {
+    fn receive(&mut self) -> Result<Request, Ending> {
+        self.next_request().map_err(|unread| match unread {
+            Unread::Closed => Ending::Closed,
+            Unread::Broken(why) => Ending::Broken(why),
+        })
+    }
+
+    fn reply(&mut self, reply: Reply) -> Result<(), String> {
+        self.send_reply(reply)
     }
 }
 
