@@ -135,8 +135,9 @@ fn a_cpu_device_has_the_threads_it_is_given() {
     }
 }
 
-/// Pinned buffers are shared with the server, and large synchronous copies
-/// of pageable memory go through a pinned buffer of the driver's own: their
+/// Pinned buffers are shared with the server, and synchronous copies of
+/// pageable memory, large or small, go through a pinned buffer of the
+/// driver's own: their
 /// copies carry no bytes over the wire, which the server counts and logs at
 /// the session's end.
 #[test]
@@ -158,9 +159,9 @@ fn pinned_copies_take_the_zero_copy_route() {
         }
         std::thread::sleep(Duration::from_millis(20));
     };
-    // 7 MiB of whole-buffer copies and two 16 KiB parts, and a staged
-    // pageable round trip of 10 MiB + 12345 bytes.
-    let staged = 2 * ((10 << 20) + 12345);
+    // 7 MiB of whole-buffer copies and two 16 KiB parts, and staged
+    // pageable round trips of 10 MiB + 12345 bytes and 64 KiB + 3.
+    let staged = 2 * ((10 << 20) + 12345) + 2 * ((64 << 10) + 3);
     assert_eq!(bytes, (7 << 20) + (32 << 10) + staged, "{log}");
 }
 

@@ -1,8 +1,10 @@
-//! Large synchronous copies of pageable memory through a pinned staging
-//! buffer of the client's own: two slots, filled and drained in turn.
+//! Synchronous copies of pageable memory through a pinned staging buffer of
+//! the client's own: two slots, filled and drained in turn.
 //!
-//! A `cudaMemcpy` of 1 MiB or more between device memory and pageable memory
-//! is cut into slot-sized chunks. Host to device: the client copies a chunk
+//! A `cudaMemcpy` between device memory and pageable memory, of any size, is
+//! cut into slot-sized chunks (a small one is one chunk: the device reaches
+//! the slot directly, which beats carrying the bytes through the server at
+//! every size). Host to device: the client copies a chunk
 //! into a slot and queues `MemcpyHtoDHost` from it (no bytes on the wire)
 //! while the previous slot's copy runs; device to host: the copy of the next
 //! chunk into one slot runs while the client copies the other slot out. An
@@ -24,17 +26,19 @@ use cumux_protocol::{Call, ReplyBody, DEFAULT_STREAM};
 use crate::errors::*;
 use crate::state::{Client, StagingBuffer, StagingLoan};
 
-/// Copies this large or larger are staged.
-pub const MIN_BYTES: usize = 1 << 20;
+/// Copies this large or larger are staged: all but empty ones.
+pub const MIN_BYTES: usize = 1;
 /// Bytes of one slot.
 pub const SLOT_BYTES: usize = 4 << 20;
 
 /// The buffer a loan gives: made now if nobody made it yet. `None` when it
-/// cannot be had (`CUMUX_PINNED=off`, or the server would not take it).
+/// cannot be had (`CUMUX_PINNED=off`, or the server would not take it), or
+/// for a program that may resume elsewhere: host memory shared with one
+/// server cannot move to another, and would keep its session from moving.
 pub fn buffer(c: &Client, loan: StagingLoan, device: u32) -> Option<StagingBuffer> {
     match loan {
         StagingLoan::Ready(buffer) => Some(buffer),
-        StagingLoan::ToMake if !crate::pinned::enabled() => None,
+        StagingLoan::ToMake if !crate::pinned::enabled() || crate::resume::wanted() => None,
         StagingLoan::ToMake => setup(c, device)
             .map_err(|e| {
                 tracing::debug!("no staging buffer ({e}); large pageable copies carry their bytes");

@@ -72,7 +72,7 @@ int main() {
   CHECK(cudaStreamSynchronize(s1));
   if (check(out, N, 11, 0, "after free")) return 1;
 
-  // Large pageable copies (staged through the driver's own pinned buffer),
+  // Pageable synchronous copies (staged through the driver's own pinned buffer),
   // of a size that is no multiple of anything.
   const size_t big = (10u << 20) + 12345;
   unsigned char *pageable = (unsigned char *)malloc(big);
@@ -84,6 +84,12 @@ int main() {
   memset(back, 0, big);
   CHECK(cudaMemcpy(back, dbig, big, cudaMemcpyDeviceToHost));
   if (memcmp(back, pageable, big) != 0) { printf("FAIL large pageable round trip\n"); return 1; }
+  // Small ones too: 64 KiB + 3 bytes each way.
+  const size_t small = (64u << 10) + 3;
+  memset(back, 0, small);
+  CHECK(cudaMemcpy(dbig, pageable + 5, small, cudaMemcpyHostToDevice));
+  CHECK(cudaMemcpy(back, dbig, small, cudaMemcpyDeviceToHost));
+  if (memcmp(back, pageable + 5, small) != 0) { printf("FAIL small pageable round trip\n"); return 1; }
   CHECK(cudaFree(dbig));
   free(pageable);
   free(back);
