@@ -301,6 +301,9 @@ impl Endpoint {
 
     /// Appends `len` bytes of `lane` to `vec`, growing it as they arrive.
     fn read_into(&mut self, lane: usize, vec: &mut Vec<u8>, len: usize) -> Result<(), ShmError> {
+        // Room for all of it at once: a payload larger than the ring comes in
+        // pieces, which must not move what came before.
+        vec.reserve(len);
         let mut left = len;
         while left > 0 {
             let n = self.wait_available(lane)?.min(left);
