@@ -484,8 +484,8 @@ fn a_context_synchronize_polls_only_the_streams_that_had_work() {
 /// left: `item_syncs.cu`'s waits after its 20 copies (stream and event
 /// synchronizes and queries, a second stream's wait on the event, device
 /// synchronizes) are answered by the client (`transport::quiet`), none
-/// reaching the server; its waits behind new work do. Over shared memory and
-/// over the socket.
+/// reaching the server; its waits behind new work do; its streams and events
+/// are made without a round trip. Over shared memory and over the socket.
 #[test]
 fn waits_after_a_copy_to_the_host_are_answered_by_the_client() {
     let dir = TempDir::new("item-syncs-trace");
@@ -521,6 +521,18 @@ fn waits_after_a_copy_to_the_host_are_answered_by_the_client() {
             syncs, 0,
             "{transport}: {syncs} device synchronizes reached the server"
         );
+        // Streams and events are made under handles the client chose, with
+        // no answer to wait for.
+        let answered: usize = ["StreamCreate", "EventCreate", "NewStream", "NewEvent"]
+            .iter()
+            .map(|name| hop_records(&trace, 2, name))
+            .sum();
+        let made = hop_records(&trace, 1, "NewStream") + hop_records(&trace, 1, "NewEvent");
+        assert_eq!(
+            answered, 0,
+            "{transport}: {answered} creations waited for an answer"
+        );
+        assert!(made >= 3, "{transport}: {made} streams and events made");
     }
 }
 

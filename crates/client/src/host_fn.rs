@@ -24,10 +24,7 @@ pub fn enqueue(
 ) -> CuResult<()> {
     // The event is made on the stream's device, whose session records it.
     let device = client.device_for(0, Some(stream));
-    let create = Call::EventCreate {
-        flags: CU_EVENT_DISABLE_TIMING,
-    };
-    let event = client.call_for_handle_on(device, create)?;
+    let event = client.new_event(device, CU_EVENT_DISABLE_TIMING)?;
     client.call(Call::EventRecord { event, stream })?;
     let mut s = client.lock();
     let q = s.host_fns.entry(stream).or_default();

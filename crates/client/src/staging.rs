@@ -62,10 +62,7 @@ fn setup(c: &Client, device: u32) -> CuResult<StagingBuffer> {
     };
     let mut events = [0; 2];
     for e in &mut events {
-        let create = Call::EventCreate {
-            flags: CU_EVENT_DISABLE_TIMING,
-        };
-        *e = c.call_for_handle_on(device, create)?;
+        *e = c.new_event(device, CU_EVENT_DISABLE_TIMING)?;
     }
     Ok(StagingBuffer {
         device,

@@ -28,6 +28,28 @@ pub const fn first_handle(device: u32) -> Handle {
 /// Handles of one session stay below `1 << HANDLE_DEVICE_SHIFT` past their first.
 pub const HANDLE_DEVICE_SHIFT: u32 = 36;
 
+/// Streams one session may have at once (besides the default one).
+pub const MAX_STREAMS: usize = 512;
+
+/// Where a device's client-minted handles ([`Call::NewStream`],
+/// [`Call::NewEvent`]) start: the upper half of its session's range, which
+/// the handles the server issues never reach.
+pub const MINTED_OFFSET: Handle = 1 << (HANDLE_DEVICE_SHIFT - 1);
+
+/// The `n`th handle a client mints for its device `device`, if there is one.
+pub const fn minted_handle(device: u32, n: u64) -> Option<Handle> {
+    if n >= MINTED_OFFSET - 0x100 {
+        return None;
+    }
+    Some(first_handle(device) + MINTED_OFFSET + n)
+}
+
+/// Whether `handle` lies in the minted range of the session for `device`.
+pub const fn is_minted(device: u32, handle: Handle) -> bool {
+    let base = first_handle(device) + MINTED_OFFSET;
+    handle >= base && handle < base + (MINTED_OFFSET - 0x100)
+}
+
 /// The program's device whose session issued `handle`.
 pub const fn device_of_handle(handle: Handle) -> u32 {
     (handle >> HANDLE_DEVICE_SHIFT) as u32
@@ -489,6 +511,20 @@ pub enum Call {
         query: Box<Call>,
         within_us: u32,
     },
+    /// A `StreamCreate` under `handle`, which the client chose in its minted
+    /// range ([`minted_handle`]): sent without waiting for an answer, so that
+    /// making a stream costs no round trip (protocol 22). A failure comes
+    /// back from the next synchronizing call, and the handle stays unknown.
+    NewStream {
+        handle: Handle,
+        flags: u32,
+        priority: i32,
+    },
+    /// An `EventCreate` under `handle`, as [`Call::NewStream`].
+    NewEvent {
+        handle: Handle,
+        flags: u32,
+    },
 }
 
 /// The longest a `Call::QueryWithin` holds its connection: the calls of the
@@ -541,7 +577,9 @@ impl Call {
             Call::Launch { .. }
             | Call::GraphLaunch { .. }
             | Call::StreamWaitEvent { .. }
-            | Call::EventRecord { .. } => true,
+            | Call::EventRecord { .. }
+            | Call::NewStream { .. }
+            | Call::NewEvent { .. } => true,
             _ => false,
         }
     }

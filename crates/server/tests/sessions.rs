@@ -344,6 +344,57 @@ fn a_query_within_asks_again_on_the_server_until_the_work_ends() {
     );
 }
 
+/// A client may name its own streams and events in its minted range, with
+/// no answer to wait for; a handle outside that range, or one taken, fails
+/// at the next synchronizing call and names nothing.
+#[test]
+fn streams_and_events_under_handles_the_client_chose() {
+    let (_h, mut c, m) = loaded("minted");
+    let s = minted_handle(0, 0).unwrap();
+    let e = minted_handle(0, 1).unwrap();
+    c.post(Call::NewStream {
+        handle: s,
+        flags: 1,
+        priority: 0,
+    });
+    c.post(Call::NewEvent {
+        handle: e,
+        flags: 0,
+    });
+    let p = counter(&mut c, 1);
+    c.launch(&m, "scale_add", s, scale_add(p, 2, 0, 10));
+    c.post(Call::EventRecord {
+        event: e,
+        stream: s,
+    });
+    assert_eq!(c.code(Call::EventSynchronize { event: e }), 0);
+    assert_eq!(u32_at(&c.read(p, 4).unwrap()), 2);
+    // Taken, and outside the range (a handle the server would issue): each
+    // fails at the next wait, and names nothing after.
+    let server_range = cumux_protocol::first_handle(0) + 3;
+    let other_device = minted_handle(1, 7).unwrap();
+    for (handle, what) in [
+        (s, "taken"),
+        (server_range, "server's"),
+        (other_device, "device 1's"),
+    ] {
+        c.post(Call::NewEvent { handle, flags: 0 });
+        assert_eq!(
+            c.code(Call::StreamSynchronize { stream: s }),
+            codes::INVALID_VALUE,
+            "{what}"
+        );
+        if handle != s {
+            assert_eq!(
+                c.code(Call::EventQuery { event: handle }),
+                codes::INVALID_HANDLE,
+                "{what}"
+            );
+        }
+    }
+    assert_eq!(c.code(Call::StreamSynchronize { stream: s }), 0);
+}
+
 #[test]
 fn stream_wait_event_orders_across_streams() {
     let (_h, mut c, m) = loaded("wait");

@@ -7,7 +7,7 @@ use std::ffi::c_void;
 
 use cumux_cuda_bindings::consts::{CU_EVENT_RECORD_EXTERNAL, CU_EVENT_WAIT_EXTERNAL};
 use cumux_cuda_bindings::types::{CUgraphEdgeData, CUgraphNode};
-use cumux_protocol::{Call, Handle, ReplyBody};
+use cumux_protocol::{device_of_handle, Call, Handle, ReplyBody, MAX_STREAMS};
 
 use super::sync::{known_idle, known_reached, poll_until_ready, AfterSync};
 use super::*;
@@ -71,12 +71,27 @@ fn known_event(st: &StateGuard<'_>, e: *mut c_void) -> CuResult<Handle> {
 }
 
 fn create_stream(c: &Client, flags: u32, priority: i32) -> CuResult<*mut c_void> {
-    c.lock().context_device()?;
+    let device = c.lock().context_device()?;
     if flags > 1 {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
     let priority = priority.clamp(PRIORITY_GREATEST, PRIORITY_LEAST);
-    let stream = c.call_for_handle(Call::StreamCreate { flags, priority })?;
+    let stream = c.create_on(device, Call::StreamCreate { flags, priority }, |handle| {
+        // A session's limit, told at once rather than at the next wait.
+        let st = c.lock();
+        let on_device = st
+            .streams
+            .keys()
+            .filter(|s| device_of_handle(**s) == device);
+        if on_device.count() >= MAX_STREAMS {
+            return Err(CUDA_ERROR_OUT_OF_MEMORY);
+        }
+        Ok(Call::NewStream {
+            handle,
+            flags,
+            priority,
+        })
+    })?;
     c.lock().streams.insert(stream, Stream { flags, priority });
     Ok(to_program(stream))
 }
@@ -265,7 +280,8 @@ driver_fn! {
         if flags & !0xf != 0 {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
-        let event = c.call_for_handle(Call::EventCreate { flags })?;
+        let device = c.lock().context_device()?;
+        let event = c.new_event(device, flags)?;
         c.lock().events.insert(event, Event { flags });
         out(pe, to_program(event))
     }

@@ -67,6 +67,8 @@ pub struct Client {
     /// lazy library has been loaded.
     changed: Condvar,
     next_handle: AtomicUsize,
+    /// How many server handles the client has chosen ([`Client::mint_wire`]).
+    wire_minted: AtomicU64,
     pub server: String,
     pub session: u64,
     pub devices: Vec<DeviceInfo>,
@@ -255,6 +257,7 @@ impl Client {
             state: Mutex::new(State::default()),
             changed: Condvar::new(),
             next_handle: AtomicUsize::new(FIRST_MINTED),
+            wire_minted: AtomicU64::new(0),
             server: first.server,
             session: first.session,
             launch_limits: devices
@@ -430,6 +433,39 @@ impl Client {
     /// (`super::handles`).
     pub fn mint(&self) -> usize {
         self.next_handle.fetch_add(0x10, Ordering::Relaxed)
+    }
+
+    /// A handle for a new stream or event on `device` that the client
+    /// chooses, so that making it costs no round trip
+    /// (`protocol::minted_handle`); `None` once the range is spent.
+    pub fn mint_wire(&self, device: u32) -> Option<Handle> {
+        let n = self.wire_minted.fetch_add(1, Ordering::Relaxed);
+        cumux_protocol::minted_handle(device, n)
+    }
+
+    /// Makes a stream or event on `device`: under a handle the client
+    /// chooses, sent without waiting (`new(handle)`'s call), else by
+    /// `answered`, whose answer names the server's handle.
+    pub fn create_on(
+        &self,
+        device: u32,
+        answered: Call,
+        new: impl FnOnce(Handle) -> CuResult<Call>,
+    ) -> CuResult<Handle> {
+        match self.mint_wire(device) {
+            Some(handle) => {
+                self.call_on(device, new(handle)?)?;
+                Ok(handle)
+            }
+            None => self.call_for_handle_on(device, answered),
+        }
+    }
+
+    /// An event with `flags` on `device` (see [`Client::create_on`]).
+    pub fn new_event(&self, device: u32, flags: u32) -> CuResult<Handle> {
+        self.create_on(device, Call::EventCreate { flags }, |handle| {
+            Ok(Call::NewEvent { handle, flags })
+        })
     }
 
     pub fn device(&self, ordinal: i32) -> CuResult<&DeviceInfo> {

@@ -55,9 +55,8 @@ pub use self::core::MAX_STDOUT_BYTES;
 /// ([`cumux_protocol::first_handle`]): a confused client gets
 /// CUDA_ERROR_INVALID_HANDLE rather than somebody's stream.
 pub const FIRST_HANDLE: Handle = cumux_protocol::first_handle(0);
-/// Streams one session may have at once (besides the default one).
-pub const MAX_STREAMS: usize = 512;
 pub use self::order::STREAM_THREADS_ENV;
+pub use cumux_protocol::MAX_STREAMS;
 
 /// The longest an admin's order waits for its session's next call.
 const MAX_ORDER_WAIT_MS: u64 = 60_000;
@@ -777,12 +776,18 @@ impl Session {
             Call::GraphCreate { launches } => self.graph_create(launches),
             Call::GraphLaunch { graph, stream } => self.graph_launch(graph, stream),
             Call::GraphDestroy { graph } => self.graph_destroy(graph),
-            Call::StreamCreate { flags, priority } => self.stream_create(flags, priority),
+            Call::StreamCreate { flags, priority } => self.stream_create(flags, priority, None),
+            Call::NewStream {
+                handle,
+                flags,
+                priority,
+            } => self.stream_create(flags, priority, Some(handle)),
             Call::StreamDestroy { stream } => self.stream_destroy(stream),
             Call::StreamSynchronize { stream } => self.stream_synchronize(stream),
             Call::StreamQuery { stream } => self.stream_query(stream),
             Call::StreamWaitEvent { stream, event } => self.stream_wait_event(stream, event),
-            Call::EventCreate { flags } => self.event_create(flags),
+            Call::EventCreate { flags } => self.event_create(flags, None),
+            Call::NewEvent { handle, flags } => self.event_create(flags, Some(handle)),
             Call::EventRecord { event, stream } => self.event_record(event, stream),
             Call::EventQuery { event } => self.event_query(event),
             Call::QueryWithin { query, within_us } => self.query_within(&query, within_us),

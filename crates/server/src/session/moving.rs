@@ -767,7 +767,8 @@ fn launch_of(
     })
 }
 
-/// An image whose handles repeat, or lie at or past its next handle, is refused.
+/// An image whose handles repeat, or lie at or past its next handle (but a
+/// stream's or an event's the client chose in its minted range), is refused.
 fn check_handles(image: &SessionImage) -> Result<(), CuError> {
     let first = cumux_protocol::first_handle(image.index);
     if cumux_protocol::device_of_handle(image.next_handle) != image.index {
@@ -780,15 +781,22 @@ fn check_handles(image: &SessionImage) -> Result<(), CuError> {
         ));
     }
     let mut seen = HashSet::new();
-    let handles = image
+    let issued = image
         .modules
         .iter()
         .flat_map(|m| std::iter::once(m.handle).chain(m.functions.iter().copied()))
-        .chain(image.streams.iter().map(|s| s.handle))
+        .chain(image.graphs.iter().map(|g| g.handle))
+        .map(|h| (h, false));
+    let nameable = image
+        .streams
+        .iter()
+        .map(|s| s.handle)
         .chain(image.events.iter().map(|e| e.0))
-        .chain(image.graphs.iter().map(|g| g.handle));
-    for handle in handles {
-        if handle < first || handle >= image.next_handle || !seen.insert(handle) {
+        .map(|h| (h, true));
+    for (handle, may_be_minted) in issued.chain(nameable) {
+        let minted = may_be_minted && cumux_protocol::is_minted(image.index, handle);
+        let in_place = minted || (handle >= first && handle < image.next_handle);
+        if !in_place || !seen.insert(handle) {
             return Err(err(
                 codes::INVALID_VALUE,
                 format!("the image's handle {handle} is out of place"),

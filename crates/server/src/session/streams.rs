@@ -33,7 +33,14 @@ impl Session {
             .ok_or_else(|| invalid_handle("event", event))
     }
 
-    pub(super) fn stream_create(&mut self, flags: u32, priority: i32) -> CallResult {
+    /// A stream under the handle the server mints (`minted: None`) or the
+    /// client chose in its minted range.
+    pub(super) fn stream_create(
+        &mut self,
+        flags: u32,
+        priority: i32,
+        minted: Option<Handle>,
+    ) -> CallResult {
         if flags & !NON_BLOCKING != 0 {
             return Err(err(
                 codes::INVALID_VALUE,
@@ -46,11 +53,32 @@ impl Session {
                 format!("a session may hold {MAX_STREAMS} streams"),
             ));
         }
-        let handle = self.mint_handle();
+        let handle = match minted {
+            Some(handle) => self.claim_minted(handle)?,
+            None => self.mint_handle(),
+        };
         let priority = self.forced_priority.unwrap_or(priority);
         self.ordered()?.stream_create(handle, flags, priority)?;
         self.streams.insert(handle, (flags, priority));
         Ok(ReplyBody::Handle(handle))
+    }
+
+    /// `handle`, if it is one the client may mint for this session and no
+    /// stream or event has it (only those live in the minted range).
+    fn claim_minted(&self, handle: Handle) -> Result<Handle, CuError> {
+        if !cumux_protocol::is_minted(self.index, handle) {
+            return Err(err(
+                codes::INVALID_VALUE,
+                format!("{handle:#x} is not a handle this session's client may choose"),
+            ));
+        }
+        if self.streams.contains_key(&handle) || self.events.contains_key(&handle) {
+            return Err(err(
+                codes::INVALID_VALUE,
+                format!("handle {handle:#x} is taken"),
+            ));
+        }
+        Ok(handle)
     }
 
     pub(super) fn stream_destroy(&mut self, stream: Handle) -> CallResult {
@@ -94,11 +122,15 @@ impl Session {
         result
     }
 
-    pub(super) fn event_create(&mut self, flags: u32) -> CallResult {
+    /// An event under the handle the server mints or the client chose.
+    pub(super) fn event_create(&mut self, flags: u32, minted: Option<Handle>) -> CallResult {
         if flags & !0xf != 0 {
             return Err(err(codes::INVALID_VALUE, format!("event flags {flags:#x}")));
         }
-        let handle = self.mint_handle();
+        let handle = match minted {
+            Some(handle) => self.claim_minted(handle)?,
+            None => self.mint_handle(),
+        };
         self.ordered()?.event_create(handle, flags)?;
         self.events.insert(handle, flags);
         Ok(ReplyBody::Handle(handle))
