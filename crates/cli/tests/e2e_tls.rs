@@ -198,6 +198,15 @@ fn a_pinned_fingerprint_lets_a_program_in_and_a_wrong_one_does_not() {
         "{status:?}"
     );
     server.assert_pass(&server.run(&[("CUMUX_TLS_FINGERPRINT", &printed)], &[]));
+    // A program that ends without TLS's close_notify ends its session
+    // cleanly: no "connection dropped" for it.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !server.log().contains("session closed") && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let log = server.log();
+    assert!(log.contains("session closed"), "{log}");
+    assert!(!log.contains("close_notify"), "{log}");
 }
 
 #[test]

@@ -210,11 +210,16 @@ impl Read for TlsStream {
             };
             self.incoming.truncate(n);
             if n == 0 {
-                // The peer closed: the connection says whether it said so first.
+                // The peer closed. Without TLS's close_notify first (clients
+                // that exit don't send one) this is still an end: frames say
+                // their length, so one cut short fails as a short read.
                 let mut connection = locked(&self.connection);
                 connection.read_tls(&mut &[][..])?;
                 connection.process_new_packets().map_err(tls_error)?;
-                return connection.reader().read(buf);
+                return match connection.reader().read(buf) {
+                    Err(e) if e.kind() == ErrorKind::UnexpectedEof => Ok(0),
+                    got => got,
+                };
             }
         }
     }
