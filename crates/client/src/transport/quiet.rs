@@ -5,6 +5,9 @@ use std::collections::{HashMap, HashSet};
 
 use cumux_protocol::{Call, Handle, DEFAULT_STREAM};
 
+/// `CU_STREAM_NON_BLOCKING`.
+const NON_BLOCKING: u32 = 0x1;
+
 /// A connection's streams that may have work outstanding, and its events
 /// known to be reached. A stream is idle once a call that waits for all of
 /// its work was answered without error (its synchronize, a query that found
@@ -15,9 +18,12 @@ use cumux_protocol::{Call, Handle, DEFAULT_STREAM};
 #[derive(Debug, Default)]
 pub struct Quiet {
     /// Streams that may have work outstanding. The default stream counts
-    /// as busy whenever any stream is (the legacy stream waits for the
-    /// others), so it is idle only when this is empty.
+    /// as busy whenever a blocking stream is (the legacy stream waits for
+    /// those), so it is idle only when nothing else here is blocking.
     busy: HashSet<Handle>,
+    /// Streams made with `CU_STREAM_NON_BLOCKING`, which the legacy default
+    /// stream neither waits for nor makes wait (PyTorch's side streams).
+    nonblocking: HashSet<Handle>,
     reached: HashSet<Handle>,
     /// Calls sent and not answered yet whose success makes something idle or reached.
     waiting: HashMap<u64, Settles>,
@@ -41,7 +47,9 @@ impl Quiet {
                 // On a blocking stream the record also waits for the
                 // default stream's work before it.
                 // A record behind work is work of its stream.
-                match self.idle(stream) && !self.busy.contains(&DEFAULT_STREAM) {
+                let behind_default =
+                    !self.nonblocking.contains(&stream) && self.busy.contains(&DEFAULT_STREAM);
+                match self.idle(stream) && !behind_default {
                     true => {
                         self.reached.insert(event);
                     }
@@ -80,8 +88,14 @@ impl Quiet {
             }
             Call::ContextSynchronize => self.settles(seq, Settles::Context),
             Call::QueryWithin { ref query, .. } => self.sent(seq, query),
+            Call::NewStream { handle, flags, .. } => {
+                if flags & NON_BLOCKING != 0 {
+                    self.nonblocking.insert(handle);
+                }
+            }
             Call::StreamDestroy { stream } => {
                 self.busy.remove(&stream);
+                self.nonblocking.remove(&stream);
             }
             Call::EventDestroy { event } => {
                 self.reached.remove(&event);
@@ -116,7 +130,9 @@ impl Quiet {
     /// Whether `stream` has no work left on the device.
     pub fn idle(&self, stream: Handle) -> bool {
         match stream {
-            DEFAULT_STREAM => self.busy.is_empty(),
+            // Its own work and that of every blocking stream (a stream whose
+            // flags the connection never saw counts as blocking).
+            DEFAULT_STREAM => self.busy.iter().all(|s| self.nonblocking.contains(s)),
             _ => !self.busy.contains(&stream),
         }
     }
@@ -150,6 +166,54 @@ impl Quiet {
 mod tests {
     use super::*;
     use crate::transport::test_calls::launch;
+
+    /// The legacy default stream neither waits for a non-blocking stream's
+    /// work nor orders a record there behind its own (PyTorch's side streams:
+    /// `loss.item()`'s wait on the default stream costs a round trip without this).
+    #[test]
+    fn non_blocking_streams_are_apart_from_the_default_stream() {
+        let mut q = Quiet::default();
+        let new = |handle, flags| Call::NewStream {
+            handle,
+            flags,
+            priority: 0,
+        };
+        q.sent(1, &new(5, NON_BLOCKING));
+        q.sent(2, &new(6, 0));
+        q.sent(3, &launch(5));
+        assert!(q.idle(DEFAULT_STREAM), "a non-blocking stream's work");
+        q.sent(4, &launch(6));
+        assert!(!q.idle(DEFAULT_STREAM), "a blocking stream's work");
+        q.sent(5, &Call::StreamSynchronize { stream: 6 });
+        q.answered(5, true);
+        assert!(q.idle(DEFAULT_STREAM));
+        // Default-stream work: a record on an idle non-blocking stream is
+        // not behind it; on an idle blocking one it is.
+        q.sent(6, &launch(DEFAULT_STREAM));
+        q.sent(7, &Call::StreamSynchronize { stream: 5 });
+        q.answered(7, true);
+        q.sent(
+            8,
+            &Call::EventRecord {
+                event: 9,
+                stream: 5,
+            },
+        );
+        q.sent(
+            9,
+            &Call::EventRecord {
+                event: 10,
+                stream: 6,
+            },
+        );
+        assert!(q.reached(9) && !q.reached(10));
+        q.sent(10, &Call::StreamDestroy { stream: 5 });
+        q.sent(11, &launch(5));
+        assert!(
+            !q.idle(DEFAULT_STREAM),
+            "a handle seen again counts as blocking"
+        );
+    }
 
     #[test]
     fn a_stream_is_idle_once_a_wait_for_all_its_work_succeeded() {
