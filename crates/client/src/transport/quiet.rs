@@ -88,10 +88,8 @@ impl Quiet {
             }
             Call::ContextSynchronize => self.settles(seq, Settles::Context),
             Call::QueryWithin { ref query, .. } => self.sent(seq, query),
-            Call::NewStream { handle, flags, .. } => {
-                if flags & NON_BLOCKING != 0 {
-                    self.nonblocking.insert(handle);
-                }
+            Call::NewStream { handle, flags, .. } if flags & NON_BLOCKING != 0 => {
+                self.nonblocking.insert(handle);
             }
             Call::StreamDestroy { stream } => {
                 self.busy.remove(&stream);
