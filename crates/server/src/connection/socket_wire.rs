@@ -276,16 +276,22 @@ mod tests {
             .collect()
     }
 
+    /// A client's end of a socket pair and the wire on the other.
+    fn connected() -> (UnixStream, SocketWire<UnixStream, UnixStream>) {
+        let (client, server) = UnixStream::pair().unwrap();
+        let shut = server.try_clone().unwrap();
+        let reader = server.try_clone().unwrap();
+        let wire = SocketWire::new(reader, server, Vec::new(), move || {
+            let _ = shut.shutdown(std::net::Shutdown::Read);
+        });
+        (client, wire)
+    }
+
     /// Large requests are read ahead and large replies written behind; every
     /// request arrives whole and every reply leaves whole, in order.
     #[test]
     fn large_and_small_messages_keep_their_order_both_ways() {
-        let (mut client, server) = UnixStream::pair().unwrap();
-        let shut = server.try_clone().unwrap();
-        let reader = server.try_clone().unwrap();
-        let mut wire = SocketWire::new(reader, server, Vec::new(), move || {
-            let _ = shut.shutdown(std::net::Shutdown::Read);
-        });
+        let (mut client, mut wire) = connected();
         let calls = [
             Call::MemcpyHtoD {
                 dst: 0x1000,
@@ -347,12 +353,7 @@ mod tests {
     /// A wire whose helper waits for a request that never comes still ends.
     #[test]
     fn dropping_the_wire_ends_a_read_ahead_that_waits() {
-        let (mut client, server) = UnixStream::pair().unwrap();
-        let shut = server.try_clone().unwrap();
-        let reader = server.try_clone().unwrap();
-        let mut wire = SocketWire::new(reader, server, Vec::new(), move || {
-            let _ = shut.shutdown(std::net::Shutdown::Read);
-        });
+        let (mut client, mut wire) = connected();
         let sending = std::thread::spawn(move || {
             let call = Call::MemcpyHtoD {
                 dst: 0,
