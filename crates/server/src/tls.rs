@@ -5,12 +5,14 @@
 use std::io::{ErrorKind, Read, Write};
 use std::net::TcpStream;
 use std::path::Path;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use cumux_protocol::tls::{fingerprint, provider, read_certificates, read_key};
 use rustls::server::WebPkiClientVerifier;
 use rustls::{RootCertStore, ServerConfig, ServerConnection, StreamOwned};
+
+use crate::locking::lock;
 
 /// What a TCP listener shows its clients.
 pub struct ServerTls {
@@ -122,12 +124,6 @@ const READ_AHEAD: usize = 256 << 10;
 /// Plaintext encrypted at once, at most.
 const WRITE_STEP: usize = 1 << 20;
 
-fn locked<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
-}
-
 fn tls_error(e: rustls::Error) -> std::io::Error {
     std::io::Error::new(ErrorKind::InvalidData, e)
 }
@@ -154,10 +150,10 @@ impl TlsStream {
 
     /// Writes what the connection has to send (records, alerts, key updates).
     fn send_pending(&mut self) -> std::io::Result<()> {
-        let _order = locked(&self.sending);
+        let _order = lock(&self.sending);
         self.outgoing.clear();
         {
-            let mut connection = locked(&self.connection);
+            let mut connection = lock(&self.connection);
             while connection.wants_write() {
                 connection.write_tls(&mut self.outgoing)?;
             }
@@ -169,28 +165,25 @@ impl TlsStream {
 impl Read for TlsStream {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
         loop {
-            let wants_write = {
-                let mut connection = locked(&self.connection);
+            let (got, wants_write) = {
+                let mut connection = lock(&self.connection);
                 // Hand over ciphertext until there is plaintext to give.
                 while self.taken < self.incoming.len() && connection.wants_read() {
                     let mut rest = &self.incoming[self.taken..];
                     self.taken += connection.read_tls(&mut rest)?;
                     connection.process_new_packets().map_err(tls_error)?;
                 }
-                match connection.reader().read(buf) {
-                    Err(e) if e.kind() == ErrorKind::WouldBlock => connection.wants_write(),
-                    got => {
-                        let wants_write = connection.wants_write();
-                        drop(connection);
-                        if wants_write {
-                            self.send_pending()?;
-                        }
-                        return got;
-                    }
-                }
+                let got = match connection.reader().read(buf) {
+                    Err(e) if e.kind() == ErrorKind::WouldBlock => None,
+                    got => Some(got),
+                };
+                (got, connection.wants_write())
             };
             if wants_write {
                 self.send_pending()?;
+            }
+            if let Some(got) = got {
+                return got;
             }
             if self.taken < self.incoming.len() {
                 continue;
@@ -213,7 +206,7 @@ impl Read for TlsStream {
                 // The peer closed. Without TLS's close_notify first (clients
                 // that exit don't send one) this is still an end: frames say
                 // their length, so one cut short fails as a short read.
-                let mut connection = locked(&self.connection);
+                let mut connection = lock(&self.connection);
                 connection.read_tls(&mut &[][..])?;
                 connection.process_new_packets().map_err(tls_error)?;
                 return match connection.reader().read(buf) {
@@ -227,17 +220,10 @@ impl Read for TlsStream {
 
 impl Write for TlsStream {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        let _order = locked(&self.sending);
-        self.outgoing.clear();
-        let n = {
-            let mut connection = locked(&self.connection);
-            let n = connection.writer().write(buf)?;
-            while connection.wants_write() {
-                connection.write_tls(&mut self.outgoing)?;
-            }
-            n
-        };
-        (&*self.tcp).write_all(&self.outgoing)?;
+        // Records leave in the order they were sealed: `send_pending` takes
+        // them out, whoever seals the next, under the sending lock.
+        let n = lock(&self.connection).writer().write(buf)?;
+        self.send_pending()?;
         Ok(n)
     }
 
