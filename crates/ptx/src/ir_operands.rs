@@ -12,6 +12,17 @@ macro_rules! with_field {
 }
 
 impl Op {
+    /// The registers this op reads, in order, not counting the guard.
+    pub(crate) fn src_regs(&self) -> Vec<u32> {
+        let mut regs = Vec::new();
+        self.for_each_src(|s| {
+            if let Src::Reg(r) = s {
+                regs.push(r)
+            }
+        });
+        regs
+    }
+
     /// Calls `f` with every value this op reads (registers, immediates and
     /// frame addresses), not counting the guard.
     pub(crate) fn for_each_src(&self, mut f: impl FnMut(Src)) {

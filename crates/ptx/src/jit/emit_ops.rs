@@ -4,7 +4,7 @@
 
 use super::device_calls::rt_device_call;
 use super::inline::{CHECKS, UNCOUNTED};
-use super::narrow::cmp_native;
+use super::narrow::{cmp_native, float_cc, int_cc};
 use super::runtime::{rt_register_op, window_base, Ctx, WINDOW_BYTES};
 use super::translate::{ctx_off, Translator};
 use crate::ir::{
@@ -364,12 +364,7 @@ impl Translator<'_, '_> {
     /// Stores the registers `op` reads to the thread's register file, for a
     /// helper that runs it there; the registers it writes, to reload after.
     fn spill_sources(&mut self, op: &Op) -> Vec<u32> {
-        let mut srcs = Vec::new();
-        op.for_each_src(|s| {
-            if let Src::Reg(r) = s {
-                srcs.push(r)
-            }
-        });
+        let srcs = op.src_regs();
         let mut dsts = Vec::new();
         op.for_each_dst(|d| dsts.push(d));
         let rp = self.regs_at();
@@ -530,23 +525,7 @@ impl Translator<'_, '_> {
     fn compare(&mut self, cmp: Cmp, t: Ty, a: Value, b: Value) -> Value {
         if t.is_float() {
             let (x, y) = (self.float_of(a, t), self.float_of(b, t));
-            let cc = match cmp {
-                Cmp::Eq => FloatCC::Equal,
-                Cmp::Ne => FloatCC::OrderedNotEqual,
-                Cmp::Lt | Cmp::Lo => FloatCC::LessThan,
-                Cmp::Le | Cmp::Ls => FloatCC::LessThanOrEqual,
-                Cmp::Gt | Cmp::Hi => FloatCC::GreaterThan,
-                Cmp::Ge | Cmp::Hs => FloatCC::GreaterThanOrEqual,
-                Cmp::Equ => FloatCC::UnorderedOrEqual,
-                Cmp::Neu => FloatCC::NotEqual,
-                Cmp::Ltu => FloatCC::UnorderedOrLessThan,
-                Cmp::Leu => FloatCC::UnorderedOrLessThanOrEqual,
-                Cmp::Gtu => FloatCC::UnorderedOrGreaterThan,
-                Cmp::Geu => FloatCC::UnorderedOrGreaterThanOrEqual,
-                Cmp::Num => FloatCC::Ordered,
-                Cmp::Nan => FloatCC::Unordered,
-            };
-            return self.fb.ins().fcmp(cc, x, y);
+            return self.fb.ins().fcmp(float_cc(cmp), x, y);
         }
         let bits = t.bits();
         let (x, y) = if t.signed() {
@@ -554,20 +533,7 @@ impl Translator<'_, '_> {
         } else {
             (self.masked(a, t.mask()), self.masked(b, t.mask()))
         };
-        let s = t.signed();
-        let cc = match cmp {
-            Cmp::Eq | Cmp::Equ => IntCC::Equal,
-            Cmp::Ne | Cmp::Neu => IntCC::NotEqual,
-            Cmp::Lt | Cmp::Ltu if s => IntCC::SignedLessThan,
-            Cmp::Le | Cmp::Leu if s => IntCC::SignedLessThanOrEqual,
-            Cmp::Gt | Cmp::Gtu if s => IntCC::SignedGreaterThan,
-            Cmp::Ge | Cmp::Geu if s => IntCC::SignedGreaterThanOrEqual,
-            Cmp::Lt | Cmp::Ltu => IntCC::UnsignedLessThan,
-            Cmp::Le | Cmp::Leu => IntCC::UnsignedLessThanOrEqual,
-            Cmp::Gt | Cmp::Gtu => IntCC::UnsignedGreaterThan,
-            _ => IntCC::UnsignedGreaterThanOrEqual,
-        };
-        self.fb.ins().icmp(cc, x, y)
+        self.fb.ins().icmp(int_cc(cmp, t.signed()), x, y)
     }
 
     fn un_native(op: UnOp, t: Ty) -> bool {

@@ -2,7 +2,7 @@
 //! lanes (32-bit integer and `f32` arithmetic, `setp`, `selp`, `%tid`), with
 //! the thread loop's exact results; any other op runs lane by lane.
 
-use super::narrow::{cmp_native, plain};
+use super::narrow::{cmp_native, float_cc, int_cc, plain};
 use super::runtime::Ctx;
 use super::translate::{ctx_off, Translator};
 use crate::ir::{BoolOp, Cmp, FOp, Inst, IntOp, Op, SReg, Src, TernOp, Ty, NONE};
@@ -283,41 +283,17 @@ impl Translator<'_, '_> {
     /// where it holds), if it has a vector form.
     fn vcompare(&mut self, cmp: Cmp, t: Ty, a: Src, b: Src) -> Option<Value> {
         if t == Ty::F32 {
-            let cc = match cmp {
-                Cmp::Eq => FloatCC::Equal,
-                Cmp::Lt | Cmp::Lo => FloatCC::LessThan,
-                Cmp::Le | Cmp::Ls => FloatCC::LessThanOrEqual,
-                Cmp::Gt | Cmp::Hi => FloatCC::GreaterThan,
-                Cmp::Ge | Cmp::Hs => FloatCC::GreaterThanOrEqual,
-                Cmp::Neu => FloatCC::NotEqual,
-                Cmp::Ltu => FloatCC::UnorderedOrLessThan,
-                Cmp::Leu => FloatCC::UnorderedOrLessThanOrEqual,
-                Cmp::Gtu => FloatCC::UnorderedOrGreaterThan,
-                Cmp::Geu => FloatCC::UnorderedOrGreaterThanOrEqual,
-                Cmp::Num => FloatCC::Ordered,
-                Cmp::Nan => FloatCC::Unordered,
-                // no vector form
-                Cmp::Ne | Cmp::Equ => return None,
-            };
+            // OrderedNotEqual and UnorderedOrEqual have no vector form
+            if matches!(cmp, Cmp::Ne | Cmp::Equ) {
+                return None;
+            }
+            let cc = float_cc(cmp);
             let (x, y) = (self.vfloat(a), self.vfloat(b));
             let m = self.fb.ins().fcmp(cc, x, y);
             return Some(self.fb.ins().bitcast(I32X4, lanes_flags(), m));
         }
-        let s = t.signed();
-        let cc = match cmp {
-            Cmp::Eq | Cmp::Equ => IntCC::Equal,
-            Cmp::Ne | Cmp::Neu => IntCC::NotEqual,
-            Cmp::Lt | Cmp::Ltu if s => IntCC::SignedLessThan,
-            Cmp::Le | Cmp::Leu if s => IntCC::SignedLessThanOrEqual,
-            Cmp::Gt | Cmp::Gtu if s => IntCC::SignedGreaterThan,
-            Cmp::Ge | Cmp::Geu if s => IntCC::SignedGreaterThanOrEqual,
-            Cmp::Lt | Cmp::Ltu => IntCC::UnsignedLessThan,
-            Cmp::Le | Cmp::Leu => IntCC::UnsignedLessThanOrEqual,
-            Cmp::Gt | Cmp::Gtu => IntCC::UnsignedGreaterThan,
-            _ => IntCC::UnsignedGreaterThanOrEqual,
-        };
         let (x, y) = (self.vsrc(a), self.vsrc(b));
-        Some(self.fb.ins().icmp(cc, x, y))
+        Some(self.fb.ins().icmp(int_cc(cmp, t.signed()), x, y))
     }
 }
 

@@ -5,7 +5,7 @@
 use super::plan::one_at_a_time;
 use super::runtime::{Ctx, RET_FAULT, RET_PARTED, STOP_BARRIER, STOP_BITS, STOP_YIELD};
 use super::translate::{ctx_off, Translator};
-use crate::ir::{Inst, Op, Src, NONE};
+use crate::ir::{Inst, Op, NONE};
 use cranelift_codegen::ir::condcodes::IntCC;
 use cranelift_codegen::ir::types::{I32, I32X4, I64, I8};
 use cranelift_codegen::ir::{InstBuilder, MemFlagsData, Value};
@@ -151,13 +151,7 @@ impl Translator<'_, '_> {
                 }
                 self.fb.switch_to_block(wait);
                 // the launch reads the barrier's id, count and predicate
-                let mut reads = Vec::new();
-                inst.op.for_each_src(|s| {
-                    if let Src::Reg(r) = s {
-                        reads.push(r)
-                    }
-                });
-                self.stop_at(pc + 1, STOP_BARRIER, &reads);
+                self.stop_at(pc + 1, STOP_BARRIER, &inst.op.src_regs());
                 false
             }
             ref op if one_at_a_time(op) => {

@@ -1,6 +1,8 @@
 //! Which registers only ever hold 32-bit values (zero above): the lane kernel
 //! keeps each of them for all its lanes in one vector of 32-bit lanes.
 
+use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
+
 use crate::ir::{Cmp, FOp, FloatMode, Func, IntOp, Op, Rnd, SReg, Src, TernOp, Ty, NONE};
 
 /// Whether each register of `f` is narrow: every op that writes it leaves a
@@ -94,6 +96,42 @@ fn writes_narrow(op: &Op, narrow: &[bool]) -> bool {
             SReg::Tid(_) | SReg::Ntid(_) | SReg::Ctaid(_) | SReg::Nctaid(_)
         ),
         _ => false,
+    }
+}
+
+/// The condition code of float comparison `cmp`.
+pub(super) fn float_cc(cmp: Cmp) -> FloatCC {
+    match cmp {
+        Cmp::Eq => FloatCC::Equal,
+        Cmp::Ne => FloatCC::OrderedNotEqual,
+        Cmp::Lt | Cmp::Lo => FloatCC::LessThan,
+        Cmp::Le | Cmp::Ls => FloatCC::LessThanOrEqual,
+        Cmp::Gt | Cmp::Hi => FloatCC::GreaterThan,
+        Cmp::Ge | Cmp::Hs => FloatCC::GreaterThanOrEqual,
+        Cmp::Equ => FloatCC::UnorderedOrEqual,
+        Cmp::Neu => FloatCC::NotEqual,
+        Cmp::Ltu => FloatCC::UnorderedOrLessThan,
+        Cmp::Leu => FloatCC::UnorderedOrLessThanOrEqual,
+        Cmp::Gtu => FloatCC::UnorderedOrGreaterThan,
+        Cmp::Geu => FloatCC::UnorderedOrGreaterThanOrEqual,
+        Cmp::Num => FloatCC::Ordered,
+        Cmp::Nan => FloatCC::Unordered,
+    }
+}
+
+/// The condition code of integer comparison `cmp`, `signed` or not.
+pub(super) fn int_cc(cmp: Cmp, signed: bool) -> IntCC {
+    match cmp {
+        Cmp::Eq | Cmp::Equ => IntCC::Equal,
+        Cmp::Ne | Cmp::Neu => IntCC::NotEqual,
+        Cmp::Lt | Cmp::Ltu if signed => IntCC::SignedLessThan,
+        Cmp::Le | Cmp::Leu if signed => IntCC::SignedLessThanOrEqual,
+        Cmp::Gt | Cmp::Gtu if signed => IntCC::SignedGreaterThan,
+        Cmp::Ge | Cmp::Geu if signed => IntCC::SignedGreaterThanOrEqual,
+        Cmp::Lt | Cmp::Ltu => IntCC::UnsignedLessThan,
+        Cmp::Le | Cmp::Leu => IntCC::UnsignedLessThanOrEqual,
+        Cmp::Gt | Cmp::Gtu => IntCC::UnsignedGreaterThan,
+        _ => IntCC::UnsignedGreaterThanOrEqual,
     }
 }
 

@@ -141,6 +141,8 @@ pub(super) fn one_at_a_time(op: &Op) -> bool {
 /// Whether the compiler takes `op`.
 fn supported(op: &Op) -> Result<(), String> {
     match op {
+        // run by helpers in thread order
+        op if one_at_a_time(op) => Ok(()),
         Op::Mov { .. }
         | Op::Int { .. }
         | Op::Float { .. }
@@ -159,13 +161,6 @@ fn supported(op: &Op) -> Result<(), String> {
         | Op::Carry { .. }
         | Op::Cvta { .. }
         | Op::Isspacep { .. }
-        | Op::Atom { .. }
-        | Op::Printf { .. }
-        | Op::AssertFail(_)
-        | Op::Malloc { .. }
-        | Op::Free { .. }
-        | Op::CpAsync { .. }
-        | Op::Trap(_)
         | Op::Shfl { .. }
         | Op::Vote { .. }
         | Op::Match { .. }
@@ -255,11 +250,7 @@ fn liveness(f: &Func, starts: &[u32]) -> Vec<Vec<u32>> {
             if inst.guard != NONE {
                 read(inst.guard);
             }
-            inst.op.for_each_src(|s| {
-                if let Src::Reg(r) = s {
-                    read(r)
-                }
-            });
+            inst.op.src_regs().into_iter().for_each(&mut read);
             if inst.guard == NONE {
                 inst.op.for_each_dst(|d| set(&mut defs[b], d));
             }

@@ -180,11 +180,9 @@ pub(super) fn lane_slots(func: &Func, plan: &Plan) -> (Vec<u32>, u32) {
     }
     for inst in &func.code {
         if stops(&inst.op) {
-            inst.op.for_each_src(|s| {
-                if let Src::Reg(r) = s {
-                    kept[r as usize] = true;
-                }
-            });
+            for r in inst.op.src_regs() {
+                kept[r as usize] = true;
+            }
         }
     }
     for &r in &plan.shuffled {
@@ -715,17 +713,11 @@ impl<'a, 'f> Translator<'a, 'f> {
                 self.fb.switch_to_block(wait);
                 // the barrier (its id, count and `bar.red` predicate) or the
                 // collective reads its operands from the register file
-                let mut reads = Vec::new();
-                inst.op.for_each_src(|s| {
-                    if let Src::Reg(r) = s {
-                        reads.push(r)
-                    }
-                });
                 let why = match inst.op {
                     Op::Bar { .. } => STOP_BARRIER,
                     _ => STOP_WARP,
                 };
-                self.stop_at(pc + 1, why, &reads);
+                self.stop_at(pc + 1, why, &inst.op.src_regs());
                 false
             }
             _ => {
