@@ -13,7 +13,7 @@ use cumux_protocol::shm::{self, ShmError};
 use cumux_protocol::{decode, encode, read_bulk, read_message, write_message, FrameError};
 use cumux_protocol::{Call, Reply, ReplyBody, Request};
 
-use crate::locking::lock;
+use crate::locking::{lock, wait};
 
 /// Data from this size on is read ahead or written behind by a helper.
 const PIPELINED_BYTES: usize = 1 << 20;
@@ -181,11 +181,7 @@ impl<R: Read + Send + 'static, W: Write + Send + 'static> SocketWire<R, W> {
     fn written(&self) -> Result<(), String> {
         let mut pending = lock(&self.behind.pending);
         while *pending > 0 {
-            pending = self
-                .behind
-                .written
-                .wait(pending)
-                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            pending = wait(&self.behind.written, pending);
         }
         match lock(&self.write_failed).clone() {
             Some(why) => Err(why),
