@@ -7,11 +7,6 @@ mod common;
 use common::config;
 use cumux_ptx::{DeviceMemory, Engine, LaunchConfig, LaunchLimits, LaunchReport, Program};
 
-fn fixture() -> String {
-    let path = cumux_testkit::workspace_root().join("crates/ptx/tests/fixtures/calls.ptx");
-    std::fs::read_to_string(path).expect("calls.ptx")
-}
-
 /// The outputs of one launch of `calls` over `n` inputs on `engine`.
 struct Run {
     report: LaunchReport,
@@ -21,7 +16,7 @@ struct Run {
 
 fn run(engine: Engine, cfg: LaunchConfig, n: i32, workers: usize) -> Run {
     let mem = DeviceMemory::new(16 << 20);
-    let mut program = Program::load(&fixture(), &mem).expect("calls.ptx loads");
+    let mut program = Program::load(&common::fixture("calls.ptx"), &mem).expect("calls.ptx loads");
     program.set_engine(engine);
     if engine == Engine::Compiler {
         program

@@ -10,11 +10,6 @@ use std::sync::atomic::AtomicBool;
 
 const BUFFER_BYTES: usize = 256 << 10;
 
-fn fixture() -> String {
-    let path = cumux_testkit::workspace_root().join("crates/ptx/tests/fixtures/compiler_cases.ptx");
-    std::fs::read_to_string(path).expect("compiler_cases.ptx")
-}
-
 /// Runs `kernel` on `engine`: each 8-byte parameter a buffer starting as
 /// `input`, each 4-byte one `scalar`; the report and the first buffer.
 fn run_on(
@@ -26,19 +21,15 @@ fn run_on(
     limits: &LaunchLimits<'_>,
 ) -> (LaunchReport, Vec<u8>) {
     let mem = DeviceMemory::new(16 << 20);
-    let mut program = Program::load(&fixture(), &mem).expect("fixture loads");
+    let mut program =
+        Program::load(&common::fixture("compiler_cases.ptx"), &mem).expect("fixture loads");
     program.set_engine(engine);
     if engine == Engine::Compiler {
         program
             .compiled(kernel)
             .expect("the compiler takes the kernel");
     }
-    let info = program
-        .kernels()
-        .iter()
-        .find(|k| k.name == kernel)
-        .expect("kernel")
-        .clone();
+    let info = common::find_kernel(&program, kernel).clone();
     let buf = mem.alloc(BUFFER_BYTES as u64).expect("buffer");
     mem.write(buf, input).expect("upload");
     let mut params = vec![0u8; info.params_bytes() as usize];

@@ -3,17 +3,15 @@
 //! launches give what the first module's give. (A file of its own: the
 //! process's count of compilations is the thing checked.)
 
-use cumux_ptx::{compilations, DeviceMemory, Engine, LaunchConfig, Program};
+mod common;
 
-fn fixture() -> String {
-    let path = cumux_testkit::workspace_root().join("crates/ptx/tests/fixtures/compiler_cases.ptx");
-    std::fs::read_to_string(path).expect("compiler_cases.ptx")
-}
+use cumux_ptx::{compilations, DeviceMemory, Engine, LaunchConfig, Program};
 
 /// Loads the fixture into `mem`, runs `tree` (a block sum of 256 words)
 /// on the compiler; the first block's sum.
 fn tree_sum(mem: &DeviceMemory) -> u32 {
-    let mut program = Program::load(&fixture(), mem).expect("fixture loads");
+    let mut program =
+        Program::load(&common::fixture("compiler_cases.ptx"), mem).expect("fixture loads");
     program.set_engine(Engine::Compiler);
     program.compiled("tree").expect("the compiler takes tree");
     let words: Vec<u8> = (0..256u32)

@@ -11,11 +11,6 @@ use cumux_ptx::{
 
 const BUFFER_BYTES: usize = 64 << 10;
 
-fn fixture() -> String {
-    let path = cumux_testkit::workspace_root().join("crates/ptx/tests/fixtures/lanes.ptx");
-    std::fs::read_to_string(path).expect("lanes.ptx")
-}
-
 /// Runs `kernel` on `engine`: its 8-byte parameters buffers starting as
 /// `inputs` (in order), each 4-byte one `scalar`; the report and buffers.
 fn run_on(
@@ -27,14 +22,9 @@ fn run_on(
     workers: usize,
 ) -> (LaunchReport, Vec<Vec<u8>>) {
     let mem = DeviceMemory::new(16 << 20);
-    let mut program = Program::load(&fixture(), &mem).expect("fixture loads");
+    let mut program = Program::load(&common::fixture("lanes.ptx"), &mem).expect("fixture loads");
     program.set_engine(engine);
-    let info = program
-        .kernels()
-        .iter()
-        .find(|k| k.name == kernel)
-        .expect("kernel")
-        .clone();
+    let info = common::find_kernel(&program, kernel).clone();
     let mut params = vec![0u8; info.params_bytes() as usize];
     let mut bufs = Vec::new();
     for p in &info.params {
@@ -178,7 +168,7 @@ fn a_fault_in_one_lane_counts_and_leaves_memory_as_the_interpreter() {
 #[test]
 fn bar_arrive_and_barriers_with_counts_compile_and_resolve_as_interpreted() {
     let mem = DeviceMemory::new(1 << 20);
-    let program = Program::load(&fixture(), &mem).expect("lanes.ptx loads");
+    let program = Program::load(&common::fixture("lanes.ptx"), &mem).expect("lanes.ptx loads");
     program
         .compiled("named_bars")
         .expect("the compiler takes it");

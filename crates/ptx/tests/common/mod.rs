@@ -60,6 +60,14 @@ impl KernelArg for Vec<u8> {
     }
 }
 
+/// The text of `crates/ptx/tests/fixtures/NAME`.
+pub fn fixture(name: &str) -> String {
+    let path = cumux_testkit::workspace_root()
+        .join("crates/ptx/tests/fixtures")
+        .join(name);
+    std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{name}: {e}"))
+}
+
 /// The kernel whose name is `name` or, for C++ kernels, starts `_Z<len><name>`.
 pub fn find_kernel<'p>(program: &'p Program, name: &str) -> &'p KernelInfo {
     let mangled = format!("_Z{}{name}", name.len());
