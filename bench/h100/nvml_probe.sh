@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
-# cumux's NVML on a GPU machine (CUMUX_NVML=on): nvidia-smi as a tenant with a
-# 4 GiB quota while it holds memory (its devices, memory and processes should
-# be its own), natively for comparison; and PyTorch through cumux with the
-# NVML in front (c10's DriverAPI looks up NVML entry points by name, and the
-# caching allocator's expandable segments use it), which must still pass.
+# cumux's NVML on a GPU machine (CUMUX_NVML=on): nvidia-smi, pynvml and
+# PyTorch as a tenant with a 4 GiB quota, beside NVIDIA's own view.
+#   1. under fifo, while the tenant holds 1 GiB: nvidia-smi's table, its
+#      memory, utilization and compute-apps queries, pynvml, and PyTorch's
+#      NVML-backed calls (c10's DriverAPI looks NVML entry points up by name;
+#      the caching allocator's expandable segments use it), which must pass;
+#   2. under fair, while the tenant keeps the GPU busy with matmuls: the
+#      tenant's utilization through nvidia-smi, and NVIDIA's.
 # Writes $OUT/nvml-probe.txt.
 #
 #   OUT=/some/dir bench/h100/nvml_probe.sh
@@ -16,38 +19,98 @@ mkdir -p "$OUT"
 W=$(mktemp -d /tmp/cumux-nvml.XXXXXX)
 # shellcheck source=bench/h100/lib.sh
 . "$ROOT/bench/h100/lib.sh"
+pids=()
+trap stop_all EXIT
+describe_machine
 REPORT=$OUT/nvml-probe.txt
 say() { echo "$*" | tee -a "$REPORT"; }
+say "# cumux NVML probe: $DATE, $GPU, driver $DRIVER, CUDA $CUDA, cumux $COMMIT"
 
 cat >"$W/cumux.toml" <<'CONFIG'
 [tenants.probe]
 memory_quota = "4G"
 CONFIG
-"$KIT/cumux" serve --device cuda --config "$W/cumux.toml" --listen "unix:$W/s.sock" >"$W/server.log" 2>&1 &
-server=$!
-for _ in $(seq 300); do [ -S "$W/s.sock" ] && break; sleep 0.1; done
-RUN=("$KIT/cumux" run --server "unix:$W/s.sock" --tenant probe --)
+serve() { # policy
+    "$KIT/cumux" serve --device cuda --policy "$1" --config "$W/cumux.toml" \
+        --listen "unix:$W/s.sock" >"$W/server-$1.log" 2>&1 &
+    server=$!
+    pids+=("$server")
+    for _ in $(seq 300); do [ -S "$W/s.sock" ] && break; sleep 0.1; done
+}
+RUN=(env CUMUX_NVML=on "$KIT/cumux" run --server "unix:$W/s.sock" --tenant probe --)
+QUERY=(nvidia-smi --query-gpu=name,memory.total,memory.used,utilization.gpu --format=csv)
+APPS=(nvidia-smi --query-compute-apps=pid,used_memory --format=csv)
 
-say "== nvidia-smi natively"
-timeout 30 nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv 2>&1 | tee -a "$REPORT"
-HOLD='import torch,time; x=torch.empty(1<<30,dtype=torch.uint8,device="cuda"); print("holding",flush=True); time.sleep(20)'
-say "== nvidia-smi through cumux while the tenant holds 1 GiB"
-CUMUX_NVML=on timeout 60 "${RUN[@]}" python3 -c "$HOLD" >"$W/hold.log" 2>&1 &
+serve fifo
+say "== 1. fifo: nvidia-smi natively"
+timeout 30 "${QUERY[@]}" 2>&1 | tee -a "$REPORT"
+HOLD='import torch,time; x=torch.empty(1<<30,dtype=torch.uint8,device="cuda"); print("holding",flush=True); time.sleep(40)'
+timeout 60 "${RUN[@]}" python3 -c "$HOLD" >"$W/hold.log" 2>&1 &
 holder=$!
+pids+=("$holder")
 for _ in $(seq 300); do grep -q holding "$W/hold.log" 2>/dev/null && break; sleep 0.1; done
-CUMUX_NVML=on timeout 30 "${RUN[@]}" nvidia-smi >"$W/smi.txt" 2>&1
+say "== nvidia-smi through cumux while the tenant holds 1 GiB (holder pid $holder)"
+timeout 30 "${RUN[@]}" nvidia-smi >"$W/smi.txt" 2>&1
 say "rc=$?"
 tee -a "$REPORT" <"$W/smi.txt"
-CUMUX_NVML=on timeout 30 "${RUN[@]}" nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv 2>&1 | tee -a "$REPORT"
-kill "$holder" 2>/dev/null
-wait "$holder" 2>/dev/null
-
-say "== PyTorch through cumux with CUMUX_NVML=on"
-for conf in "" "expandable_segments:True"; do
-    PYTORCH_CUDA_ALLOC_CONF=$conf CUMUX_NVML=on timeout 120 "${RUN[@]}" \
-        python3 "$ROOT/bench/h100/pytorch_tenants.py" quota 4 0 >"$W/pt.log" 2>&1
-    say "alloc conf '${conf}': rc=$? $(grep -E 'PASS|FAIL|Error' "$W/pt.log" | tail -2 | tr '\n' ' ')"
+for q in QUERY APPS; do
+    declare -n cmd=$q
+    say "\$ ${cmd[*]}"
+    timeout 30 "${RUN[@]}" "${cmd[@]}" 2>&1 | tee -a "$REPORT"
 done
-kill "$server"
-wait "$server" 2>/dev/null
+say "== nvidia-smi -q (memory and utilization sections) through cumux"
+timeout 30 "${RUN[@]}" nvidia-smi -q -d MEMORY,UTILIZATION 2>&1 | grep -vE '^\s*$' | tee -a "$REPORT"
+say "== NVIDIA's view meanwhile"
+timeout 30 "${APPS[@]}" 2>&1 | tee -a "$REPORT"
+say "== pynvml through cumux"
+timeout 60 "${RUN[@]}" python3 -c '
+import pynvml as n
+n.nvmlInit()
+h = n.nvmlDeviceGetHandleByIndex(0)
+m = n.nvmlDeviceGetMemoryInfo(h)
+print("count", n.nvmlDeviceGetCount(), "name", n.nvmlDeviceGetName(h))
+print("memory total/used/free MiB", m.total >> 20, m.used >> 20, m.free >> 20)
+print("driver", n.nvmlSystemGetDriverVersion(), "temperature", n.nvmlDeviceGetTemperature(h, 0))
+print("processes", [(p.pid, p.usedGpuMemory >> 20) for p in n.nvmlDeviceGetComputeRunningProcesses(h)])
+try: print("utilization", n.nvmlDeviceGetUtilizationRates(h))
+except n.NVMLError as e: print("utilization:", e)
+' 2>&1 | tee -a "$REPORT"
+say "== PyTorch through cumux"
+timeout 120 "${RUN[@]}" python3 -c '
+import torch
+print("mem_get_info MiB", [v >> 20 for v in torch.cuda.mem_get_info()])
+for f in ("utilization", "memory_usage", "device_memory_used", "list_gpu_processes"):
+    try: print(f, getattr(torch.cuda, f)())
+    except Exception as e: print(f, "ERR", type(e).__name__, e)
+' 2>&1 | tee -a "$REPORT"
+for conf in "" "expandable_segments:True"; do
+    PYTORCH_CUDA_ALLOC_CONF=$conf timeout 120 "${RUN[@]}" \
+        python3 "$ROOT/bench/h100/pytorch_tenants.py" quota 4 0 >"$W/pt.log" 2>&1
+    say "pytorch_tenants quota, alloc conf '${conf}': rc=$? $(grep -E 'PASS|FAIL|Error' "$W/pt.log" | tail -2 | tr '\n' ' ')"
+done
+kill "$holder" "$server" 2>/dev/null
+wait "$holder" "$server" 2>/dev/null
+rm -f "$W/s.sock"
+
+serve fair
+say "== 2. fair: utilization while the tenant runs matmuls for 8 s"
+BUSY='import torch,time; a=torch.randn(4096,4096,device="cuda"); print("busy",flush=True)
+t=time.time()
+while time.time()-t<8: a=(a@a).clamp(-1,1); torch.cuda.synchronize()'
+timeout 60 "${RUN[@]}" python3 -c "$BUSY" >"$W/busy.log" 2>&1 &
+busy=$!
+pids+=("$busy")
+for _ in $(seq 300); do grep -q busy "$W/busy.log" 2>/dev/null && break; sleep 0.1; done
+sleep 3
+say "through cumux:"
+timeout 30 "${RUN[@]}" "${QUERY[@]}" 2>&1 | tee -a "$REPORT"
+say "NVIDIA's:"
+timeout 30 "${QUERY[@]}" 2>&1 | tee -a "$REPORT"
+wait "$busy"
+say "busy rc=$? $(tail -1 "$W/busy.log")"
+sleep 1.5
+say "through cumux after it ended:"
+timeout 30 "${RUN[@]}" "${QUERY[@]}" 2>&1 | tee -a "$REPORT"
+say "== server logs (warnings)"
+grep -hiE "warn|error" "$W"/server-*.log | head -20 | tee -a "$REPORT"
 say done

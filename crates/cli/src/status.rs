@@ -256,6 +256,7 @@ mod tests {
                 gpu_time_ms: 1234.5,
             }],
             shown: "all".into(),
+            utilization: vec![],
             limits: LimitsStatus {
                 taken: 2,
                 sessions: 512,

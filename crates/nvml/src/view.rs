@@ -1,6 +1,6 @@
 //! What a tenant's NVML shows, asked of the cumux server: the devices a
 //! driver of this tenant would get (a preflight hello), and its own memory
-//! and processes on each (a status scoped to the tenant).
+//! processes and utilization on each (a status scoped to the tenant).
 
 use std::time::Duration;
 
@@ -20,6 +20,9 @@ pub struct Usage {
     pub used: u64,
     /// Its processes there: (pid, bytes).
     pub processes: Vec<(u32, u64)>,
+    /// Percent of the last second the device ran its work; `None` where the
+    /// server does not time that work.
+    pub gpu_percent: Option<u32>,
 }
 
 /// A connection that said hello as `role`, with the server's answer.
@@ -116,7 +119,17 @@ pub fn usage(uuid: &[u8; 16]) -> Result<Usage, String> {
     let Some(device) = status.devices.iter().find(|d| &d.uuid == uuid) else {
         return Err("the cumux server no longer has this device".into());
     };
-    let mut usage = Usage::default();
+    let mut usage = Usage {
+        gpu_percent: Some(0),
+        ..Usage::default()
+    };
+    if let Some(u) = status
+        .utilization
+        .iter()
+        .find(|u| u.device == device.ordinal && u.tenant == own)
+    {
+        usage.gpu_percent = u.gpu_percent;
+    }
     for s in status
         .sessions
         .iter()

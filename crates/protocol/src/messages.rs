@@ -769,9 +769,24 @@ pub struct ServerStatus {
     /// Tenants with live sessions. Only the CLI decodes `ServerStatus`.
     pub tenants: Vec<TenantStatus>,
     pub limits: LimitsStatus,
+    /// Each shown tenant's utilization of each device where it has run work
+    /// in the last second (protocol 23); a tenant not listed has none.
+    pub utilization: Vec<TenantUtilization>,
     /// Whose sessions and tenants the status shows: `all` (to the server's
     /// own uid and root), `tenant NAME` (to that tenant), or `none`.
     pub shown: String,
+}
+
+/// A tenant's share of one device's last second, as NVML reports a GPU's.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TenantUtilization {
+    pub tenant: String,
+    /// The server's ordinal of the device.
+    pub device: u32,
+    /// Percent of the last second in which the device ran the tenant's work;
+    /// `None` where the server does not time that work (queued on a GPU under
+    /// `fifo`, which has no scheduler to see it finish).
+    pub gpu_percent: Option<u32>,
 }
 
 /// The server's session limits, and the seats its connections hold now.

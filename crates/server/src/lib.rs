@@ -29,6 +29,7 @@ pub mod status;
 pub mod tenants;
 pub mod threads;
 pub mod tls;
+pub mod utilization;
 pub mod worker;
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -74,6 +75,8 @@ pub struct Server {
     ipc: ipc::IpcHandles,
     /// Orders to move, checkpoint or restore sessions, waiting for them.
     orders: moves::Orders,
+    /// Each tenant's utilization of each device, sampled on a thread.
+    utilization: Arc<utilization::Utilization>,
 }
 
 impl Server {
@@ -133,7 +136,8 @@ impl Server {
                 )
             })
             .collect();
-        Arc::new(Server {
+        let server = Arc::new(Server {
+            utilization: Arc::default(),
             policies,
             gates,
             groups: groups::Groups::default(),
@@ -150,7 +154,50 @@ impl Server {
             registry: status::Registry::default(),
             started: Instant::now(),
             next_session: AtomicU64::new(1),
-        })
+        });
+        let readings = Arc::downgrade(&server);
+        server
+            .utilization
+            .start(readings, Server::utilization_readings);
+        server
+    }
+
+    /// The device time of each (tenant, device) pair with sessions now: the
+    /// gate's charges where the device has a gate, else each session's time
+    /// as the server's threads measured it.
+    fn utilization_readings(&self) -> Vec<utilization::Reading> {
+        let mut pairs: std::collections::BTreeMap<(String, u32), utilization::Reading> =
+            Default::default();
+        for entry in self.registry.entries() {
+            let reading = pairs
+                .entry((entry.tenant.clone(), entry.device))
+                .or_insert_with(|| utilization::Reading {
+                    tenant: entry.tenant.clone(),
+                    device: entry.device,
+                    sources: Vec::new(),
+                    measured: true,
+                });
+            if self
+                .gates
+                .get(entry.device as usize)
+                .is_some_and(Option::is_some)
+            {
+                continue;
+            }
+            let stats = &entry.stats;
+            reading.measured &= stats.timed.load(Ordering::Relaxed);
+            let ns = stats.gpu_time_ns.load(Ordering::Relaxed);
+            reading.sources.push((entry.session, ns));
+        }
+        for ((tenant, device), reading) in pairs.iter_mut() {
+            if let Some(Some(gate)) = self.gates.get(*device as usize) {
+                // The gate's key never names a session (ids count up from 1).
+                reading
+                    .sources
+                    .push((u64::MAX, gate.charged_total_ns(tenant)));
+            }
+        }
+        pairs.into_values().collect()
     }
 
     pub fn name(&self) -> &str {
@@ -359,5 +406,6 @@ pub fn server_status(server: &Server, scope: &status::StatusScope) -> ServerStat
         seats: &server.seats,
         scope,
         orders: &server.orders,
+        utilization: &server.utilization,
     })
 }

@@ -3,7 +3,7 @@
 //! tenants), made from what the server hands it ([`ServerView`]).
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -18,6 +18,7 @@ use crate::gate::{policy_name, DeviceGate};
 use crate::locking::lock;
 use crate::moves::Orders;
 use crate::tenants::{Accounts, TenantClass};
+use crate::utilization::Utilization;
 
 /// Counters a session's threads update as work runs.
 #[derive(Debug, Default)]
@@ -28,6 +29,9 @@ pub struct SessionStats {
     pub allocations: AtomicU64,
     /// Bytes copied to or from pinned host regions, not through the wire.
     pub zero_copy_bytes: AtomicU64,
+    /// Whether the server's own threads time the session's work (so that
+    /// `gpu_time_ns` is all of it).
+    pub timed: AtomicBool,
 }
 
 /// Who a session is, for status and logs.
@@ -172,6 +176,7 @@ pub struct ServerView<'a> {
     pub accounts: &'a Accounts,
     pub seats: &'a Seats,
     pub scope: &'a StatusScope,
+    pub utilization: &'a Utilization,
     /// Admins' orders under way (moves, checkpoints, restores).
     pub orders: &'a Orders,
 }
@@ -248,6 +253,12 @@ pub fn snapshot(server: ServerView<'_>) -> ServerStatus {
                     as f64
                     / 1e6,
             })
+            .collect(),
+        utilization: server
+            .utilization
+            .all()
+            .into_iter()
+            .filter(|u| server.scope.shows(&u.tenant))
             .collect(),
         shown: server.scope.describe(),
         limits: {

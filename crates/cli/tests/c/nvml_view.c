@@ -1,8 +1,10 @@
 /* A tenant's NVML as a monitoring tool reads it: loads libnvidia-ml.so.1
  * and libcuda.so.1 as a program would, holds some device memory through
  * the driver (argument 1, bytes), then prints what NVML says of device 0
- * (count, name, UUID, memory, processes) as key: value lines, and stays
- * that many seconds more (argument 2). */
+ * (count, name, UUID, memory, processes, utilization, and calls that go to
+ * NVIDIA's NVML where one stands behind: temperature, driver version, power,
+ * another device by PCI bus id) as key: value lines, and stays that many
+ * seconds more (argument 2). */
 #include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -58,8 +60,21 @@ int main(int argc, char **argv) {
   if (procs(d, &room, list)) { printf("FAIL: processes\n"); return 1; }
   for (unsigned i = 0; i < room; i++)
     printf("process: %u %llu%s\n", list[i].pid, list[i].used, list[i].pid == (unsigned)getpid() ? " (me)" : "");
-  unsigned rates[2];
-  printf("utilization: %d\n", util(d, rates));
+  unsigned rates[2] = {777, 777};
+  int rc = util(d, rates);
+  printf("utilization: %d %u %u\n", rc, rates[0], rates[1]);
+  int (*temperature)(void *, unsigned, unsigned *) = must(nvml, "nvmlDeviceGetTemperature");
+  unsigned degrees = 0;
+  rc = temperature(d, 0, &degrees);
+  printf("temperature: %d %u\n", rc, degrees);
+  int (*driver)(char *, unsigned) = must(nvml, "nvmlSystemGetDriverVersion");
+  rc = driver(text, sizeof text);
+  printf("driver: %d %s\n", rc, rc ? "-" : text);
+  int (*power)(void *, unsigned *) = must(nvml, "nvmlDeviceGetPowerUsage");
+  printf("power: %d\n", power(d, &degrees));
+  int (*by_pci)(const char *, void **) = must(nvml, "nvmlDeviceGetHandleByPciBusId_v2");
+  void *other = 0;
+  printf("other device: %d\n", by_pci("0000:99:00.0", &other));
   shutdown();
   printf("PASS\n");
   fflush(stdout);

@@ -197,6 +197,7 @@ fn launch_meter(
     account: Option<&AccountHold>,
     gated: bool,
 ) -> LaunchMeter {
+    stats.timed.store(true, Ordering::Relaxed);
     let stats = Arc::clone(stats);
     let account = account
         .filter(|_| !gated)

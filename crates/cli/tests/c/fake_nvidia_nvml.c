@@ -1,0 +1,56 @@
+/* A stand-in for NVIDIA's libnvidia-ml.so.1 behind cumux's NVML in tests:
+ * it knows any device by UUID (unless FAKE_NVML_KNOWS_NONE is set), one more
+ * device outside the tenant's set at PCI bus id 0000:99:00.0, and answers a
+ * temperature of 42 + the device's place; its memory figures are absurd, so
+ * a test sees if they ever reach the program. */
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct { char uuid[96]; } device;
+static device devices[8];
+static int known = 1; /* devices[0] is the one outside the tenant's set */
+static int inits = 0;
+
+int nvmlInitWithFlags(unsigned flags) { (void)flags; inits++; return 0; }
+int nvmlInit_v2(void) { inits++; return 0; }
+int nvmlShutdown(void) { if (!inits) return 1; inits--; return 0; }
+
+static int valid(device *d) { return d >= devices && d < devices + known; }
+
+int nvmlDeviceGetHandleByUUID(const char *uuid, device **out) {
+  if (!inits) return 1;
+  if (getenv("FAKE_NVML_KNOWS_NONE")) return 6;
+  for (int i = 1; i < known; i++)
+    if (!strcmp(devices[i].uuid, uuid)) { *out = &devices[i]; return 0; }
+  if (known == 8) return 6;
+  strncpy(devices[known].uuid, uuid, sizeof devices[known].uuid - 1);
+  *out = &devices[known++];
+  return 0;
+}
+
+int nvmlDeviceGetHandleByPciBusId_v2(const char *bus, device **out) {
+  if (!inits) return 1;
+  if (strcmp(bus, "0000:99:00.0")) return 6;
+  *out = &devices[0];
+  return 0;
+}
+
+int nvmlDeviceGetTemperature(device *d, unsigned sensor, unsigned *out) {
+  if (!inits) return 1;
+  if (!valid(d) || sensor != 0) return 2;
+  *out = 42 + (unsigned)(d - devices);
+  return 0;
+}
+
+typedef struct { unsigned long long total, free, used; } memory;
+int nvmlDeviceGetMemoryInfo(device *d, memory *m) {
+  (void)d;
+  m->total = m->free = m->used = 999;
+  return 0;
+}
+
+int nvmlSystemGetDriverVersion(char *out, unsigned len) {
+  if (len < 9) return 7;
+  strcpy(out, "580.fake");
+  return 0;
+}
