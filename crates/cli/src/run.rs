@@ -224,16 +224,29 @@ fn preflight(
 /// cumux's NVML (`crates/nvml`), whose file lies beside the client driver.
 pub const NVML_FILE: &str = "libcumux_nvml.so";
 
-/// The NVML the program gets in front of NVIDIA's, where `$CUMUX_NVML` asks
-/// for one: `on` (cumux's, beside the client driver) or a path. Off by
-/// default until it has run under PyTorch on a GPU: PyTorch requires NVML
-/// entry points this one does not have yet.
-fn find_nvml(driver: &Path) -> Option<PathBuf> {
+/// The NVML the program gets in front of NVIDIA's: cumux's, beside the client
+/// driver, unless `$CUMUX_NVML` says `off` (NVIDIA's shows through) or names
+/// another. Where cumux's was not built or installed, none (said in the log).
+fn find_nvml(driver: &Path) -> Result<Option<PathBuf>, String> {
+    let beside = driver.with_file_name(NVML_FILE);
     match std::env::var_os("CUMUX_NVML").filter(|p| !p.is_empty()) {
-        Some(v) if v == "on" => Some(driver.with_file_name(NVML_FILE)),
-        Some(v) if v == "off" => None,
-        Some(path) => Some(PathBuf::from(path)),
-        None => None,
+        Some(v) if v == "off" => Ok(None),
+        Some(v) if v == "on" => match beside.exists() {
+            true => Ok(Some(beside)),
+            false => Err(format!(
+                "CUMUX_NVML=on, but there is no {} beside the client driver",
+                beside.display()
+            )),
+        },
+        Some(path) => Ok(Some(PathBuf::from(path))),
+        None if beside.exists() => Ok(Some(beside)),
+        None => {
+            tracing::debug!(
+                "no {} beside the client driver: programs see NVIDIA's NVML",
+                beside.display()
+            );
+            Ok(None)
+        }
     }
 }
 
@@ -260,13 +273,10 @@ fn driver_folder(driver: &Path) -> Result<tempfile::TempDir, String> {
     for name in ["libcuda.so.1", "libcuda.so"] {
         link(&driver, name)?;
     }
-    match find_nvml(&driver) {
-        Some(nvml) => {
-            for name in ["libnvidia-ml.so.1", "libnvidia-ml.so"] {
-                link(&nvml, name)?;
-            }
+    if let Some(nvml) = find_nvml(&driver)? {
+        for name in ["libnvidia-ml.so.1", "libnvidia-ml.so"] {
+            link(&nvml, name)?;
         }
-        None => tracing::debug!("CUMUX_NVML is not on: programs see NVIDIA's NVML"),
     }
     Ok(dir)
 }

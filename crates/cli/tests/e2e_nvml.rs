@@ -111,6 +111,7 @@ memory_quota = "512M"
     assert_eq!(said("power"), ["13"], "{}", out.stdout);
     assert!(said("driver")[0].starts_with("0 cumux-"), "{}", out.stdout);
     assert_eq!(said("other device"), ["6"], "{}", out.stdout);
+    assert_eq!(said("private table"), ["13"], "{}", out.stdout);
     let _ = bob.kill();
     let _ = bob.wait();
 }
@@ -148,12 +149,31 @@ fn nvidias_nvml_answers_the_rest_on_the_tenants_devices() {
     assert_eq!(said("used"), [(16 * MIB).to_string()], "{}", out.stdout);
     // The stand-in's first device is not the tenant's: the tenant's is 43.
     assert_eq!(said("temperature"), ["0 43"], "{}", out.stdout);
-    assert_eq!(said("driver"), ["0 580.fake"], "{}", out.stdout);
+    assert_eq!(said("driver"), ["0 580.99.fake"], "{}", out.stdout);
     // One the stand-in lacks.
     assert_eq!(said("power"), ["13"], "{}", out.stdout);
     // NVIDIA's NVML finds a device the tenant does not have: not found.
     assert_eq!(said("other device"), ["6"], "{}", out.stdout);
     assert_eq!(said("utilization"), ["0 0 0"], "{}", out.stdout);
+}
+
+/// nvidia-smi finds devices and lists processes through NVIDIA's private
+/// table: those entries answer for the tenant, the rest stay NVIDIA's.
+#[test]
+fn nvidia_smis_private_table_answers_for_the_tenant() {
+    let out = with_nvidia_behind("nvml-table", &[]);
+    out.assert_passed();
+    let said = |key| values(&out.stdout, key);
+    assert_eq!(said("private table"), ["0"], "{}", out.stdout);
+    assert_eq!(said("table device"), ["0 same"], "{}", out.stdout);
+    let processes = said("table process");
+    assert_eq!(processes.len(), 1, "{}", out.stdout);
+    assert!(
+        processes[0].ends_with(&format!(" {} nvml_view", 16 * MIB)),
+        "{}",
+        out.stdout
+    );
+    assert_eq!(said("table other entry"), ["999"], "{}", out.stdout);
 }
 
 /// An NVIDIA NVML that does not know the tenant's devices (they are on
@@ -174,15 +194,15 @@ fn an_nvidia_nvml_that_does_not_know_the_devices_is_left_out() {
     );
 }
 
-/// Unless asked for, cumux's NVML stays out (NVIDIA's, none on this machine,
-/// shows through).
+/// With `CUMUX_NVML=off`, cumux's NVML stays out (NVIDIA's, none on this
+/// machine, shows through).
 #[test]
-fn without_cumux_nvml_the_program_finds_none_here() {
+fn with_cumux_nvml_off_the_program_finds_none_here() {
     let server = ServerProc::start("nvml-off");
     let program = nvml_view(&server.dir.0);
     let child = server
         .command(&program, &[])
-        .env_remove("CUMUX_NVML")
+        .env("CUMUX_NVML", "off")
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
@@ -195,8 +215,9 @@ fn without_cumux_nvml_the_program_finds_none_here() {
     );
 }
 
-/// While a tenant's program keeps the device busy, its NVML reports a share
-/// of the last second above zero; the server measured it.
+/// While a tenant's program keeps the device busy, its NVML (there by
+/// default) reports a share of the last second above zero; the server
+/// measured it.
 #[test]
 fn a_busy_tenant_sees_its_own_utilization() {
     let config = r#"
@@ -222,7 +243,7 @@ memory_quota = "256M"
     std::thread::sleep(Duration::from_millis(1500));
     let child = server
         .command_as("alice", &tool, &[])
-        .env("CUMUX_NVML", "on")
+        .env_remove("CUMUX_NVML")
         .spawn()
         .unwrap();
     let out = wait_bounded(child, Duration::from_secs(60));

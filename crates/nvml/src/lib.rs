@@ -7,6 +7,7 @@
 //! `NVML_ERROR_FUNCTION_NOT_FOUND`.
 
 mod devices;
+mod export_table;
 mod forward;
 mod real;
 mod state;

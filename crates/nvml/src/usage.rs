@@ -74,7 +74,7 @@ pub extern "C" fn nvmlDeviceGetUtilizationRates(
 fn fill<T>(
     count: *mut c_uint,
     infos: *mut T,
-    list: &[(u32, u64)],
+    list: &[(u32, u64, String)],
     entry: impl Fn(u32, u64) -> T,
 ) -> Result<(), NvmlReturn> {
     if count.is_null() {
@@ -86,14 +86,14 @@ fn fill<T>(
     if list.len() > room || (infos.is_null() && !list.is_empty()) {
         return Err(NVML_ERROR_INSUFFICIENT_SIZE);
     }
-    for (i, &(pid, bytes)) in list.iter().enumerate() {
+    for (i, &(pid, bytes, _)) in list.iter().enumerate() {
         out(infos.wrapping_add(i), entry(pid, bytes))?;
     }
     Ok(())
 }
 
-/// The tenant's processes on `handle`'s device.
-fn processes(handle: *mut c_void) -> Result<Vec<(u32, u64)>, NvmlReturn> {
+/// The tenant's processes on `handle`'s device: (pid, bytes, program).
+pub fn processes(handle: *mut c_void) -> Result<Vec<(u32, u64, String)>, NvmlReturn> {
     let (_, d) = device(handle)?;
     Ok(usage(&d)?.processes)
 }

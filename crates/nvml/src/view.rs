@@ -18,8 +18,8 @@ const TIMEOUT: Duration = Duration::from_secs(10);
 #[derive(Debug, Clone, Default)]
 pub struct Usage {
     pub used: u64,
-    /// Its processes there: (pid, bytes).
-    pub processes: Vec<(u32, u64)>,
+    /// Its processes there: (pid, bytes, program).
+    pub processes: Vec<(u32, u64, String)>,
     /// Percent of the last second the device ran its work; `None` where the
     /// server does not time that work.
     pub gpu_percent: Option<u32>,
@@ -136,7 +136,7 @@ pub fn usage(uuid: &[u8; 16]) -> Result<Usage, String> {
         .filter(|s| s.device == device.ordinal && s.tenant == own)
     {
         usage.used += s.mem_used;
-        usage.processes.push((s.pid, s.mem_used));
+        usage.processes.push((s.pid, s.mem_used, s.program.clone()));
     }
     Ok(usage)
 }

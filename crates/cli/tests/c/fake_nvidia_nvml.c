@@ -50,7 +50,21 @@ int nvmlDeviceGetMemoryInfo(device *d, memory *m) {
 }
 
 int nvmlSystemGetDriverVersion(char *out, unsigned len) {
-  if (len < 9) return 7;
-  strcpy(out, "580.fake");
+  if (len < 12) return 7;
+  strcpy(out, "580.99.fake");
+  return 0;
+}
+
+/* nvidia-smi's private table: entry 0 its size in bytes; every entry answers
+ * 999 so that a test sees which ones cumux's NVML answers itself. */
+static int untouched(void) { return 999; }
+static void *table[256];
+int nvmlInternalGetExportTable(const void **out, const unsigned char *guid) {
+  static const unsigned char smi[16] = {0xc4, 0xfe, 0x3e, 0x6c, 0xc9, 0x8f, 0x6c, 0x4e,
+                                        0xa3, 0x27, 0xee, 0x69, 0x6e, 0x12, 0xf7, 0xc4};
+  if (memcmp(guid, smi, 16)) return 3;
+  table[0] = (void *)sizeof table;
+  for (int i = 1; i < 256; i++) table[i] = (void *)untouched;
+  *out = table;
   return 0;
 }

@@ -3,7 +3,7 @@
  * the driver (argument 1, bytes), then prints what NVML says of device 0
  * (count, name, UUID, memory, processes, utilization, and calls that go to
  * NVIDIA's NVML where one stands behind: temperature, driver version, power,
- * another device by PCI bus id) as key: value lines, and stays that many
+ * another device by PCI bus id, nvidia-smi's private table) as key: value lines, and stays that many
  * seconds more (argument 2). */
 #include <dlfcn.h>
 #include <stdio.h>
@@ -75,6 +75,28 @@ int main(int argc, char **argv) {
   int (*by_pci)(const char *, void **) = must(nvml, "nvmlDeviceGetHandleByPciBusId_v2");
   void *other = 0;
   printf("other device: %d\n", by_pci("0000:99:00.0", &other));
+  /* nvidia-smi's private table: its device lookup and process list. */
+  int (*get_table)(void **, const unsigned char *) = must(nvml, "nvmlInternalGetExportTable");
+  static const unsigned char smi[16] = {0xc4, 0xfe, 0x3e, 0x6c, 0xc9, 0x8f, 0x6c, 0x4e,
+                                        0xa3, 0x27, 0xee, 0x69, 0x6e, 0x12, 0xf7, 0xc4};
+  void **table = 0;
+  rc = get_table((void **)&table, smi);
+  printf("private table: %d\n", rc);
+  if (rc == 0) {
+    int (*by_index)(unsigned, void **, unsigned) = (int (*)(unsigned, void **, unsigned))table[81];
+    void *same = 0;
+    rc = by_index(0, &same, 0x22);
+    printf("table device: %d %s\n", rc, same == d ? "same" : "other");
+    int (*list)(void *, unsigned *, unsigned char *) = (int (*)(void *, unsigned *, unsigned char *))table[213];
+    static unsigned char entries[4][4128];
+    unsigned n = 4;
+    rc = list(d, &n, &entries[0][0]);
+    for (unsigned i = 0; rc == 0 && i < n; i++)
+      printf("table process: %u %llu %s\n", *(unsigned *)entries[i],
+             *(unsigned long long *)(entries[i] + 8), (char *)entries[i] + 32);
+    int (*other_entry)(void) = (int (*)(void))table[100];
+    printf("table other entry: %d\n", other_entry());
+  }
   shutdown();
   printf("PASS\n");
   fflush(stdout);
