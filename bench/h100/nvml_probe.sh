@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# cumux's NVML on a GPU machine (CUMUX_NVML=on): nvidia-smi, pynvml and
+# cumux's NVML on a GPU machine (there by default): nvidia-smi, pynvml and
 # PyTorch as a tenant with a 4 GiB quota, beside NVIDIA's own view.
 #   1. under fifo, while the tenant holds 1 GiB: nvidia-smi's table, its
 #      memory, utilization and compute-apps queries, pynvml, and PyTorch's
 #      NVML-backed calls (c10's DriverAPI looks NVML entry points up by name;
 #      the caching allocator's expandable segments use it), which must pass;
 #   2. under fair, while the tenant keeps the GPU busy with matmuls: the
-#      tenant's utilization through nvidia-smi, and NVIDIA's.
+#      tenant's utilization through nvidia-smi, and NVIDIA's;
+#   3. with two GPUs or more: a tenant given only the second sees that one,
+#      as its GPU 0.
 # Writes $OUT/nvml-probe.txt.
 #
 #   OUT=/some/dir bench/h100/nvml_probe.sh
@@ -29,7 +31,12 @@ say "# cumux NVML probe: $DATE, $GPU, driver $DRIVER, CUDA $CUDA, cumux $COMMIT"
 cat >"$W/cumux.toml" <<'CONFIG'
 [tenants.probe]
 memory_quota = "4G"
+[tenants.second]
+memory_quota = "2G"
+devices = [1]
 CONFIG
+GPUS=$(nvidia-smi -L | grep -c '^GPU')
+[ "$GPUS" -ge 2 ] || sed -i '/^\[tenants.second\]/,$d' "$W/cumux.toml"
 serve() { # policy
     "$KIT/cumux" serve --device cuda --policy "$1" --config "$W/cumux.toml" \
         --listen "unix:$W/s.sock" >"$W/server-$1.log" 2>&1 &
@@ -37,7 +44,7 @@ serve() { # policy
     pids+=("$server")
     for _ in $(seq 300); do [ -S "$W/s.sock" ] && break; sleep 0.1; done
 }
-RUN=(env CUMUX_NVML=on "$KIT/cumux" run --server "unix:$W/s.sock" --tenant probe --)
+RUN=("$KIT/cumux" run --server "unix:$W/s.sock" --tenant probe --)
 QUERY=(nvidia-smi --query-gpu=name,memory.total,memory.used,utilization.gpu --format=csv)
 APPS=(nvidia-smi --query-compute-apps=pid,used_memory --format=csv)
 
@@ -111,6 +118,15 @@ say "busy rc=$? $(tail -1 "$W/busy.log")"
 sleep 1.5
 say "through cumux after it ended:"
 timeout 30 "${RUN[@]}" "${QUERY[@]}" 2>&1 | tee -a "$REPORT"
+if [ "$GPUS" -ge 2 ]; then
+    say "== 3. a tenant given only GPU 1 (of $GPUS)"
+    say "NVIDIA's:"
+    nvidia-smi -L | tee -a "$REPORT"
+    say "through cumux:"
+    timeout 30 "$KIT/cumux" run --server "unix:$W/s.sock" --tenant second -- nvidia-smi -L 2>&1 | tee -a "$REPORT"
+    timeout 30 "$KIT/cumux" run --server "unix:$W/s.sock" --tenant second -- \
+        nvidia-smi --query-gpu=index,pci.bus_id,memory.total --format=csv 2>&1 | tee -a "$REPORT"
+fi
 say "== server logs (warnings)"
 grep -hiE "warn|error" "$W"/server-*.log | head -20 | tee -a "$REPORT"
 say done

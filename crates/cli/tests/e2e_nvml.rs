@@ -154,7 +154,9 @@ fn nvidias_nvml_answers_the_rest_on_the_tenants_devices() {
     assert_eq!(said("power"), ["13"], "{}", out.stdout);
     // NVIDIA's NVML finds a device the tenant does not have: not found.
     assert_eq!(said("other device"), ["6"], "{}", out.stdout);
-    assert_eq!(said("utilization"), ["0 0 0"], "{}", out.stdout);
+    // Every session on the device is the tenant's: NVIDIA's figures for the
+    // whole device are its own.
+    assert_eq!(said("utilization"), ["0 77 33"], "{}", out.stdout);
 }
 
 /// nvidia-smi finds devices and lists processes through NVIDIA's private

@@ -6,7 +6,7 @@ use std::ffi::{c_uint, c_ulonglong, c_void};
 
 use cumux_protocol::DeviceInfo;
 
-use crate::state::{device, guard, out};
+use crate::state::{device, guard, nvidia_fn, out};
 use crate::types::*;
 use crate::view;
 
@@ -54,19 +54,34 @@ pub extern "C" fn nvmlDeviceGetMemoryInfo_v2(
     })
 }
 
-/// The tenant's share of the device over the last second. The memory figure
-/// (the time device memory was read or written) is not measured per tenant:
-/// it is 0.
+type RatesFn = unsafe extern "C" fn(*mut c_void, *mut NvmlUtilization) -> NvmlReturn;
+
+/// The tenant's share of the device over the last second. Where all the
+/// device's sessions are the tenant's, NVIDIA's figures for the whole device
+/// are its own, and NVIDIA's NVML (where it stands behind) gives them;
+/// otherwise the server's measure of the tenant's device time, with the
+/// memory figure (the time device memory was read or written), which is not
+/// measured per tenant, 0; where the server does not time the tenant's work,
+/// `NVML_ERROR_NOT_SUPPORTED`.
 #[no_mangle]
 pub extern "C" fn nvmlDeviceGetUtilizationRates(
     handle: *mut c_void,
     rates: *mut NvmlUtilization,
 ) -> NvmlReturn {
-    guard(|| {
-        let (_, d) = device(handle)?;
-        let gpu = usage(&d)?.gpu_percent.ok_or(NVML_ERROR_NOT_SUPPORTED)?;
-        out(rates, NvmlUtilization { gpu, memory: 0 })
-    })
+    let used = match device(handle).and_then(|(_, d)| usage(&d)) {
+        Ok(used) => used,
+        Err(rc) => return rc,
+    };
+    // SAFETY: NVIDIA's header gives nvmlDeviceGetUtilizationRates this type.
+    let nvidia = unsafe { nvidia_fn::<RatesFn>("nvmlDeviceGetUtilizationRates") };
+    match nvidia.filter(|_| used.sole) {
+        // SAFETY: NVIDIA's handle for the device and the program's pointer.
+        Some(whole) => unsafe { whole(handle, rates) },
+        None => guard(|| {
+            let gpu = used.gpu_percent.ok_or(NVML_ERROR_NOT_SUPPORTED)?;
+            out(rates, NvmlUtilization { gpu, memory: 0 })
+        }),
+    }
 }
 
 /// Writes `list` into the program's array of `*count` entries as `entry`

@@ -23,6 +23,9 @@ pub struct Usage {
     /// Percent of the last second the device ran its work; `None` where the
     /// server does not time that work.
     pub gpu_percent: Option<u32>,
+    /// Whether every session on the device is the tenant's (so the whole
+    /// device's figures are its own).
+    pub sole: bool,
 }
 
 /// A connection that said hello as `role`, with the server's answer.
@@ -130,13 +133,16 @@ pub fn usage(uuid: &[u8; 16]) -> Result<Usage, String> {
     {
         usage.gpu_percent = u.gpu_percent;
     }
+    let mut own_sessions: u32 = 0;
     for s in status
         .sessions
         .iter()
         .filter(|s| s.device == device.ordinal && s.tenant == own)
     {
+        own_sessions += 1;
         usage.used += s.mem_used;
         usage.processes.push((s.pid, s.mem_used, s.program.clone()));
     }
+    usage.sole = device.sessions == own_sessions;
     Ok(usage)
 }

@@ -1,8 +1,9 @@
 /* A stand-in for NVIDIA's libnvidia-ml.so.1 behind cumux's NVML in tests:
  * it knows any device by UUID (unless FAKE_NVML_KNOWS_NONE is set), one more
  * device outside the tenant's set at PCI bus id 0000:99:00.0, and answers a
- * temperature of 42 + the device's place; its memory figures are absurd, so
- * a test sees if they ever reach the program. */
+ * temperature of 42 + the device's place and a utilization of 77 % / 33 %;
+ * its memory figures are absurd, so a test sees if they ever reach the
+ * program. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -66,5 +67,14 @@ int nvmlInternalGetExportTable(const void **out, const unsigned char *guid) {
   table[0] = (void *)sizeof table;
   for (int i = 1; i < 256; i++) table[i] = (void *)untouched;
   *out = table;
+  return 0;
+}
+
+/* The whole device's utilization, as NVIDIA measures it. */
+int nvmlDeviceGetUtilizationRates(device *d, unsigned *rates) {
+  if (!inits) return 1;
+  if (!valid(d)) return 2;
+  rates[0] = 77;
+  rates[1] = 33;
   return 0;
 }
