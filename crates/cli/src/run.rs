@@ -250,15 +250,55 @@ fn find_nvml(driver: &Path) -> Result<Option<PathBuf>, String> {
     }
 }
 
+/// The start of the name of `cumux run`'s folders: the pid of the `cumux run`
+/// that made it follows.
+const FOLDER_PREFIX: &str = "cumux-run-";
+
+/// Removes the folders in `tmp` that a `cumux run` of this user left when it
+/// was killed outright (SIGKILL leaves no chance to clean up): those whose
+/// maker's pid no longer runs.
+fn sweep_left_folders(tmp: &Path) {
+    let Ok(entries) = std::fs::read_dir(tmp) else {
+        return;
+    };
+    // SAFETY: getuid cannot fail and touches no memory.
+    let uid = unsafe { libc::getuid() };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(pid) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix(FOLDER_PREFIX))
+            .and_then(|rest| rest.split_once('-'))
+            .and_then(|(pid, _)| pid.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let ours = entry
+            .metadata()
+            .is_ok_and(|m| m.is_dir() && std::os::unix::fs::MetadataExt::uid(&m) == uid);
+        if ours && !Path::new(&format!("/proc/{pid}")).exists() {
+            match std::fs::remove_dir_all(entry.path()) {
+                Ok(()) => tracing::debug!(
+                    "removed {}, left by a killed cumux run",
+                    entry.path().display()
+                ),
+                Err(e) => tracing::debug!("cannot remove {}: {e}", entry.path().display()),
+            }
+        }
+    }
+}
+
 /// A private folder holding `libcuda.so.1` and `libcuda.so`, both links to
 /// the driver, and `libnvidia-ml.so.1` and `libnvidia-ml.so` to cumux's NVML
-/// where there is one; removed when dropped.
+/// where there is one; removed when dropped. Folders that killed runs left
+/// are removed first.
 fn driver_folder(driver: &Path) -> Result<tempfile::TempDir, String> {
     let driver = driver
         .canonicalize()
         .map_err(|e| format!("cannot resolve {}: {e}", driver.display()))?;
+    sweep_left_folders(&std::env::temp_dir());
     let dir = tempfile::Builder::new()
-        .prefix("cumux-run-")
+        .prefix(&format!("{FOLDER_PREFIX}{}-", std::process::id()))
         .tempdir()
         .map_err(|e| {
             format!(

@@ -59,6 +59,43 @@ impl Scratch {
     }
 }
 
+/// A `cumux run` killed outright leaves its folder; the next run removes it,
+/// and leaves the folder of a run still alive.
+#[test]
+fn folders_of_killed_runs_are_swept_by_the_next() {
+    ensure_driver();
+    let server = ServerProc::start("run-sweep");
+    let scratch = Scratch::new("run-sweep");
+    let mut live = std::process::Command::new("sleep")
+        .arg("60")
+        .spawn()
+        .unwrap();
+    let alive = scratch.tmp().join(format!("cumux-run-{}-live", live.id()));
+    std::fs::create_dir(&alive).unwrap();
+    let mut gone = std::process::Command::new("true").spawn().unwrap();
+    let _ = gone.wait();
+    let left = scratch
+        .tmp()
+        .join(format!("cumux-run-{}-Ab12Cd", gone.id()));
+    std::fs::create_dir(&left).unwrap();
+    std::os::unix::fs::symlink("/nowhere", left.join("libcuda.so.1")).unwrap();
+    let out = wait_bounded(
+        scratch
+            .run(&server.address, &[], &scratch.touch())
+            .spawn()
+            .unwrap(),
+        LIMIT,
+    );
+    let _ = live.kill();
+    let _ = live.wait();
+    assert_eq!(out.code(), Some(0), "{}", out.describe());
+    assert!(scratch.marker().exists(), "the program did not run");
+    assert!(!left.exists(), "the killed run's folder is still there");
+    assert!(alive.exists(), "a live run's folder was removed");
+    std::fs::remove_dir(&alive).unwrap();
+    scratch.assert_clean();
+}
+
 #[test]
 fn with_no_server_it_says_so_and_starts_nothing() {
     ensure_driver();
