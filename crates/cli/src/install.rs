@@ -64,6 +64,11 @@ pub fn install(options: InstallOptions) -> Result<()> {
     let nvml = driver.with_file_name(NVML_FILE);
     if nvml.is_file() {
         copy(&nvml, &lib.join(NVML_FILE), 0o644)?;
+        // Programs that find this folder (the loader's entry, a container's
+        // LD_LIBRARY_PATH) get the tenant's NVML too.
+        for name in ["libnvidia-ml.so.1", "libnvidia-ml.so"] {
+            link(NVML_FILE, &lib.join(name))?;
+        }
     }
     if options.system {
         let folder = &options.ld_conf_dir;

@@ -31,6 +31,9 @@ fn an_installed_cumux_finds_its_driver_and_programs_find_cumux() {
     assert!(lib.join("libcumux_client.so").is_file());
     let target = std::fs::read_link(lib.join("libcuda.so.1")).unwrap();
     assert_eq!(target, Path::new("libcumux_client.so"));
+    let nvml = std::fs::read_link(lib.join("libnvidia-ml.so.1")).unwrap();
+    assert_eq!(nvml, Path::new("libcumux_nvml.so"));
+    assert!(lib.join("libcumux_nvml.so").is_file());
     let entry = std::fs::read_to_string(conf.join("cumux.conf")).unwrap();
     assert!(entry.lines().any(|l| l == lib.to_str().unwrap()), "{entry}");
 
