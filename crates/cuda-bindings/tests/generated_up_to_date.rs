@@ -14,6 +14,7 @@ const OUTPUTS: &[&str] = &[
     "crates/cuda-bindings/src/errors.rs",
     "crates/cuda-bindings/src/entry_points.rs",
     "crates/client/src/generated/symbols.rs",
+    "docs/driver-calls.md",
 ];
 
 /// The header directories the generator reads by default.
