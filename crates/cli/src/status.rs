@@ -85,18 +85,11 @@ pub fn status(address: &Address, json: bool, wait: Option<Duration>) -> Result<(
 
 /// `1.5 GiB`, `12.0 MiB`, `512 B`.
 pub fn human_bytes(bytes: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut value = bytes as f64;
-    let mut unit = 0;
-    while value >= 1024.0 && unit + 1 < UNITS.len() {
-        value /= 1024.0;
-        unit += 1;
+    if bytes < 1024 {
+        return format!("{bytes} B");
     }
-    if unit == 0 {
-        format!("{bytes} B")
-    } else {
-        format!("{value:.1} {}", UNITS[unit])
-    }
+    let format = humansize::BINARY.decimal_places(1).decimal_zeroes(1);
+    humansize::format_size(bytes, format)
 }
 
 /// The file name of a program path.

@@ -374,7 +374,7 @@ fn config_mistakes_read_as_such() {
     );
     let e = config_error("unit", "[tenants.alice]\nmemory_quota = \"12X\"\n");
     assert!(
-        e.contains("[tenants.alice]: memory_quota") && e.contains("unknown unit \"X\""),
+        e.contains("[tenants.alice]: memory_quota") && e.contains("\"12X\" is not a byte count"),
         "{e}"
     );
     let e = config_error("mode", "socket_mode = 660\n");
