@@ -1,10 +1,13 @@
 //! `cumux device-plugin`: the kubelet's device plugin for cumux. It offers a
-//! node's GPU memory as units of a resource (`cumux.io/gpu-memory`, one per
-//! GiB by default); for each container it is given units of, it lists a
-//! tenant on the cumux server (`Call::TenantPut`: a quota of those units on
-//! those GPUs, a fresh token) and hands the container the token, the server's
-//! socket and the client driver. A tenant whose units no pod holds any more
-//! (the kubelet's pod-resources API says) is taken off the table.
+//! node's GPUs as units of a resource: memory (`cumux.io/gpu-memory`, one
+//! unit per GiB by default), or shares (`cumux.io/gpu-share`, ten a GPU by
+//! default, each a tenth of its memory and of its time under `fair`). For
+//! each container it is given units of, it lists a tenant on the cumux server
+//! (`Call::TenantPut`: the units' memory as its quota on those GPUs, for
+//! shares their count as its weight, a fresh token) and hands the container
+//! the token, the server's socket and the client driver. A tenant whose units
+//! no pod holds any more (the kubelet's pod-resources API says) is taken off
+//! the table.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::hash::{Hash, Hasher};
@@ -38,8 +41,20 @@ use v1beta1::*;
 
 /// The API version the kubelet is told.
 pub const API_VERSION: &str = "v1beta1";
-/// The plugin's socket, in the kubelet's folder.
+/// The plugin's socket, in the kubelet's folder, offering memory.
 pub const PLUGIN_SOCKET: &str = "cumux.sock";
+/// The plugin's socket offering shares (so both plugins can run side by side).
+pub const SHARE_PLUGIN_SOCKET: &str = "cumux-gpu-share.sock";
+
+/// What the plugin offers a GPU as.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Offer {
+    /// Units of device memory (`--unit` bytes each); a tenant's weight is 1.
+    Memory,
+    /// `--shares` units a GPU, each that fraction of its memory and, under
+    /// the server's `fair` policy, of its time (the units are the weight).
+    Share,
+}
 /// The kubelet's registration socket, in its folder.
 pub const KUBELET_SOCKET: &str = "kubelet.sock";
 
@@ -53,12 +68,20 @@ pub struct PluginOptions {
     /// The kubelet's device-plugin folder.
     #[arg(long, default_value = "/var/lib/kubelet/device-plugins")]
     pub kubelet_dir: PathBuf,
-    /// The resource offered.
-    #[arg(long, default_value = "cumux.io/gpu-memory")]
-    pub resource: String,
-    /// Device memory per unit of the resource (bytes, or K/M/G/T).
+    /// What a GPU is offered as.
+    #[arg(long, value_enum, default_value_t = Offer::Memory)]
+    pub offer: Offer,
+    /// The resource offered (default: cumux.io/gpu-memory, or
+    /// cumux.io/gpu-share with `--offer share`).
+    #[arg(long)]
+    pub resource: Option<String>,
+    /// Device memory per unit of the resource (bytes, or K/M/G/T), with
+    /// `--offer memory`.
     #[arg(long, default_value = "1G", value_parser = memory_arg)]
     pub unit: u64,
+    /// Units a GPU is split into, with `--offer share`.
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=1000))]
+    pub shares: u64,
     /// The host folder holding the client driver (libcumux_client.so and a
     /// libcuda.so.1 link to it), mounted read-only into containers.
     #[arg(long, default_value = "/usr/local/lib/cumux")]
@@ -95,10 +118,12 @@ fn unit_gpu(id: &str) -> Option<u32> {
     gpu.parse().ok()
 }
 
-/// A tenant name for the set of units `ids`: the same units, the same name
-/// (so a later container given them replaces the earlier one's entry).
-fn tenant_for(ids: &BTreeSet<String>) -> String {
+/// A tenant name for the set of units `ids` of `resource`: the same units,
+/// the same name (so a later container given them replaces the earlier one's
+/// entry).
+fn tenant_for(resource: &str, ids: &BTreeSet<String>) -> String {
     let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    resource.hash(&mut hasher);
     ids.hash(&mut hasher);
     format!("pod-{:016x}", hasher.finish())
 }
@@ -114,7 +139,9 @@ fn fresh_token() -> std::io::Result<String> {
 struct Plugin {
     address: Address,
     options: PluginOptions,
-    units: Vec<String>,
+    resource: String,
+    /// Each unit offered, with its device memory.
+    units: BTreeMap<String, u64>,
     /// The tenants it listed: name → (their units, when).
     listed: std::sync::Mutex<BTreeMap<String, (BTreeSet<String>, std::time::Instant)>>,
 }
@@ -124,19 +151,25 @@ impl Plugin {
     fn allocate_one(&self, ids: &[String]) -> Result<ContainerAllocateResponse, Status> {
         let ids: BTreeSet<String> = ids.iter().cloned().collect();
         let mut gpus = BTreeSet::new();
+        let mut memory: u64 = 0;
         for id in &ids {
-            if !self.units.contains(id) {
+            let Some(&bytes) = self.units.get(id) else {
                 return Err(Status::invalid_argument(format!(
                     "unit {id:?} is not offered here"
                 )));
-            }
+            };
+            memory = memory.saturating_add(bytes);
             gpus.extend(unit_gpu(id));
         }
-        let name = tenant_for(&ids);
+        let name = tenant_for(&self.resource, &ids);
         let token = fresh_token().map_err(|e| Status::internal(format!("no random token: {e}")))?;
+        let weight = match self.options.offer {
+            Offer::Memory => 1,
+            Offer::Share => u32::try_from(ids.len()).unwrap_or(u32::MAX),
+        };
         let spec = TenantSpec {
-            memory_quota: Some(self.options.unit.saturating_mul(ids.len() as u64)),
-            weight: 1,
+            memory_quota: Some(memory),
+            weight,
             devices: Some(gpus.into_iter().collect()),
             token: Some(token.clone()),
             ..TenantSpec::default()
@@ -152,6 +185,8 @@ impl Plugin {
         tracing::info!(
             tenant = name,
             units = ids.len(),
+            memory,
+            weight,
             "listed a container's tenant"
         );
         self.listed_lock()
@@ -251,7 +286,7 @@ impl DevicePlugin for Arc<Plugin> {
     async fn list_and_watch(&self, _: Request<Empty>) -> Result<Response<Devices>, Status> {
         let devices = self
             .units
-            .iter()
+            .keys()
             .map(|id| Device {
                 id: id.clone(),
                 health: "Healthy".into(),
@@ -400,8 +435,10 @@ fn admin_connection(address: &Address) -> Result<probe::Connection, probe::Probe
     probe::connect_as(address, ClientRole::Status, "cumux device-plugin", None)
 }
 
-/// The units a server offers: `unit` bytes at a time of each device's memory.
-fn units_of(address: &Address, unit: u64) -> Result<Vec<String>> {
+/// The units a server offers, each with its device memory: `--unit` bytes at
+/// a time of each device's memory, or each device in `--shares` parts.
+fn units_of(address: &Address, options: &PluginOptions) -> Result<BTreeMap<String, u64>> {
+    let unit = options.unit;
     if unit == 0 {
         bail!("--unit must be more than 0 bytes");
     }
@@ -412,10 +449,17 @@ fn units_of(address: &Address, unit: u64) -> Result<Vec<String>> {
              the server's user or root, on the server's unix socket"
         );
     }
+    let per_device = |total: u64| match options.offer {
+        Offer::Memory => (total / unit, unit),
+        Offer::Share => (options.shares, total / options.shares),
+    };
     Ok(status
         .devices
         .iter()
-        .flat_map(|d| (0..d.total_mem / unit).map(move |i| unit_id(d.ordinal, i)))
+        .flat_map(|d| {
+            let (count, bytes) = per_device(d.total_mem);
+            (0..count).map(move |i| (unit_id(d.ordinal, i), bytes))
+        })
         .collect())
 }
 
@@ -427,16 +471,24 @@ pub fn run(options: PluginOptions) -> Result<()> {
         .as_deref()
         .map_or_else(Address::from_env_or_default, Address::parse)
         .map_err(anyhow::Error::msg)?;
-    let units = units_of(&address, options.unit)?;
-    let socket = options.kubelet_dir.join(PLUGIN_SOCKET);
+    let units = units_of(&address, &options)?;
+    let (default_resource, endpoint) = match options.offer {
+        Offer::Memory => ("cumux.io/gpu-memory", PLUGIN_SOCKET),
+        Offer::Share => ("cumux.io/gpu-share", SHARE_PLUGIN_SOCKET),
+    };
+    let socket = options.kubelet_dir.join(endpoint);
     let kubelet = options.kubelet_dir.join(KUBELET_SOCKET);
-    let resource = options.resource.clone();
+    let resource = options
+        .resource
+        .clone()
+        .unwrap_or_else(|| default_resource.into());
     let count = units.len();
     let gc = options.gc_interval;
     let pod_resources = options.pod_resources.clone();
     let plugin = Arc::new(Plugin {
         address,
         options,
+        resource: resource.clone(),
         units,
         listed: Default::default(),
     });
@@ -465,7 +517,7 @@ pub fn run(options: PluginOptions) -> Result<()> {
         kubelet_client
             .register(RegisterRequest {
                 version: API_VERSION.into(),
-                endpoint: PLUGIN_SOCKET.into(),
+                endpoint: endpoint.into(),
                 resource_name: resource.clone(),
                 options: Some(DevicePluginOptions {
                     pre_start_required: false,
@@ -508,9 +560,12 @@ mod tests {
     fn the_same_units_name_the_same_tenant() {
         let a: BTreeSet<String> = ["gpu0-1", "gpu0-0"].map(String::from).into();
         let b: BTreeSet<String> = ["gpu0-0", "gpu0-1"].map(String::from).into();
-        assert_eq!(tenant_for(&a), tenant_for(&b));
-        assert!(tenant_for(&a).starts_with("pod-"));
+        let memory = "cumux.io/gpu-memory";
+        assert_eq!(tenant_for(memory, &a), tenant_for(memory, &b));
+        assert!(tenant_for(memory, &a).starts_with("pod-"));
         let c: BTreeSet<String> = ["gpu0-2"].map(String::from).into();
-        assert_ne!(tenant_for(&a), tenant_for(&c));
+        assert_ne!(tenant_for(memory, &a), tenant_for(memory, &c));
+        // The same ids of another resource are other units.
+        assert_ne!(tenant_for(memory, &a), tenant_for("cumux.io/gpu-share", &a));
     }
 }
