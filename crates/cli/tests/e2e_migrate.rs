@@ -9,6 +9,7 @@ mod common;
 use std::process::{Command, Output};
 use std::time::Duration;
 
+use common::metrics::{metrics_address, sample, scrape};
 use common::{
     driver_program, e2e_device, output_text, progressed, rest, session_of, ServerProc, TempDir,
     CUMUX,
@@ -24,6 +25,8 @@ fn two_device_server(tag: &str) -> ServerProc {
         "2",
         "--memory",
         "1G",
+        "--metrics",
+        "127.0.0.1:0",
     ];
     ServerProc::spawn(TempDir::new(tag), &args.map(String::from), &[])
 }
@@ -96,6 +99,10 @@ fn a_running_program_moves_between_two_cpu_devices_many_times_and_passes() {
         );
         assert_eq!(device_of(&server), 1);
         progressed(&lines, LIMIT, &|| server.log());
+        // Six moves and the drain's, each counted once.
+        let (_, _, body) = scrape(&metrics_address(&server));
+        let done = r#"cumux_migrations_total{kind="move",outcome="done"}"#;
+        assert_eq!(sample(&body, done), Some(7.0), "{body}");
     }
     std::fs::write(&stop, b"").unwrap();
     let tail = rest(&lines, LIMIT);

@@ -214,6 +214,29 @@ pub fn render(server: &Server) -> prometheus::Result<String> {
             .inc_by(load(&c.window_wait_ns) / 1e9);
     }
 
+    let utilization = gauges(
+        &r,
+        "cumux_tenant_gpu_utilization_ratio",
+        "Share of the device's last second that ran the tenant's work (where the server times it)",
+        &["tenant", "device"],
+    )?;
+    for u in &status.utilization {
+        if let Some(percent) = u.gpu_percent {
+            utilization
+                .with_label_values(&[&u.tenant, &u.device.to_string()])
+                .set(f64::from(percent) / 100.0);
+        }
+    }
+    let orders = counters(
+        &r,
+        "cumux_migrations_total",
+        "Admins' orders to sessions (move, checkpoint, hold, restore) answered, done or refused",
+        &["kind", "outcome"],
+    )?;
+    for (kind, outcome, n) in server.orders().answered() {
+        orders.with_label_values(&[kind, outcome]).inc_by(n as f64);
+    }
+
     let labels = ["session", "tenant", "program"];
     let s_mem = gauges(
         &r,

@@ -51,6 +51,16 @@ pub struct Parked {
 }
 
 impl Action {
+    /// The kind of order, as metrics name it.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Action::MoveTo(_) => "move",
+            Action::Checkpoint => "checkpoint",
+            Action::Restore(_) => "restore",
+            Action::Hold => "hold",
+        }
+    }
+
     fn describe(&self) -> String {
         match self {
             Action::MoveTo(device) => format!("move to device {device}"),
@@ -80,6 +90,8 @@ pub struct Orders {
     holds: Mutex<HashMap<u64, SyncSender<Release>>>,
     /// Held checkpoints by resume key, for their programs to resume.
     parked: Mutex<HashMap<u64, Parked>>,
+    /// Orders answered over the server's life, by kind and outcome.
+    answered: Mutex<std::collections::BTreeMap<(&'static str, &'static str), u64>>,
 }
 
 impl Orders {
@@ -131,6 +143,20 @@ impl Orders {
     /// What `session`'s order is at, while it has one.
     pub fn noted(&self, session: u64) -> Option<String> {
         lock(&self.notes).get(&session).cloned()
+    }
+
+    /// Counts an order of `kind` answered, done (`ok`) or refused.
+    pub fn count_answer(&self, kind: &'static str, ok: bool) {
+        let outcome = if ok { "done" } else { "refused" };
+        *lock(&self.answered).entry((kind, outcome)).or_default() += 1;
+    }
+
+    /// Orders answered so far: (kind, outcome, how many).
+    pub fn answered(&self) -> Vec<(&'static str, &'static str, u64)> {
+        lock(&self.answered)
+            .iter()
+            .map(|(&(kind, outcome), &n)| (kind, outcome, n))
+            .collect()
     }
 
     /// `session`'s order is done (or withdrawn).

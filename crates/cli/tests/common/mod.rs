@@ -4,6 +4,8 @@
 
 #![allow(dead_code)]
 
+pub mod metrics;
+
 use std::io::{BufRead, BufReader, Read};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};

@@ -102,7 +102,9 @@ impl Session {
                 e.detail
             );
         }
-        self.server.orders().done(self.id());
+        let orders = self.server.orders();
+        orders.count_answer(order.action.kind(), answer.is_ok());
+        orders.done(self.id());
         // The admin may have stopped waiting; the session carries on either way.
         let _ = order.answer.send(answer);
     }

@@ -99,6 +99,7 @@ impl Session {
                 orders.done(id);
             }
         }
+        orders.count_answer(order.action.kind(), encoded.is_ok());
         if order.answer.send(encoded).is_err() {
             // Nobody took the image: nothing to hold for.
             orders.unhold(id);
