@@ -9,6 +9,7 @@
 use std::collections::BTreeMap;
 
 use anyhow::{bail, Context, Result};
+use clap::builder::{PossibleValue, PossibleValuesParser};
 use cumux_server::admission::SessionLimits;
 use cumux_server::gate::parse_policy;
 use cumux_server::tenants::{TenantClass, TenantPolicy, TenantSettings};
@@ -19,8 +20,10 @@ use serde::Deserialize;
 /// give (the flags win; see [`ServerSettings::or`]). The docs are the flags' help.
 #[derive(Debug, Default, Clone, PartialEq, Eq, clap::Args)]
 pub struct ServerSettings {
-    /// Which devices to serve: auto (GPUs if any, else the CPU device), cpu or cuda.
-    #[arg(long)]
+    /// Which devices to serve: auto (GPUs if any, else the CPU device), cpu,
+    /// cuda, or worker-cpu (the CPU device in worker processes, as GPUs are
+    /// served).
+    #[arg(long, value_parser = device_kinds())]
     pub device: Option<String>,
     /// Where to listen: unix:PATH or tcp:HOST:PORT.
     #[arg(long)]
@@ -56,7 +59,7 @@ pub struct ServerSettings {
     /// launches go in arrival order), fair (weighted shares of device time) or
     /// priority (latency-critical tenants first). It sets every device's policy
     /// but those a config's [devices.N] table gives a policy of their own.
-    #[arg(long)]
+    #[arg(long, value_parser = PossibleValuesParser::new(["fifo", "fair", "priority"]))]
     pub policy: Option<String>,
     /// How a GPU gives sessions contexts: isolated (default: a context per
     /// session, each in a process of its own; a fault stays with its
@@ -64,7 +67,7 @@ pub struct ServerSettings {
     /// own, kernels side by side; a fault fails every session on it), or
     /// fenced (shared, and each tenant not marked trusted kept to a memory
     /// partition of its own, its PTX rewritten; cubin-only modules refused).
-    #[arg(long)]
+    #[arg(long, value_parser = PossibleValuesParser::new(["isolated", "shared", "fenced"]))]
     pub sharing: Option<String>,
     /// Resets a GPU context whose queued work makes no progress for this long
     /// (e.g. 30s, 2m): a kernel that never ends then fails with
@@ -150,6 +153,18 @@ impl ServerSettings {
             functions_lanes: self.functions_lanes.or(fallback.functions_lanes),
         }
     }
+}
+
+/// The devices `--device` takes; `model` (the server tests' model device,
+/// which runs no real kernels) is left out of the help.
+fn device_kinds() -> PossibleValuesParser {
+    PossibleValuesParser::new([
+        PossibleValue::new("auto"),
+        PossibleValue::new("cpu"),
+        PossibleValue::new("cuda"),
+        PossibleValue::new("worker-cpu"),
+        PossibleValue::new("model").hide(true),
+    ])
 }
 
 /// A byte count on the command line ([`parse_bytes`]).

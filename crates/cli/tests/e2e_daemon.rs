@@ -365,6 +365,38 @@ fn config_error(tag: &str, text: &str) -> String {
     out.stderr
 }
 
+/// A device, policy or sharing mode that does not exist is refused before
+/// anything starts, with the choices; the help lists them too.
+#[test]
+fn flags_with_choices_name_them() {
+    for (flag, value, choices) in [
+        ("--device", "gpu", "auto, cpu, cuda, worker-cpu"),
+        ("--policy", "lottery", "fifo, fair, priority"),
+        ("--sharing", "mps", "isolated, shared, fenced"),
+    ] {
+        let out = Command::new(CUMUX)
+            .args(["serve", flag, value])
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{flag} {value}: {out:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains(&format!("[possible values: {choices}]")),
+            "{flag}: {err}"
+        );
+    }
+    let help = Command::new(CUMUX)
+        .args(["serve", "--help"])
+        .output()
+        .unwrap();
+    let help = String::from_utf8_lossy(&help.stdout);
+    assert!(
+        help.contains("[possible values: fifo, fair, priority]"),
+        "{help}"
+    );
+    assert!(!help.contains("model"), "{help}");
+}
+
 #[test]
 fn config_mistakes_read_as_such() {
     let e = config_error("negative", "[tenants.alice]\nmemory_quota = -5\n");
