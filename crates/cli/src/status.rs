@@ -108,6 +108,24 @@ fn clip(text: &str, width: usize) -> String {
     }
 }
 
+/// A tenant's utilization of each device where it ran work in the last
+/// second (`0: 45%`), `n/a` where the server does not time it; `-` for none.
+fn utilization(status: &ServerStatus, tenant: &str) -> String {
+    let figures: Vec<String> = status
+        .utilization
+        .iter()
+        .filter(|u| u.tenant == tenant)
+        .map(|u| match u.gpu_percent {
+            Some(p) => format!("{}: {p}%", u.device),
+            None => format!("{}: n/a", u.device),
+        })
+        .collect();
+    match figures.is_empty() {
+        true => "-".into(),
+        false => figures.join(", "),
+    }
+}
+
 /// The human table.
 pub fn render(status: &ServerStatus, address: &Address) -> String {
     let mut out = format!(
@@ -139,20 +157,28 @@ pub fn render(status: &ServerStatus, address: &Address) -> String {
     );
     if !status.tenants.is_empty() {
         out += &format!(
-            "{:<16} {:>8} {:>24} {:>6} {:<16} {:>9} {:>12}\n",
-            "TENANT", "SESSIONS", "MEMORY / QUOTA", "WEIGHT", "CLASS", "LAUNCHES", "GPU TIME"
+            "{:<16} {:>8} {:>24} {:>6} {:<16} {:>9} {:>12}  {}\n",
+            "TENANT",
+            "SESSIONS",
+            "MEMORY / QUOTA",
+            "WEIGHT",
+            "CLASS",
+            "LAUNCHES",
+            "GPU TIME",
+            "UTIL"
         );
         for t in &status.tenants {
             let quota = t.memory_quota.map_or_else(|| "none".into(), human_bytes);
             out += &format!(
-                "{:<16} {:>8} {:>24} {:>6} {:<16} {:>9} {:>9.1} ms\n",
+                "{:<16} {:>8} {:>24} {:>6} {:<16} {:>9} {:>9.1} ms  {}\n",
                 clip(&t.name, 16),
                 t.sessions,
                 format!("{} / {quota}", human_bytes(t.mem_used)),
                 t.weight,
                 t.class,
                 t.launches,
-                t.gpu_time_ms
+                t.gpu_time_ms,
+                utilization(status, &t.name)
             );
         }
         out += "\n";
@@ -249,7 +275,11 @@ mod tests {
                 gpu_time_ms: 1234.5,
             }],
             shown: "all".into(),
-            utilization: vec![],
+            utilization: vec![cumux_protocol::TenantUtilization {
+                tenant: "alice".into(),
+                device: 0,
+                gpu_percent: Some(45),
+            }],
             limits: LimitsStatus {
                 taken: 2,
                 sessions: 512,
@@ -276,7 +306,7 @@ mod tests {
             "{table}"
         );
         assert!(table.contains("fair"), "{table}");
-        assert!(table.contains("1234.5 ms"), "{table}");
+        assert!(table.contains("1234.5 ms  0: 45%"), "{table}");
         assert!(table.contains("ms shm"), "{table}");
         assert!(
             table.contains("\n         move to device 1: rebuilding"),
