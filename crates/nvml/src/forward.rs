@@ -88,6 +88,7 @@ mod tests {
         ] {
             assert!(!FORWARDED.contains(&ours), "{ours} is forwarded");
         }
-        assert!(FORWARDED.contains(&"nvmlInternalGetExportTable"));
+        assert!(FORWARDED.contains(&"nvmlDeviceGetTemperature"));
+        assert!(!FORWARDED.contains(&"nvmlInternalGetExportTable"));
     }
 }
