@@ -191,10 +191,16 @@ impl Translator<'_, '_> {
         let width = self.width as usize;
         let conds = self.lane_guards(inst);
         if inst.guard == NONE {
-            // every lane sets the op's vector destinations: they start
-            // from zeros, not their old values (which would stay live)
-            let ops = self.ops;
-            ops[pc as usize].for_each_dst(|d| self.clear_vector(d));
+            // every lane sets the op's vector destinations: those it does
+            // not read start from zeros, not their old values (which would
+            // stay live)
+            let op = &self.ops[pc as usize];
+            let read = op.src_regs();
+            op.for_each_dst(|d| {
+                if !read.contains(&d) {
+                    self.clear_vector(d);
+                }
+            });
         }
         let lanes_after = |k: usize| (width - 1 - k) as i64;
         let per_lane = self.counted(pc + 1, self.block_end) as i64 * width as i64;
