@@ -2,7 +2,8 @@
 //! and 1 M-element vector add on the interpreter, on the compiler and in plain
 //! Rust on all cores, in one run (`bench/cpu/ptx_engines.sh`;
 //! `CUMUX_BENCH_REPS` sets the repetitions, `CUMUX_BENCH_ENGINES=compiler`
-//! leaves the interpreter out, for profiling).
+//! leaves the interpreter out, `CUMUX_BENCH_ONLY=matmul` or `vector_add` runs
+//! one of the two, for profiling).
 
 use cumux_ptx::{DeviceMemory, Engine, LaunchConfig, Program};
 use std::time::{Duration, Instant};
@@ -210,7 +211,19 @@ fn main() {
         .max(1);
     let interpreter = std::env::var("CUMUX_BENCH_ENGINES").map_or(true, |e| e != "compiler");
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let only = std::env::var("CUMUX_BENCH_ONLY").ok();
+    let runs = |case: &str| only.as_deref().is_none_or(|o| o == case);
 
+    if runs("matmul") {
+        matmul_case(reps, interpreter, cores);
+    }
+    if runs("vector_add") {
+        vector_add_case(reps, interpreter, cores);
+    }
+}
+
+/// The 512×512 tiled matmul on both engines and in plain Rust.
+fn matmul_case(reps: usize, interpreter: bool, cores: usize) {
     let ptx = cumux_testkit::compile_ptx(cumux_testkit::corpus_source("matmul_tiled"));
     let a: Vec<f32> = (0..N * N)
         .map(|i| ((i * 7) % 17) as f32 * 0.125 - 1.0)
@@ -239,7 +252,10 @@ fn main() {
         |c| plain_matmul(&a, &b, c),
         |x, y| (x - y).abs() <= 1e-3 * x.abs().max(1.0),
     );
+}
 
+/// The 1 M-element vector add on both engines and in plain Rust.
+fn vector_add_case(reps: usize, interpreter: bool, cores: usize) {
     let ptx = cumux_testkit::compile_ptx(cumux_testkit::corpus_source("vector_add"));
     let a: Vec<f32> = (0..VEC).map(|i| (i % 1000) as f32 * 0.5).collect();
     let b: Vec<f32> = (0..VEC).map(|i| (i % 77) as f32 - 3.0).collect();

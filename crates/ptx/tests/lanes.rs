@@ -180,3 +180,103 @@ fn bar_arrive_and_barriers_with_counts_compile_and_resolve_as_interpreted() {
         assert_eq!(out[g as usize], want + 1000, "thread {g}");
     }
 }
+
+fn words(values: impl IntoIterator<Item = u32>) -> Vec<u8> {
+    values.into_iter().flat_map(|v| v.to_le_bytes()).collect()
+}
+
+#[test]
+fn a_kernel_without_barriers_whose_lanes_part_has_its_block_undone() {
+    let (_, undone) = lane_blocks();
+    let input = words((0..1024).map(|i| i * 7));
+    let (report, out) = both(
+        "flat_diverge",
+        config([4, 1, 1], [64, 1, 1], 0),
+        std::slice::from_ref(&input),
+        0,
+    );
+    report.result.expect("the kernel runs");
+    for (t, &got) in out[..256].iter().enumerate() {
+        let x = t as u32 * 7 + 1;
+        let want = if t % 2 == 0 { x * 10 } else { x + 100 };
+        assert_eq!(got, want, "thread {t}: its 1 added once");
+    }
+    let (_, undone_after) = lane_blocks();
+    assert!(undone_after > undone, "a block's lanes parted");
+}
+
+#[test]
+fn a_kernel_without_barriers_runs_in_step_and_a_bounds_check_inside_a_group_undoes_its_block() {
+    for n in [256, 203, 201, 1, 0] {
+        let (ran, _) = lane_blocks();
+        let input = words(0..1024);
+        let (report, out) = both(
+            "flat_tail",
+            config([4, 1, 1], [64, 1, 1], 0),
+            std::slice::from_ref(&input),
+            n,
+        );
+        report.result.expect("the kernel runs");
+        for (i, &got) in out[..300].iter().enumerate() {
+            let want = if (i as u32) < n {
+                i as u32 + 3
+            } else {
+                i as u32
+            };
+            assert_eq!(got, want, "word {i} (n {n})");
+        }
+        let (ran_after, _) = lane_blocks();
+        if n == 256 {
+            // four blocks in step, on one worker and on two
+            assert!(
+                ran_after >= ran + 8,
+                "blocks ran in step: {ran} then {ran_after}"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_64_bit_address_out_of_bounds_in_one_lane_faults_there_with_700() {
+    for kernel in ["wide_fault_store", "wide_fault_load"] {
+        for which in [0, 1, 3, 6, 130, 255, 999] {
+            let (_, undone) = lane_blocks();
+            let input = words(0..1024);
+            let (report, out) = both(
+                kernel,
+                config([4, 1, 1], [64, 1, 1], 0),
+                std::slice::from_ref(&input),
+                which,
+            );
+            if which < 256 {
+                let fault = report.result.expect_err("the lane's access faults");
+                assert!(
+                    matches!(fault, cumux_ptx::Fault::IllegalAddress { .. }),
+                    "{kernel} ({which}): {fault:?}"
+                );
+                assert_eq!(fault.cu_code(), 700, "{kernel} ({which})");
+                // the threads before it ran, the faulting one to its fault
+                assert_eq!(out[which as usize], which + 1, "{kernel}: thread {which}");
+                let (_, undone_after) = lane_blocks();
+                assert!(
+                    undone_after > undone,
+                    "{kernel}: the block ran in step first"
+                );
+            } else {
+                report.result.expect("every address is in bounds");
+                // its 1 added, and for the load that word added again
+                let want = if kernel == "wide_fault_store" { 6 } else { 12 };
+                assert_eq!(out[5], want, "{kernel}: word 5");
+            }
+        }
+    }
+}
+
+#[test]
+fn a_lane_by_lane_op_that_reads_its_own_destination_keeps_it() {
+    let (report, out) = both("flat_or_pred", config([1, 1, 1], [16, 1, 1], 0), &[], 0);
+    report.result.expect("the kernel runs");
+    for (t, &got) in out[..16].iter().enumerate() {
+        assert_eq!(got, u32::from(!(3..9).contains(&t)), "thread {t}");
+    }
+}

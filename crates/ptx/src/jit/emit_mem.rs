@@ -3,12 +3,12 @@
 //! site resolved last; else the checked helpers, which fault as the interpreter.
 
 use super::runtime::{
-    rt_atom, rt_load, rt_log_store, rt_misaligned_vector, rt_store, space_code, Ctx,
+    rt_atom, rt_load, rt_log_store, rt_misaligned_vector, rt_store, space_code, Ctx, LOGGED_BYTES,
 };
 use super::translate::{ctx_off, Translator};
 use crate::ir::{Address, Op, Sp, Src, NONE};
 use cranelift_codegen::ir::condcodes::IntCC;
-use cranelift_codegen::ir::types::{I32, I64};
+use cranelift_codegen::ir::types::{I32, I32X4, I64};
 use cranelift_codegen::ir::{AbiParam, InstBuilder, MemFlagsData, Signature, Value};
 use std::mem::offset_of;
 
@@ -23,6 +23,12 @@ impl Translator<'_, '_> {
                 ds,
                 sext,
             } => {
+                if let (Some((v, _)), true) = (self.hoisted_param(&addr, size, n), self.width > 1) {
+                    // (the lane kernel runs only where every one is in)
+                    let v = if sext { self.sext(v, size * 8) } else { v };
+                    self.set(ds[0], v);
+                    return;
+                }
                 if let Some((v, all_in)) = self.hoisted_param(&addr, size, n) {
                     // every hoisted parameter is in: the value loaded before
                     // the loop; else this load's own checked path
@@ -235,7 +241,12 @@ impl Translator<'_, '_> {
 
     /// The value and the all-in condition of a parameter load hoisted
     /// before the thread loop.
-    fn hoisted_param(&self, addr: &crate::ir::Address, size: u32, n: u8) -> Option<(Value, Value)> {
+    pub(super) fn hoisted_param(
+        &self,
+        addr: &crate::ir::Address,
+        size: u32,
+        n: u8,
+    ) -> Option<(Value, Value)> {
         let Src::Imm(b) = addr.base else {
             return None;
         };
@@ -314,9 +325,19 @@ impl Translator<'_, '_> {
         v
     }
 
-    /// Logs the bytes a lane kernel's global store at host pointer `p`
-    /// overwrites (the block is undone if its lanes part).
-    fn log_store(&mut self, p: Value, size: u32) {
+    /// Logs the `size` bytes (up to 8, or 16) a lane kernel's global store
+    /// at host pointer `p` overwrites (the block is undone if its lanes
+    /// part): in place while the log has room, else through the helper.
+    pub(super) fn log_store(&mut self, p: Value, size: u32) {
+        let flags = MemFlagsData::trusted();
+        let len = self.fb.ins().load(I64, flags, self.ctx, ctx_off!(log_len));
+        let cap = self.fb.ins().load(I64, flags, self.ctx, ctx_off!(log_cap));
+        let room = self.fb.ins().icmp(IntCC::UnsignedLessThan, len, cap);
+        let (fast, slow) = (self.fb.create_block(), self.fb.create_block());
+        let join = self.fb.create_block();
+        self.fb.ins().brif(room, fast, &[], slow, &[]);
+        self.fb.switch_to_block(slow);
+        self.fb.set_cold_block(slow);
         let mut sig = Signature::new(self.call_conv);
         sig.params
             .extend([AbiParam::new(I64), AbiParam::new(I64), AbiParam::new(I32)]);
@@ -324,6 +345,31 @@ impl Translator<'_, '_> {
         let f = self.imm(rt_log_store as *const () as usize as i64);
         let sz = self.fb.ins().iconst(I32, size as i64);
         self.fb.ins().call_indirect(sig, f, &[self.ctx, p, sz]);
+        self.fb.ins().jump(join, &[]);
+        self.fb.switch_to_block(fast);
+        let log = self.fb.ins().load(I64, flags, self.ctx, ctx_off!(log));
+        let off = self.fb.ins().imul_imm_s(len, LOGGED_BYTES);
+        let e = self.fb.ins().iadd(log, off);
+        self.fb.ins().store(flags, p, e, 0);
+        let sz = self.imm(size as i64);
+        self.fb.ins().store(flags, sz, e, 8);
+        let old = match size {
+            16 => {
+                let any = MemFlagsData::new()
+                    .with_notrap()
+                    .with_endianness(cranelift_codegen::ir::Endianness::Little);
+                self.fb.ins().load(I32X4, any, p, 0)
+            }
+            _ => self.fast_load(p, size),
+        };
+        let any = MemFlagsData::new()
+            .with_notrap()
+            .with_endianness(cranelift_codegen::ir::Endianness::Little);
+        self.fb.ins().store(any, old, e, 16);
+        let len = self.fb.ins().iadd_imm_s(len, 1);
+        self.fb.ins().store(flags, len, self.ctx, ctx_off!(log_len));
+        self.fb.ins().jump(join, &[]);
+        self.fb.switch_to_block(join);
     }
 
     /// Gives a global or generic access its own site in the cache (the
@@ -341,7 +387,7 @@ impl Translator<'_, '_> {
         };
     }
 
-    fn fast_load(&mut self, p: Value, size: u32) -> Value {
+    pub(super) fn fast_load(&mut self, p: Value, size: u32) -> Value {
         let flags = MemFlagsData::trusted();
         // a zero-extending load: one move
         match size {
@@ -352,7 +398,7 @@ impl Translator<'_, '_> {
         }
     }
 
-    fn store(&mut self, sp: Sp, addr: Value, size: u32, val: Value, line: u32) {
+    pub(super) fn store(&mut self, sp: Sp, addr: Value, size: u32, val: Value, line: u32) {
         if self.covered(sp) {
             let p = self.shared_unchecked(addr);
             let x = if size < 8 {

@@ -2,14 +2,12 @@
 //! where its block's check covered them: one vector access when the lanes'
 //! addresses are consecutive, one load when they are the same, else lane by lane.
 
-use super::runtime::Ctx;
 use super::shared_checks::groups;
-use super::translate::{ctx_off, LaneBase, Translator};
+use super::translate::{LaneBase, Translator};
 use crate::ir::{Address, Inst, Op, Sp, Src, NONE};
 use cranelift_codegen::ir::condcodes::IntCC;
 use cranelift_codegen::ir::types::{I32, I32X4, I64, I8};
-use cranelift_codegen::ir::{BlockArg, ConstantData, Endianness, InstBuilder, MemFlagsData, Value};
-use std::mem::offset_of;
+use cranelift_codegen::ir::{ConstantData, Endianness, InstBuilder, MemFlagsData, Value};
 
 impl Translator<'_, '_> {
     /// How the lanes' addresses lie for each base of the covered shared
@@ -217,95 +215,11 @@ impl Translator<'_, '_> {
         let first = self.fb.ins().uextend(I64, first);
         (at, first, (consecutive, equal))
     }
-
-    /// `ld` of a narrow 32-bit register from global or generic memory at
-    /// a wide (per-lane) address, unguarded: one 16-byte load where the
-    /// lanes' addresses are consecutive words inside the allocation the
-    /// access resolved last, else lane by lane; whether it did.
-    pub(super) fn vector_global(&mut self, inst: &Inst) -> bool {
-        let Op::Ld {
-            addr,
-            size: 4,
-            n: 1,
-            ds,
-            sext: false,
-        } = inst.op
-        else {
-            return false;
-        };
-        let wide = matches!(addr.base, Src::Reg(r) if self.vregs[r as usize].is_none());
-        let spaces = matches!(addr.sp, Sp::Global | Sp::Generic);
-        if self.vregs[ds[0] as usize].is_none() {
-            return false;
-        }
-        if inst.guard != NONE || !wide || !spaces || self.width != 4 {
-            return false;
-        }
-        let lane = self.lane;
-        let addrs: Vec<Value> = (0..self.width as usize)
-            .map(|k| {
-                self.set_lane(k);
-                let b = self.src(addr.base);
-                self.fb.ins().iadd_imm_s(b, addr.off)
-            })
-            .collect();
-        let mut all = self.fb.ins().iconst(I8, 1);
-        for (k, &a) in addrs.iter().enumerate().skip(1) {
-            let want = self.fb.ins().iadd_imm_s(addrs[0], 4 * k as i64);
-            let eq = self.fb.ins().icmp(IntCC::Equal, a, want);
-            all = self.fb.ins().band(all, eq);
-        }
-        self.next_site(addr.sp);
-        let site = self.site;
-        let Some((ok, p)) = self.fast_pointer(addr.sp, addrs[0], 4, false) else {
-            return false;
-        };
-        // the 16 bytes end inside the allocation too
-        let fixed = MemFlagsData::trusted().with_readonly();
-        let cache = self.fb.ins().load(I64, fixed, self.ctx, ctx_off!(gcache));
-        let entry = self.fb.ins().iadd_imm_s(cache, site as i64 * 24);
-        let gbase = self.fb.ins().load(I64, MemFlagsData::trusted(), entry, 0);
-        let glen = self.fb.ins().load(I64, MemFlagsData::trusted(), entry, 8);
-        let off = self.fb.ins().isub(addrs[0], gbase);
-        let end = self.fb.ins().iadd_imm_s(off, 16);
-        let inside = self
-            .fb
-            .ins()
-            .icmp(IntCC::UnsignedLessThanOrEqual, end, glen);
-        let all = self.fb.ins().band(all, ok);
-        let all = self.fb.ins().band(all, inside);
-        let (whole, each) = (self.fb.create_block(), self.fb.create_block());
-        let join = self.fb.create_block();
-        let v = self.fb.append_block_param(join, I32X4);
-        self.fb.ins().brif(all, whole, &[], each, &[]);
-        self.fb.switch_to_block(whole);
-        let flags = unaligned();
-        let x = self.fb.ins().load(I32X4, flags, p, 0);
-        self.fb.ins().jump(join, &[BlockArg::Value(x)]);
-        self.fb.switch_to_block(each);
-        // lane by lane, each through the access's site (a fault undoes
-        // the block, which runs again thread by thread)
-        self.site_pin = Some(site);
-        let zero = self.fb.ins().iconst(I32, 0);
-        let mut x = self.fb.ins().splat(I32X4, zero);
-        for (k, &a) in addrs.iter().enumerate() {
-            self.set_lane(k);
-            let e = self.load(addr.sp, a, 4, inst.line);
-            let e = self.fb.ins().ireduce(I32, e);
-            x = self.fb.ins().insertlane(x, e, k as u8);
-        }
-        self.site_pin = None;
-        self.set_lane(lane);
-        self.fb.ins().jump(join, &[BlockArg::Value(x)]);
-        self.fb.switch_to_block(join);
-        self.vdef(ds[0], v, None);
-        true
-    }
 }
 
 /// Flags of a lane kernel's vector access to shared or global memory: in
 /// bounds (checked), little-endian lanes, aligned only to a word.
-fn unaligned() -> MemFlagsData {
+pub(super) fn unaligned() -> MemFlagsData {
     MemFlagsData::new()
         .with_notrap()
         .with_endianness(Endianness::Little)

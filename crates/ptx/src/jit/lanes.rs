@@ -7,7 +7,7 @@ use super::runtime::{Ctx, RET_FAULT, RET_PARTED, STOP_BARRIER, STOP_BITS, STOP_Y
 use super::translate::{ctx_off, Translator};
 use crate::ir::{Inst, Op, NONE};
 use cranelift_codegen::ir::condcodes::IntCC;
-use cranelift_codegen::ir::types::{I32, I32X4, I64, I8};
+use cranelift_codegen::ir::types::{I32, I32X4, I64, I64X2, I8};
 use cranelift_codegen::ir::{InstBuilder, MemFlagsData, Value};
 use std::mem::offset_of;
 
@@ -115,7 +115,6 @@ impl Translator<'_, '_> {
     /// basic block.
     pub(super) fn lane_inst(&mut self, pc: u32) -> bool {
         let inst = &self.func.code[pc as usize];
-        let width = self.width as usize;
         let agree = self.lanes_agree(inst);
         let next = self.next_block(pc);
         match inst.op {
@@ -177,28 +176,69 @@ impl Translator<'_, '_> {
                     }
                 }
             }
-            _ if self.vector_global(inst) || self.vector_op(inst) => true,
+            _ if self.vector_global(inst) || self.vector_op(inst) || self.wide_op(pc) => true,
             _ => {
-                let conds = self.lane_guards(inst);
-                let lanes_after = |k: usize| (width - 1 - k) as i64;
-                let per_lane = self.counted(pc + 1, self.block_end) as i64 * width as i64;
-                for k in 0..width {
-                    self.set_lane(k);
-                    self.excess = per_lane + lanes_after(k);
-                    match conds.get(k) {
-                        Some(&c) => {
-                            let on = self.fb.create_block();
-                            let cont = self.fb.create_block();
-                            self.fb.ins().brif(c, on, &[], cont, &[]);
-                            self.fb.switch_to_block(on);
-                            self.op(pc);
-                            self.fb.ins().jump(cont, &[]);
-                            self.fb.switch_to_block(cont);
-                        }
-                        None => self.op(pc),
-                    }
-                }
+                self.each_lane(pc);
                 true
+            }
+        }
+    }
+
+    /// Emits instruction `pc` (a register or memory op) once for each
+    /// lane, each under its own guard.
+    pub(super) fn each_lane(&mut self, pc: u32) {
+        let inst = &self.func.code[pc as usize];
+        let width = self.width as usize;
+        let conds = self.lane_guards(inst);
+        if inst.guard == NONE {
+            // every lane sets the op's vector destinations: those it does
+            // not read start from zeros, not their old values (which would
+            // stay live)
+            let op = &self.ops[pc as usize];
+            let read = op.src_regs();
+            op.for_each_dst(|d| {
+                if !read.contains(&d) {
+                    self.clear_vector(d);
+                }
+            });
+        }
+        let lanes_after = |k: usize| (width - 1 - k) as i64;
+        let per_lane = self.counted(pc + 1, self.block_end) as i64 * width as i64;
+        for k in 0..width {
+            self.set_lane(k);
+            self.excess = per_lane + lanes_after(k);
+            match conds.get(k) {
+                Some(&c) => {
+                    let on = self.fb.create_block();
+                    let cont = self.fb.create_block();
+                    self.fb.ins().brif(c, on, &[], cont, &[]);
+                    self.fb.switch_to_block(on);
+                    self.op(pc);
+                    self.fb.ins().jump(cont, &[]);
+                    self.fb.switch_to_block(cont);
+                }
+                None => self.op(pc),
+            }
+        }
+        self.set_lane(0);
+    }
+
+    /// Sets narrow or vector-wide register `d` to zeros (every lane is
+    /// about to set its own).
+    pub(super) fn clear_vector(&mut self, d: u32) {
+        if d == NONE {
+            return;
+        }
+        if let Some(var) = self.vregs[d as usize] {
+            let zero = self.fb.ins().iconst(I32, 0);
+            let zero = self.fb.ins().splat(I32X4, zero);
+            self.fb.def_var(var, zero);
+        }
+        if let Some(vars) = self.wregs[d as usize] {
+            let zero = self.fb.ins().iconst(I64, 0);
+            let zero = self.fb.ins().splat(I64X2, zero);
+            for var in vars {
+                self.fb.def_var(var, zero);
             }
         }
     }
@@ -210,21 +250,13 @@ impl Translator<'_, '_> {
             return None;
         }
         if let Some(var) = self.vregs[inst.guard as usize] {
+            // each lane's guard bit at the top of its lane, then one bit a lane
             let v = self.fb.use_var(var);
-            let one = self.fb.ins().iconst(I32, 1);
-            let one = self.fb.ins().splat(I32X4, one);
-            let bit = self.fb.ins().band(v, one);
-            let cc = if inst.guard_neg {
-                IntCC::Equal
-            } else {
-                IntCC::NotEqual
-            };
-            // all ones in the lanes whose guard fails
-            let fails = self.fb.ins().icmp(cc, bit, one);
-            let none_fail = self.fb.ins().vany_true(fails);
-            let all = self.fb.ins().bxor_imm_u(none_fail, 1);
-            let all_fail = self.fb.ins().vall_true(fails);
-            let any = self.fb.ins().bxor_imm_u(all_fail, 1);
+            let top = self.fb.ins().ishl_imm_u(v, 31);
+            let bits = self.fb.ins().vhigh_bits(I8, top);
+            let (all_bits, none_bits) = if inst.guard_neg { (0, 15) } else { (15, 0) };
+            let all = self.fb.ins().icmp_imm_u(IntCC::Equal, bits, all_bits);
+            let any = self.fb.ins().icmp_imm_u(IntCC::NotEqual, bits, none_bits);
             return Some((all, any));
         }
         let conds = self.lane_guards(inst);

@@ -6,13 +6,13 @@ use super::barriers::Waiters;
 use super::compiled::CompiledKernel;
 use super::lanes::LANES;
 use super::runtime::{
-    Ctx, GlobalEntry, KernelFn, RET_EXIT, RET_FAULT, RET_PARTED, STOP_BARRIER, STOP_BITS, STOP_WARP,
+    undo_stores, Ctx, GlobalEntry, KernelFn, Logged, RET_EXIT, RET_FAULT, RET_PARTED, STOP_BARRIER,
+    STOP_BITS, STOP_WARP,
 };
 use super::warp::{resolve_warp, Lanes, State};
 use crate::exec::{launch_progress, on_workers, BlockResults, BLOCK_MEMORY_LIMIT};
 use crate::ir::{Module, Op, SReg};
 use crate::launch::{Fault, LaunchConfig, LaunchLimits, LaunchReport, LAUNCH_CHECK_INTERVAL};
-use crate::memory::atomic_store;
 use crate::memory::{DeviceMemory, MemView};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
@@ -224,9 +224,11 @@ struct Worker {
     /// two words a register and group).
     lane_file: Vec<u64>,
     /// Whether the running block runs its groups of threads through the
-    /// lane kernel, and the log of its stores (`Ctx::undo`).
+    /// lane kernel, and the log of its stores (`Ctx::undo`: room for
+    /// entries, the first `logged` of them the block's).
     lanes_now: bool,
-    undo: Vec<(*mut u8, u32, u64)>,
+    undo: Vec<Logged>,
+    logged: usize,
 }
 
 impl Worker {
@@ -262,6 +264,7 @@ impl Worker {
             },
             lanes_now: false,
             undo: Vec::new(),
+            logged: 0,
         }
     }
 
@@ -305,21 +308,14 @@ impl Worker {
         self.lanes_now = true;
         let r = self.run_block_once(g, block_id);
         self.lanes_now = false;
-        let log = std::mem::take(&mut self.undo);
         if r.is_ok() {
-            self.undo = log;
-            self.undo.clear();
             LANE_BLOCKS[0].fetch_add(1, Ordering::Relaxed);
             return r;
         }
         LANE_BLOCKS[1].fetch_add(1, Ordering::Relaxed);
-        for &(p, size, old) in log.iter().rev() {
-            // SAFETY: each entry is a store of this block, checked when it
-            // ran, into memory that stays while the launch runs.
-            unsafe { atomic_store(p, size, old) };
-        }
-        self.undo = log;
-        self.undo.clear();
+        // SAFETY: the entries are this block's stores, each checked when it
+        // ran, into memory that stays while the launch runs.
+        unsafe { undo_stores(&self.undo[..self.logged]) };
         g.lanes_off.store(true, Ordering::Relaxed);
         g.executed.fetch_sub(self.counted, Ordering::Relaxed);
         self.counted = 0;
@@ -380,6 +376,13 @@ impl Worker {
             out: std::mem::take(&mut self.out),
             arrivals: [0; 16],
             lane_file: self.lane_file.as_mut_ptr() as *mut u8,
+            log: self.undo.as_mut_ptr(),
+            log_len: 0,
+            log_cap: if self.lanes_now {
+                self.undo.len() as u64
+            } else {
+                0
+            },
             undo: self.lanes_now.then(|| std::mem::take(&mut self.undo)),
         };
         // as the interpreter schedules: warp by warp, each warp's ready lanes
@@ -445,6 +448,7 @@ impl Worker {
         };
         self.instructions = ctx.instructions;
         self.out = std::mem::take(&mut ctx.out);
+        self.logged = ctx.log_len as usize;
         if let Some(log) = ctx.undo.take() {
             self.undo = log;
         }

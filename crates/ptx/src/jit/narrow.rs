@@ -1,5 +1,6 @@
-//! Which registers only ever hold 32-bit values (zero above): the lane kernel
-//! keeps each of them for all its lanes in one vector of 32-bit lanes.
+//! Which registers only ever hold 32-bit values (zero above), and which wide
+//! ones only address arithmetic writes: the lane kernel keeps each for all
+//! its lanes in vectors (one of 32-bit lanes, two of 64-bit lanes).
 
 use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
 
@@ -30,6 +31,76 @@ pub(super) fn narrow_regs(f: &Func) -> Vec<bool> {
         if !changed {
             return narrow;
         }
+    }
+}
+
+/// Whether each wide register of `f` (not `narrow`) is only written by ops
+/// that the lane kernel runs as two vectors of 64-bit lanes
+/// (`emit_wide`): 64-bit moves, adds, subtractions and shifts of such
+/// registers, narrow ones and immediates, `mul.wide` and widening `cvt`s
+/// of narrow ones, `cvta`, and 8-byte parameter loads.
+pub(super) fn wide_vector_regs(f: &Func, narrow: &[bool]) -> Vec<bool> {
+    let mut wide: Vec<bool> = narrow.iter().map(|&n| !n).collect();
+    loop {
+        let mut changed = false;
+        for inst in &f.code {
+            let mut off = Vec::new();
+            inst.op.for_each_dst(|d| {
+                if d != NONE
+                    && wide.get(d as usize) == Some(&true)
+                    && !writes_wide(&inst.op, narrow, &wide)
+                {
+                    off.push(d);
+                }
+            });
+            for d in off {
+                wide[d as usize] = false;
+                changed = true;
+            }
+        }
+        if !changed {
+            return wide;
+        }
+    }
+}
+
+/// Whether `op` has a vector form of 64-bit lanes, its operands narrow
+/// (`narrow`), vector-wide (`wide`) or immediates as it needs them.
+pub(super) fn writes_wide(op: &Op, narrow: &[bool], wide: &[bool]) -> bool {
+    let is = |set: &[bool], s: Src| match s {
+        Src::Reg(r) => set.get(r as usize) == Some(&true),
+        Src::Imm(_) => true,
+        Src::Frame(_) => false,
+    };
+    let w = |s: Src| is(wide, s);
+    let n = |s: Src| is(narrow, s);
+    let int = |t: Ty| !t.is_float() && !matches!(t, Ty::Pred | Ty::B128);
+    match *op {
+        Op::Mov { a, mask, .. } => mask == u64::MAX && (w(a) || n(a)),
+        Op::Int { op, t, a, b, .. } if int(t) => match op {
+            IntOp::Add | IntOp::Sub => t.bits() == 64 && (w(a) || n(a)) && (w(b) || n(b)),
+            IntOp::Shl => t.bits() == 64 && w(a) && matches!(b, Src::Imm(k) if k < 64),
+            IntOp::MulWide => t.bits() == 32 && n(a) && n(b),
+            _ => false,
+        },
+        Op::Cvta { a, .. } => w(a),
+        Op::Cvt {
+            a, dt, st, mode, ..
+        } => {
+            !mode.sat
+                && !mode.ftz
+                && int(dt)
+                && int(st)
+                && dt.bits() == 64
+                && ((st.bits() == 32 && n(a)) || (st.bits() == 64 && (w(a) || n(a))))
+        }
+        Op::Ld {
+            addr,
+            size: 8,
+            n: 1,
+            ..
+        } => addr.sp == crate::ir::Sp::Param && matches!(addr.base, Src::Imm(_)),
+        _ => false,
     }
 }
 

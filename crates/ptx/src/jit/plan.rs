@@ -58,12 +58,9 @@ pub(super) fn plan(m: &Module, k: usize, f: &Func) -> Result<Plan, String> {
     let n = f.code.len() as u32;
     let mut leaders = vec![0u32];
     let mut resumes = vec![0u32];
-    // lanes pay a call for each group and stop: they go where the thread
-    // loop stops at barriers anyway, in kernels without warp collectives
+    // lanes run every kernel without warp collectives (whose lanes would
+    // wait for threads of other groups)
     let lanes = !lanes_off()
-        && f.code
-            .iter()
-            .any(|i| matches!(i.op, Op::Bar { wait: true, .. }))
         && !f
             .code
             .iter()

@@ -94,9 +94,62 @@ pub(super) struct Ctx<'a> {
     /// `bar.arrive`s of each barrier id since it last completed (read and
     /// written by generated code).
     pub arrivals: [u32; 16],
-    /// While the block runs lane kernels: each store's place, size and
-    /// old bits, to undo the block when its lanes part.
-    pub undo: Option<Vec<(*mut u8, u32, u64)>>,
+    /// While the block runs lane kernels: the log of its stores, to undo
+    /// the block when its lanes part (`log_cap` entries, all initialised,
+    /// the first `log_len` in use; generated code appends to it in place
+    /// while there is room, [`rt_log_store`] when there is none).
+    pub undo: Option<Vec<Logged>>,
+    pub log: *mut Logged,
+    pub log_len: u64,
+    pub log_cap: u64,
+}
+
+/// A store of a lane kernel, logged to be undone: `size` bytes (1, 2, 4, 8
+/// or 16) at `p`, whose old bits were `old` (little-endian).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Logged {
+    pub p: *mut u8,
+    pub size: u64,
+    pub old: [u64; 2],
+}
+
+impl Logged {
+    pub(super) const EMPTY: Logged = Logged {
+        p: std::ptr::null_mut(),
+        size: 0,
+        old: [0; 2],
+    };
+}
+
+/// Bytes of a [`Logged`] entry (generated code writes them).
+pub(super) const LOGGED_BYTES: i64 = 32;
+const _: () = assert!(std::mem::size_of::<Logged>() == LOGGED_BYTES as usize);
+const _: () = assert!(std::mem::offset_of!(Logged, size) == 8);
+const _: () = assert!(std::mem::offset_of!(Logged, old) == 16);
+
+/// Puts back the old bits of `log`'s stores, the latest first.
+///
+/// # Safety
+/// Each entry is a store of the running block, checked (aligned to 4 bytes
+/// at least, to its size up to 8, in bounds) when it ran, into memory that
+/// stays while the launch runs.
+pub(super) unsafe fn undo_stores(log: &[Logged]) {
+    for e in log.iter().rev() {
+        // SAFETY: the caller's contract; a 16-byte entry is four words,
+        // each aligned to 4.
+        unsafe {
+            if e.size == 16 {
+                for (k, half) in e.old.iter().enumerate() {
+                    let at = e.p.add(8 * k);
+                    atomic_store(at, 4, *half);
+                    atomic_store(at.add(4), 4, *half >> 32);
+                }
+            } else {
+                atomic_store(e.p, e.size as u32, e.old[0]);
+            }
+        }
+    }
 }
 
 /// A global allocation as an access site's cache keeps it.
@@ -319,11 +372,13 @@ pub(super) unsafe extern "C" fn rt_store(
     }
 }
 
-/// Logs the `size` bytes at `p` before a lane kernel's store there.
+/// Logs the `size` bytes at `p` before a lane kernel's store there (the
+/// log full: it grows).
 ///
 /// # Safety
-/// `ctx` is the running block's live context; `p` is aligned and in
-/// bounds of a live buffer (the store's fast path checked it).
+/// `ctx` is the running block's live context; `p` is in bounds of a live
+/// buffer and aligned to `size` (to 4 for 16 bytes): the store's fast path
+/// checked it.
 pub(super) unsafe extern "C" fn rt_log_store(ctx: *mut Ctx<'_>, p: *mut u8, size: u32) {
     // SAFETY: the caller's contract: a live context, used by this thread only.
     let ctx = unsafe { &mut *ctx };
@@ -333,11 +388,29 @@ pub(super) unsafe extern "C" fn rt_log_store(ctx: *mut Ctx<'_>, p: *mut u8, size
 impl Ctx<'_> {
     /// Keeps the old bits at `p` when the block's stores are logged.
     fn log_store(&mut self, p: *mut u8, size: u32) {
-        if let Some(log) = &mut self.undo {
-            // SAFETY: the store about to happen checked `p` (aligned, in
-            // bounds, live).
-            log.push((p, size, unsafe { atomic_load(p, size) }));
+        let Some(log) = &mut self.undo else {
+            return;
+        };
+        let at = self.log_len as usize;
+        if at == log.len() {
+            log.resize((2 * at).max(256), Logged::EMPTY);
+            self.log = log.as_mut_ptr();
+            self.log_cap = log.len() as u64;
         }
+        // SAFETY: the store about to happen checked `p` (aligned to its
+        // size, to 4 for 16 bytes, in bounds, live).
+        let old = unsafe {
+            match size {
+                16 => [0, 8].map(|k| atomic_load(p.add(k), 4) | atomic_load(p.add(k + 4), 4) << 32),
+                _ => [atomic_load(p, size), 0],
+            }
+        };
+        log[at] = Logged {
+            p,
+            size: size as u64,
+            old,
+        };
+        self.log_len += 1;
     }
 }
 

@@ -4,15 +4,15 @@
 
 use super::dirty::{add_writes, holds, stops};
 use super::inline::{CHECKS, UNCOUNTED};
-use super::narrow::narrow_regs;
+use super::narrow::{narrow_regs, wide_vector_regs};
 use super::params::{hoist_params, HoistedParams};
 use super::plan::Plan;
 use super::runtime::{
-    rt_trap, Ctx, RET_EXIT, RET_FAULT, STOP_BARRIER, STOP_BITS, STOP_WARP, STOP_YIELD,
+    rt_trap, Ctx, RET_EXIT, RET_FAULT, RET_PARTED, STOP_BARRIER, STOP_BITS, STOP_WARP, STOP_YIELD,
 };
 use crate::ir::{Func, Inst, Op, Sp, Src, NONE};
 use cranelift_codegen::ir::condcodes::IntCC;
-use cranelift_codegen::ir::types::{I32, I32X4, I64};
+use cranelift_codegen::ir::types::{I32, I32X4, I64, I64X2};
 use cranelift_codegen::ir::{
     AbiParam, Block, BlockArg, InstBuilder, JumpTableData, MemFlagsData, Signature, StackSlotData,
     StackSlotKind, Type, Value,
@@ -55,6 +55,10 @@ pub(super) struct Translator<'a, 'f> {
     /// In the lane kernel, each narrow register's vector of every lane's
     /// value (an I32X4; its `regs` entries unused).
     pub vregs: Vec<Option<Variable>>,
+    /// In the lane kernel, each vector-wide register's two vectors of
+    /// 64-bit lanes (I64X2: lanes 0 and 1, lanes 2 and 3; its `regs`
+    /// entries unused).
+    pub wregs: Vec<Option<[Variable; 2]>>,
     /// The lane kernel's group's narrow registers between runs: a vector
     /// of 16 bytes for each register of `lane_slot` (`Ctx::lane_file`,
     /// group `first / LANES`).
@@ -238,13 +242,23 @@ impl<'a, 'f> Translator<'a, 'f> {
             .map(|_| (0..func.nregs).map(|_| fb.declare_var(I64)).collect())
             .collect();
         let regs = std::mem::take(&mut lane_regs[0]);
-        let vregs: Vec<Option<Variable>> = if width == 1 {
-            vec![None; func.nregs as usize]
+        let narrow = narrow_regs(func);
+        let (vregs, wregs): (Vec<Option<Variable>>, Vec<Option<[Variable; 2]>>) = if width == 1 {
+            (
+                vec![None; func.nregs as usize],
+                vec![None; func.nregs as usize],
+            )
         } else {
-            narrow_regs(func)
-                .into_iter()
-                .map(|n| n.then(|| fb.declare_var(I32X4)))
-                .collect()
+            let wide = wide_vector_regs(func, &narrow);
+            let vregs = narrow
+                .iter()
+                .map(|&n| n.then(|| fb.declare_var(I32X4)))
+                .collect();
+            let wregs = wide
+                .iter()
+                .map(|&w| w.then(|| [fb.declare_var(I64X2), fb.declare_var(I64X2)]))
+                .collect();
+            (vregs, wregs)
         };
         let count = fb.declare_var(I64);
         let n = fb
@@ -317,6 +331,7 @@ impl<'a, 'f> Translator<'a, 'f> {
             block_end: 0,
             regs,
             vregs,
+            wregs,
             lane_file,
             lane_slot: lane_slots(func, plan).0,
             count,
@@ -353,6 +368,16 @@ impl<'a, 'f> Translator<'a, 'f> {
             .collect();
         let default = t.fb.func.dfg.block_call(exit_block, &[]);
         let table = t.fb.create_jump_table(JumpTableData::new(default, &calls));
+        if let (Some(all_in), true) = (t.params.all_in, width > 1) {
+            // the lane kernel takes its hoisted parameters as loaded: where
+            // the launch's fall short, the thread loop faults as it should
+            let (go, short) = (t.fb.create_block(), t.fb.create_block());
+            t.fb.ins().brif(all_in, go, &[], short, &[]);
+            t.fb.switch_to_block(short);
+            t.fb.set_cold_block(short);
+            t.finish_all(RET_PARTED);
+            t.fb.switch_to_block(go);
+        }
         t.fb.ins().br_table(resume, table);
         for (k, &rb) in resume_blocks.iter().enumerate() {
             t.fb.switch_to_block(rb);
@@ -377,6 +402,10 @@ impl<'a, 'f> Translator<'a, 'f> {
                 }
             }
             loaded.retain(|&r| t.vregs[r as usize].is_none());
+            for &r in &loaded {
+                // (each lane's value goes in below)
+                t.clear_vector(r);
+            }
             for lane in 0..width as usize {
                 t.set_lane(lane);
                 let rp = t.regs_at();
@@ -783,7 +812,13 @@ impl<'a, 'f> Translator<'a, 'f> {
                     let x = self.fb.ins().extractlane(all, self.lane as u8);
                     self.fb.ins().uextend(I64, x)
                 }
-                None => self.fb.use_var(self.regs[r as usize]),
+                None => match self.wregs[r as usize] {
+                    Some(halves) => {
+                        let half = self.fb.use_var(halves[self.lane / 2]);
+                        self.fb.ins().extractlane(half, (self.lane % 2) as u8)
+                    }
+                    None => self.fb.use_var(self.regs[r as usize]),
+                },
             },
             Src::Imm(v) => self.fb.ins().iconst(I64, v as i64),
             // a kernel's frame starts at local address 0
@@ -801,7 +836,15 @@ impl<'a, 'f> Translator<'a, 'f> {
                 let all = self.fb.ins().insertlane(all, x, self.lane as u8);
                 self.fb.def_var(var, all);
             }
-            None => self.fb.def_var(self.regs[d as usize], v),
+            None => match self.wregs[d as usize] {
+                Some(halves) => {
+                    let var = halves[self.lane / 2];
+                    let half = self.fb.use_var(var);
+                    let half = self.fb.ins().insertlane(half, v, (self.lane % 2) as u8);
+                    self.fb.def_var(var, half);
+                }
+                None => self.fb.def_var(self.regs[d as usize], v),
+            },
         }
     }
 
