@@ -162,6 +162,25 @@ fn total_seen(server: &ServerProc, token: &str) -> Option<u64> {
         .and_then(|v| v.parse::<u64>().ok())
 }
 
+/// What the plugin registered with the kubelet.
+async fn registration(
+    registered: &mut mpsc::UnboundedReceiver<RegisterRequest>,
+) -> RegisterRequest {
+    tokio::time::timeout(Duration::from_secs(60), registered.recv())
+        .await
+        .expect("the plugin registers")
+        .unwrap()
+}
+
+/// A container's environment, as the plugin answered it.
+fn envs_of(container: &ContainerAllocateResponse) -> HashMap<&str, &str> {
+    container
+        .envs
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect()
+}
+
 /// The container's answer to an allocation of `ids`.
 async fn allocate(
     client: &mut DevicePluginClient<tonic::transport::Channel>,
@@ -194,10 +213,7 @@ fn a_pod_gets_a_tenant_with_its_share() {
     } = stand_in;
 
     runtime.block_on(async {
-        let request = tokio::time::timeout(Duration::from_secs(60), registered.recv())
-            .await
-            .expect("the plugin registers")
-            .unwrap();
+        let request = registration(&mut registered).await;
         assert_eq!(request.version, "v1beta1");
         assert_eq!(request.endpoint, "cumux.sock");
         assert_eq!(request.resource_name, "cumux.io/gpu-memory");
@@ -224,11 +240,7 @@ fn a_pod_gets_a_tenant_with_its_share() {
         assert_eq!(refused.code(), tonic::Code::InvalidArgument, "{refused:?}");
 
         let container = allocate(&mut client, &["gpu0-2", "gpu0-3"]).await;
-        let envs: HashMap<&str, &str> = container
-            .envs
-            .iter()
-            .map(|(k, v)| (k.as_str(), v.as_str()))
-            .collect();
+        let envs = envs_of(&container);
         assert!(envs["CUMUX_TENANT"].starts_with("pod-"), "{envs:?}");
         assert_eq!(envs["CUMUX_TOKEN"].len(), 64, "{envs:?}");
         assert_eq!(envs["CUMUX_SERVER"], "unix:/run/cumux/s.sock");
@@ -292,10 +304,7 @@ fn a_pod_given_shares_gets_that_part_of_the_gpu() {
         ..
     } = stand_in;
     runtime.block_on(async {
-        let request = tokio::time::timeout(Duration::from_secs(60), registered.recv())
-            .await
-            .expect("the plugin registers")
-            .unwrap();
+        let request = registration(&mut registered).await;
         assert_eq!(request.endpoint, "cumux-gpu-share.sock");
         assert_eq!(request.resource_name, "cumux.io/gpu-share");
         let channel = unix_channel(kubelet_dir.0.join("cumux-gpu-share.sock"))
@@ -307,11 +316,7 @@ fn a_pod_given_shares_gets_that_part_of_the_gpu() {
         assert_eq!(first.devices.len(), 4, "{first:?}");
 
         let container = allocate(&mut client, &["gpu0-0", "gpu0-1"]).await;
-        let envs: HashMap<&str, &str> = container
-            .envs
-            .iter()
-            .map(|(k, v)| (k.as_str(), v.as_str()))
-            .collect();
+        let envs = envs_of(&container);
         // Two of four shares of the 2 GiB device: 1 GiB, and weight 2.
         assert_eq!(total_seen(&server, envs["CUMUX_TOKEN"]), Some(1 << 30));
         let status = Command::new(CUMUX)
