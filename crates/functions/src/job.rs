@@ -5,11 +5,20 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 use std::task::{Context, Poll, Waker};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use crate::failure::Failure;
+
+/// How long a waiter polls for an answer, and a lane for its next job,
+/// before it sleeps: as long as the server polls for a worker's answer
+/// (`CUMUX_SPIN_US`, else 1 ms on hosts of 8 or more cores, 50 µs on 4 to 7,
+/// none on smaller ones, where the poller would take the core the work needs).
+pub fn answer_poll() -> Duration {
+    static POLL: OnceLock<Duration> = OnceLock::new();
+    *POLL.get_or_init(cumux_server::device::spin::answer_spin_time)
+}
 
 /// What stops the lane's running work from another thread.
 pub type Canceller = Box<dyn FnOnce() + Send>;
@@ -35,6 +44,9 @@ struct State<T> {
 struct Shared<T> {
     state: Mutex<State<T>>,
     changed: Condvar,
+    /// Whether the job is settled (done, abandoned or lost): what a waiter
+    /// polling for it reads without the lock.
+    settled: AtomicBool,
 }
 
 impl<T> Shared<T> {
@@ -47,6 +59,7 @@ impl<T> Shared<T> {
     /// Tells the waiter, blocked or polling, that the state moved.
     fn notify(&self, mut state: MutexGuard<'_, State<T>>) {
         let waker = state.waker.take();
+        self.settled.store(true, Ordering::Release);
         drop(state);
         self.changed.notify_all();
         if let Some(waker) = waker {
@@ -86,6 +99,7 @@ pub fn pair<T>(
             waker: None,
         }),
         changed: Condvar::new(),
+        settled: AtomicBool::new(false),
     });
     let ticket = Ticket {
         shared: Arc::clone(&shared),
@@ -160,6 +174,25 @@ impl<T> Pending<T> {
                 "the tenant's lane dropped the request".into(),
             ))),
             Progress::Queued | Progress::Running => None,
+        }
+    }
+
+    /// Polls for the job's answer for at most `poll` (and not past its
+    /// deadline) without sleeping: the answer if it came, for a waiter that
+    /// would otherwise sleep and be woken for an answer this near.
+    pub fn poll_for(&self, poll: Duration) -> Option<Result<T, Failure>> {
+        if poll.is_zero() {
+            return None;
+        }
+        let until = (Instant::now() + poll).min(self.deadline);
+        loop {
+            if self.shared.settled.load(Ordering::Acquire) {
+                return Self::settled(&mut self.shared.lock());
+            }
+            if Instant::now() >= until {
+                return None;
+            }
+            std::hint::spin_loop();
         }
     }
 

@@ -203,6 +203,11 @@ impl Functions {
         }
     }
 
+    /// Whether one request alone is being served (the caller's own).
+    pub fn alone(&self) -> bool {
+        self.drain.in_flight.load(Ordering::Relaxed) == 1
+    }
+
     /// Takes no new requests from now on; `at_once`: nor waits for those in
     /// flight ([`Functions::wait_idle`]).
     pub fn stop_taking(&self, at_once: bool) {
