@@ -38,7 +38,8 @@ pub struct Invocation {
     /// function it calls, by name.
     pub modules: HashMap<String, (u64, Arc<Vec<u8>>)>,
     pub inputs: BTreeMap<String, Tensor>,
-    pub params: BTreeMap<String, Value>,
+    /// The invoked function's sizes and shapes ([`prepare`]).
+    pub env: Env,
     pub deadline: Instant,
 }
 
@@ -246,7 +247,7 @@ impl Runner<'_> {
                         b.name, call.function
                     ))
                 })?;
-            inputs.insert(b.name.clone(), caller.env.elements[*ours]);
+            inputs.insert(b.name.clone(), caller.env.shapes[*ours].clone());
         }
         let mut params = BTreeMap::new();
         for (name, e) in &call.params {
@@ -312,11 +313,17 @@ fn byte_size(elements: u64, size: u64) -> Result<u64, String> {
         .ok_or_else(|| format!("{elements} elements of {size} bytes overflow"))
 }
 
-/// Runs `inv` on the lane: its outputs by name.
-pub fn run(state: &mut LaneState, inv: &Invocation) -> Result<BTreeMap<String, Tensor>, Failure> {
-    let plan = &inv.plan;
+/// What `plan` makes of `inputs` and `params`: every buffer's size and
+/// shape, or why the inputs do not fit it (a dtype, a size or a shape other
+/// than the plan says, naming the input): checked before the invocation is
+/// queued.
+pub fn prepare(
+    plan: &Plan,
+    inputs: &BTreeMap<String, Tensor>,
+    params: &BTreeMap<String, Value>,
+) -> Result<Env, Failure> {
     for (_, b) in plan.of_kind(BufferKind::Input) {
-        if let Some(t) = inv.inputs.get(&b.name) {
+        if let Some(t) = inputs.get(&b.name) {
             if t.dtype != b.dtype {
                 return Err(Failure::BadRequest(format!(
                     "inputs.{}: dtype {}, the function takes {}",
@@ -327,12 +334,16 @@ pub fn run(state: &mut LaneState, inv: &Invocation) -> Result<BTreeMap<String, T
             }
         }
     }
-    let sizes: BTreeMap<String, u64> = inv
-        .inputs
+    let shapes: BTreeMap<String, Vec<u64>> = inputs
         .iter()
-        .map(|(n, t)| (n.clone(), t.elements()))
+        .map(|(n, t)| (n.clone(), t.shape.clone()))
         .collect();
-    let env = Env::new(plan, &sizes, &inv.params).map_err(Failure::BadRequest)?;
+    Env::new(plan, &shapes, params).map_err(Failure::BadRequest)
+}
+
+/// Runs `inv` on the lane: its outputs by name.
+pub fn run(state: &mut LaneState, inv: &Invocation) -> Result<BTreeMap<String, Tensor>, Failure> {
+    let env = inv.env.clone();
     let module = module_of(state, inv, &inv.function)?;
     let mut runner = Runner {
         state,
@@ -488,7 +499,7 @@ fn run_in(
             b.name.clone(),
             Tensor {
                 dtype: b.dtype,
-                shape: vec![frame.env.elements[i]],
+                shape: frame.env.shapes[i].clone(),
                 data,
             },
         );
