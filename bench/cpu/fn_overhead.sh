@@ -10,7 +10,9 @@
 # DEVICE= (worker-cpu; cuda on a GPU machine), FN_LOAD= (a built fn_load), HOPS=1 (each server with CUMUX_HOP_TRACE, split by
 # bench/fn_hops.py), OUT= (/tmp/cumux-fn-overhead).
 # Prints one line per run and the medians per build and client count (cpu:
-# the server's and its workers' CPU time per invocation).
+# the server's and its workers' CPU time per invocation; sleeps: their
+# threads' voluntary context switches per invocation, the hand-offs that slept),
+# and each build's best round.
 set -u
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 KITS=${KITS:?KITS="label=DIR label=DIR"}
@@ -46,6 +48,13 @@ tree_cpu() {
     for p in $pids; do cat "/proc/$p/stat" 2>/dev/null; done |
         awk -v hz="$(getconf CLK_TCK)" '{ sub(/.*\) /, ""); t += $12 + $13 } END { printf "%.4f", t / hz }'
 }
+# Voluntary context switches (sleeps) of process $1's threads and its children's.
+tree_sleeps() {
+    local pids
+    pids="$1 $(pgrep -P "$1" | tr '\n' ' ')"
+    for p in $pids; do cat /proc/"$p"/task/*/status 2>/dev/null; done |
+        awk '$1 == "voluntary_ctxt_switches:" { n += $2 } END { print n + 0 }'
+}
 stop() { [ -n "$server" ] && kill "$server" 2>/dev/null && wait "$server" 2>/dev/null; server=; }
 trap 'stop; rm -rf "$W"' EXIT
 
@@ -68,14 +77,18 @@ for round in $(seq "$ROUNDS"); do
             "$ROOT/tests/functions/kernels.ptx" vadd >/dev/null || exit 1
         for c in $CLIENTS; do
             cpu0=$(tree_cpu "$server")
+            sleeps0=$(tree_sleeps "$server")
             "$W/fn_load" 127.0.0.1 "${url##*:}" /v1/functions/vadd/invoke "$W/vadd.st" \
                 application/x-safetensors "$TOKEN" "$c" "$SECS" "$WARM" >"$run/load-c$c.txt" 2>&1
             cpu1=$(tree_cpu "$server")
+            sleeps1=$(tree_sleeps "$server")
             requests=$(awk '$1 == "requests" { print $2 }' "$run/load-c$c.txt")
             # Server and worker CPU time per invocation (warm-up included in both).
             cpu_us=$(awk -v a="$cpu0" -v b="$cpu1" -v n="${requests:-0}" -v s="$SECS" -v w="$WARM" \
                 'BEGIN { if (n > 0) printf "%.1f", (b - a) * 1e6 / (n * (s + w) / s) }')
-            figures="$(grep -E '^(rps|p50_us|p99_us|errors)' "$run/load-c$c.txt" | tr '\n' ' ')cpu_us ${cpu_us:-0}"
+            sleeps=$(awk -v a="$sleeps0" -v b="$sleeps1" -v n="${requests:-0}" -v s="$SECS" -v w="$WARM" \
+                'BEGIN { if (n > 0) printf "%.2f", (b - a) / (n * (s + w) / s) }')
+            figures="$(grep -E '^(rps|p50_us|p99_us|errors)' "$run/load-c$c.txt" | tr '\n' ' ')cpu_us ${cpu_us:-0} sleeps ${sleeps:-0}"
             echo "$label round $round clients $c: $figures" | tee -a "$RESULTS"
         done
         stop
@@ -96,5 +109,7 @@ for line in open(sys.argv[1]):
 for (label, c), f in sorted(runs.items(), key=lambda kv: (kv[0][1], kv[0][0])):
     med = {k: statistics.median(v) for k, v in f.items()}
     print(f"{label:>10} {c:3} clients: p50 {med['p50_us']:8.1f} us  p99 {med['p99_us']:8.1f} us  "
-          f"{med['rps']:9.1f}/s  cpu {med.get('cpu_us', 0):6.1f} us/inv  errors {int(sum(f['errors']))}")
+          f"{med['rps']:9.1f}/s  cpu {med.get('cpu_us', 0):6.1f} us/inv  sleeps {med.get('sleeps', 0):5.2f}/inv  "
+          f"errors {int(sum(f['errors']))}")
+    print(f"{'':>10} {'':3}          best round p50 {min(f['p50_us']):8.1f} us  p99 {min(f['p99_us']):8.1f} us")
 EOF

@@ -469,18 +469,18 @@ fn run_in(
     // One read of every output; it waits for the plan's work on the default
     // stream and reports its failure, as a synchronize would: one round trip
     // to the device fewer.
-    let function = format!("function {:?}", inv.function);
+    let function = || format!("function {:?}", inv.function);
     let (start, bytes) = layout.extent(plan, BufferKind::Output);
     let all = match bytes {
         0 => {
-            runner.call(|| function.clone(), Call::ContextSynchronize)?;
+            runner.call(function, Call::ContextSynchronize)?;
             Vec::new()
         }
         _ => match runner.read("outputs", whole.ptr + start, bytes) {
             // The plan's own failure, found by the read that waited for it.
             Err(Failure::Device { error, .. }) => {
                 return Err(Failure::Device {
-                    during: function,
+                    during: function(),
                     error,
                 })
             }
