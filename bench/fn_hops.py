@@ -4,8 +4,8 @@ files of one `cumux serve --functions` run (CUMUX_HOP_TRACE=DIR; the worker
 inherits it) and splits each invocation into its hops, by the functions'
 marks (`fn-http-in`, `fn-lane-start`, `fn-inputs-in`, `fn-launched`,
 `fn-lane-answer`, `fn-http-resumed`, `fn-http-out`) and the worker round trip
-of the read that waits for the work (`server_forward`/`server_back` of
-MemcpyDtoH, `worker_receive`/`worker_reply` in the worker).
+of the read that waits for the work (`server_back` of
+the read, `worker_receive`/`worker_reply` in the worker).
 
     bench/fn_hops.py DIR [--json OUT]
 
@@ -20,6 +20,9 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from hop_trace import load, pct  # noqa: E402
+
+# What the worker round trip of the read that waits for the work is called.
+READS = ("StreamRead", "MemcpyDtoH")
 
 SEGMENTS = [
     ("http_to_lane", "fn-http-in", "fn-lane-start"),
@@ -54,10 +57,10 @@ def main():
     for t, _, hop, name in server:
         if hop == "step" and name.startswith("fn-"):
             steps[name].append(t)
-        elif hop == "server_back" and name == "MemcpyDtoH":
+        elif hop == "server_back" and name in READS:
             steps["s:back"].append(t)
     for t, _, hop, name in worker or []:
-        if name == "MemcpyDtoH" and hop in ("worker_receive", "worker_reply"):
+        if name in READS and hop in ("worker_receive", "worker_reply"):
             steps["w:" + hop.split("_")[1]].append(t)
     for v in steps.values():
         v.sort()
