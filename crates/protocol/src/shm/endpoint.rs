@@ -44,6 +44,9 @@ pub struct Endpoint {
     pending_bulk: Option<(u64, usize)>,
     /// Whether we rang the peer's doorbell since our last wait.
     woke_peer: bool,
+    /// Whether we took bytes from a full ring since we last rang the peer: a
+    /// writer may be waiting for room (it waits only on a full ring).
+    room_freed: bool,
     /// The waiting thread's involuntary context switches at the last look.
     switches: i64,
 }
@@ -95,6 +98,7 @@ impl Endpoint {
             stats: EndpointStats::default(),
             pending_bulk: None,
             woke_peer: false,
+            room_freed: false,
             switches: involuntary_switches(),
         }
     }
@@ -214,7 +218,7 @@ impl Endpoint {
     }
 
     fn received(&mut self, len: usize) {
-        self.notify_peer();
+        self.release_room();
         self.stats.messages_received += 1;
         self.stats.bulk_bytes_received += len as u64;
     }
@@ -269,8 +273,26 @@ impl Endpoint {
     }
 
     fn consumed(&mut self, lane: usize, n: usize) {
+        // A writer waits for room only when it found the ring full, and then
+        // writes nothing more: the first bytes taken after it are taken from
+        // a full ring.
+        if self
+            .available(lane)
+            .map_or(true, |a| a >= self.rx[lane].cap)
+        {
+            self.room_freed = true;
+        }
         self.rx_pos[lane] = self.rx_pos[lane].wrapping_add(n as u64);
         self.rx[lane].publish_read(&self.area, self.rx_pos[lane]);
+    }
+
+    /// Lets a writer waiting for room go on: rings the peer if we freed room
+    /// in a full ring since we last did (else it is not waiting for us, and a
+    /// ring would only wake it for nothing).
+    fn release_room(&mut self) {
+        if std::mem::take(&mut self.room_freed) {
+            self.notify_peer();
+        }
     }
 
     /// Waits until `lane` has bytes to read; how many.
@@ -280,7 +302,7 @@ impl Endpoint {
             return Ok(avail as usize);
         }
         // Let a writer waiting for room go on before we sleep.
-        self.notify_peer();
+        self.release_room();
         self.wait(|me| Ok(me.available(lane)? > 0))?;
         Ok(self.available(lane)? as usize)
     }
@@ -564,6 +586,49 @@ mod tests {
         }
         let client = writer.join().unwrap();
         assert!(client.stats().sleeps >= 1, "{:?}", client.stats());
+    }
+
+    #[test]
+    fn a_reader_rings_a_sleeping_peer_only_when_it_frees_room_it_waits_for() {
+        let (mut client, mut server) = pair(SMALL, Duration::ZERO);
+        // Its sleeps outlast the test: only a bell can end them.
+        client.set_wait_slice(Duration::from_secs(30));
+        // A writer asleep on a full ring is rung by the reader that drains it.
+        let writer = thread::spawn(move || {
+            for i in 0..8u8 {
+                client.send(&pattern(i, 1000), &[]).unwrap();
+            }
+            client
+        });
+        thread::sleep(Duration::from_millis(200));
+        let (mut msg, mut bulk) = (Vec::new(), Vec::new());
+        let started = Instant::now();
+        for i in 0..8u8 {
+            server.recv(&mut msg, &mut bulk).unwrap();
+            assert_eq!(msg, pattern(i, 1000));
+        }
+        let mut client = writer.join().unwrap();
+        assert!(started.elapsed() < Duration::from_secs(10));
+        assert!(client.stats().sleeps >= 1, "{:?}", client.stats());
+        let wakes = server.stats().wakes;
+        assert!(wakes >= 1, "{:?}", server.stats());
+        // A peer asleep waiting for its answer is not rung by the reading of
+        // its request (a ring that was never full), only by the answer.
+        client.send(b"request", &[]).unwrap();
+        let asker = thread::spawn(move || {
+            let (mut msg, mut bulk) = (Vec::new(), Vec::new());
+            client.recv(&mut msg, &mut bulk).unwrap();
+            (client, msg)
+        });
+        thread::sleep(Duration::from_millis(200));
+        server.recv(&mut msg, &mut bulk).unwrap();
+        assert_eq!(msg, b"request");
+        assert_eq!(server.stats().wakes, wakes, "{:?}", server.stats());
+        server.send(b"answer", &[]).unwrap();
+        let (client, msg) = asker.join().unwrap();
+        assert_eq!(msg, b"answer");
+        assert_eq!(server.stats().wakes, wakes + 1, "{:?}", server.stats());
+        assert!(client.stats().sleeps >= 2, "{:?}", client.stats());
     }
 
     #[test]
