@@ -130,6 +130,15 @@ impl Endpoint {
     /// Sends one message: `msg` through the message ring and `bulk` through the
     /// bulk ring, each streamed in pieces when larger than its ring.
     pub fn send(&mut self, msg: &[u8], bulk: &[u8]) -> Result<(), ShmError> {
+        self.send_quiet(msg, bulk)?;
+        self.notify_peer();
+        Ok(())
+    }
+
+    /// Sends one message as [`Endpoint::send`] does, but rings a sleeping
+    /// peer only if a ring fills meanwhile: for a message another follows at
+    /// once, whose `send` rings for both (the peer wakes once, to both).
+    pub fn send_quiet(&mut self, msg: &[u8], bulk: &[u8]) -> Result<(), ShmError> {
         if msg.len() > MAX_FRAME_BYTES || bulk.len() > MAX_BULK_BYTES {
             return Err(ShmError::Violation(format!(
                 "message of {} + {} bytes is over the limit",
@@ -159,7 +168,6 @@ impl Endpoint {
             self.tx[1].publish_write(&self.area, self.tx_pos[1]);
         }
         self.write_all(1, bulk)?;
-        self.notify_peer();
         self.stats.messages_sent += 1;
         self.stats.bulk_bytes_sent += bulk.len() as u64;
         Ok(())
@@ -629,6 +637,30 @@ mod tests {
         assert_eq!(msg, b"answer");
         assert_eq!(server.stats().wakes, wakes + 1, "{:?}", server.stats());
         assert!(client.stats().sleeps >= 2, "{:?}", client.stats());
+    }
+
+    #[test]
+    fn messages_sent_together_wake_a_sleeping_peer_once() {
+        let (mut client, mut server) = pair(SMALL, Duration::ZERO);
+        server.set_wait_slice(Duration::from_secs(30));
+        let sleeper = thread::spawn(move || {
+            let (mut msg, mut bulk) = (Vec::new(), Vec::new());
+            let mut got = Vec::new();
+            for _ in 0..2 {
+                server.recv(&mut msg, &mut bulk).unwrap();
+                got.push((msg.clone(), bulk.clone()));
+            }
+            (server, got)
+        });
+        thread::sleep(Duration::from_millis(200));
+        client.send_quiet(b"request", &[]).unwrap();
+        assert_eq!(client.stats().wakes, 0, "{:?}", client.stats());
+        client.send(&[], &pattern(3, 1000)).unwrap();
+        let (server, got) = sleeper.join().unwrap();
+        assert_eq!(got[0].0, b"request");
+        assert_eq!(got[1].1, pattern(3, 1000));
+        assert_eq!(client.stats().wakes, 1, "{:?}", client.stats());
+        assert_eq!(server.stats().sleeps, 1, "{:?}", server.stats());
     }
 
     #[test]
