@@ -4,20 +4,62 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
+use cumux_server::device::spin::{answer_spin_time, WAIT_SPIN_CORES};
+
 use crate::failure::Failure;
 
-/// How long a waiter polls for an answer, and a lane for its next job,
-/// before it sleeps: as long as the server polls for a worker's answer
-/// (`CUMUX_SPIN_US`, else 1 ms on hosts of 8 or more cores, 50 µs on 4 to 7,
-/// none on smaller ones, where the poller would take the core the work needs).
+/// How long a waiter polls for an answer, and a batch tenant's lane for its
+/// next job, before it sleeps: on hosts of 8 or more cores, as long as the
+/// server polls for a worker's answer (1 ms, or `CUMUX_SPIN_US`); none on
+/// smaller ones, whatever `CUMUX_SPIN_US` says. An invocation's path holds
+/// three pollers (the HTTP task, the lane, the worker) beside the work: on
+/// 2 cores with `CUMUX_SPIN_US=100` they took a hot `vadd` from 44 µs to 359
+/// (`bench/results/2026-11-27-cpu-functions-overhead-*.txt`).
 pub fn answer_poll() -> Duration {
     static POLL: OnceLock<Duration> = OnceLock::new();
-    *POLL.get_or_init(cumux_server::device::spin::answer_spin_time)
+    *POLL.get_or_init(|| match std::thread::available_parallelism() {
+        Ok(n) if n.get() >= WAIT_SPIN_CORES => answer_spin_time(),
+        _ => Duration::ZERO,
+    })
+}
+
+/// At most one poller in this many cores: a lane polls for its next job
+/// only while fewer lanes than that poll (see [`Poller`]).
+const CORES_PER_POLLER: usize = 4;
+
+/// Lanes polling for their next job now.
+static POLLING: AtomicUsize = AtomicUsize::new(0);
+
+/// A lane's place among the lanes polling for their next job, while it
+/// polls: many busy lanes on a host would otherwise spin on every core.
+pub struct Poller(());
+
+impl Poller {
+    /// A place, if fewer than a quarter of the host's cores' worth of lanes
+    /// poll now.
+    pub fn take() -> Option<Poller> {
+        let most = std::thread::available_parallelism()
+            .map_or(1, |n| n.get() / CORES_PER_POLLER)
+            .max(1);
+        match POLLING.fetch_add(1, Ordering::Relaxed) < most {
+            true => Some(Poller(())),
+            false => {
+                POLLING.fetch_sub(1, Ordering::Relaxed);
+                None
+            }
+        }
+    }
+}
+
+impl Drop for Poller {
+    fn drop(&mut self) {
+        POLLING.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 /// What stops the lane's running work from another thread.

@@ -229,7 +229,8 @@ impl Drop for Busy {
 /// The lane's thread: one job at a time until every sender is gone.
 fn serve(mut state: LaneState, queue: Receiver<Job>) {
     let poll = state.poll;
-    while let Some(job) = next_job(&queue, poll) {
+    let limited = state.tenant.1.class == TenantClass::Batch;
+    while let Some(job) = next_job(&queue, poll, limited) {
         // The job answers its waiter first; what it left for later follows.
         let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             job(&mut state);
@@ -246,8 +247,14 @@ fn serve(mut state: LaneState, queue: Receiver<Job>) {
 /// The lane's next job, polled for during `poll` before the lane sleeps: a
 /// job that comes that soon (the next request of a client that waits for
 /// each answer) costs no wake-up. `None` once every sender is gone.
-fn next_job(queue: &Receiver<Job>, poll: Duration) -> Option<Job> {
-    if !poll.is_zero() {
+fn next_job(queue: &Receiver<Job>, poll: Duration, limited: bool) -> Option<Job> {
+    // A batch tenant's lane polls only while few others do (a latency-critical
+    // tenant's always, as the server's threads poll for its sessions).
+    let place = match limited && !poll.is_zero() {
+        true => job::Poller::take(),
+        false => None,
+    };
+    if !poll.is_zero() && (!limited || place.is_some()) {
         let until = Instant::now() + poll;
         loop {
             match queue.try_recv() {
@@ -258,6 +265,8 @@ fn next_job(queue: &Receiver<Job>, poll: Duration) -> Option<Job> {
             }
         }
     }
+    // Asleep, it is no poller.
+    drop(place);
     queue.recv().ok()
 }
 
@@ -603,7 +612,7 @@ mod tests {
         let poll = Duration::from_millis(50);
         // Queued before: taken at once.
         jobs.send(job()).unwrap();
-        assert!(next_job(&queue, poll).is_some());
+        assert!(next_job(&queue, poll, false).is_some());
         // Sent during the poll, then after it (the lane asleep by then).
         for delay in [Duration::from_millis(5), Duration::from_millis(120)] {
             let sender = jobs.clone();
@@ -611,12 +620,12 @@ mod tests {
                 std::thread::sleep(delay);
                 sender.send(job()).unwrap();
             });
-            assert!(next_job(&queue, poll).is_some());
+            assert!(next_job(&queue, poll, true).is_some());
             sent.join().unwrap();
         }
         // Every sender gone: the lane ends, polling or not.
         drop(jobs);
-        assert!(next_job(&queue, poll).is_none());
-        assert!(next_job(&queue, Duration::ZERO).is_none());
+        assert!(next_job(&queue, poll, false).is_none());
+        assert!(next_job(&queue, Duration::ZERO, true).is_none());
     }
 }
