@@ -18,9 +18,11 @@ use axum::routing::{get, post};
 use axum::serve::ListenerExt as _;
 use axum::{Json, Router};
 use base64::Engine as _;
+use cumux_functions::job;
 use cumux_functions::service::Invoking;
 use cumux_functions::tensors::{self, Tensor, SAFETENSORS};
 use cumux_functions::{Failure, Functions, Placement};
+use cumux_protocol::hop_trace::{self, Hop};
 use serde_json::{json, Value as Json_};
 
 /// The OpenAPI description of this API.
@@ -265,6 +267,7 @@ async fn invocation(
     binary: bool,
     deadline: Option<Duration>,
 ) -> Result<BTreeMap<String, Tensor>, Failure> {
+    hop_trace::mark(Hop::Step, "fn-http-in");
     let _serving = f.begin()?;
     let tenant = f.authenticate(token(headers).as_deref())?;
     let request = if bytes.len() <= INLINE_DECODE_BYTES {
@@ -276,11 +279,25 @@ async fn invocation(
             .map_err(|e| Failure::Internal(format!("the request's reader failed: {e}")))??
     };
     let Invoking { mut answer, record } = f.start_invoke(&tenant, &name, request, deadline)?;
-    let at = tokio::time::Instant::from_std(answer.deadline());
-    let result = match tokio::time::timeout_at(at, &mut answer).await {
-        Ok(result) => result,
-        Err(_) => answer.expire(),
+    hop_trace::mark(Hop::Step, "fn-queued");
+    // The only request in flight polls for its answer a while (where the
+    // host has cores for it) rather than have the runtime sleep and be woken
+    // for an answer tens of microseconds away; others await it.
+    let polled = match f.alone() {
+        true => answer.poll_for(job::answer_poll()),
+        false => None,
     };
+    let result = match polled {
+        Some(result) => result,
+        None => {
+            let at = tokio::time::Instant::from_std(answer.deadline());
+            match tokio::time::timeout_at(at, &mut answer).await {
+                Ok(result) => result,
+                Err(_) => answer.expire(),
+            }
+        }
+    };
+    hop_trace::mark(Hop::Step, "fn-http-resumed");
     f.finish_invoke(record, result)
 }
 
@@ -370,6 +387,7 @@ async fn invoke(
             .map(|j| Json(j).into_response())
             .map_err(Failure::BadRequest),
     });
+    hop_trace::mark(Hop::Step, "fn-http-out");
     match encoded {
         Ok(response) => response,
         Err(f) => refuse(&f),

@@ -1,7 +1,8 @@
 //! Serverless GPU functions end to end: a real `cumux serve --device cpu
 //! --functions` process and real HTTP requests (HTTP/1.1 and HTTP/2) with
 //! hand-written PTX kernels: register, invoke, compose, bad plans refused at
-//! their place, 413/401/403, a faulting kernel failing only its invocation,
+//! their place, 413/401/403, multi-dimensional inputs and outputs, a
+//! faulting kernel failing only its invocation,
 //! scratch read as zeros, a deadline, one tenant's invocations side by side,
 //! the `cumux fn` commands and the OpenAPI document.
 
@@ -276,6 +277,145 @@ fn register_invoke_and_compose_give_right_results() {
     }
     let r = invoke(&alice, "vadd", json!({}));
     assert_eq!(r.status, 404);
+}
+
+/// A function of two-dimensional tensors: sum = x + y, and one value per row
+/// of x in rows; x's rows are `cols` long, y has x's shape.
+fn grid_plan() -> Value {
+    json!({
+        "inputs": [{"name": "x", "dtype": "f32", "shape": [null, "cols"]},
+                   {"name": "y", "dtype": "f32", "shape": ["x.shape[0]", "x.shape[1]"]}],
+        "params": [{"name": "cols", "dtype": "u32", "default": 3}],
+        "outputs": [{"name": "sum", "dtype": "f32", "shape": ["x.shape[0]", "cols"]},
+                    {"name": "rows", "dtype": "f32", "shape": ["x.shape[-2]", 1]}],
+        "launches": [
+            {"kernel": "vadd", "grid": "cdiv(x, 64)", "block": 64,
+             "args": [{"buffer": "x"}, {"buffer": "y"}, {"buffer": "sum"}, {"u32": "x"}]},
+            {"kernel": "fill", "grid": 1, "block": 64,
+             "args": [{"buffer": "rows"}, {"f32": 2.5}, {"u32": "x.shape[0]"}]}
+        ]
+    })
+}
+
+#[test]
+fn outputs_have_the_shapes_their_plan_gives_and_inputs_are_checked_against_theirs() {
+    let server = FnServer::start(&[]);
+    let alice = server.client(Some(ALICE));
+    let r = register(&alice, "grid", grid_plan());
+    assert_eq!(r.status, 200, "{}\n{}", r.json(), server.log());
+    assert_eq!(
+        r.json()["inputs"][0],
+        json!({"name": "x", "dtype": "f32", "shape": [null, "cols"]})
+    );
+    assert_eq!(
+        r.json()["outputs"][0]["shape"],
+        json!(["x.shape[0]", "cols"])
+    );
+
+    // JSON: nested lists in, nested lists out, with their shapes.
+    let body = json!({"inputs": {"x": [[1, 2, 3], [4, 5, 6]], "y": [[10, 20, 30], [40, 50, 60]]}});
+    let reply = invoke(&alice, "grid", body);
+    assert_eq!(reply.status, 200, "{}", reply.json());
+    let out = &reply.json()["outputs"];
+    assert_eq!(out["sum"]["shape"], json!([2, 3]));
+    assert_eq!(
+        out["sum"]["data"],
+        json!([[11.0, 22.0, 33.0], [44.0, 55.0, 66.0]])
+    );
+    assert_eq!(out["rows"]["shape"], json!([2, 1]));
+    assert_eq!(out["rows"]["data"], json!([[2.5], [2.5]]));
+
+    // safetensors: the shapes in the answer's header.
+    let xs: Vec<f32> = (1..=8).map(|v| v as f32).collect();
+    let ys = vec![1f32; 8];
+    let bytes = |v: &[f32]| v.iter().flat_map(|f| f.to_le_bytes()).collect::<Vec<u8>>();
+    let (xb, yb) = (bytes(&xs), bytes(&ys));
+    fn view(b: &[u8]) -> safetensors::tensor::TensorView<'_> {
+        safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![2, 4], b).unwrap()
+    }
+    let meta = std::collections::HashMap::from([("cols".to_string(), "4".to_string())]);
+    let st_body =
+        safetensors::serialize(vec![("x", view(&xb)), ("y", view(&yb))], Some(meta)).unwrap();
+    let reply = alice
+        .request(
+            "POST",
+            "/v1/functions/grid/invoke",
+            Some("application/x-safetensors"),
+            None,
+            st_body,
+        )
+        .unwrap();
+    assert_eq!(
+        reply.status,
+        200,
+        "{}",
+        String::from_utf8_lossy(&reply.body)
+    );
+    let st = safetensors::SafeTensors::deserialize(&reply.body).unwrap();
+    let sum = st.tensor("sum").unwrap();
+    assert_eq!(sum.shape(), [2, 4]);
+    assert_eq!(&sum.data()[28..32], &9f32.to_le_bytes());
+    assert_eq!(st.tensor("rows").unwrap().shape(), [2, 1]);
+
+    // Inputs of another rank, size or dtype than the plan says: 400, naming the input.
+    let e = error(
+        &invoke(
+            &alice,
+            "grid",
+            json!({"inputs": {"x": [1, 2, 3], "y": [1, 2, 3]}}),
+        ),
+        400,
+    );
+    assert_eq!(
+        e,
+        r#"inputs[0].shape: input "x" has 1 dimensions [3], the plan says 2"#
+    );
+    let e = error(
+        &invoke(
+            &alice,
+            "grid",
+            json!({"inputs": {"x": [[1, 2, 3]], "y": [[1, 2, 3]]}, "params": {"cols": 2}}),
+        ),
+        400,
+    );
+    assert_eq!(
+        e,
+        r#"inputs[0].shape[1]: size mismatch: input "x" has 3 there (shape [1, 3]), the plan says cols = 2"#
+    );
+    let e = error(
+        &invoke(
+            &alice,
+            "grid",
+            json!({"inputs": {"x": [[1, 2, 3]], "y": [[1, 2, 3], [4, 5, 6]]}}),
+        ),
+        400,
+    );
+    assert_eq!(
+        e,
+        r#"inputs[1].shape[0]: size mismatch: input "y" has 2 there (shape [2, 3]), the plan says x.shape[0] = 1"#
+    );
+    let e = error(
+        &invoke(
+            &alice,
+            "grid",
+            json!({"inputs": {"x": {"dtype": "i32", "data": [[1, 2, 3]]}, "y": [[1, 2, 3]]}}),
+        ),
+        400,
+    );
+    assert_eq!(e, "inputs.x: dtype i32, the function takes f32");
+
+    // A plan whose shapes are wrong is refused at registration, at its place.
+    let mut bad = grid_plan();
+    bad["outputs"][0]["shape"] = json!(["x.shape[2]", "cols"]);
+    let e = error(&register(&alice, "bad", bad), 400);
+    assert_eq!(
+        e,
+        r#"outputs[0].shape[0]: x.shape[2] is out of range: input "x" has 2 dimensions (inputs[0].shape)"#
+    );
+    let mut bad = grid_plan();
+    bad["outputs"][1]["shape"] = json!(["rows_of_x"]);
+    let e = error(&register(&alice, "bad", bad), 400);
+    assert_eq!(e, r#"outputs[1].shape[0]: unknown name "rows_of_x""#);
 }
 
 #[test]

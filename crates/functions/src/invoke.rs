@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use cumux_protocol::framing::MAX_CHUNK_BYTES;
+use cumux_protocol::hop_trace::{self, Hop};
 use cumux_protocol::{Call, ModuleInfo, ReplyBody, DEFAULT_STREAM};
 
 use crate::failure::Failure;
@@ -37,7 +38,8 @@ pub struct Invocation {
     /// function it calls, by name.
     pub modules: HashMap<String, (u64, Arc<Vec<u8>>)>,
     pub inputs: BTreeMap<String, Tensor>,
-    pub params: BTreeMap<String, Value>,
+    /// The invoked function's sizes and shapes ([`prepare`]).
+    pub env: Env,
     pub deadline: Instant,
 }
 
@@ -63,44 +65,67 @@ struct Runner<'a> {
 }
 
 impl Runner<'_> {
-    fn call(&mut self, during: &str, call: Call) -> Result<ReplyBody, Failure> {
-        self.state.call(call).map_err(|e| device(during, e))
+    /// One call on the lane's session; `during` says what it was for, made
+    /// only if it fails.
+    fn call(&mut self, during: impl FnOnce() -> String, call: Call) -> Result<ReplyBody, Failure> {
+        self.state.call(call).map_err(|e| device(during(), e))
     }
 
-    /// A buffer of `bytes` from the lane's pool: `fill` copied in, and the
-    /// rest of it zero, before any kernel runs (a pooled buffer was zeroed on
-    /// its way back; a new one is zeroed here).
-    fn buffer(&mut self, path: &str, bytes: u64, fill: Option<&[u8]>) -> Result<u64, Failure> {
+    /// A buffer of size class `class` from the lane's pool, given back once
+    /// the invocation has answered; whether it is known to be all zeros.
+    fn take(&mut self, path: &str, bytes: u64) -> Result<Buffer, Failure> {
         let class = LaneState::size_class(bytes);
         let buffer = self
             .state
             .take_buffer(class)
             .map_err(|e| device(format!("{path}: allocating {bytes} bytes"), e))?;
         self.allocated.push(buffer);
-        let ptr = buffer.ptr;
-        let data = fill.unwrap_or_default();
-        for (i, chunk) in data.chunks(MAX_CHUNK_BYTES).enumerate() {
+        Ok(buffer)
+    }
+
+    /// Zeroes `buffer` from byte `from` on, unless it is known to be zeros.
+    fn zero_from(&mut self, path: &str, buffer: Buffer, from: u64) -> Result<(), Failure> {
+        let rest = buffer.class.saturating_sub(from);
+        if rest == 0 || buffer.zeroed {
+            return Ok(());
+        }
+        let call = Call::Memset {
+            dst: buffer.ptr + from,
+            value: 0,
+            elem_bytes: 1,
+            count: rest,
+            pitch: rest,
+            height: 1,
+            stream: Some(DEFAULT_STREAM),
+        };
+        self.call(|| format!("{path}: zeroing"), call)?;
+        Ok(())
+    }
+
+    /// A buffer of `bytes` from the lane's pool, all zeros before any kernel
+    /// runs (a pooled buffer was zeroed on its way back; a new one is zeroed
+    /// here): a callee's own scratch.
+    fn buffer(&mut self, path: &str, bytes: u64) -> Result<u64, Failure> {
+        let buffer = self.take(path, bytes)?;
+        self.zero_from(path, buffer, 0)?;
+        Ok(buffer.ptr)
+    }
+
+    /// Copies `region` (its pieces at their offsets, zeros between them) to
+    /// `dst` on the default stream, in chunks of at most a frame's bytes.
+    fn copy_in(&mut self, dst: u64, region: &Region<'_>) -> Result<(), Failure> {
+        let mut at = 0;
+        while at < region.len {
+            let n = (region.len - at).min(MAX_CHUNK_BYTES as u64);
             let call = Call::MemcpyHtoD {
-                dst: ptr + (i * MAX_CHUNK_BYTES) as u64,
-                data: chunk.to_vec(),
+                dst: dst + at,
+                data: region.bytes(at, n),
                 stream: Some(DEFAULT_STREAM),
             };
-            self.call(&format!("{path}: copying the input in"), call)?;
+            self.call(|| "inputs: copying them in".to_string(), call)?;
+            at += n;
         }
-        let rest = class - data.len() as u64;
-        if rest > 0 && !buffer.zeroed {
-            let call = Call::Memset {
-                dst: ptr + data.len() as u64,
-                value: 0,
-                elem_bytes: 1,
-                count: rest,
-                pitch: rest,
-                height: 1,
-                stream: Some(DEFAULT_STREAM),
-            };
-            self.call(&format!("{path}: zeroing"), call)?;
-        }
-        Ok(ptr)
+        Ok(())
     }
 
     fn read(&mut self, path: &str, ptr: u64, bytes: u64) -> Result<Vec<u8>, Failure> {
@@ -112,7 +137,7 @@ impl Runner<'_> {
                 bytes: n,
                 stream: None,
             };
-            match self.call(&format!("{path}: copying the output out"), call)? {
+            match self.call(|| format!("{path}: copying the output out"), call)? {
                 ReplyBody::Data(d) => out.extend(d),
                 other => return Err(Failure::Internal(format!("a copy answered {other:?}"))),
             }
@@ -171,11 +196,13 @@ impl Runner<'_> {
                         params,
                         attributes: Vec::new(),
                     };
-                    let during = at_function(
-                        frame,
-                        format!("{} (kernel {:?})", launch.path, launch.kernel),
-                    );
-                    self.call(&during, call)?;
+                    let during = || {
+                        at_function(
+                            frame,
+                            format!("{} (kernel {:?})", launch.path, launch.kernel),
+                        )
+                    };
+                    self.call(during, call)?;
                 }
                 Step::Loop { path, times, steps } => {
                     let n = frame
@@ -220,7 +247,7 @@ impl Runner<'_> {
                         b.name, call.function
                     ))
                 })?;
-            inputs.insert(b.name.clone(), caller.env.elements[*ours]);
+            inputs.insert(b.name.clone(), caller.env.shapes[*ours].clone());
         }
         let mut params = BTreeMap::new();
         for (name, e) in &call.params {
@@ -251,7 +278,7 @@ impl Runner<'_> {
                 None => {
                     let bytes = byte_size(env.elements[i], b.dtype.size())
                         .map_err(|e| bad(format!("{}: {e}", b.path)))?;
-                    addresses[i] = self.buffer(&format!("{path} {}", b.path), bytes, None)?;
+                    addresses[i] = self.buffer(&format!("{path} {}", b.path), bytes)?;
                 }
             }
         }
@@ -286,11 +313,17 @@ fn byte_size(elements: u64, size: u64) -> Result<u64, String> {
         .ok_or_else(|| format!("{elements} elements of {size} bytes overflow"))
 }
 
-/// Runs `inv` on the lane: its outputs by name.
-pub fn run(state: &mut LaneState, inv: &Invocation) -> Result<BTreeMap<String, Tensor>, Failure> {
-    let plan = &inv.plan;
+/// What `plan` makes of `inputs` and `params`: every buffer's size and
+/// shape, or why the inputs do not fit it (a dtype, a size or a shape other
+/// than the plan says, naming the input): checked before the invocation is
+/// queued.
+pub fn prepare(
+    plan: &Plan,
+    inputs: &BTreeMap<String, Tensor>,
+    params: &BTreeMap<String, Value>,
+) -> Result<Env, Failure> {
     for (_, b) in plan.of_kind(BufferKind::Input) {
-        if let Some(t) = inv.inputs.get(&b.name) {
+        if let Some(t) = inputs.get(&b.name) {
             if t.dtype != b.dtype {
                 return Err(Failure::BadRequest(format!(
                     "inputs.{}: dtype {}, the function takes {}",
@@ -301,12 +334,16 @@ pub fn run(state: &mut LaneState, inv: &Invocation) -> Result<BTreeMap<String, T
             }
         }
     }
-    let sizes: BTreeMap<String, u64> = inv
-        .inputs
+    let shapes: BTreeMap<String, Vec<u64>> = inputs
         .iter()
-        .map(|(n, t)| (n.clone(), t.elements()))
+        .map(|(n, t)| (n.clone(), t.shape.clone()))
         .collect();
-    let env = Env::new(plan, &sizes, &inv.params).map_err(Failure::BadRequest)?;
+    Env::new(plan, &shapes, params).map_err(Failure::BadRequest)
+}
+
+/// Runs `inv` on the lane: its outputs by name.
+pub fn run(state: &mut LaneState, inv: &Invocation) -> Result<BTreeMap<String, Tensor>, Failure> {
+    let env = inv.env.clone();
     let module = module_of(state, inv, &inv.function)?;
     let mut runner = Runner {
         state,
@@ -332,6 +369,72 @@ pub fn run(state: &mut LaneState, inv: &Invocation) -> Result<BTreeMap<String, T
     result
 }
 
+/// Where each buffer of a plan lies in the invocation's one allocation:
+/// inputs first, then outputs, then scratch (the plan's order), each at a
+/// multiple of [`ALIGN`] bytes, so that the inputs go in by one copy, the
+/// outputs come out by one read, and one scrub clears them all.
+struct Layout {
+    /// Each buffer's offset and bytes, in [`Plan::buffers`] order.
+    spans: Vec<(u64, u64)>,
+    /// Bytes of the whole.
+    bytes: u64,
+}
+
+/// Where each buffer of an invocation's allocation starts: a multiple of this
+/// (as the driver aligns its own allocations).
+pub const ALIGN: u64 = 256;
+
+impl Layout {
+    fn of(plan: &Plan, env: &Env) -> Result<Layout, Failure> {
+        let mut spans = Vec::with_capacity(plan.buffers.len());
+        let mut end = 0u64;
+        for (i, b) in plan.buffers.iter().enumerate() {
+            let bytes = byte_size(env.elements[i], b.dtype.size())
+                .map_err(|e| Failure::BadRequest(format!("{}: {e}", b.path)))?;
+            spans.push((end, bytes));
+            end = end
+                .checked_add(bytes)
+                .and_then(|e| e.checked_next_multiple_of(ALIGN))
+                .ok_or_else(|| Failure::BadRequest(format!("{}: too large", b.path)))?;
+        }
+        Ok(Layout { spans, bytes: end })
+    }
+
+    /// The bytes from the first buffer of `kind` to the end of its last.
+    fn extent(&self, plan: &Plan, kind: BufferKind) -> (u64, u64) {
+        let mut of_kind = plan.of_kind(kind).map(|(i, _)| self.spans[i]);
+        match of_kind.next() {
+            None => (0, 0),
+            Some((start, bytes)) => {
+                let end = of_kind.last().map_or(start + bytes, |(o, b)| o + b);
+                (start, end - start)
+            }
+        }
+    }
+}
+
+/// Bytes to copy in: pieces at their offsets, zeros between them.
+struct Region<'a> {
+    pieces: Vec<(u64, &'a [u8])>,
+    len: u64,
+}
+
+impl Region<'_> {
+    /// The region's `n` bytes from `at`.
+    fn bytes(&self, at: u64, n: u64) -> Vec<u8> {
+        let mut out = vec![0u8; n as usize];
+        for (offset, data) in &self.pieces {
+            let (start, end) = (*offset, offset + data.len() as u64);
+            let (from, to) = (start.max(at), end.min(at + n));
+            if from < to {
+                out[(from - at) as usize..(to - at) as usize]
+                    .copy_from_slice(&data[(from - start) as usize..(to - start) as usize]);
+            }
+        }
+        out
+    }
+}
+
 fn run_in(
     runner: &mut Runner<'_>,
     env: Env,
@@ -339,16 +442,20 @@ fn run_in(
 ) -> Result<BTreeMap<String, Tensor>, Failure> {
     let inv = runner.inv;
     let plan = &inv.plan;
-    let mut addresses = vec![0u64; plan.buffers.len()];
-    for (i, b) in plan.buffers.iter().enumerate() {
-        let bytes = byte_size(env.elements[i], b.dtype.size())
-            .map_err(|e| Failure::BadRequest(format!("{}: {e}", b.path)))?;
-        let fill = match b.kind {
-            BufferKind::Input => inv.inputs.get(&b.name).map(|t| t.data.as_slice()),
-            _ => None,
-        };
-        addresses[i] = runner.buffer(&b.path, bytes, fill)?;
-    }
+    let layout = Layout::of(plan, &env)?;
+    let whole = runner.take("buffers", layout.bytes)?;
+    let (_, inputs_len) = layout.extent(plan, BufferKind::Input);
+    let pieces = plan
+        .of_kind(BufferKind::Input)
+        .filter_map(|(i, b)| Some((layout.spans[i].0, inv.inputs.get(&b.name)?.data.as_slice())))
+        .collect();
+    let inputs = Region {
+        pieces,
+        len: inputs_len,
+    };
+    runner.copy_in(whole.ptr, &inputs)?;
+    runner.zero_from("buffers", whole, inputs_len)?;
+    let addresses = layout.spans.iter().map(|(o, _)| whole.ptr + o).collect();
     let frame = Frame {
         prefix: String::new(),
         plan,
@@ -356,36 +463,43 @@ fn run_in(
         addresses,
         module,
     };
+    hop_trace::mark(Hop::Step, "fn-inputs-in");
     runner.steps(&frame, &plan.steps, 0)?;
-    // The first output's read waits for the plan's work on the default
+    hop_trace::mark(Hop::Step, "fn-launched");
+    // One read of every output; it waits for the plan's work on the default
     // stream and reports its failure, as a synchronize would: one round trip
     // to the device fewer.
-    let function = format!("function {:?}", inv.function);
-    let first_read_waits = plan
-        .of_kind(BufferKind::Output)
-        .next()
-        .is_some_and(|(i, b)| frame.env.elements[i] * b.dtype.size() > 0);
-    if !first_read_waits {
-        runner.call(&function, Call::ContextSynchronize)?;
-    }
-    let mut outputs = BTreeMap::new();
-    for (n, (i, b)) in plan.of_kind(BufferKind::Output).enumerate() {
-        let bytes = frame.env.elements[i] * b.dtype.size();
-        let data = match runner.read(&b.path, frame.addresses[i], bytes) {
+    let function = || format!("function {:?}", inv.function);
+    let (start, bytes) = layout.extent(plan, BufferKind::Output);
+    let all = match bytes {
+        0 => {
+            runner.call(function, Call::ContextSynchronize)?;
+            Vec::new()
+        }
+        _ => match runner.read("outputs", whole.ptr + start, bytes) {
             // The plan's own failure, found by the read that waited for it.
-            Err(Failure::Device { error, .. }) if n == 0 && first_read_waits => {
+            Err(Failure::Device { error, .. }) => {
                 return Err(Failure::Device {
-                    during: function,
+                    during: function(),
                     error,
                 })
             }
             read => read?,
-        };
+        },
+    };
+    let mut outputs = BTreeMap::new();
+    for (i, b) in plan.of_kind(BufferKind::Output) {
+        let (offset, bytes) = layout.spans[i];
+        let from = (offset - start) as usize;
+        let data = all
+            .get(from..from + bytes as usize)
+            .ok_or_else(|| Failure::Internal(format!("{}: a short read", b.path)))?
+            .to_vec();
         outputs.insert(
             b.name.clone(),
             Tensor {
                 dtype: b.dtype,
-                shape: vec![frame.env.elements[i]],
+                shape: frame.env.shapes[i].clone(),
                 data,
             },
         );

@@ -4,12 +4,63 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 use std::task::{Context, Poll, Waker};
-use std::time::Instant;
+use std::time::{Duration, Instant};
+
+use cumux_server::device::spin::{answer_spin_time, WAIT_SPIN_CORES};
 
 use crate::failure::Failure;
+
+/// How long a waiter polls for an answer, and a batch tenant's lane for its
+/// next job, before it sleeps: on hosts of 8 or more cores, as long as the
+/// server polls for a worker's answer (1 ms, or `CUMUX_SPIN_US`); none on
+/// smaller ones, whatever `CUMUX_SPIN_US` says. An invocation's path holds
+/// three pollers (the HTTP task, the lane, the worker) beside the work: on
+/// 2 cores with `CUMUX_SPIN_US=100` they took a hot `vadd` from 44 µs to 359
+/// (`bench/results/2026-11-27-cpu-functions-overhead-*.txt`).
+pub fn answer_poll() -> Duration {
+    static POLL: OnceLock<Duration> = OnceLock::new();
+    *POLL.get_or_init(|| match std::thread::available_parallelism() {
+        Ok(n) if n.get() >= WAIT_SPIN_CORES => answer_spin_time(),
+        _ => Duration::ZERO,
+    })
+}
+
+/// At most one poller in this many cores: a lane polls for its next job
+/// only while fewer lanes than that poll (see [`Poller`]).
+const CORES_PER_POLLER: usize = 4;
+
+/// Lanes polling for their next job now.
+static POLLING: AtomicUsize = AtomicUsize::new(0);
+
+/// A lane's place among the lanes polling for their next job, while it
+/// polls: many busy lanes on a host would otherwise spin on every core.
+pub struct Poller(());
+
+impl Poller {
+    /// A place, if fewer than a quarter of the host's cores' worth of lanes
+    /// poll now.
+    pub fn take() -> Option<Poller> {
+        let most = std::thread::available_parallelism()
+            .map_or(1, |n| n.get() / CORES_PER_POLLER)
+            .max(1);
+        match POLLING.fetch_add(1, Ordering::Relaxed) < most {
+            true => Some(Poller(())),
+            false => {
+                POLLING.fetch_sub(1, Ordering::Relaxed);
+                None
+            }
+        }
+    }
+}
+
+impl Drop for Poller {
+    fn drop(&mut self) {
+        POLLING.fetch_sub(1, Ordering::Relaxed);
+    }
+}
 
 /// What stops the lane's running work from another thread.
 pub type Canceller = Box<dyn FnOnce() + Send>;
@@ -35,6 +86,9 @@ struct State<T> {
 struct Shared<T> {
     state: Mutex<State<T>>,
     changed: Condvar,
+    /// Whether the job is settled (done, abandoned or lost): what a waiter
+    /// polling for it reads without the lock.
+    settled: AtomicBool,
 }
 
 impl<T> Shared<T> {
@@ -47,6 +101,7 @@ impl<T> Shared<T> {
     /// Tells the waiter, blocked or polling, that the state moved.
     fn notify(&self, mut state: MutexGuard<'_, State<T>>) {
         let waker = state.waker.take();
+        self.settled.store(true, Ordering::Release);
         drop(state);
         self.changed.notify_all();
         if let Some(waker) = waker {
@@ -86,6 +141,7 @@ pub fn pair<T>(
             waker: None,
         }),
         changed: Condvar::new(),
+        settled: AtomicBool::new(false),
     });
     let ticket = Ticket {
         shared: Arc::clone(&shared),
@@ -160,6 +216,25 @@ impl<T> Pending<T> {
                 "the tenant's lane dropped the request".into(),
             ))),
             Progress::Queued | Progress::Running => None,
+        }
+    }
+
+    /// Polls for the job's answer for at most `poll` (and not past its
+    /// deadline) without sleeping: the answer if it came, for a waiter that
+    /// would otherwise sleep and be woken for an answer this near.
+    pub fn poll_for(&self, poll: Duration) -> Option<Result<T, Failure>> {
+        if poll.is_zero() {
+            return None;
+        }
+        let until = (Instant::now() + poll).min(self.deadline);
+        loop {
+            if self.shared.settled.load(Ordering::Acquire) {
+                return Self::settled(&mut self.shared.lock());
+            }
+            if Instant::now() >= until {
+                return None;
+            }
+            std::hint::spin_loop();
         }
     }
 

@@ -1,10 +1,10 @@
 //! A lane: one tenant's server-side session on one device, owned by a thread
 //! of its own that runs the lane's jobs (loads, unloads, invocations) one at
-//! a time from a bounded queue (a latency-critical tenant's lane polls it a
-//! while before it sleeps, as the server's threads poll for such a session's
-//! next call). The session is an ordinary one (quotas, the gate, fault
-//! handling); after a fatal fault or a cancel it is rebuilt with every module
-//! of the lane loaded again.
+//! a time from a bounded queue, polling it a while before it sleeps (and its
+//! session's worker polling for its calls) where the host has cores for it.
+//! The session is an ordinary one (quotas, the gate, fault handling); after a
+//! fatal fault or a cancel it is rebuilt with every module of the lane loaded
+//! again.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -12,6 +12,7 @@ use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TryRecvError, TrySendE
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use cumux_protocol::hop_trace::{self, Hop};
 use cumux_protocol::launch_checks::LaunchLimits;
 use cumux_protocol::{Call, ClientRole, CuError, Hello, ModuleInfo, ReplyBody};
 use cumux_server::device::spin;
@@ -78,6 +79,8 @@ pub struct LaneState {
     pool_limit: u64,
     cancel: Arc<Mutex<Option<Canceller>>>,
     poisoned: Arc<AtomicBool>,
+    /// How long the lane polls for its next job before it sleeps.
+    poll: Duration,
 }
 
 /// One tenant's queue of work on one device (a tenant may have several on a
@@ -137,6 +140,10 @@ impl Lane {
             pool_limit,
             cancel: Arc::clone(&cancel),
             poisoned: Arc::clone(&poisoned),
+            poll: match tenant.1.class {
+                TenantClass::LatencyCritical => spin::hot_spin_time(),
+                TenantClass::Batch => job::answer_poll(),
+            },
         };
         std::thread::Builder::new()
             .name(format!("cumux-fn-{}", tenant.0))
@@ -182,7 +189,9 @@ impl Lane {
         let boxed: Job = Box::new(move |state: &mut LaneState| {
             let busy = busy;
             if ticket.start() {
+                hop_trace::mark(Hop::Step, "fn-lane-start");
                 let answer = job(state);
+                hop_trace::mark(Hop::Step, "fn-lane-answer");
                 // Idle before the waiter hears: its next request may come here.
                 drop(busy);
                 ticket.answer(answer);
@@ -219,14 +228,9 @@ impl Drop for Busy {
 
 /// The lane's thread: one job at a time until every sender is gone.
 fn serve(mut state: LaneState, queue: Receiver<Job>) {
-    // As the server's threads poll for a latency-critical session's next
-    // call (long on large hosts, briefly or never on small ones, where the
-    // poller would take the core the work needs); other tenants' lanes sleep.
-    let poll = match state.tenant.1.class {
-        TenantClass::LatencyCritical => spin::hot_spin_time(),
-        TenantClass::Batch => Duration::ZERO,
-    };
-    while let Some(job) = next_job(&queue, poll) {
+    let poll = state.poll;
+    let limited = state.tenant.1.class == TenantClass::Batch;
+    while let Some(job) = next_job(&queue, poll, limited) {
         // The job answers its waiter first; what it left for later follows.
         let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             job(&mut state);
@@ -243,8 +247,14 @@ fn serve(mut state: LaneState, queue: Receiver<Job>) {
 /// The lane's next job, polled for during `poll` before the lane sleeps: a
 /// job that comes that soon (the next request of a client that waits for
 /// each answer) costs no wake-up. `None` once every sender is gone.
-fn next_job(queue: &Receiver<Job>, poll: Duration) -> Option<Job> {
-    if !poll.is_zero() {
+fn next_job(queue: &Receiver<Job>, poll: Duration, limited: bool) -> Option<Job> {
+    // A batch tenant's lane polls only while few others do (a latency-critical
+    // tenant's always, as the server's threads poll for its sessions).
+    let place = match limited && !poll.is_zero() {
+        true => job::Poller::take(),
+        false => None,
+    };
+    if !poll.is_zero() && (!limited || place.is_some()) {
         let until = Instant::now() + poll;
         loop {
             match queue.try_recv() {
@@ -255,6 +265,8 @@ fn next_job(queue: &Receiver<Job>, poll: Duration) -> Option<Job> {
             }
         }
     }
+    // Asleep, it is no poller.
+    drop(place);
     queue.recv().ok()
 }
 
@@ -300,6 +312,11 @@ impl LaneState {
                 Session::open(Arc::clone(&self.server), &hello, Some(self.tenant.clone()))
                     .map_err(|e| device("opening the tenant's session", e))?;
             *lock(&self.cancel) = Some(Box::new(session.canceller()));
+            // The worker polls for the lane's next call as the lane polls for
+            // its next job (a latency-critical tenant's session is hot already).
+            if self.tenant.1.class == TenantClass::Batch && !self.poll.is_zero() {
+                session.keep_hot(self.poll);
+            }
             self.session = Some(session);
             self.generation += 1;
             self.pool.clear();
@@ -595,7 +612,7 @@ mod tests {
         let poll = Duration::from_millis(50);
         // Queued before: taken at once.
         jobs.send(job()).unwrap();
-        assert!(next_job(&queue, poll).is_some());
+        assert!(next_job(&queue, poll, false).is_some());
         // Sent during the poll, then after it (the lane asleep by then).
         for delay in [Duration::from_millis(5), Duration::from_millis(120)] {
             let sender = jobs.clone();
@@ -603,12 +620,12 @@ mod tests {
                 std::thread::sleep(delay);
                 sender.send(job()).unwrap();
             });
-            assert!(next_job(&queue, poll).is_some());
+            assert!(next_job(&queue, poll, true).is_some());
             sent.join().unwrap();
         }
         // Every sender gone: the lane ends, polling or not.
         drop(jobs);
-        assert!(next_job(&queue, poll).is_none());
-        assert!(next_job(&queue, Duration::ZERO).is_none());
+        assert!(next_job(&queue, poll, false).is_none());
+        assert!(next_job(&queue, Duration::ZERO, true).is_none());
     }
 }

@@ -203,6 +203,11 @@ impl Functions {
         }
     }
 
+    /// Whether one request alone is being served (the caller's own).
+    pub fn alone(&self) -> bool {
+        self.drain.in_flight.load(Ordering::Relaxed) == 1
+    }
+
     /// Takes no new requests from now on; `at_once`: nor waits for those in
     /// flight ([`Functions::wait_idle`]).
     pub fn stop_taking(&self, at_once: bool) {
@@ -523,7 +528,17 @@ impl Functions {
         let buffers = |kind: BufferKind| -> Vec<Json> {
             e.plan
                 .of_kind(kind)
-                .map(|(_, b)| json!({"name": b.name, "dtype": b.dtype.name()}))
+                .map(|(_, b)| {
+                    let mut d = json!({"name": b.name, "dtype": b.dtype.name()});
+                    if let Some(shape) = &b.shape {
+                        let dims: Vec<Json> = shape
+                            .iter()
+                            .map(|e| e.as_ref().map_or(Json::Null, |e| json!(e.to_string())))
+                            .collect();
+                        d["shape"] = Json::Array(dims);
+                    }
+                    d
+                })
                 .collect()
         };
         let device = self.server.devices().get(e.device).map(|d| d.info());
@@ -665,13 +680,14 @@ impl Functions {
         let wait = deadline
             .unwrap_or(self.limits.default_deadline)
             .min(self.limits.max_deadline);
+        let env = invoke::prepare(&plan, &request.tensors, &params)?;
         let inv = Invocation {
             function: name.to_string(),
             plan,
             callees,
             modules,
             inputs: request.tensors,
-            params,
+            env,
             deadline: Instant::now() + wait,
         };
         let record = InvokeRecord {

@@ -1,6 +1,7 @@
 //! The data of an invocation: named tensors (dtype, shape, bytes) and scalar
 //! parameters, read from and written as safetensors (a small JSON header with
-//! dtype and shape, then raw bytes; parameters in its `__metadata__`) or JSON.
+//! dtype and shape, then raw bytes; parameters in its `__metadata__`) or JSON
+//! (a tensor's numbers as lists nested as deep as it has dimensions).
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -103,9 +104,61 @@ pub fn write_safetensors(tensors: &BTreeMap<String, Tensor>) -> Result<Vec<u8>, 
     safetensors::serialize(views, None).map_err(|e| e.to_string())
 }
 
-/// Reads a JSON body: `{"inputs": {NAME: [numbers] | {"dtype", "shape", "data"}},
-/// "params": {NAME: number}}`. A bare list takes the plan's type (`dtype_of`)
-/// and a one-dimensional shape.
+/// `value`'s numbers in order and the shape its nesting gives them: a number
+/// has none, a list of numbers one dimension, a list of equally long lists
+/// one more. `path` places the error.
+fn flatten(value: Json, path: &str) -> Result<(Vec<u64>, Vec<Json>), String> {
+    let Json::Array(items) = value else {
+        return Ok((Vec::new(), vec![value]));
+    };
+    let nested = items.first().is_some_and(Json::is_array);
+    if !nested {
+        if let Some(i) = items.iter().position(Json::is_array) {
+            return Err(format!(
+                "{path}[{i}]: a list among numbers (lists nest evenly)"
+            ));
+        }
+        return Ok((vec![items.len() as u64], items));
+    }
+    let (mut inner, mut flat) = (None, Vec::new());
+    let outer = items.len() as u64;
+    for (i, item) in items.into_iter().enumerate() {
+        let at = format!("{path}[{i}]");
+        if !item.is_array() {
+            return Err(format!("{at}: a number among lists (lists nest evenly)"));
+        }
+        let (shape, numbers) = flatten(item, &at)?;
+        match &inner {
+            None => inner = Some(shape),
+            Some(first) if *first != shape => {
+                return Err(format!(
+                    "{at}: shape {shape:?}, the first of its siblings has {first:?} (lists nest evenly)"
+                ))
+            }
+            Some(_) => {}
+        }
+        flat.extend(numbers);
+    }
+    let mut shape = vec![outer];
+    shape.extend(inner.unwrap_or_default());
+    if shape.len() > MAX_RANK {
+        return Err(format!("{path}: at most {MAX_RANK} dimensions"));
+    }
+    Ok((shape, flat))
+}
+
+/// `flat` numbers nested as `shape` says (a number for no dimension).
+fn nest(flat: &mut std::vec::IntoIter<Json>, shape: &[u64]) -> Json {
+    match shape.split_first() {
+        None => flat.next().unwrap_or(Json::Null),
+        Some((n, rest)) => Json::Array((0..*n).map(|_| nest(flat, rest)).collect()),
+    }
+}
+
+/// Reads a JSON body: `{"inputs": {NAME: numbers | {"dtype", "shape",
+/// "data"}}, "params": {NAME: number}}`, numbers as a list (one dimension) or
+/// lists nested evenly (as many dimensions as deep). Bare numbers take the
+/// plan's type (`dtype_of`) and the shape of their nesting.
 pub fn read_json(body: &[u8], dtype_of: &dyn Fn(&str) -> Option<DType>) -> Result<Request, String> {
     #[derive(serde::Deserialize)]
     #[serde(deny_unknown_fields)]
@@ -126,8 +179,8 @@ pub fn read_json(body: &[u8], dtype_of: &dyn Fn(&str) -> Option<DType>) -> Resul
             Json::Array(items) => {
                 let dtype = dtype_of(&name)
                     .ok_or_else(|| format!("{path}: the function has no input {name:?}"))?;
-                let shape = vec![items.len() as u64];
-                (dtype, shape, items)
+                let (shape, data) = flatten(Json::Array(items), &path)?;
+                (dtype, shape, data)
             }
             Json::Object(mut fields) => {
                 let dtype = match fields.remove("dtype") {
@@ -139,13 +192,23 @@ pub fn read_json(body: &[u8], dtype_of: &dyn Fn(&str) -> Option<DType>) -> Resul
                         return Err(format!("{path}.dtype: {other} is not a dtype name"))
                     }
                 };
-                let Some(Json::Array(data)) = fields.remove("data") else {
+                let Some(data @ Json::Array(_)) = fields.remove("data") else {
                     return Err(format!("{path}.data: missing, or not a list of numbers"));
                 };
+                let (nested, data) = flatten(data, &format!("{path}.data"))?;
                 let shape = match fields.remove("shape") {
-                    None => vec![data.len() as u64],
-                    Some(shape) => serde_json::from_value::<Vec<u64>>(shape)
-                        .map_err(|_| format!("{path}.shape: not a list of sizes"))?,
+                    None => nested,
+                    Some(shape) => {
+                        let shape = serde_json::from_value::<Vec<u64>>(shape)
+                            .map_err(|_| format!("{path}.shape: not a list of sizes"))?;
+                        // Flat numbers take any shape of as many; nested ones their own.
+                        if nested.len() > 1 && nested != shape {
+                            return Err(format!(
+                                "{path}.data: nested as {nested:?}, the shape says {shape:?}"
+                            ));
+                        }
+                        shape
+                    }
                 };
                 if let Some(key) = fields.keys().next() {
                     return Err(format!("{path}.{key}: unknown field (dtype, shape, data)"));
@@ -223,13 +286,16 @@ fn numbers(t: &Tensor) -> Result<Vec<Json>, String> {
         .collect()
 }
 
-/// Writes tensors as JSON: `{"outputs": {NAME: {"dtype", "shape", "data"}}}`.
+/// Writes tensors as JSON: `{"outputs": {NAME: {"dtype", "shape", "data"}}}`,
+/// `data` nested as deep as the shape has dimensions (a list for one, a
+/// number for none).
 pub fn write_json(tensors: &BTreeMap<String, Tensor>) -> Result<Json, String> {
     let mut outputs = Map::new();
     for (name, t) in tensors {
+        let data = nest(&mut numbers(t)?.into_iter(), &t.shape);
         outputs.insert(
             name.clone(),
-            json!({"dtype": t.dtype.name(), "shape": t.shape, "data": numbers(t)?}),
+            json!({"dtype": t.dtype.name(), "shape": t.shape, "data": data}),
         );
     }
     Ok(json!({ "outputs": outputs }))
@@ -301,7 +367,7 @@ mod tests {
         assert_eq!(&r.tensors["a"].data[4..8], &2f32.to_le_bytes());
         assert_eq!(r.tensors["b"].data, [255, 255, 255, 255, 7, 0, 0, 0]);
         let out = write_json(&r.tensors).unwrap();
-        assert_eq!(out["outputs"]["b"]["data"], json!([-1, 7]));
+        assert_eq!(out["outputs"]["b"]["data"], json!([[-1, 7]]));
         assert_eq!(out["outputs"]["a"]["data"], json!([1.0, 2.0, 3.0]));
         let e = read_json(br#"{"inputs": {"a": [1, "x"]}}"#, &|_| Some(DType::U8)).unwrap_err();
         assert_eq!(e, "inputs.a.data[1]: \"x\" is not a u8 value");
@@ -311,5 +377,55 @@ mod tests {
         )
         .unwrap_err();
         assert!(e.starts_with("inputs.a: shape [3] does not hold"), "{e}");
+    }
+
+    #[test]
+    fn nested_json_lists_are_shapes() {
+        let body = br#"{"inputs": {"x": [[1, 2, 3], [4, 5, 6]],
+                                   "y": {"dtype": "i32", "data": [[[1], [2]]]},
+                                   "z": {"shape": [3, 1], "data": [7, 8, 9]}}}"#;
+        let r = read_json(body, &|_| Some(DType::F32)).unwrap();
+        assert_eq!(r.tensors["x"].shape, [2, 3]);
+        assert_eq!(&r.tensors["x"].data[20..24], &6f32.to_le_bytes());
+        assert_eq!(r.tensors["y"].shape, [1, 2, 1]);
+        assert_eq!(r.tensors["z"].shape, [3, 1]);
+        let out = write_json(&r.tensors).unwrap();
+        assert_eq!(
+            out["outputs"]["x"]["data"],
+            json!([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])
+        );
+        assert_eq!(out["outputs"]["x"]["shape"], json!([2, 3]));
+        assert_eq!(out["outputs"]["y"]["data"], json!([[[1], [2]]]));
+        assert_eq!(out["outputs"]["z"]["data"], json!([[7.0], [8.0], [9.0]]));
+        let scalar = Tensor {
+            dtype: DType::U8,
+            shape: vec![],
+            data: vec![5],
+        };
+        let empty = Tensor {
+            dtype: DType::U8,
+            shape: vec![2, 0],
+            data: vec![],
+        };
+        let out = write_json(&BTreeMap::from([("s".into(), scalar), ("e".into(), empty)])).unwrap();
+        assert_eq!(out["outputs"]["s"]["data"], json!(5));
+        assert_eq!(out["outputs"]["e"]["data"], json!([[], []]));
+        let bad = |body: &[u8]| read_json(body, &|_| Some(DType::F32)).unwrap_err();
+        assert_eq!(
+            bad(br#"{"inputs": {"x": [[1, 2], [3]]}}"#),
+            "inputs.x[1]: shape [1], the first of its siblings has [2] (lists nest evenly)"
+        );
+        assert_eq!(
+            bad(br#"{"inputs": {"x": [[1, 2], 3]}}"#),
+            "inputs.x[1]: a number among lists (lists nest evenly)"
+        );
+        assert_eq!(
+            bad(br#"{"inputs": {"x": [1, [2]]}}"#),
+            "inputs.x[1]: a list among numbers (lists nest evenly)"
+        );
+        assert_eq!(
+            bad(br#"{"inputs": {"x": {"shape": [3, 2], "data": [[1, 2, 3], [4, 5, 6]]}}}"#),
+            "inputs.x.data: nested as [2, 3], the shape says [3, 2]"
+        );
     }
 }

@@ -1,8 +1,10 @@
 //! Plan expressions: integer and float arithmetic over named values (input
-//! sizes, scalar parameters), parsed once at registration, evaluated per call.
+//! sizes and shapes, scalar parameters), parsed once at registration,
+//! evaluated per call.
 //!
-//! The language is deliberately tiny: numbers, names, `+ - * / %`, unary
-//! minus, parentheses and `min`, `max`, `cdiv` (ceiling division). Integers
+//! The language is deliberately tiny: numbers, names, an input's dimension
+//! (`x.shape[0]`, `x.shape[-1]` the last), `+ - * / %`, unary minus,
+//! parentheses and `min`, `max`, `cdiv` (ceiling division). Integers
 //! are i64 with checked arithmetic (an overflow is an error, never a wrap);
 //! an operation with a float operand is a float one.
 
@@ -58,6 +60,8 @@ enum Func {
 enum Node {
     Num(Value),
     Var(String),
+    /// Dimension `.1` of input `.0`'s shape (negative: from the end).
+    Dim(String, i64),
     Neg(Box<Node>),
     Bin(Op, Box<Node>, Box<Node>),
     Call(Func, Box<Node>, Box<Node>),
@@ -80,7 +84,34 @@ impl fmt::Display for Expr {
 enum Token {
     Num(Value),
     Name(String),
+    /// `name.shape[index]`.
+    Dim(String, i64),
     Op(char),
+}
+
+/// The largest dimension index an expression may name.
+const MAX_DIM_INDEX: i64 = 64;
+
+/// After a name, `.shape[INDEX]` (`INDEX` an integer, maybe negative): the
+/// index and the bytes it took; `None` if `rest` does not start with `.`.
+fn dim_suffix(rest: &str) -> Option<Result<(i64, usize), String>> {
+    let after = rest.strip_prefix('.')?;
+    let Some(inner) = after.strip_prefix("shape[") else {
+        return Some(Err(
+            "after a name, \".\" only starts \".shape[INDEX]\" (a dimension of an input)"
+                .to_string(),
+        ));
+    };
+    let Some(close) = inner.find(']') else {
+        return Some(Err("\".shape[\" without its \"]\"".to_string()));
+    };
+    let text = inner[..close].trim();
+    let index = text
+        .parse::<i64>()
+        .ok()
+        .filter(|i| i.abs() <= MAX_DIM_INDEX)
+        .ok_or_else(|| format!("{text:?} is not a dimension index (an integer, -1 the last)"));
+    Some(index.map(|i| (i, 1 + "shape[".len() + close + 1)))
 }
 
 fn tokens(text: &str) -> Result<Vec<Token>, String> {
@@ -125,7 +156,15 @@ fn tokens(text: &str) -> Result<Vec<Token>, String> {
             while i < bytes.len() && (bytes[i].is_ascii_alphanumeric() || bytes[i] == b'_') {
                 i += 1;
             }
-            out.push(Token::Name(text[start..i].to_string()));
+            let name = text[start..i].to_string();
+            match dim_suffix(&text[i..]) {
+                None => out.push(Token::Name(name)),
+                Some(Ok((index, taken))) => {
+                    out.push(Token::Dim(name, index));
+                    i += taken;
+                }
+                Some(Err(why)) => return Err(format!("{name}: {why}")),
+            }
         } else if "+-*/%(),".contains(c) {
             out.push(Token::Op(c));
             i += 1;
@@ -201,6 +240,7 @@ impl Parser {
                 inner
             }
             Some(Token::Num(v)) => Node::Num(v),
+            Some(Token::Dim(name, index)) => Node::Dim(name, index),
             Some(Token::Name(name)) => match self.peek() {
                 Some(Token::Op('(')) => {
                     let func = match name.as_str() {
@@ -230,6 +270,7 @@ fn shown(t: &Token) -> String {
     match t {
         Token::Num(v) => format!("number {v}"),
         Token::Name(n) => format!("name {n:?}"),
+        Token::Dim(n, i) => format!("{n}.shape[{i}]"),
         Token::Op(c) => format!("{c:?}"),
     }
 }
@@ -265,10 +306,34 @@ fn arith(op: Op, a: Value, b: Value) -> Result<Value, String> {
     }
 }
 
-fn eval_node(node: &Node, lookup: &dyn Fn(&str) -> Option<Value>) -> Result<Value, String> {
+/// What an expression reads its names from.
+pub trait Scope {
+    /// The value of `name`.
+    fn value(&self, name: &str) -> Option<Value>;
+    /// Dimension `index` of input `name`'s shape (negative: from the end).
+    fn dim(&self, name: &str, index: i64) -> Result<Value, String>;
+}
+
+/// Names from a function, and no shapes.
+struct Names<'a>(&'a dyn Fn(&str) -> Option<Value>);
+
+impl Scope for Names<'_> {
+    fn value(&self, name: &str) -> Option<Value> {
+        (self.0)(name)
+    }
+
+    fn dim(&self, name: &str, index: i64) -> Result<Value, String> {
+        Err(format!("{name}.shape[{index}]: no shape is known here"))
+    }
+}
+
+fn eval_node(node: &Node, lookup: &dyn Scope) -> Result<Value, String> {
     Ok(match node {
         Node::Num(v) => *v,
-        Node::Var(name) => lookup(name).ok_or_else(|| format!("unknown name {name:?}"))?,
+        Node::Var(name) => lookup
+            .value(name)
+            .ok_or_else(|| format!("unknown name {name:?}"))?,
+        Node::Dim(name, index) => lookup.dim(name, *index)?,
         Node::Neg(inner) => match eval_node(inner, lookup)? {
             Value::Int(v) => {
                 Value::Int(v.checked_neg().ok_or_else(|| format!("-({v}) overflows"))?)
@@ -295,10 +360,22 @@ fn eval_node(node: &Node, lookup: &dyn Fn(&str) -> Option<Value>) -> Result<Valu
     })
 }
 
+fn dims<'a>(node: &'a Node, out: &mut Vec<(&'a str, i64)>) {
+    match node {
+        Node::Num(_) | Node::Var(_) => {}
+        Node::Dim(name, index) => out.push((name, *index)),
+        Node::Neg(inner) => dims(inner, out),
+        Node::Bin(_, a, b) | Node::Call(_, a, b) => {
+            dims(a, out);
+            dims(b, out);
+        }
+    }
+}
+
 fn names<'a>(node: &'a Node, out: &mut Vec<&'a str>) {
     match node {
         Node::Num(_) => {}
-        Node::Var(name) => out.push(name),
+        Node::Var(name) | Node::Dim(name, _) => out.push(name),
         Node::Neg(inner) => names(inner, out),
         Node::Bin(_, a, b) | Node::Call(_, a, b) => {
             names(a, out);
@@ -339,16 +416,29 @@ impl Expr {
         }
     }
 
-    /// The names the expression reads.
+    /// The names the expression reads (those of the inputs whose
+    /// dimensions it reads among them).
     pub fn names(&self) -> Vec<&str> {
         let mut out = Vec::new();
         names(&self.node, &mut out);
         out
     }
 
-    /// The value, with names looked up in `lookup`.
+    /// The input dimensions the expression reads: (input, index).
+    pub fn dims(&self) -> Vec<(&str, i64)> {
+        let mut out = Vec::new();
+        dims(&self.node, &mut out);
+        out
+    }
+
+    /// The value, with names looked up in `lookup` (and no shapes).
     pub fn eval(&self, lookup: &dyn Fn(&str) -> Option<Value>) -> Result<Value, String> {
-        eval_node(&self.node, lookup)
+        eval_node(&self.node, &Names(lookup))
+    }
+
+    /// The value, with names and dimensions read from `scope`.
+    pub fn eval_in(&self, scope: &dyn Scope) -> Result<Value, String> {
+        eval_node(&self.node, scope)
     }
 
     /// The value of an expression that reads no name, if it reads none.
@@ -408,6 +498,47 @@ mod tests {
         assert!(Expr::parse(&"1+".repeat(200))
             .unwrap_err()
             .contains("at most"));
+    }
+
+    #[test]
+    fn dimensions_of_inputs_read_their_shapes() {
+        struct Shapes;
+        impl Scope for Shapes {
+            fn value(&self, name: &str) -> Option<Value> {
+                (name == "k").then_some(Value::Int(3))
+            }
+            fn dim(&self, name: &str, index: i64) -> Result<Value, String> {
+                let shape = [4i64, 5];
+                let at = if index < 0 { 2 + index } else { index };
+                match (name, usize::try_from(at).ok().and_then(|i| shape.get(i))) {
+                    ("x", Some(d)) => Ok(Value::Int(*d)),
+                    _ => Err(format!("{name}.shape[{index}]: out of range")),
+                }
+            }
+        }
+        let e = Expr::parse("x.shape[0] * x.shape[-1] + k").unwrap();
+        assert_eq!(e.eval_in(&Shapes), Ok(Value::Int(23)));
+        assert_eq!(e.names(), ["x", "x", "k"]);
+        assert_eq!(e.dims(), [("x", 0), ("x", -1)]);
+        assert_eq!(e.constant(), None);
+        assert_eq!(
+            Expr::parse("x.shape[ 2 ]").unwrap().eval_in(&Shapes),
+            Err("x.shape[2]: out of range".into())
+        );
+        assert!(Expr::parse("x.size")
+            .unwrap_err()
+            .starts_with("x: after a name"));
+        assert!(Expr::parse("x.shape[1")
+            .unwrap_err()
+            .contains("without its"));
+        assert!(Expr::parse("x.shape[a]")
+            .unwrap_err()
+            .contains("not a dimension index"));
+        assert!(Expr::parse("x.shape[0]")
+            .unwrap()
+            .eval(&|_| None)
+            .unwrap_err()
+            .contains("no shape is known here"));
     }
 
     #[test]

@@ -87,8 +87,10 @@ impl<'de> Deserialize<'de> for Arg {
     }
 }
 
-/// A named buffer: an input (its size is the data given, which `elements`
-/// may constrain), an output or scratch (sized by `elements`).
+/// A named buffer: an input (its size and shape are the data given, which
+/// `elements` or `shape` may constrain), an output or scratch (sized by
+/// `elements`, or by `shape`: one expression per dimension; an input's
+/// dimension may be `null`, any size).
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct BufferDoc {
@@ -96,6 +98,8 @@ pub struct BufferDoc {
     pub dtype: DType,
     #[serde(default)]
     pub elements: Option<ExprText>,
+    #[serde(default)]
+    pub shape: Option<Vec<Option<ExprText>>>,
 }
 
 /// A named scalar parameter the caller gives (or its default).

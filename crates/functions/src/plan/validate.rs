@@ -20,6 +20,8 @@ pub const MAX_ARGS: usize = 64;
 pub const MAX_REPEAT: i64 = 1 << 20;
 /// Longest name (bytes).
 pub const MAX_NAME: usize = 64;
+/// Most dimensions of a buffer's shape.
+pub const MAX_RANK: usize = 8;
 
 /// What a buffer is for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -37,9 +39,13 @@ pub struct Buffer {
     pub name: String,
     pub kind: BufferKind,
     pub dtype: DType,
-    /// Elements: required of outputs and scratch; of an input, what its size
-    /// must be.
+    /// Elements: of outputs and scratch, this or `shape`; of an input, what
+    /// its size must be.
     pub elements: Option<Expr>,
+    /// Dimensions: of outputs and scratch, this or `elements` (their shape;
+    /// `elements` is a one-dimensional one); of an input, what its shape must
+    /// be (`None`: any size there).
+    pub shape: Option<Vec<Option<Expr>>>,
     /// Where it is in the document (`inputs[1]`).
     pub path: String,
 }
@@ -157,15 +163,6 @@ fn check_name(path: &str, name: &str) -> Result<(), String> {
     }
 }
 
-/// `text` parsed, reading only `allowed` names.
-fn expr(path: &str, text: &ExprText, allowed: &dyn Fn(&str) -> bool) -> Result<Expr, String> {
-    let e = Expr::parse(&text.0).map_err(|why| format!("{path}: {why}"))?;
-    if let Some(name) = e.names().into_iter().find(|n| !allowed(n)) {
-        return Err(format!("{path}: unknown name {name:?}"));
-    }
-    Ok(e)
-}
-
 struct Checker<'a> {
     buffers: &'a [Buffer],
     params: &'a [Param],
@@ -183,7 +180,29 @@ impl Checker<'_> {
     }
 
     fn expr(&self, path: &str, text: &ExprText) -> Result<Expr, String> {
-        expr(path, text, &|n| self.readable(n))
+        let e = Expr::parse(&text.0).map_err(|why| format!("{path}: {why}"))?;
+        for (name, index) in e.dims() {
+            let input = self
+                .buffers
+                .iter()
+                .find(|b| b.name == name && b.kind == BufferKind::Input)
+                .ok_or_else(|| {
+                    format!("{path}: {name}.shape[{index}]: {name:?} is not an input (only inputs have shapes here)")
+                })?;
+            if let Some(rank) = input.shape.as_ref().map(Vec::len) {
+                let rank = rank as i64;
+                if !(-rank..rank).contains(&index) {
+                    return Err(format!(
+                        "{path}: {name}.shape[{index}] is out of range: input {name:?} has {rank} dimensions ({}.shape)",
+                        input.path
+                    ));
+                }
+            }
+        }
+        if let Some(name) = e.names().into_iter().find(|n| !self.readable(n)) {
+            return Err(format!("{path}: unknown name {name:?}"));
+        }
+        Ok(e)
     }
 
     fn dims(&self, path: &str, dims: Option<&Dims>) -> Result<[Expr; 3], String> {
@@ -364,17 +383,37 @@ fn buffers(
     for (i, doc) in docs.iter().enumerate() {
         let path = format!("{field}[{i}]");
         check_name(&path, &doc.name)?;
-        if kind != BufferKind::Input && doc.elements.is_none() {
-            return Err(format!(
-                "{path}.elements: missing (how many {} elements)",
-                doc.dtype.name()
-            ));
+        match (&doc.elements, &doc.shape) {
+            (None, None) if kind != BufferKind::Input => {
+                return Err(format!(
+                    "{path}.elements: missing (how many {} elements; or its \"shape\")",
+                    doc.dtype.name()
+                ))
+            }
+            (Some(_), Some(_)) => {
+                return Err(format!("{path}: give \"elements\" or \"shape\", not both"))
+            }
+            _ => {}
+        }
+        if let Some(shape) = &doc.shape {
+            if shape.len() > MAX_RANK {
+                return Err(format!("{path}.shape: at most {MAX_RANK} dimensions"));
+            }
+            if kind != BufferKind::Input {
+                if let Some(d) = shape.iter().position(Option::is_none) {
+                    return Err(format!(
+                        "{path}.shape[{d}]: missing (only an input's dimension may be null, any size)"
+                    ));
+                }
+            }
         }
         out.push(Buffer {
             name: doc.name.clone(),
             kind,
             dtype: doc.dtype,
             elements: None,
+            // The rank for now; the dimensions once every name is known.
+            shape: doc.shape.as_ref().map(|s| vec![None; s.len()]),
             path,
         });
     }
@@ -428,25 +467,44 @@ pub fn check(doc: &PlanDoc) -> Result<Plan, String> {
     // Sizes read the inputs' sizes and the parameters.
     let docs = doc.inputs.iter().chain(&doc.outputs).chain(&doc.scratch);
     let mut sized = Vec::with_capacity(list.len());
+    let checker = Checker {
+        buffers: &list,
+        params: &params,
+        steps: 0,
+    };
+    // An input's size or dimension that reads its own size or shape.
+    let size_expr = |buffer: &Buffer, path: &str, text: &ExprText| -> Result<Expr, String> {
+        let e = checker.expr(path, text)?;
+        if buffer.kind == BufferKind::Input && e.names().contains(&buffer.name.as_str()) {
+            return Err(format!("{path}: an input's size cannot read its own size"));
+        }
+        Ok(e)
+    };
     for (buffer, d) in list.iter().zip(docs) {
         let elements = match &d.elements {
-            Some(text) => {
-                let checker = Checker {
-                    buffers: &list,
-                    params: &params,
-                    steps: 0,
-                };
-                let path = format!("{}.elements", buffer.path);
-                let e = checker.expr(&path, text)?;
-                if buffer.kind == BufferKind::Input && e.names().contains(&buffer.name.as_str()) {
-                    return Err(format!("{path}: an input's size cannot read its own size"));
-                }
-                Some(e)
-            }
+            Some(text) => Some(size_expr(
+                buffer,
+                &format!("{}.elements", buffer.path),
+                text,
+            )?),
+            None => None,
+        };
+        let shape = match &d.shape {
+            Some(dims) => Some(
+                dims.iter()
+                    .enumerate()
+                    .map(|(i, text)| {
+                        text.as_ref()
+                            .map(|t| size_expr(buffer, &format!("{}.shape[{i}]", buffer.path), t))
+                            .transpose()
+                    })
+                    .collect::<Result<Vec<_>, _>>()?,
+            ),
             None => None,
         };
         sized.push(Buffer {
             elements,
+            shape,
             ..buffer.clone()
         });
     }
@@ -522,7 +580,7 @@ mod tests {
         );
         assert_eq!(
             bad(r#", "elements": "a"}],"#, "}],"),
-            "outputs[0].elements: missing (how many f32 elements)"
+            r#"outputs[0].elements: missing (how many f32 elements; or its "shape")"#
         );
         assert_eq!(
             bad(r#""repeat": "reps""#, r#""repeat": -1"#),
@@ -555,5 +613,89 @@ mod tests {
             ),
             "inputs[1].elements: an input's size cannot read its own size"
         );
+    }
+
+    const MATMUL: &str = r#"{
+        "inputs": [{"name": "x", "dtype": "f32", "shape": [null, "k"]},
+                   {"name": "w", "dtype": "f32", "shape": ["x.shape[1]", "n"]}],
+        "params": [{"name": "k", "dtype": "u32"}, {"name": "n", "dtype": "u32"}],
+        "outputs": [{"name": "y", "dtype": "f32", "shape": ["x.shape[0]", "w.shape[-1]"]}],
+        "scratch": [{"name": "t", "dtype": "f32", "shape": [4, "n"]}],
+        "launches": [{"kernel": "mm", "grid": ["cdiv(w.shape[1], 16)", "x.shape[0]"], "block": 16,
+                      "args": [{"buffer": "x"}, {"buffer": "w"}, {"buffer": "y"}]}]
+    }"#;
+
+    #[test]
+    fn shapes_are_lists_of_expressions_over_inputs_shapes_and_parameters() {
+        let plan = checked(MATMUL).unwrap();
+        let x = &plan.buffers[0];
+        let shape = x.shape.as_ref().unwrap();
+        assert_eq!(shape.len(), 2);
+        assert!(shape[0].is_none());
+        assert_eq!(shape[1].as_ref().unwrap().to_string(), "k");
+        let y = &plan.buffers[2];
+        assert_eq!(y.kind, BufferKind::Output);
+        assert_eq!(y.elements, None);
+        let dims: Vec<String> = y
+            .shape
+            .iter()
+            .flatten()
+            .flatten()
+            .map(|e| e.to_string())
+            .collect();
+        assert_eq!(dims, ["x.shape[0]", "w.shape[-1]"]);
+    }
+
+    #[test]
+    fn shape_errors_name_their_place() {
+        let bad = |from: &str, to: &str| {
+            assert!(MATMUL.contains(from), "{from}");
+            checked(&MATMUL.replace(from, to)).unwrap_err()
+        };
+        assert_eq!(
+            bad(
+                r#""shape": ["x.shape[0]", "w.shape[-1]"]"#,
+                r#""shape": ["x.shape[2]", "n"]"#
+            ),
+            r#"outputs[0].shape[0]: x.shape[2] is out of range: input "x" has 2 dimensions (inputs[0].shape)"#
+        );
+        assert_eq!(
+            bad(r#""w.shape[-1]""#, r#""t.shape[0]""#),
+            r#"outputs[0].shape[1]: t.shape[0]: "t" is not an input (only inputs have shapes here)"#
+        );
+        assert_eq!(
+            bad(r#""w.shape[-1]""#, r#""m""#),
+            r#"outputs[0].shape[1]: unknown name "m""#
+        );
+        assert_eq!(
+            bad(r#""w.shape[-1]""#, "null"),
+            "outputs[0].shape[1]: missing (only an input's dimension may be null, any size)"
+        );
+        assert_eq!(
+            bad(
+                r#""shape": [4, "n"]"#,
+                r#""shape": [4, "n"], "elements": 8"#
+            ),
+            r#"scratch[0]: give "elements" or "shape", not both"#
+        );
+        assert_eq!(
+            bad(r#""shape": [4, "n"]"#, r#""shape": [1,1,1,1,1,1,1,1,1]"#),
+            "scratch[0].shape: at most 8 dimensions"
+        );
+        assert_eq!(
+            bad(r#"[null, "k"]"#, r#"[null, "x.shape[0]"]"#),
+            "inputs[0].shape[1]: an input's size cannot read its own size"
+        );
+        assert_eq!(
+            bad(r#""cdiv(w.shape[1], 16)""#, r#""cdiv(w.shape[2], 16)""#),
+            r#"launches[0].grid[0]: w.shape[2] is out of range: input "w" has 2 dimensions (inputs[1].shape)"#
+        );
+        assert!(bad(r#""shape": [4, "n"]"#, r#""shape": [4, "n +"]"#)
+            .starts_with("scratch[0].shape[1]: "));
+        assert!(bad(r#""shape": [4, "n"]"#, r#""shape": [4, true]"#)
+            .starts_with("scratch[0].shape[1]: expected a number or an expression string"));
+        // An input without a declared shape may be read at any index (checked per invocation).
+        let free = MATMUL.replace(r#""shape": [null, "k"]"#, r#""elements": "k * 2""#);
+        assert!(checked(&free.replace("x.shape[0]", "x.shape[5]")).is_ok());
     }
 }

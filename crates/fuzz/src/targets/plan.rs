@@ -100,9 +100,13 @@ fn check(data: &[u8], features: &mut Features) {
     let called = link::check_calls("me", &plan, &|_| Some(std::sync::Arc::new(plan.clone())));
     features.add(("calls", called.is_ok()));
     for size in [0u64, 1, 1000] {
-        let inputs: BTreeMap<String, u64> = plan
+        // Each input of the rank its plan declares (one dimension if none).
+        let inputs: BTreeMap<String, Vec<u64>> = plan
             .of_kind(BufferKind::Input)
-            .map(|(_, b)| (b.name.clone(), size))
+            .map(|(_, b)| {
+                let rank = b.shape.as_ref().map_or(1, Vec::len);
+                (b.name.clone(), vec![size; rank])
+            })
             .collect();
         let params: BTreeMap<String, Value> = plan
             .params
@@ -131,6 +135,12 @@ fn check(data: &[u8], features: &mut Features) {
 /// Plans of the docs and the tests.
 fn seeds() -> Vec<Vec<u8>> {
     [
+        r#"{"inputs": [{"name": "x", "dtype": "f32", "shape": [null, "k"]},
+                       {"name": "w", "dtype": "f32", "shape": ["x.shape[-1]", "n"]}],
+            "params": [{"name": "k", "dtype": "u32", "default": 1000}, {"name": "n", "dtype": "u32", "default": 2}],
+            "outputs": [{"name": "y", "dtype": "f32", "shape": ["x.shape[0]", "w.shape[1]"]}],
+            "launches": [{"kernel": "k", "grid": ["cdiv(x.shape[0], 64)", "n"], "block": 64,
+                          "args": [{"buffer": "x"}, {"buffer": "y"}, {"u32": "w.shape[0]"}]}]}"#,
         r#"{"inputs": [{"name": "a", "dtype": "f32"}, {"name": "b", "dtype": "f32", "elements": "a"}],
             "params": [{"name": "n", "dtype": "u32", "default": 2}],
             "outputs": [{"name": "c", "dtype": "f32", "elements": "a"}],

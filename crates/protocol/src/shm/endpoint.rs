@@ -44,6 +44,9 @@ pub struct Endpoint {
     pending_bulk: Option<(u64, usize)>,
     /// Whether we rang the peer's doorbell since our last wait.
     woke_peer: bool,
+    /// Whether we took bytes from a full ring since we last rang the peer: a
+    /// writer may be waiting for room (it waits only on a full ring).
+    room_freed: bool,
     /// The waiting thread's involuntary context switches at the last look.
     switches: i64,
 }
@@ -95,6 +98,7 @@ impl Endpoint {
             stats: EndpointStats::default(),
             pending_bulk: None,
             woke_peer: false,
+            room_freed: false,
             switches: involuntary_switches(),
         }
     }
@@ -126,6 +130,15 @@ impl Endpoint {
     /// Sends one message: `msg` through the message ring and `bulk` through the
     /// bulk ring, each streamed in pieces when larger than its ring.
     pub fn send(&mut self, msg: &[u8], bulk: &[u8]) -> Result<(), ShmError> {
+        self.send_quiet(msg, bulk)?;
+        self.notify_peer();
+        Ok(())
+    }
+
+    /// Sends one message as [`Endpoint::send`] does, but rings a sleeping
+    /// peer only if a ring fills meanwhile: for a message another follows at
+    /// once, whose `send` rings for both (the peer wakes once, to both).
+    pub fn send_quiet(&mut self, msg: &[u8], bulk: &[u8]) -> Result<(), ShmError> {
         if msg.len() > MAX_FRAME_BYTES || bulk.len() > MAX_BULK_BYTES {
             return Err(ShmError::Violation(format!(
                 "message of {} + {} bytes is over the limit",
@@ -155,7 +168,6 @@ impl Endpoint {
             self.tx[1].publish_write(&self.area, self.tx_pos[1]);
         }
         self.write_all(1, bulk)?;
-        self.notify_peer();
         self.stats.messages_sent += 1;
         self.stats.bulk_bytes_sent += bulk.len() as u64;
         Ok(())
@@ -214,7 +226,7 @@ impl Endpoint {
     }
 
     fn received(&mut self, len: usize) {
-        self.notify_peer();
+        self.release_room();
         self.stats.messages_received += 1;
         self.stats.bulk_bytes_received += len as u64;
     }
@@ -269,8 +281,26 @@ impl Endpoint {
     }
 
     fn consumed(&mut self, lane: usize, n: usize) {
+        // A writer waits for room only when it found the ring full, and then
+        // writes nothing more: the first bytes taken after it are taken from
+        // a full ring.
+        if self
+            .available(lane)
+            .map_or(true, |a| a >= self.rx[lane].cap)
+        {
+            self.room_freed = true;
+        }
         self.rx_pos[lane] = self.rx_pos[lane].wrapping_add(n as u64);
         self.rx[lane].publish_read(&self.area, self.rx_pos[lane]);
+    }
+
+    /// Lets a writer waiting for room go on: rings the peer if we freed room
+    /// in a full ring since we last did (else it is not waiting for us, and a
+    /// ring would only wake it for nothing).
+    fn release_room(&mut self) {
+        if std::mem::take(&mut self.room_freed) {
+            self.notify_peer();
+        }
     }
 
     /// Waits until `lane` has bytes to read; how many.
@@ -280,7 +310,7 @@ impl Endpoint {
             return Ok(avail as usize);
         }
         // Let a writer waiting for room go on before we sleep.
-        self.notify_peer();
+        self.release_room();
         self.wait(|me| Ok(me.available(lane)? > 0))?;
         Ok(self.available(lane)? as usize)
     }
@@ -564,6 +594,73 @@ mod tests {
         }
         let client = writer.join().unwrap();
         assert!(client.stats().sleeps >= 1, "{:?}", client.stats());
+    }
+
+    #[test]
+    fn a_reader_rings_a_sleeping_peer_only_when_it_frees_room_it_waits_for() {
+        let (mut client, mut server) = pair(SMALL, Duration::ZERO);
+        // Its sleeps outlast the test: only a bell can end them.
+        client.set_wait_slice(Duration::from_secs(30));
+        // A writer asleep on a full ring is rung by the reader that drains it.
+        let writer = thread::spawn(move || {
+            for i in 0..8u8 {
+                client.send(&pattern(i, 1000), &[]).unwrap();
+            }
+            client
+        });
+        thread::sleep(Duration::from_millis(200));
+        let (mut msg, mut bulk) = (Vec::new(), Vec::new());
+        let started = Instant::now();
+        for i in 0..8u8 {
+            server.recv(&mut msg, &mut bulk).unwrap();
+            assert_eq!(msg, pattern(i, 1000));
+        }
+        let mut client = writer.join().unwrap();
+        assert!(started.elapsed() < Duration::from_secs(10));
+        assert!(client.stats().sleeps >= 1, "{:?}", client.stats());
+        let wakes = server.stats().wakes;
+        assert!(wakes >= 1, "{:?}", server.stats());
+        // A peer asleep waiting for its answer is not rung by the reading of
+        // its request (a ring that was never full), only by the answer.
+        client.send(b"request", &[]).unwrap();
+        let asker = thread::spawn(move || {
+            let (mut msg, mut bulk) = (Vec::new(), Vec::new());
+            client.recv(&mut msg, &mut bulk).unwrap();
+            (client, msg)
+        });
+        thread::sleep(Duration::from_millis(200));
+        server.recv(&mut msg, &mut bulk).unwrap();
+        assert_eq!(msg, b"request");
+        assert_eq!(server.stats().wakes, wakes, "{:?}", server.stats());
+        server.send(b"answer", &[]).unwrap();
+        let (client, msg) = asker.join().unwrap();
+        assert_eq!(msg, b"answer");
+        assert_eq!(server.stats().wakes, wakes + 1, "{:?}", server.stats());
+        assert!(client.stats().sleeps >= 2, "{:?}", client.stats());
+    }
+
+    #[test]
+    fn messages_sent_together_wake_a_sleeping_peer_once() {
+        let (mut client, mut server) = pair(SMALL, Duration::ZERO);
+        server.set_wait_slice(Duration::from_secs(30));
+        let sleeper = thread::spawn(move || {
+            let (mut msg, mut bulk) = (Vec::new(), Vec::new());
+            let mut got = Vec::new();
+            for _ in 0..2 {
+                server.recv(&mut msg, &mut bulk).unwrap();
+                got.push((msg.clone(), bulk.clone()));
+            }
+            (server, got)
+        });
+        thread::sleep(Duration::from_millis(200));
+        client.send_quiet(b"request", &[]).unwrap();
+        assert_eq!(client.stats().wakes, 0, "{:?}", client.stats());
+        client.send(&[], &pattern(3, 1000)).unwrap();
+        let (server, got) = sleeper.join().unwrap();
+        assert_eq!(got[0].0, b"request");
+        assert_eq!(got[1].1, pattern(3, 1000));
+        assert_eq!(client.stats().wakes, 1, "{:?}", client.stats());
+        assert_eq!(server.stats().sleeps, 1, "{:?}", server.stats());
     }
 
     #[test]

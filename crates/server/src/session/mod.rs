@@ -472,6 +472,16 @@ impl Session {
         self.core.take_stdout()
     }
 
+    /// Asks whoever serves the session's calls (its worker) to poll for the
+    /// next one for `spin` before it sleeps, as a latency-critical tenant's
+    /// session is from its opening: for a caller whose calls come back to
+    /// back with little time between (a functions lane).
+    pub fn keep_hot(&self, spin: std::time::Duration) {
+        if let Ok(ordered) = self.ordered() {
+            ordered.keep_hot(spin);
+        }
+    }
+
     /// The session's one stream order (see [`Session::threads`]).
     fn ordered(&self) -> Result<&dyn StreamOrdered, CuError> {
         stream_order(&self.threads, &self.ctx)

@@ -440,15 +440,21 @@ impl WorkerContext {
         let conn = self.connection(&mut slot)?;
         hop_trace::mark(Hop::ServerForward, kind);
         let exchanged = (|| -> io::Result<WorkerReply> {
+            let bytes = encode(request).map_err(io_err)?;
             match fd {
-                None => conn.link.send_message(request)?,
-                Some(fd) => {
-                    let bytes = encode(request).map_err(io_err)?;
-                    conn.link.send_frame_with_fd(&bytes, fd)?;
+                // The worker wakes once, to the request and its data.
+                None => {
+                    let mut all: Vec<&[u8]> = Vec::with_capacity(1 + frames.len());
+                    all.push(&bytes);
+                    all.extend_from_slice(frames);
+                    conn.link.send_frames(&all)?;
                 }
-            }
-            for frame in frames {
-                conn.link.send_frame(frame)?;
+                Some(fd) => {
+                    conn.link.send_frame_with_fd(&bytes, fd)?;
+                    for frame in frames {
+                        conn.link.send_frame(frame)?;
+                    }
+                }
             }
             let reply = self.receive(conn)?;
             if let Ok(WorkerValue::Bytes) = &reply.result {
@@ -542,11 +548,12 @@ impl WorkerContext {
         };
         hop_trace::mark(Hop::ServerForward, request.into());
         let sent = (|| -> io::Result<()> {
-            conn.link.send_message(request)?;
-            for frame in frames {
-                conn.link.send_frame(frame)?;
-            }
-            Ok(())
+            let bytes = encode(request).map_err(io_err)?;
+            // The worker wakes once, to the request and its data.
+            let mut all: Vec<&[u8]> = Vec::with_capacity(1 + frames.len());
+            all.push(&bytes);
+            all.extend_from_slice(frames);
+            conn.link.send_frames(&all)
         })();
         drop(slot);
         hop_trace::mark(Hop::Step, "posted");

@@ -109,6 +109,33 @@ impl Link {
         }
     }
 
+    /// Sends `frames` in order; on shared memory a sleeping worker is rung
+    /// once, after the last, so that it wakes to all of them (a request and
+    /// the data that follows it).
+    pub fn send_frames(&mut self, frames: &[&[u8]]) -> io::Result<()> {
+        let Some((last, first)) = frames.split_last() else {
+            return Ok(());
+        };
+        match &mut self.shm {
+            None => {
+                for frame in frames {
+                    write_frame(&mut self.writer, frame).map_err(frame_err)?;
+                }
+                Ok(())
+            }
+            Some(ep) => {
+                for frame in first {
+                    match frame.len() >= BULK_THRESHOLD {
+                        true => ep.send_quiet(&[], frame),
+                        false => ep.send_quiet(frame, &[]),
+                    }
+                    .map_err(violation)?;
+                }
+                self.send_frame(last)
+            }
+        }
+    }
+
     /// Sends `msg`, encoded, as one frame.
     pub fn send_message<T: Serialize>(&mut self, msg: &T) -> io::Result<()> {
         let bytes = encode(msg).map_err(io_err)?;
