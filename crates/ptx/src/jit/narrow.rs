@@ -10,28 +10,7 @@ use crate::ir::{Cmp, FOp, FloatMode, Func, IntOp, Op, Rnd, SReg, Src, TernOp, Ty
 /// value below 2^32 (as the compiled code computes it), so that 32 bits
 /// keep it whole. A thread starts with 0 in each, also narrow.
 pub(super) fn narrow_regs(f: &Func) -> Vec<bool> {
-    let mut narrow = vec![true; f.nregs as usize];
-    loop {
-        let mut changed = false;
-        for inst in &f.code {
-            let mut wide = Vec::new();
-            inst.op.for_each_dst(|d| {
-                if d != NONE
-                    && narrow.get(d as usize) == Some(&true)
-                    && !writes_narrow(&inst.op, &narrow)
-                {
-                    wide.push(d);
-                }
-            });
-            for d in wide {
-                narrow[d as usize] = false;
-                changed = true;
-            }
-        }
-        if !changed {
-            return narrow;
-        }
-    }
+    shrink(f, vec![true; f.nregs as usize], writes_narrow)
 }
 
 /// Whether each wide register of `f` (not `narrow`) is only written by ops
@@ -40,26 +19,29 @@ pub(super) fn narrow_regs(f: &Func) -> Vec<bool> {
 /// registers, narrow ones and immediates, `mul.wide` and widening `cvt`s
 /// of narrow ones, `cvta`, and 8-byte parameter loads.
 pub(super) fn wide_vector_regs(f: &Func, narrow: &[bool]) -> Vec<bool> {
-    let mut wide: Vec<bool> = narrow.iter().map(|&n| !n).collect();
+    let wide = narrow.iter().map(|&n| !n).collect();
+    shrink(f, wide, |op, wide| writes_wide(op, narrow, wide))
+}
+
+/// Takes out of `set`, until nothing changes, every register that some op
+/// writes where `keeps(op, set)` says the op does not keep it in the set.
+fn shrink(f: &Func, mut set: Vec<bool>, keeps: impl Fn(&Op, &[bool]) -> bool) -> Vec<bool> {
     loop {
         let mut changed = false;
         for inst in &f.code {
-            let mut off = Vec::new();
+            let mut out = Vec::new();
             inst.op.for_each_dst(|d| {
-                if d != NONE
-                    && wide.get(d as usize) == Some(&true)
-                    && !writes_wide(&inst.op, narrow, &wide)
-                {
-                    off.push(d);
+                if d != NONE && set.get(d as usize) == Some(&true) && !keeps(&inst.op, &set) {
+                    out.push(d);
                 }
             });
-            for d in off {
-                wide[d as usize] = false;
+            for d in out {
+                set[d as usize] = false;
                 changed = true;
             }
         }
         if !changed {
-            return wide;
+            return set;
         }
     }
 }
