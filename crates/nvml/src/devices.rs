@@ -4,7 +4,9 @@
 
 use std::ffi::{c_char, c_uint, c_void, CStr};
 
-use crate::state::{self, device, guard, nvidia_fn, out, out_str, uuid_text};
+use cumux_protocol::visible_devices::uuid_text;
+
+use crate::state::{self, device, guard, nvidia_fn, out, out_str};
 use crate::types::*;
 
 #[no_mangle]

@@ -6,6 +6,7 @@ use std::ffi::{c_char, c_uint, c_void, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Mutex, MutexGuard};
 
+use cumux_protocol::visible_devices::uuid_text;
 use cumux_protocol::DeviceInfo;
 
 use crate::real::{self, Nvidia};
@@ -213,28 +214,4 @@ pub fn shutdown() -> Result<(), NvmlReturn> {
         }
     }
     Ok(())
-}
-
-/// `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`, as NVML writes a UUID.
-pub fn uuid_text(uuid: &[u8; 16]) -> String {
-    let hex: Vec<String> = uuid.iter().map(|b| format!("{b:02x}")).collect();
-    format!(
-        "GPU-{}-{}-{}-{}-{}",
-        hex[0..4].concat(),
-        hex[4..6].concat(),
-        hex[6..8].concat(),
-        hex[8..10].concat(),
-        hex[10..16].concat()
-    )
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn uuids_are_written_as_nvml_writes_them() {
-        let uuid: [u8; 16] = std::array::from_fn(|i| i as u8);
-        assert_eq!(uuid_text(&uuid), "GPU-00010203-0405-0607-0809-0a0b0c0d0e0f");
-    }
 }

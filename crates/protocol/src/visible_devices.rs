@@ -151,6 +151,12 @@ mod tests {
     #[test]
     fn uuids_and_unique_prefixes() {
         assert_eq!(uuid_text(&B), "GPU-bbbbbbbb-bbbb-bbbb-bbbb-bbbbbbbbbbbb");
+        // Bytes in order, grouped 4-2-2-2-6 (as NVML writes them too).
+        let ordered: [u8; 16] = std::array::from_fn(|i| i as u8);
+        assert_eq!(
+            uuid_text(&ordered),
+            "GPU-00010203-0405-0607-0809-0a0b0c0d0e0f"
+        );
         assert_eq!(chosen("GPU-bbbbbbbb-bbbb-bbbb-bbbb-bbbbbbbbbbbb,0"), [1, 0]);
         assert_eq!(chosen("gpu-BBB"), [1]);
         assert_eq!(chosen("GPU-ab"), [2]);

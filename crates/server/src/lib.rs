@@ -169,33 +169,28 @@ impl Server {
         let mut pairs: std::collections::BTreeMap<(String, u32), utilization::Reading> =
             Default::default();
         for entry in self.registry.entries() {
+            let gate = self
+                .gates
+                .get(entry.device as usize)
+                .and_then(Option::as_ref);
             let reading = pairs
                 .entry((entry.tenant.clone(), entry.device))
                 .or_insert_with(|| utilization::Reading {
                     tenant: entry.tenant.clone(),
                     device: entry.device,
-                    sources: Vec::new(),
+                    // The gate's key never names a session (ids count up from 1).
+                    sources: gate
+                        .map(|g| vec![(u64::MAX, g.charged_total_ns(&entry.tenant))])
+                        .unwrap_or_default(),
                     measured: true,
                 });
-            if self
-                .gates
-                .get(entry.device as usize)
-                .is_some_and(Option::is_some)
-            {
+            if gate.is_some() {
                 continue;
             }
             let stats = &entry.stats;
             reading.measured &= stats.timed.load(Ordering::Relaxed);
             let ns = stats.gpu_time_ns.load(Ordering::Relaxed);
             reading.sources.push((entry.session, ns));
-        }
-        for ((tenant, device), reading) in pairs.iter_mut() {
-            if let Some(Some(gate)) = self.gates.get(*device as usize) {
-                // The gate's key never names a session (ids count up from 1).
-                reading
-                    .sources
-                    .push((u64::MAX, gate.charged_total_ns(tenant)));
-            }
         }
         pairs.into_values().collect()
     }
