@@ -4,11 +4,9 @@
 
 mod common;
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::time::Duration;
 
-use common::metrics::{metrics_address, sample, scrape};
+use common::metrics::{get, metrics_address, sample, scrape};
 use common::{corpus_program, serve_command, wait_bounded, ServerProc, TempDir};
 
 #[test]
@@ -95,15 +93,8 @@ fn metrics_count_tenants_past_their_sessions() {
     assert_eq!(faults, Some(1.0));
 
     // Other paths are not found; the server serves on.
-    let mut stream = TcpStream::connect(&at).unwrap();
-    write!(
-        stream,
-        "GET /other HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut reply = String::new();
-    stream.read_to_string(&mut reply).unwrap();
-    assert!(reply.starts_with("HTTP/1.1 404"), "{reply}");
+    let (status, _, _) = get(&at, "/other");
+    assert!(status.starts_with("HTTP/1.1 404"), "{status}");
 }
 
 #[test]

@@ -1,5 +1,5 @@
 //! Scraping `cumux serve --metrics` in tests: its address from the server's
-//! log, one `GET /metrics` over HTTP/1.1, and a sample's value.
+//! log, one `GET` over HTTP/1.1, and a sample's value.
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -20,13 +20,18 @@ pub fn metrics_address(server: &ServerProc) -> String {
 
 /// `GET /metrics` over HTTP/1.1: (status line, headers, body).
 pub fn scrape(at: &str) -> (String, String, String) {
+    get(at, "/metrics")
+}
+
+/// `GET path` over HTTP/1.1: (status line, headers, body).
+pub fn get(at: &str, path: &str) -> (String, String, String) {
     let mut stream = TcpStream::connect(at).expect("the metrics port answers");
     stream
         .set_read_timeout(Some(Duration::from_secs(10)))
         .unwrap();
     write!(
         stream,
-        "GET /metrics HTTP/1.1\r\nHost: {at}\r\nConnection: close\r\n\r\n"
+        "GET {path} HTTP/1.1\r\nHost: {at}\r\nConnection: close\r\n\r\n"
     )
     .unwrap();
     let mut reply = String::new();
