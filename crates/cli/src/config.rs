@@ -59,7 +59,7 @@ pub struct ServerSettings {
     /// launches go in arrival order), fair (weighted shares of device time) or
     /// priority (latency-critical tenants first). It sets every device's policy
     /// but those a config's [devices.N] table gives a policy of their own.
-    #[arg(long, value_parser = PossibleValuesParser::new(["fifo", "fair", "priority"]))]
+    #[arg(long, value_parser = PossibleValuesParser::new(cumux_server::gate::POLICIES))]
     pub policy: Option<String>,
     /// How a GPU gives sessions contexts: isolated (default: a context per
     /// session, each in a process of its own; a fault stays with its
@@ -67,7 +67,7 @@ pub struct ServerSettings {
     /// own, kernels side by side; a fault fails every session on it), or
     /// fenced (shared, and each tenant not marked trusted kept to a memory
     /// partition of its own, its PTX rewritten; cubin-only modules refused).
-    #[arg(long, value_parser = PossibleValuesParser::new(["isolated", "shared", "fenced"]))]
+    #[arg(long, value_parser = PossibleValuesParser::new(cumux_server::worker::device::Sharing::NAMES))]
     pub sharing: Option<String>,
     /// Resets a GPU context whose queued work makes no progress for this long
     /// (e.g. 30s, 2m): a kernel that never ends then fails with

@@ -103,6 +103,8 @@ pub const GPU_QUEUED_CONCURRENCY: u32 = 1024;
 pub const GPU_BATCH_WHILE_LC: u32 = 2;
 
 /// The names `--policy` and the config's `policy` (global or `[devices.N]`) accept.
+pub const POLICIES: [&str; 3] = ["fifo", "fair", "priority"];
+/// [`POLICIES`] in a sentence.
 pub const POLICY_NAMES: &str = "fifo, fair or priority";
 
 /// A policy by name, with its default parameters.

@@ -47,6 +47,9 @@ pub enum Sharing {
 }
 
 impl Sharing {
+    /// The names [`Sharing::parse`] takes.
+    pub const NAMES: [&'static str; 3] = ["isolated", "shared", "fenced"];
+
     /// `isolated`, `shared` or `fenced`.
     pub fn parse(text: &str) -> Result<Sharing, String> {
         match text {
