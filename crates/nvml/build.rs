@@ -72,7 +72,9 @@ pub extern "C" fn {name}() {{
 }
 
 fn main() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    // Read when the script runs (the crate's folder then), not when it was built.
+    let manifest_dir = std::env::var("CARGO_MANIFEST_DIR").expect("CARGO_MANIFEST_DIR");
+    let root = Path::new(&manifest_dir);
     let list = root.join("nvidia_exports.txt");
     println!("cargo:rerun-if-changed={}", list.display());
     println!("cargo:rerun-if-changed={}", root.join("src").display());
