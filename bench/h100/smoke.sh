@@ -126,6 +126,7 @@ driver_programs=(
     "stack_limit;stack_limit.cu;;"
     "textures;textures.cu;;"
     "managed_memory;managed_memory.cu;;"
+    "managed_concurrent;managed_concurrent.cu;;"
     "graph_conditional;graph_conditional.cu;;"
 )
 declare -A program_args

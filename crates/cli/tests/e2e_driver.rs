@@ -39,6 +39,9 @@ programs_pass! {
     pinned_memory: "pinned_memory" on "pinned";
     graph_by_stream_capture: "graph_capture" on "graph";
     managed_memory: "managed_memory" on "managed";
+    /// Host and device add to one counter at once, and a host write during
+    /// a kernel survives it: the host's access waits for the device.
+    managed_memory_used_by_host_during_a_kernel: "managed_concurrent" on "managedhost";
     host_callbacks_run_in_stream_order: "host_callback" on "hostfn";
     threads_with_their_own_streams: "threads" on "threads";
     launch_limits_are_checked_at_the_call: "launch_limits" on "limits";
@@ -58,6 +61,19 @@ programs_pass! {
     /// If/else, while and switch nodes over body graphs, their handles set
     /// by kernels (`cudaGraphSetConditional`).
     conditional_graph_nodes: "graph_conditional" on "graphcond";
+}
+
+/// The fault handler that holds host accesses to managed memory passes other
+/// faults on: a stray pointer still ends the program by SIGSEGV, at once.
+#[test]
+fn a_stray_pointer_still_faults_beside_managed_memory() {
+    use std::os::unix::process::ExitStatusExt;
+    let server = ServerProc::start("managedcrash");
+    let out = server.run(&driver_program("managed_concurrent"), &["crash"], LIMIT);
+    let by_segv =
+        out.status.signal() == Some(libc::SIGSEGV) || out.code() == Some(128 + libc::SIGSEGV);
+    assert!(by_segv, "not ended by SIGSEGV: {}", out.describe());
+    assert!(!out.stdout.contains("FAIL"), "{}", out.describe());
 }
 
 /// A driver-API program of tests/cuda/driver linked against the client driver

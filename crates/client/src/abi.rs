@@ -17,6 +17,7 @@ pub(crate) fn guard(name: &'static str, body: impl FnOnce() -> CuResult<()>) -> 
     logging::init();
     // Makes this thread's teardown marker at its first call.
     teardown::thread_ending();
+    let _inside = crate::managed_guard::Inside::enter();
     match catch_unwind(AssertUnwindSafe(body)) {
         Ok(Ok(())) => {
             tracing::trace!("{name} -> CUDA_SUCCESS");

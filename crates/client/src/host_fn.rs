@@ -71,6 +71,7 @@ fn worker(client: &'static Client, stream: Handle) {
         let status = reached(client, next.event);
         let _ = client.call(Call::EventDestroy { event: next.event });
         // A panicking host function must not take the worker (and the queue) down.
+        let _inside = crate::managed_guard::Inside::enter();
         let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| (next.run)(status)));
         let mut s = client.lock();
         let q = s.host_fns.entry(stream).or_default();

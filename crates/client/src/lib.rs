@@ -41,6 +41,7 @@ pub mod jit_log;
 pub mod link;
 pub mod logging;
 pub mod managed;
+pub mod managed_guard;
 pub mod mapped;
 pub mod occupancy;
 pub mod pinned;

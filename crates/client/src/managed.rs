@@ -12,6 +12,7 @@ use cumux_protocol::framing::MAX_CHUNK_BYTES;
 use cumux_protocol::{Call, ReplyBody};
 
 use crate::errors::*;
+use crate::managed_guard::{self, Attach};
 use crate::state::{device_window_reserved, is_device_ptr, Client, Managed};
 
 const PAGE: u64 = 4096;
@@ -22,8 +23,9 @@ fn page_range(ptr: u64, size: u64) -> (u64, usize) {
     (start, (end - start) as usize)
 }
 
-/// Allocates `bytes` on `device` and maps host memory at the same address.
-pub fn alloc(c: &Client, device: u32, bytes: usize) -> CuResult<u64> {
+/// Allocates `bytes` on `device` and maps host memory at the same address;
+/// device work uses it as `attach` says.
+pub fn alloc(c: &Client, device: u32, bytes: usize, attach: Attach) -> CuResult<u64> {
     let ptr = match c.call_on(
         device,
         Call::MemAlloc {
@@ -37,7 +39,7 @@ pub fn alloc(c: &Client, device: u32, bytes: usize) -> CuResult<u64> {
     if !is_device_ptr(ptr) {
         // A GPU: its addresses are its driver's, not in this process's window.
         let _ = c.call_on(device, Call::MemFree { ptr });
-        return reached(c, device, bytes);
+        return reached(c, device, bytes, attach);
     }
     if !device_window_reserved() {
         let _ = c.call_on(device, Call::MemFree { ptr });
@@ -74,6 +76,8 @@ pub fn alloc(c: &Client, device: u32, bytes: usize) -> CuResult<u64> {
         host_newer: true,
     };
     s.managed.insert(ptr, managed);
+    drop(s);
+    managed_guard::register(ptr, bytes as u64, attach);
     Ok(ptr)
 }
 
@@ -82,7 +86,7 @@ pub fn alloc(c: &Client, device: u32, bytes: usize) -> CuResult<u64> {
 /// device see one copy at every moment (as with concurrent managed access),
 /// at the link's speed for kernels. Refused where the device cannot reach it
 /// at that address.
-fn reached(c: &Client, device: u32, bytes: usize) -> CuResult<u64> {
+fn reached(c: &Client, device: u32, bytes: usize, attach: Attach) -> CuResult<u64> {
     let memory = crate::pinned::alloc_reached(c, bytes).map_err(|why| {
         tracing::warn!("cuMemAllocManaged of {bytes} bytes: {why}");
         CUDA_ERROR_NOT_SUPPORTED
@@ -95,6 +99,8 @@ fn reached(c: &Client, device: u32, bytes: usize) -> CuResult<u64> {
     let mut s = c.lock();
     s.allocations.insert(ptr, bytes as u64);
     s.managed_reached.insert(ptr, memory);
+    drop(s);
+    managed_guard::register(ptr, bytes as u64, attach);
     Ok(ptr)
 }
 

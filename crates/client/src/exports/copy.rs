@@ -47,7 +47,7 @@ fn begin<'a>(
         None => c.ready_stream(st, DEFAULT_STREAM)?,
         Some(_) => st,
     };
-    let push = st.managed_to_push();
+    let push = st.managed_to_push(None);
     let after = match stream {
         None => AfterSync::managed(&st),
         Some(_) => AfterSync::none(),

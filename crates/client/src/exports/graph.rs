@@ -670,20 +670,22 @@ driver_fn! {
             .get(&handle(exec))
             .and_then(|g| st.conditionals.get(g))
             .map_or_else(Vec::new, |h| h.iter().filter(|h| h.assign_default).copied().collect());
-        let push = st.managed_to_push();
+        let push = st.managed_to_push(Some(stream));
         match graph {
             Some(graph) => {
                 drop(st);
                 crate::managed::push(c, push)?;
-                c.call(Call::GraphLaunch { graph, stream }).map(|_| ())
+                c.call(Call::GraphLaunch { graph, stream })?;
             }
             None => {
                 drop(st);
                 for h in &defaults {
                     crate::conditions::set(c, h.cell, h.default, Some(stream))?;
                 }
-                replay(c, c.lock(), push, &recording, stream)
+                replay(c, c.lock(), push, &recording, stream)?;
             }
         }
+        crate::managed_guard::after_work(stream);
+        Ok(())
     }
 }

@@ -123,7 +123,7 @@ fn launch(
     let stream = stream?;
     st = c.ready_stream(st, stream)?;
     let params = pack_params(&st.function(function)?.params, kernel_params, extra)?;
-    let push = st.managed_to_push();
+    let push = st.managed_to_push(Some(stream));
     let call = st.capture_call(Call::Launch {
         function,
         grid,
@@ -143,7 +143,11 @@ fn launch(
         return Err(CUDA_ERROR_INVALID_HANDLE);
     }
     match call {
-        Some(call) => c.call_on(device, call).map(|_| ()),
+        Some(call) => {
+            c.call_on(device, call)?;
+            crate::managed_guard::after_work(stream);
+            Ok(())
+        }
         None => Ok(()),
     }
 }

@@ -17,6 +17,7 @@ use cumux_cuda_bindings::consts::*;
 use super::cuda13x::MemLocation;
 use super::*;
 use crate::state::{client, handles};
+use cumux_protocol::Handle;
 
 /// `CU_DEVICE_CPU`: the host, where a device ordinal is expected.
 const DEVICE_CPU: i32 = -1;
@@ -56,9 +57,10 @@ fn check_location(location: MemLocation) -> CuResult<()> {
     }
 }
 
-fn check_stream(s: *mut c_void) -> CuResult<()> {
+fn check_stream(s: *mut c_void) -> CuResult<Handle> {
     let stream = handles::stream(s)?;
-    client()?.lock().check_stream(stream)
+    client()?.lock().check_stream(stream)?;
+    Ok(stream)
 }
 
 fn check_advice(advice: u32) -> CuResult<()> {
@@ -72,7 +74,7 @@ driver_fn! {
     fn cuMemPrefetchAsync | cuMemPrefetchAsync_ptsz (ptr: u64, count: usize, device: i32, s: *mut c_void) {
         check_managed(ptr, count)?;
         check_device(device)?;
-        check_stream(s)
+        check_stream(s).map(|_| ())
     }
 
     unchecked fn cuMemPrefetchAsync_v2(ptr: u64, count: usize, location: MemLocation, flags: u32, s: *mut c_void) {
@@ -99,9 +101,10 @@ driver_fn! {
         if !matches!(flags, CU_MEM_ATTACH_GLOBAL | CU_MEM_ATTACH_HOST | CU_MEM_ATTACH_SINGLE) {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
-        check_stream(s)?;
+        let stream = check_stream(s)?;
         // Length 0 names the whole allocation.
-        check_managed(ptr, length.max(1))
+        check_managed(ptr, length.max(1))?;
+        crate::managed_guard::attach(ptr, crate::managed_guard::Attach::of(flags, stream))
     }
 }
 
@@ -117,5 +120,5 @@ fn prefetch_v2(
     }
     check_managed(ptr, count)?;
     check_location(location)?;
-    check_stream(s)
+    check_stream(s).map(|_| ())
 }

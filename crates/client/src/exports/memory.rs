@@ -79,6 +79,7 @@ pub(super) fn free(c: &Client, ptr: u64) -> CuResult<()> {
         if let Some(memory) = st.managed_reached.remove(&ptr) {
             st.allocations.remove(&ptr);
             drop(st);
+            crate::managed_guard::unregister(ptr);
             crate::pinned::free(c, memory);
             c.placements().remove(ptr);
             return Ok(());
@@ -86,6 +87,7 @@ pub(super) fn free(c: &Client, ptr: u64) -> CuResult<()> {
         st.managed.remove(&ptr)
     };
     if let Some(m) = managed {
+        crate::managed_guard::unregister(ptr);
         crate::managed::unmap(ptr, m);
     }
     c.call(Call::MemFree { ptr })?;
@@ -258,7 +260,8 @@ driver_fn! {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
         let device = c.lock().context_device()?;
-        out(dptr, crate::managed::alloc(c, device, bytes)?)
+        let attach = crate::managed_guard::Attach::of(flags, cumux_protocol::DEFAULT_STREAM);
+        out(dptr, crate::managed::alloc(c, device, bytes, attach)?)
     }
 
     fn cuMemAllocPitch_v2(dptr: *mut u64, pitch: *mut usize, width: usize, height: usize, elem: u32) {

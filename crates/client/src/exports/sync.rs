@@ -166,6 +166,8 @@ impl AfterSync {
     }
 
     pub(crate) fn finish(self, c: &Client) -> CuResult<()> {
+        // The host may use managed memory again (before it is pulled in).
+        crate::managed_guard::open_all();
         if matches!(self.host_fns, HostFns::None) && !self.managed {
             return Ok(());
         }

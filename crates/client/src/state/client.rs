@@ -348,6 +348,14 @@ impl Client {
         Ok(slot.link.get_or_init(|| Link::new(conn)))
     }
 
+    /// The devices whose links are open, with them.
+    pub fn opened_links(&self) -> impl Iterator<Item = (u32, &Link)> {
+        self.links
+            .iter()
+            .enumerate()
+            .filter_map(|(device, slot)| Some((device as u32, slot.link.get()?)))
+    }
+
     /// The link of the device `call` is for (`crate::routing`).
     fn route(&self, call: &Call) -> CuResult<&Link> {
         self.link(device_of_call(call, &self.placements), call.into())

@@ -605,27 +605,37 @@ impl State {
         self.host_fns.values().any(|q| q.pending > 0)
     }
 
-    /// Before device work: the managed allocations the host may have
-    /// written, marked as pushed (`crate::managed::push` sends them).
-    pub fn managed_to_push(&mut self) -> Vec<(u64, u64)> {
-        self.managed_switch(true)
-    }
-
-    /// After synchronisation: the managed allocations the device may have
-    /// written, marked as pulled (`crate::managed::pull` fetches them).
-    pub fn managed_to_pull(&mut self) -> Vec<(u64, u64)> {
-        self.managed_switch(false)
-    }
-
-    fn managed_switch(&mut self, host_newer: bool) -> Vec<(u64, u64)> {
+    /// Before device work on `stream` (`None`: a copy, which may read any):
+    /// the managed allocations the host may have written and the work may
+    /// use (`crate::managed_guard::Attach`), marked as pushed
+    /// (`crate::managed::push` sends them).
+    pub fn managed_to_push(&mut self, stream: Option<Handle>) -> Vec<(u64, u64)> {
         if self.managed.is_empty() {
             return Vec::new();
         }
         self.managed
             .iter_mut()
-            .filter(|(_, m)| m.host_newer == host_newer)
+            .filter(|(p, m)| {
+                m.host_newer && stream.is_none_or(|s| crate::managed_guard::used_by(**p, s))
+            })
             .map(|(p, m)| {
-                m.host_newer = !host_newer;
+                m.host_newer = false;
+                (*p, m.size)
+            })
+            .collect()
+    }
+
+    /// After synchronisation: the managed allocations the device may have
+    /// written, marked as pulled (`crate::managed::pull` fetches them).
+    pub fn managed_to_pull(&mut self) -> Vec<(u64, u64)> {
+        if self.managed.is_empty() {
+            return Vec::new();
+        }
+        self.managed
+            .iter_mut()
+            .filter(|(_, m)| !m.host_newer)
+            .map(|(p, m)| {
+                m.host_newer = true;
                 (*p, m.size)
             })
             .collect()
