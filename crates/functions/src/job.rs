@@ -219,22 +219,12 @@ impl<T> Pending<T> {
         }
     }
 
-    /// Polls for the job's answer for at most `poll` (and not past its
-    /// deadline) without sleeping: the answer if it came, for a waiter that
-    /// would otherwise sleep and be woken for an answer this near.
-    pub fn poll_for(&self, poll: Duration) -> Option<Result<T, Failure>> {
-        if poll.is_zero() {
-            return None;
-        }
-        let until = (Instant::now() + poll).min(self.deadline);
-        loop {
-            if self.shared.settled.load(Ordering::Acquire) {
-                return Self::settled(&mut self.shared.lock());
-            }
-            if Instant::now() >= until {
-                return None;
-            }
-            std::hint::spin_loop();
+    /// The job's answer if it has come, without waiting (for a waiter that
+    /// polls rather than sleep and be woken for an answer this near).
+    pub fn ready(&self) -> Option<Result<T, Failure>> {
+        match self.shared.settled.load(Ordering::Acquire) {
+            true => Self::settled(&mut self.shared.lock()),
+            false => None,
         }
     }
 

@@ -81,6 +81,9 @@ pub struct LaneState {
     poisoned: Arc<AtomicBool>,
     /// How long the lane polls for its next job before it sleeps.
     poll: Duration,
+    /// Requests the service is serving: the lane polls only for a lone one's
+    /// successor.
+    in_flight: Arc<AtomicUsize>,
 }
 
 /// One tenant's queue of work on one device (a tenant may have several on a
@@ -102,12 +105,13 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 impl Lane {
     /// Starts a lane of `tenant` on `device` (one of the tenant's), one of at
     /// most `lanes` of the tenant there (their pools share
-    /// [`MAX_POOL_BYTES`]).
+    /// [`MAX_POOL_BYTES`]); `in_flight` counts the service's requests.
     pub fn start(
         server: Arc<Server>,
         tenant: (String, TenantSettings),
         device: &Arc<dyn Device>,
         lanes: usize,
+        in_flight: Arc<AtomicUsize>,
     ) -> Result<Lane, Failure> {
         let position = server
             .devices_for(&tenant.1)
@@ -144,6 +148,7 @@ impl Lane {
                 TenantClass::LatencyCritical => spin::hot_spin_time(),
                 TenantClass::Batch => job::answer_poll(),
             },
+            in_flight,
         };
         std::thread::Builder::new()
             .name(format!("cumux-fn-{}", tenant.0))
@@ -230,7 +235,9 @@ impl Drop for Busy {
 fn serve(mut state: LaneState, queue: Receiver<Job>) {
     let poll = state.poll;
     let limited = state.tenant.1.class == TenantClass::Batch;
-    while let Some(job) = next_job(&queue, poll, limited) {
+    let in_flight = Arc::clone(&state.in_flight);
+    let lone = move || in_flight.load(Ordering::Relaxed) <= 1;
+    while let Some(job) = next_job(&queue, poll, limited, &lone) {
         // The job answers its waiter first; what it left for later follows.
         let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             job(&mut state);
@@ -246,21 +253,31 @@ fn serve(mut state: LaneState, queue: Receiver<Job>) {
 
 /// The lane's next job, polled for during `poll` before the lane sleeps: a
 /// job that comes that soon (the next request of a client that waits for
-/// each answer) costs no wake-up. `None` once every sender is gone.
-fn next_job(queue: &Receiver<Job>, poll: Duration, limited: bool) -> Option<Job> {
-    // A batch tenant's lane polls only while few others do (a latency-critical
-    // tenant's always, as the server's threads poll for its sessions).
-    let place = match limited && !poll.is_zero() {
+/// each answer) costs no wake-up. A batch tenant's lane polls only while few
+/// others do and while the service serves one request alone (`lone`): under
+/// load the next job is queued already or the core is wanted for serving.
+/// `None` once every sender is gone.
+fn next_job(
+    queue: &Receiver<Job>,
+    poll: Duration,
+    limited: bool,
+    lone: &dyn Fn() -> bool,
+) -> Option<Job> {
+    // A latency-critical tenant's lane always polls, as the server's
+    // threads poll for its sessions.
+    let polls = !poll.is_zero() && (!limited || lone());
+    let place = match limited && polls {
         true => job::Poller::take(),
         false => None,
     };
-    if !poll.is_zero() && (!limited || place.is_some()) {
+    if polls && (!limited || place.is_some()) {
         let until = Instant::now() + poll;
         loop {
             match queue.try_recv() {
                 Ok(job) => return Some(job),
                 Err(TryRecvError::Disconnected) => return None,
                 Err(TryRecvError::Empty) if Instant::now() >= until => break,
+                Err(TryRecvError::Empty) if limited && !lone() => break,
                 Err(TryRecvError::Empty) => std::hint::spin_loop(),
             }
         }
@@ -612,7 +629,7 @@ mod tests {
         let poll = Duration::from_millis(50);
         // Queued before: taken at once.
         jobs.send(job()).unwrap();
-        assert!(next_job(&queue, poll, false).is_some());
+        assert!(next_job(&queue, poll, false, &|| true).is_some());
         // Sent during the poll, then after it (the lane asleep by then).
         for delay in [Duration::from_millis(5), Duration::from_millis(120)] {
             let sender = jobs.clone();
@@ -620,12 +637,21 @@ mod tests {
                 std::thread::sleep(delay);
                 sender.send(job()).unwrap();
             });
-            assert!(next_job(&queue, poll, true).is_some());
+            assert!(next_job(&queue, poll, true, &|| true).is_some());
+            sent.join().unwrap();
+            // With other requests in flight a batch lane sleeps at once,
+            // and the job still reaches it.
+            let sender = jobs.clone();
+            let sent = std::thread::spawn(move || {
+                std::thread::sleep(delay);
+                sender.send(job()).unwrap();
+            });
+            assert!(next_job(&queue, poll, true, &|| false).is_some());
             sent.join().unwrap();
         }
         // Every sender gone: the lane ends, polling or not.
         drop(jobs);
-        assert!(next_job(&queue, poll, false).is_none());
-        assert!(next_job(&queue, Duration::ZERO, true).is_none());
+        assert!(next_job(&queue, poll, false, &|| true).is_none());
+        assert!(next_job(&queue, Duration::ZERO, true, &|| true).is_none());
     }
 }

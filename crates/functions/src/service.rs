@@ -130,7 +130,8 @@ struct Drain {
     taking: AtomicBool,
     at_once: AtomicBool,
     since: OnceLock<Instant>,
-    in_flight: AtomicUsize,
+    /// Requests being served; the lanes read it too.
+    in_flight: Arc<AtomicUsize>,
 }
 
 /// An invocation queued on its lane ([`Functions::start_invoke`]).
@@ -290,6 +291,7 @@ impl Functions {
             tenant.clone(),
             dev,
             lanes,
+            Arc::clone(&self.drain.in_flight),
         )?))
     }
 
