@@ -17,6 +17,7 @@ use std::os::fd::AsFd;
 use cumux_protocol::pinned::{create_memfd, HostMapping};
 use cumux_protocol::{Call, ReplyBody};
 
+use crate::errors::CUDA_ERROR_NOT_SUPPORTED;
 use crate::state::{Client, PinnedMemory};
 
 /// Set to `off` to keep pinned buffers plain and large pageable copies
@@ -54,30 +55,59 @@ pub fn alloc_reached(c: &Client, bytes: usize) -> Result<PinnedMemory, String> {
     register(c, bytes, true)
 }
 
+/// Times a region the device must reach at the program's address is mapped
+/// at another address after the worker found its address taken.
+const REACH_TRIES: usize = 8;
+
 fn register(c: &Client, bytes: usize, reached: bool) -> Result<PinnedMemory, String> {
     let len = bytes
         .checked_next_multiple_of(PAGE)
         .ok_or("too large a buffer")? as u64;
-    let (mapping, fd) = create_memfd(len)
-        .and_then(|fd| Ok((HostMapping::map(fd.as_fd(), len)?, fd)))
-        .map_err(|e| format!("no memfd ({e})"))?;
-    let call = Call::HostRegister {
-        base: mapping.as_ptr() as u64,
-        bytes: len,
-        reached,
-    };
+    let fd = create_memfd(len).map_err(|e| format!("no memfd ({e})"))?;
+    let mut mapping = HostMapping::map(fd.as_fd(), len).map_err(|e| format!("no mapping ({e})"))?;
     // The current device's session takes it; the program's sessions on its
     // other devices may name it too (the server shares it among them).
     let device = crate::state::current_device();
-    match c.call_with_fd_on(device, call, fd.as_fd()) {
-        Ok(ReplyBody::Handle(region)) => Ok(PinnedMemory {
-            region,
-            device,
-            mapping,
-        }),
-        Ok(other) => Err(format!("the server answered {other:?}")),
-        Err(e) => Err(format!("the server did not take it ({e})")),
+    let mut tries = 0;
+    loop {
+        let call = Call::HostRegister {
+            base: mapping.as_ptr() as u64,
+            bytes: len,
+            reached,
+        };
+        match c.call_with_fd_on(device, call, fd.as_fd()) {
+            Ok(ReplyBody::Handle(region)) => {
+                return Ok(PinnedMemory {
+                    region,
+                    device,
+                    mapping,
+                })
+            }
+            Ok(other) => return Err(format!("the server answered {other:?}")),
+            // The worker has something at that address: the same pages at
+            // another (chosen at random, where neither process is likely to
+            // have anything), as often as that is free here.
+            Err(CUDA_ERROR_NOT_SUPPORTED) if reached && tries < REACH_TRIES => {
+                tries += 1;
+                if let Some(elsewhere) = (0..16)
+                    .find_map(|_| HostMapping::map_at(fd.as_fd(), len, random_address(len)).ok())
+                {
+                    mapping = elsewhere;
+                }
+            }
+            Err(e) => return Err(format!("the server did not take it ({e})")),
+        }
     }
+}
+
+/// A page-aligned address between 16 and 64 TiB with room for `len` bytes.
+fn random_address(len: u64) -> u64 {
+    let mut bits = [0u8; 8];
+    // SAFETY: getrandom writes at most `bits.len()` bytes into the buffer.
+    unsafe { libc::getrandom(bits.as_mut_ptr().cast(), bits.len(), 0) };
+    let (low, high) = (1u64 << 44, 1u64 << 46);
+    let span = (high - low).saturating_sub(len) / PAGE as u64;
+    low + u64::from_ne_bytes(bits) % span.max(1) * PAGE as u64
 }
 
 /// Unregisters a buffer (the server waits for work that may use it) and

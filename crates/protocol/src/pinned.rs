@@ -58,13 +58,20 @@ pub fn check_memfd(fd: BorrowedFd<'_>, len: u64) -> Result<(), String> {
 /// readers copy bytes out and never rely on them staying put, as with the
 /// shared area.
 pub struct HostMapping {
-    map: MmapRaw,
+    map: Backing,
+}
+
+/// Where a [`HostMapping`]'s pages are: where the kernel chose, or at an
+/// address asked for.
+enum Backing {
+    Chosen(MmapRaw),
+    At(FixedMapping),
 }
 
 impl std::fmt::Debug for HostMapping {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("HostMapping")
-            .field("len", &self.map.len())
+            .field("len", &self.len())
             .finish()
     }
 }
@@ -77,26 +84,45 @@ impl HostMapping {
         let file = File::from(fd.try_clone_to_owned()?);
         let map = MmapOptions::new().len(len).map_raw(&file)?;
         LIVE.fetch_add(1, Ordering::AcqRel);
-        Ok(HostMapping { map })
+        Ok(HostMapping {
+            map: Backing::Chosen(map),
+        })
+    }
+
+    /// Maps `len` bytes of `fd` at `at` ([`FixedMapping::map`]'s rules):
+    /// for a region another process must map at the same address, tried
+    /// again elsewhere where that one has the address taken.
+    pub fn map_at(fd: BorrowedFd<'_>, len: u64, at: u64) -> io::Result<HostMapping> {
+        let map = FixedMapping::map(fd, len, at)?;
+        LIVE.fetch_add(1, Ordering::AcqRel);
+        Ok(HostMapping {
+            map: Backing::At(map),
+        })
     }
 
     pub fn as_ptr(&self) -> *mut u8 {
-        self.map.as_mut_ptr()
+        match &self.map {
+            Backing::Chosen(map) => map.as_mut_ptr(),
+            Backing::At(map) => map.as_ptr(),
+        }
     }
 
     pub fn len(&self) -> usize {
-        self.map.len()
+        match &self.map {
+            Backing::Chosen(map) => map.len(),
+            Backing::At(map) => map.len(),
+        }
     }
 
     pub fn is_empty(&self) -> bool {
-        self.map.len() == 0
+        self.len() == 0
     }
 
     /// Whether `[offset, offset + len)` lies inside the mapping.
     pub fn contains(&self, offset: u64, len: u64) -> bool {
         offset
             .checked_add(len)
-            .is_some_and(|end| end <= self.map.len() as u64)
+            .is_some_and(|end| end <= self.len() as u64)
     }
 
     /// The bytes at `[offset, offset + len)`, if inside the mapping.
@@ -233,10 +259,9 @@ mod tests {
         let a = HostMapping::map(fd.as_fd(), 8192).unwrap();
         // SAFETY: nothing else uses the range.
         unsafe { a.bytes_mut(0, 4).unwrap() }.copy_from_slice(&[9, 8, 7, 6]);
-        // A free address: one the kernel just gave out and took back.
-        let free = HostMapping::map(fd.as_fd(), 8192).unwrap();
-        let at = free.as_ptr() as u64;
-        drop(free);
+        // A free address: far from where the kernel places mappings (one it
+        // just gave out and took back could go to another test's thread).
+        let at = (1u64 << 45) + ((u64::from(std::process::id()) % 4096) << 24);
         let fixed = FixedMapping::map(fd.as_fd(), 8192, at).unwrap();
         assert_eq!(fixed.as_ptr() as u64, at);
         // SAFETY: the fixed mapping holds 8192 bytes at `at`.
@@ -251,6 +276,14 @@ mod tests {
         drop(fixed);
         // Unmapped at its drop: the address is free again.
         assert!(FixedMapping::map(fd.as_fd(), 8192, at).is_ok());
+        // A host mapping at an address asked for: the same pages there.
+        let placed = HostMapping::map_at(fd.as_fd(), 8192, at + (1 << 20)).unwrap();
+        assert_eq!(placed.as_ptr() as u64, at + (1 << 20));
+        assert_eq!(placed.len(), 8192);
+        assert_eq!(placed.bytes(0, 4).unwrap(), &[9, 8, 7, 6]);
+        assert!(HostMapping::map_at(fd.as_fd(), 8192, at + (1 << 20)).is_err());
+        drop(placed);
+        assert!(HostMapping::map_at(fd.as_fd(), 8192, at + (1 << 20)).is_ok());
     }
 
     #[test]
