@@ -31,7 +31,8 @@ for dir in "$SAMPLES"/Samples/*/*/; do
     name=$(basename "$dir")
     [ -n "${ONLY:-}" ] && ! printf ' %s ' $ONLY | grep -qF " $name " && continue
     ls "$dir"*.cu >/dev/null 2>&1 || continue
-    if grep -l -E '#include *[<"](GL/|GLFW|helper_gl|cuda_gl_interop|EGL|vulkan|d3d|nvscisync|cudla|NvInfer|nvjpeg|npp|cudaEGL|X11|nvml|omp\.h|mpi\.h|cuda_egl)' "$dir"*.cu "$dir"*.cpp "$dir"*.h "$dir"*.cuh >/dev/null 2>&1; then
+    # -q -s: a match counts even where some of the globs name no file.
+    if grep -q -s -E '#include *[<"](GL/|GLFW|helper_gl|cuda_gl_interop|EGL|vulkan|d3d|nvscisync|cudla|NvInfer|nvjpeg|npp|cudaEGL|X11|nvml|mpi\.h|cuda_egl)' "$dir"*.cu "$dir"*.cpp "$dir"*.h "$dir"*.cuh; then
         continue
     fi
     libs=""
@@ -44,6 +45,8 @@ for dir in "$SAMPLES"/Samples/*/*/; do
     grep -q 'cusparse' <<<"$src" && libs+=" -lcusparse"
     grep -q 'nvrtc' <<<"$src" && libs+=" -lnvrtc"
     grep -q 'nvJitLink' <<<"$src" && libs+=" -lnvJitLink"
+    grep -q -E '#include *<omp\.h>' <<<"$src" && libs+=" -Xcompiler -fopenmp -lgomp"
+    grep -q 'helper_multiprocess\.h' <<<"$src" && libs+=" $SAMPLES/Common/helper_multiprocess.cpp -lrt"
     # Dynamic parallelism: relocatable device code and the device runtime.
     case $name in cdp*) libs+=" -rdc=true -lcudadevrt" ;; esac
     echo "$name|$dir|$libs"
@@ -53,6 +56,16 @@ say "samples: $(wc -l <"$W/list") to build ($(date -u +%FT%TZ)); gpu $(nvidia-sm
 build() {
     IFS='|' read -r name dir libs <<<"$1"
     [ -x "$dir/$name" ] && return 0
+    # Driver-API samples load their kernels from a fatbin or PTX file that
+    # their CMakeLists builds beside them (CUDA_FATBIN_FILE / CUDA_PTX_FILE).
+    local kernel out kind
+    kernel=$(sed -n 's/.*set(CUDA_KERNEL_SOURCE "[^"]*\/\([^"/]*\.cu\)").*/\1/p' "$dir/CMakeLists.txt" 2>/dev/null | head -1)
+    for kind in fatbin ptx; do
+        out=$(sed -n "s/.*set(CUDA_$(tr a-z A-Z <<<"$kind")_FILE \"[^\"]*\/\([^\"/]*\.$kind\)\").*/\1/p" "$dir/CMakeLists.txt" 2>/dev/null | head -1)
+        if [ -n "$out" ] && [ -n "$kernel" ] && [ ! -e "$dir/$out" ]; then
+            timeout 240 "$NVCC" -w -arch=sm_90 -I"$SAMPLES/Common" -I"$dir" "-$kind" -o "$dir/$out" "$dir/$kernel" >>"$dir/build.log" 2>&1
+        fi
+    done
     # shellcheck disable=SC2086 # library flags are words
     timeout 240 "$NVCC" -O2 -w -std=c++17 -arch=sm_90 -I"$SAMPLES/Common" -I"$dir" -o "$dir/$name" \
         "$dir"*.cu $(ls "$dir"*.cpp 2>/dev/null) $libs >"$dir/build.log" 2>&1 || echo "$name" >>"$2"
