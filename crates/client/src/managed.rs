@@ -6,10 +6,13 @@
 //! (if the host may have written it), after synchronisation the device copy
 //! is pulled (if the device may have written it). Which ones, the state says
 //! under its lock (`State::managed_to_push`, `State::managed_to_pull`); the
-//! bytes move here, after it is let go.
+//! bytes move here, after it is let go. A host access while device work is
+//! out waits here for the device (`settle`, called by `managed_guard`).
+
+use std::time::{Duration, Instant};
 
 use cumux_protocol::framing::MAX_CHUNK_BYTES;
-use cumux_protocol::{Call, ReplyBody};
+use cumux_protocol::{Call, Handle, ReplyBody, DEFAULT_STREAM};
 
 use crate::errors::*;
 use crate::managed_guard::{self, Attach};
@@ -77,7 +80,7 @@ pub fn alloc(c: &Client, device: u32, bytes: usize, attach: Attach) -> CuResult<
     };
     s.managed.insert(ptr, managed);
     drop(s);
-    managed_guard::register(ptr, bytes as u64, attach);
+    managed_guard::register(ptr, bytes as u64, attach, settle);
     Ok(ptr)
 }
 
@@ -100,7 +103,7 @@ fn reached(c: &Client, device: u32, bytes: usize, attach: Attach) -> CuResult<u6
     s.allocations.insert(ptr, bytes as u64);
     s.managed_reached.insert(ptr, memory);
     drop(s);
-    managed_guard::register(ptr, bytes as u64, attach);
+    managed_guard::register(ptr, bytes as u64, attach, settle);
     Ok(ptr)
 }
 
@@ -160,4 +163,69 @@ pub fn pull(c: &Client, allocations: Vec<(u64, u64)>) -> CuResult<()> {
         }
     }
     Ok(())
+}
+
+/// The longest a host access waits for the device before it goes ahead.
+const WAIT_LIMIT: Duration = Duration::from_secs(5);
+
+/// A host access to a closed allocation: waits until the device has no work
+/// left (at most [`WAIT_LIMIT`]), opens every allocation and brings the host
+/// copies up to date.
+pub fn settle(addr: u64) {
+    let Ok(c) = crate::state::client() else {
+        managed_guard::open_all();
+        return;
+    };
+    let idle = wait_idle(c, Instant::now() + WAIT_LIMIT);
+    managed_guard::open_all();
+    match idle {
+        Ok(true) => {
+            let stale = c.lock().managed_to_pull();
+            if let Err(e) = pull(c, stale) {
+                tracing::warn!("managed memory: the device copy was not fetched: {}", name(e));
+            }
+        }
+        Ok(false) => tracing::warn!(
+            "a host access to managed memory at {addr:#x} waited {} s for the device's work and \
+             went ahead while it runs: this device has no concurrent managed access",
+            WAIT_LIMIT.as_secs()
+        ),
+        Err(e) => tracing::warn!(
+            "a host access to managed memory at {addr:#x} went ahead: waiting for the device failed ({})",
+            name(e)
+        ),
+    }
+}
+
+/// Polls every stream of every device in use until none has work (true), or
+/// until `deadline` (false).
+fn wait_idle(c: &Client, deadline: Instant) -> CuResult<bool> {
+    for (device, link) in c.opened_links() {
+        if link.all_idle() {
+            continue;
+        }
+        let mut streams: Vec<Handle> = c
+            .lock()
+            .streams
+            .keys()
+            .copied()
+            .filter(|s| cumux_protocol::device_of_handle(*s) == device)
+            .collect();
+        streams.push(DEFAULT_STREAM);
+        for stream in streams {
+            let mut pause = Duration::from_micros(20);
+            while !link.stream_idle(stream) {
+                match c.call_on(device, Call::StreamQuery { stream }) {
+                    Ok(_) => break,
+                    Err(CUDA_ERROR_NOT_READY) if Instant::now() < deadline => {
+                        std::thread::sleep(pause);
+                        pause = (pause * 2).min(Duration::from_millis(1));
+                    }
+                    Err(CUDA_ERROR_NOT_READY) => return Ok(false),
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+    }
+    Ok(true)
 }

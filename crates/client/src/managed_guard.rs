@@ -11,13 +11,11 @@ use std::collections::BTreeMap;
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, MutexGuard, OnceLock};
-use std::time::{Duration, Instant};
 
 use cumux_cuda_bindings::consts::{CU_MEM_ATTACH_HOST, CU_MEM_ATTACH_SINGLE};
-use cumux_protocol::{Call, Handle, DEFAULT_STREAM};
+use cumux_protocol::Handle;
 
 use crate::errors::*;
-use crate::state::Client;
 
 /// What device work may use an allocation (`cuStreamAttachMemAsync`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -63,8 +61,9 @@ static ANY: AtomicBool = AtomicBool::new(false);
 static GUARDED: AtomicBool = AtomicBool::new(false);
 /// The handler of `SIGSEGV` before ours, for faults that are not ours.
 static PREVIOUS: OnceLock<libc::sigaction> = OnceLock::new();
-/// The longest a host access waits for the device before it goes ahead.
-const WAIT_LIMIT: Duration = Duration::from_secs(5);
+/// What a host access to a closed allocation at an address does: waits for
+/// the device and opens the allocations (`crate::managed::settle`).
+static SETTLE: OnceLock<fn(u64)> = OnceLock::new();
 
 thread_local! {
     /// How deep this thread is in cumux's own code (an exported call, a host
@@ -115,8 +114,10 @@ impl Drop for Inside {
 }
 
 /// Registers a managed allocation of `len` bytes at `ptr` (mapped read-write
-/// in this process), used by device work as `attach` says.
-pub fn register(ptr: u64, len: u64, attach: Attach) {
+/// in this process), used by device work as `attach` says; a host access
+/// while it is closed calls `settle` with the address.
+pub fn register(ptr: u64, len: u64, attach: Attach, settle: fn(u64)) {
+    SETTLE.get_or_init(|| settle);
     install_handler();
     ranges().insert(
         ptr,
@@ -229,8 +230,8 @@ extern "C" fn on_fault(sig: libc::c_int, info: *mut libc::siginfo_t, context: *m
         chain(sig, info, context);
         return;
     }
-    let _ = std::panic::catch_unwind(|| match INSIDE.with(Cell::get) {
-        0 => settle(addr),
+    let _ = std::panic::catch_unwind(|| match (INSIDE.with(Cell::get), SETTLE.get()) {
+        (0, Some(settle)) => settle(addr),
         // cumux's own code reading or writing the program's memory, as it
         // did before the pages were closed.
         _ => open_all(),
@@ -263,68 +264,6 @@ fn chain(sig: libc::c_int, info: *mut libc::siginfo_t, context: *mut c_void) {
         let f: extern "C" fn(libc::c_int) = unsafe { std::mem::transmute(handler) };
         f(sig);
     }
-}
-
-/// A host access to a closed allocation: waits until the device has no work
-/// left (at most [`WAIT_LIMIT`]), opens every allocation and brings the host
-/// copies up to date.
-fn settle(addr: u64) {
-    let Ok(c) = crate::state::client() else {
-        open_all();
-        return;
-    };
-    let idle = wait_idle(c, Instant::now() + WAIT_LIMIT);
-    open_all();
-    match idle {
-        Ok(true) => {
-            let stale = c.lock().managed_to_pull();
-            if let Err(e) = crate::managed::pull(c, stale) {
-                tracing::warn!("managed memory: the device copy was not fetched: {}", name(e));
-            }
-        }
-        Ok(false) => tracing::warn!(
-            "a host access to managed memory at {addr:#x} waited {} s for the device's work and \
-             went ahead while it runs: this device has no concurrent managed access",
-            WAIT_LIMIT.as_secs()
-        ),
-        Err(e) => tracing::warn!(
-            "a host access to managed memory at {addr:#x} went ahead: waiting for the device failed ({})",
-            name(e)
-        ),
-    }
-}
-
-/// Polls every stream of every device in use until none has work (true), or
-/// until `deadline` (false).
-fn wait_idle(c: &Client, deadline: Instant) -> CuResult<bool> {
-    for (device, link) in c.opened_links() {
-        if link.all_idle() {
-            continue;
-        }
-        let mut streams: Vec<Handle> = c
-            .lock()
-            .streams
-            .keys()
-            .copied()
-            .filter(|s| cumux_protocol::device_of_handle(*s) == device)
-            .collect();
-        streams.push(DEFAULT_STREAM);
-        for stream in streams {
-            let mut pause = Duration::from_micros(20);
-            while !link.stream_idle(stream) {
-                match c.call_on(device, Call::StreamQuery { stream }) {
-                    Ok(_) => break,
-                    Err(CUDA_ERROR_NOT_READY) if Instant::now() < deadline => {
-                        std::thread::sleep(pause);
-                        pause = (pause * 2).min(Duration::from_millis(1));
-                    }
-                    Err(CUDA_ERROR_NOT_READY) => return Ok(false),
-                    Err(e) => return Err(e),
-                }
-            }
-        }
-    }
-    Ok(true)
 }
 
 #[cfg(test)]
