@@ -127,6 +127,7 @@ driver_programs=(
     "textures;textures.cu;;"
     "managed_memory;managed_memory.cu;;"
     "managed_concurrent;managed_concurrent.cu;;"
+    "mem_pools;mem_pools.cu;;"
     "graph_conditional;graph_conditional.cu;;"
 )
 declare -A program_args

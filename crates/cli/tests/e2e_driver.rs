@@ -42,6 +42,9 @@ programs_pass! {
     /// Host and device add to one counter at once, and a host write during
     /// a kernel survives it: the host's access waits for the device.
     managed_memory_used_by_host_during_a_kernel: "managed_concurrent" on "managedhost";
+    /// Pool attributes stick and read back, statistics follow allocations,
+    /// a size limit holds, what cannot be given is refused.
+    stream_ordered_memory_pools: "mem_pools" on "pools";
     host_callbacks_run_in_stream_order: "host_callback" on "hostfn";
     threads_with_their_own_streams: "threads" on "threads";
     launch_limits_are_checked_at_the_call: "launch_limits" on "limits";

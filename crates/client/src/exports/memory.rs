@@ -18,11 +18,16 @@ const PITCH_ALIGN: usize = 512;
 /// Allocates device memory on the current context's device; `st` from
 /// `copy::ready` (the state lock is let go for the round trip).
 pub(super) fn alloc(c: &Client, st: StateGuard<'_>, bytes: usize) -> CuResult<u64> {
+    let device = st.context_device()?;
+    drop(st);
+    alloc_on(c, device, bytes)
+}
+
+/// Allocates `bytes` of device memory on `device`.
+pub(super) fn alloc_on(c: &Client, device: u32, bytes: usize) -> CuResult<u64> {
     if bytes == 0 {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
-    let device = st.context_device()?;
-    drop(st);
     // Devices of two servers may hand out the same addresses: an allocation
     // that overlaps another device's is held while another is asked for.
     let mut clashing = Vec::new();
@@ -84,6 +89,7 @@ pub(super) fn free(c: &Client, ptr: u64) -> CuResult<()> {
             c.placements().remove(ptr);
             return Ok(());
         }
+        st.pools.gave_back(ptr);
         st.managed.remove(&ptr)
     };
     if let Some(m) = managed {
@@ -121,8 +127,6 @@ fn host_alloc(c: &Client, bytes: usize, flags: u32) -> CuResult<*mut c_void> {
 }
 
 /// Pool handles: one default pool per device; created pools share its memory.
-const DEFAULT_POOL_BASE: usize = 0x7000_0000;
-
 /// What the client knows of a pointer, for `cuPointerGetAttribute(s)`.
 struct PointerFacts {
     ptr: u64,
@@ -215,27 +219,6 @@ fn pointer_attribute(
 }
 
 /// Allocates in stream order: on a stream known and past its host functions.
-fn alloc_async(dptr: *mut u64, bytes: usize, stream: *mut c_void) -> CuResult<()> {
-    let c = client()?;
-    let stream = handles::stream(stream)?;
-    let st = ready(c, Some(stream))?;
-    let capturing = st.capturing(stream);
-    let ptr = alloc(c, st, bytes)?;
-    if capturing {
-        // Captured: the graph gets an allocation node owning the memory.
-        let mut st = c.lock();
-        super::graph_allocs::register(&mut st, ptr, bytes as u64);
-        st.capture(
-            stream,
-            GraphOp::MemAlloc {
-                ptr,
-                bytes: bytes as u64,
-            },
-        );
-    }
-    out(dptr, ptr)
-}
-
 /// The program frees device memory: a graph's memory that a graph still
 /// holds is kept until the last holder goes; any other is freed now.
 fn program_free(c: &Client, ptr: u64) -> CuResult<()> {
@@ -400,14 +383,6 @@ driver_fn! {
         Ok(())
     }
 
-    fn cuMemAllocAsync | cuMemAllocAsync_ptsz (dptr: *mut u64, bytes: usize, stream: *mut c_void) {
-        alloc_async(dptr, bytes, stream)
-    }
-
-    fn cuMemAllocFromPoolAsync | cuMemAllocFromPoolAsync_ptsz (dptr: *mut u64, bytes: usize, _pool: *mut c_void, stream: *mut c_void) {
-        alloc_async(dptr, bytes, stream)
-    }
-
     fn cuMemFreeAsync | cuMemFreeAsync_ptsz (ptr: u64, stream: *mut c_void) {
         let c = client()?;
         let stream = handles::stream(stream)?;
@@ -422,43 +397,4 @@ driver_fn! {
         program_free(c, ptr)
     }
 
-    fn cuDeviceGetDefaultMemPool | cuDeviceGetMemPool (pool: *mut *mut c_void, dev: i32) {
-        client()?.device(dev)?;
-        out(pool, to_ptr(DEFAULT_POOL_BASE + dev as usize * 0x10))
-    }
-
-    fn cuDeviceSetMemPool(dev: i32, _pool: *mut c_void) {
-        client()?.device(dev).map(|_| ())
-    }
-
-    fn cuMemPoolCreate(pool: *mut *mut c_void, _props: *const c_void) {
-        let c = client()?;
-        out(pool, to_ptr(c.mint()))
-    }
-
-    fn cuMemPoolDestroy(_pool: *mut c_void) {
-        client().map(|_| ())
-    }
-
-    fn cuMemPoolTrimTo(_pool: *mut c_void, _keep: usize) {
-        client().map(|_| ())
-    }
-
-    fn cuMemPoolSetAttribute(_pool: *mut c_void, _attr: u32, value: *mut c_void) {
-        client()?;
-        if value.is_null() {
-            return Err(CUDA_ERROR_INVALID_VALUE);
-        }
-        Ok(())
-    }
-
-    fn cuMemPoolGetAttribute(_pool: *mut c_void, attr: u32, value: *mut c_void) {
-        client()?;
-        match attr {
-            // The three reuse policies: on.
-            1..=3 => out(value.cast::<i32>(), 1),
-            // Release threshold and the reserved/used statistics.
-            _ => out(value.cast::<u64>(), 0),
-        }
-    }
 }

@@ -100,6 +100,7 @@ mod managed_hints;
 mod memory;
 mod module;
 mod occupancy;
+mod pools;
 mod proc_address;
 mod stream;
 #[path = "../generated/symbols.rs"]
@@ -127,6 +128,7 @@ pub use managed_hints::*;
 pub use memory::*;
 pub use module::*;
 pub use occupancy::*;
+pub use pools::*;
 pub use proc_address::*;
 pub use stream::*;
 pub use symbols::*;

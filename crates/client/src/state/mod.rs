@@ -9,6 +9,7 @@ pub mod current;
 pub mod handles;
 pub mod objects;
 pub mod placements;
+pub mod pools;
 pub mod window;
 
 pub use client::{client, init, Client, StateGuard};

@@ -300,6 +300,8 @@ pub struct State {
     /// Host functions waiting on streams.
     pub host_fns: HashMap<Handle, HostFnQueue>,
     pub staging: StagingSlot,
+    /// Stream-ordered memory pools.
+    pub pools: super::pools::Pools,
 }
 
 impl State {
