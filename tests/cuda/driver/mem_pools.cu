@@ -73,21 +73,21 @@ int main() {
   props.allocType = cudaMemAllocationTypePinned;
   props.location.type = cudaMemLocationTypeDevice;
   props.location.id = 0;
-  props.maxSize = 1 << 20;
+  props.maxSize = 2 << 20; // a multiple of the granularity, as the driver rounds
   cudaMemPool_t mine;
   CHECK(cudaMemPoolCreate(&mine, &props));
   int *b, *c;
-  CHECK(cudaMallocFromPoolAsync((void **)&b, 768 << 10, mine, s));
-  EXPECT(cudaMallocFromPoolAsync((void **)&c, 512 << 10, mine, s) == cudaErrorMemoryAllocation,
+  CHECK(cudaMallocFromPoolAsync((void **)&b, 1536 << 10, mine, s));
+  EXPECT(cudaMallocFromPoolAsync((void **)&c, 1024 << 10, mine, s) == cudaErrorMemoryAllocation,
          "an allocation past the pool's size limit");
   cudaGetLastError();
-  EXPECT(attr64(mine, cudaMemPoolAttrUsedMemCurrent) == 768 << 10, "the pool's use");
+  EXPECT(attr64(mine, cudaMemPoolAttrUsedMemCurrent) == 1536 << 10, "the pool's use");
   CHECK(cudaDeviceSetMemPool(0, mine));
   cudaMemPool_t current;
   CHECK(cudaDeviceGetMemPool(&current, 0));
   EXPECT(current == mine, "the current pool");
-  CHECK(cudaMallocAsync((void **)&c, 128 << 10, s));
-  EXPECT(attr64(mine, cudaMemPoolAttrUsedMemCurrent) == 896 << 10, "cudaMallocAsync took from the current pool");
+  CHECK(cudaMallocAsync((void **)&c, 256 << 10, s));
+  EXPECT(attr64(mine, cudaMemPoolAttrUsedMemCurrent) == 1792 << 10, "cudaMallocAsync took from the current pool");
   CHECK(cudaFreeAsync(b, s));
   CHECK(cudaFreeAsync(c, s));
   CHECK(cudaStreamSynchronize(s));

@@ -40,6 +40,10 @@ struct AccessDesc {
 const _: () = assert!(std::mem::size_of::<PoolProps>() == 88);
 const _: () = assert!(std::mem::size_of::<AccessDesc>() == 12);
 
+/// What a pool's size limit is rounded up to where the device's granularity
+/// is not known: a GPU's (2 MiB).
+const POOL_GRANULE: u64 = 2 << 20;
+
 /// `CU_MEM_ACCESS_FLAGS_PROT_*`: none, read, read and write.
 const ACCESS_NONE: u32 = 0;
 const ACCESS_READ: u32 = 1;
@@ -215,8 +219,14 @@ driver_fn! {
             return Err(CUDA_ERROR_NOT_SUPPORTED);
         }
         let device = device_of(c, &props.location)?;
+        // The driver rounds a pool's size limit up to whole granules.
+        let granule = c
+            .device(device as i32)?
+            .vmm_granularity
+            .map_or(POOL_GRANULE, |(minimum, _)| minimum.max(1));
+        let max_size = (props.max_size as u64).next_multiple_of(granule);
         let handle = c.mint();
-        let made = Pool::new(device, false, props.max_size as u64, props.handle_types);
+        let made = Pool::new(device, false, max_size, props.handle_types);
         c.lock().pools.insert(handle, made);
         out(pool, handle as *mut c_void)
     }
