@@ -1,6 +1,6 @@
 // Stream-ordered memory pools: attributes that stick and read back, usage
-// statistics that follow the allocations, the device's current pool, access
-// descriptors, and the properties a pool cannot have here refused rather than
+// statistics that follow the allocations, a pool's size limit, the device's
+// current pool, access descriptors, and the properties a pool cannot have here refused rather than
 // ignored.
 // Prints PASS.
 #include <cstdint>
@@ -68,7 +68,7 @@ int main() {
   CHECK(cudaMemPoolSetAttribute(def, cudaMemPoolAttrUsedMemHigh, &zero));
   EXPECT(attr64(def, cudaMemPoolAttrUsedMemHigh) == 0, "high-water mark after its reset");
 
-  // A pool of our own, made the device's current pool.
+  // A pool of our own, later made the device's current pool.
   cudaMemPoolProps props = {};
   props.allocType = cudaMemAllocationTypePinned;
   props.location.type = cudaMemLocationTypeDevice;
@@ -76,6 +76,15 @@ int main() {
   props.maxSize = 2 << 20;
   cudaMemPool_t mine;
   CHECK(cudaMemPoolCreate(&mine, &props));
+  // Its size limit holds as NVIDIA's driver holds it: never below 32 MiB.
+  int *chunks[33];
+  int taken = 0;
+  while (taken < 33 && cudaMallocFromPoolAsync((void **)&chunks[taken], 1 << 20, mine, s) == cudaSuccess)
+    taken++;
+  cudaGetLastError();
+  EXPECT(taken == 32, "%d allocations of 1 MiB under a 2 MiB limit (32 natively)", taken);
+  for (int i = 0; i < taken; i++) CHECK(cudaFreeAsync(chunks[i], s));
+  CHECK(cudaStreamSynchronize(s));
   int *b, *c;
   CHECK(cudaMallocFromPoolAsync((void **)&b, 1536 << 10, mine, s));
   EXPECT(attr64(mine, cudaMemPoolAttrUsedMemCurrent) == 1536 << 10, "the pool's use");

@@ -43,6 +43,8 @@ const _: () = assert!(std::mem::size_of::<AccessDesc>() == 12);
 /// What a pool's size limit is rounded up to where the device's granularity
 /// is not known: a GPU's (2 MiB).
 const POOL_GRANULE: u64 = 2 << 20;
+/// The smallest size limit a pool gets, whatever it asks for.
+const MIN_POOL_LIMIT: u64 = 32 << 20;
 
 /// `CU_MEM_ACCESS_FLAGS_PROT_*`: none, read, read and write.
 const ACCESS_NONE: u32 = 0;
@@ -219,12 +221,16 @@ driver_fn! {
             return Err(CUDA_ERROR_NOT_SUPPORTED);
         }
         let device = device_of(c, &props.location)?;
-        // The driver rounds a pool's size limit up to whole granules.
+        // As NVIDIA's driver holds a limit (measured on 580): whole granules,
+        // and never below 32 MiB (a 1 MiB limit took 32 allocations of 1 MiB).
         let granule = c
             .device(device as i32)?
             .vmm_granularity
             .map_or(POOL_GRANULE, |(minimum, _)| minimum.max(1));
-        let max_size = (props.max_size as u64).next_multiple_of(granule);
+        let max_size = match props.max_size as u64 {
+            0 => 0,
+            asked => asked.next_multiple_of(granule).max(MIN_POOL_LIMIT),
+        };
         let handle = c.mint();
         let made = Pool::new(device, false, max_size, props.handle_types);
         c.lock().pools.insert(handle, made);
