@@ -2,6 +2,7 @@
 //! program on cumux's client driver, `status` shows what a server is doing.
 //! Each subcommand lives in its own module; `main.rs` only parses arguments.
 
+pub mod calls;
 pub mod checkpoint_file;
 pub mod config;
 pub mod device_plugin;

@@ -125,6 +125,9 @@ enum Command {
     /// Install this cumux and its client driver into a prefix (and, with
     /// --system, make every program on the host use the driver).
     Install(cumux_cli::install::InstallOptions),
+    /// List the driver calls cumux's client answers and those it refuses
+    /// (CUDA_ERROR_NOT_SUPPORTED), or look some up by name.
+    Calls(cumux_cli::calls::CallsOptions),
     /// Serve one device context to the server that started this process (internal).
     #[command(hide = true)]
     Worker(worker::WorkerOptions),
@@ -239,6 +242,7 @@ fn main() -> ExitCode {
             .map(|()| 0),
         Command::DevicePlugin(options) => cumux_cli::device_plugin::run(options).map(|()| 0),
         Command::Install(options) => cumux_cli::install::install(options).map(|()| 0),
+        Command::Calls(options) => cumux_cli::calls::run(options).map(|()| 0),
         Command::Fn(options) => cumux_cli::fn_cmd::run(options).map(|()| 0),
         Command::Worker(options) => worker::worker(options).map(|()| 0),
     };
