@@ -9,15 +9,6 @@
 
 #include "check.h"
 
-#define EXPECT(cond, ...)        \
-  do {                           \
-    if (!(cond)) {               \
-      printf("FAIL " __VA_ARGS__); \
-      printf("\n");              \
-      return 1;                  \
-    }                            \
-  } while (0)
-
 __global__ void fill(int *v, int n, int value) {
   int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i < n) v[i] = value + i;
@@ -38,16 +29,16 @@ int main() {
   CHECK(cudaDeviceGetDefaultMemPool(&def, 0));
   uint64_t threshold = UINT64_MAX;
   CHECK(cudaMemPoolSetAttribute(def, cudaMemPoolAttrReleaseThreshold, &threshold));
-  EXPECT(attr64(def, cudaMemPoolAttrReleaseThreshold) == UINT64_MAX, "release threshold did not stick");
+  REQUIRE(attr64(def, cudaMemPoolAttrReleaseThreshold) == UINT64_MAX, "release threshold did not stick");
   int no = 0, got = -1;
   CHECK(cudaMemPoolSetAttribute(def, cudaMemPoolReuseAllowOpportunistic, &no));
   CHECK(cudaMemPoolGetAttribute(def, cudaMemPoolReuseAllowOpportunistic, &got));
-  EXPECT(got == 0, "reuse policy read back %d", got);
+  REQUIRE(got == 0, "reuse policy read back %d", got);
   // Read-only statistics cannot be set; high-water marks only to 0.
   uint64_t five = 5;
-  EXPECT(cudaMemPoolSetAttribute(def, cudaMemPoolAttrUsedMemCurrent, &five) == cudaErrorInvalidValue,
+  REQUIRE(cudaMemPoolSetAttribute(def, cudaMemPoolAttrUsedMemCurrent, &five) == cudaErrorInvalidValue,
          "a read-only attribute was set");
-  EXPECT(cudaMemPoolSetAttribute(def, cudaMemPoolAttrUsedMemHigh, &five) == cudaErrorInvalidValue,
+  REQUIRE(cudaMemPoolSetAttribute(def, cudaMemPoolAttrUsedMemHigh, &five) == cudaErrorInvalidValue,
          "a high-water mark was set to 5");
   cudaGetLastError();
 
@@ -55,18 +46,18 @@ int main() {
   const int n = 1 << 16;
   int *a;
   CHECK(cudaMallocAsync((void **)&a, n * sizeof(int), s));
-  EXPECT(attr64(def, cudaMemPoolAttrUsedMemCurrent) >= n * sizeof(int), "used after an allocation");
+  REQUIRE(attr64(def, cudaMemPoolAttrUsedMemCurrent) >= n * sizeof(int), "used after an allocation");
   fill<<<(n + 255) / 256, 256, 0, s>>>(a, n, 7);
   int back[4];
   CHECK(cudaMemcpyAsync(back, a + n - 4, sizeof back, cudaMemcpyDeviceToHost, s));
   CHECK(cudaFreeAsync(a, s));
   CHECK(cudaStreamSynchronize(s));
-  EXPECT(back[3] == 7 + n - 1, "pool memory holds %d", back[3]);
-  EXPECT(attr64(def, cudaMemPoolAttrUsedMemCurrent) == 0, "used after the free");
-  EXPECT(attr64(def, cudaMemPoolAttrUsedMemHigh) >= n * sizeof(int), "high-water mark");
+  REQUIRE(back[3] == 7 + n - 1, "pool memory holds %d", back[3]);
+  REQUIRE(attr64(def, cudaMemPoolAttrUsedMemCurrent) == 0, "used after the free");
+  REQUIRE(attr64(def, cudaMemPoolAttrUsedMemHigh) >= n * sizeof(int), "high-water mark");
   uint64_t zero = 0;
   CHECK(cudaMemPoolSetAttribute(def, cudaMemPoolAttrUsedMemHigh, &zero));
-  EXPECT(attr64(def, cudaMemPoolAttrUsedMemHigh) == 0, "high-water mark after its reset");
+  REQUIRE(attr64(def, cudaMemPoolAttrUsedMemHigh) == 0, "high-water mark after its reset");
 
   // A pool of our own, later made the device's current pool.
   cudaMemPoolProps props = {};
@@ -82,18 +73,18 @@ int main() {
   while (taken < 33 && cudaMallocFromPoolAsync((void **)&chunks[taken], 1 << 20, mine, s) == cudaSuccess)
     taken++;
   cudaGetLastError();
-  EXPECT(taken == 32, "%d allocations of 1 MiB under a 2 MiB limit (32 natively)", taken);
+  REQUIRE(taken == 32, "%d allocations of 1 MiB under a 2 MiB limit (32 natively)", taken);
   for (int i = 0; i < taken; i++) CHECK(cudaFreeAsync(chunks[i], s));
   CHECK(cudaStreamSynchronize(s));
   int *b, *c;
   CHECK(cudaMallocFromPoolAsync((void **)&b, 1536 << 10, mine, s));
-  EXPECT(attr64(mine, cudaMemPoolAttrUsedMemCurrent) == 1536 << 10, "the pool's use");
+  REQUIRE(attr64(mine, cudaMemPoolAttrUsedMemCurrent) == 1536 << 10, "the pool's use");
   CHECK(cudaDeviceSetMemPool(0, mine));
   cudaMemPool_t current;
   CHECK(cudaDeviceGetMemPool(&current, 0));
-  EXPECT(current == mine, "the current pool");
+  REQUIRE(current == mine, "the current pool");
   CHECK(cudaMallocAsync((void **)&c, 256 << 10, s));
-  EXPECT(attr64(mine, cudaMemPoolAttrUsedMemCurrent) == 1792 << 10, "cudaMallocAsync took from the current pool");
+  REQUIRE(attr64(mine, cudaMemPoolAttrUsedMemCurrent) == 1792 << 10, "cudaMallocAsync took from the current pool");
   CHECK(cudaFreeAsync(b, s));
   CHECK(cudaFreeAsync(c, s));
   CHECK(cudaStreamSynchronize(s));
@@ -105,7 +96,7 @@ int main() {
   here.id = 0;
   cudaMemAccessFlags flags = cudaMemAccessFlagsProtNone;
   CHECK(cudaMemPoolGetAccess(&flags, mine, &here));
-  EXPECT(flags == cudaMemAccessFlagsProtReadWrite, "own device's access %d", (int)flags);
+  REQUIRE(flags == cudaMemAccessFlagsProtReadWrite, "own device's access %d", (int)flags);
   cudaMemAccessDesc desc = {};
   desc.location = here;
   desc.flags = cudaMemAccessFlagsProtReadWrite;
@@ -113,7 +104,7 @@ int main() {
 
   // A default pool is never destroyed; ours is.
   CHECK(cudaDeviceSetMemPool(0, def));
-  EXPECT(cudaMemPoolDestroy(def) != cudaSuccess, "the default pool was destroyed");
+  REQUIRE(cudaMemPoolDestroy(def) != cudaSuccess, "the default pool was destroyed");
   cudaGetLastError();
   CHECK(cudaMemPoolDestroy(mine));
 
@@ -125,7 +116,7 @@ int main() {
   cudaMemPool_t shared;
   cudaError_t e = cudaMemPoolCreate(&shared, &ipc);
   if (ipc_types == 0) {
-    EXPECT(e == cudaErrorNotSupported, "a pool with IPC handles: %s", cudaGetErrorName(e));
+    REQUIRE(e == cudaErrorNotSupported, "a pool with IPC handles: %s", cudaGetErrorName(e));
   } else {
     CHECK(e);
     CHECK(cudaMemPoolDestroy(shared));

@@ -16,15 +16,6 @@
 
 #include "check.h"
 
-#define EXPECT(cond, ...)            \
-  do {                               \
-    if (!(cond)) {                   \
-      printf("FAIL " __VA_ARGS__);   \
-      printf("\n");                  \
-      return 1;                      \
-    }                                \
-  } while (0)
-
 // Reads texel (x, y) of a point-filtered, unnormalized texture.
 __global__ void read_point(cudaTextureObject_t t, float *out, int w, int h) {
   int x = blockIdx.x * blockDim.x + threadIdx.x, y = blockIdx.y;
@@ -92,16 +83,16 @@ int main() {
                             cudaMemcpyHostToDevice));
   CHECK(cudaMemcpy2DFromArray(back.data(), W * sizeof(float), arr, 0, 0, W * sizeof(float), H,
                               cudaMemcpyDeviceToHost));
-  for (int i = 0; i < W * H; i++) EXPECT(back[i] == host[i], "array round trip at %d: %f", i, back[i]);
+  for (int i = 0; i < W * H; i++) REQUIRE(back[i] == host[i], "array round trip at %d: %f", i, back[i]);
 
   cudaChannelFormatDesc got;
   cudaExtent ext;
   unsigned int flags = 0;
   CHECK(cudaArrayGetInfo(&got, &ext, &flags, arr));
-  EXPECT(ext.width == W && ext.height == H && ext.depth == 0, "array info %zu x %zu x %zu", ext.width,
+  REQUIRE(ext.width == W && ext.height == H && ext.depth == 0, "array info %zu x %zu x %zu", ext.width,
          ext.height, ext.depth);
-  EXPECT(got.x == 32 && got.f == cudaChannelFormatKindFloat, "array format %d/%d", got.x, (int)got.f);
-  EXPECT(flags & cudaArraySurfaceLoadStore, "array flags %#x", flags);
+  REQUIRE(got.x == 32 && got.f == cudaChannelFormatKindFloat, "array format %d/%d", got.x, (int)got.f);
+  REQUIRE(flags & cudaArraySurfaceLoadStore, "array flags %#x", flags);
 
   // Point filtering, unnormalized coordinates: the texels themselves.
   cudaResourceDesc rd = array_resource(arr);
@@ -111,7 +102,7 @@ int main() {
   read_point<<<dim3(1, H), W>>>(tex_point, d_out, W, H);
   CHECK(cudaGetLastError());
   CHECK(cudaMemcpy(back.data(), d_out, W * H * sizeof(float), cudaMemcpyDeviceToHost));
-  for (int i = 0; i < W * H; i++) EXPECT(back[i] == host[i], "point texture at %d: %f", i, back[i]);
+  for (int i = 0; i < W * H; i++) REQUIRE(back[i] == host[i], "point texture at %d: %f", i, back[i]);
 
   // Linear filtering, normalized coordinates: halfway between neighbours.
   td.filterMode = cudaFilterModeLinear;
@@ -124,7 +115,7 @@ int main() {
     for (int x = 0; x < W - 1; x++) {
       float want = 0.5f * (host[y * W + x] + host[y * W + x + 1]);
       // Neighbours differ by 16: a point sample would be 8 off.
-      EXPECT(fabsf(back[y * W + x] - want) < 0.5f, "linear texture at (%d, %d): %f, not %f", x, y,
+      REQUIRE(fabsf(back[y * W + x] - want) < 0.5f, "linear texture at (%d, %d): %f, not %f", x, y,
              back[y * W + x], want);
     }
   CHECK(cudaDestroyTextureObject(tex_point));
@@ -146,7 +137,7 @@ int main() {
   for (int y = 0; y < H - Y0; y++)
     for (int x = 0; x < PITCH; x++) {
       float want = x < W - X0 ? 3.0f * (x + X0) - (y + Y0) : -7.0f;
-      EXPECT(boxed[y * PITCH + x] == want, "surface at (%d, %d): %f, not %f", x, y, boxed[y * PITCH + x],
+      REQUIRE(boxed[y * PITCH + x] == want, "surface at (%d, %d): %f, not %f", x, y, boxed[y * PITCH + x],
              want);
     }
   CHECK(cudaDestroySurfaceObject(surf));
@@ -171,7 +162,7 @@ int main() {
   read_3d<<<dim3(H3, D3), W3>>>(tex3, d_out, W3, H3, D3);
   CHECK(cudaGetLastError());
   CHECK(cudaMemcpy(vol_back.data(), d_out, N3 * sizeof(float), cudaMemcpyDeviceToHost));
-  for (int i = 0; i < N3; i++) EXPECT(vol_back[i] == vol[i], "tex3D at %d: %f", i, vol_back[i]);
+  for (int i = 0; i < N3; i++) REQUIRE(vol_back[i] == vol[i], "tex3D at %d: %f", i, vol_back[i]);
   std::fill(vol_back.begin(), vol_back.end(), -1.0f);
   cudaMemcpy3DParms out3;
   memset(&out3, 0, sizeof out3);
@@ -180,7 +171,7 @@ int main() {
   out3.extent = make_cudaExtent(W3, H3, D3);
   out3.kind = cudaMemcpyDeviceToHost;
   CHECK(cudaMemcpy3D(&out3));
-  for (int i = 0; i < N3; i++) EXPECT(vol_back[i] == vol[i], "3-D round trip at %d: %f", i, vol_back[i]);
+  for (int i = 0; i < N3; i++) REQUIRE(vol_back[i] == vol[i], "3-D round trip at %d: %f", i, vol_back[i]);
   CHECK(cudaDestroyTextureObject(tex3));
 
   // A mipmapped array: level 1 filled, described, read back and sampled.
@@ -190,14 +181,14 @@ int main() {
   cudaArray_t level1 = nullptr;
   CHECK(cudaGetMipmappedArrayLevel(&level1, mip, 1));
   CHECK(cudaArrayGetInfo(&got, &ext, &flags, level1));
-  EXPECT(ext.width == L1 && ext.height == L1, "level 1 is %zu x %zu", ext.width, ext.height);
+  REQUIRE(ext.width == L1 && ext.height == L1, "level 1 is %zu x %zu", ext.width, ext.height);
   std::vector<float> lvl(L1 * L1), lvl_back(L1 * L1, -1.0f);
   for (int i = 0; i < L1 * L1; i++) lvl[i] = 1000.0f + i;
   CHECK(cudaMemcpy2DToArray(level1, 0, 0, lvl.data(), L1 * sizeof(float), L1 * sizeof(float), L1,
                             cudaMemcpyHostToDevice));
   CHECK(cudaMemcpy2DFromArray(lvl_back.data(), L1 * sizeof(float), level1, 0, 0, L1 * sizeof(float), L1,
                               cudaMemcpyDeviceToHost));
-  for (int i = 0; i < L1 * L1; i++) EXPECT(lvl_back[i] == lvl[i], "level round trip at %d: %f", i, lvl_back[i]);
+  for (int i = 0; i < L1 * L1; i++) REQUIRE(lvl_back[i] == lvl[i], "level round trip at %d: %f", i, lvl_back[i]);
   cudaResourceDesc mrd;
   memset(&mrd, 0, sizeof mrd);
   mrd.resType = cudaResourceTypeMipmappedArray;
@@ -211,7 +202,7 @@ int main() {
   read_lod<<<L1, L1>>>(tex_mip, d_out, L1, L1);
   CHECK(cudaGetLastError());
   CHECK(cudaMemcpy(lvl_back.data(), d_out, L1 * L1 * sizeof(float), cudaMemcpyDeviceToHost));
-  for (int i = 0; i < L1 * L1; i++) EXPECT(lvl_back[i] == lvl[i], "tex2DLod at %d: %f", i, lvl_back[i]);
+  for (int i = 0; i < L1 * L1; i++) REQUIRE(lvl_back[i] == lvl[i], "tex2DLod at %d: %f", i, lvl_back[i]);
   CHECK(cudaDestroyTextureObject(tex_mip));
 
   // A texture over pitched linear memory, and one over plain linear memory.
@@ -235,7 +226,7 @@ int main() {
   read_point<<<dim3(1, H), W>>>(tex_pitch, d_out, W, H);
   CHECK(cudaGetLastError());
   CHECK(cudaMemcpy(back.data(), d_out, W * H * sizeof(float), cudaMemcpyDeviceToHost));
-  for (int i = 0; i < W * H; i++) EXPECT(back[i] == host[i], "pitched texture at %d: %f", i, back[i]);
+  for (int i = 0; i < W * H; i++) REQUIRE(back[i] == host[i], "pitched texture at %d: %f", i, back[i]);
   CHECK(cudaDestroyTextureObject(tex_pitch));
 
   float *linear = nullptr;
@@ -253,7 +244,7 @@ int main() {
   read_linear_memory<<<(W * H + 255) / 256, 256>>>(tex_lin, d_out, W * H);
   CHECK(cudaGetLastError());
   CHECK(cudaMemcpy(back.data(), d_out, W * H * sizeof(float), cudaMemcpyDeviceToHost));
-  for (int i = 0; i < W * H; i++) EXPECT(back[i] == host[i], "linear-memory texture at %d: %f", i, back[i]);
+  for (int i = 0; i < W * H; i++) REQUIRE(back[i] == host[i], "linear-memory texture at %d: %f", i, back[i]);
   CHECK(cudaDestroyTextureObject(tex_lin));
 
   CHECK(cudaFree(linear));

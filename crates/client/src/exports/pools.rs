@@ -30,15 +30,7 @@ struct PoolProps {
     reserved: [u8; 54],
 }
 
-/// `CUmemAccessDesc`.
-#[repr(C)]
-struct AccessDesc {
-    location: MemLocation,
-    flags: u32,
-}
-
 const _: () = assert!(std::mem::size_of::<PoolProps>() == 88);
-const _: () = assert!(std::mem::size_of::<AccessDesc>() == 12);
 
 /// What a pool's size limit is rounded up to where the device's granularity
 /// is not known: a GPU's (2 MiB).
@@ -276,14 +268,9 @@ driver_fn! {
 
     fn cuMemPoolSetAccess(pool: *mut c_void, map: *const c_void, count: usize) {
         let c = client()?;
-        if count > 0 {
-            non_null(map)?;
-        }
-        // SAFETY: the program passes `count` access descriptors at `map`.
-        let descs = unsafe { std::slice::from_raw_parts(map.cast::<AccessDesc>(), count) };
-        for d in descs {
-            let peer = device_of(c, &d.location)?;
-            set_peer_access(c, pool_handle(pool), peer, d.flags)?;
+        for (location, flags) in super::vmm::access_descs(map, count)? {
+            let peer = device_of(c, &location)?;
+            set_peer_access(c, pool_handle(pool), peer, flags)?;
         }
         Ok(())
     }

@@ -13,16 +13,9 @@ use cumux_cuda_bindings::{consts::*, types::*};
 use cumux_protocol::vmm::{is_access_flags, HANDLE_TYPE_POSIX_FD, HOST_PAGE};
 use cumux_protocol::{Call, ReplyBody, VmmCall};
 
+use super::cuda13x::MemLocation;
 use super::*;
 use crate::state::{client, Client};
-
-/// `CUmemLocation`.
-#[repr(C)]
-#[derive(Clone, Copy)]
-struct MemLocation {
-    kind: u32,
-    id: i32,
-}
 
 /// `CUmemAllocationProp`.
 #[repr(C)]
@@ -113,8 +106,8 @@ fn reply_value(reply: ReplyBody) -> CuResult<u64> {
     }
 }
 
-/// The `CUmemAccessDesc`s of `cuMemSetAccess`.
-fn access_descs(desc: *const c_void, count: usize) -> CuResult<Vec<(MemLocation, u32)>> {
+/// The `CUmemAccessDesc`s of `cuMemSetAccess` (and `cuMemPoolSetAccess`).
+pub(super) fn access_descs(desc: *const c_void, count: usize) -> CuResult<Vec<(MemLocation, u32)>> {
     let len = count
         .checked_mul(std::mem::size_of::<AccessDesc>())
         .ok_or(CUDA_ERROR_INVALID_VALUE)?;
