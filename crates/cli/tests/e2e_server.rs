@@ -465,3 +465,34 @@ fn the_default_socket_lives_in_a_private_runtime_folder() {
         refused.describe()
     );
 }
+
+#[test]
+fn cumux_calls_lists_the_driver_calls_and_looks_names_up() {
+    let run = |args: &[&str]| {
+        Command::new(CUMUX)
+            .arg("calls")
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let all = run(&[]);
+    assert!(all.status.success());
+    let text = String::from_utf8_lossy(&all.stdout);
+    assert!(
+        text.lines().any(|l| l == "answered  cuMemAlloc_v2"),
+        "{text}"
+    );
+    assert!(text.lines().any(|l| l == "refused   cuGLInit"), "{text}");
+    assert!(text.trim_end().ends_with("driver symbols"), "{text}");
+    let refused = run(&["--refused"]);
+    let text = String::from_utf8_lossy(&refused.stdout);
+    assert!(!text.contains("answered "), "{text}");
+    let looked_up = run(&["cuLaunchKernel", "cuGraphicsGLRegisterImage"]);
+    assert_eq!(
+        String::from_utf8_lossy(&looked_up.stdout),
+        "answered  cuLaunchKernel\nrefused   cuGraphicsGLRegisterImage\n"
+    );
+    let unknown = run(&["cuNotACall"]);
+    assert!(!unknown.status.success());
+    assert!(String::from_utf8_lossy(&unknown.stderr).contains("not a symbol of NVIDIA's driver"));
+}
