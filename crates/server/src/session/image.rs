@@ -121,8 +121,22 @@ impl SessionImage {
     }
 
     pub fn encode(&self) -> Result<Vec<u8>, CuError> {
-        postcard::to_stdvec(self)
+        // Room for the memory at once: grown from empty, a 1 GiB image took
+        // 2.9 s to encode here instead of 1.9 s.
+        postcard::to_extend(self, Vec::with_capacity(self.size_hint()))
             .map_err(|e| CuError::new(codes::UNKNOWN, format!("cannot encode the image: {e}")))
+    }
+
+    /// About the bytes the encoded image takes: its memory and modules, and
+    /// room for the rest.
+    fn size_hint(&self) -> usize {
+        let memory = |b: &Bytes| b.bytes.len() + 16;
+        let modules: usize = self
+            .modules
+            .iter()
+            .map(|m| m.image.len() + m.globals.iter().map(memory).sum::<usize>())
+            .sum();
+        self.allocations.iter().map(memory).sum::<usize>() + modules + (64 << 10)
     }
 
     /// Reads an image, refusing one of another layout.
