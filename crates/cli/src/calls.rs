@@ -48,12 +48,16 @@ pub fn lines(options: &CallsOptions) -> Result<Vec<String>> {
         }
         return Ok(out);
     }
-    let mut out: Vec<String> = [("answered", ANSWERED), ("refused", REFUSED)]
+    let mut listed: Vec<(&str, &str)> = [("answered", ANSWERED), ("refused", REFUSED)]
         .into_iter()
         .filter(|(status, _)| wanted(status))
-        .flat_map(|(status, symbols)| symbols.iter().map(move |s| format!("{status:<9} {s}")))
+        .flat_map(|(status, symbols)| symbols.iter().map(move |s| (*s, status)))
         .collect();
-    out.sort_by(|a, b| a[10..].cmp(&b[10..]));
+    listed.sort_unstable();
+    let mut out: Vec<String> = listed
+        .into_iter()
+        .map(|(symbol, status)| format!("{status:<9} {symbol}"))
+        .collect();
     out.push(format!(
         "{} answered, {} refused of {} driver symbols",
         ANSWERED.len(),

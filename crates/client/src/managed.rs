@@ -12,17 +12,14 @@
 use std::time::{Duration, Instant};
 
 use cumux_protocol::framing::MAX_CHUNK_BYTES;
-use cumux_protocol::{Call, Handle, ReplyBody, DEFAULT_STREAM};
+use cumux_protocol::{Call, ReplyBody, DEFAULT_STREAM};
 
 use crate::errors::*;
 use crate::managed_guard::{self, Attach};
 use crate::state::{device_window_reserved, is_device_ptr, Client, Managed};
 
-const PAGE: u64 = 4096;
-
 fn page_range(ptr: u64, size: u64) -> (u64, usize) {
-    let start = ptr / PAGE * PAGE;
-    let end = (ptr + size.max(1)).div_ceil(PAGE) * PAGE;
+    let (start, end) = managed_guard::pages(ptr, size);
     (start, (end - start) as usize)
 }
 
@@ -204,13 +201,7 @@ fn wait_idle(c: &Client, deadline: Instant) -> CuResult<bool> {
         if link.all_idle() {
             continue;
         }
-        let mut streams: Vec<Handle> = c
-            .lock()
-            .streams
-            .keys()
-            .copied()
-            .filter(|s| cumux_protocol::device_of_handle(*s) == device)
-            .collect();
+        let mut streams = c.lock().streams_on(device);
         streams.push(DEFAULT_STREAM);
         for stream in streams {
             let mut pause = Duration::from_micros(20);

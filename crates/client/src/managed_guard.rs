@@ -77,8 +77,8 @@ fn ranges() -> MutexGuard<'static, BTreeMap<u64, Range>> {
 
 const PAGE: u64 = 4096;
 
-/// The pages `[ptr, ptr + len)` touches.
-fn pages(ptr: u64, len: u64) -> (u64, u64) {
+/// The pages `[ptr, ptr + len)` touches: (first byte, end).
+pub fn pages(ptr: u64, len: u64) -> (u64, u64) {
     let start = ptr / PAGE * PAGE;
     (start, (ptr + len.max(1)).div_ceil(PAGE) * PAGE)
 }

@@ -9,7 +9,7 @@ use cumux_protocol::Call;
 
 use super::sync::{poll_until_ready, AfterSync};
 use super::*;
-use crate::state::{self, client, Context};
+use crate::state::{self, client, Client, Context};
 
 /// `CU_LIMIT_*` values reported by `cuCtxGetLimit`.
 fn limit_value(limit: u32) -> CuResult<usize> {
@@ -49,13 +49,7 @@ fn synchronize() -> CuResult<()> {
     let (mut streams, after, device) = {
         let st = c.lock();
         let device = st.context_device()?;
-        let streams: Vec<u64> = st
-            .streams
-            .keys()
-            .copied()
-            .filter(|s| cumux_protocol::device_of_handle(*s) == device)
-            .collect();
-        (streams, AfterSync::context(&st), device)
+        (st.streams_on(device), AfterSync::context(&st), device)
     };
     // Poll first every stream with work sent since the last context
     // synchronize, leaving the connection free in between (see
@@ -113,17 +107,23 @@ fn peer_access(peer: *mut c_void, enable: Option<u32>) -> CuResult<()> {
         (false, false) => return Err(CUDA_ERROR_PEER_ACCESS_NOT_ENABLED),
         _ => {}
     }
+    switch_peer_access(c, mine, theirs, enable.is_some())
+}
+
+/// Turns access from `mine`'s context to `theirs`'s memory on or off on the
+/// server, and notes it (the caller has checked that the change is due).
+pub(super) fn switch_peer_access(c: &Client, mine: u32, theirs: u32, on: bool) -> CuResult<()> {
     // The peer's session must be open for the server to find its context.
     c.link(theirs, "PeerAccess")?;
     let call = Call::PeerAccess {
         peer: theirs,
-        enable: enable.is_some(),
+        enable: on,
     };
     c.call_on(mine, call)?;
     let mut st = c.lock();
-    match enable {
-        Some(_) => st.peer_access.insert(pair),
-        None => st.peer_access.remove(&pair),
+    match on {
+        true => st.peer_access.insert((mine, theirs)),
+        false => st.peer_access.remove(&(mine, theirs)),
     };
     Ok(())
 }

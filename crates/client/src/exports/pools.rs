@@ -7,11 +7,11 @@
 use std::ffi::c_void;
 
 use cumux_cuda_bindings::consts::*;
-use cumux_protocol::Call;
 
 use super::copy::ready;
 use super::cuda13x::MemLocation;
 use super::memory::alloc_on;
+use super::vmm::device_at;
 use super::*;
 use crate::graph::GraphOp;
 use crate::state::handles;
@@ -45,17 +45,6 @@ const ACCESS_READWRITE: u32 = 3;
 
 fn pool_handle(pool: *mut c_void) -> usize {
     pool as usize
-}
-
-/// The device a location names: a device of this client.
-fn device_of(c: &Client, location: &MemLocation) -> CuResult<u32> {
-    match location.kind {
-        CU_MEM_LOCATION_TYPE_DEVICE => {
-            c.device(location.id)?;
-            Ok(location.id as u32)
-        }
-        _ => Err(CUDA_ERROR_INVALID_VALUE),
-    }
 }
 
 /// Allocates `bytes` on `stream` from `pool` (the current pool of the
@@ -133,15 +122,7 @@ fn set_peer_access(c: &Client, handle: usize, peer: u32, flags: u32) -> CuResult
                 return Err(CUDA_ERROR_INVALID_DEVICE);
             }
             if !c.lock().peer_access.contains(&(peer, device)) {
-                c.link(device, "PeerAccess")?;
-                c.call_on(
-                    peer,
-                    Call::PeerAccess {
-                        peer: device,
-                        enable: true,
-                    },
-                )?;
-                c.lock().peer_access.insert((peer, device));
+                super::context::switch_peer_access(c, peer, device, true)?;
             }
             c.lock()
                 .pools
@@ -212,7 +193,7 @@ driver_fn! {
             });
             return Err(CUDA_ERROR_NOT_SUPPORTED);
         }
-        let device = device_of(c, &props.location)?;
+        let device = device_at(c, props.location)?;
         // As NVIDIA's driver holds a limit (measured on 580): whole granules,
         // and never below 32 MiB (a 1 MiB limit took 32 allocations of 1 MiB).
         let granule = c
@@ -269,7 +250,7 @@ driver_fn! {
     fn cuMemPoolSetAccess(pool: *mut c_void, map: *const c_void, count: usize) {
         let c = client()?;
         for (location, flags) in super::vmm::access_descs(map, count)? {
-            let peer = device_of(c, &location)?;
+            let peer = device_at(c, location)?;
             set_peer_access(c, pool_handle(pool), peer, flags)?;
         }
         Ok(())
@@ -278,7 +259,7 @@ driver_fn! {
     fn cuMemPoolGetAccess(flags: *mut u32, pool: *mut c_void, location: *mut c_void) {
         let c = client()?;
         let location = read_in(location.cast::<MemLocation>())?;
-        let device = device_of(c, location)?;
+        let device = device_at(c, *location)?;
         let devices = c.devices.len();
         let mut st = c.lock();
         let p = st.pools.get(pool_handle(pool), devices)?;

@@ -53,7 +53,7 @@ fn not_supported(said: &Once, what: &str) -> CuResult<()> {
 }
 
 /// The device a location names, which must be a device of this client.
-fn device_at(c: &Client, location: MemLocation) -> CuResult<u32> {
+pub(super) fn device_at(c: &Client, location: MemLocation) -> CuResult<u32> {
     match location.kind {
         CU_MEM_LOCATION_TYPE_DEVICE => {
             c.device(location.id)?;

@@ -508,6 +508,15 @@ impl State {
         self.managed.contains_key(&base) || self.managed_reached.contains_key(&base)
     }
 
+    /// The program's streams on `device` (the default stream not among them).
+    pub fn streams_on(&self, device: u32) -> Vec<Handle> {
+        self.streams
+            .keys()
+            .copied()
+            .filter(|s| cumux_protocol::device_of_handle(*s) == device)
+            .collect()
+    }
+
     pub fn capturing(&self, stream: Handle) -> bool {
         self.capture_origin(stream).is_some()
     }
