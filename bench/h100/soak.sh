@@ -8,15 +8,17 @@
 # the GPU's used memory (nvidia-smi). When the segment ends, the tenants stop
 # and it waits for no sessions and no device memory.
 #
-# A soak longer than one command runs in segments over one server:
-# SEGMENT=start starts the server (detached; its state in $STATE) and runs a
-# segment, SEGMENT=continue runs another over the same server, SEGMENT=finish
-# runs the last and stops it; SEGMENT=all (default) does start and finish in
-# one. Each segment appends to $OUT/soak.txt and $OUT/soak-samples.csv (copy
-# them between segments: each call's $OUT is fresh, so they also live in
-# $STATE).
+# A soak longer than one command outlives the calls that watch it: SEGMENT=start
+# builds the programs, starts the server and a driver (both detached, their
+# state in $STATE) and watches for WATCH seconds; SEGMENT=watch watches the
+# same soak again, up to WATCH seconds or until it ends. The driver runs the
+# tenants for SECS seconds in all, then stops them, waits for no sessions and
+# no device memory, writes the report and stops the server. Each watch copies
+# the report, the samples and the server log's tail to $OUT. SEGMENT=all
+# (default) starts and watches until the end.
 #
-#   OUT=/some/dir SECS=540 SEGMENT=start bench/h100/soak.sh
+#   OUT=/some/dir SECS=1800 WATCH=560 SEGMENT=start bench/h100/soak.sh
+#   OUT=/some/dir WATCH=590 SEGMENT=watch bench/h100/soak.sh
 # Optional: KIT=, NVCC=, NVCC_FLAGS=, TENANTS=, KILL_EVERY= (default 20), SERVE_ARGS=
 # (default "--sharing shared --policy fair"), STATE= (default /tmp/cumux-soak),
 # DEVICE= (default cuda; cpu with SERVE_ARGS="" and PYTORCH=0 for a dry run
@@ -34,6 +36,8 @@ SERVE_ARGS=${SERVE_ARGS---sharing shared --policy fair}
 STATE=${STATE:-/tmp/cumux-soak}
 DEVICE=${DEVICE:-cuda}
 PYTORCH=${PYTORCH:-1}
+WATCH=${WATCH:-$((SECS + 300))}
+export ROOT KIT NVCC SECS TENANTS KILL_EVERY SERVE_ARGS STATE DEVICE PYTORCH
 gpu_used() { nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits 2>/dev/null | head -1; }
 mkdir -p "$OUT" "$STATE/bin"
 # shellcheck source=bench/h100/lib.sh
@@ -47,44 +51,42 @@ status_field() { # status_field PYTHON-EXPRESSION-OVER-j
         python3 -c "import json,sys; j=json.load(sys.stdin); print($1)" 2>/dev/null || echo "?"
 }
 
-if [ "$SEGMENT" = start ] || [ "$SEGMENT" = all ]; then
-    rm -f "$REPORT" "$SAMPLES" "$STATE"/*.pid "$SOCK"
+# Builds the programs and starts the server, both for the driver.
+setup() {
+    rm -rf "$STATE"
+    mkdir -p "$STATE/bin"
     {
-        echo "soak, $(date -u +%FT%TZ), kit $(cat "$KIT/COMMIT" 2>/dev/null), $TENANTS tenants, a kill every ${KILL_EVERY} s, serve $SERVE_ARGS"
+        echo "soak, $(date -u +%FT%TZ), kit $(cat "$KIT/COMMIT" 2>/dev/null), $TENANTS tenants for $SECS s, a kill every ${KILL_EVERY} s, serve $SERVE_ARGS"
         nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null || echo "no nvidia-smi"
     } >"$REPORT"
-    echo "elapsed_s,segment,server_rss_kib,server_threads,sessions,device_used_bytes,gpu_used_mib" >"$SAMPLES"
-    # Built as smoke.sh builds them; only programs that pass natively stay.
+    echo "elapsed_s,server_rss_kib,server_threads,sessions,device_used_bytes,gpu_used_mib,runs_done" >"$SAMPLES"
+    # Built as smoke.sh builds them; on a GPU only programs that pass natively stay.
     for src in "$ROOT"/tests/cuda/corpus/*.cu; do
         name=$(basename "$src" .cu)
         [ "$name" = out_of_bounds ] && continue
         # shellcheck disable=SC2086 # NVCC_FLAGS is a list of words
         if ! "$NVCC" ${NVCC_FLAGS:-} -I"$ROOT/tests/cuda/corpus" -o "$STATE/bin/$name" "$src" 2>/dev/null; then
             say "build failed: $name"
-        elif ! timeout 60 "$STATE/bin/$name" >/dev/null 2>&1; then
+        elif [ "$DEVICE" = cuda ] && ! timeout 60 "$STATE/bin/$name" >/dev/null 2>&1; then
             say "left out (fails natively): $name"
             rm -f "$STATE/bin/$name"
         fi
     done
+    say "programs: $(ls "$STATE/bin" | wc -l) CUDA programs$([ "$PYTORCH" = 1 ] && echo ", and PyTorch on even tenants")"
+    if [ -z "$(ls "$STATE/bin")" ]; then
+        say "no CUDA program built and passing: no soak"
+        cp "$REPORT" "$OUT/"
+        exit 1
+    fi
     printf '[limits]\nsessions = 128\n' >"$STATE/soak.toml"
     # shellcheck disable=SC2086
     setsid nohup "$KIT/cumux" serve --device "$DEVICE" --config "$STATE/soak.toml" $SERVE_ARGS \
         --listen "unix:$SOCK" >"$STATE/server.log" 2>&1 </dev/null &
     echo $! >"$STATE/server.pid"
-    date +%s >"$STATE/started"
     for _ in $(seq 300); do [ -S "$SOCK" ] && break; sleep 0.1; done
     gpu_used >"$STATE/gpu_idle_mib"
-fi
-SERVER=$(cat "$STATE/server.pid")
-STARTED=$(cat "$STATE/started")
-if ! kill -0 "$SERVER" 2>/dev/null; then
-    say "segment $SEGMENT: the server (pid $SERVER) is not running at the segment's start"
-    cp "$REPORT" "$SAMPLES" "$OUT/" 2>/dev/null
-    exit 1
-fi
+}
 
-end=$(($(date +%s) + SECS))
-rm -f "$STATE/stop"
 tenant() { # tenant I: runs programs until the stop file appears
     local i=$1 runs=0 fails=0 killed=0 rc
     while [ ! -e "$STATE/stop" ]; do
@@ -105,10 +107,12 @@ tenant() { # tenant I: runs programs until the stop file appears
                     *) fails=$((fails + 1)); cp "$STATE/t$i.out" "$STATE/fail-t$i-$runs-$(basename "$b").out" ;;
                 esac
                 runs=$((runs + 1))
+                echo "$runs" >"$STATE/t$i.runs"
             done
             continue
         fi
         runs=$((runs + 1))
+        echo "$runs" >"$STATE/t$i.runs"
         case $rc in
             0) ;;
             137) killed=$((killed + 1)) ;;
@@ -117,64 +121,99 @@ tenant() { # tenant I: runs programs until the stop file appears
     done
     echo "$i $runs $fails $killed" >"$STATE/t$i.result"
 }
-tenant_pids=()
-for i in $(seq "$TENANTS"); do
-    tenant "$i" &
-    tenant_pids+=($!)
-done
-kills=0
-next_kill=$(($(date +%s) + KILL_EVERY))
-next_sample=0
-while [ "$(date +%s)" -lt "$end" ]; do
-    now=$(date +%s)
-    if [ "$now" -ge "$next_sample" ]; then
-        rss=$(ps -o rss= -p "$SERVER" 2>/dev/null | tr -d ' ')
-        threads=$(ls "/proc/$SERVER/task" 2>/dev/null | wc -l)
-        sessions=$(status_field 'len(j["sessions"])')
-        used=$(status_field 'j["devices"][0]["used_mem"]')
-        gpu=$(gpu_used)
-        echo "$((now - STARTED)),$SEGMENT,${rss:-gone},$threads,$sessions,$used,$gpu" >>"$SAMPLES"
-        next_sample=$((now + 10))
-    fi
-    if [ "$now" -ge "$next_kill" ]; then
-        # The programs themselves (not `timeout` or `cumux run` around them).
-        victim=$(pgrep -f "^python3 $ROOT/bench/h100/pytorch_tenants.py|^$STATE/bin/" | shuf -n 1)
-        if [ -n "$victim" ] && kill -9 "$victim" 2>/dev/null; then kills=$((kills + 1)); fi
-        next_kill=$((now + KILL_EVERY))
-    fi
-    kill -0 "$SERVER" 2>/dev/null || break
-    sleep 1
-done
-touch "$STATE/stop"
-# The tenants only: the server is a child of the segment that started it.
-wait "${tenant_pids[@]}"
-alive=yes
-kill -0 "$SERVER" 2>/dev/null || alive=NO
-settled=no
-for _ in $(seq 300); do
-    if [ "$(status_field 'len(j["sessions"])')" = 0 ] && [ "$(status_field 'j["devices"][0]["used_mem"]')" = 0 ]; then
-        settled=yes
-        break
-    fi
-    sleep 0.1
-done
-runs=0 fails=0 killed=0
-for f in "$STATE"/t*.result; do
-    read -r _ r f2 k <"$f"
-    runs=$((runs + r)); fails=$((fails + f2)); killed=$((killed + k))
-done
-rss=$(ps -o rss= -p "$SERVER" 2>/dev/null | tr -d ' ')
-say "segment $SEGMENT, ${SECS} s (soak at $(($(date +%s) - STARTED)) s): runs $runs, failed $fails, killed $killed (kills sent $kills); server alive: $alive, rss ${rss:-?} KiB, threads $(ls "/proc/$SERVER/task" 2>/dev/null | wc -l); afterwards no sessions and no device memory: $settled; GPU used $(gpu_used) MiB (idle before: $(cat "$STATE/gpu_idle_mib") MiB)"
-for f in "$STATE"/fail-*.out; do
-    [ -e "$f" ] || continue
-    say "  failure $(basename "$f"): $(tail -2 "$f" | tr '\n' ' ')"
-done
-rm -f "$STATE"/fail-*.out "$STATE"/t*.result
-grep -c -E "panicked|ERROR" "$STATE/server.log" | sed 's/^/server log ERROR or panic lines: /' | tee -a "$REPORT"
-if [ "$SEGMENT" = finish ] || [ "$SEGMENT" = all ]; then
-    kill "$SERVER" 2>/dev/null
+
+# The soak itself, detached from the call that started it: tenants, kills
+# and samples for SECS seconds, then the settling, the report and the
+# server's stop; $STATE/done marks its end.
+drive() {
+    local server started end kills=0 next_kill next_sample=0 now
+    server=$(cat "$STATE/server.pid")
+    started=$(date +%s)
+    echo "$started" >"$STATE/started"
+    end=$((started + SECS))
+    local tenant_pids=()
+    for i in $(seq "$TENANTS"); do
+        tenant "$i" &
+        tenant_pids+=($!)
+    done
+    next_kill=$((started + KILL_EVERY))
+    while [ "$(date +%s)" -lt "$end" ]; do
+        now=$(date +%s)
+        if [ "$now" -ge "$next_sample" ]; then
+            rss=$(ps -o rss= -p "$server" 2>/dev/null | tr -d ' ')
+            threads=$(ls "/proc/$server/task" 2>/dev/null | wc -l)
+            sessions=$(status_field 'len(j["sessions"])')
+            used=$(status_field 'j["devices"][0]["used_mem"]')
+            done_runs=$(cat "$STATE"/t*.runs 2>/dev/null | awk '{ s += $1 } END { print s + 0 }')
+            echo "$((now - started)),${rss:-gone},$threads,$sessions,$used,$(gpu_used),$done_runs" >>"$SAMPLES"
+            next_sample=$((now + 10))
+        fi
+        if [ "$now" -ge "$next_kill" ]; then
+            # The programs themselves (not `timeout` or `cumux run` around them).
+            victim=$(pgrep -f "^python3 $ROOT/bench/h100/pytorch_tenants.py|^$STATE/bin/" | shuf -n 1)
+            if [ -n "$victim" ] && kill -9 "$victim" 2>/dev/null; then kills=$((kills + 1)); fi
+            next_kill=$((now + KILL_EVERY))
+        fi
+        kill -0 "$server" 2>/dev/null || break
+        sleep 1
+    done
+    touch "$STATE/stop"
+    # The tenants only: the server is not this process's child.
+    wait "${tenant_pids[@]}"
+    local alive=yes settled=no runs=0 fails=0 killed=0
+    kill -0 "$server" 2>/dev/null || alive=NO
+    for _ in $(seq 300); do
+        if [ "$(status_field 'len(j["sessions"])')" = 0 ] && [ "$(status_field 'j["devices"][0]["used_mem"]')" = 0 ]; then
+            settled=yes
+            break
+        fi
+        sleep 0.1
+    done
+    for f in "$STATE"/t*.result; do
+        read -r _ r f2 k <"$f"
+        runs=$((runs + r)); fails=$((fails + f2)); killed=$((killed + k))
+    done
+    rss=$(ps -o rss= -p "$server" 2>/dev/null | tr -d ' ')
+    say "soak of $(($(date +%s) - started)) s: runs $runs, failed $fails, killed $killed (kills sent $kills); server alive: $alive, rss ${rss:-?} KiB, threads $(ls "/proc/$server/task" 2>/dev/null | wc -l); afterwards no sessions and no device memory: $settled; GPU used $(gpu_used) MiB (idle before: $(cat "$STATE/gpu_idle_mib") MiB)"
+    # The first ten failures, each with its last two lines.
+    find "$STATE" -maxdepth 1 -name 'fail-*.out' | sort | head -10 | while read -r f; do
+        say "  failure $(basename "$f"): $(tail -2 "$f" | tr '\n' ' ')"
+    done
+    grep -c -E "panicked|ERROR" "$STATE/server.log" | sed 's/^/server log ERROR or panic lines: /' | tee -a "$REPORT"
+    kill "$server" 2>/dev/null
     sleep 1
     say "server stopped"
-fi
-cp "$REPORT" "$SAMPLES" "$OUT/"
-tail -c 200000 "$STATE/server.log" >"$OUT/soak-server-log-tail.txt"
+    touch "$STATE/done"
+}
+
+# Watches the soak for up to WATCH seconds, or until it ends, and copies
+# what it has so far to $OUT.
+watch() {
+    local until=$(($(date +%s) + WATCH))
+    while [ ! -e "$STATE/done" ] && [ "$(date +%s)" -lt "$until" ]; do sleep 2; done
+    if [ ! -e "$STATE/done" ]; then
+        local started
+        started=$(cat "$STATE/started" 2>/dev/null || echo "$(date +%s)")
+        echo "watched until the soak's $(($(date +%s) - started)) s; it goes on" | tee -a "$OUT/watch.txt"
+        tail -1 "$SAMPLES" | tee -a "$OUT/watch.txt"
+    fi
+    cp "$REPORT" "$SAMPLES" "$OUT/" 2>/dev/null
+    tail -c 200000 "$STATE/server.log" >"$OUT/soak-server-log-tail.txt" 2>/dev/null
+}
+
+case $SEGMENT in
+    drive) drive ;;
+    start | all)
+        setup
+        SEGMENT=drive setsid nohup bash "$0" </dev/null >"$STATE/drive.log" 2>&1 &
+        watch
+        ;;
+    watch)
+        if [ ! -e "$STATE/started" ]; then
+            echo "no soak under $STATE: start one with SEGMENT=start" | tee "$OUT/watch.txt"
+            exit 1
+        fi
+        watch
+        ;;
+    *) echo "SEGMENT is start, watch, all or drive, not $SEGMENT" >&2; exit 2 ;;
+esac
