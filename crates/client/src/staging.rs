@@ -18,6 +18,7 @@
 //! another of the program's devices, takes the old route too.
 
 use std::os::fd::AsFd;
+use std::sync::OnceLock;
 
 use cumux_cuda_bindings::consts::CU_EVENT_DISABLE_TIMING;
 use cumux_protocol::pinned::{create_memfd, HostMapping};
@@ -72,6 +73,48 @@ fn setup(c: &Client, device: u32) -> CuResult<StagingBuffer> {
     })
 }
 
+/// Copies at least this large are split across the copy threads.
+const PARALLEL_BYTES: usize = 1 << 20;
+/// At most this many threads copy one slot.
+const MAX_COPY_THREADS: usize = 4;
+
+/// The threads that fill and drain slots: none where the machine has one
+/// core (or they could not be started), and none in a forked child, which
+/// has no threads of its parent's.
+fn copy_threads() -> Option<&'static rayon::ThreadPool> {
+    static POOL: OnceLock<(u32, Option<rayon::ThreadPool>)> = OnceLock::new();
+    let (owner, pool) = POOL.get_or_init(|| {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let threads = cores.min(MAX_COPY_THREADS);
+        let pool = (threads > 1)
+            .then(|| {
+                rayon::ThreadPoolBuilder::new()
+                    .num_threads(threads)
+                    .thread_name(|i| format!("cumux-copy-{i}"))
+                    .build()
+                    .ok()
+            })
+            .flatten();
+        (std::process::id(), pool)
+    });
+    pool.as_ref().filter(|_| *owner == std::process::id())
+}
+
+/// `dst.copy_from_slice(src)`, by several threads for a large copy.
+fn copy_bytes(dst: &mut [u8], src: &[u8]) {
+    match copy_threads() {
+        Some(pool) if dst.len() >= PARALLEL_BYTES => {
+            let part = dst.len().div_ceil(pool.current_num_threads());
+            pool.scope(|s| {
+                for (d, from) in dst.chunks_mut(part).zip(src.chunks(part)) {
+                    s.spawn(move |_| d.copy_from_slice(from));
+                }
+            });
+        }
+        _ => dst.copy_from_slice(src),
+    }
+}
+
 fn slot(i: usize) -> u64 {
     ((i % 2) * SLOT_BYTES) as u64
 }
@@ -110,7 +153,7 @@ pub fn htod(c: &Client, b: &StagingBuffer, dst: u64, src: &[u8]) -> CuResult<()>
         // buffer is lent to this copy alone.
         let slot_bytes = unsafe { b.mapping.bytes_mut(slot(i), chunk.len() as u64) }
             .ok_or(CUDA_ERROR_UNKNOWN)?;
-        slot_bytes.copy_from_slice(chunk);
+        copy_bytes(slot_bytes, chunk);
         let call = Call::MemcpyHtoDHost {
             dst: dst + (i * SLOT_BYTES) as u64,
             region: b.region,
@@ -153,10 +196,32 @@ pub fn dtoh(c: &Client, b: &StagingBuffer, dst: &mut [u8], src: u64) -> CuResult
             .mapping
             .bytes(slot(i), out.len() as u64)
             .ok_or(CUDA_ERROR_UNKNOWN)?;
-        out.copy_from_slice(slot_bytes);
+        copy_bytes(out, slot_bytes);
         if i + 2 < chunks {
             post(c, b, fetch(i + 2), i)?;
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_slot_copied_by_several_threads_is_the_bytes_in_order() {
+        for len in [
+            0,
+            1,
+            PARALLEL_BYTES - 1,
+            PARALLEL_BYTES,
+            SLOT_BYTES - 3,
+            SLOT_BYTES,
+        ] {
+            let src: Vec<u8> = (0..len).map(|i| (i * 7 + i / 4093) as u8).collect();
+            let mut dst = vec![0u8; len];
+            copy_bytes(&mut dst, &src);
+            assert!(dst == src, "a copy of {len} bytes differs");
+        }
+    }
 }
