@@ -128,6 +128,7 @@ driver_programs=(
     "managed_memory;managed_memory.cu;;"
     "managed_concurrent;managed_concurrent.cu;;"
     "mem_pools;mem_pools.cu;;"
+    "pool_ipc;pool_ipc.cu;;"
     "graph_conditional;graph_conditional.cu;;"
 )
 declare -A program_args

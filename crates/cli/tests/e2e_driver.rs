@@ -45,6 +45,9 @@ programs_pass! {
     /// Pool attributes stick and read back, statistics follow allocations,
     /// a size limit holds, what cannot be given is refused.
     stream_ordered_memory_pools: "mem_pools" on "pools";
+    /// Pools shared between processes: refused where the device's
+    /// attribute says none (the CPU device), used across a fork elsewhere.
+    memory_pools_shared_between_processes: "pool_ipc" on "poolipc";
     host_callbacks_run_in_stream_order: "host_callback" on "hostfn";
     threads_with_their_own_streams: "threads" on "threads";
     launch_limits_are_checked_at_the_call: "launch_limits" on "limits";

@@ -75,6 +75,10 @@ const CLASH_RETRIES: usize = 4;
 
 /// Frees device memory (managed memory's host pages too).
 pub(super) fn free(c: &Client, ptr: u64) -> CuResult<()> {
+    if super::pool_ipc::free(c, ptr) {
+        c.lock().pools.gave_back(ptr);
+        return Ok(());
+    }
     let managed = {
         let mut st = c.lock();
         st.context_device()?;

@@ -100,6 +100,7 @@ mod managed_hints;
 mod memory;
 mod module;
 mod occupancy;
+mod pool_ipc;
 mod pools;
 mod proc_address;
 mod stream;

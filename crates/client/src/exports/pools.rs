@@ -1,16 +1,20 @@
 //! Stream-ordered allocation and memory pools: `cuMemAllocAsync` and
 //! `cuMemAllocFromPoolAsync` take device memory for a pool (its size limit
 //! checked, its statistics kept in `state::pools`); pools are created with
-//! the properties cumux can give (device memory, no IPC handles), and their
-//! attributes and peers' access stick and read back.
+//! the properties cumux can give (device memory; IPC handles as file
+//! descriptors where the device shares memory so, through `pool_ipc`), and
+//! their attributes and peers' access stick and read back.
 
 use std::ffi::c_void;
 
 use cumux_cuda_bindings::consts::*;
+use cumux_cuda_bindings::types::CUmemPoolPtrExportData;
+use cumux_protocol::{Call, VmmCall};
 
 use super::copy::ready;
 use super::cuda13x::MemLocation;
 use super::memory::alloc_on;
+use super::pool_ipc;
 use super::vmm::device_at;
 use super::*;
 use crate::graph::GraphOp;
@@ -65,11 +69,22 @@ fn alloc_async(
         s => cumux_protocol::device_of_handle(s),
     };
     let handle = pool.unwrap_or_else(|| st.pools.current(stream_device));
-    let device = st.pools.get(handle, devices)?.device;
+    let p = st.pools.get(handle, devices)?;
+    let (device, shareable) = (p.device, p.share_id != 0);
+    if p.imported_from.is_some() {
+        // An imported pool's memory is the exporter's to allocate.
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let access: Vec<u32> = std::iter::once(device)
+        .chain(p.peers.keys().copied())
+        .collect();
     st.pools.room(handle, bytes as u64, devices)?;
     let capturing = st.capturing(stream);
     drop(st);
-    let ptr = alloc_on(c, device, bytes)?;
+    let ptr = match shareable && !capturing {
+        true => pool_ipc::alloc(c, handle, device, bytes as u64, &access)?,
+        false => alloc_on(c, device, bytes)?,
+    };
     let mut st = c.lock();
     if capturing {
         super::graph_allocs::register(&mut st, ptr, bytes as u64);
@@ -124,11 +139,27 @@ fn set_peer_access(c: &Client, handle: usize, peer: u32, flags: u32) -> CuResult
             if !c.lock().peer_access.contains(&(peer, device)) {
                 super::context::switch_peer_access(c, peer, device, true)?;
             }
-            c.lock()
+            let mut st = c.lock();
+            st.pools.get(handle, devices)?.peers.insert(peer, flags);
+            // A shareable pool's allocations are mappings of their own: each
+            // gets the peer's access too.
+            let mapped: Vec<(u64, u64)> = st
                 .pools
-                .get(handle, devices)?
-                .peers
-                .insert(peer, flags);
+                .shared
+                .iter()
+                .filter(|(_, a)| a.pool == handle)
+                .map(|(ptr, a)| (*ptr, a.size))
+                .collect();
+            drop(st);
+            for (ptr, size) in mapped {
+                let access = VmmCall::SetAccess {
+                    ptr,
+                    size,
+                    device: peer,
+                    flags: u64::from(flags),
+                };
+                c.call(Call::Vmm(access))?;
+            }
             Ok(())
         }
         _ => Err(CUDA_ERROR_INVALID_VALUE),
@@ -179,21 +210,25 @@ driver_fn! {
         {
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
+        let device = device_at(c, props.location)?;
+        // Shareable as file descriptors where the device shares memory so.
+        let shareable = props.handle_types == CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+            && c.attribute(device as i32, CU_DEVICE_ATTRIBUTE_MEMPOOL_SUPPORTED_HANDLE_TYPES)? & 1 != 0;
         if props.location.kind != CU_MEM_LOCATION_TYPE_DEVICE
-            || props.handle_types != CU_MEM_HANDLE_TYPE_NONE
+            || (props.handle_types != CU_MEM_HANDLE_TYPE_NONE && !shareable)
             || props.usage != 0
         {
             // As a device without these answers; the device attributes say
             // so too (MEMPOOL_SUPPORTED_HANDLE_TYPES is 0).
             SAID.call_once(|| {
                 eprintln!(
-                    "cumux: memory pools of host memory, with IPC handles or with usage flags \
-                     are not supported (CUDA_ERROR_NOT_SUPPORTED)"
+                    "cumux: memory pools of host memory, with IPC handles other than file \
+                     descriptors of a GPU, or with usage flags are not supported \
+                     (CUDA_ERROR_NOT_SUPPORTED)"
                 )
             });
             return Err(CUDA_ERROR_NOT_SUPPORTED);
         }
-        let device = device_at(c, props.location)?;
         // As NVIDIA's driver holds a limit (measured on 580): whole granules,
         // and never below 32 MiB (a 1 MiB limit took 32 allocations of 1 MiB).
         let granule = c
@@ -205,13 +240,95 @@ driver_fn! {
             asked => asked.next_multiple_of(granule).max(MIN_POOL_LIMIT),
         };
         let handle = c.mint();
-        let made = Pool::new(device, false, max_size, props.handle_types);
+        let mut made = Pool::new(device, false, max_size, props.handle_types);
+        if shareable {
+            made.share_id = pool_ipc::new_share_id();
+        }
         c.lock().pools.insert(handle, made);
         out(pool, handle as *mut c_void)
     }
 
     fn cuMemPoolDestroy(pool: *mut c_void) {
-        client()?.lock().pools.destroy(pool_handle(pool))
+        if let Some(listener) = client()?.lock().pools.destroy(pool_handle(pool))? {
+            pool_ipc::stop(listener);
+        }
+        Ok(())
+    }
+
+    fn cuMemPoolExportToShareableHandle(handle_out: *mut c_void, pool: *mut c_void, handle_type: u32, flags: u64) {
+        let c = client()?;
+        non_null(handle_out)?;
+        if flags != 0 || handle_type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let devices = c.devices.len();
+        let mut st = c.lock();
+        let p = st.pools.get(pool_handle(pool), devices)?;
+        if p.share_id == 0 {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        if p.listener.is_none() {
+            let uuid = c.device(p.device as i32)?.uuid;
+            p.listener = Some(pool_ipc::listen(c, p.share_id, uuid)?);
+        }
+        let fd = p.listener.as_ref().map(pool_ipc::program_copy).ok_or(CUDA_ERROR_UNKNOWN)??;
+        out(handle_out.cast::<i32>(), fd)
+    }
+
+    fn cuMemPoolImportFromShareableHandle(pool_out: *mut *mut c_void, handle: *mut c_void, handle_type: u32, flags: u64) {
+        let c = client()?;
+        non_null(pool_out)?;
+        if flags != 0 || handle_type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let name = pool_ipc::socket_name(pool_ipc::program_fd(handle as usize)?)?;
+        // The exporter's device, as this process numbers it; no context needed.
+        let uuid = pool_ipc::pool_device(&name)?;
+        let device = c
+            .devices
+            .iter()
+            .position(|d| d.uuid == uuid)
+            .ok_or(CUDA_ERROR_INVALID_DEVICE)? as u32;
+        let mut imported = Pool::new(device, false, 0, handle_type);
+        imported.imported_from = Some(name);
+        let h = c.mint();
+        c.lock().pools.insert(h, imported);
+        out(pool_out, h as *mut c_void)
+    }
+
+    fn cuMemPoolExportPointer(data_out: *mut CUmemPoolPtrExportData, ptr: u64) {
+        let c = client()?;
+        let devices = c.devices.len();
+        let mut st = c.lock();
+        let shared = st.pools.shared.get(&ptr).copied().ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        let p = st.pools.get(shared.pool, devices)?;
+        if p.share_id == 0 || p.imported_from.is_some() {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let data = pool_ipc::export_data(p.share_id, ptr);
+        drop(st);
+        host_bytes_mut(data_out.cast(), data.len())?.copy_from_slice(&data);
+        Ok(())
+    }
+
+    fn cuMemPoolImportPointer(ptr_out: *mut u64, pool: *mut c_void, data: *mut CUmemPoolPtrExportData) {
+        let c = client()?;
+        non_null(ptr_out)?;
+        let data: [u8; 64] = host_bytes(data.cast_const().cast(), 64)?.try_into().map_err(|_| CUDA_ERROR_INVALID_VALUE)?;
+        if pool_ipc::parse_export_data(&data).is_none() {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let devices = c.devices.len();
+        let handle = pool_handle(pool);
+        let (name, device, access) = {
+            let mut st = c.lock();
+            let p = st.pools.get(handle, devices)?;
+            let name = p.imported_from.clone().ok_or(CUDA_ERROR_INVALID_VALUE)?;
+            let access: Vec<u32> = std::iter::once(p.device).chain(p.peers.keys().copied()).collect();
+            (name, p.device, access)
+        };
+        let ptr = pool_ipc::import(c, handle, &name, &data, device, &access)?;
+        out(ptr_out, ptr)
     }
 
     fn cuMemPoolTrimTo(pool: *mut c_void, _keep: usize) {

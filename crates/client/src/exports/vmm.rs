@@ -95,11 +95,11 @@ fn pinned_device_memory(c: &Client, prop: *const c_void) -> CuResult<(u32, u64, 
     Ok((device, u64::from(prop.requested_handle_types), compressed))
 }
 
-fn vmm(c: &Client, call: VmmCall) -> CuResult<ReplyBody> {
+pub(super) fn vmm(c: &Client, call: VmmCall) -> CuResult<ReplyBody> {
     c.call(Call::Vmm(call))
 }
 
-fn reply_value(reply: ReplyBody) -> CuResult<u64> {
+pub(super) fn reply_value(reply: ReplyBody) -> CuResult<u64> {
     match reply {
         ReplyBody::Value(v) | ReplyBody::Ptr(v) | ReplyBody::Handle(v) => Ok(v),
         _ => Err(CUDA_ERROR_UNKNOWN),

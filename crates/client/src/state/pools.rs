@@ -2,9 +2,11 @@
 //! properties and attributes as set, each device's current pool, and which
 //! pool each allocation came from, for the pool's statistics and size limit.
 //! cumux gives a pool's freed memory back at once, so what a pool reserves
-//! is what it has in use.
+//! is what it has in use. A pool other processes import keeps each
+//! allocation as shareable virtual memory (`exports::pool_ipc`).
 
 use std::collections::HashMap;
+use std::os::fd::OwnedFd;
 
 use cumux_cuda_bindings::consts::*;
 
@@ -15,7 +17,7 @@ use crate::errors::*;
 pub const DEFAULT_POOL_BASE: usize = 0x7000_0000;
 
 /// One pool.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct Pool {
     pub device: u32,
     /// A device's default pool: never destroyed.
@@ -31,6 +33,12 @@ pub struct Pool {
     pub reserved_high: u64,
     /// Peer devices given access (`cuMemPoolSetAccess`), with their flags.
     pub peers: HashMap<u32, u32>,
+    /// What names a shareable pool to its importers (random; 0 for others).
+    pub share_id: u64,
+    /// The socket importers ask for allocations on, once exported.
+    pub listener: Option<OwnedFd>,
+    /// An imported pool: the exporter's socket (abstract name).
+    pub imported_from: Option<Vec<u8>>,
 }
 
 impl Pool {
@@ -46,6 +54,9 @@ impl Pool {
             used_high: 0,
             reserved_high: 0,
             peers: HashMap::new(),
+            share_id: 0,
+            listener: None,
+            imported_from: None,
         }
     }
 
@@ -99,6 +110,19 @@ pub struct Pools {
     current: HashMap<u32, usize>,
     /// Allocation → (pool, bytes).
     from: HashMap<u64, (usize, u64)>,
+    /// Allocations of shareable pools, made or imported, as virtual memory.
+    pub shared: HashMap<u64, SharedAllocation>,
+}
+
+/// An allocation of a shareable pool (or imported from one): a physical
+/// allocation mapped at its own reservation.
+#[derive(Debug, Clone, Copy)]
+pub struct SharedAllocation {
+    pub pool: usize,
+    /// The physical allocation (a `cuMemCreate` or import handle).
+    pub physical: u64,
+    /// Bytes reserved and mapped (whole granules).
+    pub size: u64,
 }
 
 /// Device `device`'s default pool.
@@ -128,15 +152,16 @@ impl Pools {
     }
 
     /// Forgets a pool the program destroys (never a default one); its
-    /// allocations stay valid until freed, as the driver keeps them.
-    pub fn destroy(&mut self, handle: usize) -> CuResult<()> {
+    /// allocations stay valid until freed, as the driver keeps them. The
+    /// socket it was exported on, to shut.
+    pub fn destroy(&mut self, handle: usize) -> CuResult<Option<OwnedFd>> {
         match self.pools.get(&handle) {
             Some(p) if !p.default => {}
             _ => return Err(CUDA_ERROR_INVALID_VALUE),
         }
-        self.pools.remove(&handle);
+        let gone = self.pools.remove(&handle);
         self.current.retain(|_, p| *p != handle);
-        Ok(())
+        Ok(gone.and_then(|p| p.listener))
     }
 
     /// Device `device`'s current pool.
@@ -244,7 +269,7 @@ mod tests {
         assert_eq!(pools.current(0), default_pool(0));
         pools.set_current(0, 0x55);
         assert_eq!(pools.current(0), 0x55);
-        pools.destroy(0x55).unwrap();
+        assert!(pools.destroy(0x55).unwrap().is_none());
         assert_eq!(pools.current(0), default_pool(0));
         assert!(pools.get(0x55, 1).is_err());
     }

@@ -22,12 +22,12 @@ pub use cumux_protocol::launch_checks::{MAX_BLOCK_DIM, MAX_GRID_DIM, SHARED_PER_
 /// Capabilities a GPU has that a program does not get through cumux, so a
 /// program told of them would choose a path that then fails: GPUDirect RDMA
 /// (a NIC cannot reach device memory through the client), shareable handles
-/// other than file descriptors, memory pools' (not exported yet), multicast
-/// objects,
+/// other than file descriptors (for virtual memory and memory pools alike),
+/// multicast objects,
 /// host NUMA virtual memory, and managed memory the device and the host use
 /// concurrently or through the host's page tables (cumux keeps managed memory
 /// coherent at synchronization points only).
-const NOT_SERVED: [u32; 16] = [
+const NOT_SERVED: [u32; 15] = [
     88,  // PAGEABLE_MEMORY_ACCESS
     89,  // CONCURRENT_MANAGED_ACCESS
     100, // PAGEABLE_MEMORY_ACCESS_USES_HOST_PAGE_TABLES
@@ -38,7 +38,6 @@ const NOT_SERVED: [u32; 16] = [
     116, // GPU_DIRECT_RDMA_SUPPORTED
     117, // GPU_DIRECT_RDMA_FLUSH_WRITES_OPTIONS
     118, // GPU_DIRECT_RDMA_WRITES_ORDERING
-    119, // MEMPOOL_SUPPORTED_HANDLE_TYPES
     128, // HANDLE_TYPE_FABRIC_SUPPORTED
     132, // MULTICAST_SUPPORTED
     141, // HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED
@@ -53,9 +52,19 @@ pub fn as_served(mut attributes: Vec<(u32, i32)>) -> Vec<(u32, i32)> {
         if NOT_SERVED.contains(attr) {
             *value = 0;
         }
+        if *attr == MEMPOOL_SUPPORTED_HANDLE_TYPES {
+            // Pools shareable as file descriptors only (the client's
+            // `exports::pool_ipc`), as virtual memory is.
+            *value &= POSIX_FD;
+        }
     }
     attributes
 }
+
+/// `CU_DEVICE_ATTRIBUTE_MEMPOOL_SUPPORTED_HANDLE_TYPES`.
+const MEMPOOL_SUPPORTED_HANDLE_TYPES: u32 = 119;
+/// `CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR`.
+const POSIX_FD: i32 = 1;
 
 /// What the table depends on.
 #[derive(Debug, Clone, Copy)]
