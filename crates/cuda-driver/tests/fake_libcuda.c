@@ -100,10 +100,30 @@ CUresult cuCtxSetLimit(unsigned limit, size_t value) {
 CUresult cuDevicePrimaryCtxRetain(void **ctx, CUdevice d) { (void)d; *ctx = &dummy_context; return 0; }
 CUresult cuDevicePrimaryCtxRelease_v2(CUdevice d) { (void)d; return 0; }
 
+/* Live objects: allocations, host registrations, streams, events and modules.
+ * With FAKE_LIVE_REPORT set, each change rewrites that file with the counts
+ * ("allocations A registrations R streams S events E modules M"), so a test
+ * can see what a worker process holds after its sessions end. */
+static long live_allocations, live_host_registrations, live_streams, live_events, live_modules;
+static pthread_mutex_t report_lock = PTHREAD_MUTEX_INITIALIZER;
+static void live_change(long *counter, long by) {
+    pthread_mutex_lock(&report_lock);
+    *counter += by;
+    const char *path = getenv("FAKE_LIVE_REPORT");
+    if (path) {
+        FILE *f = fopen(path, "w");
+        if (f) {
+            fprintf(f, "allocations %ld registrations %ld streams %ld events %ld modules %ld\n",
+                    live_allocations, live_host_registrations, live_streams, live_events, live_modules);
+            fclose(f);
+        }
+    }
+    pthread_mutex_unlock(&report_lock);
+}
+
 /* Device memory is host memory; an allocation over 64 GiB is too large. Like a
  * GPU's allocator within a context, a freed block goes to the next allocation
  * of its size as it is, bytes and all (a few are kept for that). */
-static long live_allocations;
 #define KEPT_BLOCKS 16
 static struct { void *base; size_t bytes; } kept[KEPT_BLOCKS];
 static pthread_mutex_t kept_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -122,7 +142,7 @@ CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t bytes) {
     if (!m) m = calloc(1, size + 16);
     if (!m) return 2;
     *(size_t *)m = size;
-    live_allocations++;
+    live_change(&live_allocations, 1);
     *p = (CUdeviceptr)(uintptr_t)((char *)m + 16);
     return 0;
 }
@@ -141,7 +161,7 @@ CUresult cuMemFree_v2(CUdeviceptr p) {
     }
     pthread_mutex_unlock(&kept_lock);
     if (!kept_it) free(base);
-    live_allocations--;
+    live_change(&live_allocations, -1);
     return 0;
 }
 long fake_live_allocations(void) { return live_allocations; }
@@ -217,16 +237,15 @@ CUresult cuMemHostAlloc(void **p, size_t bytes, unsigned flags) {
     return *p ? 0 : 2;
 }
 CUresult cuMemFreeHost(void *p) { free(p); return 0; }
-static long live_host_registrations = 0;
 CUresult cuMemHostRegister_v2(void *p, size_t bytes, unsigned flags) {
     (void)flags;
     if (!p || !bytes) return 1;
-    live_host_registrations++;
+    live_change(&live_host_registrations, 1);
     return 0;
 }
 CUresult cuMemHostUnregister(void *p) {
     if (!p) return 1;
-    live_host_registrations--;
+    live_change(&live_host_registrations, -1);
     return 0;
 }
 long fake_live_host_registrations(void) { return live_host_registrations; }
@@ -267,10 +286,16 @@ static void flush_prints(void) {
     }
 }
 CUresult cuStreamCreateWithPriority(void **s, unsigned flags, int prio) {
-    (void)flags; (void)prio; *s = &stream_token; return 0;
+    (void)flags; (void)prio; *s = &stream_token;
+    live_change(&live_streams, 1);
+    return 0;
 }
 /* The null stream (legacy default) is a stream too, except to destroy. */
-CUresult cuStreamDestroy_v2(void *s) { return s == &stream_token ? 0 : 400; }
+CUresult cuStreamDestroy_v2(void *s) {
+    if (s != &stream_token) return 400;
+    live_change(&live_streams, -1);
+    return 0;
+}
 CUresult cuStreamQuery(void *s) { return s == &stream_token || !s ? 0 : 400; }
 CUresult cuStreamSynchronize(void *s) {
     if (s != &stream_token && s) return 400;
@@ -280,12 +305,20 @@ CUresult cuStreamSynchronize(void *s) {
 CUresult cuStreamWaitEvent(void *s, void *e, unsigned flags) {
     return (s == &stream_token || !s) && e == &event_token && !flags ? 0 : 400;
 }
-CUresult cuEventCreate(void **e, unsigned flags) { (void)flags; *e = &event_token; return 0; }
+CUresult cuEventCreate(void **e, unsigned flags) {
+    (void)flags; *e = &event_token;
+    live_change(&live_events, 1);
+    return 0;
+}
 CUresult cuEventRecord(void *e, void *s) { (void)e; (void)s; return 0; }
 CUresult cuEventQuery(void *e) { (void)e; return 0; }
 CUresult cuEventSynchronize(void *e) { (void)e; flush_prints(); return 0; }
 CUresult cuEventElapsedTime(float *ms, void *a, void *b) { (void)a; (void)b; *ms = 1.5f; return 0; }
-CUresult cuEventDestroy_v2(void *e) { (void)e; return 0; }
+CUresult cuEventDestroy_v2(void *e) {
+    if (e != &event_token) return 400;
+    live_change(&live_events, -1);
+    return 0;
+}
 /* An event's IPC handle names the fake's one event; another process opens it
  * as that event (every fake event is always done). */
 CUresult cuIpcGetEventHandle(void *h, void *e) {
@@ -298,6 +331,7 @@ typedef struct { char reserved[64]; } fake_ipc_event_handle;
 CUresult cuIpcOpenEventHandle(void **e, fake_ipc_event_handle h) {
     if (!e || memcmp(h.reserved, "fakeevt!", 8) != 0) return 1;
     *e = &event_token;
+    live_change(&live_events, 1);
     return 0;
 }
 
@@ -313,6 +347,7 @@ static int g_val[4] = {1, 0, 0, 0};
 CUresult cuModuleLoadData(void **m, const void *image) {
     if (*(const unsigned *)image != 0xBA55ED50u) return 200;
     *m = &module_token;
+    live_change(&live_modules, 1);
     return 0;
 }
 /* PTX (anything but a fat binary) fails to JIT, with a log. */
@@ -327,7 +362,11 @@ CUresult cuModuleLoadDataEx(void **m, const void *image, unsigned n, int *option
     }
     return 218;
 }
-CUresult cuModuleUnload(void *m) { return m == &module_token ? 0 : 400; }
+CUresult cuModuleUnload(void *m) {
+    if (m != &module_token) return 400;
+    live_change(&live_modules, -1);
+    return 0;
+}
 CUresult cuModuleGetFunctionCount(unsigned *n, void *m) { (void)m; *n = 2; return 0; }
 CUresult cuModuleEnumerateFunctions(void **fs, unsigned n, void *m) {
     (void)m;

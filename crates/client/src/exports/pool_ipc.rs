@@ -213,7 +213,12 @@ pub(super) fn listen(c: &'static Client, share_id: u64, device: [u8; 16]) -> CuR
 /// Answers one importer: its request is export data; the reply is the
 /// allocation's size (8 bytes, 0 for a refusal) with its descriptor. A
 /// device query is answered with the pool's device UUID (16 bytes).
-fn answer(c: &Client, share_id: u64, device: [u8; 16], mut stream: UnixStream) -> std::io::Result<()> {
+fn answer(
+    c: &Client,
+    share_id: u64,
+    device: [u8; 16],
+    mut stream: UnixStream,
+) -> std::io::Result<()> {
     let mut request = [0u8; 64];
     stream.read_exact(&mut request)?;
     let refuse = |mut stream: UnixStream| stream.write_all(&0u64.to_le_bytes());

@@ -7,7 +7,6 @@ use std::collections::HashMap;
 use std::os::fd::BorrowedFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::thread::ThreadId;
 
 use cumux_cuda_driver::capture::{image_may_print, image_mentions, StdoutCapture};
 use cumux_cuda_driver::sys::CU_STREAM_NON_BLOCKING;
@@ -48,6 +47,28 @@ pub(super) struct Kernel {
     static_shared: u64,
 }
 
+/// A stream lent to one synchronous call ([`CudaContext::stream`]).
+struct LentStream<'a> {
+    stream: Option<Arc<Stream>>,
+    home: &'a Mutex<Vec<Arc<Stream>>>,
+}
+
+impl std::ops::Deref for LentStream<'_> {
+    type Target = Stream;
+
+    fn deref(&self) -> &Stream {
+        self.stream.as_deref().expect("lent until dropped")
+    }
+}
+
+impl Drop for LentStream<'_> {
+    fn drop(&mut self) {
+        if let Some(stream) = self.stream.take() {
+            lock(self.home).push(stream);
+        }
+    }
+}
+
 /// A loaded module, and what it charged to the device's memory in use.
 struct CudaModule {
     /// Kept for its lifetime: the module unloads when this and every
@@ -66,8 +87,10 @@ pub struct CudaContext {
     memory: ContextMemory,
     next_module: Arc<AtomicU64>,
     modules: Mutex<HashMap<ModuleId, CudaModule>>,
-    /// The stream of each thread that has called in.
-    streams: Mutex<HashMap<ThreadId, Arc<Stream>>>,
+    /// Streams for synchronous calls, each lent to one call at a time: as
+    /// many as calls ran at once, however many threads came and went (a
+    /// shared context's sessions each call in on a thread of their own).
+    idle_streams: Mutex<Vec<Arc<Stream>>>,
     capture: Option<&'static StdoutCapture>,
     /// A module that can print was loaded: flushing calls need capture windows.
     prints: Arc<AtomicBool>,
@@ -112,7 +135,7 @@ impl CudaContext {
             memory: ContextMemory::new(used),
             next_module,
             modules: Mutex::new(HashMap::new()),
-            streams: Mutex::new(HashMap::new()),
+            idle_streams: Mutex::new(Vec::new()),
             capture,
             prints,
             pending_stdout: Mutex::new(Vec::new()),
@@ -133,18 +156,20 @@ impl CudaContext {
         self.capture.filter(|_| self.prints.load(Ordering::Acquire))
     }
 
-    /// The calling thread's stream, with the context current.
-    fn stream(&self) -> Result<Arc<Stream>, CuError> {
+    /// A stream for one synchronous call, with the context current; it goes
+    /// back to the idle ones when the call is done with it.
+    fn stream(&self) -> Result<LentStream<'_>, CuError> {
         let ctx = self.ctx()?;
         ctx.make_current().map_err(cu_err)?;
-        let id = std::thread::current().id();
-        let mut streams = lock(&self.streams);
-        if let Some(s) = streams.get(&id) {
-            return Ok(Arc::clone(s));
-        }
-        let stream = Arc::new(Stream::new(ctx, CU_STREAM_NON_BLOCKING, 0).map_err(cu_err)?);
-        streams.insert(id, Arc::clone(&stream));
-        Ok(stream)
+        let idle = lock(&self.idle_streams).pop();
+        let stream = match idle {
+            Some(stream) => stream,
+            None => Arc::new(Stream::new(ctx, CU_STREAM_NON_BLOCKING, 0).map_err(cu_err)?),
+        };
+        Ok(LentStream {
+            stream: Some(stream),
+            home: &self.idle_streams,
+        })
     }
 
     /// Keeps captured printf text for the next launch's outcome.
@@ -683,7 +708,7 @@ impl MovableContext for CudaContext {
 impl Drop for CudaContext {
     fn drop(&mut self) {
         let modules: Vec<CudaModule> = lock(&self.modules).drain().map(|(_, m)| m).collect();
-        let mut streams: Vec<Arc<Stream>> = lock(&self.streams).drain().map(|(_, s)| s).collect();
+        let mut streams: Vec<Arc<Stream>> = lock(&self.idle_streams).drain(..).collect();
         let ordered = std::mem::take(&mut *lock(&self.ordered));
         streams.extend(ordered.streams.into_values());
         let events = ordered.events;
