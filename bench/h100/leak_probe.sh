@@ -8,7 +8,8 @@
 # a process's memory growing round after round while cumux counts 0.
 #
 #   OUT=/some/dir KIT=device-kit/main bench/h100/leak_probe.sh
-# Optional: ROUNDS= (default 4), RUNS= (sessions a round, default 10),
+# Optional: ROUNDS= (default 4), RUNS= (sessions a round, default 10), KINDS=
+# (default "pytorch cuda killed"),
 # SERVE_ARGS= (default "--sharing shared"), NVCC=.
 set -u
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -18,6 +19,7 @@ NVCC=${NVCC:-/usr/local/cuda/bin/nvcc}
 ROUNDS=${ROUNDS:-4}
 RUNS=${RUNS:-10}
 SERVE_ARGS=${SERVE_ARGS---sharing shared}
+KINDS=${KINDS:-pytorch cuda killed}
 mkdir -p "$OUT"
 # shellcheck source=bench/h100/lib.sh
 . "$ROOT/bench/h100/lib.sh"
@@ -41,7 +43,7 @@ run() { timeout 120 "$KIT/cumux" run --server "unix:$SOCK" --tenant probe -- "$@
     nvidia-smi --query-gpu=name,driver_version,memory.used --format=csv,noheader
     echo "before any session: apps [$(apps)]"
 } | tee "$REPORT"
-for kind in pytorch cuda killed; do
+for kind in $KINDS; do
     for r in $(seq "$ROUNDS"); do
         fails=0
         for _ in $(seq "$RUNS"); do
