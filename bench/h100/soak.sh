@@ -78,13 +78,16 @@ setup() {
         cp "$REPORT" "$OUT/"
         exit 1
     fi
+    gpu_used >"$STATE/gpu_idle_mib"
     printf '[limits]\nsessions = 128\n' >"$STATE/soak.toml"
     # shellcheck disable=SC2086
     setsid nohup "$KIT/cumux" serve --device "$DEVICE" --config "$STATE/soak.toml" $SERVE_ARGS \
         --listen "unix:$SOCK" >"$STATE/server.log" 2>&1 </dev/null &
     echo $! >"$STATE/server.pid"
     for _ in $(seq 300); do [ -S "$SOCK" ] && break; sleep 0.1; done
-    gpu_used >"$STATE/gpu_idle_mib"
+    # The server's own workers (a shared context, spares) hold memory too.
+    sleep 2
+    gpu_used >"$STATE/gpu_served_mib"
 }
 
 tenant() { # tenant I: runs programs until the stop file appears
@@ -174,7 +177,7 @@ drive() {
         runs=$((runs + r)); fails=$((fails + f2)); killed=$((killed + k))
     done
     rss=$(ps -o rss= -p "$server" 2>/dev/null | tr -d ' ')
-    say "soak of $(($(date +%s) - started)) s: runs $runs, failed $fails, killed $killed (kills sent $kills); server alive: $alive, rss ${rss:-?} KiB, threads $(ls "/proc/$server/task" 2>/dev/null | wc -l); afterwards no sessions and no device memory: $settled; GPU used $(gpu_used) MiB (idle before: $(cat "$STATE/gpu_idle_mib") MiB)"
+    say "soak of $(($(date +%s) - started)) s: runs $runs, failed $fails, killed $killed (kills sent $kills); server alive: $alive, rss ${rss:-?} KiB, threads $(ls "/proc/$server/task" 2>/dev/null | wc -l); afterwards no sessions and no device memory: $settled; GPU used $(gpu_used) MiB (before the server: $(cat "$STATE/gpu_idle_mib") MiB; served, no session: $(cat "$STATE/gpu_served_mib") MiB)"
     # The first ten failures, each with its last two lines.
     find "$STATE" -maxdepth 1 -name 'fail-*.out' | sort | head -10 | while read -r f; do
         say "  failure $(basename "$f"): $(tail -2 "$f" | tr '\n' ' ')"
