@@ -219,6 +219,12 @@ const MALLOC_HEAP_LIMIT: u32 = 2;
 /// kernel made it), so it stays bounded, like a launch's own memory.
 pub const MAX_MALLOC_HEAP: u64 = 1 << 30;
 
+/// The device's compute capability as one number (75 for 7.5).
+fn device_sm() -> u32 {
+    let (major, minor) = COMPUTE_CAPABILITY;
+    (major * 10 + minor) as u32
+}
+
 /// The PTX text inside a module image, or the error the driver would give. Of
 /// a fat binary's PTX, the one the device's compute capability runs, as the
 /// driver picks it (else the lowest newer one, whose features the
@@ -240,8 +246,7 @@ pub fn ptx_of_image(image: &[u8]) -> Result<String, CuError> {
                     ),
                 ));
             }
-            let (major, minor) = COMPUTE_CAPABILITY;
-            cumux_fatbin::ptx_for(image, (major * 10 + minor) as u32).ok_or_else(|| {
+            cumux_fatbin::ptx_for(image, device_sm()).ok_or_else(|| {
                 CuError::new(codes::INVALID_PTX, "the fat binary's PTX is not UTF-8")
             })
         }
@@ -529,8 +534,12 @@ impl CpuContext {
                         const_size_bytes: clamp_i32(const_bytes),
                         local_size_bytes: clamp_i32(k.local_bytes.into()),
                         num_regs: clamp_i32(k.num_regs.into()),
-                        ptx_version: clamp_i32(k.ptx_version.into()),
-                        binary_version: clamp_i32(k.target_sm.into()),
+                        // the virtual architecture the PTX was built for
+                        // (75 for compute_75), as the driver reports it and
+                        // CUB reads it (`cub::PtxVersion`), not the ISA's
+                        // `.version`; the binary is the device's own
+                        ptx_version: clamp_i32(k.target_sm.into()),
+                        binary_version: clamp_i32(k.target_sm.max(device_sm()).into()),
                         max_dynamic_shared_size_bytes: (SHARED_PER_BLOCK - static_shared).max(0),
                     },
                 }
