@@ -12,6 +12,7 @@ mod blocks;
 mod calls;
 mod grid;
 mod limits;
+mod mbarrier;
 mod mem_ops;
 mod special;
 mod state;
