@@ -130,6 +130,24 @@ driver_programs=(
     "mem_pools;mem_pools.cu;;"
     "pool_ipc;pool_ipc.cu;;"
     "graph_conditional;graph_conditional.cu;;"
+    "ptx_choice;ptx_choice.cu;-gencode arch=compute_75,code=compute_75 -gencode arch=compute_80,code=compute_80 -gencode arch=compute_90,code=compute_90;"
+    "shared_wrap;shared_wrap.cu;;"
+    "indirect_recursion;indirect_recursion.cu;;"
+    "grid_sync_full;grid_sync_full.cu;;"
+    "device_heap;device_heap.cu;;"
+    "assert_code;assert_code.cu;;"
+    "async_copies;async_copies.cu;-arch=sm_80;"
+    "printf_fifo;printf_fifo.cu;-lcuda;"
+    # tests/cuda/parity (issue 22), not yet run on a GPU before
+    "parity_device_assert;../parity/device_assert.cu;;"
+    "parity_limits;../parity/limits.cu;;"
+    "parity_cp_async;../parity/cp_async.cu;-arch=sm_80;"
+    "parity_multi_arch;../parity/multi_arch.cu;-gencode arch=compute_75,code=compute_75 -gencode arch=compute_90,code=compute_90;"
+    "parity_jit_log;../parity/jit_log.cu;-lcuda;"
+    "parity_shared_window;../parity/shared_window.cu;;"
+    "parity_grid_sync;../parity/grid_sync.cu;;"
+    "parity_device_malloc;../parity/device_malloc.cu;;"
+    "parity_indirect_calls;../parity/indirect_calls.cu;;"
 )
 declare -A program_args
 if [ -z "$PROGRAMS" ] || [ "${DRIVER_PROGRAMS:-1}" = 1 ]; then

@@ -125,3 +125,85 @@ fn corpus_programs_built_for_sm90_only_run() {
         server.assert_pass(&out, &name);
     }
 }
+
+/// A program of tests/cuda/driver written for one of issue 22's items (and
+/// run natively by the GPU smoke), built with `flags`; it must print `PASS`.
+fn driver_passes(name: &str, flags: &[&str]) -> RunOutput {
+    let program = cumux_testkit::compile_program(common::driver_source(name), flags);
+    let server = ServerProc::start(name);
+    let out = server.run(&program, &[], LIMIT);
+    out.assert_passed();
+    out
+}
+
+/// Item 1: PTX for compute_75, 80 and 90 only: the device runs compute_75's
+/// and says so (`ptxVersion`, `cub::PtxVersion`, `__CUDA_ARCH__` agree).
+#[test]
+fn the_ptx_a_kernel_ran_is_the_one_it_reports() {
+    let mut flags = Vec::new();
+    for arch in ["75", "80", "90"] {
+        flags.push("-gencode".to_string());
+        flags.push(format!("arch=compute_{arch},code=compute_{arch}"));
+    }
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let out = driver_passes("ptx_choice", &flags);
+    assert!(
+        out.stdout.contains("ran compute_75 on a 7.5 device"),
+        "{}",
+        out.describe()
+    );
+}
+
+/// Item 2: every kind of shared access through a 32-bit address that wrapped.
+#[test]
+fn shared_accesses_through_wrapped_addresses() {
+    driver_passes("shared_wrap", &[]);
+}
+
+/// Item 3: device function pointers from the host, mutual recursion through
+/// a table, a recursive quicksort, a stack raised past the default.
+#[test]
+fn function_pointers_recursion_and_the_stack_they_need() {
+    driver_passes("indirect_recursion", &[]);
+}
+
+/// Item 4: the largest co-resident cooperative grid syncs; one block more is
+/// refused at the call with 720, and the context goes on.
+#[test]
+fn a_full_cooperative_grid_syncs_and_one_block_more_is_refused() {
+    driver_passes("grid_sync_full", &[]);
+}
+
+/// Item 5: the device heap across kernels, constructors and destructors,
+/// running out and taking allocations again.
+#[test]
+fn the_device_heap_outlives_its_kernel() {
+    driver_passes("device_heap", &[]);
+}
+
+/// Item 6: three ways to fail an assert, each 710 and sticky.
+#[test]
+fn failed_asserts_are_710_wherever_they_fail() {
+    let out = driver_passes("assert_code", &[]);
+    assert_eq!(
+        out.stdout.matches(": cudaErrorAssert").count(),
+        3,
+        "{}",
+        out.describe()
+    );
+}
+
+/// Item 7: cp.async with cuda::barrier (mbarrier), cuda::pipeline, the
+/// pipeline primitives and cooperative groups, double-buffered.
+#[test]
+fn async_copies_through_barriers_and_pipelines() {
+    driver_passes("async_copies", &["-arch=sm_80"]);
+}
+
+/// Item 8: the printf FIFO reads back what was set and holds what a GPU's does.
+#[test]
+fn the_printf_fifo_is_kept_and_used() {
+    let link = format!("-L{}", common::driver_link_folder("cumux-link").display());
+    let out = driver_passes("printf_fifo", &[&link, "-lcuda"]);
+    assert!(out.stdout.contains("24000 lines"), "{}", out.describe());
+}

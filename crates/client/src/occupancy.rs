@@ -2,7 +2,14 @@
 //! attributes: the device's per-SM limits and the kernel's registers and
 //! shared memory, with the allocation granularities of sm_70 and later. No
 //! round trip, so libraries that ask before every launch (cuDNN, cuBLAS
-//! heuristics, Triton) pay nothing.
+//! heuristics, Triton) pay nothing. A cooperative launch is checked against
+//! the same model at the call.
+
+use cumux_cuda_bindings::consts::*;
+use cumux_protocol::Handle;
+
+use crate::errors::*;
+use crate::state::Client;
 
 /// What one SM offers (device attributes).
 #[derive(Debug, Clone, Copy)]
@@ -131,6 +138,76 @@ pub fn potential_block_size(
         };
     }
     (best.2 * sms.max(1), best.1)
+}
+
+/// The occupancy model's view of device `dev` and of kernel `function`.
+pub(crate) fn inputs_on(c: &Client, function: Handle, dev: i32) -> CuResult<(Sm, Kernel, i32)> {
+    let attrs = c.lock().function(function)?.attrs;
+    let attr = |a: u32, fallback: i32| -> CuResult<i32> {
+        let v = c.attribute(dev, a)?;
+        Ok(if v > 0 { v } else { fallback })
+    };
+    let smem_per_block = attr(CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK, 49_152)?;
+    let sm = Sm {
+        warp_size: attr(CU_DEVICE_ATTRIBUTE_WARP_SIZE, 32)?,
+        threads_per_sm: attr(CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR, 2048)?,
+        blocks_per_sm: attr(CU_DEVICE_ATTRIBUTE_MAX_BLOCKS_PER_MULTIPROCESSOR, 32)?,
+        regs_per_sm: attr(CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_MULTIPROCESSOR, 65_536)?,
+        regs_per_block: attr(CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_BLOCK, 65_536)?,
+        smem_per_sm: attr(
+            CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR,
+            smem_per_block,
+        )?,
+        smem_per_block_optin: attr(
+            CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+            smem_per_block,
+        )?,
+        reserved_smem_per_block: c
+            .attribute(dev, CU_DEVICE_ATTRIBUTE_RESERVED_SHARED_MEMORY_PER_BLOCK)?
+            .max(0),
+    };
+    let max_threads = if attrs.max_threads_per_block > 0 {
+        attrs.max_threads_per_block
+    } else {
+        attr(CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK, 1024)?
+    };
+    let kernel = Kernel {
+        regs_per_thread: attrs.num_regs.max(0),
+        static_smem: attrs.shared_size_bytes.max(0),
+        max_threads_per_block: max_threads,
+        max_dynamic_smem: if attrs.max_dynamic_shared_size_bytes > 0 {
+            attrs.max_dynamic_shared_size_bytes
+        } else {
+            (smem_per_block - attrs.shared_size_bytes).max(0)
+        },
+    };
+    Ok((
+        sm,
+        kernel,
+        attr(CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, 1)?,
+    ))
+}
+
+/// A cooperative launch of `grid` blocks of `block` threads with `smem`
+/// bytes of dynamic shared memory: refused at the call, as the driver does,
+/// when more blocks than the device holds at once would have to wait for
+/// each other (`CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE`).
+pub(crate) fn check_co_resident(
+    c: &Client,
+    function: Handle,
+    dev: i32,
+    grid: [u32; 3],
+    block: [u32; 3],
+    smem: u32,
+) -> CuResult<()> {
+    let (sm, k, sms) = inputs_on(c, function, dev)?;
+    let threads = block.iter().map(|&d| d as i64).product::<i64>();
+    let blocks = grid.iter().map(|&d| d as i64).product::<i64>();
+    let per_sm = active_blocks(&sm, &k, threads.min(i32::MAX as i64) as i32, smem as usize);
+    if blocks > per_sm as i64 * sms.max(1) as i64 {
+        return Err(CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE);
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -360,6 +360,31 @@ pub(crate) struct Address {
     pub off: i64,
 }
 
+/// What an [`Op::Mbarrier`] does. The object's 8 bytes hold, in the
+/// interpreter's layout, the arrivals pending in the current phase (bits
+/// 0-31), the arrivals each phase expects (32-62) and the phase's parity
+/// (63); a state is the object as an arrive found it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum MbarKind {
+    /// `mbarrier.init [addr], count`.
+    Init,
+    /// `mbarrier.arrive` (`drop`: `arrive_drop`) `state, [addr]{, count}`:
+    /// the phase completes when its pending arrivals reach zero.
+    Arrive { drop: bool },
+    /// `cp.async.mbarrier.arrive[.noinc] [addr]`: an arrival once the
+    /// thread's earlier `cp.async` copies are done, which they are at once;
+    /// without `.noinc` the pending count is raised by one first, so only
+    /// `.noinc` counts as one of the phase's arrivals.
+    CopiesArrive { noinc: bool },
+    /// `mbarrier.test_wait` / `try_wait` `p, [addr], state` (`parity`: of
+    /// the phase whose parity `a` is): whether that phase completed.
+    Wait { parity: bool },
+    /// `mbarrier.pending_count count, state`: the state's pending arrivals.
+    PendingCount,
+    /// `mbarrier.inval [addr]`.
+    Inval,
+}
+
 /// The tile of a `wmma.load`/`wmma.store`: element type, layout, where it
 /// starts and the elements between its rows (or columns).
 #[derive(Debug, Clone, PartialEq)]
@@ -626,6 +651,15 @@ pub(crate) enum Op {
         soff: i64,
         size: u32,
         src_size: Src,
+    },
+    /// An `mbarrier` operation on the barrier object at `addr` (8 bytes of
+    /// shared memory), `a` its count, state or phase parity; `d` the state,
+    /// count or predicate it gives (`NONE` where it gives none).
+    Mbarrier {
+        kind: MbarKind,
+        d: u32,
+        addr: Address,
+        a: Src,
     },
     /// `wmma.load.{a,b,c}` of a 16x16 tile (per thread; fragment layout is ours:
     /// lane l holds logical elements l*8 .. l*8+8).

@@ -81,6 +81,7 @@ impl Op {
             Op::CpAsync {
                 dst, src, src_size, ..
             } => read!(dst, src, src_size),
+            Op::Mbarrier { addr, a, .. } => read!(&addr.base, a),
             Op::WmmaLoad { tile, .. } => read!(&tile.addr.base, &tile.stride),
             Op::WmmaStore { tile, vals } => {
                 vals.iter().copied().for_each(&mut f);
@@ -124,7 +125,7 @@ impl Op {
                 f(*d);
                 opt(*e, &mut f)
             }
-            Op::Atom { d, .. } | Op::Bar { d, .. } => opt(*d, &mut f),
+            Op::Atom { d, .. } | Op::Bar { d, .. } | Op::Mbarrier { d, .. } => opt(*d, &mut f),
             Op::Unpack { ds, .. } | Op::WmmaLoad { ds, .. } | Op::Ldmatrix { ds, .. } => {
                 ds.iter().copied().for_each(f)
             }

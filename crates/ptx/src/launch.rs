@@ -36,6 +36,10 @@ pub struct LaunchLimits<'a> {
     /// Host threads that run the launch's blocks; 0: `CUMUX_PTX_THREADS`,
     /// else one per core (a cooperative launch runs all its blocks at once).
     pub workers: usize,
+    /// The context's printf FIFO (`CU_LIMIT_PRINTF_FIFO_SIZE`): the text a
+    /// block keeps; the launch keeps that or 8 default FIFOs, whichever is
+    /// more (the text is larger than the records a GPU's FIFO holds).
+    pub printf_fifo: usize,
 }
 
 impl LaunchLimits<'_> {
@@ -45,7 +49,18 @@ impl LaunchLimits<'_> {
         per_launch: u64::MAX,
         cancel: None,
         workers: 0,
+        printf_fifo: DEFAULT_PRINTF_FIFO,
     };
+}
+
+/// The printf FIFO of a context whose program set none (1 MiB, the driver's
+/// default).
+pub const DEFAULT_PRINTF_FIFO: usize = 1 << 20;
+
+/// The printf text a launch keeps, all blocks together, under a FIFO of
+/// `fifo` bytes.
+pub(crate) fn printf_launch_limit(fifo: usize) -> usize {
+    fifo.max(8 * DEFAULT_PRINTF_FIFO)
 }
 
 /// Instructions a block runs between two checks of the per-launch budget and

@@ -21,12 +21,14 @@ mod printf;
 mod program;
 mod validate;
 
-pub use exec::{LOCAL_WINDOW, PARAM_WINDOW, SHARED_WINDOW};
+pub use exec::{
+    LOCAL_WINDOW, MAX_COOPERATIVE_BLOCKS, MAX_COOPERATIVE_THREADS, PARAM_WINDOW, SHARED_WINDOW,
+};
 pub use heap::DEFAULT_HEAP_BYTES;
 pub use jit::{compilations, lane_blocks};
 pub use launch::{
-    check_config, Fault, LaunchConfig, LaunchLimits, LaunchReport, LAUNCH_CHECK_INTERVAL,
-    MAX_SHARED_OPTIN, MAX_STATIC_SHARED,
+    check_config, Fault, LaunchConfig, LaunchLimits, LaunchReport, DEFAULT_PRINTF_FIFO,
+    LAUNCH_CHECK_INTERVAL, MAX_SHARED_OPTIN, MAX_STATIC_SHARED,
 };
 pub use memory::{
     DeviceMemory, MemError, DEVICE_VA_BASE, DEVICE_VA_END, DEVICE_WINDOW_BYTES, MAX_WINDOWS,

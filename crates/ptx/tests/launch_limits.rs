@@ -117,8 +117,7 @@ fn many_blocks_each_within_the_block_budget_fail_over_the_launch_budget() {
     let limited = |per_launch: u64| LaunchLimits {
         per_block: per_block * 2,
         per_launch,
-        cancel: None,
-        workers: 0,
+        ..LaunchLimits::NONE
     };
     // The per-block budget alone lets every block run.
     let r = p.launch_with(&mem, "count", &grid, &params, &limited(u64::MAX));
@@ -148,8 +147,7 @@ fn the_block_budget_still_stops_a_block_at_its_own_limit() {
         &LaunchLimits {
             per_block: 100_000,
             per_launch: 10_000_000,
-            cancel: None,
-            workers: 0,
+            ..LaunchLimits::NONE
         },
     );
     let e = r.result.unwrap_err();

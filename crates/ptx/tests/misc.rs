@@ -1,5 +1,6 @@
 //! Carry arithmetic, indirect calls, cp.async, generic pointers into local and
-//! shared memory, named barriers with counts, 64-bit and f16x2 atomics.
+//! shared memory, named barriers with counts, 64-bit and f16x2 atomics,
+//! mbarrier phases, and the refusal of device-side launches.
 
 mod common;
 
@@ -92,4 +93,109 @@ fn shared_memory_atomics() {
     assert_eq!(v[10], 8128 << 32, "add.u64");
     assert_eq!(f32::from_bits(v[11] as u32), 4064.0, "add.f32");
     assert_eq!(f64::from_bits(v[12]), 4064.0, "add.f64");
+}
+
+/// `mbarrier` (issue 22, item 7): thread 0 initialises a barrier for the
+/// block, every thread writes its slot of shared memory and arrives, then
+/// waits for the phase by its state (the threads after it let it go round)
+/// and reads a neighbour's slot; a second phase is waited for by parity.
+const MBARRIER_PTX: &str = r#"
+.version 8.0
+.target sm_80
+.address_size 64
+.visible .entry mbar(.param .u64 out)
+{
+    .reg .pred %p<3>;
+    .reg .b32 %r<12>;
+    .reg .b64 %rd<8>;
+    .shared .align 8 .b64 bar;
+    .shared .align 4 .b32 slots[64];
+    ld.param.u64 %rd1, [out];
+    cvta.to.global.u64 %rd1, %rd1;
+    mov.u32 %r1, %tid.x;
+    mov.u32 %r2, %ntid.x;
+    mov.u32 %r3, bar;
+    setp.ne.u32 %p1, %r1, 0;
+    @%p1 bra ARRIVE;
+    mbarrier.init.shared.b64 [%r3], %r2;
+ARRIVE:
+    bar.sync 0;
+    mov.u32 %r4, slots;
+    shl.b32 %r5, %r1, 2;
+    add.u32 %r6, %r4, %r5;
+    mul.lo.u32 %r7, %r1, 3;
+    st.shared.u32 [%r6], %r7;
+    mbarrier.arrive.shared.b64 %rd2, [%r3];
+    mbarrier.pending_count.b64 %r11, %rd2;
+WAIT:
+    mbarrier.test_wait.shared.b64 %p2, [%r3], %rd2;
+    @!%p2 bra WAIT;
+    add.u32 %r8, %r1, 1;
+    rem.u32 %r8, %r8, %r2;
+    shl.b32 %r8, %r8, 2;
+    add.u32 %r8, %r4, %r8;
+    ld.shared.u32 %r9, [%r8];
+    cvt.u64.u32 %rd3, %r1;
+    shl.b64 %rd3, %rd3, 3;
+    add.u64 %rd4, %rd1, %rd3;
+    st.global.u32 [%rd4], %r9;
+    mbarrier.arrive.shared.b64 %rd5, [%r3];
+PARITY:
+    mbarrier.try_wait.parity.shared.b64 %p2, [%r3], 1;
+    @!%p2 bra PARITY;
+    st.global.u32 [%rd4+4], %r11;
+    ret;
+}
+"#;
+
+#[test]
+fn mbarrier_phases_complete_with_the_last_arrival() {
+    let dev = Device::load("mbarrier", MBARRIER_PTX, 1 << 20);
+    let threads = 64usize;
+    let out = dev.alloc(threads * 8);
+    dev.launch("mbar", linear(1, threads), &[&out]);
+    let got: Vec<u32> = dev.download(out, threads * 2);
+    for t in 0..threads {
+        assert_eq!(
+            got[2 * t],
+            ((t + 1) % threads) as u32 * 3,
+            "thread {t}'s neighbour"
+        );
+        // the state of the k-th arrival holds the arrivals pending before it
+        assert_eq!(
+            got[2 * t + 1],
+            (threads - t) as u32,
+            "thread {t}'s pending count"
+        );
+    }
+}
+
+/// A kernel that launches kernels (dynamic parallelism) is refused at load
+/// with a reason that says so.
+#[test]
+fn device_side_launches_are_refused_by_name() {
+    let ptx = r#"
+.version 8.0
+.target sm_75
+.address_size 64
+.extern .func (.param .b64 ret) __cudaCDP2GetParameterBufferV2(.param .b64 f, .param .b32 n)
+;
+.visible .entry parent()
+{
+    .reg .b64 %rd<2>;
+    mov.u64 %rd1, 0;
+    {
+    .param .b64 param0;
+    st.param.b64 [param0+0], %rd1;
+    .param .b32 param1;
+    st.param.b32 [param1+0], 0;
+    .param .b64 retval0;
+    call.uni (retval0), __cudaCDP2GetParameterBufferV2, (param0, param1);
+    }
+    ret;
+}
+"#;
+    let mem = cumux_ptx::DeviceMemory::new(1 << 20);
+    let err = cumux_ptx::Program::load(ptx, &mem).expect_err("refused");
+    assert!(err.to_string().contains("dynamic parallelism"), "{err}");
 }

@@ -4,6 +4,7 @@
 mod common;
 
 use common::{int_ops_inputs, linear, Device, Scalar, FLOAT_OPS_X, FLOAT_OPS_Y};
+use cumux_ptx::LaunchLimits;
 
 /// `fixtures/ops.ptx` on its own device memory.
 fn ops() -> Device {
@@ -246,6 +247,27 @@ fn printf_formats() {
         "[   42|42   |00042|beef|BEEF|0137357|48879|-1234567890123|18446742839141661493|Q|hello|he|%]\n\
          [3.141593|3.142e+00|3.14159|1e-05|1.23457e+08|    3.1416|3.1       |+42]\n"
     );
+}
+
+/// A block keeps the printf text its context's FIFO holds, and drops what
+/// does not fit, as a full FIFO does.
+#[test]
+fn printf_keeps_what_the_fifo_holds() {
+    let dev = ops();
+    let s = dev.alloc(16);
+    dev.mem.write(s, b"hello\0").unwrap();
+    let args: [&dyn common::KernelArg; 5] = [&42i32, &0xBEEFu32, &-1i64, &0.5f64, &s];
+    let whole = dev.launch("fmt", linear(1, 1), &args).stdout;
+    let first = whole.iter().position(|b| *b == b'\n').unwrap() + 1;
+    assert!(first < whole.len());
+    for (fifo, kept) in [(whole.len(), whole.len()), (whole.len() - 1, first), (0, 0)] {
+        let limits = LaunchLimits {
+            printf_fifo: fifo,
+            ..LaunchLimits::NONE
+        };
+        let r = dev.launch_limited("fmt", linear(1, 1), &args, &limits);
+        assert_eq!(r.stdout, whole[..kept], "a FIFO of {fifo} bytes");
+    }
 }
 
 #[test]

@@ -265,7 +265,8 @@ fn indirect_calls_virtual_functions_and_deep_recursion() {
 fn bulk_copies_are_refused_not_left_undone() {
     for form in [
         "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%r1], [%rd1], 16, [%r1];",
-        "cp.async.mbarrier.arrive.noinc.shared.b64 [%r1];",
+        // the transaction counts bulk copies complete on
+        "mbarrier.arrive.expect_tx.shared.b64 %rd2, [%r1], 16;",
     ] {
         let ptx = format!(
             ".version 8.0\n.target sm_90\n.address_size 64\n\

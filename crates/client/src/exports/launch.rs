@@ -100,6 +100,13 @@ fn launch(
         Err(_) => crate::state::current_device(),
     };
     let function = super::module::kernel_on(client()?, handles::wire_or_invalid(f)?, device)?;
+    let cooperative = attributes
+        .iter()
+        .any(|a| matches!(a, LaunchAttribute::Cooperative(v) if *v != 0));
+    if cooperative {
+        let dev = cumux_protocol::device_of_handle(function) as i32;
+        crate::occupancy::check_co_resident(c, function, dev, grid, block, shared)?;
+    }
     let mut st = c.lock();
     let func = st.function(function)?;
     let (attrs, settings) = (func.attrs, func.settings);

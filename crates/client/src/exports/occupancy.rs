@@ -7,60 +7,16 @@ use cumux_cuda_bindings::{consts::*, types::*};
 
 use super::launch::LAUNCH_ATTRIBUTE_BYTES;
 use super::*;
-use crate::occupancy::{active_blocks, available_dynamic_smem, potential_block_size, Kernel, Sm};
+use crate::occupancy::{
+    active_blocks, available_dynamic_smem, inputs_on, potential_block_size, Kernel, Sm,
+};
 use crate::state::handles;
 use crate::state::{client, Client};
 
 /// The occupancy model's view of the current device and of kernel `f`.
 fn occupancy_inputs(c: &Client, f: *mut c_void) -> CuResult<(Sm, Kernel, i32)> {
-    let (attrs, dev) = {
-        let st = c.lock();
-        let attrs = st.function(handles::wire_or_invalid(f)?)?.attrs;
-        (attrs, st.current_device() as i32)
-    };
-    let attr = |a: u32, fallback: i32| -> CuResult<i32> {
-        let v = c.attribute(dev, a)?;
-        Ok(if v > 0 { v } else { fallback })
-    };
-    let smem_per_block = attr(CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK, 49_152)?;
-    let sm = Sm {
-        warp_size: attr(CU_DEVICE_ATTRIBUTE_WARP_SIZE, 32)?,
-        threads_per_sm: attr(CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR, 2048)?,
-        blocks_per_sm: attr(CU_DEVICE_ATTRIBUTE_MAX_BLOCKS_PER_MULTIPROCESSOR, 32)?,
-        regs_per_sm: attr(CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_MULTIPROCESSOR, 65_536)?,
-        regs_per_block: attr(CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_BLOCK, 65_536)?,
-        smem_per_sm: attr(
-            CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR,
-            smem_per_block,
-        )?,
-        smem_per_block_optin: attr(
-            CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
-            smem_per_block,
-        )?,
-        reserved_smem_per_block: c
-            .attribute(dev, CU_DEVICE_ATTRIBUTE_RESERVED_SHARED_MEMORY_PER_BLOCK)?
-            .max(0),
-    };
-    let max_threads = if attrs.max_threads_per_block > 0 {
-        attrs.max_threads_per_block
-    } else {
-        attr(CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK, 1024)?
-    };
-    let kernel = Kernel {
-        regs_per_thread: attrs.num_regs.max(0),
-        static_smem: attrs.shared_size_bytes.max(0),
-        max_threads_per_block: max_threads,
-        max_dynamic_smem: if attrs.max_dynamic_shared_size_bytes > 0 {
-            attrs.max_dynamic_shared_size_bytes
-        } else {
-            (smem_per_block - attrs.shared_size_bytes).max(0)
-        },
-    };
-    Ok((
-        sm,
-        kernel,
-        attr(CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, 1)?,
-    ))
+    let dev = c.lock().current_device() as i32;
+    inputs_on(c, handles::wire_or_invalid(f)?, dev)
 }
 
 fn occupancy_blocks(c: &Client, f: *mut c_void, block_size: i32, smem: usize) -> CuResult<i32> {

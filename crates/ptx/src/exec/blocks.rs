@@ -4,7 +4,6 @@
 
 use std::sync::Mutex;
 
-use super::limits::PRINTF_LIMIT;
 use crate::launch::{Fault, LaunchReport};
 
 #[derive(Default)]
@@ -31,13 +30,14 @@ impl BlockResults {
     }
 
     /// The launch's report: output block by block in block order (as the
-    /// device prints it, up to 8 printf buffers), the fault kept, the count.
-    pub(crate) fn report(self, instructions: u64) -> LaunchReport {
+    /// device prints it, up to `printf_limit` bytes), the fault kept, the
+    /// count.
+    pub(crate) fn report(self, instructions: u64, printf_limit: usize) -> LaunchReport {
         let mut outs = self.outputs.into_inner().unwrap_or_else(|e| e.into_inner());
         outs.sort_by_key(|(id, _)| *id);
         let mut stdout: Vec<u8> = Vec::new();
         for (_, o) in outs {
-            if stdout.len() + o.len() > 8 * PRINTF_LIMIT {
+            if stdout.len() + o.len() > printf_limit {
                 break;
             }
             stdout.extend_from_slice(&o);

@@ -3,7 +3,7 @@
 //! and device `printf`, the one external function the interpreter provides.
 
 use super::access::{local_copy, local_get, local_put, Access};
-use super::limits::{LOCAL_LIMIT, LOCAL_WINDOW, MAX_CALL_DEPTH, PRINTF_LIMIT};
+use super::limits::{LOCAL_LIMIT, LOCAL_WINDOW, MAX_CALL_DEPTH};
 use super::state::{rd, wr, Block, Frame, Geo, Thread};
 use super::watch;
 use crate::ir::{ArgLoc, CallInfo, Func, Inst, Op, Sp, Src, FUNC_WIN};
@@ -198,7 +198,7 @@ pub(super) fn printf(
     );
     let n = text.len() as u64;
     // like the driver's bounded printf FIFO: excess output is dropped
-    if b.out.len() + text.len() <= PRINTF_LIMIT {
+    if b.out.len() + text.len() <= g.printf_fifo {
         b.out.extend_from_slice(&text);
     }
     if let Some(r) = ret {
@@ -240,7 +240,7 @@ pub(super) fn assert_fail(
          Assertion `{message}` failed.\n",
         at_line as u32
     );
-    if b.out.len() + report.len() <= PRINTF_LIMIT {
+    if b.out.len() + report.len() <= g.printf_fifo {
         b.out.extend_from_slice(report.as_bytes());
     }
     Fault::Assert {

@@ -14,7 +14,7 @@ use super::limits::{
 use super::state::Geo;
 use super::watch;
 use crate::ir::{Module, Op, SReg};
-use crate::launch::{Fault, LaunchConfig, LaunchLimits, LaunchReport};
+use crate::launch::{printf_launch_limit, Fault, LaunchConfig, LaunchLimits, LaunchReport};
 use crate::memory::DeviceMemory;
 use crate::validate::{check_module, Malformed};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -178,6 +178,7 @@ impl Executable {
             cancel: limits.cancel,
             abort: &abort,
             grid_workspace,
+            printf_fifo: limits.printf_fifo,
             lockstep: prog.funcs.iter().enumerate().any(|(i, f)| {
                 f.uses_volatile && (i as u32 == kernel || !prog.kernels.contains(&(i as u32)))
             }),
@@ -268,5 +269,8 @@ fn run_grid(g: &Geo<'_>) -> LaunchReport {
         results.outputs(outs);
     };
     on_workers(workers, &work);
-    results.report(g.executed.load(Ordering::Relaxed))
+    results.report(
+        g.executed.load(Ordering::Relaxed),
+        printf_launch_limit(g.printf_fifo),
+    )
 }

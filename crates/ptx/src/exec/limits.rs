@@ -11,8 +11,6 @@ pub(super) const WINDOW_SIZE: u64 = 1 << 32;
 /// Per-thread local memory limit (frames and call stack).
 pub(super) const LOCAL_LIMIT: usize = 512 * 1024;
 pub(super) const MAX_CALL_DEPTH: usize = 4096;
-/// Device printf output kept per block and per launch (bytes).
-pub(crate) const PRINTF_LIMIT: usize = 1 << 20;
 /// Registers plus local memory of all threads of one block (bytes).
 pub(crate) const BLOCK_MEMORY_LIMIT: usize = 256 << 20;
 /// Reserved shared memory of a block whose module reads the
@@ -20,9 +18,9 @@ pub(crate) const BLOCK_MEMORY_LIMIT: usize = 256 << 20;
 /// dynamic shared memory; two halves for `_0` and `_1`.
 pub(super) const RESERVED_SMEM: u64 = 1024;
 /// Blocks of a cooperative launch, which all run at once (a host thread each).
-pub(super) const MAX_COOPERATIVE_BLOCKS: u64 = 1024;
+pub const MAX_COOPERATIVE_BLOCKS: u64 = 1024;
 /// Threads of a cooperative launch, all blocks together.
-pub(super) const MAX_COOPERATIVE_THREADS: u64 = 65536;
+pub const MAX_COOPERATIVE_THREADS: u64 = 65536;
 /// Registers plus local memory of all threads of a cooperative launch, whose
 /// blocks are all resident at once (each thread's call stack is bounded by
 /// its share: at least 16 KiB).

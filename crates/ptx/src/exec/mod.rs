@@ -12,6 +12,7 @@ mod blocks;
 mod calls;
 mod grid;
 mod limits;
+mod mbarrier;
 mod mem_ops;
 mod special;
 mod state;
@@ -24,7 +25,9 @@ pub(crate) use access::check_alignment;
 pub(crate) use arith::step as run_register_op;
 pub(crate) use blocks::{on_workers, BlockResults};
 pub(crate) use grid::Executable;
-pub(crate) use limits::{BLOCK_MEMORY_LIMIT, PRINTF_LIMIT};
-pub use limits::{LOCAL_WINDOW, PARAM_WINDOW, SHARED_WINDOW};
+pub(crate) use limits::BLOCK_MEMORY_LIMIT;
+pub use limits::{
+    LOCAL_WINDOW, MAX_COOPERATIVE_BLOCKS, MAX_COOPERATIVE_THREADS, PARAM_WINDOW, SHARED_WINDOW,
+};
 pub(crate) use warp::{redux_fold, shfl_source};
 pub(crate) use watch::launch_progress;

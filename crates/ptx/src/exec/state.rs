@@ -131,6 +131,8 @@ pub(super) struct Geo<'a> {
     pub grid_workspace: u64,
     /// Bytes of registers plus local memory one thread may use (call stack).
     pub stack_limit: usize,
+    /// The printf text a block keeps (the context's FIFO size).
+    pub printf_fifo: usize,
     /// Run the lanes of a warp in lockstep (module uses volatile accesses).
     pub lockstep: bool,
 }

@@ -1,11 +1,11 @@
 //! The interpreter loop of one thread: fetch, guard, dispatch to the op's
-//! family (`arith`, `mem_ops`, `calls`, `tensor`, `special`), until the
-//! thread reaches a collective, exits, faults or uses up its step.
+//! family (`arith`, `mem_ops`, `mbarrier`, `calls`, `tensor`, `special`),
+//! until the thread reaches a collective, exits, faults or uses up its step.
 
 use super::barrier;
 use super::calls;
 use super::state::{lin_to_tid, rd, Block, Geo, Status, Stop, Thread};
-use super::{arith, mem_ops, special, tensor, watch};
+use super::{arith, mbarrier, mem_ops, special, tensor, watch};
 use crate::ir::{Op, Src, NONE};
 use crate::launch::Fault;
 
@@ -86,6 +86,16 @@ pub(super) fn run_thread<const SINGLE_STEP: bool>(
             op @ Op::Cvta { .. } => fail_on_err!(mem_ops::step(g, b, th, op, inst.line)),
             op @ Op::Isspacep { .. } => fail_on_err!(mem_ops::step(g, b, th, op, inst.line)),
             op @ Op::CpAsync { .. } => fail_on_err!(mem_ops::step(g, b, th, op, inst.line)),
+            op @ Op::Mbarrier { .. } => match mbarrier::step(g, b, th, op, inst.line) {
+                Ok(true) => {}
+                // a wait whose phase is not complete lets the block's other
+                // threads run (they make the arrivals it waits for)
+                Ok(false) => {
+                    pc += 1;
+                    break Ok(Stop::Yield);
+                }
+                Err(e) => break Err(e),
+            },
             Op::Special { d, r } => {
                 let clock = th.clock.wrapping_add(count);
                 let v = special::special(g, b, clock, tid, lin, *r);

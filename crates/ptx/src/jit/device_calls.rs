@@ -3,7 +3,6 @@
 //! and faults; output kept per block.
 
 use super::runtime::Ctx;
-use crate::exec::PRINTF_LIMIT;
 use crate::ir::{ArgLoc, Op, Sp, Src};
 use crate::launch::Fault;
 use crate::memory::{atomic_load, atomic_store};
@@ -231,7 +230,7 @@ fn cp_async(
 
 /// Appends `text` to the block's output, within the driver's bounded FIFO.
 fn emit(ctx: &mut Ctx<'_>, text: &[u8]) {
-    if ctx.out.len() + text.len() <= PRINTF_LIMIT {
+    if ctx.out.len() + text.len() <= ctx.printf_fifo {
         ctx.out.extend_from_slice(text);
     }
 }

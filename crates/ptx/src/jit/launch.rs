@@ -12,7 +12,9 @@ use super::runtime::{
 use super::warp::{resolve_warp, Lanes, State};
 use crate::exec::{launch_progress, on_workers, BlockResults, BLOCK_MEMORY_LIMIT};
 use crate::ir::{Module, Op, SReg};
-use crate::launch::{Fault, LaunchConfig, LaunchLimits, LaunchReport, LAUNCH_CHECK_INTERVAL};
+use crate::launch::{
+    printf_launch_limit, Fault, LaunchConfig, LaunchLimits, LaunchReport, LAUNCH_CHECK_INTERVAL,
+};
 use crate::memory::{DeviceMemory, MemView};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
@@ -171,7 +173,10 @@ fn run_grid(g: &Grid<'_>) -> LaunchReport {
     let threads: u64 = g.cfg.block.iter().map(|&v| v as u64).product();
     let workers = worker_count(g.limits, total, threads);
     on_workers(workers, &work);
-    results.report(g.executed.load(Ordering::Relaxed))
+    results.report(
+        g.executed.load(Ordering::Relaxed),
+        printf_launch_limit(g.limits.printf_fifo),
+    )
 }
 
 /// Blocks of this process that ran through lane kernels, and that were
@@ -374,6 +379,7 @@ impl Worker {
             memory: g.memory,
             fault: None,
             out: std::mem::take(&mut self.out),
+            printf_fifo: g.limits.printf_fifo,
             arrivals: [0; 16],
             lane_file: self.lane_file.as_mut_ptr() as *mut u8,
             log: self.undo.as_mut_ptr(),

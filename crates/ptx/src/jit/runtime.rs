@@ -88,6 +88,8 @@ pub(super) struct Ctx<'a> {
     pub fault: Option<Fault>,
     /// The block's `printf` output so far.
     pub out: Vec<u8>,
+    /// The output a block keeps (the context's printf FIFO).
+    pub printf_fifo: usize,
     /// The lane kernel's narrow registers of each group of the block
     /// between its runs: `nregs` vectors of 16 bytes a group.
     pub lane_file: *mut u8,

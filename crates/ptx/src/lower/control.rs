@@ -184,7 +184,14 @@ impl FuncLower<'_> {
                 self.emit(op);
                 return Ok(());
             }
-            return self.unsupported(format!("call to external function `{}`", callee.name));
+            let name = &callee.name;
+            if name.starts_with("__cudaCDP") || name.starts_with("cudaLaunchDevice") {
+                return self.unsupported(format!(
+                    "dynamic parallelism (a kernel launching kernels through `{name}`): the CPU \
+                     device does not run device-side launches"
+                ));
+            }
+            return self.unsupported(format!("call to external function `{name}`"));
         }
         if args.len() != callee.params.len() || rets.len() != callee.returns.len() {
             return Err(invalid(

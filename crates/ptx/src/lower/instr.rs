@@ -95,6 +95,7 @@ impl FuncLower<'_> {
             "cvta" => self.lower_cvta(i),
             "isspacep" => self.lower_isspacep(i),
             "cp" if i.has("async") => self.lower_cp_async(i),
+            "mbarrier" => self.lower_mbarrier(i),
             "atom" | "red" => self.lower_atom(i),
             "membar" | "fence" | "prefetch" | "prefetchu" | "nanosleep" | "pmevent"
             | "griddepcontrol" | "discard" | "applypriority" | "createpolicy" | "mbarrier_nop" => {

@@ -1,4 +1,4 @@
-//! Memory instructions to IR: `ld`/`ldu`, `st`, `atom`/`red`, `cp.async`,
+//! Memory instructions to IR: `ld`/`ldu`, `st`, `atom`/`red`, `cp.async`, `mbarrier`,
 //! `cvta`, `isspacep`, and fences and hints (no-ops here).
 
 use super::context::FuncLower;
@@ -6,7 +6,7 @@ use super::error::invalid;
 use super::modifiers::sp_of;
 use super::symbols::Binding;
 use crate::ast::{self, Operand};
-use crate::ir::{AtomOp, Op, Sp, Src, Ty, NONE};
+use crate::ir::{Address, AtomOp, MbarKind, Op, Sp, Src, Ty, NONE};
 use crate::module_info::LoadError;
 
 impl FuncLower<'_> {
@@ -94,8 +94,21 @@ impl FuncLower<'_> {
             self.emit(Op::Nop);
             return Ok(());
         }
-        if i.has("bulk") || i.has("mbarrier") {
-            return self.unsupported("cp.async.bulk / mbarrier forms");
+        if i.has("mbarrier") && !i.has("bulk") {
+            // `cp.async.mbarrier.arrive[.noinc].b64 [addr]`
+            let o = self.ops(i, 1)?;
+            let addr = self.address(&o[0], sp_of(&i.modifiers).unwrap_or(Sp::Generic))?;
+            let noinc = i.has("noinc");
+            self.emit(Op::Mbarrier {
+                kind: MbarKind::CopiesArrive { noinc },
+                d: NONE,
+                addr,
+                a: Src::Imm(0),
+            });
+            return Ok(());
+        }
+        if i.has("bulk") {
+            return self.unsupported("cp.async.bulk (tensor memory access)");
         }
         let o = self.ops(i, 3)?;
         // the copy reads generic addresses and writes shared ones, whatever
@@ -122,6 +135,67 @@ impl FuncLower<'_> {
             size,
             src_size,
         });
+        Ok(())
+    }
+
+    /// `mbarrier`: init, arrive (and `arrive_drop`), test_wait and try_wait
+    /// (of a state or a phase parity), pending_count and inval, on a barrier
+    /// object in shared memory. The transaction counts of `cp.async.bulk`
+    /// (`expect_tx`, `complete_tx`) are refused, as is the cluster's window.
+    pub(super) fn lower_mbarrier(&mut self, i: &ast::Instruction) -> Result<(), LoadError> {
+        let m = &i.modifiers;
+        if m.iter().any(|x| x.contains("tx") || x.contains("cluster")) {
+            return self.unsupported("mbarrier transaction counts or cluster barriers");
+        }
+        let sp = sp_of(m).unwrap_or(Sp::Generic);
+        let no_addr = Address {
+            sp: Sp::Shared,
+            base: Src::Imm(0),
+            off: 0,
+        };
+        let op = |kind, d, addr, a| Op::Mbarrier { kind, d, addr, a };
+        let first = m.first().map(String::as_str).unwrap_or("");
+        let emitted = match first {
+            "init" => {
+                let o = self.ops(i, 2)?;
+                let addr = self.address(&o[0], sp)?;
+                let count = self.src(&o[1], Ty::U32)?;
+                op(MbarKind::Init, NONE, addr, count)
+            }
+            "inval" => {
+                let o = self.ops(i, 1)?;
+                let addr = self.address(&o[0], sp)?;
+                op(MbarKind::Inval, NONE, addr, Src::Imm(0))
+            }
+            "arrive" | "arrive_drop" => {
+                let o = self.ops(i, 2)?;
+                let d = match &o[0] {
+                    Operand::Sink => NONE,
+                    x => self.dst(x)?,
+                };
+                let addr = self.address(&o[1], sp)?;
+                let count = self.src_or(o.get(2), Ty::U32, 1)?;
+                let drop = first == "arrive_drop";
+                op(MbarKind::Arrive { drop }, d, addr, count)
+            }
+            "test_wait" | "try_wait" => {
+                // a try_wait's time limit (a fourth operand) only bounds its wait
+                let o = self.ops(i, 3)?;
+                let d = self.dst(&o[0])?;
+                let addr = self.address(&o[1], sp)?;
+                let parity = i.has("parity");
+                let a = self.src(&o[2], if parity { Ty::U32 } else { Ty::U64 })?;
+                op(MbarKind::Wait { parity }, d, addr, a)
+            }
+            "pending_count" => {
+                let o = self.ops(i, 2)?;
+                let d = self.dst(&o[0])?;
+                let state = self.src(&o[1], Ty::U64)?;
+                op(MbarKind::PendingCount, d, no_addr, state)
+            }
+            other => return self.unsupported(format!("mbarrier.{other}")),
+        };
+        self.emit(emitted);
         Ok(())
     }
 

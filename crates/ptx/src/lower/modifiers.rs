@@ -70,7 +70,7 @@ pub(super) fn sp_of(mods: &[String]) -> Option<Sp> {
     mods.iter().find_map(|m| {
         Some(match m.as_str() {
             "global" | "const" => Sp::Global,
-            "shared" => Sp::Shared,
+            "shared" | "shared::cta" => Sp::Shared,
             "local" => Sp::Local,
             "param" => Sp::Param,
             _ => return None,

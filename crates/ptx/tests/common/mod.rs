@@ -4,7 +4,7 @@
 
 #![allow(dead_code)]
 
-use cumux_ptx::{DeviceMemory, KernelInfo, LaunchConfig, LaunchReport, Program};
+use cumux_ptx::{DeviceMemory, KernelInfo, LaunchConfig, LaunchLimits, LaunchReport, Program};
 
 /// Plain numbers that move between host vectors and device bytes.
 pub trait Scalar: Copy {
@@ -187,9 +187,21 @@ impl Device {
         cfg: LaunchConfig,
         args: &[&dyn KernelArg],
     ) -> LaunchReport {
+        self.launch_limited(kernel, cfg, args, &LaunchLimits::NONE)
+    }
+
+    /// [`Device::try_launch`] under `limits`.
+    pub fn launch_limited(
+        &self,
+        kernel: &str,
+        cfg: LaunchConfig,
+        args: &[&dyn KernelArg],
+        limits: &LaunchLimits<'_>,
+    ) -> LaunchReport {
         let info = self.kernel(kernel);
         let params = pack_params(info, args);
-        self.program.launch(&self.mem, &info.name, &cfg, &params)
+        self.program
+            .launch_with(&self.mem, &info.name, &cfg, &params, limits)
     }
 
     /// Launches and requires the kernel to finish without a fault.

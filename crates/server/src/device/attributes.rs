@@ -11,6 +11,18 @@ pub const LAST_ATTRIBUTE: u32 = 147;
 /// with only newer PTX runs its lowest (`cpu::ptx_of_image`).
 pub const COMPUTE_CAPABILITY: (i32, i32) = (7, 5);
 
+/// Threads and blocks one multiprocessor holds at once.
+const THREADS_PER_SM: i32 = 1024;
+const BLOCKS_PER_SM: i32 = 16;
+
+/// The most multiprocessors a CPU-side device reports: a cooperative launch
+/// may hold every block the device holds at once (multiprocessors × 16
+/// blocks, × 1,024 threads), and the interpreter runs at most
+/// `MAX_COOPERATIVE_BLOCKS` blocks and `MAX_COOPERATIVE_THREADS` threads
+/// at once (a host with more cores still uses them all; a test checks the
+/// bound against `ptx`'s).
+pub const MAX_MULTIPROCESSORS: i32 = 64;
+
 /// Threads per block, as on every GPU since Fermi.
 pub const MAX_THREADS_PER_BLOCK: i32 = 1024;
 /// Static shared memory a block may use without opting in.
@@ -94,7 +106,7 @@ fn value(attr: u32, inputs: AttributeInputs) -> i32 {
         13 => 1_590_000, // clock rate, kHz
         14 => 512,       // texture alignment
         15 => 1,         // gpu overlap
-        16 => inputs.multiprocessors,
+        16 => inputs.multiprocessors.clamp(1, MAX_MULTIPROCESSORS),
         17 => 0,          // kernel exec timeout
         18 => 0,          // integrated
         19 => 1,          // can map host memory
@@ -109,11 +121,11 @@ fn value(attr: u32, inputs: AttributeInputs) -> i32 {
         32 => 0,          // ECC
         33 => bus,
         34 => device,
-        35 => 0,          // TCC
-        36 => 5_001_000,  // memory clock, kHz
-        37 => 256,        // bus width, bits
-        38 => 4 << 20,    // L2
-        39 => 1024,       // threads per SM
+        35 => 0,         // TCC
+        36 => 5_001_000, // memory clock, kHz
+        37 => 256,       // bus width, bits
+        38 => 4 << 20,   // L2
+        39 => THREADS_PER_SM,
         40 => 2,          // async engines
         41 => 1,          // unified addressing
         42 => 32768,      // texture 1D layered width
@@ -164,10 +176,10 @@ fn value(attr: u32, inputs: AttributeInputs) -> i32 {
         100 | 101 => 0,
         102 => 1,       // virtual memory management (cuMemCreate, cuMemMap …)
         103..=105 => 0, // shareable handle kinds
-        106 => 16,      // blocks per SM
-        107 => 0,       // compression
-        108 => 0,       // persisting L2
-        109 => 0,       // access policy window
+        106 => BLOCKS_PER_SM,
+        107 => 0, // compression
+        108 => 0, // persisting L2
+        109 => 0, // access policy window
         110 => 0,
         111 => 0, // reserved shared memory per block
         112 | 113 => 0,
@@ -229,5 +241,21 @@ mod tests {
         assert_eq!((get(75), get(76)), (7, 5));
         assert_eq!(get(97), 99 << 10);
         assert_eq!(get(41), 1);
+    }
+
+    /// Every block the device says it holds at once fits a cooperative
+    /// launch on the interpreter, however many cores the host has.
+    #[cfg(feature = "cpu")]
+    #[test]
+    fn a_full_cooperative_grid_fits_the_interpreter() {
+        let attrs = cpu_device_attributes(AttributeInputs {
+            multiprocessors: 4096,
+            pci: [0, 0, 0],
+        });
+        let get = |n: u32| attrs[n as usize - 1].1 as u64;
+        let sms = get(16);
+        assert_eq!(sms, MAX_MULTIPROCESSORS as u64);
+        assert!(sms * get(106) <= cumux_ptx::MAX_COOPERATIVE_BLOCKS);
+        assert!(sms * get(39) <= cumux_ptx::MAX_COOPERATIVE_THREADS);
     }
 }

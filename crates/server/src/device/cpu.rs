@@ -10,7 +10,9 @@ use std::sync::{Arc, Mutex};
 
 use cumux_fatbin::{Classified, ImageKind};
 use cumux_protocol::{codes, CuError, DeviceInfo, DevicePtr, FunctionAttrs, ParamInfo};
-use cumux_ptx::{DeviceMemory, LaunchConfig, LaunchLimits, MemError, Program, Space};
+use cumux_ptx::{
+    DeviceMemory, LaunchConfig, LaunchLimits, MemError, Program, Space, DEFAULT_PRINTF_FIFO,
+};
 
 use super::attributes::{
     cpu_device_attributes, AttributeInputs, COMPUTE_CAPABILITY, SHARED_PER_BLOCK,
@@ -74,6 +76,8 @@ pub struct CpuContext {
     threads: usize,
     /// Set when the session ends: its running launch stops at its next check.
     cancelled: AtomicBool,
+    /// `CU_LIMIT_PRINTF_FIFO_SIZE`: the printf text a block keeps.
+    printf_fifo: AtomicU64,
     budget: Arc<Budget>,
     /// What this context has charged to the budget.
     charged: AtomicU64,
@@ -213,11 +217,23 @@ fn device_uuid(host: &str) -> [u8; 16] {
 
 /// `CU_LIMIT_MALLOC_HEAP_SIZE`.
 const MALLOC_HEAP_LIMIT: u32 = 2;
+/// `CU_LIMIT_PRINTF_FIFO_SIZE`.
+const PRINTF_FIFO_LIMIT: u32 = 1;
+
+/// The largest printf FIFO a context may ask for: its text is held in the
+/// server's memory until the launch ends.
+pub const MAX_PRINTF_FIFO: u64 = 256 << 20;
 
 /// The largest malloc heap a context may ask for: the heap is host memory
 /// outside the tenant's allocations (charged to the device's budget once a
 /// kernel made it), so it stays bounded, like a launch's own memory.
 pub const MAX_MALLOC_HEAP: u64 = 1 << 30;
+
+/// The device's compute capability as one number (75 for 7.5).
+fn device_sm() -> u32 {
+    let (major, minor) = COMPUTE_CAPABILITY;
+    (major * 10 + minor) as u32
+}
 
 /// The PTX text inside a module image, or the error the driver would give. Of
 /// a fat binary's PTX, the one the device's compute capability runs, as the
@@ -240,8 +256,7 @@ pub fn ptx_of_image(image: &[u8]) -> Result<String, CuError> {
                     ),
                 ));
             }
-            let (major, minor) = COMPUTE_CAPABILITY;
-            cumux_fatbin::ptx_for(image, (major * 10 + minor) as u32).ok_or_else(|| {
+            cumux_fatbin::ptx_for(image, device_sm()).ok_or_else(|| {
                 CuError::new(codes::INVALID_PTX, "the fat binary's PTX is not UTF-8")
             })
         }
@@ -306,6 +321,7 @@ impl CpuDevice {
             launch_budget: self.launch_budget,
             threads: self.threads,
             cancelled: AtomicBool::new(false),
+            printf_fifo: AtomicU64::new(DEFAULT_PRINTF_FIFO as u64),
             budget: Arc::clone(&self.budget),
             charged: AtomicU64::new(0),
             modules: Mutex::new(Modules {
@@ -395,6 +411,16 @@ impl DeviceContext for CpuContext {
     /// kernel of this context used the heap, as the driver refuses it, and
     /// past [`MAX_MALLOC_HEAP`].
     fn set_limit(&self, limit: u32, value: u64) -> Result<(), CuError> {
+        if limit == PRINTF_FIFO_LIMIT {
+            if value > MAX_PRINTF_FIFO {
+                return Err(CuError::new(
+                    codes::INVALID_VALUE,
+                    format!("the CPU device's printf FIFO is at most {MAX_PRINTF_FIFO} bytes"),
+                ));
+            }
+            self.printf_fifo.store(value, Ordering::Relaxed);
+            return Ok(());
+        }
         if limit != MALLOC_HEAP_LIMIT {
             return Ok(());
         }
@@ -467,7 +493,10 @@ impl MovableContext for CpuContext {
     }
 
     fn limits(&self) -> Vec<(u32, u64)> {
-        vec![(MALLOC_HEAP_LIMIT, self.mem.heap_limit())]
+        vec![
+            (MALLOC_HEAP_LIMIT, self.mem.heap_limit()),
+            (PRINTF_FIFO_LIMIT, self.printf_fifo.load(Ordering::Relaxed)),
+        ]
     }
 }
 
@@ -529,8 +558,12 @@ impl CpuContext {
                         const_size_bytes: clamp_i32(const_bytes),
                         local_size_bytes: clamp_i32(k.local_bytes.into()),
                         num_regs: clamp_i32(k.num_regs.into()),
-                        ptx_version: clamp_i32(k.ptx_version.into()),
-                        binary_version: clamp_i32(k.target_sm.into()),
+                        // the virtual architecture the PTX was built for
+                        // (75 for compute_75), as the driver reports it and
+                        // CUB reads it (`cub::PtxVersion`), not the ISA's
+                        // `.version`; the binary is the device's own
+                        ptx_version: clamp_i32(k.target_sm.into()),
+                        binary_version: clamp_i32(k.target_sm.max(device_sm()).into()),
                         max_dynamic_shared_size_bytes: (SHARED_PER_BLOCK - static_shared).max(0),
                     },
                 }
@@ -584,6 +617,7 @@ impl CpuContext {
             per_launch: self.launch_budget,
             cancel: Some(&self.cancelled),
             workers: self.threads,
+            printf_fifo: self.printf_fifo.load(Ordering::Relaxed) as usize,
         };
         let report = if geometry.cooperative() {
             program.launch_cooperative(&self.mem, &name, &config, &launch.params, &limits)
@@ -670,5 +704,17 @@ mod tests {
         assert_eq!(too_big.unwrap_err().code, codes::INVALID_VALUE);
         // other limits are the client's to keep
         ctx.set_limit(0, 1 << 40).unwrap();
+    }
+
+    #[test]
+    fn the_printf_fifo_is_kept_up_to_its_bound() {
+        let device = CpuDevice::new(1 << 30);
+        let ctx = device.create_context().unwrap();
+        ctx.set_limit(PRINTF_FIFO_LIMIT, 6 << 20).unwrap();
+        let movable = ctx.movable().unwrap();
+        assert!(movable.limits().contains(&(PRINTF_FIFO_LIMIT, 6 << 20)));
+        let too_big = ctx.set_limit(PRINTF_FIFO_LIMIT, MAX_PRINTF_FIFO + 1);
+        assert_eq!(too_big.unwrap_err().code, codes::INVALID_VALUE);
+        assert!(movable.limits().contains(&(PRINTF_FIFO_LIMIT, 6 << 20)));
     }
 }
