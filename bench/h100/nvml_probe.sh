@@ -8,7 +8,10 @@
 #   2. under fair, while the tenant keeps the GPU busy with matmuls: the
 #      tenant's utilization through nvidia-smi, and NVIDIA's;
 #   3. with two GPUs or more: a tenant given only the second sees that one,
-#      as its GPU 0.
+#      as its GPU 0;
+#   4. under fifo (isolated workers), while two tenants run matmuls on GPU 0:
+#      each one's utilization through nvidia-smi (NVIDIA's per-process
+#      samples of its worker, read by the server), and NVIDIA's for the GPU.
 # Writes $OUT/nvml-probe.txt.
 #
 #   OUT=/some/dir bench/h100/nvml_probe.sh
@@ -31,15 +34,19 @@ say "# cumux NVML probe: $DATE, $GPU, driver $DRIVER, CUDA $CUDA, cumux $COMMIT"
 cat >"$W/cumux.toml" <<'CONFIG'
 [tenants.probe]
 memory_quota = "4G"
+[tenants.left]
+memory_quota = "8G"
+[tenants.right]
+memory_quota = "8G"
 [tenants.second]
 memory_quota = "2G"
 devices = [1]
 CONFIG
 GPUS=$(nvidia-smi -L | grep -c '^GPU')
 [ "$GPUS" -ge 2 ] || sed -i '/^\[tenants.second\]/,$d' "$W/cumux.toml"
-serve() { # policy
+serve() { # policy [log name]
     "$KIT/cumux" serve --device cuda --policy "$1" --config "$W/cumux.toml" \
-        --listen "unix:$W/s.sock" >"$W/server-$1.log" 2>&1 &
+        --listen "unix:$W/s.sock" >"$W/server-${2:-$1}.log" 2>&1 &
     server=$!
     pids+=("$server")
     for _ in $(seq 300); do [ -S "$W/s.sock" ] && break; sleep 0.1; done
@@ -127,6 +134,40 @@ if [ "$GPUS" -ge 2 ]; then
     timeout 30 "$KIT/cumux" run --server "unix:$W/s.sock" --tenant second -- \
         nvidia-smi --query-gpu=index,pci.bus_id,memory.total --format=csv 2>&1 | tee -a "$REPORT"
 fi
+kill "$server" 2>/dev/null
+wait "$server" 2>/dev/null
+rm -f "$W/s.sock"
+
+serve fifo fifo-two
+say "== 4. fifo, isolated workers: two tenants run matmuls on GPU 0 for 10 s"
+MATMUL='import torch,sys,time; n=int(sys.argv[1]); a=torch.randn(n,n,device="cuda"); print("busy",flush=True)
+t=time.time()
+while time.time()-t<10: a=(a@a).clamp(-1,1); torch.cuda.synchronize(); time.sleep(float(sys.argv[2]))'
+two=()
+for t in left:8192:0 right:2048:0.002; do
+    IFS=: read -r name n pause <<<"$t"
+    timeout 60 "$KIT/cumux" run --server "unix:$W/s.sock" --tenant "$name" -- \
+        python3 -c "$MATMUL" "$n" "$pause" >"$W/busy-$name.log" 2>&1 &
+    two+=("$!")
+    pids+=("$!")
+done
+for name in left right; do
+    for _ in $(seq 300); do grep -q busy "$W/busy-$name.log" 2>/dev/null && break; sleep 0.1; done
+done
+sleep 3
+UTIL=(nvidia-smi --query-gpu=index,utilization.gpu --format=csv,noheader)
+for round in 1 2 3; do
+    for name in left right; do
+        say "round $round, tenant $name through cumux: $(timeout 30 "$KIT/cumux" run \
+            --server "unix:$W/s.sock" --tenant "$name" -- "${UTIL[@]}" 2>&1 | head -1)"
+    done
+    say "round $round, NVIDIA's for the GPU: $(timeout 30 "${UTIL[@]}" 2>&1 | head -1)"
+    say "round $round, NVIDIA's per process (pmon: pid, sm%):"
+    timeout 30 nvidia-smi pmon -c 1 -s u -i 0 2>&1 | tee -a "$REPORT"
+    sleep 1
+done
+wait "${two[@]}"
+for name in left right; do say "busy $name: $(tail -1 "$W/busy-$name.log")"; done
 say "== server logs (warnings)"
 grep -hiE "warn|error" "$W"/server-*.log | head -20 | tee -a "$REPORT"
 say done

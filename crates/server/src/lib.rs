@@ -23,6 +23,7 @@ pub mod listener;
 mod locking;
 pub mod metrics;
 pub mod moves;
+pub mod nvml_samples;
 pub mod session;
 pub mod shutdown;
 pub mod status;
@@ -77,6 +78,8 @@ pub struct Server {
     orders: moves::Orders,
     /// Each tenant's utilization of each device, sampled on a thread.
     utilization: Arc<utilization::Utilization>,
+    /// NVIDIA's per-process samples, for GPUs whose work the server does not time.
+    process_samples: nvml_samples::ProcessSamples,
 }
 
 impl Server {
@@ -138,6 +141,7 @@ impl Server {
             .collect();
         let server = Arc::new(Server {
             utilization: Arc::default(),
+            process_samples: nvml_samples::ProcessSamples::default(),
             policies,
             gates,
             groups: groups::Groups::default(),
@@ -164,11 +168,28 @@ impl Server {
 
     /// The device time of each (tenant, device) pair with sessions now: the
     /// gate's charges where the device has a gate, else each session's time
-    /// as the server's threads measured it.
+    /// as the server's threads measured it; where they do not time it all (a
+    /// GPU under fifo), NVIDIA's samples of the processes that run the
+    /// pair's sessions, where each runs only its program's work.
     fn utilization_readings(&self) -> Vec<utilization::Reading> {
         let mut pairs: std::collections::BTreeMap<(String, u32), utilization::Reading> =
             Default::default();
+        // Each pair's processes; `None` once one of its sessions shares one.
+        let mut processes: std::collections::BTreeMap<(String, u32), Option<Vec<u32>>> =
+            Default::default();
         for entry in self.registry.entries() {
+            let own = processes
+                .entry((entry.tenant.clone(), entry.device))
+                .or_insert_with(|| Some(Vec::new()));
+            match entry.context.upgrade().map(|c| c.process()) {
+                Some(device::WorkProcess::Own(pid)) => {
+                    if let Some(pids) = own {
+                        pids.push(pid);
+                    }
+                }
+                Some(device::WorkProcess::Shared) => *own = None,
+                Some(device::WorkProcess::NotStarted) | None => {}
+            }
             let gate = self
                 .gates
                 .get(entry.device as usize)
@@ -183,6 +204,7 @@ impl Server {
                         .map(|g| vec![(u64::MAX, g.charged_total_ns(&entry.tenant))])
                         .unwrap_or_default(),
                     measured: true,
+                    sampled: None,
                 });
             if gate.is_some() {
                 continue;
@@ -191,6 +213,17 @@ impl Server {
             reading.measured &= stats.timed.load(Ordering::Relaxed);
             let ns = stats.gpu_time_ns.load(Ordering::Relaxed);
             reading.sources.push((entry.session, ns));
+        }
+        for (key, reading) in pairs.iter_mut().filter(|(_, r)| !r.measured) {
+            let Some(Some(pids)) = processes.get(key) else {
+                continue;
+            };
+            let Some(device) = self.devices.get(reading.device as usize) else {
+                continue;
+            };
+            if device.info().backend == "cuda" {
+                reading.sampled = self.process_samples.percent(&device.info().uuid, pids);
+            }
         }
         pairs.into_values().collect()
     }

@@ -234,6 +234,7 @@ mod tests {
                 tenant: "alice".into(),
                 device: 0,
                 stats: Default::default(),
+                context: std::sync::Weak::<crate::device::model::ModelMemory>::new(),
             })],
         };
         let line = left.summary();

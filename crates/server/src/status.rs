@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
 use cumux_protocol::{
@@ -13,7 +13,7 @@ use cumux_protocol::{
 use cumux_scheduler::Policy;
 
 use crate::admission::Seats;
-use crate::device::Device;
+use crate::device::{Device, DeviceContext};
 use crate::gate::{policy_name, DeviceGate};
 use crate::locking::lock;
 use crate::moves::Orders;
@@ -44,6 +44,8 @@ pub struct SessionEntry {
     /// The server's ordinal of the session's device.
     pub device: u32,
     pub stats: Arc<SessionStats>,
+    /// The session's context (its process, for NVIDIA's per-process samples).
+    pub context: Weak<dyn DeviceContext>,
 }
 
 /// Live driver sessions, by id.

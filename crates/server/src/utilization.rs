@@ -1,6 +1,6 @@
 //! Each tenant's utilization of each device, as NVML reports a GPU's: the
-//! share of the last second in which the device ran the tenant's work, from
-//! the device time the server measures, sampled ten times a second.
+//! share of the last second in which the device ran the tenant's work, sampled
+//! ten times a second from the device time the server measures, else NVIDIA's.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Arc, Mutex, Weak};
@@ -25,6 +25,9 @@ pub struct Reading {
     pub sources: Vec<(u64, u64)>,
     /// Whether the server times all of this pair's work.
     pub measured: bool,
+    /// Where it does not: the pair's share of the last window by NVIDIA's
+    /// samples of the processes that run its work alone, if there are any.
+    pub sampled: Option<u32>,
 }
 
 #[derive(Debug, Default)]
@@ -35,12 +38,13 @@ struct Pair {
     last: HashMap<u64, u64>,
     samples: VecDeque<(Instant, u64)>,
     measured: bool,
+    sampled: Option<u32>,
 }
 
 impl Pair {
     fn percent(&self) -> Option<u32> {
         if !self.measured {
-            return None;
+            return self.sampled;
         }
         let (Some(&(t0, ns0)), Some(&(t1, ns1))) = (self.samples.front(), self.samples.back())
         else {
@@ -78,6 +82,7 @@ impl Utilization {
             }
             pair.last = last;
             pair.measured = reading.measured;
+            pair.sampled = reading.sampled;
         }
         for (key, pair) in pairs.iter_mut() {
             if !seen.contains(key) {
@@ -153,6 +158,7 @@ mod tests {
             device: 0,
             sources: sources.to_vec(),
             measured,
+            sampled: None,
         }
     }
 
@@ -203,6 +209,17 @@ mod tests {
         let u = Utilization::default();
         u.sample(Instant::now(), vec![reading("a", &[(1, 0)], false)]);
         assert_eq!(u.percent("a", 0), None);
+    }
+
+    #[test]
+    fn work_the_server_does_not_time_may_have_nvidias_figure() {
+        let u = Utilization::default();
+        let sampled = Reading {
+            sampled: Some(42),
+            ..reading("a", &[(1, 0)], false)
+        };
+        u.sample(Instant::now(), vec![sampled]);
+        assert_eq!(u.percent("a", 0), Some(42));
     }
 
     #[test]

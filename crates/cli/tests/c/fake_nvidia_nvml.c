@@ -3,9 +3,12 @@
  * device outside the tenant's set at PCI bus id 0000:99:00.0, and answers a
  * temperature of 42 + the device's place and a utilization of 77 % / 33 %;
  * its memory figures are absurd, so a test sees if they ever reach the
- * program. */
+ * program. Its per-process samples (for the cumux server) are the `pid sm`
+ * lines of the file $FAKE_NVML_PROCESS_SAMPLES, each taken now. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/time.h>
 
 typedef struct { char uuid[96]; } device;
 static device devices[8];
@@ -76,5 +79,33 @@ int nvmlDeviceGetUtilizationRates(device *d, unsigned *rates) {
   if (!valid(d)) return 2;
   rates[0] = 77;
   rates[1] = 33;
+  return 0;
+}
+
+/* nvmlProcessUtilizationSample_t: one sample per line of the samples file,
+ * taken now, where now is past `since`; 6 (NOT_FOUND) where there are none. */
+typedef struct { unsigned pid; unsigned long long ts; unsigned sm, mem, enc, dec; } sample;
+int nvmlDeviceGetProcessUtilization(device *d, sample *out, unsigned *count,
+                                    unsigned long long since) {
+  if (!inits) return 1;
+  if (!valid(d) || !count) return 2;
+  struct timeval tv;
+  gettimeofday(&tv, NULL);
+  unsigned long long now = tv.tv_sec * 1000000ULL + tv.tv_usec;
+  const char *path = getenv("FAKE_NVML_PROCESS_SAMPLES");
+  FILE *f = path ? fopen(path, "r") : NULL;
+  if (!f) return 6;
+  unsigned pid, sm, n = 0;
+  while (now > since && fscanf(f, "%u %u", &pid, &sm) == 2) {
+    if (out && n < *count) {
+      sample s = {pid, now, sm, 0, 0, 0};
+      out[n] = s;
+    }
+    n++;
+  }
+  fclose(f);
+  if (n == 0) return 6;
+  if (!out || n > *count) { *count = n; return 7; }
+  *count = n;
   return 0;
 }

@@ -230,6 +230,17 @@ pub trait Device: Send + Sync {
     }
 }
 
+/// The process that runs a context's work ([`DeviceContext::process`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WorkProcess {
+    /// A process that runs no other tenant's work: its pid.
+    Own(u32),
+    /// One of its own, not started yet: the context has run nothing.
+    NotStarted,
+    /// One that may run other tenants' work too (the server, a shared worker).
+    Shared,
+}
+
 /// One program's contexts on the devices of a server: what a backend keeps to
 /// hold them together ([`Device::create_context_in`]), its own to choose.
 #[derive(Default)]
@@ -358,6 +369,12 @@ pub trait DeviceContext: Send + Sync {
     /// The context as `Any`, so a backend can tell its own contexts among
     /// others (peer access needs the peer's own handle).
     fn as_any(&self) -> &dyn std::any::Any;
+
+    /// The process that runs this context's work, as NVIDIA's per-process
+    /// figures see it.
+    fn process(&self) -> WorkProcess {
+        WorkProcess::Shared
+    }
 
     /// Tells the context whose session it serves: a `shared`-mode view fences
     /// an untrusted tenant's kernels and memory ([`crate::worker::fencing`]).

@@ -313,6 +313,7 @@ impl Session {
                     .map_or_else(|| crate::tenants::DEFAULT_TENANT.into(), |t| t.0.clone()),
                 device: device.info().ordinal,
                 stats: Arc::clone(&stats),
+                context: Arc::downgrade(&ctx),
             })
         });
         let forced_priority = match (&gate, &tenant) {
@@ -665,6 +666,7 @@ impl Session {
                 tenant: entry.tenant.clone(),
                 device: self.device.info().ordinal,
                 stats: Arc::clone(&entry.stats),
+                context: Arc::downgrade(&self.ctx),
             });
             self.server.registry().insert(Arc::clone(&moved));
             self.entry = Some(moved);

@@ -36,7 +36,7 @@ use crate::device::ordering::not_a_launch;
 use crate::device::signals::SignalArea;
 use crate::device::{
     DeviceContext, HostRegion, KernelLaunch, LaunchOutcome, LoadedModule, ModuleId, StreamOrdered,
-    StreamWork, SyncTarget, VmmOp,
+    StreamWork, SyncTarget, VmmOp, WorkProcess,
 };
 use crate::locking::lock;
 
@@ -79,6 +79,9 @@ pub struct WorkerContext {
     /// The program's group this context joins, and its device's ordinal
     /// there ([`Colocation`]); `None`: a process of its own.
     member: Option<(Arc<Colocation>, u32)>,
+    /// Whether its process runs only its program's contexts (an isolated
+    /// device's), so that NVIDIA's figures for that process are its own.
+    own_process: bool,
 }
 
 impl WorkerContext {
@@ -122,6 +125,7 @@ impl WorkerContext {
             sessions: Mutex::new(None),
             pending_signals: Mutex::new(None),
             member,
+            own_process: false,
         }
     }
 
@@ -302,6 +306,12 @@ impl WorkerContext {
         }
     }
 
+    /// The same context, its process running only its program's contexts.
+    pub fn in_own_process(mut self) -> Self {
+        self.own_process = true;
+        self
+    }
+
     /// The worker's process id, if it is a process.
     pub fn pid(&self) -> Option<u32> {
         lock(&self.child).as_ref().map(Child::id)
@@ -350,6 +360,7 @@ impl WorkerContext {
             sessions: Mutex::new(None),
             pending_signals: Mutex::new(None),
             member: None,
+            own_process: false,
         })
     }
 
@@ -690,6 +701,14 @@ impl WorkerContext {
 impl DeviceContext for WorkerContext {
     fn as_any(&self) -> &dyn std::any::Any {
         self
+    }
+
+    fn process(&self) -> WorkProcess {
+        match self.pid() {
+            _ if !self.own_process => WorkProcess::Shared,
+            Some(pid) => WorkProcess::Own(pid),
+            None => WorkProcess::NotStarted,
+        }
     }
 
     /// Stops the worker this context started (an isolated session's), so

@@ -192,11 +192,14 @@ impl Device for WorkerDevice {
         if self.sharing.one_context() {
             return Ok(self.shared_view()?.0);
         }
-        Ok(Arc::new(WorkerContext::new(
-            Some(Arc::clone(&self.launcher)),
-            Arc::clone(&self.used),
-            Arc::clone(&self.next_module),
-        )))
+        Ok(Arc::new(
+            WorkerContext::new(
+                Some(Arc::clone(&self.launcher)),
+                Arc::clone(&self.used),
+                Arc::clone(&self.next_module),
+            )
+            .in_own_process(),
+        ))
     }
 
     /// A context kept with the program's others in one process: in shared
@@ -218,13 +221,19 @@ impl Device for WorkerDevice {
                 return Ok(view);
             }
         }
-        Ok(Arc::new(WorkerContext::member(
+        let member = WorkerContext::member(
             Arc::clone(&self.launcher),
             Arc::clone(&self.used),
             Arc::clone(&self.next_module),
             colocation,
             self.info.ordinal,
-        )))
+        );
+        // Isolated: the program's process, which runs no one else's work.
+        Ok(Arc::new(if self.sharing.one_context() {
+            member
+        } else {
+            member.in_own_process()
+        }))
     }
 
     /// Isolated sessions move here, each into a worker of its own; a shared
@@ -347,11 +356,13 @@ impl MovableDevice for WorkerDevice {
     /// A context in a worker of its own, whose device hands out addresses
     /// in `window` (a GPU's are all window 0; a CPU worker's, its ordinal).
     fn create_context_in_window(&self, window: u32) -> Result<Arc<dyn DeviceContext>, CuError> {
+        // Only isolated devices take moved sessions: a process of its own.
         let ctx = WorkerContext::new(
             Some(Arc::clone(&self.launcher)),
             Arc::clone(&self.used),
             Arc::clone(&self.next_module),
-        );
+        )
+        .in_own_process();
         ctx.take_window(window).map_err(|e| {
             CuError::new(
                 e.code,
