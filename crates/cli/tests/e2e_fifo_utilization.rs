@@ -8,7 +8,7 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
-use cumux_protocol::{Call, ClientRole, Hello, MAGIC, PROTOCOL_VERSION};
+use cumux_protocol::Call;
 use cumux_server::session::Session;
 use cumux_server::status::StatusScope;
 use cumux_server::worker::device::{cuda_worker_devices, Sharing};
@@ -18,21 +18,7 @@ const CUMUX: &str = env!("CARGO_BIN_EXE_cumux");
 
 /// A session of `tenant` opened in the test's own process.
 fn session(server: &Arc<Server>, tenant: &str) -> Session {
-    let hello = Hello {
-        magic: MAGIC,
-        version: PROTOCOL_VERSION,
-        pid: std::process::id(),
-        role: ClientRole::Driver,
-        program: format!("{tenant}-program"),
-        tenant: None,
-        token: None,
-        shm: false,
-        visible_devices: None,
-        join: None,
-        resume: None,
-    };
-    let settings = cumux_server::tenants::TenantSettings::default();
-    Session::open(Arc::clone(server), &hello, Some((tenant.into(), settings))).expect("a session")
+    common::tenant_session(server, &format!("{tenant}-program"), tenant)
 }
 
 /// Starts `session`'s context (its worker, where it has one of its own).

@@ -1,17 +1,16 @@
 //! A `shared` context outlives its sessions, so each session's end must give
 //! back every driver object it made there; counted by the fake libcuda.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use cumux_protocol::{
-    Call, ClientRole, Handle, Hello, ReplyBody, DEFAULT_STREAM, MAGIC, PROTOCOL_VERSION,
-};
+use cumux_protocol::{Call, Handle, ReplyBody, DEFAULT_STREAM};
 use cumux_server::session::Session;
-use cumux_server::tenants::TenantSettings;
 use cumux_server::worker::device::{cuda_worker_devices, Sharing};
-use cumux_testkit::fake_gpu::{fake_libcuda, fixture_fatbin, scale_params};
+use cumux_testkit::fake_gpu::{fake_libcuda, scale_params};
 
 const CUMUX: &str = env!("CARGO_BIN_EXE_cumux");
 
@@ -35,21 +34,7 @@ fn answer(session: &mut Session, call: Call) -> ReplyBody {
 /// One program's worth of work: memory, a module, streams and events of its
 /// own, kernels on them and on its default stream, a wait across streams.
 fn a_program(server: &Arc<cumux_server::Server>, n: u64) {
-    let hello = Hello {
-        magic: MAGIC,
-        version: PROTOCOL_VERSION,
-        pid: std::process::id(),
-        role: ClientRole::Driver,
-        program: format!("program-{n}"),
-        tenant: None,
-        token: None,
-        shm: false,
-        visible_devices: None,
-        join: None,
-        resume: None,
-    };
-    let tenant = Some((format!("t{n}"), TenantSettings::default()));
-    let mut session = Session::open(Arc::clone(server), &hello, tenant).unwrap();
+    let mut session = common::tenant_session(server, &format!("program-{n}"), &format!("t{n}"));
     let ReplyBody::Ptr(buf) = answer(
         &mut session,
         Call::MemAlloc {
@@ -59,20 +44,7 @@ fn a_program(server: &Arc<cumux_server::Server>, n: u64) {
     ) else {
         panic!("no pointer")
     };
-    let ReplyBody::Module(module) = answer(
-        &mut session,
-        Call::ModuleLoad {
-            image: fixture_fatbin(),
-        },
-    ) else {
-        panic!("no module")
-    };
-    let scale = module
-        .functions
-        .iter()
-        .find(|f| f.name == "scale")
-        .expect("scale")
-        .handle;
+    let scale = common::fixture_scale(&mut session);
     let stream = match answer(
         &mut session,
         Call::StreamCreate {

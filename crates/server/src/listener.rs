@@ -15,6 +15,8 @@ use std::sync::mpsc::{sync_channel, RecvTimeoutError, SyncSender, TrySendError};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use cumux_protocol::shm::peer_credentials;
+
 use crate::admission::{log_refusal, own_uid, Peer};
 pub use crate::connection::HELLO_TIMEOUT;
 use crate::connection::{refuse, serve_connection, Socket};
@@ -443,28 +445,6 @@ fn spawn_refuser() -> io::Result<SyncSender<Refusal>> {
 /// The uid of the process at the other end of a unix socket (`SO_PEERCRED`).
 pub fn peer_uid(stream: &UnixStream) -> Option<u32> {
     peer_credentials(stream).map(|cred| cred.uid)
-}
-
-/// The process, uid and gid at the other end of a unix socket (`SO_PEERCRED`).
-fn peer_credentials(stream: &UnixStream) -> Option<libc::ucred> {
-    let mut cred = libc::ucred {
-        pid: 0,
-        uid: 0,
-        gid: 0,
-    };
-    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
-    // SAFETY: `cred` and `len` are valid for writes and `len` says how big `cred` is;
-    // the descriptor belongs to `stream`, alive for the call.
-    let rc = unsafe {
-        libc::getsockopt(
-            stream.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_PEERCRED,
-            (&mut cred as *mut libc::ucred).cast(),
-            &mut len,
-        )
-    };
-    (rc == 0 && len as usize == std::mem::size_of::<libc::ucred>()).then_some(cred)
 }
 
 impl Drop for BoundListener {

@@ -541,6 +541,16 @@ pub fn driver_session(
     server: &std::sync::Arc<cumux_server::Server>,
     program: &str,
 ) -> cumux_server::session::Session {
+    tenant_session(server, program, "t")
+}
+
+/// A driver session of `program` for tenant `tenant` (default settings),
+/// opened in the test's own process.
+pub fn tenant_session(
+    server: &std::sync::Arc<cumux_server::Server>,
+    program: &str,
+    tenant: &str,
+) -> cumux_server::session::Session {
     use cumux_protocol::{ClientRole, Hello, MAGIC, PROTOCOL_VERSION};
     let hello = Hello {
         magic: MAGIC,
@@ -556,7 +566,7 @@ pub fn driver_session(
         resume: None,
     };
     let tenant = Some((
-        "t".to_string(),
+        tenant.to_string(),
         cumux_server::tenants::TenantSettings::default(),
     ));
     cumux_server::session::Session::open(std::sync::Arc::clone(server), &hello, tenant)

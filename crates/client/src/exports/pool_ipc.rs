@@ -14,7 +14,7 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{SocketAddr, UnixListener, UnixStream};
 
-use cumux_protocol::shm::{recv_with_fd, send_with_fd};
+use cumux_protocol::shm::{peer_credentials, recv_with_fd, send_with_fd};
 use cumux_protocol::vmm::HANDLE_TYPE_POSIX_FD;
 use cumux_protocol::{Call, ReplyBody, VmmCall};
 
@@ -154,6 +154,29 @@ pub(super) fn alloc(
         compressed: false,
     };
     let physical = vmm_value(c, create)?;
+    map_and_keep(c, pool, physical, size, devices)
+}
+
+/// Frees a shareable pool's allocation (made or imported) if `ptr` is one:
+/// whether it was.
+pub(super) fn free(c: &Client, ptr: u64) -> bool {
+    let Some(shared) = c.lock().pools.shared.remove(&ptr) else {
+        return false;
+    };
+    unmap_shared(c, ptr, shared.size, shared.physical);
+    true
+}
+
+/// Maps shareable allocation `physical` of pool `pool` for `devices` and
+/// keeps it among the pools' shared allocations: its address. The
+/// allocation is released if it cannot be mapped.
+fn map_and_keep(
+    c: &Client,
+    pool: usize,
+    physical: u64,
+    size: u64,
+    devices: &[u32],
+) -> CuResult<u64> {
     let ptr = map_shared(c, physical, size, devices).inspect_err(|_| {
         let _ = c.call(Call::Vmm(VmmCall::Release { handle: physical }));
     })?;
@@ -166,16 +189,6 @@ pub(super) fn alloc(
         },
     );
     Ok(ptr)
-}
-
-/// Frees a shareable pool's allocation (made or imported) if `ptr` is one:
-/// whether it was.
-pub(super) fn free(c: &Client, ptr: u64) -> bool {
-    let Some(shared) = c.lock().pools.shared.remove(&ptr) else {
-        return false;
-    };
-    unmap_shared(c, ptr, shared.size, shared.physical);
-    true
 }
 
 /// Starts serving shareable pool `share_id`, on the device of UUID `device`,
@@ -251,23 +264,7 @@ fn own_uid() -> u32 {
 
 /// The user of the process at the other end of `stream`.
 fn peer_uid(stream: &UnixStream) -> Option<u32> {
-    let mut cred = libc::ucred {
-        pid: 0,
-        uid: 0,
-        gid: 0,
-    };
-    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
-    // SAFETY: SO_PEERCRED writes a ucred of at most `len` bytes.
-    let got = unsafe {
-        libc::getsockopt(
-            stream.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_PEERCRED,
-            (&mut cred as *mut libc::ucred).cast(),
-            &mut len,
-        )
-    };
-    (got == 0).then_some(cred.uid)
+    peer_credentials(stream).map(|cred| cred.uid)
 }
 
 /// The abstract name of the pool socket `fd` (a shareable handle another
@@ -335,18 +332,7 @@ pub(super) fn import(
         ReplyBody::Handle(h) | ReplyBody::Value(h) => h,
         _ => return Err(CUDA_ERROR_UNKNOWN),
     };
-    let ptr = map_shared(c, physical, size, devices).inspect_err(|_| {
-        let _ = c.call(Call::Vmm(VmmCall::Release { handle: physical }));
-    })?;
-    c.lock().pools.shared.insert(
-        ptr,
-        SharedAllocation {
-            pool,
-            physical,
-            size,
-        },
-    );
-    Ok(ptr)
+    map_and_keep(c, pool, physical, size, devices)
 }
 
 /// A descriptor number the program holds, as a borrowed descriptor.

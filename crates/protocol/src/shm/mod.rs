@@ -38,7 +38,7 @@ mod wait;
 pub use area::ShmArea;
 pub use bulk::{put_call_bulk, put_reply_bulk, take_call_bulk, take_reply_bulk, BULK_THRESHOLD};
 pub use endpoint::{Endpoint, EndpointStats};
-pub use fd_passing::{recv_with_fd, recv_with_fds, send_with_fd};
+pub use fd_passing::{peer_credentials, recv_with_fd, recv_with_fds, send_with_fd};
 pub use layout::{
     ShmError, ShmLayout, Side, DEFAULT_LAYOUT, HEADER_BYTES, MAX_BULK_BYTES, MAX_RING_BYTES,
     MIN_RING_BYTES, OFF_BELL, OFF_CLOSED, OFF_POS, OFF_SLEEPING, RECORD_BYTES,
