@@ -131,6 +131,28 @@ pub fn recv_with_fds(
     Ok(got)
 }
 
+/// The process, uid and gid at the other end of a unix socket (`SO_PEERCRED`).
+pub fn peer_credentials(stream: &UnixStream) -> Option<libc::ucred> {
+    let mut cred = libc::ucred {
+        pid: 0,
+        uid: 0,
+        gid: 0,
+    };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: `cred` and `len` are valid for writes and `len` says how big `cred` is;
+    // the descriptor belongs to `stream`, alive for the call.
+    let rc = unsafe {
+        libc::getsockopt(
+            stream.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut cred as *mut libc::ucred).cast(),
+            &mut len,
+        )
+    };
+    (rc == 0 && len as usize == std::mem::size_of::<libc::ucred>()).then_some(cred)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -156,26 +178,4 @@ mod tests {
         server.recv(&mut msg, &mut bulk).unwrap();
         assert_eq!(msg, b"over the memfd");
     }
-}
-
-/// The process, uid and gid at the other end of a unix socket (`SO_PEERCRED`).
-pub fn peer_credentials(stream: &UnixStream) -> Option<libc::ucred> {
-    let mut cred = libc::ucred {
-        pid: 0,
-        uid: 0,
-        gid: 0,
-    };
-    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
-    // SAFETY: `cred` and `len` are valid for writes and `len` says how big `cred` is;
-    // the descriptor belongs to `stream`, alive for the call.
-    let rc = unsafe {
-        libc::getsockopt(
-            stream.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_PEERCRED,
-            (&mut cred as *mut libc::ucred).cast(),
-            &mut len,
-        )
-    };
-    (rc == 0 && len as usize == std::mem::size_of::<libc::ucred>()).then_some(cred)
 }
