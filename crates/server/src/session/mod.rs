@@ -6,9 +6,11 @@
 mod aliases;
 mod array_tables;
 mod arrays;
+mod checkpoints;
 mod core;
 mod graphs;
 pub mod image;
+pub mod image_stream;
 mod ipc;
 mod memory;
 mod modules;
@@ -513,8 +515,8 @@ impl Session {
                 hold,
             } => {
                 let action = match hold {
-                    true => Action::Hold,
-                    false => Action::Checkpoint,
+                    true => Action::Hold(None),
+                    false => Action::Checkpoint(None),
                 };
                 self.order(*session, action, *wait_ms)
             }
@@ -537,6 +539,7 @@ impl Session {
                 wait_ms,
             } => self.admin().and_then(|()| {
                 let image = self.image_or_staged(image)?;
+                let image = crate::moves::Checkpoint::Bytes(image);
                 self.order(*session, Action::Restore(image), *wait_ms)
             }),
             _ => return None,
@@ -823,6 +826,9 @@ impl Session {
             | Call::SessionRestore { .. }) => self
                 .server_call(&call)
                 .unwrap_or_else(|| Err(err(codes::UNKNOWN, "a server call the session took"))),
+            call @ (Call::SessionCheckpointFile { .. } | Call::SessionRestoreFile { .. }) => {
+                self.file_order(&call)
+            }
             // Calls are handled in order: every earlier one is done.
             Call::Fence => Ok(ReplyBody::Unit),
             Call::HostRegister {
