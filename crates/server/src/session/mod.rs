@@ -680,6 +680,13 @@ impl Session {
         if let Some(answer) = self.server_call(&call) {
             return Some(answer);
         }
+        if matches!(
+            call,
+            Call::SessionCheckpointFile { .. } | Call::SessionRestoreFile { .. }
+        ) {
+            // Server calls too, with the descriptor that came with them.
+            return Some(self.file_order(&call));
+        }
         if self.account.is_none() {
             // A status connection passed no tenant check: it may only ask for status.
             let refused = err(
@@ -823,12 +830,11 @@ impl Session {
             | Call::SessionRelease { .. }
             | Call::ImageRead { .. }
             | Call::ImageWrite { .. }
-            | Call::SessionRestore { .. }) => self
+            | Call::SessionRestore { .. }
+            | Call::SessionCheckpointFile { .. }
+            | Call::SessionRestoreFile { .. }) => self
                 .server_call(&call)
                 .unwrap_or_else(|| Err(err(codes::UNKNOWN, "a server call the session took"))),
-            call @ (Call::SessionCheckpointFile { .. } | Call::SessionRestoreFile { .. }) => {
-                self.file_order(&call)
-            }
             // Calls are handled in order: every earlier one is done.
             Call::Fence => Ok(ReplyBody::Unit),
             Call::HostRegister {
