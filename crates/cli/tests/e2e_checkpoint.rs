@@ -240,3 +240,77 @@ fn a_checkpoint_failing_mid_write_leaves_no_file_and_the_session_runs_on() {
     let _ = child.kill();
     let _ = child.wait();
 }
+
+/// The admin token of [`tcp_server`]: over TCP only a token makes an admin.
+const ADMIN_TOKEN: &str = "checkpoint-admin-token-0123456789abcdef";
+
+/// A server on loopback TCP, where no descriptor can pass.
+fn tcp_server(tag: &str) -> ServerProc {
+    let dir = TempDir::new(tag);
+    let log = std::fs::File::create(dir.0.join("server.log")).unwrap();
+    let config = common::config_file(&dir, &format!("admin_token = \"{ADMIN_TOKEN}\"\n"));
+    let mut serve = common::serve_command(&[
+        "--device",
+        &e2e_device(),
+        "--memory",
+        "1G",
+        "--listen",
+        "tcp:127.0.0.1:0",
+        "--config",
+        config.to_str().unwrap(),
+    ]);
+    serve.stderr(log);
+    let mut child = serve.spawn().unwrap();
+    let address = common::tcp_address(&common::lines_of(child.stdout.take().unwrap()));
+    ServerProc {
+        child,
+        address,
+        dir,
+    }
+}
+
+#[test]
+fn over_tcp_a_checkpoint_travels_in_pieces_and_restores() {
+    let server = tcp_server("ckpt-tcp");
+    let prefix = server.dir.0.join("stage");
+    // 40 MiB of noise: a stream past a piece (32 MiB).
+    let program = driver_program("checkpoint_rollback");
+    let run = server.command(&program, &[prefix.to_str().unwrap(), "80"]);
+    let (child, lines) = server.start_until(run, "ready", LIMIT);
+    let session = session_of(&server.status_json(), "checkpoint_rollback")["session"]
+        .as_u64()
+        .unwrap()
+        .to_string();
+    let file = server.dir.0.join("tcp.ckpt");
+    let as_admin = |args: &[&str]| {
+        Command::new(CUMUX)
+            .args(args)
+            .args(["--server", &server.address])
+            .env("CUMUX_TOKEN", ADMIN_TOKEN)
+            .output()
+            .expect("cumux runs")
+    };
+    let out = as_admin(&["checkpoint", &session, file.to_str().unwrap()]);
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        output_text(&out),
+        server.log()
+    );
+    assert!(
+        output_text(&out).contains("in pieces over TCP"),
+        "{}",
+        output_text(&out)
+    );
+    assert!(std::fs::metadata(&file).unwrap().len() > 40 << 20);
+    go_on(&prefix, ".taken", &lines, "changed", &server);
+    let out = as_admin(&["restore", file.to_str().unwrap(), "--session", &session]);
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        output_text(&out),
+        server.log()
+    );
+    std::fs::write(with_suffix(&prefix, ".restored"), b"").unwrap();
+    assert_passes(child, &lines, &server);
+}

@@ -315,14 +315,15 @@ impl Session {
         }
         let device = Arc::clone(&self.device);
         match self.rebuild(device, &image, None, memory) {
-            Ok(rebuilt) => {
+            Ok(mut rebuilt) => {
                 if held > wanted {
                     self.release(held - wanted);
                 }
                 let memory = image.allocations.len();
+                let timings = std::mem::take(&mut rebuilt.timings);
                 self.adopt(rebuilt, image);
                 Ok(format!(
-                    "session {} restored: {memory} allocations",
+                    "session {} restored: {memory} allocations, {wanted} bytes ({timings})",
                     self.id()
                 ))
             }
