@@ -19,7 +19,10 @@ use cumux_protocol::{
     MAX_PROGRAM_BYTES, MAX_TOKEN_BYTES, PROTOCOL_VERSION,
 };
 
+mod fd_inbox;
 mod socket_wire;
+
+pub use fd_inbox::FdInbox;
 
 use socket_wire::{SocketWire, Unread};
 
@@ -44,29 +47,6 @@ pub enum Socket {
     Unix(UnixStream, FdInbox),
     Tcp(TcpStream),
     Tls(TlsStream),
-}
-
-/// The descriptor (`SCM_RIGHTS`) that came last with a unix socket's bytes:
-/// an admin's checkpoint file comes attached to its call's frame. One at
-/// most is kept; others are closed.
-#[derive(Clone, Default)]
-pub struct FdInbox(Arc<std::sync::Mutex<Option<OwnedFd>>>);
-
-impl FdInbox {
-    /// The descriptor that came, taken.
-    fn take(&self) -> Option<OwnedFd> {
-        crate::locking::lock(&self.0).take()
-    }
-
-    /// Reads `stream` as `read` would, keeping a descriptor that comes.
-    fn read(&self, stream: &UnixStream, buf: &mut [u8]) -> std::io::Result<usize> {
-        let mut fds = Vec::new();
-        let got = shm::recv_with_fds(stream.as_fd(), buf, 0, &mut fds)?;
-        if let Some(fd) = fds.pop() {
-            *crate::locking::lock(&self.0) = Some(fd);
-        }
-        Ok(got)
-    }
 }
 
 impl Socket {

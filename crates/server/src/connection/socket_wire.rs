@@ -58,7 +58,7 @@ pub(super) struct SocketWire<R, W> {
     /// Ends a helper's wait on the socket for the next request, at the end.
     shut_reading: Box<dyn Fn() + Send>,
     /// Where a unix socket keeps the descriptor that came with a call.
-    fds: Option<super::FdInbox>,
+    fds: Option<super::fd_inbox::FdInbox>,
 }
 
 /// A thread of the connection's and the channel of its jobs.
@@ -104,7 +104,7 @@ impl<R: Read + Send + 'static, W: Write + Send + 'static> SocketWire<R, W> {
     }
 
     /// The wire, taking descriptors that come with calls from `fds`.
-    pub(super) fn with_fds(mut self, fds: Option<super::FdInbox>) -> Self {
+    pub(super) fn with_fds(mut self, fds: Option<super::fd_inbox::FdInbox>) -> Self {
         self.fds = fds;
         self
     }
