@@ -3,10 +3,11 @@
 # MIB of device memory (tests/cuda/driver/migrate_loop.cu STOP MIB: a buffer
 # set to 0x5a, launches running), A/B between builds, rounds alternating so
 # that a busy machine spoils both alike. Each run: a fresh `cumux serve
-# --device cpu --memory 3G` on a unix socket, the program, `cumux checkpoint
-# SESSION FILE` WAIT seconds after it started, then `cumux restore FILE
-# --session SESSION` (a rollback: the program then fails its own check, as
-# it should, and is stopped).
+# --device cpu --memory 3G` on a unix socket, the program, `cumux checkpoint 1
+# FILE` (session 1) WAIT seconds after it started; the program stopped (it ends within
+# 20,000 launches anyway) and started again (its own 1 GiB set), then
+# `cumux restore FILE --session SESSION` into it WAIT seconds later (a rollback: the
+# program then fails its own check, as it should, and is stopped).
 #
 #   KITS="old=/tmp/kit-a new=/tmp/kit-b" bench/cpu/checkpoint.sh
 # A kit is a folder with `cumux` and `libcumux_client.so` of one build.
@@ -39,23 +40,34 @@ run_one() { # label kit round
     "$kit/cumux" run --server "unix:$d/s.sock" -- "$W/migrate_loop" "$d/stop" "$MIB" >"$d/program.log" 2>&1 &
     local program=$!
     sleep "$WAIT"
-    local t0 t1 t2 ok_c=ok ok_r=ok
+    local t0 t1 t2 t3 ok_c=ok ok_r=ok
     t0=$(now)
     "$kit/cumux" checkpoint 1 "$d/s.ckpt" --server "unix:$d/s.sock" >"$d/checkpoint.txt" 2>&1 || ok_c=FAILED
     t1=$(now)
-    "$kit/cumux" restore "$d/s.ckpt" --session 1 --server "unix:$d/s.sock" >"$d/restore.txt" 2>&1 || ok_r=FAILED
+    touch "$d/stop"
+    wait "$program"
+    rm -f "$d/stop"
+    "$kit/cumux" run --server "unix:$d/s.sock" -- "$W/migrate_loop" "$d/stop" "$MIB" >"$d/program2.log" 2>&1 &
+    program=$!
+    sleep "$WAIT"
+    local second
+    second=$("$kit/cumux" status --json --server "unix:$d/s.sock" | python3 -c '
+import json, sys
+print([s["session"] for s in json.load(sys.stdin)["sessions"] if s["program"].endswith("migrate_loop")][0])')
     t2=$(now)
+    "$kit/cumux" restore "$d/s.ckpt" --session "$second" --server "unix:$d/s.sock" >"$d/restore.txt" 2>&1 || ok_r=FAILED
+    t3=$(now)
     touch "$d/stop"
     kill "$program" 2>/dev/null
     kill "$server" 2>/dev/null
     wait "$program" "$server" 2>/dev/null
     local size
     size=$(stat -c %s "$d/s.ckpt" 2>/dev/null || echo 0)
-    awk -v l="$label" -v r="$round" -v a="$t0" -v b="$t1" -v c="$t2" -v m="$MIB" \
+    awk -v l="$label" -v r="$round" -v a="$t0" -v b="$t1" -v c="$t2" -v e="$t3" -v m="$MIB" \
         -v s="$size" -v oc="$ok_c" -v or="$ok_r" 'BEGIN {
         gb = m * 1048576 / 1e9;
         printf "%s round %d: checkpoint %.2f s (%.2f GB/s, %s), restore %.2f s (%.2f GB/s, %s), file %d bytes\n",
-            l, r, b - a, gb / (b - a), oc, c - b, gb / (c - b), or, s }' | tee -a "$OUT/runs.txt"
+            l, r, b - a, gb / (b - a), oc, e - c, gb / (e - c), or, s }' | tee -a "$OUT/runs.txt"
     cp "$d/checkpoint.txt" "$OUT/$label-$round-checkpoint.txt"
     cp "$d/restore.txt" "$OUT/$label-$round-restore.txt"
     cp "$d/server.log" "$OUT/$label-$round-server.log"
