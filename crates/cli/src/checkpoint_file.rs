@@ -1,130 +1,115 @@
-//! The checkpoint file (`cumux checkpoint`, `cumux restore`): a versioned
-//! header, the session's image compressed by zstd as it streams to disk, and
-//! a SHA-256 of all before it, so a truncated or foreign file is refused.
+//! The checkpoint file on the admin's side (`cumux checkpoint`, `cumux
+//! restore`, `cumux serve --restore`): written under a name beside its own and
+//! renamed once complete, and its preamble looked at before a server hears of it.
+//! The stream inside is the server's (`cumux_server::session::image_stream`).
 
-use std::io::{BufWriter, Write};
-use std::path::Path;
+use std::fs::File;
+use std::io::{Read, Seek, SeekFrom};
+use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
-use sha2::{Digest, Sha256};
+use cumux_server::session::image_stream::{self, FORMAT, MAGIC};
 
-/// The file's first bytes.
-pub const MAGIC: &[u8; 8] = b"CUMUXCKP";
-/// The layout this cumux writes and reads.
-pub const FORMAT: u32 = 1;
-/// The payload is zstd-compressed.
-const ZSTD: u32 = 1;
-/// Magic, format, flags, the image's length.
-const HEADER: usize = 8 + 4 + 4 + 8;
-const TRAILER: usize = 32;
-/// The largest image a file may say it holds (the protocol's frame limit
-/// bounds what a server sends anyway).
-const MAX_IMAGE: u64 = 1 << 36;
-/// zstd's fast level: memory images are mostly zeros and repeated values,
-/// and a faster level would not shrink them much further.
-const LEVEL: i32 = 1;
-
-/// Bytes on their way to the file, hashed as they pass.
-struct Hashing<W: Write> {
-    inner: W,
-    hash: Sha256,
-    written: u64,
+/// A checkpoint being written: a file beside its name, renamed to it by
+/// [`Partial::commit`]; dropped before that, it is removed.
+pub struct Partial {
+    pub file: File,
+    path: PathBuf,
+    partial: PathBuf,
+    committed: bool,
 }
 
-impl<W: Write> Write for Hashing<W> {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        let n = self.inner.write(buf)?;
-        self.hash.update(&buf[..n]);
-        self.written += n as u64;
-        Ok(n)
+impl Partial {
+    /// An empty file beside `path` (`NAME.partial`, in the same folder, so
+    /// the rename is atomic), for the checkpoint that will take `path`.
+    pub fn create(path: &Path) -> Result<Partial> {
+        let mut name = path
+            .file_name()
+            .with_context(|| format!("{} names no file", path.display()))?
+            .to_os_string();
+        name.push(".partial");
+        let partial = path.with_file_name(name);
+        let file = File::options()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&partial)
+            .with_context(|| format!("cannot create {}", partial.display()))?;
+        Ok(Partial {
+            file,
+            path: path.to_path_buf(),
+            partial,
+            committed: false,
+        })
     }
 
-    fn flush(&mut self) -> std::io::Result<()> {
-        self.inner.flush()
+    /// The checkpoint on disk under its name: synced, then renamed.
+    pub fn commit(mut self) -> Result<u64> {
+        self.file
+            .sync_all()
+            .with_context(|| format!("cannot write {}", self.partial.display()))?;
+        let size = self.file.metadata()?.len();
+        std::fs::rename(&self.partial, &self.path).with_context(|| {
+            format!(
+                "cannot rename {} to {}",
+                self.partial.display(),
+                self.path.display()
+            )
+        })?;
+        self.committed = true;
+        Ok(size)
     }
 }
 
-/// Writes `image` to `path` (through a file beside it, renamed when
-/// complete, so no half-written file takes the name); the file's size.
-pub fn write(path: &Path, image: &[u8]) -> Result<u64> {
-    let partial = path.with_extension("partial");
-    let file = std::fs::File::create(&partial)
-        .with_context(|| format!("cannot create {}", partial.display()))?;
-    let mut out = Hashing {
-        inner: BufWriter::new(file),
-        hash: Sha256::new(),
-        written: 0,
-    };
-    let wrote = (|| -> std::io::Result<u64> {
-        out.write_all(MAGIC)?;
-        out.write_all(&FORMAT.to_le_bytes())?;
-        out.write_all(&ZSTD.to_le_bytes())?;
-        out.write_all(&(image.len() as u64).to_le_bytes())?;
-        let mut encoder = zstd::stream::Encoder::new(&mut out, LEVEL)?;
-        encoder.write_all(image)?;
-        encoder.finish()?;
-        let digest = out.hash.clone().finalize();
-        out.inner.write_all(&digest)?;
-        out.inner.flush()?;
-        out.inner.get_ref().sync_all()?;
-        Ok(out.written + TRAILER as u64)
-    })();
-    let size = match wrote {
-        Ok(size) => size,
-        Err(e) => {
-            let _ = std::fs::remove_file(&partial);
-            return Err(e).with_context(|| format!("cannot write {}", partial.display()));
+impl Drop for Partial {
+    fn drop(&mut self) {
+        if !self.committed {
+            let _ = std::fs::remove_file(&self.partial);
         }
-    };
-    std::fs::rename(&partial, path)
-        .with_context(|| format!("cannot rename {} to {}", partial.display(), path.display()))?;
-    Ok(size)
+    }
 }
 
-/// The image in the checkpoint at `path`, or why it is refused.
-pub fn read(path: &Path) -> Result<Vec<u8>> {
-    let bytes = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
-    decode(&bytes).with_context(|| format!("{} is refused", path.display()))
+/// The checkpoint at `path`, opened at its start once its preamble says it
+/// is one of this cumux's format; the rest (its checksums) the server
+/// checks as it reads.
+pub fn open(path: &Path) -> Result<File> {
+    let mut file = File::open(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let mut preamble = [0u8; 12];
+    let got = file
+        .read(&mut preamble)
+        .with_context(|| format!("cannot read {}", path.display()))?;
+    refused_by_preamble(&preamble[..got])
+        .with_context(|| format!("{} is refused", path.display()))?;
+    file.seek(SeekFrom::Start(0))?;
+    Ok(file)
 }
 
-/// The image in a checkpoint file's bytes.
-pub fn decode(bytes: &[u8]) -> Result<Vec<u8>> {
-    if bytes.len() < MAGIC.len() || &bytes[..MAGIC.len()] != MAGIC {
+fn refused_by_preamble(preamble: &[u8]) -> Result<()> {
+    if preamble.len() < MAGIC.len() || &preamble[..MAGIC.len()] != MAGIC {
         bail!("it is not a cumux checkpoint (no CUMUXCKP header)");
     }
-    if bytes.len() < HEADER + TRAILER {
-        bail!(
-            "it is truncated: {} bytes, not even a header and checksum",
-            bytes.len()
-        );
+    if preamble.len() < 12 {
+        bail!("it is truncated: {} bytes", preamble.len());
     }
-    let word = |at: usize| u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap_or_default());
-    let (format, flags) = (word(8), word(12));
+    let format = u32::from_le_bytes(preamble[8..12].try_into().unwrap_or_default());
     if format != FORMAT {
         bail!("it is a checkpoint of format {format}; this cumux reads format {FORMAT}");
     }
-    let (body, checksum) = bytes.split_at(bytes.len() - TRAILER);
-    if Sha256::digest(body).as_slice() != checksum {
-        bail!("its checksum does not match: the file is truncated or corrupt");
-    }
-    let length = u64::from_le_bytes(bytes[16..24].try_into().unwrap_or_default());
-    if length > MAX_IMAGE {
-        bail!("it says it holds {length} bytes, past the {MAX_IMAGE} a checkpoint may");
-    }
-    let payload = &body[HEADER..];
-    let image = match flags {
-        0 => payload.to_vec(),
-        ZSTD => zstd::bulk::decompress(payload, length as usize)
-            .context("its compressed image does not unpack")?,
-        other => bail!("it has flags {other:#x} this cumux does not know"),
-    };
-    if image.len() as u64 != length {
-        bail!(
-            "its image is {} bytes, its header says {length}",
-            image.len()
-        );
-    }
-    Ok(image)
+    Ok(())
+}
+
+/// The whole checkpoint at `path`, once every checksum in it is checked
+/// (`cumux serve --restore` parks it so).
+pub fn read(path: &Path) -> Result<Vec<u8>> {
+    let mut bytes = Vec::new();
+    open(path)?
+        .read_to_end(&mut bytes)
+        .with_context(|| format!("cannot read {}", path.display()))?;
+    image_stream::verified(&bytes[..])
+        .map_err(|e| anyhow::anyhow!("{}", e.detail))
+        .with_context(|| format!("{} is refused", path.display()))?;
+    Ok(bytes)
 }
 
 #[cfg(test)]
@@ -132,29 +117,25 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_checkpoint_reads_back_and_truncated_corrupt_or_foreign_files_are_refused() {
+    fn a_partial_file_goes_unless_committed_and_foreign_or_older_files_are_refused() {
         let dir = std::env::temp_dir().join(format!("cumux-ckpt-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("s.ckpt");
-        let image: Vec<u8> = (0..100_000u32)
-            .flat_map(|i| (i / 7).to_le_bytes())
-            .collect();
-        let size = write(&path, &image).unwrap();
-        let bytes = std::fs::read(&path).unwrap();
-        assert_eq!(bytes.len() as u64, size);
-        assert!(size < image.len() as u64 / 2, "compressed: {size}");
-        assert_eq!(read(&path).unwrap(), image);
-        let why = |bytes: &[u8]| format!("{:#}", decode(bytes).unwrap_err());
-        assert!(why(&bytes[..bytes.len() - 1]).contains("checksum"));
-        assert!(why(&bytes[..bytes.len() / 2]).contains("checksum"));
-        assert!(why(&bytes[..10]).contains("truncated"));
-        let mut flipped = bytes.clone();
-        flipped[HEADER + 3] ^= 1;
-        assert!(why(&flipped).contains("checksum"));
+        let partial = dir.join("s.ckpt.partial");
+        drop(Partial::create(&path).unwrap());
+        assert!(!partial.exists() && !path.exists());
+        let mut p = Partial::create(&path).unwrap();
+        std::io::Write::write_all(&mut p.file, b"CUMUXCKP\x02\0\0\0rest").unwrap();
+        assert_eq!(p.commit().unwrap(), 16);
+        assert!(!partial.exists());
+        assert!(open(&path).is_ok());
+        let why = |bytes: &[u8]| {
+            std::fs::write(&path, bytes).unwrap();
+            format!("{:#}", open(&path).unwrap_err())
+        };
         assert!(why(b"\x7fELF and so on").contains("not a cumux checkpoint"));
-        let mut future = bytes.clone();
-        future[8] = 9;
-        assert!(why(&future).contains("format 9"));
+        assert!(why(b"CUMUXCKP\x01\0\0\0").contains("format 1; this cumux reads format 2"));
+        assert!(why(b"CUMUXCKP\x02").contains("truncated"));
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -2,6 +2,8 @@
 //! an admin moves a running session to another device or server, every
 //! session off a device, or a session's state to a file and back (issue 17).
 
+use std::io::{Read, Write};
+use std::os::fd::AsFd;
 use std::path::Path;
 use std::time::Duration;
 
@@ -24,42 +26,67 @@ fn wait_ms(wait: Duration) -> u64 {
     u64::try_from(wait.as_millis()).unwrap_or(u64::MAX)
 }
 
-/// A checkpoint's image as the server answered it: whole, or staged on the
-/// connection and read in pieces.
-fn image_of(conn: &mut probe::Connection, reply: ReplyBody) -> Result<Vec<u8>> {
+/// A checkpoint stream as the server answered it, handed to `out` piece by
+/// piece: whole in the answer, or staged on the connection and read in
+/// pieces. The stream's bytes.
+fn stream_of(
+    conn: &mut probe::Connection,
+    reply: ReplyBody,
+    out: &mut dyn FnMut(u64, Vec<u8>) -> Result<()>,
+) -> Result<u64> {
     let bytes = match reply {
-        ReplyBody::Data(image) => return Ok(image),
+        ReplyBody::Data(image) => {
+            let len = image.len() as u64;
+            out(0, image)?;
+            return Ok(len);
+        }
         ReplyBody::ImageStaged { bytes } => bytes,
         other => bail!("unexpected answer to a checkpoint: {other:?}"),
     };
-    let mut image = Vec::with_capacity(usize::try_from(bytes)?);
-    while (image.len() as u64) < bytes {
-        let offset = image.len() as u64;
+    let mut offset = 0;
+    while offset < bytes {
         let piece = (bytes - offset).min(IMAGE_PIECE_BYTES as u64);
         match conn.call(Call::ImageRead {
             offset,
             bytes: piece,
         })? {
-            ReplyBody::Data(d) if d.len() as u64 == piece => image.extend_from_slice(&d),
+            ReplyBody::Data(d) if d.len() as u64 == piece => out(offset, d)?,
             other => bail!("unexpected answer to an image read: {other:?}"),
         }
+        offset += piece;
     }
-    Ok(image)
+    Ok(bytes)
 }
 
-/// `image` for a restore or park on `conn`: itself where one call carries
-/// it, else staged there in pieces first, and then the call names none.
-fn sent_image(conn: &mut probe::Connection, image: Vec<u8>) -> Result<Vec<u8>> {
-    if image.len() <= IMAGE_PIECE_BYTES {
-        return Ok(image);
+/// Stages a checkpoint stream's pieces on `conn` for its next restore or
+/// park ([`Call::ImageWrite`]), where it does not fit one call: the image
+/// the call then names (the piece itself, or none).
+struct Stager<'a> {
+    conn: &'a mut probe::Connection,
+    /// A stream's first piece, kept until a second comes or it ends.
+    first: Option<Vec<u8>>,
+}
+
+impl Stager<'_> {
+    fn piece(&mut self, offset: u64, data: Vec<u8>) -> Result<()> {
+        if offset == 0 {
+            self.first = Some(data);
+            return Ok(());
+        }
+        if let Some(first) = self.first.take() {
+            self.conn.call(Call::ImageWrite {
+                offset: 0,
+                data: first,
+            })?;
+        }
+        self.conn.call(Call::ImageWrite { offset, data })?;
+        Ok(())
     }
-    for (i, piece) in image.chunks(IMAGE_PIECE_BYTES).enumerate() {
-        conn.call(Call::ImageWrite {
-            offset: (i * IMAGE_PIECE_BYTES) as u64,
-            data: piece.to_vec(),
-        })?;
+
+    /// The image the restore or park call names.
+    fn image(self) -> Vec<u8> {
+        self.first.unwrap_or_default()
     }
-    Ok(Vec::new())
 }
 
 /// What the server said it did.
@@ -118,10 +145,19 @@ fn migrate_to_server(
     };
     let reply = source.call(call)?;
     let mut bytes = 0;
-    let parked = image_of(&mut source, reply).and_then(|image| {
-        bytes = image.len();
-        let image = sent_image(&mut there, image)?;
-        there.call(Call::SessionPark { image })
+    let mut stager = Stager {
+        conn: &mut there,
+        first: None,
+    };
+    // Piece by piece from one server to the other: read, then written.
+    let relayed = stream_of(&mut source, reply, &mut |offset, piece| {
+        stager.piece(offset, piece)
+    });
+    let parked = relayed.and_then(|relayed| {
+        bytes = relayed;
+        let Stager { conn, first } = stager;
+        let image = first.unwrap_or_default();
+        conn.call(Call::SessionPark { image })
     });
     if let Err(e) = parked {
         let release = Call::SessionRelease {
@@ -239,9 +275,12 @@ pub fn drain(address: &Address, device: u32, to: Option<u32>, wait: Duration) ->
 }
 
 /// `cumux checkpoint SESSION FILE [--hold]`: the session's state, taken at
-/// its next call, written to `file` (checksummed, compressed). With `hold`
-/// that call is held unanswered, so that `cumux serve --restore FILE` can
-/// resume the program after the server restarts.
+/// its next call, written to `file` (checksummed, compressed where that
+/// pays). On a unix socket the server writes it straight into the file,
+/// whose descriptor goes with the call; over TCP it comes in pieces. The
+/// file takes its name only once complete. With `hold` that call is held
+/// unanswered, so that `cumux serve --restore FILE` can resume the program
+/// after the server restarts.
 pub fn checkpoint(
     address: &Address,
     session: u64,
@@ -250,18 +289,10 @@ pub fn checkpoint(
     wait: Duration,
 ) -> Result<()> {
     let mut conn = admin(address, "cumux checkpoint")?;
-    let call = Call::SessionCheckpoint {
-        session,
-        wait_ms: wait_ms(wait),
-        hold,
-    };
-    let reply = conn.call(call)?;
-    let mut image = Vec::new();
-    let written = image_of(&mut conn, reply).and_then(|got| {
-        image = got;
-        checkpoint_file::write(file, &image)
-    });
-    let written = match written {
+    let partial = checkpoint_file::Partial::create(file)?;
+    let written = write_checkpoint(&mut conn, address, session, hold, wait, &partial.file)
+        .and_then(|said| Ok((said, partial.commit()?)));
+    let (said, size) = match written {
         Ok(written) => written,
         Err(e) if hold => {
             let release = Call::SessionRelease {
@@ -274,9 +305,8 @@ pub fn checkpoint(
         Err(e) => return Err(e),
     };
     println!(
-        "session {session} checkpointed to {}: {} bytes of state, {written} in the file",
-        file.display(),
-        image.len()
+        "session {session} checkpointed to {}: {said}; the file has {size} bytes",
+        file.display()
     );
     if hold {
         println!(
@@ -288,18 +318,79 @@ pub fn checkpoint(
     Ok(())
 }
 
-/// `cumux restore FILE --session SESSION`: the session's state replaced by
-/// the checkpoint's, at its next call.
-pub fn restore(address: &Address, file: &Path, session: u64, wait: Duration) -> Result<()> {
-    let image = checkpoint_file::read(file)?;
-    let mut conn = admin(address, "cumux restore")?;
-    let image = sent_image(&mut conn, image)?;
-    let call = Call::SessionRestore {
+/// The checkpoint written into `out`: what the server said of it.
+fn write_checkpoint(
+    conn: &mut probe::Connection,
+    address: &Address,
+    session: u64,
+    hold: bool,
+    wait: Duration,
+    mut out: &std::fs::File,
+) -> Result<String> {
+    let wait_ms = wait_ms(wait);
+    if let Address::Unix(_) = address {
+        let call = Call::SessionCheckpointFile {
+            session,
+            wait_ms,
+            hold,
+        };
+        return conn.call_with_fd(call, out.as_fd()).map(said);
+    }
+    let call = Call::SessionCheckpoint {
         session,
-        image,
-        wait_ms: wait_ms(wait),
+        wait_ms,
+        hold,
     };
     let reply = conn.call(call)?;
+    let bytes = stream_of(conn, reply, &mut |_, piece| {
+        out.write_all(&piece).context("cannot write the checkpoint")
+    })?;
+    Ok(format!("{bytes} bytes, in pieces over TCP"))
+}
+
+/// `cumux restore FILE --session SESSION`: the session's state replaced by
+/// the checkpoint's, at its next call. On a unix socket the server reads
+/// the file itself, whose descriptor goes with the call, checking it as it
+/// rebuilds; over TCP it goes in pieces.
+pub fn restore(address: &Address, file: &Path, session: u64, wait: Duration) -> Result<()> {
+    let mut input = checkpoint_file::open(file)?;
+    let mut conn = admin(address, "cumux restore")?;
+    let reply = match address {
+        Address::Unix(_) => {
+            let call = Call::SessionRestoreFile {
+                session,
+                wait_ms: wait_ms(wait),
+            };
+            conn.call_with_fd(call, input.as_fd())
+        }
+        Address::Tcp(_) => {
+            let mut stager = Stager {
+                conn: &mut conn,
+                first: None,
+            };
+            let mut offset = 0u64;
+            loop {
+                let mut piece = Vec::with_capacity(IMAGE_PIECE_BYTES);
+                (&mut input)
+                    .take(IMAGE_PIECE_BYTES as u64)
+                    .read_to_end(&mut piece)
+                    .with_context(|| format!("cannot read {}", file.display()))?;
+                if piece.is_empty() {
+                    break;
+                }
+                let len = piece.len() as u64;
+                stager.piece(offset, piece)?;
+                offset += len;
+            }
+            let call = Call::SessionRestore {
+                session,
+                image: stager.image(),
+                wait_ms: wait_ms(wait),
+            };
+            conn.call(call)
+        }
+    };
+    let reply = reply.with_context(|| format!("{} is refused", file.display()))?;
     println!("{}", said(reply));
     Ok(())
 }

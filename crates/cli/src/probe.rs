@@ -2,6 +2,7 @@
 //! hands, make one call. Used by `cumux status` and by `cumux run` to check that
 //! a server answers, and would let the program in, before starting it.
 
+use std::os::fd::BorrowedFd;
 use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context, Result};
@@ -182,6 +183,27 @@ impl Connection {
         self.seq += 1;
         let seq = self.seq;
         self.send(&Request { seq, call })?;
+        let reply = self.receive_reply()?;
+        if reply.seq != seq {
+            bail!("reply for call {} while waiting for {seq}", reply.seq);
+        }
+        reply.result.map_err(|e| anyhow!("{e}"))
+    }
+
+    /// Makes one replied call with the descriptor `fd` attached to its frame
+    /// (`SCM_RIGHTS`: on a unix socket only).
+    pub fn call_with_fd(&mut self, call: Call, fd: BorrowedFd<'_>) -> Result<ReplyBody> {
+        let Stream::Unix(socket) = &self.stream else {
+            bail!("a descriptor passes only over a unix socket");
+        };
+        self.seq += 1;
+        let seq = self.seq;
+        let payload = encode(&Request { seq, call }).map_err(|e| anyhow!("encode: {e}"))?;
+        let mut frame = Vec::with_capacity(4 + payload.len());
+        frame.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+        frame.extend_from_slice(&payload);
+        cumux_protocol::shm::send_with_fd(socket, &frame, fd)
+            .context("cannot send the call with its descriptor")?;
         let reply = self.receive_reply()?;
         if reply.seq != seq {
             bail!("reply for call {} while waiting for {seq}", reply.seq);

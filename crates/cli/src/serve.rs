@@ -305,6 +305,7 @@ fn serve_functions(
 }
 
 pub fn serve(options: ServeOptions) -> Result<()> {
+    crate::signals::survive_file_size_limit().context("cannot catch SIGXFSZ")?;
     // Read before anything starts: a bad file is told at once.
     let restores = options
         .restore

@@ -1,6 +1,7 @@
 //! Signals for the CLI's long-lived commands: `cumux run` passes SIGINT,
 //! SIGTERM, SIGHUP and SIGQUIT on to its program as the same signal
-//! ([`Forwarder`]); `cumux serve` turns SIGTERM and SIGINT into a drain.
+//! ([`Forwarder`]); `cumux serve` turns SIGTERM and SIGINT into a drain, and
+//! outlives a write past its file-size limit ([`survive_file_size_limit`]).
 
 use std::io;
 use std::process::{Child, ExitStatus};
@@ -11,6 +12,14 @@ use signal_hook::consts::{SIGHUP, SIGINT, SIGQUIT, SIGTERM};
 use signal_hook::iterator::exfiltrator::WithOrigin;
 use signal_hook::iterator::{Handle, SignalsInfo};
 use signal_hook::low_level::siginfo::{Cause, Origin};
+
+/// Makes a write past the process's file-size limit (`RLIMIT_FSIZE`) fail
+/// with `EFBIG` rather than end the process (SIGXFSZ's default): a
+/// checkpoint the server writes past it fails, and its sessions carry on.
+pub fn survive_file_size_limit() -> io::Result<()> {
+    let seen = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    signal_hook::flag::register(signal_hook::consts::SIGXFSZ, seen).map(drop)
+}
 
 /// The signals `cumux run` passes on to its program.
 pub const FORWARDED: [i32; 4] = [SIGINT, SIGTERM, SIGHUP, SIGQUIT];

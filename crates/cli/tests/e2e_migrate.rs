@@ -2,7 +2,8 @@
 //! unmodified, moved between the two CPU devices of `cumux serve
 //! --cpu-devices 2` many times mid-run by `cumux migrate` and `cumux drain`,
 //! checking its results all along; checkpoints written by `cumux checkpoint`,
-//! and a corrupt or truncated one refused by `cumux restore`.
+//! and a corrupt or truncated one refused by `cumux restore` (more in
+//! `e2e_checkpoint.rs`).
 
 mod common;
 
@@ -136,15 +137,24 @@ fn a_checkpoint_is_written_and_a_corrupt_or_truncated_one_is_refused() {
         );
         let bytes = std::fs::read(&file).unwrap();
         assert!(bytes.starts_with(b"CUMUXCKP"));
-        // Truncated, or with a byte changed: refused before the server hears of it.
+        // Truncated, or with a byte changed: refused by the server as it
+        // reads, the session left as it was.
         let bad = server.dir.0.join("bad.ckpt");
-        for (what, broken) in [
-            ("truncated", bytes[..bytes.len() - 100].to_vec()),
-            ("corrupt", {
-                let mut b = bytes.clone();
-                b[bytes.len() / 2] ^= 0x40;
-                b
-            }),
+        for (what, broken, said) in [
+            (
+                "truncated",
+                bytes[..bytes.len() - 100].to_vec(),
+                "truncated",
+            ),
+            (
+                "corrupt",
+                {
+                    let mut b = bytes.clone();
+                    b[bytes.len() / 2] ^= 0x40;
+                    b
+                },
+                "checksum does not match",
+            ),
         ] {
             std::fs::write(&bad, broken).unwrap();
             let out = cumux(
@@ -153,7 +163,7 @@ fn a_checkpoint_is_written_and_a_corrupt_or_truncated_one_is_refused() {
             );
             assert!(!out.status.success(), "{what}: {}", output_text(&out));
             assert!(
-                output_text(&out).contains("checksum does not match"),
+                output_text(&out).contains(said),
                 "{what}: {}",
                 output_text(&out)
             );

@@ -199,7 +199,7 @@ fn a_checkpoint_survives_a_server_restart() {
 
     // A third server holding the image answers only its own program.
     let image = cumux_cli::checkpoint_file::read(&file).unwrap();
-    let key = cumux_server::session::image::SessionImage::decode(&image)
+    let key = cumux_server::session::image_stream::verified(&image[..])
         .unwrap()
         .resume
         .expect("a held checkpoint says where to resume")

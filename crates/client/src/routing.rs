@@ -105,6 +105,8 @@ pub fn device_of_call(call: &Call, placements: &Placements) -> u32 {
         | Call::TenantRemove { .. }
         | Call::SessionMove { .. }
         | Call::SessionCheckpoint { .. }
+        | Call::SessionCheckpointFile { .. }
+        | Call::SessionRestoreFile { .. }
         | Call::SessionRestore { .. }
         | Call::SessionPark { .. }
         | Call::SessionRelease { .. }

@@ -415,6 +415,23 @@ pub enum Call {
         /// the state of a session to resume elsewhere (protocol 18).
         hold: bool,
     },
+    /// [`Call::SessionCheckpoint`] written by the server into the file whose
+    /// descriptor comes with the call (a unix socket's frame carries it):
+    /// the checkpoint streamed to disk with no image whole in memory on
+    /// either side; answered by `Data`, a line saying what was written
+    /// (protocol 24).
+    SessionCheckpointFile {
+        session: u64,
+        wait_ms: u64,
+        hold: bool,
+    },
+    /// [`Call::SessionRestore`] from the checkpoint file whose descriptor
+    /// comes with the call, read and checked by the server as it rebuilds
+    /// (protocol 24).
+    SessionRestoreFile {
+        session: u64,
+        wait_ms: u64,
+    },
     /// Keeps a held checkpoint's image on this server under its resume key
     /// (admins only), for its program's client to resume: answered by
     /// `Data`, a line saying so.
@@ -557,7 +574,10 @@ impl Call {
     pub fn carries_fd(&self) -> bool {
         matches!(
             self,
-            Call::HostRegister { .. } | Call::Vmm(crate::vmm::VmmCall::Import)
+            Call::HostRegister { .. }
+                | Call::Vmm(crate::vmm::VmmCall::Import)
+                | Call::SessionCheckpointFile { .. }
+                | Call::SessionRestoreFile { .. }
         )
     }
 

@@ -372,7 +372,7 @@ impl BoundListener {
                     Some(cred) => (Peer::Process(cred.pid as u32), Some(cred.uid)),
                     None => (Peer::Unknown, None),
                 };
-                Ok((Socket::Unix(stream), peer, uid))
+                Ok((Socket::unix(stream), peer, uid))
             }
             BoundListener::Tcp(listener, _) => {
                 let (stream, address) = listener.accept()?;

@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver, RecvTimeoutError, SyncSender};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use cumux_protocol::{codes, CuError};
@@ -17,13 +17,33 @@ use crate::locking::lock;
 pub enum Action {
     /// Move to the server's device of this ordinal.
     MoveTo(u32),
-    /// Answer its state as a checkpoint (the session's image, encoded).
-    Checkpoint,
+    /// Write its state as a checkpoint stream into the file, else answer
+    /// the stream's bytes.
+    Checkpoint(Option<CheckpointFile>),
     /// Replace its state by this checkpoint's.
-    Restore(Vec<u8>),
-    /// Answer its state as a checkpoint taken at the start of its call,
-    /// then hold that call until it is released ([`Orders::release`]).
-    Hold,
+    Restore(Checkpoint),
+    /// [`Action::Checkpoint`] taken at the start of its call, then hold that
+    /// call until it is released ([`Orders::release`]).
+    Hold(Option<CheckpointFile>),
+}
+
+/// A checkpoint file an admin's `cumux` opened and passed by its descriptor.
+#[derive(Debug, Clone)]
+pub struct CheckpointFile(pub Arc<std::fs::File>);
+
+impl PartialEq for CheckpointFile {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl Eq for CheckpointFile {}
+
+/// A checkpoint stream to restore: its bytes, or the file holding them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Checkpoint {
+    Bytes(Vec<u8>),
+    File(CheckpointFile),
 }
 
 /// How a held session goes on.
@@ -44,7 +64,7 @@ pub const MAX_PARKED: usize = 1024;
 
 /// A held checkpoint kept for the program that will resume it.
 pub struct Parked {
-    /// The session image, encoded.
+    /// The session image, as its checkpoint stream.
     pub image: Vec<u8>,
     /// Its tenant: only the same tenant's program takes it.
     pub tenant: String,
@@ -55,18 +75,18 @@ impl Action {
     pub fn kind(&self) -> &'static str {
         match self {
             Action::MoveTo(_) => "move",
-            Action::Checkpoint => "checkpoint",
+            Action::Checkpoint(_) => "checkpoint",
             Action::Restore(_) => "restore",
-            Action::Hold => "hold",
+            Action::Hold(_) => "hold",
         }
     }
 
     fn describe(&self) -> String {
         match self {
             Action::MoveTo(device) => format!("move to device {device}"),
-            Action::Checkpoint => "checkpoint".into(),
+            Action::Checkpoint(_) => "checkpoint".into(),
             Action::Restore(_) => "restore".into(),
-            Action::Hold => "checkpoint and hold".into(),
+            Action::Hold(_) => "checkpoint and hold".into(),
         }
     }
 }
@@ -273,7 +293,7 @@ mod tests {
             .noted(7)
             .unwrap()
             .contains("waiting for its next call"));
-        assert!(orders.post(7, Action::Checkpoint).is_err());
+        assert!(orders.post(7, Action::Checkpoint(None)).is_err());
         assert!(orders.take(8).is_none());
         let order = orders.take(7).unwrap();
         assert_eq!(order.action, Action::MoveTo(1));

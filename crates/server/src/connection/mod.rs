@@ -19,7 +19,10 @@ use cumux_protocol::{
     MAX_PROGRAM_BYTES, MAX_TOKEN_BYTES, PROTOCOL_VERSION,
 };
 
+mod fd_inbox;
 mod socket_wire;
+
+pub use fd_inbox::FdInbox;
 
 use socket_wire::{SocketWire, Unread};
 
@@ -40,15 +43,21 @@ enum RawSocket<'a> {
 
 /// The socket a client connected on.
 pub enum Socket {
-    Unix(UnixStream),
+    /// With the descriptor that came last with its bytes.
+    Unix(UnixStream, FdInbox),
     Tcp(TcpStream),
     Tls(TlsStream),
 }
 
 impl Socket {
+    /// A unix socket's connection.
+    pub fn unix(stream: UnixStream) -> Socket {
+        Socket::Unix(stream, FdInbox::default())
+    }
+
     fn try_clone(&self) -> std::io::Result<Socket> {
         Ok(match self {
-            Socket::Unix(s) => Socket::Unix(s.try_clone()?),
+            Socket::Unix(s, fds) => Socket::Unix(s.try_clone()?, fds.clone()),
             Socket::Tcp(s) => Socket::Tcp(s.try_clone()?),
             Socket::Tls(s) => Socket::Tls(s.clone()),
         })
@@ -57,7 +66,7 @@ impl Socket {
     /// The socket underneath (a TLS connection's TCP one), for its options.
     fn raw(&self) -> RawSocket<'_> {
         match self {
-            Socket::Unix(s) => RawSocket::Unix(s),
+            Socket::Unix(s, _) => RawSocket::Unix(s),
             Socket::Tcp(s) => RawSocket::Tcp(s),
             Socket::Tls(s) => RawSocket::Tcp(s.tcp()),
         }
@@ -114,7 +123,7 @@ impl Socket {
     /// How calls travel when they stay on this socket, for status.
     fn transport(&self) -> &'static str {
         match self {
-            Socket::Unix(_) => "unix",
+            Socket::Unix(..) => "unix",
             Socket::Tcp(_) => "tcp",
             Socket::Tls(_) => "tls",
         }
@@ -157,7 +166,7 @@ impl Socket {
 impl Read for Socket {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
         match self {
-            Socket::Unix(s) => s.read(buf),
+            Socket::Unix(s, fds) => fds.read(s, buf),
             Socket::Tcp(s) => s.read(buf),
             Socket::Tls(s) => s.read(buf),
         }
@@ -167,7 +176,7 @@ impl Read for Socket {
 impl Write for Socket {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
         match self {
-            Socket::Unix(s) => s.write(buf),
+            Socket::Unix(s, _) => s.write(buf),
             Socket::Tcp(s) => s.write(buf),
             Socket::Tls(s) => s.write(buf),
         }
@@ -323,7 +332,7 @@ fn serve_seated(
         _ => 0,
     };
     // Shared memory only over a unix socket, whose far end is on this host.
-    let offer_shm = hello.shm && matches!(writer, Socket::Unix(_));
+    let offer_shm = hello.shm && matches!(writer, Socket::Unix(..));
     let welcome = HelloReply::Welcome {
         version: PROTOCOL_VERSION,
         server: server.name().to_string(),
@@ -363,7 +372,7 @@ fn serve_seated(
     let ending = match send(&mut writer, &welcome) {
         Ok(()) => {
             let shared = match (&writer, offer_shm) {
-                (Socket::Unix(unix), true) => {
+                (Socket::Unix(unix, _), true) => {
                     let spin = match session.latency_critical() {
                         true => crate::device::spin::hot_spin_time(),
                         false => shm::spin_from_env(),
@@ -382,8 +391,13 @@ fn serve_seated(
                         }
                         None => match writer.try_clone() {
                             Ok(shut) => {
+                                let fds = match &writer {
+                                    Socket::Unix(_, fds) => Some(fds.clone()),
+                                    _ => None,
+                                };
                                 let shut_reading = move || shut.shut_reading();
-                                let mut wire = SocketWire::new(reader, writer, buf, shut_reading);
+                                let mut wire = SocketWire::new(reader, writer, buf, shut_reading)
+                                    .with_fds(fds);
                                 request_loop(&mut session, &mut wire)
                             }
                             Err(e) => Ending::Broken(format!("cannot clone the socket: {e}")),
@@ -669,6 +683,14 @@ impl<R: Read + Send + 'static, W: Write + Send + 'static> Wire for SocketWire<R,
 
     fn reply(&mut self, reply: Reply) -> Result<(), String> {
         self.send_reply(reply)
+    }
+
+    fn receive_fd(&mut self) -> Result<OwnedFd, String> {
+        self.take_fd().ok_or_else(|| {
+            "no descriptor came with the call (one passes only on a unix socket, attached to \
+             the call's frame)"
+                .into()
+        })
     }
 }
 

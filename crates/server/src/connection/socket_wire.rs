@@ -57,6 +57,8 @@ pub(super) struct SocketWire<R, W> {
     write_failed: Arc<Mutex<Option<String>>>,
     /// Ends a helper's wait on the socket for the next request, at the end.
     shut_reading: Box<dyn Fn() + Send>,
+    /// Where a unix socket keeps the descriptor that came with a call.
+    fds: Option<super::fd_inbox::FdInbox>,
 }
 
 /// A thread of the connection's and the channel of its jobs.
@@ -97,7 +99,19 @@ impl<R: Read + Send + 'static, W: Write + Send + 'static> SocketWire<R, W> {
             write_behind: None,
             write_failed: Arc::default(),
             shut_reading: Box::new(shut_reading),
+            fds: None,
         }
+    }
+
+    /// The wire, taking descriptors that come with calls from `fds`.
+    pub(super) fn with_fds(mut self, fds: Option<super::fd_inbox::FdInbox>) -> Self {
+        self.fds = fds;
+        self
+    }
+
+    /// The descriptor that came with the call just read, if one did.
+    pub(super) fn take_fd(&mut self) -> Option<std::os::fd::OwnedFd> {
+        self.fds.as_ref().and_then(|fds| fds.take())
     }
 
     /// The next request, read ahead already if the one before carried

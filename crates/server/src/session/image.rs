@@ -1,14 +1,14 @@
-//! A session's state as data (issue 17): its memory with the bytes at their
-//! addresses, its modules as their images with the handles its client knows,
-//! its streams, events and graphs; encoded for checkpoints.
+//! A session's state as data (issue 17): where its memory lies, its modules
+//! as their images with the handles its client knows, its streams, events
+//! and graphs. Memory's bytes travel apart from it (`session::image_stream`).
 
-use cumux_protocol::{codes, CuError, DevicePtr, Handle};
+use cumux_protocol::{DevicePtr, Handle};
 use serde::{Deserialize, Serialize};
 
 use crate::device::LaunchGeometry;
 
 /// The layout of [`SessionImage`]; an image of another is refused.
-pub const IMAGE_FORMAT: u32 = 2;
+pub const IMAGE_FORMAT: u32 = 3;
 
 /// What a session holds, taken while none of its work runs.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -20,7 +20,8 @@ pub struct SessionImage {
     pub window: u32,
     /// The next handle the session issues.
     pub next_handle: Handle,
-    pub allocations: Vec<Bytes>,
+    /// Its allocations, in the order their bytes follow the image.
+    pub allocations: Vec<Allocation>,
     pub modules: Vec<ModuleImage>,
     pub streams: Vec<StreamImage>,
     /// Events and their `CU_EVENT_*` flags (their recorded times do not move).
@@ -46,7 +47,14 @@ pub struct ResumePoint {
     pub program: String,
 }
 
-/// Device memory at `ptr`: its bytes.
+/// An allocation of `size` bytes at `ptr` (its bytes travel apart).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Allocation {
+    pub ptr: DevicePtr,
+    pub size: u64,
+}
+
+/// Device memory at `ptr`: its bytes (a module's global).
 #[derive(Clone, PartialEq, Serialize, Deserialize)]
 pub struct Bytes {
     pub ptr: DevicePtr,
@@ -114,92 +122,9 @@ impl SessionImage {
         let allocations = self
             .allocations
             .iter()
-            .fold(0u64, |sum, a| sum.saturating_add(a.bytes.len() as u64));
+            .fold(0u64, |sum, a| sum.saturating_add(a.size));
         self.modules
             .iter()
             .fold(allocations, |sum, m| sum.saturating_add(m.charged))
-    }
-
-    pub fn encode(&self) -> Result<Vec<u8>, CuError> {
-        // Room for the memory at once: grown from empty, a 1 GiB image took
-        // 2.9 s to encode here instead of 1.9 s.
-        postcard::to_extend(self, Vec::with_capacity(self.size_hint()))
-            .map_err(|e| CuError::new(codes::UNKNOWN, format!("cannot encode the image: {e}")))
-    }
-
-    /// About the bytes the encoded image takes: its memory and modules, and
-    /// room for the rest.
-    fn size_hint(&self) -> usize {
-        let memory = |b: &Bytes| b.bytes.len() + 16;
-        let modules: usize = self
-            .modules
-            .iter()
-            .map(|m| m.image.len() + m.globals.iter().map(memory).sum::<usize>())
-            .sum();
-        self.allocations.iter().map(memory).sum::<usize>() + modules + (64 << 10)
-    }
-
-    /// Reads an image, refusing one of another layout.
-    pub fn decode(bytes: &[u8]) -> Result<Self, CuError> {
-        let image: SessionImage = postcard::from_bytes(bytes).map_err(|e| {
-            CuError::new(
-                codes::INVALID_VALUE,
-                format!("not a session image of this cumux: {e}"),
-            )
-        })?;
-        if image.format != IMAGE_FORMAT {
-            return Err(CuError::new(
-                codes::INVALID_VALUE,
-                format!(
-                    "a session image of format {}, this server reads {IMAGE_FORMAT}",
-                    image.format
-                ),
-            ));
-        }
-        Ok(image)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn an_image_reads_back_and_garbage_or_another_format_is_refused() {
-        let image = SessionImage {
-            format: IMAGE_FORMAT,
-            index: 0,
-            window: 1,
-            next_handle: 9,
-            allocations: vec![Bytes {
-                ptr: 0x2000_0000_0000,
-                bytes: vec![1, 2, 3],
-            }],
-            modules: Vec::new(),
-            streams: vec![StreamImage {
-                handle: 5,
-                flags: 1,
-                priority: 0,
-            }],
-            events: vec![(6, 2)],
-            graphs: Vec::new(),
-            limits: vec![(2, 8 << 20)],
-            resume: Some(ResumePoint {
-                key: 77,
-                seq: 12,
-                tenant: "t".into(),
-                program: "p".into(),
-            }),
-        };
-        let bytes = image.encode().unwrap();
-        assert_eq!(SessionImage::decode(&bytes).unwrap(), image);
-        assert_eq!(image.charged_bytes(), 3);
-        assert!(SessionImage::decode(&bytes[..bytes.len() / 2]).is_err());
-        let other = SessionImage {
-            format: IMAGE_FORMAT + 1,
-            ..image
-        };
-        let e = SessionImage::decode(&other.encode().unwrap()).unwrap_err();
-        assert!(e.detail.contains("format"), "{e:?}");
     }
 }

@@ -6,9 +6,11 @@
 mod aliases;
 mod array_tables;
 mod arrays;
+mod checkpoints;
 mod core;
 mod graphs;
 pub mod image;
+pub mod image_stream;
 mod ipc;
 mod memory;
 mod modules;
@@ -514,8 +516,8 @@ impl Session {
                 hold,
             } => {
                 let action = match hold {
-                    true => Action::Hold,
-                    false => Action::Checkpoint,
+                    true => Action::Hold(None),
+                    false => Action::Checkpoint(None),
                 };
                 self.order(*session, action, *wait_ms)
             }
@@ -538,6 +540,7 @@ impl Session {
                 wait_ms,
             } => self.admin().and_then(|()| {
                 let image = self.image_or_staged(image)?;
+                let image = crate::moves::Checkpoint::Bytes(image);
                 self.order(*session, Action::Restore(image), *wait_ms)
             }),
             _ => return None,
@@ -678,6 +681,13 @@ impl Session {
     pub fn handle(&mut self, call: Call) -> Option<CallResult> {
         if let Some(answer) = self.server_call(&call) {
             return Some(answer);
+        }
+        if matches!(
+            call,
+            Call::SessionCheckpointFile { .. } | Call::SessionRestoreFile { .. }
+        ) {
+            // Server calls too, with the descriptor that came with them.
+            return Some(self.file_order(&call));
         }
         if self.account.is_none() {
             // A status connection passed no tenant check: it may only ask for status.
@@ -822,7 +832,9 @@ impl Session {
             | Call::SessionRelease { .. }
             | Call::ImageRead { .. }
             | Call::ImageWrite { .. }
-            | Call::SessionRestore { .. }) => self
+            | Call::SessionRestore { .. }
+            | Call::SessionCheckpointFile { .. }
+            | Call::SessionRestoreFile { .. }) => self
                 .server_call(&call)
                 .unwrap_or_else(|| Err(err(codes::UNKNOWN, "a server call the session took"))),
             // Calls are handled in order: every earlier one is done.

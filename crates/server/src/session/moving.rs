@@ -9,8 +9,12 @@ use std::sync::Arc;
 use cumux_protocol::{codes, CuError, DevicePtr, Handle};
 
 use super::aliases::Aliases;
+use super::checkpoints::FromContext;
 use super::core::{err, release_failed};
-use super::image::{Bytes, GraphImage, LaunchImage, ModuleImage, SessionImage, StreamImage};
+use super::image::{
+    Allocation, Bytes, GraphImage, LaunchImage, ModuleImage, SessionImage, StreamImage,
+};
+use super::image_stream::MemorySource;
 use super::order::{stream_order, Order};
 use super::preparing::{ModuleToLoad, Prepared, Preparing, ROUNDS};
 use super::{launch_meter, FunctionEntry, ModuleEntry, Session};
@@ -71,7 +75,7 @@ impl Session {
             let _ = order.answer.send(Err(busy));
             return None;
         }
-        if matches!(order.action, Action::Hold) {
+        if matches!(order.action, Action::Hold(_)) {
             return self.hold(order);
         }
         let answer = match &order.action {
@@ -83,11 +87,11 @@ impl Session {
                 }
                 Err(e) => Err(e),
             },
-            Action::Hold => Err(err(codes::UNKNOWN, "a hold is answered by the hold itself")),
-            Action::Checkpoint => self
+            Action::Hold(_) => Err(err(codes::UNKNOWN, "a hold is answered by the hold itself")),
+            Action::Checkpoint(file) => self
                 .quiesced_image("checkpointed")
-                .and_then(|image| image.encode()),
-            Action::Restore(bytes) => self.restore(bytes).map(String::into_bytes),
+                .and_then(|image| self.checkpoint_into(&image, file.as_ref())),
+            Action::Restore(from) => self.restore(from).map(String::into_bytes),
         };
         self.answer(order, answer);
         None
@@ -254,14 +258,16 @@ impl Session {
             Ok(ref p) => format!("target made ready beforehand in {:.1?}", p.took),
             Err(ref e) => format!("target not made ready beforehand: {}", e.detail),
         };
+        // The bytes go from the old context to the new one piece by piece.
+        let mut memory = FromContext::new(self.ctx.as_ref());
         let mut rebuilt = match prepared {
             Ok(p) => self
-                .rebuild(Arc::clone(&target), &image, Some(p))
+                .rebuild(Arc::clone(&target), &image, Some(p), &mut memory)
                 .or_else(|e| {
                     tracing::info!("the move's prepared target failed ({}); again", e.detail);
-                    self.rebuild(target, &image, None)
+                    self.rebuild(target, &image, None, &mut memory)
                 })?,
-            Err(_) => self.rebuild(target, &image, None)?,
+            Err(_) => self.rebuild(target, &image, None, &mut memory)?,
         };
         let timings = std::mem::take(&mut rebuilt.timings);
         self.adopt(rebuilt, image);
@@ -275,13 +281,13 @@ impl Session {
         Ok(line)
     }
 
-    /// `Action::Restore`: the session's state replaced by a checkpoint's.
-    fn restore(&mut self, bytes: &[u8]) -> Result<String, CuError> {
-        self.restore_image(SessionImage::decode(bytes)?)
-    }
-
-    /// The session's state replaced by `image`'s.
-    pub(super) fn restore_image(&mut self, image: SessionImage) -> Result<String, CuError> {
+    /// The session's state replaced by `image`'s, its memory's bytes from
+    /// `memory`.
+    pub(super) fn restore_image(
+        &mut self,
+        image: SessionImage,
+        memory: &mut dyn MemorySource,
+    ) -> Result<String, CuError> {
         if image.index != self.index {
             return Err(err(
                 codes::INVALID_VALUE,
@@ -308,15 +314,16 @@ impl Session {
             self.reserve(wanted - held)?;
         }
         let device = Arc::clone(&self.device);
-        match self.rebuild(device, &image, None) {
-            Ok(rebuilt) => {
+        match self.rebuild(device, &image, None, memory) {
+            Ok(mut rebuilt) => {
                 if held > wanted {
                     self.release(held - wanted);
                 }
                 let memory = image.allocations.len();
+                let timings = std::mem::take(&mut rebuilt.timings);
                 self.adopt(rebuilt, image);
                 Ok(format!(
-                    "session {} restored: {memory} allocations",
+                    "session {} restored: {memory} allocations, {wanted} bytes ({timings})",
                     self.id()
                 ))
             }
@@ -329,7 +336,8 @@ impl Session {
         }
     }
 
-    /// The session's state as data; its work has drained.
+    /// The session's state as data (its memory's bytes stay on the
+    /// device); its work has drained.
     fn image(&self) -> Result<SessionImage, CuError> {
         let window = self
             .ctx
@@ -346,8 +354,8 @@ impl Session {
         let allocations = self
             .allocations
             .iter()
-            .map(|(&ptr, &size)| read(ptr, size))
-            .collect::<Result<Vec<_>, _>>()?;
+            .map(|(&ptr, &size)| Allocation { ptr, size })
+            .collect();
         let mut modules = Vec::with_capacity(self.modules.len());
         for (&handle, entry) in &self.modules {
             let globals = entry
@@ -419,13 +427,15 @@ impl Session {
         })
     }
 
-    /// `image` on a fresh context of `device`, beside the session's own: on
-    /// any failure the new context goes and the session is as it was.
+    /// `image` on a fresh context of `device`, beside the session's own,
+    /// its memory's bytes from `memory`: on any failure (a checkpoint's
+    /// checksum included) the new context goes and the session is as it was.
     fn rebuild(
         &self,
         device: Arc<dyn Device>,
         image: &SessionImage,
         prepared: Option<Prepared>,
+        memory: &mut dyn MemorySource,
     ) -> Result<Rebuilt, CuError> {
         check_handles(image)?;
         let (ctx, mut ready) = match prepared {
@@ -447,23 +457,22 @@ impl Session {
         // Pinned host memory the program registered, as the old context had it.
         self.host.register_again(&*ctx)?;
         let total = image.charged_bytes();
-        let places: Vec<(DevicePtr, u64)> = image
-            .allocations
-            .iter()
-            .map(|a| (a.ptr, a.bytes.len() as u64))
-            .collect();
+        let places: Vec<(DevicePtr, u64)> =
+            image.allocations.iter().map(|a| (a.ptr, a.size)).collect();
         let placing = std::time::Instant::now();
         placed.place_all(&places)?;
         let mut done = 0u64;
+        let ordinal = device.info().ordinal;
         for a in &image.allocations {
-            ctx.mem_write(a.ptr, &a.bytes)?;
-            done += a.bytes.len() as u64;
-            let note = format!(
-                "rebuilding on device {}: {done} of {total} bytes",
-                device.info().ordinal
-            );
-            self.server.orders().note(self.id(), note);
+            memory.next(a.ptr, a.size, &mut |offset, bytes| {
+                ctx.mem_write(a.ptr + offset, bytes)?;
+                done += bytes.len() as u64;
+                let note = format!("rebuilding on device {ordinal}: {done} of {total} bytes");
+                self.server.orders().note(self.id(), note);
+                Ok(())
+            })?;
         }
+        memory.finish()?;
         let written = placing.elapsed();
         let loading = std::time::Instant::now();
         let mut loaded_now = 0usize;
@@ -585,15 +594,11 @@ impl Session {
         if ranges.is_empty() {
             return Ok(());
         }
-        let taken = image
-            .allocations
-            .iter()
-            .map(|a| (a.ptr, a.bytes.len() as u64))
-            .chain(
-                loaded
-                    .values()
-                    .flat_map(|m| m.globals.iter().map(|g| (g.ptr, g.size))),
-            );
+        let taken = image.allocations.iter().map(|a| (a.ptr, a.size)).chain(
+            loaded
+                .values()
+                .flat_map(|m| m.globals.iter().map(|g| (g.ptr, g.size))),
+        );
         for (base, size) in taken {
             if let Some(&(p, b)) = ranges
                 .iter()
@@ -658,7 +663,7 @@ impl Session {
         self.allocations = image
             .allocations
             .iter()
-            .map(|a| (a.ptr, a.bytes.len() as u64))
+            .map(|a| (a.ptr, a.size))
             .collect::<BTreeMap<_, _>>();
         self.globals.clear();
         self.functions.clear();

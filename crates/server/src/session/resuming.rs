@@ -12,8 +12,9 @@ use cumux_protocol::{codes, CuError, Hello, ReplyBody};
 
 use super::core::err;
 use super::image::{ResumePoint, SessionImage};
+use super::image_stream::{self, StreamReader};
 use super::{CallResult, Session};
-use crate::moves::{Order, Parked, Release, HOLD_LIMIT};
+use crate::moves::{Action, Order, Parked, Release, HOLD_LIMIT};
 use crate::Server;
 
 /// How often a held session looks whether its client hung up.
@@ -59,7 +60,7 @@ impl Session {
     /// Keeps a held checkpoint's `image` on `server` for its program to
     /// resume (`cumux serve --restore`, `Call::SessionPark`): what was parked.
     pub fn park(server: &Server, image: Vec<u8>) -> Result<String, CuError> {
-        let decoded = SessionImage::decode(&image)?;
+        let decoded = image_stream::verified(&image[..])?;
         let Some(point) = decoded.resume else {
             return Err(err(
                 codes::INVALID_VALUE,
@@ -88,8 +89,12 @@ impl Session {
         let id = self.id();
         let orders = Arc::clone(&self.server);
         let orders = orders.orders();
+        let file = match &order.action {
+            Action::Hold(file) => file.clone(),
+            _ => None,
+        };
         let image = self.held_image();
-        let encoded = image.and_then(|image| image.encode());
+        let encoded = image.and_then(|image| self.checkpoint_into(&image, file.as_ref()));
         let released = encoded.is_ok().then(|| orders.hold(id));
         match &encoded {
             // Said before the admin hears of it: status shows it held at once.
@@ -208,7 +213,7 @@ impl Session {
     }
 
     fn resume_from(&mut self, parked: &Parked) -> Result<u64, CuError> {
-        let image = SessionImage::decode(&parked.image)?;
+        let (mut reader, image) = StreamReader::open(&parked.image[..])?;
         let point = image
             .resume
             .clone()
@@ -234,7 +239,7 @@ impl Session {
                 ),
             ));
         }
-        let line = self.restore_image(image)?;
+        let line = self.restore_image(image, &mut reader)?;
         tracing::info!(session = self.id(), seq = point.seq, "resumed: {line}");
         Ok(point.seq)
     }

@@ -1,0 +1,185 @@
+//! Checkpoints as streams (issue 17): a session's state written from its
+//! device straight into the file an admin's `cumux` passed (or into bytes,
+//! for a connection that cannot pass one), and read back the same way, each
+//! through one bounded buffer ([`image_stream`](super::image_stream)).
+
+use std::io::{BufReader, BufWriter, Write};
+use std::os::fd::OwnedFd;
+use std::sync::Arc;
+use std::time::Instant;
+
+use cumux_protocol::{codes, Call, CuError, DevicePtr};
+
+use super::core::err;
+use super::image::SessionImage;
+use super::image_stream::{MemorySource, Put, StreamReader, StreamWriter, CHUNK};
+use super::{CallResult, Session};
+use crate::device::DeviceContext;
+use crate::moves::{Action, Checkpoint, CheckpointFile};
+
+/// Buffering between a checkpoint stream and its file, for the small writes
+/// and reads (chunks' heads); chunks themselves pass straight through.
+const FILE_BUFFER: usize = 1 << 20;
+
+/// A move's memory: read from the session's own context, piece by piece,
+/// through one buffer.
+pub(super) struct FromContext<'a> {
+    ctx: &'a dyn DeviceContext,
+    buf: Vec<u8>,
+}
+
+impl<'a> FromContext<'a> {
+    pub(super) fn new(ctx: &'a dyn DeviceContext) -> Self {
+        FromContext {
+            ctx,
+            buf: Vec::new(),
+        }
+    }
+}
+
+impl MemorySource for FromContext<'_> {
+    fn next(&mut self, ptr: DevicePtr, size: u64, put: &mut Put<'_>) -> Result<(), CuError> {
+        let mut offset = 0;
+        while offset < size {
+            let n = (size - offset).min(CHUNK as u64) as usize;
+            if self.buf.len() < n {
+                self.buf.resize(n, 0);
+            }
+            self.ctx.mem_read(ptr + offset, &mut self.buf[..n])?;
+            put(offset, &self.buf[..n])?;
+            offset += n as u64;
+        }
+        Ok(())
+    }
+}
+
+/// A descriptor an admin passed, as a regular file (a pipe or socket could
+/// leave the session's thread waiting on it).
+fn regular_file(file: &CheckpointFile) -> Result<&std::fs::File, CuError> {
+    let meta = file.0.metadata().map_err(|e| {
+        err(
+            codes::INVALID_VALUE,
+            format!("the checkpoint's descriptor: {e}"),
+        )
+    })?;
+    if !meta.is_file() {
+        return Err(err(
+            codes::INVALID_VALUE,
+            "the checkpoint's descriptor is not a regular file",
+        ));
+    }
+    Ok(&file.0)
+}
+
+impl Session {
+    /// `Call::SessionCheckpointFile`, `SessionRestoreFile` (admins only):
+    /// the order, with the file whose descriptor came with the call.
+    pub(super) fn file_order(&mut self, call: &Call) -> CallResult {
+        let fd = self.take_incoming_fd();
+        self.admin()?;
+        let fd: OwnedFd = fd.map_err(|why| {
+            err(
+                codes::INVALID_VALUE,
+                format!("no checkpoint file came with the call: {why}"),
+            )
+        })?;
+        let file = CheckpointFile(Arc::new(std::fs::File::from(fd)));
+        regular_file(&file)?;
+        match *call {
+            Call::SessionCheckpointFile {
+                session,
+                wait_ms,
+                hold,
+            } => {
+                let action = match hold {
+                    true => Action::Hold(Some(file)),
+                    false => Action::Checkpoint(Some(file)),
+                };
+                self.order(session, action, wait_ms)
+            }
+            Call::SessionRestoreFile { session, wait_ms } => {
+                self.order(session, Action::Restore(Checkpoint::File(file)), wait_ms)
+            }
+            _ => Err(err(codes::UNKNOWN, "not an order with a file")),
+        }
+    }
+
+    /// The checkpoint stream of `image` (the session's state, its work
+    /// drained), written into `file` (then a line saying so comes back) or
+    /// else into bytes (then they come back). A file the stream failed in
+    /// is left empty, so nothing in it looks like a checkpoint.
+    pub(super) fn checkpoint_into(
+        &self,
+        image: &SessionImage,
+        file: Option<&CheckpointFile>,
+    ) -> Result<Vec<u8>, CuError> {
+        let Some(file) = file else {
+            return self
+                .write_stream(image, Vec::new())
+                .map(|(bytes, ..)| bytes);
+        };
+        let started = Instant::now();
+        let out = regular_file(file)?;
+        let written = self
+            .write_stream(image, BufWriter::with_capacity(FILE_BUFFER, out))
+            .and_then(|(out, size, memory, compressed)| {
+                out.into_inner().map_err(|e| {
+                    err(
+                        codes::UNKNOWN,
+                        format!("cannot write the checkpoint: {}", e.error()),
+                    )
+                })?;
+                Ok((size, memory, compressed))
+            });
+        match written {
+            Ok((size, memory, compressed)) => {
+                let line = format!(
+                    "{memory} bytes of memory ({compressed} of them compressed) and the \
+                     session's layout, {size} bytes written in {:.2?}",
+                    started.elapsed()
+                );
+                tracing::info!(session = self.id(), "checkpointed: {line}");
+                Ok(line.into_bytes())
+            }
+            Err(e) => {
+                let _ = out.set_len(0);
+                Err(e)
+            }
+        }
+    }
+
+    /// `image`'s stream into `out`, memory read from the device through
+    /// one buffer: `out`, the stream's bytes, memory's bytes and those of
+    /// them compressed.
+    fn write_stream<W: Write>(
+        &self,
+        image: &SessionImage,
+        out: W,
+    ) -> Result<(W, u64, u64, u64), CuError> {
+        let mut writer = StreamWriter::start(out, image)?;
+        let mut memory = FromContext::new(self.ctx.as_ref());
+        for a in &image.allocations {
+            memory.next(a.ptr, a.size, &mut |_, piece| writer.chunk(piece))?;
+        }
+        let (memory, compressed) = (writer.memory, writer.compressed);
+        let (out, size) = writer.finish()?;
+        Ok((out, size, memory, compressed))
+    }
+
+    /// `Action::Restore`: the session's state replaced by a checkpoint's,
+    /// read and checked as it is rebuilt (a checkpoint that fails its
+    /// checksum at the end leaves the session as it was).
+    pub(super) fn restore(&mut self, from: &Checkpoint) -> Result<String, CuError> {
+        match from {
+            Checkpoint::Bytes(bytes) => {
+                let (mut reader, image) = StreamReader::open(&bytes[..])?;
+                self.restore_image(image, &mut reader)
+            }
+            Checkpoint::File(file) => {
+                let input = BufReader::with_capacity(FILE_BUFFER, regular_file(file)?);
+                let (mut reader, image) = StreamReader::open(input)?;
+                self.restore_image(image, &mut reader)
+            }
+        }
+    }
+}
