@@ -48,15 +48,20 @@ pub fn colours_wanted(stderr_is_terminal: bool, no_color: Option<&str>) -> bool 
     stderr_is_terminal && no_color.is_none_or(str::is_empty)
 }
 
+/// The log filter unless `CUMUX_LOG` or `RUST_LOG` says otherwise: cumux's
+/// own lines at info; the CPU device's code generator only when something
+/// goes wrong (at info it logs every function it compiles).
+const DEFAULT_FILTER: &str = "info,cranelift_jit=warn,cranelift_codegen=warn";
+
 /// Installs the global subscriber; later calls do nothing.
 pub fn init(format: LogFormat) {
     let filter = ["CUMUX_LOG", "RUST_LOG"]
         .iter()
         .find_map(|var| std::env::var(var).ok().filter(|v| !v.is_empty()))
-        .unwrap_or_else(|| "info".to_string());
+        .unwrap_or_else(|| DEFAULT_FILTER.to_string());
     let filter = EnvFilter::try_new(&filter).unwrap_or_else(|e| {
         eprintln!("cumux: ignoring log filter {filter:?}: {e}");
-        EnvFilter::new("info")
+        EnvFilter::new(DEFAULT_FILTER)
     });
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
