@@ -8,29 +8,14 @@ use std::sync::OnceLock;
 
 use libloading::Library;
 
-/// Names NVIDIA's NVML to use instead of searching.
-pub const REAL_NVML_ENV: &str = "CUMUX_REAL_NVML";
+pub use cumux_protocol::nvml_search::REAL_NVML_ENV;
+use cumux_protocol::nvml_search::{candidates, named, CUMUX_NVML_MARKER};
 
-/// Marks cumux's NVML, so that a search never loads it as NVIDIA's.
+/// Marks cumux's NVML, so that a search never loads it as NVIDIA's
+/// (`nvml_search::CUMUX_NVML_MARKER` is its name).
 #[unsafe(no_mangle)]
 #[used]
 pub static CUMUX_NVML: [u8; 6] = *b"cumux\0";
-
-const SONAME: &str = "libnvidia-ml.so.1";
-
-/// Where NVIDIA's driver installs put NVML, after `LD_LIBRARY_PATH`.
-const SYSTEM_DIRS: &[&str] = &[
-    "/usr/local/nvidia/lib64",
-    "/usr/lib/x86_64-linux-gnu",
-    "/usr/lib/aarch64-linux-gnu",
-    "/usr/lib64",
-    "/usr/lib",
-    "/lib/x86_64-linux-gnu",
-    "/lib/aarch64-linux-gnu",
-    "/lib64",
-    "/lib",
-    "/usr/lib/wsl/lib",
-];
 
 /// NVIDIA's NVML, loaded.
 pub struct Nvidia {
@@ -60,19 +45,6 @@ impl Nvidia {
     }
 }
 
-/// The places to look, in order.
-fn candidates() -> Vec<PathBuf> {
-    if let Some(path) = std::env::var_os(REAL_NVML_ENV).filter(|p| !p.is_empty()) {
-        return vec![PathBuf::from(path)];
-    }
-    let from_env = std::env::var_os("LD_LIBRARY_PATH").unwrap_or_default();
-    std::env::split_paths(&from_env)
-        .filter(|dir| !dir.as_os_str().is_empty())
-        .chain(SYSTEM_DIRS.iter().map(PathBuf::from))
-        .map(|dir| dir.join(SONAME))
-        .collect()
-}
-
 /// `path` loaded, if it is an NVML that is not cumux's.
 fn open(path: &Path) -> Result<Nvidia, String> {
     // SAFETY: loading runs the library's initialisers; the library is the
@@ -82,7 +54,7 @@ fn open(path: &Path) -> Result<Nvidia, String> {
         library,
         path: path.to_path_buf(),
     };
-    if nvidia.address("CUMUX_NVML").is_some() {
+    if nvidia.address(CUMUX_NVML_MARKER).is_some() {
         return Err("it is cumux's own NVML".into());
     }
     if nvidia.address("nvmlInit_v2").is_none() {
@@ -96,7 +68,7 @@ pub fn nvidia() -> Option<&'static Nvidia> {
     static NVIDIA: OnceLock<Option<Nvidia>> = OnceLock::new();
     NVIDIA
         .get_or_init(|| {
-            let named = std::env::var_os(REAL_NVML_ENV).is_some_and(|p| !p.is_empty());
+            let named = named().is_some();
             for path in candidates() {
                 if !named && !path.exists() {
                     continue;
@@ -112,21 +84,4 @@ pub fn nvidia() -> Option<&'static Nvidia> {
             None
         })
         .as_ref()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_search_starts_with_the_loader_path_and_skips_empty_entries() {
-        // The environment is the test process's own: read it, change nothing.
-        if std::env::var_os(REAL_NVML_ENV).is_some() {
-            return;
-        }
-        let found = candidates();
-        assert!(found.iter().all(|p| p.ends_with(SONAME)));
-        assert!(found.contains(&PathBuf::from("/usr/lib64/libnvidia-ml.so.1")));
-        assert!(!found.contains(&PathBuf::from(SONAME)));
-    }
 }

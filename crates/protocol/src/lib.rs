@@ -8,6 +8,7 @@ pub mod hop_trace;
 pub mod launch_checks;
 mod memfd;
 pub mod messages;
+pub mod nvml_search;
 pub mod pinned;
 pub mod shm;
 pub mod stream;

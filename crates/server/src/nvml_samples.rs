@@ -7,24 +7,12 @@ use std::path::{Path, PathBuf};
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
+use cumux_protocol::nvml_search::{self, CUMUX_NVML_MARKER};
 use libloading::Library;
 
 use crate::locking::lock;
 use crate::utilization::{SAMPLE_EVERY, WINDOW};
 
-/// Names NVIDIA's NVML to use instead of searching (as cumux's NVML reads it).
-pub const REAL_NVML_ENV: &str = "CUMUX_REAL_NVML";
-/// The symbol that marks cumux's own NVML, which is never NVIDIA's.
-const CUMUX_MARKER: &str = "CUMUX_NVML";
-const SONAME: &str = "libnvidia-ml.so.1";
-/// Where NVIDIA's installs put NVML, tried when the loader's search finds none.
-const SYSTEM_DIRS: &[&str] = &[
-    "/usr/local/nvidia/lib64",
-    "/usr/lib/x86_64-linux-gnu",
-    "/usr/lib/aarch64-linux-gnu",
-    "/usr/lib64",
-    "/lib/x86_64-linux-gnu",
-];
 /// How long samples are kept (those of the last window, and enough before
 /// it to tell the driver's sampling period).
 const HISTORY: Duration = Duration::from_secs(3);
@@ -66,7 +54,7 @@ fn open(path: &Path) -> Result<Nvml, String> {
     // NVML or the one the operator named.
     let library = unsafe { Library::new(OsStr::new(path)) }.map_err(|e| e.to_string())?;
     // SAFETY: only whether the symbol exists is asked.
-    if unsafe { library.get::<*const c_void>(CUMUX_MARKER.as_bytes()) }.is_ok() {
+    if unsafe { library.get::<*const c_void>(CUMUX_NVML_MARKER.as_bytes()) }.is_ok() {
         return Err("it is cumux's own NVML".into());
     }
     // SAFETY: each type is the one NVIDIA's nvml.h gives that name.
@@ -94,14 +82,17 @@ fn open(path: &Path) -> Result<Nvml, String> {
     })
 }
 
-/// The places to look, in order: `$CUMUX_REAL_NVML` alone where it is set.
+/// The places to look, in order: cumux's NVML's own list (the named
+/// library alone where `$CUMUX_REAL_NVML` is set, else those that exist),
+/// then the loader's search by name.
 fn candidates() -> Vec<PathBuf> {
-    if let Some(path) = std::env::var_os(REAL_NVML_ENV).filter(|p| !p.is_empty()) {
-        return vec![PathBuf::from(path)];
+    if nvml_search::named().is_some() {
+        return nvml_search::candidates();
     }
-    let system = SYSTEM_DIRS.iter().map(|d| Path::new(d).join(SONAME));
-    std::iter::once(PathBuf::from(SONAME))
-        .chain(system.filter(|p| p.exists()))
+    nvml_search::candidates()
+        .into_iter()
+        .filter(|p| p.exists())
+        .chain(std::iter::once(PathBuf::from(nvml_search::SONAME)))
         .collect()
 }
 
