@@ -35,11 +35,13 @@ fn cumux(server: &ServerProc, args: &[&str]) -> Output {
         .expect("cumux runs")
 }
 
-/// The program started on `server`, waiting for `PREFIX.taken` once ready:
-/// it, its further lines, its session and the prefix.
-fn started(server: &ServerProc, prefix: &Path) -> (Child, Receiver<String>, String) {
+/// The program started on `server` (`args` after its prefix), waiting for
+/// `PREFIX.taken` once ready: it, its further lines and its session.
+fn started(server: &ServerProc, prefix: &Path, args: &[&str]) -> (Child, Receiver<String>, String) {
     let program = driver_program("checkpoint_rollback");
-    let run = server.command(&program, &[prefix.to_str().unwrap()]);
+    let mut all = vec![prefix.to_str().unwrap()];
+    all.extend_from_slice(args);
+    let run = server.command(&program, &all);
     let (child, lines) = server.start_until(run, "ready", LIMIT);
     let session = session_of(&server.status_json(), "checkpoint_rollback")["session"]
         .as_u64()
@@ -73,6 +75,16 @@ fn restore(server: &ServerProc, session: &str, file: &Path) -> Output {
     )
 }
 
+/// Asserts that a `cumux` command succeeded.
+fn succeeded(out: &Output, server: &ServerProc) {
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        output_text(out),
+        server.log()
+    );
+}
+
 fn assert_passes(mut child: Child, lines: &Receiver<String>, server: &ServerProc) {
     let tail = rest(lines, LIMIT);
     let status = child.wait().unwrap();
@@ -87,15 +99,10 @@ fn assert_passes(mut child: Child, lines: &Receiver<String>, server: &ServerProc
 fn a_checkpoint_brings_its_state_back_and_bad_files_are_refused() {
     let server = server("ckpt-stream");
     let prefix = server.dir.0.join("stage");
-    let (child, lines, session) = started(&server, &prefix);
+    let (child, lines, session) = started(&server, &prefix, &[]);
     let file = server.dir.0.join("rollback.ckpt");
     let out = checkpoint(&server, &session, &file);
-    assert!(
-        out.status.success(),
-        "{}\n{}",
-        output_text(&out),
-        server.log()
-    );
+    succeeded(&out, &server);
     assert!(
         output_text(&out).contains("bytes of memory"),
         "{}",
@@ -143,12 +150,7 @@ fn a_checkpoint_brings_its_state_back_and_bad_files_are_refused() {
     }
     // Refused, each left the session as it was; the checkpoint restores.
     let out = restore(&server, &session, &file);
-    assert!(
-        out.status.success(),
-        "{}\n{}",
-        output_text(&out),
-        server.log()
-    );
+    succeeded(&out, &server);
     std::fs::write(with_suffix(&prefix, ".restored"), b"").unwrap();
     assert_passes(child, &lines, &server);
 }
@@ -159,7 +161,7 @@ fn a_checkpoint_restores_into_the_program_run_again_on_a_restarted_server() {
     let file = first.dir.0.join("kept.ckpt");
     {
         let prefix = first.dir.0.join("stage");
-        let (mut child, _lines, session) = started(&first, &prefix);
+        let (mut child, _lines, session) = started(&first, &prefix, &[]);
         let out = checkpoint(&first, &session, &file);
         assert!(out.status.success(), "{}", output_text(&out));
         let _ = child.kill();
@@ -171,15 +173,10 @@ fn a_checkpoint_restores_into_the_program_run_again_on_a_restarted_server() {
     first.kill();
     let second = server("ckpt-restart-2");
     let prefix = second.dir.0.join("stage");
-    let (child, lines, session) = started(&second, &prefix);
+    let (child, lines, session) = started(&second, &prefix, &[]);
     go_on(&prefix, ".taken", &lines, "changed", &second);
     let out = restore(&second, &session, &file);
-    assert!(
-        out.status.success(),
-        "{}\n{}",
-        output_text(&out),
-        second.log()
-    );
+    succeeded(&out, &second);
     std::fs::write(with_suffix(&prefix, ".restored"), b"").unwrap();
     assert_passes(child, &lines, &second);
 }
@@ -219,7 +216,7 @@ fn limited_server(tag: &str) -> ServerProc {
 fn a_checkpoint_failing_mid_write_leaves_no_file_and_the_session_runs_on() {
     let server = limited_server("ckpt-fail");
     let prefix = server.dir.0.join("stage");
-    let (mut child, lines, session) = started(&server, &prefix);
+    let (mut child, lines, session) = started(&server, &prefix, &[]);
     let file = server.dir.0.join("limited.ckpt");
     // Past 1 MiB of its 6 MiB and more, the server's write fails.
     let out = checkpoint(&server, &session, &file);
@@ -246,27 +243,8 @@ const ADMIN_TOKEN: &str = "checkpoint-admin-token-0123456789abcdef";
 
 /// A server on loopback TCP, where no descriptor can pass.
 fn tcp_server(tag: &str) -> ServerProc {
-    let dir = TempDir::new(tag);
-    let log = std::fs::File::create(dir.0.join("server.log")).unwrap();
-    let config = common::config_file(&dir, &format!("admin_token = \"{ADMIN_TOKEN}\"\n"));
-    let mut serve = common::serve_command(&[
-        "--device",
-        &e2e_device(),
-        "--memory",
-        "1G",
-        "--listen",
-        "tcp:127.0.0.1:0",
-        "--config",
-        config.to_str().unwrap(),
-    ]);
-    serve.stderr(log);
-    let mut child = serve.spawn().unwrap();
-    let address = common::tcp_address(&common::lines_of(child.stdout.take().unwrap()));
-    ServerProc {
-        child,
-        address,
-        dir,
-    }
+    let config = format!("admin_token = \"{ADMIN_TOKEN}\"\n");
+    ServerProc::spawn_tcp(TempDir::new(tag), &e2e_device(), &config)
 }
 
 #[test]
@@ -274,13 +252,7 @@ fn over_tcp_a_checkpoint_travels_in_pieces_and_restores() {
     let server = tcp_server("ckpt-tcp");
     let prefix = server.dir.0.join("stage");
     // 40 MiB of noise: a stream past a piece (32 MiB).
-    let program = driver_program("checkpoint_rollback");
-    let run = server.command(&program, &[prefix.to_str().unwrap(), "80"]);
-    let (child, lines) = server.start_until(run, "ready", LIMIT);
-    let session = session_of(&server.status_json(), "checkpoint_rollback")["session"]
-        .as_u64()
-        .unwrap()
-        .to_string();
+    let (child, lines, session) = started(&server, &prefix, &["80"]);
     let file = server.dir.0.join("tcp.ckpt");
     let as_admin = |args: &[&str]| {
         Command::new(CUMUX)
@@ -291,12 +263,7 @@ fn over_tcp_a_checkpoint_travels_in_pieces_and_restores() {
             .expect("cumux runs")
     };
     let out = as_admin(&["checkpoint", &session, file.to_str().unwrap()]);
-    assert!(
-        out.status.success(),
-        "{}\n{}",
-        output_text(&out),
-        server.log()
-    );
+    succeeded(&out, &server);
     assert!(
         output_text(&out).contains("in pieces over TCP"),
         "{}",
@@ -305,12 +272,7 @@ fn over_tcp_a_checkpoint_travels_in_pieces_and_restores() {
     assert!(std::fs::metadata(&file).unwrap().len() > 40 << 20);
     go_on(&prefix, ".taken", &lines, "changed", &server);
     let out = as_admin(&["restore", file.to_str().unwrap(), "--session", &session]);
-    assert!(
-        out.status.success(),
-        "{}\n{}",
-        output_text(&out),
-        server.log()
-    );
+    succeeded(&out, &server);
     std::fs::write(with_suffix(&prefix, ".restored"), b"").unwrap();
     assert_passes(child, &lines, &server);
 }

@@ -32,26 +32,7 @@ const ADMIN_TOKEN: &str = "resume-admin-token-0123456789abcdef";
 
 /// A CPU-device server on loopback TCP, its log in `dir`.
 fn tcp_cpu_server(dir: TempDir) -> ServerProc {
-    let log = std::fs::File::create(dir.0.join("server.log")).unwrap();
-    let config = common::config_file(&dir, &format!("admin_token = \"{ADMIN_TOKEN}\"\n"));
-    let mut serve = common::serve_command(&[
-        "--device",
-        "cpu",
-        "--memory",
-        "1G",
-        "--listen",
-        "tcp:127.0.0.1:0",
-        "--config",
-        config.to_str().unwrap(),
-    ]);
-    serve.stderr(log);
-    let mut child = serve.spawn().unwrap();
-    let address = common::tcp_address(&common::lines_of(child.stdout.take().unwrap()));
-    ServerProc {
-        child,
-        address,
-        dir,
-    }
+    ServerProc::spawn_tcp(dir, "cpu", &format!("admin_token = \"{ADMIN_TOKEN}\"\n"))
 }
 
 /// `cumux ARGS --server <server>`.

@@ -225,6 +225,32 @@ impl ServerProc {
         server
     }
 
+    /// `cumux serve --device DEVICE --memory 1G` on loopback TCP (a port of
+    /// its choosing) with `config` (TOML text) as its `--config` file and its
+    /// log in `dir/server.log`; returns once it says where it listens.
+    pub fn spawn_tcp(dir: TempDir, device: &str, config: &str) -> Self {
+        let log = std::fs::File::create(dir.0.join("server.log")).unwrap();
+        let config = config_file(&dir, config);
+        let mut serve = serve_command(&[
+            "--device",
+            device,
+            "--memory",
+            "1G",
+            "--listen",
+            "tcp:127.0.0.1:0",
+            "--config",
+            config.to_str().unwrap(),
+        ]);
+        serve.stderr(log);
+        let mut child = serve.spawn().unwrap();
+        let address = tcp_address(&lines_of(child.stdout.take().unwrap()));
+        ServerProc {
+            child,
+            address,
+            dir,
+        }
+    }
+
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.0.join("server.log")).unwrap_or_default()
     }
