@@ -19,6 +19,7 @@ use cumux_protocol::{
     codes, Call, ClientRole, Hello, ReplyBody, DEFAULT_STREAM, MAGIC, PROTOCOL_VERSION,
 };
 use cumux_server::device::arrays::ArrayOp;
+use cumux_server::device::placed_copy;
 use cumux_server::device::{
     DeviceContext, KernelLaunch, LaunchGeometry, StreamWork, SyncTarget, VmmOp,
 };
@@ -225,11 +226,64 @@ fn cuda_contexts_live_in_workers() {
     drop(first);
     virtual_memory_in_workers(&device, &shared[0], &server);
     arrays_in_workers(&device);
+    moved_memory_goes_device_to_device(&device);
     arrays_zeroed_when_shared(&shared[0]);
     drop(server);
     drop(shared);
     wait_until("every worker to exit", || children().is_empty());
     let _ = std::fs::remove_file(fake);
+}
+
+/// A move's memory copied device to device (issue 17): the target
+/// context's placed memory exported by its worker, mapped in the source's
+/// worker and copied into there. The target then reads what the source
+/// held, at the same addresses, and the source keeps nothing of it.
+fn moved_memory_goes_device_to_device(device: &Arc<dyn cumux_server::Device>) {
+    let source = device.create_context().unwrap();
+    // Two allocations sharing a granule, and one of three granules' worth.
+    let sizes = [4096u64, 100, 3 * GRANULE + 12];
+    let allocations: Vec<(u64, u64)> = sizes
+        .iter()
+        .map(|&n| (source.mem_alloc(n).unwrap(), n))
+        .collect();
+    let pattern = |i: usize, n: u64| -> Vec<u8> {
+        (0..n)
+            .map(|j| (j as u8).wrapping_mul(7) ^ (i as u8 + 1))
+            .collect()
+    };
+    for (i, &(ptr, n)) in allocations.iter().enumerate() {
+        source.mem_write(ptr, &pattern(i, n)).unwrap();
+    }
+    let used = device.mem_used();
+    let target = device
+        .movable()
+        .expect("a GPU makes contexts for moves")
+        .create_context_in_window(0)
+        .unwrap();
+    let placed = target.movable().expect("a GPU context places memory");
+    placed.place_all(&allocations).unwrap();
+    let placed_bytes = device.mem_used() - used;
+    // Not an allocation placed here: a clear refusal, and nothing exported.
+    let stray = placed.export_placed(allocations[0].0 + 1).unwrap_err();
+    assert!(stray.detail.contains("no placed allocation"), "{stray:?}");
+
+    let copied = placed_copy::copy_placed(source.as_ref(), placed, &allocations).unwrap();
+    assert_eq!(copied, sizes.iter().sum::<u64>());
+    for (i, &(ptr, n)) in allocations.iter().enumerate() {
+        let mut back = vec![0u8; n as usize];
+        target.mem_read(ptr, &mut back).unwrap();
+        assert!(back == pattern(i, n), "allocation {i} at {ptr:#x} differs");
+    }
+    // The source's mappings of the target's memory went with the copy, and
+    // its count never included them.
+    assert_eq!(device.mem_used(), used + placed_bytes);
+    let again = placed_copy::copy_placed(source.as_ref(), placed, &allocations);
+    assert_eq!(again, Ok(copied), "a second copy maps the chunks afresh");
+    drop(target);
+    assert_eq!(device.mem_used(), used);
+    for &(ptr, n) in &allocations {
+        source.mem_free(ptr, n).unwrap();
+    }
 }
 
 /// The granularity of the fake GPU.

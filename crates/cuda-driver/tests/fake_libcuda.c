@@ -258,6 +258,9 @@ CUresult cuMemcpyDtoHAsync_v2(void *dst, CUdeviceptr src, size_t n, void *s) {
 CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dst, CUdeviceptr src, size_t n, void *s) {
     (void)s; memmove((void *)(uintptr_t)dst, (const void *)(uintptr_t)src, n); return 0;
 }
+CUresult cuMemsetD8_v2(CUdeviceptr dst, unsigned char v, size_t n) {
+    memset((void *)(uintptr_t)dst, v, n); return 0;
+}
 CUresult cuMemsetD8Async(CUdeviceptr dst, unsigned char v, size_t n, void *s) {
     (void)s; memset((void *)(uintptr_t)dst, v, n); return 0;
 }
@@ -532,8 +535,19 @@ CUresult cuMemGetAllocationGranularity(size_t *g, const fake_prop *prop, int opt
 }
 CUresult cuMemAddressReserve(CUdeviceptr *p, size_t size, size_t align, CUdeviceptr hint,
                              unsigned long long flags) {
-    (void)align; (void)hint;
+    (void)align;
     if (!p || !size || size % FAKE_GRANULARITY || flags) return 1;
+    /* A hint is honoured where the range is free, as the driver does. */
+    if (hint && hint % FAKE_GRANULARITY == 0) {
+        void *at = mmap((void *)(uintptr_t)hint, size, PROT_NONE,
+                        MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED_NOREPLACE, -1, 0);
+        if (at == (void *)(uintptr_t)hint) {
+            *p = hint;
+            live_reservations++;
+            return 0;
+        }
+        if (at != MAP_FAILED) munmap(at, size);
+    }
     size_t len = size + FAKE_GRANULARITY;
     char *m = mmap(NULL, len, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (m == MAP_FAILED) return 2;

@@ -14,6 +14,7 @@ pub mod host_span;
 pub mod memory_use;
 pub mod model;
 pub mod ordering;
+pub mod placed_copy;
 pub mod serial;
 pub mod signals;
 pub mod spin;
@@ -633,6 +634,13 @@ pub trait MovableContext: Send + Sync {
     /// target ([`DeviceContext::set_limit`]).
     fn limits(&self) -> Vec<(u32, u64)> {
         Vec::new()
+    }
+    /// The placed memory that holds allocation `ptr` ([`MovableContext::place_all`]):
+    /// its start, its size, and a descriptor another process maps it by, so
+    /// that a move copies into it device to device ([`placed_copy`]).
+    fn export_placed(&self, ptr: DevicePtr) -> Result<(u64, u64, OwnedFd), CuError> {
+        let _ = ptr;
+        Err(no_sharing())
     }
 }
 

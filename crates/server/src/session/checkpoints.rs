@@ -51,6 +51,10 @@ impl MemorySource for FromContext<'_> {
         }
         Ok(())
     }
+
+    fn context(&self) -> Option<&dyn DeviceContext> {
+        Some(self.ctx)
+    }
 }
 
 /// A descriptor an admin passed, as a regular file (a pipe or socket could

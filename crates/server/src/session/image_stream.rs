@@ -218,6 +218,12 @@ pub trait MemorySource {
     fn finish(&mut self) -> Result<(), CuError> {
         Ok(())
     }
+
+    /// The context the bytes come from, where they come from one: a move
+    /// then tries copying them device to device instead.
+    fn context(&self) -> Option<&dyn crate::device::DeviceContext> {
+        None
+    }
 }
 
 /// Reads a checkpoint stream: [`StreamReader::open`] checks its preamble and

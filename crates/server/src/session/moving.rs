@@ -19,7 +19,8 @@ use super::order::{stream_order, Order};
 use super::preparing::{ModuleToLoad, Prepared, Preparing, ROUNDS};
 use super::{launch_meter, FunctionEntry, ModuleEntry, Session};
 use crate::device::{
-    Device, DeviceContext, KernelLaunch, LoadedModule, MovableContext, StreamOrdered, StreamWork,
+    placed_copy, Device, DeviceContext, KernelLaunch, LoadedModule, MovableContext, StreamOrdered,
+    StreamWork,
 };
 use crate::gate::{GateSession, SchedStreams};
 use crate::moves::{Action, Order as AdminOrder};
@@ -463,14 +464,26 @@ impl Session {
         placed.place_all(&places)?;
         let mut done = 0u64;
         let ordinal = device.info().ordinal;
-        for a in &image.allocations {
-            memory.next(a.ptr, a.size, &mut |offset, bytes| {
-                ctx.mem_write(a.ptr + offset, bytes)?;
-                done += bytes.len() as u64;
-                let note = format!("rebuilding on device {ordinal}: {done} of {total} bytes");
-                self.server.orders().note(self.id(), note);
-                Ok(())
-            })?;
+        let direct = memory.context().map(|source| {
+            let note = format!("rebuilding on device {ordinal}: {total} bytes device to device");
+            self.server.orders().note(self.id(), note);
+            placed_copy::copy_placed(source, placed, &places)
+        });
+        let path = match &direct {
+            Some(Ok(_)) => "device to device".to_string(),
+            Some(Err(e)) => format!("through the server: {}", e.detail),
+            None => "through the server".to_string(),
+        };
+        if !matches!(direct, Some(Ok(_))) {
+            for a in &image.allocations {
+                memory.next(a.ptr, a.size, &mut |offset, bytes| {
+                    ctx.mem_write(a.ptr + offset, bytes)?;
+                    done += bytes.len() as u64;
+                    let note = format!("rebuilding on device {ordinal}: {done} of {total} bytes");
+                    self.server.orders().note(self.id(), note);
+                    Ok(())
+                })?;
+            }
         }
         memory.finish()?;
         let written = placing.elapsed();
@@ -563,8 +576,8 @@ impl Session {
             ordered.graph_create(g.handle, works)?;
         }
         let timings = format!(
-            "memory placed and written in {written:.1?}, {loaded_now} of {} modules loaded in \
-             {:.1?}",
+            "memory placed and written in {written:.1?} ({path}), {loaded_now} of {} modules \
+             loaded in {:.1?}",
             image.modules.len(),
             loading.elapsed()
         );

@@ -412,7 +412,7 @@ impl WorkerContext {
     }
 
     /// A round trip whose successful reply brings a descriptor along.
-    fn call_for_fd(
+    pub(super) fn call_for_fd(
         &self,
         request: &WorkerRequest,
     ) -> Result<(WorkerValue, Option<std::os::fd::OwnedFd>), CuError> {

@@ -75,6 +75,17 @@ impl MovableContext for WorkerContext {
         self.load_module(image, Some(blocks))
     }
 
+    fn export_placed(&self, ptr: DevicePtr) -> Result<(u64, u64, std::os::fd::OwnedFd), CuError> {
+        match self.call_for_fd(&WorkerRequest::PlacedExport { ptr })? {
+            (WorkerValue::Range { base, size }, Some(fd)) => Ok((base, size, fd)),
+            (WorkerValue::Range { .. }, None) => Err(CuError::new(
+                cumux_protocol::codes::UNKNOWN,
+                "the worker exported no descriptor",
+            )),
+            (other, _) => Err(unexpected(&other)),
+        }
+    }
+
     fn unmovable(&self) -> Option<String> {
         match self.move_facts() {
             Ok((_, _, why)) => why,

@@ -593,6 +593,22 @@ impl Served<'_, '_> {
                     Err(e) => conn.reply(Err(e)),
                 };
             }
+            WorkerRequest::PlacedExport { ptr } => {
+                let exported = catch_unwind(AssertUnwindSafe(|| {
+                    movable(ctx).and_then(|m| m.export_placed(ptr))
+                }))
+                .unwrap_or_else(|_| Err(CuError::new(codes::UNKNOWN, "export panicked")));
+                return match exported {
+                    Ok((base, size, fd)) => {
+                        let value = WorkerValue::Range { base, size };
+                        let reply = WorkerReply::unmarked(Ok(value));
+                        let bytes = cumux_protocol::encode(&reply).map_err(io_err)?;
+                        conn.link
+                            .send_frame_with_fd(&bytes, std::os::fd::AsFd::as_fd(&fd))
+                    }
+                    Err(e) => conn.reply(Err(e)),
+                };
+            }
             WorkerRequest::VmmImport => {
                 let imported = match conn.link.take_fd() {
                     Some(fd) => catch_unwind(AssertUnwindSafe(|| {

@@ -187,6 +187,11 @@ pub enum WorkerRequest {
     VmmExport {
         physical: u64,
     },
+    /// `MovableContext::export_placed` of the placed allocation at `ptr`:
+    /// answered by [`WorkerValue::Range`] (the chunk), the descriptor attached.
+    PlacedExport {
+        ptr: DevicePtr,
+    },
     /// `DeviceContext::vmm_import` of the descriptor that comes with the
     /// request (`SCM_RIGHTS`): answered by [`WorkerValue::Number`].
     VmmImport,
@@ -258,6 +263,7 @@ impl WorkerRequest {
                 | WorkerRequest::SetLimit { .. }
                 | WorkerRequest::IpcExport { .. }
                 | WorkerRequest::VmmExport { .. }
+                | WorkerRequest::PlacedExport { .. }
                 | WorkerRequest::VmmImport
                 | WorkerRequest::ContextId
                 | WorkerRequest::EventIpcHandle { .. }

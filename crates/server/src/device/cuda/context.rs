@@ -698,6 +698,10 @@ impl MovableContext for CudaContext {
         self.module_load(image)
     }
 
+    fn export_placed(&self, ptr: DevicePtr) -> Result<(u64, u64, std::os::fd::OwnedFd), CuError> {
+        lock(&self.placed).export(self.ctx()?, ptr)
+    }
+
     fn unmovable(&self) -> Option<String> {
         self.mallocs.load(Ordering::Acquire).then(|| {
             "a module of it may call the device-side malloc, whose heap does not move".into()

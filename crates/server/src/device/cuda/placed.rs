@@ -235,7 +235,13 @@ impl Placed {
     fn map(&mut self, ctx: &cu::Context, chunks: &[(u64, u64)]) -> Result<(), CuError> {
         for &(lo, hi) in chunks {
             let size = hi - lo;
-            let physical = ctx.vmm_create(size, false, false).map_err(cu_err)?;
+            // Shareable, so that a move can copy into it device to device
+            // from the source's process ([`Placed::export`]); where the
+            // driver refuses that, the move's bytes come through the server.
+            let physical = match ctx.vmm_create(size, true, false) {
+                Ok(physical) => physical,
+                Err(_) => ctx.vmm_create(size, false, false).map_err(cu_err)?,
+            };
             if let Err(e) = ctx.vmm_map(lo, size, physical) {
                 let _ = ctx.vmm_release(physical);
                 return Err(cu_err(e));
@@ -253,6 +259,26 @@ impl Placed {
                 .map_err(cu_err)?;
         }
         Ok(())
+    }
+
+    /// The chunk that holds placed allocation `ptr`: its start, its size,
+    /// and its physical memory as a descriptor another process imports.
+    pub fn export(
+        &self,
+        ctx: &cu::Context,
+        ptr: DevicePtr,
+    ) -> Result<(u64, u64, std::os::fd::OwnedFd), CuError> {
+        let (start, _) = self.allocations.get(&ptr).ok_or_else(|| {
+            CuError::new(
+                codes::INVALID_VALUE,
+                format!("{ptr:#x} is no placed allocation"),
+            )
+        })?;
+        let chunk = self.chunks.get(start).ok_or_else(|| {
+            CuError::new(codes::UNKNOWN, format!("no placed chunk at {start:#x}"))
+        })?;
+        let fd = ctx.vmm_export(chunk.physical).map_err(cu_err)?;
+        Ok((*start, chunk.size, fd))
     }
 
     /// Frees the placed allocation at `ptr`: its size, or `None` if `ptr`
