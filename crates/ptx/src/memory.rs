@@ -23,6 +23,8 @@ pub const DEVICE_VA_END: u64 = 0x3000_0000_0000;
 pub const DEVICE_WINDOW_BYTES: u64 = 1 << 40;
 /// How many devices' windows fit in the device window.
 pub const MAX_WINDOWS: u32 = ((DEVICE_VA_END - DEVICE_VA_BASE) / DEVICE_WINDOW_BYTES) as u32;
+/// The lowest address of a block moved in from a GPU ([`DeviceMemory::alloc_at`]).
+const FOREIGN_MIN: u64 = 1 << 32;
 const ALLOC_ALIGN: u64 = 256;
 /// Unmapped gap kept after each allocation so small overruns fault.
 const GUARD_GAP: u64 = 4096;
@@ -329,10 +331,12 @@ impl DeviceMemory {
         Ok(addr)
     }
 
-    /// Allocates `bytes` zero-filled bytes at `addr` (256-byte aligned, in
-    /// this memory's window, over no other block), as a moved session's
-    /// allocations come back where its program holds them; later
-    /// allocations go above it. Waits for running launches.
+    /// Allocates `bytes` zero-filled bytes at `addr` (256-byte aligned, over
+    /// no other block), as a moved session's allocations come back where its
+    /// program holds them; later allocations go above it. `addr` lies in this
+    /// memory's window, or (a session moved in from a GPU, whose driver chose
+    /// its addresses) outside every range the CPU device gives a meaning to.
+    /// Waits for running launches.
     pub fn alloc_at(&self, addr: u64, bytes: u64) -> Result<(), MemError> {
         if bytes == 0 {
             return Err(MemError::InvalidSize);
@@ -343,7 +347,8 @@ impl DeviceMemory {
         let end = addr
             .checked_add(rounded)
             .ok_or(MemError::OutOfRange { addr, len: bytes })?;
-        if !addr.is_multiple_of(ALLOC_ALIGN) || addr < self.window.0 || end > self.window.1 {
+        let in_window = addr >= self.window.0 && end <= self.window.1;
+        if !addr.is_multiple_of(ALLOC_ALIGN) || !(in_window || foreign(addr, end)) {
             return Err(MemError::OutOfRange { addr, len: bytes });
         }
         // The table first, then the state, as `free` takes them.
@@ -358,7 +363,9 @@ impl DeviceMemory {
         }
         let backing = Backing::zeroed(bytes, ALLOC_ALIGN)?;
         s.used += backing.bytes();
-        s.next = s.next.max(end.saturating_add(GUARD_GAP));
+        if in_window {
+            s.next = s.next.max(end.saturating_add(GUARD_GAP));
+        }
         let block = Block {
             ptr: backing.ptr,
             size: bytes,
@@ -738,6 +745,14 @@ pub(crate) unsafe fn atomic_rmw(
     }
 }
 
+/// Whether `[addr, end)` lies outside every range the CPU device gives a
+/// meaning to: its devices' windows and the local, shared and param windows
+/// of generic addresses (below [`DEVICE_VA_BASE`], from
+/// [`crate::LOCAL_WINDOW`] on), and above the first 4 GiB.
+fn foreign(addr: u64, end: u64) -> bool {
+    addr >= FOREIGN_MIN && (end <= crate::LOCAL_WINDOW || addr >= DEVICE_VA_END)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -766,6 +781,30 @@ mod tests {
         assert_eq!(target.place_next(&[c, c + 4096]), 0);
         assert!(target.alloc(64).is_err(), "taken already");
         assert_eq!(target.place_next(&[]), 1);
+    }
+
+    #[test]
+    fn a_session_moved_in_from_a_gpu_keeps_the_addresses_its_driver_chose() {
+        let memory = DeviceMemory::numbered(1 << 20, 0).unwrap();
+        let gpu = 0x7f3a_1260_0000;
+        memory.alloc_at(gpu, 4096).unwrap();
+        memory.write(gpu + 8, &[1, 2, 3]).unwrap();
+        let mut back = [0u8; 3];
+        memory.read(gpu + 8, &mut back).unwrap();
+        assert_eq!(back, [1, 2, 3]);
+        assert_eq!(memory.range(gpu + 100), Some((gpu, 4096)));
+        // Later allocations stay in the device's own window.
+        let next = memory.alloc(64).unwrap();
+        assert!((memory.window().0..memory.window().1).contains(&next));
+        // Not over the ranges the CPU device gives a meaning to, nor low.
+        assert!(memory.alloc_at(crate::LOCAL_WINDOW, 256).is_err());
+        assert!(memory.alloc_at(crate::SHARED_WINDOW + 4096, 256).is_err());
+        assert!(memory.alloc_at(crate::LOCAL_WINDOW - 256, 512).is_err());
+        assert!(memory.alloc_at(DEVICE_VA_END - 256, 512).is_err());
+        assert!(memory.alloc_at(0x1000, 256).is_err());
+        assert!(memory.alloc_at(gpu + 256, 16).is_err(), "over a block");
+        memory.free(gpu).unwrap();
+        assert_eq!(memory.used(), 256);
     }
 
     #[test]

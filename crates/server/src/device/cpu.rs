@@ -480,8 +480,10 @@ impl MovableContext for CpuContext {
             .unwrap_or_default()
     }
 
+    /// No blocks: a module from a GPU, whose driver placed its memory itself
+    /// (its globals land where this device puts them, aliased by the session).
     fn module_load_at(&self, image: &[u8], blocks: &[DevicePtr]) -> Result<LoadedModule, CuError> {
-        self.load_placed(image, Some(blocks))
+        self.load_placed(image, (!blocks.is_empty()).then_some(blocks))
     }
 
     /// The malloc heap's blocks are the program's (pointers to them live in
