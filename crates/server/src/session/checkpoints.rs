@@ -13,6 +13,7 @@ use cumux_protocol::{codes, Call, CuError, DevicePtr};
 use super::core::err;
 use super::image::SessionImage;
 use super::image_stream::{MemorySource, Put, StreamReader, StreamWriter, CHUNK};
+use super::memory_pipe;
 use super::{CallResult, Session};
 use crate::device::DeviceContext;
 use crate::moves::{Action, Checkpoint, CheckpointFile};
@@ -152,8 +153,8 @@ impl Session {
         }
     }
 
-    /// `image`'s stream into `out`, memory read from the device through
-    /// one buffer: `out`, the stream's bytes, memory's bytes and those of
+    /// `image`'s stream into `out`, memory read from the device a few
+    /// pieces ahead: `out`, the stream's bytes, memory's bytes and those of
     /// them compressed.
     fn write_stream<W: Write>(
         &self,
@@ -161,10 +162,12 @@ impl Session {
         out: W,
     ) -> Result<(W, u64, u64, u64), CuError> {
         let mut writer = StreamWriter::start(out, image)?;
-        let mut memory = FromContext::new(self.ctx.as_ref());
-        for a in &image.allocations {
-            memory.next(a.ptr, a.size, &mut |_, piece| writer.chunk(piece))?;
-        }
+        let allocations: Vec<(DevicePtr, u64)> =
+            image.allocations.iter().map(|a| (a.ptr, a.size)).collect();
+        // The device's next pieces are read while this one is written.
+        memory_pipe::read_ahead(self.ctx.as_ref(), &allocations, &mut |piece| {
+            writer.chunk(piece)
+        })?;
         let (memory, compressed) = (writer.memory, writer.compressed);
         let (out, size) = writer.finish()?;
         Ok((out, size, memory, compressed))

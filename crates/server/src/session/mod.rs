@@ -13,6 +13,7 @@ pub mod image;
 pub mod image_stream;
 mod ipc;
 mod memory;
+mod memory_pipe;
 mod modules;
 mod moving;
 mod order;

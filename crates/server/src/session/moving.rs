@@ -15,6 +15,7 @@ use super::image::{
     Allocation, Bytes, GraphImage, LaunchImage, ModuleImage, SessionImage, StreamImage,
 };
 use super::image_stream::MemorySource;
+use super::memory_pipe;
 use super::order::{stream_order, Order};
 use super::preparing::{ModuleToLoad, Prepared, Preparing, ROUNDS};
 use super::{launch_meter, FunctionEntry, ModuleEntry, Session};
@@ -475,15 +476,20 @@ impl Session {
             None => "through the server".to_string(),
         };
         if !matches!(direct, Some(Ok(_))) {
-            for a in &image.allocations {
-                memory.next(a.ptr, a.size, &mut |offset, bytes| {
-                    ctx.mem_write(a.ptr + offset, bytes)?;
-                    done += bytes.len() as u64;
-                    let note = format!("rebuilding on device {ordinal}: {done} of {total} bytes");
-                    self.server.orders().note(self.id(), note);
-                    Ok(())
-                })?;
-            }
+            // Pieces are written into the new context while the next are read.
+            memory_pipe::write_behind(ctx.as_ref(), &mut |put| {
+                for a in &image.allocations {
+                    memory.next(a.ptr, a.size, &mut |offset, bytes| {
+                        put(a.ptr + offset, bytes)?;
+                        done += bytes.len() as u64;
+                        let note =
+                            format!("rebuilding on device {ordinal}: {done} of {total} bytes");
+                        self.server.orders().note(self.id(), note);
+                        Ok(())
+                    })?;
+                }
+                Ok(())
+            })?;
         }
         memory.finish()?;
         let written = placing.elapsed();
