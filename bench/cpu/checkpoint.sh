@@ -28,7 +28,7 @@ if [ -n "${PROGRAM:-}" ]; then
     cp "$PROGRAM" "$W/migrate_loop"
 else
     NVCC=$(ls "$ROOT"/.venv/lib/python3*/site-packages/nvidia/cu13/bin/nvcc | head -1)
-    "$NVCC" -o "$W/migrate_loop" "$ROOT/tests/cuda/driver/migrate_loop.cu" || exit 1
+    "$NVCC" -L"$(dirname "$NVCC")/../lib" -o "$W/migrate_loop" "$ROOT/tests/cuda/driver/migrate_loop.cu" || exit 1
 fi
 now() { date +%s.%N; }
 run_one() { # label kit round
