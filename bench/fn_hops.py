@@ -9,7 +9,11 @@ the read, `worker_receive`/`worker_reply` in the worker).
 
     bench/fn_hops.py DIR [--json OUT]
 
-Prints each segment's p50/p99/mean in microseconds.
+Prints each segment's p50/p99/mean in microseconds. `--census` also counts,
+per invocation (from one `fn-http-in` to the next, the scrub after the answer
+included), the requests the server sent its worker by kind, the waits that
+slept on a doorbell in each process, and how often the next mark in time is
+another thread's (hand-offs, and work of two threads overlapping).
 """
 import argparse
 import bisect
@@ -38,12 +42,45 @@ SEGMENTS = [
 ]
 
 
+def census(procs):
+    """Per invocation: worker requests by kind, doorbell sleeps, thread changes."""
+    marks = []
+    for pid, ev in procs.items():
+        names = {n for _, _, h, n in ev if h == "step"}
+        role = "server" if "fn-http-in" in names else "worker"
+        marks.extend((t, role, tid, hop, name) for t, tid, hop, name in ev)
+    marks.sort()
+    starts = [i for i, m in enumerate(marks) if m[3] == "step" and m[4] == "fn-http-in"]
+    n = len(starts) - 1
+    if n < 1:
+        return
+    counts = collections.Counter()
+    handoffs = 0
+    for a, b in zip(starts, starts[1:]):
+        last = None
+        for _, role, tid, hop, name in marks[a:b]:
+            if hop == "server_forward":
+                counts[f"server -> worker {name}"] += 1
+            elif hop == "sleep":
+                counts[f"{role} doorbell sleeps"] += 1
+            if last is not None and (role, tid) != last:
+                handoffs += 1
+            last = (role, tid)
+    print(f"census over {n} invocations (per invocation)")
+    for what, c in sorted(counts.items()):
+        print(f"  {what:40} {c / n:6.2f}")
+    print(f"  {'thread changes between consecutive marks':40} {handoffs / n:6.2f}")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("dir")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--census", action="store_true")
     args = ap.parse_args()
     procs = load(args.dir)
+    if args.census:
+        census(procs)
     server = worker = None
     for pid, ev in procs.items():
         names = {n for _, _, h, n in ev if h == "step"}

@@ -291,7 +291,28 @@ async fn invocation(
         }
     };
     hop_trace::mark(Hop::Step, "fn-http-resumed");
+    poll_for_next(&f);
     f.finish_invoke(record, result)
+}
+
+/// Once a lone request has its answer, the runtime's thread polls a while for
+/// the next request rather than sleep in the kernel and be woken for it
+/// (where the host has cores for it: [`job::answer_poll`]), so that a client
+/// that sends each request when the last is answered finds it awake, as it
+/// finds the lane and the worker. It yields to the runtime (which looks at
+/// its sockets between) and stops as soon as another request begins.
+fn poll_for_next(f: &Arc<Functions>) {
+    let poll = job::answer_poll();
+    if poll.is_zero() || !f.alone() {
+        return;
+    }
+    let (f, seen) = (Arc::clone(f), f.begun());
+    tokio::spawn(async move {
+        let until = Instant::now() + poll;
+        while f.begun() == seen && Instant::now() < until {
+            tokio::task::yield_now().await;
+        }
+    });
 }
 
 /// The only request in flight polls for its answer a while (where the host

@@ -81,6 +81,10 @@ struct State<T> {
     progress: Progress,
     answer: Option<Result<T, Failure>>,
     waker: Option<Waker>,
+    /// Whether a waiter blocks on the condition variable ([`Pending::wait`]):
+    /// only then is it notified (a futex wake-up, a system call each time),
+    /// not for an HTTP request, which polls or is woken by its waker.
+    blocked: bool,
 }
 
 struct Shared<T> {
@@ -101,9 +105,12 @@ impl<T> Shared<T> {
     /// Tells the waiter, blocked or polling, that the state moved.
     fn notify(&self, mut state: MutexGuard<'_, State<T>>) {
         let waker = state.waker.take();
+        let blocked = state.blocked;
         self.settled.store(true, Ordering::Release);
         drop(state);
-        self.changed.notify_all();
+        if blocked {
+            self.changed.notify_all();
+        }
         if let Some(waker) = waker {
             waker.wake();
         }
@@ -139,6 +146,7 @@ pub fn pair<T>(
             progress: Progress::Queued,
             answer: None,
             waker: None,
+            blocked: false,
         }),
         changed: Condvar::new(),
         settled: AtomicBool::new(false),
@@ -241,6 +249,8 @@ impl<T> Pending<T> {
                 if left.is_zero() {
                     break;
                 }
+                // Under the lock, so the lane's next notify sees it.
+                state.blocked = true;
                 state = self
                     .shared
                     .changed

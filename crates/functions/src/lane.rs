@@ -334,6 +334,11 @@ impl LaneState {
             if self.tenant.1.class == TenantClass::Batch && !self.poll.is_zero() {
                 session.keep_hot(self.poll);
             }
+            // What the lane posts (an invocation's copy in and launches, the
+            // scrub of its buffers after its answer) rings no sleeping worker:
+            // the next call that waits (an invocation's read of its outputs)
+            // rings once for all, and the worker answers once.
+            session.hold_posts(true);
             self.session = Some(session);
             self.generation += 1;
             self.pool.clear();

@@ -5,7 +5,7 @@
 //! finish, which do not wait (its answer is awaited in between).
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -132,6 +132,8 @@ struct Drain {
     since: OnceLock<Instant>,
     /// Requests being served; the lanes read it too.
     in_flight: Arc<AtomicUsize>,
+    /// Requests begun so far.
+    begun: AtomicU64,
 }
 
 /// An invocation queued on its lane ([`Functions::start_invoke`]).
@@ -195,6 +197,7 @@ impl Functions {
     /// Starts serving a request, unless the server is shutting down.
     pub fn begin(&self) -> Result<InFlight<'_>, Failure> {
         self.drain.in_flight.fetch_add(1, Ordering::SeqCst);
+        self.drain.begun.fetch_add(1, Ordering::Relaxed);
         let guard = InFlight(self);
         match self.drain.taking.load(Ordering::SeqCst) {
             true => Ok(guard),
@@ -207,6 +210,12 @@ impl Functions {
     /// Whether one request alone is being served (the caller's own).
     pub fn alone(&self) -> bool {
         self.drain.in_flight.load(Ordering::Relaxed) == 1
+    }
+
+    /// How many requests have begun so far: a number that moves when
+    /// another comes.
+    pub fn begun(&self) -> u64 {
+        self.drain.begun.load(Ordering::Relaxed)
     }
 
     /// Takes no new requests from now on; `at_once`: nor waits for those in

@@ -149,10 +149,13 @@ impl Endpoint {
         self.check_open()?;
         // When the bulk ring is empty, the payload starts over at its beginning:
         // back-to-back copies then reuse the same (mapped, cached) pages instead
-        // of faulting their way through the whole ring.
+        // of faulting their way through the whole ring. Only where it ends
+        // before `at`: the ring never fills by the skip (a full ring tells
+        // the reader that the writer may be waiting for room, and it would
+        // ring a writer asleep for its answer for nothing).
         let cap = self.tx[1].cap;
         let at = self.tx_pos[1] & (cap - 1);
-        let skip = if !bulk.is_empty() && at != 0 && self.free(1)? == cap {
+        let skip = if !bulk.is_empty() && (bulk.len() as u64) < at && self.free(1)? == cap {
             cap - at
         } else {
             0
@@ -171,6 +174,11 @@ impl Endpoint {
         self.stats.messages_sent += 1;
         self.stats.bulk_bytes_sent += bulk.len() as u64;
         Ok(())
+    }
+
+    /// Rings a sleeping peer for what was sent with [`Endpoint::send_quiet`].
+    pub fn ring(&mut self) {
+        self.notify_peer();
     }
 
     /// Receives one message into `msg` and `bulk` (both cleared first), waiting
@@ -551,8 +559,10 @@ mod tests {
         let mut out = vec![0u8; 1000];
         for round in 0..20u8 {
             client.send(b"copy", &pattern(round, 1000)).unwrap();
-            // Each payload lands at the start of the ring: the pages stay the same.
-            assert_eq!(client.tx_pos[1] % SMALL.request_bulk as u64, 1000);
+            // Each payload lands at the start of the ring, or right after the
+            // last where it would fill the ring: the pages stay the same.
+            let end = client.tx_pos[1] % SMALL.request_bulk as u64;
+            assert!(end == 1000 || end == 2000, "round {round}: {end}");
             let mut msg = Vec::new();
             assert_eq!(server.recv_message(&mut msg).unwrap(), 1000);
             server.recv_bulk_into(&mut out).unwrap();
@@ -637,6 +647,41 @@ mod tests {
         assert_eq!(msg, b"answer");
         assert_eq!(server.stats().wakes, wakes + 1, "{:?}", server.stats());
         assert!(client.stats().sleeps >= 2, "{:?}", client.stats());
+    }
+
+    #[test]
+    fn reading_a_payload_that_restarts_the_bulk_ring_rings_no_sleeping_writer() {
+        let (client, mut server) = pair(SMALL, Duration::ZERO);
+        let mut client = Some(client);
+        let (mut msg, mut bulk) = (Vec::new(), Vec::new());
+        for round in 0..6u8 {
+            let mut asking = client.take().unwrap();
+            asking.set_wait_slice(Duration::from_secs(30));
+            // Payloads of one length: one restarted at the ring's beginning
+            // would end exactly where the last began, filling the ring.
+            asking.send(b"request", &pattern(round, 1000)).unwrap();
+            let asker = thread::spawn(move || {
+                let (mut msg, mut bulk) = (Vec::new(), Vec::new());
+                asking.recv(&mut msg, &mut bulk).unwrap();
+                (asking, msg)
+            });
+            thread::sleep(Duration::from_millis(50));
+            let wakes = server.stats().wakes;
+            server.recv(&mut msg, &mut bulk).unwrap();
+            assert_eq!(bulk, pattern(round, 1000));
+            // The asker sleeps for its answer, not for room: reading its request
+            // rings nothing; the answer rings once.
+            assert_eq!(
+                server.stats().wakes,
+                wakes,
+                "round {round}: {:?}",
+                server.stats()
+            );
+            server.send(b"answer", &[]).unwrap();
+            let (asked, msg) = asker.join().unwrap();
+            assert_eq!(msg, b"answer");
+            client = Some(asked);
+        }
     }
 
     #[test]

@@ -558,6 +558,14 @@ pub trait StreamOrdered: Send + Sync {
     fn set_own_stream_priority(&self, priority: i32) {
         let _ = priority;
     }
+    /// Holds posted work back from the doorbell of whoever runs the streams
+    /// (`true`): it is handed over as it comes (taken at once by a runner
+    /// that polls), but a sleeping runner is woken only by the next call that
+    /// waits, so that it wakes once to a batch of work (a function's copy in,
+    /// launches and read of its outputs) and answers once. `false` rings for
+    /// what is held. Ignored where work is not posted to another process.
+    /// The session rings before it waits on its own signals ([`crate::session`]).
+    fn hold_posts(&self, _on: bool) {}
     /// Asks whoever serves this context's calls to poll for the next one for
     /// `spin` instead of sleeping (a latency-critical tenant); ignored where none.
     fn keep_hot(&self, spin: std::time::Duration) {

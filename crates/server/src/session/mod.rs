@@ -113,6 +113,9 @@ pub struct Session {
     /// Whether queuing failed at once since the device was last asked to
     /// synchronize (the failure waits there): then synchronizes ask it.
     enqueue_failed: Cell<bool>,
+    /// Whether its stream order holds posted work back for the next call that
+    /// waits ([`Session::hold_posts`]).
+    posts_held: Cell<bool>,
     /// The worker's error counter ([`ERROR_SLOT`](crate::device::signals::ERROR_SLOT))
     /// when last looked at.
     worker_errors_seen: Cell<u64>,
@@ -405,6 +408,7 @@ impl Session {
             signal_every,
             queued_since_sync: Cell::new(false),
             enqueue_failed: Cell::new(false),
+            posts_held: Cell::new(false),
             worker_errors_seen: Cell::new(0),
             signal_wait,
             latency_critical,
@@ -483,6 +487,31 @@ impl Session {
     pub fn keep_hot(&self, spin: std::time::Duration) {
         if let Ok(ordered) = self.ordered() {
             ordered.keep_hot(spin);
+        }
+    }
+
+    /// Holds the work the session posts back (`true`) until its next call
+    /// that waits for the device, or until `false`, which sends what is held
+    /// (`StreamOrdered::hold_posts`): a functions lane's copy in, launches
+    /// and read of the outputs reach the worker as one batch, answered once.
+    /// Before the session waits on its completion signals (a synchronize
+    /// answered from them, the launch window, the gate) what is held goes.
+    pub fn hold_posts(&self, on: bool) {
+        if self.posts_held.replace(on) != on {
+            if let Ok(ordered) = self.ordered() {
+                ordered.hold_posts(on);
+            }
+        }
+    }
+
+    /// Sends the work held back ([`Session::hold_posts`]) before a wait that
+    /// it may be what ends, holding later work still.
+    fn send_held(&self) {
+        if self.posts_held.get() {
+            if let Ok(ordered) = self.ordered() {
+                ordered.hold_posts(false);
+                ordered.hold_posts(true);
+            }
         }
     }
 

@@ -99,6 +99,8 @@ impl Session {
     /// Without signals (the server's own stream threads) the work goes at once:
     /// those threads ask the gate themselves before they run it.
     fn gated(&mut self, stream: Handle, work: StreamWork) {
+        // The gate may wait for this session's own work to finish.
+        self.send_held();
         let Ok(ordered) = stream_order(&self.threads, &self.ctx) else {
             return;
         };

@@ -116,6 +116,7 @@ impl Session {
             self.worker_errors_seen.set(errors);
             return None;
         }
+        self.send_held();
         let started = std::time::Instant::now();
         while !wanted.iter().all(|&(slot, value)| area.load(slot) >= value) {
             let waited = started.elapsed();

@@ -58,6 +58,7 @@ impl Session {
         if seen >= target {
             return;
         }
+        self.send_held();
         let errors = area.load(ERROR_SLOT);
         let started = Instant::now();
         let _counted = WaitCounted(self, started);

@@ -11,7 +11,7 @@ use std::os::fd::BorrowedFd;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::Child;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -70,6 +70,9 @@ pub struct WorkerContext {
     modules: Mutex<HashMap<ModuleId, (ModuleId, u64)>>,
     /// A failure of stream-ordered work found here, before posting it.
     deferred: Mutex<Option<CuError>>,
+    /// Whether posts go without ringing a sleeping worker
+    /// (`StreamOrdered::hold_posts`).
+    posts_held: AtomicBool,
     /// Where further connections to this worker's context come in, once asked.
     sessions: Mutex<Option<(PathBuf, [u8; NONCE_BYTES])>>,
     /// A signal area to attach once the worker starts: a link to it that
@@ -122,6 +125,7 @@ impl WorkerContext {
             next_module,
             modules: Mutex::new(HashMap::new()),
             deferred: Mutex::new(None),
+            posts_held: AtomicBool::new(false),
             sessions: Mutex::new(None),
             pending_signals: Mutex::new(None),
             member,
@@ -357,6 +361,7 @@ impl WorkerContext {
             next_module: Arc::clone(&self.next_module),
             modules: Mutex::new(HashMap::new()),
             deferred: Mutex::new(None),
+            posts_held: AtomicBool::new(false),
             sessions: Mutex::new(None),
             pending_signals: Mutex::new(None),
             member: None,
@@ -422,7 +427,7 @@ impl WorkerContext {
         let mut slot = lock(&self.conn);
         let conn = self.connection(&mut slot)?;
         let exchanged = (|| -> io::Result<(WorkerReply, Option<std::os::fd::OwnedFd>)> {
-            conn.link.send_message(request)?;
+            conn.send_message(request)?;
             let reply = self.receive(conn)?;
             let fd = match &reply.result {
                 Ok(_) => conn.link.take_fd(),
@@ -458,10 +463,10 @@ impl WorkerContext {
                     let mut all: Vec<&[u8]> = Vec::with_capacity(1 + frames.len());
                     all.push(&bytes);
                     all.extend_from_slice(frames);
-                    conn.link.send_frames(&all)?;
+                    conn.send_frames(&all)?;
                 }
                 Some(fd) => {
-                    conn.link.send_frame_with_fd(&bytes, fd)?;
+                    conn.send_frame_with_fd(&bytes, fd)?;
                     for frame in frames {
                         conn.link.send_frame(frame)?;
                     }
@@ -542,7 +547,7 @@ impl WorkerContext {
         conn: &mut Connection,
         request: &WorkerRequest,
     ) -> Result<WorkerValue, CuError> {
-        conn.link.send_message(request).map_err(worker_err)?;
+        conn.send_message(request).map_err(worker_err)?;
         self.receive(conn).map_err(worker_err)?.result
     }
 
@@ -560,11 +565,12 @@ impl WorkerContext {
         hop_trace::mark(Hop::ServerForward, request.into());
         let sent = (|| -> io::Result<()> {
             let bytes = encode(request).map_err(io_err)?;
-            // The worker wakes once, to the request and its data.
+            // The worker wakes once, to the request and its data (or, while
+            // posts are held, to them with the next request that waits).
             let mut all: Vec<&[u8]> = Vec::with_capacity(1 + frames.len());
             all.push(&bytes);
             all.extend_from_slice(frames);
-            conn.link.send_frames(&all)
+            conn.post_frames(&all, self.posts_held.load(Ordering::Relaxed))
         })();
         drop(slot);
         hop_trace::mark(Hop::Step, "posted");
@@ -1062,6 +1068,15 @@ impl StreamOrdered for WorkerContext {
     fn keep_hot(&self, spin: Duration) {
         let spin_us = u64::try_from(spin.as_micros()).unwrap_or(u64::MAX);
         self.post(&WorkerRequest::KeepHot { spin_us }, &[]);
+    }
+
+    fn hold_posts(&self, on: bool) {
+        self.posts_held.store(on, Ordering::Relaxed);
+        if !on {
+            if let Some(conn) = lock(&self.conn).as_mut() {
+                conn.ring();
+            }
+        }
     }
 
     fn attach_signals(&self, path: &Path) -> Result<(), CuError> {

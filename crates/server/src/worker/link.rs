@@ -12,7 +12,10 @@
 //! bytes on), in the order sent, and the socket carries only descriptors (a
 //! one-byte tag each, sent before the frame that needs it) and liveness: its
 //! hang-up is what tells either side that the other is gone. A refusal, or an
-//! area that cannot be made, leaves the connection on the socket.
+//! area that cannot be made, leaves the connection on the socket. Posts may
+//! be held back from the worker's doorbell ([`Connection::post_frames`]):
+//! published without ringing, for the next request that waits to ring once
+//! for all.
 
 use std::io::{self, BufReader, Read};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
@@ -133,6 +136,37 @@ impl Link {
                 }
                 self.send_frame(last)
             }
+        }
+    }
+
+    /// Sends `frames` in order without ringing a sleeping worker (on shared
+    /// memory; a ring that fills meanwhile rings): the next frame sent with
+    /// [`Link::send_frames`], or [`Link::ring`], wakes it to them.
+    pub fn send_frames_quiet(&mut self, frames: &[&[u8]]) -> io::Result<()> {
+        match &mut self.shm {
+            None => {
+                for frame in frames {
+                    write_frame(&mut self.writer, frame).map_err(frame_err)?;
+                }
+                Ok(())
+            }
+            Some(ep) => {
+                for frame in frames {
+                    match frame.len() >= BULK_THRESHOLD {
+                        true => ep.send_quiet(&[], frame),
+                        false => ep.send_quiet(frame, &[]),
+                    }
+                    .map_err(violation)?;
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// Rings a sleeping peer for frames sent quietly.
+    pub fn ring(&mut self) {
+        if let Some(ep) = &mut self.shm {
+            ep.ring();
         }
     }
 
@@ -269,11 +303,22 @@ fn frame_err(e: FrameError) -> io::Error {
     }
 }
 
-/// The server's end of a connection to a worker: its link, and the buffer
-/// replies are read into.
+/// The server's end of a connection to a worker: its link, the buffer
+/// replies are read into, and whether posts go unrung.
 pub struct Connection {
     pub link: Link,
     pub buf: Vec<u8>,
+    held: Held,
+}
+
+/// Posts held back from the worker's doorbell ([`Connection::post_frames`]):
+/// each published as it comes (a worker that polls takes it at once), a
+/// sleeping worker rung only by the next request that waits for an answer
+/// (or [`Connection::ring`]), so that it wakes once to the whole batch.
+#[derive(Default)]
+struct Held {
+    /// Frames were published without a ring since the last one.
+    unrung: bool,
 }
 
 impl Connection {
@@ -288,7 +333,46 @@ impl Connection {
         Ok(Connection {
             link,
             buf: Vec::new(),
+            held: Held::default(),
         })
+    }
+
+    /// Rings a sleeping worker for what was posted unrung.
+    pub fn ring(&mut self) {
+        if std::mem::take(&mut self.held.unrung) {
+            self.link.ring();
+        }
+    }
+
+    /// Posts `frames` (a request no answer comes for, and its data); `held`:
+    /// without ringing a sleeping worker.
+    pub fn post_frames(&mut self, frames: &[&[u8]], held: bool) -> io::Result<()> {
+        match held {
+            true => {
+                self.held.unrung = true;
+                self.link.send_frames_quiet(frames)
+            }
+            false => self.send_frames(frames),
+        }
+    }
+
+    /// Sends `frames` in order: a sleeping worker is rung once, after the
+    /// last, to them and to whatever was posted unrung before them.
+    pub fn send_frames(&mut self, frames: &[&[u8]]) -> io::Result<()> {
+        self.held.unrung = false;
+        self.link.send_frames(frames)
+    }
+
+    /// Sends `msg`, encoded, as one frame (ringing as [`Connection::send_frames`]).
+    pub fn send_message<T: Serialize>(&mut self, msg: &T) -> io::Result<()> {
+        let bytes = encode(msg).map_err(io_err)?;
+        self.send_frames(&[&bytes])
+    }
+
+    /// Sends one frame with `fd` attached (ringing as [`Connection::send_frames`]).
+    pub fn send_frame_with_fd(&mut self, bytes: &[u8], fd: BorrowedFd<'_>) -> io::Result<()> {
+        self.held.unrung = false;
+        self.link.send_frame_with_fd(bytes, fd)
     }
 
     /// Moves the connection onto shared memory unless `CUMUX_WORKER_TRANSPORT`
@@ -432,6 +516,59 @@ mod tests {
         let seen = peer.join().unwrap();
         assert_eq!(seen.len(), 4);
         assert_eq!(seen[3], b"fd");
+    }
+
+    /// Held posts reach a worker asleep on shared memory only with the next
+    /// request that waits (or a ring): it wakes once, to all of them in order.
+    #[test]
+    fn held_posts_wake_a_sleeping_worker_once_with_the_next_request() {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (server, peer) = switched(move |mut worker| {
+            worker.set_spin(Duration::ZERO);
+            // Its sleeps outlast the test: only a ring (or a hang-up) ends them.
+            if let Some(ep) = &mut worker.shm {
+                ep.set_wait_slice(Duration::from_secs(30));
+            }
+            let mut buf = Vec::new();
+            while worker.recv_frame(&mut buf).is_ok() {
+                tx.send(buf.clone()).unwrap();
+            }
+        });
+        let mut conn = Connection {
+            link: server,
+            buf: Vec::new(),
+            held: Held::default(),
+        };
+        let wakes = |c: &Connection| c.link.shm.as_ref().unwrap().stats().wakes;
+        let quiet = Duration::from_millis(200);
+        // Let the worker fall asleep first.
+        std::thread::sleep(quiet);
+        conn.post_frames(&[b"write", &[7u8; 4096]], true).unwrap();
+        conn.post_frames(&[b"launch"], true).unwrap();
+        assert!(
+            rx.recv_timeout(quiet).is_err(),
+            "a held post woke the worker"
+        );
+        conn.send_frames(&[b"read"]).unwrap();
+        let got: Vec<Vec<u8>> = (0..4)
+            .map(|_| rx.recv_timeout(quiet * 10).unwrap())
+            .collect();
+        assert_eq!(got[0], b"write");
+        assert_eq!(got[1], vec![7u8; 4096]);
+        assert_eq!((&got[2][..], &got[3][..]), (&b"launch"[..], &b"read"[..]));
+        assert_eq!(wakes(&conn), 1);
+        // A held post goes with a ring alone too; an unheld one rings itself.
+        std::thread::sleep(quiet);
+        conn.post_frames(&[b"scrub"], true).unwrap();
+        assert!(rx.recv_timeout(quiet).is_err());
+        conn.ring();
+        assert_eq!(rx.recv_timeout(quiet * 10).unwrap(), b"scrub");
+        std::thread::sleep(quiet);
+        conn.post_frames(&[b"posted"], false).unwrap();
+        assert_eq!(rx.recv_timeout(quiet * 10).unwrap(), b"posted");
+        assert_eq!(wakes(&conn), 3);
+        drop(conn);
+        peer.join().unwrap();
     }
 
     /// A refused offer leaves both sides on the socket.
