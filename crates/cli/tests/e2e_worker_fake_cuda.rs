@@ -281,6 +281,24 @@ fn moved_memory_goes_device_to_device(device: &Arc<dyn cumux_server::Device>) {
     assert_eq!(again, Ok(copied), "a second copy maps the chunks afresh");
     drop(target);
     assert_eq!(device.mem_used(), used);
+    // A target made ready beforehand keeps the addresses free first (its
+    // modules' memory must not land there); placing then maps into them.
+    let ready = device
+        .movable()
+        .unwrap()
+        .create_context_in_window(0)
+        .unwrap();
+    let placed = ready.movable().unwrap();
+    placed.hold(&allocations).unwrap();
+    ready.module_load(&fixture_fatbin()).unwrap();
+    placed.place_all(&allocations).unwrap();
+    let copied = placed_copy::copy_placed(source.as_ref(), placed, &allocations).unwrap();
+    assert_eq!(copied, sizes.iter().sum::<u64>());
+    let (ptr, n) = allocations[2];
+    let mut back = vec![0u8; n as usize];
+    ready.mem_read(ptr, &mut back).unwrap();
+    assert!(back == pattern(2, n), "held, then placed: the bytes arrive");
+    drop(ready);
     for &(ptr, n) in &allocations {
         source.mem_free(ptr, n).unwrap();
     }

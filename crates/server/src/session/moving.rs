@@ -229,7 +229,11 @@ impl Session {
         let modules: Vec<ModuleToLoad> =
             self.modules_to_load(base.as_ref().map(|b| &b.1)).collect();
         let count = modules.len();
-        match Preparing::start(order, ordinal, target, window, modules, base) {
+        let memory: Vec<(DevicePtr, u64)> = match base {
+            Some(_) => Vec::new(),
+            None => self.allocations.iter().map(|(&p, &s)| (p, s)).collect(),
+        };
+        match Preparing::start(order, ordinal, target, window, (modules, memory), base) {
             Ok(preparing) => {
                 let note = format!(
                     "move to device {ordinal}: making the target ready (round {}, {count} modules)",

@@ -41,13 +41,14 @@ pub(super) struct Preparing {
 impl Preparing {
     /// Starts making a context of `target` in address `window` with
     /// `modules` loaded, for `order`: on the one an earlier round made
-    /// (`base`), if any.
+    /// (`base`), if any; a fresh one first keeps the session's `memory`
+    /// ranges for it.
     pub fn start(
         order: Order,
         ordinal: u32,
         target: Arc<dyn Device>,
         window: u32,
-        modules: Vec<ModuleToLoad>,
+        (modules, memory): (Vec<ModuleToLoad>, Vec<(DevicePtr, u64)>),
         base: Option<(u32, Prepared)>,
     ) -> Result<Preparing, (Order, CuError)> {
         let device = Arc::clone(&target);
@@ -55,7 +56,7 @@ impl Preparing {
         let base = base.map(|b| b.1);
         let spawned = std::thread::Builder::new()
             .name("cumux-move".into())
-            .spawn(move || prepare(&*device, window, modules, base));
+            .spawn(move || prepare(&*device, window, modules, &memory, base));
         match spawned {
             Ok(work) => Ok(Preparing {
                 order,
@@ -88,11 +89,14 @@ impl Preparing {
 }
 
 /// The target of a move made ready: a context of `target` in `window` (or
-/// the one `base` made) with `modules` loaded.
+/// the one `base` made) with `modules` loaded. A fresh context first keeps
+/// the addresses of the session's `memory` unused, so that the driver puts
+/// no module's memory where the move must place the session's.
 fn prepare(
     target: &dyn Device,
     window: u32,
     modules: Vec<ModuleToLoad>,
+    memory: &[(DevicePtr, u64)],
     base: Option<Prepared>,
 ) -> Result<Prepared, CuError> {
     let started = Instant::now();
@@ -111,6 +115,13 @@ fn prepare(
     let placed = ctx
         .movable()
         .ok_or_else(|| refused("the target context cannot place memory"))?;
+    if loaded.is_empty() && !memory.is_empty() {
+        // Where they are taken already, the move finds out when it places
+        // them, as it would have without this.
+        if let Err(e) = placed.hold(memory) {
+            tracing::debug!("keeping a moved session's addresses free: {}", e.detail);
+        }
+    }
     for (handle, image, blocks) in modules {
         loaded.insert(handle, placed.module_load_at(&image, &blocks)?);
     }
