@@ -4,7 +4,8 @@
 
 use super::dirty::{add_writes, holds, stops};
 use super::inline::{CHECKS, UNCOUNTED};
-use super::narrow::{narrow_regs, wide_vector_regs};
+use super::narrow::{narrow_regs, uniform_wide_regs, wide_vector_regs};
+use super::needed::needed_in;
 use super::params::{hoist_params, HoistedParams};
 use super::plan::Plan;
 use super::runtime::{
@@ -112,6 +113,23 @@ pub(super) struct Translator<'a, 'f> {
     pub pc_now: u32,
     /// The parameters loaded before the thread loop.
     pub params: HoistedParams,
+    /// What the straight run being emitted knows of its vector-wide
+    /// registers' lanes (`emit_wide`), and of registers whose lanes it
+    /// found consecutive words or not (an I8 condition).
+    pub wfacts: Vec<(u32, WideFact)>,
+    pub wconsecutive: Vec<(u32, Value)>,
+    /// The vector-wide registers that hold one value in every lane all
+    /// along (`narrow::uniform_wide_regs`).
+    pub uniform: Vec<bool>,
+}
+
+/// What is known of a vector-wide register's lanes since its last write in
+/// the straight run being emitted.
+#[derive(Clone, Copy)]
+pub(super) enum WideFact {
+    /// It is a uniform value plus register `root` as it was then (its
+    /// lanes lie as `root`'s: consecutive words exactly when `root`'s are).
+    Offset { root: u32 },
 }
 
 /// The lanes' shared addresses from one base register of a basic block
@@ -192,15 +210,25 @@ pub(super) fn lane_slots(func: &Func, plan: &Plan) -> (Vec<u32>, u32) {
     for &r in &plan.shuffled {
         kept[r as usize] = true;
     }
+    // a narrow register takes one slot, a vector-wide one two (its two
+    // I64X2 halves); the others wait in the threads' register files
+    let narrow = narrow_regs(func);
+    let wide = wide_vector_regs(func, &narrow);
     let mut n = 0;
     let slots = kept
         .iter()
-        .map(|&k| {
-            if !k {
+        .enumerate()
+        .map(|(r, &k)| {
+            let size = match (narrow[r], wide[r]) {
+                (true, _) => 1,
+                (false, true) => 2,
+                _ => 0,
+            };
+            if !k || size == 0 {
                 return u32::MAX;
             }
-            n += 1;
-            n - 1
+            n += size;
+            n - size
         })
         .collect();
     (slots, n)
@@ -243,6 +271,7 @@ impl<'a, 'f> Translator<'a, 'f> {
             .collect();
         let regs = std::mem::take(&mut lane_regs[0]);
         let narrow = narrow_regs(func);
+        let mut uniform = vec![false; func.nregs as usize];
         let (vregs, wregs): (Vec<Option<Variable>>, Vec<Option<[Variable; 2]>>) = if width == 1 {
             (
                 vec![None; func.nregs as usize],
@@ -250,6 +279,7 @@ impl<'a, 'f> Translator<'a, 'f> {
             )
         } else {
             let wide = wide_vector_regs(func, &narrow);
+            uniform = uniform_wide_regs(func, &wide);
             let vregs = narrow
                 .iter()
                 .map(|&n| n.then(|| fb.declare_var(I32X4)))
@@ -359,6 +389,9 @@ impl<'a, 'f> Translator<'a, 'f> {
             vraw: Vec::new(),
             pc_now: 0,
             params,
+            wfacts: Vec::new(),
+            wconsecutive: Vec::new(),
+            uniform,
         };
         // dispatch on the resume point: load its live registers, go on there
         let resume_blocks: Vec<Block> = plan.resumes.iter().map(|_| t.fb.create_block()).collect();
@@ -379,6 +412,7 @@ impl<'a, 'f> Translator<'a, 'f> {
             t.fb.switch_to_block(go);
         }
         t.fb.ins().br_table(resume, table);
+        let needed = needed_in(func, plan);
         for (k, &rb) in resume_blocks.iter().enumerate() {
             t.fb.switch_to_block(rb);
             let pc = plan.resumes[k];
@@ -386,6 +420,9 @@ impl<'a, 'f> Translator<'a, 'f> {
             // the registers live here, and the shuffled ones, which every
             // stop and exit stores again
             let mut loaded = plan.live_in[b].clone();
+            // (of those, the ones the run may read before it writes them:
+            // the others' values are never used)
+            loaded.retain(|&r| holds(&needed[b], r));
             loaded.extend(&plan.shuffled);
             loaded.sort_unstable();
             loaded.dedup();
@@ -400,8 +437,21 @@ impl<'a, 'f> Translator<'a, 'f> {
                     };
                     t.fb.def_var(v, x);
                 }
+                if let (None, Some(halves)) = (t.vregs[r as usize], t.wregs[r as usize]) {
+                    let slot = t.slot_at(r);
+                    for (k, half) in halves.into_iter().enumerate() {
+                        let x = if pc == 0 && plan.fresh_start {
+                            let zero = t.fb.ins().iconst(I64, 0);
+                            t.fb.ins().splat(I64X2, zero)
+                        } else {
+                            let at = slot + 16 * k as i32;
+                            t.fb.ins().load(I64X2, lanes_flags(), t.lane_file, at)
+                        };
+                        t.fb.def_var(half, x);
+                    }
+                }
             }
-            loaded.retain(|&r| t.vregs[r as usize].is_none());
+            loaded.retain(|&r| t.vregs[r as usize].is_none() && t.wregs[r as usize].is_none());
             for &r in &loaded {
                 // (each lane's value goes in below)
                 t.clear_vector(r);
@@ -504,8 +554,8 @@ impl<'a, 'f> Translator<'a, 'f> {
         stored.retain(|&r| holds(&dirty, r));
         let mut to_threads = Vec::new();
         for &r in &stored {
-            match self.vregs[r as usize] {
-                Some(var) => {
+            match (self.vregs[r as usize], self.wregs[r as usize]) {
+                (Some(var), _) => {
                     let slot = self.slot_at(r);
                     let v = self.fb.use_var(var);
                     self.fb.ins().store(lanes_flags(), v, self.lane_file, slot);
@@ -513,7 +563,18 @@ impl<'a, 'f> Translator<'a, 'f> {
                         to_threads.push(r);
                     }
                 }
-                None => to_threads.push(r),
+                (None, Some(halves)) => {
+                    let slot = self.slot_at(r);
+                    for (k, half) in halves.into_iter().enumerate() {
+                        let v = self.fb.use_var(half);
+                        let at = slot + 16 * k as i32;
+                        self.fb.ins().store(lanes_flags(), v, self.lane_file, at);
+                    }
+                    if also.contains(&r) {
+                        to_threads.push(r);
+                    }
+                }
+                (None, None) => to_threads.push(r),
             }
         }
         for lane in 0..self.width as usize {
@@ -547,7 +608,9 @@ impl<'a, 'f> Translator<'a, 'f> {
                 _ => false,
             })
             .count();
-        self.shared_here = (shared_accesses > 1).then(|| {
+        // (the lane kernel's one check lets even one access run as a vector)
+        let checked_once = shared_accesses > 1 || (self.width > 1 && shared_accesses > 0);
+        self.shared_here = checked_once.then(|| {
             let fixed = MemFlagsData::trusted().with_readonly();
             let bytes = self
                 .fb
@@ -608,6 +671,8 @@ impl<'a, 'f> Translator<'a, 'f> {
         self.block_end = end;
         self.vconsts.clear();
         self.vraw.clear();
+        self.wfacts.clear();
+        self.wconsecutive.clear();
         for pc in start..end {
             self.excess = self.counted(pc + 1, end) as i64;
             self.pc_now = pc;
