@@ -195,6 +195,10 @@ impl Translator<'_, '_> {
             }
             Op::Special { d, r } => match r {
                 SReg::Tid(k) => vec![(d, self.tids_at(k as usize % 3))],
+                _ if self.specials.iter().any(|&(s, _)| s == r) => {
+                    let x = self.specials.iter().find(|&&(s, _)| s == r).map(|s| s.1);
+                    vec![(d, x.expect("found"))]
+                }
                 SReg::Ntid(k) | SReg::Ctaid(k) | SReg::Nctaid(k) if k < 3 => {
                     let off = match r {
                         SReg::Ntid(_) => ctx_off!(ntid),

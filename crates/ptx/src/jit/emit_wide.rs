@@ -218,12 +218,23 @@ impl Translator<'_, '_> {
         let Some((v, _)) = self.hoisted_param(addr, size, 1).filter(|_| narrow || wide) else {
             return false;
         };
+        // (made in every lane with the loads, before the group loop)
+        let k = self.params.values.iter().position(|p| p.1 == v);
+        let splat = k.and_then(|k| self.params.splats.get(k).copied());
         if narrow {
-            let x = self.fb.ins().ireduce(I32, v);
-            let x = self.fb.ins().splat(I32X4, x);
+            let x = match splat {
+                Some(x) if size == 4 => x,
+                _ => {
+                    let x = self.fb.ins().ireduce(I32, v);
+                    self.fb.ins().splat(I32X4, x)
+                }
+            };
             self.vdef(d, x, None);
         } else {
-            let x = self.fb.ins().splat(I64X2, v);
+            let x = match splat {
+                Some(x) => x,
+                None => self.fb.ins().splat(I64X2, v),
+            };
             self.wdef(d, [x, x]);
         }
         true

@@ -177,7 +177,11 @@ fn run_grid(g: &Grid<'_>) -> LaunchReport {
                 g.abort.store(true, Ordering::Relaxed);
                 break;
             }
+            if id == claimed - 1 {
+                w.flush(g);
+            }
         }
+        w.flush(g);
         results.outputs(outs);
     };
     on_workers(workers, &work);
@@ -277,6 +281,10 @@ struct Worker {
     /// block starts): the block before exited whole in one run, which
     /// left them so.
     clean: bool,
+    /// Instructions of this worker's blocks not yet in the launch's count:
+    /// where the launch has no budget, each block adds to this one (which
+    /// no other worker touches) and a run of blocks to the launch's.
+    own_count: AtomicU64,
     /// Whether every thread of the running block is ready at one resume
     /// point (`resume[0]`): at its start, and after the whole block
     /// stopped at once at a barrier that waits for all of it.
@@ -321,6 +329,7 @@ impl Worker {
             undo: Vec::new(),
             logged: 0,
             clean: true,
+            own_count: AtomicU64::new(0),
             uniform: false,
             passed: false,
         }
@@ -335,7 +344,11 @@ impl Worker {
         place: impl FnOnce() -> String,
     ) -> Result<(), Fault> {
         let cancelled = || cancelled(g);
-        let (executed, budget) = (&g.executed, g.limits.per_launch);
+        let budget = g.limits.per_launch;
+        let executed = match budget {
+            u64::MAX => &self.own_count,
+            _ => &g.executed,
+        };
         launch_progress(
             executed,
             budget,
@@ -345,6 +358,25 @@ impl Worker {
             done,
             place,
         )
+    }
+
+    /// The count the running block's instructions go to: the launch's,
+    /// or where it has no budget (none to check them against) the
+    /// worker's own until [`Self::flush`].
+    fn counter<'g>(&'g self, g: &'g Grid<'_>) -> &'g AtomicU64 {
+        if g.limits.per_launch == u64::MAX {
+            &self.own_count
+        } else {
+            &g.executed
+        }
+    }
+
+    /// Adds the worker's own count to the launch's (between blocks).
+    fn flush(&self, g: &Grid<'_>) {
+        let n = self.own_count.swap(0, Ordering::Relaxed);
+        if n != 0 {
+            g.executed.fetch_add(n, Ordering::Relaxed);
+        }
     }
 
     fn next_check(g: &Grid<'_>, done: u64) -> u64 {
@@ -375,7 +407,7 @@ impl Worker {
         // ran, into memory that stays while the launch runs.
         unsafe { undo_stores(&self.undo[..self.logged]) };
         g.lanes_off.store(true, Ordering::Relaxed);
-        g.executed.fetch_sub(self.counted, Ordering::Relaxed);
+        self.counter(g).fetch_sub(self.counted, Ordering::Relaxed);
         self.counted = 0;
         self.out.clear();
         self.run_block_once(g, block_id)

@@ -11,7 +11,7 @@ use super::plan::Plan;
 use super::runtime::{
     rt_trap, Ctx, RET_EXIT, RET_FAULT, RET_PARTED, STOP_BARRIER, STOP_BITS, STOP_WARP, STOP_YIELD,
 };
-use crate::ir::{Func, Inst, Op, Sp, Src, NONE};
+use crate::ir::{Func, Inst, Op, SReg, Sp, Src, NONE};
 use cranelift_codegen::ir::condcodes::IntCC;
 use cranelift_codegen::ir::types::{I32, I32X4, I64, I64X2};
 use cranelift_codegen::ir::{
@@ -121,6 +121,9 @@ pub(super) struct Translator<'a, 'f> {
     /// The vector-wide registers that hold one value in every lane all
     /// along (`narrow::uniform_wide_regs`).
     pub uniform: Vec<bool>,
+    /// The lane kernel's `%ntid`, `%ctaid` and `%nctaid` components the
+    /// kernel reads, each in every lane (made before the group loop).
+    pub specials: Vec<(SReg, Value)>,
 }
 
 /// What is known of a vector-wide register's lanes since its last write in
@@ -172,8 +175,12 @@ fn thread_values(
     let reg_off = fb.ins().imul_imm_s(t64, func.nregs as i64 * 8);
     let regs_ptr = fb.ins().iadd(regs_base, reg_off);
     let local_stride = (func.frame_bytes as u64).div_ceil(8) as i64 * 8;
-    let local_off = fb.ins().imul_imm_s(t64, local_stride);
-    let local = fb.ins().iadd(local_base, local_off);
+    let local = if local_stride == 0 {
+        local_base
+    } else {
+        let local_off = fb.ins().imul_imm_s(t64, local_stride);
+        fb.ins().iadd(local_base, local_off)
+    };
     let tid_off = fb.ins().ishl_imm_u(t64, 4);
     let tid_at = fb.ins().iadd(tids, tid_off);
     let fixed = MemFlagsData::trusted().with_readonly();
@@ -295,7 +302,28 @@ impl<'a, 'f> Translator<'a, 'f> {
             .ins()
             .load(I64, MemFlagsData::trusted(), ctx, ctx_off!(instructions));
         fb.def_var(count, n);
-        let params = hoist_params(&mut fb, ctx, ops);
+        let params = hoist_params(&mut fb, ctx, ops, width > 1);
+        // the lane kernel's block-wide special registers, in every lane
+        // (the same for the whole call)
+        let mut specials = Vec::new();
+        if width > 1 {
+            for op in ops {
+                if let Op::Special { r, .. } = *op {
+                    let off = match r {
+                        SReg::Ntid(k) if k < 3 => ctx_off!(ntid) + 4 * k as i32,
+                        SReg::Ctaid(k) if k < 3 => ctx_off!(ctaid) + 4 * k as i32,
+                        SReg::Nctaid(k) if k < 3 => ctx_off!(nctaid) + 4 * k as i32,
+                        _ => continue,
+                    };
+                    if specials.iter().any(|&(s, _)| s == r) {
+                        continue;
+                    }
+                    let fixed = MemFlagsData::trusted().with_readonly();
+                    let x = fb.ins().load(I32, fixed, ctx, off);
+                    specials.push((r, fb.ins().splat(I32X4, x)));
+                }
+            }
+        }
         // the loop over the range's threads: each runs from its resume point
         // to its next stop, its registers and local memory at fixed strides
         // (the lane kernel's loop goes group by group, `width` threads a step)
@@ -321,9 +349,12 @@ impl<'a, 'f> Translator<'a, 'f> {
         // (the lane kernel works out each lane's from lane 0's where used)
         let (vals, tid_ptr) = thread_values(&mut fb, func, first_thread, bases, width == 1);
         let t64 = fb.ins().uextend(I64, first_thread);
-        let id_off = fb.ins().ishl_imm_u(t64, 2);
-        let id_at = fb.ins().iadd(resume_ids, id_off);
-        let resume = fb.ins().load(I32, MemFlagsData::trusted(), id_at, 0);
+        // (a kernel with one resume point, its start, goes there at once)
+        let resume = (plan.resumes.len() > 1).then(|| {
+            let id_off = fb.ins().ishl_imm_u(t64, 2);
+            let id_at = fb.ins().iadd(resume_ids, id_off);
+            fb.ins().load(I32, MemFlagsData::trusted(), id_at, 0)
+        });
         let LaneVals {
             thread,
             regs_ptr,
@@ -392,6 +423,7 @@ impl<'a, 'f> Translator<'a, 'f> {
             wfacts: Vec::new(),
             wconsecutive: Vec::new(),
             uniform,
+            specials,
         };
         // dispatch on the resume point: load its live registers, go on there
         let resume_blocks: Vec<Block> = plan.resumes.iter().map(|_| t.fb.create_block()).collect();
@@ -411,7 +443,14 @@ impl<'a, 'f> Translator<'a, 'f> {
             t.finish_all(RET_PARTED);
             t.fb.switch_to_block(go);
         }
-        t.fb.ins().br_table(resume, table);
+        match resume {
+            Some(resume) => {
+                t.fb.ins().br_table(resume, table);
+            }
+            None => {
+                t.fb.ins().jump(resume_blocks[0], &[]);
+            }
+        }
         let needed = needed_in(func, plan);
         for (k, &rb) in resume_blocks.iter().enumerate() {
             t.fb.switch_to_block(rb);
