@@ -326,7 +326,7 @@ fn accesses_whose_index_is_not_affine_in_the_thread_run_lane_by_lane() {
         };
         assert_eq!(
             out[(255 - i) as usize],
-            (37 * i & 255) * 3 + flags,
+            ((37 * i) & 255) * 3 + flags,
             "thread {i}"
         );
     }
