@@ -280,3 +280,97 @@ fn a_lane_by_lane_op_that_reads_its_own_destination_keeps_it() {
         assert_eq!(got, u32::from(!(3..9).contains(&t)), "thread {t}");
     }
 }
+
+#[test]
+fn two_accesses_off_one_consecutive_index_still_check_their_own_bounds() {
+    let input = words(0..16384);
+    // two blocks of 64: every address inside; four: thread 128's second
+    // access runs past `inp`'s end
+    for (blocks, faults) in [(2u32, false), (4, true)] {
+        let (_, undone) = lane_blocks();
+        let (report, out) = both(
+            "offset_fault",
+            config([blocks, 1, 1], [64, 1, 1], 0),
+            &[words(0..1024), input.clone()],
+            0,
+        );
+        if faults {
+            let fault = report.result.expect_err("thread 128's load faults");
+            assert_eq!(fault.cu_code(), 700, "{fault:?}");
+            let (_, undone_after) = lane_blocks();
+            assert!(undone_after > undone, "the block ran in step first");
+        } else {
+            report.result.expect("every address is in bounds");
+            for (i, &got) in out[..128].iter().enumerate() {
+                assert_eq!(got, i as u32 + 16256 + i as u32, "word {i}");
+            }
+        }
+    }
+}
+
+#[test]
+fn accesses_whose_index_is_not_affine_in_the_thread_run_lane_by_lane() {
+    let (ran, _) = lane_blocks();
+    let (report, out) = both(
+        "flat_gather",
+        config([4, 1, 1], [64, 1, 1], 0),
+        &[vec![], words((0..1024).map(|i| i * 3))],
+        0,
+    );
+    report.result.expect("the kernel runs");
+    for i in 0..256u32 {
+        let flags = match i {
+            0..100 => 321000,
+            201.. => 1000,
+            _ => 0,
+        };
+        assert_eq!(
+            out[(255 - i) as usize],
+            ((37 * i) & 255) * 3 + flags,
+            "thread {i}"
+        );
+    }
+    let (ran_after, _) = lane_blocks();
+    assert!(ran_after >= ran + 8, "the blocks ran in step");
+}
+
+#[test]
+fn a_lone_shared_store_past_the_array_faults_as_the_interpreter() {
+    for which in [0, 1] {
+        let (report, out) = both(
+            "shared_tail",
+            config([2, 1, 1], [64, 1, 1], 256),
+            &[],
+            which,
+        );
+        if which == 0 {
+            report.result.expect("every store is inside the array");
+            for (t, &got) in out[..64].iter().enumerate() {
+                assert_eq!(got, t as u32 + 7, "thread {t}");
+            }
+        } else {
+            let fault = report.result.expect_err("the last thread's store faults");
+            assert_eq!(fault.cu_code(), 700, "{fault:?}");
+        }
+    }
+}
+
+#[test]
+fn a_lane_varying_value_plus_a_consecutive_address_is_checked_again() {
+    let (report, out) = both(
+        "offset_mixed",
+        config([4, 1, 1], [64, 1, 1], 0),
+        &[words(0..2048)],
+        0,
+    );
+    report.result.expect("the kernel runs");
+    for i in 0..256u32 {
+        let (own, far) = (i as usize, i as usize + 1024);
+        if i % 2 == 0 {
+            assert_eq!(out[own], i + 6, "word {i}: 1 and 5 added");
+        } else {
+            assert_eq!(out[own], i + 1, "word {i}: 1 added");
+            assert_eq!(out[far], far as u32 + 5, "word {far}: 5 added");
+        }
+    }
+}

@@ -66,6 +66,36 @@ impl Translator<'_, '_> {
                 };
                 vec![(d, v)]
             }
+            Op::Int { op, t, d, a, b }
+                if t.bits() < 32
+                    && !t.is_float()
+                    && matches!(
+                        op,
+                        IntOp::Add
+                            | IntOp::Sub
+                            | IntOp::MulLo
+                            | IntOp::And
+                            | IntOp::Or
+                            | IntOp::Xor
+                    ) =>
+            {
+                // narrower than the lanes (predicates, 8 and 16 bits):
+                // the 32-bit result cut to the type's bits, as the
+                // interpreter cuts it
+                let (x, y) = (self.vsrc(a), self.vsrc(b));
+                let ins = self.fb.ins();
+                let v = match op {
+                    IntOp::Add => ins.iadd(x, y),
+                    IntOp::Sub => ins.isub(x, y),
+                    IntOp::MulLo => ins.imul(x, y),
+                    IntOp::And => ins.band(x, y),
+                    IntOp::Or => ins.bor(x, y),
+                    _ => ins.bxor(x, y),
+                };
+                let mask = self.fb.ins().iconst(I32, t.mask() as u32 as i64);
+                let mask = self.fb.ins().splat(I32X4, mask);
+                vec![(d, self.fb.ins().band(v, mask))]
+            }
             Op::Tern {
                 op: TernOp::MadLo,
                 t,
@@ -164,20 +194,10 @@ impl Translator<'_, '_> {
                 out
             }
             Op::Special { d, r } => match r {
-                SReg::Tid(k) => {
-                    let lane = self.lane;
-                    let lanes: Vec<Value> = (0..self.width as usize)
-                        .map(|l| {
-                            self.set_lane(l);
-                            self.tid_at(k as usize % 3)
-                        })
-                        .collect();
-                    self.set_lane(lane);
-                    let mut v = self.fb.ins().splat(I32X4, lanes[0]);
-                    for (i, &x) in lanes.iter().enumerate().skip(1) {
-                        v = self.fb.ins().insertlane(v, x, i as u8);
-                    }
-                    vec![(d, v)]
+                SReg::Tid(k) => vec![(d, self.tids_at(k as usize % 3))],
+                _ if self.specials.iter().any(|&(s, _)| s == r) => {
+                    let x = self.specials.iter().find(|&&(s, _)| s == r).map(|s| s.1);
+                    vec![(d, x.expect("found"))]
                 }
                 SReg::Ntid(k) | SReg::Ctaid(k) | SReg::Nctaid(k) if k < 3 => {
                     let off = match r {

@@ -2,7 +2,7 @@
 //! address arithmetic as two vectors of 64-bit lanes, parameter loads as one value for every lane.
 
 use super::runtime::window_base;
-use super::translate::Translator;
+use super::translate::{Translator, WideFact};
 use crate::ir::{Address, IntOp, Op, Src, Ty, NONE};
 use cranelift_codegen::ir::condcodes::IntCC;
 use cranelift_codegen::ir::types::{I32, I32X4, I64, I64X2};
@@ -83,7 +83,56 @@ impl Translator<'_, '_> {
             return false;
         };
         self.wdef(dst, halves);
+        if let Some(fact) = self.wide_fact_of(op) {
+            self.wfacts.push((dst, fact));
+        }
         true
+    }
+
+    /// What is known of the lanes of the register op `op` (emitted as
+    /// vector ops) writes, from what is known of its sources.
+    fn wide_fact_of(&self, op: &Op) -> Option<WideFact> {
+        let uniform = |s: Src| match s {
+            Src::Imm(_) => true,
+            Src::Reg(r) => self.uniform[r as usize],
+            Src::Frame(_) => false,
+        };
+        // a uniform value added keeps how the lanes lie
+        let offset = |s: Src| match s {
+            Src::Reg(r) => Some(match self.wide_fact(r) {
+                Some(WideFact::Offset { root }) => WideFact::Offset { root },
+                _ => WideFact::Offset { root: r },
+            }),
+            _ => None,
+        };
+        match *op {
+            Op::Int {
+                op: IntOp::Add,
+                a,
+                b,
+                ..
+            } if uniform(a) => offset(b),
+            Op::Int {
+                op: IntOp::Add | IntOp::Sub,
+                a,
+                b,
+                ..
+            } if uniform(b) => offset(a),
+            _ => None,
+        }
+    }
+
+    /// What the run knows of register `r`'s lanes.
+    fn wide_fact(&self, r: u32) -> Option<WideFact> {
+        self.wfacts.iter().rev().find(|f| f.0 == r).map(|f| f.1)
+    }
+
+    /// Drops what the run knew of register `r` and of those whose lanes
+    /// lie as its did (it is about to be written).
+    pub(super) fn forget_wide(&mut self, r: u32) {
+        self.wfacts
+            .retain(|&(d, f)| d != r && !matches!(f, WideFact::Offset { root } if root == r));
+        self.wconsecutive.retain(|&(root, _)| root != r);
     }
 
     /// Sets vector-wide register `d` to `halves` for every lane.
@@ -169,12 +218,23 @@ impl Translator<'_, '_> {
         let Some((v, _)) = self.hoisted_param(addr, size, 1).filter(|_| narrow || wide) else {
             return false;
         };
+        // (made in every lane with the loads, before the group loop)
+        let k = self.params.values.iter().position(|p| p.1 == v);
+        let splat = k.and_then(|k| self.params.splats.get(k).copied());
         if narrow {
-            let x = self.fb.ins().ireduce(I32, v);
-            let x = self.fb.ins().splat(I32X4, x);
+            let x = match splat {
+                Some(x) if size == 4 => x,
+                _ => {
+                    let x = self.fb.ins().ireduce(I32, v);
+                    self.fb.ins().splat(I32X4, x)
+                }
+            };
             self.vdef(d, x, None);
         } else {
-            let x = self.fb.ins().splat(I64X2, v);
+            let x = match splat {
+                Some(x) => x,
+                None => self.fb.ins().splat(I64X2, v),
+            };
             self.wdef(d, [x, x]);
         }
         true
@@ -194,6 +254,16 @@ impl Translator<'_, '_> {
             at = at.map(|h| self.fb.ins().iadd(h, off));
         }
         let first = self.fb.ins().extractlane(at[0], 0);
+        // a base that is a uniform value plus a register whose lanes were
+        // found consecutive (or not) in this run lies the same way
+        let root = match self.wide_fact(r) {
+            Some(WideFact::Offset { root }) => Some(root),
+            _ => None,
+        };
+        let known = root.and_then(|root| self.wconsecutive.iter().find(|c| c.0 == root));
+        if let Some(&(_, consecutive)) = known {
+            return Some((at, first, consecutive));
+        }
         let all_first = self.fb.ins().splat(I64X2, first);
         let mut same = None;
         for (k, words) in [[0u64, 4], [8, 12]].into_iter().enumerate() {
@@ -208,6 +278,9 @@ impl Translator<'_, '_> {
             });
         }
         let consecutive = self.fb.ins().vall_true(same.expect("two halves"));
+        if let Some(root) = root {
+            self.wconsecutive.push((root, consecutive));
+        }
         Some((at, first, consecutive))
     }
 }

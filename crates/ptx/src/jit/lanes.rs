@@ -4,7 +4,7 @@
 
 use super::plan::one_at_a_time;
 use super::runtime::{Ctx, RET_FAULT, RET_PARTED, STOP_BARRIER, STOP_BITS, STOP_YIELD};
-use super::translate::{ctx_off, Translator};
+use super::translate::{ctx_off, lanes_flags, Translator};
 use crate::ir::{Inst, Op, NONE};
 use cranelift_codegen::ir::condcodes::IntCC;
 use cranelift_codegen::ir::types::{I32, I32X4, I64, I64X2, I8};
@@ -51,9 +51,19 @@ impl Translator<'_, '_> {
         if self.width == 1 {
             return self.tid[k];
         }
+        // the lane kernel's `%tid`s lie component by component, a group's
+        // x of each lane, then y, then z (`KernelFn`)
         let fixed = MemFlagsData::trusted().with_readonly();
-        let off = (self.lane * 16 + k * 4) as i32;
+        let off = (k * 16 + self.lane * 4) as i32;
         self.fb.ins().load(I32, fixed, self.tid_ptr, off)
+    }
+
+    /// Every lane's `%tid` component `k` (an I32X4): one load.
+    pub(super) fn tids_at(&mut self, k: usize) -> Value {
+        let fixed = lanes_flags().with_readonly();
+        self.fb
+            .ins()
+            .load(I32X4, fixed, self.tid_ptr, (k * 16) as i32)
     }
 
     /// `v`, lane 0's, moved on by `step` bytes for each lane before the
@@ -99,6 +109,11 @@ impl Translator<'_, '_> {
     /// a copy run them unchecked: for the thread loop its running thread's,
     /// for the lane kernel every lane's.
     pub(super) fn lanes_shared_check(&mut self, start: u32, end: u32) -> Option<(Vec<u32>, Value)> {
+        if self.width > 1 {
+            if let Some(once) = self.lanes_span_check(start, end) {
+                return Some(once);
+            }
+        }
         let mut all: Option<(Vec<u32>, Value)> = None;
         for k in 0..self.width as usize {
             self.set_lane(k);
@@ -115,6 +130,8 @@ impl Translator<'_, '_> {
     /// basic block.
     pub(super) fn lane_inst(&mut self, pc: u32) -> bool {
         let inst = &self.func.code[pc as usize];
+        // what the run knew of the registers this writes no longer holds
+        inst.op.for_each_dst(|d| self.forget_wide(d));
         let agree = self.lanes_agree(inst);
         let next = self.next_block(pc);
         match inst.op {

@@ -133,19 +133,29 @@ fn worker_count(limits: &LaunchLimits<'_>, blocks: u64, threads: u64) -> usize {
 
 fn run_grid(g: &Grid<'_>) -> LaunchReport {
     let total: u64 = g.cfg.grid.iter().map(|&v| v as u64).product();
+    let threads: u64 = g.cfg.block.iter().map(|&v| v as u64).product();
+    let workers = worker_count(g.limits, total, threads);
+    let chunk = claim_chunk(total, workers);
     let next = AtomicU64::new(0);
     let results = BlockResults::default();
     let work = |smid: u32| {
         let mut w = Worker::new(g, smid);
         let mut outs = Vec::new();
+        let (mut id, mut claimed) = (0, 0);
         loop {
             if g.abort.load(Ordering::Relaxed) {
                 break;
             }
-            let id = next.fetch_add(1, Ordering::Relaxed);
+            if id == claimed {
+                id = next.fetch_add(chunk, Ordering::Relaxed);
+                claimed = id.saturating_add(chunk);
+            }
             if id >= total {
                 break;
             }
+            let this = id;
+            id += 1;
+            let id = this;
             if cancelled(g) {
                 results.fault(id, Fault::Cancelled("before a block started".into()));
                 g.abort.store(true, Ordering::Relaxed);
@@ -167,16 +177,27 @@ fn run_grid(g: &Grid<'_>) -> LaunchReport {
                 g.abort.store(true, Ordering::Relaxed);
                 break;
             }
+            if id == claimed - 1 {
+                w.flush(g);
+            }
         }
+        w.flush(g);
         results.outputs(outs);
     };
-    let threads: u64 = g.cfg.block.iter().map(|&v| v as u64).product();
-    let workers = worker_count(g.limits, total, threads);
     on_workers(workers, &work);
     results.report(
         g.executed.load(Ordering::Relaxed),
         printf_launch_limit(g.limits.printf_fifo),
     )
+}
+
+/// Blocks a worker takes at a time: one while the grid is small (the
+/// interpreter's order of blocks), up to 16 where each worker gets 16 such
+/// chunks at least (the counter the workers share is then touched once
+/// every 16 blocks, not once a block: a 1 M-element vector add's 4,096
+/// short blocks spent a tenth of their time on it).
+fn claim_chunk(total: u64, workers: usize) -> u64 {
+    (total / (workers as u64 * 16)).clamp(1, 16)
 }
 
 /// Blocks of this process that ran through lane kernels, and that were
@@ -190,6 +211,25 @@ pub fn lane_blocks() -> (u64, u64) {
         LANE_BLOCKS[0].load(Ordering::Relaxed),
         LANE_BLOCKS[1].load(Ordering::Relaxed),
     )
+}
+
+/// The `%tid`s of a block of `block` threads as the lane kernel reads them:
+/// for each group of [`LANES`], its lanes' x, then y, then z, then zeros
+/// (none where the block is not whole groups: lanes never run it).
+fn lane_tids(block: [u32; 3]) -> Vec<[u32; 4]> {
+    let [x, y, _] = block.map(|d| d.max(1));
+    let n = block.iter().product::<u32>();
+    if !n.is_multiple_of(LANES) {
+        return Vec::new();
+    }
+    let tid = |lin: u32| [lin % x, (lin / x) % y, lin / (x * y)];
+    (0..n / LANES)
+        .flat_map(|group| {
+            let lanes: Vec<[u32; 3]> = (0..LANES).map(|k| tid(group * LANES + k)).collect();
+            let part = |c: usize| [0, 1, 2, 3].map(|k| lanes[k][c]);
+            [part(0), part(1), part(2), [0; 4]]
+        })
+        .collect()
 }
 
 /// Why a block's lane kernel gave up (it runs again on the thread loop).
@@ -211,8 +251,11 @@ struct Worker {
     gcache: Vec<GlobalEntry>,
     resume: Vec<u32>,
     state: Vec<State>,
-    /// Each thread's `%tid` (x, y, z, 0), and the stop code of its last run.
+    /// Each thread's `%tid` (x, y, z, 0), the same for the lane kernel
+    /// (each group's x, y and z of its lanes, then zeros: `KernelFn`), and
+    /// the stop code of each thread's last run.
     tids: Vec<[u32; 4]>,
+    lane_tids: Vec<[u32; 4]>,
     codes: Vec<u32>,
     ctaid: [u32; 3],
     /// The worker's index (`%smid`).
@@ -234,6 +277,20 @@ struct Worker {
     lanes_now: bool,
     undo: Vec<Logged>,
     logged: usize,
+    /// Whether every thread's state is ready and its resume point 0 (as a
+    /// block starts): the block before exited whole in one run, which
+    /// left them so.
+    clean: bool,
+    /// Instructions of this worker's blocks not yet in the launch's count:
+    /// where the launch has no budget, each block adds to this one (which
+    /// no other worker touches) and a run of blocks to the launch's.
+    own_count: AtomicU64,
+    /// Whether every thread of the running block is ready at one resume
+    /// point (`resume[0]`): at its start, and after the whole block
+    /// stopped at once at a barrier that waits for all of it.
+    uniform: bool,
+    /// Whether the block's last run was all of it passing such a barrier.
+    passed: bool,
 }
 
 impl Worker {
@@ -255,6 +312,7 @@ impl Worker {
                     [lin % x, (lin / x) % y, lin / (x * y), 0]
                 })
                 .collect(),
+            lane_tids: lane_tids(g.cfg.block),
             codes: vec![0; n],
             ctaid: [0; 3],
             smid,
@@ -270,6 +328,10 @@ impl Worker {
             lanes_now: false,
             undo: Vec::new(),
             logged: 0,
+            clean: true,
+            own_count: AtomicU64::new(0),
+            uniform: false,
+            passed: false,
         }
     }
 
@@ -282,7 +344,11 @@ impl Worker {
         place: impl FnOnce() -> String,
     ) -> Result<(), Fault> {
         let cancelled = || cancelled(g);
-        let (executed, budget) = (&g.executed, g.limits.per_launch);
+        let budget = g.limits.per_launch;
+        let executed = match budget {
+            u64::MAX => &self.own_count,
+            _ => &g.executed,
+        };
         launch_progress(
             executed,
             budget,
@@ -292,6 +358,25 @@ impl Worker {
             done,
             place,
         )
+    }
+
+    /// The count the running block's instructions go to: the launch's,
+    /// or where it has no budget (none to check them against) the
+    /// worker's own until [`Self::flush`].
+    fn counter<'g>(&'g self, g: &'g Grid<'_>) -> &'g AtomicU64 {
+        if g.limits.per_launch == u64::MAX {
+            &self.own_count
+        } else {
+            &g.executed
+        }
+    }
+
+    /// Adds the worker's own count to the launch's (between blocks).
+    fn flush(&self, g: &Grid<'_>) {
+        let n = self.own_count.swap(0, Ordering::Relaxed);
+        if n != 0 {
+            g.executed.fetch_add(n, Ordering::Relaxed);
+        }
     }
 
     fn next_check(g: &Grid<'_>, done: u64) -> u64 {
@@ -322,7 +407,7 @@ impl Worker {
         // ran, into memory that stays while the launch runs.
         unsafe { undo_stores(&self.undo[..self.logged]) };
         g.lanes_off.store(true, Ordering::Relaxed);
-        g.executed.fetch_sub(self.counted, Ordering::Relaxed);
+        self.counter(g).fetch_sub(self.counted, Ordering::Relaxed);
         self.counted = 0;
         self.out.clear();
         self.run_block_once(g, block_id)
@@ -345,8 +430,14 @@ impl Worker {
         }
         self.local.fill(0);
         self.shared.fill(0);
-        self.resume.fill(0);
-        self.state.fill(State::Ready);
+        if !self.clean {
+            self.resume.fill(0);
+            self.state.fill(State::Ready);
+        }
+        // (clean again only where the whole block exits at once)
+        self.uniform = true;
+        self.passed = false;
+        self.clean = false;
         // every thread starts with zeros (or reads none), as does the lane file
         if self.lanes_now && !g.kernel.fresh_start {
             self.lane_file.fill(0);
@@ -401,6 +492,9 @@ impl Worker {
                 if let Err(e) = self.run_ready(g, &mut ctx, 0, n) {
                     break 'block Err(e);
                 }
+                if std::mem::take(&mut self.passed) {
+                    continue;
+                }
             }
             for w in (0..warps).filter(|_| g.kernel.collectives) {
                 loop {
@@ -434,7 +528,7 @@ impl Worker {
                 arrivals: &mut ctx.arrivals,
             };
             let progressed = waiters.resolve(alive)
-                || {
+                || g.kernel.collectives && {
                     let mut lanes = Lanes {
                         kernel: g.kernel,
                         state: &mut self.state,
@@ -451,6 +545,12 @@ impl Worker {
             if !progressed {
                 break Err(self.deadlock(g));
             }
+            // (after a yield, the whole block together again past a barrier,
+            // every thread ready: the next stops can take it at once)
+            self.uniform = !g.kernel.collectives
+                && self.exited == 0
+                && self.waiting == 0
+                && self.resume.iter().all(|&r| r == self.resume[0]);
         };
         self.instructions = ctx.instructions;
         self.out = std::mem::take(&mut ctx.out);
@@ -486,11 +586,12 @@ impl Worker {
                 let r = self.resume[t];
                 // (a group's threads always stop together: its first one
                 // speaks for it)
-                let all_ready = self.state[t..upto]
-                    .iter()
-                    .step_by(lanes)
-                    .all(|&s| s == State::Ready)
-                    && self.resume[t..upto].iter().step_by(lanes).all(|&x| x == r);
+                let all_ready = self.uniform
+                    || self.state[t..upto]
+                        .iter()
+                        .step_by(lanes)
+                        .all(|&s| s == State::Ready)
+                        && self.resume[t..upto].iter().step_by(lanes).all(|&x| x == r);
                 if all_ready && t.is_multiple_of(lanes) && upto > t {
                     t = self.run_lanes(g, ctx, group, t, upto)?;
                     continue;
@@ -523,15 +624,17 @@ impl Worker {
         t: usize,
         end: usize,
     ) -> Result<usize, Fault> {
-        let stop = self.call(g.kernel.entry, ctx, t, end);
+        let stop = self.call(g.kernel.entry, false, ctx, t, end);
         let stop = stop.clamp(t + 1, end);
         self.stops(g, ctx, t, stop, 1)?;
         Ok(stop)
     }
 
-    /// Calls compiled code `f` (the thread loop or the lane kernel) for
-    /// threads `t..end`; the thread its run stopped after, as it says.
-    fn call(&mut self, f: KernelFn, ctx: &mut Ctx<'_>, t: usize, end: usize) -> usize {
+    /// Calls compiled code `f` (the thread loop, or the lane kernel where
+    /// `lanes`) for threads `t..end`; the thread its run stopped after, as
+    /// it says.
+    fn call(&mut self, f: KernelFn, lanes: bool, ctx: &mut Ctx<'_>, t: usize, end: usize) -> usize {
+        let tids = if lanes { &self.lane_tids } else { &self.tids };
         // SAFETY: `f` is the block's thread loop or its lane kernel, both
         // compiled for this kernel: it gets this block's live context, the
         // register files (`nregs` each, or for the lane kernel `nregs`
@@ -547,7 +650,7 @@ impl Worker {
                 t as u32,
                 end as u32,
                 self.resume.as_ptr(),
-                self.tids.as_ptr(),
+                tids.as_ptr(),
                 self.codes.as_mut_ptr(),
             )
         };
@@ -574,7 +677,7 @@ impl Worker {
         t: usize,
         end: usize,
     ) -> Result<usize, Fault> {
-        let stop = self.call(group, ctx, t, end);
+        let stop = self.call(group, true, ctx, t, end);
         let stop = stop.clamp(t + LANES as usize, end);
         if self.codes[stop - 1] == RET_PARTED {
             return Err(parted());
@@ -584,8 +687,10 @@ impl Worker {
     }
 
     /// Takes the stop codes of threads `t..stop`, which stop alike `step`
-    /// by `step`: in bulk where all exited or all wait at one barrier (as
-    /// a block mostly does), else one by one.
+    /// by `step`: in bulk where all exited
+    /// or all wait at one barrier (as a block mostly does; where that is
+    /// the whole block at a barrier for all of it, it passes at once),
+    /// else one by one.
     fn stops(
         &mut self,
         g: &Grid<'_>,
@@ -596,9 +701,36 @@ impl Worker {
     ) -> Result<(), Fault> {
         // (threads in step, `step` of them, all stop alike)
         let code = self.codes[t];
-        let same = self.codes[t..stop].iter().step_by(step).all(|&c| c == code);
+        // (a group's threads stop alike: its first speaks for it)
+        let codes = &self.codes[t..stop];
+        let (mut same, mut k) = (true, 0);
+        while k < codes.len() {
+            same &= codes[k] == code;
+            k += step;
+        }
         let at_barrier =
             code != RET_EXIT && code != RET_FAULT && code & ((1 << STOP_BITS) - 1) == STOP_BARRIER;
+        let whole = self.uniform && t == 0 && stop == self.state.len() && !g.kernel.collectives;
+        self.uniform = false;
+        if same && code == RET_EXIT && whole {
+            // the whole block exited at once: nothing reads the states
+            // again, which stay ready for the next block (its resume
+            // points 0)
+            self.exited += stop;
+            if self.resume[0] != 0 {
+                self.resume.fill(0);
+            }
+            self.clean = true;
+            return Ok(());
+        }
+        if same && at_barrier && whole && g.kernel.plain_barriers && self.exited == 0 {
+            // the whole block waits at a barrier for all of it: it
+            // completes at once, every thread ready after it
+            self.resume.fill(code >> STOP_BITS);
+            self.uniform = true;
+            self.passed = true;
+            return Ok(());
+        }
         if same && code == RET_EXIT {
             self.state[t..stop].fill(State::Exited);
             self.exited += stop - t;

@@ -16,6 +16,7 @@ mod inline;
 mod lanes;
 mod launch;
 mod narrow;
+mod needed;
 mod params;
 mod plan;
 mod runtime;

@@ -23,6 +23,55 @@ pub(super) fn wide_vector_regs(f: &Func, narrow: &[bool]) -> Vec<bool> {
     shrink(f, wide, |op, wide| writes_wide(op, narrow, wide))
 }
 
+/// Which vector-wide registers of `f` (`wide`) hold one value in every
+/// lane of a group all along: each write of one is unguarded and makes it
+/// from such registers and immediates alone (8-byte parameter loads,
+/// `cvta`, 64-bit moves, adds, subtractions and shifts by a constant); a
+/// thread starts with 0 in each.
+pub(super) fn uniform_wide_regs(f: &Func, wide: &[bool]) -> Vec<bool> {
+    let mut set = wide.to_vec();
+    loop {
+        let mut changed = false;
+        for inst in &f.code {
+            let is = |s: Src| match s {
+                Src::Reg(r) => set.get(r as usize) == Some(&true),
+                Src::Imm(_) => true,
+                Src::Frame(_) => false,
+            };
+            let keeps = inst.guard == NONE
+                && match inst.op {
+                    Op::Ld {
+                        addr,
+                        size: 8,
+                        n: 1,
+                        ..
+                    } => addr.sp == crate::ir::Sp::Param && matches!(addr.base, Src::Imm(_)),
+                    Op::Cvta { a, .. } => is(a),
+                    Op::Mov { a, mask, .. } => mask == u64::MAX && is(a),
+                    Op::Int { op, t, a, b, .. } if t.bits() == 64 && !t.is_float() => match op {
+                        IntOp::Add | IntOp::Sub => is(a) && is(b),
+                        IntOp::Shl => is(a) && matches!(b, Src::Imm(_)),
+                        _ => false,
+                    },
+                    _ => false,
+                };
+            let mut out = Vec::new();
+            inst.op.for_each_dst(|d| {
+                if d != NONE && set.get(d as usize) == Some(&true) && !keeps {
+                    out.push(d);
+                }
+            });
+            for d in out {
+                set[d as usize] = false;
+                changed = true;
+            }
+        }
+        if !changed {
+            return set;
+        }
+    }
+}
+
 /// Takes out of `set`, until nothing changes, every register that some op
 /// writes where `keeps(op, set)` says the op does not keep it in the set.
 fn shrink(f: &Func, mut set: Vec<bool>, keeps: impl Fn(&Op, &[bool]) -> bool) -> Vec<bool> {

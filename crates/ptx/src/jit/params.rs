@@ -4,7 +4,7 @@
 use super::runtime::Ctx;
 use crate::ir::{Op, Sp, Src};
 use cranelift_codegen::ir::condcodes::IntCC;
-use cranelift_codegen::ir::types::I64;
+use cranelift_codegen::ir::types::{I32, I32X4, I64, I64X2};
 use cranelift_codegen::ir::{InstBuilder, MemFlagsData, Value};
 use cranelift_frontend::FunctionBuilder;
 use std::mem::offset_of;
@@ -20,11 +20,20 @@ pub(super) struct HoistedParams {
     pub all_in: Option<Value>,
     /// The end of the furthest of them.
     pub extent: u64,
+    /// For the lane kernel, each value in every lane (an I64X2 for 8
+    /// bytes, an I32X4 for fewer), made once with the loads.
+    pub splats: Vec<Value>,
 }
 
 /// Loads the parameters `ops` read at fixed, aligned addresses (at most 64
 /// of them), at the point `fb` is at.
-pub(super) fn hoist_params(fb: &mut FunctionBuilder<'_>, ctx: Value, ops: &[Op]) -> HoistedParams {
+/// The lane kernel (`lanes`) also gets each in every lane.
+pub(super) fn hoist_params(
+    fb: &mut FunctionBuilder<'_>,
+    ctx: Value,
+    ops: &[Op],
+    lanes: bool,
+) -> HoistedParams {
     let mut wanted: Vec<(u64, u32)> = Vec::new();
     for op in ops {
         if let Op::Ld {
@@ -46,6 +55,7 @@ pub(super) fn hoist_params(fb: &mut FunctionBuilder<'_>, ctx: Value, ops: &[Op])
             values: Vec::new(),
             all_in: None,
             extent,
+            splats: Vec::new(),
         };
     }
     let fixed = MemFlagsData::trusted().with_readonly();
@@ -58,7 +68,7 @@ pub(super) fn hoist_params(fb: &mut FunctionBuilder<'_>, ctx: Value, ops: &[Op])
     let all_in = fb
         .ins()
         .icmp_imm_u(IntCC::UnsignedGreaterThanOrEqual, len, extent as i64);
-    let values = wanted
+    let values: Vec<((u64, u32), Value)> = wanted
         .into_iter()
         .map(|(at, size)| {
             let off = at as i32;
@@ -71,9 +81,22 @@ pub(super) fn hoist_params(fb: &mut FunctionBuilder<'_>, ctx: Value, ops: &[Op])
             ((at, size), v)
         })
         .collect();
+    let splats = values
+        .iter()
+        .filter(|_| lanes)
+        .map(|&((_, size), v)| {
+            if size == 8 {
+                fb.ins().splat(I64X2, v)
+            } else {
+                let x = fb.ins().ireduce(I32, v);
+                fb.ins().splat(I32X4, x)
+            }
+        })
+        .collect();
     HoistedParams {
         values,
         all_in: Some(all_in),
         extent,
+        splats,
     }
 }

@@ -35,7 +35,10 @@ pub(super) const STOP_WARP: u32 = 2;
 /// from its resume point (`resume_ids[t]`) to its next barrier, warp
 /// collective, yield, exit or fault. Thread `t`'s registers are the `nregs`
 /// words from `regs + 8 nregs t`, its local memory the frame's bytes
-/// (rounded to words) from `local + t` frames, its `%tid` at `tids + 16 t`.
+/// (rounded to words) from `local + t` frames, its `%tid` at `tids + 16 t`
+/// (for the lane kernel component by component: the x of each of a
+/// group's [`super::lanes::LANES`] threads at `tids + 16 t` of its first,
+/// then their y, then their z, each 16 bytes).
 /// Its stop goes to `codes[t]`: `resume_id << STOP_BITS | STOP_*`,
 /// [`RET_EXIT`] or [`RET_FAULT`]. It returns the end of the threads it ran:
 /// `end`, or one past a thread that yielded or faulted.

@@ -86,8 +86,46 @@ impl Translator<'_, '_> {
     /// covers and that check (an I8 condition: all of them in bounds and
     /// aligned), if there are at least two; `shared_here` must be set.
     pub(super) fn shared_block_check(&mut self, start: u32, end: u32) -> Option<(Vec<u32>, Value)> {
+        self.shared_span_check(start, end, 2, 0)
+    }
+
+    /// The lane kernel's one check for all its lanes of basic block
+    /// `start..end`'s covered shared accesses (even one), made on the
+    /// first lane with its span `12` bytes longer: it holds for every lane
+    /// once [`Self::lanes_regular`] says each base's lanes are consecutive
+    /// words (the last lane 12 bytes on) or all the same. Only where each
+    /// base is a narrow register or an immediate and no access needs more
+    /// than word alignment (a lane 4 bytes on keeps the first's); else
+    /// `None` (each lane is checked).
+    pub(super) fn lanes_span_check(&mut self, start: u32, end: u32) -> Option<(Vec<u32>, Value)> {
         let (pcs, groups) = groups(self.ops, start, end);
-        if pcs.len() < 2 {
+        let simple = groups.iter().all(|g| {
+            let narrow = match g.base {
+                Src::Reg(r) => self.vregs[r as usize].is_some(),
+                Src::Imm(_) => true,
+                Src::Frame(_) => false,
+            };
+            narrow && g.aligns.iter().all(|&(_, align)| align <= 4)
+        });
+        if pcs.is_empty() || !simple {
+            return None;
+        }
+        self.set_lane(0);
+        self.shared_span_check(start, end, 1, 4 * (self.width as i64 - 1))
+    }
+
+    /// The check of [`Self::shared_block_check`] for the running lane, if
+    /// it covers `min` accesses at least, each base's span `slack` bytes
+    /// longer.
+    fn shared_span_check(
+        &mut self,
+        start: u32,
+        end: u32,
+        min: usize,
+        slack: i64,
+    ) -> Option<(Vec<u32>, Value)> {
+        let (pcs, groups) = groups(self.ops, start, end);
+        if pcs.len() < min.max(1) {
             return None;
         }
         let (_, bytes) = self.shared_here?;
@@ -96,7 +134,7 @@ impl Translator<'_, '_> {
             // the span's offsets must not wrap the 32-bit window: its low
             // end, wrapped, plus its length within the block's bytes
             // (every access then is the low end plus its distance)
-            let span = g.hi - g.lo;
+            let span = g.hi - g.lo + slack;
             if !(0..1 << 31).contains(&span) {
                 return None;
             }

@@ -4,13 +4,14 @@
 
 use super::dirty::{add_writes, holds, stops};
 use super::inline::{CHECKS, UNCOUNTED};
-use super::narrow::{narrow_regs, wide_vector_regs};
+use super::narrow::{narrow_regs, uniform_wide_regs, wide_vector_regs};
+use super::needed::needed_in;
 use super::params::{hoist_params, HoistedParams};
 use super::plan::Plan;
 use super::runtime::{
     rt_trap, Ctx, RET_EXIT, RET_FAULT, RET_PARTED, STOP_BARRIER, STOP_BITS, STOP_WARP, STOP_YIELD,
 };
-use crate::ir::{Func, Inst, Op, Sp, Src, NONE};
+use crate::ir::{Func, Inst, Op, SReg, Sp, Src, NONE};
 use cranelift_codegen::ir::condcodes::IntCC;
 use cranelift_codegen::ir::types::{I32, I32X4, I64, I64X2};
 use cranelift_codegen::ir::{
@@ -112,6 +113,26 @@ pub(super) struct Translator<'a, 'f> {
     pub pc_now: u32,
     /// The parameters loaded before the thread loop.
     pub params: HoistedParams,
+    /// What the straight run being emitted knows of its vector-wide
+    /// registers' lanes (`emit_wide`), and of registers whose lanes it
+    /// found consecutive words or not (an I8 condition).
+    pub wfacts: Vec<(u32, WideFact)>,
+    pub wconsecutive: Vec<(u32, Value)>,
+    /// The vector-wide registers that hold one value in every lane all
+    /// along (`narrow::uniform_wide_regs`).
+    pub uniform: Vec<bool>,
+    /// The lane kernel's `%ntid`, `%ctaid` and `%nctaid` components the
+    /// kernel reads, each in every lane (made before the group loop).
+    pub specials: Vec<(SReg, Value)>,
+}
+
+/// What is known of a vector-wide register's lanes since its last write in
+/// the straight run being emitted.
+#[derive(Clone, Copy)]
+pub(super) enum WideFact {
+    /// It is a uniform value plus register `root` as it was then (its
+    /// lanes lie as `root`'s: consecutive words exactly when `root`'s are).
+    Offset { root: u32 },
 }
 
 /// The lanes' shared addresses from one base register of a basic block
@@ -154,8 +175,12 @@ fn thread_values(
     let reg_off = fb.ins().imul_imm_s(t64, func.nregs as i64 * 8);
     let regs_ptr = fb.ins().iadd(regs_base, reg_off);
     let local_stride = (func.frame_bytes as u64).div_ceil(8) as i64 * 8;
-    let local_off = fb.ins().imul_imm_s(t64, local_stride);
-    let local = fb.ins().iadd(local_base, local_off);
+    let local = if local_stride == 0 {
+        local_base
+    } else {
+        let local_off = fb.ins().imul_imm_s(t64, local_stride);
+        fb.ins().iadd(local_base, local_off)
+    };
     let tid_off = fb.ins().ishl_imm_u(t64, 4);
     let tid_at = fb.ins().iadd(tids, tid_off);
     let fixed = MemFlagsData::trusted().with_readonly();
@@ -192,15 +217,25 @@ pub(super) fn lane_slots(func: &Func, plan: &Plan) -> (Vec<u32>, u32) {
     for &r in &plan.shuffled {
         kept[r as usize] = true;
     }
+    // a narrow register takes one slot, a vector-wide one two (its two
+    // I64X2 halves); the others wait in the threads' register files
+    let narrow = narrow_regs(func);
+    let wide = wide_vector_regs(func, &narrow);
     let mut n = 0;
     let slots = kept
         .iter()
-        .map(|&k| {
-            if !k {
+        .enumerate()
+        .map(|(r, &k)| {
+            let size = match (narrow[r], wide[r]) {
+                (true, _) => 1,
+                (false, true) => 2,
+                _ => 0,
+            };
+            if !k || size == 0 {
                 return u32::MAX;
             }
-            n += 1;
-            n - 1
+            n += size;
+            n - size
         })
         .collect();
     (slots, n)
@@ -243,6 +278,7 @@ impl<'a, 'f> Translator<'a, 'f> {
             .collect();
         let regs = std::mem::take(&mut lane_regs[0]);
         let narrow = narrow_regs(func);
+        let mut uniform = vec![false; func.nregs as usize];
         let (vregs, wregs): (Vec<Option<Variable>>, Vec<Option<[Variable; 2]>>) = if width == 1 {
             (
                 vec![None; func.nregs as usize],
@@ -250,6 +286,7 @@ impl<'a, 'f> Translator<'a, 'f> {
             )
         } else {
             let wide = wide_vector_regs(func, &narrow);
+            uniform = uniform_wide_regs(func, &wide);
             let vregs = narrow
                 .iter()
                 .map(|&n| n.then(|| fb.declare_var(I32X4)))
@@ -265,7 +302,28 @@ impl<'a, 'f> Translator<'a, 'f> {
             .ins()
             .load(I64, MemFlagsData::trusted(), ctx, ctx_off!(instructions));
         fb.def_var(count, n);
-        let params = hoist_params(&mut fb, ctx, ops);
+        let params = hoist_params(&mut fb, ctx, ops, width > 1);
+        // the lane kernel's block-wide special registers, in every lane
+        // (the same for the whole call)
+        let mut specials = Vec::new();
+        if width > 1 {
+            for op in ops {
+                if let Op::Special { r, .. } = *op {
+                    let off = match r {
+                        SReg::Ntid(k) if k < 3 => ctx_off!(ntid) + 4 * k as i32,
+                        SReg::Ctaid(k) if k < 3 => ctx_off!(ctaid) + 4 * k as i32,
+                        SReg::Nctaid(k) if k < 3 => ctx_off!(nctaid) + 4 * k as i32,
+                        _ => continue,
+                    };
+                    if specials.iter().any(|&(s, _)| s == r) {
+                        continue;
+                    }
+                    let fixed = MemFlagsData::trusted().with_readonly();
+                    let x = fb.ins().load(I32, fixed, ctx, off);
+                    specials.push((r, fb.ins().splat(I32X4, x)));
+                }
+            }
+        }
         // the loop over the range's threads: each runs from its resume point
         // to its next stop, its registers and local memory at fixed strides
         // (the lane kernel's loop goes group by group, `width` threads a step)
@@ -291,9 +349,12 @@ impl<'a, 'f> Translator<'a, 'f> {
         // (the lane kernel works out each lane's from lane 0's where used)
         let (vals, tid_ptr) = thread_values(&mut fb, func, first_thread, bases, width == 1);
         let t64 = fb.ins().uextend(I64, first_thread);
-        let id_off = fb.ins().ishl_imm_u(t64, 2);
-        let id_at = fb.ins().iadd(resume_ids, id_off);
-        let resume = fb.ins().load(I32, MemFlagsData::trusted(), id_at, 0);
+        // (a kernel with one resume point, its start, goes there at once)
+        let resume = (plan.resumes.len() > 1).then(|| {
+            let id_off = fb.ins().ishl_imm_u(t64, 2);
+            let id_at = fb.ins().iadd(resume_ids, id_off);
+            fb.ins().load(I32, MemFlagsData::trusted(), id_at, 0)
+        });
         let LaneVals {
             thread,
             regs_ptr,
@@ -359,6 +420,10 @@ impl<'a, 'f> Translator<'a, 'f> {
             vraw: Vec::new(),
             pc_now: 0,
             params,
+            wfacts: Vec::new(),
+            wconsecutive: Vec::new(),
+            uniform,
+            specials,
         };
         // dispatch on the resume point: load its live registers, go on there
         let resume_blocks: Vec<Block> = plan.resumes.iter().map(|_| t.fb.create_block()).collect();
@@ -378,7 +443,15 @@ impl<'a, 'f> Translator<'a, 'f> {
             t.finish_all(RET_PARTED);
             t.fb.switch_to_block(go);
         }
-        t.fb.ins().br_table(resume, table);
+        match resume {
+            Some(resume) => {
+                t.fb.ins().br_table(resume, table);
+            }
+            None => {
+                t.fb.ins().jump(resume_blocks[0], &[]);
+            }
+        }
+        let needed = needed_in(func, plan);
         for (k, &rb) in resume_blocks.iter().enumerate() {
             t.fb.switch_to_block(rb);
             let pc = plan.resumes[k];
@@ -386,6 +459,9 @@ impl<'a, 'f> Translator<'a, 'f> {
             // the registers live here, and the shuffled ones, which every
             // stop and exit stores again
             let mut loaded = plan.live_in[b].clone();
+            // (of those, the ones the run may read before it writes them:
+            // the others' values are never used)
+            loaded.retain(|&r| holds(&needed[b], r));
             loaded.extend(&plan.shuffled);
             loaded.sort_unstable();
             loaded.dedup();
@@ -400,8 +476,21 @@ impl<'a, 'f> Translator<'a, 'f> {
                     };
                     t.fb.def_var(v, x);
                 }
+                if let (None, Some(halves)) = (t.vregs[r as usize], t.wregs[r as usize]) {
+                    let slot = t.slot_at(r);
+                    for (k, half) in halves.into_iter().enumerate() {
+                        let x = if pc == 0 && plan.fresh_start {
+                            let zero = t.fb.ins().iconst(I64, 0);
+                            t.fb.ins().splat(I64X2, zero)
+                        } else {
+                            let at = slot + 16 * k as i32;
+                            t.fb.ins().load(I64X2, lanes_flags(), t.lane_file, at)
+                        };
+                        t.fb.def_var(half, x);
+                    }
+                }
             }
-            loaded.retain(|&r| t.vregs[r as usize].is_none());
+            loaded.retain(|&r| t.vregs[r as usize].is_none() && t.wregs[r as usize].is_none());
             for &r in &loaded {
                 // (each lane's value goes in below)
                 t.clear_vector(r);
@@ -504,8 +593,8 @@ impl<'a, 'f> Translator<'a, 'f> {
         stored.retain(|&r| holds(&dirty, r));
         let mut to_threads = Vec::new();
         for &r in &stored {
-            match self.vregs[r as usize] {
-                Some(var) => {
+            match (self.vregs[r as usize], self.wregs[r as usize]) {
+                (Some(var), _) => {
                     let slot = self.slot_at(r);
                     let v = self.fb.use_var(var);
                     self.fb.ins().store(lanes_flags(), v, self.lane_file, slot);
@@ -513,7 +602,18 @@ impl<'a, 'f> Translator<'a, 'f> {
                         to_threads.push(r);
                     }
                 }
-                None => to_threads.push(r),
+                (None, Some(halves)) => {
+                    let slot = self.slot_at(r);
+                    for (k, half) in halves.into_iter().enumerate() {
+                        let v = self.fb.use_var(half);
+                        let at = slot + 16 * k as i32;
+                        self.fb.ins().store(lanes_flags(), v, self.lane_file, at);
+                    }
+                    if also.contains(&r) {
+                        to_threads.push(r);
+                    }
+                }
+                (None, None) => to_threads.push(r),
             }
         }
         for lane in 0..self.width as usize {
@@ -547,7 +647,9 @@ impl<'a, 'f> Translator<'a, 'f> {
                 _ => false,
             })
             .count();
-        self.shared_here = (shared_accesses > 1).then(|| {
+        // (the lane kernel's one check lets even one access run as a vector)
+        let checked_once = shared_accesses > 1 || (self.width > 1 && shared_accesses > 0);
+        self.shared_here = checked_once.then(|| {
             let fixed = MemFlagsData::trusted().with_readonly();
             let bytes = self
                 .fb
@@ -608,6 +710,8 @@ impl<'a, 'f> Translator<'a, 'f> {
         self.block_end = end;
         self.vconsts.clear();
         self.vraw.clear();
+        self.wfacts.clear();
+        self.wconsecutive.clear();
         for pc in start..end {
             self.excess = self.counted(pc + 1, end) as i64;
             self.pc_now = pc;
