@@ -631,7 +631,9 @@ pub trait MovableContext: Send + Sync {
     fn module_blocks(&self, module: ModuleId) -> Vec<DevicePtr>;
     /// Loads `image` so that its loading allocates exactly `blocks`, in
     /// order (its globals where the source context had them); a load that
-    /// allocates otherwise fails and leaves nothing behind.
+    /// allocates otherwise fails and leaves nothing behind. A backend that
+    /// places module memory itself (a GPU's driver) loads it as it does any
+    /// module: the session aliases globals that land elsewhere.
     fn module_load_at(&self, image: &[u8], blocks: &[DevicePtr]) -> Result<LoadedModule, CuError>;
     /// Why the context's state cannot be taken as it is, if it cannot
     /// (state of the backend's own that an image does not carry).
