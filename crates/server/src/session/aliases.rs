@@ -28,6 +28,25 @@ impl Aliases {
         }
     }
 
+    /// Each alias: (the program's address, bytes, the current address), as
+    /// a session image carries them to another context or server.
+    pub fn entries(&self) -> Vec<(DevicePtr, u64, DevicePtr)> {
+        self.ranges
+            .iter()
+            .map(|(&base, &(bytes, now))| (base, bytes, now))
+            .collect()
+    }
+
+    /// The aliases an image carried ([`Aliases::entries`]).
+    pub fn from_entries(entries: &[(DevicePtr, u64, DevicePtr)]) -> Self {
+        Aliases {
+            ranges: entries
+                .iter()
+                .map(|&(base, bytes, now)| (base, (bytes, now)))
+                .collect(),
+        }
+    }
+
     /// The program's ranges (its addresses, bytes).
     pub fn program_ranges(&self) -> impl Iterator<Item = (DevicePtr, u64)> + '_ {
         self.ranges.iter().map(|(&base, &(bytes, _))| (base, bytes))

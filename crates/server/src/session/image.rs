@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 use crate::device::LaunchGeometry;
 
 /// The layout of [`SessionImage`]; an image of another is refused.
-pub const IMAGE_FORMAT: u32 = 3;
+pub const IMAGE_FORMAT: u32 = 4;
 
 /// What a session holds, taken while none of its work runs.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -29,6 +29,10 @@ pub struct SessionImage {
     pub graphs: Vec<GraphImage>,
     /// The context's limits (`CUlimit`, value), as `cuCtxSetLimit` set them.
     pub limits: Vec<(u32, u64)>,
+    /// Globals its program holds at addresses where they no longer are
+    /// (an earlier move's driver put them elsewhere): (the program's
+    /// address, bytes, where they are in this image).
+    pub aliases: Vec<(DevicePtr, u64, DevicePtr)>,
     /// Where its program resumes, for an image taken with the call it was
     /// taken at held (`cumux checkpoint --hold`); `None` for a rollback image.
     pub resume: Option<ResumePoint>,

@@ -423,6 +423,7 @@ mod tests {
             events: vec![(6, 2)],
             graphs: Vec::new(),
             limits: vec![(2, 8 << 20)],
+            aliases: vec![(0x1000, 64, 0x9000)],
             resume: Some(ResumePoint {
                 key: 77,
                 seq: 12,

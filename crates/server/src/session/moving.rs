@@ -429,6 +429,7 @@ impl Session {
             events,
             graphs,
             limits: self.ctx.movable().map(|m| m.limits()).unwrap_or_default(),
+            aliases: self.aliases.entries(),
             resume: None,
         })
     }
@@ -503,7 +504,9 @@ impl Session {
         // Globals the target's driver put elsewhere: from where they were
         // (`moved`), and from the program's addresses (`aliases`).
         let mut moved = Aliases::default();
-        let mut aliases = self.aliases.clone();
+        // The image's own: a session restored on another server starts
+        // with none of its own.
+        let mut aliases = Aliases::from_entries(&image.aliases);
         for m in &image.modules {
             let module = match ready.remove(&m.handle) {
                 Some(module) => module,
