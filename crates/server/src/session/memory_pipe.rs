@@ -11,6 +11,9 @@ use crate::device::DeviceContext;
 /// Pieces in flight between the two sides (each at most [`CHUNK`] bytes).
 const AHEAD: usize = 2;
 
+/// Hands a piece to write at a device address ([`write_behind`]).
+pub(super) type Put<'a> = dyn FnMut(DevicePtr, &[u8]) -> Result<(), CuError> + 'a;
+
 fn side_failed() -> CuError {
     CuError::new(codes::UNKNOWN, "the memory's other side stopped")
 }
@@ -72,9 +75,7 @@ pub(super) fn read_ahead(
 /// piece is written; the first error of either side ends both.
 pub(super) fn write_behind(
     ctx: &dyn DeviceContext,
-    fill: &mut dyn FnMut(
-        &mut dyn FnMut(DevicePtr, &[u8]) -> Result<(), CuError>,
-    ) -> Result<(), CuError>,
+    fill: &mut dyn FnMut(&mut Put<'_>) -> Result<(), CuError>,
 ) -> Result<(), CuError> {
     std::thread::scope(|scope| {
         let (pieces, arrived) = sync_channel::<(DevicePtr, Vec<u8>)>(AHEAD);
