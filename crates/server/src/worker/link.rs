@@ -119,24 +119,8 @@ impl Link {
         let Some((last, first)) = frames.split_last() else {
             return Ok(());
         };
-        match &mut self.shm {
-            None => {
-                for frame in frames {
-                    write_frame(&mut self.writer, frame).map_err(frame_err)?;
-                }
-                Ok(())
-            }
-            Some(ep) => {
-                for frame in first {
-                    match frame.len() >= BULK_THRESHOLD {
-                        true => ep.send_quiet(&[], frame),
-                        false => ep.send_quiet(frame, &[]),
-                    }
-                    .map_err(violation)?;
-                }
-                self.send_frame(last)
-            }
-        }
+        self.send_frames_quiet(first)?;
+        self.send_frame(last)
     }
 
     /// Sends `frames` in order without ringing a sleeping worker (on shared
