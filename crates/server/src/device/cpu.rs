@@ -3,7 +3,7 @@
 //! own under one device-wide memory budget. It runs the PTX nvcc embeds in every
 //! fat binary; a cubin-only image cannot run here (CUDA_ERROR_NO_BINARY_FOR_GPU).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use cumux_fatbin::{Classified, ImageKind};
 use cumux_protocol::{codes, CuError, DeviceInfo, DevicePtr, FunctionAttrs, ParamInfo};
 use cumux_ptx::{
-    DeviceMemory, LaunchConfig, LaunchLimits, MemError, Program, Space, DEFAULT_PRINTF_FIFO,
+    DeviceMemory, Engine, LaunchConfig, LaunchLimits, MemError, Program, Space, DEFAULT_PRINTF_FIFO,
 };
 
 use super::attributes::{
@@ -88,6 +88,8 @@ pub struct CpuContext {
 struct Modules {
     next: ModuleId,
     loaded: HashMap<ModuleId, Arc<Program>>,
+    /// Kernels whose first launch logged that they run on the interpreter.
+    interpreted: HashSet<(ModuleId, usize)>,
 }
 
 fn mem_err(e: MemError) -> CuError {
@@ -589,6 +591,34 @@ impl CpuContext {
         })
     }
 
+    /// Logs, once a kernel, that it runs on the interpreter and why (the
+    /// compiler does not take it, or the launch is cooperative): the
+    /// interpreter is many times slower, so a slow program's log says which
+    /// kernel to look at.
+    fn log_interpreted(
+        &self,
+        module: ModuleId,
+        kernel: usize,
+        program: &Program,
+        name: &str,
+        cooperative: bool,
+    ) {
+        if program.engine() != Engine::Compiler {
+            return;
+        }
+        let why = if cooperative {
+            "a cooperative launch".to_string()
+        } else {
+            match program.compiled(name) {
+                Ok(()) => return,
+                Err(why) => why,
+            }
+        };
+        if lock(&self.modules).interpreted.insert((module, kernel)) {
+            tracing::info!(kernel = name, %why, "the kernel runs on the interpreter");
+        }
+    }
+
     fn run(&self, launch: &KernelLaunch) -> LaunchOutcome {
         let Some(program) = self.program(launch.module) else {
             return LaunchOutcome::failed(CuError::new(codes::INVALID_HANDLE, "module not loaded"));
@@ -619,6 +649,13 @@ impl CpuContext {
             workers: self.threads,
             printf_fifo: self.printf_fifo.load(Ordering::Relaxed) as usize,
         };
+        self.log_interpreted(
+            launch.module,
+            launch.kernel,
+            &program,
+            &name,
+            geometry.cooperative(),
+        );
         let report = if geometry.cooperative() {
             program.launch_cooperative(&self.mem, &name, &config, &launch.params, &limits)
         } else {
