@@ -199,3 +199,58 @@ fn device_side_launches_are_refused_by_name() {
     let err = cumux_ptx::Program::load(ptx, &mem).expect_err("refused");
     assert!(err.to_string().contains("dynamic parallelism"), "{err}");
 }
+
+/// `shfl.sync` whose source lane takes no part in it (outside the mask, or
+/// gone past it): lanes 0-7 of a warp shuffle with mask 0xff while 8-31 have
+/// left. A GPU reads 0 from such a lane, and NVIDIA's reduction sample
+/// (`reduce7` without `__reduce_add_sync`, below compute 8.0) sums the final
+/// warp on that; a lane's stale register made its sum wrong.
+const INACTIVE_SHFL_PTX: &str = r#"
+.version 7.5
+.target sm_75
+.address_size 64
+.visible .entry inactive_shfl(.param .u64 out)
+{
+    .reg .pred %p<2>;
+    .reg .b32 %r<8>;
+    .reg .b64 %rd<4>;
+    ld.param.u64 %rd1, [out];
+    mov.u32 %r1, %tid.x;
+    add.u32 %r2, %r1, 100;
+    setp.ge.u32 %p1, %r1, 8;
+    @%p1 bra DONE;
+    shfl.sync.down.b32 %r3, %r2, 16, 31, 0xff;
+    shfl.sync.down.b32 %r4, %r2, 4, 31, 0xff;
+    mul.wide.u32 %rd2, %r1, 8;
+    add.u64 %rd3, %rd1, %rd2;
+    st.global.v2.u32 [%rd3], {%r3, %r4};
+DONE:
+    ret;
+}
+"#;
+
+#[test]
+fn a_shuffle_reads_zero_from_a_lane_taking_no_part() {
+    for engine in [cumux_ptx::Engine::Interpreter, cumux_ptx::Engine::Compiler] {
+        let mut dev = Device::load("inactive_shfl", INACTIVE_SHFL_PTX, 1 << 20);
+        dev.program.set_engine(engine);
+        let out = dev.alloc(8 * 8);
+        dev.launch("inactive_shfl", linear(1, 32), &[&out]);
+        let v: Vec<u32> = dev.download(out, 16);
+        for lane in 0..8 {
+            assert_eq!(
+                v[2 * lane],
+                0,
+                "{engine:?} lane {lane}: from lane {}",
+                lane + 16
+            );
+            let from = if lane < 4 { lane as u32 + 104 } else { 0 };
+            assert_eq!(
+                v[2 * lane + 1],
+                from,
+                "{engine:?} lane {lane}: from lane {}",
+                lane + 4
+            );
+        }
+    }
+}

@@ -24,6 +24,11 @@ int main() {
   cudaStream_t s;
   CHECK(cudaStreamCreate(&s));
 
+  // A device whose pools work says so (NVIDIA's samples waive without it).
+  int pools = 0;
+  CHECK(cudaDeviceGetAttribute(&pools, cudaDevAttrMemoryPoolsSupported, 0));
+  REQUIRE(pools == 1, "the device says it has no memory pools (%d)", pools);
+
   // The default pool: the release threshold and a reuse policy stick.
   cudaMemPool_t def;
   CHECK(cudaDeviceGetDefaultMemPool(&def, 0));

@@ -180,7 +180,12 @@ fn shfl(g: &Geo<'_>, threads: &mut [Thread], lo: usize, lanes: &[usize]) {
                 _ => Src::Imm(0),
             },
         };
-        let v = src.get(a) & 0xffff_ffff;
+        // a lane taking no part (outside the mask, gone) reads as 0, as on a GPU
+        let v = if lanes.contains(&src_lane) {
+            src.get(a) & 0xffff_ffff
+        } else {
+            0
+        };
         results[nres] = (lane, *d, *dp, v, p);
         nres += 1;
     }

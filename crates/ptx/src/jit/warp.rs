@@ -190,7 +190,12 @@ fn shfl(lanes: &mut Lanes<'_>, lo: usize, members: &[usize]) {
             Some(Op::Shfl { a, .. }) => *a,
             _ => a,
         };
-        let v = lanes.get(lo + src_lane, src_a) & 0xffff_ffff;
+        // a lane taking no part (outside the mask, gone) reads as 0, as on a GPU
+        let v = if members.contains(&src_lane) {
+            lanes.get(lo + src_lane, src_a) & 0xffff_ffff
+        } else {
+            0
+        };
         results.push((lane, d, dp, v, p));
     }
     for (lane, d, dp, v, p) in results {

@@ -184,7 +184,7 @@ fn value(attr: u32, inputs: AttributeInputs) -> i32 {
         111 => 0, // reserved shared memory per block
         112 | 113 => 0,
         114 => 0,
-        115 => 0,       // memory pools
+        115 => 1,       // memory pools (the client's, of ordinary device memory)
         116..=119 => 0, // GPUDirect RDMA, mempool handle types
         120 => 0,       // cluster launch (sm_90+)
         121 => 0,

@@ -3,7 +3,7 @@
 //! own under one device-wide memory budget. It runs the PTX nvcc embeds in every
 //! fat binary; a cubin-only image cannot run here (CUDA_ERROR_NO_BINARY_FOR_GPU).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -11,7 +11,8 @@ use std::sync::{Arc, Mutex};
 use cumux_fatbin::{Classified, ImageKind};
 use cumux_protocol::{codes, CuError, DeviceInfo, DevicePtr, FunctionAttrs, ParamInfo};
 use cumux_ptx::{
-    DeviceMemory, LaunchConfig, LaunchLimits, MemError, Program, Space, DEFAULT_PRINTF_FIFO,
+    DeviceMemory, Engine, KernelInfo, LaunchConfig, LaunchLimits, MemError, Program, Space,
+    DEFAULT_PRINTF_FIFO,
 };
 
 use super::attributes::{
@@ -88,6 +89,8 @@ pub struct CpuContext {
 struct Modules {
     next: ModuleId,
     loaded: HashMap<ModuleId, Arc<Program>>,
+    /// Kernels whose first launch logged that they run on the interpreter.
+    interpreted: HashSet<(ModuleId, usize)>,
 }
 
 fn mem_err(e: MemError) -> CuError {
@@ -559,7 +562,7 @@ impl CpuContext {
                         shared_size_bytes: static_shared,
                         const_size_bytes: clamp_i32(const_bytes),
                         local_size_bytes: clamp_i32(k.local_bytes.into()),
-                        num_regs: clamp_i32(k.num_regs.into()),
+                        num_regs: clamp_i32(registers_reported(k).into()),
                         // the virtual architecture the PTX was built for
                         // (75 for compute_75), as the driver reports it and
                         // CUB reads it (`cub::PtxVersion`), not the ISA's
@@ -589,6 +592,34 @@ impl CpuContext {
             kernels,
             globals,
         })
+    }
+
+    /// Logs, once a kernel, that it runs on the interpreter and why (the
+    /// compiler does not take it, or the launch is cooperative): the
+    /// interpreter is many times slower, so a slow program's log says which
+    /// kernel to look at.
+    fn log_interpreted(
+        &self,
+        module: ModuleId,
+        kernel: usize,
+        program: &Program,
+        name: &str,
+        cooperative: bool,
+    ) {
+        if program.engine() != Engine::Compiler {
+            return;
+        }
+        let why = if cooperative {
+            "a cooperative launch".to_string()
+        } else {
+            match program.compiled(name) {
+                Ok(()) => return,
+                Err(why) => why,
+            }
+        };
+        if lock(&self.modules).interpreted.insert((module, kernel)) {
+            tracing::info!(kernel = name, %why, "the kernel runs on the interpreter");
+        }
     }
 
     fn run(&self, launch: &KernelLaunch) -> LaunchOutcome {
@@ -621,6 +652,13 @@ impl CpuContext {
             workers: self.threads,
             printf_fifo: self.printf_fifo.load(Ordering::Relaxed) as usize,
         };
+        self.log_interpreted(
+            launch.module,
+            launch.kernel,
+            &program,
+            &name,
+            geometry.cooperative(),
+        );
         let report = if geometry.cooperative() {
             program.launch_cooperative(&self.mem, &name, &config, &launch.params, &limits)
         } else {
@@ -672,6 +710,21 @@ impl CpuContext {
     }
 }
 
+/// Registers a block may hold on the CPU device, as the attributes say
+/// (`MAX_REGISTERS_PER_BLOCK`, `MAX_REGISTERS_PER_MULTIPROCESSOR`).
+const REGISTERS_PER_BLOCK: u32 = 65536;
+
+/// The registers a thread of `kernel` is said to use: its PTX registers,
+/// which are virtual (one per value) and may be thousands, capped where its
+/// largest block still fits, as a GPU's compiler caps them. The CPU device
+/// has no register file to run out of; counted in full, the occupancy API
+/// said no block of a large kernel fits, and a cooperative launch of the
+/// grid it sized (0 blocks) failed.
+fn registers_reported(kernel: &KernelInfo) -> u32 {
+    let threads = kernel.max_threads_per_block.clamp(1, REGISTERS_PER_BLOCK);
+    kernel.num_regs.min(REGISTERS_PER_BLOCK / threads)
+}
+
 fn clamp_i32(v: u64) -> i32 {
     i32::try_from(v).unwrap_or(i32::MAX)
 }
@@ -693,6 +746,36 @@ mod tests {
         );
         let ptx = ptx_of_image(b"//\n.version 9.0\n.target sm_75\n\0\0").unwrap();
         assert!(ptx.ends_with("sm_75\n"));
+    }
+
+    #[test]
+    fn a_kernels_registers_leave_its_largest_block_room() {
+        // 400 values live at once: 400 virtual registers
+        let mut body = String::new();
+        for i in 1..=400 {
+            body.push_str(&format!("    add.u32 %r{i}, %r{}, {i};\n", i - 1));
+        }
+        let mut sum = String::new();
+        for i in 1..=400 {
+            sum.push_str(&format!("    add.u32 %r0, %r0, %r{i};\n"));
+        }
+        let ptx = format!(
+            ".version 7.5\n.target sm_75\n.address_size 64\n\
+             .visible .entry big(.param .u64 out)\n{{\n    .reg .b32 %r<401>;\n    .reg .b64 %rd<2>;\n\
+             ld.param.u64 %rd1, [out];\n    mov.u32 %r0, %tid.x;\n{body}{sum}    st.global.u32 [%rd1], %r0;\n    ret;\n}}\n"
+        );
+        let device = CpuDevice::new(1 << 30);
+        let ctx = device.create_context().unwrap();
+        let mut image = ptx.into_bytes();
+        image.push(0);
+        let module = ctx.module_load(&image).unwrap();
+        let regs = module.kernels[0].attrs.num_regs;
+        let threads = module.kernels[0].attrs.max_threads_per_block;
+        assert!(regs > 0, "{regs} registers");
+        assert!(
+            regs * threads <= REGISTERS_PER_BLOCK as i32,
+            "{regs} registers × {threads} threads"
+        );
     }
 
     #[test]
