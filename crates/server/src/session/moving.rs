@@ -20,8 +20,8 @@ use super::order::{stream_order, Order};
 use super::preparing::{ModuleToLoad, Prepared, Preparing, ROUNDS};
 use super::{launch_meter, FunctionEntry, ModuleEntry, Session};
 use crate::device::{
-    placed_copy, Device, DeviceContext, KernelLaunch, LoadedModule, MovableContext, StreamOrdered,
-    StreamWork,
+    placed_copy, Device, DeviceContext, KernelLaunch, LoadedModule, ModuleId, MovableContext,
+    StreamOrdered, StreamWork,
 };
 use crate::gate::{GateSession, SchedStreams};
 use crate::moves::{Action, Order as AdminOrder};
@@ -40,6 +40,32 @@ struct Rebuilt {
     moved: Aliases,
     /// The session's aliases once it has moved.
     aliases: Aliases,
+}
+
+/// A moved session's old context with what it still holds: its modules
+/// unloaded, its memory freed and the context ended when this is dropped.
+struct OldContext {
+    ctx: Arc<dyn DeviceContext>,
+    modules: Vec<ModuleId>,
+    memory: Vec<(DevicePtr, u64)>,
+    session: u64,
+}
+
+impl Drop for OldContext {
+    fn drop(&mut self) {
+        for &module in &self.modules {
+            self.ctx.module_unload(module);
+        }
+        for &(ptr, size) in &self.memory {
+            if let Err(e) = self.ctx.mem_free(ptr, size) {
+                release_failed(
+                    self.session,
+                    format_args!("freeing {ptr:#x} after a move"),
+                    &e,
+                );
+            }
+        }
+    }
 }
 
 fn refused(why: impl Into<String>) -> CuError {
@@ -662,16 +688,17 @@ impl Session {
             old.cancel_queued();
             drop(old);
         }
-        let old_ctx = std::mem::replace(&mut self.ctx, ctx);
-        for (_, entry) in self.modules.drain() {
-            old_ctx.module_unload(entry.id);
-        }
-        for (&ptr, &size) in &self.allocations {
-            if let Err(e) = old_ctx.mem_free(ptr, size) {
-                release_failed(self.id(), format_args!("freeing {ptr:#x} after a move"), &e);
-            }
-        }
-        drop(old_ctx);
+        let old = OldContext {
+            ctx: std::mem::replace(&mut self.ctx, ctx),
+            modules: self.modules.drain().map(|(_, m)| m.id).collect(),
+            memory: self.allocations.iter().map(|(&p, &s)| (p, s)).collect(),
+            session: self.id(),
+        };
+        // Released on a thread of its own, no part of the program's pause;
+        // where no thread can be had, here (the closure drops it).
+        let _ = std::thread::Builder::new()
+            .name("cumux-move-old".into())
+            .spawn(move || drop(old));
         self.threads = order.threads;
         self.signals = order.signals;
         self.watched = order.watched;
