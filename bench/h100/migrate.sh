@@ -58,7 +58,7 @@ until_line() { # FILE PATTERN SECONDS
     for _ in $(seq $(($3 * 10))); do grep -q "$2" "$1" 2>/dev/null && return 0; sleep 0.1; done
     return 1
 }
-moved_ms() { grep -ho 'in [0-9.]*m\?s (' "$1" | sed 's/in //; s/ (//' | awk '/ms$/ { sub("ms", ""); print; next } /s$/ { sub("s", ""); print $1 * 1000 }'; }
+moved_ms() { grep -ho 'to device [0-9]* in [0-9.]*m\?s (' "$1" | sed 's/.* in //; s/ (//' | awk '/ms$/ { sub("ms", ""); print; next } /s$/ { sub("s", ""); print $1 * 1000 }'; }
 median() { sort -n | awk '{ a[NR] = $1 } END { if (NR) print (NR % 2 ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2) }'; }
 max() { sort -n | tail -1; }
 
