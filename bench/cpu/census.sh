@@ -27,6 +27,8 @@
 # server's log (which names each such kernel) in $OUT/server.log.
 set -u
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+# shellcheck source=bench/samples_libs.sh
+. "$ROOT/bench/samples_libs.sh"
 TARGET=${CARGO_TARGET_DIR:-$ROOT/target}
 KIT=${KIT:-$TARGET/release}
 OUT=${OUT:-/tmp/cumux-cpu-census}
@@ -111,23 +113,7 @@ if [ "$SKIP" != samples ] && [ -n "${SAMPLES:-}" ]; then
     for dir in "$SAMPLES"/Samples/*/*/; do
         name=$(basename "$dir")
         wanted "$name" || continue
-        ls "$dir"*.cu >/dev/null 2>&1 || continue
-        if grep -q -s -E '#include *[<"](GL/|GLFW|helper_gl|cuda_gl_interop|EGL|vulkan|d3d|nvscisync|cudla|NvInfer|nvjpeg|npp|cudaEGL|X11|nvml|mpi\.h|cuda_egl)' "$dir"*.cu "$dir"*.cpp "$dir"*.h "$dir"*.cuh; then
-            continue
-        fi
-        libs=""
-        src=$(cat "$dir"*.cu "$dir"*.cpp 2>/dev/null)
-        grep -q -E '#include *<cuda\.h>|cuModule|cuCtx|cuLaunch|cuMem[A-Z]' <<<"$src" && libs+=" -lcuda"
-        grep -q 'cublas' <<<"$src" && libs+=" -lcublas -lcublasLt"
-        grep -q 'cufft' <<<"$src" && libs+=" -lcufft"
-        grep -q 'curand' <<<"$src" && libs+=" -lcurand"
-        grep -q 'cusolver' <<<"$src" && libs+=" -lcusolver"
-        grep -q 'cusparse' <<<"$src" && libs+=" -lcusparse"
-        grep -q 'nvrtc' <<<"$src" && libs+=" -lnvrtc"
-        grep -q 'nvJitLink' <<<"$src" && libs+=" -lnvJitLink"
-        grep -q -E '#include *<omp\.h>' <<<"$src" && libs+=" -Xcompiler -fopenmp -lgomp"
-        grep -q 'helper_multiprocess\.h' <<<"$src" && libs+=" $SAMPLES/Common/helper_multiprocess.cpp -lrt"
-        case $name in cdp*) libs+=" -rdc=true -lcudadevrt" ;; esac
+        libs=$(sample_libs "$dir" "$SAMPLES") || continue
         [ -d "$S/$name" ] || { mkdir -p "$S/$name" && cp -r "$dir". "$S/$name/"; }
         echo "$name|$S/$name/|$libs"
     done >"$W/samples.list"

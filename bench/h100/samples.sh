@@ -24,31 +24,15 @@ mkdir -p "$OUT"
 W=$(mktemp -d /tmp/cumux-samples.XXXXXX)
 REPORT=$OUT/samples.txt
 say() { echo "$*" | tee -a "$REPORT"; }
+# shellcheck source=bench/samples_libs.sh
+. "$ROOT/bench/samples_libs.sh"
 start=$SECONDS
 
 # The samples to build: name and folder, unless graphics or missing libraries.
 for dir in "$SAMPLES"/Samples/*/*/; do
     name=$(basename "$dir")
     [ -n "${ONLY:-}" ] && ! printf ' %s ' $ONLY | grep -qF " $name " && continue
-    ls "$dir"*.cu >/dev/null 2>&1 || continue
-    # -q -s: a match counts even where some of the globs name no file.
-    if grep -q -s -E '#include *[<"](GL/|GLFW|helper_gl|cuda_gl_interop|EGL|vulkan|d3d|nvscisync|cudla|NvInfer|nvjpeg|npp|cudaEGL|X11|nvml|mpi\.h|cuda_egl)' "$dir"*.cu "$dir"*.cpp "$dir"*.h "$dir"*.cuh; then
-        continue
-    fi
-    libs=""
-    src=$(cat "$dir"*.cu "$dir"*.cpp 2>/dev/null)
-    grep -q -E '#include *<cuda\.h>|cuModule|cuCtx|cuLaunch|cuMem[A-Z]' <<<"$src" && libs+=" -lcuda"
-    grep -q 'cublas' <<<"$src" && libs+=" -lcublas -lcublasLt"
-    grep -q 'cufft' <<<"$src" && libs+=" -lcufft"
-    grep -q 'curand' <<<"$src" && libs+=" -lcurand"
-    grep -q 'cusolver' <<<"$src" && libs+=" -lcusolver"
-    grep -q 'cusparse' <<<"$src" && libs+=" -lcusparse"
-    grep -q 'nvrtc' <<<"$src" && libs+=" -lnvrtc"
-    grep -q 'nvJitLink' <<<"$src" && libs+=" -lnvJitLink"
-    grep -q -E '#include *<omp\.h>' <<<"$src" && libs+=" -Xcompiler -fopenmp -lgomp"
-    grep -q 'helper_multiprocess\.h' <<<"$src" && libs+=" $SAMPLES/Common/helper_multiprocess.cpp -lrt"
-    # Dynamic parallelism: relocatable device code and the device runtime.
-    case $name in cdp*) libs+=" -rdc=true -lcudadevrt" ;; esac
+    libs=$(sample_libs "$dir" "$SAMPLES") || continue
     echo "$name|$dir|$libs"
 done >"$W/list"
 say "samples: $(wc -l <"$W/list") to build ($(date -u +%FT%TZ)); gpu $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1); kit $(cat "$KIT/COMMIT" 2>/dev/null)"
