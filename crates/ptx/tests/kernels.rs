@@ -153,6 +153,93 @@ fn warp_synchronous_legacy_reduction_runs_in_lockstep() {
     }
 }
 
+/// A `.func` with volatile accesses keeps on the interpreter only the
+/// kernels that reach it: a module's other kernels are compiled (CUB's
+/// modules hold such a helper beside all their kernels).
+const VOLATILE_HELPER: &str = r#"
+.version 7.5
+.target sm_75
+.address_size 64
+
+.func (.param .b32 ret0) vload(.param .b64 p0)
+{
+    .reg .b64 %rd<2>;
+    .reg .b32 %r<2>;
+    ld.param.u64 %rd1, [p0];
+    ld.volatile.global.u32 %r1, [%rd1];
+    st.param.b32 [ret0], %r1;
+    ret;
+}
+
+.func (.param .b32 ret0) twice(.param .b64 p0)
+{
+    .reg .b64 %rd<2>;
+    .reg .b32 %r<3>;
+    ld.param.u64 %rd1, [p0];
+    {
+    .param .b64 param0;
+    st.param.b64 [param0], %rd1;
+    .param .b32 retval0;
+    call.uni (retval0), vload, (param0);
+    ld.param.b32 %r1, [retval0];
+    }
+    add.u32 %r2, %r1, %r1;
+    st.param.b32 [ret0], %r2;
+    ret;
+}
+
+.visible .entry through_two(.param .u64 out)
+{
+    .reg .b64 %rd<2>;
+    .reg .b32 %r<3>;
+    ld.param.u64 %rd1, [out];
+    {
+    .param .b64 param0;
+    st.param.b64 [param0], %rd1;
+    .param .b32 retval0;
+    call.uni (retval0), twice, (param0);
+    ld.param.b32 %r1, [retval0];
+    }
+    st.global.u32 [%rd1], %r1;
+    ret;
+}
+
+.visible .entry plain(.param .u64 out)
+{
+    .reg .b64 %rd<3>;
+    .reg .b32 %r<3>;
+    ld.param.u64 %rd1, [out];
+    mov.u32 %r1, %tid.x;
+    mul.wide.u32 %rd2, %r1, 4;
+    add.s64 %rd2, %rd1, %rd2;
+    add.u32 %r2, %r1, 7;
+    st.global.u32 [%rd2], %r2;
+    ret;
+}
+"#;
+
+#[test]
+fn a_volatile_helper_keeps_only_the_kernels_that_reach_it_on_the_interpreter() {
+    let dev = Device::load("volatile_helper", VOLATILE_HELPER, 1 << 24);
+    if dev.program.engine() == Engine::Interpreter {
+        return; // CUMUX_PTX_ENGINE chose the interpreter for everything
+    }
+    dev.program
+        .compiled("plain")
+        .expect("plain reaches no volatile access");
+    let why = dev.program.compiled("through_two").unwrap_err();
+    assert!(why.contains("volatile"), "{why}");
+    // Both give their results, whichever engine runs them.
+    let out = dev.alloc(64 * 4);
+    dev.launch("plain", linear(1, 64), &[&out]);
+    let got: Vec<u32> = dev.download(out, 64);
+    assert_eq!(got, (7..71).collect::<Vec<u32>>());
+    let one = dev.upload(&[21u32]);
+    dev.launch("through_two", linear(1, 1), &[&one]);
+    let got: Vec<u32> = dev.download(one, 1);
+    assert_eq!(got, [42]);
+}
+
 /// Hand-written PTX for forms nvcc rarely emits.
 const HANDWRITTEN: &str = include_str!("fixtures/handwritten.ptx");
 

@@ -40,16 +40,38 @@ impl Plan {
     }
 }
 
+/// Whether function `start` of `m` or one it calls, directly or through
+/// others, makes volatile accesses; an indirect call may reach any
+/// function of the module.
+fn reaches_volatile(m: &Module, start: usize) -> bool {
+    let mut seen = vec![false; m.funcs.len()];
+    let mut todo = vec![start];
+    while let Some(i) = todo.pop() {
+        if i >= seen.len() || std::mem::replace(&mut seen[i], true) {
+            continue;
+        }
+        let f = &m.funcs[i];
+        if f.uses_volatile {
+            return true;
+        }
+        for inst in &f.code {
+            if let Op::Call(info) = &inst.op {
+                if info.target.is_some() {
+                    return m.funcs.iter().any(|f| f.uses_volatile);
+                }
+                todo.push(info.func as usize);
+            }
+        }
+    }
+    false
+}
+
 /// Why kernel `k` of `m` (`f`, its calls inlined) stays on the
 /// interpreter, or its plan.
 pub(super) fn plan(m: &Module, k: usize, f: &Func) -> Result<Plan, String> {
     let kernel = m.kernels[k];
     // warp-synchronous code runs in lockstep on the interpreter
-    let lockstep =
-        m.funcs.iter().enumerate().any(|(i, f)| {
-            f.uses_volatile && (i as u32 == kernel || !m.kernels.contains(&(i as u32)))
-        });
-    if lockstep {
+    if reaches_volatile(m, kernel as usize) {
         return Err("volatile accesses (lockstep warps)".into());
     }
     for inst in &f.code {
