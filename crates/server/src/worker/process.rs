@@ -583,31 +583,16 @@ impl Served<'_, '_> {
             WorkerRequest::VmmExport { physical } => {
                 let exported = catch_unwind(AssertUnwindSafe(|| ctx.vmm_export(physical)))
                     .unwrap_or_else(|_| Err(CuError::new(codes::UNKNOWN, "export panicked")));
-                return match exported {
-                    Ok(fd) => {
-                        let reply = WorkerReply::unmarked(Ok(WorkerValue::Unit));
-                        let bytes = cumux_protocol::encode(&reply).map_err(io_err)?;
-                        conn.link
-                            .send_frame_with_fd(&bytes, std::os::fd::AsFd::as_fd(&fd))
-                    }
-                    Err(e) => conn.reply(Err(e)),
-                };
+                return conn.reply_with_fd(exported.map(|fd| (WorkerValue::Unit, fd)));
             }
             WorkerRequest::PlacedExport { ptr } => {
                 let exported = catch_unwind(AssertUnwindSafe(|| {
                     movable(ctx).and_then(|m| m.export_placed(ptr))
                 }))
                 .unwrap_or_else(|_| Err(CuError::new(codes::UNKNOWN, "export panicked")));
-                return match exported {
-                    Ok((base, size, fd)) => {
-                        let value = WorkerValue::Range { base, size };
-                        let reply = WorkerReply::unmarked(Ok(value));
-                        let bytes = cumux_protocol::encode(&reply).map_err(io_err)?;
-                        conn.link
-                            .send_frame_with_fd(&bytes, std::os::fd::AsFd::as_fd(&fd))
-                    }
-                    Err(e) => conn.reply(Err(e)),
-                };
+                return conn.reply_with_fd(
+                    exported.map(|(base, size, fd)| (WorkerValue::Range { base, size }, fd)),
+                );
             }
             WorkerRequest::VmmImport => {
                 let imported = match conn.link.take_fd() {
@@ -731,6 +716,23 @@ impl Connection<'_, '_, '_> {
     /// Answers a request of the connection's own (no printf of its own).
     fn reply(&mut self, result: Result<WorkerValue, CuError>) -> io::Result<()> {
         self.link.send_message(&WorkerReply::unmarked(result))
+    }
+
+    /// Answers with a value and a descriptor attached (`SCM_RIGHTS`), or
+    /// with the error that kept it from being made.
+    fn reply_with_fd(
+        &mut self,
+        result: Result<(WorkerValue, std::os::fd::OwnedFd), CuError>,
+    ) -> io::Result<()> {
+        match result {
+            Ok((value, fd)) => {
+                let reply = WorkerReply::unmarked(Ok(value));
+                let bytes = cumux_protocol::encode(&reply).map_err(io_err)?;
+                self.link
+                    .send_frame_with_fd(&bytes, std::os::fd::AsFd::as_fd(&fd))
+            }
+            Err(e) => self.reply(Err(e)),
+        }
     }
 
     /// Queues posted work on `ordered`, unanswered; a failure to queue is
