@@ -23,6 +23,26 @@ impl Mapped {
     fn holds(&self, ptr: DevicePtr, bytes: u64) -> bool {
         ptr >= self.start && ptr.saturating_add(bytes) <= self.start + self.size
     }
+
+    /// Undoes what the source made of the chunk: its mapping (if made),
+    /// its reservation, its imported physical memory (never charged to the
+    /// source: size 0).
+    fn release(&self, source: &dyn DeviceContext) {
+        if self.mapped {
+            let _ = source.vmm(&VmmOp::Unmap {
+                ptr: self.at,
+                size: self.size,
+            });
+        }
+        let _ = source.vmm(&VmmOp::FreeReservation {
+            ptr: self.at,
+            size: self.size,
+        });
+        let _ = source.vmm(&VmmOp::Release {
+            physical: self.physical,
+            size: 0,
+        });
+    }
 }
 
 /// Copies each `(ptr, bytes)` of `source` into `target`, where the move
@@ -38,22 +58,8 @@ pub fn copy_placed(
 ) -> Result<u64, CuError> {
     let mut chunks: Vec<Mapped> = Vec::new();
     let copied = copy_through(source, target, allocations, &mut chunks);
-    for c in chunks {
-        if c.mapped {
-            let _ = source.vmm(&VmmOp::Unmap {
-                ptr: c.at,
-                size: c.size,
-            });
-        }
-        let _ = source.vmm(&VmmOp::FreeReservation {
-            ptr: c.at,
-            size: c.size,
-        });
-        // Imported memory was never charged to the source: size 0.
-        let _ = source.vmm(&VmmOp::Release {
-            physical: c.physical,
-            size: 0,
-        });
+    for c in &chunks {
+        c.release(source);
     }
     copied
 }
@@ -95,39 +101,38 @@ fn map_chunk(
 ) -> Result<Mapped, CuError> {
     let (start, size, fd) = target.export_placed(ptr)?;
     let physical = source.vmm_import(fd.as_fd())?;
-    let release = |e: CuError| {
-        let _ = source.vmm(&VmmOp::Release { physical, size: 0 });
-        e
-    };
-    let at = source
-        .vmm(&VmmOp::Reserve { size, alignment: 0 })
-        .map_err(release)?;
-    let undo = |e: CuError, mapped: bool| {
-        if mapped {
-            let _ = source.vmm(&VmmOp::Unmap { ptr: at, size });
+    let at = match source.vmm(&VmmOp::Reserve { size, alignment: 0 }) {
+        Ok(at) => at,
+        Err(e) => {
+            let _ = source.vmm(&VmmOp::Release { physical, size: 0 });
+            return Err(e);
         }
-        let _ = source.vmm(&VmmOp::FreeReservation { ptr: at, size });
-        release(e)
     };
-    source
-        .vmm(&VmmOp::Map {
-            ptr: at,
-            size,
-            physical,
-        })
-        .map_err(|e| undo(e, false))?;
-    source
-        .vmm(&VmmOp::SetAccess {
-            ptr: at,
-            size,
-            flags: ACCESS_READWRITE,
-        })
-        .map_err(|e| undo(e, true))?;
-    Ok(Mapped {
+    let mut chunk = Mapped {
         start,
         size,
         at,
         physical,
-        mapped: true,
-    })
+        mapped: false,
+    };
+    let mapped = source.vmm(&VmmOp::Map {
+        ptr: at,
+        size,
+        physical,
+    });
+    chunk.mapped = mapped.is_ok();
+    let made = mapped.and_then(|_| {
+        source.vmm(&VmmOp::SetAccess {
+            ptr: at,
+            size,
+            flags: ACCESS_READWRITE,
+        })
+    });
+    match made {
+        Ok(_) => Ok(chunk),
+        Err(e) => {
+            chunk.release(source);
+            Err(e)
+        }
+    }
 }
