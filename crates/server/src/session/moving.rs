@@ -501,12 +501,12 @@ impl Session {
             self.server.orders().note(self.id(), note);
             placed_copy::copy_placed(source, placed, &places)
         });
-        let path = match &direct {
-            Some(Ok(_)) => "device to device".to_string(),
-            Some(Err(e)) => format!("through the server: {}", e.detail),
-            None => "through the server".to_string(),
+        let (copied, path) = match direct {
+            Some(Ok(_)) => (true, "device to device".to_string()),
+            Some(Err(e)) => (false, format!("through the server: {}", e.detail)),
+            None => (false, "through the server".to_string()),
         };
-        if !matches!(direct, Some(Ok(_))) {
+        if !copied {
             // Pieces are written into the new context while the next are read.
             memory_pipe::write_behind(ctx.as_ref(), &mut |put| {
                 for a in &image.allocations {

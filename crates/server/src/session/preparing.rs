@@ -41,8 +41,8 @@ pub(super) struct Preparing {
 impl Preparing {
     /// Starts making a context of `target` in address `window` with
     /// `modules` loaded, for `order`: on the one an earlier round made
-    /// (`base`), if any; a fresh one first keeps the session's `memory`
-    /// ranges for it.
+    /// (`base`), if any; the session's `memory` ranges (the first round's:
+    /// none on a `base`) are kept free first.
     pub fn start(
         order: Order,
         ordinal: u32,
@@ -89,9 +89,9 @@ impl Preparing {
 }
 
 /// The target of a move made ready: a context of `target` in `window` (or
-/// the one `base` made) with `modules` loaded. A fresh context first keeps
-/// the addresses of the session's `memory` unused, so that the driver puts
-/// no module's memory where the move must place the session's.
+/// the one `base` made) with `modules` loaded, the addresses of the
+/// session's `memory` first kept unused, so that the driver puts no
+/// module's memory where the move must place the session's.
 fn prepare(
     target: &dyn Device,
     window: u32,
@@ -115,7 +115,7 @@ fn prepare(
     let placed = ctx
         .movable()
         .ok_or_else(|| refused("the target context cannot place memory"))?;
-    if loaded.is_empty() && !memory.is_empty() {
+    if !memory.is_empty() {
         // Where they are taken already, the move finds out when it places
         // them, as it would have without this.
         if let Err(e) = placed.hold(memory) {
