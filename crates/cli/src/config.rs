@@ -400,6 +400,8 @@ struct RawTenant {
     token_file: Option<std::path::PathBuf>,
     /// `shared` mode runs the tenant's kernels unfenced.
     trusted: Option<bool>,
+    /// The share of a GPU's SMs the tenant may use, 1 to 100 (100: all).
+    sm_percent: Option<u8>,
 }
 
 /// A token given in the config or in a file of its own.
@@ -434,6 +436,13 @@ impl RawTenant {
             uids: self.uids,
             token: token_of(what, self.token, self.token_file)?,
             trusted: self.trusted.unwrap_or(base.trusted),
+            sm_percent: match self.sm_percent {
+                Some(0) | Some(101..) => {
+                    bail!("{what}: sm_percent is a share of the SMs, 1 to 100")
+                }
+                Some(100) | None => None,
+                Some(p) => Some(p),
+            },
         })
     }
 }
@@ -707,6 +716,15 @@ uids = [1000, 1001]
         let trusted = parse("[tenants.x]\ntrusted = true\n").unwrap();
         assert!(trusted.tenants.tenants["x"].trusted);
         assert!(parse("[tenants.x]\nclass = \"urgent\"\n").is_err());
+        let capped = |p: &str| parse(&format!("[tenants.x]\nsm_percent = {p}\n"));
+        assert_eq!(
+            capped("25").unwrap().tenants.tenants["x"].sm_percent,
+            Some(25)
+        );
+        assert_eq!(capped("100").unwrap().tenants.tenants["x"].sm_percent, None);
+        for bad in ["0", "101", "-5", "\"half\""] {
+            assert!(capped(bad).is_err(), "sm_percent = {bad}");
+        }
         assert!(parse("[tenants.x]\nquota = 5\n").is_err());
     }
 

@@ -157,12 +157,13 @@ pub fn render(status: &ServerStatus, address: &Address) -> String {
     );
     if !status.tenants.is_empty() {
         out += &format!(
-            "{:<16} {:>8} {:>24} {:>6} {:<16} {:>9} {:>12}  {}\n",
+            "{:<16} {:>8} {:>24} {:>6} {:<16} {:>5} {:>9} {:>12}  {}\n",
             "TENANT",
             "SESSIONS",
             "MEMORY / QUOTA",
             "WEIGHT",
             "CLASS",
+            "SMS",
             "LAUNCHES",
             "GPU TIME",
             "UTIL"
@@ -170,12 +171,14 @@ pub fn render(status: &ServerStatus, address: &Address) -> String {
         for t in &status.tenants {
             let quota = t.memory_quota.map_or_else(|| "none".into(), human_bytes);
             out += &format!(
-                "{:<16} {:>8} {:>24} {:>6} {:<16} {:>9} {:>9.1} ms  {}\n",
+                "{:<16} {:>8} {:>24} {:>6} {:<16} {:>5} {:>9} {:>9.1} ms  {}\n",
                 clip(&t.name, 16),
                 t.sessions,
                 format!("{} / {quota}", human_bytes(t.mem_used)),
                 t.weight,
                 t.class,
+                t.sm_percent
+                    .map_or_else(|| "all".into(), |p| format!("{p} %")),
                 t.launches,
                 t.gpu_time_ms,
                 utilization(status, &t.name)
@@ -271,6 +274,7 @@ mod tests {
                 memory_quota: Some(1 << 30),
                 weight: 2,
                 class: "latency-critical".into(),
+                sm_percent: Some(25),
                 launches: 10,
                 gpu_time_ms: 1234.5,
             }],
@@ -307,6 +311,7 @@ mod tests {
         );
         assert!(table.contains("fair"), "{table}");
         assert!(table.contains("1234.5 ms  0: 45%"), "{table}");
+        assert!(table.contains("latency-critical  25 %"), "{table}");
         assert!(table.contains("ms shm"), "{table}");
         assert!(
             table.contains("\n         move to device 1: rebuilding"),

@@ -31,6 +31,9 @@ memory_quota = "32MiB"
 
 [tenants.elsewhere]
 uids = [{other}]
+
+[tenants.quarter]
+sm_percent = 25
 "#,
         other = uid.wrapping_add(1)
     )
@@ -67,9 +70,12 @@ fn a_program_sees_its_quota_and_cannot_pass_it() {
         assert_eq!(field(&out.stdout, "free after"), 0, "{}", out.stdout);
     }
     // Unknown names and names bound to another uid are turned away, saying why.
+    // A tenant capped to a share of a GPU's SMs cannot run on the CPU
+    // device, which has none to give it: its program fails, saying so.
     for (tenant, why) in [
         ("mallory", "unknown tenant \"mallory\""),
         ("elsewhere", "not open to uid"),
+        ("quarter", "sm_percent = 25"),
     ] {
         let child = server.command_as(tenant, &probe, &[]).spawn().unwrap();
         let out = wait_bounded(child, LIMIT);
@@ -81,6 +87,47 @@ fn a_program_sees_its_quota_and_cannot_pass_it() {
             server.log()
         );
     }
+}
+
+#[test]
+fn a_shared_context_refuses_sm_caps_when_the_server_starts() {
+    let dir = TempDir::new("tenants-sm-shared");
+    let config = config_file(&dir, "[tenants.quarter]\nsm_percent = 25\n");
+    let socket = format!("unix:{}", dir.0.join("s.sock").display());
+    let args = [
+        "--device",
+        "worker-cpu",
+        "--sharing",
+        "shared",
+        "--listen",
+        &socket,
+    ];
+    let child = serve_command(&args)
+        .arg("--config")
+        .arg(&config)
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let out = wait_bounded(child, LIMIT);
+    assert_ne!(out.code(), Some(0), "{}", out.describe());
+    assert!(
+        out.stderr
+            .contains("tenant \"quarter\" has sm_percent = 25")
+            && out.stderr.contains("--sharing isolated"),
+        "{}",
+        out.describe()
+    );
+    // Out of range is refused as the config is read.
+    let config = config_file(&dir, "[tenants.quarter]\nsm_percent = 0\n");
+    let child = serve_command(&["--device", "cpu", "--listen", &socket])
+        .arg("--config")
+        .arg(&config)
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let out = wait_bounded(child, LIMIT);
+    assert_ne!(out.code(), Some(0), "{}", out.describe());
+    assert!(out.stderr.contains("1 to 100"), "{}", out.describe());
 }
 
 #[test]

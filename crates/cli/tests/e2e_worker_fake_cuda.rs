@@ -78,6 +78,9 @@ fn cuda_contexts_live_in_workers() {
     std::env::set_var("CUMUX_WORKER_PRINTF", "always");
     // One worker per session and no spare, so the children are easy to count.
     std::env::set_var("CUMUX_WORKER_SPARES", "0");
+    // The last worker to change its live driver objects says what it holds.
+    let report = std::env::temp_dir().join(format!("cumux-fake-live-{}", std::process::id()));
+    std::env::set_var("FAKE_LIVE_REPORT", &report);
     let devices =
         cuda_worker_devices(PathBuf::from(CUMUX), Sharing::Isolated, None).expect("the fake GPU");
     assert_eq!(devices.len(), 1);
@@ -228,10 +231,46 @@ fn cuda_contexts_live_in_workers() {
     arrays_in_workers(&device);
     moved_memory_goes_device_to_device(&device);
     arrays_zeroed_when_shared(&shared[0]);
+    sm_caps_in_workers(&device, &shared[0], &report);
     drop(server);
     drop(shared);
     wait_until("every worker to exit", || children().is_empty());
     let _ = std::fs::remove_file(fake);
+    let _ = std::fs::remove_file(report);
+}
+
+/// A tenant's SM cap (issue 20): its session's worker swaps its unused
+/// context for a green context on that share of the SMs before anything
+/// else, the session runs there, and the green context ends with it. A cap
+/// comes before the first call, and a shared context refuses one.
+fn sm_caps_in_workers(
+    device: &Arc<dyn cumux_server::Device>,
+    shared: &Arc<dyn cumux_server::Device>,
+    report: &std::path::Path,
+) {
+    let live = || std::fs::read_to_string(report).unwrap_or_default();
+    let capped = device.create_context().unwrap();
+    capped.set_sm_cap(25).unwrap();
+    let a = capped.mem_alloc(16).unwrap();
+    // 25 % of the fake's 132 SMs is 33, and parts come in eights.
+    assert!(live().ends_with("green_sms 32"), "{}", live());
+    capped
+        .mem_write(a, &f32_bytes(&[1.0, 2.0, 3.0, 4.0]))
+        .unwrap();
+    let module = capped.module_load(&fixture_fatbin()).unwrap();
+    assert_eq!(capped.launch(&scale(module.id, a, 3)).result, Ok(()));
+    let mut back = vec![0u8; 16];
+    capped.mem_read(a, &mut back).unwrap();
+    assert_eq!(f32s(&back), [3.0, 6.0, 9.0, 4.0]);
+    let e = capped.set_sm_cap(50).unwrap_err();
+    assert_eq!(e.code, codes::INVALID_CONTEXT, "{e}");
+    drop(capped);
+    wait_until("the green context to end with its session", || {
+        !live().contains("green_sms")
+    });
+    let view = shared.create_context().unwrap();
+    let e = view.set_sm_cap(25).unwrap_err();
+    assert_eq!(e.code, codes::NOT_SUPPORTED, "{e}");
 }
 
 /// A move's memory copied device to device (issue 17): the target

@@ -339,7 +339,7 @@ impl Driver {
             driver: Arc::clone(self),
             raw,
             device: dev,
-            primary: true,
+            kind: ContextKind::Primary,
         }))
     }
 
@@ -368,7 +368,7 @@ impl Driver {
             driver: Arc::clone(self),
             raw,
             device: dev,
-            primary: false,
+            kind: ContextKind::Own,
         }))
     }
 }
@@ -412,8 +412,20 @@ pub fn collect_attributes(
 pub struct Context {
     pub(crate) driver: Arc<Driver>,
     pub(crate) raw: CUcontext,
-    device: DeviceId,
-    primary: bool,
+    pub(crate) device: DeviceId,
+    pub(crate) kind: ContextKind,
+}
+
+/// What a [`Context`] is, which says how it ends.
+#[derive(Debug)]
+pub(crate) enum ContextKind {
+    /// The device's primary context, retained (released on drop).
+    Primary,
+    /// A context of its own (destroyed on drop).
+    Own,
+    /// A green context: the primary context's memory on a part of the SMs
+    /// (the green context destroyed on drop; `crate::green`).
+    Green(crate::sys::CUgreenCtx),
 }
 
 // SAFETY: a CUcontext is a handle the driver lets any thread use (it is made
@@ -427,7 +439,7 @@ impl std::fmt::Debug for Context {
         f.debug_struct("Context")
             .field("raw", &self.raw)
             .field("device", &self.device)
-            .field("primary", &self.primary)
+            .field("kind", &self.kind)
             .finish()
     }
 }
@@ -442,7 +454,7 @@ impl Context {
     }
 
     pub fn is_primary(&self) -> bool {
-        self.primary
+        matches!(self.kind, ContextKind::Primary)
     }
 
     /// Makes this context current on the calling thread.
@@ -528,10 +540,12 @@ impl Drop for Context {
         // SAFETY: the context is live until here; nothing made from it survives
         // (streams, events, modules and buffers each hold an `Arc<Context>`).
         let result = unsafe {
-            if self.primary {
-                cu!(self.driver, cuDevicePrimaryCtxRelease(self.device.0))
-            } else {
-                cu!(self.driver, cuCtxDestroy(self.raw))
+            match self.kind {
+                ContextKind::Primary => {
+                    cu!(self.driver, cuDevicePrimaryCtxRelease(self.device.0))
+                }
+                ContextKind::Own => cu!(self.driver, cuCtxDestroy(self.raw)),
+                ContextKind::Green(green) => cu!(self.driver, cuGreenCtxDestroy(green)),
             }
         };
         // Nothing to do on failure: the context is gone either way.

@@ -14,6 +14,7 @@ pub mod arrays;
 pub mod capture;
 pub mod driver;
 pub mod error;
+pub mod green;
 pub mod image;
 pub mod ipc;
 pub mod objects;

@@ -32,6 +32,8 @@ opaque_handles! {
     CUfunction = CUfunc_st;
     CUgraph = CUgraph_st;
     CUgraphExec = CUgraphExec_st;
+    CUgreenCtx = CUgreenCtx_st;
+    CUdevResourceDesc = CUdevResourceDesc_st;
 }
 
 /// `CU_STREAM_CAPTURE_MODE_THREAD_LOCAL`: only this thread's unsafe calls end a capture.
@@ -342,6 +344,13 @@ driver_api! {
     // CUDA 13's form; a null `CUctxCreateParams*` makes it the `_v2` call.
     cuCtxCreate_v4 ["cuCtxCreate_v4"] (*mut CUcontext, *mut c_void, c_uint, CUdevice);
     cuCtxDestroy ["cuCtxDestroy_v2"] (CUcontext);
+    // Green contexts (`green`): the `CUdevResource` arguments are its bytes.
+    cuDeviceGetDevResource ["cuDeviceGetDevResource"] (CUdevice, Ptr, c_int);
+    cuDevSmResourceSplitByCount ["cuDevSmResourceSplitByCount"] (Ptr, *mut c_uint, CPtr, Ptr, c_uint, c_uint);
+    cuDevResourceGenerateDesc ["cuDevResourceGenerateDesc"] (*mut CUdevResourceDesc, Ptr, c_uint);
+    cuGreenCtxCreate ["cuGreenCtxCreate"] (*mut CUgreenCtx, CUdevResourceDesc, CUdevice, c_uint);
+    cuGreenCtxDestroy ["cuGreenCtxDestroy"] (CUgreenCtx);
+    cuCtxFromGreenCtx ["cuCtxFromGreenCtx"] (*mut CUcontext, CUgreenCtx);
     cuCtxSetCurrent ["cuCtxSetCurrent"] (CUcontext);
     cuCtxGetCurrent ["cuCtxGetCurrent"] (*mut CUcontext);
     cuCtxSynchronize ["cuCtxSynchronize"] ();

@@ -100,11 +100,61 @@ CUresult cuCtxSetLimit(unsigned limit, size_t value) {
 CUresult cuDevicePrimaryCtxRetain(void **ctx, CUdevice d) { (void)d; *ctx = &dummy_context; return 0; }
 CUresult cuDevicePrimaryCtxRelease_v2(CUdevice d) { (void)d; return 0; }
 
+/* Green contexts: an H100's 132 SMs, split in multiples of 8 (at least 8);
+ * a CUdevResource's SM part (smCount, minSmPartitionSize,
+ * smCoscheduledAlignment) sits at byte 96. A green context is the one
+ * context, on the SMs its descriptor names. */
+struct fake_green { unsigned sms; };
+static long live_green_sms;
+static void live_change(long *counter, long by);
+static void set_sm_part(void *resource, unsigned sms) {
+    unsigned *sm = (unsigned *)((char *)resource + 96);
+    sm[0] = sms; sm[1] = 8; sm[2] = 8;
+}
+CUresult cuDeviceGetDevResource(CUdevice d, void *resource, int type) {
+    (void)d;
+    if (type != 1 || !resource) return 1;
+    *(int *)resource = 1;
+    set_sm_part(resource, 132);
+    return 0;
+}
+CUresult cuDevSmResourceSplitByCount(void *result, unsigned *groups, const void *input, void *rest, unsigned flags, unsigned min_count) {
+    (void)flags;
+    unsigned total = ((const unsigned *)((const char *)input + 96))[0];
+    unsigned sms = (min_count + 7) / 8 * 8;
+    if (!groups || *groups != 1 || sms == 0 || sms > total) return 1;
+    *(int *)result = 1;
+    set_sm_part(result, sms);
+    if (rest) { *(int *)rest = 1; set_sm_part(rest, total - sms); }
+    return 0;
+}
+CUresult cuDevResourceGenerateDesc(void **desc, void *resources, unsigned n) {
+    if (n != 1) return 1;
+    struct fake_green *g = malloc(sizeof *g);
+    g->sms = ((unsigned *)((char *)resources + 96))[0];
+    *desc = g;
+    return 0;
+}
+CUresult cuGreenCtxCreate(void **green, void *desc, CUdevice d, unsigned flags) {
+    (void)d; (void)flags;
+    *green = desc;
+    live_change(&live_green_sms, ((struct fake_green *)desc)->sms);
+    return 0;
+}
+CUresult cuCtxFromGreenCtx(void **ctx, void *green) { (void)green; *ctx = &dummy_context; return 0; }
+CUresult cuGreenCtxDestroy(void *green) {
+    live_change(&live_green_sms, -(long)((struct fake_green *)green)->sms);
+    free(green);
+    return 0;
+}
+
 /* Live objects: allocations, host registrations, streams, events and modules.
  * With FAKE_LIVE_REPORT set, each change rewrites that file with the counts
  * ("allocations A registrations R streams S events E modules M"), so a test
  * can see what a worker process holds after its sessions end. */
 static long live_allocations, live_host_registrations, live_streams, live_events, live_modules;
+/* live_green_sms: SMs of the live green contexts; the report names them
+ * only when there are. */
 static pthread_mutex_t report_lock = PTHREAD_MUTEX_INITIALIZER;
 static void live_change(long *counter, long by) {
     pthread_mutex_lock(&report_lock);
@@ -115,6 +165,7 @@ static void live_change(long *counter, long by) {
         if (f) {
             fprintf(f, "allocations %ld registrations %ld streams %ld events %ld modules %ld\n",
                     live_allocations, live_host_registrations, live_streams, live_events, live_modules);
+            if (live_green_sms) fprintf(f, " green_sms %ld", live_green_sms);
             fclose(f);
         }
     }

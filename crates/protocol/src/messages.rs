@@ -832,6 +832,8 @@ pub struct TenantStatus {
     pub weight: u32,
     /// `latency-critical` or `batch`.
     pub class: String,
+    /// The share of a GPU's SMs its kernels may use (`None`: all; protocol 25).
+    pub sm_percent: Option<u8>,
     /// Launches run by the tenant's live sessions (and earlier ones, while any lived).
     pub launches: u64,
     /// Their measured time on the device: each launch's wall time in the backend

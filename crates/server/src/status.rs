@@ -247,6 +247,7 @@ pub fn snapshot(server: ServerView<'_>) -> ServerStatus {
                     TenantClass::Batch => "batch",
                 }
                 .into(),
+                sm_percent: a.settings.sm_percent,
                 launches: a.launches(),
                 // Queued launches are timed by the gate (charged time), the
                 // others by the threads that ran them.

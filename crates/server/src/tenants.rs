@@ -70,6 +70,10 @@ pub struct TenantSettings {
     /// In `shared` mode, whether the tenant's kernels run unfenced (and its
     /// cubin-only modules load): it may then reach other tenants' memory.
     pub trusted: bool,
+    /// The share of a GPU's SMs the tenant's kernels may use (1 to 99 %;
+    /// `None`: all). Each session runs in a green context of that many SMs
+    /// (`isolated` mode only: a shared context runs everyone's kernels).
+    pub sm_percent: Option<u8>,
 }
 
 impl Default for TenantSettings {
@@ -82,6 +86,7 @@ impl Default for TenantSettings {
             uids: None,
             token: None,
             trusted: false,
+            sm_percent: None,
         }
     }
 }
@@ -119,6 +124,13 @@ impl Default for TenantPolicy {
 }
 
 impl TenantPolicy {
+    /// The first tenant (or `defaults`) with an SM cap, if any.
+    pub fn sm_capped(&self) -> Option<(&str, u8)> {
+        std::iter::once(("defaults", &self.defaults))
+            .chain(self.tenants.iter().map(|(n, s)| (n.as_str(), s)))
+            .find_map(|(name, s)| s.sm_percent.map(|p| (name, p)))
+    }
+
     /// Checks values a config file could get wrong.
     pub fn validate(&self) -> Result<(), String> {
         self.limits.validate()?;
@@ -132,6 +144,11 @@ impl TenantPolicy {
         {
             if s.weight == 0 {
                 return Err(format!("tenant {name:?}: weight must be at least 1"));
+            }
+            if s.sm_percent.is_some_and(|p| p == 0 || p >= 100) {
+                return Err(format!(
+                    "tenant {name:?}: sm_percent caps the SMs at 1 to 99 % (none: all)"
+                ));
             }
             if name.is_empty() || name.len() > MAX_TENANT_NAME {
                 return Err(format!(

@@ -380,6 +380,23 @@ pub trait DeviceContext: Send + Sync {
     /// Tells the context whose session it serves: a `shared`-mode view fences
     /// an untrusted tenant's kernels and memory ([`crate::worker::fencing`]).
     fn set_tenant(&self, _tenant: &str, _trusted: bool) {}
+    /// Limits the context's kernels to `percent` of its device's SMs, before
+    /// its first use (a tenant's `sm_percent`). Devices without SM
+    /// partitions refuse.
+    fn set_sm_cap(&self, percent: u8) -> Result<(), CuError> {
+        Err(CuError::new(
+            cumux_protocol::codes::NOT_SUPPORTED,
+            format!("an SM cap ({percent} %) needs a GPU context in a worker of its own; this device has none"),
+        ))
+    }
+    /// A fresh context of the same device whose kernels run on `percent` of
+    /// its SMs, and the SMs it got; asked of an unused context.
+    fn capped(&self, percent: u8) -> Result<(Arc<dyn DeviceContext>, u32), CuError> {
+        Err(CuError::new(
+            cumux_protocol::codes::NOT_SUPPORTED,
+            format!("this device cannot cap a context's SMs ({percent} % asked)"),
+        ))
+    }
     /// How the context's memory is laid out again elsewhere when its session
     /// moves; `None` where it cannot be (issue 17).
     fn movable(&self) -> Option<&dyn MovableContext> {

@@ -298,6 +298,14 @@ impl Session {
         };
         if let Some((name, settings)) = &tenant {
             ctx.set_tenant(name, settings.trusted);
+            if let Some(percent) = settings.sm_percent {
+                ctx.set_sm_cap(percent).map_err(|e| {
+                    err(
+                        e.code,
+                        format!("tenant {name:?} has sm_percent = {percent}: {}", e.detail),
+                    )
+                })?;
+            }
         }
         let id = server.next_session_id();
         let gate = match (&tenant, server.gate_of(&device)) {
@@ -649,6 +657,9 @@ impl Session {
             // The wire's tenant spec carries no trust: only the config file
             // makes a tenant's kernels run unfenced.
             trusted: false,
+            // Nor an SM cap: those come with `--sharing isolated`, which
+            // the server checks against its config when it starts.
+            sm_percent: None,
         };
         self.server
             .put_tenant(name, settings)

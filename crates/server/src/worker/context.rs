@@ -85,6 +85,9 @@ pub struct WorkerContext {
     /// Whether its process runs only its program's contexts (an isolated
     /// device's), so that NVIDIA's figures for that process are its own.
     own_process: bool,
+    /// The share of its device's SMs the context's kernels may use, asked of
+    /// the worker when it starts (`WorkerRequest::SmCap`); `None`: all.
+    sm_cap: Mutex<Option<u8>>,
 }
 
 impl WorkerContext {
@@ -130,6 +133,7 @@ impl WorkerContext {
             pending_signals: Mutex::new(None),
             member,
             own_process: false,
+            sm_cap: Mutex::new(None),
         }
     }
 
@@ -366,6 +370,7 @@ impl WorkerContext {
             pending_signals: Mutex::new(None),
             member: None,
             own_process: false,
+            sm_cap: Mutex::new(None),
         })
     }
 
@@ -514,7 +519,11 @@ impl WorkerContext {
         slot: &'a mut Option<Connection>,
     ) -> Result<&'a mut Connection, CuError> {
         if slot.is_none() {
-            match self.start().and_then(|conn| self.attach_pending(conn)) {
+            let started = self
+                .start()
+                .and_then(|conn| self.cap_sms(conn))
+                .and_then(|conn| self.attach_pending(conn));
+            match started {
                 Ok(conn) => *slot = Some(conn),
                 Err(e) => {
                     tracing::warn!("a session's worker did not start: {e}");
@@ -525,6 +534,25 @@ impl WorkerContext {
         }
         slot.as_mut()
             .ok_or_else(|| CuError::new(codes::INVALID_CONTEXT, "no worker"))
+    }
+
+    /// Puts the context on its share of the SMs, if it has a cap, before
+    /// anything else is made in it.
+    fn cap_sms(&self, mut conn: Connection) -> Result<Connection, CuError> {
+        let Some(percent) = *lock(&self.sm_cap) else {
+            return Ok(conn);
+        };
+        match self.exchange(&mut conn, &WorkerRequest::SmCap { percent })? {
+            WorkerValue::Number(sms) => {
+                tracing::info!(
+                    percent,
+                    sms,
+                    "a session's kernels run on a part of its GPU's SMs"
+                );
+                Ok(conn)
+            }
+            other => Err(unexpected(&other)),
+        }
     }
 
     /// Attaches the signal area the session gave before the worker started.
@@ -805,6 +833,19 @@ impl DeviceContext for WorkerContext {
 
     fn stream_ordered(&self) -> Option<&dyn StreamOrdered> {
         Some(self)
+    }
+
+    /// Kept until the worker starts (a context's worker starts at its first
+    /// call), then asked of it before anything else.
+    fn set_sm_cap(&self, percent: u8) -> Result<(), CuError> {
+        if lock(&self.conn).is_some() {
+            return Err(CuError::new(
+                codes::INVALID_CONTEXT,
+                "an SM cap comes before a context's first call",
+            ));
+        }
+        *lock(&self.sm_cap) = Some(percent);
+        Ok(())
     }
 
     fn movable(&self) -> Option<&dyn crate::device::MovableContext> {

@@ -133,7 +133,7 @@ pub fn serve_worker_beside(
     };
     link.send_message(&WorkerReply::unmarked(Ok(WorkerValue::Ready)))?;
     let served = Served {
-        ctx,
+        ctx: Mutex::new(ctx),
         open,
         stdout: Mutex::new(stdout),
         seq: AtomicU64::new(0),
@@ -144,7 +144,7 @@ pub fn serve_worker_beside(
         next_context: AtomicU64::new(1),
     };
     std::thread::scope(|scope| {
-        let ctx = Arc::clone(&served.ctx);
+        let ctx = Arc::clone(&lock(&served.ctx));
         let result = served.serve(scope, link, true, ctx);
         served.close_sessions();
         result
@@ -154,7 +154,9 @@ pub fn serve_worker_beside(
 /// What every connection of one worker shares: the context, the stdout
 /// marker sequence and the listener for further connections.
 struct Served<'a, 'b> {
-    ctx: Arc<dyn DeviceContext>,
+    /// The main connection's context (replaced with it when that connection
+    /// asks for a window or an SM cap, so the unused one ends).
+    ctx: Mutex<Arc<dyn DeviceContext>>,
     /// Opens the other devices further connections ask for.
     open: DeviceOpener<'a>,
     stdout: Mutex<&'a mut WorkerStdout<'b>>,
@@ -232,7 +234,7 @@ impl Served<'_, '_> {
                         return;
                     };
                     let ctx = match own {
-                        None => Ok(Arc::clone(&self.ctx)),
+                        None => Ok(Arc::clone(&lock(&self.ctx))),
                         Some(n) => self.own_context(n),
                     };
                     let ready = ctx
@@ -317,6 +319,9 @@ impl Served<'_, '_> {
             match self.serve_requests(scope, &mut conn, ordered)? {
                 Some(next) => {
                     lock(&self.contexts).insert(context_id, Arc::downgrade(&next));
+                    if conn.main {
+                        *lock(&self.ctx) = Arc::clone(&next);
+                    }
                     conn.ctx = next;
                 }
                 None => return Ok(()),
@@ -350,6 +355,16 @@ impl Served<'_, '_> {
                     continue;
                 }
             };
+            if let WorkerRequest::SmCap { percent } = request {
+                match conn.ctx.capped(percent) {
+                    Ok((next, sms)) => {
+                        conn.reply(Ok(WorkerValue::Number(sms.into())))?;
+                        return Ok(Some(next));
+                    }
+                    Err(e) => conn.reply(Err(e))?,
+                }
+                continue;
+            }
             if let WorkerRequest::Window { window } = request {
                 match self.in_window(&conn.ctx, window) {
                     Ok(None) => conn.reply(Ok(WorkerValue::Unit))?,
@@ -513,8 +528,11 @@ impl Served<'_, '_> {
                 unit(movable(ctx).and_then(|m| m.place_all(&allocations)))
             }),
             // Taken by `serve_requests` before it gets here.
-            WorkerRequest::Window { .. } => {
-                return conn.reply(Err(CuError::new(codes::UNKNOWN, "a window out of place")))
+            WorkerRequest::Window { .. } | WorkerRequest::SmCap { .. } => {
+                return conn.reply(Err(CuError::new(
+                    codes::UNKNOWN,
+                    "a window or SM cap out of place",
+                )))
             }
             WorkerRequest::Hold { ranges } => {
                 guarded(kind, || unit(movable(ctx).and_then(|m| m.hold(&ranges))))

@@ -78,6 +78,13 @@ pub enum WorkerRequest {
     Window {
         window: u32,
     },
+    /// A context's first request when its tenant has an SM cap: the
+    /// connection's context is replaced by a green context of the same
+    /// device on `percent` of its SMs; answered by [`WorkerValue::Number`]
+    /// (the SMs it got).
+    SmCap {
+        percent: u8,
+    },
     /// Answered by [`WorkerValue::Ptrs`]: the memory module `module`'s
     /// loading allocated, in order.
     ModuleBlocks {
@@ -272,6 +279,7 @@ impl WorkerRequest {
                 | WorkerRequest::IpcOpen { .. }
                 | WorkerRequest::MoveFacts
                 | WorkerRequest::Window { .. }
+                | WorkerRequest::SmCap { .. }
                 | WorkerRequest::ModuleBlocks { .. }
         )
     }

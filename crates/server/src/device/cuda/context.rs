@@ -418,6 +418,38 @@ impl DeviceContext for CudaContext {
         Some(self)
     }
 
+    /// A green context of this context's device; the unused context it
+    /// replaces is destroyed when its connection lets go of it.
+    fn capped(&self, percent: u8) -> Result<(Arc<dyn DeviceContext>, u32), CuError> {
+        if self.memory.held() > 0 || !lock(&self.modules).is_empty() {
+            return Err(CuError::new(
+                codes::INVALID_CONTEXT,
+                "an SM cap comes before a context's first allocation or module",
+            ));
+        }
+        let ctx = self.ctx()?;
+        let driver = ctx.driver();
+        let layout = driver.sm_layout(ctx.device()).map_err(cu_err)?;
+        let (green, sms) = driver
+            .green_context(ctx.device(), layout.sms_for(percent))
+            .map_err(cu_err)?;
+        tracing::info!(
+            percent,
+            sms,
+            total = layout.total,
+            "a capped session's context runs on part of the GPU"
+        );
+        let capped = CudaContext::new(
+            green,
+            self.sm,
+            Arc::clone(self.memory.device_used()),
+            Arc::clone(&self.next_module),
+            self.capture,
+            Arc::clone(&self.prints),
+        );
+        Ok((Arc::new(capped), sms))
+    }
+
     fn host_register(&self, region: HostRegion<'_>) -> Result<bool, CuError> {
         let HostRegion {
             id: region,

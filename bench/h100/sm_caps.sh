@@ -1,0 +1,107 @@
+#!/usr/bin/env bash
+# SM caps (issue 20): a saturating tenant's throughput through cumux with
+# sm_percent 25 / 50 / 75 against the same tenant uncapped, in one
+# `cumux serve --sharing isolated`; natively first, for the ratio to native.
+# The tenant is bench/cuda/tenant_bench.cu's throughput mode with
+# TENANT_BLOCKS_PER_SM=128 (16 full waves of 8 x 256 threads an SM, so a
+# part of the SMs still runs full waves), back to back for SECS seconds.
+# Also runs bench/cuda/green_probe.c natively (what green contexts give).
+# Writes $OUT/sm-caps.txt and $OUT/sm-caps.json.
+#
+#   OUT=/some/dir KIT=/path/to/kit bench/h100/sm_caps.sh
+# Optional: NVCC=, SECS= (default 4), ROUNDS= (default 2), CAPS= (default "25 50 75").
+set -u
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+KIT=${KIT:-$ROOT/device-kit}
+OUT=${OUT:-/tmp/cumux-sm-caps}
+NVCC=${NVCC:-/usr/local/cuda/bin/nvcc}
+SECS=${SECS:-4}
+ROUNDS=${ROUNDS:-2}
+CAPS=${CAPS:-25 50 75}
+# shellcheck source=bench/h100/lib.sh
+. "$ROOT/bench/h100/lib.sh"
+describe_machine
+W=$(mktemp -d)
+pids=()
+trap stop_all EXIT
+mkdir -p "$OUT"
+REPORT=$OUT/sm-caps.txt
+say() { echo "$*" | tee -a "$REPORT"; }
+metric() { awk -v k="$2" '$1 == "metric" && $2 == k { print $3 }' "$1" | tail -1; }
+: >"$REPORT"
+say "sm caps, $DATE, $GPU, driver $DRIVER, CUDA $CUDA, kit $COMMIT; $SECS s a run, $ROUNDS rounds"
+
+"$NVCC" -O2 -arch=sm_90 -o "$W/tenant_bench" "$ROOT/bench/cuda/tenant_bench.cu" || { say "build failed"; exit 1; }
+"$NVCC" -ptx -arch=compute_90 -o "$W/spin.ptx" "$ROOT/bench/cuda/green_spin.cu" &&
+    "$NVCC" -o "$W/green_probe" "$ROOT/bench/cuda/green_probe.c" -lcuda -lpthread ||
+    { say "probe build failed"; exit 1; }
+say "## natively, green contexts (bench/cuda/green_probe.c)"
+"$W/green_probe" "$W/spin.ptx" 2>&1 | tee -a "$REPORT"
+
+export TENANT_BLOCKS_PER_SM=128
+"$W/tenant_bench" calibrate 2000 >"$W/calibrate.txt" 2>&1
+ITERS=$(metric "$W/calibrate.txt" iters)
+say "## a saturating tenant: $TENANT_BLOCKS_PER_SM blocks an SM, $ITERS iterations (2 ms of work alone, natively)"
+
+{
+    echo "[tenants.full]"
+    for cap in $CAPS; do printf '[tenants.c%s]\nsm_percent = %s\n' "$cap" "$cap"; done
+} >"$W/caps.toml"
+"$KIT/cumux" serve --device cuda --sharing isolated --config "$W/caps.toml" \
+    --listen "unix:$W/s.sock" >"$W/server.log" 2>&1 &
+pids+=($!)
+for _ in $(seq 100); do [ -S "$W/s.sock" ] && break; sleep 0.1; done
+run_as() { # run_as TENANT: kernels/s through cumux ("native": natively)
+    local file=$W/run-$1-$RANDOM.txt
+    if [ "$1" = native ]; then
+        timeout $((SECS + 60)) "$W/tenant_bench" throughput "$ITERS" "$SECS" >"$file" 2>&1
+    else
+        timeout $((SECS + 60)) "$KIT/cumux" run --server "unix:$W/s.sock" --tenant "$1" -- \
+            "$W/tenant_bench" throughput "$ITERS" "$SECS" >"$file" 2>&1
+    fi
+    local rate
+    rate=$(metric "$file" kernels_per_s)
+    [ -n "$rate" ] || { tail -3 "$file" >&2; rate=0; }
+    echo "$rate"
+}
+declare -A RATE
+for r in $(seq "$ROUNDS"); do
+    for t in native full $(for c in $CAPS; do echo "c$c"; done); do
+        rate=$(run_as "$t")
+        RATE[$t]="${RATE[$t]:-} $rate"
+        say "round $r: $t $rate kernels/s"
+    done
+done
+"$KIT/cumux" status --server "unix:$W/s.sock" >"$W/status.txt" 2>&1
+say "## cumux status (tenants)"
+sed -n '/^TENANT/,/^$/p' "$W/status.txt" | tee -a "$REPORT"
+say "## the server's log on caps"
+grep -E "part of|SMs" "$W/server.log" | head -8 | tee -a "$REPORT"
+
+python3 - "$REPORT" "$OUT/sm-caps.json" "$CAPS" <<PY
+import sys, statistics
+sys.path.insert(0, "$ROOT/bench/h100")
+from results_json import write
+rates = {}
+for line in open(sys.argv[1]):
+    p = line.split()
+    if len(p) == 5 and p[0] == "round" and p[4] == "kernels/s":
+        rates.setdefault(p[2], []).append(float(p[3]))
+med = {k: statistics.median(v) for k, v in rates.items()}
+metrics = [{"name": "saturating_uncapped", "unit": "kernels/s", "better": "higher",
+            "native": med.get("native"), "cumux": med.get("full"),
+            "ratio": med["full"] / med["native"] if med.get("native") else None}]
+lines = []
+for cap in sys.argv[3].split():
+    share = med.get("c" + cap, 0) / med["full"] if med.get("full") else None
+    metrics.append({"name": f"share_at_sm_percent_{cap}", "unit": "of uncapped", "better": "closer to cap",
+                    "native": int(cap) / 100, "cumux": share,
+                    "ratio": share / (int(cap) / 100) if share else None})
+    lines.append(f"sm_percent {cap}: {share:.3f} of uncapped (cap {int(cap)/100:.2f}; ratio {share/(int(cap)/100):.3f})")
+with open(sys.argv[1], "a") as f:
+    f.write("## medians\n" + "\n".join(lines) + "\n")
+print("\n".join(lines))
+write(sys.argv[2], {"date": "$DATE", "gpu": "$GPU", "driver": "$DRIVER", "cuda": "$CUDA",
+                    "commit": "$COMMIT", "suite": "sm-caps"}, metrics,
+      ["a saturating tenant (tenant_bench throughput, 128 blocks an SM) alone through one cumux serve --sharing isolated; shares are of the same tenant uncapped"])
+PY
