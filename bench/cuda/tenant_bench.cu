@@ -7,6 +7,13 @@
 //   tenant_bench latency ITERS SECS      one kernel at a time, 1 ms apart:
 //                                        prints p50/p99 of launch-to-completion
 //                                        and of the launch call alone
+//   tenant_bench paced STYLE ITERS SECS  back-to-back kernels paced as programs
+//                                        pace them (issue 20), prints kernels/s:
+//     window      an event after each launch, 32 in flight, sync on the oldest
+//     sync        each launch followed by a stream synchronize
+//     streamsync  a stream synchronize after every 16 launches
+//     graph       a graph of 16 launches, two graphs in flight
+//     streams     4 streams round robin, an event window of 32 across them
 //
 // The kernel does fixed work (dependent FMAs; one block of 256 threads per SM,
 // or TENANT_BLOCKS_PER_SM blocks per SM) rather than spinning on the clock, so
@@ -70,9 +77,63 @@ static double time_kernel(float *out, long long iters, int reps) {
     return t[t.size() / 2];
 }
 
+// `paced` mode: kernels of `iters` for `secs` seconds in pacing `style`.
+static int paced(const char *style, float *out, long long iters, double secs) {
+    const int window = 32, batch = 16, nstreams = 4;
+    std::vector<cudaStream_t> streams(nstreams);
+    for (auto &st : streams) CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    std::vector<cudaEvent_t> events(window);
+    for (auto &e : events) CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    cudaGraphExec_t graph = nullptr;
+    if (!strcmp(style, "graph")) {
+        cudaGraph_t g;
+        CHECK(cudaStreamBeginCapture(streams[0], cudaStreamCaptureModeThreadLocal));
+        for (int i = 0; i < batch; i++) work<<<blocks(), 256, 0, streams[0]>>>(out, iters);
+        CHECK(cudaStreamEndCapture(streams[0], &g));
+        CHECK(cudaGraphInstantiate(&graph, g, 0));
+    } else if (strcmp(style, "window") && strcmp(style, "sync") && strcmp(style, "streamsync") &&
+               strcmp(style, "streams")) {
+        fprintf(stderr, "tenant_bench: unknown pacing %s\n", style);
+        return 64;
+    }
+    long long done = 0, n = 0;
+    Clock::time_point t0 = Clock::now();
+    while (seconds_since(t0) < secs) {
+        if (!strcmp(style, "sync")) {
+            work<<<blocks(), 256, 0, streams[0]>>>(out, iters);
+            CHECK(cudaStreamSynchronize(streams[0]));
+            done++;
+        } else if (!strcmp(style, "streamsync")) {
+            for (int i = 0; i < batch; i++) work<<<blocks(), 256, 0, streams[0]>>>(out, iters);
+            CHECK(cudaStreamSynchronize(streams[0]));
+            done += batch;
+        } else if (!strcmp(style, "graph")) {
+            // Two graphs in flight: wait for the one before this one.
+            CHECK(cudaGraphLaunch(graph, streams[0]));
+            CHECK(cudaEventRecord(events[n & 1], streams[0]));
+            if (n > 0) CHECK(cudaEventSynchronize(events[(n - 1) & 1]));
+            done += batch;
+            n++;
+        } else {
+            // window / streams: an event after each launch; past 32 in
+            // flight, wait for the oldest.
+            cudaStream_t st = streams[!strcmp(style, "streams") ? n % nstreams : 0];
+            if (n >= window) CHECK(cudaEventSynchronize(events[n % window]));
+            work<<<blocks(), 256, 0, st>>>(out, iters);
+            CHECK(cudaEventRecord(events[n % window], st));
+            done++;
+            n++;
+        }
+    }
+    CHECK(cudaDeviceSynchronize());
+    double elapsed = seconds_since(t0);
+    printf("metric kernels_per_s %.3f 1/s\nmetric kernels %lld count\n", done / elapsed, done);
+    return 0;
+}
+
 int main(int argc, char **argv) {
     if (argc < 3) {
-        fprintf(stderr, "usage: tenant_bench calibrate US | throughput ITERS SECS | latency ITERS SECS\n");
+        fprintf(stderr, "usage: tenant_bench calibrate US | throughput ITERS SECS | latency ITERS SECS | paced STYLE ITERS SECS\n");
         return 64;
     }
     float *out;
@@ -120,6 +181,10 @@ int main(int argc, char **argv) {
         double elapsed = seconds_since(t0);
         printf("metric kernels_per_s %.3f 1/s\nmetric kernels %lld count\n", done / elapsed, done);
         return 0;
+    }
+    if (!strcmp(mode, "paced")) {
+        if (argc < 5) return 64;
+        return paced(argv[2], out, atoll(argv[3]), atof(argv[4]));
     }
     if (!strcmp(mode, "latency")) {
         // TENANT_STREAM=blocking|nonblocking|urgent: a stream of the program's
