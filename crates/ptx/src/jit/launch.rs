@@ -825,6 +825,11 @@ impl Worker {
         let ctaid = self.ctaid;
         self.launch_check(g, done, || format!("at line {line} of block {ctaid:?}"))?;
         ctx.check_at = Self::next_check(g, done);
+        if g.kernel.polls {
+            // it may spin on a flag another block sets: the host's other
+            // threads (that block's worker among them) get to run
+            std::thread::yield_now();
+        }
         Ok(())
     }
 }
