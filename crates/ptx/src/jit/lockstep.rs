@@ -10,15 +10,32 @@
 //! launch lets a warp's lanes waiting at steps go on once none of them can
 //! run (`warp::resolve_warp`). Between two steps each lane runs alone, in
 //! lane order: for lanes at one pc (converged code) every lane makes its
-//! volatile access before any makes its next one, as in lockstep. A load
-//! that follows a volatile load with no store, atomic, branch or stop
-//! between needs no step of its own (no lane writes in between, so what it
-//! reads is the same). Volatile global accesses get no step: they are how
-//! blocks talk to each other (compiled as atomics, `emit_mem`), not lanes.
+//! volatile access before any makes its next one, as in lockstep. An access
+//! needs no step where, on every path since the lanes were last together
+//! (the kernel's start, a barrier they waited at, a step), other lanes can
+//! have made no access it could see: none at all, or only loads before a
+//! load (a data flow over the basic blocks; a backward branch, which may
+//! yield, parts the lanes). NVIDIA's scan sample's volatile shared loop, a
+//! barrier before each access, so needs none. Volatile global accesses get no
+//! step: they are how blocks talk to each other (compiled as atomics,
+//! `emit_mem`), not lanes.
 
-use super::inline::UNCOUNTED;
+use super::inline::{CHECKS, UNCOUNTED};
 use crate::ir::{Func, Inst, MemOrder, Op, Sp, NONE};
 use std::borrow::Cow;
+
+/// What the lanes of a warp did since they were last together (at the
+/// kernel's start, a barrier they waited at, or a step), on every path:
+/// ordered so that the meet of two paths is the lesser.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Since {
+    /// Anything: stores, atomics, a yield.
+    Dirty,
+    /// Loads only (of memory other lanes may write).
+    Loads,
+    /// Nothing other lanes may see.
+    Clean,
+}
 
 /// A volatile access that other lanes of the warp may see: `Some(true)`
 /// for a store, `Some(false)` for a load.
@@ -31,13 +48,14 @@ fn warp_visible(op: &Op) -> Option<bool> {
     matches!(addr.sp, Sp::Shared | Sp::Generic).then_some(store)
 }
 
-/// Whether `op` may write memory another lane reads, moves its thread
-/// elsewhere or stops it: the next volatile load needs its own step.
-fn breaks_run(op: &Op) -> bool {
+/// What `op` (not a volatile access of [`warp_visible`]) leaves of `s`.
+fn after(op: &Op, s: Since) -> Since {
     match op {
-        Op::St { addr, .. } => !matches!(addr.sp, Sp::Local | Sp::Param),
-        Op::Ld { .. }
-        | Op::Mov { .. }
+        // a barrier its threads wait at: each warp's lanes together again
+        Op::Bar { wait: true, .. } | Op::WarpStep => Since::Clean,
+        Op::Ld { addr, .. } | Op::St { addr, .. } if matches!(addr.sp, Sp::Local | Sp::Param) => s,
+        Op::Ld { .. } => s.min(Since::Loads),
+        Op::Mov { .. }
         | Op::Int { .. }
         | Op::Float { .. }
         | Op::Un { .. }
@@ -56,8 +74,89 @@ fn breaks_run(op: &Op) -> bool {
         | Op::Cvta { .. }
         | Op::Isspacep { .. }
         | Op::Special { .. }
-        | Op::Nop => false,
-        _ => true,
+        | Op::Bra { .. }
+        | Op::Nop => s,
+        _ => Since::Dirty,
+    }
+}
+
+/// Whether a volatile access (`store` or load) made with `s` since the
+/// warp's lanes were together needs a step first: a load after loads only
+/// reads what it would in lockstep (no lane wrote in between), as does
+/// any access after nothing at all; the lanes then run on one by one from
+/// there to their next stop, which is what the step would have led to.
+fn needs_step(store: bool, s: Since) -> bool {
+    match s {
+        Since::Clean => false,
+        Since::Loads => store,
+        Since::Dirty => true,
+    }
+}
+
+/// Which instructions of `f` get a step before them: each volatile shared
+/// or generic access whose lanes may have seen other lanes' accesses since
+/// they were together (a forward data flow over the basic blocks).
+fn steps(f: &Func) -> Vec<bool> {
+    let code = &f.code;
+    let n = code.len();
+    let mut leader = vec![false; n + 1];
+    leader[0] = true;
+    for (pc, inst) in code.iter().enumerate() {
+        match inst.op {
+            Op::Bra { target } => {
+                leader[(target as usize).min(n)] = true;
+                leader[pc + 1] = true;
+            }
+            Op::Ret | Op::Exit | Op::Trap(_) => leader[pc + 1] = true,
+            _ => {}
+        }
+    }
+    let starts: Vec<usize> = (0..n).filter(|&pc| leader[pc]).collect();
+    let block_of = |pc: usize| starts.partition_point(|&s| s <= pc) - 1;
+    // what enters each block (the kernel's start: together)
+    let mut entry = vec![Since::Clean; starts.len()];
+    let mut step = vec![false; n];
+    loop {
+        let mut flow = vec![Since::Clean; starts.len()];
+        let mut changed = false;
+        for (b, &start) in starts.iter().enumerate() {
+            let end = starts.get(b + 1).copied().unwrap_or(n);
+            let mut s = entry[b];
+            let mut falls = true;
+            for (pc, inst) in code.iter().enumerate().take(end).skip(start) {
+                if let Some(store) = warp_visible(&inst.op) {
+                    step[pc] = needs_step(store, s);
+                    s = if store { Since::Dirty } else { Since::Loads };
+                    continue;
+                }
+                s = after(&inst.op, s);
+                match inst.op {
+                    Op::Bra { target } if (target as usize) < n => {
+                        // a backward branch or a call's may yield: the
+                        // lanes part there
+                        let checks = target as usize <= pc || inst.line & CHECKS != 0;
+                        let t = block_of(target as usize);
+                        flow[t] = flow[t].min(if checks { Since::Dirty } else { s });
+                        falls = inst.guard != NONE;
+                    }
+                    Op::Ret | Op::Exit | Op::Trap(_) => falls = inst.guard != NONE,
+                    _ => {}
+                }
+            }
+            if falls && b + 1 < starts.len() {
+                flow[b + 1] = flow[b + 1].min(s);
+            }
+        }
+        // the kernel's start comes in together
+        for (b, f) in flow.into_iter().enumerate() {
+            if f < entry[b] {
+                entry[b] = f;
+                changed = true;
+            }
+        }
+        if !changed {
+            return step;
+        }
     }
 }
 
@@ -65,33 +164,7 @@ fn breaks_run(op: &Op) -> bool {
 /// access that needs one (`f` itself where none does).
 pub(super) fn with_steps(f: Cow<'_, Func>) -> Cow<'_, Func> {
     let n = f.code.len();
-    let mut target = vec![false; n + 1];
-    for inst in &f.code {
-        if let Op::Bra { target: t } = inst.op {
-            if let Some(slot) = target.get_mut(t as usize) {
-                *slot = true;
-            }
-        }
-    }
-    let mut step = vec![false; n];
-    // the last volatile access of the run since the last step was a load
-    let mut after_load = false;
-    for (pc, inst) in f.code.iter().enumerate() {
-        if target[pc] {
-            after_load = false;
-        }
-        match warp_visible(&inst.op) {
-            Some(false) => {
-                step[pc] = !after_load;
-                after_load = true;
-            }
-            Some(true) => {
-                step[pc] = true;
-                after_load = false;
-            }
-            None => after_load &= !breaks_run(&inst.op),
-        }
-    }
+    let step = steps(&f);
     if !step.contains(&true) {
         return f;
     }
@@ -194,7 +267,7 @@ mod tests {
     }
 
     #[test]
-    fn a_step_goes_before_each_volatile_shared_access_but_a_load_after_a_load() {
+    fn a_step_goes_before_a_volatile_shared_access_after_other_lanes_may_have_written() {
         use MemOrder::*;
         let f = func(vec![
             ld(Sp::Shared, Volatile),
@@ -211,7 +284,7 @@ mod tests {
         assert_eq!(
             shape(&got),
             [
-                "step",
+                // from the start, loads only: none
                 "ld Shared Volatile",
                 "ld Generic Volatile",
                 "step",
@@ -223,7 +296,7 @@ mod tests {
                 "step",
                 "ld Shared Volatile",
                 // to the stepped store: to its step
-                "bra 3",
+                "bra 2",
             ]
         );
         assert!(got
@@ -233,7 +306,7 @@ mod tests {
     }
 
     #[test]
-    fn a_branch_target_starts_a_new_run_and_global_only_code_is_left_alone() {
+    fn a_loop_back_parts_the_lanes_a_barrier_joins_them_and_global_code_is_left_alone() {
         use MemOrder::*;
         let f = func(vec![
             ld(Sp::Shared, Volatile),
@@ -243,14 +316,27 @@ mod tests {
         let got = with_steps(Cow::Owned(f));
         assert_eq!(
             shape(&got),
-            [
-                "step",
-                "ld Shared Volatile",
-                "step",
-                "ld Shared Volatile",
-                "bra 2"
-            ]
+            ["ld Shared Volatile", "step", "ld Shared Volatile", "bra 1"]
         );
+        // each access comes first after the lanes were together
+        let bar = || Op::Bar {
+            id: Src::Imm(0),
+            count: Src::Imm(u64::MAX),
+            wait: true,
+            red: crate::ir::BarRed::None,
+            d: NONE,
+            p: Src::Imm(0),
+            pneg: false,
+        };
+        let f = func(vec![
+            st(Sp::Shared, Volatile),
+            bar(),
+            ld(Sp::Shared, Volatile),
+            ld(Sp::Shared, Volatile),
+            bar(),
+            st(Sp::Shared, Volatile),
+        ]);
+        assert!(matches!(with_steps(Cow::Borrowed(&f)), Cow::Borrowed(_)));
         let f = func(vec![ld(Sp::Global, Volatile), st(Sp::Global, Volatile)]);
         assert!(matches!(with_steps(Cow::Borrowed(&f)), Cow::Borrowed(_)));
     }
