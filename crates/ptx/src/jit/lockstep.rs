@@ -1,24 +1,5 @@
-//! Lockstep warps in compiled code: a thread stops before each volatile
-//! shared or generic access until no lane of its warp can run on, then all
-//! go on together, so warp-synchronous code sees what the interpreter's
-//! lockstep warps give it.
-//!
-//! The interpreter runs a module with volatile accesses one instruction a
-//! lane at a time (`exec::block`): a warp's lanes do an access before any
-//! does the next. Compiled code runs a thread from stop to stop, so the
-//! kernel gets an uncounted [`Op::WarpStep`] before each such access; the
-//! launch lets a warp's lanes waiting at steps go on once none of them can
-//! run (`warp::resolve_warp`). Between two steps each lane runs alone, in
-//! lane order: for lanes at one pc (converged code) every lane makes its
-//! volatile access before any makes its next one, as in lockstep. An access
-//! needs no step where, on every path since the lanes were last together
-//! (the kernel's start, a barrier they waited at, a step), other lanes can
-//! have made no access it could see: none at all, or only loads before a
-//! load (a data flow over the basic blocks; a backward branch, which may
-//! yield, parts the lanes). NVIDIA's scan sample's volatile shared loop, a
-//! barrier before each access, so needs none. Volatile global accesses get no
-//! step: they are how blocks talk to each other (compiled as atomics,
-//! `emit_mem`), not lanes.
+//! Lockstep warps in compiled code: a warp step before each volatile shared
+//! access that needs one, where a thread waits until no lane of its warp can run.
 
 use super::inline::{CHECKS, UNCOUNTED};
 use crate::ir::{Func, Inst, MemOrder, Op, Sp, NONE};
@@ -162,6 +143,22 @@ fn steps(f: &Func) -> Vec<bool> {
 
 /// `f` with an [`Op::WarpStep`] before each volatile shared or generic
 /// access that needs one (`f` itself where none does).
+///
+/// The interpreter runs a module with volatile accesses one instruction a
+/// lane at a time (`exec::block`): a warp's lanes make an access before any
+/// makes the next, which warp-synchronous code needs. Compiled code runs a
+/// thread from stop to stop; at a step, the launch lets the warp's lanes go
+/// on once none of them can run (`warp::resolve_warp`), then each runs alone
+/// to its next stop, in lane order: for lanes at one pc (converged code)
+/// every lane makes its volatile access before any makes its next one, as
+/// in lockstep. An access needs no step where, on every path since the
+/// lanes were last together (the kernel's start, a barrier they waited at,
+/// a step), other lanes can have made no access it could see: none at all,
+/// or only loads before a load ([`steps`]; a backward branch, which may
+/// yield, parts the lanes). NVIDIA's scan sample's volatile shared loop, a
+/// barrier before each access, so needs none. Volatile global accesses get
+/// no step: they are how blocks talk to each other (compiled as atomics,
+/// `emit_mem`), not lanes.
 pub(super) fn with_steps(f: Cow<'_, Func>) -> Cow<'_, Func> {
     let n = f.code.len();
     let step = steps(&f);
