@@ -4,7 +4,7 @@
 //! launch), while a well-formed one passes both.
 
 use crate::exec::Executable;
-use crate::ir::{Address, ArgLoc, CallInfo, Func, Inst, Module, Op, Sp, Src, NONE};
+use crate::ir::{Address, ArgLoc, CallInfo, Func, Inst, MemOrder, Module, Op, Sp, Src, NONE};
 use crate::launch::{Fault, LaunchConfig, LaunchLimits};
 use crate::lower::hand_off;
 use crate::memory::{DeviceMemory, DEVICE_VA_BASE};
@@ -62,6 +62,7 @@ fn well_formed() -> Module {
                 size: 4,
                 n: 1,
                 vals: [Src::Imm(7); 4],
+                order: MemOrder::Plain,
             },
             Op::Exit,
         ],

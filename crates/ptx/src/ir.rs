@@ -352,6 +352,22 @@ pub(crate) enum BarRed {
     Or,
 }
 
+/// How a load or store is ordered with other threads' accesses: PTX's
+/// `.volatile`, `.relaxed`, `.acquire` and `.release` (of any scope), or
+/// none (`.weak`). The interpreter runs every access as a relaxed atomic
+/// and a module with volatile accesses in lockstep warps; the compiler
+/// makes the ordered ones atomic in global memory (a spin on another
+/// block's flag re-reads it) and steps a warp's lanes together at
+/// volatile shared ones (`jit::lockstep`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum MemOrder {
+    Plain,
+    Volatile,
+    Relaxed,
+    Acquire,
+    Release,
+}
+
 /// A memory operand: a base value plus a byte offset in a state space.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(crate) struct Address {
@@ -533,12 +549,14 @@ pub(crate) enum Op {
         n: u8,
         ds: [u32; 4],
         sext: bool,
+        order: MemOrder,
     },
     St {
         n: u8,
         size: u32,
         vals: [Src; 4],
         addr: Address,
+        order: MemOrder,
     },
     Atom {
         addr: Address,
@@ -690,6 +708,10 @@ pub(crate) enum Op {
     Activemask {
         d: u32,
     },
+    /// The compiler's own (never lowered from PTX): the lanes of a warp
+    /// step together here, before a volatile shared access, as the
+    /// interpreter's lockstep warps do (`jit::lockstep`). A no-op.
+    WarpStep,
     Nop,
 }
 

@@ -96,6 +96,7 @@ impl Op {
             | Op::Exit
             | Op::Trap(_)
             | Op::Activemask { .. }
+            | Op::WarpStep
             | Op::Nop => {}
         }
     }
@@ -155,6 +156,7 @@ impl Op {
             | Op::WarpSync { .. }
             | Op::CpAsync { .. }
             | Op::WmmaStore { .. }
+            | Op::WarpStep
             | Op::Nop => {}
         }
     }

@@ -24,6 +24,7 @@ pub(super) fn step(
             n,
             ds,
             sext: se,
+            ..
         } => {
             debug_assert!((1..=4).contains(n), "ld of {n} elements");
             let a = th.address(addr);
@@ -42,6 +43,7 @@ pub(super) fn step(
             size,
             n,
             vals,
+            ..
         } => {
             debug_assert!((1..=4).contains(n), "st of {n} elements");
             let a = th.address(addr);

@@ -167,7 +167,7 @@ pub(super) fn run_thread<const SINGLE_STEP: bool>(
             Op::Vote { .. } => wait_at!(Status::AtWarp),
             Op::Match { .. } => wait_at!(Status::AtWarp),
             Op::Redux { .. } => wait_at!(Status::AtWarp),
-            Op::Nop => {}
+            Op::WarpStep | Op::Nop => {}
         }
         pc += 1;
     };

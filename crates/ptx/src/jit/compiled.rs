@@ -4,7 +4,8 @@
 
 use super::inline::{flatten, CHECKS, UNCOUNTED};
 use super::lanes::LANES;
-use super::plan::{plan, Plan};
+use super::lockstep::with_steps;
+use super::plan::{ordered, plan, Plan};
 use super::runtime::KernelFn;
 use super::translate::{kernel_signature, lane_slots, Translator};
 use crate::ir::{Func, Module, Op, Src};
@@ -34,8 +35,13 @@ pub(crate) struct CompiledKernel {
     pub(super) resumes: Box<[u32]>,
     pub(super) nregs: u32,
     pub(super) frame_bytes: u32,
-    /// Whether it has warp collectives (else no thread ever waits at one).
+    /// Whether it has warp collectives or lockstep steps (else no thread
+    /// ever waits at one).
     pub(super) collectives: bool,
+    /// Whether it makes ordered loads (volatile, relaxed, acquire): it may
+    /// spin on what another block writes, so a thread that yields lets the
+    /// host's other threads run ([`super::launch`]).
+    pub(super) polls: bool,
     /// Whether every barrier waits for the whole block at one id, with no
     /// `bar.arrive` or `bar.red` (a barrier then completes when all wait).
     pub(super) plain_barriers: bool,
@@ -112,8 +118,8 @@ impl CompiledModule {
             return Err(why);
         }
         slot.get_or_init(|| {
-            let f = flatten(m, m.kernels[k])?;
-            let p = plan(m, k, &f)?;
+            let f = with_steps(flatten(m, m.kernels[k])?);
+            let p = plan(&f)?;
             cached(key_of(&f), || compile(&f, &p))
         })
         .as_ref()
@@ -217,8 +223,12 @@ fn compile(f: &Func, p: &Plan) -> Result<CompiledKernel, String> {
                 | Op::Redux { .. }
                 | Op::WarpSync { .. }
                 | Op::Activemask { .. }
+                | Op::WarpStep
         )
     });
+    let polls = ops
+        .iter()
+        .any(|op| ordered(op) && matches!(op, Op::Ld { .. }));
     let bar_red = ops.iter().any(|op| {
         matches!(
             op,
@@ -239,6 +249,7 @@ fn compile(f: &Func, p: &Plan) -> Result<CompiledKernel, String> {
             _ => true,
         });
     Ok(CompiledKernel {
+        polls,
         plain_barriers,
         lanes,
         lane_slots: lane_slots(f, p).1,

@@ -18,9 +18,9 @@ pub(super) fn holds(set: &RegSet, r: u32) -> bool {
         .is_some_and(|w| w >> (r % 64) & 1 != 0)
 }
 
-/// Whether `op` stops its thread when it runs (a barrier it waits at or a
-/// warp collective: its result is written to the register file, not the
-/// code's).
+/// Whether `op` stops its thread when it runs (a barrier it waits at, a
+/// warp collective, whose result is written to the register file, not the
+/// code's, or a lockstep step).
 pub(super) fn stops(op: &Op) -> bool {
     matches!(
         op,
@@ -31,6 +31,7 @@ pub(super) fn stops(op: &Op) -> bool {
             | Op::Redux { .. }
             | Op::WarpSync { .. }
             | Op::Activemask { .. }
+            | Op::WarpStep
     )
 }
 

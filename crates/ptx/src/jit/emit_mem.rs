@@ -6,7 +6,7 @@ use super::runtime::{
     rt_atom, rt_load, rt_log_store, rt_misaligned_vector, rt_store, space_code, Ctx, LOGGED_BYTES,
 };
 use super::translate::{ctx_off, Translator};
-use crate::ir::{Address, Op, Sp, Src, NONE};
+use crate::ir::{Address, MemOrder, Op, Sp, Src, NONE};
 use cranelift_codegen::ir::condcodes::IntCC;
 use cranelift_codegen::ir::types::{I32, I32X4, I64};
 use cranelift_codegen::ir::{AbiParam, InstBuilder, MemFlagsData, Signature, Value};
@@ -22,6 +22,7 @@ impl Translator<'_, '_> {
                 n,
                 ds,
                 sext,
+                order,
             } => {
                 if let (Some((v, _)), true) = (self.hoisted_param(&addr, size, n), self.width > 1) {
                     // (the lane kernel runs only where every one is in)
@@ -52,28 +53,33 @@ impl Translator<'_, '_> {
                 if !self.covered(addr.sp) {
                     self.vector_alignment(base, size, n, false, line);
                 }
+                self.atomic = Self::atomic_in(order, addr.sp);
                 for (k, d) in ds.iter().enumerate().take(n as usize) {
                     let a = self.add_imm(base, k as i64 * size as i64);
                     let v = self.load(addr.sp, a, size, line);
                     let v = if sext { self.sext(v, size * 8) } else { v };
                     self.set(*d, v);
                 }
+                self.atomic = false;
             }
             Op::St {
                 n,
                 size,
                 vals,
                 addr,
+                order,
             } => {
                 let base = self.address(&addr);
                 if !self.covered(addr.sp) {
                     self.vector_alignment(base, size, n, true, line);
                 }
                 let vs: Vec<Value> = vals.iter().take(n as usize).map(|&s| self.src(s)).collect();
+                self.atomic = Self::atomic_in(order, addr.sp);
                 for (k, v) in vs.into_iter().enumerate() {
                     let a = self.add_imm(base, k as i64 * size as i64);
                     self.store(addr.sp, a, size, v, line);
                 }
+                self.atomic = false;
             }
             Op::Atom { addr, d, b, c, .. } => {
                 self.next_site(addr.sp);
@@ -105,6 +111,14 @@ impl Translator<'_, '_> {
             }
             _ => {}
         }
+    }
+
+    /// Whether an access ordered by `order` in `sp` is atomic: in global
+    /// memory (generic addresses mostly are) other blocks run on other
+    /// host threads; shared and local memory are the block's own, whose
+    /// threads all run on one.
+    fn atomic_in(order: MemOrder, sp: Sp) -> bool {
+        order != MemOrder::Plain && matches!(sp, Sp::Global | Sp::Generic)
     }
 
     fn address(&mut self, a: &Address) -> Value {
@@ -316,7 +330,11 @@ impl Translator<'_, '_> {
         self.jump_with(join, x);
         self.fb.switch_to_block(fast);
         if let Some((_, p)) = fast_ptr {
-            let x = self.fast_load(p, size);
+            let x = if self.atomic {
+                self.atomic_load(p, size)
+            } else {
+                self.fast_load(p, size)
+            };
             self.jump_with(join, x);
         } else {
             self.fb.ins().jump(join, &[]);
@@ -398,6 +416,21 @@ impl Translator<'_, '_> {
         }
     }
 
+    /// An atomic load of `size` bytes at host pointer `p`, zero-extended:
+    /// every run of it reads memory again, and (sequentially consistent)
+    /// it orders the loads after it, as `ld.acquire` does.
+    fn atomic_load(&mut self, p: Value, size: u32) -> Value {
+        let v = self
+            .fb
+            .ins()
+            .atomic_load(Self::int_type(size), MemFlagsData::trusted(), p);
+        if size < 8 {
+            self.fb.ins().uextend(I64, v)
+        } else {
+            v
+        }
+    }
+
     pub(super) fn store(&mut self, sp: Sp, addr: Value, size: u32, val: Value, line: u32) {
         if self.covered(sp) {
             let p = self.shared_unchecked(addr);
@@ -457,7 +490,11 @@ impl Translator<'_, '_> {
             } else {
                 val
             };
-            self.fb.ins().store(MemFlagsData::trusted(), x, p, 0);
+            if self.atomic {
+                self.fb.ins().atomic_store(MemFlagsData::trusted(), x, p);
+            } else {
+                self.fb.ins().store(MemFlagsData::trusted(), x, p, 0);
+            }
         }
         if let Some(join) = join {
             self.fb.ins().jump(join, &[]);

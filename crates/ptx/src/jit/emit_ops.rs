@@ -310,6 +310,23 @@ impl Translator<'_, '_> {
                 self.fb.ins().ushr_imm_u(l, 5)
             }
             SReg::Nwarpid => self.ctx_u32(ctx_off!(nwarpid)),
+            SReg::Clock | SReg::Clock64 | SReg::Globaltimer => {
+                // the worker's instructions so far: before the block, and
+                // the block's up to this one (the count has the rest of the
+                // basic block in already: `excess`, of all lanes)
+                let n = self.fb.use_var(self.count);
+                let here = self.fb.ins().iadd_imm_s(n, -self.excess);
+                let base = self.ctx_u64(ctx_off!(clock_base));
+                let clock = self.fb.ins().iadd(base, here);
+                match r {
+                    SReg::Clock => self.fb.ins().band_imm_u(clock, 0xffff_ffff),
+                    SReg::Clock64 => clock,
+                    _ => {
+                        let start = self.ctx_u64(ctx_off!(start_ns));
+                        self.fb.ins().iadd(start, clock)
+                    }
+                }
+            }
             SReg::Smid => self.ctx_u32(ctx_off!(smid)),
             SReg::Nsmid => self.imm(132),
             SReg::Gridid => self.imm(1),

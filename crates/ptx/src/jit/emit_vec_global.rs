@@ -4,7 +4,7 @@
 use super::emit_vec_mem::unaligned;
 use super::runtime::Ctx;
 use super::translate::{ctx_off, Translator};
-use crate::ir::{Address, Inst, Op, Sp, Src, NONE};
+use crate::ir::{Address, Inst, MemOrder, Op, Sp, Src, NONE};
 use cranelift_codegen::ir::condcodes::IntCC;
 use cranelift_codegen::ir::types::{I32, I32X4, I64, I8};
 use cranelift_codegen::ir::{BlockArg, InstBuilder, MemFlagsData, Value};
@@ -32,12 +32,14 @@ impl Translator<'_, '_> {
                 n: 1,
                 ds,
                 sext: false,
+                order: MemOrder::Plain,
             } if self.vregs[ds[0] as usize].is_some() => (addr, Err(ds[0])),
             Op::St {
                 addr,
                 size: 4,
                 n: 1,
                 vals,
+                order: MemOrder::Plain,
             } => match vals[0] {
                 Src::Reg(r) if self.vregs[r as usize].is_some() => (addr, Ok(vals[0])),
                 Src::Imm(_) => (addr, Ok(vals[0])),

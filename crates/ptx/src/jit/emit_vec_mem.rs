@@ -4,7 +4,7 @@
 
 use super::shared_checks::groups;
 use super::translate::{LaneBase, Translator};
-use crate::ir::{Address, Inst, Op, Sp, Src, NONE};
+use crate::ir::{Address, Inst, MemOrder, Op, Sp, Src, NONE};
 use cranelift_codegen::ir::condcodes::IntCC;
 use cranelift_codegen::ir::types::{I32, I32X4, I64, I8};
 use cranelift_codegen::ir::{ConstantData, Endianness, InstBuilder, MemFlagsData, Value};
@@ -101,6 +101,7 @@ impl Translator<'_, '_> {
                 n,
                 ds,
                 sext: false,
+                order: MemOrder::Plain,
             } if fits(self, &addr, size, n) && narrow(self, Src::Reg(ds[0])) => {
                 let flags = unaligned();
                 let v = match self.regular_at(&addr) {
@@ -127,6 +128,7 @@ impl Translator<'_, '_> {
                 size,
                 vals,
                 addr,
+                order: MemOrder::Plain,
             } if fits(self, &addr, size, n) && narrow(self, vals[0]) => {
                 let flags = unaligned();
                 let x = self.vsrc_pub(vals[0]);

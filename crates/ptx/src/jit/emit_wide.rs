@@ -23,6 +23,7 @@ impl Translator<'_, '_> {
             n: 1,
             ds,
             sext,
+            ..
         } = *op
         {
             return self.uniform_param(&addr, size, ds[0], sext);

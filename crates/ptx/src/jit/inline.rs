@@ -3,7 +3,7 @@
 //! argument and return copies as uncounted instructions (the interpreter
 //! counts a call, its callee's instructions and their `ret`, no more).
 
-use crate::ir::{Address, ArgLoc, Func, Inst, Module, Op, Sp, Src, NONE};
+use crate::ir::{Address, ArgLoc, Func, Inst, MemOrder, Module, Op, Sp, Src, NONE};
 use std::borrow::Cow;
 
 /// A bit of an instruction's line: the inliner added it, the interpreter
@@ -286,6 +286,7 @@ fn load(d: u32, from: u32, size: u32) -> Op {
         n: 1,
         ds: [d, NONE, NONE, NONE],
         sext: false,
+        order: MemOrder::Plain,
     }
 }
 
@@ -295,6 +296,7 @@ fn store(v: Src, to: u32, size: u32) -> Op {
         size,
         vals: [v, Src::Imm(0), Src::Imm(0), Src::Imm(0)],
         addr: local(to),
+        order: MemOrder::Plain,
     }
 }
 

@@ -33,6 +33,9 @@ struct Grid<'a> {
     shared_bytes: u64,
     /// Where the block's reserved shared memory starts.
     reserved_smem: u64,
+    /// The launch's start (ns since the Unix epoch): `%globaltimer` at a
+    /// worker's clock 0, as the interpreter gives it.
+    start_ns: u64,
     limits: &'a LaunchLimits<'a>,
     executed: AtomicU64,
     abort: AtomicBool,
@@ -98,6 +101,10 @@ pub(crate) fn launch(
         cfg: *cfg,
         shared_bytes,
         reserved_smem,
+        start_ns: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(0),
         limits,
         executed: AtomicU64::new(0),
         abort: AtomicBool::new(false),
@@ -291,6 +298,9 @@ struct Worker {
     uniform: bool,
     /// Whether the block's last run was all of it passing such a barrier.
     passed: bool,
+    /// The instructions this worker ran in the launch's earlier blocks
+    /// (`%clock64` of the running block's start).
+    clock: u64,
 }
 
 impl Worker {
@@ -332,6 +342,7 @@ impl Worker {
             own_count: AtomicU64::new(0),
             uniform: false,
             passed: false,
+            clock: 0,
         }
     }
 
@@ -466,6 +477,8 @@ impl Worker {
             nwarpid: (n as u32).div_ceil(32),
             total_smem: g.shared_bytes,
             reserved_smem: g.reserved_smem,
+            clock_base: self.clock,
+            start_ns: g.start_ns,
             mem: g.mem,
             memory: g.memory,
             fault: None,
@@ -553,6 +566,7 @@ impl Worker {
                 && self.resume.iter().all(|&r| r == self.resume[0]);
         };
         self.instructions = ctx.instructions;
+        self.clock = self.clock.wrapping_add(ctx.instructions);
         self.out = std::mem::take(&mut ctx.out);
         self.logged = ctx.log_len as usize;
         if let Some(log) = ctx.undo.take() {
@@ -825,6 +839,11 @@ impl Worker {
         let ctaid = self.ctaid;
         self.launch_check(g, done, || format!("at line {line} of block {ctaid:?}"))?;
         ctx.check_at = Self::next_check(g, done);
+        if g.kernel.polls {
+            // it may spin on a flag another block sets: the host's other
+            // threads (that block's worker among them) get to run
+            std::thread::yield_now();
+        }
         Ok(())
     }
 }

@@ -1,6 +1,7 @@
-//! The PTX compiler: kernels the `plan` takes (calls `inline`d) go from the
-//! lowered IR to native code with Cranelift (`translate`, `emit_*`, `lanes`), cached
-//! per process (`compiled`), run as thread loops split at barriers (`launch`).
+//! The PTX compiler: kernels the `plan` takes (calls `inline`d, warps
+//! stepped at volatile shared accesses by `lockstep`) go from the lowered IR
+//! to native code with Cranelift (`translate`, `emit_*`, `lanes`), cached per
+//! process (`compiled`), run as thread loops split at barriers (`launch`).
 
 mod barriers;
 mod compiled;
@@ -15,6 +16,7 @@ mod emit_wide;
 mod inline;
 mod lanes;
 mod launch;
+mod lockstep;
 mod narrow;
 mod needed;
 mod params;

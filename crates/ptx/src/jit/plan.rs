@@ -1,10 +1,10 @@
-//! Which kernels the compiler takes (no tensor ops, lockstep warps, indirect
-//! or recursive calls) and the shape of one: basic blocks, resume points, the
-//! registers live at each.
+//! Which kernels the compiler takes (no tensor ops, indirect or recursive
+//! calls) and the shape of one: basic blocks, resume points, the registers
+//! live at each.
 
 use super::dirty::{dirty_in, stops, RegSet};
 use super::inline::{CHECKS, UNCOUNTED};
-use crate::ir::{Func, Module, Op, SReg, Src, NONE};
+use crate::ir::{Func, MemOrder, Op, Src, NONE};
 
 /// The compiler's view of one kernel.
 pub(super) struct Plan {
@@ -40,40 +40,9 @@ impl Plan {
     }
 }
 
-/// Whether function `start` of `m` or one it calls, directly or through
-/// others, makes volatile accesses; an indirect call may reach any
-/// function of the module.
-fn reaches_volatile(m: &Module, start: usize) -> bool {
-    let mut seen = vec![false; m.funcs.len()];
-    let mut todo = vec![start];
-    while let Some(i) = todo.pop() {
-        if i >= seen.len() || std::mem::replace(&mut seen[i], true) {
-            continue;
-        }
-        let f = &m.funcs[i];
-        if f.uses_volatile {
-            return true;
-        }
-        for inst in &f.code {
-            if let Op::Call(info) = &inst.op {
-                if info.target.is_some() {
-                    return m.funcs.iter().any(|f| f.uses_volatile);
-                }
-                todo.push(info.func as usize);
-            }
-        }
-    }
-    false
-}
-
 /// Why kernel `k` of `m` (`f`, its calls inlined) stays on the
 /// interpreter, or its plan.
-pub(super) fn plan(m: &Module, k: usize, f: &Func) -> Result<Plan, String> {
-    let kernel = m.kernels[k];
-    // warp-synchronous code runs in lockstep on the interpreter
-    if reaches_volatile(m, kernel as usize) {
-        return Err("volatile accesses (lockstep warps)".into());
-    }
+pub(super) fn plan(f: &Func) -> Result<Plan, String> {
     for inst in &f.code {
         supported(&inst.op).map_err(|why| format!("line {}: {why}", inst.line))?;
     }
@@ -81,12 +50,13 @@ pub(super) fn plan(m: &Module, k: usize, f: &Func) -> Result<Plan, String> {
     let mut leaders = vec![0u32];
     let mut resumes = vec![0u32];
     // lanes run every kernel without warp collectives (whose lanes would
-    // wait for threads of other groups)
+    // wait for threads of other groups) or ordered accesses (a block that
+    // published a flag to other blocks can't be undone)
     let lanes = !lanes_off()
         && !f
             .code
             .iter()
-            .any(|i| stops(&i.op) && !matches!(i.op, Op::Bar { .. }));
+            .any(|i| stops(&i.op) && !matches!(i.op, Op::Bar { .. }) || ordered(&i.op));
     for (pc, inst) in f.code.iter().enumerate() {
         let pc = pc as u32;
         match inst.op {
@@ -133,6 +103,12 @@ pub(super) fn plan(m: &Module, k: usize, f: &Func) -> Result<Plan, String> {
         live_in,
         shuffled,
     })
+}
+
+/// Whether `op` is a load or store ordered with other threads' accesses
+/// (volatile, relaxed, acquire or release).
+pub(super) fn ordered(op: &Op) -> bool {
+    matches!(op, Op::Ld { order, .. } | Op::St { order, .. } if *order != MemOrder::Plain)
 }
 
 /// Whether `CUMUX_PTX_LANES=0` turns lane kernels off (read once).
@@ -186,6 +162,7 @@ fn supported(op: &Op) -> Result<(), String> {
         | Op::Redux { .. }
         | Op::WarpSync { .. }
         | Op::Activemask { .. }
+        | Op::WarpStep
         | Op::Bra { .. }
         | Op::Ret
         | Op::Exit
@@ -197,29 +174,9 @@ fn supported(op: &Op) -> Result<(), String> {
                 Err(format!("{n} accesses of {size} bytes"))
             }
         }
-        Op::Special { r, .. } => match r {
-            SReg::Tid(_)
-            | SReg::Ntid(_)
-            | SReg::Ctaid(_)
-            | SReg::Nctaid(_)
-            | SReg::Laneid
-            | SReg::Warpid
-            | SReg::Nwarpid
-            | SReg::Smid
-            | SReg::Nsmid
-            | SReg::Gridid
-            | SReg::LanemaskEq
-            | SReg::LanemaskLt
-            | SReg::LanemaskLe
-            | SReg::LanemaskGt
-            | SReg::LanemaskGe
-            | SReg::DynSmem
-            | SReg::TotalSmem
-            | SReg::ReservedSmem(_)
-            | SReg::Envreg(_)
-            | SReg::Zero => Ok(()),
-            r => Err(format!("special register {r:?}")),
-        },
+        // every special register (`emit_ops::special`; the clocks as the
+        // worker's instruction count)
+        Op::Special { .. } => Ok(()),
         // `bar.sync`, `bar.red` and `bar.arrive` of any id and count (the
         // launch resolves them as the interpreter does)
         Op::Bar { id, count, .. } => match (id, count) {

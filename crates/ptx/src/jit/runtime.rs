@@ -84,6 +84,10 @@ pub(super) struct Ctx<'a> {
     /// `%total_smem_size`, and where the block's reserved shared memory starts.
     pub total_smem: u64,
     pub reserved_smem: u64,
+    /// `%clock64` where the block started: the instructions its worker ran
+    /// before it; and `%globaltimer`'s start (the launch's, in ns).
+    pub clock_base: u64,
+    pub start_ns: u64,
     /// Device memory of the launch, and the memory itself (its heap).
     pub mem: &'a MemView<'a>,
     pub memory: &'a DeviceMemory,

@@ -91,6 +91,10 @@ pub(super) struct Translator<'a, 'f> {
     /// The site every access takes while set (a lane kernel's lanes of one
     /// access share their vector access's site).
     pub site_pin: Option<u32>,
+    /// Whether the access being emitted is ordered (volatile, relaxed,
+    /// acquire, release) in global or generic memory: its fast path is an
+    /// atomic load or store, which no code motion merges or drops.
+    pub atomic: bool,
     /// An 8-byte stack slot the load helper writes into.
     pub slot: cranelift_codegen::ir::StackSlot,
     /// The float each value of float-op result bits came from (register
@@ -412,6 +416,7 @@ impl<'a, 'f> Translator<'a, 'f> {
             site: u32::MAX,
             sites: 0,
             site_pin: None,
+            atomic: false,
             slot,
             floats: std::collections::HashMap::new(),
             unchecked: Vec::new(),

@@ -1,5 +1,5 @@
 //! Warp collectives of compiled kernels (`shfl`, `vote`, `match`, `redux`,
-//! `bar.warp.sync`, `activemask`), resolved from the waiting threads' register
+//! `bar.warp.sync`, `activemask`, lockstep steps), resolved from the waiting threads' register
 //! files with the grouping and results of the interpreter's `exec/warp.rs`.
 
 use super::compiled::CompiledKernel;
@@ -83,6 +83,21 @@ pub(super) fn resolve_warp(lanes: &mut Lanes<'_>, w: usize, relaxed: bool) -> bo
         let Some((pc, op)) = lanes.op_of(l) else {
             continue;
         };
+        if let Op::WarpStep = op {
+            // lockstep: once no lane can run on, every lane at a step goes on
+            if (lo..hi).any(|i| lanes.state[i] == State::Ready) {
+                continue;
+            }
+            for i in lo..hi {
+                if let State::AtWarp(p) = lanes.state[i] {
+                    if matches!(lanes.kernel.ops.get(p as usize), Some(Op::WarpStep)) {
+                        lanes.state[i] = State::Ready;
+                    }
+                }
+            }
+            progressed = true;
+            continue;
+        }
         let mask_src = match op {
             Op::WarpSync { mask }
             | Op::Shfl { mask, .. }

@@ -3,7 +3,7 @@
 
 use super::context::FuncLower;
 use super::error::invalid;
-use super::modifiers::sp_of;
+use super::modifiers::{order_of, sp_of};
 use super::symbols::Binding;
 use crate::ast::{self, Operand};
 use crate::ir::{Address, AtomOp, MbarKind, Op, Sp, Src, Ty, NONE};
@@ -25,6 +25,7 @@ impl FuncLower<'_> {
             n,
             ds,
             sext: t.signed(),
+            order: order_of(m),
         });
         Ok(())
     }
@@ -58,6 +59,7 @@ impl FuncLower<'_> {
             size: t.bytes(),
             n,
             vals,
+            order: order_of(m),
         });
         Ok(())
     }

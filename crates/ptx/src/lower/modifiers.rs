@@ -1,7 +1,7 @@
 //! PTX dot-modifiers to IR enums: comparison, rounding mode, state space.
 
 use crate::ast;
-use crate::ir::{Cmp, FloatMode, Rnd, Sp};
+use crate::ir::{Cmp, FloatMode, MemOrder, Rnd, Sp};
 
 /// The comparison a modifier names.
 pub(super) fn cmp_of(s: &str) -> Option<Cmp> {
@@ -76,6 +76,21 @@ pub(super) fn sp_of(mods: &[String]) -> Option<Sp> {
             _ => return None,
         })
     })
+}
+
+/// How a load or store is ordered (`.volatile`, `.relaxed`, `.acquire`,
+/// `.release`; `.mmio` accesses are `.relaxed.sys`), else plain.
+pub(super) fn order_of(mods: &[String]) -> MemOrder {
+    first_present(
+        mods,
+        &[
+            ("volatile", MemOrder::Volatile),
+            ("relaxed", MemOrder::Relaxed),
+            ("acquire", MemOrder::Acquire),
+            ("release", MemOrder::Release),
+        ],
+    )
+    .unwrap_or(MemOrder::Plain)
 }
 
 /// The value paired with the first of `choices` whose modifier is present
