@@ -74,3 +74,8 @@ fn every_target_has_a_test_here() {
         ]
     );
 }
+
+#[test]
+fn checkpoint() {
+    replays_cleanly("checkpoint");
+}

@@ -219,13 +219,8 @@ mod tests {
             .collect()
     }
 
-    #[test]
-    fn many_chunks_go_through_the_pool_in_order_and_a_bad_one_is_named() {
-        let device = CpuDevice::new(256 << 20);
-        let from = device.create_context().unwrap();
-        // More chunks than the window, and an allocation of an odd size.
-        let sizes = [(window() * 2 + 3) * CHUNK + 1001, 77];
-        let mut image = SessionImage {
+    fn empty_image() -> SessionImage {
+        SessionImage {
             format: IMAGE_FORMAT,
             index: 0,
             window: 1,
@@ -238,7 +233,16 @@ mod tests {
             limits: Vec::new(),
             aliases: Vec::new(),
             resume: None,
-        };
+        }
+    }
+
+    #[test]
+    fn many_chunks_go_through_the_pool_in_order_and_a_bad_one_is_named() {
+        let device = CpuDevice::new(256 << 20);
+        let from = device.create_context().unwrap();
+        // More chunks than the window, and an allocation of an odd size.
+        let sizes = [(window() * 2 + 3) * CHUNK + 1001, 77];
+        let mut image = empty_image();
         let mut want = Vec::new();
         for size in sizes {
             let ptr = from.mem_alloc(size as u64).unwrap();
@@ -306,5 +310,109 @@ mod tests {
         // Cut short: refused as truncated.
         let why = restore(&bytes[..bytes.len() / 2]).unwrap_err().detail;
         assert!(why.contains("truncated"), "{why}");
+    }
+
+    /// The format and the pool alone, from a CPU context's memory (a copy)
+    /// to a file and back: `CUMUX_IMAGE_BENCH_MIB` MiB (default 1024) of
+    /// half noise and half one value (as `bench/h100/migrate.sh`'s disk
+    /// part), then of runs that compress; into `CUMUX_IMAGE_BENCH_FILE`
+    /// (default in the temp folder), synced, and into memory. Run with
+    /// `cargo test --release -p cumux-server --lib image_pipeline::tests::throughput
+    /// -- --ignored --nocapture` (`taskset` picks the pool's cores).
+    #[test]
+    #[ignore]
+    fn throughput() {
+        use std::time::Instant;
+        let mib: usize = std::env::var("CUMUX_IMAGE_BENCH_MIB")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(1024);
+        let path = std::env::var("CUMUX_IMAGE_BENCH_FILE")
+            .map(std::path::PathBuf::from)
+            .unwrap_or_else(|_| std::env::temp_dir().join("cumux-image-bench.ckpt"));
+        let size = mib << 20;
+        let device = CpuDevice::new(2 * size as u64 + (64 << 20));
+        let (from, to) = (
+            device.create_context().unwrap(),
+            device.create_context().unwrap(),
+        );
+        let (ptr, back) = (
+            from.mem_alloc(size as u64).unwrap(),
+            to.mem_alloc(size as u64).unwrap(),
+        );
+        let image = SessionImage {
+            allocations: vec![Allocation {
+                ptr,
+                size: size as u64,
+            }],
+            ..empty_image()
+        };
+        let gbs = |t: std::time::Duration| size as f64 / t.as_secs_f64() / 1e9;
+        println!("threads {}, {mib} MiB, file {}", threads(), path.display());
+        for (name, mix) in [("half noise, half one value", 0), ("runs (zstd)", 1)] {
+            let mut x = 0x9e37_79b9_7f4a_7c15u64;
+            let bytes: Vec<u8> = (0..size)
+                .map(|i| match (mix, i < size / 2) {
+                    (0, true) => {
+                        x ^= x << 13;
+                        x ^= x >> 7;
+                        x ^= x << 17;
+                        x as u8
+                    }
+                    (0, false) => 0x5a,
+                    _ => (i / 4096) as u8,
+                })
+                .collect();
+            from.mem_write(ptr, &bytes).unwrap();
+            let to_file = |sync: bool| {
+                let file = std::fs::File::create(&path).unwrap();
+                let started = Instant::now();
+                let out = std::io::BufWriter::with_capacity(1 << 20, &file);
+                let mut writer = StreamWriter::start(out, &image).unwrap();
+                write_memory(from.as_ref(), &extents(&image), &mut writer).unwrap();
+                let (out, stored) = writer.finish().unwrap();
+                drop(out);
+                if sync {
+                    file.sync_all().unwrap();
+                }
+                (started.elapsed(), stored)
+            };
+            let from_file = || {
+                let file = std::fs::File::open(&path).unwrap();
+                let started = Instant::now();
+                let input = std::io::BufReader::with_capacity(1 << 20, &file);
+                let (mut reader, read) = StreamReader::open(input).unwrap();
+                let buffers = Buffers::default();
+                memory_pipe::write_behind(to.as_ref(), &buffers, &mut |put| {
+                    reader.pour(&extents(&read), &buffers, &mut |at, piece| {
+                        put(at - ptr + back, piece)
+                    })
+                })
+                .unwrap();
+                MemorySource::finish(&mut reader).unwrap();
+                started.elapsed()
+            };
+            for round in 0..3 {
+                let (written, stored) = to_file(false);
+                let (synced, _) = to_file(true);
+                let read = from_file();
+                let mut memory = StreamWriter::start(Vec::new(), &image).unwrap();
+                let started = Instant::now();
+                write_memory(from.as_ref(), &extents(&image), &mut memory).unwrap();
+                let in_memory = started.elapsed();
+                println!(
+                    "{name}, round {round}: file {stored} bytes; checkpoint {:.2} GB/s ({:.2} synced), \
+                     restore {:.2} GB/s (page cache); checkpoint into memory {:.2} GB/s",
+                    gbs(written),
+                    gbs(synced),
+                    gbs(read),
+                    gbs(in_memory)
+                );
+            }
+            let mut check = vec![0u8; size];
+            to.mem_read(back, &mut check).unwrap();
+            assert!(check == bytes, "{name}: restored memory differs");
+        }
+        let _ = std::fs::remove_file(&path);
     }
 }
