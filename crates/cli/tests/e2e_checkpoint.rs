@@ -103,7 +103,8 @@ fn a_checkpoint_brings_its_state_back_and_bad_files_are_refused() {
     let file = server.dir.0.join("rollback.ckpt");
     let out = checkpoint(&server, &session, &file);
     succeeded(&out, &server);
-    // Its second half, one value, is stored as fills: 6 MiB at least.
+    // Its second half is one value: the 4 MiB chunk wholly in it (8-12 MiB
+    // of its 12) is stored as a fill.
     let said = output_text(&out);
     let filled: u64 = said
         .split(" one value repeated")
@@ -111,7 +112,7 @@ fn a_checkpoint_brings_its_state_back_and_bad_files_are_refused() {
         .and_then(|before| before.rsplit(' ').next())
         .and_then(|n| n.parse().ok())
         .unwrap_or_else(|| panic!("{said}"));
-    assert!(filled >= 6 << 20, "{said}");
+    assert!(filled >= 4 << 20, "{said}");
     assert!(!with_suffix(&file, ".partial").exists());
     let bytes = std::fs::read(&file).unwrap();
     assert!(bytes.starts_with(b"CUMUXCKP"));
