@@ -261,13 +261,16 @@ impl Unpacker {
         let raw_len = record.raw_len as usize;
         match record.kind {
             RAW => Ok((Piece::Bytes(record.stored), None)),
-            FILL => {
-                let fill = Piece::Fill {
-                    value: record.stored[0],
-                    len: record.raw_len(),
-                };
-                Ok((fill, Some(record.stored)))
-            }
+            FILL => match record.stored[..] {
+                [value] => {
+                    let len = record.raw_len();
+                    Ok((Piece::Fill { value, len }, Some(record.stored)))
+                }
+                _ => Err(corrupt(format!(
+                    "{} is a fill of no one value",
+                    record.name()
+                ))),
+            },
             _ => {
                 let decompressor = match &mut self.decompressor {
                     Some(d) => d,
