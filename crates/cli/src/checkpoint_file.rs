@@ -125,7 +125,7 @@ mod tests {
         drop(Partial::create(&path).unwrap());
         assert!(!partial.exists() && !path.exists());
         let mut p = Partial::create(&path).unwrap();
-        std::io::Write::write_all(&mut p.file, b"CUMUXCKP\x02\0\0\0rest").unwrap();
+        std::io::Write::write_all(&mut p.file, b"CUMUXCKP\x03\0\0\0rest").unwrap();
         assert_eq!(p.commit().unwrap(), 16);
         assert!(!partial.exists());
         assert!(open(&path).is_ok());
@@ -134,8 +134,8 @@ mod tests {
             format!("{:#}", open(&path).unwrap_err())
         };
         assert!(why(b"\x7fELF and so on").contains("not a cumux checkpoint"));
-        assert!(why(b"CUMUXCKP\x01\0\0\0").contains("format 1; this cumux reads format 2"));
-        assert!(why(b"CUMUXCKP\x02").contains("truncated"));
+        assert!(why(b"CUMUXCKP\x02\0\0\0").contains("format 2; this cumux reads format 3"));
+        assert!(why(b"CUMUXCKP\x03").contains("truncated"));
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -153,7 +153,7 @@ fn a_checkpoint_is_written_and_a_corrupt_or_truncated_one_is_refused() {
                     b[bytes.len() / 2] ^= 0x40;
                     b
                 },
-                "checksum does not match",
+                "corrupt",
             ),
         ] {
             std::fs::write(&bad, broken).unwrap();

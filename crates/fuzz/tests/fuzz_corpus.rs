@@ -58,6 +58,11 @@ fn plan() {
 }
 
 #[test]
+fn checkpoint() {
+    replays_cleanly("checkpoint");
+}
+
+#[test]
 fn every_target_has_a_test_here() {
     let names: Vec<&str> = targets::all().iter().map(|t| t.name).collect();
     assert_eq!(
@@ -70,7 +75,8 @@ fn every_target_has_a_test_here() {
             "ptx_run",
             "fatbin",
             "config",
-            "plan"
+            "plan",
+            "checkpoint"
         ]
     );
 }

@@ -85,3 +85,8 @@ fn config() {
 fn plan() {
     fuzz_briefly("plan");
 }
+
+#[test]
+fn checkpoint() {
+    fuzz_briefly("checkpoint");
+}

@@ -15,7 +15,7 @@ use cumux_fuzz::{corpus_root, panics, targets};
 #[derive(Parser)]
 #[command(name = "cumux-fuzz")]
 struct Args {
-    /// Targets to run: wire, shm, session, ptx_parse, ptx_run, fatbin, config.
+    /// Targets to run: wire, shm, session, ptx_parse, ptx_run, fatbin, config, plan, checkpoint.
     targets: Vec<String>,
     /// Seconds per target (default: $CUMUX_FUZZ_SECS, else 60).
     #[arg(long)]

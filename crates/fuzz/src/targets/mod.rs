@@ -3,6 +3,7 @@
 //! `session` share.
 
 pub mod calls;
+pub mod checkpoint;
 pub mod config;
 pub mod fatbin;
 pub mod plan;
@@ -14,7 +15,7 @@ pub mod wire;
 use crate::engine::Target;
 
 /// Every target, in the order the runner takes them.
-pub fn all() -> [&'static Target; 8] {
+pub fn all() -> [&'static Target; 9] {
     [
         &wire::TARGET,
         &shm::TARGET,
@@ -24,6 +25,7 @@ pub fn all() -> [&'static Target; 8] {
         &fatbin::TARGET,
         &config::TARGET,
         &plan::TARGET,
+        &checkpoint::TARGET,
     ]
 }
 

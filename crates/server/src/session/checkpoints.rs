@@ -1,7 +1,8 @@
 //! Checkpoints as streams (issue 17): a session's state written from its
 //! device straight into the file an admin's `cumux` passed (or into bytes,
-//! for a connection that cannot pass one), and read back the same way, each
-//! through one bounded buffer ([`image_stream`](super::image_stream)).
+//! for a connection that cannot pass one), and read back the same way, its
+//! chunks packed and checked on a thread pool
+//! ([`image_pipeline`](super::image_pipeline)).
 
 use std::io::{BufReader, BufWriter, Write};
 use std::os::fd::OwnedFd;
@@ -12,8 +13,9 @@ use cumux_protocol::{codes, Call, CuError, DevicePtr};
 
 use super::core::err;
 use super::image::SessionImage;
-use super::image_stream::{MemorySource, Put, StreamReader, StreamWriter, CHUNK};
-use super::memory_pipe;
+use super::image_pipeline;
+use super::image_stream::{extents, Piece, StreamReader, StreamWriter, CHUNK};
+use super::memory_pipe::{Buffers, MemorySource, Put};
 use super::{CallResult, Session};
 use crate::device::DeviceContext;
 use crate::moves::{Action, Checkpoint, CheckpointFile};
@@ -22,33 +24,33 @@ use crate::moves::{Action, Checkpoint, CheckpointFile};
 /// and reads (chunks' heads); chunks themselves pass straight through.
 const FILE_BUFFER: usize = 1 << 20;
 
-/// A move's memory: read from the session's own context, piece by piece,
-/// through one buffer.
+/// A move's memory: read from the session's own context, piece by piece.
 pub(super) struct FromContext<'a> {
     ctx: &'a dyn DeviceContext,
-    buf: Vec<u8>,
 }
 
 impl<'a> FromContext<'a> {
     pub(super) fn new(ctx: &'a dyn DeviceContext) -> Self {
-        FromContext {
-            ctx,
-            buf: Vec::new(),
-        }
+        FromContext { ctx }
     }
 }
 
 impl MemorySource for FromContext<'_> {
-    fn next(&mut self, ptr: DevicePtr, size: u64, put: &mut Put<'_>) -> Result<(), CuError> {
-        let mut offset = 0;
-        while offset < size {
-            let n = (size - offset).min(CHUNK as u64) as usize;
-            if self.buf.len() < n {
-                self.buf.resize(n, 0);
+    fn pour(
+        &mut self,
+        allocations: &[(DevicePtr, u64)],
+        buffers: &Buffers,
+        put: &mut Put<'_>,
+    ) -> Result<(), CuError> {
+        for &(ptr, size) in allocations {
+            let mut offset = 0;
+            while offset < size {
+                let n = (size - offset).min(CHUNK as u64) as usize;
+                let mut buf = buffers.take(n);
+                self.ctx.mem_read(ptr + offset, &mut buf)?;
+                put(ptr + offset, Piece::Bytes(buf))?;
+                offset += n as u64;
             }
-            self.ctx.mem_read(ptr + offset, &mut self.buf[..n])?;
-            put(offset, &self.buf[..n])?;
-            offset += n as u64;
         }
         Ok(())
     }
@@ -127,22 +129,18 @@ impl Session {
         let out = regular_file(file)?;
         let written = self
             .write_stream(image, BufWriter::with_capacity(FILE_BUFFER, out))
-            .and_then(|(out, size, memory, compressed)| {
+            .and_then(|(out, line)| {
                 out.into_inner().map_err(|e| {
                     err(
                         codes::UNKNOWN,
                         format!("cannot write the checkpoint: {}", e.error()),
                     )
                 })?;
-                Ok((size, memory, compressed))
+                Ok(line)
             });
         match written {
-            Ok((size, memory, compressed)) => {
-                let line = format!(
-                    "{memory} bytes of memory ({compressed} of them compressed) and the \
-                     session's layout, {size} bytes written in {:.2?}",
-                    started.elapsed()
-                );
+            Ok(line) => {
+                let line = format!("{line} in {:.2?}", started.elapsed());
                 tracing::info!(session = self.id(), "checkpointed: {line}");
                 Ok(line.into_bytes())
             }
@@ -154,23 +152,18 @@ impl Session {
     }
 
     /// `image`'s stream into `out`, memory read from the device a few
-    /// pieces ahead: `out`, the stream's bytes, memory's bytes and those of
-    /// them compressed.
-    fn write_stream<W: Write>(
-        &self,
-        image: &SessionImage,
-        out: W,
-    ) -> Result<(W, u64, u64, u64), CuError> {
+    /// pieces ahead and packed on a thread pool: `out`, and a line that
+    /// says what was written.
+    fn write_stream<W: Write>(&self, image: &SessionImage, out: W) -> Result<(W, String), CuError> {
         let mut writer = StreamWriter::start(out, image)?;
-        let allocations: Vec<(DevicePtr, u64)> =
-            image.allocations.iter().map(|a| (a.ptr, a.size)).collect();
-        // The device's next pieces are read while this one is written.
-        memory_pipe::read_ahead(self.ctx.as_ref(), &allocations, &mut |piece| {
-            writer.chunk(piece)
-        })?;
-        let (memory, compressed) = (writer.memory, writer.compressed);
+        image_pipeline::write_memory(self.ctx.as_ref(), &extents(image), &mut writer)?;
+        let (memory, compressed, filled) = (writer.memory, writer.compressed, writer.filled);
         let (out, size) = writer.finish()?;
-        Ok((out, size, memory, compressed))
+        let line = format!(
+            "{memory} bytes of memory ({compressed} of them compressed, {filled} one value \
+             repeated) and the session's layout, {size} bytes written"
+        );
+        Ok((out, line))
     }
 
     /// `Action::Restore`: the session's state replaced by a checkpoint's,

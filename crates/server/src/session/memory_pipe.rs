@@ -1,18 +1,72 @@
 //! A session's memory moved in pieces with the device's side on a thread of
 //! its own: reads run ahead of a checkpoint's writing, writes behind a restore's reading.
 
-use std::sync::mpsc::{channel, sync_channel};
+use std::sync::mpsc::sync_channel;
+use std::sync::{Arc, Mutex};
 
 use cumux_protocol::{codes, CuError, DevicePtr};
 
-use super::image_stream::CHUNK;
+use super::image_stream::{Piece, CHUNK};
 use crate::device::DeviceContext;
 
 /// Pieces in flight between the two sides (each at most [`CHUNK`] bytes).
 const AHEAD: usize = 2;
 
 /// Hands a piece to write at a device address ([`write_behind`]).
-pub(super) type Put<'a> = dyn FnMut(DevicePtr, &[u8]) -> Result<(), CuError> + 'a;
+pub(super) type Put<'a> = dyn FnMut(DevicePtr, Piece) -> Result<(), CuError> + 'a;
+
+/// Where a rebuild's memory comes from: each allocation's bytes in turn.
+pub(super) trait MemorySource {
+    /// Hands each `(ptr, size)` allocation's bytes, in order, to
+    /// `put(address, piece)`, taking the buffers it fills from `buffers`.
+    fn pour(
+        &mut self,
+        allocations: &[(DevicePtr, u64)],
+        buffers: &Buffers,
+        put: &mut Put<'_>,
+    ) -> Result<(), CuError>;
+
+    /// Called after the last allocation: a stream checks its trailer here.
+    fn finish(&mut self) -> Result<(), CuError> {
+        Ok(())
+    }
+
+    /// The context the bytes come from, where they come from one: a move
+    /// then tries copying them device to device instead.
+    fn context(&self) -> Option<&dyn DeviceContext> {
+        None
+    }
+}
+
+/// Buffers of a chunk each, handed back by the side that spent them to the
+/// side that fills them, so memory passes without a fresh allocation each
+/// time. Lives as long as one checkpoint or restore.
+#[derive(Clone, Default)]
+pub(super) struct Buffers(Arc<Mutex<Vec<Vec<u8>>>>);
+
+/// Buffers kept at most: those in flight come back.
+const KEPT: usize = 256;
+
+impl Buffers {
+    /// A buffer of `len` bytes (their values whatever they were).
+    pub(super) fn take(&self, len: usize) -> Vec<u8> {
+        let kept = self.0.lock().ok().and_then(|mut kept| kept.pop());
+        let mut buf = kept.unwrap_or_default();
+        buf.resize(len, 0);
+        buf
+    }
+
+    /// A buffer spent; kept if it is a chunk's size.
+    pub(super) fn give(&self, buf: Vec<u8>) {
+        if buf.capacity() >= CHUNK {
+            if let Ok(mut kept) = self.0.lock() {
+                if kept.len() < KEPT {
+                    kept.push(buf);
+                }
+            }
+        }
+    }
+}
 
 fn side_failed() -> CuError {
     CuError::new(codes::UNKNOWN, "the memory's other side stopped")
@@ -23,24 +77,25 @@ fn side_panicked() -> CuError {
 }
 
 /// Hands each `(ptr, size)` allocation's bytes of `ctx`, in order, to
-/// `take` in pieces of at most [`CHUNK`], while a thread reads the next
+/// `take(address, bytes)` in pieces of at most [`CHUNK`] (buffers from
+/// `buffers`, which `take` may give back), while a thread reads the next
 /// pieces from the device. The first error of either side ends both.
 pub(super) fn read_ahead(
     ctx: &dyn DeviceContext,
     allocations: &[(DevicePtr, u64)],
-    take: &mut dyn FnMut(&[u8]) -> Result<(), CuError>,
+    buffers: &Buffers,
+    take: &mut dyn FnMut(DevicePtr, Vec<u8>) -> Result<(), CuError>,
 ) -> Result<(), CuError> {
     std::thread::scope(|scope| {
-        let (pieces, arrived) = sync_channel::<Result<Vec<u8>, CuError>>(AHEAD);
-        let (spent, reusable) = channel::<Vec<u8>>();
+        let (pieces, arrived) = sync_channel::<Result<(DevicePtr, Vec<u8>), CuError>>(AHEAD);
         let reader = scope.spawn(move || {
             for &(ptr, size) in allocations {
                 let mut offset = 0;
                 while offset < size {
                     let n = (size - offset).min(CHUNK as u64) as usize;
-                    let mut buf = reusable.try_recv().unwrap_or_default();
-                    buf.resize(n, 0);
-                    let read = ctx.mem_read(ptr + offset, &mut buf).map(|()| buf);
+                    let mut buf = buffers.take(n);
+                    let at = ptr + offset;
+                    let read = ctx.mem_read(at, &mut buf).map(|()| (at, buf));
                     let failed = read.is_err();
                     if pieces.send(read).is_err() || failed {
                         return;
@@ -51,11 +106,7 @@ pub(super) fn read_ahead(
         });
         let mut taken = Ok(());
         for piece in arrived.iter() {
-            taken = piece.and_then(|buf| {
-                take(&buf)?;
-                let _ = spent.send(buf);
-                Ok(())
-            });
+            taken = piece.and_then(|(at, buf)| take(at, buf));
             if taken.is_err() {
                 break;
             }
@@ -70,29 +121,30 @@ pub(super) fn read_ahead(
     })
 }
 
-/// Runs `fill`, whose `put(ptr, bytes)` calls hand pieces to a thread
-/// that writes them into `ctx` while `fill` reads on. Returns once every
-/// piece is written; the first error of either side ends both.
+/// Runs `fill`, whose `put(ptr, piece)` calls hand pieces to a thread that
+/// writes them into `ctx` (a fill as the device's own fill) while `fill`
+/// reads on; spent buffers go back to `buffers`. Returns once every piece
+/// is written; the first error of either side ends both.
 pub(super) fn write_behind(
     ctx: &dyn DeviceContext,
+    buffers: &Buffers,
     fill: &mut dyn FnMut(&mut Put<'_>) -> Result<(), CuError>,
 ) -> Result<(), CuError> {
     std::thread::scope(|scope| {
-        let (pieces, arrived) = sync_channel::<(DevicePtr, Vec<u8>)>(AHEAD);
-        let (spent, reusable) = channel::<Vec<u8>>();
+        let (pieces, arrived) = sync_channel::<(DevicePtr, Piece)>(AHEAD);
         let writer = scope.spawn(move || -> Result<(), CuError> {
-            for (ptr, buf) in arrived.iter() {
-                ctx.mem_write(ptr, &buf)?;
-                let _ = spent.send(buf);
+            for (ptr, piece) in arrived.iter() {
+                match piece {
+                    Piece::Bytes(buf) => {
+                        ctx.mem_write(ptr, &buf)?;
+                        buffers.give(buf);
+                    }
+                    Piece::Fill { value, len } => ctx.mem_fill(ptr, &[value], len)?,
+                }
             }
             Ok(())
         });
-        let filled = fill(&mut |ptr, bytes| {
-            let mut buf = reusable.try_recv().unwrap_or_default();
-            buf.clear();
-            buf.extend_from_slice(bytes);
-            pieces.send((ptr, buf)).map_err(|_| side_failed())
-        });
+        let filled = fill(&mut |ptr, piece| pieces.send((ptr, piece)).map_err(|_| side_failed()));
         drop(pieces);
         let written = writer.join().unwrap_or_else(|_| Err(side_panicked()));
         // The writer's own error says more than the "stopped" it caused.
@@ -111,7 +163,7 @@ mod tests {
     use crate::device::Device;
 
     #[test]
-    fn pieces_come_in_order_and_errors_of_either_side_end_both() {
+    fn pieces_come_in_order_fills_are_written_and_errors_of_either_side_end_both() {
         let device = CpuDevice::new(64 << 20);
         let ctx = device.create_context().unwrap();
         let sizes = [CHUNK as u64 * 2 + 5, 300, 1];
@@ -121,22 +173,27 @@ mod tests {
             .collect();
         let pattern =
             |i: usize, n: u64| -> Vec<u8> { (0..n).map(|j| (j % 251) as u8 ^ i as u8).collect() };
+        let buffers = Buffers::default();
         // Written behind: each allocation's pattern, in two pieces.
-        write_behind(ctx.as_ref(), &mut |put| {
+        write_behind(ctx.as_ref(), &buffers, &mut |put| {
             for (i, &(ptr, n)) in allocations.iter().enumerate() {
                 let bytes = pattern(i, n);
                 let half = bytes.len() / 2;
-                put(ptr, &bytes[..half])?;
-                put(ptr + half as u64, &bytes[half..])?;
+                put(ptr, Piece::Bytes(bytes[..half].to_vec()))?;
+                put(ptr + half as u64, Piece::Bytes(bytes[half..].to_vec()))?;
             }
             Ok(())
         })
         .unwrap();
         // Read ahead: the same bytes, in order, in pieces of at most CHUNK.
         let mut all = Vec::new();
-        read_ahead(ctx.as_ref(), &allocations, &mut |piece| {
+        let mut next = allocations[0].0;
+        read_ahead(ctx.as_ref(), &allocations, &buffers, &mut |at, piece| {
             assert!(piece.len() <= CHUNK);
-            all.extend_from_slice(piece);
+            assert!(at == next || allocations.iter().any(|a| a.0 == at));
+            next = at + piece.len() as u64;
+            all.extend_from_slice(&piece);
+            buffers.give(piece);
             Ok(())
         })
         .unwrap();
@@ -146,10 +203,30 @@ mod tests {
             .flat_map(|(i, &n)| pattern(i, n))
             .collect();
         assert!(all == want, "read back differs");
+        // A fill is the device's own, over exactly its bytes.
+        let (ptr, n) = allocations[0];
+        write_behind(ctx.as_ref(), &buffers, &mut |put| {
+            put(
+                ptr + 1,
+                Piece::Fill {
+                    value: 0xa7,
+                    len: n - 2,
+                },
+            )
+        })
+        .unwrap();
+        let mut back = vec![0u8; n as usize];
+        ctx.mem_read(ptr, &mut back).unwrap();
+        let first = pattern(0, n);
+        assert_eq!(
+            (back[0], back[n as usize - 1]),
+            (first[0], first[n as usize - 1])
+        );
+        assert!(back[1..n as usize - 1].iter().all(|&b| b == 0xa7));
 
         // A taker that fails stops the reader; its error comes back.
         let mut pieces = 0;
-        let stop = read_ahead(ctx.as_ref(), &allocations, &mut |_| {
+        let stop = read_ahead(ctx.as_ref(), &allocations, &buffers, &mut |_, _| {
             pieces += 1;
             Err(CuError::new(codes::INVALID_VALUE, "disk full"))
         });
@@ -157,12 +234,17 @@ mod tests {
         assert_eq!(pieces, 1);
         // A device side that fails: its error, not the other side's.
         let unmapped = allocations[0].0 + (1 << 30);
-        let read = read_ahead(ctx.as_ref(), &[(unmapped, 16)], &mut |_| Ok(()));
+        let read = read_ahead(
+            ctx.as_ref(),
+            &[(unmapped, 16)],
+            &buffers,
+            &mut |_, _| Ok(()),
+        );
         assert!(read.is_err());
-        let wrote = write_behind(ctx.as_ref(), &mut |put| {
-            put(unmapped, &[1, 2, 3])?;
+        let wrote = write_behind(ctx.as_ref(), &buffers, &mut |put| {
+            put(unmapped, Piece::Bytes(vec![1, 2, 3]))?;
             for _ in 0..8 {
-                put(allocations[1].0, &[0; 16])?;
+                put(allocations[1].0, Piece::Bytes(vec![0; 16]))?;
             }
             Ok(())
         });

@@ -10,6 +10,7 @@ mod checkpoints;
 mod core;
 mod graphs;
 pub mod image;
+mod image_pipeline;
 pub mod image_stream;
 mod ipc;
 mod memory;

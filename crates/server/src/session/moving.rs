@@ -14,8 +14,7 @@ use super::core::{err, release_failed};
 use super::image::{
     Allocation, Bytes, GraphImage, LaunchImage, ModuleImage, SessionImage, StreamImage,
 };
-use super::image_stream::MemorySource;
-use super::memory_pipe;
+use super::memory_pipe::{self, Buffers, MemorySource};
 use super::order::{stream_order, Order};
 use super::preparing::{ModuleToLoad, Prepared, Preparing, ROUNDS};
 use super::{launch_meter, FunctionEntry, ModuleEntry, Session};
@@ -508,18 +507,15 @@ impl Session {
         };
         if !copied {
             // Pieces are written into the new context while the next are read.
-            memory_pipe::write_behind(ctx.as_ref(), &mut |put| {
-                for a in &image.allocations {
-                    memory.next(a.ptr, a.size, &mut |offset, bytes| {
-                        put(a.ptr + offset, bytes)?;
-                        done += bytes.len() as u64;
-                        let note =
-                            format!("rebuilding on device {ordinal}: {done} of {total} bytes");
-                        self.server.orders().note(self.id(), note);
-                        Ok(())
-                    })?;
-                }
-                Ok(())
+            let buffers = Buffers::default();
+            memory_pipe::write_behind(ctx.as_ref(), &buffers, &mut |put| {
+                memory.pour(&places, &buffers, &mut |at, piece| {
+                    done += piece.len();
+                    put(at, piece)?;
+                    let note = format!("rebuilding on device {ordinal}: {done} of {total} bytes");
+                    self.server.orders().note(self.id(), note);
+                    Ok(())
+                })
             })?;
         }
         memory.finish()?;
