@@ -5,9 +5,6 @@
 # The tenant is bench/cuda/tenant_bench.cu's throughput mode with
 # TENANT_BLOCKS_PER_SM=128 (16 full waves of 8 x 256 threads an SM, so a
 # part of the SMs still runs full waves), back to back for SECS seconds.
-# Then two capped tenants at once: a latency-critical 25 % (SMs from the
-# device's front) beside a batch 75 % (from the back), which do not overlap,
-# and two batch tenants of 25 % and 75 %, which do (both from the back).
 # Also runs bench/cuda/green_probe.c natively (what green contexts give).
 # Writes $OUT/sm-caps.txt and $OUT/sm-caps.json.
 #
@@ -49,7 +46,6 @@ say "## a saturating tenant: $TENANT_BLOCKS_PER_SM blocks an SM, $ITERS iteratio
 {
     echo "[tenants.full]"
     for cap in $CAPS; do printf '[tenants.c%s]\nsm_percent = %s\n' "$cap" "$cap"; done
-    printf '[tenants.lc25]\nsm_percent = 25\nclass = "latency-critical"\n[tenants.b75]\nsm_percent = 75\n'
 } >"$W/caps.toml"
 "$KIT/cumux" serve --device cuda --sharing isolated --config "$W/caps.toml" \
     --listen "unix:$W/s.sock" >"$W/server.log" 2>&1 &
@@ -76,20 +72,6 @@ for r in $(seq "$ROUNDS"); do
         say "round $r: $t $rate kernels/s"
     done
 done
-# Two tenants at once: together LABEL A B
-together() {
-    run_as "$2" >"$W/a.rate" &
-    local a=$!
-    run_as "$3" >"$W/b.rate"
-    wait $a
-    say "round $r: $1 $2 $(cat "$W/a.rate") $3 $(cat "$W/b.rate") kernels/s"
-}
-if [ "$CAPS" = "25 50 75" ]; then
-    for r in $(seq "$ROUNDS"); do
-        together disjoint lc25 b75
-        together overlapping c25 c75
-    done
-fi
 "$KIT/cumux" status --server "unix:$W/s.sock" >"$W/status.txt" 2>&1
 say "## cumux status (tenants)"
 sed -n '/^TENANT/,/^$/p' "$W/status.txt" | tee -a "$REPORT"
@@ -116,17 +98,6 @@ for cap in sys.argv[3].split():
                     "native": int(cap) / 100, "cumux": share,
                     "ratio": share / (int(cap) / 100) if share else None})
     lines.append(f"sm_percent {cap}: {share:.3f} of uncapped (cap {int(cap)/100:.2f}; ratio {share/(int(cap)/100):.3f})")
-pairs = {}
-for line in open(sys.argv[1]):
-    p = line.split()
-    if len(p) == 8 and p[0] == "round" and p[7] == "kernels/s":
-        pairs.setdefault(p[2], []).append((float(p[4]), float(p[6])))
-for label, runs in pairs.items():
-    a = statistics.median(x[0] for x in runs) / med["full"]
-    b = statistics.median(x[1] for x in runs) / med["full"]
-    lines.append(f"{label} at once: 25 % tenant {a:.3f}, 75 % tenant {b:.3f} of uncapped alone")
-    metrics.append({"name": f"{label}_25_75_at_once", "unit": "of uncapped", "better": "closer to cap",
-                    "native": 0.25, "cumux": round(a, 4), "ratio": round(a / 0.25, 4)})
 with open(sys.argv[1], "a") as f:
     f.write("## medians\n" + "\n".join(lines) + "\n")
 print("\n".join(lines))

@@ -49,14 +49,6 @@ pub struct SmLayout {
 }
 
 impl SmLayout {
-    fn of(resource: &Resource) -> SmLayout {
-        SmLayout {
-            total: resource.sm_field(0),
-            min_partition: resource.sm_field(1),
-            alignment: resource.sm_field(2),
-        }
-    }
-
     /// The SMs a cap of `percent` gets: the count nearest `percent` of the
     /// device that the driver can split off, never below the smallest part
     /// nor above the device. 100 is the whole device.
@@ -69,29 +61,11 @@ impl SmLayout {
         let nearest = ((wanted / f64::from(align)).round() as u32) * align;
         nearest.max(self.min_partition).min(self.total)
     }
-
-    /// How many SMs at the front a part of `sms` at the back leaves out: the
-    /// rest of the device, down to whole parts (0: the part starts at the
-    /// front, as when the rest is smaller than the smallest part).
-    pub fn front_before(&self, sms: u32) -> u32 {
-        let align = self.alignment.max(1);
-        let front = self.total.saturating_sub(sms) / align * align;
-        if front < self.min_partition.max(1) {
-            0
-        } else {
-            front
-        }
-    }
 }
 
 impl Driver {
     /// How device `dev`'s SMs can be split (`cuDeviceGetDevResource`).
     pub fn sm_layout(&self, dev: DeviceId) -> Result<SmLayout, CudaError> {
-        Ok(SmLayout::of(&self.device_sms(dev)?))
-    }
-
-    /// All of device `dev`'s SMs as a resource.
-    fn device_sms(&self, dev: DeviceId) -> Result<Resource, CudaError> {
         let mut all = Resource::new();
         // SAFETY: `all` has room for a `CUdevResource` and is 8-byte aligned.
         unsafe {
@@ -100,58 +74,37 @@ impl Driver {
                 cuDeviceGetDevResource(dev.0, all.ptr(), RESOURCE_TYPE_SM)
             )?
         };
-        Ok(all)
-    }
-
-    /// `sms` SMs split off the front of `input`, and the rest.
-    fn split(&self, input: &mut Resource, sms: u32) -> Result<(Resource, Resource), CudaError> {
-        let (mut part, mut rest) = (Resource::new(), Resource::new());
-        let mut groups: c_uint = 1;
-        // SAFETY: each buffer has room for a `CUdevResource`; one group is
-        // asked for, so `part` holds one.
-        unsafe {
-            cu!(
-                self,
-                cuDevSmResourceSplitByCount(
-                    part.ptr(),
-                    &mut groups,
-                    input.ptr(),
-                    rest.ptr(),
-                    0,
-                    sms
-                )
-            )?
-        };
-        Ok((part, rest))
+        Ok(SmLayout {
+            total: all.sm_field(0),
+            min_partition: all.sm_field(1),
+            alignment: all.sm_field(2),
+        })
     }
 
     /// A green context on `sms` of device `dev`'s SMs (the driver may round
-    /// up to its alignment) and the count it got. The SMs come from the
-    /// front of the device, or (`from_back`) past as many as the rest of
-    /// the device holds; the driver splits in the same order in every
-    /// process, so a front part and a back part that fit together do not
-    /// overlap. It shares the primary context's memory; every launch made
-    /// with it current, or on a stream made while it is, runs on its SMs.
+    /// up to its alignment) and the count it got. It shares the primary
+    /// context's memory; every launch made with it current, or on a stream
+    /// made while it is, runs on its SMs only.
     pub fn green_context(
         self: &Arc<Self>,
         dev: DeviceId,
         sms: u32,
-        from_back: bool,
     ) -> Result<(Arc<Context>, u32), CudaError> {
-        let mut input = self.device_sms(dev)?;
-        let skip = match from_back {
-            true => SmLayout::of(&input).front_before(sms),
-            false => 0,
-        };
-        if skip > 0 {
-            input = self.split(&mut input, skip)?.1;
-        }
-        let (mut part, _) = self.split(&mut input, sms)?;
+        let (mut all, mut part, mut rest) = (Resource::new(), Resource::new(), Resource::new());
+        let mut groups: c_uint = 1;
         let mut desc: CUdevResourceDesc = std::ptr::null_mut();
         let mut green: CUgreenCtx = std::ptr::null_mut();
-        // SAFETY: `part` is a resource the driver filled; the out-pointers
-        // are valid.
+        // SAFETY: each resource buffer has room for a `CUdevResource` (one
+        // group asked for, so `part` holds one), and the out-pointers are valid.
         unsafe {
+            cu!(
+                self,
+                cuDeviceGetDevResource(dev.0, all.ptr(), RESOURCE_TYPE_SM)
+            )?;
+            cu!(
+                self,
+                cuDevSmResourceSplitByCount(part.ptr(), &mut groups, all.ptr(), rest.ptr(), 0, sms)
+            )?;
             cu!(self, cuDevResourceGenerateDesc(&mut desc, part.ptr(), 1))?;
             cu!(
                 self,
@@ -198,21 +151,5 @@ mod tests {
             alignment: 0,
         };
         assert_eq!(plain.sms_for(25), 3);
-    }
-
-    #[test]
-    fn a_back_part_starts_past_the_rest_of_the_device() {
-        let h100 = SmLayout {
-            total: 132,
-            min_partition: 8,
-            alignment: 8,
-        };
-        // 96 SMs at the back leave 36 at the front, 32 in whole parts: a
-        // front part of 32 (25 %) does not reach them.
-        assert_eq!(h100.front_before(96), 32);
-        assert_eq!(h100.front_before(64), 64);
-        // Too little left for a part: the back part starts at the front.
-        assert_eq!(h100.front_before(128), 0);
-        assert_eq!(h100.front_before(132), 0);
     }
 }

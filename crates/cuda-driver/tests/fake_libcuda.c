@@ -104,44 +104,40 @@ CUresult cuDevicePrimaryCtxRelease_v2(CUdevice d) { (void)d; return 0; }
  * a CUdevResource's SM part (smCount, minSmPartitionSize,
  * smCoscheduledAlignment) sits at byte 96. A green context is the one
  * context, on the SMs its descriptor names. */
-struct fake_green { unsigned sms, first; };
-static long live_green_sms, last_green_first;
+struct fake_green { unsigned sms; };
+static long live_green_sms;
 static void live_change(long *counter, long by);
-/* The fake keeps a part's first SM in the SM part's fifth field. */
-static void set_sm_part(void *resource, unsigned sms, unsigned first) {
+static void set_sm_part(void *resource, unsigned sms) {
     unsigned *sm = (unsigned *)((char *)resource + 96);
-    sm[0] = sms; sm[1] = 8; sm[2] = 8; sm[4] = first;
+    sm[0] = sms; sm[1] = 8; sm[2] = 8;
 }
-static unsigned sm_field(const void *resource, int n) { return ((const unsigned *)((const char *)resource + 96))[n]; }
 CUresult cuDeviceGetDevResource(CUdevice d, void *resource, int type) {
     (void)d;
     if (type != 1 || !resource) return 1;
     *(int *)resource = 1;
-    set_sm_part(resource, 132, 0);
+    set_sm_part(resource, 132);
     return 0;
 }
 CUresult cuDevSmResourceSplitByCount(void *result, unsigned *groups, const void *input, void *rest, unsigned flags, unsigned min_count) {
     (void)flags;
-    unsigned total = sm_field(input, 0), first = sm_field(input, 4);
+    unsigned total = ((const unsigned *)((const char *)input + 96))[0];
     unsigned sms = (min_count + 7) / 8 * 8;
     if (!groups || *groups != 1 || sms == 0 || sms > total) return 1;
     *(int *)result = 1;
-    set_sm_part(result, sms, first);
-    if (rest) { *(int *)rest = 1; set_sm_part(rest, total - sms, first + sms); }
+    set_sm_part(result, sms);
+    if (rest) { *(int *)rest = 1; set_sm_part(rest, total - sms); }
     return 0;
 }
 CUresult cuDevResourceGenerateDesc(void **desc, void *resources, unsigned n) {
     if (n != 1) return 1;
     struct fake_green *g = malloc(sizeof *g);
-    g->sms = sm_field(resources, 0);
-    g->first = sm_field(resources, 4);
+    g->sms = ((unsigned *)((char *)resources + 96))[0];
     *desc = g;
     return 0;
 }
 CUresult cuGreenCtxCreate(void **green, void *desc, CUdevice d, unsigned flags) {
     (void)d; (void)flags;
     *green = desc;
-    last_green_first = ((struct fake_green *)desc)->first;
     live_change(&live_green_sms, ((struct fake_green *)desc)->sms);
     return 0;
 }
@@ -169,7 +165,7 @@ static void live_change(long *counter, long by) {
         if (f) {
             fprintf(f, "allocations %ld registrations %ld streams %ld events %ld modules %ld\n",
                     live_allocations, live_host_registrations, live_streams, live_events, live_modules);
-            if (live_green_sms) fprintf(f, " green_sms %ld first_sm %ld", live_green_sms, last_green_first);
+            if (live_green_sms) fprintf(f, " green_sms %ld", live_green_sms);
             fclose(f);
         }
     }

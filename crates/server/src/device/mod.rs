@@ -380,27 +380,21 @@ pub trait DeviceContext: Send + Sync {
     /// Tells the context whose session it serves: a `shared`-mode view fences
     /// an untrusted tenant's kernels and memory ([`crate::worker::fencing`]).
     fn set_tenant(&self, _tenant: &str, _trusted: bool) {}
-    /// Limits the context's kernels to a share of its device's SMs, before
+    /// Limits the context's kernels to `percent` of its device's SMs, before
     /// its first use (a tenant's `sm_percent`). Devices without SM
     /// partitions refuse.
-    fn set_sm_cap(&self, cap: SmCap) -> Result<(), CuError> {
+    fn set_sm_cap(&self, percent: u8) -> Result<(), CuError> {
         Err(CuError::new(
             cumux_protocol::codes::NOT_SUPPORTED,
-            format!(
-                "an SM cap ({} %) needs a GPU context in a worker of its own; this device has none",
-                cap.percent
-            ),
+            format!("an SM cap ({percent} %) needs a GPU context in a worker of its own; this device has none"),
         ))
     }
-    /// A fresh context of the same device whose kernels run on `cap`'s
-    /// share of its SMs, and the SMs it got; asked of an unused context.
-    fn capped(&self, cap: SmCap) -> Result<(Arc<dyn DeviceContext>, u32), CuError> {
+    /// A fresh context of the same device whose kernels run on `percent` of
+    /// its SMs, and the SMs it got; asked of an unused context.
+    fn capped(&self, percent: u8) -> Result<(Arc<dyn DeviceContext>, u32), CuError> {
         Err(CuError::new(
             cumux_protocol::codes::NOT_SUPPORTED,
-            format!(
-                "this device cannot cap a context's SMs ({} % asked)",
-                cap.percent
-            ),
+            format!("this device cannot cap a context's SMs ({percent} % asked)"),
         ))
     }
     /// How the context's memory is laid out again elsewhere when its session
@@ -682,14 +676,4 @@ pub trait MovableDevice {
     /// A new context whose addresses lie in `window` (another device's, the
     /// one a moved session's program holds pointers in).
     fn create_context_in_window(&self, window: u32) -> Result<Arc<dyn DeviceContext>, CuError>;
-}
-
-/// A session's share of its GPU's SMs (its tenant's `sm_percent`), and which
-/// end of the device it takes them from: latency-critical tenants the front,
-/// batch tenants the back, so the two classes' parts do not overlap while
-/// their shares add up to at most 100 %.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct SmCap {
-    pub percent: u8,
-    pub from_back: bool,
 }

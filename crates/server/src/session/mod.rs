@@ -300,9 +300,7 @@ impl Session {
         if let Some((name, settings)) = &tenant {
             ctx.set_tenant(name, settings.trusted);
             if let Some(percent) = settings.sm_percent {
-                let from_back = settings.class == TenantClass::Batch;
-                let cap = crate::device::SmCap { percent, from_back };
-                ctx.set_sm_cap(cap).map_err(|e| {
+                ctx.set_sm_cap(percent).map_err(|e| {
                     err(
                         e.code,
                         format!("tenant {name:?} has sm_percent = {percent}: {}", e.detail),

@@ -87,7 +87,7 @@ pub struct WorkerContext {
     own_process: bool,
     /// The share of its device's SMs the context's kernels may use, asked of
     /// the worker when it starts (`WorkerRequest::SmCap`); `None`: all.
-    sm_cap: Mutex<Option<crate::device::SmCap>>,
+    sm_cap: Mutex<Option<u8>>,
 }
 
 impl WorkerContext {
@@ -539,11 +539,10 @@ impl WorkerContext {
     /// Puts the context on its share of the SMs, if it has a cap, before
     /// anything else is made in it.
     fn cap_sms(&self, mut conn: Connection) -> Result<Connection, CuError> {
-        let Some(cap) = *lock(&self.sm_cap) else {
+        let Some(percent) = *lock(&self.sm_cap) else {
             return Ok(conn);
         };
-        let percent = cap.percent;
-        match self.exchange(&mut conn, &WorkerRequest::SmCap { cap })? {
+        match self.exchange(&mut conn, &WorkerRequest::SmCap { percent })? {
             WorkerValue::Number(sms) => {
                 tracing::info!(
                     percent,
@@ -838,14 +837,14 @@ impl DeviceContext for WorkerContext {
 
     /// Kept until the worker starts (a context's worker starts at its first
     /// call), then asked of it before anything else.
-    fn set_sm_cap(&self, cap: crate::device::SmCap) -> Result<(), CuError> {
+    fn set_sm_cap(&self, percent: u8) -> Result<(), CuError> {
         if lock(&self.conn).is_some() {
             return Err(CuError::new(
                 codes::INVALID_CONTEXT,
                 "an SM cap comes before a context's first call",
             ));
         }
-        *lock(&self.sm_cap) = Some(cap);
+        *lock(&self.sm_cap) = Some(percent);
         Ok(())
     }
 

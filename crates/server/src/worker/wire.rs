@@ -83,7 +83,7 @@ pub enum WorkerRequest {
     /// device on `percent` of its SMs; answered by [`WorkerValue::Number`]
     /// (the SMs it got).
     SmCap {
-        cap: crate::device::SmCap,
+        percent: u8,
     },
     /// Answered by [`WorkerValue::Ptrs`]: the memory module `module`'s
     /// loading allocated, in order.

@@ -29,7 +29,7 @@ use crate::device::arrays::ArrayOp;
 use crate::device::memory_use::ContextMemory;
 use crate::device::{
     DeviceContext, GlobalDesc, HostRegion, KernelDesc, KernelLaunch, LaunchOutcome, LoadedModule,
-    ModuleId, MovableContext, SmCap, StreamOrdered, VmmOp,
+    ModuleId, MovableContext, StreamOrdered, VmmOp,
 };
 use crate::locking::lock;
 
@@ -420,7 +420,7 @@ impl DeviceContext for CudaContext {
 
     /// A green context of this context's device; the unused context it
     /// replaces is destroyed when its connection lets go of it.
-    fn capped(&self, cap: SmCap) -> Result<(Arc<dyn DeviceContext>, u32), CuError> {
+    fn capped(&self, percent: u8) -> Result<(Arc<dyn DeviceContext>, u32), CuError> {
         if self.memory.held() > 0 || !lock(&self.modules).is_empty() {
             return Err(CuError::new(
                 codes::INVALID_CONTEXT,
@@ -431,11 +431,10 @@ impl DeviceContext for CudaContext {
         let driver = ctx.driver();
         let layout = driver.sm_layout(ctx.device()).map_err(cu_err)?;
         let (green, sms) = driver
-            .green_context(ctx.device(), layout.sms_for(cap.percent), cap.from_back)
+            .green_context(ctx.device(), layout.sms_for(percent))
             .map_err(cu_err)?;
         tracing::info!(
-            percent = cap.percent,
-            from_back = cap.from_back,
+            percent,
             sms,
             total = layout.total,
             "a capped session's context runs on part of the GPU"
