@@ -4,9 +4,10 @@
 # and 5 µs of work, paced as programs pace them (bench/cuda/tenant_bench.cu
 # `paced`: window, sync, streamsync, graph, streams). Each tenant alone
 # natively is its reference; then the four at once natively (the GPU's time
-# slicing) and through each cumux kit under `--policy fair`. Per mix: each
-# tenant's share of its alone rate, Jain's index over the shares, and their
-# sum (throughput in units of one GPU). Writes $OUT/fair-mix.txt and .json.
+# slicing) and through each cumux kit under `--policy fair`, where each
+# tenant also runs alone through that kit. Per mix: each tenant's share of
+# its alone rate (natively, and through the same kit), Jain's index over the
+# shares, and their sum. Writes $OUT/fair-mix.txt and .json.
 #
 #   OUT=/some/dir KITS="main:/path/kit [other:/path/kit2]" bench/h100/fair_mix.sh
 # Optional: NVCC=, SECS= (default 3), STYLES= (default all five), US= (default
@@ -82,6 +83,10 @@ for kit in $KITS; do
     pids+=($server)
     for _ in $(seq 100); do [ -S "$sock" ] && break; sleep 0.1; done
     for style in $STYLES; do
+        for us in $US; do
+            tenant "unix:$sock" "$style" "$us" "$W/alone_${label}_${style}_$us.txt"
+            echo "rate alone-$label $style $us $(rate "$W/alone_${label}_${style}_$us.txt")" | tee -a "$REPORT"
+        done
         mix "unix:$sock" "$style" "$label"
     done
     kill "$server"; wait "$server" 2>/dev/null
@@ -96,23 +101,27 @@ for line in open(sys.argv[1]):
     p = line.split()
     if len(p) == 5 and p[0] == "rate":
         rates[(p[1], p[2], p[3])] = float(p[4])
-labels = sorted({k[0] for k in rates if k[0] != "alone"}, key=lambda l: (l != "native", l))
+labels = sorted({k[0] for k in rates if not k[0].startswith("alone")}, key=lambda l: (l != "native", l))
 styles = list(dict.fromkeys(k[1] for k in rates))
 us = "$US".split()
-metrics, table = [], ["mix      style       " + "  ".join(f"{u:>6}us" for u in us) + "   Jain    sum"]
+metrics, table = [], ["mix            style       " + "  ".join(f"{u:>6}us" for u in us) + "   Jain    sum"]
+def row(label, style, base, name):
+    shares = [rates.get((label, style, u), 0) / rates[(base, style, u)]
+              if rates.get((base, style, u)) else 0 for u in us]
+    s, q = sum(shares), sum(x * x for x in shares)
+    jain = s * s / (len(shares) * q) if q else 0
+    table.append(f"{name:<14} {style:<11} " + "  ".join(f"{x:8.3f}" for x in shares) + f"  {jain:5.3f}  {s:5.3f}")
+    metrics.append({"name": f"jain_{style}_{name}", "unit": "index", "better": "higher",
+                    "native": None, "cumux": round(jain, 4), "ratio": None})
+    metrics.append({"name": f"shares_sum_{style}_{name}", "unit": "alone rates", "better": "higher",
+                    "native": None, "cumux": round(s, 4), "ratio": None})
 for style in styles:
     for label in labels:
-        shares = [rates.get((label, style, u), 0) / rates[("alone", style, u)]
-                  if rates.get(("alone", style, u)) else 0 for u in us]
-        s, q = sum(shares), sum(x * x for x in shares)
-        jain = s * s / (len(shares) * q) if q else 0
-        table.append(f"{label:<8} {style:<11} " + "  ".join(f"{x:8.3f}" for x in shares) + f"  {jain:5.3f}  {s:5.3f}")
-        metrics.append({"name": f"jain_{style}_{label}", "unit": "index", "better": "higher",
-                        "native": None, "cumux": round(jain, 4), "ratio": None})
-        metrics.append({"name": f"throughput_{style}_{label}", "unit": "GPUs", "better": "higher",
-                        "native": None, "cumux": round(s, 4), "ratio": None})
+        row(label, style, "alone", label)
+        if label != "native" and any(k[0] == "alone-" + label for k in rates):
+            row(label, style, "alone-" + label, label + "/own")
 with open(sys.argv[1], "a") as f:
-    f.write("## shares of each tenant's alone rate (kernel sizes in µs), Jain's index, their sum\n" + "\n".join(table) + "\n")
+    f.write("## shares of each tenant's alone rate (kernel sizes in µs), Jain's index, their sum; LABEL: of the native alone rate, LABEL/own: of the alone rate through the same kit\n" + "\n".join(table) + "\n")
 print("\n".join(table))
 write(sys.argv[2], {"date": "$DATE", "gpu": "$GPU", "driver": "$DRIVER", "cuda": "$CUDA",
                     "commit": "$COMMIT", "suite": "fair-mix"}, metrics,
