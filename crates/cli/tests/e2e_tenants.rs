@@ -92,24 +92,22 @@ fn a_program_sees_its_quota_and_cannot_pass_it() {
 #[test]
 fn a_shared_context_refuses_sm_caps_when_the_server_starts() {
     let dir = TempDir::new("tenants-sm-shared");
-    let config = config_file(&dir, "[tenants.quarter]\nsm_percent = 25\n");
     let socket = format!("unix:{}", dir.0.join("s.sock").display());
-    let args = [
-        "--device",
-        "worker-cpu",
-        "--sharing",
-        "shared",
-        "--listen",
-        &socket,
-    ];
-    let child = serve_command(&args)
-        .arg("--config")
-        .arg(&config)
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let out = wait_bounded(child, LIMIT);
-    assert_ne!(out.code(), Some(0), "{}", out.describe());
+    // `cumux serve ARGS --config` with `config`, which must fail.
+    let refused = |args: &[&str], config: &str| {
+        let config = config_file(&dir, config);
+        let child = serve_command(args)
+            .args(["--listen", &socket, "--config"])
+            .arg(&config)
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let out = wait_bounded(child, LIMIT);
+        assert_ne!(out.code(), Some(0), "{}", out.describe());
+        out
+    };
+    let shared = ["--device", "worker-cpu", "--sharing", "shared"];
+    let out = refused(&shared, "[tenants.quarter]\nsm_percent = 25\n");
     assert!(
         out.stderr
             .contains("tenant \"quarter\" has sm_percent = 25")
@@ -118,15 +116,7 @@ fn a_shared_context_refuses_sm_caps_when_the_server_starts() {
         out.describe()
     );
     // Out of range is refused as the config is read.
-    let config = config_file(&dir, "[tenants.quarter]\nsm_percent = 0\n");
-    let child = serve_command(&["--device", "cpu", "--listen", &socket])
-        .arg("--config")
-        .arg(&config)
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let out = wait_bounded(child, LIMIT);
-    assert_ne!(out.code(), Some(0), "{}", out.describe());
+    let out = refused(&["--device", "cpu"], "[tenants.quarter]\nsm_percent = 0\n");
     assert!(out.stderr.contains("1 to 100"), "{}", out.describe());
 }
 

@@ -4,7 +4,7 @@
 //! the input and then changed by it (bytes flipped, cut short), is refused
 //! or reads back exactly as written, never as other memory.
 
-use cumux_server::session::image::{Allocation, SessionImage, IMAGE_FORMAT};
+use cumux_server::session::image::{Allocation, SessionImage};
 use cumux_server::session::image_stream::{extents, verified, written, Piece, StreamReader};
 
 use crate::engine::Target;
@@ -76,7 +76,7 @@ fn stream_of(data: &[u8]) -> Option<(SessionImage, Vec<u8>, Changes)> {
     let mut data = data.iter().copied();
     let mut next = || data.next();
     let count = usize::from(next()?) % (MAX_ALLOCATIONS + 1);
-    let mut image = empty_image();
+    let mut image = SessionImage::empty(1);
     let mut memory = Vec::new();
     let mut at = 0x7f00_0000_0000u64;
     for _ in 0..count {
@@ -106,23 +106,6 @@ fn stream_of(data: &[u8]) -> Option<(SessionImage, Vec<u8>, Changes)> {
     };
     image.next_handle = u64::from(next().unwrap_or(0));
     Some((image, memory, Changes { flips, cut }))
-}
-
-fn empty_image() -> SessionImage {
-    SessionImage {
-        format: IMAGE_FORMAT,
-        index: 0,
-        window: 1,
-        next_handle: 1,
-        allocations: Vec::new(),
-        modules: Vec::new(),
-        streams: Vec::new(),
-        events: Vec::new(),
-        graphs: Vec::new(),
-        limits: Vec::new(),
-        aliases: Vec::new(),
-        resume: None,
-    }
 }
 
 /// A stream's image and its memory, every checksum checked.

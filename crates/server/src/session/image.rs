@@ -38,6 +38,26 @@ pub struct SessionImage {
     pub resume: Option<ResumePoint>,
 }
 
+impl SessionImage {
+    /// An image of a session that holds nothing, in window `window`.
+    pub fn empty(window: u32) -> SessionImage {
+        SessionImage {
+            format: IMAGE_FORMAT,
+            index: 0,
+            window,
+            next_handle: 1,
+            allocations: Vec::new(),
+            modules: Vec::new(),
+            streams: Vec::new(),
+            events: Vec::new(),
+            graphs: Vec::new(),
+            limits: Vec::new(),
+            aliases: Vec::new(),
+            resume: None,
+        }
+    }
+}
+
 /// The call a held checkpoint was taken at, and whose program may resume it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ResumePoint {

@@ -198,7 +198,7 @@ fn check(key: &super::image_stream::Digest, record: Record, buffers: &Buffers) -
 
 #[cfg(test)]
 mod tests {
-    use super::super::image::{Allocation, SessionImage, IMAGE_FORMAT};
+    use super::super::image::{Allocation, SessionImage};
     use super::super::image_stream::{extents, Packer, Record, Unpacker, CHUNK};
     use super::*;
     use crate::device::cpu::CpuDevice;
@@ -222,30 +222,13 @@ mod tests {
             .collect()
     }
 
-    fn empty_image() -> SessionImage {
-        SessionImage {
-            format: IMAGE_FORMAT,
-            index: 0,
-            window: 1,
-            next_handle: 1,
-            allocations: Vec::new(),
-            modules: Vec::new(),
-            streams: Vec::new(),
-            events: Vec::new(),
-            graphs: Vec::new(),
-            limits: Vec::new(),
-            aliases: Vec::new(),
-            resume: None,
-        }
-    }
-
     #[test]
     fn many_chunks_go_through_the_pool_in_order_and_a_bad_one_is_named() {
         let device = CpuDevice::new(256 << 20);
         let from = device.create_context().unwrap();
         // More chunks than the window, and an allocation of an odd size.
         let sizes = [(window() * 2 + 3) * CHUNK + 1001, 77];
-        let mut image = empty_image();
+        let mut image = SessionImage::empty(1);
         let mut want = Vec::new();
         for size in sizes {
             let ptr = from.mem_alloc(size as u64).unwrap();
@@ -348,7 +331,7 @@ mod tests {
                 ptr,
                 size: size as u64,
             }],
-            ..empty_image()
+            ..SessionImage::empty(1)
         };
         let gbs = |t: std::time::Duration| size as f64 / t.as_secs_f64() / 1e9;
         println!("threads {}, {mib} MiB, file {}", threads(), path.display());
