@@ -167,6 +167,13 @@ impl Session {
         if let Some(fatal) = self.core.fatal() {
             return Some(format!("it failed: {}", fatal.detail));
         }
+        // A new context would run on the whole GPU: the cap must not be lost
+        // without a word.
+        if let Some(percent) = self.tenant.as_ref().and_then(|(_, s)| s.sm_percent) {
+            return Some(format!(
+                "its tenant's SM cap (sm_percent = {percent}) does not follow a session to a new context yet"
+            ));
+        }
         None
     }
 
