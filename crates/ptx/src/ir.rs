@@ -708,6 +708,11 @@ pub(crate) enum Op {
     Activemask {
         d: u32,
     },
+    /// `nanosleep t`: the thread waits about `t` nanoseconds
+    /// ([`crate::sleep::nanosleep`]), as a spin loop's back-off does on a GPU.
+    Sleep {
+        ns: Src,
+    },
     /// The compiler's own (never lowered from PTX): the lanes of a warp
     /// step together here, before a volatile shared access, as the
     /// interpreter's lockstep warps do (`jit::lockstep`). A no-op.

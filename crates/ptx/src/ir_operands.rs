@@ -90,6 +90,7 @@ impl Op {
             Op::Mma { mma, .. } | Op::WmmaMma { mma } => {
                 mma.src.iter().flatten().copied().for_each(f)
             }
+            Op::Sleep { ns } => f(*ns),
             Op::Special { .. }
             | Op::Bra { .. }
             | Op::Ret
@@ -156,6 +157,7 @@ impl Op {
             | Op::WarpSync { .. }
             | Op::CpAsync { .. }
             | Op::WmmaStore { .. }
+            | Op::Sleep { .. }
             | Op::WarpStep
             | Op::Nop => {}
         }

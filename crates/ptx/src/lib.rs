@@ -19,6 +19,7 @@ mod module_info;
 mod parser;
 mod printf;
 mod program;
+mod sleep;
 mod validate;
 
 pub use exec::{

@@ -167,6 +167,7 @@ pub(super) fn run_thread<const SINGLE_STEP: bool>(
             Op::Vote { .. } => wait_at!(Status::AtWarp),
             Op::Match { .. } => wait_at!(Status::AtWarp),
             Op::Redux { .. } => wait_at!(Status::AtWarp),
+            Op::Sleep { ns } => crate::sleep::nanosleep(th.get(*ns)),
             Op::WarpStep | Op::Nop => {}
         }
         pc += 1;

@@ -5,7 +5,7 @@
 use super::device_calls::rt_device_call;
 use super::inline::{CHECKS, UNCOUNTED};
 use super::narrow::{cmp_native, float_cc, int_cc};
-use super::runtime::{rt_register_op, window_base, Ctx, WINDOW_BYTES};
+use super::runtime::{rt_nanosleep, rt_register_op, window_base, Ctx, WINDOW_BYTES};
 use super::translate::{ctx_off, Translator};
 use crate::ir::{
     BoolOp, Cmp, FOp, FloatMode, IntOp, Op, Rnd, SReg, Sp, Src, TernOp, Ty, UnOp, NONE,
@@ -89,6 +89,14 @@ impl Translator<'_, '_> {
             |m: &crate::ir::FloatMode| matches!(m.rnd, Rnd::Default | Rnd::Rn) && !m.ftz && !m.sat;
         match *op {
             Op::Nop => {}
+            Op::Sleep { ns } => {
+                let v = self.src(ns);
+                let mut sig = Signature::new(self.call_conv);
+                sig.params.push(AbiParam::new(I64));
+                let sig = self.fb.import_signature(sig);
+                let f = self.imm(rt_nanosleep as *const () as usize as i64);
+                self.fb.ins().call_indirect(sig, f, &[v]);
+            }
             Op::Mov { d, a, mask } => {
                 let v = self.src(a);
                 let v = self.masked(v, mask);

@@ -56,6 +56,7 @@ fn after(op: &Op, s: Since) -> Since {
         | Op::Isspacep { .. }
         | Op::Special { .. }
         | Op::Bra { .. }
+        | Op::Sleep { .. }
         | Op::Nop => s,
         _ => Since::Dirty,
     }

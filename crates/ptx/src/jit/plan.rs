@@ -163,6 +163,7 @@ fn supported(op: &Op) -> Result<(), String> {
         | Op::WarpSync { .. }
         | Op::Activemask { .. }
         | Op::WarpStep
+        | Op::Sleep { .. }
         | Op::Bra { .. }
         | Op::Ret
         | Op::Exit

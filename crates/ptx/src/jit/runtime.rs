@@ -423,6 +423,11 @@ impl Ctx<'_> {
     }
 }
 
+/// `nanosleep`: the thread waits about `ns` nanoseconds.
+pub(super) extern "C" fn rt_nanosleep(ns: u64) {
+    crate::sleep::nanosleep(ns);
+}
+
 /// `atom` (op `op`, an `Op::Atom`) at `addr` with operands `b` and `c`; the
 /// old value into `*out`; 0, or 1 with the fault kept in the context.
 ///

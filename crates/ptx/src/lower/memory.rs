@@ -295,7 +295,11 @@ impl FuncLower<'_> {
     /// Fences, prefetches and scheduling hints: no-ops for the interpreter
     /// (`createpolicy` gives a zero policy).
     pub(super) fn lower_hint(&mut self, i: &ast::Instruction) -> Result<(), LoadError> {
-        if i.opcode == "createpolicy" {
+        if i.opcode == "nanosleep" {
+            let o = self.ops(i, 1)?;
+            let ns = self.src(&o[0], Ty::U32)?;
+            self.emit(Op::Sleep { ns });
+        } else if i.opcode == "createpolicy" {
             let o = self.ops(i, 1)?;
             let d = self.dst(&o[0])?;
             self.emit(Op::Mov {
