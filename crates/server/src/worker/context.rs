@@ -22,6 +22,8 @@ use cumux_protocol::{
     codes, decode, encode, write_frame, CuError, DevicePtr, Handle, TensorMapRequest,
 };
 
+mod sm_cap;
+
 use super::colocation::{Colocation, Host};
 use super::link::{io_err, Connection};
 use super::spawn::{reap, reap_in_background, reset_by_killing, Launcher, Spawned, READY_WAIT};
@@ -536,25 +538,6 @@ impl WorkerContext {
             .ok_or_else(|| CuError::new(codes::INVALID_CONTEXT, "no worker"))
     }
 
-    /// Puts the context on its share of the SMs, if it has a cap, before
-    /// anything else is made in it.
-    fn cap_sms(&self, mut conn: Connection) -> Result<Connection, CuError> {
-        let Some(percent) = *lock(&self.sm_cap) else {
-            return Ok(conn);
-        };
-        match self.exchange(&mut conn, &WorkerRequest::SmCap { percent })? {
-            WorkerValue::Number(sms) => {
-                tracing::info!(
-                    percent,
-                    sms,
-                    "a session's kernels run on a part of its GPU's SMs"
-                );
-                Ok(conn)
-            }
-            other => Err(unexpected(&other)),
-        }
-    }
-
     /// Attaches the signal area the session gave before the worker started.
     fn attach_pending(&self, mut conn: Connection) -> Result<Connection, CuError> {
         let Some(link) = lock(&self.pending_signals).take() else {
@@ -835,17 +818,8 @@ impl DeviceContext for WorkerContext {
         Some(self)
     }
 
-    /// Kept until the worker starts (a context's worker starts at its first
-    /// call), then asked of it before anything else.
     fn set_sm_cap(&self, percent: u8) -> Result<(), CuError> {
-        if lock(&self.conn).is_some() {
-            return Err(CuError::new(
-                codes::INVALID_CONTEXT,
-                "an SM cap comes before a context's first call",
-            ));
-        }
-        *lock(&self.sm_cap) = Some(percent);
-        Ok(())
+        self.keep_sm_cap(percent)
     }
 
     fn movable(&self) -> Option<&dyn crate::device::MovableContext> {
