@@ -5,7 +5,7 @@
 //! or reads back exactly as written, never as other memory.
 
 use cumux_server::session::image::{Allocation, SessionImage};
-use cumux_server::session::image_stream::{extents, verified, written, Piece, StreamReader};
+use cumux_server::session::image_stream::{read_whole, verified, written};
 
 use crate::engine::Target;
 use crate::features::Features;
@@ -46,7 +46,7 @@ fn check(data: &[u8], features: &mut Features) {
     if let Some(cut) = changes.cut {
         changed.truncate(cut as usize % changed.len());
     }
-    match read_back(&changed) {
+    match read_whole(&changed) {
         Ok((read, bytes)) => {
             features.add(("read back", changed == stream));
             assert!(read == image, "a changed stream read back another image");
@@ -106,21 +106,6 @@ fn stream_of(data: &[u8]) -> Option<(SessionImage, Vec<u8>, Changes)> {
     };
     image.next_handle = u64::from(next().unwrap_or(0));
     Some((image, memory, Changes { flips, cut }))
-}
-
-/// A stream's image and its memory, every checksum checked.
-fn read_back(stream: &[u8]) -> Result<(SessionImage, Vec<u8>), cumux_protocol::CuError> {
-    let (mut reader, image) = StreamReader::open(stream)?;
-    let mut memory = Vec::new();
-    reader.pieces(&extents(&image), &mut |_, piece| {
-        match piece {
-            Piece::Bytes(bytes) => memory.extend_from_slice(&bytes),
-            Piece::Fill { value, len } => memory.resize(memory.len() + len as usize, value),
-        }
-        Ok(())
-    })?;
-    reader.finish()?;
-    Ok((image, memory))
 }
 
 /// Inputs of each memory kind, with and without changes; and a whole stream

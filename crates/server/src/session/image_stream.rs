@@ -638,10 +638,10 @@ pub fn written<W: Write>(out: W, image: &SessionImage, memory: &[u8]) -> Result<
     writer.finish()
 }
 
-/// The stream `bytes` with its header changed by `change` (its memory as it
-/// was): for tests of images out of place.
-pub fn rewritten(bytes: &[u8], change: impl FnOnce(&mut SessionImage)) -> Result<Vec<u8>, CuError> {
-    let (mut reader, mut image) = StreamReader::open(bytes)?;
+/// The stream `bytes` read whole: its image and its memory, every checksum
+/// checked.
+pub fn read_whole(bytes: &[u8]) -> Result<(SessionImage, Vec<u8>), CuError> {
+    let (mut reader, image) = StreamReader::open(bytes)?;
     let mut memory = Vec::new();
     reader.pieces(&extents(&image), &mut |_, piece| {
         match piece {
@@ -651,6 +651,13 @@ pub fn rewritten(bytes: &[u8], change: impl FnOnce(&mut SessionImage)) -> Result
         Ok(())
     })?;
     reader.finish()?;
+    Ok((image, memory))
+}
+
+/// The stream `bytes` with its header changed by `change` (its memory as it
+/// was): for tests of images out of place.
+pub fn rewritten(bytes: &[u8], change: impl FnOnce(&mut SessionImage)) -> Result<Vec<u8>, CuError> {
+    let (mut image, memory) = read_whole(bytes)?;
     change(&mut image);
     Ok(written(Vec::new(), &image, &memory)?.0)
 }
