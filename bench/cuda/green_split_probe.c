@@ -2,7 +2,8 @@
 // a part and the rest of one split at once, the rest split again, groups of 8
 // combined in one descriptor. Usage: green_split_probe SPIN.ptx (bench/cuda/green_spin.cu).
 // Found on the H100 (driver 580): the rest is disjoint from its part; a rest cannot be
-// split again (915); 132 SMs split in groups of 8 give 15 groups.
+// split again (915); 132 SMs split in groups of 8 give 15 groups. (3)/(4): groups of
+// one split combined in one descriptor, and whether a second split's groups are the same SMs.
 #include <cuda.h>
 #include <stdio.h>
 #include <string.h>
@@ -41,19 +42,23 @@ int main(int argc, char **argv) {
     CUcontext c1 = mk(&p1, 1, "front 32");
     if (c1 && c2) printf("(2) front 32 and the rest's 64 at once: %.3f ms (alone 32: %.3f, alone 64: %.3f)\n", run2(c1, c2), run2(c1, 0), run2(c2, 0));
     if (c1 && crest) printf("(1) front 32 and the whole rest at once: %.3f ms (alone rest: %.3f)\n", run2(c1, crest), run2(crest, 0));
-    // (3) groups of 8, combined
-    CUdevResource g[32]; memset(g, 0, sizeof g); n = 32;
-    r = cuDevSmResourceSplitByCount(g, &n, &all, 0, 0, 8); printf("(3) split all in groups of 8 -> %d: %u groups\n", r, n);
-    if (!r) {
+    // (3) groups of 8 of one split, combined, the rest (SMs no group took) behind the last
+    CUdevResource g[33], grest; memset(g, 0, sizeof g); memset(&grest, 0, sizeof grest); n = 32;
+    r = cuDevSmResourceSplitByCount(g, &n, &all, &grest, 0, 8);
+    printf("(3) split all in groups of 8 -> %d: %u groups, rest %u SMs\n", r, n, grest.sm.smCount);
+    if (!r && n > 8) {
+        g[n] = grest;
         CUcontext front = mk(g, 4, "(3) groups 0-3");
-        CUcontext back = mk(g + 4, 12, "(3) groups 4-15");
-        if (front && back) printf("(3) groups 0-3 and 4-15 at once: %.3f ms (alone: %.3f / %.3f)\n", run2(front, back), run2(front, 0), run2(back, 0));
-        CUcontext back2 = mk(g + 8, 8, "(3) groups 8-15");
-        if (front && back2) printf("(3) groups 0-3 and 8-15 at once: %.3f ms (alone: %.3f)\n", run2(front, back2), run2(back2, 0));
+        CUcontext back = mk(g + 4, n - 4 + 1, "(3) groups 4 to the last, and the rest");
+        if (front && back) printf("(3) groups 0-3 and 4-end+rest at once: %.3f ms (alone: %.3f / %.3f)\n", run2(front, back), run2(front, 0), run2(back, 0));
+        CUcontext mid = mk(g + 4, 4, "(3) groups 4-7");
+        if (front && mid) printf("(3) groups 0-3 and 4-7 at once: %.3f ms (alone: %.3f / %.3f)\n", run2(front, mid), run2(front, 0), run2(mid, 0));
+        // (4) a second split from scratch gives the same groups: the first split's 0-3 beside the
+        // second's 4-7 (disjoint if the same), and beside the second's 0-3 (the same SMs: twice as long)
+        CUdevResource h[33]; memset(h, 0, sizeof h); unsigned m = 32; cuDevSmResourceSplitByCount(h, &m, &all, 0, 0, 8);
+        CUcontext b47 = mk(h + 4, 4, "(4) second split's groups 4-7"), b03 = mk(h, 4, "(4) second split's groups 0-3");
+        if (front && b47) printf("(4) first's 0-3 and second's 4-7 at once: %.3f ms (alone: %.3f)\n", run2(front, b47), run2(front, 0));
+        if (front && b03) printf("(4) first's 0-3 and second's 0-3 at once: %.3f ms (alone: %.3f)\n", run2(front, b03), run2(front, 0));
     }
-    // (4) a second process-like split from scratch gives the same groups? two separate group splits, groups 0-3 of each at once
-    CUdevResource h[32]; memset(h, 0, sizeof h); n = 32; cuDevSmResourceSplitByCount(h, &n, &all, 0, 0, 8);
-    CUcontext a1 = mk(g, 4, "(4) first split's groups 0-3"), a2 = mk(h + 12, 4, "(4) second split's groups 12-15");
-    if (a1 && a2) printf("(4) at once: %.3f ms (alone: %.3f)\n", run2(a1, a2), run2(a1, 0));
     return 0;
 }

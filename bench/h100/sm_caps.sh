@@ -5,7 +5,10 @@
 # The tenant is bench/cuda/tenant_bench.cu's throughput mode with
 # TENANT_BLOCKS_PER_SM=128 (16 full waves of 8 x 256 threads an SM, so a
 # part of the SMs still runs full waves), back to back for SECS seconds.
-# Also runs bench/cuda/green_probe.c natively (what green contexts give).
+# Then two capped tenants at once (50 + 50 %, and a latency-critical 25 %
+# beside a batch 75 %), each against its own rate alone: disjoint parts keep
+# each at its rate. Also runs bench/cuda/green_probe.c natively (what green
+# contexts give).
 # Writes $OUT/sm-caps.txt and $OUT/sm-caps.json.
 #
 #   OUT=/some/dir KIT=/path/to/kit bench/h100/sm_caps.sh
@@ -78,6 +81,48 @@ sed -n '/^TENANT/,/^$/p' "$W/status.txt" | tee -a "$REPORT"
 say "## the server's log on caps"
 grep -E "part of|SMs" "$W/server.log" | head -8 | tee -a "$REPORT"
 
+# Two capped tenants at once: their parts must not share SMs, so each runs
+# at its own part's speed (overlapping parts would halve both). Placement:
+# the latency-critical tenant first, then batch tenants by name; 200 % in
+# all, so half_a starts again from the front (serve warns).
+cat >"$W/pairs.toml" <<TOML
+[tenants.lc]
+sm_percent = 25
+class = "latency-critical"
+[tenants.bulk]
+sm_percent = 75
+[tenants.half_a]
+sm_percent = 50
+[tenants.half_b]
+sm_percent = 50
+TOML
+"$KIT/cumux" serve --device cuda --sharing isolated --config "$W/pairs.toml" \
+    --listen "unix:$W/p.sock" >"$W/pairs.log" 2>&1 &
+pids+=($!)
+for _ in $(seq 100); do [ -S "$W/p.sock" ] && break; sleep 0.1; done
+pair_rate() { # pair_rate TENANT: kernels/s through the pairs server
+    local file=$W/pair-$1-$RANDOM.txt
+    timeout $((SECS + 60)) "$KIT/cumux" run --server "unix:$W/p.sock" --tenant "$1" -- \
+        "$W/tenant_bench" throughput "$ITERS" "$SECS" >"$file" 2>&1
+    local rate
+    rate=$(metric "$file" kernels_per_s)
+    echo "${rate:-0}"
+}
+for r in $(seq "$ROUNDS"); do
+    for pair in "half_a half_b" "lc bulk"; do
+        set -- $pair
+        for t in "$1" "$2"; do say "round $r: alone $t $(pair_rate "$t") kernels/s"; done
+        pair_rate "$1" >"$W/a.rate" &
+        first=$!
+        pair_rate "$2" >"$W/b.rate"
+        wait "$first"
+        say "round $r: together $1 $(cat "$W/a.rate") kernels/s"
+        say "round $r: together $2 $(cat "$W/b.rate") kernels/s"
+    done
+done
+say "## the pairs server's log on placement"
+grep -E "SM parts|SM caps add up|first_group" "$W/pairs.log" | head -8 | tee -a "$REPORT"
+
 python3 - "$REPORT" "$OUT/sm-caps.json" "$CAPS" <<PY
 import sys, statistics
 sys.path.insert(0, "$ROOT/bench/h100")
@@ -98,6 +143,21 @@ for cap in sys.argv[3].split():
                     "native": int(cap) / 100, "cumux": share,
                     "ratio": share / (int(cap) / 100) if share else None})
     lines.append(f"sm_percent {cap}: {share:.3f} of uncapped (cap {int(cap)/100:.2f}; ratio {share/(int(cap)/100):.3f})")
+pairs = {}
+for line in open(sys.argv[1]):
+    p = line.split()
+    if len(p) == 6 and p[0] == "round" and p[5] == "kernels/s":
+        pairs.setdefault((p[2], p[3]), []).append(float(p[4]))
+for a, b in (("half_a", "half_b"), ("lc", "bulk")):
+    for t in (a, b):
+        alone, together = pairs.get(("alone", t)), pairs.get(("together", t))
+        if not alone or not together or not med.get("full"):
+            continue
+        al, to = statistics.median(alone), statistics.median(together)
+        lines.append(f"{t} beside {b if t == a else a}: {to / al:.3f} of its rate alone "
+                     f"({to / med['full']:.3f} of uncapped; alone {al / med['full']:.3f})")
+        metrics.append({"name": f"together_{t}", "unit": "of its capped rate alone", "better": "closer to 1",
+                        "native": 1.0, "cumux": to / al, "ratio": to / al})
 with open(sys.argv[1], "a") as f:
     f.write("## medians\n" + "\n".join(lines) + "\n")
 print("\n".join(lines))

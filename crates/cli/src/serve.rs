@@ -349,6 +349,16 @@ pub fn serve(options: ServeOptions) -> Result<()> {
              runs every tenant's kernels on the same SMs"
         );
     }
+    let placed = cumux_server::sm_parts::SmPlacement::of(&file.tenants);
+    if let Some(line) = placed.describe() {
+        tracing::info!("{line}");
+    }
+    if !placed.overlapping.is_empty() {
+        tracing::warn!(
+            "SM caps add up to more than 100 %: {} share SMs with tenants placed before them",
+            placed.overlapping.join(", ")
+        );
+    }
     let kernel_timeout = settings.kernel_timeout;
     let cpu_devices = settings.cpu_devices.unwrap_or(1);
     let threads = match settings.threads {

@@ -24,7 +24,7 @@ use cumux_server::device::{
     DeviceContext, KernelLaunch, LaunchGeometry, StreamWork, SyncTarget, VmmOp,
 };
 use cumux_server::session::Session;
-use cumux_server::tenants::TenantSettings;
+use cumux_server::tenants::{TenantClass, TenantSettings};
 use cumux_server::worker::device::{cuda_worker_devices, Sharing};
 use cumux_testkit::fake_gpu::{f32_bytes, f32s, fake_libcuda, fixture_fatbin, scale_params};
 
@@ -163,19 +163,7 @@ fn cuda_contexts_live_in_workers() {
     // A session's end frees, and so scrubs, what it still held: the session
     // hands each allocation's size to the context, which keeps no table.
     let server = cumux_server::Server::new(shared.clone());
-    let hello = Hello {
-        magic: MAGIC,
-        version: PROTOCOL_VERSION,
-        pid: std::process::id(),
-        role: ClientRole::Driver,
-        program: "leaves-memory".into(),
-        tenant: None,
-        token: None,
-        shm: false,
-        visible_devices: None,
-        join: None,
-        resume: None,
-    };
+    let hello = common::driver_hello("leaves-memory");
     let tenant = Some(("t".to_string(), TenantSettings::default()));
     let mut session = Session::open(Arc::clone(&server), &hello, tenant).unwrap();
     let r = match session.handle(Call::MemAlloc {
@@ -240,20 +228,30 @@ fn cuda_contexts_live_in_workers() {
 }
 
 /// A tenant's SM cap (issue 20): its session's worker swaps its unused
-/// context for a green context on that share of the SMs before anything
-/// else, the session runs there, and the green context ends with it. A cap
-/// comes before the first call, and a shared context refuses one.
+/// context for a green context on its stretch of the SMs before anything
+/// else, the session runs there, and the green context ends with it.
+/// Stretches that meet get SMs that don't overlap. A cap comes before the
+/// first call, and a shared context refuses one.
 fn sm_caps_in_workers(
     device: &Arc<dyn cumux_server::Device>,
     shared: &Arc<dyn cumux_server::Device>,
     report: &std::path::Path,
 ) {
     let live = || std::fs::read_to_string(report).unwrap_or_default();
+    let part = |from, to| cumux_server::sm_parts::SmPart { from, to };
     let capped = device.create_context().unwrap();
-    capped.set_sm_cap(25).unwrap();
+    capped.set_sm_cap(part(0, 25)).unwrap();
     let a = capped.mem_alloc(16).unwrap();
     // 25 % of the fake's 132 SMs is 33, and parts come in eights.
-    assert!(live().ends_with("green_sms 32"), "{}", live());
+    assert!(live().ends_with("green_sms 32 green 0-32"), "{}", live());
+    // The next tenant's stretch starts where this one ends: the groups
+    // after the first four, and the SMs no group took.
+    let beside = device.create_context().unwrap();
+    beside.set_sm_cap(part(25, 100)).unwrap();
+    beside.mem_alloc(16).unwrap();
+    // (Each worker process writes the report with its own objects.)
+    assert!(live().ends_with("green_sms 100 green 32-132"), "{}", live());
+    drop(beside);
     capped
         .mem_write(a, &f32_bytes(&[1.0, 2.0, 3.0, 4.0]))
         .unwrap();
@@ -262,14 +260,39 @@ fn sm_caps_in_workers(
     let mut back = vec![0u8; 16];
     capped.mem_read(a, &mut back).unwrap();
     assert_eq!(f32s(&back), [3.0, 6.0, 9.0, 4.0]);
-    let e = capped.set_sm_cap(50).unwrap_err();
+    let e = capped.set_sm_cap(part(0, 50)).unwrap_err();
     assert_eq!(e.code, codes::INVALID_CONTEXT, "{e}");
     drop(capped);
     wait_until("the green context to end with its session", || {
         !live().contains("green_sms")
     });
+    // A session of a capped tenant gets its tenant's place: the
+    // latency-critical tenant first, so a batch tenant's 50 % starts at 25 %.
+    let capped = |percent, class| TenantSettings {
+        sm_percent: Some(percent),
+        class,
+        ..TenantSettings::default()
+    };
+    let mut policy = cumux_server::tenants::TenantPolicy::default();
+    let batch = capped(50, TenantClass::Batch);
+    policy.tenants.insert("batch".into(), batch.clone());
+    let lc = capped(25, TenantClass::LatencyCritical);
+    policy.tenants.insert("lc".into(), lc);
+    let server = cumux_server::Server::with_tenants(vec![Arc::clone(device)], policy);
+    let hello = common::driver_hello("placed");
+    let mut session = Session::open(server, &hello, Some(("batch".into(), batch))).unwrap();
+    let got = session.handle(Call::MemAlloc {
+        device: 0,
+        bytes: 256,
+    });
+    assert!(matches!(got, Some(Ok(ReplyBody::Ptr(_)))), "{got:?}");
+    assert!(live().ends_with("green_sms 64 green 32-96"), "{}", live());
+    session.close();
+    wait_until("the placed session's green context to end", || {
+        !live().contains("green_sms")
+    });
     let view = shared.create_context().unwrap();
-    let e = view.set_sm_cap(25).unwrap_err();
+    let e = view.set_sm_cap(part(0, 25)).unwrap_err();
     assert_eq!(e.code, codes::NOT_SUPPORTED, "{e}");
 }
 

@@ -100,49 +100,83 @@ CUresult cuCtxSetLimit(unsigned limit, size_t value) {
 CUresult cuDevicePrimaryCtxRetain(void **ctx, CUdevice d) { (void)d; *ctx = &dummy_context; return 0; }
 CUresult cuDevicePrimaryCtxRelease_v2(CUdevice d) { (void)d; return 0; }
 
-/* Green contexts: an H100's 132 SMs, split in multiples of 8 (at least 8);
- * a CUdevResource's SM part (smCount, minSmPartitionSize,
- * smCoscheduledAlignment) sits at byte 96. A green context is the one
- * context, on the SMs its descriptor names. */
-struct fake_green { unsigned sms; };
+/* Green contexts: 132 SMs, split in groups of 8 (at least 8), the SMs no
+ * group took left as the rest. A CUdevResource is 144 bytes (arrays of them
+ * have that stride); its SM part (smCount, minSmPartitionSize,
+ * smCoscheduledAlignment) sits at byte 96, and the fake keeps the number of
+ * its first SM at byte 4 (the driver's padding). A green context is the one
+ * context, on the SMs its descriptor names; the live report lists each live
+ * green context's SMs as first-end stretches. */
+#define FAKE_RESOURCE_BYTES 144
+#define FAKE_MOST_GREENS 64
+struct fake_green { unsigned sms; char stretches[256]; };
+static struct fake_green *live_greens[FAKE_MOST_GREENS];
 static long live_green_sms;
 static void live_change(long *counter, long by);
-static void set_sm_part(void *resource, unsigned sms) {
-    unsigned *sm = (unsigned *)((char *)resource + 96);
+static unsigned *sm_part(const void *resource) { return (unsigned *)((char *)resource + 96); }
+static unsigned *first_sm(const void *resource) { return (unsigned *)((char *)resource + 4); }
+static void set_sm_part(void *resource, unsigned first, unsigned sms) {
+    *(int *)resource = 1;
+    *first_sm(resource) = first;
+    unsigned *sm = sm_part(resource);
     sm[0] = sms; sm[1] = 8; sm[2] = 8;
 }
 CUresult cuDeviceGetDevResource(CUdevice d, void *resource, int type) {
     (void)d;
     if (type != 1 || !resource) return 1;
-    *(int *)resource = 1;
-    set_sm_part(resource, 132);
+    set_sm_part(resource, 0, 132);
     return 0;
 }
 CUresult cuDevSmResourceSplitByCount(void *result, unsigned *groups, const void *input, void *rest, unsigned flags, unsigned min_count) {
     (void)flags;
-    unsigned total = ((const unsigned *)((const char *)input + 96))[0];
+    unsigned total = sm_part(input)[0], first = *first_sm(input);
     unsigned sms = (min_count + 7) / 8 * 8;
-    if (!groups || *groups != 1 || sms == 0 || sms > total) return 1;
-    *(int *)result = 1;
-    set_sm_part(result, sms);
-    if (rest) { *(int *)rest = 1; set_sm_part(rest, total - sms); }
+    if (!groups || *groups == 0 || sms == 0 || sms > total) return 1;
+    unsigned n = total / sms;
+    if (!result) { *groups = n; return 0; }
+    if (n > *groups) n = *groups;
+    for (unsigned i = 0; i < n; i++)
+        set_sm_part((char *)result + i * FAKE_RESOURCE_BYTES, first + i * sms, sms);
+    if (rest) set_sm_part(rest, first + n * sms, total - n * sms);
+    *groups = n;
     return 0;
 }
 CUresult cuDevResourceGenerateDesc(void **desc, void *resources, unsigned n) {
-    if (n != 1) return 1;
-    struct fake_green *g = malloc(sizeof *g);
-    g->sms = ((unsigned *)((char *)resources + 96))[0];
+    if (n == 0 || n > 64) return 1;
+    struct fake_green *g = calloc(1, sizeof *g);
+    unsigned end = ~0u;
+    size_t used = 0;
+    for (unsigned i = 0; i < n; i++) {
+        const char *r = (const char *)resources + i * FAKE_RESOURCE_BYTES;
+        if (*(const int *)r != 1 || sm_part(r)[0] == 0) { free(g); return 1; }
+        unsigned first = *first_sm(r), sms = sm_part(r)[0];
+        g->sms += sms;
+        if (first == end) {
+            /* one stretch on from the last: rewrite its end */
+            char *dash = strrchr(g->stretches, '-');
+            used = (size_t)(dash - g->stretches);
+            used += (size_t)snprintf(g->stretches + used, sizeof g->stretches - used, "-%u", first + sms);
+        } else {
+            used += (size_t)snprintf(g->stretches + used, sizeof g->stretches - used, "%s%u-%u",
+                                     used ? "," : "", first, first + sms);
+        }
+        end = first + sms;
+    }
     *desc = g;
     return 0;
 }
 CUresult cuGreenCtxCreate(void **green, void *desc, CUdevice d, unsigned flags) {
     (void)d; (void)flags;
     *green = desc;
+    for (int i = 0; i < FAKE_MOST_GREENS; i++)
+        if (!live_greens[i]) { live_greens[i] = desc; break; }
     live_change(&live_green_sms, ((struct fake_green *)desc)->sms);
     return 0;
 }
 CUresult cuCtxFromGreenCtx(void **ctx, void *green) { (void)green; *ctx = &dummy_context; return 0; }
 CUresult cuGreenCtxDestroy(void *green) {
+    for (int i = 0; i < FAKE_MOST_GREENS; i++)
+        if (live_greens[i] == green) live_greens[i] = 0;
     live_change(&live_green_sms, -(long)((struct fake_green *)green)->sms);
     free(green);
     return 0;
@@ -165,7 +199,11 @@ static void live_change(long *counter, long by) {
         if (f) {
             fprintf(f, "allocations %ld registrations %ld streams %ld events %ld modules %ld\n",
                     live_allocations, live_host_registrations, live_streams, live_events, live_modules);
-            if (live_green_sms) fprintf(f, " green_sms %ld", live_green_sms);
+            if (live_green_sms) {
+                fprintf(f, " green_sms %ld", live_green_sms);
+                for (int i = 0; i < FAKE_MOST_GREENS; i++)
+                    if (live_greens[i]) fprintf(f, " green %s", live_greens[i]->stretches);
+            }
             fclose(f);
         }
     }

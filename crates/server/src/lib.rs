@@ -26,6 +26,7 @@ pub mod moves;
 pub mod nvml_samples;
 pub mod session;
 pub mod shutdown;
+pub mod sm_parts;
 pub mod status;
 pub mod tenants;
 pub mod threads;

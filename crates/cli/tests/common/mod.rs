@@ -572,13 +572,11 @@ pub fn driver_session(
 
 /// A driver session of `program` for tenant `tenant` (default settings),
 /// opened in the test's own process.
-pub fn tenant_session(
-    server: &std::sync::Arc<cumux_server::Server>,
-    program: &str,
-    tenant: &str,
-) -> cumux_server::session::Session {
+/// A driver client's hello from this process, as `program`, claiming no
+/// tenant.
+pub fn driver_hello(program: &str) -> cumux_protocol::Hello {
     use cumux_protocol::{ClientRole, Hello, MAGIC, PROTOCOL_VERSION};
-    let hello = Hello {
+    Hello {
         magic: MAGIC,
         version: PROTOCOL_VERSION,
         pid: std::process::id(),
@@ -590,7 +588,15 @@ pub fn tenant_session(
         visible_devices: None,
         join: None,
         resume: None,
-    };
+    }
+}
+
+pub fn tenant_session(
+    server: &std::sync::Arc<cumux_server::Server>,
+    program: &str,
+    tenant: &str,
+) -> cumux_server::session::Session {
+    let hello = driver_hello(program);
     let tenant = Some((
         tenant.to_string(),
         cumux_server::tenants::TenantSettings::default(),

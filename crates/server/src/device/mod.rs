@@ -19,6 +19,7 @@ pub mod serial;
 pub mod signals;
 pub mod spin;
 
+use crate::sm_parts::SmPart;
 use std::os::fd::{BorrowedFd, OwnedFd};
 use std::sync::Arc;
 
@@ -380,21 +381,27 @@ pub trait DeviceContext: Send + Sync {
     /// Tells the context whose session it serves: a `shared`-mode view fences
     /// an untrusted tenant's kernels and memory ([`crate::worker::fencing`]).
     fn set_tenant(&self, _tenant: &str, _trusted: bool) {}
-    /// Limits the context's kernels to `percent` of its device's SMs, before
-    /// its first use (a tenant's `sm_percent`). Devices without SM
-    /// partitions refuse.
-    fn set_sm_cap(&self, percent: u8) -> Result<(), CuError> {
+    /// Limits the context's kernels to the stretch `part` of its device's
+    /// SMs, before its first use (a tenant's `sm_percent`, placed by
+    /// [`crate::sm_parts`]). Devices without SM partitions refuse.
+    fn set_sm_cap(&self, part: SmPart) -> Result<(), CuError> {
         Err(CuError::new(
             cumux_protocol::codes::NOT_SUPPORTED,
-            format!("an SM cap ({percent} %) needs a GPU context in a worker of its own; this device has none"),
+            format!(
+                "an SM cap ({} %) needs a GPU context in a worker of its own; this device has none",
+                part.percent()
+            ),
         ))
     }
-    /// A fresh context of the same device whose kernels run on `percent` of
-    /// its SMs, and the SMs it got; asked of an unused context.
-    fn capped(&self, percent: u8) -> Result<(Arc<dyn DeviceContext>, u32), CuError> {
+    /// A fresh context of the same device whose kernels run on the stretch
+    /// `part` of its SMs, and the SMs it got; asked of an unused context.
+    fn capped(&self, part: SmPart) -> Result<(Arc<dyn DeviceContext>, u32), CuError> {
         Err(CuError::new(
             cumux_protocol::codes::NOT_SUPPORTED,
-            format!("this device cannot cap a context's SMs ({percent} % asked)"),
+            format!(
+                "this device cannot cap a context's SMs ({} % asked)",
+                part.percent()
+            ),
         ))
     }
     /// How the context's memory is laid out again elsewhere when its session

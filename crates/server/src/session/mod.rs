@@ -29,6 +29,7 @@ mod vmm_tables;
 mod waits;
 pub mod window;
 
+use crate::sm_parts::SmPart;
 use std::cell::Cell;
 use std::collections::{BTreeMap, HashMap};
 use std::os::fd::OwnedFd;
@@ -300,7 +301,13 @@ impl Session {
         if let Some((name, settings)) = &tenant {
             ctx.set_tenant(name, settings.trusted);
             if let Some(percent) = settings.sm_percent {
-                ctx.set_sm_cap(percent).map_err(|e| {
+                let policy = server.tenants();
+                let placed = crate::sm_parts::SmPlacement::of(&policy);
+                let part = placed.part_of(&policy, name).unwrap_or(SmPart {
+                    from: 0,
+                    to: percent,
+                });
+                ctx.set_sm_cap(part).map_err(|e| {
                     err(
                         e.code,
                         format!("tenant {name:?} has sm_percent = {percent}: {}", e.detail),

@@ -5,6 +5,7 @@
 //! first call (taking the device's spare), keeps the fault or death that ends
 //! the context, and waits for a call's printf to come through the stdout tap.
 
+use crate::sm_parts::SmPart;
 use std::collections::HashMap;
 use std::io::{self, Read};
 use std::os::fd::BorrowedFd;
@@ -89,7 +90,7 @@ pub struct WorkerContext {
     own_process: bool,
     /// The share of its device's SMs the context's kernels may use, asked of
     /// the worker when it starts (`WorkerRequest::SmCap`); `None`: all.
-    sm_cap: Mutex<Option<u8>>,
+    sm_cap: Mutex<Option<SmPart>>,
 }
 
 impl WorkerContext {
@@ -818,8 +819,8 @@ impl DeviceContext for WorkerContext {
         Some(self)
     }
 
-    fn set_sm_cap(&self, percent: u8) -> Result<(), CuError> {
-        self.keep_sm_cap(percent)
+    fn set_sm_cap(&self, part: SmPart) -> Result<(), CuError> {
+        self.keep_sm_cap(part)
     }
 
     fn movable(&self) -> Option<&dyn crate::device::MovableContext> {

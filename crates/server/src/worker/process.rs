@@ -355,8 +355,8 @@ impl Served<'_, '_> {
                     continue;
                 }
             };
-            if let WorkerRequest::SmCap { percent } = request {
-                match conn.ctx.capped(percent) {
+            if let WorkerRequest::SmCap { part } = request {
+                match conn.ctx.capped(part) {
                     Ok((next, sms)) => {
                         conn.reply(Ok(WorkerValue::Number(sms.into())))?;
                         return Ok(Some(next));

@@ -7,6 +7,7 @@
 //! after the request or reply that announces them. Server and worker are always
 //! the same build, so these types change together.
 
+use crate::sm_parts::SmPart;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use cumux_protocol::arrays::{CopyEnd, CopyExtent};
@@ -80,10 +81,10 @@ pub enum WorkerRequest {
     },
     /// A context's first request when its tenant has an SM cap: the
     /// connection's context is replaced by a green context of the same
-    /// device on `percent` of its SMs; answered by [`WorkerValue::Number`]
+    /// device on the stretch `part` of its SMs; answered by [`WorkerValue::Number`]
     /// (the SMs it got).
     SmCap {
-        percent: u8,
+        part: SmPart,
     },
     /// Answered by [`WorkerValue::Ptrs`]: the memory module `module`'s
     /// loading allocated, in order.

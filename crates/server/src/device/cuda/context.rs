@@ -3,6 +3,7 @@
 //! thread's stream, waited for; device printf caught in capture windows.
 //! Its stream order of its own is in [`super::ordered`].
 
+use crate::sm_parts::SmPart;
 use std::collections::HashMap;
 use std::os::fd::BorrowedFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -420,7 +421,7 @@ impl DeviceContext for CudaContext {
 
     /// A green context of this context's device; the unused context it
     /// replaces is destroyed when its connection lets go of it.
-    fn capped(&self, percent: u8) -> Result<(Arc<dyn DeviceContext>, u32), CuError> {
+    fn capped(&self, part: SmPart) -> Result<(Arc<dyn DeviceContext>, u32), CuError> {
         if self.memory.held() > 0 || !lock(&self.modules).is_empty() {
             return Err(CuError::new(
                 codes::INVALID_CONTEXT,
@@ -430,13 +431,15 @@ impl DeviceContext for CudaContext {
         let ctx = self.ctx()?;
         let driver = ctx.driver();
         let layout = driver.sm_layout(ctx.device()).map_err(cu_err)?;
-        let (green, sms) = driver
-            .green_context(ctx.device(), layout.sms_for(percent))
+        let (green, sms, groups) = driver
+            .green_context(ctx.device(), part.from, part.to)
             .map_err(cu_err)?;
         tracing::info!(
-            percent,
+            %part,
             sms,
             total = layout.total,
+            first_group = groups.first,
+            groups = groups.end - groups.first,
             "a capped session's context runs on part of the GPU"
         );
         let capped = CudaContext::new(

@@ -5,33 +5,34 @@ use cumux_protocol::{codes, CuError};
 
 use super::{unexpected, WorkerContext};
 use crate::locking::lock;
+use crate::sm_parts::SmPart;
 use crate::worker::link::Connection;
 use crate::worker::wire::{WorkerRequest, WorkerValue};
 
 impl WorkerContext {
     /// Keeps `percent` for the worker's start (a context's worker starts at
     /// its first call); refused once it has started.
-    pub(super) fn keep_sm_cap(&self, percent: u8) -> Result<(), CuError> {
+    pub(super) fn keep_sm_cap(&self, part: SmPart) -> Result<(), CuError> {
         if lock(&self.conn).is_some() {
             return Err(CuError::new(
                 codes::INVALID_CONTEXT,
                 "an SM cap comes before a context's first call",
             ));
         }
-        *lock(&self.sm_cap) = Some(percent);
+        *lock(&self.sm_cap) = Some(part);
         Ok(())
     }
 
     /// Puts the context on its share of the SMs, if it has a cap, before
     /// anything else is made in it.
     pub(super) fn cap_sms(&self, mut conn: Connection) -> Result<Connection, CuError> {
-        let Some(percent) = *lock(&self.sm_cap) else {
+        let Some(part) = *lock(&self.sm_cap) else {
             return Ok(conn);
         };
-        match self.exchange(&mut conn, &WorkerRequest::SmCap { percent })? {
+        match self.exchange(&mut conn, &WorkerRequest::SmCap { part })? {
             WorkerValue::Number(sms) => {
                 tracing::info!(
-                    percent,
+                    %part,
                     sms,
                     "a session's kernels run on a part of its GPU's SMs"
                 );
