@@ -6,8 +6,9 @@
 # TENANT_BLOCKS_PER_SM=128 (16 full waves of 8 x 256 threads an SM, so a
 # part of the SMs still runs full waves), back to back for SECS seconds.
 # Then two capped tenants at once (50 + 50 %, and a latency-critical 25 %
-# beside a batch 75 %), each against its own rate alone: disjoint parts keep
-# each at its rate. Also runs bench/cuda/green_probe.c natively (what green
+# beside a batch 75 %), each against its own rate alone, with isolated
+# workers and with one shared context (PAIR_MODES): disjoint parts keep each
+# at its rate where the GPU runs both at once. Also runs bench/cuda/green_probe.c natively (what green
 # contexts give).
 # Writes $OUT/sm-caps.txt and $OUT/sm-caps.json.
 #
@@ -21,6 +22,7 @@ NVCC=${NVCC:-/usr/local/cuda/bin/nvcc}
 SECS=${SECS:-4}
 ROUNDS=${ROUNDS:-2}
 CAPS=${CAPS:-25 50 75}
+PAIR_MODES=${PAIR_MODES:-isolated shared}
 # shellcheck source=bench/h100/lib.sh
 . "$ROOT/bench/h100/lib.sh"
 describe_machine
@@ -96,32 +98,37 @@ sm_percent = 50
 [tenants.half_b]
 sm_percent = 50
 TOML
-"$KIT/cumux" serve --device cuda --sharing isolated --config "$W/pairs.toml" \
-    --listen "unix:$W/p.sock" >"$W/pairs.log" 2>&1 &
-pids+=($!)
-for _ in $(seq 100); do [ -S "$W/p.sock" ] && break; sleep 0.1; done
-pair_rate() { # pair_rate TENANT: kernels/s through the pairs server
-    local file=$W/pair-$1-$RANDOM.txt
-    timeout $((SECS + 60)) "$KIT/cumux" run --server "unix:$W/p.sock" --tenant "$1" -- \
+pair_rate() { # pair_rate MODE TENANT: kernels/s through that mode's pairs server
+    local file=$W/pair-$1-$2-$RANDOM.txt
+    timeout $((SECS + 60)) "$KIT/cumux" run --server "unix:$W/p-$1.sock" --tenant "$2" -- \
         "$W/tenant_bench" throughput "$ITERS" "$SECS" >"$file" 2>&1
     local rate
     rate=$(metric "$file" kernels_per_s)
     echo "${rate:-0}"
 }
-for r in $(seq "$ROUNDS"); do
-    for pair in "half_a half_b" "lc bulk"; do
-        set -- $pair
-        for t in "$1" "$2"; do say "round $r: alone $t $(pair_rate "$t") kernels/s"; done
-        pair_rate "$1" >"$W/a.rate" &
-        first=$!
-        pair_rate "$2" >"$W/b.rate"
-        wait "$first"
-        say "round $r: together $1 $(cat "$W/a.rate") kernels/s"
-        say "round $r: together $2 $(cat "$W/b.rate") kernels/s"
+for mode in $PAIR_MODES; do
+    "$KIT/cumux" serve --device cuda --sharing "$mode" --config "$W/pairs.toml" \
+        --listen "unix:$W/p-$mode.sock" >"$W/pairs-$mode.log" 2>&1 &
+    pids+=($!)
+    for _ in $(seq 100); do [ -S "$W/p-$mode.sock" ] && break; sleep 0.1; done
+    for r in $(seq "$ROUNDS"); do
+        for pair in "half_a half_b" "lc bulk"; do
+            set -- $pair
+            for t in "$1" "$2"; do say "round $r: alone $t@$mode $(pair_rate "$mode" "$t") kernels/s"; done
+            pair_rate "$mode" "$1" >"$W/a.rate" &
+            first=$!
+            pair_rate "$mode" "$2" >"$W/b.rate"
+            wait "$first"
+            say "round $r: together $1@$mode $(cat "$W/a.rate") kernels/s"
+            say "round $r: together $2@$mode $(cat "$W/b.rate") kernels/s"
+        done
     done
 done
 say "## the pairs server's log on placement"
-grep -E "SM parts|SM caps add up|first_group" "$W/pairs.log" | head -8 | tee -a "$REPORT"
+for mode in $PAIR_MODES; do
+    say "# $mode"
+    grep -E "SM parts|SM caps add up|first_group|part of its GPU" "$W/pairs-$mode.log" | head -8 | tee -a "$REPORT"
+done
 
 python3 - "$REPORT" "$OUT/sm-caps.json" "$CAPS" <<PY
 import sys, statistics
@@ -148,7 +155,9 @@ for line in open(sys.argv[1]):
     p = line.split()
     if len(p) == 6 and p[0] == "round" and p[5] == "kernels/s":
         pairs.setdefault((p[2], p[3]), []).append(float(p[4]))
-for a, b in (("half_a", "half_b"), ("lc", "bulk")):
+modes = sorted({k[1].split("@")[1] for k in pairs if "@" in k[1]})
+for a, b, mode in [(a, b, m) for m in modes for a, b in (("half_a", "half_b"), ("lc", "bulk"))]:
+    a, b = f"{a}@{mode}", f"{b}@{mode}"
     for t in (a, b):
         alone, together = pairs.get(("alone", t)), pairs.get(("together", t))
         if not alone or not together or not med.get("full"):
@@ -156,7 +165,7 @@ for a, b in (("half_a", "half_b"), ("lc", "bulk")):
         al, to = statistics.median(alone), statistics.median(together)
         lines.append(f"{t} beside {b if t == a else a}: {to / al:.3f} of its rate alone "
                      f"({to / med['full']:.3f} of uncapped; alone {al / med['full']:.3f})")
-        metrics.append({"name": f"together_{t}", "unit": "of its capped rate alone", "better": "closer to 1",
+        metrics.append({"name": f"together_{t.replace('@', '_')}", "unit": "of its capped rate alone", "better": "closer to 1",
                         "native": 1.0, "cumux": to / al, "ratio": to / al})
 with open(sys.argv[1], "a") as f:
     f.write("## medians\n" + "\n".join(lines) + "\n")

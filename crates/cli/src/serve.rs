@@ -342,13 +342,6 @@ pub fn serve(options: ServeOptions) -> Result<()> {
     if sharing.one_context() && !matches!(kind.as_str(), "auto" | "cuda" | "worker-cpu") {
         bail!("--sharing shared applies to GPUs (and worker-cpu); the {kind} device gives each session its own context");
     }
-    if let Some((name, percent)) = file.tenants.sm_capped().filter(|_| sharing.one_context()) {
-        bail!(
-            "tenant {name:?} has sm_percent = {percent}: SM caps apply with --sharing isolated \
-             (the default), where each session has a context of its own; one shared context \
-             runs every tenant's kernels on the same SMs"
-        );
-    }
     let placed = cumux_server::sm_parts::SmPlacement::of(&file.tenants);
     if let Some(line) = placed.describe() {
         tracing::info!("{line}");

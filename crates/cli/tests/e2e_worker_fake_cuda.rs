@@ -243,14 +243,14 @@ fn sm_caps_in_workers(
     capped.set_sm_cap(part(0, 25)).unwrap();
     let a = capped.mem_alloc(16).unwrap();
     // 25 % of the fake's 132 SMs is 33, and parts come in eights.
-    assert!(live().ends_with("green_sms 32 green 0-32"), "{}", live());
+    assert!(live().contains("green_sms 32 green 0-32"), "{}", live());
     // The next tenant's stretch starts where this one ends: the groups
     // after the first four, and the SMs no group took.
     let beside = device.create_context().unwrap();
     beside.set_sm_cap(part(25, 100)).unwrap();
     beside.mem_alloc(16).unwrap();
     // (Each worker process writes the report with its own objects.)
-    assert!(live().ends_with("green_sms 100 green 32-132"), "{}", live());
+    assert!(live().contains("green_sms 100 green 32-132"), "{}", live());
     drop(beside);
     capped
         .mem_write(a, &f32_bytes(&[1.0, 2.0, 3.0, 4.0]))
@@ -286,14 +286,62 @@ fn sm_caps_in_workers(
         bytes: 256,
     });
     assert!(matches!(got, Some(Ok(ReplyBody::Ptr(_)))), "{got:?}");
-    assert!(live().ends_with("green_sms 64 green 32-96"), "{}", live());
+    assert!(live().contains("green_sms 64 green 32-96"), "{}", live());
     session.close();
     wait_until("the placed session's green context to end", || {
         !live().contains("green_sms")
     });
+    // In a shared context a capped session's streams go to a green context
+    // of its part; its memory and modules stay in the shared context.
+    let made = |report: &str| -> u64 {
+        let after = report.split("green_streams_made ").nth(1).unwrap_or("0");
+        after
+            .split_whitespace()
+            .next()
+            .unwrap_or("0")
+            .parse()
+            .unwrap()
+    };
+    let plain = shared.create_context().unwrap();
+    let p = plain.mem_alloc(16).unwrap();
+    plain.mem_write(p, &f32_bytes(&[1.0; 4])).unwrap();
+    let module = plain.module_load(&fixture_fatbin()).unwrap();
+    let ordered = plain.stream_ordered().unwrap();
+    ordered.enqueue(DEFAULT_STREAM, StreamWork::Launch(scale(module.id, p, 2)));
+    ordered.synchronize(SyncTarget::Context);
+    let before = made(&live());
     let view = shared.create_context().unwrap();
-    let e = view.set_sm_cap(part(0, 25)).unwrap_err();
-    assert_eq!(e.code, codes::NOT_SUPPORTED, "{e}");
+    view.set_sm_cap(part(50, 75)).unwrap();
+    let v = view.mem_alloc(16).unwrap();
+    view.mem_write(v, &f32_bytes(&[1.0, 2.0, 3.0, 4.0]))
+        .unwrap();
+    let module = view.module_load(&fixture_fatbin()).unwrap();
+    let ordered = view.stream_ordered().unwrap();
+    ordered.enqueue(DEFAULT_STREAM, StreamWork::Launch(scale(module.id, v, 3)));
+    ordered.synchronize(SyncTarget::Context);
+    let mut back = vec![0u8; 16];
+    view.mem_read(v, &mut back).unwrap();
+    // (the fake scales by 2 plus the module's global, 0 in a fresh load)
+    assert_eq!(f32s(&back), [2.0, 4.0, 6.0, 4.0]);
+    let report = live();
+    assert!(report.contains(" green 64-96"), "{report}");
+    assert!(
+        made(&report) > before,
+        "no stream made on the green part: {report}"
+    );
+    // An uncapped session beside it makes its streams in the shared context.
+    let now = made(&report);
+    ordered_plain_stream(&*plain);
+    assert_eq!(made(&live()), now, "{}", live());
+    drop(view);
+    drop(plain);
+}
+
+/// Makes a stream in `ctx` and launches nothing on it.
+fn ordered_plain_stream(ctx: &dyn DeviceContext) {
+    let ordered = ctx.stream_ordered().unwrap();
+    ordered.stream_create(0x4242, 1, 0).unwrap();
+    ordered.stream_destroy(0x4242).unwrap();
 }
 
 /// A move's memory copied device to device (issue 17): the target

@@ -80,7 +80,15 @@ CUresult cuCtxCreate_v2(void **ctx, unsigned flags, CUdevice d) {
     return 0;
 }
 CUresult cuCtxDestroy_v2(void *ctx) { return ctx == &dummy_context ? 0 : 400; }
-CUresult cuCtxSetCurrent(void *ctx) { return ctx == &dummy_context ? 0 : 201; }
+/* The current context, per thread: the one context, or a green context
+ * (whose context is its own handle). */
+static __thread void *current_context = &dummy_context;
+static int is_live_green(void *ctx);
+CUresult cuCtxSetCurrent(void *ctx) {
+    if (ctx != &dummy_context && !is_live_green(ctx)) return 201;
+    current_context = ctx;
+    return 0;
+}
 static void flush_prints(void);
 CUresult cuCtxSynchronize(void) { flush_prints(); return 0; }
 /* Context limits (CUlimit 0..6: stack, printf FIFO, malloc heap, ...), the
@@ -112,6 +120,9 @@ CUresult cuDevicePrimaryCtxRelease_v2(CUdevice d) { (void)d; return 0; }
 struct fake_green { unsigned sms; char stretches[256]; };
 static struct fake_green *live_greens[FAKE_MOST_GREENS];
 static long live_green_sms;
+/* green_streams_made: streams made while a green context was current (the
+ * report names them when there are). */
+static long green_streams_made;
 static void live_change(long *counter, long by);
 static unsigned *sm_part(const void *resource) { return (unsigned *)((char *)resource + 96); }
 static unsigned *first_sm(const void *resource) { return (unsigned *)((char *)resource + 4); }
@@ -173,7 +184,12 @@ CUresult cuGreenCtxCreate(void **green, void *desc, CUdevice d, unsigned flags) 
     live_change(&live_green_sms, ((struct fake_green *)desc)->sms);
     return 0;
 }
-CUresult cuCtxFromGreenCtx(void **ctx, void *green) { (void)green; *ctx = &dummy_context; return 0; }
+CUresult cuCtxFromGreenCtx(void **ctx, void *green) { *ctx = green; return 0; }
+static int is_live_green(void *ctx) {
+    for (int i = 0; i < FAKE_MOST_GREENS; i++)
+        if (ctx && live_greens[i] == ctx) return 1;
+    return 0;
+}
 CUresult cuGreenCtxDestroy(void *green) {
     for (int i = 0; i < FAKE_MOST_GREENS; i++)
         if (live_greens[i] == green) live_greens[i] = 0;
@@ -204,6 +220,7 @@ static void live_change(long *counter, long by) {
                 for (int i = 0; i < FAKE_MOST_GREENS; i++)
                     if (live_greens[i]) fprintf(f, " green %s", live_greens[i]->stretches);
             }
+            if (green_streams_made) fprintf(f, " green_streams_made %ld", green_streams_made);
             fclose(f);
         }
     }
@@ -379,6 +396,7 @@ static void flush_prints(void) {
 }
 CUresult cuStreamCreateWithPriority(void **s, unsigned flags, int prio) {
     (void)flags; (void)prio; *s = &stream_token;
+    if (current_context != &dummy_context) live_change(&green_streams_made, 1);
     live_change(&live_streams, 1);
     return 0;
 }

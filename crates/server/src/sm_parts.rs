@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 use crate::tenants::{TenantClass, TenantPolicy, ANONYMOUS_TENANT};
 
 /// A stretch of a device's SMs: `from..to`, in percent from its front.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct SmPart {
     pub from: u8,
     pub to: u8,

@@ -71,8 +71,9 @@ pub struct TenantSettings {
     /// cubin-only modules load): it may then reach other tenants' memory.
     pub trusted: bool,
     /// The share of a GPU's SMs the tenant's kernels may use (1 to 99 %;
-    /// `None`: all). Each session runs in a green context of that many SMs
-    /// (`isolated` mode only: a shared context runs everyone's kernels).
+    /// `None`: all), at the place [`crate::sm_parts`] gives it: each session
+    /// runs in a green context of those SMs (`isolated`), or makes its
+    /// streams in one (`shared`, `fenced`).
     pub sm_percent: Option<u8>,
 }
 
@@ -124,13 +125,6 @@ impl Default for TenantPolicy {
 }
 
 impl TenantPolicy {
-    /// The first tenant (or `defaults`) with an SM cap, if any.
-    pub fn sm_capped(&self) -> Option<(&str, u8)> {
-        std::iter::once(("defaults", &self.defaults))
-            .chain(self.tenants.iter().map(|(n, s)| (n.as_str(), s)))
-            .find_map(|(name, s)| s.sm_percent.map(|p| (name, p)))
-    }
-
     /// Checks values a config file could get wrong.
     pub fn validate(&self) -> Result<(), String> {
         self.limits.validate()?;

@@ -404,6 +404,18 @@ pub trait DeviceContext: Send + Sync {
             ),
         ))
     }
+    /// In a context sessions share: makes the streams the calling thread
+    /// makes from now on run on the stretch `part` of the device's SMs (a
+    /// capped tenant's session, served on a thread of its own); the SMs.
+    fn cap_streams(&self, part: SmPart) -> Result<u32, CuError> {
+        Err(CuError::new(
+            cumux_protocol::codes::NOT_SUPPORTED,
+            format!(
+                "this device cannot cap a session's SMs ({} % asked)",
+                part.percent()
+            ),
+        ))
+    }
     /// How the context's memory is laid out again elsewhere when its session
     /// moves; `None` where it cannot be (issue 17).
     fn movable(&self) -> Option<&dyn MovableContext> {

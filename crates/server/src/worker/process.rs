@@ -356,6 +356,15 @@ impl Served<'_, '_> {
                 }
             };
             if let WorkerRequest::SmCap { part } = request {
+                // A further connection to the worker's own context is a
+                // session of a shared context: its streams go to the part.
+                // Any other connection's context is its own, swapped whole.
+                let shares = !conn.main && Arc::ptr_eq(&conn.ctx, &*lock(&self.ctx));
+                if shares {
+                    let sms = conn.ctx.cap_streams(part);
+                    conn.reply(sms.map(|sms| WorkerValue::Number(sms.into())))?;
+                    continue;
+                }
                 match conn.ctx.capped(part) {
                     Ok((next, sms)) => {
                         conn.reply(Ok(WorkerValue::Number(sms.into())))?;

@@ -43,6 +43,7 @@ use crate::device::{
     StreamWork, SyncTarget, VmmOp,
 };
 use crate::locking::lock;
+use crate::sm_parts::SmPart;
 
 /// Session handles are below 2^40; the view's tag goes above.
 const TAG_SHIFT: u32 = 40;
@@ -414,6 +415,13 @@ impl DeviceContext for SharedView {
     }
 
     /// Fences a tenant's sessions unless it is trusted; decided once.
+    /// The session's streams run on the part (the worker makes them in a
+    /// green context, `device::cuda::green_streams`); its memory and modules
+    /// stay in the shared context.
+    fn set_sm_cap(&self, part: SmPart) -> Result<(), CuError> {
+        self.conn.cap_streams(part)
+    }
+
     fn set_tenant(&self, tenant: &str, trusted: bool) {
         let mut fencing = lock(&self.fencing);
         if let Fencing::Pending(_) = &*fencing {

@@ -3,6 +3,7 @@
 //! thread's stream, waited for; device printf caught in capture windows.
 //! Its stream order of its own is in [`super::ordered`].
 
+use super::green_streams::GreenParts;
 use crate::sm_parts::SmPart;
 use std::collections::HashMap;
 use std::os::fd::BorrowedFd;
@@ -104,6 +105,8 @@ pub struct CudaContext {
     /// A module that may call the device-side `malloc` was loaded: its heap's
     /// blocks would not move with the session.
     mallocs: AtomicBool,
+    /// Green contexts for capped sessions' streams (a shared context).
+    greens: GreenParts,
 }
 
 /// The streams and events of a [`CudaContext`] used as [`StreamOrdered`].
@@ -143,6 +146,7 @@ impl CudaContext {
             ordered: Mutex::new(OrderedState::default()),
             placed: Mutex::new(Placed::default()),
             mallocs: AtomicBool::new(false),
+            greens: GreenParts::default(),
         }
     }
 
@@ -451,6 +455,10 @@ impl DeviceContext for CudaContext {
             Arc::clone(&self.prints),
         );
         Ok((Arc::new(capped), sms))
+    }
+
+    fn cap_streams(&self, part: SmPart) -> Result<u32, CuError> {
+        self.greens.send_streams(self.ctx()?, part)
     }
 
     fn host_register(&self, region: HostRegion<'_>) -> Result<bool, CuError> {

@@ -13,12 +13,14 @@
 //! Map: this file is the device ([`CudaDevice`]); [`context`] a session's
 //! context and its synchronous calls; [`ordered`] its streams, events and
 //! graphs; [`convert`] the conversions between the driver's types and cumux's;
-//! [`arrays`] CUDA arrays, texture and surface objects.
+//! [`arrays`] CUDA arrays, texture and surface objects; [`green_streams`] a
+//! shared context's capped sessions' streams.
 
 pub mod arrays;
 pub mod context;
 pub mod convert;
 mod exported;
+mod green_streams;
 pub mod ordered;
 pub mod placed;
 

@@ -123,8 +123,10 @@ impl StreamOrdered for CudaContext {
                 format!("stream {stream:#x} exists"),
             ));
         }
-        // The driver clamps a priority outside the device's range.
-        let created = Arc::new(Stream::new(ctx, flags, priority).map_err(cu_err)?);
+        // A capped session's streams in a shared context go to its green
+        // context. The driver clamps a priority outside the device's range.
+        let home = super::green_streams::stream_home().unwrap_or_else(|| Arc::clone(ctx));
+        let created = Arc::new(Stream::new(&home, flags, priority).map_err(cu_err)?);
         lock(&self.ordered).streams.insert(stream, created);
         Ok(())
     }

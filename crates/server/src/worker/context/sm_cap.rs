@@ -23,6 +23,19 @@ impl WorkerContext {
         Ok(())
     }
 
+    /// A session of a shared context: the streams its connection makes from
+    /// now on run on `part` of the SMs (the worker's connection thread makes
+    /// them in a green context); asked before the session makes any.
+    pub(crate) fn cap_streams(&self, part: SmPart) -> Result<(), CuError> {
+        match self.call(&WorkerRequest::SmCap { part }, &[], None)? {
+            WorkerValue::Number(sms) => {
+                tracing::info!(%part, sms, "a shared context's session runs on a part of its GPU's SMs");
+                Ok(())
+            }
+            other => Err(unexpected(&other)),
+        }
+    }
+
     /// Puts the context on its share of the SMs, if it has a cap, before
     /// anything else is made in it.
     pub(super) fn cap_sms(&self, mut conn: Connection) -> Result<Connection, CuError> {
