@@ -104,6 +104,7 @@ pair_rate() { # pair_rate MODE TENANT: kernels/s through that mode's pairs serve
         "$W/tenant_bench" throughput "$ITERS" "$SECS" >"$file" 2>&1
     local rate
     rate=$(metric "$file" kernels_per_s)
+    [ -n "$rate" ] || { echo "# $2@$1 failed:" >>"$REPORT"; tail -5 "$file" >>"$REPORT"; }
     echo "${rate:-0}"
 }
 for mode in $PAIR_MODES; do

@@ -291,10 +291,11 @@ fn sm_caps_in_workers(
     wait_until("the placed session's green context to end", || {
         !live().contains("green_sms")
     });
-    // In a shared context a capped session's streams go to a green context
-    // of its part; its memory and modules stay in the shared context.
+    // In a shared context a capped session's streams and events go to a
+    // green context of its part; its memory and modules stay in the shared
+    // context.
     let made = |report: &str| -> u64 {
-        let after = report.split("green_streams_made ").nth(1).unwrap_or("0");
+        let after = report.split("made_in_green ").nth(1).unwrap_or("0");
         after
             .split_whitespace()
             .next()

@@ -120,9 +120,9 @@ CUresult cuDevicePrimaryCtxRelease_v2(CUdevice d) { (void)d; return 0; }
 struct fake_green { unsigned sms; char stretches[256]; };
 static struct fake_green *live_greens[FAKE_MOST_GREENS];
 static long live_green_sms;
-/* green_streams_made: streams made while a green context was current (the
- * report names them when there are). */
-static long green_streams_made;
+/* made_in_green: streams and events made while a green context was current
+ * (the report names them when there are). */
+static long made_in_green;
 static void live_change(long *counter, long by);
 static unsigned *sm_part(const void *resource) { return (unsigned *)((char *)resource + 96); }
 static unsigned *first_sm(const void *resource) { return (unsigned *)((char *)resource + 4); }
@@ -220,7 +220,7 @@ static void live_change(long *counter, long by) {
                 for (int i = 0; i < FAKE_MOST_GREENS; i++)
                     if (live_greens[i]) fprintf(f, " green %s", live_greens[i]->stretches);
             }
-            if (green_streams_made) fprintf(f, " green_streams_made %ld", green_streams_made);
+            if (made_in_green) fprintf(f, " made_in_green %ld", made_in_green);
             fclose(f);
         }
     }
@@ -396,7 +396,7 @@ static void flush_prints(void) {
 }
 CUresult cuStreamCreateWithPriority(void **s, unsigned flags, int prio) {
     (void)flags; (void)prio; *s = &stream_token;
-    if (current_context != &dummy_context) live_change(&green_streams_made, 1);
+    if (current_context != &dummy_context) live_change(&made_in_green, 1);
     live_change(&live_streams, 1);
     return 0;
 }
@@ -417,6 +417,7 @@ CUresult cuStreamWaitEvent(void *s, void *e, unsigned flags) {
 }
 CUresult cuEventCreate(void **e, unsigned flags) {
     (void)flags; *e = &event_token;
+    if (current_context != &dummy_context) live_change(&made_in_green, 1);
     live_change(&live_events, 1);
     return 0;
 }

@@ -3,8 +3,10 @@
 //!
 //! A `shared` worker serves each session's connection on a thread of its
 //! own, and every stream a session makes is made on that thread; so the
-//! thread keeps the green context its streams go to. Everything else (memory,
-//! modules, events) stays in the shared context, whose functions launch on a
+//! thread keeps the green context its streams go to. Its events and graphs
+//! go there too (a stream records only its own context's events).
+//! Everything else (memory, modules) stays in the shared context, whose
+//! functions launch on a
 //! green context's streams on its SMs (measured on the H100,
 //! `bench/cuda/green_probe.c`). Green contexts are made once per part and
 //! kept by the context, so all sessions of a tenant share theirs.

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 use cumux_cuda_driver::sys::{CU_MEMHOSTREGISTER_DEVICEMAP, CU_STREAM_NON_BLOCKING};
-use cumux_cuda_driver::{Event, HostRegistration, Stream};
+use cumux_cuda_driver::{self as cu, Event, HostRegistration, Stream};
 use cumux_protocol::{codes, CuError, DevicePtr, Handle, DEFAULT_STREAM};
 
 use super::context::CudaContext;
@@ -33,6 +33,13 @@ impl CudaContext {
         let legacy = Arc::new(Stream::legacy_default(ctx));
         state.streams.insert(DEFAULT_STREAM, Arc::clone(&legacy));
         Ok(legacy)
+    }
+
+    /// Where the calling thread's new streams and events go: a capped
+    /// session's green context in a shared context, else this context.
+    fn stream_home(&self) -> Result<Arc<cu::Context>, CuError> {
+        let ctx = self.ctx()?;
+        Ok(super::green_streams::stream_home().unwrap_or_else(|| Arc::clone(ctx)))
     }
 
     fn ordered_event(&self, event: Handle) -> Result<Arc<Event>, CuError> {
@@ -102,7 +109,8 @@ impl StreamOrdered for CudaContext {
     /// Captures the launches on a stream of its own into one CUDA graph.
     fn graph_create(&self, graph: Handle, launches: Vec<StreamWork>) -> Result<(), CuError> {
         launches_only(&launches)?;
-        let stream = Stream::new(self.ctx()?, CU_STREAM_NON_BLOCKING, 0).map_err(cu_err)?;
+        let home = self.stream_home()?;
+        let stream = Stream::new(&home, CU_STREAM_NON_BLOCKING, 0).map_err(cu_err)?;
         let exec = stream.capture(
             |s| launches.into_iter().try_for_each(|l| self.run_work(s, l)),
             cu_err,
@@ -116,16 +124,14 @@ impl StreamOrdered for CudaContext {
     }
 
     fn stream_create(&self, stream: Handle, flags: u32, priority: i32) -> Result<(), CuError> {
-        let ctx = self.ctx()?;
         if stream == DEFAULT_STREAM || lock(&self.ordered).streams.contains_key(&stream) {
             return Err(CuError::new(
                 codes::INVALID_VALUE,
                 format!("stream {stream:#x} exists"),
             ));
         }
-        // A capped session's streams in a shared context go to its green
-        // context. The driver clamps a priority outside the device's range.
-        let home = super::green_streams::stream_home().unwrap_or_else(|| Arc::clone(ctx));
+        // The driver clamps a priority outside the device's range.
+        let home = self.stream_home()?;
         let created = Arc::new(Stream::new(&home, flags, priority).map_err(cu_err)?);
         lock(&self.ordered).streams.insert(stream, created);
         Ok(())
@@ -143,7 +149,10 @@ impl StreamOrdered for CudaContext {
     }
 
     fn event_create(&self, event: Handle, flags: u32) -> Result<(), CuError> {
-        let created = Arc::new(Event::new(self.ctx()?, flags).map_err(cu_err)?);
+        // A stream records only events of its own context: a capped
+        // session's events live where its streams do.
+        let home = self.stream_home()?;
+        let created = Arc::new(Event::new(&home, flags).map_err(cu_err)?);
         lock(&self.ordered).events.insert(event, created);
         Ok(())
     }
