@@ -31,6 +31,10 @@ pub struct WorkerOptions {
     /// Host threads a CPU device runs a launch's blocks on (0 = one per core).
     #[arg(long, default_value_t = 0)]
     pub threads: usize,
+    /// Serve the GPU's primary context (a `shared` device's worker: green
+    /// contexts share its modules and memory).
+    #[arg(long)]
+    pub primary_context: bool,
     /// Hex nonce of the stdout markers.
     #[arg(long)]
     pub nonce: String,
@@ -93,10 +97,15 @@ pub fn worker(options: WorkerOptions) -> Result<()> {
         launch_budget: options.launch_budget.unwrap_or(DEFAULT_LAUNCH_BUDGET),
         threads: options.threads,
     };
-    let device =
-        local_device(&options.device, options.ordinal, &cpu).map_err(anyhow::Error::msg)?;
+    let device = local_device(
+        &options.device,
+        options.ordinal,
+        &cpu,
+        options.primary_context,
+    )
+    .map_err(anyhow::Error::msg)?;
     // A program's contexts on its other devices join this process.
-    let open_other = |n| local_device(&options.device, n, &cpu);
+    let open_other = |n| local_device(&options.device, n, &cpu, options.primary_context);
     let mut out = std::io::stdout();
     let mut stdout = WorkerStdout {
         out: &mut out,

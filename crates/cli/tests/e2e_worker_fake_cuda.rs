@@ -326,6 +326,9 @@ fn sm_caps_in_workers(
     assert_eq!(f32s(&back), [2.0, 4.0, 6.0, 4.0]);
     let report = live();
     assert!(report.contains(" green 64-96"), "{report}");
+    // The shared worker serves the GPU's primary context: green contexts
+    // share its modules and memory, and no other context's.
+    assert!(report.contains(" primary 1"), "{report}");
     assert!(
         made(&report) > before,
         "no stream made on the green part: {report}"

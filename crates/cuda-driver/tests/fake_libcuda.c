@@ -105,8 +105,16 @@ CUresult cuCtxSetLimit(unsigned limit, size_t value) {
   limits[limit] = value;
   return 0;
 }
-CUresult cuDevicePrimaryCtxRetain(void **ctx, CUdevice d) { (void)d; *ctx = &dummy_context; return 0; }
-CUresult cuDevicePrimaryCtxRelease_v2(CUdevice d) { (void)d; return 0; }
+/* primary_retained: live retains of the primary context (the report names
+ * them when there are). */
+static long primary_retained;
+static void live_change(long *counter, long by);
+CUresult cuDevicePrimaryCtxRetain(void **ctx, CUdevice d) {
+    (void)d; *ctx = &dummy_context;
+    live_change(&primary_retained, 1);
+    return 0;
+}
+CUresult cuDevicePrimaryCtxRelease_v2(CUdevice d) { (void)d; live_change(&primary_retained, -1); return 0; }
 
 /* Green contexts: 132 SMs, split in groups of 8 (at least 8), the SMs no
  * group took left as the rest. A CUdevResource is 144 bytes (arrays of them
@@ -221,6 +229,7 @@ static void live_change(long *counter, long by) {
                     if (live_greens[i]) fprintf(f, " green %s", live_greens[i]->stretches);
             }
             if (made_in_green) fprintf(f, " made_in_green %ld", made_in_green);
+            if (primary_retained) fprintf(f, " primary %ld", primary_retained);
             fclose(f);
         }
     }

@@ -339,14 +339,17 @@ pub fn cuda_worker_devices(
         let mut info = device.info().clone();
         info.peers = peers_of(&driver, ordinal, count);
         tracing::info!(ordinal, name = %info.name, memory = info.total_mem, ?sharing, "cuda: GPU, served by worker processes");
+        let mut command = WorkerCommand::cumux(program.clone(), "cuda", ordinal, None);
+        if sharing.one_context() {
+            // Capped sessions' green contexts share the primary context's
+            // modules and memory, and no other context's.
+            command.args.push("--primary-context".into());
+        }
         out.push(Arc::new(
-            WorkerDevice::new(
-                info,
-                WorkerCommand::cumux(program.clone(), "cuda", ordinal, None),
-            )
-            .with_sharing(sharing)
-            .with_kernel_timeout(kernel_timeout)
-            .with_print_detector(image_print_detector("cuda")),
+            WorkerDevice::new(info, command)
+                .with_sharing(sharing)
+                .with_kernel_timeout(kernel_timeout)
+                .with_print_detector(image_print_detector("cuda")),
         ));
     }
     Ok(out)

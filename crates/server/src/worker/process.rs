@@ -78,15 +78,24 @@ impl WorkerStdout<'_> {
 }
 
 /// The device a worker process serves: `cpu` (as `cpu` says) or `cuda` (GPU
-/// `ordinal`, its context created in this process, printf left on fd 1).
-pub fn local_device(kind: &str, ordinal: u32, cpu: &CpuSpec) -> Result<Arc<dyn Device>, String> {
+/// `ordinal`, its context created in this process, or the GPU's primary
+/// context with `primary_context`; printf left on fd 1).
+pub fn local_device(
+    kind: &str,
+    ordinal: u32,
+    cpu: &CpuSpec,
+    primary_context: bool,
+) -> Result<Arc<dyn Device>, String> {
     match kind {
         "cpu" => numbered_cpu_device(ordinal, cpu),
         #[cfg(feature = "cuda")]
         "cuda" => {
             let driver = cumux_cuda_driver::Driver::load().map_err(|e| e.to_string())?;
-            let device = CudaDevice::per_session(&driver, ordinal).map_err(|e| e.to_string())?;
-            Ok(Arc::new(device))
+            let device = match primary_context {
+                true => CudaDevice::primary(&driver, ordinal),
+                false => CudaDevice::per_session(&driver, ordinal),
+            };
+            Ok(Arc::new(device.map_err(|e| e.to_string())?))
         }
         other => Err(format!(
             "a worker serves cpu or cuda devices, not {other:?} (ordinal {ordinal})"

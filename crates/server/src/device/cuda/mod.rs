@@ -161,6 +161,13 @@ impl CudaDevice {
         CudaDevice::new(driver, ordinal, ContextMode::PerSession, false)
     }
 
+    /// GPU `ordinal` as a `shared` worker serves it: every session in the
+    /// device's primary context, which the green contexts of capped
+    /// sessions' streams share modules and memory with.
+    pub fn primary(driver: &Arc<Driver>, ordinal: u32) -> Result<CudaDevice, CudaError> {
+        CudaDevice::new(driver, ordinal, ContextMode::Primary, false)
+    }
+
     fn context(&self) -> Result<Arc<cu::Context>, CudaError> {
         match self.mode {
             ContextMode::PerSession => self.driver.create_context(self.dev, 0),
