@@ -18,6 +18,9 @@
 # kernels of different tenants cannot run side by side), TAG= (added to the
 # result file names), LC_ROUNDS= (default 3: rounds of the latency mix, each
 # with the latency tenant alone in the mode too; figures are medians over them).
+# Mode splitNN: a static split in shared mode, the latency tenant capped at
+# NN % of the SMs and the batch tenant at the rest (`sm_percent`); it runs
+# only the latency mix.
 set -u
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 KIT=${KIT:-$ROOT/device-kit}
@@ -57,10 +60,13 @@ start_mode() {
             nvidia-cuda-mps-control -d
             sleep 1
             ;;
-        isolated | shared | fair | priority)
+        isolated | shared | fair | priority | split*)
             local sharing=$1 policy=fifo
-            case $1 in fair | priority) sharing=shared policy=$1 ;; esac
+            case $1 in fair | priority | split*) sharing=shared; [ "${1#split}" = "$1" ] && policy=$1 ;; esac
             printf '[tenants.lc]\nclass = "latency-critical"\n' >"$WORK/tenants.toml"
+            case $1 in split*)
+                printf 'sm_percent = %s\n[tenants.batch]\nsm_percent = %s\n' "${1#split}" $((100 - ${1#split})) >>"$WORK/tenants.toml" ;;
+            esac
             "$KIT/cumux" serve --device "$DEVICE" --sharing "$sharing" --policy "$policy" \
                 --config "$WORK/tenants.toml" --listen "unix:$WORK/$1.sock" \
                 >"$OUT/runs/server_$1.log" 2>&1 &
@@ -76,7 +82,7 @@ stop_mode() {
             sleep 1
             unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
             ;;
-        isolated | shared | fair | priority)
+        isolated | shared | fair | priority | split*)
             "$KIT/cumux" status --server "unix:$WORK/$1.sock" >"$OUT/runs/status_$1.txt" 2>&1
             kill "$SERVER_PID" 2>/dev/null; wait "$SERVER_PID" 2>/dev/null ;;
     esac
@@ -86,7 +92,7 @@ stop_mode() {
 tenant() {
     local mode=$1 kind=$2 us=$3 file=$4 name=${5:-t$RANDOM$RANDOM}
     case $mode in
-        isolated | shared | fair | priority)
+        isolated | shared | fair | priority | split*)
             timeout $((SECS + 60)) "$KIT/cumux" run --server "unix:$WORK/$mode.sock" --tenant "$name" -- \
                 "$BIN" "$kind" "${ITERS[$us]}" "$SECS" >"$file" 2>&1
             ;;
@@ -105,7 +111,10 @@ done
 for mode in $MODES; do
     start_mode "$mode"
     # s1: a 2 ms tenant and a 20 µs tenant; s2: four sizes.
-    for mix in "s1:2000 20" "s2:2000 500 50 5"; do
+    mixes="s1:2000 20|s2:2000 500 50 5"
+    case $mode in split*) mixes= ;; esac
+    IFS='|' read -ra mix_list <<<"$mixes"
+    for mix in "${mix_list[@]}"; do
         name=${mix%%:*}
         i=0
         pids=()
@@ -180,6 +189,11 @@ for mode in modes:
         lines.append(f"{mode:<9} {mix}: " + ", ".join(
             f"{us} µs {s:.3f}" if s is not None else f"{us} µs failed" for us, s in shares)
             + (f" | Jain {jain:.3f}, total {total:.3f}" if jain is not None else " | incomplete"))
+    batch = rounds(f"{runs}/{mode}_lc_batch_2000_r*.txt", "kernels_per_s")
+    if batch and alone.get(2000):
+        shares = [b / alone[2000] for b in batch]
+        summary[(mode, "lc_batch")] = (median(shares), None)
+        lines.append(f"{mode:<9} lc: the 2 ms batch tenant beside it: {fmt(shares)} of its rate alone natively")
     for kind, label in (("lc", "next to a 2 ms batch tenant"), ("lcalone", "alone in this mode")):
         p50s = rounds(f"{runs}/{mode}_{kind}_latency_50_r*.txt", "p50_us")
         p99s = rounds(f"{runs}/{mode}_{kind}_latency_50_r*.txt", "p99_us")
@@ -209,6 +223,7 @@ def row(name, unit, better, idx, key):
 for mix in ("s1", "s2"):
     row(f"{mix}_jain", "index", "higher", 0, mix)
     row(f"{mix}_total_throughput", "tenants at full speed", "higher", 1, mix)
+row("lc_batch_share", "of alone natively", "higher", 0, "lc_batch")
 row("lc_p50_us", "us", "lower", 0, "lc")
 row("lc_p99_us", "us", "lower", 1, "lc")
 row("lc_alone_in_mode_p50_us", "us", "lower", 0, "lcalone")
