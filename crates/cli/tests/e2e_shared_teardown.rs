@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use cumux_protocol::{Call, Handle, ReplyBody, DEFAULT_STREAM};
 use cumux_server::session::Session;
 use cumux_server::worker::device::{cuda_worker_devices, Sharing};
-use cumux_testkit::fake_gpu::{fake_libcuda, scale_params};
+use cumux_testkit::fake_gpu::{fake_libcuda, remove_live_reports, scale_params};
 
 const CUMUX: &str = env!("CARGO_BIN_EXE_cumux");
 
@@ -131,5 +131,5 @@ fn a_shared_context_keeps_nothing_of_ended_sessions() {
     drop(server);
     drop(shared);
     let _ = std::fs::remove_file(fake);
-    let _ = std::fs::remove_file(report);
+    remove_live_reports(&report);
 }

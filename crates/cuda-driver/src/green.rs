@@ -58,16 +58,6 @@ impl Resources {
     }
 }
 
-/// How a device's SMs can be split.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct SmLayout {
-    pub total: u32,
-    /// The fewest SMs a part may have.
-    pub min_partition: u32,
-    /// A part's SM count is a multiple of this.
-    pub alignment: u32,
-}
-
 /// A part of a device's SMs as the driver splits it: `groups` groups of
 /// the layout's alignment, the SMs no group took after them (`rest`).
 /// Every process that splits the same device this way gets the same SMs in
@@ -139,23 +129,6 @@ impl SmGroups {
 }
 
 impl Driver {
-    /// How device `dev`'s SMs can be split (`cuDeviceGetDevResource`).
-    pub fn sm_layout(&self, dev: DeviceId) -> Result<SmLayout, CudaError> {
-        let mut all = Resources::new(1);
-        // SAFETY: `all` has room for a `CUdevResource` and is 8-byte aligned.
-        unsafe {
-            cu!(
-                self,
-                cuDeviceGetDevResource(dev.0, all.ptr(), RESOURCE_TYPE_SM)
-            )?
-        };
-        Ok(SmLayout {
-            total: all.sm_field(0, 0),
-            min_partition: all.sm_field(0, 1),
-            alignment: all.sm_field(0, 2),
-        })
-    }
-
     /// Device `dev`'s SMs split into groups of its alignment, and the rest:
     /// the resources (groups first, then the rest) and their shape.
     fn sm_groups(&self, dev: DeviceId) -> Result<(Resources, SmGroups), CudaError> {

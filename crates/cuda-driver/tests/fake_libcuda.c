@@ -209,7 +209,9 @@ CUresult cuGreenCtxDestroy(void *green) {
 /* Live objects: allocations, host registrations, streams, events and modules.
  * With FAKE_LIVE_REPORT set, each change rewrites that file with the counts
  * ("allocations A registrations R streams S events E modules M"), so a test
- * can see what a worker process holds after its sessions end. */
+ * can see what a worker process holds after its sessions end; and the file
+ * named after it and this process's pid (`PATH.PID`) too, which no other
+ * process overwrites. */
 static long live_allocations, live_host_registrations, live_streams, live_events, live_modules;
 /* live_green_sms: SMs of the live green contexts; the report names them
  * only when there are. */
@@ -217,9 +219,11 @@ static pthread_mutex_t report_lock = PTHREAD_MUTEX_INITIALIZER;
 static void live_change(long *counter, long by) {
     pthread_mutex_lock(&report_lock);
     *counter += by;
-    const char *path = getenv("FAKE_LIVE_REPORT");
-    if (path) {
-        FILE *f = fopen(path, "w");
+    const char *report = getenv("FAKE_LIVE_REPORT");
+    char own[4096];
+    if (report) snprintf(own, sizeof own, "%s.%d", report, (int)getpid());
+    for (int copy = 0; report && copy < 2; copy++) {
+        FILE *f = fopen(copy ? own : report, "w");
         if (f) {
             fprintf(f, "allocations %ld registrations %ld streams %ld events %ld modules %ld\n",
                     live_allocations, live_host_registrations, live_streams, live_events, live_modules);

@@ -3,7 +3,7 @@
 //! binary of the fatbin fixtures that loads into it, and the `f32` buffers
 //! its `scale` kernel works on.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 /// The fake libcuda built as `cumux-<tag>-fake-libcuda-<pid>.so` in the temp
@@ -54,4 +54,36 @@ pub fn scale_params(data: u64, factor: f32, n: i32) -> Vec<u8> {
     params.extend_from_slice(&factor.to_le_bytes());
     params.extend_from_slice(&n.to_le_bytes());
     params
+}
+
+/// The reports the fake's worker processes wrote of their own objects
+/// (`REPORT.PID`, beside `report`, which `FAKE_LIVE_REPORT` names).
+pub fn live_reports(report: &Path) -> Vec<(PathBuf, String)> {
+    let prefix = format!(
+        "{}.",
+        report.file_name().unwrap_or_default().to_string_lossy()
+    );
+    let Some(dir) = report.parent() else {
+        return Vec::new();
+    };
+    std::fs::read_dir(dir)
+        .map(|entries| {
+            entries
+                .flatten()
+                .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
+                .map(|e| {
+                    let text = std::fs::read_to_string(e.path()).unwrap_or_default();
+                    (e.path(), text)
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Removes `report` and every process's own report beside it.
+pub fn remove_live_reports(report: &Path) {
+    let _ = std::fs::remove_file(report);
+    for (path, _) in live_reports(report) {
+        let _ = std::fs::remove_file(path);
+    }
 }

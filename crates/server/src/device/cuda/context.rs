@@ -3,7 +3,7 @@
 //! thread's stream, waited for; device printf caught in capture windows.
 //! Its stream order of its own is in [`super::ordered`].
 
-use super::green_streams::GreenParts;
+use super::green_streams::{green_part, GreenParts};
 use crate::sm_parts::SmPart;
 use std::collections::HashMap;
 use std::os::fd::BorrowedFd;
@@ -432,20 +432,11 @@ impl DeviceContext for CudaContext {
                 "an SM cap comes before a context's first allocation or module",
             ));
         }
-        let ctx = self.ctx()?;
-        let driver = ctx.driver();
-        let layout = driver.sm_layout(ctx.device()).map_err(cu_err)?;
-        let (green, sms, groups) = driver
-            .green_context(ctx.device(), part.from, part.to)
-            .map_err(cu_err)?;
-        tracing::info!(
-            %part,
-            sms,
-            total = layout.total,
-            first_group = groups.first,
-            groups = groups.end - groups.first,
-            "a capped session's context runs on part of the GPU"
-        );
+        let (green, sms) = green_part(
+            self.ctx()?,
+            part,
+            "a capped session's context runs on part of the GPU",
+        )?;
         let capped = CudaContext::new(
             green,
             self.sm,

@@ -49,17 +49,11 @@ impl GreenParts {
             match parts.get(&part) {
                 Some(made) => made.clone(),
                 None => {
-                    let driver = ctx.driver();
-                    let (green, sms, groups) = driver
-                        .green_context(ctx.device(), part.from, part.to)
-                        .map_err(cu_err)?;
-                    tracing::info!(
-                        %part,
-                        sms,
-                        first_group = groups.first,
-                        groups = groups.end - groups.first,
-                        "a shared context's capped sessions make their streams on part of the GPU"
-                    );
+                    let (green, sms) = green_part(
+                        ctx,
+                        part,
+                        "a shared context's capped sessions make their streams on part of the GPU",
+                    )?;
                     parts.insert(part, (Arc::clone(&green), sms));
                     (green, sms)
                 }
@@ -68,4 +62,25 @@ impl GreenParts {
         STREAM_HOME.with(|home| *home.borrow_mut() = Some(green));
         Ok(sms)
     }
+}
+
+/// A green context on `part` of `ctx`'s device's SMs and the SMs it got,
+/// logged with `what` and the groups it took.
+pub(super) fn green_part(
+    ctx: &Arc<cu::Context>,
+    part: SmPart,
+    what: &str,
+) -> Result<(Arc<cu::Context>, u32), CuError> {
+    let (green, sms, groups) = ctx
+        .driver()
+        .green_context(ctx.device(), part.from, part.to)
+        .map_err(cu_err)?;
+    tracing::info!(
+        %part,
+        sms,
+        first_group = groups.first,
+        groups = groups.end - groups.first,
+        "{what}"
+    );
+    Ok((green, sms))
 }
