@@ -106,6 +106,53 @@ mod tests {
         assert!(back[4..].chunks(piece.len()).all(|c| c == &piece[..]));
     }
 
+    /// 1 GiB into a file in the temp folder (`CUMUX_WRITEBACK_DIR` to pick
+    /// another), in 4 MiB writes, then synced: plainly, and through
+    /// [`Writeback`], alternating. Run with `cargo test -p cumux-server --lib
+    /// file_writeback -- --ignored --nocapture`.
+    #[test]
+    #[ignore]
+    fn throughput() {
+        use std::time::Instant;
+        let dir = std::env::var("CUMUX_WRITEBACK_DIR").unwrap_or_else(|_| "/tmp".into());
+        let piece: Vec<u8> = (0..(4 << 20)).map(|i| (i * 7 % 251) as u8).collect();
+        for round in 0..3 {
+            for through in [false, true] {
+                let path = std::path::Path::new(&dir).join("cumux-writeback-bench");
+                let file = File::create(&path).unwrap();
+                let started = Instant::now();
+                let mut out = Writeback::new(&file);
+                let mut plain = std::io::BufWriter::with_capacity(1 << 20, &file);
+                let mut buffered = std::io::BufWriter::with_capacity(1 << 20, &mut out);
+                // As a stream's records are: a head of 41 bytes, then the chunk.
+                for _ in 0..256 {
+                    let head = [1u8; 41];
+                    match through {
+                        true => buffered
+                            .write_all(&head)
+                            .and_then(|()| buffered.write_all(&piece)),
+                        false => plain
+                            .write_all(&head)
+                            .and_then(|()| plain.write_all(&piece)),
+                    }
+                    .unwrap();
+                }
+                buffered.flush().unwrap();
+                plain.flush().unwrap();
+                drop((buffered, plain));
+                let written = started.elapsed();
+                out.sync().unwrap();
+                println!(
+                    "round {round}, {}: written {:.2} s, synced {:.2} s",
+                    if through { "writeback" } else { "plain" },
+                    written.as_secs_f64(),
+                    started.elapsed().as_secs_f64()
+                );
+                let _ = std::fs::remove_file(&path);
+            }
+        }
+    }
+
     fn tempfile_in_target() -> File {
         let path = std::env::temp_dir().join(format!("cumux-writeback-{}", std::process::id()));
         let file = File::options()

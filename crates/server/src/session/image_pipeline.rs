@@ -209,6 +209,7 @@ fn check(key: &super::image_stream::Digest, record: Record, buffers: &Buffers) -
 
 #[cfg(test)]
 mod tests {
+    use super::super::file_writeback::Writeback;
     use super::super::image::{Allocation, SessionImage};
     use super::super::image_stream::{extents, Packer, Record, Unpacker, CHUNK};
     use super::*;
@@ -395,19 +396,18 @@ mod tests {
             let to_file = |sync: bool| {
                 let file = std::fs::File::create(&path).unwrap();
                 let started = Instant::now();
-                let out = std::io::BufWriter::with_capacity(1 << 20, &file);
+                let out = std::io::BufWriter::with_capacity(1 << 20, Writeback::new(&file));
                 let mut writer = StreamWriter::start(out, &image).unwrap();
-                write_memory(
-                    from.as_ref(),
-                    &extents(&image),
-                    &mut writer,
-                    &StageTimes::default(),
-                )
-                .unwrap();
+                let times = StageTimes::default();
+                write_memory(from.as_ref(), &extents(&image), &mut writer, &times).unwrap();
                 let (out, stored) = writer.finish().unwrap();
-                drop(out);
+                let mut out = out.into_inner().map_err(|_| "flush").unwrap();
                 if sync {
-                    file.sync_all().unwrap();
+                    times.timed(Stage::Sync, || out.sync()).unwrap();
+                    println!(
+                        "  synced: {}",
+                        times.summary(size as u64, started.elapsed(), threads())
+                    );
                 }
                 (started.elapsed(), stored)
             };

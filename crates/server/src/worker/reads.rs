@@ -82,20 +82,17 @@ impl WorkerContext {
         let kind: &'static str = (&request).into();
         let mut slot = lock(&self.conn);
         let conn = self.connection(&mut slot)?;
+        encode(&request)
+            .map_err(io_err)
+            .and_then(|bytes| conn.send_frames(&[&bytes]))
+            .map_err(|e| self.died(&e))?;
         let mut taken = Ok(());
         let mut offset = 0;
         while offset < len {
             let n = (len - offset).min(piece as u64);
             let at = src.wrapping_add(offset);
             offset += n;
-            let answer = match offset == n {
-                true => encode(&request)
-                    .map_err(io_err)
-                    .and_then(|bytes| conn.send_frames(&[&bytes]))
-                    .and_then(|()| self.receive(conn)),
-                false => self.receive(conn),
-            };
-            let reply = answer.map_err(|e| self.died(&e))?;
+            let reply = self.receive(conn).map_err(|e| self.died(&e))?;
             if let Some(seq) = reply.marker {
                 self.marked(seq, kind);
             }
