@@ -15,8 +15,9 @@
 # (a built checkpoint_rollback; else nvcc from .venv builds it), DIR= (where
 # the file goes, default /tmp), OUT= (/tmp/cumux-ckpt-pipeline).
 # Prints one line per run: seconds and GB/s (MIB MiB over the command's wall
-# time, sync included), the file's size, and what the CLI printed (from the
-# new build on: the stage split).
+# time, sync included), the CPU time the server and its workers spent in it
+# (user + system: on a busy machine the steadier figure), the file's size,
+# and what the CLI printed (from 2026-11-27's s22-ckpt2 on: the stage split).
 set -u
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 KITS=${KITS:?KITS="label=DIR label=DIR"}
@@ -40,6 +41,14 @@ until_line() { # FILE PATTERN SECONDS
     for _ in $(seq $(($3 * 10))); do grep -q "$2" "$1" 2>/dev/null && return 0; sleep 0.1; done
     return 1
 }
+TICK=$(getconf CLK_TCK)
+cpu_ticks() { # PID: CPU ticks (user + system) of it and its children (the workers)
+    local sum=0 p
+    for p in "$1" $(pgrep -P "$1"); do
+        sum=$((sum + $(awk '{ print $14 + $15 }' "/proc/$p/stat" 2>/dev/null || echo 0)))
+    done
+    echo "$sum"
+}
 run_one() { # label kit device round
     local label=$1 kit=$2 device=$3 round=$4 d="$W/$1-$3-$4"
     mkdir -p "$d"
@@ -54,9 +63,11 @@ run_one() { # label kit device round
 import json, sys
 print([s["session"] for s in json.load(sys.stdin)["sessions"] if s["program"].endswith("rollback")][0])')
     sync
-    local t0 t1 ok=ok
+    local t0 t1 c0 c1 ok=ok
+    c0=$(cpu_ticks "$server")
     t0=$(now)
     "$kit/cumux" checkpoint "$session" "$F/s.ckpt" --server "unix:$d/s.sock" >"$d/checkpoint.txt" 2>&1 || ok=FAILED
+    c1=$(cpu_ticks "$server")
     sync
     t1=$(now)
     kill "$program" "$server" 2>/dev/null
@@ -65,10 +76,10 @@ print([s["session"] for s in json.load(sys.stdin)["sessions"] if s["program"].en
     size=$(stat -c %s "$F/s.ckpt" 2>/dev/null || echo 0)
     rm -f "$F/s.ckpt"
     awk -v l="$label" -v dev="$device" -v r="$round" -v a="$t0" -v b="$t1" -v m="$MIB" -v s="$size" \
-        -v ok="$ok" -v load="$(cut -d' ' -f1 /proc/loadavg)" 'BEGIN {
+        -v ok="$ok" -v load="$(cut -d' ' -f1 /proc/loadavg)" -v cpu="$(((c1 - c0) * 100 / TICK))" 'BEGIN {
         gb = m * 1048576 / 1e9;
-        printf "%s %s round %d: checkpoint %.2f s (%.2f GB/s, %s), file %d bytes, load %s\n",
-            l, dev, r, b - a, gb / (b - a), ok, s, load }' | tee -a "$OUT/runs.txt"
+        printf "%s %s round %d: checkpoint %.2f s (%.2f GB/s, %s), server and worker CPU %.2f s, file %d bytes, load %s\n",
+            l, dev, r, b - a, gb / (b - a), ok, cpu / 100, s, load }' | tee -a "$OUT/runs.txt"
     sed 's/^/    /' "$d/checkpoint.txt" | head -3 | tee -a "$OUT/runs.txt"
     cp "$d/server.log" "$OUT/$label-$device-$round-server.log"
     rm -rf "$d"
