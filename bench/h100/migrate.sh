@@ -187,6 +187,19 @@ say "disk: $CK_MB MiB session (half noise, half one value): checkpoint $ck s ($(
 sed 's/^/  checkpoint: /' "$f.ckpt" | head -2 | tee -a "$REPORT"
 sed 's/^/  restore: /' "$f.restore" | head -2 | tee -a "$REPORT"
 disk_json="{\"name\": \"checkpoint_disk_gbps_${CK_MB}mib\", \"unit\": \"GB/s\", \"better\": \"higher\", \"native\": null, \"cumux\": $(gbps "$CK_MB" "$ck"), \"ratio\": null}, {\"name\": \"restore_disk_gbps_${CK_MB}mib\", \"unit\": \"GB/s\", \"better\": \"higher\", \"native\": null, \"cumux\": $(gbps "$CK_MB" "$rs"), \"ratio\": null},"
+# The server's stage split (from 2026-11-27's s22-ckpt2 on): seconds its
+# writing thread waited on device reads and on packing, wrote, synced; the
+# device side's and the pool's busy seconds; the pool's threads.
+stages=$(grep -o '(waiting on device reads [^)]*)' "$f.ckpt" | head -1)
+say "  checkpoint stage split: ${stages:-not printed by this build}"
+if [ -n "$stages" ]; then
+    disk_json="$disk_json$(echo "$stages" | tr '(),;' '    ' | awk '{
+        n = 0; for (i = 1; i <= NF; i++) if ($i ~ /^[0-9.]+$/) v[++n] = $i
+        split("wait_reads wait_packing writing syncing device_busy pool_busy", names, " ")
+        for (i = 1; i <= 6; i++)
+            printf " {\"name\": \"checkpoint_%s_s\", \"unit\": \"s\", \"better\": \"lower\", \"native\": null, \"cumux\": %s, \"ratio\": null},", names[i], v[i]
+    }')"
+fi
 # NVIDIA's cuda-checkpoint: the same program run natively, its device
 # memory suspended into the process's host memory and brought back.
 CC=$(command -v cuda-checkpoint || ls /usr/local/cuda/bin/cuda-checkpoint /usr/bin/cuda-checkpoint 2>/dev/null | head -1)

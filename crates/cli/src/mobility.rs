@@ -291,8 +291,12 @@ pub fn checkpoint(
     let mut conn = admin(address, "cumux checkpoint")?;
     let partial = checkpoint_file::Partial::create(file)?;
     let written = write_checkpoint(&mut conn, address, session, hold, wait, &partial.file)
-        .and_then(|said| Ok((said, partial.commit()?)));
-    let (said, size) = match written {
+        .and_then(|said| {
+            let started = std::time::Instant::now();
+            let size = partial.commit()?;
+            Ok((said, size, started.elapsed()))
+        });
+    let (said, size, committed) = match written {
         Ok(written) => written,
         Err(e) if hold => {
             let release = Call::SessionRelease {
@@ -305,8 +309,10 @@ pub fn checkpoint(
         Err(e) => return Err(e),
     };
     println!(
-        "session {session} checkpointed to {}: {said}; the file has {size} bytes",
-        file.display()
+        "session {session} checkpointed to {}: {said}; the file has {size} bytes, synced and \
+         named here in {:.3} s",
+        file.display(),
+        committed.as_secs_f64()
     );
     if hold {
         println!(

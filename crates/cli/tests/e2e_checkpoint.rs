@@ -95,6 +95,47 @@ fn assert_passes(mut child: Child, lines: &Receiver<String>, server: &ServerProc
     );
 }
 
+/// The figures of `cumux checkpoint`'s summary (`in T s, R GB/s of memory
+/// (waiting on device reads …)`): its seconds and rate, then each stage's.
+fn stage_split_is_sane(said: &str) {
+    let numbers = |text: &str| -> Vec<f64> {
+        text.split([' ', ',', '(', ')', ';'])
+            .filter_map(|w| w.parse::<f64>().ok())
+            .collect()
+    };
+    let summary = said
+        .split_once(" bytes written in ")
+        .map(|(_, rest)| rest)
+        .unwrap_or_else(|| panic!("no summary in {said}"));
+    let (head, split) = summary
+        .split_once("(waiting on device reads ")
+        .unwrap_or_else(|| panic!("no stage split in {said}"));
+    let (seconds, rate) = match numbers(head)[..] {
+        [seconds, rate] => (seconds, rate),
+        _ => panic!("{said}"),
+    };
+    assert!(seconds > 0.0 && rate > 0.0, "{said}");
+    let split = split
+        .split_once(" threads)")
+        .map(|(s, _)| s)
+        .unwrap_or_else(|| panic!("{said}"));
+    let stages = numbers(split);
+    let [read_wait, pack_wait, write, sync, device, pool, threads] = stages[..] else {
+        panic!("{stages:?} in {said}");
+    };
+    // The writing thread's waits, writing and syncing fit in its time; the
+    // device side and the pool did work.
+    assert!(
+        read_wait + pack_wait + write + sync <= seconds + 0.002,
+        "{said}"
+    );
+    assert!(device > 0.0 && pool >= 0.0 && threads >= 1.0, "{said}");
+    for stage in [read_wait, pack_wait, write, sync] {
+        assert!(stage >= 0.0, "{said}");
+    }
+    assert!(said.contains("synced and named here in "), "{said}");
+}
+
 #[test]
 fn a_checkpoint_brings_its_state_back_and_bad_files_are_refused() {
     let server = server("ckpt-stream");
@@ -113,6 +154,7 @@ fn a_checkpoint_brings_its_state_back_and_bad_files_are_refused() {
         .and_then(|n| n.parse().ok())
         .unwrap_or_else(|| panic!("{said}"));
     assert!(filled >= 4 << 20, "{said}");
+    stage_split_is_sane(&said);
     assert!(!with_suffix(&file, ".partial").exists());
     let bytes = std::fs::read(&file).unwrap();
     assert!(bytes.starts_with(b"CUMUXCKP"));

@@ -19,6 +19,7 @@ use cumux_protocol::{
     codes, Call, ClientRole, Hello, ReplyBody, DEFAULT_STREAM, MAGIC, PROTOCOL_VERSION,
 };
 use cumux_server::device::arrays::ArrayOp;
+use cumux_server::device::pieces::MemPiece;
 use cumux_server::device::placed_copy;
 use cumux_server::device::{
     DeviceContext, KernelLaunch, LaunchGeometry, StreamWork, SyncTarget, VmmOp,
@@ -110,6 +111,31 @@ fn cuda_contexts_live_in_workers() {
     let mut back = vec![0u8; 16];
     ctx.mem_read(a, &mut back).unwrap();
     assert_eq!(f32s(&back), [3.0, 6.0, 9.0, 4.0]);
+    // Read in pieces through the worker (a checkpoint's reads): bytes, and
+    // a piece of one value as that value alone.
+    let b = ctx.mem_alloc(16).unwrap();
+    ctx.mem_fill(b, &[0x5a], 16).unwrap();
+    let mut pieces = Vec::new();
+    for at in [a, b] {
+        ctx.mem_read_pieces(at, 16, 8, &mut |n| vec![0; n], &mut |_, p| {
+            pieces.push(p);
+            Ok(())
+        })
+        .unwrap();
+    }
+    let fill = MemPiece::Fill {
+        value: 0x5a,
+        len: 8,
+    };
+    assert_eq!(
+        pieces[..2],
+        [
+            MemPiece::Bytes(back[..8].to_vec()),
+            MemPiece::Bytes(back[8..].to_vec())
+        ]
+    );
+    assert_eq!(pieces[2..], [fill.clone(), fill]);
+    ctx.mem_free(b, 16).unwrap();
 
     // Limits reach the driver (CU_LIMIT_STACK_SIZE = 0): a stack it cannot
     // give is its refusal, one it can is set, a smaller one keeps the larger.

@@ -11,6 +11,7 @@ use std::thread::JoinHandle;
 
 use cumux_protocol::{codes, decode, encode, read_frame, write_frame, CuError};
 use cumux_server::device::cpu::CpuDevice;
+use cumux_server::device::pieces::MemPiece;
 use cumux_server::device::{
     DeviceContext, HostRegion, KernelLaunch, LaunchGeometry, LoadedModule, MemFill, StreamWork,
     SyncTarget,
@@ -87,6 +88,76 @@ fn one_block(module: u64, kernel: usize, threads: u32, params: &[u8]) -> KernelL
             attributes: Vec::new(),
         },
         params: params.to_vec(),
+    }
+}
+
+#[test]
+fn a_span_is_read_in_pieces_with_fills_found_by_the_worker_and_the_link_kept_in_step() {
+    let (ctx, _cut, _thread) = in_process_worker(64 << 20);
+    let piece = 1usize << 20;
+    let len = 5 * piece + 123;
+    let a = ctx.mem_alloc(len as u64).unwrap();
+    // Pieces by turns: noise, one value, noise, zeros, noise, and a tail.
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    let data: Vec<u8> = (0..len)
+        .map(|i| match (i / piece) % 4 {
+            1 => 0x5a,
+            3 => 0,
+            _ => {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            }
+        })
+        .collect();
+    ctx.mem_write(a, &data).unwrap();
+    let mut got = Vec::new();
+    ctx.mem_read_pieces(a, len as u64, piece, &mut |n| vec![0; n], &mut |at, p| {
+        got.push((at, p));
+        Ok(())
+    })
+    .unwrap();
+    assert_eq!(got.len(), 6);
+    for (i, (at, p)) in got.into_iter().enumerate() {
+        assert_eq!(at, a + (i * piece) as u64);
+        let want = &data[i * piece..((i + 1) * piece).min(len)];
+        match (i % 4, p) {
+            (1, MemPiece::Fill { value, len }) => {
+                assert_eq!((value, len), (0x5a, want.len() as u64))
+            }
+            (3, MemPiece::Fill { value, len }) => assert_eq!((value, len), (0, want.len() as u64)),
+            (0 | 2, MemPiece::Bytes(bytes)) => assert!(bytes == want, "piece {i} differs"),
+            (_, p) => panic!("piece {i}: {p:?}"),
+        }
+    }
+    // A taker that fails stops taking; the span's other answers are read,
+    // so the next call gets its own answer.
+    let mut calls = 0;
+    let stop = ctx.mem_read_pieces(a, len as u64, piece, &mut |n| vec![0; n], &mut |_, _| {
+        calls += 1;
+        Err(CuError::new(codes::INVALID_VALUE, "disk full"))
+    });
+    assert_eq!(stop.unwrap_err().detail, "disk full");
+    assert_eq!(calls, 1);
+    let mut back = vec![0u8; len];
+    ctx.mem_read(a, &mut back).unwrap();
+    assert!(back == data);
+    // A span that runs off the allocation: the worker's error, after the
+    // pieces before it; the link still in step.
+    let mut taken = 0;
+    let off = ctx.mem_read_pieces(a, 100 << 20, piece, &mut |n| vec![0; n], &mut |_, _| {
+        taken += 1;
+        Ok(())
+    });
+    assert!(off.is_err());
+    assert!(taken <= 6, "{taken}");
+    ctx.mem_read(a, &mut back).unwrap();
+    assert!(back == data);
+    // Pieces of nothing or past a frame are refused.
+    for bad in [0, 65 << 20] {
+        let refused = ctx.mem_read_pieces(a, 16, bad, &mut |n| vec![0; n], &mut |_, _| Ok(()));
+        assert_eq!(refused.unwrap_err().code, codes::INVALID_VALUE);
     }
 }
 
@@ -232,6 +303,15 @@ fn undecodable_frames_are_answered_and_the_worker_goes_on() {
         receive(&mut ours).result.unwrap_err().code,
         codes::INVALID_VALUE
     );
+    // So are pieces of nothing, and spans over the limit, each with one answer.
+    for (len, piece) in [(16, 0), (1 << 40, 4096)] {
+        let pieces = WorkerRequest::MemReadPieces { src: 0, len, piece };
+        write_frame(&mut ours, &encode(&pieces).unwrap()).unwrap();
+        assert_eq!(
+            receive(&mut ours).result.unwrap_err().code,
+            codes::INVALID_VALUE
+        );
+    }
     let alloc = WorkerRequest::MemAlloc { bytes: 64 };
     write_frame(&mut ours, &encode(&alloc).unwrap()).unwrap();
     assert!(matches!(receive(&mut ours).result, Ok(WorkerValue::Ptr(_))));

@@ -14,6 +14,7 @@ pub mod host_span;
 pub mod memory_use;
 pub mod model;
 pub mod ordering;
+pub mod pieces;
 pub mod placed_copy;
 pub mod serial;
 pub mod signals;
@@ -275,6 +276,29 @@ pub trait DeviceContext: Send + Sync {
     /// recorded at its allocation: backends count, they keep no table).
     fn mem_free(&self, ptr: DevicePtr, bytes: u64) -> Result<(), CuError>;
     fn mem_read(&self, src: DevicePtr, buf: &mut [u8]) -> Result<(), CuError>;
+    /// Reads `len` bytes from `src` in pieces of at most `piece` bytes,
+    /// handing each to `take` in order: its bytes in a buffer from
+    /// `buffer(n)`, or one byte value where the device side found the
+    /// piece all that value. By default one piece at a time with
+    /// [`DeviceContext::mem_read`]; a context reached by requests answers
+    /// a span's pieces back to back.
+    fn mem_read_pieces(
+        &self,
+        src: DevicePtr,
+        len: u64,
+        piece: usize,
+        buffer: &mut pieces::Buffer<'_>,
+        take: &mut pieces::TakePiece<'_>,
+    ) -> Result<(), CuError> {
+        pieces::read_one_by_one(
+            &mut |at, buf| self.mem_read(at, buf),
+            src,
+            len,
+            piece,
+            buffer,
+            take,
+        )
+    }
     fn mem_write(&self, dst: DevicePtr, data: &[u8]) -> Result<(), CuError>;
     fn mem_copy(&self, dst: DevicePtr, src: DevicePtr, bytes: u64) -> Result<(), CuError>;
     /// Writes `count` copies of `pattern` (1, 2 or 4 bytes) from `dst` on.

@@ -12,10 +12,12 @@ use std::time::Instant;
 use cumux_protocol::{codes, Call, CuError, DevicePtr};
 
 use super::core::err;
+use super::file_writeback::Writeback;
 use super::image::SessionImage;
 use super::image_pipeline;
-use super::image_stream::{extents, Piece, StreamReader, StreamWriter, CHUNK};
-use super::memory_pipe::{Buffers, MemorySource, Put};
+use super::image_stream::{extents, StreamReader, StreamWriter, CHUNK};
+use super::memory_pipe::{Buffers, MemorySource, Put, SPAN};
+use super::stage_times::{Stage, StageTimes};
 use super::{CallResult, Session};
 use crate::device::DeviceContext;
 use crate::moves::{Action, Checkpoint, CheckpointFile};
@@ -24,7 +26,8 @@ use crate::moves::{Action, Checkpoint, CheckpointFile};
 /// and reads (chunks' heads); chunks themselves pass straight through.
 const FILE_BUFFER: usize = 1 << 20;
 
-/// A move's memory: read from the session's own context, piece by piece.
+/// A move's memory: read from the session's own context, piece by piece
+/// (a piece of one value found by the device side goes as a fill).
 pub(super) struct FromContext<'a> {
     ctx: &'a dyn DeviceContext,
 }
@@ -45,11 +48,15 @@ impl MemorySource for FromContext<'_> {
         for &(ptr, size) in allocations {
             let mut offset = 0;
             while offset < size {
-                let n = (size - offset).min(CHUNK as u64) as usize;
-                let mut buf = buffers.take(n);
-                self.ctx.mem_read(ptr + offset, &mut buf)?;
-                put(ptr + offset, Piece::Bytes(buf))?;
-                offset += n as u64;
+                let n = (size - offset).min(SPAN);
+                self.ctx.mem_read_pieces(
+                    ptr + offset,
+                    n,
+                    CHUNK,
+                    &mut |len| buffers.take(len),
+                    put,
+                )?;
+                offset += n;
             }
         }
         Ok(())
@@ -57,6 +64,30 @@ impl MemorySource for FromContext<'_> {
 
     fn context(&self) -> Option<&dyn DeviceContext> {
         Some(self.ctx)
+    }
+}
+
+/// What a checkpoint stream holds: bytes of memory, of them stored
+/// compressed and as fills, and the stream's bytes.
+struct Written {
+    memory: u64,
+    compressed: u64,
+    filled: u64,
+    size: u64,
+}
+
+impl Written {
+    fn line(&self) -> String {
+        let Written {
+            memory,
+            compressed,
+            filled,
+            size,
+        } = self;
+        format!(
+            "{memory} bytes of memory ({compressed} of them compressed, {filled} one value \
+             repeated) and the session's layout, {size} bytes written"
+        )
     }
 }
 
@@ -112,35 +143,44 @@ impl Session {
     }
 
     /// The checkpoint stream of `image` (the session's state, its work
-    /// drained), written into `file` (then a line saying so comes back) or
-    /// else into bytes (then they come back). A file the stream failed in
-    /// is left empty, so nothing in it looks like a checkpoint.
+    /// drained), written into `file` and synced (then a line saying so
+    /// comes back) or else into bytes (then they come back). A file the
+    /// stream failed in is left empty, so nothing in it looks like a
+    /// checkpoint. The line says where the time went ([`StageTimes`]).
     pub(super) fn checkpoint_into(
         &self,
         image: &SessionImage,
         file: Option<&CheckpointFile>,
     ) -> Result<Vec<u8>, CuError> {
+        let started = Instant::now();
+        let times = StageTimes::default();
         let Some(file) = file else {
             return self
-                .write_stream(image, Vec::new())
+                .write_stream(image, Vec::new(), &times)
                 .map(|(bytes, ..)| bytes);
         };
-        let started = Instant::now();
         let out = regular_file(file)?;
         let written = self
-            .write_stream(image, BufWriter::with_capacity(FILE_BUFFER, out))
-            .and_then(|(out, line)| {
-                out.into_inner().map_err(|e| {
-                    err(
-                        codes::UNKNOWN,
-                        format!("cannot write the checkpoint: {}", e.error()),
-                    )
-                })?;
-                Ok(line)
+            .write_stream(
+                image,
+                BufWriter::with_capacity(FILE_BUFFER, Writeback::new(out)),
+                &times,
+            )
+            .and_then(|(out, said)| {
+                let cannot = |e: std::io::Error| {
+                    err(codes::UNKNOWN, format!("cannot write the checkpoint: {e}"))
+                };
+                let mut out = out.into_inner().map_err(|e| cannot(e.into_error()))?;
+                times.timed(Stage::Sync, || out.sync()).map_err(cannot)?;
+                Ok(said)
             });
         match written {
-            Ok(line) => {
-                let line = format!("{line} in {:.2?}", started.elapsed());
+            Ok(said) => {
+                let line = format!(
+                    "{} {}",
+                    said.line(),
+                    times.summary(said.memory, started.elapsed(), image_pipeline::threads())
+                );
                 tracing::info!(session = self.id(), "checkpointed: {line}");
                 Ok(line.into_bytes())
             }
@@ -152,18 +192,26 @@ impl Session {
     }
 
     /// `image`'s stream into `out`, memory read from the device a few
-    /// pieces ahead and packed on a thread pool: `out`, and a line that
-    /// says what was written.
-    fn write_stream<W: Write>(&self, image: &SessionImage, out: W) -> Result<(W, String), CuError> {
+    /// pieces ahead and packed on a thread pool: `out`, and what was written.
+    fn write_stream<W: Write>(
+        &self,
+        image: &SessionImage,
+        out: W,
+        times: &StageTimes,
+    ) -> Result<(W, Written), CuError> {
         let mut writer = StreamWriter::start(out, image)?;
-        image_pipeline::write_memory(self.ctx.as_ref(), &extents(image), &mut writer)?;
+        image_pipeline::write_memory(self.ctx.as_ref(), &extents(image), &mut writer, times)?;
         let (memory, compressed, filled) = (writer.memory, writer.compressed, writer.filled);
-        let (out, size) = writer.finish()?;
-        let line = format!(
-            "{memory} bytes of memory ({compressed} of them compressed, {filled} one value \
-             repeated) and the session's layout, {size} bytes written"
-        );
-        Ok((out, line))
+        let (out, size) = times.timed(Stage::Write, || writer.finish())?;
+        Ok((
+            out,
+            Written {
+                memory,
+                compressed,
+                filled,
+                size,
+            },
+        ))
     }
 
     /// `Action::Restore`: the session's state replaced by a checkpoint's,

@@ -14,11 +14,13 @@ use std::collections::VecDeque;
 use std::io::{Read, Write};
 use std::sync::mpsc::{sync_channel, Receiver};
 use std::sync::OnceLock;
+use std::time::{Duration, Instant};
 
 use cumux_protocol::{codes, CuError, DevicePtr};
 
 use super::image_stream::{Packer, Piece, Record, StreamReader, StreamWriter, Unpacker};
 use super::memory_pipe::{self, Buffers, MemorySource, Put};
+use super::stage_times::{Stage, StageTimes};
 use crate::device::DeviceContext;
 
 thread_local! {
@@ -27,7 +29,7 @@ thread_local! {
 }
 
 /// The pool's threads: one a core.
-fn threads() -> usize {
+pub(super) fn threads() -> usize {
     std::thread::available_parallelism().map_or(4, |n| n.get())
 }
 
@@ -66,49 +68,58 @@ fn lost(index: u64) -> CuError {
 }
 
 /// Each `(ptr, size)` allocation of `ctx` into `writer`, read from the
-/// device a few chunks ahead and packed on the pool.
+/// device a few chunks ahead and packed on the pool; where the time went
+/// into `times`.
 pub(super) fn write_memory<W: Write>(
     ctx: &dyn DeviceContext,
     allocations: &[(DevicePtr, u64)],
     writer: &mut StreamWriter<W>,
+    times: &StageTimes,
 ) -> Result<(), CuError> {
     let pool = pool()?;
     let buffers = Buffers::default();
     let key = writer.key();
     let window = window();
-    let mut packing: VecDeque<(u64, Receiver<Record>)> = VecDeque::with_capacity(window + 1);
+    let mut packing: VecDeque<(u64, Receiver<Packed>)> = VecDeque::with_capacity(window + 1);
     let mut index = 0u64;
-    memory_pipe::read_ahead(ctx, allocations, &buffers, &mut |at, raw| {
+    memory_pipe::read_ahead(ctx, allocations, &buffers, times, &mut |at, piece| {
         let (done, packed) = sync_channel(1);
         let i = index;
         index += 1;
         pool.spawn(move || {
-            let record = PACKER.with(|p| p.borrow_mut().encode(&key, i, at, raw));
-            let _ = done.send(record);
+            let started = Instant::now();
+            let record = PACKER.with(|p| p.borrow_mut().encode_piece(&key, i, at, piece));
+            let _ = done.send((record, started.elapsed()));
         });
         packing.push_back((i, packed));
         while packing.len() > window {
-            write_first(&mut packing, writer, &buffers)?;
+            write_first(&mut packing, writer, &buffers, times)?;
         }
         Ok(())
     })?;
     while !packing.is_empty() {
-        write_first(&mut packing, writer, &buffers)?;
+        write_first(&mut packing, writer, &buffers, times)?;
     }
     Ok(())
 }
 
+/// A chunk's record, and the time its packing took.
+type Packed = (Record, Duration);
+
 /// The first chunk on the pool, once packed, into `writer`.
 fn write_first<W: Write>(
-    packing: &mut VecDeque<(u64, Receiver<Record>)>,
+    packing: &mut VecDeque<(u64, Receiver<Packed>)>,
     writer: &mut StreamWriter<W>,
     buffers: &Buffers,
+    times: &StageTimes,
 ) -> Result<(), CuError> {
     let Some((index, packed)) = packing.pop_front() else {
         return Ok(());
     };
-    let record = packed.recv().map_err(|_| lost(index))?;
-    writer.put(&record)?;
+    let (record, packing) =
+        times.timed(Stage::PackWait, || packed.recv().map_err(|_| lost(index)))?;
+    times.add_time(Stage::PackBusy, packing);
+    times.timed(Stage::Write, || writer.put(&record))?;
     buffers.give(record.stored);
     Ok(())
 }
@@ -198,6 +209,7 @@ fn check(key: &super::image_stream::Digest, record: Record, buffers: &Buffers) -
 
 #[cfg(test)]
 mod tests {
+    use super::super::file_writeback::Writeback;
     use super::super::image::{Allocation, SessionImage};
     use super::super::image_stream::{extents, Packer, Record, Unpacker, CHUNK};
     use super::*;
@@ -244,7 +256,13 @@ mod tests {
             want.push(bytes);
         }
         let mut writer = StreamWriter::start(Vec::new(), &image).unwrap();
-        write_memory(from.as_ref(), &extents(&image), &mut writer).unwrap();
+        write_memory(
+            from.as_ref(),
+            &extents(&image),
+            &mut writer,
+            &StageTimes::default(),
+        )
+        .unwrap();
         assert!(writer.filled >= 2 * CHUNK as u64 && writer.compressed > 0);
         let bytes = writer.finish().unwrap().0;
         // The same stream as one written on the calling thread.
@@ -378,13 +396,18 @@ mod tests {
             let to_file = |sync: bool| {
                 let file = std::fs::File::create(&path).unwrap();
                 let started = Instant::now();
-                let out = std::io::BufWriter::with_capacity(1 << 20, &file);
+                let out = std::io::BufWriter::with_capacity(1 << 20, Writeback::new(&file));
                 let mut writer = StreamWriter::start(out, &image).unwrap();
-                write_memory(from.as_ref(), &extents(&image), &mut writer).unwrap();
+                let times = StageTimes::default();
+                write_memory(from.as_ref(), &extents(&image), &mut writer, &times).unwrap();
                 let (out, stored) = writer.finish().unwrap();
-                drop(out);
+                let mut out = out.into_inner().map_err(|_| "flush").unwrap();
                 if sync {
-                    file.sync_all().unwrap();
+                    times.timed(Stage::Sync, || out.sync()).unwrap();
+                    println!(
+                        "  synced: {}",
+                        times.summary(size as u64, started.elapsed(), threads())
+                    );
                 }
                 (started.elapsed(), stored)
             };
@@ -409,7 +432,13 @@ mod tests {
                 let read = from_file();
                 let mut memory = StreamWriter::start(Vec::new(), &image).unwrap();
                 let started = Instant::now();
-                write_memory(from.as_ref(), &extents(&image), &mut memory).unwrap();
+                write_memory(
+                    from.as_ref(),
+                    &extents(&image),
+                    &mut memory,
+                    &StageTimes::default(),
+                )
+                .unwrap();
                 let in_memory = started.elapsed();
                 println!(
                     "{name}, round {round}: file {stored} bytes; checkpoint {:.2} GB/s ({:.2} synced), \

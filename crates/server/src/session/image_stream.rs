@@ -25,6 +25,7 @@ use std::io::{ErrorKind, Read, Write};
 use cumux_protocol::{codes, CuError, DevicePtr};
 
 use super::image::{SessionImage, IMAGE_FORMAT};
+use crate::device::pieces::one_value;
 
 /// A checkpoint's first bytes.
 pub const MAGIC: &[u8; 8] = b"CUMUXCKP";
@@ -67,25 +68,7 @@ fn corrupt(what: impl std::fmt::Display) -> CuError {
 }
 
 /// Memory on its way to a device: bytes, or one byte value `len` times.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Piece {
-    Bytes(Vec<u8>),
-    Fill { value: u8, len: u64 },
-}
-
-impl Piece {
-    /// The bytes of memory it stands for.
-    pub fn len(&self) -> u64 {
-        match self {
-            Piece::Bytes(bytes) => bytes.len() as u64,
-            Piece::Fill { len, .. } => *len,
-        }
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-}
+pub use crate::device::pieces::MemPiece as Piece;
 
 /// One chunk's record: which chunk, where its memory goes, how it is
 /// stored, its checksum and its stored bytes.
@@ -139,14 +122,6 @@ fn checksum(key: &Digest, index: u64, kind: u8, raw_len: u32, stored: &[u8]) -> 
     hash.finalize().into()
 }
 
-/// The byte value all of `raw` is, if it is one.
-fn one_value(raw: &[u8]) -> Option<u8> {
-    let &first = raw.first()?;
-    // A fold without early exit vectorises; blocks keep the exit early.
-    let same = |block: &[u8]| block.iter().fold(0u8, |acc, &b| acc | (b ^ first)) == 0;
-    raw.chunks(4096).all(same).then_some(first)
-}
-
 /// Makes chunks' records: zstd's context and the buffers it packs into.
 pub struct Packer {
     compressor: Option<zstd::bulk::Compressor<'static>>,
@@ -173,6 +148,25 @@ impl Packer {
     /// buffer comes back for the one given: `raw` itself as the stored
     /// bytes, or a buffer the packer kept.
     pub fn encode(&mut self, key: &Digest, index: u64, at: DevicePtr, raw: Vec<u8>) -> Record {
+        self.encode_piece(key, index, at, Piece::Bytes(raw))
+    }
+
+    /// [`Packer::encode`] of a piece, which may be a fill the device side
+    /// found already (then its record's stored byte is a fresh buffer).
+    pub fn encode_piece(
+        &mut self,
+        key: &Digest,
+        index: u64,
+        at: DevicePtr,
+        piece: Piece,
+    ) -> Record {
+        let raw = match piece {
+            Piece::Bytes(raw) => raw,
+            Piece::Fill { value, len } => {
+                debug_assert!(len > 0 && len <= CHUNK as u64);
+                return self.record(key, index, at, FILL, len as u32, vec![value]);
+            }
+        };
         debug_assert!(!raw.is_empty() && raw.len() <= CHUNK);
         let raw_len = raw.len() as u32;
         let (kind, stored) = if let Some(value) = one_value(&raw) {
@@ -185,6 +179,18 @@ impl Packer {
         } else {
             (RAW, raw)
         };
+        self.record(key, index, at, kind, raw_len, stored)
+    }
+
+    fn record(
+        &self,
+        key: &Digest,
+        index: u64,
+        at: DevicePtr,
+        kind: u8,
+        raw_len: u32,
+        stored: Vec<u8>,
+    ) -> Record {
         let digest = checksum(key, index, kind, raw_len, &stored);
         Record {
             index,

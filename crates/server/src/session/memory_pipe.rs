@@ -3,14 +3,23 @@
 
 use std::sync::mpsc::sync_channel;
 use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 use cumux_protocol::{codes, CuError, DevicePtr};
 
 use super::image_stream::{Piece, CHUNK};
+use super::stage_times::{Stage, StageTimes};
 use crate::device::DeviceContext;
 
 /// Pieces in flight between the two sides (each at most [`CHUNK`] bytes).
 const AHEAD: usize = 2;
+/// Pieces a checkpoint's device side reads ahead of their packing: enough
+/// to keep a worker's answers coming while the pool is busy, few enough to
+/// bound the memory they hold (32 MiB).
+const READ_AHEAD: usize = 8;
+/// Bytes asked of the device in one go ([`DeviceContext::mem_read_pieces`]),
+/// answered piece by piece.
+pub(super) const SPAN: u64 = 64 << 20;
 
 /// Hands a piece to write at a device address ([`write_behind`]).
 pub(super) type Put<'a> = dyn FnMut(DevicePtr, Piece) -> Result<(), CuError> + 'a;
@@ -77,36 +86,61 @@ fn side_panicked() -> CuError {
 }
 
 /// Hands each `(ptr, size)` allocation's bytes of `ctx`, in order, to
-/// `take(address, bytes)` in pieces of at most [`CHUNK`] (buffers from
-/// `buffers`, which `take` may give back), while a thread reads the next
-/// pieces from the device. The first error of either side ends both.
+/// `take(address, piece)` in pieces of at most [`CHUNK`] (bytes in buffers
+/// from `buffers`, which `take` may give back, or a fill the device side
+/// found), while a thread reads the next pieces from the device, a span at
+/// a time. The first error of either side ends both. `times` gets the
+/// device side's busy time and the caller's waits for it.
 pub(super) fn read_ahead(
     ctx: &dyn DeviceContext,
     allocations: &[(DevicePtr, u64)],
     buffers: &Buffers,
-    take: &mut dyn FnMut(DevicePtr, Vec<u8>) -> Result<(), CuError>,
+    times: &StageTimes,
+    take: &mut dyn FnMut(DevicePtr, Piece) -> Result<(), CuError>,
 ) -> Result<(), CuError> {
     std::thread::scope(|scope| {
-        let (pieces, arrived) = sync_channel::<Result<(DevicePtr, Vec<u8>), CuError>>(AHEAD);
+        let (pieces, arrived) = sync_channel::<Result<(DevicePtr, Piece), CuError>>(READ_AHEAD);
         let reader = scope.spawn(move || {
             for &(ptr, size) in allocations {
                 let mut offset = 0;
                 while offset < size {
-                    let n = (size - offset).min(CHUNK as u64) as usize;
-                    let mut buf = buffers.take(n);
-                    let at = ptr + offset;
-                    let read = ctx.mem_read(at, &mut buf).map(|()| (at, buf));
-                    let failed = read.is_err();
-                    if pieces.send(read).is_err() || failed {
+                    let n = (size - offset).min(SPAN);
+                    let started = Instant::now();
+                    let mut handing = std::time::Duration::ZERO;
+                    let read = ctx.mem_read_pieces(
+                        ptr + offset,
+                        n,
+                        CHUNK,
+                        &mut |len| buffers.take(len),
+                        &mut |at, piece| {
+                            let sent = Instant::now();
+                            let gone = pieces.send(Ok((at, piece))).is_err();
+                            handing += sent.elapsed();
+                            if gone {
+                                return Err(side_failed());
+                            }
+                            Ok(())
+                        },
+                    );
+                    let busy = started.elapsed().saturating_sub(handing);
+                    times.add_time(Stage::DeviceBusy, busy);
+                    if let Err(e) = read {
+                        // A taker gone needs no word; the device's error does.
+                        let _ = pieces.send(Err(e));
                         return;
                     }
-                    offset += n as u64;
+                    offset += n;
                 }
             }
         });
         let mut taken = Ok(());
-        for piece in arrived.iter() {
-            taken = piece.and_then(|(at, buf)| take(at, buf));
+        loop {
+            let waited = Instant::now();
+            let Ok(piece) = arrived.recv() else {
+                break;
+            };
+            times.add(Stage::ReadWait, waited);
+            taken = piece.and_then(|(at, piece)| take(at, piece));
             if taken.is_err() {
                 break;
             }
@@ -188,15 +222,26 @@ mod tests {
         // Read ahead: the same bytes, in order, in pieces of at most CHUNK.
         let mut all = Vec::new();
         let mut next = allocations[0].0;
-        read_ahead(ctx.as_ref(), &allocations, &buffers, &mut |at, piece| {
-            assert!(piece.len() <= CHUNK);
-            assert!(at == next || allocations.iter().any(|a| a.0 == at));
-            next = at + piece.len() as u64;
-            all.extend_from_slice(&piece);
-            buffers.give(piece);
-            Ok(())
-        })
+        let times = StageTimes::default();
+        read_ahead(
+            ctx.as_ref(),
+            &allocations,
+            &buffers,
+            &times,
+            &mut |at, piece| {
+                let Piece::Bytes(piece) = piece else {
+                    panic!("a CPU context's reads are bytes");
+                };
+                assert!(piece.len() <= CHUNK);
+                assert!(at == next || allocations.iter().any(|a| a.0 == at));
+                next = at + piece.len() as u64;
+                all.extend_from_slice(&piece);
+                buffers.give(piece);
+                Ok(())
+            },
+        )
         .unwrap();
+        assert!(times.get(Stage::DeviceBusy) > std::time::Duration::ZERO);
         let want: Vec<u8> = sizes
             .iter()
             .enumerate()
@@ -226,7 +271,7 @@ mod tests {
 
         // A taker that fails stops the reader; its error comes back.
         let mut pieces = 0;
-        let stop = read_ahead(ctx.as_ref(), &allocations, &buffers, &mut |_, _| {
+        let stop = read_ahead(ctx.as_ref(), &allocations, &buffers, &times, &mut |_, _| {
             pieces += 1;
             Err(CuError::new(codes::INVALID_VALUE, "disk full"))
         });
@@ -238,6 +283,7 @@ mod tests {
             ctx.as_ref(),
             &[(unmapped, 16)],
             &buffers,
+            &times,
             &mut |_, _| Ok(()),
         );
         assert!(read.is_err());

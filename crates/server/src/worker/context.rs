@@ -36,6 +36,7 @@ use super::wire::{
 use crate::device::arrays::ArrayOp;
 use crate::device::memory_use::ContextMemory;
 use crate::device::ordering::not_a_launch;
+use crate::device::pieces::{Buffer, TakePiece};
 use crate::device::signals::SignalArea;
 use crate::device::{
     DeviceContext, HostRegion, KernelLaunch, LaunchOutcome, LoadedModule, ModuleId, StreamOrdered,
@@ -50,12 +51,12 @@ type Fate = (Arc<Mutex<Option<CuError>>>, Arc<Mutex<Option<Child>>>);
 /// One session's context in a worker process.
 pub struct WorkerContext {
     /// The connection to the worker; `None` until the first call starts it.
-    conn: Mutex<Option<Connection>>,
+    pub(super) conn: Mutex<Option<Connection>>,
     /// Where the worker comes from (`None`: attached by [`WorkerContext::attach`]).
     launcher: Option<Arc<Launcher>>,
     /// The fault or death that ends this context: every later call fails with it.
     /// Shared by every connection to the same worker context.
-    sticky: Arc<Mutex<Option<CuError>>>,
+    pub(super) sticky: Arc<Mutex<Option<CuError>>>,
     /// The worker's printf, read from its stdout (replaced if a start is retried).
     tap: Mutex<Arc<StdoutTap>>,
     /// This connection's printf markers whose text it has not taken yet.
@@ -328,12 +329,12 @@ impl WorkerContext {
         lock(&self.child).as_ref().map(Child::id)
     }
 
-    fn receive(&self, conn: &mut Connection) -> io::Result<WorkerReply> {
+    pub(super) fn receive(&self, conn: &mut Connection) -> io::Result<WorkerReply> {
         conn.link.recv_frame(&mut conn.buf).map_err(io_err)?;
         decode(&conn.buf).map_err(io_err)
     }
 
-    fn sticky(&self) -> Option<CuError> {
+    pub(super) fn sticky(&self) -> Option<CuError> {
         lock(&self.sticky).clone()
     }
 
@@ -394,7 +395,7 @@ impl WorkerContext {
     }
 
     /// Records that the worker is gone; the error every later call gets.
-    fn died(&self, why: &io::Error) -> CuError {
+    pub(super) fn died(&self, why: &io::Error) -> CuError {
         let mut sticky = lock(&self.sticky);
         if let Some(e) = &*sticky {
             return e.clone();
@@ -502,10 +503,7 @@ impl WorkerContext {
             Err(e) => return Err(self.died(&e)),
         };
         if let Some(seq) = reply.marker {
-            let tap = Arc::clone(&lock(&self.tap));
-            tap.wait_for(seq);
-            lock(&self.markers).push(seq);
-            hop_trace::mark(Hop::PrintfMarker, kind);
+            self.marked(seq, kind);
         }
         match reply.result {
             Err(e) if codes::is_fatal(e.code) => {
@@ -516,8 +514,16 @@ impl WorkerContext {
         }
     }
 
+    /// Waits for the printf a reply's marker `seq` ends, keeping it for the session.
+    pub(super) fn marked(&self, seq: u64, kind: &'static str) {
+        let tap = Arc::clone(&lock(&self.tap));
+        tap.wait_for(seq);
+        lock(&self.markers).push(seq);
+        hop_trace::mark(Hop::PrintfMarker, kind);
+    }
+
     /// The worker's connection, starting the worker at the first call.
-    fn connection<'a>(
+    pub(super) fn connection<'a>(
         &self,
         slot: &'a mut Option<Connection>,
     ) -> Result<&'a mut Connection, CuError> {
@@ -634,26 +640,6 @@ impl WorkerContext {
         }
     }
 
-    /// Reads `buf` from `src` a frame's worth at a time, each part by the
-    /// request `part` makes of its address and length.
-    fn read_chunks(
-        &self,
-        src: DevicePtr,
-        buf: &mut [u8],
-        part: impl Fn(DevicePtr, u64) -> WorkerRequest,
-    ) -> Result<(), CuError> {
-        let mut offset = 0u64;
-        for chunk in buf.chunks_mut(MAX_CHUNK_BYTES) {
-            let request = part(src.wrapping_add(offset), chunk.len() as u64);
-            offset += chunk.len() as u64;
-            match self.call(&request, &[], Some(chunk))? {
-                WorkerValue::Bytes => {}
-                other => return Err(unexpected(&other)),
-            }
-        }
-        Ok(())
-    }
-
     pub(super) fn unit(&self, request: &WorkerRequest, frames: &[&[u8]]) -> Result<(), CuError> {
         match self.call(request, frames, None)? {
             WorkerValue::Unit => Ok(()),
@@ -764,6 +750,17 @@ impl DeviceContext for WorkerContext {
 
     fn mem_read(&self, src: DevicePtr, buf: &mut [u8]) -> Result<(), CuError> {
         self.read_chunks(src, buf, |src, len| WorkerRequest::MemRead { src, len })
+    }
+
+    fn mem_read_pieces(
+        &self,
+        src: DevicePtr,
+        len: u64,
+        piece: usize,
+        buffer: &mut Buffer<'_>,
+        take: &mut TakePiece<'_>,
+    ) -> Result<(), CuError> {
+        self.read_pieces(src, len, piece, buffer, take)
     }
 
     fn mem_write(&self, dst: DevicePtr, data: &[u8]) -> Result<(), CuError> {

@@ -189,6 +189,32 @@ impl Link {
         }
     }
 
+    /// Receives one frame of exactly `out`'s length into `out` (on shared
+    /// memory straight from the ring; `scratch` holds any other frame,
+    /// which is an error).
+    pub fn recv_frame_into(&mut self, scratch: &mut Vec<u8>, out: &mut [u8]) -> io::Result<()> {
+        let unexpected =
+            |n: usize| io_err(format!("a frame of {n} bytes where {} were due", out.len()));
+        let Some(ep) = &mut self.shm else {
+            read_frame(&mut self.reader, scratch).map_err(frame_err)?;
+            if scratch.len() != out.len() {
+                return Err(unexpected(scratch.len()));
+            }
+            out.copy_from_slice(scratch);
+            return Ok(());
+        };
+        let bulk = ep.recv_message(scratch).map_err(violation)?;
+        if scratch.is_empty() && bulk == out.len() {
+            return ep.recv_bulk_into(out).map_err(violation);
+        }
+        ep.recv_bulk_vec(scratch, bulk).map_err(violation)?;
+        if scratch.len() != out.len() {
+            return Err(unexpected(scratch.len()));
+        }
+        out.copy_from_slice(scratch);
+        Ok(())
+    }
+
     /// The descriptor that came with the last frame (on the socket), or the
     /// next one announced on the socket (on shared memory), waited for briefly.
     pub fn take_fd(&mut self) -> Option<OwnedFd> {

@@ -27,7 +27,8 @@
 //! contexts on several devices in one process; [`watchdog`] resets contexts whose
 //! kernels never end; [`process`] is the worker process's own loop, with
 //! [`regions`] its table of pinned host regions; [`arrays`] sends a context's
-//! CUDA array calls to its worker.
+//! CUDA array calls to its worker; [`reads`] reads a context's memory back,
+//! a span's pieces answered back to back.
 
 pub mod arrays;
 pub mod colocation;
@@ -37,6 +38,7 @@ pub mod fencing;
 pub mod link;
 pub mod movable;
 pub mod process;
+pub mod reads;
 pub mod regions;
 pub mod shared;
 pub mod spawn;

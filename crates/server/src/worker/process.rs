@@ -18,17 +18,18 @@ use cumux_protocol::arrays::CopyEnd;
 use cumux_protocol::framing::MAX_CHUNK_BYTES;
 use cumux_protocol::hop_trace::{self, Hop};
 use cumux_protocol::shm::ShmLayout;
-use cumux_protocol::{codes, decode, read_frame, CuError, FrameError, Handle};
+use cumux_protocol::{codes, decode, read_frame, CuError, DevicePtr, FrameError, Handle};
 
 use super::link::{io_err, Link};
 use super::regions::WorkerRegions;
 use super::wire::{
     marker_bytes, new_nonce, nonce_to_hex, WorkerReply, WorkerRequest, WorkerValue,
-    MAX_IMAGE_PARTS, NONCE_BYTES,
+    MAX_IMAGE_PARTS, MAX_READ_SPAN, NONCE_BYTES,
 };
 use crate::device::backends::{numbered_cpu_device, CpuSpec};
 #[cfg(feature = "cuda")]
 use crate::device::cuda::CudaDevice;
+use crate::device::pieces::one_value;
 use crate::device::serial::SerialStreams;
 use crate::device::signals::SignalArea;
 use crate::device::spin::spin_time;
@@ -421,6 +422,53 @@ impl Served<'_, '_> {
         }
     }
 
+    /// Answers `MemReadPieces` of `len` bytes from `src`: each piece read
+    /// into `conn.data` and answered at once, as one value where it is all
+    /// one byte value, else as its bytes; an error is the last answer.
+    fn read_pieces(
+        &self,
+        conn: &mut Connection<'_, '_, '_>,
+        kind: &'static str,
+        flushes: bool,
+        (src, len, piece): (DevicePtr, u64, u64),
+    ) -> io::Result<()> {
+        if piece == 0 || piece > MAX_CHUNK_BYTES as u64 || len > MAX_READ_SPAN {
+            let e = CuError::new(
+                codes::INVALID_VALUE,
+                format!("a read of {len} bytes in pieces of {piece}"),
+            );
+            return self.answer(&mut conn.link, kind, flushes, value(Err(e)));
+        }
+        let ctx = Arc::clone(&conn.ctx);
+        let mut offset = 0;
+        while offset < len {
+            let n = (len - offset).min(piece) as usize;
+            conn.data.resize(n, 0);
+            let data = &mut conn.data;
+            let at = src.wrapping_add(offset);
+            let answer = guarded(kind, || {
+                value(ctx.mem_read(at, data).map(|()| match one_value(data) {
+                    Some(v) => WorkerValue::Fill(v),
+                    None => WorkerValue::Bytes,
+                }))
+            });
+            let (failed, bytes) = match answer.result {
+                Ok(WorkerValue::Bytes) => (false, true),
+                Ok(_) => (false, false),
+                Err(_) => (true, false),
+            };
+            self.answer(&mut conn.link, kind, flushes, answer)?;
+            if bytes {
+                conn.link.send_frame(&conn.data)?;
+            }
+            if failed {
+                break;
+            }
+            offset += n as u64;
+        }
+        Ok(())
+    }
+
     /// Reads a module image of `parts` raw frames into `conn.data`, noting
     /// whether it can print.
     fn receive_image(&self, conn: &mut Connection<'_, '_, '_>, parts: u32) -> io::Result<()> {
@@ -505,6 +553,9 @@ impl Served<'_, '_> {
                     result: ctx.mem_read(src, buf),
                 })
             }),
+            WorkerRequest::MemReadPieces { src, len, piece } => {
+                return self.read_pieces(conn, kind, flushes, (src, len, piece))
+            }
             WorkerRequest::MemWrite { dst } => {
                 conn.link.recv_frame(&mut conn.data).map_err(io_err)?;
                 let data = &conn.data;

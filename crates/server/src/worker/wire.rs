@@ -23,6 +23,8 @@ use crate::device::{KernelLaunch, LoadedModule, MemFill, ModuleId, StreamWork, S
 pub const MARKER_PREFIX: &[u8] = b"\0\x1bcumux-worker-mark\x1b";
 /// Bytes of the per-worker nonce.
 pub const NONCE_BYTES: usize = 16;
+/// Bytes one [`WorkerRequest::MemReadPieces`] may read.
+pub const MAX_READ_SPAN: u64 = 1 << 30;
 /// Image parts a module load may send (each at most `MAX_CHUNK_BYTES`).
 pub const MAX_IMAGE_PARTS: u32 = 64;
 
@@ -40,6 +42,15 @@ pub enum WorkerRequest {
     MemRead {
         src: DevicePtr,
         len: u64,
+    },
+    /// `len` bytes (at most [`MAX_READ_SPAN`]) read in pieces of `piece`
+    /// (at most `MAX_CHUNK_BYTES`), each answered as it is read: by
+    /// [`WorkerValue::Fill`] where it is all one byte value, else by
+    /// [`WorkerValue::Bytes`] and one raw frame of it. An error is the last answer.
+    MemReadPieces {
+        src: DevicePtr,
+        len: u64,
+        piece: u64,
     },
     /// Followed by one raw frame: the bytes to write.
     MemWrite {
@@ -312,6 +323,8 @@ pub enum WorkerValue {
     Ptr(DevicePtr),
     /// One raw frame follows.
     Bytes,
+    /// A piece of memory that is all this byte value.
+    Fill(u8),
     Module(LoadedModule),
     Done(bool),
     Ms(f32),
@@ -569,6 +582,11 @@ mod tests {
         let requests = [
             WorkerRequest::MemAlloc { bytes: 7 },
             WorkerRequest::MemRead { src: 1, len: 2 },
+            WorkerRequest::MemReadPieces {
+                src: 1,
+                len: 2,
+                piece: 3,
+            },
             WorkerRequest::ModuleLoad { parts: 3 },
             WorkerRequest::Launch(launch()),
             WorkerRequest::Vmm(VmmOp::Map {
