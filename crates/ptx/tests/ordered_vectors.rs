@@ -237,3 +237,79 @@ fn ordered_vector_loads_see_whole_stores_on_the_compiler() {
 fn ordered_vector_loads_see_whole_stores_on_the_interpreter() {
     no_torn_loads(Engine::Interpreter, 2_000_000);
 }
+
+/// Ordered vector accesses at `p + off`: a 16-byte load, an 8-byte load
+/// and 16- and 8-byte stores (elements `v`, `v + 1`, … ), each load's
+/// elements sign-extended or not as stored to `out`.
+const ACCESSES: &str = r#"
+.version 7.5
+.target sm_75
+.address_size 64
+
+.visible .entry ordered_at(.param .u64 p, .param .u64 off, .param .u64 out)
+{
+    .reg .b32 %r<16>;
+    .reg .b64 %rd<16>;
+
+    ld.param.u64 %rd1, [p];
+    ld.param.u64 %rd2, [off];
+    ld.param.u64 %rd3, [out];
+    add.s64 %rd1, %rd1, %rd2;
+    ld.relaxed.gpu.global.v2.u64 {%rd4, %rd5}, [%rd1];
+    ld.acquire.gpu.global.v2.s32 {%r1, %r2}, [%rd1+16];
+    ld.volatile.v4.u32 {%r3, %r4, %r5, %r6}, [%rd1+32];
+    st.global.v2.u64 [%rd3], {%rd4, %rd5};
+    st.global.v4.u32 [%rd3+16], {%r1, %r2, %r3, %r4};
+    st.global.v2.u32 [%rd3+32], {%r5, %r6};
+    add.s64 %rd6, %rd4, 1;
+    st.release.gpu.global.v2.u64 [%rd1+48], {%rd5, %rd6};
+    add.s32 %r7, %r1, 1;
+    st.relaxed.gpu.v2.s32 [%rd1+64], {%r7, %r2};
+    st.volatile.global.v4.u16 [%rd1+72], {%r3, %r4, %r5, %r6};
+    ret;
+}
+"#;
+
+/// What `ordered_at` did at offset `off` of an 80-byte buffer on `engine`:
+/// the result, the values loaded and the buffer after.
+fn accesses_at(engine: Engine, off: u64) -> (Result<(), String>, Vec<u32>, Vec<u32>) {
+    let mut dev = Device::load("ordered_at", ACCESSES, 1 << 20);
+    dev.program.set_engine(engine);
+    if engine == Engine::Compiler {
+        dev.program.compiled("ordered_at").expect("compiled");
+    }
+    let init: Vec<u32> = (0..20).map(|i| 0x8000_0000 | i).collect();
+    let p = dev.upload(&init);
+    let out = dev.alloc(40);
+    let report = dev.try_launch("ordered_at", linear(1, 1), &[&p, &off, &out]);
+    let result = report.result.map_err(|f| format!("{f:?}"));
+    (result, dev.download(out, 10), dev.download(p, 20))
+}
+
+#[test]
+fn ordered_vectors_keep_their_values_and_faults_on_both_engines() {
+    let (result, loaded, after) = accesses_at(Engine::Interpreter, 0);
+    assert_eq!(result, Ok(()), "aligned accesses run");
+    let v = |i: u32| 0x8000_0000 | i;
+    let want: Vec<u32> = [0, 1, 2, 3, 4, 5, 8, 9, 10, 11].map(v).to_vec();
+    assert_eq!(loaded, want);
+    let mut want: Vec<u32> = (0..20).map(v).collect();
+    want[12..16].copy_from_slice(&[v(2), v(3), v(0) + 1, v(1)]);
+    want[16..18].copy_from_slice(&[v(4) + 1, v(5)]);
+    want[18..20].copy_from_slice(&[v(9) << 16 | v(8) & 0xffff, v(11) << 16 | v(10) & 0xffff]);
+    assert_eq!(after, want);
+    assert_eq!(accesses_at(Engine::Compiler, 0), (result, loaded, after));
+    // 8 bytes off: the 16-byte load is misaligned; past the buffer's end:
+    // out of bounds; each engine faults alike
+    for off in [8u64, 1 << 16] {
+        let interp = accesses_at(Engine::Interpreter, off);
+        let err = interp.0.clone().expect_err("faults");
+        let kind = if off == 8 {
+            "MisalignedAddress"
+        } else {
+            "IllegalAddress"
+        };
+        assert!(err.starts_with(kind), "offset {off}: {err}");
+        assert_eq!(accesses_at(Engine::Compiler, off), interp, "offset {off}");
+    }
+}
