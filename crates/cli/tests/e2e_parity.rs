@@ -207,3 +207,25 @@ fn the_printf_fifo_is_kept_and_used() {
     let out = driver_passes("printf_fifo", &[&link, "-lcuda"]);
     assert!(out.stdout.contains("24000 lines"), "{}", out.describe());
 }
+
+/// CUB's tile descriptors (`tests/cuda/driver/tile_descriptors.cu`): a
+/// `st.relaxed.gpu.v2.u64` pair published by one
+/// block and read back by two others whole, never half new and half old
+/// (on a device of 3 threads, so that the three blocks run at once).
+#[test]
+fn ordered_16_byte_pairs_are_never_torn() {
+    let name = "tile_descriptors";
+    let args = [
+        "--device",
+        &common::e2e_device(),
+        "--memory",
+        "256M",
+        "--threads",
+        "3",
+    ]
+    .map(String::from);
+    let server = ServerProc::spawn(common::TempDir::new(name), &args, &[]);
+    let program = cumux_testkit::compile_program(common::driver_source(name), &[]);
+    let out = server.run(&program, &[], LIMIT);
+    out.assert_passed();
+}

@@ -358,7 +358,8 @@ pub(crate) enum BarRed {
 /// and a module with volatile accesses in lockstep warps; the compiler
 /// makes the ordered ones atomic in global memory (a spin on another
 /// block's flag re-reads it) and steps a warp's lanes together at
-/// volatile shared ones (`jit::lockstep`).
+/// volatile shared ones (`jit::lockstep`). Both make an ordered vector of
+/// global memory one atomic access (`whole_vector`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum MemOrder {
     Plain,

@@ -21,6 +21,7 @@ mod printf;
 mod program;
 mod sleep;
 mod validate;
+mod whole_vector;
 
 pub use exec::{
     LOCAL_WINDOW, MAX_COOPERATIVE_BLOCKS, MAX_COOPERATIVE_THREADS, PARAM_WINDOW, SHARED_WINDOW,

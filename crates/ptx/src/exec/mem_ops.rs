@@ -1,5 +1,6 @@
-//! Memory ops of one thread: `ld`, `st` (scalar and vector), `atom`/`red`,
-//! `cp.async` (done at once), and the address-space ops `cvta`/`isspacep`.
+//! Memory ops of one thread: `ld`, `st` (scalar and vector; an ordered
+//! vector in global memory whole, `whole_vector`), `atom`/`red`, `cp.async`
+//! (done at once), and the address-space ops `cvta`/`isspacep`.
 
 use super::access::{in_window, window_base, Access};
 use super::state::{Block, Geo, Thread};
@@ -7,6 +8,7 @@ use crate::alu::{atom_apply, sext};
 use crate::ir::{Op, Sp, NONE};
 use crate::launch::Fault;
 use crate::memory::{atomic_rmw, DEVICE_VA_BASE};
+use crate::whole_vector::{element, load_whole, pack, store_whole, whole_width};
 
 /// Runs one memory op of thread `th`.
 #[inline(always)]
@@ -24,11 +26,27 @@ pub(super) fn step(
             n,
             ds,
             sext: se,
-            ..
+            order,
         } => {
             debug_assert!((1..=4).contains(n), "ld of {n} elements");
             let a = th.address(addr);
             check_vector_alignment(a, *size, *n, "load", line)?;
+            if let Some(bytes) = whole_width(*order, addr.sp, *size, *n) {
+                let at = Access {
+                    sp: addr.sp,
+                    addr: a,
+                    size: bytes,
+                    line,
+                };
+                let p = b.ptr::<false>(g, &mut th.local, at)?;
+                // SAFETY: `ptr` checked bounds and alignment (to `bytes`, at most 16) of a live buffer.
+                let words = unsafe { load_whole(p, bytes) };
+                for (k, d) in ds.iter().enumerate().take(*n as usize) {
+                    let v = element(words, *size, k);
+                    th.set(*d, if *se { sext(v, size * 8) as u64 } else { v });
+                }
+                return Ok(());
+            }
             for (k, d) in ds.iter().enumerate().take(*n as usize) {
                 let at = vector_element(addr.sp, a, *size, k, line);
                 let mut v = b.load(g, &mut th.local, at)?;
@@ -43,7 +61,7 @@ pub(super) fn step(
             size,
             n,
             vals,
-            ..
+            order,
         } => {
             debug_assert!((1..=4).contains(n), "st of {n} elements");
             let a = th.address(addr);
@@ -51,6 +69,18 @@ pub(super) fn step(
             let mut vs = [0u64; 4];
             for (v, s) in vs.iter_mut().zip(vals).take(*n as usize) {
                 *v = th.get(*s);
+            }
+            if let Some(bytes) = whole_width(*order, addr.sp, *size, *n) {
+                let at = Access {
+                    sp: addr.sp,
+                    addr: a,
+                    size: bytes,
+                    line,
+                };
+                let p = b.ptr::<true>(g, &mut th.local, at)?;
+                // SAFETY: as for the load above.
+                unsafe { store_whole(p, bytes, pack(&vs[..*n as usize], *size)) };
+                return Ok(());
             }
             for (k, v) in vs.iter().enumerate().take(*n as usize) {
                 let at = vector_element(addr.sp, a, *size, k, line);

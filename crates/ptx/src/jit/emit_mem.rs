@@ -7,6 +7,7 @@ use super::runtime::{
 };
 use super::translate::{ctx_off, Translator};
 use crate::ir::{Address, MemOrder, Op, Sp, Src, NONE};
+use crate::whole_vector::whole_width;
 use cranelift_codegen::ir::condcodes::IntCC;
 use cranelift_codegen::ir::types::{I32, I32X4, I64};
 use cranelift_codegen::ir::{AbiParam, InstBuilder, MemFlagsData, Signature, Value};
@@ -53,6 +54,10 @@ impl Translator<'_, '_> {
                 if !self.covered(addr.sp) {
                     self.vector_alignment(base, size, n, false, line);
                 }
+                if let Some(bytes) = whole_width(order, addr.sp, size, n) {
+                    self.load_whole(addr.sp, base, size, &ds[..n as usize], sext, bytes, line);
+                    return;
+                }
                 self.atomic = Self::atomic_in(order, addr.sp);
                 for (k, d) in ds.iter().enumerate().take(n as usize) {
                     let a = self.add_imm(base, k as i64 * size as i64);
@@ -74,6 +79,10 @@ impl Translator<'_, '_> {
                     self.vector_alignment(base, size, n, true, line);
                 }
                 let vs: Vec<Value> = vals.iter().take(n as usize).map(|&s| self.src(s)).collect();
+                if let Some(bytes) = whole_width(order, addr.sp, size, n) {
+                    self.store_whole(addr.sp, base, size, &vs, bytes, line);
+                    return;
+                }
                 self.atomic = Self::atomic_in(order, addr.sp);
                 for (k, v) in vs.into_iter().enumerate() {
                     let a = self.add_imm(base, k as i64 * size as i64);

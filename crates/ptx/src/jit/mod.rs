@@ -12,6 +12,7 @@ mod emit_ops;
 mod emit_vec;
 mod emit_vec_global;
 mod emit_vec_mem;
+mod emit_whole;
 mod emit_wide;
 mod inline;
 mod lanes;

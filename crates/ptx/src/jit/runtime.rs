@@ -7,6 +7,7 @@ use crate::exec::{check_alignment, run_register_op, LOCAL_WINDOW, PARAM_WINDOW, 
 use crate::ir::{Op, Sp};
 use crate::launch::Fault;
 use crate::memory::{atomic_load, atomic_rmw, atomic_store, DeviceMemory, MemView, DEVICE_VA_BASE};
+use crate::whole_vector::{load_whole, store_whole};
 
 /// Size of each generic-address window of shared, local and param space.
 pub(super) const WINDOW_BYTES: u64 = 1 << 32;
@@ -372,6 +373,73 @@ pub(super) unsafe extern "C" fn rt_store(
             ctx.log_store(p, size);
             // SAFETY: `checked_ptr` checked bounds and alignment of a live buffer.
             unsafe { atomic_store(p, size, val) };
+            0
+        }
+        Err(f) => {
+            ctx.fault = Some(f);
+            1
+        }
+    }
+}
+
+/// An ordered vector load of 16 bytes at `addr` in space `sp` as one
+/// atomic access (`whole_vector`): its two words into `out[0..2]`; 0, or 1
+/// with the fault kept in the context.
+///
+/// # Safety
+/// As [`rt_load`], with 16 bytes writable at `out`.
+pub(super) unsafe extern "C" fn rt_load_whole(
+    ctx: *mut Ctx<'_>,
+    site: u32,
+    local: *mut u8,
+    sp: u32,
+    addr: u64,
+    line: u32,
+    out: *mut u64,
+) -> u32 {
+    // SAFETY: the caller's contract: a live context, used by this thread only.
+    let ctx = unsafe { &mut *ctx };
+    match ctx.checked_ptr(site, local, space_of(sp), addr, 16, false, line) {
+        Ok(p) => {
+            // SAFETY: `checked_ptr` checked bounds and alignment (16) of a
+            // live buffer; `out` is the caller's 16-byte slot.
+            unsafe {
+                let words = load_whole(p, 16);
+                *out = words[0];
+                *out.add(1) = words[1];
+            }
+            0
+        }
+        Err(f) => {
+            ctx.fault = Some(f);
+            1
+        }
+    }
+}
+
+/// An ordered vector store of the 16 bytes `lo`, `hi` at `addr` in space
+/// `sp` as one atomic access; 0, or 1 with the fault kept in the context.
+///
+/// # Safety
+/// As [`rt_load`].
+#[allow(clippy::too_many_arguments)]
+pub(super) unsafe extern "C" fn rt_store_whole(
+    ctx: *mut Ctx<'_>,
+    site: u32,
+    local: *mut u8,
+    sp: u32,
+    addr: u64,
+    line: u32,
+    lo: u64,
+    hi: u64,
+) -> u32 {
+    // SAFETY: the caller's contract: a live context, used by this thread only.
+    let ctx = unsafe { &mut *ctx };
+    match ctx.checked_ptr(site, local, space_of(sp), addr, 16, true, line) {
+        Ok(p) => {
+            ctx.log_store(p, 16);
+            // SAFETY: `checked_ptr` checked bounds and alignment (16) of a live buffer.
+            unsafe { store_whole(p, 16, [lo, hi]) };
             0
         }
         Err(f) => {

@@ -95,7 +95,7 @@ pub(super) struct Translator<'a, 'f> {
     /// acquire, release) in global or generic memory: its fast path is an
     /// atomic load or store, which no code motion merges or drops.
     pub atomic: bool,
-    /// An 8-byte stack slot the load helper writes into.
+    /// A 16-byte stack slot the load helpers write into.
     pub slot: cranelift_codegen::ir::StackSlot,
     /// The float each value of float-op result bits came from (register
     /// bits made by `canon_bits`), so a float op reading them skips the
@@ -381,7 +381,7 @@ impl<'a, 'f> Translator<'a, 'f> {
         let exit_block = fb.create_block();
         let fault_block = fb.create_block();
         let slot =
-            fb.create_sized_stack_slot(StackSlotData::new(StackSlotKind::ExplicitSlot, 8, 3));
+            fb.create_sized_stack_slot(StackSlotData::new(StackSlotKind::ExplicitSlot, 16, 3));
         let call_conv = target.default_call_conv;
         let mut t = Translator {
             fb,

@@ -1,0 +1,140 @@
+//! Ordered vector accesses of global memory in compiled code
+//! (`whole_vector`): one atomic access of the whole vector, its elements
+//! split from or packed into its words.
+
+use super::runtime::{rt_load_whole, rt_store_whole, space_code};
+use super::translate::Translator;
+use crate::ir::Sp;
+use cranelift_codegen::ir::types::{I32, I64};
+use cranelift_codegen::ir::{AbiParam, InstBuilder, Signature, Value};
+
+impl Translator<'_, '_> {
+    /// Loads the `n` elements of `size` bytes at `base` in `sp` (aligned
+    /// to the vector: checked before) into `ds` as one atomic access of
+    /// `bytes` (up to 8: the fast path's atomic load; 16: the helper's),
+    /// sign-extended when `sext`.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn load_whole(
+        &mut self,
+        sp: Sp,
+        base: Value,
+        size: u32,
+        ds: &[u32],
+        sext: bool,
+        bytes: u32,
+        line: u32,
+    ) {
+        let words = if bytes < 16 {
+            self.atomic = true;
+            let w = self.load(sp, base, bytes, line);
+            self.atomic = false;
+            [w, w]
+        } else {
+            self.load_16(sp, base, line)
+        };
+        for (k, &d) in ds.iter().enumerate() {
+            let bit = k as u32 * size * 8;
+            let mut v = words[(bit / 64) as usize];
+            if !bit.is_multiple_of(64) {
+                v = self.fb.ins().ushr_imm_u(v, (bit % 64) as i64);
+            }
+            if size < 8 {
+                v = if sext {
+                    self.sext(v, size * 8)
+                } else {
+                    self.fb.ins().band_imm_u(v, (1i64 << (size * 8)) - 1)
+                };
+            }
+            self.set(d, v);
+        }
+    }
+
+    /// Stores the elements `vals` of `size` bytes at `base` in `sp`
+    /// (aligned: checked before) as one atomic access of `bytes`.
+    pub(super) fn store_whole(
+        &mut self,
+        sp: Sp,
+        base: Value,
+        size: u32,
+        vals: &[Value],
+        bytes: u32,
+        line: u32,
+    ) {
+        let mut words = [None::<Value>; 2];
+        for (k, &v) in vals.iter().enumerate() {
+            let bit = k as u32 * size * 8;
+            let mut v = v;
+            if size < 8 {
+                v = self.fb.ins().band_imm_u(v, (1i64 << (size * 8)) - 1);
+            }
+            if !bit.is_multiple_of(64) {
+                v = self.fb.ins().ishl_imm_u(v, (bit % 64) as i64);
+            }
+            let word = &mut words[(bit / 64) as usize];
+            *word = Some(match *word {
+                Some(w) => self.fb.ins().bor(w, v),
+                None => v,
+            });
+        }
+        let [lo, hi] = words.map(|w| w.unwrap_or_else(|| self.fb.ins().iconst(I64, 0)));
+        if bytes < 16 {
+            self.atomic = true;
+            self.store(sp, base, bytes, lo, line);
+            self.atomic = false;
+        } else {
+            self.store_16(sp, base, lo, hi, line);
+        }
+    }
+
+    /// The two words of the 16 bytes at `addr` in `sp`, read in one atomic
+    /// access by the helper.
+    fn load_16(&mut self, sp: Sp, addr: Value, line: u32) -> [Value; 2] {
+        self.next_site(sp);
+        let mut sig = Signature::new(self.call_conv);
+        sig.params
+            .extend([AbiParam::new(I64), AbiParam::new(I32), AbiParam::new(I64)]);
+        sig.params
+            .extend([AbiParam::new(I32), AbiParam::new(I64), AbiParam::new(I32)]);
+        sig.params.push(AbiParam::new(I64));
+        sig.returns.push(AbiParam::new(I32));
+        let sig = self.fb.import_signature(sig);
+        let f = self.imm(rt_load_whole as *const () as usize as i64);
+        let site = self.fb.ins().iconst(I32, self.site as i64);
+        let spc = self.fb.ins().iconst(I32, space_code(sp) as i64);
+        let ln = self.fb.ins().iconst(I32, line as i64);
+        let out = self.fb.ins().stack_addr(I64, self.slot, 0);
+        let local = self.local_at();
+        let call =
+            self.fb
+                .ins()
+                .call_indirect(sig, f, &[self.ctx, site, local, spc, addr, ln, out]);
+        let st = self.fb.inst_results(call)[0];
+        self.fault_if(st);
+        [0, 8].map(|at| self.fb.ins().stack_load(I64, I64, self.slot, at))
+    }
+
+    /// Writes the words `lo`, `hi` as the 16 bytes at `addr` in `sp` in one
+    /// atomic access by the helper.
+    fn store_16(&mut self, sp: Sp, addr: Value, lo: Value, hi: Value, line: u32) {
+        self.next_site(sp);
+        let mut sig = Signature::new(self.call_conv);
+        sig.params
+            .extend([AbiParam::new(I64), AbiParam::new(I32), AbiParam::new(I64)]);
+        sig.params
+            .extend([AbiParam::new(I32), AbiParam::new(I64), AbiParam::new(I32)]);
+        sig.params.extend([AbiParam::new(I64), AbiParam::new(I64)]);
+        sig.returns.push(AbiParam::new(I32));
+        let sig = self.fb.import_signature(sig);
+        let f = self.imm(rt_store_whole as *const () as usize as i64);
+        let site = self.fb.ins().iconst(I32, self.site as i64);
+        let spc = self.fb.ins().iconst(I32, space_code(sp) as i64);
+        let ln = self.fb.ins().iconst(I32, line as i64);
+        let local = self.local_at();
+        let call =
+            self.fb
+                .ins()
+                .call_indirect(sig, f, &[self.ctx, site, local, spc, addr, ln, lo, hi]);
+        let st = self.fb.inst_results(call)[0];
+        self.fault_if(st);
+    }
+}
