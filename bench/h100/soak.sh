@@ -3,10 +3,16 @@
 # `cumux serve` for SECS seconds, half of them stock PyTorch
 # (pytorch_tenants.py work: matrix products in 2 GiB), half the CUDA corpus
 # programs one after another; every KILL_EVERY seconds one running client is
-# killed with SIGKILL. Every 10 s it samples the server's memory (RSS) and
-# threads, its sessions and the device's used memory (`cumux status`), and
-# the GPU's used memory (nvidia-smi). When the segment ends, the tenants stop
-# and it waits for no sessions and no device memory.
+# killed with SIGKILL. Every 10 s it samples the server's memory (RSS, and
+# by kind: RssAnon, RssFile, RssShmem), its mappings, open fds and threads,
+# its worker processes (how many, their RSS together), its sessions and the
+# device's used memory (`cumux status`), and the GPU's used memory
+# (nvidia-smi). Quiet points (no sessions, no device memory, the workers
+# back to their number at the start) are taken before the first client, at
+# half time (the tenants pause for it; QUIET_AT_HALF=0 leaves it out) and at
+# the end; `soak_summary.py` then judges each kind: the mean of each half, a
+# least-squares slope over the second half, the quiet points against each
+# other.
 #
 # A soak longer than one command outlives the calls that watch it: SEGMENT=start
 # builds the programs, starts the server and a driver (both detached, their
@@ -22,7 +28,10 @@
 # Optional: KIT=, NVCC=, NVCC_FLAGS=, TENANTS=, KILL_EVERY= (default 20), SERVE_ARGS=
 # (default "--sharing shared --policy fair"), STATE= (default /tmp/cumux-soak),
 # DEVICE= (default cuda; cpu with SERVE_ARGS="" and PYTORCH=0 for a dry run
-# without a GPU), PYTORCH= (default 1: even tenants run PyTorch).
+# without a GPU, or worker-cpu to run it through worker processes), PYTORCH=
+# (default 1: even tenants run PyTorch), PROGRAMS= (the .cu sources to run,
+# paths under the checkout; default every corpus program but out_of_bounds;
+# e.g. the pinned-memory users of tests/cuda/driver).
 set -u
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 KIT=${KIT:-$ROOT/device-kit}
@@ -37,7 +46,9 @@ STATE=${STATE:-/tmp/cumux-soak}
 DEVICE=${DEVICE:-cuda}
 PYTORCH=${PYTORCH:-1}
 WATCH=${WATCH:-$((SECS + 300))}
-export ROOT KIT NVCC SECS TENANTS KILL_EVERY SERVE_ARGS STATE DEVICE PYTORCH
+QUIET_AT_HALF=${QUIET_AT_HALF:-1}
+PROGRAMS=${PROGRAMS:-$(cd "$ROOT" && ls tests/cuda/corpus/*.cu | grep -v '/out_of_bounds\.cu$' | tr '\n' ' ')}
+export ROOT KIT NVCC SECS TENANTS KILL_EVERY SERVE_ARGS STATE DEVICE PYTORCH QUIET_AT_HALF PROGRAMS
 gpu_used() { nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits 2>/dev/null | head -1; }
 mkdir -p "$OUT" "$STATE/bin"
 # shellcheck source=bench/h100/lib.sh
@@ -45,7 +56,52 @@ mkdir -p "$OUT" "$STATE/bin"
 SOCK=$STATE/s.sock
 REPORT=$STATE/soak.txt
 SAMPLES=$STATE/soak-samples.csv
+QUIET=$STATE/soak-quiet.csv
 say() { echo "$*" | tee -a "$REPORT"; }
+# A process's resident memory by kind (KiB): RssAnon,RssFile,RssShmem.
+rss_kinds() {
+    awk '/^RssAnon:/ { a = $2 } /^RssFile:/ { f = $2 } /^RssShmem:/ { s = $2 }
+        END { print a "," f "," s }' "/proc/$1/status" 2>/dev/null
+}
+# The server's kinds of memory, its mappings and open fds, and its worker
+# processes (its children): RssAnon,RssFile,RssShmem,maps,fds,workers,workers_rss_kib.
+server_kinds() {
+    local pid=$1 w n=0 wrss=0 r
+    for w in $(pgrep -P "$pid"); do
+        r=$(awk '/^VmRSS:/ { print $2 }' "/proc/$w/status" 2>/dev/null)
+        n=$((n + 1)); wrss=$((wrss + ${r:-0}))
+    done
+    echo "$(rss_kinds "$pid"),$(wc -l <"/proc/$pid/maps" 2>/dev/null),$(ls "/proc/$pid/fd" 2>/dev/null | wc -l),$n,$wrss"
+}
+# One sample's columns after elapsed_s (the samples' header says which).
+sample_row() {
+    local pid=$1 rss threads sessions used done_runs
+    rss=$(ps -o rss= -p "$pid" 2>/dev/null | tr -d ' ')
+    threads=$(ls "/proc/$pid/task" 2>/dev/null | wc -l)
+    sessions=$(status_field 'len(j["sessions"])')
+    used=$(status_field 'j["devices"][0]["used_mem"]')
+    done_runs=$(cat "$STATE"/t*.runs 2>/dev/null | awk '{ s += $1 } END { print s + 0 }')
+    echo "${rss:-gone},$threads,$sessions,$used,$(gpu_used),$done_runs,$(server_kinds "$pid")"
+}
+workers_of() { pgrep -P "$1" | wc -l; }
+# Waits (up to 60 s) for no sessions, no device memory and the workers back
+# to their number at the start, then 5 s more for what the server frees
+# after; prints yes when it got there.
+settle() {
+    local pid=$1 want ok=no
+    want=$(cat "$STATE/baseline_workers" 2>/dev/null || echo 0)
+    for _ in $(seq 600); do
+        if [ "$(status_field 'len(j["sessions"])')" = 0 ] &&
+            [ "$(status_field 'j["devices"][0]["used_mem"]')" = 0 ] &&
+            [ "$(workers_of "$pid")" -le "$want" ]; then
+            ok=yes
+            break
+        fi
+        sleep 0.1
+    done
+    sleep 5
+    echo "$ok"
+}
 status_field() { # status_field PYTHON-EXPRESSION-OVER-j
     "$KIT/cumux" status --json --server "unix:$SOCK" 2>/dev/null |
         python3 -c "import json,sys; j=json.load(sys.stdin); print($1)" 2>/dev/null || echo "?"
@@ -59,13 +115,14 @@ setup() {
         echo "soak, $(date -u +%FT%TZ), kit $(cat "$KIT/COMMIT" 2>/dev/null), $TENANTS tenants for $SECS s, a kill every ${KILL_EVERY} s, serve $SERVE_ARGS"
         nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null || echo "no nvidia-smi"
     } >"$REPORT"
-    echo "elapsed_s,server_rss_kib,server_threads,sessions,device_used_bytes,gpu_used_mib,runs_done" >"$SAMPLES"
+    echo "elapsed_s,server_rss_kib,server_threads,sessions,device_used_bytes,gpu_used_mib,runs_done,rss_anon_kib,rss_file_kib,rss_shmem_kib,maps,fds,workers,workers_rss_kib" >"$SAMPLES"
+    : >"$QUIET"
     # Built as smoke.sh builds them; on a GPU only programs that pass natively stay.
-    for src in "$ROOT"/tests/cuda/corpus/*.cu; do
+    for rel in $PROGRAMS; do
+        src=$ROOT/$rel
         name=$(basename "$src" .cu)
-        [ "$name" = out_of_bounds ] && continue
         # shellcheck disable=SC2086 # NVCC_FLAGS is a list of words
-        if ! "$NVCC" ${NVCC_FLAGS:-} -I"$ROOT/tests/cuda/corpus" -o "$STATE/bin/$name" "$src" 2>/dev/null; then
+        if ! "$NVCC" ${NVCC_FLAGS:-} -I"$(dirname "$src")" -o "$STATE/bin/$name" "$src" 2>/dev/null; then
             say "build failed: $name"
         elif [ "$DEVICE" = cuda ] && ! timeout 60 "$STATE/bin/$name" >/dev/null 2>&1; then
             say "left out (fails natively): $name"
@@ -88,10 +145,17 @@ setup() {
     # The server's own workers (a shared context, spares) hold memory too.
     sleep 2
     gpu_used >"$STATE/gpu_served_mib"
+    # The baseline quiet point: before any client, the workers it keeps warm started.
+    local server
+    server=$(cat "$STATE/server.pid")
+    sleep 3
+    workers_of "$server" >"$STATE/baseline_workers"
+    echo "baseline,$(sample_row "$server")" >>"$QUIET"
 }
 
 tenant() { # tenant I: runs programs until the stop file appears
-    local i=$1 runs=0 fails=0 killed=0 rc
+    local i=$1 runs fails=0 killed=0 rc
+    runs=$(cat "$STATE/t$i.runs" 2>/dev/null || echo 0)
     while [ ! -e "$STATE/stop" ]; do
         if [ "$PYTORCH" = 1 ] && [ $((i % 2)) = 0 ]; then
             timeout 120 "$KIT/cumux" run --server "unix:$SOCK" --tenant "t$i" -- \
@@ -122,33 +186,38 @@ tenant() { # tenant I: runs programs until the stop file appears
             *) fails=$((fails + 1)); cp "$STATE/t$i.out" "$STATE/fail-t$i-$runs.out" ;;
         esac
     done
+    # Runs counted from the tenant's start (its .runs file); fails and kills from this phase's.
     echo "$i $runs $fails $killed" >"$STATE/t$i.result"
+    echo "$fails $killed" >>"$STATE/t$i.phases"
 }
 
 # The soak itself, detached from the call that started it: tenants, kills
-# and samples for SECS seconds, then the settling, the report and the
-# server's stop; $STATE/done marks its end.
+# and samples for SECS seconds (with a quiet point at half time), then the
+# settling, the last quiet point, the report and the server's stop;
+# $STATE/done marks its end.
 drive() {
-    local server started end kills=0 next_kill next_sample=0 now
+    local server started end half kills=0 next_kill next_sample=0 now quiet_half=no
     server=$(cat "$STATE/server.pid")
     started=$(date +%s)
     echo "$started" >"$STATE/started"
     end=$((started + SECS))
+    half=$((started + SECS / 2))
+    [ "$QUIET_AT_HALF" = 1 ] || quiet_half=skip
     local tenant_pids=()
-    for i in $(seq "$TENANTS"); do
-        tenant "$i" &
-        tenant_pids+=($!)
-    done
+    start_tenants() {
+        rm -f "$STATE/stop"
+        tenant_pids=()
+        for i in $(seq "$TENANTS"); do
+            tenant "$i" &
+            tenant_pids+=($!)
+        done
+    }
+    start_tenants
     next_kill=$((started + KILL_EVERY))
     while [ "$(date +%s)" -lt "$end" ]; do
         now=$(date +%s)
         if [ "$now" -ge "$next_sample" ]; then
-            rss=$(ps -o rss= -p "$server" 2>/dev/null | tr -d ' ')
-            threads=$(ls "/proc/$server/task" 2>/dev/null | wc -l)
-            sessions=$(status_field 'len(j["sessions"])')
-            used=$(status_field 'j["devices"][0]["used_mem"]')
-            done_runs=$(cat "$STATE"/t*.runs 2>/dev/null | awk '{ s += $1 } END { print s + 0 }')
-            echo "$((now - started)),${rss:-gone},$threads,$sessions,$used,$(gpu_used),$done_runs" >>"$SAMPLES"
+            echo "$((now - started)),$(sample_row "$server")" >>"$SAMPLES"
             next_sample=$((now + 10))
         fi
         if [ "$now" -ge "$next_kill" ]; then
@@ -157,32 +226,36 @@ drive() {
             if [ -n "$victim" ] && kill -9 "$victim" 2>/dev/null; then kills=$((kills + 1)); fi
             next_kill=$((now + KILL_EVERY))
         fi
+        if [ "$quiet_half" = no ] && [ "$now" -ge "$half" ]; then
+            # The tenants finish what they run, the server frees it, then on again.
+            touch "$STATE/stop"
+            wait "${tenant_pids[@]}"
+            quiet_half=$(settle "$server")
+            echo "half,$(sample_row "$server")" >>"$QUIET"
+            say "quiet point at $(($(date +%s) - started)) s (settled: $quiet_half)"
+            start_tenants
+        fi
         kill -0 "$server" 2>/dev/null || break
         sleep 1
     done
     touch "$STATE/stop"
     # The tenants only: the server is not this process's child.
     wait "${tenant_pids[@]}"
-    local alive=yes settled=no runs=0 fails=0 killed=0
+    local alive=yes settled runs fails=0 killed=0
     kill -0 "$server" 2>/dev/null || alive=NO
-    for _ in $(seq 300); do
-        if [ "$(status_field 'len(j["sessions"])')" = 0 ] && [ "$(status_field 'j["devices"][0]["used_mem"]')" = 0 ]; then
-            settled=yes
-            break
-        fi
-        sleep 0.1
-    done
-    for f in "$STATE"/t*.result; do
-        read -r _ r f2 k <"$f"
-        runs=$((runs + r)); fails=$((fails + f2)); killed=$((killed + k))
-    done
-    rss=$(ps -o rss= -p "$server" 2>/dev/null | tr -d ' ')
-    say "soak of $(($(date +%s) - started)) s: runs $runs, failed $fails, killed $killed (kills sent $kills); server alive: $alive, rss ${rss:-?} KiB, threads $(ls "/proc/$server/task" 2>/dev/null | wc -l); afterwards no sessions and no device memory: $settled; GPU used $(gpu_used) MiB (before the server: $(cat "$STATE/gpu_idle_mib") MiB; served, no session: $(cat "$STATE/gpu_served_mib") MiB)"
+    settled=$(settle "$server")
+    echo "end,$(sample_row "$server")" >>"$QUIET"
+    runs=$(cat "$STATE"/t*.runs 2>/dev/null | awk '{ s += $1 } END { print s + 0 }')
+    while read -r f2 k; do
+        fails=$((fails + f2)); killed=$((killed + k))
+    done < <(cat "$STATE"/t*.phases 2>/dev/null)
+    say "soak of $(($(date +%s) - started)) s: runs $runs, failed $fails, killed $killed (kills sent $kills); server alive: $alive, rss $(ps -o rss= -p "$server" 2>/dev/null | tr -d ' ') KiB, threads $(ls "/proc/$server/task" 2>/dev/null | wc -l); afterwards no sessions, no device memory, workers as at the start: $settled; GPU used $(gpu_used) MiB (before the server: $(cat "$STATE/gpu_idle_mib") MiB; served, no session: $(cat "$STATE/gpu_served_mib") MiB)"
     # The first ten failures, each with its last two lines.
     find "$STATE" -maxdepth 1 -name 'fail-*.out' | sort | head -10 | while read -r f; do
         say "  failure $(basename "$f"): $(tail -2 "$f" | tr '\n' ' ')"
     done
     grep -c -E "panicked|ERROR" "$STATE/server.log" | sed 's/^/server log ERROR or panic lines: /' | tee -a "$REPORT"
+    python3 "$ROOT/bench/h100/soak_summary.py" "$SAMPLES" "$QUIET" 2>&1 | tee -a "$REPORT"
     kill "$server" 2>/dev/null
     sleep 1
     say "server stopped"
@@ -200,7 +273,7 @@ watch() {
         echo "watched until the soak's $(($(date +%s) - started)) s; it goes on" | tee -a "$OUT/watch.txt"
         tail -1 "$SAMPLES" | tee -a "$OUT/watch.txt"
     fi
-    cp "$REPORT" "$SAMPLES" "$OUT/" 2>/dev/null
+    cp "$REPORT" "$SAMPLES" "$QUIET" "$OUT/" 2>/dev/null
     tail -c 200000 "$STATE/server.log" >"$OUT/soak-server-log-tail.txt" 2>/dev/null
 }
 
