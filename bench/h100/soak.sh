@@ -75,13 +75,16 @@ server_kinds() {
 }
 # One sample's columns after elapsed_s (the samples' header says which).
 sample_row() {
-    local pid=$1 rss threads sessions used done_runs
-    rss=$(ps -o rss= -p "$pid" 2>/dev/null | tr -d ' ')
+    local pid=$1 rss threads sessions used done_runs kinds
+    # Read together, so the total is the sum of its kinds at one moment.
+    kinds=$(server_kinds "$pid")
+    rss=$(awk -F, '{ print $1 + $2 + $3 }' <<<"$kinds")
     threads=$(ls "/proc/$pid/task" 2>/dev/null | wc -l)
     sessions=$(status_field 'len(j["sessions"])')
     used=$(status_field 'j["devices"][0]["used_mem"]')
     done_runs=$(cat "$STATE"/t*.runs 2>/dev/null | awk '{ s += $1 } END { print s + 0 }')
-    echo "${rss:-gone},$threads,$sessions,$used,$(gpu_used),$done_runs,$(server_kinds "$pid")"
+    [ -d "/proc/$pid" ] || rss=gone
+    echo "$rss,$threads,$sessions,$used,$(gpu_used),$done_runs,$kinds"
 }
 workers_of() { pgrep -P "$1" | wc -l; }
 # Waits (up to 60 s) for no sessions, no device memory and the workers back
