@@ -49,13 +49,16 @@ fn large_module_images_leave_no_memory_behind_in_the_server() {
     settled(&server);
     let (anon_before, fds_before) = (status_kib(pid, "RssAnon"), open_fds(pid));
 
-    // Four programs at once, three times: 48 images of 4 to 24 MiB.
+    // Four programs at once, eight times: 128 images of 4 to 24 MiB. What glibc
+    // keeps depends on which arena each session's thread drew, so one round
+    // may keep little even without the trims: every round is checked.
     let sizes = [
         ["16", "4", "24", "8"],
         ["12", "20", "6", "10"],
         ["24", "18", "4", "14"],
     ];
-    for round in 0..3 {
+    let mut after_rounds = Vec::new();
+    for round in 0..8 {
         let runs: Vec<Child> = (0..4)
             .map(|i| {
                 let mut run = server.command(&program, &sizes[(round + i) % 3]);
@@ -65,15 +68,17 @@ fn large_module_images_leave_no_memory_behind_in_the_server() {
         for run in runs {
             wait_bounded(run, LIMIT).assert_passed();
         }
+        settled(&server);
+        after_rounds.push(status_kib(pid, "RssAnon"));
     }
-    settled(&server);
     assert!(server.alive(), "the server died:\n{}", server.log());
-    let anon_after = status_kib(pid, "RssAnon");
-    // 48 images of 14 MiB on average went through: more than 32 MiB still
-    // resident is memory the sessions left, not the server's own.
+    // Each round moved 16 images of 14 MiB on average through the server;
+    // as glibc has it, about 2 rounds in 6 left 18 to 72 MiB resident. More than 8 MiB
+    // over the start is memory the sessions left, not the server's own.
+    let worst = after_rounds.iter().copied().max().unwrap_or(0);
     assert!(
-        anon_after < anon_before + 32 * 1024,
-        "the server's RssAnon went from {anon_before} KiB to {anon_after} KiB with no session left"
+        worst < anon_before + 8 * 1024,
+        "the server's RssAnon went from {anon_before} KiB to {after_rounds:?} KiB after each round, with no session left"
     );
     assert_eq!(open_fds(pid), fds_before, "open fds with no session left");
     assert!(

@@ -23,15 +23,16 @@ const SETTLE: Duration = Duration::from_secs(1);
 /// the arenas and stay there when freed: a thread arena's free top is only
 /// given back past the trim threshold, and `malloc_trim` gives back the
 /// free chunks inside the arenas but not a thread arena's top. Measured
-/// through a worker-cpu server, 20 rounds of 4 programs each loading four
-/// images of 1–24 MiB, RssAnon with no session left (1 MB before the first):
-/// as glibc has it 49–312 MB; trims alone the same; fixed thresholds alone
-/// 5–118 MB; both 2.7–3.4 MB (once 49 MB). A lower mmap threshold (4 MiB: 4–5
-/// MB left) makes every buffer above it a fresh `mmap`: on this machine
-/// faulting in an 8 MiB chunk took 8–10 ms against 1.3–2 ms reusing one;
-/// `M_ARENA_MAX=2` still left 13–100 MB. A trim takes each arena's lock in
-/// turn while it returns that arena's free pages (median 2 ms, off every
-/// call's path).
+/// through a worker-cpu server, rounds of 4 programs each loading four
+/// images of 4–24 MiB, RssAnon with no session left (2–3 MB before the
+/// first): as glibc has it, 4–72 MB after a round, and 2 rounds in 6 above
+/// 18 MB; trims with the thresholds fixed at 32 and 16 MiB, one round in 6
+/// still kept 23–46 MB in one thread arena's free space; thresholds of 4 and
+/// 2 MiB, 2.8–3.4 MB after every one of 18 rounds. Buffers above 4 MiB are
+/// then always a fresh `mmap`, as a socket copy's 8 MiB chunk is meant to be
+/// (`read_bulk`: zeroed pages taken as the bytes arrive). A trim takes each
+/// arena's lock in turn while it returns that arena's free pages (median
+/// 2 ms, off every call's path).
 pub fn after_session() {
     static TRIMMER: OnceLock<Option<SyncSender<()>>> = OnceLock::new();
     let trimmer = TRIMMER.get_or_init(|| {
@@ -49,13 +50,11 @@ pub fn after_session() {
     }
 }
 
-/// The mmap threshold glibc would reach anyway (its largest), so buffers up
-/// to 32 MiB come from the arenas from the first; fixing it stops glibc
-/// raising the trim threshold with it.
-const MMAP_THRESHOLD: i32 = 32 << 20;
-/// A thread arena gives its free top back past this: one socket copy chunk
-/// (8 MiB) freed and taken again is reused, not faulted in again.
-const TRIM_THRESHOLD: i32 = 16 << 20;
+/// Buffers above this are mapped for themselves and unmapped when freed;
+/// fixing it stops glibc raising it, and the trim threshold with it.
+const MMAP_THRESHOLD: i32 = 4 << 20;
+/// An arena gives its free top back, at a `free`, past this.
+const TRIM_THRESHOLD: i32 = 2 << 20;
 
 /// Fixes glibc's mmap and trim thresholds (see [`after_session`]); the
 /// server calls it once at its start, before its threads.
