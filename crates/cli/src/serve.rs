@@ -306,6 +306,7 @@ fn serve_functions(
 
 pub fn serve(options: ServeOptions) -> Result<()> {
     crate::signals::survive_file_size_limit().context("cannot catch SIGXFSZ")?;
+    cumux_server::freed_memory::keep_thresholds_fixed();
     // Read before anything starts: a bad file is told at once.
     let restores = options
         .restore

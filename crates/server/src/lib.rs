@@ -14,6 +14,7 @@
 pub mod admission;
 pub mod connection;
 pub mod device;
+pub mod freed_memory;
 pub mod gate;
 pub mod groups;
 pub mod hangups;

@@ -213,6 +213,8 @@ pub fn serve_connection(
     mut seat: Seat,
 ) -> Ending {
     let ending = serve_seated(server, peer_uid, socket, tls, &mut seat);
+    // The session and its buffers are gone by now: give what they freed back.
+    crate::freed_memory::after_session();
     match &ending {
         Ending::Rejected(reason) => log_refusal(seat.peer(), peer_uid, reason),
         Ending::Broken(why) if why.starts_with(NO_HELLO) => log_refusal(seat.peer(), peer_uid, why),
