@@ -10,7 +10,7 @@ use crate::ir::{Address, MemOrder, Op, Sp, Src, NONE};
 use crate::whole_vector::whole_width;
 use cranelift_codegen::ir::condcodes::IntCC;
 use cranelift_codegen::ir::types::{I32, I32X4, I64};
-use cranelift_codegen::ir::{AbiParam, InstBuilder, MemFlagsData, Signature, Value};
+use cranelift_codegen::ir::{InstBuilder, MemFlagsData, Value};
 use std::mem::offset_of;
 
 impl Translator<'_, '_> {
@@ -94,25 +94,13 @@ impl Translator<'_, '_> {
                 self.next_site(addr.sp);
                 let a = self.address(&addr);
                 let (bv, cv) = (self.src(b), self.src(c));
-                let mut sig = Signature::new(self.call_conv);
-                sig.params.extend([AbiParam::new(I64), AbiParam::new(I32)]);
-                sig.params.extend([AbiParam::new(I64); 5]);
-                sig.params.extend([AbiParam::new(I32), AbiParam::new(I64)]);
-                sig.returns.push(AbiParam::new(I32));
-                let sig = self.fb.import_signature(sig);
-                let f = self.imm(rt_atom as *const () as usize as i64);
-                let site = self.fb.ins().iconst(I32, self.site as i64);
+                let site = self.imm32(self.site as i64);
                 let opp = self.imm(op as *const Op as usize as i64);
-                let ln = self.fb.ins().iconst(I32, line as i64);
+                let ln = self.imm32(line as i64);
                 let out = self.fb.ins().stack_addr(I64, self.slot, 0);
                 let local = self.local_at();
-                let call = self.fb.ins().call_indirect(
-                    sig,
-                    f,
-                    &[self.ctx, site, local, opp, a, bv, cv, ln, out],
-                );
-                let st = self.fb.inst_results(call)[0];
-                self.fault_if(st);
+                let args = [self.ctx, site, local, opp, a, bv, cv, ln, out];
+                self.call_checked(rt_atom as *const (), &args);
                 if d != NONE {
                     let v = self.fb.ins().stack_load(I64, I64, self.slot, 0);
                     self.set(d, v);
@@ -156,21 +144,11 @@ impl Translator<'_, '_> {
         self.fb.set_cold_block(bad);
         self.fb.ins().brif(low, bad, &[], ok, &[]);
         self.fb.switch_to_block(bad);
-        let mut sig = Signature::new(self.call_conv);
-        sig.params.extend([AbiParam::new(I64), AbiParam::new(I64)]);
-        sig.params.extend([AbiParam::new(I32); 3]);
-        sig.returns.push(AbiParam::new(I32));
-        let sig = self.fb.import_signature(sig);
-        let f = self.imm(rt_misaligned_vector as *const () as usize as i64);
-        let t = self.fb.ins().iconst(I32, total as i64);
-        let w = self.fb.ins().iconst(I32, write as i64);
-        let l = self.fb.ins().iconst(I32, line as i64);
-        let call = self
-            .fb
-            .ins()
-            .call_indirect(sig, f, &[self.ctx, addr, t, w, l]);
-        let st = self.fb.inst_results(call)[0];
-        self.fault_if(st);
+        let t = self.imm32(total as i64);
+        let w = self.imm32(write as i64);
+        let l = self.imm32(line as i64);
+        let f = rt_misaligned_vector as *const ();
+        self.call_checked(f, &[self.ctx, addr, t, w, l]);
         self.fb.ins().jump(ok, &[]);
         self.fb.switch_to_block(ok);
     }
@@ -302,26 +280,12 @@ impl Translator<'_, '_> {
             None => self.fb.ins().jump(slow, &[]),
         };
         self.fb.switch_to_block(slow);
-        let mut sig = Signature::new(self.call_conv);
-        sig.params
-            .extend([AbiParam::new(I64), AbiParam::new(I32), AbiParam::new(I64)]);
-        sig.params.extend([AbiParam::new(I32), AbiParam::new(I64)]);
-        sig.params
-            .extend([AbiParam::new(I32), AbiParam::new(I32), AbiParam::new(I64)]);
-        sig.returns.push(AbiParam::new(I32));
-        let sig = self.fb.import_signature(sig);
-        let f = self.imm(rt_load as *const () as usize as i64);
-        let site = self.fb.ins().iconst(I32, self.site as i64);
-        let spc = self.fb.ins().iconst(I32, space_code(sp) as i64);
-        let sz = self.fb.ins().iconst(I32, size as i64);
-        let ln = self.fb.ins().iconst(I32, line as i64);
+        let [ctx, site, local, spc] = self.access_head(sp);
+        let sz = self.imm32(size as i64);
+        let ln = self.imm32(line as i64);
         let out = self.fb.ins().stack_addr(I64, self.slot, 0);
-        let local = self.local_at();
-        let call =
-            self.fb
-                .ins()
-                .call_indirect(sig, f, &[self.ctx, site, local, spc, addr, sz, ln, out]);
-        let st = self.fb.inst_results(call)[0];
+        let args = [ctx, site, local, spc, addr, sz, ln, out];
+        let st = self.call_status(rt_load as *const (), &args);
         if !Self::slow_may_succeed(sp) {
             self.fault_if(st);
             // the helper faults whatever it is given here
@@ -365,13 +329,8 @@ impl Translator<'_, '_> {
         self.fb.ins().brif(room, fast, &[], slow, &[]);
         self.fb.switch_to_block(slow);
         self.fb.set_cold_block(slow);
-        let mut sig = Signature::new(self.call_conv);
-        sig.params
-            .extend([AbiParam::new(I64), AbiParam::new(I64), AbiParam::new(I32)]);
-        let sig = self.fb.import_signature(sig);
-        let f = self.imm(rt_log_store as *const () as usize as i64);
-        let sz = self.fb.ins().iconst(I32, size as i64);
-        self.fb.ins().call_indirect(sig, f, &[self.ctx, p, sz]);
+        let sz = self.imm32(size as i64);
+        self.call_runtime(rt_log_store as *const (), &[self.ctx, p, sz], &[]);
         self.fb.ins().jump(join, &[]);
         self.fb.switch_to_block(fast);
         let log = self.fb.ins().load(I64, flags, self.ctx, ctx_off!(log));
@@ -412,6 +371,16 @@ impl Translator<'_, '_> {
         } else {
             u32::MAX
         };
+    }
+
+    /// The runtime's arguments before an access's address: the context,
+    /// the access's cache site (`next_site`), the lane's local memory and
+    /// the space.
+    pub(super) fn access_head(&mut self, sp: Sp) -> [Value; 4] {
+        let site = self.imm32(self.site as i64);
+        let local = self.local_at();
+        let spc = self.imm32(space_code(sp) as i64);
+        [self.ctx, site, local, spc]
     }
 
     pub(super) fn fast_load(&mut self, p: Value, size: u32) -> Value {
@@ -461,26 +430,11 @@ impl Translator<'_, '_> {
             None => self.fb.ins().jump(slow, &[]),
         };
         self.fb.switch_to_block(slow);
-        let mut sig = Signature::new(self.call_conv);
-        sig.params
-            .extend([AbiParam::new(I64), AbiParam::new(I32), AbiParam::new(I64)]);
-        sig.params.extend([AbiParam::new(I32), AbiParam::new(I64)]);
-        sig.params
-            .extend([AbiParam::new(I32), AbiParam::new(I32), AbiParam::new(I64)]);
-        sig.returns.push(AbiParam::new(I32));
-        let sig = self.fb.import_signature(sig);
-        let f = self.imm(rt_store as *const () as usize as i64);
-        let site = self.fb.ins().iconst(I32, self.site as i64);
-        let spc = self.fb.ins().iconst(I32, space_code(sp) as i64);
-        let sz = self.fb.ins().iconst(I32, size as i64);
-        let ln = self.fb.ins().iconst(I32, line as i64);
-        let local = self.local_at();
-        let call =
-            self.fb
-                .ins()
-                .call_indirect(sig, f, &[self.ctx, site, local, spc, addr, sz, ln, val]);
-        let st = self.fb.inst_results(call)[0];
-        self.fault_if(st);
+        let [ctx, site, local, spc] = self.access_head(sp);
+        let sz = self.imm32(size as i64);
+        let ln = self.imm32(line as i64);
+        let args = [ctx, site, local, spc, addr, sz, ln, val];
+        self.call_checked(rt_store as *const (), &args);
         let join = if Self::slow_may_succeed(sp) {
             let join = self.fb.create_block();
             self.fb.ins().jump(join, &[]);

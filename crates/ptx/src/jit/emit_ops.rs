@@ -13,7 +13,7 @@ use crate::ir::{
 use crate::memory::DEVICE_VA_BASE;
 use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
 use cranelift_codegen::ir::types::{F32, F64, I16, I32, I64, I8};
-use cranelift_codegen::ir::{AbiParam, InstBuilder, MemFlagsData, Signature, Value};
+use cranelift_codegen::ir::{InstBuilder, MemFlagsData, Value};
 use std::mem::offset_of;
 
 impl Translator<'_, '_> {
@@ -91,11 +91,7 @@ impl Translator<'_, '_> {
             Op::Nop => {}
             Op::Sleep { ns } => {
                 let v = self.src(ns);
-                let mut sig = Signature::new(self.call_conv);
-                sig.params.push(AbiParam::new(I64));
-                let sig = self.fb.import_signature(sig);
-                let f = self.imm(rt_nanosleep as *const () as usize as i64);
-                self.fb.ins().call_indirect(sig, f, &[v]);
+                self.call_runtime(rt_nanosleep as *const (), &[v], &[]);
             }
             Op::Mov { d, a, mask } => {
                 let v = self.src(a);
@@ -419,17 +415,10 @@ impl Translator<'_, '_> {
     fn helper_op(&mut self, pc: u32) {
         let op = &self.ops[pc as usize];
         let dsts = self.spill_sources(op);
-        let mut sig = Signature::new(self.call_conv);
-        sig.params.extend([AbiParam::new(I64); 3]);
-        let sig = self.fb.import_signature(sig);
-        let callee = self
-            .fb
-            .ins()
-            .iconst(I64, rt_register_op as *const () as usize as i64);
-        let opp = self.fb.ins().iconst(I64, op as *const Op as usize as i64);
-        let nregs = self.fb.ins().iconst(I64, self.func.nregs as i64);
+        let opp = self.imm(op as *const Op as usize as i64);
+        let nregs = self.imm(self.func.nregs as i64);
         let rp = self.regs_at();
-        self.fb.ins().call_indirect(sig, callee, &[opp, rp, nregs]);
+        self.call_runtime(rt_register_op as *const (), &[opp, rp, nregs], &[]);
         self.reload(dsts);
     }
 
@@ -438,22 +427,12 @@ impl Translator<'_, '_> {
     fn device_call(&mut self, pc: u32, line: u32) {
         let op = &self.ops[pc as usize];
         let dsts = self.spill_sources(op);
-        let mut sig = Signature::new(self.call_conv);
-        sig.params.extend([AbiParam::new(I64); 5]);
-        sig.params.extend([AbiParam::new(I32); 2]);
-        sig.returns.push(AbiParam::new(I32));
-        let sig = self.fb.import_signature(sig);
-        let callee = self.imm(rt_device_call as *const () as usize as i64);
         let opp = self.imm(op as *const Op as usize as i64);
         let nregs = self.imm(self.func.nregs as i64);
-        let ln = self.fb.ins().iconst(I32, line as i64);
+        let ln = self.imm32(line as i64);
         let (local, rp, lin) = (self.local_at(), self.regs_at(), self.lin_at());
-        let call =
-            self.fb
-                .ins()
-                .call_indirect(sig, callee, &[self.ctx, local, rp, nregs, opp, ln, lin]);
-        let st = self.fb.inst_results(call)[0];
-        self.fault_if(st);
+        let args = [self.ctx, local, rp, nregs, opp, ln, lin];
+        self.call_checked(rt_device_call as *const (), &args);
         self.reload(dsts);
     }
 

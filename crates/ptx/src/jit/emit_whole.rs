@@ -2,11 +2,11 @@
 //! (`whole_vector`): one atomic access of the whole vector, its elements
 //! split from or packed into its words.
 
-use super::runtime::{rt_load_whole, rt_store_whole, space_code};
+use super::runtime::{rt_load_whole, rt_store_whole};
 use super::translate::Translator;
 use crate::ir::Sp;
-use cranelift_codegen::ir::types::{I32, I64};
-use cranelift_codegen::ir::{AbiParam, InstBuilder, Signature, Value};
+use cranelift_codegen::ir::types::I64;
+use cranelift_codegen::ir::{InstBuilder, Value};
 
 impl Translator<'_, '_> {
     /// Loads the `n` elements of `size` bytes at `base` in `sp` (aligned
@@ -90,26 +90,11 @@ impl Translator<'_, '_> {
     /// access by the helper.
     fn load_16(&mut self, sp: Sp, addr: Value, line: u32) -> [Value; 2] {
         self.next_site(sp);
-        let mut sig = Signature::new(self.call_conv);
-        sig.params
-            .extend([AbiParam::new(I64), AbiParam::new(I32), AbiParam::new(I64)]);
-        sig.params
-            .extend([AbiParam::new(I32), AbiParam::new(I64), AbiParam::new(I32)]);
-        sig.params.push(AbiParam::new(I64));
-        sig.returns.push(AbiParam::new(I32));
-        let sig = self.fb.import_signature(sig);
-        let f = self.imm(rt_load_whole as *const () as usize as i64);
-        let site = self.fb.ins().iconst(I32, self.site as i64);
-        let spc = self.fb.ins().iconst(I32, space_code(sp) as i64);
-        let ln = self.fb.ins().iconst(I32, line as i64);
+        let [ctx, site, local, spc] = self.access_head(sp);
+        let ln = self.imm32(line as i64);
         let out = self.fb.ins().stack_addr(I64, self.slot, 0);
-        let local = self.local_at();
-        let call =
-            self.fb
-                .ins()
-                .call_indirect(sig, f, &[self.ctx, site, local, spc, addr, ln, out]);
-        let st = self.fb.inst_results(call)[0];
-        self.fault_if(st);
+        let f = rt_load_whole as *const ();
+        self.call_checked(f, &[ctx, site, local, spc, addr, ln, out]);
         [0, 8].map(|at| self.fb.ins().stack_load(I64, I64, self.slot, at))
     }
 
@@ -117,24 +102,9 @@ impl Translator<'_, '_> {
     /// atomic access by the helper.
     fn store_16(&mut self, sp: Sp, addr: Value, lo: Value, hi: Value, line: u32) {
         self.next_site(sp);
-        let mut sig = Signature::new(self.call_conv);
-        sig.params
-            .extend([AbiParam::new(I64), AbiParam::new(I32), AbiParam::new(I64)]);
-        sig.params
-            .extend([AbiParam::new(I32), AbiParam::new(I64), AbiParam::new(I32)]);
-        sig.params.extend([AbiParam::new(I64), AbiParam::new(I64)]);
-        sig.returns.push(AbiParam::new(I32));
-        let sig = self.fb.import_signature(sig);
-        let f = self.imm(rt_store_whole as *const () as usize as i64);
-        let site = self.fb.ins().iconst(I32, self.site as i64);
-        let spc = self.fb.ins().iconst(I32, space_code(sp) as i64);
-        let ln = self.fb.ins().iconst(I32, line as i64);
-        let local = self.local_at();
-        let call =
-            self.fb
-                .ins()
-                .call_indirect(sig, f, &[self.ctx, site, local, spc, addr, ln, lo, hi]);
-        let st = self.fb.inst_results(call)[0];
-        self.fault_if(st);
+        let [ctx, site, local, spc] = self.access_head(sp);
+        let ln = self.imm32(line as i64);
+        let f = rt_store_whole as *const ();
+        self.call_checked(f, &[ctx, site, local, spc, addr, ln, lo, hi]);
     }
 }

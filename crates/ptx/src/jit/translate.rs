@@ -15,8 +15,8 @@ use crate::ir::{Func, Inst, Op, SReg, Sp, Src, NONE};
 use cranelift_codegen::ir::condcodes::IntCC;
 use cranelift_codegen::ir::types::{I32, I32X4, I64, I64X2};
 use cranelift_codegen::ir::{
-    AbiParam, Block, BlockArg, InstBuilder, JumpTableData, MemFlagsData, Signature, StackSlotData,
-    StackSlotKind, Type, Value,
+    AbiParam, Block, BlockArg, Inst as IrInst, InstBuilder, JumpTableData, MemFlagsData, Signature,
+    StackSlotData, StackSlotKind, Type, Value,
 };
 use cranelift_codegen::isa::{CallConv, TargetFrontendConfig};
 use cranelift_frontend::{FunctionBuilder, Variable};
@@ -822,18 +822,10 @@ impl<'a, 'f> Translator<'a, 'f> {
                     }
                 }
                 self.fb.switch_to_block(trap);
-                let mut sig = Signature::new(self.call_conv);
-                sig.params.extend([AbiParam::new(I64), AbiParam::new(I64)]);
-                sig.params.extend([AbiParam::new(I32), AbiParam::new(I32)]);
-                sig.returns.push(AbiParam::new(I32));
-                let sig = self.fb.import_signature(sig);
-                let f = self.imm(rt_trap as *const () as usize as i64);
                 let op = self.imm(&self.ops[pc as usize] as *const Op as usize as i64);
-                let line = self.fb.ins().iconst(I32, inst.line as i64);
+                let line = self.imm32(inst.line as i64);
                 let lin = self.lin_at();
-                self.fb
-                    .ins()
-                    .call_indirect(sig, f, &[self.ctx, op, line, lin]);
+                self.call_runtime(rt_trap as *const (), &[self.ctx, op, line, lin], &[I32]);
                 self.jump_to_fault();
                 false
             }
@@ -986,6 +978,44 @@ impl<'a, 'f> Translator<'a, 'f> {
         self.fb
             .ins()
             .jump(self.fault_block, &[BlockArg::Value(excess)]);
+    }
+
+    /// Calls the runtime's `f` with `args` (their types are its parameters)
+    /// and `returns` results; the call's instruction, for its results.
+    pub(super) fn call_runtime(
+        &mut self,
+        f: *const (),
+        args: &[Value],
+        returns: &[Type],
+    ) -> IrInst {
+        let mut sig = Signature::new(self.call_conv);
+        for &a in args {
+            let t = self.fb.func.dfg.value_type(a);
+            sig.params.push(AbiParam::new(t));
+        }
+        sig.returns
+            .extend(returns.iter().map(|&t| AbiParam::new(t)));
+        let sig = self.fb.import_signature(sig);
+        let f = self.imm(f as usize as i64);
+        self.fb.ins().call_indirect(sig, f, args)
+    }
+
+    /// Calls the runtime's `f` with `args`; its I32 status (non-zero: a fault).
+    pub(super) fn call_status(&mut self, f: *const (), args: &[Value]) -> Value {
+        let call = self.call_runtime(f, args, &[I32]);
+        self.fb.inst_results(call)[0]
+    }
+
+    /// Calls the runtime's `f` with `args` and goes to the fault exit if it
+    /// says so.
+    pub(super) fn call_checked(&mut self, f: *const (), args: &[Value]) {
+        let st = self.call_status(f, args);
+        self.fault_if(st);
+    }
+
+    /// An I32 constant.
+    pub(super) fn imm32(&mut self, v: i64) -> Value {
+        self.fb.ins().iconst(I32, v)
     }
 
     /// A 64-bit constant.
