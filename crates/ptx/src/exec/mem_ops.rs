@@ -32,12 +32,7 @@ pub(super) fn step(
             let a = th.address(addr);
             check_vector_alignment(a, *size, *n, "load", line)?;
             if let Some(bytes) = whole_width(*order, addr.sp, *size, *n) {
-                let at = Access {
-                    sp: addr.sp,
-                    addr: a,
-                    size: bytes,
-                    line,
-                };
+                let at = access(addr.sp, a, bytes, line);
                 let p = b.ptr::<false>(g, &mut th.local, at)?;
                 // SAFETY: `ptr` checked bounds and alignment (to `bytes`, at most 16) of a live buffer.
                 let words = unsafe { load_whole(p, bytes) };
@@ -71,12 +66,7 @@ pub(super) fn step(
                 *v = th.get(*s);
             }
             if let Some(bytes) = whole_width(*order, addr.sp, *size, *n) {
-                let at = Access {
-                    sp: addr.sp,
-                    addr: a,
-                    size: bytes,
-                    line,
-                };
+                let at = access(addr.sp, a, bytes, line);
                 let p = b.ptr::<true>(g, &mut th.local, at)?;
                 // SAFETY: as for the load above.
                 unsafe { store_whole(p, bytes, pack(&vs[..*n as usize], *size)) };
@@ -97,12 +87,7 @@ pub(super) fn step(
         } => {
             let (bv, cv) = (th.get(*bb), th.get(*c));
             let size = t.bytes();
-            let at = Access {
-                sp: addr.sp,
-                addr: th.address(addr),
-                size,
-                line,
-            };
+            let at = access(addr.sp, th.address(addr), size, line);
             let p = b.ptr::<true>(g, &mut th.local, at)?;
             let (op, t) = (*op, *t);
             // SAFETY: `ptr` checked bounds and alignment (size 2, 4 or 8) of a live buffer.
@@ -170,9 +155,15 @@ pub(super) fn step(
 /// Element `k` of a vector of `size`-byte elements at `base` in space `sp`.
 #[inline(always)]
 fn vector_element(sp: Sp, base: u64, size: u32, k: usize, line: u32) -> Access {
+    access(sp, base.wrapping_add((k as u64) * size as u64), size, line)
+}
+
+/// The `size` bytes at `addr` in space `sp`.
+#[inline(always)]
+fn access(sp: Sp, addr: u64, size: u32, line: u32) -> Access {
     Access {
         sp,
-        addr: base.wrapping_add((k as u64) * size as u64),
+        addr,
         size,
         line,
     }
