@@ -229,3 +229,22 @@ fn ordered_16_byte_pairs_are_never_torn() {
     let out = server.run(&program, &[], LIMIT);
     out.assert_passed();
 }
+
+/// Pinned host memory reached by the program's pointer (zero-copy), in this
+/// process's CPU device and in a CPU worker: a memset, atomics, a kernel
+/// over mapped vectors and device-to-device copies in and out of it.
+#[test]
+fn kernels_reach_pinned_host_memory_by_its_pointer() {
+    let program = cumux_testkit::compile_program(common::driver_source("zero_copy_kernel"), &[]);
+    for device in ["cpu", "worker-cpu"] {
+        let dir = common::TempDir::new("zero-copy");
+        let args = ["--device", device, "--memory", "1G"].map(String::from);
+        let server = ServerProc::spawn(dir, &args, &[]);
+        let out = server.run(&program, &[], LIMIT);
+        assert!(
+            out.code() == Some(0) && out.stdout.contains("PASS"),
+            "on {device}: {}",
+            out.describe()
+        );
+    }
+}

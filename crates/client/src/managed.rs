@@ -12,7 +12,7 @@
 use std::time::{Duration, Instant};
 
 use cumux_protocol::framing::MAX_CHUNK_BYTES;
-use cumux_protocol::{Call, ReplyBody, DEFAULT_STREAM};
+use cumux_protocol::{Call, Handle, ReplyBody, DEFAULT_STREAM};
 
 use crate::errors::*;
 use crate::managed_guard::{self, Attach};
@@ -128,14 +128,19 @@ fn host_bytes(ptr: u64, size: u64) -> &'static mut [u8] {
     unsafe { std::slice::from_raw_parts_mut(ptr as *mut u8, size as usize) }
 }
 
-/// Before device work: sends the host copies `State::managed_to_push` named.
-pub fn push(c: &Client, allocations: Vec<(u64, u64)>) -> CuResult<()> {
+/// Before device work: sends the host copies `State::managed_to_push` named,
+/// taken now. In `stream`'s order, before the work queued next, as the
+/// driver migrates managed memory for a launch: a copy on the legacy stream
+/// would wait for every blocking stream's work, which may itself wait for
+/// the host (a kernel spinning on a pinned latch the host sets later).
+/// `None`: synchronous, on the legacy stream (before a copy or memset).
+pub fn push(c: &Client, allocations: Vec<(u64, u64)>, stream: Option<Handle>) -> CuResult<()> {
     for (ptr, size) in allocations {
         for (i, chunk) in host_bytes(ptr, size).chunks(MAX_CHUNK_BYTES).enumerate() {
             c.call(Call::MemcpyHtoD {
                 dst: ptr + (i * MAX_CHUNK_BYTES) as u64,
                 data: chunk.to_vec(),
-                stream: None,
+                stream,
             })?;
         }
     }

@@ -111,6 +111,24 @@ enum Owner {
     Own(Backing),
     /// A mapping of a physical allocation, which lives on while mapped.
     Mapped { _physical: Arc<Backing> },
+    /// Host memory that is not the device's (`map_host`), kept alive while
+    /// addressable.
+    Host { _bytes: Arc<dyn HostBytes> },
+}
+
+/// Host memory that kernels may reach at an address of the program's
+/// (pinned host memory, which a GPU with unified addressing reaches by the
+/// host's own pointer).
+///
+/// # Safety
+/// `as_ptr()` must point to `size()` bytes that stay mapped, readable and
+/// writable, at the same place, for as long as the value lives; others may
+/// read and write them at any time (through atomics, or at moments the
+/// program orders).
+pub unsafe trait HostBytes: Send + Sync {
+    fn as_ptr(&self) -> *mut u8;
+    /// How many bytes `as_ptr` points to.
+    fn size(&self) -> u64;
 }
 
 /// One addressable range: its host bytes and their owner.
@@ -507,6 +525,46 @@ impl DeviceMemory {
         Ok(())
     }
 
+    /// Makes the host memory `bytes` addressable at `[addr, addr +
+    /// bytes.size())`, outside every device's window, where no block is. It is
+    /// not device memory: it counts for nothing in `used`, and `free` refuses
+    /// it.
+    pub fn map_host(&self, addr: u64, bytes: Arc<dyn HostBytes>) -> Result<(), MemError> {
+        let size = bytes.size();
+        let end = addr.checked_add(size).ok_or(MemError::InvalidSize)?;
+        if size == 0 || (addr < DEVICE_VA_END && end > DEVICE_VA_BASE) {
+            return Err(MemError::OutOfRange { addr, len: size });
+        }
+        // The table's read lock before the state's, as `free` takes them.
+        let taken = overlaps(&self.view().guard, addr, size);
+        let mut s = self.state();
+        if taken || overlaps(&s.pending, addr, size) {
+            return Err(MemError::OutOfRange { addr, len: size });
+        }
+        let block = Block {
+            ptr: bytes.as_ptr(),
+            size,
+            owner: Owner::Host { _bytes: bytes },
+        };
+        self.insert(&mut s, addr, block);
+        Ok(())
+    }
+
+    /// Removes the host memory `map_host` placed at `addr`; waits for
+    /// running launches.
+    pub fn unmap_host(&self, addr: u64) -> Result<(), MemError> {
+        let mut blocks = self.space.write().unwrap_or_else(|e| e.into_inner());
+        let mut s = self.state();
+        blocks.append(&mut s.pending);
+        match blocks.get(&addr).map(|b| &b.owner) {
+            Some(Owner::Host { .. }) => {
+                blocks.remove(&addr);
+                Ok(())
+            }
+            _ => Err(MemError::InvalidAddress(addr)),
+        }
+    }
+
     /// Removes the mapping at `addr`; waits for running launches.
     pub fn unmap(&self, addr: u64) -> Result<(), MemError> {
         let mut blocks = self.space.write().unwrap_or_else(|e| e.into_inner());
@@ -756,6 +814,76 @@ fn foreign(addr: u64, end: u64) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Host bytes of a test's own.
+    struct TestHost {
+        ptr: *mut u8,
+        len: usize,
+    }
+
+    impl TestHost {
+        fn new(len: usize) -> Arc<TestHost> {
+            let bytes = Box::leak(vec![0u8; len].into_boxed_slice());
+            Arc::new(TestHost {
+                ptr: bytes.as_mut_ptr(),
+                len,
+            })
+        }
+    }
+
+    impl Drop for TestHost {
+        fn drop(&mut self) {
+            // SAFETY: `ptr` and `len` are the leaked box's, given back once.
+            drop(unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(self.ptr, self.len)) });
+        }
+    }
+
+    // SAFETY: the bytes are the leaked box's, freed only when this drops.
+    unsafe impl Send for TestHost {}
+    // SAFETY: as for Send.
+    unsafe impl Sync for TestHost {}
+    // SAFETY: `ptr` holds `len` bytes until drop.
+    unsafe impl HostBytes for TestHost {
+        fn as_ptr(&self) -> *mut u8 {
+            self.ptr
+        }
+        fn size(&self) -> u64 {
+            self.len as u64
+        }
+    }
+
+    #[test]
+    fn host_memory_is_reached_at_the_programs_address_and_is_not_device_memory() {
+        let mem = DeviceMemory::numbered(1 << 20, 0).unwrap();
+        let dev = mem.alloc(4096).unwrap();
+        let host = TestHost::new(8192);
+        let at = 0x7f00_0000_0000;
+        mem.map_host(at, host.clone()).unwrap();
+        assert_eq!(mem.used(), 4096, "host memory is not device memory");
+        // Copies and fills reach it, and its bytes are the host's own.
+        mem.fill(at, &[0xab], 16).unwrap();
+        mem.copy(dev, at, 16).unwrap();
+        let mut out = [0u8; 16];
+        mem.read(dev, &mut out).unwrap();
+        assert_eq!(out, [0xab; 16]);
+        // SAFETY: the test's own bytes, 8192 of them.
+        assert_eq!(unsafe { *host.ptr.add(15) }, 0xab);
+        assert_eq!(mem.range(at + 100), Some((at, 8192)));
+        // Not freed as an allocation, not over it, not in any device window.
+        assert!(mem.free(at).is_err());
+        assert!(mem.map_host(at + 4096, TestHost::new(16)).is_err());
+        assert!(mem
+            .map_host(DEVICE_VA_BASE + (1 << 40), TestHost::new(16))
+            .is_err());
+        assert!(mem.unmap(at).is_err(), "not a VMM mapping");
+        mem.unmap_host(at).unwrap();
+        assert!(mem.read(at, &mut out).is_err());
+        assert!(
+            mem.unmap_host(dev).is_err(),
+            "an allocation is not host memory"
+        );
+        assert_eq!(Arc::strong_count(&host), 1, "the memory let go of it");
+    }
 
     #[test]
     fn allocations_come_back_at_their_addresses_and_placements_in_order() {

@@ -182,8 +182,8 @@ fn bad_descriptors_are_refused_and_the_connection_serves_on() {
 }
 
 /// A region the device must reach by the client's address (managed memory
-/// on a GPU) is refused where it cannot, here the CPU device, and nothing of
-/// it stays: the same memory then registers for copies.
+/// on a GPU) is refused where it cannot, here the test's model device, and
+/// nothing of it stays: the same memory then registers for copies.
 #[test]
 fn a_region_the_device_cannot_reach_by_its_address_is_refused_when_asked() {
     let (_one, h) = start("pinned-reached");
@@ -192,7 +192,7 @@ fn a_region_the_device_cannot_reach_by_its_address_is_refused_when_asked() {
     let mut c = shm_client(&h);
     let base = map.as_ptr() as u64;
     let refused = c.register_host_as(base, LEN, Some(fd.as_fd()), FD_TAG, true);
-    let err = refused.expect_err("the CPU device does not reach host memory by its address");
+    let err = refused.expect_err("the model device does not reach host memory by its address");
     assert_eq!(err.code, codes::NOT_SUPPORTED, "{err:?}");
     assert!(err.detail.contains("managed memory"), "{err:?}");
     // Only the test's own mapping is left.

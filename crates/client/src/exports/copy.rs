@@ -116,7 +116,7 @@ fn prepare(
     let (mut st, begun) = begin(c, st, stream)?;
     let route = route(&mut st, host, len, stream, device);
     drop(st);
-    if let Err(e) = crate::managed::push(c, begun.push) {
+    if let Err(e) = crate::managed::push(c, begun.push, None) {
         if let Route::Staged(loan, _) = route {
             c.lock().unborrow_staging(loan);
         }
@@ -317,7 +317,7 @@ fn dtod(
         stream,
     });
     drop(st);
-    crate::managed::push(c, begun.push)?;
+    crate::managed::push(c, begun.push, None)?;
     if let Some(call) = call {
         c.call(call)?;
     }
@@ -435,7 +435,7 @@ fn memset(c: &Client, dst: u64, f: Fill, stream: *mut c_void, asynchronous: bool
         stream: c_stream,
     });
     drop(st);
-    crate::managed::push(c, begun.push)?;
+    crate::managed::push(c, begun.push, None)?;
     match call {
         Some(call) => c.call(call).map(|_| ()),
         None => Ok(()),
@@ -529,7 +529,7 @@ fn copy_rows(
                 .checked_add(lo as usize)
                 .and_then(|start| st.pinned_span(start, len));
             drop(st);
-            crate::managed::push(c, begun.push)?;
+            crate::managed::push(c, begun.push, None)?;
             for &(so, dof) in rows {
                 let bytes = host_bytes((s + so as usize) as *const c_void, width)?;
                 let at = pinned.map(|(region, offset)| (region, offset + (so - lo)));
@@ -551,7 +551,7 @@ fn copy_rows(
                 }
             }
             drop(st);
-            crate::managed::push(c, begun.push)?;
+            crate::managed::push(c, begun.push, None)?;
             if !captured {
                 for &r in rows {
                     c.call(row(r))?;
@@ -588,7 +588,7 @@ fn copy_rows(
             }
             let (st, begun) = begin(c, st, Some(queue))?;
             drop(st);
-            crate::managed::push(c, begun.push)?;
+            crate::managed::push(c, begun.push, None)?;
             for &(so, dof) in rows {
                 let bytes = host_bytes_mut((d + dof as usize) as *mut c_void, width)?;
                 let at = Some((region, offset + (dof - lo)));

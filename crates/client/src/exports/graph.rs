@@ -365,7 +365,7 @@ pub(super) fn replay(
             st.capture(stream, op);
         }
         drop(st);
-        return crate::managed::push(c, push);
+        return crate::managed::push(c, push, None);
     }
     // Copies need a context, and go through pinned buffers where they can.
     let copies = recording
@@ -385,7 +385,7 @@ pub(super) fn replay(
         Vec::new()
     };
     drop(st);
-    crate::managed::push(c, push)?;
+    crate::managed::push(c, push, Some(stream))?;
     let queue = Some(stream);
     for (i, op) in recording.iter().enumerate() {
         let pinned = pinned.get(i).copied().flatten();
@@ -674,7 +674,7 @@ driver_fn! {
         match graph {
             Some(graph) => {
                 drop(st);
-                crate::managed::push(c, push)?;
+                crate::managed::push(c, push, Some(stream))?;
                 c.call(Call::GraphLaunch { graph, stream })?;
             }
             None => {

@@ -131,6 +131,8 @@ fn launch(
     st = c.ready_stream(st, stream)?;
     let params = pack_params(&st.function(function)?.params, kernel_params, extra)?;
     let push = st.managed_to_push(Some(stream));
+    // A capture records the launch; its push goes now, as before any copy.
+    let push_stream = (!st.capturing(stream)).then_some(stream);
     let call = st.capture_call(Call::Launch {
         function,
         grid,
@@ -141,7 +143,7 @@ fn launch(
         attributes,
     });
     drop(st);
-    crate::managed::push(c, push)?;
+    crate::managed::push(c, push, push_stream)?;
     // The function's device runs it; a stream of another device is not its.
     let device = cumux_protocol::device_of_handle(function);
     if stream != cumux_protocol::DEFAULT_STREAM

@@ -9,10 +9,11 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use cumux_fatbin::{Classified, ImageKind};
-use cumux_protocol::{codes, CuError, DeviceInfo, DevicePtr, FunctionAttrs, ParamInfo};
+use cumux_protocol::pinned::HostMapping;
+use cumux_protocol::{codes, CuError, DeviceInfo, DevicePtr, FunctionAttrs, Handle, ParamInfo};
 use cumux_ptx::{
-    DeviceMemory, Engine, KernelInfo, LaunchConfig, LaunchLimits, MemError, Program, Space,
-    DEFAULT_PRINTF_FIFO,
+    DeviceMemory, Engine, HostBytes, KernelInfo, LaunchConfig, LaunchLimits, MemError, Program,
+    Space, DEFAULT_PRINTF_FIFO,
 };
 
 use super::attributes::{
@@ -20,8 +21,8 @@ use super::attributes::{
 };
 use super::memory_use;
 use super::{
-    Device, DeviceContext, GlobalDesc, KernelDesc, KernelLaunch, LaunchOutcome, LoadedModule,
-    ModuleId, MovableContext, MovableDevice, VmmOp,
+    Device, DeviceContext, GlobalDesc, HostRegion, KernelDesc, KernelLaunch, LaunchOutcome,
+    LoadedModule, ModuleId, MovableContext, MovableDevice, VmmOp,
 };
 use crate::locking::lock;
 
@@ -83,6 +84,8 @@ pub struct CpuContext {
     /// What this context has charged to the budget.
     charged: AtomicU64,
     modules: Mutex<Modules>,
+    /// The pinned host regions its kernels reach, by id: where each is.
+    host_regions: Mutex<HashMap<Handle, u64>>,
 }
 
 #[derive(Default)]
@@ -331,6 +334,7 @@ impl CpuDevice {
                 next: 1,
                 ..Modules::default()
             }),
+            host_regions: Mutex::default(),
         }))
     }
 }
@@ -449,6 +453,34 @@ impl DeviceContext for CpuContext {
         self.cancelled.store(true, Ordering::Relaxed);
     }
 
+    /// Kernels, memsets and copies reach a pinned region at the program's
+    /// own address, as a GPU with unified addressing does: its pages (this
+    /// process's mapping of the client's memfd, the same pages as the
+    /// program's) are placed there in the context's memory. Where something
+    /// is there already it serves copies only.
+    fn host_register(&self, region: HostRegion<'_>) -> Result<bool, CuError> {
+        let pages = Arc::new(PinnedPages(Arc::clone(region.mapping)));
+        match self.mem.map_host(region.client_base, pages) {
+            Ok(()) => {
+                lock(&self.host_regions).insert(region.id, region.client_base);
+                Ok(true)
+            }
+            Err(e) => {
+                tracing::debug!(
+                    region = region.id,
+                    "a pinned region kernels cannot reach: {e}"
+                );
+                Ok(false)
+            }
+        }
+    }
+
+    fn host_unregister(&self, region: Handle) {
+        if let Some(at) = lock(&self.host_regions).remove(&region) {
+            let _ = self.mem.unmap_host(at);
+        }
+    }
+
     /// Emulated in the context's own address space: a reservation is a range
     /// of it, physical memory is host memory, and mappings of it sit side by
     /// side, so kernels and copies run across them. Access is not enforced
@@ -456,6 +488,22 @@ impl DeviceContext for CpuContext {
     /// still touch a mapping whose access was never set).
     fn vmm(&self, op: &VmmOp) -> Result<u64, CuError> {
         self.vmm_op(op)
+    }
+}
+
+/// A pinned region's pages in this process, as the CPU device's kernels
+/// reach them.
+struct PinnedPages(Arc<HostMapping>);
+
+// SAFETY: a `HostMapping` stays mapped at one place, readable and writable,
+// until it drops, which this `Arc` holds off; the program writes the same
+// pages, as a GPU's kernels and its host share pinned memory.
+unsafe impl HostBytes for PinnedPages {
+    fn as_ptr(&self) -> *mut u8 {
+        self.0.as_ptr()
+    }
+    fn size(&self) -> u64 {
+        self.0.len() as u64
     }
 }
 

@@ -341,7 +341,7 @@ pub trait DeviceContext: Send + Sync {
     /// [`StreamWork::HostToDevice`] and [`StreamWork::DeviceToHost`]. Whether
     /// the device also reaches it at the client's address (as a GPU with
     /// unified addressing does pinned memory), so that device work may name
-    /// it there. A context in this process needs nothing, and reaches none.
+    /// it there. By default it needs nothing, and reaches none.
     fn host_register(&self, region: HostRegion<'_>) -> Result<bool, CuError> {
         let _ = region;
         Ok(false)
