@@ -74,6 +74,9 @@ fn exit_with_parent() {
 }
 
 pub fn worker(options: WorkerOptions) -> Result<()> {
+    // As the server: freed buffers go back to the system (a shared worker
+    // serves every session of its device for the server's life).
+    cumux_server::freed_memory::keep_thresholds_fixed();
     exit_with_parent();
     // A terminal's Ctrl-C reaches the whole process group; the server decides
     // when its workers stop (it drains first), so the worker lets it pass.

@@ -28,26 +28,61 @@ fn open_fds(pid: u32) -> usize {
 fn large_module_images_leave_no_memory_behind_in_the_server() {
     let dir = TempDir::new("freed-memory");
     let args = ["--device", "worker-cpu", "--memory", "1G"].map(String::from);
-    let mut server = ServerProc::spawn(dir, &args, &[]);
+    let server = ServerProc::spawn(dir, &args, &[]);
     let pid = server.child.id();
+    rounds_leave_nothing_behind(server, "server", |_| vec![pid]);
+}
+
+/// A shared device's worker serves every session for the server's life: the
+/// images its sessions loaded go back as the server's do.
+#[test]
+fn large_module_images_leave_no_memory_behind_in_a_shared_worker() {
+    let dir = TempDir::new("freed-memory-shared");
+    let args = [
+        "--device",
+        "worker-cpu",
+        "--sharing",
+        "shared",
+        "--memory",
+        "1G",
+    ];
+    let server = ServerProc::spawn(dir, &args.map(String::from), &[]);
+    // The shared worker and the spare beside it (for isolated tenants).
+    rounds_leave_nothing_behind(server, "shared and spare workers", |server| {
+        server.children().iter().map(|w| w.0).collect()
+    });
+}
+
+/// Runs rounds of `big_modules` through `server` and checks that the
+/// anonymous memory of the processes `pids_of` names (the server, or its
+/// workers), their open fds and the server's workers come back after each.
+fn rounds_leave_nothing_behind(
+    mut server: ServerProc,
+    what: &str,
+    pids_of: impl Fn(&ServerProc) -> Vec<u32>,
+) {
     let program = driver_program("big_modules");
-    // One run first: what a server keeps once it has served (its code's
+    // One run first: what a process keeps once it has served (its code's
     // pages, thread stacks, caches) is not what these sessions left.
     server.run(&program, &["2"], LIMIT).assert_passed();
+    let workers_at_start = server.children().len().max(1);
     let settled = |server: &ServerProc| {
         server.status_when("no session and no memory", |j| {
             j["sessions"].as_array().is_some_and(|s| s.is_empty())
                 && j["devices"][0]["used_mem"] == 0
         });
         let deadline = Instant::now() + Duration::from_secs(30);
-        while server.children().len() > 1 && Instant::now() < deadline {
+        while server.children().len() > workers_at_start && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(50));
         }
-        // The server returns what it freed a moment after a session ends.
+        // Freed memory goes back a moment after a session ends.
         std::thread::sleep(Duration::from_secs(3));
     };
     settled(&server);
-    let (anon_before, fds_before) = (status_kib(pid, "RssAnon"), open_fds(pid));
+    let pids = pids_of(&server);
+    let anon = || pids.iter().map(|&p| status_kib(p, "RssAnon")).sum::<u64>();
+    let fds = || pids.iter().map(|&p| open_fds(p)).sum::<usize>();
+    let (anon_before, fds_before) = (anon(), fds());
 
     // Four programs at once, eight times: 128 images of 4 to 24 MiB. What glibc
     // keeps depends on which arena each session's thread drew, so one round
@@ -69,20 +104,25 @@ fn large_module_images_leave_no_memory_behind_in_the_server() {
             wait_bounded(run, LIMIT).assert_passed();
         }
         settled(&server);
-        after_rounds.push(status_kib(pid, "RssAnon"));
+        after_rounds.push(anon());
     }
     assert!(server.alive(), "the server died:\n{}", server.log());
     // Each round moved 16 images of 14 MiB on average through the server;
-    // as glibc has it, about 2 rounds in 6 left 18 to 72 MiB resident. More than 8 MiB
-    // over the start is memory the sessions left, not the server's own.
+    // as glibc has it, about 2 rounds in 6 left 18 to 72 MiB resident. More
+    // than 8 MiB over the start is memory the sessions left, not the
+    // processes' own.
     let worst = after_rounds.iter().copied().max().unwrap_or(0);
     assert!(
         worst < anon_before + 8 * 1024,
-        "the server's RssAnon went from {anon_before} KiB to {after_rounds:?} KiB after each round, with no session left"
+        "RssAnon of the {what} went from {anon_before} KiB to {after_rounds:?} KiB after each round, with no session left"
     );
-    assert_eq!(open_fds(pid), fds_before, "open fds with no session left");
+    assert_eq!(
+        fds(),
+        fds_before,
+        "open fds of the {what} with no session left"
+    );
     assert!(
-        server.children().len() <= 1,
+        server.children().len() <= workers_at_start,
         "workers left: {:?}",
         server.children()
     );

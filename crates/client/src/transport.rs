@@ -209,8 +209,12 @@ impl Link {
 
 /// Bytes of one chunk of a large copy on a socket: smaller than the bulk
 /// ring's frames, so that chunks sent back to back keep the copies on both
-/// ends in cache and overlap them with the network.
-pub(crate) const SOCKET_CHUNK_BYTES: usize = 8 << 20;
+/// ends in cache and overlap them with the network. Under the server's mmap
+/// threshold (`server::freed_memory`, 4 MiB), so that each chunk's buffer
+/// there is reused from its arenas, not mapped and faulted in afresh: 8 MiB
+/// chunks halved 16 and 256 MiB copies over loopback TCP
+/// (`bench/results/2026-11-28-cpu-tcp-chunks-ab.txt`).
+pub(crate) const SOCKET_CHUNK_BYTES: usize = 1 << 20;
 
 /// What the server said at connect.
 pub struct Session {

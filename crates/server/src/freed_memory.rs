@@ -29,10 +29,12 @@ const SETTLE: Duration = Duration::from_secs(1);
 /// 18 MB; trims with the thresholds fixed at 32 and 16 MiB, one round in 6
 /// still kept 23–46 MB in one thread arena's free space; thresholds of 4 and
 /// 2 MiB, 2.8–3.4 MB after every one of 18 rounds. Buffers above 4 MiB are
-/// then always a fresh `mmap`, as a socket copy's 8 MiB chunk is meant to be
-/// (`read_bulk`: zeroed pages taken as the bytes arrive). A trim takes each
-/// arena's lock in turn while it returns that arena's free pages (median
-/// 2 ms, off every call's path).
+/// then always a fresh `mmap`, faulted in page by page, so what is taken and
+/// freed on every call stays under it: a socket copy's chunks are 1 MiB
+/// (8 MiB chunks halved copies over TCP). The same holds in a worker
+/// process (`cumux worker`), whose shared one serves every session of its
+/// device. A trim takes each arena's lock in turn while it returns that
+/// arena's free pages (median 2 ms, off every call's path).
 pub fn after_session() {
     static TRIMMER: OnceLock<Option<SyncSender<()>>> = OnceLock::new();
     let trimmer = TRIMMER.get_or_init(|| {

@@ -258,6 +258,9 @@ impl Served<'_, '_> {
                     if let Err(e) = self.serve(scope, link, false, ctx) {
                         tracing::debug!("worker: a session connection ended: {e}");
                     }
+                    // A shared worker outlives its sessions: what they freed
+                    // goes back, as the server's does.
+                    crate::freed_memory::after_session();
                 });
             }
         });
