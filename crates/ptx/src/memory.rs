@@ -553,25 +553,22 @@ impl DeviceMemory {
     /// Removes the host memory `map_host` placed at `addr`; waits for
     /// running launches.
     pub fn unmap_host(&self, addr: u64) -> Result<(), MemError> {
-        let mut blocks = self.space.write().unwrap_or_else(|e| e.into_inner());
-        let mut s = self.state();
-        blocks.append(&mut s.pending);
-        match blocks.get(&addr).map(|b| &b.owner) {
-            Some(Owner::Host { .. }) => {
-                blocks.remove(&addr);
-                Ok(())
-            }
-            _ => Err(MemError::InvalidAddress(addr)),
-        }
+        self.remove_block(addr, |o| matches!(o, Owner::Host { .. }))
     }
 
     /// Removes the mapping at `addr`; waits for running launches.
     pub fn unmap(&self, addr: u64) -> Result<(), MemError> {
+        self.remove_block(addr, |o| matches!(o, Owner::Mapped { .. }))
+    }
+
+    /// Removes the block at `addr` if its owner is of the kind `kind` says;
+    /// waits for running launches (the table's write lock).
+    fn remove_block(&self, addr: u64, kind: fn(&Owner) -> bool) -> Result<(), MemError> {
         let mut blocks = self.space.write().unwrap_or_else(|e| e.into_inner());
         let mut s = self.state();
         blocks.append(&mut s.pending);
-        match blocks.get(&addr).map(|b| &b.owner) {
-            Some(Owner::Mapped { .. }) => {
+        match blocks.get(&addr) {
+            Some(b) if kind(&b.owner) => {
                 blocks.remove(&addr);
                 Ok(())
             }
