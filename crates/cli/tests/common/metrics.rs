@@ -3,19 +3,27 @@
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::ServerProc;
 
-/// The address the server's log says it serves metrics on.
+/// The address the server's log says it serves metrics on. The server may
+/// take its socket's first connection before it writes that line: waits for
+/// it up to 10 s.
 pub fn metrics_address(server: &ServerProc) -> String {
-    let log = server.log();
-    let at = log
-        .split("metrics on http://")
-        .nth(1)
-        .and_then(|rest| rest.split("/metrics").next())
-        .unwrap_or_else(|| panic!("no metrics address in the log:\n{log}"));
-    at.to_string()
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let log = server.log();
+        let at = log
+            .split("metrics on http://")
+            .nth(1)
+            .and_then(|rest| rest.split("/metrics").next());
+        match at {
+            Some(at) => return at.to_string(),
+            None if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(20)),
+            None => panic!("no metrics address in the log:\n{log}"),
+        }
+    }
 }
 
 /// `GET /metrics` over HTTP/1.1: (status line, headers, body).
