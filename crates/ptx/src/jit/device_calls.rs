@@ -177,13 +177,7 @@ pub(super) unsafe extern "C" fn rt_device_call(
             "internal error: device-call helper on another op".into(),
         )),
     };
-    match result {
-        Ok(()) => 0,
-        Err(f) => {
-            ctx.fault = Some(f);
-            1
-        }
-    }
+    ctx.status(result)
 }
 
 /// `cp.async` of `size` bytes, the first `n` from generic address `sa`, the

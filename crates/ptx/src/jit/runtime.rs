@@ -220,6 +220,18 @@ impl Ctx<'_> {
         }
     }
 
+    /// A helper's answer to the compiled code: 0 when `done`, else 1 with
+    /// the fault kept for the launch to report.
+    pub(super) fn status(&mut self, done: Result<(), Fault>) -> u32 {
+        match done {
+            Ok(()) => 0,
+            Err(f) => {
+                self.fault = Some(f);
+                1
+            }
+        }
+    }
+
     /// Host pointer for `size` bytes at `addr` in `sp`, checked as the
     /// interpreter checks it (same faults, same messages); a global
     /// allocation resolved goes to access site `site`'s cache.
@@ -337,18 +349,14 @@ pub(super) unsafe extern "C" fn rt_load(
 ) -> u32 {
     // SAFETY: the caller's contract: a live context, used by this thread only.
     let ctx = unsafe { &mut *ctx };
-    match ctx.checked_ptr(site, local, space_of(sp), addr, size, false, line) {
-        Ok(p) => {
+    let done = ctx
+        .checked_ptr(site, local, space_of(sp), addr, size, false, line)
+        .map(|p| {
             // SAFETY: `checked_ptr` checked bounds and alignment against a
             // live buffer; `out` is the caller's slot.
             unsafe { *out = atomic_load(p, size) };
-            0
-        }
-        Err(f) => {
-            ctx.fault = Some(f);
-            1
-        }
-    }
+        });
+    ctx.status(done)
 }
 
 /// Slow path of a store of `val` (`size` bytes at `addr` in space `sp`); 0,
@@ -368,18 +376,14 @@ pub(super) unsafe extern "C" fn rt_store(
 ) -> u32 {
     // SAFETY: the caller's contract: a live context, used by this thread only.
     let ctx = unsafe { &mut *ctx };
-    match ctx.checked_ptr(site, local, space_of(sp), addr, size, true, line) {
-        Ok(p) => {
+    let done = ctx
+        .checked_ptr(site, local, space_of(sp), addr, size, true, line)
+        .map(|p| {
             ctx.log_store(p, size);
             // SAFETY: `checked_ptr` checked bounds and alignment of a live buffer.
             unsafe { atomic_store(p, size, val) };
-            0
-        }
-        Err(f) => {
-            ctx.fault = Some(f);
-            1
-        }
-    }
+        });
+    ctx.status(done)
 }
 
 /// An ordered vector load of 16 bytes at `addr` in space `sp` as one
@@ -399,8 +403,9 @@ pub(super) unsafe extern "C" fn rt_load_whole(
 ) -> u32 {
     // SAFETY: the caller's contract: a live context, used by this thread only.
     let ctx = unsafe { &mut *ctx };
-    match ctx.checked_ptr(site, local, space_of(sp), addr, 16, false, line) {
-        Ok(p) => {
+    let done = ctx
+        .checked_ptr(site, local, space_of(sp), addr, 16, false, line)
+        .map(|p| {
             // SAFETY: `checked_ptr` checked bounds and alignment (16) of a
             // live buffer; `out` is the caller's 16-byte slot.
             unsafe {
@@ -408,13 +413,8 @@ pub(super) unsafe extern "C" fn rt_load_whole(
                 *out = words[0];
                 *out.add(1) = words[1];
             }
-            0
-        }
-        Err(f) => {
-            ctx.fault = Some(f);
-            1
-        }
-    }
+        });
+    ctx.status(done)
 }
 
 /// An ordered vector store of the 16 bytes `lo`, `hi` at `addr` in space
@@ -435,18 +435,14 @@ pub(super) unsafe extern "C" fn rt_store_whole(
 ) -> u32 {
     // SAFETY: the caller's contract: a live context, used by this thread only.
     let ctx = unsafe { &mut *ctx };
-    match ctx.checked_ptr(site, local, space_of(sp), addr, 16, true, line) {
-        Ok(p) => {
+    let done = ctx
+        .checked_ptr(site, local, space_of(sp), addr, 16, true, line)
+        .map(|p| {
             ctx.log_store(p, 16);
             // SAFETY: `checked_ptr` checked bounds and alignment (16) of a live buffer.
             unsafe { store_whole(p, 16, [lo, hi]) };
-            0
-        }
-        Err(f) => {
-            ctx.fault = Some(f);
-            1
-        }
-    }
+        });
+    ctx.status(done)
 }
 
 /// Logs the `size` bytes at `p` before a lane kernel's store there (the
@@ -519,24 +515,18 @@ pub(super) unsafe extern "C" fn rt_atom(
         addr: at, op, t, ..
     } = *op
     else {
-        ctx.fault = Some(Fault::Failed(
-            "internal error: atom helper on another op".into(),
-        ));
-        return 1;
+        let wrong = Fault::Failed("internal error: atom helper on another op".into());
+        return ctx.status(Err(wrong));
     };
     let size = t.bytes();
-    match ctx.checked_ptr(site, local, at.sp, addr, size, true, line) {
-        Ok(p) => {
+    let done = ctx
+        .checked_ptr(site, local, at.sp, addr, size, true, line)
+        .map(|p| {
             // SAFETY: `checked_ptr` checked bounds and alignment (size 2, 4
             // or 8) of a live buffer; `out` is the caller's slot.
             unsafe { *out = atomic_rmw(p, size, |o| atom_apply(op, t, o, b, c)) };
-            0
-        }
-        Err(f) => {
-            ctx.fault = Some(f);
-            1
-        }
-    }
+        });
+    ctx.status(done)
 }
 
 /// `trap` (op `op`, an `Op::Trap`) on `line` by thread `lin`: keeps the
