@@ -15,8 +15,8 @@ use super::core::err;
 use super::file_writeback::Writeback;
 use super::image::SessionImage;
 use super::image_pipeline;
-use super::image_stream::{extents, StreamReader, StreamWriter, CHUNK};
-use super::memory_pipe::{Buffers, MemorySource, Put, SPAN};
+use super::image_stream::{extents, StreamReader, StreamWriter};
+use super::memory_pipe::{read_allocations, Buffers, MemorySource, Put};
 use super::stage_times::{Stage, StageTimes};
 use super::{CallResult, Session};
 use crate::device::DeviceContext;
@@ -45,21 +45,7 @@ impl MemorySource for FromContext<'_> {
         buffers: &Buffers,
         put: &mut Put<'_>,
     ) -> Result<(), CuError> {
-        for &(ptr, size) in allocations {
-            let mut offset = 0;
-            while offset < size {
-                let n = (size - offset).min(SPAN);
-                self.ctx.mem_read_pieces(
-                    ptr + offset,
-                    n,
-                    CHUNK,
-                    &mut |len| buffers.take(len),
-                    put,
-                )?;
-                offset += n;
-            }
-        }
-        Ok(())
+        read_allocations(self.ctx, allocations, buffers, put)
     }
 
     fn context(&self) -> Option<&dyn DeviceContext> {

@@ -101,36 +101,22 @@ pub(super) fn read_ahead(
     std::thread::scope(|scope| {
         let (pieces, arrived) = sync_channel::<Result<(DevicePtr, Piece), CuError>>(READ_AHEAD);
         let reader = scope.spawn(move || {
-            for &(ptr, size) in allocations {
-                let mut offset = 0;
-                while offset < size {
-                    let n = (size - offset).min(SPAN);
-                    let started = Instant::now();
-                    let mut handing = std::time::Duration::ZERO;
-                    let read = ctx.mem_read_pieces(
-                        ptr + offset,
-                        n,
-                        CHUNK,
-                        &mut |len| buffers.take(len),
-                        &mut |at, piece| {
-                            let sent = Instant::now();
-                            let gone = pieces.send(Ok((at, piece))).is_err();
-                            handing += sent.elapsed();
-                            if gone {
-                                return Err(side_failed());
-                            }
-                            Ok(())
-                        },
-                    );
-                    let busy = started.elapsed().saturating_sub(handing);
-                    times.add_time(Stage::DeviceBusy, busy);
-                    if let Err(e) = read {
-                        // A taker gone needs no word; the device's error does.
-                        let _ = pieces.send(Err(e));
-                        return;
-                    }
-                    offset += n;
+            let started = Instant::now();
+            let mut handing = std::time::Duration::ZERO;
+            let read = read_allocations(ctx, allocations, buffers, &mut |at, piece| {
+                let sent = Instant::now();
+                let gone = pieces.send(Ok((at, piece))).is_err();
+                handing += sent.elapsed();
+                if gone {
+                    return Err(side_failed());
                 }
+                Ok(())
+            });
+            let busy = started.elapsed().saturating_sub(handing);
+            times.add_time(Stage::DeviceBusy, busy);
+            if let Err(e) = read {
+                // A taker gone needs no word; the device's error does.
+                let _ = pieces.send(Err(e));
             }
         });
         let mut taken = Ok(());
@@ -153,6 +139,28 @@ pub(super) fn read_ahead(
             Err(_) => taken.and(Err(side_panicked())),
         }
     })
+}
+
+/// Reads each `(ptr, size)` allocation of `ctx`, in order, a [`SPAN`] at a
+/// time ([`DeviceContext::mem_read_pieces`]), handing `take` its pieces of
+/// at most [`CHUNK`] (bytes in buffers from `buffers`, or fills). The first
+/// error ends it.
+pub(super) fn read_allocations(
+    ctx: &dyn DeviceContext,
+    allocations: &[(DevicePtr, u64)],
+    buffers: &Buffers,
+    take: &mut Put<'_>,
+) -> Result<(), CuError> {
+    for &(ptr, size) in allocations {
+        let mut offset = 0;
+        while offset < size {
+            let n = (size - offset).min(SPAN);
+            let buffer = &mut |len| buffers.take(len);
+            ctx.mem_read_pieces(ptr + offset, n, CHUNK, buffer, take)?;
+            offset += n;
+        }
+    }
+    Ok(())
 }
 
 /// Runs `fill`, whose `put(ptr, piece)` calls hand pieces to a thread that
