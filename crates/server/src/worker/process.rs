@@ -87,6 +87,9 @@ pub fn local_device(
     cpu: &CpuSpec,
     primary_context: bool,
 ) -> Result<Arc<dyn Device>, String> {
+    // Only a GPU has a primary context.
+    #[cfg(not(feature = "cuda"))]
+    let _ = primary_context;
     match kind {
         "cpu" => numbered_cpu_device(ordinal, cpu),
         #[cfg(feature = "cuda")]
