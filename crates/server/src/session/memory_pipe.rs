@@ -9,6 +9,7 @@ use cumux_protocol::{codes, CuError, DevicePtr};
 
 use super::image_stream::{Piece, CHUNK};
 use super::stage_times::{Stage, StageTimes};
+use crate::device::pieces::TakePiece;
 use crate::device::DeviceContext;
 
 /// Pieces in flight between the two sides (each at most [`CHUNK`] bytes).
@@ -21,8 +22,9 @@ const READ_AHEAD: usize = 8;
 /// answered piece by piece.
 pub(super) const SPAN: u64 = 64 << 20;
 
-/// Hands a piece to write at a device address ([`write_behind`]).
-pub(super) type Put<'a> = dyn FnMut(DevicePtr, Piece) -> Result<(), CuError> + 'a;
+/// Hands on a piece at a device address ([`write_behind`], and what
+/// `DeviceContext::mem_read_pieces` takes): the device layer's own type.
+pub(super) type Put<'a> = TakePiece<'a>;
 
 /// Where a rebuild's memory comes from: each allocation's bytes in turn.
 pub(super) trait MemorySource {
