@@ -64,14 +64,37 @@ rss_kinds() {
         END { print a "," f "," s }' "/proc/$1/status" 2>/dev/null
 }
 # The server's kinds of memory, its mappings and open fds, and its worker
-# processes (its children): RssAnon,RssFile,RssShmem,maps,fds,workers,workers_rss_kib.
+# processes (its children): RssAnon,RssFile,RssShmem,maps,fds,workers, and
+# the workers' VmRSS, RssAnon and RssFile summed.
 server_kinds() {
-    local pid=$1 w n=0 wrss=0 r
+    local pid=$1 w n=0 wrss=0 wanon=0 wfile=0 r a f
     for w in $(pgrep -P "$pid"); do
-        r=$(awk '/^VmRSS:/ { print $2 }' "/proc/$w/status" 2>/dev/null)
-        n=$((n + 1)); wrss=$((wrss + ${r:-0}))
+        read -r r a f < <(awk '/^VmRSS:/ { r = $2 } /^RssAnon:/ { a = $2 } /^RssFile:/ { f = $2 }
+            END { print r + 0, a + 0, f + 0 }' "/proc/$w/status" 2>/dev/null)
+        n=$((n + 1)); wrss=$((wrss + ${r:-0})); wanon=$((wanon + ${a:-0})); wfile=$((wfile + ${f:-0}))
     done
-    echo "$(rss_kinds "$pid"),$(wc -l <"/proc/$pid/maps" 2>/dev/null),$(ls "/proc/$pid/fd" 2>/dev/null | wc -l),$n,$wrss"
+    echo "$(rss_kinds "$pid"),$(wc -l <"/proc/$pid/maps" 2>/dev/null),$(ls "/proc/$pid/fd" 2>/dev/null | wc -l),$n,$wrss,$wanon,$wfile"
+}
+# Each worker's memory at a quiet point (QUIET-LABEL): its smaps_rollup, and
+# its resident memory per mapped file (anonymous ones together), largest first.
+worker_maps() {
+    local pid=$1 label=$2 w
+    for w in $(pgrep -P "$pid"); do
+        {
+            tr '\0' ' ' <"/proc/$w/cmdline"; echo
+            cat "/proc/$w/smaps_rollup"
+            python3 -c 'import sys
+name, rss = None, {}
+for line in open(sys.argv[1]):
+    f = line.split()
+    if "-" in f[0] and len(f) >= 5:
+        name = f[5] if len(f) > 5 else "[anon]"
+    elif f[0] == "Rss:":
+        rss[name] = rss.get(name, 0) + int(f[1])
+for n, kib in sorted(rss.items(), key=lambda t: -t[1])[:25]:
+    print(kib, "KiB resident", n)' "/proc/$w/smaps"
+        } >"$STATE/quiet-$label-worker-$w.txt" 2>/dev/null
+    done
 }
 # One sample's columns after elapsed_s (the samples' header says which).
 sample_row() {
@@ -118,7 +141,7 @@ setup() {
         echo "soak, $(date -u +%FT%TZ), kit $(cat "$KIT/COMMIT" 2>/dev/null), $TENANTS tenants for $SECS s, a kill every ${KILL_EVERY} s, serve $SERVE_ARGS"
         nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null || echo "no nvidia-smi"
     } >"$REPORT"
-    echo "elapsed_s,server_rss_kib,server_threads,sessions,device_used_bytes,gpu_used_mib,runs_done,rss_anon_kib,rss_file_kib,rss_shmem_kib,maps,fds,workers,workers_rss_kib" >"$SAMPLES"
+    echo "elapsed_s,server_rss_kib,server_threads,sessions,device_used_bytes,gpu_used_mib,runs_done,rss_anon_kib,rss_file_kib,rss_shmem_kib,maps,fds,workers,workers_rss_kib,workers_anon_kib,workers_file_kib" >"$SAMPLES"
     : >"$QUIET"
     # Built as smoke.sh builds them; on a GPU only programs that pass natively stay.
     for rel in $PROGRAMS; do
@@ -154,6 +177,7 @@ setup() {
     sleep 3
     workers_of "$server" >"$STATE/baseline_workers"
     echo "baseline,$(sample_row "$server")" >>"$QUIET"
+    worker_maps "$server" baseline
 }
 
 tenant() { # tenant I: runs programs until the stop file appears
@@ -235,6 +259,7 @@ drive() {
             wait "${tenant_pids[@]}"
             quiet_half=$(settle "$server")
             echo "half,$(sample_row "$server")" >>"$QUIET"
+            worker_maps "$server" half
             say "quiet point at $(($(date +%s) - started)) s (settled: $quiet_half)"
             start_tenants
         fi
@@ -248,6 +273,7 @@ drive() {
     kill -0 "$server" 2>/dev/null || alive=NO
     settled=$(settle "$server")
     echo "end,$(sample_row "$server")" >>"$QUIET"
+    worker_maps "$server" end
     runs=$(cat "$STATE"/t*.runs 2>/dev/null | awk '{ s += $1 } END { print s + 0 }')
     while read -r f2 k; do
         fails=$((fails + f2)); killed=$((killed + k))
@@ -276,7 +302,7 @@ watch() {
         echo "watched until the soak's $(($(date +%s) - started)) s; it goes on" | tee -a "$OUT/watch.txt"
         tail -1 "$SAMPLES" | tee -a "$OUT/watch.txt"
     fi
-    cp "$REPORT" "$SAMPLES" "$QUIET" "$OUT/" 2>/dev/null
+    cp "$REPORT" "$SAMPLES" "$QUIET" "$STATE"/quiet-*-worker-*.txt "$OUT/" 2>/dev/null
     tail -c 200000 "$STATE/server.log" >"$OUT/soak-server-log-tail.txt" 2>/dev/null
 }
 

@@ -27,6 +27,8 @@ KINDS = [
     ("server_threads", "threads", 4),
     ("workers", "worker processes", 2),
     ("workers_rss_kib", "workers' RSS KiB", 16384),
+    ("workers_anon_kib", "workers' RssAnon KiB", 16384),
+    ("workers_file_kib", "workers' RssFile KiB", 16384),
 ]
 
 
