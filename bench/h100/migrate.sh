@@ -136,7 +136,7 @@ for mb in $STATES; do
     ok=$(grep -c '^PASS' "$f")
     say "state +$mb MiB: session ${bytes:-?} bytes, pause ${ms:-?} ms (2 moves), program PASS $ok; $(grep -h 'extra state' "$f")"
     grep -v 'moved from' "$f.moves" | head -2 | sed 's/^/  refused: /' | tee -a "$REPORT"
-    grep -ho 'drained and read.*' "$f.moves" | head -2 | sed 's/^/  move: /' | tee -a "$REPORT"
+    grep -ho 'drained in.*' "$f.moves" | head -2 | sed 's/^/  move: /' | tee -a "$REPORT"
     sizes_json="$sizes_json{\"name\": \"move_pause_ms_state_${mb}mib\", \"unit\": \"ms\", \"better\": \"lower\", \"native\": null, \"cumux\": ${ms:-null}, \"ratio\": null, \"state_bytes\": ${bytes:-null}},"
 done
 

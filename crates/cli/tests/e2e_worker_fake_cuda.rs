@@ -487,6 +487,135 @@ fn moved_memory_goes_device_to_device(device: &Arc<dyn cumux_server::Device>) {
     for &(ptr, n) in &allocations {
         source.mem_free(ptr, n).unwrap();
     }
+    many_chunks_cost_two_round_trips_each(device, source.as_ref());
+    memory_placed_early_changes_with_the_session(device, source.as_ref());
+}
+
+/// A move's target places the session's memory while it runs; in the pause
+/// only what changed since is placed: freed allocations go, new ones come,
+/// and the early ones keep what they hold. A new allocation sharing a page
+/// with an early one has everything placed afresh.
+fn memory_placed_early_changes_with_the_session(
+    device: &Arc<dyn cumux_server::Device>,
+    source: &dyn DeviceContext,
+) {
+    let spacer = GRANULE + GRANULE / 2;
+    let spaced = |n: u64| {
+        let ptr = source.mem_alloc(n).unwrap();
+        (ptr, n, source.mem_alloc(spacer).unwrap())
+    };
+    let (a, b, c) = (spaced(GRANULE), spaced(GRANULE / 2), spaced(GRANULE / 4));
+    let target = device
+        .movable()
+        .unwrap()
+        .create_context_in_window(0)
+        .unwrap();
+    let placed = target.movable().unwrap();
+    let early = [(a.0, a.1), (b.0, b.1)];
+    let before = device.mem_used();
+    placed.place_all(&early).unwrap();
+    target.mem_write(a.0, &[7u8; 64]).unwrap();
+    // b freed and c allocated since.
+    let now = [(a.0, a.1), (c.0, c.1)];
+    placed_copy::place_changes(target.as_ref(), placed, &early, &now).unwrap();
+    let mut kept = [0u8; 64];
+    target.mem_read(a.0, &mut kept).unwrap();
+    assert_eq!(kept, [7u8; 64], "an early allocation is not placed again");
+    let gone = placed.export_placed(b.0).unwrap_err();
+    assert!(gone.detail.contains("no placed allocation"), "{gone:?}");
+    assert!(
+        placed.export_placed(c.0).is_ok(),
+        "the new allocation is placed"
+    );
+    // Each placed allocation here fills whole granules of its own.
+    let granules = |n: u64| n.div_ceil(GRANULE) * GRANULE;
+    assert!(device.mem_used() - before <= granules(a.1) + granules(c.1) + 2 * GRANULE);
+    // A new allocation right after `a`, in its last page: the early ones go
+    // and everything is placed again.
+    let d = source.mem_alloc(64).unwrap();
+    let (a_start, a_size, _) = placed.export_placed(a.0).unwrap();
+    assert!(d >= a_start && d < a_start + a_size, "d shares a's page");
+    let later = [(a.0, a.1), (c.0, c.1), (d, 64)];
+    placed_copy::place_changes(target.as_ref(), placed, &now, &later).unwrap();
+    target.mem_read(a.0, &mut kept).unwrap();
+    assert_eq!(kept, [0u8; 64], "placed afresh");
+    let (d_start, ..) = placed.export_placed(d).unwrap();
+    assert_eq!(d_start, a_start, "a and d share their chunk");
+    drop(target);
+    assert_eq!(
+        device.mem_used(),
+        before + 64,
+        "the target's all gone (d is the source's)"
+    );
+    for (ptr, n) in [(a.0, a.1), (b.0, b.1), (c.0, c.1), (d, 64)] {
+        source.mem_free(ptr, n).unwrap();
+    }
+    for s in [a.2, b.2, c.2] {
+        source.mem_free(s, spacer).unwrap();
+    }
+}
+
+/// A move of many allocations, each in a chunk of its own: the target
+/// exports each chunk and the source imports it (a round trip each), then
+/// the source maps, copies and lets go of them all in one request.
+fn many_chunks_cost_two_round_trips_each(
+    device: &Arc<dyn cumux_server::Device>,
+    source: &dyn DeviceContext,
+) {
+    let trips = |ctx: &dyn DeviceContext| {
+        ctx.as_any()
+            .downcast_ref::<cumux_server::worker::context::WorkerContext>()
+            .expect("a worker's context")
+            .round_trips()
+    };
+    // Spacers keep the allocations' granules apart, so each is a chunk
+    // (the fake's allocations follow one another in its heap).
+    let spacer = GRANULE + GRANULE / 2;
+    let mut spacers = Vec::new();
+    let allocations: Vec<(u64, u64)> = (0..12u64)
+        .map(|i| {
+            let n = GRANULE - 64 * i;
+            let ptr = source.mem_alloc(n).unwrap();
+            source
+                .mem_write(ptr, &vec![i as u8 + 1; n as usize])
+                .unwrap();
+            spacers.push(source.mem_alloc(spacer).unwrap());
+            (ptr, n)
+        })
+        .collect();
+    let target = device
+        .movable()
+        .unwrap()
+        .create_context_in_window(0)
+        .unwrap();
+    let placed = target.movable().unwrap();
+    placed.place_all(&allocations).unwrap();
+    let (source_before, target_before) = (trips(source), trips(target.as_ref()));
+    let copied = placed_copy::copy_placed(source, placed, &allocations).unwrap();
+    assert_eq!(copied, allocations.iter().map(|a| a.1).sum::<u64>());
+    let chunks = allocations.len() as u64;
+    assert_eq!(
+        trips(target.as_ref()) - target_before,
+        chunks,
+        "one export a chunk"
+    );
+    assert_eq!(
+        trips(source) - source_before,
+        chunks + 1,
+        "one import a chunk, then one request for the rest"
+    );
+    for (i, &(ptr, n)) in allocations.iter().enumerate() {
+        let mut back = vec![0u8; n as usize];
+        target.mem_read(ptr, &mut back).unwrap();
+        assert!(back.iter().all(|&b| b == i as u8 + 1), "allocation {i}");
+    }
+    drop(target);
+    for &(ptr, n) in &allocations {
+        source.mem_free(ptr, n).unwrap();
+    }
+    for ptr in spacers {
+        source.mem_free(ptr, spacer).unwrap();
+    }
 }
 
 /// The granularity of the fake GPU.

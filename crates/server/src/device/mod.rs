@@ -392,6 +392,18 @@ pub trait DeviceContext: Send + Sync {
         let _ = fd;
         Err(no_sharing())
     }
+    /// Copies each `(ptr, bytes)` of this context into another's placed
+    /// memory that this one imported as `chunks`: mapped here, copied,
+    /// unmapped, and the imports released, whatever happens (a move's
+    /// device-to-device copy, [`placed_copy`]). A worker's context does it
+    /// in one request.
+    fn copy_into_imported(
+        &self,
+        chunks: &[placed_copy::ImportedChunk],
+        copies: &[(DevicePtr, u64)],
+    ) -> Result<u64, CuError> {
+        placed_copy::copy_mapped(self, chunks, copies)
+    }
     /// The context as `Any`, so a backend can tell its own contexts among
     /// others (peer access needs the peer's own handle).
     fn as_any(&self) -> &dyn std::any::Any;

@@ -2,6 +2,8 @@
 //! as their images with the handles its client knows, its streams, events
 //! and graphs. Memory's bytes travel apart from it (`session::image_stream`).
 
+use std::sync::Arc;
+
 use cumux_protocol::{DevicePtr, Handle};
 use serde::{Deserialize, Serialize};
 
@@ -97,8 +99,9 @@ impl std::fmt::Debug for Bytes {
 #[derive(Clone, PartialEq, Serialize, Deserialize)]
 pub struct ModuleImage {
     pub handle: Handle,
-    #[serde(with = "serde_bytes")]
-    pub image: Vec<u8>,
+    /// Shared with the session's module entry: a move copies no image.
+    #[serde(with = "shared_bytes")]
+    pub image: Arc<Vec<u8>>,
     pub blocks: Vec<DevicePtr>,
     pub functions: Vec<Handle>,
     pub globals: Vec<Bytes>,
@@ -150,5 +153,21 @@ impl SessionImage {
         self.modules
             .iter()
             .fold(allocations, |sum, m| sum.saturating_add(m.charged))
+    }
+}
+
+/// Shared bytes written as `serde_bytes` writes a `Vec<u8>`: the same
+/// encoding as before they were shared.
+mod shared_bytes {
+    use std::sync::Arc;
+
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(bytes: &Arc<Vec<u8>>, s: S) -> Result<S::Ok, S::Error> {
+        serde_bytes::serialize(bytes.as_slice(), s)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Arc<Vec<u8>>, D::Error> {
+        serde_bytes::ByteBuf::deserialize(d).map(|b| Arc::new(b.into_vec()))
     }
 }

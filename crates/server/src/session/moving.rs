@@ -179,14 +179,24 @@ impl Session {
 
     /// The session's state once its work has drained.
     pub(super) fn quiesced_image(&mut self, what: &str) -> Result<SessionImage, CuError> {
+        self.quiesced_image_timed(what).map(|(image, _)| image)
+    }
+
+    /// [`Session::quiesced_image`], with how long its work took to drain.
+    fn quiesced_image_timed(
+        &mut self,
+        what: &str,
+    ) -> Result<(SessionImage, std::time::Duration), CuError> {
         if let Some(why) = self.why_unmovable() {
             return Err(refused(format!(
                 "session {} cannot be {what}: {why}",
                 self.id()
             )));
         }
+        let draining = std::time::Instant::now();
         self.drain_all();
-        self.image()
+        let drained = draining.elapsed();
+        Ok((self.image()?, drained))
     }
 
     /// `Action::MoveTo`, first half: the server's device `ordinal`, which
@@ -289,8 +299,8 @@ impl Session {
     ) -> Result<String, CuError> {
         let from = self.device.info().ordinal;
         let started = std::time::Instant::now();
-        let image = self.quiesced_image("moved")?;
-        let taken = started.elapsed();
+        let (image, drained) = self.quiesced_image_timed("moved")?;
+        let read = started.elapsed().saturating_sub(drained);
         let bytes = image.charged_bytes();
         let ready = match prepared {
             Ok(ref p) => format!("target made ready beforehand in {:.1?}", p.took),
@@ -311,7 +321,7 @@ impl Session {
         self.adopt(rebuilt, image);
         let line = format!(
             "session {} moved from device {from} to device {ordinal} in {:.1?} ({bytes} bytes; \
-             drained and read in {taken:.1?}; {timings}; {ready})",
+             drained in {drained:.1?}, its state read in {read:.1?}; {timings}; {ready})",
             self.id(),
             started.elapsed()
         );
@@ -409,7 +419,7 @@ impl Session {
                 .unwrap_or_default();
             modules.push(ModuleImage {
                 handle,
-                image: entry.image.to_vec(),
+                image: Arc::clone(&entry.image),
                 blocks,
                 functions: entry.functions.clone(),
                 globals,
@@ -477,14 +487,15 @@ impl Session {
         memory: &mut dyn MemorySource,
     ) -> Result<Rebuilt, CuError> {
         check_handles(image)?;
-        let (ctx, mut ready) = match prepared {
-            Some(p) => (p.ctx, p.loaded),
+        let (ctx, mut ready, placed_early) = match prepared {
+            Some(p) => (p.ctx, p.loaded, p.placed),
             None => (
                 device
                     .movable()
                     .ok_or_else(|| refused("the target device cannot take a moved session"))?
                     .create_context_in_window(image.window)?,
                 HashMap::new(),
+                Vec::new(),
             ),
         };
         let placed = ctx
@@ -499,7 +510,7 @@ impl Session {
         let places: Vec<(DevicePtr, u64)> =
             image.allocations.iter().map(|a| (a.ptr, a.size)).collect();
         let placing = std::time::Instant::now();
-        placed.place_all(&places)?;
+        placed_copy::place_changes(ctx.as_ref(), placed, &placed_early, &places)?;
         let mut done = 0u64;
         let ordinal = device.info().ordinal;
         let direct = memory.context().map(|source| {
@@ -749,7 +760,7 @@ impl Session {
                 id: module.id,
                 functions: m.functions,
                 globals: module.globals.iter().map(|g| g.ptr).collect(),
-                image: Arc::new(m.image),
+                image: m.image,
             };
             self.modules.insert(m.handle, entry);
         }

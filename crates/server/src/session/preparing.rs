@@ -1,6 +1,7 @@
 //! A move's target made ready while its session runs on (issue 17): a context
-//! on the target device with the session's modules loaded, made by a thread
-//! of its own, so that the program's pause is only its memory's copy.
+//! on the target device with the session's modules loaded and its memory
+//! placed, made by a thread of its own, so that the program's pause is only
+//! its memory's copy.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -21,6 +22,9 @@ pub(super) struct Prepared {
     pub ctx: Arc<dyn DeviceContext>,
     /// Each module handle's loading on `ctx`.
     pub loaded: HashMap<Handle, LoadedModule>,
+    /// The session's allocations placed on `ctx` beforehand, as they were
+    /// then (zero-filled): the move places only what changed since.
+    pub placed: Vec<(DevicePtr, u64)>,
     pub took: Duration,
 }
 
@@ -101,14 +105,15 @@ fn prepare(
 ) -> Result<Prepared, CuError> {
     let started = Instant::now();
     let refused = |what: &str| CuError::new(codes::NOT_SUPPORTED, what.to_string());
-    let (ctx, mut loaded, took) = match base {
-        Some(b) => (b.ctx, b.loaded, b.took),
+    let (ctx, mut loaded, mut placed_now, took) = match base {
+        Some(b) => (b.ctx, b.loaded, b.placed, b.took),
         None => (
             target
                 .movable()
                 .ok_or_else(|| refused("the target device cannot take a moved session"))?
                 .create_context_in_window(window)?,
             HashMap::with_capacity(modules.len()),
+            Vec::new(),
             Duration::ZERO,
         ),
     };
@@ -121,6 +126,12 @@ fn prepare(
         if let Err(e) = placed.hold(memory) {
             tracing::debug!("keeping a moved session's addresses free: {}", e.detail);
         }
+        // Placed now, the memory is not placed in the pause; where the
+        // target has no room for it yet, the move places it then.
+        match placed.place_all(memory) {
+            Ok(()) => placed_now = memory.to_vec(),
+            Err(e) => tracing::debug!("placing a moved session's memory early: {}", e.detail),
+        }
     }
     for (handle, image, blocks) in modules {
         loaded.insert(handle, placed.module_load_at(&image, &blocks)?);
@@ -128,6 +139,7 @@ fn prepare(
     Ok(Prepared {
         ctx,
         loaded,
+        placed: placed_now,
         took: took + started.elapsed(),
     })
 }

@@ -37,6 +37,7 @@ use crate::device::arrays::ArrayOp;
 use crate::device::memory_use::ContextMemory;
 use crate::device::ordering::not_a_launch;
 use crate::device::pieces::{Buffer, TakePiece};
+use crate::device::placed_copy::ImportedChunk;
 use crate::device::signals::SignalArea;
 use crate::device::{
     DeviceContext, HostRegion, KernelLaunch, LaunchOutcome, LoadedModule, ModuleId, StreamOrdered,
@@ -92,6 +93,8 @@ pub struct WorkerContext {
     /// The share of its device's SMs the context's kernels may use, asked of
     /// the worker when it starts (`WorkerRequest::SmCap`); `None`: all.
     sm_cap: Mutex<Option<SmPart>>,
+    /// Requests sent that waited for an answer.
+    round_trips: AtomicU64,
 }
 
 impl WorkerContext {
@@ -138,6 +141,7 @@ impl WorkerContext {
             member,
             own_process: false,
             sm_cap: Mutex::new(None),
+            round_trips: AtomicU64::new(0),
         }
     }
 
@@ -375,6 +379,7 @@ impl WorkerContext {
             member: None,
             own_process: false,
             sm_cap: Mutex::new(None),
+            round_trips: AtomicU64::new(0),
         })
     }
 
@@ -414,6 +419,11 @@ impl WorkerContext {
         e
     }
 
+    /// How many requests this context has sent that waited for an answer.
+    pub fn round_trips(&self) -> u64 {
+        self.round_trips.load(Ordering::Relaxed)
+    }
+
     /// One round trip: the request, its raw frames, the reply and any bytes
     /// read back into `back`.
     pub(super) fn call(
@@ -433,6 +443,7 @@ impl WorkerContext {
         if let Some(e) = self.sticky() {
             return Err(e);
         }
+        self.round_trips.fetch_add(1, Ordering::Relaxed);
         let mut slot = lock(&self.conn);
         let conn = self.connection(&mut slot)?;
         let exchanged = (|| -> io::Result<(WorkerReply, Option<std::os::fd::OwnedFd>)> {
@@ -461,6 +472,7 @@ impl WorkerContext {
             return Err(e);
         }
         let kind: &'static str = request.into();
+        self.round_trips.fetch_add(1, Ordering::Relaxed);
         let mut slot = lock(&self.conn);
         let conn = self.connection(&mut slot)?;
         hop_trace::mark(Hop::ServerForward, kind);
@@ -924,6 +936,22 @@ impl DeviceContext for WorkerContext {
     fn vmm_import(&self, fd: BorrowedFd<'_>) -> Result<u64, CuError> {
         match self.call_passing(&WorkerRequest::VmmImport, Some(fd), &[], None)? {
             WorkerValue::Number(physical) => Ok(physical),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    /// One request: the worker maps, copies and releases in its own process.
+    fn copy_into_imported(
+        &self,
+        chunks: &[ImportedChunk],
+        copies: &[(DevicePtr, u64)],
+    ) -> Result<u64, CuError> {
+        let request = WorkerRequest::PlacedCopy {
+            chunks: chunks.to_vec(),
+            copies: copies.to_vec(),
+        };
+        match self.call(&request, &[], None)? {
+            WorkerValue::Number(copied) => Ok(copied),
             other => Err(unexpected(&other)),
         }
     }

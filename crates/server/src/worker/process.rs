@@ -697,6 +697,12 @@ impl Served<'_, '_> {
                 };
                 return conn.reply(imported.map(WorkerValue::Number));
             }
+            WorkerRequest::PlacedCopy { chunks, copies } => guarded(kind, || {
+                value(
+                    ctx.copy_into_imported(&chunks, &copies)
+                        .map(WorkerValue::Number),
+                )
+            }),
             WorkerRequest::IpcExport { base } => guarded(kind, || {
                 value(ctx.ipc_export(base).map(WorkerValue::IpcHandle))
             }),

@@ -17,6 +17,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::device::arrays::ArrayOp;
 use crate::device::host_span::HostSpan;
+use crate::device::placed_copy::ImportedChunk;
 use crate::device::{KernelLaunch, LoadedModule, MemFill, ModuleId, StreamWork, SyncTarget, VmmOp};
 
 /// Bytes that start a stdout marker; the nonce and a little-endian u64 follow.
@@ -214,6 +215,13 @@ pub enum WorkerRequest {
     /// `DeviceContext::vmm_import` of the descriptor that comes with the
     /// request (`SCM_RIGHTS`): answered by [`WorkerValue::Number`].
     VmmImport,
+    /// `DeviceContext::copy_into_imported`: the allocations `copies` copied
+    /// into another context's memory imported here as `chunks`, which are
+    /// released either way; answered by [`WorkerValue::Number`] (the bytes).
+    PlacedCopy {
+        chunks: Vec<ImportedChunk>,
+        copies: Vec<(DevicePtr, u64)>,
+    },
     /// `DeviceContext::ipc_export` of the allocation at `base`; answered by
     /// [`WorkerValue::IpcHandle`].
     IpcExport {
