@@ -87,6 +87,12 @@ fn a_running_program_moves_between_two_cpu_devices_many_times_and_passes() {
                 "{}",
                 output_text(&out)
             );
+            // Its one allocation was placed while it ran, not in the pause.
+            assert!(
+                output_text(&out).contains("(1 of 1 allocations placed beforehand)"),
+                "{}",
+                output_text(&out)
+            );
             assert_eq!(device_of(&server), round % 2);
             progressed(&lines, LIMIT, &|| server.log());
         }

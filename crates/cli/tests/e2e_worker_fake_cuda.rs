@@ -517,7 +517,8 @@ fn memory_placed_early_changes_with_the_session(
     target.mem_write(a.0, &[7u8; 64]).unwrap();
     // b freed and c allocated since.
     let now = [(a.0, a.1), (c.0, c.1)];
-    placed_copy::place_changes(target.as_ref(), placed, &early, &now).unwrap();
+    let kept_early = placed_copy::place_changes(target.as_ref(), placed, &early, &now).unwrap();
+    assert_eq!(kept_early, 1, "a was placed early and kept");
     let mut kept = [0u8; 64];
     target.mem_read(a.0, &mut kept).unwrap();
     assert_eq!(kept, [7u8; 64], "an early allocation is not placed again");
@@ -536,7 +537,8 @@ fn memory_placed_early_changes_with_the_session(
     let (a_start, a_size, _) = placed.export_placed(a.0).unwrap();
     assert!(d >= a_start && d < a_start + a_size, "d shares a's page");
     let later = [(a.0, a.1), (c.0, c.1), (d, 64)];
-    placed_copy::place_changes(target.as_ref(), placed, &now, &later).unwrap();
+    let kept_early = placed_copy::place_changes(target.as_ref(), placed, &now, &later).unwrap();
+    assert_eq!(kept_early, 0, "all placed afresh");
     target.mem_read(a.0, &mut kept).unwrap();
     assert_eq!(kept, [0u8; 64], "placed afresh");
     let (d_start, ..) = placed.export_placed(d).unwrap();

@@ -179,13 +179,13 @@ fn map_and_copy<C: DeviceContext + ?Sized>(
 /// `early` was placed while it ran: what it freed since goes, what it
 /// allocated since is placed. Where the new does not fit beside the old
 /// (an allocation sharing a page with one placed early), everything is
-/// placed afresh.
+/// placed afresh. Says how many of `places` were placed early and kept.
 pub fn place_changes(
     ctx: &dyn DeviceContext,
     placed: &dyn MovableContext,
     early: &[(DevicePtr, u64)],
     places: &[(DevicePtr, u64)],
-) -> Result<(), CuError> {
+) -> Result<usize, CuError> {
     let now: HashSet<(DevicePtr, u64)> = places.iter().copied().collect();
     let before: HashSet<(DevicePtr, u64)> = early.iter().copied().collect();
     for &(ptr, size) in early.iter().filter(|a| !now.contains(a)) {
@@ -196,8 +196,9 @@ pub fn place_changes(
         .copied()
         .filter(|a| !before.contains(a))
         .collect();
+    let kept = places.len() - new.len();
     if new.is_empty() {
-        return Ok(());
+        return Ok(kept);
     }
     if let Err(e) = placed.place_all(&new) {
         tracing::debug!(
@@ -208,6 +209,7 @@ pub fn place_changes(
             ctx.mem_free(ptr, size)?;
         }
         placed.place_all(places)?;
+        return Ok(0);
     }
-    Ok(())
+    Ok(kept)
 }

@@ -510,7 +510,8 @@ impl Session {
         let places: Vec<(DevicePtr, u64)> =
             image.allocations.iter().map(|a| (a.ptr, a.size)).collect();
         let placing = std::time::Instant::now();
-        placed_copy::place_changes(ctx.as_ref(), placed, &placed_early, &places)?;
+        let kept_early = placed_copy::place_changes(ctx.as_ref(), placed, &placed_early, &places)?;
+        let placed_in = placing.elapsed();
         let mut done = 0u64;
         let ordinal = device.info().ordinal;
         let direct = memory.context().map(|source| {
@@ -591,6 +592,8 @@ impl Session {
             ctx.module_unload(module.id);
         }
         self.hold_aliases(placed, &aliases, image, &loaded)?;
+        let modules_ready = loading.elapsed();
+        let remaking = std::time::Instant::now();
         let (gate, gated) = match (&self.tenant, self.server.gate_of(&device)) {
             (Some((name, settings)), Some(gate)) => {
                 let session = gate
@@ -629,10 +632,18 @@ impl Session {
             ordered.graph_create(g.handle, works)?;
         }
         let timings = format!(
-            "memory placed and written in {written:.1?} ({path}), {loaded_now} of {} modules \
-             loaded in {:.1?}",
+            "memory placed in {placed_in:.1?} ({} of {} allocations placed beforehand) and \
+             written in {:.1?} ({path}), {loaded_now} of {} modules \
+             loaded and their globals written in {modules_ready:.1?}, {} streams, {} events and \
+             {} graphs made in {:.1?}",
+            kept_early,
+            places.len(),
+            written.saturating_sub(placed_in),
             image.modules.len(),
-            loading.elapsed()
+            image.streams.len(),
+            image.events.len(),
+            image.graphs.len(),
+            remaking.elapsed()
         );
         Ok(Rebuilt {
             timings,
