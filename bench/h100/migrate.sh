@@ -63,6 +63,18 @@ until_line() { # FILE PATTERN SECONDS
     return 1
 }
 moved_ms() { grep -ho 'to device [0-9]* in [0-9.]*m\?s (' "$1" | sed 's/.* in //; s/ (//' | awk '/ms$/ { sub("ms", ""); print; next } /s$/ { sub("s", ""); print $1 * 1000 }'; }
+# Each move's time after its work drained (the program's own queued work
+# runs on while it drains): the whole move less its drain, in ms.
+stopped_ms() {
+    python3 -c '
+import re, sys
+unit = {"ns": 1e-6, "µs": 1e-3, "ms": 1.0, "s": 1e3}
+d = r"([0-9.]+)(ns|µs|ms|s)"
+for line in open(sys.argv[1], encoding="utf-8", errors="replace"):
+    m = re.search(r"to device [0-9]+ in " + d + r" \(.*?drained in " + d, line)
+    if m:
+        print(round(float(m[1]) * unit[m[2]] - float(m[3]) * unit[m[4]], 3))' "$1"
+}
 median() { sort -n | awk '{ a[NR] = $1 } END { if (NR) print (NR % 2 ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2) }'; }
 max() { sort -n | tail -1; }
 
@@ -114,7 +126,8 @@ vs_still=$(same "$OUT/runs/train-still.txt" "$OUT/runs/train-moved.txt")
 vs_native=$(same "$OUT/runs/train-native.txt" "$OUT/runs/train-moved.txt")
 pause_med=$(moved_ms "$OUT/runs/train-moves.txt" | median)
 pause_max=$(moved_ms "$OUT/runs/train-moves.txt" | max)
-say "training: $train_moves moves in $STEPS steps; losses vs unmoved cumux run $vs_still, vs native $vs_native; pause median ${pause_med:-?} ms, max ${pause_max:-?} ms"
+stopped_med=$(stopped_ms "$OUT/runs/train-moves.txt" | median)
+say "training: $train_moves moves in $STEPS steps; losses vs unmoved cumux run $vs_still, vs native $vs_native; pause median ${pause_med:-?} ms, max ${pause_max:-?} ms; after the drain median ${stopped_med:-?} ms"
 grep -v 'moved from' "$OUT/runs/train-moves.txt" | sort | uniq -c | head -3 | sed 's/^/  refused: /' | tee -a "$REPORT"
 fi
 
@@ -133,11 +146,12 @@ for mb in $STATES; do
     wait $p
     bytes=$(grep -ho '([0-9]* bytes' "$f.moves" | head -1 | tr -cd 0-9)
     ms=$(moved_ms "$f.moves" | median)
+    stopped=$(stopped_ms "$f.moves" | median)
     ok=$(grep -c '^PASS' "$f")
-    say "state +$mb MiB: session ${bytes:-?} bytes, pause ${ms:-?} ms (2 moves), program PASS $ok; $(grep -h 'extra state' "$f")"
+    say "state +$mb MiB: session ${bytes:-?} bytes, pause ${ms:-?} ms, after the drain ${stopped:-?} ms (medians of 2 moves), program PASS $ok; $(grep -h 'extra state' "$f")"
     grep -v 'moved from' "$f.moves" | head -2 | sed 's/^/  refused: /' | tee -a "$REPORT"
     grep -ho 'drained in.*' "$f.moves" | head -2 | sed 's/^/  move: /' | tee -a "$REPORT"
-    sizes_json="$sizes_json{\"name\": \"move_pause_ms_state_${mb}mib\", \"unit\": \"ms\", \"better\": \"lower\", \"native\": null, \"cumux\": ${ms:-null}, \"ratio\": null, \"state_bytes\": ${bytes:-null}},"
+    sizes_json="$sizes_json{\"name\": \"move_pause_ms_state_${mb}mib\", \"unit\": \"ms\", \"better\": \"lower\", \"native\": null, \"cumux\": ${ms:-null}, \"ratio\": null, \"state_bytes\": ${bytes:-null}, \"after_drain_ms\": ${stopped:-null}},"
 done
 
 # --- checkpoint of a training session ---

@@ -489,6 +489,38 @@ fn moved_memory_goes_device_to_device(device: &Arc<dyn cumux_server::Device>) {
     }
     many_chunks_cost_two_round_trips_each(device, source.as_ref());
     memory_placed_early_changes_with_the_session(device, source.as_ref());
+    memory_mapped_early_leaves_only_the_copy(device, &source);
+}
+
+/// Ranges `(offset, bytes)` of one fresh allocation of `granules` of the
+/// source, each filled with its index + 1, as allocations a move places:
+/// laid out by offset, not by where the fake's heap puts allocations.
+fn ranges_of_one_block(
+    source: &dyn DeviceContext,
+    granules: u64,
+    ranges: &[(u64, u64)],
+) -> (u64, Vec<(u64, u64)>) {
+    let block = source.mem_alloc(granules * GRANULE).unwrap();
+    let placed = ranges
+        .iter()
+        .enumerate()
+        .map(|(i, &(offset, n))| {
+            let ptr = block + offset;
+            source
+                .mem_write(ptr, &vec![i as u8 + 1; n as usize])
+                .unwrap();
+            (ptr, n)
+        })
+        .collect();
+    (block, placed)
+}
+
+/// Requests a worker context has waited on.
+fn trips(ctx: &dyn DeviceContext) -> u64 {
+    ctx.as_any()
+        .downcast_ref::<cumux_server::worker::context::WorkerContext>()
+        .expect("a worker's context")
+        .round_trips()
 }
 
 /// A move's target places the session's memory while it runs; in the pause
@@ -499,24 +531,26 @@ fn memory_placed_early_changes_with_the_session(
     device: &Arc<dyn cumux_server::Device>,
     source: &dyn DeviceContext,
 ) {
-    let spacer = GRANULE + GRANULE / 2;
-    let spaced = |n: u64| {
-        let ptr = source.mem_alloc(n).unwrap();
-        (ptr, n, source.mem_alloc(spacer).unwrap())
-    };
-    let (a, b, c) = (spaced(GRANULE), spaced(GRANULE / 2), spaced(GRANULE / 4));
+    let g = GRANULE;
+    // a, b and c each in granules of their own; d in a's last one.
+    let (block, r) = ranges_of_one_block(
+        source,
+        12,
+        &[(0, g), (3 * g, g / 2), (6 * g, g / 4), (g + 64, 64)],
+    );
+    let (a, b, c, d) = (r[0], r[1], r[2], r[3]);
     let target = device
         .movable()
         .unwrap()
         .create_context_in_window(0)
         .unwrap();
     let placed = target.movable().unwrap();
-    let early = [(a.0, a.1), (b.0, b.1)];
+    let early = [a, b];
     let before = device.mem_used();
     placed.place_all(&early).unwrap();
     target.mem_write(a.0, &[7u8; 64]).unwrap();
     // b freed and c allocated since.
-    let now = [(a.0, a.1), (c.0, c.1)];
+    let now = [a, c];
     let kept_early = placed_copy::place_changes(target.as_ref(), placed, &early, &now).unwrap();
     assert_eq!(kept_early, 1, "a was placed early and kept");
     let mut kept = [0u8; 64];
@@ -528,33 +562,82 @@ fn memory_placed_early_changes_with_the_session(
         placed.export_placed(c.0).is_ok(),
         "the new allocation is placed"
     );
-    // Each placed allocation here fills whole granules of its own.
-    let granules = |n: u64| n.div_ceil(GRANULE) * GRANULE;
-    assert!(device.mem_used() - before <= granules(a.1) + granules(c.1) + 2 * GRANULE);
-    // A new allocation right after `a`, in its last page: the early ones go
-    // and everything is placed again.
-    let d = source.mem_alloc(64).unwrap();
+    // a spans at most 2 granules, c 1.
+    assert!(device.mem_used() - before <= 3 * g);
+    // d, in a's last page: the early ones go and everything is placed again.
     let (a_start, a_size, _) = placed.export_placed(a.0).unwrap();
-    assert!(d >= a_start && d < a_start + a_size, "d shares a's page");
-    let later = [(a.0, a.1), (c.0, c.1), (d, 64)];
+    assert!(
+        d.0 >= a_start && d.0 < a_start + a_size,
+        "d shares a's page"
+    );
+    let later = [a, c, d];
     let kept_early = placed_copy::place_changes(target.as_ref(), placed, &now, &later).unwrap();
     assert_eq!(kept_early, 0, "all placed afresh");
     target.mem_read(a.0, &mut kept).unwrap();
     assert_eq!(kept, [0u8; 64], "placed afresh");
-    let (d_start, ..) = placed.export_placed(d).unwrap();
+    let (d_start, ..) = placed.export_placed(d.0).unwrap();
     assert_eq!(d_start, a_start, "a and d share their chunk");
     drop(target);
+    assert_eq!(device.mem_used(), before, "the target's memory all gone");
+    source.mem_free(block, 12 * g).unwrap();
+}
+
+/// A move's target memory mapped by the session's context while it runs:
+/// the pause copies into it in one request, and only memory allocated since
+/// is exported, imported and mapped then. The bytes copied are those of the
+/// pause, not of the early mapping.
+fn memory_mapped_early_leaves_only_the_copy(
+    device: &Arc<dyn cumux_server::Device>,
+    source: &Arc<dyn DeviceContext>,
+) {
+    let g = GRANULE;
+    let layout: Vec<(u64, u64)> = (0..5).map(|i| (3 * g * i, g / 2)).collect();
+    let (block, r) = ranges_of_one_block(source.as_ref(), 15, &layout);
+    // The last one allocated after the early placing, as far as the move knows.
+    let (early, new) = (r[..4].to_vec(), r[4]);
+    let target = device
+        .movable()
+        .unwrap()
+        .create_context_in_window(0)
+        .unwrap();
+    let placed = target.movable().unwrap();
+    placed.place_all(&early).unwrap();
+    let mapping = placed_copy::map_early(source, placed, &early).unwrap();
+    // The program runs on: it writes again.
+    source.mem_write(early[0].0, &[0xee; 256]).unwrap();
+    let now: Vec<(u64, u64)> = r.clone();
+    let kept = placed_copy::place_changes(target.as_ref(), placed, &early, &now).unwrap();
+    assert_eq!(kept, early.len());
+    let (source_before, target_before) = (trips(source.as_ref()), trips(target.as_ref()));
+    let copied =
+        placed_copy::copy_placed_after(source.as_ref(), placed, &now, Some(&mapping)).unwrap();
+    assert_eq!(copied, now.iter().map(|a| a.1).sum::<u64>());
     assert_eq!(
-        device.mem_used(),
-        before + 64,
-        "the target's all gone (d is the source's)"
+        trips(source.as_ref()) - source_before,
+        3,
+        "the mapped copy, then an import and the rest for the new chunk"
     );
-    for (ptr, n) in [(a.0, a.1), (b.0, b.1), (c.0, c.1), (d, 64)] {
-        source.mem_free(ptr, n).unwrap();
-    }
-    for s in [a.2, b.2, c.2] {
-        source.mem_free(s, spacer).unwrap();
-    }
+    assert_eq!(
+        trips(target.as_ref()) - target_before,
+        1,
+        "one export: the new chunk"
+    );
+    let mut back = vec![0u8; 512];
+    target.mem_read(early[0].0, &mut back).unwrap();
+    assert!(back[..256].iter().all(|&b| b == 0xee), "the pause's bytes");
+    assert!(back[256..].iter().all(|&b| b == 1));
+    let mut back = vec![0u8; new.1 as usize];
+    target.mem_read(new.0, &mut back).unwrap();
+    assert!(back.iter().all(|&b| b == 5), "the new allocation's bytes");
+    let before_unmap = trips(source.as_ref());
+    drop(mapping);
+    assert_eq!(
+        trips(source.as_ref()) - before_unmap,
+        1,
+        "unmapped in one request"
+    );
+    drop(target);
+    source.mem_free(block, 15 * g).unwrap();
 }
 
 /// A move of many allocations, each in a chunk of its own: the target
@@ -564,27 +647,9 @@ fn many_chunks_cost_two_round_trips_each(
     device: &Arc<dyn cumux_server::Device>,
     source: &dyn DeviceContext,
 ) {
-    let trips = |ctx: &dyn DeviceContext| {
-        ctx.as_any()
-            .downcast_ref::<cumux_server::worker::context::WorkerContext>()
-            .expect("a worker's context")
-            .round_trips()
-    };
-    // Spacers keep the allocations' granules apart, so each is a chunk
-    // (the fake's allocations follow one another in its heap).
-    let spacer = GRANULE + GRANULE / 2;
-    let mut spacers = Vec::new();
-    let allocations: Vec<(u64, u64)> = (0..12u64)
-        .map(|i| {
-            let n = GRANULE - 64 * i;
-            let ptr = source.mem_alloc(n).unwrap();
-            source
-                .mem_write(ptr, &vec![i as u8 + 1; n as usize])
-                .unwrap();
-            spacers.push(source.mem_alloc(spacer).unwrap());
-            (ptr, n)
-        })
-        .collect();
+    let g = GRANULE;
+    let layout: Vec<(u64, u64)> = (0..12).map(|i| (3 * g * i, g - 64 * i)).collect();
+    let (block, allocations) = ranges_of_one_block(source, 36, &layout);
     let target = device
         .movable()
         .unwrap()
@@ -612,12 +677,7 @@ fn many_chunks_cost_two_round_trips_each(
         assert!(back.iter().all(|&b| b == i as u8 + 1), "allocation {i}");
     }
     drop(target);
-    for &(ptr, n) in &allocations {
-        source.mem_free(ptr, n).unwrap();
-    }
-    for ptr in spacers {
-        source.mem_free(ptr, spacer).unwrap();
-    }
+    source.mem_free(block, 36 * g).unwrap();
 }
 
 /// The granularity of the fake GPU.

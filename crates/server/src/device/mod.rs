@@ -404,6 +404,28 @@ pub trait DeviceContext: Send + Sync {
     ) -> Result<u64, CuError> {
         placed_copy::copy_mapped(self, chunks, copies)
     }
+    /// Maps the imported `chunks` here, readable and writable, in one
+    /// reservation; on failure the imports are released.
+    fn map_imported(
+        &self,
+        chunks: &[placed_copy::ImportedChunk],
+    ) -> Result<placed_copy::MappedChunks, CuError> {
+        placed_copy::map_chunks(self, chunks)
+    }
+    /// Copies each `(ptr, bytes)` of this context into the mapped chunk
+    /// that holds it.
+    fn copy_into_mapped(
+        &self,
+        mapped: &placed_copy::MappedChunks,
+        copies: &[(DevicePtr, u64)],
+    ) -> Result<u64, CuError> {
+        placed_copy::copy_chunks(self, mapped, copies)
+    }
+    /// Undoes [`DeviceContext::map_imported`]: the mappings, the
+    /// reservation, the imports.
+    fn unmap_imported(&self, mapped: &placed_copy::MappedChunks) {
+        placed_copy::unmap_chunks(self, mapped)
+    }
     /// The context as `Any`, so a backend can tell its own contexts among
     /// others (peer access needs the peer's own handle).
     fn as_any(&self) -> &dyn std::any::Any;

@@ -4,12 +4,16 @@
 
 use std::collections::HashSet;
 use std::os::fd::AsFd;
+use std::sync::Arc;
 
 use cumux_protocol::vmm::ACCESS_READWRITE;
 use cumux_protocol::{codes, CuError, DevicePtr};
 use serde::{Deserialize, Serialize};
 
 use super::{DeviceContext, MovableContext, VmmOp};
+
+/// An allocation: its address and size.
+type Span = (DevicePtr, u64);
 
 /// A chunk of the target's placed memory as the source imported it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -47,6 +51,28 @@ pub fn copy_placed(
             Err(e)
         }
     }
+}
+
+/// [`copy_placed`], where `early` mapped the target's memory of some of the
+/// allocations beforehand: those are only copied, the rest as
+/// [`copy_placed`] copies them.
+pub fn copy_placed_after(
+    source: &dyn DeviceContext,
+    target: &dyn MovableContext,
+    allocations: &[(DevicePtr, u64)],
+    early: Option<&SourceMapping>,
+) -> Result<u64, CuError> {
+    let Some(early) = early else {
+        return copy_placed(source, target, allocations);
+    };
+    let mapped_for: HashSet<(DevicePtr, u64)> = early.allocations.iter().copied().collect();
+    let (mapped, new): (Vec<Span>, Vec<Span>) =
+        allocations.iter().partition(|a| mapped_for.contains(a));
+    let mut copied = source.copy_into_mapped(&early.mapped, &mapped)?;
+    if !new.is_empty() {
+        copied += copy_placed(source, target, &new)?;
+    }
+    Ok(copied)
 }
 
 /// The target's chunks that hold `allocations`, each exported once and
@@ -88,21 +114,41 @@ fn release_imports<C: DeviceContext + ?Sized>(ctx: &C, chunks: &[ImportedChunk])
     }
 }
 
-/// [`DeviceContext::copy_into_imported`] through the context's own virtual
-/// memory calls: one reservation for every chunk, each mapped readable and
-/// writable there, the copies, then the mappings, the reservation and the
-/// imports (never charged to `ctx`: size 0) undone, whatever happened.
+/// The target's chunks as the source maps them: one reservation, each
+/// chunk at its place in it, readable and writable
+/// ([`DeviceContext::map_imported`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MappedChunks {
+    pub base: u64,
+    pub total: u64,
+    /// Each chunk and where it is mapped.
+    pub chunks: Vec<(ImportedChunk, u64)>,
+}
+
+impl MappedChunks {
+    /// Where `(ptr, bytes)` of the target lies in the source's mapping.
+    fn place_of(&self, ptr: DevicePtr, bytes: u64) -> Result<u64, CuError> {
+        self.chunks
+            .iter()
+            .find(|(c, _)| c.holds(ptr, bytes))
+            .map(|(c, at)| at + (ptr - c.start))
+            .ok_or_else(|| {
+                CuError::new(
+                    codes::INVALID_VALUE,
+                    format!("no mapped chunk holds the {bytes} bytes at {ptr:#x}"),
+                )
+            })
+    }
+}
+
+/// [`DeviceContext::copy_into_imported`] through the context's own calls:
+/// mapped, copied, unmapped.
 pub fn copy_mapped<C: DeviceContext + ?Sized>(
     ctx: &C,
     chunks: &[ImportedChunk],
     copies: &[(DevicePtr, u64)],
 ) -> Result<u64, CuError> {
-    let total = chunks
-        .iter()
-        .try_fold(0u64, |sum, c| sum.checked_add(c.size))
-        .filter(|&t| t > 0);
-    let Some(total) = total else {
-        release_imports(ctx, chunks);
+    if chunks.is_empty() {
         return match copies.iter().all(|c| c.1 == 0) {
             true => Ok(0),
             false => Err(CuError::new(
@@ -110,6 +156,27 @@ pub fn copy_mapped<C: DeviceContext + ?Sized>(
                 "copies into placed memory without its chunks",
             )),
         };
+    }
+    let mapped = ctx.map_imported(chunks)?;
+    let copied = ctx.copy_into_mapped(&mapped, copies);
+    ctx.unmap_imported(&mapped);
+    copied
+}
+
+/// [`DeviceContext::map_imported`] through the context's own virtual memory
+/// calls: one reservation for every chunk, each mapped readable and writable
+/// there. On failure what it made is undone and the imports released.
+pub fn map_chunks<C: DeviceContext + ?Sized>(
+    ctx: &C,
+    chunks: &[ImportedChunk],
+) -> Result<MappedChunks, CuError> {
+    let total = chunks
+        .iter()
+        .try_fold(0u64, |sum, c| sum.checked_add(c.size))
+        .filter(|&t| t > 0);
+    let Some(total) = total else {
+        release_imports(ctx, chunks);
+        return Err(CuError::new(codes::INVALID_VALUE, "no memory to map"));
     };
     let base = match ctx.vmm(&VmmOp::Reserve {
         size: total,
@@ -121,58 +188,106 @@ pub fn copy_mapped<C: DeviceContext + ?Sized>(
             return Err(e);
         }
     };
-    let mut mapped: Vec<(u64, u64)> = Vec::with_capacity(chunks.len());
-    let copied = map_and_copy(ctx, base, chunks, copies, &mut mapped);
-    for &(at, size) in &mapped {
-        let _ = ctx.vmm(&VmmOp::Unmap { ptr: at, size });
-    }
-    let _ = ctx.vmm(&VmmOp::FreeReservation {
-        ptr: base,
-        size: total,
-    });
-    release_imports(ctx, chunks);
-    copied
-}
-
-fn map_and_copy<C: DeviceContext + ?Sized>(
-    ctx: &C,
-    base: u64,
-    chunks: &[ImportedChunk],
-    copies: &[(DevicePtr, u64)],
-    mapped: &mut Vec<(u64, u64)>,
-) -> Result<u64, CuError> {
+    let mut mapped = MappedChunks {
+        base,
+        total,
+        chunks: Vec::with_capacity(chunks.len()),
+    };
     let mut at = base;
-    let mut places = Vec::with_capacity(chunks.len());
     for c in chunks {
-        ctx.vmm(&VmmOp::Map {
+        let made = ctx.vmm(&VmmOp::Map {
             ptr: at,
             size: c.size,
             physical: c.physical,
-        })?;
-        mapped.push((at, c.size));
-        ctx.vmm(&VmmOp::SetAccess {
+        });
+        if let Err(e) = made {
+            // Those not mapped yet are released here; the rest by the unmap.
+            release_imports(ctx, &chunks[mapped.chunks.len()..]);
+            ctx.unmap_imported(&mapped);
+            return Err(e);
+        }
+        mapped.chunks.push((*c, at));
+        let access = ctx.vmm(&VmmOp::SetAccess {
             ptr: at,
             size: c.size,
             flags: ACCESS_READWRITE,
-        })?;
-        places.push(at);
+        });
+        if let Err(e) = access {
+            release_imports(ctx, &chunks[mapped.chunks.len()..]);
+            ctx.unmap_imported(&mapped);
+            return Err(e);
+        }
         at += c.size;
     }
+    Ok(mapped)
+}
+
+/// [`DeviceContext::copy_into_mapped`] by the context's own copies.
+pub fn copy_chunks<C: DeviceContext + ?Sized>(
+    ctx: &C,
+    mapped: &MappedChunks,
+    copies: &[(DevicePtr, u64)],
+) -> Result<u64, CuError> {
     let mut copied = 0u64;
     for &(ptr, bytes) in copies.iter().filter(|c| c.1 > 0) {
-        let i = chunks
-            .iter()
-            .position(|c| c.holds(ptr, bytes))
-            .ok_or_else(|| {
-                CuError::new(
-                    codes::INVALID_VALUE,
-                    format!("no imported chunk holds the {bytes} bytes at {ptr:#x}"),
-                )
-            })?;
-        ctx.mem_copy(places[i] + (ptr - chunks[i].start), ptr, bytes)?;
+        ctx.mem_copy(mapped.place_of(ptr, bytes)?, ptr, bytes)?;
         copied += bytes;
     }
     Ok(copied)
+}
+
+/// [`DeviceContext::unmap_imported`] by the context's own virtual memory
+/// calls: each mapping, the reservation, the imports (never charged to
+/// `ctx`: size 0).
+pub fn unmap_chunks<C: DeviceContext + ?Sized>(ctx: &C, mapped: &MappedChunks) {
+    for &(c, at) in &mapped.chunks {
+        let _ = ctx.vmm(&VmmOp::Unmap {
+            ptr: at,
+            size: c.size,
+        });
+    }
+    let _ = ctx.vmm(&VmmOp::FreeReservation {
+        ptr: mapped.base,
+        size: mapped.total,
+    });
+    let chunks: Vec<ImportedChunk> = mapped.chunks.iter().map(|(c, _)| *c).collect();
+    release_imports(ctx, &chunks);
+}
+
+/// A move's target memory mapped by its source before the pause
+/// ([`map_early`]): unmapped when dropped, on whatever thread drops it.
+pub struct SourceMapping {
+    source: Arc<dyn DeviceContext>,
+    pub mapped: MappedChunks,
+    /// The allocations `(ptr, bytes)` the chunks were mapped for.
+    pub allocations: Vec<(DevicePtr, u64)>,
+}
+
+impl Drop for SourceMapping {
+    fn drop(&mut self) {
+        self.source.unmap_imported(&self.mapped);
+    }
+}
+
+/// The chunks of `target` holding `allocations`, exported, imported and
+/// mapped by `source` while its session runs on, so that a move's pause
+/// only copies.
+pub fn map_early(
+    source: &Arc<dyn DeviceContext>,
+    target: &dyn MovableContext,
+    allocations: &[(DevicePtr, u64)],
+) -> Result<SourceMapping, CuError> {
+    let mut chunks = Vec::new();
+    if let Err(e) = import_chunks(source.as_ref(), target, allocations, &mut chunks) {
+        release_imports(source.as_ref(), &chunks);
+        return Err(e);
+    }
+    let mapped = source.map_imported(&chunks)?;
+    Ok(SourceMapping {
+        source: Arc::clone(source),
+        mapped,
+        allocations: allocations.to_vec(),
+    })
 }
 
 /// Memory on the move's target as the session holds it now (`places`), where

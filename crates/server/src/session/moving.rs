@@ -18,6 +18,7 @@ use super::memory_pipe::{self, Buffers, MemorySource};
 use super::order::{stream_order, Order};
 use super::preparing::{ModuleToLoad, Prepared, Preparing, ROUNDS};
 use super::{launch_meter, FunctionEntry, ModuleEntry, Session};
+use crate::device::placed_copy::SourceMapping;
 use crate::device::{
     placed_copy, Device, DeviceContext, KernelLaunch, LoadedModule, ModuleId, MovableContext,
     StreamOrdered, StreamWork,
@@ -39,6 +40,8 @@ struct Rebuilt {
     moved: Aliases,
     /// The session's aliases once it has moved.
     aliases: Aliases,
+    /// The target's memory as the old context mapped it, to unmap later.
+    early_mapping: Option<SourceMapping>,
 }
 
 /// A moved session's old context with what it still holds: its modules
@@ -48,10 +51,14 @@ struct OldContext {
     modules: Vec<ModuleId>,
     memory: Vec<(DevicePtr, u64)>,
     session: u64,
+    /// The new context's memory as this one mapped it for the move.
+    early_mapping: Option<SourceMapping>,
 }
 
 impl Drop for OldContext {
     fn drop(&mut self) {
+        // The new context's memory, mapped here for the move, first.
+        drop(self.early_mapping.take());
         for &module in &self.modules {
             self.ctx.module_unload(module);
         }
@@ -275,7 +282,8 @@ impl Session {
             Some(_) => Vec::new(),
             None => self.allocations.iter().map(|(&p, &s)| (p, s)).collect(),
         };
-        match Preparing::start(order, ordinal, target, window, (modules, memory), base) {
+        let devices = (target, Arc::clone(&self.ctx));
+        match Preparing::start(order, ordinal, devices, window, (modules, memory), base) {
             Ok(preparing) => {
                 let note = format!(
                     "move to device {ordinal}: making the target ready (round {}, {count} modules)",
@@ -487,8 +495,8 @@ impl Session {
         memory: &mut dyn MemorySource,
     ) -> Result<Rebuilt, CuError> {
         check_handles(image)?;
-        let (ctx, mut ready, placed_early) = match prepared {
-            Some(p) => (p.ctx, p.loaded, p.placed),
+        let (ctx, mut ready, placed_early, early_mapping) = match prepared {
+            Some(p) => (p.ctx, p.loaded, p.placed, p.mapping),
             None => (
                 device
                     .movable()
@@ -496,6 +504,7 @@ impl Session {
                     .create_context_in_window(image.window)?,
                 HashMap::new(),
                 Vec::new(),
+                None,
             ),
         };
         let placed = ctx
@@ -517,7 +526,9 @@ impl Session {
         let direct = memory.context().map(|source| {
             let note = format!("rebuilding on device {ordinal}: {total} bytes device to device");
             self.server.orders().note(self.id(), note);
-            placed_copy::copy_placed(source, placed, &places)
+            // Mapped beforehand: good while what it was mapped for is kept.
+            let early = early_mapping.as_ref().filter(|_| kept_early > 0);
+            placed_copy::copy_placed_after(source, placed, &places, early)
         });
         let (copied, path) = match direct {
             Some(Ok(_)) => (true, "device to device".to_string()),
@@ -654,6 +665,7 @@ impl Session {
             loaded,
             moved,
             aliases,
+            early_mapping,
         })
     }
 
@@ -701,6 +713,7 @@ impl Session {
             mut loaded,
             moved,
             aliases,
+            early_mapping,
             ..
         } = rebuilt;
         self.aliases = aliases;
@@ -718,6 +731,7 @@ impl Session {
             modules: self.modules.drain().map(|(_, m)| m.id).collect(),
             memory: self.allocations.iter().map(|(&p, &s)| (p, s)).collect(),
             session: self.id(),
+            early_mapping,
         };
         // Released on a thread of its own, no part of the program's pause;
         // where no thread can be had, here (the closure drops it).

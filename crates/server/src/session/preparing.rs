@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use cumux_protocol::{codes, CuError, DevicePtr, Handle};
 
+use crate::device::placed_copy::{self, SourceMapping};
 use crate::device::{Device, DeviceContext, LoadedModule};
 use crate::moves::Order;
 
@@ -25,6 +26,10 @@ pub(super) struct Prepared {
     /// The session's allocations placed on `ctx` beforehand, as they were
     /// then (zero-filled): the move places only what changed since.
     pub placed: Vec<(DevicePtr, u64)>,
+    /// Those allocations' memory on `ctx` as the session's own context
+    /// mapped it beforehand, where it can (a GPU's worker): the move only
+    /// copies into it.
+    pub mapping: Option<SourceMapping>,
     pub took: Duration,
 }
 
@@ -46,11 +51,12 @@ impl Preparing {
     /// Starts making a context of `target` in address `window` with
     /// `modules` loaded, for `order`: on the one an earlier round made
     /// (`base`), if any; the session's `memory` ranges (the first round's:
-    /// none on a `base`) are kept free first.
+    /// none on a `base`) are placed there, and mapped by the session's
+    /// context `source` where it can.
     pub fn start(
         order: Order,
         ordinal: u32,
-        target: Arc<dyn Device>,
+        (target, source): (Arc<dyn Device>, Arc<dyn DeviceContext>),
         window: u32,
         (modules, memory): (Vec<ModuleToLoad>, Vec<(DevicePtr, u64)>),
         base: Option<(u32, Prepared)>,
@@ -60,7 +66,7 @@ impl Preparing {
         let base = base.map(|b| b.1);
         let spawned = std::thread::Builder::new()
             .name("cumux-move".into())
-            .spawn(move || prepare(&*device, window, modules, &memory, base));
+            .spawn(move || prepare(&*device, &source, window, modules, &memory, base));
         match spawned {
             Ok(work) => Ok(Preparing {
                 order,
@@ -98,6 +104,7 @@ impl Preparing {
 /// module's memory where the move must place the session's.
 fn prepare(
     target: &dyn Device,
+    source: &Arc<dyn DeviceContext>,
     window: u32,
     modules: Vec<ModuleToLoad>,
     memory: &[(DevicePtr, u64)],
@@ -105,8 +112,8 @@ fn prepare(
 ) -> Result<Prepared, CuError> {
     let started = Instant::now();
     let refused = |what: &str| CuError::new(codes::NOT_SUPPORTED, what.to_string());
-    let (ctx, mut loaded, mut placed_now, took) = match base {
-        Some(b) => (b.ctx, b.loaded, b.placed, b.took),
+    let (ctx, mut loaded, mut placed_now, mut mapping, took) = match base {
+        Some(b) => (b.ctx, b.loaded, b.placed, b.mapping, b.took),
         None => (
             target
                 .movable()
@@ -114,6 +121,7 @@ fn prepare(
                 .create_context_in_window(window)?,
             HashMap::with_capacity(modules.len()),
             Vec::new(),
+            None,
             Duration::ZERO,
         ),
     };
@@ -132,6 +140,14 @@ fn prepare(
             Ok(()) => placed_now = memory.to_vec(),
             Err(e) => tracing::debug!("placing a moved session's memory early: {}", e.detail),
         }
+        // Where the devices share memory between processes, the session's
+        // context maps it too, so that the pause is only the copy.
+        if !placed_now.is_empty() {
+            match placed_copy::map_early(source, placed, memory) {
+                Ok(m) => mapping = Some(m),
+                Err(e) => tracing::debug!("mapping a move's target memory early: {}", e.detail),
+            }
+        }
     }
     for (handle, image, blocks) in modules {
         loaded.insert(handle, placed.module_load_at(&image, &blocks)?);
@@ -140,6 +156,7 @@ fn prepare(
         ctx,
         loaded,
         placed: placed_now,
+        mapping,
         took: took + started.elapsed(),
     })
 }

@@ -37,7 +37,7 @@ use crate::device::arrays::ArrayOp;
 use crate::device::memory_use::ContextMemory;
 use crate::device::ordering::not_a_launch;
 use crate::device::pieces::{Buffer, TakePiece};
-use crate::device::placed_copy::ImportedChunk;
+use crate::device::placed_copy::{ImportedChunk, MappedChunks};
 use crate::device::signals::SignalArea;
 use crate::device::{
     DeviceContext, HostRegion, KernelLaunch, LaunchOutcome, LoadedModule, ModuleId, StreamOrdered,
@@ -953,6 +953,40 @@ impl DeviceContext for WorkerContext {
         match self.call(&request, &[], None)? {
             WorkerValue::Number(copied) => Ok(copied),
             other => Err(unexpected(&other)),
+        }
+    }
+
+    fn map_imported(&self, chunks: &[ImportedChunk]) -> Result<MappedChunks, CuError> {
+        let request = WorkerRequest::PlacedMap {
+            chunks: chunks.to_vec(),
+        };
+        match self.call(&request, &[], None)? {
+            WorkerValue::Mapped(mapped) => Ok(mapped),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    fn copy_into_mapped(
+        &self,
+        mapped: &MappedChunks,
+        copies: &[(DevicePtr, u64)],
+    ) -> Result<u64, CuError> {
+        let request = WorkerRequest::PlacedCopyMapped {
+            mapped: mapped.clone(),
+            copies: copies.to_vec(),
+        };
+        match self.call(&request, &[], None)? {
+            WorkerValue::Number(copied) => Ok(copied),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    fn unmap_imported(&self, mapped: &MappedChunks) {
+        let request = WorkerRequest::PlacedUnmap {
+            mapped: mapped.clone(),
+        };
+        if let Err(e) = self.unit(&request, &[]) {
+            tracing::warn!("unmapping a moved session's target memory: {}", e.detail);
         }
     }
 

@@ -703,6 +703,19 @@ impl Served<'_, '_> {
                         .map(WorkerValue::Number),
                 )
             }),
+            WorkerRequest::PlacedMap { chunks } => guarded(kind, || {
+                value(ctx.map_imported(&chunks).map(WorkerValue::Mapped))
+            }),
+            WorkerRequest::PlacedCopyMapped { mapped, copies } => guarded(kind, || {
+                value(
+                    ctx.copy_into_mapped(&mapped, &copies)
+                        .map(WorkerValue::Number),
+                )
+            }),
+            WorkerRequest::PlacedUnmap { mapped } => guarded(kind, || {
+                ctx.unmap_imported(&mapped);
+                unit(Ok(()))
+            }),
             WorkerRequest::IpcExport { base } => guarded(kind, || {
                 value(ctx.ipc_export(base).map(WorkerValue::IpcHandle))
             }),

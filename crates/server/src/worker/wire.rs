@@ -17,7 +17,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::device::arrays::ArrayOp;
 use crate::device::host_span::HostSpan;
-use crate::device::placed_copy::ImportedChunk;
+use crate::device::placed_copy::{ImportedChunk, MappedChunks};
 use crate::device::{KernelLaunch, LoadedModule, MemFill, ModuleId, StreamWork, SyncTarget, VmmOp};
 
 /// Bytes that start a stdout marker; the nonce and a little-endian u64 follow.
@@ -222,6 +222,20 @@ pub enum WorkerRequest {
         chunks: Vec<ImportedChunk>,
         copies: Vec<(DevicePtr, u64)>,
     },
+    /// `DeviceContext::map_imported`: answered by [`WorkerValue::Mapped`].
+    PlacedMap {
+        chunks: Vec<ImportedChunk>,
+    },
+    /// `DeviceContext::copy_into_mapped`: answered by
+    /// [`WorkerValue::Number`] (the bytes).
+    PlacedCopyMapped {
+        mapped: MappedChunks,
+        copies: Vec<(DevicePtr, u64)>,
+    },
+    /// `DeviceContext::unmap_imported`: answered by `Unit`.
+    PlacedUnmap {
+        mapped: MappedChunks,
+    },
     /// `DeviceContext::ipc_export` of the allocation at `base`; answered by
     /// [`WorkerValue::IpcHandle`].
     IpcExport {
@@ -355,6 +369,8 @@ pub enum WorkerValue {
         unmovable: Option<String>,
     },
     Ptrs(Vec<DevicePtr>),
+    /// Imported chunks mapped ([`WorkerRequest::PlacedMap`]).
+    Mapped(MappedChunks),
     /// Where further connections come in, and the token they open with.
     Sessions {
         path: String,
