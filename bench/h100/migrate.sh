@@ -16,7 +16,8 @@
 # (seconds, default 0.5), STATES= (extra state in MiB, default "0 1024 4096"),
 # CK_MB= (the checkpointed session's memory in MiB, default 4096), PARTS=
 # (default "loop train states ckpt disk cpu"; loop, train and states need two
-# GPUs, the others one).
+# GPUs, the others one), CUDA_CHECKPOINT= (NVIDIA's cuda-checkpoint binary,
+# where it is not installed).
 set -u
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 KIT=${KIT:-$ROOT/device-kit}
@@ -216,7 +217,8 @@ if [ -n "$stages" ]; then
 fi
 # NVIDIA's cuda-checkpoint: the same program run natively, its device
 # memory suspended into the process's host memory and brought back.
-CC=$(command -v cuda-checkpoint || ls /usr/local/cuda/bin/cuda-checkpoint /usr/bin/cuda-checkpoint 2>/dev/null | head -1)
+# CUDA_CHECKPOINT= names the binary where it is not installed.
+CC=${CUDA_CHECKPOINT:-$(command -v cuda-checkpoint || ls /usr/local/cuda/bin/cuda-checkpoint /usr/bin/cuda-checkpoint 2>/dev/null | head -1)}
 if [ -n "$CC" ]; then
     rm -f "$W/rn.taken" "$W/rn.restored"
     "$W/rollback" "$W/rn" "$CK_MB" >"$OUT/runs/native-cc.txt" 2>&1 &
