@@ -17,6 +17,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::device::arrays::ArrayOp;
 use crate::device::host_span::HostSpan;
+use crate::device::limits::LimitSetting;
 use crate::device::{KernelLaunch, LoadedModule, MemFill, ModuleId, StreamWork, SyncTarget, VmmOp};
 
 /// Bytes that start a stdout marker; the nonce and a little-endian u64 follow.
@@ -158,11 +159,13 @@ pub enum WorkerRequest {
         start: Handle,
         end: Handle,
     },
-    /// `DeviceContext::set_limit`; answered by `Unit`.
+    /// `DeviceContext::apply_limit`; answered by `Unit`.
     SetLimit {
         limit: u32,
-        value: u64,
+        setting: LimitSetting,
     },
+    /// `DeviceContext::reset_limits`; answered by `Unit`.
+    ResetLimits,
     /// Answered by [`WorkerValue::TensorMap`].
     TensorMapEncode {
         request: TensorMapRequest,
@@ -280,6 +283,7 @@ impl WorkerRequest {
                 | WorkerRequest::Elapsed { .. }
                 | WorkerRequest::TensorMapEncode { .. }
                 | WorkerRequest::SetLimit { .. }
+                | WorkerRequest::ResetLimits
                 | WorkerRequest::IpcExport { .. }
                 | WorkerRequest::VmmExport { .. }
                 | WorkerRequest::PlacedExport { .. }
