@@ -20,6 +20,9 @@ pub enum LimitSetting {
     /// larger: a shared context with a live session that asked for nothing,
     /// which expects the driver's default. `AtLeastStart(0)` is the start.
     AtLeastStart(u64),
+    /// As [`LimitSetting::AtLeastStart`], but never lowering the limit: a
+    /// session that needs the default came, which takes nothing away.
+    RaisedToStart(u64),
     /// At least this value, never lowering it: a context other programs may
     /// share with no account kept of their requests (a program's context on
     /// another GPU, hosted in a shared worker).
@@ -32,6 +35,7 @@ pub fn target(setting: LimitSetting, current: u64, start: Option<u64>) -> Option
     let value = match setting {
         LimitSetting::Exactly(v) => v,
         LimitSetting::AtLeastStart(v) => v.max(start.unwrap_or(current)),
+        LimitSetting::RaisedToStart(v) => v.max(start.unwrap_or(0)).max(current),
         LimitSetting::AtLeastNow(v) => v.max(current),
     };
     (value != current).then_some(value)
@@ -99,6 +103,15 @@ mod tests {
             Some(4096)
         );
         assert_eq!(target(LimitSetting::AtLeastStart(0), 8192, None), None);
+        assert_eq!(
+            target(LimitSetting::RaisedToStart(512), 512, Some(1024)),
+            Some(1024)
+        );
+        assert_eq!(
+            target(LimitSetting::RaisedToStart(512), 8192, Some(1024)),
+            None
+        );
+        assert_eq!(target(LimitSetting::RaisedToStart(0), 512, None), None);
     }
 
     #[test]

@@ -27,10 +27,15 @@ pub struct LimitBook {
 
 impl LimitBook {
     /// View `view` is live, needing every limit's default until it asks:
-    /// a limit set below it for the views before is raised (`apply`).
+    /// a limit set below it for the views before is raised (`apply`), and
+    /// none is lowered.
     pub fn join(&self, view: u64, apply: impl Fn(u32, LimitSetting) -> Result<(), CuError>) {
         let mut views = lock(&self.views);
-        follow(&mut views, |v| drop(v.insert(view, BTreeMap::new())), apply);
+        let raise = |limit, setting| match setting {
+            LimitSetting::AtLeastStart(v) => apply(limit, LimitSetting::RaisedToStart(v)),
+            other => apply(limit, other),
+        };
+        follow(&mut views, |v| drop(v.insert(view, BTreeMap::new())), raise);
     }
 
     /// View `view` asks `limit` at `value`: the context's limit is set, by
@@ -187,7 +192,7 @@ mod tests {
         book.join(2, seen.apply());
         assert_eq!(
             seen.last(),
-            Some((HEAP, LimitSetting::AtLeastStart(4 * MIB)))
+            Some((HEAP, LimitSetting::RaisedToStart(4 * MIB)))
         );
         book.leave(2, seen.apply(), no_reset);
         assert_eq!(seen.last(), Some((HEAP, LimitSetting::Exactly(4 * MIB))));
