@@ -418,9 +418,9 @@ fn shared_worker_report(report: &Path) -> String {
 }
 
 /// A shared context's limits follow its live sessions (issues 15, 20): the
-/// largest any live session asked for, the default for one that asked
-/// nothing, and back to the defaults when the last ends; no limit one
-/// session asked for is kept after it.
+/// largest any live session asked for, never below the default, and back to
+/// the defaults when the last ends; no limit one session asked for is kept
+/// after it.
 fn shared_limits_follow_live_sessions(shared: &Arc<dyn cumux_server::Device>, report: &Path) {
     const STACK: u32 = 0;
     const HEAP: u32 = 2;
@@ -449,16 +449,19 @@ fn shared_limits_follow_live_sessions(shared: &Arc<dyn cumux_server::Device>, re
     expect(8 << 10, 32 * MIB, "A lowered its own");
     drop(a);
     expect(4 << 10, 16 * MIB, "A ended: B's");
-    // A session that asks nothing needs the defaults while it lives.
+    // Less than the defaults leaves the defaults (a session that asked
+    // nothing needs them).
     b.set_limit(HEAP, 4 * MIB).unwrap();
     b.set_limit(STACK, 512).unwrap();
-    expect(512, 4 * MIB, "B alone asked less than the defaults");
+    expect(1024, 8 * MIB, "B asked less than the defaults");
     let c = shared.create_context().unwrap();
-    expect(1024, 8 * MIB, "C, which asked nothing, came");
-    drop(c);
-    expect(512, 4 * MIB, "C ended");
     b.set_limit(HEAP, 24 * MIB).unwrap();
+    expect(1024, 24 * MIB, "B asked more");
     drop(b);
+    expect(1024, 8 * MIB, "B ended: C asked nothing");
+    c.set_limit(STACK, 16 << 10).unwrap();
+    expect(16 << 10, 8 * MIB, "C asked");
+    drop(c);
     expect(1024, 8 * MIB, "the last session ended: the defaults");
 }
 

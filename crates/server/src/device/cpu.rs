@@ -19,7 +19,7 @@ use cumux_ptx::{
 use super::attributes::{
     cpu_device_attributes, AttributeInputs, COMPUTE_CAPABILITY, SHARED_PER_BLOCK,
 };
-use super::limits::{self, LimitSetting};
+use super::limits::{self, LimitSetting, RefusedShrinks};
 use super::memory_use;
 use super::{
     Device, DeviceContext, GlobalDesc, HostRegion, KernelDesc, KernelLaunch, LaunchOutcome,
@@ -83,6 +83,7 @@ pub struct CpuContext {
     printf_fifo: AtomicU64,
     /// The malloc heap's size when the context was made.
     start_heap: u64,
+    refused_shrinks: RefusedShrinks,
     budget: Arc<Budget>,
     /// What this context has charged to the budget.
     charged: AtomicU64,
@@ -326,6 +327,7 @@ impl CpuDevice {
             .ok_or_else(|| CuError::new(codes::INVALID_DEVICE, "no address window"))?;
         Ok(Arc::new(CpuContext {
             start_heap: mem.heap_limit(),
+            refused_shrinks: RefusedShrinks::default(),
             mem,
             window,
             launch_budget: self.launch_budget,
@@ -429,7 +431,8 @@ impl DeviceContext for CpuContext {
             MALLOC_HEAP_LIMIT => (self.mem.heap_limit(), self.start_heap),
             _ => return Ok(()),
         };
-        limits::apply(limit, setting, current, Some(start), |value| {
+        let refused = &self.refused_shrinks;
+        limits::apply(limit, setting, (current, Some(start)), refused, |value| {
             self.set_own_limit(limit, value)
         })
     }

@@ -166,7 +166,7 @@ impl SharedView {
     ) -> Self {
         // 1 ..= 2^24 - 1: never 0, so no name is a session's own.
         let tag = tag % 0xff_ffff + 1;
-        limits.join(tag, |limit, setting| conn.apply_limit(limit, setting));
+        limits.join(tag);
         SharedView {
             _primary: primary,
             conn,

@@ -1,15 +1,15 @@
 //! A shared context's limits follow its live sessions: [`LimitBook`] keeps
 //! what each session's view asked, and the context runs each limit at the
-//! largest a live session needs, back to the start when none is left.
+//! largest a live session asked, back to the start when none is left.
 //!
-//! A live session that never asked for a limit needs the driver's default
-//! (the limit's value at the context's start), as it would in a context of
-//! its own; so a limit is set exactly to the largest request only when every
-//! live session asked for it, and to at least the start otherwise. When a
-//! session ends or lowers its request the limit is set again, smaller if so:
-//! one tenant's big stack or malloc heap is not kept for the others after it.
+//! A limit never goes below its value at the context's start (the driver's
+//! default): a session that asked for nothing needs that much, as it would in
+//! a context of its own, and a heap set below it and then used could never
+//! grow back (the driver refuses). When the session that asked for the most
+//! ends or lowers its request the limit is set again, smaller: one tenant's
+//! big stack or malloc heap is not kept for the others after it.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
 
 use cumux_protocol::CuError;
@@ -17,29 +17,26 @@ use cumux_protocol::CuError;
 use crate::device::limits::LimitSetting;
 use crate::locking::lock;
 
-/// The limit requests of one shared context's live sessions, by view tag.
+/// Each live view's limit requests: limit → value, by view tag.
+type Views = HashMap<u64, BTreeMap<u32, u64>>;
+
+/// The limit requests of one shared context's live sessions.
 #[derive(Default)]
 pub struct LimitBook {
-    /// Each live view's requests: limit → value. Held while the context's
-    /// limit is set, so that settings reach it in the order they were made.
+    /// Held while the context's limit is set, so that settings reach it in
+    /// the order they were made.
     views: Mutex<Views>,
 }
 
 impl LimitBook {
-    /// View `view` is live, needing every limit's default until it asks:
-    /// a limit set below it for the views before is raised (`apply`), and
-    /// none is lowered.
-    pub fn join(&self, view: u64, apply: impl Fn(u32, LimitSetting) -> Result<(), CuError>) {
-        let mut views = lock(&self.views);
-        let raise = |limit, setting| match setting {
-            LimitSetting::AtLeastStart(v) => apply(limit, LimitSetting::RaisedToStart(v)),
-            other => apply(limit, other),
-        };
-        follow(&mut views, |v| drop(v.insert(view, BTreeMap::new())), raise);
+    /// View `view` is live; until it asks, it needs the defaults, which every
+    /// limit keeps at least.
+    pub fn join(&self, view: u64) {
+        lock(&self.views).insert(view, BTreeMap::new());
     }
 
     /// View `view` asks `limit` at `value`: the context's limit is set, by
-    /// `apply`, to what its live views need now. A refusal (a stack the
+    /// `apply`, to what its live views asked now. A refusal (a stack the
     /// driver cannot give) is the session's, and its request is undone.
     pub fn ask(
         &self,
@@ -61,11 +58,10 @@ impl LimitBook {
         result
     }
 
-    /// View `view` ended: each limit whose setting that changes follows the
-    /// views left (`apply`): those it asked for, and those it needed the
-    /// default of; with none left, every limit of the context goes back to
-    /// its start (`reset`), those that kernels grew too. A refusal is logged:
-    /// no session is failed for it.
+    /// View `view` ended: each limit it asked the most of follows the views
+    /// left (`apply`); with none left, every limit of the context goes back
+    /// to its start (`reset`), those that kernels grew too. A refusal is
+    /// logged: no session is failed for it.
     pub fn leave(
         &self,
         view: u64,
@@ -73,14 +69,21 @@ impl LimitBook {
         reset: impl FnOnce() -> Result<(), CuError>,
     ) {
         let mut views = lock(&self.views);
-        if views.len() == 1 && views.contains_key(&view) {
-            views.clear();
+        let asked = views.remove(&view).unwrap_or_default();
+        if views.is_empty() {
             if let Err(e) = reset() {
                 tracing::warn!("shared context: its limits stay as they are: {e}");
             }
             return;
         }
-        follow(&mut views, |v| drop(v.remove(&view)), apply);
+        for (&limit, &value) in &asked {
+            if largest(&views, limit) >= value {
+                continue;
+            }
+            if let Err(e) = apply(limit, setting(&views, limit)) {
+                tracing::warn!(limit, "shared context: a limit stays as it is: {e}");
+            }
+        }
     }
 
     /// Forgets view `view` without setting anything (its context is gone).
@@ -89,39 +92,17 @@ impl LimitBook {
     }
 }
 
-/// Changes `views` by `change`, then sets (by `apply`) each limit a view
-/// asked for whose setting that changed; a refusal is logged.
-fn follow(
-    views: &mut Views,
-    change: impl FnOnce(&mut Views),
-    apply: impl Fn(u32, LimitSetting) -> Result<(), CuError>,
-) {
-    let asked: BTreeSet<u32> = views.values().flat_map(|a| a.keys().copied()).collect();
-    let before: Vec<LimitSetting> = asked.iter().map(|&l| setting(views, l)).collect();
-    change(views);
-    for (&limit, before) in asked.iter().zip(before) {
-        let now = setting(views, limit);
-        if now == before {
-            continue;
-        }
-        if let Err(e) = apply(limit, now) {
-            tracing::warn!(limit, "shared context: a limit stays as it is: {e}");
-        }
-    }
+/// What `limit` must be for `views`: the largest request, at least the start.
+fn setting(views: &Views, limit: u32) -> LimitSetting {
+    LimitSetting::AtLeastStart(largest(views, limit))
 }
 
-/// Each live view's limit requests: limit → value, by view tag.
-type Views = HashMap<u64, BTreeMap<u32, u64>>;
-
-/// What `limit` must be for `views`: the largest request, exactly when every
-/// view asked for it, else at least the limit's start.
-fn setting(views: &Views, limit: u32) -> LimitSetting {
-    let asks = || views.values().map(|asked| asked.get(&limit).copied());
-    let largest = asks().flatten().max().unwrap_or(0);
-    match asks().all(|a| a.is_some()) && !views.is_empty() {
-        true => LimitSetting::Exactly(largest),
-        false => LimitSetting::AtLeastStart(largest),
-    }
+/// The largest request of `limit` among `views` (0: none asked).
+fn largest(views: &Views, limit: u32) -> u64 {
+    let asks = views
+        .values()
+        .filter_map(|asked| asked.get(&limit).copied());
+    asks.max().unwrap_or(0)
 }
 
 #[cfg(test)]
@@ -159,22 +140,29 @@ mod tests {
     #[test]
     fn a_limit_follows_the_largest_live_request() {
         let (book, seen) = (LimitBook::default(), Seen::default());
-        book.join(1, seen.apply());
-        book.join(2, seen.apply());
-        assert_eq!(seen.count(), 0, "nobody asked: nothing to set");
+        book.join(1);
+        book.join(2);
         book.ask(1, HEAP, 64 * MIB, seen.apply()).unwrap();
-        // View 2 has not asked: it needs the default at least.
         assert_eq!(
             seen.last(),
             Some((HEAP, LimitSetting::AtLeastStart(64 * MIB)))
         );
         book.ask(2, HEAP, 16 * MIB, seen.apply()).unwrap();
-        assert_eq!(seen.last(), Some((HEAP, LimitSetting::Exactly(64 * MIB))));
+        assert_eq!(
+            seen.last(),
+            Some((HEAP, LimitSetting::AtLeastStart(64 * MIB)))
+        );
         // A lower request of its own lowers it.
         book.ask(1, HEAP, 32 * MIB, seen.apply()).unwrap();
-        assert_eq!(seen.last(), Some((HEAP, LimitSetting::Exactly(32 * MIB))));
+        assert_eq!(
+            seen.last(),
+            Some((HEAP, LimitSetting::AtLeastStart(32 * MIB)))
+        );
         book.leave(1, seen.apply(), no_reset);
-        assert_eq!(seen.last(), Some((HEAP, LimitSetting::Exactly(16 * MIB))));
+        assert_eq!(
+            seen.last(),
+            Some((HEAP, LimitSetting::AtLeastStart(16 * MIB)))
+        );
         let reset = RefCell::new(0);
         book.leave(2, seen.apply(), || {
             *reset.borrow_mut() += 1;
@@ -184,37 +172,33 @@ mod tests {
     }
 
     #[test]
-    fn a_view_that_asked_nothing_keeps_the_default_while_it_lives() {
+    fn a_limit_is_set_again_only_when_the_largest_request_goes() {
         let (book, seen) = (LimitBook::default(), Seen::default());
-        book.join(1, seen.apply());
-        book.ask(1, HEAP, 4 * MIB, seen.apply()).unwrap();
-        assert_eq!(seen.last(), Some((HEAP, LimitSetting::Exactly(4 * MIB))));
-        book.join(2, seen.apply());
-        assert_eq!(
-            seen.last(),
-            Some((HEAP, LimitSetting::RaisedToStart(4 * MIB)))
-        );
-        book.leave(2, seen.apply(), no_reset);
-        assert_eq!(seen.last(), Some((HEAP, LimitSetting::Exactly(4 * MIB))));
-        // Set again only when a setting changes.
+        for view in 1..=3 {
+            book.join(view);
+        }
+        book.ask(1, HEAP, 64 * MIB, seen.apply()).unwrap();
+        book.ask(2, HEAP, 16 * MIB, seen.apply()).unwrap();
         let count = seen.count();
-        book.join(2, seen.apply());
-        book.join(3, seen.apply());
+        book.leave(2, seen.apply(), no_reset);
         book.leave(3, seen.apply(), no_reset);
-        assert_eq!(seen.count(), count + 1);
+        assert_eq!(seen.count(), count, "nothing to set: view 1 asked more");
+        book.join(4);
+        book.leave(1, seen.apply(), no_reset);
+        assert_eq!(seen.last(), Some((HEAP, LimitSetting::AtLeastStart(0))));
     }
 
     #[test]
     fn a_refused_request_is_undone_and_a_refused_reset_fails_nobody() {
         let (book, seen) = (LimitBook::default(), Seen::default());
-        book.join(1, seen.apply());
-        book.join(2, seen.apply());
+        book.join(1);
+        book.join(2);
         book.ask(1, 0, 8 << 10, seen.apply()).unwrap();
         let refuse = |_, _| Err(CuError::new(codes::OUT_OF_MEMORY, "no such stack"));
         let e = book.ask(1, 0, 1 << 30, refuse).unwrap_err();
         assert_eq!(e.code, codes::OUT_OF_MEMORY);
         book.ask(2, 0, 4 << 10, seen.apply()).unwrap();
-        assert_eq!(seen.last(), Some((0, LimitSetting::Exactly(8 << 10))));
+        assert_eq!(seen.last(), Some((0, LimitSetting::AtLeastStart(8 << 10))));
         book.leave(1, refuse, no_reset);
         let refused = || Err(CuError::new(codes::INVALID_VALUE, "heap used"));
         book.leave(2, refuse, refused);

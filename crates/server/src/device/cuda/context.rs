@@ -28,7 +28,7 @@ use super::convert::{cu_err, fill_of, function_attrs, launch_attr, memset, param
 use super::exported;
 use super::placed::Placed;
 use crate::device::arrays::ArrayOp;
-use crate::device::limits::{self, LimitSetting, KNOWN_LIMITS};
+use crate::device::limits::{self, LimitSetting, RefusedShrinks, KNOWN_LIMITS};
 use crate::device::memory_use::ContextMemory;
 use crate::device::{
     DeviceContext, GlobalDesc, HostRegion, KernelDesc, KernelLaunch, LaunchOutcome, LoadedModule,
@@ -111,6 +111,7 @@ pub struct CudaContext {
     /// Each limit's value when this context was made, before any session
     /// set one (the driver's defaults, in a worker's first context).
     start_limits: Vec<(u32, u64)>,
+    refused_shrinks: RefusedShrinks,
 }
 
 /// The streams and events of a [`CudaContext`] used as [`StreamOrdered`].
@@ -155,6 +156,7 @@ impl CudaContext {
             mallocs: AtomicBool::new(false),
             greens: GreenParts::default(),
             start_limits,
+            refused_shrinks: RefusedShrinks::default(),
         }
     }
 
@@ -513,7 +515,8 @@ impl DeviceContext for CudaContext {
         let ctx = self.ctx()?;
         let current = ctx.limit(limit).map_err(cu_err)?;
         let start = self.start_limits.iter().find(|(l, _)| *l == limit);
-        limits::apply(limit, setting, current, start.map(|s| s.1), |value| {
+        let now = (current, start.map(|s| s.1));
+        limits::apply(limit, setting, now, &self.refused_shrinks, |value| {
             self.flushing(|| ctx.set_limit(limit, value))
                 .map_err(cu_err)
         })
