@@ -21,9 +21,10 @@ pub enum LimitSetting {
     /// at the largest request of its live sessions
     /// (`worker::shared_limits`). `AtLeastStart(0)` is the start.
     AtLeastStart(u64),
-    /// At least this value, never lowering it: a context other programs may
-    /// share with no account kept of their requests (a program's context on
-    /// another GPU, hosted in a shared worker).
+    /// At least this value, never lowering it: a request that grew, in a
+    /// shared context; a context other programs may share with no account
+    /// kept of their requests (a program's context on another GPU, hosted in
+    /// a shared worker).
     AtLeastNow(u64),
 }
 

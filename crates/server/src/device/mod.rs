@@ -315,8 +315,6 @@ pub trait DeviceContext: Send + Sync {
     /// nothing waits for a kernel nobody will read (the CPU device; other
     /// contexts' kernels end with their worker process, or finish).
     fn cancel_launches(&self) {}
-    /// Encodes a tensor-memory-access descriptor for this context's memory
-    /// (`cuTensorMapEncode*`); the session has checked the address.
     /// A session's `cuCtxSetLimit` of `limit` (a `CU_LIMIT_*`) to `value`
     /// (the client reads back what it set). A context of its own sets it
     /// exactly; a shared context's view keeps its session's request, and the
@@ -335,7 +333,8 @@ pub trait DeviceContext: Send + Sync {
     fn reset_limits(&self) -> Result<(), CuError> {
         Ok(())
     }
-
+    /// Encodes a tensor-memory-access descriptor for this context's memory
+    /// (`cuTensorMapEncode*`); the session has checked the address.
     fn tensor_map_encode(&self, request: &TensorMapRequest) -> Result<Vec<u8>, CuError> {
         let _ = request;
         Err(CuError::new(

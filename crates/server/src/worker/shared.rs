@@ -15,8 +15,8 @@
 //! - **Clean-up**: dropping the view frees the session's memory, modules,
 //!   streams and events in the shared context; the context lives on.
 //! - **Limits of its own**: the session's `cuCtxSetLimit` requests are kept
-//!   ([`LimitBook`]); the context runs each limit at what its live sessions
-//!   need, so one that ended keeps no big stack or heap reserved.
+//!   ([`LimitBook`]); the context runs each limit at the largest its live
+//!   sessions asked, so one that ended keeps no big stack or heap reserved.
 //! - **Scrubbed memory**: what a session frees (its modules' globals too) is
 //!   zeroed first, so the next allocation, another tenant's perhaps, finds
 //!   none of its bytes.
@@ -794,7 +794,8 @@ impl Drop for SharedView {
         if let Some(p) = self.fenced() {
             p.release(&self.conn);
         }
-        // Its work is done: setting a limit waits for none of it.
+        // Its work is done; lowering the stack waits for the context's
+        // queued work, the other tenants' too (the driver's rule).
         let apply = |limit, setting| self.conn.apply_limit(limit, setting);
         let reset = || self.conn.reset_limits();
         self.limits.leave(self.tag, apply, reset);

@@ -36,8 +36,10 @@ impl LimitBook {
     }
 
     /// View `view` asks `limit` at `value`: the context's limit is set, by
-    /// `apply`, to what its live views asked now. A refusal (a stack the
-    /// driver cannot give) is the session's, and its request is undone.
+    /// `apply`, to what its live views asked now; lowered only when the view
+    /// asked the most and now asks less (else not below a stack kernels grew).
+    /// A refusal (a stack the driver cannot give) is the session's, and its
+    /// request is undone.
     pub fn ask(
         &self,
         view: u64,
@@ -47,7 +49,13 @@ impl LimitBook {
     ) -> Result<(), CuError> {
         let mut views = lock(&self.views);
         let before = views.entry(view).or_default().insert(limit, value);
-        let result = apply(limit, setting(&views, limit));
+        let most = largest(&views, limit);
+        let now = match before {
+            // It asked the most, and now less.
+            Some(before) if most < before => setting(&views, limit),
+            _ => LimitSetting::AtLeastNow(most),
+        };
+        let result = apply(limit, now);
         if result.is_err() {
             let asked = views.entry(view).or_default();
             match before {
@@ -145,12 +153,12 @@ mod tests {
         book.ask(1, HEAP, 64 * MIB, seen.apply()).unwrap();
         assert_eq!(
             seen.last(),
-            Some((HEAP, LimitSetting::AtLeastStart(64 * MIB)))
+            Some((HEAP, LimitSetting::AtLeastNow(64 * MIB)))
         );
         book.ask(2, HEAP, 16 * MIB, seen.apply()).unwrap();
         assert_eq!(
             seen.last(),
-            Some((HEAP, LimitSetting::AtLeastStart(64 * MIB)))
+            Some((HEAP, LimitSetting::AtLeastNow(64 * MIB)))
         );
         // A lower request of its own lowers it.
         book.ask(1, HEAP, 32 * MIB, seen.apply()).unwrap();
@@ -179,6 +187,12 @@ mod tests {
         }
         book.ask(1, HEAP, 64 * MIB, seen.apply()).unwrap();
         book.ask(2, HEAP, 16 * MIB, seen.apply()).unwrap();
+        // Less of one that did not ask the most lowers nothing.
+        book.ask(2, HEAP, 8 * MIB, seen.apply()).unwrap();
+        assert_eq!(
+            seen.last(),
+            Some((HEAP, LimitSetting::AtLeastNow(64 * MIB)))
+        );
         let count = seen.count();
         book.leave(2, seen.apply(), no_reset);
         book.leave(3, seen.apply(), no_reset);
@@ -198,7 +212,7 @@ mod tests {
         let e = book.ask(1, 0, 1 << 30, refuse).unwrap_err();
         assert_eq!(e.code, codes::OUT_OF_MEMORY);
         book.ask(2, 0, 4 << 10, seen.apply()).unwrap();
-        assert_eq!(seen.last(), Some((0, LimitSetting::AtLeastStart(8 << 10))));
+        assert_eq!(seen.last(), Some((0, LimitSetting::AtLeastNow(8 << 10))));
         book.leave(1, refuse, no_reset);
         let refused = || Err(CuError::new(codes::INVALID_VALUE, "heap used"));
         book.leave(2, refuse, refused);
