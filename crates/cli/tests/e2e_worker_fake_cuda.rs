@@ -5,7 +5,7 @@
 
 mod common;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -27,7 +27,9 @@ use cumux_server::device::{
 use cumux_server::session::Session;
 use cumux_server::tenants::{TenantClass, TenantSettings};
 use cumux_server::worker::device::{cuda_worker_devices, Sharing};
-use cumux_testkit::fake_gpu::{f32_bytes, f32s, fake_libcuda, fixture_fatbin, scale_params};
+use cumux_testkit::fake_gpu::{
+    f32_bytes, f32s, fake_libcuda, fixture_fatbin, live_reports, scale_params,
+};
 
 const CUMUX: &str = env!("CARGO_BIN_EXE_cumux");
 
@@ -138,11 +140,15 @@ fn cuda_contexts_live_in_workers() {
     ctx.mem_free(b, 16).unwrap();
 
     // Limits reach the driver (CU_LIMIT_STACK_SIZE = 0): a stack it cannot
-    // give is its refusal, one it can is set, a smaller one keeps the larger.
+    // give is its refusal, one it can is set, and a smaller one too: the
+    // context is the session's own.
     let e = ctx.set_limit(0, 1 << 30).unwrap_err();
     assert_eq!(e.code, codes::OUT_OF_MEMORY, "{e}");
     ctx.set_limit(0, 16 << 10).unwrap();
     ctx.set_limit(0, 512).unwrap();
+    let own = format!("{}.{}", report.display(), children()[0].0);
+    let own = std::fs::read_to_string(own).unwrap();
+    assert!(own.contains(" limits stack 512 "), "{own}");
 
     // A second session has a worker of its own; killing it fails that
     // session only.
@@ -246,6 +252,7 @@ fn cuda_contexts_live_in_workers() {
     moved_memory_goes_device_to_device(&device);
     arrays_zeroed_when_shared(&shared[0]);
     sm_caps_in_workers(&device, &shared[0], &report);
+    shared_limits_follow_live_sessions(&shared[0], &report);
     drop(server);
     drop(shared);
     wait_until("every worker to exit", || children().is_empty());
@@ -274,31 +281,11 @@ fn cuda_contexts_live_in_workers() {
 fn sm_caps_in_workers(
     device: &Arc<dyn cumux_server::Device>,
     shared: &Arc<dyn cumux_server::Device>,
-    report: &std::path::Path,
+    report: &Path,
 ) {
-    // Each worker process's own report (`REPORT.PID`): no other process
-    // writes it, so what one says cannot be another's.
-    let lives = || -> Vec<String> {
-        let name = report.file_name().unwrap().to_string_lossy().to_string();
-        let dir = report.parent().unwrap();
-        std::fs::read_dir(dir)
-            .unwrap()
-            .flatten()
-            .filter(|e| {
-                e.file_name()
-                    .to_string_lossy()
-                    .starts_with(&format!("{name}."))
-            })
-            .map(|e| std::fs::read_to_string(e.path()).unwrap_or_default())
-            .collect()
-    };
+    let lives = || worker_reports(report);
     let any_says = |what: &str| lives().iter().any(|r| r.contains(what));
-    let shared_report = || {
-        lives()
-            .into_iter()
-            .find(|r| r.contains(" primary "))
-            .unwrap_or_default()
-    };
+    let shared_report = || shared_worker_report(report);
     let part = |from, to| cumux_server::sm_parts::SmPart { from, to };
     let capped = device.create_context().unwrap();
     capped.set_sm_cap(part(0, 25)).unwrap();
@@ -410,6 +397,72 @@ fn sm_caps_in_workers(
     assert_eq!(made(&shared_report()), now, "{}", shared_report());
     drop(view);
     drop(plain);
+}
+
+/// Each worker process's own report (`REPORT.PID`): no other process
+/// writes it, so what one says cannot be another's.
+fn worker_reports(report: &Path) -> Vec<String> {
+    live_reports(report)
+        .into_iter()
+        .map(|(_, text)| text)
+        .collect()
+}
+
+/// The report of the shared worker: the one process holding the GPU's
+/// primary context.
+fn shared_worker_report(report: &Path) -> String {
+    worker_reports(report)
+        .into_iter()
+        .find(|r| r.contains(" primary "))
+        .unwrap_or_default()
+}
+
+/// A shared context's limits follow its live sessions (issues 15, 20): the
+/// largest any live session asked for, never below the default, and back to
+/// the defaults when the last ends; no limit one session asked for is kept
+/// after it.
+fn shared_limits_follow_live_sessions(shared: &Arc<dyn cumux_server::Device>, report: &Path) {
+    const STACK: u32 = 0;
+    const HEAP: u32 = 2;
+    const MIB: u64 = 1 << 20;
+    let limits = || {
+        let report = shared_worker_report(report);
+        let now = report.split(" limits ").nth(1).unwrap_or_default();
+        now.trim().to_string()
+    };
+    let expect = |stack: u64, heap: u64, when: &str| {
+        let want = format!("stack {stack} printf {MIB} heap {heap}");
+        assert_eq!(limits(), want, "{when}");
+    };
+    let a = shared.create_context().unwrap();
+    let b = shared.create_context().unwrap();
+    a.set_limit(HEAP, 64 * MIB).unwrap();
+    a.set_limit(STACK, 8 << 10).unwrap();
+    expect(8 << 10, 64 * MIB, "A asked");
+    b.set_limit(HEAP, 16 * MIB).unwrap();
+    b.set_limit(STACK, 4 << 10).unwrap();
+    expect(8 << 10, 64 * MIB, "B asked less while A lives");
+    // The driver's refusal is the asking session's, and changes nothing.
+    let e = b.set_limit(STACK, 1 << 30).unwrap_err();
+    assert_eq!(e.code, codes::OUT_OF_MEMORY, "{e}");
+    a.set_limit(HEAP, 32 * MIB).unwrap();
+    expect(8 << 10, 32 * MIB, "A lowered its own");
+    drop(a);
+    expect(4 << 10, 16 * MIB, "A ended: B's");
+    // Less than the defaults leaves the defaults (a session that asked
+    // nothing needs them).
+    b.set_limit(HEAP, 4 * MIB).unwrap();
+    b.set_limit(STACK, 512).unwrap();
+    expect(1024, 8 * MIB, "B asked less than the defaults");
+    let c = shared.create_context().unwrap();
+    b.set_limit(HEAP, 24 * MIB).unwrap();
+    expect(1024, 24 * MIB, "B asked more");
+    drop(b);
+    expect(1024, 8 * MIB, "B ended: C asked nothing");
+    c.set_limit(STACK, 16 << 10).unwrap();
+    expect(16 << 10, 8 * MIB, "C asked");
+    drop(c);
+    expect(1024, 8 * MIB, "the last session ended: the defaults");
 }
 
 /// Makes a stream in `ctx` and launches nothing on it.

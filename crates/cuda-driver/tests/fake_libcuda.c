@@ -92,8 +92,11 @@ CUresult cuCtxSetCurrent(void *ctx) {
 static void flush_prints(void);
 CUresult cuCtxSynchronize(void) { flush_prints(); return 0; }
 /* Context limits (CUlimit 0..6: stack, printf FIFO, malloc heap, ...), the
- * driver's defaults; a stack of more than 1 MiB per thread is out of memory. */
+ * driver's defaults; a stack of more than 1 MiB per thread is out of memory.
+ * The live report names the stack, printf FIFO and heap as they are now. */
 static size_t limits[7] = {1024, 1 << 20, 8 << 20, 2, 2048, 0, 0};
+static long limit_sets;
+static void live_change(long *counter, long by);
 CUresult cuCtxGetLimit(size_t *value, unsigned limit) {
   if (limit >= 7 || !value) return 1;
   *value = limits[limit];
@@ -103,12 +106,12 @@ CUresult cuCtxSetLimit(unsigned limit, size_t value) {
   if (limit >= 7) return 1;
   if (limit == 0 && value > (1 << 20)) return 2;
   limits[limit] = value;
+  live_change(&limit_sets, 1);
   return 0;
 }
 /* primary_retained: live retains of the primary context (the report names
  * them when there are). */
 static long primary_retained;
-static void live_change(long *counter, long by);
 CUresult cuDevicePrimaryCtxRetain(void **ctx, CUdevice d) {
     (void)d; *ctx = &dummy_context;
     live_change(&primary_retained, 1);
@@ -234,6 +237,7 @@ static void live_change(long *counter, long by) {
             }
             if (made_in_green) fprintf(f, " made_in_green %ld", made_in_green);
             if (primary_retained) fprintf(f, " primary %ld", primary_retained);
+            fprintf(f, " limits stack %zu printf %zu heap %zu", limits[0], limits[1], limits[2]);
             fclose(f);
         }
     }

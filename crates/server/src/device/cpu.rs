@@ -19,6 +19,7 @@ use cumux_ptx::{
 use super::attributes::{
     cpu_device_attributes, AttributeInputs, COMPUTE_CAPABILITY, SHARED_PER_BLOCK,
 };
+use super::limits::{self, LimitSetting, RefusedShrinks};
 use super::memory_use;
 use super::{
     Device, DeviceContext, GlobalDesc, HostRegion, KernelDesc, KernelLaunch, LaunchOutcome,
@@ -80,6 +81,9 @@ pub struct CpuContext {
     cancelled: AtomicBool,
     /// `CU_LIMIT_PRINTF_FIFO_SIZE`: the printf text a block keeps.
     printf_fifo: AtomicU64,
+    /// The malloc heap's size when the context was made.
+    start_heap: u64,
+    refused_shrinks: RefusedShrinks,
     budget: Arc<Budget>,
     /// What this context has charged to the budget.
     charged: AtomicU64,
@@ -322,6 +326,8 @@ impl CpuDevice {
         let mem = DeviceMemory::numbered(self.budget.capacity, window)
             .ok_or_else(|| CuError::new(codes::INVALID_DEVICE, "no address window"))?;
         Ok(Arc::new(CpuContext {
+            start_heap: mem.heap_limit(),
+            refused_shrinks: RefusedShrinks::default(),
             mem,
             window,
             launch_budget: self.launch_budget,
@@ -414,35 +420,26 @@ impl DeviceContext for CpuContext {
         self.settle();
     }
 
-    /// The malloc heap's size (`CU_LIMIT_MALLOC_HEAP_SIZE`), refused once a
-    /// kernel of this context used the heap, as the driver refuses it, and
-    /// past [`MAX_MALLOC_HEAP`].
-    fn set_limit(&self, limit: u32, value: u64) -> Result<(), CuError> {
-        if limit == PRINTF_FIFO_LIMIT {
-            if value > MAX_PRINTF_FIFO {
-                return Err(CuError::new(
-                    codes::INVALID_VALUE,
-                    format!("the CPU device's printf FIFO is at most {MAX_PRINTF_FIFO} bytes"),
-                ));
-            }
-            self.printf_fifo.store(value, Ordering::Relaxed);
-            return Ok(());
-        }
-        if limit != MALLOC_HEAP_LIMIT {
-            return Ok(());
-        }
-        if value > MAX_MALLOC_HEAP {
-            return Err(CuError::new(
-                codes::INVALID_VALUE,
-                format!("the CPU device's malloc heap is at most {MAX_MALLOC_HEAP} bytes"),
-            ));
-        }
-        self.mem.set_heap_limit(value).map_err(|_| {
-            CuError::new(
-                codes::INVALID_VALUE,
-                "the malloc heap's size cannot change once a kernel used the heap",
-            )
+    /// The printf FIFO and the malloc heap, from their values at the start
+    /// ([`CpuContext::set_own_limit`]); other limits are met as they are.
+    fn apply_limit(&self, limit: u32, setting: LimitSetting) -> Result<(), CuError> {
+        let (current, start) = match limit {
+            PRINTF_FIFO_LIMIT => (
+                self.printf_fifo.load(Ordering::Relaxed),
+                DEFAULT_PRINTF_FIFO as u64,
+            ),
+            MALLOC_HEAP_LIMIT => (self.mem.heap_limit(), self.start_heap),
+            _ => return Ok(()),
+        };
+        let refused = &self.refused_shrinks;
+        limits::apply(limit, setting, (current, Some(start)), refused, |value| {
+            self.set_own_limit(limit, value)
         })
+    }
+
+    fn reset_limits(&self) -> Result<(), CuError> {
+        let fifo = self.apply_limit(PRINTF_FIFO_LIMIT, LimitSetting::AtLeastStart(0));
+        fifo.and(self.apply_limit(MALLOC_HEAP_LIMIT, LimitSetting::AtLeastStart(0)))
     }
 
     fn launch(&self, launch: &KernelLaunch) -> LaunchOutcome {
@@ -554,6 +551,37 @@ impl MovableContext for CpuContext {
 }
 
 impl CpuContext {
+    /// Sets the printf FIFO or the malloc heap to `value`: past
+    /// [`MAX_PRINTF_FIFO`] or [`MAX_MALLOC_HEAP`] refused, and the heap's size
+    /// once a kernel of this context used the heap, as the driver refuses it.
+    fn set_own_limit(&self, limit: u32, value: u64) -> Result<(), CuError> {
+        if limit == PRINTF_FIFO_LIMIT {
+            if value > MAX_PRINTF_FIFO {
+                return Err(CuError::new(
+                    codes::INVALID_VALUE,
+                    format!("the CPU device's printf FIFO is at most {MAX_PRINTF_FIFO} bytes"),
+                ));
+            }
+            self.printf_fifo.store(value, Ordering::Relaxed);
+            return Ok(());
+        }
+        if limit != MALLOC_HEAP_LIMIT {
+            return Ok(());
+        }
+        if value > MAX_MALLOC_HEAP {
+            return Err(CuError::new(
+                codes::INVALID_VALUE,
+                format!("the CPU device's malloc heap is at most {MAX_MALLOC_HEAP} bytes"),
+            ));
+        }
+        self.mem.set_heap_limit(value).map_err(|_| {
+            CuError::new(
+                codes::INVALID_VALUE,
+                "the malloc heap's size cannot change once a kernel used the heap",
+            )
+        })
+    }
+
     /// Loads `image`; with `blocks`, its loading must allocate exactly those
     /// addresses, in order.
     fn load_placed(

@@ -11,6 +11,7 @@ pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod host_span;
+pub mod limits;
 pub mod memory_use;
 pub mod model;
 pub mod ordering;
@@ -314,16 +315,26 @@ pub trait DeviceContext: Send + Sync {
     /// nothing waits for a kernel nobody will read (the CPU device; other
     /// contexts' kernels end with their worker process, or finish).
     fn cancel_launches(&self) {}
-    /// Encodes a tensor-memory-access descriptor for this context's memory
-    /// (`cuTensorMapEncode*`); the session has checked the address.
-    /// `cuCtxSetLimit` of `limit` (a `CU_LIMIT_*`) to `value`. A GPU applies
-    /// every limit (growing only, see `cuda::context`); a device that has no
-    /// such limit takes it as met (the client reads back what was set).
+    /// A session's `cuCtxSetLimit` of `limit` (a `CU_LIMIT_*`) to `value`
+    /// (the client reads back what it set). A context of its own sets it
+    /// exactly; a shared context's view keeps its session's request, and the
+    /// context runs at what its live sessions asked (`worker::shared_limits`).
     fn set_limit(&self, limit: u32, value: u64) -> Result<(), CuError> {
-        let _ = (limit, value);
+        self.apply_limit(limit, limits::LimitSetting::Exactly(value))
+    }
+    /// Sets `limit` as `setting` says ([`limits::apply`]). A GPU applies
+    /// every limit; a device that has no such limit takes it as met.
+    fn apply_limit(&self, limit: u32, setting: limits::LimitSetting) -> Result<(), CuError> {
+        let _ = (limit, setting);
         Ok(())
     }
-
+    /// Every limit back to its value at the context's start (a shared
+    /// context that has no session left); a refused one is logged.
+    fn reset_limits(&self) -> Result<(), CuError> {
+        Ok(())
+    }
+    /// Encodes a tensor-memory-access descriptor for this context's memory
+    /// (`cuTensorMapEncode*`); the session has checked the address.
     fn tensor_map_encode(&self, request: &TensorMapRequest) -> Result<Vec<u8>, CuError> {
         let _ = request;
         Err(CuError::new(

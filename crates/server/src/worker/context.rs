@@ -34,6 +34,7 @@ use super::wire::{
     WireWork, WorkerReply, WorkerRequest, WorkerValue, MAX_IMAGE_PARTS, NONCE_BYTES,
 };
 use crate::device::arrays::ArrayOp;
+use crate::device::limits::LimitSetting;
 use crate::device::memory_use::ContextMemory;
 use crate::device::ordering::not_a_launch;
 use crate::device::pieces::{Buffer, TakePiece};
@@ -836,8 +837,22 @@ impl DeviceContext for WorkerContext {
         Some(self)
     }
 
+    /// Exactly, unless the context is a program's on another GPU in a
+    /// shared worker, whose other programs may share it: then it only grows.
     fn set_limit(&self, limit: u32, value: u64) -> Result<(), CuError> {
-        self.unit(&WorkerRequest::SetLimit { limit, value }, &[])
+        let setting = match self.member.is_some() && !self.own_process {
+            true => LimitSetting::AtLeastNow(value),
+            false => LimitSetting::Exactly(value),
+        };
+        self.apply_limit(limit, setting)
+    }
+
+    fn apply_limit(&self, limit: u32, setting: LimitSetting) -> Result<(), CuError> {
+        self.unit(&WorkerRequest::SetLimit { limit, setting }, &[])
+    }
+
+    fn reset_limits(&self) -> Result<(), CuError> {
+        self.unit(&WorkerRequest::ResetLimits, &[])
     }
 
     fn tensor_map_encode(&self, request: &TensorMapRequest) -> Result<Vec<u8>, CuError> {

@@ -17,6 +17,7 @@ use super::fencing::Claims;
 #[cfg(any(feature = "cpu", feature = "cuda"))]
 use super::process::image_print_detector;
 use super::shared::{FenceSetup, PrintRoute, SharedView};
+use super::shared_limits::LimitBook;
 use super::spawn::{Launcher, WorkerCommand, READY_WAIT};
 use super::watchdog::Watchdog;
 #[cfg(feature = "cuda")]
@@ -24,9 +25,17 @@ use crate::device::cuda::CudaDevice;
 use crate::device::{ContextGroup, Device, DeviceContext, MovableContext, MovableDevice};
 use crate::locking::lock;
 
-/// The context of a `shared` device, the route of its device printf, and
-/// the address ranges its fenced sessions claim.
-type SharedContext = (Arc<WorkerContext>, Arc<PrintRoute>, Arc<Claims>);
+/// The context of a `shared` device, and what its sessions' views share.
+#[derive(Clone)]
+struct SharedContext {
+    ctx: Arc<WorkerContext>,
+    /// The route of its device printf.
+    route: Arc<PrintRoute>,
+    /// The address ranges its fenced sessions claim.
+    claims: Arc<Claims>,
+    /// Its live sessions' limit requests.
+    limits: Arc<LimitBook>,
+}
 
 /// How a worker device gives sessions their contexts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -127,7 +136,12 @@ impl WorkerDevice {
     /// A session's view of the shared context, and that context.
     fn shared_view(&self) -> Result<(Arc<dyn DeviceContext>, Arc<WorkerContext>), CuError> {
         let tag = self.next_view.fetch_add(1, Ordering::Relaxed);
-        let (primary, route, claims) = self.shared_context();
+        let SharedContext {
+            ctx: primary,
+            route,
+            claims,
+            limits,
+        } = self.shared_context();
         let conn = primary.open_connection()?;
         let attribute = |n: u32| {
             let found = self.info.attributes.iter().find(|(a, _)| *a == n);
@@ -147,6 +161,7 @@ impl WorkerDevice {
             route,
             self.may_print,
             setup,
+            limits,
         );
         Ok((Arc::new(view), primary))
     }
@@ -156,9 +171,7 @@ impl WorkerDevice {
     fn shared_context(&self) -> SharedContext {
         let mut slot = lock(&self.shared);
         match &*slot {
-            Some((ctx, route, claims)) if !ctx.is_dead() => {
-                (Arc::clone(ctx), Arc::clone(route), Arc::clone(claims))
-            }
+            Some(shared) if !shared.ctx.is_dead() => shared.clone(),
             _ => {
                 if slot.is_some() {
                     tracing::warn!("the shared context died; new sessions get a fresh one");
@@ -168,10 +181,14 @@ impl WorkerDevice {
                     Arc::clone(&self.used),
                     Arc::clone(&self.next_module),
                 ));
-                let route = Arc::new(PrintRoute::default());
-                let claims = Arc::new(Claims::default());
-                *slot = Some((Arc::clone(&ctx), Arc::clone(&route), Arc::clone(&claims)));
-                (ctx, route, claims)
+                let shared = SharedContext {
+                    ctx,
+                    route: Arc::default(),
+                    claims: Arc::default(),
+                    limits: Arc::default(),
+                };
+                *slot = Some(shared.clone());
+                shared
             }
         }
     }
@@ -254,7 +271,7 @@ impl Device for WorkerDevice {
             "starting the device's workers (each creates its context)"
         );
         if self.sharing.one_context() {
-            if let Err(e) = self.shared_context().0.start_now() {
+            if let Err(e) = self.shared_context().ctx.start_now() {
                 tracing::warn!(ordinal, "the shared worker did not start: {e}");
                 return;
             }

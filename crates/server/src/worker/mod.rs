@@ -23,7 +23,8 @@
 //!
 //! Map: [`device`] is the [`crate::device::Device`] sessions see; [`context`]
 //! one context (or one connection to a shared one) in a worker; [`shared`] a
-//! session's view of a `shared`-mode context; [`colocation`] keeps one program's
+//! session's view of a `shared`-mode context, [`shared_limits`] the limits its
+//! sessions asked for; [`colocation`] keeps one program's
 //! contexts on several devices in one process; [`watchdog`] resets contexts whose
 //! kernels never end; [`process`] is the worker process's own loop, with
 //! [`regions`] its table of pinned host regions; [`arrays`] sends a context's
@@ -41,6 +42,7 @@ pub mod process;
 pub mod reads;
 pub mod regions;
 pub mod shared;
+pub mod shared_limits;
 pub mod spawn;
 pub mod stdout_tap;
 pub mod watchdog;

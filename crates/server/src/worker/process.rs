@@ -627,9 +627,10 @@ impl Served<'_, '_> {
                 unit(Ok(()))
             }),
             WorkerRequest::Launch(launch) => guarded(kind, || waited(ctx.launch(&launch))),
-            WorkerRequest::SetLimit { limit, value } => {
-                guarded(kind, || unit(ctx.set_limit(limit, value)))
+            WorkerRequest::SetLimit { limit, setting } => {
+                guarded(kind, || unit(ctx.apply_limit(limit, setting)))
             }
+            WorkerRequest::ResetLimits => guarded(kind, || unit(ctx.reset_limits())),
             WorkerRequest::TensorMapEncode { request } => guarded(kind, || {
                 value(ctx.tensor_map_encode(&request).map(WorkerValue::TensorMap))
             }),

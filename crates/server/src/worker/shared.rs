@@ -14,6 +14,9 @@
 //!   streams, not the other tenants'.
 //! - **Clean-up**: dropping the view frees the session's memory, modules,
 //!   streams and events in the shared context; the context lives on.
+//! - **Limits of its own**: the session's `cuCtxSetLimit` requests are kept
+//!   ([`LimitBook`]); the context runs each limit at the largest its live
+//!   sessions asked, so one that ended keeps no big stack or heap reserved.
 //! - **Scrubbed memory**: what a session frees (its modules' globals too) is
 //!   zeroed first, so the next allocation, another tenant's perhaps, finds
 //!   none of its bytes.
@@ -36,7 +39,9 @@ use cumux_protocol::{CuError, DevicePtr, Handle, TensorMapRequest, DEFAULT_STREA
 use super::arrays::zero_new;
 use super::context::WorkerContext;
 use super::fencing::{Claims, Partition};
+use super::shared_limits::LimitBook;
 use crate::device::arrays::ArrayOp;
+use crate::device::limits::{not_through_a_view, LimitSetting};
 use crate::device::ordering::{EVENT_DISABLE_TIMING, NON_BLOCKING};
 use crate::device::{
     DeviceContext, HostRegion, KernelLaunch, LaunchOutcome, LoadedModule, ModuleId, StreamOrdered,
@@ -98,6 +103,8 @@ pub struct SharedView {
     may_print: fn(&[u8]) -> bool,
     fencing: Mutex<Fencing>,
     setup: FenceSetup,
+    /// The limit requests of the context's live sessions, this one's among them.
+    limits: Arc<LimitBook>,
 }
 
 /// What a view needs to fence its session: the context's claims, how large
@@ -146,7 +153,8 @@ struct ViewState {
 impl SharedView {
     /// A view numbered `tag` (unique among the context's live views) over
     /// `conn`, a connection of its own to `primary`'s context, whose printf
-    /// `route` takes; `may_print` tells modules that can print.
+    /// `route` takes and whose sessions' limits `limits` keeps; `may_print`
+    /// tells modules that can print.
     pub fn new(
         primary: Arc<WorkerContext>,
         conn: WorkerContext,
@@ -154,12 +162,15 @@ impl SharedView {
         route: Arc<PrintRoute>,
         may_print: fn(&[u8]) -> bool,
         setup: FenceSetup,
+        limits: Arc<LimitBook>,
     ) -> Self {
+        // 1 ..= 2^24 - 1: never 0, so no name is a session's own.
+        let tag = tag % 0xff_ffff + 1;
+        limits.join(tag);
         SharedView {
             _primary: primary,
             conn,
-            // 1 ..= 2^24 - 1: never 0, so no name is a session's own.
-            tag: tag % 0xff_ffff + 1,
+            tag,
             state: Mutex::new(ViewState::default()),
             route,
             inbox: Arc::new(Mutex::new(Vec::new())),
@@ -169,6 +180,7 @@ impl SharedView {
                 false => Fencing::Trusted,
             }),
             setup,
+            limits,
         }
     }
 
@@ -503,8 +515,19 @@ impl DeviceContext for SharedView {
         self.conn.tensor_map_encode(request)
     }
 
+    /// The session's request, kept; the context runs at what its live
+    /// sessions need ([`LimitBook::ask`]).
     fn set_limit(&self, limit: u32, value: u64) -> Result<(), CuError> {
-        self.conn.set_limit(limit, value)
+        let apply = |limit, setting| self.conn.apply_limit(limit, setting);
+        self.limits.ask(self.tag, limit, value, apply)
+    }
+
+    fn apply_limit(&self, _limit: u32, _setting: LimitSetting) -> Result<(), CuError> {
+        Err(not_through_a_view())
+    }
+
+    fn reset_limits(&self) -> Result<(), CuError> {
+        Err(not_through_a_view())
     }
 
     /// The session's arrays and objects are its own in the shared context;
@@ -748,6 +771,7 @@ impl Drop for SharedView {
     fn drop(&mut self) {
         let state = std::mem::take(&mut *lock(&self.state));
         if self.conn.is_dead() {
+            self.limits.forget(self.tag);
             return;
         }
         // The session's work is done or skipped by now; what it held goes back.
@@ -770,6 +794,11 @@ impl Drop for SharedView {
         if let Some(p) = self.fenced() {
             p.release(&self.conn);
         }
+        // Its work is done; lowering the stack waits for the context's
+        // queued work, the other tenants' too (the driver's rule).
+        let apply = |limit, setting| self.conn.apply_limit(limit, setting);
+        let reset = || self.conn.reset_limits();
+        self.limits.leave(self.tag, apply, reset);
     }
 }
 

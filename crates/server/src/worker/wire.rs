@@ -17,6 +17,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::device::arrays::ArrayOp;
 use crate::device::host_span::HostSpan;
+use crate::device::limits::LimitSetting;
 use crate::device::placed_copy::{ImportedChunk, MappedChunks};
 use crate::device::{KernelLaunch, LoadedModule, MemFill, ModuleId, StreamWork, SyncTarget, VmmOp};
 
@@ -159,11 +160,13 @@ pub enum WorkerRequest {
         start: Handle,
         end: Handle,
     },
-    /// `DeviceContext::set_limit`; answered by `Unit`.
+    /// `DeviceContext::apply_limit`; answered by `Unit`.
     SetLimit {
         limit: u32,
-        value: u64,
+        setting: LimitSetting,
     },
+    /// `DeviceContext::reset_limits`; answered by `Unit`.
+    ResetLimits,
     /// Answered by [`WorkerValue::TensorMap`].
     TensorMapEncode {
         request: TensorMapRequest,
@@ -302,6 +305,7 @@ impl WorkerRequest {
                 | WorkerRequest::Elapsed { .. }
                 | WorkerRequest::TensorMapEncode { .. }
                 | WorkerRequest::SetLimit { .. }
+                | WorkerRequest::ResetLimits
                 | WorkerRequest::IpcExport { .. }
                 | WorkerRequest::VmmExport { .. }
                 | WorkerRequest::PlacedExport { .. }

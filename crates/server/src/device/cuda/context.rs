@@ -28,6 +28,7 @@ use super::convert::{cu_err, fill_of, function_attrs, launch_attr, memset, param
 use super::exported;
 use super::placed::Placed;
 use crate::device::arrays::ArrayOp;
+use crate::device::limits::{self, LimitSetting, RefusedShrinks, KNOWN_LIMITS};
 use crate::device::memory_use::ContextMemory;
 use crate::device::{
     DeviceContext, GlobalDesc, HostRegion, KernelDesc, KernelLaunch, LaunchOutcome, LoadedModule,
@@ -107,6 +108,10 @@ pub struct CudaContext {
     mallocs: AtomicBool,
     /// Green contexts for capped sessions' streams (a shared context).
     greens: GreenParts,
+    /// Each limit's value when this context was made, before any session
+    /// set one (the driver's defaults, in a worker's first context).
+    start_limits: Vec<(u32, u64)>,
+    refused_shrinks: RefusedShrinks,
 }
 
 /// The streams and events of a [`CudaContext`] used as [`StreamOrdered`].
@@ -133,6 +138,9 @@ impl CudaContext {
         capture: Option<&'static StdoutCapture>,
         prints: Arc<AtomicBool>,
     ) -> Self {
+        let start_limits = KNOWN_LIMITS
+            .filter_map(|limit| Some((limit, ctx.limit(limit).ok()?)))
+            .collect();
         CudaContext {
             ctx: Some(ctx),
             sm,
@@ -147,6 +155,8 @@ impl CudaContext {
             placed: Mutex::new(Placed::default()),
             mallocs: AtomicBool::new(false),
             greens: GreenParts::default(),
+            start_limits,
+            refused_shrinks: RefusedShrinks::default(),
         }
     }
 
@@ -499,19 +509,28 @@ impl DeviceContext for CudaContext {
         drop(pin);
     }
 
-    /// Limits only grow: the context may be shared with other tenants, to
-    /// whom a smaller stack or printf buffer would be a failure; a program
-    /// that asked for less gets at least that (and reads back what it set).
-    /// The driver's refusals (a size it cannot give, a heap already used)
-    /// are the program's.
-    fn set_limit(&self, limit: u32, value: u64) -> Result<(), CuError> {
+    /// The driver's refusal to grow a limit (a size it cannot give) is the
+    /// program's; one to lower it (a heap a kernel used) keeps the larger.
+    fn apply_limit(&self, limit: u32, setting: LimitSetting) -> Result<(), CuError> {
         let ctx = self.ctx()?;
         let current = ctx.limit(limit).map_err(cu_err)?;
-        if value <= current {
-            return Ok(());
+        let start = self.start_limits.iter().find(|(l, _)| *l == limit);
+        let now = (current, start.map(|s| s.1));
+        limits::apply(limit, setting, now, &self.refused_shrinks, |value| {
+            self.flushing(|| ctx.set_limit(limit, value))
+                .map_err(cu_err)
+        })
+    }
+
+    /// Limits a kernel grew (the stack, to the largest any kernel needed)
+    /// go back too, with the device memory the driver reserved for them.
+    fn reset_limits(&self) -> Result<(), CuError> {
+        let mut result = Ok(());
+        for &(limit, start) in &self.start_limits {
+            let reset = self.apply_limit(limit, LimitSetting::Exactly(start));
+            result = result.and(reset);
         }
-        self.flushing(|| ctx.set_limit(limit, value))
-            .map_err(cu_err)
+        result
     }
 
     fn tensor_map_encode(&self, request: &TensorMapRequest) -> Result<Vec<u8>, CuError> {
