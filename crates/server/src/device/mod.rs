@@ -11,6 +11,7 @@ pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod host_span;
+pub mod imported;
 pub mod limits;
 pub mod memory_use;
 pub mod model;
@@ -410,32 +411,37 @@ pub trait DeviceContext: Send + Sync {
     /// in one request.
     fn copy_into_imported(
         &self,
-        chunks: &[placed_copy::ImportedChunk],
+        chunks: &[imported::ImportedChunk],
         copies: &[(DevicePtr, u64)],
     ) -> Result<u64, CuError> {
-        placed_copy::copy_mapped(self, chunks, copies)
+        let mapped = self.map_imported(chunks)?;
+        let copied = self.copy_into_mapped(&mapped, copies);
+        self.unmap_imported(&mapped);
+        copied
     }
     /// Maps the imported `chunks` here, readable and writable, in one
     /// reservation; on failure the imports are released.
     fn map_imported(
         &self,
-        chunks: &[placed_copy::ImportedChunk],
-    ) -> Result<placed_copy::MappedChunks, CuError> {
-        placed_copy::map_chunks(self, chunks)
+        chunks: &[imported::ImportedChunk],
+    ) -> Result<imported::MappedChunks, CuError> {
+        let _ = chunks;
+        Err(no_sharing())
     }
     /// Copies each `(ptr, bytes)` of this context into the mapped chunk
     /// that holds it.
     fn copy_into_mapped(
         &self,
-        mapped: &placed_copy::MappedChunks,
+        mapped: &imported::MappedChunks,
         copies: &[(DevicePtr, u64)],
     ) -> Result<u64, CuError> {
-        placed_copy::copy_chunks(self, mapped, copies)
+        let _ = (mapped, copies);
+        Err(no_sharing())
     }
     /// Undoes [`DeviceContext::map_imported`]: the mappings, the
     /// reservation, the imports.
-    fn unmap_imported(&self, mapped: &placed_copy::MappedChunks) {
-        placed_copy::unmap_chunks(self, mapped)
+    fn unmap_imported(&self, mapped: &imported::MappedChunks) {
+        let _ = mapped;
     }
     /// The context as `Any`, so a backend can tell its own contexts among
     /// others (peer access needs the peer's own handle).

@@ -6,30 +6,13 @@ use std::collections::HashSet;
 use std::os::fd::AsFd;
 use std::sync::Arc;
 
+use super::imported::{ImportedChunk, MappedChunks};
+use super::{DeviceContext, MovableContext, VmmOp};
 use cumux_protocol::vmm::ACCESS_READWRITE;
 use cumux_protocol::{codes, CuError, DevicePtr};
-use serde::{Deserialize, Serialize};
-
-use super::{DeviceContext, MovableContext, VmmOp};
 
 /// An allocation: its address and size.
 type Span = (DevicePtr, u64);
-
-/// A chunk of the target's placed memory as the source imported it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ImportedChunk {
-    /// The chunk's start and size in the target (the program's addresses).
-    pub start: u64,
-    pub size: u64,
-    /// Its physical memory's id in the source ([`DeviceContext::vmm_import`]).
-    pub physical: u64,
-}
-
-impl ImportedChunk {
-    fn holds(&self, ptr: DevicePtr, bytes: u64) -> bool {
-        ptr >= self.start && ptr.saturating_add(bytes) <= self.start + self.size
-    }
-}
 
 /// Copies each `(ptr, bytes)` of `source` into `target`, where the move
 /// placed memory at the same addresses, without the bytes leaving the
@@ -45,6 +28,7 @@ pub fn copy_placed(
 ) -> Result<u64, CuError> {
     let mut chunks: Vec<ImportedChunk> = Vec::new();
     match import_chunks(source, target, allocations, &mut chunks) {
+        Ok(()) if chunks.is_empty() => Ok(0),
         Ok(()) => source.copy_into_imported(&chunks, allocations),
         Err(e) => {
             release_imports(source, &chunks);
@@ -112,55 +96,6 @@ fn release_imports<C: DeviceContext + ?Sized>(ctx: &C, chunks: &[ImportedChunk])
             size: 0,
         });
     }
-}
-
-/// The target's chunks as the source maps them: one reservation, each
-/// chunk at its place in it, readable and writable
-/// ([`DeviceContext::map_imported`]).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct MappedChunks {
-    pub base: u64,
-    pub total: u64,
-    /// Each chunk and where it is mapped.
-    pub chunks: Vec<(ImportedChunk, u64)>,
-}
-
-impl MappedChunks {
-    /// Where `(ptr, bytes)` of the target lies in the source's mapping.
-    fn place_of(&self, ptr: DevicePtr, bytes: u64) -> Result<u64, CuError> {
-        self.chunks
-            .iter()
-            .find(|(c, _)| c.holds(ptr, bytes))
-            .map(|(c, at)| at + (ptr - c.start))
-            .ok_or_else(|| {
-                CuError::new(
-                    codes::INVALID_VALUE,
-                    format!("no mapped chunk holds the {bytes} bytes at {ptr:#x}"),
-                )
-            })
-    }
-}
-
-/// [`DeviceContext::copy_into_imported`] through the context's own calls:
-/// mapped, copied, unmapped.
-pub fn copy_mapped<C: DeviceContext + ?Sized>(
-    ctx: &C,
-    chunks: &[ImportedChunk],
-    copies: &[(DevicePtr, u64)],
-) -> Result<u64, CuError> {
-    if chunks.is_empty() {
-        return match copies.iter().all(|c| c.1 == 0) {
-            true => Ok(0),
-            false => Err(CuError::new(
-                codes::INVALID_VALUE,
-                "copies into placed memory without its chunks",
-            )),
-        };
-    }
-    let mapped = ctx.map_imported(chunks)?;
-    let copied = ctx.copy_into_mapped(&mapped, copies);
-    ctx.unmap_imported(&mapped);
-    copied
 }
 
 /// [`DeviceContext::map_imported`] through the context's own virtual memory

@@ -17,8 +17,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::device::arrays::ArrayOp;
 use crate::device::host_span::HostSpan;
+use crate::device::imported::{ImportedChunk, MappedChunks};
 use crate::device::limits::LimitSetting;
-use crate::device::placed_copy::{ImportedChunk, MappedChunks};
 use crate::device::{KernelLaunch, LoadedModule, MemFill, ModuleId, StreamWork, SyncTarget, VmmOp};
 
 /// Bytes that start a stdout marker; the nonce and a little-endian u64 follow.

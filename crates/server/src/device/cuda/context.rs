@@ -28,8 +28,10 @@ use super::convert::{cu_err, fill_of, function_attrs, launch_attr, memset, param
 use super::exported;
 use super::placed::Placed;
 use crate::device::arrays::ArrayOp;
+use crate::device::imported::{ImportedChunk, MappedChunks};
 use crate::device::limits::{self, LimitSetting, RefusedShrinks, KNOWN_LIMITS};
 use crate::device::memory_use::ContextMemory;
+use crate::device::placed_copy;
 use crate::device::{
     DeviceContext, GlobalDesc, HostRegion, KernelDesc, KernelLaunch, LaunchOutcome, LoadedModule,
     ModuleId, MovableContext, StreamOrdered, VmmOp,
@@ -602,6 +604,22 @@ impl DeviceContext for CudaContext {
 
     fn vmm_import(&self, fd: std::os::fd::BorrowedFd<'_>) -> Result<u64, CuError> {
         self.ctx()?.vmm_import(fd).map_err(cu_err)
+    }
+
+    fn map_imported(&self, chunks: &[ImportedChunk]) -> Result<MappedChunks, CuError> {
+        placed_copy::map_chunks(self, chunks)
+    }
+
+    fn copy_into_mapped(
+        &self,
+        mapped: &MappedChunks,
+        copies: &[(DevicePtr, u64)],
+    ) -> Result<u64, CuError> {
+        placed_copy::copy_chunks(self, mapped, copies)
+    }
+
+    fn unmap_imported(&self, mapped: &MappedChunks) {
+        placed_copy::unmap_chunks(self, mapped)
     }
 
     /// The driver's own handles: the other process opens the allocation

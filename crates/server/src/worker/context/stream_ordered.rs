@@ -1,0 +1,187 @@
+//! [`WorkerContext`] as a [`StreamOrdered`]: streams, events and graphs made
+//! by round trips, queued work posted unanswered, waits and queries answered.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use cumux_protocol::framing::MAX_CHUNK_BYTES;
+use cumux_protocol::{codes, CuError, DevicePtr, Handle};
+
+use super::{unexpected, WorkerContext};
+use crate::device::ordering::not_a_launch;
+use crate::device::signals::SignalArea;
+use crate::device::{LaunchOutcome, StreamOrdered, StreamWork, SyncTarget};
+use crate::locking::lock;
+use crate::worker::wire::{WireWork, WorkerRequest, WorkerValue};
+
+impl StreamOrdered for WorkerContext {
+    fn stream_create(&self, stream: Handle, flags: u32, priority: i32) -> Result<(), CuError> {
+        let request = WorkerRequest::StreamCreate {
+            stream,
+            flags,
+            priority,
+        };
+        self.unit(&request, &[])
+    }
+
+    fn stream_destroy(&self, stream: Handle) -> Result<(), CuError> {
+        self.unit(&WorkerRequest::StreamDestroy { stream }, &[])
+    }
+
+    fn event_create(&self, event: Handle, flags: u32) -> Result<(), CuError> {
+        self.unit(&WorkerRequest::EventCreate { event, flags }, &[])
+    }
+
+    fn event_destroy(&self, event: Handle) -> Result<(), CuError> {
+        self.unit(&WorkerRequest::EventDestroy { event }, &[])
+    }
+
+    fn event_ipc_handle(&self, event: Handle) -> Result<Vec<u8>, CuError> {
+        match self.call(&WorkerRequest::EventIpcHandle { event }, &[], None)? {
+            WorkerValue::IpcHandle(handle) => Ok(handle),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    fn event_open_ipc(&self, event: Handle, handle: &[u8]) -> Result<(), CuError> {
+        let request = WorkerRequest::EventOpenIpc {
+            event,
+            handle: handle.to_vec(),
+        };
+        self.unit(&request, &[])
+    }
+
+    fn graph_create(&self, graph: Handle, launches: Vec<StreamWork>) -> Result<(), CuError> {
+        let local = launches
+            .into_iter()
+            .map(|work| match work {
+                StreamWork::Launch(launch) => self.local_launch(launch).map(WireWork::Launch),
+                _ => Err(not_a_launch()),
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        self.unit(
+            &WorkerRequest::GraphCreate {
+                graph,
+                launches: local,
+            },
+            &[],
+        )
+    }
+
+    fn graph_destroy(&self, graph: Handle) {
+        let _ = self.unit(&WorkerRequest::GraphDestroy { graph }, &[]);
+    }
+
+    /// Posts `work` (unanswered): false only for a launch of a module this
+    /// context does not have (or a signal bound to an area of this process);
+    /// what fails in the worker comes back later.
+    fn enqueue(&self, stream: Handle, work: StreamWork) -> bool {
+        if let StreamWork::Signal { slot, value } = &work {
+            if let Some(area) = &*lock(&self.area_watch) {
+                area.queued(*slot, *value);
+            }
+        }
+        match work {
+            StreamWork::Write { dst, data } => {
+                let mut offset = 0u64;
+                for part in data.chunks(MAX_CHUNK_BYTES) {
+                    let work = WireWork::Write {
+                        dst: dst.wrapping_add(offset),
+                        data: Vec::new(),
+                    };
+                    offset += part.len() as u64;
+                    self.post(&WorkerRequest::Enqueue { stream, work }, &[part]);
+                }
+                true
+            }
+            work => match self.travelling(work) {
+                Ok(work) => {
+                    self.post(&WorkerRequest::Enqueue { stream, work }, &[]);
+                    true
+                }
+                Err(e) => {
+                    self.defer(e);
+                    false
+                }
+            },
+        }
+    }
+
+    fn read(&self, stream: Handle, src: DevicePtr, buf: &mut [u8]) -> LaunchOutcome {
+        let result = self.read_chunks(src, buf, |src, len| WorkerRequest::StreamRead {
+            stream,
+            src,
+            len,
+        });
+        self.waited(result)
+    }
+
+    fn synchronize(&self, target: SyncTarget) -> LaunchOutcome {
+        let target = target.into();
+        let result = self.unit(&WorkerRequest::Synchronize { target }, &[]);
+        self.waited(result)
+    }
+
+    fn query(&self, target: SyncTarget) -> Result<bool, CuError> {
+        if let Some(e) = lock(&self.deferred).take() {
+            return Err(e);
+        }
+        let target = target.into();
+        match self.call(&WorkerRequest::Query { target }, &[], None)? {
+            WorkerValue::Done(done) => Ok(done),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    fn elapsed_ms(&self, start: Handle, end: Handle) -> Result<f32, CuError> {
+        match self.call(&WorkerRequest::Elapsed { start, end }, &[], None)? {
+            WorkerValue::Ms(ms) => Ok(ms),
+            other => Err(unexpected(&other)),
+        }
+    }
+
+    fn keep_hot(&self, spin: Duration) {
+        let spin_us = u64::try_from(spin.as_micros()).unwrap_or(u64::MAX);
+        self.post(&WorkerRequest::KeepHot { spin_us }, &[]);
+    }
+
+    fn hold_posts(&self, on: bool) {
+        self.posts_held.store(on, Ordering::Relaxed);
+        if !on {
+            if let Some(conn) = lock(&self.conn).as_mut() {
+                conn.ring();
+            }
+        }
+    }
+
+    fn attach_signals(&self, path: &Path) -> Result<(), CuError> {
+        let path = path.to_str().ok_or_else(|| {
+            CuError::new(codes::INVALID_VALUE, "a signal area path that is not UTF-8")
+        })?;
+        // A worker not started yet attaches it with its start (its first
+        // call): a session that never uses its device starts no process.
+        let started = lock(&self.conn).is_some();
+        if started {
+            let request = WorkerRequest::AttachSignals {
+                path: path.to_string(),
+            };
+            self.unit(&request, &[])?;
+        } else {
+            let link = PathBuf::from(format!("{path}.cumux-pending"));
+            std::fs::hard_link(path, &link).map_err(|e| {
+                CuError::new(codes::UNKNOWN, format!("cannot keep the signal area: {e}"))
+            })?;
+            *lock(&self.pending_signals) = Some(link);
+        }
+        if let Some(watch) = &self.watch {
+            let area = SignalArea::open(Path::new(path))?;
+            *lock(&self.area_watch) = Some(watch.add_area(area));
+        }
+        Ok(())
+    }
+
+    fn watched(&self) -> bool {
+        self.watch.is_some()
+    }
+}
