@@ -82,6 +82,7 @@ pub fn moved_memory_goes_device_to_device(device: &Arc<dyn cumux_server::Device>
     many_chunks_cost_two_round_trips_each(device, source.as_ref());
     memory_placed_early_changes_with_the_session(device, source.as_ref());
     memory_mapped_early_leaves_only_the_copy(device, &source);
+    globals_move_in_one_request(source.as_ref());
 }
 
 /// Ranges `(offset, bytes)` of one fresh allocation of `granules` of the
@@ -118,7 +119,7 @@ fn trips(ctx: &dyn DeviceContext) -> u64 {
 /// A move's target places the session's memory while it runs; in the pause
 /// only what changed since is placed: freed allocations go, new ones come,
 /// and the early ones keep what they hold. A new allocation sharing a page
-/// with an early one has everything placed afresh.
+/// with an early one has that one placed again with it, and only that one.
 fn memory_placed_early_changes_with_the_session(
     device: &Arc<dyn cumux_server::Device>,
     source: &dyn DeviceContext,
@@ -144,7 +145,7 @@ fn memory_placed_early_changes_with_the_session(
     // b freed and c allocated since.
     let now = [a, c];
     let kept_early = placed_copy::place_changes(target.as_ref(), placed, &early, &now).unwrap();
-    assert_eq!(kept_early, 1, "a was placed early and kept");
+    assert_eq!(kept_early, [a], "a was placed early and kept");
     let mut kept = [0u8; 64];
     target.mem_read(a.0, &mut kept).unwrap();
     assert_eq!(kept, [7u8; 64], "an early allocation is not placed again");
@@ -156,7 +157,8 @@ fn memory_placed_early_changes_with_the_session(
     );
     // a spans at most 2 granules, c 1.
     assert!(device.mem_used() - before <= 3 * g);
-    // d, in a's last page: the early ones go and everything is placed again.
+    // d, in a's last page: a is placed again with it; c keeps its bytes.
+    target.mem_write(c.0, &[5u8; 64]).unwrap();
     let (a_start, a_size, _) = placed.export_placed(a.0).unwrap();
     assert!(
         d.0 >= a_start && d.0 < a_start + a_size,
@@ -164,9 +166,11 @@ fn memory_placed_early_changes_with_the_session(
     );
     let later = [a, c, d];
     let kept_early = placed_copy::place_changes(target.as_ref(), placed, &now, &later).unwrap();
-    assert_eq!(kept_early, 0, "all placed afresh");
+    assert_eq!(kept_early, [c], "only a placed again");
     target.mem_read(a.0, &mut kept).unwrap();
-    assert_eq!(kept, [0u8; 64], "placed afresh");
+    assert_eq!(kept, [0u8; 64], "a placed afresh");
+    target.mem_read(c.0, &mut kept).unwrap();
+    assert_eq!(kept, [5u8; 64], "c left where it was");
     let (d_start, ..) = placed.export_placed(d.0).unwrap();
     assert_eq!(d_start, a_start, "a and d share their chunk");
     drop(target);
@@ -176,17 +180,20 @@ fn memory_placed_early_changes_with_the_session(
 
 /// A move's target memory mapped by the session's context while it runs:
 /// the pause copies into it in one request, and only memory allocated since
-/// is exported, imported and mapped then. The bytes copied are those of the
-/// pause, not of the early mapping.
+/// is exported, imported and mapped then (with an early allocation sharing a
+/// page with a new one, placed again: its early mapping is stale and never
+/// copied into). The bytes copied are those of the pause.
 fn memory_mapped_early_leaves_only_the_copy(
     device: &Arc<dyn cumux_server::Device>,
     source: &Arc<dyn DeviceContext>,
 ) {
     let g = GRANULE;
-    let layout: Vec<(u64, u64)> = (0..5).map(|i| (3 * g * i, g / 2)).collect();
+    let mut layout: Vec<(u64, u64)> = (0..5).map(|i| (3 * g * i, g / 2)).collect();
+    // Right after the first, in its last page.
+    layout.push((g / 2 + 64, 64));
     let (block, r) = ranges_of_one_block(source.as_ref(), 15, &layout);
-    // The last one allocated after the early placing, as far as the move knows.
-    let (early, new) = (r[..4].to_vec(), r[4]);
+    // The last two allocated after the early placing, as far as the move knows.
+    let (early, new, beside) = (r[..4].to_vec(), r[4], r[5]);
     let target = device
         .movable()
         .unwrap()
@@ -199,21 +206,28 @@ fn memory_mapped_early_leaves_only_the_copy(
     source.mem_write(early[0].0, &[0xee; 256]).unwrap();
     let now: Vec<(u64, u64)> = r.clone();
     let kept = placed_copy::place_changes(target.as_ref(), placed, &early, &now).unwrap();
-    assert_eq!(kept, early.len());
+    assert_eq!(
+        kept,
+        early[1..],
+        "the first placed again with the one beside it"
+    );
     let (source_before, target_before) = (trips(source.as_ref()), trips(target.as_ref()));
-    let copied =
-        placed_copy::copy_placed_after(source.as_ref(), placed, &now, Some(&mapping)).unwrap();
+    let early_kept = Some((&mapping, kept.as_slice()));
+    let copied = placed_copy::copy_placed_after(source.as_ref(), placed, &now, early_kept).unwrap();
     assert_eq!(copied, now.iter().map(|a| a.1).sum::<u64>());
     assert_eq!(
         trips(source.as_ref()) - source_before,
-        3,
-        "the mapped copy, then an import and the rest for the new chunk"
+        4,
+        "the mapped copy, then an import for each of 2 chunks and the rest"
     );
     assert_eq!(
         trips(target.as_ref()) - target_before,
-        1,
-        "one export: the new chunk"
+        2,
+        "exports: the new chunk, the first's placed again"
     );
+    let mut back = vec![0u8; 64];
+    target.mem_read(beside.0, &mut back).unwrap();
+    assert!(back.iter().all(|&b| b == 6), "the one beside the first");
     let mut back = vec![0u8; 512];
     target.mem_read(early[0].0, &mut back).unwrap();
     assert!(back[..256].iter().all(|&b| b == 0xee), "the pause's bytes");
@@ -270,4 +284,33 @@ fn many_chunks_cost_two_round_trips_each(
     }
     drop(target);
     source.mem_free(block, 36 * g).unwrap();
+}
+
+/// A moved session's globals (many small spans) are read from the source and
+/// written on the target in one request each, whatever their number.
+fn globals_move_in_one_request(ctx: &dyn DeviceContext) {
+    let (block, spans) = ranges_of_one_block(ctx, 1, &[(0, 8), (64, 4), (4096, 300), (9000, 1)]);
+    let before = trips(ctx);
+    let read = ctx.mem_read_spans(&spans).unwrap();
+    assert_eq!(trips(ctx) - before, 1, "one read for every span");
+    for (i, bytes) in read.iter().enumerate() {
+        assert_eq!(bytes.len() as u64, spans[i].1);
+        assert!(bytes.iter().all(|&b| b == i as u8 + 1), "span {i}");
+    }
+    let fresh: Vec<Vec<u8>> = spans.iter().map(|&(_, n)| vec![0xa5; n as usize]).collect();
+    let writes: Vec<(u64, &[u8])> = spans
+        .iter()
+        .zip(&fresh)
+        .map(|(&(ptr, _), data)| (ptr, data.as_slice()))
+        .collect();
+    let before = trips(ctx);
+    ctx.mem_write_spans(&writes).unwrap();
+    assert_eq!(trips(ctx) - before, 1, "one write for every span");
+    let back = ctx.mem_read_spans(&spans).unwrap();
+    assert!(back.iter().flatten().all(|&b| b == 0xa5));
+    // Between the spans, nothing written.
+    let mut gap = [0u8; 4];
+    ctx.mem_read(block + 8, &mut gap).unwrap();
+    assert_eq!(gap, [0; 4]);
+    ctx.mem_free(block, GRANULE).unwrap();
 }

@@ -443,6 +443,18 @@ pub trait DeviceContext: Send + Sync {
     fn unmap_imported(&self, mapped: &imported::MappedChunks) {
         let _ = mapped;
     }
+    /// Reads each `(ptr, bytes)` into a buffer of its own, in order (a
+    /// moved session's globals); a worker's context reads them in one request.
+    fn mem_read_spans(&self, spans: &[(DevicePtr, u64)]) -> Result<Vec<Vec<u8>>, CuError> {
+        read_spans_one_by_one(self, spans)
+    }
+    /// Writes each `(ptr, bytes)`, in order; a worker's context writes them
+    /// in one request.
+    fn mem_write_spans(&self, writes: &[(DevicePtr, &[u8])]) -> Result<(), CuError> {
+        writes
+            .iter()
+            .try_for_each(|&(ptr, data)| self.mem_write(ptr, data))
+    }
     /// The context as `Any`, so a backend can tell its own contexts among
     /// others (peer access needs the peer's own handle).
     fn as_any(&self) -> &dyn std::any::Any;
@@ -704,6 +716,27 @@ pub trait StreamOrdered: Send + Sync {
     }
 }
 
+/// [`DeviceContext::mem_read_spans`] by one read a span.
+pub fn read_spans_one_by_one<C: DeviceContext + ?Sized>(
+    ctx: &C,
+    spans: &[(DevicePtr, u64)],
+) -> Result<Vec<Vec<u8>>, CuError> {
+    spans
+        .iter()
+        .map(|&(ptr, bytes)| {
+            let len = usize::try_from(bytes).map_err(|_| {
+                CuError::new(
+                    cumux_protocol::codes::OUT_OF_MEMORY,
+                    "a read past the address space",
+                )
+            })?;
+            let mut buf = vec![0; len];
+            ctx.mem_read(ptr, &mut buf)?;
+            Ok(buf)
+        })
+        .collect()
+}
+
 /// The default instruction budget of a launch on the CPU device, of its
 /// blocks together and so of any one block (`cumux serve --launch-budget`):
 /// minutes of interpretation.
@@ -740,6 +773,11 @@ pub trait MovableContext: Send + Sync {
     }
     /// The device memory loading `module` allocated, in the order it did.
     fn module_blocks(&self, module: ModuleId) -> Vec<DevicePtr>;
+    /// [`MovableContext::module_blocks`] of each of `modules`, in order; a
+    /// worker's context asks once.
+    fn modules_blocks(&self, modules: &[ModuleId]) -> Vec<Vec<DevicePtr>> {
+        modules.iter().map(|&m| self.module_blocks(m)).collect()
+    }
     /// Loads `image` so that its loading allocates exactly `blocks`, in
     /// order (its globals where the source context had them); a load that
     /// allocates otherwise fails and leaves nothing behind. A backend that

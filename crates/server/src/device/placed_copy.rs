@@ -38,18 +38,26 @@ pub fn copy_placed(
 }
 
 /// [`copy_placed`], where `early` mapped the target's memory of some of the
-/// allocations beforehand: those are only copied, the rest as
-/// [`copy_placed`] copies them.
+/// allocations beforehand, with those still where they were placed then
+/// ([`place_changes`]): those are only copied, the rest as [`copy_placed`]
+/// copies them.
 pub fn copy_placed_after(
     source: &dyn DeviceContext,
     target: &dyn MovableContext,
     allocations: &[(DevicePtr, u64)],
-    early: Option<&SourceMapping>,
+    early: Option<(&SourceMapping, &[Span])>,
 ) -> Result<u64, CuError> {
-    let Some(early) = early else {
+    let Some((early, kept)) = early else {
         return copy_placed(source, target, allocations);
     };
-    let mapped_for: HashSet<(DevicePtr, u64)> = early.allocations.iter().copied().collect();
+    // Only where the memory is still what was mapped: placed early, kept.
+    let kept: HashSet<Span> = kept.iter().copied().collect();
+    let mapped_for: HashSet<Span> = early
+        .allocations
+        .iter()
+        .copied()
+        .filter(|a| kept.contains(a))
+        .collect();
     let (mapped, new): (Vec<Span>, Vec<Span>) =
         allocations.iter().partition(|a| mapped_for.contains(a));
     let mut copied = source.copy_into_mapped(&early.mapped, &mapped)?;
@@ -227,39 +235,82 @@ pub fn map_early(
 
 /// Memory on the move's target as the session holds it now (`places`), where
 /// `early` was placed while it ran: what it freed since goes, what it
-/// allocated since is placed. Where the new does not fit beside the old
-/// (an allocation sharing a page with one placed early), everything is
-/// placed afresh. Says how many of `places` were placed early and kept.
+/// allocated since is placed. Where a new allocation shares a page with
+/// early ones, those (and the early ones sharing their pages) are placed
+/// again with it; where even that fails, everything is placed afresh.
+/// Says which of `places` still lie where they were placed early.
 pub fn place_changes(
     ctx: &dyn DeviceContext,
     placed: &dyn MovableContext,
-    early: &[(DevicePtr, u64)],
-    places: &[(DevicePtr, u64)],
-) -> Result<usize, CuError> {
-    let now: HashSet<(DevicePtr, u64)> = places.iter().copied().collect();
-    let before: HashSet<(DevicePtr, u64)> = early.iter().copied().collect();
+    early: &[Span],
+    places: &[Span],
+) -> Result<Vec<Span>, CuError> {
+    let now: HashSet<Span> = places.iter().copied().collect();
+    let before: HashSet<Span> = early.iter().copied().collect();
     for &(ptr, size) in early.iter().filter(|a| !now.contains(a)) {
         ctx.mem_free(ptr, size)?;
     }
-    let new: Vec<(DevicePtr, u64)> = places
+    let mut kept: Vec<Span> = early.iter().copied().filter(|a| now.contains(a)).collect();
+    let new: Vec<Span> = places
         .iter()
         .copied()
         .filter(|a| !before.contains(a))
         .collect();
-    let kept = places.len() - new.len();
     if new.is_empty() {
         return Ok(kept);
     }
-    if let Err(e) = placed.place_all(&new) {
-        tracing::debug!(
-            "placing a moved session's new memory beside the early: {}",
-            e.detail
-        );
-        for &(ptr, size) in early.iter().filter(|a| now.contains(a)) {
+    let Err(e) = placed.place_all(&new) else {
+        return Ok(kept);
+    };
+    tracing::debug!(
+        "placing a moved session's new memory beside the early: {}",
+        e.detail
+    );
+    if let Some(near) = sharing_pages(ctx, &new, &kept) {
+        for &(ptr, size) in &near {
             ctx.mem_free(ptr, size)?;
         }
-        placed.place_all(places)?;
-        return Ok(0);
+        kept.retain(|a| !near.contains(a));
+        let again: Vec<Span> = new.iter().chain(&near).copied().collect();
+        if placed.place_all(&again).is_ok() {
+            return Ok(kept);
+        }
     }
-    Ok(kept)
+    for &(ptr, size) in &kept {
+        ctx.mem_free(ptr, size)?;
+    }
+    placed.place_all(places)?;
+    Ok(Vec::new())
+}
+
+/// The allocations of `early` in a page (of `ctx`'s granularity) of one of
+/// `new`, or of one found so, until no more are; `None` where the
+/// granularity is not known.
+fn sharing_pages(ctx: &dyn DeviceContext, new: &[Span], early: &[Span]) -> Option<Vec<Span>> {
+    let g = ctx
+        .vmm(&VmmOp::Granularity { recommended: false })
+        .ok()
+        .filter(|g| g.is_power_of_two())?;
+    let pages = |&(ptr, size): &Span| {
+        let end = ptr.saturating_add(size.max(1)).saturating_add(g - 1) & !(g - 1);
+        (ptr & !(g - 1), end)
+    };
+    let mut taken: Vec<(u64, u64)> = new.iter().map(pages).collect();
+    let mut near: Vec<Span> = Vec::new();
+    loop {
+        let found: Vec<Span> = early
+            .iter()
+            .filter(|a| !near.contains(a))
+            .filter(|a| {
+                let (lo, hi) = pages(a);
+                taken.iter().any(|&(l, h)| lo < h && l < hi)
+            })
+            .copied()
+            .collect();
+        if found.is_empty() {
+            return Some(near);
+        }
+        taken.extend(found.iter().map(pages));
+        near.extend(found);
+    }
 }

@@ -400,31 +400,40 @@ impl Session {
             .movable()
             .map(|m| m.window())
             .ok_or_else(|| refused("the context cannot be moved"))?;
-        let read = |ptr: DevicePtr, size: u64| -> Result<Bytes, CuError> {
-            let len = usize::try_from(size)
-                .map_err(|_| err(codes::OUT_OF_MEMORY, "an allocation past the address space"))?;
-            let mut bytes = vec![0; len];
-            self.ctx.mem_read(ptr, &mut bytes)?;
-            Ok(Bytes { ptr, bytes })
-        };
         let allocations = self
             .allocations
             .iter()
             .map(|(&ptr, &size)| Allocation { ptr, size })
             .collect();
-        let mut modules = Vec::with_capacity(self.modules.len());
-        for (&handle, entry) in &self.modules {
-            let globals = entry
-                .globals
+        // Every module's globals read, and its blocks asked, at once.
+        let entries: Vec<(&Handle, &ModuleEntry)> = self.modules.iter().collect();
+        let spans: Vec<Vec<(DevicePtr, u64)>> = entries
+            .iter()
+            .map(|(_, entry)| {
+                entry
+                    .globals
+                    .iter()
+                    .filter_map(|ptr| self.globals.get(ptr).map(|size| (*ptr, *size)))
+                    .collect()
+            })
+            .collect();
+        let all: Vec<(DevicePtr, u64)> = spans.iter().flatten().copied().collect();
+        let mut read = self.ctx.mem_read_spans(&all)?.into_iter();
+        let ids: Vec<ModuleId> = entries.iter().map(|(_, e)| e.id).collect();
+        let blocks = self
+            .ctx
+            .movable()
+            .map(|m| m.modules_blocks(&ids))
+            .unwrap_or_else(|| vec![Vec::new(); ids.len()]);
+        let mut modules = Vec::with_capacity(entries.len());
+        for (((&handle, entry), spans), blocks) in entries.into_iter().zip(spans).zip(blocks) {
+            let globals = spans
                 .iter()
-                .filter_map(|ptr| self.globals.get(ptr).map(|size| (*ptr, *size)))
-                .map(|(ptr, size)| read(ptr, size))
-                .collect::<Result<Vec<_>, _>>()?;
-            let blocks = self
-                .ctx
-                .movable()
-                .map(|m| m.module_blocks(entry.id))
-                .unwrap_or_default();
+                .map(|&(ptr, _)| Bytes {
+                    ptr,
+                    bytes: read.next().unwrap_or_default(),
+                })
+                .collect();
             modules.push(ModuleImage {
                 handle,
                 image: Arc::clone(&entry.image),
@@ -526,8 +535,8 @@ impl Session {
         let direct = memory.context().map(|source| {
             let note = format!("rebuilding on device {ordinal}: {total} bytes device to device");
             self.server.orders().note(self.id(), note);
-            // Mapped beforehand: good while what it was mapped for is kept.
-            let early = early_mapping.as_ref().filter(|_| kept_early > 0);
+            // Mapped beforehand: good where what it was mapped for is kept.
+            let early = early_mapping.as_ref().map(|m| (m, kept_early.as_slice()));
             placed_copy::copy_placed_after(source, placed, &places, early)
         });
         let (copied, path) = match direct {
@@ -559,6 +568,8 @@ impl Session {
         // The image's own: a session restored on another server starts
         // with none of its own.
         let mut aliases = Aliases::from_entries(&image.aliases);
+        // Every module's globals, written at once after the loads.
+        let mut writes: Vec<(DevicePtr, &[u8])> = Vec::new();
         for m in &image.modules {
             let module = match ready.remove(&m.handle) {
                 Some(module) => module,
@@ -590,7 +601,7 @@ impl Session {
                 ));
             }
             for (new, old) in fresh.into_iter().zip(&m.globals) {
-                ctx.mem_write(new.ptr, &old.bytes)?;
+                writes.push((new.ptr, old.bytes.as_slice()));
                 if new.ptr != old.ptr {
                     moved.moved(old.ptr, new.size, new.ptr);
                     aliases.moved(old.ptr, new.size, new.ptr);
@@ -598,6 +609,7 @@ impl Session {
             }
             loaded.insert(m.handle, module);
         }
+        ctx.mem_write_spans(&writes)?;
         // Modules made ready for the move and unloaded since.
         for (_, module) in ready {
             ctx.module_unload(module.id);
@@ -647,7 +659,7 @@ impl Session {
              written in {:.1?} ({path}), {loaded_now} of {} modules \
              loaded and their globals written in {modules_ready:.1?}, {} streams, {} events and \
              {} graphs made in {:.1?}",
-            kept_early,
+            kept_early.len(),
             places.len(),
             written.saturating_sub(placed_in),
             image.modules.len(),

@@ -787,6 +787,44 @@ impl DeviceContext for WorkerContext {
         Ok(())
     }
 
+    /// In one request where the bytes fit one frame.
+    fn mem_read_spans(&self, spans: &[(DevicePtr, u64)]) -> Result<Vec<Vec<u8>>, CuError> {
+        let total = spans.iter().fold(0u64, |t, s| t.saturating_add(s.1));
+        if spans.len() < 2 || total > MAX_CHUNK_BYTES as u64 {
+            return crate::device::read_spans_one_by_one(self, spans);
+        }
+        let mut all = vec![0u8; total as usize];
+        let request = WorkerRequest::MemReadSpans {
+            spans: spans.to_vec(),
+        };
+        match self.call(&request, &[], Some(&mut all))? {
+            WorkerValue::Bytes => {}
+            other => return Err(unexpected(&other)),
+        }
+        let mut at = 0usize;
+        Ok(spans
+            .iter()
+            .map(|&(_, bytes)| {
+                let part = all[at..at + bytes as usize].to_vec();
+                at += bytes as usize;
+                part
+            })
+            .collect())
+    }
+
+    /// In one request where the bytes fit one frame.
+    fn mem_write_spans(&self, writes: &[(DevicePtr, &[u8])]) -> Result<(), CuError> {
+        let total: usize = writes.iter().map(|w| w.1.len()).sum();
+        if writes.len() < 2 || total > MAX_CHUNK_BYTES {
+            return writes
+                .iter()
+                .try_for_each(|&(ptr, data)| self.mem_write(ptr, data));
+        }
+        let spans = writes.iter().map(|&(p, d)| (p, d.len() as u64)).collect();
+        let data: Vec<u8> = writes.iter().flat_map(|w| w.1.iter().copied()).collect();
+        self.unit(&WorkerRequest::MemWriteSpans { spans }, &[&data])
+    }
+
     fn mem_copy(&self, dst: DevicePtr, src: DevicePtr, bytes: u64) -> Result<(), CuError> {
         self.unit(&WorkerRequest::MemCopy { dst, src, bytes }, &[])
     }

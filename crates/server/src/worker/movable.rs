@@ -71,6 +71,24 @@ impl MovableContext for WorkerContext {
         }
     }
 
+    /// One request for all; a module the worker does not know has none.
+    fn modules_blocks(&self, modules: &[ModuleId]) -> Vec<Vec<DevicePtr>> {
+        let local: Vec<Option<ModuleId>> = modules.iter().map(|&m| self.local_module(m)).collect();
+        let known: Vec<ModuleId> = local.iter().flatten().copied().collect();
+        let request = WorkerRequest::ModulesBlocks { modules: known };
+        let mut lists = match self.call(&request, &[], None) {
+            Ok(WorkerValue::PtrLists(lists)) => lists.into_iter(),
+            _ => Vec::new().into_iter(),
+        };
+        local
+            .iter()
+            .map(|m| match m {
+                Some(_) => lists.next().unwrap_or_default(),
+                None => Vec::new(),
+            })
+            .collect()
+    }
+
     fn module_load_at(&self, image: &[u8], blocks: &[DevicePtr]) -> Result<LoadedModule, CuError> {
         self.load_module(image, Some(blocks))
     }

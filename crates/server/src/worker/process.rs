@@ -559,6 +559,18 @@ impl Served<'_, '_> {
                     result: ctx.mem_read(src, buf),
                 })
             }),
+            WorkerRequest::MemReadSpans { spans } => guarded(kind, || {
+                let total = spans.iter().fold(0u64, |t, s| t.saturating_add(s.1));
+                read_into(total, |buf| LaunchOutcome {
+                    stdout: Vec::new(),
+                    result: read_spans(ctx, &spans, buf),
+                })
+            }),
+            WorkerRequest::MemWriteSpans { spans } => {
+                conn.link.recv_frame(&mut conn.data).map_err(io_err)?;
+                let data = &conn.data;
+                guarded(kind, || unit(write_spans(ctx, &spans, data)))
+            }
             WorkerRequest::MemReadPieces { src, len, piece } => {
                 return self.read_pieces(conn, kind, flushes, (src, len, piece))
             }
@@ -618,6 +630,9 @@ impl Served<'_, '_> {
                     limits: m.limits(),
                     unmovable: m.unmovable(),
                 }))
+            }),
+            WorkerRequest::ModulesBlocks { modules } => guarded(kind, || {
+                value(movable(ctx).map(|m| WorkerValue::PtrLists(m.modules_blocks(&modules))))
             }),
             WorkerRequest::ModuleBlocks { module } => guarded(kind, || {
                 value(movable(ctx).map(|m| WorkerValue::Ptrs(m.module_blocks(module))))
@@ -970,6 +985,44 @@ fn waited(outcome: LaunchOutcome) -> Answer {
 }
 
 /// Reads `len` bytes (one frame's worth at most) with `read`.
+/// Each span of `ctx` read into its place in `buf`, one after another.
+fn read_spans(
+    ctx: &dyn DeviceContext,
+    spans: &[(DevicePtr, u64)],
+    buf: &mut [u8],
+) -> Result<(), CuError> {
+    let mut at = 0usize;
+    for &(ptr, bytes) in spans {
+        let end = at + bytes as usize;
+        ctx.mem_read(ptr, &mut buf[at..end])?;
+        at = end;
+    }
+    Ok(())
+}
+
+/// Each span of `ctx` written from its place in `data`, which must hold
+/// exactly their bytes.
+fn write_spans(
+    ctx: &dyn DeviceContext,
+    spans: &[(DevicePtr, u64)],
+    data: &[u8],
+) -> Result<(), CuError> {
+    let total = spans.iter().fold(0u64, |t, s| t.saturating_add(s.1));
+    if total != data.len() as u64 {
+        return Err(CuError::new(
+            codes::INVALID_VALUE,
+            format!("{} bytes for spans of {total}", data.len()),
+        ));
+    }
+    let mut at = 0usize;
+    for &(ptr, bytes) in spans {
+        let end = at + bytes as usize;
+        ctx.mem_write(ptr, &data[at..end])?;
+        at = end;
+    }
+    Ok(())
+}
+
 fn read_into(len: u64, read: impl FnOnce(&mut [u8]) -> LaunchOutcome) -> Answer {
     if len > MAX_CHUNK_BYTES as u64 {
         return value(Err(CuError::new(

@@ -225,6 +225,20 @@ pub enum WorkerRequest {
         chunks: Vec<ImportedChunk>,
         copies: Vec<(DevicePtr, u64)>,
     },
+    /// `MovableContext::modules_blocks`: answered by [`WorkerValue::PtrLists`].
+    ModulesBlocks {
+        modules: Vec<ModuleId>,
+    },
+    /// `DeviceContext::mem_read_spans`: answered by [`WorkerValue::Bytes`]
+    /// and one raw frame, the spans' bytes one after another.
+    MemReadSpans {
+        spans: Vec<(DevicePtr, u64)>,
+    },
+    /// `DeviceContext::mem_write_spans`: followed by one raw frame, the
+    /// spans' bytes one after another; answered by `Unit`.
+    MemWriteSpans {
+        spans: Vec<(DevicePtr, u64)>,
+    },
     /// `DeviceContext::map_imported`: answered by [`WorkerValue::Mapped`].
     PlacedMap {
         chunks: Vec<ImportedChunk>,
@@ -319,6 +333,8 @@ impl WorkerRequest {
                 | WorkerRequest::Window { .. }
                 | WorkerRequest::SmCap { .. }
                 | WorkerRequest::ModuleBlocks { .. }
+                | WorkerRequest::ModulesBlocks { .. }
+                | WorkerRequest::MemReadSpans { .. }
         )
     }
 }
@@ -373,6 +389,8 @@ pub enum WorkerValue {
         unmovable: Option<String>,
     },
     Ptrs(Vec<DevicePtr>),
+    /// A list of addresses for each of several things, in order.
+    PtrLists(Vec<Vec<DevicePtr>>),
     /// Imported chunks mapped ([`WorkerRequest::PlacedMap`]).
     Mapped(MappedChunks),
     /// Where further connections come in, and the token they open with.
