@@ -34,8 +34,11 @@ pub(super) struct Prepared {
 }
 
 /// Rounds of loading a move's target takes at most: modules its program
-/// loaded while the last round ran are loaded in the next.
-pub(super) const ROUNDS: u32 = 3;
+/// loaded while the last round ran are loaded in the next. A program that
+/// loads modules lazily (PyTorch: the first steps load a few hundred ms of
+/// them at a time) needs several; one still loading after the last has the
+/// rest loaded in its pause.
+pub(super) const ROUNDS: u32 = 10;
 
 /// A move whose target is being made ready.
 pub(super) struct Preparing {
