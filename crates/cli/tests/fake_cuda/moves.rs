@@ -60,11 +60,7 @@ pub fn moved_memory_goes_device_to_device(device: &Arc<dyn cumux_server::Device>
     assert_eq!(device.mem_used(), used);
     // A target made ready beforehand keeps the addresses free first (its
     // modules' memory must not land there); placing then maps into them.
-    let ready = device
-        .movable()
-        .unwrap()
-        .create_context_in_window(0)
-        .unwrap();
+    let ready = move_target(device);
     let placed = ready.movable().unwrap();
     placed.hold(&allocations).unwrap();
     ready.module_load(&fixture_fatbin()).unwrap();
@@ -108,6 +104,15 @@ fn ranges_of_one_block(
     (block, placed)
 }
 
+/// A fresh context of `device` for a move's target, in the first window.
+fn move_target(device: &Arc<dyn cumux_server::Device>) -> Arc<dyn DeviceContext> {
+    device
+        .movable()
+        .expect("a GPU makes contexts for moves")
+        .create_context_in_window(0)
+        .unwrap()
+}
+
 /// Requests a worker context has waited on.
 fn trips(ctx: &dyn DeviceContext) -> u64 {
     ctx.as_any()
@@ -132,11 +137,7 @@ fn memory_placed_early_changes_with_the_session(
         &[(0, g), (3 * g, g / 2), (6 * g, g / 4), (g + 64, 64)],
     );
     let (a, b, c, d) = (r[0], r[1], r[2], r[3]);
-    let target = device
-        .movable()
-        .unwrap()
-        .create_context_in_window(0)
-        .unwrap();
+    let target = move_target(device);
     let placed = target.movable().unwrap();
     let early = [a, b];
     let before = device.mem_used();
@@ -194,11 +195,7 @@ fn memory_mapped_early_leaves_only_the_copy(
     let (block, r) = ranges_of_one_block(source.as_ref(), 15, &layout);
     // The last two allocated after the early placing, as far as the move knows.
     let (early, new, beside) = (r[..4].to_vec(), r[4], r[5]);
-    let target = device
-        .movable()
-        .unwrap()
-        .create_context_in_window(0)
-        .unwrap();
+    let target = move_target(device);
     let placed = target.movable().unwrap();
     placed.place_all(&early).unwrap();
     let mapping = placed_copy::map_early(source, placed, &early).unwrap();
@@ -256,11 +253,7 @@ fn many_chunks_cost_two_round_trips_each(
     let g = GRANULE;
     let layout: Vec<(u64, u64)> = (0..12).map(|i| (3 * g * i, g - 64 * i)).collect();
     let (block, allocations) = ranges_of_one_block(source, 36, &layout);
-    let target = device
-        .movable()
-        .unwrap()
-        .create_context_in_window(0)
-        .unwrap();
+    let target = move_target(device);
     let placed = target.movable().unwrap();
     placed.place_all(&allocations).unwrap();
     let (source_before, target_before) = (trips(source), trips(target.as_ref()));
