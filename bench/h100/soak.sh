@@ -20,7 +20,8 @@
 # same soak again, up to WATCH seconds or until it ends. The driver runs the
 # tenants for SECS seconds in all, then stops them, waits for no sessions and
 # no device memory, writes the report and stops the server. Each watch copies
-# the report, the samples and the server log's tail to $OUT. SEGMENT=all
+# the report, the samples and the quiet points to $OUT, and the server log's
+# tail and the workers' memory at the quiet points in soak-more.tar.xz. SEGMENT=all
 # (default) starts and watches until the end.
 #
 #   OUT=/some/dir SECS=1800 WATCH=560 SEGMENT=start bench/h100/soak.sh
@@ -302,8 +303,11 @@ watch() {
         echo "watched until the soak's $(($(date +%s) - started)) s; it goes on" | tee -a "$OUT/watch.txt"
         tail -1 "$SAMPLES" | tee -a "$OUT/watch.txt"
     fi
-    cp "$REPORT" "$SAMPLES" "$QUIET" "$STATE"/quiet-*-worker-*.txt "$OUT/" 2>/dev/null
-    tail -c 200000 "$STATE/server.log" >"$OUT/soak-server-log-tail.txt" 2>/dev/null
+    # Few files (a GPU call brings back at most 8): the report, the samples,
+    # the quiet points, and the rest in one archive.
+    cp "$REPORT" "$SAMPLES" "$QUIET" "$OUT/" 2>/dev/null
+    tail -c 200000 "$STATE/server.log" >"$STATE/soak-server-log-tail.txt" 2>/dev/null
+    (cd "$STATE" && tar -cJf "$OUT/soak-more.tar.xz" soak-server-log-tail.txt quiet-*-worker-*.txt 2>/dev/null)
 }
 
 case $SEGMENT in
