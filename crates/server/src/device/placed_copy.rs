@@ -26,14 +26,10 @@ pub fn copy_placed(
     target: &dyn MovableContext,
     allocations: &[(DevicePtr, u64)],
 ) -> Result<u64, CuError> {
-    let mut chunks: Vec<ImportedChunk> = Vec::new();
-    match import_chunks(source, target, allocations, &mut chunks) {
-        Ok(()) if chunks.is_empty() => Ok(0),
-        Ok(()) => source.copy_into_imported(&chunks, allocations),
-        Err(e) => {
-            release_imports(source, &chunks);
-            Err(e)
-        }
+    let chunks = import_chunks(source, target, allocations)?;
+    match chunks.is_empty() {
+        true => Ok(0),
+        false => source.copy_into_imported(&chunks, allocations),
     }
 }
 
@@ -68,8 +64,22 @@ pub fn copy_placed_after(
 }
 
 /// The target's chunks that hold `allocations`, each exported once and
-/// imported by `source` into `chunks`.
+/// imported by `source`; on failure those imported so far are released.
 fn import_chunks(
+    source: &dyn DeviceContext,
+    target: &dyn MovableContext,
+    allocations: &[(DevicePtr, u64)],
+) -> Result<Vec<ImportedChunk>, CuError> {
+    let mut chunks: Vec<ImportedChunk> = Vec::new();
+    let imported = import_into(source, target, allocations, &mut chunks);
+    if let Err(e) = imported {
+        release_imports(source, &chunks);
+        return Err(e);
+    }
+    Ok(chunks)
+}
+
+fn import_into(
     source: &dyn DeviceContext,
     target: &dyn MovableContext,
     allocations: &[(DevicePtr, u64)],
@@ -143,17 +153,16 @@ pub fn map_chunks<C: DeviceContext + ?Sized>(
             size: c.size,
             physical: c.physical,
         });
-        if let Err(e) = made {
-            // Those not mapped yet are released here; the rest by the unmap.
-            release_imports(ctx, &chunks[mapped.chunks.len()..]);
-            ctx.unmap_imported(&mapped);
-            return Err(e);
+        // A chunk mapped is the unmap's to release.
+        if made.is_ok() {
+            mapped.chunks.push((*c, at));
         }
-        mapped.chunks.push((*c, at));
-        let access = ctx.vmm(&VmmOp::SetAccess {
-            ptr: at,
-            size: c.size,
-            flags: ACCESS_READWRITE,
+        let access = made.and_then(|_| {
+            ctx.vmm(&VmmOp::SetAccess {
+                ptr: at,
+                size: c.size,
+                flags: ACCESS_READWRITE,
+            })
         });
         if let Err(e) = access {
             release_imports(ctx, &chunks[mapped.chunks.len()..]);
@@ -220,11 +229,7 @@ pub fn map_early(
     target: &dyn MovableContext,
     allocations: &[(DevicePtr, u64)],
 ) -> Result<SourceMapping, CuError> {
-    let mut chunks = Vec::new();
-    if let Err(e) = import_chunks(source.as_ref(), target, allocations, &mut chunks) {
-        release_imports(source.as_ref(), &chunks);
-        return Err(e);
-    }
+    let chunks = import_chunks(source.as_ref(), target, allocations)?;
     let mapped = source.map_imported(&chunks)?;
     Ok(SourceMapping {
         source: Arc::clone(source),

@@ -61,10 +61,7 @@ impl WorkerContext {
     /// [`crate::device::DeviceContext::array`] in the worker; the arrays'
     /// bytes count as the device's memory in use here too.
     pub(super) fn array_in_worker(&self, op: &ArrayOp) -> Result<u64, CuError> {
-        let value = match self.call(&WorkerRequest::Array(op.clone()), &[], None)? {
-            WorkerValue::Number(v) => v,
-            other => return Err(unexpected(&other)),
-        };
+        let value = self.number(&WorkerRequest::Array(op.clone()))?;
         match *op {
             ArrayOp::Create { bytes, .. } | ArrayOp::CreateMipmapped { bytes, .. } => {
                 self.memory.charge(bytes)

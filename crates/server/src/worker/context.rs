@@ -652,6 +652,14 @@ impl WorkerContext {
         }
     }
 
+    /// A round trip answered by a number.
+    pub(super) fn number(&self, request: &WorkerRequest) -> Result<u64, CuError> {
+        match self.call(request, &[], None)? {
+            WorkerValue::Number(n) => Ok(n),
+            other => Err(unexpected(&other)),
+        }
+    }
+
     pub(super) fn unit(&self, request: &WorkerRequest, frames: &[&[u8]]) -> Result<(), CuError> {
         match self.call(request, frames, None)? {
             WorkerValue::Unit => Ok(()),
@@ -923,10 +931,7 @@ impl DeviceContext for WorkerContext {
     /// Runs in the worker's context: a GPU's reservations and mappings are
     /// its driver's, so the addresses the client sees are the device's own.
     fn vmm(&self, op: &VmmOp) -> Result<u64, CuError> {
-        let value = match self.call(&WorkerRequest::Vmm(op.clone()), &[], None)? {
-            WorkerValue::Number(v) => v,
-            other => return Err(unexpected(&other)),
-        };
+        let value = self.number(&WorkerRequest::Vmm(op.clone()))?;
         match *op {
             VmmOp::Create { size, .. } => self.memory.charge(size),
             VmmOp::Release { size, .. } => self.memory.release(size),
@@ -958,10 +963,7 @@ impl DeviceContext for WorkerContext {
             .peer_any()
             .downcast_ref::<WorkerContext>()
             .ok_or_else(|| CuError::new(codes::INVALID_CONTEXT, "the peer is not in a worker"))?;
-        let peer_id = match peer.call(&WorkerRequest::ContextId, &[], None)? {
-            WorkerValue::Number(id) => id,
-            other => return Err(unexpected(&other)),
-        };
+        let peer_id = peer.number(&WorkerRequest::ContextId)?;
         self.call(
             &WorkerRequest::PeerAccess {
                 peer: peer_id,
@@ -1002,10 +1004,7 @@ impl DeviceContext for WorkerContext {
             chunks: chunks.to_vec(),
             copies: copies.to_vec(),
         };
-        match self.call(&request, &[], None)? {
-            WorkerValue::Number(copied) => Ok(copied),
-            other => Err(unexpected(&other)),
-        }
+        self.number(&request)
     }
 
     fn map_imported(&self, chunks: &[ImportedChunk]) -> Result<MappedChunks, CuError> {
@@ -1027,10 +1026,7 @@ impl DeviceContext for WorkerContext {
             mapped: mapped.clone(),
             copies: copies.to_vec(),
         };
-        match self.call(&request, &[], None)? {
-            WorkerValue::Number(copied) => Ok(copied),
-            other => Err(unexpected(&other)),
-        }
+        self.number(&request)
     }
 
     fn unmap_imported(&self, mapped: &MappedChunks) {
