@@ -125,6 +125,14 @@ pub struct ServerSettings {
     /// in a session of its own (1 to 64, default 1).
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=64))]
     pub functions_lanes: Option<u32>,
+    /// What happens to a device's sessions when it fails (`cumux device
+    /// fail`, or an uncorrectable ECC or NVLink error in a call): stay
+    /// (default: they stay, and the device takes no new programs), migrate
+    /// (moved to the healthy device with the most memory free), or
+    /// migrate-to-cpu (moved to a CPU device the server keeps in reserve,
+    /// offered to no program, with --memory of its own).
+    #[arg(long, value_parser = PossibleValuesParser::new(cumux_server::device_health::OnFailure::NAMES))]
+    pub on_device_failure: Option<String>,
 }
 
 impl ServerSettings {
@@ -151,6 +159,7 @@ impl ServerSettings {
             functions: self.functions.or(fallback.functions),
             functions_max_body: self.functions_max_body.or(fallback.functions_max_body),
             functions_lanes: self.functions_lanes.or(fallback.functions_lanes),
+            on_device_failure: self.on_device_failure.or(fallback.on_device_failure),
         }
     }
 }
@@ -344,6 +353,7 @@ struct RawConfig {
     functions: Option<String>,
     functions_max_body: Option<Bytes>,
     functions_lanes: Option<u32>,
+    on_device_failure: Option<String>,
     #[serde(default = "yes")]
     allow_unknown: bool,
     #[serde(default)]
@@ -509,7 +519,11 @@ pub fn parse(text: &str) -> Result<FileConfig> {
             .map_err(anyhow::Error::msg)
             .context("sharing")?;
     }
+    if let Some(name) = &raw.on_device_failure {
+        cumux_server::device_health::OnFailure::parse(name).map_err(anyhow::Error::msg)?;
+    }
     let settings = ServerSettings {
+        on_device_failure: raw.on_device_failure,
         policy: raw.policy,
         sharing: raw.sharing,
         kernel_timeout: raw
@@ -766,6 +780,16 @@ uids = [1000, 1001]
             format!("{zero:#}").contains("sessions_per_peer"),
             "{zero:#}"
         );
+    }
+
+    #[test]
+    fn on_device_failure_takes_its_three_policies_and_refuses_a_typo() {
+        for name in ["stay", "migrate", "migrate-to-cpu"] {
+            let c = parse(&format!("on_device_failure = \"{name}\"")).unwrap();
+            assert_eq!(c.settings.on_device_failure.as_deref(), Some(name));
+        }
+        let e = format!("{:#}", parse("on_device_failure = \"to-cpu\"").unwrap_err());
+        assert!(e.contains("stay, migrate, migrate-to-cpu"), "{e}");
     }
 
     #[test]

@@ -98,6 +98,11 @@ enum Command {
         #[command(flatten)]
         admin: AdminOptions,
     },
+    /// Mark a device failed, or healthy again (admins only).
+    Device {
+        #[command(subcommand)]
+        command: DeviceCommand,
+    },
     /// Write a running session's state to a file (admins only).
     Checkpoint {
         session: u64,
@@ -131,6 +136,32 @@ enum Command {
     /// Serve one device context to the server that started this process (internal).
     #[command(hide = true)]
     Worker(worker::WorkerOptions),
+}
+
+/// `cumux device`: a device's health.
+#[derive(clap::Subcommand)]
+enum DeviceCommand {
+    /// The device takes no new programs, and the server moves its sessions
+    /// off it as its `on_device_failure` says (stay, migrate,
+    /// migrate-to-cpu).
+    Fail {
+        /// The server's ordinal of the device.
+        device: u32,
+        /// Why, as `cumux status` and the log will say.
+        #[arg(long, default_value = "marked failed by an admin")]
+        reason: String,
+        /// The server (default: $CUMUX_SERVER, else the default socket).
+        #[arg(long)]
+        server: Option<String>,
+    },
+    /// The device takes programs again.
+    Ok {
+        /// The server's ordinal of the device.
+        device: u32,
+        /// The server (default: $CUMUX_SERVER, else the default socket).
+        #[arg(long)]
+        server: Option<String>,
+    },
 }
 
 /// Where an admin's command goes, and how long it waits for the session.
@@ -219,6 +250,21 @@ fn main() -> ExitCode {
                 mobility::migrate(&a, session, &to, admin.wait)
             })
             .map(|()| 0),
+        Command::Device { command } => {
+            let (device, failed, server) = match command {
+                DeviceCommand::Fail {
+                    device,
+                    reason,
+                    server,
+                } => (device, Some(reason), server),
+                DeviceCommand::Ok { device, server } => (device, None, server),
+            };
+            server
+                .map_or_else(Address::from_env_or_default, |s| Address::parse(&s))
+                .map_err(anyhow::Error::msg)
+                .and_then(|a| mobility::device_health(&a, device, failed))
+                .map(|()| 0)
+        }
         Command::Drain { device, to, admin } => admin
             .address()
             .and_then(|a| mobility::drain(&a, device, to, admin.wait))

@@ -1,6 +1,7 @@
-//! `cumux migrate`, `cumux drain`, `cumux checkpoint` and `cumux restore`:
-//! an admin moves a running session to another device or server, every
-//! session off a device, or a session's state to a file and back (issue 17).
+//! `cumux migrate`, `cumux drain`, `cumux checkpoint`, `cumux restore` and
+//! `cumux device fail|ok`: an admin moves a running session to another device
+//! or server, every session off a device, a session's state to a file and
+//! back, or marks a device failed (issue 17).
 
 use std::io::{Read, Write};
 use std::os::fd::AsFd;
@@ -193,6 +194,15 @@ fn migrate_to_device(address: &Address, session: u64, device: u32, wait: Duratio
         wait_ms: wait_ms(wait),
     };
     let reply = conn.call(call)?;
+    println!("{}", said(reply));
+    Ok(())
+}
+
+/// `cumux device fail DEVICE --reason TEXT` (`failed`: the reason) or
+/// `cumux device ok DEVICE`: prints what the server did.
+pub fn device_health(address: &Address, device: u32, failed: Option<String>) -> Result<()> {
+    let mut conn = admin(address, "cumux device")?;
+    let reply = conn.call(Call::DeviceHealth { device, failed })?;
     println!("{}", said(reply));
     Ok(())
 }

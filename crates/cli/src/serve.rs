@@ -9,10 +9,11 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use cumux_server::device::backends::{
-    default_memory_bytes, numbered_cpu_device, CpuSpec, MAX_CPU_DEVICES,
+    default_memory_bytes, numbered_cpu_device, reserve_cpu_device, CpuSpec, MAX_CPU_DEVICES,
 };
 use cumux_server::device::model::ModelDevice;
 use cumux_server::device::DEFAULT_LAUNCH_BUDGET;
+use cumux_server::device_health::{Failover, OnFailure};
 use cumux_server::shutdown::Shutdown;
 use cumux_server::tenants::TenantPolicy;
 use cumux_server::tls::ServerTls;
@@ -144,6 +145,39 @@ fn cuda_devices(
     let exe = std::env::current_exe()
         .map_err(|e| format!("cannot find the cumux executable for workers: {e}"))?;
     cuda_worker_devices(exe, sharing, kernel_timeout)
+}
+
+/// `devices`, and the failover setting for `on_failure`: `migrate-to-cpu`
+/// adds a CPU device as `spec` says, in the first address window the
+/// server's own CPU devices leave, kept in reserve for moves off a failed
+/// device.
+fn with_reserve(
+    mut devices: Vec<Arc<dyn Device>>,
+    on_failure: OnFailure,
+    spec: &CpuSpec,
+) -> Result<(Vec<Arc<dyn Device>>, Failover)> {
+    let mut failover = Failover {
+        on_failure,
+        reserve: None,
+    };
+    if on_failure != OnFailure::MigrateToCpu {
+        return Ok((devices, failover));
+    }
+    let windows: Vec<u32> = devices
+        .iter()
+        .filter(|d| d.info().backend != "cuda")
+        .map(|d| d.info().ordinal)
+        .collect();
+    let window = (0..MAX_CPU_DEVICES)
+        .find(|w| !windows.contains(w))
+        .context("on_device_failure = \"migrate-to-cpu\": every CPU address window is taken by the server's CPU devices; serve fewer")?;
+    let position = devices.len() as u32;
+    let reserve = reserve_cpu_device(position, window, spec)
+        .map_err(anyhow::Error::msg)
+        .context("on_device_failure = \"migrate-to-cpu\" needs a CPU device")?;
+    devices.push(reserve);
+    failover.reserve = Some(position);
+    Ok((devices, failover))
 }
 
 fn choose_devices(
@@ -398,6 +432,9 @@ pub fn serve(options: ServeOptions) -> Result<()> {
     for warning in quota_warnings(&file.tenants, &totals) {
         tracing::warn!("{warning}");
     }
+    let on_failure = OnFailure::parse(settings.on_device_failure.as_deref().unwrap_or("stay"))
+        .map_err(anyhow::Error::msg)?;
+    let (devices, failover) = with_reserve(devices, on_failure, &cpu)?;
     let policies = file.devices.policies(default_policy, devices.len())?;
     // Workers and their contexts start now, not while tenants run.
     std::thread::scope(|scope| {
@@ -436,7 +473,7 @@ pub fn serve(options: ServeOptions) -> Result<()> {
     })
     .context("cannot watch SIGTERM and SIGINT")?;
     let drain_timeout = settings.drain_timeout.unwrap_or(DEFAULT_DRAIN_TIMEOUT);
-    let server = Server::with_policies(devices, file.tenants, policies);
+    let server = Server::with_failover(devices, file.tenants, policies, failover);
     for (path, image) in restores {
         cumux_server::session::Session::park(&server, image)
             .map_err(|e| anyhow::anyhow!("{} is refused: {}", path.display(), e.detail))?;
@@ -491,13 +528,20 @@ pub fn serve(options: ServeOptions) -> Result<()> {
     }
     for (i, (d, policy)) in server.devices().iter().zip(server.policies()).enumerate() {
         let info = d.info();
+        let role = match failover.reserve == Some(i as u32) {
+            true => ", reserve for moves off a failed device",
+            false => "",
+        };
         line += &format!(
-            "; device {i}: {} ({}, {}, {}, {sharing_name})",
+            "; device {i}: {} ({}, {}, {}, {sharing_name}{role})",
             info.name,
             info.backend,
             human_bytes(d.mem_total()),
             cumux_server::gate::policy_name(policy)
         );
+    }
+    if on_failure != OnFailure::Stay {
+        line += &format!("; on device failure: {}", on_failure.name());
     }
     // Worker-backed devices only (the CPU device warned that it has none).
     let watched =

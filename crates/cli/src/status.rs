@@ -133,12 +133,12 @@ pub fn render(status: &ServerStatus, address: &Address) -> String {
         status.server, status.version, status.uptime_s
     );
     out += &format!(
-        "{:<7} {:<30} {:<8} {:>24} {:<8} {:>8}\n",
-        "DEVICE", "NAME", "BACKEND", "USED / TOTAL", "POLICY", "SESSIONS"
+        "{:<7} {:<30} {:<8} {:>24} {:<8} {:>8}  {}\n",
+        "DEVICE", "NAME", "BACKEND", "USED / TOTAL", "POLICY", "SESSIONS", "HEALTH"
     );
     for d in &status.devices {
         out += &format!(
-            "{:<7} {:<30} {:<8} {:>24} {:<8} {:>8}\n",
+            "{:<7} {:<30} {:<8} {:>24} {:<8} {:>8}  {}\n",
             d.ordinal,
             clip(&d.name, 30),
             d.backend,
@@ -147,8 +147,16 @@ pub fn render(status: &ServerStatus, address: &Address) -> String {
             match d.claims {
                 0 => d.sessions.to_string(),
                 n => format!("{} (+{n} starting)", d.sessions),
-            }
+            },
+            d.health.split_whitespace().next().unwrap_or("?")
         );
+    }
+    for d in status
+        .devices
+        .iter()
+        .filter(|d| d.health.starts_with("failed"))
+    {
+        out += &format!("device {} {}\n", d.ordinal, d.health);
     }
     let l = &status.limits;
     out += &format!(
@@ -253,6 +261,7 @@ mod tests {
                 signalled_launches: 12,
                 sessions: 1,
                 claims: 0,
+                health: "ok".into(),
             }],
             sessions: vec![SessionStatus {
                 session: 4,

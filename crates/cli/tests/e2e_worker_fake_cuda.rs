@@ -30,6 +30,8 @@ use cumux_testkit::fake_gpu::{
     f32_bytes, f32s, fake_libcuda, fixture_fatbin, live_reports, scale_params,
 };
 
+#[path = "fake_cuda/failure.rs"]
+mod failure;
 #[path = "fake_cuda/moves.rs"]
 mod moves;
 use moves::GRANULE;
@@ -258,6 +260,8 @@ fn cuda_contexts_live_in_workers() {
     shared_limits_follow_live_sessions(&shared[0], &report);
     drop(server);
     drop(shared);
+    wait_until("every worker to exit", || children().is_empty());
+    failure::an_ecc_error_marks_the_device_failed(CUMUX);
     wait_until("every worker to exit", || children().is_empty());
     let _ = std::fs::remove_file(fake);
     let _ = std::fs::remove_file(&report);

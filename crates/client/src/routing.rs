@@ -110,6 +110,7 @@ pub fn device_of_call(call: &Call, placements: &Placements) -> u32 {
         | Call::SessionRestore { .. }
         | Call::SessionPark { .. }
         | Call::SessionRelease { .. }
+        | Call::DeviceHealth { .. }
         | Call::ImageRead { .. }
         | Call::ImageWrite { .. }
         | Call::Fence => Some(0),

@@ -4,7 +4,7 @@
  * machine without GPUs; -DFAKE_CUMUX adds cumux's client marker symbol;
  * -DFAKE_QUIET keeps the fake device printf off stdout. FAKE_KERNEL_US in the
  * environment makes every kernel take that many microseconds, as a GPU slower
- * than the launches would. */
+ * than the launches would; FAKE_SYNC_ERROR fails every synchronize. */
 #define _GNU_SOURCE /* memfd_create */
 #include <stddef.h>
 #include <stdint.h>
@@ -90,7 +90,13 @@ CUresult cuCtxSetCurrent(void *ctx) {
     return 0;
 }
 static void flush_prints(void);
-CUresult cuCtxSynchronize(void) { flush_prints(); return 0; }
+/* FAKE_SYNC_ERROR=N in the environment: every synchronize answers CUresult
+ * N, as a GPU whose memory took an uncorrectable ECC error (214) does. */
+static CUresult sync_error(void) {
+    const char *code = getenv("FAKE_SYNC_ERROR");
+    return code ? (CUresult)atoi(code) : 0;
+}
+CUresult cuCtxSynchronize(void) { flush_prints(); return sync_error(); }
 /* Context limits (CUlimit 0..6: stack, printf FIFO, malloc heap, ...), the
  * driver's defaults; a stack of more than 1 MiB per thread is out of memory.
  * The live report names the stack, printf FIFO and heap as they are now. */
@@ -427,7 +433,7 @@ CUresult cuStreamQuery(void *s) { return s == &stream_token || !s ? 0 : 400; }
 CUresult cuStreamSynchronize(void *s) {
     if (s != &stream_token && s) return 400;
     flush_prints();
-    return 0;
+    return sync_error();
 }
 CUresult cuStreamWaitEvent(void *s, void *e, unsigned flags) {
     return (s == &stream_token || !s) && e == &event_token && !flags ? 0 : 400;

@@ -542,6 +542,15 @@ pub enum Call {
         handle: Handle,
         flags: u32,
     },
+    /// Marks the server's device `device` failed, with `failed` its reason
+    /// (it takes no new programs, and the server moves its sessions off it
+    /// as its `on_device_failure` says), or healthy again with `None`
+    /// (admins only); answered by `Data`, a line saying what was done
+    /// (protocol 26).
+    DeviceHealth {
+        device: u32,
+        failed: Option<String>,
+    },
 }
 
 /// The longest a `Call::QueryWithin` holds its connection: the calls of the
@@ -860,6 +869,9 @@ pub struct DeviceStatus {
     pub sessions: u32,
     /// Programs placed on it ([`ClientRole::Claim`]) that have no session yet.
     pub claims: u32,
+    /// `ok`; `reserve` (kept for moves off a failed device, offered to no
+    /// program); or `failed`, with why and since when (protocol 26).
+    pub health: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -904,6 +916,7 @@ pub mod codes {
     pub const INVALID_VALUE: u32 = 1;
     pub const OUT_OF_MEMORY: u32 = 2;
     pub const NOT_INITIALIZED: u32 = 3;
+    pub const DEVICE_UNAVAILABLE: u32 = 46;
     pub const NO_DEVICE: u32 = 100;
     pub const INVALID_DEVICE: u32 = 101;
     pub const INVALID_IMAGE: u32 = 200;
@@ -915,6 +928,8 @@ pub mod codes {
     pub const NOT_FOUND: u32 = 500;
     pub const INVALID_HANDLE: u32 = 400;
     pub const NOT_READY: u32 = 600;
+    pub const ECC_UNCORRECTABLE: u32 = 214;
+    pub const NVLINK_UNCORRECTABLE: u32 = 220;
     pub const ILLEGAL_ADDRESS: u32 = 700;
     pub const PEER_ACCESS_ALREADY_ENABLED: u32 = 704;
     pub const PEER_ACCESS_NOT_ENABLED: u32 = 705;
@@ -930,6 +945,12 @@ pub mod codes {
     /// Codes after which CUDA's context is unusable: every later call fails with them.
     pub fn is_fatal(code: u32) -> bool {
         matches!(code, ILLEGAL_ADDRESS | LAUNCH_TIMEOUT | ASSERT | 714..=719)
+    }
+
+    /// Codes only a broken device gives (its memory or its links failed):
+    /// the server marks the device failed when a call returns one.
+    pub fn is_device_failure(code: u32) -> bool {
+        matches!(code, ECC_UNCORRECTABLE | NVLINK_UNCORRECTABLE)
     }
 }
 

@@ -22,6 +22,10 @@ pub struct ProgramGroup {
     pub contexts: ContextGroup,
     /// The program's contexts, by the device each is for (its numbering).
     members: Mutex<HashMap<u32, Weak<dyn DeviceContext>>>,
+    /// The server's devices (positions) in the program's numbering, as its
+    /// first connection saw them: a device that fails later keeps its
+    /// number for the program.
+    devices: Vec<u32>,
     /// The pinned host regions the program registered with any of its
     /// sessions: a copy on another of its devices may name them (its
     /// contexts share one process, where the region is mapped).
@@ -53,6 +57,16 @@ impl ProgramGroup {
     /// The key the program's further connections name.
     pub fn key(&self) -> u64 {
         self.key
+    }
+
+    /// The server's device (its position) that is the program's device `local`.
+    pub fn device(&self, local: u32) -> Option<u32> {
+        self.devices.get(local as usize).copied()
+    }
+
+    /// How many devices the program sees.
+    pub fn device_count(&self) -> usize {
+        self.devices.len()
     }
 
     /// Records the program's context for its device `device`.
@@ -141,8 +155,10 @@ pub struct Groups {
 }
 
 impl Groups {
-    /// A new group for a program of `tenant`, under a key no one can guess.
-    pub fn open(&self, tenant: &str) -> Arc<ProgramGroup> {
+    /// A new group for a program of `tenant`, under a key no one can guess;
+    /// `devices` are the server's devices (positions) in the program's
+    /// numbering.
+    pub fn open(&self, tenant: &str, devices: Vec<u32>) -> Arc<ProgramGroup> {
         let mut live = lock(&self.live);
         live.retain(|_, group| group.strong_count() > 0);
         let key = loop {
@@ -159,6 +175,7 @@ impl Groups {
             regions: Mutex::default(),
             ranges: Mutex::default(),
             members: Mutex::default(),
+            devices,
         });
         live.insert(key, Arc::downgrade(&group));
         group
@@ -186,7 +203,7 @@ mod tests {
     #[test]
     fn a_group_is_joined_by_its_tenant_alone_and_goes_with_its_last_holder() {
         let groups = Groups::default();
-        let alice = groups.open("alice");
+        let alice = groups.open("alice", vec![0]);
         let joined = groups.join(alice.key(), "alice").unwrap();
         assert!(Arc::ptr_eq(&alice, &joined));
         assert!(groups.join(alice.key(), "bob").is_err());
@@ -194,13 +211,16 @@ mod tests {
         let key = alice.key();
         drop((alice, joined));
         assert!(groups.join(key, "alice").is_err());
-        assert_ne!(groups.open("alice").key(), groups.open("alice").key());
+        assert_ne!(
+            groups.open("alice", vec![0]).key(),
+            groups.open("alice", vec![0]).key()
+        );
     }
 
     #[test]
     fn a_program_s_ranges_are_seen_by_its_sessions_until_withdrawn() {
         let groups = Groups::default();
-        let g = groups.open("alice");
+        let g = groups.open("alice", vec![0]);
         g.publish_range(1, 0x10_000, 0x1000, false);
         g.publish_range(2, 0x40_000, 0x8000, true);
         assert!(g.holds_memory(2, 0x10_800, 0x800));

@@ -14,6 +14,8 @@
 pub mod admission;
 pub mod connection;
 pub mod device;
+pub mod device_health;
+pub mod failover;
 pub mod freed_memory;
 pub mod gate;
 pub mod groups;
@@ -82,6 +84,8 @@ pub struct Server {
     utilization: Arc<utilization::Utilization>,
     /// NVIDIA's per-process samples, for GPUs whose work the server does not time.
     process_samples: nvml_samples::ProcessSamples,
+    /// Which devices failed, and where their sessions go.
+    health: device_health::DeviceHealth,
 }
 
 impl Server {
@@ -116,6 +120,18 @@ impl Server {
         tenants: TenantPolicy,
         policies: Vec<Policy>,
     ) -> Arc<Self> {
+        Self::with_failover(devices, tenants, policies, Default::default())
+    }
+
+    /// [`Server::with_policies`], with what it does when a device fails:
+    /// `failover.reserve` (a position in `devices`) is offered to no
+    /// program, only taken as a move's target.
+    pub fn with_failover(
+        devices: Vec<Arc<dyn Device>>,
+        tenants: TenantPolicy,
+        policies: Vec<Policy>,
+        failover: device_health::Failover,
+    ) -> Arc<Self> {
         assert_eq!(
             policies.len(),
             devices.len(),
@@ -144,6 +160,7 @@ impl Server {
         let server = Arc::new(Server {
             utilization: Arc::default(),
             process_samples: nvml_samples::ProcessSamples::default(),
+            health: device_health::DeviceHealth::new(failover),
             policies,
             gates,
             groups: groups::Groups::default(),
@@ -252,12 +269,15 @@ impl Server {
 
     /// The devices a tenant sees, renumbered from 0 in server order (like
     /// `CUDA_VISIBLE_DEVICES`), each with its total memory cut to the tenant's
-    /// quota: (server device, what the handshake says).
+    /// quota: (server device, what the handshake says). Failed devices and
+    /// the reserve are left out.
     pub fn devices_for(&self, settings: &TenantSettings) -> Vec<(Arc<dyn Device>, DeviceInfo)> {
         self.devices
             .iter()
             .enumerate()
-            .filter(|(ordinal, _)| settings.allows_device(*ordinal as u32))
+            .filter(|(ordinal, _)| {
+                settings.allows_device(*ordinal as u32) && self.health.offered(*ordinal as u32)
+            })
             .enumerate()
             .map(|(seen, (_, d))| {
                 let total = d.mem_total();
@@ -418,6 +438,34 @@ impl Server {
         &self.orders
     }
 
+    pub fn health(&self) -> &device_health::DeviceHealth {
+        &self.health
+    }
+
+    /// " (device N has failed: why; ...)" where devices have failed, for
+    /// a refusal that found no device.
+    pub fn failed_devices_note(&self) -> String {
+        let failed: Vec<String> = (0..self.devices.len() as u32)
+            .filter_map(|d| {
+                self.health
+                    .failure(d)
+                    .map(|f| format!("device {d} has failed: {}", f.reason))
+            })
+            .collect();
+        match failed.is_empty() {
+            true => String::new(),
+            false => format!(" ({})", failed.join("; ")),
+        }
+    }
+
+    /// The position of `device` among the server's devices.
+    pub fn position_of(&self, device: &Arc<dyn Device>) -> Option<u32> {
+        self.devices
+            .iter()
+            .position(|d| Arc::ptr_eq(d, device))
+            .map(|i| i as u32)
+    }
+
     fn next_session_id(&self) -> u64 {
         self.next_session.fetch_add(1, Ordering::Relaxed)
     }
@@ -437,5 +485,6 @@ pub fn server_status(server: &Server, scope: &status::StatusScope) -> ServerStat
         scope,
         orders: &server.orders,
         utilization: &server.utilization,
+        health: &server.health,
     })
 }

@@ -181,6 +181,7 @@ pub struct ServerView<'a> {
     pub utilization: &'a Utilization,
     /// Admins' orders under way (moves, checkpoints, restores).
     pub orders: &'a Orders,
+    pub health: &'a crate::device_health::DeviceHealth,
 }
 
 /// A snapshot of the server for `cumux status`.
@@ -196,7 +197,8 @@ pub fn snapshot(server: ServerView<'_>) -> ServerStatus {
             .iter()
             .zip(server.policies)
             .zip(server.gates)
-            .map(|((d, policy), gate)| {
+            .enumerate()
+            .map(|(position, ((d, policy), gate))| {
                 let info = d.info();
                 DeviceStatus {
                     ordinal: info.ordinal,
@@ -209,6 +211,7 @@ pub fn snapshot(server: ServerView<'_>) -> ServerStatus {
                     signalled_launches: gate.as_ref().map_or(0, |g| g.signalled()),
                     sessions: entries.iter().filter(|e| e.device == info.ordinal).count() as u32,
                     claims: server.registry.claims_waiting(info.ordinal, &entries),
+                    health: server.health.describe(position as u32),
                 }
             })
             .collect(),

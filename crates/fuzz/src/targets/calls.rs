@@ -369,7 +369,7 @@ pub fn call(u: &mut Unstructured, known: &Known, images: Images) -> Result<Call>
             },
         },
         28 => Call::ContextSynchronize,
-        29 => match u.int_in_range(0u8..=10)? {
+        29 => match u.int_in_range(0u8..=11)? {
             0 => Call::ServerStatus,
             4 => Call::SessionMove {
                 session: u.int_in_range(0..=4)?,
@@ -413,8 +413,12 @@ pub fn call(u: &mut Unstructured, known: &Known, images: Images) -> Result<Call>
                     token: u.arbitrary()?,
                 },
             },
-            _ => Call::TenantRemove {
+            3 => Call::TenantRemove {
                 name: u.arbitrary()?,
+            },
+            _ => Call::DeviceHealth {
+                device: u.int_in_range(0..=2)?,
+                failed: u.arbitrary()?,
             },
         },
         30 => Call::HostRegister {

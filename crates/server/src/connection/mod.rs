@@ -497,7 +497,10 @@ fn admitted_devices(
     seat.join_tenant(&name)?;
     let (devices, _) = server.devices_seen(&settings, hello.visible_devices.as_deref());
     if devices.is_empty() {
-        return Err(format!("tenant {name:?} may use no device of this server"));
+        return Err(format!(
+            "tenant {name:?} may use no device of this server{}",
+            server.failed_devices_note()
+        ));
     }
     Ok(devices)
 }

@@ -36,6 +36,27 @@ pub fn numbered_cpu_device(number: u32, spec: &CpuSpec) -> Result<Arc<dyn Device
     ));
 }
 
+/// A CPU reference device as `spec` says, in address window `window`,
+/// that is the server's device `position` (a reserve for moves off a failed
+/// device, after the server's other devices).
+pub fn reserve_cpu_device(
+    position: u32,
+    window: u32,
+    spec: &CpuSpec,
+) -> Result<Arc<dyn Device>, String> {
+    #[cfg(feature = "cpu")]
+    return Ok(Arc::new(
+        super::cpu::CpuDevice::with_launch_budget(spec.memory, spec.launch_budget)
+            .with_threads(spec.threads)
+            .numbered(window)?
+            .with_ordinal(position),
+    ));
+    #[cfg(not(feature = "cpu"))]
+    return Err(format!(
+        "this build of cumux-server has no CPU device (feature `cpu`); cannot keep device {position} in reserve ({spec:?}, window {window})"
+    ));
+}
+
 /// Every GPU of the system's CUDA driver, if this build has the `cuda` backend
 /// (feature `cuda`); an error says why there are none (no driver, no GPU).
 pub fn cuda_devices() -> Result<Vec<Arc<dyn Device>>, String> {

@@ -189,6 +189,13 @@ impl CpuDevice {
         self.number = number;
         Ok(self)
     }
+
+    /// The same device as the server's device `ordinal`, its addresses in
+    /// the window it was numbered with.
+    pub fn with_ordinal(mut self, ordinal: u32) -> Self {
+        self.info.ordinal = ordinal;
+        self
+    }
 }
 
 impl CpuContext {

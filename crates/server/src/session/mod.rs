@@ -68,6 +68,9 @@ pub use cumux_protocol::MAX_STREAMS;
 /// The longest an admin's order waits for its session's next call.
 const MAX_ORDER_WAIT_MS: u64 = 60_000;
 
+/// The longest reason an admin may give for a device's failure, in bytes.
+const MAX_REASON_BYTES: usize = 512;
+
 /// The most urgent stream priority (the device clamps it to its own range).
 const HIGHEST_PRIORITY: i32 = -1000;
 
@@ -234,6 +237,43 @@ fn stream_order<'a>(
     }
 }
 
+/// The server's device that is device `local` of `group`'s program, unless
+/// it has failed since the program started.
+fn joined_device(
+    server: &Server,
+    group: &crate::groups::ProgramGroup,
+    local: u32,
+) -> Result<Arc<dyn Device>, CuError> {
+    let position = group.device(local).ok_or_else(|| {
+        err(
+            codes::INVALID_DEVICE,
+            format!(
+                "device {local} of a program that sees {} here",
+                group.device_count()
+            ),
+        )
+    })?;
+    if let Some(failure) = server.health().failure(position) {
+        return Err(err(
+            codes::DEVICE_UNAVAILABLE,
+            format!(
+                "the program's device {local} (the server's device {position}) has failed: {}",
+                failure.reason
+            ),
+        ));
+    }
+    server
+        .devices()
+        .get(position as usize)
+        .cloned()
+        .ok_or_else(|| {
+            err(
+                codes::INVALID_DEVICE,
+                format!("the server has no device {position}"),
+            )
+        })
+}
+
 impl Session {
     /// Opens a session for a client that said `hello`, admitted as `tenant`
     /// (name and settings; `None` for a status query). Driver sessions appear
@@ -252,29 +292,38 @@ impl Session {
             .map_or((0, 0), |join| (join.device, join.ordinal));
         let (device, account, group) = match &tenant {
             Some((name, settings)) => {
-                let visible = hello.visible_devices.as_deref();
-                let (seen, stopped) = server.devices_seen(settings, visible);
-                let count = seen.len();
-                let (device, _) = seen.into_iter().nth(local as usize).ok_or_else(|| {
-                    let why = match visible {
-                        _ if count > 0 => format!(
-                            "device {local} of a program that sees {count} here (tenant {name:?})"
-                        ),
-                        Some(text) => format!(
-                            "CUDA_VISIBLE_DEVICES={text:?} shows tenant {name:?} none of its devices{}",
-                            stopped.map_or_else(String::new, |why| format!(": {why}"))
-                        ),
-                        None => format!("tenant {name:?} may use no device of this server"),
-                    };
-                    let code = if count > 0 { codes::INVALID_DEVICE } else { codes::NO_DEVICE };
-                    err(code, why)
-                })?;
-                let group = match hello.join {
-                    Some(join) if join.group != cumux_protocol::NEW_GROUP => server
-                        .groups()
-                        .join(join.group, name)
-                        .map_err(|why| err(codes::INVALID_VALUE, why))?,
-                    _ => server.groups().open(name),
+                let (device, group) = match hello.join {
+                    Some(join) if join.group != cumux_protocol::NEW_GROUP => {
+                        let group = server
+                            .groups()
+                            .join(join.group, name)
+                            .map_err(|why| err(codes::INVALID_VALUE, why))?;
+                        (joined_device(&server, &group, local)?, group)
+                    }
+                    _ => {
+                        let (seen, stopped) =
+                            server.devices_seen(settings, hello.visible_devices.as_deref());
+                        let positions = seen
+                            .iter()
+                            .filter_map(|(d, _)| server.position_of(d))
+                            .collect();
+                        let count = seen.len();
+                        let (device, _) = seen.into_iter().nth(local as usize).ok_or_else(|| {
+                            let why = match hello.visible_devices.as_deref() {
+                                _ if count > 0 => format!(
+                                    "device {local} of a program that sees {count} here (tenant {name:?})"
+                                ),
+                                Some(text) => format!(
+                                    "CUDA_VISIBLE_DEVICES={text:?} shows tenant {name:?} none of its devices{}",
+                                    stopped.map_or_else(String::new, |why| format!(": {why}"))
+                                ),
+                                None => format!("tenant {name:?} may use no device of this server{}", server.failed_devices_note()),
+                            };
+                            let code = if count > 0 { codes::INVALID_DEVICE } else { codes::NO_DEVICE };
+                            err(code, why)
+                        })?;
+                        (device, server.groups().open(name, positions))
+                    }
                 };
                 (
                     device,
@@ -579,6 +628,9 @@ impl Session {
             Call::ImageWrite { offset, data } => {
                 self.admin().and_then(|()| self.image_write(*offset, data))
             }
+            Call::DeviceHealth { device, failed } => self
+                .admin()
+                .and_then(|()| self.device_health(*device, failed.clone())),
             Call::SessionRelease { session, moved_to } => self
                 .admin()
                 .and_then(|()| self.release_held(*session, moved_to.clone())),
@@ -622,6 +674,38 @@ impl Session {
         // A checkpoint's image (in pieces, when large), or the line saying
         // what was done.
         Ok(self.answer_of(said))
+    }
+
+    /// `Call::DeviceHealth` (admins only): device `device` marked failed
+    /// (`failed` says why) or healthy again.
+    fn device_health(&self, device: u32, failed: Option<String>) -> CallResult {
+        let said = match failed {
+            Some(reason) if reason.len() > MAX_REASON_BYTES => Err(format!(
+                "a reason of {} bytes: at most {MAX_REASON_BYTES}",
+                reason.len()
+            )),
+            Some(reason) => crate::failover::fail_device(&self.server, device, reason, true),
+            None => crate::failover::recover_device(&self.server, device),
+        };
+        said.map(|line| ReplyBody::Data(line.into_bytes()))
+            .map_err(|e| err(codes::INVALID_DEVICE, e))
+    }
+
+    /// A call of this session got `e`, an error only a broken device
+    /// gives: its device is marked failed.
+    fn device_failed(&self, e: &CuError) {
+        let Some(position) = self.server.position_of(&self.device) else {
+            return;
+        };
+        let reason = format!(
+            "session {} got CUDA error {}: {}",
+            self.id(),
+            e.code,
+            e.detail
+        );
+        if let Err(why) = crate::failover::fail_device(&self.server, position, reason, false) {
+            tracing::error!(session = self.id(), "{why}");
+        }
     }
 
     /// `Call::SessionRelease` (admins only): a held session carries on, or
@@ -767,6 +851,11 @@ impl Session {
             Some(fatal) => Err(fatal),
             None => self.execute(call),
         };
+        if let Err(e) = &result {
+            if codes::is_device_failure(e.code) && self.core.fatal().is_none() {
+                self.device_failed(e);
+            }
+        }
         // A memfd that came with a refused call is closed now.
         self.incoming_fd = None;
         if fire_and_forget {
@@ -881,6 +970,7 @@ impl Session {
             | Call::SessionCheckpoint { .. }
             | Call::SessionPark { .. }
             | Call::SessionRelease { .. }
+            | Call::DeviceHealth { .. }
             | Call::ImageRead { .. }
             | Call::ImageWrite { .. }
             | Call::SessionRestore { .. }

@@ -226,11 +226,19 @@ impl Session {
                 format!("session {} is on device {ordinal} already", self.id()),
             ));
         }
+        if let Some(failure) = self.server.health().failure(ordinal) {
+            return Err(refused(format!(
+                "device {ordinal} has failed: {}",
+                failure.reason
+            )));
+        }
         if let Some((name, settings)) = &self.tenant {
-            let allowed = settings
-                .devices
-                .as_ref()
-                .is_none_or(|d| d.contains(&ordinal));
+            // The reserve is every tenant's, for moves off a failed device.
+            let allowed = self.server.health().is_reserve(ordinal)
+                || settings
+                    .devices
+                    .as_ref()
+                    .is_none_or(|d| d.contains(&ordinal));
             if !allowed {
                 return Err(refused(format!(
                     "tenant {name:?} may not use device {ordinal}"
