@@ -78,6 +78,7 @@ pub fn moved_memory_goes_device_to_device(device: &Arc<dyn cumux_server::Device>
     many_chunks_cost_two_round_trips_each(device, source.as_ref());
     memory_placed_early_changes_with_the_session(device, source.as_ref());
     memory_mapped_early_leaves_only_the_copy(device, &source);
+    memory_mapped_in_later_rounds_is_only_copied(device, &source);
     globals_move_in_one_request(source.as_ref());
 }
 
@@ -209,7 +210,7 @@ fn memory_mapped_early_leaves_only_the_copy(
         "the first placed again with the one beside it"
     );
     let (source_before, target_before) = (trips(source.as_ref()), trips(target.as_ref()));
-    let early_kept = Some((&mapping, kept.as_slice()));
+    let early_kept = (std::slice::from_ref(&mapping), kept.as_slice());
     let copied = placed_copy::copy_placed_after(source.as_ref(), placed, &now, early_kept).unwrap();
     assert_eq!(copied, now.iter().map(|a| a.1).sum::<u64>());
     assert_eq!(
@@ -241,6 +242,45 @@ fn memory_mapped_early_leaves_only_the_copy(
     );
     drop(target);
     source.mem_free(block, 15 * g).unwrap();
+}
+
+/// Memory a session allocated after a move's first preparing round, placed
+/// and mapped by a later round: the pause copies each round's mapping in
+/// one request and exports nothing.
+fn memory_mapped_in_later_rounds_is_only_copied(
+    device: &Arc<dyn cumux_server::Device>,
+    source: &Arc<dyn DeviceContext>,
+) {
+    let g = GRANULE;
+    let layout: Vec<(u64, u64)> = (0..4).map(|i| (3 * g * i, g / 2)).collect();
+    let (block, r) = ranges_of_one_block(source.as_ref(), 12, &layout);
+    let target = move_target(device);
+    let placed = target.movable().unwrap();
+    let mut mappings = Vec::new();
+    for round in [&r[..2], &r[2..]] {
+        placed.place_all(round).unwrap();
+        mappings.push(placed_copy::map_early(source, placed, round).unwrap());
+    }
+    let kept = placed_copy::place_changes(target.as_ref(), placed, &r, &r).unwrap();
+    assert_eq!(kept, r);
+    let (source_before, target_before) = (trips(source.as_ref()), trips(target.as_ref()));
+    let copied =
+        placed_copy::copy_placed_after(source.as_ref(), placed, &r, (&mappings, &kept)).unwrap();
+    assert_eq!(copied, r.iter().map(|a| a.1).sum::<u64>());
+    assert_eq!(
+        trips(source.as_ref()) - source_before,
+        2,
+        "a copy request for each round's mapping"
+    );
+    assert_eq!(trips(target.as_ref()), target_before, "nothing exported");
+    for (i, &(ptr, n)) in r.iter().enumerate() {
+        let mut back = vec![0u8; n as usize];
+        target.mem_read(ptr, &mut back).unwrap();
+        assert!(back.iter().all(|&b| b == i as u8 + 1), "allocation {i}");
+    }
+    drop(mappings);
+    drop(target);
+    source.mem_free(block, 12 * g).unwrap();
 }
 
 /// A move of many allocations, each in a chunk of its own: the target

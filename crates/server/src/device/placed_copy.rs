@@ -33,30 +33,39 @@ pub fn copy_placed(
     }
 }
 
-/// [`copy_placed`], where `early` mapped the target's memory of some of the
-/// allocations beforehand, with those still where they were placed then
-/// ([`place_changes`]): those are only copied, the rest as [`copy_placed`]
-/// copies them.
+/// [`copy_placed`], where the mappings of `early` mapped the target's memory
+/// of some of the allocations beforehand, with those still where they were
+/// placed then (`early.1`, from [`place_changes`]): those are only copied, a
+/// request a mapping, the rest as [`copy_placed`] copies them.
 pub fn copy_placed_after(
     source: &dyn DeviceContext,
     target: &dyn MovableContext,
     allocations: &[(DevicePtr, u64)],
-    early: Option<(&SourceMapping, &[Span])>,
+    (mappings, kept): (&[SourceMapping], &[Span]),
 ) -> Result<u64, CuError> {
-    let Some((early, kept)) = early else {
-        return copy_placed(source, target, allocations);
-    };
     // Only where the memory is still what was mapped: placed early, kept.
     let kept: HashSet<Span> = kept.iter().copied().collect();
-    let mapped_for: HashSet<Span> = early
-        .allocations
+    let wanted: HashSet<Span> = allocations.iter().copied().collect();
+    let mut copied = 0;
+    let mut done: HashSet<Span> = HashSet::new();
+    for mapping in mappings {
+        let mine: Vec<Span> = mapping
+            .allocations
+            .iter()
+            .copied()
+            .filter(|a| kept.contains(a) && wanted.contains(a) && !done.contains(a))
+            .collect();
+        if mine.is_empty() {
+            continue;
+        }
+        copied += source.copy_into_mapped(&mapping.mapped, &mine)?;
+        done.extend(mine);
+    }
+    let new: Vec<Span> = allocations
         .iter()
         .copied()
-        .filter(|a| kept.contains(a))
+        .filter(|a| !done.contains(a))
         .collect();
-    let (mapped, new): (Vec<Span>, Vec<Span>) =
-        allocations.iter().partition(|a| mapped_for.contains(a));
-    let mut copied = source.copy_into_mapped(&early.mapped, &mapped)?;
     if !new.is_empty() {
         copied += copy_placed(source, target, &new)?;
     }

@@ -41,7 +41,7 @@ struct Rebuilt {
     /// The session's aliases once it has moved.
     aliases: Aliases,
     /// The target's memory as the old context mapped it, to unmap later.
-    early_mapping: Option<SourceMapping>,
+    early_mapping: Vec<SourceMapping>,
 }
 
 /// A moved session's old context with what it still holds: its modules
@@ -52,13 +52,13 @@ struct OldContext {
     memory: Vec<(DevicePtr, u64)>,
     session: u64,
     /// The new context's memory as this one mapped it for the move.
-    early_mapping: Option<SourceMapping>,
+    early_mapping: Vec<SourceMapping>,
 }
 
 impl Drop for OldContext {
     fn drop(&mut self) {
         // The new context's memory, mapped here for the move, first.
-        drop(self.early_mapping.take());
+        drop(std::mem::take(&mut self.early_mapping));
         for &module in &self.modules {
             self.ctx.module_unload(module);
         }
@@ -286,10 +286,18 @@ impl Session {
         let modules: Vec<ModuleToLoad> =
             self.modules_to_load(base.as_ref().map(|b| &b.1)).collect();
         let count = modules.len();
-        let memory: Vec<(DevicePtr, u64)> = match base {
-            Some(_) => Vec::new(),
-            None => self.allocations.iter().map(|(&p, &s)| (p, s)).collect(),
-        };
+        // The session's memory; on a base, what it allocated since the
+        // base placed its own.
+        let placed: HashSet<(DevicePtr, u64)> = base
+            .as_ref()
+            .map(|b| b.1.placed.iter().copied().collect())
+            .unwrap_or_default();
+        let memory: Vec<(DevicePtr, u64)> = self
+            .allocations
+            .iter()
+            .map(|(&p, &s)| (p, s))
+            .filter(|a| !placed.contains(a))
+            .collect();
         let devices = (target, Arc::clone(&self.ctx));
         match Preparing::start(order, ordinal, devices, window, (modules, memory), base) {
             Ok(preparing) => {
@@ -521,7 +529,7 @@ impl Session {
                     .create_context_in_window(image.window)?,
                 HashMap::new(),
                 Vec::new(),
-                None,
+                Vec::new(),
             ),
         };
         let placed = ctx
@@ -544,7 +552,7 @@ impl Session {
             let note = format!("rebuilding on device {ordinal}: {total} bytes device to device");
             self.server.orders().note(self.id(), note);
             // Mapped beforehand: good where what it was mapped for is kept.
-            let early = early_mapping.as_ref().map(|m| (m, kept_early.as_slice()));
+            let early = (early_mapping.as_slice(), kept_early.as_slice());
             placed_copy::copy_placed_after(source, placed, &places, early)
         });
         let (copied, path) = match direct {

@@ -27,9 +27,9 @@ pub(super) struct Prepared {
     /// then (zero-filled): the move places only what changed since.
     pub placed: Vec<(DevicePtr, u64)>,
     /// Those allocations' memory on `ctx` as the session's own context
-    /// mapped it beforehand, where it can (a GPU's worker): the move only
-    /// copies into it.
-    pub mapping: Option<SourceMapping>,
+    /// mapped it beforehand, where it can (a GPU's worker), a mapping a
+    /// round: the move only copies into it.
+    pub mapping: Vec<SourceMapping>,
     pub took: Duration,
 }
 
@@ -53,9 +53,9 @@ pub(super) struct Preparing {
 impl Preparing {
     /// Starts making a context of `target` in address `window` with
     /// `modules` loaded, for `order`: on the one an earlier round made
-    /// (`base`), if any; the session's `memory` ranges (the first round's:
-    /// none on a `base`) are placed there, and mapped by the session's
-    /// context `source` where it can.
+    /// (`base`), if any; the session's `memory` ranges (on a `base`, those
+    /// allocated since it placed its own) are placed there, and mapped by
+    /// the session's context `source` where it can.
     pub fn start(
         order: Order,
         ordinal: u32,
@@ -115,6 +115,7 @@ fn prepare(
 ) -> Result<Prepared, CuError> {
     let started = Instant::now();
     let refused = |what: &str| CuError::new(codes::NOT_SUPPORTED, what.to_string());
+    let first = base.is_none();
     let (ctx, mut loaded, mut placed_now, mut mapping, took) = match base {
         Some(b) => (b.ctx, b.loaded, b.placed, b.mapping, b.took),
         None => (
@@ -124,7 +125,7 @@ fn prepare(
                 .create_context_in_window(window)?,
             HashMap::with_capacity(modules.len()),
             Vec::new(),
-            None,
+            Vec::new(),
             Duration::ZERO,
         ),
     };
@@ -134,22 +135,28 @@ fn prepare(
     if !memory.is_empty() {
         // Where they are taken already, the move finds out when it places
         // them, as it would have without this.
-        if let Err(e) = placed.hold(memory) {
-            tracing::debug!("keeping a moved session's addresses free: {}", e.detail);
+        if first {
+            if let Err(e) = placed.hold(memory) {
+                tracing::debug!("keeping a moved session's addresses free: {}", e.detail);
+            }
         }
         // Placed now, the memory is not placed in the pause; where the
-        // target has no room for it yet, the move places it then.
+        // target has no room for it yet (or, in a later round, it shares a
+        // page with memory placed before), the move places it then.
         match placed.place_all(memory) {
-            Ok(()) => placed_now = memory.to_vec(),
-            Err(e) => tracing::debug!("placing a moved session's memory early: {}", e.detail),
-        }
-        // Where the devices share memory between processes, the session's
-        // context maps it too, so that the pause is only the copy.
-        if !placed_now.is_empty() {
-            match placed_copy::map_early(source, placed, memory) {
-                Ok(m) => mapping = Some(m),
-                Err(e) => tracing::debug!("mapping a move's target memory early: {}", e.detail),
+            Ok(()) => {
+                placed_now.extend_from_slice(memory);
+                // Where the devices share memory between processes, the
+                // session's context maps it too, so that the pause is only
+                // the copy.
+                match placed_copy::map_early(source, placed, memory) {
+                    Ok(m) => mapping.push(m),
+                    Err(e) => {
+                        tracing::debug!("mapping a move's target memory early: {}", e.detail)
+                    }
+                }
             }
+            Err(e) => tracing::debug!("placing a moved session's memory early: {}", e.detail),
         }
     }
     for (handle, image, blocks) in modules {
