@@ -704,6 +704,14 @@ pub trait StreamOrdered: Send + Sync {
     fn watched(&self) -> bool {
         false
     }
+    /// Whether device printf of the session's finished work waits here for
+    /// its next wait to take it (a shared context's printing launches are
+    /// waited for as they are queued): a synchronize must then ask this
+    /// order, not answer from completion signals, or the text would reach
+    /// the program only after its wait returned.
+    fn printf_waiting(&self) -> bool {
+        false
+    }
     /// At the session's end: work queued and not started is dropped, running
     /// work finishes (a launch on a context that can stop one stops:
     /// [`DeviceContext::cancel_launches`]), before this returns; waits return

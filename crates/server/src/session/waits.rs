@@ -91,10 +91,15 @@ impl Session {
     /// the worker, when they can say (every launch of the streams waited for
     /// is covered by a signal queued after all their other work), they come
     /// within `signal_wait`, and nothing failed to queue since the worker was
-    /// last asked (the session's own failures, or the worker's error counter):
-    /// two hand-offs fewer for a short kernel's wait. `None`: ask the worker.
+    /// last asked (the session's own failures, or the worker's error counter),
+    /// and no printf waits in the order for the session: two hand-offs fewer
+    /// for a short kernel's wait. `None`: ask the worker.
     fn signalled_sync(&mut self, target: SyncTarget) -> Option<CallResult> {
         if self.enqueue_failed.get() || self.signal_wait.is_zero() {
+            return None;
+        }
+        // Printf that the order holds for the session goes with this wait.
+        if self.ordered().is_ok_and(|o| o.printf_waiting()) {
             return None;
         }
         // Under a gate every waiting call has flushed them already.

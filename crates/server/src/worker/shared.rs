@@ -631,6 +631,10 @@ impl DeviceContext for SharedView {
 }
 
 impl StreamOrdered for SharedView {
+    fn printf_waiting(&self) -> bool {
+        !lock(&self.inbox).is_empty()
+    }
+
     fn stream_create(&self, stream: Handle, flags: u32, priority: i32) -> Result<(), CuError> {
         self.conn
             .stream_create(self.name(stream), flags, priority)?;
