@@ -26,15 +26,6 @@ fn server(tag: &str) -> ServerProc {
     ServerProc::spawn(TempDir::new(tag), &args.map(String::from), &[])
 }
 
-/// `cumux ARGS --server <server>`.
-fn cumux(server: &ServerProc, args: &[&str]) -> Output {
-    Command::new(CUMUX)
-        .args(args)
-        .args(["--server", &server.address])
-        .output()
-        .expect("cumux runs")
-}
-
 /// The program started on `server` (`args` after its prefix), waiting for
 /// `PREFIX.taken` once ready: it, its further lines and its session.
 fn started(server: &ServerProc, prefix: &Path, args: &[&str]) -> (Child, Receiver<String>, String) {
@@ -65,14 +56,11 @@ fn go_on(prefix: &Path, stage: &str, lines: &Receiver<String>, expect: &str, ser
 }
 
 fn checkpoint(server: &ServerProc, session: &str, file: &Path) -> Output {
-    cumux(server, &["checkpoint", session, file.to_str().unwrap()])
+    server.cumux(&["checkpoint", session, file.to_str().unwrap()])
 }
 
 fn restore(server: &ServerProc, session: &str, file: &Path) -> Output {
-    cumux(
-        server,
-        &["restore", file.to_str().unwrap(), "--session", session],
-    )
+    server.cumux(&["restore", file.to_str().unwrap(), "--session", session])
 }
 
 /// Asserts that a `cumux` command succeeded.

@@ -7,21 +7,11 @@
 
 mod common;
 
-use std::process::{Command, Output};
 use std::time::Duration;
 
-use common::{driver_program, output_text, progressed, rest, ServerProc, TempDir, CUMUX};
+use common::{driver_program, output_text, progressed, stop_and_pass, ServerProc, TempDir};
 
 const LIMIT: Duration = Duration::from_secs(180);
-
-/// `cumux ARGS --server <server>`.
-fn cumux(server: &ServerProc, args: &[&str]) -> Output {
-    Command::new(CUMUX)
-        .args(args)
-        .args(["--server", &server.address])
-        .output()
-        .expect("cumux runs")
-}
 
 /// The devices of the sessions of `program`, in session order.
 fn devices_of(server: &ServerProc, program: &str) -> Vec<u64> {
@@ -86,7 +76,7 @@ fn a_failed_device_has_its_program_moved_to_the_healthy_one_and_takes_no_new_one
 
     // A reason past its bound is refused, and changes nothing.
     let long = "x".repeat(4096);
-    let out = cumux(&server, &["device", "fail", "0", "--reason", &long]);
+    let out = server.cumux(&["device", "fail", "0", "--reason", &long]);
     assert!(!out.status.success(), "{}", output_text(&out));
     assert!(
         output_text(&out).contains("at most 512"),
@@ -94,17 +84,14 @@ fn a_failed_device_has_its_program_moved_to_the_healthy_one_and_takes_no_new_one
         output_text(&out)
     );
     assert_eq!(health(&server, 0), "ok");
-    let out = cumux(&server, &["device", "fail", "7"]);
+    let out = server.cumux(&["device", "fail", "7"]);
     assert!(
         output_text(&out).contains("the server has no device 7"),
         "{}",
         output_text(&out)
     );
 
-    let out = cumux(
-        &server,
-        &["device", "fail", "0", "--reason", "fan stopped (test)"],
-    );
+    let out = server.cumux(&["device", "fail", "0", "--reason", "fan stopped (test)"]);
     assert!(out.status.success(), "{}", output_text(&out));
     assert!(
         output_text(&out).contains("its 1 session(s) are being moved off it"),
@@ -139,7 +126,7 @@ fn a_failed_device_has_its_program_moved_to_the_healthy_one_and_takes_no_new_one
         .as_u64()
         .unwrap()
         .to_string();
-    let out = cumux(&server, &["migrate", &session, "--to", "0"]);
+    let out = server.cumux(&["migrate", &session, "--to", "0"]);
     assert!(!out.status.success(), "{}", output_text(&out));
     assert!(
         output_text(&out).contains("device 0 has failed: fan stopped (test)"),
@@ -148,27 +135,18 @@ fn a_failed_device_has_its_program_moved_to_the_healthy_one_and_takes_no_new_one
     );
 
     // Healthy again: it takes moves and programs.
-    let out = cumux(&server, &["device", "ok", "0"]);
+    let out = server.cumux(&["device", "ok", "0"]);
     assert!(
         output_text(&out).contains("device 0 takes programs again"),
         "{}",
         output_text(&out)
     );
     assert_eq!(health(&server, 0), "ok");
-    let out = cumux(&server, &["migrate", &session, "--to", "0"]);
+    let out = server.cumux(&["migrate", &session, "--to", "0"]);
     assert!(out.status.success(), "{}", output_text(&out));
 
-    std::fs::write(&stop, b"").unwrap();
-    std::fs::write(&stop2, b"").unwrap();
-    for (child, lines) in [(&mut first, lines), (&mut second, lines2)] {
-        let tail = rest(&lines, LIMIT);
-        let status = child.wait().unwrap();
-        assert!(
-            status.success() && tail.iter().any(|l| l == "PASS"),
-            "{status:?} {tail:?}\n{}",
-            server.log()
-        );
-    }
+    stop_and_pass(&stop, &mut first, &lines, LIMIT, &|| server.log());
+    stop_and_pass(&stop2, &mut second, &lines2, LIMIT, &|| server.log());
 }
 
 #[test]
@@ -200,7 +178,7 @@ fn migrate_to_cpu_moves_a_failed_devices_program_to_the_reserve_cpu_device() {
     let run = server.command(&program, &[stop.to_str().unwrap()]);
     let (mut child, lines) = server.start_until(run, "progress 10", LIMIT);
     assert_eq!(devices_of(&server, "migrate_loop"), [0]);
-    let out = cumux(&server, &["device", "fail", "0", "--reason", "test"]);
+    let out = server.cumux(&["device", "fail", "0", "--reason", "test"]);
     assert!(out.status.success(), "{}", output_text(&out));
     all_on(&server, "migrate_loop", 1);
     progressed(&lines, LIMIT, &|| server.log());
@@ -214,12 +192,5 @@ fn migrate_to_cpu_moves_a_failed_devices_program_to_the_reserve_cpu_device() {
         output_text(&refused)
     );
 
-    std::fs::write(&stop, b"").unwrap();
-    let tail = rest(&lines, LIMIT);
-    let status = child.wait().unwrap();
-    assert!(
-        status.success() && tail.iter().any(|l| l == "PASS"),
-        "{status:?} {tail:?}\n{}",
-        server.log()
-    );
+    stop_and_pass(&stop, &mut child, &lines, LIMIT, &|| server.log());
 }

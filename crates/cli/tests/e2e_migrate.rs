@@ -7,13 +7,12 @@
 
 mod common;
 
-use std::process::{Command, Output};
 use std::time::Duration;
 
 use common::metrics::{metrics_address, sample, scrape};
 use common::{
-    driver_program, e2e_device, output_text, progressed, rest, session_of, ServerProc, TempDir,
-    CUMUX,
+    driver_program, e2e_device, output_text, progressed, rest, session_of, stop_and_pass,
+    ServerProc, TempDir,
 };
 
 const LIMIT: Duration = Duration::from_secs(180);
@@ -30,15 +29,6 @@ fn two_device_server(tag: &str) -> ServerProc {
         "127.0.0.1:0",
     ];
     ServerProc::spawn(TempDir::new(tag), &args.map(String::from), &[])
-}
-
-/// `cumux ARGS --server <server>`.
-fn cumux(server: &ServerProc, args: &[&str]) -> Output {
-    Command::new(CUMUX)
-        .args(args)
-        .args(["--server", &server.address])
-        .output()
-        .expect("cumux runs")
 }
 
 fn device_of(server: &ServerProc) -> u64 {
@@ -59,14 +49,14 @@ fn a_running_program_moves_between_two_cpu_devices_many_times_and_passes() {
         .unwrap()
         .to_string();
     // No such session, no such device: clear refusals.
-    let out = cumux(&server, &["migrate", "987654", "--to", "1"]);
+    let out = server.cumux(&["migrate", "987654", "--to", "1"]);
     assert!(!out.status.success(), "{}", output_text(&out));
     assert!(
         output_text(&out).contains("no driver session 987654"),
         "{}",
         output_text(&out)
     );
-    let out = cumux(&server, &["drain", "5"]);
+    let out = server.cumux(&["drain", "5"]);
     assert!(
         output_text(&out).contains("the server has no device 5"),
         "{}",
@@ -75,7 +65,7 @@ fn a_running_program_moves_between_two_cpu_devices_many_times_and_passes() {
     {
         for round in 1..=6u64 {
             let to = (round % 2).to_string();
-            let out = cumux(&server, &["migrate", &session, "--to", &to]);
+            let out = server.cumux(&["migrate", &session, "--to", &to]);
             assert!(
                 out.status.success(),
                 "round {round}: {}\n{}",
@@ -97,7 +87,7 @@ fn a_running_program_moves_between_two_cpu_devices_many_times_and_passes() {
             progressed(&lines, LIMIT, &|| server.log());
         }
         // Draining device 0 moves it to the only other one.
-        let out = cumux(&server, &["drain", "0"]);
+        let out = server.cumux(&["drain", "0"]);
         assert!(out.status.success(), "{}", output_text(&out));
         assert!(
             output_text(&out).contains("device 0 drained: 1 sessions"),
@@ -111,14 +101,7 @@ fn a_running_program_moves_between_two_cpu_devices_many_times_and_passes() {
         let done = r#"cumux_migrations_total{kind="move",outcome="done"}"#;
         assert_eq!(sample(&body, done), Some(7.0), "{body}");
     }
-    std::fs::write(&stop, b"").unwrap();
-    let tail = rest(&lines, LIMIT);
-    let status = child.wait().unwrap();
-    assert!(
-        status.success() && tail.iter().any(|l| l == "PASS"),
-        "{status:?} {tail:?}\n{}",
-        server.log()
-    );
+    stop_and_pass(&stop, &mut child, &lines, LIMIT, &|| server.log());
 }
 
 #[test]
@@ -133,7 +116,7 @@ fn a_checkpoint_is_written_and_a_corrupt_or_truncated_one_is_refused() {
         .unwrap()
         .to_string();
     let file = server.dir.0.join("loop.ckpt");
-    let out = cumux(&server, &["checkpoint", &session, file.to_str().unwrap()]);
+    let out = server.cumux(&["checkpoint", &session, file.to_str().unwrap()]);
     {
         assert!(
             out.status.success(),
@@ -163,10 +146,7 @@ fn a_checkpoint_is_written_and_a_corrupt_or_truncated_one_is_refused() {
             ),
         ] {
             std::fs::write(&bad, broken).unwrap();
-            let out = cumux(
-                &server,
-                &["restore", bad.to_str().unwrap(), "--session", &session],
-            );
+            let out = server.cumux(&["restore", bad.to_str().unwrap(), "--session", &session]);
             assert!(!out.status.success(), "{what}: {}", output_text(&out));
             assert!(
                 output_text(&out).contains(said),
@@ -175,10 +155,7 @@ fn a_checkpoint_is_written_and_a_corrupt_or_truncated_one_is_refused() {
             );
         }
         std::fs::write(&bad, b"not a checkpoint at all").unwrap();
-        let out = cumux(
-            &server,
-            &["restore", bad.to_str().unwrap(), "--session", &session],
-        );
+        let out = server.cumux(&["restore", bad.to_str().unwrap(), "--session", &session]);
         assert!(
             output_text(&out).contains("not a cumux checkpoint"),
             "{}",

@@ -12,8 +12,8 @@ use std::sync::mpsc::Receiver;
 use std::time::{Duration, Instant};
 
 use common::{
-    driver_program, e2e_device, output_text, progressed, rest, session_of, ServerProc, TempDir,
-    CUMUX,
+    driver_program, e2e_device, output_text, progressed, rest, session_of, stop_and_pass,
+    ServerProc, TempDir, CUMUX,
 };
 use cumux_protocol::{ClientRole, Hello, HelloReply, MAGIC, PROTOCOL_VERSION};
 
@@ -295,14 +295,7 @@ fn a_running_program_moves_between_two_servers_many_times_and_passes() {
         }
         progressed(&lines, LIMIT, &logs);
     }
-    std::fs::write(&stop, b"").unwrap();
-    let tail = rest(&lines, LIMIT);
-    let status = child.wait().unwrap();
-    assert!(
-        status.success() && tail.iter().any(|l| l == "PASS"),
-        "{status:?} {tail:?}\n{}",
-        logs()
-    );
+    stop_and_pass(&stop, &mut child, &lines, LIMIT, &logs);
 }
 
 #[test]
@@ -331,12 +324,5 @@ fn a_program_larger_than_a_frame_moves_between_servers_in_pieces() {
         }
         progressed(&lines, LIMIT, &logs);
     }
-    std::fs::write(&stop, b"").unwrap();
-    let tail = rest(&lines, LIMIT);
-    let status = child.wait().unwrap();
-    assert!(
-        status.success() && tail.iter().any(|l| l == "PASS"),
-        "{status:?} {tail:?}\n{}",
-        logs()
-    );
+    stop_and_pass(&stop, &mut child, &lines, LIMIT, &logs);
 }

@@ -173,6 +173,15 @@ pub struct ServerProc {
 }
 
 impl ServerProc {
+    /// `cumux ARGS --server <this server>`, run to its end.
+    pub fn cumux(&self, args: &[&str]) -> std::process::Output {
+        Command::new(CUMUX)
+            .args(args)
+            .args(["--server", &self.address])
+            .output()
+            .expect("cumux runs")
+    }
+
     pub fn start(tag: &str) -> Self {
         Self::start_with_config(tag, None)
     }
@@ -665,6 +674,26 @@ pub fn rest(lines: &std::sync::mpsc::Receiver<String>, limit: Duration) -> Vec<S
         seen.push(line);
     }
     seen
+}
+
+/// Makes the file `stop` (a long-running test program's cue to finish),
+/// then waits for the program `child` (its stdout on `lines`) to end
+/// passing: exit 0 and a `PASS` line; otherwise the test fails with `log()`.
+pub fn stop_and_pass(
+    stop: &Path,
+    child: &mut Child,
+    lines: &std::sync::mpsc::Receiver<String>,
+    limit: Duration,
+    log: &dyn Fn() -> String,
+) {
+    std::fs::write(stop, b"").unwrap();
+    let tail = rest(lines, limit);
+    let status = child.wait().unwrap();
+    assert!(
+        status.success() && tail.iter().any(|l| l == "PASS"),
+        "{status:?} {tail:?}\n{}",
+        log()
+    );
 }
 
 /// A finished command's exit status, stdout and stderr, for a failure message.

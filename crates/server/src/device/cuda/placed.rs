@@ -228,7 +228,20 @@ impl Placed {
         if let Err(e) = ctx.vmm_address_free(got, hi - lo) {
             tracing::warn!("giving back a reservation at {got:#x}: {e}");
         }
-        Err(format!("its driver offered {got:#x}"))
+        // What holds the range here, where it is memory the driver knows of
+        // (its own, or a module's): for the refusal to name.
+        let holders: Vec<String> = [lo, hi - 1]
+            .iter()
+            .filter_map(|&at| ctx.address_range(at).ok())
+            .map(|(base, size)| format!("[{base:#x}, +{size}) is device memory there"))
+            .collect();
+        match holders.is_empty() {
+            true => Err(format!("its driver offered {got:#x}")),
+            false => Err(format!(
+                "its driver offered {got:#x}; {}",
+                holders.join(", ")
+            )),
+        }
     }
 
     /// Physical memory for each chunk, mapped, readable and writable, zeroed.
