@@ -34,6 +34,8 @@ use cumux_testkit::fake_gpu::{
 mod failure;
 #[path = "fake_cuda/moves.rs"]
 mod moves;
+#[path = "fake_cuda/printf.rs"]
+mod printf;
 use moves::GRANULE;
 
 const CUMUX: &str = env!("CARGO_BIN_EXE_cumux");
@@ -260,6 +262,8 @@ fn cuda_contexts_live_in_workers() {
     shared_limits_follow_live_sessions(&shared[0], &report);
     drop(server);
     drop(shared);
+    wait_until("every worker to exit", || children().is_empty());
+    printf::shared_printf_comes_with_its_wait(CUMUX);
     wait_until("every worker to exit", || children().is_empty());
     failure::an_ecc_error_marks_the_device_failed(CUMUX);
     wait_until("every worker to exit", || children().is_empty());
