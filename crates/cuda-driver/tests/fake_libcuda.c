@@ -256,6 +256,18 @@ static void live_change(long *counter, long by) {
 #define KEPT_BLOCKS 16
 static struct { void *base; size_t bytes; } kept[KEPT_BLOCKS];
 static pthread_mutex_t kept_lock = PTHREAD_MUTEX_INITIALIZER;
+/* Marks an allocation's header (its size, then this), so that an address
+ * query on any other address answers "not ours" instead of reading it. */
+#define FAKE_ALLOCATION_MAGIC 0xfa4eda7a5eed0001ULL
+static int is_our_allocation(CUdeviceptr p) {
+    if (p < 16) return 0;
+    uintptr_t header = (uintptr_t)p - 16;
+    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    unsigned char resident[2];
+    uintptr_t first = header & ~(page - 1), last = (header + 15) & ~(page - 1);
+    if (mincore((void *)first, last - first + 1, resident) != 0) return 0;
+    return *(unsigned long long *)(header + 8) == FAKE_ALLOCATION_MAGIC;
+}
 CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t bytes) {
     if (bytes > ((size_t)64 << 30)) return 2;
     size_t size = bytes ? bytes : 1;
@@ -271,6 +283,7 @@ CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t bytes) {
     if (!m) m = calloc(1, size + 16);
     if (!m) return 2;
     *(size_t *)m = size;
+    *(unsigned long long *)((char *)m + 8) = FAKE_ALLOCATION_MAGIC;
     live_change(&live_allocations, 1);
     *p = (CUdeviceptr)(uintptr_t)((char *)m + 16);
     return 0;
@@ -350,7 +363,7 @@ CUresult cuMemGetAddressRange_v2(CUdeviceptr *base, size_t *size, CUdeviceptr p)
     }
     /* Otherwise the start of an allocation of ours (its size in the header
      * before it), as the driver answers for its own allocations. */
-    if (!p) return 1;
+    if (!is_our_allocation(p)) return 1;
     if (base) *base = p;
     if (size) *size = *(size_t *)((char *)(uintptr_t)p - 16);
     return 0;
@@ -664,12 +677,27 @@ CUresult cuMemGetAllocationGranularity(size_t *g, const fake_prop *prop, int opt
     *g = FAKE_GRANULARITY;
     return 0;
 }
+/* Whether a reservation's hint is passed over as NVIDIA's driver passes
+ * some over: FAKE_MIN_HINT=N in the environment, those of ranges under N
+ * bytes (the H100 passed over 2-4 MiB ones); FAKE_TAKEN=ADDR:LEN, those
+ * overlapping a range the driver keeps for itself. */
+static int hint_passed_over(CUdeviceptr hint, size_t size) {
+    const char *min = getenv("FAKE_MIN_HINT");
+    if (min && size < strtoull(min, NULL, 0)) return 1;
+    const char *taken = getenv("FAKE_TAKEN");
+    if (!taken) return 0;
+    char *colon = NULL;
+    unsigned long long at = strtoull(taken, &colon, 0);
+    if (!colon || *colon != ':') return 0;
+    unsigned long long len = strtoull(colon + 1, NULL, 0);
+    return hint < at + len && at < hint + size;
+}
 CUresult cuMemAddressReserve(CUdeviceptr *p, size_t size, size_t align, CUdeviceptr hint,
                              unsigned long long flags) {
     (void)align;
     if (!p || !size || size % FAKE_GRANULARITY || flags) return 1;
     /* A hint is honoured where the range is free, as the driver does. */
-    if (hint && hint % FAKE_GRANULARITY == 0) {
+    if (hint && hint % FAKE_GRANULARITY == 0 && !hint_passed_over(hint, size)) {
         void *at = mmap((void *)(uintptr_t)hint, size, PROT_NONE,
                         MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED_NOREPLACE, -1, 0);
         if (at == (void *)(uintptr_t)hint) {

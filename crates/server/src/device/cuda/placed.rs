@@ -6,9 +6,9 @@
 //! Allocations that shared a page of the driver's granularity in the source
 //! share one chunk here; a chunk goes once its last allocation is freed, a
 //! reservation once its last chunk is. Ranges are first asked in 1 GiB
-//! windows around them, then exactly: in a probe on the H100 the driver put
-//! 64 MiB and larger ranges where asked and passed over the hints of 2-4 MiB
-//! ones.
+//! windows around them, then in aligned 256 and 64 MiB blocks, then
+//! exactly: in a probe on the H100 the driver put 64 MiB and larger ranges
+//! where asked and passed over the hints of 2-4 MiB ones.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -19,6 +19,10 @@ use super::convert::cu_err;
 
 /// The window a placed range is first asked in.
 const WINDOW: u64 = 1 << 30;
+
+/// Aligned blocks a range is asked in where its window is taken in part:
+/// hints for 64 MiB and more were honoured where free.
+const BLOCKS: [u64; 2] = [256 << 20, 64 << 20];
 
 /// `CU_MEM_ACCESS_FLAGS_PROT_READWRITE`.
 const READ_WRITE: u32 = 3;
@@ -210,11 +214,47 @@ impl Placed {
                 continue;
             }
             for (l, h) in within {
+                if self.reserve_block(ctx, existing, (lo, hi), (l, h)) {
+                    continue;
+                }
                 self.try_reserve(ctx, l, h)
                     .map_err(|why| taken(l, h, &why))?;
             }
         }
         Ok(())
+    }
+
+    /// Where a chunk's window cannot be had whole: the driver passes over
+    /// the hints of small ranges, so the aligned block of [`BLOCKS`] around
+    /// the chunk, inside `window` and clear of every reservation made, is
+    /// asked for first. Whether the chunk is reserved now.
+    fn reserve_block(
+        &mut self,
+        ctx: &cu::Context,
+        existing: &BTreeMap<u64, u64>,
+        window: (u64, u64),
+        (l, h): (u64, u64),
+    ) -> bool {
+        let covered = |map: &BTreeMap<u64, u64>| {
+            map.range(..=l)
+                .next_back()
+                .is_some_and(|(&s, &len)| h <= s + len)
+        };
+        if covered(&self.windows) {
+            return true;
+        }
+        for block in BLOCKS {
+            let Some(b) = up(h, block) else {
+                continue;
+            };
+            let a = down(l, block);
+            let fits = a >= window.0 && b <= window.1;
+            let clear = !overlaps(existing, a, b) && !overlaps(&self.windows, a, b);
+            if fits && clear && self.try_reserve(ctx, a, b).is_ok() {
+                return true;
+            }
+        }
+        false
     }
 
     /// Reserves `[lo, hi)` where asked, else says why not (the driver's
