@@ -9,7 +9,6 @@ use std::time::{Duration, Instant};
 
 use cumux_protocol::{Call, ReplyBody, DEFAULT_STREAM};
 use cumux_server::session::window::{MAX_PENDING_LAUNCHES, WINDOW_SIGNAL_EVERY};
-use cumux_testkit::fake_gpu::scale_params;
 /// How long each fake kernel takes.
 const KERNEL: Duration = Duration::from_millis(2);
 /// Launches past the window: each waits for one kernel at least.
@@ -33,15 +32,7 @@ fn launches_without_a_synchronize_wait_for_the_device() {
     let launches = MAX_PENDING_LAUNCHES + WINDOW_SIGNAL_EVERY + PAST_WINDOW;
     let started = Instant::now();
     for _ in 0..launches {
-        let launch = Call::Launch {
-            function: scale,
-            grid: [1, 1, 1],
-            block: [1, 1, 1],
-            shared_bytes: 0,
-            stream: DEFAULT_STREAM,
-            params: scale_params(buf, 1.0, 0),
-            attributes: Vec::new(),
-        };
+        let launch = common::scale_launch(scale, DEFAULT_STREAM, buf, 1.0, 0);
         assert!(session.handle(launch).is_none(), "a launch is unanswered");
     }
     let launching = started.elapsed();

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use cumux_protocol::{Call, Handle, ReplyBody, DEFAULT_STREAM};
 use cumux_server::session::Session;
 use cumux_server::worker::device::{cuda_worker_devices, Sharing};
-use cumux_testkit::fake_gpu::{fake_libcuda, remove_live_reports, scale_params};
+use cumux_testkit::fake_gpu::{fake_libcuda, remove_live_reports};
 
 const CUMUX: &str = env!("CARGO_BIN_EXE_cumux");
 
@@ -59,15 +59,7 @@ fn a_program(server: &Arc<cumux_server::Server>, n: u64) {
         ReplyBody::Handle(h) => h,
         other => panic!("{other:?}"),
     };
-    let launch = |stream: Handle| Call::Launch {
-        function: scale,
-        grid: [1, 1, 1],
-        block: [1, 1, 1],
-        shared_bytes: 0,
-        stream,
-        params: scale_params(buf, 2.0, 8),
-        attributes: Vec::new(),
-    };
+    let launch = |stream: Handle| common::scale_launch(scale, stream, buf, 2.0, 8);
     answer(&mut session, launch(stream));
     answer(&mut session, Call::EventRecord { event, stream });
     answer(

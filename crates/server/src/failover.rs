@@ -27,9 +27,7 @@ pub fn fail_device(
     reason: String,
     by_admin: bool,
 ) -> Result<String, String> {
-    if device as usize >= server.devices().len() {
-        return Err(format!("the server has no device {device}"));
-    }
+    has_device(server, device)?;
     let health = server.health();
     if !health.fail(device, reason.clone(), by_admin) {
         return Ok(format!(
@@ -69,9 +67,7 @@ pub fn fail_device(
 
 /// Marks device `device` healthy again; the line says what it had failed with.
 pub fn recover_device(server: &Server, device: u32) -> Result<String, String> {
-    if device as usize >= server.devices().len() {
-        return Err(format!("the server has no device {device}"));
-    }
+    has_device(server, device)?;
     match server.health().recover(device) {
         Some(failure) => {
             tracing::info!(
@@ -86,6 +82,14 @@ pub fn recover_device(server: &Server, device: u32) -> Result<String, String> {
             ))
         }
         None => Ok(format!("device {device} was not failed")),
+    }
+}
+
+/// Whether the server has a device at position `device`, else why not.
+fn has_device(server: &Server, device: u32) -> Result<(), String> {
+    match (device as usize) < server.devices().len() {
+        true => Ok(()),
+        false => Err(format!("the server has no device {device}")),
     }
 }
 

@@ -326,13 +326,7 @@ impl Server {
     /// `seen` with each device's peers numbered as the program sees its
     /// devices, those it does not see left out.
     fn peers_as_seen(&self, mut seen: Vec<SeenDevice>) -> Vec<SeenDevice> {
-        let server_ordinal = |d: &Arc<dyn Device>| {
-            self.devices
-                .iter()
-                .position(|s| Arc::ptr_eq(s, d))
-                .map(|i| i as u32)
-        };
-        let ordinals: Vec<Option<u32>> = seen.iter().map(|(d, _)| server_ordinal(d)).collect();
+        let ordinals: Vec<Option<u32>> = seen.iter().map(|(d, _)| self.position_of(d)).collect();
         for (device, info) in &mut seen {
             info.peers = device
                 .info()
@@ -354,10 +348,8 @@ impl Server {
 
     /// The scheduling gate of `device` (one of this server's), if its policy has one.
     pub fn gate_of(&self, device: &Arc<dyn Device>) -> Option<&Arc<DeviceGate>> {
-        self.devices
-            .iter()
-            .position(|d| Arc::ptr_eq(d, device))
-            .and_then(|i| self.gates[i].as_ref())
+        self.position_of(device)
+            .and_then(|i| self.gates[i as usize].as_ref())
     }
 
     pub fn hangups(&self) -> Option<&Arc<hangups::Hangups>> {

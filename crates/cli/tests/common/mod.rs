@@ -628,6 +628,27 @@ pub fn fixture_scale(session: &mut cumux_server::session::Session) -> cumux_prot
     scale.expect("the fixture's scale kernel").handle
 }
 
+/// A one-thread launch of the fake GPU's fixture `scale` kernel
+/// (`function`, from [`fixture_scale`]) on `stream`: `buf`'s first `n`
+/// floats times `factor`.
+pub fn scale_launch(
+    function: cumux_protocol::Handle,
+    stream: cumux_protocol::Handle,
+    buf: u64,
+    factor: f32,
+    n: i32,
+) -> cumux_protocol::Call {
+    cumux_protocol::Call::Launch {
+        function,
+        grid: [1, 1, 1],
+        block: [1, 1, 1],
+        shared_bytes: 0,
+        stream,
+        params: cumux_testkit::fake_gpu::scale_params(buf, factor, n),
+        attributes: Vec::new(),
+    }
+}
+
 /// A synchronous one-row memset of `count` bytes of `value` at `dst`.
 pub fn memset_call(dst: u64, value: u32, count: u64) -> cumux_protocol::Call {
     cumux_protocol::Call::Memset {

@@ -7,9 +7,8 @@ use std::path::PathBuf;
 use cumux_protocol::{Call, ReplyBody, DEFAULT_STREAM};
 use cumux_server::worker::device::{cuda_worker_devices, Sharing};
 use cumux_server::Server;
-use cumux_testkit::fake_gpu::scale_params;
 
-use crate::common::{driver_session, fixture_scale};
+use crate::common::{driver_session, fixture_scale, scale_launch};
 
 /// Needs `CUMUX_WORKER_PRINTF=always`: every module prints, as far as the
 /// shared context knows.
@@ -25,15 +24,7 @@ pub fn shared_printf_comes_with_its_wait(cumux: &str) {
     };
     let scale = fixture_scale(&mut session);
     for n in 1..=3 {
-        let launch = Call::Launch {
-            function: scale,
-            grid: [1, 1, 1],
-            block: [1, 1, 1],
-            shared_bytes: 0,
-            stream: DEFAULT_STREAM,
-            params: scale_params(buf, 2.0, n),
-            attributes: Vec::new(),
-        };
+        let launch = scale_launch(scale, DEFAULT_STREAM, buf, 2.0, n);
         assert!(session.handle(launch).is_none(), "a launch is unanswered");
         let synced = session.handle(Call::ContextSynchronize);
         assert!(matches!(synced, Some(Ok(_))), "{synced:?}");

@@ -849,13 +849,15 @@ impl Session {
         }
         let result = match self.core.fatal() {
             Some(fatal) => Err(fatal),
-            None => self.execute(call),
-        };
-        if let Err(e) = &result {
-            if codes::is_device_failure(e.code) && self.core.fatal().is_none() {
-                self.device_failed(e);
+            None => {
+                let result = self.execute(call);
+                match &result {
+                    Err(e) if codes::is_device_failure(e.code) => self.device_failed(e),
+                    _ => {}
+                }
+                result
             }
-        }
+        };
         // A memfd that came with a refused call is closed now.
         self.incoming_fd = None;
         if fire_and_forget {

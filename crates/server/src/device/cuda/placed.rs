@@ -68,18 +68,34 @@ fn merged(mut ranges: Vec<(u64, u64)>, touching: bool) -> Vec<(u64, u64)> {
     out
 }
 
+/// Whether one reservation of `map` holds all of `[lo, hi)`.
+fn covers(map: &BTreeMap<u64, u64>, lo: u64, hi: u64) -> bool {
+    map.range(..=lo)
+        .next_back()
+        .is_some_and(|(&s, &len)| hi <= s + len)
+}
+
 fn overlaps(map: &BTreeMap<u64, u64>, lo: u64, hi: u64) -> bool {
     map.range(..hi)
         .next_back()
         .is_some_and(|(&s, &len)| s + len > lo)
 }
 
-fn taken(lo: u64, hi: u64, why: &str) -> CuError {
+/// The refusal of `[lo, hi)`, which `ctx`'s driver would not reserve
+/// (`why`), naming the device memory the driver knows there, if any (its
+/// own, or a module's).
+fn taken(ctx: &cu::Context, lo: u64, hi: u64, why: &str) -> CuError {
+    let holders: Vec<String> = [lo, hi - 1]
+        .iter()
+        .filter_map(|&at| ctx.address_range(at).ok())
+        .map(|(base, size)| format!("; [{base:#x}, +{size}) is device memory there"))
+        .collect();
     CuError::new(
         codes::OUT_OF_MEMORY,
         format!(
-            "the addresses [{lo:#x}, {hi:#x}) are taken in the target's process ({why}): the \
-             session cannot keep its pointers there"
+            "the addresses [{lo:#x}, {hi:#x}) are taken in the target's process ({why}{}): the \
+             session cannot keep its pointers there",
+            holders.concat()
         ),
     )
 }
@@ -186,16 +202,10 @@ impl Placed {
         chunks: &[(u64, u64)],
         existing: &BTreeMap<u64, u64>,
     ) -> Result<(), CuError> {
-        let inside = |lo: u64, hi: u64| {
-            existing
-                .range(..=lo)
-                .next_back()
-                .is_some_and(|(&s, &len)| hi <= s + len)
-        };
         let needed: Vec<(u64, u64)> = chunks
             .iter()
             .copied()
-            .filter(|&(lo, hi)| !inside(lo, hi))
+            .filter(|&(lo, hi)| !covers(existing, lo, hi))
             .collect();
         let windows = merged(
             needed
@@ -218,7 +228,7 @@ impl Placed {
                     continue;
                 }
                 self.try_reserve(ctx, l, h)
-                    .map_err(|why| taken(l, h, &why))?;
+                    .map_err(|why| taken(ctx, l, h, &why))?;
             }
         }
         Ok(())
@@ -235,12 +245,7 @@ impl Placed {
         window: (u64, u64),
         (l, h): (u64, u64),
     ) -> bool {
-        let covered = |map: &BTreeMap<u64, u64>| {
-            map.range(..=l)
-                .next_back()
-                .is_some_and(|(&s, &len)| h <= s + len)
-        };
-        if covered(&self.windows) {
+        if covers(&self.windows, l, h) {
             return true;
         }
         for block in BLOCKS {
@@ -268,20 +273,7 @@ impl Placed {
         if let Err(e) = ctx.vmm_address_free(got, hi - lo) {
             tracing::warn!("giving back a reservation at {got:#x}: {e}");
         }
-        // What holds the range here, where it is memory the driver knows of
-        // (its own, or a module's): for the refusal to name.
-        let holders: Vec<String> = [lo, hi - 1]
-            .iter()
-            .filter_map(|&at| ctx.address_range(at).ok())
-            .map(|(base, size)| format!("[{base:#x}, +{size}) is device memory there"))
-            .collect();
-        match holders.is_empty() {
-            true => Err(format!("its driver offered {got:#x}")),
-            false => Err(format!(
-                "its driver offered {got:#x}; {}",
-                holders.join(", ")
-            )),
-        }
+        Err(format!("its driver offered {got:#x}"))
     }
 
     /// Physical memory for each chunk, mapped, readable and writable, zeroed.
