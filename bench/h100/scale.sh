@@ -157,6 +157,11 @@ for f in "$OUT"/runs/drain-gpu*-*.txt; do
 done
 sleep 1
 "$KIT/cumux" drain 0 --server "unix:$W/d.sock" >"$OUT/runs/drain.txt" 2>&1
+# A refused session: keep every worker's address map while they still run,
+# to see what holds the range in the target.
+if grep -q 'taken in' "$OUT/runs/drain.txt"; then
+    for w in $(pgrep -P "$server"); do cp "/proc/$w/maps" "$OUT/runs/drain-maps-$w.txt" 2>/dev/null; done
+fi
 wait "${runs[@]}"
 stop_server
 wait "$sampler" 2>/dev/null

@@ -32,7 +32,8 @@
 # without a GPU, or worker-cpu to run it through worker processes), PYTORCH=
 # (default 1: even tenants run PyTorch), PROGRAMS= (the .cu sources to run,
 # paths under the checkout; default every corpus program but out_of_bounds;
-# e.g. the pinned-memory users of tests/cuda/driver).
+# e.g. the pinned-memory users of tests/cuda/driver), GPU_INDEX= (serve and sample
+# only that GPU, in PCI order, so that other work can use the machine's others).
 set -u
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 KIT=${KIT:-$ROOT/device-kit}
@@ -50,7 +51,9 @@ WATCH=${WATCH:-$((SECS + 300))}
 QUIET_AT_HALF=${QUIET_AT_HALF:-1}
 PROGRAMS=${PROGRAMS:-$(cd "$ROOT" && ls tests/cuda/corpus/*.cu | grep -v '/out_of_bounds\.cu$' | tr '\n' ' ')}
 export ROOT KIT NVCC SECS TENANTS KILL_EVERY SERVE_ARGS STATE DEVICE PYTORCH QUIET_AT_HALF PROGRAMS
-gpu_used() { nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits 2>/dev/null | head -1; }
+GPU_INDEX=${GPU_INDEX:-0}
+export GPU_INDEX CUDA_DEVICE_ORDER=PCI_BUS_ID
+gpu_used() { nvidia-smi -i "$GPU_INDEX" --query-gpu=memory.used --format=csv,noheader,nounits 2>/dev/null | head -1; }
 mkdir -p "$OUT" "$STATE/bin"
 # shellcheck source=bench/h100/lib.sh
 . "$ROOT/bench/h100/lib.sh"
@@ -140,7 +143,7 @@ setup() {
     mkdir -p "$STATE/bin"
     {
         echo "soak, $(date -u +%FT%TZ), kit $(cat "$KIT/COMMIT" 2>/dev/null), $TENANTS tenants for $SECS s, a kill every ${KILL_EVERY} s, serve $SERVE_ARGS"
-        nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null || echo "no nvidia-smi"
+        nvidia-smi -i "$GPU_INDEX" --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null || echo "no nvidia-smi"
     } >"$REPORT"
     echo "elapsed_s,server_rss_kib,server_threads,sessions,device_used_bytes,gpu_used_mib,runs_done,rss_anon_kib,rss_file_kib,rss_shmem_kib,maps,fds,workers,workers_rss_kib,workers_anon_kib,workers_file_kib" >"$SAMPLES"
     : >"$QUIET"
@@ -165,7 +168,7 @@ setup() {
     gpu_used >"$STATE/gpu_idle_mib"
     printf '[limits]\nsessions = 128\n' >"$STATE/soak.toml"
     # shellcheck disable=SC2086
-    setsid nohup "$KIT/cumux" serve --device "$DEVICE" --config "$STATE/soak.toml" $SERVE_ARGS \
+    CUDA_VISIBLE_DEVICES=$GPU_INDEX setsid nohup "$KIT/cumux" serve --device "$DEVICE" --config "$STATE/soak.toml" $SERVE_ARGS \
         --listen "unix:$SOCK" >"$STATE/server.log" 2>&1 </dev/null &
     echo $! >"$STATE/server.pid"
     for _ in $(seq 300); do [ -S "$SOCK" ] && break; sleep 0.1; done
