@@ -491,8 +491,25 @@ static struct fake_function fake_scale = {"scale", 3, {0, 8, 12}, {8, 4, 4}};
 static int module_token;
 static int g_val[4] = {1, 0, 0, 0};
 
+/* FAKE_MODULE_AT=ADDR: a module's loading takes a 2 MiB page of device
+ * memory at the first free address from ADDR up, as NVIDIA's driver puts
+ * its own memory at the next free address of its heap (where the program's
+ * next allocation would have gone). Kept until the process ends. */
+static void take_module_memory(void) {
+    const char *from = getenv("FAKE_MODULE_AT");
+    if (!from) return;
+    const size_t page = (size_t)2 << 20;
+    uintptr_t at = (uintptr_t)strtoull(from, NULL, 0) & ~(page - 1);
+    for (int tries = 0; tries < (1 << 17) && at; tries++, at += page) {
+        void *got = mmap((void *)at, page, PROT_READ | PROT_WRITE,
+                         MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED_NOREPLACE, -1, 0);
+        if (got == (void *)at) return;
+        if (got != MAP_FAILED) munmap(got, page);
+    }
+}
 CUresult cuModuleLoadData(void **m, const void *image) {
     if (*(const unsigned *)image != 0xBA55ED50u) return 200;
+    take_module_memory();
     *m = &module_token;
     live_change(&live_modules, 1);
     return 0;

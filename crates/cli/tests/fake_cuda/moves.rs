@@ -80,6 +80,7 @@ pub fn moved_memory_goes_device_to_device(device: &Arc<dyn cumux_server::Device>
     memory_mapped_early_leaves_only_the_copy(device, &source);
     memory_mapped_in_later_rounds_is_only_copied(device, &source);
     a_window_taken_in_part_is_asked_in_blocks(device, source.as_ref());
+    room_to_grow_is_kept_from_modules(device, source.as_ref());
     globals_move_in_one_request(source.as_ref());
 }
 
@@ -317,6 +318,61 @@ fn a_window_taken_in_part_is_asked_in_blocks(
     assert!(back.iter().all(|&b| b == 1), "placed at its address");
     drop(target);
     source.mem_free(block, GRANULE).unwrap();
+}
+
+/// A target made ready beforehand keeps room for its session to grow: the
+/// memory the program allocates after the first round is placed, where the
+/// target's driver would have put the modules it loaded (it takes the next
+/// free address, as the source's driver did for the program: on the H200 a
+/// drain refused such a session's prepared target). A later allocation
+/// across two windows kept free is placed too.
+fn room_to_grow_is_kept_from_modules(
+    device: &Arc<dyn cumux_server::Device>,
+    source: &dyn DeviceContext,
+) {
+    const GIB: u64 = 1 << 30;
+    const MIB: u64 = 1 << 20;
+    let granules = (2 * GIB + 128 * MIB) / GRANULE;
+    let (block, _) = ranges_of_one_block(source, granules, &[]);
+    let boundary = (block + GIB - 1) & !(GIB - 1);
+    let offsets = [
+        (0, 4096),
+        (boundary + GIB - 2 * MIB - block, 4 * MIB),
+        (boundary + 64 * MIB - block, 4096),
+    ];
+    let r: Vec<(u64, u64)> = offsets
+        .iter()
+        .enumerate()
+        .map(|(i, &(offset, n))| {
+            source
+                .mem_write(block + offset, &vec![i as u8 + 1; n as usize])
+                .unwrap();
+            (block + offset, n)
+        })
+        .collect();
+    let first_round = &r[..1];
+    std::env::set_var("FAKE_MODULE_AT", r[2].0.to_string());
+    let target = move_target(device);
+    std::env::remove_var("FAKE_MODULE_AT");
+    let placed = target.movable().unwrap();
+    placed.hold(first_round).unwrap();
+    let kept = placed
+        .keep_free(&cumux_server::session::room_to_grow(first_round))
+        .unwrap();
+    assert!(kept >= 2 * GIB, "kept {kept} bytes free");
+    target.module_load(&fixture_fatbin()).unwrap();
+    for later in [&r[..1], &r[1..2], &r[2..]] {
+        placed.place_all(later).unwrap();
+    }
+    let copied = placed_copy::copy_placed(source, placed, &r).unwrap();
+    assert_eq!(copied, r.iter().map(|a| a.1).sum::<u64>());
+    for (i, &(ptr, n)) in r.iter().enumerate() {
+        let mut back = vec![0u8; n as usize];
+        target.mem_read(ptr, &mut back).unwrap();
+        assert!(back.iter().all(|&b| b == i as u8 + 1), "allocation {i}");
+    }
+    drop(target);
+    source.mem_free(block, granules * GRANULE).unwrap();
 }
 
 /// A move of many allocations, each in a chunk of its own: the target

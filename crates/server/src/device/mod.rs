@@ -779,6 +779,15 @@ pub trait MovableContext: Send + Sync {
         let _ = ranges;
         Ok(())
     }
+    /// Keeps what it can of each `[lo, hi)` span free of the backend's own
+    /// memory (reserved, unmapped) until memory is placed there: a move's
+    /// target made ready beforehand, whose modules must not take the
+    /// addresses its session allocates next. The bytes kept; a backend
+    /// that places module memory itself keeps none and needs none.
+    fn keep_free(&self, spans: &[(u64, u64)]) -> Result<u64, CuError> {
+        let _ = spans;
+        Ok(0)
+    }
     /// The device memory loading `module` allocated, in the order it did.
     fn module_blocks(&self, module: ModuleId) -> Vec<DevicePtr>;
     /// [`MovableContext::module_blocks`] of each of `modules`, in order; a

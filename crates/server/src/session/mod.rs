@@ -63,6 +63,7 @@ pub use self::core::MAX_STDOUT_BYTES;
 /// CUDA_ERROR_INVALID_HANDLE rather than somebody's stream.
 pub const FIRST_HANDLE: Handle = cumux_protocol::first_handle(0);
 pub use self::order::STREAM_THREADS_ENV;
+pub use self::preparing::{room_to_grow, ROOM_TO_GROW};
 pub use cumux_protocol::MAX_STREAMS;
 
 /// The longest an admin's order waits for its session's next call.

@@ -40,6 +40,24 @@ pub(super) struct Prepared {
 /// rest loaded in its pause.
 pub(super) const ROUNDS: u32 = 10;
 
+/// Address space past a session's memory kept free on a move's target
+/// beforehand: where its driver would put the modules it loads, which is
+/// where the source's driver puts the program's next allocations.
+pub const ROOM_TO_GROW: u64 = 16 << 30;
+
+/// The spans around `memory` that a move's target keeps free: each
+/// allocation's 1 GiB windows and [`ROOM_TO_GROW`] past them.
+pub fn room_to_grow(memory: &[(DevicePtr, u64)]) -> Vec<(u64, u64)> {
+    const WINDOW: u64 = 1 << 30;
+    memory
+        .iter()
+        .filter_map(|&(ptr, bytes)| {
+            let end = ptr.checked_add(bytes.max(1))?.checked_add(WINDOW - 1)? & !(WINDOW - 1);
+            Some((ptr & !(WINDOW - 1), end.checked_add(ROOM_TO_GROW)?))
+        })
+        .collect()
+}
+
 /// A move whose target is being made ready.
 pub(super) struct Preparing {
     pub order: Order,
@@ -139,6 +157,12 @@ fn prepare(
             if let Err(e) = placed.hold(memory) {
                 tracing::debug!("keeping a moved session's addresses free: {}", e.detail);
             }
+            // And the room its program allocates in next, which the
+            // target's driver would give to the modules loaded below.
+            match placed.keep_free(&room_to_grow(memory)) {
+                Ok(kept) => tracing::debug!("a move's target keeps {kept} bytes free to grow in"),
+                Err(e) => tracing::debug!("keeping room to grow: {}", e.detail),
+            }
         }
         // Placed now, the memory is not placed in the pause; where the
         // target has no room for it yet (or, in a later round, it shares a
@@ -169,4 +193,21 @@ fn prepare(
         mapping,
         took: took + started.elapsed(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn room_to_grow_runs_from_the_window_past_the_memory() {
+        const GIB: u64 = 1 << 30;
+        let room = room_to_grow(&[(0x4_0820_0000, 4096), (0x4_4000_0000, 0)]);
+        assert_eq!(room[0], (0x4_0000_0000, 0x4_4000_0000 + ROOM_TO_GROW));
+        assert_eq!(room[1], (0x4_4000_0000, 0x4_4000_0000 + GIB + ROOM_TO_GROW));
+        assert!(
+            room_to_grow(&[(u64::MAX - 8, 4)]).is_empty(),
+            "past the end"
+        );
+    }
 }

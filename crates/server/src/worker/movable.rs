@@ -61,6 +61,13 @@ impl MovableContext for WorkerContext {
         self.unit(&request, &[])
     }
 
+    fn keep_free(&self, spans: &[(u64, u64)]) -> Result<u64, CuError> {
+        let request = WorkerRequest::KeepFree {
+            spans: spans.to_vec(),
+        };
+        self.number(&request)
+    }
+
     fn module_blocks(&self, module: ModuleId) -> Vec<DevicePtr> {
         let Some(local) = self.local_module(module) else {
             return Vec::new();

@@ -624,6 +624,9 @@ impl Served<'_, '_> {
             WorkerRequest::Hold { ranges } => {
                 guarded(kind, || unit(movable(ctx).and_then(|m| m.hold(&ranges))))
             }
+            WorkerRequest::KeepFree { spans } => guarded(kind, || {
+                value(movable(ctx).and_then(|m| m.keep_free(&spans).map(WorkerValue::Number)))
+            }),
             WorkerRequest::MoveFacts => guarded(kind, || {
                 value(movable(ctx).map(|m| WorkerValue::MoveFacts {
                     window: m.window(),

@@ -84,6 +84,11 @@ pub enum WorkerRequest {
     Hold {
         ranges: Vec<(DevicePtr, u64)>,
     },
+    /// `MovableContext::keep_free`: answered by [`WorkerValue::Number`],
+    /// the bytes kept.
+    KeepFree {
+        spans: Vec<(u64, u64)>,
+    },
     /// Answered by [`WorkerValue::MoveFacts`].
     MoveFacts,
     /// A context's first request when it is made for a moved session: its
@@ -372,7 +377,7 @@ pub enum WorkerValue {
     Ms(f32),
     TensorMap(#[serde(with = "serde_bytes")] Vec<u8>),
     /// What a [`WorkerRequest::Vmm`] gives: an address, a physical
-    /// allocation's id, a granularity, or 0.
+    /// allocation's id, a granularity, or 0; bytes kept free.
     Number(u64),
     /// A memory handle another process may open.
     IpcHandle(#[serde(with = "serde_bytes")] Vec<u8>),

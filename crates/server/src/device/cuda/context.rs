@@ -755,6 +755,10 @@ impl MovableContext for CudaContext {
         lock(&self.placed).hold(self.ctx()?, ranges)
     }
 
+    fn keep_free(&self, spans: &[(u64, u64)]) -> Result<u64, CuError> {
+        Ok(lock(&self.placed).keep_free(self.ctx()?, spans))
+    }
+
     fn module_blocks(&self, _module: ModuleId) -> Vec<DevicePtr> {
         Vec::new()
     }

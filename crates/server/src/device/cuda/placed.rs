@@ -8,9 +8,10 @@
 //! reservation once its last chunk is. Ranges are first asked in 1 GiB
 //! windows around them, then in aligned 256 and 64 MiB blocks, then
 //! exactly: in a probe on the H100 the driver put 64 MiB and larger ranges
-//! where asked and passed over the hints of 2-4 MiB ones.
+//! where asked and passed over the hints of 2-4 MiB ones. Room kept free
+//! ([`Placed::keep_free`]) is spare until memory is placed in it.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use cumux_cuda_driver as cu;
 use cumux_protocol::{codes, CuError, DevicePtr};
@@ -45,6 +46,9 @@ pub struct Placed {
     allocations: HashMap<DevicePtr, (u64, u64)>,
     /// Ranges kept unused ([`Placed::hold`]): their reservations stay.
     held: Vec<(u64, u64)>,
+    /// Reservations kept free ([`Placed::keep_free`]) with nothing placed
+    /// in them yet: given back where a range across them is placed.
+    spare: BTreeSet<u64>,
 }
 
 fn down(x: u64, to: u64) -> u64 {
@@ -161,6 +165,7 @@ impl Placed {
                 ));
             }
         }
+        self.give_back_spare(ctx, &chunks);
         let mut made = Placed::default();
         let result = made
             .reserve(ctx, &chunks, &self.windows)
@@ -177,7 +182,77 @@ impl Placed {
         }
         self.windows.append(&mut made.windows);
         self.chunks.append(&mut made.chunks);
+        let windows = &self.windows;
+        self.spare.retain(|&w| {
+            let end = w + windows.get(&w).copied().unwrap_or(0);
+            !chunks.iter().any(|&(lo, hi)| lo < end && w < hi)
+        });
         Ok(())
+    }
+
+    /// Keeps what the driver lets it of each `[lo, hi)` span reserved and
+    /// unmapped, in windows or else aligned blocks, so that the driver
+    /// puts nothing of its own there (a prepared target's modules), and
+    /// memory placed later has its addresses free. Best effort: the bytes
+    /// kept.
+    pub fn keep_free(&mut self, ctx: &cu::Context, spans: &[(u64, u64)]) -> u64 {
+        let mut kept = 0;
+        for (lo, hi) in merged(spans.to_vec(), true) {
+            let Some(end) = up(hi, WINDOW) else {
+                continue;
+            };
+            let mut at = down(lo, WINDOW);
+            while at < end {
+                kept += self.keep_block(ctx, at, WINDOW);
+                at += WINDOW;
+            }
+        }
+        kept
+    }
+
+    /// Reserves `[at, at + size)` as spare, else the aligned blocks of the
+    /// next size of [`BLOCKS`] in it that it can: the bytes kept.
+    fn keep_block(&mut self, ctx: &cu::Context, at: u64, size: u64) -> u64 {
+        if !overlaps(&self.windows, at, at + size) && self.try_reserve(ctx, at, at + size).is_ok() {
+            self.spare.insert(at);
+            return size;
+        }
+        match BLOCKS.iter().copied().find(|&b| b < size) {
+            Some(block) => (0..size / block)
+                .map(|i| self.keep_block(ctx, at + i * block, block))
+                .sum(),
+            None => 0,
+        }
+    }
+
+    /// Gives back the spare reservations in the windows of each chunk that
+    /// no one reservation covers: a range cannot be mapped across two, so
+    /// such a chunk is reserved afresh over them. Those holding a range
+    /// kept unused ([`Placed::hold`]) stay.
+    fn give_back_spare(&mut self, ctx: &cu::Context, chunks: &[(u64, u64)]) {
+        for &(lo, hi) in chunks {
+            if covers(&self.windows, lo, hi) {
+                continue;
+            }
+            let (from, to) = (down(lo, WINDOW), up(hi, WINDOW).unwrap_or(u64::MAX));
+            let spare: Vec<(u64, u64)> = self
+                .windows
+                .range(from..to)
+                .map(|(&s, &len)| (s, len))
+                .filter(|&(s, len)| {
+                    self.spare.contains(&s)
+                        && self.chunks.range(s..s + len).next().is_none()
+                        && !self.held.iter().any(|&(l, h)| l < s + len && s < h)
+                })
+                .collect();
+            for (start, len) in spare {
+                self.windows.remove(&start);
+                self.spare.remove(&start);
+                if let Err(e) = ctx.vmm_address_free(start, len) {
+                    tracing::warn!("giving back the spare reservation at {start:#x}: {e}");
+                }
+            }
+        }
     }
 
     /// Keeps each `(ptr, bytes)` range reserved and unmapped (unless it
@@ -353,6 +428,7 @@ impl Placed {
                     .any(|&(lo, _)| lo >= start && lo < start + len);
                 if !held && self.chunks.range(start..start + len).next().is_none() {
                     self.windows.remove(&start);
+                    self.spare.remove(&start);
                     if let Err(e) = ctx.vmm_address_free(start, len) {
                         tracing::warn!("giving back the reservation at {start:#x}: {e}");
                     }
@@ -383,6 +459,7 @@ impl Placed {
         }
         self.allocations.clear();
         self.held.clear();
+        self.spare.clear();
     }
 }
 
