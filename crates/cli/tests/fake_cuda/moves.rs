@@ -93,7 +93,13 @@ fn ranges_of_one_block(
     ranges: &[(u64, u64)],
 ) -> (u64, Vec<(u64, u64)>) {
     let block = source.mem_alloc(granules * GRANULE).unwrap();
-    let placed = ranges
+    (block, filled(source, block, ranges))
+}
+
+/// Ranges `(offset, bytes)` of `block`, each filled with its index + 1, as
+/// allocations `(ptr, bytes)`.
+fn filled(source: &dyn DeviceContext, block: u64, ranges: &[(u64, u64)]) -> Vec<(u64, u64)> {
+    ranges
         .iter()
         .enumerate()
         .map(|(i, &(offset, n))| {
@@ -103,8 +109,7 @@ fn ranges_of_one_block(
                 .unwrap();
             (ptr, n)
         })
-        .collect();
-    (block, placed)
+        .collect()
 }
 
 /// A fresh context of `device` for a move's target, in the first window.
@@ -333,23 +338,17 @@ fn room_to_grow_is_kept_from_modules(
     const GIB: u64 = 1 << 30;
     const MIB: u64 = 1 << 20;
     let granules = (2 * GIB + 128 * MIB) / GRANULE;
-    let (block, _) = ranges_of_one_block(source, granules, &[]);
+    let block = source.mem_alloc(granules * GRANULE).unwrap();
     let boundary = (block + GIB - 1) & !(GIB - 1);
-    let offsets = [
-        (0, 4096),
-        (boundary + GIB - 2 * MIB - block, 4 * MIB),
-        (boundary + 64 * MIB - block, 4096),
-    ];
-    let r: Vec<(u64, u64)> = offsets
-        .iter()
-        .enumerate()
-        .map(|(i, &(offset, n))| {
-            source
-                .mem_write(block + offset, &vec![i as u8 + 1; n as usize])
-                .unwrap();
-            (block + offset, n)
-        })
-        .collect();
+    let r = filled(
+        source,
+        block,
+        &[
+            (0, 4096),
+            (boundary + GIB - 2 * MIB - block, 4 * MIB),
+            (boundary + 64 * MIB - block, 4096),
+        ],
+    );
     let first_round = &r[..1];
     std::env::set_var("FAKE_MODULE_AT", r[2].0.to_string());
     let target = move_target(device);

@@ -46,14 +46,14 @@ pub(super) const ROUNDS: u32 = 10;
 pub const ROOM_TO_GROW: u64 = 16 << 30;
 
 /// The spans around `memory` that a move's target keeps free: each
-/// allocation's 1 GiB windows and [`ROOM_TO_GROW`] past them.
+/// allocation and [`ROOM_TO_GROW`] past it (the target keeps them in whole
+/// windows, `MovableContext::keep_free`).
 pub fn room_to_grow(memory: &[(DevicePtr, u64)]) -> Vec<(u64, u64)> {
-    const WINDOW: u64 = 1 << 30;
     memory
         .iter()
         .filter_map(|&(ptr, bytes)| {
-            let end = ptr.checked_add(bytes.max(1))?.checked_add(WINDOW - 1)? & !(WINDOW - 1);
-            Some((ptr & !(WINDOW - 1), end.checked_add(ROOM_TO_GROW)?))
+            let end = ptr.checked_add(bytes.max(1))?.checked_add(ROOM_TO_GROW)?;
+            Some((ptr, end))
         })
         .collect()
 }
@@ -200,11 +200,10 @@ mod tests {
     use super::*;
 
     #[test]
-    fn room_to_grow_runs_from_the_window_past_the_memory() {
-        const GIB: u64 = 1 << 30;
+    fn room_to_grow_runs_from_the_memory_past_its_end() {
         let room = room_to_grow(&[(0x4_0820_0000, 4096), (0x4_4000_0000, 0)]);
-        assert_eq!(room[0], (0x4_0000_0000, 0x4_4000_0000 + ROOM_TO_GROW));
-        assert_eq!(room[1], (0x4_4000_0000, 0x4_4000_0000 + GIB + ROOM_TO_GROW));
+        assert_eq!(room[0], (0x4_0820_0000, 0x4_0820_1000 + ROOM_TO_GROW));
+        assert_eq!(room[1], (0x4_4000_0000, 0x4_4000_0001 + ROOM_TO_GROW));
         assert!(
             room_to_grow(&[(u64::MAX - 8, 4)]).is_empty(),
             "past the end"

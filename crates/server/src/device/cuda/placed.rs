@@ -47,7 +47,7 @@ pub struct Placed {
     /// Ranges kept unused ([`Placed::hold`]): their reservations stay.
     held: Vec<(u64, u64)>,
     /// Reservations kept free ([`Placed::keep_free`]) with nothing placed
-    /// in them yet: given back where a range across them is placed.
+    /// or held in them yet: given back where a range across them is placed.
     spare: BTreeSet<u64>,
 }
 
@@ -182,12 +182,18 @@ impl Placed {
         }
         self.windows.append(&mut made.windows);
         self.chunks.append(&mut made.chunks);
+        self.unspare(&chunks);
+        Ok(())
+    }
+
+    /// The spare reservations that `ranges` overlap are spare no more:
+    /// memory is placed or a range held in them.
+    fn unspare(&mut self, ranges: &[(u64, u64)]) {
         let windows = &self.windows;
         self.spare.retain(|&w| {
             let end = w + windows.get(&w).copied().unwrap_or(0);
-            !chunks.iter().any(|&(lo, hi)| lo < end && w < hi)
+            !ranges.iter().any(|&(lo, hi)| lo < end && w < hi)
         });
-        Ok(())
     }
 
     /// Keeps what the driver lets it of each `[lo, hi)` span reserved and
@@ -227,8 +233,7 @@ impl Placed {
 
     /// Gives back the spare reservations in the windows of each chunk that
     /// no one reservation covers: a range cannot be mapped across two, so
-    /// such a chunk is reserved afresh over them. Those holding a range
-    /// kept unused ([`Placed::hold`]) stay.
+    /// such a chunk is reserved afresh over them.
     fn give_back_spare(&mut self, ctx: &cu::Context, chunks: &[(u64, u64)]) {
         for &(lo, hi) in chunks {
             if covers(&self.windows, lo, hi) {
@@ -239,11 +244,7 @@ impl Placed {
                 .windows
                 .range(from..to)
                 .map(|(&s, &len)| (s, len))
-                .filter(|&(s, len)| {
-                    self.spare.contains(&s)
-                        && self.chunks.range(s..s + len).next().is_none()
-                        && !self.held.iter().any(|&(l, h)| l < s + len && s < h)
-                })
+                .filter(|&(s, _)| self.spare.contains(&s))
                 .collect();
             for (start, len) in spare {
                 self.windows.remove(&start);
@@ -265,6 +266,7 @@ impl Placed {
             return Err(e);
         }
         self.windows.append(&mut made.windows);
+        self.unspare(&pages);
         self.held.extend(pages);
         Ok(())
     }
