@@ -536,6 +536,53 @@ fn waits_after_a_copy_to_the_host_are_answered_by_the_client() {
     }
 }
 
+/// The waits of `settled_copies.cu`, whose streams have only copies in to
+/// wait for, are answered by the client: it sends `Settle`, unanswered,
+/// which the server waits for before the next call (a kernel on another
+/// stream then finds every copy done). Over the socket, 46 waits of 46, the
+/// synchronous copies included; over shared memory the 25 after the
+/// asynchronous copies (its synchronous ones of this size go through the
+/// staging buffer and wait). A copy into freed memory still fails at its
+/// wait. With `CUMUX_SETTLE=0` the waits reach the server again.
+#[test]
+fn waits_for_copies_in_alone_are_settled_by_the_client() {
+    let dir = TempDir::new("settled-trace");
+    let server = WorkerServer::start_sharing("settled", false, "isolated");
+    for (transport, settle, settles) in [("socket", "1", 46), ("shm", "1", 25), ("socket", "0", 0)]
+    {
+        let trace = dir.0.join(format!("{transport}-{settle}"));
+        let child = server
+            .command(&test_program("settled_copies"), &[])
+            .env("CUMUX_HOP_TRACE", &trace)
+            .env("CUMUX_TRANSPORT", transport)
+            .env("CUMUX_SETTLE", settle)
+            .spawn()
+            .expect("cumux run starts");
+        passes(&wait_bounded(child, LIMIT), &server);
+        // ClientSend is hop 1.
+        let sent = hop_records(&trace, 1, "Settle");
+        let waits: usize = [
+            "StreamSynchronize",
+            "StreamQuery",
+            "QueryWithin",
+            "ContextSynchronize",
+        ]
+        .iter()
+        .map(|name| hop_records(&trace, 1, name))
+        .sum();
+        let case = format!("{transport}, CUMUX_SETTLE={settle}");
+        assert_eq!(sent, settles, "{case}: {sent} settles sent");
+        match (transport, settle) {
+            // The waits for the checking kernels of the device rounds, and
+            // the one after the copy into freed memory.
+            ("socket", "1") => assert!(waits <= 8, "{case}: {waits} waits reached the server"),
+            // And the staged synchronous copies' own.
+            ("shm", "1") => assert!(waits <= 30, "{case}: {waits} waits reached the server"),
+            _ => assert!(waits >= 45, "{case}: {waits} waits reached the server"),
+        }
+    }
+}
+
 /// The CUDA runtime registers every fat binary of a program at start; each is
 /// loaded on the server only when one of its kernels is first asked for. A
 /// program of two fat binaries that runs the kernel of one sends one module

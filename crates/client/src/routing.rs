@@ -43,7 +43,8 @@ pub fn device_of_call(call: &Call, placements: &Placements) -> u32 {
         Call::StreamDestroy { stream: s }
         | Call::StreamSynchronize { stream: s }
         | Call::StreamQuery { stream: s }
-        | Call::StreamWaitEvent { stream: s, .. } => stream(*s),
+        | Call::StreamWaitEvent { stream: s, .. }
+        | Call::Settle { stream: Some(s) } => stream(*s),
         Call::EventRecord { event, .. }
         | Call::EventQuery { event }
         | Call::EventSynchronize { event }
@@ -95,6 +96,7 @@ pub fn device_of_call(call: &Call, placements: &Placements) -> u32 {
         | Call::StreamCreate { .. }
         | Call::EventCreate { .. }
         | Call::ContextSynchronize
+        | Call::Settle { stream: None }
         | Call::HostRegister { .. }
         | Call::IpcOpenMemHandle { .. }
         | Call::IpcOpenEventHandle { .. }

@@ -84,6 +84,13 @@ pub struct Connection {
 /// training step of a few hundred launches pays no round trip for it.
 pub(crate) const SOCKET_FENCE_EVERY: u32 = 16 * proto::FENCE_EVERY;
 
+/// Whether synchronizes may be settled ([`Link::settle`]): unless
+/// `CUMUX_SETTLE=0`, read once.
+fn settling_on() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("CUMUX_SETTLE").map_or(true, |v| v.trim() != "0"))
+}
+
 /// `CUMUX_TRANSPORT=socket` keeps calls on the socket; the default (or `shm`)
 /// moves them to shared memory where the server is on a unix socket.
 fn shm_wanted(address: &ServerAddress) -> bool {
@@ -142,6 +149,47 @@ impl Link {
     pub fn all_idle(&self) -> bool {
         let conn = self.lock();
         !conn.dead && conn.quiet.all_idle()
+    }
+
+    /// Answers a synchronize of `stream` (`None`: the context) here when
+    /// all the work it waits for is copies in whose bytes went with their
+    /// calls ([`quiet::Quiet::settleable`]): sends `Call::Settle`, which
+    /// the server waits for in the calls' order, and says so. `false`: the
+    /// caller waits as before. `CUMUX_SETTLE=0` turns this off.
+    pub fn settle(&self, stream: Option<proto::Handle>) -> CuResult<bool> {
+        let mut conn = self.lock();
+        if conn.dead || !settling_on() || !conn.quiet.settleable(stream) {
+            return Ok(false);
+        }
+        conn.call(Call::Settle { stream })?;
+        Ok(true)
+    }
+
+    /// A synchronous copy in of `bytes` into memory the client knows, in
+    /// the chunks `call` makes (on the default stream, unanswered), settled
+    /// (`Call::Settle` after them) when [`quiet::Quiet::copy_in_settleable`]:
+    /// as NVIDIA's driver returns from such a copy once it holds the bytes.
+    /// `false`: nothing was sent.
+    pub fn settled_copy_in(
+        &self,
+        bytes: &[u8],
+        call: impl Fn(u64, &[u8]) -> Call,
+    ) -> CuResult<bool> {
+        let mut conn = self.lock();
+        if conn.dead || !settling_on() || !conn.quiet.copy_in_settleable() {
+            return Ok(false);
+        }
+        conn.calls_with_chunks(bytes, call)?;
+        conn.call(Call::Settle {
+            stream: Some(proto::DEFAULT_STREAM),
+        })?;
+        Ok(true)
+    }
+
+    /// Notes, before it is sent, a copy to `stream` into memory the client
+    /// cannot check: that stream's waits are not settled until it is idle.
+    pub fn unchecked_copy(&self, stream: proto::Handle) {
+        self.lock().quiet.unchecked_copy(stream);
     }
 
     /// Whether `event` is known to be reached (see [`quiet::Quiet`]).

@@ -551,6 +551,16 @@ pub enum Call {
         device: u32,
         failed: Option<String>,
     },
+    /// A synchronize of `stream` (of the context with `None`) that the
+    /// client answered itself, since the work it waits for is only copies
+    /// to the device of bytes their calls carried, into memory the client
+    /// knows: such work depends on nothing the program does later. The
+    /// server waits for it here, before it takes the connection's next
+    /// call, so every later call sees the copies done; a failure is kept for
+    /// the next synchronizing call. Unanswered (protocol 27).
+    Settle {
+        stream: Option<Handle>,
+    },
 }
 
 /// The longest a `Call::QueryWithin` holds its connection: the calls of the
@@ -608,7 +618,8 @@ impl Call {
             | Call::StreamWaitEvent { .. }
             | Call::EventRecord { .. }
             | Call::NewStream { .. }
-            | Call::NewEvent { .. } => true,
+            | Call::NewEvent { .. }
+            | Call::Settle { .. } => true,
             _ => false,
         }
     }

@@ -7,7 +7,7 @@ use std::ffi::c_void;
 use cumux_cuda_bindings::types::CUctxCreateParams;
 use cumux_protocol::Call;
 
-use super::sync::{poll_until_ready, AfterSync};
+use super::sync::{poll_until_ready, settled, AfterSync};
 use super::*;
 use crate::state::{self, client, Client, Context};
 
@@ -58,7 +58,7 @@ fn synchronize() -> CuResult<()> {
     let link = c.link(device, "ContextSynchronize")?;
     let touched = link.take_touched();
     // Every stream's last work already waited for (`transport::quiet`).
-    if link.all_idle() {
+    if link.all_idle() || settled(c, device, None, &after)? {
         return after.finish(c);
     }
     streams.retain(|s| touched.contains(s));

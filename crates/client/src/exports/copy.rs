@@ -204,6 +204,25 @@ pub(crate) fn send_htod(
         return c.call(call).map(drop);
     }
     let link = c.link(c.device_for(dst, stream), "MemcpyHtoD")?;
+    let checked = c
+        .lock()
+        .allocation_of(dst)
+        .is_some_and(|(base, size)| (dst - base).checked_add(src.len() as u64) <= Some(size));
+    if !checked {
+        link.unchecked_copy(stream.unwrap_or(DEFAULT_STREAM));
+    }
+    // A synchronous copy returns once its bytes are sent (NVIDIA's driver:
+    // once it holds them) where all it waits for is copies in.
+    if stream.is_none()
+        && checked
+        && link.settled_copy_in(src, |offset, _| Call::MemcpyHtoD {
+            dst: dst + offset,
+            data: Vec::new(),
+            stream: Some(DEFAULT_STREAM),
+        })?
+    {
+        return Ok(());
+    }
     if stream.is_none() && src.len() > SOCKET_CHUNK_BYTES && link.on_socket() {
         // A synchronous copy of several chunks over a socket: they go in
         // the default stream's order, unanswered, so the server hands each

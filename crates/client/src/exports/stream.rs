@@ -9,7 +9,7 @@ use cumux_cuda_bindings::consts::{CU_EVENT_RECORD_EXTERNAL, CU_EVENT_WAIT_EXTERN
 use cumux_cuda_bindings::types::{CUgraphEdgeData, CUgraphNode};
 use cumux_protocol::{device_of_handle, Call, Handle, ReplyBody, MAX_STREAMS};
 
-use super::sync::{known_idle, known_reached, poll_until_ready, AfterSync};
+use super::sync::{known_idle, known_reached, poll_until_ready, settled, AfterSync};
 use super::*;
 use crate::state::handles::{self, to_program};
 use crate::state::{client, Client, Event, StateGuard, Stream};
@@ -178,6 +178,7 @@ driver_fn! {
         // A stream found finished by a poll was synchronized with it.
         let device = c.device_for(0, Some(stream));
         if !known_idle(c, device, stream)
+            && !settled(c, device, Some(stream), &after)?
             && !poll_until_ready(c, device, || Call::StreamQuery { stream })?
         {
             c.call(Call::StreamSynchronize { stream })?;

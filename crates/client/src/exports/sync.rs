@@ -116,6 +116,21 @@ pub(crate) fn known_reached(c: &Client, event: Handle) -> bool {
         .is_ok_and(|link| link.event_reached(event))
 }
 
+/// Whether a synchronize of `stream` (`None`: the context) of `device` was
+/// settled (`transport::Link::settle`): answered here, the server waiting for
+/// its copies in the calls' order. Never one that waits for host functions.
+pub(crate) fn settled(
+    c: &Client,
+    device: u32,
+    stream: Option<Handle>,
+    after: &AfterSync,
+) -> CuResult<bool> {
+    if !matches!(after.host_fns, HostFns::None) {
+        return Ok(false);
+    }
+    c.link(device, "StreamSynchronize")?.settle(stream)
+}
+
 /// Which host functions a synchronising call waits for once the device is done.
 enum HostFns {
     None,

@@ -25,6 +25,15 @@ pub struct Quiet {
     /// stream neither waits for nor makes wait (PyTorch's side streams).
     nonblocking: HashSet<Handle>,
     reached: HashSet<Handle>,
+    /// Busy streams whose work since they were last idle is only copies to
+    /// the device whose bytes their calls carried, into memory the client
+    /// knows: waiting for that work depends on nothing the program does
+    /// later, so the server may do it in the calls' order while the program
+    /// goes on (`Call::Settle`, [`Quiet::settleable`]).
+    copies_only: HashSet<Handle>,
+    /// Streams given a copy into memory the client could not check, until
+    /// they are idle again: their waits are never settled so.
+    unchecked: HashSet<Handle>,
     /// Calls sent and not answered yet whose success makes something idle or reached.
     waiting: HashMap<u64, Settles>,
 }
@@ -64,6 +73,14 @@ impl Quiet {
             }
             Call::StreamWaitEvent { .. } => {}
             Call::Launch { stream, .. } | Call::GraphLaunch { stream, .. } => self.work(stream),
+            Call::MemcpyHtoD {
+                stream: Some(stream),
+                ..
+            } => self.copy_in(stream),
+            Call::Settle {
+                stream: Some(stream),
+            } => self.quieted(stream),
+            Call::Settle { stream: None } => self.all_quieted(),
             Call::MemcpyHtoD { stream, .. }
             | Call::MemcpyDtoD { stream, .. }
             | Call::Memset { stream, .. }
@@ -92,7 +109,7 @@ impl Quiet {
                 self.nonblocking.insert(handle);
             }
             Call::StreamDestroy { stream } => {
-                self.busy.remove(&stream);
+                self.quieted(stream);
                 self.nonblocking.remove(&stream);
             }
             Call::EventDestroy { event } => {
@@ -115,13 +132,11 @@ impl Quiet {
             return;
         }
         match settles {
-            Settles::Stream(stream) => {
-                self.busy.remove(&stream);
-            }
+            Settles::Stream(stream) => self.quieted(stream),
             Settles::Event(event) => {
                 self.reached.insert(event);
             }
-            Settles::Context => self.busy.clear(),
+            Settles::Context => self.all_quieted(),
         }
     }
 
@@ -145,8 +160,74 @@ impl Quiet {
         self.reached.contains(&event)
     }
 
+    /// Whether a synchronize of `stream` (of the context with `None`) may be
+    /// settled: answered here, the server waiting for the work in the calls'
+    /// order (`Call::Settle`). It may when the stream has work and all the
+    /// work it waits for is [`Quiet::copies_only`]: on a blocking stream
+    /// (the default one too) that of every busy blocking stream, which the
+    /// legacy default stream orders it behind; for the context, every
+    /// stream's.
+    pub fn settleable(&self, stream: Option<Handle>) -> bool {
+        let copies = |s: &Handle| self.copies_only.contains(s);
+        match stream {
+            None => !self.busy.is_empty() && self.busy.iter().all(copies),
+            Some(s) if self.nonblocking.contains(&s) => copies(&s),
+            Some(s) => {
+                !self.idle(s)
+                    && self
+                        .busy
+                        .iter()
+                        .filter(|b| !self.nonblocking.contains(b))
+                        .all(copies)
+            }
+        }
+    }
+
+    /// Whether a copy in on the default stream, sent now, could be settled
+    /// at once (see [`Quiet::settleable`]): the work of every busy blocking
+    /// stream is copies in, and the default stream's copies were checked.
+    pub fn copy_in_settleable(&self) -> bool {
+        !self.unchecked.contains(&DEFAULT_STREAM)
+            && self
+                .busy
+                .iter()
+                .filter(|b| !self.nonblocking.contains(b))
+                .all(|b| self.copies_only.contains(b))
+    }
+
+    /// Notes that a copy into memory the client could not check goes to
+    /// `stream`: its waits are not settled until it is idle again.
+    pub fn unchecked_copy(&mut self, stream: Handle) {
+        self.unchecked.insert(stream);
+        self.copies_only.remove(&stream);
+    }
+
+    /// A copy to the device on `stream` whose bytes its call carries.
+    fn copy_in(&mut self, stream: Handle) {
+        let only = !self.busy.contains(&stream) || self.copies_only.contains(&stream);
+        self.work(stream);
+        if only && !self.unchecked.contains(&stream) {
+            self.copies_only.insert(stream);
+        }
+    }
+
+    /// `stream` has no work left.
+    fn quieted(&mut self, stream: Handle) {
+        self.busy.remove(&stream);
+        self.copies_only.remove(&stream);
+        self.unchecked.remove(&stream);
+    }
+
+    /// No stream has work left.
+    fn all_quieted(&mut self) {
+        self.busy.clear();
+        self.copies_only.clear();
+        self.unchecked.clear();
+    }
+
     fn work(&mut self, stream: Handle) {
         self.busy.insert(stream);
+        self.copies_only.remove(&stream);
         // A waiting call sent before this work cannot vouch for it.
         self.waiting.retain(|_, s| match s {
             Settles::Stream(s) => *s != stream,
@@ -281,6 +362,85 @@ mod tests {
         q.sent(3, &launch(3));
         q.answered(2, true);
         assert!(!q.idle(3));
+    }
+
+    /// A copy in on `stream` whose bytes the call carries.
+    fn copy_in(stream: Handle) -> Call {
+        Call::MemcpyHtoD {
+            dst: 0x100,
+            data: Vec::new(),
+            stream: Some(stream),
+        }
+    }
+
+    /// A wait for copies in alone may be settled (`.to("cuda")` then its
+    /// synchronize): on the stream, the context, the default stream while
+    /// the blocking streams it waits for have copies in alone; never behind
+    /// a launch, a copy into memory the client could not check, or on an
+    /// idle stream. A settle sent quiets what it waits for.
+    #[test]
+    fn waits_for_copies_in_alone_are_settled() {
+        let mut q = Quiet::default();
+        q.sent(
+            1,
+            &Call::NewStream {
+                handle: 5,
+                flags: NON_BLOCKING,
+                priority: 0,
+            },
+        );
+        assert!(
+            !q.settleable(Some(5)) && !q.settleable(None),
+            "nothing to wait for"
+        );
+        q.sent(2, &copy_in(5));
+        q.sent(3, &copy_in(5));
+        assert!(q.settleable(Some(5)) && q.settleable(None));
+        q.sent(4, &launch(DEFAULT_STREAM));
+        assert!(q.settleable(Some(5)), "a non-blocking stream is apart");
+        assert!(!q.settleable(None) && !q.settleable(Some(DEFAULT_STREAM)));
+        assert!(!q.copy_in_settleable(), "behind the launch");
+        q.sent(5, &Call::Settle { stream: Some(5) });
+        assert!(q.idle(5));
+        q.sent(
+            6,
+            &Call::StreamSynchronize {
+                stream: DEFAULT_STREAM,
+            },
+        );
+        q.answered(6, true);
+        // The default stream waits for a blocking stream's work.
+        q.sent(7, &copy_in(6));
+        assert!(q.copy_in_settleable());
+        q.sent(8, &copy_in(DEFAULT_STREAM));
+        assert!(q.settleable(Some(DEFAULT_STREAM)) && q.settleable(Some(6)));
+        q.sent(9, &launch(6));
+        assert!(!q.settleable(Some(DEFAULT_STREAM)) && !q.settleable(Some(6)));
+        q.sent(10, &Call::Settle { stream: None });
+        assert!(q.all_idle());
+        // A copy the client could not check, until its stream is idle.
+        q.unchecked_copy(DEFAULT_STREAM);
+        q.sent(11, &copy_in(DEFAULT_STREAM));
+        assert!(!q.settleable(Some(DEFAULT_STREAM)) && !q.copy_in_settleable());
+        q.sent(
+            12,
+            &Call::StreamSynchronize {
+                stream: DEFAULT_STREAM,
+            },
+        );
+        q.answered(12, true);
+        q.sent(13, &copy_in(DEFAULT_STREAM));
+        assert!(q.settleable(Some(DEFAULT_STREAM)));
+        // Copies behind an event wait are not copies alone.
+        q.sent(
+            14,
+            &Call::StreamWaitEvent {
+                stream: 5,
+                event: 40,
+            },
+        );
+        q.sent(15, &copy_in(5));
+        assert!(!q.settleable(Some(5)));
     }
 
     #[test]

@@ -844,7 +844,9 @@ impl Session {
             false => self.aliases.call(call),
         };
         let fire_and_forget = call.is_fire_and_forget();
-        if !fire_and_forget && self.gate.is_some() {
+        // A settle is unanswered, but waits as a synchronize does.
+        let waits = !fire_and_forget || matches!(call, Call::Settle { .. });
+        if waits && self.gate.is_some() {
             // Whatever this call waits for, the gate must see the launches finish.
             self.flush_signals();
         }
@@ -961,6 +963,10 @@ impl Session {
             Call::EventElapsed { start, end } => self.event_elapsed(start, end),
             Call::EventDestroy { event } => self.event_destroy(event),
             Call::ContextSynchronize => self.context_synchronize(),
+            Call::Settle {
+                stream: Some(stream),
+            } => self.stream_synchronize(stream),
+            Call::Settle { stream: None } => self.context_synchronize(),
             Call::TensorMapEncode { request } => self.tensor_map_encode(request),
             Call::SetLimit { limit, value } => {
                 self.ctx.set_limit(limit, value)?;
