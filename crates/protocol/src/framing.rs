@@ -86,6 +86,30 @@ pub fn write_message(w: &mut impl Write, msg: &[u8], bulk: &[u8]) -> Result<(), 
     Ok(())
 }
 
+/// Writes a message (`msg`, encoded) and the header of the bulk frame of
+/// `bulk_len` bytes that follows it, which the caller writes next, from
+/// wherever they lie, and then flushes: [`write_message`] in two steps.
+pub fn write_message_head(
+    w: &mut impl Write,
+    msg: &[u8],
+    bulk_len: usize,
+) -> Result<(), FrameError> {
+    for len in [msg.len(), bulk_len] {
+        if len > MAX_FRAME_BYTES {
+            return Err(FrameError::TooLarge {
+                len,
+                limit: MAX_FRAME_BYTES,
+            });
+        }
+    }
+    let mut head = Vec::with_capacity(8 + msg.len());
+    head.extend_from_slice(&(msg.len() as u32 | BULK_FOLLOWS).to_le_bytes());
+    head.extend_from_slice(msg);
+    head.extend_from_slice(&(bulk_len as u32).to_le_bytes());
+    w.write_all(&head)?;
+    Ok(())
+}
+
 /// Reads a message into `buf`, as [`write_message`] or [`write_frame`]
 /// wrote it; `Some(len)` when a bulk frame of `len` bytes follows, which the
 /// caller reads next ([`read_bulk`], or `read_exact` where it should land).
@@ -211,6 +235,8 @@ mod tests {
         write_message(&mut messages, b"call", &[9u8; 100]).unwrap();
         write_message(&mut messages, b"big", &vec![3u8; COALESCE_BYTES + 1]).unwrap();
         write_message(&mut messages, b"none", &[]).unwrap();
+        write_message_head(&mut messages, b"head", 3).unwrap();
+        messages.extend_from_slice(b"abc");
         write_frame(&mut messages, b"plain").unwrap();
         let mut r = &messages[..];
         assert_eq!(read_message(&mut r, &mut buf).unwrap(), Some(100));
@@ -226,6 +252,11 @@ mod tests {
         );
         assert_eq!(read_message(&mut r, &mut buf).unwrap(), None);
         assert_eq!(buf, b"none");
+        assert_eq!(read_message(&mut r, &mut buf).unwrap(), Some(3));
+        assert_eq!(
+            (&buf[..], read_bulk(&mut r, 3).unwrap()),
+            (&b"head"[..], b"abc".to_vec())
+        );
         assert_eq!(read_message(&mut r, &mut buf).unwrap(), None);
         assert_eq!(buf, b"plain");
         // A bulk frame announced but never sent, or past the limit.

@@ -18,8 +18,8 @@ pub mod vmm;
 
 pub use arrays::ArrayCall;
 pub use framing::{
-    read_bulk, read_frame, read_frame_within, read_message, write_frame, write_message, FrameError,
-    MAX_FRAME_BYTES,
+    read_bulk, read_frame, read_frame_within, read_message, write_frame, write_message,
+    write_message_head, FrameError, MAX_FRAME_BYTES,
 };
 pub use messages::*;
 pub use vmm::{VmmCall, VmmProperties};

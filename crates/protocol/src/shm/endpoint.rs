@@ -2,6 +2,7 @@
 //! direction's rings and receives them from the other's, spinning and then
 //! sleeping while it waits, and noticing a peer that went away.
 
+use std::io;
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::{fence, AtomicU32, Ordering};
 use std::time::{Duration, Instant};
@@ -62,6 +63,24 @@ pub struct EndpointStats {
     pub sleeps: u64,
     /// Times this side rang the peer's doorbell (a futex wake).
     pub wakes: u64,
+}
+
+/// A message's bulk payload: bytes, or bytes a writer fills in place.
+enum Payload<'a> {
+    Bytes(&'a [u8]),
+    Filled {
+        len: usize,
+        fill: &'a mut dyn FnMut(&mut [u8]) -> io::Result<()>,
+    },
+}
+
+impl Payload<'_> {
+    fn len(&self) -> usize {
+        match self {
+            Payload::Bytes(bytes) => bytes.len(),
+            Payload::Filled { len, .. } => *len,
+        }
+    }
 }
 
 impl Endpoint {
@@ -139,11 +158,30 @@ impl Endpoint {
     /// peer only if a ring fills meanwhile: for a message another follows at
     /// once, whose `send` rings for both (the peer wakes once, to both).
     pub fn send_quiet(&mut self, msg: &[u8], bulk: &[u8]) -> Result<(), ShmError> {
-        if msg.len() > MAX_FRAME_BYTES || bulk.len() > MAX_BULK_BYTES {
+        self.send_record(msg, Payload::Bytes(bulk)).map(|_| ())
+    }
+
+    /// Sends one message as [`Endpoint::send_quiet`] does, its `len` bulk
+    /// bytes written by `fill` straight into the ring, a piece at a time (a
+    /// copy's data read from a client's socket). Where `fill` fails, the rest
+    /// of the payload is zeros, so the record stays whole for the peer, and
+    /// the inner result says why.
+    pub fn send_quiet_filled(
+        &mut self,
+        msg: &[u8],
+        len: usize,
+        fill: &mut dyn FnMut(&mut [u8]) -> io::Result<()>,
+    ) -> Result<io::Result<()>, ShmError> {
+        self.send_record(msg, Payload::Filled { len, fill })
+    }
+
+    fn send_record(&mut self, msg: &[u8], bulk: Payload<'_>) -> Result<io::Result<()>, ShmError> {
+        let bulk_len = bulk.len();
+        if msg.len() > MAX_FRAME_BYTES || bulk_len > MAX_BULK_BYTES {
             return Err(ShmError::Violation(format!(
                 "message of {} + {} bytes is over the limit",
                 msg.len(),
-                bulk.len()
+                bulk_len
             )));
         }
         self.check_open()?;
@@ -155,7 +193,7 @@ impl Endpoint {
         // ring a writer asleep for its answer for nothing).
         let cap = self.tx[1].cap;
         let at = self.tx_pos[1] & (cap - 1);
-        let skip = if !bulk.is_empty() && (bulk.len() as u64) < at && self.free(1)? == cap {
+        let skip = if bulk_len > 0 && (bulk_len as u64) < at && self.free(1)? == cap {
             cap - at
         } else {
             0
@@ -163,17 +201,23 @@ impl Endpoint {
         let mut record = [0u8; RECORD_BYTES];
         record[..4].copy_from_slice(&(msg.len() as u32).to_le_bytes());
         record[4..8].copy_from_slice(&(skip as u32).to_le_bytes());
-        record[8..].copy_from_slice(&(bulk.len() as u64).to_le_bytes());
+        record[8..].copy_from_slice(&(bulk_len as u64).to_le_bytes());
         self.write_all(0, &record)?;
         self.write_all(0, msg)?;
         if skip > 0 {
             self.tx_pos[1] = self.tx_pos[1].wrapping_add(skip);
             self.tx[1].publish_write(&self.area, self.tx_pos[1]);
         }
-        self.write_all(1, bulk)?;
+        let filled = match bulk {
+            Payload::Bytes(bytes) => {
+                self.write_all(1, bytes)?;
+                Ok(())
+            }
+            Payload::Filled { len, fill } => self.write_filled(1, len, fill)?,
+        };
         self.stats.messages_sent += 1;
-        self.stats.bulk_bytes_sent += bulk.len() as u64;
-        Ok(())
+        self.stats.bulk_bytes_sent += bulk_len as u64;
+        Ok(filled)
     }
 
     /// Rings a sleeping peer for what was sent with [`Endpoint::send_quiet`].
@@ -256,6 +300,21 @@ impl Endpoint {
         Ok(())
     }
 
+    /// Hands the pending bulk payload of `len` bytes to `visit` where it
+    /// lies in the ring, a piece at a time (a copy's data written to a
+    /// client's socket); after a failure of `visit` the rest is consumed
+    /// unseen, and the inner result says why.
+    pub fn recv_bulk_visit(
+        &mut self,
+        len: usize,
+        visit: &mut dyn FnMut(&[u8]) -> io::Result<()>,
+    ) -> Result<io::Result<()>, ShmError> {
+        self.take_pending(len)?;
+        let visited = self.read_visited(1, len, visit)?;
+        self.received(len);
+        Ok(visited)
+    }
+
     /// Free bytes of the ring this side writes; an impossible read position is a violation.
     fn free(&self, lane: usize) -> Result<u64, ShmError> {
         self.tx[lane].free(&self.area, self.tx_pos[lane])
@@ -286,6 +345,76 @@ impl Endpoint {
             }
         }
         Ok(())
+    }
+
+    /// [`Endpoint::write_all`] of `len` bytes that `fill` writes into the
+    /// ring's free space itself; after a failure of `fill`, zeros.
+    fn write_filled(
+        &mut self,
+        lane: usize,
+        mut len: usize,
+        fill: &mut dyn FnMut(&mut [u8]) -> io::Result<()>,
+    ) -> Result<io::Result<()>, ShmError> {
+        let mut failed = None;
+        while len > 0 {
+            let free = self.free(lane)?;
+            if free == 0 {
+                self.notify_peer();
+                self.wait(|me| Ok(me.free(lane)? > 0))?;
+                continue;
+            }
+            let n = (free as usize).min(len).min(PUBLISH_BYTES);
+            for (at, k) in self.tx[lane].pieces(&self.area, self.tx_pos[lane], n) {
+                if k == 0 {
+                    continue;
+                }
+                // SAFETY: `pieces` keeps `[at, at + k)` inside the ring, and
+                // the free bytes after our write position are ours alone
+                // until published (a peer that writes them anyway only
+                // garbles its own messages, as in `Ring::copy_in`).
+                let piece = unsafe { std::slice::from_raw_parts_mut(at, k) };
+                if failed.is_none() {
+                    failed = fill(piece).err();
+                }
+                if failed.is_some() {
+                    piece.fill(0);
+                }
+            }
+            len -= n;
+            self.tx_pos[lane] = self.tx_pos[lane].wrapping_add(n as u64);
+            self.tx[lane].publish_write(&self.area, self.tx_pos[lane]);
+            if len > 0 {
+                self.notify_peer();
+            }
+        }
+        Ok(failed.map_or(Ok(()), Err))
+    }
+
+    /// Hands `len` bytes of `lane` to `visit` where they lie in the ring, a
+    /// piece at a time; after a failure of `visit` the rest is consumed unseen.
+    fn read_visited(
+        &mut self,
+        lane: usize,
+        mut len: usize,
+        visit: &mut dyn FnMut(&[u8]) -> io::Result<()>,
+    ) -> Result<io::Result<()>, ShmError> {
+        let mut failed = None;
+        while len > 0 {
+            let n = self.wait_available(lane)?.min(len);
+            for (at, k) in self.rx[lane].pieces(&self.area, self.rx_pos[lane], n) {
+                if k == 0 || failed.is_some() {
+                    continue;
+                }
+                // SAFETY: `pieces` keeps `[at, at + k)` inside the ring, among
+                // the bytes the peer published and no longer writes (one that
+                // does only garbles what its own reader gets).
+                let piece = unsafe { std::slice::from_raw_parts(at, k) };
+                failed = visit(piece).err();
+            }
+            self.consumed(lane, n);
+            len -= n;
+        }
+        Ok(failed.map_or(Ok(()), Err))
     }
 
     fn consumed(&mut self, lane: usize, n: usize) {
@@ -574,6 +703,55 @@ mod tests {
         let mut msg = Vec::new();
         server.recv_message(&mut msg).unwrap();
         assert!(server.recv_message(&mut msg).is_err());
+    }
+
+    /// A payload filled in place from a reader and visited in place by the
+    /// other side arrives whole through a ring smaller than it (wrapping);
+    /// a reader that fails leaves the record whole, its rest zeros.
+    #[test]
+    fn payloads_filled_and_visited_in_place_cross_the_ring() {
+        let (mut client, mut server) = pair(SMALL, DEFAULT_SPIN);
+        let len = 3 * MIN_RING_BYTES as usize + 123;
+        let data = pattern(7, len);
+        let sent = data.clone();
+        let writer = thread::spawn(move || {
+            let mut from = &sent[..];
+            let mut fill = |piece: &mut [u8]| io::Read::read_exact(&mut from, piece);
+            assert!(client
+                .send_quiet_filled(b"m", len, &mut fill)
+                .unwrap()
+                .is_ok());
+            client.ring();
+            let mut short = &sent[..10];
+            let mut fill = |piece: &mut [u8]| io::Read::read_exact(&mut short, piece);
+            let failed = client.send_quiet_filled(b"n", 100, &mut fill).unwrap();
+            assert!(failed.is_err());
+            client.ring();
+            client
+        });
+        let mut msg = Vec::new();
+        for (name, want) in [(&b"m"[..], data.clone()), (b"n", vec![0u8; 100])] {
+            let bulk = server.recv_message(&mut msg).unwrap();
+            assert_eq!((&msg[..], bulk), (name, want.len()));
+            let mut got = Vec::new();
+            let mut visit = |piece: &[u8]| {
+                got.extend_from_slice(piece);
+                Ok(())
+            };
+            assert!(server.recv_bulk_visit(bulk, &mut visit).unwrap().is_ok());
+            assert_eq!(got, want);
+        }
+        let _client = writer.join().unwrap();
+        // A visitor that fails still consumes the payload: the next message reads.
+        let (mut client, mut server) = pair(SMALL, DEFAULT_SPIN);
+        client.send(b"a", &pattern(1, 5000)).unwrap();
+        client.send(b"b", &[]).unwrap();
+        let bulk = server.recv_message(&mut msg).unwrap();
+        let mut visit = |_: &[u8]| Err(io::Error::other("socket gone"));
+        assert!(server.recv_bulk_visit(bulk, &mut visit).unwrap().is_err());
+        let mut bulk = Vec::new();
+        server.recv(&mut msg, &mut bulk).unwrap();
+        assert_eq!(msg, b"b");
     }
 
     #[test]

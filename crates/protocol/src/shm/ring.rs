@@ -99,6 +99,24 @@ impl Ring {
         }
     }
 
+    /// Where `n` bytes (at most the ring's size) from position `at` lie: up
+    /// to the ring's end, then (the rest, maybe none) from its start.
+    #[inline]
+    pub(super) fn pieces(&self, area: &ShmArea, at: u64, n: usize) -> [(*mut u8, usize); 2] {
+        let at = (at & (self.cap - 1)) as usize;
+        let first = n.min(self.cap as usize - at);
+        let base = area.base();
+        // SAFETY: `at + first <= cap` and `n - first <= cap - first` (callers
+        // pass at most the free or available bytes, at most `cap`): both
+        // pieces lie inside the ring, inside the mapping.
+        unsafe {
+            [
+                (base.add(self.data + at), first),
+                (base.add(self.data), n - first),
+            ]
+        }
+    }
+
     /// Copies `n` bytes (at most the available ones) out of the ring from
     /// position `read` to `dst`.
     ///
