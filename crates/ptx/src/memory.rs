@@ -657,6 +657,55 @@ impl DeviceMemory {
         Ok(())
     }
 
+    /// Hands the host spans of `[dst, dst + len)` to `fill` in order, which
+    /// writes them itself (a copy's bytes as they arrive from a socket): no
+    /// buffer between. The whole range is checked before the first span goes
+    /// out; outer error: the range, inner: what `fill` said (it stops there).
+    pub fn write_with<E>(
+        &self,
+        dst: u64,
+        len: u64,
+        mut fill: impl FnMut(&mut [u8]) -> Result<(), E>,
+    ) -> Result<Result<(), E>, MemError> {
+        if len == 0 {
+            return Ok(Ok(()));
+        }
+        let v = self.view();
+        for (p, _, n) in Self::spans(&v, dst, len)? {
+            // SAFETY: [p, p+n) lies inside a live block (checked by resolve)
+            // that cannot be freed while we hold the read lock; kernels racing
+            // on the same bytes get unspecified values, as on a GPU.
+            let span = unsafe { std::slice::from_raw_parts_mut(p, n) };
+            if let Err(e) = fill(span) {
+                return Ok(Err(e));
+            }
+        }
+        Ok(Ok(()))
+    }
+
+    /// Hands the host spans of `[src, src + len)` to `send` in order, where
+    /// they lie (a copy's bytes written to a socket). As
+    /// [`DeviceMemory::write_with`]: checked first, then `send` until it fails.
+    pub fn read_with<E>(
+        &self,
+        src: u64,
+        len: u64,
+        mut send: impl FnMut(&[u8]) -> Result<(), E>,
+    ) -> Result<Result<(), E>, MemError> {
+        if len == 0 {
+            return Ok(Ok(()));
+        }
+        let v = self.view();
+        for (p, _, n) in Self::spans(&v, src, len)? {
+            // SAFETY: range checked against a live block held by the read lock.
+            let span = unsafe { std::slice::from_raw_parts(p, n) };
+            if let Err(e) = send(span) {
+                return Ok(Err(e));
+            }
+        }
+        Ok(Ok(()))
+    }
+
     /// Device-to-device copy; the ranges may overlap.
     pub fn copy(&self, dst: u64, src: u64, len: u64) -> Result<(), MemError> {
         if len == 0 {

@@ -51,6 +51,9 @@ pub fn kernel_id_of(work: &StreamWork) -> Option<KernelId> {
 /// The scheduler's name of a device-to-host read.
 pub const READ_KERNEL_ID: KernelId = TO_HOST;
 
+/// The gate's name of a synchronous write to the device (as queued writes).
+pub const WRITE_KERNEL_ID: KernelId = TO_DEVICE;
+
 /// Source of the scheduler's stream ids. Ids only need to differ among streams
 /// with work at the gate at once; wrapping after 2^32 streams is harmless.
 static NEXT_SCHED_STREAM: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);

@@ -14,9 +14,9 @@ use std::time::Duration;
 use cumux_protocol::hop_trace::{self, Hop};
 use cumux_protocol::shm::{self, Endpoint, ShmArea, ShmError, Side};
 use cumux_protocol::{
-    codes, decode, encode, pinned, read_frame_within, write_frame, ClientRole, CuError, FrameError,
-    Hello, HelloReply, Reply, Request, ShmAttach, ShmAttached, MAGIC, MAX_HELLO_BYTES,
-    MAX_PROGRAM_BYTES, MAX_TOKEN_BYTES, PROTOCOL_VERSION,
+    codes, decode, encode, pinned, read_frame_within, write_frame, Call, ClientRole, CuError,
+    FrameError, Hello, HelloReply, Reply, ReplyBody, Request, ShmAttach, ShmAttached, MAGIC,
+    MAX_HELLO_BYTES, MAX_PROGRAM_BYTES, MAX_TOKEN_BYTES, PROTOCOL_VERSION,
 };
 
 mod fd_inbox;
@@ -91,13 +91,6 @@ impl Socket {
             RawSocket::Unix(s) => s.set_write_timeout(timeout),
             RawSocket::Tcp(s) => s.set_write_timeout(timeout),
         }
-    }
-
-    fn shut_reading(&self) {
-        let _ = match self.raw() {
-            RawSocket::Unix(s) => s.shutdown(std::net::Shutdown::Read),
-            RawSocket::Tcp(s) => s.shutdown(std::net::Shutdown::Read),
-        };
     }
 
     fn shut_writing(&self) {
@@ -391,19 +384,14 @@ fn serve_seated(
                         Some((endpoint, socket)) => {
                             request_loop(&mut session, &mut ShmWire::new(endpoint, socket))
                         }
-                        None => match writer.try_clone() {
-                            Ok(shut) => {
-                                let fds = match &writer {
-                                    Socket::Unix(_, fds) => Some(fds.clone()),
-                                    _ => None,
-                                };
-                                let shut_reading = move || shut.shut_reading();
-                                let mut wire = SocketWire::new(reader, writer, buf, shut_reading)
-                                    .with_fds(fds);
-                                request_loop(&mut session, &mut wire)
-                            }
-                            Err(e) => Ending::Broken(format!("cannot clone the socket: {e}")),
-                        },
+                        None => {
+                            let fds = match &writer {
+                                Socket::Unix(_, fds) => Some(fds.clone()),
+                                _ => None,
+                            };
+                            let mut wire = SocketWire::new(reader, writer, buf).with_fds(fds);
+                            request_loop(&mut session, &mut wire)
+                        }
                     },
                 },
             }
@@ -665,6 +653,16 @@ trait Wire {
     fn receive(&mut self) -> Result<Request, Ending>;
     /// Sends a reply; a failure ends the connection.
     fn reply(&mut self, reply: Reply) -> Result<(), String>;
+    /// Has `session` handle `call` (request `seq`); `Err`: the connection ends.
+    fn handle(
+        &mut self,
+        session: &mut Session,
+        call: Call,
+        seq: u64,
+    ) -> Result<Option<Result<ReplyBody, CuError>>, Ending> {
+        let _ = seq;
+        Ok(session.handle(call))
+    }
     /// The descriptor a client sends right after a call that carries one
     /// (`Call::carries_fd`; shared memory only: on the socket, calls travel
     /// as frames).
@@ -678,7 +676,16 @@ trait Wire {
     }
 }
 
-impl<R: Read + Send + 'static, W: Write + Send + 'static> Wire for SocketWire<R, W> {
+impl<R: Read, W: Write + Send + 'static> Wire for SocketWire<R, W> {
+    fn handle(
+        &mut self,
+        session: &mut Session,
+        call: Call,
+        seq: u64,
+    ) -> Result<Option<Result<ReplyBody, CuError>>, Ending> {
+        SocketWire::handle(self, session, call, seq)
+    }
+
     fn receive(&mut self) -> Result<Request, Ending> {
         self.next_request().map_err(|unread| match unread {
             Unread::Closed => Ending::Closed,
@@ -797,8 +804,10 @@ fn request_loop(session: &mut Session, wire: &mut impl Wire) -> Ending {
         if request.call.carries_fd() {
             session.give_fd(wire.receive_fd());
         }
-        let result = match catch_unwind(AssertUnwindSafe(|| session.handle(request.call))) {
-            Ok(result) => result,
+        let handled = catch_unwind(AssertUnwindSafe(|| wire.handle(session, request.call, seq)));
+        let result = match handled {
+            Ok(Ok(result)) => result,
+            Ok(Err(ending)) => return ending,
             Err(_) => {
                 tracing::error!(
                     session = session.id(),

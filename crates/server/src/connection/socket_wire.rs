@@ -1,25 +1,34 @@
 //! Requests and replies as length-prefixed frames on a socket (unix, TCP or
-//! TLS). Small calls go the connection thread's own way, read, handled,
-//! answered; around large data a helper reads the next request and another
-//! writes the reply, so that a large copy's chunks cross the network while
-//! the device copies the one before.
+//! TLS), on the connection's own thread. A large copy's bytes go between the
+//! socket and the device where they lie: read straight into device memory
+//! (or a worker's ring), written straight from it; other large replies are
+//! written by a helper while the session goes on.
 
-use std::io::{Read, Write};
-use std::sync::mpsc::{channel, Receiver, Sender};
+use std::io::{self, Read, Write};
+use std::sync::mpsc::{channel, Sender};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 
 use cumux_protocol::shm::{self, ShmError};
 use cumux_protocol::{decode, encode, read_bulk, read_message, write_message, FrameError};
-use cumux_protocol::{Call, Reply, ReplyBody, Request};
+use cumux_protocol::{write_message_head, Call, CuError, Reply, ReplyBody, Request};
 
+use super::Ending;
 use crate::locking::{lock, wait};
+use crate::session::{Session, SocketCopy};
 
-/// Data from this size on is read ahead or written behind by a helper.
+/// Replies with data from this size on are written behind by a helper.
 const PIPELINED_BYTES: usize = 1 << 20;
 
-/// Stack of a connection's helpers.
+/// A copy of this size or more goes between the socket and the device in
+/// place: above it, a buffer's copy costs more than the call's own work.
+pub(super) const IN_PLACE_BYTES: usize = 64 << 10;
+
+/// Stack of a connection's helper.
 const HELPER_STACK: usize = 512 << 10;
+
+/// A call's answer, where it has one.
+type Answer = Result<ReplyBody, CuError>;
 
 /// Why no request came.
 pub(super) enum Unread {
@@ -42,21 +51,18 @@ struct Behind {
     written: Condvar,
 }
 
-/// A request, or why none came.
-type Received = Result<Request, Unread>;
-
 pub(super) struct SocketWire<R, W> {
-    reading: Arc<Mutex<Reading<R>>>,
+    reading: Reading<R>,
     writing: Arc<Mutex<W>>,
     behind: Arc<Behind>,
-    /// The request being read ahead, if one is.
-    ahead: Option<Receiver<Received>>,
-    read_ahead: Option<Helper<Sender<Received>>>,
     write_behind: Option<Helper<Reply>>,
     /// Why the writing helper stopped, if it did.
     write_failed: Arc<Mutex<Option<String>>>,
-    /// Ends a helper's wait on the socket for the next request, at the end.
-    shut_reading: Box<dyn Fn() + Send>,
+    /// The length of the last request's copy bytes, still on the socket.
+    in_place: Option<usize>,
+    /// Printf output taken for a reply that did not go (a copy refused
+    /// before its bytes were sent): the next reply's.
+    stdout: Vec<u8>,
     /// Where a unix socket keeps the descriptor that came with a call.
     fds: Option<super::fd_inbox::FdInbox>,
 }
@@ -80,25 +86,18 @@ impl<T: Send + 'static> Helper<T> {
     }
 }
 
-impl<R: Read + Send + 'static, W: Write + Send + 'static> SocketWire<R, W> {
+impl<R: Read, W: Write + Send + 'static> SocketWire<R, W> {
     /// The wire of a socket read through `reader` and written through
-    /// `writer`; `buf` holds what the handshake read; `shut_reading` ends a
-    /// read of the socket that waits.
-    pub(super) fn new(
-        reader: R,
-        writer: W,
-        buf: Vec<u8>,
-        shut_reading: impl Fn() + Send + 'static,
-    ) -> SocketWire<R, W> {
+    /// `writer`; `buf` holds what the handshake read.
+    pub(super) fn new(reader: R, writer: W, buf: Vec<u8>) -> SocketWire<R, W> {
         SocketWire {
-            reading: Arc::new(Mutex::new(Reading { reader, buf })),
+            reading: Reading { reader, buf },
             writing: Arc::new(Mutex::new(writer)),
             behind: Arc::default(),
-            ahead: None,
-            read_ahead: None,
             write_behind: None,
             write_failed: Arc::default(),
-            shut_reading: Box::new(shut_reading),
+            in_place: None,
+            stdout: Vec::new(),
             fds: None,
         }
     }
@@ -114,56 +113,168 @@ impl<R: Read + Send + 'static, W: Write + Send + 'static> SocketWire<R, W> {
         self.fds.as_ref().and_then(|fds| fds.take())
     }
 
-    /// The next request, read ahead already if the one before carried
-    /// large data.
-    pub(super) fn next_request(&mut self) -> Received {
-        let request = match self.ahead.take() {
-            Some(ahead) => ahead
-                .recv()
-                .unwrap_or_else(|_| Err(Unread::Broken("the connection's reader stopped".into()))),
-            None => {
-                let mut reading = lock(&self.reading);
-                let Reading { reader, buf } = &mut *reading;
-                read_request(reader, buf)
-            }
-        }?;
-        if carried_bytes(&request.call) >= PIPELINED_BYTES {
-            self.read_next_ahead().map_err(Unread::Broken)?;
+    /// The next request. A `MemcpyHtoD` of [`IN_PLACE_BYTES`] or more comes
+    /// with empty `data`, its bytes left on the socket for
+    /// [`SocketWire::handle`] to read where they go.
+    pub(super) fn next_request(&mut self) -> Result<Request, Unread> {
+        if let Some(left) = self.in_place.take() {
+            // Never handled (a wire used without `handle`): skip them.
+            skip(&mut self.reading.reader, left).map_err(Unread::Broken)?;
         }
+        let Reading { reader, buf } = &mut self.reading;
+        let bulk_len = match read_message(reader, buf) {
+            Ok(bulk_len) => bulk_len,
+            Err(FrameError::Closed) => return Err(Unread::Closed),
+            Err(e) => return Err(Unread::Broken(format!("bad frame: {e}"))),
+        };
+        let mut request: Request = decode(buf).map_err(|e| {
+            Unread::Broken(format!("undecodable request ({} bytes): {e}", buf.len()))
+        })?;
+        let Some(len) = bulk_len else {
+            return Ok(request);
+        };
+        if let Call::MemcpyHtoD { data, .. } = &request.call {
+            if len >= IN_PLACE_BYTES && data.is_empty() {
+                self.in_place = Some(len);
+                return Ok(request);
+            }
+        }
+        let bulk =
+            read_bulk(reader, len).map_err(|e| Unread::Broken(format!("bad bulk frame: {e}")))?;
+        shm::put_call_bulk(&mut request.call, bulk).map_err(|e| match e {
+            ShmError::PeerGone => Unread::Closed,
+            ShmError::Violation(why) => Unread::Broken(format!("shared area: {why}")),
+        })?;
         Ok(request)
+    }
+
+    /// Has `session` handle `call` (request `seq`): a large copy's bytes go
+    /// between the socket and the device in place. `Err`: the connection
+    /// ends (the socket failed mid-copy).
+    pub(super) fn handle(
+        &mut self,
+        session: &mut Session,
+        call: Call,
+        seq: u64,
+    ) -> Result<Option<Answer>, Ending> {
+        if let Some(len) = self.in_place.take() {
+            return self.handle_incoming(session, call, len);
+        }
+        match call {
+            Call::MemcpyDtoH { bytes, .. } if bytes as usize >= IN_PLACE_BYTES => {
+                self.handle_outgoing(session, call, seq, bytes as usize)
+            }
+            call => Ok(session.handle(call)),
+        }
+    }
+
+    /// A `MemcpyHtoD` whose `len` bytes are read from the socket where the
+    /// device takes them; what the session did not take is skipped.
+    fn handle_incoming(
+        &mut self,
+        session: &mut Session,
+        call: Call,
+        len: usize,
+    ) -> Result<Option<Answer>, Ending> {
+        let reader = &mut self.reading.reader;
+        let mut left = len;
+        let mut failed = None;
+        let mut fill = |piece: &mut [u8]| -> io::Result<()> {
+            let read = match piece.len() <= left {
+                true => reader.read_exact(piece),
+                false => Err(io::Error::other("more bytes asked for than the copy has")),
+            };
+            match read {
+                Ok(()) => left -= piece.len(),
+                Err(ref e) => failed = Some(e.to_string()),
+            }
+            read
+        };
+        let result = session.handle_socket_copy(call, SocketCopy::Incoming(len, &mut fill));
+        if let Some(why) = failed {
+            return Err(Ending::Broken(format!(
+                "a copy's bytes did not arrive: {why}"
+            )));
+        }
+        skip(reader, left).map_err(Ending::Broken)?;
+        Ok(result)
+    }
+
+    /// A `MemcpyDtoH` of `bytes` whose answer is written from where the
+    /// bytes lie: its header before the first of them.
+    fn handle_outgoing(
+        &mut self,
+        session: &mut Session,
+        call: Call,
+        seq: u64,
+        bytes: usize,
+    ) -> Result<Option<Answer>, Ending> {
+        // Earlier replies leave first.
+        self.written().map_err(Ending::Broken)?;
+        self.stdout.extend(session.take_stdout());
+        let mut writer = lock(&self.writing);
+        let mut stdout = Some(std::mem::take(&mut self.stdout));
+        let mut sent = 0usize;
+        let mut failed = None;
+        let mut send = |piece: &[u8]| -> io::Result<()> {
+            let written = (|| {
+                if let Some(stdout) = stdout.take() {
+                    let reply = Reply {
+                        seq,
+                        result: Ok(ReplyBody::Data(Vec::new())),
+                        stdout,
+                    };
+                    let msg = encode(&reply).map_err(io::Error::other)?;
+                    write_message_head(&mut *writer, &msg, bytes).map_err(io::Error::other)?;
+                }
+                if sent + piece.len() > bytes {
+                    return Err(io::Error::other("more bytes sent than the copy has"));
+                }
+                writer.write_all(piece)?;
+                sent += piece.len();
+                Ok(())
+            })();
+            if let Err(e) = &written {
+                failed = Some(e.to_string());
+            }
+            written
+        };
+        let result = session.handle_socket_copy(call, SocketCopy::Outgoing(&mut send));
+        let committed = stdout.is_none();
+        if let Some(why) = failed {
+            return Err(Ending::Broken(format!("cannot send a copy's bytes: {why}")));
+        }
+        if !committed {
+            // Refused or failed before its bytes: answered as any call.
+            self.stdout = stdout.unwrap_or_default();
+            return Ok(result);
+        }
+        match result {
+            Some(Ok(_)) if sent == bytes => {
+                writer
+                    .flush()
+                    .map_err(|e| Ending::Broken(format!("cannot send: {e}")))?;
+                Ok(None)
+            }
+            other => Err(Ending::Broken(format!(
+                "a copy failed after {sent} of its {bytes} bytes were sent: {other:?}"
+            ))),
+        }
     }
 
     /// Sends `reply` after every reply before it; a large one is written by
     /// the helper while the session goes on.
-    pub(super) fn send_reply(&mut self, reply: Reply) -> Result<(), String> {
+    pub(super) fn send_reply(&mut self, mut reply: Reply) -> Result<(), String> {
         self.written()?;
+        if !self.stdout.is_empty() {
+            let mut stdout = std::mem::take(&mut self.stdout);
+            stdout.append(&mut reply.stdout);
+            reply.stdout = stdout;
+        }
         if matches!(&reply.result, Ok(ReplyBody::Data(d)) if d.len() >= PIPELINED_BYTES) {
             return self.write_behind(reply);
         }
         write_reply(&mut *lock(&self.writing), reply)
-    }
-
-    /// Starts reading the next request on the helper, while this one is handled.
-    fn read_next_ahead(&mut self) -> Result<(), String> {
-        if self.read_ahead.is_none() {
-            let reading = Arc::clone(&self.reading);
-            self.read_ahead = Some(Helper::start(
-                "cumux-read-ahead",
-                move |answer: Sender<Received>| {
-                    let mut reading = lock(&reading);
-                    let Reading { reader, buf } = &mut *reading;
-                    let _ = answer.send(read_request(reader, buf));
-                },
-            )?);
-        }
-        let (answer, ahead) = channel();
-        let helper = self.read_ahead.as_ref().expect("started above");
-        helper
-            .jobs
-            .send(answer)
-            .map_err(|_| "the connection's reader stopped".to_string())?;
-        self.ahead = Some(ahead);
-        Ok(())
     }
 
     /// Hands a reply with large data to the writing helper.
@@ -211,40 +322,20 @@ impl<R, W> Drop for SocketWire<R, W> {
             drop(helper.jobs);
             let _ = helper.thread.join();
         }
-        // A request being read ahead waits on the socket: end that wait.
-        if let Some(helper) = self.read_ahead.take() {
-            drop(helper.jobs);
-            (self.shut_reading)();
-            let _ = helper.thread.join();
-        }
     }
 }
 
-/// The bytes a request brought with it (a copy's data, a module's image).
-fn carried_bytes(call: &Call) -> usize {
-    match call {
-        Call::MemcpyHtoD { data, .. } => data.len(),
-        _ => 0,
+/// Reads and drops `len` bytes of `reader`: a copy's bytes nobody took.
+fn skip(reader: &mut impl Read, len: usize) -> Result<(), String> {
+    if len == 0 {
+        return Ok(());
     }
-}
-
-fn read_request(reader: &mut impl Read, buf: &mut Vec<u8>) -> Received {
-    let bulk_len = match read_message(reader, buf) {
-        Ok(bulk_len) => bulk_len,
-        Err(FrameError::Closed) => return Err(Unread::Closed),
-        Err(e) => return Err(Unread::Broken(format!("bad frame: {e}"))),
-    };
-    let mut request: Request = decode(buf)
-        .map_err(|e| Unread::Broken(format!("undecodable request ({} bytes): {e}", buf.len())))?;
-    if let Some(len) = bulk_len {
-        let bulk =
-            read_bulk(reader, len).map_err(|e| Unread::Broken(format!("bad bulk frame: {e}")))?;
-        shm::put_call_bulk(&mut request.call, bulk).map_err(|e| match e {
-            ShmError::PeerGone => Unread::Closed,
-            ShmError::Violation(why) => Unread::Broken(format!("shared area: {why}")),
-        })?;
+    let copied = io::copy(&mut reader.take(len as u64), &mut io::sink())
+        .map_err(|e| format!("a copy's bytes did not arrive: {e}"))?;
+    match copied as usize == len {
+        true => Ok(()),
+        false => Err(format!("a copy's bytes ended after {copied} of {len}")),
     }
-    Ok(request)
 }
 
 fn write_reply(writer: &mut impl Write, mut reply: Reply) -> Result<(), String> {
@@ -280,8 +371,8 @@ mod tests {
         reply
     }
 
-    fn pattern(seed: u8) -> Vec<u8> {
-        (0..BIG)
+    fn pattern(seed: u8, len: usize) -> Vec<u8> {
+        (0..len)
             .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
             .collect()
     }
@@ -289,34 +380,33 @@ mod tests {
     /// A client's end of a socket pair and the wire on the other.
     fn connected() -> (UnixStream, SocketWire<UnixStream, UnixStream>) {
         let (client, server) = UnixStream::pair().unwrap();
-        let shut = server.try_clone().unwrap();
         let reader = server.try_clone().unwrap();
-        let wire = SocketWire::new(reader, server, Vec::new(), move || {
-            let _ = shut.shutdown(std::net::Shutdown::Read);
-        });
-        (client, wire)
+        (client, SocketWire::new(reader, server, Vec::new()))
     }
 
-    /// Large requests are read ahead and large replies written behind; every
-    /// request arrives whole and every reply leaves whole, in order.
+    /// A large copy's bytes stay on the socket (the request comes with
+    /// empty data), small ones come with theirs; bytes nobody took are
+    /// skipped before the next request, which arrives whole. Large replies
+    /// are written behind and every reply leaves whole, in order.
     #[test]
     fn large_and_small_messages_keep_their_order_both_ways() {
         let (mut client, mut wire) = connected();
+        let small = pattern(9, IN_PLACE_BYTES - 1);
         let calls = [
             Call::MemcpyHtoD {
                 dst: 0x1000,
-                data: pattern(1),
+                data: pattern(1, BIG),
                 stream: None,
             },
             Call::MemGetInfo { device: 0 },
             Call::MemcpyHtoD {
                 dst: 0x2000,
-                data: pattern(2),
+                data: small.clone(),
                 stream: None,
             },
             Call::MemcpyHtoD {
                 dst: 0x3000,
-                data: pattern(3),
+                data: pattern(3, BIG),
                 stream: None,
             },
             Call::MemGetInfo { device: 1 },
@@ -332,13 +422,27 @@ mod tests {
         };
         for (seq, call) in calls.iter().enumerate() {
             let request = wire.next_request().ok().expect("a request");
-            assert_eq!((request.seq, &request.call), (seq as u64 + 1, call));
+            let want = match call {
+                Call::MemcpyHtoD { dst, data, stream } if data.len() >= IN_PLACE_BYTES => {
+                    assert_eq!(wire.in_place, Some(data.len()));
+                    Call::MemcpyHtoD {
+                        dst: *dst,
+                        data: Vec::new(),
+                        stream: *stream,
+                    }
+                }
+                call => {
+                    assert_eq!(wire.in_place, None);
+                    call.clone()
+                }
+            };
+            assert_eq!((request.seq, &request.call), (seq as u64 + 1, &want));
         }
         sending.join().unwrap();
         let replies = [
-            Ok(ReplyBody::Data(pattern(4))),
+            Ok(ReplyBody::Data(pattern(4, BIG))),
             Ok(ReplyBody::Unit),
-            Ok(ReplyBody::Data(pattern(5))),
+            Ok(ReplyBody::Data(pattern(5, BIG))),
             Err(CuError::new(1, "a failure after a large reply")),
             Ok(ReplyBody::Data(vec![7; 100])),
         ];
@@ -360,22 +464,23 @@ mod tests {
         }
     }
 
-    /// A wire whose helper waits for a request that never comes still ends.
+    /// Copy bytes cut short by the client end the connection, clearly.
     #[test]
-    fn dropping_the_wire_ends_a_read_ahead_that_waits() {
+    fn a_copy_cut_short_is_a_broken_connection() {
         let (mut client, mut wire) = connected();
-        let sending = std::thread::spawn(move || {
-            let call = Call::MemcpyHtoD {
-                dst: 0,
-                data: pattern(9),
-                stream: None,
-            };
-            send_request(&mut client, 1, call);
-            client
-        });
+        let call = Call::MemcpyHtoD {
+            dst: 0,
+            data: Vec::new(),
+            stream: None,
+        };
+        let msg = encode(&Request { seq: 1, call }).unwrap();
+        write_message_head(&mut client, &msg, BIG).unwrap();
+        client.write_all(&pattern(1, BIG / 2)).unwrap();
+        drop(client);
         assert!(wire.next_request().is_ok());
-        assert!(wire.ahead.is_some(), "the next request is being read ahead");
-        let _client = sending.join().unwrap();
-        drop(wire);
+        match wire.next_request() {
+            Err(Unread::Broken(why)) => assert!(why.contains("copy"), "{why}"),
+            _ => panic!("the connection should break"),
+        }
     }
 }

@@ -21,6 +21,7 @@ use super::attributes::{
 };
 use super::limits::{self, LimitSetting, RefusedShrinks};
 use super::memory_use;
+use super::socket_bytes::{self, FillBytes, SendBytes};
 use super::{
     Device, DeviceContext, GlobalDesc, HostRegion, KernelDesc, KernelLaunch, LaunchOutcome,
     LoadedModule, ModuleId, MovableContext, MovableDevice, VmmOp,
@@ -396,6 +397,33 @@ impl DeviceContext for CpuContext {
 
     fn mem_write(&self, dst: DevicePtr, data: &[u8]) -> Result<(), CuError> {
         self.mem.write(dst, data).map_err(mem_err)
+    }
+
+    fn mem_write_filled(
+        &self,
+        dst: DevicePtr,
+        len: usize,
+        fill: &mut FillBytes<'_>,
+    ) -> Result<(), CuError> {
+        let filled = self
+            .mem
+            .write_with(dst, len as u64, fill)
+            .map_err(mem_err)?;
+        filled.map_err(socket_bytes::not_arrived)?;
+        socket_bytes::count_in_place(len);
+        Ok(())
+    }
+
+    fn mem_read_sent(
+        &self,
+        src: DevicePtr,
+        len: usize,
+        send: &mut SendBytes<'_>,
+    ) -> Result<(), CuError> {
+        let sent = self.mem.read_with(src, len as u64, send).map_err(mem_err)?;
+        sent.map_err(socket_bytes::not_sent)?;
+        socket_bytes::count_in_place(len);
+        Ok(())
     }
 
     fn mem_copy(&self, dst: DevicePtr, src: DevicePtr, bytes: u64) -> Result<(), CuError> {

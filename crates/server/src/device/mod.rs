@@ -20,11 +20,14 @@ pub mod pieces;
 pub mod placed_copy;
 pub mod serial;
 pub mod signals;
+pub mod socket_bytes;
 pub mod spin;
 
 use crate::sm_parts::SmPart;
 use std::os::fd::{BorrowedFd, OwnedFd};
 use std::sync::Arc;
+
+pub use socket_bytes::{FillBytes, SendBytes};
 
 use cumux_protocol::arrays::{CopyEnd, CopyExtent};
 use cumux_protocol::pinned::HostMapping;
@@ -302,6 +305,30 @@ pub trait DeviceContext: Send + Sync {
         )
     }
     fn mem_write(&self, dst: DevicePtr, data: &[u8]) -> Result<(), CuError>;
+    /// Writes the `len` bytes `fill` yields at `dst`: where the device can,
+    /// `fill` writes them in place (the CPU device's memory), else into a
+    /// buffer first. Nothing is written past a failure of `fill`.
+    fn mem_write_filled(
+        &self,
+        dst: DevicePtr,
+        len: usize,
+        fill: &mut FillBytes<'_>,
+    ) -> Result<(), CuError> {
+        self.mem_write(dst, &socket_bytes::gathered(len, fill)?)
+    }
+    /// Hands the `len` bytes at `src` to `send`, where the device can from
+    /// where they lie, else from a buffer; `send` is called only once the
+    /// read can no longer fail for the device's sake.
+    fn mem_read_sent(
+        &self,
+        src: DevicePtr,
+        len: usize,
+        send: &mut SendBytes<'_>,
+    ) -> Result<(), CuError> {
+        let mut data = vec![0u8; len];
+        self.mem_read(src, &mut data)?;
+        send(&data).map_err(socket_bytes::not_sent)
+    }
     fn mem_copy(&self, dst: DevicePtr, src: DevicePtr, bytes: u64) -> Result<(), CuError>;
     /// Writes `count` copies of `pattern` (1, 2 or 4 bytes) from `dst` on.
     fn mem_fill(&self, dst: DevicePtr, pattern: &[u8], count: u64) -> Result<(), CuError>;
@@ -657,8 +684,60 @@ pub trait StreamOrdered: Send + Sync {
         self.enqueue(stream, work);
         self.synchronize(SyncTarget::Stream(stream))
     }
+    /// [`StreamOrdered::run_now`] of a write of the `len` bytes `fill`
+    /// yields: in place where the order can (its stream idle, the CPU
+    /// device), else through a buffer.
+    fn run_now_filled(
+        &self,
+        stream: Handle,
+        dst: DevicePtr,
+        len: usize,
+        fill: &mut FillBytes<'_>,
+    ) -> LaunchOutcome {
+        match socket_bytes::gathered(len, fill) {
+            Ok(data) => self.run_now(stream, StreamWork::Write { dst, data }),
+            Err(e) => LaunchOutcome::failed(e),
+        }
+    }
+    /// [`StreamOrdered::enqueue`] of a write of the `len` bytes `fill`
+    /// yields: taken in place where the order can (into a worker's ring),
+    /// else into a buffer. False also when `fill` failed.
+    fn enqueue_filled(
+        &self,
+        stream: Handle,
+        dst: DevicePtr,
+        len: usize,
+        fill: &mut FillBytes<'_>,
+    ) -> bool {
+        match socket_bytes::gathered(len, fill) {
+            Ok(data) => self.enqueue(stream, StreamWork::Write { dst, data }),
+            Err(_) => false,
+        }
+    }
     /// Reads `buf.len()` bytes at `src` once `stream`'s earlier work is done.
     fn read(&self, stream: Handle, src: DevicePtr, buf: &mut [u8]) -> LaunchOutcome;
+    /// [`StreamOrdered::read`] of `len` bytes handed to `send` from where
+    /// they lie where the order can, else from a buffer; `send` is called
+    /// only for a read that succeeded. A failure of earlier work that the
+    /// read did not wait for is kept for the next waiting call, so that bytes
+    /// sent are never followed by a failure of the same call.
+    fn read_sent(
+        &self,
+        stream: Handle,
+        src: DevicePtr,
+        len: usize,
+        send: &mut SendBytes<'_>,
+    ) -> LaunchOutcome {
+        let mut data = vec![0u8; len];
+        let outcome = self.read(stream, src, &mut data);
+        match outcome.result {
+            Ok(()) => LaunchOutcome {
+                result: send(&data).map_err(socket_bytes::not_sent),
+                ..outcome
+            },
+            Err(_) => outcome,
+        }
+    }
     /// Waits for `target`: a stream's work so far, an event's latest record,
     /// or all of the context's work.
     fn synchronize(&self, target: SyncTarget) -> LaunchOutcome;

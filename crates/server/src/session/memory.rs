@@ -11,6 +11,7 @@ use cumux_protocol::{
 
 use super::core::err;
 use super::{CallResult, Session};
+use crate::device::socket_bytes::{FillBytes, SendBytes};
 use crate::device::{MemFill, StreamWork};
 
 /// Dimensions a tensor map may have (CUDA's limit).
@@ -121,6 +122,53 @@ impl Session {
         let outcome = self.ordered()?.read(stream, src, &mut buf);
         self.waited(outcome)?;
         Ok(ReplyBody::Data(buf))
+    }
+
+    /// [`Session::memcpy_htod`] of `len` bytes that `fill` reads from the
+    /// client's socket where the device takes them.
+    pub(super) fn memcpy_htod_filled(
+        &mut self,
+        dst: DevicePtr,
+        len: usize,
+        stream: Option<Handle>,
+        fill: &mut FillBytes<'_>,
+    ) -> CallResult {
+        self.check_optional_stream(stream)?;
+        self.check_range(dst, len as u64)?;
+        if len == 0 {
+            return Ok(ReplyBody::Unit);
+        }
+        self.submit_filled(stream, dst, len, fill)
+    }
+
+    /// [`Session::memcpy_dtoh`] whose bytes go to `send` (the client's
+    /// socket) from where they lie; `Ok(Unit)` once sent. A failure kept
+    /// from earlier calls is answered first, in place of the bytes.
+    pub(super) fn memcpy_dtoh_sent(
+        &mut self,
+        src: DevicePtr,
+        bytes: u64,
+        stream: Option<Handle>,
+        send: &mut SendBytes<'_>,
+    ) -> CallResult {
+        let stream = stream.unwrap_or(DEFAULT_STREAM);
+        self.check_stream(stream)?;
+        if bytes > MAX_CHUNK_BYTES as u64 {
+            return Err(err(
+                codes::INVALID_VALUE,
+                format!("a copy of {bytes} bytes exceeds one chunk"),
+            ));
+        }
+        self.check_source(src, bytes)?;
+        if let Some(e) = self.core.take_error() {
+            return Err(e);
+        }
+        let outcome = self.ordered()?.read_sent(stream, src, bytes as usize, send);
+        if outcome.result.is_err() {
+            return self.waited(outcome);
+        }
+        self.core.append_stdout(&outcome.stdout);
+        Ok(ReplyBody::Unit)
     }
 
     pub(super) fn memcpy_dtod(

@@ -43,6 +43,7 @@ use cumux_protocol::{codes, Call, CuError, DevicePtr, GraphLaunch, Handle, Hello
 use self::core::{err, release_failed, SessionCore};
 use self::signalling::SIGNAL_EVERY;
 use crate::device::signals::StreamSignals;
+use crate::device::socket_bytes::{FillBytes, SendBytes};
 use crate::device::{
     Device, DeviceContext, KernelDesc, KernelLaunch, MemFill, ModuleId, StreamOrdered,
 };
@@ -92,6 +93,16 @@ struct FunctionEntry {
     module: ModuleId,
     index: usize,
     desc: KernelDesc,
+}
+
+/// A large copy's bytes where the device takes or gives them in place.
+pub enum SocketCopy<'a> {
+    /// A `MemcpyHtoD` sent with empty `data`: its bytes, this many, still on
+    /// the client's socket, read by the function (piece after piece).
+    Incoming(usize, &'a mut FillBytes<'a>),
+    /// Where a `MemcpyDtoH`'s bytes go (the client's socket, after the
+    /// reply's header), for a read that succeeds.
+    Outgoing(&'a mut SendBytes<'a>),
 }
 
 /// One client connection's view of the server.
@@ -815,6 +826,19 @@ impl Session {
     /// Executes one call. Fire-and-forget calls return `None`: their failures are
     /// sticky and come back from the next synchronizing call.
     pub fn handle(&mut self, call: Call) -> Option<CallResult> {
+        self.handle_with(call, None)
+    }
+
+    /// [`Session::handle`] of a large copy whose bytes the device takes from
+    /// the client's socket, or gives to it, where they lie ([`SocketCopy`]).
+    /// Bytes left unread (a call refused before its copy) are the caller's
+    /// to skip; bytes sent mean the answer went with them (the call's
+    /// result is then `Ok(Unit)`, no reply of its own).
+    pub fn handle_socket_copy(&mut self, call: Call, copy: SocketCopy<'_>) -> Option<CallResult> {
+        self.handle_with(call, Some(copy))
+    }
+
+    fn handle_with(&mut self, call: Call, copy: Option<SocketCopy<'_>>) -> Option<CallResult> {
         if let Some(answer) = self.server_call(&call) {
             return Some(answer);
         }
@@ -853,7 +877,16 @@ impl Session {
         let result = match self.core.fatal() {
             Some(fatal) => Err(fatal),
             None => {
-                let result = self.execute(call);
+                let result = match (call, copy) {
+                    (
+                        Call::MemcpyHtoD { dst, stream, .. },
+                        Some(SocketCopy::Incoming(len, fill)),
+                    ) => self.memcpy_htod_filled(dst, len, stream, fill),
+                    (Call::MemcpyDtoH { src, bytes, stream }, Some(SocketCopy::Outgoing(send))) => {
+                        self.memcpy_dtoh_sent(src, bytes, stream, send)
+                    }
+                    (call, _) => self.execute(call),
+                };
                 match &result {
                     Err(e) if codes::is_device_failure(e.code) => self.device_failed(e),
                     _ => {}

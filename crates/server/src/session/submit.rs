@@ -8,12 +8,13 @@ use std::sync::atomic::Ordering;
 
 use cumux_protocol::hop_trace::{self, Hop};
 use cumux_protocol::launch_checks::{check_params, LaunchLimits};
-use cumux_protocol::{CuError, GraphLaunch, Handle, ReplyBody, DEFAULT_STREAM};
+use cumux_protocol::{CuError, DevicePtr, GraphLaunch, Handle, ReplyBody, DEFAULT_STREAM};
 
 use super::core::invalid_handle;
 use super::signalling::{flush_signals, SIGNAL_EACH_FROM_NS, SIGNAL_EVERY};
 use super::window::WINDOW_SIGNAL_EVERY;
 use super::{stream_order, CallResult, Session};
+use crate::device::socket_bytes::{self, FillBytes};
 use crate::device::{KernelDesc, KernelLaunch, LaunchGeometry, ModuleId, StreamWork, SyncTarget};
 use crate::gate::{kernel_id_of, Admission};
 
@@ -173,6 +174,45 @@ impl Session {
 
     /// Queues a copy or memset: on `stream` without waiting, or (`None`) on the
     /// default stream, waiting for it as a synchronous call does.
+    /// [`Session::submit`] of a write of the `len` bytes `fill` yields,
+    /// taken in place where the stream order can (not under a gate that
+    /// watches signals: that one queues buffered work).
+    pub(super) fn submit_filled(
+        &mut self,
+        stream: Option<Handle>,
+        dst: DevicePtr,
+        len: usize,
+        fill: &mut FillBytes<'_>,
+    ) -> CallResult {
+        let on = stream.unwrap_or(DEFAULT_STREAM);
+        if self.gate.is_some() && self.signals.is_some() {
+            let data = socket_bytes::gathered(len, fill)?;
+            return self.submit(stream, StreamWork::Write { dst, data });
+        }
+        if stream.is_none() && self.signals.is_none() {
+            let outcome = self.ordered()?.run_now_filled(on, dst, len, fill);
+            return self.waited(outcome);
+        }
+        self.ordered()?;
+        self.queued_since_sync.set(true);
+        if let Some(signals) = &mut self.signals {
+            signals.note_work(on);
+        }
+        let queued = self
+            .ordered()
+            .is_ok_and(|o| o.enqueue_filled(on, dst, len, fill));
+        if !queued {
+            self.enqueue_failed.set(true);
+        }
+        if stream.is_some() {
+            return Ok(ReplyBody::Unit);
+        }
+        if let Some(signals) = &mut self.signals {
+            signals.launch(DEFAULT_STREAM);
+        }
+        self.synchronize(SyncTarget::Stream(DEFAULT_STREAM))
+    }
+
     pub(super) fn submit(&mut self, stream: Option<Handle>, work: StreamWork) -> CallResult {
         let on = stream.unwrap_or(DEFAULT_STREAM);
         // Under a gate, copies and memsets are scheduled as launches are.

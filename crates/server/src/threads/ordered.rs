@@ -17,10 +17,11 @@ use crate::device::ordering::{
     EVENT_DISABLE_TIMING, MAX_STDOUT_BYTES,
 };
 use crate::device::signals::SignalArea;
+use crate::device::socket_bytes::{self, FillBytes, SendBytes};
 use crate::device::{
     DeviceContext, KernelLaunch, LaunchOutcome, StreamOrdered, StreamWork, SyncTarget,
 };
-use crate::gate::{kernel_id_of, GateSession, SchedStreams, READ_KERNEL_ID};
+use crate::gate::{kernel_id_of, GateSession, SchedStreams, READ_KERNEL_ID, WRITE_KERNEL_ID};
 use crate::locking::lock;
 
 /// Payload bytes (async copies, launch parameters) the streams may hold in their
@@ -416,6 +417,73 @@ impl StreamOrdered for ThreadedStreams {
         self.shared
             .run_guarded(&work, graph.as_deref().map(Vec::as_slice), sched_stream);
         self.shared.outcome(Ok(()))
+    }
+
+    /// In place when nothing it is ordered after is pending: the bytes go
+    /// from the socket straight into the context's memory, on this thread.
+    fn run_now_filled(
+        &self,
+        stream: Handle,
+        dst: DevicePtr,
+        len: usize,
+        fill: &mut FillBytes<'_>,
+    ) -> LaunchOutcome {
+        let shared = &self.shared;
+        let ready = lock(&self.streams).ready(stream);
+        if !ready || shared.skips_work() {
+            return match socket_bytes::gathered(len, fill) {
+                Ok(data) => self.run_now(stream, StreamWork::Write { dst, data }),
+                Err(e) => LaunchOutcome::failed(e),
+            };
+        }
+        let write = || {
+            catch_unwind(AssertUnwindSafe(|| {
+                shared.ctx.mem_write_filled(dst, len, fill)
+            }))
+            .unwrap_or_else(|_| Err(CuError::new(codes::LAUNCH_FAILED, "the device panicked")))
+        };
+        let result = shared
+            .gated(self.sched_stream(stream), Some(WRITE_KERNEL_ID), write)
+            .unwrap_or_else(|| Err(CuError::new(codes::UNKNOWN, "the copy did not run")));
+        shared.outcome(result)
+    }
+
+    /// From where the bytes lie when the stream is idle and no failure of
+    /// earlier work waits to be told (which would follow the bytes sent).
+    fn read_sent(
+        &self,
+        stream: Handle,
+        src: DevicePtr,
+        len: usize,
+        send: &mut SendBytes<'_>,
+    ) -> LaunchOutcome {
+        let shared = &self.shared;
+        let ready = lock(&self.streams).ready(stream);
+        let pending = lock(&shared.pending).is_some();
+        if !ready || pending || shared.skips_work() {
+            let mut data = vec![0u8; len];
+            let outcome = self.read(stream, src, &mut data);
+            return match outcome.result {
+                Ok(()) => LaunchOutcome {
+                    result: send(&data).map_err(socket_bytes::not_sent),
+                    ..outcome
+                },
+                Err(_) => outcome,
+            };
+        }
+        let read = || {
+            catch_unwind(AssertUnwindSafe(|| {
+                shared.ctx.mem_read_sent(src, len, send)
+            }))
+            .unwrap_or_else(|_| Err(CuError::new(codes::UNKNOWN, "the device panicked")))
+        };
+        let result = shared
+            .gated(self.sched_stream(stream), Some(READ_KERNEL_ID), read)
+            .unwrap_or_else(|| Err(CuError::new(codes::UNKNOWN, "the copy did not run")));
+        LaunchOutcome {
+            stdout: std::mem::take(&mut *lock(&shared.stdout)),
+            result,
+        }
     }
 
     fn read(&self, stream: Handle, src: DevicePtr, buf: &mut [u8]) -> LaunchOutcome {

@@ -495,14 +495,15 @@ impl WorkerContext {
             }
             let reply = self.receive(conn)?;
             if let Ok(WorkerValue::Bytes) = &reply.result {
-                conn.link.recv_frame(&mut conn.buf).map_err(io_err)?;
+                // Straight from the ring into `back`.
                 match back {
-                    Some(back) if back.len() == conn.buf.len() => back.copy_from_slice(&conn.buf),
-                    _ => {
+                    Some(back) => conn.link.recv_frame_into(&mut conn.buf, back)?,
+                    None => {
+                        conn.link.recv_frame(&mut conn.buf).map_err(io_err)?;
                         return Err(io_err(format!(
                             "{} unexpected bytes back from the worker",
                             conn.buf.len()
-                        )))
+                        )));
                     }
                 }
             }

@@ -147,6 +147,59 @@ impl Link {
         }
     }
 
+    /// Sends, without ringing (as [`Link::send_frames_quiet`]), one frame of
+    /// the `len` bytes `fill` yields: on shared memory written by `fill`
+    /// straight into the bulk ring. Outer error: the link; inner: `fill`
+    /// (the frame then goes whole, its rest zeros).
+    pub fn send_filled_quiet(
+        &mut self,
+        len: usize,
+        fill: &mut dyn FnMut(&mut [u8]) -> io::Result<()>,
+    ) -> io::Result<io::Result<()>> {
+        match &mut self.shm {
+            Some(ep) if len >= BULK_THRESHOLD => {
+                ep.send_quiet_filled(&[], len, fill).map_err(violation)
+            }
+            _ => {
+                let mut data = vec![0u8; len];
+                let filled = fill(&mut data);
+                if filled.is_err() {
+                    data.fill(0);
+                }
+                self.send_frames_quiet(&[&data])?;
+                Ok(filled)
+            }
+        }
+    }
+
+    /// Receives one frame of `len` bytes and hands it to `visit`: on shared
+    /// memory from where it lies in the ring (`scratch` holds any other
+    /// frame, which is an error). Outer error: the link (or a frame of
+    /// another length); inner: `visit`, the frame consumed all the same.
+    pub fn recv_frame_visit(
+        &mut self,
+        scratch: &mut Vec<u8>,
+        len: usize,
+        visit: &mut dyn FnMut(&[u8]) -> io::Result<()>,
+    ) -> io::Result<io::Result<()>> {
+        if let Some(ep) = &mut self.shm {
+            let bulk = ep.recv_message(scratch).map_err(violation)?;
+            if scratch.is_empty() && bulk == len {
+                return ep.recv_bulk_visit(len, visit).map_err(violation);
+            }
+            ep.recv_bulk_vec(scratch, bulk).map_err(violation)?;
+        } else {
+            read_frame(&mut self.reader, scratch).map_err(frame_err)?;
+        }
+        if scratch.len() != len {
+            return Err(io_err(format!(
+                "a frame of {} bytes where {len} were due",
+                scratch.len()
+            )));
+        }
+        Ok(visit(scratch))
+    }
+
     /// Rings a sleeping peer for frames sent quietly.
     pub fn ring(&mut self) {
         if let Some(ep) = &mut self.shm {
@@ -364,6 +417,28 @@ impl Connection {
             }
             false => self.send_frames(frames),
         }
+    }
+
+    /// Posts `request` (encoded, no answer comes) and a frame of the `len`
+    /// bytes `fill` writes in place ([`Link::send_filled_quiet`]); `held`:
+    /// without ringing a sleeping worker.
+    pub fn post_filled(
+        &mut self,
+        request: &[u8],
+        len: usize,
+        fill: &mut dyn FnMut(&mut [u8]) -> io::Result<()>,
+        held: bool,
+    ) -> io::Result<io::Result<()>> {
+        self.link.send_frames_quiet(&[request])?;
+        let filled = self.link.send_filled_quiet(len, fill)?;
+        match held {
+            true => self.held.unrung = true,
+            false => {
+                self.held.unrung = false;
+                self.link.ring();
+            }
+        }
+        Ok(filled)
     }
 
     /// Sends `frames` in order: a sleeping worker is rung once, after the

@@ -1,19 +1,23 @@
 //! [`WorkerContext`] as a [`StreamOrdered`]: streams, events and graphs made
 //! by round trips, queued work posted unanswered, waits and queries answered.
 
+use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use cumux_protocol::framing::MAX_CHUNK_BYTES;
-use cumux_protocol::{codes, CuError, DevicePtr, Handle};
+use cumux_protocol::hop_trace::{self, Hop};
+use cumux_protocol::{codes, encode, CuError, DevicePtr, Handle};
 
 use super::{unexpected, WorkerContext};
 use crate::device::ordering::not_a_launch;
 use crate::device::signals::SignalArea;
+use crate::device::socket_bytes::{self, FillBytes, SendBytes};
 use crate::device::{LaunchOutcome, StreamOrdered, StreamWork, SyncTarget};
 use crate::locking::lock;
-use crate::worker::wire::{WireWork, WorkerRequest, WorkerValue};
+use crate::worker::link::io_err;
+use crate::worker::wire::{WireWork, WorkerReply, WorkerRequest, WorkerValue};
 
 impl StreamOrdered for WorkerContext {
     fn stream_create(&self, stream: Handle, flags: u32, priority: i32) -> Result<(), CuError> {
@@ -108,6 +112,60 @@ impl StreamOrdered for WorkerContext {
         }
     }
 
+    /// The bytes go from the socket straight into the worker's ring.
+    fn enqueue_filled(
+        &self,
+        stream: Handle,
+        dst: DevicePtr,
+        len: usize,
+        fill: &mut FillBytes<'_>,
+    ) -> bool {
+        if len > MAX_CHUNK_BYTES {
+            return match socket_bytes::gathered(len, fill) {
+                Ok(data) => self.enqueue(stream, StreamWork::Write { dst, data }),
+                Err(_) => false,
+            };
+        }
+        let work = WireWork::Write {
+            dst,
+            data: Vec::new(),
+        };
+        self.post_filled(&WorkerRequest::Enqueue { stream, work }, len, fill)
+    }
+
+    /// The bytes go from the worker's ring straight to the socket, unless
+    /// a failure of earlier work waits to be told.
+    fn read_sent(
+        &self,
+        stream: Handle,
+        src: DevicePtr,
+        len: usize,
+        send: &mut SendBytes<'_>,
+    ) -> LaunchOutcome {
+        let deferred = lock(&self.deferred).is_some();
+        if deferred || len > MAX_CHUNK_BYTES {
+            let mut data = vec![0u8; len];
+            let outcome = self.read(stream, src, &mut data);
+            return match outcome.result {
+                Ok(()) => LaunchOutcome {
+                    result: send(&data).map_err(socket_bytes::not_sent),
+                    ..outcome
+                },
+                Err(_) => outcome,
+            };
+        }
+        let request = WorkerRequest::StreamRead {
+            stream,
+            src,
+            len: len as u64,
+        };
+        let result = self.call_sending(&request, len, send);
+        LaunchOutcome {
+            stdout: self.take_printed(),
+            result,
+        }
+    }
+
     fn read(&self, stream: Handle, src: DevicePtr, buf: &mut [u8]) -> LaunchOutcome {
         let result = self.read_chunks(src, buf, |src, len| WorkerRequest::StreamRead {
             stream,
@@ -183,5 +241,75 @@ impl StreamOrdered for WorkerContext {
 
     fn watched(&self) -> bool {
         self.watch.is_some()
+    }
+}
+
+impl WorkerContext {
+    /// [`WorkerContext::post`] of `request` with a frame of the `len` bytes
+    /// `fill` writes into the ring: false when the link or `fill` failed.
+    fn post_filled(&self, request: &WorkerRequest, len: usize, fill: &mut FillBytes<'_>) -> bool {
+        if self.sticky().is_some() {
+            return false;
+        }
+        let mut slot = lock(&self.conn);
+        let Ok(conn) = self.connection(&mut slot) else {
+            return false;
+        };
+        hop_trace::mark(Hop::ServerForward, request.into());
+        let held = self.posts_held.load(Ordering::Relaxed);
+        let sent = encode(request)
+            .map_err(io_err)
+            .and_then(|bytes| conn.post_filled(&bytes, len, fill, held));
+        drop(slot);
+        match sent {
+            Ok(filled) => filled.is_ok(),
+            Err(e) => {
+                self.died(&e);
+                false
+            }
+        }
+    }
+
+    /// A round trip answered by `len` bytes, which go to `send` from where
+    /// they lie in the ring.
+    fn call_sending(
+        &self,
+        request: &WorkerRequest,
+        len: usize,
+        send: &mut SendBytes<'_>,
+    ) -> Result<(), CuError> {
+        if let Some(e) = self.sticky() {
+            return Err(e);
+        }
+        let kind: &'static str = request.into();
+        self.round_trips.fetch_add(1, Ordering::Relaxed);
+        let mut slot = lock(&self.conn);
+        let conn = self.connection(&mut slot)?;
+        hop_trace::mark(Hop::ServerForward, kind);
+        let exchanged = (|| -> io::Result<(WorkerReply, io::Result<()>)> {
+            conn.send_frames(&[&encode(request).map_err(io_err)?])?;
+            let reply = self.receive(conn)?;
+            let sent = match &reply.result {
+                Ok(WorkerValue::Bytes) => conn.link.recv_frame_visit(&mut conn.buf, len, send)?,
+                _ => Ok(()),
+            };
+            Ok((reply, sent))
+        })();
+        drop(slot);
+        hop_trace::mark(Hop::ServerBack, kind);
+        let (reply, sent) = exchanged.map_err(|e| self.died(&e))?;
+        if let Some(seq) = reply.marker {
+            self.marked(seq, kind);
+        }
+        match reply.result {
+            Ok(WorkerValue::Bytes) => sent.map_err(socket_bytes::not_sent),
+            Ok(other) => Err(unexpected(&other)),
+            Err(e) => {
+                if codes::is_fatal(e.code) {
+                    lock(&self.sticky).get_or_insert_with(|| e.clone());
+                }
+                Err(e)
+            }
+        }
     }
 }
