@@ -302,6 +302,27 @@ impl ThreadedStreams {
         true
     }
 
+    /// Writes the `len` bytes `fill` yields at `dst` now, on this thread,
+    /// once the gate lets it go (the caller found `stream` ready).
+    fn write_in_place(
+        &self,
+        stream: Handle,
+        dst: DevicePtr,
+        len: usize,
+        fill: &mut FillBytes<'_>,
+    ) -> Result<(), CuError> {
+        let shared = &self.shared;
+        let write = || {
+            catch_unwind(AssertUnwindSafe(|| {
+                shared.ctx.mem_write_filled(dst, len, fill)
+            }))
+            .unwrap_or_else(|_| Err(CuError::new(codes::LAUNCH_FAILED, "the device panicked")))
+        };
+        shared
+            .gated(self.sched_stream(stream), Some(WRITE_KERNEL_ID), write)
+            .unwrap_or_else(|| Err(CuError::new(codes::UNKNOWN, "the copy did not run")))
+    }
+
     /// Whether `target` is done now.
     fn done(&self, target: SyncTarget) -> Result<bool, CuError> {
         let streams = lock(&self.streams);
@@ -436,16 +457,34 @@ impl StreamOrdered for ThreadedStreams {
                 Err(e) => LaunchOutcome::failed(e),
             };
         }
-        let write = || {
-            catch_unwind(AssertUnwindSafe(|| {
-                shared.ctx.mem_write_filled(dst, len, fill)
-            }))
-            .unwrap_or_else(|_| Err(CuError::new(codes::LAUNCH_FAILED, "the device panicked")))
-        };
-        let result = shared
-            .gated(self.sched_stream(stream), Some(WRITE_KERNEL_ID), write)
-            .unwrap_or_else(|| Err(CuError::new(codes::UNKNOWN, "the copy did not run")));
+        let result = self.write_in_place(stream, dst, len, fill);
         shared.outcome(result)
+    }
+
+    /// In place when the stream is idle (the work would run at once): on
+    /// this thread, straight from the socket into the context's memory.
+    fn enqueue_filled(
+        &self,
+        stream: Handle,
+        dst: DevicePtr,
+        len: usize,
+        fill: &mut FillBytes<'_>,
+    ) -> bool {
+        let shared = &self.shared;
+        let ready = lock(&self.streams).ready(stream);
+        if !ready || shared.skips_work() {
+            return match socket_bytes::gathered(len, fill) {
+                Ok(data) => self.enqueue(stream, StreamWork::Write { dst, data }),
+                Err(_) => false,
+            };
+        }
+        match self.write_in_place(stream, dst, len, fill) {
+            Ok(()) => true,
+            Err(e) => {
+                shared.fail(e);
+                false
+            }
+        }
     }
 
     /// From where the bytes lie when the stream is idle and no failure of
