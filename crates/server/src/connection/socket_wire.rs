@@ -474,13 +474,15 @@ mod tests {
             stream: None,
         };
         let msg = encode(&Request { seq: 1, call }).unwrap();
-        write_message_head(&mut client, &msg, BIG).unwrap();
-        client.write_all(&pattern(1, BIG / 2)).unwrap();
-        drop(client);
+        let sending = std::thread::spawn(move || {
+            write_message_head(&mut client, &msg, BIG).unwrap();
+            client.write_all(&pattern(1, BIG / 2)).unwrap();
+        });
         assert!(wire.next_request().is_ok());
         match wire.next_request() {
             Err(Unread::Broken(why)) => assert!(why.contains("copy"), "{why}"),
             _ => panic!("the connection should break"),
         }
+        sending.join().unwrap();
     }
 }
