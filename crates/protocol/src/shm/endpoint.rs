@@ -744,7 +744,7 @@ mod tests {
         let _client = writer.join().unwrap();
         // A visitor that fails still consumes the payload: the next message reads.
         let (mut client, mut server) = pair(SMALL, DEFAULT_SPIN);
-        client.send(b"a", &pattern(1, 5000)).unwrap();
+        client.send(b"a", &pattern(1, 1000)).unwrap();
         client.send(b"b", &[]).unwrap();
         let bulk = server.recv_message(&mut msg).unwrap();
         let mut visit = |_: &[u8]| Err(io::Error::other("socket gone"));
