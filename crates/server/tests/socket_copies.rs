@@ -70,7 +70,11 @@ fn large_copies_go_in_place_and_keep_their_order_with_small_calls() {
     let (_server, socket, _dir) = cpu_server("socket-copies", 64 << 20);
     let (mut r, mut w) = socket_client(&socket);
     let p = alloc(&mut r, &mut w, 1, 8 * MIB);
-    let (a, b, c) = (pattern(1, 3 * MIB), pattern(2, MIB + 5), pattern(6, 2 * MIB));
+    let (a, b, c) = (
+        pattern(1, 3 * MIB),
+        pattern(2, MIB + 5),
+        pattern(6, 2 * MIB),
+    );
     let before = in_place_bytes();
     let calls = vec![
         Call::MemcpyHtoD {
