@@ -71,6 +71,11 @@ pub struct Connection {
     fence_pending: Option<u64>,
     buf: Vec<u8>,
     dead: bool,
+    /// A fatal error the server reported (an illegal address, a launch
+    /// timeout: `codes::is_fatal`): the context is unusable, so unanswered
+    /// calls fail with it at once, as NVIDIA's driver fails every call after
+    /// one; waited ones get it from the server.
+    fatal: Option<CUresult>,
     /// How to resume the session elsewhere, where the program asked for it
     /// (`CUMUX_RESUME=1`) and the server gave a resume key.
     resume: Option<Resume>,
@@ -343,6 +348,7 @@ impl Connection {
             quiet: quiet::Quiet::default(),
             buf: Vec::new(),
             dead: false,
+            fatal: None,
             resume: None,
         };
         let area = match role {
@@ -674,6 +680,9 @@ impl Connection {
         }
         let forget = call.is_fire_and_forget();
         if forget {
+            if let Some(code) = self.fatal {
+                return Err(code);
+            }
             self.touched.note(&call);
         }
         let kind: &'static str = (&call).into();
@@ -1055,6 +1064,11 @@ impl Connection {
                 reply.seq
             );
             return None;
+        }
+        if let Err(e) = &reply.result {
+            if proto::codes::is_fatal(e.code) {
+                self.fatal = Some(e.code);
+            }
         }
         Some(reply.result.map_err(|e| {
             tracing::debug!("server: {e}");

@@ -26,12 +26,13 @@ pub struct Quiet {
     nonblocking: HashSet<Handle>,
     reached: HashSet<Handle>,
     /// Busy streams whose work since they were last idle is only copies to
-    /// the device whose bytes their calls carried, into memory the client
-    /// knows: waiting for that work depends on nothing the program does
-    /// later, so the server may do it in the calls' order while the program
-    /// goes on (`Call::Settle`, [`Quiet::settleable`]).
+    /// the device whose bytes their calls carried, memsets and copies within
+    /// the device, all on memory the client knows: waiting for that work
+    /// depends on nothing the program does later, so the server may do it
+    /// in the calls' order while the program goes on (`Call::Settle`,
+    /// [`Quiet::settleable`]).
     copies_only: HashSet<Handle>,
-    /// Streams given a copy into memory the client could not check, until
+    /// Streams given such work on memory the client could not check, until
     /// they are idle again: their waits are never settled so.
     unchecked: HashSet<Handle>,
     /// Calls sent and not answered yet whose success makes something idle or reached.
@@ -74,6 +75,14 @@ impl Quiet {
             Call::StreamWaitEvent { .. } => {}
             Call::Launch { stream, .. } | Call::GraphLaunch { stream, .. } => self.work(stream),
             Call::MemcpyHtoD {
+                stream: Some(stream),
+                ..
+            }
+            | Call::Memset {
+                stream: Some(stream),
+                ..
+            }
+            | Call::MemcpyDtoD {
                 stream: Some(stream),
                 ..
             } => self.copy_in(stream),
@@ -202,7 +211,8 @@ impl Quiet {
         self.copies_only.remove(&stream);
     }
 
-    /// A copy to the device on `stream` whose bytes its call carries.
+    /// A copy to the device on `stream` whose bytes its call carries, a
+    /// memset, or a copy within the device.
     fn copy_in(&mut self, stream: Handle) {
         let only = !self.busy.contains(&stream) || self.copies_only.contains(&stream);
         self.work(stream);
@@ -430,6 +440,29 @@ mod tests {
         );
         q.answered(12, true);
         q.sent(13, &copy_in(DEFAULT_STREAM));
+        assert!(q.settleable(Some(DEFAULT_STREAM)));
+        // Memsets and copies within the device count with copies in.
+        q.sent(
+            20,
+            &Call::Memset {
+                dst: 0x100,
+                value: 0,
+                elem_bytes: 1,
+                count: 4,
+                pitch: 4,
+                height: 1,
+                stream: Some(DEFAULT_STREAM),
+            },
+        );
+        q.sent(
+            21,
+            &Call::MemcpyDtoD {
+                dst: 0x200,
+                src: 0x100,
+                bytes: 4,
+                stream: Some(DEFAULT_STREAM),
+            },
+        );
         assert!(q.settleable(Some(DEFAULT_STREAM)));
         // Copies behind an event wait are not copies alone.
         q.sent(
