@@ -6,7 +6,7 @@
 
 use std::io::Write;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 pub use cumux_protocol::address::{server_address, ServerAddress};
 use cumux_protocol::hop_trace::{self, Hop};
@@ -76,6 +76,13 @@ pub struct Connection {
     /// calls fail with it at once, as NVIDIA's driver fails every call after
     /// one; waited ones get it from the server.
     fatal: Option<CUresult>,
+    /// Unanswered calls not yet written to the socket (`batch`).
+    batch: batch::Batch,
+    /// Why the flusher thread could not write the batch: the next call
+    /// finds the link lost.
+    flush_failed: Option<String>,
+    /// This connection behind its link's lock, for the flusher.
+    me: Weak<Mutex<Connection>>,
     /// How to resume the session elsewhere, where the program asked for it
     /// (`CUMUX_RESUME=1`) and the server gave a resume key.
     resume: Option<Resume>,
@@ -123,11 +130,14 @@ fn offered_area(address: &ServerAddress) -> Option<(ShmArea, OwnedFd)> {
 
 /// The connection behind its lock, which a call holds for one message (and
 /// its reply, when it waits for one): how every call reaches the server.
-pub struct Link(Mutex<Connection>);
+pub struct Link(Arc<Mutex<Connection>>);
 
 impl Link {
-    pub fn new(conn: Connection) -> Self {
-        Link(Mutex::new(conn))
+    pub fn new(mut conn: Connection) -> Self {
+        Link(Arc::new_cyclic(|me| {
+            conn.me = me.clone();
+            Mutex::new(conn)
+        }))
     }
 
     fn lock(&self) -> MutexGuard<'_, Connection> {
@@ -349,6 +359,9 @@ impl Connection {
             buf: Vec::new(),
             dead: false,
             fatal: None,
+            batch: batch::Batch::new(batch::batch_age()),
+            flush_failed: None,
+            me: Weak::new(),
             resume: None,
         };
         let area = match role {
@@ -491,6 +504,7 @@ impl Connection {
             tracing::error!("connection to the cumux server lost: {why}");
         }
         self.dead = true;
+        self.batch.clear();
         // Tells a server still there at once (closed flag and doorbell).
         self.shm = None;
         self.stream.shutdown();
@@ -539,6 +553,10 @@ impl Connection {
                     .map_err(|e| Sending::Lost(e.to_string()))?;
             }
             (None, bytes) => {
+                if let Some(why) = self.flush_failed.take() {
+                    return Err(Sending::Lost(why));
+                }
+                let forget = call.is_fire_and_forget();
                 // The bytes go in a bulk frame of their own, written from
                 // where they lie.
                 let owned;
@@ -550,8 +568,24 @@ impl Connection {
                     }
                 };
                 let msg = proto::encode(&Request { seq, call }).map_err(|_| Sending::Invalid)?;
-                proto::write_message(&mut self.stream, &msg, bulk)
-                    .map_err(|e| Sending::Lost(e.to_string()))?;
+                let lost = |e: std::io::Error| Sending::Lost(e.to_string());
+                if bulk.len() > batch::BATCH_BYTES {
+                    // Large data goes from where it lies, after what waits.
+                    self.batch.flush(&mut self.stream).map_err(lost)?;
+                    proto::write_message(&mut self.stream, &msg, bulk)
+                        .map_err(|e| Sending::Lost(e.to_string()))?;
+                    return Ok(());
+                }
+                let started = self.batch.push(&msg, bulk).map_err(|_| Sending::Invalid)?;
+                // A call that waits takes the batch with it; an unanswered
+                // one goes once the batch is due, else the flusher sends it.
+                // A connection no link holds (no flusher can reach it)
+                // writes each call at once.
+                if !forget || self.batch.due() || self.me.strong_count() == 0 {
+                    self.batch.flush(&mut self.stream).map_err(lost)?;
+                } else if started {
+                    batch::watch(self.me.clone() as Weak<dyn batch::Flush>);
+                }
             }
         }
         Ok(())
@@ -572,6 +606,7 @@ impl Connection {
              resume the program's session, for up to {patience:?}"
         );
         self.shm = None;
+        self.batch.clear();
         self.stream.shutdown();
         let deadline = std::time::Instant::now() + patience;
         let mut tries = 0u32;
@@ -1130,6 +1165,7 @@ fn write_program_stdout(bytes: &[u8]) {
     }
 }
 
+mod batch;
 mod quiet;
 #[cfg(test)]
 mod test_calls;
