@@ -13,8 +13,6 @@ use std::time::{Duration, Instant};
 
 use cumux_protocol as proto;
 
-use super::Connection;
-
 /// How long a batch may wait for more calls before it goes out.
 pub const BATCH_AGE: Duration = Duration::from_micros(20);
 /// A batch this large goes out at once.
@@ -192,25 +190,6 @@ pub fn batch_age() -> std::time::Duration {
                 std::time::Duration::from_micros(us.min(10_000))
             })
     })
-}
-
-/// The flusher writes a batch through the connection's lock; a failure
-/// waits for the connection's next call.
-impl Flush for Mutex<Connection> {
-    fn flush_batch(&self, wait: bool) {
-        let mut conn = match (wait, self.try_lock()) {
-            (_, Ok(conn)) => conn,
-            (_, Err(std::sync::TryLockError::Poisoned(p))) => p.into_inner(),
-            (true, Err(std::sync::TryLockError::WouldBlock)) => {
-                self.lock().unwrap_or_else(|p| p.into_inner())
-            }
-            (false, Err(std::sync::TryLockError::WouldBlock)) => return,
-        };
-        let conn = &mut *conn;
-        if let Err(e) = conn.batch.flush(&mut conn.stream) {
-            conn.flush_failed.get_or_insert(e.to_string());
-        }
-    }
 }
 
 #[cfg(test)]
