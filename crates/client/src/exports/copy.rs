@@ -349,7 +349,7 @@ fn dtod(
 /// are left to the server (`Link::unchecked_copy`).
 fn unwaited(
     c: &Client,
-    call: Call,
+    mut call: Call,
     dst: u64,
     stream: Option<Handle>,
     plain: bool,
@@ -361,37 +361,10 @@ fn unwaited(
         }
         return Ok(call);
     }
-    Ok(match call {
-        Call::MemcpyDtoD {
-            dst,
-            src,
-            bytes,
-            stream: None,
-        } => Call::MemcpyDtoD {
-            dst,
-            src,
-            bytes,
-            stream: Some(DEFAULT_STREAM),
-        },
-        Call::Memset {
-            dst,
-            value,
-            elem_bytes,
-            count,
-            pitch,
-            height,
-            stream: None,
-        } => Call::Memset {
-            dst,
-            value,
-            elem_bytes,
-            count,
-            pitch,
-            height,
-            stream: Some(DEFAULT_STREAM),
-        },
-        call => call,
-    })
+    if let Call::MemcpyDtoD { stream, .. } | Call::Memset { stream, .. } = &mut call {
+        stream.get_or_insert(DEFAULT_STREAM);
+    }
+    Ok(call)
 }
 
 /// A copy between two of the program's devices: read from the source's

@@ -254,7 +254,7 @@ impl Quiet {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::transport::test_calls::launch;
+    use crate::transport::test_calls::{launch, memset};
 
     /// The legacy default stream neither waits for a non-blocking stream's
     /// work nor orders a record there behind its own (PyTorch's side streams:
@@ -344,15 +344,7 @@ mod tests {
     #[test]
     fn a_synchronous_copy_settles_the_default_stream_once_answered() {
         let mut q = Quiet::default();
-        let memset = Call::Memset {
-            dst: 0x100,
-            value: 0,
-            elem_bytes: 1,
-            count: 4,
-            pitch: 4,
-            height: 1,
-            stream: None,
-        };
+        let memset = memset(None);
         q.sent(1, &memset);
         assert!(!q.all_idle());
         q.answered(1, true);
@@ -442,18 +434,7 @@ mod tests {
         q.sent(13, &copy_in(DEFAULT_STREAM));
         assert!(q.settleable(Some(DEFAULT_STREAM)));
         // Memsets and copies within the device count with copies in.
-        q.sent(
-            20,
-            &Call::Memset {
-                dst: 0x100,
-                value: 0,
-                elem_bytes: 1,
-                count: 4,
-                pitch: 4,
-                height: 1,
-                stream: Some(DEFAULT_STREAM),
-            },
-        );
+        q.sent(20, &memset(Some(DEFAULT_STREAM)));
         q.sent(
             21,
             &Call::MemcpyDtoD {
