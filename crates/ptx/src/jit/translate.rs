@@ -359,7 +359,21 @@ impl<'a, 'f> Translator<'a, 'f> {
         let first_thread = fb.append_block_param(head, I32);
         let body = fb.create_block();
         let done = fb.create_block();
-        fb.ins().jump(head, &[BlockArg::Value(first)]);
+        // the lane kernel takes its hoisted parameters as loaded: where the
+        // launch's fall short, its first group gives up before the loop
+        // (the thread loop faults as it should)
+        let short = match (params.all_in, width > 1) {
+            (Some(all_in), true) => {
+                let short = fb.create_block();
+                fb.ins()
+                    .brif(all_in, head, &[BlockArg::Value(first)], short, &[]);
+                Some(short)
+            }
+            _ => {
+                fb.ins().jump(head, &[BlockArg::Value(first)]);
+                None
+            }
+        };
         fb.switch_to_block(head);
         let more = fb.ins().icmp(IntCC::UnsignedLessThan, first_thread, end);
         fb.ins().brif(more, body, &[], done, &[]);
@@ -463,16 +477,6 @@ impl<'a, 'f> Translator<'a, 'f> {
             .collect();
         let default = t.fb.func.dfg.block_call(exit_block, &[]);
         let table = t.fb.create_jump_table(JumpTableData::new(default, &calls));
-        if let (Some(all_in), true) = (t.params.all_in, width > 1) {
-            // the lane kernel takes its hoisted parameters as loaded: where
-            // the launch's fall short, the thread loop faults as it should
-            let (go, short) = (t.fb.create_block(), t.fb.create_block());
-            t.fb.ins().brif(all_in, go, &[], short, &[]);
-            t.fb.switch_to_block(short);
-            t.fb.set_cold_block(short);
-            t.finish_all(RET_PARTED);
-            t.fb.switch_to_block(go);
-        }
         match resume {
             Some(resume) => {
                 t.fb.ins().br_table(resume, table);
@@ -567,6 +571,12 @@ impl<'a, 'f> Translator<'a, 'f> {
         let n = t.fb.ins().isub(n, excess);
         t.fb.def_var(count, n);
         t.finish_all(RET_FAULT);
+        if let Some(short) = short {
+            t.fb.switch_to_block(short);
+            t.fb.set_cold_block(short);
+            t.thread = first;
+            t.finish_all(RET_PARTED);
+        }
         t.fb.seal_all_blocks();
         let sites = (t.sites, t.params.extent);
         t.fb.finalize(target);
