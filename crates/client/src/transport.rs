@@ -186,8 +186,9 @@ impl Link {
     }
 
     /// Answers a synchronize of `stream` (`None`: the context) here when
-    /// all the work it waits for is copies in whose bytes went with their
-    /// calls ([`quiet::Quiet::settleable`]): sends `Call::Settle`, which
+    /// all the work it waits for is plain (copies in whose bytes went with
+    /// their calls, memsets, copies within the device:
+    /// [`quiet::Quiet::settleable`]): sends `Call::Settle`, which
     /// the server waits for in the calls' order, and says so. `false`: the
     /// caller waits as before. `CUMUX_SETTLE=0` turns this off.
     pub fn settle(&self, stream: Option<proto::Handle>) -> CuResult<bool> {

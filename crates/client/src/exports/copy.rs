@@ -356,7 +356,7 @@ fn unwaited(
 ) -> CuResult<Call> {
     if !plain {
         if let Some(s) = stream {
-            c.link(c.device_for(dst, stream), "MemcpyDtoD")?
+            c.link(c.device_for(dst, stream), (&call).into())?
                 .unchecked_copy(s);
         }
         return Ok(call);

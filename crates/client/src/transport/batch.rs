@@ -180,15 +180,13 @@ extern "C" fn flush_at_exit() {
 
 /// How long unanswered calls on a socket wait to go out together
 /// ([`BATCH_AGE`]); `CUMUX_BATCH_US` (0: each goes at once), read once.
-pub fn batch_age() -> std::time::Duration {
-    static AGE: std::sync::OnceLock<std::time::Duration> = std::sync::OnceLock::new();
+pub fn batch_age() -> Duration {
+    static AGE: OnceLock<Duration> = OnceLock::new();
     *AGE.get_or_init(|| {
         std::env::var("CUMUX_BATCH_US")
             .ok()
             .and_then(|v| v.trim().parse::<u64>().ok())
-            .map_or(BATCH_AGE, |us| {
-                std::time::Duration::from_micros(us.min(10_000))
-            })
+            .map_or(BATCH_AGE, |us| Duration::from_micros(us.min(10_000)))
     })
 }
 

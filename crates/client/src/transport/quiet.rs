@@ -25,13 +25,13 @@ pub struct Quiet {
     /// stream neither waits for nor makes wait (PyTorch's side streams).
     nonblocking: HashSet<Handle>,
     reached: HashSet<Handle>,
-    /// Busy streams whose work since they were last idle is only copies to
+    /// Busy streams whose work since they were last idle is plain: copies to
     /// the device whose bytes their calls carried, memsets and copies within
     /// the device, all on memory the client knows: waiting for that work
     /// depends on nothing the program does later, so the server may do it
     /// in the calls' order while the program goes on (`Call::Settle`,
     /// [`Quiet::settleable`]).
-    copies_only: HashSet<Handle>,
+    plain_only: HashSet<Handle>,
     /// Streams given such work on memory the client could not check, until
     /// they are idle again: their waits are never settled so.
     unchecked: HashSet<Handle>,
@@ -85,7 +85,7 @@ impl Quiet {
             | Call::MemcpyDtoD {
                 stream: Some(stream),
                 ..
-            } => self.copy_in(stream),
+            } => self.plain_work(stream),
             Call::Settle {
                 stream: Some(stream),
             } => self.quieted(stream),
@@ -172,72 +172,69 @@ impl Quiet {
     /// Whether a synchronize of `stream` (of the context with `None`) may be
     /// settled: answered here, the server waiting for the work in the calls'
     /// order (`Call::Settle`). It may when the stream has work and all the
-    /// work it waits for is [`Quiet::copies_only`]: on a blocking stream
+    /// work it waits for is [`Quiet::plain_only`]: on a blocking stream
     /// (the default one too) that of every busy blocking stream, which the
     /// legacy default stream orders it behind; for the context, every
     /// stream's.
     pub fn settleable(&self, stream: Option<Handle>) -> bool {
-        let copies = |s: &Handle| self.copies_only.contains(s);
+        let copies = |s: &Handle| self.plain_only.contains(s);
         match stream {
             None => !self.busy.is_empty() && self.busy.iter().all(copies),
             Some(s) if self.nonblocking.contains(&s) => copies(&s),
-            Some(s) => {
-                !self.idle(s)
-                    && self
-                        .busy
-                        .iter()
-                        .filter(|b| !self.nonblocking.contains(b))
-                        .all(copies)
-            }
+            Some(s) => !self.idle(s) && self.blocking_work_plain(),
         }
     }
 
+    /// Whether every busy blocking stream (the default one among them) has
+    /// [`Quiet::plain_only`] work.
+    fn blocking_work_plain(&self) -> bool {
+        self.busy
+            .iter()
+            .filter(|b| !self.nonblocking.contains(b))
+            .all(|b| self.plain_only.contains(b))
+    }
+
     /// Whether a copy in on the default stream, sent now, could be settled
-    /// at once (see [`Quiet::settleable`]): the work of every busy blocking
-    /// stream is copies in, and the default stream's copies were checked.
+    /// at once (see [`Quiet::settleable`]): every busy blocking stream's
+    /// work is plain, and the default stream's was checked.
     pub fn copy_in_settleable(&self) -> bool {
-        !self.unchecked.contains(&DEFAULT_STREAM)
-            && self
-                .busy
-                .iter()
-                .filter(|b| !self.nonblocking.contains(b))
-                .all(|b| self.copies_only.contains(b))
+        !self.unchecked.contains(&DEFAULT_STREAM) && self.blocking_work_plain()
     }
 
     /// Notes that a copy into memory the client could not check goes to
     /// `stream`: its waits are not settled until it is idle again.
     pub fn unchecked_copy(&mut self, stream: Handle) {
         self.unchecked.insert(stream);
-        self.copies_only.remove(&stream);
+        self.plain_only.remove(&stream);
     }
 
-    /// A copy to the device on `stream` whose bytes its call carries, a
-    /// memset, or a copy within the device.
-    fn copy_in(&mut self, stream: Handle) {
-        let only = !self.busy.contains(&stream) || self.copies_only.contains(&stream);
+    /// Plain work on `stream`: a copy to the device whose bytes its call
+    /// carries, a memset, or a copy within the device.
+    fn plain_work(&mut self, stream: Handle) {
+        let only = !self.busy.contains(&stream) || self.plain_only.contains(&stream);
         self.work(stream);
         if only && !self.unchecked.contains(&stream) {
-            self.copies_only.insert(stream);
+            self.plain_only.insert(stream);
         }
     }
 
     /// `stream` has no work left.
     fn quieted(&mut self, stream: Handle) {
         self.busy.remove(&stream);
-        self.copies_only.remove(&stream);
+        self.plain_only.remove(&stream);
         self.unchecked.remove(&stream);
     }
 
     /// No stream has work left.
     fn all_quieted(&mut self) {
         self.busy.clear();
-        self.copies_only.clear();
+        self.plain_only.clear();
         self.unchecked.clear();
     }
 
     fn work(&mut self, stream: Handle) {
         self.busy.insert(stream);
-        self.copies_only.remove(&stream);
+        self.plain_only.remove(&stream);
         // A waiting call sent before this work cannot vouch for it.
         self.waiting.retain(|_, s| match s {
             Settles::Stream(s) => *s != stream,
