@@ -808,7 +808,7 @@ fn a_tenants_invocations_run_side_by_side_on_its_lanes() {
 
 #[test]
 fn sigterm_refuses_new_requests_and_lets_running_ones_finish() {
-    let mut server = FnServer::start(&[]);
+    let mut server = FnServer::start(&["--metrics", "127.0.0.1:0"]);
     let alice = server.client(Some(ALICE));
     let busy = json!({
         "params": [{"name": "n", "dtype": "u32"}],
@@ -817,9 +817,8 @@ fn sigterm_refuses_new_requests_and_lets_running_ones_finish() {
     });
     assert_eq!(register(&alice, "busy", busy).status, 200);
     // How long a million turns take here (the fastest of three runs), for a
-    // run of about 6 s: it must outlast the signal (sent 1 s in, once the
-    // request surely reached the server, however loaded the machine) and the
-    // refused request.
+    // run of about 6 s: it must outlast the signal (sent once its lane runs
+    // it) and the refused request.
     let per_million = (0..3)
         .map(|_| {
             let started = std::time::Instant::now();
@@ -835,7 +834,18 @@ fn sigterm_refuses_new_requests_and_lets_running_ones_finish() {
         let alice = FnClient::new(&url, Some(ALICE), false).unwrap();
         invoke(&alice, "busy", json!({"params": {"n": turns}}))
     });
-    std::thread::sleep(Duration::from_millis(1000));
+    // A request whose bytes the server has not read yet when it drains
+    // finds its connection closed (an idle one, to the HTTP server): the
+    // signal waits until the invocation runs on its lane.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while !metrics(&server).contains("cumux_function_lane_jobs{tenant=\"alice\"} 1") {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the invocation never ran\n{}",
+            server.log()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
     let killed = Command::new("kill")
         .args(["-TERM", &server.child.id().to_string()])
         .status()

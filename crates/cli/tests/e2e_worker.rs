@@ -543,7 +543,8 @@ fn waits_after_a_copy_to_the_host_are_answered_by_the_client() {
 /// synchronous copies included; over shared memory the 25 after the
 /// asynchronous copies (its synchronous ones of this size go through the
 /// staging buffer and wait). A copy into freed memory still fails at its
-/// wait. With `CUMUX_SETTLE=0` the waits reach the server again.
+/// wait. With `CUMUX_SETTLE=0` the waits reach the server again. Its
+/// synchronous memsets and copies within the device are never waited for.
 #[test]
 fn waits_for_copies_in_alone_are_settled_by_the_client() {
     let dir = TempDir::new("settled-trace");
@@ -572,6 +573,10 @@ fn waits_for_copies_in_alone_are_settled_by_the_client() {
         .sum();
         let case = format!("{transport}, CUMUX_SETTLE={settle}");
         assert_eq!(sent, settles, "{case}: {sent} settles sent");
+        // Synchronous memsets and copies within the device go unanswered
+        // (ClientAnswer is hop 2).
+        let answered = hop_records(&trace, 2, "Memset") + hop_records(&trace, 2, "MemcpyDtoD");
+        assert_eq!(answered, 0, "{case}: {answered} memsets and copies waited");
         match (transport, settle) {
             // The waits for the checking kernels of the device rounds, and
             // the one after the copy into freed memory.

@@ -6,7 +6,7 @@
 
 use std::io::Write;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 pub use cumux_protocol::address::{server_address, ServerAddress};
 use cumux_protocol::hop_trace::{self, Hop};
@@ -71,6 +71,18 @@ pub struct Connection {
     fence_pending: Option<u64>,
     buf: Vec<u8>,
     dead: bool,
+    /// A fatal error the server reported (an illegal address, a launch
+    /// timeout: `codes::is_fatal`): the context is unusable, so unanswered
+    /// calls fail with it at once, as NVIDIA's driver fails every call after
+    /// one; waited ones get it from the server.
+    fatal: Option<CUresult>,
+    /// Unanswered calls not yet written to the socket (`batch`).
+    batch: batch::Batch,
+    /// Why the flusher thread could not write the batch: the next call
+    /// finds the link lost.
+    flush_failed: Option<String>,
+    /// This connection behind its link's lock, for the flusher.
+    me: Weak<Mutex<Connection>>,
     /// How to resume the session elsewhere, where the program asked for it
     /// (`CUMUX_RESUME=1`) and the server gave a resume key.
     resume: Option<Resume>,
@@ -83,6 +95,25 @@ pub struct Connection {
 /// answers: a larger window than shared memory's ring needs, so that a
 /// training step of a few hundred launches pays no round trip for it.
 pub(crate) const SOCKET_FENCE_EVERY: u32 = 16 * proto::FENCE_EVERY;
+
+/// The flusher writes a batch through the connection's lock; a failure
+/// waits for the connection's next call.
+impl batch::Flush for Mutex<Connection> {
+    fn flush_batch(&self, wait: bool) {
+        let mut conn = match (wait, self.try_lock()) {
+            (_, Ok(conn)) => conn,
+            (_, Err(std::sync::TryLockError::Poisoned(p))) => p.into_inner(),
+            (true, Err(std::sync::TryLockError::WouldBlock)) => {
+                self.lock().unwrap_or_else(|p| p.into_inner())
+            }
+            (false, Err(std::sync::TryLockError::WouldBlock)) => return,
+        };
+        let conn = &mut *conn;
+        if let Err(e) = conn.batch.flush(&mut conn.stream) {
+            conn.flush_failed.get_or_insert(e.to_string());
+        }
+    }
+}
 
 /// Whether synchronizes may be settled ([`Link::settle`]): unless
 /// `CUMUX_SETTLE=0`, read once.
@@ -118,11 +149,14 @@ fn offered_area(address: &ServerAddress) -> Option<(ShmArea, OwnedFd)> {
 
 /// The connection behind its lock, which a call holds for one message (and
 /// its reply, when it waits for one): how every call reaches the server.
-pub struct Link(Mutex<Connection>);
+pub struct Link(Arc<Mutex<Connection>>);
 
 impl Link {
-    pub fn new(conn: Connection) -> Self {
-        Link(Mutex::new(conn))
+    pub fn new(mut conn: Connection) -> Self {
+        Link(Arc::new_cyclic(|me| {
+            conn.me = me.clone();
+            Mutex::new(conn)
+        }))
     }
 
     fn lock(&self) -> MutexGuard<'_, Connection> {
@@ -152,8 +186,9 @@ impl Link {
     }
 
     /// Answers a synchronize of `stream` (`None`: the context) here when
-    /// all the work it waits for is copies in whose bytes went with their
-    /// calls ([`quiet::Quiet::settleable`]): sends `Call::Settle`, which
+    /// all the work it waits for is plain (copies in whose bytes went with
+    /// their calls, memsets, copies within the device:
+    /// [`quiet::Quiet::settleable`]): sends `Call::Settle`, which
     /// the server waits for in the calls' order, and says so. `false`: the
     /// caller waits as before. `CUMUX_SETTLE=0` turns this off.
     pub fn settle(&self, stream: Option<proto::Handle>) -> CuResult<bool> {
@@ -343,6 +378,10 @@ impl Connection {
             quiet: quiet::Quiet::default(),
             buf: Vec::new(),
             dead: false,
+            fatal: None,
+            batch: batch::Batch::new(batch::batch_age()),
+            flush_failed: None,
+            me: Weak::new(),
             resume: None,
         };
         let area = match role {
@@ -485,6 +524,7 @@ impl Connection {
             tracing::error!("connection to the cumux server lost: {why}");
         }
         self.dead = true;
+        self.batch.clear();
         // Tells a server still there at once (closed flag and doorbell).
         self.shm = None;
         self.stream.shutdown();
@@ -533,6 +573,10 @@ impl Connection {
                     .map_err(|e| Sending::Lost(e.to_string()))?;
             }
             (None, bytes) => {
+                if let Some(why) = self.flush_failed.take() {
+                    return Err(Sending::Lost(why));
+                }
+                let forget = call.is_fire_and_forget();
                 // The bytes go in a bulk frame of their own, written from
                 // where they lie.
                 let owned;
@@ -544,8 +588,24 @@ impl Connection {
                     }
                 };
                 let msg = proto::encode(&Request { seq, call }).map_err(|_| Sending::Invalid)?;
-                proto::write_message(&mut self.stream, &msg, bulk)
-                    .map_err(|e| Sending::Lost(e.to_string()))?;
+                let lost = |e: std::io::Error| Sending::Lost(e.to_string());
+                if bulk.len() > batch::BATCH_BYTES {
+                    // Large data goes from where it lies, after what waits.
+                    self.batch.flush(&mut self.stream).map_err(lost)?;
+                    proto::write_message(&mut self.stream, &msg, bulk)
+                        .map_err(|e| Sending::Lost(e.to_string()))?;
+                    return Ok(());
+                }
+                let started = self.batch.push(&msg, bulk).map_err(|_| Sending::Invalid)?;
+                // A call that waits takes the batch with it; an unanswered
+                // one goes once the batch is due, else the flusher sends it.
+                // A connection no link holds (no flusher can reach it)
+                // writes each call at once.
+                if !forget || self.batch.due() || self.me.strong_count() == 0 {
+                    self.batch.flush(&mut self.stream).map_err(lost)?;
+                } else if started {
+                    batch::watch(self.me.clone() as Weak<dyn batch::Flush>);
+                }
             }
         }
         Ok(())
@@ -566,6 +626,7 @@ impl Connection {
              resume the program's session, for up to {patience:?}"
         );
         self.shm = None;
+        self.batch.clear();
         self.stream.shutdown();
         let deadline = std::time::Instant::now() + patience;
         let mut tries = 0u32;
@@ -674,6 +735,9 @@ impl Connection {
         }
         let forget = call.is_fire_and_forget();
         if forget {
+            if let Some(code) = self.fatal {
+                return Err(code);
+            }
             self.touched.note(&call);
         }
         let kind: &'static str = (&call).into();
@@ -1056,6 +1120,11 @@ impl Connection {
             );
             return None;
         }
+        if let Err(e) = &reply.result {
+            if proto::codes::is_fatal(e.code) {
+                self.fatal = Some(e.code);
+            }
+        }
         Some(reply.result.map_err(|e| {
             tracing::debug!("server: {e}");
             let _ = LAST_ERROR.try_with(|last| last.replace(e.detail.clone()));
@@ -1116,6 +1185,7 @@ fn write_program_stdout(bytes: &[u8]) {
     }
 }
 
+mod batch;
 mod quiet;
 #[cfg(test)]
 mod test_calls;

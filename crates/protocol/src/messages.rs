@@ -553,11 +553,12 @@ pub enum Call {
     },
     /// A synchronize of `stream` (of the context with `None`) that the
     /// client answered itself, since the work it waits for is only copies
-    /// to the device of bytes their calls carried, into memory the client
-    /// knows: such work depends on nothing the program does later. The
-    /// server waits for it here, before it takes the connection's next
-    /// call, so every later call sees the copies done; a failure is kept for
-    /// the next synchronizing call. Unanswered (protocol 27).
+    /// to the device of bytes their calls carried, memsets and copies
+    /// within the device, on memory the client knows: such work depends on
+    /// nothing the program does later. The server waits for it here, before
+    /// it takes the connection's next call, so every later call sees it
+    /// done; a failure is kept for the next synchronizing call. Unanswered
+    /// (protocol 27).
     Settle {
         stream: Option<Handle>,
     },

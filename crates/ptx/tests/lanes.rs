@@ -374,3 +374,32 @@ fn a_lane_varying_value_plus_a_consecutive_address_is_checked_again() {
         }
     }
 }
+
+#[test]
+fn shared_bases_whose_lanes_are_known_before_the_run_read_as_interpreted() {
+    // 16 x 4: a group's lanes share a row (the row's base is one word for
+    // all, the column's consecutive, known from the registers' strides);
+    // 2 x 8: a group spans two rows, so the row's base differs between its
+    // lanes (wrong where the strides were taken without `%ntid.x` a
+    // multiple of 4); in both, the base a lane-varying guard moves differs
+    for block in [[16, 4, 1], [2, 8, 1]] {
+        let (ran, _) = lane_blocks();
+        let (report, out) = both("shared_strides", config([1, 1, 1], block, 0), &[], 0);
+        report.result.expect("the kernel runs");
+        let (ran_after, _) = lane_blocks();
+        assert!(ran_after > ran, "{block:?}: the blocks ran in step");
+        let word = |i: u32| 3 * i + 1;
+        for ty in 0..block[1] {
+            for tx in 0..block[0] {
+                let t = (ty * block[0] + tx) as usize;
+                let got = &out[3 * t..3 * t + 3];
+                let want = [
+                    word(ty * 16 + 1),
+                    word(tx + 16),
+                    word(ty * 16 + 2 * (tx & 1)),
+                ];
+                assert_eq!(got, want, "{block:?}: thread ({tx}, {ty})");
+            }
+        }
+    }
+}

@@ -9,6 +9,8 @@
 //   20 rounds: cudaMemcpy (synchronous, the legacy default stream)
 //    5 rounds: cudaMemcpyAsync, cudaDeviceSynchronize (the checking kernel
 //              waited for after each, so that the next waits for copies alone)
+//   10 rounds: cudaMemset and cudaMemcpy device to device, unanswered (as
+//              natively, they return at once), checked in the legacy stream
 // Then a copy into freed memory, which must fail at the copy or its wait (not
 // later), and work after it. Prints PASS.
 #include <atomic>
@@ -72,6 +74,21 @@ int main() {
     if (!check("device", copied, cudaDeviceSynchronize())) return 1;
     // The next round's device synchronize then waits for its copy alone.
     if (cudaStreamSynchronize(other) != cudaSuccess) return 1;
+  }
+  // Synchronous memsets and copies within the device return at once, as
+  // natively (no host-side wait): a kernel in the legacy stream's order
+  // checks them.
+  unsigned char *d2 = nullptr;
+  if (cudaMalloc(&d2, n) != cudaSuccess) return 1;
+  for (int i = 0; i < 10; i++, round++) {
+    cudaError_t set = cudaMemset(d, round, n);
+    cudaError_t copied = cudaMemcpy(d2, d, n, cudaMemcpyDeviceToDevice);
+    if (set != cudaSuccess || copied != cudaSuccess) {
+      printf("settled_copies: FAIL: memset round %d: %s / %s\n", round, cudaGetErrorName(set),
+             cudaGetErrorName(copied));
+      return 1;
+    }
+    count_wrong<<<8, 256>>>(d2, n, (unsigned char)round, wrong);
   }
   unsigned long long host_wrong = ~0ull;
   cudaError_t e = cudaMemcpy(&host_wrong, wrong, sizeof host_wrong, cudaMemcpyDeviceToHost);

@@ -204,10 +204,7 @@ pub(crate) fn send_htod(
         return c.call(call).map(drop);
     }
     let link = c.link(c.device_for(dst, stream), "MemcpyHtoD")?;
-    let checked = c
-        .lock()
-        .allocation_of(dst)
-        .is_some_and(|(base, size)| (dst - base).checked_add(src.len() as u64) <= Some(size));
+    let checked = c.lock().plain_device_span(dst, src.len() as u64);
     if !checked {
         link.unchecked_copy(stream.unwrap_or(DEFAULT_STREAM));
     }
@@ -329,6 +326,7 @@ fn dtod(
         }
     }
     let (mut st, begun) = begin(c, st, stream)?;
+    let plain = st.plain_device_span(dst, bytes as u64) && st.plain_device_span(src, bytes as u64);
     let call = st.capture_call(Call::MemcpyDtoD {
         dst,
         src,
@@ -338,9 +336,35 @@ fn dtod(
     drop(st);
     crate::managed::push(c, begun.push, None)?;
     if let Some(call) = call {
-        c.call(call)?;
+        c.call(unwaited(c, call, dst, stream, plain)?)?;
     }
     begun.after.finish(c)
+}
+
+/// `call`, device work on `dst` in `stream`'s order (`None`: synchronous),
+/// as it goes out: where it touches only plain device memory (`plain`,
+/// [`crate::state::State::plain_device_span`]), a synchronous one goes
+/// unanswered on the legacy default stream, as NVIDIA's driver returns from a
+/// memset or a copy within the device at once; elsewhere its stream's waits
+/// are left to the server (`Link::unchecked_copy`).
+fn unwaited(
+    c: &Client,
+    mut call: Call,
+    dst: u64,
+    stream: Option<Handle>,
+    plain: bool,
+) -> CuResult<Call> {
+    if !plain {
+        if let Some(s) = stream {
+            c.link(c.device_for(dst, stream), (&call).into())?
+                .unchecked_copy(s);
+        }
+        return Ok(call);
+    }
+    if let Call::MemcpyDtoD { stream, .. } | Call::Memset { stream, .. } = &mut call {
+        stream.get_or_insert(DEFAULT_STREAM);
+    }
+    Ok(call)
 }
 
 /// A copy between two of the program's devices: read from the source's
@@ -444,6 +468,8 @@ fn memset(c: &Client, dst: u64, f: Fill, stream: *mut c_void, asynchronous: bool
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
     let (mut st, begun) = begin(c, st, c_stream)?;
+    let span = f.pitch as u64 * (f.height as u64 - 1) + f.count as u64 * f.elem as u64;
+    let plain = st.plain_device_span(dst, span);
     let call = st.capture_call(Call::Memset {
         dst,
         value: f.value,
@@ -456,7 +482,7 @@ fn memset(c: &Client, dst: u64, f: Fill, stream: *mut c_void, asynchronous: bool
     drop(st);
     crate::managed::push(c, begun.push, None)?;
     match call {
-        Some(call) => c.call(call).map(|_| ()),
+        Some(call) => c.call(unwaited(c, call, dst, c_stream, plain)?).map(|_| ()),
         None => Ok(()),
     }
 }

@@ -502,6 +502,16 @@ impl State {
         Ok(wires)
     }
 
+    /// Whether `[ptr, ptr + len)` lies inside one device allocation of the
+    /// program that is not managed memory: device work on it can only fail
+    /// with the device, so the client may send it unanswered and wait for it
+    /// without asking (`transport::quiet`).
+    pub fn plain_device_span(&self, ptr: u64, len: u64) -> bool {
+        self.allocation_of(ptr).is_some_and(|(base, size)| {
+            !self.is_managed(base) && (ptr - base).checked_add(len) <= Some(size)
+        })
+    }
+
     /// Whether `stream` is being captured into a graph.
     /// Whether the allocation at `base` is managed memory (either kind).
     pub fn is_managed(&self, base: u64) -> bool {

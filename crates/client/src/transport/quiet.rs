@@ -25,13 +25,14 @@ pub struct Quiet {
     /// stream neither waits for nor makes wait (PyTorch's side streams).
     nonblocking: HashSet<Handle>,
     reached: HashSet<Handle>,
-    /// Busy streams whose work since they were last idle is only copies to
-    /// the device whose bytes their calls carried, into memory the client
-    /// knows: waiting for that work depends on nothing the program does
-    /// later, so the server may do it in the calls' order while the program
-    /// goes on (`Call::Settle`, [`Quiet::settleable`]).
-    copies_only: HashSet<Handle>,
-    /// Streams given a copy into memory the client could not check, until
+    /// Busy streams whose work since they were last idle is plain: copies to
+    /// the device whose bytes their calls carried, memsets and copies within
+    /// the device, all on memory the client knows: waiting for that work
+    /// depends on nothing the program does later, so the server may do it
+    /// in the calls' order while the program goes on (`Call::Settle`,
+    /// [`Quiet::settleable`]).
+    plain_only: HashSet<Handle>,
+    /// Streams given such work on memory the client could not check, until
     /// they are idle again: their waits are never settled so.
     unchecked: HashSet<Handle>,
     /// Calls sent and not answered yet whose success makes something idle or reached.
@@ -76,7 +77,15 @@ impl Quiet {
             Call::MemcpyHtoD {
                 stream: Some(stream),
                 ..
-            } => self.copy_in(stream),
+            }
+            | Call::Memset {
+                stream: Some(stream),
+                ..
+            }
+            | Call::MemcpyDtoD {
+                stream: Some(stream),
+                ..
+            } => self.plain_work(stream),
             Call::Settle {
                 stream: Some(stream),
             } => self.quieted(stream),
@@ -163,71 +172,69 @@ impl Quiet {
     /// Whether a synchronize of `stream` (of the context with `None`) may be
     /// settled: answered here, the server waiting for the work in the calls'
     /// order (`Call::Settle`). It may when the stream has work and all the
-    /// work it waits for is [`Quiet::copies_only`]: on a blocking stream
+    /// work it waits for is [`Quiet::plain_only`]: on a blocking stream
     /// (the default one too) that of every busy blocking stream, which the
     /// legacy default stream orders it behind; for the context, every
     /// stream's.
     pub fn settleable(&self, stream: Option<Handle>) -> bool {
-        let copies = |s: &Handle| self.copies_only.contains(s);
+        let copies = |s: &Handle| self.plain_only.contains(s);
         match stream {
             None => !self.busy.is_empty() && self.busy.iter().all(copies),
             Some(s) if self.nonblocking.contains(&s) => copies(&s),
-            Some(s) => {
-                !self.idle(s)
-                    && self
-                        .busy
-                        .iter()
-                        .filter(|b| !self.nonblocking.contains(b))
-                        .all(copies)
-            }
+            Some(s) => !self.idle(s) && self.blocking_work_plain(),
         }
     }
 
+    /// Whether every busy blocking stream (the default one among them) has
+    /// [`Quiet::plain_only`] work.
+    fn blocking_work_plain(&self) -> bool {
+        self.busy
+            .iter()
+            .filter(|b| !self.nonblocking.contains(b))
+            .all(|b| self.plain_only.contains(b))
+    }
+
     /// Whether a copy in on the default stream, sent now, could be settled
-    /// at once (see [`Quiet::settleable`]): the work of every busy blocking
-    /// stream is copies in, and the default stream's copies were checked.
+    /// at once (see [`Quiet::settleable`]): every busy blocking stream's
+    /// work is plain, and the default stream's was checked.
     pub fn copy_in_settleable(&self) -> bool {
-        !self.unchecked.contains(&DEFAULT_STREAM)
-            && self
-                .busy
-                .iter()
-                .filter(|b| !self.nonblocking.contains(b))
-                .all(|b| self.copies_only.contains(b))
+        !self.unchecked.contains(&DEFAULT_STREAM) && self.blocking_work_plain()
     }
 
     /// Notes that a copy into memory the client could not check goes to
     /// `stream`: its waits are not settled until it is idle again.
     pub fn unchecked_copy(&mut self, stream: Handle) {
         self.unchecked.insert(stream);
-        self.copies_only.remove(&stream);
+        self.plain_only.remove(&stream);
     }
 
-    /// A copy to the device on `stream` whose bytes its call carries.
-    fn copy_in(&mut self, stream: Handle) {
-        let only = !self.busy.contains(&stream) || self.copies_only.contains(&stream);
+    /// Plain work on `stream`: a copy to the device whose bytes its call
+    /// carries, a memset, or a copy within the device.
+    fn plain_work(&mut self, stream: Handle) {
+        let only = !self.busy.contains(&stream) || self.plain_only.contains(&stream);
         self.work(stream);
         if only && !self.unchecked.contains(&stream) {
-            self.copies_only.insert(stream);
+            self.plain_only.insert(stream);
         }
     }
 
     /// `stream` has no work left.
     fn quieted(&mut self, stream: Handle) {
         self.busy.remove(&stream);
-        self.copies_only.remove(&stream);
+        self.plain_only.remove(&stream);
         self.unchecked.remove(&stream);
     }
 
     /// No stream has work left.
     fn all_quieted(&mut self) {
         self.busy.clear();
-        self.copies_only.clear();
+        self.plain_only.clear();
         self.unchecked.clear();
     }
 
     fn work(&mut self, stream: Handle) {
         self.busy.insert(stream);
-        self.copies_only.remove(&stream);
+        self.plain_only.remove(&stream);
         // A waiting call sent before this work cannot vouch for it.
         self.waiting.retain(|_, s| match s {
             Settles::Stream(s) => *s != stream,
@@ -244,7 +251,7 @@ impl Quiet {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::transport::test_calls::launch;
+    use crate::transport::test_calls::{launch, memset};
 
     /// The legacy default stream neither waits for a non-blocking stream's
     /// work nor orders a record there behind its own (PyTorch's side streams:
@@ -334,15 +341,7 @@ mod tests {
     #[test]
     fn a_synchronous_copy_settles_the_default_stream_once_answered() {
         let mut q = Quiet::default();
-        let memset = Call::Memset {
-            dst: 0x100,
-            value: 0,
-            elem_bytes: 1,
-            count: 4,
-            pitch: 4,
-            height: 1,
-            stream: None,
-        };
+        let memset = memset(None);
         q.sent(1, &memset);
         assert!(!q.all_idle());
         q.answered(1, true);
@@ -430,6 +429,18 @@ mod tests {
         );
         q.answered(12, true);
         q.sent(13, &copy_in(DEFAULT_STREAM));
+        assert!(q.settleable(Some(DEFAULT_STREAM)));
+        // Memsets and copies within the device count with copies in.
+        q.sent(20, &memset(Some(DEFAULT_STREAM)));
+        q.sent(
+            21,
+            &Call::MemcpyDtoD {
+                dst: 0x200,
+                src: 0x100,
+                bytes: 4,
+                stream: Some(DEFAULT_STREAM),
+            },
+        );
         assert!(q.settleable(Some(DEFAULT_STREAM)));
         // Copies behind an event wait are not copies alone.
         q.sent(

@@ -15,3 +15,16 @@ pub fn launch(stream: Handle) -> Call {
         attributes: Vec::new(),
     }
 }
+
+/// A 4-byte memset of 0x100 on `stream` (`None`: synchronous).
+pub fn memset(stream: Option<Handle>) -> Call {
+    Call::Memset {
+        dst: 0x100,
+        value: 0,
+        elem_bytes: 1,
+        count: 4,
+        pitch: 4,
+        height: 1,
+        stream,
+    }
+}

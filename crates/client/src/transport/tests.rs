@@ -439,3 +439,55 @@ fn a_resumable_connection_sends_its_calls_again_where_its_session_resumes() {
     second.join().unwrap();
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Unanswered calls on a socket go out together: behind a link, 100
+/// launches and the synchronize after them reach the server in order in
+/// one write; a launch that nothing follows goes out from the flusher.
+#[test]
+fn unanswered_calls_on_a_socket_go_out_together() {
+    let dir = std::env::temp_dir().join(format!("cumux-client-batch-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let sock = dir.join("s.sock");
+    let address = ServerAddress::Unix(sock.clone());
+    let (tx, rx) = std::sync::mpsc::channel();
+    let server = fake(&sock, move |mut s, _| {
+        // The welcome takes no shared memory: calls stay on the socket.
+        let welcome = welcome(proto::PROTOCOL_VERSION);
+        proto::write_frame(&mut s, &proto::encode(&welcome).unwrap()).unwrap();
+        let mut buf = Vec::new();
+        let mut seqs = Vec::new();
+        while seqs.len() < 102 {
+            proto::read_frame(&mut s, &mut buf).unwrap();
+            let req: Request = proto::decode(&buf).unwrap();
+            seqs.push(req.seq);
+            if !req.call.is_fire_and_forget() {
+                let reply = Reply {
+                    seq: req.seq,
+                    result: Ok(ReplyBody::Unit),
+                    stdout: Vec::new(),
+                };
+                proto::write_frame(&mut s, &proto::encode(&reply).unwrap()).unwrap();
+            }
+        }
+        tx.send(seqs).unwrap();
+    });
+    let (mut conn, _) = Connection::connect(&address, None, None).unwrap();
+    assert!(!conn.uses_shm());
+    // Old enough only after the test: the size, a waiting call or the
+    // flusher sends the batch.
+    conn.batch = batch::Batch::new(std::time::Duration::from_secs(60));
+    let link = Link::new(conn);
+    for _ in 0..100 {
+        assert_eq!(link.call(empty_launch()), Ok(ReplyBody::Unit));
+    }
+    assert_eq!(link.call(Call::ContextSynchronize), Ok(ReplyBody::Unit));
+    assert_eq!(link.lock().batch.writes(), 1, "one write for 101 calls");
+    assert_eq!(link.call(empty_launch()), Ok(ReplyBody::Unit));
+    let seqs = rx
+        .recv_timeout(std::time::Duration::from_secs(10))
+        .expect("the last launch arrives with nothing after it");
+    assert_eq!(seqs, (1..=102).collect::<Vec<u64>>());
+    assert_eq!(link.lock().batch.writes(), 2);
+    server.join().unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+}

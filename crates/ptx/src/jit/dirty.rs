@@ -48,11 +48,8 @@ pub(super) fn add_writes(f: &Func, from: u32, to: u32, set: &mut RegSet) {
     }
 }
 
-/// The registers possibly changed since the thread last resumed, on entry
-/// to each basic block (`starts`). A thread's start counts every register
-/// changed when `fresh_start` (the code starts them at 0, the file holds
-/// another block's); a resume point entered by the dispatch starts clean.
-pub(super) fn dirty_in(f: &Func, starts: &[u32], fresh_start: bool) -> Vec<RegSet> {
+/// The basic blocks' successors and the registers each writes.
+fn graph(f: &Func, starts: &[u32]) -> (Vec<Vec<usize>>, Vec<RegSet>) {
     let words = (f.nregs as usize).div_ceil(64);
     let nb = starts.len();
     let end_of = |b: usize| starts.get(b + 1).copied().unwrap_or(f.code.len() as u32);
@@ -79,23 +76,70 @@ pub(super) fn dirty_in(f: &Func, starts: &[u32], fresh_start: bool) -> Vec<RegSe
             succs[b].push(b + 1);
         }
     }
-    let mut dirty = vec![vec![0u64; words]; nb];
+    (succs, writes)
+}
+
+/// The registers possibly changed since the thread last resumed, on entry
+/// to each basic block (`starts`). A thread's start counts every register
+/// changed when `fresh_start` (the code starts them at 0, the file holds
+/// another block's); a resume point entered by the dispatch starts clean.
+pub(super) fn dirty_in(f: &Func, starts: &[u32], fresh_start: bool) -> Vec<RegSet> {
+    let words = (f.nregs as usize).div_ceil(64);
+    let nb = starts.len();
+    let mut entry = vec![Some(vec![0u64; words]); nb];
     if fresh_start && nb > 0 {
-        dirty[0] = vec![u64::MAX; words];
+        entry[0] = Some(vec![u64::MAX; words]);
     }
+    flow(f, starts, entry)
+        .into_iter()
+        .map(|d| d.expect("every block is an entry"))
+        .collect()
+}
+
+/// The registers possibly changed on entry to each basic block by a run
+/// that began at one of the resume points `resumes` other than a fresh
+/// thread start (pc 0 when `fresh_start`); `None` where only a thread's
+/// start reaches. Where the start's run also reaches, it may have changed
+/// more ([`dirty_in`]): a stop stores those only for it.
+pub(super) fn dirty_resumed(
+    f: &Func,
+    starts: &[u32],
+    resumes: &[u32],
+    fresh_start: bool,
+) -> Vec<Option<RegSet>> {
+    let words = (f.nregs as usize).div_ceil(64);
+    let mut entry = vec![None; starts.len()];
+    for &pc in resumes {
+        if pc != 0 || !fresh_start {
+            entry[starts.partition_point(|&s| s < pc)] = Some(vec![0u64; words]);
+        }
+    }
+    flow(f, starts, entry)
+}
+
+/// The writes along every path from the blocks with an `entry` set (that
+/// set on entry), to the entry of each block (`None`: no path reaches it).
+fn flow(f: &Func, starts: &[u32], entry: Vec<Option<RegSet>>) -> Vec<Option<RegSet>> {
+    let (succs, writes) = graph(f, starts);
+    let mut dirty = entry;
     let mut changed = true;
     while changed {
         changed = false;
-        for b in 0..nb {
-            let out: RegSet = dirty[b]
-                .iter()
-                .zip(&writes[b])
-                .map(|(d, w)| d | w)
-                .collect();
+        for b in 0..starts.len() {
+            let Some(d) = &dirty[b] else { continue };
+            let out: RegSet = d.iter().zip(&writes[b]).map(|(d, w)| d | w).collect();
             for &s in &succs[b] {
-                for (x, o) in dirty[s].iter_mut().zip(&out) {
-                    if *x | o != *x {
-                        *x |= o;
+                match &mut dirty[s] {
+                    Some(x) => {
+                        for (x, o) in x.iter_mut().zip(&out) {
+                            if *x | o != *x {
+                                *x |= o;
+                                changed = true;
+                            }
+                        }
+                    }
+                    none => {
+                        *none = Some(out.clone());
                         changed = true;
                     }
                 }

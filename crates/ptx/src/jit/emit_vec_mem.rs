@@ -6,7 +6,7 @@ use super::shared_checks::groups;
 use super::translate::{LaneBase, Translator};
 use crate::ir::{Address, Inst, MemOrder, Op, Sp, Src, NONE};
 use cranelift_codegen::ir::condcodes::IntCC;
-use cranelift_codegen::ir::types::{I32, I32X4, I64, I8};
+use cranelift_codegen::ir::types::{F32, F32X4, I32, I32X4, I64, I8};
 use cranelift_codegen::ir::{ConstantData, Endianness, InstBuilder, MemFlagsData, Value};
 
 impl Translator<'_, '_> {
@@ -24,6 +24,36 @@ impl Translator<'_, '_> {
             if !narrow {
                 continue;
             }
+            let known = match (g.base, self.x_aligned) {
+                (Src::Reg(r), Some(aligned)) => match self.strides[r as usize] {
+                    Some(0) => Some((true, aligned)),
+                    Some(4) => Some((false, aligned)),
+                    _ => None,
+                },
+                _ => None,
+            };
+            if let Some((same, aligned)) = known {
+                // the way is the register's stride's (where the group's
+                // lanes are aligned, which the block's check adds)
+                let lanes = self.vsrc_pub(g.base);
+                let first = self.fb.ins().extractlane(lanes, 0);
+                let first = match g.lo {
+                    0 => first,
+                    lo => self.fb.ins().iadd_imm_s(first, lo as u32 as i64),
+                };
+                let first = self.fb.ins().uextend(I64, first);
+                let first = self.shared_unchecked(first);
+                out.push(LaneBase {
+                    base: g.base,
+                    lo: g.lo,
+                    first,
+                    consecutive: aligned,
+                    equal: aligned,
+                    mode: Some(same),
+                    fixed: true,
+                });
+                continue;
+            }
             let addr = Address {
                 sp: Sp::Shared,
                 base: g.base,
@@ -38,6 +68,7 @@ impl Translator<'_, '_> {
                 consecutive,
                 equal,
                 mode: None,
+                fixed: false,
             });
         }
         out
@@ -47,20 +78,33 @@ impl Translator<'_, '_> {
     /// addresses consecutive or all the same (an I8 condition).
     pub(super) fn lanes_regular(&mut self) -> Value {
         let mut all = self.fb.ins().iconst(I8, 1);
+        // (the fixed bases' condition, `x_aligned`, once)
+        let mut aligned = None;
         for k in 0..self.lane_bases.len() {
             let (c, e) = (self.lane_bases[k].consecutive, self.lane_bases[k].equal);
+            if self.lane_bases[k].fixed {
+                aligned = Some(c);
+                continue;
+            }
             let either = self.fb.ins().bor(c, e);
             all = self.fb.ins().band(all, either);
         }
-        all
+        match aligned {
+            Some(a) => self.fb.ins().band(all, a),
+            None => all,
+        }
     }
 
-    /// Sets the block's bases to way `way` (bit `k`: base `k`'s lanes all
-    /// the same, else consecutive) and tells whether the lanes lie so.
+    /// Sets the block's bases whose way is not fixed to way `way` (bit `k`:
+    /// the `k`th such base's lanes all the same, else consecutive) and
+    /// tells whether the lanes lie so.
     pub(super) fn lanes_way(&mut self, way: u32) -> Value {
         let mut all = self.fb.ins().iconst(I8, 1);
-        for k in 0..self.lane_bases.len() {
-            let same = way >> k & 1 != 0;
+        let open: Vec<usize> = (0..self.lane_bases.len())
+            .filter(|&k| !self.lane_bases[k].fixed)
+            .collect();
+        for (bit, k) in open.into_iter().enumerate() {
+            let same = way >> bit & 1 != 0;
             let b = &mut self.lane_bases[k];
             b.mode = Some(same);
             let holds = if same { b.equal } else { b.consecutive };
@@ -107,8 +151,15 @@ impl Translator<'_, '_> {
                 let v = match self.regular_at(&addr) {
                     Some((p, _, Some(false))) => self.fb.ins().load(I32X4, flags, p, 0),
                     Some((p, _, Some(true))) => {
-                        let one = self.fb.ins().load(I32, flags, p, 0);
-                        self.fb.ins().splat(I32X4, one)
+                        // (as an f32: x86-64 broadcasts it from the load's
+                        // register, one move fewer; its bits stay as loaded)
+                        let one = self.fb.ins().load(F32, flags, p, 0);
+                        let all = self.fb.ins().splat(F32X4, one);
+                        self.fb.ins().bitcast(
+                            I32X4,
+                            MemFlagsData::new().with_endianness(Endianness::Little),
+                            all,
+                        )
                     }
                     Some((p, equal, None)) => {
                         // 16 bytes from the first lane's word (the block's

@@ -24,6 +24,7 @@ mod params;
 mod plan;
 mod runtime;
 mod shared_checks;
+mod strides;
 mod translate;
 mod warp;
 

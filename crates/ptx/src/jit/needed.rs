@@ -31,7 +31,10 @@ pub(super) fn needed_in(f: &Func, plan: &Plan) -> Vec<RegSet> {
     // what the stop at `pc` (in block `b`) stores: the registers live at
     // `resume` that the run may have changed by then
     let stored = |b: usize, pc: u32, resume: u32, set: &mut RegSet, defs: &RegSet| {
-        let mut dirty = plan.dirty_in[b].clone();
+        // (a resumed run's: a thread's start loads no registers)
+        let mut dirty = plan.dirty_resumed[b]
+            .clone()
+            .unwrap_or_else(|| plan.dirty_in[b].clone());
         add_writes(f, starts[b], pc, &mut dirty);
         let live = plan
             .live_in

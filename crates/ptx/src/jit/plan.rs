@@ -2,7 +2,7 @@
 //! calls) and the shape of one: basic blocks, resume points, the registers
 //! live at each.
 
-use super::dirty::{dirty_in, stops, RegSet};
+use super::dirty::{dirty_in, dirty_resumed, stops, RegSet};
 use super::inline::{CHECKS, UNCOUNTED};
 use crate::ir::{Func, MemOrder, Op, Src, NONE};
 
@@ -24,6 +24,10 @@ pub(super) struct Plan {
     /// Registers possibly changed since the thread resumed, on entry to
     /// each basic block.
     pub dirty_in: Vec<RegSet>,
+    /// The same for a run that began at a resume point other than a fresh
+    /// thread start (`None`: only a start reaches the block); a stop
+    /// stores the rest of `dirty_in` only in a run that began at the start.
+    pub dirty_resumed: Vec<Option<RegSet>>,
     /// Whether a lane kernel is built too ([`super::lanes`]).
     pub lanes: bool,
 }
@@ -94,9 +98,11 @@ pub(super) fn plan(f: &Func) -> Result<Plan, String> {
     shuffled.dedup();
     let fresh_start = !f.code.iter().any(|i| matches!(i.op, Op::Bra { target: 0 }));
     let dirty_in = dirty_in(f, &leaders, fresh_start);
+    let dirty_resumed = dirty_resumed(f, &leaders, &resumes, fresh_start);
     Ok(Plan {
         lanes,
         dirty_in,
+        dirty_resumed,
         fresh_start,
         starts: leaders,
         resumes,

@@ -11,9 +11,10 @@ use super::plan::Plan;
 use super::runtime::{
     rt_trap, Ctx, RET_EXIT, RET_FAULT, RET_PARTED, STOP_BARRIER, STOP_BITS, STOP_WARP, STOP_YIELD,
 };
+use super::strides::lane_strides;
 use crate::ir::{Func, Inst, Op, SReg, Sp, Src, NONE};
 use cranelift_codegen::ir::condcodes::IntCC;
-use cranelift_codegen::ir::types::{I32, I32X4, I64, I64X2};
+use cranelift_codegen::ir::types::{I32, I32X4, I64, I64X2, I8};
 use cranelift_codegen::ir::{
     AbiParam, Block, BlockArg, Inst as IrInst, InstBuilder, JumpTableData, MemFlagsData, Signature,
     StackSlotData, StackSlotKind, Type, Value,
@@ -66,6 +67,9 @@ pub(super) struct Translator<'a, 'f> {
     pub lane_file: Value,
     pub lane_slot: Vec<u32>,
     pub count: Variable,
+    /// Whether the running thread's run began at its start (an I8; only
+    /// where `Plan::fresh_start`): its stops store what it wrote since.
+    pub fresh: Variable,
     pub ctx: Value,
     pub regs_ptr: Value,
     pub local: Value,
@@ -128,6 +132,11 @@ pub(super) struct Translator<'a, 'f> {
     /// The lane kernel's `%ntid`, `%ctaid` and `%nctaid` components the
     /// kernel reads, each in every lane (made before the group loop).
     pub specials: Vec<(SReg, Value)>,
+    /// The stride between a group's lanes each narrow register holds all
+    /// along where `x_aligned` (`strides::lane_strides`), and that
+    /// condition (an I8 made once a call; the lane kernel's only).
+    pub strides: Vec<Option<u32>>,
+    pub x_aligned: Option<Value>,
 }
 
 /// What is known of a vector-wide register's lanes since its last write in
@@ -152,6 +161,9 @@ pub(super) struct LaneBase {
     /// In a copy of the block made for one way the lanes lie: all the
     /// same (`Some(true)`) or consecutive (`Some(false)`); `None`: either.
     pub mode: Option<bool>,
+    /// Whether `mode` is known before the run (the base register's
+    /// stride, where `x_aligned`): every copy of the block has it.
+    pub fixed: bool,
 }
 
 /// One thread's values in compiled code: its index in the block (an I32),
@@ -302,6 +314,7 @@ impl<'a, 'f> Translator<'a, 'f> {
             (vregs, wregs)
         };
         let count = fb.declare_var(I64);
+        let fresh = fb.declare_var(I8);
         let n = fb
             .ins()
             .load(I64, MemFlagsData::trusted(), ctx, ctx_off!(instructions));
@@ -328,6 +341,15 @@ impl<'a, 'f> Translator<'a, 'f> {
                 }
             }
         }
+        // whether each group's lanes are consecutive in `%tid.x` and share
+        // `%tid.y` and `%tid.z` (`%ntid.x` a multiple of 4): then the lanes
+        // of registers with a known stride lie as `strides` says
+        let x_aligned = (width > 1).then(|| {
+            let fixed = MemFlagsData::trusted().with_readonly();
+            let x = fb.ins().load(I32, fixed, ctx, ctx_off!(ntid));
+            let low = fb.ins().band_imm_u(x, width as i64 - 1);
+            fb.ins().icmp_imm_u(IntCC::Equal, low, 0)
+        });
         // the loop over the range's threads: each runs from its resume point
         // to its next stop, its registers and local memory at fixed strides
         // (the lane kernel's loop goes group by group, `width` threads a step)
@@ -337,7 +359,21 @@ impl<'a, 'f> Translator<'a, 'f> {
         let first_thread = fb.append_block_param(head, I32);
         let body = fb.create_block();
         let done = fb.create_block();
-        fb.ins().jump(head, &[BlockArg::Value(first)]);
+        // the lane kernel takes its hoisted parameters as loaded: where the
+        // launch's fall short, its first group gives up before the loop
+        // (the thread loop faults as it should)
+        let short = match (params.all_in, width > 1) {
+            (Some(all_in), true) => {
+                let short = fb.create_block();
+                fb.ins()
+                    .brif(all_in, head, &[BlockArg::Value(first)], short, &[]);
+                Some(short)
+            }
+            _ => {
+                fb.ins().jump(head, &[BlockArg::Value(first)]);
+                None
+            }
+        };
         fb.switch_to_block(head);
         let more = fb.ins().icmp(IntCC::UnsignedLessThan, first_thread, end);
         fb.ins().brif(more, body, &[], done, &[]);
@@ -400,6 +436,7 @@ impl<'a, 'f> Translator<'a, 'f> {
             lane_file,
             lane_slot: lane_slots(func, plan).0,
             count,
+            fresh,
             ctx,
             regs_ptr,
             local,
@@ -429,6 +466,8 @@ impl<'a, 'f> Translator<'a, 'f> {
             wconsecutive: Vec::new(),
             uniform,
             specials,
+            strides: lane_strides(func, plan.live_in.first().map_or(&[][..], |l| l)),
+            x_aligned,
         };
         // dispatch on the resume point: load its live registers, go on there
         let resume_blocks: Vec<Block> = plan.resumes.iter().map(|_| t.fb.create_block()).collect();
@@ -438,16 +477,6 @@ impl<'a, 'f> Translator<'a, 'f> {
             .collect();
         let default = t.fb.func.dfg.block_call(exit_block, &[]);
         let table = t.fb.create_jump_table(JumpTableData::new(default, &calls));
-        if let (Some(all_in), true) = (t.params.all_in, width > 1) {
-            // the lane kernel takes its hoisted parameters as loaded: where
-            // the launch's fall short, the thread loop faults as it should
-            let (go, short) = (t.fb.create_block(), t.fb.create_block());
-            t.fb.ins().brif(all_in, go, &[], short, &[]);
-            t.fb.switch_to_block(short);
-            t.fb.set_cold_block(short);
-            t.finish_all(RET_PARTED);
-            t.fb.switch_to_block(go);
-        }
         match resume {
             Some(resume) => {
                 t.fb.ins().br_table(resume, table);
@@ -461,12 +490,16 @@ impl<'a, 'f> Translator<'a, 'f> {
             t.fb.switch_to_block(rb);
             let pc = plan.resumes[k];
             let b = plan.block_at(pc);
+            let start = pc == 0 && plan.fresh_start;
+            let began = t.fb.ins().iconst(I8, start as i64);
+            t.fb.def_var(t.fresh, began);
             // the registers live here, and the shuffled ones, which every
             // stop and exit stores again
             let mut loaded = plan.live_in[b].clone();
             // (of those, the ones the run may read before it writes them:
-            // the others' values are never used)
-            loaded.retain(|&r| holds(&needed[b], r));
+            // the others' values are never used; a thread's start sets
+            // them all to 0, as its stops store every one it reaches live)
+            loaded.retain(|&r| start || holds(&needed[b], r));
             loaded.extend(&plan.shuffled);
             loaded.sort_unstable();
             loaded.dedup();
@@ -538,6 +571,12 @@ impl<'a, 'f> Translator<'a, 'f> {
         let n = t.fb.ins().isub(n, excess);
         t.fb.def_var(count, n);
         t.finish_all(RET_FAULT);
+        if let Some(short) = short {
+            t.fb.switch_to_block(short);
+            t.fb.set_cold_block(short);
+            t.thread = first;
+            t.finish_all(RET_PARTED);
+        }
         t.fb.seal_all_blocks();
         let sites = (t.sites, t.params.extent);
         t.fb.finalize(target);
@@ -586,7 +625,9 @@ impl<'a, 'f> Translator<'a, 'f> {
         stored.extend(also.iter().chain(&self.plan.shuffled));
         stored.sort_unstable();
         stored.dedup();
-        // of those, the ones the thread may have changed since it resumed
+        // of those, the ones the thread may have changed since it resumed:
+        // a run that began at a resume point changed fewer than one that
+        // began at the thread's start (`Plan::dirty_resumed`)
         let at = self.pc_now;
         let k = self
             .plan
@@ -595,9 +636,31 @@ impl<'a, 'f> Translator<'a, 'f> {
             .saturating_sub(1);
         let mut dirty = self.plan.dirty_in[k].clone();
         add_writes(self.func, self.plan.starts[k], at, &mut dirty);
+        let mut resumed = self.plan.dirty_resumed[k]
+            .clone()
+            .unwrap_or_else(|| dirty.clone());
+        add_writes(self.func, self.plan.starts[k], at, &mut resumed);
         stored.retain(|&r| holds(&dirty, r));
+        let (always, at_start): (Vec<u32>, Vec<u32>) =
+            stored.into_iter().partition(|&r| holds(&resumed, r));
+        self.store_regs(&always, also);
+        if !at_start.is_empty() {
+            let (store, join) = (self.fb.create_block(), self.fb.create_block());
+            let fresh = self.fb.use_var(self.fresh);
+            self.fb.ins().brif(fresh, store, &[], join, &[]);
+            self.fb.switch_to_block(store);
+            self.fb.set_cold_block(store);
+            self.store_regs(&at_start, also);
+            self.fb.ins().jump(join, &[]);
+            self.fb.switch_to_block(join);
+        }
+    }
+
+    /// Stores registers `stored` of each lane: narrow ones of the lane
+    /// kernel to its lane file (those in `also` to the threads' files too).
+    fn store_regs(&mut self, stored: &[u32], also: &[u32]) {
         let mut to_threads = Vec::new();
-        for &r in &stored {
+        for &r in stored {
             match (self.vregs[r as usize], self.wregs[r as usize]) {
                 (Some(var), _) => {
                     let slot = self.slot_at(r);
@@ -680,8 +743,10 @@ impl<'a, 'f> Translator<'a, 'f> {
             self.fb.ins().brif(ok, fast, &[], checked, &[]);
             self.fb.switch_to_block(fast);
             self.unchecked = pcs;
-            // a copy for each way the lanes of (at most two) bases lie
-            let ways = match self.lane_bases.len() {
+            // a copy for each way the lanes of (at most two) bases whose
+            // way is not known before the run lie
+            let open = self.lane_bases.iter().filter(|b| !b.fixed).count();
+            let ways = match open {
                 n @ 1..=2 => 1u32 << n,
                 _ => 1,
             };
