@@ -5,15 +5,17 @@ use std::fs::File;
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
 
 use memmap2::{MmapOptions, MmapRaw};
 
 use super::layout::{ShmLayout, AREA_MAGIC, HEADER_BYTES, OFF_MAGIC};
 use crate::memfd;
 
-/// A mapped area.
+/// A mapped area. The mapping is shared with the payloads held in it
+/// ([`super::HeldBulk`]), so it stays mapped while one is still read.
 pub struct ShmArea {
-    map: MmapRaw,
+    map: Arc<MmapRaw>,
     layout: ShmLayout,
 }
 
@@ -57,7 +59,10 @@ impl ShmArea {
 
     fn map(file: &File, layout: ShmLayout) -> io::Result<ShmArea> {
         let map = MmapOptions::new().len(layout.total_bytes()).map_raw(file)?;
-        Ok(ShmArea { map, layout })
+        Ok(ShmArea {
+            map: Arc::new(map),
+            layout,
+        })
     }
 
     pub fn layout(&self) -> ShmLayout {
@@ -73,6 +78,11 @@ impl ShmArea {
     #[inline]
     pub(super) fn base(&self) -> *mut u8 {
         self.map.as_mut_ptr()
+    }
+
+    /// The mapping itself, for a payload that outlives a borrow of the area.
+    pub(super) fn mapping(&self) -> Arc<MmapRaw> {
+        Arc::clone(&self.map)
     }
 
     /// The u64 header word at `offset` (one of the `OFF_*` words).

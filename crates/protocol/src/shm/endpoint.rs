@@ -2,12 +2,15 @@
 //! direction's rings and receives them from the other's, spinning and then
 //! sleeping while it waits, and noticing a peer that went away.
 
+use std::collections::VecDeque;
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
-use std::sync::atomic::{fence, AtomicU32, Ordering};
+use std::sync::atomic::{fence, AtomicBool, AtomicU32, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::area::ShmArea;
+use super::held::HeldBulk;
 use super::layout::{
     ShmError, Side, MAX_BULK_BYTES, OFF_BELL, OFF_CLOSED, OFF_SLEEPING, RECORD_BYTES,
 };
@@ -43,6 +46,13 @@ pub struct Endpoint {
     stats: EndpointStats,
     /// (bytes to skip, bulk bytes) of a message whose bulk is still to be read.
     pending_bulk: Option<(u64, usize)>,
+    /// Bulk payloads received but held in the ring ([`HeldBulk`]), oldest
+    /// first: where each starts and the flag its drop raises. The read
+    /// position published for the bulk ring stays at the oldest one's start.
+    held: VecDeque<(u64, Arc<AtomicBool>)>,
+    /// Bytes filled ahead in the bulk ring and not yet sent
+    /// ([`Endpoint::fill_ahead`]).
+    ahead: Option<usize>,
     /// Whether we rang the peer's doorbell since our last wait.
     woke_peer: bool,
     /// Whether we took bytes from a full ring since we last rang the peer: a
@@ -116,6 +126,8 @@ impl Endpoint {
             last_liveness: Instant::now(),
             stats: EndpointStats::default(),
             pending_bulk: None,
+            held: VecDeque::new(),
+            ahead: None,
             woke_peer: false,
             room_freed: false,
             switches: involuntary_switches(),
@@ -185,6 +197,11 @@ impl Endpoint {
             )));
         }
         self.check_open()?;
+        self.reap_held();
+        if bulk_len > 0 {
+            // A payload of its own goes where bytes filled ahead lay.
+            self.ahead = None;
+        }
         // When the bulk ring is empty, the payload starts over at its beginning:
         // back-to-back copies then reuse the same (mapped, cached) pages instead
         // of faulting their way through the whole ring. Only where it ends
@@ -220,6 +237,55 @@ impl Endpoint {
         Ok(filled)
     }
 
+    /// Fills the bulk ring's next `len` bytes with `fill`, in place, for a
+    /// payload sent later by [`Endpoint::send_filled_ahead`]: messages
+    /// without bulk may go first (the answer that says whether the bytes are
+    /// good, known only once they are filled). `Ok(None)`, nothing filled,
+    /// where the ring has not that much room free now.
+    pub fn fill_ahead(
+        &mut self,
+        len: usize,
+        fill: &mut dyn FnMut(&mut [u8]) -> io::Result<()>,
+    ) -> Result<Option<io::Result<()>>, ShmError> {
+        self.check_open()?;
+        self.reap_held();
+        if len == 0 || len > MAX_BULK_BYTES || self.free(1)? < len as u64 {
+            return Ok(None);
+        }
+        let mut filled = Ok(());
+        for (at, k) in self.tx[1].pieces(&self.area, self.tx_pos[1], len) {
+            if k == 0 || filled.is_err() {
+                continue;
+            }
+            // SAFETY: `pieces` keeps `[at, at + k)` inside the ring, among
+            // the free bytes after our write position, ours alone until
+            // published (as in `write_filled`).
+            let piece = unsafe { std::slice::from_raw_parts_mut(at, k) };
+            filled = fill(piece);
+        }
+        self.ahead = Some(len);
+        Ok(Some(filled))
+    }
+
+    /// Sends a message with no bytes of its own whose bulk payload is the
+    /// bytes [`Endpoint::fill_ahead`] left in the ring (none there: a
+    /// violation), and rings the peer.
+    pub fn send_filled_ahead(&mut self) -> Result<(), ShmError> {
+        let Some(len) = self.ahead.take() else {
+            return Err(ShmError::Violation("no bytes were filled ahead".into()));
+        };
+        self.check_open()?;
+        let mut record = [0u8; RECORD_BYTES];
+        record[8..].copy_from_slice(&(len as u64).to_le_bytes());
+        self.write_all(0, &record)?;
+        self.tx_pos[1] = self.tx_pos[1].wrapping_add(len as u64);
+        self.tx[1].publish_write(&self.area, self.tx_pos[1]);
+        self.stats.messages_sent += 1;
+        self.stats.bulk_bytes_sent += len as u64;
+        self.notify_peer();
+        Ok(())
+    }
+
     /// Rings a sleeping peer for what was sent with [`Endpoint::send_quiet`].
     pub fn ring(&mut self) {
         self.notify_peer();
@@ -243,6 +309,7 @@ impl Endpoint {
                 "a message read before the last one's bulk".into(),
             ));
         }
+        self.reap_held();
         let mut record = [0u8; RECORD_BYTES];
         self.read_exact(0, &mut record)?;
         let msg_len = u32::from_le_bytes(record[..4].try_into().expect("4 bytes")) as usize;
@@ -313,6 +380,135 @@ impl Endpoint {
         let visited = self.read_visited(1, len, visit)?;
         self.received(len);
         Ok(visited)
+    }
+
+    /// Takes the pending bulk payload of `len` bytes with `take`, handed a
+    /// reader that copies the payload's next bytes into each buffer it is
+    /// given (all of it; past the payload's end, an error), piece after
+    /// piece: a copy's bytes go from the ring to where they land. What
+    /// `take` leaves is consumed unseen; a broken link fails the reader and
+    /// then this.
+    pub fn recv_bulk_taken<T>(
+        &mut self,
+        len: usize,
+        take: impl FnOnce(&mut dyn FnMut(&mut [u8]) -> io::Result<()>) -> T,
+    ) -> Result<T, ShmError> {
+        self.take_pending(len)?;
+        let mut left = len;
+        let mut broken = None;
+        let taken = take(&mut |out: &mut [u8]| {
+            if out.len() > left {
+                return Err(io::Error::other(
+                    "more bytes asked for than the payload has",
+                ));
+            }
+            if broken.is_some() {
+                return Err(io::Error::other("the link broke"));
+            }
+            match self.read_exact(1, out) {
+                Ok(()) => {
+                    left -= out.len();
+                    Ok(())
+                }
+                Err(e) => {
+                    let why = io::Error::other(format!("{e:?}"));
+                    broken = Some(e);
+                    Err(why)
+                }
+            }
+        });
+        if let Some(e) = broken {
+            return Err(e);
+        }
+        while left > 0 {
+            let n = self.wait_available(1)?.min(left);
+            self.consumed(1, n);
+            left -= n;
+        }
+        self.received(len);
+        Ok(taken)
+    }
+
+    /// Takes the pending bulk payload of `len` bytes where it lies in the
+    /// ring: the peer writes no more over it until the [`HeldBulk`] is
+    /// dropped (its room goes back at this side's next receive or send).
+    /// `Ok(None)`, the payload still pending, where holding it would keep
+    /// more than half the ring from the peer (so a writer always has room to
+    /// stream through), or for an empty one.
+    pub fn recv_bulk_held(&mut self, len: usize) -> Result<Option<HeldBulk>, ShmError> {
+        self.reap_held();
+        let cap = self.rx[1].cap;
+        let held = self.rx_pos[1].wrapping_sub(self.read_published(1));
+        match self.pending_bulk {
+            // (A writer skips to the ring's start only in an empty ring:
+            // then nothing is held, and the skipped bytes go back at once.)
+            Some((_, pending)) if pending == len => {
+                if len == 0 || held + len as u64 > cap / 2 {
+                    return Ok(None);
+                }
+            }
+            // Not the pending payload: a violation.
+            _ => return self.take_pending(len).map(|()| None),
+        }
+        self.take_pending(len)?;
+        while self.available(1)? < len as u64 {
+            self.release_room();
+            self.wait(|me| Ok(me.available(1)? >= len as u64))?;
+        }
+        let start = self.rx_pos[1];
+        let base = self.area.base() as usize;
+        let pieces = self.rx[1]
+            .pieces(&self.area, start, len)
+            .map(|(at, n)| (at as usize - base, n));
+        let bell = OFF_BELL[self.side.index()];
+        let sleeping = OFF_SLEEPING[self.side.index()];
+        let (bulk, done) = HeldBulk::new(self.area.mapping(), pieces, (bell, sleeping));
+        self.held.push_back((start, done));
+        self.rx_pos[1] = start.wrapping_add(len as u64);
+        self.received(len);
+        Ok(Some(bulk))
+    }
+
+    /// The read position `lane` publishes: where this side has read to, or
+    /// in the bulk ring the start of the oldest payload still held.
+    fn read_published(&self, lane: usize) -> u64 {
+        match (lane, self.held.front()) {
+            (1, Some(&(start, _))) => start,
+            _ => self.rx_pos[lane],
+        }
+    }
+
+    /// Whether the oldest held payload was dropped: its room is ours to give
+    /// back (a wait ends for it, see [`Endpoint::wait`]).
+    fn held_dropped(&self) -> bool {
+        self.held
+            .front()
+            .is_some_and(|(_, done)| done.load(Ordering::Acquire))
+    }
+
+    /// Gives the peer back the room of the held payloads dropped since,
+    /// oldest first (a later one dropped first waits for those before it).
+    fn reap_held(&mut self) {
+        let before = self.read_published(1);
+        while let Some((_, done)) = self.held.front() {
+            if !done.load(Ordering::Acquire) {
+                break;
+            }
+            self.held.pop_front();
+        }
+        let now = self.read_published(1);
+        if now == before {
+            return;
+        }
+        // A writer waits for room only on a ring it found full.
+        let was_full = self.rx[1]
+            .available(&self.area, before)
+            .map_or(true, |a| a >= self.rx[1].cap);
+        self.rx[1].publish_read(&self.area, now);
+        if was_full {
+            self.room_freed = true;
+            self.release_room();
+        }
     }
 
     /// Free bytes of the ring this side writes; an impossible read position is a violation.
@@ -421,14 +617,14 @@ impl Endpoint {
         // A writer waits for room only when it found the ring full, and then
         // writes nothing more: the first bytes taken after it are taken from
         // a full ring.
-        if self
-            .available(lane)
+        if self.rx[lane]
+            .available(&self.area, self.read_published(lane))
             .map_or(true, |a| a >= self.rx[lane].cap)
         {
             self.room_freed = true;
         }
         self.rx_pos[lane] = self.rx_pos[lane].wrapping_add(n as u64);
-        self.rx[lane].publish_read(&self.area, self.rx_pos[lane]);
+        self.rx[lane].publish_read(&self.area, self.read_published(lane));
     }
 
     /// Lets a writer waiting for room go on: rings the peer if we freed room
@@ -442,14 +638,15 @@ impl Endpoint {
 
     /// Waits until `lane` has bytes to read; how many.
     fn wait_available(&mut self, lane: usize) -> Result<usize, ShmError> {
-        let avail = self.available(lane)?;
-        if avail > 0 {
-            return Ok(avail as usize);
+        loop {
+            let avail = self.available(lane)?;
+            if avail > 0 {
+                return Ok(avail as usize);
+            }
+            // Let a writer waiting for room go on before we sleep.
+            self.release_room();
+            self.wait(|me| Ok(me.available(lane)? > 0))?;
         }
-        // Let a writer waiting for room go on before we sleep.
-        self.release_room();
-        self.wait(|me| Ok(me.available(lane)? > 0))?;
-        Ok(self.available(lane)? as usize)
     }
 
     fn read_exact(&mut self, lane: usize, out: &mut [u8]) -> Result<(), ShmError> {
@@ -547,9 +744,20 @@ impl Endpoint {
         ran
     }
 
-    /// Waits until `ready` holds: spins for the spin time, then sleeps on this
+    /// Waits until `ready` holds, or a held payload was dropped (its room
+    /// then goes back to the peer, which may be waiting for it: the caller
+    /// checks `ready` again): spins for the spin time, then sleeps on this
     /// side's doorbell in bounded slices, checking between them that the peer lives.
     fn wait(
+        &mut self,
+        mut ready: impl FnMut(&Self) -> Result<bool, ShmError>,
+    ) -> Result<(), ShmError> {
+        let waited = self.wait_for(|me| Ok(ready(me)? || me.held_dropped()));
+        self.reap_held();
+        waited
+    }
+
+    fn wait_for(
         &mut self,
         mut ready: impl FnMut(&Self) -> Result<bool, ShmError>,
     ) -> Result<(), ShmError> {
@@ -622,370 +830,4 @@ impl Drop for Endpoint {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::shm::layout::{ShmLayout, MIN_RING_BYTES, OFF_POS};
-    use crate::shm::test_data::{pattern, SMALL};
-    use crate::shm::wait::DEFAULT_SPIN;
-    use std::os::unix::net::UnixStream;
-    use std::sync::mpsc;
-    use std::thread;
-
-    /// A client and a server endpoint over one area (two mappings of one memfd).
-    fn pair(layout: ShmLayout, spin: Duration) -> (Endpoint, Endpoint) {
-        let (area, fd) = ShmArea::create(layout).unwrap();
-        let server = ShmArea::attach(fd, layout).unwrap();
-        (
-            Endpoint::new(area, Side::Client, None, spin),
-            Endpoint::new(server, Side::Server, None, spin),
-        )
-    }
-
-    #[test]
-    fn messages_wrap_around_the_rings() {
-        let (mut client, mut server) = pair(SMALL, DEFAULT_SPIN);
-        // Sizes that do not divide the ring, so records straddle its end; two
-        // messages in flight at a time, so the bulk ring is not empty when the
-        // second is sent and its payload straddles the end too.
-        let message = |round: usize, k: usize| {
-            (
-                pattern((round + k) as u8, 1 + (round + k) * 7 % 1000),
-                pattern(!(round as u8), (round * 13 + k * 5) % 3000),
-            )
-        };
-        const ROUNDS: usize = 500;
-        let echo = thread::spawn(move || {
-            let (mut msg, mut bulk) = (Vec::new(), Vec::new());
-            for round in 0..ROUNDS {
-                for k in 0..2 {
-                    server.recv(&mut msg, &mut bulk).unwrap();
-                    let (m, b) = message(round, k);
-                    assert_eq!((&msg, &bulk), (&m, &b), "round {round}");
-                }
-                let (m, b) = message(round, 0);
-                server.send(&b, &m).unwrap();
-            }
-        });
-        let (mut msg, mut bulk) = (Vec::new(), Vec::new());
-        for round in 0..ROUNDS {
-            for k in 0..2 {
-                let (m, b) = message(round, k);
-                client.send(&m, &b).unwrap();
-            }
-            client.recv(&mut msg, &mut bulk).unwrap();
-            let (m, b) = message(round, 0);
-            assert_eq!((&msg, &bulk), (&b, &m), "round {round}");
-        }
-        echo.join().unwrap();
-        let sent = client.stats();
-        assert_eq!(sent.messages_sent, 2 * ROUNDS as u64);
-        assert!(sent.bulk_bytes_sent > 100 * MIN_RING_BYTES as u64);
-    }
-
-    #[test]
-    fn a_payload_into_an_empty_bulk_ring_starts_at_its_beginning() {
-        let (mut client, mut server) = pair(SMALL, DEFAULT_SPIN);
-        let mut out = vec![0u8; 1000];
-        for round in 0..20u8 {
-            client.send(b"copy", &pattern(round, 1000)).unwrap();
-            // Each payload lands at the start of the ring, or right after the
-            // last where it would fill the ring: the pages stay the same.
-            let end = client.tx_pos[1] % SMALL.request_bulk as u64;
-            assert!(end == 1000 || end == 2000, "round {round}: {end}");
-            let mut msg = Vec::new();
-            assert_eq!(server.recv_message(&mut msg).unwrap(), 1000);
-            server.recv_bulk_into(&mut out).unwrap();
-            assert_eq!(out, pattern(round, 1000));
-        }
-        // A bulk taken with the wrong length, or a message read over a pending
-        // bulk, is refused.
-        client.send(b"copy", &pattern(1, 1000)).unwrap();
-        let mut msg = Vec::new();
-        server.recv_message(&mut msg).unwrap();
-        assert!(server.recv_message(&mut msg).is_err());
-    }
-
-    /// A payload filled in place from a reader and visited in place by the
-    /// other side arrives whole through a ring smaller than it (wrapping);
-    /// a reader that fails leaves the record whole, its rest zeros.
-    #[test]
-    fn payloads_filled_and_visited_in_place_cross_the_ring() {
-        let (mut client, mut server) = pair(SMALL, DEFAULT_SPIN);
-        let len = 3 * MIN_RING_BYTES as usize + 123;
-        let data = pattern(7, len);
-        let sent = data.clone();
-        let writer = thread::spawn(move || {
-            let mut from = &sent[..];
-            let mut fill = |piece: &mut [u8]| io::Read::read_exact(&mut from, piece);
-            assert!(client
-                .send_quiet_filled(b"m", len, &mut fill)
-                .unwrap()
-                .is_ok());
-            client.ring();
-            let mut short = &sent[..10];
-            let mut fill = |piece: &mut [u8]| io::Read::read_exact(&mut short, piece);
-            let failed = client.send_quiet_filled(b"n", 100, &mut fill).unwrap();
-            assert!(failed.is_err());
-            client.ring();
-            client
-        });
-        let mut msg = Vec::new();
-        for (name, want) in [(&b"m"[..], data.clone()), (b"n", vec![0u8; 100])] {
-            let bulk = server.recv_message(&mut msg).unwrap();
-            assert_eq!((&msg[..], bulk), (name, want.len()));
-            let mut got = Vec::new();
-            let mut visit = |piece: &[u8]| {
-                got.extend_from_slice(piece);
-                Ok(())
-            };
-            assert!(server.recv_bulk_visit(bulk, &mut visit).unwrap().is_ok());
-            assert_eq!(got, want);
-        }
-        let _client = writer.join().unwrap();
-        // A visitor that fails still consumes the payload: the next message reads.
-        let (mut client, mut server) = pair(SMALL, DEFAULT_SPIN);
-        client.send(b"a", &pattern(1, 1000)).unwrap();
-        client.send(b"b", &[]).unwrap();
-        let bulk = server.recv_message(&mut msg).unwrap();
-        let mut visit = |_: &[u8]| Err(io::Error::other("socket gone"));
-        assert!(server.recv_bulk_visit(bulk, &mut visit).unwrap().is_err());
-        let mut bulk = Vec::new();
-        server.recv(&mut msg, &mut bulk).unwrap();
-        assert_eq!(msg, b"b");
-    }
-
-    #[test]
-    fn a_full_ring_blocks_the_writer_until_the_reader_drains_it() {
-        let (mut client, mut server) = pair(SMALL, Duration::ZERO);
-        let (done_tx, done_rx) = mpsc::channel();
-        let writer = thread::spawn(move || {
-            // Each message fills a quarter of the message ring: the fifth cannot fit.
-            for i in 0..8u8 {
-                client.send(&pattern(i, 1000), &[]).unwrap();
-                done_tx.send(i).unwrap();
-            }
-            client
-        });
-        let mut sent = Vec::new();
-        while let Ok(i) = done_rx.recv_timeout(Duration::from_millis(300)) {
-            sent.push(i);
-        }
-        assert_eq!(
-            sent.len(),
-            4,
-            "the writer should stop at a full ring: {sent:?}"
-        );
-        let (mut msg, mut bulk) = (Vec::new(), Vec::new());
-        for i in 0..8u8 {
-            server.recv(&mut msg, &mut bulk).unwrap();
-            assert_eq!(msg, pattern(i, 1000));
-        }
-        let client = writer.join().unwrap();
-        assert!(client.stats().sleeps >= 1, "{:?}", client.stats());
-    }
-
-    #[test]
-    fn a_reader_rings_a_sleeping_peer_only_when_it_frees_room_it_waits_for() {
-        let (mut client, mut server) = pair(SMALL, Duration::ZERO);
-        // Its sleeps outlast the test: only a bell can end them.
-        client.set_wait_slice(Duration::from_secs(30));
-        // A writer asleep on a full ring is rung by the reader that drains it.
-        let writer = thread::spawn(move || {
-            for i in 0..8u8 {
-                client.send(&pattern(i, 1000), &[]).unwrap();
-            }
-            client
-        });
-        thread::sleep(Duration::from_millis(200));
-        let (mut msg, mut bulk) = (Vec::new(), Vec::new());
-        let started = Instant::now();
-        for i in 0..8u8 {
-            server.recv(&mut msg, &mut bulk).unwrap();
-            assert_eq!(msg, pattern(i, 1000));
-        }
-        let mut client = writer.join().unwrap();
-        assert!(started.elapsed() < Duration::from_secs(10));
-        assert!(client.stats().sleeps >= 1, "{:?}", client.stats());
-        let wakes = server.stats().wakes;
-        assert!(wakes >= 1, "{:?}", server.stats());
-        // A peer asleep waiting for its answer is not rung by the reading of
-        // its request (a ring that was never full), only by the answer.
-        client.send(b"request", &[]).unwrap();
-        let asker = thread::spawn(move || {
-            let (mut msg, mut bulk) = (Vec::new(), Vec::new());
-            client.recv(&mut msg, &mut bulk).unwrap();
-            (client, msg)
-        });
-        thread::sleep(Duration::from_millis(200));
-        server.recv(&mut msg, &mut bulk).unwrap();
-        assert_eq!(msg, b"request");
-        assert_eq!(server.stats().wakes, wakes, "{:?}", server.stats());
-        server.send(b"answer", &[]).unwrap();
-        let (client, msg) = asker.join().unwrap();
-        assert_eq!(msg, b"answer");
-        assert_eq!(server.stats().wakes, wakes + 1, "{:?}", server.stats());
-        assert!(client.stats().sleeps >= 2, "{:?}", client.stats());
-    }
-
-    #[test]
-    fn reading_a_payload_that_restarts_the_bulk_ring_rings_no_sleeping_writer() {
-        let (client, mut server) = pair(SMALL, Duration::ZERO);
-        let mut client = Some(client);
-        let (mut msg, mut bulk) = (Vec::new(), Vec::new());
-        for round in 0..6u8 {
-            let mut asking = client.take().unwrap();
-            asking.set_wait_slice(Duration::from_secs(30));
-            // Payloads of one length: one restarted at the ring's beginning
-            // would end exactly where the last began, filling the ring.
-            asking.send(b"request", &pattern(round, 1000)).unwrap();
-            let asker = thread::spawn(move || {
-                let (mut msg, mut bulk) = (Vec::new(), Vec::new());
-                asking.recv(&mut msg, &mut bulk).unwrap();
-                (asking, msg)
-            });
-            thread::sleep(Duration::from_millis(50));
-            let wakes = server.stats().wakes;
-            server.recv(&mut msg, &mut bulk).unwrap();
-            assert_eq!(bulk, pattern(round, 1000));
-            // The asker sleeps for its answer, not for room: reading its request
-            // rings nothing; the answer rings once.
-            assert_eq!(
-                server.stats().wakes,
-                wakes,
-                "round {round}: {:?}",
-                server.stats()
-            );
-            server.send(b"answer", &[]).unwrap();
-            let (asked, msg) = asker.join().unwrap();
-            assert_eq!(msg, b"answer");
-            client = Some(asked);
-        }
-    }
-
-    #[test]
-    fn messages_sent_together_wake_a_sleeping_peer_once() {
-        let (mut client, mut server) = pair(SMALL, Duration::ZERO);
-        server.set_wait_slice(Duration::from_secs(30));
-        let sleeper = thread::spawn(move || {
-            let (mut msg, mut bulk) = (Vec::new(), Vec::new());
-            let mut got = Vec::new();
-            for _ in 0..2 {
-                server.recv(&mut msg, &mut bulk).unwrap();
-                got.push((msg.clone(), bulk.clone()));
-            }
-            (server, got)
-        });
-        thread::sleep(Duration::from_millis(200));
-        client.send_quiet(b"request", &[]).unwrap();
-        assert_eq!(client.stats().wakes, 0, "{:?}", client.stats());
-        client.send(&[], &pattern(3, 1000)).unwrap();
-        let (server, got) = sleeper.join().unwrap();
-        assert_eq!(got[0].0, b"request");
-        assert_eq!(got[1].1, pattern(3, 1000));
-        assert_eq!(client.stats().wakes, 1, "{:?}", client.stats());
-        assert_eq!(server.stats().sleeps, 1, "{:?}", server.stats());
-    }
-
-    #[test]
-    fn a_payload_larger_than_the_bulk_ring_streams_through_it() {
-        let (mut client, mut server) = pair(SMALL, DEFAULT_SPIN);
-        let big = pattern(7, 3 << 20); // 768 times the 4 KiB bulk ring
-        let expected = big.clone();
-        let reader = thread::spawn(move || {
-            let (mut msg, mut bulk) = (Vec::new(), Vec::new());
-            server.recv(&mut msg, &mut bulk).unwrap();
-            assert_eq!(msg, b"header");
-            assert!(bulk == expected, "bulk payload garbled");
-            // And one back, larger than the reply ring too.
-            server.send(&pattern(1, 10_000), &bulk).unwrap();
-            server
-        });
-        client.send(b"header", &big).unwrap();
-        let (mut msg, mut bulk) = (Vec::new(), Vec::new());
-        client.recv(&mut msg, &mut bulk).unwrap();
-        assert_eq!(msg, pattern(1, 10_000));
-        assert!(bulk == big);
-        reader.join().unwrap();
-    }
-
-    #[test]
-    fn the_doorbell_wakes_a_sleeper() {
-        let (mut client, mut server) = pair(SMALL, Duration::ZERO);
-        // Sleeps far longer than the test may take: only the bell can end them.
-        server.set_wait_slice(Duration::from_secs(30));
-        let (tx, rx) = mpsc::channel();
-        let sleeper = thread::spawn(move || {
-            let (mut msg, mut bulk) = (Vec::new(), Vec::new());
-            server.recv(&mut msg, &mut bulk).unwrap();
-            tx.send(Instant::now()).unwrap();
-            (server, msg)
-        });
-        thread::sleep(Duration::from_millis(200));
-        let rang = Instant::now();
-        client.send(b"wake up", &[]).unwrap();
-        let woke = rx
-            .recv_timeout(Duration::from_secs(10))
-            .expect("the bell wakes it");
-        assert!(woke - rang < Duration::from_secs(5));
-        let (server, msg) = sleeper.join().unwrap();
-        assert_eq!(msg, b"wake up");
-        assert!(server.stats().sleeps >= 1, "{:?}", server.stats());
-        assert!(client.stats().wakes >= 1, "{:?}", client.stats());
-    }
-
-    #[test]
-    fn a_peer_that_goes_away_is_noticed() {
-        // It closes its end: the flag and the bell.
-        let (client, mut server) = pair(SMALL, DEFAULT_SPIN);
-        server.set_wait_slice(Duration::from_secs(30));
-        let waiter = thread::spawn(move || server.recv(&mut Vec::new(), &mut Vec::new()));
-        thread::sleep(Duration::from_millis(100));
-        drop(client);
-        assert_eq!(waiter.join().unwrap(), Err(ShmError::PeerGone));
-
-        // It dies without a word: only its socket hangs up.
-        let (a, b) = UnixStream::pair().unwrap();
-        let (area, fd) = ShmArea::create(SMALL).unwrap();
-        let server_area = ShmArea::attach(fd, SMALL).unwrap();
-        let client = Endpoint::new(area, Side::Client, None, DEFAULT_SPIN);
-        let mut server = Endpoint::new(server_area, Side::Server, Some(b.into()), DEFAULT_SPIN);
-        server.set_wait_slice(Duration::from_millis(20));
-        std::mem::forget(client); // no closed flag, no bell
-        drop(a);
-        assert_eq!(
-            server.recv(&mut Vec::new(), &mut Vec::new()),
-            Err(ShmError::PeerGone)
-        );
-    }
-
-    #[test]
-    fn impossible_positions_and_lengths_are_violations() {
-        let write_word = |ep: &Endpoint, offset: usize, value: u64| {
-            ep.area().word64(offset).store(value, Ordering::Release);
-        };
-        // A request ring write position past its capacity.
-        let (client, mut server) = pair(SMALL, DEFAULT_SPIN);
-        write_word(&client, OFF_POS, 1 << 40);
-        assert!(matches!(
-            server.recv(&mut Vec::new(), &mut Vec::new()),
-            Err(ShmError::Violation(_))
-        ));
-        // A reply ring read position ahead of what was written.
-        let (client, mut server) = pair(SMALL, DEFAULT_SPIN);
-        write_word(&client, OFF_POS + 16 + 8, 1 << 40);
-        assert!(matches!(
-            server.send(b"x", &[]),
-            Err(ShmError::Violation(_))
-        ));
-        // A record claiming an absurd length.
-        for (msg_len, bulk_len) in [(u32::MAX, 0u64), (0, u64::MAX), (1 << 30, 1 << 40)] {
-            let (mut client, mut server) = pair(SMALL, DEFAULT_SPIN);
-            let mut record = [0u8; RECORD_BYTES];
-            record[..4].copy_from_slice(&msg_len.to_le_bytes());
-            record[8..].copy_from_slice(&bulk_len.to_le_bytes());
-            client.write_all(0, &record).unwrap();
-            let got = server.recv(&mut Vec::new(), &mut Vec::new());
-            assert!(matches!(got, Err(ShmError::Violation(_))), "{got:?}");
-        }
-    }
-}
+mod tests;

@@ -21,7 +21,8 @@
 //!
 //! Files by job: [`layout`] (ring sizes, header words, sides), [`area`] (the
 //! memfd and its mapping), [`ring`] (one ring's checked copies), [`endpoint`]
-//! (sending and receiving), [`wait`] (spinning, futex sleeps, liveness),
+//! (sending and receiving), [`held`] (a payload kept where it lies),
+//! [`wait`] (spinning, futex sleeps, liveness),
 //! [`bulk`] (what travels in the bulk ring) and [`fd_passing`] (descriptors
 //! over the socket). This file only gathers their public items.
 
@@ -29,6 +30,7 @@ mod area;
 mod bulk;
 mod endpoint;
 mod fd_passing;
+mod held;
 mod layout;
 mod ring;
 #[cfg(test)]
@@ -39,6 +41,7 @@ pub use area::ShmArea;
 pub use bulk::{put_call_bulk, put_reply_bulk, take_call_bulk, take_reply_bulk, BULK_THRESHOLD};
 pub use endpoint::{Endpoint, EndpointStats};
 pub use fd_passing::{peer_credentials, recv_with_fd, recv_with_fds, send_with_fd};
+pub use held::HeldBulk;
 pub use layout::{
     ShmError, ShmLayout, Side, DEFAULT_LAYOUT, HEADER_BYTES, MAX_BULK_BYTES, MAX_RING_BYTES,
     MIN_RING_BYTES, OFF_BELL, OFF_CLOSED, OFF_POS, OFF_SLEEPING, RECORD_BYTES,
