@@ -1,19 +1,20 @@
 //! Requests and replies as length-prefixed frames on a socket (unix, TCP or
 //! TLS), on the connection's own thread. A large copy's bytes go between the
 //! socket and the device where they lie: read straight into device memory
-//! (or a worker's ring), written straight from it; other large replies are
-//! written by a helper while the session goes on.
+//! (or a worker's ring), written straight from it; a worker's answer and
+//! other large replies are written by a helper while the session goes on.
 
 use std::io::{self, Read, Write};
 use std::sync::mpsc::{channel, Sender};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 
-use cumux_protocol::shm::{self, ShmError};
+use cumux_protocol::shm::{self, HeldBulk, ShmError};
 use cumux_protocol::{decode, encode, read_bulk, read_message, write_message, FrameError};
 use cumux_protocol::{write_message_head, Call, CuError, Reply, ReplyBody, Request};
 
 use super::Ending;
+use crate::device::socket_bytes::SendBytes;
 use crate::locking::{lock, wait};
 use crate::session::{Session, SocketCopy};
 
@@ -26,6 +27,10 @@ pub(super) const IN_PLACE_BYTES: usize = 64 << 10;
 
 /// Stack of a connection's helper.
 const HELPER_STACK: usize = 512 << 10;
+
+/// Copies held in a worker's ring and handed to the helper, at most: one
+/// being written while the worker reads the next into the ring.
+const HELD_AHEAD: usize = 2;
 
 /// A call's answer, where it has one.
 type Answer = Result<ReplyBody, CuError>;
@@ -51,13 +56,28 @@ struct Behind {
     written: Condvar,
 }
 
+/// What the writing helper writes.
+enum Job {
+    Reply(Reply),
+    /// A copy's answer: its encoded reply, whose bulk is the bytes held.
+    Copy {
+        head: Vec<u8>,
+        held: HeldBulk,
+    },
+}
+
+/// The writing end: the socket, and the helper that writes behind.
+struct Writing<W> {
+    writer: Arc<Mutex<W>>,
+    behind: Arc<Behind>,
+    helper: Option<Helper<Job>>,
+    /// Why the writing helper stopped, if it did.
+    failed: Arc<Mutex<Option<String>>>,
+}
+
 pub(super) struct SocketWire<R, W> {
     reading: Reading<R>,
-    writing: Arc<Mutex<W>>,
-    behind: Arc<Behind>,
-    write_behind: Option<Helper<Reply>>,
-    /// Why the writing helper stopped, if it did.
-    write_failed: Arc<Mutex<Option<String>>>,
+    writing: Writing<W>,
     /// The length of the last request's copy bytes, still on the socket.
     in_place: Option<usize>,
     /// Printf output taken for a reply that did not go (a copy refused
@@ -92,10 +112,12 @@ impl<R: Read, W: Write + Send + 'static> SocketWire<R, W> {
     pub(super) fn new(reader: R, writer: W, buf: Vec<u8>) -> SocketWire<R, W> {
         SocketWire {
             reading: Reading { reader, buf },
-            writing: Arc::new(Mutex::new(writer)),
-            behind: Arc::default(),
-            write_behind: None,
-            write_failed: Arc::default(),
+            writing: Writing {
+                writer: Arc::new(Mutex::new(writer)),
+                behind: Arc::default(),
+                helper: None,
+                failed: Arc::default(),
+            },
             in_place: None,
             stdout: Vec::new(),
             fds: None,
@@ -201,7 +223,8 @@ impl<R: Read, W: Write + Send + 'static> SocketWire<R, W> {
     }
 
     /// A `MemcpyDtoH` of `bytes` whose answer is written from where the
-    /// bytes lie: its header before the first of them.
+    /// bytes lie, its header before the first of them: at once, or (bytes
+    /// held in a worker's ring) by the helper while the session goes on.
     fn handle_outgoing(
         &mut self,
         session: &mut Session,
@@ -209,53 +232,38 @@ impl<R: Read, W: Write + Send + 'static> SocketWire<R, W> {
         seq: u64,
         bytes: usize,
     ) -> Result<Option<Answer>, Ending> {
-        // Earlier replies leave first.
-        self.written().map_err(Ending::Broken)?;
         self.stdout.extend(session.take_stdout());
-        let mut writer = lock(&self.writing);
-        let mut stdout = Some(std::mem::take(&mut self.stdout));
-        let mut sent = 0usize;
-        let mut failed = None;
-        let mut send = |piece: &[u8]| -> io::Result<()> {
-            let written = (|| {
-                if let Some(stdout) = stdout.take() {
-                    let reply = Reply {
-                        seq,
-                        result: Ok(ReplyBody::Data(Vec::new())),
-                        stdout,
-                    };
-                    let msg = encode(&reply).map_err(io::Error::other)?;
-                    write_message_head(&mut *writer, &msg, bytes).map_err(io::Error::other)?;
-                }
-                if sent + piece.len() > bytes {
-                    return Err(io::Error::other("more bytes sent than the copy has"));
-                }
-                writer.write_all(piece)?;
-                sent += piece.len();
-                Ok(())
-            })();
-            if let Err(e) = &written {
-                failed = Some(e.to_string());
-            }
-            written
+        let mut out = CopyOut {
+            writing: &mut self.writing,
+            seq,
+            bytes,
+            stdout: Some(std::mem::take(&mut self.stdout)),
+            sent: 0,
+            behind: false,
+            failed: None,
         };
-        let result = session.handle_socket_copy(call, SocketCopy::Outgoing(&mut send));
-        let committed = stdout.is_none();
+        let result = session.handle_socket_copy(call, SocketCopy::Outgoing(&mut out));
+        let CopyOut {
+            stdout,
+            sent,
+            behind,
+            failed,
+            ..
+        } = out;
         if let Some(why) = failed {
             return Err(Ending::Broken(format!("cannot send a copy's bytes: {why}")));
         }
-        if !committed {
+        if let Some(stdout) = stdout {
             // Refused or failed before its bytes: answered as any call.
-            self.stdout = stdout.unwrap_or_default();
+            self.stdout = stdout;
             return Ok(result);
         }
         match result {
-            Some(Ok(_)) if sent == bytes => {
-                writer
-                    .flush()
-                    .map_err(|e| Ending::Broken(format!("cannot send: {e}")))?;
-                Ok(None)
-            }
+            Some(Ok(_)) if sent == bytes && behind => Ok(None),
+            Some(Ok(_)) if sent == bytes => lock(&self.writing.writer)
+                .flush()
+                .map(|()| None)
+                .map_err(|e| Ending::Broken(format!("cannot send: {e}"))),
             other => Err(Ending::Broken(format!(
                 "a copy failed after {sent} of its {bytes} bytes were sent: {other:?}"
             ))),
@@ -265,27 +273,105 @@ impl<R: Read, W: Write + Send + 'static> SocketWire<R, W> {
     /// Sends `reply` after every reply before it; a large one is written by
     /// the helper while the session goes on.
     pub(super) fn send_reply(&mut self, mut reply: Reply) -> Result<(), String> {
-        self.written()?;
         if !self.stdout.is_empty() {
             let mut stdout = std::mem::take(&mut self.stdout);
             stdout.append(&mut reply.stdout);
             reply.stdout = stdout;
         }
         if matches!(&reply.result, Ok(ReplyBody::Data(d)) if d.len() >= PIPELINED_BYTES) {
-            return self.write_behind(reply);
+            return self.writing.behind(Job::Reply(reply), usize::MAX);
         }
-        write_reply(&mut *lock(&self.writing), reply)
+        self.writing.written()?;
+        write_reply(&mut *lock(&self.writing.writer), reply)
+    }
+}
+
+/// Where a `MemcpyDtoH`'s bytes go: the socket, after the reply's header.
+struct CopyOut<'a, W> {
+    writing: &'a mut Writing<W>,
+    seq: u64,
+    bytes: usize,
+    /// The printf text the header carries, until the header goes.
+    stdout: Option<Vec<u8>>,
+    sent: usize,
+    /// Whether the helper writes the bytes (held in a worker's ring).
+    behind: bool,
+    failed: Option<String>,
+}
+
+impl<W: Write + Send + 'static> CopyOut<'_, W> {
+    /// The reply's header, encoded, and the printf text it takes (once).
+    fn head(&mut self) -> io::Result<Option<Vec<u8>>> {
+        let Some(stdout) = self.stdout.take() else {
+            return Ok(None);
+        };
+        let reply = Reply {
+            seq: self.seq,
+            result: Ok(ReplyBody::Data(Vec::new())),
+            stdout,
+        };
+        encode(&reply).map(Some).map_err(io::Error::other)
     }
 
-    /// Hands a reply with large data to the writing helper.
-    fn write_behind(&mut self, reply: Reply) -> Result<(), String> {
-        if self.write_behind.is_none() {
-            let writing = Arc::clone(&self.writing);
+    fn noted(&mut self, result: io::Result<()>) -> io::Result<()> {
+        if let Err(e) = &result {
+            self.failed.get_or_insert(e.to_string());
+        }
+        result
+    }
+}
+
+impl<W: Write + Send + 'static> SendBytes for CopyOut<'_, W> {
+    fn send(&mut self, piece: &[u8]) -> io::Result<()> {
+        let written = (|| {
+            if self.sent + piece.len() > self.bytes || self.behind {
+                return Err(io::Error::other("more bytes sent than the copy has"));
+            }
+            if let Some(head) = self.head()? {
+                // Earlier replies leave first.
+                self.writing.written().map_err(io::Error::other)?;
+                let mut writer = lock(&self.writing.writer);
+                write_message_head(&mut *writer, &head, self.bytes).map_err(io::Error::other)?;
+            }
+            lock(&self.writing.writer).write_all(piece)?;
+            self.sent += piece.len();
+            Ok(())
+        })();
+        self.noted(written)
+    }
+
+    fn send_held(&mut self, held: HeldBulk) -> io::Result<()> {
+        if self.sent > 0 || held.len() != self.bytes {
+            return held.pieces().iter().try_for_each(|piece| self.send(piece));
+        }
+        let queued = (|| {
+            let head = self
+                .head()?
+                .ok_or_else(|| io::Error::other("a copy sent twice"))?;
+            self.writing
+                .behind(Job::Copy { head, held }, HELD_AHEAD)
+                .map_err(io::Error::other)?;
+            self.sent = self.bytes;
+            self.behind = true;
+            Ok(())
+        })();
+        self.noted(queued)
+    }
+}
+
+impl<W: Write + Send + 'static> Writing<W> {
+    /// Hands `job` to the writing helper once fewer than `ahead` jobs wait.
+    fn behind(&mut self, job: Job, ahead: usize) -> Result<(), String> {
+        if let Some(why) = lock(&self.failed).clone() {
+            return Err(why);
+        }
+        if self.helper.is_none() {
+            let writer = Arc::clone(&self.writer);
             let behind = Arc::clone(&self.behind);
-            let failed = Arc::clone(&self.write_failed);
-            self.write_behind = Some(Helper::start("cumux-write-behind", move |reply| {
+            let failed = Arc::clone(&self.failed);
+            self.helper = Some(Helper::start("cumux-write-behind", move |job| {
                 if lock(&failed).is_none() {
-                    if let Err(e) = write_reply(&mut *lock(&writing), reply) {
+                    if let Err(e) = write_job(&mut *lock(&writer), job) {
                         *lock(&failed) = Some(e);
                     }
                 }
@@ -293,32 +379,38 @@ impl<R: Read, W: Write + Send + 'static> SocketWire<R, W> {
                 behind.written.notify_all();
             })?);
         }
-        *lock(&self.behind.pending) += 1;
-        let helper = self.write_behind.as_ref().expect("started above");
-        if helper.jobs.send(reply).is_err() {
+        {
+            let mut pending = lock(&self.behind.pending);
+            while *pending >= ahead {
+                pending = wait(&self.behind.written, pending);
+            }
+            *pending += 1;
+        }
+        let helper = self.helper.as_ref().expect("started above");
+        if helper.jobs.send(job).is_err() {
             *lock(&self.behind.pending) -= 1;
             return Err("the connection's writer stopped".into());
         }
         Ok(())
     }
 
-    /// Waits until every reply handed to the helper is written.
+    /// Waits until every job handed to the helper is written.
     fn written(&self) -> Result<(), String> {
         let mut pending = lock(&self.behind.pending);
         while *pending > 0 {
             pending = wait(&self.behind.written, pending);
         }
-        match lock(&self.write_failed).clone() {
+        match lock(&self.failed).clone() {
             Some(why) => Err(why),
             None => Ok(()),
         }
     }
 }
 
-impl<R, W> Drop for SocketWire<R, W> {
+impl<W> Drop for Writing<W> {
     fn drop(&mut self) {
         // Every reply leaves before the connection closes.
-        if let Some(helper) = self.write_behind.take() {
+        if let Some(helper) = self.helper.take() {
             drop(helper.jobs);
             let _ = helper.thread.join();
         }
@@ -336,6 +428,21 @@ fn skip(reader: &mut impl Read, len: usize) -> Result<(), String> {
         true => Ok(()),
         false => Err(format!("a copy's bytes ended after {copied} of {len}")),
     }
+}
+
+fn write_job(writer: &mut impl Write, job: Job) -> Result<(), String> {
+    let (head, held) = match job {
+        Job::Reply(reply) => return write_reply(writer, reply),
+        Job::Copy { head, held } => (head, held),
+    };
+    (|| {
+        write_message_head(writer, &head, held.len()).map_err(io::Error::other)?;
+        held.pieces()
+            .iter()
+            .try_for_each(|piece| writer.write_all(piece))?;
+        writer.flush()
+    })()
+    .map_err(|e| format!("cannot send a copy's bytes: {e}"))
 }
 
 fn write_reply(writer: &mut impl Write, mut reply: Reply) -> Result<(), String> {
@@ -462,6 +569,69 @@ mod tests {
         for (seq, (reply, result)) in got.iter().zip(&replies).enumerate() {
             assert_eq!((reply.seq, &reply.result), (seq as u64 + 1, result));
         }
+    }
+
+    /// A copy's bytes held in a worker's ring go to the helper: `send_held`
+    /// returns with the client reading nothing yet (writing them itself
+    /// would block, the socket holding less), for two copies, one being
+    /// written and one waiting; both arrive whole and in order, and their
+    /// room in the ring comes back once written.
+    #[test]
+    fn held_copies_are_written_behind_while_the_session_goes_on() {
+        use std::sync::mpsc::channel;
+        use std::time::Duration;
+
+        let layout = shm::DEFAULT_LAYOUT;
+        let (area, fd) = shm::ShmArea::create(layout).unwrap();
+        let mapped = shm::ShmArea::attach(fd, layout).unwrap();
+        let mut worker = shm::Endpoint::new(area, shm::Side::Client, None, Duration::ZERO);
+        let mut ours = shm::Endpoint::new(mapped, shm::Side::Server, None, Duration::ZERO);
+        let (mut client, mut wire) = connected();
+        let copies = [pattern(1, 1 << 20), pattern(2, (1 << 20) + 3)];
+        let (done, queued) = channel();
+        let sending = {
+            let copies = copies.clone();
+            std::thread::spawn(move || {
+                for (i, data) in copies.iter().enumerate() {
+                    worker.send(&[], data).unwrap();
+                    assert_eq!(ours.recv_message(&mut Vec::new()).unwrap(), data.len());
+                    let held = ours.recv_bulk_held(data.len()).unwrap().expect("held");
+                    let mut out = CopyOut {
+                        writing: &mut wire.writing,
+                        seq: i as u64 + 1,
+                        bytes: data.len(),
+                        stdout: Some(b"hi".to_vec()),
+                        sent: 0,
+                        behind: false,
+                        failed: None,
+                    };
+                    out.send_held(held).unwrap();
+                    assert!(out.behind && out.stdout.is_none() && out.failed.is_none());
+                }
+                done.send(()).unwrap();
+                (worker, ours, wire)
+            })
+        };
+        queued
+            .recv_timeout(Duration::from_secs(20))
+            .expect("held copies are handed over without waiting for the client");
+        for (i, data) in copies.iter().enumerate() {
+            let reply = read_reply(&mut client);
+            assert_eq!(reply.seq, i as u64 + 1);
+            assert_eq!(reply.result, Ok(ReplyBody::Data(data.clone())));
+            assert_eq!(reply.stdout, b"hi");
+        }
+        let (mut worker, mut ours, wire) = sending.join().unwrap();
+        wire.writing.written().unwrap();
+        // Once written, their room goes back at our next receive.
+        worker.send(b"next", &[]).unwrap();
+        ours.recv(&mut Vec::new(), &mut Vec::new()).unwrap();
+        let mut fill = |piece: &mut [u8]| {
+            piece.fill(0);
+            Ok(())
+        };
+        let whole = layout.request_bulk as usize;
+        assert!(worker.fill_ahead(whole, &mut fill).unwrap().is_some());
     }
 
     /// Copy bytes cut short by the client end the connection, clearly.

@@ -418,9 +418,12 @@ impl DeviceContext for CpuContext {
         &self,
         src: DevicePtr,
         len: usize,
-        send: &mut SendBytes<'_>,
+        send: &mut dyn SendBytes,
     ) -> Result<(), CuError> {
-        let sent = self.mem.read_with(src, len as u64, send).map_err(mem_err)?;
+        let sent = self
+            .mem
+            .read_with(src, len as u64, |piece| send.send(piece))
+            .map_err(mem_err)?;
         sent.map_err(socket_bytes::not_sent)?;
         socket_bytes::count_in_place(len);
         Ok(())

@@ -323,11 +323,11 @@ pub trait DeviceContext: Send + Sync {
         &self,
         src: DevicePtr,
         len: usize,
-        send: &mut SendBytes<'_>,
+        send: &mut dyn SendBytes,
     ) -> Result<(), CuError> {
         let mut data = vec![0u8; len];
         self.mem_read(src, &mut data)?;
-        send(&data).map_err(socket_bytes::not_sent)
+        send.send(&data).map_err(socket_bytes::not_sent)
     }
     fn mem_copy(&self, dst: DevicePtr, src: DevicePtr, bytes: u64) -> Result<(), CuError>;
     /// Writes `count` copies of `pattern` (1, 2 or 4 bytes) from `dst` on.
@@ -726,13 +726,13 @@ pub trait StreamOrdered: Send + Sync {
         stream: Handle,
         src: DevicePtr,
         len: usize,
-        send: &mut SendBytes<'_>,
+        send: &mut dyn SendBytes,
     ) -> LaunchOutcome {
         let mut data = vec![0u8; len];
         let outcome = self.read(stream, src, &mut data);
         match outcome.result {
             Ok(()) => LaunchOutcome {
-                result: send(&data).map_err(socket_bytes::not_sent),
+                result: send.send(&data).map_err(socket_bytes::not_sent),
                 ..outcome
             },
             Err(_) => outcome,

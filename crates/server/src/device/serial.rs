@@ -10,7 +10,7 @@ use cumux_protocol::{codes, CuError, DevicePtr, Handle, DEFAULT_STREAM};
 use super::ordering::{
     elapsed_ms, launches_only, no_signal_area, store_signal, unknown, EVENT_DISABLE_TIMING,
 };
-use super::{DeviceContext, LaunchOutcome, StreamOrdered, StreamWork, SyncTarget};
+use super::{DeviceContext, FillBytes, LaunchOutcome, StreamOrdered, StreamWork, SyncTarget};
 use crate::locking::lock;
 
 /// Runs stream-ordered work at once, in arrival order: every stream is always
@@ -157,6 +157,26 @@ impl StreamOrdered for SerialStreams {
 
     fn enqueue(&self, stream: Handle, work: StreamWork) -> bool {
         let result = self.check_stream(stream).and_then(|()| self.run(work));
+        match result {
+            Ok(()) => true,
+            Err(e) => {
+                self.lock().pending.get_or_insert(e);
+                false
+            }
+        }
+    }
+
+    /// Written at once, in place where the context can.
+    fn enqueue_filled(
+        &self,
+        stream: Handle,
+        dst: DevicePtr,
+        len: usize,
+        fill: &mut FillBytes<'_>,
+    ) -> bool {
+        let result = self
+            .check_stream(stream)
+            .and_then(|()| self.ctx.mem_write_filled(dst, len, fill));
         match result {
             Ok(()) => true,
             Err(e) => {

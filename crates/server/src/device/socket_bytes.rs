@@ -4,15 +4,27 @@
 use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use cumux_protocol::shm::HeldBulk;
 use cumux_protocol::{codes, CuError};
 
 /// Fills a buffer (all of it) with a copy's next bytes, as they arrive from
 /// a client's socket; called piece after piece, in order.
 pub type FillBytes<'a> = dyn FnMut(&mut [u8]) -> io::Result<()> + 'a;
 
-/// Sends a copy's next bytes (all of them) to a client's socket, from where
-/// they lie; called piece after piece, in order.
-pub type SendBytes<'a> = dyn FnMut(&[u8]) -> io::Result<()> + 'a;
+/// Where a copy's bytes go to a client's socket.
+pub trait SendBytes {
+    /// Sends the copy's next bytes (all of them) from where they lie, before
+    /// it returns; called piece after piece, in order.
+    fn send(&mut self, piece: &[u8]) -> io::Result<()>;
+
+    /// Sends all of the copy's bytes, held where they lie in a ring until
+    /// they are sent: maybe later, while the caller goes on (a worker's next
+    /// read then overlaps this one's sending). Only in place of every
+    /// [`SendBytes::send`].
+    fn send_held(&mut self, held: HeldBulk) -> io::Result<()> {
+        held.pieces().iter().try_for_each(|piece| self.send(piece))
+    }
+}
 
 /// The failure of a copy whose bytes did not arrive.
 pub fn not_arrived(e: io::Error) -> CuError {

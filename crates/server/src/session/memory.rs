@@ -149,7 +149,7 @@ impl Session {
         src: DevicePtr,
         bytes: u64,
         stream: Option<Handle>,
-        send: &mut SendBytes<'_>,
+        send: &mut dyn SendBytes,
     ) -> CallResult {
         let stream = stream.unwrap_or(DEFAULT_STREAM);
         self.check_stream(stream)?;

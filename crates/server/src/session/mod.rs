@@ -102,7 +102,7 @@ pub enum SocketCopy<'a> {
     Incoming(usize, &'a mut FillBytes<'a>),
     /// Where a `MemcpyDtoH`'s bytes go (the client's socket, after the
     /// reply's header), for a read that succeeds.
-    Outgoing(&'a mut SendBytes<'a>),
+    Outgoing(&'a mut dyn SendBytes),
 }
 
 /// One client connection's view of the server.

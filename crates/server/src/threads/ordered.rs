@@ -494,7 +494,7 @@ impl StreamOrdered for ThreadedStreams {
         stream: Handle,
         src: DevicePtr,
         len: usize,
-        send: &mut SendBytes<'_>,
+        send: &mut dyn SendBytes,
     ) -> LaunchOutcome {
         let shared = &self.shared;
         let ready = lock(&self.streams).ready(stream);
@@ -504,7 +504,7 @@ impl StreamOrdered for ThreadedStreams {
             let outcome = self.read(stream, src, &mut data);
             return match outcome.result {
                 Ok(()) => LaunchOutcome {
-                    result: send(&data).map_err(socket_bytes::not_sent),
+                    result: send.send(&data).map_err(socket_bytes::not_sent),
                     ..outcome
                 },
                 Err(_) => outcome,

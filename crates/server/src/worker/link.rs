@@ -27,6 +27,7 @@ use cumux_protocol::{codes, decode, encode, read_frame, write_frame, CuError, Fr
 use serde::Serialize;
 
 use super::wire::{WorkerReply, WorkerRequest, WorkerValue};
+use crate::device::socket_bytes::SendBytes;
 use crate::device::spin::{answer_spin_time, SpinReader};
 
 /// `socket` keeps every worker connection on its socket; anything else (or
@@ -172,20 +173,48 @@ impl Link {
         }
     }
 
-    /// Receives one frame of `len` bytes and hands it to `visit`: on shared
-    /// memory from where it lies in the ring (`scratch` holds any other
-    /// frame, which is an error). Outer error: the link (or a frame of
-    /// another length); inner: `visit`, the frame consumed all the same.
-    pub fn recv_frame_visit(
+    /// Fills the next frame, of `len` bytes, in place with `fill` (shared
+    /// memory, from [`BULK_THRESHOLD`] on, where the ring has the room now)
+    /// for [`Link::send_filled_ahead`] to send after other frames. `None`,
+    /// nothing filled, elsewhere; inner error: `fill`.
+    pub fn fill_ahead(
+        &mut self,
+        len: usize,
+        fill: &mut dyn FnMut(&mut [u8]) -> io::Result<()>,
+    ) -> io::Result<Option<io::Result<()>>> {
+        match &mut self.shm {
+            Some(ep) if len >= BULK_THRESHOLD => ep.fill_ahead(len, fill).map_err(violation),
+            _ => Ok(None),
+        }
+    }
+
+    /// Sends the frame [`Link::fill_ahead`] filled.
+    pub fn send_filled_ahead(&mut self) -> io::Result<()> {
+        match &mut self.shm {
+            Some(ep) => ep.send_filled_ahead().map_err(violation),
+            None => Err(io_err("no frame was filled ahead")),
+        }
+    }
+
+    /// Receives one frame of `len` bytes and hands it to `send`: on shared
+    /// memory from where it lies in the ring, held there for `send` to send
+    /// in its own time where the ring has room to spare (`scratch` holds any
+    /// other frame, which is an error). Outer error: the link (or a frame of
+    /// another length); inner: `send`, the frame consumed all the same.
+    pub fn recv_frame_sent(
         &mut self,
         scratch: &mut Vec<u8>,
         len: usize,
-        visit: &mut dyn FnMut(&[u8]) -> io::Result<()>,
+        send: &mut dyn SendBytes,
     ) -> io::Result<io::Result<()>> {
         if let Some(ep) = &mut self.shm {
             let bulk = ep.recv_message(scratch).map_err(violation)?;
             if scratch.is_empty() && bulk == len {
-                return ep.recv_bulk_visit(len, visit).map_err(violation);
+                if let Some(held) = ep.recv_bulk_held(len).map_err(violation)? {
+                    return Ok(send.send_held(held));
+                }
+                let mut visit = |piece: &[u8]| send.send(piece);
+                return ep.recv_bulk_visit(len, &mut visit).map_err(violation);
             }
             ep.recv_bulk_vec(scratch, bulk).map_err(violation)?;
         } else {
@@ -197,7 +226,7 @@ impl Link {
                 scratch.len()
             )));
         }
-        Ok(visit(scratch))
+        Ok(send.send(scratch))
     }
 
     /// Rings a sleeping peer for frames sent quietly.
@@ -240,6 +269,31 @@ impl Link {
             Err(ShmError::PeerGone) => Err(FrameError::Closed),
             Err(e) => Err(FrameError::Io(violation(e))),
         }
+    }
+
+    /// Receives one frame and hands `take` its length and a reader of its
+    /// bytes, piece after piece (as `Endpoint::recv_bulk_taken`): on shared
+    /// memory straight from the ring, else from `scratch`. What `take`
+    /// leaves is consumed.
+    pub fn recv_frame_taken<T>(
+        &mut self,
+        scratch: &mut Vec<u8>,
+        take: impl FnOnce(usize, &mut dyn FnMut(&mut [u8]) -> io::Result<()>) -> T,
+    ) -> io::Result<T> {
+        if let Some(ep) = &mut self.shm {
+            let bulk = ep.recv_message(scratch).map_err(violation)?;
+            if scratch.is_empty() && bulk > 0 {
+                return ep
+                    .recv_bulk_taken(bulk, |read| take(bulk, read))
+                    .map_err(violation);
+            }
+            ep.recv_bulk_vec(scratch, bulk).map_err(violation)?;
+        } else {
+            read_frame(&mut self.reader, scratch).map_err(frame_err)?;
+        }
+        let len = scratch.len();
+        let mut from = &scratch[..];
+        Ok(take(len, &mut |out| io::Read::read_exact(&mut from, out)))
     }
 
     /// Receives one frame of exactly `out`'s length into `out` (on shared

@@ -775,9 +775,14 @@ impl Served<'_, '_> {
                 ordered.graph_destroy(graph);
                 unit(Ok(()))
             }),
-            WorkerRequest::StreamRead { stream, src, len } => guarded(kind, || {
-                read_into(len, |buf| ordered.read(stream, src, buf))
-            }),
+            WorkerRequest::StreamRead { stream, src, len } => {
+                let mut read =
+                    |buf: &mut [u8], at: u64| ordered.read(stream, src.wrapping_add(at), buf);
+                if self.read_ahead(conn, kind, flushes, len, &mut read)? {
+                    return Ok(());
+                }
+                guarded(kind, || read_into(len, |buf| read(buf, 0)))
+            }
             WorkerRequest::Synchronize { target } => {
                 guarded(kind, || waited(ordered.synchronize(target.into())))
             }
@@ -789,6 +794,57 @@ impl Served<'_, '_> {
             }),
         };
         self.answer(&mut conn.link, kind, flushes, answer)
+    }
+
+    /// Answers a read of `len` bytes with `read(piece, offset)` done straight
+    /// into the ring, ahead of the answer that says how it went (the bytes
+    /// follow only a good one): false, nothing done, where the ring cannot
+    /// take them so.
+    fn read_ahead(
+        &self,
+        conn: &mut Connection<'_, '_, '_>,
+        kind: &'static str,
+        flushes: bool,
+        len: u64,
+        read: &mut dyn FnMut(&mut [u8], u64) -> LaunchOutcome,
+    ) -> io::Result<bool> {
+        if len > MAX_CHUNK_BYTES as u64 {
+            return Ok(false);
+        }
+        let mut printed = Vec::new();
+        let mut failed = None;
+        let mut at = 0u64;
+        let mut fill = |piece: &mut [u8]| {
+            let answer = guarded(kind, || {
+                let outcome = read(piece, at);
+                Answer {
+                    result: outcome.result.map(|()| WorkerValue::Bytes),
+                    printed: outcome.stdout,
+                    bytes: None,
+                }
+            });
+            at += piece.len() as u64;
+            printed.extend(answer.printed);
+            answer.result.map(|_| ()).map_err(|e| {
+                let why = io::Error::other(e.detail.clone());
+                failed = Some(e);
+                why
+            })
+        };
+        if conn.link.fill_ahead(len as usize, &mut fill)?.is_none() {
+            return Ok(false);
+        }
+        let good = failed.is_none();
+        let answer = Answer {
+            result: failed.map_or(Ok(WorkerValue::Bytes), Err),
+            printed,
+            bytes: None,
+        };
+        self.answer(&mut conn.link, kind, flushes, answer)?;
+        if good {
+            conn.link.send_filled_ahead()?;
+        }
+        Ok(true)
     }
 
     /// Answers a call on the context: a marker after its printf where it may
@@ -874,8 +930,19 @@ impl Connection<'_, '_, '_> {
         stream: Handle,
         mut work: StreamWork,
     ) -> io::Result<()> {
-        if let StreamWork::Write { data, .. } = &mut work {
-            self.link.recv_frame(data).map_err(io_err)?;
+        if let StreamWork::Write { dst, .. } = work {
+            // Its bytes go from the ring to where the stream order takes
+            // them: in place, on the CPU device (`SerialStreams`).
+            let queued = self.link.recv_frame_taken(&mut self.data, |len, fill| {
+                catch_unwind(AssertUnwindSafe(|| {
+                    ordered.enqueue_filled(stream, dst, len, fill)
+                }))
+                .unwrap_or_else(|_| {
+                    tracing::error!("worker: queued work panicked");
+                    false
+                })
+            })?;
+            return Ok(self.queued(queued));
         }
         if let StreamWork::Signal { slot, value } = work {
             work = match &self.signals {
@@ -895,12 +962,17 @@ impl Connection<'_, '_, '_> {
                 tracing::error!("worker: queued work panicked");
                 false
             });
+        self.queued(queued);
+        Ok(())
+    }
+
+    /// After work was queued (`queued` false: it failed to).
+    fn queued(&self, queued: bool) {
         // The server answers synchronizes from the signals until told.
         if let (false, Some(area)) = (queued, &self.signals) {
             area.raise_error();
         }
         hop_trace::mark(Hop::WorkerDone, "Enqueue");
-        Ok(())
     }
 
     /// Takes the offered shared-memory area: answered on the socket, and only

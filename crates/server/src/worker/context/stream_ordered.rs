@@ -140,7 +140,7 @@ impl StreamOrdered for WorkerContext {
         stream: Handle,
         src: DevicePtr,
         len: usize,
-        send: &mut SendBytes<'_>,
+        send: &mut dyn SendBytes,
     ) -> LaunchOutcome {
         let deferred = lock(&self.deferred).is_some();
         if deferred || len > MAX_CHUNK_BYTES {
@@ -148,7 +148,7 @@ impl StreamOrdered for WorkerContext {
             let outcome = self.read(stream, src, &mut data);
             return match outcome.result {
                 Ok(()) => LaunchOutcome {
-                    result: send(&data).map_err(socket_bytes::not_sent),
+                    result: send.send(&data).map_err(socket_bytes::not_sent),
                     ..outcome
                 },
                 Err(_) => outcome,
@@ -276,7 +276,7 @@ impl WorkerContext {
         &self,
         request: &WorkerRequest,
         len: usize,
-        send: &mut SendBytes<'_>,
+        send: &mut dyn SendBytes,
     ) -> Result<(), CuError> {
         if let Some(e) = self.sticky() {
             return Err(e);
@@ -290,7 +290,7 @@ impl WorkerContext {
             conn.send_frames(&[&encode(request).map_err(io_err)?])?;
             let reply = self.receive(conn)?;
             let sent = match &reply.result {
-                Ok(WorkerValue::Bytes) => conn.link.recv_frame_visit(&mut conn.buf, len, send)?,
+                Ok(WorkerValue::Bytes) => conn.link.recv_frame_sent(&mut conn.buf, len, send)?,
                 _ => Ok(()),
             };
             Ok((reply, sent))
