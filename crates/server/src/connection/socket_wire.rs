@@ -28,9 +28,13 @@ pub(super) const IN_PLACE_BYTES: usize = 64 << 10;
 /// Stack of a connection's helper.
 const HELPER_STACK: usize = 512 << 10;
 
-/// Copies held in a worker's ring and handed to the helper, at most: one
-/// being written while the worker reads the next into the ring.
-const HELD_AHEAD: usize = 2;
+/// Copies held in a worker's ring and handed to the helper, at most (6 MiB
+/// of the client driver's 1 MiB pieces, within the half of a worker's 16 MiB
+/// ring a hold may keep): past them, a copy's bytes are copied out of the
+/// ring for the helper, as other large replies are, so that the worker and
+/// this thread never wait for the socket (on 2 busy cores that waiting cost
+/// more than the copy).
+const HELD_AHEAD: usize = 6;
 
 /// A call's answer, where it has one.
 type Answer = Result<ReplyBody, CuError>;
@@ -59,11 +63,26 @@ struct Behind {
 /// What the writing helper writes.
 enum Job {
     Reply(Reply),
-    /// A copy's answer: its encoded reply, whose bulk is the bytes held.
+    /// A copy's answer: its encoded reply, whose bulk is `bytes`.
     Copy {
         head: Vec<u8>,
-        held: HeldBulk,
+        bytes: CopyBytes,
     },
+}
+
+/// A copy's bytes for the helper: held in a worker's ring, or copied out.
+enum CopyBytes {
+    Held(HeldBulk),
+    Owned(Vec<u8>),
+}
+
+impl CopyBytes {
+    fn pieces(&self) -> [&[u8]; 2] {
+        match self {
+            CopyBytes::Held(held) => held.pieces(),
+            CopyBytes::Owned(data) => [data, &[]],
+        }
+    }
 }
 
 /// The writing end: the socket, and the helper that writes behind.
@@ -279,7 +298,7 @@ impl<R: Read, W: Write + Send + 'static> SocketWire<R, W> {
             reply.stdout = stdout;
         }
         if matches!(&reply.result, Ok(ReplyBody::Data(d)) if d.len() >= PIPELINED_BYTES) {
-            return self.writing.behind(Job::Reply(reply), usize::MAX);
+            return self.writing.behind(Job::Reply(reply));
         }
         self.writing.written()?;
         write_reply(&mut *lock(&self.writing.writer), reply)
@@ -344,12 +363,29 @@ impl<W: Write + Send + 'static> SendBytes for CopyOut<'_, W> {
         if self.sent > 0 || held.len() != self.bytes {
             return held.pieces().iter().try_for_each(|piece| self.send(piece));
         }
+        if *lock(&self.writing.behind.pending) >= HELD_AHEAD {
+            return self.send_owned(held.pieces().concat());
+        }
+        self.behind(CopyBytes::Held(held))
+    }
+
+    fn send_owned(&mut self, data: Vec<u8>) -> io::Result<()> {
+        if self.sent > 0 || data.len() != self.bytes {
+            return self.send(&data);
+        }
+        self.behind(CopyBytes::Owned(data))
+    }
+}
+
+impl<W: Write + Send + 'static> CopyOut<'_, W> {
+    /// Hands all of the copy's bytes, with the reply's header, to the helper.
+    fn behind(&mut self, bytes: CopyBytes) -> io::Result<()> {
         let queued = (|| {
             let head = self
                 .head()?
                 .ok_or_else(|| io::Error::other("a copy sent twice"))?;
             self.writing
-                .behind(Job::Copy { head, held }, HELD_AHEAD)
+                .behind(Job::Copy { head, bytes })
                 .map_err(io::Error::other)?;
             self.sent = self.bytes;
             self.behind = true;
@@ -360,8 +396,8 @@ impl<W: Write + Send + 'static> SendBytes for CopyOut<'_, W> {
 }
 
 impl<W: Write + Send + 'static> Writing<W> {
-    /// Hands `job` to the writing helper once fewer than `ahead` jobs wait.
-    fn behind(&mut self, job: Job, ahead: usize) -> Result<(), String> {
+    /// Hands `job` to the writing helper.
+    fn behind(&mut self, job: Job) -> Result<(), String> {
         if let Some(why) = lock(&self.failed).clone() {
             return Err(why);
         }
@@ -379,13 +415,7 @@ impl<W: Write + Send + 'static> Writing<W> {
                 behind.written.notify_all();
             })?);
         }
-        {
-            let mut pending = lock(&self.behind.pending);
-            while *pending >= ahead {
-                pending = wait(&self.behind.written, pending);
-            }
-            *pending += 1;
-        }
+        *lock(&self.behind.pending) += 1;
         let helper = self.helper.as_ref().expect("started above");
         if helper.jobs.send(job).is_err() {
             *lock(&self.behind.pending) -= 1;
@@ -431,13 +461,15 @@ fn skip(reader: &mut impl Read, len: usize) -> Result<(), String> {
 }
 
 fn write_job(writer: &mut impl Write, job: Job) -> Result<(), String> {
-    let (head, held) = match job {
+    let (head, bytes) = match job {
         Job::Reply(reply) => return write_reply(writer, reply),
-        Job::Copy { head, held } => (head, held),
+        Job::Copy { head, bytes } => (head, bytes),
     };
     (|| {
-        write_message_head(writer, &head, held.len()).map_err(io::Error::other)?;
-        held.pieces()
+        let pieces = bytes.pieces();
+        let len = pieces[0].len() + pieces[1].len();
+        write_message_head(writer, &head, len).map_err(io::Error::other)?;
+        pieces
             .iter()
             .try_for_each(|piece| writer.write_all(piece))?;
         writer.flush()

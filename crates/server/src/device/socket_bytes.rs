@@ -24,6 +24,12 @@ pub trait SendBytes {
     fn send_held(&mut self, held: HeldBulk) -> io::Result<()> {
         held.pieces().iter().try_for_each(|piece| self.send(piece))
     }
+
+    /// Sends all of the copy's bytes, copied out of where they lay into
+    /// `data`: maybe later, as [`SendBytes::send_held`].
+    fn send_owned(&mut self, data: Vec<u8>) -> io::Result<()> {
+        self.send(&data)
+    }
 }
 
 /// The failure of a copy whose bytes did not arrive.

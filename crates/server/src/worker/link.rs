@@ -198,7 +198,8 @@ impl Link {
 
     /// Receives one frame of `len` bytes and hands it to `send`: on shared
     /// memory from where it lies in the ring, held there for `send` to send
-    /// in its own time where the ring has room to spare (`scratch` holds any
+    /// in its own time where the ring has room to spare, else copied out for
+    /// it (`scratch` holds any
     /// other frame, which is an error). Outer error: the link (or a frame of
     /// another length); inner: `send`, the frame consumed all the same.
     pub fn recv_frame_sent(
@@ -213,8 +214,10 @@ impl Link {
                 if let Some(held) = ep.recv_bulk_held(len).map_err(violation)? {
                     return Ok(send.send_held(held));
                 }
-                let mut visit = |piece: &[u8]| send.send(piece);
-                return ep.recv_bulk_visit(len, &mut visit).map_err(violation);
+                // The ring cannot keep more: the bytes go out of it.
+                let mut data = Vec::new();
+                ep.recv_bulk_vec(&mut data, len).map_err(violation)?;
+                return Ok(send.send_owned(data));
             }
             ep.recv_bulk_vec(scratch, bulk).map_err(violation)?;
         } else {
