@@ -942,7 +942,8 @@ impl Connection<'_, '_, '_> {
                     false
                 })
             })?;
-            return Ok(self.queued(queued));
+            self.queued(queued);
+            return Ok(());
         }
         if let StreamWork::Signal { slot, value } = work {
             work = match &self.signals {
