@@ -460,9 +460,7 @@ impl Endpoint {
         let pieces = self.rx[1]
             .pieces(&self.area, start, len)
             .map(|(at, n)| (at as usize - base, n));
-        let bell = OFF_BELL[self.side.index()];
-        let sleeping = OFF_SLEEPING[self.side.index()];
-        let (bulk, done) = HeldBulk::new(self.area.mapping(), pieces, (bell, sleeping));
+        let (bulk, done) = HeldBulk::new(self.area.mapping(), pieces);
         self.held.push_back((start, done));
         self.rx_pos[1] = start.wrapping_add(len as u64);
         self.received(len);
@@ -744,10 +742,10 @@ impl Endpoint {
         ran
     }
 
-    /// Waits until `ready` holds, or a held payload was dropped (its room
-    /// then goes back to the peer, which may be waiting for it: the caller
-    /// checks `ready` again): spins for the spin time, then sleeps on this
-    /// side's doorbell in bounded slices, checking between them that the peer lives.
+    /// Waits until `ready` holds, or a held payload was seen dropped (its
+    /// room then goes back to the peer; the caller checks `ready` again):
+    /// spins for the spin time, then sleeps on this side's doorbell in
+    /// bounded slices, checking between them that the peer lives.
     fn wait(
         &mut self,
         mut ready: impl FnMut(&Self) -> Result<bool, ShmError>,

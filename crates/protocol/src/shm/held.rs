@@ -1,57 +1,39 @@
 //! A bulk payload held where it lies in a ring: the peer cannot write over it
 //! until it is dropped, so its bytes can be sent on from another thread.
 
-use std::sync::atomic::{fence, AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use memmap2::MmapRaw;
 
-use super::layout::HEADER_BYTES;
-use super::wait::futex_wake;
-
 /// A received bulk payload still in the ring ([`super::Endpoint::recv_bulk_held`]).
-/// The endpoint gives its room back to the peer once this is dropped (at its
-/// next receive or send); the mapping stays while this lives, whatever
-/// becomes of the endpoint.
+/// The endpoint gives its room back to the peer once this is dropped, at its
+/// next receive, send or wait (no one is woken for it: a hold keeps at most
+/// half the ring, so a writer always has room to stream through to a reader
+/// that waits); the mapping stays while this lives, whatever becomes of the
+/// endpoint.
 pub struct HeldBulk {
     map: Arc<MmapRaw>,
     /// (offset into the mapping, length) of its one or two pieces.
     pieces: [(usize, usize); 2],
     done: Arc<AtomicBool>,
-    /// Offsets of the holding side's doorbell and sleep flag: a side asleep
-    /// while it holds payloads is woken by their drop.
-    bell: (usize, usize),
 }
 
 impl HeldBulk {
     /// A payload of `pieces` (offsets into `map`, inside it), whose `done`
-    /// flag is raised when it is dropped, and the holder woken at `bell`
-    /// (its doorbell and sleep flag, header words).
+    /// flag is raised when it is dropped.
     pub(super) fn new(
         map: Arc<MmapRaw>,
         pieces: [(usize, usize); 2],
-        bell: (usize, usize),
     ) -> (HeldBulk, Arc<AtomicBool>) {
         assert!(pieces.iter().all(|&(at, n)| at + n <= map.len()));
-        assert!([bell.0, bell.1]
-            .iter()
-            .all(|&w| w.is_multiple_of(4) && w + 4 <= HEADER_BYTES));
         let done = Arc::new(AtomicBool::new(false));
         let held = HeldBulk {
             map,
             pieces,
             done: Arc::clone(&done),
-            bell,
         };
         (held, done)
-    }
-
-    /// The u32 header word at `offset`.
-    fn word(&self, offset: usize) -> &AtomicU32 {
-        // SAFETY: `offset` is an aligned header word inside the mapping
-        // (asserted in `new`), which `self.map` keeps mapped; both sides
-        // touch header words only atomically.
-        unsafe { &*self.map.as_ptr().add(offset).cast::<AtomicU32>() }
     }
 
     /// Its length in bytes.
@@ -80,13 +62,6 @@ impl HeldBulk {
 impl Drop for HeldBulk {
     fn drop(&mut self) {
         self.done.store(true, Ordering::Release);
-        // As `Endpoint::notify_peer` does, for the holding side itself.
-        fence(Ordering::SeqCst);
-        if self.word(self.bell.1).load(Ordering::Relaxed) != 0 {
-            let bell = self.word(self.bell.0);
-            bell.fetch_add(1, Ordering::Release);
-            futex_wake(bell);
-        }
     }
 }
 

@@ -18,7 +18,7 @@ use cumux_protocol::arrays::CopyEnd;
 use cumux_protocol::framing::MAX_CHUNK_BYTES;
 use cumux_protocol::hop_trace::{self, Hop};
 use cumux_protocol::shm::ShmLayout;
-use cumux_protocol::{codes, decode, read_frame, CuError, DevicePtr, FrameError, Handle};
+use cumux_protocol::{codes, decode, encode, read_frame, CuError, DevicePtr, FrameError, Handle};
 
 use super::link::{io_err, Link};
 use super::regions::WorkerRegions;
@@ -840,7 +840,8 @@ impl Served<'_, '_> {
             printed,
             bytes: None,
         };
-        self.answer(&mut conn.link, kind, flushes, answer)?;
+        // The bytes ring the server, once, for both.
+        self.answer_quietly(&mut conn.link, kind, flushes, answer, good)?;
         if good {
             conn.link.send_filled_ahead()?;
         }
@@ -856,6 +857,19 @@ impl Served<'_, '_> {
         flushes: bool,
         answer: Answer,
     ) -> io::Result<()> {
+        self.answer_quietly(link, kind, flushes, answer, false)
+    }
+
+    /// [`Served::answer`], the reply not ringing the server where `quiet`
+    /// (a frame that rings follows at once).
+    fn answer_quietly(
+        &self,
+        link: &mut Link,
+        kind: &'static str,
+        flushes: bool,
+        answer: Answer,
+        quiet: bool,
+    ) -> io::Result<()> {
         let Answer {
             result,
             printed,
@@ -870,7 +884,11 @@ impl Served<'_, '_> {
         } else {
             None
         };
-        link.send_message(&WorkerReply { result, marker })?;
+        let reply = WorkerReply { result, marker };
+        match quiet {
+            true => link.send_frames_quiet(&[&encode(&reply).map_err(io_err)?])?,
+            false => link.send_message(&reply)?,
+        }
         if let Some(bytes) = bytes {
             link.send_frame(&bytes)?;
         }

@@ -264,11 +264,11 @@ fn messages_sent_together_wake_a_sleeping_peer_once() {
     assert_eq!(server.stats().sleeps, 1, "{:?}", server.stats());
 }
 
-/// A held payload keeps its bytes while the writer goes on in the rest
-/// of the ring; a writer that needs its room waits until it is dropped
-/// on another thread (which wakes the holder asleep in a receive), and
-/// then streams on. One that would keep more than half the ring is not
-/// held, and stays pending.
+/// A held payload keeps its bytes while the writer streams a payload
+/// larger than the ring through the rest of it, and it is dropped on
+/// another thread meanwhile; held payloads give their room back in order.
+/// One that would keep more than half the ring is not held, and stays
+/// pending.
 #[test]
 fn a_held_payload_keeps_its_bytes_until_dropped() {
     let (mut client, mut server) = pair(SMALL, DEFAULT_SPIN);
@@ -277,8 +277,7 @@ fn a_held_payload_keeps_its_bytes_until_dropped() {
     client.send(b"h", &pattern(1, 1000)).unwrap();
     assert_eq!(server.recv_message(&mut msg).unwrap(), 1000);
     let held = server.recv_bulk_held(1000).unwrap().expect("held");
-    // The rest of the ring streams a payload larger than it only once
-    // the held one is dropped, from a thread of its own.
+    // The rest of the ring streams a payload larger than it.
     let big = pattern(2, 3 * cap);
     let sent = big.clone();
     let writer = thread::spawn(move || {
