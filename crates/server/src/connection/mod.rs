@@ -683,7 +683,7 @@ impl<R: Read, W: Write + Send + 'static> Wire for SocketWire<R, W> {
         call: Call,
         seq: u64,
     ) -> Result<Option<Result<ReplyBody, CuError>>, Ending> {
-        SocketWire::handle(self, session, call, seq)
+        SocketWire::handle(self, session, call, seq).map_err(Ending::Broken)
     }
 
     fn receive(&mut self) -> Result<Request, Ending> {

@@ -13,7 +13,6 @@ use cumux_protocol::shm::{self, HeldBulk, ShmError};
 use cumux_protocol::{decode, encode, read_bulk, read_message, write_message, FrameError};
 use cumux_protocol::{write_message_head, Call, CuError, Reply, ReplyBody, Request};
 
-use super::Ending;
 use crate::device::socket_bytes::SendBytes;
 use crate::locking::{lock, wait};
 use crate::session::{Session, SocketCopy};
@@ -190,14 +189,14 @@ impl<R: Read, W: Write + Send + 'static> SocketWire<R, W> {
     }
 
     /// Has `session` handle `call` (request `seq`): a large copy's bytes go
-    /// between the socket and the device in place. `Err`: the connection
-    /// ends (the socket failed mid-copy).
+    /// between the socket and the device in place. `Err`: why the
+    /// connection ends (the socket failed mid-copy).
     pub(super) fn handle(
         &mut self,
         session: &mut Session,
         call: Call,
         seq: u64,
-    ) -> Result<Option<Answer>, Ending> {
+    ) -> Result<Option<Answer>, String> {
         if let Some(len) = self.in_place.take() {
             return self.handle_incoming(session, call, len);
         }
@@ -216,7 +215,7 @@ impl<R: Read, W: Write + Send + 'static> SocketWire<R, W> {
         session: &mut Session,
         call: Call,
         len: usize,
-    ) -> Result<Option<Answer>, Ending> {
+    ) -> Result<Option<Answer>, String> {
         let reader = &mut self.reading.reader;
         let mut left = len;
         let mut failed = None;
@@ -233,11 +232,9 @@ impl<R: Read, W: Write + Send + 'static> SocketWire<R, W> {
         };
         let result = session.handle_socket_copy(call, SocketCopy::Incoming(len, &mut fill));
         if let Some(why) = failed {
-            return Err(Ending::Broken(format!(
-                "a copy's bytes did not arrive: {why}"
-            )));
+            return Err(format!("a copy's bytes did not arrive: {why}"));
         }
-        skip(reader, left).map_err(Ending::Broken)?;
+        skip(reader, left)?;
         Ok(result)
     }
 
@@ -250,7 +247,7 @@ impl<R: Read, W: Write + Send + 'static> SocketWire<R, W> {
         call: Call,
         seq: u64,
         bytes: usize,
-    ) -> Result<Option<Answer>, Ending> {
+    ) -> Result<Option<Answer>, String> {
         self.stdout.extend(session.take_stdout());
         let mut out = CopyOut {
             writing: &mut self.writing,
@@ -270,7 +267,7 @@ impl<R: Read, W: Write + Send + 'static> SocketWire<R, W> {
             ..
         } = out;
         if let Some(why) = failed {
-            return Err(Ending::Broken(format!("cannot send a copy's bytes: {why}")));
+            return Err(format!("cannot send a copy's bytes: {why}"));
         }
         if let Some(stdout) = stdout {
             // Refused or failed before its bytes: answered as any call.
@@ -282,10 +279,10 @@ impl<R: Read, W: Write + Send + 'static> SocketWire<R, W> {
             Some(Ok(_)) if sent == bytes => lock(&self.writing.writer)
                 .flush()
                 .map(|()| None)
-                .map_err(|e| Ending::Broken(format!("cannot send: {e}"))),
-            other => Err(Ending::Broken(format!(
+                .map_err(|e| format!("cannot send: {e}")),
+            other => Err(format!(
                 "a copy failed after {sent} of its {bytes} bytes were sent: {other:?}"
-            ))),
+            )),
         }
     }
 
