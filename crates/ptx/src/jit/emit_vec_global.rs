@@ -16,6 +16,8 @@ use std::mem::offset_of;
 enum LaneAddrs {
     Each(Vec<Value>),
     Halves([Value; 2]),
+    /// The first lane's, and the stride between the lanes' (a strided base).
+    Strided(Value, u64),
 }
 
 impl Translator<'_, '_> {
@@ -52,7 +54,16 @@ impl Translator<'_, '_> {
         if inst.guard != NONE || !wide || !spaces || self.width != 4 {
             return false;
         }
-        let (addrs, first, consecutive) = self.global_lane_addrs(&addr);
+        // (a strided base whose lanes are consecutive words is known so
+        // before the run; one with another stride goes lane by lane)
+        let (addrs, first, consecutive) = match self.strided_address(addr.base, addr.off) {
+            Some((first, 4)) => (LaneAddrs::Strided(first, 4), first, None),
+            Some(_) => return false,
+            None => {
+                let (addrs, first, consecutive) = self.global_lane_addrs(&addr);
+                (addrs, first, Some(consecutive))
+            }
+        };
         self.next_site(addr.sp);
         let site = self.site;
         // one compare: the offset in the allocation the site resolved last,
@@ -76,7 +87,10 @@ impl Translator<'_, '_> {
             .ins()
             .icmp(IntCC::UnsignedLessThanOrEqual, last, lim);
         let p = self.fb.ins().iadd(gptr, off);
-        let all = self.fb.ins().band(consecutive, inside);
+        let all = match consecutive {
+            Some(c) => self.fb.ins().band(c, inside),
+            None => inside,
+        };
         let (whole, each) = (self.fb.create_block(), self.fb.create_block());
         self.fb.set_cold_block(each);
         let join = self.fb.create_block();
@@ -156,6 +170,10 @@ impl Translator<'_, '_> {
             let a = match addrs {
                 LaneAddrs::Each(v) => v[k],
                 LaneAddrs::Halves(h) => self.fb.ins().extractlane(h[k / 2], (k % 2) as u8),
+                LaneAddrs::Strided(first, stride) => {
+                    let step = stride.wrapping_mul(k as u64) as i64;
+                    self.fb.ins().iadd_imm_s(*first, step)
+                }
             };
             match stored {
                 Some(v) => {
