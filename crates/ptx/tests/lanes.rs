@@ -406,8 +406,8 @@ fn shared_bases_whose_lanes_are_known_before_the_run_read_as_interpreted() {
 
 #[test]
 fn a_strided_index_that_wraps_inside_a_group_faults_where_interpreted() {
-    // `i + s` wraps past 2^31 (or 2^32) between a group's lanes: lanes 2
-    // and 3 of the first group, or the whole fifth group, or none
+    // `i + s` wraps past 2^31 (or 2^32) between the group's lanes 2 and 3,
+    // or 1 and 2, or not
     for kernel in ["strided_wrap", "strided_wrap_u"] {
         let top: u32 = if kernel == "strided_wrap" {
             0x8000_0000
@@ -416,8 +416,10 @@ fn a_strided_index_that_wraps_inside_a_group_faults_where_interpreted() {
         };
         for (s, first_fault) in [
             (0, None),
+            (top.wrapping_sub(4), None),
+            (top.wrapping_sub(3), Some(3)),
             (top.wrapping_sub(2), Some(2)),
-            (top.wrapping_sub(16), Some(16)),
+            (top.wrapping_sub(1), Some(1)),
         ] {
             let input = words(0..1024);
             let (report, out) = both(
@@ -430,7 +432,8 @@ fn a_strided_index_that_wraps_inside_a_group_faults_where_interpreted() {
                 None => {
                     report.result.expect("nothing wraps");
                     for (i, &got) in out[..64].iter().enumerate() {
-                        assert_eq!(got, 2 * i as u32, "{kernel}: word {i}");
+                        let want = if i < 4 { 2 * i as u32 } else { i as u32 };
+                        assert_eq!(got, want, "{kernel} ({s:#x}): word {i}");
                     }
                 }
                 Some(t) => {
