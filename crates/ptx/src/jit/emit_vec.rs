@@ -8,7 +8,7 @@ use super::translate::{ctx_off, Translator};
 use crate::ir::{BoolOp, Cmp, FOp, Inst, IntOp, Op, SReg, Src, TernOp, Ty, NONE};
 use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
 use cranelift_codegen::ir::types::{F32X4, I32, I32X4};
-use cranelift_codegen::ir::{Endianness, InstBuilder, MemFlagsData, Value};
+use cranelift_codegen::ir::{ConstantData, Endianness, InstBuilder, MemFlagsData, Value};
 use std::mem::offset_of;
 
 impl Translator<'_, '_> {
@@ -264,8 +264,10 @@ impl Translator<'_, '_> {
         if let Some(&(_, x)) = self.vconsts.iter().find(|c| c.0 == v) {
             return x;
         }
-        let x = self.fb.ins().iconst(I32, v as i64);
-        let x = self.fb.ins().splat(I32X4, x);
+        // (from the constant pool: one load, not a move and a broadcast)
+        let bytes: Vec<u8> = [v; 4].iter().flat_map(|w| w.to_le_bytes()).collect();
+        let c = self.fb.func.dfg.constants.insert(ConstantData::from(bytes));
+        let x = self.fb.ins().vconst(I32X4, c);
         self.vconsts.push((v, x));
         x
     }

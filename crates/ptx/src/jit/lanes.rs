@@ -193,7 +193,13 @@ impl Translator<'_, '_> {
                     }
                 }
             }
-            _ if self.vector_global(inst) || self.vector_op(inst) || self.wide_op(pc) => true,
+            _ if self.strided_op(pc)
+                || self.vector_global(inst)
+                || self.vector_op(inst)
+                || self.wide_op(pc) =>
+            {
+                true
+            }
             _ => {
                 self.each_lane(pc);
                 true

@@ -403,7 +403,8 @@ impl Worker {
     fn run_block(&mut self, g: &Grid<'_>, block_id: u64) -> Result<(), Fault> {
         // (a block of whole groups only: the thread loop logs no stores)
         let whole = self.state.len().is_multiple_of(LANES as usize);
-        if g.kernel.lanes.is_none() || !whole || g.lanes_off.load(Ordering::Relaxed) {
+        let aligned = !g.kernel.lanes_need_aligned || g.cfg.block[0].is_multiple_of(LANES);
+        if g.kernel.lanes.is_none() || !whole || !aligned || g.lanes_off.load(Ordering::Relaxed) {
             return self.run_block_once(g, block_id);
         }
         self.lanes_now = true;

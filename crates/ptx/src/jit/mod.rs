@@ -9,6 +9,7 @@ mod device_calls;
 mod dirty;
 mod emit_mem;
 mod emit_ops;
+mod emit_strided;
 mod emit_vec;
 mod emit_vec_global;
 mod emit_vec_mem;

@@ -169,7 +169,12 @@ pub(super) struct GlobalEntry {
     pub base: u64,
     pub len: u64,
     pub ptr: *mut u8,
+    /// `len` in whole words (the lane kernel's 16-byte check reads it).
+    pub words: u64,
 }
+
+/// Bytes of one [`GlobalEntry`] (the compiled code's stride between sites).
+pub(super) const GLOBAL_ENTRY_BYTES: i64 = std::mem::size_of::<GlobalEntry>() as i64;
 
 impl GlobalEntry {
     /// No allocation: every access misses.
@@ -177,6 +182,7 @@ impl GlobalEntry {
         base: 0,
         len: 0,
         ptr: std::ptr::null_mut(),
+        words: 0,
     };
 }
 
@@ -263,7 +269,12 @@ impl Ctx<'_> {
                         // SAFETY: `gcache` holds `gsites` entries of the running
                         // worker, which only this thread touches.
                         unsafe {
-                            *self.gcache.add(site as usize) = GlobalEntry { base, len, ptr: p }
+                            *self.gcache.add(site as usize) = GlobalEntry {
+                                base,
+                                len,
+                                ptr: p,
+                                words: len / 4,
+                            }
                         };
                     }
                     Ok(p.wrapping_add((addr - base) as usize))
