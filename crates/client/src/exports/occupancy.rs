@@ -169,6 +169,6 @@ driver_fn! {
     fn cuOccupancyAvailableDynamicSMemPerBlock(size: *mut usize, f: *mut c_void, blocks: i32, block: i32) {
         let c = client()?;
         let (sm, k, _) = occupancy_inputs(c, f)?;
-        out(size, available_dynamic_smem(&sm, &k, blocks, block))
+        out(size, available_dynamic_smem(&sm, &k, blocks, block).ok_or(CUDA_ERROR_INVALID_VALUE)?)
     }
 }
