@@ -67,21 +67,6 @@ PORT_tls=$(grep -o 'tcp:[^ ;]*' "$W/server-tls.out" | head -1 | awk -F: '{ print
 PRINT_tls=$(grep -o 'sha256:[0-9A-F:]*' "$W/server-tls.out" | head -1)
 PORT_plain=$(grep -o 'tcp:[^ ;]*' "$W/server-plain.out" | head -1 | awk -F: '{ print $NF }')
 
-relay_pid=
-relay_at=
-start_relay() { # PORT RTT_MS
-    "$KIT/cumux-netem" --to "127.0.0.1:$1" --rtt "${2}ms" --gbit "$GBIT" >"$W/relay.out" 2>&1 &
-    relay_pid=$!
-    pids+=("$relay_pid")
-    relay_at=
-    for _ in $(seq 100); do
-        relay_at=$(awk '/listening/ { print $4 }' "$W/relay.out" 2>/dev/null)
-        [ -n "$relay_at" ] && break
-        sleep 0.05
-    done
-    [ -n "$relay_at" ]
-}
-stop_relay() { [ -n "$relay_pid" ] && kill "$relay_pid" 2>/dev/null; wait "$relay_pid" 2>/dev/null; relay_pid=; }
 
 STEP=(python3 "$ROOT/bench/h100/remote_step.py" "$STEPS" "$WARMUP")
 export STEP_GPU_TIME=1
@@ -93,7 +78,7 @@ run() {
     shm) timeout 300 "$KIT/cumux" run --server "unix:$SOCK" -- "${STEP[@]}" >"$file" 2>&1 ;;
     tcp) timeout 300 "$KIT/cumux" run --server "tcp:127.0.0.1:$PORT_plain" -- "${STEP[@]}" >"$file" 2>&1 ;;
     tls-*)
-        start_relay "$PORT_tls" "${name#tls-}" || { say "$name: no relay"; return; }
+        start_relay "$PORT_tls" "${name#tls-}" "$GBIT" || { say "$name: no relay"; return; }
         CUMUX_TLS_FINGERPRINT=$PRINT_tls timeout 300 "$KIT/cumux" run --server "tcp:$relay_at" -- \
             "${STEP[@]}" >"$file" 2>&1
         stop_relay ;;
