@@ -892,34 +892,32 @@ impl Function {
     /// as `config` (its cluster dimension among the attributes, or the
     /// kernel's required one) can be resident on the device at once.
     pub fn max_active_clusters(&self, config: &LaunchConfig) -> Result<i32, CudaError> {
-        let ctx = self.ctx()?;
-        let mut attrs = raw_attributes(config);
-        let raw = raw_config(config, std::ptr::null_mut(), &mut attrs);
-        let mut n: c_int = 0;
-        // SAFETY: `n` is an out-pointer; `raw` and the `attrs` it points at
-        // outlive the call; a null stream asks about the current context.
-        unsafe {
-            cu!(
-                ctx.driver,
-                cuOccupancyMaxActiveClusters(&mut n, self.raw, &raw)
-            )?
-        };
-        Ok(n)
+        self.cluster_occupancy(config, false)
     }
 
     /// `cuOccupancyMaxPotentialClusterSize`: the largest cluster a launch
     /// shaped as `config` could run in.
     pub fn max_potential_cluster_size(&self, config: &LaunchConfig) -> Result<i32, CudaError> {
+        self.cluster_occupancy(config, true)
+    }
+
+    /// One of the two cluster occupancy queries (`potential`: the size).
+    fn cluster_occupancy(&self, config: &LaunchConfig, potential: bool) -> Result<i32, CudaError> {
         let ctx = self.ctx()?;
         let mut attrs = raw_attributes(config);
         let raw = raw_config(config, std::ptr::null_mut(), &mut attrs);
         let mut n: c_int = 0;
-        // SAFETY: as for `max_active_clusters`.
+        let (n_ptr, f) = (&mut n as *mut c_int, self.raw);
+        // SAFETY: `n_ptr` is an out-pointer; `raw` and the `attrs` it points
+        // at outlive the call; a null stream asks about the current context.
         unsafe {
-            cu!(
-                ctx.driver,
-                cuOccupancyMaxPotentialClusterSize(&mut n, self.raw, &raw)
-            )?
+            match potential {
+                true => cu!(
+                    ctx.driver,
+                    cuOccupancyMaxPotentialClusterSize(n_ptr, f, &raw)
+                )?,
+                false => cu!(ctx.driver, cuOccupancyMaxActiveClusters(n_ptr, f, &raw))?,
+            }
         };
         Ok(n)
     }
