@@ -99,20 +99,19 @@ pub(crate) const SOCKET_FENCE_EVERY: u32 = 16 * proto::FENCE_EVERY;
 /// The flusher writes a batch through the connection's lock; a failure
 /// waits for the connection's next call.
 impl batch::Flush for Mutex<Connection> {
-    fn flush_batch(&self, wait: bool) -> bool {
+    fn flush_batch(&self, wait: bool) {
         let mut conn = match (wait, self.try_lock()) {
             (_, Ok(conn)) => conn,
             (_, Err(std::sync::TryLockError::Poisoned(p))) => p.into_inner(),
             (true, Err(std::sync::TryLockError::WouldBlock)) => {
                 self.lock().unwrap_or_else(|p| p.into_inner())
             }
-            (false, Err(std::sync::TryLockError::WouldBlock)) => return false,
+            (false, Err(std::sync::TryLockError::WouldBlock)) => return,
         };
         let conn = &mut *conn;
         if let Err(e) = conn.batch.flush(&mut conn.stream) {
             conn.flush_failed.get_or_insert(e.to_string());
         }
-        true
     }
 }
 

@@ -85,14 +85,9 @@ impl Batch {
 /// What the flusher thread flushes: a connection that holds a batch.
 pub trait Flush: Send + Sync {
     /// Writes the connection's batch, keeping a failure for its next call;
-    /// with `wait` false, only if the connection is free now. False: it
-    /// was not free, and nothing was written.
-    fn flush_batch(&self, wait: bool) -> bool;
+    /// with `wait` false, only if the connection is free now.
+    fn flush_batch(&self, wait: bool);
 }
-
-/// The longest the flusher waits between tries of a connection another
-/// thread holds.
-const MOST_RETRY: Duration = Duration::from_millis(1);
 
 /// Connections whose batch started, waiting for the flusher; the process
 /// that made the thread (a forked child makes its own).
@@ -148,33 +143,21 @@ pub fn watch(conn: Weak<dyn Flush>) {
 }
 
 /// The flusher: sleeps until a batch starts, lets it gather for its age,
-/// then writes every waiting connection's batch. A connection another
-/// thread holds (through a long wait, say) is tried again later, less often
-/// the longer it stays held, and never holds up the others.
+/// then writes every waiting connection's batch.
 fn run(f: &'static Flusher) {
     // SAFETY: prctl with PR_SET_TIMERSLACK only sets this thread's timer slack.
     unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1_000u64, 0u64, 0u64, 0u64) };
-    let mut pause = BATCH_AGE;
     loop {
         let mut waiting = f.waiting.lock().unwrap_or_else(|p| p.into_inner());
         while waiting.is_empty() {
             waiting = f.wake.wait(waiting).unwrap_or_else(|p| p.into_inner());
         }
         drop(waiting);
-        std::thread::sleep(pause);
+        std::thread::sleep(BATCH_AGE);
         let due = std::mem::take(&mut *f.waiting.lock().unwrap_or_else(|p| p.into_inner()));
-        let busy: Vec<Weak<dyn Flush>> = due
-            .into_iter()
-            .filter(|conn| conn.upgrade().is_some_and(|c| !c.flush_batch(false)))
-            .collect();
-        pause = match busy.is_empty() {
-            true => BATCH_AGE,
-            false => (pause * 2).min(MOST_RETRY),
-        };
-        f.waiting
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .extend(busy);
+        for conn in due.iter().filter_map(Weak::upgrade) {
+            conn.flush_batch(true);
+        }
     }
 }
 
@@ -210,60 +193,6 @@ pub fn batch_age() -> Duration {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::Arc;
-
-    /// A connection whose lock another thread holds: busy for its first
-    /// tries; with `wait`, a try blocks as a held lock would.
-    struct Held {
-        busy_tries: std::sync::atomic::AtomicU32,
-        flushed: std::sync::atomic::AtomicBool,
-    }
-
-    impl Flush for Held {
-        fn flush_batch(&self, wait: bool) -> bool {
-            use std::sync::atomic::Ordering::SeqCst;
-            if self.busy_tries.load(SeqCst) > 0 {
-                if !wait {
-                    self.busy_tries.fetch_sub(1, SeqCst);
-                    return false;
-                }
-                std::thread::sleep(Duration::from_millis(500));
-            }
-            self.flushed.store(true, SeqCst);
-            true
-        }
-    }
-
-    #[test]
-    fn a_held_connection_holds_up_no_other_batch_and_goes_out_once_free() {
-        use std::sync::atomic::{AtomicBool, AtomicU32, Ordering::SeqCst};
-        let held = |busy| {
-            Arc::new(Held {
-                busy_tries: AtomicU32::new(busy),
-                flushed: AtomicBool::new(false),
-            })
-        };
-        let (a, b) = (held(20), held(0));
-        let started = std::time::Instant::now();
-        watch(Arc::downgrade(&a) as Weak<dyn Flush>);
-        watch(Arc::downgrade(&b) as Weak<dyn Flush>);
-        while !b.flushed.load(SeqCst) {
-            std::thread::sleep(Duration::from_micros(100));
-        }
-        let other = started.elapsed();
-        assert!(
-            other < Duration::from_millis(200),
-            "waited {other:?} behind a held connection"
-        );
-        while !a.flushed.load(SeqCst) {
-            assert!(
-                started.elapsed() < Duration::from_secs(5),
-                "never written once free"
-            );
-            std::thread::sleep(Duration::from_micros(100));
-        }
-        assert_eq!(a.busy_tries.load(SeqCst), 0, "tried again until free");
-    }
 
     #[test]
     fn a_batch_goes_out_whole_once_due() {
