@@ -907,10 +907,9 @@ impl DeviceContext for WorkerContext {
         geometry: &LaunchGeometry,
         query: ClusterQuery,
     ) -> Result<i32, CuError> {
-        let module = match lock(&self.modules).get(&module) {
-            Some((local, _)) => *local,
-            None => return Err(CuError::new(codes::INVALID_HANDLE, "module not loaded")),
-        };
+        let module = self
+            .local_module(module)
+            .ok_or_else(|| CuError::new(codes::INVALID_HANDLE, "module not loaded"))?;
         let request = WorkerRequest::ClusterOccupancy {
             module,
             kernel,
