@@ -116,20 +116,28 @@ done
 
 say ""
 say "medians over rounds (ms): wall, GPU, issue; wall against native"
-python3 - "$REPORT" "$OUT/$DATE-$SLUG-remote-rounds.json" "$GPU" "$DRIVER" "$COMMIT" <<'EOF' | tee -a "$REPORT"
+python3 - "$REPORT" "$OUT/$DATE-$SLUG-remote-rounds.json" "$GPU" "$DRIVER" "$CUDA" "$COMMIT" "$DATE" <<'EOF' | tee -a "$REPORT"
 import json, statistics as st, sys
-report, out, gpu, driver, commit = sys.argv[1:]
+report, out, gpu, driver, cuda, commit, date = sys.argv[1:]
 runs = {}
 for line in open(report):
     w = line.split()
     if w[:1] == ["run"] and len(w) == 10:
         runs.setdefault(w[1], []).append({"round": int(w[3]), "wall": float(w[5]),
                                           "gpu": float(w[7]), "issue": float(w[9])})
-summary = {n: {k: st.median(r[k] for r in rs) for k in ("wall", "gpu", "issue")} for n, rs in runs.items()}
-native = summary.get("native", {}).get("wall")
-for n, s in summary.items():
-    ratio = f"{s['wall'] / native:.3f}" if native else "-"
-    print(f"{n:10s} wall {s['wall']:8.3f}  gpu {s['gpu']:8.3f}  issue {s['issue']:8.3f}  x native {ratio}")
-json.dump({"gpu": gpu, "driver": driver, "commit": commit, "runs": runs, "medians": summary},
-          open(out, "w"), indent=1)
+med = {n: {k: st.median(r[k] for r in rs) for k in ("wall", "gpu", "issue")} for n, rs in runs.items()}
+nat = med.get("native")
+metrics = []
+for n, m in med.items():
+    ratio = f"{m['wall'] / nat['wall']:.3f}" if nat else "-"
+    print(f"{n:10s} wall {m['wall']:8.3f}  gpu {m['gpu']:8.3f}  issue {m['issue']:8.3f}  x native {ratio}")
+    if n == "native":
+        continue
+    for k, label in (("wall", "step_ms_p50"), ("gpu", "step_gpu_span_ms_p50"), ("issue", "step_issue_ms_p50")):
+        native = nat[k] if nat else None
+        metrics.append({"name": f"{label}_{n}", "unit": "ms", "better": "lower", "native": native,
+                        "cumux": m[k], "ratio": round(m[k] / native, 3) if native else None,
+                        "runs": len(runs[n]), "statistic": "median over rounds of each run's median step"})
+json.dump({"suite": "remote-rounds", "date": date, "gpu": gpu, "driver": driver, "cuda": cuda,
+           "commit": commit, "metrics": metrics, "rounds": runs}, open(out, "w"), indent=1)
 EOF
