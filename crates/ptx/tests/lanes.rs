@@ -519,3 +519,20 @@ fn strided_registers_of_a_block_whose_groups_span_rows_read_as_interpreted() {
         }
     }
 }
+
+#[test]
+fn threads_of_one_call_that_stop_apart_are_taken_one_by_one() {
+    // 64 threads: groups of lanes; 62: the thread loop alone
+    for block in [64, 62] {
+        let (report, out) = both("stops_apart", config([1, 1, 1], [block, 1, 1], 0), &[], 0);
+        report.result.expect("the kernel runs");
+        for (t, &got) in out[..64].iter().enumerate() {
+            let want = match t as u32 {
+                t if t >= block => 0,
+                t if t < 8 => 1,
+                _ => 3,
+            };
+            assert_eq!(got, want, "word {t} (block {block})");
+        }
+    }
+}

@@ -86,13 +86,14 @@ impl Translator<'_, '_> {
         // fault or parted lanes return (the count stored), one past the group
         let returns =
             code == RET_FAULT || code == RET_PARTED || code & ((1 << STOP_BITS) - 1) == STOP_YIELD;
+        // (the group's lanes stop alike: its first thread's code speaks for
+        // them all)
         let c = self.fb.ins().iconst(I32, code as i64);
         let t64 = self.fb.ins().uextend(I64, self.thread);
         let off = self.fb.ins().ishl_imm_u(t64, 2);
         let at = self.fb.ins().iadd(self.codes, off);
-        for k in 0..self.width as i32 {
-            self.fb.ins().store(MemFlagsData::trusted(), c, at, 4 * k);
-        }
+        self.fb.ins().store(MemFlagsData::trusted(), c, at, 0);
+        self.note_code(code);
         if !returns {
             self.fb.ins().jump(self.next_thread, &[]);
             return;

@@ -467,6 +467,8 @@ impl Worker {
             gcache: self.gcache.as_mut_ptr(),
             gsites: self.gcache.len() as u64,
             instructions: 0,
+            codes_and: 0,
+            codes_or: 0,
             check_at: Self::next_check(g, 0),
             local_bytes: (local_words * 8) as u64,
             yield_line: 0,
@@ -650,6 +652,8 @@ impl Worker {
     /// it says.
     fn call(&mut self, f: KernelFn, lanes: bool, ctx: &mut Ctx<'_>, t: usize, end: usize) -> usize {
         let tids = if lanes { &self.lane_tids } else { &self.tids };
+        ctx.codes_and = u32::MAX;
+        ctx.codes_or = 0;
         // SAFETY: `f` is the block's thread loop or its lane kernel, both
         // compiled for this kernel: it gets this block's live context, the
         // register files (`nregs` each, or for the lane kernel `nregs`
@@ -694,18 +698,20 @@ impl Worker {
     ) -> Result<usize, Fault> {
         let stop = self.call(group, true, ctx, t, end);
         let stop = stop.clamp(t + LANES as usize, end);
-        if self.codes[stop - 1] == RET_PARTED {
+        // (the group's first thread's code speaks for it)
+        if self.codes[stop - LANES as usize] == RET_PARTED {
             return Err(parted());
         }
         self.stops(g, ctx, t, stop, LANES as usize)?;
         Ok(stop)
     }
 
-    /// Takes the stop codes of threads `t..stop`, which stop alike `step`
-    /// by `step`: in bulk where all exited
-    /// or all wait at one barrier (as a block mostly does; where that is
-    /// the whole block at a barrier for all of it, it passes at once),
-    /// else one by one.
+    /// Takes the stop codes of threads `t..stop`, the last call's, which
+    /// stop alike `step` by `step` (the first of each `step` has the code):
+    /// in bulk where all stopped alike (`Ctx::codes_and` and `codes_or`
+    /// equal) and all exited or all wait at one barrier (as a block mostly
+    /// does; where that is the whole block at a barrier for all of it, it
+    /// passes at once), else one by one.
     fn stops(
         &mut self,
         g: &Grid<'_>,
@@ -714,15 +720,8 @@ impl Worker {
         stop: usize,
         step: usize,
     ) -> Result<(), Fault> {
-        // (threads in step, `step` of them, all stop alike)
-        let code = self.codes[t];
-        // (a group's threads stop alike: its first speaks for it)
-        let codes = &self.codes[t..stop];
-        let (mut same, mut k) = (true, 0);
-        while k < codes.len() {
-            same &= codes[k] == code;
-            k += step;
-        }
+        let same = ctx.codes_and == ctx.codes_or;
+        let code = ctx.codes_and;
         let at_barrier =
             code != RET_EXIT && code != RET_FAULT && code & ((1 << STOP_BITS) - 1) == STOP_BARRIER;
         let whole = self.uniform && t == 0 && stop == self.state.len() && !g.kernel.collectives;
@@ -758,14 +757,22 @@ impl Worker {
             return Ok(());
         }
         for k in t..stop {
-            self.stopped(g, ctx, k)?;
+            // (a group's first thread's code is its lanes')
+            let code = self.codes[k - (k - t) % step];
+            self.stopped(g, ctx, k, code)?;
         }
         Ok(())
     }
 
-    /// Takes thread `t`'s stop code from its last run.
-    fn stopped(&mut self, g: &Grid<'_>, ctx: &mut Ctx<'_>, t: usize) -> Result<(), Fault> {
-        match self.codes[t] {
+    /// Takes thread `t`'s stop code from its last run, `code`.
+    fn stopped(
+        &mut self,
+        g: &Grid<'_>,
+        ctx: &mut Ctx<'_>,
+        t: usize,
+        code: u32,
+    ) -> Result<(), Fault> {
+        match code {
             RET_EXIT => {
                 self.state[t] = State::Exited;
                 self.exited += 1;

@@ -41,8 +41,10 @@ pub(super) const STOP_WARP: u32 = 2;
 /// group's [`super::lanes::LANES`] threads at `tids + 16 t` of its first,
 /// then their y, then their z, each 16 bytes).
 /// Its stop goes to `codes[t]`: `resume_id << STOP_BITS | STOP_*`,
-/// [`RET_EXIT`] or [`RET_FAULT`]. It returns the end of the threads it ran:
-/// `end`, or one past a thread that yielded or faulted.
+/// [`RET_EXIT`] or [`RET_FAULT`] (the lane kernel's to its group's first
+/// thread's only: its lanes stop alike), and into `Ctx::codes_and` and
+/// `Ctx::codes_or`. It returns the end of the threads it ran: `end`, or
+/// one past a thread (a group) that yielded or faulted.
 pub(super) type KernelFn = unsafe extern "C" fn(
     *mut Ctx<'_>,
     *mut u64,
@@ -68,6 +70,11 @@ pub(super) struct Ctx<'a> {
     pub gsites: u64,
     /// Instructions the block executed so far.
     pub instructions: u64,
+    /// The stop codes of the call's threads, ANDed and ORed together (the
+    /// launch sets all ones and zero before a call; equal after it where
+    /// all of them stopped alike).
+    pub codes_and: u32,
+    pub codes_or: u32,
     /// A backward branch past this many instructions yields (budget checks).
     pub check_at: u64,
     /// Bytes of each thread's local memory.

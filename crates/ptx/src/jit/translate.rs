@@ -630,6 +630,7 @@ impl<'a, 'f> Translator<'a, 'f> {
         let off = self.fb.ins().ishl_imm_u(t64, 2);
         let at = self.fb.ins().iadd(self.codes, off);
         self.fb.ins().store(MemFlagsData::trusted(), c, at, 0);
+        self.note_code(code);
         let returns = code == RET_FAULT || code & ((1 << STOP_BITS) - 1) == STOP_YIELD;
         if returns {
             let n = self.fb.use_var(self.count);
@@ -641,6 +642,19 @@ impl<'a, 'f> Translator<'a, 'f> {
         } else {
             self.fb.ins().jump(self.next_thread, &[]);
         }
+    }
+
+    /// Adds stop code `code` to the call's `Ctx::codes_and` and
+    /// `Ctx::codes_or` (in place: an `and` and an `or` on memory).
+    pub(super) fn note_code(&mut self, code: u32) {
+        let flags = MemFlagsData::trusted();
+        let (ctx, and_at, or_at) = (self.ctx, ctx_off!(codes_and), ctx_off!(codes_or));
+        let all = self.fb.ins().load(I32, flags, ctx, and_at);
+        let all = self.fb.ins().band_imm_u(all, code as i64);
+        self.fb.ins().store(flags, all, ctx, and_at);
+        let any = self.fb.ins().load(I32, flags, ctx, or_at);
+        let any = self.fb.ins().bor_imm_u(any, code as i64);
+        self.fb.ins().store(flags, any, ctx, or_at);
     }
 
     /// Stops the thread to resume at `pc` later: stores the registers live
