@@ -8,9 +8,10 @@ use super::narrow::{narrow_regs, uniform_wide_regs, wide_vector_regs};
 use super::needed::needed_in;
 use super::params::hoisted_loads;
 use super::params::{hoist_params, HoistedParams};
-use super::plan::Plan;
+use super::plan::{polls, Plan};
 use super::runtime::{
-    rt_trap, Ctx, RET_EXIT, RET_FAULT, RET_PARTED, STOP_BARRIER, STOP_BITS, STOP_WARP, STOP_YIELD,
+    rt_checkpoint, rt_trap, Ctx, RET_EXIT, RET_FAULT, RET_PARTED, STOP_BARRIER, STOP_BITS,
+    STOP_WARP, STOP_YIELD,
 };
 use super::strides::{lane_strides, wide_strides};
 use crate::ir::{Func, Inst, Op, SReg, Sp, Src, NONE};
@@ -142,6 +143,13 @@ pub(super) struct Translator<'a, 'f> {
     /// condition (an I8 made once a call; the lane kernel's only).
     pub strides: Vec<Option<u32>>,
     pub x_aligned: Option<Value>,
+    /// Whether a backward branch past the block's next check checks its
+    /// budgets in place (`runtime::rt_checkpoint`) and goes on, rather
+    /// than yield to the block's other threads: the lane kernel's, where
+    /// no thread spins on what another writes (it has no ordered loads;
+    /// its yields came at other counts than the interpreter's anyway, and
+    /// each cost the launch a round over the block's threads).
+    pub checks_in_place: bool,
 }
 
 /// What is known of a vector-wide register's lanes since its last write in
@@ -491,6 +499,7 @@ impl<'a, 'f> Translator<'a, 'f> {
             specials,
             strides,
             x_aligned,
+            checks_in_place: width > 1 && !polls(ops),
         };
         // dispatch on the resume point: load its live registers, go on there
         let resume_blocks: Vec<Block> = plan.resumes.iter().map(|_| t.fb.create_block()).collect();
@@ -1018,6 +1027,13 @@ impl<'a, 'f> Translator<'a, 'f> {
             self.fb.set_cold_block(stop);
             self.fb.ins().brif(over, stop, &[], to, &[]);
             self.fb.switch_to_block(stop);
+            if self.checks_in_place {
+                let line = self.imm(line as i64);
+                let failed = self.call_status(rt_checkpoint as *const (), &[self.ctx, n, line]);
+                self.fault_if(failed);
+                self.fb.ins().jump(to, &[]);
+                return;
+            }
             let line = self.fb.ins().iconst(I64, line as i64);
             self.fb.ins().store(
                 MemFlagsData::trusted(),
