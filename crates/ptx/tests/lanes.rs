@@ -536,3 +536,13 @@ fn threads_of_one_call_that_stop_apart_are_taken_one_by_one() {
         }
     }
 }
+
+#[test]
+fn a_predicate_written_again_guards_with_its_new_value() {
+    let (report, out) = both("pred_rewritten", config([1, 1, 1], [64, 1, 1], 0), &[], 0);
+    report.result.expect("the kernel runs");
+    for (i, &got) in out[..64].iter().enumerate() {
+        let want = if i >= 6 { 1 } else { 2 } + if i >= 5 { 10 } else { 20 };
+        assert_eq!(got, want, "word {i}");
+    }
+}

@@ -254,6 +254,8 @@ impl Translator<'_, '_> {
             return;
         }
         if let Some(var) = self.vregs[d as usize] {
+            self.vraw.retain(|x| x.0 != d);
+            self.vmasks.retain(|x| x.0 != d);
             let zero = self.fb.ins().iconst(I32, 0);
             let zero = self.fb.ins().splat(I32X4, zero);
             self.fb.def_var(var, zero);
@@ -274,9 +276,15 @@ impl Translator<'_, '_> {
             return None;
         }
         if let Some(var) = self.vregs[inst.guard as usize] {
-            // each lane's guard bit at the top of its lane, then one bit a lane
-            let v = self.fb.use_var(var);
-            let top = self.fb.ins().ishl_imm_u(v, 31);
+            // each lane's guard bit at the top of its lane (its mask, where
+            // the run made it), then one bit a lane
+            let top = match self.vmasks.iter().find(|m| m.0 == inst.guard) {
+                Some(&(_, mask)) => mask,
+                None => {
+                    let v = self.fb.use_var(var);
+                    self.fb.ins().ishl_imm_u(v, 31)
+                }
+            };
             let bits = self.fb.ins().vhigh_bits(I8, top);
             let (all_bits, none_bits) = if inst.guard_neg { (0, 15) } else { (15, 0) };
             let all = self.fb.ins().icmp_imm_u(IntCC::Equal, bits, all_bits);

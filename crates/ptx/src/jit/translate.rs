@@ -124,6 +124,11 @@ pub(super) struct Translator<'a, 'f> {
     /// later `f32` op reads that (NaN in, NaN out, made canonical at its
     /// end), keeping the canonicalisation off chains of dependent ops.
     pub vraw: Vec<(u32, Value)>,
+    /// Predicate registers that a vector `setp` (or `and`, `or`, `xor` of
+    /// such) of the straight run being emitted wrote, with its lanes as
+    /// masks (all ones where it holds): a guard reads the mask's top bits
+    /// at once, not the register's 0/1 lanes moved back there.
+    pub vmasks: Vec<(u32, Value)>,
     pub pc_now: u32,
     /// The parameters loaded before the thread loop.
     pub params: HoistedParams,
@@ -491,6 +496,7 @@ impl<'a, 'f> Translator<'a, 'f> {
             lane_bases: Vec::new(),
             vconsts: Vec::new(),
             vraw: Vec::new(),
+            vmasks: Vec::new(),
             pc_now: 0,
             params,
             wfacts: Vec::new(),
@@ -851,6 +857,7 @@ impl<'a, 'f> Translator<'a, 'f> {
         self.block_end = end;
         self.vconsts.clear();
         self.vraw.clear();
+        self.vmasks.clear();
         self.wfacts.clear();
         self.wconsecutive.clear();
         for pc in start..end {
@@ -1079,6 +1086,7 @@ impl<'a, 'f> Translator<'a, 'f> {
         match self.vregs[d as usize] {
             Some(var) => {
                 self.vraw.retain(|x| x.0 != d);
+                self.vmasks.retain(|x| x.0 != d);
                 // a narrow register: `v` is below 2^32
                 let all = self.fb.use_var(var);
                 let x = self.fb.ins().ireduce(I32, v);
