@@ -546,3 +546,23 @@ fn a_predicate_written_again_guards_with_its_new_value() {
         assert_eq!(got, want, "word {i}");
     }
 }
+
+#[test]
+fn a_group_whose_last_word_is_past_the_allocation_faults_at_that_thread() {
+    // the 64 KiB buffer holds 16,384 words: from word 16,377 the second
+    // group's 16 bytes end 4 bytes past it (700 at its last thread, as
+    // interpreted: `both`; the first group's access, inside, filled the
+    // access's cache), from 16,376 they end at its end
+    for (k, fault) in [(16_377, true), (16_376, false)] {
+        let (report, _) = both(
+            "strided_rows",
+            config([1, 1, 1], [8, 1, 1], 0),
+            &[words(0..16_384)],
+            k,
+        );
+        match report.result {
+            Err(e) if fault => assert_eq!(e.cu_code(), 700, "{e}"),
+            r => assert_eq!(r.is_ok(), !fault, "offset {k}: {r:?}"),
+        }
+    }
+}

@@ -247,7 +247,8 @@ pub(super) struct GlobalEntry {
     pub base: u64,
     pub len: u64,
     pub ptr: *mut u8,
-    /// `len` in whole words (the lane kernel's 16-byte check reads it).
+    /// The words a 16-byte access may start at: `len` in whole words less
+    /// 3, or 0 where under 4 (the lane kernel's check reads it).
     pub words: u64,
 }
 
@@ -351,7 +352,7 @@ impl Ctx<'_> {
                                 base,
                                 len,
                                 ptr: p,
-                                words: len / 4,
+                                words: (len / 4).saturating_sub(3),
                             }
                         };
                     }
