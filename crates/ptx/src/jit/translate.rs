@@ -436,7 +436,9 @@ impl<'a, 'f> Translator<'a, 'f> {
             local,
             tid,
         } = vals;
-        let lane_file = if width == 1 {
+        // (a lane kernel whose registers never wait in the lane file
+        // loads no pointer to it: the load would stay, unused)
+        let lane_file = if width == 1 || lane_slots(func, plan).1 == 0 {
             regs_base
         } else {
             let file = fb
