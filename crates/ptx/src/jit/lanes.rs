@@ -11,8 +11,7 @@ use cranelift_codegen::ir::types::{I32, I32X4, I64, I64X2, I8};
 use cranelift_codegen::ir::{InstBuilder, MemFlagsData, Value};
 use std::mem::offset_of;
 
-/// Threads a lane kernel runs in step (a group starts at a multiple of it).
-pub(crate) const LANES: u32 = 4;
+pub(crate) use super::LANES;
 
 impl Translator<'_, '_> {
     /// Makes lane `k` the running one: its registers in `regs`.

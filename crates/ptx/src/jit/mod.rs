@@ -29,6 +29,10 @@ mod strides;
 mod translate;
 mod warp;
 
+/// Threads a lane kernel runs in step (a group starts at a multiple of it);
+/// here, where `lanes` and `strides` both read it, neither importing the other.
+pub(crate) const LANES: u32 = 4;
+
 pub use compiled::compilations;
 pub(crate) use compiled::CompiledModule;
 pub use launch::lane_blocks;

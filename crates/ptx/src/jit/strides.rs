@@ -209,7 +209,7 @@ impl Wide {
 /// the check could not pass, `3 s` being past 2^31).
 pub(super) fn extended_stride(s: u32) -> Option<i64> {
     let s = s as i32 as i64;
-    (s.abs() * (super::lanes::LANES as i64 - 1) < 1 << 31).then_some(s)
+    (s.abs() * (super::LANES as i64 - 1) < 1 << 31).then_some(s)
 }
 
 /// For each register of `f` that the lane kernel keeps vector-wide
