@@ -519,3 +519,50 @@ fn strided_registers_of_a_block_whose_groups_span_rows_read_as_interpreted() {
         }
     }
 }
+
+#[test]
+fn threads_of_one_call_that_stop_apart_are_taken_one_by_one() {
+    // 64 threads: groups of lanes; 62: the thread loop alone
+    for block in [64, 62] {
+        let (report, out) = both("stops_apart", config([1, 1, 1], [block, 1, 1], 0), &[], 0);
+        report.result.expect("the kernel runs");
+        for (t, &got) in out[..64].iter().enumerate() {
+            let want = match t as u32 {
+                t if t >= block => 0,
+                t if t < 8 => 1,
+                _ => 3,
+            };
+            assert_eq!(got, want, "word {t} (block {block})");
+        }
+    }
+}
+
+#[test]
+fn a_predicate_written_again_guards_with_its_new_value() {
+    let (report, out) = both("pred_rewritten", config([1, 1, 1], [64, 1, 1], 0), &[], 0);
+    report.result.expect("the kernel runs");
+    for (i, &got) in out[..64].iter().enumerate() {
+        let want = if i >= 6 { 1 } else { 2 } + if i >= 5 { 10 } else { 20 };
+        assert_eq!(got, want, "word {i}");
+    }
+}
+
+#[test]
+fn a_group_whose_last_word_is_past_the_allocation_faults_at_that_thread() {
+    // the 64 KiB buffer holds 16,384 words: from word 16,377 the second
+    // group's 16 bytes end 4 bytes past it (700 at its last thread, as
+    // interpreted: `both`; the first group's access, inside, filled the
+    // access's cache), from 16,376 they end at its end
+    for (k, fault) in [(16_377, true), (16_376, false)] {
+        let (report, _) = both(
+            "strided_rows",
+            config([1, 1, 1], [8, 1, 1], 0),
+            &[words(0..16_384)],
+            k,
+        );
+        match report.result {
+            Err(e) if fault => assert_eq!(e.cu_code(), 700, "{e}"),
+            r => assert_eq!(r.is_ok(), !fault, "offset {k}: {r:?}"),
+        }
+    }
+}

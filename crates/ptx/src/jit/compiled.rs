@@ -5,7 +5,7 @@
 use super::inline::{flatten, CHECKS, UNCOUNTED};
 use super::lanes::LANES;
 use super::lockstep::with_steps;
-use super::plan::{ordered, plan, Plan};
+use super::plan::{plan, polls, Plan};
 use super::runtime::KernelFn;
 use super::translate::{kernel_signature, lane_slots, Translator};
 use crate::ir::{Func, Module, Op, Src};
@@ -236,9 +236,7 @@ fn compile(f: &Func, p: &Plan) -> Result<CompiledKernel, String> {
                 | Op::WarpStep
         )
     });
-    let polls = ops
-        .iter()
-        .any(|op| ordered(op) && matches!(op, Op::Ld { .. }));
+    let polls = polls(&ops);
     let bar_red = ops.iter().any(|op| {
         matches!(
             op,

@@ -67,10 +67,10 @@ impl Translator<'_, '_> {
         self.next_site(addr.sp);
         let site = self.site;
         // one compare: the offset in the allocation the site resolved last,
-        // rotated right by 2, plus 4 is at most its length in words exactly
+        // rotated right by 2, is below its length in words less 3 exactly
         // when the offset is a multiple of 4 and its 16 bytes end inside
         // (a misaligned offset rotates its low bits to the top; lengths are
-        // far below 2^60)
+        // far below 2^60; `GlobalEntry::words`)
         let flags = MemFlagsData::trusted();
         let fixed = flags.with_readonly();
         let cache = self.fb.ins().load(I64, fixed, self.ctx, ctx_off!(gcache));
@@ -82,12 +82,8 @@ impl Translator<'_, '_> {
         let gbase = self.fb.ins().load(I64, flags, entry, 0);
         let off = self.fb.ins().isub(first, gbase);
         let words = self.fb.ins().rotr_imm_u(off, 2);
-        let last = self.fb.ins().iadd_imm_s(words, 4);
-        let lim = self.fb.ins().load(I64, flags, entry, 24);
-        let inside = self
-            .fb
-            .ins()
-            .icmp(IntCC::UnsignedLessThanOrEqual, last, lim);
+        let starts = self.fb.ins().load(I64, flags, entry, 24);
+        let inside = self.fb.ins().icmp(IntCC::UnsignedLessThan, words, starts);
         let all = match consecutive {
             Some(c) => self.fb.ins().band(c, inside),
             None => inside,

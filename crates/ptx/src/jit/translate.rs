@@ -8,9 +8,10 @@ use super::narrow::{narrow_regs, uniform_wide_regs, wide_vector_regs};
 use super::needed::needed_in;
 use super::params::hoisted_loads;
 use super::params::{hoist_params, HoistedParams};
-use super::plan::Plan;
+use super::plan::{polls, Plan};
 use super::runtime::{
-    rt_trap, Ctx, RET_EXIT, RET_FAULT, RET_PARTED, STOP_BARRIER, STOP_BITS, STOP_WARP, STOP_YIELD,
+    rt_checkpoint, rt_trap, Ctx, RET_EXIT, RET_FAULT, RET_PARTED, STOP_BARRIER, STOP_BITS,
+    STOP_WARP, STOP_YIELD,
 };
 use super::strides::{lane_strides, wide_strides};
 use crate::ir::{Func, Inst, Op, SReg, Sp, Src, NONE};
@@ -123,6 +124,11 @@ pub(super) struct Translator<'a, 'f> {
     /// later `f32` op reads that (NaN in, NaN out, made canonical at its
     /// end), keeping the canonicalisation off chains of dependent ops.
     pub vraw: Vec<(u32, Value)>,
+    /// Predicate registers that a vector `setp` (or `and`, `or`, `xor` of
+    /// such) of the straight run being emitted wrote, with its lanes as
+    /// masks (all ones where it holds): a guard reads the mask's top bits
+    /// at once, not the register's 0/1 lanes moved back there.
+    pub vmasks: Vec<(u32, Value)>,
     pub pc_now: u32,
     /// The parameters loaded before the thread loop.
     pub params: HoistedParams,
@@ -142,6 +148,13 @@ pub(super) struct Translator<'a, 'f> {
     /// condition (an I8 made once a call; the lane kernel's only).
     pub strides: Vec<Option<u32>>,
     pub x_aligned: Option<Value>,
+    /// Whether a backward branch past the block's next check checks its
+    /// budgets in place (`runtime::rt_checkpoint`) and goes on, rather
+    /// than yield to the block's other threads: the lane kernel's, where
+    /// no thread spins on what another writes (it has no ordered loads;
+    /// its yields came at other counts than the interpreter's anyway, and
+    /// each cost the launch a round over the block's threads).
+    pub checks_in_place: bool,
 }
 
 /// What is known of a vector-wide register's lanes since its last write in
@@ -423,7 +436,9 @@ impl<'a, 'f> Translator<'a, 'f> {
             local,
             tid,
         } = vals;
-        let lane_file = if width == 1 {
+        // (a lane kernel whose registers never wait in the lane file
+        // loads no pointer to it: the load would stay, unused)
+        let lane_file = if width == 1 || lane_slots(func, plan).1 == 0 {
             regs_base
         } else {
             let file = fb
@@ -483,6 +498,7 @@ impl<'a, 'f> Translator<'a, 'f> {
             lane_bases: Vec::new(),
             vconsts: Vec::new(),
             vraw: Vec::new(),
+            vmasks: Vec::new(),
             pc_now: 0,
             params,
             wfacts: Vec::new(),
@@ -491,6 +507,7 @@ impl<'a, 'f> Translator<'a, 'f> {
             specials,
             strides,
             x_aligned,
+            checks_in_place: width > 1 && !polls(ops),
         };
         // dispatch on the resume point: load its live registers, go on there
         let resume_blocks: Vec<Block> = plan.resumes.iter().map(|_| t.fb.create_block()).collect();
@@ -630,6 +647,7 @@ impl<'a, 'f> Translator<'a, 'f> {
         let off = self.fb.ins().ishl_imm_u(t64, 2);
         let at = self.fb.ins().iadd(self.codes, off);
         self.fb.ins().store(MemFlagsData::trusted(), c, at, 0);
+        self.note_code(code);
         let returns = code == RET_FAULT || code & ((1 << STOP_BITS) - 1) == STOP_YIELD;
         if returns {
             let n = self.fb.use_var(self.count);
@@ -641,6 +659,19 @@ impl<'a, 'f> Translator<'a, 'f> {
         } else {
             self.fb.ins().jump(self.next_thread, &[]);
         }
+    }
+
+    /// Adds stop code `code` to the call's `Ctx::codes_and` and
+    /// `Ctx::codes_or` (in place: an `and` and an `or` on memory).
+    pub(super) fn note_code(&mut self, code: u32) {
+        let flags = MemFlagsData::trusted();
+        let (ctx, and_at, or_at) = (self.ctx, ctx_off!(codes_and), ctx_off!(codes_or));
+        let all = self.fb.ins().load(I32, flags, ctx, and_at);
+        let all = self.fb.ins().band_imm_u(all, code as i64);
+        self.fb.ins().store(flags, all, ctx, and_at);
+        let any = self.fb.ins().load(I32, flags, ctx, or_at);
+        let any = self.fb.ins().bor_imm_u(any, code as i64);
+        self.fb.ins().store(flags, any, ctx, or_at);
     }
 
     /// Stops the thread to resume at `pc` later: stores the registers live
@@ -828,6 +859,7 @@ impl<'a, 'f> Translator<'a, 'f> {
         self.block_end = end;
         self.vconsts.clear();
         self.vraw.clear();
+        self.vmasks.clear();
         self.wfacts.clear();
         self.wconsecutive.clear();
         for pc in start..end {
@@ -1004,6 +1036,13 @@ impl<'a, 'f> Translator<'a, 'f> {
             self.fb.set_cold_block(stop);
             self.fb.ins().brif(over, stop, &[], to, &[]);
             self.fb.switch_to_block(stop);
+            if self.checks_in_place {
+                let line = self.imm(line as i64);
+                let failed = self.call_status(rt_checkpoint as *const (), &[self.ctx, n, line]);
+                self.fault_if(failed);
+                self.fb.ins().jump(to, &[]);
+                return;
+            }
             let line = self.fb.ins().iconst(I64, line as i64);
             self.fb.ins().store(
                 MemFlagsData::trusted(),
@@ -1049,6 +1088,7 @@ impl<'a, 'f> Translator<'a, 'f> {
         match self.vregs[d as usize] {
             Some(var) => {
                 self.vraw.retain(|x| x.0 != d);
+                self.vmasks.retain(|x| x.0 != d);
                 // a narrow register: `v` is below 2^32
                 let all = self.fb.use_var(var);
                 let x = self.fb.ins().ireduce(I32, v);
