@@ -33,3 +33,28 @@ stop_all() {
     wait 2>/dev/null
     rm -rf "$W"
 }
+
+# start_relay PORT RTT_MS GBIT: a cumux-netem relay from a fresh loopback port
+# to 127.0.0.1:PORT ($KIT's, its output in a file of its own under $W, never a
+# stale line of the last one); sets relay_pid and relay_at (HOST:PORT), adds
+# the pid to `pids`; fails, saying why on stderr, if it does not start.
+relay_pid=
+relay_at=
+relays=0
+start_relay() {
+    relays=$((relays + 1))
+    local out=$W/relay$relays.out
+    "$KIT/cumux-netem" --to "127.0.0.1:$1" --rtt "${2}ms" --gbit "$3" >"$out" 2>&1 &
+    relay_pid=$!
+    pids+=("$relay_pid")
+    relay_at=
+    for _ in $(seq 100); do
+        relay_at=$(awk '/listening/ { print $4 }' "$out" 2>/dev/null)
+        [ -n "$relay_at" ] && break
+        sleep 0.05
+    done
+    [ -n "$relay_at" ] || echo "cumux-netem did not start: $(cat "$out")" >&2
+    [ -n "$relay_at" ]
+}
+# stop_relay: ends the relay start_relay started.
+stop_relay() { [ -n "$relay_pid" ] && kill "$relay_pid" 2>/dev/null; wait "$relay_pid" 2>/dev/null; relay_pid=; }

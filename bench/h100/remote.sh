@@ -146,25 +146,6 @@ start_server tls tcp:0.0.0.0:0 || { say "FATAL: no TLS server"; exit 1; }
 HAVE_PLAIN=1
 start_server plain tcp:127.0.0.1:0 || { note "the plain-TCP server did not start: no TLS comparison"; HAVE_PLAIN=0; }
 
-relay_pid=
-relay_at=
-relays=0
-start_relay() { # PORT RTT_MS GBIT; a file of its own, never a stale line of the last one
-    relays=$((relays + 1))
-    local out=$W/relay$relays.out
-    "$KIT/cumux-netem" --to "127.0.0.1:$1" --rtt "${2}ms" --gbit "$3" >"$out" 2>&1 &
-    relay_pid=$!
-    pids+=("$relay_pid")
-    relay_at=
-    for _ in $(seq 100); do
-        relay_at=$(awk '/listening/ { print $4 }' "$out" 2>/dev/null)
-        [ -n "$relay_at" ] && break
-        sleep 0.05
-    done
-    [ -n "$relay_at" ] || note "cumux-netem did not start: $(cat "$out")"
-    [ -n "$relay_at" ]
-}
-stop_relay() { [ -n "$relay_pid" ] && kill "$relay_pid" 2>/dev/null; wait "$relay_pid" 2>/dev/null; relay_pid=; }
 
 # run_step NAME RTT_MS GBIT TRANSPORT STEPS WARMUP: one process, natively or
 # through cumux over a fresh relay; its line in the manifest.

@@ -5,6 +5,12 @@ and through cumux over emulated links.
 
     python3 remote_step.py [STEPS] [WARMUP] [BATCH] [CTX]
 
+With STEP_GPU_TIME=1 each timed step also records CUDA events after its
+forward pass, backward pass and optimizer step and prints `gpu K fwd F bwd B
+opt O total T issue I` (ms; issue: the host's time to queue the step, before
+its loss.item()) and `gpu_ms_p50: T`: where the GPU's time goes and whether
+the step waits on the GPU or on the host.
+
 Prints `pid: N`; `stamp PHASE NS` (CLOCK_MONOTONIC, the hop trace's clock) at
 start (before `import torch`), imported, cuda_ready, model_ready, first_step
 (the first step's loss.item() returned), steps_begin and steps_end (the timed
@@ -86,29 +92,50 @@ def main():
     print(f"model: {params / 1e6:.1f} M parameters, batch {batch} x {ctx} tokens", flush=True)
     stamp("model_ready")
 
+    gpu_time = os.environ.get("STEP_GPU_TIME") == "1"
+    marks = [torch.cuda.Event(enable_timing=True) for _ in range(4)] if gpu_time else []
+    issued = []
+
+    def mark(i):
+        if marks:
+            marks[i].record()
+
     def step():
+        began = time.perf_counter()
+        mark(0)
         opt.zero_grad(set_to_none=True)
         with torch.autocast("cuda", dtype=torch.bfloat16):
             logits = model(x)
         loss = F.cross_entropy(logits.float().view(-1, vocab), y.reshape(-1))
+        mark(1)
         loss.backward()
+        mark(2)
         opt.step()
+        mark(3)
+        issued.append((time.perf_counter() - began) * 1e3)
         return loss.item()
 
     step()
     stamp("first_step")
     for _ in range(max(warmup - 1, 0)):
         step()
-    times = []
+    times, gpu_totals = [], []
     stamp("steps_begin")
     for i in range(steps):
         began = time.perf_counter()
         value = step()
         times.append((time.perf_counter() - began) * 1e3)
         print(f"step {i} loss {value:.5f} ms {times[-1]:.3f}", flush=True)
+        if marks:
+            parts = [marks[k].elapsed_time(marks[k + 1]) for k in range(3)]
+            gpu_totals.append(sum(parts))
+            print(f"gpu {i} fwd {parts[0]:.3f} bwd {parts[1]:.3f} opt {parts[2]:.3f} "
+                  f"total {gpu_totals[-1]:.3f} issue {issued[-1]:.3f}", flush=True)
     stamp("steps_end")
     print(f"step_ms_p50: {pct(times, 50):.3f}")
     print(f"step_ms_p99: {pct(times, 99):.3f}")
+    if gpu_totals:
+        print(f"gpu_ms_p50: {pct(gpu_totals, 50):.3f}")
     print("remote_step: PASS", flush=True)
     return 0
 

@@ -112,6 +112,7 @@ driver_programs=(
     "pinned_memory;pinned_memory.cu;;"
     "host_callback;host_callback.cu;;"
     "cluster_launch;cluster_launch.cu;-arch=sm_90;"
+    "cluster_occupancy;cluster_occupancy.cu;-arch=sm_90;"
     "driver_api;driver_api.cu;-lcuda;$ROOT/crates/fatbin/tests/fixtures/zstd.fatbin"
     "rdc_program;rdc_program.cu;-rdc=true $DRIVER_DIR/rdc_helper.cu;"
     "launch_window;launch_window.cu;;"

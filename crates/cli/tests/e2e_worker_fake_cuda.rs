@@ -16,7 +16,8 @@ use cumux_protocol::arrays::{
 use cumux_protocol::vmm::ACCESS_READWRITE;
 use cumux_protocol::VmmCall;
 use cumux_protocol::{
-    codes, Call, ClientRole, Hello, ReplyBody, DEFAULT_STREAM, MAGIC, PROTOCOL_VERSION,
+    codes, Call, ClientRole, ClusterQuery, Hello, LaunchAttribute, ReplyBody, DEFAULT_STREAM,
+    MAGIC, PROTOCOL_VERSION,
 };
 use cumux_server::device::arrays::ArrayOp;
 use cumux_server::device::pieces::MemPiece;
@@ -120,6 +121,7 @@ fn cuda_contexts_live_in_workers() {
     let mut back = vec![0u8; 16];
     ctx.mem_read(a, &mut back).unwrap();
     assert_eq!(f32s(&back), [3.0, 6.0, 9.0, 4.0]);
+    cluster_occupancy_from_the_driver(ctx.as_ref(), module.id);
     // Read in pieces through the worker (a checkpoint's reads): bytes, and
     // a piece of one value as that value alone.
     let b = ctx.mem_alloc(16).unwrap();
@@ -161,6 +163,10 @@ fn cuda_contexts_live_in_workers() {
     // session only.
     let other = device.create_context().unwrap();
     other.mem_alloc(8).unwrap();
+    // Its module has the device's next id, and its worker's own first one:
+    // the query names the worker's.
+    let theirs = other.module_load(&image).unwrap();
+    cluster_occupancy_from_the_driver(other.as_ref(), theirs.id);
     let workers = children();
     assert_eq!(workers.len(), 2, "{workers:?}");
     let newest = workers.iter().map(|w| w.0).max().unwrap();
@@ -232,6 +238,8 @@ fn cuda_contexts_live_in_workers() {
     first.module_unload(m.id);
     let again = first.module_load(&image).unwrap();
     assert_eq!(again.globals[0].ptr, global);
+    // A view of the shared context asks its driver too.
+    cluster_occupancy_from_the_driver(first.as_ref(), again.id);
     let mut kept = vec![1u8; 16];
     first.mem_read(global, &mut kept).unwrap();
     assert_eq!(
@@ -412,6 +420,34 @@ fn sm_caps_in_workers(
 
 /// Each worker process's own report (`REPORT.PID`): no other process
 /// writes it, so what one says cannot be another's.
+/// Cluster occupancy is the driver's answer (the fake's chip holds 30
+/// clusters of 4, not 132 / 4), asked after the kernel is opted in to the
+/// launch's shared memory and, for a potential size, with its non-portable
+/// setting as the query says.
+fn cluster_occupancy_from_the_driver(ctx: &dyn DeviceContext, module: u64) {
+    let shaped = |cluster: [u32; 3], shared: u32| LaunchGeometry {
+        grid: [cluster[0] * 8, 1, 1],
+        block: [128, 1, 1],
+        dynamic_shared_bytes: shared,
+        attributes: vec![LaunchAttribute::ClusterDim(cluster)],
+    };
+    let active = ClusterQuery::MaxActiveClusters;
+    let ask = |geometry: &LaunchGeometry, query| ctx.cluster_occupancy(module, 1, geometry, query);
+    assert_eq!(ask(&shaped([4, 1, 1], 200 << 10), active), Ok(30));
+    assert_eq!(ask(&shaped([8, 1, 1], 0), active), Ok(15));
+    assert_eq!(ask(&shaped([2, 1, 1], 0), active), Ok(66));
+    let unclustered = LaunchGeometry {
+        attributes: Vec::new(),
+        ..shaped([1, 1, 1], 0)
+    };
+    let e = ask(&unclustered, active).unwrap_err();
+    assert_eq!(e.code, 912, "the driver's refusal, as it gave it: {e}");
+    for (non_portable, most) in [(false, 8), (true, 16)] {
+        let query = ClusterQuery::MaxPotentialClusterSize { non_portable };
+        assert_eq!(ask(&unclustered, query), Ok(most));
+    }
+}
+
 fn worker_reports(report: &Path) -> Vec<String> {
     live_reports(report)
         .into_iter()

@@ -91,18 +91,21 @@ pub fn active_blocks(sm: &Sm, k: &Kernel, block: i32, dynamic_smem: usize) -> i3
     by_threads.min(by_blocks).min(by_regs).min(by_smem).max(0) as i32
 }
 
-/// `cuOccupancyAvailableDynamicSMemPerBlock`: the most dynamic shared memory
+/// `cuOccupancyAvailableDynamicSMemPerBlock`: the dynamic shared memory
 /// each block may use with `blocks` blocks of `block` threads resident on
-/// one SM (0 when that many cannot be resident at all).
-pub fn available_dynamic_smem(sm: &Sm, k: &Kernel, blocks: i32, block: i32) -> usize {
+/// one SM; `None` when that many cannot be resident at all (the driver's
+/// "invalid value"). As NVIDIA's driver answers (measured on an H200, driver
+/// 580): an even share of the SM's shared memory less the kernel's static
+/// memory, the per-block reservation not taken off.
+pub fn available_dynamic_smem(sm: &Sm, k: &Kernel, blocks: i32, block: i32) -> Option<usize> {
     if blocks <= 0 || active_blocks(sm, k, block, 0) < blocks {
-        return 0;
+        return None;
     }
     let share = sm.smem_per_sm as i64 / blocks as i64 / SMEM_UNIT * SMEM_UNIT;
-    let dynamic = (share - sm.reserved_smem_per_block as i64 - k.static_smem as i64)
+    let dynamic = (share - k.static_smem as i64)
         .min(sm.smem_per_block_optin as i64 - k.static_smem as i64)
         .min(k.max_dynamic_smem as i64);
-    dynamic.max(0) as usize
+    Some(dynamic.max(0) as usize)
 }
 
 /// `cuOccupancyMaxPotentialBlockSize`: the block size (a multiple of the
@@ -259,15 +262,18 @@ mod tests {
         let sm = h100();
         let k = kernel(32, 0);
         // One block may take all it may opt in to.
-        assert_eq!(available_dynamic_smem(&sm, &k, 1, 128), 232_448);
-        // Two blocks share 228 KiB, less 1 KiB reserved each.
-        assert_eq!(available_dynamic_smem(&sm, &k, 2, 128), 116_736 - 1024);
-        // More blocks than can be resident: none.
-        assert_eq!(available_dynamic_smem(&sm, &k, 64, 128), 0);
+        assert_eq!(available_dynamic_smem(&sm, &k, 1, 128), Some(232_448));
+        // Two blocks share 228 KiB evenly: the driver takes no reservation
+        // off (H200, driver 580: 116,736 for 2 blocks, 58,368 for 4).
+        assert_eq!(available_dynamic_smem(&sm, &k, 2, 128), Some(116_736));
+        assert_eq!(available_dynamic_smem(&sm, &k, 4, 256), Some(58_368));
+        // More blocks than can be resident (by blocks, or threads): an error.
+        assert_eq!(available_dynamic_smem(&sm, &k, 64, 128), None);
+        assert_eq!(available_dynamic_smem(&sm, &k, 4, 1024), None);
         let s = kernel(32, 4096);
         assert_eq!(
             available_dynamic_smem(&sm, &s, 2, 128),
-            116_736 - 1024 - 4096
+            Some(116_736 - 4096)
         );
     }
 

@@ -39,6 +39,7 @@ pub fn device_of_call(call: &Call, placements: &Placements) -> u32 {
         Call::ModuleUnload { module } => handle(*module),
         Call::NewStream { handle: h, .. } | Call::NewEvent { handle: h, .. } => handle(*h),
         Call::Launch { function, .. } => handle(*function),
+        Call::ClusterOccupancy { launch, .. } => handle(launch.function),
         Call::TensorMapEncode { request } => ptr(request.global_address),
         Call::StreamDestroy { stream: s }
         | Call::StreamSynchronize { stream: s }

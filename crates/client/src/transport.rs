@@ -96,21 +96,39 @@ pub struct Connection {
 /// training step of a few hundred launches pays no round trip for it.
 pub(crate) const SOCKET_FENCE_EVERY: u32 = 16 * proto::FENCE_EVERY;
 
-/// The flusher writes a batch through the connection's lock; a failure
-/// waits for the connection's next call.
+/// The flusher writes a batch through the connection's lock, never waiting
+/// for it; a failure waits for the connection's next call.
 impl batch::Flush for Mutex<Connection> {
-    fn flush_batch(&self, wait: bool) {
-        let mut conn = match (wait, self.try_lock()) {
-            (_, Ok(conn)) => conn,
-            (_, Err(std::sync::TryLockError::Poisoned(p))) => p.into_inner(),
-            (true, Err(std::sync::TryLockError::WouldBlock)) => {
-                self.lock().unwrap_or_else(|p| p.into_inner())
-            }
-            (false, Err(std::sync::TryLockError::WouldBlock)) => return,
+    fn flush_if_due(&self) -> batch::Flushing {
+        let mut conn = match self.try_lock() {
+            Ok(conn) => conn,
+            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => return batch::Flushing::Busy,
         };
-        let conn = &mut *conn;
-        if let Err(e) = conn.batch.flush(&mut conn.stream) {
-            conn.flush_failed.get_or_insert(e.to_string());
+        match conn.batch.due_at() {
+            Some(at) if at > std::time::Instant::now() => batch::Flushing::NotYet(at),
+            Some(_) => {
+                conn.write_batch();
+                batch::Flushing::Done
+            }
+            None => batch::Flushing::Done,
+        }
+    }
+
+    fn flush_now(&self) {
+        match self.try_lock() {
+            Ok(mut conn) => conn.write_batch(),
+            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner().write_batch(),
+            Err(std::sync::TryLockError::WouldBlock) => {}
+        }
+    }
+}
+
+impl Connection {
+    /// Writes the batch for the flusher, keeping a failure for the next call.
+    fn write_batch(&mut self) {
+        if let Err(e) = self.batch.flush(&mut self.stream) {
+            self.flush_failed.get_or_insert(e.to_string());
         }
     }
 }
@@ -601,10 +619,15 @@ impl Connection {
                 // one goes once the batch is due, else the flusher sends it.
                 // A connection no link holds (no flusher can reach it)
                 // writes each call at once.
+                let watched = || match self.batch.due_at() {
+                    Some(due) => batch::watch(self.me.clone() as Weak<dyn batch::Flush>, due),
+                    None => false,
+                };
                 if !forget || self.batch.due() || self.me.strong_count() == 0 {
                     self.batch.flush(&mut self.stream).map_err(lost)?;
-                } else if started {
-                    batch::watch(self.me.clone() as Weak<dyn batch::Flush>);
+                } else if started && !watched() {
+                    // No flusher thread: nothing would write it later.
+                    self.batch.flush(&mut self.stream).map_err(lost)?;
                 }
             }
         }

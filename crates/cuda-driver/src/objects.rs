@@ -743,6 +743,44 @@ impl LaunchConfig {
     }
 }
 
+/// `config`'s attributes as the driver takes them.
+fn raw_attributes(config: &LaunchConfig) -> Vec<CUlaunchAttribute> {
+    config
+        .attributes
+        .iter()
+        .map(|a| {
+            let mut value = [0u32; 16];
+            value[..3].copy_from_slice(&a.value);
+            CUlaunchAttribute {
+                id: a.id,
+                pad: [0; 4],
+                value,
+            }
+        })
+        .collect()
+}
+
+/// `config` as the driver takes it, on `stream`, pointing at `attrs` (which
+/// must outlive its use).
+fn raw_config(
+    config: &LaunchConfig,
+    stream: CUstream,
+    attrs: &mut [CUlaunchAttribute],
+) -> CUlaunchConfig {
+    CUlaunchConfig {
+        grid_dim: config.grid,
+        block_dim: config.block,
+        shared_mem_bytes: config.dynamic_shared_bytes,
+        stream,
+        attrs: if attrs.is_empty() {
+            std::ptr::null_mut()
+        } else {
+            attrs.as_mut_ptr()
+        },
+        num_attrs: attrs.len() as c_uint,
+    }
+}
+
 /// One launch attribute: its `CUlaunchAttributeID` and the first words of
 /// its value (cluster dimensions take three, the others one).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -850,6 +888,40 @@ impl Function {
         unsafe { cu!(ctx.driver, cuFuncSetAttribute(self.raw, attr, value)) }
     }
 
+    /// `cuOccupancyMaxActiveClusters`: how many clusters of a launch shaped
+    /// as `config` (its cluster dimension among the attributes, or the
+    /// kernel's required one) can be resident on the device at once.
+    pub fn max_active_clusters(&self, config: &LaunchConfig) -> Result<i32, CudaError> {
+        self.cluster_occupancy(config, false)
+    }
+
+    /// `cuOccupancyMaxPotentialClusterSize`: the largest cluster a launch
+    /// shaped as `config` could run in.
+    pub fn max_potential_cluster_size(&self, config: &LaunchConfig) -> Result<i32, CudaError> {
+        self.cluster_occupancy(config, true)
+    }
+
+    /// One of the two cluster occupancy queries (`potential`: the size).
+    fn cluster_occupancy(&self, config: &LaunchConfig, potential: bool) -> Result<i32, CudaError> {
+        let ctx = self.ctx()?;
+        let mut attrs = raw_attributes(config);
+        let raw = raw_config(config, std::ptr::null_mut(), &mut attrs);
+        let mut n: c_int = 0;
+        let (n_ptr, f) = (&mut n as *mut c_int, self.raw);
+        // SAFETY: `n_ptr` is an out-pointer; `raw` and the `attrs` it points
+        // at outlive the call; a null stream asks about the current context.
+        unsafe {
+            match potential {
+                true => cu!(
+                    ctx.driver,
+                    cuOccupancyMaxPotentialClusterSize(n_ptr, f, &raw)
+                )?,
+                false => cu!(ctx.driver, cuOccupancyMaxActiveClusters(n_ptr, f, &raw))?,
+            }
+        };
+        Ok(n)
+    }
+
     /// Queues the kernel on `stream` with the packed parameter buffer `params`
     /// (passed through `CU_LAUNCH_PARAM_BUFFER_POINTER`/`SIZE`; the driver
     /// copies it before returning). The buffer handed over is exactly
@@ -899,27 +971,8 @@ impl Function {
             extra.as_mut_ptr()
         };
         if !config.attributes.is_empty() {
-            let mut attrs: Vec<CUlaunchAttribute> = config
-                .attributes
-                .iter()
-                .map(|a| {
-                    let mut value = [0u32; 16];
-                    value[..3].copy_from_slice(&a.value);
-                    CUlaunchAttribute {
-                        id: a.id,
-                        pad: [0; 4],
-                        value,
-                    }
-                })
-                .collect();
-            let raw_config = CUlaunchConfig {
-                grid_dim: config.grid,
-                block_dim: config.block,
-                shared_mem_bytes: config.dynamic_shared_bytes,
-                stream: stream.raw,
-                attrs: attrs.as_mut_ptr(),
-                num_attrs: attrs.len() as c_uint,
-            };
+            let mut attrs = raw_attributes(config);
+            let raw_config = raw_config(config, stream.raw, &mut attrs);
             // SAFETY: `raw_config` and `attrs` outlive the call, `extra_ptr` is
             // as below, and the driver copies everything before returning.
             return unsafe {

@@ -400,6 +400,8 @@ driver_api! {
     cuFuncGetParamInfo ["cuFuncGetParamInfo"] (CUfunction, usize, *mut usize, *mut usize);
     cuFuncGetAttribute ["cuFuncGetAttribute"] (*mut c_int, c_int, CUfunction);
     cuFuncSetAttribute ["cuFuncSetAttribute"] (CUfunction, c_int, c_int);
+    cuOccupancyMaxActiveClusters ["cuOccupancyMaxActiveClusters"] (*mut c_int, CUfunction, *const CUlaunchConfig);
+    cuOccupancyMaxPotentialClusterSize ["cuOccupancyMaxPotentialClusterSize"] (*mut c_int, CUfunction, *const CUlaunchConfig);
     cuTensorMapEncodeTiled ["cuTensorMapEncodeTiled"] (
         Ptr, c_uint, c_uint, Ptr, *const u64, *const u64, *const c_uint, *const c_uint,
         c_uint, c_uint, c_uint, c_uint

@@ -573,8 +573,13 @@ CUresult cuFuncGetAttribute(int *v, int attr, void *f) {
     default: *v = 0; return 0;
     }
 }
-static int dynamic_shared_set;
-CUresult cuFuncSetAttribute(void *f, int attr, int v) { (void)f; if (attr == 8) dynamic_shared_set = v; return 0; }
+static int dynamic_shared_set, non_portable_set;
+CUresult cuFuncSetAttribute(void *f, int attr, int v) {
+    (void)f;
+    if (attr == 8) dynamic_shared_set = v;
+    if (attr == 14) non_portable_set = v;
+    return 0;
+}
 int fake_dynamic_shared_set(void) { return dynamic_shared_set; }
 
 /* Runs the kernel on the host from the packed parameter buffer in `extra`. */
@@ -641,6 +646,32 @@ CUresult cuLaunchKernelEx(const fake_launch_config *config, void *f, void **para
     return cuLaunchKernel(f, config->grid[0], config->grid[1], config->grid[2], config->block[0],
                           config->block[1], config->block[2], config->shared, config->stream,
                           params, extra);
+}
+
+/* Cluster occupancy of a chip whose processing clusters hold 30 clusters of
+ * 4 blocks and 15 of 8 (not its 132 SMs divided by the cluster size, which
+ * is what a model from attributes would say): the cluster from the config's
+ * attribute 4, none being CUDA_ERROR_INVALID_CLUSTER_SIZE. As on a GPU, a
+ * block's shared memory over 48 KiB must be opted in to first, and clusters
+ * over 8 blocks must be allowed (attribute 14). */
+CUresult cuOccupancyMaxActiveClusters(int *n, void *f, const fake_launch_config *config) {
+    (void)f;
+    if (!n || !config || (config->num_attrs && !config->attrs)) return 1;
+    if (config->shared > (48u << 10) && (unsigned)dynamic_shared_set < config->shared) return 1;
+    unsigned blocks = 0;
+    for (unsigned i = 0; i < config->num_attrs; i++)
+        if (config->attrs[i].id == 4)
+            blocks = config->attrs[i].value[0] * config->attrs[i].value[1] * config->attrs[i].value[2];
+    if (!blocks || (blocks > 8 && !non_portable_set)) return 912;
+    *n = blocks == 4 ? 30 : blocks == 8 ? 15 : (int)(132 / blocks);
+    return 0;
+}
+CUresult cuOccupancyMaxPotentialClusterSize(int *n, void *f, const fake_launch_config *config) {
+    (void)f;
+    if (!n || !config) return 1;
+    if (config->shared > (48u << 10) && (unsigned)dynamic_shared_set < config->shared) return 1;
+    *n = non_portable_set ? 16 : 8;
+    return 0;
 }
 
 /* A tiled tensor map: the address, rank and box sizes, laid out where a test

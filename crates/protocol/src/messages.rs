@@ -562,6 +562,25 @@ pub enum Call {
     Settle {
         stream: Option<Handle>,
     },
+    /// `cuOccupancyMaxActiveClusters` or `cuOccupancyMaxPotentialClusterSize`
+    /// for a launch of this shape (its `params` empty), asked of the
+    /// device's driver: how clusters fit a GPU's processing clusters is the
+    /// chip's own, and libraries size their grids by the answer. Answered by
+    /// [`ReplyBody::Value`] (protocol 28).
+    ClusterOccupancy {
+        launch: GraphLaunch,
+        query: ClusterQuery,
+    },
+}
+
+/// What a [`Call::ClusterOccupancy`] asks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum ClusterQuery {
+    /// How many clusters of the launch's size can be resident at once.
+    MaxActiveClusters,
+    /// The largest cluster the launch could run in; over the portable 8
+    /// blocks only where the kernel allows non-portable sizes.
+    MaxPotentialClusterSize { non_portable: bool },
 }
 
 /// The longest a `Call::QueryWithin` holds its connection: the calls of the
@@ -572,7 +591,7 @@ pub const MAX_QUERY_WITHIN_US: u32 = 200_000;
 pub const IPC_HANDLE_BYTES: usize = 64;
 
 /// One launch of a [`Call::GraphCreate`]: a [`Call::Launch`] without its stream.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct GraphLaunch {
     pub function: Handle,
     pub grid: [u32; 3],
@@ -701,7 +720,7 @@ pub enum ReplyBody {
 }
 
 /// A `cuLaunchKernelEx` attribute that changes how a kernel runs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum LaunchAttribute {
     /// `CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION`: blocks per thread-block cluster.
     ClusterDim([u32; 3]),

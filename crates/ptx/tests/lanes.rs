@@ -403,3 +403,166 @@ fn shared_bases_whose_lanes_are_known_before_the_run_read_as_interpreted() {
         }
     }
 }
+
+#[test]
+fn a_strided_index_that_wraps_inside_a_group_faults_where_interpreted() {
+    // `i + s` wraps past 2^31 (or 2^32) between the group's lanes 2 and 3,
+    // or 1 and 2, or not
+    for kernel in ["strided_wrap", "strided_wrap_u"] {
+        let top: u32 = if kernel == "strided_wrap" {
+            0x8000_0000
+        } else {
+            0
+        };
+        for (s, first_fault) in [
+            (0, None),
+            (top.wrapping_sub(4), None),
+            (top.wrapping_sub(3), Some(3)),
+            (top.wrapping_sub(2), Some(2)),
+            (top.wrapping_sub(1), Some(1)),
+        ] {
+            let input = words(0..1024);
+            let (report, out) = both(
+                kernel,
+                config([1, 1, 1], [64, 1, 1], 0),
+                std::slice::from_ref(&input),
+                s,
+            );
+            match first_fault {
+                None => {
+                    report.result.expect("nothing wraps");
+                    for (i, &got) in out[..64].iter().enumerate() {
+                        let want = if i < 4 { 2 * i as u32 } else { i as u32 };
+                        assert_eq!(got, want, "{kernel} ({s:#x}): word {i}");
+                    }
+                }
+                Some(t) => {
+                    let fault = report.result.expect_err("the wrapped lanes fault");
+                    assert_eq!(fault.cu_code(), 700, "{kernel} ({s:#x}): {fault:?}");
+                    for (i, &got) in out[..64].iter().enumerate() {
+                        let want = if i < t { 2 * i as u32 } else { i as u32 };
+                        assert_eq!(got, want, "{kernel} ({s:#x}): word {i}");
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn strided_addresses_not_consecutive_or_past_the_end_run_as_interpreted() {
+    let last = (BUFFER_BYTES / 4) as u32;
+    // lanes 8 bytes apart: lane by lane; past the end: the group whose
+    // words straddle it faults at its first lane outside
+    for (k, faults) in [(0, false), (1, false), (last - 250, true)] {
+        let input = words(0..last);
+        let (report, out) = both(
+            "strided_skip",
+            config([2, 1, 1], [64, 1, 1], 0),
+            std::slice::from_ref(&input),
+            k,
+        );
+        if faults {
+            let fault = report
+                .result
+                .expect_err("thread 125's word is past the end");
+            assert_eq!(fault.cu_code(), 700, "{fault:?}");
+            assert_eq!(
+                out[last as usize - 2],
+                last - 2 + 124 + 1,
+                "thread 124 stored"
+            );
+            continue;
+        }
+        report.result.expect("every address is inside");
+        for t in 0..128u32 {
+            let w = (2 * t + k) as usize;
+            assert_eq!(out[w], w as u32 + t + 1, "thread {t} (k {k})");
+        }
+    }
+    for (k, faults) in [(0, false), (last - 6, true)] {
+        // word k + 6 is past the end: the second group straddles it
+        let (report, out) = both(
+            "strided_rows",
+            config([1, 1, 1], [8, 1, 1], 0),
+            &[words(0..last)],
+            k,
+        );
+        if faults {
+            let fault = report.result.expect_err("a lane past the end faults");
+            assert_eq!(fault.cu_code(), 700, "{fault:?}");
+            assert_eq!(out[last as usize - 1], last - 1 + 6, "thread 5 stored");
+        } else {
+            report.result.expect("every address is inside");
+        }
+    }
+}
+
+#[test]
+fn strided_registers_of_a_block_whose_groups_span_rows_read_as_interpreted() {
+    // 16 x 4: a group's lanes consecutive; 2 x 8: a group spans two rows,
+    // its index's lanes not consecutive (the strides do not hold)
+    for block in [[16, 4, 1], [2, 8, 1], [6, 2, 1]] {
+        let (report, out) = both(
+            "strided_rows",
+            config([1, 1, 1], block, 0),
+            &[words(0..1024)],
+            3,
+        );
+        report.result.expect("the kernel runs");
+        for y in 0..block[1] {
+            for x in 0..block[0] {
+                let i = 16 * y + x;
+                let w = (i + 3) as usize;
+                assert_eq!(out[w], w as u32 + i + 1, "{block:?}: thread ({x}, {y})");
+            }
+        }
+    }
+}
+
+#[test]
+fn threads_of_one_call_that_stop_apart_are_taken_one_by_one() {
+    // 64 threads: groups of lanes; 62: the thread loop alone
+    for block in [64, 62] {
+        let (report, out) = both("stops_apart", config([1, 1, 1], [block, 1, 1], 0), &[], 0);
+        report.result.expect("the kernel runs");
+        for (t, &got) in out[..64].iter().enumerate() {
+            let want = match t as u32 {
+                t if t >= block => 0,
+                t if t < 8 => 1,
+                _ => 3,
+            };
+            assert_eq!(got, want, "word {t} (block {block})");
+        }
+    }
+}
+
+#[test]
+fn a_predicate_written_again_guards_with_its_new_value() {
+    let (report, out) = both("pred_rewritten", config([1, 1, 1], [64, 1, 1], 0), &[], 0);
+    report.result.expect("the kernel runs");
+    for (i, &got) in out[..64].iter().enumerate() {
+        let want = if i >= 6 { 1 } else { 2 } + if i >= 5 { 10 } else { 20 };
+        assert_eq!(got, want, "word {i}");
+    }
+}
+
+#[test]
+fn a_group_whose_last_word_is_past_the_allocation_faults_at_that_thread() {
+    // the 64 KiB buffer holds 16,384 words: from word 16,377 the second
+    // group's 16 bytes end 4 bytes past it (700 at its last thread, as
+    // interpreted: `both`; the first group's access, inside, filled the
+    // access's cache), from 16,376 they end at its end
+    for (k, fault) in [(16_377, true), (16_376, false)] {
+        let (report, _) = both(
+            "strided_rows",
+            config([1, 1, 1], [8, 1, 1], 0),
+            &[words(0..16_384)],
+            k,
+        );
+        match report.result {
+            Err(e) if fault => assert_eq!(e.cu_code(), 700, "{e}"),
+            r => assert_eq!(r.is_ok(), !fault, "offset {k}: {r:?}"),
+        }
+    }
+}

@@ -206,3 +206,47 @@ fn a_launchs_blocks_run_on_the_workers_it_is_given() {
         );
     }
 }
+
+#[test]
+fn a_lane_kernel_checks_its_budgets_in_place_and_stops_where_interpreted() {
+    // blocks of whole groups of lanes, each thread's loop longer than a
+    // check interval: the lane kernel checks at its backward branch and
+    // goes on, or fails where the block's or the launch's budget ends
+    let mem = DeviceMemory::new(1 << 20);
+    let mut p = program(&mem);
+    let params = 3000u32.to_le_bytes();
+    let grid = linear(4, 64);
+    let per_block_run = p.launch(&mem, "count", &grid, &params);
+    assert_eq!(per_block_run.result, Ok(()));
+    let total = per_block_run.instructions;
+    assert!(total / 4 > 2 * LAUNCH_CHECK_INTERVAL, "blocks check inside");
+    for limits in [
+        LaunchLimits {
+            per_block: total / 4 - 1,
+            ..LaunchLimits::NONE
+        },
+        LaunchLimits {
+            per_launch: total / 2,
+            ..LaunchLimits::NONE
+        },
+        LaunchLimits {
+            per_block: total / 4,
+            per_launch: total,
+            ..LaunchLimits::NONE
+        },
+    ] {
+        let limits = LaunchLimits {
+            workers: 1,
+            ..limits
+        };
+        p.set_engine(Engine::Compiler);
+        let jit = p.launch_with(&mem, "count", &grid, &params, &limits);
+        p.set_engine(Engine::Interpreter);
+        let interp = p.launch_with(&mem, "count", &grid, &params, &limits);
+        assert_eq!(
+            jit, interp,
+            "budgets {} / {}",
+            limits.per_block, limits.per_launch
+        );
+    }
+}

@@ -94,3 +94,53 @@ fn tensor_maps_name_only_the_sessions_memory() {
     c.write(mine, &[7; 4]);
     assert_eq!(c.read(mine, 4).unwrap(), [7; 4]);
 }
+
+fn cluster_query(function: Handle, block: [u32; 3], query: ClusterQuery) -> Call {
+    Call::ClusterOccupancy {
+        launch: GraphLaunch {
+            function,
+            grid: [4, 1, 1],
+            block,
+            shared_bytes: 0,
+            params: Vec::new(),
+            attributes: vec![LaunchAttribute::ClusterDim([2, 1, 1])],
+        },
+        query,
+    }
+}
+
+#[test]
+fn cluster_occupancy_is_asked_of_a_driver_and_checked_first() {
+    let h = Harness::start("cluster-occupancy");
+    let mut c = h.client();
+    let m = c.load(IMAGE);
+    let function = m.functions[0].handle;
+    let active = ClusterQuery::MaxActiveClusters;
+    // No function of the session's (handles are the session's own), and a
+    // block no launch could have.
+    assert_eq!(
+        c.code(cluster_query(function + 1000, [32, 1, 1], active)),
+        codes::INVALID_HANDLE
+    );
+    assert_eq!(
+        c.code(cluster_query(function, [4096, 1, 1], active)),
+        codes::INVALID_VALUE
+    );
+    // A device with no driver to ask says so, rather than guess: the client
+    // answers for such a device itself.
+    let sizes = ClusterQuery::MaxPotentialClusterSize { non_portable: true };
+    for query in [active, sizes] {
+        match c.call(cluster_query(function, [32, 1, 1], query)) {
+            Err(e) => {
+                assert_eq!(e.code, codes::NOT_SUPPORTED);
+                assert!(e.detail.contains("clusters"), "{}", e.detail);
+            }
+            Ok(reply) => panic!("answered {reply:?} without a driver"),
+        }
+    }
+    // The session goes on.
+    let p = c.alloc(64);
+    c.write(p, &5u32.to_le_bytes());
+    launch_with(&mut c, &m, Vec::new(), scale_add(p, 2, 0, 0));
+    assert_eq!(c.code(Call::ContextSynchronize), codes::SUCCESS);
+}

@@ -14,7 +14,7 @@ use super::*;
 use crate::graph::GraphOp;
 use crate::host_fn::UserData;
 use crate::state::handles;
-use crate::state::{client, Client};
+use crate::state::{client, Client, FunctionSettings};
 
 const CU_LAUNCH_PARAM_END: usize = 0;
 const CU_LAUNCH_PARAM_BUFFER_POINTER: usize = 1;
@@ -110,18 +110,7 @@ fn launch(
     let mut st = c.lock();
     let func = st.function(function)?;
     let (attrs, settings) = (func.attrs, func.settings);
-    let names_cluster = attributes
-        .iter()
-        .any(|a| matches!(a, LaunchAttribute::ClusterDim(_)));
-    if !names_cluster && settings.required_cluster.iter().any(|d| *d > 0) {
-        let dims = settings.required_cluster.map(|d| d.max(1) as u32);
-        attributes.push(LaunchAttribute::ClusterDim(dims));
-    }
-    if settings.cluster_scheduling_policy != 0 {
-        attributes.push(LaunchAttribute::ClusterSchedulingPolicy(
-            settings.cluster_scheduling_policy as u32,
-        ));
-    }
+    with_settings(&mut attributes, &settings);
     let dev = st.context_device()? as i32;
     check_shape(c, dev, grid, block, &attrs)?;
     if shared as i64 > dynamic_shared_limit(c, dev, &attrs)? as i64 {
@@ -158,6 +147,24 @@ fn launch(
             Ok(())
         }
         None => Ok(()),
+    }
+}
+
+/// Adds to a launch's `attributes` what the kernel's settings
+/// (`cuFuncSetAttribute`) ask of every launch: its required cluster shape
+/// where the launch names none, its cluster scheduling policy.
+pub(crate) fn with_settings(attributes: &mut Vec<LaunchAttribute>, settings: &FunctionSettings) {
+    let names_cluster = attributes
+        .iter()
+        .any(|a| matches!(a, LaunchAttribute::ClusterDim(_)));
+    if !names_cluster && settings.required_cluster.iter().any(|d| *d > 0) {
+        let dims = settings.required_cluster.map(|d| d.max(1) as u32);
+        attributes.push(LaunchAttribute::ClusterDim(dims));
+    }
+    if settings.cluster_scheduling_policy != 0 {
+        attributes.push(LaunchAttribute::ClusterSchedulingPolicy(
+            settings.cluster_scheduling_policy as u32,
+        ));
     }
 }
 
@@ -203,7 +210,7 @@ pub(crate) const LAUNCH_ATTRIBUTE_BYTES: usize = 72;
 /// shared memory carveout, NVLink-centric scheduling, portable cluster size
 /// and shared memory modes) are left out; those naming events are not
 /// supported yet and say so.
-fn launch_attributes(cfg: &CUlaunchConfig) -> CuResult<Vec<LaunchAttribute>> {
+pub(crate) fn launch_attributes(cfg: &CUlaunchConfig) -> CuResult<Vec<LaunchAttribute>> {
     if cfg.numAttrs == 0 {
         return Ok(Vec::new());
     }

@@ -9,7 +9,8 @@ use std::ffi::{c_void, CString};
 
 use cumux_protocol::pinned::HostMapping;
 use cumux_protocol::{
-    Call, FunctionAttrs, GlobalInfo, Handle, ModuleInfo, ParamInfo, DEFAULT_STREAM,
+    Call, ClusterQuery, FunctionAttrs, GlobalInfo, GraphLaunch, Handle, ModuleInfo, ParamInfo,
+    DEFAULT_STREAM,
 };
 
 use super::current::current_context;
@@ -85,6 +86,9 @@ pub struct Function {
     pub attrs: FunctionAttrs,
     /// Settings made with `cuFuncSetAttribute` that ride on its launches.
     pub settings: FunctionSettings,
+    /// The device driver's answers to cluster occupancy queries, by query
+    /// and launch shape (`exports::occupancy`).
+    pub cluster_answers: HashMap<(ClusterQuery, GraphLaunch), i32>,
 }
 
 /// A function's settable attributes besides its dynamic shared memory.
@@ -452,6 +456,7 @@ impl State {
                 params: f.params,
                 attrs: f.attrs,
                 settings: FunctionSettings::default(),
+                cluster_answers: HashMap::new(),
             };
             self.functions.insert(f.handle, function);
         }

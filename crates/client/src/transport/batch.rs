@@ -4,8 +4,10 @@
 //!
 //! Over a network each write is a system call, a TLS record and a packet
 //! for the server to read; a program's launches come microseconds apart.
-//! A batch is never older than [`BATCH_AGE`] plus the flusher's wake-up, so
-//! unanswered work reaches the device about as soon as before.
+//! A batch is never older than its age plus the flusher's wake-up, so
+//! unanswered work reaches the device about as soon as before. The flusher
+//! keeps a due time per connection and never waits on one that is busy: it
+//! tries it again later, so one connection's long wait holds up no other.
 
 use std::io::{self, Write};
 use std::sync::{Condvar, Mutex, OnceLock, Weak};
@@ -51,7 +53,22 @@ impl Batch {
 
     /// Whether the batch should go out now.
     pub fn due(&self) -> bool {
-        self.bytes.len() >= BATCH_BYTES || self.since.is_some_and(|t| t.elapsed() >= self.age)
+        self.due_at().is_some_and(|at| at <= Instant::now())
+    }
+
+    /// When the batch should go out (now, if it is large); `None` when empty.
+    pub fn due_at(&self) -> Option<Instant> {
+        let since = self.since?;
+        if self.bytes.len() >= BATCH_BYTES {
+            return Some(since);
+        }
+        Some(since + self.age)
+    }
+
+    /// Lets the batch wait `age` from now on (a test's second phase).
+    #[cfg(test)]
+    pub fn set_age(&mut self, age: Duration) {
+        self.age = age;
     }
 
     #[cfg(test)]
@@ -84,16 +101,44 @@ impl Batch {
 
 /// What the flusher thread flushes: a connection that holds a batch.
 pub trait Flush: Send + Sync {
-    /// Writes the connection's batch, keeping a failure for its next call;
-    /// with `wait` false, only if the connection is free now.
-    fn flush_batch(&self, wait: bool);
+    /// Writes the connection's batch if it is due, keeping a failure for its
+    /// next call; never waits for a connection another thread holds.
+    fn flush_if_due(&self) -> Flushing;
+    /// Writes the batch whatever its age, if no thread holds the connection
+    /// (the process's exit).
+    fn flush_now(&self);
 }
+
+/// What became of a connection's batch when the flusher came for it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Flushing {
+    /// Written, or there was none (another call took it).
+    Done,
+    /// A younger batch, due then.
+    NotYet(Instant),
+    /// Another thread holds the connection: try again later.
+    Busy,
+}
+
+/// A connection the flusher comes back to at `due`; `busy` times it was
+/// found held, which spaces out the next try.
+struct Waiting {
+    due: Instant,
+    busy: u32,
+    conn: Weak<dyn Flush>,
+}
+
+/// The first wait before a busy connection is tried again; it doubles up to
+/// [`BUSY_RETRY_MAX`]. A connection is held for long only by a call waiting
+/// for its answer, and such a call wrote the batch before it waited.
+const BUSY_RETRY: Duration = Duration::from_micros(20);
+const BUSY_RETRY_MAX: Duration = Duration::from_millis(1);
 
 /// Connections whose batch started, waiting for the flusher; the process
 /// that made the thread (a forked child makes its own).
 struct Flusher {
     pid: u32,
-    waiting: Mutex<Vec<Weak<dyn Flush>>>,
+    waiting: Mutex<Vec<Waiting>>,
     wake: Condvar,
 }
 
@@ -102,9 +147,11 @@ fn flusher() -> &'static Mutex<Option<&'static Flusher>> {
     FLUSHER.get_or_init(|| Mutex::new(None))
 }
 
-/// Has `conn`'s batch written within about [`BATCH_AGE`] if nothing else
-/// writes it first.
-pub fn watch(conn: Weak<dyn Flush>) {
+/// Has `conn`'s batch written at `due` (or soon after) if nothing else
+/// writes it first; false when there is no flusher thread (none could be
+/// started), so the caller writes the batch itself.
+#[must_use]
+pub fn watch(conn: Weak<dyn Flush>, due: Instant) -> bool {
     let pid = std::process::id();
     let mut slot = flusher().lock().unwrap_or_else(|p| p.into_inner());
     let current = match *slot {
@@ -119,12 +166,7 @@ pub fn watch(conn: Weak<dyn Flush>) {
                 .name("cumux-flush".into())
                 .spawn(move || run(made));
             if started.is_err() {
-                // No thread: flush now rather than let the batch wait.
-                drop(slot);
-                if let Some(conn) = conn.upgrade() {
-                    conn.flush_batch(true);
-                }
-                return;
+                return false;
             }
             *slot = Some(made);
             // SAFETY: registers a function with no arguments that never
@@ -138,25 +180,73 @@ pub fn watch(conn: Weak<dyn Flush>) {
         .waiting
         .lock()
         .unwrap_or_else(|p| p.into_inner())
-        .push(conn);
+        .push(Waiting { due, busy: 0, conn });
     current.wake.notify_one();
+    true
 }
 
-/// The flusher: sleeps until a batch starts, lets it gather for its age,
-/// then writes every waiting connection's batch.
+/// The flusher: sleeps until the earliest due time, then tries every
+/// connection due by then; a younger batch or a busy connection comes back
+/// later, at its own time.
 fn run(f: &'static Flusher) {
     // SAFETY: prctl with PR_SET_TIMERSLACK only sets this thread's timer slack.
     unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1_000u64, 0u64, 0u64, 0u64) };
     loop {
-        let mut waiting = f.waiting.lock().unwrap_or_else(|p| p.into_inner());
-        while waiting.is_empty() {
-            waiting = f.wake.wait(waiting).unwrap_or_else(|p| p.into_inner());
+        let due = take_due(f);
+        let mut again = Vec::new();
+        for w in due {
+            let Some(conn) = w.conn.upgrade() else {
+                continue;
+            };
+            match conn.flush_if_due() {
+                Flushing::Done => {}
+                Flushing::NotYet(at) => again.push(Waiting {
+                    due: at,
+                    busy: 0,
+                    ..w
+                }),
+                Flushing::Busy => {
+                    let wait = BUSY_RETRY
+                        .saturating_mul(1 << w.busy.min(6))
+                        .min(BUSY_RETRY_MAX);
+                    again.push(Waiting {
+                        due: Instant::now() + wait,
+                        busy: w.busy + 1,
+                        ..w
+                    });
+                }
+            }
         }
-        drop(waiting);
-        std::thread::sleep(BATCH_AGE);
-        let due = std::mem::take(&mut *f.waiting.lock().unwrap_or_else(|p| p.into_inner()));
-        for conn in due.iter().filter_map(Weak::upgrade) {
-            conn.flush_batch(true);
+        if !again.is_empty() {
+            f.waiting
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .extend(again);
+        }
+    }
+}
+
+/// Waits until some connection is due and takes every one due by now.
+fn take_due(f: &Flusher) -> Vec<Waiting> {
+    let mut waiting = f.waiting.lock().unwrap_or_else(|p| p.into_inner());
+    loop {
+        let now = Instant::now();
+        match waiting.iter().map(|w| w.due).min() {
+            None => waiting = f.wake.wait(waiting).unwrap_or_else(|p| p.into_inner()),
+            Some(first) if first > now => {
+                waiting = f
+                    .wake
+                    .wait_timeout(waiting, first - now)
+                    .unwrap_or_else(|p| p.into_inner())
+                    .0;
+            }
+            Some(_) => {
+                let (due, later) = std::mem::take(&mut *waiting)
+                    .into_iter()
+                    .partition(|w| w.due <= now);
+                *waiting = later;
+                return due;
+            }
         }
     }
 }
@@ -171,9 +261,9 @@ extern "C" fn flush_at_exit() {
         if f.pid != std::process::id() {
             return;
         }
-        let due = std::mem::take(&mut *f.waiting.lock().unwrap_or_else(|p| p.into_inner()));
-        for conn in due.iter().filter_map(Weak::upgrade) {
-            conn.flush_batch(false);
+        let waiting = std::mem::take(&mut *f.waiting.lock().unwrap_or_else(|p| p.into_inner()));
+        for conn in waiting.iter().filter_map(|w| w.conn.upgrade()) {
+            conn.flush_now();
         }
     });
 }

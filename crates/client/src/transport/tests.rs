@@ -482,6 +482,10 @@ fn unanswered_calls_on_a_socket_go_out_together() {
     }
     assert_eq!(link.call(Call::ContextSynchronize), Ok(ReplyBody::Unit));
     assert_eq!(link.lock().batch.writes(), 1, "one write for 101 calls");
+    // The flusher writes a batch once it is as old as its own age.
+    link.lock()
+        .batch
+        .set_age(std::time::Duration::from_millis(1));
     assert_eq!(link.call(empty_launch()), Ok(ReplyBody::Unit));
     let seqs = rx
         .recv_timeout(std::time::Duration::from_secs(10))
@@ -489,5 +493,53 @@ fn unanswered_calls_on_a_socket_go_out_together() {
     assert_eq!(seqs, (1..=102).collect::<Vec<u64>>());
     assert_eq!(link.lock().batch.writes(), 2);
     server.join().unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The flusher never waits on a connection another thread holds: while one
+/// link is held (as by a call waiting for its answer), another link's
+/// unanswered launch still goes out; the held one's goes once it is free.
+#[test]
+fn a_held_connection_holds_up_no_other_batch() {
+    let dir = std::env::temp_dir().join(format!("cumux-client-held-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut links = Vec::new();
+    let mut arrived = Vec::new();
+    let mut servers = Vec::new();
+    for name in ["a", "b"] {
+        let sock = dir.join(format!("{name}.sock"));
+        let (tx, rx) = std::sync::mpsc::channel();
+        servers.push(fake(&sock, move |mut s, _| {
+            let welcome = welcome(proto::PROTOCOL_VERSION);
+            proto::write_frame(&mut s, &proto::encode(&welcome).unwrap()).unwrap();
+            tx.send(next_request(&mut s).seq).unwrap();
+        }));
+        let (mut conn, _) = Connection::connect(&ServerAddress::Unix(sock), None, None).unwrap();
+        conn.batch = batch::Batch::new(std::time::Duration::from_millis(1));
+        links.push(Link::new(conn));
+        arrived.push(rx);
+    }
+    let patience = std::time::Duration::from_secs(10);
+    assert_eq!(links[0].call(empty_launch()), Ok(ReplyBody::Unit));
+    let held = links[0].lock();
+    assert_eq!(links[1].call(empty_launch()), Ok(ReplyBody::Unit));
+    assert_eq!(
+        arrived[1].recv_timeout(patience),
+        Ok(1),
+        "b's launch goes out while a is held"
+    );
+    assert!(
+        arrived[0].try_recv().is_err(),
+        "a's batch waits for its lock"
+    );
+    drop(held);
+    assert_eq!(
+        arrived[0].recv_timeout(patience),
+        Ok(1),
+        "a's launch goes once a is free"
+    );
+    for s in servers {
+        s.join().unwrap();
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }

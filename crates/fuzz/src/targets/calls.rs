@@ -5,8 +5,8 @@
 
 use arbitrary::{Result, Unstructured};
 use cumux_protocol::{
-    Call, CuError, DevicePtr, GraphLaunch, Handle, LaunchAttribute, ParamInfo, ReplyBody,
-    TensorMapLayout, TensorMapRequest,
+    Call, ClusterQuery, CuError, DevicePtr, GraphLaunch, Handle, LaunchAttribute, ParamInfo,
+    ReplyBody, TensorMapLayout, TensorMapRequest,
 };
 
 /// Module images worth loading: whole, or with one byte changed.
@@ -460,7 +460,17 @@ pub fn call(u: &mut Unstructured, known: &Known, images: Images) -> Result<Call>
                 .map(|_| graph_launch(u, known))
                 .collect::<Result<_>>()?,
         },
-        _ => match u.int_in_range(0u8..=2)? {
+        _ => match u.int_in_range(0u8..=3)? {
+            3 => Call::ClusterOccupancy {
+                launch: graph_launch(u, known)?,
+                query: if u.arbitrary()? {
+                    ClusterQuery::MaxActiveClusters
+                } else {
+                    ClusterQuery::MaxPotentialClusterSize {
+                        non_portable: u.arbitrary()?,
+                    }
+                },
+            },
             0 | 1 => Call::GraphLaunch {
                 graph: handle(u, &known.graphs)?,
                 stream: stream(u, known)?,

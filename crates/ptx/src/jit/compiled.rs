@@ -5,7 +5,7 @@
 use super::inline::{flatten, CHECKS, UNCOUNTED};
 use super::lanes::LANES;
 use super::lockstep::with_steps;
-use super::plan::{ordered, plan, Plan};
+use super::plan::{plan, polls, Plan};
 use super::runtime::KernelFn;
 use super::translate::{kernel_signature, lane_slots, Translator};
 use crate::ir::{Func, Module, Op, Src};
@@ -27,6 +27,10 @@ pub(crate) struct CompiledKernel {
     /// and the 16-byte slots of each group's lane file.
     pub(super) lanes: Option<KernelFn>,
     pub(super) lane_slots: u32,
+    /// Whether the lane kernel runs only blocks whose `%ntid.x` is a
+    /// multiple of [`LANES`] (its strided registers need a group's lanes
+    /// consecutive in `%tid.x`).
+    pub(super) lanes_need_aligned: bool,
     /// The kernel's ops (the code passes pointers into them to its helpers;
     /// warp collectives are resolved from them) and their source lines.
     pub(super) ops: Box<[Op]>,
@@ -154,13 +158,13 @@ fn define(
     ops: &[Op],
     p: &Plan,
     width: u32,
-) -> Result<(FuncId, u32, u64), String> {
+) -> Result<(FuncId, u32, u64, usize, bool), String> {
     let sig = kernel_signature(jit.isa().default_call_conv());
     let mut ctx = jit.make_context();
     ctx.func.signature = sig.clone();
     let mut fbctx = FunctionBuilderContext::new();
     let fb = FunctionBuilder::new(&mut ctx.func, &mut fbctx);
-    let (sites, extent) = Translator::translate(fb, jit.target_config(), f, ops, p, width);
+    let (sites, extent, aligned) = Translator::translate(fb, jit.target_config(), f, ops, p, width);
     let name = if width == 1 { "kernel" } else { "lanes" };
     let id = jit
         .declare_function(name, Linkage::Local, &sig)
@@ -174,7 +178,8 @@ fn define(
             eprintln!("{name}:\n{}", c.vcode.as_deref().unwrap_or(""));
         }
     }
-    Ok((id, sites, extent))
+    let size = ctx.compiled_code().map_or(0, |c| c.code_buffer().len());
+    Ok((id, sites, extent, size, aligned))
 }
 
 /// Compiles kernel `f` (a module's, whose plan is `p`), or says why not.
@@ -184,10 +189,12 @@ fn compile(f: &Func, p: &Plan) -> Result<CompiledKernel, String> {
     let ops: Box<[Op]> = f.code.iter().map(|i| i.op.clone()).collect();
     let widths: &[u32] = if p.lanes { &[1, LANES] } else { &[1] };
     let mut ids = Vec::new();
+    let mut sizes = Vec::new();
+    let mut lanes_need_aligned = false;
     let (mut global_sites, mut param_extent) = (0, 0);
     for &width in widths {
         let defined = define(&mut jit, f, &ops, p, width);
-        let (id, sites, extent) = match defined {
+        let (id, sites, extent, size, aligned) = match defined {
             Ok(d) => d,
             Err(e) => {
                 // SAFETY: none of the module's code was handed out.
@@ -196,6 +203,8 @@ fn compile(f: &Func, p: &Plan) -> Result<CompiledKernel, String> {
             }
         };
         ids.push(id);
+        sizes.push(size);
+        lanes_need_aligned |= aligned && width > 1;
         // the kernels share the worker's cache of sites (a hint each
         // access checks: a site another kernel filled only misses)
         global_sites = global_sites.max(sites);
@@ -206,8 +215,9 @@ fn compile(f: &Func, p: &Plan) -> Result<CompiledKernel, String> {
         unsafe { jit.free_memory() };
         return Err(e.to_string());
     }
-    let mut entries = ids.into_iter().map(|id| {
+    let mut entries = ids.into_iter().zip(sizes).map(|(id, size)| {
         let code = jit.get_finalized_function(id);
+        dump_code(code, size);
         // SAFETY: `code` is the finished code of a function built with
         // `kernel_signature`, which is `KernelFn`'s ABI.
         unsafe { std::mem::transmute::<*const u8, KernelFn>(code) }
@@ -226,9 +236,7 @@ fn compile(f: &Func, p: &Plan) -> Result<CompiledKernel, String> {
                 | Op::WarpStep
         )
     });
-    let polls = ops
-        .iter()
-        .any(|op| ordered(op) && matches!(op, Op::Ld { .. }));
+    let polls = polls(&ops);
     let bar_red = ops.iter().any(|op| {
         matches!(
             op,
@@ -253,6 +261,7 @@ fn compile(f: &Func, p: &Plan) -> Result<CompiledKernel, String> {
         plain_barriers,
         lanes,
         lane_slots: lane_slots(f, p).1,
+        lanes_need_aligned,
         collectives,
         fresh_start: p.fresh_start,
         entry,
@@ -269,6 +278,22 @@ fn compile(f: &Func, p: &Plan) -> Result<CompiledKernel, String> {
         param_extent,
         code: Some(jit),
     })
+}
+
+/// With `CUMUX_JIT_DUMP=DIR`, writes the `size` bytes of finished code at
+/// `code` to `DIR/code-<address>.bin` (for profiles: a disassembler at that
+/// address lines up with callgrind's instruction counts).
+fn dump_code(code: *const u8, size: usize) {
+    let Some(dir) = std::env::var_os("CUMUX_JIT_DUMP") else {
+        return;
+    };
+    // SAFETY: `code` is the start of a finished function of `size` bytes,
+    // readable while its module lives (it does: the caller holds it).
+    let bytes = unsafe { std::slice::from_raw_parts(code, size) };
+    let path = std::path::Path::new(&dir).join(format!("code-{:x}.bin", code as usize));
+    if let Err(e) = std::fs::write(&path, bytes) {
+        eprintln!("CUMUX_JIT_DUMP: {}: {e}", path.display());
+    }
 }
 
 /// Kernels the cache keeps at most; past it the oldest goes (modules using

@@ -3,7 +3,8 @@
 //! site resolved last; else the checked helpers, which fault as the interpreter.
 
 use super::runtime::{
-    rt_atom, rt_load, rt_log_store, rt_misaligned_vector, rt_store, space_code, Ctx, LOGGED_BYTES,
+    rt_atom, rt_load, rt_log_store, rt_misaligned_vector, rt_store, space_code, Ctx,
+    GLOBAL_ENTRY_BYTES, LOGGED_BYTES,
 };
 use super::translate::{ctx_off, Translator};
 use crate::ir::{Address, MemOrder, Op, Sp, Src, NONE};
@@ -194,7 +195,10 @@ impl Translator<'_, '_> {
             }
             Sp::Global | Sp::Generic => {
                 let cache = self.fb.ins().load(I64, fixed, self.ctx, ctx_off!(gcache));
-                let entry = self.fb.ins().iadd_imm_s(cache, self.site as i64 * 24);
+                let entry = self
+                    .fb
+                    .ins()
+                    .iadd_imm_s(cache, self.site as i64 * GLOBAL_ENTRY_BYTES);
                 let gbase = self.fb.ins().load(I64, flags, entry, 0);
                 let glen = self.fb.ins().load(I64, flags, entry, 8);
                 let off = self.fb.ins().isub(addr, gbase);

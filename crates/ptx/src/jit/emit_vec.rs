@@ -8,7 +8,7 @@ use super::translate::{ctx_off, Translator};
 use crate::ir::{BoolOp, Cmp, FOp, Inst, IntOp, Op, SReg, Src, TernOp, Ty, NONE};
 use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
 use cranelift_codegen::ir::types::{F32X4, I32, I32X4};
-use cranelift_codegen::ir::{Endianness, InstBuilder, MemFlagsData, Value};
+use cranelift_codegen::ir::{ConstantData, Endianness, InstBuilder, MemFlagsData, Value};
 use std::mem::offset_of;
 
 impl Translator<'_, '_> {
@@ -32,6 +32,7 @@ impl Translator<'_, '_> {
         }
         let int32 = |t: Ty| t.bits() == 32 && !t.is_float();
         let mut raw = None;
+        let mut masks: Vec<(u32, Value)> = Vec::new();
         let results: Vec<(u32, Value)> = match inst.op {
             Op::Mov { d, a, mask } if mask >= u32::MAX as u64 => vec![(d, self.vsrc(a))],
             Op::Int { op, t, d, a, b } if int32(t) => {
@@ -170,6 +171,24 @@ impl Translator<'_, '_> {
                 let Some(p) = self.vcompare(cmp, t, a, b) else {
                     return false;
                 };
+                // (the lanes as masks, for guards: `vmasks`)
+                let cmask = match bop {
+                    BoolOp::None => None,
+                    _ => self.vmask(c, cneg),
+                };
+                let mcombine = |t: &mut Self, m: Value| match (bop, cmask) {
+                    (BoolOp::None, _) => Some(m),
+                    (BoolOp::And, Some(cm)) => Some(t.fb.ins().band(m, cm)),
+                    (BoolOp::Or, Some(cm)) => Some(t.fb.ins().bor(m, cm)),
+                    (BoolOp::Xor, Some(cm)) => Some(t.fb.ins().bxor(m, cm)),
+                    _ => None,
+                };
+                let pm = p;
+                masks.extend(mcombine(self, pm).map(|m| (d, m)));
+                if d2 != NONE {
+                    let npm = self.fb.ins().bnot(pm);
+                    masks.extend(mcombine(self, npm).map(|m| (d2, m)));
+                }
                 // lanes of all ones or zeros, to 1 or 0
                 let p = self.fb.ins().ushr_imm_u(p, 31);
                 let cv = self.vsrc(c);
@@ -226,7 +245,21 @@ impl Translator<'_, '_> {
             };
             self.vdef(d, v, raw.filter(|_| on.is_none()));
         }
+        if on.is_none() {
+            self.vmasks.extend(masks);
+        }
         true
+    }
+
+    /// Predicate `s` (negated where `neg`) as masks in every lane (all
+    /// ones where it holds), where the straight run knows them.
+    fn vmask(&mut self, s: Src, neg: bool) -> Option<Value> {
+        let m = match s {
+            Src::Reg(r) => self.vmasks.iter().find(|m| m.0 == r)?.1,
+            Src::Imm(v) => self.vsplat(if v & 1 != 0 { u32::MAX } else { 0 }),
+            Src::Frame(_) => return None,
+        };
+        Some(if neg { self.fb.ins().bnot(m) } else { m })
     }
 
     /// Sets narrow register `d` to `v` (an I32X4) for every lane; `raw`:
@@ -234,6 +267,7 @@ impl Translator<'_, '_> {
     pub(super) fn vdef(&mut self, d: u32, v: Value, raw: Option<Value>) {
         let var = self.vregs[d as usize].expect("a narrow destination");
         self.fb.def_var(var, v);
+        self.vmasks.retain(|x| x.0 != d);
         self.vraw.retain(|x| x.0 != d);
         if let Some(r) = raw {
             self.vraw.push((d, r));
@@ -264,14 +298,19 @@ impl Translator<'_, '_> {
         if let Some(&(_, x)) = self.vconsts.iter().find(|c| c.0 == v) {
             return x;
         }
-        let x = self.fb.ins().iconst(I32, v as i64);
-        let x = self.fb.ins().splat(I32X4, x);
+        // (from the constant pool: one load, not a move and a broadcast)
+        let bytes: Vec<u8> = [v; 4].iter().flat_map(|w| w.to_le_bytes()).collect();
+        let c = self.fb.func.dfg.constants.insert(ConstantData::from(bytes));
+        let x = self.fb.ins().vconst(I32X4, c);
         self.vconsts.push((v, x));
         x
     }
 
     /// All ones in the lanes where predicate `s` is true (`neg`: false).
     fn vtrue(&mut self, s: Src, neg: bool) -> Value {
+        if let Some(m) = self.vmask(s, neg) {
+            return m;
+        }
         let v = self.vsrc(s);
         let one = self.vsplat(1);
         let bit = self.fb.ins().band(v, one);

@@ -2,7 +2,7 @@
 //! one 16-byte access (a store logged first) where the lanes' addresses are consecutive words inside the allocation the access resolved last, else lane by lane.
 
 use super::emit_vec_mem::unaligned;
-use super::runtime::Ctx;
+use super::runtime::{Ctx, GLOBAL_ENTRY_BYTES};
 use super::translate::{ctx_off, Translator};
 use crate::ir::{Address, Inst, MemOrder, Op, Sp, Src, NONE};
 use cranelift_codegen::ir::condcodes::IntCC;
@@ -16,6 +16,8 @@ use std::mem::offset_of;
 enum LaneAddrs {
     Each(Vec<Value>),
     Halves([Value; 2]),
+    /// The first lane's, and the stride between the lanes' (a strided base).
+    Strided(Value, u64),
 }
 
 impl Translator<'_, '_> {
@@ -52,31 +54,40 @@ impl Translator<'_, '_> {
         if inst.guard != NONE || !wide || !spaces || self.width != 4 {
             return false;
         }
-        let (addrs, first, consecutive) = self.global_lane_addrs(&addr);
+        // (a strided base whose lanes are consecutive words is known so
+        // before the run; one with another stride goes lane by lane)
+        let (addrs, first, consecutive) = match self.strided_address(addr.base, addr.off) {
+            Some((first, 4)) => (LaneAddrs::Strided(first, 4), first, None),
+            Some(_) => return false,
+            None => {
+                let (addrs, first, consecutive) = self.global_lane_addrs(&addr);
+                (addrs, first, Some(consecutive))
+            }
+        };
         self.next_site(addr.sp);
         let site = self.site;
         // one compare: the offset in the allocation the site resolved last,
-        // rotated right by 2, plus 4 is at most its length in words exactly
+        // rotated right by 2, is below its length in words less 3 exactly
         // when the offset is a multiple of 4 and its 16 bytes end inside
         // (a misaligned offset rotates its low bits to the top; lengths are
-        // far below 2^60)
+        // far below 2^60; `GlobalEntry::words`)
         let flags = MemFlagsData::trusted();
         let fixed = flags.with_readonly();
         let cache = self.fb.ins().load(I64, fixed, self.ctx, ctx_off!(gcache));
-        let entry = self.fb.ins().iadd_imm_s(cache, site as i64 * 24);
-        let gbase = self.fb.ins().load(I64, flags, entry, 0);
-        let glen = self.fb.ins().load(I64, flags, entry, 8);
-        let gptr = self.fb.ins().load(I64, flags, entry, 16);
-        let off = self.fb.ins().isub(first, gbase);
-        let words = self.fb.ins().rotr_imm_u(off, 2);
-        let last = self.fb.ins().iadd_imm_s(words, 4);
-        let lim = self.fb.ins().ushr_imm_u(glen, 2);
-        let inside = self
+        let entry = self
             .fb
             .ins()
-            .icmp(IntCC::UnsignedLessThanOrEqual, last, lim);
-        let p = self.fb.ins().iadd(gptr, off);
-        let all = self.fb.ins().band(consecutive, inside);
+            .iadd_imm_s(cache, site as i64 * GLOBAL_ENTRY_BYTES);
+        // (each load next to its one use, where it folds into the op)
+        let gbase = self.fb.ins().load(I64, flags, entry, 0);
+        let off = self.fb.ins().isub(first, gbase);
+        let words = self.fb.ins().rotr_imm_u(off, 2);
+        let starts = self.fb.ins().load(I64, flags, entry, 24);
+        let inside = self.fb.ins().icmp(IntCC::UnsignedLessThan, words, starts);
+        let all = match consecutive {
+            Some(c) => self.fb.ins().band(c, inside),
+            None => inside,
+        };
         let (whole, each) = (self.fb.create_block(), self.fb.create_block());
         self.fb.set_cold_block(each);
         let join = self.fb.create_block();
@@ -85,6 +96,7 @@ impl Translator<'_, '_> {
                 let v = self.fb.append_block_param(join, I32X4);
                 self.fb.ins().brif(all, whole, &[], each, &[]);
                 self.fb.switch_to_block(whole);
+                let p = self.host_at(entry, off);
                 let x = self.fb.ins().load(I32X4, unaligned(), p, 0);
                 self.fb.ins().jump(join, &[BlockArg::Value(x)]);
                 self.fb.switch_to_block(each);
@@ -99,6 +111,7 @@ impl Translator<'_, '_> {
                 let x = self.vsrc_pub(val);
                 self.fb.ins().brif(all, whole, &[], each, &[]);
                 self.fb.switch_to_block(whole);
+                let p = self.host_at(entry, off);
                 self.log_store(p, 16);
                 self.fb.ins().store(unaligned(), x, p, 0);
                 self.fb.ins().jump(join, &[]);
@@ -109,6 +122,13 @@ impl Translator<'_, '_> {
             }
         }
         true
+    }
+
+    /// The host pointer `off` bytes into the allocation of global-cache
+    /// entry `entry`.
+    fn host_at(&mut self, entry: Value, off: Value) -> Value {
+        let gptr = self.fb.ins().load(I64, MemFlagsData::trusted(), entry, 16);
+        self.fb.ins().iadd(gptr, off)
     }
 
     /// The lanes' addresses of `addr`, the first lane's (an I64) and
@@ -156,6 +176,10 @@ impl Translator<'_, '_> {
             let a = match addrs {
                 LaneAddrs::Each(v) => v[k],
                 LaneAddrs::Halves(h) => self.fb.ins().extractlane(h[k / 2], (k % 2) as u8),
+                LaneAddrs::Strided(first, stride) => {
+                    let step = stride.wrapping_mul(k as u64) as i64;
+                    self.fb.ins().iadd_imm_s(*first, step)
+                }
             };
             match stored {
                 Some(v) => {

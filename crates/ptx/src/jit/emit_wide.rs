@@ -152,6 +152,9 @@ impl Translator<'_, '_> {
                 if let Some(vars) = self.wregs[r as usize] {
                     return Some(vars.map(|v| self.fb.use_var(v)));
                 }
+                if self.sregs[r as usize].is_some() {
+                    return Some(self.strided_lanes(r));
+                }
                 let v = self.vregs[r as usize]?;
                 let x = self.fb.use_var(v);
                 Some([self.fb.ins().uwiden_low(x), self.fb.ins().uwiden_high(x)])

@@ -11,8 +11,7 @@ use cranelift_codegen::ir::types::{I32, I32X4, I64, I64X2, I8};
 use cranelift_codegen::ir::{InstBuilder, MemFlagsData, Value};
 use std::mem::offset_of;
 
-/// Threads a lane kernel runs in step (a group starts at a multiple of it).
-pub(crate) const LANES: u32 = 4;
+pub(crate) use super::LANES;
 
 impl Translator<'_, '_> {
     /// Makes lane `k` the running one: its registers in `regs`.
@@ -86,13 +85,14 @@ impl Translator<'_, '_> {
         // fault or parted lanes return (the count stored), one past the group
         let returns =
             code == RET_FAULT || code == RET_PARTED || code & ((1 << STOP_BITS) - 1) == STOP_YIELD;
+        // (the group's lanes stop alike: its first thread's code speaks for
+        // them all)
         let c = self.fb.ins().iconst(I32, code as i64);
         let t64 = self.fb.ins().uextend(I64, self.thread);
         let off = self.fb.ins().ishl_imm_u(t64, 2);
         let at = self.fb.ins().iadd(self.codes, off);
-        for k in 0..self.width as i32 {
-            self.fb.ins().store(MemFlagsData::trusted(), c, at, 4 * k);
-        }
+        self.fb.ins().store(MemFlagsData::trusted(), c, at, 0);
+        self.note_code(code);
         if !returns {
             self.fb.ins().jump(self.next_thread, &[]);
             return;
@@ -193,7 +193,13 @@ impl Translator<'_, '_> {
                     }
                 }
             }
-            _ if self.vector_global(inst) || self.vector_op(inst) || self.wide_op(pc) => true,
+            _ if self.strided_op(pc)
+                || self.vector_global(inst)
+                || self.vector_op(inst)
+                || self.wide_op(pc) =>
+            {
+                true
+            }
             _ => {
                 self.each_lane(pc);
                 true
@@ -247,6 +253,8 @@ impl Translator<'_, '_> {
             return;
         }
         if let Some(var) = self.vregs[d as usize] {
+            self.vraw.retain(|x| x.0 != d);
+            self.vmasks.retain(|x| x.0 != d);
             let zero = self.fb.ins().iconst(I32, 0);
             let zero = self.fb.ins().splat(I32X4, zero);
             self.fb.def_var(var, zero);
@@ -267,9 +275,15 @@ impl Translator<'_, '_> {
             return None;
         }
         if let Some(var) = self.vregs[inst.guard as usize] {
-            // each lane's guard bit at the top of its lane, then one bit a lane
-            let v = self.fb.use_var(var);
-            let top = self.fb.ins().ishl_imm_u(v, 31);
+            // each lane's guard bit at the top of its lane (its mask, where
+            // the run made it), then one bit a lane
+            let top = match self.vmasks.iter().find(|m| m.0 == inst.guard) {
+                Some(&(_, mask)) => mask,
+                None => {
+                    let v = self.fb.use_var(var);
+                    self.fb.ins().ishl_imm_u(v, 31)
+                }
+            };
             let bits = self.fb.ins().vhigh_bits(I8, top);
             let (all_bits, none_bits) = if inst.guard_neg { (0, 15) } else { (15, 0) };
             let all = self.fb.ins().icmp_imm_u(IntCC::Equal, bits, all_bits);

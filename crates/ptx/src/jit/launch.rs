@@ -6,8 +6,8 @@ use super::barriers::Waiters;
 use super::compiled::CompiledKernel;
 use super::lanes::LANES;
 use super::runtime::{
-    undo_stores, Ctx, GlobalEntry, KernelFn, Logged, RET_EXIT, RET_FAULT, RET_PARTED, STOP_BARRIER,
-    STOP_BITS, STOP_WARP,
+    undo_stores, Budget, Ctx, GlobalEntry, KernelFn, Logged, RET_EXIT, RET_FAULT, RET_PARTED,
+    STOP_BARRIER, STOP_BITS, STOP_WARP,
 };
 use super::warp::{resolve_warp, Lanes, State};
 use crate::exec::{launch_progress, on_workers, BlockResults, BLOCK_MEMORY_LIMIT};
@@ -146,7 +146,8 @@ fn run_grid(g: &Grid<'_>) -> LaunchReport {
     let next = AtomicU64::new(0);
     let results = BlockResults::default();
     let work = |smid: u32| {
-        let mut w = Worker::new(g, smid);
+        let own_count = AtomicU64::new(0);
+        let mut w = Worker::new(g, smid, &own_count);
         let mut outs = Vec::new();
         let (mut id, mut claimed) = (0, 0);
         loop {
@@ -249,7 +250,7 @@ fn cancelled(g: &Grid<'_>) -> bool {
 }
 
 /// One worker's buffers, reused block after block.
-struct Worker {
+struct Worker<'w> {
     regs: Vec<u64>,
     local: Vec<u64>,
     shared: Vec<u64>,
@@ -291,7 +292,7 @@ struct Worker {
     /// Instructions of this worker's blocks not yet in the launch's count:
     /// where the launch has no budget, each block adds to this one (which
     /// no other worker touches) and a run of blocks to the launch's.
-    own_count: AtomicU64,
+    own_count: &'w AtomicU64,
     /// Whether every thread of the running block is ready at one resume
     /// point (`resume[0]`): at its start, and after the whole block
     /// stopped at once at a barrier that waits for all of it.
@@ -303,8 +304,8 @@ struct Worker {
     clock: u64,
 }
 
-impl Worker {
-    fn new(g: &Grid<'_>, smid: u32) -> Worker {
+impl<'w> Worker<'w> {
+    fn new(g: &Grid<'_>, smid: u32, own_count: &'w AtomicU64) -> Worker<'w> {
         let n = g.cfg.block.iter().product::<u32>() as usize;
         let local_words = (g.kernel.frame_bytes as usize).div_ceil(8);
         Worker {
@@ -339,7 +340,7 @@ impl Worker {
             undo: Vec::new(),
             logged: 0,
             clean: true,
-            own_count: AtomicU64::new(0),
+            own_count,
             uniform: false,
             passed: false,
             clock: 0,
@@ -357,7 +358,7 @@ impl Worker {
         let cancelled = || cancelled(g);
         let budget = g.limits.per_launch;
         let executed = match budget {
-            u64::MAX => &self.own_count,
+            u64::MAX => self.own_count,
             _ => &g.executed,
         };
         launch_progress(
@@ -374,9 +375,12 @@ impl Worker {
     /// The count the running block's instructions go to: the launch's,
     /// or where it has no budget (none to check them against) the
     /// worker's own until [`Self::flush`].
-    fn counter<'g>(&'g self, g: &'g Grid<'_>) -> &'g AtomicU64 {
+    fn counter<'g>(&self, g: &'g Grid<'_>) -> &'g AtomicU64
+    where
+        'w: 'g,
+    {
         if g.limits.per_launch == u64::MAX {
-            &self.own_count
+            self.own_count
         } else {
             &g.executed
         }
@@ -403,7 +407,8 @@ impl Worker {
     fn run_block(&mut self, g: &Grid<'_>, block_id: u64) -> Result<(), Fault> {
         // (a block of whole groups only: the thread loop logs no stores)
         let whole = self.state.len().is_multiple_of(LANES as usize);
-        if g.kernel.lanes.is_none() || !whole || g.lanes_off.load(Ordering::Relaxed) {
+        let aligned = !g.kernel.lanes_need_aligned || g.cfg.block[0].is_multiple_of(LANES);
+        if g.kernel.lanes.is_none() || !whole || !aligned || g.lanes_off.load(Ordering::Relaxed) {
             return self.run_block_once(g, block_id);
         }
         self.lanes_now = true;
@@ -466,9 +471,20 @@ impl Worker {
             gcache: self.gcache.as_mut_ptr(),
             gsites: self.gcache.len() as u64,
             instructions: 0,
+            codes_and: 0,
+            codes_or: 0,
             check_at: Self::next_check(g, 0),
             local_bytes: (local_words * 8) as u64,
             yield_line: 0,
+            budget: Budget {
+                per_block: g.limits.per_block,
+                per_launch: g.limits.per_launch,
+                executed: self.counter(g),
+                abort: &g.abort,
+                cancel: g.limits.cancel,
+                counted: 0,
+                polls: g.kernel.polls,
+            },
             ntid,
             nctaid: g.cfg.grid,
             ctaid: self.ctaid,
@@ -566,6 +582,7 @@ impl Worker {
                 && self.resume.iter().all(|&r| r == self.resume[0]);
         };
         self.instructions = ctx.instructions;
+        self.counted = ctx.budget.counted;
         self.clock = self.clock.wrapping_add(ctx.instructions);
         self.out = std::mem::take(&mut ctx.out);
         self.logged = ctx.log_len as usize;
@@ -649,6 +666,8 @@ impl Worker {
     /// it says.
     fn call(&mut self, f: KernelFn, lanes: bool, ctx: &mut Ctx<'_>, t: usize, end: usize) -> usize {
         let tids = if lanes { &self.lane_tids } else { &self.tids };
+        ctx.codes_and = u32::MAX;
+        ctx.codes_or = 0;
         // SAFETY: `f` is the block's thread loop or its lane kernel, both
         // compiled for this kernel: it gets this block's live context, the
         // register files (`nregs` each, or for the lane kernel `nregs`
@@ -693,18 +712,20 @@ impl Worker {
     ) -> Result<usize, Fault> {
         let stop = self.call(group, true, ctx, t, end);
         let stop = stop.clamp(t + LANES as usize, end);
-        if self.codes[stop - 1] == RET_PARTED {
+        // (the group's first thread's code speaks for it)
+        if self.codes[stop - LANES as usize] == RET_PARTED {
             return Err(parted());
         }
         self.stops(g, ctx, t, stop, LANES as usize)?;
         Ok(stop)
     }
 
-    /// Takes the stop codes of threads `t..stop`, which stop alike `step`
-    /// by `step`: in bulk where all exited
-    /// or all wait at one barrier (as a block mostly does; where that is
-    /// the whole block at a barrier for all of it, it passes at once),
-    /// else one by one.
+    /// Takes the stop codes of threads `t..stop`, the last call's, which
+    /// stop alike `step` by `step` (the first of each `step` has the code):
+    /// in bulk where all stopped alike (`Ctx::codes_and` and `codes_or`
+    /// equal) and all exited or all wait at one barrier (as a block mostly
+    /// does; where that is the whole block at a barrier for all of it, it
+    /// passes at once), else one by one.
     fn stops(
         &mut self,
         g: &Grid<'_>,
@@ -713,15 +734,8 @@ impl Worker {
         stop: usize,
         step: usize,
     ) -> Result<(), Fault> {
-        // (threads in step, `step` of them, all stop alike)
-        let code = self.codes[t];
-        // (a group's threads stop alike: its first speaks for it)
-        let codes = &self.codes[t..stop];
-        let (mut same, mut k) = (true, 0);
-        while k < codes.len() {
-            same &= codes[k] == code;
-            k += step;
-        }
+        let same = ctx.codes_and == ctx.codes_or;
+        let code = ctx.codes_and;
         let at_barrier =
             code != RET_EXIT && code != RET_FAULT && code & ((1 << STOP_BITS) - 1) == STOP_BARRIER;
         let whole = self.uniform && t == 0 && stop == self.state.len() && !g.kernel.collectives;
@@ -757,14 +771,22 @@ impl Worker {
             return Ok(());
         }
         for k in t..stop {
-            self.stopped(g, ctx, k)?;
+            // (a group's first thread's code is its lanes')
+            let code = self.codes[k - (k - t) % step];
+            self.stopped(g, ctx, k, code)?;
         }
         Ok(())
     }
 
-    /// Takes thread `t`'s stop code from its last run.
-    fn stopped(&mut self, g: &Grid<'_>, ctx: &mut Ctx<'_>, t: usize) -> Result<(), Fault> {
-        match self.codes[t] {
+    /// Takes thread `t`'s stop code from its last run, `code`.
+    fn stopped(
+        &mut self,
+        g: &Grid<'_>,
+        ctx: &mut Ctx<'_>,
+        t: usize,
+        code: u32,
+    ) -> Result<(), Fault> {
+        match code {
             RET_EXIT => {
                 self.state[t] = State::Exited;
                 self.exited += 1;
@@ -786,7 +808,7 @@ impl Worker {
                         let pc = g.kernel.resumes.get(id as usize).copied().unwrap_or(1);
                         self.state[t] = State::AtWarp(pc.saturating_sub(1));
                     }
-                    _ => self.checkpoint(g, ctx)?,
+                    _ => self.checkpoint(ctx)?,
                 }
             }
         }
@@ -827,23 +849,7 @@ impl Worker {
     /// The check of a thread that yielded at a backward branch past
     /// `ctx.check_at`: the block's and launch's budgets and the cancel flag.
     #[cold]
-    fn checkpoint(&mut self, g: &Grid<'_>, ctx: &mut Ctx<'_>) -> Result<(), Fault> {
-        let done = ctx.instructions;
-        let line = ctx.yield_line;
-        if done > g.limits.per_block {
-            return Err(Fault::Timeout(format!(
-                "instruction limit of {} per block exceeded at line {line}",
-                g.limits.per_block
-            )));
-        }
-        let ctaid = self.ctaid;
-        self.launch_check(g, done, || format!("at line {line} of block {ctaid:?}"))?;
-        ctx.check_at = Self::next_check(g, done);
-        if g.kernel.polls {
-            // it may spin on a flag another block sets: the host's other
-            // threads (that block's worker among them) get to run
-            std::thread::yield_now();
-        }
-        Ok(())
+    fn checkpoint(&mut self, ctx: &mut Ctx<'_>) -> Result<(), Fault> {
+        ctx.checkpoint(ctx.instructions, ctx.yield_line)
     }
 }

@@ -9,6 +9,7 @@ mod device_calls;
 mod dirty;
 mod emit_mem;
 mod emit_ops;
+mod emit_strided;
 mod emit_vec;
 mod emit_vec_global;
 mod emit_vec_mem;
@@ -27,6 +28,10 @@ mod shared_checks;
 mod strides;
 mod translate;
 mod warp;
+
+/// Threads a lane kernel runs in step (a group starts at a multiple of it);
+/// here, where `lanes` and `strides` both read it, neither importing the other.
+pub(crate) const LANES: u32 = 4;
 
 pub use compiled::compilations;
 pub(crate) use compiled::CompiledModule;

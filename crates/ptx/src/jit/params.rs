@@ -25,15 +25,9 @@ pub(super) struct HoistedParams {
     pub splats: Vec<Value>,
 }
 
-/// Loads the parameters `ops` read at fixed, aligned addresses (at most 64
-/// of them), at the point `fb` is at.
-/// The lane kernel (`lanes`) also gets each in every lane.
-pub(super) fn hoist_params(
-    fb: &mut FunctionBuilder<'_>,
-    ctx: Value,
-    ops: &[Op],
-    lanes: bool,
-) -> HoistedParams {
+/// The parameter loads of `ops` at fixed, aligned addresses (at most 64 of
+/// them) that [`hoist_params`] makes: (address, bytes) each.
+pub(super) fn hoisted_loads(ops: &[Op]) -> Vec<(u64, u32)> {
     let mut wanted: Vec<(u64, u32)> = Vec::new();
     for op in ops {
         if let Op::Ld {
@@ -49,6 +43,19 @@ pub(super) fn hoist_params(
             }
         }
     }
+    wanted
+}
+
+/// Loads the parameters `ops` read at fixed, aligned addresses (at most 64
+/// of them), at the point `fb` is at.
+/// The lane kernel (`lanes`) also gets each in every lane.
+pub(super) fn hoist_params(
+    fb: &mut FunctionBuilder<'_>,
+    ctx: Value,
+    ops: &[Op],
+    lanes: bool,
+) -> HoistedParams {
+    let wanted = hoisted_loads(ops);
     let extent = wanted.iter().map(|&(a, s)| a + s as u64).max().unwrap_or(0);
     if wanted.is_empty() {
         return HoistedParams {

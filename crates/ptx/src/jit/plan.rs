@@ -117,6 +117,13 @@ pub(super) fn ordered(op: &Op) -> bool {
     matches!(op, Op::Ld { order, .. } | Op::St { order, .. } if *order != MemOrder::Plain)
 }
 
+/// Whether a kernel of `ops` makes ordered loads (volatile, relaxed,
+/// acquire): it may spin on what another thread writes.
+pub(super) fn polls(ops: &[Op]) -> bool {
+    ops.iter()
+        .any(|op| ordered(op) && matches!(op, Op::Ld { .. }))
+}
+
 /// Whether `CUMUX_PTX_LANES=0` turns lane kernels off (read once).
 fn lanes_off() -> bool {
     static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();

@@ -3,11 +3,13 @@
 //! checked memory accesses on their slow path, atomics, `trap`.
 
 use crate::alu::atom_apply;
+use crate::exec::launch_progress;
 use crate::exec::{check_alignment, run_register_op, LOCAL_WINDOW, PARAM_WINDOW, SHARED_WINDOW};
 use crate::ir::{Op, Sp};
-use crate::launch::Fault;
+use crate::launch::{Fault, LAUNCH_CHECK_INTERVAL};
 use crate::memory::{atomic_load, atomic_rmw, atomic_store, DeviceMemory, MemView, DEVICE_VA_BASE};
 use crate::whole_vector::{load_whole, store_whole};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 /// Size of each generic-address window of shared, local and param space.
 pub(super) const WINDOW_BYTES: u64 = 1 << 32;
@@ -41,8 +43,10 @@ pub(super) const STOP_WARP: u32 = 2;
 /// group's [`super::lanes::LANES`] threads at `tids + 16 t` of its first,
 /// then their y, then their z, each 16 bytes).
 /// Its stop goes to `codes[t]`: `resume_id << STOP_BITS | STOP_*`,
-/// [`RET_EXIT`] or [`RET_FAULT`]. It returns the end of the threads it ran:
-/// `end`, or one past a thread that yielded or faulted.
+/// [`RET_EXIT`] or [`RET_FAULT`] (the lane kernel's to its group's first
+/// thread's only: its lanes stop alike), and into `Ctx::codes_and` and
+/// `Ctx::codes_or`. It returns the end of the threads it ran: `end`, or
+/// one past a thread (a group) that yielded or faulted.
 pub(super) type KernelFn = unsafe extern "C" fn(
     *mut Ctx<'_>,
     *mut u64,
@@ -68,12 +72,19 @@ pub(super) struct Ctx<'a> {
     pub gsites: u64,
     /// Instructions the block executed so far.
     pub instructions: u64,
+    /// The stop codes of the call's threads, ANDed and ORed together (the
+    /// launch sets all ones and zero before a call; equal after it where
+    /// all of them stopped alike).
+    pub codes_and: u32,
+    pub codes_or: u32,
     /// A backward branch past this many instructions yields (budget checks).
     pub check_at: u64,
     /// Bytes of each thread's local memory.
     pub local_bytes: u64,
     /// Source line of the backward branch that last yielded.
     pub yield_line: u64,
+    /// The budgets those checks hold the block to ([`Ctx::checkpoint`]).
+    pub budget: Budget<'a>,
     pub ntid: [u32; 3],
     pub nctaid: [u32; 3],
     pub ctaid: [u32; 3],
@@ -112,6 +123,73 @@ pub(super) struct Ctx<'a> {
     pub log: *mut Logged,
     pub log_len: u64,
     pub log_cap: u64,
+}
+
+/// What a block's checks at backward branches read: its budget and the
+/// launch's, the count its instructions go to and how many are in it.
+pub(super) struct Budget<'a> {
+    pub per_block: u64,
+    pub per_launch: u64,
+    /// The launch's count, or where it has no budget the worker's own.
+    pub executed: &'a AtomicU64,
+    pub abort: &'a AtomicBool,
+    pub cancel: Option<&'a AtomicBool>,
+    /// The block's instructions already added to `executed`.
+    pub counted: u64,
+    /// Whether the kernel may spin on what another block writes
+    /// (`CompiledKernel::polls`): a check lets the host's other threads run.
+    pub polls: bool,
+}
+
+impl Ctx<'_> {
+    /// The check of a block that ran `done` instructions, past
+    /// `check_at`, at a backward branch on `line`: the block's and the
+    /// launch's budgets and the cancel flag; sets the next check.
+    pub(super) fn checkpoint(&mut self, done: u64, line: u64) -> Result<(), Fault> {
+        let b = &mut self.budget;
+        if done > b.per_block {
+            return Err(Fault::Timeout(format!(
+                "instruction limit of {} per block exceeded at line {line}",
+                b.per_block
+            )));
+        }
+        let ctaid = self.ctaid;
+        let cancel = b.cancel;
+        launch_progress(
+            b.executed,
+            b.per_launch,
+            b.abort,
+            || cancel.is_some_and(|c| c.load(Ordering::Relaxed)),
+            &mut b.counted,
+            done,
+            || format!("at line {line} of block {ctaid:?}"),
+        )?;
+        self.check_at = done.saturating_add(LAUNCH_CHECK_INTERVAL).min(b.per_block);
+        if b.polls {
+            // it may spin on a flag another block sets: the host's other
+            // threads (that block's worker among them) get to run
+            std::thread::yield_now();
+        }
+        Ok(())
+    }
+}
+
+/// The lane kernel's check at a backward branch past `check_at`, made in
+/// place (`Ctx::checkpoint`), the block's count `done`: 0 to go on, 1 for
+/// a fault (in `Ctx::fault`).
+///
+/// # Safety
+/// `ctx` is the live context of the running block.
+pub(super) unsafe extern "C" fn rt_checkpoint(ctx: *mut Ctx<'_>, done: u64, line: u64) -> u32 {
+    // SAFETY: the caller's contract: a live context, used by this thread only.
+    let ctx = unsafe { &mut *ctx };
+    match ctx.checkpoint(done, line) {
+        Ok(()) => 0,
+        Err(f) => {
+            ctx.fault = Some(f);
+            1
+        }
+    }
 }
 
 /// A store of a lane kernel, logged to be undone: `size` bytes (1, 2, 4, 8
@@ -169,7 +247,13 @@ pub(super) struct GlobalEntry {
     pub base: u64,
     pub len: u64,
     pub ptr: *mut u8,
+    /// The words a 16-byte access may start at: `len` in whole words less
+    /// 3, or 0 where under 4 (the lane kernel's check reads it).
+    pub words: u64,
 }
+
+/// Bytes of one [`GlobalEntry`] (the compiled code's stride between sites).
+pub(super) const GLOBAL_ENTRY_BYTES: i64 = std::mem::size_of::<GlobalEntry>() as i64;
 
 impl GlobalEntry {
     /// No allocation: every access misses.
@@ -177,6 +261,7 @@ impl GlobalEntry {
         base: 0,
         len: 0,
         ptr: std::ptr::null_mut(),
+        words: 0,
     };
 }
 
@@ -263,7 +348,12 @@ impl Ctx<'_> {
                         // SAFETY: `gcache` holds `gsites` entries of the running
                         // worker, which only this thread touches.
                         unsafe {
-                            *self.gcache.add(site as usize) = GlobalEntry { base, len, ptr: p }
+                            *self.gcache.add(site as usize) = GlobalEntry {
+                                base,
+                                len,
+                                ptr: p,
+                                words: (len / 4).saturating_sub(3),
+                            }
                         };
                     }
                     Ok(p.wrapping_add((addr - base) as usize))

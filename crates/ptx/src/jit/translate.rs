@@ -6,12 +6,14 @@ use super::dirty::{add_writes, holds, stops};
 use super::inline::{CHECKS, UNCOUNTED};
 use super::narrow::{narrow_regs, uniform_wide_regs, wide_vector_regs};
 use super::needed::needed_in;
+use super::params::hoisted_loads;
 use super::params::{hoist_params, HoistedParams};
-use super::plan::Plan;
+use super::plan::{polls, Plan};
 use super::runtime::{
-    rt_trap, Ctx, RET_EXIT, RET_FAULT, RET_PARTED, STOP_BARRIER, STOP_BITS, STOP_WARP, STOP_YIELD,
+    rt_checkpoint, rt_trap, Ctx, RET_EXIT, RET_FAULT, RET_PARTED, STOP_BARRIER, STOP_BITS,
+    STOP_WARP, STOP_YIELD,
 };
-use super::strides::lane_strides;
+use super::strides::{lane_strides, wide_strides};
 use crate::ir::{Func, Inst, Op, SReg, Sp, Src, NONE};
 use cranelift_codegen::ir::condcodes::IntCC;
 use cranelift_codegen::ir::types::{I32, I32X4, I64, I64X2, I8};
@@ -61,6 +63,10 @@ pub(super) struct Translator<'a, 'f> {
     /// 64-bit lanes (I64X2: lanes 0 and 1, lanes 2 and 3; its `regs`
     /// entries unused).
     pub wregs: Vec<Option<[Variable; 2]>>,
+    /// In the lane kernel, each strided register's lane 0 value (an I64)
+    /// and the stride between its lanes (`strides::wide_strides`; its
+    /// `regs` and `wregs` entries unused).
+    pub sregs: Vec<Option<(Variable, u64)>>,
     /// The lane kernel's group's narrow registers between runs: a vector
     /// of 16 bytes for each register of `lane_slot` (`Ctx::lane_file`,
     /// group `first / LANES`).
@@ -118,6 +124,11 @@ pub(super) struct Translator<'a, 'f> {
     /// later `f32` op reads that (NaN in, NaN out, made canonical at its
     /// end), keeping the canonicalisation off chains of dependent ops.
     pub vraw: Vec<(u32, Value)>,
+    /// Predicate registers that a vector `setp` (or `and`, `or`, `xor` of
+    /// such) of the straight run being emitted wrote, with its lanes as
+    /// masks (all ones where it holds): a guard reads the mask's top bits
+    /// at once, not the register's 0/1 lanes moved back there.
+    pub vmasks: Vec<(u32, Value)>,
     pub pc_now: u32,
     /// The parameters loaded before the thread loop.
     pub params: HoistedParams,
@@ -137,6 +148,13 @@ pub(super) struct Translator<'a, 'f> {
     /// condition (an I8 made once a call; the lane kernel's only).
     pub strides: Vec<Option<u32>>,
     pub x_aligned: Option<Value>,
+    /// Whether a backward branch past the block's next check checks its
+    /// budgets in place (`runtime::rt_checkpoint`) and goes on, rather
+    /// than yield to the block's other threads: the lane kernel's, where
+    /// no thread spins on what another writes (it has no ordered loads;
+    /// its yields came at other counts than the interpreter's anyway, and
+    /// each cost the launch a round over the block's threads).
+    pub checks_in_place: bool,
 }
 
 /// What is known of a vector-wide register's lanes since its last write in
@@ -274,7 +292,9 @@ impl<'a, 'f> Translator<'a, 'f> {
     /// Builds the whole function into `fb`'s function, the thread loop
     /// (`width` 1) or the lane kernel (`width` threads in step from
     /// `first`, all at one resume point); returns its number of
-    /// global-cache sites and the parameter bytes its hoisted loads read.
+    /// global-cache sites, the parameter bytes its hoisted loads read and
+    /// whether it needs each group's lanes aligned in `%tid.x` (`%ntid.x` a
+    /// multiple of its width: its strided registers follow narrow strides).
     pub(super) fn translate(
         mut fb: FunctionBuilder<'f>,
         target: TargetFrontendConfig,
@@ -282,7 +302,7 @@ impl<'a, 'f> Translator<'a, 'f> {
         ops: &'a [Op],
         plan: &'a Plan,
         width: u32,
-    ) -> (u32, u64) {
+    ) -> (u32, u64, bool) {
         let entry = fb.create_block();
         fb.append_block_params_for_function_params(entry);
         fb.switch_to_block(entry);
@@ -295,24 +315,39 @@ impl<'a, 'f> Translator<'a, 'f> {
         let regs = std::mem::take(&mut lane_regs[0]);
         let narrow = narrow_regs(func);
         let mut uniform = vec![false; func.nregs as usize];
-        let (vregs, wregs): (Vec<Option<Variable>>, Vec<Option<[Variable; 2]>>) = if width == 1 {
-            (
-                vec![None; func.nregs as usize],
-                vec![None; func.nregs as usize],
-            )
+        let live_at_start = plan.live_in.first().map_or(&[][..], |l| l);
+        let strides = lane_strides(func, live_at_start);
+        let n = func.nregs as usize;
+        let (vregs, wregs, sregs) = if width == 1 {
+            (vec![None; n], vec![None; n], vec![None; n])
         } else {
             let wide = wide_vector_regs(func, &narrow);
             uniform = uniform_wide_regs(func, &wide);
-            let vregs = narrow
+            let narrow_strides: Vec<Option<u32>> = (0..func.nregs as usize)
+                .map(|r| strides[r].filter(|_| narrow[r]))
+                .collect();
+            let hoisted = hoisted_loads(ops);
+            let strided = wide_strides(func, &narrow_strides, &wide, &hoisted, live_at_start);
+            let vregs: Vec<Option<Variable>> = narrow
                 .iter()
                 .map(|&n| n.then(|| fb.declare_var(I32X4)))
                 .collect();
-            let wregs = wide
-                .iter()
-                .map(|&w| w.then(|| [fb.declare_var(I64X2), fb.declare_var(I64X2)]))
+            let wregs: Vec<Option<[Variable; 2]>> = (0..func.nregs as usize)
+                .map(|r| {
+                    (wide[r] && strided[r].is_none())
+                        .then(|| [fb.declare_var(I64X2), fb.declare_var(I64X2)])
+                })
                 .collect();
-            (vregs, wregs)
+            let sregs: Vec<Option<(Variable, u64)>> = strided
+                .iter()
+                .map(|s| s.map(|s| (fb.declare_var(I64), s)))
+                .collect();
+            (vregs, wregs, sregs)
         };
+        // (strided registers other than the uniform ones follow narrow
+        // strides, which hold only where the group's lanes are aligned:
+        // the launch runs the lane kernel only where they are)
+        let needs_aligned = (0..n).any(|r| sregs[r].is_some() && !uniform[r]);
         let count = fb.declare_var(I64);
         let fresh = fb.declare_var(I8);
         let n = fb
@@ -401,7 +436,9 @@ impl<'a, 'f> Translator<'a, 'f> {
             local,
             tid,
         } = vals;
-        let lane_file = if width == 1 {
+        // (a lane kernel whose registers never wait in the lane file
+        // loads no pointer to it: the load would stay, unused)
+        let lane_file = if width == 1 || lane_slots(func, plan).1 == 0 {
             regs_base
         } else {
             let file = fb
@@ -433,6 +470,7 @@ impl<'a, 'f> Translator<'a, 'f> {
             regs,
             vregs,
             wregs,
+            sregs,
             lane_file,
             lane_slot: lane_slots(func, plan).0,
             count,
@@ -460,14 +498,16 @@ impl<'a, 'f> Translator<'a, 'f> {
             lane_bases: Vec::new(),
             vconsts: Vec::new(),
             vraw: Vec::new(),
+            vmasks: Vec::new(),
             pc_now: 0,
             params,
             wfacts: Vec::new(),
             wconsecutive: Vec::new(),
             uniform,
             specials,
-            strides: lane_strides(func, plan.live_in.first().map_or(&[][..], |l| l)),
+            strides,
             x_aligned,
+            checks_in_place: width > 1 && !polls(ops),
         };
         // dispatch on the resume point: load its live registers, go on there
         let resume_blocks: Vec<Block> = plan.resumes.iter().map(|_| t.fb.create_block()).collect();
@@ -514,6 +554,16 @@ impl<'a, 'f> Translator<'a, 'f> {
                     };
                     t.fb.def_var(v, x);
                 }
+                if let Some((var, _)) = t.sregs[r as usize] {
+                    let x = if pc == 0 && plan.fresh_start {
+                        t.fb.ins().iconst(I64, 0)
+                    } else {
+                        let slot = t.slot_at(r);
+                        t.fb.ins()
+                            .load(I64, MemFlagsData::trusted(), t.lane_file, slot)
+                    };
+                    t.fb.def_var(var, x);
+                }
                 if let (None, Some(halves)) = (t.vregs[r as usize], t.wregs[r as usize]) {
                     let slot = t.slot_at(r);
                     for (k, half) in halves.into_iter().enumerate() {
@@ -528,7 +578,11 @@ impl<'a, 'f> Translator<'a, 'f> {
                     }
                 }
             }
-            loaded.retain(|&r| t.vregs[r as usize].is_none() && t.wregs[r as usize].is_none());
+            loaded.retain(|&r| {
+                t.vregs[r as usize].is_none()
+                    && t.wregs[r as usize].is_none()
+                    && t.sregs[r as usize].is_none()
+            });
             for &r in &loaded {
                 // (each lane's value goes in below)
                 t.clear_vector(r);
@@ -578,9 +632,9 @@ impl<'a, 'f> Translator<'a, 'f> {
             t.finish_all(RET_PARTED);
         }
         t.fb.seal_all_blocks();
-        let sites = (t.sites, t.params.extent);
+        let facts = (t.sites, t.params.extent, needs_aligned);
         t.fb.finalize(target);
-        sites
+        facts
     }
 
     /// Ends the running thread with stop code `code`: a barrier, a warp
@@ -593,6 +647,7 @@ impl<'a, 'f> Translator<'a, 'f> {
         let off = self.fb.ins().ishl_imm_u(t64, 2);
         let at = self.fb.ins().iadd(self.codes, off);
         self.fb.ins().store(MemFlagsData::trusted(), c, at, 0);
+        self.note_code(code);
         let returns = code == RET_FAULT || code & ((1 << STOP_BITS) - 1) == STOP_YIELD;
         if returns {
             let n = self.fb.use_var(self.count);
@@ -604,6 +659,19 @@ impl<'a, 'f> Translator<'a, 'f> {
         } else {
             self.fb.ins().jump(self.next_thread, &[]);
         }
+    }
+
+    /// Adds stop code `code` to the call's `Ctx::codes_and` and
+    /// `Ctx::codes_or` (in place: an `and` and an `or` on memory).
+    pub(super) fn note_code(&mut self, code: u32) {
+        let flags = MemFlagsData::trusted();
+        let (ctx, and_at, or_at) = (self.ctx, ctx_off!(codes_and), ctx_off!(codes_or));
+        let all = self.fb.ins().load(I32, flags, ctx, and_at);
+        let all = self.fb.ins().band_imm_u(all, code as i64);
+        self.fb.ins().store(flags, all, ctx, and_at);
+        let any = self.fb.ins().load(I32, flags, ctx, or_at);
+        let any = self.fb.ins().bor_imm_u(any, code as i64);
+        self.fb.ins().store(flags, any, ctx, or_at);
     }
 
     /// Stops the thread to resume at `pc` later: stores the registers live
@@ -661,6 +729,17 @@ impl<'a, 'f> Translator<'a, 'f> {
     fn store_regs(&mut self, stored: &[u32], also: &[u32]) {
         let mut to_threads = Vec::new();
         for &r in stored {
+            if let Some((var, _)) = self.sregs[r as usize] {
+                let slot = self.slot_at(r);
+                let v = self.fb.use_var(var);
+                self.fb
+                    .ins()
+                    .store(MemFlagsData::trusted(), v, self.lane_file, slot);
+                if also.contains(&r) {
+                    to_threads.push(r);
+                }
+                continue;
+            }
             match (self.vregs[r as usize], self.wregs[r as usize]) {
                 (Some(var), _) => {
                     let slot = self.slot_at(r);
@@ -780,6 +859,7 @@ impl<'a, 'f> Translator<'a, 'f> {
         self.block_end = end;
         self.vconsts.clear();
         self.vraw.clear();
+        self.vmasks.clear();
         self.wfacts.clear();
         self.wconsecutive.clear();
         for pc in start..end {
@@ -956,6 +1036,13 @@ impl<'a, 'f> Translator<'a, 'f> {
             self.fb.set_cold_block(stop);
             self.fb.ins().brif(over, stop, &[], to, &[]);
             self.fb.switch_to_block(stop);
+            if self.checks_in_place {
+                let line = self.imm(line as i64);
+                let failed = self.call_status(rt_checkpoint as *const (), &[self.ctx, n, line]);
+                self.fault_if(failed);
+                self.fb.ins().jump(to, &[]);
+                return;
+            }
             let line = self.fb.ins().iconst(I64, line as i64);
             self.fb.ins().store(
                 MemFlagsData::trusted(),
@@ -983,6 +1070,7 @@ impl<'a, 'f> Translator<'a, 'f> {
                         let half = self.fb.use_var(halves[self.lane / 2]);
                         self.fb.ins().extractlane(half, (self.lane % 2) as u8)
                     }
+                    None if self.sregs[r as usize].is_some() => self.strided_at(r, self.lane),
                     None => self.fb.use_var(self.regs[r as usize]),
                 },
             },
@@ -993,9 +1081,14 @@ impl<'a, 'f> Translator<'a, 'f> {
     }
 
     pub(super) fn set(&mut self, d: u32, v: Value) {
+        assert!(
+            self.sregs[d as usize].is_none(),
+            "strided register {d} is written by `strided_op` alone"
+        );
         match self.vregs[d as usize] {
             Some(var) => {
                 self.vraw.retain(|x| x.0 != d);
+                self.vmasks.retain(|x| x.0 != d);
                 // a narrow register: `v` is below 2^32
                 let all = self.fb.use_var(var);
                 let x = self.fb.ins().ireduce(I32, v);

@@ -32,8 +32,8 @@ pub use socket_bytes::{FillBytes, SendBytes};
 use cumux_protocol::arrays::{CopyEnd, CopyExtent};
 use cumux_protocol::pinned::HostMapping;
 use cumux_protocol::{
-    CuError, DeviceInfo, DevicePtr, FunctionAttrs, Handle, LaunchAttribute, ParamInfo,
-    TensorMapRequest,
+    ClusterQuery, CuError, DeviceInfo, DevicePtr, FunctionAttrs, Handle, LaunchAttribute,
+    ParamInfo, TensorMapRequest,
 };
 use serde::{Deserialize, Serialize};
 
@@ -368,6 +368,22 @@ pub trait DeviceContext: Send + Sync {
         Err(CuError::new(
             cumux_protocol::codes::NOT_SUPPORTED,
             "this device has no tensor memory access",
+        ))
+    }
+    /// `cuOccupancyMaxActiveClusters` / `cuOccupancyMaxPotentialClusterSize`
+    /// for a launch of `kernel` of `module` shaped as `geometry`, asked of
+    /// the device's driver; the session has checked the kernel and shape.
+    fn cluster_occupancy(
+        &self,
+        module: ModuleId,
+        kernel: usize,
+        geometry: &LaunchGeometry,
+        query: ClusterQuery,
+    ) -> Result<i32, CuError> {
+        let _ = (module, kernel, geometry, query);
+        Err(CuError::new(
+            cumux_protocol::codes::NOT_SUPPORTED,
+            "this device has no driver to ask about clusters (the client answers for it)",
         ))
     }
     /// The context's own stream ordering, if it has one (a GPU, or a worker

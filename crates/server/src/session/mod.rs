@@ -1001,6 +1001,7 @@ impl Session {
             } => self.stream_synchronize(stream),
             Call::Settle { stream: None } => self.context_synchronize(),
             Call::TensorMapEncode { request } => self.tensor_map_encode(request),
+            Call::ClusterOccupancy { launch, query } => self.cluster_occupancy(launch, query),
             Call::SetLimit { limit, value } => {
                 self.ctx.set_limit(limit, value)?;
                 Ok(ReplyBody::Unit)

@@ -8,7 +8,9 @@ use std::sync::atomic::Ordering;
 
 use cumux_protocol::hop_trace::{self, Hop};
 use cumux_protocol::launch_checks::{check_params, LaunchLimits};
-use cumux_protocol::{CuError, DevicePtr, GraphLaunch, Handle, ReplyBody, DEFAULT_STREAM};
+use cumux_protocol::{
+    ClusterQuery, CuError, DevicePtr, GraphLaunch, Handle, ReplyBody, DEFAULT_STREAM,
+};
 
 use super::core::invalid_handle;
 use super::signalling::{flush_signals, SIGNAL_EACH_FROM_NS, SIGNAL_EVERY};
@@ -42,6 +44,31 @@ impl Session {
             .get(&launch.function)
             .ok_or_else(|| invalid_handle("function", launch.function))?;
         check_launch(&self.limits, f.module, f.index, &f.desc, launch)
+    }
+
+    /// `cuOccupancyMaxActiveClusters` or `cuOccupancyMaxPotentialClusterSize`
+    /// for a launch of one of the session's kernels, asked of the device:
+    /// its block and shared memory are checked as a launch's; its grid and
+    /// cluster shape are the driver's to judge, as natively.
+    pub(super) fn cluster_occupancy(&self, launch: GraphLaunch, query: ClusterQuery) -> CallResult {
+        let f = self
+            .functions
+            .get(&launch.function)
+            .ok_or_else(|| invalid_handle("function", launch.function))?;
+        self.limits
+            .check_shape([1; 3], launch.block, &f.desc.attrs)?;
+        self.limits
+            .check_shared(launch.shared_bytes, &f.desc.attrs)?;
+        let geometry = LaunchGeometry {
+            grid: launch.grid,
+            block: launch.block,
+            dynamic_shared_bytes: launch.shared_bytes,
+            attributes: launch.attributes,
+        };
+        let n = self
+            .ctx
+            .cluster_occupancy(f.module, f.index, &geometry, query)?;
+        Ok(ReplyBody::Value(n.max(0) as u64))
     }
 
     /// Queues a checked launch on `stream`.

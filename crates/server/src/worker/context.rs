@@ -20,7 +20,7 @@ use cumux_protocol::arrays::{CopyEnd, CopyExtent};
 use cumux_protocol::framing::MAX_CHUNK_BYTES;
 use cumux_protocol::hop_trace::{self, Hop};
 use cumux_protocol::{
-    codes, decode, encode, write_frame, CuError, DevicePtr, Handle, TensorMapRequest,
+    codes, decode, encode, write_frame, ClusterQuery, CuError, DevicePtr, Handle, TensorMapRequest,
 };
 
 mod sm_cap;
@@ -40,8 +40,8 @@ use crate::device::limits::LimitSetting;
 use crate::device::memory_use::ContextMemory;
 use crate::device::pieces::{Buffer, TakePiece};
 use crate::device::{
-    DeviceContext, HostRegion, KernelLaunch, LaunchOutcome, LoadedModule, ModuleId, StreamOrdered,
-    StreamWork, VmmOp, WorkProcess,
+    DeviceContext, HostRegion, KernelLaunch, LaunchGeometry, LaunchOutcome, LoadedModule, ModuleId,
+    StreamOrdered, StreamWork, VmmOp, WorkProcess,
 };
 use crate::locking::lock;
 
@@ -899,6 +899,28 @@ impl DeviceContext for WorkerContext {
 
     fn reset_limits(&self) -> Result<(), CuError> {
         self.unit(&WorkerRequest::ResetLimits, &[])
+    }
+
+    fn cluster_occupancy(
+        &self,
+        module: ModuleId,
+        kernel: usize,
+        geometry: &LaunchGeometry,
+        query: ClusterQuery,
+    ) -> Result<i32, CuError> {
+        let module = self
+            .local_module(module)
+            .ok_or_else(|| CuError::new(codes::INVALID_HANDLE, "module not loaded"))?;
+        let request = WorkerRequest::ClusterOccupancy {
+            module,
+            kernel,
+            geometry: geometry.clone(),
+            query,
+        };
+        match self.call(&request, &[], None)? {
+            WorkerValue::Number(n) => Ok(i32::try_from(n).unwrap_or(i32::MAX)),
+            other => Err(unexpected(&other)),
+        }
     }
 
     fn tensor_map_encode(&self, request: &TensorMapRequest) -> Result<Vec<u8>, CuError> {

@@ -652,6 +652,17 @@ impl Served<'_, '_> {
             WorkerRequest::TensorMapEncode { request } => guarded(kind, || {
                 value(ctx.tensor_map_encode(&request).map(WorkerValue::TensorMap))
             }),
+            WorkerRequest::ClusterOccupancy {
+                module,
+                kernel,
+                geometry,
+                query,
+            } => guarded(kind, || {
+                value(
+                    ctx.cluster_occupancy(module, kernel, &geometry, query)
+                        .map(|n| WorkerValue::Number(n.max(0) as u64)),
+                )
+            }),
             WorkerRequest::Vmm(op) => {
                 guarded(kind, || value(ctx.vmm(&op).map(WorkerValue::Number)))
             }

@@ -34,7 +34,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
 use cumux_protocol::arrays::{CopyEnd, CopyExtent};
-use cumux_protocol::{CuError, DevicePtr, Handle, TensorMapRequest, DEFAULT_STREAM};
+use cumux_protocol::{ClusterQuery, CuError, DevicePtr, Handle, TensorMapRequest, DEFAULT_STREAM};
 
 use super::arrays::zero_new;
 use super::context::WorkerContext;
@@ -44,8 +44,8 @@ use crate::device::arrays::ArrayOp;
 use crate::device::limits::{not_through_a_view, LimitSetting};
 use crate::device::ordering::{EVENT_DISABLE_TIMING, NON_BLOCKING};
 use crate::device::{
-    DeviceContext, HostRegion, KernelLaunch, LaunchOutcome, LoadedModule, ModuleId, StreamOrdered,
-    StreamWork, SyncTarget, VmmOp,
+    DeviceContext, HostRegion, KernelLaunch, LaunchGeometry, LaunchOutcome, LoadedModule, ModuleId,
+    StreamOrdered, StreamWork, SyncTarget, VmmOp,
 };
 use crate::locking::lock;
 use crate::sm_parts::SmPart;
@@ -513,6 +513,16 @@ impl DeviceContext for SharedView {
 
     fn tensor_map_encode(&self, request: &TensorMapRequest) -> Result<Vec<u8>, CuError> {
         self.conn.tensor_map_encode(request)
+    }
+
+    fn cluster_occupancy(
+        &self,
+        module: ModuleId,
+        kernel: usize,
+        geometry: &LaunchGeometry,
+        query: ClusterQuery,
+    ) -> Result<i32, CuError> {
+        self.conn.cluster_occupancy(module, kernel, geometry, query)
     }
 
     /// The session's request, kept; the context runs at what its live

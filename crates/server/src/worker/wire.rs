@@ -12,14 +12,16 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use cumux_protocol::arrays::{CopyEnd, CopyExtent};
 use cumux_protocol::shm::ShmLayout;
-use cumux_protocol::{codes, CuError, DevicePtr, Handle, TensorMapRequest};
+use cumux_protocol::{codes, ClusterQuery, CuError, DevicePtr, Handle, TensorMapRequest};
 use serde::{Deserialize, Serialize};
 
 use crate::device::arrays::ArrayOp;
 use crate::device::host_span::HostSpan;
 use crate::device::imported::{ImportedChunk, MappedChunks};
 use crate::device::limits::LimitSetting;
-use crate::device::{KernelLaunch, LoadedModule, MemFill, ModuleId, StreamWork, SyncTarget, VmmOp};
+use crate::device::{
+    KernelLaunch, LaunchGeometry, LoadedModule, MemFill, ModuleId, StreamWork, SyncTarget, VmmOp,
+};
 
 /// Bytes that start a stdout marker; the nonce and a little-endian u64 follow.
 pub const MARKER_PREFIX: &[u8] = b"\0\x1bcumux-worker-mark\x1b";
@@ -176,6 +178,13 @@ pub enum WorkerRequest {
     TensorMapEncode {
         request: TensorMapRequest,
     },
+    /// `DeviceContext::cluster_occupancy`; answered by [`WorkerValue::Number`].
+    ClusterOccupancy {
+        module: ModuleId,
+        kernel: usize,
+        geometry: LaunchGeometry,
+        query: ClusterQuery,
+    },
     /// A virtual memory operation on the context, checked by the session;
     /// answered by [`WorkerValue::Number`].
     Vmm(VmmOp),
@@ -323,6 +332,7 @@ impl WorkerRequest {
                 | WorkerRequest::Query { .. }
                 | WorkerRequest::Elapsed { .. }
                 | WorkerRequest::TensorMapEncode { .. }
+                | WorkerRequest::ClusterOccupancy { .. }
                 | WorkerRequest::SetLimit { .. }
                 | WorkerRequest::ResetLimits
                 | WorkerRequest::IpcExport { .. }

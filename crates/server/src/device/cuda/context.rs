@@ -19,7 +19,9 @@ use cumux_cuda_driver::{
 use cumux_protocol::arrays::{CopyEnd, CopyExtent};
 use cumux_protocol::hop_trace::{self, Hop};
 use cumux_protocol::pinned::{FixedMapping, HostMapping};
-use cumux_protocol::{codes, CuError, DevicePtr, Handle, TensorMapLayout, TensorMapRequest};
+use cumux_protocol::{
+    codes, ClusterQuery, CuError, DevicePtr, Handle, TensorMapLayout, TensorMapRequest,
+};
 
 use cumux_cuda_driver::sys::{CU_MEMHOSTREGISTER_DEVICEMAP, CU_MEMHOSTREGISTER_PORTABLE};
 
@@ -33,8 +35,8 @@ use crate::device::limits::{self, LimitSetting, RefusedShrinks, KNOWN_LIMITS};
 use crate::device::memory_use::ContextMemory;
 use crate::device::placed_copy;
 use crate::device::{
-    DeviceContext, GlobalDesc, HostRegion, KernelDesc, KernelLaunch, LaunchOutcome, LoadedModule,
-    ModuleId, MovableContext, StreamOrdered, VmmOp,
+    DeviceContext, GlobalDesc, HostRegion, KernelDesc, KernelLaunch, LaunchGeometry, LaunchOutcome,
+    LoadedModule, ModuleId, MovableContext, StreamOrdered, VmmOp,
 };
 use crate::locking::lock;
 
@@ -235,7 +237,21 @@ impl CudaContext {
     /// Queues a launch on `stream` without waiting for it.
     pub(super) fn launch_on(&self, stream: &Stream, launch: &KernelLaunch) -> Result<(), CuError> {
         let kernel = self.kernel(launch.module, launch.kernel)?;
-        let geometry = &launch.geometry;
+        let config = Self::opted_in(&kernel, &launch.geometry)?;
+        hop_trace::mark(Hop::Step, "configured");
+        // A launch flushes printf of earlier kernels of this context.
+        self.flushing(|| {
+            kernel
+                .function
+                .launch(stream, &config, &launch.params, kernel.params_bytes)
+        })
+        .map_err(cu_err)
+    }
+
+    /// `kernel` opted in to what a launch shaped as `geometry` needs beyond
+    /// the defaults (shared memory, a non-portable cluster size), as a
+    /// native program would have before it; the launch's configuration.
+    fn opted_in(kernel: &Kernel, geometry: &LaunchGeometry) -> Result<LaunchConfig, CuError> {
         let dynamic = u64::from(geometry.dynamic_shared_bytes);
         if dynamic + kernel.static_shared > DEFAULT_SHARED_LIMIT {
             // The session has checked the size against the GPU's opt-in limit;
@@ -260,20 +276,12 @@ impl CudaContext {
                 .set_attribute(FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1)
                 .map_err(cu_err)?;
         }
-        let config = LaunchConfig {
+        Ok(LaunchConfig {
             grid: geometry.grid,
             block: geometry.block,
             dynamic_shared_bytes: geometry.dynamic_shared_bytes,
             attributes: geometry.attributes.iter().map(launch_attr).collect(),
-        };
-        hop_trace::mark(Hop::Step, "configured");
-        // A launch flushes printf of earlier kernels of this context.
-        self.flushing(|| {
-            kernel
-                .function
-                .launch(stream, &config, &launch.params, kernel.params_bytes)
         })
-        .map_err(cu_err)
     }
 
     /// How the backend keeps `function`, and how the client sees it.
@@ -533,6 +541,28 @@ impl DeviceContext for CudaContext {
             result = result.and(reset);
         }
         result
+    }
+
+    fn cluster_occupancy(
+        &self,
+        module: ModuleId,
+        kernel: usize,
+        geometry: &LaunchGeometry,
+        query: ClusterQuery,
+    ) -> Result<i32, CuError> {
+        let kernel = self.kernel(module, kernel)?;
+        let config = Self::opted_in(&kernel, geometry)?;
+        let function = &kernel.function;
+        match query {
+            ClusterQuery::MaxActiveClusters => function.max_active_clusters(&config),
+            ClusterQuery::MaxPotentialClusterSize { non_portable } => function
+                .set_attribute(
+                    FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED,
+                    i32::from(non_portable),
+                )
+                .and_then(|()| function.max_potential_cluster_size(&config)),
+        }
+        .map_err(cu_err)
     }
 
     fn tensor_map_encode(&self, request: &TensorMapRequest) -> Result<Vec<u8>, CuError> {
