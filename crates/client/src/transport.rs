@@ -96,43 +96,6 @@ pub struct Connection {
 /// training step of a few hundred launches pays no round trip for it.
 pub(crate) const SOCKET_FENCE_EVERY: u32 = 16 * proto::FENCE_EVERY;
 
-/// The flusher writes a batch through the connection's lock, never waiting
-/// for it; a failure waits for the connection's next call.
-impl batch::Flush for Mutex<Connection> {
-    fn flush_if_due(&self) -> batch::Flushing {
-        let mut conn = match self.try_lock() {
-            Ok(conn) => conn,
-            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
-            Err(std::sync::TryLockError::WouldBlock) => return batch::Flushing::Busy,
-        };
-        match conn.batch.due_at() {
-            Some(at) if at > std::time::Instant::now() => batch::Flushing::NotYet(at),
-            Some(_) => {
-                conn.write_batch();
-                batch::Flushing::Done
-            }
-            None => batch::Flushing::Done,
-        }
-    }
-
-    fn flush_now(&self) {
-        match self.try_lock() {
-            Ok(mut conn) => conn.write_batch(),
-            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner().write_batch(),
-            Err(std::sync::TryLockError::WouldBlock) => {}
-        }
-    }
-}
-
-impl Connection {
-    /// Writes the batch for the flusher, keeping a failure for the next call.
-    fn write_batch(&mut self) {
-        if let Err(e) = self.batch.flush(&mut self.stream) {
-            self.flush_failed.get_or_insert(e.to_string());
-        }
-    }
-}
-
 /// Whether synchronizes may be settled ([`Link::settle`]): unless
 /// `CUMUX_SETTLE=0`, read once.
 fn settling_on() -> bool {
@@ -1209,6 +1172,7 @@ fn write_program_stdout(bytes: &[u8]) {
 }
 
 mod batch;
+mod flushing;
 mod quiet;
 #[cfg(test)]
 mod test_calls;
