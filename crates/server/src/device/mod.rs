@@ -710,15 +710,36 @@ pub trait StreamOrdered: Send + Sync {
         len: usize,
         fill: &mut FillBytes<'_>,
     ) -> LaunchOutcome {
-        match socket_bytes::gathered(len, fill) {
-            Ok(data) => self.run_now(stream, StreamWork::Write { dst, data }),
-            Err(e) => LaunchOutcome::failed(e),
-        }
+        self.run_now_buffered(stream, dst, len, fill)
     }
     /// [`StreamOrdered::enqueue`] of a write of the `len` bytes `fill`
     /// yields: taken in place where the order can (into a worker's ring),
     /// else into a buffer. False also when `fill` failed.
     fn enqueue_filled(
+        &self,
+        stream: Handle,
+        dst: DevicePtr,
+        len: usize,
+        fill: &mut FillBytes<'_>,
+    ) -> bool {
+        self.enqueue_buffered(stream, dst, len, fill)
+    }
+    /// [`StreamOrdered::run_now_filled`] through a buffer (what an order
+    /// that cannot take the bytes in place falls back to).
+    fn run_now_buffered(
+        &self,
+        stream: Handle,
+        dst: DevicePtr,
+        len: usize,
+        fill: &mut FillBytes<'_>,
+    ) -> LaunchOutcome {
+        match socket_bytes::gathered(len, fill) {
+            Ok(data) => self.run_now(stream, StreamWork::Write { dst, data }),
+            Err(e) => LaunchOutcome::failed(e),
+        }
+    }
+    /// [`StreamOrdered::enqueue_filled`] through a buffer.
+    fn enqueue_buffered(
         &self,
         stream: Handle,
         dst: DevicePtr,

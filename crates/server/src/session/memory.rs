@@ -103,12 +103,14 @@ impl Session {
         self.submit(stream, StreamWork::Write { dst, data })
     }
 
-    pub(super) fn memcpy_dtoh(
+    /// A copy to the host's checks: its stream (the default one if none),
+    /// at most one chunk, and a source the session owns; the stream.
+    fn dtoh_checked(
         &mut self,
         src: DevicePtr,
         bytes: u64,
         stream: Option<Handle>,
-    ) -> CallResult {
+    ) -> Result<Handle, CuError> {
         let stream = stream.unwrap_or(DEFAULT_STREAM);
         self.check_stream(stream)?;
         if bytes > MAX_CHUNK_BYTES as u64 {
@@ -118,6 +120,16 @@ impl Session {
             ));
         }
         self.check_source(src, bytes)?;
+        Ok(stream)
+    }
+
+    pub(super) fn memcpy_dtoh(
+        &mut self,
+        src: DevicePtr,
+        bytes: u64,
+        stream: Option<Handle>,
+    ) -> CallResult {
+        let stream = self.dtoh_checked(src, bytes, stream)?;
         let mut buf = vec![0u8; bytes as usize];
         let outcome = self.ordered()?.read(stream, src, &mut buf);
         self.waited(outcome)?;
@@ -151,15 +163,7 @@ impl Session {
         stream: Option<Handle>,
         send: &mut dyn SendBytes,
     ) -> CallResult {
-        let stream = stream.unwrap_or(DEFAULT_STREAM);
-        self.check_stream(stream)?;
-        if bytes > MAX_CHUNK_BYTES as u64 {
-            return Err(err(
-                codes::INVALID_VALUE,
-                format!("a copy of {bytes} bytes exceeds one chunk"),
-            ));
-        }
-        self.check_source(src, bytes)?;
+        let stream = self.dtoh_checked(src, bytes, stream)?;
         if let Some(e) = self.core.take_error() {
             return Err(e);
         }

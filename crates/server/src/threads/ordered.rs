@@ -452,10 +452,7 @@ impl StreamOrdered for ThreadedStreams {
         let shared = &self.shared;
         let ready = lock(&self.streams).ready(stream);
         if !ready || shared.skips_work() {
-            return match socket_bytes::gathered(len, fill) {
-                Ok(data) => self.run_now(stream, StreamWork::Write { dst, data }),
-                Err(e) => LaunchOutcome::failed(e),
-            };
+            return self.run_now_buffered(stream, dst, len, fill);
         }
         let result = self.write_in_place(stream, dst, len, fill);
         shared.outcome(result)
@@ -473,10 +470,7 @@ impl StreamOrdered for ThreadedStreams {
         let shared = &self.shared;
         let ready = lock(&self.streams).ready(stream);
         if !ready || shared.skips_work() {
-            return match socket_bytes::gathered(len, fill) {
-                Ok(data) => self.enqueue(stream, StreamWork::Write { dst, data }),
-                Err(_) => false,
-            };
+            return self.enqueue_buffered(stream, dst, len, fill);
         }
         match self.write_in_place(stream, dst, len, fill) {
             Ok(()) => true,

@@ -121,10 +121,7 @@ impl StreamOrdered for WorkerContext {
         fill: &mut FillBytes<'_>,
     ) -> bool {
         if len > MAX_CHUNK_BYTES {
-            return match socket_bytes::gathered(len, fill) {
-                Ok(data) => self.enqueue(stream, StreamWork::Write { dst, data }),
-                Err(_) => false,
-            };
+            return self.enqueue_buffered(stream, dst, len, fill);
         }
         let work = WireWork::Write {
             dst,
