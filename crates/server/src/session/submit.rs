@@ -199,8 +199,6 @@ impl Session {
         }
     }
 
-    /// Queues a copy or memset: on `stream` without waiting, or (`None`) on the
-    /// default stream, waiting for it as a synchronous call does.
     /// [`Session::submit`] of a write of the `len` bytes `fill` yields,
     /// taken in place where the stream order can (not under a gate that
     /// watches signals: that one queues buffered work).
@@ -240,6 +238,8 @@ impl Session {
         self.synchronize(SyncTarget::Stream(DEFAULT_STREAM))
     }
 
+    /// Queues a copy or memset: on `stream` without waiting, or (`None`) on the
+    /// default stream, waiting for it as a synchronous call does.
     pub(super) fn submit(&mut self, stream: Option<Handle>, work: StreamWork) -> CallResult {
         let on = stream.unwrap_or(DEFAULT_STREAM);
         // Under a gate, copies and memsets are scheduled as launches are.
