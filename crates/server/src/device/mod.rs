@@ -765,6 +765,17 @@ pub trait StreamOrdered: Send + Sync {
         len: usize,
         send: &mut dyn SendBytes,
     ) -> LaunchOutcome {
+        self.read_sent_buffered(stream, src, len, send)
+    }
+    /// [`StreamOrdered::read_sent`] through a buffer (what an order that
+    /// cannot send from where the bytes lie falls back to).
+    fn read_sent_buffered(
+        &self,
+        stream: Handle,
+        src: DevicePtr,
+        len: usize,
+        send: &mut dyn SendBytes,
+    ) -> LaunchOutcome {
         let mut data = vec![0u8; len];
         let outcome = self.read(stream, src, &mut data);
         match outcome.result {

@@ -106,6 +106,18 @@ impl SerialStreams {
             result,
         }
     }
+
+    /// Whether queued work went in; a failure is kept for the next
+    /// waiting call.
+    fn queued(&self, result: Result<(), CuError>) -> bool {
+        match result {
+            Ok(()) => true,
+            Err(e) => {
+                self.lock().pending.get_or_insert(e);
+                false
+            }
+        }
+    }
 }
 
 impl StreamOrdered for SerialStreams {
@@ -157,13 +169,7 @@ impl StreamOrdered for SerialStreams {
 
     fn enqueue(&self, stream: Handle, work: StreamWork) -> bool {
         let result = self.check_stream(stream).and_then(|()| self.run(work));
-        match result {
-            Ok(()) => true,
-            Err(e) => {
-                self.lock().pending.get_or_insert(e);
-                false
-            }
-        }
+        self.queued(result)
     }
 
     /// Written at once, in place where the context can.
@@ -177,13 +183,7 @@ impl StreamOrdered for SerialStreams {
         let result = self
             .check_stream(stream)
             .and_then(|()| self.ctx.mem_write_filled(dst, len, fill));
-        match result {
-            Ok(()) => true,
-            Err(e) => {
-                self.lock().pending.get_or_insert(e);
-                false
-            }
-        }
+        self.queued(result)
     }
 
     fn read(&self, stream: Handle, src: DevicePtr, buf: &mut [u8]) -> LaunchOutcome {

@@ -17,7 +17,7 @@ use crate::device::ordering::{
     EVENT_DISABLE_TIMING, MAX_STDOUT_BYTES,
 };
 use crate::device::signals::SignalArea;
-use crate::device::socket_bytes::{self, FillBytes, SendBytes};
+use crate::device::socket_bytes::{FillBytes, SendBytes};
 use crate::device::{
     DeviceContext, KernelLaunch, LaunchOutcome, StreamOrdered, StreamWork, SyncTarget,
 };
@@ -494,15 +494,7 @@ impl StreamOrdered for ThreadedStreams {
         let ready = lock(&self.streams).ready(stream);
         let pending = lock(&shared.pending).is_some();
         if !ready || pending || shared.skips_work() {
-            let mut data = vec![0u8; len];
-            let outcome = self.read(stream, src, &mut data);
-            return match outcome.result {
-                Ok(()) => LaunchOutcome {
-                    result: send.send(&data).map_err(socket_bytes::not_sent),
-                    ..outcome
-                },
-                Err(_) => outcome,
-            };
+            return self.read_sent_buffered(stream, src, len, send);
         }
         let read = || {
             catch_unwind(AssertUnwindSafe(|| {

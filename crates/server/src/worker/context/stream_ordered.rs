@@ -141,15 +141,7 @@ impl StreamOrdered for WorkerContext {
     ) -> LaunchOutcome {
         let deferred = lock(&self.deferred).is_some();
         if deferred || len > MAX_CHUNK_BYTES {
-            let mut data = vec![0u8; len];
-            let outcome = self.read(stream, src, &mut data);
-            return match outcome.result {
-                Ok(()) => LaunchOutcome {
-                    result: send.send(&data).map_err(socket_bytes::not_sent),
-                    ..outcome
-                },
-                Err(_) => outcome,
-            };
+            return self.read_sent_buffered(stream, src, len, send);
         }
         let request = WorkerRequest::StreamRead {
             stream,
