@@ -566,3 +566,27 @@ fn a_group_whose_last_word_is_past_the_allocation_faults_at_that_thread() {
         }
     }
 }
+
+#[test]
+fn a_shared_word_misaligned_past_an_aligned_low_end_faults_as_interpreted() {
+    for which in [0, 2] {
+        let (ran, _) = lane_blocks();
+        let (report, out) = both(
+            "shared_halves",
+            config([2, 1, 1], [64, 1, 1], 512),
+            &[],
+            which,
+        );
+        if which == 0 {
+            report.result.expect("every load is aligned");
+            let (ran_after, _) = lane_blocks();
+            assert!(ran_after > ran, "the blocks ran in step");
+            for (t, &got) in out[..64].iter().enumerate() {
+                assert_eq!(got, t as u32, "thread {t}");
+            }
+        } else {
+            let fault = report.result.expect_err("the word's load is misaligned");
+            assert_eq!(fault.cu_code(), 716, "{fault:?}");
+        }
+    }
+}

@@ -169,6 +169,9 @@ fn define(
     let id = jit
         .declare_function(name, Linkage::Local, &sig)
         .map_err(|e| e.to_string())?;
+    if std::env::var_os("CUMUX_JIT_CLIF").is_some() {
+        eprintln!("{name} (CLIF):\n{}", ctx.func.display());
+    }
     let dump = std::env::var_os("CUMUX_JIT_DISASM").is_some();
     ctx.set_disasm(dump);
     jit.define_function(id, &mut ctx)

@@ -117,6 +117,9 @@ pub(super) struct Translator<'a, 'f> {
     /// In the lane kernel's copy of a block whose shared accesses its check
     /// covered: how the lanes' addresses from each base lie ([`LaneBase`]).
     pub lane_bases: Vec<LaneBase>,
+    /// The low ends (zero-extended) a block's shared check made, by base,
+    /// low offset and lane: the copy's pointers start from them.
+    pub span_lows: Vec<(Src, i64, usize, Value)>,
     /// Vector constants made so far in the basic block being emitted.
     pub vconsts: Vec<(u32, Value)>,
     /// Narrow registers that an `f32` vector op of the straight run being
@@ -496,6 +499,7 @@ impl<'a, 'f> Translator<'a, 'f> {
             floats: std::collections::HashMap::new(),
             unchecked: Vec::new(),
             lane_bases: Vec::new(),
+            span_lows: Vec::new(),
             vconsts: Vec::new(),
             vraw: Vec::new(),
             vmasks: Vec::new(),
@@ -809,18 +813,15 @@ impl<'a, 'f> Translator<'a, 'f> {
         // runs them unchecked; the other copy checks each as it comes
         // (and, in the lane kernel, where the lanes' addresses from each
         // base are consecutive words or all the same)
-        if let Some((pcs, ok)) = self.lanes_shared_check(start, end) {
+        if let Some((pcs, mut ok)) = self.lanes_shared_check(start, end) {
             let fast = self.fb.create_block();
             let checked = self.fb.create_block();
-            let ok = if self.width > 1 {
+            if self.width > 1 {
                 self.lane_bases = self.shared_lane_bases(start, end);
-                let regular = self.lanes_regular();
-                self.fb.ins().band(ok, regular)
-            } else {
-                ok
-            };
-            self.fb.ins().brif(ok, fast, &[], checked, &[]);
-            self.fb.switch_to_block(fast);
+                ok.extend(self.lanes_regular());
+            }
+            self.span_lows.clear();
+            self.branch_all(ok, fast, checked);
             self.unchecked = pcs;
             // a copy for each way the lanes of (at most two) bases whose
             // way is not known before the run lie
