@@ -590,3 +590,26 @@ fn a_shared_word_misaligned_past_an_aligned_low_end_faults_as_interpreted() {
         }
     }
 }
+
+#[test]
+fn lazily_made_registers_read_memory_and_lanes_as_interpreted() {
+    // fails where a load made late passes a store, where a guarded write
+    // is taken to end a lazy register's life, or where one read only in
+    // the next block is left unmade
+    let which = 32;
+    let (ran, _) = lane_blocks();
+    let (report, out) = both("lazy_regs", config([1, 1, 1], [64, 1, 1], 512), &[], which);
+    report.result.expect("the kernel runs");
+    let (ran_after, _) = lane_blocks();
+    assert!(ran_after > ran, "the block ran in step");
+    for t in 0..64u32 {
+        let own = if t < which { 10.0 } else { t as f32 + 4.0 };
+        assert_eq!(f32::from_bits(out[t as usize]), own, "thread {t}");
+        let next = 2.0 * t as f32 + 5.0;
+        assert_eq!(
+            f32::from_bits(out[64 + t as usize]),
+            next,
+            "thread {t}'s next block"
+        );
+    }
+}

@@ -2,11 +2,12 @@
 //! where its block's check covered them: one vector access when the lanes'
 //! addresses are consecutive, one load when they are the same, else lane by lane.
 
+use super::lazy::Lazy;
 use super::shared_checks::groups;
 use super::translate::{LaneBase, Translator};
 use crate::ir::{Address, Inst, MemOrder, Op, Sp, Src, NONE};
 use cranelift_codegen::ir::condcodes::IntCC;
-use cranelift_codegen::ir::types::{F32, F32X4, I32, I32X4, I64, I8};
+use cranelift_codegen::ir::types::{I32, I32X4, I64, I8};
 use cranelift_codegen::ir::{ConstantData, Endianness, InstBuilder, MemFlagsData, Value};
 
 impl Translator<'_, '_> {
@@ -157,17 +158,11 @@ impl Translator<'_, '_> {
             } if fits(self, &addr, size, n) && narrow(self, Src::Reg(ds[0])) => {
                 let flags = unaligned();
                 let v = match self.regular_at(&addr) {
-                    Some((p, _, Some(false))) => self.fb.ins().load(I32X4, flags, p, 0),
-                    Some((p, _, Some(true))) => {
-                        // (as an f32: x86-64 broadcasts it from the load's
-                        // register, one move fewer; its bits stay as loaded)
-                        let one = self.fb.ins().load(F32, flags, p, 0);
-                        let all = self.fb.ins().splat(F32X4, one);
-                        self.fb.ins().bitcast(
-                            I32X4,
-                            MemFlagsData::new().with_endianness(Endianness::Little),
-                            all,
-                        )
+                    Some((p, _, Some(same))) => {
+                        // loaded where read (as `f32` lanes, a word all
+                        // lanes read broadcast from memory: one op)
+                        self.vdef_lazy(ds[0], Lazy::Load { p, same });
+                        return true;
                     }
                     Some((p, equal, None)) => {
                         // 16 bytes from the first lane's word (the block's

@@ -135,6 +135,9 @@ impl Translator<'_, '_> {
     /// basic block.
     pub(super) fn lane_inst(&mut self, pc: u32) -> bool {
         let inst = &self.func.code[pc as usize];
+        if !self.passes_lazy(inst) {
+            self.settle_lazy(pc);
+        }
         // what the run knew of the registers this writes no longer holds
         inst.op.for_each_dst(|d| self.forget_wide(d));
         let agree = self.lanes_agree(inst);

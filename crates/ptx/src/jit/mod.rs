@@ -18,6 +18,7 @@ mod emit_wide;
 mod inline;
 mod lanes;
 mod launch;
+mod lazy;
 mod lockstep;
 mod narrow;
 mod needed;

@@ -4,6 +4,7 @@
 
 use super::dirty::{add_writes, holds, stops};
 use super::inline::{CHECKS, UNCOUNTED};
+use super::lazy::Lazy;
 use super::narrow::{narrow_regs, uniform_wide_regs, wide_vector_regs};
 use super::needed::needed_in;
 use super::params::hoisted_loads;
@@ -127,6 +128,8 @@ pub(super) struct Translator<'a, 'f> {
     /// later `f32` op reads that (NaN in, NaN out, made canonical at its
     /// end), keeping the canonicalisation off chains of dependent ops.
     pub vraw: Vec<(u32, Value)>,
+    /// Narrow registers of the straight run defined late ([`Lazy`]).
+    pub lazy: Vec<(u32, Lazy)>,
     /// Predicate registers that a vector `setp` (or `and`, `or`, `xor` of
     /// such) of the straight run being emitted wrote, with its lanes as
     /// masks (all ones where it holds): a guard reads the mask's top bits
@@ -502,6 +505,7 @@ impl<'a, 'f> Translator<'a, 'f> {
             span_lows: Vec::new(),
             vconsts: Vec::new(),
             vraw: Vec::new(),
+            lazy: Vec::new(),
             vmasks: Vec::new(),
             pc_now: 0,
             params,
@@ -860,6 +864,7 @@ impl<'a, 'f> Translator<'a, 'f> {
         self.block_end = end;
         self.vconsts.clear();
         self.vraw.clear();
+        self.lazy.clear();
         self.vmasks.clear();
         self.wfacts.clear();
         self.wconsecutive.clear();
@@ -875,6 +880,7 @@ impl<'a, 'f> Translator<'a, 'f> {
                 return;
             }
         }
+        self.settle_lazy(end);
         match self.blocks.get(b + 1) {
             Some(&next) => {
                 self.fb.ins().jump(next, &[]);
