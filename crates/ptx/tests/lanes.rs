@@ -613,3 +613,47 @@ fn lazily_made_registers_read_memory_and_lanes_as_interpreted() {
         );
     }
 }
+
+#[test]
+fn a_group_that_parts_or_faults_restarts_its_block_from_itself() {
+    // the words before the failed group's were stored unlogged, once: a
+    // block run again from its start would add to them twice
+    for (kernel, which) in [
+        ("restart_part", 70),
+        ("restart_part", 1000),
+        ("restart_fault", 70),
+    ] {
+        let (_, parted) = lane_blocks();
+        let (report, out) = both(
+            kernel,
+            config([2, 1, 1], [64, 1, 1], 0),
+            &[words(0..1024)],
+            which,
+        );
+        let upto = match kernel {
+            "restart_fault" => {
+                let fault = report.result.expect_err("thread 70's load faults");
+                assert_eq!(fault.cu_code(), 700, "{fault:?}");
+                // (thread 70 stored its 1, then faulted)
+                71
+            }
+            _ => {
+                report.result.expect("the kernel runs");
+                128
+            }
+        };
+        for (i, &got) in out[..130].iter().enumerate() {
+            let i = i as u32;
+            let want = match i {
+                i if i >= upto => i,
+                i if i == which && kernel == "restart_part" => i + 100,
+                i => i + 1,
+            };
+            assert_eq!(got, want, "{kernel} ({which}): word {i}");
+        }
+        let (_, parted_after) = lane_blocks();
+        if which < 128 {
+            assert!(parted_after > parted, "{kernel}: a group failed");
+        }
+    }
+}

@@ -24,6 +24,7 @@ mod narrow;
 mod needed;
 mod params;
 mod plan;
+mod restart;
 mod runtime;
 mod shared_checks;
 mod strides;

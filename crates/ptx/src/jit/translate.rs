@@ -7,9 +7,9 @@ use super::inline::{CHECKS, UNCOUNTED};
 use super::lazy::Lazy;
 use super::narrow::{narrow_regs, uniform_wide_regs, wide_vector_regs};
 use super::needed::needed_in;
-use super::params::hoisted_loads;
-use super::params::{hoist_params, HoistedParams};
+use super::params::{hoist_params, hoisted_loads, HoistedParams};
 use super::plan::{polls, Plan};
+use super::restart::group_start;
 use super::runtime::{
     rt_checkpoint, rt_trap, Ctx, RET_EXIT, RET_FAULT, RET_PARTED, STOP_BARRIER, STOP_BITS,
     STOP_WARP, STOP_YIELD,
@@ -118,8 +118,7 @@ pub(super) struct Translator<'a, 'f> {
     /// In the lane kernel's copy of a block whose shared accesses its check
     /// covered: how the lanes' addresses from each base lie ([`LaneBase`]).
     pub lane_bases: Vec<LaneBase>,
-    /// The low ends (zero-extended) a block's shared check made, by base,
-    /// low offset and lane: the copy's pointers start from them.
+    /// The low ends (as I64) a block's shared check made: (base, offset, lane).
     pub span_lows: Vec<(Src, i64, usize, Value)>,
     /// Vector constants made so far in the basic block being emitted.
     pub vconsts: Vec<(u32, Value)>,
@@ -360,6 +359,7 @@ impl<'a, 'f> Translator<'a, 'f> {
             .ins()
             .load(I64, MemFlagsData::trusted(), ctx, ctx_off!(instructions));
         fb.def_var(count, n);
+        group_start(&mut fb, ctx, count, width > 1 && plan.restart);
         let params = hoist_params(&mut fb, ctx, ops, width > 1);
         // the lane kernel's block-wide special registers, in every lane
         // (the same for the whole call)
@@ -427,6 +427,7 @@ impl<'a, 'f> Translator<'a, 'f> {
         let following = fb.ins().iadd_imm_s(first_thread, width as i64);
         fb.ins().jump(head, &[BlockArg::Value(following)]);
         fb.switch_to_block(body);
+        group_start(&mut fb, ctx, count, width > 1 && plan.restart);
         // (the lane kernel works out each lane's from lane 0's where used)
         let (vals, tid_ptr) = thread_values(&mut fb, func, first_thread, bases, width == 1);
         let t64 = fb.ins().uextend(I64, first_thread);
@@ -824,7 +825,6 @@ impl<'a, 'f> Translator<'a, 'f> {
                 self.lane_bases = self.shared_lane_bases(start, end);
                 ok.extend(self.lanes_regular());
             }
-            self.span_lows.clear();
             self.branch_all(ok, fast, checked);
             self.unchecked = pcs;
             // a copy for each way the lanes of (at most two) bases whose
