@@ -566,3 +566,94 @@ fn a_group_whose_last_word_is_past_the_allocation_faults_at_that_thread() {
         }
     }
 }
+
+#[test]
+fn a_shared_word_misaligned_past_an_aligned_low_end_faults_as_interpreted() {
+    for which in [0, 2] {
+        let (ran, _) = lane_blocks();
+        let (report, out) = both(
+            "shared_halves",
+            config([2, 1, 1], [64, 1, 1], 512),
+            &[],
+            which,
+        );
+        if which == 0 {
+            report.result.expect("every load is aligned");
+            let (ran_after, _) = lane_blocks();
+            assert!(ran_after > ran, "the blocks ran in step");
+            for (t, &got) in out[..64].iter().enumerate() {
+                assert_eq!(got, t as u32, "thread {t}");
+            }
+        } else {
+            let fault = report.result.expect_err("the word's load is misaligned");
+            assert_eq!(fault.cu_code(), 716, "{fault:?}");
+        }
+    }
+}
+
+#[test]
+fn lazily_made_registers_read_memory_and_lanes_as_interpreted() {
+    // fails where a load made late passes a store, where a guarded write
+    // is taken to end a lazy register's life, or where one read only in
+    // the next block is left unmade
+    let which = 32;
+    let (ran, _) = lane_blocks();
+    let (report, out) = both("lazy_regs", config([1, 1, 1], [64, 1, 1], 512), &[], which);
+    report.result.expect("the kernel runs");
+    let (ran_after, _) = lane_blocks();
+    assert!(ran_after > ran, "the block ran in step");
+    for t in 0..64u32 {
+        let own = if t < which { 10.0 } else { t as f32 + 4.0 };
+        assert_eq!(f32::from_bits(out[t as usize]), own, "thread {t}");
+        let next = 2.0 * t as f32 + 5.0;
+        assert_eq!(
+            f32::from_bits(out[64 + t as usize]),
+            next,
+            "thread {t}'s next block"
+        );
+    }
+}
+
+#[test]
+fn a_group_that_parts_or_faults_restarts_its_block_from_itself() {
+    // the words before the failed group's were stored unlogged, once: a
+    // block run again from its start would add to them twice
+    for (kernel, which) in [
+        ("restart_part", 70),
+        ("restart_part", 1000),
+        ("restart_fault", 70),
+    ] {
+        let (_, parted) = lane_blocks();
+        let (report, out) = both(
+            kernel,
+            config([2, 1, 1], [64, 1, 1], 0),
+            &[words(0..1024)],
+            which,
+        );
+        let upto = match kernel {
+            "restart_fault" => {
+                let fault = report.result.expect_err("thread 70's load faults");
+                assert_eq!(fault.cu_code(), 700, "{fault:?}");
+                // (thread 70 stored its 1, then faulted)
+                71
+            }
+            _ => {
+                report.result.expect("the kernel runs");
+                128
+            }
+        };
+        for (i, &got) in out[..130].iter().enumerate() {
+            let i = i as u32;
+            let want = match i {
+                i if i >= upto => i,
+                i if i == which && kernel == "restart_part" => i + 100,
+                i => i + 1,
+            };
+            assert_eq!(got, want, "{kernel} ({which}): word {i}");
+        }
+        let (_, parted_after) = lane_blocks();
+        if which < 128 {
+            assert!(parted_after > parted, "{kernel}: a group failed");
+        }
+    }
+}

@@ -31,6 +31,8 @@ pub(crate) struct CompiledKernel {
     /// multiple of [`LANES`] (its strided registers need a group's lanes
     /// consecutive in `%tid.x`).
     pub(super) lanes_need_aligned: bool,
+    /// Whether a lane block goes on from a group that fails ([`super::restart`]).
+    pub(super) restart: bool,
     /// The kernel's ops (the code passes pointers into them to its helpers;
     /// warp collectives are resolved from them) and their source lines.
     pub(super) ops: Box<[Op]>,
@@ -169,6 +171,9 @@ fn define(
     let id = jit
         .declare_function(name, Linkage::Local, &sig)
         .map_err(|e| e.to_string())?;
+    if std::env::var_os("CUMUX_JIT_CLIF").is_some() {
+        eprintln!("{name} (CLIF):\n{}", ctx.func.display());
+    }
     let dump = std::env::var_os("CUMUX_JIT_DISASM").is_some();
     ctx.set_disasm(dump);
     jit.define_function(id, &mut ctx)
@@ -262,6 +267,7 @@ fn compile(f: &Func, p: &Plan) -> Result<CompiledKernel, String> {
         lanes,
         lane_slots: lane_slots(f, p).1,
         lanes_need_aligned,
+        restart: p.restart,
         collectives,
         fresh_start: p.fresh_start,
         entry,

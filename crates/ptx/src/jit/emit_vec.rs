@@ -2,6 +2,7 @@
 //! lanes (32-bit integer and `f32` arithmetic, `setp`, `selp`, `%tid`), with
 //! the thread loop's exact results; any other op runs lane by lane.
 
+use super::lazy::Lazy;
 use super::narrow::{cmp_native, float_cc, int_cc, plain};
 use super::runtime::Ctx;
 use super::translate::{ctx_off, Translator};
@@ -132,8 +133,12 @@ impl Translator<'_, '_> {
                 c,
                 mode,
             } if plain(&mode) => {
-                let (x, y, z) = (self.vfloat(a), self.vfloat(b), self.vfloat(c));
+                let apart = self.reads_lazy_loads(&[a, b, c]);
+                let [x, y, z] = self.lazy_floats([a, b, c]);
                 let r = self.fb.ins().fma(x, y, z);
+                if inst.guard == NONE {
+                    return self.vdef_raw(d, r, apart);
+                }
                 raw = Some(r);
                 vec![(d, self.vcanon(r))]
             }
@@ -145,7 +150,8 @@ impl Translator<'_, '_> {
                 b,
                 mode,
             } if plain(&mode) && matches!(op, FOp::Add | FOp::Sub | FOp::Mul | FOp::Div) => {
-                let (x, y) = (self.vfloat(a), self.vfloat(b));
+                let apart = self.reads_lazy_loads(&[a, b]);
+                let [x, y] = self.lazy_floats([a, b]);
                 let ins = self.fb.ins();
                 let r = match op {
                     FOp::Add => ins.fadd(x, y),
@@ -153,6 +159,9 @@ impl Translator<'_, '_> {
                     FOp::Mul => ins.fmul(x, y),
                     _ => ins.fdiv(x, y),
                 };
+                if inst.guard == NONE {
+                    return self.vdef_raw(d, r, apart);
+                }
                 raw = Some(r);
                 vec![(d, self.vcanon(r))]
             }
@@ -319,7 +328,16 @@ impl Translator<'_, '_> {
         self.fb.ins().icmp(cc, bit, zero)
     }
 
-    fn vfloat(&mut self, s: Src) -> Value {
+    /// Sets narrow register `d` to `f32` lanes `r` as computed, made
+    /// canonical where read ([`Lazy::Canon`]); true.
+    fn vdef_raw(&mut self, d: u32, r: Value, apart: bool) -> bool {
+        self.vraw.retain(|x| x.0 != d);
+        self.vraw.push((d, r));
+        self.vdef_lazy(d, Lazy::Canon { apart });
+        true
+    }
+
+    pub(super) fn vfloat(&mut self, s: Src) -> Value {
         if let Src::Reg(r) = s {
             if let Some(&(_, raw)) = self.vraw.iter().find(|x| x.0 == r) {
                 return raw;
@@ -330,7 +348,7 @@ impl Translator<'_, '_> {
     }
 
     /// The bits of `f32` lanes `f`, each NaN made canonical.
-    fn vcanon(&mut self, f: Value) -> Value {
+    pub(super) fn vcanon(&mut self, f: Value) -> Value {
         let nan = self.fb.ins().fcmp(FloatCC::Unordered, f, f);
         let nan = self.fb.ins().bitcast(I32X4, lanes_flags(), nan);
         let bits = self.fb.ins().bitcast(I32X4, lanes_flags(), f);

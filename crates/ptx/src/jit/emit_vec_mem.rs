@@ -2,11 +2,12 @@
 //! where its block's check covered them: one vector access when the lanes'
 //! addresses are consecutive, one load when they are the same, else lane by lane.
 
+use super::lazy::Lazy;
 use super::shared_checks::groups;
 use super::translate::{LaneBase, Translator};
 use crate::ir::{Address, Inst, MemOrder, Op, Sp, Src, NONE};
 use cranelift_codegen::ir::condcodes::IntCC;
-use cranelift_codegen::ir::types::{F32, F32X4, I32, I32X4, I64, I8};
+use cranelift_codegen::ir::types::{I32, I32X4, I64, I8};
 use cranelift_codegen::ir::{ConstantData, Endianness, InstBuilder, MemFlagsData, Value};
 
 impl Translator<'_, '_> {
@@ -35,14 +36,25 @@ impl Translator<'_, '_> {
             if let Some((same, aligned)) = known {
                 // the way is the register's stride's (where the group's
                 // lanes are aligned, which the block's check adds)
-                let lanes = self.vsrc_pub(g.base);
-                let first = self.fb.ins().extractlane(lanes, 0);
-                let first = match g.lo {
-                    0 => first,
-                    lo => self.fb.ins().iadd_imm_s(first, lo as u32 as i64),
+                // (the low end the block's check made, where it did)
+                let low = self
+                    .span_lows
+                    .iter()
+                    .find(|s| s.0 == g.base && s.1 == g.lo && s.2 == 0)
+                    .map(|s| s.3);
+                let first = match low {
+                    Some(lo64) => self.shared_at(lo64),
+                    None => {
+                        let lanes = self.vsrc_pub(g.base);
+                        let first = self.fb.ins().extractlane(lanes, 0);
+                        let first = match g.lo {
+                            0 => first,
+                            lo => self.fb.ins().iadd_imm_s(first, lo as u32 as i64),
+                        };
+                        let first = self.fb.ins().uextend(I64, first);
+                        self.shared_unchecked(first)
+                    }
                 };
-                let first = self.fb.ins().uextend(I64, first);
-                let first = self.shared_unchecked(first);
                 out.push(LaneBase {
                     base: g.base,
                     lo: g.lo,
@@ -75,9 +87,9 @@ impl Translator<'_, '_> {
     }
 
     /// Whether every base of the block's [`LaneBase`]s has its lanes'
-    /// addresses consecutive or all the same (an I8 condition).
-    pub(super) fn lanes_regular(&mut self) -> Value {
-        let mut all = self.fb.ins().iconst(I8, 1);
+    /// addresses consecutive or all the same (I8 conditions, each to hold).
+    pub(super) fn lanes_regular(&mut self) -> Vec<Value> {
+        let mut all = Vec::new();
         // (the fixed bases' condition, `x_aligned`, once)
         let mut aligned = None;
         for k in 0..self.lane_bases.len() {
@@ -86,13 +98,10 @@ impl Translator<'_, '_> {
                 aligned = Some(c);
                 continue;
             }
-            let either = self.fb.ins().bor(c, e);
-            all = self.fb.ins().band(all, either);
+            all.push(self.fb.ins().bor(c, e));
         }
-        match aligned {
-            Some(a) => self.fb.ins().band(all, a),
-            None => all,
-        }
+        all.extend(aligned);
+        all
     }
 
     /// Sets the block's bases whose way is not fixed to way `way` (bit `k`:
@@ -149,17 +158,11 @@ impl Translator<'_, '_> {
             } if fits(self, &addr, size, n) && narrow(self, Src::Reg(ds[0])) => {
                 let flags = unaligned();
                 let v = match self.regular_at(&addr) {
-                    Some((p, _, Some(false))) => self.fb.ins().load(I32X4, flags, p, 0),
-                    Some((p, _, Some(true))) => {
-                        // (as an f32: x86-64 broadcasts it from the load's
-                        // register, one move fewer; its bits stay as loaded)
-                        let one = self.fb.ins().load(F32, flags, p, 0);
-                        let all = self.fb.ins().splat(F32X4, one);
-                        self.fb.ins().bitcast(
-                            I32X4,
-                            MemFlagsData::new().with_endianness(Endianness::Little),
-                            all,
-                        )
+                    Some((p, _, Some(same))) => {
+                        // loaded where read (as `f32` lanes, a word all
+                        // lanes read broadcast from memory: one op)
+                        self.vdef_lazy(ds[0], Lazy::Load { p, same });
+                        return true;
                     }
                     Some((p, equal, None)) => {
                         // 16 bytes from the first lane's word (the block's

@@ -108,21 +108,26 @@ impl Translator<'_, '_> {
     /// The check of basic block `start..end`'s shared accesses that lets
     /// a copy run them unchecked: for the thread loop its running thread's,
     /// for the lane kernel every lane's.
-    pub(super) fn lanes_shared_check(&mut self, start: u32, end: u32) -> Option<(Vec<u32>, Value)> {
+    pub(super) fn lanes_shared_check(
+        &mut self,
+        start: u32,
+        end: u32,
+    ) -> Option<(Vec<u32>, Vec<Value>)> {
         if self.width > 1 {
             if let Some(once) = self.lanes_span_check(start, end) {
                 return Some(once);
             }
         }
-        let mut all: Option<(Vec<u32>, Value)> = None;
+        let mut all: Option<(Vec<u32>, Vec<Value>)> = None;
         for k in 0..self.width as usize {
             self.set_lane(k);
             let (pcs, ok) = self.shared_block_check(start, end)?;
-            all = Some(match all {
-                Some((_, both)) => (pcs, self.fb.ins().band(both, ok)),
-                None => (pcs, ok),
-            });
+            match &mut all {
+                Some((_, conds)) => conds.extend(ok),
+                None => all = Some((pcs, ok)),
+            }
         }
+        self.set_lane(0);
         all
     }
 
@@ -130,6 +135,9 @@ impl Translator<'_, '_> {
     /// basic block.
     pub(super) fn lane_inst(&mut self, pc: u32) -> bool {
         let inst = &self.func.code[pc as usize];
+        if !self.passes_lazy(inst) {
+            self.settle_lazy(pc);
+        }
         // what the run knew of the registers this writes no longer holds
         inst.op.for_each_dst(|d| self.forget_wide(d));
         let agree = self.lanes_agree(inst);

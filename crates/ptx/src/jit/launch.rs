@@ -285,6 +285,9 @@ struct Worker<'w> {
     lanes_now: bool,
     undo: Vec<Logged>,
     logged: usize,
+    /// Whether the block's lanes failed at a group and the block went on
+    /// from it thread by thread ([`super::restart`]).
+    restarted: bool,
     /// Whether every thread's state is ready and its resume point 0 (as a
     /// block starts): the block before exited whole in one run, which
     /// left them so.
@@ -339,6 +342,7 @@ impl<'w> Worker<'w> {
             lanes_now: false,
             undo: Vec::new(),
             logged: 0,
+            restarted: false,
             clean: true,
             own_count,
             uniform: false,
@@ -412,13 +416,18 @@ impl<'w> Worker<'w> {
             return self.run_block_once(g, block_id);
         }
         self.lanes_now = true;
+        self.restarted = false;
         let r = self.run_block_once(g, block_id);
         self.lanes_now = false;
-        if r.is_ok() {
+        if r.is_ok() && !self.restarted {
             LANE_BLOCKS[0].fetch_add(1, Ordering::Relaxed);
             return r;
         }
         LANE_BLOCKS[1].fetch_add(1, Ordering::Relaxed);
+        if self.restarted {
+            // (its result, fault or not, is the interpreter's)
+            return r;
+        }
         // SAFETY: the entries are this block's stores, each checked when it
         // ran, into memory that stays while the launch runs.
         unsafe { undo_stores(&self.undo[..self.logged]) };
@@ -510,6 +519,7 @@ impl<'w> Worker<'w> {
                 0
             },
             undo: self.lanes_now.then(|| std::mem::take(&mut self.undo)),
+            group_count: 0,
         };
         // as the interpreter schedules: warp by warp, each warp's ready lanes
         // in turn until none of its collectives can be resolved
@@ -713,11 +723,41 @@ impl<'w> Worker<'w> {
         let stop = self.call(group, true, ctx, t, end);
         let stop = stop.clamp(t + LANES as usize, end);
         // (the group's first thread's code speaks for it)
-        if self.codes[stop - LANES as usize] == RET_PARTED {
+        let code = self.codes[stop - LANES as usize];
+        if code == RET_PARTED || code == RET_FAULT && g.kernel.restart {
+            if g.kernel.restart {
+                return Ok(self.restart_group(g, ctx, t, stop - LANES as usize));
+            }
             return Err(parted());
         }
         self.stops(g, ctx, t, stop, LANES as usize)?;
         Ok(stop)
+    }
+
+    /// Where the group of threads from `failed` failed in a call of a
+    /// restarting lane kernel from `t` ([`super::restart`]): its stores are
+    /// undone and its count taken back, the groups before it exited, and
+    /// the block goes on from it thread by thread (so its fault, count and
+    /// memory are the interpreter's); where to go on.
+    #[cold]
+    #[inline(never)]
+    fn restart_group(&mut self, g: &Grid<'_>, ctx: &mut Ctx<'_>, t: usize, failed: usize) -> usize {
+        if let Some(log) = &ctx.undo {
+            // SAFETY: the entries are the failed group's stores (each group
+            // starts the log afresh), each checked when it ran, into
+            // memory that stays while the launch runs.
+            unsafe { undo_stores(&log[..ctx.log_len as usize]) };
+        }
+        ctx.log_len = 0;
+        ctx.fault = None;
+        ctx.instructions = ctx.group_count;
+        self.state[t..failed].fill(State::Exited);
+        self.exited += failed - t;
+        self.uniform = false;
+        self.lanes_now = false;
+        self.restarted = true;
+        g.lanes_off.store(true, Ordering::Relaxed);
+        failed
     }
 
     /// Takes the stop codes of threads `t..stop`, the last call's, which

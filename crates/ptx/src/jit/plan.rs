@@ -4,6 +4,7 @@
 
 use super::dirty::{dirty_in, dirty_resumed, stops, RegSet};
 use super::inline::{CHECKS, UNCOUNTED};
+use super::restart::{final_stores, restartable};
 use crate::ir::{Func, MemOrder, Op, Src, NONE};
 
 /// The compiler's view of one kernel.
@@ -30,6 +31,11 @@ pub(super) struct Plan {
     pub dirty_resumed: Vec<Option<RegSet>>,
     /// Whether a lane kernel is built too ([`super::lanes`]).
     pub lanes: bool,
+    /// Whether a failed lane group goes on thread by thread from itself
+    /// ([`restartable`]), and the stores then logged by none
+    /// ([`final_stores`]).
+    pub restart: bool,
+    pub final_stores: Vec<u32>,
 }
 
 impl Plan {
@@ -99,7 +105,11 @@ pub(super) fn plan(f: &Func) -> Result<Plan, String> {
     let fresh_start = !f.code.iter().any(|i| matches!(i.op, Op::Bra { target: 0 }));
     let dirty_in = dirty_in(f, &leaders, fresh_start);
     let dirty_resumed = dirty_resumed(f, &leaders, &resumes, fresh_start);
+    let restart = lanes && restartable(f, &resumes);
+    let final_stores = if restart { final_stores(f) } else { Vec::new() };
     Ok(Plan {
+        restart,
+        final_stores,
         lanes,
         dirty_in,
         dirty_resumed,

@@ -123,6 +123,9 @@ pub(super) struct Ctx<'a> {
     pub log: *mut Logged,
     pub log_len: u64,
     pub log_cap: u64,
+    /// In a lane kernel that restarts from a failed group
+    /// ([`super::restart`]): the block's count where that group started.
+    pub group_count: u64,
 }
 
 /// What a block's checks at backward branches read: its budget and the

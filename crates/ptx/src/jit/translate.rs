@@ -4,11 +4,12 @@
 
 use super::dirty::{add_writes, holds, stops};
 use super::inline::{CHECKS, UNCOUNTED};
+use super::lazy::Lazy;
 use super::narrow::{narrow_regs, uniform_wide_regs, wide_vector_regs};
 use super::needed::needed_in;
-use super::params::hoisted_loads;
-use super::params::{hoist_params, HoistedParams};
+use super::params::{hoist_params, hoisted_loads, HoistedParams};
 use super::plan::{polls, Plan};
+use super::restart::group_start;
 use super::runtime::{
     rt_checkpoint, rt_trap, Ctx, RET_EXIT, RET_FAULT, RET_PARTED, STOP_BARRIER, STOP_BITS,
     STOP_WARP, STOP_YIELD,
@@ -117,6 +118,8 @@ pub(super) struct Translator<'a, 'f> {
     /// In the lane kernel's copy of a block whose shared accesses its check
     /// covered: how the lanes' addresses from each base lie ([`LaneBase`]).
     pub lane_bases: Vec<LaneBase>,
+    /// The low ends (as I64) a block's shared check made: (base, offset, lane).
+    pub span_lows: Vec<(Src, i64, usize, Value)>,
     /// Vector constants made so far in the basic block being emitted.
     pub vconsts: Vec<(u32, Value)>,
     /// Narrow registers that an `f32` vector op of the straight run being
@@ -124,6 +127,8 @@ pub(super) struct Translator<'a, 'f> {
     /// later `f32` op reads that (NaN in, NaN out, made canonical at its
     /// end), keeping the canonicalisation off chains of dependent ops.
     pub vraw: Vec<(u32, Value)>,
+    /// Narrow registers of the straight run defined late ([`Lazy`]).
+    pub lazy: Vec<(u32, Lazy)>,
     /// Predicate registers that a vector `setp` (or `and`, `or`, `xor` of
     /// such) of the straight run being emitted wrote, with its lanes as
     /// masks (all ones where it holds): a guard reads the mask's top bits
@@ -354,6 +359,7 @@ impl<'a, 'f> Translator<'a, 'f> {
             .ins()
             .load(I64, MemFlagsData::trusted(), ctx, ctx_off!(instructions));
         fb.def_var(count, n);
+        group_start(&mut fb, ctx, count, width > 1 && plan.restart);
         let params = hoist_params(&mut fb, ctx, ops, width > 1);
         // the lane kernel's block-wide special registers, in every lane
         // (the same for the whole call)
@@ -421,6 +427,7 @@ impl<'a, 'f> Translator<'a, 'f> {
         let following = fb.ins().iadd_imm_s(first_thread, width as i64);
         fb.ins().jump(head, &[BlockArg::Value(following)]);
         fb.switch_to_block(body);
+        group_start(&mut fb, ctx, count, width > 1 && plan.restart);
         // (the lane kernel works out each lane's from lane 0's where used)
         let (vals, tid_ptr) = thread_values(&mut fb, func, first_thread, bases, width == 1);
         let t64 = fb.ins().uextend(I64, first_thread);
@@ -496,8 +503,10 @@ impl<'a, 'f> Translator<'a, 'f> {
             floats: std::collections::HashMap::new(),
             unchecked: Vec::new(),
             lane_bases: Vec::new(),
+            span_lows: Vec::new(),
             vconsts: Vec::new(),
             vraw: Vec::new(),
+            lazy: Vec::new(),
             vmasks: Vec::new(),
             pc_now: 0,
             params,
@@ -809,18 +818,14 @@ impl<'a, 'f> Translator<'a, 'f> {
         // runs them unchecked; the other copy checks each as it comes
         // (and, in the lane kernel, where the lanes' addresses from each
         // base are consecutive words or all the same)
-        if let Some((pcs, ok)) = self.lanes_shared_check(start, end) {
+        if let Some((pcs, mut ok)) = self.lanes_shared_check(start, end) {
             let fast = self.fb.create_block();
             let checked = self.fb.create_block();
-            let ok = if self.width > 1 {
+            if self.width > 1 {
                 self.lane_bases = self.shared_lane_bases(start, end);
-                let regular = self.lanes_regular();
-                self.fb.ins().band(ok, regular)
-            } else {
-                ok
-            };
-            self.fb.ins().brif(ok, fast, &[], checked, &[]);
-            self.fb.switch_to_block(fast);
+                ok.extend(self.lanes_regular());
+            }
+            self.branch_all(ok, fast, checked);
             self.unchecked = pcs;
             // a copy for each way the lanes of (at most two) bases whose
             // way is not known before the run lie
@@ -859,6 +864,7 @@ impl<'a, 'f> Translator<'a, 'f> {
         self.block_end = end;
         self.vconsts.clear();
         self.vraw.clear();
+        self.lazy.clear();
         self.vmasks.clear();
         self.wfacts.clear();
         self.wconsecutive.clear();
@@ -874,6 +880,7 @@ impl<'a, 'f> Translator<'a, 'f> {
                 return;
             }
         }
+        self.settle_lazy(end);
         match self.blocks.get(b + 1) {
             Some(&next) => {
                 self.fb.ins().jump(next, &[]);
