@@ -2,7 +2,7 @@
 //! lanes (32-bit integer and `f32` arithmetic, `setp`, `selp`, `%tid`), with
 //! the thread loop's exact results; any other op runs lane by lane.
 
-use super::lazy::Lazy;
+use super::lane_defs::Lazy;
 use super::narrow::{cmp_native, float_cc, int_cc, plain};
 use super::runtime::Ctx;
 use super::translate::{ctx_off, Translator};

@@ -1,7 +1,7 @@
 //! Global and generic `ld` and `st` of 32-bit narrow values in the lane kernel:
 //! one 16-byte access (a store logged first) where the lanes' addresses are consecutive words inside the allocation the access resolved last, else lane by lane.
 
-use super::emit_vec_mem::unaligned;
+use super::lane_defs::unaligned;
 use super::runtime::{Ctx, GLOBAL_ENTRY_BYTES};
 use super::translate::{ctx_off, Translator};
 use crate::ir::{Address, Inst, MemOrder, Op, Sp, Src, NONE};

@@ -2,13 +2,13 @@
 //! where its block's check covered them: one vector access when the lanes'
 //! addresses are consecutive, one load when they are the same, else lane by lane.
 
-use super::lazy::Lazy;
+use super::lane_defs::{unaligned, Lazy};
 use super::shared_checks::groups;
 use super::translate::{LaneBase, Translator};
 use crate::ir::{Address, Inst, MemOrder, Op, Sp, Src, NONE};
 use cranelift_codegen::ir::condcodes::IntCC;
 use cranelift_codegen::ir::types::{I32, I32X4, I64, I8};
-use cranelift_codegen::ir::{ConstantData, Endianness, InstBuilder, MemFlagsData, Value};
+use cranelift_codegen::ir::{ConstantData, InstBuilder, Value};
 
 impl Translator<'_, '_> {
     /// How the lanes' addresses lie for each base of the covered shared
@@ -271,12 +271,4 @@ impl Translator<'_, '_> {
         let first = self.fb.ins().uextend(I64, first);
         (at, first, (consecutive, equal))
     }
-}
-
-/// Flags of a lane kernel's vector access to shared or global memory: in
-/// bounds (checked), little-endian lanes, aligned only to a word.
-pub(super) fn unaligned() -> MemFlagsData {
-    MemFlagsData::new()
-        .with_notrap()
-        .with_endianness(Endianness::Little)
 }

@@ -2,7 +2,8 @@
 //! op's result made canonical where read, a covered shared word loaded at its
 //! use (so an `fma` chain takes its loads as operands).
 
-use super::emit_vec_mem::unaligned;
+use super::lane_defs::unaligned;
+use super::lane_defs::Lazy;
 use super::narrow::plain;
 use super::translate::Translator;
 use crate::ir::{FOp, Inst, MemOrder, Op, Sp, Src, TernOp, Ty, NONE};
@@ -10,20 +11,6 @@ use cranelift_codegen::ir::types::{F32, F32X4, I32X4, I64};
 use cranelift_codegen::ir::{
     Endianness, InstBuilder, MemFlagsData, StackSlotData, StackSlotKind, Value,
 };
-
-/// How a register the straight run wrote is to be made where read
-/// (its variable holds an older value until then).
-#[derive(Clone, Copy, Debug)]
-pub(super) enum Lazy {
-    /// An `f32` op's result: its lanes as computed in
-    /// [`Translator::vraw`], NaNs made canonical where read; `apart`: its
-    /// ops read loads made late (see [`Translator::canon_apart`]).
-    Canon { apart: bool },
-    /// A covered shared word of each lane, not loaded yet: the first
-    /// lane's host pointer, and whether the lanes' words are all the same
-    /// (else consecutive).
-    Load { p: Value, same: bool },
-}
 
 impl Translator<'_, '_> {
     /// Whether `inst` leaves the run's lazy registers lazy: an unguarded

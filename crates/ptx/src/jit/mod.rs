@@ -16,6 +16,7 @@ mod emit_vec_mem;
 mod emit_whole;
 mod emit_wide;
 mod inline;
+mod lane_defs;
 mod lanes;
 mod launch;
 mod lazy;

@@ -4,7 +4,7 @@
 
 use super::dirty::{add_writes, holds, stops};
 use super::inline::{CHECKS, UNCOUNTED};
-use super::lazy::Lazy;
+use super::lane_defs::Lazy;
 use super::narrow::{narrow_regs, uniform_wide_regs, wide_vector_regs};
 use super::needed::needed_in;
 use super::params::{hoist_params, hoisted_loads, HoistedParams};
