@@ -130,6 +130,7 @@ fn connect_hello(
         visible_devices,
         join: None,
         resume: None,
+        lane: None,
     };
     if let Some(name) = tenant {
         hello.tenant = Some(name.to_string());

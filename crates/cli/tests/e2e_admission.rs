@@ -34,6 +34,7 @@ fn hello(magic: u32, version: u32, tenant: Option<&str>) -> Hello {
         visible_devices: None,
         join: None,
         resume: None,
+        lane: None,
     }
 }
 

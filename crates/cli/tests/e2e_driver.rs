@@ -612,6 +612,7 @@ fn a_device_session_joins_only_its_own_programs_group() {
             visible_devices: None,
             join,
             resume: None,
+            lane: None,
         };
         write_frame(&mut s, &encode(&hello).unwrap()).unwrap();
         let mut buf = Vec::new();

@@ -28,6 +28,7 @@ fn session_of(server: &std::sync::Arc<cumux_server::Server>, tenant: &str) -> Se
         visible_devices: None,
         join: None,
         resume: None,
+        lane: None,
     };
     let settings = Some((tenant.to_string(), TenantSettings::default()));
     Session::open(std::sync::Arc::clone(server), &hello, settings).expect("a session")

@@ -109,6 +109,7 @@ fn resume_hello(socket: &std::path::Path, program: &str, resume: u64) -> HelloRe
         visible_devices: None,
         join: None,
         resume: Some(resume),
+        lane: None,
     };
     let bytes = cumux_protocol::encode(&hello).unwrap();
     cumux_protocol::write_frame(&mut s, &bytes).unwrap();

@@ -430,6 +430,66 @@ fn large_copies_arrive_whole_over_tcp_and_tls() {
     }
 }
 
+/// Bytes the server's lanes carried in and out, from its `/metrics`.
+fn lane_bytes(server: &TcpServer) -> (f64, f64) {
+    let at = server
+        .line
+        .split("metrics on http://")
+        .nth(1)
+        .and_then(|rest| rest.split("/metrics").next())
+        .expect("the listening line names the metrics address");
+    let (_, _, body) = common::metrics::scrape(at);
+    let carried = |direction| {
+        let series = format!("cumux_lane_bytes_total{{direction=\"{direction}\"}}");
+        common::metrics::sample(&body, &series).unwrap_or(0.0)
+    };
+    (carried("in"), carried("out"))
+}
+
+#[test]
+fn large_copies_go_on_lanes_and_arrive_whole() {
+    // A copy of two 1 MiB chunks or more goes on the session's lanes (more
+    // TLS connections, each on its own thread) in turn; microbench checks
+    // every byte it copies back. `CUMUX_LANES=0` keeps them on the one.
+    let microbench = cumux_testkit::compile_program(
+        cumux_testkit::workspace_root().join("bench/cuda/microbench.cu"),
+        &[],
+    );
+    let dir = TempDir::new("tls-lanes");
+    let pair = self_signed(&dir.0, "server", false);
+    let tls = tls_server(&dir.0, &pair, &["--metrics", "127.0.0.1:0"]);
+    let print = tls.fingerprint.clone().unwrap();
+    for lanes in ["3", "0"] {
+        let before = lane_bytes(&tls);
+        let mut run = run_command_at(
+            &tls.address,
+            &[],
+            &microbench,
+            &["bandwidth", "0.05", &(32u64 << 20).to_string()],
+        );
+        run.envs([
+            ("CUMUX_TLS_FINGERPRINT", print.as_str()),
+            ("CUMUX_LANES", lanes),
+        ]);
+        let out = wait_bounded(run.spawn().unwrap(), LIMIT);
+        assert!(
+            out.code() == Some(0) && out.stdout.contains("dtoh_pageable_16m_gbps"),
+            "{}\n--- server log\n{}",
+            out.describe(),
+            tls.log()
+        );
+        let after = lane_bytes(&tls);
+        let carried = (after.0 - before.0, after.1 - before.1);
+        match lanes {
+            "0" => assert_eq!(carried, (0.0, 0.0)),
+            _ => assert!(
+                carried.0 >= (32 << 20) as f64 && carried.1 >= (32 << 20) as f64,
+                "lanes carried {carried:?} bytes in and out"
+            ),
+        }
+    }
+}
+
 #[test]
 fn stream_ordered_programs_run_over_tcp_and_tls() {
     // Copies on streams are unanswered calls: on a socket they go as they

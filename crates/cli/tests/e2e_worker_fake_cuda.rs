@@ -666,6 +666,7 @@ fn virtual_memory_in_workers(
         visible_devices: None,
         join: None,
         resume: None,
+        lane: None,
     };
     let tenant = Some(("t".to_string(), TenantSettings::default()));
     let mut session = Session::open(Arc::clone(server), &hello, tenant).unwrap();
@@ -739,6 +740,7 @@ fn arrays_in_workers(device: &Arc<dyn cumux_server::Device>) {
         visible_devices: None,
         join: None,
         resume: None,
+        lane: None,
     };
     let settings = TenantSettings {
         memory_quota: Some(1 << 20),

@@ -116,7 +116,8 @@ pub fn device_of_call(call: &Call, placements: &Placements) -> u32 {
         | Call::DeviceHealth { .. }
         | Call::ImageRead { .. }
         | Call::ImageWrite { .. }
-        | Call::Fence => Some(0),
+        | Call::Fence
+        | Call::Lanes { .. } => Some(0),
     };
     found.unwrap_or_else(current_device)
 }

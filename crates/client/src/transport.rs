@@ -86,6 +86,8 @@ pub struct Connection {
     /// How to resume the session elsewhere, where the program asked for it
     /// (`CUMUX_RESUME=1`) and the server gave a resume key.
     resume: Option<Resume>,
+    /// Further connections that carry large copies (TCP).
+    lanes: lane_streams::LaneState,
 }
 
 /// Unanswered calls a client sends on a socket before a fence. The socket's
@@ -291,6 +293,8 @@ pub struct Session {
     /// first call to send again.
     pub resume: u64,
     pub resume_from: u64,
+    /// Lanes the server offered (TCP).
+    pub lanes: Option<proto::LaneOffer>,
 }
 
 impl Connection {
@@ -320,6 +324,11 @@ impl Connection {
             } else {
                 conn.resume = Some(Resume::new(session.resume, address.clone(), join, visible));
             }
+        }
+        // A resumable connection keeps its calls to send again: on one socket.
+        if let (Some(offer), None) = (session.lanes, &conn.resume) {
+            let count = lane_streams::wanted(&offer);
+            conn.lanes = lane_streams::LaneState::open(address, session.session, offer, count);
         }
         Ok((conn, session))
     }
@@ -364,6 +373,7 @@ impl Connection {
             flush_failed: None,
             me: Weak::new(),
             resume: None,
+            lanes: Default::default(),
         };
         let area = match role {
             ClientRole::Driver => offered_area(&address),
@@ -383,6 +393,7 @@ impl Connection {
             visible_devices: visible,
             join,
             resume,
+            lane: None,
         };
         let broken = |e: &dyn std::fmt::Display| (format!("handshake: {e}"), true);
         let bytes = proto::encode(&hello).map_err(|e| (e.to_string(), false))?;
@@ -413,6 +424,7 @@ impl Connection {
                 group,
                 resume,
                 resume_from,
+                lanes,
             } => {
                 match (shm, area) {
                     (true, Some(area)) => conn.attach(area).map_err(|why| (why, true))?,
@@ -432,6 +444,7 @@ impl Connection {
                         group,
                         resume,
                         resume_from,
+                        lanes,
                     },
                 ))
             }
@@ -506,6 +519,7 @@ impl Connection {
         }
         self.dead = true;
         self.batch.clear();
+        self.lanes.close();
         // Tells a server still there at once (closed flag and doorbell).
         self.shm = None;
         self.stream.shutdown();
@@ -929,90 +943,6 @@ impl Connection {
         })
     }
 
-    /// How large copies are cut: a frame's most through shared memory,
-    /// [`SOCKET_CHUNK_BYTES`] on a socket.
-    fn chunks(&self) -> usize {
-        match self.shm {
-            Some(_) => proto::framing::MAX_CHUNK_BYTES,
-            None => SOCKET_CHUNK_BYTES,
-        }
-    }
-
-    /// [`Link::calls_with_chunks`]: through shared memory one call after
-    /// another; on a socket every chunk is sent before the answers are read,
-    /// so that the round trips overlap (a remote server's RTT is paid once).
-    pub fn calls_with_chunks(
-        &mut self,
-        bytes: &[u8],
-        call: impl Fn(u64, &[u8]) -> Call,
-    ) -> CuResult<()> {
-        let size = self.chunks();
-        // Unanswered calls (a copy on a stream) go one after another anyway.
-        let at = |i: usize| (i * size) as u64;
-        let forget = bytes
-            .chunks(size)
-            .next()
-            .is_some_and(|chunk| call(0, chunk).is_fire_and_forget());
-        // A resumable connection has one answered call out at a time.
-        if self.shm.is_some() || forget || self.resume.is_some() {
-            for (i, chunk) in bytes.chunks(size).enumerate() {
-                self.call_with_bytes(call(at(i), chunk), chunk)?;
-            }
-            return Ok(());
-        }
-        if self.dead {
-            return Err(CUDA_ERROR_DEVICE_UNAVAILABLE);
-        }
-        let first = self.seq + 1;
-        for (i, chunk) in bytes.chunks(size).enumerate() {
-            self.seq += 1;
-            let seq = self.seq;
-            self.send(seq, call(at(i), chunk), Some(chunk))?;
-        }
-        self.answers(first)
-    }
-
-    /// [`Link::calls_into_chunks`]: the requests all leave first on a socket
-    /// (they are small), then each answer lands in its chunk.
-    pub fn calls_into_chunks(
-        &mut self,
-        out: &mut [u8],
-        call: impl Fn(u64, &[u8]) -> Call,
-    ) -> CuResult<()> {
-        let size = self.chunks();
-        let at = |i: usize| (i * size) as u64;
-        let forget = out
-            .chunks(size)
-            .next()
-            .is_some_and(|chunk| call(0, chunk).is_fire_and_forget());
-        if self.shm.is_some() || forget || self.resume.is_some() {
-            for (i, chunk) in out.chunks_mut(size).enumerate() {
-                let c = call(at(i), chunk);
-                self.call_into(c, chunk)?;
-            }
-            return Ok(());
-        }
-        if self.dead {
-            return Err(CUDA_ERROR_DEVICE_UNAVAILABLE);
-        }
-        let first = self.seq + 1;
-        for (i, chunk) in out.chunks(size).enumerate() {
-            self.seq += 1;
-            let seq = self.seq;
-            self.send(seq, call(at(i), chunk), None)?;
-        }
-        let mut failed = None;
-        for (i, chunk) in out.chunks_mut(size).enumerate() {
-            let seq = first + i as u64;
-            match self.receive_from_socket_into(seq, chunk) {
-                Ok(()) => {}
-                Err(e) if self.dead => return Err(e),
-                Err(e) => failed = failed.or(Some(e)),
-            }
-        }
-        failed.map_or(Ok(()), Err)
-    }
-
     /// Reads the answers of calls `first..=self.seq`, in order; the first
     /// failure, once all are read.
     fn answers(&mut self, first: u64) -> CuResult<()> {
@@ -1172,7 +1102,10 @@ fn write_program_stdout(bytes: &[u8]) {
 }
 
 mod batch;
+mod chunks;
 mod flushing;
+mod lane_copies;
+mod lane_streams;
 mod quiet;
 #[cfg(test)]
 mod test_calls;

@@ -324,6 +324,7 @@ impl LaneState {
                 visible_devices: Some(self.position.to_string()),
                 join: None,
                 resume: None,
+                lane: None,
             };
             let session =
                 Session::open(Arc::clone(&self.server), &hello, Some(self.tenant.clone()))

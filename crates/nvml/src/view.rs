@@ -55,6 +55,7 @@ fn hello(role: ClientRole) -> Result<(Stream, HelloReply), String> {
         visible_devices: std::env::var("CUDA_VISIBLE_DEVICES").ok(),
         join: None,
         resume: None,
+        lane: None,
     };
     let reply: HelloReply = exchange(&mut stream, &hello)?;
     Ok((stream, reply))

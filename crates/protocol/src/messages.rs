@@ -91,6 +91,27 @@ pub struct Hello {
     /// them again; `Some(key)`, the session parked under the resume key its
     /// first welcome gave (protocol 18).
     pub resume: Option<u64>,
+    /// A lane of a session this program opened on another connection
+    /// ([`ClientRole::Lane`]; protocol 29).
+    pub lane: Option<LaneJoin>,
+}
+
+/// What a lane's hello says: the session it joins and the key that session's
+/// welcome gave ([`LaneOffer`]), and which of its lanes it is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LaneJoin {
+    pub session: u64,
+    pub key: [u8; 16],
+    pub index: u32,
+}
+
+/// A welcome's offer of lanes: further TCP connections of the same session
+/// that carry large copies' bytes beside the first (several TLS streams move
+/// more than one), joined with this key, at most `most` of them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LaneOffer {
+    pub key: [u8; 16],
+    pub most: u32,
 }
 
 /// What a program's further connection says: which of its devices it is for,
@@ -160,6 +181,10 @@ pub enum ClientRole {
     /// the connection then stays open and carries nothing. Placements made
     /// meanwhile count it ([`DeviceStatus::claims`]).
     Claim,
+    /// A lane of a program's session ([`Hello::lane`]): answered with a
+    /// welcome of that session (no devices), it then carries the frames of
+    /// copies that [`Call::Lanes`] sends its way.
+    Lane,
 }
 
 /// The server's answer to `Hello`.
@@ -181,6 +206,8 @@ pub enum HelloReply {
         /// On a resumed session, the first call the client must send again
         /// (every earlier one is in the state it resumes); 0 otherwise.
         resume_from: u64,
+        /// Lanes the client may open for large copies (TCP only).
+        lanes: Option<LaneOffer>,
     },
     Rejected {
         server_version: u32,
@@ -562,6 +589,15 @@ pub enum Call {
     Settle {
         stream: Option<Handle>,
     },
+    /// The next `count` calls' frames (with their bytes) come on the
+    /// session's lanes 0..`lanes` in turn rather than on this connection;
+    /// with `replies`, the calls come here and their replies go out on the
+    /// lanes in turn. Taken by the connection, never answered (protocol 29).
+    Lanes {
+        count: u32,
+        lanes: u32,
+        replies: bool,
+    },
     /// `cuOccupancyMaxActiveClusters` or `cuOccupancyMaxPotentialClusterSize`
     /// for a launch of this shape (its `params` empty), asked of the
     /// device's driver: how clusters fit a GPU's processing clusters is the
@@ -639,7 +675,8 @@ impl Call {
             | Call::EventRecord { .. }
             | Call::NewStream { .. }
             | Call::NewEvent { .. }
-            | Call::Settle { .. } => true,
+            | Call::Settle { .. }
+            | Call::Lanes { .. } => true,
             _ => false,
         }
     }

@@ -22,6 +22,7 @@ pub mod groups;
 pub mod hangups;
 pub mod host_regions;
 pub mod ipc;
+pub mod lanes;
 pub mod listener;
 mod locking;
 pub mod metrics;
@@ -86,6 +87,8 @@ pub struct Server {
     process_samples: nvml_samples::ProcessSamples,
     /// Which devices failed, and where their sessions go.
     health: device_health::DeviceHealth,
+    /// The sessions whose lanes may join them.
+    lanes: lanes::LaneRegistry,
 }
 
 impl Server {
@@ -161,6 +164,7 @@ impl Server {
             utilization: Arc::default(),
             process_samples: nvml_samples::ProcessSamples::default(),
             health: device_health::DeviceHealth::new(failover),
+            lanes: lanes::LaneRegistry::default(),
             policies,
             gates,
             groups: groups::Groups::default(),
@@ -354,6 +358,11 @@ impl Server {
 
     pub fn hangups(&self) -> Option<&Arc<hangups::Hangups>> {
         self.hangups.as_ref()
+    }
+
+    /// The sessions that take lanes.
+    pub fn lanes(&self) -> &lanes::LaneRegistry {
+        &self.lanes
     }
 
     pub fn seats(&self) -> &Arc<admission::Seats> {

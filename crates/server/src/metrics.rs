@@ -63,6 +63,16 @@ pub fn render(server: &Server) -> prometheus::Result<String> {
         .with_label_values(&["limit"])
         .set(f64::from(status.limits.sessions));
 
+    let lanes = counters(
+        &r,
+        "cumux_lane_bytes_total",
+        "Bytes the sessions' lanes (further TCP connections for large copies) carried",
+        &["direction"],
+    )?;
+    let (to_server, from_server) = server.lanes().carried();
+    lanes.with_label_values(&["in"]).inc_by(to_server as f64);
+    lanes.with_label_values(&["out"]).inc_by(from_server as f64);
+
     let fb_used = gauges(
         &r,
         "DCGM_FI_DEV_FB_USED",

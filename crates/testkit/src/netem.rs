@@ -45,8 +45,12 @@ impl Link {
 /// How late a lost segment arrives: Linux's minimum retransmission timeout.
 pub const RETRANSMIT: Duration = Duration::from_millis(200);
 
-/// The most a chunk read at once carries (one TCP window's worth).
-const CHUNK: usize = 64 << 10;
+/// The most a chunk read at once carries.
+const CHUNK: usize = 256 << 10;
+
+/// When each direction of the link is free again: one link, whichever of
+/// the relay's connections a chunk is on (client to server, then back).
+type Busy = Arc<[Mutex<Instant>; 2]>;
 
 /// A running relay: connections to [`Relay::address`] reach `target` through
 /// the emulated link. Dropped, it stops accepting and cuts its connections.
@@ -75,13 +79,15 @@ impl Relay {
         let relayed = Arc::new(AtomicU64::new(0));
         let (target, accepting) = (target.to_string(), Arc::clone(&stop));
         let (held, counted) = (Arc::clone(&connections), Arc::clone(&relayed));
+        let busy: Busy = Arc::new([Mutex::new(Instant::now()), Mutex::new(Instant::now())]);
         thread::Builder::new()
             .name("netem-accept".into())
             .spawn(move || {
                 while !accepting.load(Ordering::Relaxed) {
                     match listener.accept() {
                         Ok((client, _)) => {
-                            if let Err(e) = connect(client, &target, link, &held, &counted) {
+                            let relaying = (&*held, &counted, &busy);
+                            if let Err(e) = connect(client, &target, link, relaying) {
                                 eprintln!("netem: cannot reach {target}: {e}");
                             }
                         }
@@ -130,13 +136,13 @@ impl Drop for Relay {
     }
 }
 
-/// Relays one accepted connection to `target`, a pair of threads each way.
+/// Relays one accepted connection to `target`, a pair of threads each way,
+/// over the link the relay's other connections share.
 fn connect(
     client: TcpStream,
     target: &str,
     link: Link,
-    held: &Mutex<Vec<TcpStream>>,
-    relayed: &Arc<AtomicU64>,
+    (held, relayed, busy): (&Mutex<Vec<TcpStream>>, &Arc<AtomicU64>, &Busy),
 ) -> io::Result<()> {
     client.set_nonblocking(false)?;
     let server = TcpStream::connect(target)?;
@@ -148,8 +154,9 @@ fn connect(
         held.push(client.try_clone()?);
         held.push(server.try_clone()?);
     }
-    direction(client.try_clone()?, server.try_clone()?, link, relayed)?;
-    direction(server, client, link, relayed)
+    let out = (Arc::clone(busy), 0);
+    direction(client.try_clone()?, server.try_clone()?, link, relayed, out)?;
+    direction(server, client, link, relayed, (Arc::clone(busy), 1))
 }
 
 /// `from` → `to` over `link`: a reader stamping each chunk with when it may
@@ -159,11 +166,12 @@ fn direction(
     to: TcpStream,
     link: Link,
     relayed: &Arc<AtomicU64>,
+    way: (Busy, usize),
 ) -> io::Result<()> {
     let (send, receive) = channel::<(Instant, Vec<u8>)>();
     thread::Builder::new()
         .name("netem-read".into())
-        .spawn(move || read_side(from, link, send))?;
+        .spawn(move || read_side(from, link, way, send))?;
     let relayed = Arc::clone(relayed);
     thread::Builder::new()
         .name("netem-write".into())
@@ -171,12 +179,15 @@ fn direction(
     Ok(())
 }
 
-fn read_side(mut from: TcpStream, link: Link, send: Sender<(Instant, Vec<u8>)>) {
+fn read_side(
+    mut from: TcpStream,
+    link: Link,
+    (busy, way): (Busy, usize),
+    send: Sender<(Instant, Vec<u8>)>,
+) {
     let one_way = link.rtt / 2;
     let mut rng = fastrand::Rng::new();
-    // When the link is free again (bandwidth), and the last chunk's due time
-    // (jitter never reorders a stream).
-    let mut free_at = Instant::now();
+    // The last chunk's due time (jitter never reorders a stream).
     let mut last_due = Instant::now();
     let mut buf = vec![0u8; CHUNK];
     loop {
@@ -184,13 +195,17 @@ fn read_side(mut from: TcpStream, link: Link, send: Sender<(Instant, Vec<u8>)>) 
             Ok(0) | Err(_) => break,
             Ok(n) => n,
         };
-        let now = Instant::now();
-        let start = free_at.max(now);
         let serialized = match link.bandwidth {
             Some(rate) if rate > 0 => Duration::from_secs_f64(n as f64 / rate as f64),
             _ => Duration::ZERO,
         };
-        free_at = start + serialized;
+        // The link carries the chunk once it has carried what came before
+        // on any connection.
+        let free_at = {
+            let mut free = busy[way].lock().unwrap_or_else(|p| p.into_inner());
+            *free = (*free).max(Instant::now()) + serialized;
+            *free
+        };
         let jitter = link.jitter.mul_f64(rng.f64());
         let lost = link.loss > 0.0 && rng.f64() < link.loss;
         let mut due = free_at + one_way + jitter;
@@ -279,6 +294,34 @@ mod tests {
             thread::sleep(Duration::from_millis(5));
         }
         assert!(relay.relayed() >= 2 * data.len() as u64);
+    }
+
+    #[test]
+    fn connections_share_the_links_bandwidth() {
+        // 8 Mbit/s for both: 2 × 128 KiB each way takes 0.26 s, not 0.13.
+        let link = Link::with_rtt(Duration::ZERO).gbit(0.008);
+        let relay = Relay::start(&echo(), link).unwrap();
+        let data = vec![5u8; 128 << 10];
+        let started = Instant::now();
+        let echoed: Vec<_> = (0..2)
+            .map(|_| {
+                let mut s = TcpStream::connect(relay.address()).unwrap();
+                let mut writer = s.try_clone().unwrap();
+                let sent = data.clone();
+                thread::spawn(move || {
+                    let w = thread::spawn(move || writer.write_all(&sent).unwrap());
+                    let mut back = vec![0u8; 128 << 10];
+                    s.read_exact(&mut back).unwrap();
+                    w.join().unwrap();
+                    back
+                })
+            })
+            .collect();
+        for back in echoed {
+            assert_eq!(back.join().unwrap(), data);
+        }
+        let took = started.elapsed();
+        assert!(took >= Duration::from_millis(250), "{took:?}");
     }
 
     #[test]

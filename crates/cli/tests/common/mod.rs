@@ -597,6 +597,7 @@ pub fn driver_hello(program: &str) -> cumux_protocol::Hello {
         visible_devices: None,
         join: None,
         resume: None,
+        lane: None,
     }
 }
 

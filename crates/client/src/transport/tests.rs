@@ -61,6 +61,7 @@ fn fake_shm_server(path: &std::path::Path, calls: usize) -> std::thread::JoinHan
             group: 0,
             resume: 0,
             resume_from: 0,
+            lanes: None,
         };
         proto::write_frame(&mut s, &proto::encode(&welcome).unwrap()).unwrap();
         let mut header = [0u8; 4];
@@ -107,6 +108,7 @@ fn welcome(version: u32) -> HelloReply {
         group: 0,
         resume: 0,
         resume_from: 0,
+        lanes: None,
     }
 }
 
@@ -368,6 +370,7 @@ fn resumable_welcome(key: u64, from: u64) -> HelloReply {
         group: 0,
         resume: key,
         resume_from: from,
+        lanes: None,
     }
 }
 

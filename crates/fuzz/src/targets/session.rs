@@ -108,6 +108,7 @@ fn hello() -> Hello {
         visible_devices: None,
         join: None,
         resume: None,
+        lane: None,
     }
 }
 

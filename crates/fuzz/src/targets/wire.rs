@@ -162,6 +162,7 @@ fn seeds() -> Vec<Vec<u8>> {
         visible_devices: None,
         join: None,
         resume: None,
+        lane: None,
     };
     out.push(encode(&hello).expect("a hello encodes"));
     out

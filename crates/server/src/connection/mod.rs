@@ -20,6 +20,7 @@ use cumux_protocol::{
 };
 
 mod fd_inbox;
+mod lane_wire;
 mod socket_wire;
 
 pub use fd_inbox::FdInbox;
@@ -31,6 +32,11 @@ use crate::session::Session;
 use crate::status::StatusScope;
 use crate::tls::{ServerTls, TlsStream, HANDSHAKE_RECORD};
 use crate::Server;
+
+/// A lane's connection reads ahead in pieces of this size, at most this
+/// many pieces ahead of its session.
+const LANE_PIECE_BYTES: usize = 256 << 10;
+const LANE_PIECES_AHEAD: usize = 16;
 
 /// How long a new connection may take to send its hello (and its shared area).
 pub const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
@@ -91,6 +97,13 @@ impl Socket {
             RawSocket::Unix(s) => s.set_write_timeout(timeout),
             RawSocket::Tcp(s) => s.set_write_timeout(timeout),
         }
+    }
+
+    fn shut_both(&self) {
+        let _ = match self.raw() {
+            RawSocket::Unix(s) => s.shutdown(std::net::Shutdown::Both),
+            RawSocket::Tcp(s) => s.shutdown(std::net::Shutdown::Both),
+        };
     }
 
     fn shut_writing(&self) {
@@ -271,6 +284,7 @@ fn serve_seated(
         return Ending::Rejected(reason);
     }
     let tenant = match hello.role {
+        ClientRole::Lane => return serve_lane(&server, &hello, peer_uid, seat, reader, writer),
         ClientRole::Preflight => return preflight(&server, &hello, peer_uid, seat, &mut writer),
         ClientRole::Claim => {
             return hold_claim(&server, &hello, peer_uid, seat, &mut reader, &mut writer)
@@ -328,6 +342,11 @@ fn serve_seated(
     };
     // Shared memory only over a unix socket, whose far end is on this host.
     let offer_shm = hello.shm && matches!(writer, Socket::Unix(..));
+    // Lanes only where several streams may move more than one: TCP.
+    let lanes = match (&writer, hello.role) {
+        (Socket::Tcp(_) | Socket::Tls(_), ClientRole::Driver) => server.lanes().offer(session.id()),
+        _ => None,
+    };
     let welcome = HelloReply::Welcome {
         version: PROTOCOL_VERSION,
         server: server.name().to_string(),
@@ -337,6 +356,7 @@ fn serve_seated(
         group: session.group_key(),
         resume: session.resume_key(),
         resume_from,
+        lanes: lanes.as_ref().map(|(offer, _)| *offer),
     };
     tracing::info!(
         session = session.id(),
@@ -389,7 +409,10 @@ fn serve_seated(
                                 Socket::Unix(_, fds) => Some(fds.clone()),
                                 _ => None,
                             };
-                            let mut wire = SocketWire::new(reader, writer, buf).with_fds(fds);
+                            let arrivals = lanes.map(|(_, arrivals)| arrivals);
+                            let mut wire = SocketWire::new(reader, writer, buf)
+                                .with_fds(fds)
+                                .with_lanes(arrivals);
                             request_loop(&mut session, &mut wire)
                         }
                     },
@@ -399,6 +422,7 @@ fn serve_seated(
         Err(e) => Ending::Broken(e),
     };
     drop(hangup);
+    server.lanes().withdraw(id);
     let (launches, gpu_ms) = session.totals();
     let zero_copy_bytes = session.zero_copy_bytes();
     let closing = std::time::Instant::now();
@@ -503,6 +527,87 @@ fn preflight_welcome(server: &Server, devices: Vec<crate::SeenDevice>) -> HelloR
         group: 0,
         resume: 0,
         resume_from: 0,
+        lanes: None,
+    }
+}
+
+/// A lane of a session (`ClientRole::Lane`): joined where its key is the
+/// session's, welcomed, then its connection reads ahead for the session
+/// (decrypting on this thread) until either ends.
+fn serve_lane(
+    server: &Server,
+    hello: &Hello,
+    peer_uid: Option<u32>,
+    seat: &Seat,
+    mut reader: BufReader<Socket>,
+    mut writer: Socket,
+) -> Ending {
+    let seats = server.seats();
+    let refuse = |writer: &mut Socket, reason: String| {
+        let _ = send(writer, &reject(reason.clone()));
+        Ending::Rejected(reason)
+    };
+    if let Err(reason) = seats.may_authenticate(seat.peer(), peer_uid) {
+        return refuse(&mut writer, reason);
+    }
+    let Some(join) = hello.lane else {
+        return refuse(&mut writer, "a lane's hello names no session".into());
+    };
+    let (halves, closer) = match (writer.try_clone(), writer.try_clone()) {
+        (Ok(half), Ok(closer)) => (half, closer),
+        (Err(e), _) | (_, Err(e)) => {
+            return Ending::Broken(format!("cannot clone the socket: {e}"))
+        }
+    };
+    let (pieces_to, pieces) = std::sync::mpsc::sync_channel(LANE_PIECES_AHEAD);
+    let (spent, spent_back) = std::sync::mpsc::channel::<Vec<u8>>();
+    let lane = crate::lanes::JoinedLane {
+        index: join.index,
+        pieces,
+        spent,
+        writer: Box::new(server.lanes().counted(halves)),
+        close: Box::new(move || closer.shut_both()),
+    };
+    // Welcomed only once joined; its client sends nothing on it before.
+    if server.lanes().join(&join, lane).is_err() {
+        seats.failed_authentication(seat.peer(), peer_uid);
+        return refuse(
+            &mut writer,
+            "no session takes this lane (an unknown session, or a wrong key)".into(),
+        );
+    }
+    let welcome = HelloReply::Welcome {
+        version: PROTOCOL_VERSION,
+        server: server.name().to_string(),
+        session: join.session,
+        devices: Vec::new(),
+        shm: false,
+        group: 0,
+        resume: 0,
+        resume_from: 0,
+        lanes: None,
+    };
+    if let Err(e) = send(&mut writer, &welcome) {
+        return Ending::Broken(e);
+    }
+    if let Err(e) = writer.set_read_timeout(None) {
+        return Ending::Broken(format!("cannot clear the handshake timeout: {e}"));
+    }
+    tracing::debug!(session = join.session, lane = join.index, "lane joined");
+    loop {
+        let mut piece = spent_back
+            .try_recv()
+            .unwrap_or_else(|_| vec![0u8; LANE_PIECE_BYTES]);
+        let n = match reader.read(&mut piece) {
+            Ok(0) => return Ending::Closed,
+            Ok(n) => n,
+            Err(e) => return Ending::Broken(format!("lane {}: {e}", join.index)),
+        };
+        server.lanes().count_in(n);
+        if pieces_to.send((piece, n)).is_err() {
+            // The session ended.
+            return Ending::Closed;
+        }
     }
 }
 
@@ -577,7 +682,10 @@ fn status_scope(
             .admit(hello.tenant.as_deref(), peer_uid, hello.token.as_deref())
             .ok()
             .map(|(name, _)| name),
-        (None, ClientRole::Driver | ClientRole::Preflight | ClientRole::Claim) => None,
+        (
+            None,
+            ClientRole::Driver | ClientRole::Preflight | ClientRole::Claim | ClientRole::Lane,
+        ) => None,
     };
     tenant.map_or(StatusScope::Devices, StatusScope::Tenant)
 }

@@ -13,9 +13,14 @@ use cumux_protocol::shm::{self, HeldBulk, ShmError};
 use cumux_protocol::{decode, encode, read_bulk, read_message, write_message, FrameError};
 use cumux_protocol::{write_message_head, Call, CuError, Reply, ReplyBody, Request};
 
+use super::lane_wire::{AheadReader, LanePlan, LaneUse};
 use crate::device::socket_bytes::SendBytes;
+use crate::lanes::{Arrivals, JoinedLane};
 use crate::locking::{lock, wait};
 use crate::session::{Session, SocketCopy};
+
+/// How long a call planned on a lane waits for that lane to join.
+const LANE_PATIENCE: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Replies with data from this size on are written behind by a helper.
 const PIPELINED_BYTES: usize = 1 << 20;
@@ -96,13 +101,74 @@ struct Writing<W> {
 pub(super) struct SocketWire<R, W> {
     reading: Reading<R>,
     writing: Writing<W>,
-    /// The length of the last request's copy bytes, still on the socket.
-    in_place: Option<usize>,
+    /// The length of the last request's copy bytes, still on the socket
+    /// (or on the lane it came on).
+    in_place: Option<(usize, Option<usize>)>,
+    /// The session's lanes, where its welcome offered them.
+    lanes: Option<Lanes>,
+    /// The lane the last request's reply goes on (`None`: this socket).
+    reply_lane: Option<usize>,
     /// Printf output taken for a reply that did not go (a copy refused
     /// before its bytes were sent): the next reply's.
     stdout: Vec<u8>,
     /// Where a unix socket keeps the descriptor that came with a call.
     fds: Option<super::fd_inbox::FdInbox>,
+}
+
+/// A session's lanes: those that joined, by index, and the plan of the
+/// calls that use them.
+struct Lanes {
+    arrivals: Arrivals,
+    joined: Vec<Option<Lane>>,
+    plan: Option<LanePlan>,
+}
+
+/// One lane: its bytes, read ahead by its connection, and its writing end.
+struct Lane {
+    reader: AheadReader,
+    writing: Writing<Box<dyn Write + Send>>,
+    close: Box<dyn Fn() + Send>,
+}
+
+impl Drop for Lane {
+    fn drop(&mut self) {
+        (self.close)();
+    }
+}
+
+impl Lanes {
+    /// Lane `index`, waiting for it to join where it has not yet.
+    fn lane(&mut self, index: usize) -> Result<&mut Lane, Unread> {
+        while self.joined.get(index).is_none_or(Option::is_none) {
+            let Some(joined) = self.arrivals.next(LANE_PATIENCE) else {
+                return Err(Unread::Broken(format!(
+                    "lane {index} did not join within {} s",
+                    LANE_PATIENCE.as_secs()
+                )));
+            };
+            let JoinedLane {
+                index: at,
+                pieces,
+                spent,
+                writer,
+                close,
+            } = joined;
+            let lane = Lane {
+                reader: AheadReader::new(pieces, spent),
+                writing: Writing::new(writer),
+                close,
+            };
+            let at = at as usize;
+            if self.joined.len() <= at {
+                self.joined.resize_with(at + 1, || None);
+            }
+            if self.joined[at].is_some() {
+                return Err(Unread::Broken(format!("lane {at} joined twice")));
+            }
+            self.joined[at] = Some(lane);
+        }
+        Ok(self.joined[index].as_mut().expect("joined above"))
+    }
 }
 
 /// A thread of the connection's and the channel of its jobs.
@@ -130,13 +196,10 @@ impl<R: Read, W: Write + Send + 'static> SocketWire<R, W> {
     pub(super) fn new(reader: R, writer: W, buf: Vec<u8>) -> SocketWire<R, W> {
         SocketWire {
             reading: Reading { reader, buf },
-            writing: Writing {
-                writer: Arc::new(Mutex::new(writer)),
-                behind: Arc::default(),
-                helper: None,
-                failed: Arc::default(),
-            },
+            writing: Writing::new(writer),
             in_place: None,
+            lanes: None,
+            reply_lane: None,
             stdout: Vec::new(),
             fds: None,
         }
@@ -148,6 +211,16 @@ impl<R: Read, W: Write + Send + 'static> SocketWire<R, W> {
         self
     }
 
+    /// The wire, with lanes that join as `arrivals` brings them.
+    pub(super) fn with_lanes(mut self, arrivals: Option<Arrivals>) -> Self {
+        self.lanes = arrivals.map(|arrivals| Lanes {
+            arrivals,
+            joined: Vec::new(),
+            plan: None,
+        });
+        self
+    }
+
     /// The descriptor that came with the call just read, if one did.
     pub(super) fn take_fd(&mut self) -> Option<std::os::fd::OwnedFd> {
         self.fds.as_ref().and_then(|fds| fds.take())
@@ -155,37 +228,74 @@ impl<R: Read, W: Write + Send + 'static> SocketWire<R, W> {
 
     /// The next request. A `MemcpyHtoD` of [`IN_PLACE_BYTES`] or more comes
     /// with empty `data`, its bytes left on the socket for
-    /// [`SocketWire::handle`] to read where they go.
+    /// [`SocketWire::handle`] to read where they go. A `Call::Lanes` is
+    /// taken here: the calls it plans come from (or answer on) the lanes.
     pub(super) fn next_request(&mut self) -> Result<Request, Unread> {
-        if let Some(left) = self.in_place.take() {
+        if let Some((left, lane)) = self.in_place.take() {
             // Never handled (a wire used without `handle`): skip them.
-            skip(&mut self.reading.reader, left).map_err(Unread::Broken)?;
+            skip(self.reader(lane)?, left).map_err(Unread::Broken)?;
         }
-        let Reading { reader, buf } = &mut self.reading;
-        let bulk_len = match read_message(reader, buf) {
-            Ok(bulk_len) => bulk_len,
-            Err(FrameError::Closed) => return Err(Unread::Closed),
-            Err(e) => return Err(Unread::Broken(format!("bad frame: {e}"))),
-        };
-        let mut request: Request = decode(buf).map_err(|e| {
-            Unread::Broken(format!("undecodable request ({} bytes): {e}", buf.len()))
-        })?;
-        let Some(len) = bulk_len else {
-            return Ok(request);
-        };
-        if let Call::MemcpyHtoD { data, .. } = &request.call {
-            if len >= IN_PLACE_BYTES && data.is_empty() {
-                self.in_place = Some(len);
-                return Ok(request);
+        self.reply_lane = None;
+        loop {
+            let used = self.planned();
+            let source = match used {
+                Some(LaneUse::Request(lane)) => Some(lane),
+                _ => None,
+            };
+            let buf = &mut self.reading.buf;
+            let (request, in_place) = match source {
+                None => read_request(&mut self.reading.reader, buf)?,
+                Some(lane) => {
+                    let lanes = self.lanes.as_mut().expect("a plan has lanes");
+                    read_request(&mut lanes.lane(lane)?.reader, buf)?
+                }
+            };
+            if let Call::Lanes {
+                count,
+                lanes,
+                replies,
+            } = request.call
+            {
+                self.plan(count, lanes, replies, used.is_some())?;
+                continue;
             }
+            self.in_place = in_place.map(|len| (len, source));
+            if let Some(LaneUse::Reply(lane)) = used {
+                self.reply_lane = Some(lane);
+            }
+            return Ok(request);
         }
-        let bulk =
-            read_bulk(reader, len).map_err(|e| Unread::Broken(format!("bad bulk frame: {e}")))?;
-        shm::put_call_bulk(&mut request.call, bulk).map_err(|e| match e {
-            ShmError::PeerGone => Unread::Closed,
-            ShmError::Violation(why) => Unread::Broken(format!("shared area: {why}")),
-        })?;
-        Ok(request)
+    }
+
+    /// Where the plan of the last `Call::Lanes` has the next call travel.
+    fn planned(&mut self) -> Option<LaneUse> {
+        let lanes = self.lanes.as_mut()?;
+        let (used, more) = lanes.plan.as_mut()?.take();
+        if !more {
+            lanes.plan = None;
+        }
+        Some(used)
+    }
+
+    /// Takes a `Call::Lanes` (not itself one of a plan's calls).
+    fn plan(&mut self, count: u32, lanes: u32, replies: bool, planned: bool) -> Result<(), Unread> {
+        let Some(set) = self.lanes.as_mut().filter(|_| !planned) else {
+            return Err(Unread::Broken(match planned {
+                true => "a call on lanes planned calls on lanes".into(),
+                false => "calls on lanes, but the session has no lanes".into(),
+            }));
+        };
+        set.plan = LanePlan::new(count, lanes, replies).map_err(Unread::Broken)?;
+        Ok(())
+    }
+
+    /// The reader of this socket, or of lane `lane`.
+    fn reader(&mut self, lane: Option<usize>) -> Result<&mut dyn Read, Unread> {
+        match (lane, self.lanes.as_mut()) {
+            (None, _) => Ok(&mut self.reading.reader),
+            (Some(lane), Some(lanes)) => Ok(&mut lanes.lane(lane)?.reader),
+            (Some(lane), None) => Err(Unread::Broken(format!("no lane {lane}"))),
+        }
     }
 
     /// Has `session` handle `call` (request `seq`): a large copy's bytes go
@@ -197,12 +307,20 @@ impl<R: Read, W: Write + Send + 'static> SocketWire<R, W> {
         call: Call,
         seq: u64,
     ) -> Result<Option<Answer>, String> {
-        if let Some(len) = self.in_place.take() {
-            return self.handle_incoming(session, call, len);
+        if let Some((len, lane)) = self.in_place.take() {
+            return self.handle_incoming(session, call, len, lane);
         }
         match call {
             Call::MemcpyDtoH { bytes, .. } if bytes as usize >= IN_PLACE_BYTES => {
-                self.handle_outgoing(session, call, seq, bytes as usize)
+                let bytes = bytes as usize;
+                let stdout = &mut self.stdout;
+                match (self.reply_lane, self.lanes.as_mut()) {
+                    (Some(lane), Some(lanes)) => {
+                        let writing = &mut lanes.lane(lane).map_err(unread_text)?.writing;
+                        outgoing(writing, stdout, session, call, seq, bytes)
+                    }
+                    _ => outgoing(&mut self.writing, stdout, session, call, seq, bytes),
+                }
             }
             call => Ok(session.handle(call)),
         }
@@ -215,8 +333,9 @@ impl<R: Read, W: Write + Send + 'static> SocketWire<R, W> {
         session: &mut Session,
         call: Call,
         len: usize,
+        lane: Option<usize>,
     ) -> Result<Option<Answer>, String> {
-        let reader = &mut self.reading.reader;
+        let reader = self.reader(lane).map_err(unread_text)?;
         let mut left = len;
         let mut failed = None;
         let mut fill = |piece: &mut [u8]| -> io::Result<()> {
@@ -238,54 +357,6 @@ impl<R: Read, W: Write + Send + 'static> SocketWire<R, W> {
         Ok(result)
     }
 
-    /// A `MemcpyDtoH` of `bytes` whose answer is written from where the
-    /// bytes lie, its header before the first of them: at once, or (bytes
-    /// held in a worker's ring) by the helper while the session goes on.
-    fn handle_outgoing(
-        &mut self,
-        session: &mut Session,
-        call: Call,
-        seq: u64,
-        bytes: usize,
-    ) -> Result<Option<Answer>, String> {
-        self.stdout.extend(session.take_stdout());
-        let mut out = CopyOut {
-            writing: &mut self.writing,
-            seq,
-            bytes,
-            stdout: Some(std::mem::take(&mut self.stdout)),
-            sent: 0,
-            behind: false,
-            failed: None,
-        };
-        let result = session.handle_socket_copy(call, SocketCopy::Outgoing(&mut out));
-        let CopyOut {
-            stdout,
-            sent,
-            behind,
-            failed,
-            ..
-        } = out;
-        if let Some(why) = failed {
-            return Err(format!("cannot send a copy's bytes: {why}"));
-        }
-        if let Some(stdout) = stdout {
-            // Refused or failed before its bytes: answered as any call.
-            self.stdout = stdout;
-            return Ok(result);
-        }
-        match result {
-            Some(Ok(_)) if sent == bytes && behind => Ok(None),
-            Some(Ok(_)) if sent == bytes => lock(&self.writing.writer)
-                .flush()
-                .map(|()| None)
-                .map_err(|e| format!("cannot send: {e}")),
-            other => Err(format!(
-                "a copy failed after {sent} of its {bytes} bytes were sent: {other:?}"
-            )),
-        }
-    }
-
     /// Sends `reply` after every reply before it; a large one is written by
     /// the helper while the session goes on.
     pub(super) fn send_reply(&mut self, mut reply: Reply) -> Result<(), String> {
@@ -294,11 +365,59 @@ impl<R: Read, W: Write + Send + 'static> SocketWire<R, W> {
             stdout.append(&mut reply.stdout);
             reply.stdout = stdout;
         }
-        if matches!(&reply.result, Ok(ReplyBody::Data(d)) if d.len() >= PIPELINED_BYTES) {
-            return self.writing.behind(Job::Reply(reply));
+        match (self.reply_lane.take(), self.lanes.as_mut()) {
+            (Some(lane), Some(lanes)) => lanes.lane(lane).map_err(unread_text)?.writing.send(reply),
+            _ => self.writing.send(reply),
         }
-        self.writing.written()?;
-        write_reply(&mut *lock(&self.writing.writer), reply)
+    }
+}
+
+/// A `MemcpyDtoH` of `bytes` whose answer is written from where the
+/// bytes lie, its header before the first of them: at once, or (bytes
+/// held in a worker's ring) by the helper while the session goes on.
+fn outgoing<W: Write + Send + 'static>(
+    writing: &mut Writing<W>,
+    held_stdout: &mut Vec<u8>,
+    session: &mut Session,
+    call: Call,
+    seq: u64,
+    bytes: usize,
+) -> Result<Option<Answer>, String> {
+    held_stdout.extend(session.take_stdout());
+    let mut out = CopyOut {
+        writing,
+        seq,
+        bytes,
+        stdout: Some(std::mem::take(held_stdout)),
+        sent: 0,
+        behind: false,
+        failed: None,
+    };
+    let result = session.handle_socket_copy(call, SocketCopy::Outgoing(&mut out));
+    let CopyOut {
+        stdout,
+        sent,
+        behind,
+        failed,
+        ..
+    } = out;
+    if let Some(why) = failed {
+        return Err(format!("cannot send a copy's bytes: {why}"));
+    }
+    if let Some(stdout) = stdout {
+        // Refused or failed before its bytes: answered as any call.
+        *held_stdout = stdout;
+        return Ok(result);
+    }
+    match result {
+        Some(Ok(_)) if sent == bytes && behind => Ok(None),
+        Some(Ok(_)) if sent == bytes => lock(&writing.writer)
+            .flush()
+            .map(|()| None)
+            .map_err(|e| format!("cannot send: {e}")),
+        other => Err(format!(
+            "a copy failed after {sent} of its {bytes} bytes were sent: {other:?}"
+        )),
     }
 }
 
@@ -393,6 +512,25 @@ impl<W: Write + Send + 'static> CopyOut<'_, W> {
 }
 
 impl<W: Write + Send + 'static> Writing<W> {
+    fn new(writer: W) -> Self {
+        Writing {
+            writer: Arc::new(Mutex::new(writer)),
+            behind: Arc::default(),
+            helper: None,
+            failed: Arc::default(),
+        }
+    }
+
+    /// Sends `reply` after every reply before it on this socket; a large one
+    /// is written by the helper while the session goes on.
+    fn send(&mut self, reply: Reply) -> Result<(), String> {
+        if matches!(&reply.result, Ok(ReplyBody::Data(d)) if d.len() >= PIPELINED_BYTES) {
+            return self.behind(Job::Reply(reply));
+        }
+        self.written()?;
+        write_reply(&mut *lock(&self.writer), reply)
+    }
+
     /// Hands `job` to the writing helper.
     fn behind(&mut self, job: Job) -> Result<(), String> {
         if let Some(why) = lock(&self.failed).clone() {
@@ -444,8 +582,45 @@ impl<W> Drop for Writing<W> {
     }
 }
 
+/// The next request on `reader`, and the length of its copy bytes left
+/// there to be read in place.
+fn read_request(
+    reader: &mut impl Read,
+    buf: &mut Vec<u8>,
+) -> Result<(Request, Option<usize>), Unread> {
+    let bulk_len = match read_message(reader, buf) {
+        Ok(bulk_len) => bulk_len,
+        Err(FrameError::Closed) => return Err(Unread::Closed),
+        Err(e) => return Err(Unread::Broken(format!("bad frame: {e}"))),
+    };
+    let mut request: Request = decode(buf)
+        .map_err(|e| Unread::Broken(format!("undecodable request ({} bytes): {e}", buf.len())))?;
+    let Some(len) = bulk_len else {
+        return Ok((request, None));
+    };
+    if let Call::MemcpyHtoD { data, .. } = &request.call {
+        if len >= IN_PLACE_BYTES && data.is_empty() {
+            return Ok((request, Some(len)));
+        }
+    }
+    let bulk =
+        read_bulk(reader, len).map_err(|e| Unread::Broken(format!("bad bulk frame: {e}")))?;
+    shm::put_call_bulk(&mut request.call, bulk).map_err(|e| match e {
+        ShmError::PeerGone => Unread::Closed,
+        ShmError::Violation(why) => Unread::Broken(format!("shared area: {why}")),
+    })?;
+    Ok((request, None))
+}
+
+fn unread_text(unread: Unread) -> String {
+    match unread {
+        Unread::Closed => "the connection closed".into(),
+        Unread::Broken(why) => why,
+    }
+}
+
 /// Reads and drops `len` bytes of `reader`: a copy's bytes nobody took.
-fn skip(reader: &mut impl Read, len: usize) -> Result<(), String> {
+fn skip(reader: &mut (impl Read + ?Sized), len: usize) -> Result<(), String> {
     if len == 0 {
         return Ok(());
     }
@@ -560,7 +735,7 @@ mod tests {
             let request = wire.next_request().ok().expect("a request");
             let want = match call {
                 Call::MemcpyHtoD { dst, data, stream } if data.len() >= IN_PLACE_BYTES => {
-                    assert_eq!(wire.in_place, Some(data.len()));
+                    assert_eq!(wire.in_place, Some((data.len(), None)));
                     Call::MemcpyHtoD {
                         dst: *dst,
                         data: Vec::new(),
@@ -683,5 +858,121 @@ mod tests {
             _ => panic!("the connection should break"),
         }
         sending.join().unwrap();
+    }
+
+    /// A lane of session 1 joined through `registry`: what the test feeds
+    /// it (as its connection would read it) and the client's end of its
+    /// writing side.
+    fn joined_lane(
+        registry: &crate::lanes::LaneRegistry,
+        key: [u8; 16],
+        index: u32,
+    ) -> (std::sync::mpsc::SyncSender<(Vec<u8>, usize)>, UnixStream) {
+        let (feed, pieces) = std::sync::mpsc::sync_channel(64);
+        let (spent, _) = std::sync::mpsc::channel();
+        let (client, server) = UnixStream::pair().unwrap();
+        let lane = JoinedLane {
+            index,
+            pieces,
+            spent,
+            writer: Box::new(server),
+            close: Box::new(|| {}),
+        };
+        let join = cumux_protocol::LaneJoin {
+            session: 1,
+            key,
+            index,
+        };
+        assert!(registry.join(&join, lane).is_ok());
+        (feed, client)
+    }
+
+    /// `frames` as a lane's connection reads them: in pieces of odd sizes.
+    fn feed_frames(feed: &std::sync::mpsc::SyncSender<(Vec<u8>, usize)>, frames: &[(u64, Call)]) {
+        let mut bytes = Vec::new();
+        for (seq, call) in frames {
+            send_request_to(&mut bytes, *seq, call.clone());
+        }
+        for piece in bytes.chunks(100_003) {
+            feed.send((piece.to_vec(), piece.len())).unwrap();
+        }
+    }
+
+    fn send_request_to(to: &mut Vec<u8>, seq: u64, mut call: Call) {
+        let bulk = shm::take_call_bulk(&mut call);
+        let bytes = encode(&Request { seq, call }).unwrap();
+        write_message(to, &bytes, &bulk).unwrap();
+    }
+
+    /// Calls a `Call::Lanes` plans come from the lanes in turn (a large
+    /// copy's bytes left on its lane, skipped where nobody takes them), or
+    /// answer there; calls before and after it stay on the connection.
+    #[test]
+    fn calls_planned_on_lanes_come_and_answer_there_in_turn() {
+        let registry = crate::lanes::LaneRegistry::default();
+        let (offer, arrivals) = registry.offer(1).unwrap();
+        let (mut client, wire) = connected();
+        let mut wire = wire.with_lanes(Some(arrivals));
+        let (feed0, mut lane0) = joined_lane(&registry, offer.key, 0);
+        let (feed1, mut lane1) = joined_lane(&registry, offer.key, 1);
+        let small = pattern(4, 1000);
+        let plan = |count, replies| Call::Lanes {
+            count,
+            lanes: 2,
+            replies,
+        };
+        send_request(&mut client, 1, plan(3, false));
+        let big = Call::MemcpyHtoD {
+            dst: 0x1000,
+            data: pattern(2, BIG),
+            stream: None,
+        };
+        let small_copy = Call::MemcpyHtoD {
+            dst: 0x2000,
+            data: small.clone(),
+            stream: None,
+        };
+        feed_frames(&feed0, &[(2, big), (4, small_copy.clone())]);
+        feed_frames(&feed1, &[(3, Call::MemGetInfo { device: 0 })]);
+        send_request(&mut client, 5, Call::MemGetInfo { device: 0 });
+        let first = wire.next_request().ok().unwrap();
+        assert_eq!(first.seq, 2);
+        assert_eq!(wire.in_place, Some((BIG, Some(0))));
+        let seqs: Vec<_> = (0..3)
+            .map(|_| {
+                let request = wire.next_request().ok().unwrap();
+                if request.seq == 4 {
+                    assert_eq!(request.call, small_copy);
+                }
+                request.seq
+            })
+            .collect();
+        assert_eq!(seqs, [3, 4, 5]);
+        // Replies on the lanes: requests 7 and 8 answer on lanes 0 and 1,
+        // 9 on the connection.
+        send_request(&mut client, 6, plan(2, true));
+        for seq in 7..=9 {
+            send_request(&mut client, seq, Call::MemGetInfo { device: 0 });
+        }
+        for seq in 7..=9 {
+            let request = wire.next_request().ok().unwrap();
+            assert_eq!(request.seq, seq);
+            let reply = Reply {
+                seq,
+                result: Ok(ReplyBody::Unit),
+                stdout: Vec::new(),
+            };
+            wire.send_reply(reply).unwrap();
+        }
+        assert_eq!(read_reply(&mut lane0).seq, 7);
+        assert_eq!(read_reply(&mut lane1).seq, 8);
+        assert_eq!(read_reply(&mut client).seq, 9);
+        // A plan that a lane sends, or one with no lanes, breaks the wire.
+        send_request(&mut client, 10, plan(1, false));
+        feed_frames(&feed0, &[(11, plan(1, false))]);
+        assert!(matches!(wire.next_request(), Err(Unread::Broken(_))));
+        let (mut client, mut wire) = connected();
+        send_request(&mut client, 1, plan(1, false));
+        assert!(matches!(wire.next_request(), Err(Unread::Broken(_))));
     }
 }

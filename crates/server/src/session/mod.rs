@@ -1023,6 +1023,11 @@ impl Session {
                 .unwrap_or_else(|| Err(err(codes::UNKNOWN, "a server call the session took"))),
             // Calls are handled in order: every earlier one is done.
             Call::Fence => Ok(ReplyBody::Unit),
+            // The connection takes it where it has lanes.
+            Call::Lanes { .. } => Err(err(
+                codes::INVALID_VALUE,
+                "lanes are for calls on a TCP socket whose welcome offered them",
+            )),
             Call::HostRegister {
                 base,
                 bytes,

@@ -269,6 +269,7 @@ pub fn hello(version: u32, magic: u32) -> Hello {
         visible_devices: None,
         join: None,
         resume: None,
+        lane: None,
     }
 }
 
