@@ -3,11 +3,13 @@
 cumux-netem in front of a loopback echo and sink, and measures the round trip
 (1-byte pings, TCP_NODELAY) and a bare TCP stream's GB/s through it.
 
-    link_probe.py NETEM RTT GBIT [PINGS] [STREAM_MIB]
+    link_probe.py NETEM RTT GBIT [PINGS] [STREAM_MIB] [STREAMS]
 
 NETEM `-` measures the bare loopback instead (RTT and GBIT unused).
 
-Prints `rtt_ms_p50 X`, `rtt_ms_p99 X`, `stream_gbps X` (one line each).
+Prints `rtt_ms_p50 X`, `rtt_ms_p99 X`, `stream_gbps X` (one line each), and
+with STREAMS > 1 `streams_gbps X`: STREAMS connections at once through the
+same relay (one link), STREAM_MIB in all (cumux's lanes, CUMUX_LANES).
 """
 import socket
 import subprocess
@@ -70,10 +72,38 @@ def relay(netem, target, rtt, gbit):
     return proc, (host, int(port))
 
 
+def streams_gbps(at, total, streams):
+    """GB/s of `streams` connections to the sink at `at`, `total` bytes in all."""
+    each = total // streams
+    chunk = bytes(8 << 20)
+    conns = [socket.create_connection(at) for _ in range(streams)]
+
+    def send(s):
+        s.sendall(each.to_bytes(8, "little"))
+        left = each
+        while left > 0:
+            n = min(left, len(chunk))
+            s.sendall(chunk[:n] if n < len(chunk) else chunk)
+            left -= n
+        s.recv(1)
+
+    threads = [threading.Thread(target=send, args=(s,)) for s in conns]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    took = time.perf_counter() - t0
+    for s in conns:
+        s.close()
+    return each * streams / took / 1e9
+
+
 def main():
     netem, rtt, gbit = sys.argv[1:4]
     pings = int(sys.argv[4]) if len(sys.argv) > 4 else 200
     mib = int(sys.argv[5]) if len(sys.argv) > 5 else 512
+    streams = int(sys.argv[6]) if len(sys.argv) > 6 else 1
     echo_at, sink_at = serve(echo), serve(sink)
     procs = []
     try:
@@ -94,17 +124,9 @@ def main():
 
         proc, at = relay(netem, sink_at.getsockname()[1], rtt, gbit)
         procs.append(proc)
-        total = mib << 20
-        s = socket.create_connection(at)
-        chunk = bytes(8 << 20)
-        t0 = time.perf_counter()
-        s.sendall(total.to_bytes(8, "little"))
-        for _ in range(total // len(chunk)):
-            s.sendall(chunk)
-        s.recv(1)
-        took = time.perf_counter() - t0
-        s.close()
-        print(f"stream_gbps {total / took / 1e9:.4f}")
+        print(f"stream_gbps {streams_gbps(at, mib << 20, 1):.4f}")
+        if streams > 1:
+            print(f"streams_gbps {streams_gbps(at, mib << 20, streams):.4f}")
     finally:
         for p in procs:
             if p:
