@@ -163,7 +163,10 @@ impl TlsStream {
 }
 
 impl Read for TlsStream {
+    /// Gives the plaintext of every record whose ciphertext is here already
+    /// (up to `buf`'s length), reading the socket only where there is none.
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let mut given = 0;
         loop {
             let (got, wants_write) = {
                 let mut connection = lock(&self.connection);
@@ -173,7 +176,7 @@ impl Read for TlsStream {
                     self.taken += connection.read_tls(&mut rest)?;
                     connection.process_new_packets().map_err(tls_error)?;
                 }
-                let got = match connection.reader().read(buf) {
+                let got = match connection.reader().read(&mut buf[given..]) {
                     Err(e) if e.kind() == ErrorKind::WouldBlock => None,
                     got => Some(got),
                 };
@@ -182,8 +185,18 @@ impl Read for TlsStream {
             if wants_write {
                 self.send_pending()?;
             }
-            if let Some(got) = got {
-                return got;
+            match got {
+                Some(Ok(n)) if n > 0 => {
+                    given += n;
+                    // Records already read decrypt into the rest of `buf`.
+                    if given < buf.len() && self.taken < self.incoming.len() {
+                        continue;
+                    }
+                    return Ok(given);
+                }
+                Some(_) | None if given > 0 => return Ok(given),
+                Some(got) => return got,
+                None => {}
             }
             if self.taken < self.incoming.len() {
                 continue;
@@ -209,7 +222,7 @@ impl Read for TlsStream {
                 let mut connection = lock(&self.connection);
                 connection.read_tls(&mut &[][..])?;
                 connection.process_new_packets().map_err(tls_error)?;
-                return match connection.reader().read(buf) {
+                return match connection.reader().read(&mut buf[given..]) {
                     Err(e) if e.kind() == ErrorKind::UnexpectedEof => Ok(0),
                     got => got,
                 };

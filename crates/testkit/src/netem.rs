@@ -6,7 +6,7 @@ use std::io::{self, Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{channel, Receiver, Sender};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -47,6 +47,18 @@ pub const RETRANSMIT: Duration = Duration::from_millis(200);
 
 /// The most a chunk read at once carries.
 const CHUNK: usize = 256 << 10;
+
+/// Bytes a direction holds beyond those in flight on the link (a switch's
+/// and the far socket's buffers): past them the sender waits, as a real
+/// link's flow control holds it.
+const BUFFERED: usize = 4 << 20;
+
+/// Bytes a direction of an unlimited link holds at most.
+const UNLIMITED_HELD: usize = 64 << 20;
+
+/// Bytes one direction of one connection holds now, and a wake-up when the
+/// writer has passed some on.
+type Held = Arc<(Mutex<usize>, Condvar)>;
 
 /// When each direction of the link is free again: one link, whichever of
 /// the relay's connections a chunk is on (client to server, then back).
@@ -169,23 +181,38 @@ fn direction(
     way: (Busy, usize),
 ) -> io::Result<()> {
     let (send, receive) = channel::<(Instant, Vec<u8>)>();
+    let held: Held = Arc::default();
+    let passed = Arc::clone(&held);
     thread::Builder::new()
         .name("netem-read".into())
-        .spawn(move || read_side(from, link, way, send))?;
+        .spawn(move || read_side(from, link, way, (send, held)))?;
     let relayed = Arc::clone(relayed);
     thread::Builder::new()
         .name("netem-write".into())
-        .spawn(move || write_side(to, receive, &relayed))?;
+        .spawn(move || write_side(to, receive, &relayed, &passed))?;
     Ok(())
+}
+
+/// What one direction of `link` holds at most: the bytes in flight over
+/// its one-way delay, and [`BUFFERED`].
+fn holds(link: &Link) -> usize {
+    match link.bandwidth {
+        Some(rate) if rate > 0 => {
+            let in_flight = rate as f64 * (link.rtt / 2 + link.jitter).as_secs_f64();
+            in_flight as usize + BUFFERED
+        }
+        _ => UNLIMITED_HELD,
+    }
 }
 
 fn read_side(
     mut from: TcpStream,
     link: Link,
     (busy, way): (Busy, usize),
-    send: Sender<(Instant, Vec<u8>)>,
+    (send, held): (Sender<(Instant, Vec<u8>)>, Held),
 ) {
     let one_way = link.rtt / 2;
+    let most = holds(&link);
     let mut rng = fastrand::Rng::new();
     // The last chunk's due time (jitter never reorders a stream).
     let mut last_due = Instant::now();
@@ -195,6 +222,14 @@ fn read_side(
             Ok(0) | Err(_) => break,
             Ok(n) => n,
         };
+        {
+            let (bytes, passed) = &*held;
+            let mut bytes = bytes.lock().unwrap_or_else(|p| p.into_inner());
+            while *bytes > 0 && *bytes + n > most {
+                bytes = passed.wait(bytes).unwrap_or_else(|p| p.into_inner());
+            }
+            *bytes += n;
+        }
         let serialized = match link.bandwidth {
             Some(rate) if rate > 0 => Duration::from_secs_f64(n as f64 / rate as f64),
             _ => Duration::ZERO,
@@ -220,7 +255,12 @@ fn read_side(
     }
 }
 
-fn write_side(mut to: TcpStream, receive: Receiver<(Instant, Vec<u8>)>, relayed: &AtomicU64) {
+fn write_side(
+    mut to: TcpStream,
+    receive: Receiver<(Instant, Vec<u8>)>,
+    relayed: &AtomicU64,
+    held: &Held,
+) {
     for (due, bytes) in receive {
         let wait = due.saturating_duration_since(Instant::now());
         if !wait.is_zero() {
@@ -230,7 +270,15 @@ fn write_side(mut to: TcpStream, receive: Receiver<(Instant, Vec<u8>)>, relayed:
             break;
         }
         relayed.fetch_add(bytes.len() as u64, Ordering::Relaxed);
+        let (held_bytes, passed) = &**held;
+        *held_bytes.lock().unwrap_or_else(|p| p.into_inner()) -= bytes.len();
+        passed.notify_one();
     }
+    // Nothing more passes: a reader waiting for room goes on to find the
+    // writer gone.
+    let (held_bytes, passed) = &**held;
+    *held_bytes.lock().unwrap_or_else(|p| p.into_inner()) = 0;
+    passed.notify_all();
     let _ = to.shutdown(Shutdown::Write);
 }
 
@@ -322,6 +370,37 @@ mod tests {
         }
         let took = started.elapsed();
         assert!(took >= Duration::from_millis(250), "{took:?}");
+    }
+
+    #[test]
+    fn a_slow_link_holds_its_sender_back() {
+        // 8 Mbit/s: in a second the link passes 1 MB, and the relay holds
+        // at most BUFFERED more; the sender's and the sink's sockets the
+        // rest. Without the bound the relay would take all 64 MiB at once.
+        let sink = TcpListener::bind("127.0.0.1:0").unwrap();
+        let at = sink.local_addr().unwrap().to_string();
+        thread::spawn(move || {
+            let (mut s, _) = sink.accept().unwrap();
+            let _ = io::copy(&mut s, &mut io::sink());
+        });
+        let relay = Relay::start(&at, Link::with_rtt(Duration::ZERO).gbit(0.008)).unwrap();
+        let mut s = TcpStream::connect(relay.address()).unwrap();
+        s.set_nonblocking(true).unwrap();
+        let chunk = vec![1u8; 1 << 20];
+        let (mut accepted, until) = (0usize, Instant::now() + Duration::from_secs(1));
+        while Instant::now() < until && accepted < 64 << 20 {
+            match s.write(&chunk) {
+                Ok(n) => accepted += n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    thread::sleep(Duration::from_millis(5))
+                }
+                Err(e) => panic!("{e}"),
+            }
+        }
+        assert!(
+            accepted < 40 << 20,
+            "the relay took {accepted} bytes in a second"
+        );
     }
 
     #[test]
