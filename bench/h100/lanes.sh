@@ -53,25 +53,8 @@ if ! "$NVCC" $NVCC_FLAGS -O2 -arch=sm_90 -o "$W/microbench" "$ROOT/bench/cuda/mi
     say "FATAL: nvcc failed: $(tail -2 "$W/nvcc.log")"; exit 1
 fi
 
-start_server() { # NAME LISTEN -> PORT_<NAME>, PRINT_<NAME>
-    local name=$1 listen=$2 line port print extra=()
-    [ "$DEVICE" = cpu ] && extra=(--memory 2G)
-    mkdir -p "$W/state-$name"
-    XDG_STATE_HOME=$W/state-$name "$KIT/cumux" serve --device "$DEVICE" "${extra[@]}" --listen "$listen" \
-        --metrics 127.0.0.1:0 \
-        >"$W/server-$name.out" 2>"$RUNS/server-$name.log" &
-    pids+=($!)
-    for _ in $(seq 600); do grep -q listening "$W/server-$name.out" 2>/dev/null && break; sleep 0.1; done
-    line=$(head -1 "$W/server-$name.out")
-    port=$(echo "$line" | grep -o 'tcp:[^ ;]*' | head -1 | awk -F: '{ print $NF }')
-    print=$(echo "$line" | grep -o 'sha256:[0-9A-F:]*' | head -1)
-    printf -v "PORT_$name" '%s' "$port"
-    printf -v "PRINT_$name" '%s' "$print"
-    say "server $name: ${line:-did not start: $(tail -2 "$RUNS/server-$name.log")}"
-    [ -n "$port" ]
-}
-start_server tls tcp:0.0.0.0:0 || exit 1
-start_server plain tcp:127.0.0.1:0 || exit 1
+start_tcp_server tls tcp:0.0.0.0:0 --metrics 127.0.0.1:0 || exit 1
+start_tcp_server plain tcp:127.0.0.1:0 --metrics 127.0.0.1:0 || exit 1
 most=1
 for l in $LANES; do [ "$l" -gt "$most" ] && most=$l; done
 

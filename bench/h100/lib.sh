@@ -58,3 +58,26 @@ start_relay() {
 }
 # stop_relay: ends the relay start_relay started.
 stop_relay() { [ -n "$relay_pid" ] && kill "$relay_pid" 2>/dev/null; wait "$relay_pid" 2>/dev/null; relay_pid=; }
+
+# start_tcp_server NAME LISTEN [ARGS...]: `cumux serve --device $DEVICE` on
+# LISTEN (the CPU device with 2G), its state under $W/state-NAME and its log in
+# $RUNS/server-NAME.log; sets PORT_<NAME> and PRINT_<NAME> (its certificate's
+# fingerprint, for TLS) from the line it prints once it listens (kept in
+# $W/server-NAME.out), says that line, and fails if it never listened.
+start_tcp_server() {
+    local name=$1 listen=$2 extra=() line port print
+    shift 2
+    [ "${DEVICE:-cuda}" = cpu ] && extra=(--memory 2G)
+    mkdir -p "$W/state-$name"
+    XDG_STATE_HOME=$W/state-$name "$KIT/cumux" serve --device "${DEVICE:-cuda}" "${extra[@]}" \
+        --listen "$listen" "$@" >"$W/server-$name.out" 2>"$RUNS/server-$name.log" &
+    pids+=($!)
+    for _ in $(seq 600); do grep -q listening "$W/server-$name.out" 2>/dev/null && break; sleep 0.1; done
+    line=$(head -1 "$W/server-$name.out")
+    port=$(echo "$line" | grep -o 'tcp:[^ ;]*' | head -1 | awk -F: '{ print $NF }')
+    print=$(echo "$line" | grep -o 'sha256:[0-9A-F:]*' | head -1)
+    printf -v "PORT_$name" '%s' "$port"
+    printf -v "PRINT_$name" '%s' "$print"
+    say "server $name: ${line:-did not start: $(tail -2 "$RUNS/server-$name.log")}"
+    [ -n "$port" ]
+}

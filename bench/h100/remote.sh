@@ -125,26 +125,10 @@ fi
 
 # --- servers: TLS on a non-loopback address, plain TCP on loopback ---
 PORT_tls='' PRINT_tls='' PORT_plain=''
-start_server() { # NAME LISTEN -> PORT_<NAME>, PRINT_<NAME>
-    local name=$1 listen=$2 extra=() line port print
-    [ "$DEVICE" = cpu ] && extra=(--memory 2G)
-    mkdir -p "$W/state-$name"
-    XDG_STATE_HOME=$W/state-$name "$KIT/cumux" serve --device "$DEVICE" "${extra[@]}" \
-        --listen "$listen" >"$W/server-$name.out" 2>"$RUNS/server-$name.log" &
-    pids+=($!)
-    for _ in $(seq 600); do grep -q listening "$W/server-$name.out" 2>/dev/null && break; sleep 0.1; done
-    line=$(head -1 "$W/server-$name.out")
-    port=$(echo "$line" | grep -o 'tcp:[^ ;]*' | head -1 | awk -F: '{ print $NF }')
-    print=$(echo "$line" | grep -o 'sha256:[0-9A-F:]*' | head -1)
-    printf -v "PORT_$name" '%s' "$port"
-    printf -v "PRINT_$name" '%s' "$print"
-    say "server $name: ${line:-did not start: $(tail -2 "$RUNS/server-$name.log")}"
-    [ -n "$port" ]
-}
-start_server tls tcp:0.0.0.0:0 || { say "FATAL: no TLS server"; exit 1; }
+start_tcp_server tls tcp:0.0.0.0:0 || { say "FATAL: no TLS server"; exit 1; }
 [ -n "$PRINT_tls" ] || { say "FATAL: the server on tcp:0.0.0.0 did not say its certificate (no TLS)"; exit 1; }
 HAVE_PLAIN=1
-start_server plain tcp:127.0.0.1:0 || { note "the plain-TCP server did not start: no TLS comparison"; HAVE_PLAIN=0; }
+start_tcp_server plain tcp:127.0.0.1:0 || { note "the plain-TCP server did not start: no TLS comparison"; HAVE_PLAIN=0; }
 
 
 # run_step NAME RTT_MS GBIT TRANSPORT STEPS WARMUP: one process, natively or
