@@ -244,6 +244,7 @@ impl Seats {
             peer,
             uid,
             tenant: None,
+            given_back: false,
         })
     }
 }
@@ -254,9 +255,19 @@ pub struct Seat {
     peer: Peer,
     uid: Option<u32>,
     tenant: Option<String>,
+    /// Given back before the connection ended ([`Seat::give_back`]).
+    given_back: bool,
 }
 
 impl Seat {
+    /// Gives the seat back now: the connection is part of a session that
+    /// holds its own (a lane), and ends with it.
+    pub fn give_back(&mut self) {
+        if !std::mem::replace(&mut self.given_back, true) {
+            self.seats.count_out(self);
+        }
+    }
+
     pub fn peer(&self) -> &Peer {
         &self.peer
     }
@@ -283,13 +294,20 @@ impl Seat {
 
 impl Drop for Seat {
     fn drop(&mut self) {
-        let mut counts = lock(&self.seats.counts);
+        self.give_back();
+    }
+}
+
+impl Seats {
+    /// Takes `seat` out of the counts.
+    fn count_out(&self, seat: &Seat) {
+        let mut counts = lock(&self.counts);
         counts.total = counts.total.saturating_sub(1);
-        count_down(&mut counts.peers, &self.peer);
-        if let Some(uid) = self.uid {
+        count_down(&mut counts.peers, &seat.peer);
+        if let Some(uid) = seat.uid {
             count_down(&mut counts.uids, &uid);
         }
-        if let Some(tenant) = &self.tenant {
+        if let Some(tenant) = &seat.tenant {
             count_down(&mut counts.tenants, tenant);
         }
     }
@@ -389,6 +407,22 @@ mod tests {
         assert_eq!(seats.taken(), 0);
         let counts = lock(&seats.counts);
         assert!(counts.peers.is_empty() && counts.uids.is_empty() && counts.tenants.is_empty());
+    }
+
+    #[test]
+    fn a_seat_given_back_counts_once() {
+        // A lane gives its seat back once it joins its session.
+        let seats = Seats::new(limits());
+        let held = seats.take(Peer::Process(10), Some(7)).unwrap();
+        let mut lane = seats.take(Peer::Process(10), Some(7)).unwrap();
+        assert!(seats.take(Peer::Process(10), Some(7)).is_err());
+        lane.give_back();
+        lane.give_back();
+        assert_eq!(seats.taken(), 1);
+        let again = seats.take(Peer::Process(10), Some(7)).unwrap();
+        drop((lane, held, again));
+        assert_eq!(seats.taken(), 0);
+        assert!(lock(&seats.counts).peers.is_empty());
     }
 
     #[test]

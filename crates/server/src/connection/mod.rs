@@ -538,7 +538,7 @@ fn serve_lane(
     server: &Server,
     hello: &Hello,
     peer_uid: Option<u32>,
-    seat: &Seat,
+    seat: &mut Seat,
     mut reader: BufReader<Socket>,
     mut writer: Socket,
 ) -> Ending {
@@ -594,6 +594,8 @@ fn serve_lane(
         return Ending::Broken(format!("cannot clear the handshake timeout: {e}"));
     }
     tracing::debug!(session = join.session, lane = join.index, "lane joined");
+    // Part of its session now, which holds the seat, and ends with it.
+    seat.give_back();
     loop {
         let mut piece = spent_back
             .try_recv()
