@@ -55,7 +55,12 @@ enum Sending {
 }
 
 pub struct Connection {
-    stream: Stream,
+    /// The socket, behind a lock of its own: the flusher writes a batch it
+    /// took while the program's thread encodes the next (a thread holding
+    /// the connection's lock may take the wire's, never the other way round).
+    wire: Arc<Mutex<Wire>>,
+    /// The unix socket's own handle, for descriptors (`SCM_RIGHTS`).
+    unix: Option<std::os::unix::net::UnixStream>,
     /// The shared area calls travel through, once the server took it.
     shm: Option<Endpoint>,
     seq: u64,
@@ -78,9 +83,6 @@ pub struct Connection {
     fatal: Option<CUresult>,
     /// Unanswered calls not yet written to the socket (`batch`).
     batch: batch::Batch,
-    /// Why the flusher thread could not write the batch: the next call
-    /// finds the link lost.
-    flush_failed: Option<String>,
     /// This connection behind its link's lock, for the flusher.
     me: Weak<Mutex<Connection>>,
     /// How to resume the session elsewhere, where the program asked for it
@@ -88,6 +90,18 @@ pub struct Connection {
     resume: Option<Resume>,
     /// Further connections that carry large copies (TCP).
     lanes: lane_streams::LaneState,
+}
+
+/// A connection's socket, and why the flusher thread could not write a
+/// batch on it (the next call finds the link lost).
+struct Wire {
+    stream: Stream,
+    failed: Option<String>,
+}
+
+/// `wire`, locked (a thread that panicked holding it left it whole).
+fn locked(wire: &Mutex<Wire>) -> MutexGuard<'_, Wire> {
+    wire.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// Unanswered calls a client sends on a socket before a fence. The socket's
@@ -358,8 +372,13 @@ impl Connection {
             ),
             ConnectError::Tls(why) => (why, false),
         })?;
+        let unix = stream.unix().and_then(|u| u.try_clone().ok());
         let mut conn = Connection {
-            stream,
+            wire: Arc::new(Mutex::new(Wire {
+                stream,
+                failed: None,
+            })),
+            unix,
             shm: None,
             seq: 0,
             unanswered: 0,
@@ -370,7 +389,6 @@ impl Connection {
             dead: false,
             fatal: None,
             batch: batch::Batch::new(batch::batch_age()),
-            flush_failed: None,
             me: Weak::new(),
             resume: None,
             lanes: Default::default(),
@@ -397,8 +415,11 @@ impl Connection {
         };
         let broken = |e: &dyn std::fmt::Display| (format!("handshake: {e}"), true);
         let bytes = proto::encode(&hello).map_err(|e| (e.to_string(), false))?;
-        proto::write_frame(&mut conn.stream, &bytes).map_err(|e| broken(&e))?;
-        proto::read_frame(&mut conn.stream, &mut conn.buf).map_err(|e| broken(&e))?;
+        {
+            let mut wire = locked(&conn.wire);
+            proto::write_frame(&mut wire.stream, &bytes).map_err(|e| broken(&e))?;
+            proto::read_frame(&mut wire.stream, &mut conn.buf).map_err(|e| broken(&e))?;
+        }
         // A welcome of another version may have another shape: its variant
         // and version lead it, so read them first.
         if let Ok((0u32, version)) = proto::decode::<(u32, u32)>(&conn.buf) {
@@ -468,7 +489,7 @@ impl Connection {
     /// broken socket is an error.
     fn attach(&mut self, area: (ShmArea, OwnedFd)) -> Result<(), String> {
         let (area, fd) = area;
-        let unix = match self.stream.unix() {
+        let unix = match self.unix.as_ref() {
             Some(unix) => unix
                 .try_clone()
                 .map_err(|e| format!("cannot clone the socket: {e}"))?,
@@ -522,7 +543,7 @@ impl Connection {
         self.lanes.close();
         // Tells a server still there at once (closed flag and doorbell).
         self.shm = None;
-        self.stream.shutdown();
+        locked(&self.wire).stream.shutdown();
         CUDA_ERROR_DEVICE_UNAVAILABLE
     }
 
@@ -568,7 +589,7 @@ impl Connection {
                     .map_err(|e| Sending::Lost(e.to_string()))?;
             }
             (None, bytes) => {
-                if let Some(why) = self.flush_failed.take() {
+                if let Some(why) = locked(&self.wire).failed.take() {
                     return Err(Sending::Lost(why));
                 }
                 let forget = call.is_fire_and_forget();
@@ -586,8 +607,9 @@ impl Connection {
                 let lost = |e: std::io::Error| Sending::Lost(e.to_string());
                 if bulk.len() > batch::BATCH_BYTES {
                     // Large data goes from where it lies, after what waits.
-                    self.batch.flush(&mut self.stream).map_err(lost)?;
-                    proto::write_message(&mut self.stream, &msg, bulk)
+                    let mut wire = locked(&self.wire);
+                    self.batch.flush(&mut wire.stream).map_err(lost)?;
+                    proto::write_message(&mut wire.stream, &msg, bulk)
                         .map_err(|e| Sending::Lost(e.to_string()))?;
                     return Ok(());
                 }
@@ -601,10 +623,14 @@ impl Connection {
                     None => false,
                 };
                 if !forget || self.batch.due() || self.me.strong_count() == 0 {
-                    self.batch.flush(&mut self.stream).map_err(lost)?;
+                    self.batch
+                        .flush(&mut locked(&self.wire).stream)
+                        .map_err(lost)?;
                 } else if started && !watched() {
                     // No flusher thread: nothing would write it later.
-                    self.batch.flush(&mut self.stream).map_err(lost)?;
+                    self.batch
+                        .flush(&mut locked(&self.wire).stream)
+                        .map_err(lost)?;
                 }
             }
         }
@@ -627,7 +653,7 @@ impl Connection {
         );
         self.shm = None;
         self.batch.clear();
-        self.stream.shutdown();
+        locked(&self.wire).stream.shutdown();
         let deadline = std::time::Instant::now() + patience;
         let mut tries = 0u32;
         loop {
@@ -678,7 +704,8 @@ impl Connection {
     /// Calls go over `fresh`'s link from now on, starting with those the
     /// resumed session wants again: how many. `Err((why, again))` as for a hello.
     fn take_over(&mut self, fresh: Connection, session: &Session) -> Result<usize, (String, bool)> {
-        self.stream = fresh.stream;
+        self.wire = Arc::clone(&fresh.wire);
+        self.unix = fresh.unix.as_ref().and_then(|u| u.try_clone().ok());
         self.shm = fresh.shm;
         let last = self.seq;
         let again = match self.resume.as_ref() {
@@ -812,13 +839,13 @@ impl Connection {
         if self.dead {
             return Err(CUDA_ERROR_DEVICE_UNAVAILABLE);
         }
-        if self.stream.unix().is_none() || self.shm.is_none() {
+        if self.unix.is_none() || self.shm.is_none() {
             return Err(CUDA_ERROR_NOT_SUPPORTED);
         }
         self.seq += 1;
         let seq = self.seq;
         self.send(seq, call, None)?;
-        let sent = match self.stream.unix() {
+        let sent = match self.unix.as_ref() {
             Some(unix) => shm::send_with_fd(unix, &[pinned::FD_TAG], fd),
             None => Err(std::io::Error::other("not a unix socket")),
         };
@@ -836,11 +863,11 @@ impl Connection {
     /// A call whose successful reply brings a descriptor (`Call::returns_fd`),
     /// which follows it on the socket: shared memory only.
     pub fn call_for_fd(&mut self, call: Call) -> CuResult<(ReplyBody, OwnedFd)> {
-        if self.stream.unix().is_none() || self.shm.is_none() {
+        if self.unix.is_none() || self.shm.is_none() {
             return Err(CUDA_ERROR_NOT_SUPPORTED);
         }
         let body = self.call(call)?;
-        let Some(unix) = self.stream.unix() else {
+        let Some(unix) = self.unix.as_ref() else {
             return Err(CUDA_ERROR_NOT_SUPPORTED);
         };
         let mut tag = [0u8; 1];
@@ -986,8 +1013,9 @@ impl Connection {
     /// where it is `into`'s call's data of exactly the length of its buffer,
     /// read into that buffer instead (then `true`).
     fn socket_reply(&mut self, into: Option<(u64, &mut [u8])>) -> Result<(Reply, bool), String> {
+        let mut wire = locked(&self.wire);
         let bulk_len =
-            proto::read_message(&mut self.stream, &mut self.buf).map_err(|e| e.to_string())?;
+            proto::read_message(&mut wire.stream, &mut self.buf).map_err(|e| e.to_string())?;
         let mut reply: Reply =
             proto::decode(&self.buf).map_err(|e| format!("malformed reply: {e}"))?;
         let Some(len) = bulk_len else {
@@ -999,11 +1027,11 @@ impl Connection {
                     && len == out.len()
                     && matches!(&reply.result, Ok(ReplyBody::Data(d)) if d.is_empty()) =>
             {
-                std::io::Read::read_exact(&mut self.stream, out).map_err(|e| e.to_string())?;
+                std::io::Read::read_exact(&mut wire.stream, out).map_err(|e| e.to_string())?;
                 Ok((reply, true))
             }
             _ => {
-                let bulk = proto::read_bulk(&mut self.stream, len).map_err(|e| e.to_string())?;
+                let bulk = proto::read_bulk(&mut wire.stream, len).map_err(|e| e.to_string())?;
                 shm::put_reply_bulk(&mut reply, bulk).map_err(|e| e.to_string())?;
                 Ok((reply, false))
             }

@@ -87,6 +87,14 @@ impl Batch {
         written
     }
 
+    /// Takes the batch's bytes to write elsewhere, leaving it empty.
+    pub fn take(&mut self) -> Vec<u8> {
+        let room = self.bytes.capacity();
+        self.since = None;
+        self.writes += 1;
+        std::mem::replace(&mut self.bytes, Vec::with_capacity(room))
+    }
+
     /// Forgets the batch (a lost link: a resumed session sends its kept calls again).
     pub fn clear(&mut self) {
         self.bytes.clear();

@@ -32,7 +32,7 @@ impl Connection {
             replies,
         };
         self.send(self.seq, plan, None)?;
-        let flushed = self.batch.flush(&mut self.stream);
+        let flushed = self.batch.flush(&mut super::locked(&self.wire).stream);
         flushed.map_err(|e| self.lost(format!("cannot send calls: {e}")))
     }
 
