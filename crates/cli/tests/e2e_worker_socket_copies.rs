@@ -6,12 +6,14 @@
 //! worker for the next piece while it writes the last, straight from the
 //! worker's ring. Pieces of odd sizes, a refusal and small copies among them
 //! arrive whole and in order; a client gone with its answers unread ends
-//! only its own connection.
+//! only its own connection. A copy in whose bytes the client's socket is
+//! cut writes nothing, the device memory keeping what it held.
 
 mod common;
 
-use std::io::{BufReader, Write};
+use std::io::{BufReader, Read, Write};
 use std::os::unix::net::UnixStream;
+use std::path::PathBuf;
 
 use common::*;
 use cumux_protocol::*;
@@ -191,5 +193,117 @@ fn pieces_read_through_a_worker_arrive_whole_and_in_order() {
     assert_eq!(
         again.call(read_call(q, more.len())),
         Ok(ReplyBody::Data(more))
+    );
+}
+
+/// The `len` bytes at `src`, read by `session`.
+fn read_back(session: &mut cumux_server::session::Session, src: u64, len: usize) -> Vec<u8> {
+    match session.handle(read_call(src, len)) {
+        Some(Ok(ReplyBody::Data(got))) => got,
+        other => panic!("no read: {other:?}"),
+    }
+}
+
+/// A `MemcpyHtoD` of several MiB whose client's socket is shut down partway
+/// through its bytes, handed to a session as the server's connection hands
+/// it (`SocketCopy::Incoming`, the bytes read from the socket into the
+/// worker's ring), the session kept to look at the memory afterwards: no
+/// byte of the copy reaches device memory (neither the part that came nor
+/// zeros for the rest), the next wait says the copy failed, and the worker
+/// and the server go on serving.
+#[test]
+fn a_copy_cut_short_on_its_socket_writes_nothing_through_a_worker() {
+    use cumux_server::device::backends::CpuSpec;
+    use cumux_server::session::SocketCopy;
+    use cumux_server::worker::device::{cpu_worker_device, Sharing};
+
+    let spec = CpuSpec {
+        memory: 256 << 20,
+        launch_budget: 0,
+        threads: 1,
+    };
+    let device = cpu_worker_device(PathBuf::from(CUMUX), 0, &spec, Sharing::Isolated, None)
+        .expect("a worker-cpu device");
+    let server = cumux_server::Server::new(vec![device]);
+    let mut session = tenant_session(&server, "cut", "t");
+    let len = 4 * MIB;
+    let Some(Ok(ReplyBody::Ptr(p))) = session.handle(Call::MemAlloc {
+        device: 0,
+        bytes: len as u64,
+    }) else {
+        panic!("no allocation")
+    };
+    let old = pattern(1, len);
+    let written = session.handle(Call::MemcpyHtoD {
+        dst: p,
+        data: old.clone(),
+        stream: None,
+    });
+    assert_eq!(written, Some(Ok(ReplyBody::Unit)));
+    // As the client driver sends a synchronous copy's piece (in the default
+    // stream's order, unanswered); its socket shut down after 2.5 MiB.
+    let new = pattern(2, len);
+    let cut = 5 * MIB / 2 + 77;
+    let (mut client, socket) = UnixStream::pair().unwrap();
+    let sending = {
+        let new = new.clone();
+        std::thread::spawn(move || {
+            client.write_all(&new[..cut]).unwrap();
+            client.shutdown(std::net::Shutdown::Both).unwrap();
+        })
+    };
+    let mut reader = BufReader::new(socket);
+    let mut fill = |piece: &mut [u8]| reader.read_exact(piece);
+    let copy = Call::MemcpyHtoD {
+        dst: p,
+        data: Vec::new(),
+        stream: Some(DEFAULT_STREAM),
+    };
+    session.handle_socket_copy(copy, SocketCopy::Incoming(len, &mut fill));
+    sending.join().unwrap();
+    let waited = session.handle(Call::ContextSynchronize);
+    let got = read_back(&mut session, p, len);
+    let zeros = got.iter().filter(|&&b| b == 0).count();
+    let arrived = (0..len)
+        .filter(|&i| got[i] == new[i] && got[i] != old[i])
+        .count();
+    assert!(
+        got == old,
+        "the cut copy reached device memory: {arrived} of its bytes, {zeros} zeros"
+    );
+    assert!(
+        matches!(waited, Some(Err(_))),
+        "the cut copy was taken as done: {waited:?}"
+    );
+    // The session, its worker and the server go on.
+    let mut whole = &new[..];
+    let mut fill = |piece: &mut [u8]| whole.read_exact(piece);
+    let copy = Call::MemcpyHtoD {
+        dst: p,
+        data: Vec::new(),
+        stream: Some(DEFAULT_STREAM),
+    };
+    session.handle_socket_copy(copy, SocketCopy::Incoming(len, &mut fill));
+    assert!(
+        read_back(&mut session, p, len) == new,
+        "a whole copy after the cut one"
+    );
+    let mut other = tenant_session(&server, "after", "t");
+    let Some(Ok(ReplyBody::Ptr(q))) = other.handle(Call::MemAlloc {
+        device: 0,
+        bytes: MIB as u64,
+    }) else {
+        panic!("no allocation for a new session")
+    };
+    let more = pattern(9, MIB);
+    let written = other.handle(Call::MemcpyHtoD {
+        dst: q,
+        data: more.clone(),
+        stream: None,
+    });
+    assert_eq!(written, Some(Ok(ReplyBody::Unit)));
+    assert_eq!(
+        other.handle(read_call(q, MIB)),
+        Some(Ok(ReplyBody::Data(more)))
     );
 }

@@ -75,24 +75,6 @@ pub struct EndpointStats {
     pub wakes: u64,
 }
 
-/// A message's bulk payload: bytes, or bytes a writer fills in place.
-enum Payload<'a> {
-    Bytes(&'a [u8]),
-    Filled {
-        len: usize,
-        fill: &'a mut dyn FnMut(&mut [u8]) -> io::Result<()>,
-    },
-}
-
-impl Payload<'_> {
-    fn len(&self) -> usize {
-        match self {
-            Payload::Bytes(bytes) => bytes.len(),
-            Payload::Filled { len, .. } => *len,
-        }
-    }
-}
-
 impl Endpoint {
     /// This side's end of `area`. `liveness` is the connection's socket (or a
     /// clone of it): its hang-up means the peer is gone.
@@ -170,24 +152,6 @@ impl Endpoint {
     /// peer only if a ring fills meanwhile: for a message another follows at
     /// once, whose `send` rings for both (the peer wakes once, to both).
     pub fn send_quiet(&mut self, msg: &[u8], bulk: &[u8]) -> Result<(), ShmError> {
-        self.send_record(msg, Payload::Bytes(bulk)).map(|_| ())
-    }
-
-    /// Sends one message as [`Endpoint::send_quiet`] does, its `len` bulk
-    /// bytes written by `fill` straight into the ring, a piece at a time (a
-    /// copy's data read from a client's socket). Where `fill` fails, the rest
-    /// of the payload is zeros, so the record stays whole for the peer, and
-    /// the inner result says why.
-    pub fn send_quiet_filled(
-        &mut self,
-        msg: &[u8],
-        len: usize,
-        fill: &mut dyn FnMut(&mut [u8]) -> io::Result<()>,
-    ) -> Result<io::Result<()>, ShmError> {
-        self.send_record(msg, Payload::Filled { len, fill })
-    }
-
-    fn send_record(&mut self, msg: &[u8], bulk: Payload<'_>) -> Result<io::Result<()>, ShmError> {
         let bulk_len = bulk.len();
         if msg.len() > MAX_FRAME_BYTES || bulk_len > MAX_BULK_BYTES {
             return Err(ShmError::Violation(format!(
@@ -225,23 +189,18 @@ impl Endpoint {
             self.tx_pos[1] = self.tx_pos[1].wrapping_add(skip);
             self.tx[1].publish_write(&self.area, self.tx_pos[1]);
         }
-        let filled = match bulk {
-            Payload::Bytes(bytes) => {
-                self.write_all(1, bytes)?;
-                Ok(())
-            }
-            Payload::Filled { len, fill } => self.write_filled(1, len, fill)?,
-        };
+        self.write_all(1, bulk)?;
         self.stats.messages_sent += 1;
         self.stats.bulk_bytes_sent += bulk_len as u64;
-        Ok(filled)
+        Ok(())
     }
 
     /// Fills the bulk ring's next `len` bytes with `fill`, in place, for a
     /// payload sent later by [`Endpoint::send_filled_ahead`]: messages
     /// without bulk may go first (the answer that says whether the bytes are
-    /// good, known only once they are filled). `Ok(None)`, nothing filled,
-    /// where the ring has not that much room free now.
+    /// good, or the request they belong to, known only once they are all
+    /// there), and bytes that did not all come are never sent. `Ok(None)`,
+    /// nothing filled, where the ring has not that much room free now.
     pub fn fill_ahead(
         &mut self,
         len: usize,
@@ -259,11 +218,13 @@ impl Endpoint {
             }
             // SAFETY: `pieces` keeps `[at, at + k)` inside the ring, among
             // the free bytes after our write position, ours alone until
-            // published (as in `write_filled`).
+            // published (a peer that writes them anyway only garbles its
+            // own messages, as in `Ring::copy_in`).
             let piece = unsafe { std::slice::from_raw_parts_mut(at, k) };
             filled = fill(piece);
         }
-        self.ahead = Some(len);
+        // Bytes that did not all come cannot be sent.
+        self.ahead = filled.is_ok().then_some(len);
         Ok(Some(filled))
     }
 
@@ -271,6 +232,14 @@ impl Endpoint {
     /// bytes [`Endpoint::fill_ahead`] left in the ring (none there: a
     /// violation), and rings the peer.
     pub fn send_filled_ahead(&mut self) -> Result<(), ShmError> {
+        self.send_filled_ahead_quiet()?;
+        self.notify_peer();
+        Ok(())
+    }
+
+    /// [`Endpoint::send_filled_ahead`] without ringing a sleeping peer (as
+    /// [`Endpoint::send_quiet`]).
+    pub fn send_filled_ahead_quiet(&mut self) -> Result<(), ShmError> {
         let Some(len) = self.ahead.take() else {
             return Err(ShmError::Violation("no bytes were filled ahead".into()));
         };
@@ -282,7 +251,6 @@ impl Endpoint {
         self.tx[1].publish_write(&self.area, self.tx_pos[1]);
         self.stats.messages_sent += 1;
         self.stats.bulk_bytes_sent += len as u64;
-        self.notify_peer();
         Ok(())
     }
 
@@ -539,49 +507,6 @@ impl Endpoint {
             }
         }
         Ok(())
-    }
-
-    /// [`Endpoint::write_all`] of `len` bytes that `fill` writes into the
-    /// ring's free space itself; after a failure of `fill`, zeros.
-    fn write_filled(
-        &mut self,
-        lane: usize,
-        mut len: usize,
-        fill: &mut dyn FnMut(&mut [u8]) -> io::Result<()>,
-    ) -> Result<io::Result<()>, ShmError> {
-        let mut failed = None;
-        while len > 0 {
-            let free = self.free(lane)?;
-            if free == 0 {
-                self.notify_peer();
-                self.wait(|me| Ok(me.free(lane)? > 0))?;
-                continue;
-            }
-            let n = (free as usize).min(len).min(PUBLISH_BYTES);
-            for (at, k) in self.tx[lane].pieces(&self.area, self.tx_pos[lane], n) {
-                if k == 0 {
-                    continue;
-                }
-                // SAFETY: `pieces` keeps `[at, at + k)` inside the ring, and
-                // the free bytes after our write position are ours alone
-                // until published (a peer that writes them anyway only
-                // garbles its own messages, as in `Ring::copy_in`).
-                let piece = unsafe { std::slice::from_raw_parts_mut(at, k) };
-                if failed.is_none() {
-                    failed = fill(piece).err();
-                }
-                if failed.is_some() {
-                    piece.fill(0);
-                }
-            }
-            len -= n;
-            self.tx_pos[lane] = self.tx_pos[lane].wrapping_add(n as u64);
-            self.tx[lane].publish_write(&self.area, self.tx_pos[lane]);
-            if len > 0 {
-                self.notify_peer();
-            }
-        }
-        Ok(failed.map_or(Ok(()), Err))
     }
 
     /// Hands `len` bytes of `lane` to `visit` where they lie in the ring, a

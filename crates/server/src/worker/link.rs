@@ -148,27 +148,41 @@ impl Link {
         }
     }
 
-    /// Sends, without ringing (as [`Link::send_frames_quiet`]), one frame of
-    /// the `len` bytes `fill` yields: on shared memory written by `fill`
-    /// straight into the bulk ring. Outer error: the link; inner: `fill`
-    /// (the frame then goes whole, its rest zeros).
+    /// Sends, without ringing (as [`Link::send_frames_quiet`]), `request`
+    /// and a frame of the `len` bytes `fill` yields, once they all came: on
+    /// shared memory written by `fill` straight into the bulk ring's free
+    /// room ahead of the request (where it has the room now), else into a
+    /// buffer. Where `fill` fails nothing is sent, so a copy cut short
+    /// writes nothing. Outer error: the link; inner: `fill`.
     pub fn send_filled_quiet(
         &mut self,
+        request: &[u8],
         len: usize,
         fill: &mut dyn FnMut(&mut [u8]) -> io::Result<()>,
     ) -> io::Result<io::Result<()>> {
-        match &mut self.shm {
-            Some(ep) if len >= BULK_THRESHOLD => {
-                ep.send_quiet_filled(&[], len, fill).map_err(violation)
+        // (A request of its own bulk would take the bytes' place.)
+        let ahead = match request.len() < BULK_THRESHOLD {
+            true => self.fill_ahead(len, fill)?,
+            false => None,
+        };
+        match ahead {
+            Some(Ok(())) => {
+                self.send_frames_quiet(&[request])?;
+                let ep = self
+                    .shm
+                    .as_mut()
+                    .ok_or_else(|| io_err("no shared memory"))?;
+                ep.send_filled_ahead_quiet().map_err(violation)?;
+                Ok(Ok(()))
             }
-            _ => {
+            Some(Err(e)) => Ok(Err(e)),
+            None => {
                 let mut data = vec![0u8; len];
-                let filled = fill(&mut data);
-                if filled.is_err() {
-                    data.fill(0);
+                if let Err(e) = fill(&mut data) {
+                    return Ok(Err(e));
                 }
-                self.send_frames_quiet(&[&data])?;
-                Ok(filled)
+                self.send_frames_quiet(&[request, &data])?;
+                Ok(Ok(()))
             }
         }
     }
@@ -477,8 +491,8 @@ impl Connection {
     }
 
     /// Posts `request` (encoded, no answer comes) and a frame of the `len`
-    /// bytes `fill` writes in place ([`Link::send_filled_quiet`]); `held`:
-    /// without ringing a sleeping worker.
+    /// bytes `fill` writes in place ([`Link::send_filled_quiet`]): neither
+    /// where `fill` fails. `held`: without ringing a sleeping worker.
     pub fn post_filled(
         &mut self,
         request: &[u8],
@@ -486,8 +500,7 @@ impl Connection {
         fill: &mut dyn FnMut(&mut [u8]) -> io::Result<()>,
         held: bool,
     ) -> io::Result<io::Result<()>> {
-        self.link.send_frames_quiet(&[request])?;
-        let filled = self.link.send_filled_quiet(len, fill)?;
+        let filled = self.link.send_filled_quiet(request, len, fill)?;
         match held {
             true => self.held.unrung = true,
             false => {
@@ -711,6 +724,46 @@ mod tests {
         assert_eq!(wakes(&conn), 3);
         drop(conn);
         peer.join().unwrap();
+    }
+
+    /// A request whose bytes `fill` cuts short is not sent, nor any of its
+    /// bytes, on shared memory and on the socket; a whole one after it is.
+    #[test]
+    fn a_filled_frame_cut_short_sends_nothing() {
+        for shm in [true, false] {
+            let receive = |mut worker: Link| {
+                let mut frames = Vec::new();
+                let mut buf = Vec::new();
+                while worker.recv_frame(&mut buf).is_ok() {
+                    frames.push(std::mem::take(&mut buf));
+                }
+                frames
+            };
+            let (mut server, peer) = match shm {
+                true => switched(receive),
+                false => {
+                    let (server, worker) = pair();
+                    (server, std::thread::spawn(move || receive(worker)))
+                }
+            };
+            let len = 3 << 20;
+            let data: Vec<u8> = (0..len).map(|i| (i % 251) as u8 + 1).collect();
+            let mut short = &data[..len / 2];
+            let mut fill = |piece: &mut [u8]| io::Read::read_exact(&mut short, piece);
+            let cut = server.send_filled_quiet(b"cut", len, &mut fill).unwrap();
+            assert!(cut.is_err());
+            let mut whole = &data[..];
+            let mut fill = |piece: &mut [u8]| io::Read::read_exact(&mut whole, piece);
+            let sent = server.send_filled_quiet(b"whole", len, &mut fill).unwrap();
+            assert!(sent.is_ok());
+            server.send_frame(b"end").unwrap();
+            drop(server);
+            let frames = peer.join().unwrap();
+            assert_eq!(frames.len(), 3, "shm {shm}");
+            assert_eq!(frames[0], b"whole");
+            assert!(frames[1] == data, "shm {shm}: the whole frame differs");
+            assert_eq!(frames[2], b"end");
+        }
     }
 
     /// A refused offer leaves both sides on the socket.

@@ -235,7 +235,8 @@ impl StreamOrdered for WorkerContext {
 
 impl WorkerContext {
     /// [`WorkerContext::post`] of `request` with a frame of the `len` bytes
-    /// `fill` writes into the ring: false when the link or `fill` failed.
+    /// `fill` writes into the ring, posted only once they all came: false
+    /// when the link or `fill` failed.
     fn post_filled(&self, request: &WorkerRequest, len: usize, fill: &mut FillBytes<'_>) -> bool {
         if self.sticky().is_some() {
             return false;
@@ -251,7 +252,12 @@ impl WorkerContext {
             .and_then(|bytes| conn.post_filled(&bytes, len, fill, held));
         drop(slot);
         match sent {
-            Ok(filled) => filled.is_ok(),
+            Ok(Ok(())) => true,
+            // Nothing was posted: the next wait tells why.
+            Ok(Err(e)) => {
+                self.defer(socket_bytes::not_arrived(e));
+                false
+            }
             Err(e) => {
                 self.died(&e);
                 false
