@@ -119,21 +119,28 @@ impl LaneRegistry {
     }
 
     /// Hands `lane` to the session `join` names, where its key is that
-    /// session's and its index within the offer. `Err(lane)`: no such lane
-    /// (a wrong key is told apart from nothing, in constant time, by no one).
-    pub fn join(&self, join: &LaneJoin, lane: JoinedLane) -> Result<(), Box<JoinedLane>> {
+    /// session's and its index within the offer.
+    pub fn join(&self, join: &LaneJoin, lane: JoinedLane) -> Result<(), Refused> {
         let offered = lock(&self.offered);
         let Some(entry) = offered.get(&join.session) else {
-            return Err(Box::new(lane));
+            return Err(Refused::NoSession);
         };
         if !bool::from(entry.key.ct_eq(&join.key)) || join.index >= MOST_LANES {
-            return Err(Box::new(lane));
+            return Err(Refused::WrongKey);
         }
-        entry
-            .arrivals
-            .send(lane)
-            .map_err(|returned| Box::new(returned.0))
+        // Its connection ended a moment ago.
+        entry.arrivals.send(lane).map_err(|_| Refused::NoSession)
     }
+}
+
+/// Why a lane did not join.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refused {
+    /// No session takes lanes under that number: it ended (a short
+    /// program's lanes may come after it), or never was.
+    NoSession,
+    /// The session's key is another, or the index past the offer: a guess.
+    WrongKey,
 }
 
 #[cfg(test)]
@@ -164,14 +171,24 @@ mod tests {
             key,
             index,
         };
-        assert!(registry.join(&join(7, wrong, 0), lane(0)).is_err());
-        assert!(registry.join(&join(8, offer.key, 0), lane(0)).is_err());
+        let refused = |r: Result<(), Refused>| r.err();
+        let wrong_key = registry.join(&join(7, wrong, 0), lane(0));
+        assert_eq!(refused(wrong_key), Some(Refused::WrongKey));
+        let no_session = registry.join(&join(8, offer.key, 0), lane(0));
+        assert_eq!(refused(no_session), Some(Refused::NoSession));
         let past = join(7, offer.key, MOST_LANES);
-        assert!(registry.join(&past, lane(MOST_LANES)).is_err());
+        let past = registry.join(&past, lane(MOST_LANES));
+        assert_eq!(refused(past), Some(Refused::WrongKey));
         assert!(arrivals.next(Duration::ZERO).is_none());
         assert!(registry.join(&join(7, offer.key, 1), lane(1)).is_ok());
         assert_eq!(arrivals.next(Duration::ZERO).map(|l| l.index), Some(1));
+        // A session gone (its wire dropped, or its offer withdrawn) is no
+        // guess: a short program's lanes may come after it ended.
+        drop(arrivals);
+        let gone = registry.join(&join(7, offer.key, 2), lane(2));
+        assert_eq!(refused(gone), Some(Refused::NoSession));
         registry.withdraw(7);
-        assert!(registry.join(&join(7, offer.key, 2), lane(2)).is_err());
+        let gone = registry.join(&join(7, offer.key, 2), lane(2));
+        assert_eq!(refused(gone), Some(Refused::NoSession));
     }
 }

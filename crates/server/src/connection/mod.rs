@@ -569,12 +569,16 @@ fn serve_lane(
         close: Box::new(move || closer.shut_both()),
     };
     // Welcomed only once joined; its client sends nothing on it before.
-    if server.lanes().join(&join, lane).is_err() {
-        seats.failed_authentication(seat.peer(), peer_uid);
-        return refuse(
-            &mut writer,
-            "no session takes this lane (an unknown session, or a wrong key)".into(),
-        );
+    match server.lanes().join(&join, lane) {
+        Ok(()) => {}
+        Err(crate::lanes::Refused::NoSession) => {
+            let reason = format!("session {} takes no lanes (it ended)", join.session);
+            return refuse(&mut writer, reason);
+        }
+        Err(crate::lanes::Refused::WrongKey) => {
+            seats.failed_authentication(seat.peer(), peer_uid);
+            return refuse(&mut writer, "a lane with a wrong key".into());
+        }
     }
     let welcome = HelloReply::Welcome {
         version: PROTOCOL_VERSION,
