@@ -84,6 +84,19 @@ impl Translator<'_, '_> {
                 // narrower than the lanes (predicates, 8 and 16 bits):
                 // the 32-bit result cut to the type's bits, as the
                 // interpreter cuts it
+                // (a predicate `and`/`or`/`xor` of two the run knows as
+                // masks is their mask too, for guards: `vmasks`)
+                if t == Ty::Pred && matches!(op, IntOp::And | IntOp::Or | IntOp::Xor) {
+                    if let (Some(mx), Some(my)) = (self.vmask(a, false), self.vmask(b, false)) {
+                        let ins = self.fb.ins();
+                        let m = match op {
+                            IntOp::And => ins.band(mx, my),
+                            IntOp::Or => ins.bor(mx, my),
+                            _ => ins.bxor(mx, my),
+                        };
+                        masks.push((d, m));
+                    }
+                }
                 let (x, y) = (self.vsrc(a), self.vsrc(b));
                 let ins = self.fb.ins();
                 let v = match op {

@@ -89,18 +89,15 @@ impl Translator<'_, '_> {
     /// Whether every base of the block's [`LaneBase`]s has its lanes'
     /// addresses consecutive or all the same (I8 conditions, each to hold).
     pub(super) fn lanes_regular(&mut self) -> Vec<Value> {
+        // (the fixed bases' condition, `x_aligned`, holds wherever the
+        // lane kernel runs: `fixed_shared_bases` has the launch see to it)
         let mut all = Vec::new();
-        // (the fixed bases' condition, `x_aligned`, once)
-        let mut aligned = None;
         for k in 0..self.lane_bases.len() {
             let (c, e) = (self.lane_bases[k].consecutive, self.lane_bases[k].equal);
-            if self.lane_bases[k].fixed {
-                aligned = Some(c);
-                continue;
+            if !self.lane_bases[k].fixed {
+                all.push(self.fb.ins().bor(c, e));
             }
-            all.push(self.fb.ins().bor(c, e));
         }
-        all.extend(aligned);
         all
     }
 

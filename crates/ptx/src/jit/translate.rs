@@ -14,7 +14,7 @@ use super::runtime::{
     rt_checkpoint, rt_trap, Ctx, RET_EXIT, RET_FAULT, RET_PARTED, STOP_BARRIER, STOP_BITS,
     STOP_WARP, STOP_YIELD,
 };
-use super::strides::{lane_strides, wide_strides};
+use super::strides::{fixed_shared_bases, lane_strides, wide_strides};
 use crate::ir::{Func, Inst, Op, SReg, Sp, Src, NONE};
 use cranelift_codegen::ir::condcodes::IntCC;
 use cranelift_codegen::ir::types::{I32, I32X4, I64, I64X2, I8};
@@ -150,7 +150,7 @@ pub(super) struct Translator<'a, 'f> {
     pub specials: Vec<(SReg, Value)>,
     /// The stride between a group's lanes each narrow register holds all
     /// along where `x_aligned` (`strides::lane_strides`), and that
-    /// condition (an I8 made once a call; the lane kernel's only).
+    /// condition (the lane kernel's only: true, the launch sees to it).
     pub strides: Vec<Option<u32>>,
     pub x_aligned: Option<Value>,
     /// Whether a backward branch past the block's next check checks its
@@ -349,10 +349,11 @@ impl<'a, 'f> Translator<'a, 'f> {
                 .collect();
             (vregs, wregs, sregs)
         };
-        // (strided registers other than the uniform ones follow narrow
-        // strides, which hold only where the group's lanes are aligned:
-        // the launch runs the lane kernel only where they are)
-        let needs_aligned = (0..n).any(|r| sregs[r].is_some() && !uniform[r]);
+        // (strided registers other than the uniform ones, and shared bases'
+        // fixed ways, follow narrow strides, which hold only where the
+        // group's lanes are aligned: the lane kernel runs only where they are)
+        let needs_aligned = (0..n).any(|r| sregs[r].is_some() && !uniform[r])
+            || (width > 1 && fixed_shared_bases(ops, &strides, &narrow));
         let count = fb.declare_var(I64);
         let fresh = fb.declare_var(I8);
         let n = fb
@@ -382,15 +383,10 @@ impl<'a, 'f> Translator<'a, 'f> {
                 }
             }
         }
-        // whether each group's lanes are consecutive in `%tid.x` and share
-        // `%tid.y` and `%tid.z` (`%ntid.x` a multiple of 4): then the lanes
-        // of registers with a known stride lie as `strides` says
-        let x_aligned = (width > 1).then(|| {
-            let fixed = MemFlagsData::trusted().with_readonly();
-            let x = fb.ins().load(I32, fixed, ctx, ctx_off!(ntid));
-            let low = fb.ins().band_imm_u(x, width as i64 - 1);
-            fb.ins().icmp_imm_u(IntCC::Equal, low, 0)
-        });
+        // each group's lanes are consecutive in `%tid.x` and share `%tid.y`
+        // and `%tid.z` wherever the lane kernel runs (`needs_aligned`): the
+        // lanes of registers with a known stride lie as `strides` says
+        let x_aligned = (width > 1).then(|| fb.ins().iconst(I8, 1));
         // the loop over the range's threads: each runs from its resume point
         // to its next stop, its registers and local memory at fixed strides
         // (the lane kernel's loop goes group by group, `width` threads a step)
