@@ -2,14 +2,14 @@
 //! op once per lane or once for all (`emit_vec`), control flow shared; where
 //! their guards part them, or at an op kept in thread order, it gives up.
 
+use super::lane_defs::add_imm;
 use super::plan::one_at_a_time;
-use super::runtime::{Ctx, RET_FAULT, RET_PARTED, STOP_BARRIER, STOP_BITS, STOP_YIELD};
-use super::translate::{ctx_off, lanes_flags, Translator};
+use super::runtime::{RET_FAULT, RET_PARTED, STOP_BARRIER, STOP_BITS, STOP_YIELD};
+use super::translate::{lanes_flags, Translator};
 use crate::ir::{Inst, Op, NONE};
 use cranelift_codegen::ir::condcodes::IntCC;
 use cranelift_codegen::ir::types::{I32, I32X4, I64, I64X2, I8};
 use cranelift_codegen::ir::{InstBuilder, MemFlagsData, Value};
-use std::mem::offset_of;
 
 pub(crate) use super::LANES;
 
@@ -42,7 +42,7 @@ impl Translator<'_, '_> {
         if self.lane == 0 {
             return self.lin;
         }
-        self.fb.ins().iadd_imm_s(self.lin, self.lane as i64)
+        add_imm(&mut self.fb, self.lin, self.lane as i64)
     }
 
     /// The running lane's `%tid` component `k` (an I32).
@@ -71,7 +71,7 @@ impl Translator<'_, '_> {
         if self.lane == 0 {
             return v;
         }
-        self.fb.ins().iadd_imm_s(v, step * self.lane as i64)
+        add_imm(&mut self.fb, v, step * self.lane as i64)
     }
 
     /// Ends the run with stop code `code` for every lane (the thread loop:
@@ -97,11 +97,7 @@ impl Translator<'_, '_> {
             self.fb.ins().jump(self.next_thread, &[]);
             return;
         }
-        let n = self.fb.use_var(self.count);
-        self.fb
-            .ins()
-            .store(MemFlagsData::trusted(), n, self.ctx, ctx_off!(instructions));
-        let done = self.fb.ins().iadd_imm_s(self.thread, self.width as i64);
+        let done = add_imm(&mut self.fb, self.thread, self.width as i64);
         self.fb.ins().return_(&[done]);
     }
 

@@ -5,6 +5,7 @@
 
 mod barriers;
 mod compiled;
+mod count;
 mod device_calls;
 mod dirty;
 mod emit_mem;

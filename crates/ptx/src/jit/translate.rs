@@ -2,9 +2,10 @@
 //! variables loaded where a thread resumes and stored where it stops, counts,
 //! control flow, guards and `trap`; ops live in `emit_ops` and `emit_mem`.
 
+use super::count::{count_add, count_add_imm, count_now};
 use super::dirty::{add_writes, holds, stops};
 use super::inline::{CHECKS, UNCOUNTED};
-use super::lane_defs::Lazy;
+use super::lane_defs::{add_imm, Lazy};
 use super::narrow::{narrow_regs, uniform_wide_regs, wide_vector_regs};
 use super::needed::needed_in;
 use super::params::{hoist_params, hoisted_loads, HoistedParams};
@@ -73,7 +74,6 @@ pub(super) struct Translator<'a, 'f> {
     /// group `first / LANES`).
     pub lane_file: Value,
     pub lane_slot: Vec<u32>,
-    pub count: Variable,
     /// Whether the running thread's run began at its start (an I8; only
     /// where `Plan::fresh_start`): its stops store what it wrote since.
     pub fresh: Variable,
@@ -354,13 +354,8 @@ impl<'a, 'f> Translator<'a, 'f> {
         // group's lanes are aligned: the lane kernel runs only where they are)
         let needs_aligned = (0..n).any(|r| sregs[r].is_some() && !uniform[r])
             || (width > 1 && fixed_shared_bases(ops, &strides, &narrow));
-        let count = fb.declare_var(I64);
         let fresh = fb.declare_var(I8);
-        let n = fb
-            .ins()
-            .load(I64, MemFlagsData::trusted(), ctx, ctx_off!(instructions));
-        fb.def_var(count, n);
-        group_start(&mut fb, ctx, count, width > 1 && plan.restart);
+        group_start(&mut fb, ctx, width > 1 && plan.restart);
         let params = hoist_params(&mut fb, ctx, ops, width > 1);
         // the lane kernel's block-wide special registers, in every lane
         // (the same for the whole call)
@@ -415,15 +410,12 @@ impl<'a, 'f> Translator<'a, 'f> {
         let more = fb.ins().icmp(IntCC::UnsignedLessThan, first_thread, end);
         fb.ins().brif(more, body, &[], done, &[]);
         fb.switch_to_block(done);
-        let n = fb.use_var(count);
-        fb.ins()
-            .store(MemFlagsData::trusted(), n, ctx, ctx_off!(instructions));
         fb.ins().return_(&[end]);
         fb.switch_to_block(next_thread);
         let following = fb.ins().iadd_imm_s(first_thread, width as i64);
         fb.ins().jump(head, &[BlockArg::Value(following)]);
         fb.switch_to_block(body);
-        group_start(&mut fb, ctx, count, width > 1 && plan.restart);
+        group_start(&mut fb, ctx, width > 1 && plan.restart);
         // (the lane kernel works out each lane's from lane 0's where used)
         let (vals, tid_ptr) = thread_values(&mut fb, func, first_thread, bases, width == 1);
         let t64 = fb.ins().uextend(I64, first_thread);
@@ -476,7 +468,6 @@ impl<'a, 'f> Translator<'a, 'f> {
             sregs,
             lane_file,
             lane_slot: lane_slots(func, plan).0,
-            count,
             fresh,
             ctx,
             regs_ptr,
@@ -626,9 +617,8 @@ impl<'a, 'f> Translator<'a, 'f> {
         t.finish_all(RET_EXIT);
         t.fb.switch_to_block(fault_block);
         let excess = t.fb.append_block_param(fault_block, I64);
-        let n = t.fb.use_var(count);
-        let n = t.fb.ins().isub(n, excess);
-        t.fb.def_var(count, n);
+        let back = t.fb.ins().ineg(excess);
+        count_add(&mut t.fb, ctx, back);
         t.finish_all(RET_FAULT);
         if let Some(short) = short {
             t.fb.switch_to_block(short);
@@ -655,11 +645,7 @@ impl<'a, 'f> Translator<'a, 'f> {
         self.note_code(code);
         let returns = code == RET_FAULT || code & ((1 << STOP_BITS) - 1) == STOP_YIELD;
         if returns {
-            let n = self.fb.use_var(self.count);
-            self.fb
-                .ins()
-                .store(MemFlagsData::trusted(), n, self.ctx, ctx_off!(instructions));
-            let done = self.fb.ins().iadd_imm_s(self.thread, 1);
+            let done = add_imm(&mut self.fb, self.thread, 1);
             self.fb.ins().return_(&[done]);
         } else {
             self.fb.ins().jump(self.next_thread, &[]);
@@ -671,9 +657,12 @@ impl<'a, 'f> Translator<'a, 'f> {
     pub(super) fn note_code(&mut self, code: u32) {
         let flags = MemFlagsData::trusted();
         let (ctx, and_at, or_at) = (self.ctx, ctx_off!(codes_and), ctx_off!(codes_or));
-        let all = self.fb.ins().load(I32, flags, ctx, and_at);
-        let all = self.fb.ins().band_imm_u(all, code as i64);
-        self.fb.ins().store(flags, all, ctx, and_at);
+        // (an exit's code, all ones, leaves the AND as it is)
+        if code != u32::MAX {
+            let all = self.fb.ins().load(I32, flags, ctx, and_at);
+            let all = self.fb.ins().band_imm_u(all, code as i64);
+            self.fb.ins().store(flags, all, ctx, and_at);
+        }
         let any = self.fb.ins().load(I32, flags, ctx, or_at);
         let any = self.fb.ins().bor_imm_u(any, code as i64);
         self.fb.ins().store(flags, any, ctx, or_at);
@@ -789,10 +778,8 @@ impl<'a, 'f> Translator<'a, 'f> {
             .get(b + 1)
             .copied()
             .unwrap_or(self.func.code.len() as u32);
-        let n = self.fb.use_var(self.count);
         let here = self.counted(start, end) as i64 * self.width as i64;
-        let n = self.fb.ins().iadd_imm_s(n, here);
-        self.fb.def_var(self.count, n);
+        count_add_imm(&mut self.fb, self.ctx, here);
         let shared_accesses = (start..end)
             .filter(|&pc| match self.ops[pc as usize] {
                 Op::Ld { addr, .. } | Op::St { addr, .. } => addr.sp == Sp::Shared,
@@ -1029,7 +1016,7 @@ impl<'a, 'f> Translator<'a, 'f> {
         let line = line & !(UNCOUNTED | CHECKS);
         if checks {
             // a long loop yields so that the block's budgets are checked
-            let n = self.fb.use_var(self.count);
+            let n = count_now(&mut self.fb, self.ctx);
             let at = self
                 .fb
                 .ins()
