@@ -681,3 +681,21 @@ fn predicates_combined_from_setps_guard_as_interpreted() {
         }
     }
 }
+
+#[test]
+fn registers_kept_in_the_lane_file_between_blocks_read_as_interpreted() {
+    // `k` inside a group (13), at a group's start (16)
+    for k in [13, 16] {
+        let (ran, _) = lane_blocks();
+        // (two blocks: the second's lanes start from the first's lane file)
+        let (report, out) = both("resident", config([2, 1, 1], [64, 1, 1], 0), &[], k);
+        report.result.expect("the kernel runs");
+        let (ran_after, _) = lane_blocks();
+        assert!(ran_after > ran, "k {k}: the blocks ran in step");
+        let r4 = |t: u32| 3 * t + if t < k { 100 } else { 0 } + 7;
+        for (t, &got) in out[..64].iter().enumerate() {
+            let t = t as u32;
+            assert_eq!(got, 4 * r4(t) + r4(t ^ 1) + t, "k {k}: word {t}");
+        }
+    }
+}

@@ -2,8 +2,10 @@
 //! op once per lane or once for all (`emit_vec`), control flow shared; where
 //! their guards part them, or at an op kept in thread order, it gives up.
 
+use super::dirty::stops;
 use super::lane_defs::add_imm;
 use super::plan::one_at_a_time;
+use super::resident::touched;
 use super::runtime::{RET_FAULT, RET_PARTED, STOP_BARRIER, STOP_BITS, STOP_YIELD};
 use super::translate::{lanes_flags, Translator};
 use crate::ir::{Inst, Op, NONE};
@@ -138,6 +140,12 @@ impl Translator<'_, '_> {
         inst.op.for_each_dst(|d| self.forget_wide(d));
         let agree = self.lanes_agree(inst);
         let next = self.next_block(pc);
+        // (where the basic block ends, what it wrote of the resident ones
+        // goes to the lane file: a next block or resume reads it there)
+        if matches!(inst.op, Op::Bra { .. } | Op::Ret | Op::Exit | Op::Trap(_)) || stops(&inst.op) {
+            let start = self.plan.starts[self.plan.starts.partition_point(|&s| s <= pc) - 1];
+            self.store_resident(start, pc);
+        }
         match inst.op {
             Op::Bra { target } => {
                 let go = self.fb.create_block();
@@ -332,5 +340,45 @@ impl Translator<'_, '_> {
         self.fb.switch_to_block(mixed);
         self.fb.set_cold_block(mixed);
         self.finish_all(RET_PARTED);
+    }
+}
+
+impl Translator<'_, '_> {
+    /// Loads the resident registers (`jit::resident`) that the basic block
+    /// `start..end` reads or writes from the lane file, at its start.
+    pub(super) fn load_resident(&mut self, start: u32, end: u32) {
+        for r in touched(self.func, &self.resident, start, end) {
+            let var = self.vregs[r as usize].expect("a resident register is narrow");
+            let slot = self.slot_at(r);
+            let x = self
+                .fb
+                .ins()
+                .load(I32X4, lanes_flags(), self.lane_file, slot);
+            self.fb.def_var(var, x);
+        }
+    }
+
+    /// Stores the resident registers that `start..pc`, the basic block up
+    /// to where it leaves, wrote to the lane file.
+    pub(super) fn store_resident(&mut self, start: u32, pc: u32) {
+        let mut written = Vec::new();
+        for inst in &self.func.code[start as usize..pc as usize] {
+            inst.op.for_each_dst(|d| {
+                if d != NONE && self.resident[d as usize] && !written.contains(&d) {
+                    written.push(d);
+                }
+            });
+        }
+        for r in written {
+            let var = self.vregs[r as usize].expect("a resident register is narrow");
+            let v = self.fb.use_var(var);
+            self.store_narrow(r, v);
+        }
+    }
+
+    /// Stores narrow register `r`'s lanes `v` to its lane-file slot.
+    pub(super) fn store_narrow(&mut self, r: u32, v: Value) {
+        let slot = self.slot_at(r);
+        self.fb.ins().store(lanes_flags(), v, self.lane_file, slot);
     }
 }

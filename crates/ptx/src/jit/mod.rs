@@ -26,6 +26,7 @@ mod narrow;
 mod needed;
 mod params;
 mod plan;
+mod resident;
 mod restart;
 mod runtime;
 mod shared_checks;

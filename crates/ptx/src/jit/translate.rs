@@ -10,6 +10,7 @@ use super::narrow::{narrow_regs, uniform_wide_regs, wide_vector_regs};
 use super::needed::needed_in;
 use super::params::{hoist_params, hoisted_loads, HoistedParams};
 use super::plan::{polls, Plan};
+use super::resident::{lane_slots, resident_regs};
 use super::restart::group_start;
 use super::runtime::{
     rt_checkpoint, rt_trap, Ctx, RET_EXIT, RET_FAULT, RET_PARTED, STOP_BARRIER, STOP_BITS,
@@ -74,6 +75,8 @@ pub(super) struct Translator<'a, 'f> {
     /// group `first / LANES`).
     pub lane_file: Value,
     pub lane_slot: Vec<u32>,
+    /// Which registers live in the lane file between blocks (`jit::resident`).
+    pub resident: Vec<bool>,
     /// Whether the running thread's run began at its start (an I8; only
     /// where `Plan::fresh_start`): its stops store what it wrote since.
     pub fresh: Variable,
@@ -234,50 +237,6 @@ fn thread_values(
         tid,
     };
     (vals, tid_at)
-}
-
-/// The lane file's slot of each register that a stop may store or a
-/// resume load (live at a resume point, read by a barrier or shuffled;
-/// `u32::MAX` for the others), and how many slots a group has.
-pub(super) fn lane_slots(func: &Func, plan: &Plan) -> (Vec<u32>, u32) {
-    let mut kept = vec![false; func.nregs as usize];
-    for &pc in &plan.resumes {
-        for &r in &plan.live_in[plan.block_at(pc)] {
-            kept[r as usize] = true;
-        }
-    }
-    for inst in &func.code {
-        if stops(&inst.op) {
-            for r in inst.op.src_regs() {
-                kept[r as usize] = true;
-            }
-        }
-    }
-    for &r in &plan.shuffled {
-        kept[r as usize] = true;
-    }
-    // a narrow register takes one slot, a vector-wide one two (its two
-    // I64X2 halves); the others wait in the threads' register files
-    let narrow = narrow_regs(func);
-    let wide = wide_vector_regs(func, &narrow);
-    let mut n = 0;
-    let slots = kept
-        .iter()
-        .enumerate()
-        .map(|(r, &k)| {
-            let size = match (narrow[r], wide[r]) {
-                (true, _) => 1,
-                (false, true) => 2,
-                _ => 0,
-            };
-            if !k || size == 0 {
-                return u32::MAX;
-            }
-            n += size;
-            n - size
-        })
-        .collect();
-    (slots, n)
 }
 
 /// Flags of the lane file's 16-byte accesses (lanes in memory order).
@@ -468,6 +427,10 @@ impl<'a, 'f> Translator<'a, 'f> {
             sregs,
             lane_file,
             lane_slot: lane_slots(func, plan).0,
+            resident: match width {
+                1 => vec![false; func.nregs as usize],
+                _ => resident_regs(func, plan, &narrow_regs(func), &lane_slots(func, plan).0),
+            },
             fresh,
             ctx,
             regs_ptr,
@@ -515,6 +478,16 @@ impl<'a, 'f> Translator<'a, 'f> {
         let table = t.fb.create_jump_table(JumpTableData::new(default, &calls));
         match resume {
             Some(resume) => {
+                // (a lane kernel's groups resume after stops alone: a compare
+                // for each such point, then the table, 8 instructions)
+                for (k, &pc) in plan.resumes.iter().enumerate() {
+                    if width > 1 && t.checks_in_place && pc > 0 && stops(&ops[pc as usize - 1]) {
+                        let is = t.fb.ins().icmp_imm_u(IntCC::Equal, resume, k as i64);
+                        let next = t.fb.create_block();
+                        t.fb.ins().brif(is, resume_blocks[k], &[], next, &[]);
+                        t.fb.switch_to_block(next);
+                    }
+                }
                 t.fb.ins().br_table(resume, table);
             }
             None => {
@@ -541,6 +514,11 @@ impl<'a, 'f> Translator<'a, 'f> {
             loaded.dedup();
             for &r in &loaded {
                 if let Some(v) = t.vregs[r as usize] {
+                    // (a resident register waits in the lane file: 0 at a start)
+                    let resident = t.resident[r as usize];
+                    if resident && !start {
+                        continue;
+                    }
                     let x = if pc == 0 && plan.fresh_start {
                         let zero = t.fb.ins().iconst(I32, 0);
                         t.fb.ins().splat(I32X4, zero)
@@ -548,7 +526,10 @@ impl<'a, 'f> Translator<'a, 'f> {
                         let slot = t.slot_at(r);
                         t.fb.ins().load(I32X4, lanes_flags(), t.lane_file, slot)
                     };
-                    t.fb.def_var(v, x);
+                    match resident {
+                        true => t.store_narrow(r, x),
+                        false => t.fb.def_var(v, x),
+                    }
                 }
                 if let Some((var, _)) = t.sregs[r as usize] {
                     let x = if pc == 0 && plan.fresh_start {
@@ -702,7 +683,7 @@ impl<'a, 'f> Translator<'a, 'f> {
             .clone()
             .unwrap_or_else(|| dirty.clone());
         add_writes(self.func, self.plan.starts[k], at, &mut resumed);
-        stored.retain(|&r| holds(&dirty, r));
+        stored.retain(|&r| holds(&dirty, r) && (!self.resident[r as usize] || also.contains(&r)));
         let (always, at_start): (Vec<u32>, Vec<u32>) =
             stored.into_iter().partition(|&r| holds(&resumed, r));
         self.store_regs(&always, also);
@@ -778,6 +759,7 @@ impl<'a, 'f> Translator<'a, 'f> {
             .get(b + 1)
             .copied()
             .unwrap_or(self.func.code.len() as u32);
+        self.load_resident(start, end);
         let here = self.counted(start, end) as i64 * self.width as i64;
         count_add_imm(&mut self.fb, self.ctx, here);
         let shared_accesses = (start..end)
@@ -864,6 +846,7 @@ impl<'a, 'f> Translator<'a, 'f> {
             }
         }
         self.settle_lazy(end);
+        self.store_resident(start, end);
         match self.blocks.get(b + 1) {
             Some(&next) => {
                 self.fb.ins().jump(next, &[]);
