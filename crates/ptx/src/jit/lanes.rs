@@ -348,13 +348,22 @@ impl Translator<'_, '_> {
     /// `start..end` reads or writes from the lane file, at its start.
     pub(super) fn load_resident(&mut self, start: u32, end: u32) {
         for r in touched(self.func, &self.resident, start, end) {
-            let var = self.vregs[r as usize].expect("a resident register is narrow");
             let slot = self.slot_at(r);
-            let x = self
-                .fb
-                .ins()
-                .load(I32X4, lanes_flags(), self.lane_file, slot);
-            self.fb.def_var(var, x);
+            match (self.vregs[r as usize], self.sregs[r as usize]) {
+                (Some(var), _) => {
+                    let x = self
+                        .fb
+                        .ins()
+                        .load(I32X4, lanes_flags(), self.lane_file, slot);
+                    self.fb.def_var(var, x);
+                }
+                (None, Some((var, _))) => {
+                    let flags = MemFlagsData::trusted();
+                    let x = self.fb.ins().load(I64, flags, self.lane_file, slot);
+                    self.fb.def_var(var, x);
+                }
+                _ => unreachable!("a resident register is narrow or strided"),
+            }
         }
     }
 
@@ -370,10 +379,25 @@ impl Translator<'_, '_> {
             });
         }
         for r in written {
-            let var = self.vregs[r as usize].expect("a resident register is narrow");
-            let v = self.fb.use_var(var);
-            self.store_narrow(r, v);
+            match (self.vregs[r as usize], self.sregs[r as usize]) {
+                (Some(var), _) => {
+                    let v = self.fb.use_var(var);
+                    self.store_narrow(r, v);
+                }
+                (None, Some((var, _))) => {
+                    let v = self.fb.use_var(var);
+                    self.store_strided(r, v);
+                }
+                _ => unreachable!("a resident register is narrow or strided"),
+            }
         }
+    }
+
+    /// Stores strided register `r`'s lane 0 `v` (an I64) to its slot.
+    pub(super) fn store_strided(&mut self, r: u32, v: Value) {
+        let slot = self.slot_at(r);
+        let flags = MemFlagsData::trusted();
+        self.fb.ins().store(flags, v, self.lane_file, slot);
     }
 
     /// Stores narrow register `r`'s lanes `v` to its lane-file slot.

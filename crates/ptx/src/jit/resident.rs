@@ -1,5 +1,5 @@
-//! Registers of the lane kernel that live in its lane file between basic
-//! blocks: each block loads those it reads and stores those it wrote.
+//! The lane file's slots, and the lane kernel's registers that live there
+//! between basic blocks (each block loads what it reads, stores what it wrote).
 
 use super::dirty::stops;
 use super::narrow::{narrow_regs, wide_vector_regs};
@@ -50,9 +50,10 @@ pub(super) fn lane_slots(func: &Func, plan: &Plan) -> (Vec<u32>, u32) {
     (slots, n)
 }
 
-/// For each register, whether it is resident: narrow (`narrow`), with a
-/// lane-file slot (`slots`, kept across a stop) and written in no basic
-/// block that can come round to itself without passing a stop. A resident
+/// For each register, whether it is resident: narrow or strided (kept as
+/// lane 0's value; `kinds`), with a lane-file slot (`slots`, kept across a
+/// stop) and written in no basic block that can come round to itself
+/// without passing a stop. A resident
 /// register's lane-file slot always holds its value between blocks: each
 /// block that writes it stores it before it leaves (by a branch, a fall
 /// through or a stop), each that reads or writes it loads it first, and a
@@ -61,7 +62,7 @@ pub(super) fn lane_slots(func: &Func, plan: &Plan) -> (Vec<u32>, u32) {
 /// the matmul's loop-invariant addresses and bounds), a block now loads
 /// it where read; a loop without a stop would store and load it each time
 /// round, so a register it writes stays as it was.
-pub(super) fn resident_regs(f: &Func, plan: &Plan, narrow: &[bool], slots: &[u32]) -> Vec<bool> {
+pub(super) fn resident_regs(f: &Func, plan: &Plan, kinds: &[bool], slots: &[u32]) -> Vec<bool> {
     let n = plan.starts.len();
     let end_of = |b: usize| {
         plan.starts
@@ -105,7 +106,7 @@ pub(super) fn resident_regs(f: &Func, plan: &Plan, narrow: &[bool], slots: &[u32
         })
         .collect();
     let mut resident: Vec<bool> = (0..f.nregs as usize)
-        .map(|r| narrow[r] && slots[r] != u32::MAX)
+        .map(|r| kinds[r] && slots[r] != u32::MAX)
         .collect();
     for (b, &looped) in cyclic.iter().enumerate() {
         if !looped {

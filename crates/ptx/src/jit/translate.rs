@@ -410,6 +410,12 @@ impl<'a, 'f> Translator<'a, 'f> {
         let slot =
             fb.create_sized_stack_slot(StackSlotData::new(StackSlotKind::ExplicitSlot, 16, 3));
         let call_conv = target.default_call_conv;
+        // (jit::resident: narrow and strided registers, the lane kernel's)
+        let kept: Vec<bool> = (0..n).map(|r| narrow[r] || sregs[r].is_some()).collect();
+        let resident = match width {
+            1 => vec![false; n],
+            _ => resident_regs(func, plan, &kept, &lane_slots(func, plan).0),
+        };
         let mut t = Translator {
             fb,
             call_conv,
@@ -427,10 +433,7 @@ impl<'a, 'f> Translator<'a, 'f> {
             sregs,
             lane_file,
             lane_slot: lane_slots(func, plan).0,
-            resident: match width {
-                1 => vec![false; func.nregs as usize],
-                _ => resident_regs(func, plan, &narrow_regs(func), &lane_slots(func, plan).0),
-            },
+            resident,
             fresh,
             ctx,
             regs_ptr,
@@ -532,6 +535,10 @@ impl<'a, 'f> Translator<'a, 'f> {
                     }
                 }
                 if let Some((var, _)) = t.sregs[r as usize] {
+                    let resident = t.resident[r as usize];
+                    if resident && !start {
+                        continue;
+                    }
                     let x = if pc == 0 && plan.fresh_start {
                         t.fb.ins().iconst(I64, 0)
                     } else {
@@ -539,7 +546,10 @@ impl<'a, 'f> Translator<'a, 'f> {
                         t.fb.ins()
                             .load(I64, MemFlagsData::trusted(), t.lane_file, slot)
                     };
-                    t.fb.def_var(var, x);
+                    match resident {
+                        true => t.store_strided(r, x),
+                        false => t.fb.def_var(var, x),
+                    }
                 }
                 if let (None, Some(halves)) = (t.vregs[r as usize], t.wregs[r as usize]) {
                     let slot = t.slot_at(r);
