@@ -699,3 +699,17 @@ fn registers_kept_in_the_lane_file_between_blocks_read_as_interpreted() {
         }
     }
 }
+
+#[test]
+fn products_of_block_wide_registers_made_once_read_as_interpreted() {
+    let (ran, _) = lane_blocks();
+    let (report, out) = both("special_products", config([5, 1, 1], [32, 1, 1], 0), &[], 0);
+    report.result.expect("the kernel runs");
+    let (ran_after, _) = lane_blocks();
+    assert!(ran_after > ran, "the blocks ran in step");
+    for (i, &got) in out[..160].iter().enumerate() {
+        let (c, t) = (i as u32 / 32, i as u32 % 32);
+        let want = c * 32 + (c + t) * 32 + t + (c + t) * 32;
+        assert_eq!(got, want, "word {i}");
+    }
+}

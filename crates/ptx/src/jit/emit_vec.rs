@@ -49,14 +49,17 @@ impl Translator<'_, '_> {
                         _,
                     ) => {
                         let y = self.vsrc(b);
-                        let ins = self.fb.ins();
-                        match op {
-                            IntOp::Add => ins.iadd(x, y),
-                            IntOp::Sub => ins.isub(x, y),
-                            IntOp::MulLo => ins.imul(x, y),
-                            IntOp::And => ins.band(x, y),
-                            IntOp::Or => ins.bor(x, y),
-                            _ => ins.bxor(x, y),
+                        if op == IntOp::MulLo {
+                            self.product(x, y)
+                        } else {
+                            let ins = self.fb.ins();
+                            match op {
+                                IntOp::Add => ins.iadd(x, y),
+                                IntOp::Sub => ins.isub(x, y),
+                                IntOp::And => ins.band(x, y),
+                                IntOp::Or => ins.bor(x, y),
+                                _ => ins.bxor(x, y),
+                            }
                         }
                     }
                     (IntOp::Shl, Src::Imm(n)) if n < 32 => self.fb.ins().ishl_imm_u(x, n as i64),
@@ -121,7 +124,7 @@ impl Translator<'_, '_> {
                 ..
             } if int32(t) => {
                 let (x, y, z) = (self.vsrc(a), self.vsrc(b), self.vsrc(c));
-                let p = self.fb.ins().imul(x, y);
+                let p = self.product(x, y);
                 vec![(d, self.fb.ins().iadd(p, z))]
             }
             Op::Tern {
@@ -271,6 +274,15 @@ impl Translator<'_, '_> {
             self.vmasks.extend(masks);
         }
         true
+    }
+
+    /// `x * y` lane by lane: made once a call where both are block-wide
+    /// special registers' values (`Translator::products`).
+    fn product(&mut self, x: Value, y: Value) -> Value {
+        match self.products.iter().find(|p| (p.0, p.1) == (x, y)) {
+            Some(p) => p.2,
+            None => self.fb.ins().imul(x, y),
+        }
     }
 
     /// Predicate `s` (negated where `neg`) as masks in every lane (all

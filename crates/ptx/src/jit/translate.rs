@@ -8,7 +8,7 @@ use super::inline::{CHECKS, UNCOUNTED};
 use super::lane_defs::{add_imm, Lazy};
 use super::narrow::{narrow_regs, uniform_wide_regs, wide_vector_regs};
 use super::needed::needed_in;
-use super::params::{hoist_params, hoisted_loads, HoistedParams};
+use super::params::{hoist_params, hoist_specials, hoisted_loads, HoistedParams};
 use super::plan::{polls, Plan};
 use super::resident::{lane_slots, resident_regs};
 use super::restart::group_start;
@@ -151,6 +151,9 @@ pub(super) struct Translator<'a, 'f> {
     /// The lane kernel's `%ntid`, `%ctaid` and `%nctaid` components the
     /// kernel reads, each in every lane (made before the group loop).
     pub specials: Vec<(SReg, Value)>,
+    /// Products of two of `specials` (made once a call: vector add's
+    /// `%ctaid.x * %ntid.x`), for an op whose operands are those values.
+    pub products: Vec<(Value, Value, Value)>,
     /// The stride between a group's lanes each narrow register holds all
     /// along where `x_aligned` (`strides::lane_strides`), and that
     /// condition (the lane kernel's only: true, the launch sees to it).
@@ -316,27 +319,7 @@ impl<'a, 'f> Translator<'a, 'f> {
         let fresh = fb.declare_var(I8);
         group_start(&mut fb, ctx, width > 1 && plan.restart);
         let params = hoist_params(&mut fb, ctx, ops, width > 1);
-        // the lane kernel's block-wide special registers, in every lane
-        // (the same for the whole call)
-        let mut specials = Vec::new();
-        if width > 1 {
-            for op in ops {
-                if let Op::Special { r, .. } = *op {
-                    let off = match r {
-                        SReg::Ntid(k) if k < 3 => ctx_off!(ntid) + 4 * k as i32,
-                        SReg::Ctaid(k) if k < 3 => ctx_off!(ctaid) + 4 * k as i32,
-                        SReg::Nctaid(k) if k < 3 => ctx_off!(nctaid) + 4 * k as i32,
-                        _ => continue,
-                    };
-                    if specials.iter().any(|&(s, _)| s == r) {
-                        continue;
-                    }
-                    let fixed = MemFlagsData::trusted().with_readonly();
-                    let x = fb.ins().load(I32, fixed, ctx, off);
-                    specials.push((r, fb.ins().splat(I32X4, x)));
-                }
-            }
-        }
+        let (specials, products) = hoist_specials(&mut fb, ctx, ops, width > 1);
         // each group's lanes are consecutive in `%tid.x` and share `%tid.y`
         // and `%tid.z` wherever the lane kernel runs (`needs_aligned`): the
         // lanes of registers with a known stride lie as `strides` says
@@ -467,6 +450,7 @@ impl<'a, 'f> Translator<'a, 'f> {
             wconsecutive: Vec::new(),
             uniform,
             specials,
+            products,
             strides,
             x_aligned,
             checks_in_place: width > 1 && !polls(ops),
