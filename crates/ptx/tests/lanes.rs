@@ -713,3 +713,27 @@ fn products_of_block_wide_registers_made_once_read_as_interpreted() {
         assert_eq!(got, want, "word {i}");
     }
 }
+
+#[test]
+fn predicates_whose_masks_are_kept_negated_guard_as_interpreted() {
+    for k in [13, 16, 100] {
+        let (ran, _) = lane_blocks();
+        let (report, out) = both("pred_negated", config([1, 1, 1], [64, 1, 1], 0), &[], k);
+        report.result.expect("the kernel runs");
+        let (ran_after, _) = lane_blocks();
+        assert!(ran_after > ran, "k {k}: the blocks ran in step");
+        for (t, &got) in out[..64].iter().enumerate() {
+            let t = t as u32;
+            let (p1, p2, p3, p4) = (t & 7 >= 3, t <= k, t & 7 != 5, t < k);
+            let want = (p1 | p2) as u32
+                + 2 * !(p1 & p3) as u32
+                + 4 * (p1 ^ p4) as u32
+                + 8 * (p2 & p4) as u32
+                + 16 * !(p3 | p4) as u32
+                + 32 * p1 as u32
+                + 64 * (t >> 2 & 1 == 0) as u32
+                + 128 * (t >= 16) as u32;
+            assert_eq!(got, want, "k {k}: word {t}");
+        }
+    }
+}

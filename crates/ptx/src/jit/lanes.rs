@@ -289,15 +289,20 @@ impl Translator<'_, '_> {
         if let Some(var) = self.vregs[inst.guard as usize] {
             // each lane's guard bit at the top of its lane (its mask, where
             // the run made it), then one bit a lane
-            let top = match self.vmasks.iter().find(|m| m.0 == inst.guard) {
-                Some(&(_, mask)) => mask,
+            // (a mask of the predicate's negation turns the guard round)
+            let (top, negated) = match self.vmasks.iter().find(|m| m.0 == inst.guard) {
+                Some(&(_, mask, negated)) => (mask, negated),
                 None => {
                     let v = self.fb.use_var(var);
-                    self.fb.ins().ishl_imm_u(v, 31)
+                    (self.fb.ins().ishl_imm_u(v, 31), false)
                 }
             };
             let bits = self.fb.ins().vhigh_bits(I8, top);
-            let (all_bits, none_bits) = if inst.guard_neg { (0, 15) } else { (15, 0) };
+            let (all_bits, none_bits) = if inst.guard_neg != negated {
+                (0, 15)
+            } else {
+                (15, 0)
+            };
             let all = self.fb.ins().icmp_imm_u(IntCC::Equal, bits, all_bits);
             let any = self.fb.ins().icmp_imm_u(IntCC::NotEqual, bits, none_bits);
             return Some((all, any));

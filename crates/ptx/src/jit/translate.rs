@@ -134,9 +134,10 @@ pub(super) struct Translator<'a, 'f> {
     pub lazy: Vec<(u32, Lazy)>,
     /// Predicate registers that a vector `setp` (or `and`, `or`, `xor` of
     /// such) of the straight run being emitted wrote, with its lanes as
-    /// masks (all ones where it holds): a guard reads the mask's top bits
-    /// at once, not the register's 0/1 lanes moved back there.
-    pub vmasks: Vec<(u32, Value)>,
+    /// masks (all ones where it holds; where the flag is set, the mask of
+    /// its negation: a signed `ge` or `le`, or `ne`, is one compare so):
+    /// a guard reads the mask's top bits at once, not the 0/1 lanes.
+    pub vmasks: Vec<(u32, Value, bool)>,
     pub pc_now: u32,
     /// The parameters loaded before the thread loop.
     pub params: HoistedParams,
