@@ -382,10 +382,11 @@ impl<'a, 'f> Translator<'a, 'f> {
             let file = fb
                 .ins()
                 .load(I64, MemFlagsData::trusted(), ctx, ctx_off!(lane_file));
-            let group = fb.ins().ushr_imm_u(t64, width.trailing_zeros() as i64);
+            // (the group's first thread is a multiple of `width`: its
+            // group's slots start `16 / width` bytes a slot on for each)
             let off = fb
                 .ins()
-                .imul_imm_s(group, lane_slots(func, plan).1 as i64 * 16);
+                .imul_imm_s(t64, lane_slots(func, plan).1 as i64 * 16 / width as i64);
             fb.ins().iadd(file, off)
         };
         let blocks: Vec<Block> = plan.starts.iter().map(|_| fb.create_block()).collect();
