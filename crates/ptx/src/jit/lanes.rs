@@ -6,7 +6,7 @@ use super::dirty::stops;
 use super::lane_defs::add_imm;
 use super::plan::one_at_a_time;
 use super::resident::touched;
-use super::runtime::{RET_FAULT, RET_PARTED, STOP_BARRIER, STOP_BITS, STOP_YIELD};
+use super::runtime::{RET_EXIT, RET_FAULT, RET_PARTED, STOP_BARRIER, STOP_BITS, STOP_YIELD};
 use super::translate::{lanes_flags, Translator};
 use crate::ir::{Inst, Op, NONE};
 use cranelift_codegen::ir::condcodes::IntCC;
@@ -87,6 +87,12 @@ impl Translator<'_, '_> {
         // fault or parted lanes return (the count stored), one past the group
         let returns =
             code == RET_FAULT || code == RET_PARTED || code & ((1 << STOP_BITS) - 1) == STOP_YIELD;
+        // (a restarting lane kernel's groups that return not exited all: the
+        // launch takes an exit for each, its code neither stored nor noted)
+        if self.plan.restart && code == RET_EXIT {
+            self.fb.ins().jump(self.next_thread, &[]);
+            return;
+        }
         // (the group's lanes stop alike: its first thread's code speaks for
         // them all)
         let c = self.fb.ins().iconst(I32, code as i64);
