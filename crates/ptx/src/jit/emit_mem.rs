@@ -2,6 +2,7 @@
 //! accesses in shared, local, parameter memory or the global allocation the
 //! site resolved last; else the checked helpers, which fault as the interpreter.
 
+use super::lane_defs::add_imm;
 use super::runtime::{
     rt_atom, rt_load, rt_log_store, rt_misaligned_vector, rt_store, space_code, Ctx,
     GLOBAL_ENTRY_BYTES, LOGGED_BYTES,
@@ -129,7 +130,7 @@ impl Translator<'_, '_> {
         if k == 0 {
             v
         } else {
-            self.fb.ins().iadd_imm_s(v, k)
+            add_imm(&mut self.fb, v, k)
         }
     }
 
@@ -195,10 +196,7 @@ impl Translator<'_, '_> {
             }
             Sp::Global | Sp::Generic => {
                 let cache = self.fb.ins().load(I64, fixed, self.ctx, ctx_off!(gcache));
-                let entry = self
-                    .fb
-                    .ins()
-                    .iadd_imm_s(cache, self.site as i64 * GLOBAL_ENTRY_BYTES);
+                let entry = add_imm(&mut self.fb, cache, self.site as i64 * GLOBAL_ENTRY_BYTES);
                 let gbase = self.fb.ins().load(I64, flags, entry, 0);
                 let glen = self.fb.ins().load(I64, flags, entry, 8);
                 let off = self.fb.ins().isub(addr, gbase);
@@ -356,7 +354,7 @@ impl Translator<'_, '_> {
             .with_notrap()
             .with_endianness(cranelift_codegen::ir::Endianness::Little);
         self.fb.ins().store(any, old, e, 16);
-        let len = self.fb.ins().iadd_imm_s(len, 1);
+        let len = add_imm(&mut self.fb, len, 1);
         self.fb.ins().store(flags, len, self.ctx, ctx_off!(log_len));
         self.fb.ins().jump(join, &[]);
         self.fb.switch_to_block(join);

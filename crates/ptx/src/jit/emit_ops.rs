@@ -2,8 +2,10 @@
 //! interpreter's exact semantics (fused `fma`, canonical NaNs), every other
 //! one through the interpreter's own `alu` step on the thread's register file.
 
+use super::count::count_now;
 use super::device_calls::rt_device_call;
 use super::inline::{CHECKS, UNCOUNTED};
+use super::lane_defs::add_imm;
 use super::narrow::{cmp_native, float_cc, int_cc};
 use super::runtime::{rt_nanosleep, rt_register_op, window_base, Ctx, WINDOW_BYTES};
 use super::translate::{ctx_off, Translator};
@@ -234,9 +236,9 @@ impl Translator<'_, '_> {
                 let v = self.src(a);
                 let win = window_base(sp) as i64;
                 let v = if to_generic {
-                    self.fb.ins().iadd_imm_s(v, win)
+                    add_imm(&mut self.fb, v, win)
                 } else {
-                    self.fb.ins().iadd_imm_s(v, win.wrapping_neg())
+                    add_imm(&mut self.fb, v, win.wrapping_neg())
                 };
                 self.set(d, v);
             }
@@ -244,10 +246,7 @@ impl Translator<'_, '_> {
                 let v = self.src(a);
                 let is = match sp {
                     Sp::Shared | Sp::Local | Sp::Param => {
-                        let off = self
-                            .fb
-                            .ins()
-                            .iadd_imm_s(v, (window_base(sp) as i64).wrapping_neg());
+                        let off = add_imm(&mut self.fb, v, (window_base(sp) as i64).wrapping_neg());
                         self.fb
                             .ins()
                             .icmp_imm_u(IntCC::UnsignedLessThan, off, WINDOW_BYTES as i64)
@@ -276,7 +275,7 @@ impl Translator<'_, '_> {
                 let at = self.fb.ins().iadd(self.ctx, off);
                 let flags = MemFlagsData::trusted();
                 let n = self.fb.ins().load(I32, flags, at, ctx_off!(arrivals));
-                let n = self.fb.ins().iadd_imm_s(n, 1);
+                let n = add_imm(&mut self.fb, n, 1);
                 self.fb.ins().store(flags, n, at, ctx_off!(arrivals));
             }
             Op::Printf { .. } | Op::Malloc { .. } | Op::Free { .. } | Op::CpAsync { .. } => {
@@ -318,8 +317,8 @@ impl Translator<'_, '_> {
                 // the worker's instructions so far: before the block, and
                 // the block's up to this one (the count has the rest of the
                 // basic block in already: `excess`, of all lanes)
-                let n = self.fb.use_var(self.count);
-                let here = self.fb.ins().iadd_imm_s(n, -self.excess);
+                let n = count_now(&mut self.fb, self.ctx);
+                let here = add_imm(&mut self.fb, n, -self.excess);
                 let base = self.ctx_u64(ctx_off!(clock_base));
                 let clock = self.fb.ins().iadd(base, here);
                 match r {
@@ -340,9 +339,9 @@ impl Translator<'_, '_> {
                 let begin = self.ctx_u64(ctx_off!(reserved_smem));
                 match k % 5 {
                     0 | 3 => begin,
-                    1 => self.fb.ins().iadd_imm_s(begin, 1024),
+                    1 => add_imm(&mut self.fb, begin, 1024),
                     2 => self.imm(1024),
-                    _ => self.fb.ins().iadd_imm_s(begin, 512),
+                    _ => add_imm(&mut self.fb, begin, 512),
                 }
             }
             SReg::LanemaskEq
@@ -355,9 +354,9 @@ impl Translator<'_, '_> {
                 let lane = self.fb.ins().band_imm_u(l, 31);
                 let one = self.imm(1);
                 let bit = self.fb.ins().ishl(one, lane);
-                let below = self.fb.ins().iadd_imm_s(bit, -1);
+                let below = add_imm(&mut self.fb, bit, -1);
                 let upto = self.fb.ins().ishl_imm_u(bit, 1);
-                let upto = self.fb.ins().iadd_imm_s(upto, -1);
+                let upto = add_imm(&mut self.fb, upto, -1);
                 match r {
                     SReg::LanemaskEq => bit,
                     SReg::LanemaskLt => below,

@@ -1,6 +1,7 @@
 //! The lane kernel's strided registers (`strides::wide_strides`): 64-bit values
 //! whose lanes differ by a stride known before the run, kept as lane 0's value.
 
+use super::lane_defs::add_imm;
 use super::lanes::LANES;
 use super::runtime::{window_base, RET_PARTED};
 use super::strides::{ext32, extended_stride};
@@ -86,7 +87,7 @@ impl Translator<'_, '_> {
                 let x = self.lane0(a);
                 let win = window_base(sp) as i64;
                 let win = if to_generic { win } else { win.wrapping_neg() };
-                self.fb.ins().iadd_imm_s(x, win)
+                add_imm(&mut self.fb, x, win)
             }
             _ => unreachable!("a strided register's write: {op:?}"),
         };
@@ -163,7 +164,7 @@ impl Translator<'_, '_> {
         let v = self.fb.use_var(var);
         match stride.wrapping_mul(lane as u64) {
             0 => v,
-            k => self.fb.ins().iadd_imm_s(v, k as i64),
+            k => add_imm(&mut self.fb, v, k as i64),
         }
     }
 
@@ -195,6 +196,6 @@ impl Translator<'_, '_> {
         };
         let (var, stride) = self.strided(r)?;
         let v = self.fb.use_var(var);
-        Some((self.fb.ins().iadd_imm_s(v, off), stride))
+        Some((add_imm(&mut self.fb, v, off), stride))
     }
 }

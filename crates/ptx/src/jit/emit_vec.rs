@@ -7,7 +7,7 @@ use super::narrow::{cmp_native, float_cc, int_cc, plain};
 use super::runtime::Ctx;
 use super::translate::{ctx_off, Translator};
 use crate::ir::{BoolOp, Cmp, FOp, Inst, IntOp, Op, SReg, Src, TernOp, Ty, NONE};
-use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
+use cranelift_codegen::ir::condcodes::{CondCode, FloatCC, IntCC};
 use cranelift_codegen::ir::types::{F32X4, I32, I32X4};
 use cranelift_codegen::ir::{ConstantData, Endianness, InstBuilder, MemFlagsData, Value};
 use std::mem::offset_of;
@@ -33,7 +33,7 @@ impl Translator<'_, '_> {
         }
         let int32 = |t: Ty| t.bits() == 32 && !t.is_float();
         let mut raw = None;
-        let mut masks: Vec<(u32, Value)> = Vec::new();
+        let mut masks: Vec<(u32, Value, bool)> = Vec::new();
         let results: Vec<(u32, Value)> = match inst.op {
             Op::Mov { d, a, mask } if mask >= u32::MAX as u64 => vec![(d, self.vsrc(a))],
             Op::Int { op, t, d, a, b } if int32(t) => {
@@ -49,14 +49,17 @@ impl Translator<'_, '_> {
                         _,
                     ) => {
                         let y = self.vsrc(b);
-                        let ins = self.fb.ins();
-                        match op {
-                            IntOp::Add => ins.iadd(x, y),
-                            IntOp::Sub => ins.isub(x, y),
-                            IntOp::MulLo => ins.imul(x, y),
-                            IntOp::And => ins.band(x, y),
-                            IntOp::Or => ins.bor(x, y),
-                            _ => ins.bxor(x, y),
+                        if op == IntOp::MulLo {
+                            self.product(x, y)
+                        } else {
+                            let ins = self.fb.ins();
+                            match op {
+                                IntOp::Add => ins.iadd(x, y),
+                                IntOp::Sub => ins.isub(x, y),
+                                IntOp::And => ins.band(x, y),
+                                IntOp::Or => ins.bor(x, y),
+                                _ => ins.bxor(x, y),
+                            }
                         }
                     }
                     (IntOp::Shl, Src::Imm(n)) if n < 32 => self.fb.ins().ishl_imm_u(x, n as i64),
@@ -84,6 +87,37 @@ impl Translator<'_, '_> {
                 // narrower than the lanes (predicates, 8 and 16 bits):
                 // the 32-bit result cut to the type's bits, as the
                 // interpreter cuts it
+                // (a predicate `and`/`or`/`xor` of two the run knows as
+                // masks is their mask too, for guards: `vmasks`)
+                if t == Ty::Pred && matches!(op, IntOp::And | IntOp::Or | IntOp::Xor) {
+                    if let (Some((mx, nx)), Some((my, ny))) =
+                        (self.vmask_as_is(a), self.vmask_as_is(b))
+                    {
+                        // (of two negated masks: `!x & !y` is `!(x | y)`,
+                        // `!x | !y` is `!(x & y)`; a xor of one negated mask
+                        // is the negated xor)
+                        let ins = self.fb.ins();
+                        let m = match (op, nx && ny, nx || ny) {
+                            (IntOp::Xor, ..) => Some((ins.bxor(mx, my), nx != ny)),
+                            (IntOp::And, false, false) => Some((ins.band(mx, my), false)),
+                            (IntOp::And, true, _) => Some((ins.bor(mx, my), true)),
+                            (IntOp::Or, false, false) => Some((ins.bor(mx, my), false)),
+                            (IntOp::Or, true, _) => Some((ins.band(mx, my), true)),
+                            _ => None,
+                        };
+                        let m = match m {
+                            Some(m) => Some(m),
+                            None => match (self.vmask(a, false), self.vmask(b, false)) {
+                                (Some(x), Some(y)) if op == IntOp::And => {
+                                    Some((self.fb.ins().band(x, y), false))
+                                }
+                                (Some(x), Some(y)) => Some((self.fb.ins().bor(x, y), false)),
+                                _ => None,
+                            },
+                        };
+                        masks.extend(m.map(|(m, n)| (d, m, n)));
+                    }
+                }
                 let (x, y) = (self.vsrc(a), self.vsrc(b));
                 let ins = self.fb.ins();
                 let v = match op {
@@ -108,7 +142,7 @@ impl Translator<'_, '_> {
                 ..
             } if int32(t) => {
                 let (x, y, z) = (self.vsrc(a), self.vsrc(b), self.vsrc(c));
-                let p = self.fb.ins().imul(x, y);
+                let p = self.product(x, y);
                 vec![(d, self.fb.ins().iadd(p, z))]
             }
             Op::Tern {
@@ -193,10 +227,27 @@ impl Translator<'_, '_> {
                     _ => None,
                 };
                 let pm = p;
-                masks.extend(mcombine(self, pm).map(|m| (d, m)));
+                // (a signed `ge`/`le` or a `ne` alone: its negation's mask,
+                // one compare where it is two)
+                let negated = bop == BoolOp::None
+                    && d2 == NONE
+                    && int32(t)
+                    && matches!(
+                        int_cc(cmp, t.signed()),
+                        IntCC::SignedGreaterThanOrEqual
+                            | IntCC::SignedLessThanOrEqual
+                            | IntCC::NotEqual
+                    );
+                if negated {
+                    let cc = int_cc(cmp, t.signed()).complement();
+                    let (x, y) = (self.vsrc(a), self.vsrc(b));
+                    masks.push((d, self.fb.ins().icmp(cc, x, y), true));
+                } else {
+                    masks.extend(mcombine(self, pm).map(|m| (d, m, false)));
+                }
                 if d2 != NONE {
                     let npm = self.fb.ins().bnot(pm);
-                    masks.extend(mcombine(self, npm).map(|m| (d2, m)));
+                    masks.extend(mcombine(self, npm).map(|m| (d2, m, false)));
                 }
                 // lanes of all ones or zeros, to 1 or 0
                 let p = self.fb.ins().ushr_imm_u(p, 31);
@@ -260,15 +311,34 @@ impl Translator<'_, '_> {
         true
     }
 
+    /// `x * y` lane by lane: made once a call where both are block-wide
+    /// special registers' values (`Translator::products`).
+    fn product(&mut self, x: Value, y: Value) -> Value {
+        match self.products.iter().find(|p| (p.0, p.1) == (x, y)) {
+            Some(p) => p.2,
+            None => self.fb.ins().imul(x, y),
+        }
+    }
+
     /// Predicate `s` (negated where `neg`) as masks in every lane (all
     /// ones where it holds), where the straight run knows them.
     fn vmask(&mut self, s: Src, neg: bool) -> Option<Value> {
-        let m = match s {
-            Src::Reg(r) => self.vmasks.iter().find(|m| m.0 == r)?.1,
-            Src::Imm(v) => self.vsplat(if v & 1 != 0 { u32::MAX } else { 0 }),
-            Src::Frame(_) => return None,
-        };
-        Some(if neg { self.fb.ins().bnot(m) } else { m })
+        let (m, negated) = self.vmask_as_is(s)?;
+        Some(if neg != negated {
+            self.fb.ins().bnot(m)
+        } else {
+            m
+        })
+    }
+
+    /// Predicate `s`'s mask as the run knows it, and whether that is the
+    /// mask of its negation.
+    fn vmask_as_is(&mut self, s: Src) -> Option<(Value, bool)> {
+        match s {
+            Src::Reg(r) => self.vmasks.iter().find(|m| m.0 == r).map(|m| (m.1, m.2)),
+            Src::Imm(v) => Some((self.vsplat(if v & 1 != 0 { u32::MAX } else { 0 }), false)),
+            Src::Frame(_) => None,
+        }
     }
 
     /// Sets narrow register `d` to `v` (an I32X4) for every lane; `raw`:

@@ -1,7 +1,7 @@
 //! Global and generic `ld` and `st` of 32-bit narrow values in the lane kernel:
 //! one 16-byte access (a store logged first) where the lanes' addresses are consecutive words inside the allocation the access resolved last, else lane by lane.
 
-use super::lane_defs::unaligned;
+use super::lane_defs::{add_imm, unaligned};
 use super::runtime::{Ctx, GLOBAL_ENTRY_BYTES};
 use super::translate::{ctx_off, Translator};
 use crate::ir::{Address, Inst, MemOrder, Op, Sp, Src, NONE};
@@ -74,10 +74,7 @@ impl Translator<'_, '_> {
         let flags = MemFlagsData::trusted();
         let fixed = flags.with_readonly();
         let cache = self.fb.ins().load(I64, fixed, self.ctx, ctx_off!(gcache));
-        let entry = self
-            .fb
-            .ins()
-            .iadd_imm_s(cache, site as i64 * GLOBAL_ENTRY_BYTES);
+        let entry = add_imm(&mut self.fb, cache, site as i64 * GLOBAL_ENTRY_BYTES);
         // (each load next to its one use, where it folds into the op)
         let gbase = self.fb.ins().load(I64, flags, entry, 0);
         let off = self.fb.ins().isub(first, gbase);
@@ -145,13 +142,13 @@ impl Translator<'_, '_> {
             .map(|k| {
                 self.set_lane(k);
                 let b = self.src(addr.base);
-                self.fb.ins().iadd_imm_s(b, addr.off)
+                add_imm(&mut self.fb, b, addr.off)
             })
             .collect();
         self.set_lane(lane);
         let mut all = self.fb.ins().iconst(I8, 1);
         for (k, &a) in addrs.iter().enumerate().skip(1) {
-            let want = self.fb.ins().iadd_imm_s(addrs[0], 4 * k as i64);
+            let want = add_imm(&mut self.fb, addrs[0], 4 * k as i64);
             let eq = self.fb.ins().icmp(IntCC::Equal, a, want);
             all = self.fb.ins().band(all, eq);
         }
@@ -181,7 +178,7 @@ impl Translator<'_, '_> {
                 LaneAddrs::Halves(h) => self.fb.ins().extractlane(h[k / 2], (k % 2) as u8),
                 LaneAddrs::Strided(first, stride) => {
                     let step = stride.wrapping_mul(k as u64) as i64;
-                    self.fb.ins().iadd_imm_s(*first, step)
+                    add_imm(&mut self.fb, *first, step)
                 }
             };
             match stored {

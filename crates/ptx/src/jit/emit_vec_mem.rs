@@ -2,7 +2,7 @@
 //! where its block's check covered them: one vector access when the lanes'
 //! addresses are consecutive, one load when they are the same, else lane by lane.
 
-use super::lane_defs::{unaligned, Lazy};
+use super::lane_defs::{add_imm, unaligned, Lazy};
 use super::shared_checks::groups;
 use super::translate::{LaneBase, Translator};
 use crate::ir::{Address, Inst, MemOrder, Op, Sp, Src, NONE};
@@ -49,7 +49,7 @@ impl Translator<'_, '_> {
                         let first = self.fb.ins().extractlane(lanes, 0);
                         let first = match g.lo {
                             0 => first,
-                            lo => self.fb.ins().iadd_imm_s(first, lo as u32 as i64),
+                            lo => add_imm(&mut self.fb, first, lo as u32 as i64),
                         };
                         let first = self.fb.ins().uextend(I64, first);
                         self.shared_unchecked(first)
@@ -89,18 +89,15 @@ impl Translator<'_, '_> {
     /// Whether every base of the block's [`LaneBase`]s has its lanes'
     /// addresses consecutive or all the same (I8 conditions, each to hold).
     pub(super) fn lanes_regular(&mut self) -> Vec<Value> {
+        // (the fixed bases' condition, `x_aligned`, holds wherever the
+        // lane kernel runs: `fixed_shared_bases` has the launch see to it)
         let mut all = Vec::new();
-        // (the fixed bases' condition, `x_aligned`, once)
-        let mut aligned = None;
         for k in 0..self.lane_bases.len() {
             let (c, e) = (self.lane_bases[k].consecutive, self.lane_bases[k].equal);
-            if self.lane_bases[k].fixed {
-                aligned = Some(c);
-                continue;
+            if !self.lane_bases[k].fixed {
+                all.push(self.fb.ins().bor(c, e));
             }
-            all.push(self.fb.ins().bor(c, e));
         }
-        all.extend(aligned);
         all
     }
 
@@ -128,7 +125,7 @@ impl Translator<'_, '_> {
     fn regular_at(&mut self, addr: &Address) -> Option<(Value, Value, Option<bool>)> {
         let b = self.lane_bases.iter().find(|b| b.base == addr.base)?;
         let (first, equal, mode, d) = (b.first, b.equal, b.mode, addr.off - b.lo);
-        Some((self.fb.ins().iadd_imm_s(first, d), equal, mode))
+        Some((add_imm(&mut self.fb, first, d), equal, mode))
     }
 
     /// Emits `inst`, a covered unguarded 32-bit shared `ld` or `st` of

@@ -1,7 +1,8 @@
-//! Plain definitions the lane kernel's emitters share, with no code of
-//! their own: how a register is made late, and an unaligned access's flags.
+//! Plain definitions the lane kernel's emitters share: how a register is
+//! made late, an unaligned access's flags, a constant added without a copy.
 
-use cranelift_codegen::ir::{Endianness, MemFlagsData, Value};
+use cranelift_codegen::ir::{Endianness, InstBuilder, MemFlagsData, Value};
+use cranelift_frontend::FunctionBuilder;
 
 /// How a register the straight run wrote is to be made where read
 /// (its variable holds an older value until then).
@@ -23,4 +24,13 @@ pub(super) fn unaligned() -> MemFlagsData {
     MemFlagsData::new()
         .with_notrap()
         .with_endianness(Endianness::Little)
+}
+
+/// `x` plus constant `k`: `x` itself where `k` is 0 (the code generator,
+/// unoptimised, would copy it, and keep both alive).
+pub(super) fn add_imm(fb: &mut FunctionBuilder, x: Value, k: i64) -> Value {
+    match k {
+        0 => x,
+        k => fb.ins().iadd_imm_s(x, k),
+    }
 }

@@ -2,14 +2,16 @@
 //! op once per lane or once for all (`emit_vec`), control flow shared; where
 //! their guards part them, or at an op kept in thread order, it gives up.
 
+use super::dirty::stops;
+use super::lane_defs::add_imm;
 use super::plan::one_at_a_time;
-use super::runtime::{Ctx, RET_FAULT, RET_PARTED, STOP_BARRIER, STOP_BITS, STOP_YIELD};
-use super::translate::{ctx_off, lanes_flags, Translator};
+use super::resident::touched;
+use super::runtime::{RET_EXIT, RET_FAULT, RET_PARTED, STOP_BARRIER, STOP_BITS, STOP_YIELD};
+use super::translate::{lanes_flags, Translator};
 use crate::ir::{Inst, Op, NONE};
 use cranelift_codegen::ir::condcodes::IntCC;
 use cranelift_codegen::ir::types::{I32, I32X4, I64, I64X2, I8};
 use cranelift_codegen::ir::{InstBuilder, MemFlagsData, Value};
-use std::mem::offset_of;
 
 pub(crate) use super::LANES;
 
@@ -42,7 +44,7 @@ impl Translator<'_, '_> {
         if self.lane == 0 {
             return self.lin;
         }
-        self.fb.ins().iadd_imm_s(self.lin, self.lane as i64)
+        add_imm(&mut self.fb, self.lin, self.lane as i64)
     }
 
     /// The running lane's `%tid` component `k` (an I32).
@@ -71,7 +73,7 @@ impl Translator<'_, '_> {
         if self.lane == 0 {
             return v;
         }
-        self.fb.ins().iadd_imm_s(v, step * self.lane as i64)
+        add_imm(&mut self.fb, v, step * self.lane as i64)
     }
 
     /// Ends the run with stop code `code` for every lane (the thread loop:
@@ -85,6 +87,12 @@ impl Translator<'_, '_> {
         // fault or parted lanes return (the count stored), one past the group
         let returns =
             code == RET_FAULT || code == RET_PARTED || code & ((1 << STOP_BITS) - 1) == STOP_YIELD;
+        // (a restarting lane kernel's groups that return not exited all: the
+        // launch takes an exit for each, its code neither stored nor noted)
+        if self.plan.restart && code == RET_EXIT {
+            self.fb.ins().jump(self.next_thread, &[]);
+            return;
+        }
         // (the group's lanes stop alike: its first thread's code speaks for
         // them all)
         let c = self.fb.ins().iconst(I32, code as i64);
@@ -97,11 +105,7 @@ impl Translator<'_, '_> {
             self.fb.ins().jump(self.next_thread, &[]);
             return;
         }
-        let n = self.fb.use_var(self.count);
-        self.fb
-            .ins()
-            .store(MemFlagsData::trusted(), n, self.ctx, ctx_off!(instructions));
-        let done = self.fb.ins().iadd_imm_s(self.thread, self.width as i64);
+        let done = add_imm(&mut self.fb, self.thread, self.width as i64);
         self.fb.ins().return_(&[done]);
     }
 
@@ -142,6 +146,12 @@ impl Translator<'_, '_> {
         inst.op.for_each_dst(|d| self.forget_wide(d));
         let agree = self.lanes_agree(inst);
         let next = self.next_block(pc);
+        // (where the basic block ends, what it wrote of the resident ones
+        // goes to the lane file: a next block or resume reads it there)
+        if matches!(inst.op, Op::Bra { .. } | Op::Ret | Op::Exit | Op::Trap(_)) || stops(&inst.op) {
+            let start = self.plan.starts[self.plan.starts.partition_point(|&s| s <= pc) - 1];
+            self.store_resident(start, pc);
+        }
         match inst.op {
             Op::Bra { target } => {
                 let go = self.fb.create_block();
@@ -285,15 +295,20 @@ impl Translator<'_, '_> {
         if let Some(var) = self.vregs[inst.guard as usize] {
             // each lane's guard bit at the top of its lane (its mask, where
             // the run made it), then one bit a lane
-            let top = match self.vmasks.iter().find(|m| m.0 == inst.guard) {
-                Some(&(_, mask)) => mask,
+            // (a mask of the predicate's negation turns the guard round)
+            let (top, negated) = match self.vmasks.iter().find(|m| m.0 == inst.guard) {
+                Some(&(_, mask, negated)) => (mask, negated),
                 None => {
                     let v = self.fb.use_var(var);
-                    self.fb.ins().ishl_imm_u(v, 31)
+                    (self.fb.ins().ishl_imm_u(v, 31), false)
                 }
             };
             let bits = self.fb.ins().vhigh_bits(I8, top);
-            let (all_bits, none_bits) = if inst.guard_neg { (0, 15) } else { (15, 0) };
+            let (all_bits, none_bits) = if inst.guard_neg != negated {
+                (0, 15)
+            } else {
+                (15, 0)
+            };
             let all = self.fb.ins().icmp_imm_u(IntCC::Equal, bits, all_bits);
             let any = self.fb.ins().icmp_imm_u(IntCC::NotEqual, bits, none_bits);
             return Some((all, any));
@@ -336,5 +351,69 @@ impl Translator<'_, '_> {
         self.fb.switch_to_block(mixed);
         self.fb.set_cold_block(mixed);
         self.finish_all(RET_PARTED);
+    }
+}
+
+impl Translator<'_, '_> {
+    /// Loads the resident registers (`jit::resident`) that the basic block
+    /// `start..end` reads or writes from the lane file, at its start.
+    pub(super) fn load_resident(&mut self, start: u32, end: u32) {
+        for r in touched(self.func, &self.resident, start, end) {
+            let slot = self.slot_at(r);
+            match (self.vregs[r as usize], self.sregs[r as usize]) {
+                (Some(var), _) => {
+                    let x = self
+                        .fb
+                        .ins()
+                        .load(I32X4, lanes_flags(), self.lane_file, slot);
+                    self.fb.def_var(var, x);
+                }
+                (None, Some((var, _))) => {
+                    let flags = MemFlagsData::trusted();
+                    let x = self.fb.ins().load(I64, flags, self.lane_file, slot);
+                    self.fb.def_var(var, x);
+                }
+                _ => unreachable!("a resident register is narrow or strided"),
+            }
+        }
+    }
+
+    /// Stores the resident registers that `start..pc`, the basic block up
+    /// to where it leaves, wrote to the lane file.
+    pub(super) fn store_resident(&mut self, start: u32, pc: u32) {
+        let mut written = Vec::new();
+        for inst in &self.func.code[start as usize..pc as usize] {
+            inst.op.for_each_dst(|d| {
+                if d != NONE && self.resident[d as usize] && !written.contains(&d) {
+                    written.push(d);
+                }
+            });
+        }
+        for r in written {
+            match (self.vregs[r as usize], self.sregs[r as usize]) {
+                (Some(var), _) => {
+                    let v = self.fb.use_var(var);
+                    self.store_narrow(r, v);
+                }
+                (None, Some((var, _))) => {
+                    let v = self.fb.use_var(var);
+                    self.store_strided(r, v);
+                }
+                _ => unreachable!("a resident register is narrow or strided"),
+            }
+        }
+    }
+
+    /// Stores strided register `r`'s lane 0 `v` (an I64) to its slot.
+    pub(super) fn store_strided(&mut self, r: u32, v: Value) {
+        let slot = self.slot_at(r);
+        let flags = MemFlagsData::trusted();
+        self.fb.ins().store(flags, v, self.lane_file, slot);
+    }
+
+    /// Stores narrow register `r`'s lanes `v` to its lane-file slot.
+    pub(super) fn store_narrow(&mut self, r: u32, v: Value) {
+        let slot = self.slot_at(r);
+        self.fb.ins().store(lanes_flags(), v, self.lane_file, slot);
     }
 }

@@ -665,19 +665,30 @@ impl<'w> Worker<'w> {
         t: usize,
         end: usize,
     ) -> Result<usize, Fault> {
-        let stop = self.call(g.kernel.entry, false, ctx, t, end);
+        let stop = self.call(g.kernel.entry, None, ctx, t, end);
         let stop = stop.clamp(t + 1, end);
         self.stops(g, ctx, t, stop, 1)?;
         Ok(stop)
     }
 
     /// Calls compiled code `f` (the thread loop, or the lane kernel where
-    /// `lanes`) for threads `t..end`; the thread its run stopped after, as
-    /// it says.
-    fn call(&mut self, f: KernelFn, lanes: bool, ctx: &mut Ctx<'_>, t: usize, end: usize) -> usize {
-        let tids = if lanes { &self.lane_tids } else { &self.tids };
+    /// `lanes`, the codes its groups OR in before the call) for threads
+    /// `t..end`; the thread its run stopped after, as it says.
+    fn call(
+        &mut self,
+        f: KernelFn,
+        lanes: Option<u32>,
+        ctx: &mut Ctx<'_>,
+        t: usize,
+        end: usize,
+    ) -> usize {
+        let tids = if lanes.is_some() {
+            &self.lane_tids
+        } else {
+            &self.tids
+        };
         ctx.codes_and = u32::MAX;
-        ctx.codes_or = 0;
+        ctx.codes_or = lanes.unwrap_or(0);
         // SAFETY: `f` is the block's thread loop or its lane kernel, both
         // compiled for this kernel: it gets this block's live context, the
         // register files (`nregs` each, or for the lane kernel `nregs`
@@ -720,7 +731,16 @@ impl<'w> Worker<'w> {
         t: usize,
         end: usize,
     ) -> Result<usize, Fault> {
-        let stop = self.call(group, true, ctx, t, end);
+        // (a restarting lane kernel stores no exit's code: each group it did
+        // not return from exited, and the last group's slot says so unless
+        // it failed)
+        let exits = if g.kernel.restart {
+            self.codes[end - LANES as usize] = RET_EXIT;
+            RET_EXIT
+        } else {
+            0
+        };
+        let stop = self.call(group, Some(exits), ctx, t, end);
         let stop = stop.clamp(t + LANES as usize, end);
         // (the group's first thread's code speaks for it)
         let code = self.codes[stop - LANES as usize];

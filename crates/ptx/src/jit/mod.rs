@@ -5,6 +5,7 @@
 
 mod barriers;
 mod compiled;
+mod count;
 mod device_calls;
 mod dirty;
 mod emit_mem;
@@ -25,6 +26,7 @@ mod narrow;
 mod needed;
 mod params;
 mod plan;
+mod resident;
 mod restart;
 mod runtime;
 mod shared_checks;

@@ -1,8 +1,8 @@
-//! Parameter loads at fixed addresses, made once per call of a compiled
-//! kernel before its thread loop (parameters never change during a launch).
+//! Parameter loads at fixed addresses and block-wide special registers, made
+//! once per call of a compiled kernel before its thread loop (fixed for it).
 
 use super::runtime::Ctx;
-use crate::ir::{Op, Sp, Src};
+use crate::ir::{IntOp, Op, SReg, Sp, Src, TernOp};
 use cranelift_codegen::ir::condcodes::IntCC;
 use cranelift_codegen::ir::types::{I32, I32X4, I64, I64X2};
 use cranelift_codegen::ir::{InstBuilder, MemFlagsData, Value};
@@ -106,4 +106,85 @@ pub(super) fn hoist_params(
         extent,
         splats,
     }
+}
+
+/// The lane kernel's (`lanes`) block-wide special registers, in every lane
+/// (`%ntid`, `%ctaid`, `%nctaid`: the same for the whole call), and the
+/// products of two of them a `mad.lo` or `mul.lo` may read (vector add's
+/// `%ctaid.x * %ntid.x`), made once a call: (the two values, the product)
+/// for `Translator::product`, which uses one only where its operands are
+/// those very values.
+pub(super) type Specials = (Vec<(SReg, Value)>, Vec<(Value, Value, Value)>);
+
+/// [`Specials`] of `ops`, loaded and made before the call's loop.
+pub(super) fn hoist_specials(
+    fb: &mut FunctionBuilder,
+    ctx: Value,
+    ops: &[Op],
+    lanes: bool,
+) -> Specials {
+    let mut specials = Vec::new();
+    if !lanes {
+        return (specials, Vec::new());
+    }
+    let field = |f: usize, k: u8| (f + 4 * k as usize) as i32;
+    for op in ops {
+        if let Op::Special { r, .. } = *op {
+            let off = match r {
+                SReg::Ntid(k) if k < 3 => field(offset_of!(Ctx, ntid), k),
+                SReg::Ctaid(k) if k < 3 => field(offset_of!(Ctx, ctaid), k),
+                SReg::Nctaid(k) if k < 3 => field(offset_of!(Ctx, nctaid), k),
+                _ => continue,
+            };
+            if specials.iter().any(|&(s, _)| s == r) {
+                continue;
+            }
+            let fixed = MemFlagsData::trusted().with_readonly();
+            let x = fb.ins().load(I32, fixed, ctx, off);
+            specials.push((r, fb.ins().splat(I32X4, x)));
+        }
+    }
+    // the special a register holds where a special or its copy wrote it
+    let written = |r: u32| {
+        ops.iter().find(|op| {
+            let mut w = false;
+            op.for_each_dst(|d| w |= d == r);
+            w
+        })
+    };
+    let special_of = |r: u32| {
+        let s = match written(r)? {
+            Op::Special { r: s, .. } => *s,
+            Op::Mov { a: Src::Reg(t), .. } => match written(*t)? {
+                Op::Special { r: s, .. } => *s,
+                _ => return None,
+            },
+            _ => return None,
+        };
+        specials.iter().find(|x| x.0 == s).map(|x| x.1)
+    };
+    let mut products: Vec<(Value, Value, Value)> = Vec::new();
+    for op in ops {
+        let (a, b) = match *op {
+            Op::Tern {
+                op: TernOp::MadLo,
+                a: Src::Reg(a),
+                b: Src::Reg(b),
+                ..
+            }
+            | Op::Int {
+                op: IntOp::MulLo,
+                a: Src::Reg(a),
+                b: Src::Reg(b),
+                ..
+            } => (a, b),
+            _ => continue,
+        };
+        if let (Some(x), Some(y)) = (special_of(a), special_of(b)) {
+            if !products.iter().any(|p| (p.0, p.1) == (x, y)) {
+                products.push((x, y, fb.ins().imul(x, y)));
+            }
+        }
+    }
+    (specials, products)
 }

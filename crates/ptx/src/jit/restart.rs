@@ -2,11 +2,12 @@
 //! its exit, the groups before ran as the interpreter runs their threads, so
 //! that group alone runs again, thread by thread, and a last store needs no log.
 
+use super::count::count_now;
 use super::runtime::Ctx;
 use crate::ir::{Func, Inst, IntOp, Op, Sp, NONE};
 use cranelift_codegen::ir::types::I64;
 use cranelift_codegen::ir::{InstBuilder, MemFlagsData, Value};
-use cranelift_frontend::{FunctionBuilder, Variable};
+use cranelift_frontend::FunctionBuilder;
 use std::mem::offset_of;
 
 /// Whether a lane block whose group fails (its lanes part, or a lane
@@ -110,12 +111,12 @@ pub(super) fn final_stores(f: &Func) -> Vec<u32> {
 /// (where `restart`): the block's count so far (where a failed group's
 /// count is taken back to) and a fresh log (the group's own stores alone
 /// are undone).
-pub(super) fn group_start(fb: &mut FunctionBuilder, ctx: Value, count: Variable, restart: bool) {
+pub(super) fn group_start(fb: &mut FunctionBuilder, ctx: Value, restart: bool) {
     if !restart {
         return;
     }
     let flags = MemFlagsData::trusted();
-    let n = fb.use_var(count);
+    let n = count_now(fb, ctx);
     let at = offset_of!(Ctx, group_count) as i32;
     fb.ins().store(flags, n, ctx, at);
     let zero = fb.ins().iconst(I64, 0);

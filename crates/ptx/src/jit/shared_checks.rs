@@ -2,6 +2,7 @@
 //! `st` of shared memory whose base register the block does not change is in
 //! bounds and aligned, a copy of the block runs them unchecked.
 
+use super::lane_defs::add_imm;
 use super::runtime::Ctx;
 use super::translate::{ctx_off, Translator};
 use crate::ir::{Op, Sp, Src, NONE};
@@ -153,7 +154,7 @@ impl Translator<'_, '_> {
             }
             let lo32 = self.low_word(g.base, g.lo);
             let lo64 = self.fb.ins().uextend(I64, lo32);
-            let end = self.fb.ins().iadd_imm_s(lo64, span);
+            let end = add_imm(&mut self.fb, lo64, span);
             conds.push(
                 self.fb
                     .ins()
@@ -212,7 +213,7 @@ impl Translator<'_, '_> {
         };
         match off {
             0 => x,
-            o => self.fb.ins().iadd_imm_s(x, o as u32 as i32 as i64),
+            o => add_imm(&mut self.fb, x, o as u32 as i32 as i64),
         }
     }
 

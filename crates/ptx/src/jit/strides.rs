@@ -368,3 +368,17 @@ pub(super) fn ext32(k: u64, signed: bool) -> u64 {
         k as u32 as u64
     }
 }
+
+/// Whether some shared access of `ops` may have a base whose lanes' way
+/// `Translator::shared_lane_bases` fixes from its stride (narrow, lanes
+/// 0 or 4 bytes apart): that holds only where each group's lanes are
+/// aligned in `%tid.x`, so the launch runs the lane kernel only there.
+pub(super) fn fixed_shared_bases(ops: &[Op], strides: &[Option<u32>], narrow: &[bool]) -> bool {
+    ops.iter().any(|op| match *op {
+        Op::Ld { addr, .. } | Op::St { addr, .. } if addr.sp == Sp::Shared => match addr.base {
+            Src::Reg(r) => narrow[r as usize] && matches!(strides[r as usize], Some(0 | 4)),
+            _ => false,
+        },
+        _ => false,
+    })
+}

@@ -2,19 +2,21 @@
 //! variables loaded where a thread resumes and stored where it stops, counts,
 //! control flow, guards and `trap`; ops live in `emit_ops` and `emit_mem`.
 
+use super::count::{count_add, count_add_imm, count_now};
 use super::dirty::{add_writes, holds, stops};
 use super::inline::{CHECKS, UNCOUNTED};
-use super::lane_defs::Lazy;
+use super::lane_defs::{add_imm, Lazy};
 use super::narrow::{narrow_regs, uniform_wide_regs, wide_vector_regs};
 use super::needed::needed_in;
-use super::params::{hoist_params, hoisted_loads, HoistedParams};
+use super::params::{hoist_params, hoist_specials, hoisted_loads, HoistedParams};
 use super::plan::{polls, Plan};
+use super::resident::{lane_slots, resident_regs};
 use super::restart::group_start;
 use super::runtime::{
     rt_checkpoint, rt_trap, Ctx, RET_EXIT, RET_FAULT, RET_PARTED, STOP_BARRIER, STOP_BITS,
     STOP_WARP, STOP_YIELD,
 };
-use super::strides::{lane_strides, wide_strides};
+use super::strides::{fixed_shared_bases, lane_strides, wide_strides};
 use crate::ir::{Func, Inst, Op, SReg, Sp, Src, NONE};
 use cranelift_codegen::ir::condcodes::IntCC;
 use cranelift_codegen::ir::types::{I32, I32X4, I64, I64X2, I8};
@@ -73,7 +75,8 @@ pub(super) struct Translator<'a, 'f> {
     /// group `first / LANES`).
     pub lane_file: Value,
     pub lane_slot: Vec<u32>,
-    pub count: Variable,
+    /// Which registers live in the lane file between blocks (`jit::resident`).
+    pub resident: Vec<bool>,
     /// Whether the running thread's run began at its start (an I8; only
     /// where `Plan::fresh_start`): its stops store what it wrote since.
     pub fresh: Variable,
@@ -131,9 +134,10 @@ pub(super) struct Translator<'a, 'f> {
     pub lazy: Vec<(u32, Lazy)>,
     /// Predicate registers that a vector `setp` (or `and`, `or`, `xor` of
     /// such) of the straight run being emitted wrote, with its lanes as
-    /// masks (all ones where it holds): a guard reads the mask's top bits
-    /// at once, not the register's 0/1 lanes moved back there.
-    pub vmasks: Vec<(u32, Value)>,
+    /// masks (all ones where it holds; where the flag is set, the mask of
+    /// its negation: a signed `ge` or `le`, or `ne`, is one compare so):
+    /// a guard reads the mask's top bits at once, not the 0/1 lanes.
+    pub vmasks: Vec<(u32, Value, bool)>,
     pub pc_now: u32,
     /// The parameters loaded before the thread loop.
     pub params: HoistedParams,
@@ -148,9 +152,12 @@ pub(super) struct Translator<'a, 'f> {
     /// The lane kernel's `%ntid`, `%ctaid` and `%nctaid` components the
     /// kernel reads, each in every lane (made before the group loop).
     pub specials: Vec<(SReg, Value)>,
+    /// Products of two of `specials` (made once a call: vector add's
+    /// `%ctaid.x * %ntid.x`), for an op whose operands are those values.
+    pub products: Vec<(Value, Value, Value)>,
     /// The stride between a group's lanes each narrow register holds all
     /// along where `x_aligned` (`strides::lane_strides`), and that
-    /// condition (an I8 made once a call; the lane kernel's only).
+    /// condition (the lane kernel's only: true, the launch sees to it).
     pub strides: Vec<Option<u32>>,
     pub x_aligned: Option<Value>,
     /// Whether a backward branch past the block's next check checks its
@@ -236,50 +243,6 @@ fn thread_values(
     (vals, tid_at)
 }
 
-/// The lane file's slot of each register that a stop may store or a
-/// resume load (live at a resume point, read by a barrier or shuffled;
-/// `u32::MAX` for the others), and how many slots a group has.
-pub(super) fn lane_slots(func: &Func, plan: &Plan) -> (Vec<u32>, u32) {
-    let mut kept = vec![false; func.nregs as usize];
-    for &pc in &plan.resumes {
-        for &r in &plan.live_in[plan.block_at(pc)] {
-            kept[r as usize] = true;
-        }
-    }
-    for inst in &func.code {
-        if stops(&inst.op) {
-            for r in inst.op.src_regs() {
-                kept[r as usize] = true;
-            }
-        }
-    }
-    for &r in &plan.shuffled {
-        kept[r as usize] = true;
-    }
-    // a narrow register takes one slot, a vector-wide one two (its two
-    // I64X2 halves); the others wait in the threads' register files
-    let narrow = narrow_regs(func);
-    let wide = wide_vector_regs(func, &narrow);
-    let mut n = 0;
-    let slots = kept
-        .iter()
-        .enumerate()
-        .map(|(r, &k)| {
-            let size = match (narrow[r], wide[r]) {
-                (true, _) => 1,
-                (false, true) => 2,
-                _ => 0,
-            };
-            if !k || size == 0 {
-                return u32::MAX;
-            }
-            n += size;
-            n - size
-        })
-        .collect();
-    (slots, n)
-}
-
 /// Flags of the lane file's 16-byte accesses (lanes in memory order).
 pub(super) fn lanes_flags() -> MemFlagsData {
     MemFlagsData::trusted().with_endianness(cranelift_codegen::ir::Endianness::Little)
@@ -349,48 +312,19 @@ impl<'a, 'f> Translator<'a, 'f> {
                 .collect();
             (vregs, wregs, sregs)
         };
-        // (strided registers other than the uniform ones follow narrow
-        // strides, which hold only where the group's lanes are aligned:
-        // the launch runs the lane kernel only where they are)
-        let needs_aligned = (0..n).any(|r| sregs[r].is_some() && !uniform[r]);
-        let count = fb.declare_var(I64);
+        // (strided registers other than the uniform ones, and shared bases'
+        // fixed ways, follow narrow strides, which hold only where the
+        // group's lanes are aligned: the lane kernel runs only where they are)
+        let needs_aligned = (0..n).any(|r| sregs[r].is_some() && !uniform[r])
+            || (width > 1 && fixed_shared_bases(ops, &strides, &narrow));
         let fresh = fb.declare_var(I8);
-        let n = fb
-            .ins()
-            .load(I64, MemFlagsData::trusted(), ctx, ctx_off!(instructions));
-        fb.def_var(count, n);
-        group_start(&mut fb, ctx, count, width > 1 && plan.restart);
+        group_start(&mut fb, ctx, width > 1 && plan.restart);
         let params = hoist_params(&mut fb, ctx, ops, width > 1);
-        // the lane kernel's block-wide special registers, in every lane
-        // (the same for the whole call)
-        let mut specials = Vec::new();
-        if width > 1 {
-            for op in ops {
-                if let Op::Special { r, .. } = *op {
-                    let off = match r {
-                        SReg::Ntid(k) if k < 3 => ctx_off!(ntid) + 4 * k as i32,
-                        SReg::Ctaid(k) if k < 3 => ctx_off!(ctaid) + 4 * k as i32,
-                        SReg::Nctaid(k) if k < 3 => ctx_off!(nctaid) + 4 * k as i32,
-                        _ => continue,
-                    };
-                    if specials.iter().any(|&(s, _)| s == r) {
-                        continue;
-                    }
-                    let fixed = MemFlagsData::trusted().with_readonly();
-                    let x = fb.ins().load(I32, fixed, ctx, off);
-                    specials.push((r, fb.ins().splat(I32X4, x)));
-                }
-            }
-        }
-        // whether each group's lanes are consecutive in `%tid.x` and share
-        // `%tid.y` and `%tid.z` (`%ntid.x` a multiple of 4): then the lanes
-        // of registers with a known stride lie as `strides` says
-        let x_aligned = (width > 1).then(|| {
-            let fixed = MemFlagsData::trusted().with_readonly();
-            let x = fb.ins().load(I32, fixed, ctx, ctx_off!(ntid));
-            let low = fb.ins().band_imm_u(x, width as i64 - 1);
-            fb.ins().icmp_imm_u(IntCC::Equal, low, 0)
-        });
+        let (specials, products) = hoist_specials(&mut fb, ctx, ops, width > 1);
+        // each group's lanes are consecutive in `%tid.x` and share `%tid.y`
+        // and `%tid.z` wherever the lane kernel runs (`needs_aligned`): the
+        // lanes of registers with a known stride lie as `strides` says
+        let x_aligned = (width > 1).then(|| fb.ins().iconst(I8, 1));
         // the loop over the range's threads: each runs from its resume point
         // to its next stop, its registers and local memory at fixed strides
         // (the lane kernel's loop goes group by group, `width` threads a step)
@@ -419,15 +353,12 @@ impl<'a, 'f> Translator<'a, 'f> {
         let more = fb.ins().icmp(IntCC::UnsignedLessThan, first_thread, end);
         fb.ins().brif(more, body, &[], done, &[]);
         fb.switch_to_block(done);
-        let n = fb.use_var(count);
-        fb.ins()
-            .store(MemFlagsData::trusted(), n, ctx, ctx_off!(instructions));
         fb.ins().return_(&[end]);
         fb.switch_to_block(next_thread);
         let following = fb.ins().iadd_imm_s(first_thread, width as i64);
         fb.ins().jump(head, &[BlockArg::Value(following)]);
         fb.switch_to_block(body);
-        group_start(&mut fb, ctx, count, width > 1 && plan.restart);
+        group_start(&mut fb, ctx, width > 1 && plan.restart);
         // (the lane kernel works out each lane's from lane 0's where used)
         let (vals, tid_ptr) = thread_values(&mut fb, func, first_thread, bases, width == 1);
         let t64 = fb.ins().uextend(I64, first_thread);
@@ -451,10 +382,11 @@ impl<'a, 'f> Translator<'a, 'f> {
             let file = fb
                 .ins()
                 .load(I64, MemFlagsData::trusted(), ctx, ctx_off!(lane_file));
-            let group = fb.ins().ushr_imm_u(t64, width.trailing_zeros() as i64);
+            // (the group's first thread is a multiple of `width`: its
+            // group's slots start `16 / width` bytes a slot on for each)
             let off = fb
                 .ins()
-                .imul_imm_s(group, lane_slots(func, plan).1 as i64 * 16);
+                .imul_imm_s(t64, lane_slots(func, plan).1 as i64 * 16 / width as i64);
             fb.ins().iadd(file, off)
         };
         let blocks: Vec<Block> = plan.starts.iter().map(|_| fb.create_block()).collect();
@@ -463,6 +395,12 @@ impl<'a, 'f> Translator<'a, 'f> {
         let slot =
             fb.create_sized_stack_slot(StackSlotData::new(StackSlotKind::ExplicitSlot, 16, 3));
         let call_conv = target.default_call_conv;
+        // (jit::resident: narrow and strided registers, the lane kernel's)
+        let kept: Vec<bool> = (0..n).map(|r| narrow[r] || sregs[r].is_some()).collect();
+        let resident = match width {
+            1 => vec![false; n],
+            _ => resident_regs(func, plan, &kept, &lane_slots(func, plan).0),
+        };
         let mut t = Translator {
             fb,
             call_conv,
@@ -480,7 +418,7 @@ impl<'a, 'f> Translator<'a, 'f> {
             sregs,
             lane_file,
             lane_slot: lane_slots(func, plan).0,
-            count,
+            resident,
             fresh,
             ctx,
             regs_ptr,
@@ -514,6 +452,7 @@ impl<'a, 'f> Translator<'a, 'f> {
             wconsecutive: Vec::new(),
             uniform,
             specials,
+            products,
             strides,
             x_aligned,
             checks_in_place: width > 1 && !polls(ops),
@@ -528,6 +467,16 @@ impl<'a, 'f> Translator<'a, 'f> {
         let table = t.fb.create_jump_table(JumpTableData::new(default, &calls));
         match resume {
             Some(resume) => {
+                // (a lane kernel's groups resume after stops alone: a compare
+                // for each such point, then the table, 8 instructions)
+                for (k, &pc) in plan.resumes.iter().enumerate() {
+                    if width > 1 && t.checks_in_place && pc > 0 && stops(&ops[pc as usize - 1]) {
+                        let is = t.fb.ins().icmp_imm_u(IntCC::Equal, resume, k as i64);
+                        let next = t.fb.create_block();
+                        t.fb.ins().brif(is, resume_blocks[k], &[], next, &[]);
+                        t.fb.switch_to_block(next);
+                    }
+                }
                 t.fb.ins().br_table(resume, table);
             }
             None => {
@@ -554,6 +503,11 @@ impl<'a, 'f> Translator<'a, 'f> {
             loaded.dedup();
             for &r in &loaded {
                 if let Some(v) = t.vregs[r as usize] {
+                    // (a resident register waits in the lane file: 0 at a start)
+                    let resident = t.resident[r as usize];
+                    if resident && !start {
+                        continue;
+                    }
                     let x = if pc == 0 && plan.fresh_start {
                         let zero = t.fb.ins().iconst(I32, 0);
                         t.fb.ins().splat(I32X4, zero)
@@ -561,9 +515,16 @@ impl<'a, 'f> Translator<'a, 'f> {
                         let slot = t.slot_at(r);
                         t.fb.ins().load(I32X4, lanes_flags(), t.lane_file, slot)
                     };
-                    t.fb.def_var(v, x);
+                    match resident {
+                        true => t.store_narrow(r, x),
+                        false => t.fb.def_var(v, x),
+                    }
                 }
                 if let Some((var, _)) = t.sregs[r as usize] {
+                    let resident = t.resident[r as usize];
+                    if resident && !start {
+                        continue;
+                    }
                     let x = if pc == 0 && plan.fresh_start {
                         t.fb.ins().iconst(I64, 0)
                     } else {
@@ -571,7 +532,10 @@ impl<'a, 'f> Translator<'a, 'f> {
                         t.fb.ins()
                             .load(I64, MemFlagsData::trusted(), t.lane_file, slot)
                     };
-                    t.fb.def_var(var, x);
+                    match resident {
+                        true => t.store_strided(r, x),
+                        false => t.fb.def_var(var, x),
+                    }
                 }
                 if let (None, Some(halves)) = (t.vregs[r as usize], t.wregs[r as usize]) {
                     let slot = t.slot_at(r);
@@ -630,9 +594,8 @@ impl<'a, 'f> Translator<'a, 'f> {
         t.finish_all(RET_EXIT);
         t.fb.switch_to_block(fault_block);
         let excess = t.fb.append_block_param(fault_block, I64);
-        let n = t.fb.use_var(count);
-        let n = t.fb.ins().isub(n, excess);
-        t.fb.def_var(count, n);
+        let back = t.fb.ins().ineg(excess);
+        count_add(&mut t.fb, ctx, back);
         t.finish_all(RET_FAULT);
         if let Some(short) = short {
             t.fb.switch_to_block(short);
@@ -659,11 +622,7 @@ impl<'a, 'f> Translator<'a, 'f> {
         self.note_code(code);
         let returns = code == RET_FAULT || code & ((1 << STOP_BITS) - 1) == STOP_YIELD;
         if returns {
-            let n = self.fb.use_var(self.count);
-            self.fb
-                .ins()
-                .store(MemFlagsData::trusted(), n, self.ctx, ctx_off!(instructions));
-            let done = self.fb.ins().iadd_imm_s(self.thread, 1);
+            let done = add_imm(&mut self.fb, self.thread, 1);
             self.fb.ins().return_(&[done]);
         } else {
             self.fb.ins().jump(self.next_thread, &[]);
@@ -675,9 +634,12 @@ impl<'a, 'f> Translator<'a, 'f> {
     pub(super) fn note_code(&mut self, code: u32) {
         let flags = MemFlagsData::trusted();
         let (ctx, and_at, or_at) = (self.ctx, ctx_off!(codes_and), ctx_off!(codes_or));
-        let all = self.fb.ins().load(I32, flags, ctx, and_at);
-        let all = self.fb.ins().band_imm_u(all, code as i64);
-        self.fb.ins().store(flags, all, ctx, and_at);
+        // (an exit's code, all ones, leaves the AND as it is)
+        if code != u32::MAX {
+            let all = self.fb.ins().load(I32, flags, ctx, and_at);
+            let all = self.fb.ins().band_imm_u(all, code as i64);
+            self.fb.ins().store(flags, all, ctx, and_at);
+        }
         let any = self.fb.ins().load(I32, flags, ctx, or_at);
         let any = self.fb.ins().bor_imm_u(any, code as i64);
         self.fb.ins().store(flags, any, ctx, or_at);
@@ -717,7 +679,7 @@ impl<'a, 'f> Translator<'a, 'f> {
             .clone()
             .unwrap_or_else(|| dirty.clone());
         add_writes(self.func, self.plan.starts[k], at, &mut resumed);
-        stored.retain(|&r| holds(&dirty, r));
+        stored.retain(|&r| holds(&dirty, r) && (!self.resident[r as usize] || also.contains(&r)));
         let (always, at_start): (Vec<u32>, Vec<u32>) =
             stored.into_iter().partition(|&r| holds(&resumed, r));
         self.store_regs(&always, also);
@@ -793,10 +755,9 @@ impl<'a, 'f> Translator<'a, 'f> {
             .get(b + 1)
             .copied()
             .unwrap_or(self.func.code.len() as u32);
-        let n = self.fb.use_var(self.count);
+        self.load_resident(start, end);
         let here = self.counted(start, end) as i64 * self.width as i64;
-        let n = self.fb.ins().iadd_imm_s(n, here);
-        self.fb.def_var(self.count, n);
+        count_add_imm(&mut self.fb, self.ctx, here);
         let shared_accesses = (start..end)
             .filter(|&pc| match self.ops[pc as usize] {
                 Op::Ld { addr, .. } | Op::St { addr, .. } => addr.sp == Sp::Shared,
@@ -881,6 +842,7 @@ impl<'a, 'f> Translator<'a, 'f> {
             }
         }
         self.settle_lazy(end);
+        self.store_resident(start, end);
         match self.blocks.get(b + 1) {
             Some(&next) => {
                 self.fb.ins().jump(next, &[]);
@@ -1033,7 +995,7 @@ impl<'a, 'f> Translator<'a, 'f> {
         let line = line & !(UNCOUNTED | CHECKS);
         if checks {
             // a long loop yields so that the block's budgets are checked
-            let n = self.fb.use_var(self.count);
+            let n = count_now(&mut self.fb, self.ctx);
             let at = self
                 .fb
                 .ins()
