@@ -20,7 +20,9 @@ struct Counts {
 /// now (a removed function's go with it).
 #[derive(Debug, Default)]
 pub struct Stats {
-    counts: Mutex<BTreeMap<(String, String), Counts>>,
+    /// By tenant, then function: an invocation counted finds its entry
+    /// without making a key (no allocation once the pair has one).
+    counts: Mutex<BTreeMap<String, BTreeMap<String, Counts>>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -31,16 +33,29 @@ impl Stats {
     /// Counts one invocation of `function` of `tenant` that got `status`.
     pub fn record(&self, tenant: &str, function: &str, status: u16, took: Duration) {
         let mut counts = lock(&self.counts);
-        let entry = counts
-            .entry((tenant.to_string(), function.to_string()))
-            .or_default();
+        if !counts.contains_key(tenant) {
+            counts.insert(tenant.to_string(), BTreeMap::new());
+        }
+        let Some(functions) = counts.get_mut(tenant) else {
+            return;
+        };
+        if !functions.contains_key(function) {
+            functions.insert(function.to_string(), Counts::default());
+        }
+        let Some(entry) = functions.get_mut(function) else {
+            return;
+        };
         *entry.by_status.entry(status).or_default() += 1;
         entry.seconds += took.as_secs_f64();
     }
 
     /// Forgets a removed function's counters (of every tenant that invoked it).
     pub fn forget(&self, function: &str) {
-        lock(&self.counts).retain(|(_, f), _| f != function);
+        let mut counts = lock(&self.counts);
+        for functions in counts.values_mut() {
+            functions.remove(function);
+        }
+        counts.retain(|_, functions| !functions.is_empty());
     }
 
     /// The metrics now, with `registered` functions per tenant, and its
@@ -96,7 +111,11 @@ impl Stats {
                 .with_label_values(&[tenant.as_str()])
                 .set(*jobs as f64);
         }
-        for ((tenant, function), counts) in lock(&self.counts).iter() {
+        let all = lock(&self.counts);
+        let each = all
+            .iter()
+            .flat_map(|(tenant, functions)| functions.iter().map(move |f| (tenant, f)));
+        for (tenant, (function, counts)) in each {
             for (status, n) in &counts.by_status {
                 invocations
                     .with_label_values(&[tenant.as_str(), function, &status.to_string()])
