@@ -2,7 +2,7 @@
 //! carry large copies' frames or answers beside the first, each on its own thread.
 
 use std::io::Read;
-use std::thread::JoinHandle;
+use std::thread::{JoinHandle, ScopedJoinHandle};
 
 use cumux_protocol::stream::Stream;
 use cumux_protocol::{
@@ -117,13 +117,7 @@ impl Lanes {
                     scope.spawn(move || join_lane(address, join))
                 })
                 .collect();
-            threads
-                .into_iter()
-                .map(|t| {
-                    t.join()
-                        .unwrap_or_else(|_| Err("a lane's thread panicked".into()))
-                })
-                .collect()
+            joined(threads)
         });
         let mut streams = Vec::new();
         for (index, opened) in opened.into_iter().enumerate() {
@@ -160,10 +154,7 @@ impl Lanes {
                     })
                 })
                 .collect();
-            sending.into_iter().try_for_each(|t| {
-                t.join()
-                    .unwrap_or_else(|_| Err("a lane's thread panicked".into()))
-            })
+            joined(sending).into_iter().collect()
         })
     }
 
@@ -196,13 +187,7 @@ impl Lanes {
                     })
                 })
                 .collect();
-            threads
-                .into_iter()
-                .map(|t| {
-                    t.join()
-                        .unwrap_or_else(|_| Err("a lane's thread panicked".into()))
-                })
-                .collect()
+            joined(threads)
         });
         let mut lanes = answered
             .into_iter()
@@ -212,6 +197,17 @@ impl Lanes {
         let calls = lanes.iter().map(ExactSizeIterator::len).sum::<usize>();
         Ok((0..calls).filter_map(|i| lanes[i % count].next()).collect())
     }
+}
+
+/// What each lane's thread gave, in lane order (a panic as an error).
+fn joined<T>(threads: Vec<ScopedJoinHandle<'_, Result<T, String>>>) -> Vec<Result<T, String>> {
+    threads
+        .into_iter()
+        .map(|t| {
+            t.join()
+                .unwrap_or_else(|_| Err("a lane's thread panicked".into()))
+        })
+        .collect()
 }
 
 /// One lane's connection: its hello names the session and its key.
