@@ -975,4 +975,30 @@ mod tests {
         send_request(&mut client, 1, plan(1, false));
         assert!(matches!(wire.next_request(), Err(Unread::Broken(_))));
     }
+
+    /// A plan that names a lane which never joins ends the wire within
+    /// `LANE_PATIENCE`, saying which: a client cannot hold the session's
+    /// thread waiting for it.
+    #[test]
+    fn a_lane_that_never_joins_breaks_the_wire_in_time() {
+        let registry = crate::lanes::LaneRegistry::default();
+        let (offer, arrivals) = registry.offer(1).unwrap();
+        let (mut client, wire) = connected();
+        let mut wire = wire.with_lanes(Some(arrivals));
+        let (feed0, _lane0) = joined_lane(&registry, offer.key, 0);
+        let plan = Call::Lanes {
+            count: 2,
+            lanes: 2,
+            replies: false,
+        };
+        send_request(&mut client, 1, plan);
+        feed_frames(&feed0, &[(2, Call::MemGetInfo { device: 0 })]);
+        assert_eq!(wire.next_request().ok().map(|r| r.seq), Some(2));
+        let started = std::time::Instant::now();
+        match wire.next_request() {
+            Err(Unread::Broken(why)) => assert!(why.contains("lane 1 did not join"), "{why}"),
+            _ => panic!("the wire should break"),
+        }
+        assert!(started.elapsed() < LANE_PATIENCE * 2);
+    }
 }
