@@ -704,8 +704,8 @@ impl Connection {
     /// Calls go over `fresh`'s link from now on, starting with those the
     /// resumed session wants again: how many. `Err((why, again))` as for a hello.
     fn take_over(&mut self, fresh: Connection, session: &Session) -> Result<usize, (String, bool)> {
-        self.wire = Arc::clone(&fresh.wire);
-        self.unix = fresh.unix.as_ref().and_then(|u| u.try_clone().ok());
+        self.wire = fresh.wire;
+        self.unix = fresh.unix;
         self.shm = fresh.shm;
         let last = self.seq;
         let again = match self.resume.as_ref() {

@@ -1,5 +1,5 @@
-//! The flusher's side of a connection: its batch written through the
-//! connection's lock, never waiting for a thread that holds it.
+//! The flusher's side of a connection: its batch taken under the connection's
+//! lock (never waiting for a thread that holds it) and written with it let go.
 
 use std::io::Write;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -8,8 +8,9 @@ use std::time::Instant;
 use super::batch::{Flush, Flushing};
 use super::{locked, Connection};
 
-/// The flusher writes a batch through the connection's lock, never waiting
-/// for it; a failure waits for the connection's next call.
+/// The flusher takes a batch through the connection's lock, never waiting
+/// for it, and writes it ([`write_behind`]); a failure waits for the
+/// connection's next call.
 impl Flush for Mutex<Connection> {
     fn flush_if_due(&self) -> Flushing {
         let conn = match self.try_lock() {

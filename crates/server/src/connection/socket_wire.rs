@@ -242,13 +242,11 @@ impl<R: Read, W: Write + Send + 'static> SocketWire<R, W> {
                 Some(LaneUse::Request(lane)) => Some(lane),
                 _ => None,
             };
-            let buf = &mut self.reading.buf;
-            let (request, in_place) = match source {
-                None => read_request(&mut self.reading.reader, buf)?,
-                Some(lane) => {
-                    let lanes = self.lanes.as_mut().expect("a plan has lanes");
-                    read_request(&mut lanes.lane(lane)?.reader, buf)?
-                }
+            let Reading { reader, buf } = &mut self.reading;
+            let (request, in_place) = match (source, self.lanes.as_mut()) {
+                (None, _) => read_request(reader, buf)?,
+                (Some(lane), Some(lanes)) => read_request(&mut lanes.lane(lane)?.reader, buf)?,
+                (Some(lane), None) => return Err(Unread::Broken(format!("no lane {lane}"))),
             };
             if let Call::Lanes {
                 count,
