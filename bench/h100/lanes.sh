@@ -119,6 +119,6 @@ for name in tls plain; do
     say "the $name server's lanes carried: ${carried:-nothing (no metrics)}"
 done
 say ""
-python3 "$ROOT/bench/h100/lanes_json.py" "$MANIFEST" "$OUT" "$GPU" "$DRIVER" "$COMMIT" "$GBIT" "$SLOW_GBIT" "$SIZE" | tee -a "$REPORT"
+python3 "$ROOT/bench/h100/lanes_json.py" "$MANIFEST" "$OUT" "$GPU" "$DRIVER" "$COMMIT" "$GBIT" "$SLOW_GBIT" "$SIZE" "${CUDA:-}" | tee -a "$REPORT"
 tar czf "$OUT/lanes-runs.tgz" -C "$W" runs 2>/dev/null
 say "done in $(elapsed) s"

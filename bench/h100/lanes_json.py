@@ -4,7 +4,7 @@
 and the bare streams on the same path (one, and as many as the lanes), as
 the results JSON (bench/README.md's shape) and a table.
 
-    lanes_json.py MANIFEST OUT_DIR GPU DRIVER COMMIT GBIT SLOW_GBIT [SIZE]
+    lanes_json.py MANIFEST OUT_DIR GPU DRIVER COMMIT GBIT SLOW_GBIT [SIZE] [CUDA]
 
 SIZE names the copies' size as microbench does (256m).
 
@@ -21,6 +21,7 @@ from results_json import fmt, write  # noqa: E402
 
 manifest, out_dir, gpu, driver, commit, gbit, slow_gbit = sys.argv[1:8]
 size = sys.argv[8] if len(sys.argv) > 8 else "256m"
+cuda = sys.argv[9] if len(sys.argv) > 9 else None
 
 
 def figures(file, prefix):
@@ -98,7 +99,7 @@ print("bare streams: " + "; ".join(f"{n}: {v}" for n, v in links.items()))
 
 date = datetime.date.today().isoformat()
 slug = next((w.lower() for w in gpu.split() if any(c.isdigit() for c in w)), "gpu")
-result = {"suite": "lanes", "date": date, "gpu": gpu, "driver": driver, "commit": commit,
+result = {"suite": "lanes", "date": date, "gpu": gpu, "driver": driver, "cuda": cuda, "commit": commit,
           "links": links, "metrics": metrics}
 path = os.path.join(out_dir, f"{date}-{slug}-lanes-{commit}.json")
 write(path, result, metrics, notes)
