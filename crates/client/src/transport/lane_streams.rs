@@ -28,6 +28,13 @@ pub(super) fn wanted(offer: &LaneOffer) -> u32 {
         }),
         Err(_) => DEFAULT_LANES,
     };
+    if asked > offer.most {
+        tracing::warn!(
+            "{LANES_ENV}={asked}: the server takes at most {} lanes; opening {}",
+            offer.most,
+            offer.most
+        );
+    }
     asked.min(offer.most)
 }
 
