@@ -181,6 +181,14 @@ fn the_device_heap_outlives_its_kernel() {
     driver_passes("device_heap", &[]);
 }
 
+/// Memory and events shared between two programs (`cudaIpc*`): a child's
+/// kernel fills the parent's buffer, and the parent's stream waits for the
+/// child's record of the parent's event; forged handles open nothing.
+#[test]
+fn two_programs_share_memory_and_an_event() {
+    driver_passes("ipc_programs", &[]);
+}
+
 /// Item 6: three ways to fail an assert, each 710 and sticky.
 #[test]
 fn failed_asserts_are_710_wherever_they_fail() {

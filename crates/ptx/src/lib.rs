@@ -33,8 +33,8 @@ pub use launch::{
     LAUNCH_CHECK_INTERVAL, MAX_SHARED_OPTIN, MAX_STATIC_SHARED,
 };
 pub use memory::{
-    DeviceMemory, HostBytes, MemError, DEVICE_VA_BASE, DEVICE_VA_END, DEVICE_WINDOW_BYTES,
-    MAX_WINDOWS, VMM_GRANULARITY,
+    DeviceMemory, HostBytes, MemError, SharedAllocation, DEVICE_VA_BASE, DEVICE_VA_END,
+    DEVICE_WINDOW_BYTES, MAX_WINDOWS, VMM_GRANULARITY,
 };
 pub use module_info::{GlobalVar, KernelInfo, LoadError, ParamLayout, Space};
 pub use parser::{parse, ParseError};

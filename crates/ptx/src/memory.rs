@@ -107,13 +107,38 @@ impl Drop for Backing {
 
 /// Who owns a block's bytes.
 enum Owner {
-    /// An allocation: the block's own.
-    Own(Backing),
+    /// An allocation: the block's own (shared with the contexts that opened
+    /// it, [`DeviceMemory::share`]).
+    Own(Arc<Backing>),
     /// A mapping of a physical allocation, which lives on while mapped.
     Mapped { _physical: Arc<Backing> },
     /// Host memory that is not the device's (`map_host`), kept alive while
     /// addressable.
     Host { _bytes: Arc<dyn HostBytes> },
+    /// Another memory's allocation, opened here ([`DeviceMemory::open_shared`]):
+    /// its bytes live while open.
+    Opened { _backing: Arc<Backing> },
+}
+
+/// An allocation of one [`DeviceMemory`] that another may open
+/// ([`DeviceMemory::share`]): it names the bytes without keeping them, so once
+/// the allocation is freed (and no opening holds it) it opens nothing.
+#[derive(Clone)]
+pub struct SharedAllocation {
+    backing: std::sync::Weak<Backing>,
+    size: u64,
+}
+
+impl SharedAllocation {
+    /// Whether the allocation's bytes still live.
+    pub fn is_live(&self) -> bool {
+        self.backing.strong_count() > 0
+    }
+
+    /// The allocation's size in bytes.
+    pub fn size(&self) -> u64 {
+        self.size
+    }
 }
 
 /// Host memory that kernels may reach at an address of the program's
@@ -343,7 +368,7 @@ impl DeviceMemory {
         let block = Block {
             ptr: backing.ptr,
             size: bytes,
-            owner: Owner::Own(backing),
+            owner: Owner::Own(Arc::new(backing)),
         };
         self.insert(&mut s, addr, block);
         Ok(addr)
@@ -387,7 +412,7 @@ impl DeviceMemory {
         let block = Block {
             ptr: backing.ptr,
             size: bytes,
-            owner: Owner::Own(backing),
+            owner: Owner::Own(Arc::new(backing)),
         };
         blocks.insert(addr, block);
         Ok(())
@@ -439,6 +464,62 @@ impl DeviceMemory {
             s.used = s.used.saturating_sub(backing.bytes());
         }
         Ok(())
+    }
+
+    /// The allocation that starts at `base`, for another memory to open
+    /// ([`DeviceMemory::open_shared`]).
+    pub fn share(&self, base: u64) -> Result<SharedAllocation, MemError> {
+        let v = self.view();
+        let pending;
+        let block = match v.guard.get(&base) {
+            Some(b) => b,
+            None => {
+                pending = self.state();
+                pending
+                    .pending
+                    .get(&base)
+                    .ok_or(MemError::InvalidAddress(base))?
+            }
+        };
+        match &block.owner {
+            Owner::Own(backing) => Ok(SharedAllocation {
+                backing: Arc::downgrade(backing),
+                size: block.size,
+            }),
+            _ => Err(MemError::InvalidAddress(base)),
+        }
+    }
+
+    /// Makes `shared` (another memory's allocation) addressable here at a new
+    /// address, which it returns. Its bytes count for nothing in `used`: they
+    /// are the exporter's. Refused once the allocation is gone.
+    pub fn open_shared(&self, shared: &SharedAllocation) -> Result<u64, MemError> {
+        let backing = shared.backing.upgrade().ok_or(MemError::InvalidSize)?;
+        let rounded = shared
+            .size
+            .checked_next_multiple_of(ALLOC_ALIGN)
+            .ok_or(MemError::OutOfMemory)?;
+        let mut s = self.state();
+        let addr = s.next;
+        let next = addr
+            .checked_add(rounded)
+            .and_then(|v| v.checked_add(GUARD_GAP))
+            .filter(|next| *next <= self.window.1)
+            .ok_or(MemError::OutOfMemory)?;
+        s.next = next;
+        let block = Block {
+            ptr: backing.ptr,
+            size: shared.size,
+            owner: Owner::Opened { _backing: backing },
+        };
+        self.insert(&mut s, addr, block);
+        Ok(addr)
+    }
+
+    /// Closes what [`DeviceMemory::open_shared`] opened at `addr`; waits for
+    /// running launches.
+    pub fn close_shared(&self, addr: u64) -> Result<(), MemError> {
+        self.remove_block(addr, |o| matches!(o, Owner::Opened { .. }))
     }
 
     /// Reserves `size` bytes of addresses (rounded up to [`VMM_GRANULARITY`]),

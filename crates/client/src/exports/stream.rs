@@ -130,6 +130,10 @@ fn record(e: *mut c_void, s: *mut c_void, flags: u32) -> CuResult<()> {
     let event = known_event(&st, e)?;
     let stream = stream?;
     st = c.ready_stream(st, stream)?;
+    let shared = st
+        .events
+        .get(&event)
+        .is_some_and(|e| e.flags & CU_EVENT_INTERPROCESS != 0);
     // An external record is a node of a capture (recorded at each launch).
     let call = Call::EventRecord { event, stream };
     let call = match flags & CU_EVENT_RECORD_EXTERNAL != 0 {
@@ -137,11 +141,18 @@ fn record(e: *mut c_void, s: *mut c_void, flags: u32) -> CuResult<()> {
         false => st.capture_call(call),
     };
     drop(st);
-    match call {
-        Some(call) => c.call(call).map(|_| ()),
-        None => Ok(()),
+    let Some(call) = call else { return Ok(()) };
+    c.call(call)?;
+    // Another program may wait for this record as soon as it returns, as
+    // the driver lets it: the server has taken it once a fence comes back.
+    if shared {
+        c.call(Call::Fence)?;
     }
+    Ok(())
 }
+
+/// `CU_EVENT_INTERPROCESS`: an event other programs may open by handle.
+const CU_EVENT_INTERPROCESS: u32 = 0x4;
 
 driver_fn! {
     fn cuStreamCreate(ps: *mut *mut c_void, flags: u32) {

@@ -13,12 +13,13 @@ use cumux_protocol::pinned::HostMapping;
 use cumux_protocol::{codes, CuError, DeviceInfo, DevicePtr, FunctionAttrs, Handle, ParamInfo};
 use cumux_ptx::{
     DeviceMemory, Engine, HostBytes, KernelInfo, LaunchConfig, LaunchLimits, MemError, Program,
-    Space, DEFAULT_PRINTF_FIFO,
+    SharedAllocation, Space, DEFAULT_PRINTF_FIFO,
 };
 
 use super::attributes::{
     cpu_device_attributes, AttributeInputs, COMPUTE_CAPABILITY, SHARED_PER_BLOCK,
 };
+use super::ipc_table::HandleTable;
 use super::limits::{self, LimitSetting, RefusedShrinks};
 use super::memory_use;
 use super::socket_bytes::{self, FillBytes, SendBytes};
@@ -524,7 +525,52 @@ impl DeviceContext for CpuContext {
     fn vmm(&self, op: &VmmOp) -> Result<u64, CuError> {
         self.vmm_op(op)
     }
+
+    /// A handle naming the allocation at `base` for a context of another
+    /// program on this server (its server process: the in-process CPU
+    /// devices, or one worker process's).
+    fn ipc_export(&self, base: DevicePtr) -> Result<Vec<u8>, CuError> {
+        let shared = self.mem.share(base).map_err(mem_err)?;
+        OPENABLE.issue(shared)
+    }
+
+    /// Opens another context's allocation at a new address of this one. Its
+    /// bytes stay the exporter's (charged to it); an allocation freed since
+    /// opens nothing.
+    fn ipc_open(&self, handle: &[u8], flags: u32) -> Result<(DevicePtr, u64), CuError> {
+        if flags & !IPC_LAZY_ENABLE_PEER_ACCESS != 0 {
+            return Err(CuError::new(
+                codes::INVALID_VALUE,
+                format!("unknown cuIpcOpenMemHandle flags {flags:#x}"),
+            ));
+        }
+        let shared = OPENABLE.find(handle).ok_or_else(|| {
+            CuError::new(
+                codes::INVALID_VALUE,
+                "the handle names no live allocation of a CPU device in this process",
+            )
+        })?;
+        let base = self.mem.open_shared(&shared).map_err(|e| match e {
+            MemError::OutOfMemory => mem_err(e),
+            _ => CuError::new(codes::INVALID_VALUE, "the handle's allocation was freed"),
+        })?;
+        Ok((base, shared.size()))
+    }
+
+    fn ipc_close(&self, base: DevicePtr) -> Result<(), CuError> {
+        self.mem.close_shared(base).map_err(mem_err)
+    }
 }
+
+/// `CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS`, the one flag of `cuIpcOpenMemHandle`.
+const IPC_LAZY_ENABLE_PEER_ACCESS: u32 = 1;
+
+/// The allocations of this process's CPU-device contexts that were given a
+/// handle (`cuIpcGetMemHandle`). One table for the process, so that a context
+/// of any CPU device here may open a handle, as the driver lets a context
+/// open memory of a peer device.
+static OPENABLE: std::sync::LazyLock<HandleTable<SharedAllocation>> =
+    std::sync::LazyLock::new(HandleTable::default);
 
 /// A pinned region's pages in this process, as the CPU device's kernels
 /// reach them.

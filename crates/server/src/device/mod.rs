@@ -12,6 +12,7 @@ pub mod cpu;
 pub mod cuda;
 pub mod host_span;
 pub mod imported;
+pub mod ipc_table;
 pub mod limits;
 pub mod memory_use;
 pub mod model;

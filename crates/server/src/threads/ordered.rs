@@ -6,12 +6,13 @@
 use std::collections::HashMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{mpsc, Arc, Mutex};
+use std::sync::{mpsc, Arc, LazyLock, Mutex, Weak};
 use std::time::Instant;
 
 use cumux_protocol::{codes, CuError, DevicePtr, Handle, DEFAULT_STREAM};
 
-use super::workers::{Position, Streams, Work};
+use super::workers::{Position, Streams, Tracker, Work};
+use crate::device::ipc_table::HandleTable;
 use crate::device::ordering::{
     append_printf, elapsed_ms, launches_only, no_signal_area, not_a_launch, store_signal, unknown,
     EVENT_DISABLE_TIMING, MAX_STDOUT_BYTES,
@@ -185,12 +186,37 @@ struct Event {
 
 #[derive(Default)]
 struct EventState {
-    /// The position of the latest record, if ever recorded.
-    recorded: Option<Position>,
+    /// Where the latest record is, if ever recorded.
+    recorded: Option<Recorded>,
     /// Bumped per record, so a stale record's job leaves the time alone.
     generation: u64,
     time: Option<Instant>,
 }
+
+/// Where an event's latest record is: a position in the streams of the
+/// session that recorded it (another program's, for an event it shared,
+/// [`StreamOrdered::event_open_ipc`]).
+#[derive(Clone)]
+struct Recorded {
+    pos: Position,
+    tracker: Arc<Tracker>,
+}
+
+impl Recorded {
+    fn is_done(&self) -> bool {
+        self.tracker.is_done(self.pos)
+    }
+
+    /// Whether the record is in the streams `tracker` follows.
+    fn is_in(&self, tracker: &Arc<Tracker>) -> bool {
+        Arc::ptr_eq(&self.tracker, tracker)
+    }
+}
+
+/// The events of this process's sessions that were given a handle
+/// (`cuIpcGetEventHandle`), for another session to open: one table for the
+/// process, as a context's streams know no device.
+static OPENABLE_EVENTS: LazyLock<HandleTable<Weak<Event>>> = LazyLock::new(HandleTable::default);
 
 /// Stream-ordered work over a synchronous context: each stream's work runs on a
 /// thread of its own, in order; the legacy default stream and event waits order
@@ -297,7 +323,10 @@ impl ThreadedStreams {
         };
         let mut state = lock(&event.state);
         if state.generation == generation {
-            state.recorded = Some(pos);
+            state.recorded = Some(Recorded {
+                pos,
+                tracker: Arc::clone(streams.tracker()),
+            });
         }
         true
     }
@@ -331,8 +360,8 @@ impl ThreadedStreams {
             SyncTarget::Stream(DEFAULT_STREAM) => Ok(streams.ready(DEFAULT_STREAM)),
             SyncTarget::Stream(s) => Ok(streams.is_idle(s)),
             SyncTarget::Event(e) => {
-                let recorded = lock(&self.event(e)?.state).recorded;
-                Ok(recorded.is_none_or(|pos| streams.tracker().is_done(pos)))
+                let recorded = lock(&self.event(e)?.state).recorded.clone();
+                Ok(recorded.is_none_or(|r| r.is_done()))
             }
             SyncTarget::Context => Ok(false),
         }
@@ -377,6 +406,34 @@ impl StreamOrdered for ThreadedStreams {
         Ok(())
     }
 
+    /// A handle another session of this process opens as the same event.
+    fn event_ipc_handle(&self, event: Handle) -> Result<Vec<u8>, CuError> {
+        OPENABLE_EVENTS.issue(Arc::downgrade(&self.event(event)?))
+    }
+
+    /// Opens the event `handle` names as `event` of this session: its records
+    /// here and in the exporter's session are one event's.
+    fn event_open_ipc(&self, event: Handle, handle: &[u8]) -> Result<(), CuError> {
+        let shared = OPENABLE_EVENTS
+            .find(handle)
+            .and_then(|weak| weak.upgrade())
+            .ok_or_else(|| {
+                CuError::new(
+                    codes::INVALID_VALUE,
+                    "the handle names no live event of this process",
+                )
+            })?;
+        let mut events = lock(&self.events);
+        if events.contains_key(&event) {
+            return Err(CuError::new(
+                codes::INVALID_VALUE,
+                format!("event {event:#x} exists"),
+            ));
+        }
+        events.insert(event, shared);
+        Ok(())
+    }
+
     fn event_destroy(&self, event: Handle) -> Result<(), CuError> {
         match lock(&self.events).remove(&event) {
             Some(_) => Ok(()),
@@ -389,14 +446,25 @@ impl StreamOrdered for ThreadedStreams {
         match work {
             StreamWork::Record { event } => return self.record(&mut streams, stream, event),
             StreamWork::Wait { event } => {
-                let deps = match self.event(event) {
-                    Ok(e) => lock(&e.state).recorded.into_iter().collect(),
+                let recorded = match self.event(event) {
+                    Ok(e) => lock(&e.state).recorded.clone(),
                     Err(e) => {
                         self.shared.fail(e);
                         return false;
                     }
                 };
-                return self.push(&mut streams, stream, deps, Box::new(|| {}));
+                let (deps, job): (Vec<Position>, Work) = match recorded {
+                    None => (Vec::new(), Box::new(|| {})),
+                    Some(r) if r.is_in(streams.tracker()) => (vec![r.pos], Box::new(|| {})),
+                    // Another session's record: the stream's thread waits for
+                    // it, unless this session's work is dropped meanwhile.
+                    Some(r) => {
+                        let shared = Arc::clone(&self.shared);
+                        let wait = move || r.tracker.wait_unless(&[r.pos], || shared.skips_work());
+                        (Vec::new(), Box::new(wait))
+                    }
+                };
+                return self.push(&mut streams, stream, deps, job);
             }
             _ => {}
         }
@@ -556,10 +624,12 @@ impl StreamOrdered for ThreadedStreams {
                 SyncTarget::Stream(s) if !streams.contains(s) => return Err(unknown("stream", s)),
                 SyncTarget::Stream(s) => streams.synchronize(s),
                 SyncTarget::Event(e) => {
-                    // Not under the event's lock: its record job takes it.
-                    let recorded = lock(&self.event(e)?.state).recorded;
-                    if let Some(pos) = recorded {
-                        streams.tracker().wait(&[pos]);
+                    // Not under the event's lock: its record job takes it;
+                    // nor the streams', for a record in another session's.
+                    let recorded = lock(&self.event(e)?.state).recorded.clone();
+                    drop(streams);
+                    if let Some(r) = recorded {
+                        r.tracker.wait_unless(&[r.pos], || self.shared.skips_work());
                     }
                 }
                 SyncTarget::Context => streams.synchronize_all(),
@@ -589,18 +659,16 @@ impl StreamOrdered for ThreadedStreams {
         }
         let read = |e: &Event| {
             let state = lock(&e.state);
-            (state.recorded, state.time)
+            (state.recorded.clone(), state.time)
         };
         let (start, end) = (read(&start), read(&end));
-        let (Some(p0), Some(p1)) = (start.0, end.0) else {
+        let (Some(r0), Some(r1)) = (&start.0, &end.0) else {
             return Err(CuError::new(
                 codes::INVALID_HANDLE,
                 "event was never recorded",
             ));
         };
-        let streams = lock(&self.streams);
-        let tracker = streams.tracker();
-        if !tracker.is_done(p0) || !tracker.is_done(p1) {
+        if !r0.is_done() || !r1.is_done() {
             return Err(CuError::new(codes::NOT_READY, "event not reached yet"));
         }
         match (start.1, end.1) {

@@ -11,7 +11,10 @@ use std::thread::JoinHandle;
 use cumux_protocol::{Handle, DEFAULT_STREAM};
 
 use crate::device::ordering::NON_BLOCKING;
-use crate::locking::{lock, wait};
+use crate::locking::{lock, wait, wait_timeout};
+
+/// How often a wait for another session's stream asks whether to give up.
+const STOP_POLL: std::time::Duration = std::time::Duration::from_millis(50);
 
 /// Jobs a stream may hold before the session (and so its client) waits: about
 /// where NVIDIA's driver blocks a launch, as a session's launch window does on a
@@ -71,6 +74,16 @@ impl Tracker {
         let mut state = self.lock();
         while !positions.iter().all(|p| state.done(*p)) {
             state = wait(&self.progress, state);
+        }
+    }
+
+    /// Blocks until every position is done, the tracker is cancelled, or
+    /// `stop()` (asked every 50 ms) says to give up: a wait of one session's
+    /// stream for another's.
+    pub fn wait_unless(&self, positions: &[Position], stop: impl Fn() -> bool) {
+        let mut state = self.lock();
+        while !positions.iter().all(|p| state.done(*p)) && !stop() {
+            state = wait_timeout(&self.progress, state, STOP_POLL);
         }
     }
 
