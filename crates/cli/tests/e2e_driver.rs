@@ -33,6 +33,18 @@ macro_rules! programs_pass {
     )*};
 }
 
+/// Pools shared between processes: used across a fork where the device's
+/// attribute offers file descriptors (the in-process CPU device), refused
+/// where it says none (a CPU device in worker processes).
+#[test]
+fn memory_pools_shared_between_processes() {
+    let server = ServerProc::start("poolipc");
+    let out = run_passes(&server, &driver_program("pool_ipc"));
+    let in_workers = common::e2e_device() == "worker-cpu";
+    let shared = out.stdout.contains("child PASS");
+    assert_eq!(shared, !in_workers, "{}", out.describe());
+}
+
 programs_pass! {
     streams_and_events: "streams_events" on "streams";
     memcpy_to_symbol: "memcpy_to_symbol" on "symbol";
@@ -45,9 +57,6 @@ programs_pass! {
     /// Pool attributes stick and read back, statistics follow allocations,
     /// a size limit holds, what cannot be given is refused.
     stream_ordered_memory_pools: "mem_pools" on "pools";
-    /// Pools shared between processes: refused where the device's
-    /// attribute says none (the CPU device), used across a fork elsewhere.
-    memory_pools_shared_between_processes: "pool_ipc" on "poolipc";
     host_callbacks_run_in_stream_order: "host_callback" on "hostfn";
     threads_with_their_own_streams: "threads" on "threads";
     launch_limits_are_checked_at_the_call: "launch_limits" on "limits";

@@ -6,7 +6,7 @@ pub mod arrays;
 pub mod framing;
 pub mod hop_trace;
 pub mod launch_checks;
-mod memfd;
+pub mod memfd;
 pub mod messages;
 pub mod nvml_search;
 pub mod pinned;

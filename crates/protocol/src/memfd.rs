@@ -9,7 +9,7 @@ use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 
 /// A memfd named `name` of `len` bytes, sealed against shrinking, growing and
 /// further seals, so a mapping of it never faults past its end.
-pub(crate) fn create_sealed(name: &CStr, len: u64) -> io::Result<File> {
+pub fn create_sealed(name: &CStr, len: u64) -> io::Result<File> {
     // SAFETY: a NUL-terminated name and valid flags; the result is checked.
     let fd =
         unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) };
@@ -30,7 +30,7 @@ pub(crate) fn create_sealed(name: &CStr, len: u64) -> io::Result<File> {
 /// Checks a descriptor the other side sent: a memfd on tmpfs, sealed against
 /// shrinking, so nothing its sender does later can make an access to a mapping
 /// of it fault. Returns its size in bytes, for the caller to check.
-pub(crate) fn check_sealed_tmpfs(fd: BorrowedFd<'_>) -> Result<u64, String> {
+pub fn check_sealed_tmpfs(fd: BorrowedFd<'_>) -> Result<u64, String> {
     // SAFETY: fcntl on a descriptor the caller holds open.
     let seals = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS) };
     if seals < 0 {

@@ -67,3 +67,35 @@ fn a_freed_allocation_opens_nothing_but_an_open_one_keeps_its_bytes() {
     assert!(!shared.is_live());
     assert!(opener.open_shared(&shared).is_err());
 }
+
+#[test]
+fn an_imported_physical_allocation_maps_the_exporters_bytes() {
+    const G: u64 = cumux_ptx::VMM_GRANULARITY;
+    let exporter = DeviceMemory::new(8 * G);
+    let importer = DeviceMemory::new(8 * G);
+    let id = exporter.create_physical(G).unwrap();
+    let va = exporter.reserve(G, 0).unwrap();
+    exporter.map(va, G, id).unwrap();
+    exporter.write(va + 100, &[5; 8]).unwrap();
+
+    let shared = exporter.share_physical(id).unwrap();
+    assert!(exporter.share_physical(id + 1).is_err());
+    let used = importer.used();
+    let mine = importer.import_physical(&shared).unwrap();
+    assert_eq!(importer.used(), used, "the exporter's bytes");
+    let at = importer.reserve(G, 0).unwrap();
+    importer.map(at, G, mine).unwrap();
+    let mut back = [0u8; 8];
+    importer.read(at + 100, &mut back).unwrap();
+    assert_eq!(back, [5; 8]);
+
+    // The exporter lets go of its allocation: the import's mapping keeps it.
+    exporter.unmap(va).unwrap();
+    exporter.release_physical(id).unwrap();
+    importer.write(at, &[1; 4]).unwrap();
+    importer.unmap(at).unwrap();
+    importer.release_physical(mine).unwrap();
+    assert_eq!(importer.used(), used);
+    assert!(!shared.is_live());
+    assert!(importer.import_physical(&shared).is_err());
+}

@@ -4,7 +4,8 @@
 // fills the parent's buffer behind a slow kernel, records the parent's
 // event and says so at once; the parent's stream waits for the event and
 // reads the buffer, which must hold the child's values. A forged handle and
-// an unknown flag open nothing. Prints PASS.
+// an unknown flag open nothing. Where the device shares no events (its
+// attribute is 0), their handles must be refused. Prints PASS.
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -94,8 +95,19 @@ int main(int argc, char **argv)
     if (argc == 5 && strcmp(argv[1], "child") == 0)
         return child(argv[2], argv[3], atoi(argv[4]));
 
+    int events_shared = 0;
+    CHECK(cudaDeviceGetAttribute(&events_shared, cudaDevAttrIpcEventSupport, 0));
     int *buf;
     CHECK(cudaMalloc(&buf, N * sizeof(int)));
+    if (!events_shared) {
+        cudaEvent_t event;
+        cudaIpcEventHandle_t handle;
+        CHECK(cudaEventCreateWithFlags(&event, cudaEventDisableTiming | cudaEventInterprocess));
+        REQUIRE(cudaIpcGetEventHandle(&handle, event) != cudaSuccess,
+                "an event handle where the attribute says none");
+        printf("no events shared between programs on this device (as its attribute says)\nPASS\n");
+        return 0;
+    }
     CHECK(cudaMemset(buf, 0, N * sizeof(int)));
     cudaEvent_t event;
     cudaEvent_t timed;

@@ -73,6 +73,18 @@ pub fn as_served(mut attributes: Vec<(u32, i32)>) -> Vec<(u32, i32)> {
     attributes
 }
 
+/// The CPU device's attributes where its contexts live in worker processes
+/// (`worker-cpu`): its handles for memory and events between programs name
+/// objects of one process, so it offers none (file descriptors, pool
+/// handle types, IPC events read 0).
+pub fn cpu_in_workers(attrs: &mut [(u32, i32)]) {
+    for (attr, value) in attrs {
+        if matches!(*attr, 103 | MEMPOOL_SUPPORTED_HANDLE_TYPES | 125) {
+            *value = 0;
+        }
+    }
+}
+
 /// `CU_DEVICE_ATTRIBUTE_MEMPOOL_SUPPORTED_HANDLE_TYPES`.
 const MEMPOOL_SUPPORTED_HANDLE_TYPES: u32 = 119;
 /// `CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR`.
@@ -175,7 +187,8 @@ fn value(attr: u32, inputs: AttributeInputs) -> i32 {
         99 => 1, // host register
         100 | 101 => 0,
         102 => 1,       // virtual memory management (cuMemCreate, cuMemMap …)
-        103..=105 => 0, // shareable handle kinds
+        103 => 1,       // POSIX file descriptors (`cpu::vmm_export`, in process)
+        104 | 105 => 0, // Win32 handles
         106 => BLOCKS_PER_SM,
         107 => 0, // compression
         108 => 0, // persisting L2
@@ -184,12 +197,14 @@ fn value(attr: u32, inputs: AttributeInputs) -> i32 {
         111 => 0, // reserved shared memory per block
         112 | 113 => 0,
         114 => 0,
-        115 => 1,       // memory pools (the client's, of ordinary device memory)
-        116..=119 => 0, // GPUDirect RDMA, mempool handle types
-        120 => 0,       // cluster launch (sm_90+)
+        115 => 1,        // memory pools (the client's, of ordinary device memory)
+        116..=118 => 0,  // GPUDirect RDMA
+        119 => POSIX_FD, // mempool handle types: the client's pools over VMM
+        120 => 0,        // cluster launch (sm_90+)
         121 => 0,
         122 | 123 => 0, // stream mem ops
-        124 | 125 => 0, // dma-buf, IPC events
+        124 => 0,       // dma-buf
+        125 => 1,       // IPC events (`threads::ordered`, in process)
         126 => 1,       // memory sync domains
         127 => 0,       // tensor maps (sm_90+)
         128 => 0,       // fabric handles

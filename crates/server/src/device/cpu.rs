@@ -4,6 +4,8 @@
 //! fat binary; a cubin-only image cannot run here (CUDA_ERROR_NO_BINARY_FOR_GPU).
 
 use std::collections::{HashMap, HashSet};
+use std::os::fd::{BorrowedFd, OwnedFd};
+use std::os::unix::fs::FileExt;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -559,6 +561,49 @@ impl DeviceContext for CpuContext {
 
     fn ipc_close(&self, base: DevicePtr) -> Result<(), CuError> {
         self.mem.close_shared(base).map_err(mem_err)
+    }
+
+    /// A physical allocation made shareable, as a file descriptor another
+    /// program imports: a sealed memfd holding the handle that names it
+    /// ([`OPENABLE`]); it maps nothing, as the driver's descriptors are
+    /// only passed on.
+    fn vmm_export(&self, physical: u64) -> Result<OwnedFd, CuError> {
+        let shared = self.mem.share_physical(physical).map_err(mem_err)?;
+        let handle = OPENABLE.issue(shared)?;
+        let os = |e: std::io::Error| {
+            CuError::new(
+                codes::OUT_OF_MEMORY,
+                format!("no descriptor for the allocation: {e}"),
+            )
+        };
+        let file = cumux_protocol::memfd::create_sealed(c"cumux-cpu-physical", handle.len() as u64)
+            .map_err(os)?;
+        file.write_all_at(&handle, 0).map_err(os)?;
+        Ok(OwnedFd::from(file))
+    }
+
+    /// Imports what [`CpuContext::vmm_export`] gave (another context's
+    /// physical allocation, still allocated): its id here.
+    fn vmm_import(&self, fd: BorrowedFd<'_>) -> Result<u64, CuError> {
+        let refused = |why: &str| {
+            CuError::new(
+                codes::INVALID_VALUE,
+                format!("not a CPU device's shareable allocation: {why}"),
+            )
+        };
+        let file = std::fs::File::from(
+            fd.try_clone_to_owned()
+                .map_err(|e| refused(&e.to_string()))?,
+        );
+        let mut handle = [0u8; cumux_protocol::IPC_HANDLE_BYTES];
+        file.read_exact_at(&mut handle, 0)
+            .map_err(|e| refused(&e.to_string()))?;
+        let shared = OPENABLE
+            .find(&handle)
+            .ok_or_else(|| refused("it names no live allocation in this process"))?;
+        self.mem
+            .import_physical(&shared)
+            .map_err(|_| refused("the allocation was released"))
     }
 }
 

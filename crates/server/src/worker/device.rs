@@ -313,11 +313,12 @@ pub fn cpu_worker_device(
     sharing: Sharing,
     kernel_timeout: Option<Duration>,
 ) -> Result<Arc<dyn Device>, String> {
-    let info = crate::device::cpu::CpuDevice::new(spec.memory)
+    let mut info = crate::device::cpu::CpuDevice::new(spec.memory)
         .with_threads(spec.threads)
         .numbered(number)?
         .info()
         .clone();
+    crate::device::attributes::cpu_in_workers(&mut info.attributes);
     let mut command = WorkerCommand::cumux(program, "cpu", number, Some(spec.memory));
     command.args.push("--launch-budget".into());
     command.args.push(spec.launch_budget.to_string().into());
