@@ -696,6 +696,13 @@ pub trait StreamOrdered: Send + Sync {
     /// Queues `work` on `stream` and returns without waiting for it; false when
     /// it failed at once (the failure is kept for the next waiting call).
     fn enqueue(&self, stream: Handle, work: StreamWork) -> bool;
+    /// Returns once the device has taken the work queued so far: after the
+    /// record of an event other processes may wait for, which they may do as
+    /// soon as the program's call returns. Nothing to do where queueing is
+    /// taking (the server's own stream threads).
+    fn taken(&self) -> Result<(), CuError> {
+        Ok(())
+    }
     /// Runs `work` in `stream`'s order and waits for it (a synchronous copy).
     fn run_now(&self, stream: Handle, work: StreamWork) -> LaunchOutcome {
         self.enqueue(stream, work);

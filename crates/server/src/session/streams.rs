@@ -11,6 +11,9 @@ use crate::device::{StreamWork, SyncTarget};
 /// `CU_EVENT_DISABLE_TIMING`.
 const EVENT_DISABLE_TIMING: u32 = 0x2;
 
+/// `CU_EVENT_INTERPROCESS`: an event other programs may open by handle.
+const EVENT_INTERPROCESS: u32 = 0x4;
+
 impl Session {
     pub(super) fn check_stream(&self, stream: Handle) -> Result<(), CuError> {
         if stream == DEFAULT_STREAM || self.streams.contains_key(&stream) {
@@ -138,8 +141,14 @@ impl Session {
 
     pub(super) fn event_record(&mut self, event: Handle, stream: Handle) -> CallResult {
         self.check_stream(stream)?;
-        self.event_flags(event)?;
-        self.queue(stream, StreamWork::Record { event })
+        let flags = self.event_flags(event)?;
+        let queued = self.queue(stream, StreamWork::Record { event })?;
+        // Another program may wait for this record once the call returns
+        // (the client fences after it): the device must have it by then.
+        if flags & EVENT_INTERPROCESS != 0 {
+            self.ordered()?.taken()?;
+        }
+        Ok(queued)
     }
 
     pub(super) fn event_query(&self, event: Handle) -> CallResult {

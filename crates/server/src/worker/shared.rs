@@ -685,6 +685,10 @@ impl StreamOrdered for SharedView {
         Ok(())
     }
 
+    fn taken(&self) -> Result<(), CuError> {
+        self.conn.taken()
+    }
+
     fn attach_signals(&self, path: &std::path::Path) -> Result<(), CuError> {
         self.conn.attach_signals(path)
     }

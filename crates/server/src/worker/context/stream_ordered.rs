@@ -56,6 +56,11 @@ impl StreamOrdered for WorkerContext {
         self.unit(&request, &[])
     }
 
+    /// A round trip behind the posted work: the worker answers in order.
+    fn taken(&self) -> Result<(), CuError> {
+        self.number(&WorkerRequest::ContextId).map(|_| ())
+    }
+
     fn graph_create(&self, graph: Handle, launches: Vec<StreamWork>) -> Result<(), CuError> {
         let local = launches
             .into_iter()
