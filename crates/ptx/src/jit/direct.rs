@@ -1,0 +1,144 @@
+//! A lane kernel's stop goes on with the next group at a resume point whose runs
+//! reach the stop, where that group resumes there, without the loop's dispatch.
+
+use super::dirty::stops;
+use super::restart::group_start;
+use super::translate::{enter_group, GroupVars, Translator};
+use crate::ir::{Op, NONE};
+use cranelift_codegen::ir::condcodes::IntCC;
+use cranelift_codegen::ir::types::{I32, I64};
+use cranelift_codegen::ir::{Block, BlockArg, InstBuilder, MemFlagsData, Value};
+
+impl Translator<'_, '_> {
+    /// The resume ids of the points from which a run reaches the stop at
+    /// `pc` (the lane kernel's), those after a stop alone where there are
+    /// any (a group starts or resumes after a yield once or seldom): runs
+    /// go on through branches (both ways where guarded) and end at stops
+    /// and exits. The next group likely resumes where this one did.
+    pub(super) fn origins(&self, pc: u32) -> Vec<u32> {
+        if self.width == 1 {
+            return Vec::new();
+        }
+        let code = &self.func.code;
+        let mut found = Vec::new();
+        for (id, &start) in self.plan.resumes.iter().enumerate() {
+            let mut seen = vec![false; code.len()];
+            let mut todo = vec![start];
+            let mut reaches = false;
+            while let Some(at) = todo.pop() {
+                let Some(inst) = code.get(at as usize) else {
+                    continue;
+                };
+                if std::mem::replace(&mut seen[at as usize], true) {
+                    continue;
+                }
+                if stops(&inst.op) {
+                    reaches |= at == pc;
+                    continue;
+                }
+                match inst.op {
+                    Op::Bra { target } => {
+                        todo.push(target);
+                        if inst.guard != NONE {
+                            todo.push(at + 1);
+                        }
+                    }
+                    Op::Ret | Op::Exit | Op::Trap(_) => {}
+                    _ => todo.push(at + 1),
+                }
+            }
+            if reaches {
+                found.push(id as u32);
+            }
+        }
+        let after_stop = |id: &u32| {
+            let pc = self.plan.resumes[*id as usize] as usize;
+            pc > 0 && stops(&code[pc - 1].op)
+        };
+        if found.iter().any(after_stop) {
+            found.retain(after_stop);
+        }
+        found
+    }
+
+    /// Goes on from a stop of group `thread` (its code stored): with the
+    /// next group at the first of [`super::translate::Direct::origins`]
+    /// that is its resume point (its resume id read as the dispatch reads
+    /// it), else through the loop's head.
+    pub(super) fn next_group(&mut self, thread: Value) {
+        let origins = std::mem::take(&mut self.direct.origins);
+        if origins.is_empty() {
+            self.fb.ins().jump(self.next_thread, &[]);
+            return;
+        }
+        let next = self.fb.ins().iadd_imm_s(thread, self.width as i64);
+        let more = self
+            .fb
+            .ins()
+            .icmp(IntCC::UnsignedLessThan, next, self.direct.end);
+        let check = self.fb.create_block();
+        self.fb.ins().brif(more, check, &[], self.direct.done, &[]);
+        self.fb.switch_to_block(check);
+        let t64 = self.fb.ins().uextend(I64, next);
+        let off = self.fb.ins().ishl_imm_u(t64, 2);
+        let at = self.fb.ins().iadd(self.direct.resume_ids, off);
+        let resume = self.fb.ins().load(I32, MemFlagsData::trusted(), at, 0);
+        let args = [BlockArg::Value(next)];
+        for (k, &id) in origins.iter().enumerate() {
+            let same = self.fb.ins().icmp_imm_u(IntCC::Equal, resume, id as i64);
+            let entry = self.entry(id);
+            let other = match k + 1 == origins.len() {
+                true => self.direct.head,
+                false => self.fb.create_block(),
+            };
+            let or_args: &[BlockArg] = match k + 1 == origins.len() {
+                true => &args,
+                false => &[],
+            };
+            self.fb.ins().brif(same, entry, &args, other, or_args);
+            if k + 1 < origins.len() {
+                self.fb.switch_to_block(other);
+            }
+        }
+    }
+
+    /// The block entering a group at resume point `id` (made once).
+    fn entry(&mut self, id: u32) -> Block {
+        if let Some(b) = self.direct.entries[id as usize] {
+            return b;
+        }
+        let b = self.fb.create_block();
+        self.fb.append_block_param(b, I32);
+        self.direct.entries[id as usize] = Some(b);
+        b
+    }
+
+    /// Fills the entry blocks the stops made: the group's values as the
+    /// loop's body sets them, then its resume point.
+    pub(super) fn fill_entries(&mut self) {
+        for id in 0..self.direct.entries.len() {
+            let Some(b) = self.direct.entries[id] else {
+                continue;
+            };
+            self.fb.switch_to_block(b);
+            let thread = self.fb.block_params(b)[0];
+            group_start(&mut self.fb, self.ctx, self.plan.restart);
+            let vars = GroupVars {
+                thread: self.thread,
+                lane_file: self.lane_file,
+            };
+            let (func, plan, ctx, width) = (self.func, self.plan, self.ctx, self.width);
+            enter_group(
+                &mut self.fb,
+                func,
+                plan,
+                ctx,
+                width,
+                thread,
+                self.direct.bases,
+                vars,
+            );
+            self.fb.ins().jump(self.direct.resume_blocks[id], &[]);
+        }
+    }
+}
