@@ -4,7 +4,7 @@
 use super::dirty::stops;
 use super::restart::group_start;
 use super::translate::{enter_group, GroupVars, Translator};
-use crate::ir::{Op, NONE};
+use crate::ir::{Inst, Op, NONE};
 use cranelift_codegen::ir::condcodes::IntCC;
 use cranelift_codegen::ir::types::{I32, I64};
 use cranelift_codegen::ir::{Block, BlockArg, InstBuilder, MemFlagsData, Value};
@@ -15,42 +15,20 @@ impl Translator<'_, '_> {
     /// any (a group starts or resumes after a yield once or seldom): runs
     /// go on through branches (both ways where guarded) and end at stops
     /// and exits. The next group likely resumes where this one did.
-    pub(super) fn origins(&self, pc: u32) -> Vec<u32> {
+    pub(super) fn origins(&mut self, pc: u32) -> Vec<u32> {
         if self.width == 1 {
             return Vec::new();
         }
         let code = &self.func.code;
-        let mut found = Vec::new();
-        for (id, &start) in self.plan.resumes.iter().enumerate() {
-            let mut seen = vec![false; code.len()];
-            let mut todo = vec![start];
-            let mut reaches = false;
-            while let Some(at) = todo.pop() {
-                let Some(inst) = code.get(at as usize) else {
-                    continue;
-                };
-                if std::mem::replace(&mut seen[at as usize], true) {
-                    continue;
-                }
-                if stops(&inst.op) {
-                    reaches |= at == pc;
-                    continue;
-                }
-                match inst.op {
-                    Op::Bra { target } => {
-                        todo.push(target);
-                        if inst.guard != NONE {
-                            todo.push(at + 1);
-                        }
-                    }
-                    Op::Ret | Op::Exit | Op::Trap(_) => {}
-                    _ => todo.push(at + 1),
-                }
-            }
-            if reaches {
-                found.push(id as u32);
-            }
-        }
+        let resumes = &self.plan.resumes;
+        // (each resume point's stops, found once a kernel)
+        let reached = self
+            .direct
+            .reached
+            .get_or_insert_with(|| resumes.iter().map(|&r| stops_from(code, r)).collect());
+        let mut found: Vec<u32> = (0..resumes.len() as u32)
+            .filter(|&id| reached[id as usize].binary_search(&pc).is_ok())
+            .collect();
         let after_stop = |id: &u32| {
             let pc = self.plan.resumes[*id as usize] as usize;
             pc > 0 && stops(&code[pc - 1].op)
@@ -141,4 +119,36 @@ impl Translator<'_, '_> {
             self.fb.ins().jump(self.direct.resume_blocks[id], &[]);
         }
     }
+}
+
+/// The stops (ascending pcs) a run from `start` reaches: through branches
+/// (both ways where guarded), ending at stops and exits.
+fn stops_from(code: &[Inst], start: u32) -> Vec<u32> {
+    let mut seen = vec![false; code.len()];
+    let mut todo = vec![start];
+    let mut found = Vec::new();
+    while let Some(at) = todo.pop() {
+        let Some(inst) = code.get(at as usize) else {
+            continue;
+        };
+        if std::mem::replace(&mut seen[at as usize], true) {
+            continue;
+        }
+        if stops(&inst.op) {
+            found.push(at);
+            continue;
+        }
+        match inst.op {
+            Op::Bra { target } => {
+                todo.push(target);
+                if inst.guard != NONE {
+                    todo.push(at + 1);
+                }
+            }
+            Op::Ret | Op::Exit | Op::Trap(_) => {}
+            _ => todo.push(at + 1),
+        }
+    }
+    found.sort_unstable();
+    found
 }

@@ -240,8 +240,10 @@ pub(super) struct Direct {
     /// where a stop first goes to it; a group's first thread its parameter).
     pub resume_blocks: Vec<Block>,
     pub entries: Vec<Option<Block>>,
-    /// The resume points whose runs reach the stop being emitted.
+    /// The resume points whose runs reach the stop being emitted, and
+    /// the stops each resume point's runs reach (found at the first stop).
     pub origins: Vec<u32>,
+    pub reached: Option<Vec<Vec<u32>>>,
 }
 
 /// Enters group (or thread) `thread` (an I32): sets `vars` to its values;
@@ -455,6 +457,7 @@ impl<'a, 'f> Translator<'a, 'f> {
                 resume_blocks: Vec::new(),
                 entries: vec![None; plan.resumes.len()],
                 origins: Vec::new(),
+                reached: None,
             },
             exit_block,
             fault_block,
