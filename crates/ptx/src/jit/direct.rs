@@ -2,8 +2,9 @@
 //! reach the stop, where that group resumes there, without the loop's dispatch.
 
 use super::dirty::stops;
+use super::resident::lane_slots;
 use super::restart::group_start;
-use super::translate::{enter_group, GroupVars, Translator};
+use super::translate::Translator;
 use crate::ir::{Inst, Op, NONE};
 use cranelift_codegen::ir::condcodes::IntCC;
 use cranelift_codegen::ir::types::{I32, I64};
@@ -61,7 +62,16 @@ impl Translator<'_, '_> {
         let off = self.fb.ins().ishl_imm_u(t64, 2);
         let at = self.fb.ins().iadd(self.direct.resume_ids, off);
         let resume = self.fb.ins().load(I32, MemFlagsData::trusted(), at, 0);
-        let args = [BlockArg::Value(next)];
+        // (the next group's lane file follows this one's: the loop's body
+        // puts group `t`'s `t` times `16 slots / width` bytes on)
+        let file = self.fb.use_var(self.lane_file);
+        let per_thread = lane_slots(self.func, self.plan).1 as i64 * 16 / self.width as i64;
+        let file = match per_thread {
+            0 => file,
+            n => self.fb.ins().iadd_imm_s(file, n * self.width as i64),
+        };
+        let args = [BlockArg::Value(next), BlockArg::Value(file)];
+        let head_args = [BlockArg::Value(next)];
         for (k, &id) in origins.iter().enumerate() {
             let same = self.fb.ins().icmp_imm_u(IntCC::Equal, resume, id as i64);
             let entry = self.entry(id);
@@ -70,7 +80,7 @@ impl Translator<'_, '_> {
                 false => self.fb.create_block(),
             };
             let or_args: &[BlockArg] = match k + 1 == origins.len() {
-                true => &args,
+                true => &head_args,
                 false => &[],
             };
             self.fb.ins().brif(same, entry, &args, other, or_args);
@@ -87,35 +97,23 @@ impl Translator<'_, '_> {
         }
         let b = self.fb.create_block();
         self.fb.append_block_param(b, I32);
+        self.fb.append_block_param(b, I64);
         self.direct.entries[id as usize] = Some(b);
         b
     }
 
-    /// Fills the entry blocks the stops made: the group's values as the
-    /// loop's body sets them, then its resume point.
+    /// Fills the entry blocks the stops made: the group's thread and lane
+    /// file, then its resume point.
     pub(super) fn fill_entries(&mut self) {
         for id in 0..self.direct.entries.len() {
             let Some(b) = self.direct.entries[id] else {
                 continue;
             };
             self.fb.switch_to_block(b);
-            let thread = self.fb.block_params(b)[0];
+            let (thread, file) = (self.fb.block_params(b)[0], self.fb.block_params(b)[1]);
             group_start(&mut self.fb, self.ctx, self.plan.restart);
-            let vars = GroupVars {
-                thread: self.thread,
-                lane_file: self.lane_file,
-            };
-            let (func, plan, ctx, width) = (self.func, self.plan, self.ctx, self.width);
-            enter_group(
-                &mut self.fb,
-                func,
-                plan,
-                ctx,
-                width,
-                thread,
-                self.direct.bases,
-                vars,
-            );
+            self.fb.def_var(self.thread, thread);
+            self.fb.def_var(self.lane_file, file);
             self.fb.ins().jump(self.direct.resume_blocks[id], &[]);
         }
     }
