@@ -737,3 +737,27 @@ fn predicates_whose_masks_are_kept_negated_guard_as_interpreted() {
         }
     }
 }
+
+#[test]
+fn a_stop_goes_on_at_its_own_resume_point_only_where_the_next_group_resumes_there() {
+    // k at a group's start (16, 32), inside one (18: that block's lanes
+    // part), past the threads that stay (48: all take A)
+    for k in [16, 32, 18, 48] {
+        let (ran, _) = lane_blocks();
+        let (report, out) = both("resume_apart", config([2, 1, 1], [64, 1, 1], 0), &[], k);
+        report.result.expect("the kernel runs");
+        let (ran_after, _) = lane_blocks();
+        if k % 4 == 0 {
+            assert!(ran_after > ran, "k {k}: the blocks ran in step");
+        }
+        for (t, &got) in out[..64].iter().enumerate() {
+            let t = t as u32;
+            let want = match t {
+                48.. => 5,
+                t if t < k => t + 7 + 100,
+                t => t + 70,
+            };
+            assert_eq!(got, want, "k {k}: word {t}");
+        }
+    }
+}

@@ -30,21 +30,24 @@ impl Translator<'_, '_> {
     /// for each lane after it).
     pub(super) fn regs_at(&mut self) -> Value {
         let step = self.func.nregs as i64 * 8;
-        self.lane_step(self.regs_ptr, step)
+        let regs = self.group_ptr(0, step);
+        self.lane_step(regs, step)
     }
 
     /// The running lane's local memory.
     pub(super) fn local_at(&mut self) -> Value {
         let step = (self.func.frame_bytes as u64).div_ceil(8) as i64 * 8;
-        self.lane_step(self.local, step)
+        let local = self.group_ptr(1, step);
+        self.lane_step(local, step)
     }
 
     /// The running lane's thread index (an I32).
     pub(super) fn lin_at(&mut self) -> Value {
+        let lin = self.fb.use_var(self.thread);
         if self.lane == 0 {
-            return self.lin;
+            return lin;
         }
-        add_imm(&mut self.fb, self.lin, self.lane as i64)
+        add_imm(&mut self.fb, lin, self.lane as i64)
     }
 
     /// The running lane's `%tid` component `k` (an I32).
@@ -56,15 +59,32 @@ impl Translator<'_, '_> {
         // x of each lane, then y, then z (`KernelFn`)
         let fixed = MemFlagsData::trusted().with_readonly();
         let off = (k * 16 + self.lane * 4) as i32;
-        self.fb.ins().load(I32, fixed, self.tid_ptr, off)
+        let tids = self.group_ptr(2, 16);
+        self.fb.ins().load(I32, fixed, tids, off)
     }
 
     /// Every lane's `%tid` component `k` (an I32X4): one load.
     pub(super) fn tids_at(&mut self, k: usize) -> Value {
         let fixed = lanes_flags().with_readonly();
-        self.fb
-            .ins()
-            .load(I32X4, fixed, self.tid_ptr, (k * 16) as i32)
+        let tids = self.group_ptr(2, 16);
+        self.fb.ins().load(I32X4, fixed, tids, (k * 16) as i32)
+    }
+
+    /// Base `k` of the running group's (register files, local memory,
+    /// `%tid`s: `Direct::bases`) moved on by `step` bytes for each thread
+    /// before its first (pure ops the code generator places where read).
+    fn group_ptr(&mut self, k: usize, step: i64) -> Value {
+        let base = self.direct.bases[k];
+        if step == 0 {
+            return base;
+        }
+        let thread = self.fb.use_var(self.thread);
+        let t64 = self.fb.ins().uextend(I64, thread);
+        let off = match step.count_ones() {
+            1 => self.fb.ins().ishl_imm_u(t64, step.trailing_zeros() as i64),
+            _ => self.fb.ins().imul_imm_s(t64, step),
+        };
+        self.fb.ins().iadd(base, off)
     }
 
     /// `v`, lane 0's, moved on by `step` bytes for each lane before the
@@ -96,16 +116,19 @@ impl Translator<'_, '_> {
         // (the group's lanes stop alike: its first thread's code speaks for
         // them all)
         let c = self.fb.ins().iconst(I32, code as i64);
-        let t64 = self.fb.ins().uextend(I64, self.thread);
+        let thread = self.fb.use_var(self.thread);
+        let t64 = self.fb.ins().uextend(I64, thread);
         let off = self.fb.ins().ishl_imm_u(t64, 2);
         let at = self.fb.ins().iadd(self.codes, off);
         self.fb.ins().store(MemFlagsData::trusted(), c, at, 0);
         self.note_code(code);
         if !returns {
-            self.fb.ins().jump(self.next_thread, &[]);
+            // (a stop that one resume point's runs reach alone may go on
+            // at that point with the next group: `jit::direct`)
+            self.next_group(thread);
             return;
         }
-        let done = add_imm(&mut self.fb, self.thread, self.width as i64);
+        let done = add_imm(&mut self.fb, thread, self.width as i64);
         self.fb.ins().return_(&[done]);
     }
 
@@ -358,19 +381,17 @@ impl Translator<'_, '_> {
     /// Loads the resident registers (`jit::resident`) that the basic block
     /// `start..end` reads or writes from the lane file, at its start.
     pub(super) fn load_resident(&mut self, start: u32, end: u32) {
+        let lane_file = self.fb.use_var(self.lane_file);
         for r in touched(self.func, &self.resident, start, end) {
             let slot = self.slot_at(r);
             match (self.vregs[r as usize], self.sregs[r as usize]) {
                 (Some(var), _) => {
-                    let x = self
-                        .fb
-                        .ins()
-                        .load(I32X4, lanes_flags(), self.lane_file, slot);
+                    let x = self.fb.ins().load(I32X4, lanes_flags(), lane_file, slot);
                     self.fb.def_var(var, x);
                 }
                 (None, Some((var, _))) => {
                     let flags = MemFlagsData::trusted();
-                    let x = self.fb.ins().load(I64, flags, self.lane_file, slot);
+                    let x = self.fb.ins().load(I64, flags, lane_file, slot);
                     self.fb.def_var(var, x);
                 }
                 _ => unreachable!("a resident register is narrow or strided"),
@@ -408,12 +429,14 @@ impl Translator<'_, '_> {
     pub(super) fn store_strided(&mut self, r: u32, v: Value) {
         let slot = self.slot_at(r);
         let flags = MemFlagsData::trusted();
-        self.fb.ins().store(flags, v, self.lane_file, slot);
+        let lane_file = self.fb.use_var(self.lane_file);
+        self.fb.ins().store(flags, v, lane_file, slot);
     }
 
     /// Stores narrow register `r`'s lanes `v` to its lane-file slot.
     pub(super) fn store_narrow(&mut self, r: u32, v: Value) {
         let slot = self.slot_at(r);
-        self.fb.ins().store(lanes_flags(), v, self.lane_file, slot);
+        let lane_file = self.fb.use_var(self.lane_file);
+        self.fb.ins().store(lanes_flags(), v, lane_file, slot);
     }
 }

@@ -7,6 +7,7 @@ mod barriers;
 mod compiled;
 mod count;
 mod device_calls;
+mod direct;
 mod dirty;
 mod emit_mem;
 mod emit_ops;

@@ -54,8 +54,6 @@ pub(super) struct Translator<'a, 'f> {
     /// `local_at`, `lin_at`, `tid_at`).
     pub lane: usize,
     pub lane_regs: Vec<Vec<Variable>>,
-    /// Where the running thread's (lane 0's) `%tid` is (x, y, z, 0).
-    pub tid_ptr: Value,
     /// The end of the basic block being emitted.
     pub block_end: u32,
     pub regs: Vec<Variable>,
@@ -73,7 +71,7 @@ pub(super) struct Translator<'a, 'f> {
     /// The lane kernel's group's narrow registers between runs: a vector
     /// of 16 bytes for each register of `lane_slot` (`Ctx::lane_file`,
     /// group `first / LANES`).
-    pub lane_file: Value,
+    pub lane_file: Variable,
     pub lane_slot: Vec<u32>,
     /// Which registers live in the lane file between blocks (`jit::resident`).
     pub resident: Vec<bool>,
@@ -81,16 +79,19 @@ pub(super) struct Translator<'a, 'f> {
     /// where `Plan::fresh_start`): its stops store what it wrote since.
     pub fresh: Variable,
     pub ctx: Value,
-    pub regs_ptr: Value,
-    pub local: Value,
-    pub lin: Value,
+    /// The thread loop's `%tid` (its body's values: the lane kernel loads
+    /// its lanes' through `tid_ptr`).
     pub tid: [Value; 3],
     pub blocks: Vec<Block>,
-    /// The thread running (an I32), where its stop code goes, and the
-    /// block that goes on with the next thread of the range.
-    pub thread: Value,
+    /// The thread running (an I32; lane 0's, its `%tid`'s place too),
+    /// where its stop code goes, and the block that goes on with the next
+    /// thread of the range.
+    pub thread: Variable,
     pub codes: Value,
     pub next_thread: Block,
+    /// Where the loop goes on with the next group without the dispatch
+    /// ([`super::direct`]).
+    pub direct: Direct,
     pub exit_block: Block,
     pub fault_block: Block,
     /// Instructions of the current basic block after the one being
@@ -196,51 +197,88 @@ pub(super) struct LaneBase {
     pub fixed: bool,
 }
 
-/// One thread's values in compiled code: its index in the block (an I32),
-/// register file, local memory and `%tid`.
-#[derive(Clone, Copy)]
-pub(super) struct LaneVals {
-    pub thread: Value,
-    pub regs_ptr: Value,
-    pub local: Value,
-    pub tid: [Value; 3],
-}
-
-/// The values of thread `thread` (an I32): its register file at
-/// `regs_base + 8 nregs thread`, its local memory at `local_base + stride
-/// thread`, its `%tid` at `tids + 16 thread` (loaded when `load_tid`; its
-/// place as well).
-fn thread_values(
+/// The `%tid` of thread `thread` (an I32) at `tids + 16 thread`, loaded
+/// where `load_tid` (else `thread` three times: the lane kernel loads its
+/// lanes' where read).
+fn thread_tid(
     fb: &mut FunctionBuilder<'_>,
-    func: &Func,
     thread: Value,
-    [regs_base, local_base, tids]: [Value; 3],
+    tids: Value,
     load_tid: bool,
-) -> (LaneVals, Value) {
+) -> [Value; 3] {
     let t64 = fb.ins().uextend(I64, thread);
-    let reg_off = fb.ins().imul_imm_s(t64, func.nregs as i64 * 8);
-    let regs_ptr = fb.ins().iadd(regs_base, reg_off);
-    let local_stride = (func.frame_bytes as u64).div_ceil(8) as i64 * 8;
-    let local = if local_stride == 0 {
-        local_base
-    } else {
-        let local_off = fb.ins().imul_imm_s(t64, local_stride);
-        fb.ins().iadd(local_base, local_off)
-    };
     let tid_off = fb.ins().ishl_imm_u(t64, 4);
     let tid_at = fb.ins().iadd(tids, tid_off);
     let fixed = MemFlagsData::trusted().with_readonly();
-    let tid = [0, 4, 8].map(|o| match load_tid {
+    [0, 4, 8].map(|o| match load_tid {
         true => fb.ins().load(I32, fixed, tid_at, o),
         false => thread,
-    });
-    let vals = LaneVals {
-        thread,
-        regs_ptr,
-        local,
-        tid,
+    })
+}
+
+/// A group's values (the thread loop's: a thread's) as variables, set where
+/// the loop enters it: its first thread (an I32) and lane file (its
+/// register file, local memory and `%tid`s are made from the thread where
+/// read: `Translator::group_ptr`).
+#[derive(Clone, Copy)]
+pub(super) struct GroupVars {
+    pub thread: Variable,
+    pub lane_file: Variable,
+}
+
+/// What a lane kernel's stop needs to go on with the next group at its
+/// run's resume point without the loop's dispatch ([`super::direct`]).
+pub(super) struct Direct {
+    /// The range's end, the loop's head (its next thread the parameter)
+    /// and the block returning the end.
+    pub end: Value,
+    pub head: Block,
+    pub done: Block,
+    pub resume_ids: Value,
+    pub bases: [Value; 3],
+    /// Each resume point's block, and the one entering a group there (made
+    /// where a stop first goes to it; a group's first thread its parameter).
+    pub resume_blocks: Vec<Block>,
+    pub entries: Vec<Option<Block>>,
+    /// The resume points whose runs reach the stop being emitted, and
+    /// the stops each resume point's runs reach (found at the first stop).
+    pub origins: Vec<u32>,
+    pub reached: Option<Vec<Vec<u32>>>,
+}
+
+/// Enters group (or thread) `thread` (an I32): sets `vars` to its values;
+/// its `%tid` (the thread loop's) and `thread` as an I64.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn enter_group(
+    fb: &mut FunctionBuilder<'_>,
+    func: &Func,
+    plan: &Plan,
+    ctx: Value,
+    width: u32,
+    thread: Value,
+    bases: [Value; 3],
+    vars: GroupVars,
+) -> ([Value; 3], Value) {
+    let tid = thread_tid(fb, thread, bases[2], width == 1);
+    let t64 = fb.ins().uextend(I64, thread);
+    // (a lane kernel whose registers never wait in the lane file
+    // loads no pointer to it: the load would stay, unused)
+    let lane_file = if width == 1 || lane_slots(func, plan).1 == 0 {
+        bases[0]
+    } else {
+        let file = fb
+            .ins()
+            .load(I64, MemFlagsData::trusted(), ctx, ctx_off!(lane_file));
+        // (the group's first thread is a multiple of `width`: its
+        // group's slots start `16 / width` bytes a slot on for each)
+        let off = fb
+            .ins()
+            .imul_imm_s(t64, lane_slots(func, plan).1 as i64 * 16 / width as i64);
+        fb.ins().iadd(file, off)
     };
-    (vals, tid_at)
+    fb.def_var(vars.thread, thread);
+    fb.def_var(vars.lane_file, lane_file);
+    (tid, t64)
 }
 
 /// Flags of the lane file's 16-byte accesses (lanes in memory order).
@@ -354,41 +392,26 @@ impl<'a, 'f> Translator<'a, 'f> {
         fb.ins().brif(more, body, &[], done, &[]);
         fb.switch_to_block(done);
         fb.ins().return_(&[end]);
+        // (the group running: the loop's head's, or the one a stop went
+        // on with at its resume point, `jit::direct`)
+        let vars = GroupVars {
+            thread: fb.declare_var(I32),
+            lane_file: fb.declare_var(I64),
+        };
         fb.switch_to_block(next_thread);
-        let following = fb.ins().iadd_imm_s(first_thread, width as i64);
+        let running = fb.use_var(vars.thread);
+        let following = fb.ins().iadd_imm_s(running, width as i64);
         fb.ins().jump(head, &[BlockArg::Value(following)]);
         fb.switch_to_block(body);
         group_start(&mut fb, ctx, width > 1 && plan.restart);
         // (the lane kernel works out each lane's from lane 0's where used)
-        let (vals, tid_ptr) = thread_values(&mut fb, func, first_thread, bases, width == 1);
-        let t64 = fb.ins().uextend(I64, first_thread);
+        let (tid, t64) = enter_group(&mut fb, func, plan, ctx, width, first_thread, bases, vars);
         // (a kernel with one resume point, its start, goes there at once)
         let resume = (plan.resumes.len() > 1).then(|| {
             let id_off = fb.ins().ishl_imm_u(t64, 2);
             let id_at = fb.ins().iadd(resume_ids, id_off);
             fb.ins().load(I32, MemFlagsData::trusted(), id_at, 0)
         });
-        let LaneVals {
-            thread,
-            regs_ptr,
-            local,
-            tid,
-        } = vals;
-        // (a lane kernel whose registers never wait in the lane file
-        // loads no pointer to it: the load would stay, unused)
-        let lane_file = if width == 1 || lane_slots(func, plan).1 == 0 {
-            regs_base
-        } else {
-            let file = fb
-                .ins()
-                .load(I64, MemFlagsData::trusted(), ctx, ctx_off!(lane_file));
-            // (the group's first thread is a multiple of `width`: its
-            // group's slots start `16 / width` bytes a slot on for each)
-            let off = fb
-                .ins()
-                .imul_imm_s(t64, lane_slots(func, plan).1 as i64 * 16 / width as i64);
-            fb.ins().iadd(file, off)
-        };
         let blocks: Vec<Block> = plan.starts.iter().map(|_| fb.create_block()).collect();
         let exit_block = fb.create_block();
         let fault_block = fb.create_block();
@@ -410,25 +433,32 @@ impl<'a, 'f> Translator<'a, 'f> {
             width,
             lane: 0,
             lane_regs,
-            tid_ptr,
             block_end: 0,
             regs,
             vregs,
             wregs,
             sregs,
-            lane_file,
+            lane_file: vars.lane_file,
             lane_slot: lane_slots(func, plan).0,
             resident,
             fresh,
             ctx,
-            regs_ptr,
-            local,
-            lin: thread,
             tid,
             blocks,
-            thread,
+            thread: vars.thread,
             codes,
             next_thread,
+            direct: Direct {
+                end,
+                head,
+                done,
+                resume_ids,
+                bases,
+                resume_blocks: Vec::new(),
+                entries: vec![None; plan.resumes.len()],
+                origins: Vec::new(),
+                reached: None,
+            },
             exit_block,
             fault_block,
             excess: 0,
@@ -459,6 +489,7 @@ impl<'a, 'f> Translator<'a, 'f> {
         };
         // dispatch on the resume point: load its live registers, go on there
         let resume_blocks: Vec<Block> = plan.resumes.iter().map(|_| t.fb.create_block()).collect();
+        t.direct.resume_blocks = resume_blocks.clone();
         let calls: Vec<_> = resume_blocks
             .iter()
             .map(|&b| t.fb.func.dfg.block_call(b, &[]))
@@ -486,6 +517,7 @@ impl<'a, 'f> Translator<'a, 'f> {
         let needed = needed_in(func, plan);
         for (k, &rb) in resume_blocks.iter().enumerate() {
             t.fb.switch_to_block(rb);
+            let lane_file = t.fb.use_var(t.lane_file);
             let pc = plan.resumes[k];
             let b = plan.block_at(pc);
             let start = pc == 0 && plan.fresh_start;
@@ -513,7 +545,7 @@ impl<'a, 'f> Translator<'a, 'f> {
                         t.fb.ins().splat(I32X4, zero)
                     } else {
                         let slot = t.slot_at(r);
-                        t.fb.ins().load(I32X4, lanes_flags(), t.lane_file, slot)
+                        t.fb.ins().load(I32X4, lanes_flags(), lane_file, slot)
                     };
                     match resident {
                         true => t.store_narrow(r, x),
@@ -530,7 +562,7 @@ impl<'a, 'f> Translator<'a, 'f> {
                     } else {
                         let slot = t.slot_at(r);
                         t.fb.ins()
-                            .load(I64, MemFlagsData::trusted(), t.lane_file, slot)
+                            .load(I64, MemFlagsData::trusted(), lane_file, slot)
                     };
                     match resident {
                         true => t.store_strided(r, x),
@@ -545,7 +577,7 @@ impl<'a, 'f> Translator<'a, 'f> {
                             t.fb.ins().splat(I64X2, zero)
                         } else {
                             let at = slot + 16 * k as i32;
-                            t.fb.ins().load(I64X2, lanes_flags(), t.lane_file, at)
+                            t.fb.ins().load(I64X2, lanes_flags(), lane_file, at)
                         };
                         t.fb.def_var(half, x);
                     }
@@ -597,10 +629,11 @@ impl<'a, 'f> Translator<'a, 'f> {
         let back = t.fb.ins().ineg(excess);
         count_add(&mut t.fb, ctx, back);
         t.finish_all(RET_FAULT);
+        t.fill_entries();
         if let Some(short) = short {
             t.fb.switch_to_block(short);
             t.fb.set_cold_block(short);
-            t.thread = first;
+            t.fb.def_var(t.thread, first);
             t.finish_all(RET_PARTED);
         }
         t.fb.seal_all_blocks();
@@ -615,14 +648,15 @@ impl<'a, 'f> Translator<'a, 'f> {
     /// threads up to this one done.
     pub(super) fn finish_with(&mut self, code: u32) {
         let c = self.fb.ins().iconst(I32, code as i64);
-        let t64 = self.fb.ins().uextend(I64, self.thread);
+        let thread = self.fb.use_var(self.thread);
+        let t64 = self.fb.ins().uextend(I64, thread);
         let off = self.fb.ins().ishl_imm_u(t64, 2);
         let at = self.fb.ins().iadd(self.codes, off);
         self.fb.ins().store(MemFlagsData::trusted(), c, at, 0);
         self.note_code(code);
         let returns = code == RET_FAULT || code & ((1 << STOP_BITS) - 1) == STOP_YIELD;
         if returns {
-            let done = add_imm(&mut self.fb, self.thread, 1);
+            let done = add_imm(&mut self.fb, thread, 1);
             self.fb.ins().return_(&[done]);
         } else {
             self.fb.ins().jump(self.next_thread, &[]);
@@ -651,7 +685,9 @@ impl<'a, 'f> Translator<'a, 'f> {
     pub(super) fn stop_at(&mut self, pc: u32, why: u32, also: &[u32]) {
         self.store_live(pc, also);
         let id = self.plan.resume_id(pc);
+        self.direct.origins = self.origins(self.pc_now);
         self.finish_all(id << STOP_BITS | why);
+        self.direct.origins.clear();
     }
 
     /// Stores each lane's registers live at `pc` (and `also`, and the
@@ -699,13 +735,14 @@ impl<'a, 'f> Translator<'a, 'f> {
     /// kernel to its lane file (those in `also` to the threads' files too).
     fn store_regs(&mut self, stored: &[u32], also: &[u32]) {
         let mut to_threads = Vec::new();
+        let lane_file = self.fb.use_var(self.lane_file);
         for &r in stored {
             if let Some((var, _)) = self.sregs[r as usize] {
                 let slot = self.slot_at(r);
                 let v = self.fb.use_var(var);
                 self.fb
                     .ins()
-                    .store(MemFlagsData::trusted(), v, self.lane_file, slot);
+                    .store(MemFlagsData::trusted(), v, lane_file, slot);
                 if also.contains(&r) {
                     to_threads.push(r);
                 }
@@ -715,7 +752,7 @@ impl<'a, 'f> Translator<'a, 'f> {
                 (Some(var), _) => {
                     let slot = self.slot_at(r);
                     let v = self.fb.use_var(var);
-                    self.fb.ins().store(lanes_flags(), v, self.lane_file, slot);
+                    self.fb.ins().store(lanes_flags(), v, lane_file, slot);
                     if also.contains(&r) {
                         to_threads.push(r);
                     }
@@ -725,7 +762,7 @@ impl<'a, 'f> Translator<'a, 'f> {
                     for (k, half) in halves.into_iter().enumerate() {
                         let v = self.fb.use_var(half);
                         let at = slot + 16 * k as i32;
-                        self.fb.ins().store(lanes_flags(), v, self.lane_file, at);
+                        self.fb.ins().store(lanes_flags(), v, lane_file, at);
                     }
                     if also.contains(&r) {
                         to_threads.push(r);
