@@ -184,7 +184,11 @@ fn a_session_moves_between_two_cpu_devices_with_its_handles_and_bytes() {
             &server.devices()[1 - to as usize],
         );
         assert!(here.mem_used() >= 3 * bytes, "the memory is on device {to}");
-        assert_eq!(there.mem_used(), 0, "nothing is left behind");
+        // The old context goes once its stream threads have ended, which a
+        // loaded machine may take a moment after the answer.
+        eventually("the old device's memory to be given back", || {
+            there.mem_used() == 0
+        });
         c.post(launch_call_on(
             f.handle,
             [16, 1, 1],
