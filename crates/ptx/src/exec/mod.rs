@@ -10,6 +10,7 @@ mod barrier;
 mod block;
 mod blocks;
 mod calls;
+mod cdp;
 mod grid;
 mod limits;
 mod mbarrier;
