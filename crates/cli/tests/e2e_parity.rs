@@ -185,8 +185,6 @@ fn the_device_heap_outlives_its_kernel() {
 /// recursive quicksort, a tail launch, bad launches' codes in the kernel and a
 /// child's bad write failing the host's launch with 700.
 #[test]
-#[ignore = "the program's module fails to load through the server (a PTX JIT compilation \
-            error on its -rdc link); crates/ptx's own tests pass"]
 fn device_side_launches_run_after_their_parent() {
     let out = driver_passes("device_launch", &["-rdc=true", "-lcudadevrt"]);
     assert!(

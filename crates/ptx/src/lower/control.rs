@@ -184,6 +184,11 @@ impl FuncLower<'_> {
             .funcs
             .get(func as usize)
             .ok_or_else(|| invalid(self.line, "bad function index"))?;
+        // the device runtime's own definitions (libcudadevrt's PTX, linked
+        // in by -rdc) are never entered: the call is the device's
+        if let Some(f) = cdp_fn(&callee.name) {
+            return self.lower_cdp(f, args, rets);
+        }
         if callee.body.is_none() {
             if callee.name == "__assertfail" || callee.name == "__assert_fail" {
                 return self.lower_assert_fail(args);
@@ -204,8 +209,11 @@ impl FuncLower<'_> {
                 return Ok(());
             }
             let name = callee.name.clone();
-            if let Some(f) = cdp_fn(&name) {
-                return self.lower_cdp(f, args, rets);
+            if name.starts_with("cnp") || name.starts_with("__cuda_syscall") {
+                // libcudadevrt's internals, called only from its own
+                // definitions, which the device's calls replace
+                self.emit(Op::Trap(format!("call to the device runtime's `{name}`")));
+                return Ok(());
             }
             if name.starts_with("__cudaCDP") || name.starts_with("cudaLaunchDevice") {
                 return self.unsupported(format!(
