@@ -1,87 +1,12 @@
-//! Dynamic parallelism (CDP2): a grid's threads queue device-side launches,
-//! which run after that grid ends, in launch order, tail launches last.
+//! Dynamic parallelism (CDP2): the device runtime calls of a grid's threads
+//! (parameter buffers, launches queued, streams, last errors, cudaMalloc).
 
 use super::access::{local_get, local_put, Access};
-use super::grid::Executable;
+use super::runtime::*;
 use super::state::{Block, Geo, Thread};
 use crate::ir::{ArgLoc, CdpCall, CdpFn, Sp, Src, FUNC_WIN};
-use crate::launch::{Fault, LaunchConfig, LaunchLimits, LaunchReport};
-use crate::memory::DeviceMemory;
-use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::Mutex;
-
-/// Deepest nesting of device-side launches (the host's launch is depth 0).
-pub(crate) const MAX_DEPTH: u32 = 24;
-/// Launches queued and not yet started, the whole tree together
-/// (`cudaLimitDevRuntimePendingLaunchCount`'s default).
-pub(crate) const PENDING_LIMIT: usize = 2048;
-
-/// `cudaStreamTailLaunch` and `cudaStreamFireAndForget`.
-const TAIL: u64 = 3;
-const FIRE_AND_FORGET: u64 = 4;
-/// Handles of streams made on the device start here.
-const STREAM_BASE: u64 = 0x1000;
-
-// the runtime's `cudaError_t` codes a device-side call returns
-const INVALID_VALUE: u32 = 1;
-const MEMORY_ALLOCATION: u32 = 2;
-const INVALID_CONFIGURATION: u32 = 9;
-const MAX_DEPTH_EXCEEDED: u32 = 65;
-const PENDING_COUNT_EXCEEDED: u32 = 69;
-const INVALID_DEVICE_FUNCTION: u32 = 98;
-const INVALID_RESOURCE_HANDLE: u32 = 400;
-
-/// A parameter buffer handed out: the launch it is for.
-#[derive(Debug, Clone, Copy)]
-struct Header {
-    /// Index into the module's kernels, `None` for a bad function address.
-    kernel: Option<usize>,
-    cfg: LaunchConfig,
-    params_len: usize,
-}
-
-/// A launch queued by a thread of the grid.
-#[derive(Debug)]
-struct Queued {
-    kernel: usize,
-    cfg: LaunchConfig,
-    buf: u64,
-    params_len: usize,
-    tail: bool,
-}
-
-/// One grid's device runtime: its parameter buffers, queued launches,
-/// streams and each thread's last error.
-#[derive(Debug)]
-pub(super) struct Cdp<'a> {
-    depth: u32,
-    /// Launches queued and not started in the whole tree.
-    pending: &'a AtomicUsize,
-    bufs: Mutex<HashMap<u64, Header>>,
-    queue: Mutex<Vec<Queued>>,
-    streams: Mutex<HashSet<u64>>,
-    next_stream: AtomicU64,
-    errors: Mutex<HashMap<([u32; 3], u32), u32>>,
-}
-
-impl<'a> Cdp<'a> {
-    pub(super) fn new(depth: u32, pending: &'a AtomicUsize) -> Cdp<'a> {
-        Cdp {
-            depth,
-            pending,
-            bufs: Mutex::default(),
-            queue: Mutex::default(),
-            streams: Mutex::default(),
-            next_stream: AtomicU64::new(STREAM_BASE),
-            errors: Mutex::default(),
-        }
-    }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
+use crate::launch::{Fault, LaunchConfig};
+use std::sync::atomic::Ordering;
 
 /// The value of argument `l`; `word` picks a 4-byte word of a `.param`
 /// aggregate (a `dim3`), else the whole value.
@@ -286,48 +211,4 @@ fn check(g: &Geo<'_>, h: &Header, stream: u64) -> u32 {
         return PENDING_COUNT_EXCEEDED;
     }
     0
-}
-
-impl Executable {
-    /// Runs kernel `k` at nesting `depth`, then the launches its threads
-    /// queued (tail launches last), each with its own tree, one at a time:
-    /// the whole tree is one report, its first fault the tree's.
-    #[allow(clippy::too_many_arguments)]
-    pub(super) fn launch_tree(
-        &self,
-        mem: &DeviceMemory,
-        k: usize,
-        cfg: &LaunchConfig,
-        params: &[u8],
-        limits: &LaunchLimits<'_>,
-        grid_workspace: u64,
-        depth: u32,
-        pending: &AtomicUsize,
-    ) -> LaunchReport {
-        let cdp = Cdp::new(depth, pending);
-        let mut report = self.launch_in(mem, k, cfg, params, limits, grid_workspace, &cdp);
-        for buf in lock(&cdp.bufs).keys() {
-            mem.heap_free(*buf);
-        }
-        let mut queue = std::mem::take(&mut *lock(&cdp.queue));
-        queue.sort_by_key(|q| q.tail);
-        for q in queue {
-            pending.fetch_sub(1, Ordering::Relaxed);
-            let mut p = vec![0u8; q.params_len];
-            let read = mem.read(q.buf, &mut p);
-            mem.heap_free(q.buf);
-            if report.result.is_err() {
-                continue;
-            }
-            if let Err(e) = read {
-                report.result = Err(Fault::Failed(format!("parameter buffer lost: {e:?}")));
-                continue;
-            }
-            let child = self.launch_tree(mem, q.kernel, &q.cfg, &p, limits, 0, depth + 1, pending);
-            report.stdout.extend_from_slice(&child.stdout);
-            report.instructions += child.instructions;
-            report.result = child.result;
-        }
-        report
-    }
 }

@@ -7,11 +7,11 @@
 use super::access::bytes_of;
 use super::block::Worker;
 use super::blocks::{on_workers, BlockResults};
-use super::cdp::Cdp;
 use super::limits::{
     BLOCK_MEMORY_LIMIT, COOPERATIVE_MEMORY_LIMIT, MAX_COOPERATIVE_BLOCKS, MAX_COOPERATIVE_THREADS,
     RESERVED_SMEM,
 };
+use super::runtime::{lock, Cdp};
 use super::state::Geo;
 use super::watch;
 use crate::ir::{Module, Op, SReg};
@@ -288,4 +288,48 @@ fn run_grid(g: &Geo<'_>) -> LaunchReport {
         g.executed.load(Ordering::Relaxed),
         printf_launch_limit(g.printf_fifo),
     )
+}
+
+impl Executable {
+    /// Runs kernel `k` at nesting `depth`, then the launches its threads
+    /// queued (tail launches last), each with its own tree, one at a time:
+    /// the whole tree is one report, its first fault the tree's.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn launch_tree(
+        &self,
+        mem: &DeviceMemory,
+        k: usize,
+        cfg: &LaunchConfig,
+        params: &[u8],
+        limits: &LaunchLimits<'_>,
+        grid_workspace: u64,
+        depth: u32,
+        pending: &AtomicUsize,
+    ) -> LaunchReport {
+        let cdp = Cdp::new(depth, pending);
+        let mut report = self.launch_in(mem, k, cfg, params, limits, grid_workspace, &cdp);
+        for buf in lock(&cdp.bufs).keys() {
+            mem.heap_free(*buf);
+        }
+        let mut queue = std::mem::take(&mut *lock(&cdp.queue));
+        queue.sort_by_key(|q| q.tail);
+        for q in queue {
+            pending.fetch_sub(1, Ordering::Relaxed);
+            let mut p = vec![0u8; q.params_len];
+            let read = mem.read(q.buf, &mut p);
+            mem.heap_free(q.buf);
+            if report.result.is_err() {
+                continue;
+            }
+            if let Err(e) = read {
+                report.result = Err(Fault::Failed(format!("parameter buffer lost: {e:?}")));
+                continue;
+            }
+            let child = self.launch_tree(mem, q.kernel, &q.cfg, &p, limits, 0, depth + 1, pending);
+            report.stdout.extend_from_slice(&child.stdout);
+            report.instructions += child.instructions;
+            report.result = child.result;
+        }
+        report
+    }
 }

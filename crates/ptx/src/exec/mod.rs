@@ -15,6 +15,7 @@ mod grid;
 mod limits;
 mod mbarrier;
 mod mem_ops;
+mod runtime;
 mod special;
 mod state;
 mod tensor;

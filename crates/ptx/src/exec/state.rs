@@ -2,7 +2,7 @@
 //! (`Block`), each thread's registers, local memory and call frames
 //! (`Thread`), and register reads and writes relative to a frame.
 
-use super::cdp::Cdp;
+use super::runtime::Cdp;
 use crate::ir::{Address, Module, Op, Src};
 use crate::launch::LaunchConfig;
 use crate::memory::{DeviceMemory, MemView};
