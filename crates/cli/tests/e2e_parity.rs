@@ -196,6 +196,19 @@ fn two_programs_share_memory_and_an_event() {
     );
 }
 
+/// Dynamic parallelism: nested launches through device-made streams, a
+/// recursive quicksort, a tail launch, bad launches' codes in the kernel and a
+/// child's bad write failing the host's launch with 700.
+#[test]
+fn device_side_launches_run_after_their_parent() {
+    let out = driver_passes("device_launch", &["-rdc=true", "-lcudadevrt"]);
+    assert!(
+        out.stdout.contains("launches nest 24 deep"),
+        "{}",
+        out.describe()
+    );
+}
+
 /// Item 6: three ways to fail an assert, each 710 and sticky.
 #[test]
 fn failed_asserts_are_710_wherever_they_fail() {

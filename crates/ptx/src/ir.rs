@@ -327,6 +327,35 @@ pub(crate) enum ArgLoc {
     Val { src: Src, size: u32 },
 }
 
+/// The device runtime functions of dynamic parallelism the CPU device runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum CdpFn {
+    /// `(func, grid dim3, block dim3, shared) -> buffer`
+    GetParameterBuffer,
+    /// `(buffer, stream) -> error`
+    LaunchDevice,
+    GetLastError,
+    PeekAtLastError,
+    /// `(stream *, flags) -> error`
+    StreamCreate,
+    /// `(stream) -> error`
+    StreamDestroy,
+    /// `(void **, size) -> error`
+    Malloc,
+    /// `(ptr) -> error`
+    Free,
+    /// `(int *) -> error`
+    GetDevice,
+}
+
+/// A call of a [`CdpFn`]: its arguments and where its result goes.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct CdpCall {
+    pub func: CdpFn,
+    pub args: Vec<ArgLoc>,
+    pub ret: Option<ArgLoc>,
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct CallInfo {
     pub func: u32,
@@ -607,6 +636,9 @@ pub(crate) enum Op {
     Free {
         ptr: ArgLoc,
     },
+    /// A device runtime call of dynamic parallelism (`__cudaCDP2*`); only
+    /// the interpreter runs them (modules that make them stay off the compiler).
+    Cdp(Box<CdpCall>),
     Bar {
         id: Src,
         count: Src,

@@ -64,6 +64,7 @@ impl Op {
             }
             Op::AssertFail(args) => args.iter().for_each(|a| arg(a, &mut f)),
             Op::Malloc { size: a, .. } | Op::Free { ptr: a } => arg(a, &mut f),
+            Op::Cdp(c) => c.args.iter().for_each(|a| arg(a, &mut f)),
             Op::Bar { id, count, p, .. } => read!(id, count, p),
             Op::WarpSync { mask } => read!(mask),
             Op::Shfl { a, b, c, mask, .. } => read!(a, b, c, mask),
@@ -139,6 +140,7 @@ impl Op {
                 }
             }
             Op::Printf { ret: Some(r), .. } | Op::Malloc { ret: Some(r), .. } => ret(r, &mut f),
+            Op::Cdp(c) => c.ret.iter().for_each(|r| ret(r, &mut f)),
             Op::Carry { d, cout, cc, .. } => {
                 f(*d);
                 if *cout {

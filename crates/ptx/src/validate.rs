@@ -200,6 +200,7 @@ fn check_inst(m: &Module, f: &Func, inst: &Inst) -> Result<(), String> {
         Op::AssertFail(args) => args.iter().try_for_each(frame_arg)?,
         Op::Malloc { size, ret } => [size].into_iter().chain(ret).try_for_each(frame_arg)?,
         Op::Free { ptr } => frame_arg(ptr)?,
+        Op::Cdp(c) => c.args.iter().chain(&c.ret).try_for_each(frame_arg)?,
         Op::Ld { size, n, .. } | Op::St { size, n, .. } => widths(
             matches!(size, 1 | 2 | 4 | 8) && (1..=4).contains(n),
             "ld/st width",

@@ -170,15 +170,15 @@ fn mbarrier_phases_complete_with_the_last_arrival() {
     }
 }
 
-/// A kernel that launches kernels (dynamic parallelism) is refused at load
-/// with a reason that says so.
+/// A device runtime function the CPU device does not run (device-side events)
+/// is refused at load with a reason that names dynamic parallelism.
 #[test]
-fn device_side_launches_are_refused_by_name() {
+fn unrun_device_runtime_calls_are_refused_by_name() {
     let ptx = r#"
 .version 8.0
 .target sm_75
 .address_size 64
-.extern .func (.param .b64 ret) __cudaCDP2GetParameterBufferV2(.param .b64 f, .param .b32 n)
+.extern .func (.param .b64 ret) __cudaCDP2EventRecordWithFlags(.param .b64 f, .param .b32 n)
 ;
 .visible .entry parent()
 {
@@ -190,7 +190,7 @@ fn device_side_launches_are_refused_by_name() {
     .param .b32 param1;
     st.param.b32 [param1+0], 0;
     .param .b64 retval0;
-    call.uni (retval0), __cudaCDP2GetParameterBufferV2, (param0, param1);
+    call.uni (retval0), __cudaCDP2EventRecordWithFlags, (param0, param1);
     }
     ret;
 }

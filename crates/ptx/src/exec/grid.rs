@@ -11,13 +11,14 @@ use super::limits::{
     BLOCK_MEMORY_LIMIT, COOPERATIVE_MEMORY_LIMIT, MAX_COOPERATIVE_BLOCKS, MAX_COOPERATIVE_THREADS,
     RESERVED_SMEM,
 };
+use super::runtime::{lock, Cdp};
 use super::state::Geo;
 use super::watch;
 use crate::ir::{Module, Op, SReg};
 use crate::launch::{printf_launch_limit, Fault, LaunchConfig, LaunchLimits, LaunchReport};
 use crate::memory::DeviceMemory;
 use crate::validate::{check_module, Malformed};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::OnceLock;
 
 /// A lowered module as the interpreter takes it.
@@ -30,8 +31,11 @@ pub(crate) struct Executable {
     /// Whether the module reads `%reserved_smem_offset_*` (its blocks then
     /// get reserved shared memory).
     reserved_smem: bool,
-    /// Whether the module calls `malloc`/`free` (its launches need the heap).
+    /// Whether the module calls `malloc`/`free` or the device runtime (its
+    /// launches need the heap).
     uses_heap: bool,
+    /// Bytes of each kernel's parameters (a device-side launch's buffer).
+    pub(super) param_lens: Vec<usize>,
 }
 
 impl Executable {
@@ -50,13 +54,19 @@ impl Executable {
                 }
             )
         });
-        let uses_heap = uses(|op| matches!(op, Op::Malloc { .. } | Op::Free { .. }));
+        let uses_heap = uses(|op| matches!(op, Op::Malloc { .. } | Op::Free { .. } | Op::Cdp(_)));
         Executable {
             ir,
             checked: OnceLock::new(),
             reserved_smem,
             uses_heap,
+            param_lens: Vec::new(),
         }
+    }
+
+    /// This with the parameter bytes of each kernel, in kernel order.
+    pub(crate) fn with_param_lens(self, param_lens: Vec<usize>) -> Executable {
+        Executable { param_lens, ..self }
     }
 
     /// The lowered module.
@@ -77,8 +87,9 @@ impl Executable {
         limits: &LaunchLimits<'_>,
         cooperative: bool,
     ) -> LaunchReport {
+        let pending = AtomicUsize::new(0);
         if !cooperative {
-            return self.launch_in(mem, k, cfg, params, limits, 0);
+            return self.launch_tree(mem, k, cfg, params, limits, 0, 0, &pending);
         }
         let blocks: u64 = cfg.grid.iter().map(|&v| v as u64).product();
         let threads = blocks * cfg.block.iter().map(|&v| v as u64).product::<u64>();
@@ -98,14 +109,15 @@ impl Executable {
             }
         };
         let _ = mem.write(workspace, &8u32.to_le_bytes());
-        let report = self.launch_in(mem, k, cfg, params, limits, workspace);
+        let report = self.launch_tree(mem, k, cfg, params, limits, workspace, 0, &pending);
         let _ = mem.free(workspace);
         report
     }
 
     /// [`Executable::launch`] with the grid workspace at `grid_workspace`
     /// (0: not a cooperative launch).
-    fn launch_in(
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn launch_in(
         &self,
         mem: &DeviceMemory,
         k: usize,
@@ -113,6 +125,7 @@ impl Executable {
         params: &[u8],
         limits: &LaunchLimits<'_>,
         grid_workspace: u64,
+        cdp: &Cdp<'_>,
     ) -> LaunchReport {
         // the interpreter's side of the boundary: it runs well-formed modules only
         if let Err(e) = self.checked.get_or_init(|| check_module(&self.ir)) {
@@ -182,6 +195,8 @@ impl Executable {
             lockstep: prog.funcs.iter().enumerate().any(|(i, f)| {
                 f.uses_volatile && (i as u32 == kernel || !prog.kernels.contains(&(i as u32)))
             }),
+            cdp,
+            param_lens: &self.param_lens,
             stack_limit: if grid_workspace != 0 {
                 memory / resident.max(1) as usize
             } else {
@@ -273,4 +288,48 @@ fn run_grid(g: &Geo<'_>) -> LaunchReport {
         g.executed.load(Ordering::Relaxed),
         printf_launch_limit(g.printf_fifo),
     )
+}
+
+impl Executable {
+    /// Runs kernel `k` at nesting `depth`, then the launches its threads
+    /// queued (tail launches last), each with its own tree, one at a time:
+    /// the whole tree is one report, its first fault the tree's.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn launch_tree(
+        &self,
+        mem: &DeviceMemory,
+        k: usize,
+        cfg: &LaunchConfig,
+        params: &[u8],
+        limits: &LaunchLimits<'_>,
+        grid_workspace: u64,
+        depth: u32,
+        pending: &AtomicUsize,
+    ) -> LaunchReport {
+        let cdp = Cdp::new(depth, pending);
+        let mut report = self.launch_in(mem, k, cfg, params, limits, grid_workspace, &cdp);
+        for buf in lock(&cdp.bufs).keys() {
+            mem.heap_free(*buf);
+        }
+        let mut queue = std::mem::take(&mut *lock(&cdp.queue));
+        queue.sort_by_key(|q| q.tail);
+        for q in queue {
+            pending.fetch_sub(1, Ordering::Relaxed);
+            let mut p = vec![0u8; q.params_len];
+            let read = mem.read(q.buf, &mut p);
+            mem.heap_free(q.buf);
+            if report.result.is_err() {
+                continue;
+            }
+            if let Err(e) = read {
+                report.result = Err(Fault::Failed(format!("parameter buffer lost: {e:?}")));
+                continue;
+            }
+            let child = self.launch_tree(mem, q.kernel, &q.cfg, &p, limits, 0, depth + 1, pending);
+            report.stdout.extend_from_slice(&child.stdout);
+            report.instructions += child.instructions;
+            report.result = child.result;
+        }
+        report
+    }
 }

@@ -2,6 +2,7 @@
 //! (`Block`), each thread's registers, local memory and call frames
 //! (`Thread`), and register reads and writes relative to a frame.
 
+use super::runtime::Cdp;
 use crate::ir::{Address, Module, Op, Src};
 use crate::launch::LaunchConfig;
 use crate::memory::{DeviceMemory, MemView};
@@ -135,6 +136,10 @@ pub(super) struct Geo<'a> {
     pub printf_fifo: usize,
     /// Run the lanes of a warp in lockstep (module uses volatile accesses).
     pub lockstep: bool,
+    /// The grid's device runtime (dynamic parallelism).
+    pub cdp: &'a Cdp<'a>,
+    /// Bytes of each kernel's parameters, in kernel order.
+    pub param_lens: &'a [usize],
 }
 
 /// Per-worker mutable state of the block being run.

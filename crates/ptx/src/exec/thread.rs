@@ -5,7 +5,7 @@
 use super::barrier;
 use super::calls;
 use super::state::{lin_to_tid, rd, Block, Geo, Status, Stop, Thread};
-use super::{arith, mbarrier, mem_ops, special, tensor, watch};
+use super::{arith, cdp, mbarrier, mem_ops, special, tensor, watch};
 use crate::ir::{Op, Src, NONE};
 use crate::launch::Fault;
 
@@ -148,6 +148,7 @@ pub(super) fn run_thread<const SINGLE_STEP: bool>(
             }
             Op::Malloc { size, ret } => calls::malloc(g, th, size, ret.as_ref()),
             Op::Free { ptr } => fail_on_err!(calls::free(g, th, ptr, inst.line)),
+            Op::Cdp(c) => fail_on_err!(cdp::step(g, b, th, c, lin, inst.line)),
             Op::AssertFail(args) => {
                 break Err(calls::assert_fail(g, b, th, args, tid, inst.line));
             }

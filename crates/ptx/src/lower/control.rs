@@ -7,7 +7,7 @@ use super::layout::param_bytes;
 use super::modifiers::first_present;
 use super::symbols::{Binding, Sym, VPRINTF};
 use crate::ast::{self, Operand};
-use crate::ir::{ArgLoc, BarRed, CallInfo, Op, Src, Ty, NONE};
+use crate::ir::{ArgLoc, BarRed, CallInfo, CdpCall, CdpFn, Op, Src, Ty, NONE};
 use crate::module_info::LoadError;
 
 impl FuncLower<'_> {
@@ -113,6 +113,25 @@ impl FuncLower<'_> {
         Ok(())
     }
 
+    /// A device runtime call of dynamic parallelism: every argument is kept
+    /// whole (a `dim3` is a 12-byte `.param` of the caller).
+    fn lower_cdp(&mut self, f: CdpFn, args: &[Operand], rets: &[Operand]) -> Result<(), LoadError> {
+        let mut a = Vec::new();
+        for arg in args {
+            a.push(self.arg_loc(arg, 8)?);
+        }
+        let ret = match rets.first() {
+            Some(r) => Some(self.arg_loc(r, 8)?),
+            None => None,
+        };
+        self.emit(Op::Cdp(Box::new(CdpCall {
+            func: f,
+            args: a,
+            ret,
+        })));
+        Ok(())
+    }
+
     /// `call`: direct or indirect, `vprintf`, or `__assertfail`.
     pub(super) fn lower_call(&mut self, i: &ast::Instruction) -> Result<(), LoadError> {
         let o = &i.operands;
@@ -165,6 +184,11 @@ impl FuncLower<'_> {
             .funcs
             .get(func as usize)
             .ok_or_else(|| invalid(self.line, "bad function index"))?;
+        // the device runtime's own definitions (libcudadevrt's PTX, linked
+        // in by -rdc) are never entered: the call is the device's
+        if let Some(f) = cdp_fn(&callee.name) {
+            return self.lower_cdp(f, args, rets);
+        }
         if callee.body.is_none() {
             if callee.name == "__assertfail" || callee.name == "__assert_fail" {
                 return self.lower_assert_fail(args);
@@ -184,11 +208,17 @@ impl FuncLower<'_> {
                 self.emit(op);
                 return Ok(());
             }
-            let name = &callee.name;
+            let name = callee.name.clone();
+            if name.starts_with("cnp") || name.starts_with("__cuda_syscall") {
+                // libcudadevrt's internals, called only from its own
+                // definitions, which the device's calls replace
+                self.emit(Op::Trap(format!("call to the device runtime's `{name}`")));
+                return Ok(());
+            }
             if name.starts_with("__cudaCDP") || name.starts_with("cudaLaunchDevice") {
                 return self.unsupported(format!(
-                    "dynamic parallelism (a kernel launching kernels through `{name}`): the CPU \
-                     device does not run device-side launches"
+                    "the device runtime function `{name}` (dynamic parallelism): the CPU device \
+                     runs device-side launches, streams, errors and cudaMalloc/cudaFree only"
                 ));
             }
             return self.unsupported(format!("call to external function `{name}`"));
@@ -217,4 +247,20 @@ impl FuncLower<'_> {
         })));
         Ok(())
     }
+}
+
+/// The dynamic-parallelism function an external named `name` is.
+fn cdp_fn(name: &str) -> Option<CdpFn> {
+    Some(match name {
+        "__cudaCDP2GetParameterBufferV2" | "cudaGetParameterBufferV2" => CdpFn::GetParameterBuffer,
+        "__cudaCDP2LaunchDeviceV2" | "cudaLaunchDeviceV2" => CdpFn::LaunchDevice,
+        "__cudaCDP2GetLastError" => CdpFn::GetLastError,
+        "__cudaCDP2PeekAtLastError" => CdpFn::PeekAtLastError,
+        "__cudaCDP2StreamCreateWithFlags" => CdpFn::StreamCreate,
+        "__cudaCDP2StreamDestroy" => CdpFn::StreamDestroy,
+        "__cudaCDP2Malloc" => CdpFn::Malloc,
+        "__cudaCDP2Free" => CdpFn::Free,
+        "__cudaCDP2GetDevice" => CdpFn::GetDevice,
+        _ => return None,
+    })
 }
