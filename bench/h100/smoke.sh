@@ -131,6 +131,7 @@ driver_programs=(
     "mem_pools;mem_pools.cu;;"
     "pool_ipc;pool_ipc.cu;;"
     "ipc_programs;ipc_programs.cu;;"
+    "device_launch;device_launch.cu;-rdc=true -lcudadevrt;"
     "graph_conditional;graph_conditional.cu;;"
     "ptx_choice;ptx_choice.cu;-gencode arch=compute_75,code=compute_75 -gencode arch=compute_80,code=compute_80 -gencode arch=compute_90,code=compute_90;"
     "shared_wrap;shared_wrap.cu;;"
