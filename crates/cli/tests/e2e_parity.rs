@@ -203,7 +203,7 @@ fn two_programs_share_memory_and_an_event() {
 fn device_side_launches_run_after_their_parent() {
     let out = driver_passes("device_launch", &["-rdc=true", "-lcudadevrt"]);
     assert!(
-        out.stdout.contains("launches nest 24 deep"),
+        out.stdout.contains("launches nest 2048 deep"),
         "{}",
         out.describe()
     );

@@ -60,8 +60,9 @@ static int child(const char *mem_hex, const char *event_hex, int done_fd)
     from_hex(event_hex, &event_handle, sizeof event_handle);
 
     void *opened = nullptr;
-    cudaIpcMemHandle_t forged = mem;
-    forged.reserved[17] ^= 0x5a;
+    cudaIpcMemHandle_t forged;
+    for (size_t i = 0; i < sizeof forged.reserved; i++)
+        forged.reserved[i] = (char)(mem.reserved[i] ^ 0x5a);
     REQUIRE(cudaIpcOpenMemHandle(&opened, forged, cudaIpcMemLazyEnablePeerAccess) != cudaSuccess,
             "a forged handle opened");
     cudaGetLastError();

@@ -199,9 +199,6 @@ fn check(g: &Geo<'_>, h: &Header, stream: u64) -> u32 {
     if !known {
         return INVALID_RESOURCE_HANDLE;
     }
-    if cdp.depth + 1 > MAX_DEPTH {
-        return MAX_DEPTH_EXCEEDED;
-    }
     let taken = cdp
         .pending
         .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {

@@ -11,7 +11,7 @@ use super::limits::{
     BLOCK_MEMORY_LIMIT, COOPERATIVE_MEMORY_LIMIT, MAX_COOPERATIVE_BLOCKS, MAX_COOPERATIVE_THREADS,
     RESERVED_SMEM,
 };
-use super::runtime::{lock, Cdp};
+use super::runtime::{lock, Cdp, Queued};
 use super::state::Geo;
 use super::watch;
 use crate::ir::{Module, Op, SReg};
@@ -89,7 +89,7 @@ impl Executable {
     ) -> LaunchReport {
         let pending = AtomicUsize::new(0);
         if !cooperative {
-            return self.launch_tree(mem, k, cfg, params, limits, 0, 0, &pending);
+            return self.launch_tree(mem, k, cfg, params, limits, 0, &pending);
         }
         let blocks: u64 = cfg.grid.iter().map(|&v| v as u64).product();
         let threads = blocks * cfg.block.iter().map(|&v| v as u64).product::<u64>();
@@ -109,7 +109,7 @@ impl Executable {
             }
         };
         let _ = mem.write(workspace, &8u32.to_le_bytes());
-        let report = self.launch_tree(mem, k, cfg, params, limits, workspace, 0, &pending);
+        let report = self.launch_tree(mem, k, cfg, params, limits, workspace, &pending);
         let _ = mem.free(workspace);
         report
     }
@@ -291,10 +291,12 @@ fn run_grid(g: &Geo<'_>) -> LaunchReport {
 }
 
 impl Executable {
-    /// Runs kernel `k` at nesting `depth`, then the launches its threads
-    /// queued (tail launches last), each with its own tree, one at a time:
-    /// the whole tree is one report, its first fault the tree's.
-    #[allow(clippy::too_many_arguments)]
+    /// Runs kernel `k`, then the launches its threads queued (tail launches
+    /// last), each with its own tree, one at a time, depth first: the whole
+    /// tree is one report, its first fault the tree's. A launch stays
+    /// pending until its own tree is done, as a grid on a GPU is not
+    /// complete before its children; the walk keeps its own stack, so a
+    /// chain as deep as the pending limit needs no deeper host stack.
     pub(super) fn launch_tree(
         &self,
         mem: &DeviceMemory,
@@ -303,33 +305,72 @@ impl Executable {
         params: &[u8],
         limits: &LaunchLimits<'_>,
         grid_workspace: u64,
-        depth: u32,
         pending: &AtomicUsize,
     ) -> LaunchReport {
-        let cdp = Cdp::new(depth, pending);
-        let mut report = self.launch_in(mem, k, cfg, params, limits, grid_workspace, &cdp);
+        let root = self.run_grid(mem, k, cfg, params, limits, grid_workspace, pending);
+        let mut stack = vec![root];
+        loop {
+            let Some(top) = stack.last_mut() else {
+                unreachable!("the root is popped last");
+            };
+            let Some(q) = top.children.pop_front() else {
+                let done = stack.pop().expect("a grid on the stack");
+                let Some(parent) = stack.last_mut() else {
+                    return done.report;
+                };
+                pending.fetch_sub(1, Ordering::Relaxed);
+                parent.report.stdout.extend_from_slice(&done.report.stdout);
+                parent.report.instructions += done.report.instructions;
+                parent.report.result = done.report.result;
+                continue;
+            };
+            let mut p = vec![0u8; q.params_len];
+            let read = mem.read(q.buf, &mut p);
+            mem.heap_free(q.buf);
+            if top.report.result.is_err() {
+                pending.fetch_sub(1, Ordering::Relaxed);
+                continue;
+            }
+            if let Err(e) = read {
+                top.report.result = Err(Fault::Failed(format!("parameter buffer lost: {e:?}")));
+                pending.fetch_sub(1, Ordering::Relaxed);
+                continue;
+            }
+            let child = self.run_grid(mem, q.kernel, &q.cfg, &p, limits, 0, pending);
+            stack.push(child);
+        }
+    }
+
+    /// Runs one grid of a launch tree: its report and the launches it queued,
+    /// tail launches last.
+    #[allow(clippy::too_many_arguments)]
+    fn run_grid(
+        &self,
+        mem: &DeviceMemory,
+        k: usize,
+        cfg: &LaunchConfig,
+        params: &[u8],
+        limits: &LaunchLimits<'_>,
+        grid_workspace: u64,
+        pending: &AtomicUsize,
+    ) -> TreeGrid {
+        let cdp = Cdp::new(pending);
+        let report = self.launch_in(mem, k, cfg, params, limits, grid_workspace, &cdp);
         for buf in lock(&cdp.bufs).keys() {
             mem.heap_free(*buf);
         }
         let mut queue = std::mem::take(&mut *lock(&cdp.queue));
         queue.sort_by_key(|q| q.tail);
-        for q in queue {
-            pending.fetch_sub(1, Ordering::Relaxed);
-            let mut p = vec![0u8; q.params_len];
-            let read = mem.read(q.buf, &mut p);
-            mem.heap_free(q.buf);
-            if report.result.is_err() {
-                continue;
-            }
-            if let Err(e) = read {
-                report.result = Err(Fault::Failed(format!("parameter buffer lost: {e:?}")));
-                continue;
-            }
-            let child = self.launch_tree(mem, q.kernel, &q.cfg, &p, limits, 0, depth + 1, pending);
-            report.stdout.extend_from_slice(&child.stdout);
-            report.instructions += child.instructions;
-            report.result = child.result;
+        TreeGrid {
+            report,
+            children: queue.into(),
         }
-        report
     }
+}
+
+/// A grid of a launch tree that ran: its report so far (its finished
+/// children's folded in) and its launches still to run.
+struct TreeGrid {
+    report: LaunchReport,
+    children: std::collections::VecDeque<Queued>,
 }

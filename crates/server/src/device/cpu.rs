@@ -539,13 +539,7 @@ impl DeviceContext for CpuContext {
     /// Opens another context's allocation at a new address of this one. Its
     /// bytes stay the exporter's (charged to it); an allocation freed since
     /// opens nothing.
-    fn ipc_open(&self, handle: &[u8], flags: u32) -> Result<(DevicePtr, u64), CuError> {
-        if flags & !IPC_LAZY_ENABLE_PEER_ACCESS != 0 {
-            return Err(CuError::new(
-                codes::INVALID_VALUE,
-                format!("unknown cuIpcOpenMemHandle flags {flags:#x}"),
-            ));
-        }
+    fn ipc_open(&self, handle: &[u8], _flags: u32) -> Result<(DevicePtr, u64), CuError> {
         let shared = OPENABLE.find(handle).ok_or_else(|| {
             CuError::new(
                 codes::INVALID_VALUE,
@@ -606,9 +600,6 @@ impl DeviceContext for CpuContext {
             .map_err(|_| refused("the allocation was released"))
     }
 }
-
-/// `CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS`, the one flag of `cuIpcOpenMemHandle`.
-const IPC_LAZY_ENABLE_PEER_ACCESS: u32 = 1;
 
 /// The allocations of this process's CPU-device contexts that were given a
 /// handle (`cuIpcGetMemHandle`). One table for the process, so that a context

@@ -9,6 +9,10 @@ use super::core::err;
 use super::{CallResult, Session};
 use crate::ipc::IpcKind;
 
+/// `CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS`, the one flag of `cuIpcOpenMemHandle`
+/// (the driver refuses any other, as a GPU's context may not check).
+const IPC_LAZY_ENABLE_PEER_ACCESS: u32 = 1;
+
 /// `CU_EVENT_DISABLE_TIMING | CU_EVENT_INTERPROCESS`: what an event shared
 /// between processes must be made with.
 const EVENT_IPC_FLAGS: u32 = 0x2 | 0x4;
@@ -72,6 +76,12 @@ impl Session {
     /// Opens another program's allocation by a handle this server issued to
     /// a session of this tenant.
     pub(super) fn ipc_open(&mut self, handle: Vec<u8>, flags: u32) -> CallResult {
+        if flags & !IPC_LAZY_ENABLE_PEER_ACCESS != 0 {
+            return Err(err(
+                codes::INVALID_VALUE,
+                format!("unknown cuIpcOpenMemHandle flags {flags:#x}"),
+            ));
+        }
         self.check_openable(IpcKind::Memory, &handle)?;
         let (base, size) = self.ctx.ipc_open(&handle, flags)?;
         self.ipc_opened.insert(base, size);
