@@ -297,6 +297,7 @@ impl Executable {
     /// pending until its own tree is done, as a grid on a GPU is not
     /// complete before its children; the walk keeps its own stack, so a
     /// chain as deep as the pending limit needs no deeper host stack.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn launch_tree(
         &self,
         mem: &DeviceMemory,
