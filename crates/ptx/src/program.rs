@@ -57,13 +57,7 @@ impl Program {
         match lower::lower_module(module, mem, &mut allocated) {
             Ok(l) => Ok(Program {
                 compiled: CompiledModule::new(l.ir.kernels.len()),
-                code: exec::Executable::new(l.ir).with_param_lens(
-                    l.kernels
-                        .iter()
-                        .map(|k| k.params.iter().map(|p| (p.offset + p.size) as usize).max())
-                        .map(Option::unwrap_or_default)
-                        .collect(),
-                ),
+                code: exec::Executable::new(l.ir).with_kernels(l.kernels.clone()),
                 kernels: l.kernels,
                 globals: l.globals,
                 allocations: allocated,

@@ -5,7 +5,7 @@ use super::access::{local_get, local_put, Access};
 use super::runtime::*;
 use super::state::{Block, Geo, Thread};
 use crate::ir::{ArgLoc, CdpCall, CdpFn, Sp, Src, FUNC_WIN};
-use crate::launch::{Fault, LaunchConfig};
+use crate::launch::{check_config, Fault, LaunchConfig};
 use std::sync::atomic::Ordering;
 
 /// The value of argument `l`; `word` picks a 4-byte word of a `.param`
@@ -50,8 +50,8 @@ pub(super) fn step(
             };
             let fidx = f.wrapping_sub(FUNC_WIN);
             let kernel = g.prog.kernels.iter().position(|&k| k as u64 == fidx);
-            let params_len = match kernel {
-                Some(k) => g.param_lens.get(k).copied().unwrap_or(4096),
+            let params_len = match kernel.and_then(|k| g.kernels.get(k)) {
+                Some(info) => info.params_bytes() as usize,
                 None => 4096,
             };
             let buf = g.memory.heap_malloc(params_len.max(8) as u64);
@@ -173,25 +173,15 @@ fn launch(g: &Geo<'_>, buf: u64, stream: u64) -> u32 {
     0
 }
 
-/// What stops launch `h` into `stream` (0: nothing); a queued launch counts
-/// as pending.
+/// What stops launch `h` into `stream` (0: nothing): the kernel and its
+/// shape checked as a host's launch is ([`check_config`]); a queued launch
+/// counts as pending.
 fn check(g: &Geo<'_>, h: &Header, stream: u64) -> u32 {
     let cdp = g.cdp;
-    if h.kernel.is_none() {
+    let Some(info) = h.kernel.and_then(|k| g.kernels.get(k)) else {
         return INVALID_DEVICE_FUNCTION;
-    }
-    let [bx, by, bz] = h.cfg.block;
-    let [gx, gy, gz] = h.cfg.grid;
-    let threads = bx as u64 * by as u64 * bz as u64;
-    if [bx, by, bz, gx, gy, gz].contains(&0)
-        || bx > 1024
-        || by > 1024
-        || bz > 64
-        || threads > 1024
-        || gx > i32::MAX as u32
-        || gy > 65535
-        || gz > 65535
-    {
+    };
+    if check_config(info, &h.cfg, h.params_len).is_err() {
         return INVALID_CONFIGURATION;
     }
     let known =

@@ -17,6 +17,7 @@ use super::watch;
 use crate::ir::{Module, Op, SReg};
 use crate::launch::{printf_launch_limit, Fault, LaunchConfig, LaunchLimits, LaunchReport};
 use crate::memory::DeviceMemory;
+use crate::module_info::KernelInfo;
 use crate::validate::{check_module, Malformed};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::OnceLock;
@@ -34,8 +35,9 @@ pub(crate) struct Executable {
     /// Whether the module calls `malloc`/`free` or the device runtime (its
     /// launches need the heap).
     uses_heap: bool,
-    /// Bytes of each kernel's parameters (a device-side launch's buffer).
-    pub(super) param_lens: Vec<usize>,
+    /// Each kernel's description, in kernel order (a device-side launch's
+    /// parameter buffer and checks).
+    pub(super) kernels: Vec<KernelInfo>,
 }
 
 impl Executable {
@@ -60,13 +62,13 @@ impl Executable {
             checked: OnceLock::new(),
             reserved_smem,
             uses_heap,
-            param_lens: Vec::new(),
+            kernels: Vec::new(),
         }
     }
 
-    /// This with the parameter bytes of each kernel, in kernel order.
-    pub(crate) fn with_param_lens(self, param_lens: Vec<usize>) -> Executable {
-        Executable { param_lens, ..self }
+    /// This with each kernel's description, in kernel order.
+    pub(crate) fn with_kernels(self, kernels: Vec<KernelInfo>) -> Executable {
+        Executable { kernels, ..self }
     }
 
     /// The lowered module.
@@ -196,7 +198,7 @@ impl Executable {
                 f.uses_volatile && (i as u32 == kernel || !prog.kernels.contains(&(i as u32)))
             }),
             cdp,
-            param_lens: &self.param_lens,
+            kernels: &self.kernels,
             stack_limit: if grid_workspace != 0 {
                 memory / resident.max(1) as usize
             } else {

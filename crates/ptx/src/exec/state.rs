@@ -6,6 +6,7 @@ use super::runtime::Cdp;
 use crate::ir::{Address, Module, Op, Src};
 use crate::launch::LaunchConfig;
 use crate::memory::{DeviceMemory, MemView};
+use crate::module_info::KernelInfo;
 use std::sync::atomic::{AtomicBool, AtomicU64};
 
 /// Where a thread stands between runs.
@@ -138,8 +139,8 @@ pub(super) struct Geo<'a> {
     pub lockstep: bool,
     /// The grid's device runtime (dynamic parallelism).
     pub cdp: &'a Cdp<'a>,
-    /// Bytes of each kernel's parameters, in kernel order.
-    pub param_lens: &'a [usize],
+    /// Each kernel's description, in kernel order.
+    pub kernels: &'a [KernelInfo],
 }
 
 /// Per-worker mutable state of the block being run.
