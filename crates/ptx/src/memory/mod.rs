@@ -341,6 +341,18 @@ impl DeviceMemory {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// The address a block of `rounded` bytes would take next, and where the
+    /// one after it would start (a guard gap between): not yet taken.
+    fn following(&self, s: &AllocState, rounded: u64) -> Result<(u64, u64), MemError> {
+        let addr = s.next;
+        let next = addr
+            .checked_add(rounded)
+            .and_then(|v| v.checked_add(GUARD_GAP))
+            .filter(|next| *next <= self.window.1)
+            .ok_or(MemError::OutOfMemory)?;
+        Ok((addr, next))
+    }
+
     /// Allocates `bytes` zero-filled bytes; returns a 256-byte aligned address.
     pub fn alloc(&self, bytes: u64) -> Result<u64, MemError> {
         if bytes == 0 {
@@ -357,14 +369,7 @@ impl DeviceMemory {
         if s.used.saturating_add(rounded) > self.capacity {
             return Err(MemError::OutOfMemory);
         }
-        let addr = s.next;
-        let next = addr
-            .checked_add(rounded)
-            .and_then(|v| v.checked_add(GUARD_GAP))
-            .ok_or(MemError::OutOfMemory)?;
-        if next > self.window.1 {
-            return Err(MemError::OutOfMemory);
-        }
+        let (addr, next) = self.following(&s, rounded)?;
         let backing = Backing::zeroed(bytes, ALLOC_ALIGN)?;
         s.next = next;
         s.used += backing.bytes();
@@ -503,12 +508,7 @@ impl DeviceMemory {
             .checked_next_multiple_of(ALLOC_ALIGN)
             .ok_or(MemError::OutOfMemory)?;
         let mut s = self.state();
-        let addr = s.next;
-        let next = addr
-            .checked_add(rounded)
-            .and_then(|v| v.checked_add(GUARD_GAP))
-            .filter(|next| *next <= self.window.1)
-            .ok_or(MemError::OutOfMemory)?;
+        let (addr, next) = self.following(&s, rounded)?;
         s.next = next;
         let block = Block {
             ptr: backing.ptr,
