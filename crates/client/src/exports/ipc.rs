@@ -6,14 +6,15 @@
 
 use std::ffi::c_void;
 
+use cumux_cuda_bindings::consts::{CU_EVENT_DISABLE_TIMING, CU_EVENT_INTERPROCESS};
 use cumux_cuda_bindings::types::{CUipcEventHandle, CUipcMemHandle};
 use cumux_protocol::{Call, ReplyBody, IPC_HANDLE_BYTES};
 
 use super::*;
 use crate::state::{client, handles, Event};
 
-/// `CU_EVENT_DISABLE_TIMING | CU_EVENT_INTERPROCESS`.
-const EVENT_IPC_FLAGS: u32 = 0x2 | 0x4;
+/// What an event shared between processes is made with.
+const EVENT_IPC_FLAGS: u32 = CU_EVENT_DISABLE_TIMING | CU_EVENT_INTERPROCESS;
 
 driver_fn! {
     fn cuIpcGetMemHandle(handle: *mut CUipcMemHandle, ptr: u64) {

@@ -5,7 +5,9 @@
 
 use std::ffi::c_void;
 
-use cumux_cuda_bindings::consts::{CU_EVENT_RECORD_EXTERNAL, CU_EVENT_WAIT_EXTERNAL};
+use cumux_cuda_bindings::consts::{
+    CU_EVENT_INTERPROCESS, CU_EVENT_RECORD_EXTERNAL, CU_EVENT_WAIT_EXTERNAL,
+};
 use cumux_cuda_bindings::types::{CUgraphEdgeData, CUgraphNode};
 use cumux_protocol::{device_of_handle, Call, Handle, ReplyBody, MAX_STREAMS};
 
@@ -150,9 +152,6 @@ fn record(e: *mut c_void, s: *mut c_void, flags: u32) -> CuResult<()> {
     }
     Ok(())
 }
-
-/// `CU_EVENT_INTERPROCESS`: an event other programs may open by handle.
-const CU_EVENT_INTERPROCESS: u32 = 0x4;
 
 driver_fn! {
     fn cuStreamCreate(ps: *mut *mut c_void, flags: u32) {

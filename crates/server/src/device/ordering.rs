@@ -17,6 +17,9 @@ pub const MAX_STDOUT_BYTES: usize = 16 << 20;
 /// `CU_EVENT_DISABLE_TIMING`: the event is an ordering point only.
 pub const EVENT_DISABLE_TIMING: u32 = 0x2;
 
+/// `CU_EVENT_INTERPROCESS`: an event other programs may open by handle.
+pub const EVENT_INTERPROCESS: u32 = 0x4;
+
 /// The error for a stream, event or graph handle the context does not have.
 pub fn unknown(what: &str, h: Handle) -> CuError {
     CuError::new(codes::INVALID_HANDLE, format!("unknown {what} {h:#x}"))

@@ -7,6 +7,7 @@ use cumux_protocol::{codes, DevicePtr, Handle, ReplyBody, IPC_HANDLE_BYTES};
 
 use super::core::err;
 use super::{CallResult, Session};
+use crate::device::ordering::{EVENT_DISABLE_TIMING, EVENT_INTERPROCESS};
 use crate::ipc::IpcKind;
 
 /// `CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS`, the one flag of `cuIpcOpenMemHandle`
@@ -15,7 +16,7 @@ const IPC_LAZY_ENABLE_PEER_ACCESS: u32 = 1;
 
 /// `CU_EVENT_DISABLE_TIMING | CU_EVENT_INTERPROCESS`: what an event shared
 /// between processes must be made with.
-const EVENT_IPC_FLAGS: u32 = 0x2 | 0x4;
+const EVENT_IPC_FLAGS: u32 = EVENT_DISABLE_TIMING | EVENT_INTERPROCESS;
 
 impl Session {
     /// The tenant of a driver session; status queries share no memory.

@@ -5,14 +5,8 @@ use cumux_protocol::{codes, CuError, Handle, ReplyBody, DEFAULT_STREAM};
 
 use super::core::{err, invalid_handle};
 use super::{CallResult, Session, MAX_STREAMS};
-use crate::device::ordering::NON_BLOCKING;
+use crate::device::ordering::{EVENT_DISABLE_TIMING, EVENT_INTERPROCESS, NON_BLOCKING};
 use crate::device::{StreamWork, SyncTarget};
-
-/// `CU_EVENT_DISABLE_TIMING`.
-const EVENT_DISABLE_TIMING: u32 = 0x2;
-
-/// `CU_EVENT_INTERPROCESS`: an event other programs may open by handle.
-const EVENT_INTERPROCESS: u32 = 0x4;
 
 impl Session {
     pub(super) fn check_stream(&self, stream: Handle) -> Result<(), CuError> {
