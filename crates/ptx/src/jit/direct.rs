@@ -75,16 +75,13 @@ impl Translator<'_, '_> {
         for (k, &id) in origins.iter().enumerate() {
             let same = self.fb.ins().icmp_imm_u(IntCC::Equal, resume, id as i64);
             let entry = self.entry(id);
-            let other = match k + 1 == origins.len() {
-                true => self.direct.head,
-                false => self.fb.create_block(),
-            };
-            let or_args: &[BlockArg] = match k + 1 == origins.len() {
-                true => &head_args,
-                false => &[],
+            let last = k + 1 == origins.len();
+            let (other, or_args): (Block, &[BlockArg]) = match last {
+                true => (self.direct.head, &head_args),
+                false => (self.fb.create_block(), &[]),
             };
             self.fb.ins().brif(same, entry, &args, other, or_args);
-            if k + 1 < origins.len() {
+            if !last {
                 self.fb.switch_to_block(other);
             }
         }
