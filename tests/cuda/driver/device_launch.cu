@@ -103,6 +103,9 @@ __global__ void bad_launches(int *codes) {
     codes[2] = (int)cudaGetLastError();
     nothing<<<0, 32>>>(nullptr);
     codes[3] = (int)cudaGetLastError();
+    // more dynamic shared memory than any block may have
+    nothing<<<1, 32, 1 << 20>>>(nullptr);
+    codes[4] = (int)cudaGetLastError();
 }
 
 // launches itself until a launch fails: deepest[0] the deepest level that ran,
@@ -189,6 +192,7 @@ int main() {
     REQUIRE(s[0] == cudaErrorInvalidConfiguration && s[1] == s[0] && s[2] == 0 &&
                 s[3] == cudaErrorInvalidConfiguration,
             "bad launches: codes %d %d %d %d, want 9 9 0 9", s[0], s[1], s[2], s[3]);
+    REQUIRE(s[4] != 0, "a launch with 1 MiB of dynamic shared memory was taken");
 
     CHECK(cudaMemset(small, 0, 16 * sizeof(int)));
     dive<<<1, 1>>>(small, 0);
