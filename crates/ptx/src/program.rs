@@ -183,9 +183,15 @@ impl Program {
         if let Err(f) = check_config(&self.kernels[k], cfg, params.len()) {
             return LaunchReport::failed(f);
         }
-        if self.engine == Engine::Compiler && !cooperative {
+        if self.engine == Engine::Compiler {
             if let Ok(native) = self.compiled.kernel(self.code.ir(), k) {
-                return jit::launch(native, self.code.ir(), mem, cfg, params, limits);
+                let ir = self.code.ir();
+                if !cooperative {
+                    return jit::launch(native, ir, mem, cfg, params, limits, 0);
+                }
+                return exec::with_grid_workspace(mem, cfg, |workspace| {
+                    jit::launch(native, ir, mem, cfg, params, limits, workspace)
+                });
             }
         }
         self.code.launch(mem, k, cfg, params, limits, cooperative)

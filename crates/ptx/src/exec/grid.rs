@@ -93,27 +93,9 @@ impl Executable {
         if !cooperative {
             return self.launch_tree(mem, k, cfg, params, limits, 0, &pending);
         }
-        let blocks: u64 = cfg.grid.iter().map(|&v| v as u64).product();
-        let threads = blocks * cfg.block.iter().map(|&v| v as u64).product::<u64>();
-        if blocks > MAX_COOPERATIVE_BLOCKS || threads > MAX_COOPERATIVE_THREADS {
-            return LaunchReport::failed(Fault::CooperativeTooLarge(format!(
-                "{blocks} blocks of {threads} threads in all in a cooperative launch; at most \
-                 {MAX_COOPERATIVE_BLOCKS} blocks and {MAX_COOPERATIVE_THREADS} threads run at once"
-            )));
-        }
-        // the driver's grid workspace: { u32 size, u32 barrier }
-        let workspace = match mem.alloc(8) {
-            Ok(w) => w,
-            Err(e) => {
-                return LaunchReport::failed(Fault::OutOfResources(format!(
-                    "no grid workspace: {e}"
-                )))
-            }
-        };
-        let _ = mem.write(workspace, &8u32.to_le_bytes());
-        let report = self.launch_tree(mem, k, cfg, params, limits, workspace, &pending);
-        let _ = mem.free(workspace);
-        report
+        with_grid_workspace(mem, cfg, |workspace| {
+            self.launch_tree(mem, k, cfg, params, limits, workspace, &pending)
+        })
     }
 
     /// [`Executable::launch`] with the grid workspace at `grid_workspace`
@@ -207,6 +189,35 @@ impl Executable {
         };
         run_grid(&g)
     }
+}
+
+/// Runs `launch` with a cooperative launch's grid workspace (the driver's
+/// `{ u32 size, u32 barrier }` that `this_grid().sync()` counts in, its
+/// address in `%envreg1`/`%envreg2`), freed after; a grid larger than can run
+/// at once fails with code 720, as on a GPU.
+pub(crate) fn with_grid_workspace(
+    mem: &DeviceMemory,
+    cfg: &LaunchConfig,
+    launch: impl FnOnce(u64) -> LaunchReport,
+) -> LaunchReport {
+    let blocks: u64 = cfg.grid.iter().map(|&v| v as u64).product();
+    let threads = blocks * cfg.block.iter().map(|&v| v as u64).product::<u64>();
+    if blocks > MAX_COOPERATIVE_BLOCKS || threads > MAX_COOPERATIVE_THREADS {
+        return LaunchReport::failed(Fault::CooperativeTooLarge(format!(
+            "{blocks} blocks of {threads} threads in all in a cooperative launch; at most \
+             {MAX_COOPERATIVE_BLOCKS} blocks and {MAX_COOPERATIVE_THREADS} threads run at once"
+        )));
+    }
+    let workspace = match mem.alloc(8) {
+        Ok(w) => w,
+        Err(e) => {
+            return LaunchReport::failed(Fault::OutOfResources(format!("no grid workspace: {e}")))
+        }
+    };
+    let _ = mem.write(workspace, &8u32.to_le_bytes());
+    let report = launch(workspace);
+    let _ = mem.free(workspace);
+    report
 }
 
 /// Runs every block of the grid on host workers, each taking the next block

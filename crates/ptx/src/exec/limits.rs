@@ -24,4 +24,4 @@ pub const MAX_COOPERATIVE_THREADS: u64 = 65536;
 /// Registers plus local memory of all threads of a cooperative launch, whose
 /// blocks are all resident at once (each thread's call stack is bounded by
 /// its share: at least 16 KiB).
-pub(super) const COOPERATIVE_MEMORY_LIMIT: usize = 1 << 30;
+pub(crate) const COOPERATIVE_MEMORY_LIMIT: usize = 1 << 30;

@@ -371,7 +371,16 @@ impl Translator<'_, '_> {
                     }
                 }
             }
-            // `%envreg*` read 0 outside a cooperative launch; `Zero`
+            // the cooperative launch's grid workspace (0 outside one)
+            SReg::Envreg(1) => {
+                let w = self.ctx_u64(ctx_off!(grid_workspace));
+                self.fb.ins().ushr_imm_u(w, 32)
+            }
+            SReg::Envreg(2) => {
+                let w = self.ctx_u64(ctx_off!(grid_workspace));
+                self.fb.ins().band_imm_u(w, 0xffff_ffff)
+            }
+            // the other `%envreg*` read 0; `Zero`
             _ => self.imm(0),
         }
     }

@@ -10,7 +10,9 @@ use super::runtime::{
     STOP_BARRIER, STOP_BITS, STOP_WARP,
 };
 use super::warp::{resolve_warp, Lanes, State};
-use crate::exec::{launch_progress, on_workers, BlockResults, BLOCK_MEMORY_LIMIT};
+use crate::exec::{
+    launch_progress, on_workers, BlockResults, BLOCK_MEMORY_LIMIT, COOPERATIVE_MEMORY_LIMIT,
+};
 use crate::ir::{Module, Op, SReg};
 use crate::launch::{
     printf_launch_limit, Fault, LaunchConfig, LaunchLimits, LaunchReport, LAUNCH_CHECK_INTERVAL,
@@ -42,10 +44,18 @@ struct Grid<'a> {
     /// A block's lanes parted: the launch's later blocks run on the thread
     /// loop only.
     lanes_off: AtomicBool,
+    /// A cooperative launch's grid workspace (`%envreg1`/`%envreg2`; 0:
+    /// not a cooperative launch).
+    grid_workspace: u64,
 }
 
 /// Runs compiled kernel `kernel` of module `m` over the grid (a
-/// configuration already checked against the kernel's limits).
+/// configuration already checked against the kernel's limits). A
+/// cooperative launch (`grid_workspace` not 0: its workspace, as
+/// `exec::with_grid_workspace` makes it) runs every block at once, each on
+/// a host thread of its own, thread by thread (no lane kernel: a block
+/// whose lanes part is undone and run again, which blocks that waited for
+/// it could not take back), as the interpreter runs one.
 pub(crate) fn launch(
     kernel: &CompiledKernel,
     m: &Module,
@@ -53,12 +63,20 @@ pub(crate) fn launch(
     cfg: &LaunchConfig,
     params: &[u8],
     limits: &LaunchLimits<'_>,
+    grid_workspace: u64,
 ) -> LaunchReport {
     let threads: u64 = cfg.block.iter().map(|&v| v as u64).product();
     let per_thread = kernel.nregs as u64 * 8 + kernel.frame_bytes as u64;
-    if per_thread.saturating_mul(threads) > BLOCK_MEMORY_LIMIT as u64 {
+    // a cooperative launch's blocks are all resident: they share one budget
+    let (resident, memory) = if grid_workspace != 0 {
+        let blocks: u64 = cfg.grid.iter().map(|&v| v as u64).product();
+        (threads * blocks, COOPERATIVE_MEMORY_LIMIT)
+    } else {
+        (threads, BLOCK_MEMORY_LIMIT)
+    };
+    if per_thread.saturating_mul(resident) > memory as u64 {
         return LaunchReport::failed(Fault::OutOfResources(format!(
-            "{threads} threads with {per_thread} bytes of registers and local memory each"
+            "{resident} threads with {per_thread} bytes of registers and local memory each"
         )));
     }
     let uses =
@@ -108,7 +126,8 @@ pub(crate) fn launch(
         limits,
         executed: AtomicU64::new(0),
         abort: AtomicBool::new(false),
-        lanes_off: AtomicBool::new(false),
+        lanes_off: AtomicBool::new(grid_workspace != 0),
+        grid_workspace,
     };
     run_grid(&g)
 }
@@ -141,8 +160,13 @@ fn worker_count(limits: &LaunchLimits<'_>, blocks: u64, threads: u64) -> usize {
 fn run_grid(g: &Grid<'_>) -> LaunchReport {
     let total: u64 = g.cfg.grid.iter().map(|&v| v as u64).product();
     let threads: u64 = g.cfg.block.iter().map(|&v| v as u64).product();
-    let workers = worker_count(g.limits, total, threads);
-    let chunk = claim_chunk(total, workers);
+    let (workers, chunk) = if g.grid_workspace != 0 {
+        // the blocks wait for each other: all run at once
+        (total.max(1) as usize, 1)
+    } else {
+        let workers = worker_count(g.limits, total, threads);
+        (workers, claim_chunk(total, workers))
+    };
     let next = AtomicU64::new(0);
     let results = BlockResults::default();
     let work = |smid: u32| {
@@ -211,6 +235,15 @@ fn claim_chunk(total: u64, workers: usize) -> u64 {
 /// Blocks of this process that ran through lane kernels, and that were
 /// undone and ran again on the thread loop.
 static LANE_BLOCKS: [AtomicU64; 2] = [AtomicU64::new(0), AtomicU64::new(0)];
+
+/// Blocks of compiled kernels this process ran, by either loop.
+static COMPILED_BLOCKS: AtomicU64 = AtomicU64::new(0);
+
+/// Blocks this process ran as native code so far (lane kernels or thread
+/// loops; blocks run again after their lanes parted count once).
+pub fn compiled_blocks() -> u64 {
+    COMPILED_BLOCKS.load(Ordering::Relaxed)
+}
 
 /// Blocks of compiled kernels this process ran through lane kernels so
 /// far, and blocks whose lanes parted (undone, run again thread by thread).
@@ -409,6 +442,7 @@ impl<'w> Worker<'w> {
     /// loop, which keeps the interpreter's order of threads (its faults,
     /// counts and memory).
     fn run_block(&mut self, g: &Grid<'_>, block_id: u64) -> Result<(), Fault> {
+        COMPILED_BLOCKS.fetch_add(1, Ordering::Relaxed);
         // (a block of whole groups only: the thread loop logs no stores)
         let whole = self.state.len().is_multiple_of(LANES as usize);
         let aligned = !g.kernel.lanes_need_aligned || g.cfg.block[0].is_multiple_of(LANES);
@@ -504,6 +538,7 @@ impl<'w> Worker<'w> {
             reserved_smem: g.reserved_smem,
             clock_base: self.clock,
             start_ns: g.start_ns,
+            grid_workspace: g.grid_workspace,
             mem: g.mem,
             memory: g.memory,
             fault: None,

@@ -41,5 +41,5 @@ pub(crate) const LANES: u32 = 4;
 
 pub use compiled::compilations;
 pub(crate) use compiled::CompiledModule;
-pub use launch::lane_blocks;
 pub(crate) use launch::launch;
+pub use launch::{compiled_blocks, lane_blocks};

@@ -100,6 +100,9 @@ pub(super) struct Ctx<'a> {
     /// before it; and `%globaltimer`'s start (the launch's, in ns).
     pub clock_base: u64,
     pub start_ns: u64,
+    /// A cooperative launch's grid workspace (`%envreg1` its high half,
+    /// `%envreg2` its low), else 0.
+    pub grid_workspace: u64,
     /// Device memory of the launch, and the memory itself (its heap).
     pub mem: &'a MemView<'a>,
     pub memory: &'a DeviceMemory,

@@ -791,27 +791,14 @@ impl CpuContext {
     }
 
     /// Logs, once a kernel, that it runs on the interpreter and why (the
-    /// compiler does not take it, or the launch is cooperative): the
-    /// interpreter is many times slower, so a slow program's log says which
-    /// kernel to look at.
-    fn log_interpreted(
-        &self,
-        module: ModuleId,
-        kernel: usize,
-        program: &Program,
-        name: &str,
-        cooperative: bool,
-    ) {
+    /// compiler does not take it): the interpreter is many times slower, so
+    /// a slow program's log says which kernel to look at.
+    fn log_interpreted(&self, module: ModuleId, kernel: usize, program: &Program, name: &str) {
         if program.engine() != Engine::Compiler {
             return;
         }
-        let why = if cooperative {
-            "a cooperative launch".to_string()
-        } else {
-            match program.compiled(name) {
-                Ok(()) => return,
-                Err(why) => why,
-            }
+        let Err(why) = program.compiled(name) else {
+            return;
         };
         if lock(&self.modules).interpreted.insert((module, kernel)) {
             tracing::info!(kernel = name, %why, "the kernel runs on the interpreter");
@@ -848,13 +835,7 @@ impl CpuContext {
             workers: self.threads,
             printf_fifo: self.printf_fifo.load(Ordering::Relaxed) as usize,
         };
-        self.log_interpreted(
-            launch.module,
-            launch.kernel,
-            &program,
-            &name,
-            geometry.cooperative(),
-        );
+        self.log_interpreted(launch.module, launch.kernel, &program, &name);
         let report = if geometry.cooperative() {
             program.launch_cooperative(&self.mem, &name, &config, &launch.params, &limits)
         } else {
