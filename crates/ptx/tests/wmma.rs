@@ -95,3 +95,30 @@ fn wmma_f16_accumulator() {
         }
     }
 }
+
+/// Integer `wmma` (which a 7.5 GPU has) is refused at load, naming the
+/// element type: never run as floats.
+#[test]
+fn integer_wmma_is_refused_naming_its_types() {
+    let ptx = r#"
+.version 7.0
+.target sm_75
+.address_size 64
+.visible .entry imma(.param .u64 a)
+{
+  .reg .b32 %r<3>;
+  .reg .b64 %rd<2>;
+  ld.param.u64 %rd1, [a];
+  wmma.load.a.sync.aligned.row.m16n16k16.global.s8 {%r1, %r2}, [%rd1], 16;
+  ret;
+}
+"#;
+    let mem = cumux_ptx::DeviceMemory::new(1 << 20);
+    let err = cumux_ptx::Program::load(ptx, &mem).unwrap_err();
+    let text = err.to_string();
+    assert_eq!(err.cu_code(), 218, "{text}");
+    assert!(
+        text.contains("element type .s8") && text.contains("line 10"),
+        "{text}"
+    );
+}

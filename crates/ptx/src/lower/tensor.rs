@@ -63,7 +63,15 @@ impl FuncLower<'_> {
         let tys: Vec<Ty> = m.iter().filter_map(|x| Ty::parse(x)).collect();
         let ok = |t: &Ty| matches!(t, Ty::F16 | Ty::BF16 | Ty::F32);
         if tys.is_empty() || !tys.iter().all(ok) {
-            return self.unsupported("wmma element type");
+            let named: Vec<&str> = m
+                .iter()
+                .filter(|x| Ty::parse(x).is_some())
+                .map(String::as_str)
+                .collect();
+            return self.unsupported(format!(
+                "wmma of element type .{}: only f16 and bf16 run on the CPU device",
+                named.join(".")
+            ));
         }
         if i.has("load") || i.has("store") {
             let o = self.ops(i, 2)?;
