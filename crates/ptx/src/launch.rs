@@ -67,6 +67,16 @@ pub(crate) fn printf_launch_limit(fifo: usize) -> usize {
 /// the cancel flag (well under a millisecond of interpretation).
 pub const LAUNCH_CHECK_INTERVAL: u64 = 1 << 16;
 
+/// Instructions between yields of a running thread of a kernel that polls
+/// (makes ordered loads), on both engines: a thread spinning until the
+/// block's other threads arrive (a `cuda::barrier`, a flag in shared or
+/// global memory) lets them run after this many, not after a whole
+/// [`LAUNCH_CHECK_INTERVAL`] (a 1,024-thread block waiting at such a
+/// barrier spun 67 M instructions, and `simpleAWBarrier` ended at the
+/// launch's budget). The budgets and the cancel flag are still checked
+/// every `LAUNCH_CHECK_INTERVAL`.
+pub const POLL_YIELD_INTERVAL: u64 = 1024;
+
 /// A fault during a launch, mirroring the driver's errors.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Fault {

@@ -234,3 +234,29 @@ fn a_spin_on_a_flag_a_later_warp_sets_ends() {
         );
     }
 }
+
+/// A thread spinning until a later thread of its block sets a flag lets
+/// that thread run after a short while: the block's instructions stay near
+/// its threads' own work, not a whole check interval (65,536) of spinning.
+#[test]
+fn a_spin_on_a_later_threads_flag_yields_soon() {
+    let dev = Device::load("spins", SPINS, 1 << 24);
+    if interpreter_only(&dev) {
+        return;
+    }
+    let out = dev.alloc(4);
+    let limits = LaunchLimits {
+        workers: 1,
+        ..LaunchLimits::NONE
+    };
+    let report = dev.launch_limited("spin_shared", linear(1, 1024), &[&out], &limits);
+    report.result.expect("the spin ends");
+    let got: Vec<u32> = dev.download(out, 1);
+    assert_eq!(got, [1000]);
+    assert!(
+        report.instructions < 20_000,
+        "{} instructions for 1,024 threads' few each and one wait",
+        report.instructions
+    );
+}
+

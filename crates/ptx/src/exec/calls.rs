@@ -52,7 +52,7 @@ pub(super) fn call(
         return Err(Fault::Failed("call to unknown function".into()));
     };
     if b.instructions.wrapping_add(count) > b.check_at {
-        watch::checkpoint(g, b, count, line)?;
+        watch::passed(g, b, count, line)?;
     }
     if th.frames.len() >= MAX_CALL_DEPTH {
         return Err(Fault::IllegalAddress {

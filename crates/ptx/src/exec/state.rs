@@ -137,6 +137,9 @@ pub(super) struct Geo<'a> {
     pub printf_fifo: usize,
     /// Run the lanes of a warp in lockstep (module uses volatile accesses).
     pub lockstep: bool,
+    /// The kernel or a function it calls makes ordered loads: its threads
+    /// yield every [`crate::launch::POLL_YIELD_INTERVAL`] instructions.
+    pub polls: bool,
     /// The grid's device runtime (dynamic parallelism).
     pub cdp: &'a Cdp<'a>,
     /// Each kernel's description, in kernel order.
@@ -160,6 +163,9 @@ pub(super) struct Block {
     /// At a backward branch or call past this many instructions the block
     /// checks its budgets and the cancel flag (`watch`).
     pub check_at: u64,
+    /// Where the next check of the budgets and the cancel flag is due when
+    /// `check_at` comes sooner (a kernel that polls).
+    pub full_check_at: u64,
     /// Lanes of each warp that have not exited.
     pub warp_live: Vec<u32>,
 }
@@ -176,6 +182,7 @@ impl Block {
             instructions: 0,
             counted: 0,
             check_at: 0,
+            full_check_at: 0,
             warp_live: Vec::new(),
         }
     }

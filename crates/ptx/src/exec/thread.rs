@@ -103,7 +103,7 @@ pub(super) fn run_thread<const SINGLE_STEP: bool>(
             }
             Op::Bra { target } => {
                 if *target <= pc && b.instructions.wrapping_add(count) > b.check_at {
-                    fail_on_err!(watch::checkpoint(g, b, count, inst.line));
+                    fail_on_err!(watch::passed(g, b, count, inst.line));
                     // a long loop lets the block's other threads run: it may
                     // wait for what one of them writes (a spin on memory)
                     pc = *target;

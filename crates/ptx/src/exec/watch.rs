@@ -1,18 +1,76 @@
 //! What stops a launch before its end: the per-block and per-launch
 //! instruction budgets and the cancel flag. A block checks them at a backward
-//! branch or call once it ran `LAUNCH_CHECK_INTERVAL` more instructions, and
+//! branch or call once it ran `LAUNCH_CHECK_INTERVAL` more instructions (a
+//! kernel that polls also lets its other threads run every
+//! `POLL_YIELD_INTERVAL`), and
 //! again at its end, adding what it ran to the launch's count.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use super::state::{Block, Geo};
-use crate::launch::{Fault, LAUNCH_CHECK_INTERVAL};
+use crate::ir::{Func, MemOrder, Module, Op};
+use crate::launch::{Fault, LAUNCH_CHECK_INTERVAL, POLL_YIELD_INTERVAL};
 
 /// Readies `b`'s count for a new block of the launch.
 pub(super) fn start_block(g: &Geo<'_>, b: &mut Block) {
     b.instructions = 0;
     b.counted = 0;
-    b.check_at = next_check(g, 0);
+    b.full_check_at = next_check(g, 0);
+    b.check_at = if g.polls {
+        POLL_YIELD_INTERVAL.min(b.full_check_at)
+    } else {
+        b.full_check_at
+    };
+}
+
+/// Whether kernel `kernel` of `prog`, or a function it may call, makes
+/// ordered (volatile, relaxed or acquire) loads: it may spin on what
+/// another thread writes.
+pub(super) fn polls(prog: &Module, kernel: u32) -> bool {
+    let ordered = |f: &Func| {
+        f.code
+            .iter()
+            .any(|i| matches!(i.op, Op::Ld { order, .. } if order != MemOrder::Plain))
+    };
+    let mut seen = vec![false; prog.funcs.len()];
+    let mut todo = vec![kernel as usize];
+    while let Some(k) = todo.pop() {
+        if k >= seen.len() || std::mem::replace(&mut seen[k], true) {
+            continue;
+        }
+        let f = &prog.funcs[k];
+        if ordered(f) {
+            return true;
+        }
+        for i in &f.code {
+            if let Op::Call(info) = &i.op {
+                if info.target.is_some() {
+                    // an indirect call may reach any function
+                    return prog.funcs.iter().any(ordered);
+                }
+                todo.push(info.func as usize);
+            }
+        }
+    }
+    false
+}
+
+/// A running thread's count passed `b.check_at` at a backward branch or
+/// call on `line` (`count` of its instructions not yet in the block's): the
+/// budgets and the cancel flag where their check is due, and the next
+/// check, sooner in a kernel that polls.
+pub(super) fn passed(g: &Geo<'_>, b: &mut Block, count: u64, line: u32) -> Result<(), Fault> {
+    let done = b.instructions.wrapping_add(count);
+    if done > b.full_check_at {
+        checkpoint(g, b, count, line)?;
+        b.full_check_at = b.check_at;
+    }
+    if g.polls {
+        b.check_at = done
+            .saturating_add(POLL_YIELD_INTERVAL)
+            .min(b.full_check_at);
+    }
+    Ok(())
 }
 
 /// The check of a block whose count, with the `count` instructions of the
@@ -20,7 +78,7 @@ pub(super) fn start_block(g: &Geo<'_>, b: &mut Block) {
 /// call on `line`: a fault ends the launch, else the next check is set.
 #[cold]
 #[inline(never)]
-pub(super) fn checkpoint(g: &Geo<'_>, b: &mut Block, count: u64, line: u32) -> Result<(), Fault> {
+fn checkpoint(g: &Geo<'_>, b: &mut Block, count: u64, line: u32) -> Result<(), Fault> {
     let done = b.instructions.wrapping_add(count);
     if done > g.budget {
         return Err(Fault::Timeout(format!(

@@ -16,6 +16,7 @@ use crate::exec::{
 use crate::ir::{Module, Op, SReg};
 use crate::launch::{
     printf_launch_limit, Fault, LaunchConfig, LaunchLimits, LaunchReport, LAUNCH_CHECK_INTERVAL,
+    POLL_YIELD_INTERVAL,
 };
 use crate::memory::{DeviceMemory, MemView};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -338,6 +339,9 @@ struct Worker<'w> {
     /// The instructions this worker ran in the launch's earlier blocks
     /// (`%clock64` of the running block's start).
     clock: u64,
+    /// Where the running block's next full check is due (its budgets, the
+    /// cancel flag) when its yields come sooner ([`POLL_YIELD_INTERVAL`]).
+    full_check_at: u64,
 }
 
 impl<'w> Worker<'w> {
@@ -381,6 +385,7 @@ impl<'w> Worker<'w> {
             uniform: false,
             passed: false,
             clock: 0,
+            full_check_at: 0,
         }
     }
 
@@ -429,6 +434,25 @@ impl<'w> Worker<'w> {
         if n != 0 {
             g.executed.fetch_add(n, Ordering::Relaxed);
         }
+    }
+
+    /// The block's first check: where it is due, or sooner where its
+    /// threads poll on the thread loop ([`POLL_YIELD_INTERVAL`]).
+    fn first_check(&mut self, g: &Grid<'_>) -> u64 {
+        self.full_check_at = Self::next_check(g, 0);
+        if self.polls_briefly(g) {
+            POLL_YIELD_INTERVAL.min(self.full_check_at)
+        } else {
+            self.full_check_at
+        }
+    }
+
+    /// Whether the running block's threads yield every
+    /// [`POLL_YIELD_INTERVAL`] instructions: a kernel that polls, on the
+    /// thread loop (a lane kernel's checks are made in place: they yield
+    /// no thread).
+    fn polls_briefly(&self, g: &Grid<'_>) -> bool {
+        g.kernel.polls && !self.lanes_now
     }
 
     fn next_check(g: &Grid<'_>, done: u64) -> u64 {
@@ -506,6 +530,7 @@ impl<'w> Worker<'w> {
         let n = self.state.len();
         let local_words = (g.kernel.frame_bytes as usize).div_ceil(8);
         let ntid = g.cfg.block;
+        let check_at = self.first_check(g);
         let mut ctx = Ctx {
             shared: self.shared.as_mut_ptr() as *mut u8,
             shared_bytes: g.shared_bytes,
@@ -516,7 +541,7 @@ impl<'w> Worker<'w> {
             instructions: 0,
             codes_and: 0,
             codes_or: 0,
-            check_at: Self::next_check(g, 0),
+            check_at,
             local_bytes: (local_words * 8) as u64,
             yield_line: 0,
             budget: Budget {
@@ -903,7 +928,7 @@ impl<'w> Worker<'w> {
                         let pc = g.kernel.resumes.get(id as usize).copied().unwrap_or(1);
                         self.state[t] = State::AtWarp(pc.saturating_sub(1));
                     }
-                    _ => self.checkpoint(ctx)?,
+                    _ => self.yielded(g, ctx)?,
                 }
             }
         }
@@ -941,10 +966,25 @@ impl<'w> Worker<'w> {
         ))
     }
 
-    /// The check of a thread that yielded at a backward branch past
-    /// `ctx.check_at`: the block's and launch's budgets and the cancel flag.
+    /// A thread yielded at a backward branch past `ctx.check_at`: the
+    /// block's and launch's budgets and the cancel flag where they are due;
+    /// a block whose threads poll yields again soon, and a thread that
+    /// yielded where no other thread of its block is ready gives its core
+    /// away (it waits for another block, whose worker may need the core).
     #[cold]
-    fn checkpoint(&mut self, ctx: &mut Ctx<'_>) -> Result<(), Fault> {
-        ctx.checkpoint(ctx.instructions, ctx.yield_line)
+    fn yielded(&mut self, g: &Grid<'_>, ctx: &mut Ctx<'_>) -> Result<(), Fault> {
+        let done = ctx.instructions;
+        if done > self.full_check_at {
+            ctx.checkpoint(done, ctx.yield_line)?;
+            self.full_check_at = ctx.check_at;
+        } else if self.waiting + self.exited + 1 >= self.state.len() {
+            std::thread::yield_now();
+        }
+        if self.polls_briefly(g) {
+            ctx.check_at = done
+                .saturating_add(POLL_YIELD_INTERVAL)
+                .min(self.full_check_at);
+        }
+        Ok(())
     }
 }
