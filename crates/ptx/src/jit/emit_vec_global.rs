@@ -66,6 +66,35 @@ impl Translator<'_, '_> {
         };
         self.next_site(addr.sp);
         let site = self.site;
+        let pc = self.pc_now;
+        let covered = self
+            .hoist
+            .is_some_and(|h| h.sites.iter().any(|(at, _)| *at == pc));
+        if consecutive.is_none() && site != u32::MAX && covered {
+            // the block's check found every group's access inside the
+            // allocation the launch put in the site's cache (`jit::hoist`)
+            self.hoisted.push((pc, site));
+            let fixed = MemFlagsData::trusted().with_readonly();
+            let cache = self.fb.ins().load(I64, fixed, self.ctx, ctx_off!(gcache));
+            let entry = add_imm(&mut self.fb, cache, site as i64 * GLOBAL_ENTRY_BYTES);
+            let gbase = self.fb.ins().load(I64, MemFlagsData::trusted(), entry, 0);
+            let off = self.fb.ins().isub(first, gbase);
+            let p = self.host_at(entry, off);
+            match value {
+                Err(d) => {
+                    let x = self.fb.ins().load(I32X4, unaligned(), p, 0);
+                    self.vdef(d, x, None);
+                }
+                Ok(val) => {
+                    let x = self.vsrc_pub(val);
+                    if !self.plan.final_stores.contains(&pc) {
+                        self.log_store(p, 16);
+                    }
+                    self.fb.ins().store(unaligned(), x, p, 0);
+                }
+            }
+            return true;
+        }
         // one compare: the offset in the allocation the site resolved last,
         // rotated right by 2, is below its length in words less 3 exactly
         // when the offset is a multiple of 4 and its 16 bytes end inside

@@ -17,6 +17,7 @@ mod emit_vec_global;
 mod emit_vec_mem;
 mod emit_whole;
 mod emit_wide;
+mod hoist;
 mod inline;
 mod lane_defs;
 mod lanes;
@@ -41,5 +42,5 @@ pub(crate) const LANES: u32 = 4;
 
 pub use compiled::compilations;
 pub(crate) use compiled::CompiledModule;
-pub use launch::lane_blocks;
 pub(crate) use launch::launch;
+pub use launch::{hoisted_blocks, lane_blocks};
