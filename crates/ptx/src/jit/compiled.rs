@@ -22,8 +22,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 /// The global accesses a lane kernel's copy runs unchecked: each one's
-/// cache slot and first lane's address (`jit::hoist`).
-pub(super) type HoistedSites = Box<[(u32, Expr)]>;
+/// first lane's address (`jit::hoist`), in the order of `Ctx::hoisted`.
+pub(super) type HoistedSites = Box<[Expr]>;
 
 /// One compiled kernel and the memory its code lives in.
 pub(crate) struct CompiledKernel {
@@ -283,18 +283,13 @@ fn compile(f: &Func, p: &Plan) -> Result<CompiledKernel, String> {
     // unchecked, with its cache slot: else the copy is not used)
     let hoisted = entries
         .next()
-        .filter(|_| hoisted.len() == hoist.sites.len())
-        .map(|code| {
-            let sites = hoisted.iter().map(|&(pc, site)| {
-                let e = hoist
-                    .sites
-                    .iter()
-                    .find(|(at, _)| *at == pc)
-                    .expect("a hoisted site");
-                (site, e.1.clone())
-            });
-            (code, sites.collect())
-        });
+        .filter(|_| {
+            hoist
+                .sites
+                .iter()
+                .all(|(pc, _)| hoisted.iter().any(|(at, _)| at == pc))
+        })
+        .map(|code| (code, hoist.sites.iter().map(|(_, e)| e.clone()).collect()));
     let collectives = ops.iter().any(|op| {
         matches!(
             op,

@@ -69,17 +69,15 @@ impl Translator<'_, '_> {
         let pc = self.pc_now;
         let covered = self
             .hoist
-            .is_some_and(|h| h.sites.iter().any(|(at, _)| *at == pc));
-        if consecutive.is_none() && site != u32::MAX && covered {
-            // the block's check found every group's access inside the
-            // allocation the launch put in the site's cache (`jit::hoist`)
+            .and_then(|h| h.sites.iter().position(|(at, _)| *at == pc));
+        if let (None, Some(h)) = (consecutive, covered) {
+            // the block's check found every group's access inside one
+            // allocation: its host pointer less its address (`jit::hoist`)
             self.hoisted.push((pc, site));
             let fixed = MemFlagsData::trusted().with_readonly();
-            let cache = self.fb.ins().load(I64, fixed, self.ctx, ctx_off!(gcache));
-            let entry = add_imm(&mut self.fb, cache, site as i64 * GLOBAL_ENTRY_BYTES);
-            let gbase = self.fb.ins().load(I64, MemFlagsData::trusted(), entry, 0);
-            let off = self.fb.ins().isub(first, gbase);
-            let p = self.host_at(entry, off);
+            let at = ctx_off!(hoisted) + 8 * h as i32;
+            let delta = self.fb.ins().load(I64, fixed, self.ctx, at);
+            let p = self.fb.ins().iadd(first, delta);
             match value {
                 Err(d) => {
                     let x = self.fb.ins().load(I32X4, unaligned(), p, 0);

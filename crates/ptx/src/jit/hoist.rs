@@ -2,7 +2,7 @@
 //! the whole range its threads can touch, after which a lane kernel runs them unchecked.
 
 use super::plan::Plan;
-use super::runtime::GlobalEntry;
+use super::runtime::MAX_HOISTED;
 use crate::ir::{Func, IntOp, Op, SReg, Sp, Src, TernOp, Ty, NONE};
 use crate::memory::MemView;
 
@@ -91,6 +91,9 @@ pub(super) fn hoistable(f: &Func, p: &Plan) -> Hoist {
         }
         let Src::Reg(r) = addr.base else { continue };
         let mut widened = Vec::new();
+        if h.sites.len() == MAX_HOISTED {
+            break;
+        }
         if let Some(e) = b.reg(r, pc as u32, 64, &mut widened, 0) {
             h.sites
                 .push((pc as u32, Expr::Offset(Box::new(e), addr.off as u64)));
@@ -293,32 +296,43 @@ impl Ranged {
         })
     }
 
-    /// The least and greatest value in block `ctaid`.
-    fn at(&self, ctaid: [u32; 3]) -> Option<(i128, i128)> {
+    /// Whether `at` cannot overflow: the steps below 2^64, the rest below
+    /// 2^96 (any block's value then below 2^100).
+    fn small(&self) -> bool {
+        let below = |x: i128, bits: u32| x.unsigned_abs() < 1u128 << bits;
+        self.a.iter().all(|&a| below(a, 64))
+            && [self.c, self.lo, self.hi].iter().all(|&x| below(x, 96))
+    }
+
+    /// The least and greatest value in block `ctaid` (of a [`Ranged::small`]).
+    fn at(&self, ctaid: [u32; 3]) -> (i128, i128) {
         let mut v = self.c;
         for (a, c) in self.a.iter().zip(ctaid) {
             if *a != 0 {
-                v = v.checked_add(a.checked_mul(c as i128)?)?;
+                v += a * c as i128;
             }
         }
-        Some((v.checked_add(self.lo)?, v.checked_add(self.hi)?))
+        (v + self.lo, v + self.hi)
     }
 }
 
-/// A kernel's hoisted sites made ready for one launch: each site's cache
-/// slot and first address, and the values its extensions need in range.
+/// A kernel's hoisted sites made ready for one launch (a worker's): each
+/// site's first address, and the values its extensions need in range.
 pub(super) struct Prepared {
-    sites: Vec<(u32, Ranged)>,
+    sites: Vec<Ranged>,
     bounds: Vec<(Ranged, i128, i128)>,
+    /// The allocation each site found last: base, length, host pointer
+    /// less base (none at first).
+    last: Vec<(u64, u64, u64)>,
 }
 
-/// `sites` (`(cache slot, first address)`) for a launch whose values are
+/// `sites` (each one's first address) for a launch whose values are
 /// `v`; `None` where an address is not `c + a · %ctaid + b · %tid` with
 /// every address of a block's threads a multiple of 4.
-pub(super) fn prepare(sites: &[(u32, Expr)], v: &LaunchValues<'_>) -> Option<Prepared> {
+pub(super) fn prepare(sites: &[Expr], v: &LaunchValues<'_>) -> Option<Prepared> {
     let mut bounds = Vec::new();
     let mut out = Vec::new();
-    for (site, e) in sites {
+    for e in sites {
         let l = lin(e, v, &mut bounds)?;
         // (every block's addresses share the residue of its first: the
         // steps between threads and blocks are multiples of 4)
@@ -326,13 +340,17 @@ pub(super) fn prepare(sites: &[(u32, Expr)], v: &LaunchValues<'_>) -> Option<Pre
         if !steps || l.c % 4 != 0 {
             return None;
         }
-        out.push((*site, Ranged::of(l, v.ntid)?));
+        out.push(Ranged::of(l, v.ntid).filter(Ranged::small)?);
     }
     let bounds = bounds
         .into_iter()
-        .map(|(l, min, max)| Some((Ranged::of(l, v.ntid)?, min, max)))
+        .map(|(l, min, max)| Some((Ranged::of(l, v.ntid).filter(Ranged::small)?, min, max)))
         .collect::<Option<_>>()?;
-    Some(Prepared { sites: out, bounds })
+    Some(Prepared {
+        last: vec![(0, 0, 0); out.len()],
+        sites: out,
+        bounds,
+    })
 }
 
 /// `e` as a [`Lin`] in a launch whose values are `v`, each extension's
@@ -405,51 +423,42 @@ fn lin(e: &Expr, v: &LaunchValues<'_>, bounds: &mut Vec<(Lin, i128, i128)>) -> O
 
 impl Prepared {
     /// Whether in block `ctaid` every extension keeps its range and every
-    /// site spans only bytes of one allocation whose base is a multiple of
-    /// 16 (as the cache keeps them); where all do, each site's cache slot
-    /// holds its allocation, which the lane kernel's unchecked copy reads.
+    /// site spans only bytes of one allocation; where all do, `deltas`
+    /// holds each site's host pointer less its device address, which the
+    /// lane kernel's unchecked copy adds to its addresses.
     pub(super) fn block_check(
-        &self,
+        &mut self,
         ctaid: [u32; 3],
         mem: &MemView<'_>,
-        gcache: &mut [GlobalEntry],
+        deltas: &mut [u64; MAX_HOISTED],
     ) -> bool {
         for (r, min, max) in &self.bounds {
-            match r.at(ctaid) {
-                Some((lo, hi)) if lo >= *min && hi <= *max => {}
-                _ => return false,
+            let (lo, hi) = r.at(ctaid);
+            if lo < *min || hi > *max {
+                return false;
             }
         }
-        for (site, r) in &self.sites {
+        for ((r, last), delta) in self.sites.iter().zip(&mut self.last).zip(deltas) {
             // (every lane of the block's groups is a thread of the block,
             // at its own address, which lies in `lo..=hi`: a group's 16
             // bytes from its first lane's end 4 bytes past its last lane's)
-            let Some((lo, hi)) = r.at(ctaid) else {
-                return false;
-            };
-            let end = hi.saturating_add(4);
+            let (lo, hi) = r.at(ctaid);
+            let end = hi + 4;
             if lo < 0 || end > u64::MAX as i128 {
                 return false;
             }
             let (lo, end) = (lo as u64, end as u64);
-            let Some(entry) = gcache.get_mut(*site as usize) else {
-                return false;
-            };
             // (mostly the allocation the block before found)
-            if entry.base <= lo && end - entry.base <= entry.len && !entry.ptr.is_null() {
-                continue;
-            }
-            match mem.resolve(lo, end - lo) {
-                Some((base, len, ptr)) if base % 16 == 0 => {
-                    *entry = GlobalEntry {
-                        base,
-                        len,
-                        ptr,
-                        words: (len / 4).saturating_sub(3),
-                    };
+            let (base, len, _) = *last;
+            if !(base <= lo && end - base <= len) {
+                match mem.resolve(lo, end - lo) {
+                    Some((base, len, ptr)) => {
+                        *last = (base, len, (ptr as u64).wrapping_sub(base));
+                    }
+                    None => return false,
                 }
-                _ => return false,
             }
+            *delta = last.2;
         }
         true
     }

@@ -7,8 +7,8 @@ use super::compiled::CompiledKernel;
 use super::hoist::{prepare, LaunchValues, Prepared};
 use super::lanes::LANES;
 use super::runtime::{
-    undo_stores, Budget, Ctx, GlobalEntry, KernelFn, Logged, RET_EXIT, RET_FAULT, RET_PARTED,
-    STOP_BARRIER, STOP_BITS, STOP_WARP,
+    undo_stores, Budget, Ctx, GlobalEntry, KernelFn, Logged, MAX_HOISTED, RET_EXIT, RET_FAULT,
+    RET_PARTED, STOP_BARRIER, STOP_BITS, STOP_WARP,
 };
 use super::warp::{resolve_warp, Lanes, State};
 use crate::exec::{launch_progress, on_workers, BlockResults, BLOCK_MEMORY_LIMIT};
@@ -299,6 +299,8 @@ struct Worker<'w> {
     lane_code: Option<KernelFn>,
     /// The kernel's hoisted global checks for this launch (`jit::hoist`).
     hoist: Option<Prepared>,
+    /// Its accesses' host pointers less their addresses (`Ctx::hoisted`).
+    deltas: [u64; MAX_HOISTED],
     undo: Vec<Logged>,
     logged: usize,
     /// Whether the block's lanes failed at a group and the block went on
@@ -357,6 +359,7 @@ impl<'w> Worker<'w> {
             },
             lanes_now: false,
             lane_code: None,
+            deltas: [0; MAX_HOISTED],
             hoist: g.kernel.hoisted.as_ref().and_then(|(_, sites)| {
                 let v = LaunchValues {
                     ntid: g.cfg.block,
@@ -443,15 +446,6 @@ impl<'w> Worker<'w> {
         }
         self.lanes_now = true;
         self.restarted = false;
-        self.lane_code = g.kernel.lanes;
-        if let (Some((code, _)), Some(h)) = (&g.kernel.hoisted, &self.hoist) {
-            let [gx, gy, _] = g.cfg.grid.map(u64::from);
-            let ctaid = [block_id % gx, (block_id / gx) % gy, block_id / (gx * gy)];
-            if h.block_check(ctaid.map(|c| c as u32), g.mem, &mut self.gcache) {
-                self.lane_code = Some(*code);
-                HOISTED_BLOCKS.fetch_add(1, Ordering::Relaxed);
-            }
-        }
         let r = self.run_block_once(g, block_id);
         self.lanes_now = false;
         if r.is_ok() && !self.restarted {
@@ -485,6 +479,16 @@ impl<'w> Worker<'w> {
         ];
         self.instructions = 0;
         self.counted = 0;
+        if self.lanes_now {
+            // (the copy with hoisted global checks where the block's passes)
+            self.lane_code = g.kernel.lanes;
+            if let (Some((code, _)), Some(h)) = (&g.kernel.hoisted, &mut self.hoist) {
+                if h.block_check(self.ctaid, g.mem, &mut self.deltas) {
+                    self.lane_code = Some(*code);
+                    HOISTED_BLOCKS.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }
         if !g.kernel.fresh_start {
             self.regs.fill(0);
         }
@@ -555,6 +559,7 @@ impl<'w> Worker<'w> {
             },
             undo: self.lanes_now.then(|| std::mem::take(&mut self.undo)),
             group_count: 0,
+            hoisted: self.deltas,
         };
         // as the interpreter schedules: warp by warp, each warp's ready lanes
         // in turn until none of its collectives can be resolved
