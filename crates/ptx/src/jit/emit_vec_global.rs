@@ -74,10 +74,7 @@ impl Translator<'_, '_> {
             // the block's check found every group's access inside one
             // allocation: its host pointer less its address (`jit::hoist`)
             self.hoisted.push((pc, site));
-            let fixed = MemFlagsData::trusted().with_readonly();
-            let at = ctx_off!(hoisted) + 8 * h as i32;
-            let delta = self.fb.ins().load(I64, fixed, self.ctx, at);
-            let p = self.fb.ins().iadd(first, delta);
+            let p = self.fb.ins().iadd(first, self.hoist_deltas[h]);
             match value {
                 Err(d) => {
                     let x = self.fb.ins().load(I32X4, unaligned(), p, 0);

@@ -146,6 +146,8 @@ pub(super) struct Translator<'a, 'f> {
     /// emitted unchecked.
     pub hoist: Option<&'a Hoist>,
     pub hoisted: Vec<(u32, u32)>,
+    /// `Ctx::hoisted`, loaded once a call.
+    pub hoist_deltas: Vec<Value>,
     /// The parameters loaded before the thread loop.
     pub params: HoistedParams,
     /// What the straight run being emitted knows of its vector-wide
@@ -366,6 +368,13 @@ impl<'a, 'f> Translator<'a, 'f> {
         group_start(&mut fb, ctx, width > 1 && plan.restart);
         let params = hoist_params(&mut fb, ctx, ops, width > 1);
         let (specials, products) = hoist_specials(&mut fb, ctx, ops, width > 1);
+        let fixed = MemFlagsData::trusted().with_readonly();
+        let hoist_deltas = (0..hoist.map_or(0, |h| h.sites.len()))
+            .map(|k| {
+                fb.ins()
+                    .load(I64, fixed, ctx, ctx_off!(hoisted) + 8 * k as i32)
+            })
+            .collect();
         // each group's lanes are consecutive in `%tid.x` and share `%tid.y`
         // and `%tid.z` wherever the lane kernel runs (`needs_aligned`): the
         // lanes of registers with a known stride lie as `strides` says
@@ -486,6 +495,7 @@ impl<'a, 'f> Translator<'a, 'f> {
             pc_now: 0,
             hoist,
             hoisted: Vec::new(),
+            hoist_deltas,
             params,
             wfacts: Vec::new(),
             wconsecutive: Vec::new(),
