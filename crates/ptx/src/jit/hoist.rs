@@ -226,6 +226,18 @@ fn block_of(p: &Plan, pc: u32) -> usize {
     p.starts.partition_point(|&s| s <= pc)
 }
 
+impl Hoist {
+    /// Whether every store of `ops` is a hoisted access that `final_stores`
+    /// holds (logged by no group: the copy logs nothing, see `restart`).
+    pub(super) fn unlogged(&self, ops: &[Op], final_stores: &[u32]) -> bool {
+        ops.iter().enumerate().all(|(pc, op)| {
+            let pc = pc as u32;
+            !matches!(op, Op::St { .. })
+                || final_stores.contains(&pc) && self.sites.iter().any(|(at, _)| *at == pc)
+        })
+    }
+}
+
 /// A launch's values: `%ntid`, `%nctaid`, and its parameters
 /// (`params_len` bytes in words).
 pub(super) struct LaunchValues<'p> {

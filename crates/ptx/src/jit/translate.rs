@@ -365,7 +365,9 @@ impl<'a, 'f> Translator<'a, 'f> {
         let needs_aligned = (0..n).any(|r| sregs[r].is_some() && !uniform[r])
             || (width > 1 && fixed_shared_bases(ops, &strides, &narrow));
         let fresh = fb.declare_var(I8);
-        group_start(&mut fb, ctx, width > 1 && plan.restart);
+        // (a hoisted copy whose every store is hoisted and final logs none)
+        let logs = !hoist.is_some_and(|h| h.unlogged(ops, &plan.final_stores));
+        group_start(&mut fb, ctx, width > 1 && plan.restart, logs);
         let params = hoist_params(&mut fb, ctx, ops, width > 1);
         let (specials, products) = hoist_specials(&mut fb, ctx, ops, width > 1);
         let fixed = MemFlagsData::trusted().with_readonly();
@@ -419,7 +421,7 @@ impl<'a, 'f> Translator<'a, 'f> {
         let following = fb.ins().iadd_imm_s(running, width as i64);
         fb.ins().jump(head, &[BlockArg::Value(following)]);
         fb.switch_to_block(body);
-        group_start(&mut fb, ctx, width > 1 && plan.restart);
+        group_start(&mut fb, ctx, width > 1 && plan.restart, logs);
         // (the lane kernel works out each lane's from lane 0's where used)
         let (tid, t64) = enter_group(&mut fb, func, plan, ctx, width, first_thread, bases, vars);
         // (a kernel with one resume point, its start, goes there at once)
