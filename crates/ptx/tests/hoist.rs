@@ -136,3 +136,30 @@ fn a_block_whose_stores_pass_the_end_faults_where_the_interpreter_does() {
         }
     }
 }
+
+#[test]
+fn rows_of_a_2d_block_are_checked_together_and_fault_past_the_end() {
+    let _one = ONE.lock().unwrap_or_else(|e| e.into_inner());
+    let a: Vec<u32> = (0..WORDS as u32).map(|i| i * 3).collect();
+    // 16 blocks of 32 x 4 threads, rows of w words: w = 32 keeps every
+    // row inside; w = 1024 puts rows 16 on (block 4 on) past the end
+    let cfg = config([16, 1, 1], [32, 4, 1], 0);
+    for (w, hoisted_want) in [(32u32, 16), (1024, 4)] {
+        let (report, c, hoisted) = both("hoist_rows", cfg, std::slice::from_ref(&a), w);
+        assert_eq!(hoisted, hoisted_want, "w {w}: the blocks inside hoisted");
+        let rows = if w == 32 { 64 } else { 16 };
+        for row in 0..rows {
+            for x in 0..32 {
+                let i = (row * w + x) as usize;
+                assert_eq!(c[i], a[i] + i as u32, "w {w}: row {row}, x {x}");
+            }
+        }
+        match w {
+            32 => report.result.expect("every row inside"),
+            _ => {
+                let f = report.result.expect_err("row 16 past the end");
+                assert_eq!(f.cu_code(), 700, "{f:?}");
+            }
+        }
+    }
+}
