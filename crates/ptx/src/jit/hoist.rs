@@ -287,7 +287,7 @@ impl Lin {
 #[derive(Debug, Clone, Copy)]
 struct Ranged {
     c: i128,
-    a: [i128; 3],
+    a: [i64; 3],
     lo: i128,
     hi: i128,
 }
@@ -300,30 +300,23 @@ impl Ranged {
             lo = lo.checked_add(far.min(0))?;
             hi = hi.checked_add(far.max(0))?;
         }
-        Some(Ranged {
+        // (`at` cannot overflow: the steps below 2^62, the rest below
+        // 2^96, any block's value below 2^100; else none is taken)
+        let below = |x: i128, bits: u32| x.unsigned_abs() < 1u128 << bits;
+        let small =
+            l.a.iter().all(|&a| below(a, 62)) && [l.c, lo, hi].iter().all(|&x| below(x, 96));
+        small.then(|| Ranged {
             c: l.c,
-            a: l.a,
+            a: l.a.map(|a| a as i64),
             lo,
             hi,
         })
     }
 
-    /// Whether `at` cannot overflow: the steps below 2^64, the rest below
-    /// 2^96 (any block's value then below 2^100).
-    fn small(&self) -> bool {
-        let below = |x: i128, bits: u32| x.unsigned_abs() < 1u128 << bits;
-        self.a.iter().all(|&a| below(a, 64))
-            && [self.c, self.lo, self.hi].iter().all(|&x| below(x, 96))
-    }
-
-    /// The least and greatest value in block `ctaid` (of a [`Ranged::small`]).
+    /// The least and greatest value in block `ctaid`.
     fn at(&self, ctaid: [u32; 3]) -> (i128, i128) {
-        let mut v = self.c;
-        for (a, c) in self.a.iter().zip(ctaid) {
-            if *a != 0 {
-                v += a * c as i128;
-            }
-        }
+        let step = |k: usize| i128::from(self.a[k] * i64::from(ctaid[k]));
+        let v = self.c + step(0) + step(1) + step(2);
         (v + self.lo, v + self.hi)
     }
 }
@@ -352,11 +345,11 @@ pub(super) fn prepare(sites: &[Expr], v: &LaunchValues<'_>) -> Option<Prepared> 
         if !steps || l.c % 4 != 0 {
             return None;
         }
-        out.push(Ranged::of(l, v.ntid).filter(Ranged::small)?);
+        out.push(Ranged::of(l, v.ntid)?);
     }
     let bounds = bounds
         .into_iter()
-        .map(|(l, min, max)| Some((Ranged::of(l, v.ntid).filter(Ranged::small)?, min, max)))
+        .map(|(l, min, max)| Some((Ranged::of(l, v.ntid)?, min, max)))
         .collect::<Option<_>>()?;
     Some(Prepared {
         last: vec![(0, 0, 0); out.len()],
