@@ -1,6 +1,5 @@
-//! Global accesses affine in the thread (`jit::hoist`) on both engines: a
-//! block whose whole range lies inside its allocations runs them unchecked;
-//! one that passes an allocation's end checks each group and faults as the interpreter.
+//! Global accesses affine in the thread (`jit::hoist`) on both engines: blocks inside
+//! their allocations run them unchecked, others check each group and fault as interpreted.
 
 mod common;
 

@@ -120,8 +120,11 @@ impl Builder<'_> {
         let pc = (*self.writes.get(r as usize)? == 1)
             .then(|| self.def[r as usize])
             .flatten()?;
-        let here = pc < self.first_end && self.p.fresh_start
-            || pc < at && block_of(self.p, pc) == block_of(self.p, at);
+        // (a write after the read, even in the first block, is not what
+        // it reads)
+        let here = pc < at
+            && (pc < self.first_end && self.p.fresh_start
+                || block_of(self.p, pc) == block_of(self.p, at));
         if !here || depth > 12 {
             return None;
         }
