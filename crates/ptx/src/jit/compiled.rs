@@ -2,6 +2,7 @@
 //! first launch or found in the process's cache (keyed by the lowered kernel);
 //! the host's code generator is made once per process.
 
+use super::hoist::{hoistable, Expr, Hoist};
 use super::inline::{flatten, CHECKS, UNCOUNTED};
 use super::lanes::LANES;
 use super::lockstep::with_steps;
@@ -20,6 +21,10 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
+/// The global accesses a lane kernel's copy runs unchecked: each one's
+/// first lane's address (`jit::hoist`), in the order of `Ctx::hoisted`.
+pub(super) type HoistedSites = Box<[Expr]>;
+
 /// One compiled kernel and the memory its code lives in.
 pub(crate) struct CompiledKernel {
     pub(super) entry: KernelFn,
@@ -27,6 +32,10 @@ pub(crate) struct CompiledKernel {
     /// groups of [`LANES`] threads from `first`, each at one resume point,
     /// and the 16-byte slots of each group's lane file.
     pub(super) lanes: Option<KernelFn>,
+    /// A copy of the lane kernel whose global accesses at the sites listed
+    /// run unchecked, for blocks where each site's span lies inside one
+    /// allocation (`jit::hoist`; the launch puts it in the site's cache).
+    pub(super) hoisted: Option<(KernelFn, HoistedSites)>,
     pub(super) lane_slots: u32,
     /// Whether the lane kernel runs only blocks whose `%ntid.x` is a
     /// multiple of [`LANES`] (its strided registers need a group's lanes
@@ -161,14 +170,20 @@ fn define(
     ops: &[Op],
     p: &Plan,
     width: u32,
-) -> Result<(FuncId, u32, u64, usize, bool), String> {
+    hoist: Option<&Hoist>,
+) -> Result<Defined, String> {
     let sig = kernel_signature(jit.isa().default_call_conv());
     let mut ctx = jit.make_context();
     ctx.func.signature = sig.clone();
     let mut fbctx = FunctionBuilderContext::new();
     let fb = FunctionBuilder::new(&mut ctx.func, &mut fbctx);
-    let (sites, extent, aligned) = Translator::translate(fb, jit.target_config(), f, ops, p, width);
-    let name = if width == 1 { "kernel" } else { "lanes" };
+    let (sites, extent, aligned, hoisted) =
+        Translator::translate(fb, jit.target_config(), f, ops, p, width, hoist);
+    let name = match (width, hoist) {
+        (1, _) => "kernel",
+        (_, None) => "lanes",
+        _ => "lanes_hoisted",
+    };
     let id = jit
         .declare_function(name, Linkage::Local, &sig)
         .map_err(|e| e.to_string())?;
@@ -185,7 +200,26 @@ fn define(
         }
     }
     let size = ctx.compiled_code().map_or(0, |c| c.code_buffer().len());
-    Ok((id, sites, extent, size, aligned))
+    Ok(Defined {
+        id,
+        sites,
+        extent,
+        size,
+        aligned,
+        hoisted,
+    })
+}
+
+/// A function `define` made: its id, global-cache sites, hoisted parameter
+/// extent, code size, whether its lanes must be aligned, and the `(pc,
+/// site)` of each global access it runs unchecked.
+struct Defined {
+    id: FuncId,
+    sites: u32,
+    extent: u64,
+    size: usize,
+    aligned: bool,
+    hoisted: Vec<(u32, u32)>,
 }
 
 /// Compiles kernel `f` (a module's, whose plan is `p`), or says why not.
@@ -198,9 +232,21 @@ fn compile(f: &Func, p: &Plan) -> Result<CompiledKernel, String> {
     let mut sizes = Vec::new();
     let mut lanes_need_aligned = false;
     let (mut global_sites, mut param_extent) = (0, 0);
-    for &width in widths {
-        let defined = define(&mut jit, f, &ops, p, width);
-        let (id, sites, extent, size, aligned) = match defined {
+    // (the lane kernel's copy with hoisted checks, where it has such sites)
+    let hoist = hoistable(f, p);
+    let copy = p.lanes && !hoist.sites.is_empty();
+    let mut hoisted = Vec::new();
+    for (k, &width) in widths.iter().chain(copy.then_some(&LANES)).enumerate() {
+        let h = (k == widths.len()).then_some(&hoist);
+        let defined = define(&mut jit, f, &ops, p, width, h);
+        let Defined {
+            id,
+            sites,
+            extent,
+            size,
+            aligned,
+            hoisted: unchecked,
+        } = match defined {
             Ok(d) => d,
             Err(e) => {
                 // SAFETY: none of the module's code was handed out.
@@ -210,6 +256,9 @@ fn compile(f: &Func, p: &Plan) -> Result<CompiledKernel, String> {
         };
         ids.push(id);
         sizes.push(size);
+        if h.is_some() {
+            hoisted = unchecked;
+        }
         lanes_need_aligned |= aligned && width > 1;
         // the kernels share the worker's cache of sites (a hint each
         // access checks: a site another kernel filled only misses)
@@ -230,6 +279,17 @@ fn compile(f: &Func, p: &Plan) -> Result<CompiledKernel, String> {
     });
     let entry = entries.next().ok_or("no kernel defined")?;
     let lanes = entries.next();
+    // (every site the block's check covers must be one the copy runs
+    // unchecked, with its cache slot: else the copy is not used)
+    let hoisted = entries
+        .next()
+        .filter(|_| {
+            hoist
+                .sites
+                .iter()
+                .all(|(pc, _)| hoisted.iter().any(|(at, _)| at == pc))
+        })
+        .map(|code| (code, hoist.sites.iter().map(|(_, e)| e.clone()).collect()));
     let collectives = ops.iter().any(|op| {
         matches!(
             op,
@@ -266,6 +326,7 @@ fn compile(f: &Func, p: &Plan) -> Result<CompiledKernel, String> {
         polls,
         plain_barriers,
         lanes,
+        hoisted,
         lane_slots: lane_slots(f, p).1,
         lanes_need_aligned,
         restart: p.restart,

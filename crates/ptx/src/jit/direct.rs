@@ -108,7 +108,10 @@ impl Translator<'_, '_> {
             };
             self.fb.switch_to_block(b);
             let (thread, file) = (self.fb.block_params(b)[0], self.fb.block_params(b)[1]);
-            group_start(&mut self.fb, self.ctx, self.plan.restart);
+            let logs = !self
+                .hoist
+                .is_some_and(|h| h.unlogged(self.ops, &self.plan.final_stores));
+            group_start(&mut self.fb, self.ctx, self.plan.restart, logs);
             self.fb.def_var(self.thread, thread);
             self.fb.def_var(self.lane_file, file);
             self.fb.ins().jump(self.direct.resume_blocks[id], &[]);

@@ -12,10 +12,45 @@ use crate::ir::{Address, MemOrder, Op, Sp, Src, NONE};
 use crate::whole_vector::whole_width;
 use cranelift_codegen::ir::condcodes::IntCC;
 use cranelift_codegen::ir::types::{I32, I32X4, I64};
-use cranelift_codegen::ir::{InstBuilder, MemFlagsData, Value};
+use cranelift_codegen::ir::{
+    AbiParam, Inst as IrInst, InstBuilder, MemFlagsData, Signature, Type, Value,
+};
 use std::mem::offset_of;
 
 impl Translator<'_, '_> {
+    /// Calls the runtime's `f` with `args` (their types are its parameters)
+    /// and `returns` results; the call's instruction, for its results.
+    pub(super) fn call_runtime(
+        &mut self,
+        f: *const (),
+        args: &[Value],
+        returns: &[Type],
+    ) -> IrInst {
+        let mut sig = Signature::new(self.call_conv);
+        for &a in args {
+            let t = self.fb.func.dfg.value_type(a);
+            sig.params.push(AbiParam::new(t));
+        }
+        sig.returns
+            .extend(returns.iter().map(|&t| AbiParam::new(t)));
+        let sig = self.fb.import_signature(sig);
+        let f = self.imm(f as usize as i64);
+        self.fb.ins().call_indirect(sig, f, args)
+    }
+
+    /// Calls the runtime's `f` with `args`; its I32 status (non-zero: a fault).
+    pub(super) fn call_status(&mut self, f: *const (), args: &[Value]) -> Value {
+        let call = self.call_runtime(f, args, &[I32]);
+        self.fb.inst_results(call)[0]
+    }
+
+    /// Calls the runtime's `f` with `args` and goes to the fault exit if it
+    /// says so.
+    pub(super) fn call_checked(&mut self, f: *const (), args: &[Value]) {
+        let st = self.call_status(f, args);
+        self.fault_if(st);
+    }
+
     /// Emits memory op `op` (an `Ld` or `St`) of the instruction on `line`.
     pub(super) fn memory_op(&mut self, op: &Op, line: u32) {
         match *op {

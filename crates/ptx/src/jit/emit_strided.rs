@@ -128,7 +128,10 @@ impl Translator<'_, '_> {
         let stride = self.strides[r as usize]
             .and_then(extended_stride)
             .expect("a strided source");
-        if stride != 0 {
+        // (a block's check proved every lane's value in range: `jit::hoist`)
+        let pc = self.pc_now;
+        let proven = self.hoist.is_some_and(|h| h.widened.contains(&pc));
+        if stride != 0 && !proven {
             // the last lane's value, lane 0's plus (LANES - 1) strides,
             // stays in the extension's range
             let span = stride * (LANES as i64 - 1);

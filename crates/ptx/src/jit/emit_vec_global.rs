@@ -66,6 +66,30 @@ impl Translator<'_, '_> {
         };
         self.next_site(addr.sp);
         let site = self.site;
+        let pc = self.pc_now;
+        let covered = self
+            .hoist
+            .and_then(|h| h.sites.iter().position(|(at, _)| *at == pc));
+        if let (None, Some(h)) = (consecutive, covered) {
+            // the block's check found every group's access inside one
+            // allocation: its host pointer less its address (`jit::hoist`)
+            self.hoisted.push((pc, site));
+            let p = self.fb.ins().iadd(first, self.hoist_deltas[h]);
+            match value {
+                Err(d) => {
+                    let x = self.fb.ins().load(I32X4, unaligned(), p, 0);
+                    self.vdef(d, x, None);
+                }
+                Ok(val) => {
+                    let x = self.vsrc_pub(val);
+                    if !self.plan.final_stores.contains(&pc) {
+                        self.log_store(p, 16);
+                    }
+                    self.fb.ins().store(unaligned(), x, p, 0);
+                }
+            }
+            return true;
+        }
         // one compare: the offset in the allocation the site resolved last,
         // rotated right by 2, is below its length in words less 3 exactly
         // when the offset is a multiple of 4 and its 16 bytes end inside

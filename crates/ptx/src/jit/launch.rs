@@ -4,10 +4,11 @@
 
 use super::barriers::Waiters;
 use super::compiled::CompiledKernel;
+use super::hoist::{prepare, LaunchValues, Prepared};
 use super::lanes::LANES;
 use super::runtime::{
-    undo_stores, Budget, Ctx, GlobalEntry, KernelFn, Logged, RET_EXIT, RET_FAULT, RET_PARTED,
-    STOP_BARRIER, STOP_BITS, STOP_WARP,
+    undo_stores, Budget, Ctx, GlobalEntry, KernelFn, Logged, MAX_HOISTED, RET_EXIT, RET_FAULT,
+    RET_PARTED, STOP_BARRIER, STOP_BITS, STOP_WARP,
 };
 use super::warp::{resolve_warp, Lanes, State};
 use crate::exec::{
@@ -255,6 +256,16 @@ pub fn lane_blocks() -> (u64, u64) {
     )
 }
 
+/// Blocks of this process whose global accesses one check covered (run
+/// through the lane kernel's unchecked copy, `jit::hoist`).
+static HOISTED_BLOCKS: AtomicU64 = AtomicU64::new(0);
+
+/// Blocks of compiled kernels this process ran with their global accesses'
+/// checks hoisted to one a block so far.
+pub fn hoisted_blocks() -> u64 {
+    HOISTED_BLOCKS.load(Ordering::Relaxed)
+}
+
 /// The `%tid`s of a block of `block` threads as the lane kernel reads them:
 /// for each group of [`LANES`], its lanes' x, then y, then z, then zeros
 /// (none where the block is not whole groups: lanes never run it).
@@ -317,6 +328,13 @@ struct Worker<'w> {
     /// lane kernel, and the log of its stores (`Ctx::undo`: room for
     /// entries, the first `logged` of them the block's).
     lanes_now: bool,
+    /// The lane kernel the running block uses: its copy with hoisted
+    /// global checks where the block's check passed.
+    lane_code: Option<KernelFn>,
+    /// The kernel's hoisted global checks for this launch (`jit::hoist`).
+    hoist: Option<Prepared>,
+    /// Its accesses' host pointers less their addresses (`Ctx::hoisted`).
+    deltas: [u64; MAX_HOISTED],
     undo: Vec<Logged>,
     logged: usize,
     /// Whether the block's lanes failed at a group and the block went on
@@ -377,6 +395,17 @@ impl<'w> Worker<'w> {
                 None => Vec::new(),
             },
             lanes_now: false,
+            lane_code: None,
+            deltas: [0; MAX_HOISTED],
+            hoist: g.kernel.hoisted.as_ref().and_then(|(_, sites)| {
+                let v = LaunchValues {
+                    ntid: g.cfg.block,
+                    nctaid: g.cfg.grid,
+                    params: g.params,
+                    params_len: g.params_len,
+                };
+                prepare(sites, &v)
+            }),
             undo: Vec::new(),
             logged: 0,
             restarted: false,
@@ -508,6 +537,16 @@ impl<'w> Worker<'w> {
         ];
         self.instructions = 0;
         self.counted = 0;
+        if self.lanes_now {
+            // (the copy with hoisted global checks where the block's passes)
+            self.lane_code = g.kernel.lanes;
+            if let (Some((code, _)), Some(h)) = (&g.kernel.hoisted, &mut self.hoist) {
+                if h.block_check(self.ctaid, g.mem, &mut self.deltas) {
+                    self.lane_code = Some(*code);
+                    HOISTED_BLOCKS.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }
         if !g.kernel.fresh_start {
             self.regs.fill(0);
         }
@@ -580,6 +619,7 @@ impl<'w> Worker<'w> {
             },
             undo: self.lanes_now.then(|| std::mem::take(&mut self.undo)),
             group_count: 0,
+            hoisted: self.deltas,
         };
         // as the interpreter schedules: warp by warp, each warp's ready lanes
         // in turn until none of its collectives can be resolved
@@ -680,7 +720,7 @@ impl<'w> Worker<'w> {
                 continue;
             }
             let grouped = self.state.len() / lanes * lanes;
-            if let (Some(group), true) = (g.kernel.lanes.filter(|_| self.lanes_now), t < grouped) {
+            if let (Some(group), true) = (self.lane_code.filter(|_| self.lanes_now), t < grouped) {
                 // each group's threads are ready together, at one resume
                 // point; mostly every thread of the block at one
                 let upto = hi.min(grouped);

@@ -110,8 +110,8 @@ pub(super) fn final_stores(f: &Func) -> Vec<u32> {
 /// At a group's start (and the call's) in a [`restartable`] lane kernel
 /// (where `restart`): the block's count so far (where a failed group's
 /// count is taken back to) and a fresh log (the group's own stores alone
-/// are undone).
-pub(super) fn group_start(fb: &mut FunctionBuilder, ctx: Value, restart: bool) {
+/// are undone; none where the code `logs` no store: the log stays empty).
+pub(super) fn group_start(fb: &mut FunctionBuilder, ctx: Value, restart: bool, logs: bool) {
     if !restart {
         return;
     }
@@ -119,7 +119,9 @@ pub(super) fn group_start(fb: &mut FunctionBuilder, ctx: Value, restart: bool) {
     let n = count_now(fb, ctx);
     let at = offset_of!(Ctx, group_count) as i32;
     fb.ins().store(flags, n, ctx, at);
-    let zero = fb.ins().iconst(I64, 0);
-    fb.ins()
-        .store(flags, zero, ctx, offset_of!(Ctx, log_len) as i32);
+    if logs {
+        let zero = fb.ins().iconst(I64, 0);
+        fb.ins()
+            .store(flags, zero, ctx, offset_of!(Ctx, log_len) as i32);
+    }
 }

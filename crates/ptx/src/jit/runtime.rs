@@ -129,6 +129,9 @@ pub(super) struct Ctx<'a> {
     /// In a lane kernel that restarts from a failed group
     /// ([`super::restart`]): the block's count where that group started.
     pub group_count: u64,
+    /// Where the block's check of its hoisted global accesses passed
+    /// (`jit::hoist`): each one's host pointer less its device address.
+    pub hoisted: [u64; MAX_HOISTED],
 }
 
 /// What a block's checks at backward branches read: its budget and the
@@ -245,6 +248,9 @@ pub(super) unsafe fn undo_stores(log: &[Logged]) {
         }
     }
 }
+
+/// Global accesses of a kernel whose checks one check a block covers, at most.
+pub(super) const MAX_HOISTED: usize = 4;
 
 /// A global allocation as an access site's cache keeps it.
 #[repr(C)]

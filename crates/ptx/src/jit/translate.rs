@@ -4,6 +4,7 @@
 
 use super::count::{count_add, count_add_imm, count_now};
 use super::dirty::{add_writes, holds, stops};
+use super::hoist::Hoist;
 use super::inline::{CHECKS, UNCOUNTED};
 use super::lane_defs::{add_imm, Lazy};
 use super::narrow::{narrow_regs, uniform_wide_regs, wide_vector_regs};
@@ -21,8 +22,8 @@ use crate::ir::{Func, Inst, Op, SReg, Sp, Src, NONE};
 use cranelift_codegen::ir::condcodes::IntCC;
 use cranelift_codegen::ir::types::{I32, I32X4, I64, I64X2, I8};
 use cranelift_codegen::ir::{
-    AbiParam, Block, BlockArg, Inst as IrInst, InstBuilder, JumpTableData, MemFlagsData, Signature,
-    StackSlotData, StackSlotKind, Type, Value,
+    AbiParam, Block, BlockArg, InstBuilder, JumpTableData, MemFlagsData, Signature, StackSlotData,
+    StackSlotKind, Type, Value,
 };
 use cranelift_codegen::isa::{CallConv, TargetFrontendConfig};
 use cranelift_frontend::{FunctionBuilder, Variable};
@@ -140,6 +141,13 @@ pub(super) struct Translator<'a, 'f> {
     /// a guard reads the mask's top bits at once, not the 0/1 lanes.
     pub vmasks: Vec<(u32, Value, bool)>,
     pub pc_now: u32,
+    /// The global accesses one check a block covers (`jit::hoist`; a lane
+    /// kernel's copy run where it passed), and the `(pc, site)` of each
+    /// emitted unchecked.
+    pub hoist: Option<&'a Hoist>,
+    pub hoisted: Vec<(u32, u32)>,
+    /// `Ctx::hoisted`, loaded once a call.
+    pub hoist_deltas: Vec<Value>,
     /// The parameters loaded before the thread loop.
     pub params: HoistedParams,
     /// What the straight run being emitted knows of its vector-wide
@@ -308,7 +316,8 @@ impl<'a, 'f> Translator<'a, 'f> {
         ops: &'a [Op],
         plan: &'a Plan,
         width: u32,
-    ) -> (u32, u64, bool) {
+        hoist: Option<&'a Hoist>,
+    ) -> (u32, u64, bool, Vec<(u32, u32)>) {
         let entry = fb.create_block();
         fb.append_block_params_for_function_params(entry);
         fb.switch_to_block(entry);
@@ -356,9 +365,18 @@ impl<'a, 'f> Translator<'a, 'f> {
         let needs_aligned = (0..n).any(|r| sregs[r].is_some() && !uniform[r])
             || (width > 1 && fixed_shared_bases(ops, &strides, &narrow));
         let fresh = fb.declare_var(I8);
-        group_start(&mut fb, ctx, width > 1 && plan.restart);
+        // (a hoisted copy whose every store is hoisted and final logs none)
+        let logs = !hoist.is_some_and(|h| h.unlogged(ops, &plan.final_stores));
+        group_start(&mut fb, ctx, width > 1 && plan.restart, logs);
         let params = hoist_params(&mut fb, ctx, ops, width > 1);
         let (specials, products) = hoist_specials(&mut fb, ctx, ops, width > 1);
+        let fixed = MemFlagsData::trusted().with_readonly();
+        let hoist_deltas = (0..hoist.map_or(0, |h| h.sites.len()))
+            .map(|k| {
+                fb.ins()
+                    .load(I64, fixed, ctx, ctx_off!(hoisted) + 8 * k as i32)
+            })
+            .collect();
         // each group's lanes are consecutive in `%tid.x` and share `%tid.y`
         // and `%tid.z` wherever the lane kernel runs (`needs_aligned`): the
         // lanes of registers with a known stride lie as `strides` says
@@ -403,7 +421,7 @@ impl<'a, 'f> Translator<'a, 'f> {
         let following = fb.ins().iadd_imm_s(running, width as i64);
         fb.ins().jump(head, &[BlockArg::Value(following)]);
         fb.switch_to_block(body);
-        group_start(&mut fb, ctx, width > 1 && plan.restart);
+        group_start(&mut fb, ctx, width > 1 && plan.restart, logs);
         // (the lane kernel works out each lane's from lane 0's where used)
         let (tid, t64) = enter_group(&mut fb, func, plan, ctx, width, first_thread, bases, vars);
         // (a kernel with one resume point, its start, goes there at once)
@@ -477,6 +495,9 @@ impl<'a, 'f> Translator<'a, 'f> {
             lazy: Vec::new(),
             vmasks: Vec::new(),
             pc_now: 0,
+            hoist,
+            hoisted: Vec::new(),
+            hoist_deltas,
             params,
             wfacts: Vec::new(),
             wconsecutive: Vec::new(),
@@ -637,7 +658,7 @@ impl<'a, 'f> Translator<'a, 'f> {
             t.finish_all(RET_PARTED);
         }
         t.fb.seal_all_blocks();
-        let facts = (t.sites, t.params.extent, needs_aligned);
+        let facts = (t.sites, t.params.extent, needs_aligned, t.hoisted);
         t.fb.finalize(target);
         facts
     }
@@ -1142,39 +1163,6 @@ impl<'a, 'f> Translator<'a, 'f> {
         self.fb
             .ins()
             .jump(self.fault_block, &[BlockArg::Value(excess)]);
-    }
-
-    /// Calls the runtime's `f` with `args` (their types are its parameters)
-    /// and `returns` results; the call's instruction, for its results.
-    pub(super) fn call_runtime(
-        &mut self,
-        f: *const (),
-        args: &[Value],
-        returns: &[Type],
-    ) -> IrInst {
-        let mut sig = Signature::new(self.call_conv);
-        for &a in args {
-            let t = self.fb.func.dfg.value_type(a);
-            sig.params.push(AbiParam::new(t));
-        }
-        sig.returns
-            .extend(returns.iter().map(|&t| AbiParam::new(t)));
-        let sig = self.fb.import_signature(sig);
-        let f = self.imm(f as usize as i64);
-        self.fb.ins().call_indirect(sig, f, args)
-    }
-
-    /// Calls the runtime's `f` with `args`; its I32 status (non-zero: a fault).
-    pub(super) fn call_status(&mut self, f: *const (), args: &[Value]) -> Value {
-        let call = self.call_runtime(f, args, &[I32]);
-        self.fb.inst_results(call)[0]
-    }
-
-    /// Calls the runtime's `f` with `args` and goes to the fault exit if it
-    /// says so.
-    pub(super) fn call_checked(&mut self, f: *const (), args: &[Value]) {
-        let st = self.call_status(f, args);
-        self.fault_if(st);
     }
 
     /// An I32 constant.
