@@ -260,3 +260,62 @@ fn a_spin_on_a_later_threads_flag_yields_soon() {
     );
 }
 
+/// Thread 0 sleeps in a loop until the block's last thread sets a flag:
+/// `nanosleep` lets the others run at once, not after its sleeps (on a GPU
+/// they run meanwhile), so the loop goes round once.
+const SLEEPS: &str = r#"
+.version 7.5
+.target sm_75
+.address_size 64
+
+.visible .entry spin_sleep(.param .u64 out)
+{
+    .reg .pred %p<4>;
+    .reg .b32 %r<8>;
+    .reg .b64 %rd<4>;
+    .shared .align 4 .u32 flag;
+
+    ld.param.u64 %rd1, [out];
+    cvta.to.global.u64 %rd1, %rd1;
+    mov.u32 %r1, %tid.x;
+    mov.u32 %r2, %ntid.x;
+    add.u32 %r2, %r2, -1;
+    setp.eq.u32 %p1, %r1, %r2;
+    @!%p1 bra WAITER;
+    st.volatile.shared.u32 [flag], 1;
+    bra DONE;
+WAITER:
+    setp.ne.u32 %p2, %r1, 0;
+    @%p2 bra DONE;
+    mov.u32 %r3, 0;
+    mov.u32 %r5, 100000;
+SPIN:
+    ld.volatile.shared.u32 %r4, [flag];
+    setp.ne.u32 %p3, %r4, 0;
+    @%p3 bra SEEN;
+    nanosleep.u32 %r5;
+    add.u32 %r3, %r3, 1;
+    bra SPIN;
+SEEN:
+    st.global.u32 [%rd1], %r3;
+DONE:
+    ret;
+}
+"#;
+
+#[test]
+fn a_sleeping_spin_lets_its_blocks_other_threads_run_first() {
+    let dev = Device::load("sleeps", SLEEPS, 1 << 24);
+    if interpreter_only(&dev) {
+        return;
+    }
+    let out = dev.alloc(4);
+    let limits = LaunchLimits {
+        workers: 1,
+        ..LaunchLimits::NONE
+    };
+    let report = dev.launch_limited("spin_sleep", linear(1, 256), &[&out], &limits);
+    report.result.expect("the spin ends");
+    let rounds: Vec<u32> = dev.download(out, 1);
+    assert_eq!(rounds, [1], "sleeps before the flag was seen");
+}

@@ -93,7 +93,7 @@ impl Translator<'_, '_> {
             Op::Nop => {}
             Op::Sleep { ns } => {
                 let v = self.src(ns);
-                self.call_runtime(rt_nanosleep as *const (), &[v], &[]);
+                self.call_runtime(rt_nanosleep as *const (), &[self.ctx, v], &[]);
             }
             Op::Mov { d, a, mask } => {
                 let v = self.src(a);

@@ -603,6 +603,7 @@ impl<'w> Worker<'w> {
             clock_base: self.clock,
             start_ns: g.start_ns,
             grid_workspace: g.grid_workspace,
+            sleep_ns: 0,
             mem: g.mem,
             memory: g.memory,
             fault: None,
@@ -1008,23 +1009,31 @@ impl<'w> Worker<'w> {
 
     /// A thread yielded at a backward branch past `ctx.check_at`: the
     /// block's and launch's budgets and the cancel flag where they are due;
-    /// a block whose threads poll yields again soon, and a thread that
-    /// yielded where no other thread of its block is ready gives its core
-    /// away (it waits for another block, whose worker may need the core).
+    /// a block whose threads poll yields again soon. A thread that yielded
+    /// where no other thread of its block is ready waits for another block,
+    /// whose worker may need the core: it takes the `nanosleep` it asked
+    /// for, or gives the core away; where others are ready, they run
+    /// instead of its sleep (a GPU overlaps them).
     #[cold]
     fn yielded(&mut self, g: &Grid<'_>, ctx: &mut Ctx<'_>) -> Result<(), Fault> {
         let done = ctx.instructions;
+        let alone = self.waiting + self.exited + 1 >= self.state.len();
+        let sleep = std::mem::take(&mut ctx.sleep_ns);
+        if alone && sleep > 0 {
+            crate::sleep::nanosleep(sleep);
+        }
         if done > self.full_check_at {
             ctx.checkpoint(done, ctx.yield_line)?;
             self.full_check_at = ctx.check_at;
-        } else if self.waiting + self.exited + 1 >= self.state.len() {
+        } else if alone && sleep == 0 {
             std::thread::yield_now();
         }
-        if self.polls_briefly(g) {
-            ctx.check_at = done
-                .saturating_add(POLL_YIELD_INTERVAL)
-                .min(self.full_check_at);
-        }
+        ctx.check_at = if self.polls_briefly(g) {
+            done.saturating_add(POLL_YIELD_INTERVAL)
+                .min(self.full_check_at)
+        } else {
+            self.full_check_at
+        };
         Ok(())
     }
 }

@@ -103,6 +103,10 @@ pub(super) struct Ctx<'a> {
     /// A cooperative launch's grid workspace (`%envreg1` its high half,
     /// `%envreg2` its low), else 0.
     pub grid_workspace: u64,
+    /// A `nanosleep` not yet taken: the thread yields at its next backward
+    /// branch, and sleeps only where no other thread of its block can run
+    /// (`rt_nanosleep`; on a GPU its threads' waits overlap).
+    pub sleep_ns: u64,
     /// Device memory of the launch, and the memory itself (its heap).
     pub mem: &'a MemView<'a>,
     pub memory: &'a DeviceMemory,
@@ -155,6 +159,10 @@ impl Ctx<'_> {
     /// `check_at`, at a backward branch on `line`: the block's and the
     /// launch's budgets and the cancel flag; sets the next check.
     pub(super) fn checkpoint(&mut self, done: u64, line: u64) -> Result<(), Fault> {
+        let sleep = std::mem::take(&mut self.sleep_ns);
+        if sleep > 0 {
+            crate::sleep::nanosleep(sleep);
+        }
         let b = &mut self.budget;
         if done > b.per_block {
             return Err(Fault::Timeout(format!(
@@ -589,9 +597,17 @@ impl Ctx<'_> {
     }
 }
 
-/// `nanosleep`: the thread waits about `ns` nanoseconds.
-pub(super) extern "C" fn rt_nanosleep(ns: u64) {
-    crate::sleep::nanosleep(ns);
+/// `nanosleep`: the thread yields at its next backward branch and waits
+/// about `ns` nanoseconds there only if no other thread of its block can
+/// run (`Ctx::sleep_ns`).
+///
+/// # Safety
+/// `ctx` is the live context of the running block.
+pub(super) unsafe extern "C" fn rt_nanosleep(ctx: *mut Ctx<'_>, ns: u64) {
+    // SAFETY: the caller's contract: a live context, used by this thread only.
+    let ctx = unsafe { &mut *ctx };
+    ctx.sleep_ns = ctx.sleep_ns.max(ns);
+    ctx.check_at = 0;
 }
 
 /// `atom` (op `op`, an `Op::Atom`) at `addr` with operands `b` and `c`; the
