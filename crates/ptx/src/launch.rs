@@ -1,6 +1,7 @@
 //! A launch's inputs and outcome as the driver sees them: configuration and
 //! its checks, faults with their driver error codes, and the launch report.
 
+use crate::ir::{MemOrder, Op, Sp};
 use crate::module_info::KernelInfo;
 use std::fmt;
 use std::sync::atomic::AtomicBool;
@@ -76,6 +77,21 @@ pub const LAUNCH_CHECK_INTERVAL: u64 = 1 << 16;
 /// launch's budget). The budgets and the cancel flag are still checked
 /// every `LAUNCH_CHECK_INTERVAL`.
 pub const POLL_YIELD_INTERVAL: u64 = 1024;
+
+/// Whether a thread of a kernel of `ops` may wait for another thread of
+/// its own block by polling: an ordered load of shared memory (a flag, a
+/// `cuda::barrier`'s phase) or a `nanosleep` back-off. Its threads yield
+/// every [`POLL_YIELD_INTERVAL`] instructions (both engines); a kernel that
+/// polls only global or generic memory (a grid sync's `.acquire.gpu`)
+/// waits for other blocks, which no yield of its own threads runs, and
+/// yields every [`LAUNCH_CHECK_INTERVAL`].
+pub(crate) fn waits_in_block<'a>(ops: impl IntoIterator<Item = &'a Op>) -> bool {
+    ops.into_iter().any(|op| match op {
+        Op::Sleep { .. } => true,
+        Op::Ld { addr, order, .. } => *order != MemOrder::Plain && addr.sp == Sp::Shared,
+        _ => false,
+    })
+}
 
 /// A fault during a launch, mirroring the driver's errors.
 #[derive(Debug, Clone, PartialEq, Eq)]

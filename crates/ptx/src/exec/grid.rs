@@ -179,7 +179,7 @@ impl Executable {
             lockstep: prog.funcs.iter().enumerate().any(|(i, f)| {
                 f.uses_volatile && (i as u32 == kernel || !prog.kernels.contains(&(i as u32)))
             }),
-            polls: watch::polls(prog, kernel),
+            waits_in_block: watch::waits_in_block(prog, kernel),
             cdp,
             kernels: &self.kernels,
             stack_limit: if grid_workspace != 0 {

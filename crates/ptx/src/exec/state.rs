@@ -137,9 +137,10 @@ pub(super) struct Geo<'a> {
     pub printf_fifo: usize,
     /// Run the lanes of a warp in lockstep (module uses volatile accesses).
     pub lockstep: bool,
-    /// The kernel or a function it calls makes ordered loads: its threads
-    /// yield every [`crate::launch::POLL_YIELD_INTERVAL`] instructions.
-    pub polls: bool,
+    /// The kernel or a function it calls may poll for another thread of its
+    /// block (`launch::waits_in_block`): its threads yield every
+    /// [`crate::launch::POLL_YIELD_INTERVAL`] instructions.
+    pub waits_in_block: bool,
     /// The grid's device runtime (dynamic parallelism).
     pub cdp: &'a Cdp<'a>,
     /// Each kernel's description, in kernel order.

@@ -1,37 +1,34 @@
 //! What stops a launch before its end: the per-block and per-launch
 //! instruction budgets and the cancel flag. A block checks them at a backward
 //! branch or call once it ran `LAUNCH_CHECK_INTERVAL` more instructions (a
-//! kernel that polls also lets its other threads run every
-//! `POLL_YIELD_INTERVAL`), and
+//! kernel whose threads may poll for each other also lets its other threads
+//! run every `POLL_YIELD_INTERVAL`), and
 //! again at its end, adding what it ran to the launch's count.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use super::state::{Block, Geo};
-use crate::ir::{Func, MemOrder, Module, Op};
-use crate::launch::{Fault, LAUNCH_CHECK_INTERVAL, POLL_YIELD_INTERVAL};
+use crate::ir::{Func, Module, Op};
+use crate::launch::{
+    waits_in_block as waits_in_block_ops, Fault, LAUNCH_CHECK_INTERVAL, POLL_YIELD_INTERVAL,
+};
 
 /// Readies `b`'s count for a new block of the launch.
 pub(super) fn start_block(g: &Geo<'_>, b: &mut Block) {
     b.instructions = 0;
     b.counted = 0;
     b.full_check_at = next_check(g, 0);
-    b.check_at = if g.polls {
+    b.check_at = if g.waits_in_block {
         POLL_YIELD_INTERVAL.min(b.full_check_at)
     } else {
         b.full_check_at
     };
 }
 
-/// Whether kernel `kernel` of `prog`, or a function it may call, makes
-/// ordered (volatile, relaxed or acquire) loads: it may spin on what
-/// another thread writes.
-pub(super) fn polls(prog: &Module, kernel: u32) -> bool {
-    let ordered = |f: &Func| {
-        f.code
-            .iter()
-            .any(|i| matches!(i.op, Op::Ld { order, .. } if order != MemOrder::Plain))
-    };
+/// Whether kernel `kernel` of `prog`, or a function it may call, may poll
+/// for another thread of its block ([`waits_in_block_ops`]).
+pub(super) fn waits_in_block(prog: &Module, kernel: u32) -> bool {
+    let waits = |f: &Func| waits_in_block_ops(f.code.iter().map(|i| &i.op));
     let mut seen = vec![false; prog.funcs.len()];
     let mut todo = vec![kernel as usize];
     while let Some(k) = todo.pop() {
@@ -39,14 +36,14 @@ pub(super) fn polls(prog: &Module, kernel: u32) -> bool {
             continue;
         }
         let f = &prog.funcs[k];
-        if ordered(f) {
+        if waits(f) {
             return true;
         }
         for i in &f.code {
             if let Op::Call(info) = &i.op {
                 if info.target.is_some() {
                     // an indirect call may reach any function
-                    return prog.funcs.iter().any(ordered);
+                    return prog.funcs.iter().any(waits);
                 }
                 todo.push(info.func as usize);
             }
@@ -65,7 +62,7 @@ pub(super) fn passed(g: &Geo<'_>, b: &mut Block, count: u64, line: u32) -> Resul
         checkpoint(g, b, count, line)?;
         b.full_check_at = b.check_at;
     }
-    if g.polls {
+    if g.waits_in_block {
         b.check_at = done
             .saturating_add(POLL_YIELD_INTERVAL)
             .min(b.full_check_at);

@@ -11,6 +11,7 @@ use super::resident::lane_slots;
 use super::runtime::KernelFn;
 use super::translate::{kernel_signature, Translator};
 use crate::ir::{Func, Module, Op, Src};
+use crate::launch::waits_in_block;
 use crate::validate::check_module;
 use cranelift_codegen::isa::OwnedTargetIsa;
 use cranelift_codegen::settings::{self, Configurable};
@@ -58,6 +59,9 @@ pub(crate) struct CompiledKernel {
     /// spin on what another block writes, so a thread that yields lets the
     /// host's other threads run ([`super::launch`]).
     pub(super) polls: bool,
+    /// Whether a thread may poll for another of its block
+    /// ([`crate::launch::waits_in_block`]): its threads yield often.
+    pub(super) waits_in_block: bool,
     /// Whether every barrier waits for the whole block at one id, with no
     /// `bar.arrive` or `bar.red` (a barrier then completes when all wait).
     pub(super) plain_barriers: bool,
@@ -303,6 +307,7 @@ fn compile(f: &Func, p: &Plan) -> Result<CompiledKernel, String> {
         )
     });
     let polls = polls(&ops);
+    let waits_in_block = waits_in_block(&ops);
     let bar_red = ops.iter().any(|op| {
         matches!(
             op,
@@ -324,6 +329,7 @@ fn compile(f: &Func, p: &Plan) -> Result<CompiledKernel, String> {
         });
     Ok(CompiledKernel {
         polls,
+        waits_in_block,
         plain_barriers,
         lanes,
         hoisted,

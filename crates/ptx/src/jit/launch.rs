@@ -477,11 +477,11 @@ impl<'w> Worker<'w> {
     }
 
     /// Whether the running block's threads yield every
-    /// [`POLL_YIELD_INTERVAL`] instructions: a kernel that polls, on the
-    /// thread loop (a lane kernel's checks are made in place: they yield
-    /// no thread).
+    /// [`POLL_YIELD_INTERVAL`] instructions: a kernel whose threads may
+    /// poll for each other, on the thread loop (a lane kernel's checks are
+    /// made in place: they yield no thread).
     fn polls_briefly(&self, g: &Grid<'_>) -> bool {
-        g.kernel.polls && !self.lanes_now
+        g.kernel.waits_in_block && !self.lanes_now
     }
 
     fn next_check(g: &Grid<'_>, done: u64) -> u64 {
