@@ -259,4 +259,3 @@ fn a_spin_on_a_later_threads_flag_yields_soon() {
         report.instructions
     );
 }
-
