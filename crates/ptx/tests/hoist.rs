@@ -253,3 +253,30 @@ fn the_tiled_matmuls_tile_loads_are_checked_once_a_block_over_every_tile() {
         }
     }
 }
+
+#[test]
+fn a_grid_stride_loop_is_checked_each_group_and_the_access_before_it_still_hoisted() {
+    let _one = ONE.lock().unwrap_or_else(|e| e.into_inner());
+    let a: Vec<u32> = (0..WORDS as u32).map(|i| i * 7).collect();
+    // 4 blocks of 256 threads over n words; n = WORDS + 1 runs one
+    // thread's last trip past the end
+    let cfg = config([4, 1, 1], [256, 1, 1], 0);
+    for n in [WORDS as u32, 3000, WORDS as u32 + 1] {
+        let (report, c, hoisted) = both("hoist_stride", cfg, std::slice::from_ref(&a), n);
+        // (past the end, block 0's thread 0 faults in its last trip: the
+        // launch ends there)
+        let want = if n as usize > WORDS { 1 } else { 4 };
+        assert_eq!(hoisted, want, "n {n}: the accesses before the loop hoisted");
+        assert_eq!(LOOPED.load(Ordering::Relaxed), 0, "n {n}: none in it");
+        if n as usize > WORDS {
+            let f = report.result.expect_err("a trip past the end");
+            assert_eq!(f.cu_code(), 700, "{f:?}");
+            continue;
+        }
+        report.result.expect("every trip inside");
+        for (i, &got) in c.iter().enumerate() {
+            let want = if i < n as usize { a[i] + 1 } else { 0 };
+            assert_eq!(got, want, "n {n}: word {i}");
+        }
+    }
+}

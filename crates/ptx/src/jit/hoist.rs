@@ -91,9 +91,12 @@ pub(super) fn hoistable(f: &Func, p: &Plan) -> Hoist {
             let mut w = Vec::new();
             let start = b.entry(c.reg, &l, 32, &mut w, 0)?;
             let bound = b.src(c.bound, c.cmp, 32, &mut w, 0)?;
-            // (no extension in either: their values are whole launch
-            // constants, or the trips are not taken)
-            w.is_empty().then_some(Trips {
+            // (no extension in either, nor `%tid` or `%ctaid`: the same in
+            // every thread of a launch, else a loop counting from its
+            // thread's index, a grid-stride loop, is not taken, which
+            // `prepare` would take for none of the kernel's sites)
+            let uniform = start.uniform() && bound.uniform();
+            (w.is_empty() && uniform).then_some(Trips {
                 start,
                 step: c.step,
                 bound,
@@ -232,7 +235,12 @@ impl Builder<'_> {
         if !(l.latch..l.back).contains(&u) || at >= u {
             return None;
         }
+        // (a step that differs between threads is not taken: `prepare`
+        // would then take none of the kernel's sites)
         let step = self.src(b, u, bits, widened, depth + 1)?;
+        if !step.uniform() {
+            return None;
+        }
         let start = self.entry(r, l, bits, widened, depth + 1)?;
         Some(Expr::Add(
             Box::new(start),
@@ -629,6 +637,19 @@ fn lin(e: &Expr, v: &LaunchValues<'_>, bounds: &mut Vec<(Lin, i128, i128)>) -> O
             }
         }
     })
+}
+
+impl Expr {
+    /// Whether the value is the same in every thread of a launch.
+    fn uniform(&self) -> bool {
+        match self {
+            Expr::Imm(_) | Expr::Param { .. } => true,
+            Expr::Special(s) => matches!(s, SReg::Ntid(_) | SReg::Nctaid(_)),
+            Expr::Add(a, b) | Expr::Sub(a, b) | Expr::Mul(a, b) => a.uniform() && b.uniform(),
+            Expr::Shl(a, _) | Expr::Ext { a, .. } | Expr::Offset(a, _) => a.uniform(),
+            Expr::Trip(..) => false,
+        }
+    }
 }
 
 impl Trips {
