@@ -27,7 +27,7 @@ pub use exec::{
     LOCAL_WINDOW, MAX_COOPERATIVE_BLOCKS, MAX_COOPERATIVE_THREADS, PARAM_WINDOW, SHARED_WINDOW,
 };
 pub use heap::DEFAULT_HEAP_BYTES;
-pub use jit::{compilations, compiled_blocks, hoisted_blocks, lane_blocks};
+pub use jit::{compilations, compiled_blocks, hoisted_blocks, hoisted_loop_sites, lane_blocks};
 pub use launch::{
     check_config, Fault, LaunchConfig, LaunchLimits, LaunchReport, DEFAULT_PRINTF_FIFO,
     LAUNCH_CHECK_INTERVAL, MAX_SHARED_OPTIN, MAX_STATIC_SHARED,

@@ -5,8 +5,10 @@ mod common;
 
 use common::config;
 use cumux_ptx::{
-    hoisted_blocks, DeviceMemory, Engine, LaunchConfig, LaunchLimits, LaunchReport, Program,
+    hoisted_blocks, hoisted_loop_sites, DeviceMemory, Engine, LaunchConfig, LaunchLimits,
+    LaunchReport, Program,
 };
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
 /// Words in each buffer.
@@ -15,18 +17,22 @@ const WORDS: usize = 16 << 10;
 /// The counter of hoisted blocks is the process's: one test at a time.
 static ONE: Mutex<()> = Mutex::new(());
 
+/// The loop accesses the last launch hoisted (`hoisted_loop_sites`).
+static LOOPED: AtomicU64 = AtomicU64::new(0);
+
 /// Runs `kernel` on `engine` with one worker: its 8-byte parameters
 /// buffers of [`WORDS`] words starting as `inputs`, its 4-byte one
 /// `scalar`; the report, the buffers, and the blocks hoisted.
 fn run_on(
     engine: Engine,
+    ptx: &str,
     kernel: &str,
     cfg: LaunchConfig,
     inputs: &[Vec<u32>],
     scalar: u32,
 ) -> (LaunchReport, Vec<Vec<u8>>, u64) {
     let mem = DeviceMemory::new(16 << 20);
-    let mut program = Program::load(&common::fixture("hoist.ptx"), &mem).expect("fixture loads");
+    let mut program = Program::load(ptx, &mem).expect("fixture loads");
     program.set_engine(engine);
     let info = common::find_kernel(&program, kernel).clone();
     let mut params = vec![0u8; info.params_bytes() as usize];
@@ -47,9 +53,10 @@ fn run_on(
         workers: 1,
         ..LaunchLimits::NONE
     };
-    let before = hoisted_blocks();
+    let (before, looped) = (hoisted_blocks(), hoisted_loop_sites());
     let report = program.launch_with(&mem, kernel, &cfg, &params, &limits);
     let hoisted = hoisted_blocks() - before;
+    LOOPED.store(hoisted_loop_sites() - looped, Ordering::Relaxed);
     let outs = bufs
         .iter()
         .map(|&b| {
@@ -69,8 +76,19 @@ fn both(
     inputs: &[Vec<u32>],
     scalar: u32,
 ) -> (LaunchReport, Vec<u32>, u64) {
-    let interp = run_on(Engine::Interpreter, kernel, cfg, inputs, scalar);
-    let jit = run_on(Engine::Compiler, kernel, cfg, inputs, scalar);
+    both_in(&common::fixture("hoist.ptx"), kernel, cfg, inputs, scalar)
+}
+
+/// [`both`] for a kernel of `ptx`.
+fn both_in(
+    ptx: &str,
+    kernel: &str,
+    cfg: LaunchConfig,
+    inputs: &[Vec<u32>],
+    scalar: u32,
+) -> (LaunchReport, Vec<u32>, u64) {
+    let interp = run_on(Engine::Interpreter, ptx, kernel, cfg, inputs, scalar);
+    let jit = run_on(Engine::Compiler, ptx, kernel, cfg, inputs, scalar);
     assert_eq!(interp.0, jit.0, "{kernel}: the engines' reports differ");
     assert!(interp.1 == jit.1, "{kernel}: the engines' memory differs");
     let last = common::from_bytes::<u32>(jit.1.last().expect("a buffer"));
@@ -159,6 +177,106 @@ fn rows_of_a_2d_block_are_checked_together_and_fault_past_the_end() {
                 let f = report.result.expect_err("row 16 past the end");
                 assert_eq!(f.cu_code(), 700, "{f:?}");
             }
+        }
+    }
+}
+
+#[test]
+fn a_counted_loop_is_checked_over_its_trips_and_its_last_trip_past_the_end_faults() {
+    let _one = ONE.lock().unwrap_or_else(|e| e.into_inner());
+    let a: Vec<u32> = (0..WORDS as u32).map(|i| i * 5).collect();
+    // 4 blocks of 256 threads (W = 1,024), ceil(n / 2) trips of W words:
+    // 16 trips cover the buffers exactly, the 17th passes their end (a
+    // count rounded down would take the blocks as inside); n below 1
+    // skips the loop
+    let cfg = config([4, 1, 1], [256, 1, 1], 0);
+    let w = 1024usize;
+    for (n, trips, hoisted_want) in [(32, 16, 4), (31, 16, 4), (7, 4, 4), (0, 0, 4), (33, 17, 0)] {
+        let (report, c, hoisted) = both("hoist_loop", cfg, std::slice::from_ref(&a), n);
+        assert_eq!(hoisted, hoisted_want, "n {n}: the blocks hoisted");
+        // (a load and a store in the loop, each block's)
+        let looped = LOOPED.load(Ordering::Relaxed);
+        assert_eq!(
+            looped,
+            2 * hoisted_want,
+            "n {n}: the loop's accesses hoisted"
+        );
+        if trips * w > WORDS {
+            let f = report.result.expect_err("the last trip past the end");
+            assert_eq!(f.cu_code(), 700, "{f:?}");
+            continue;
+        }
+        report.result.expect("every trip inside");
+        for (i, &got) in c.iter().enumerate() {
+            let j = i / w;
+            let want = if j < trips { a[i] + 2 * j as u32 } else { 0 };
+            assert_eq!(got, want, "n {n}: word {i}");
+        }
+    }
+}
+
+#[test]
+fn the_tiled_matmuls_tile_loads_are_checked_once_a_block_over_every_tile() {
+    let _one = ONE.lock().unwrap_or_else(|e| e.into_inner());
+    let ptx = cumux_testkit::compile_ptx(cumux_testkit::corpus_source("matmul_tiled"));
+    let kernel = "_Z12matmul_tiledPKfS0_Pfiii";
+    let (a, b) = (
+        floats(|i| (i % 7) as f32 - 3.0),
+        floats(|i| (i % 5) as f32 * 0.5),
+    );
+    // M = N = K = 128: A, B and C fill their buffers exactly, every block
+    // hoists its two tile loads (and its store); 129 (9 x 9 blocks) reads
+    // A past its end: a fault where the interpreter faults
+    for (n, grid, hoisted_want) in [(128u32, 8, Some(64)), (129, 9, None)] {
+        let cfg = config([grid, grid, 1], [16, 16, 1], 0);
+        let (report, c, hoisted) = both_in(&ptx, kernel, cfg, &[a.clone(), b.clone()], n);
+        let looped = LOOPED.load(Ordering::Relaxed);
+        match hoisted_want {
+            Some(want) => {
+                report.result.expect("every access inside");
+                assert_eq!(hoisted, want, "n {n}: the blocks hoisted");
+                assert_eq!(looped, 2 * want, "n {n}: each block's two tile loads");
+                let n = n as usize;
+                for (i, &got) in c.iter().enumerate().step_by(97) {
+                    let (row, col) = (i / n, i % n);
+                    let want: f32 = (0..n)
+                        .map(|k| f32::from_bits(a[row * n + k]) * f32::from_bits(b[k * n + col]))
+                        .sum();
+                    assert!((f32::from_bits(got) - want).abs() < 1e-2, "C[{row}][{col}]");
+                }
+            }
+            None => {
+                let f = report.result.expect_err("A read past its end");
+                assert_eq!(f.cu_code(), 700, "{f:?}");
+                assert!(hoisted < 81, "n {n}: {hoisted} blocks hoisted");
+            }
+        }
+    }
+}
+
+#[test]
+fn a_grid_stride_loop_is_checked_each_group_and_the_access_before_it_still_hoisted() {
+    let _one = ONE.lock().unwrap_or_else(|e| e.into_inner());
+    let a: Vec<u32> = (0..WORDS as u32).map(|i| i * 7).collect();
+    // 4 blocks of 256 threads over n words; n = WORDS + 1 runs one
+    // thread's last trip past the end
+    let cfg = config([4, 1, 1], [256, 1, 1], 0);
+    for n in [WORDS as u32, 3000, WORDS as u32 + 1] {
+        let (report, c, hoisted) = both("hoist_stride", cfg, std::slice::from_ref(&a), n);
+        // (past the end, block 0's thread 0 faults in its last trip: the
+        // launch ends there)
+        let want = if n as usize > WORDS { 1 } else { 4 };
+        assert_eq!(hoisted, want, "n {n}: the accesses before the loop hoisted");
+        assert_eq!(LOOPED.load(Ordering::Relaxed), 0, "n {n}: none in it");
+        if n as usize > WORDS {
+            let f = report.result.expect_err("a trip past the end");
+            assert_eq!(f.cu_code(), 700, "{f:?}");
+            continue;
+        }
+        report.result.expect("every trip inside");
+        for (i, &got) in c.iter().enumerate() {
+            let want = if i < n as usize { a[i] + 1 } else { 0 };
+            assert_eq!(got, want, "n {n}: word {i}");
         }
     }
 }

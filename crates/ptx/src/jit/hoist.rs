@@ -3,6 +3,7 @@
 
 use super::plan::Plan;
 use super::runtime::MAX_HOISTED;
+use super::trips::{counter, simple_loop, Loop};
 use crate::ir::{Func, IntOp, Op, SReg, Sp, Src, TernOp, Ty, NONE};
 use crate::memory::MemView;
 
@@ -30,6 +31,19 @@ pub(crate) enum Expr {
     },
     /// A constant added modulo 2^64 (`cvta`'s window).
     Offset(Box<Expr>, u64),
+    /// The kernel's loop's trips so far (0 to its trips less 1) times a
+    /// value the same every trip.
+    Trip(Box<Trips>, Box<Expr>),
+}
+
+/// A loop's trips: its counter starts at `start` and steps by `step`
+/// while below `bound` (32-bit, `signed` or not), tested after each trip.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Trips {
+    start: Expr,
+    step: u32,
+    bound: Expr,
+    signed: bool,
 }
 
 /// The global accesses of a lane kernel that one check a block may cover:
@@ -48,24 +62,47 @@ pub(crate) struct Hoist {
 /// runs it whole before anything else) or earlier in the access's own.
 pub(super) fn hoistable(f: &Func, p: &Plan) -> Hoist {
     let n = f.nregs as usize;
-    let mut writes = vec![0u32; n];
-    let mut def = vec![None; n];
+    let mut writes = vec![Vec::new(); n];
+    let mut guarded = vec![false; n];
     for (pc, inst) in f.code.iter().enumerate() {
         inst.op.for_each_dst(|d| {
             if let Some(w) = writes.get_mut(d as usize) {
-                *w += 1;
-                def[d as usize] = (inst.guard == NONE).then_some(pc as u32);
+                w.push(pc as u32);
+                guarded[d as usize] |= inst.guard != NONE;
             }
         });
     }
     let first_end = p.starts.get(1).copied().unwrap_or(f.code.len() as u32);
-    let b = Builder {
+    let (backs, lp) = simple_loop(f, p);
+    let mut b = Builder {
         f,
         p,
         writes,
-        def,
+        guarded,
         first_end,
+        backs,
+        lp,
+        trips: None,
     };
+    // (the loop's trips: its counter's value on entry, step and bound)
+    b.trips = lp
+        .and_then(|l| Some((l, counter(f, &l, &b.writes)?)))
+        .and_then(|(l, c)| {
+            let mut w = Vec::new();
+            let start = b.entry(c.reg, &l, 32, &mut w, 0)?;
+            let bound = b.src(c.bound, c.cmp, 32, &mut w, 0)?;
+            // (no extension in either, nor `%tid` or `%ctaid`: the same in
+            // every thread of a launch, else a loop counting from its
+            // thread's index, a grid-stride loop, is not taken, which
+            // `prepare` would take for none of the kernel's sites)
+            let uniform = start.uniform() && bound.uniform();
+            (w.is_empty() && uniform).then_some(Trips {
+                start,
+                step: c.step,
+                bound,
+                signed: c.signed,
+            })
+        });
     let mut h = Hoist::default();
     for (pc, inst) in f.code.iter().enumerate() {
         let (addr, size) = match inst.op {
@@ -108,33 +145,172 @@ pub(super) fn hoistable(f: &Func, p: &Plan) -> Hoist {
 struct Builder<'a> {
     f: &'a Func,
     p: &'a Plan,
-    writes: Vec<u32>,
-    def: Vec<Option<u32>>,
+    /// Each register's writes (pcs), and whether any is guarded.
+    writes: Vec<Vec<u32>>,
+    guarded: Vec<bool>,
     first_end: u32,
+    /// The kernel's backward branches, and its loop where that is one.
+    backs: usize,
+    lp: Option<Loop>,
+    trips: Option<Trips>,
 }
 
 impl Builder<'_> {
     /// Register `r`'s value as read at `at`, a `bits`-wide register; the
     /// extensions it goes through into `widened`.
     fn reg(&self, r: u32, at: u32, bits: u32, widened: &mut Vec<u32>, depth: u32) -> Option<Expr> {
-        let pc = (*self.writes.get(r as usize)? == 1)
-            .then(|| self.def[r as usize])
-            .flatten()?;
-        // (a write after the read, even in the first block, is not what
-        // it reads)
-        let here = pc < at
-            && (pc < self.first_end && self.p.fresh_start
-                || block_of(self.p, pc) == block_of(self.p, at));
-        if !here || depth > 12 {
+        if depth > 12 {
             return None;
         }
-        let d = depth + 1;
-        let src = |s: Src, bits: u32, w: &mut Vec<u32>| match s {
-            Src::Reg(q) => self.reg(q, pc, bits, w, d),
+        let ws = self.writes.get(r as usize)?;
+        // (a write earlier in `at`'s block is the one it reads, in a loop
+        // or not)
+        let same = block_of(self.p, at);
+        let local = ws.iter().any(|&w| w < at && block_of(self.p, w) == same);
+        if let Some(l) = self.lp.filter(|l| l.inside(at) && !local) {
+            if ws.iter().any(|&w| l.inside(w)) {
+                return self.induction(r, at, &l, bits, widened, depth);
+            }
+        }
+        let pc = self.reaching(r, at, false)?;
+        self.value(pc, bits, widened, depth + 1)
+    }
+
+    /// `s` as read at `at`, a `bits`-wide operand.
+    fn src(&self, s: Src, at: u32, bits: u32, w: &mut Vec<u32>, depth: u32) -> Option<Expr> {
+        match s {
+            Src::Reg(q) => self.reg(q, at, bits, w, depth),
             Src::Imm(k) if bits == 32 => Some(Expr::Imm(k as u32 as u64)),
             Src::Imm(k) => Some(Expr::Imm(k)),
             Src::Frame(_) => None,
+        }
+    }
+
+    /// Register `r`'s value where the block before loop `l` falls into it.
+    fn entry(&self, r: u32, l: &Loop, bits: u32, w: &mut Vec<u32>, depth: u32) -> Option<Expr> {
+        let pc = self.reaching(r, l.head, true)?;
+        self.value(pc, bits, w, depth + 1)
+    }
+
+    /// `r`, written in loop `l` once, by `add r, r, s` in its latch after
+    /// `at` (inside it): its value on entry plus the trips before `at`'s
+    /// times `s` (`s` the same every trip).
+    fn induction(
+        &self,
+        r: u32,
+        at: u32,
+        l: &Loop,
+        bits: u32,
+        widened: &mut Vec<u32>,
+        depth: u32,
+    ) -> Option<Expr> {
+        let trips = self.trips.as_ref()?;
+        let inner: Vec<u32> = self.writes[r as usize]
+            .iter()
+            .copied()
+            .filter(|&w| l.inside(w))
+            .collect();
+        let [u] = inner[..] else { return None };
+        let inst = &self.f.code[u as usize];
+        let Op::Int {
+            op: IntOp::Add,
+            t,
+            d,
+            a: Src::Reg(a),
+            b,
+        } = inst.op
+        else {
+            return None;
         };
+        let int = !t.is_float() && !matches!(t, Ty::Pred | Ty::B128) && t.bits() == bits;
+        let invariant = match b {
+            Src::Reg(q) => !self.writes.get(q as usize)?.iter().any(|&w| l.inside(w)),
+            _ => true,
+        };
+        if !(int && invariant && d == r && a == r && inst.guard == NONE) {
+            return None;
+        }
+        // (the write in the latch, after `at`: each trip runs it once, after
+        // `at`'s read, and every trip but the last goes through it)
+        if !(l.latch..l.back).contains(&u) || at >= u {
+            return None;
+        }
+        // (a step that differs between threads is not taken: `prepare`
+        // would then take none of the kernel's sites)
+        let step = self.src(b, u, bits, widened, depth + 1)?;
+        if !step.uniform() {
+            return None;
+        }
+        let start = self.entry(r, l, bits, widened, depth + 1)?;
+        Some(Expr::Add(
+            Box::new(start),
+            Box::new(Expr::Trip(Box::new(trips.clone()), Box::new(step))),
+        ))
+    }
+
+    /// The write whose value register `r` holds when read at `at` (or,
+    /// with `entry`, where the block before the loop falls into it, whose
+    /// first pc is then `at`): the last one before it in its basic block;
+    /// else the last one in the block before the loop, read inside it;
+    /// else the last one in the kernel's first basic block (which every
+    /// thread runs whole before anything else). Never a guarded write,
+    /// never where another write may reach `at`.
+    fn reaching(&self, r: u32, at: u32, entry: bool) -> Option<u32> {
+        let ws = self.writes.get(r as usize)?;
+        let unguarded = |w: u32| (self.f.code[w as usize].guard == NONE).then_some(w);
+        if !entry {
+            let same = block_of(self.p, at);
+            if let Some(&w) = ws
+                .iter()
+                .rev()
+                .find(|&&w| w < at && block_of(self.p, w) == same)
+            {
+                return unguarded(w);
+            }
+        }
+        let start = self.p.fresh_start && at >= self.first_end;
+        let first = || {
+            start
+                .then(|| ws.iter().rev().find(|&&w| w < self.first_end))
+                .flatten()
+                .copied()
+        };
+        match self.lp {
+            // (a read in the loop of a register it does not write, or on
+            // entry: what reaches it is what reaches the end of the block
+            // before, which every entry runs whole; the loop's writes reach
+            // only its own reads, back through the loop)
+            Some(l) if entry || l.inside(at) => {
+                let pre = ws
+                    .iter()
+                    .rev()
+                    .find(|&&w| w >= l.pre && w < l.head)
+                    .copied();
+                let w = pre.or_else(first)?;
+                let killed = ws.iter().all(|&x| x <= w || x >= l.head);
+                let inner = entry || ws.iter().all(|&x| !l.inside(x));
+                (killed && inner).then(|| unguarded(w)).flatten()
+            }
+            // (a read outside the only loop, or no backward branch: no
+            // write after it reaches it; the first block's last write
+            // does, unless another comes between)
+            _ if self.lp.is_some() || self.backs == 0 => {
+                let w = first()?;
+                let between = ws.iter().any(|&x| x > w && x < at);
+                (!between).then(|| unguarded(w)).flatten()
+            }
+            // (else only a register written once, in the first block)
+            _ => {
+                let [w] = ws[..] else { return None };
+                let once = start && !self.guarded[r as usize] && w < self.first_end;
+                once.then_some(w)
+            }
+        }
+    }
+
+    /// The value written at `pc`, a `bits`-wide register.
+    fn value(&self, pc: u32, bits: u32, widened: &mut Vec<u32>, d: u32) -> Option<Expr> {
+        let src = |s: Src, bits: u32, w: &mut Vec<u32>| self.src(s, pc, bits, w, d);
         let int = |t: Ty| !t.is_float() && !matches!(t, Ty::Pred | Ty::B128) && t.bits() == bits;
         let op = &self.f.code[pc as usize].op;
         let e = match *op {
@@ -251,12 +427,16 @@ pub(super) struct LaunchValues<'p> {
 }
 
 /// A value of a launch as a function of its block and thread: `c` plus
-/// `a` times `%ctaid` plus `b` times `%tid` (exact, no wrapping).
+/// `a` times `%ctaid` plus `b` times `%tid` plus `t` times the loop's
+/// trips so far, 0 to `n` less 1 (`n` 0: no trips in it) (exact, no
+/// wrapping).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 struct Lin {
     c: i128,
     a: [i128; 3],
     b: [i128; 3],
+    t: i128,
+    n: i128,
 }
 
 impl Lin {
@@ -268,11 +448,18 @@ impl Lin {
     }
 
     fn is_constant(&self) -> bool {
-        self.a == [0; 3] && self.b == [0; 3]
+        self.a == [0; 3] && self.b == [0; 3] && self.t == 0
     }
 
     fn zip(self, o: Lin, f: impl Fn(i128, i128) -> Option<i128>) -> Option<Lin> {
         let mut r = Lin::constant(f(self.c, o.c)?);
+        r.t = f(self.t, o.t)?;
+        // (one loop: both its trips, where either has any)
+        r.n = match (self.n, o.n) {
+            (0, n) | (n, 0) => n,
+            (n, m) if n == m => n,
+            _ => return None,
+        };
         for k in 0..3 {
             r.a[k] = f(self.a[k], o.a[k])?;
             r.b[k] = f(self.b[k], o.b[k])?;
@@ -281,7 +468,10 @@ impl Lin {
     }
 
     fn scale(self, m: i128) -> Option<Lin> {
-        self.zip(Lin::default(), |x, _| x.checked_mul(m))
+        let n = self.n;
+        let mut r = self.zip(Lin::default(), |x, _| x.checked_mul(m))?;
+        r.n = n;
+        Some(r)
     }
 }
 
@@ -303,6 +493,9 @@ impl Ranged {
             lo = lo.checked_add(far.min(0))?;
             hi = hi.checked_add(far.max(0))?;
         }
+        let far = l.t.checked_mul((l.n - 1).max(0))?;
+        lo = lo.checked_add(far.min(0))?;
+        hi = hi.checked_add(far.max(0))?;
         // (`at` cannot overflow: the steps below 2^62, the rest below
         // 2^96, any block's value below 2^100; else none is taken)
         let below = |x: i128, bits: u32| x.unsigned_abs() < 1u128 << bits;
@@ -328,6 +521,8 @@ impl Ranged {
 /// site's first address, and the values its extensions need in range.
 pub(super) struct Prepared {
     sites: Vec<Ranged>,
+    /// How many of them span a loop's trips.
+    looped: u64,
     bounds: Vec<(Ranged, i128, i128)>,
     /// The allocation each site found last: base, length, host pointer
     /// less base (none at first).
@@ -340,11 +535,13 @@ pub(super) struct Prepared {
 pub(super) fn prepare(sites: &[Expr], v: &LaunchValues<'_>) -> Option<Prepared> {
     let mut bounds = Vec::new();
     let mut out = Vec::new();
+    let mut looped = 0;
     for e in sites {
         let l = lin(e, v, &mut bounds)?;
+        looped += u64::from(l.n > 0);
         // (every block's addresses share the residue of its first: the
         // steps between threads and blocks are multiples of 4)
-        let steps = (0..3).all(|k| l.a[k] % 4 == 0 && l.b[k] % 4 == 0);
+        let steps = (0..3).all(|k| l.a[k] % 4 == 0 && l.b[k] % 4 == 0) && l.t % 4 == 0;
         if !steps || l.c % 4 != 0 {
             return None;
         }
@@ -357,6 +554,7 @@ pub(super) fn prepare(sites: &[Expr], v: &LaunchValues<'_>) -> Option<Prepared> 
     Some(Prepared {
         last: vec![(0, 0, 0); out.len()],
         sites: out,
+        looped,
         bounds,
     })
 }
@@ -419,6 +617,18 @@ fn lin(e: &Expr, v: &LaunchValues<'_>, bounds: &mut Vec<(Lin, i128, i128)>) -> O
             }
             x
         }
+        Expr::Trip(trips, step) => {
+            let s = lin(step, v, bounds)?;
+            let n = trips.count(v, bounds)?;
+            if !s.is_constant() {
+                return None;
+            }
+            Lin {
+                t: s.c,
+                n,
+                ..Lin::default()
+            }
+        }
         Expr::Offset(a, k) => {
             let x = lin(a, v, bounds)?;
             Lin {
@@ -429,7 +639,56 @@ fn lin(e: &Expr, v: &LaunchValues<'_>, bounds: &mut Vec<(Lin, i128, i128)>) -> O
     })
 }
 
+impl Expr {
+    /// Whether the value is the same in every thread of a launch.
+    fn uniform(&self) -> bool {
+        match self {
+            Expr::Imm(_) | Expr::Param { .. } => true,
+            Expr::Special(s) => matches!(s, SReg::Ntid(_) | SReg::Nctaid(_)),
+            Expr::Add(a, b) | Expr::Sub(a, b) | Expr::Mul(a, b) => a.uniform() && b.uniform(),
+            Expr::Shl(a, _) | Expr::Ext { a, .. } | Expr::Offset(a, _) => a.uniform(),
+            Expr::Trip(..) => false,
+        }
+    }
+}
+
+impl Trips {
+    /// How many trips the loop makes in a launch whose values are `v`
+    /// (at least 1: it tests after each), where its counter's start and
+    /// bound are the launch's constants and it never wraps.
+    fn count(&self, v: &LaunchValues<'_>, bounds: &mut Vec<(Lin, i128, i128)>) -> Option<i128> {
+        let (start, bound) = (lin(&self.start, v, bounds)?, lin(&self.bound, v, bounds)?);
+        if !start.is_constant() || !bound.is_constant() {
+            return None;
+        }
+        // (the registers hold the values modulo 2^32, compared as `signed`)
+        let word = |x: i128| {
+            let w = x.rem_euclid(1 << 32);
+            if self.signed && w >= 1 << 31 {
+                w - (1 << 32)
+            } else {
+                w
+            }
+        };
+        let (s, b, k) = (word(start.c), word(bound.c), i128::from(self.step));
+        // trip j goes on while s + (j + 1)·k < b
+        let n = ((b - s + k - 1).div_euclid(k)).max(1);
+        let max = if self.signed {
+            i128::from(i32::MAX)
+        } else {
+            i128::from(u32::MAX)
+        };
+        // (the counter's last value, s + n·k, must not wrap)
+        (s + n * k <= max).then_some(n)
+    }
+}
+
 impl Prepared {
+    /// How many sites span a loop's trips.
+    pub(super) fn looped(&self) -> u64 {
+        self.looped
+    }
+
     /// Whether in block `ctaid` every extension keeps its range and every
     /// site spans only bytes of one allocation; where all do, `deltas`
     /// holds each site's host pointer less its device address, which the

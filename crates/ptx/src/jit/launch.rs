@@ -266,6 +266,16 @@ pub fn hoisted_blocks() -> u64 {
     HOISTED_BLOCKS.load(Ordering::Relaxed)
 }
 
+/// Accesses in a loop whose checks over all its trips a block's check
+/// covered (`jit::hoist`), summed over blocks.
+static HOISTED_LOOP_SITES: AtomicU64 = AtomicU64::new(0);
+
+/// Accesses in compiled kernels' loops this process ran with their checks
+/// hoisted to one a block, over every trip, summed over blocks so far.
+pub fn hoisted_loop_sites() -> u64 {
+    HOISTED_LOOP_SITES.load(Ordering::Relaxed)
+}
+
 /// The `%tid`s of a block of `block` threads as the lane kernel reads them:
 /// for each group of [`LANES`], its lanes' x, then y, then z, then zeros
 /// (none where the block is not whole groups: lanes never run it).
@@ -544,6 +554,7 @@ impl<'w> Worker<'w> {
                 if h.block_check(self.ctaid, g.mem, &mut self.deltas) {
                     self.lane_code = Some(*code);
                     HOISTED_BLOCKS.fetch_add(1, Ordering::Relaxed);
+                    HOISTED_LOOP_SITES.fetch_add(h.looped(), Ordering::Relaxed);
                 }
             }
         }

@@ -34,6 +34,7 @@ mod runtime;
 mod shared_checks;
 mod strides;
 mod translate;
+mod trips;
 mod warp;
 
 /// Threads a lane kernel runs in step (a group starts at a multiple of it);
@@ -43,4 +44,4 @@ pub(crate) const LANES: u32 = 4;
 pub use compiled::compilations;
 pub(crate) use compiled::CompiledModule;
 pub(crate) use launch::launch;
-pub use launch::{compiled_blocks, hoisted_blocks, lane_blocks};
+pub use launch::{compiled_blocks, hoisted_blocks, hoisted_loop_sites, lane_blocks};
