@@ -240,19 +240,10 @@ fn a_spin_on_a_flag_a_later_warp_sets_ends() {
 /// its threads' own work, not a whole check interval (65,536) of spinning.
 #[test]
 fn a_spin_on_a_later_threads_flag_yields_soon() {
-    let dev = Device::load("spins", SPINS, 1 << 24);
-    if interpreter_only(&dev) {
+    let Some((report, got)) = one_block(SPINS, "spin_shared", 1024) else {
         return;
-    }
-    let out = dev.alloc(4);
-    let limits = LaunchLimits {
-        workers: 1,
-        ..LaunchLimits::NONE
     };
-    let report = dev.launch_limited("spin_shared", linear(1, 1024), &[&out], &limits);
-    report.result.expect("the spin ends");
-    let got: Vec<u32> = dev.download(out, 1);
-    assert_eq!(got, [1000]);
+    assert_eq!(got, 1000);
     assert!(
         report.instructions < 20_000,
         "{} instructions for 1,024 threads' few each and one wait",
@@ -305,17 +296,26 @@ DONE:
 
 #[test]
 fn a_sleeping_spin_lets_its_blocks_other_threads_run_first() {
-    let dev = Device::load("sleeps", SLEEPS, 1 << 24);
-    if interpreter_only(&dev) {
+    let Some((_, rounds)) = one_block(SLEEPS, "spin_sleep", 256) else {
         return;
+    };
+    assert_eq!(rounds, 1, "sleeps before the flag was seen");
+}
+
+/// One block of `threads` of `kernel` (of module `ptx`, its one parameter
+/// the word it writes) on one worker, compiled: its report and that word;
+/// `None` where `CUMUX_PTX_ENGINE` chose the interpreter.
+fn one_block(ptx: &str, kernel: &str, threads: usize) -> Option<(cumux_ptx::LaunchReport, u32)> {
+    let dev = Device::load(kernel, ptx, 1 << 24);
+    if interpreter_only(&dev) {
+        return None;
     }
     let out = dev.alloc(4);
     let limits = LaunchLimits {
         workers: 1,
         ..LaunchLimits::NONE
     };
-    let report = dev.launch_limited("spin_sleep", linear(1, 256), &[&out], &limits);
-    report.result.expect("the spin ends");
-    let rounds: Vec<u32> = dev.download(out, 1);
-    assert_eq!(rounds, [1], "sleeps before the flag was seen");
+    let report = dev.launch_limited(kernel, linear(1, threads), &[&out], &limits);
+    report.result.clone().expect("the spin ends");
+    Some((report, dev.download::<u32>(out, 1)[0]))
 }

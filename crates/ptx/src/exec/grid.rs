@@ -123,18 +123,10 @@ impl Executable {
         let threads: u64 = cfg.block.iter().map(|&v| v as u64).product();
         let f = &prog.funcs[kernel as usize];
         let per_thread = f.nregs as u64 * 8 + f.frame_bytes as u64;
-        // a cooperative launch's blocks are all resident: they share one budget
-        let (resident, memory) = if grid_workspace != 0 {
-            let blocks: u64 = cfg.grid.iter().map(|&v| v as u64).product();
-            (threads * blocks, COOPERATIVE_MEMORY_LIMIT)
-        } else {
-            (threads, BLOCK_MEMORY_LIMIT)
+        let (resident, memory) = match resident_memory(cfg, per_thread, grid_workspace != 0) {
+            Ok(fits) => fits,
+            Err(fault) => return LaunchReport::failed(fault),
         };
-        if per_thread.saturating_mul(resident) > memory as u64 {
-            return LaunchReport::failed(Fault::OutOfResources(format!(
-                "{resident} threads with {per_thread} bytes of registers and local memory each"
-            )));
-        }
         let mut shared_bytes = prog.dyn_shared_base as u64 + cfg.dynamic_shared_bytes as u64;
         let reserved_smem = shared_bytes.next_multiple_of(16);
         if self.reserved_smem {
@@ -190,6 +182,29 @@ impl Executable {
         };
         run_grid(&g)
     }
+}
+
+/// Whether the registers and local memory of the threads resident at once
+/// (a block's; a cooperative launch's, all its blocks') fit their limit,
+/// each thread taking `per_thread` bytes: those threads and the limit.
+pub(crate) fn resident_memory(
+    cfg: &LaunchConfig,
+    per_thread: u64,
+    cooperative: bool,
+) -> Result<(u64, usize), Fault> {
+    let threads: u64 = cfg.block.iter().map(|&v| v as u64).product();
+    let (resident, memory) = if cooperative {
+        let blocks: u64 = cfg.grid.iter().map(|&v| v as u64).product();
+        (threads * blocks, COOPERATIVE_MEMORY_LIMIT)
+    } else {
+        (threads, BLOCK_MEMORY_LIMIT)
+    };
+    if per_thread.saturating_mul(resident) > memory as u64 {
+        return Err(Fault::OutOfResources(format!(
+            "{resident} threads with {per_thread} bytes of registers and local memory each"
+        )));
+    }
+    Ok((resident, memory))
 }
 
 /// Runs `launch` with a cooperative launch's grid workspace (the driver's

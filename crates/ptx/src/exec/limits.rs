@@ -12,7 +12,7 @@ pub(super) const WINDOW_SIZE: u64 = 1 << 32;
 pub(super) const LOCAL_LIMIT: usize = 512 * 1024;
 pub(super) const MAX_CALL_DEPTH: usize = 4096;
 /// Registers plus local memory of all threads of one block (bytes).
-pub(crate) const BLOCK_MEMORY_LIMIT: usize = 256 << 20;
+pub(super) const BLOCK_MEMORY_LIMIT: usize = 256 << 20;
 /// Reserved shared memory of a block whose module reads the
 /// `%reserved_smem_offset_*` registers (sm_80+: 1 KiB), placed after its
 /// dynamic shared memory; two halves for `_0` and `_1`.
@@ -24,4 +24,4 @@ pub const MAX_COOPERATIVE_THREADS: u64 = 65536;
 /// Registers plus local memory of all threads of a cooperative launch, whose
 /// blocks are all resident at once (each thread's call stack is bounded by
 /// its share: at least 16 KiB).
-pub(crate) const COOPERATIVE_MEMORY_LIMIT: usize = 1 << 30;
+pub(super) const COOPERATIVE_MEMORY_LIMIT: usize = 1 << 30;

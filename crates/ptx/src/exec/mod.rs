@@ -26,8 +26,7 @@ mod watch;
 pub(crate) use access::check_alignment;
 pub(crate) use arith::step as run_register_op;
 pub(crate) use blocks::{on_workers, BlockResults};
-pub(crate) use grid::{with_grid_workspace, Executable};
-pub(crate) use limits::{BLOCK_MEMORY_LIMIT, COOPERATIVE_MEMORY_LIMIT};
+pub(crate) use grid::{resident_memory, with_grid_workspace, Executable};
 pub use limits::{
     LOCAL_WINDOW, MAX_COOPERATIVE_BLOCKS, MAX_COOPERATIVE_THREADS, PARAM_WINDOW, SHARED_WINDOW,
 };

@@ -11,9 +11,7 @@ use super::runtime::{
     RET_PARTED, STOP_BARRIER, STOP_BITS, STOP_WARP,
 };
 use super::warp::{resolve_warp, Lanes, State};
-use crate::exec::{
-    launch_progress, on_workers, BlockResults, BLOCK_MEMORY_LIMIT, COOPERATIVE_MEMORY_LIMIT,
-};
+use crate::exec::{launch_progress, on_workers, resident_memory, BlockResults};
 use crate::ir::{Module, Op, SReg};
 use crate::launch::{
     printf_launch_limit, Fault, LaunchConfig, LaunchLimits, LaunchReport, LAUNCH_CHECK_INTERVAL,
@@ -67,19 +65,9 @@ pub(crate) fn launch(
     limits: &LaunchLimits<'_>,
     grid_workspace: u64,
 ) -> LaunchReport {
-    let threads: u64 = cfg.block.iter().map(|&v| v as u64).product();
     let per_thread = kernel.nregs as u64 * 8 + kernel.frame_bytes as u64;
-    // a cooperative launch's blocks are all resident: they share one budget
-    let (resident, memory) = if grid_workspace != 0 {
-        let blocks: u64 = cfg.grid.iter().map(|&v| v as u64).product();
-        (threads * blocks, COOPERATIVE_MEMORY_LIMIT)
-    } else {
-        (threads, BLOCK_MEMORY_LIMIT)
-    };
-    if per_thread.saturating_mul(resident) > memory as u64 {
-        return LaunchReport::failed(Fault::OutOfResources(format!(
-            "{resident} threads with {per_thread} bytes of registers and local memory each"
-        )));
+    if let Err(fault) = resident_memory(cfg, per_thread, grid_workspace != 0) {
+        return LaunchReport::failed(fault);
     }
     let uses =
         |wanted: fn(&Op) -> bool| m.funcs.iter().any(|f| f.code.iter().any(|i| wanted(&i.op)));
