@@ -448,6 +448,10 @@ pub(crate) struct MmaOperands {
     pub ab: Ty,
     pub cty: Ty,
     pub dty: Ty,
+    /// `wmma`'s `.satfinite`: integer sums past the `s32` range clamp to it
+    /// (else they wrap); an infinite float result is the type's largest
+    /// finite value, a NaN +0.
+    pub satfinite: bool,
     pub d: Vec<u32>,
     /// The `a`, `b` and `c` fragments.
     pub src: [Vec<Src>; 3],

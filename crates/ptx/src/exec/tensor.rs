@@ -5,18 +5,20 @@
 
 use super::access::Access;
 use super::state::{op_at, Block, Geo, Thread};
-use crate::alu::{fval, to_fbits};
+use crate::alu::{fval, sext, to_fbits};
 use crate::ir::{MmaOperands, Op, Src, Ty};
 use crate::launch::Fault;
 
-/// f16/bf16 elements sit two to a register, wider ones one.
+/// 8-bit elements sit four to a register, f16/bf16 two, wider ones one.
 #[inline]
 fn elems_per_reg(t: Ty) -> usize {
-    if t.bytes() == 2 {
-        2
-    } else {
-        1
-    }
+    (4 / t.bytes().clamp(1, 4)) as usize
+}
+
+/// Where element `i` of a register's elements of type `t` starts (bits).
+#[inline]
+fn elem_shift(t: Ty, i: usize) -> u32 {
+    t.bytes() * 8 * (i % elems_per_reg(t)) as u32
 }
 
 /// Address of fragment slot `slot` of `lane` in a 16x16 tile at `base`.
@@ -31,7 +33,7 @@ fn tile_elem_addr(base: u64, stride: u64, row: bool, lane: u32, slot: usize, es:
 fn frag_bits(th: &Thread, srcs: &[Src], t: Ty, i: usize) -> Option<u64> {
     let per_reg = elems_per_reg(t);
     let s = srcs.get(i / per_reg)?;
-    Some((th.get(*s) >> (16 * (i % per_reg))) & t.mask())
+    Some((th.get(*s) >> elem_shift(t, i)) & t.mask())
 }
 
 /// Element `i` of a fragment as f32 (0 past the fragment's registers).
@@ -44,7 +46,7 @@ fn frag_elem(th: &Thread, srcs: &[Src], t: Ty, i: usize) -> f32 {
 fn frag_reg(t: Ty, j: usize, elem: impl Fn(usize) -> f32) -> u64 {
     let per_reg = elems_per_reg(t);
     (0..per_reg).fold(0u64, |v, h| {
-        v | to_fbits(elem(j * per_reg + h) as f64, t) << (16 * h)
+        v | to_fbits(elem(j * per_reg + h) as f64, t) << elem_shift(t, h)
     })
 }
 
@@ -95,7 +97,7 @@ pub(super) fn wmma_load_store(
                 let mut v = 0u64;
                 for h in 0..per_reg {
                     match b.load(g, &mut th.local, at((j * per_reg + h) % 8)) {
-                        Ok(x) => v |= x << (16 * h),
+                        Ok(x) => v |= x << elem_shift(tile.ety, h),
                         Err(e) => {
                             res = Err(e);
                             break;
@@ -235,6 +237,12 @@ pub(super) fn mma(g: &Geo<'_>, threads: &mut [Thread], lo: usize, lanes: &[usize
 /// `wmma.mma` m16n16k16 for the `lanes` of the warp at `lo`.
 pub(super) fn wmma_mma(g: &Geo<'_>, threads: &mut [Thread], lo: usize, lanes: &[usize]) {
     let prog = g.prog;
+    let integer = lanes.first().is_some_and(|&l| {
+        matches!(op_at(prog, &threads[lo + l]), Some(Op::WmmaMma { mma }) if matches!(mma.ab, Ty::S8 | Ty::U8))
+    });
+    if integer {
+        return wmma_mma_int(g, threads, lo, lanes);
+    }
     // gather the three 16x16 tiles from the lanes' fragments
     let mut ma = [0f32; 256];
     let mut mb = [0f32; 256];
@@ -258,8 +266,77 @@ pub(super) fn wmma_mma(g: &Geo<'_>, threads: &mut [Thread], lo: usize, lanes: &[
         let Some(Op::WmmaMma { mma }) = op_at(prog, th) else {
             continue;
         };
+        // `.satfinite`: an infinite result is the type's largest finite
+        // value, a NaN +0
+        let most = if mma.dty == Ty::F16 {
+            65504.0
+        } else {
+            f32::MAX
+        };
+        let finite = |v: f32| match (mma.satfinite, v.is_nan()) {
+            (false, _) => v,
+            (true, true) => 0.0,
+            (true, false) => v.clamp(-most, most),
+        };
         for (j, reg) in mma.d.iter().enumerate() {
-            th.set(*reg, frag_reg(mma.dty, j, |slot| md[lane * 8 + slot % 8]));
+            th.set(
+                *reg,
+                frag_reg(mma.dty, j, |slot| finite(md[lane * 8 + slot % 8])),
+            );
+        }
+    }
+}
+
+/// Integer `wmma.mma` m16n16k16 (`.s8`/`.u8` inputs, `.s32` accumulators)
+/// for the `lanes` of the warp at `lo`: exact sums, wrapped to 32 bits or,
+/// with `.satfinite`, clamped to the `s32` range.
+fn wmma_mma_int(g: &Geo<'_>, threads: &mut [Thread], lo: usize, lanes: &[usize]) {
+    let prog = g.prog;
+    let mut ma = [0i64; 256];
+    let mut mb = [0i64; 256];
+    let mut mc = [0i64; 256];
+    let value = |th: &Thread, srcs: &[Src], t: Ty, i: usize| {
+        let bits = frag_bits(th, srcs, t, i).unwrap_or(0);
+        match t {
+            Ty::U8 => bits as i64,
+            _ => sext(bits, t.bytes() * 8),
+        }
+    };
+    for &lane in lanes {
+        let th = &threads[lo + lane];
+        if let Some(Op::WmmaMma { mma }) = op_at(prog, th) {
+            let [a, b, c] = &mma.src;
+            for slot in 0..8 {
+                let e = lane * 8 + slot;
+                ma[e] = value(th, a, mma.ab, slot);
+                mb[e] = value(th, b, mma.ab, slot);
+                mc[e] = value(th, c, mma.cty, slot);
+            }
+        }
+    }
+    let mut md = [0i64; 256];
+    for i in 0..16 {
+        for j in 0..16 {
+            md[i * 16 + j] = mc[i * 16 + j]
+                + (0..16)
+                    .map(|k| ma[i * 16 + k] * mb[k * 16 + j])
+                    .sum::<i64>();
+        }
+    }
+    for &lane in lanes {
+        let th = &mut threads[lo + lane];
+        let Some(Op::WmmaMma { mma }) = op_at(prog, th) else {
+            continue;
+        };
+        let satfinite = mma.satfinite;
+        for (j, reg) in mma.d.iter().enumerate() {
+            let v = md[lane * 8 + j % 8];
+            let v = if satfinite {
+                v.clamp(i32::MIN as i64, i32::MAX as i64)
+            } else {
+                v
+            };
+            th.set(*reg, v as i32 as u32 as u64);
         }
     }
 }

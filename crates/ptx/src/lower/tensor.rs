@@ -49,6 +49,7 @@ impl FuncLower<'_> {
             ab,
             cty,
             dty,
+            satfinite: false,
             d: self.dst_list(ditems)?,
             src,
         })
@@ -61,15 +62,18 @@ impl FuncLower<'_> {
             return self.unsupported("wmma shape other than m16n16k16");
         }
         let tys: Vec<Ty> = m.iter().filter_map(|x| Ty::parse(x)).collect();
-        let ok = |t: &Ty| matches!(t, Ty::F16 | Ty::BF16 | Ty::F32);
-        if tys.is_empty() || !tys.iter().all(ok) {
+        let float = |t: &Ty| matches!(t, Ty::F16 | Ty::BF16 | Ty::F32);
+        // integer tiles: `.s8`/`.u8` inputs, `.s32` accumulators (as on a
+        // 7.2+ GPU; the sub-byte `.s4`/`.u4`/`.b1` shapes are others)
+        let int = |t: &Ty| matches!(t, Ty::S8 | Ty::U8 | Ty::S32);
+        if tys.is_empty() || !(tys.iter().all(float) || tys.iter().all(int)) {
             let named: Vec<&str> = m
                 .iter()
                 .filter(|x| Ty::parse(x).is_some())
                 .map(String::as_str)
                 .collect();
             return self.unsupported(format!(
-                "wmma of element type .{}: only f16 and bf16 run on the CPU device",
+                "wmma of element type .{}: only f16, bf16, s8 and u8 run on the CPU device",
                 named.join(".")
             ));
         }
@@ -112,7 +116,13 @@ impl FuncLower<'_> {
             [d, a, _, c] => (*d, *a, *c),
             _ => return self.unsupported("wmma.mma types"),
         };
-        let mma = self.mma_operands(o, types, wmma_fragment, "wmma.mma")?;
+        let (d, ab, c) = types;
+        let integer = matches!(ab, Ty::S8 | Ty::U8);
+        if integer != (d == Ty::S32 && c == Ty::S32) {
+            return self.unsupported("wmma.mma of mixed integer and float types");
+        }
+        let mut mma = self.mma_operands(o, types, wmma_fragment, "wmma.mma")?;
+        mma.satfinite = i.has("satfinite");
         self.emit(Op::WmmaMma { mma: Box::new(mma) });
         Ok(())
     }
