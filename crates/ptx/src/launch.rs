@@ -68,15 +68,28 @@ pub(crate) fn printf_launch_limit(fifo: usize) -> usize {
 /// the cancel flag (well under a millisecond of interpretation).
 pub const LAUNCH_CHECK_INTERVAL: u64 = 1 << 16;
 
-/// Instructions between yields of a running thread of a kernel that polls
-/// (makes ordered loads), on both engines: a thread spinning until the
-/// block's other threads arrive (a `cuda::barrier`, a flag in shared or
-/// global memory) lets them run after this many, not after a whole
+/// Instructions between yields of a running thread of a kernel whose
+/// threads may poll for each other ([`waits_in_block`]), on both engines: a
+/// thread spinning until the block's other threads arrive (a
+/// `cuda::barrier`, a flag in shared memory) lets them run after this
+/// many, not after a whole
 /// [`LAUNCH_CHECK_INTERVAL`] (a 1,024-thread block waiting at such a
 /// barrier spun 67 M instructions, and `simpleAWBarrier` ended at the
 /// launch's budget). The budgets and the cancel flag are still checked
 /// every `LAUNCH_CHECK_INTERVAL`.
 pub const POLL_YIELD_INTERVAL: u64 = 1024;
+
+/// Where a block's next yield is due, its count at `done` and its next
+/// check of budgets and the cancel flag at `full_check_at`: sooner in a
+/// kernel whose threads wait for each other ([`POLL_YIELD_INTERVAL`]). Both
+/// engines set their checks by it, so they yield at the same counts.
+pub(crate) fn next_yield(done: u64, full_check_at: u64, waits_in_block: bool) -> u64 {
+    if waits_in_block {
+        done.saturating_add(POLL_YIELD_INTERVAL).min(full_check_at)
+    } else {
+        full_check_at
+    }
+}
 
 /// Whether a thread of a kernel of `ops` may wait for another thread of
 /// its own block by polling: an ordered load of shared memory (a flag, a

@@ -234,6 +234,34 @@ pub(super) fn mma(g: &Geo<'_>, threads: &mut [Thread], lo: usize, lanes: &[usize
     }
 }
 
+/// The `a`, `b` and `c` 16x16 tiles of a `wmma.mma`, gathered from the
+/// fragments of the `lanes` of the warp at `lo` (lane l's slots are
+/// elements l*8 .. l*8+8), each element read by `elem`.
+fn wmma_tiles<T: Copy + Default>(
+    g: &Geo<'_>,
+    threads: &[Thread],
+    lo: usize,
+    lanes: &[usize],
+    elem: impl Fn(&Thread, &[Src], Ty, usize) -> T,
+) -> [[T; 256]; 3] {
+    let mut tiles = [[T::default(); 256]; 3];
+    for &lane in lanes {
+        let th = &threads[lo + lane];
+        if let Some(Op::WmmaMma { mma }) = op_at(g.prog, th) {
+            for (tile, (srcs, t)) in tiles.iter_mut().zip([
+                (&mma.src[0], mma.ab),
+                (&mma.src[1], mma.ab),
+                (&mma.src[2], mma.cty),
+            ]) {
+                for slot in 0..8 {
+                    tile[lane * 8 + slot] = elem(th, srcs, t, slot);
+                }
+            }
+        }
+    }
+    tiles
+}
+
 /// `wmma.mma` m16n16k16 for the `lanes` of the warp at `lo`.
 pub(super) fn wmma_mma(g: &Geo<'_>, threads: &mut [Thread], lo: usize, lanes: &[usize]) {
     let prog = g.prog;
@@ -243,22 +271,7 @@ pub(super) fn wmma_mma(g: &Geo<'_>, threads: &mut [Thread], lo: usize, lanes: &[
     if integer {
         return wmma_mma_int(g, threads, lo, lanes);
     }
-    // gather the three 16x16 tiles from the lanes' fragments
-    let mut ma = [0f32; 256];
-    let mut mb = [0f32; 256];
-    let mut mc = [0f32; 256];
-    for &lane in lanes {
-        let th = &threads[lo + lane];
-        if let Some(Op::WmmaMma { mma }) = op_at(prog, th) {
-            let [a, b, c] = &mma.src;
-            for slot in 0..8 {
-                let e = lane * 8 + slot;
-                ma[e] = frag_elem(th, a, mma.ab, slot);
-                mb[e] = frag_elem(th, b, mma.ab, slot);
-                mc[e] = frag_elem(th, c, mma.cty, slot);
-            }
-        }
-    }
+    let [ma, mb, mc] = wmma_tiles(g, threads, lo, lanes, frag_elem);
     let mut md = [0f32; 256];
     tile_mma(&ma, &mb, &mc, &mut md, 16, 16);
     for &lane in lanes {
@@ -292,9 +305,6 @@ pub(super) fn wmma_mma(g: &Geo<'_>, threads: &mut [Thread], lo: usize, lanes: &[
 /// with `.satfinite`, clamped to the `s32` range.
 fn wmma_mma_int(g: &Geo<'_>, threads: &mut [Thread], lo: usize, lanes: &[usize]) {
     let prog = g.prog;
-    let mut ma = [0i64; 256];
-    let mut mb = [0i64; 256];
-    let mut mc = [0i64; 256];
     let value = |th: &Thread, srcs: &[Src], t: Ty, i: usize| {
         let bits = frag_bits(th, srcs, t, i).unwrap_or(0);
         match t {
@@ -302,18 +312,7 @@ fn wmma_mma_int(g: &Geo<'_>, threads: &mut [Thread], lo: usize, lanes: &[usize])
             _ => sext(bits, t.bytes() * 8),
         }
     };
-    for &lane in lanes {
-        let th = &threads[lo + lane];
-        if let Some(Op::WmmaMma { mma }) = op_at(prog, th) {
-            let [a, b, c] = &mma.src;
-            for slot in 0..8 {
-                let e = lane * 8 + slot;
-                ma[e] = value(th, a, mma.ab, slot);
-                mb[e] = value(th, b, mma.ab, slot);
-                mc[e] = value(th, c, mma.cty, slot);
-            }
-        }
-    }
+    let [ma, mb, mc] = wmma_tiles(g, threads, lo, lanes, value);
     let mut md = [0i64; 256];
     for i in 0..16 {
         for j in 0..16 {

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use super::state::{Block, Geo};
 use crate::ir::{Func, Module, Op};
 use crate::launch::{
-    waits_in_block as waits_in_block_ops, Fault, LAUNCH_CHECK_INTERVAL, POLL_YIELD_INTERVAL,
+    next_yield, waits_in_block as waits_in_block_ops, Fault, LAUNCH_CHECK_INTERVAL,
 };
 
 /// Readies `b`'s count for a new block of the launch.
@@ -18,11 +18,7 @@ pub(super) fn start_block(g: &Geo<'_>, b: &mut Block) {
     b.instructions = 0;
     b.counted = 0;
     b.full_check_at = next_check(g, 0);
-    b.check_at = if g.waits_in_block {
-        POLL_YIELD_INTERVAL.min(b.full_check_at)
-    } else {
-        b.full_check_at
-    };
+    b.check_at = next_yield(0, b.full_check_at, g.waits_in_block);
 }
 
 /// Whether kernel `kernel` of `prog`, or a function it may call, may poll
@@ -62,11 +58,7 @@ pub(super) fn passed(g: &Geo<'_>, b: &mut Block, count: u64, line: u32) -> Resul
         checkpoint(g, b, count, line)?;
         b.full_check_at = b.check_at;
     }
-    if g.waits_in_block {
-        b.check_at = done
-            .saturating_add(POLL_YIELD_INTERVAL)
-            .min(b.full_check_at);
-    }
+    b.check_at = next_yield(done, b.full_check_at, g.waits_in_block);
     Ok(())
 }
 

@@ -14,8 +14,8 @@ use super::warp::{resolve_warp, Lanes, State};
 use crate::exec::{launch_progress, on_workers, resident_memory, BlockResults};
 use crate::ir::{Module, Op, SReg};
 use crate::launch::{
-    printf_launch_limit, Fault, LaunchConfig, LaunchLimits, LaunchReport, LAUNCH_CHECK_INTERVAL,
-    POLL_YIELD_INTERVAL,
+    next_yield, printf_launch_limit, Fault, LaunchConfig, LaunchLimits, LaunchReport,
+    LAUNCH_CHECK_INTERVAL,
 };
 use crate::memory::{DeviceMemory, MemView};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -356,7 +356,7 @@ struct Worker<'w> {
     /// (`%clock64` of the running block's start).
     clock: u64,
     /// Where the running block's next full check is due (its budgets, the
-    /// cancel flag) when its yields come sooner ([`POLL_YIELD_INTERVAL`]).
+    /// cancel flag) when its yields come sooner ([`crate::launch::POLL_YIELD_INTERVAL`]).
     full_check_at: u64,
 }
 
@@ -464,18 +464,14 @@ impl<'w> Worker<'w> {
     }
 
     /// The block's first check: where it is due, or sooner where its
-    /// threads poll on the thread loop ([`POLL_YIELD_INTERVAL`]).
+    /// threads poll on the thread loop ([`crate::launch::POLL_YIELD_INTERVAL`]).
     fn first_check(&mut self, g: &Grid<'_>) -> u64 {
         self.full_check_at = Self::next_check(g, 0);
-        if self.polls_briefly(g) {
-            POLL_YIELD_INTERVAL.min(self.full_check_at)
-        } else {
-            self.full_check_at
-        }
+        next_yield(0, self.full_check_at, self.polls_briefly(g))
     }
 
     /// Whether the running block's threads yield every
-    /// [`POLL_YIELD_INTERVAL`] instructions: a kernel whose threads may
+    /// [`crate::launch::POLL_YIELD_INTERVAL`] instructions: a kernel whose threads may
     /// poll for each other, on the thread loop (a lane kernel's checks are
     /// made in place: they yield no thread).
     fn polls_briefly(&self, g: &Grid<'_>) -> bool {
@@ -1027,12 +1023,7 @@ impl<'w> Worker<'w> {
         } else if alone && sleep == 0 {
             std::thread::yield_now();
         }
-        ctx.check_at = if self.polls_briefly(g) {
-            done.saturating_add(POLL_YIELD_INTERVAL)
-                .min(self.full_check_at)
-        } else {
-            self.full_check_at
-        };
+        ctx.check_at = next_yield(done, self.full_check_at, self.polls_briefly(g));
         Ok(())
     }
 }
