@@ -18,6 +18,12 @@
 // The kernel does fixed work (dependent FMAs; one block of 256 threads per SM,
 // or TENANT_BLOCKS_PER_SM blocks per SM) rather than spinning on the clock, so
 // a kernel that is switched out takes longer instead of hiding contention. Output: `metric NAME VALUE UNIT`.
+//
+// TENANT_START_AT (seconds since the epoch, as `date +%s.%N` prints): the
+// timed part starts then, once the context, streams and first kernel are
+// ready, so tenants of one mix are timed over the same window however long
+// each took to start (through cumux an isolated tenant's worker and context
+// are made at its first call, which skewed 3 s windows by up to a second).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -25,6 +31,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <thread>
 #include <vector>
 
 #define CHECK(call)                                                              \
@@ -58,6 +65,20 @@ static int blocks() {
         n = sms * (k > 0 ? k : 1);
     }
     return n;
+}
+
+// Waits until TENANT_START_AT, if it is set and still ahead.
+static void wait_for_start() {
+    const char *at = getenv("TENANT_START_AT");
+    if (!at || !*at) return;
+    double target = atof(at);
+    for (;;) {
+        double now = std::chrono::duration<double>(
+                         std::chrono::system_clock::now().time_since_epoch()).count();
+        if (now >= target) return;
+        double left = target - now;
+        std::this_thread::sleep_for(std::chrono::duration<double>(left > 0.01 ? left - 0.005 : left));
+    }
 }
 
 static double seconds_since(Clock::time_point t0) {
@@ -97,6 +118,7 @@ static int paced(const char *style, float *out, long long iters, double secs) {
         return 64;
     }
     long long done = 0, n = 0;
+    wait_for_start();
     Clock::time_point t0 = Clock::now();
     while (seconds_since(t0) < secs) {
         if (!strcmp(style, "sync")) {
@@ -169,6 +191,7 @@ int main(int argc, char **argv) {
         CHECK(cudaEventCreateWithFlags(&marks[1], cudaEventDisableTiming));
         long long done = 0;
         int k = 0;
+        wait_for_start();
         Clock::time_point t0 = Clock::now();
         while (seconds_since(t0) < secs) {
             for (int i = 0; i < 32; i++) work<<<blocks(), 256>>>(out, iters);
@@ -199,6 +222,7 @@ int main(int argc, char **argv) {
             CHECK(cudaStreamCreateWithPriority(&stream, flags, priority));
         }
         std::vector<double> lat, launch;
+        wait_for_start();
         Clock::time_point t0 = Clock::now();
         while (seconds_since(t0) < secs) {
             Clock::time_point a = Clock::now();

@@ -10,6 +10,8 @@
 # shares, and their sum. Writes $OUT/fair-mix.txt and .json.
 #
 #   OUT=/some/dir KITS="main:/path/kit [other:/path/kit2]" bench/h100/fair_mix.sh
+# The four of a mix time the same window (START_DELAY= seconds after they
+# start, default 4: `start_together` in lib.sh).
 # Optional: NVCC=, SECS= (default 3), STYLES= (default all five), US= (default
 # "20 200 2000 5"), POLICY= (default fair), SHARING= (default isolated).
 set -u
@@ -57,11 +59,13 @@ rate() { local r; r=$(metric "$1" kernels_per_s); echo "${r:-0}"; }
 # The four at once: mix SERVER|native STYLE LABEL
 mix() {
     local tp=() us
+    start_together
     for us in $US; do
         tenant "$1" "$2" "$us" "$W/mix_$3_$2_$us.txt" &
         tp+=($!)
     done
     wait "${tp[@]}"
+    unset TENANT_START_AT
     for us in $US; do
         echo "rate $3 $2 $us $(rate "$W/mix_$3_$2_$us.txt")" | tee -a "$REPORT"
     done

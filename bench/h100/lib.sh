@@ -81,3 +81,12 @@ start_tcp_server() {
     say "server $name: ${line:-did not start: $(tail -2 "$RUNS/server-$name.log")}"
     [ -n "$port" ]
 }
+
+# start_together [SECONDS]: exports TENANT_START_AT, SECONDS (default
+# $START_DELAY, else 4) from now: the tenants of a mix started after it time
+# the same window (bench/cuda/tenant_bench.cu), however long each takes to
+# get its context (an isolated cumux tenant's worker is made at its first call).
+start_together() {
+    TENANT_START_AT=$(awk -v d="${1:-${START_DELAY:-4}}" -v now="$(date +%s.%N)" 'BEGIN { printf "%.3f", now + d }')
+    export TENANT_START_AT
+}

@@ -42,6 +42,7 @@ fi
 # shellcheck disable=SC2086 # a flag list
 "$NVCC" -O2 -arch=sm_90 $NVCC_FLAGS -o "$BIN" "$ROOT/bench/cuda/tenant_bench.cu" || { echo "build failed"; exit 1; }
 
+. "$ROOT/bench/h100/lib.sh"
 metric() { awk -v k="$2" '$1 == "metric" && $2 == k { print $3 }' "$1" | tail -1; }
 
 # Kernel sizes (µs of work alone) → calibrated iterations.
@@ -118,6 +119,7 @@ for mode in $MODES; do
         name=${mix%%:*}
         i=0
         pids=()
+        start_together
         for us in ${mix#*:}; do
             tenant "$mode" throughput "$us" "$OUT/runs/${mode}_${name}_${i}_$us.txt" &
             pids+=($!)
@@ -125,16 +127,18 @@ for mode in $MODES; do
         done
         # Only the tenants: a plain `wait` would wait for the server too.
         wait "${pids[@]}"
+        unset TENANT_START_AT
     done
     # lc: a latency-critical tenant (50 µs kernels) next to a 2 ms batch tenant,
     # and alone in this mode (its standalone here), LC_ROUNDS times each.
     for r in $(seq "$LC_ROUNDS"); do
         tenant "$mode" latency 50 "$OUT/runs/${mode}_lcalone_latency_50_r$r.txt" lc
+        start_together
         tenant "$mode" throughput 2000 "$OUT/runs/${mode}_lc_batch_2000_r$r.txt" batch &
         batch=$!
-        sleep 0.3
         tenant "$mode" latency 50 "$OUT/runs/${mode}_lc_latency_50_r$r.txt" lc &
         wait $batch $!
+        unset TENANT_START_AT
     done
     stop_mode "$mode"
 done

@@ -106,6 +106,43 @@ impl Default for FairConfig {
     }
 }
 
+/// Exclusive turns under `fair` ([`SchedulerConfig::turns`]), for a device that
+/// time-slices its tenants' contexts (a GPU where each tenant has a context of its
+/// own): the device's own slicer gives a context with one small kernel queued a slice
+/// only after every other context with work has had one, so a tenant that keeps
+/// little work queued (a launch and a wait, a short event window) is starved by
+/// tenants that keep much. With turns the scheduler makes the slices itself:
+/// - one tenant holds the turn, and only its items are dispatched; the holder is
+///   the tenant with work and the least virtual time;
+/// - while another tenant waits, the holder gets new items dispatched only while the
+///   turn's time so far plus the estimates of its items in flight is below
+///   `quantum_ns` (at least one item a turn); alone, it keeps the turn and the
+///   device as long as it has work;
+/// - the turn passes once the holder's items in flight completed and its quantum is
+///   used, or it has nothing queued for longer than its usual pause (up to
+///   `hold_idle_max_ns`: a closed loop's round trip keeps its turn; that idle time
+///   is charged to it while others wait);
+/// - an item running past `quantum_ns + overrun_ns` while others wait ends the turn
+///   without waiting for it: the next holder's work joins it on the device (a long
+///   kernel then shares the device through its slicer, as natively, instead of
+///   stopping everyone).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TurnConfig {
+    pub quantum_ns: Nanos,
+    pub hold_idle_max_ns: Nanos,
+    pub overrun_ns: Nanos,
+}
+
+impl Default for TurnConfig {
+    fn default() -> Self {
+        TurnConfig {
+            quantum_ns: 1_000_000,
+            hold_idle_max_ns: 300_000,
+            overrun_ns: 4_000_000,
+        }
+    }
+}
+
 /// Parameters of the `priority` policy.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PriorityConfig {
@@ -234,6 +271,8 @@ pub struct SchedulerConfig {
     pub anticipate_pause_ns: Nanos,
     /// Cost charged at dispatch when nothing is known about an item.
     pub default_cost_ns: Nanos,
+    /// Exclusive turns under `fair` (see [`TurnConfig`]); ignored by the other policies.
+    pub turns: Option<TurnConfig>,
     pub limits: Limits,
 }
 
@@ -248,6 +287,7 @@ impl SchedulerConfig {
             idle_grace_ns: 1_000_000,
             anticipate_pause_ns: 500_000,
             default_cost_ns: 10_000,
+            turns: None,
             limits: Limits::default(),
         }
     }

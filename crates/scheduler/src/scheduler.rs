@@ -4,6 +4,8 @@
 
 use std::collections::{BTreeMap, VecDeque};
 
+mod turns;
+
 use crate::{
     Charging, CostTable, KernelId, Nanos, Policy, PriorityConfig, SchedError, SchedulerConfig,
     StreamId, TenantClass, TenantConfig, TenantId, WorkId, WorkItem,
@@ -142,6 +144,8 @@ pub struct Scheduler {
     next_seq: u64,
     now: Nanos,
     costs: CostTable,
+    /// Who holds the device under `fair` with turns.
+    turn: Option<turns::Turn>,
 }
 
 impl Scheduler {
@@ -151,7 +155,7 @@ impl Scheduler {
             Policy::Fifo => true,
             Policy::Fair(fair) => fair.threshold_ns > 0,
             Policy::Priority(priority) => priority.batch_in_flight_while_lc_active >= 1,
-        };
+        } && config.turns.is_none_or(|t| t.quantum_ns > 0);
         let valid = valid_policy
             && config.concurrency >= 1
             && config.stream_depth >= 1
@@ -175,6 +179,7 @@ impl Scheduler {
             next_seq: 0,
             now: 0,
             costs: CostTable::new(limits.max_cost_entries),
+            turn: None,
         })
     }
 
@@ -228,6 +233,9 @@ impl Scheduler {
         }
         assert!(state.streams.is_empty());
         self.tenants.remove(&tenant);
+        if self.turn.is_some_and(|turn| turn.tenant == tenant) {
+            self.turn = None;
+        }
         self.costs.forget(tenant);
         Ok(())
     }
@@ -364,6 +372,10 @@ impl Scheduler {
         }
         let chosen = match self.config.policy {
             Policy::Fifo => self.candidates().min_by_key(|c| c.seq),
+            Policy::Fair(_) if self.config.turns.is_some() => {
+                let turns = self.config.turns.expect("checked by the guard");
+                self.choose_turn(now, turns)
+            }
             Policy::Fair(fair) => {
                 let min = self
                     .min_active_vtime(now, None)
@@ -479,16 +491,22 @@ impl Scheduler {
         let grace = self.config.idle_grace_ns;
         let times = match self.config.policy {
             Policy::Fifo => Vec::new(),
-            Policy::Fair(_) => self
-                .tenants
-                .values()
-                .filter_map(|t| match t.activity {
-                    Activity::IdleSince(since) => {
-                        Some(since.saturating_add(grace).saturating_add(1))
-                    }
-                    _ => None,
-                })
-                .collect(),
+            Policy::Fair(_) => {
+                let mut times: Vec<Nanos> = self
+                    .tenants
+                    .values()
+                    .filter_map(|t| match t.activity {
+                        Activity::IdleSince(since) => {
+                            Some(since.saturating_add(grace).saturating_add(1))
+                        }
+                        _ => None,
+                    })
+                    .collect();
+                if let Some(turns) = self.config.turns {
+                    times.extend(self.turn_wakeups(turns));
+                }
+                times
+            }
             Policy::Priority(priority) => {
                 let mut times: Vec<Nanos> = self
                     .tenants
@@ -712,6 +730,9 @@ impl Scheduler {
     fn advance(&mut self, now: Nanos) {
         assert!(now >= self.now, "time went backwards: {now} < {}", self.now);
         let elapsed = now - self.now;
+        if matches!(self.config.policy, Policy::Fair(_)) && self.config.turns.is_some() {
+            self.charge_idle_turn(elapsed);
+        }
         let running = self
             .in_flight
             .values()

@@ -153,8 +153,13 @@ pub fn scheduler_config(policy: Policy, concurrency: u32) -> SchedulerConfig {
 }
 
 /// The configuration for a device whose launches are queued on it with completion
-/// signals (a GPU behind a worker): GPU-like streams ([`GPU_STREAM_DEPTH`]).
-pub fn queued_scheduler_config(policy: Policy) -> SchedulerConfig {
+/// signals (a GPU behind a worker): GPU-like streams ([`GPU_STREAM_DEPTH`]). With
+/// `time_sliced` (each session in a context of its own, which the GPU time-slices),
+/// `fair` gives tenants the device in turns ([`cumux_scheduler::TurnConfig`]): the
+/// GPU's own slicer starves a tenant that keeps little work queued beside tenants
+/// that keep much (H200, four tenants, launch-and-wait pacing: the 5 µs tenant got
+/// 0.000–0.004 of its alone rate natively and under `fair` without turns).
+pub fn queued_scheduler_config(policy: Policy, time_sliced: bool) -> SchedulerConfig {
     let policy = match policy {
         Policy::Priority(mut p) => {
             p.batch_in_flight_while_lc_active = GPU_BATCH_WHILE_LC;
@@ -169,6 +174,9 @@ pub fn queued_scheduler_config(policy: Policy) -> SchedulerConfig {
     // runs (see `Charging::Oldest`; measured on the H100, splitting the tick among
     // everything in flight let a 2 ms tenant keep 97 % of the GPU under `fair`).
     config.charging = cumux_scheduler::Charging::Oldest;
+    if time_sliced {
+        config.turns = Some(cumux_scheduler::TurnConfig::default());
+    }
     config.limits.max_queued_total = 65536;
     config
 }
@@ -867,7 +875,8 @@ mod tests {
         // device without waiting; each leaves the scheduler only when the device
         // raises its signal, and while the latency-critical tenant has work batch
         // stays within its cap.
-        let mut config = queued_scheduler_config(Policy::Priority(PriorityConfig::default()));
+        let mut config =
+            queued_scheduler_config(Policy::Priority(PriorityConfig::default()), false);
         config.stream_depth = 2;
         let device = FakeDevice::new(config);
         let (clock, gate) = (&device.clock, &device.gate);
@@ -1002,7 +1011,7 @@ mod tests {
     #[test]
     fn only_latency_critical_work_under_priority_is_never_held() {
         let held = |policy: &str, class: TenantClass| {
-            let config = queued_scheduler_config(parse_policy(policy).unwrap());
+            let config = queued_scheduler_config(parse_policy(policy).unwrap(), true);
             let gate = DeviceGate::new(config, monotonic_clock()).unwrap();
             gate.join("t", &settings(class), 1).unwrap().never_held()
         };

@@ -151,7 +151,7 @@ impl Server {
                 // tell the gate when they are done); other devices run one at a time.
                 let backend = &d.info().backend;
                 let config = match backend.as_str() {
-                    "cuda" => gate::queued_scheduler_config(policy),
+                    "cuda" => gate::queued_scheduler_config(policy, d.time_slices_sessions()),
                     _ => gate::scheduler_config(policy, gate::concurrency_for(backend)),
                 };
                 Some(

@@ -237,6 +237,12 @@ pub trait Device: Send + Sync {
     fn movable(&self) -> Option<&dyn MovableDevice> {
         None
     }
+    /// Whether each session's work runs in a GPU context of its own, which the
+    /// GPU time-slices with the others' (not side by side): the gate then
+    /// gives tenants the device in turns (`gate::queued_scheduler_config`).
+    fn time_slices_sessions(&self) -> bool {
+        false
+    }
 }
 
 /// The process that runs a context's work ([`DeviceContext::process`]).

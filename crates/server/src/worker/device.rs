@@ -253,6 +253,10 @@ impl Device for WorkerDevice {
         }))
     }
 
+    fn time_slices_sessions(&self) -> bool {
+        !self.sharing.one_context()
+    }
+
     /// Isolated sessions move here, each into a worker of its own; a shared
     /// context's sessions do not (its process holds every tenant's memory).
     fn movable(&self) -> Option<&dyn MovableDevice> {
