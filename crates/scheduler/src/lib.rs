@@ -186,8 +186,10 @@ pub enum Policy {
     ///   costs, else the larger of the hint and the tenant's average, else `default_cost_ns`) and
     ///   corrected to its measured occupancy at completion (see [`Scheduler::completed`]);
     /// - a tenant is *active* while it has work queued or in flight and for
-    ///   `idle_grace_ns` after; a tenant that was not active rejoins at
-    ///   `max(own, least virtual time of the active tenants)`: idle time banks no credit;
+    ///   `idle_grace_ns` after; a tenant that was not active rejoins at the system's
+    ///   virtual time (the least virtual time of the active tenants, or where it last
+    ///   was while none is), or up to `threshold_ns` above it where its own was higher:
+    ///   idle time banks no credit, and time it had the device to itself is no debt;
     /// - a ready item may go only if its tenant's virtual time is at most the least
     ///   virtual time among active tenants plus `threshold_ns`; tenants within the bound
     ///   run freely, the one too far ahead is held until the others catch up or go idle.

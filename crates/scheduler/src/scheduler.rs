@@ -7,8 +7,8 @@ use std::collections::{BTreeMap, VecDeque};
 mod turns;
 
 use crate::{
-    Charging, CostTable, KernelId, Nanos, Policy, PriorityConfig, SchedError, SchedulerConfig,
-    StreamId, TenantClass, TenantConfig, TenantId, WorkId, WorkItem,
+    Charging, CostTable, FairConfig, KernelId, Nanos, Policy, PriorityConfig, SchedError,
+    SchedulerConfig, StreamId, TenantClass, TenantConfig, TenantId, WorkId, WorkItem,
 };
 
 /// Virtual time is GPU nanoseconds divided by weight, kept in fixed point so that weights
@@ -146,6 +146,10 @@ pub struct Scheduler {
     costs: CostTable,
     /// Who holds the device under `fair` with turns.
     turn: Option<turns::Turn>,
+    /// The system's virtual time: the most the least virtual time of the active
+    /// tenants has been (it stays while none is active). A tenant that was not active
+    /// rejoins there (see [`Scheduler::submit`]).
+    vt_floor: u128,
 }
 
 impl Scheduler {
@@ -180,6 +184,7 @@ impl Scheduler {
             now: 0,
             costs: CostTable::new(limits.max_cost_entries),
             turn: None,
+            vt_floor: 0,
         })
     }
 
@@ -306,11 +311,15 @@ impl Scheduler {
         {
             return Err(SchedError::TooManyStreams(item.tenant));
         }
-        // No banked credit: a tenant that was idle rejoins no earlier than the least-served
-        // tenant that stayed active.
+        // A tenant that was not active rejoins at the system's virtual time: no earlier
+        // (idle time banks no credit), and at most the fair threshold later (the device
+        // it had to itself while others were away is no debt: kept, a tenant that ran
+        // alone, or whose last session is still closing, would be held back for all of
+        // that time when others come).
         let rejoins = !self.is_active(state, now);
         let floor = if rejoins {
-            self.min_active_vtime(now, Some(item.tenant))
+            let active = self.min_active_vtime(now, Some(item.tenant));
+            Some(active.map_or(self.vt_floor, |min| min.max(self.vt_floor)))
         } else {
             None
         };
@@ -320,9 +329,10 @@ impl Scheduler {
             .and_then(|id| self.queued_ids.get(&id).map(|&seq| (id, seq)));
         let seq = self.next_seq;
         self.next_seq += 1;
+        let most_debt = u128::from(self.rejoin_lead_ns()) * VT_SCALE;
         let state = self.tenants.get_mut(&item.tenant).expect("checked above");
         if let Some(floor) = floor {
-            state.vtime = state.vtime.max(floor);
+            state.vtime = state.vtime.clamp(floor, floor.saturating_add(most_debt));
         }
         if let Activity::IdleSince(since) = state.activity {
             // Its pauses between finishing and asking again, on average
@@ -467,6 +477,9 @@ impl Scheduler {
         }
         if state.queued == 0 && state.in_flight == 0 {
             state.activity = Activity::IdleSince(now);
+        }
+        if let Some(min) = self.min_active_vtime(now, None) {
+            self.vt_floor = self.vt_floor.max(min);
         }
         match done.class {
             TenantClass::LatencyCritical => {
@@ -715,6 +728,15 @@ impl Scheduler {
                 now - since <= grace && tenant.pause_ns.is_none_or(|p| p <= short)
             }
             Activity::Dormant => false,
+        }
+    }
+
+    /// How far ahead of the system's virtual time a rejoining tenant may stay: the fair
+    /// threshold (under `priority`, the default one).
+    fn rejoin_lead_ns(&self) -> Nanos {
+        match self.config.policy {
+            Policy::Fair(fair) => fair.threshold_ns,
+            _ => FairConfig::default().threshold_ns,
         }
     }
 
@@ -1029,6 +1051,57 @@ mod tests {
         assert_eq!(s.tenant_stats(T1).unwrap().virtual_time_ns, t0);
         // Ties go by arrival.
         assert_eq!(drain(&mut s, now), vec![1_000]);
+    }
+
+    #[test]
+    fn a_tenant_that_had_the_device_alone_is_not_held_back_when_others_come() {
+        let mut s = scheduler(
+            Policy::Fair(FairConfig::default()),
+            1,
+            &[TenantClass::Batch, TenantClass::Batch, TenantClass::Batch],
+        );
+        let t2 = TenantId(2);
+        // T0 has the device to itself for 100 ms, then goes away for longer than its
+        // grace (a program that ended while its tenant stays registered).
+        let mut now = 0;
+        for i in 0..100 {
+            s.submit(now, item(i, T0, 0, None)).unwrap();
+            assert_eq!(drain(&mut s, now), vec![i]);
+            now += 1_000_000;
+            s.completed(now, WorkId(i), 1_000_000).unwrap();
+        }
+        now += 50_000_000;
+        assert_eq!(s.poll(now), None);
+        assert!(!s.tenant_stats(T0).unwrap().active);
+        // T1 and T2 come (nobody is active), then T0 again: all level.
+        s.submit(now, item(1_000, T1, 0, None)).unwrap();
+        s.submit(now, item(2_000, t2, 0, None)).unwrap();
+        s.submit(now, item(3_000, T0, 0, None)).unwrap();
+        let vt = |s: &Scheduler, t| s.tenant_stats(t).unwrap().virtual_time_ns;
+        assert_eq!(
+            vt(&s, T1),
+            vt(&s, T0),
+            "T1 starts at the system's virtual time"
+        );
+        assert_eq!(vt(&s, t2), vt(&s, T0));
+        // Served in turn, T0 no later than its third item, not after 100 ms of others.
+        let mut order = Vec::new();
+        for next in 1..10 {
+            let id = s.poll(now).expect("an item is ready");
+            order.push(id.0);
+            now += 1_000_000;
+            s.completed(now, id, 1_000_000).unwrap();
+            let tenant = [T0, T1, t2][(id.0 / 1_000) as usize % 3];
+            s.submit(now, item(id.0 + next * 10_000, tenant, 0, None))
+                .unwrap();
+        }
+        let t0_first = order
+            .iter()
+            .position(|&id| id % 10_000 == 3_000 || id < 100);
+        assert!(
+            matches!(t0_first, Some(i) if i < 3),
+            "T0 served among the first three: {order:?}"
+        );
     }
 
     #[test]
