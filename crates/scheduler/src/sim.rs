@@ -63,6 +63,11 @@ pub struct DeviceModel {
     /// Only the running kernel that started first progresses, at full speed: a GPU
     /// whose kernels each fill it, so the next one waits for its blocks to drain.
     pub in_order: bool,
+    /// Each tenant a context of its own, time-sliced as a GPU does: only the kernels
+    /// of the context holding the slice progress; the slice passes (round robin among
+    /// the contexts with running kernels) after this long, or at once when its
+    /// context has nothing running. Within a context, `in_order` still applies.
+    pub time_slice_ns: Option<Nanos>,
 }
 
 impl DeviceModel {
@@ -368,23 +373,34 @@ pub fn run(config: &SimConfig) -> SimReport {
     let mut held = false;
     let mut max_queued = 0;
     let mut dispatches = 0u64;
+    // The context holding the slice and when its slice ends (`time_slice_ns`).
+    let mut slice: Option<(usize, Nanos)> = None;
 
     loop {
         let next_arrival = arrivals.peek().map(|Reverse((at, ..))| *at);
+        let tenant_of = |r: &Running| items[r.id.0 as usize].tenant;
+        if let Some(length) = config.device.time_slice_ns {
+            slice = next_slice(slice, now, length, running.iter().map(tenant_of));
+        }
+        let sliced_to = slice.map(|(owner, _)| owner);
+        let in_slice = |r: &Running| sliced_to.is_none_or(|owner| tenant_of(r) == owner);
         // With `only_urgent`, only latency-critical kernels progress.
         let (only_urgent, slowdown) = if running.is_empty() || config.device.in_order {
             (false, 1.0)
         } else {
             config.device.progress(&running)
         };
-        // On an in-order device, only the kernel that started first.
+        // On an in-order device, only the kernel that started first (of the context
+        // holding the slice, on a time-sliced one).
         let first = running
             .iter()
+            .filter(|r| in_slice(r))
             .min_by_key(|r| (r.started_at, r.id))
             .map(|r| r.id)
             .filter(|_| config.device.in_order);
-        let progressing =
-            |r: &&Running| (!only_urgent || r.urgent) && first.is_none_or(|f| f == r.id);
+        let progressing = |r: &&Running| {
+            (!only_urgent || r.urgent) && first.is_none_or(|f| f == r.id) && in_slice(r)
+        };
         let next_completion = running
             .iter()
             .filter(progressing)
@@ -392,7 +408,11 @@ pub fn run(config: &SimConfig) -> SimReport {
             .min_by(f64::total_cmp)
             .map(|left| now + (left * slowdown).max(0.0).ceil() as Nanos);
         let next_wakeup = sched.next_wakeup();
-        let Some(next) = [next_arrival, next_completion, next_wakeup]
+        // A slice ending matters only where another context has kernels waiting.
+        let slice_end = slice
+            .filter(|&(owner, _)| running.iter().any(|r| tenant_of(r) != owner))
+            .map(|(_, end)| end.max(now + 1));
+        let Some(next) = [next_arrival, next_completion, next_wakeup, slice_end]
             .into_iter()
             .flatten()
             .min()
@@ -408,9 +428,12 @@ pub fn run(config: &SimConfig) -> SimReport {
         if !running.is_empty() && elapsed > 0 {
             let count = running.iter().filter(progressing).count();
             let part = clipped as f64 / count as f64;
+            let sliced =
+                |r: &Running| sliced_to.is_none_or(|owner| items[r.id.0 as usize].tenant == owner);
             for r in running
                 .iter_mut()
                 .filter(|r| (!only_urgent || r.urgent) && first.is_none_or(|f| f == r.id))
+                .filter(|r| sliced(r))
             {
                 r.remaining -= elapsed as f64 / slowdown;
                 tenants[items[r.id.0 as usize].tenant].gpu_time_ns += part;
@@ -652,6 +675,39 @@ fn submit_one(
             false
         }
         Err(error) => panic!("submit refused: {error}"),
+    }
+}
+
+/// The time slice after `now` on a device that time-slices contexts: kept while its
+/// context has kernels running and its time lasts (or no other context has any),
+/// else passed to the next context, round robin by index, that has kernels running.
+fn next_slice(
+    slice: Option<(usize, Nanos)>,
+    now: Nanos,
+    length: Nanos,
+    running: impl Iterator<Item = usize>,
+) -> Option<(usize, Nanos)> {
+    let mut contexts: Vec<usize> = running.collect();
+    contexts.sort_unstable();
+    contexts.dedup();
+    let Some((owner, end)) = slice else {
+        return contexts.first().map(|&c| (c, now + length));
+    };
+    let owner_runs = contexts.contains(&owner);
+    let others = contexts.iter().any(|&c| c != owner);
+    match (owner_runs, now >= end, others) {
+        (true, false, _) => Some((owner, end)),
+        (true, true, false) => Some((owner, now + length)),
+        (_, _, true) => {
+            let next = contexts
+                .iter()
+                .copied()
+                .find(|&c| c > owner)
+                .or_else(|| contexts.iter().copied().find(|&c| c != owner))
+                .expect("another context runs");
+            Some((next, now + length))
+        }
+        (false, _, false) => None,
     }
 }
 

@@ -17,6 +17,7 @@ const SATURATING: DeviceModel = DeviceModel {
     sharing: 1.0,
     favours_latency_critical: false,
     in_order: false,
+    time_slice_ns: None,
 };
 /// A device that runs one kernel at a time (time slicing without overlap).
 const SERIAL: DeviceModel = DeviceModel {
@@ -24,6 +25,7 @@ const SERIAL: DeviceModel = DeviceModel {
     sharing: 0.0,
     favours_latency_critical: false,
     in_order: false,
+    time_slice_ns: None,
 };
 /// Partial overlap: eight slots, each co-runner costs half a kernel's speed.
 const PARTIAL: DeviceModel = DeviceModel {
@@ -31,6 +33,7 @@ const PARTIAL: DeviceModel = DeviceModel {
     sharing: 0.5,
     favours_latency_critical: false,
     in_order: false,
+    time_slice_ns: None,
 };
 
 fn fair() -> Policy {
@@ -460,6 +463,7 @@ fn stream_order_and_bounds_hold_for_every_policy_and_many_seeds() {
             sharing: rng.below(3) as f64 * 0.5,
             favours_latency_critical: rng.below(2) == 0,
             in_order: false,
+            time_slice_ns: (rng.below(2) == 0).then_some(500 * US),
         };
         for policy in [Policy::Fifo, fair(), priority()] {
             let mut scheduler = SchedulerConfig::new(policy, device.slots);
@@ -636,6 +640,7 @@ const IN_ORDER: DeviceModel = DeviceModel {
     sharing: 0.0,
     favours_latency_critical: false,
     in_order: true,
+    time_slice_ns: None,
 };
 
 #[test]
