@@ -37,6 +37,8 @@ mod failure;
 mod moves;
 #[path = "fake_cuda/printf.rs"]
 mod printf;
+#[path = "fake_cuda/turns.rs"]
+mod turns;
 use moves::GRANULE;
 
 const CUMUX: &str = env!("CARGO_BIN_EXE_cumux");
@@ -267,6 +269,7 @@ fn cuda_contexts_live_in_workers() {
     moves::moved_memory_goes_device_to_device(&device);
     arrays_zeroed_when_shared(&shared[0]);
     sm_caps_in_workers(&device, &shared[0], &report);
+    turns::two_tenants_take_turns_on_an_isolated_gpu(&device);
     shared_limits_follow_live_sessions(&shared[0], &report);
     drop(server);
     drop(shared);
