@@ -1028,6 +1028,19 @@ mod tests {
         assert_eq!(drain(&mut s, grace_end), vec![2, 3]);
     }
 
+    /// T0 has the device to itself: 100 items of 1 ms, back to back from 0; the time
+    /// at the end.
+    fn t0_alone_for_100_ms(s: &mut Scheduler) -> Nanos {
+        let mut now = 0;
+        for i in 0..100 {
+            s.submit(now, item(i, T0, 0, None)).unwrap();
+            assert_eq!(drain(s, now), vec![i]);
+            now += 1_000_000;
+            s.completed(now, WorkId(i), 1_000_000).unwrap();
+        }
+        now
+    }
+
     #[test]
     fn an_idle_tenant_rejoins_at_the_least_virtual_time_of_the_active_ones() {
         let mut s = scheduler(
@@ -1035,13 +1048,7 @@ mod tests {
             1,
             &[TenantClass::Batch, TenantClass::Batch],
         );
-        let mut now = 0;
-        for i in 0..100 {
-            s.submit(now, item(i, T0, 0, None)).unwrap();
-            assert_eq!(drain(&mut s, now), vec![i]);
-            now += 1_000_000;
-            s.completed(now, WorkId(i), 1_000_000).unwrap();
-        }
+        let now = t0_alone_for_100_ms(&mut s);
         assert!(!s.tenant_stats(T1).unwrap().active);
         assert!(s.tenant_stats(T0).unwrap().active);
         // T1 slept through 100 ms of T0's work; it rejoins level with T0, not 100 ms behind.
@@ -1063,13 +1070,7 @@ mod tests {
         let t2 = TenantId(2);
         // T0 has the device to itself for 100 ms, then goes away for longer than its
         // grace (a program that ended while its tenant stays registered).
-        let mut now = 0;
-        for i in 0..100 {
-            s.submit(now, item(i, T0, 0, None)).unwrap();
-            assert_eq!(drain(&mut s, now), vec![i]);
-            now += 1_000_000;
-            s.completed(now, WorkId(i), 1_000_000).unwrap();
-        }
+        let mut now = t0_alone_for_100_ms(&mut s);
         now += 50_000_000;
         assert_eq!(s.poll(now), None);
         assert!(!s.tenant_stats(T0).unwrap().active);
