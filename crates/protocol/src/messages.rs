@@ -940,6 +940,12 @@ pub struct DeviceStatus {
     /// `ok`; `reserve` (kept for moves off a failed device, offered to no
     /// program); or `failed`, with why and since when (protocol 26).
     pub health: String,
+    /// Turns given under `fair` on a time-sliced GPU, the nanoseconds holders kept
+    /// an idle turn while others had work (the GPU idle), and turns ended by an
+    /// overrunning item; zeros elsewhere (protocol 30).
+    pub turns: u64,
+    pub turn_idle_held_ns: u64,
+    pub turn_overruns: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -143,6 +143,18 @@ impl Default for TurnConfig {
     }
 }
 
+/// What turns have done on a device so far ([`Scheduler::turn_stats`]): where a
+/// time-sliced GPU's time goes besides its tenants' kernels.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TurnStats {
+    /// Turns given.
+    pub turns: u64,
+    /// Time holders kept an idle turn while others had work queued (the device idle).
+    pub idle_held_ns: u64,
+    /// Turns ended by an item running past the quantum and the overrun.
+    pub overruns: u64,
+}
+
 /// Parameters of the `priority` policy.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PriorityConfig {

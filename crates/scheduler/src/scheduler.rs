@@ -8,7 +8,7 @@ mod turns;
 
 use crate::{
     Charging, CostTable, FairConfig, KernelId, Nanos, Policy, PriorityConfig, SchedError,
-    SchedulerConfig, StreamId, TenantClass, TenantConfig, TenantId, WorkId, WorkItem,
+    SchedulerConfig, StreamId, TenantClass, TenantConfig, TenantId, TurnStats, WorkId, WorkItem,
 };
 
 /// Virtual time is GPU nanoseconds divided by weight, kept in fixed point so that weights
@@ -146,6 +146,7 @@ pub struct Scheduler {
     costs: CostTable,
     /// Who holds the device under `fair` with turns.
     turn: Option<turns::Turn>,
+    turn_stats: TurnStats,
     /// The system's virtual time: the most the least virtual time of the active
     /// tenants has been (it stays while none is active). A tenant that was not active
     /// rejoins there (see [`Scheduler::submit`]).
@@ -184,6 +185,7 @@ impl Scheduler {
             now: 0,
             costs: CostTable::new(limits.max_cost_entries),
             turn: None,
+            turn_stats: TurnStats::default(),
             vt_floor: 0,
         })
     }
@@ -560,6 +562,11 @@ impl Scheduler {
             completed: t.completed,
             active: self.is_active(t, self.now),
         })
+    }
+
+    /// What turns have done so far (all zeros without turns).
+    pub fn turn_stats(&self) -> TurnStats {
+        self.turn_stats
     }
 
     pub fn queued_total(&self) -> u32 {

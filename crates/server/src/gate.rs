@@ -409,6 +409,11 @@ impl DeviceGate {
         self.lock().signalled
     }
 
+    /// What `fair`'s turns have done on this device (zeros without turns).
+    pub fn turn_stats(&self) -> cumux_scheduler::TurnStats {
+        self.lock().scheduler.turn_stats()
+    }
+
     /// Registers `session` of tenant `name` (the tenant itself at its first session).
     pub fn join(
         self: &Arc<Self>,

@@ -103,8 +103,33 @@ pub fn render(server: &Server) -> prometheus::Result<String> {
         "Launches the scheduler saw finish by their completion signal",
         &["device"],
     )?;
+    let turns = counters(
+        &r,
+        "cumux_device_turns_total",
+        "Turns given under fair on a time-sliced GPU (one tenant's work on it at a time)",
+        &["device"],
+    )?;
+    let idle_held = counters(
+        &r,
+        "cumux_device_turn_idle_held_seconds_total",
+        "Time holders kept an idle turn while others had work queued (the GPU idle)",
+        &["device"],
+    )?;
+    let overruns = counters(
+        &r,
+        "cumux_device_turn_overruns_total",
+        "Turns ended by an item running past the quantum and the overrun",
+        &["device"],
+    )?;
     for d in &status.devices {
         let gpu = d.ordinal.to_string();
+        turns.with_label_values(&[&gpu]).inc_by(d.turns as f64);
+        idle_held
+            .with_label_values(&[&gpu])
+            .inc_by(d.turn_idle_held_ns as f64 / 1e9);
+        overruns
+            .with_label_values(&[&gpu])
+            .inc_by(d.turn_overruns as f64);
         fb_used
             .with_label_values(&[&gpu, &d.name])
             .set(d.used_mem as f64 / MIB);

@@ -200,6 +200,7 @@ pub fn snapshot(server: ServerView<'_>) -> ServerStatus {
             .enumerate()
             .map(|(position, ((d, policy), gate))| {
                 let info = d.info();
+                let turns = gate.as_ref().map(|g| g.turn_stats()).unwrap_or_default();
                 DeviceStatus {
                     ordinal: info.ordinal,
                     name: info.name.clone(),
@@ -209,6 +210,9 @@ pub fn snapshot(server: ServerView<'_>) -> ServerStatus {
                     used_mem: d.mem_used(),
                     policy: policy_name(policy).into(),
                     signalled_launches: gate.as_ref().map_or(0, |g| g.signalled()),
+                    turns: turns.turns,
+                    turn_idle_held_ns: turns.idle_held_ns,
+                    turn_overruns: turns.overruns,
                     sessions: entries.iter().filter(|e| e.device == info.ordinal).count() as u32,
                     claims: server.registry.claims_waiting(info.ordinal, &entries),
                     health: server.health.describe(position as u32),

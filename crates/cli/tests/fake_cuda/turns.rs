@@ -84,4 +84,14 @@ pub fn two_tenants_take_turns_on_an_isolated_gpu(device: &Arc<dyn Device>) {
         "launches ended by their signals: {}",
         gate.signalled() - before
     );
+    // Operators see the turns: in the status and the metrics.
+    let status = cumux_server::server_status(&server, &cumux_server::status::StatusScope::Devices);
+    let turns = status.devices[0].turns;
+    assert!(turns >= 2, "both tenants had turns: {turns}");
+    let text = cumux_server::metrics::render(&server).expect("metrics");
+    assert!(
+        text.contains(&format!("cumux_device_turns_total{{device=\"0\"}} {turns}")),
+        "{text}"
+    );
+    assert!(text.contains("cumux_device_turn_idle_held_seconds_total{device=\"0\"}"));
 }

@@ -26,16 +26,21 @@ impl Scheduler {
     /// budget; a new holder (least virtual time among tenants with a ready item) once the
     /// turn has passed.
     pub(super) fn choose_turn(&mut self, now: Nanos, turns: TurnConfig) -> Option<Candidate> {
-        if self
-            .turn
-            .is_some_and(|turn| self.turn_over(now, turn, turns))
-        {
-            self.turn = None;
+        if let Some(turn) = self.turn {
+            if self.turn_over(now, turn, turns) {
+                let holder_runs = self
+                    .tenants
+                    .get(&turn.tenant)
+                    .is_some_and(|t| t.in_flight > 0);
+                self.turn_stats.overruns += u64::from(holder_runs);
+                self.turn = None;
+            }
         }
         let mut turn = match self.turn {
             Some(turn) => turn,
             None => {
                 let next = self.candidates().min_by_key(|c| (c.vtime, c.seq))?;
+                self.turn_stats.turns += 1;
                 Turn {
                     tenant: next.tenant,
                     since: now,
@@ -109,6 +114,7 @@ impl Scheduler {
         };
         if elapsed > 0 && holder.in_flight == 0 && queued_total > holder.queued {
             holder.vtime += u128::from(elapsed) * VT_SCALE / u128::from(holder.config.weight);
+            self.turn_stats.idle_held_ns = self.turn_stats.idle_held_ns.saturating_add(elapsed);
         }
     }
 
@@ -250,6 +256,9 @@ mod tests {
             before >= 600 * US,
             "A was charged {before} ns of the ~700 µs it held the turn"
         );
+        // 35 round trips of 15 µs with B waiting: the device's idle time, counted.
+        let idle = s.turn_stats().idle_held_ns;
+        assert!((500 * US..=560 * US).contains(&idle), "{idle}");
     }
 
     #[test]
@@ -313,6 +322,8 @@ mod tests {
         assert!(s.next_wakeup().unwrap() <= end + 1);
         assert_eq!(drain(&mut s, end + 1), [100], "A's kernel still runs");
         assert_eq!(s.in_flight_count(), 2);
+        assert_eq!(s.turn_stats().overruns, 1);
+        assert_eq!(s.turn_stats().turns, 2);
     }
 
     #[test]
@@ -351,5 +362,7 @@ mod tests {
             [4],
             "then A, the first to have asked"
         );
+        assert_eq!(s.turn_stats().turns, 4);
+        assert_eq!(s.turn_stats().overruns, 0);
     }
 }
