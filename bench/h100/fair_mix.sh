@@ -92,6 +92,13 @@ for kit in $KITS; do
             echo "rate alone-$label $style $us $(rate "$W/alone_${label}_${style}_$us.txt")" | tee -a "$REPORT"
         done
         mix "unix:$sock" "$style" "$label"
+        # fair's turns so far on this server (cumulative): turns, GPU idle in
+        # held turns (ms), overruns.
+        "$server_kit/cumux" status --server "unix:$sock" --json 2>/dev/null | python3 -c '
+import json, sys
+d = json.load(sys.stdin)["devices"][0]
+print("turns %s %s %d %.1f %d" % (sys.argv[1], sys.argv[2], d.get("turns", 0),
+      d.get("turn_idle_held_ns", 0) / 1e6, d.get("turn_overruns", 0)))' "$label" "$style" | tee -a "$REPORT"
     done
     kill "$server"; wait "$server" 2>/dev/null
 done
