@@ -68,6 +68,8 @@ struct Tenant {
     streams: BTreeMap<StreamId, Stream>,
     queued: u32,
     in_flight: u32,
+    /// The cost estimates of its items in flight, summed (wide: a hint may be huge).
+    estimated_in_flight_ns: u128,
     dispatched: u64,
     completed: u64,
     gpu_time_ps: u128,
@@ -221,6 +223,7 @@ impl Scheduler {
                 streams: BTreeMap::new(),
                 queued: 0,
                 in_flight: 0,
+                estimated_in_flight_ns: 0,
                 dispatched: 0,
                 completed: 0,
                 gpu_time_ps: 0,
@@ -461,6 +464,7 @@ impl Scheduler {
         state.vtime = state.vtime - done.charged_vt + u128::from(charge_ns) * VT_SCALE / weight;
         state.gpu_time_ps += charge_ps;
         state.in_flight -= 1;
+        state.estimated_in_flight_ns -= u128::from(done.estimate_ns);
         state.completed += 1;
         let stream = state
             .streams
@@ -664,6 +668,7 @@ impl Scheduler {
         state.vtime += charged_vt;
         state.queued -= 1;
         state.in_flight += 1;
+        state.estimated_in_flight_ns += u128::from(estimate);
         state.dispatched += 1;
         self.queued_total -= 1;
         let removed = self.queued_ids.remove(&item.id);
@@ -799,7 +804,14 @@ impl Scheduler {
             let mut queued = 0;
             let mut lc = 0;
             let mut batch_in_flight = 0;
-            for t in self.tenants.values() {
+            for (&id, t) in &self.tenants {
+                let estimated: u128 = self
+                    .in_flight
+                    .values()
+                    .filter(|item| item.tenant == id)
+                    .map(|item| u128::from(item.estimate_ns))
+                    .sum();
+                assert_eq!(estimated, t.estimated_in_flight_ns);
                 let in_flight: usize = t.streams.values().map(|s| s.in_flight.len()).sum();
                 let queued_here: usize = t.streams.values().map(|s| s.queue.len()).sum();
                 assert_eq!(in_flight, t.in_flight as usize);

@@ -98,10 +98,9 @@ impl Scheduler {
 
     /// The cost estimates of `tenant`'s items in flight.
     fn estimates_in_flight(&self, tenant: TenantId) -> Nanos {
-        self.in_flight
-            .values()
-            .filter(|item| item.tenant == tenant)
-            .fold(0, |sum: Nanos, item| sum.saturating_add(item.estimate_ns))
+        self.tenants.get(&tenant).map_or(0, |t| {
+            Nanos::try_from(t.estimated_in_flight_ns).unwrap_or(Nanos::MAX)
+        })
     }
 
     /// Charges the holder the `elapsed` time it kept an idle turn while others had work
