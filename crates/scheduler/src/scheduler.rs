@@ -75,6 +75,17 @@ struct Tenant {
     gpu_time_ps: u128,
 }
 
+/// Under `fair` with turns (`scheduler/turns.rs`), the tenant whose items alone are
+/// dispatched.
+#[derive(Clone, Copy, Debug)]
+struct Turn {
+    tenant: TenantId,
+    /// When it began; while no other tenant waits, its latest dispatch.
+    since: Nanos,
+    /// Items dispatched in it (at least one goes, whatever its estimate).
+    items: u32,
+}
+
 #[derive(Debug)]
 struct InFlight {
     tenant: TenantId,
@@ -147,7 +158,7 @@ pub struct Scheduler {
     now: Nanos,
     costs: CostTable,
     /// Who holds the device under `fair` with turns.
-    turn: Option<turns::Turn>,
+    turn: Option<Turn>,
     turn_stats: TurnStats,
     /// The system's virtual time: the most the least virtual time of the active
     /// tenants has been (it stays while none is active). A tenant that was not active

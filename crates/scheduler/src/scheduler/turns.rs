@@ -1,7 +1,7 @@
 //! Exclusive turns under `fair` ([`TurnConfig`]): which tenant holds the device, how much
 //! of its work may be on it, when the turn passes, and the idle time a holder is charged.
 
-use super::{Activity, Candidate, Scheduler, Tenant, VT_SCALE};
+use super::{Activity, Candidate, Scheduler, Tenant, Turn, VT_SCALE};
 use crate::{Nanos, TenantId, TurnConfig};
 
 /// The shortest idle hold: a closed loop's round trip through the server takes longer.
@@ -10,16 +10,6 @@ const MIN_HOLD_NS: Nanos = 20_000;
 /// quanta: enough that the device never runs dry between its items, little enough that
 /// a tenant arriving waits at most that long (or the overrun) for the turn.
 const ALONE_AHEAD_QUANTA: Nanos = 4;
-
-/// The tenant whose items alone are dispatched.
-#[derive(Clone, Copy, Debug)]
-pub(super) struct Turn {
-    pub tenant: TenantId,
-    /// When it began; while no other tenant waits, its latest dispatch.
-    pub since: Nanos,
-    /// Items dispatched in it (at least one goes, whatever its estimate).
-    pub items: u32,
-}
 
 impl Scheduler {
     /// The item that may go now under turns: the holder's oldest ready item, within its
