@@ -398,10 +398,7 @@ impl Scheduler {
         }
         let chosen = match self.config.policy {
             Policy::Fifo => self.candidates().min_by_key(|c| c.seq),
-            Policy::Fair(_) if self.config.turns.is_some() => {
-                let turns = self.config.turns.expect("checked by the guard");
-                self.choose_turn(now, turns)
-            }
+            Policy::Fair(_) if let Some(turns) = self.config.turns => self.choose_turn(now, turns),
             Policy::Fair(fair) => {
                 let min = self
                     .min_active_vtime(now, None)
@@ -775,9 +772,8 @@ impl Scheduler {
     fn advance(&mut self, now: Nanos) {
         assert!(now >= self.now, "time went backwards: {now} < {}", self.now);
         let elapsed = now - self.now;
-        if matches!(self.config.policy, Policy::Fair(_)) && self.config.turns.is_some() {
-            self.charge_idle_turn(elapsed);
-        }
+        // (nothing without a turn: only `fair` with turns gives one)
+        self.charge_idle_turn(elapsed);
         let running = self
             .in_flight
             .values()

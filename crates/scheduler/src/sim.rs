@@ -428,12 +428,10 @@ pub fn run(config: &SimConfig) -> SimReport {
         if !running.is_empty() && elapsed > 0 {
             let count = running.iter().filter(progressing).count();
             let part = clipped as f64 / count as f64;
-            let sliced =
-                |r: &Running| sliced_to.is_none_or(|owner| items[r.id.0 as usize].tenant == owner);
             for r in running
                 .iter_mut()
                 .filter(|r| (!only_urgent || r.urgent) && first.is_none_or(|f| f == r.id))
-                .filter(|r| sliced(r))
+                .filter(|r| in_slice(r))
             {
                 r.remaining -= elapsed as f64 / slowdown;
                 tenants[items[r.id.0 as usize].tenant].gpu_time_ns += part;

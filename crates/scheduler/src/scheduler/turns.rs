@@ -49,13 +49,10 @@ impl Scheduler {
             turn.since = now;
             turns.quantum_ns.saturating_mul(ALONE_AHEAD_QUANTA)
         };
-        if turn.items > 0 && self.estimates_in_flight(turn.tenant) >= budget {
-            self.turn = Some(turn);
-            return None;
-        }
-        turn.items += 1;
+        let goes = turn.items == 0 || self.estimates_in_flight(turn.tenant) < budget;
+        turn.items += u32::from(goes);
         self.turn = Some(turn);
-        Some(mine)
+        goes.then_some(mine)
     }
 
     /// Whether `turn` has passed: another tenant waits, and the holder's work is done and
