@@ -864,3 +864,56 @@ fn printf_in_shared_mode_reaches_only_its_own_program() {
         );
     }
 }
+
+/// An event window's waits are answered by the client from marks the device
+/// stores in its pinned memory (`client::marks`): of `event_window.cu`'s 368
+/// synchronizes and 368 queries, few reach the server, where with
+/// `CUMUX_MARKS=off` each synchronize does. Its waits still wait (each
+/// checks its kernel's stamp in mapped memory), and the wait after a
+/// faulting kernel fails: the device stores no mark behind a fault.
+#[test]
+fn event_waits_are_answered_from_marks() {
+    let dir = TempDir::new("marks-trace");
+    let server = WorkerServer::start_sharing("marks", false, "isolated");
+    for marks in ["on", "off"] {
+        let trace = dir.0.join(marks);
+        let child = server
+            .command(&test_program("event_window"), &[])
+            .env("CUMUX_HOP_TRACE", &trace)
+            .env("CUMUX_MARKS", marks)
+            .spawn()
+            .expect("cumux run starts");
+        let out = wait_bounded(child, LIMIT);
+        passes(&out, &server);
+        assert!(out.stdout.contains("fault: "), "{}", out.describe());
+        // ClientSend is hop 1.
+        let asked: usize = ["EventSynchronize", "EventQuery", "QueryWithin"]
+            .iter()
+            .map(|name| hop_records(&trace, 1, name))
+            .sum();
+        eprintln!("marks {marks}: {asked} event waits reached the server");
+        match marks {
+            "on" => assert!(asked <= 368 / 2, "{asked} event waits reached the server"),
+            _ => assert!(asked >= 368, "{asked} event waits with marks off"),
+        }
+    }
+}
+
+/// A kernel's printf comes out before the host's next line when the program
+/// waits on an event recorded after it: the device stores no mark behind
+/// printf text, so the wait asks the server, which hands the text over.
+#[test]
+fn printf_comes_with_an_event_wait() {
+    let server = WorkerServer::start_sharing("marks-printf", false, "isolated");
+    let out = server.run(&test_program("event_printf"));
+    passes(&out, &server);
+    let lines: Vec<&str> = out.stdout.lines().collect();
+    for i in 0..3 {
+        let device = lines.iter().position(|l| *l == format!("device line {i}"));
+        let host = lines.iter().position(|l| *l == format!("host line {i}"));
+        assert!(
+            matches!((device, host), (Some(d), Some(h)) if d < h),
+            "line {i} out of order: {lines:?}"
+        );
+    }
+}

@@ -43,6 +43,7 @@ pub mod logging;
 pub mod managed;
 pub mod managed_guard;
 pub mod mapped;
+pub mod marks;
 pub mod occupancy;
 pub mod pinned;
 pub mod resume;

@@ -44,30 +44,40 @@ pub fn alloc(c: &Client, bytes: usize) -> Option<PinnedMemory> {
     if !wanted(bytes) {
         return None;
     }
-    register(c, bytes, false)
+    register(c, crate::state::current_device(), bytes, false)
         .map_err(|e| tracing::debug!("pinned memory stays plain: {e}"))
+        .ok()
+}
+
+/// A buffer of `bytes` registered with `device`'s session (for cumux's own
+/// use: `crate::marks`), or `None` (why, at debug level).
+pub fn alloc_on(c: &Client, device: u32, bytes: usize) -> Option<PinnedMemory> {
+    if !wanted(bytes) {
+        return None;
+    }
+    register(c, device, bytes, false)
+        .map_err(|e| tracing::debug!("no pinned buffer on device {device}: {e}"))
         .ok()
 }
 
 /// A buffer of `bytes` that the current device reaches by the program's
 /// own address (managed memory on a GPU), or why there is none.
 pub fn alloc_reached(c: &Client, bytes: usize) -> Result<PinnedMemory, String> {
-    register(c, bytes, true)
+    register(c, crate::state::current_device(), bytes, true)
 }
 
 /// Times a region the device must reach at the program's address is mapped
 /// at another address after the worker found its address taken.
 const REACH_TRIES: usize = 8;
 
-fn register(c: &Client, bytes: usize, reached: bool) -> Result<PinnedMemory, String> {
+fn register(c: &Client, device: u32, bytes: usize, reached: bool) -> Result<PinnedMemory, String> {
     let len = bytes
         .checked_next_multiple_of(PAGE)
         .ok_or("too large a buffer")? as u64;
     let fd = create_memfd(len).map_err(|e| format!("no memfd ({e})"))?;
     let mut mapping = HostMapping::map(fd.as_fd(), len).map_err(|e| format!("no mapping ({e})"))?;
-    // The current device's session takes it; the program's sessions on its
-    // other devices may name it too (the server shares it among them).
-    let device = crate::state::current_device();
+    // `device`'s session takes it; the program's sessions on its other
+    // devices may name it too (the server shares it among them).
     let mut tries = 0;
     loop {
         let call = Call::HostRegister {

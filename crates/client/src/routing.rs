@@ -51,7 +51,7 @@ pub fn device_of_call(call: &Call, placements: &Placements) -> u32 {
         | Call::EventSynchronize { event }
         | Call::EventDestroy { event }
         | Call::EventElapsed { start: event, .. } => handle(*event),
-        Call::HostUnregister { region } => handle(*region),
+        Call::HostUnregister { region } | Call::Mark { region, .. } => handle(*region),
         Call::IpcGetMemHandle { ptr: p } | Call::IpcCloseMemHandle { ptr: p } => ptr(*p),
         Call::IpcGetEventHandle { event } => handle(*event),
         Call::GraphCreate { launches } => launches.first().and_then(|l| handle(l.function)),

@@ -607,6 +607,20 @@ pub enum Call {
         launch: GraphLaunch,
         query: ClusterQuery,
     },
+    /// Once `event`, just recorded on `stream`, is reached, the device
+    /// stores `value` in the 8 bytes at `offset` (a multiple of 8) of the
+    /// client's pinned `region`: how a client sees an event it recorded
+    /// reached without asking. The server leaves the store out when the
+    /// session holds a failure or device `printf` output that a synchronize
+    /// must return, so a mark never stands for a wait that would have
+    /// failed. Unanswered (protocol 31).
+    Mark {
+        event: Handle,
+        stream: Handle,
+        region: Handle,
+        offset: u64,
+        value: u64,
+    },
 }
 
 /// What a [`Call::ClusterOccupancy`] asks.
@@ -676,7 +690,8 @@ impl Call {
             | Call::NewStream { .. }
             | Call::NewEvent { .. }
             | Call::Settle { .. }
-            | Call::Lanes { .. } => true,
+            | Call::Lanes { .. }
+            | Call::Mark { .. } => true,
             _ => false,
         }
     }

@@ -32,7 +32,7 @@ const MEMSET: KernelId = KernelId(u64::MAX - 4);
 /// The scheduler's name of `work`: a launch by its device module and kernel
 /// (kernels of one tenant cost alike across its sessions; module ids are unique
 /// per device), a graph as a kernel of its own, copies and memsets by kind.
-/// `None`: work the gate does not schedule (event records and waits, signals).
+/// `None`: work the gate does not schedule (event records and waits, signals, marks).
 pub fn kernel_id_of(work: &StreamWork) -> Option<KernelId> {
     Some(match work {
         StreamWork::Launch(l) => KernelId((l.module << 16) ^ l.kernel as u64),
@@ -44,7 +44,8 @@ pub fn kernel_id_of(work: &StreamWork) -> Option<KernelId> {
         StreamWork::Record { .. }
         | StreamWork::Wait { .. }
         | StreamWork::Signal { .. }
-        | StreamWork::SignalTo { .. } => return None,
+        | StreamWork::SignalTo { .. }
+        | StreamWork::Mark { .. } => return None,
     })
 }
 

@@ -291,3 +291,84 @@ fn a_session_cannot_name_another_sessions_region() {
     drop((owner, thief));
     settle(&h);
 }
+
+/// The mark of `event`'s record on `stream`, sent right after it.
+fn record_and_mark(
+    c: &mut Client,
+    (event, stream): (Handle, Handle),
+    region: Handle,
+    offset: u64,
+    value: u64,
+) {
+    c.post(Call::EventRecord { event, stream });
+    c.post(mark(event, stream, region, offset, value));
+}
+
+fn mark(event: Handle, stream: Handle, region: Handle, offset: u64, value: u64) -> Call {
+    Call::Mark {
+        event,
+        stream,
+        region,
+        offset,
+        value,
+    }
+}
+
+/// The u64 at `offset` of the region, as a client reads its marks.
+fn mark_at(map: &HostMapping, offset: u64) -> u64 {
+    u64::from_ne_bytes(map.bytes(offset, 8).unwrap().try_into().unwrap())
+}
+
+/// A mark lands in the region once its stream's work before it is done; one
+/// that is misaligned, outside the region or in another session's region is
+/// refused with a clear error at the next synchronize; and while the session
+/// holds a failure that a synchronize must return, a mark is left out (so a
+/// client that watches it asks the server, and gets the failure).
+#[test]
+fn marks_land_behind_their_stream_and_bad_ones_are_refused() {
+    let (_one, h) = start("pinned-marks");
+    let (fd, map) = region_memory();
+    let (mut c, region) = registered_client(&h, &fd, &map);
+    let dev = c.alloc(LEN);
+    let s = c.stream(0);
+    let ReplyBody::Handle(event) = c.call(Call::EventCreate { flags: 0 }).unwrap() else {
+        panic!("no event");
+    };
+    let on = (event, s);
+    c.post(htod(dev, region, 0, LEN, Some(s)));
+    record_and_mark(&mut c, on, region, 8, 5);
+    assert_eq!(c.code(Call::StreamSynchronize { stream: s }), 0);
+    assert_eq!(mark_at(&map, 8), 5);
+    for (offset, why) in [(12, "not 8-byte aligned"), (LEN, "outside host region")] {
+        record_and_mark(&mut c, on, region, offset, 9);
+        let e = c.call(Call::StreamSynchronize { stream: s }).unwrap_err();
+        assert_eq!(e.code, codes::INVALID_VALUE, "{e:?}");
+        assert!(e.detail.contains(why), "{offset}: {}", e.detail);
+    }
+    // A failure waits for the next synchronize: the mark after it is left out.
+    record_and_mark(&mut c, on, region, 4, 9);
+    record_and_mark(&mut c, on, region, 16, 7);
+    assert_eq!(
+        c.code(Call::StreamSynchronize { stream: s }),
+        codes::INVALID_VALUE
+    );
+    assert_eq!(mark_at(&map, 16), 0, "a mark behind a failure");
+    record_and_mark(&mut c, on, region, 16, 8);
+    assert_eq!(c.code(Call::StreamSynchronize { stream: s }), 0);
+    assert_eq!(mark_at(&map, 16), 8);
+    // Another session's region, a stream or an event this session does not have.
+    let (other_fd, other_map) = region_memory();
+    let (mut other, theirs) = registered_client(&h, &other_fd, &other_map);
+    record_and_mark(&mut c, on, theirs, 0, 3);
+    assert_eq!(
+        c.code(Call::StreamSynchronize { stream: s }),
+        codes::INVALID_VALUE
+    );
+    assert_eq!(mark_at(&other_map, 0), 0);
+    for (event, stream) in [(event, 0xdead_beef), (0xdead_beef, s)] {
+        c.post(mark(event, stream, region, 0, 3));
+        assert_ne!(c.code(Call::StreamSynchronize { stream: s }), 0);
+        assert_eq!(mark_at(&map, 0), 0);
+    }
+    assert_eq!(other.code(Call::ContextSynchronize), 0);
+}

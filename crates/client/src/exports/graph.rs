@@ -390,9 +390,7 @@ pub(super) fn replay(
     for (i, op) in recording.iter().enumerate() {
         let pinned = pinned.get(i).copied().flatten();
         match op {
-            GraphOp::Call(call) => {
-                c.call(retarget(call, stream))?;
-            }
+            GraphOp::Call(call) => crate::marks::send_marked(c, retarget(call, stream))?,
             GraphOp::HtoD { dst, src, len } => {
                 let bytes = host_bytes(*src as *const c_void, *len)?;
                 if !bytes.is_empty() {

@@ -70,7 +70,10 @@ driver_fn! {
         let bytes = handle.reserved.map(|b| b as u8);
         let call = Call::IpcOpenEventHandle { handle: bytes.to_vec() };
         let opened = c.call_for_handle_on(device, call)?;
-        c.lock().events.insert(opened, Event { flags: EVENT_IPC_FLAGS });
+        c.lock().events.insert(opened, Event {
+                flags: EVENT_IPC_FLAGS,
+                mark: None,
+            });
         out(event, handles::to_program(opened))
     }
 

@@ -13,6 +13,7 @@ use cumux_protocol::{device_of_handle, Call, Handle, ReplyBody, MAX_STREAMS};
 
 use super::sync::{known_idle, known_reached, poll_until_ready, settled, AfterSync};
 use super::*;
+use crate::marks::{self, EventMark};
 use crate::state::handles::{self, to_program};
 use crate::state::{client, Client, Event, StateGuard, Stream};
 
@@ -144,7 +145,7 @@ fn record(e: *mut c_void, s: *mut c_void, flags: u32) -> CuResult<()> {
     };
     drop(st);
     let Some(call) = call else { return Ok(()) };
-    c.call(call)?;
+    marks::send_marked(c, call)?;
     // Another program may wait for this record as soon as it returns, as
     // the driver lets it: the server has taken it once a fence comes back.
     if shared {
@@ -293,7 +294,12 @@ driver_fn! {
         }
         let device = c.lock().context_device()?;
         let event = c.new_event(device, flags)?;
-        c.lock().events.insert(event, Event { flags });
+        // Another process's waits on an interprocess event are its own.
+        let mark = match flags & CU_EVENT_INTERPROCESS {
+            0 => marks::take_slot(c, device).map(|slot| EventMark { slot, target: None }),
+            _ => None,
+        };
+        c.lock().events.insert(event, Event { flags, mark });
         out(pe, to_program(event))
     }
 
@@ -308,7 +314,7 @@ driver_fn! {
     fn cuEventQuery(e: *mut c_void) {
         let c = client()?;
         let event = known_event(&c.lock(), e)?;
-        if known_reached(c, event) {
+        if known_reached(c, event) || marks::watch(c, event).is_some_and(|w| w.reached()) {
             return Ok(());
         }
         c.call(Call::EventQuery { event }).map(|_| ())
@@ -321,7 +327,8 @@ driver_fn! {
             (known_event(&st, e)?, AfterSync::managed(&st))
         };
         let device = cumux_protocol::device_of_handle(event);
-        if !known_reached(c, event) {
+        let marked = || marks::watch(c, event).is_some_and(|w| w.wait());
+        if !known_reached(c, event) && !marked() {
             poll_until_ready(c, device, || Call::EventQuery { event })?;
             c.call(Call::EventSynchronize { event })?;
         }
@@ -335,7 +342,10 @@ driver_fn! {
     fn cuEventDestroy_v2(e: *mut c_void) {
         let c = client()?;
         let event = handles::wire_or_invalid(e)?;
-        c.lock().events.remove(&event).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+        let gone = c.lock().events.remove(&event).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+        if let Some(mark) = gone.mark {
+            marks::release(c, device_of_handle(event), mark.slot);
+        }
         c.call(Call::EventDestroy { event }).map(|_| ())
     }
 

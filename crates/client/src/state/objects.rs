@@ -123,6 +123,8 @@ pub struct Stream {
 /// An event the program created, keyed by its server handle.
 pub struct Event {
     pub flags: u32,
+    /// Its slot of the device's marks, if it has one (`crate::marks`).
+    pub mark: Option<crate::marks::EventMark>,
 }
 
 /// Host memory the program allocated or registered through the driver.
@@ -242,6 +244,8 @@ pub struct State {
     pub functions: HashMap<Handle, Function>,
     pub streams: HashMap<Handle, Stream>,
     pub events: HashMap<Handle, Event>,
+    /// Each device's page of marks (`crate::marks`); `None`: it could not be made.
+    pub marks: HashMap<u32, Option<crate::marks::Marks>>,
     /// Device allocations: base → size.
     pub allocations: BTreeMap<u64, u64>,
     /// Managed allocations (also in `allocations`).

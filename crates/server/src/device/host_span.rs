@@ -1,8 +1,9 @@
 //! [`HostSpan`]: the part of a client's pinned host region that one copy reads
-//! or writes, resolved to this process's mapping of the region; and
+//! or writes (or a client's mark), resolved to this process's mapping of the region; and
 //! [`map_region`], which checks and maps such a region where it is used.
 
 use std::os::fd::BorrowedFd;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use cumux_protocol::pinned::{check_memfd, HostMapping};
@@ -71,6 +72,23 @@ impl HostSpan {
         // SAFETY: exclusivity is the caller's.
         unsafe { self.mapping()?.bytes_mut(self.offset, self.bytes) }
             .ok_or_else(|| invalid(format!("{self:?} is outside its region")))
+    }
+
+    /// Stores `value` in the span (8 aligned bytes of a client's region) as
+    /// one atomic store: a client's mark (`Call::Mark`), which the client
+    /// reads atomically.
+    pub fn store_mark(&self, value: u64) -> Result<(), CuError> {
+        // SAFETY: only atomic stores reach the span here, and the client only
+        // reads it.
+        let bytes = unsafe { self.write()? };
+        if bytes.len() != 8 || !(bytes.as_ptr() as usize).is_multiple_of(8) {
+            return Err(invalid(format!("{self:?} is not an aligned mark")));
+        }
+        // SAFETY: 8 aligned bytes of a shared mapping that outlives this
+        // store; every other access to them is atomic too.
+        let cell = unsafe { AtomicU64::from_ptr(bytes.as_mut_ptr().cast()) };
+        cell.fetch_max(value, Ordering::Release);
+        Ok(())
     }
 }
 

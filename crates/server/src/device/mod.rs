@@ -649,6 +649,16 @@ pub enum StreamWork {
     Graph {
         graph: Handle,
     },
+    /// Stores `value` in the 8 bytes of a client's pinned region that `host`
+    /// names (an aligned span of 8 bytes) once `event`, recorded just before
+    /// on the stream, is reached and none of the work before it failed
+    /// (`Call::Mark`). A GPU stores it from a stream of its own that waits
+    /// for the event, so the stream's next kernel does not wait for the store.
+    Mark {
+        event: Handle,
+        host: HostSpan,
+        value: u64,
+    },
     /// [`StreamWork::Signal`] as a worker hands it to its context: with the area.
     SignalTo {
         area: Arc<signals::SignalArea>,

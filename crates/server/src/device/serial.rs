@@ -60,6 +60,17 @@ impl SerialStreams {
             // Earlier work has run: this one is done at once.
             StreamWork::SignalTo { area, slot, value } => store_signal(&area, slot, value),
             StreamWork::Signal { .. } => Err(no_signal_area()),
+            // Left out after a failure or printf: the next wait must ask.
+            StreamWork::Mark { host, value, .. } => {
+                let news = {
+                    let state = self.lock();
+                    state.pending.is_some() || !state.stdout.is_empty()
+                };
+                match news {
+                    true => Ok(()),
+                    false => host.store_mark(value),
+                }
+            }
             StreamWork::Copy { dst, src, bytes } => self.ctx.mem_copy(dst, src, bytes),
             StreamWork::Fill(fill) => {
                 fill.each_row(|row| self.ctx.mem_fill(row, &fill.pattern, fill.count))

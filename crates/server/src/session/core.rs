@@ -85,6 +85,14 @@ impl SessionCore {
         self.fatal().or_else(|| lock(&self.sticky).take())
     }
 
+    /// Whether a synchronizing call would return something now: a failure
+    /// or printf text. A client's mark is left out then (`Call::Mark`).
+    pub fn holds_news(&self) -> bool {
+        lock(&self.fatal).is_some()
+            || lock(&self.sticky).is_some()
+            || !lock(&self.stdout).is_empty()
+    }
+
     pub fn append_stdout(&self, bytes: &[u8]) {
         if !append_printf(&mut lock(&self.stdout), bytes) {
             tracing::warn!(

@@ -990,6 +990,13 @@ impl Session {
             Call::EventCreate { flags } => self.event_create(flags, None),
             Call::NewEvent { handle, flags } => self.event_create(flags, Some(handle)),
             Call::EventRecord { event, stream } => self.event_record(event, stream),
+            Call::Mark {
+                event,
+                stream,
+                region,
+                offset,
+                value,
+            } => self.mark(event, stream, region, offset, value),
             Call::EventQuery { event } => self.event_query(event),
             Call::QueryWithin { query, within_us } => self.query_within(&query, within_us),
             Call::EventSynchronize { event } => self.event_synchronize(event),

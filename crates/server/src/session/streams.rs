@@ -145,6 +145,38 @@ impl Session {
         Ok(queued)
     }
 
+    /// `Call::Mark`: queues the store of `value` into 8 aligned bytes of one
+    /// of the session's pinned regions once `event`, just recorded on
+    /// `stream`, is reached. Left out when
+    /// the next synchronize would have news (a failure, printf text, work
+    /// that failed to queue): the client, seeing no mark, asks.
+    pub(super) fn mark(
+        &mut self,
+        event: Handle,
+        stream: Handle,
+        region: Handle,
+        offset: u64,
+        value: u64,
+    ) -> CallResult {
+        self.check_stream(stream)?;
+        self.event_flags(event)?;
+        if !offset.is_multiple_of(8) {
+            return Err(err(
+                codes::INVALID_VALUE,
+                format!("a mark at offset {offset} of host region {region} is not 8-byte aligned"),
+            ));
+        }
+        let host = self.host.span(region, offset, 8)?;
+        let ordered = self.ordered()?;
+        if self.core.holds_news() || self.enqueue_failed.get() || ordered.printf_waiting() {
+            return Ok(ReplyBody::Unit);
+        }
+        // No work of the stream: its completion signals still say when it is idle.
+        self.queued_since_sync.set(true);
+        self.enqueue(stream, StreamWork::Mark { event, host, value });
+        Ok(ReplyBody::Unit)
+    }
+
     pub(super) fn event_query(&self, event: Handle) -> CallResult {
         self.event_flags(event)?;
         self.query(SyncTarget::Event(event), "event not reached yet")

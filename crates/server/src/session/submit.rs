@@ -115,7 +115,7 @@ impl Session {
 
     /// Hands `work` to the stream order; a failure to queue it waits there for
     /// the next synchronize, which must then ask the device.
-    fn enqueue(&self, stream: Handle, work: StreamWork) {
+    pub(super) fn enqueue(&self, stream: Handle, work: StreamWork) {
         let queued = self.ordered().is_ok_and(|o| o.enqueue(stream, work));
         if !queued {
             self.enqueue_failed.set(true);

@@ -107,6 +107,13 @@ impl Shared {
                 }
             }
             StreamWork::SignalTo { area, slot, value } => store_signal(area, *slot, *value),
+            // Left out after a failure or printf: the next wait must ask.
+            StreamWork::Mark { host, value, .. } => {
+                match lock(&self.pending).is_some() || !lock(&self.stdout).is_empty() {
+                    true => Ok(()),
+                    false => host.store_mark(*value),
+                }
+            }
             // Ordering work: handled when queued.
             StreamWork::Record { .. } | StreamWork::Wait { .. } => Ok(()),
         }

@@ -62,7 +62,9 @@ impl WorkerRegions {
     /// Fills in the mapping of the host span `work` names, if it names one;
     /// an unknown region stays unresolved, and the copy fails where it runs.
     pub fn resolve(&self, work: &mut StreamWork) {
-        if let StreamWork::HostToDevice { host, .. } | StreamWork::DeviceToHost { host, .. } = work
+        if let StreamWork::HostToDevice { host, .. }
+        | StreamWork::DeviceToHost { host, .. }
+        | StreamWork::Mark { host, .. } = work
         {
             host.mapping = self.lock().get(&host.region).cloned();
         }

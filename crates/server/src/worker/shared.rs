@@ -226,6 +226,11 @@ impl SharedView {
             StreamWork::Graph { graph } => StreamWork::Graph {
                 graph: self.name(graph),
             },
+            StreamWork::Mark { event, host, value } => StreamWork::Mark {
+                event: self.name(event),
+                host,
+                value,
+            },
             other => other,
         };
         if stream == DEFAULT_STREAM {

@@ -493,6 +493,7 @@ pub enum WireWork {
     HostToDevice(DevicePtr, WireSpan),
     DeviceToHost(DevicePtr, WireSpan),
     Graph(Handle),
+    Mark(Handle, WireSpan, u64),
 }
 
 /// A span of a client's pinned host region, by the region's server-wide id;
@@ -550,6 +551,7 @@ impl TryFrom<StreamWork> for WireWork {
             StreamWork::HostToDevice { dst, host } => WireWork::HostToDevice(dst, (&host).into()),
             StreamWork::DeviceToHost { src, host } => WireWork::DeviceToHost(src, (&host).into()),
             StreamWork::Graph { graph } => WireWork::Graph(graph),
+            StreamWork::Mark { event, host, value } => WireWork::Mark(event, (&host).into(), value),
             StreamWork::SignalTo { slot, .. } => {
                 return Err(CuError::new(
                     codes::INVALID_VALUE,
@@ -579,6 +581,11 @@ impl From<WireWork> for StreamWork {
                 host: span.into(),
             },
             WireWork::Graph(graph) => StreamWork::Graph { graph },
+            WireWork::Mark(event, span, value) => StreamWork::Mark {
+                event,
+                host: span.into(),
+                value,
+            },
         }
     }
 }

@@ -99,7 +99,8 @@ pub struct CudaContext {
     /// shared context's sessions each call in on a thread of their own).
     idle_streams: Mutex<Vec<Arc<Stream>>>,
     capture: Option<&'static StdoutCapture>,
-    /// A module that can print was loaded: flushing calls need capture windows.
+    /// A module that can print was loaded: flushing calls need capture
+    /// windows (where there is a capture), and marks are left out.
     prints: Arc<AtomicBool>,
     /// Captured printf text not yet handed out with a launch.
     pending_stdout: Mutex<Vec<u8>>,
@@ -129,6 +130,15 @@ pub(super) struct OrderedState {
     pins: HashMap<Handle, Pin>,
     /// Graphs of launches, captured once ([`StreamOrdered::graph_create`]).
     pub(super) graphs: HashMap<Handle, Arc<GraphExec>>,
+    /// Where clients' marks are stored from (`StreamWork::Mark`), made at the first.
+    pub(super) mark_stream: Option<Arc<Stream>>,
+}
+
+impl OrderedState {
+    /// Where the device reaches pinned `region`, if it was device-mapped.
+    pub(super) fn device_base(&self, region: Handle) -> Option<u64> {
+        self.pins.get(&region).and_then(|p| p.device_base)
+    }
 }
 
 impl CudaContext {
@@ -172,7 +182,12 @@ impl CudaContext {
 
     /// The capture to use for flushing calls, if this context can print.
     pub(super) fn capture(&self) -> Option<&'static StdoutCapture> {
-        self.capture.filter(|_| self.prints.load(Ordering::Acquire))
+        self.capture.filter(|_| self.may_print())
+    }
+
+    /// Whether a module that can print was loaded.
+    pub(super) fn may_print(&self) -> bool {
+        self.prints.load(Ordering::Acquire)
     }
 
     /// A stream for one synchronous call, with the context current; it goes
@@ -367,7 +382,9 @@ impl DeviceContext for CudaContext {
 
     fn module_load(&self, image: &[u8]) -> Result<LoadedModule, CuError> {
         let ctx = self.ctx()?;
-        if self.capture.is_some() && image_may_print(image) {
+        // Noted with or without a capture: clients' marks are left out
+        // behind work that may print (`ordered::mark`).
+        if image_may_print(image) {
             self.prints.store(true, Ordering::Release);
         }
         if image_mentions(image, b"malloc") {
@@ -484,22 +501,29 @@ impl DeviceContext for CudaContext {
         // dropped (after the context's work) before the mapping is.
         // Portable: a program's contexts on its other devices share this
         // process (`worker::colocation`), and its copies may name the region.
-        let pinned = unsafe {
-            HostRegistration::new(
-                ctx,
-                mapping.as_ptr(),
-                mapping.len(),
-                CU_MEMHOSTREGISTER_PORTABLE,
-            )
+        // Device-mapped too, for the client's marks (`StreamWork::Mark`),
+        // where the driver allows it.
+        let register =
+            |flags| unsafe { HostRegistration::new(ctx, mapping.as_ptr(), mapping.len(), flags) };
+        let pinned = register(CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP)
+            .map(|r| {
+                let base = r.device_ptr().ok();
+                (r, base)
+            })
+            .or_else(|_| register(CU_MEMHOSTREGISTER_PORTABLE).map(|r| (r, None)));
+        let (pinned, device_base) = match pinned {
+            Ok((r, base)) => (Some(r), base),
+            Err(e) => {
+                tracing::debug!(region, "cuda: host region left pageable: {e}");
+                (None, None)
+            }
         };
-        let pinned = pinned
-            .inspect_err(|e| tracing::debug!(region, "cuda: host region left pageable: {e}"))
-            .ok();
         let at_client = pinned
             .as_ref()
             .and_then(|_| reach_at(ctx, fd, mapping.len(), client_base, region));
         let reached = at_client.is_some();
         let pin = Pin {
+            device_base,
             _registration: pinned,
             _mapping: Arc::clone(mapping),
             _at_client: at_client,
@@ -847,11 +871,14 @@ impl Drop for CudaContext {
     }
 }
 
-/// A pinned host region: the worker's mapping, page-locked where the driver
-/// allowed it (else copies from it are staged, still correct), and where it
+/// A pinned host region: the worker's mapping, page-locked (and mapped for
+/// the device) where the driver allowed it (else copies from it are staged,
+/// still correct, and marks into it left out), and where it
 /// could be, its second mapping at the client's address. The registration
 /// goes before the mapping (fields drop in order).
 struct Pin {
+    /// Where the device reaches the worker's mapping, if it was device-mapped.
+    device_base: Option<u64>,
     _registration: Option<HostRegistration>,
     _mapping: Arc<HostMapping>,
     _at_client: Option<AtClient>,

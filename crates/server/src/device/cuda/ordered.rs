@@ -11,6 +11,7 @@ use cumux_protocol::{codes, CuError, DevicePtr, Handle, DEFAULT_STREAM};
 
 use super::context::CudaContext;
 use super::convert::{cu_err, fill_of, memset};
+use crate::device::host_span::HostSpan;
 use crate::device::ordering::{launches_only, no_signal_area};
 use crate::device::signals::SignalArea;
 use crate::device::{LaunchOutcome, StreamOrdered, StreamWork, SyncTarget};
@@ -76,6 +77,7 @@ impl CudaContext {
                 stream.write_value64(addr, value).map_err(cu_err)
             }
             StreamWork::Signal { .. } => Err(no_signal_area()),
+            StreamWork::Mark { event, host, value } => self.mark(event, &host, value),
             StreamWork::HostToDevice { dst, host } => {
                 // SAFETY: the region stays mapped until it is unregistered, which
                 // waits for the context's work first.
@@ -94,6 +96,54 @@ impl CudaContext {
                 stream.launch_graph(&exec).map_err(cu_err)
             }
         }
+    }
+
+    /// Queues the device's store of `value` into a client's mark once
+    /// `event` is reached, on the context's mark stream (the event's own
+    /// stream goes on with its next kernel meanwhile), unless queued work
+    /// failed already or the context can print (the next wait must then
+    /// ask, and flush the printf), or the region is not mapped for the
+    /// device (the client asks then too).
+    fn mark(&self, event: Handle, host: &HostSpan, value: u64) -> Result<(), CuError> {
+        if self.may_print() {
+            return Ok(());
+        }
+        let (base, side) = {
+            let ordered = lock(&self.ordered);
+            if ordered.pending.is_some() {
+                return Ok(());
+            }
+            (
+                ordered.device_base(host.region),
+                ordered.mark_stream.clone(),
+            )
+        };
+        let Some(base) = base else {
+            tracing::debug!(
+                region = host.region,
+                "cuda: a mark into an unmapped region left out"
+            );
+            return Ok(());
+        };
+        if host.bytes != 8 || !host.offset.is_multiple_of(8) || host.read().is_err() {
+            return Err(CuError::new(
+                codes::INVALID_VALUE,
+                format!("{host:?} is not an aligned mark"),
+            ));
+        }
+        let side = match side {
+            Some(side) => side,
+            None => {
+                let made = Arc::new(
+                    Stream::new(&self.stream_home()?, CU_STREAM_NON_BLOCKING, 0).map_err(cu_err)?,
+                );
+                Arc::clone(lock(&self.ordered).mark_stream.get_or_insert(made))
+            }
+        };
+        side.wait_event(&*self.ordered_event(event)?)
+            .map_err(cu_err)?;
+        side.write_value64(base + host.offset, value)
+            .map_err(cu_err)
     }
 
     /// `result`, unless queued work failed first.

@@ -1,0 +1,186 @@
+//! Marks: how the program sees an event it recorded reached without asking.
+//! Each device's session gets one pinned page of 8-byte slots; an event takes a
+//! slot, and each record of it is followed by a `Call::Mark` of the slot's next
+//! value, which the device stores once the stream's work before it is done
+//! (`server::session::streams::mark`). The server leaves a mark out whenever
+//! the wait would have news (a failure, printf text), so a slot that reached
+//! its value means exactly what a successful synchronize would; a slot that
+//! did not within a short spin means the wait asks the server, as before.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use cumux_protocol::{Call, Handle};
+
+use crate::errors::CuResult;
+use crate::state::{Client, PinnedMemory};
+
+/// Slots of a device's page of marks (8 bytes each, one page).
+const SLOTS: u32 = 512;
+/// `CUMUX_MARKS=off` leaves every wait to the server (for comparisons).
+pub const ENV: &str = "CUMUX_MARKS";
+/// How long a wait watches its mark before it asks the server: about what a
+/// round trip takes to be worth sparing; longer waits gain nothing from it.
+const WATCH: Duration = Duration::from_micros(200);
+/// Spins before a watch yields its core between looks.
+const SPIN: Duration = Duration::from_micros(20);
+
+/// A device's page of marks: its slots, free and taken, and each slot's last
+/// value (values only grow, so a slot given to a new event never looks
+/// reached by an old event's store).
+pub struct Marks {
+    memory: Arc<PinnedMemory>,
+    free: Vec<u32>,
+    values: Vec<u64>,
+}
+
+/// An event's slot, and the value its latest record's mark stores (`None`:
+/// the latest record has no mark).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EventMark {
+    pub slot: u32,
+    pub target: Option<u64>,
+}
+
+impl Marks {
+    fn new(memory: PinnedMemory) -> Self {
+        Marks {
+            memory: Arc::new(memory),
+            free: (0..SLOTS).rev().collect(),
+            values: vec![0; SLOTS as usize],
+        }
+    }
+}
+
+/// What a wait watches: the page, the slot and the value that says "reached".
+pub struct Watch {
+    memory: Arc<PinnedMemory>,
+    slot: u32,
+    target: u64,
+}
+
+impl Watch {
+    fn cell(&self) -> &AtomicU64 {
+        let base = self.memory.ptr().cast::<u64>();
+        // SAFETY: `slot` < SLOTS and the page holds SLOTS aligned u64s; the
+        // mapping lives as long as `memory`. The device (or the worker)
+        // stores into it; this process only loads, atomically.
+        unsafe { AtomicU64::from_ptr(base.add(self.slot as usize)) }
+    }
+
+    /// Whether the mark is there now.
+    pub fn reached(&self) -> bool {
+        self.cell().load(Ordering::Acquire) >= self.target
+    }
+
+    /// Watches the mark for up to [`WATCH`]: whether it came.
+    pub fn wait(&self) -> bool {
+        let started = Instant::now();
+        loop {
+            if self.reached() {
+                return true;
+            }
+            let waited = started.elapsed();
+            if waited >= WATCH {
+                return false;
+            }
+            match waited < SPIN {
+                true => std::hint::spin_loop(),
+                false => std::thread::yield_now(),
+            }
+        }
+    }
+}
+
+fn enabled() -> bool {
+    std::env::var(ENV).map_or(true, |v| !matches!(v.trim(), "off" | "0"))
+}
+
+/// A slot for a new event of `device`; `None` when the device's session has
+/// no page of marks (a link without pinned memory) or every slot is taken.
+/// Makes the page at the device's first event (one round trip, once).
+pub fn take_slot(c: &Client, device: u32) -> Option<u32> {
+    if !enabled() {
+        return None;
+    }
+    if !c.lock().marks.contains_key(&device) {
+        let memory = crate::pinned::alloc_on(c, device, 8 * SLOTS as usize);
+        c.lock()
+            .marks
+            .entry(device)
+            .or_insert_with(|| memory.map(Marks::new));
+    }
+    c.lock().marks.get_mut(&device)?.as_mut()?.free.pop()
+}
+
+/// Gives an event's slot back.
+pub fn release(c: &Client, device: u32, slot: u32) {
+    if let Some(Some(marks)) = c.lock().marks.get_mut(&device) {
+        marks.free.push(slot);
+    }
+}
+
+/// Sends `call`; after a record of an event with a slot, its mark too. Every
+/// record of a program's event goes through here (a graph's replay too), so
+/// an event's target is never that of an older record.
+pub fn send_marked(c: &Client, call: Call) -> CuResult<()> {
+    let recorded = match call {
+        Call::EventRecord { event, stream } => Some((event, stream)),
+        _ => None,
+    };
+    c.call(call)?;
+    match recorded {
+        Some((event, stream)) => after_record(c, event, stream),
+        None => Ok(()),
+    }
+}
+
+/// After `event` (with its slot) was recorded on `stream`: asks for its mark,
+/// and notes the value that will say it was reached.
+fn after_record(c: &Client, event: Handle, stream: Handle) -> CuResult<()> {
+    let device = cumux_protocol::device_of_handle(event);
+    let (call, slot, value) = {
+        let mut st = c.lock();
+        let Some(mark) = st.events.get_mut(&event).and_then(|e| e.mark.as_mut()) else {
+            return Ok(());
+        };
+        // Unset until this record's mark is on its way: a record without
+        // one is asked about.
+        mark.target = None;
+        let slot = mark.slot;
+        let Some(Some(marks)) = st.marks.get_mut(&device) else {
+            return Ok(());
+        };
+        let value = &mut marks.values[slot as usize];
+        *value += 1;
+        let call = Call::Mark {
+            event,
+            stream,
+            region: marks.memory.region,
+            offset: 8 * u64::from(slot),
+            value: *value,
+        };
+        (call, slot, *value)
+    };
+    c.call_on(device, call)?;
+    let mut st = c.lock();
+    let mark = st.events.get_mut(&event).and_then(|e| e.mark.as_mut());
+    if let Some(mark) = mark.filter(|m| m.slot == slot) {
+        mark.target = Some(value);
+    }
+    Ok(())
+}
+
+/// What to watch to see `event`'s latest record reached, if it has a mark.
+pub fn watch(c: &Client, event: Handle) -> Option<Watch> {
+    let device = cumux_protocol::device_of_handle(event);
+    let st = c.lock();
+    let EventMark { slot, target } = st.events.get(&event)?.mark?;
+    let marks = st.marks.get(&device)?.as_ref()?;
+    Some(Watch {
+        memory: Arc::clone(&marks.memory),
+        slot,
+        target: target?,
+    })
+}
