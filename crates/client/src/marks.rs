@@ -99,9 +99,11 @@ fn enabled() -> bool {
 
 /// A slot for a new event of `device`; `None` when the device's session has
 /// no page of marks (a link without pinned memory) or every slot is taken.
-/// Makes the page at the device's first event (one round trip, once).
+/// Makes the page at the device's first event (one round trip, once). A
+/// resumable program gets none: a session that shares pinned memory with
+/// its server cannot move to another.
 pub fn take_slot(c: &Client, device: u32) -> Option<u32> {
-    if !enabled() {
+    if !enabled() || crate::resume::wanted() {
         return None;
     }
     if !c.lock().marks.contains_key(&device) {
