@@ -33,6 +33,8 @@ use cumux_testkit::fake_gpu::{
 
 #[path = "fake_cuda/failure.rs"]
 mod failure;
+#[path = "fake_cuda/marks.rs"]
+mod marks;
 #[path = "fake_cuda/moves.rs"]
 mod moves;
 #[path = "fake_cuda/printf.rs"]
@@ -270,6 +272,7 @@ fn cuda_contexts_live_in_workers() {
     arrays_zeroed_when_shared(&shared[0]);
     sm_caps_in_workers(&device, &shared[0], &report);
     turns::two_tenants_take_turns_on_an_isolated_gpu(&device);
+    marks::marks_land_in_isolated_and_shared_contexts(&device, &shared[0]);
     shared_limits_follow_live_sessions(&shared[0], &report);
     drop(server);
     drop(shared);

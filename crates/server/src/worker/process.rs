@@ -974,6 +974,13 @@ impl Connection<'_, '_, '_> {
             self.queued(queued);
             return Ok(());
         }
+        // A worker whose modules may print leaves clients' marks out: the
+        // wait must ask, and take the printf with it.
+        if matches!(work, StreamWork::Mark { .. }) && self.served.may_print.load(Ordering::Acquire)
+        {
+            self.queued(true);
+            return Ok(());
+        }
         if let StreamWork::Signal { slot, value } = work {
             work = match &self.signals {
                 Some(area) => StreamWork::SignalTo {
