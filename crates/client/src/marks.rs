@@ -1,7 +1,8 @@
 //! Marks: how the program sees an event it recorded reached without asking.
 //! Each device's session gets one pinned page of 8-byte slots; an event takes a
-//! slot, and each record of it is followed by a `Call::Mark` of the slot's next
-//! value, which the device stores once the stream's work before it is done
+//! slot, and once the program has waited on it, each record of it is followed
+//! by a `Call::Mark` of the slot's next value, which the device stores once the
+//! stream's work before it is done
 //! (`server::session::streams::mark`). The server leaves a mark out whenever
 //! the wait would have news (a failure, printf text), so a slot that reached
 //! its value means exactly what a successful synchronize would; a slot that
@@ -35,12 +36,26 @@ pub struct Marks {
     values: Vec<u64>,
 }
 
-/// An event's slot, and the value its latest record's mark stores (`None`:
-/// the latest record has no mark).
+/// An event's slot, the value its latest record's mark stores (`None`: the
+/// latest record has no mark), and whether the program ever waited on it or
+/// asked about it: only then do its records get marks, so an event that only
+/// orders streams or times work costs the device nothing more.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct EventMark {
     pub slot: u32,
     pub target: Option<u64>,
+    pub waited: bool,
+}
+
+impl EventMark {
+    /// A fresh event's slot.
+    pub fn new(slot: u32) -> Self {
+        EventMark {
+            slot,
+            target: None,
+            waited: false,
+        }
+    }
 }
 
 impl Marks {
@@ -150,6 +165,9 @@ fn after_record(c: &Client, event: Handle, stream: Handle) -> CuResult<()> {
         // Unset until this record's mark is on its way: a record without
         // one is asked about.
         mark.target = None;
+        if !mark.waited {
+            return Ok(());
+        }
         let slot = mark.slot;
         let Some(Some(marks)) = st.marks.get_mut(&device) else {
             return Ok(());
@@ -174,11 +192,14 @@ fn after_record(c: &Client, event: Handle, stream: Handle) -> CuResult<()> {
     Ok(())
 }
 
-/// What to watch to see `event`'s latest record reached, if it has a mark.
+/// What to watch to see `event`'s latest record reached, if it has a mark;
+/// from now on its records get marks.
 pub fn watch(c: &Client, event: Handle) -> Option<Watch> {
     let device = cumux_protocol::device_of_handle(event);
-    let st = c.lock();
-    let EventMark { slot, target } = st.events.get(&event)?.mark?;
+    let mut st = c.lock();
+    let mark = st.events.get_mut(&event)?.mark.as_mut()?;
+    mark.waited = true;
+    let EventMark { slot, target, .. } = *mark;
     let marks = st.marks.get(&device)?.as_ref()?;
     Some(Watch {
         memory: Arc::clone(&marks.memory),

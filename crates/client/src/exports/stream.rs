@@ -296,7 +296,7 @@ driver_fn! {
         let event = c.new_event(device, flags)?;
         // Another process's waits on an interprocess event are its own.
         let mark = match flags & CU_EVENT_INTERPROCESS {
-            0 => marks::take_slot(c, device).map(|slot| EventMark { slot, target: None }),
+            0 => marks::take_slot(c, device).map(EventMark::new),
             _ => None,
         };
         c.lock().events.insert(event, Event { flags, mark });
