@@ -99,8 +99,7 @@ pub struct CudaContext {
     /// shared context's sessions each call in on a thread of their own).
     idle_streams: Mutex<Vec<Arc<Stream>>>,
     capture: Option<&'static StdoutCapture>,
-    /// A module that can print was loaded: flushing calls need capture
-    /// windows (where there is a capture), and marks are left out.
+    /// A module that can print was loaded: flushing calls need capture windows.
     prints: Arc<AtomicBool>,
     /// Captured printf text not yet handed out with a launch.
     pending_stdout: Mutex<Vec<u8>>,
@@ -182,12 +181,7 @@ impl CudaContext {
 
     /// The capture to use for flushing calls, if this context can print.
     pub(super) fn capture(&self) -> Option<&'static StdoutCapture> {
-        self.capture.filter(|_| self.may_print())
-    }
-
-    /// Whether a module that can print was loaded.
-    pub(super) fn may_print(&self) -> bool {
-        self.prints.load(Ordering::Acquire)
+        self.capture.filter(|_| self.prints.load(Ordering::Acquire))
     }
 
     /// A stream for one synchronous call, with the context current; it goes
@@ -382,9 +376,7 @@ impl DeviceContext for CudaContext {
 
     fn module_load(&self, image: &[u8]) -> Result<LoadedModule, CuError> {
         let ctx = self.ctx()?;
-        // Noted with or without a capture: clients' marks are left out
-        // behind work that may print (`ordered::mark`).
-        if image_may_print(image) {
+        if self.capture.is_some() && image_may_print(image) {
             self.prints.store(true, Ordering::Release);
         }
         if image_mentions(image, b"malloc") {

@@ -101,13 +101,10 @@ impl CudaContext {
     /// Queues the device's store of `value` into a client's mark once
     /// `event` is reached, on the context's mark stream (the event's own
     /// stream goes on with its next kernel meanwhile), unless queued work
-    /// failed already or the context can print (the next wait must then
-    /// ask, and flush the printf), or the region is not mapped for the
-    /// device (the client asks then too).
+    /// failed already (the next wait must then ask) or the region is not
+    /// mapped for the device (the client asks then too). Its worker leaves
+    /// marks out once a module may print (`worker::process`).
     fn mark(&self, event: Handle, host: &HostSpan, value: u64) -> Result<(), CuError> {
-        if self.may_print() {
-            return Ok(());
-        }
         let (base, side) = {
             let ordered = lock(&self.ordered);
             if ordered.pending.is_some() {
