@@ -123,10 +123,19 @@ pub fn take_slot(c: &Client, device: u32) -> Option<u32> {
     }
     if !c.lock().marks.contains_key(&device) {
         let memory = crate::pinned::alloc_on(c, device, 8 * SLOTS as usize);
-        c.lock()
-            .marks
-            .entry(device)
-            .or_insert_with(|| memory.map(Marks::new));
+        let mut st = c.lock();
+        match st.marks.contains_key(&device) {
+            // Another thread made the device's page meanwhile: this one goes back.
+            true => {
+                drop(st);
+                if let Some(memory) = memory {
+                    crate::pinned::free(c, memory);
+                }
+            }
+            false => {
+                st.marks.insert(device, memory.map(Marks::new));
+            }
+        }
     }
     c.lock().marks.get_mut(&device)?.as_mut()?.free.pop()
 }
