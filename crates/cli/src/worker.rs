@@ -114,7 +114,7 @@ pub fn worker(options: WorkerOptions) -> Result<()> {
         out: &mut out,
         flush_c_stdio: &flush_c_stdio,
         nonce,
-        image_may_print: &image_print_detector(&options.device),
+        image_may_print: &image_print_detector(),
     };
     serve_worker_beside(&*device, &open_other, conn, &mut stdout)
         .context("the server connection failed")

@@ -244,28 +244,9 @@ fn strip_markers(bytes: &[u8]) -> Vec<u8> {
     out
 }
 
-/// Whether a module image can print: its code calls `vprintf` (device
-/// `printf`). Looks inside fat binaries. Device `assert` (`__assertfail`) is
-/// not counted: PyTorch builds it into most kernels, capturing would slow every
-/// launch of theirs, and a failed assert still reaches the client as
-/// `CUDA_ERROR_ASSERT`; only its message stays on the server's stdout.
-pub fn image_may_print(image: &[u8]) -> bool {
-    image_mentions(image, b"vprintf")
-}
-
-/// Whether any code of `image` (each of a fat binary's, unpacked) names
-/// `word`; an image of unknown layout is taken to.
-pub fn image_mentions(image: &[u8], word: &[u8]) -> bool {
-    let hit = |b: &[u8]| find(b, word).is_some();
-    match cumux_fatbin::classify(image) {
-        cumux_fatbin::Classified::Fatbin => match cumux_fatbin::images(image) {
-            Ok(images) => images.iter().any(|i| hit(&i.data)),
-            // Unknown layout: assume it prints (capturing costs only time).
-            Err(_) => true,
-        },
-        _ => hit(image),
-    }
-}
+/// Whether a module image can print (`cumux_fatbin::image_may_print`):
+/// capturing costs a printing module's launches time, so only those are.
+pub use cumux_fatbin::{image_may_print, image_mentions};
 
 #[cfg(test)]
 mod tests {

@@ -296,6 +296,28 @@ pub fn elf_size(bytes_at: &[u8]) -> Result<usize, FatbinError> {
     Ok(end as usize)
 }
 
+/// Whether a module image can print: its code calls `vprintf` (device
+/// `printf`). Looks inside fat binaries. Device `assert` (`__assertfail`) is
+/// not counted: PyTorch builds it into most kernels, and a failed assert
+/// reaches the program as `CUDA_ERROR_ASSERT` whatever is printed.
+pub fn image_may_print(image: &[u8]) -> bool {
+    image_mentions(image, b"vprintf")
+}
+
+/// Whether any code of `image` (each of a fat binary's, unpacked) names
+/// `word`; an image of unknown layout is taken to.
+pub fn image_mentions(image: &[u8], word: &[u8]) -> bool {
+    let hit = |b: &[u8]| !word.is_empty() && b.windows(word.len()).any(|w| w == word);
+    match classify(image) {
+        Classified::Fatbin => match images(image) {
+            Ok(images) => images.iter().any(|i| hit(&i.data)),
+            // Unknown layout: assume it mentions it.
+            Err(_) => true,
+        },
+        _ => hit(image),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

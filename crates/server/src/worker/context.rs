@@ -78,6 +78,9 @@ pub struct WorkerContext {
     /// Whether posts go without ringing a sleeping worker
     /// (`StreamOrdered::hold_posts`).
     posts_held: AtomicBool,
+    /// Whether it loaded a module that can print: its printf waits in the
+    /// worker for a wait that asks it (`StreamOrdered::printf_waiting`).
+    pub(super) printing: AtomicBool,
     /// Where further connections to this worker's context come in, once asked.
     sessions: Mutex<Option<(PathBuf, [u8; NONCE_BYTES])>>,
     /// A signal area to attach once the worker starts: a link to it that
@@ -136,6 +139,7 @@ impl WorkerContext {
             modules: Mutex::new(HashMap::new()),
             deferred: Mutex::new(None),
             posts_held: AtomicBool::new(false),
+            printing: AtomicBool::new(false),
             sessions: Mutex::new(None),
             pending_signals: Mutex::new(None),
             member,
@@ -374,6 +378,7 @@ impl WorkerContext {
             modules: Mutex::new(HashMap::new()),
             deferred: Mutex::new(None),
             posts_held: AtomicBool::new(false),
+            printing: AtomicBool::new(false),
             sessions: Mutex::new(None),
             pending_signals: Mutex::new(None),
             member: None,
@@ -705,6 +710,9 @@ impl WorkerContext {
             WorkerValue::Module(m) => m,
             other => return Err(unexpected(&other)),
         };
+        if self.launcher.as_ref().is_some_and(|l| l.may_print(image)) {
+            self.printing.store(true, Ordering::Release);
+        }
         let globals_bytes: u64 = module.globals.iter().map(|g| g.size).sum();
         self.memory.charge(globals_bytes);
         let id = self.next_module.fetch_add(1, Ordering::Relaxed);

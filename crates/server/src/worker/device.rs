@@ -115,6 +115,7 @@ impl WorkerDevice {
     /// (see [`super::process::image_print_detector`]).
     pub fn with_print_detector(mut self, may_print: fn(&[u8]) -> bool) -> Self {
         self.may_print = may_print;
+        self.launcher.set_print_detector(may_print);
         self
     }
 
@@ -334,7 +335,7 @@ pub fn cpu_worker_device(
         WorkerDevice::new(info, command)
             .with_sharing(sharing)
             .with_kernel_timeout(kernel_timeout)
-            .with_print_detector(image_print_detector("cpu")),
+            .with_print_detector(image_print_detector()),
     ))
 }
 
@@ -371,7 +372,7 @@ pub fn cuda_worker_devices(
             WorkerDevice::new(info, command)
                 .with_sharing(sharing)
                 .with_kernel_timeout(kernel_timeout)
-                .with_print_detector(image_print_detector("cuda")),
+                .with_print_detector(image_print_detector()),
         ));
     }
     Ok(out)

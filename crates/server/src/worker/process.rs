@@ -55,18 +55,15 @@ pub struct WorkerStdout<'a> {
 /// printing images the detector misses.
 pub const PRINTF_MARKERS_ENV: &str = "CUMUX_WORKER_PRINTF";
 
-/// The printing-image detector of a worker serving `kind`: the CPU device
-/// returns printf text with each launch, so only the `cuda` driver's images
-/// need a look (for `vprintf`).
-pub fn image_print_detector(kind: &str) -> fn(&[u8]) -> bool {
+/// The printing-image detector of a worker serving any device: an image
+/// whose code calls `vprintf`. A synchronize of a session that loaded one
+/// asks its worker, which hands over the printf text with the answer (the
+/// CPU device's too: a stream-ordered launch's text waits in the worker).
+pub fn image_print_detector() -> fn(&[u8]) -> bool {
     if std::env::var(PRINTF_MARKERS_ENV).is_ok_and(|v| v.trim() == "always") {
         return |_| true;
     }
-    match kind {
-        #[cfg(feature = "cuda")]
-        "cuda" => cumux_cuda_driver::capture::image_may_print,
-        _ => |_| false,
-    }
+    cumux_fatbin::image_may_print
 }
 
 impl WorkerStdout<'_> {

@@ -20,6 +20,12 @@ use crate::worker::link::io_err;
 use crate::worker::wire::{WireWork, WorkerReply, WorkerRequest, WorkerValue};
 
 impl StreamOrdered for WorkerContext {
+    /// Once it loaded a module that can print: the text of its launches
+    /// waits in the worker, which hands it over with a wait's answer.
+    fn printf_waiting(&self) -> bool {
+        self.printing.load(Ordering::Acquire)
+    }
+
     fn stream_create(&self, stream: Handle, flags: u32, priority: i32) -> Result<(), CuError> {
         let request = WorkerRequest::StreamCreate {
             stream,
