@@ -464,9 +464,12 @@ fn a_context_synchronize_polls_only_the_streams_that_had_work() {
     let dir = TempDir::new("ctx-sync-trace");
     let trace = dir.0.join("hops");
     let server = WorkerServer::start_sharing("ctx-sync", false, "isolated");
+    // Marks would answer the synchronizes this test counts: it checks the
+    // polls of those that reach the server.
     let child = server
         .command(&test_program("ctx_sync_streams"), &[])
         .env("CUMUX_HOP_TRACE", &trace)
+        .env("CUMUX_MARKS", "off")
         .spawn()
         .expect("cumux run starts");
     passes(&wait_bounded(child, LIMIT), &server);
@@ -906,6 +909,79 @@ fn event_waits_are_answered_from_marks() {
             }
             _ => {
                 assert!(asked >= 368, "{asked} event waits with marks off");
+                assert_eq!(sent, 0, "marks sent with marks off");
+            }
+        }
+    }
+}
+
+/// A kernel's printf comes out before the host's next line when the program
+/// synchronizes the kernel's stream, in a session's own worker and in a
+/// shared context: a session that loaded a printing module has its
+/// synchronizes ask the worker, which hands the text over with the answer
+/// (answered from completion signals, they left it there until a later
+/// call, behind the host's lines; marks are left out for it too).
+#[test]
+fn printf_comes_with_a_stream_synchronize() {
+    for sharing in ["isolated", "shared"] {
+        let server = WorkerServer::start_sharing("stream-printf", false, sharing);
+        let out = server.run(&test_program("stream_printf"));
+        passes(&out, &server);
+        let lines: Vec<&str> = out.stdout.lines().collect();
+        for i in 0..6 {
+            let device = lines.iter().position(|l| *l == format!("device line {i}"));
+            let host = lines.iter().position(|l| *l == format!("host line {i}"));
+            assert!(
+                matches!((device, host), (Some(d), Some(h)) if d < h),
+                "{sharing}: line {i} out of order: {lines:?}"
+            );
+        }
+    }
+}
+
+/// Stream and context synchronizes and synchronous copies of pinned memory
+/// are answered from marks stored behind their work: with marks on, at most
+/// a few of `sync_window`'s 200 stream synchronizes and 10 context
+/// synchronizes reach the server (the fault's), where with `CUMUX_MARKS=off`
+/// each does; every synchronous pinned copy is waited for by a mark. Each
+/// wait still waits (the program checks what its kernels wrote), and the
+/// synchronize after a faulting kernel fails.
+#[test]
+fn stream_waits_and_pinned_copies_are_answered_from_marks() {
+    let dir = TempDir::new("sync-marks-trace");
+    let server = WorkerServer::start_sharing("sync-marks", false, "isolated");
+    for marks in ["on", "off"] {
+        let trace = dir.0.join(marks);
+        let child = server
+            .command(&test_program("sync_window"), &[])
+            .env("CUMUX_HOP_TRACE", &trace)
+            .env("CUMUX_MARKS", marks)
+            .spawn()
+            .expect("cumux run starts");
+        let out = wait_bounded(child, LIMIT);
+        passes(&out, &server);
+        assert!(out.stdout.contains("fault: "), "{}", out.describe());
+        // ClientSend is hop 1.
+        let asked: usize = [
+            "StreamSynchronize",
+            "StreamQuery",
+            "QueryWithin",
+            "ContextSynchronize",
+        ]
+        .iter()
+        .map(|name| hop_records(&trace, 1, name))
+        .sum();
+        let sent = hop_records(&trace, 1, "Mark");
+        eprintln!("marks {marks}: {asked} waits reached the server, {sent} marks sent");
+        match marks {
+            "on" => {
+                assert!(asked <= 210 / 2, "{asked} waits reached the server");
+                // A mark per stream synchronize and per copy; two a context
+                // synchronize (its streams `s` and `t`); the fault's.
+                assert!(sent >= 200 * 3 + 10 * 2, "{sent} marks sent");
+            }
+            _ => {
+                assert!(asked >= 210, "{asked} waits with marks off");
                 assert_eq!(sent, 0, "marks sent with marks off");
             }
         }

@@ -7,11 +7,17 @@
 //! the wait would have news (a failure, printf text), so a slot that reached
 //! its value means exactly what a successful synchronize would; a slot that
 //! did not within a short spin means the wait asks the server, as before.
+//! A synchronize of a stream (or of the context, one mark per busy stream)
+//! sends a mark without an event, stored in the stream's own order: a slot
+//! per stream.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use cumux_cuda_bindings::consts::CU_EVENT_INTERPROCESS;
+use cumux_protocol::hop_trace::{self, Hop};
 use cumux_protocol::{Call, Handle};
 
 use crate::errors::CuResult;
@@ -34,6 +40,8 @@ pub struct Marks {
     memory: Arc<PinnedMemory>,
     free: Vec<u32>,
     values: Vec<u64>,
+    /// The slot of each stream that was synchronized through a mark.
+    streams: HashMap<Handle, u32>,
 }
 
 /// An event's slot, the value its latest record's mark stores (`None`: the
@@ -64,6 +72,7 @@ impl Marks {
             memory: Arc::new(memory),
             free: (0..SLOTS).rev().collect(),
             values: vec![0; SLOTS as usize],
+            streams: HashMap::new(),
         }
     }
 }
@@ -91,19 +100,32 @@ impl Watch {
 
     /// Watches the mark for up to [`WATCH`]: whether it came.
     pub fn wait(&self) -> bool {
-        let started = Instant::now();
-        loop {
-            if self.reached() {
-                return true;
+        wait_all(std::slice::from_ref(self))
+    }
+}
+
+/// Watches every mark of `watches` for up to [`WATCH`] in all: whether they
+/// all came.
+fn wait_all(watches: &[Watch]) -> bool {
+    let started = Instant::now();
+    let mut left = watches;
+    loop {
+        while let Some((first, rest)) = left.split_first() {
+            if !first.reached() {
+                break;
             }
-            let waited = started.elapsed();
-            if waited >= WATCH {
-                return false;
-            }
-            match waited < SPIN {
-                true => std::hint::spin_loop(),
-                false => std::thread::yield_now(),
-            }
+            left = rest;
+        }
+        if left.is_empty() {
+            return true;
+        }
+        let waited = started.elapsed();
+        if waited >= WATCH {
+            return false;
+        }
+        match waited < SPIN {
+            true => std::hint::spin_loop(),
+            false => std::thread::yield_now(),
         }
     }
 }
@@ -113,13 +135,39 @@ fn enabled() -> bool {
 }
 
 /// A slot for a new event of `device`; `None` when the device's session has
-/// no page of marks (a link without pinned memory) or every slot is taken.
-/// Makes the page at the device's first event (one round trip, once). A
-/// resumable program gets none: a session that shares pinned memory with
-/// its server cannot move to another.
+/// no page of marks (yet: [`after_wait`] makes it; or a link without pinned
+/// memory) or every slot is taken. A resumable program gets none: a session
+/// that shares pinned memory with its server cannot move to another.
 pub fn take_slot(c: &Client, device: u32) -> Option<u32> {
+    c.lock().marks.get_mut(&device)?.as_mut()?.free.pop()
+}
+
+/// Whether `device`'s session has its page of marks now (a synchronize
+/// never makes it: see [`after_wait`]).
+pub fn ready(c: &Client, device: u32) -> bool {
+    c.lock().marks.get(&device).is_some_and(Option::is_some)
+}
+
+/// After a synchronize the server answered: makes `device`'s page of marks
+/// if marks are on and it has none yet, so that later synchronizes use
+/// marks. Made here rather than at the wait that needs it: the device has
+/// just finished the work waited for, and a device that runs work in one
+/// order (the CPU device in a worker) takes the registration only after
+/// the work queued before it, so one made while a kernel never ends would
+/// hang the wait instead of failing it.
+pub fn after_wait(c: &Client, device: u32) {
+    if !c.lock().marks.contains_key(&device) {
+        page(c, device);
+    }
+}
+
+/// Whether marks are on and `device`'s session has its page of marks (made
+/// now at its first need, one round trip, once).
+fn page(c: &Client, device: u32) -> bool {
     if !enabled() || crate::resume::wanted() {
-        return None;
+        // Asked once: the device has no marks.
+        c.lock().marks.entry(device).or_insert(None);
+        return false;
     }
     if !c.lock().marks.contains_key(&device) {
         let memory = crate::pinned::alloc_on(c, device, 8 * SLOTS as usize);
@@ -137,7 +185,7 @@ pub fn take_slot(c: &Client, device: u32) -> Option<u32> {
             }
         }
     }
-    c.lock().marks.get_mut(&device)?.as_mut()?.free.pop()
+    c.lock().marks.get(&device).is_some_and(Option::is_some)
 }
 
 /// Gives an event's slot back.
@@ -145,6 +193,89 @@ pub fn release(c: &Client, device: u32, slot: u32) {
     if let Some(Some(marks)) = c.lock().marks.get_mut(&device) {
         marks.free.push(slot);
     }
+}
+
+/// Gives a destroyed stream's slot back, if it had one.
+pub fn release_stream(c: &Client, device: u32, stream: Handle) {
+    if let Some(Some(marks)) = c.lock().marks.get_mut(&device) {
+        if let Some(slot) = marks.streams.remove(&stream) {
+            marks.free.push(slot);
+        }
+    }
+}
+
+/// Streams one synchronize marks at most: a context with more busy streams
+/// is asked, as before.
+const MOST_STREAMS: usize = 8;
+
+/// Waits for the work queued so far on `streams` of `device` through marks
+/// stored in each stream's own order (`Call::Mark` without an event), for
+/// up to [`WATCH`]: whether every mark came, so that the synchronize is done
+/// (the link then knows those streams idle). `false`: no marks here (none
+/// for this device, too many streams, no slot left) or one did not come;
+/// the caller asks the server, as before.
+pub fn sync_streams(c: &Client, device: u32, streams: &[Handle]) -> CuResult<bool> {
+    if streams.is_empty() || streams.len() > MOST_STREAMS || !ready(c, device) {
+        return Ok(false);
+    }
+    let link = c.link(device, "Mark")?;
+    let mut sent = Vec::with_capacity(streams.len());
+    let mut watches = Vec::with_capacity(streams.len());
+    // A slot's marks are sent in the order of their values, so that its
+    // stores only grow in its stream's order: a wait that sees a later
+    // value than its own knows its own work done.
+    static SENDING: Mutex<()> = Mutex::new(());
+    let order = SENDING.lock().unwrap_or_else(|p| p.into_inner());
+    for &stream in streams {
+        let Some((call, watch)) = stream_mark(c, device, stream) else {
+            break;
+        };
+        match link.send_mark(call) {
+            Ok(seq) => sent.push(seq),
+            Err(e) => {
+                sent.iter().for_each(|seq| link.mark_seen(*seq, false));
+                return Err(e);
+            }
+        }
+        watches.push(watch);
+    }
+    drop(order);
+    let reached = watches.len() == streams.len() && wait_all(&watches);
+    if reached {
+        hop_trace::mark(Hop::Step, "mark-seen");
+    }
+    sent.iter().for_each(|seq| link.mark_seen(*seq, reached));
+    Ok(reached)
+}
+
+/// The mark of `stream`'s work so far, with what will say it was reached;
+/// `None` when no slot is left for the stream.
+fn stream_mark(c: &Client, device: u32, stream: Handle) -> Option<(Call, Watch)> {
+    let mut st = c.lock();
+    let marks = st.marks.get_mut(&device)?.as_mut()?;
+    let slot = match marks.streams.get(&stream) {
+        Some(slot) => *slot,
+        None => {
+            let slot = marks.free.pop()?;
+            marks.streams.insert(stream, slot);
+            slot
+        }
+    };
+    let value = &mut marks.values[slot as usize];
+    *value += 1;
+    let call = Call::Mark {
+        event: None,
+        stream,
+        region: marks.memory.region,
+        offset: 8 * u64::from(slot),
+        value: *value,
+    };
+    let watch = Watch {
+        memory: Arc::clone(&marks.memory),
+        slot,
+        target: *value,
+    };
+    Some((call, watch))
 }
 
 /// Sends `call`; after a record of an event with a slot, its mark too. Every
@@ -184,7 +315,7 @@ fn after_record(c: &Client, event: Handle, stream: Handle) -> CuResult<()> {
         let value = &mut marks.values[slot as usize];
         *value += 1;
         let call = Call::Mark {
-            event,
+            event: Some(event),
             stream,
             region: marks.memory.region,
             offset: 8 * u64::from(slot),
@@ -202,10 +333,21 @@ fn after_record(c: &Client, event: Handle, stream: Handle) -> CuResult<()> {
 }
 
 /// What to watch to see `event`'s latest record reached, if it has a mark;
-/// from now on its records get marks.
+/// from now on its records get marks. An event made before its device had
+/// its page of marks takes a slot here, once the page is there.
 pub fn watch(c: &Client, event: Handle) -> Option<Watch> {
     let device = cumux_protocol::device_of_handle(event);
     let mut st = c.lock();
+    let unmarked = st
+        .events
+        .get(&event)
+        .is_some_and(|e| e.mark.is_none() && e.flags & CU_EVENT_INTERPROCESS == 0);
+    if unmarked {
+        let slot = st.marks.get_mut(&device)?.as_mut()?.free.pop()?;
+        if let Some(e) = st.events.get_mut(&event) {
+            e.mark = Some(EventMark::new(slot));
+        }
+    }
     let mark = st.events.get_mut(&event)?.mark.as_mut()?;
     mark.waited = true;
     let EventMark { slot, target, .. } = *mark;

@@ -224,6 +224,20 @@ impl Link {
         self.lock().quiet.unchecked_copy(stream);
     }
 
+    /// Sends a synchronize's mark (`Call::Mark` without an event): the
+    /// call's number, for [`Link::mark_seen`].
+    pub fn send_mark(&self, call: Call) -> CuResult<u64> {
+        let mut conn = self.lock();
+        conn.call(call)?;
+        Ok(conn.seq)
+    }
+
+    /// Notes whether the mark sent as call `seq` was seen stored: if it was
+    /// and no work went to its stream since, the stream is idle.
+    pub fn mark_seen(&self, seq: u64, reached: bool) {
+        self.lock().quiet.answered(seq, reached);
+    }
+
     /// Whether `event` is known to be reached (see [`quiet::Quiet`]).
     pub fn event_reached(&self, event: proto::Handle) -> bool {
         let conn = self.lock();
@@ -234,6 +248,13 @@ impl Link {
     /// maybe) rather than through shared memory.
     pub fn on_socket(&self) -> bool {
         !self.lock().uses_shm()
+    }
+
+    /// The streams that may have work left on the device (see
+    /// [`quiet::Quiet`]), unless the connection is lost.
+    pub fn busy_streams(&self) -> Option<Vec<proto::Handle>> {
+        let conn = self.lock();
+        (!conn.dead).then(|| conn.quiet.busy())
     }
 
     /// The streams this link sent work for since the last time they were

@@ -25,7 +25,7 @@ pub use messages::*;
 pub use vmm::{VmmCall, VmmProperties};
 
 /// Bumped whenever a message type changes shape. Client and server must agree.
-pub const PROTOCOL_VERSION: u32 = 31;
+pub const PROTOCOL_VERSION: u32 = 32;
 
 /// Unanswered calls (launches, async copies, event records) a client sends
 /// before a [`Call::Fence`]: what it may have in flight beyond the launches the

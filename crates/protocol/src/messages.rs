@@ -607,15 +607,17 @@ pub enum Call {
         launch: GraphLaunch,
         query: ClusterQuery,
     },
-    /// Once `event`, just recorded on `stream`, is reached, the device
+    /// Once `event`, just recorded on `stream`, is reached (`None`: once
+    /// the work queued on `stream` so far is done, protocol 32), the device
     /// stores `value` in the 8 bytes at `offset` (a multiple of 8) of the
     /// client's pinned `region`: how a client sees an event it recorded
-    /// reached without asking. The server leaves the store out when the
-    /// session holds a failure or device `printf` output that a synchronize
-    /// must return, so a mark never stands for a wait that would have
-    /// failed. Unanswered (protocol 31).
+    /// reached, or a stream it synchronizes idle, without asking. The
+    /// server leaves the store out when the session holds a failure or
+    /// device `printf` output that a synchronize must return, so a mark
+    /// never stands for a wait that would have failed. Unanswered
+    /// (protocol 31).
     Mark {
-        event: Handle,
+        event: Option<Handle>,
         stream: Handle,
         region: Handle,
         offset: u64,

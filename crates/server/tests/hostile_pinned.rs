@@ -306,7 +306,7 @@ fn record_and_mark(
 
 fn mark(event: Handle, stream: Handle, region: Handle, offset: u64, value: u64) -> Call {
     Call::Mark {
-        event,
+        event: Some(event),
         stream,
         region,
         offset,
@@ -371,4 +371,54 @@ fn marks_land_behind_their_stream_and_bad_ones_are_refused() {
         assert_eq!(mark_at(&map, 0), 0);
     }
     assert_eq!(other.code(Call::ContextSynchronize), 0);
+}
+
+/// A synchronize's mark (no event) lands once the stream's work before it is
+/// done; behind a failure that the synchronize must return it is left out;
+/// one on a stream the session does not have is refused at the next
+/// synchronize.
+#[test]
+fn stream_marks_land_behind_the_streams_work_and_not_behind_a_failure() {
+    let (_one, h) = start("pinned-stream-marks");
+    let (fd, map) = region_memory();
+    let (mut c, region) = registered_client(&h, &fd, &map);
+    let dev = c.alloc(LEN);
+    let s = c.stream(0);
+    let stream_mark = |stream, offset, value| Call::Mark {
+        event: None,
+        stream,
+        region,
+        offset,
+        value,
+    };
+    // SAFETY: nothing else in this process uses the mapping, and the
+    // server reads it only after this.
+    unsafe { map.bytes_mut(64, 64) }.unwrap().fill(7);
+    c.post(htod(dev, region, 64, 64, Some(s)));
+    c.post(dtoh(dev, region, 256, 64, Some(s)));
+    c.post(stream_mark(s, 8, 4));
+    h.eventually("the stream's mark", || mark_at(&map, 8) == 4);
+    // The copies before it are done by the time it lands.
+    assert_eq!(map.bytes(256, 64).unwrap(), &[7u8; 64]);
+    assert_eq!(c.code(Call::StreamSynchronize { stream: s }), 0);
+    // The legacy default stream takes marks too.
+    c.post(htod(dev, region, 64, 64, Some(DEFAULT_STREAM)));
+    c.post(stream_mark(DEFAULT_STREAM, 24, 2));
+    h.eventually("the default stream's mark", || mark_at(&map, 24) == 2);
+    // A copy that fails: the mark behind it is left out.
+    c.post(dtoh(dev, region, LEN - 1, 2, Some(s)));
+    c.post(stream_mark(s, 8, 5));
+    assert_eq!(
+        c.code(Call::StreamSynchronize { stream: s }),
+        codes::INVALID_VALUE
+    );
+    assert_eq!(mark_at(&map, 8), 4, "a mark behind a failure");
+    c.post(stream_mark(s, 8, 6));
+    assert_eq!(c.code(Call::StreamSynchronize { stream: s }), 0);
+    assert_eq!(mark_at(&map, 8), 6);
+    // A stream this session does not have.
+    c.post(stream_mark(0xdead_beef, 8, 9));
+    let e = c.call(Call::StreamSynchronize { stream: s }).unwrap_err();
+    assert_eq!(e.code, codes::INVALID_HANDLE, "{e:?}");
+    assert_eq!(mark_at(&map, 8), 6);
 }

@@ -3,7 +3,7 @@
 //! at each launch; `CUMUX_WORKER_PRINTF=always`): the worker, or a shared
 //! context's view, leaves each mark out, so the client's wait asks the
 //! server, which hands over the printf text with it. In a session's own
-//! context and in a shared one.
+//! context and in a shared one; an event's mark and a synchronize's alike.
 
 use std::os::fd::AsFd;
 use std::sync::Arc;
@@ -57,7 +57,7 @@ pub fn marks_land_in_isolated_and_shared_contexts(
             let stream = DEFAULT_STREAM;
             session.handle(Call::EventRecord { event, stream });
             session.handle(Call::Mark {
-                event,
+                event: Some(event),
                 stream,
                 region,
                 offset: 8,
@@ -67,8 +67,27 @@ pub fn marks_land_in_isolated_and_shared_contexts(
             assert!(matches!(waited, Some(Ok(_))), "{name}: {waited:?}");
             let printed = String::from_utf8_lossy(&session.take_stdout()).into_owned();
             assert!(printed.contains("scale printed"), "{name}: {printed:?}");
-            let mark = u64::from_ne_bytes(page.bytes(8, 8).unwrap().try_into().unwrap());
-            assert_eq!(mark, 0, "{name}: record {value}'s mark behind printf");
+            let mark_at =
+                |offset| u64::from_ne_bytes(page.bytes(offset, 8).unwrap().try_into().unwrap());
+            assert_eq!(mark_at(8), 0, "{name}: record {value}'s mark behind printf");
+            // A synchronize's mark (no event) too.
+            session.handle(scale_launch(scale, DEFAULT_STREAM, buf, 2.0, 4));
+            session.handle(Call::Mark {
+                event: None,
+                stream,
+                region,
+                offset: 16,
+                value,
+            });
+            let waited = session.handle(Call::StreamSynchronize { stream });
+            assert!(matches!(waited, Some(Ok(_))), "{name}: {waited:?}");
+            let printed = String::from_utf8_lossy(&session.take_stdout()).into_owned();
+            assert!(printed.contains("scale printed"), "{name}: {printed:?}");
+            assert_eq!(
+                mark_at(16),
+                0,
+                "{name}: synchronize {value}'s mark behind printf"
+            );
         }
     }
 }

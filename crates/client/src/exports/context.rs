@@ -7,7 +7,7 @@ use std::ffi::c_void;
 use cumux_cuda_bindings::types::CUctxCreateParams;
 use cumux_protocol::Call;
 
-use super::sync::{poll_until_ready, settled, AfterSync};
+use super::sync::{marked, poll_until_ready, settled, AfterSync};
 use super::*;
 use crate::state::{self, client, Client, Context};
 
@@ -61,12 +61,19 @@ fn synchronize() -> CuResult<()> {
     if link.all_idle() || settled(c, device, None, &after)? {
         return after.finish(c);
     }
+    // Every stream that may have work left, waited for through marks.
+    if let Some(busy) = link.busy_streams() {
+        if marked(c, device, &busy, &after)? {
+            return after.finish(c);
+        }
+    }
     streams.retain(|s| touched.contains(s));
     streams.push(cumux_protocol::DEFAULT_STREAM);
     for stream in streams {
         poll_until_ready(c, device, || Call::StreamQuery { stream })?;
     }
     c.call_on(device, Call::ContextSynchronize)?;
+    crate::marks::after_wait(c, device);
     after.finish(c)
 }
 

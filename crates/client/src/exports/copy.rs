@@ -194,14 +194,15 @@ pub(crate) fn send_htod(
     stream: Option<Handle>,
 ) -> CuResult<()> {
     if let Some((region, offset)) = pinned {
-        let call = Call::MemcpyHtoDHost {
+        let device = c.device_for(dst, stream);
+        let call = |stream| Call::MemcpyHtoDHost {
             dst,
             region,
             offset,
             bytes: src.len() as u64,
             stream,
         };
-        return c.call(call).map(drop);
+        return pinned_copy(c, device, stream, call);
     }
     let link = c.link(c.device_for(dst, stream), "MemcpyHtoD")?;
     let checked = c.lock().plain_device_span(dst, src.len() as u64);
@@ -241,6 +242,34 @@ pub(crate) fn send_htod(
         data: Vec::new(),
         stream,
     })
+}
+
+/// A copy between device `device` and a pinned buffer, `call(stream)`. A
+/// synchronous one (`stream: None`) goes on the default stream unanswered
+/// and is waited for through a mark behind it where the device has marks:
+/// no round trip when the mark comes; a synchronize of that stream (which
+/// returns the copy's failure, if it failed) when it does not.
+fn pinned_copy(
+    c: &Client,
+    device: u32,
+    stream: Option<Handle>,
+    call: impl Fn(Option<Handle>) -> Call,
+) -> CuResult<()> {
+    if stream.is_some() || !crate::marks::ready(c, device) {
+        c.call_on(device, call(stream))?;
+        if stream.is_none() {
+            crate::marks::after_wait(c, device);
+        }
+        return Ok(());
+    }
+    c.call_on(device, call(Some(DEFAULT_STREAM)))?;
+    if crate::marks::sync_streams(c, device, &[DEFAULT_STREAM])? {
+        return Ok(());
+    }
+    let sync = Call::StreamSynchronize {
+        stream: DEFAULT_STREAM,
+    };
+    c.call_on(device, sync).map(drop)
 }
 
 /// Whether `p`, passed where device memory goes, is the program's pinned host
@@ -286,14 +315,15 @@ pub(crate) fn send_dtoh(
     stream: Option<Handle>,
 ) -> CuResult<()> {
     if let Some((region, offset)) = pinned {
-        let call = Call::MemcpyDtoHHost {
+        let device = c.device_for(src, stream);
+        let call = |stream| Call::MemcpyDtoHHost {
             src,
             region,
             offset,
             bytes: dst.len() as u64,
             stream,
         };
-        return c.call(call).map(drop);
+        return pinned_copy(c, device, stream, call);
     }
     let link = c.link(c.device_for(src, stream), "MemcpyDtoH")?;
     link.calls_into_chunks(dst, |offset, chunk| Call::MemcpyDtoH {

@@ -11,7 +11,7 @@ use cumux_cuda_bindings::consts::{
 use cumux_cuda_bindings::types::{CUgraphEdgeData, CUgraphNode};
 use cumux_protocol::{device_of_handle, Call, Handle, ReplyBody, MAX_STREAMS};
 
-use super::sync::{known_idle, known_reached, poll_until_ready, settled, AfterSync};
+use super::sync::{known_idle, known_reached, marked, poll_until_ready, settled, AfterSync};
 use super::*;
 use crate::marks::{self, EventMark};
 use crate::state::handles::{self, to_program};
@@ -176,6 +176,9 @@ driver_fn! {
         let stream = stream?;
         st.streams.remove(&stream).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
         drop(st);
+        // A late mark into the slot stores a value below any its next
+        // owner waits for.
+        marks::release_stream(c, c.device_for(0, Some(stream)), stream);
         c.call(Call::StreamDestroy { stream }).map(|_| ())
     }
 
@@ -190,9 +193,12 @@ driver_fn! {
         let device = c.device_for(0, Some(stream));
         if !known_idle(c, device, stream)
             && !settled(c, device, Some(stream), &after)?
-            && !poll_until_ready(c, device, || Call::StreamQuery { stream })?
+            && !marked(c, device, &[stream], &after)?
         {
-            c.call(Call::StreamSynchronize { stream })?;
+            if !poll_until_ready(c, device, || Call::StreamQuery { stream })? {
+                c.call(Call::StreamSynchronize { stream })?;
+            }
+            marks::after_wait(c, device);
         }
         after.finish(c)
     }
@@ -317,7 +323,9 @@ driver_fn! {
         if known_reached(c, event) || marks::watch(c, event).is_some_and(|w| w.reached()) {
             return Ok(());
         }
-        c.call(Call::EventQuery { event }).map(|_| ())
+        c.call(Call::EventQuery { event })?;
+        marks::after_wait(c, device_of_handle(event));
+        Ok(())
     }
 
     fn cuEventSynchronize(e: *mut c_void) {
@@ -331,6 +339,7 @@ driver_fn! {
         if !known_reached(c, event) && !marked() {
             poll_until_ready(c, device, || Call::EventQuery { event })?;
             c.call(Call::EventSynchronize { event })?;
+            marks::after_wait(c, device);
         }
         after.finish(c)
     }

@@ -131,6 +131,21 @@ pub(crate) fn settled(
     c.link(device, "StreamSynchronize")?.settle(stream)
 }
 
+/// Whether a synchronize of `streams` of `device` was answered by marks
+/// stored behind their work (`marks::sync_streams`). Never one that waits
+/// for host functions.
+pub(crate) fn marked(
+    c: &Client,
+    device: u32,
+    streams: &[Handle],
+    after: &AfterSync,
+) -> CuResult<bool> {
+    if !matches!(after.host_fns, HostFns::None) {
+        return Ok(false);
+    }
+    crate::marks::sync_streams(c, device, streams)
+}
+
 /// Which host functions a synchronising call waits for once the device is done.
 enum HostFns {
     None,

@@ -106,9 +106,14 @@ impl Quiet {
             Call::MemcpyDtoH { stream, .. } => {
                 self.settles(seq, Settles::Stream(stream.unwrap_or(DEFAULT_STREAM)))
             }
-            Call::StreamSynchronize { stream } | Call::StreamQuery { stream } => {
-                self.settles(seq, Settles::Stream(stream))
+            // Seen stored (`Link::mark_seen`), it settles as an answer does.
+            Call::Mark {
+                event: None,
+                stream,
+                ..
             }
+            | Call::StreamSynchronize { stream }
+            | Call::StreamQuery { stream } => self.settles(seq, Settles::Stream(stream)),
             Call::EventSynchronize { event } | Call::EventQuery { event } => {
                 self.settles(seq, Settles::Event(event))
             }
@@ -157,6 +162,11 @@ impl Quiet {
             DEFAULT_STREAM => self.busy.iter().all(|s| self.nonblocking.contains(s)),
             _ => !self.busy.contains(&stream),
         }
+    }
+
+    /// The streams that may have work left.
+    pub fn busy(&self) -> Vec<Handle> {
+        self.busy.iter().copied().collect()
     }
 
     /// Whether no stream of the connection may have work left.

@@ -653,9 +653,11 @@ pub enum StreamWork {
     /// names (an aligned span of 8 bytes) once `event`, recorded just before
     /// on the stream, is reached and none of the work before it failed
     /// (`Call::Mark`). A GPU stores it from a stream of its own that waits
-    /// for the event, so the stream's next kernel does not wait for the store.
+    /// for the event, so the stream's next kernel does not wait for the
+    /// store. Without an event (a synchronize's mark) it is stored in the
+    /// stream's own order, once the work before it is done.
     Mark {
-        event: Handle,
+        event: Option<Handle>,
         host: HostSpan,
         value: u64,
     },

@@ -147,19 +147,22 @@ impl Session {
 
     /// `Call::Mark`: queues the store of `value` into 8 aligned bytes of one
     /// of the session's pinned regions once `event`, just recorded on
-    /// `stream`, is reached. Left out when
+    /// `stream`, is reached (`None`: once the stream's work so far is
+    /// done). Left out when
     /// the next synchronize would have news (a failure, printf text, work
     /// that failed to queue): the client, seeing no mark, asks.
     pub(super) fn mark(
         &mut self,
-        event: Handle,
+        event: Option<Handle>,
         stream: Handle,
         region: Handle,
         offset: u64,
         value: u64,
     ) -> CallResult {
         self.check_stream(stream)?;
-        self.event_flags(event)?;
+        if let Some(event) = event {
+            self.event_flags(event)?;
+        }
         if !offset.is_multiple_of(8) {
             return Err(err(
                 codes::INVALID_VALUE,

@@ -227,7 +227,7 @@ impl SharedView {
                 graph: self.name(graph),
             },
             StreamWork::Mark { event, host, value } => StreamWork::Mark {
-                event: self.name(event),
+                event: event.map(|e| self.name(e)),
                 host,
                 value,
             },

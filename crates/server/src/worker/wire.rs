@@ -493,7 +493,7 @@ pub enum WireWork {
     HostToDevice(DevicePtr, WireSpan),
     DeviceToHost(DevicePtr, WireSpan),
     Graph(Handle),
-    Mark(Handle, WireSpan, u64),
+    Mark(Option<Handle>, WireSpan, u64),
 }
 
 /// A span of a client's pinned host region, by the region's server-wide id;

@@ -77,7 +77,7 @@ impl CudaContext {
                 stream.write_value64(addr, value).map_err(cu_err)
             }
             StreamWork::Signal { .. } => Err(no_signal_area()),
-            StreamWork::Mark { event, host, value } => self.mark(event, &host, value),
+            StreamWork::Mark { event, host, value } => self.mark(stream, event, &host, value),
             StreamWork::HostToDevice { dst, host } => {
                 // SAFETY: the region stays mapped until it is unregistered, which
                 // waits for the context's work first.
@@ -100,11 +100,19 @@ impl CudaContext {
 
     /// Queues the device's store of `value` into a client's mark once
     /// `event` is reached, on the context's mark stream (the event's own
-    /// stream goes on with its next kernel meanwhile), unless queued work
-    /// failed already (the next wait must then ask) or the region is not
-    /// mapped for the device (the client asks then too). Its worker leaves
-    /// marks out once a module may print (`worker::process`).
-    fn mark(&self, event: Handle, host: &HostSpan, value: u64) -> Result<(), CuError> {
+    /// stream goes on with its next kernel meanwhile), or without an event
+    /// on `stream` itself (a synchronize's mark: the program waits for that
+    /// stream anyway); unless queued work failed already (the next wait
+    /// must then ask) or the region is not mapped for the device (the
+    /// client asks then too). Its worker leaves marks out once a module may
+    /// print (`worker::process`).
+    fn mark(
+        &self,
+        stream: &Stream,
+        event: Option<Handle>,
+        host: &HostSpan,
+        value: u64,
+    ) -> Result<(), CuError> {
         let (base, side) = {
             let ordered = lock(&self.ordered);
             if ordered.pending.is_some() {
@@ -128,6 +136,11 @@ impl CudaContext {
                 format!("{host:?} is not an aligned mark"),
             ));
         }
+        let Some(event) = event else {
+            return stream
+                .write_value64(base + host.offset, value)
+                .map_err(cu_err);
+        };
         let side = match side {
             Some(side) => side,
             None => {
