@@ -13,13 +13,13 @@ KIT=${KIT:-device-kit/main}
 NVCC=${NVCC:-$(command -v nvcc)}
 . bench/h100/lib.sh
 T=$(mktemp -d)
-for p in event_window event_printf sync_window; do "$NVCC" -O2 -arch=sm_90 -o "$T/$p" "crates/cli/tests/cuda/$p.cu"; done
+for p in event_window event_printf sync_window stream_printf; do "$NVCC" -O2 -arch=sm_90 -o "$T/$p" "crates/cli/tests/cuda/$p.cu"; done
 for mode in isolated:fifo isolated:fair shared:fifo; do
     "$KIT/cumux" serve --device cuda --sharing "${mode%%:*}" --policy "${mode##*:}" \
         --listen "unix:$T/s.sock" >"$T/server.log" 2>&1 &
     sp=$!
     for _ in $(seq 100); do [ -S "$T/s.sock" ] && break; sleep 0.1; done
-    for p in event_window event_printf sync_window; do
+    for p in event_window event_printf sync_window stream_printf; do
         echo "== $mode $p"
         CUMUX_HOP_TRACE=$T/tr-$p-${mode//:/-} timeout 60 "$KIT/cumux" run --server "unix:$T/s.sock" -- "$T/$p" 2>&1 | tail -8
     done
