@@ -3,7 +3,8 @@
 // cuStreamWriteValue64 into mapped host memory that the host spins on (a
 // synchronize's mark), and against an event recorded behind it that a second
 // stream waits for before its store (an event's mark). p50 and p99 in µs of
-// each, natively. Build: nvcc -O2 -arch=sm_90 write_value.cu -lcuda
+// each, natively; also two stores in a row (a signal's, then a mark's), and
+// a store issued 15 µs after the work. Build: nvcc -O2 -arch=sm_90 write_value.cu -lcuda
 #include <cuda.h>
 #include <cuda_runtime.h>
 
@@ -50,7 +51,7 @@ int main() {
     };
     for (int g = 0; g < 2; g++) {
         const char *what = g ? "graph100" : "kernel";
-        for (int mode = 0; mode < 3; mode++) {
+        for (int mode = 0; mode < 5; mode++) {
             std::vector<double> us;
             for (int i = 0; i < iters + 100; i++) {
                 auto t0 = Clock::now();
@@ -59,6 +60,23 @@ int main() {
                     cudaStreamSynchronize(s);
                 } else if (mode == 1) {
                     value++;
+                    cuStreamWriteValue64((CUstream)s, mark, value, 0);
+                    while (*host < value) {
+                    }
+                } else if (mode == 3) {
+                    // A signal's store right behind the work, then the mark's.
+                    value++;
+                    cuStreamWriteValue64((CUstream)s, mark + 8, value, 0);
+                    cuStreamWriteValue64((CUstream)s, mark, value, 0);
+                    while (*host < value) {
+                    }
+                } else if (mode == 4) {
+                    // The mark's store issued 15 us after the work (as a
+                    // worker gets it), the work still running.
+                    value++;
+                    auto t1 = Clock::now();
+                    while (std::chrono::duration<double, std::micro>(Clock::now() - t1).count() < 15) {
+                    }
                     cuStreamWriteValue64((CUstream)s, mark, value, 0);
                     while (*host < value) {
                     }
@@ -75,7 +93,11 @@ int main() {
             }
             char name[64];
             snprintf(name, sizeof name, "%s %s", what,
-                     mode == 0 ? "sync" : mode == 1 ? "write-on-stream" : "event+side-write");
+                     mode == 0   ? "sync"
+                     : mode == 1 ? "write-on-stream"
+                     : mode == 2 ? "event+side-write"
+                     : mode == 3 ? "two-writes"
+                                 : "write-15us-later");
             report(name, us);
         }
     }

@@ -30,8 +30,20 @@ pub const ENV: &str = "CUMUX_MARKS";
 /// How long a wait watches its mark before it asks the server: about what a
 /// round trip takes to be worth sparing; longer waits gain nothing from it.
 const WATCH: Duration = Duration::from_micros(200);
-/// Spins before a watch yields its core between looks.
-const SPIN: Duration = Duration::from_micros(20);
+
+/// How long a watch spins before it yields its core between looks: as long
+/// as the connection spins for an answer (`CUMUX_SHM_SPIN_US`, else all of
+/// [`WATCH`] on hosts of 8 or more cores, 50 µs on smaller ones), so that a
+/// mark is seen as soon as an answer would be. Read once.
+fn spin() -> Duration {
+    static SPIN: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
+    *SPIN.get_or_init(|| cumux_protocol::shm::answer_spin_from_env().min(WATCH))
+}
+
+/// Pause instructions between two looks of a spinning watch (about 0.3 µs
+/// on recent Intel cores), as the connection's own spin: a hyperthread
+/// beside it (the server's, the worker's) keeps most of its core.
+const PAUSES_PER_LOOK: u32 = 4;
 
 /// A device's page of marks: its slots, free and taken, and each slot's last
 /// value (values only grow, so a slot given to a new event never looks
@@ -108,6 +120,7 @@ impl Watch {
 /// all came.
 fn wait_all(watches: &[Watch]) -> bool {
     let started = Instant::now();
+    let spin = spin();
     let mut left = watches;
     loop {
         while let Some((first, rest)) = left.split_first() {
@@ -123,8 +136,8 @@ fn wait_all(watches: &[Watch]) -> bool {
         if waited >= WATCH {
             return false;
         }
-        match waited < SPIN {
-            true => std::hint::spin_loop(),
+        match waited < spin {
+            true => (0..PAUSES_PER_LOOK).for_each(|_| std::hint::spin_loop()),
             false => std::thread::yield_now(),
         }
     }

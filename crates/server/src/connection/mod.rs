@@ -788,6 +788,11 @@ trait Wire {
         drop(fd);
         Err("passing a descriptor needs the shared-memory transport".into())
     }
+    /// Polls for the next request as long as the server polls for a
+    /// worker's answer before sleeping (then as before): the client waits
+    /// for something that will bring it back at once. A socket's reads do
+    /// not poll.
+    fn poll_next_longer(&mut self) {}
 }
 
 impl<R: Read, W: Write + Send + 'static> Wire for SocketWire<R, W> {
@@ -828,6 +833,12 @@ struct ShmWire {
     msg: Vec<u8>,
     /// The connection's socket, which carries only pinned regions' memfds.
     socket: UnixStream,
+    /// The endpoint's usual spin while the next receive polls longer
+    /// ([`Wire::poll_next_longer`]).
+    usual_spin: Option<std::time::Duration>,
+    /// How long it polls then (`device::spin::answer_spin_time`, asked once:
+    /// the host's cores are read from cgroup files, tens of µs).
+    long_spin: std::time::Duration,
 }
 
 impl ShmWire {
@@ -836,6 +847,8 @@ impl ShmWire {
             endpoint,
             msg: Vec::new(),
             socket,
+            usual_spin: None,
+            long_spin: crate::device::spin::answer_spin_time(),
         }
     }
 }
@@ -854,9 +867,11 @@ impl Wire for ShmWire {
     fn receive(&mut self) -> Result<Request, Ending> {
         // A fresh vector for the bulk: it becomes the call's buffer.
         let mut bulk = Vec::new();
-        self.endpoint
-            .recv(&mut self.msg, &mut bulk)
-            .map_err(shm_ending)?;
+        let received = self.endpoint.recv(&mut self.msg, &mut bulk);
+        if let Some(usual) = self.usual_spin.take() {
+            self.endpoint.set_spin(usual);
+        }
+        received.map_err(shm_ending)?;
         let mut request: Request = decode(&self.msg).map_err(|e| {
             Ending::Broken(format!(
                 "undecodable request ({} bytes): {e}",
@@ -865,6 +880,14 @@ impl Wire for ShmWire {
         })?;
         shm::put_call_bulk(&mut request.call, bulk).map_err(shm_ending)?;
         Ok(request)
+    }
+
+    fn poll_next_longer(&mut self) {
+        let usual = self.endpoint.spin();
+        if self.long_spin > usual {
+            self.usual_spin.get_or_insert(usual);
+            self.endpoint.set_spin(self.long_spin);
+        }
     }
 
     fn receive_fd(&mut self) -> Result<OwnedFd, String> {
@@ -918,6 +941,10 @@ fn request_loop(session: &mut Session, wire: &mut impl Wire) -> Ending {
         if request.call.carries_fd() {
             session.give_fd(wire.receive_fd());
         }
+        // A synchronize's mark: the client watches for it and calls again
+        // as soon as it lands, after as long as the work takes (a thread
+        // asleep by then costs the next call a wake-up).
+        let client_waits = matches!(request.call, Call::Mark { event: None, .. });
         let handled = catch_unwind(AssertUnwindSafe(|| wire.handle(session, request.call, seq)));
         let result = match handled {
             Ok(Ok(result)) => result,
@@ -955,6 +982,9 @@ fn request_loop(session: &mut Session, wire: &mut impl Wire) -> Ending {
         if session.leaving() {
             session.vacate();
             return moved_away(wire);
+        }
+        if client_waits {
+            wire.poll_next_longer();
         }
         hop_trace::mark(Hop::ServerReply, kind);
         let us = started.elapsed().as_micros();
