@@ -11,10 +11,11 @@ the time from the mark's send to it and from the last call's send before it
 to it are reported too. Prints p50/p99 of each segment, in µs.
 """
 import argparse
+import bisect
 import collections
 import sys
 
-from hop_trace import load, pct
+from hop_trace import load, pct, roles
 
 
 def main():
@@ -23,12 +24,7 @@ def main():
     ap.add_argument("--call", default=None)
     args = ap.parse_args()
     procs = load(args.dir)
-    role = {}
-    for pid, ev in procs.items():
-        hops = {h for _, _, h, _ in ev}
-        role[pid] = ("client" if "client_send" in hops else
-                     "worker" if "worker_receive" in hops else
-                     "server" if "server_receive" in hops else "other")
+    role = roles(procs)
     clients = [p for p in procs if role[p] == "client"]
     if not clients:
         sys.exit("no client in the trace")
@@ -72,7 +68,6 @@ def main():
     for t, n in sends:
         sent_of[n].append(t)
     seg = collections.defaultdict(list)
-    import bisect
     fwd_times = [t for t, _ in fwd]
     for k, (s_t, s_tid) in enumerate(by_kind.get(call, [])):
         if k >= len(sent_of[call]):

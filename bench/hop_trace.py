@@ -48,6 +48,17 @@ def load(directory):
     return out
 
 
+def roles(procs):
+    """{pid: "client" | "worker" | "server" | "other"}, by the hops it marked."""
+    role = {}
+    for pid, ev in procs.items():
+        hops = {h for _, _, h, _ in ev}
+        role[pid] = ("client" if "client_send" in hops else
+                     "worker" if "worker_receive" in hops else
+                     "server" if "server_receive" in hops else "other")
+    return role
+
+
 def by_thread(events, hop):
     """{tid: sorted [(t, name)]} of one hop."""
     d = collections.defaultdict(list)
@@ -93,12 +104,7 @@ def main():
                     help="instead: each call kind's count and time waited, from the client's side")
     args = ap.parse_args()
     procs = load(args.dir)
-    role = {}
-    for pid, ev in procs.items():
-        hops = {h for _, _, h, _ in ev}
-        role[pid] = ("client" if "client_send" in hops else
-                     "worker" if "worker_receive" in hops else
-                     "server" if "server_receive" in hops else "other")
+    role = roles(procs)
     servers = [p for p in procs if role[p] == "server"]
     workers = [p for p in procs if role[p] == "worker"]
     merged = lambda pids: sorted(e for p in pids for e in procs[p])

@@ -884,32 +884,20 @@ fn event_waits_are_answered_from_marks() {
     let server = WorkerServer::start_sharing("marks", false, "isolated");
     for marks in ["on", "off"] {
         let trace = dir.0.join(marks);
-        let child = server
-            .command(&test_program("event_window"), &[])
-            .env("CUMUX_HOP_TRACE", &trace)
-            .env("CUMUX_MARKS", marks)
-            .spawn()
-            .expect("cumux run starts");
-        let out = wait_bounded(child, LIMIT);
-        passes(&out, &server);
-        assert!(out.stdout.contains("fault: "), "{}", out.describe());
-        // ClientSend is hop 1.
-        let asked: usize = ["EventSynchronize", "EventQuery", "QueryWithin"]
-            .iter()
-            .map(|name| hop_records(&trace, 1, name))
-            .sum();
+        run_traced(&server, "event_window", &trace, marks);
+        let asked = sent(&trace, &["EventSynchronize", "EventQuery", "QueryWithin"]);
         eprintln!("marks {marks}: {asked} event waits reached the server");
         // A record gets a mark once its event was waited on: all but the
         // first record of each of the 32, and the fault's.
-        let sent = hop_records(&trace, 1, "Mark");
+        let marks_sent = sent(&trace, &["Mark"]);
         match marks {
             "on" => {
                 assert!(asked <= 368 / 2, "{asked} event waits reached the server");
-                assert_eq!(sent, 400 - 32 + 1, "marks sent");
+                assert_eq!(marks_sent, 400 - 32 + 1, "marks sent");
             }
             _ => {
                 assert!(asked >= 368, "{asked} event waits with marks off");
-                assert_eq!(sent, 0, "marks sent with marks off");
+                assert_eq!(marks_sent, 0, "marks sent with marks off");
             }
         }
     }
@@ -927,15 +915,7 @@ fn printf_comes_with_a_stream_synchronize() {
         let server = WorkerServer::start_sharing("stream-printf", false, sharing);
         let out = server.run(&test_program("stream_printf"));
         passes(&out, &server);
-        let lines: Vec<&str> = out.stdout.lines().collect();
-        for i in 0..6 {
-            let device = lines.iter().position(|l| *l == format!("device line {i}"));
-            let host = lines.iter().position(|l| *l == format!("host line {i}"));
-            assert!(
-                matches!((device, host), (Some(d), Some(h)) if d < h),
-                "{sharing}: line {i} out of order: {lines:?}"
-            );
-        }
+        device_lines_first(&out.stdout, 6, sharing);
     }
 }
 
@@ -952,37 +932,26 @@ fn stream_waits_and_pinned_copies_are_answered_from_marks() {
     let server = WorkerServer::start_sharing("sync-marks", false, "isolated");
     for marks in ["on", "off"] {
         let trace = dir.0.join(marks);
-        let child = server
-            .command(&test_program("sync_window"), &[])
-            .env("CUMUX_HOP_TRACE", &trace)
-            .env("CUMUX_MARKS", marks)
-            .spawn()
-            .expect("cumux run starts");
-        let out = wait_bounded(child, LIMIT);
-        passes(&out, &server);
-        assert!(out.stdout.contains("fault: "), "{}", out.describe());
-        // ClientSend is hop 1.
-        let asked: usize = [
+        run_traced(&server, "sync_window", &trace, marks);
+        let waits = [
             "StreamSynchronize",
             "StreamQuery",
             "QueryWithin",
             "ContextSynchronize",
-        ]
-        .iter()
-        .map(|name| hop_records(&trace, 1, name))
-        .sum();
-        let sent = hop_records(&trace, 1, "Mark");
-        eprintln!("marks {marks}: {asked} waits reached the server, {sent} marks sent");
+        ];
+        let asked = sent(&trace, &waits);
+        let marks_sent = sent(&trace, &["Mark"]);
+        eprintln!("marks {marks}: {asked} waits reached the server, {marks_sent} marks sent");
         match marks {
             "on" => {
                 assert!(asked <= 210 / 2, "{asked} waits reached the server");
                 // A mark per stream synchronize and per copy; two a context
                 // synchronize (its streams `s` and `t`); the fault's.
-                assert!(sent >= 200 * 3 + 10 * 2, "{sent} marks sent");
+                assert!(marks_sent >= 200 * 3 + 10 * 2, "{marks_sent} marks sent");
             }
             _ => {
                 assert!(asked >= 210, "{asked} waits with marks off");
-                assert_eq!(sent, 0, "marks sent with marks off");
+                assert_eq!(marks_sent, 0, "marks sent with marks off");
             }
         }
     }
@@ -996,13 +965,37 @@ fn printf_comes_with_an_event_wait() {
     let server = WorkerServer::start_sharing("marks-printf", false, "isolated");
     let out = server.run(&test_program("event_printf"));
     passes(&out, &server);
-    let lines: Vec<&str> = out.stdout.lines().collect();
-    for i in 0..3 {
+    device_lines_first(&out.stdout, 3, "isolated");
+}
+
+/// Each of the first `n` `device line I` of `stdout` comes before `host line I`.
+fn device_lines_first(stdout: &str, n: usize, what: &str) {
+    let lines: Vec<&str> = stdout.lines().collect();
+    for i in 0..n {
         let device = lines.iter().position(|l| *l == format!("device line {i}"));
         let host = lines.iter().position(|l| *l == format!("host line {i}"));
         assert!(
             matches!((device, host), (Some(d), Some(h)) if d < h),
-            "line {i} out of order: {lines:?}"
+            "{what}: line {i} out of order: {lines:?}"
         );
     }
+}
+
+/// Runs the test program `program` on `server` with the hop trace on into
+/// `trace` and `CUMUX_MARKS=marks`: it passes, and reports its fault.
+fn run_traced(server: &WorkerServer, program: &str, trace: &std::path::Path, marks: &str) {
+    let child = server
+        .command(&test_program(program), &[])
+        .env("CUMUX_HOP_TRACE", trace)
+        .env("CUMUX_MARKS", marks)
+        .spawn()
+        .expect("cumux run starts");
+    let out = wait_bounded(child, LIMIT);
+    passes(&out, server);
+    assert!(out.stdout.contains("fault: "), "{}", out.describe());
+}
+
+/// How many calls of the kinds `names` the client sent (ClientSend is hop 1).
+fn sent(trace: &std::path::Path, names: &[&str]) -> usize {
+    names.iter().map(|name| hop_records(trace, 1, name)).sum()
 }
