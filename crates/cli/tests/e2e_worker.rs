@@ -957,6 +957,24 @@ fn stream_waits_and_pinned_copies_are_answered_from_marks() {
     }
 }
 
+/// In a shared context one tenant's printing module leaves only its own
+/// marks out: after `event_printf` ran there, `sync_window`'s waits are
+/// still answered from marks (each would reach the server otherwise), and
+/// the printing program's lines still come in order when it runs again.
+#[test]
+fn a_printing_tenant_leaves_other_tenants_marks_in_a_shared_context() {
+    let dir = TempDir::new("shared-marks-trace");
+    let server = WorkerServer::start_sharing("shared-marks", false, "shared");
+    passes(&server.run(&test_program("event_printf")), &server);
+    let trace = dir.0.join("after-printf");
+    run_traced(&server, "sync_window", &trace, "on");
+    let asked = sent(&trace, &["StreamSynchronize", "StreamQuery", "QueryWithin"]);
+    assert!(asked <= 200 / 2, "{asked} stream waits reached the server");
+    let out = server.run(&test_program("event_printf"));
+    passes(&out, &server);
+    device_lines_first(&out.stdout, 3, "shared");
+}
+
 /// A kernel's printf comes out before the host's next line when the program
 /// waits on an event recorded after it: the device stores no mark behind
 /// printf text, so the wait asks the server, which hands the text over.

@@ -316,6 +316,7 @@ impl Served<'_, '_> {
             regions: Vec::new(),
             frame: Vec::new(),
             data: Vec::new(),
+            may_print: false,
         };
         loop {
             // Stream semantics: the context's own, else work runs as it
@@ -482,6 +483,7 @@ impl Served<'_, '_> {
         }
         if (lock(&self.stdout).image_may_print)(&conn.data) {
             self.may_print.store(true, Ordering::Release);
+            conn.may_print = true;
         }
         Ok(())
     }
@@ -923,6 +925,10 @@ struct Connection<'s, 'a, 'b> {
     frame: Vec<u8>,
     /// Raw frames a request brought (bytes to write, a module image).
     data: Vec<u8>,
+    /// Whether it loaded a module that can print: its clients' marks are
+    /// left out (another connection's printing module, a shared context's
+    /// other tenant's, leaves them as they are).
+    may_print: bool,
 }
 
 impl Connection<'_, '_, '_> {
@@ -971,10 +977,9 @@ impl Connection<'_, '_, '_> {
             self.queued(queued);
             return Ok(());
         }
-        // A worker whose modules may print leaves clients' marks out: the
-        // wait must ask, and take the printf with it.
-        if matches!(work, StreamWork::Mark { .. }) && self.served.may_print.load(Ordering::Acquire)
-        {
+        // A connection whose modules may print leaves its client's marks
+        // out: the wait must ask, and take the printf with it.
+        if matches!(work, StreamWork::Mark { .. }) && self.may_print {
             self.queued(true);
             return Ok(());
         }
