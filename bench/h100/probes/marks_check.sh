@@ -21,7 +21,13 @@ for mode in isolated:fifo isolated:fair shared:fifo; do
     for _ in $(seq 100); do [ -S "$T/s.sock" ] && break; sleep 0.1; done
     for p in event_window event_printf sync_window stream_printf; do
         echo "== $mode $p"
-        CUMUX_HOP_TRACE=$T/tr-$p-${mode//:/-} timeout 60 "$KIT/cumux" run --server "unix:$T/s.sock" -- "$T/$p" 2>&1 | tail -8
+        CUMUX_HOP_TRACE=$T/tr-$p-${mode//:/-} timeout 60 "$KIT/cumux" run --server "unix:$T/s.sock" -- "$T/$p" >"$T/out" 2>&1
+        tail -3 "$T/out"
+        # Device lines must come before the host's of the same number.
+        case $p in *printf) python3 -c "
+import sys; l = open(sys.argv[1]).read().split(chr(10))
+bad = [i for i in range(6) if 'device line %d' % i in l and l.index('device line %d' % i) > l.index('host line %d' % i)]
+print('printf order:', 'ok' if not bad else 'OUT OF ORDER at %s' % bad)" "$T/out" ;; esac
     done
     kill "$sp"; wait "$sp" 2>/dev/null; rm -f "$T/s.sock"
     grep -a -E "WARN|ERROR" "$T/server.log" | head -5
