@@ -263,6 +263,38 @@ mod tests {
     use super::*;
     use crate::transport::test_calls::{launch, memset};
 
+    /// A synchronize's mark seen stored settles its stream idle, as an
+    /// answer would; one not seen settles nothing, nor does one after which
+    /// more work went to its stream (the mark does not vouch for it), nor
+    /// does a mark of an event.
+    #[test]
+    fn a_stream_mark_seen_settles_its_stream_unless_work_came_after_it() {
+        let mark = |stream, event| Call::Mark {
+            event,
+            stream,
+            region: 1,
+            offset: 0,
+            value: 1,
+        };
+        let mut q = Quiet::default();
+        q.sent(1, &launch(5));
+        q.sent(2, &mark(5, None));
+        q.answered(2, false);
+        assert!(!q.idle(5), "a mark not seen");
+        q.sent(3, &mark(5, None));
+        q.answered(3, true);
+        assert!(q.idle(5), "a mark seen");
+        q.sent(4, &launch(5));
+        q.sent(5, &mark(5, None));
+        q.sent(6, &launch(5));
+        q.answered(5, true);
+        assert!(!q.idle(5), "work after the mark");
+        q.sent(7, &mark(5, Some(9)));
+        q.answered(7, true);
+        assert!(!q.idle(5), "an event's mark");
+        assert!(q.busy().contains(&5));
+    }
+
     /// The legacy default stream neither waits for a non-blocking stream's
     /// work nor orders a record there behind its own (PyTorch's side streams:
     /// `loss.item()`'s wait on the default stream costs a round trip without this).
