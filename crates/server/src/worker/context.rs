@@ -707,12 +707,14 @@ impl WorkerContext {
             },
         };
         let module = match self.call(&request, &parts, None)? {
-            WorkerValue::Module(m) => m,
+            WorkerValue::Module(m, prints) => {
+                if prints {
+                    self.printing.store(true, Ordering::Release);
+                }
+                m
+            }
             other => return Err(unexpected(&other)),
         };
-        if self.launcher.as_ref().is_some_and(|l| l.may_print(image)) {
-            self.printing.store(true, Ordering::Release);
-        }
         let globals_bytes: u64 = module.globals.iter().map(|g| g.size).sum();
         self.memory.charge(globals_bytes);
         let id = self.next_module.fetch_add(1, Ordering::Relaxed);

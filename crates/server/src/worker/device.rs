@@ -115,7 +115,6 @@ impl WorkerDevice {
     /// (see [`super::process::image_print_detector`]).
     pub fn with_print_detector(mut self, may_print: fn(&[u8]) -> bool) -> Self {
         self.may_print = may_print;
-        self.launcher.set_print_detector(may_print);
         self
     }
 

@@ -474,18 +474,19 @@ impl Served<'_, '_> {
     }
 
     /// Reads a module image of `parts` raw frames into `conn.data`, noting
-    /// whether it can print.
-    fn receive_image(&self, conn: &mut Connection<'_, '_, '_>, parts: u32) -> io::Result<()> {
+    /// whether it can print: what it returns.
+    fn receive_image(&self, conn: &mut Connection<'_, '_, '_>, parts: u32) -> io::Result<bool> {
         conn.data.clear();
         for _ in 0..parts {
             conn.link.recv_frame(&mut conn.frame).map_err(io_err)?;
             conn.data.extend_from_slice(&conn.frame);
         }
-        if (lock(&self.stdout).image_may_print)(&conn.data) {
+        let prints = (lock(&self.stdout).image_may_print)(&conn.data);
+        if prints {
             self.may_print.store(true, Ordering::Release);
             conn.may_print = true;
         }
-        Ok(())
+        Ok(prints)
     }
 
     /// Serves one request of `conn`: the one place each kind is handled.
@@ -593,20 +594,23 @@ impl Served<'_, '_> {
                 return conn.reply(Err(e));
             }
             WorkerRequest::ModuleLoad { parts } => {
-                self.receive_image(conn, parts)?;
+                let prints = self.receive_image(conn, parts)?;
                 let image = &conn.data;
                 guarded(kind, || {
-                    value(ctx.module_load(image).map(WorkerValue::Module))
+                    value(
+                        ctx.module_load(image)
+                            .map(|m| WorkerValue::Module(m, prints)),
+                    )
                 })
             }
             WorkerRequest::ModuleLoadAt { parts, blocks } => {
-                self.receive_image(conn, parts)?;
+                let prints = self.receive_image(conn, parts)?;
                 let image = &conn.data;
                 guarded(kind, || {
                     value(
                         movable(ctx)
                             .and_then(|m| m.module_load_at(image, &blocks))
-                            .map(WorkerValue::Module),
+                            .map(|m| WorkerValue::Module(m, prints)),
                     )
                 })
             }

@@ -71,8 +71,6 @@ pub struct Launcher {
     spare: Mutex<Option<Spawned>>,
     /// Resets contexts whose work stops progressing (`--kernel-timeout`).
     watchdog: OnceLock<Arc<Watchdog>>,
-    /// Whether a module image can print (`WorkerDevice::with_print_detector`).
-    print_detector: OnceLock<fn(&[u8]) -> bool>,
 }
 
 impl Launcher {
@@ -85,19 +83,7 @@ impl Launcher {
             keep_spare,
             spare: Mutex::new(None),
             watchdog: OnceLock::new(),
-            print_detector: OnceLock::new(),
         }
-    }
-
-    /// Has `detector` tell the printing images of this launcher's contexts
-    /// (the first one set stays).
-    pub fn set_print_detector(&self, detector: fn(&[u8]) -> bool) {
-        let _ = self.print_detector.set(detector);
-    }
-
-    /// Whether `image` can print, as the detector set says (no detector: no).
-    pub fn may_print(&self, image: &[u8]) -> bool {
-        self.print_detector.get().is_some_and(|d| d(image))
     }
 
     /// Has `watchdog` watch the contexts of the workers started from now on

@@ -382,7 +382,9 @@ pub enum WorkerValue {
     Bytes,
     /// A piece of memory that is all this byte value.
     Fill(u8),
-    Module(LoadedModule),
+    /// A loaded module, and whether its image can print (as the worker's
+    /// detector judges it: the server asks no detector of its own).
+    Module(LoadedModule, bool),
     Done(bool),
     Ms(f32),
     TensorMap(#[serde(with = "serde_bytes")] Vec<u8>),
