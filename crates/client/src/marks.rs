@@ -162,43 +162,35 @@ pub fn ready(c: &Client, device: u32) -> bool {
 }
 
 /// After a synchronize the server answered: makes `device`'s page of marks
-/// if marks are on and it has none yet, so that later synchronizes use
-/// marks. Made here rather than at the wait that needs it: the device has
-/// just finished the work waited for, and a device that runs work in one
-/// order (the CPU device in a worker) takes the registration only after
-/// the work queued before it, so one made while a kernel never ends would
-/// hang the wait instead of failing it.
+/// (one round trip, once) if marks are on and it has none yet, so that
+/// later synchronizes use marks. Made here rather than at the wait that
+/// needs it: the device has just finished the work waited for, and a device
+/// that runs work in one order (the CPU device in a worker) takes the
+/// registration only after the work queued before it, so one made while a
+/// kernel never ends would hang the wait instead of failing it.
 pub fn after_wait(c: &Client, device: u32) {
-    if !c.lock().marks.contains_key(&device) {
-        page(c, device);
+    if c.lock().marks.contains_key(&device) {
+        return;
     }
-}
-
-/// Whether marks are on and `device`'s session has its page of marks (made
-/// now at its first need, one round trip, once).
-fn page(c: &Client, device: u32) -> bool {
     if !enabled() || crate::resume::wanted() {
         // Asked once: the device has no marks.
         c.lock().marks.entry(device).or_insert(None);
-        return false;
+        return;
     }
-    if !c.lock().marks.contains_key(&device) {
-        let memory = crate::pinned::alloc_on(c, device, 8 * SLOTS as usize);
-        let mut st = c.lock();
-        match st.marks.contains_key(&device) {
-            // Another thread made the device's page meanwhile: this one goes back.
-            true => {
-                drop(st);
-                if let Some(memory) = memory {
-                    crate::pinned::free(c, memory);
-                }
-            }
-            false => {
-                st.marks.insert(device, memory.map(Marks::new));
+    let memory = crate::pinned::alloc_on(c, device, 8 * SLOTS as usize);
+    let mut st = c.lock();
+    match st.marks.contains_key(&device) {
+        // Another thread made the device's page meanwhile: this one goes back.
+        true => {
+            drop(st);
+            if let Some(memory) = memory {
+                crate::pinned::free(c, memory);
             }
         }
+        false => {
+            st.marks.insert(device, memory.map(Marks::new));
+        }
     }
-    c.lock().marks.get(&device).is_some_and(Option::is_some)
 }
 
 /// Gives an event's slot back.
