@@ -40,11 +40,6 @@ fn spin() -> Duration {
     *SPIN.get_or_init(|| cumux_protocol::shm::answer_spin_from_env().min(WATCH))
 }
 
-/// Pause instructions between two looks of a spinning watch (about 0.3 µs
-/// on recent Intel cores), as the connection's own spin: a hyperthread
-/// beside it (the server's, the worker's) keeps most of its core.
-const PAUSES_PER_LOOK: u32 = 4;
-
 /// A device's page of marks: its slots, free and taken, and each slot's last
 /// value (values only grow, so a slot given to a new event never looks
 /// reached by an old event's store).
@@ -137,7 +132,9 @@ fn wait_all(watches: &[Watch]) -> bool {
             return false;
         }
         match waited < spin {
-            true => (0..PAUSES_PER_LOOK).for_each(|_| std::hint::spin_loop()),
+            // As the connection's own spin: a hyperthread beside it (the
+            // server's, the worker's) keeps most of its core.
+            true => cumux_protocol::shm::pause_between_looks(),
             false => std::thread::yield_now(),
         }
     }

@@ -25,7 +25,7 @@ pub use messages::*;
 pub use vmm::{VmmCall, VmmProperties};
 
 /// Bumped whenever a message type changes shape. Client and server must agree.
-pub const PROTOCOL_VERSION: u32 = 32;
+pub const PROTOCOL_VERSION: u32 = 33;
 
 /// Unanswered calls (launches, async copies, event records) a client sends
 /// before a [`Call::Fence`]: what it may have in flight beyond the launches the
@@ -35,9 +35,13 @@ pub const FENCE_EVERY: u32 = 256;
 /// First bytes of every handshake, so a stray connection is recognised at once.
 pub const MAGIC: u32 = 0x43_4d_55_58; // "CMUX"
 
+/// Room an encoded message starts with: a launch, a copy or a reply fits,
+/// so the common message takes one allocation, not a chain of growing ones.
+const ENCODE_START_BYTES: usize = 256;
+
 /// Encodes a message into its wire bytes (without the frame header).
 pub fn encode<T: serde::Serialize>(msg: &T) -> Result<Vec<u8>, postcard::Error> {
-    postcard::to_stdvec(msg)
+    postcard::to_extend(msg, Vec::with_capacity(ENCODE_START_BYTES))
 }
 
 /// Decodes wire bytes into a message; malformed input is an error, never a panic.

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use cumux_protocol::shm::{
-    self, Endpoint, ShmArea, ShmLayout, Side, HEADER_BYTES, OFF_CLOSED, OFF_POS, RECORD_BYTES,
+    self, Endpoint, ShmArea, ShmLayout, Side, HEADER_BYTES, OFF_CLOSED, RECORD_BYTES,
 };
 use cumux_protocol::*;
 
@@ -83,9 +83,11 @@ impl Attached {
 
     /// Publishes `bytes` as the next request-ring bytes, as a client would.
     fn publish_request_bytes(&self, bytes: &[u8]) {
-        let at = self.word(OFF_POS).load(Ordering::Relaxed);
+        let at = self
+            .word(shm::write_position_offset(0))
+            .load(Ordering::Relaxed);
         self.poke(HEADER_BYTES + at as usize, bytes);
-        self.word(OFF_POS)
+        self.word(shm::write_position_offset(0))
             .store(at + bytes.len() as u64, Ordering::Release);
         shm::ring_doorbell(&self.area, Side::Server);
     }
@@ -127,7 +129,8 @@ fn impossible_ring_positions_close_the_connection() {
     let cap = LAYOUT.request_ring as u64;
     for bad in [cap + 1, 1 << 40, u64::MAX, u64::MAX / 2] {
         let a = attach(&h);
-        a.word(OFF_POS).store(bad, Ordering::Release);
+        a.word(shm::write_position_offset(0))
+            .store(bad, Ordering::Release);
         shm::ring_doorbell(&a.area, Side::Server);
         a.expect_closed(&format!("request write position {bad}"));
     }
@@ -135,7 +138,8 @@ fn impossible_ring_positions_close_the_connection() {
     // at its first reply.
     for bad in [1u64 << 40, cap * 3] {
         let a = attach(&h);
-        a.word(OFF_POS + 16 + 8).store(bad, Ordering::Release);
+        a.word(shm::read_position_offset(1))
+            .store(bad, Ordering::Release);
         let request = encode(&Request {
             seq: 1,
             call: Call::MemGetInfo { device: 0 },
@@ -146,7 +150,8 @@ fn impossible_ring_positions_close_the_connection() {
     }
     // A bulk ring write position out of range, once a record asks for bulk.
     let a = attach(&h);
-    a.word(OFF_POS + 32).store(u64::MAX - 5, Ordering::Release);
+    a.word(shm::write_position_offset(2))
+        .store(u64::MAX - 5, Ordering::Release);
     let request = encode(&Request {
         seq: 1,
         call: Call::MemcpyHtoD {
@@ -310,16 +315,17 @@ fn random_garbage_in_the_area_never_hurts_the_server() {
         match rng.below(4) {
             // Random positions.
             0 => {
-                for i in 0..8 {
-                    a.word(OFF_POS + 8 * i)
-                        .store(rng.next_u64(), Ordering::Release);
+                for i in 0..4 {
+                    for at in [shm::write_position_offset(i), shm::read_position_offset(i)] {
+                        a.word(at).store(rng.next_u64(), Ordering::Release);
+                    }
                 }
             }
             // Random bytes over the rings, then a plausible write position.
             1 => {
                 let bytes: Vec<u8> = (0..4096).map(|_| rng.next_u64() as u8).collect();
                 a.poke(HEADER_BYTES, &bytes);
-                a.word(OFF_POS)
+                a.word(shm::write_position_offset(0))
                     .store(1 + rng.below(LAYOUT.request_ring as u64), Ordering::Release);
             }
             // Random bytes everywhere, header included.

@@ -16,7 +16,7 @@ use super::layout::{
 };
 use super::ring::Ring;
 use super::wait::{
-    futex_wait, futex_wake, involuntary_switches, socket_hung_up, PAUSES_PER_CHECK, PREEMPTED,
+    futex_wait, futex_wake, involuntary_switches, pause_between_looks, socket_hung_up, PREEMPTED,
     WAIT_SLICE,
 };
 use crate::framing::MAX_FRAME_BYTES;
@@ -32,6 +32,10 @@ pub struct Endpoint {
     /// (message ring, bulk ring) this side writes and their private positions.
     tx: [Ring; 2],
     tx_pos: [u64; 2],
+    /// The peer's read position of each ring we write, as last loaded: room
+    /// known free without a look at the peer's word (whose cache line the
+    /// peer writes after every message it takes).
+    tx_peer_read: [u64; 2],
     /// (message ring, bulk ring) this side reads and their private positions.
     rx: [Ring; 2],
     rx_pos: [u64; 2],
@@ -93,12 +97,15 @@ impl Endpoint {
         // Start where the area's words say (zero in a fresh area); from here on
         // only our private copies count.
         let tx_pos = tx.map(|r| area.word64(r.write_word).load(Ordering::Acquire));
+        // Nothing known free yet: the first write looks at the peer's word.
+        let tx_peer_read = [0, 1].map(|i| tx_pos[i].wrapping_sub(tx[i].cap));
         let rx_pos = rx.map(|r| area.word64(r.read_word).load(Ordering::Acquire));
         Endpoint {
             area,
             side,
             tx,
             tx_pos,
+            tx_peer_read,
             rx,
             rx_pos,
             spin,
@@ -174,7 +181,7 @@ impl Endpoint {
         // ring a writer asleep for its answer for nothing).
         let cap = self.tx[1].cap;
         let at = self.tx_pos[1] & (cap - 1);
-        let skip = if bulk_len > 0 && (bulk_len as u64) < at && self.free(1)? == cap {
+        let skip = if bulk_len > 0 && (bulk_len as u64) < at && self.free(1, cap)? == cap {
             cap - at
         } else {
             0
@@ -183,8 +190,7 @@ impl Endpoint {
         record[..4].copy_from_slice(&(msg.len() as u32).to_le_bytes());
         record[4..8].copy_from_slice(&(skip as u32).to_le_bytes());
         record[8..].copy_from_slice(&(bulk_len as u64).to_le_bytes());
-        self.write_all(0, &record)?;
-        self.write_all(0, msg)?;
+        self.write_record(&record, msg)?;
         if skip > 0 {
             self.tx_pos[1] = self.tx_pos[1].wrapping_add(skip);
             self.tx[1].publish_write(&self.area, self.tx_pos[1]);
@@ -208,7 +214,7 @@ impl Endpoint {
     ) -> Result<Option<io::Result<()>>, ShmError> {
         self.check_open()?;
         self.reap_held();
-        if len == 0 || len > MAX_BULK_BYTES || self.free(1)? < len as u64 {
+        if len == 0 || len > MAX_BULK_BYTES || self.free(1, len as u64)? < len as u64 {
             return Ok(None);
         }
         let mut filled = Ok(());
@@ -279,7 +285,24 @@ impl Endpoint {
         }
         self.reap_held();
         let mut record = [0u8; RECORD_BYTES];
-        self.read_exact(0, &mut record)?;
+        let avail = self.wait_available(0)?;
+        let whole = avail >= RECORD_BYTES && {
+            // SAFETY: `record` is valid for RECORD_BYTES bytes of writes.
+            unsafe {
+                self.rx[0].copy_out(
+                    &self.area,
+                    self.rx_pos[0],
+                    record.as_mut_ptr(),
+                    RECORD_BYTES,
+                )
+            };
+            avail
+                >= RECORD_BYTES
+                    + u32::from_le_bytes(record[..4].try_into().expect("4 bytes")) as usize
+        };
+        if !whole {
+            self.read_exact(0, &mut record)?;
+        }
         let msg_len = u32::from_le_bytes(record[..4].try_into().expect("4 bytes")) as usize;
         let skip = u32::from_le_bytes(record[4..8].try_into().expect("4 bytes")) as u64;
         let bulk_len = u64::from_le_bytes(record[8..].try_into().expect("8 bytes"));
@@ -289,7 +312,22 @@ impl Endpoint {
             )));
         }
         msg.clear();
-        self.read_into(0, msg, msg_len)?;
+        if whole {
+            msg.reserve(msg_len);
+            // SAFETY: `reserve` made room for `msg_len` bytes, which the copy
+            // initialises before `set_len` exposes them; they are among the
+            // bytes available (checked above).
+            unsafe {
+                let at = self.rx_pos[0].wrapping_add(RECORD_BYTES as u64);
+                self.rx[0].copy_out(&self.area, at, msg.as_mut_ptr(), msg_len);
+                msg.set_len(msg_len);
+            }
+            // The whole message was in (as its writer publishes it): the read
+            // position moves past the record and the message at once.
+            self.consumed(0, RECORD_BYTES + msg_len);
+        } else {
+            self.read_into(0, msg, msg_len)?;
+        }
         self.pending_bulk = Some((skip, bulk_len as usize));
         Ok(bulk_len as usize)
     }
@@ -477,8 +515,32 @@ impl Endpoint {
         }
     }
 
-    /// Free bytes of the ring this side writes; an impossible read position is a violation.
-    fn free(&self, lane: usize) -> Result<u64, ShmError> {
+    /// Free bytes of the ring this side writes, at least `want` if known
+    /// without a look at the peer's read position, else as that says now;
+    /// an impossible read position is a violation.
+    fn free(&mut self, lane: usize, want: u64) -> Result<u64, ShmError> {
+        let cap = self.tx[lane].cap;
+        // We never write past the room we saw, so this span is at most `cap`.
+        let known = cap - self.tx_pos[lane].wrapping_sub(self.tx_peer_read[lane]);
+        if known >= want {
+            return Ok(known);
+        }
+        match self.free_now(lane) {
+            Ok(free) => {
+                self.tx_peer_read[lane] = self.tx_pos[lane].wrapping_sub(cap - free);
+                Ok(free)
+            }
+            Err(e) => {
+                // Nothing known free any more: every later write looks again.
+                self.tx_peer_read[lane] = self.tx_pos[lane].wrapping_sub(cap);
+                Err(e)
+            }
+        }
+    }
+
+    /// Free bytes of the ring this side writes, as the peer's read position
+    /// says now; an impossible one is a violation.
+    fn free_now(&self, lane: usize) -> Result<u64, ShmError> {
         self.tx[lane].free(&self.area, self.tx_pos[lane])
     }
 
@@ -487,12 +549,30 @@ impl Endpoint {
         self.rx[lane].available(&self.area, self.rx_pos[lane])
     }
 
+    /// Writes a record header and its message on the message ring, published
+    /// at once where both fit: the reader then finds the whole message at its
+    /// first look, and the position's cache line moves once, not twice.
+    fn write_record(&mut self, record: &[u8], msg: &[u8]) -> Result<(), ShmError> {
+        let len = (record.len() + msg.len()) as u64;
+        if self.free(0, len)? < len {
+            self.write_all(0, record)?;
+            return self.write_all(0, msg);
+        }
+        let ring = self.tx[0];
+        ring.copy_in(&self.area, self.tx_pos[0], record);
+        let at = self.tx_pos[0].wrapping_add(record.len() as u64);
+        ring.copy_in(&self.area, at, msg);
+        self.tx_pos[0] = self.tx_pos[0].wrapping_add(len);
+        ring.publish_write(&self.area, self.tx_pos[0]);
+        Ok(())
+    }
+
     fn write_all(&mut self, lane: usize, mut bytes: &[u8]) -> Result<(), ShmError> {
         while !bytes.is_empty() {
-            let free = self.free(lane)?;
+            let free = self.free(lane, bytes.len().min(PUBLISH_BYTES) as u64)?;
             if free == 0 {
                 self.notify_peer();
-                self.wait(|me| Ok(me.free(lane)? > 0))?;
+                self.wait(|me| Ok(me.free_now(lane)? > 0))?;
                 continue;
             }
             // Large payloads are published in pieces, so the reader copies one
@@ -710,9 +790,7 @@ impl Endpoint {
                 break;
             }
             last = now;
-            for _ in 0..PAUSES_PER_CHECK {
-                std::hint::spin_loop();
-            }
+            pause_between_looks();
         }
         let me = self.side;
         loop {

@@ -37,17 +37,36 @@ pub const HEADER_BYTES: usize = 4096;
 pub const RECORD_BYTES: usize = 16;
 pub(super) const AREA_MAGIC: u64 = 0x4d48_5358_554d_5543; // "CUMUXSHM"
 
-// Header words, one cache line each (offsets into the area).
+// Header words (offsets into the area). Each word one side writes often
+// lies alone in a block of `POS_STRIDE` bytes: the position a side publishes
+// for every message shares no cache line (nor the pair of lines that cores
+// fetch together) with a word the other side writes, so a spinning reader's
+// looks do not take the line from the writer between its publishes.
 pub(super) const OFF_MAGIC: usize = 0;
-/// Ring `i`'s write position is the u64 at `OFF_POS + 16 * i`, its read position
-/// 8 bytes later; rings in order request, reply, request bulk, reply bulk.
-pub const OFF_POS: usize = 64;
+/// Bytes from one position word to the next.
+pub const POS_STRIDE: usize = 128;
+/// The first position word: ring `i`'s write position is at
+/// [`write_position_offset`]`(i)`, its read position at
+/// [`read_position_offset`]`(i)`; rings in order request, reply, request
+/// bulk, reply bulk.
+pub(super) const OFF_POS: usize = 128;
 /// By side (client, server): the futex word that side sleeps on.
-pub const OFF_BELL: [usize; 2] = [640, 704];
+pub const OFF_BELL: [usize; 2] = [1152, 1280];
 /// By side: nonzero while that side sleeps (or is about to).
-pub const OFF_SLEEPING: [usize; 2] = [644, 708];
+pub const OFF_SLEEPING: [usize; 2] = [1156, 1284];
 /// By side: nonzero once that side has closed its end.
-pub const OFF_CLOSED: [usize; 2] = [648, 712];
+pub const OFF_CLOSED: [usize; 2] = [1160, 1288];
+
+/// Offset of ring `i`'s write position (a `u64`, written by its writer).
+pub const fn write_position_offset(i: usize) -> usize {
+    OFF_POS + 2 * POS_STRIDE * i
+}
+
+/// Offset of ring `i`'s read position (a `u64`, written by its reader).
+pub const fn read_position_offset(i: usize) -> usize {
+    write_position_offset(i) + POS_STRIDE
+}
+
 impl ShmLayout {
     pub(super) fn rings(&self) -> [u32; 4] {
         [

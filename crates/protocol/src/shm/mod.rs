@@ -1,9 +1,9 @@
 //! The shared-memory transport of same-host clients: a sealed memfd both sides
 //! map, holding per direction a message ring and a bulk ring, and a futex doorbell per side.
 //!
-//! Layout of the area (offsets in bytes): a 4 KiB header of cache-line-separated
-//! words (each ring's write and read positions, each side's doorbell, sleep flag
-//! and closed flag), then the request ring, the reply ring, the request bulk ring
+//! Layout of the area (offsets in bytes): a 4 KiB header of words (each
+//! ring's write and read positions, each alone in 128 bytes, and each side's
+//! doorbell, sleep flag and closed flag), then the request ring, the reply ring, the request bulk ring
 //! and the reply bulk ring, each a power of two. A message on a direction is a
 //! 16-byte record header (`msg_len: u32`, `0u32`, `bulk_len: u64`) and the
 //! message's encoded bytes in the message ring, then `bulk_len` bytes in the bulk
@@ -42,10 +42,12 @@ pub use bulk::{put_call_bulk, put_reply_bulk, take_call_bulk, take_reply_bulk, B
 pub use endpoint::{Endpoint, EndpointStats};
 pub use fd_passing::{peer_credentials, recv_with_fd, recv_with_fds, send_with_fd};
 pub use held::HeldBulk;
+pub use layout::{read_position_offset, write_position_offset};
 pub use layout::{
     ShmError, ShmLayout, Side, DEFAULT_LAYOUT, HEADER_BYTES, MAX_BULK_BYTES, MAX_RING_BYTES,
-    MIN_RING_BYTES, OFF_BELL, OFF_CLOSED, OFF_POS, OFF_SLEEPING, RECORD_BYTES,
+    MIN_RING_BYTES, OFF_BELL, OFF_CLOSED, OFF_SLEEPING, POS_STRIDE, RECORD_BYTES,
 };
 pub use wait::{
-    answer_spin_from_env, ring_doorbell, spin_from_env, ANSWER_SPIN, DEFAULT_SPIN, WAIT_SLICE,
+    answer_spin_from_env, pause_between_looks, ring_doorbell, spin_from_env, ANSWER_SPIN,
+    DEFAULT_SPIN, WAIT_SLICE,
 };

@@ -5,7 +5,7 @@
 use std::sync::atomic::Ordering;
 
 use super::area::ShmArea;
-use super::layout::{ShmError, ShmLayout, OFF_POS};
+use super::layout::{read_position_offset, write_position_offset, ShmError, ShmLayout};
 
 /// One byte ring as seen from one side: where its data lies and which header
 /// words hold its positions.
@@ -22,8 +22,8 @@ impl Ring {
         Ring {
             data: layout.ring_offset(i),
             cap: layout.rings()[i] as u64,
-            write_word: OFF_POS + 16 * i,
-            read_word: OFF_POS + 16 * i + 8,
+            write_word: write_position_offset(i),
+            read_word: read_position_offset(i),
         }
     }
 

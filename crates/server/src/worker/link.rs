@@ -818,7 +818,7 @@ mod tests {
         // The request ring's write position, far past anything written.
         let ep = server.shm.as_ref().unwrap();
         ep.area()
-            .word64(shm::OFF_POS)
+            .word64(shm::write_position_offset(0))
             .store(u64::MAX / 2, std::sync::atomic::Ordering::Release);
         shm::ring_doorbell(ep.area(), Side::Server);
         match peer.join().unwrap() {

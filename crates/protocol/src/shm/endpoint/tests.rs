@@ -2,7 +2,7 @@
 //! filled, visited and held in place, full rings, doorbells and hostile peers.
 
 use super::*;
-use crate::shm::layout::{ShmLayout, MIN_RING_BYTES, OFF_POS};
+use crate::shm::layout::{read_position_offset, write_position_offset, ShmLayout, MIN_RING_BYTES};
 use crate::shm::test_data::{pattern, SMALL};
 use crate::shm::wait::DEFAULT_SPIN;
 use std::os::unix::net::UnixStream;
@@ -291,11 +291,11 @@ fn a_held_payload_keeps_its_bytes_until_dropped() {
     let b = server.recv_bulk_held(300).unwrap().expect("held");
     drop(b);
     server.reap_held();
-    assert_eq!(client.free(1).unwrap(), (cap - 600) as u64);
+    assert_eq!(client.free_now(1).unwrap(), (cap - 600) as u64);
     assert_eq!(a.pieces().concat(), pattern(3, 300));
     drop(a);
     server.reap_held();
-    assert_eq!(client.free(1).unwrap(), cap as u64);
+    assert_eq!(client.free_now(1).unwrap(), cap as u64);
     // More than half the ring is not held: taken another way instead.
     client.send(b"c", &pattern(5, cap / 2 + 1)).unwrap();
     let len = server.recv_message(&mut msg).unwrap();
@@ -384,18 +384,36 @@ fn impossible_positions_and_lengths_are_violations() {
     };
     // A request ring write position past its capacity.
     let (client, mut server) = pair(SMALL, DEFAULT_SPIN);
-    write_word(&client, OFF_POS, 1 << 40);
+    write_word(&client, write_position_offset(0), 1 << 40);
     assert!(matches!(
         server.recv(&mut Vec::new(), &mut Vec::new()),
         Err(ShmError::Violation(_))
     ));
     // A reply ring read position ahead of what was written.
     let (client, mut server) = pair(SMALL, DEFAULT_SPIN);
-    write_word(&client, OFF_POS + 16 + 8, 1 << 40);
+    write_word(&client, read_position_offset(1), 1 << 40);
     assert!(matches!(
         server.send(b"x", &[]),
         Err(ShmError::Violation(_))
     ));
+    // The same once the writer knows room free (it looks at the reader's
+    // word only when that runs out): caught before it writes past the room.
+    let (client, mut server) = pair(SMALL, DEFAULT_SPIN);
+    server.send(b"x", &[]).unwrap();
+    write_word(&client, read_position_offset(1), 1 << 40);
+    let cap = SMALL.reply_ring as usize;
+    let sent = (0..cap)
+        .take_while(|_| server.send(&[7u8; 64], &[]).is_ok())
+        .count();
+    assert!(
+        sent < cap / 64,
+        "{sent} messages sent on a forged read position"
+    );
+    let after = server.send(b"x", &[]);
+    assert!(
+        matches!(after, Err(ShmError::Violation(_))),
+        "{after:?} after {sent}"
+    );
     // A record claiming an absurd length.
     for (msg_len, bulk_len) in [(u32::MAX, 0u64), (0, u64::MAX), (1 << 30, 1 << 40)] {
         let (mut client, mut server) = pair(SMALL, DEFAULT_SPIN);
