@@ -68,6 +68,10 @@ pub struct DeviceModel {
     /// the contexts with running kernels) after this long, or at once when its
     /// context has nothing running. Within a context, `in_order` still applies.
     pub time_slice_ns: Option<Nanos>,
+    /// On a time-sliced device, how long it does no work when the slice passes
+    /// from one context to another (the switch, and the new context's work
+    /// reaching it): what each change of turns costs.
+    pub switch_ns: Nanos,
 }
 
 impl DeviceModel {
@@ -375,12 +379,19 @@ pub fn run(config: &SimConfig) -> SimReport {
     let mut dispatches = 0u64;
     // The context holding the slice and when its slice ends (`time_slice_ns`).
     let mut slice: Option<(usize, Nanos)> = None;
+    // No kernel progresses before this (a context switch, `switch_ns`).
+    let mut stalled_until: Nanos = 0;
 
     loop {
         let next_arrival = arrivals.peek().map(|Reverse((at, ..))| *at);
         let tenant_of = |r: &Running| items[r.id.0 as usize].tenant;
         if let Some(length) = config.device.time_slice_ns {
+            let before = slice.map(|(owner, _)| owner);
             slice = next_slice(slice, now, length, running.iter().map(tenant_of));
+            let after = slice.map(|(owner, _)| owner);
+            if before.is_some() && after.is_some() && before != after {
+                stalled_until = now + config.device.switch_ns;
+            }
         }
         let sliced_to = slice.map(|(owner, _)| owner);
         let in_slice = |r: &Running| sliced_to.is_none_or(|owner| tenant_of(r) == owner);
@@ -398,8 +409,9 @@ pub fn run(config: &SimConfig) -> SimReport {
             .min_by_key(|r| (r.started_at, r.id))
             .map(|r| r.id)
             .filter(|_| config.device.in_order);
+        let stalled = now < stalled_until;
         let progressing = |r: &&Running| {
-            (!only_urgent || r.urgent) && first.is_none_or(|f| f == r.id) && in_slice(r)
+            !stalled && (!only_urgent || r.urgent) && first.is_none_or(|f| f == r.id) && in_slice(r)
         };
         let next_completion = running
             .iter()
@@ -412,11 +424,17 @@ pub fn run(config: &SimConfig) -> SimReport {
         let slice_end = slice
             .filter(|&(owner, _)| running.iter().any(|r| tenant_of(r) != owner))
             .map(|(_, end)| end.max(now + 1));
-        let Some(next) = [next_arrival, next_completion, next_wakeup, slice_end]
-            .into_iter()
-            .flatten()
-            .min()
-        else {
+        let stall_end = stalled.then_some(stalled_until);
+        let Some(next) = [
+            next_arrival,
+            next_completion,
+            next_wakeup,
+            slice_end,
+            stall_end,
+        ]
+        .into_iter()
+        .flatten()
+        .min() else {
             break;
         };
         assert!(next >= now);
@@ -425,7 +443,7 @@ pub fn run(config: &SimConfig) -> SimReport {
         // Advance the device and the accounting over [now, next).
         let elapsed = next - now;
         let clipped = overlap((now, next), window);
-        if !running.is_empty() && elapsed > 0 {
+        if !running.is_empty() && elapsed > 0 && !stalled {
             let count = running.iter().filter(progressing).count();
             let part = clipped as f64 / count as f64;
             for r in running

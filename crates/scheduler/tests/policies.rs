@@ -18,6 +18,7 @@ const SATURATING: DeviceModel = DeviceModel {
     favours_latency_critical: false,
     in_order: false,
     time_slice_ns: None,
+    switch_ns: 0,
 };
 /// A device that runs one kernel at a time (time slicing without overlap).
 const SERIAL: DeviceModel = DeviceModel {
@@ -26,6 +27,7 @@ const SERIAL: DeviceModel = DeviceModel {
     favours_latency_critical: false,
     in_order: false,
     time_slice_ns: None,
+    switch_ns: 0,
 };
 /// Partial overlap: eight slots, each co-runner costs half a kernel's speed.
 const PARTIAL: DeviceModel = DeviceModel {
@@ -34,6 +36,7 @@ const PARTIAL: DeviceModel = DeviceModel {
     favours_latency_critical: false,
     in_order: false,
     time_slice_ns: None,
+    switch_ns: 0,
 };
 
 fn fair() -> Policy {
@@ -464,6 +467,7 @@ fn stream_order_and_bounds_hold_for_every_policy_and_many_seeds() {
             favours_latency_critical: rng.below(2) == 0,
             in_order: false,
             time_slice_ns: (rng.below(2) == 0).then_some(500 * US),
+            switch_ns: 0,
         };
         for policy in [Policy::Fifo, fair(), priority()] {
             let mut scheduler = SchedulerConfig::new(policy, device.slots);
@@ -641,6 +645,7 @@ const IN_ORDER: DeviceModel = DeviceModel {
     favours_latency_critical: false,
     in_order: true,
     time_slice_ns: None,
+    switch_ns: 0,
 };
 
 #[test]

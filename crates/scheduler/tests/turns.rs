@@ -17,6 +17,7 @@ const SLICED: DeviceModel = DeviceModel {
     favours_latency_critical: false,
     in_order: true,
     time_slice_ns: Some(2 * MS),
+    switch_ns: 0,
 };
 
 /// How the simulated server shares the GPU.
@@ -45,9 +46,18 @@ fn gpu_gate(gate: Gate) -> SchedulerConfig {
 }
 
 fn run(gate: Gate, tenants: Vec<TenantSpec>, seed: u64) -> SimReport {
+    run_on(SLICED, gpu_gate(gate), tenants, seed)
+}
+
+fn run_on(
+    device: DeviceModel,
+    scheduler: SchedulerConfig,
+    tenants: Vec<TenantSpec>,
+    seed: u64,
+) -> SimReport {
     sim::run(&SimConfig {
-        scheduler: gpu_gate(gate),
-        device: SLICED,
+        scheduler,
+        device,
         tenants,
         seed,
         horizon_ns: WINDOW.1,
@@ -58,19 +68,29 @@ fn run(gate: Gate, tenants: Vec<TenantSpec>, seed: u64) -> SimReport {
 /// Each tenant's work done beside the others over its work done alone (same gate),
 /// and Jain's index over those shares.
 fn shares(gate: Gate, tenants: &[TenantSpec], seed: u64) -> (Vec<f64>, f64) {
-    let mix = run(gate, tenants.to_vec(), seed);
+    let (shares, jain) = shares_by(&|t, seed| run(gate, t, seed), tenants, seed);
+    eprintln!("{gate:?}: shares {shares:.3?} jain {jain:.3}");
+    (shares, jain)
+}
+
+/// [`shares`] of the runs `run` makes.
+fn shares_by(
+    run: &dyn Fn(Vec<TenantSpec>, u64) -> SimReport,
+    tenants: &[TenantSpec],
+    seed: u64,
+) -> (Vec<f64>, f64) {
+    let mix = run(tenants.to_vec(), seed);
     let shares: Vec<f64> = tenants
         .iter()
         .enumerate()
         .map(|(i, t)| {
-            let alone = run(gate, vec![t.clone()], seed).tenants[0].work_ns;
+            let alone = run(vec![t.clone()], seed).tenants[0].work_ns;
             mix.tenants[i].work_ns as f64 / alone.max(1) as f64
         })
         .collect();
     let sum: f64 = shares.iter().sum();
     let squares: f64 = shares.iter().map(|x| x * x).sum();
     let jain = sum * sum / (shares.len() as f64 * squares);
-    eprintln!("{gate:?}: shares {shares:.3?} jain {jain:.3} sum {sum:.3}");
     (shares, jain)
 }
 
@@ -110,6 +130,42 @@ fn turns_even_out_launch_and_wait_tenants() {
         "jain {jain}: {shares:?} (without turns {jain_before}: {before:?})"
     );
     assert!(jain_before < 0.9, "the mix needs turns: {before:?}");
+}
+
+/// [`SLICED`], where each change of context leaves the GPU idle 250 µs.
+const SLICED_WITH_SWITCHES: DeviceModel = DeviceModel {
+    switch_ns: 250 * US,
+    ..SLICED
+};
+
+#[test]
+fn turns_are_long_enough_that_changing_them_costs_little() {
+    // On the H200 each change of turns left the GPU idle a while: four tenants
+    // pacing launch and wait summed 0.53 of their alone rates with turns of
+    // 1 ms (idle holds up to 300 µs), 0.82-0.89 with the default 4 ms (1 ms).
+    // Here round trips never vary, so no turn ends early, and the gap is smaller.
+    let with_turns = |turns: TurnConfig| {
+        move |tenants, seed| {
+            let mut config = gpu_gate(Gate::Turns);
+            config.turns = Some(turns);
+            run_on(SLICED_WITH_SWITCHES, config, tenants, seed)
+        }
+    };
+    let short = TurnConfig {
+        quantum_ns: MS,
+        hold_idle_max_ns: 300 * US,
+        ..TurnConfig::default()
+    };
+    let (before, _) = shares_by(&with_turns(short), &mix(1), 3);
+    let (shares, jain) = shares_by(&with_turns(TurnConfig::default()), &mix(1), 3);
+    let (sum_before, sum): (f64, f64) = (before.iter().sum(), shares.iter().sum());
+    eprintln!("1 ms turns {before:.3?} sum {sum_before:.3}; default {shares:.3?} sum {sum:.3}");
+    assert!(jain >= 0.95, "jain {jain}: {shares:?}");
+    assert!(sum >= 0.9, "the default turns sum {sum}: {shares:?}");
+    assert!(
+        sum >= sum_before + 0.05,
+        "1 ms turns sum {sum_before} ({before:?}), the default {sum}"
+    );
 }
 
 #[test]

@@ -176,10 +176,29 @@ pub fn queued_scheduler_config(policy: Policy, time_sliced: bool) -> SchedulerCo
     // everything in flight let a 2 ms tenant keep 97 % of the GPU under `fair`).
     config.charging = cumux_scheduler::Charging::Oldest;
     if time_sliced {
-        config.turns = Some(cumux_scheduler::TurnConfig::default());
+        config.turns = Some(turn_config_from_env());
     }
     config.limits.max_queued_total = 65536;
     config
+}
+
+/// `fair`'s turns on a time-sliced GPU: the defaults, or the quantum and the
+/// longest idle hold `CUMUX_TURN_QUANTUM_US` and `CUMUX_TURN_HOLD_US` give.
+fn turn_config_from_env() -> cumux_scheduler::TurnConfig {
+    let micros = |name: &str| {
+        std::env::var(name)
+            .ok()
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .map(|us| us.clamp(10, 1_000_000) * 1_000)
+    };
+    let mut turns = cumux_scheduler::TurnConfig::default();
+    if let Some(ns) = micros("CUMUX_TURN_QUANTUM_US") {
+        turns.quantum_ns = ns;
+    }
+    if let Some(ns) = micros("CUMUX_TURN_HOLD_US") {
+        turns.hold_idle_max_ns = ns;
+    }
+    turns
 }
 
 /// A monotonic clock in nanoseconds.

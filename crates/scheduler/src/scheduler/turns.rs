@@ -159,13 +159,23 @@ mod tests {
     const B: TenantId = TenantId(1);
     const US: Nanos = 1_000;
 
+    /// The turns of these tests: 1 ms, idle holds of up to 300 µs (the times
+    /// they are written in).
+    fn turns() -> TurnConfig {
+        TurnConfig {
+            quantum_ns: 1_000 * US,
+            hold_idle_max_ns: 300 * US,
+            ..TurnConfig::default()
+        }
+    }
+
     /// A GPU's gate as the server makes it for isolated contexts: deep streams, the
-    /// running item charged, turns of 1 ms.
+    /// running item charged, [`turns`].
     fn gpu(tenants: u32) -> Scheduler {
         let mut config = SchedulerConfig::new(Policy::Fair(FairConfig::default()), 1024);
         config.stream_depth = 64;
         config.charging = Charging::Oldest;
-        config.turns = Some(TurnConfig::default());
+        config.turns = Some(turns());
         let mut s = Scheduler::new(config).unwrap();
         for t in 0..tenants {
             s.register_tenant(0, TenantId(t), TenantConfig::default())
@@ -206,7 +216,7 @@ mod tests {
         complete(&mut s, 200 * US, 2);
         // A is idle with no pause known yet: it keeps its turn for the longest hold.
         assert_eq!(drain(&mut s, 200 * US), Vec::<u64>::new());
-        let hold = TurnConfig::default().hold_idle_max_ns;
+        let hold = turns().hold_idle_max_ns;
         assert!(s.next_wakeup().unwrap() <= 200 * US + hold + 1);
         assert_eq!(drain(&mut s, 200 * US + hold), [3], "the hold ran out");
     }
@@ -288,7 +298,7 @@ mod tests {
         // has it again.
         complete(&mut s, 1_500 * US, 100);
         assert_eq!(drain(&mut s, 1_500 * US), Vec::<u64>::new());
-        let hold = TurnConfig::default().hold_idle_max_ns;
+        let hold = turns().hold_idle_max_ns;
         assert_eq!(
             drain(&mut s, 1_500 * US + hold),
             [5, 6, 7, 8, 9, 10],
@@ -302,7 +312,7 @@ mod tests {
         submit(&mut s, 0, 1, A, 10 * US);
         assert_eq!(drain(&mut s, 0), [1]);
         submit(&mut s, 0, 100, B, 10 * US);
-        let turns = TurnConfig::default();
+        let turns = turns();
         let end = turns.quantum_ns + turns.overrun_ns;
         assert_eq!(drain(&mut s, end - 1), Vec::<u64>::new());
         assert!(s.next_wakeup().unwrap() <= end + 1);
