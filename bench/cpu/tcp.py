@@ -4,7 +4,8 @@
 Starts `cumux serve --device cpu` on a loopback TCP port, then alternates for
 ROUNDS rounds: bench/cuda/microbench `bandwidth` (synchronous cudaMemcpy,
 pageable and pinned, up to 256 MiB) through `cumux run --server tcp:…`, and a
-bare TCP stream (one connection, 1 GiB, Python's sendall into recv_into) on the
+bare TCP stream (as many connections as the session opens: its own and its
+`--lanes`, default 4; 1 GiB in all, Python's sendall into recv_into) on the
 same loopback. Writes the medians as JSON: each copy figure against the bare
 stream (issue 24: 256 MiB copies at >= 80 % of it). `--device worker-cpu`
 puts a worker process behind the server, as a GPU has; `--transports
@@ -16,7 +17,7 @@ scripts/setup-nvcc, or NVCC=):
 
     cargo build --release
     python3 bench/cpu/tcp.py [--cumux target/release/cumux ...] [--rounds 3] [--out FILE]
-        [--device cpu|worker-cpu|cuda] [--transports plain[,tls]]
+        [--device cpu|worker-cpu|cuda] [--transports plain[,tls]] [--lanes N]
 """
 
 import argparse
@@ -40,18 +41,20 @@ KEPT = [f"{d}_{m}_{s}_gbps" for s in ("1m", "16m", "256m") for m in ("pageable",
         for d in ("htod", "dtoh")]
 
 
-def bare_stream_gbps():
-    """GB/s of one loopback TCP connection carrying STREAM_BYTES."""
+def bare_stream_gbps(streams=1):
+    """GB/s of `streams` loopback TCP connections at once carrying STREAM_BYTES
+    between them (each its share, sent from a thread of its own)."""
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
-    listener.listen(1)
+    listener.listen(streams)
     port = listener.getsockname()[1]
+    chunk = bytes(16 << 20)
+    share = STREAM_BYTES // streams // len(chunk) * len(chunk)
 
-    def sink():
-        conn, _ = listener.accept()
+    def sink(conn):
         buf = memoryview(bytearray(4 << 20))
         got = 0
-        while got < STREAM_BYTES:
+        while got < share:
             n = conn.recv_into(buf)
             if n == 0:
                 break
@@ -59,19 +62,34 @@ def bare_stream_gbps():
         conn.sendall(b"k")
         conn.close()
 
-    t = threading.Thread(target=sink)
-    t.start()
-    s = socket.create_connection(("127.0.0.1", port))
-    chunk = bytes(64 << 20)
+    def accept_all():
+        sinks = [threading.Thread(target=sink, args=(listener.accept()[0],))
+                 for _ in range(streams)]
+        for t in sinks:
+            t.start()
+        for t in sinks:
+            t.join()
+
+    def source(s):
+        for _ in range(share // len(chunk)):
+            s.sendall(chunk)
+        s.recv(1)
+
+    acceptor = threading.Thread(target=accept_all)
+    acceptor.start()
+    conns = [socket.create_connection(("127.0.0.1", port)) for _ in range(streams)]
+    sources = [threading.Thread(target=source, args=(c,)) for c in conns]
     started = time.perf_counter()
-    for _ in range(STREAM_BYTES // len(chunk)):
-        s.sendall(chunk)
-    s.recv(1)
+    for t in sources:
+        t.start()
+    for t in sources:
+        t.join()
     took = time.perf_counter() - started
-    s.close()
-    t.join()
+    for c in conns:
+        c.close()
+    acceptor.join()
     listener.close()
-    return STREAM_BYTES / took / 1e9
+    return share * streams / took / 1e9
 
 
 def start_tcp_server(cumux, work, device, transport):
@@ -121,7 +139,12 @@ def main():
     ap.add_argument("--out", default=None)
     ap.add_argument("--device", default="cpu", choices=["cpu", "worker-cpu", "cuda"])
     ap.add_argument("--transports", default="plain")
+    ap.add_argument("--lanes", type=int, default=None,
+                    help="CUMUX_LANES for the client (its default: 4); the bare "
+                         "stream then runs as many connections as the session "
+                         "(1 + lanes)")
     opts = ap.parse_args()
+    lanes = 4 if opts.lanes is None else opts.lanes
     transports = opts.transports.split(",")
     kits = opts.cumux or [os.path.join(ROOT, "target/release/cumux")]
     labels = [kit_label(k, i) for i, k in enumerate(kits)]
@@ -139,7 +162,7 @@ def main():
     servers = []
     try:
         for r in range(opts.rounds):
-            bare.append(bare_stream_gbps())
+            bare.append(bare_stream_gbps(1 + lanes))
             if opts.device == "cuda":
                 got = run_native(exe, args)
                 for k, v in got.items():
@@ -147,6 +170,8 @@ def main():
             for i, t in columns:
                 # A fresh server for each run: kits never share a GPU's memory.
                 server, address, env = start_tcp_server(kits[i], work, opts.device, t)
+                if opts.lanes is not None:
+                    env["CUMUX_LANES"] = str(opts.lanes)
                 servers.append(server)
                 try:
                     got = run_microbench(kits[i], address, exe, args, env, 600,
@@ -196,13 +221,15 @@ def main():
         "commit": ",".join(labels) if opts.cumux else facts["commit"],
         "host": facts["host"],
         "baseline": "bare_tcp",
-        "note": "bare_tcp is one loopback TCP connection (Python sendall/recv_into, 1 GiB) "
+        "note": f"bare_tcp is {1 + lanes} loopback TCP connection(s) at once, as many as a "
+                "session opens (its own and its lanes; Python sendall/recv_into, 1 GiB in all) "
                 "in the same run, alternating with the copies; cumux is a synchronous "
                 "cudaMemcpy through cumux run over loopback TCP, a fresh server a run; "
                 "ratio = cumux / bare_tcp; medians of the rounds; `native`: the same program "
                 "without cumux. Columns: " + ", ".join(copies) +
                 " (tls: the server's self-signed certificate, pinned).",
         "bare_tcp_rounds": bare,
+        "lanes": lanes,
         "rounds": opts.rounds,
         "metrics": metrics,
     }
