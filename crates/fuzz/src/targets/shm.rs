@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use arbitrary::{Result, Unstructured};
 use cumux_protocol::shm::{
-    put_call_bulk, Endpoint, ShmArea, ShmError, ShmLayout, Side, HEADER_BYTES, MIN_RING_BYTES,
-    OFF_POS, RECORD_BYTES,
+    put_call_bulk, read_position_offset, write_position_offset, Endpoint, ShmArea, ShmError,
+    ShmLayout, Side, HEADER_BYTES, MIN_RING_BYTES, RECORD_BYTES,
 };
 use cumux_protocol::{decode, encode, Request};
 
@@ -44,7 +44,7 @@ enum Op {
     Send { msg: Vec<u8>, bulk: Vec<u8> },
     /// Raw bytes published as the next request-ring bytes.
     Publish(Vec<u8>),
-    /// A position word (ring 0 or 2, write or read) set to a value.
+    /// A position word (ring 0 or 2, write or read; its offset in the area) set to a value.
     Position { word: usize, value: u64 },
     /// Bytes written anywhere in the rings.
     Poke { offset: usize, bytes: Vec<u8> },
@@ -82,7 +82,12 @@ fn op(u: &mut Unstructured) -> Result<Op> {
             Op::Publish(bytes)
         }
         5 => Op::Position {
-            word: *u.choose(&[0usize, 8, 32, 40])?,
+            word: *u.choose(&[
+                write_position_offset(0),
+                read_position_offset(0),
+                write_position_offset(2),
+                read_position_offset(2),
+            ])?,
             value: u.arbitrary()?,
         },
         _ => {
@@ -131,7 +136,7 @@ fn check(data: &[u8], features: &mut Features) {
             }
             Op::Publish(bytes) => {
                 features.add("publish");
-                let word = client.area().word64(OFF_POS);
+                let word = client.area().word64(write_position_offset(0));
                 let at = word.load(Ordering::Relaxed);
                 for (i, chunk) in bytes.chunks(1).enumerate() {
                     let ring_at = (at.wrapping_add(i as u64) % LAYOUT.request_ring as u64) as usize;
@@ -146,10 +151,7 @@ fn check(data: &[u8], features: &mut Features) {
                 // A moved read position could leave an honest send waiting for
                 // room forever (or refused): no more of them.
                 ring_used = LAYOUT.request_ring as usize;
-                client
-                    .area()
-                    .word64(OFF_POS + word)
-                    .store(value, Ordering::Release);
+                client.area().word64(word).store(value, Ordering::Release);
             }
             Op::Poke { offset, bytes } => {
                 features.add("poke");
