@@ -63,6 +63,13 @@ pub struct Link {
     reader: BufReader<SpinReader>,
     writer: UnixStream,
     shm: Option<Endpoint>,
+    /// The shared-memory spin to go back to after a longer poll
+    /// ([`Link::after_sync_mark`]).
+    usual_spin: Option<Duration>,
+    /// Whether the next frame is the first after a synchronize's mark, and
+    /// whether the last such wait outlasted the usual spin.
+    after_mark: bool,
+    mark_waits_long: bool,
 }
 
 fn violation(e: ShmError) -> io::Error {
@@ -83,7 +90,43 @@ impl Link {
             reader: BufReader::new(SpinReader::new(stream, spin)),
             writer,
             shm: None,
+            usual_spin: None,
+            after_mark: false,
+            mark_waits_long: false,
         })
+    }
+
+    /// A synchronize's mark went to the device: its client calls again as
+    /// soon as the work is done. Where the last wait after such a mark
+    /// outlasted the usual spin (work longer than it: a worker asleep by its
+    /// end costs the next call a wake-up), the next frame is polled for up
+    /// to `long`. Shorter work is left alone: polling longer after every
+    /// launch and synchronize made that round trip slower on the H200.
+    pub fn after_sync_mark(&mut self, long: Duration) {
+        let Some(ep) = &mut self.shm else {
+            return;
+        };
+        self.after_mark = true;
+        let usual = ep.spin();
+        if self.mark_waits_long && long > usual {
+            self.usual_spin.get_or_insert(usual);
+            ep.set_spin(long);
+        }
+    }
+
+    /// After a frame came: what the wait after a mark says of the next one,
+    /// and the usual spin again.
+    fn after_frame(&mut self, waited: Duration) {
+        let Some(ep) = &mut self.shm else {
+            return;
+        };
+        let usual = self.usual_spin.take();
+        if std::mem::take(&mut self.after_mark) {
+            self.mark_waits_long = waited > usual.unwrap_or_else(|| ep.spin());
+        }
+        if let Some(usual) = usual {
+            ep.set_spin(usual);
+        }
     }
 
     /// Whether frames travel through a shared-memory area.
@@ -278,9 +321,11 @@ impl Link {
         let Some(ep) = &mut self.shm else {
             return read_frame(&mut self.reader, buf);
         };
+        let started = std::time::Instant::now();
         let received = ep
             .recv_message(buf)
             .and_then(|bulk| ep.recv_bulk_vec(buf, bulk));
+        self.after_frame(started.elapsed());
         match received {
             Ok(()) => Ok(()),
             Err(ShmError::PeerGone) => Err(FrameError::Closed),
@@ -805,6 +850,40 @@ mod tests {
         server.send_frame(b"still here").unwrap();
         worker.recv_frame(&mut buf).unwrap();
         assert_eq!(buf, b"still here");
+    }
+
+    /// After a synchronize's mark the worker polls longer for the next frame
+    /// only where the last wait after such a mark outlasted its usual spin,
+    /// and spins as usual again once the frame came.
+    #[test]
+    fn a_wait_after_a_mark_polls_longer_only_after_a_long_one() {
+        let (first_sent, first_in) = std::sync::mpsc::channel();
+        let (mut server, peer) = switched(move |mut worker| {
+            let mut buf = Vec::new();
+            // A usual spin that a busy machine's hiccups stay under.
+            let usual = Duration::from_millis(5);
+            worker.shm.as_mut().unwrap().set_spin(usual);
+            let long = usual * 4;
+            let mut spins = Vec::new();
+            for _ in 0..3 {
+                worker.after_sync_mark(long);
+                spins.push(worker.shm.as_ref().unwrap().spin());
+                if spins.len() == 1 {
+                    first_in.recv().unwrap();
+                }
+                worker.recv_frame(&mut buf).unwrap();
+            }
+            (usual, long, spins, worker.shm.as_ref().unwrap().spin())
+        });
+        // The first wait finds its frame there, the second outlasts the usual spin.
+        server.send_frame(b"at once").unwrap();
+        first_sent.send(()).unwrap();
+        std::thread::sleep(Duration::from_millis(40));
+        server.send_frame(b"late").unwrap();
+        server.send_frame(b"at once").unwrap();
+        let (usual, long, spins, after) = peer.join().unwrap();
+        assert_eq!(spins, [usual, usual, long]);
+        assert_eq!(after, usual);
     }
 
     /// A write position the peer could never have written is an error of the

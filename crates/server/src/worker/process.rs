@@ -317,6 +317,7 @@ impl Served<'_, '_> {
             frame: Vec::new(),
             data: Vec::new(),
             may_print: false,
+            long_spin: crate::device::spin::answer_spin_time(),
         };
         loop {
             // Stream semantics: the context's own, else work runs as it
@@ -933,6 +934,10 @@ struct Connection<'s, 'a, 'b> {
     /// left out (another connection's printing module, a shared context's
     /// other tenant's, leaves them as they are).
     may_print: bool,
+    /// How long it polls for the next request after a synchronize's mark
+    /// (as the server's connection does; looked up once: the lookup reads
+    /// cgroup files).
+    long_spin: std::time::Duration,
 }
 
 impl Connection<'_, '_, '_> {
@@ -1000,6 +1005,11 @@ impl Connection<'_, '_, '_> {
         }
         self.served.regions.resolve(&mut work);
         hop_trace::mark(Hop::Step, "resolved");
+        // A synchronize's mark: its client calls again as soon as the work
+        // is done, after as long as that takes.
+        if matches!(work, StreamWork::Mark { event: None, .. }) {
+            self.link.after_sync_mark(self.long_spin);
+        }
         let queued = catch_unwind(AssertUnwindSafe(|| ordered.enqueue(stream, work)))
             .unwrap_or_else(|_| {
                 tracing::error!("worker: queued work panicked");
