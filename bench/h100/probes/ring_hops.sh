@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # One hop of the shared-memory transport on this host: each kit's
 # `ring_latency` example (crates/protocol/examples) with its two threads on
-# several pairs of CPUs (siblings, same socket, far apart). Run from the
-# repository root:
+# several pairs of CPUs (siblings, same socket, far apart). A kit's
+# ring_latency is `cargo build --release -p cumux-protocol --example
+# ring_latency`'s, from target/release/examples. Run from the repository root:
 #   KITS="device-kit/a device-kit/b" OUT=$OUT bench/h100/probes/ring_hops.sh
 set -u
 KITS=${KITS:?kits holding ring_latency}
