@@ -43,6 +43,9 @@ pub struct Endpoint {
     /// and quartered when spinning loses the core, doubled back when it pays.
     spin: Duration,
     spin_budget: Duration,
+    /// The usual spin while the wait for the next message spins longer
+    /// ([`Endpoint::spin_longer_once`]).
+    usual_spin: Option<Duration>,
     slice: Duration,
     /// The socket whose hang-up means the peer is gone.
     liveness: Option<OwnedFd>,
@@ -110,6 +113,7 @@ impl Endpoint {
             rx_pos,
             spin,
             spin_budget: spin,
+            usual_spin: None,
             slice: WAIT_SLICE,
             liveness,
             last_liveness: Instant::now(),
@@ -127,6 +131,17 @@ impl Endpoint {
     pub fn set_spin(&mut self, spin: Duration) {
         self.spin = spin;
         self.spin_budget = spin;
+    }
+
+    /// Spins for up to `long` (where longer than the usual spin) in the wait
+    /// for the next message only, then as usual again: for a side whose peer
+    /// calls again as soon as work it waits for is done, however long that
+    /// takes (a side asleep by then costs the call a wake-up).
+    pub fn spin_longer_once(&mut self, long: Duration) {
+        if long > self.spin {
+            self.usual_spin.get_or_insert(self.spin);
+            self.set_spin(long);
+        }
     }
 
     /// The most a wait spins before sleeping.
@@ -285,7 +300,11 @@ impl Endpoint {
         }
         self.reap_held();
         let mut record = [0u8; RECORD_BYTES];
-        let avail = self.wait_available(0)?;
+        let avail = self.wait_available(0);
+        if let Some(usual) = self.usual_spin.take() {
+            self.set_spin(usual);
+        }
+        let avail = avail?;
         let whole = avail >= RECORD_BYTES && {
             // SAFETY: `record` is valid for RECORD_BYTES bytes of writes.
             unsafe {

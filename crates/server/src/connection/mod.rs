@@ -833,10 +833,7 @@ struct ShmWire {
     msg: Vec<u8>,
     /// The connection's socket, which carries only pinned regions' memfds.
     socket: UnixStream,
-    /// The endpoint's usual spin while the next receive polls longer
-    /// ([`Wire::poll_next_longer`]).
-    usual_spin: Option<std::time::Duration>,
-    /// How long it polls then (`device::spin::answer_spin_time`, asked once:
+    /// How long the next receive polls after [`Wire::poll_next_longer`] (`device::spin::answer_spin_time`, asked once:
     /// the host's cores are read from cgroup files, tens of µs).
     long_spin: std::time::Duration,
 }
@@ -847,7 +844,6 @@ impl ShmWire {
             endpoint,
             msg: Vec::new(),
             socket,
-            usual_spin: None,
             long_spin: crate::device::spin::answer_spin_time(),
         }
     }
@@ -867,11 +863,9 @@ impl Wire for ShmWire {
     fn receive(&mut self) -> Result<Request, Ending> {
         // A fresh vector for the bulk: it becomes the call's buffer.
         let mut bulk = Vec::new();
-        let received = self.endpoint.recv(&mut self.msg, &mut bulk);
-        if let Some(usual) = self.usual_spin.take() {
-            self.endpoint.set_spin(usual);
-        }
-        received.map_err(shm_ending)?;
+        self.endpoint
+            .recv(&mut self.msg, &mut bulk)
+            .map_err(shm_ending)?;
         let mut request: Request = decode(&self.msg).map_err(|e| {
             Ending::Broken(format!(
                 "undecodable request ({} bytes): {e}",
@@ -883,11 +877,7 @@ impl Wire for ShmWire {
     }
 
     fn poll_next_longer(&mut self) {
-        let usual = self.endpoint.spin();
-        if self.long_spin > usual {
-            self.usual_spin.get_or_insert(usual);
-            self.endpoint.set_spin(self.long_spin);
-        }
+        self.endpoint.spin_longer_once(self.long_spin);
     }
 
     fn receive_fd(&mut self) -> Result<OwnedFd, String> {

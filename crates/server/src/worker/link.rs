@@ -63,9 +63,6 @@ pub struct Link {
     reader: BufReader<SpinReader>,
     writer: UnixStream,
     shm: Option<Endpoint>,
-    /// The shared-memory spin to go back to after a longer poll
-    /// ([`Link::after_sync_mark`]).
-    usual_spin: Option<Duration>,
     /// Whether the next frame is the first after a synchronize's mark, and
     /// whether the last such wait outlasted the usual spin.
     after_mark: bool,
@@ -90,7 +87,6 @@ impl Link {
             reader: BufReader::new(SpinReader::new(stream, spin)),
             writer,
             shm: None,
-            usual_spin: None,
             after_mark: false,
             mark_waits_long: false,
         })
@@ -107,25 +103,16 @@ impl Link {
             return;
         };
         self.after_mark = true;
-        let usual = ep.spin();
-        if self.mark_waits_long && long > usual {
-            self.usual_spin.get_or_insert(usual);
-            ep.set_spin(long);
+        if self.mark_waits_long {
+            ep.spin_longer_once(long);
         }
     }
 
-    /// After a frame came: what the wait after a mark says of the next one,
-    /// and the usual spin again.
+    /// After a frame came (the endpoint spins as usual again): what the
+    /// wait after a mark says of the next one.
     fn after_frame(&mut self, waited: Duration) {
-        let Some(ep) = &mut self.shm else {
-            return;
-        };
-        let usual = self.usual_spin.take();
-        if std::mem::take(&mut self.after_mark) {
-            self.mark_waits_long = waited > usual.unwrap_or_else(|| ep.spin());
-        }
-        if let Some(usual) = usual {
-            ep.set_spin(usual);
+        if let (true, Some(ep)) = (std::mem::take(&mut self.after_mark), &self.shm) {
+            self.mark_waits_long = waited > ep.spin();
         }
     }
 

@@ -512,3 +512,15 @@ fn a_payload_taken_in_pieces_lands_where_asked() {
     server.recv(&mut msg, &mut Vec::new()).unwrap();
     assert_eq!(msg, b"y");
 }
+
+#[test]
+fn a_longer_spin_lasts_for_the_next_message_only() {
+    let (mut client, mut server) = pair(SMALL, DEFAULT_SPIN);
+    server.spin_longer_once(DEFAULT_SPIN / 2);
+    assert_eq!(server.spin(), DEFAULT_SPIN, "shorter than usual: ignored");
+    server.spin_longer_once(DEFAULT_SPIN * 4);
+    assert_eq!(server.spin(), DEFAULT_SPIN * 4);
+    client.send(b"x", &[]).unwrap();
+    server.recv(&mut Vec::new(), &mut Vec::new()).unwrap();
+    assert_eq!(server.spin(), DEFAULT_SPIN);
+}
