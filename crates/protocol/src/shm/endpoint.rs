@@ -822,6 +822,12 @@ impl Endpoint {
                 self.sleeping(me).store(0, Ordering::Relaxed);
                 return Ok(());
             }
+            // A peer that closed before we set our flag rang a bell we had
+            // already seen: its closed flag says so, and no ring will come.
+            if let Err(gone) = self.check_open() {
+                self.sleeping(me).store(0, Ordering::Relaxed);
+                return Err(gone);
+            }
             self.stats.sleeps += 1;
             hop_trace::mark(Hop::Sleep, "");
             let timed_out = futex_wait(self.bell(me), seen, self.slice);

@@ -362,6 +362,16 @@ fn a_peer_that_goes_away_is_noticed() {
     drop(client);
     assert_eq!(waiter.join().unwrap(), Err(ShmError::PeerGone));
 
+    // It closed before we looked: its ring came before we sleep, so only
+    // its flag tells us (a wait for the next ring would last a whole slice).
+    let (client, mut server) = pair(SMALL, Duration::ZERO);
+    server.set_wait_slice(Duration::from_secs(30));
+    drop(client);
+    let (tx, rx) = mpsc::channel();
+    thread::spawn(move || tx.send(server.recv(&mut Vec::new(), &mut Vec::new())));
+    let seen = rx.recv_timeout(Duration::from_secs(5));
+    assert_eq!(seen, Ok(Err(ShmError::PeerGone)));
+
     // It dies without a word: only its socket hangs up.
     let (a, b) = UnixStream::pair().unwrap();
     let (area, fd) = ShmArea::create(SMALL).unwrap();
