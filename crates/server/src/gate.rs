@@ -184,12 +184,16 @@ pub fn queued_scheduler_config(policy: Policy, time_sliced: bool) -> SchedulerCo
 
 /// `fair`'s turns on a time-sliced GPU: the defaults, or the quantum and the
 /// longest idle hold `CUMUX_TURN_QUANTUM_US` and `CUMUX_TURN_HOLD_US` give.
+/// A value that is not a number keeps the default, one out of range is
+/// clamped; both with a warning that says so.
 fn turn_config_from_env() -> cumux_scheduler::TurnConfig {
     let micros = |name: &str| {
-        std::env::var(name)
-            .ok()
-            .and_then(|v| v.trim().parse::<u64>().ok())
-            .map(|us| us.clamp(10, 1_000_000) * 1_000)
+        let value = std::env::var(name).ok()?;
+        let (us, problem) = turn_micros(&value);
+        if let Some(problem) = problem {
+            tracing::warn!("{name}={value:?}: {problem}");
+        }
+        us.map(|us| us * 1_000)
     };
     let mut turns = cumux_scheduler::TurnConfig::default();
     if let Some(ns) = micros("CUMUX_TURN_QUANTUM_US") {
@@ -199,6 +203,23 @@ fn turn_config_from_env() -> cumux_scheduler::TurnConfig {
         turns.hold_idle_max_ns = ns;
     }
     turns
+}
+
+/// The bounds of a turn setting, in microseconds.
+const TURN_MICROS: std::ops::RangeInclusive<u64> = 10..=1_000_000;
+
+/// A turn setting's microseconds, if usable, and what was wrong with it.
+fn turn_micros(value: &str) -> (Option<u64>, Option<String>) {
+    let Ok(us) = value.trim().parse::<u64>() else {
+        return (
+            None,
+            Some("not a whole number of microseconds; the default stays".into()),
+        );
+    };
+    let (lo, hi) = (*TURN_MICROS.start(), *TURN_MICROS.end());
+    let kept = us.clamp(lo, hi);
+    let problem = (kept != us).then(|| format!("outside {lo}..={hi} µs; {kept} µs is used"));
+    (Some(kept), problem)
 }
 
 /// A monotonic clock in nanoseconds.
@@ -771,6 +792,22 @@ impl Drop for GateSession {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Turn settings: numbers in range as given, out of range clamped, and
+    /// anything else left to the default, each wrong one with a reason.
+    #[test]
+    fn turn_settings_from_the_environment_say_what_was_wrong() {
+        assert_eq!(turn_micros(" 4000 "), (Some(4000), None));
+        let (us, why) = turn_micros("5");
+        assert_eq!(us, Some(10));
+        assert!(why.unwrap().contains("10 µs is used"));
+        assert_eq!(turn_micros("9000000").0, Some(1_000_000));
+        for bad in ["4ms", "", "-1", "1.5"] {
+            let (us, why) = turn_micros(bad);
+            assert_eq!(us, None, "{bad}");
+            assert!(why.unwrap().contains("the default stays"), "{bad}");
+        }
+    }
     use std::sync::atomic::AtomicU64;
     use std::sync::mpsc;
 
