@@ -58,8 +58,8 @@ pub struct Endpoint {
     /// position published for the bulk ring stays at the oldest one's start.
     held: VecDeque<(u64, Arc<AtomicBool>)>,
     /// Bytes filled ahead in the bulk ring and not yet sent
-    /// ([`Endpoint::fill_ahead`]).
-    ahead: Option<usize>,
+    /// ([`Endpoint::fill_ahead`]): how many, after how many skipped.
+    ahead: Option<Ahead>,
     /// Whether we rang the peer's doorbell since our last wait.
     woke_peer: bool,
     /// Whether we took bytes from a full ring since we last rang the peer: a
@@ -80,6 +80,14 @@ pub struct EndpointStats {
     pub sleeps: u64,
     /// Times this side rang the peer's doorbell (a futex wake).
     pub wakes: u64,
+}
+
+/// Bytes filled ahead in the bulk ring ([`Endpoint::fill_ahead`]): `len`
+/// of them, after `skip` bytes passed over to start at the ring's beginning.
+#[derive(Debug, Clone, Copy)]
+struct Ahead {
+    len: usize,
+    skip: u64,
 }
 
 impl Endpoint {
@@ -188,19 +196,7 @@ impl Endpoint {
             // A payload of its own goes where bytes filled ahead lay.
             self.ahead = None;
         }
-        // When the bulk ring is empty, the payload starts over at its beginning:
-        // back-to-back copies then reuse the same (mapped, cached) pages instead
-        // of faulting their way through the whole ring. Only where it ends
-        // before `at`: the ring never fills by the skip (a full ring tells
-        // the reader that the writer may be waiting for room, and it would
-        // ring a writer asleep for its answer for nothing).
-        let cap = self.tx[1].cap;
-        let at = self.tx_pos[1] & (cap - 1);
-        let skip = if bulk_len > 0 && (bulk_len as u64) < at && self.free(1, cap)? == cap {
-            cap - at
-        } else {
-            0
-        };
+        let skip = self.restart_skip(bulk_len)?;
         let mut record = [0u8; RECORD_BYTES];
         record[..4].copy_from_slice(&(msg.len() as u32).to_le_bytes());
         record[4..8].copy_from_slice(&(skip as u32).to_le_bytes());
@@ -232,8 +228,10 @@ impl Endpoint {
         if len == 0 || len > MAX_BULK_BYTES || self.free(1, len as u64)? < len as u64 {
             return Ok(None);
         }
+        let skip = self.restart_skip(len)?;
+        let start = self.tx_pos[1].wrapping_add(skip);
         let mut filled = Ok(());
-        for (at, k) in self.tx[1].pieces(&self.area, self.tx_pos[1], len) {
+        for (at, k) in self.tx[1].pieces(&self.area, start, len) {
             if k == 0 || filled.is_err() {
                 continue;
             }
@@ -245,8 +243,28 @@ impl Endpoint {
             filled = fill(piece);
         }
         // Bytes that did not all come cannot be sent.
-        self.ahead = filled.is_ok().then_some(len);
+        self.ahead = filled.is_ok().then_some(Ahead { len, skip });
         Ok(Some(filled))
+    }
+
+    /// Where a payload of `len` bytes goes in the bulk ring: the bytes to
+    /// skip before it. When the ring is empty, a payload starts over at its
+    /// beginning: back-to-back copies then reuse the same (mapped, cached)
+    /// pages instead of faulting their way through the whole ring (16 MiB of
+    /// first touches, a millisecond a MiB on a virtual machine). Only where
+    /// it ends before the write position: the ring never fills by the skip
+    /// (a full ring tells the reader that the writer may be waiting for
+    /// room, and it would ring a writer asleep for its answer for nothing).
+    fn restart_skip(&mut self, len: usize) -> Result<u64, ShmError> {
+        let cap = self.tx[1].cap;
+        let at = self.tx_pos[1] & (cap - 1);
+        Ok(
+            if len > 0 && (len as u64) < at && self.free(1, cap)? == cap {
+                cap - at
+            } else {
+                0
+            },
+        )
     }
 
     /// Sends a message with no bytes of its own whose bulk payload is the
@@ -261,14 +279,15 @@ impl Endpoint {
     /// [`Endpoint::send_filled_ahead`] without ringing a sleeping peer (as
     /// [`Endpoint::send_quiet`]).
     pub fn send_filled_ahead_quiet(&mut self) -> Result<(), ShmError> {
-        let Some(len) = self.ahead.take() else {
+        let Some(Ahead { len, skip }) = self.ahead.take() else {
             return Err(ShmError::Violation("no bytes were filled ahead".into()));
         };
         self.check_open()?;
         let mut record = [0u8; RECORD_BYTES];
+        record[4..8].copy_from_slice(&(skip as u32).to_le_bytes());
         record[8..].copy_from_slice(&(len as u64).to_le_bytes());
         self.write_all(0, &record)?;
-        self.tx_pos[1] = self.tx_pos[1].wrapping_add(len as u64);
+        self.tx_pos[1] = self.tx_pos[1].wrapping_add(skip + len as u64);
         self.tx[1].publish_write(&self.area, self.tx_pos[1]);
         self.stats.messages_sent += 1;
         self.stats.bulk_bytes_sent += len as u64;

@@ -64,16 +64,42 @@ fn messages_wrap_around_the_rings() {
 fn a_payload_into_an_empty_bulk_ring_starts_at_its_beginning() {
     let (mut client, mut server) = pair(SMALL, DEFAULT_SPIN);
     let mut out = vec![0u8; 1000];
-    for round in 0..20u8 {
-        client.send(b"copy", &pattern(round, 1000)).unwrap();
-        // Each payload lands at the start of the ring, or right after the
-        // last where it would fill the ring: the pages stay the same.
-        let end = client.tx_pos[1] % SMALL.request_bulk as u64;
-        assert!(end == 1000 || end == 2000, "round {round}: {end}");
-        let mut msg = Vec::new();
-        assert_eq!(server.recv_message(&mut msg).unwrap(), 1000);
-        server.recv_bulk_into(&mut out).unwrap();
-        assert_eq!(out, pattern(round, 1000));
+    // Sent with the message, and filled ahead (a worker's copy to the host)
+    // with a message of no bulk between, then read whole or held in place.
+    for filled in [false, true] {
+        for round in 0..20u8 {
+            let data = pattern(round, 1000);
+            if filled {
+                let mut from = &data[..];
+                let mut fill = |piece: &mut [u8]| io::Read::read_exact(&mut from, piece);
+                assert!(client.fill_ahead(1000, &mut fill).unwrap().unwrap().is_ok());
+                client.send(b"answer", &[]).unwrap();
+                client.send_filled_ahead().unwrap();
+            } else {
+                client.send(b"copy", &data).unwrap();
+            }
+            // Each payload lands at the start of the ring, or right after the
+            // last where it would fill the ring: the pages stay the same.
+            let end = client.tx_pos[1] % SMALL.request_bulk as u64;
+            assert!(end == 1000 || end == 2000, "{filled} round {round}: {end}");
+            let mut msg = Vec::new();
+            if filled {
+                server.recv(&mut msg, &mut Vec::new()).unwrap();
+                assert_eq!(msg, b"answer");
+                assert_eq!(server.recv_message(&mut msg).unwrap(), 1000);
+                let held = server.recv_bulk_held(1000).unwrap().unwrap();
+                assert_eq!(held.pieces().concat(), data);
+                // Its room goes back with the next request, before the
+                // writer's next payload (as a server forwards the next call).
+                drop(held);
+                server.send(b"next", &[]).unwrap();
+                client.recv(&mut msg, &mut Vec::new()).unwrap();
+            } else {
+                assert_eq!(server.recv_message(&mut msg).unwrap(), 1000);
+                server.recv_bulk_into(&mut out).unwrap();
+                assert_eq!(out, data);
+            }
+        }
     }
     // A bulk taken with the wrong length, or a message read over a pending
     // bulk, is refused.
