@@ -69,7 +69,8 @@ impl ShmArea {
         self.layout
     }
 
-    /// The start of the mapping and its length, for tests that play a hostile peer.
+    /// The start of the mapping and its length: for a pin of the whole area
+    /// (a worker's device copies), and for tests that play a hostile peer.
     pub fn raw_parts(&self) -> (*mut u8, usize) {
         (self.map.as_mut_ptr(), self.map.len())
     }

@@ -172,6 +172,10 @@ pub enum VmmOp {
     },
 }
 
+/// A pin of a link's shared area ([`DeviceContext::pin_link_area`]): the
+/// area stays page-locked for the device while it lives.
+pub type AreaPin = Box<dyn Send>;
+
 /// A client's pinned host memory as [`DeviceContext::host_register`] takes it.
 #[derive(Clone, Copy)]
 pub struct HostRegion<'a> {
@@ -411,6 +415,18 @@ pub trait DeviceContext: Send + Sync {
     /// Forgets `region`; the caller has waited for the work that used it.
     fn host_unregister(&self, region: Handle) {
         let _ = region;
+    }
+    /// Pins `len` bytes at `ptr`, this process's mapping of a link's shared
+    /// area, so that copies between its rings and the device run as DMA
+    /// instead of staging through the driver's own buffer; for as long as
+    /// what it returns lives. `None` where the device takes no such pin
+    /// (copies then stage as before): by default.
+    ///
+    /// # Safety
+    /// `ptr..ptr + len` must stay mapped until what is returned is dropped.
+    unsafe fn pin_link_area(&self, ptr: *mut u8, len: usize) -> Option<AreaPin> {
+        let _ = (ptr, len);
+        None
     }
     /// Runs one virtual memory operation: its number (a granularity, an
     /// address, a physical id), else 0. The session frees what it made here

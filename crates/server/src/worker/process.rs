@@ -34,7 +34,7 @@ use crate::device::serial::SerialStreams;
 use crate::device::signals::SignalArea;
 use crate::device::spin::spin_time;
 use crate::device::{
-    Device, DeviceContext, LaunchOutcome, MovableContext, StreamOrdered, StreamWork,
+    AreaPin, Device, DeviceContext, LaunchOutcome, MovableContext, StreamOrdered, StreamWork,
 };
 use crate::locking::lock;
 
@@ -310,6 +310,7 @@ impl Served<'_, '_> {
             served: self,
             context_id,
             ctx,
+            area_pin: None,
             link,
             main,
             signals: None,
@@ -921,6 +922,9 @@ struct Connection<'s, 'a, 'b> {
     context_id: u64,
     /// The context it serves: the worker's, or one of its own on another device.
     ctx: Arc<dyn DeviceContext>,
+    /// The link's shared area pinned for the device (dropped before the
+    /// link, which may unmap the area).
+    area_pin: Option<AreaPin>,
     link: Link,
     /// The worker's own connection (the one made at spawn).
     main: bool,
@@ -1033,8 +1037,14 @@ impl Connection<'_, '_, '_> {
     fn attach_shm(&mut self, layout: ShmLayout) -> io::Result<()> {
         match self.link.accept_area(layout) {
             Ok(area) => {
+                let (ptr, len) = area.raw_parts();
                 self.reply(Ok(WorkerValue::Unit))?;
-                self.link.switch_to(area)
+                self.link.switch_to(area)?;
+                // SAFETY: the link now holds the area's mapping, and
+                // `area_pin` is dropped before the link (held payloads keep
+                // the mapping longer still).
+                self.area_pin = unsafe { self.ctx.pin_link_area(ptr, len) };
+                Ok(())
             }
             Err(why) => {
                 tracing::warn!("worker: shared memory refused: {why}");

@@ -35,8 +35,8 @@ use crate::device::limits::{self, LimitSetting, RefusedShrinks, KNOWN_LIMITS};
 use crate::device::memory_use::ContextMemory;
 use crate::device::placed_copy;
 use crate::device::{
-    DeviceContext, GlobalDesc, HostRegion, KernelDesc, KernelLaunch, LaunchGeometry, LaunchOutcome,
-    LoadedModule, ModuleId, MovableContext, StreamOrdered, VmmOp,
+    AreaPin, DeviceContext, GlobalDesc, HostRegion, KernelDesc, KernelLaunch, LaunchGeometry,
+    LaunchOutcome, LoadedModule, ModuleId, MovableContext, StreamOrdered, VmmOp,
 };
 use crate::locking::lock;
 
@@ -479,6 +479,20 @@ impl DeviceContext for CudaContext {
 
     fn cap_streams(&self, part: SmPart) -> Result<u32, CuError> {
         self.greens.send_streams(self.ctx()?, part)
+    }
+
+    unsafe fn pin_link_area(&self, ptr: *mut u8, len: usize) -> Option<AreaPin> {
+        let ctx = self.ctx().ok()?;
+        // SAFETY: the caller keeps the range mapped while the pin lives.
+        // Portable: the connection's copies may run on the program's other
+        // devices' contexts in this process (`worker::colocation`).
+        match unsafe { HostRegistration::new(ctx, ptr, len, CU_MEMHOSTREGISTER_PORTABLE) } {
+            Ok(pin) => Some(Box::new(pin)),
+            Err(e) => {
+                tracing::debug!("cuda: the link's area stays pageable: {e}");
+                None
+            }
+        }
     }
 
     fn host_register(&self, region: HostRegion<'_>) -> Result<bool, CuError> {
