@@ -129,6 +129,9 @@ pub const CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES: c_int = 8;
 pub const CU_STREAM_NON_BLOCKING: c_uint = 0x1;
 /// `CU_EVENT_DISABLE_TIMING`.
 pub const CU_EVENT_DISABLE_TIMING: c_uint = 0x2;
+/// `CU_MEMHOSTALLOC_PORTABLE`: allocated pinned memory every context of the
+/// process counts as pinned.
+pub const CU_MEMHOSTALLOC_PORTABLE: c_uint = 0x1;
 /// `CU_MEMHOSTREGISTER_PORTABLE`: registered host memory every context of the
 /// process counts as pinned (and, with `DEVICEMAP`, reaches).
 pub const CU_MEMHOSTREGISTER_PORTABLE: c_uint = 0x1;

@@ -29,14 +29,15 @@ use super::arrays;
 use super::convert::{cu_err, fill_of, function_attrs, launch_attr, memset, param_infos};
 use super::exported;
 use super::placed::Placed;
+use super::write_staging::WriteStaging;
 use crate::device::arrays::ArrayOp;
 use crate::device::imported::{ImportedChunk, MappedChunks};
 use crate::device::limits::{self, LimitSetting, RefusedShrinks, KNOWN_LIMITS};
 use crate::device::memory_use::ContextMemory;
 use crate::device::placed_copy;
 use crate::device::{
-    AreaPin, DeviceContext, GlobalDesc, HostRegion, KernelDesc, KernelLaunch, LaunchGeometry,
-    LaunchOutcome, LoadedModule, ModuleId, MovableContext, StreamOrdered, VmmOp,
+    AreaPin, DeviceContext, FillBytes, GlobalDesc, HostRegion, KernelDesc, KernelLaunch,
+    LaunchGeometry, LaunchOutcome, LoadedModule, ModuleId, MovableContext, StreamOrdered, VmmOp,
 };
 use crate::locking::lock;
 
@@ -105,6 +106,9 @@ pub struct CudaContext {
     pending_stdout: Mutex<Vec<u8>>,
     /// The session's own streams and events ([`StreamOrdered`]).
     pub(super) ordered: Mutex<OrderedState>,
+    /// Pinned buffers its host-to-device writes pass through, made at the
+    /// first ([`WriteStaging`]).
+    write_staging: Mutex<Option<WriteStaging>>,
     /// Memory placed at a moved session's addresses ([`MovableContext`]).
     placed: Mutex<Placed>,
     /// A module that may call the device-side `malloc` was loaded: its heap's
@@ -141,6 +145,26 @@ impl OrderedState {
 }
 
 impl CudaContext {
+    /// Queues a write of the `len` bytes `fill` yields to `dst` on `stream`
+    /// through the pinned staging buffers, made at the first: `Ok(false)`,
+    /// nothing done, where they are not free ([`WriteStaging::write`]).
+    pub(super) fn staged_write(
+        &self,
+        stream: &Stream,
+        dst: DevicePtr,
+        len: usize,
+        fill: &mut FillBytes<'_>,
+    ) -> Result<bool, CuError> {
+        let mut staging = lock(&self.write_staging);
+        if staging.is_none() {
+            *staging = Some(WriteStaging::new(self.ctx()?)?);
+        }
+        staging
+            .as_mut()
+            .expect("made above")
+            .write(stream, dst, len, fill)
+    }
+
     /// A session's context over `ctx`, counting its memory in `used`; its
     /// printf is captured by `capture` once `prints` says a module can print.
     pub(super) fn new(
@@ -165,6 +189,7 @@ impl CudaContext {
             prints,
             pending_stdout: Mutex::new(Vec::new()),
             ordered: Mutex::new(OrderedState::default()),
+            write_staging: Mutex::new(None),
             placed: Mutex::new(Placed::default()),
             mallocs: AtomicBool::new(false),
             greens: GreenParts::default(),
@@ -849,6 +874,7 @@ impl Drop for CudaContext {
         streams.extend(ordered.streams.into_values());
         let events = ordered.events;
         let pins = ordered.pins;
+        let staging = lock(&self.write_staging).take();
         let ctx = self.ctx.take();
         let mut placed = std::mem::take(&mut *lock(&self.placed));
         // Destroying a context flushes its printf buffer; the session is gone,
@@ -856,11 +882,13 @@ impl Drop for CudaContext {
         let teardown = move || {
             drop(events);
             drop(streams);
-            // Copies into pinned regions end before they are unregistered.
-            if let (false, Some(ctx)) = (pins.is_empty(), &ctx) {
+            // Copies into pinned regions and out of the staging buffers end
+            // before those are unregistered and freed.
+            if let (false, Some(ctx)) = (pins.is_empty() && staging.is_none(), &ctx) {
                 let _ = ctx.synchronize();
             }
             drop(pins);
+            drop(staging);
             drop(modules);
             if let Some(ctx) = &ctx {
                 placed.release_all(ctx);

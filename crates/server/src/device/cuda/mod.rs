@@ -23,6 +23,7 @@ mod exported;
 mod green_streams;
 pub mod ordered;
 pub mod placed;
+mod write_staging;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};

@@ -14,7 +14,7 @@ use super::convert::{cu_err, fill_of, memset};
 use crate::device::host_span::HostSpan;
 use crate::device::ordering::{launches_only, no_signal_area};
 use crate::device::signals::SignalArea;
-use crate::device::{LaunchOutcome, StreamOrdered, StreamWork, SyncTarget};
+use crate::device::{FillBytes, LaunchOutcome, StreamOrdered, StreamWork, SyncTarget};
 use crate::locking::lock;
 
 impl CudaContext {
@@ -261,6 +261,41 @@ impl StreamOrdered for CudaContext {
                 false
             }
         }
+    }
+
+    /// Through the context's pinned staging buffers where they are free:
+    /// one copy out of where the bytes lie, then DMA, where a buffered write
+    /// makes two copies (into a buffer, then the driver's staging of
+    /// pageable memory) before its DMA.
+    fn enqueue_filled(
+        &self,
+        stream: Handle,
+        dst: DevicePtr,
+        len: usize,
+        fill: &mut FillBytes<'_>,
+    ) -> bool {
+        let result = self
+            .ordered_stream(stream)
+            .and_then(|s| self.staged_write(&s, dst, len, fill));
+        match result {
+            Ok(true) => true,
+            Ok(false) => self.enqueue_buffered(stream, dst, len, fill),
+            Err(e) => {
+                lock(&self.ordered).pending.get_or_insert(e);
+                false
+            }
+        }
+    }
+
+    fn run_now_filled(
+        &self,
+        stream: Handle,
+        dst: DevicePtr,
+        len: usize,
+        fill: &mut FillBytes<'_>,
+    ) -> LaunchOutcome {
+        self.enqueue_filled(stream, dst, len, fill);
+        self.synchronize(SyncTarget::Stream(stream))
     }
 
     fn read(&self, stream: Handle, src: DevicePtr, buf: &mut [u8]) -> LaunchOutcome {
