@@ -14,7 +14,9 @@ use super::convert::{cu_err, fill_of, memset};
 use crate::device::host_span::HostSpan;
 use crate::device::ordering::{launches_only, no_signal_area};
 use crate::device::signals::SignalArea;
-use crate::device::{FillBytes, LaunchOutcome, StreamOrdered, StreamWork, SyncTarget};
+use crate::device::{
+    socket_bytes, FillBytes, LaunchOutcome, StreamOrdered, StreamWork, SyncTarget,
+};
 use crate::locking::lock;
 
 impl CudaContext {
@@ -294,8 +296,16 @@ impl StreamOrdered for CudaContext {
         len: usize,
         fill: &mut FillBytes<'_>,
     ) -> LaunchOutcome {
-        self.enqueue_filled(stream, dst, len, fill);
-        self.synchronize(SyncTarget::Stream(stream))
+        if self.enqueue_filled(stream, dst, len, fill) {
+            return self.synchronize(SyncTarget::Stream(stream));
+        }
+        // Not queued: the failure it left, else its bytes did not all come
+        // (the buffered path's `fill` failed), never a success.
+        let failed = Err(socket_bytes::not_arrived(std::io::Error::other(
+            "the write was not queued",
+        )));
+        let result = self.with_pending(failed);
+        self.outcome(result)
     }
 
     fn read(&self, stream: Handle, src: DevicePtr, buf: &mut [u8]) -> LaunchOutcome {
