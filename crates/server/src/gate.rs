@@ -793,6 +793,9 @@ impl Drop for GateSession {
 mod tests {
     use super::*;
 
+    use std::sync::atomic::AtomicU64;
+    use std::sync::mpsc;
+
     /// Turn settings: numbers in range as given, out of range clamped, and
     /// anything else left to the default, each wrong one with a reason.
     #[test]
@@ -808,8 +811,6 @@ mod tests {
             assert!(why.unwrap().contains("the default stays"), "{bad}");
         }
     }
-    use std::sync::atomic::AtomicU64;
-    use std::sync::mpsc;
 
     fn fake_clock() -> (Arc<AtomicU64>, Clock) {
         let time = Arc::new(AtomicU64::new(0));

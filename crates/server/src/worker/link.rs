@@ -108,10 +108,11 @@ impl Link {
         }
     }
 
-    /// After a frame came (the endpoint spins as usual again): what the
-    /// wait after a mark says of the next one.
+    /// After the frame a wait after a mark took `waited` for came (the
+    /// endpoint spins as usual again): what that says of the next one.
     fn after_frame(&mut self, waited: Duration) {
-        if let (true, Some(ep)) = (std::mem::take(&mut self.after_mark), &self.shm) {
+        self.after_mark = false;
+        if let Some(ep) = &self.shm {
             self.mark_waits_long = waited > ep.spin();
         }
     }
@@ -308,11 +309,14 @@ impl Link {
         let Some(ep) = &mut self.shm else {
             return read_frame(&mut self.reader, buf);
         };
-        let started = std::time::Instant::now();
+        // (timed only where the wait follows a synchronize's mark)
+        let started = self.after_mark.then(std::time::Instant::now);
         let received = ep
             .recv_message(buf)
             .and_then(|bulk| ep.recv_bulk_vec(buf, bulk));
-        self.after_frame(started.elapsed());
+        if let Some(started) = started {
+            self.after_frame(started.elapsed());
+        }
         match received {
             Ok(()) => Ok(()),
             Err(ShmError::PeerGone) => Err(FrameError::Closed),
